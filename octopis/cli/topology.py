@@ -1,0 +1,263 @@
+"""``octopis-topology``: build, show and draw SCOT topologies (paper §3–4)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import networkx as nx
+
+from octopis.cli import run_cli
+from octopis.topology import (
+    ACOL,
+    DEFAULT_BASE_PORT,
+    DEFAULT_HOST,
+    INNER,
+    Scot,
+    TopologyError,
+    build_from_factor_file,
+    factor_from_data,
+    load_topology,
+    preset_names,
+    preset_path,
+    read_factor,
+    regions_in_drawing_order,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``octopis-topology``."""
+    parser = argparse.ArgumentParser(
+        prog="octopis-topology",
+        description="Build, inspect and draw Structured Cyclic Overlay Topologies (SCOT = "
+        "acyclic factor G_A x complete factor K_n). Exit status 2 on bad input.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    build = sub.add_parser(
+        "build",
+        help="build a SCOT and write it as JSON",
+        description="Build the SCOT of an acyclic factor (a preset or a TOML/JSON factor file "
+        "listing 'vertices' and 'edges') and K_n, label clusters, regions, broker types and "
+        "link kinds, and write the topology JSON. Nothing is written on error.",
+    )
+    source = build.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", choices=preset_names(), help="a shipped factor file")
+    source.add_argument(
+        "--acyclic",
+        metavar="FILE",
+        type=Path,
+        help="acyclic factor file (TOML or JSON: vertices, edges)",
+    )
+    shape = build.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--clusters",
+        type=int,
+        metavar="N",
+        help="clusters n of K_n (default: the factor file's 'clusters')",
+    )
+    shape.add_argument(
+        "--connectivity",
+        metavar="FILE",
+        type=Path,
+        help="connectivity factor file; must be complete and labelled 0..n-1",
+    )
+    build.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"host in every broker endpoint (default {DEFAULT_HOST})",
+    )
+    build.add_argument(
+        "--base-port",
+        type=int,
+        default=DEFAULT_BASE_PORT,
+        metavar="P",
+        help=f"first port; each broker takes 3 (default {DEFAULT_BASE_PORT})",
+    )
+    build.add_argument(
+        "-o", "--output", required=True, type=Path, metavar="FILE", help="topology JSON to write"
+    )
+    build.set_defaults(func=cmd_build)
+
+    show = sub.add_parser(
+        "show",
+        help="print the summary and per-cluster/per-region tables",
+        description="Print a topology file's summary and tables.",
+    )
+    show.add_argument("file", type=Path, metavar="FILE")
+    show.set_defaults(func=cmd_show)
+
+    draw = sub.add_parser(
+        "draw",
+        help="draw a topology (PNG or SVG)",
+        description="Draw clusters as rows and regions as columns; aCOLs solid, iCOLs "
+        "dashed arcs; inner brokers as squares, edge brokers as circles.",
+    )
+    draw.add_argument("file", type=Path, metavar="FILE")
+    draw.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        metavar="PICTURE",
+        help="output picture, .png or .svg",
+    )
+    draw.set_defaults(func=cmd_draw)
+    return parser
+
+
+def cmd_build(args: argparse.Namespace) -> None:
+    """Build and write a topology; the output appears only when complete."""
+    connectivity = None
+    if args.connectivity is not None:
+        _, table = read_factor(args.connectivity)
+        connectivity = factor_from_data(table, f"connectivity factor {args.connectivity.name}")
+        connectivity = nx.relabel_nodes(connectivity, _index_label)
+    factor = preset_path(args.preset) if args.preset else args.acyclic
+    scot = build_from_factor_file(
+        factor, args.clusters, connectivity=connectivity, host=args.host, base_port=args.base_port
+    )
+    write_atomically(args.output, json.dumps(scot.to_json(), indent=1) + "\n")
+    s = scot.summary()
+    print(
+        f"{args.output}: {scot.name}: {s['brokers']} brokers, {s['clusters']} clusters, "
+        f"{s['regions']} regions, {s['acols']} aCOLs, {s['icols']} iCOLs"
+    )
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    """Print a topology's summary and tables."""
+    print(format_topology(load_topology(args.file)))
+
+
+def cmd_draw(args: argparse.Namespace) -> None:
+    """Render a topology picture."""
+    if args.output.suffix.lower() not in (".png", ".svg"):
+        raise TopologyError(f"picture must be .png or .svg, got {args.output.name!r}")
+    draw_topology(load_topology(args.file), args.output)
+    print(f"{args.output}: drawn")
+
+
+def format_topology(scot: Scot) -> str:
+    """A readable summary, a per-cluster table and a per-region table."""
+    s = scot.summary()
+    lines = [
+        f"{scot.name}: {s['brokers']} brokers, {s['clusters']} clusters, {s['regions']} regions",
+        f"links: {s['acols']} aCOLs + {s['icols']} iCOLs = {s['acols'] + s['icols']}; "
+        f"brokers: {s['inner']} inner, {s['edge']} edge; diam(G_A) = {s['diameter_acyclic']}",
+        "",
+        f"{'cluster':<8}{'brokers':>8}{'aCOLs':>7}{'inner':>7}{'edge':>6}",
+    ]
+    for c in range(scot.clusters):
+        members = [b for b in scot.brokers.values() if b.cluster == c]
+        inner = sum(b.type == INNER for b in members)
+        acols = sum(len(b.primary_neighbours) for b in members) // 2
+        lines.append(f"{c:<8}{len(members):>8}{acols:>7}{inner:>7}{len(members) - inner:>6}")
+    width = max(6, *(len(r) for r in scot.regions)) + 2
+    lines += ["", f"{'region':<{width}}{'type':<7}{'brokers':>8}{'iCOLs':>7}  primary neighbours"]
+    for region in scot.regions:
+        b0 = scot.broker(region, 0)
+        nbrs = ", ".join(scot.brokers[n].region for n in b0.primary_neighbours) or "-"
+        icols = scot.clusters * (scot.clusters - 1) // 2
+        lines.append(f"{region:<{width}}{b0.type:<7}{scot.clusters:>8}{icols:>7}  {nbrs}")
+    return "\n".join(lines)
+
+
+def draw_topology(scot: Scot, output: Path) -> None:
+    """Draw ``scot`` into ``output``: rows are clusters, columns regions (§4.1).
+
+    aCOLs are solid arcs above their row, iCOLs dashed arcs beside their column, so
+    neither kind crosses into the other's band.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+
+    order = regions_in_drawing_order(scot.acyclic)
+    column = {r: i for i, r in enumerate(order)}
+    pos = {b.id: (float(column[b.region]), -1.2 * b.cluster) for b in scot.brokers.values()}
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(order) + 2), 1.5 * scot.clusters + 1.8))
+    for u, v, kind in scot.graph.edges(data="link"):
+        (x1, y1), (x2, y2) = sorted((pos[u], pos[v]))
+        length = max(abs(x2 - x1), abs(y2 - y1))
+        if kind == ACOL:
+            bend = 0.0 if length <= 1 else -2 * min(0.45, 0.12 * length) / length
+            style = {"color": "#1f4e79", "lw": 1.6, "zorder": 1}
+        else:
+            bend = 0.0 if length <= 1.3 else 2 * min(0.3, 0.08 * length) / length
+            style = {"color": "#c55a11", "lw": 0.8, "ls": "--", "alpha": 0.8, "zorder": 0}
+        ax.add_patch(
+            FancyArrowPatch(
+                (x1, y1), (x2, y2), arrowstyle="-", connectionstyle=f"arc3,rad={bend}", **style
+            )
+        )
+    for kind, shape, colour in ((INNER, "s", "#2e75b6"), ("edge", "o", "#a9d18e")):
+        nodes = [b.id for b in scot.brokers.values() if b.type == kind]
+        nx.draw_networkx_nodes(
+            scot.graph,
+            pos,
+            nodelist=nodes,
+            node_shape=shape,
+            ax=ax,
+            node_color=colour,
+            node_size=380,
+            edgecolors="black",
+            label=f"{kind} broker",
+        ).set_zorder(2)
+    nx.draw_networkx_labels(
+        scot.graph, pos, labels={b.id: b.region for b in scot.brokers.values()}, font_size=7, ax=ax
+    )
+    ax.plot([], [], color="#1f4e79", lw=1.6, label="aCOL (intra-cluster)")
+    ax.plot([], [], color="#c55a11", ls="--", lw=0.8, label="iCOL (inter-cluster)")
+    ax.set_yticks(
+        [-1.2 * c for c in range(scot.clusters)], [f"cluster {c}" for c in range(scot.clusters)]
+    )
+    ax.set_xticks(range(len(order)), order)
+    ax.set_xlabel("region")
+    ax.set_xlim(-0.7, len(order) - 0.3)
+    ax.set_ylim(-1.2 * (scot.clusters - 1) - 0.6, 0.8)
+    ax.tick_params(left=False, bottom=False, labelleft=True, labelbottom=True)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    s = scot.summary()
+    ax.set_title(
+        f"SCOT {scot.name}: {s['brokers']} brokers, {s['clusters']} clusters, "
+        f"{s['acols']} aCOLs, {s['icols']} iCOLs"
+    )
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=130)
+    plt.close(fig)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file, so a failure leaves nothing behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _index_label(label: str) -> int | str:
+    return int(label) if label.isdigit() else label
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``octopis-topology``."""
+    return run_cli(build_parser(), argv, errors=(TopologyError,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

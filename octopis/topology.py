@@ -1,0 +1,491 @@
+"""Structured Cyclic Overlay Topology (SCOT): build, label, validate, (de)serialize.
+
+A SCOT is the Cartesian product G_A □ G_C of an *acyclic factor* G_A (a tree) and a
+*connectivity factor* G_C = K_n (paper §3.2). Each copy of G_A is a cluster, indexed by
+its G_C vertex 0..n-1; each copy of G_C is a region, labelled by its G_A vertex (§4.1).
+Links inside a cluster are aCOLs, links inside a region iCOLs (§4.2). A broker with at
+most one primary neighbour is an *edge* broker, one with two or more an *inner* broker
+(§4.3).
+
+A broker is named ``"<region>:<cluster>"`` (the paper's B(x, c)); the name is a key only
+and is never parsed.
+
+All checks raise :class:`TopologyError` with a message that names the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+ACOL = "aCOL"
+ICOL = "iCOL"
+PRIMARY = "primary"
+SECONDARY = "secondary"
+INNER = "inner"
+EDGE = "edge"
+
+FORMAT = "octopis-topology/1"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_BASE_PORT = 17000
+PORTS_PER_BROKER = 3
+"""Each broker binds three consecutive ports: peer links, clients, control RPC."""
+
+
+class TopologyError(ValueError):
+    """A factor or topology is invalid; the message names the problem."""
+
+
+def broker_id(region: str, cluster: int) -> str:
+    """The broker name of B(region, cluster)."""
+    return f"{region}:{cluster}"
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A direct neighbour as its broker knows it (§4.3): name, link kind, role."""
+
+    id: str
+    link: str
+    role: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Broker:
+    """One SCOT node with the labels a broker knows about itself (§4.3)."""
+
+    id: str
+    region: str
+    cluster: int
+    type: str
+    endpoint: str
+    client_endpoint: str
+    control_endpoint: str
+    neighbours: tuple[Neighbour, ...]
+
+    @property
+    def primary_neighbours(self) -> tuple[str, ...]:
+        """Neighbours in the same cluster, reached over aCOLs."""
+        return tuple(n.id for n in self.neighbours if n.role == PRIMARY)
+
+    @property
+    def secondary_neighbours(self) -> tuple[str, ...]:
+        """Neighbours in the same region, reached over iCOLs."""
+        return tuple(n.id for n in self.neighbours if n.role == SECONDARY)
+
+
+@dataclass
+class Scot:
+    """A labelled SCOT: its factors, its product graph and every broker's labels."""
+
+    name: str
+    acyclic: nx.Graph
+    clusters: int
+    graph: nx.Graph
+    brokers: dict[str, Broker] = field(repr=False)
+
+    @property
+    def regions(self) -> list[str]:
+        """Region labels in the acyclic factor's vertex order."""
+        return list(self.acyclic.nodes)
+
+    def broker(self, region: str, cluster: int) -> Broker:
+        """The broker B(region, cluster)."""
+        return self.brokers[broker_id(region, cluster)]
+
+    def summary(self) -> dict[str, int]:
+        """Counts of §4.2–4.3: brokers, clusters, regions, link kinds, broker types."""
+        kinds = [kind for _, _, kind in self.graph.edges(data="link")]
+        types = [b.type for b in self.brokers.values()]
+        return {
+            "brokers": len(self.brokers),
+            "clusters": self.clusters,
+            "regions": self.acyclic.number_of_nodes(),
+            "acols": kinds.count(ACOL),
+            "icols": kinds.count(ICOL),
+            "inner": types.count(INNER),
+            "edge": types.count(EDGE),
+            "diameter_acyclic": nx.diameter(self.acyclic),
+        }
+
+    def unclustered(self) -> nx.Graph:
+        """The same graph with no cluster, region, type or link roles (for BID, §6.1)."""
+        plain = nx.Graph()
+        plain.add_nodes_from(self.brokers)
+        plain.add_edges_from(self.graph.edges)
+        return plain
+
+    def to_json(self) -> dict[str, Any]:
+        """The topology file contents; :func:`topology_from_json` reads it back."""
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "summary": self.summary(),
+            "acyclic": factor_to_json(self.acyclic),
+            "clusters": self.clusters,
+            "brokers": [
+                {
+                    "id": b.id,
+                    "region": b.region,
+                    "cluster": b.cluster,
+                    "type": b.type,
+                    "endpoint": b.endpoint,
+                    "client_endpoint": b.client_endpoint,
+                    "control_endpoint": b.control_endpoint,
+                    "neighbours": [
+                        {"id": n.id, "link": n.link, "role": n.role, "type": n.type}
+                        for n in b.neighbours
+                    ],
+                }
+                for b in self.brokers.values()
+            ],
+        }
+
+
+def factor_to_json(graph: nx.Graph) -> dict[str, list]:
+    """A factor as ``{"vertices": [...], "edges": [[u, v], ...]}``."""
+    return {"vertices": list(graph.nodes), "edges": [list(e) for e in graph.edges]}
+
+
+def factor_from_data(data: Any, what: str = "acyclic factor") -> nx.Graph:
+    """Read ``{"vertices": [...], "edges": [[u, v], ...]}`` into a graph of string labels.
+
+    Rejects a missing or empty vertex list, duplicate labels, edges naming unknown
+    vertices and repeated edges; it does not check the SCOT properties.
+    """
+    if not isinstance(data, dict):
+        raise TopologyError(f"{what}: expected a table with 'vertices' and 'edges'")
+    vertices = data.get("vertices")
+    edges = data.get("edges", [])
+    if not isinstance(vertices, list):
+        raise TopologyError(f"{what}: 'vertices' must be a list of labels")
+    if not vertices:
+        raise TopologyError(f"{what} is empty: no vertices")
+    if not isinstance(edges, list):
+        raise TopologyError(f"{what}: 'edges' must be a list of [u, v] pairs")
+    graph = nx.Graph()
+    for label in vertices:
+        if isinstance(label, bool) or not isinstance(label, (str, int)) or str(label) == "":
+            raise TopologyError(f"{what}: vertex label {label!r} is not a non-empty string")
+        if str(label) in graph:
+            raise TopologyError(f"{what} has duplicate vertex label {str(label)!r}")
+        graph.add_node(str(label))
+    for edge in edges:
+        if not isinstance(edge, list) or len(edge) != 2:
+            raise TopologyError(f"{what}: edge {edge!r} is not a [u, v] pair")
+        u, v = (str(x) for x in edge)
+        for end in (u, v):
+            if end not in graph:
+                raise TopologyError(f"{what}: edge {u}-{v} names unknown vertex {end!r}")
+        if u == v:
+            raise TopologyError(f"{what} has a cycle: {u}-{u} (self-loop)")
+        if graph.has_edge(u, v):
+            raise TopologyError(f"{what} has a cycle: {u}-{v}-{u} (edge listed twice)")
+        graph.add_edge(u, v)
+    return graph
+
+
+def read_factor(path: str | Path) -> tuple[nx.Graph, dict[str, Any]]:
+    """Read a factor file (TOML or JSON) and return the graph and the file's table.
+
+    The table may carry ``name`` and a default ``clusters`` count besides the graph.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"cannot read factor file {path}: {_reason(exc)}") from None
+    data = _parse_table(text, path)
+    return factor_from_data(data, f"acyclic factor {path.name}"), data
+
+
+def check_acyclic_factor(graph: nx.Graph) -> None:
+    """Acyclic property (§3.2): G_A is a non-empty tree (connected, no cycle)."""
+    if graph.number_of_nodes() == 0:
+        raise TopologyError("acyclic factor is empty: no vertices")
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        path = [u for u, _ in cycle] + [cycle[0][0]]
+        raise TopologyError(f"acyclic factor has a cycle: {'-'.join(path)}")
+    if not nx.is_connected(graph):
+        parts = sorted(sorted(c) for c in nx.connected_components(graph))
+        shown = " and ".join("{" + ", ".join(p) + "}" for p in parts[:3])
+        raise TopologyError(f"acyclic factor is disconnected: {len(parts)} components, {shown}")
+
+
+def complete_factor(clusters: int) -> nx.Graph:
+    """The connectivity factor K_n with the index property's labels 0..n-1."""
+    if isinstance(clusters, bool) or not isinstance(clusters, int) or clusters < 1:
+        raise TopologyError(f"number of clusters must be a positive integer, got {clusters!r}")
+    return nx.complete_graph(clusters)
+
+
+def check_connectivity_factor(graph: nx.Graph) -> None:
+    """Connectivity and index properties (§3.2): G_C is complete, labelled 0..n-1."""
+    n = graph.number_of_nodes()
+    if n == 0:
+        raise TopologyError("connectivity factor is empty: no vertices")
+    labels = sorted(str(v) for v in graph.nodes)
+    if labels != sorted(str(i) for i in range(n)):
+        raise TopologyError(
+            f"connectivity factor breaks the index property: labels must be 0..{n - 1}, "
+            f"got {', '.join(labels)}"
+        )
+    for u in graph.nodes:
+        for v in graph.nodes:
+            if str(u) < str(v) and not graph.has_edge(u, v):
+                raise TopologyError(f"connectivity factor is not complete: missing edge {u}-{v}")
+
+
+def build_scot(
+    acyclic: nx.Graph,
+    connectivity: nx.Graph | int,
+    *,
+    name: str = "scot",
+    host: str = DEFAULT_HOST,
+    base_port: int = DEFAULT_BASE_PORT,
+) -> Scot:
+    """Build and label the SCOT G_A □ G_C (§3–4), checking all four SCOT properties.
+
+    ``connectivity`` is K_n or the number n. Brokers get endpoints on ``host``, three
+    consecutive ports each from ``base_port`` on, clusters first, then regions in the
+    acyclic factor's vertex order.
+    """
+    check_acyclic_factor(acyclic)
+    if isinstance(connectivity, int):
+        connectivity = complete_factor(connectivity)
+    check_connectivity_factor(connectivity)
+    clusters = connectivity.number_of_nodes()
+    count = acyclic.number_of_nodes() * clusters
+    last_port = base_port + PORTS_PER_BROKER * count - 1
+    if base_port < 1 or last_port > 65535:
+        raise TopologyError(
+            f"base port {base_port} leaves no room for {count} brokers x "
+            f"{PORTS_PER_BROKER} ports (ports {base_port}..{last_port})"
+        )
+    # Label order property: the first operand of every product node is a G_A vertex.
+    product = nx.cartesian_product(acyclic, nx.relabel_nodes(connectivity, int))
+    graph = nx.Graph()
+    for region, cluster in product.nodes:
+        graph.add_node(broker_id(region, cluster), region=region, cluster=cluster)
+    for (x1, c1), (x2, c2) in product.edges:
+        graph.add_edge(broker_id(x1, c1), broker_id(x2, c2), link=ACOL if c1 == c2 else ICOL)
+    region_type = {x: INNER if acyclic.degree(x) >= 2 else EDGE for x in acyclic.nodes}
+
+    brokers: dict[str, Broker] = {}
+    index = 0
+    for cluster in range(clusters):
+        for region in acyclic.nodes:
+            bid = broker_id(region, cluster)
+            port = base_port + PORTS_PER_BROKER * index
+            index += 1
+            neighbours = tuple(
+                Neighbour(
+                    id=nid,
+                    link=graph.edges[bid, nid]["link"],
+                    role=PRIMARY if graph.edges[bid, nid]["link"] == ACOL else SECONDARY,
+                    type=region_type[graph.nodes[nid]["region"]],
+                )
+                for nid in sorted(
+                    graph.neighbors(bid),
+                    key=lambda n: (
+                        graph.nodes[n]["cluster"] != cluster,
+                        graph.nodes[n]["cluster"],
+                        graph.nodes[n]["region"],
+                    ),
+                )
+            )
+            brokers[bid] = Broker(
+                id=bid,
+                region=region,
+                cluster=cluster,
+                type=region_type[region],
+                endpoint=f"tcp://{host}:{port}",
+                client_endpoint=f"tcp://{host}:{port + 1}",
+                control_endpoint=f"tcp://{host}:{port + 2}",
+                neighbours=neighbours,
+            )
+    return Scot(name=name, acyclic=acyclic, clusters=clusters, graph=graph, brokers=brokers)
+
+
+def topology_from_json(data: Any, source: str = "topology") -> Scot:
+    """Rebuild a SCOT from a topology file's contents and check every broker entry.
+
+    The factors in the file are the truth; each listed broker must agree with the
+    rebuilt one (region, cluster, type, neighbours). Endpoints are taken from the file,
+    so a deployment may edit them.
+    """
+    if not isinstance(data, dict):
+        raise TopologyError(f"{source}: not a topology object")
+    if data.get("format") != FORMAT:
+        raise TopologyError(f"{source}: format is {data.get('format')!r}, expected {FORMAT!r}")
+    for key in ("acyclic", "clusters", "brokers"):
+        if key not in data:
+            raise TopologyError(f"{source}: missing key {key!r}")
+    acyclic = factor_from_data(data["acyclic"], f"{source}: acyclic factor")
+    scot = build_scot(acyclic, data["clusters"], name=str(data.get("name", "scot")))
+    listed = data["brokers"]
+    if not isinstance(listed, list):
+        raise TopologyError(f"{source}: 'brokers' must be a list")
+    seen: dict[str, Broker] = {}
+    for entry in listed:
+        broker = _broker_from_json(entry, scot, source)
+        if broker.id in seen:
+            raise TopologyError(f"{source}: broker {broker.id!r} is listed twice")
+        seen[broker.id] = broker
+    missing = sorted(set(scot.brokers) - set(seen))
+    if missing:
+        raise TopologyError(f"{source}: brokers missing from the list: {', '.join(missing[:5])}")
+    scot.brokers = {bid: seen[bid] for bid in scot.brokers}
+    return scot
+
+
+def load_topology(path: str | Path) -> Scot:
+    """Read a topology JSON file written by ``octopis-topology build``."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"cannot read topology file {path}: {_reason(exc)}") from None
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"topology file {path} is not valid JSON: {exc}") from None
+    return topology_from_json(data, f"topology file {path.name}")
+
+
+def preset_names() -> list[str]:
+    """Names of the factor files shipped in the ``topology/`` folder."""
+    return sorted(
+        p.name.removesuffix(".toml") for p in _preset_dir().iterdir() if p.name.endswith(".toml")
+    )
+
+
+def preset_path(name: str) -> Path:
+    """The factor file of preset ``name``."""
+    path = Path(str(_preset_dir().joinpath(f"{name}.toml")))
+    if not path.is_file():
+        raise TopologyError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
+    return path
+
+
+def build_from_factor_file(
+    path: str | Path,
+    clusters: int | None = None,
+    *,
+    connectivity: nx.Graph | None = None,
+    host: str = DEFAULT_HOST,
+    base_port: int = DEFAULT_BASE_PORT,
+) -> Scot:
+    """Build a SCOT from a factor file; ``clusters`` overrides the file's default."""
+    acyclic, table = read_factor(path)
+    if connectivity is None:
+        n = clusters if clusters is not None else table.get("clusters")
+        if n is None:
+            raise TopologyError(f"{Path(path).name} names no cluster count; pass --clusters N")
+        connectivity = complete_factor(n)
+    name = str(table.get("name", Path(path).stem))
+    return build_scot(acyclic, connectivity, name=name, host=host, base_port=base_port)
+
+
+def build_preset(name: str, **kwargs: Any) -> Scot:
+    """Build a preset topology (``fig2``, ``paper75``) with its default cluster count."""
+    return build_from_factor_file(preset_path(name), **kwargs)
+
+
+def _preset_dir():  # importlib Traversable
+    return resources.files("octopis.presets")
+
+
+def _broker_from_json(entry: Any, scot: Scot, source: str) -> Broker:
+    if not isinstance(entry, dict) or "id" not in entry:
+        raise TopologyError(f"{source}: broker entry {entry!r:.60} has no 'id'")
+    bid = entry["id"]
+    expected = scot.brokers.get(bid)
+    if expected is None:
+        raise TopologyError(f"{source}: broker {bid!r} is not a node of the SCOT")
+    for key in ("region", "cluster", "type"):
+        if entry.get(key) != getattr(expected, key):
+            raise TopologyError(
+                f"{source}: broker {bid!r} has {key} {entry.get(key)!r}, "
+                f"the factors give {getattr(expected, key)!r}"
+            )
+    listed = entry.get("neighbours")
+    if not isinstance(listed, list):
+        raise TopologyError(f"{source}: broker {bid!r} has no neighbour list")
+    got = sorted((n.get("id"), n.get("link"), n.get("role")) for n in listed if isinstance(n, dict))
+    want = sorted((n.id, n.link, n.role) for n in expected.neighbours)
+    if got != want:
+        extra = sorted({g[0] for g in got} - {w[0] for w in want})
+        lost = sorted({w[0] for w in want} - {g[0] for g in got})
+        detail = (
+            f"not adjacent: {', '.join(map(str, extra))}"
+            if extra
+            else (f"missing: {', '.join(lost)}" if lost else "wrong link kind or role")
+        )
+        raise TopologyError(
+            f"{source}: broker {bid!r} neighbours disagree with the SCOT ({detail})"
+        )
+    endpoints = {}
+    for key in ("endpoint", "client_endpoint", "control_endpoint"):
+        value = entry.get(key)
+        if not isinstance(value, str) or "://" not in value:
+            raise TopologyError(f"{source}: broker {bid!r} has no valid {key!r}")
+        endpoints[key] = value
+    return Broker(
+        id=bid,
+        region=expected.region,
+        cluster=expected.cluster,
+        type=expected.type,
+        neighbours=expected.neighbours,
+        **endpoints,
+    )
+
+
+def _parse_table(text: str, path: Path) -> Any:
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TopologyError(f"factor file {path.name} is not valid JSON: {exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        if path.suffix.lower() == ".toml":
+            raise TopologyError(f"factor file {path.name} is not valid TOML: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise TopologyError(f"factor file {path.name} is neither TOML nor JSON") from None
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def regions_in_drawing_order(acyclic: nx.Graph) -> list[str]:
+    """Regions in a depth-first walk from one end of a longest path, smaller subtrees
+    first, so that leaves sit beside their parent and aCOLs stay short."""
+    start = nx.periphery(acyclic)[0]
+    depth = nx.single_source_shortest_path_length(acyclic, start)
+    size = {v: 1 for v in acyclic}
+    for v in sorted(acyclic, key=depth.__getitem__, reverse=True):
+        parents = [u for u in acyclic[v] if depth[u] < depth[v]]
+        if parents:
+            size[parents[0]] += size[v]
+    order: list[str] = []
+    stack = [start]
+    while stack:
+        v = stack.pop()
+        order.append(v)
+        children = [u for u in acyclic[v] if depth[u] > depth[v]]
+        stack.extend(sorted(children, key=lambda u: (size[u], u), reverse=True))
+    return order

@@ -1,0 +1,303 @@
+"""SCOT builder: counting formulas and labelling rules as properties, presets, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from octopis.cli.topology import main as topology_main
+from octopis.topology import (
+    ACOL,
+    EDGE,
+    ICOL,
+    INNER,
+    PRIMARY,
+    SECONDARY,
+    TopologyError,
+    build_preset,
+    build_scot,
+    load_topology,
+    topology_from_json,
+)
+
+
+@st.composite
+def trees(draw: st.DrawFn, max_vertices: int = 25) -> nx.Graph:
+    """Random labelled trees: vertex i > 0 attaches to a random earlier vertex."""
+    n = draw(st.integers(1, max_vertices))
+    graph = nx.Graph()
+    graph.add_nodes_from(f"v{i}" for i in range(n))
+    for i in range(1, n):
+        graph.add_edge(f"v{i}", f"v{draw(st.integers(0, i - 1))}")
+    return graph
+
+
+@settings(max_examples=60, deadline=None)
+@given(tree=trees(), n=st.integers(2, 8))
+def test_counting_formulas(tree: nx.Graph, n: int) -> None:
+    scot = build_scot(tree, n)
+    v = tree.number_of_nodes()
+    s = scot.summary()
+    assert s["brokers"] == v * n
+    assert s["acols"] == n * (v - 1)
+    assert s["icols"] == v * n * (n - 1) // 2
+    assert s["clusters"] == n and s["regions"] == v
+    assert s["inner"] + s["edge"] == v * n
+    assert s["diameter_acyclic"] == nx.diameter(tree)
+    assert scot.graph.number_of_edges() == s["acols"] + s["icols"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(tree=trees(), n=st.integers(2, 8))
+def test_neighbour_and_type_rules(tree: nx.Graph, n: int) -> None:
+    scot = build_scot(tree, n)
+    for b in scot.brokers.values():
+        primary = {scot.brokers[p].region for p in b.primary_neighbours}
+        assert all(scot.brokers[p].cluster == b.cluster for p in b.primary_neighbours)
+        assert primary == set(tree[b.region])
+        secondary = b.secondary_neighbours
+        assert sorted(scot.brokers[s].cluster for s in secondary) == [
+            c for c in range(n) if c != b.cluster
+        ]
+        assert all(scot.brokers[s].region == b.region for s in secondary)
+        assert b.type == (EDGE if len(b.primary_neighbours) <= 1 else INNER)
+        for nb in b.neighbours:
+            assert (nb.link, nb.role) in ((ACOL, PRIMARY), (ICOL, SECONDARY))
+            assert nb.type == scot.brokers[nb.id].type
+    for region in tree.nodes:
+        assert len({scot.broker(region, c).type for c in range(n)}) == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(tree=trees(12), n=st.integers(1, 5))
+def test_json_round_trip(tree: nx.Graph, n: int) -> None:
+    scot = build_scot(tree, n)
+    again = topology_from_json(json.loads(json.dumps(scot.to_json())))
+    assert again.brokers == scot.brokers
+    assert again.summary() == scot.summary()
+
+
+def test_unclustered_view_has_same_graph_and_no_roles() -> None:
+    scot = build_preset("fig2")
+    plain = scot.unclustered()
+    assert set(plain.nodes) == set(scot.brokers)
+    assert {frozenset(e) for e in plain.edges} == {frozenset(e) for e in scot.graph.edges}
+    assert all(not data for _, data in plain.nodes(data=True))
+    assert all(not data for _, _, data in plain.edges(data=True))
+
+
+def test_fig2_matches_section_4_5() -> None:
+    scot = build_preset("fig2")
+    b0 = scot.broker("b", 0)
+    assert set(b0.primary_neighbours) == {"a:0", "c:0"}
+    assert set(b0.secondary_neighbours) == {"b:1", "b:2"}
+    assert {r for r in "abcdef" if scot.broker(r, 0).type == EDGE} == {"a", "d", "f"}
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [
+        (
+            "fig2",
+            {
+                "brokers": 18,
+                "clusters": 3,
+                "regions": 6,
+                "acols": 15,
+                "icols": 18,
+                "inner": 9,
+                "edge": 9,
+                "diameter_acyclic": 4,
+            },
+        ),
+        (
+            "paper75",
+            {
+                "brokers": 75,
+                "clusters": 5,
+                "regions": 15,
+                "acols": 70,
+                "icols": 150,
+                "inner": 25,
+                "edge": 50,
+                "diameter_acyclic": 6,
+            },
+        ),
+    ],
+)
+def test_build_show_draw_presets(
+    tmp_path: Path, capsys: pytest.CaptureFixture, preset: str, expected: dict
+) -> None:
+    out = tmp_path / "t.json"
+    assert topology_main(["build", "--preset", preset, "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["summary"] == expected
+    assert all(isinstance(v, int) for v in data["summary"].values())
+    broker = data["brokers"][0]
+    assert {"id", "region", "cluster", "type", "endpoint", "neighbours"} <= broker.keys()
+    assert {"id", "link", "role"} <= broker["neighbours"][0].keys()
+    assert len({b["endpoint"] for b in data["brokers"]}) == expected["brokers"]
+
+    assert topology_main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert f"{expected['brokers']} brokers" in shown
+    assert f"{expected['acols']} aCOLs + {expected['icols']} iCOLs" in shown
+    for c in range(expected["clusters"]):
+        assert re.search(rf"^{c}\s+{expected['regions']}\s", shown, re.M)
+
+    png, svg = tmp_path / "t.png", tmp_path / "t.svg"
+    assert topology_main(["draw", str(out), "-o", str(png)]) == 0
+    assert topology_main(["draw", str(out), "-o", str(svg)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in svg.read_bytes()[:2000]
+
+
+def test_options_host_port_clusters(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    assert (
+        topology_main(
+            [
+                "build",
+                "--preset",
+                "fig2",
+                "--clusters",
+                "4",
+                "--host",
+                "10.0.0.7",
+                "--base-port",
+                "20000",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    scot = load_topology(out)
+    assert scot.summary()["brokers"] == 24
+    ports = sorted(int(b.endpoint.rsplit(":", 1)[1]) for b in scot.brokers.values())
+    assert ports[0] == 20000 and all(
+        b.endpoint.startswith("tcp://10.0.0.7:") for b in scot.brokers.values()
+    )
+
+
+BAD_FACTORS = [
+    (
+        "cycle.toml",
+        'vertices = ["a", "b", "c"]\nedges = [["a","b"],["b","c"],["c","a"]]\n',
+        r"acyclic factor has a cycle: (a-b-c-a|b-c-a-b|c-a-b-c|a-c-b-a)",
+    ),
+    (
+        "split.toml",
+        'vertices = ["a", "b", "c", "d"]\nedges = [["a","b"],["c","d"]]\n',
+        r"acyclic factor is disconnected: 2 components, \{a, b\} and \{c, d\}",
+    ),
+    (
+        "dup.json",
+        '{"vertices": ["a", "b", "a"], "edges": [["a", "b"]]}',
+        r"duplicate vertex label 'a'",
+    ),
+    ("empty.toml", "vertices = []\nedges = []\n", r"is empty: no vertices"),
+    ("broken.toml", "vertices = [\n", r"is not valid TOML"),
+    ("unknown.toml", 'vertices = ["a"]\nedges = [["a", "z"]]\n', r"names unknown vertex 'z'"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "message"), BAD_FACTORS)
+def test_bad_acyclic_factor(
+    tmp_path: Path, capsys: pytest.CaptureFixture, name: str, text: str, message: str
+) -> None:
+    factor = tmp_path / name
+    factor.write_text(text)
+    out = tmp_path / "t.json"
+    status = topology_main(["build", "--acyclic", str(factor), "--clusters", "3", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1
+    assert re.search(message, err), err
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [factor]
+
+
+def test_connectivity_factor_not_complete(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    conn = tmp_path / "k3minus.toml"
+    conn.write_text("vertices = [0, 1, 2]\nedges = [[0, 1], [1, 2]]\n")
+    out = tmp_path / "t.json"
+    status = topology_main(
+        ["build", "--preset", "fig2", "--connectivity", str(conn), "-o", str(out)]
+    )
+    assert status == 2
+    assert "connectivity factor is not complete: missing edge 0-2" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_connectivity_factor_index_property(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    conn = tmp_path / "k2.toml"
+    conn.write_text('vertices = ["x", "y"]\nedges = [["x", "y"]]\n')
+    status = topology_main(
+        ["build", "--preset", "fig2", "--connectivity", str(conn), "-o", str(tmp_path / "t.json")]
+    )
+    assert status == 2
+    assert "breaks the index property" in capsys.readouterr().err
+
+
+def test_unreadable_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "t.json"
+    assert (
+        topology_main(
+            ["build", "--acyclic", str(tmp_path / "nope.toml"), "--clusters", "2", "-o", str(out)]
+        )
+        == 2
+    )
+    assert "cannot read factor file" in capsys.readouterr().err
+    assert (
+        topology_main(["build", "--acyclic", str(tmp_path), "--clusters", "2", "-o", str(out)]) == 2
+    )
+    assert "cannot read factor file" in capsys.readouterr().err
+    assert not out.exists()
+    assert topology_main(["show", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read topology file" in capsys.readouterr().err
+
+
+def test_tampered_topology_file_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = build_preset("fig2").to_json()
+    data["brokers"][0]["neighbours"].append({"id": "f:2", "link": ACOL, "role": PRIMARY})
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    assert topology_main(["show", str(bad)]) == 2
+    assert "neighbours disagree with the SCOT (not adjacent: f:2)" in capsys.readouterr().err
+    with pytest.raises(TopologyError, match="not valid JSON"):
+        (tmp_path / "x.json").write_text("{")
+        load_topology(tmp_path / "x.json")
+
+
+def test_bad_clusters_and_ports(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    out = str(tmp_path / "t.json")
+    assert topology_main(["build", "--preset", "fig2", "--clusters", "0", "-o", out]) == 2
+    assert "number of clusters must be a positive integer" in capsys.readouterr().err
+    assert topology_main(["build", "--preset", "paper75", "--base-port", "65400", "-o", out]) == 2
+    assert "leaves no room for 75 brokers" in capsys.readouterr().err
+
+
+def test_console_script_is_installed(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("octopis-topology")
+    out = tmp_path / "t.json"
+    done = subprocess.run(
+        [str(exe), "build", "--preset", "paper75", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["summary"]["brokers"] == 75
+    bad = subprocess.run(
+        [str(exe), "show", str(tmp_path / "none.json")], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("octopis-topology: error: ")

@@ -1,0 +1,1 @@
+"""Preset SCOT factor files (TOML); installed as the package ``octopis.presets``."""
