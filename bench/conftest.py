@@ -1,0 +1,1 @@
+"""Shared fixtures for the benchmark suites (run with ``pytest bench --benchmark-only``)."""
