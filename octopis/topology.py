@@ -49,12 +49,14 @@ def broker_id(region: str, cluster: int) -> str:
 
 @dataclass(frozen=True)
 class Neighbour:
-    """A direct neighbour as its broker knows it (§4.3): name, link kind, role."""
+    """A direct neighbour as its broker knows it (§4.3): name, link kind, role, type and
+    cluster index (which the CBV bits name, §4.4)."""
 
     id: str
     link: str
     role: str
     type: str
+    cluster: int
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class Scot:
                     "client_endpoint": b.client_endpoint,
                     "control_endpoint": b.control_endpoint,
                     "neighbours": [
-                        {"id": n.id, "link": n.link, "role": n.role, "type": n.type}
+                        {"id": n.id, "link": n.link, "role": n.role, "type": n.type,
+                         "cluster": n.cluster}
                         for n in b.neighbours
                     ],
                 }
@@ -295,6 +298,7 @@ def build_scot(
                     link=graph.edges[bid, nid]["link"],
                     role=PRIMARY if graph.edges[bid, nid]["link"] == ACOL else SECONDARY,
                     type=region_type[graph.nodes[nid]["region"]],
+                    cluster=graph.nodes[nid]["cluster"],
                 )
                 for nid in sorted(
                     graph.neighbors(bid),

@@ -1,0 +1,92 @@
+"""Exactly-once delivery accounting: expected, delivered, duplicated, lost (DESIGN §4).
+
+The ledger is the oracle: it keeps the subscriptions active at each publication, matches
+the publication against them with its own matcher and expects one delivery per
+interested *subscriber*. Deliveries are then counted against that expectation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from octopis.filters import Publication, Subscription
+
+DeliveryKey = tuple[str, str, int]
+"""``(subscriber, publisher, seq)``."""
+
+
+class DeliveryLedger:
+    """Expected versus received deliveries, and delivery delays."""
+
+    def __init__(self, matcher_factory: Callable[[], Any] | None = None) -> None:
+        if matcher_factory is None:
+            from octopis.matching import Matcher
+
+            matcher_factory = Matcher
+        self._oracle = matcher_factory()
+        self._owner: dict[Any, str] = {}
+        self.expected: set[DeliveryKey] = set()
+        self.received: Counter[DeliveryKey] = Counter()
+        self.delays: list[float] = []
+        self.notifications = 0
+
+    def subscribed(self, subscriber: str, key: Any, subscription: Subscription) -> None:
+        """``subscriber`` holds ``subscription`` (under a unique ``key``) from now on."""
+        self._oracle.add(key, subscription)
+        self._owner[key] = subscriber
+
+    def unsubscribed(self, key: Any) -> None:
+        """The subscription ``key`` no longer counts for later publications."""
+        self._oracle.remove(key)
+        del self._owner[key]
+
+    def published(self, publisher: str, seq: int, publication: Publication) -> int:
+        """Record a publication; returns how many subscribers should receive it."""
+        self.notifications += 1
+        interested = {self._owner[k] for k in self._oracle.match(publication)}
+        self.expected.update((s, publisher, seq) for s in interested)
+        return len(interested)
+
+    def delivered(self, subscriber: str, publisher: str, seq: int,
+                  delay: float | None = None) -> None:
+        """``subscriber`` received ``(publisher, seq)``, ``delay`` seconds after publishing."""
+        self.received[(subscriber, publisher, seq)] += 1
+        if delay is not None:
+            self.delays.append(delay)
+
+    def summary(self) -> dict[str, int]:
+        """``expected_deliveries``, ``delivered``, ``duplicates``, ``lost``, ``unexpected``."""
+        got = set(self.received)
+        return {
+            "expected_deliveries": len(self.expected),
+            "delivered": len(got & self.expected),
+            "duplicates": sum(self.received.values()) - len(got),
+            "lost": len(self.expected - got),
+            "unexpected": len(got - self.expected),
+        }
+
+    def delay_summary(self) -> dict[str, float]:
+        """Notification delay in seconds: mean, p50, p99, share under 1 s."""
+        return distribution(self.delays)
+
+
+def distribution(values: Iterable[float]) -> dict[str, float]:
+    """Mean, p50, p99, max and share under one second of ``values`` (NaN when empty)."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"mean": math.nan, "p50": math.nan, "p99": math.nan, "max": math.nan,
+                "under_1s": math.nan}
+
+    def pct(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "mean": sum(ordered) / len(ordered),
+        "p50": pct(0.50),
+        "p99": pct(0.99),
+        "max": ordered[-1],
+        "under_1s": sum(v < 1.0 for v in ordered) / len(ordered),
+    }

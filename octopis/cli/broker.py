@@ -1,0 +1,67 @@
+"""``octopis-broker``: run one SCOT node as a broker process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import zmq
+
+from octopis.cli import run_cli
+from octopis.core import MODES
+from octopis.topology import TopologyError, load_topology
+from octopis.transport.settings import ConfigError, load_settings
+
+
+class UnknownBroker(ValueError):
+    """The ``--id`` names no broker of the topology."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``octopis-broker``."""
+    p = argparse.ArgumentParser(
+        prog="octopis-broker",
+        description="Run one OctopiS broker: binds its endpoints from the topology file, "
+        "connects to its neighbours only, routes with snr, dnr or bid, serves clients and a "
+        "control RPC. Stops cleanly on SIGTERM/SIGINT. Exit status 2 on bad input.",
+    )
+    p.add_argument("--topology", required=True, type=Path, metavar="FILE",
+                   help="topology JSON from `octopis-topology build`")
+    p.add_argument("--id", required=True, metavar="ID", help="this broker's id, e.g. vi:0")
+    p.add_argument("--mode", default="snr", choices=MODES, help="routing mode (default snr)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="settings TOML: [lst] window, queue_threshold; [links] sndhwm, "
+                   "capacity, capacities; [clients] sndhwm")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=cmd_broker)
+    return p
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    """Validate the inputs, then serve until stopped."""
+    from octopis.transport.broker import run_broker
+
+    scot = load_topology(args.topology)
+    if args.id not in scot.brokers:
+        raise UnknownBroker(f"topology {scot.name} has no broker {args.id!r}")
+    settings = load_settings(args.config)
+    logging.getLogger().handlers[0].setFormatter(logging.Formatter(
+        f"%(asctime)s %(levelname)s broker {args.id}: %(message)s"))
+    try:
+        asyncio.run(run_broker(scot, args.id, args.mode, settings))
+    except zmq.ZMQError as exc:
+        logging.getLogger("octopis.broker").error("cannot serve %s: %s", args.id, exc)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``octopis-broker``."""
+    return run_cli(build_parser(), argv, errors=(TopologyError, ConfigError, UnknownBroker))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

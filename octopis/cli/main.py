@@ -1,0 +1,35 @@
+"""``octopis``: the simulator, the broker cluster runner and the shell clients."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from octopis.cli import run_cli
+from octopis.cli.errors import USER_ERRORS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``octopis`` with every subcommand registered."""
+    from octopis.cli import sim
+
+    parser = argparse.ArgumentParser(
+        prog="octopis",
+        description="OctopiS content-based publish/subscribe on a SCOT: simulate routing "
+        "(sim). Exit status 2 on bad input.",
+    )
+    parser.add_argument("--log-level", default="WARNING",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="logging verbosity (default WARNING)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sim.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``octopis``."""
+    return run_cli(build_parser(), argv, errors=USER_ERRORS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Rendering run reports (``octopis sim`` and ``octopis run`` share the keys)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from octopis.cli.topology import write_atomically
+
+
+def print_report(report: dict[str, Any]) -> str:
+    """The report as an aligned two-column table; nested figures are flattened."""
+    rows: list[tuple[str, str]] = []
+    for key, value in report.items():
+        if isinstance(value, dict):
+            rows += [(f"{key}.{k}", _fmt(v)) for k, v in value.items()]
+        else:
+            rows.append((key, _fmt(value)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def write_deliveries(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """One JSON object per line, written atomically."""
+    write_atomically(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.6g}"
+    return str(value)

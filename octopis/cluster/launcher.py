@@ -1,0 +1,226 @@
+"""Start one broker process per SCOT node on this machine, and stop them all (DESIGN §2).
+
+Every broker is a separate OS process (``python -m octopis.cli.broker``) in its own
+session, logging to ``<run_dir>/logs/<id>.log``. :class:`LocalCluster` waits until every
+broker has handshaken all its inbound links, talks to them over the control RPC, and
+on :meth:`stop` (also on errors and Ctrl-C through the context manager) terminates
+every process it started, killing any that do not exit in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiozmq.rpc
+
+from octopis.topology import PORTS_PER_BROKER, Scot, build_preset, load_topology
+from octopis.transport.settings import BrokerSettings
+
+STATE_FILE = "cluster.json"
+
+
+class ClusterError(RuntimeError):
+    """Brokers did not start, did not connect, or died."""
+
+
+def find_free_base_port(brokers: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
+    """A base port whose ``3 × brokers`` consecutive ports are all free on ``host`` now."""
+    span = PORTS_PER_BROKER * brokers
+    rng = random.Random()
+    for _ in range(attempts):
+        base = rng.randrange(20000, 60000 - span)
+        if all(_port_free(host, port) for port in range(base, base + span)):
+            return base
+    raise ClusterError(f"found no {span} consecutive free ports on {host}")
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def prepare_topology(run_dir: Path, *, topology: Path | None = None,
+                     preset: str | None = None) -> tuple[Scot, Path]:
+    """The topology to launch and its file: a given file, or a preset on free ports."""
+    if topology is not None:
+        return load_topology(topology), topology
+    scot = build_preset(preset or "fig2")
+    scot = build_preset(preset or "fig2", base_port=find_free_base_port(len(scot.brokers)))
+    path = run_dir / f"{scot.name}.json"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(scot.to_json(), indent=1))
+    return scot, path
+
+
+class LocalCluster:
+    """The broker processes of one topology on this machine."""
+
+    def __init__(self, scot: Scot, topology_path: Path, mode: str, run_dir: Path,
+                 settings: BrokerSettings | None = None, log_level: str = "INFO") -> None:
+        self.scot = scot
+        self.topology_path = topology_path
+        self.mode = mode
+        self.run_dir = run_dir
+        self.settings = settings or BrokerSettings()
+        self.log_level = log_level
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._rpc: dict[str, Any] = {}
+
+    # -- processes -----------------------------------------------------------------------
+
+    def spawn(self) -> None:
+        """Start every broker process (does not wait for them)."""
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        config = self.run_dir / "broker.toml"
+        config.write_text(self.settings.to_toml())
+        for broker_id in self.scot.brokers:
+            log_path = logs / f"{broker_id.replace(':', '_')}.log"
+            with open(log_path, "ab") as log_file:
+                self.processes[broker_id] = subprocess.Popen(
+                    [sys.executable, "-m", "octopis.cli.broker", "--topology",
+                     str(self.topology_path), "--id", broker_id, "--mode", self.mode,
+                     "--config", str(config), "--log-level", self.log_level],
+                    stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True)
+
+    def write_state(self) -> Path:
+        """Record pids and endpoints so ``octopis down`` can find the processes."""
+        state = {"topology": str(self.topology_path), "mode": self.mode,
+                 "pids": {b: p.pid for b, p in self.processes.items()},
+                 "control": {b: i.control_endpoint for b, i in self.scot.brokers.items()},
+                 "clients": {b: i.client_endpoint for b, i in self.scot.brokers.items()}}
+        path = self.run_dir / STATE_FILE
+        path.write_text(json.dumps(state, indent=1))
+        return path
+
+    def dead(self) -> dict[str, int]:
+        """Brokers whose process has exited, with their exit status."""
+        return {b: p.returncode for b, p in self.processes.items() if p.poll() is not None}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate every process started here; kill those still alive after ``timeout``."""
+        stop_pids({b: p.pid for b, p in self.processes.items()}, timeout,
+                  reap={p.pid: p for p in self.processes.values()})
+
+    # -- control RPC ---------------------------------------------------------------------
+
+    async def connect_control(self) -> None:
+        """Open one RPC client per broker."""
+        for broker_id, info in self.scot.brokers.items():
+            if broker_id not in self._rpc:
+                self._rpc[broker_id] = await aiozmq.rpc.connect_rpc(
+                    connect=info.control_endpoint, timeout=5)
+
+    async def call_all(self, method: str) -> dict[str, Any]:
+        """Call ``method`` on every broker's control RPC."""
+        await self.connect_control()
+        ids = list(self._rpc)
+        results = await asyncio.gather(*(getattr(self._rpc[b].call, method)() for b in ids))
+        return dict(zip(ids, results, strict=True))
+
+    async def wait_ready(self, timeout: float = 120.0) -> float:
+        """Wait until every broker is up with all links handshaken; returns the seconds."""
+        started = time.monotonic()
+        await self.connect_control()
+        pending = set(self.scot.brokers)
+        while pending:
+            if dead := self.dead():
+                raise ClusterError(f"broker process(es) exited while starting: "
+                                   f"{_describe_dead(dead, self.run_dir)}")
+            if time.monotonic() - started > timeout:
+                raise ClusterError(f"{len(pending)} broker(s) not ready after {timeout:.0f} s: "
+                                   f"{', '.join(sorted(pending)[:5])}")
+            for broker_id in list(pending):
+                with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                    status = await asyncio.wait_for(self._rpc[broker_id].call.status(), 2.0)
+                    if status["ready"]:
+                        pending.discard(broker_id)
+            if pending:
+                await asyncio.sleep(0.2)
+        return time.monotonic() - started
+
+    async def close_control(self) -> None:
+        """Close the RPC clients."""
+        for client in self._rpc.values():
+            client.close()
+        for client in self._rpc.values():
+            with contextlib.suppress(Exception):
+                await client.wait_closed()
+        self._rpc.clear()
+
+
+def stop_pids(pids: dict[str, int], timeout: float = 10.0,
+              reap: dict[int, subprocess.Popen] | None = None) -> list[str]:
+    """SIGTERM every live pid, wait up to ``timeout``, SIGKILL the rest; returns killed ids."""
+    reap = reap or {}
+    for pid in pids.values():
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    alive = dict(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {b: pid for b, pid in alive.items() if _alive(pid, reap.get(pid))}
+        if alive:
+            time.sleep(0.05)
+    for pid in alive.values():
+        _signal(pid, signal.SIGKILL)
+    for pid in alive.values():
+        _alive(pid, reap.get(pid), wait=2.0)
+    return sorted(alive)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _alive(pid: int, process: subprocess.Popen | None, wait: float = 0.0) -> bool:
+    if process is not None:
+        try:
+            process.wait(timeout=wait or 0.001)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    return _not_zombie(pid)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def _describe_dead(dead: dict[str, int], run_dir: Path) -> str:
+    parts = []
+    for broker_id, code in sorted(dead.items())[:3]:
+        log_path = run_dir / "logs" / f"{broker_id.replace(':', '_')}.log"
+        last = ""
+        with contextlib.suppress(OSError):
+            lines = log_path.read_text(errors="replace").strip().splitlines()
+            last = lines[-1] if lines else ""
+        parts.append(f"{broker_id} (status {code}: {last})")
+    return "; ".join(parts)

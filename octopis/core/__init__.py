@@ -1,0 +1,67 @@
+"""Sans-IO routing core: one broker's state machine (DESIGN §2–3).
+
+``make_broker`` builds the core for one SCOT node in a routing mode: ``snr`` and ``dnr``
+on the clustered SCOT (:class:`ClusteredBroker`), ``bid`` on the unclustered one
+(:class:`BidBroker`). Real broker processes and the simulator both drive these objects.
+"""
+
+from __future__ import annotations
+
+from octopis.core.bid import BidBroker
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.lst import LinkStatusTable, LinkView
+from octopis.core.messages import (
+    Action,
+    Deliver,
+    Forward,
+    Message,
+    Notification,
+    ProtocolError,
+    Subscribe,
+    SubState,
+    Unsubscribe,
+)
+from octopis.core.table import MatcherFactory
+from octopis.topology import Scot
+
+MODES = ("snr", "dnr", "bid")
+
+BrokerCore = ClusteredBroker | BidBroker
+
+
+class NoCongestion:
+    """A :class:`LinkView` in which no link is ever overloaded."""
+
+    def overloaded(self, link: str) -> bool:
+        """Never."""
+        return False
+
+    def load(self, link: str) -> tuple[float, int]:
+        """An idle link: CE 1, empty queue."""
+        return (1.0, 0)
+
+
+def make_broker(scot: Scot, broker_id: str, mode: str,
+                matcher_factory: MatcherFactory | None = None) -> BrokerCore:
+    """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
+
+    The core sees only the broker's own labels and its neighbours; BID sees the
+    unclustered graph (neighbour names, no roles).
+    """
+    if matcher_factory is None:
+        from octopis.matching import Matcher
+
+        matcher_factory = Matcher
+    broker = scot.brokers[broker_id]
+    if mode == "bid":
+        return BidBroker(broker.id, [n.id for n in broker.neighbours], matcher_factory)
+    if mode in ("snr", "dnr"):
+        return ClusteredBroker(broker, scot.clusters, matcher_factory, dynamic=mode == "dnr")
+    raise ValueError(f"unknown routing mode {mode!r}; choose one of {', '.join(MODES)}")
+
+
+__all__ = [
+    "MODES", "Action", "BidBroker", "BrokerCore", "ClusteredBroker", "Deliver", "Forward",
+    "LinkStatusTable", "LinkView", "Message", "NoCongestion", "Notification", "ProtocolError",
+    "SubState", "Subscribe", "Unsubscribe", "make_broker",
+]

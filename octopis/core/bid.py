@@ -1,0 +1,140 @@
+"""A broker of the *unclustered* SCOT routing by broker IDs: the baseline (paper §6.1).
+
+No cluster, region or link roles. Subscriptions flood with a network-wide id (host BID +
+sequence); the first copy to arrive decides the last hop and later copies are counted as
+duplicates and dropped (issues I1–I3 of §2). The publisher's host broker matches and puts
+into the notification the destination brokers, each with the id of one of its matching
+subscriptions; every broker splits that list by next hop (the last hop of the listed
+subscription), and destination brokers match against their local subscriptions and
+deliver. Intermediate brokers do not match (Algorithm 2).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from octopis.core.lst import LinkView
+from octopis.core.messages import (
+    Action,
+    Deliver,
+    Forward,
+    Message,
+    Notification,
+    ProtocolError,
+    Subscribe,
+    SubState,
+    Unsubscribe,
+)
+from octopis.core.table import MatcherFactory, RoutingEntry, RoutingTable
+from octopis.filters import Subscription
+
+ALL = "all"
+LOCAL = "local"
+
+
+class BidBroker:
+    """Routing state machine of one broker of the unclustered SCOT (BID baseline)."""
+
+    def __init__(self, broker_id: str, neighbours: list[str],
+                 matcher_factory: MatcherFactory) -> None:
+        self.id = broker_id
+        self.links = tuple(neighbours)
+        self._neighbours = frozenset(neighbours)
+        self.table = RoutingTable((ALL, LOCAL), matcher_factory,
+                                  lambda e: (ALL, LOCAL) if e.local else (ALL,))
+        self.stats: Counter[str] = Counter()
+        self._next_sub = 0
+
+    def subscribe(self, subscriber: str, subscription: Subscription,
+                  now: float) -> tuple[str, list[Action]]:
+        """A local subscriber subscribes: id = this broker's BID + a sequence number."""
+        self._next_sub += 1
+        sub_id = f"{self.id}#{self._next_sub}"
+        message = Subscribe(sub_id, self.id, subscription, SubState.PRIMARY, None, now)
+        return sub_id, self.flood_subscription(message, subscriber, local=True)
+
+    def flood_subscription(self, message: Subscribe, src: str,
+                           *, local: bool = False) -> list[Action]:
+        """Flooding SBP: keep the first copy (its sender is the last hop), drop the rest."""
+        if message.sub_id in self.table:
+            self.stats["sbp_duplicates"] += 1
+            return []
+        self.table.add(RoutingEntry(message.sub_id, message.subscription, src, None, 0, local,
+                                    message.host, message.hops))
+        onward = replace(message, hops=message.hops + 1)
+        out: list[Action] = [Forward(n, onward) for n in self.links if n != src]
+        self.stats["sent.subscribe"] += len(out)
+        return out
+
+    def unsubscribe(self, subscriber: str, sub_id: str) -> list[Action]:
+        """A local subscriber withdraws ``sub_id``; the withdrawal floods like the subscription."""
+        entry = self.table.entries.get(sub_id)
+        if entry is None or not entry.local or entry.last_hop != subscriber:
+            raise ProtocolError(f"{subscriber} holds no subscription {sub_id} at {self.id}")
+        return self.flood_unsubscription(Unsubscribe(sub_id, SubState.PRIMARY), subscriber)
+
+    def flood_unsubscription(self, message: Unsubscribe, src: str) -> list[Action]:
+        """Remove the entry on first arrival and flood on; later copies are duplicates."""
+        if message.sub_id not in self.table:
+            self.stats["unsubscribe_duplicates"] += 1
+            return []
+        self.table.remove(message.sub_id)
+        out: list[Action] = [Forward(n, message) for n in self.links if n != src]
+        self.stats["sent.unsubscribe"] += len(out)
+        return out
+
+    def publish(self, notification: Notification, links: LinkView) -> list[Action]:
+        """A local publisher publishes: match here and build the destination list."""
+        return self.route_by_bids(notification, None)
+
+    def receive(self, src: str, message: Message, links: LinkView) -> list[Action]:
+        """Handle one message from neighbour ``src``."""
+        if src not in self._neighbours:
+            raise ProtocolError(f"{self.id} has no link to {src}")
+        if isinstance(message, Notification):
+            if message.destinations is None or message.cbv is not None:
+                raise ProtocolError("a BID notification must carry a destination list only")
+            return self.route_by_bids(message, src)
+        if isinstance(message, Subscribe):
+            return self.flood_subscription(message, src)
+        if isinstance(message, Unsubscribe):
+            return self.flood_unsubscription(message, src)
+        raise ProtocolError(f"unexpected message {type(message).__name__}")
+
+    def route_by_bids(self, n: Notification, src: str | None) -> list[Action]:
+        """BID-based routing (§6.1, Algorithm 2).
+
+        At the publisher's host (``src`` is None): match all entries, deliver to matching
+        local subscribers, list every other host broker once with one matching sub_id.
+        Elsewhere: if listed, match local subscriptions and deliver. Then split the
+        remaining list by next hop and forward one copy per next hop.
+        """
+        subscribers: set[str] = set()
+        if src is None:
+            self.stats["matching"] += 1
+            destinations: dict[str, str] = {}
+            for entry in self.table.match(ALL, n.publication):
+                if entry.local:
+                    subscribers.add(entry.last_hop)
+                else:
+                    destinations.setdefault(entry.host, entry.sub_id)
+        else:
+            destinations = dict(n.destinations or ())
+            if destinations.pop(self.id, None) is not None:
+                self.stats["matching"] += 1
+                subscribers = {e.last_hop for e in self.table.match(LOCAL, n.publication)}
+        by_hop: dict[str, list[tuple[str, str]]] = {}
+        for broker, sub_id in destinations.items():
+            entry = self.table.entries.get(sub_id)
+            if entry is None or entry.local:
+                self.stats["stale_destinations"] += 1
+                continue
+            by_hop.setdefault(entry.last_hop, []).append((broker, sub_id))
+        plain = n if n.destinations is None else replace(n, destinations=None)
+        out: list[Action] = [Deliver(s, plain) for s in subscribers]
+        out += [Forward(hop, replace(n, destinations=tuple(dests)))
+                for hop, dests in by_hop.items()]
+        self.stats["sent.notification"] += len(by_hop)
+        self.stats["bids_carried"] += sum(len(d) for d in by_hop.values())
+        return out

@@ -1,0 +1,106 @@
+"""Link Status Table and congestion element (paper §6.3, Eq. 3; DESIGN §3).
+
+Every outgoing link has an output queue. Per window Δt the table counts ``n_in`` (copies
+enqueued) and ``n_out`` (copies sent); when a window closes, CE = n_in / n_out, with
+n_out = 0 and n_in > 0 giving ∞ and an idle window giving 1. A link is *overloaded* when
+its queue length ≥ Q, or its queue is non-empty and CE > 1. The table reads no clock: the
+caller passes the time with every event.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class LinkView(Protocol):
+    """What DNR may ask about an outgoing link."""
+
+    def overloaded(self, link: str) -> bool:
+        """Whether ``link`` is overloaded now."""
+
+    def load(self, link: str) -> tuple[float, int]:
+        """Sort key for "least loaded": (CE, queue length)."""
+
+
+@dataclass(slots=True)
+class LinkRow:
+    """One LST row: counts of the open window, CE of the last closed one, queue length."""
+
+    window_start: float = 0.0
+    n_in: int = 0
+    n_out: int = 0
+    ce: float = 1.0
+    queue_length: int = 0
+    last_n_in: int = 0
+    last_n_out: int = 0
+
+
+def congestion_element(n_in: int, n_out: int) -> float:
+    """CE of one window (Eq. 3): n_in / n_out; ∞ when nothing left, 1 when idle."""
+    if n_out:
+        return n_in / n_out
+    return math.inf if n_in else 1.0
+
+
+class LinkStatusTable:
+    """Per-link n_in, n_out, CE and queue length; implements :class:`LinkView`."""
+
+    def __init__(self, links: list[str], window: float = 0.05, queue_threshold: int = 10,
+                 start: float = 0.0) -> None:
+        if window <= 0:
+            raise ValueError(f"LST window must be positive, got {window}")
+        if queue_threshold < 1:
+            raise ValueError(f"queue threshold Q must be ≥ 1, got {queue_threshold}")
+        self.window = window
+        self.queue_threshold = queue_threshold
+        self.rows = {link: LinkRow(window_start=start) for link in links}
+
+    def enqueued(self, link: str, now: float, count: int = 1) -> None:
+        """``count`` copies entered ``link``'s output queue at ``now``."""
+        row = self._roll(link, now)
+        row.n_in += count
+        row.queue_length += count
+
+    def sent(self, link: str, now: float, count: int = 1) -> None:
+        """``count`` copies left ``link``'s output queue at ``now``."""
+        row = self._roll(link, now)
+        row.n_out += count
+        row.queue_length -= count
+
+    def advance(self, now: float) -> None:
+        """Close every window that ended by ``now`` (a periodic tick in real brokers)."""
+        for link in self.rows:
+            self._roll(link, now)
+
+    def overloaded(self, link: str) -> bool:
+        """Queue length ≥ Q, or queue non-empty and CE > 1."""
+        row = self.rows[link]
+        return row.queue_length >= self.queue_threshold or (row.queue_length > 0 and row.ce > 1)
+
+    def load(self, link: str) -> tuple[float, int]:
+        """(CE, queue length): the order of "least loaded"."""
+        row = self.rows[link]
+        return (row.ce, row.queue_length)
+
+    def snapshot(self) -> dict[str, dict[str, float | int | bool]]:
+        """The table as plain data (for stats RPC and reports)."""
+        return {
+            link: {"n_in": r.last_n_in, "n_out": r.last_n_out, "ce": r.ce,
+                   "queue_length": r.queue_length, "overloaded": self.overloaded(link)}
+            for link, r in self.rows.items()
+        }
+
+    def _roll(self, link: str, now: float) -> LinkRow:
+        row = self.rows[link]
+        end = row.window_start + self.window
+        if now >= end:
+            row.ce = congestion_element(row.n_in, row.n_out)
+            row.last_n_in, row.last_n_out = row.n_in, row.n_out
+            row.n_in = row.n_out = 0
+            skipped = math.floor((now - end) / self.window)
+            if skipped:
+                row.ce, row.last_n_in, row.last_n_out = 1.0, 0, 0
+            row.window_start = end + skipped * self.window
+        return row

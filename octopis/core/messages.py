@@ -1,0 +1,94 @@
+"""Messages of the routing core and the actions it returns (DESIGN §2, paper §5–6).
+
+The core is sans-IO: it takes one message and the link it came from and returns
+:class:`Forward` and :class:`Deliver` actions. Transports and the simulator carry these
+objects; the wire encoding lives in the transport layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+from bitarray import frozenbitarray
+
+from octopis.filters import Publication, Subscription
+
+
+class SubState(IntEnum):
+    """State of a subscription message in the two-step SBP (§5)."""
+
+    PRIMARY = 1
+    SECONDARY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """An SBP message. ``cbv`` has the host cluster's bit set (§4.4); BID leaves it empty.
+
+    ``sub_id`` (host broker + sequence) serves unsubscribe and bookkeeping in SNR/DNR and
+    duplicate detection in BID. ``issued_at`` and ``hops`` are for measurement only.
+    """
+
+    sub_id: str
+    host: str
+    subscription: Subscription
+    state: SubState
+    cbv: frozenbitarray | None
+    issued_at: float
+    hops: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    """Removes ``sub_id`` along the same steps its :class:`Subscribe` took."""
+
+    sub_id: str
+    state: SubState
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A publication in flight.
+
+    ``publisher``, ``seq`` and ``published_at`` identify it for delivery accounting;
+    routing never reads them. ``cbv`` is DNR's header naming the clusters this copy must
+    still serve (§6.3); ``destinations`` is BID's list of ``(broker, sub_id)`` (§6.1).
+    """
+
+    publisher: str
+    seq: int
+    published_at: float
+    publication: Publication
+    cbv: frozenbitarray | None = None
+    destinations: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Identity of the publication for accounting: ``(publisher, seq)``."""
+        return (self.publisher, self.seq)
+
+
+Message = Subscribe | Unsubscribe | Notification
+
+
+class Forward(NamedTuple):
+    """Send ``message`` to neighbour broker ``link``."""
+
+    link: str
+    message: Message
+
+
+class Deliver(NamedTuple):
+    """Hand ``notification`` to the local subscriber ``subscriber``."""
+
+    subscriber: str
+    notification: Notification
+
+
+Action = Forward | Deliver
+
+
+class ProtocolError(ValueError):
+    """A message that breaks the routing protocol (wrong state, unknown link, duplicate)."""

@@ -1,0 +1,477 @@
+"""One broker process: the routing core in an asyncio/ZeroMQ shell (DESIGN §2, §4).
+
+Sockets
+  - peer input: one PULL bound at ``endpoint``; each neighbour pushes frames into it;
+  - peer output: one PUSH per neighbour with a low send high-water mark, fed from an
+    application-level output queue by a sender task using non-blocking sends, so
+    backpressure grows the queue (which the Link Status Table measures) and never drops;
+    an optional per-link capacity (messages/s) paces the sender to reproduce congestion;
+  - clients: one ROUTER at ``client_endpoint`` (msgpack maps, see :mod:`octopis.client`);
+  - control: aiozmq RPC at ``control_endpoint``: ``status``, ``stats``,
+    ``subscription_delays``, ``shutdown``.
+
+A bad frame from a peer or a client is counted, logged and answered with an error where
+there is someone to answer; the broker goes on serving everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections import Counter, deque
+from typing import Any
+
+import aiozmq.rpc
+import msgpack
+import zmq
+import zmq.asyncio
+
+from octopis.core import (
+    Deliver,
+    Forward,
+    LinkStatusTable,
+    Notification,
+    ProtocolError,
+    Subscribe,
+    make_broker,
+)
+from octopis.filters import FilterError, as_subscription, parse_publication, validate_publication
+from octopis.matching import Matcher
+from octopis.topology import Scot
+from octopis.transport.settings import BrokerSettings
+from octopis.transport.wire import Hello, WireError, decode_peer, encode_peer
+
+log = logging.getLogger("octopis.broker")
+
+PEER_BATCH = 64
+"""Frames handled before yielding to the event loop, so senders keep draining."""
+
+
+class MatchClock:
+    """Accumulated time spent in matchers (the paper's matching delay, §7.2)."""
+
+    __slots__ = ("calls", "seconds")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+
+
+class TimedMatcher:
+    """A :class:`~octopis.matching.Matcher` that adds its ``match`` time to a clock."""
+
+    __slots__ = ("_clock", "_matcher")
+
+    def __init__(self, clock: MatchClock) -> None:
+        self._matcher = Matcher()
+        self._clock = clock
+
+    def add(self, key: Any, subscription: Any) -> None:
+        self._matcher.add(key, subscription)
+
+    def remove(self, key: Any) -> None:
+        self._matcher.remove(key)
+
+    def match(self, publication: dict) -> list:
+        started = time.perf_counter()
+        keys = self._matcher.match(publication)
+        self._clock.seconds += time.perf_counter() - started
+        self._clock.calls += 1
+        return keys
+
+    def __len__(self) -> int:
+        return len(self._matcher)
+
+
+class OutputLink:
+    """An outgoing peer link: output queue, paced non-blocking sender, LST feed."""
+
+    def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context,
+                 lst: LinkStatusTable, sndhwm: int, capacity: float) -> None:
+        self.name = name
+        self.socket = ctx.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.SNDHWM, sndhwm)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.connect(endpoint)
+        self._sync = zmq.Socket.shadow(self.socket.underlying)
+        self.queue: deque[bytes] = deque()
+        self.capacity = capacity
+        self.sent = 0
+        self._lst = lst
+        self._wake = asyncio.Event()
+
+    def put(self, frame: bytes, now: float) -> None:
+        """Enqueue one frame (counted as n_in)."""
+        self.queue.append(frame)
+        self._lst.enqueued(self.name, now)
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Send queued frames in order, at most ``capacity`` per second if set."""
+        loop = asyncio.get_running_loop()
+        gap = 1.0 / self.capacity if self.capacity else 0.0
+        next_slot = loop.time()
+        while True:
+            if not self.queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if gap:
+                now = loop.time()
+                next_slot = max(next_slot, now - 0.01)
+                if now < next_slot:
+                    await asyncio.sleep(next_slot - now)
+            try:
+                self._sync.send(self.queue[0], zmq.NOBLOCK)
+            except zmq.Again:
+                await self.socket.poll(None, zmq.POLLOUT)
+                continue
+            self.queue.popleft()
+            self.sent += 1
+            next_slot += gap
+            self._lst.sent(self.name, loop.time())
+
+    async def flush(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the queue to empty."""
+        deadline = time.monotonic() + timeout
+        while self.queue and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+
+class Broker:
+    """A running broker: core, sockets, output links, LST, clients and control RPC."""
+
+    def __init__(self, scot: Scot, broker_id: str, mode: str, settings: BrokerSettings) -> None:
+        self.scot = scot
+        self.info = scot.brokers[broker_id]
+        self.id = broker_id
+        self.mode = mode
+        self.settings = settings
+        self.clock = MatchClock()
+        self.core = make_broker(scot, broker_id, mode, lambda: TimedMatcher(self.clock))
+        self.counters: Counter[str] = Counter()
+        self.subscription_delay: dict[str, float] = {}
+        self.inbound_up: set[str] = set()
+        self._neighbours = {n.id for n in self.info.neighbours}
+        self._clients: dict[str, tuple[bytes, str]] = {}
+        self._client_backlog: dict[bytes, deque[bytes]] = {}
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.started = time.time()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Bind, connect, run until :meth:`stop`, then flush and close."""
+        loop = asyncio.get_running_loop()
+        self.ctx = zmq.asyncio.Context()
+        self.peer_in = self.ctx.socket(zmq.PULL)
+        self.peer_in.setsockopt(zmq.RCVHWM, 1000)
+        self.peer_in.bind(self.info.endpoint)
+        self.client_sock = self.ctx.socket(zmq.ROUTER)
+        self.client_sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.client_sock.setsockopt(zmq.SNDHWM, self.settings.client_sndhwm)
+        self.client_sock.setsockopt(zmq.LINGER, 500)
+        self.client_sock.bind(self.info.client_endpoint)
+        self._client_sync = zmq.Socket.shadow(self.client_sock.underlying)
+        self.lst = LinkStatusTable([n.id for n in self.info.neighbours], self.settings.window,
+                                   self.settings.queue_threshold, start=loop.time())
+        endpoints = {b.id: b.endpoint for b in self.scot.brokers.values()}
+        self.links = {
+            n.id: OutputLink(n.id, endpoints[n.id], self.ctx, self.lst, self.settings.sndhwm,
+                             self.settings.capacity_of(self.id, n.id))
+            for n in self.info.neighbours
+        }
+        self.rpc = await aiozmq.rpc.serve_rpc(ControlHandler(self),
+                                              bind=self.info.control_endpoint)
+        for link in self.links.values():
+            link.put(encode_peer(self.id, Hello()), loop.time())
+        self._tasks = [asyncio.create_task(link.run(), name=f"link {link.name}")
+                       for link in self.links.values()]
+        self._tasks += [asyncio.create_task(self._peer_loop(), name="peers"),
+                        asyncio.create_task(self._client_loop(), name="clients"),
+                        asyncio.create_task(self._tick_loop(), name="lst")]
+        log.info("%s serving (%s) peers %s clients %s control %s", self.id, self.mode,
+                 self.info.endpoint, self.info.client_endpoint, self.info.control_endpoint)
+        await self._stopping.wait()
+        await asyncio.gather(*(link.flush(1.0) for link in self.links.values()))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.rpc.close()
+        await self.rpc.wait_closed()
+        self.ctx.destroy(linger=200)
+        log.info("%s stopped", self.id)
+
+    def stop(self) -> None:
+        """Begin a clean shutdown."""
+        self._stopping.set()
+
+    @property
+    def ready(self) -> bool:
+        """Every neighbour's link to us has delivered its handshake."""
+        return self.inbound_up == self._neighbours
+
+    # -- peers ---------------------------------------------------------------------------
+
+    async def _peer_loop(self) -> None:
+        sync = zmq.Socket.shadow(self.peer_in.underlying)
+        handled = 0
+        while True:
+            try:
+                frame = sync.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                handled = 0
+                await self.peer_in.poll(None, zmq.POLLIN)
+                continue
+            self._on_peer_frame(frame)
+            handled += 1
+            if handled >= PEER_BATCH:
+                handled = 0
+                await asyncio.sleep(0)
+
+    def _on_peer_frame(self, frame: bytes) -> None:
+        try:
+            sender, message = decode_peer(frame)
+            if isinstance(message, Hello):
+                if sender not in self._neighbours:
+                    raise ProtocolError(f"handshake from {sender}, which is not a neighbour")
+                self.inbound_up.add(sender)
+                return
+            self.counters[f"received.{type(message).__name__.lower()}"] += 1
+            if isinstance(message, Subscribe):
+                stored = len(self.core.table)
+                actions = self.core.receive(sender, message, self.lst)
+                if len(self.core.table) > stored:
+                    self.subscription_delay[message.sub_id] = time.time() - message.issued_at
+            else:
+                actions = self.core.receive(sender, message, self.lst)
+            self._execute(actions)
+        except WireError as exc:
+            self.counters["wire_errors"] += 1
+            log.warning("%s dropped a malformed peer frame: %s", self.id, exc)
+        except ProtocolError as exc:
+            self.counters["protocol_errors"] += 1
+            log.warning("%s dropped a message that breaks the protocol: %s", self.id, exc)
+        except Exception:
+            self.counters["internal_errors"] += 1
+            log.exception("%s failed on a peer frame", self.id)
+
+    def _execute(self, actions: list) -> None:
+        now = asyncio.get_running_loop().time()
+        frames: dict[int, bytes] = {}
+        deliveries: dict[bytes, list[str]] = {}
+        notification = None
+        for action in actions:
+            if type(action) is Forward:
+                message = action.message
+                frame = frames.get(id(message))
+                if frame is None:
+                    frame = frames[id(message)] = encode_peer(self.id, message)
+                self.links[action.link].put(frame, now)
+            elif type(action) is Deliver:
+                identity, name = self._clients[action.subscriber]
+                deliveries.setdefault(identity, []).append(name)
+                notification = action.notification
+        if deliveries:
+            self._deliver(deliveries, notification)
+
+    # -- clients -------------------------------------------------------------------------
+
+    def _deliver(self, deliveries: dict[bytes, list[str]], n: Notification) -> None:
+        for identity, names in deliveries.items():
+            frame = msgpack.packb(["notify", names, n.publisher, n.seq, n.published_at,
+                                   n.publication])
+            self.counters["deliveries"] += len(names)
+            self._send_client(identity, frame)
+
+    def _send_client(self, identity: bytes, frame: bytes) -> None:
+        backlog = self._client_backlog.get(identity)
+        if backlog:
+            backlog.append(frame)
+            return
+        try:
+            self._client_sync.send_multipart([identity, frame], zmq.NOBLOCK)
+        except zmq.Again:
+            self._client_backlog[identity] = deque([frame])
+            asyncio.get_running_loop().create_task(self._drain_client(identity))
+        except zmq.ZMQError as exc:
+            self.counters["undeliverable"] += 1
+            log.warning("%s cannot reach client %r: %s", self.id, identity, exc)
+
+    async def _drain_client(self, identity: bytes) -> None:
+        backlog = self._client_backlog[identity]
+        while backlog:
+            try:
+                self._client_sync.send_multipart([identity, backlog[0]], zmq.NOBLOCK)
+                backlog.popleft()
+            except zmq.Again:
+                await asyncio.sleep(0.001)
+            except zmq.ZMQError as exc:
+                self.counters["undeliverable"] += len(backlog)
+                log.warning("%s lost client %r with %d frames queued: %s", self.id, identity,
+                            len(backlog), exc)
+                backlog.clear()
+        del self._client_backlog[identity]
+
+    async def _client_loop(self) -> None:
+        while True:
+            parts = await self.client_sock.recv_multipart()
+            if len(parts) != 2:
+                self.counters["client_errors"] += 1
+                log.warning("%s got a client frame with %d parts", self.id, len(parts))
+                continue
+            identity, payload = parts
+            reply = self._on_client_request(identity, payload)
+            if reply is not None:
+                self._send_client(identity, msgpack.packb(reply))
+
+    def _on_client_request(self, identity: bytes, payload: bytes) -> dict | None:
+        req = None
+        try:
+            try:
+                request = msgpack.unpackb(payload)
+            except Exception as exc:  # msgpack raises several unrelated types on garbage
+                raise ClientError(f"request is not msgpack: {exc}") from None
+            if not isinstance(request, dict):
+                raise ClientError("request must be a map with an 'op'")
+            req = request.get("req")
+            op = request.get("op")
+            handler = self._client_ops.get(op)
+            if handler is None:
+                raise ClientError(f"unknown op {op!r}")
+            reply = handler(self, identity, request)
+        except (ClientError, FilterError, ProtocolError) as exc:
+            self.counters["client_errors"] += 1
+            log.info("%s rejected a client request: %s", self.id, exc)
+            return {"op": "error", "req": req, "message": str(exc)}
+        except Exception as exc:
+            self.counters["internal_errors"] += 1
+            log.exception("%s failed on a client request", self.id)
+            return {"op": "error", "req": req, "message": f"internal error: {exc}"}
+        if reply is not None and req is not None:
+            reply["req"] = req
+        return reply
+
+    def _client_key(self, identity: bytes, request: dict) -> tuple[str, str]:
+        name = request.get("client")
+        if not isinstance(name, str) or not name:
+            raise ClientError("'client' must be a non-empty string")
+        key = f"{identity.hex()}/{name}"
+        self._clients.setdefault(key, (identity, name))
+        return key, name
+
+    def _op_hello(self, identity: bytes, request: dict) -> dict:
+        return {"op": "welcome", "broker": self.id, "mode": self.mode,
+                "cluster": self.info.cluster, "region": self.info.region}
+
+    def _op_subscribe(self, identity: bytes, request: dict) -> dict:
+        key, _ = self._client_key(identity, request)
+        spec = request.get("filter")
+        if not isinstance(spec, (str, dict)):
+            raise ClientError("'filter' must be PADRES text or a map")
+        subscription = as_subscription(spec)
+        sub_id, actions = self.core.subscribe(key, subscription, time.time())
+        self.subscription_delay[sub_id] = 0.0
+        self._execute(actions)
+        return {"op": "subscribed", "sub_id": sub_id}
+
+    def _op_unsubscribe(self, identity: bytes, request: dict) -> dict:
+        key, _ = self._client_key(identity, request)
+        sub_id = request.get("sub_id")
+        if not isinstance(sub_id, str):
+            raise ClientError("'sub_id' must be a string")
+        self._execute(self.core.unsubscribe(key, sub_id))
+        return {"op": "unsubscribed", "sub_id": sub_id}
+
+    def _op_publish(self, identity: bytes, request: dict) -> dict | None:
+        _, name = self._client_key(identity, request)
+        seq, published_at, body = (request.get(k) for k in ("seq", "published_at",
+                                                             "publication"))
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise ClientError("'seq' must be an integer")
+        if not isinstance(published_at, (int, float)) or isinstance(published_at, bool):
+            raise ClientError("'published_at' must be a number")
+        publication = parse_publication(body) if isinstance(body, str) else \
+            validate_publication(body)
+        n = Notification(name, seq, float(published_at), publication)
+        self.counters["publications"] += 1
+        self._execute(self.core.publish(n, self.lst))
+        return {"op": "published", "seq": seq} if request.get("req") is not None else None
+
+    _client_ops = {"hello": _op_hello, "subscribe": _op_subscribe,
+                   "unsubscribe": _op_unsubscribe, "publish": _op_publish}
+
+    # -- LST and stats -------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.settings.window)
+            self.lst.advance(loop.time())
+
+    def status(self) -> dict[str, Any]:
+        """Identity and readiness."""
+        return {"id": self.id, "mode": self.mode, "ready": self.ready,
+                "links_up": len(self.inbound_up), "neighbours": len(self._neighbours),
+                "pid": os.getpid()}
+
+    def stats(self) -> dict[str, Any]:
+        """Messages by kind, routing-table size, LST, queue lengths, matching time."""
+        core = dict(self.core.stats)
+        return {
+            **self.status(),
+            "uptime": time.time() - self.started,
+            "routing_table_size": len(self.core.table),
+            "counters": dict(self.counters),
+            "core": core,
+            "lst": self.lst.snapshot(),
+            "queue_lengths": {name: len(link.queue) for name, link in self.links.items()},
+            "client_backlog": sum(len(b) for b in self._client_backlog.values()),
+            "matching": {"calls": self.clock.calls, "seconds": self.clock.seconds,
+                         "routing_steps": core.get("matching", 0)},
+        }
+
+
+class ClientError(ValueError):
+    """A client request the broker cannot serve; answered with an error reply."""
+
+
+class ControlHandler(aiozmq.rpc.AttrHandler):
+    """The control-plane RPC of one broker."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    @aiozmq.rpc.method
+    def status(self) -> dict:
+        """Identity and readiness (all inbound links handshaken)."""
+        return self._broker.status()
+
+    @aiozmq.rpc.method
+    def stats(self) -> dict:
+        """Counters, routing-table size, LST, queue lengths, matching time."""
+        return self._broker.stats()
+
+    @aiozmq.rpc.method
+    def subscription_delays(self) -> dict:
+        """Seconds from issue to storage here, per subscription id."""
+        return dict(self._broker.subscription_delay)
+
+    @aiozmq.rpc.method
+    def shutdown(self) -> bool:
+        """Flush output queues and exit."""
+        asyncio.get_running_loop().call_soon(self._broker.stop)
+        return True
+
+
+async def run_broker(scot: Scot, broker_id: str, mode: str, settings: BrokerSettings) -> None:
+    """Serve until SIGTERM/SIGINT or an RPC ``shutdown``."""
+    broker = Broker(scot, broker_id, mode, settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, broker.stop)
+    await broker.serve()

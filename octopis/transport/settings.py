@@ -1,0 +1,108 @@
+"""Broker settings, read from a TOML file (``octopis-broker --config``).
+
+```toml
+[lst]
+window = 0.05            # Δt of the Link Status Table, seconds (paper §6.3)
+queue_threshold = 10     # Q: a queue this long marks its link overloaded
+
+[links]
+sndhwm = 8               # ZeroMQ send high-water mark per peer link (messages)
+capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
+[links.capacities]       # per directed link "src>dst" = messages/s
+"b:2>b:0" = 200
+
+[clients]
+sndhwm = 100000          # per client connection before deliveries queue in the broker
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A settings file that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Everything a broker process can be tuned with."""
+
+    window: float = 0.05
+    queue_threshold: int = 10
+    sndhwm: int = 8
+    capacity: float = 0.0
+    capacities: dict[str, float] = field(default_factory=dict)
+    client_sndhwm: int = 100_000
+
+    def capacity_of(self, src: str, dst: str) -> float:
+        """Messages/s allowed on ``src → dst``; 0 means unlimited."""
+        return self.capacities.get(f"{src}>{dst}", self.capacity)
+
+    def to_toml(self) -> str:
+        """The settings as a TOML document :func:`load_settings` reads back."""
+        lines = ["[lst]", f"window = {self.window!r}", f"queue_threshold = {self.queue_threshold}",
+                 "", "[links]", f"sndhwm = {self.sndhwm}", f"capacity = {self.capacity!r}",
+                 "", "[clients]", f"sndhwm = {self.client_sndhwm}"]
+        if self.capacities:
+            lines += ["", "[links.capacities]"]
+            lines += [f'"{link}" = {rate!r}' for link, rate in sorted(self.capacities.items())]
+        return "\n".join(lines) + "\n"
+
+
+def load_settings(path: str | Path | None) -> BrokerSettings:
+    """Settings from a TOML file (defaults for anything it leaves out)."""
+    if path is None:
+        return BrokerSettings()
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read settings file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"settings file {path} is not valid TOML: {exc}") from None
+    return settings_from_data(data, path.name)
+
+
+def settings_from_data(data: dict[str, Any], source: str = "settings") -> BrokerSettings:
+    """Validate a parsed settings document."""
+    known = {"lst": {"window", "queue_threshold"}, "links": {"sndhwm", "capacity", "capacities"},
+             "clients": {"sndhwm"}}
+    for table, keys in data.items():
+        if table not in known or not isinstance(keys, dict):
+            raise ConfigError(f"{source}: unknown table [{table}]")
+        for key in keys:
+            if key not in known[table]:
+                raise ConfigError(f"{source}: unknown key {table}.{key}")
+    lst, links, clients = (data.get(t, {}) for t in ("lst", "links", "clients"))
+    capacities = links.get("capacities", {})
+    for link, rate in capacities.items():
+        if ">" not in link:
+            raise ConfigError(f"{source}: links.capacities key {link!r} is not 'src>dst'")
+        _number(rate, f"links.capacities.{link}", source, minimum=0.0)
+    return BrokerSettings(
+        window=_number(lst.get("window", 0.05), "lst.window", source, minimum=1e-4),
+        queue_threshold=int(_number(lst.get("queue_threshold", 10), "lst.queue_threshold",
+                                    source, minimum=1, integer=True)),
+        sndhwm=int(_number(links.get("sndhwm", 8), "links.sndhwm", source, minimum=1,
+                           integer=True)),
+        capacity=_number(links.get("capacity", 0.0), "links.capacity", source, minimum=0.0),
+        capacities={k: float(v) for k, v in capacities.items()},
+        client_sndhwm=int(_number(clients.get("sndhwm", 100_000), "clients.sndhwm", source,
+                                  minimum=1, integer=True)),
+    )
+
+
+def _number(value: Any, key: str, source: str, *, minimum: float,
+            integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            integer and not isinstance(value, int)):
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{source}: {key} must be {kind}, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{source}: {key} must be ≥ {minimum}, got {value!r}")
+    return float(value)

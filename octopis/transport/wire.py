@@ -1,0 +1,141 @@
+"""Wire encoding of peer-link frames: one msgpack array per message (DESIGN §4).
+
+``[kind, sender, ...fields]`` with kinds HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY. Filters
+travel as PADRES text, publications as msgpack maps, the CBV as ``[bytes, nbits]``.
+:func:`decode_peer` validates everything it reads and raises :class:`WireError` with a
+message naming the problem; a broker drops such a frame and keeps serving.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from bitarray import bitarray, frozenbitarray
+
+from octopis.core import Message, Notification, Subscribe, SubState, Unsubscribe
+from octopis.filters import FilterError, parse_subscription, validate_publication
+
+HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY = 0, 1, 2, 3
+
+
+class WireError(ValueError):
+    """A frame that cannot be decoded into a valid message."""
+
+
+class Hello:
+    """Link handshake: the sender's outgoing link to us is up."""
+
+    __slots__ = ()
+
+
+HELLO_MESSAGE = Hello()
+
+
+def encode_peer(sender: str, message: Message | Hello) -> bytes:
+    """One frame for ``message`` sent by broker ``sender``."""
+    if isinstance(message, Notification):
+        dests = None if message.destinations is None else [list(d) for d in message.destinations]
+        return msgpack.packb([NOTIFY, sender, message.publisher, message.seq,
+                              message.published_at, message.publication,
+                              _cbv_out(message.cbv), dests])
+    if isinstance(message, Subscribe):
+        return msgpack.packb([SUBSCRIBE, sender, message.sub_id, message.host,
+                              message.subscription.to_text(), int(message.state),
+                              _cbv_out(message.cbv), message.issued_at, message.hops])
+    if isinstance(message, Unsubscribe):
+        return msgpack.packb([UNSUBSCRIBE, sender, message.sub_id, int(message.state)])
+    if isinstance(message, Hello):
+        return msgpack.packb([HELLO, sender])
+    raise TypeError(f"cannot encode {type(message).__name__}")
+
+
+def decode_peer(frame: bytes) -> tuple[str, Message | Hello]:
+    """``(sender, message)`` of one frame; :class:`WireError` if it is malformed."""
+    try:
+        data = msgpack.unpackb(frame, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise WireError(f"frame is not msgpack: {exc}") from None
+    if not isinstance(data, list) or len(data) < 2 or not isinstance(data[1], str):
+        raise WireError("frame is not [kind, sender, ...]")
+    kind, sender = data[0], data[1]
+    try:
+        if kind == NOTIFY:
+            return sender, _notification(data)
+        if kind == SUBSCRIBE:
+            return sender, _subscribe(data)
+        if kind == UNSUBSCRIBE:
+            _expect(data, 4, "UNSUBSCRIBE")
+            return sender, Unsubscribe(_str(data[2], "sub_id"), _state(data[3]))
+        if kind == HELLO:
+            return sender, HELLO_MESSAGE
+    except FilterError as exc:
+        raise WireError(f"bad content from {sender}: {exc}") from None
+    raise WireError(f"unknown frame kind {kind!r} from {sender}")
+
+
+def _notification(data: list) -> Notification:
+    _expect(data, 8, "NOTIFY")
+    _, _, publisher, seq, published_at, publication, cbv, dests = data
+    if dests is not None:
+        if not isinstance(dests, list) or not all(
+                isinstance(d, list) and len(d) == 2 and all(isinstance(x, str) for x in d)
+                for d in dests):
+            raise WireError("NOTIFY destinations must be [[broker, sub_id], ...]")
+        dests = tuple((d[0], d[1]) for d in dests)
+    return Notification(_str(publisher, "publisher"), _int(seq, "seq"),
+                        _float(published_at, "published_at"), validate_publication(publication),
+                        _cbv_in(cbv), dests)
+
+
+def _subscribe(data: list) -> Subscribe:
+    _expect(data, 9, "SUBSCRIBE")
+    _, _, sub_id, host, text, state, cbv, issued_at, hops = data
+    return Subscribe(_str(sub_id, "sub_id"), _str(host, "host"),
+                     parse_subscription(_str(text, "filter")), _state(state), _cbv_in(cbv),
+                     _float(issued_at, "issued_at"), _int(hops, "hops"))
+
+
+def _cbv_out(cbv: frozenbitarray | None) -> list | None:
+    return None if cbv is None else [cbv.tobytes(), len(cbv)]
+
+
+def _cbv_in(value: Any) -> frozenbitarray | None:
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], bytes)
+            or not isinstance(value[1], int) or not 0 < value[1] <= 8 * len(value[0])):
+        raise WireError("CBV must be [bytes, nbits]")
+    bits = bitarray()
+    bits.frombytes(value[0])
+    return frozenbitarray(bits[: value[1]])
+
+
+def _expect(data: list, length: int, kind: str) -> None:
+    if len(data) != length:
+        raise WireError(f"{kind} frame has {len(data)} fields, expected {length}")
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise WireError(f"{name} must be a non-empty string")
+    return value
+
+
+def _int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WireError(f"{name} must be an integer")
+    return value
+
+
+def _float(value: Any, name: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise WireError(f"{name} must be a number")
+    return float(value)
+
+
+def _state(value: Any) -> SubState:
+    try:
+        return SubState(value)
+    except ValueError:
+        raise WireError(f"subscription state must be 1 or 2, got {value!r}") from None

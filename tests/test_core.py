@@ -1,0 +1,238 @@
+"""Routing core: hand-worked examples on the paper's fig2 SCOT, LST rules, bad messages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from bitarray import frozenbitarray
+
+from octopis.core import (
+    Deliver,
+    Forward,
+    NoCongestion,
+    Notification,
+    ProtocolError,
+    Subscribe,
+    SubState,
+    Unsubscribe,
+    make_broker,
+)
+from octopis.core.lst import LinkStatusTable, congestion_element
+from octopis.filters import parse_publication, parse_subscription
+from octopis.sim import InjectedCongestion, LatencyModel, Simulator
+from octopis.topology import build_preset
+
+FIG2 = build_preset("fig2")
+ANY_STOCK = parse_subscription("[class,eq,'STOCK']")
+QUOTE = parse_publication("[class,'STOCK'],[symbol,'AAPL'],[close,64.18]")
+
+
+def test_two_step_sbp_on_fig2() -> None:
+    """S1 at B(a,0): PRIMARY through cluster 0, SECONDARY one hop into clusters 1 and 2."""
+    sent: list[tuple[str, str, SubState]] = []
+    sim = Simulator(FIG2, "snr", on_forward=lambda s, d, m: sent.append((s, d, m.state)))
+    sub_id = sim.subscribe("S1", "a:0", ANY_STOCK)
+    sim.run()
+    assert len(sent) == 17  # N - 1
+    primary = {(s, d) for s, d, st in sent if st is SubState.PRIMARY}
+    assert primary == {("a:0", "b:0"), ("b:0", "c:0"), ("c:0", "d:0"), ("c:0", "e:0"),
+                       ("e:0", "f:0")}
+    secondary = {(s, d) for s, d, st in sent if st is SubState.SECONDARY}
+    assert secondary == {(f"{r}:0", f"{r}:{k}") for r in "abcdef" for k in (1, 2)}
+    for core in sim.cores.values():
+        entry = core.table.entries[sub_id]
+        assert entry.cbv == frozenbitarray("100")
+    assert sim.cores["a:2"].table.entries[sub_id].last_hop == "a:0"
+    assert sim.cores["f:0"].table.entries[sub_id].last_hop == "e:0"
+    assert sim.cores["f:1"].table.entries[sub_id].hops == 5  # diam(G_A) + 1
+    assert sim.cores["a:0"].table.entries[sub_id].last_hop == "S1"
+
+
+def _fig7_sim(overloaded: list[tuple[str, str]], loads: dict | None = None):
+    sent: list[tuple[str, str, str | None]] = []
+
+    def record(src: str, dst: str, message: object) -> None:
+        if isinstance(message, Notification):
+            sent.append((src, dst, message.cbv.to01() if message.cbv is not None else None))
+
+    links = InjectedCongestion(overloaded, FIG2, fixed_loads=loads or {})
+    sim = Simulator(FIG2, "dnr", links=links, on_forward=record,
+                    latency=LatencyModel(0.001, 0.0))
+    return sim, sent
+
+
+def _subscribe(sim: Simulator, placement: dict[str, str]) -> None:
+    for subscriber, broker in placement.items():
+        sim.subscribe(subscriber, broker, ANY_STOCK)
+    sim.run()
+
+
+def test_dnr_case_1_fig7b() -> None:
+    """Fig. 7(b): B(b,2)→B(b,0) overloaded; the CBV {C0} rides the free iCOL to B(b,1)."""
+    sim, sent = _fig7_sim([("b:2", "b:0")])
+    _subscribe(sim, {"S1": "a:0", "S2": "c:1", "S3": "d:1", "S4": "a:2"})
+    sim.publish("P", "b:2", QUOTE)
+    sim.run()
+    assert sorted(sent) == sorted([
+        ("b:2", "b:1", "100"), ("b:2", "a:2", None),
+        ("b:1", "b:0", None), ("b:1", "c:1", None), ("c:1", "d:1", None),
+        ("b:0", "a:0", None),
+    ])  # 6 messages as with SNR; S1's path b2-b1-b0-a0 is one broker longer
+    report = sim.report()
+    assert (report["dnr_case_1"], report["dnr_case_2"], report["dnr_case_3"]) == (1, 0, 0)
+    assert report["dnr_kept_off"] == 1
+    assert (report["lost"], report["duplicates"], report["delivered"]) == (0, 0, 4)
+
+
+def test_dnr_case_2_fig7c() -> None:
+    """Fig. 7(c): both target iCOLs overloaded; the CBV {C0,C1} rides the least-loaded aCOL."""
+    sim, sent = _fig7_sim([("b:2", "b:0"), ("b:2", "b:1")],
+                          loads={("b:2", "c:2"): (0.5, 0), ("b:2", "a:2"): (0.9, 3)})
+    _subscribe(sim, {"S1": "c:0", "S2": "c:1", "S3": "a:2", "S4": "c:2"})
+    sim.publish("P", "b:2", QUOTE)
+    sim.run()
+    assert sorted(sent) == sorted([
+        ("b:2", "a:2", None), ("b:2", "c:2", "110"),
+        ("c:2", "c:0", None), ("c:2", "c:1", None),
+    ])  # 4 messages where SNR sends 6
+    report = sim.report()
+    assert (report["dnr_case_1"], report["dnr_case_2"], report["dnr_case_3"]) == (0, 1, 0)
+    assert (report["lost"], report["duplicates"], report["delivered"]) == (0, 0, 4)
+
+
+def test_dnr_case_3_fig7d() -> None:
+    """Fig. 7(d): every target link overloaded; the CBV goes on the least-loaded iCOL,
+    then Case II at B(b,1), then Case III onto the overloaded B(c,1)→B(c,0)."""
+    overloaded = [("b:2", "b:0"), ("b:2", "b:1"), ("b:1", "b:0"), ("c:1", "c:0")]
+    sim, sent = _fig7_sim(overloaded, loads={("b:2", "b:1"): (1.5, 12), ("b:2", "b:0"): (3.0, 40)})
+    _subscribe(sim, {"S1": "a:0", "S2": "c:1"})
+    sim.publish("P", "b:2", QUOTE)
+    sim.run()
+    assert sorted(sent) == sorted([
+        ("b:2", "b:1", "100"), ("b:1", "c:1", "100"), ("c:1", "c:0", None),
+        ("c:0", "b:0", None), ("b:0", "a:0", None),
+    ])  # S1's path b2-b1-c1-c0-b0-a0 has 3 more brokers than SNR's b2-b0-a0
+    report = sim.report()
+    assert (report["dnr_case_1"], report["dnr_case_2"], report["dnr_case_3"]) == (0, 1, 2)
+    assert (report["lost"], report["duplicates"], report["delivered"]) == (0, 0, 2)
+
+
+def test_dnr_without_congestion_sends_what_snr_sends() -> None:
+    placement = {"S1": "a:0", "S2": "c:1", "S3": "d:1", "S4": "a:2", "S5": "f:0"}
+    runs = {}
+    for mode in ("snr", "dnr"):
+        sent: list = []
+        sim = Simulator(FIG2, mode, on_forward=lambda s, d, m, out=sent: out.append(
+            (s, d, type(m).__name__, getattr(m, "cbv", None))))
+        _subscribe(sim, placement)
+        sim.publish("P", "b:2", QUOTE)
+        sim.run()
+        runs[mode] = sorted(map(str, sent))
+    assert runs["snr"] == runs["dnr"]
+
+
+def test_bid_splits_destination_list_and_intermediates_do_not_match() -> None:
+    sim = Simulator(FIG2, "bid", latency=LatencyModel(0.001, 0.0))
+    _subscribe(sim, {"S1": "f:2", "S2": "f:1", "S3": "a:0"})
+    sim.publish("P", "a:0", QUOTE)
+    sim.run()
+    report = sim.report()
+    assert (report["expected_deliveries"], report["delivered"], report["lost"]) == (3, 3, 0)
+    # the publisher's host and the two remote destinations match; nobody else does
+    assert report["matching_operations"] == 3
+    assert report["sbp_messages"] == 3 * (2 * 33 - 17)
+
+
+def test_unsubscribe_takes_the_same_two_steps() -> None:
+    sent: list[tuple[str, str]] = []
+    sim = Simulator(FIG2, "snr", on_forward=lambda s, d, m: sent.append((s, d))
+                    if isinstance(m, Unsubscribe) else None)
+    sub_id = sim.subscribe("S1", "c:1", ANY_STOCK)
+    sim.run()
+    sim.unsubscribe(sub_id)
+    sim.run()
+    assert len(sent) == 17
+    assert all(sub_id not in core.table for core in sim.cores.values())
+
+
+def _sub(core, sub_id: str, state: SubState, bits: str) -> Subscribe:
+    return Subscribe(sub_id, "x", ANY_STOCK, state, frozenbitarray(bits), 0.0)
+
+
+def test_core_rejects_messages_that_break_the_protocol() -> None:
+    core = make_broker(FIG2, "b:0", "snr")
+    free = NoCongestion()
+    with pytest.raises(ProtocolError, match="no link to d:0"):
+        core.receive("d:0", _sub(core, "s#1", SubState.PRIMARY, "100"), free)
+    with pytest.raises(ProtocolError, match="PRIMARY subscription"):
+        core.receive("b:1", _sub(core, "s#1", SubState.PRIMARY, "010"), free)
+    with pytest.raises(ProtocolError, match="does not come from host cluster"):
+        core.receive("b:1", _sub(core, "s#1", SubState.SECONDARY, "001"), free)
+    with pytest.raises(ProtocolError, match="exactly one of 3 bits"):
+        core.receive("a:0", _sub(core, "s#1", SubState.PRIMARY, "110"), free)
+    with pytest.raises(ProtocolError, match="CBV header reached a broker routing statically"):
+        core.receive("a:0", Notification("P", 1, 0.0, QUOTE, cbv=frozenbitarray("010")), free)
+    with pytest.raises(ProtocolError, match="no such entry"):
+        core.receive("a:0", Unsubscribe("s#9", SubState.PRIMARY), free)
+    assert len(core.table) == 0
+    assert core.receive("a:0", _sub(core, "s#1", SubState.PRIMARY, "100"), free)
+    with pytest.raises(ProtocolError, match="already stored"):
+        core.receive("a:0", _sub(core, "s#1", SubState.PRIMARY, "100"), free)
+    assert len(core.table) == 1
+
+
+def test_dnr_rejects_a_cbv_naming_its_own_cluster() -> None:
+    core = make_broker(FIG2, "b:0", "dnr")
+    n = Notification("P", 1, 0.0, QUOTE, cbv=frozenbitarray("100"))
+    with pytest.raises(ProtocolError, match="CBV bit 0 is invalid at cluster 0"):
+        core.receive("b:1", n, NoCongestion())
+
+
+def test_local_delivery_once_per_subscriber() -> None:
+    core = make_broker(FIG2, "a:0", "snr")
+    core.subscribe("S1", ANY_STOCK, 0.0)
+    core.subscribe("S1", parse_subscription("[close,>,10]"), 0.0)
+    out = core.publish(Notification("P", 1, 0.0, QUOTE), NoCongestion())
+    assert [a for a in out if isinstance(a, Deliver)] == [Deliver("S1", Notification(
+        "P", 1, 0.0, QUOTE))]
+    assert not [a for a in out if isinstance(a, Forward)]  # nobody elsewhere subscribed
+
+
+def test_congestion_element_eq3() -> None:
+    assert congestion_element(10, 5) == 2.0
+    assert congestion_element(3, 0) == math.inf
+    assert congestion_element(0, 0) == 1.0
+    assert congestion_element(4, 8) == 0.5
+
+
+def test_link_status_table_windows_and_overload() -> None:
+    lst = LinkStatusTable(["x", "y"], window=0.05, queue_threshold=3)
+    for t in (0.00, 0.01, 0.02, 0.03):
+        lst.enqueued("x", t)
+    lst.sent("x", 0.04)
+    assert lst.load("x") == (1.0, 3)  # window still open: CE of the last closed one
+    assert lst.overloaded("x")  # queue length 3 ≥ Q
+    lst.sent("x", 0.045)
+    assert not lst.overloaded("x")  # queue 2 < Q and CE 1
+    lst.advance(0.05)
+    assert lst.load("x") == (2.0, 2)  # window [0, 0.05): 4 in, 2 out
+    assert lst.overloaded("x")  # queue > 0 and CE > 1
+    lst.sent("x", 0.06)
+    lst.sent("x", 0.07)
+    lst.advance(0.10)
+    assert lst.load("x") == (0.0, 0) and not lst.overloaded("x")
+    lst.advance(0.31)  # idle windows: CE back to 1
+    assert lst.load("x") == (1.0, 0)
+    assert lst.snapshot()["y"] == {"n_in": 0, "n_out": 0, "ce": 1.0, "queue_length": 0,
+                                   "overloaded": False}
+    lst.enqueued("y", 0.32)
+    lst.advance(0.40)
+    assert lst.load("y") == (math.inf, 1) and lst.overloaded("y")
+
+
+def test_lst_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="window must be positive"):
+        LinkStatusTable(["x"], window=0)
+    with pytest.raises(ValueError, match="threshold Q must be ≥ 1"):
+        LinkStatusTable(["x"], queue_threshold=0)

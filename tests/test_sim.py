@@ -1,0 +1,178 @@
+"""Routing laws as properties over random SCOTs, subscriptions, publications and latencies."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import networkx as nx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from octopis.core import Notification, Subscribe
+from octopis.filters import Predicate, Subscription
+from octopis.matching import ReferenceMatcher
+from octopis.sim import InjectedCongestion, LatencyModel, Simulator
+from octopis.topology import Scot, build_scot
+
+LAWS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def scots(draw: st.DrawFn, max_vertices: int = 7, max_clusters: int = 4) -> Scot:
+    n = draw(st.integers(1, max_vertices))
+    tree = nx.Graph()
+    tree.add_nodes_from(f"r{i}" for i in range(n))
+    for i in range(1, n):
+        tree.add_edge(f"r{i}", f"r{draw(st.integers(0, i - 1))}")
+    return build_scot(tree, draw(st.integers(2, max_clusters)))
+
+
+predicates = st.one_of(
+    st.builds(Predicate, st.just("x"), st.sampled_from(["<", ">", "=", "<>", "<=", ">="]),
+              st.integers(0, 9)),
+    st.builds(Predicate, st.just("sym"), st.sampled_from(["eq", "neq"]),
+              st.sampled_from(["A", "B", "C"])),
+)
+subscriptions = st.builds(lambda ps: Subscription(tuple(ps)),
+                          st.lists(predicates, min_size=1, max_size=2))
+publications = st.fixed_dictionaries({"x": st.integers(0, 9),
+                                      "sym": st.sampled_from(["A", "B", "C"])})
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[Scot, list, list, int]:
+    scot = draw(scots())
+    brokers = st.sampled_from(sorted(scot.brokers))
+    subs = draw(st.lists(st.tuples(brokers, subscriptions), min_size=1, max_size=8))
+    pubs = draw(st.lists(st.tuples(brokers, publications), min_size=1, max_size=8))
+    return scot, subs, pubs, draw(st.integers(0, 2**16))
+
+
+def _simulate(scot: Scot, mode: str, subs: list, pubs: list, seed: int, **kwargs) -> Simulator:
+    sim = Simulator(scot, mode, seed=seed, latency=LatencyModel(0.001, 0.004),
+                    oracle_factory=ReferenceMatcher, **kwargs)
+    for i, (broker, subscription) in enumerate(subs):
+        sim.subscribe(f"S{i}", broker, subscription)
+    sim.run()
+    for broker, publication in pubs:
+        sim.publish(f"P{broker}", broker, publication)
+    sim.run()
+    return sim
+
+
+def _exactly_once(report: dict) -> None:
+    assert report["duplicates"] == 0
+    assert report["lost"] == 0
+    assert report["unexpected"] == 0
+    assert report["delivered"] == report["expected_deliveries"]
+
+
+@LAWS
+@given(scenarios())
+def test_snr_laws(scenario: tuple) -> None:
+    scot, subs, pubs, seed = scenario
+    sim = _simulate(scot, "snr", subs, pubs, seed)
+    n = len(scot.brokers)
+    report = sim.report()
+    assert report["sbp_messages"] == len(subs) * (n - 1)
+    assert report["sbp_duplicates"] == 0
+    diameter = nx.diameter(scot.acyclic)
+    for sub_id in sim.subscription_depth:
+        holders = [core.table.entries[sub_id] for core in sim.cores.values()
+                   if sub_id in core.table]
+        assert len(holders) == n
+        assert max(e.hops for e in holders) <= diameter + 1
+        assert sum(e.local for e in holders) == 1
+    assert report["max_subscription_tree_length"] <= diameter + 1
+    _exactly_once(report)
+
+
+@LAWS
+@given(scenarios())
+def test_bid_laws(scenario: tuple) -> None:
+    scot, subs, pubs, seed = scenario
+    sim = _simulate(scot, "bid", subs, pubs, seed)
+    n, e = len(scot.brokers), scot.graph.number_of_edges()
+    report = sim.report()
+    assert report["sbp_messages"] == len(subs) * (2 * e - (n - 1))
+    assert report["sbp_duplicates"] == len(subs) * (2 * e - (n - 1) - (n - 1))
+    assert all(len(core.table) == len(subs) for core in sim.cores.values())
+    _exactly_once(report)
+
+
+@LAWS
+@given(scenarios(), st.sampled_from(["snr", "dnr", "bid"]), st.data())
+def test_unsubscribe_removes_everywhere_and_stops_deliveries(scenario: tuple, mode: str,
+                                                             data: st.DataObject) -> None:
+    scot, subs, pubs, seed = scenario
+    sim = _simulate(scot, mode, subs, pubs, seed)
+    gone = data.draw(st.sets(st.sampled_from(sorted(sim.subscription_depth)), min_size=1))
+    for sub_id in gone:
+        sim.unsubscribe(sub_id)
+    sim.run()
+    for core in sim.cores.values():
+        assert not gone & set(core.table.entries)
+    before = Counter(sim.ledger.received)
+    for broker, publication in pubs:
+        sim.publish(f"P{broker}", broker, publication)
+    sim.run()
+    _exactly_once(sim.report())
+    later = sim.ledger.received - before
+    holders = {sim.subscriber_of[sid] for sid in sim.subscription_depth if sid not in gone}
+    assert {subscriber for subscriber, _, _ in later} <= holders
+
+
+@LAWS
+@given(scenarios(), st.floats(0.0, 1.0))
+def test_dnr_laws_under_any_congestion(scenario: tuple, fraction: float) -> None:
+    scot, subs, pubs, seed = scenario
+    links = InjectedCongestion.random_icols(scot, fraction, seed)
+    on_overloaded: Counter[tuple[str, tuple[str, int]]] = Counter()
+
+    def watch(src: str, dst: str, message: object) -> None:
+        if isinstance(message, Notification) and (src, dst) in links.overloaded_links:
+            on_overloaded[(src, message.key)] += 1
+
+    sim = _simulate(scot, "dnr", subs, pubs, seed, links=links, on_forward=watch)
+    _exactly_once(sim.report())
+    assert all(count <= 1 for count in on_overloaded.values())
+
+
+@LAWS
+@given(scenarios())
+def test_dnr_without_congestion_equals_snr(scenario: tuple) -> None:
+    scot, subs, pubs, seed = scenario
+    sent: dict[str, Counter] = {}
+    for mode in ("snr", "dnr"):
+        sent[mode] = Counter()
+        _simulate(scot, mode, subs, pubs, seed, on_forward=lambda s, d, m, c=sent[mode]: c.update(
+            [(s, d, type(m).__name__, getattr(m, "key", getattr(m, "sub_id", None)))]))
+    assert sent["snr"] == sent["dnr"]
+
+
+def test_cbv_never_names_the_receiving_cluster() -> None:
+    """Under heavy congestion on fig2-sized SCOTs, every CBV copy is a valid header."""
+    from octopis.topology import build_preset
+
+    scot = build_preset("paper75")
+    bad: list = []
+
+    def watch(src: str, dst: str, message: object) -> None:
+        if isinstance(message, Notification) and message.cbv is not None:
+            receiver = scot.brokers[dst].cluster
+            sender = scot.brokers[src].cluster
+            if message.cbv[receiver] or message.cbv[sender]:
+                bad.append((src, dst, message.cbv.to01()))
+        if isinstance(message, Subscribe) and message.cbv is not None:
+            assert message.cbv.count(1) == 1
+
+    links = InjectedCongestion.random_icols(scot, 0.6, seed=3)
+    sim = Simulator(scot, "dnr", seed=3, links=links, on_forward=watch)
+    from octopis.workload import generate_workload
+
+    workload = generate_workload(scot, subscribers=300, publishers=10, notifications=5, seed=3)
+    sim.replay(workload)
+    report = sim.report()
+    _exactly_once(report)
+    assert report["dnr_case_1"] and report["dnr_case_2"] + report["dnr_case_3"]
+    assert not bad
