@@ -50,8 +50,9 @@ class DeliveryLedger:
         self.expected.update((s, publisher, seq) for s in interested)
         return len(interested)
 
-    def delivered(self, subscriber: str, publisher: str, seq: int,
-                  delay: float | None = None) -> None:
+    def delivered(
+        self, subscriber: str, publisher: str, seq: int, delay: float | None = None
+    ) -> None:
         """``subscriber`` received ``(publisher, seq)``, ``delay`` seconds after publishing."""
         self.received[(subscriber, publisher, seq)] += 1
         if delay is not None:
@@ -77,8 +78,13 @@ def distribution(values: Iterable[float]) -> dict[str, float]:
     """Mean, p50, p99, max and share under one second of ``values`` (NaN when empty)."""
     ordered = sorted(values)
     if not ordered:
-        return {"mean": math.nan, "p50": math.nan, "p99": math.nan, "max": math.nan,
-                "under_1s": math.nan}
+        return {
+            "mean": math.nan,
+            "p50": math.nan,
+            "p99": math.nan,
+            "max": math.nan,
+            "under_1s": math.nan,
+        }
 
     def pct(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

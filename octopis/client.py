@@ -96,8 +96,9 @@ class Connection:
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
-            raise TimeoutError(f"no reply from {self.endpoint} to {message['op']} "
-                               f"within {timeout} s") from None
+            raise TimeoutError(
+                f"no reply from {self.endpoint} to {message['op']} within {timeout} s"
+            ) from None
         finally:
             self._pending.pop(req, None)
 
@@ -182,19 +183,25 @@ class Subscriber(_Client):
     """A named subscriber. ``on_notification`` (if given) receives every delivery instead
     of the per-subscription streams (used for bulk accounting)."""
 
-    def __init__(self, name: str, connection: Connection,
-                 on_notification: Callable[[Received], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        connection: Connection,
+        on_notification: Callable[[Received], None] | None = None,
+    ) -> None:
         super().__init__(name, connection)
         self._streams: dict[str, SubscriptionStream] = {}
         self._callback = on_notification
         connection.register(name, self._on_notify)
 
-    async def subscribe(self, spec: str | dict | Subscription,
-                        timeout: float = 10.0) -> SubscriptionStream:
+    async def subscribe(
+        self, spec: str | dict | Subscription, timeout: float = 10.0
+    ) -> SubscriptionStream:
         """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream."""
         subscription = as_subscription(spec)
         reply = await self.connection.request(
-            {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}, timeout)
+            {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}, timeout
+        )
         stream = SubscriptionStream(self, reply["sub_id"], subscription)
         self._streams[stream.sub_id] = stream
         return stream
@@ -202,12 +209,20 @@ class Subscriber(_Client):
     async def unsubscribe(self, stream: SubscriptionStream | str, timeout: float = 10.0) -> None:
         """Withdraw a subscription by stream or id."""
         sub_id = stream if isinstance(stream, str) else stream.sub_id
-        await self.connection.request({"op": "unsubscribe", "client": self.name,
-                                       "sub_id": sub_id}, timeout)
+        await self.connection.request(
+            {"op": "unsubscribe", "client": self.name, "sub_id": sub_id}, timeout
+        )
         self._streams.pop(sub_id, None)
 
-    def _on_notify(self, name: str, publisher: str, seq: int, published_at: float,
-                   publication: Publication, received_at: float) -> None:
+    def _on_notify(
+        self,
+        name: str,
+        publisher: str,
+        seq: int,
+        published_at: float,
+        publication: Publication,
+        received_at: float,
+    ) -> None:
         received = Received(name, publisher, seq, published_at, received_at, publication)
         if self._callback is not None:
             self._callback(received)
@@ -225,8 +240,14 @@ class Publisher(_Client):
         super().__init__(name, connection)
         self.seq = 0
 
-    async def publish(self, publication: Publication | str, *, wait: bool = True,
-                      seq: int | None = None, timeout: float = 10.0) -> int:
+    async def publish(
+        self,
+        publication: Publication | str,
+        *,
+        wait: bool = True,
+        seq: int | None = None,
+        timeout: float = 10.0,
+    ) -> int:
         """Publish; returns the sequence number.
 
         With ``wait`` the broker's acceptance is awaited (a refusal raises
@@ -234,8 +255,13 @@ class Publisher(_Client):
         :meth:`flush` waits for everything sent so far to be handled.
         """
         self.seq = seq if seq is not None else self.seq + 1
-        message = {"op": "publish", "client": self.name, "seq": self.seq,
-                   "published_at": time.time(), "publication": publication}
+        message = {
+            "op": "publish",
+            "client": self.name,
+            "seq": self.seq,
+            "published_at": time.time(),
+            "publication": publication,
+        }
         if wait:
             await self.connection.request(message, timeout)
         else:
@@ -252,8 +278,9 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                        name="octopis-client")
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="octopis-client"
+        )
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

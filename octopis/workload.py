@@ -45,12 +45,21 @@ PUBLICATIONS = "publications.parquet"
 META = "meta.json"
 
 SUBSCRIPTION_SCHEMA = pa.schema(
-    [("subscriber", pa.string()), ("broker", pa.string()), ("filter", pa.string()),
-     ("time", pa.float64())]
+    [
+        ("subscriber", pa.string()),
+        ("broker", pa.string()),
+        ("filter", pa.string()),
+        ("time", pa.float64()),
+    ]
 )
 PUBLICATION_SCHEMA = pa.schema(
-    [("publisher", pa.string()), ("broker", pa.string()), ("seq", pa.int64()),
-     ("time", pa.float64()), ("publication", pa.string())]
+    [
+        ("publisher", pa.string()),
+        ("broker", pa.string()),
+        ("seq", pa.int64()),
+        ("time", pa.float64()),
+        ("publication", pa.string()),
+    ]
 )
 
 
@@ -93,8 +102,9 @@ class Workload:
         unknown = sorted(named - set(scot.brokers))
         if unknown:
             shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-            raise WorkloadError(f"workload names {len(unknown)} broker(s) the topology "
-                                f"{scot.name} lacks: {shown}")
+            raise WorkloadError(
+                f"workload names {len(unknown)} broker(s) the topology {scot.name} lacks: {shown}"
+            )
 
 
 def read_workload(path: str | Path) -> Workload:
@@ -113,17 +123,29 @@ def read_workload(path: str | Path) -> Workload:
     subs = _read_table(path / SUBSCRIPTIONS, SUBSCRIPTION_SCHEMA)
     pubs = _read_table(path / PUBLICATIONS, PUBLICATION_SCHEMA)
     subscriptions = [
-        SubscriptionEvent(row["subscriber"], row["broker"],
-                          _parse(parse_subscription, row["filter"], SUBSCRIPTIONS, i), row["time"])
+        SubscriptionEvent(
+            row["subscriber"],
+            row["broker"],
+            _parse(parse_subscription, row["filter"], SUBSCRIPTIONS, i),
+            row["time"],
+        )
         for i, row in enumerate(subs)
     ]
     publications = [
-        PublicationEvent(row["publisher"], row["broker"], row["seq"], row["time"],
-                         _parse(parse_publication, row["publication"], PUBLICATIONS, i))
+        PublicationEvent(
+            row["publisher"],
+            row["broker"],
+            row["seq"],
+            row["time"],
+            _parse(parse_publication, row["publication"], PUBLICATIONS, i),
+        )
         for i, row in enumerate(pubs)
     ]
-    workload = Workload(meta, sorted(subscriptions, key=lambda s: s.time),
-                        sorted(publications, key=lambda p: (p.time, p.publisher, p.seq)))
+    workload = Workload(
+        meta,
+        sorted(subscriptions, key=lambda s: s.time),
+        sorted(publications, key=lambda p: (p.time, p.publisher, p.seq)),
+    )
     _check_consistency(workload)
     return workload
 
@@ -140,14 +162,37 @@ def write_workload(path: str | Path, workload: Workload) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
-        pq.write_table(pa.Table.from_pylist(
-            [{"subscriber": s.subscriber, "broker": s.broker,
-              "filter": s.subscription.to_text(), "time": float(s.time)}
-             for s in workload.subscriptions], schema=SUBSCRIPTION_SCHEMA), tmp / SUBSCRIPTIONS)
-        pq.write_table(pa.Table.from_pylist(
-            [{"publisher": p.publisher, "broker": p.broker, "seq": p.seq,
-              "time": float(p.time), "publication": format_publication(p.publication)}
-             for p in workload.publications], schema=PUBLICATION_SCHEMA), tmp / PUBLICATIONS)
+        pq.write_table(
+            pa.Table.from_pylist(
+                [
+                    {
+                        "subscriber": s.subscriber,
+                        "broker": s.broker,
+                        "filter": s.subscription.to_text(),
+                        "time": float(s.time),
+                    }
+                    for s in workload.subscriptions
+                ],
+                schema=SUBSCRIPTION_SCHEMA,
+            ),
+            tmp / SUBSCRIPTIONS,
+        )
+        pq.write_table(
+            pa.Table.from_pylist(
+                [
+                    {
+                        "publisher": p.publisher,
+                        "broker": p.broker,
+                        "seq": p.seq,
+                        "time": float(p.time),
+                        "publication": format_publication(p.publication),
+                    }
+                    for p in workload.publications
+                ],
+                schema=PUBLICATION_SCHEMA,
+            ),
+            tmp / PUBLICATIONS,
+        )
         (tmp / META).write_text(json.dumps({**workload.meta, "format": FORMAT}, indent=1) + "\n")
         if path.exists():
             shutil.rmtree(path)
@@ -176,26 +221,34 @@ def generate_workload(
     """
     from octopis.quotes import measure_selectivity, random_quotes, stock_subscriptions
 
-    for name, value in (("subscribers", subscribers), ("publishers", publishers),
-                        ("notifications", notifications)):
+    for name, value in (
+        ("subscribers", subscribers),
+        ("publishers", publishers),
+        ("notifications", notifications),
+    ):
         if value < 0:
             raise WorkloadError(f"{name} must be ≥ 0, got {value}")
     if rate_per_minute <= 0:
         raise WorkloadError(f"rate must be positive, got {rate_per_minute}")
     rng = random.Random(seed)
     brokers = list(scot.brokers)
-    quotes = random_quotes(max(1, publishers * notifications), seed=seed,
-                           symbols=max(1, publishers))
+    quotes = random_quotes(
+        max(1, publishers * notifications), seed=seed, symbols=max(1, publishers)
+    )
     filters = stock_subscriptions(quotes, subscribers, seed=seed, selectivity=selectivity)
     interval = 60.0 / rate_per_minute
     publications = []
     for p in range(publishers):
         broker, phase = rng.choice(brokers), rng.uniform(0, start_window)
         for s in range(notifications):
-            publications.append(PublicationEvent(f"P{p}", broker, s + 1, phase + s * interval,
-                                                 quotes[p * notifications + s]))
-    subscriptions = [SubscriptionEvent(f"S{i}", rng.choice(brokers), f, 0.0)
-                     for i, f in enumerate(filters)]
+            publications.append(
+                PublicationEvent(
+                    f"P{p}", broker, s + 1, phase + s * interval, quotes[p * notifications + s]
+                )
+            )
+    subscriptions = [
+        SubscriptionEvent(f"S{i}", rng.choice(brokers), f, 0.0) for i, f in enumerate(filters)
+    ]
     measured = measure_selectivity(filters, quotes) if filters else []
     meta = {
         "format": FORMAT,
@@ -209,8 +262,9 @@ def generate_workload(
         "selectivity": {"target": selectivity, **_spread(measured)},
         "synthetic_quotes": True,
     }
-    return Workload(meta, subscriptions,
-                    sorted(publications, key=lambda e: (e.time, e.publisher, e.seq)))
+    return Workload(
+        meta, subscriptions, sorted(publications, key=lambda e: (e.time, e.publisher, e.seq))
+    )
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -265,5 +319,6 @@ def _one_broker_each(pairs: Iterable[tuple[str, str]], what: str) -> None:
     home: dict[str, str] = {}
     for client, broker in pairs:
         if home.setdefault(client, broker) != broker:
-            raise WorkloadError(f"{what} {client} is placed on two brokers: "
-                                f"{home[client]} and {broker}")
+            raise WorkloadError(
+                f"{what} {client} is placed on two brokers: {home[client]} and {broker}"
+            )

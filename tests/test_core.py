@@ -36,8 +36,13 @@ def test_two_step_sbp_on_fig2() -> None:
     sim.run()
     assert len(sent) == 17  # N - 1
     primary = {(s, d) for s, d, st in sent if st is SubState.PRIMARY}
-    assert primary == {("a:0", "b:0"), ("b:0", "c:0"), ("c:0", "d:0"), ("c:0", "e:0"),
-                       ("e:0", "f:0")}
+    assert primary == {
+        ("a:0", "b:0"),
+        ("b:0", "c:0"),
+        ("c:0", "d:0"),
+        ("c:0", "e:0"),
+        ("e:0", "f:0"),
+    }
     secondary = {(s, d) for s, d, st in sent if st is SubState.SECONDARY}
     assert secondary == {(f"{r}:0", f"{r}:{k}") for r in "abcdef" for k in (1, 2)}
     for core in sim.cores.values():
@@ -57,8 +62,7 @@ def _fig7_sim(overloaded: list[tuple[str, str]], loads: dict | None = None):
             sent.append((src, dst, message.cbv.to01() if message.cbv is not None else None))
 
     links = InjectedCongestion(overloaded, FIG2, fixed_loads=loads or {})
-    sim = Simulator(FIG2, "dnr", links=links, on_forward=record,
-                    latency=LatencyModel(0.001, 0.0))
+    sim = Simulator(FIG2, "dnr", links=links, on_forward=record, latency=LatencyModel(0.001, 0.0))
     return sim, sent
 
 
@@ -74,11 +78,16 @@ def test_dnr_case_1_fig7b() -> None:
     _subscribe(sim, {"S1": "a:0", "S2": "c:1", "S3": "d:1", "S4": "a:2"})
     sim.publish("P", "b:2", QUOTE)
     sim.run()
-    assert sorted(sent) == sorted([
-        ("b:2", "b:1", "100"), ("b:2", "a:2", None),
-        ("b:1", "b:0", None), ("b:1", "c:1", None), ("c:1", "d:1", None),
-        ("b:0", "a:0", None),
-    ])  # 6 messages as with SNR; S1's path b2-b1-b0-a0 is one broker longer
+    assert sorted(sent) == sorted(
+        [
+            ("b:2", "b:1", "100"),
+            ("b:2", "a:2", None),
+            ("b:1", "b:0", None),
+            ("b:1", "c:1", None),
+            ("c:1", "d:1", None),
+            ("b:0", "a:0", None),
+        ]
+    )  # 6 messages as with SNR; S1's path b2-b1-b0-a0 is one broker longer
     report = sim.report()
     assert (report["dnr_case_1"], report["dnr_case_2"], report["dnr_case_3"]) == (1, 0, 0)
     assert report["dnr_kept_off"] == 1
@@ -87,15 +96,20 @@ def test_dnr_case_1_fig7b() -> None:
 
 def test_dnr_case_2_fig7c() -> None:
     """Fig. 7(c): both target iCOLs overloaded; the CBV {C0,C1} rides the least-loaded aCOL."""
-    sim, sent = _fig7_sim([("b:2", "b:0"), ("b:2", "b:1")],
-                          loads={("b:2", "c:2"): (0.5, 0), ("b:2", "a:2"): (0.9, 3)})
+    sim, sent = _fig7_sim(
+        [("b:2", "b:0"), ("b:2", "b:1")], loads={("b:2", "c:2"): (0.5, 0), ("b:2", "a:2"): (0.9, 3)}
+    )
     _subscribe(sim, {"S1": "c:0", "S2": "c:1", "S3": "a:2", "S4": "c:2"})
     sim.publish("P", "b:2", QUOTE)
     sim.run()
-    assert sorted(sent) == sorted([
-        ("b:2", "a:2", None), ("b:2", "c:2", "110"),
-        ("c:2", "c:0", None), ("c:2", "c:1", None),
-    ])  # 4 messages where SNR sends 6
+    assert sorted(sent) == sorted(
+        [
+            ("b:2", "a:2", None),
+            ("b:2", "c:2", "110"),
+            ("c:2", "c:0", None),
+            ("c:2", "c:1", None),
+        ]
+    )  # 4 messages where SNR sends 6
     report = sim.report()
     assert (report["dnr_case_1"], report["dnr_case_2"], report["dnr_case_3"]) == (0, 1, 0)
     assert (report["lost"], report["duplicates"], report["delivered"]) == (0, 0, 4)
@@ -109,10 +123,15 @@ def test_dnr_case_3_fig7d() -> None:
     _subscribe(sim, {"S1": "a:0", "S2": "c:1"})
     sim.publish("P", "b:2", QUOTE)
     sim.run()
-    assert sorted(sent) == sorted([
-        ("b:2", "b:1", "100"), ("b:1", "c:1", "100"), ("c:1", "c:0", None),
-        ("c:0", "b:0", None), ("b:0", "a:0", None),
-    ])  # S1's path b2-b1-c1-c0-b0-a0 has 3 more brokers than SNR's b2-b0-a0
+    assert sorted(sent) == sorted(
+        [
+            ("b:2", "b:1", "100"),
+            ("b:1", "c:1", "100"),
+            ("c:1", "c:0", None),
+            ("c:0", "b:0", None),
+            ("b:0", "a:0", None),
+        ]
+    )  # S1's path b2-b1-c1-c0-b0-a0 has 3 more brokers than SNR's b2-b0-a0
     report = sim.report()
     assert (report["dnr_case_1"], report["dnr_case_2"], report["dnr_case_3"]) == (0, 1, 2)
     assert (report["lost"], report["duplicates"], report["delivered"]) == (0, 0, 2)
@@ -123,8 +142,13 @@ def test_dnr_without_congestion_sends_what_snr_sends() -> None:
     runs = {}
     for mode in ("snr", "dnr"):
         sent: list = []
-        sim = Simulator(FIG2, mode, on_forward=lambda s, d, m, out=sent: out.append(
-            (s, d, type(m).__name__, getattr(m, "cbv", None))))
+        sim = Simulator(
+            FIG2,
+            mode,
+            on_forward=lambda s, d, m, out=sent: out.append(
+                (s, d, type(m).__name__, getattr(m, "cbv", None))
+            ),
+        )
         _subscribe(sim, placement)
         sim.publish("P", "b:2", QUOTE)
         sim.run()
@@ -146,8 +170,11 @@ def test_bid_splits_destination_list_and_intermediates_do_not_match() -> None:
 
 def test_unsubscribe_takes_the_same_two_steps() -> None:
     sent: list[tuple[str, str]] = []
-    sim = Simulator(FIG2, "snr", on_forward=lambda s, d, m: sent.append((s, d))
-                    if isinstance(m, Unsubscribe) else None)
+    sim = Simulator(
+        FIG2,
+        "snr",
+        on_forward=lambda s, d, m: sent.append((s, d)) if isinstance(m, Unsubscribe) else None,
+    )
     sub_id = sim.subscribe("S1", "c:1", ANY_STOCK)
     sim.run()
     sim.unsubscribe(sub_id)
@@ -194,8 +221,9 @@ def test_local_delivery_once_per_subscriber() -> None:
     core.subscribe("S1", ANY_STOCK, 0.0)
     core.subscribe("S1", parse_subscription("[close,>,10]"), 0.0)
     out = core.publish(Notification("P", 1, 0.0, QUOTE), NoCongestion())
-    assert [a for a in out if isinstance(a, Deliver)] == [Deliver("S1", Notification(
-        "P", 1, 0.0, QUOTE))]
+    assert [a for a in out if isinstance(a, Deliver)] == [
+        Deliver("S1", Notification("P", 1, 0.0, QUOTE))
+    ]
     assert not [a for a in out if isinstance(a, Forward)]  # nobody elsewhere subscribed
 
 
@@ -224,8 +252,13 @@ def test_link_status_table_windows_and_overload() -> None:
     assert lst.load("x") == (0.0, 0) and not lst.overloaded("x")
     lst.advance(0.31)  # idle windows: CE back to 1
     assert lst.load("x") == (1.0, 0)
-    assert lst.snapshot()["y"] == {"n_in": 0, "n_out": 0, "ce": 1.0, "queue_length": 0,
-                                   "overloaded": False}
+    assert lst.snapshot()["y"] == {
+        "n_in": 0,
+        "n_out": 0,
+        "ce": 1.0,
+        "queue_length": 0,
+        "overloaded": False,
+    }
     lst.enqueued("y", 0.32)
     lst.advance(0.40)
     assert lst.load("y") == (math.inf, 1) and lst.overloaded("y")

@@ -28,15 +28,22 @@ def scots(draw: st.DrawFn, max_vertices: int = 7, max_clusters: int = 4) -> Scot
 
 
 predicates = st.one_of(
-    st.builds(Predicate, st.just("x"), st.sampled_from(["<", ">", "=", "<>", "<=", ">="]),
-              st.integers(0, 9)),
-    st.builds(Predicate, st.just("sym"), st.sampled_from(["eq", "neq"]),
-              st.sampled_from(["A", "B", "C"])),
+    st.builds(
+        Predicate,
+        st.just("x"),
+        st.sampled_from(["<", ">", "=", "<>", "<=", ">="]),
+        st.integers(0, 9),
+    ),
+    st.builds(
+        Predicate, st.just("sym"), st.sampled_from(["eq", "neq"]), st.sampled_from(["A", "B", "C"])
+    ),
 )
-subscriptions = st.builds(lambda ps: Subscription(tuple(ps)),
-                          st.lists(predicates, min_size=1, max_size=2))
-publications = st.fixed_dictionaries({"x": st.integers(0, 9),
-                                      "sym": st.sampled_from(["A", "B", "C"])})
+subscriptions = st.builds(
+    lambda ps: Subscription(tuple(ps)), st.lists(predicates, min_size=1, max_size=2)
+)
+publications = st.fixed_dictionaries(
+    {"x": st.integers(0, 9), "sym": st.sampled_from(["A", "B", "C"])}
+)
 
 
 @st.composite
@@ -49,8 +56,14 @@ def scenarios(draw: st.DrawFn) -> tuple[Scot, list, list, int]:
 
 
 def _simulate(scot: Scot, mode: str, subs: list, pubs: list, seed: int, **kwargs) -> Simulator:
-    sim = Simulator(scot, mode, seed=seed, latency=LatencyModel(0.001, 0.004),
-                    oracle_factory=ReferenceMatcher, **kwargs)
+    sim = Simulator(
+        scot,
+        mode,
+        seed=seed,
+        latency=LatencyModel(0.001, 0.004),
+        oracle_factory=ReferenceMatcher,
+        **kwargs,
+    )
     for i, (broker, subscription) in enumerate(subs):
         sim.subscribe(f"S{i}", broker, subscription)
     sim.run()
@@ -78,8 +91,9 @@ def test_snr_laws(scenario: tuple) -> None:
     assert report["sbp_duplicates"] == 0
     diameter = nx.diameter(scot.acyclic)
     for sub_id in sim.subscription_depth:
-        holders = [core.table.entries[sub_id] for core in sim.cores.values()
-                   if sub_id in core.table]
+        holders = [
+            core.table.entries[sub_id] for core in sim.cores.values() if sub_id in core.table
+        ]
         assert len(holders) == n
         assert max(e.hops for e in holders) <= diameter + 1
         assert sum(e.local for e in holders) == 1
@@ -102,8 +116,9 @@ def test_bid_laws(scenario: tuple) -> None:
 
 @LAWS
 @given(scenarios(), st.sampled_from(["snr", "dnr", "bid"]), st.data())
-def test_unsubscribe_removes_everywhere_and_stops_deliveries(scenario: tuple, mode: str,
-                                                             data: st.DataObject) -> None:
+def test_unsubscribe_removes_everywhere_and_stops_deliveries(
+    scenario: tuple, mode: str, data: st.DataObject
+) -> None:
     scot, subs, pubs, seed = scenario
     sim = _simulate(scot, mode, subs, pubs, seed)
     gone = data.draw(st.sets(st.sampled_from(sorted(sim.subscription_depth)), min_size=1))
@@ -145,8 +160,16 @@ def test_dnr_without_congestion_equals_snr(scenario: tuple) -> None:
     sent: dict[str, Counter] = {}
     for mode in ("snr", "dnr"):
         sent[mode] = Counter()
-        _simulate(scot, mode, subs, pubs, seed, on_forward=lambda s, d, m, c=sent[mode]: c.update(
-            [(s, d, type(m).__name__, getattr(m, "key", getattr(m, "sub_id", None)))]))
+        _simulate(
+            scot,
+            mode,
+            subs,
+            pubs,
+            seed,
+            on_forward=lambda s, d, m, c=sent[mode]: c.update(
+                [(s, d, type(m).__name__, getattr(m, "key", getattr(m, "sub_id", None)))]
+            ),
+        )
     assert sent["snr"] == sent["dnr"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def test_generation_is_deterministic_and_timed() -> None:
         per_publisher.setdefault(p.publisher, []).append(p.time)
     for times in per_publisher.values():
         assert times[0] < 5.0
-        assert all(abs((t2 - t1) - 1.0) < 1e-9 for t1, t2 in zip(times, times[1:], strict=False))
+        assert all(abs((t2 - t1) - 1.0) < 1e-9 for t1, t2 in itertools.pairwise(times))
     assert len(a.publications[0].publication) == 10
 
 
@@ -65,25 +66,36 @@ def test_unknown_broker_is_rejected() -> None:
 def _write_rows(path: Path, subs: list[dict], pubs: list[dict]) -> None:
     path.mkdir()
     (path / "meta.json").write_text('{"format": "octopis-workload/1"}')
-    pq.write_table(pa.Table.from_pylist(subs, schema=SUBSCRIPTION_SCHEMA),
-                   path / "subscriptions.parquet")
-    pq.write_table(pa.Table.from_pylist(pubs, schema=PUBLICATION_SCHEMA),
-                   path / "publications.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(subs, schema=SUBSCRIPTION_SCHEMA), path / "subscriptions.parquet"
+    )
+    pq.write_table(
+        pa.Table.from_pylist(pubs, schema=PUBLICATION_SCHEMA), path / "publications.parquet"
+    )
 
 
 GOOD_SUB = {"subscriber": "S1", "broker": "a:0", "filter": "[x,>,1]", "time": 0.0}
 GOOD_PUB = {"publisher": "P1", "broker": "b:1", "seq": 1, "time": 0.5, "publication": "[x,2]"}
 
 
-@pytest.mark.parametrize(("subs", "pubs", "message"), [
-    ([{**GOOD_SUB, "filter": "[x,>>,1]"}], [GOOD_PUB], r"subscriptions.parquet row 0: "),
-    ([GOOD_SUB], [GOOD_PUB, {**GOOD_PUB, "seq": 2, "publication": "[x,1],[x,2]"}],
-     r"publications.parquet row 1: "),
-    ([GOOD_SUB, {**GOOD_SUB, "broker": "b:0"}], [GOOD_PUB],
-     r"subscriber S1 is placed on two brokers: a:0 and b:0"),
-    ([GOOD_SUB], [GOOD_PUB, GOOD_PUB], r"publication P1/1 appears twice"),
-    ([{**GOOD_SUB, "time": -1.0}], [GOOD_PUB], r"not a finite time ≥ 0"),
-])
+@pytest.mark.parametrize(
+    ("subs", "pubs", "message"),
+    [
+        ([{**GOOD_SUB, "filter": "[x,>>,1]"}], [GOOD_PUB], r"subscriptions.parquet row 0: "),
+        (
+            [GOOD_SUB],
+            [GOOD_PUB, {**GOOD_PUB, "seq": 2, "publication": "[x,1],[x,2]"}],
+            r"publications.parquet row 1: ",
+        ),
+        (
+            [GOOD_SUB, {**GOOD_SUB, "broker": "b:0"}],
+            [GOOD_PUB],
+            r"subscriber S1 is placed on two brokers: a:0 and b:0",
+        ),
+        ([GOOD_SUB], [GOOD_PUB, GOOD_PUB], r"publication P1/1 appears twice"),
+        ([{**GOOD_SUB, "time": -1.0}], [GOOD_PUB], r"not a finite time ≥ 0"),
+    ],
+)
 def test_bad_rows_are_rejected(tmp_path: Path, subs: list, pubs: list, message: str) -> None:
     _write_rows(tmp_path / "w", subs, pubs)
     with pytest.raises(WorkloadError, match=message):
@@ -94,7 +106,7 @@ def test_bad_directories_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="does not exist"):
         read_workload(tmp_path / "none")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(WorkloadError, match="cannot read meta.json"):
+    with pytest.raises(WorkloadError, match=r"cannot read meta\.json"):
         read_workload(tmp_path / "empty")
     _write_rows(tmp_path / "w", [GOOD_SUB], [GOOD_PUB])
     (tmp_path / "w" / "publications.parquet").write_text("not parquet")

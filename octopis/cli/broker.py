@@ -28,13 +28,22 @@ def build_parser() -> argparse.ArgumentParser:
         "connects to its neighbours only, routes with snr, dnr or bid, serves clients and a "
         "control RPC. Stops cleanly on SIGTERM/SIGINT. Exit status 2 on bad input.",
     )
-    p.add_argument("--topology", required=True, type=Path, metavar="FILE",
-                   help="topology JSON from `octopis-topology build`")
+    p.add_argument(
+        "--topology",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="topology JSON from `octopis-topology build`",
+    )
     p.add_argument("--id", required=True, metavar="ID", help="this broker's id, e.g. vi:0")
     p.add_argument("--mode", default="snr", choices=MODES, help="routing mode (default snr)")
-    p.add_argument("--config", type=Path, metavar="FILE",
-                   help="settings TOML: [lst] window, queue_threshold; [links] sndhwm, "
-                   "capacity, capacities; [clients] sndhwm")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="settings TOML: [lst] window, queue_threshold; [links] sndhwm, "
+        "capacity, capacities; [clients] sndhwm",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=cmd_broker)
     return p
@@ -48,8 +57,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.id not in scot.brokers:
         raise UnknownBroker(f"topology {scot.name} has no broker {args.id!r}")
     settings = load_settings(args.config)
-    logging.getLogger().handlers[0].setFormatter(logging.Formatter(
-        f"%(asctime)s %(levelname)s broker {args.id}: %(message)s"))
+    logging.getLogger().handlers[0].setFormatter(
+        logging.Formatter(f"%(asctime)s %(levelname)s broker {args.id}: %(message)s")
+    )
     try:
         asyncio.run(run_broker(scot, args.id, args.mode, settings))
     except zmq.ZMQError as exc:

@@ -11,18 +11,23 @@ from octopis.cli.errors import USER_ERRORS
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``octopis`` with every subcommand registered."""
-    from octopis.cli import sim
+    from octopis.cli import cluster, sim
 
     parser = argparse.ArgumentParser(
         prog="octopis",
         description="OctopiS content-based publish/subscribe on a SCOT: simulate routing "
-        "(sim). Exit status 2 on bad input.",
+        "(sim), run a workload on broker processes (run), start and stop brokers (up, down), "
+        "publish and subscribe from a shell (pub, sub). Exit status 2 on bad input.",
     )
-    parser.add_argument("--log-level", default="WARNING",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="logging verbosity (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging verbosity (default WARNING)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim.register(commands)
+    cluster.register(commands)
     return parser
 
 

@@ -28,29 +28,54 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", required=True, choices=MODES, help="routing algorithm")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--workload", type=Path, metavar="DIR", help="workload directory")
-    source.add_argument("--subscribers", type=int, metavar="N",
-                        help="generate a stock workload with N subscribers (no Spark)")
+    source.add_argument(
+        "--subscribers",
+        type=int,
+        metavar="N",
+        help="generate a stock workload with N subscribers (no Spark)",
+    )
     p.add_argument("--publishers", type=int, metavar="M", help="generated publishers")
-    p.add_argument("--notifications", type=int, metavar="K",
-                   help="generated notifications per publisher")
-    p.add_argument("--rate", type=float, default=60.0, metavar="NPM",
-                   help="generated notifications per minute per publisher (default 60)")
+    p.add_argument(
+        "--notifications", type=int, metavar="K", help="generated notifications per publisher"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=60.0,
+        metavar="NPM",
+        help="generated notifications per minute per publisher (default 60)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for workload and latencies")
-    p.add_argument("--latency", type=float, default=0.001, metavar="SECONDS",
-                   help="base link latency (default 0.001)")
-    p.add_argument("--jitter", type=float, default=0.001, metavar="SECONDS",
-                   help="mean exponential latency jitter (default 0.001)")
+    p.add_argument(
+        "--latency",
+        type=float,
+        default=0.001,
+        metavar="SECONDS",
+        help="base link latency (default 0.001)",
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.001,
+        metavar="SECONDS",
+        help="mean exponential latency jitter (default 0.001)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--deliveries", type=Path, metavar="FILE",
-                   help="write one JSON line per delivery (subscriber, publisher, seq)")
+    p.add_argument(
+        "--deliveries",
+        type=Path,
+        metavar="FILE",
+        help="write one JSON line per delivery (subscriber, publisher, seq)",
+    )
     p.set_defaults(func=cmd_sim)
 
 
 def add_topology_options(p: argparse.ArgumentParser) -> None:
     """``--topology FILE`` or ``--preset NAME``."""
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--topology", type=Path, metavar="FILE",
-                       help="topology JSON from `octopis-topology build`")
+    group.add_argument(
+        "--topology", type=Path, metavar="FILE", help="topology JSON from `octopis-topology build`"
+    )
     group.add_argument("--preset", choices=preset_names(), help="a shipped topology")
 
 
@@ -64,17 +89,23 @@ def workload_from_args(args: argparse.Namespace, scot: Scot) -> Workload:
     if args.workload is not None:
         for name in ("publishers", "notifications"):
             if getattr(args, name) is not None:
-                raise UsageError(f"--{name} only applies to a generated workload, "
-                                 "not with --workload")
+                raise UsageError(
+                    f"--{name} only applies to a generated workload, not with --workload"
+                )
         workload = read_workload(args.workload)
     else:
         if args.publishers is None or args.notifications is None:
-            raise UsageError("a generated workload needs --subscribers, --publishers and "
-                             "--notifications")
-        workload = generate_workload(scot, subscribers=args.subscribers,
-                                     publishers=args.publishers,
-                                     notifications=args.notifications, seed=args.seed,
-                                     rate_per_minute=args.rate)
+            raise UsageError(
+                "a generated workload needs --subscribers, --publishers and --notifications"
+            )
+        workload = generate_workload(
+            scot,
+            subscribers=args.subscribers,
+            publishers=args.publishers,
+            notifications=args.notifications,
+            seed=args.seed,
+            rate_per_minute=args.rate,
+        )
     workload.check_topology(scot)
     return workload
 
@@ -85,8 +116,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
     workload = workload_from_args(args, scot)
     if args.latency < 0 or args.jitter < 0:
         raise UsageError("latency and jitter must be ≥ 0")
-    sim = Simulator(scot, args.mode, seed=args.seed,
-                    latency=LatencyModel(args.latency, args.jitter))
+    sim = Simulator(
+        scot, args.mode, seed=args.seed, latency=LatencyModel(args.latency, args.jitter)
+    )
     sim.replay(workload)
     report: dict[str, Any] = {"topology": scot.name, **sim.report()}
     if args.deliveries is not None:

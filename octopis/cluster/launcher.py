@@ -54,8 +54,9 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def prepare_topology(run_dir: Path, *, topology: Path | None = None,
-                     preset: str | None = None) -> tuple[Scot, Path]:
+def prepare_topology(
+    run_dir: Path, *, topology: Path | None = None, preset: str | None = None
+) -> tuple[Scot, Path]:
     """The topology to launch and its file: a given file, or a preset on free ports."""
     if topology is not None:
         return load_topology(topology), topology
@@ -70,8 +71,15 @@ def prepare_topology(run_dir: Path, *, topology: Path | None = None,
 class LocalCluster:
     """The broker processes of one topology on this machine."""
 
-    def __init__(self, scot: Scot, topology_path: Path, mode: str, run_dir: Path,
-                 settings: BrokerSettings | None = None, log_level: str = "INFO") -> None:
+    def __init__(
+        self,
+        scot: Scot,
+        topology_path: Path,
+        mode: str,
+        run_dir: Path,
+        settings: BrokerSettings | None = None,
+        log_level: str = "INFO",
+    ) -> None:
         self.scot = scot
         self.topology_path = topology_path
         self.mode = mode
@@ -93,18 +101,36 @@ class LocalCluster:
             log_path = logs / f"{broker_id.replace(':', '_')}.log"
             with open(log_path, "ab") as log_file:
                 self.processes[broker_id] = subprocess.Popen(
-                    [sys.executable, "-m", "octopis.cli.broker", "--topology",
-                     str(self.topology_path), "--id", broker_id, "--mode", self.mode,
-                     "--config", str(config), "--log-level", self.log_level],
-                    stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True)
+                    [
+                        sys.executable,
+                        "-m",
+                        "octopis.cli.broker",
+                        "--topology",
+                        str(self.topology_path),
+                        "--id",
+                        broker_id,
+                        "--mode",
+                        self.mode,
+                        "--config",
+                        str(config),
+                        "--log-level",
+                        self.log_level,
+                    ],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
 
     def write_state(self) -> Path:
         """Record pids and endpoints so ``octopis down`` can find the processes."""
-        state = {"topology": str(self.topology_path), "mode": self.mode,
-                 "pids": {b: p.pid for b, p in self.processes.items()},
-                 "control": {b: i.control_endpoint for b, i in self.scot.brokers.items()},
-                 "clients": {b: i.client_endpoint for b, i in self.scot.brokers.items()}}
+        state = {
+            "topology": str(self.topology_path),
+            "mode": self.mode,
+            "pids": {b: p.pid for b, p in self.processes.items()},
+            "control": {b: i.control_endpoint for b, i in self.scot.brokers.items()},
+            "clients": {b: i.client_endpoint for b, i in self.scot.brokers.items()},
+        }
         path = self.run_dir / STATE_FILE
         path.write_text(json.dumps(state, indent=1))
         return path
@@ -115,8 +141,11 @@ class LocalCluster:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate every process started here; kill those still alive after ``timeout``."""
-        stop_pids({b: p.pid for b, p in self.processes.items()}, timeout,
-                  reap={p.pid: p for p in self.processes.values()})
+        stop_pids(
+            {b: p.pid for b, p in self.processes.items()},
+            timeout,
+            reap={p.pid: p for p in self.processes.values()},
+        )
 
     # -- control RPC ---------------------------------------------------------------------
 
@@ -125,7 +154,8 @@ class LocalCluster:
         for broker_id, info in self.scot.brokers.items():
             if broker_id not in self._rpc:
                 self._rpc[broker_id] = await aiozmq.rpc.connect_rpc(
-                    connect=info.control_endpoint, timeout=5)
+                    connect=info.control_endpoint, timeout=5
+                )
 
     async def call_all(self, method: str) -> dict[str, Any]:
         """Call ``method`` on every broker's control RPC."""
@@ -141,11 +171,15 @@ class LocalCluster:
         pending = set(self.scot.brokers)
         while pending:
             if dead := self.dead():
-                raise ClusterError(f"broker process(es) exited while starting: "
-                                   f"{_describe_dead(dead, self.run_dir)}")
+                raise ClusterError(
+                    f"broker process(es) exited while starting: "
+                    f"{_describe_dead(dead, self.run_dir)}"
+                )
             if time.monotonic() - started > timeout:
-                raise ClusterError(f"{len(pending)} broker(s) not ready after {timeout:.0f} s: "
-                                   f"{', '.join(sorted(pending)[:5])}")
+                raise ClusterError(
+                    f"{len(pending)} broker(s) not ready after {timeout:.0f} s: "
+                    f"{', '.join(sorted(pending)[:5])}"
+                )
             for broker_id in list(pending):
                 with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                     status = await asyncio.wait_for(self._rpc[broker_id].call.status(), 2.0)
@@ -165,8 +199,9 @@ class LocalCluster:
         self._rpc.clear()
 
 
-def stop_pids(pids: dict[str, int], timeout: float = 10.0,
-              reap: dict[int, subprocess.Popen] | None = None) -> list[str]:
+def stop_pids(
+    pids: dict[str, int], timeout: float = 10.0, reap: dict[int, subprocess.Popen] | None = None
+) -> list[str]:
     """SIGTERM every live pid, wait up to ``timeout``, SIGKILL the rest; returns killed ids."""
     reap = reap or {}
     for pid in pids.values():

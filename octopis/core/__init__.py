@@ -41,8 +41,9 @@ class NoCongestion:
         return (1.0, 0)
 
 
-def make_broker(scot: Scot, broker_id: str, mode: str,
-                matcher_factory: MatcherFactory | None = None) -> BrokerCore:
+def make_broker(
+    scot: Scot, broker_id: str, mode: str, matcher_factory: MatcherFactory | None = None
+) -> BrokerCore:
     """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
 
     The core sees only the broker's own labels and its neighbours; BID sees the
@@ -61,7 +62,21 @@ def make_broker(scot: Scot, broker_id: str, mode: str,
 
 
 __all__ = [
-    "MODES", "Action", "BidBroker", "BrokerCore", "ClusteredBroker", "Deliver", "Forward",
-    "LinkStatusTable", "LinkView", "Message", "NoCongestion", "Notification", "ProtocolError",
-    "SubState", "Subscribe", "Unsubscribe", "make_broker",
+    "MODES",
+    "Action",
+    "BidBroker",
+    "BrokerCore",
+    "ClusteredBroker",
+    "Deliver",
+    "Forward",
+    "LinkStatusTable",
+    "LinkView",
+    "Message",
+    "NoCongestion",
+    "Notification",
+    "ProtocolError",
+    "SubState",
+    "Subscribe",
+    "Unsubscribe",
+    "make_broker",
 ]

@@ -36,32 +36,46 @@ LOCAL = "local"
 class BidBroker:
     """Routing state machine of one broker of the unclustered SCOT (BID baseline)."""
 
-    def __init__(self, broker_id: str, neighbours: list[str],
-                 matcher_factory: MatcherFactory) -> None:
+    def __init__(
+        self, broker_id: str, neighbours: list[str], matcher_factory: MatcherFactory
+    ) -> None:
         self.id = broker_id
         self.links = tuple(neighbours)
         self._neighbours = frozenset(neighbours)
-        self.table = RoutingTable((ALL, LOCAL), matcher_factory,
-                                  lambda e: (ALL, LOCAL) if e.local else (ALL,))
+        self.table = RoutingTable(
+            (ALL, LOCAL), matcher_factory, lambda e: (ALL, LOCAL) if e.local else (ALL,)
+        )
         self.stats: Counter[str] = Counter()
         self._next_sub = 0
 
-    def subscribe(self, subscriber: str, subscription: Subscription,
-                  now: float) -> tuple[str, list[Action]]:
+    def subscribe(
+        self, subscriber: str, subscription: Subscription, now: float
+    ) -> tuple[str, list[Action]]:
         """A local subscriber subscribes: id = this broker's BID + a sequence number."""
         self._next_sub += 1
         sub_id = f"{self.id}#{self._next_sub}"
         message = Subscribe(sub_id, self.id, subscription, SubState.PRIMARY, None, now)
         return sub_id, self.flood_subscription(message, subscriber, local=True)
 
-    def flood_subscription(self, message: Subscribe, src: str,
-                           *, local: bool = False) -> list[Action]:
+    def flood_subscription(
+        self, message: Subscribe, src: str, *, local: bool = False
+    ) -> list[Action]:
         """Flooding SBP: keep the first copy (its sender is the last hop), drop the rest."""
         if message.sub_id in self.table:
             self.stats["sbp_duplicates"] += 1
             return []
-        self.table.add(RoutingEntry(message.sub_id, message.subscription, src, None, 0, local,
-                                    message.host, message.hops))
+        self.table.add(
+            RoutingEntry(
+                message.sub_id,
+                message.subscription,
+                src,
+                None,
+                0,
+                local,
+                message.host,
+                message.hops,
+            )
+        )
         onward = replace(message, hops=message.hops + 1)
         out: list[Action] = [Forward(n, onward) for n in self.links if n != src]
         self.stats["sent.subscribe"] += len(out)
@@ -133,8 +147,9 @@ class BidBroker:
             by_hop.setdefault(entry.last_hop, []).append((broker, sub_id))
         plain = n if n.destinations is None else replace(n, destinations=None)
         out: list[Action] = [Deliver(s, plain) for s in subscribers]
-        out += [Forward(hop, replace(n, destinations=tuple(dests)))
-                for hop, dests in by_hop.items()]
+        out += [
+            Forward(hop, replace(n, destinations=tuple(dests))) for hop, dests in by_hop.items()
+        ]
         self.stats["sent.notification"] += len(by_hop)
         self.stats["bids_carried"] += sum(len(d) for d in by_hop.values())
         return out

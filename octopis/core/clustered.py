@@ -36,8 +36,14 @@ SECONDARY_PART = "secondary"
 class ClusteredBroker:
     """Routing state machine of B(x, c) for SNR (``dynamic=False``) or DNR (``True``)."""
 
-    def __init__(self, broker: Broker, clusters: int, matcher_factory: MatcherFactory,
-                 *, dynamic: bool = False) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        clusters: int,
+        matcher_factory: MatcherFactory,
+        *,
+        dynamic: bool = False,
+    ) -> None:
         self.id = broker.id
         self.cluster = broker.cluster
         self.clusters = clusters
@@ -47,7 +53,8 @@ class ClusteredBroker:
         self.cluster_of = {n.id: n.cluster for n in broker.neighbours}
         self.links = self.primary + tuple(self.secondary.values())
         self.table = RoutingTable(
-            (OWN, SECONDARY_PART), matcher_factory,
+            (OWN, SECONDARY_PART),
+            matcher_factory,
             lambda e: (OWN,) if e.cluster == self.cluster else (SECONDARY_PART,),
         )
         self.stats: Counter[str] = Counter()
@@ -55,19 +62,22 @@ class ClusteredBroker:
 
     # -- subscriptions: Algorithm 1 ------------------------------------------------------
 
-    def subscribe(self, subscriber: str, subscription: Subscription,
-                  now: float) -> tuple[str, list[Action]]:
+    def subscribe(
+        self, subscriber: str, subscription: Subscription, now: float
+    ) -> tuple[str, list[Action]]:
         """A local subscriber subscribes: set our cluster bit and start the two steps."""
         self._next_sub += 1
         sub_id = f"{self.id}#{self._next_sub}"
         cbv = bitarray(self.clusters)
         cbv[self.cluster] = 1
-        message = Subscribe(sub_id, self.id, subscription, SubState.PRIMARY,
-                            frozenbitarray(cbv), now)
+        message = Subscribe(
+            sub_id, self.id, subscription, SubState.PRIMARY, frozenbitarray(cbv), now
+        )
         return sub_id, self.broadcast_subscription(message, subscriber, local=True)
 
-    def broadcast_subscription(self, message: Subscribe, src: str,
-                               *, local: bool = False) -> list[Action]:
+    def broadcast_subscription(
+        self, message: Subscribe, src: str, *, local: bool = False
+    ) -> list[Action]:
         """Two-step SBP (§5, Algorithm 1).
 
         Store ``(filter, src, cbv)``. A subscription from a local subscriber or arriving
@@ -76,8 +86,18 @@ class ClusteredBroker:
         here. The host cluster is a tree, so no identifier is needed to stop loops.
         """
         cluster = self._check_subscription(message, src, local)
-        self.table.add(RoutingEntry(message.sub_id, message.subscription, src, message.cbv,
-                                    cluster, local, message.host, message.hops))
+        self.table.add(
+            RoutingEntry(
+                message.sub_id,
+                message.subscription,
+                src,
+                message.cbv,
+                cluster,
+                local,
+                message.host,
+                message.hops,
+            )
+        )
         if message.state is SubState.SECONDARY:
             return []
         hops = message.hops + 1
@@ -138,8 +158,9 @@ class ClusteredBroker:
             return self.route_dynamic(n, src, links)
         return self.route_static(n, src)
 
-    def static_targets(self, n: Notification,
-                       src: str | None) -> tuple[set[str], set[str], dict[int, str]]:
+    def static_targets(
+        self, n: Notification, src: str | None
+    ) -> tuple[set[str], set[str], dict[int, str]]:
         """SNR's next destinations (§6.2): local subscribers, aCOLs, iCOLs by cluster.
 
         Local subscribers and aCOLs are the distinct last hops of matching own-cluster
@@ -223,20 +244,27 @@ class ClusteredBroker:
         """Validate an SBP message against our labels; returns the host cluster."""
         cbv = message.cbv
         if cbv is None or len(cbv) != self.clusters or cbv.count(1) != 1:
-            raise ProtocolError(f"subscription {message.sub_id}: CBV must have exactly one "
-                                f"of {self.clusters} bits set")
+            raise ProtocolError(
+                f"subscription {message.sub_id}: CBV must have exactly one "
+                f"of {self.clusters} bits set"
+            )
         cluster = cbv.index(1)
         if local:
             return cluster
-        if message.state is SubState.PRIMARY and (src not in self.primary
-                                                  or cluster != self.cluster):
-            raise ProtocolError(f"PRIMARY subscription {message.sub_id} from {src} "
-                                f"(host cluster {cluster}) at cluster {self.cluster}")
+        if message.state is SubState.PRIMARY and (
+            src not in self.primary or cluster != self.cluster
+        ):
+            raise ProtocolError(
+                f"PRIMARY subscription {message.sub_id} from {src} "
+                f"(host cluster {cluster}) at cluster {self.cluster}"
+            )
         if message.state is SubState.SECONDARY and self.cluster_of.get(src) != cluster:
-            raise ProtocolError(f"SECONDARY subscription {message.sub_id} from {src} "
-                                f"does not come from host cluster {cluster}")
+            raise ProtocolError(
+                f"SECONDARY subscription {message.sub_id} from {src} "
+                f"does not come from host cluster {cluster}"
+            )
         return cluster
 
 
-def _by_load(links: LinkView):  # noqa: ANN202 - a sort key
+def _by_load(links: LinkView):
     return lambda link: (*links.load(link), link)

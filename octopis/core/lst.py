@@ -47,8 +47,9 @@ def congestion_element(n_in: int, n_out: int) -> float:
 class LinkStatusTable:
     """Per-link n_in, n_out, CE and queue length; implements :class:`LinkView`."""
 
-    def __init__(self, links: list[str], window: float = 0.05, queue_threshold: int = 10,
-                 start: float = 0.0) -> None:
+    def __init__(
+        self, links: list[str], window: float = 0.05, queue_threshold: int = 10, start: float = 0.0
+    ) -> None:
         if window <= 0:
             raise ValueError(f"LST window must be positive, got {window}")
         if queue_threshold < 1:
@@ -87,8 +88,13 @@ class LinkStatusTable:
     def snapshot(self) -> dict[str, dict[str, float | int | bool]]:
         """The table as plain data (for stats RPC and reports)."""
         return {
-            link: {"n_in": r.last_n_in, "n_out": r.last_n_out, "ce": r.ce,
-                   "queue_length": r.queue_length, "overloaded": self.overloaded(link)}
+            link: {
+                "n_in": r.last_n_in,
+                "n_out": r.last_n_out,
+                "ce": r.ce,
+                "queue_length": r.queue_length,
+                "overloaded": self.overloaded(link),
+            }
             for link, r in self.rows.items()
         }
 

@@ -57,8 +57,12 @@ class RoutingTable:
     returns the matching entries of that part.
     """
 
-    def __init__(self, parts: tuple[str, ...], matcher_factory: MatcherFactory,
-                 part_of: Callable[[RoutingEntry], tuple[str, ...]]) -> None:
+    def __init__(
+        self,
+        parts: tuple[str, ...],
+        matcher_factory: MatcherFactory,
+        part_of: Callable[[RoutingEntry], tuple[str, ...]],
+    ) -> None:
         self.entries: dict[str, RoutingEntry] = {}
         self.matchers = {part: matcher_factory() for part in parts}
         self._part_of = part_of

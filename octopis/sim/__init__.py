@@ -3,5 +3,11 @@
 from octopis.sim.congestion import FreeLinks, InjectedCongestion, LinkModel, TimedLinks
 from octopis.sim.engine import LatencyModel, Simulator
 
-__all__ = ["FreeLinks", "InjectedCongestion", "LatencyModel", "LinkModel", "Simulator",
-           "TimedLinks"]
+__all__ = [
+    "FreeLinks",
+    "InjectedCongestion",
+    "LatencyModel",
+    "LinkModel",
+    "Simulator",
+    "TimedLinks",
+]

@@ -67,9 +67,14 @@ class InjectedCongestion(FreeLinks):
     where ``fixed_loads`` sets them.
     """
 
-    def __init__(self, overloaded: Iterable[Link], scot: Scot, seed: int = 0,
-                 queue_threshold: int = 10,
-                 fixed_loads: Mapping[Link, tuple[float, int]] | None = None) -> None:
+    def __init__(
+        self,
+        overloaded: Iterable[Link],
+        scot: Scot,
+        seed: int = 0,
+        queue_threshold: int = 10,
+        fixed_loads: Mapping[Link, tuple[float, int]] | None = None,
+    ) -> None:
         rng = random.Random(seed)
         fixed_loads = fixed_loads or {}
         self.overloaded_links = set(overloaded)
@@ -93,8 +98,9 @@ class InjectedCongestion(FreeLinks):
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"overload fraction must be within 0..1, got {fraction}")
         rng = random.Random(seed)
-        icols = sorted((b.id, n.id) for b in scot.brokers.values()
-                       for n in b.neighbours if n.link == ICOL)
+        icols = sorted(
+            (b.id, n.id) for b in scot.brokers.values() for n in b.neighbours if n.link == ICOL
+        )
         return cls(rng.sample(icols, round(fraction * len(icols))), scot, seed)
 
     def view(self, broker: str, now: float) -> LinkView:
@@ -112,8 +118,13 @@ class TimedLinks:
 
     measures_queues = True
 
-    def __init__(self, scot: Scot, capacity: Mapping[Link, float], window: float = 0.05,
-                 queue_threshold: int = 10) -> None:
+    def __init__(
+        self,
+        scot: Scot,
+        capacity: Mapping[Link, float],
+        window: float = 0.05,
+        queue_threshold: int = 10,
+    ) -> None:
         for link, rate in capacity.items():
             if rate <= 0:
                 raise ValueError(f"capacity of {link[0]}->{link[1]} must be positive, got {rate}")

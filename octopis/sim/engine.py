@@ -25,7 +25,6 @@ from octopis.accounting import DeliveryLedger, distribution
 from octopis.core import (
     Action,
     BrokerCore,
-    Deliver,
     Forward,
     Notification,
     Subscribe,
@@ -113,8 +112,9 @@ class Simulator:
         self.ledger.unsubscribed(sub_id)
         self._dispatch(broker, self.cores[broker].unsubscribe(subscriber, sub_id))
 
-    def publish(self, publisher: str, broker: str, publication: Publication,
-                seq: int | None = None) -> tuple[str, int]:
+    def publish(
+        self, publisher: str, broker: str, publication: Publication, seq: int | None = None
+    ) -> tuple[str, int]:
         """``publisher`` (attached to ``broker``) publishes now; returns (publisher, seq)."""
         self._attach(publisher, broker)
         if seq is None:
@@ -228,8 +228,12 @@ class Simulator:
                 self._push(arrival, self._arrive, (dst, broker, message))
             else:
                 subscriber, notification = action
-                self.ledger.delivered(subscriber, notification.publisher, notification.seq,
-                                      now - notification.published_at)
+                self.ledger.delivered(
+                    subscriber,
+                    notification.publisher,
+                    notification.seq,
+                    now - notification.published_at,
+                )
 
     def _arrive(self, broker: str, src: str, message: Any) -> None:
         core = self.cores[broker]

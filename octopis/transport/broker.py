@@ -8,7 +8,7 @@ Sockets
     an optional per-link capacity (messages/s) paces the sender to reproduce congestion;
   - clients: one ROUTER at ``client_endpoint`` (msgpack maps, see :mod:`octopis.client`);
   - control: aiozmq RPC at ``control_endpoint``: ``status``, ``stats``,
-    ``subscription_delays``, ``shutdown``.
+    ``subscriptions``, ``shutdown``.
 
 A bad frame from a peer or a client is counted, logged and answered with an error where
 there is someone to answer; the broker goes on serving everyone else.
@@ -22,7 +22,8 @@ import os
 import signal
 import time
 from collections import Counter, deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import aiozmq.rpc
 import msgpack
@@ -89,8 +90,15 @@ class TimedMatcher:
 class OutputLink:
     """An outgoing peer link: output queue, paced non-blocking sender, LST feed."""
 
-    def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context,
-                 lst: LinkStatusTable, sndhwm: int, capacity: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        ctx: zmq.asyncio.Context,
+        lst: LinkStatusTable,
+        sndhwm: int,
+        capacity: float,
+    ) -> None:
         self.name = name
         self.socket = ctx.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.SNDHWM, sndhwm)
@@ -177,25 +185,44 @@ class Broker:
         self.client_sock.setsockopt(zmq.LINGER, 500)
         self.client_sock.bind(self.info.client_endpoint)
         self._client_sync = zmq.Socket.shadow(self.client_sock.underlying)
-        self.lst = LinkStatusTable([n.id for n in self.info.neighbours], self.settings.window,
-                                   self.settings.queue_threshold, start=loop.time())
+        self.lst = LinkStatusTable(
+            [n.id for n in self.info.neighbours],
+            self.settings.window,
+            self.settings.queue_threshold,
+            start=loop.time(),
+        )
         endpoints = {b.id: b.endpoint for b in self.scot.brokers.values()}
         self.links = {
-            n.id: OutputLink(n.id, endpoints[n.id], self.ctx, self.lst, self.settings.sndhwm,
-                             self.settings.capacity_of(self.id, n.id))
+            n.id: OutputLink(
+                n.id,
+                endpoints[n.id],
+                self.ctx,
+                self.lst,
+                self.settings.sndhwm,
+                self.settings.capacity_of(self.id, n.id),
+            )
             for n in self.info.neighbours
         }
-        self.rpc = await aiozmq.rpc.serve_rpc(ControlHandler(self),
-                                              bind=self.info.control_endpoint)
+        self.rpc = await aiozmq.rpc.serve_rpc(ControlHandler(self), bind=self.info.control_endpoint)
         for link in self.links.values():
             link.put(encode_peer(self.id, Hello()), loop.time())
-        self._tasks = [asyncio.create_task(link.run(), name=f"link {link.name}")
-                       for link in self.links.values()]
-        self._tasks += [asyncio.create_task(self._peer_loop(), name="peers"),
-                        asyncio.create_task(self._client_loop(), name="clients"),
-                        asyncio.create_task(self._tick_loop(), name="lst")]
-        log.info("%s serving (%s) peers %s clients %s control %s", self.id, self.mode,
-                 self.info.endpoint, self.info.client_endpoint, self.info.control_endpoint)
+        self._tasks = [
+            asyncio.create_task(link.run(), name=f"link {link.name}")
+            for link in self.links.values()
+        ]
+        self._tasks += [
+            asyncio.create_task(self._peer_loop(), name="peers"),
+            asyncio.create_task(self._client_loop(), name="clients"),
+            asyncio.create_task(self._tick_loop(), name="lst"),
+        ]
+        log.info(
+            "%s serving (%s) peers %s clients %s control %s",
+            self.id,
+            self.mode,
+            self.info.endpoint,
+            self.info.client_endpoint,
+            self.info.control_endpoint,
+        )
         await self._stopping.wait()
         await asyncio.gather(*(link.flush(1.0) for link in self.links.values()))
         for task in self._tasks:
@@ -283,8 +310,9 @@ class Broker:
 
     def _deliver(self, deliveries: dict[bytes, list[str]], n: Notification) -> None:
         for identity, names in deliveries.items():
-            frame = msgpack.packb(["notify", names, n.publisher, n.seq, n.published_at,
-                                   n.publication])
+            frame = msgpack.packb(
+                ["notify", names, n.publisher, n.seq, n.published_at, n.publication]
+            )
             self.counters["deliveries"] += len(names)
             self._send_client(identity, frame)
 
@@ -312,8 +340,13 @@ class Broker:
                 await asyncio.sleep(0.001)
             except zmq.ZMQError as exc:
                 self.counters["undeliverable"] += len(backlog)
-                log.warning("%s lost client %r with %d frames queued: %s", self.id, identity,
-                            len(backlog), exc)
+                log.warning(
+                    "%s lost client %r with %d frames queued: %s",
+                    self.id,
+                    identity,
+                    len(backlog),
+                    exc,
+                )
                 backlog.clear()
         del self._client_backlog[identity]
 
@@ -365,8 +398,13 @@ class Broker:
         return key, name
 
     def _op_hello(self, identity: bytes, request: dict) -> dict:
-        return {"op": "welcome", "broker": self.id, "mode": self.mode,
-                "cluster": self.info.cluster, "region": self.info.region}
+        return {
+            "op": "welcome",
+            "broker": self.id,
+            "mode": self.mode,
+            "cluster": self.info.cluster,
+            "region": self.info.region,
+        }
 
     def _op_subscribe(self, identity: bytes, request: dict) -> dict:
         key, _ = self._client_key(identity, request)
@@ -389,21 +427,25 @@ class Broker:
 
     def _op_publish(self, identity: bytes, request: dict) -> dict | None:
         _, name = self._client_key(identity, request)
-        seq, published_at, body = (request.get(k) for k in ("seq", "published_at",
-                                                             "publication"))
+        seq, published_at, body = (request.get(k) for k in ("seq", "published_at", "publication"))
         if not isinstance(seq, int) or isinstance(seq, bool):
             raise ClientError("'seq' must be an integer")
         if not isinstance(published_at, (int, float)) or isinstance(published_at, bool):
             raise ClientError("'published_at' must be a number")
-        publication = parse_publication(body) if isinstance(body, str) else \
-            validate_publication(body)
+        publication = (
+            parse_publication(body) if isinstance(body, str) else validate_publication(body)
+        )
         n = Notification(name, seq, float(published_at), publication)
         self.counters["publications"] += 1
         self._execute(self.core.publish(n, self.lst))
         return {"op": "published", "seq": seq} if request.get("req") is not None else None
 
-    _client_ops = {"hello": _op_hello, "subscribe": _op_subscribe,
-                   "unsubscribe": _op_unsubscribe, "publish": _op_publish}
+    _client_ops: ClassVar[dict[str, Callable[..., dict | None]]] = {
+        "hello": _op_hello,
+        "subscribe": _op_subscribe,
+        "unsubscribe": _op_unsubscribe,
+        "publish": _op_publish,
+    }
 
     # -- LST and stats -------------------------------------------------------------------
 
@@ -415,9 +457,22 @@ class Broker:
 
     def status(self) -> dict[str, Any]:
         """Identity and readiness."""
-        return {"id": self.id, "mode": self.mode, "ready": self.ready,
-                "links_up": len(self.inbound_up), "neighbours": len(self._neighbours),
-                "pid": os.getpid()}
+        return {
+            "id": self.id,
+            "mode": self.mode,
+            "ready": self.ready,
+            "links_up": len(self.inbound_up),
+            "neighbours": len(self._neighbours),
+            "pid": os.getpid(),
+        }
+
+    def subscriptions(self) -> dict[str, list]:
+        """Per stored subscription: [seconds from issue to storage here, hops from host]."""
+        entries = self.core.table.entries
+        return {
+            sub_id: [self.subscription_delay.get(sub_id, 0.0), entry.hops]
+            for sub_id, entry in entries.items()
+        }
 
     def stats(self) -> dict[str, Any]:
         """Messages by kind, routing-table size, LST, queue lengths, matching time."""
@@ -431,8 +486,11 @@ class Broker:
             "lst": self.lst.snapshot(),
             "queue_lengths": {name: len(link.queue) for name, link in self.links.items()},
             "client_backlog": sum(len(b) for b in self._client_backlog.values()),
-            "matching": {"calls": self.clock.calls, "seconds": self.clock.seconds,
-                         "routing_steps": core.get("matching", 0)},
+            "matching": {
+                "calls": self.clock.calls,
+                "seconds": self.clock.seconds,
+                "routing_steps": core.get("matching", 0),
+            },
         }
 
 
@@ -457,9 +515,9 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
         return self._broker.stats()
 
     @aiozmq.rpc.method
-    def subscription_delays(self) -> dict:
-        """Seconds from issue to storage here, per subscription id."""
-        return dict(self._broker.subscription_delay)
+    def subscriptions(self) -> dict:
+        """Per stored subscription: [seconds from issue to storage here, hops from host]."""
+        return self._broker.subscriptions()
 
     @aiozmq.rpc.method
     def shutdown(self) -> bool:

@@ -45,9 +45,18 @@ class BrokerSettings:
 
     def to_toml(self) -> str:
         """The settings as a TOML document :func:`load_settings` reads back."""
-        lines = ["[lst]", f"window = {self.window!r}", f"queue_threshold = {self.queue_threshold}",
-                 "", "[links]", f"sndhwm = {self.sndhwm}", f"capacity = {self.capacity!r}",
-                 "", "[clients]", f"sndhwm = {self.client_sndhwm}"]
+        lines = [
+            "[lst]",
+            f"window = {self.window!r}",
+            f"queue_threshold = {self.queue_threshold}",
+            "",
+            "[links]",
+            f"sndhwm = {self.sndhwm}",
+            f"capacity = {self.capacity!r}",
+            "",
+            "[clients]",
+            f"sndhwm = {self.client_sndhwm}",
+        ]
         if self.capacities:
             lines += ["", "[links.capacities]"]
             lines += [f'"{link}" = {rate!r}' for link, rate in sorted(self.capacities.items())]
@@ -70,8 +79,11 @@ def load_settings(path: str | Path | None) -> BrokerSettings:
 
 def settings_from_data(data: dict[str, Any], source: str = "settings") -> BrokerSettings:
     """Validate a parsed settings document."""
-    known = {"lst": {"window", "queue_threshold"}, "links": {"sndhwm", "capacity", "capacities"},
-             "clients": {"sndhwm"}}
+    known = {
+        "lst": {"window", "queue_threshold"},
+        "links": {"sndhwm", "capacity", "capacities"},
+        "clients": {"sndhwm"},
+    }
     for table, keys in data.items():
         if table not in known or not isinstance(keys, dict):
             raise ConfigError(f"{source}: unknown table [{table}]")
@@ -86,21 +98,34 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
         _number(rate, f"links.capacities.{link}", source, minimum=0.0)
     return BrokerSettings(
         window=_number(lst.get("window", 0.05), "lst.window", source, minimum=1e-4),
-        queue_threshold=int(_number(lst.get("queue_threshold", 10), "lst.queue_threshold",
-                                    source, minimum=1, integer=True)),
-        sndhwm=int(_number(links.get("sndhwm", 8), "links.sndhwm", source, minimum=1,
-                           integer=True)),
+        queue_threshold=int(
+            _number(
+                lst.get("queue_threshold", 10),
+                "lst.queue_threshold",
+                source,
+                minimum=1,
+                integer=True,
+            )
+        ),
+        sndhwm=int(
+            _number(links.get("sndhwm", 8), "links.sndhwm", source, minimum=1, integer=True)
+        ),
         capacity=_number(links.get("capacity", 0.0), "links.capacity", source, minimum=0.0),
         capacities={k: float(v) for k, v in capacities.items()},
-        client_sndhwm=int(_number(clients.get("sndhwm", 100_000), "clients.sndhwm", source,
-                                  minimum=1, integer=True)),
+        client_sndhwm=int(
+            _number(
+                clients.get("sndhwm", 100_000), "clients.sndhwm", source, minimum=1, integer=True
+            )
+        ),
     )
 
 
-def _number(value: Any, key: str, source: str, *, minimum: float,
-            integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            integer and not isinstance(value, int)):
+def _number(value: Any, key: str, source: str, *, minimum: float, integer: bool = False) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (integer and not isinstance(value, int))
+    ):
         kind = "an integer" if integer else "a number"
         raise ConfigError(f"{source}: {key} must be {kind}, got {value!r}")
     if value < minimum:

@@ -36,13 +36,32 @@ def encode_peer(sender: str, message: Message | Hello) -> bytes:
     """One frame for ``message`` sent by broker ``sender``."""
     if isinstance(message, Notification):
         dests = None if message.destinations is None else [list(d) for d in message.destinations]
-        return msgpack.packb([NOTIFY, sender, message.publisher, message.seq,
-                              message.published_at, message.publication,
-                              _cbv_out(message.cbv), dests])
+        return msgpack.packb(
+            [
+                NOTIFY,
+                sender,
+                message.publisher,
+                message.seq,
+                message.published_at,
+                message.publication,
+                _cbv_out(message.cbv),
+                dests,
+            ]
+        )
     if isinstance(message, Subscribe):
-        return msgpack.packb([SUBSCRIBE, sender, message.sub_id, message.host,
-                              message.subscription.to_text(), int(message.state),
-                              _cbv_out(message.cbv), message.issued_at, message.hops])
+        return msgpack.packb(
+            [
+                SUBSCRIBE,
+                sender,
+                message.sub_id,
+                message.host,
+                message.subscription.to_text(),
+                int(message.state),
+                _cbv_out(message.cbv),
+                message.issued_at,
+                message.hops,
+            ]
+        )
     if isinstance(message, Unsubscribe):
         return msgpack.packb([UNSUBSCRIBE, sender, message.sub_id, int(message.state)])
     if isinstance(message, Hello):
@@ -79,21 +98,33 @@ def _notification(data: list) -> Notification:
     _, _, publisher, seq, published_at, publication, cbv, dests = data
     if dests is not None:
         if not isinstance(dests, list) or not all(
-                isinstance(d, list) and len(d) == 2 and all(isinstance(x, str) for x in d)
-                for d in dests):
+            isinstance(d, list) and len(d) == 2 and all(isinstance(x, str) for x in d)
+            for d in dests
+        ):
             raise WireError("NOTIFY destinations must be [[broker, sub_id], ...]")
         dests = tuple((d[0], d[1]) for d in dests)
-    return Notification(_str(publisher, "publisher"), _int(seq, "seq"),
-                        _float(published_at, "published_at"), validate_publication(publication),
-                        _cbv_in(cbv), dests)
+    return Notification(
+        _str(publisher, "publisher"),
+        _int(seq, "seq"),
+        _float(published_at, "published_at"),
+        validate_publication(publication),
+        _cbv_in(cbv),
+        dests,
+    )
 
 
 def _subscribe(data: list) -> Subscribe:
     _expect(data, 9, "SUBSCRIBE")
     _, _, sub_id, host, text, state, cbv, issued_at, hops = data
-    return Subscribe(_str(sub_id, "sub_id"), _str(host, "host"),
-                     parse_subscription(_str(text, "filter")), _state(state), _cbv_in(cbv),
-                     _float(issued_at, "issued_at"), _int(hops, "hops"))
+    return Subscribe(
+        _str(sub_id, "sub_id"),
+        _str(host, "host"),
+        parse_subscription(_str(text, "filter")),
+        _state(state),
+        _cbv_in(cbv),
+        _float(issued_at, "issued_at"),
+        _int(hops, "hops"),
+    )
 
 
 def _cbv_out(cbv: frozenbitarray | None) -> list | None:
@@ -103,8 +134,13 @@ def _cbv_out(cbv: frozenbitarray | None) -> list | None:
 def _cbv_in(value: Any) -> frozenbitarray | None:
     if value is None:
         return None
-    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], bytes)
-            or not isinstance(value[1], int) or not 0 < value[1] <= 8 * len(value[0])):
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not isinstance(value[0], bytes)
+        or not isinstance(value[1], int)
+        or not 0 < value[1] <= 8 * len(value[0])
+    ):
         raise WireError("CBV must be [bytes, nbits]")
     bits = bitarray()
     bits.frombytes(value[0])

@@ -1,0 +1,1 @@
+"""Broker processes on this machine: the launcher and the ``octopis run`` driver."""

@@ -1,0 +1,266 @@
+"""``octopis run``: a workload on real broker processes, with a delivery report (DESIGN §4).
+
+Start one process per broker; attach the workload's subscribers and publishers to their
+brokers (one client connection per broker, shared by its clients); subscribe; wait until
+the subscription broadcast has settled (every broker stores every subscription and all
+output queues are empty); replay publications at their (scaled) times; wait until every
+expected delivery has arrived or no progress is made for ``drain_timeout`` seconds; then
+collect the brokers' counters and stop every process, also on Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from octopis.accounting import DeliveryLedger, distribution
+from octopis.client import Connection, Publisher, Received, Subscriber
+from octopis.cluster.launcher import ClusterError, LocalCluster
+from octopis.topology import Scot
+from octopis.transport.settings import BrokerSettings
+from octopis.workload import Workload
+
+log = logging.getLogger("octopis.run")
+
+
+@dataclass
+class RunOptions:
+    """How to run a workload on processes."""
+
+    mode: str
+    run_dir: Path
+    settings: BrokerSettings
+    time_scale: float = 1.0
+    drain_timeout: float = 30.0
+    start_timeout: float = 180.0
+    progress: bool = True
+    log_level: str = "INFO"
+
+
+class WorkloadRun:
+    """One ``octopis run``: cluster, clients, ledger and the timeline of a workload."""
+
+    def __init__(
+        self, scot: Scot, topology_path: Path, workload: Workload, options: RunOptions
+    ) -> None:
+        workload.check_topology(scot)
+        self.scot = scot
+        self.workload = workload
+        self.options = options
+        self.cluster = LocalCluster(
+            scot, topology_path, options.mode, options.run_dir, options.settings, options.log_level
+        )
+        self.ledger = DeliveryLedger()
+        self.timings: dict[str, float] = {}
+        self._connections: dict[str, Connection] = {}
+        self._subscribers: dict[str, Subscriber] = {}
+        self._publishers: dict[str, Publisher] = {}
+
+    def run(self) -> dict[str, Any]:
+        """Run everything and return the report; every process is stopped on the way out."""
+        self.cluster.spawn()
+        try:
+            return asyncio.run(self._run())
+        finally:
+            self.cluster.stop()
+
+    async def _run(self) -> dict[str, Any]:
+        try:
+            self.timings["start"] = await self.cluster.wait_ready(self.options.start_timeout)
+            await self._attach_clients()
+            self.timings["subscribe"] = await self._subscribe()
+            self.timings["settle"] = await self._settle()
+            self.timings["publish"] = await self._publish()
+            self.timings["drain"] = await self._drain()
+            stats = await self.cluster.call_all("stats")
+            subscriptions = await self.cluster.call_all("subscriptions")
+            return self._report(stats, subscriptions)
+        finally:
+            for connection in self._connections.values():
+                await connection.close()
+            await self.cluster.close_control()
+
+    async def _attach_clients(self) -> None:
+        brokers = {s.broker for s in self.workload.subscriptions}
+        brokers |= {p.broker for p in self.workload.publications}
+        for broker_id in sorted(brokers):
+            connection = Connection(self.scot.brokers[broker_id].client_endpoint)
+            await connection.open()
+            self._connections[broker_id] = connection
+        for s in self.workload.subscriptions:
+            if s.subscriber not in self._subscribers:
+                self._subscribers[s.subscriber] = Subscriber(
+                    s.subscriber, self._connections[s.broker], on_notification=self._received
+                )
+        for p in self.workload.publications:
+            if p.publisher not in self._publishers:
+                self._publishers[p.publisher] = Publisher(p.publisher, self._connections[p.broker])
+
+    def _received(self, n: Received) -> None:
+        self.ledger.delivered(n.subscriber, n.publisher, n.seq, n.received_at - n.published_at)
+
+    async def _subscribe(self) -> float:
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        bar = self._bar(len(self.workload.subscriptions), "subscribe")
+        window = asyncio.Semaphore(256)
+
+        async def one(event: Any) -> None:
+            delay = t0 + event.time * self.options.time_scale - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with window:
+                stream = await self._subscribers[event.subscriber].subscribe(event.subscription)
+            self.ledger.subscribed(event.subscriber, stream.sub_id, event.subscription)
+            bar.update()
+
+        await asyncio.gather(*(one(e) for e in self.workload.subscriptions))
+        bar.close()
+        return time.monotonic() - started
+
+    async def _settle(self, timeout: float = 300.0) -> float:
+        """Every broker stores every subscription, queues are empty, counters still."""
+        started = time.monotonic()
+        total = len(self.workload.subscriptions)
+        previous = None
+        while time.monotonic() - started < timeout:
+            stats = await self.cluster.call_all("stats")
+            sizes = {s["routing_table_size"] for s in stats.values()}
+            busy = sum(sum(s["queue_lengths"].values()) for s in stats.values())
+            sent = sum(s["core"].get("sent.subscribe", 0) for s in stats.values())
+            if sizes == {total} and not busy and sent == previous:
+                return time.monotonic() - started
+            previous = sent
+            await asyncio.sleep(0.2)
+        raise ClusterError(f"subscription broadcast did not settle within {timeout:.0f} s")
+
+    async def _publish(self) -> float:
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        events = self.workload.publications
+        bar = self._bar(len(events), "publish")
+        t0 = loop.time()
+        for event in events:
+            delay = t0 + event.time * self.options.time_scale - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.ledger.published(event.publisher, event.seq, event.publication)
+            await self._publishers[event.publisher].publish(
+                event.publication, wait=False, seq=event.seq
+            )
+            bar.update()
+        for publisher in self._publishers.values():
+            await publisher.flush()
+        bar.close()
+        errors = [e for c in self._connections.values() for e in c.errors]
+        if errors:
+            raise ClusterError(f"brokers refused {len(errors)} publication(s): {errors[0]}")
+        return time.monotonic() - started
+
+    async def _drain(self) -> float:
+        """Wait for every expected delivery, then a quiet period to catch duplicates."""
+        started = time.monotonic()
+        expected = self.ledger.expected
+        bar = self._bar(len(expected), "deliver")
+        last_progress, last_count = time.monotonic(), -1
+        while True:
+            received = sum(self.ledger.received.values())
+            bar.n = min(received, len(expected))
+            bar.refresh()
+            if received != last_count:
+                last_progress, last_count = time.monotonic(), received
+            if expected <= self.ledger.received.keys():
+                break
+            if time.monotonic() - last_progress > self.options.drain_timeout:
+                log.warning(
+                    "no delivery for %.0f s; %d expected deliveries missing",
+                    self.options.drain_timeout,
+                    len(expected - self.ledger.received.keys()),
+                )
+                break
+            await asyncio.sleep(0.05)
+        await self._quiet()
+        bar.close()
+        return time.monotonic() - started
+
+    async def _quiet(self, period: float = 0.5) -> None:
+        """Until all broker queues are empty and no delivery arrived for ``period``."""
+        while True:
+            before = sum(self.ledger.received.values())
+            await asyncio.sleep(period)
+            stats = await self.cluster.call_all("stats")
+            busy = sum(
+                sum(s["queue_lengths"].values()) + s["client_backlog"] for s in stats.values()
+            )
+            if not busy and sum(self.ledger.received.values()) == before:
+                return
+
+    def _bar(self, total: int, what: str) -> tqdm:
+        return tqdm(
+            total=total,
+            desc=f"{what:>9}",
+            unit="msg",
+            leave=False,
+            disable=not self.options.progress,
+            mininterval=0.5,
+        )
+
+    def _report(self, stats: dict[str, dict], subscriptions: dict[str, dict]) -> dict[str, Any]:
+        core: Counter[str] = Counter()
+        counters: Counter[str] = Counter()
+        match_seconds = 0.0
+        for s in stats.values():
+            core.update(s["core"])
+            counters.update(s["counters"])
+            match_seconds += s["matching"]["seconds"]
+        delay: dict[str, float] = {}
+        depth: dict[str, int] = {}
+        for per_broker in subscriptions.values():
+            for sub_id, (seconds, hops) in per_broker.items():
+                delay[sub_id] = max(delay.get(sub_id, 0.0), seconds)
+                depth[sub_id] = max(depth.get(sub_id, 0), hops)
+        depths = list(depth.values())
+        report: dict[str, Any] = {
+            "mode": self.options.mode,
+            "brokers": len(self.scot.brokers),
+            "subscriptions": len(self.workload.subscriptions),
+            "notifications": self.ledger.notifications,
+            "sbp_messages": core["sent.subscribe"],
+            "sbp_duplicates": core["sbp_duplicates"],
+            "avg_subscription_tree_length": sum(depths) / len(depths) if depths else 0.0,
+            "max_subscription_tree_length": max(depths, default=0),
+            "notification_messages": core["sent.notification"],
+            "matching_operations": core["matching"],
+            **self.ledger.summary(),
+            "subscription_delay": distribution(delay.values()),
+            "notification_delay": self.ledger.delay_summary(),
+            "matching_delay": {
+                "mean_per_operation": match_seconds / core["matching"] if core["matching"] else 0.0,
+                "total_seconds": match_seconds,
+            },
+            "errors": {
+                k: counters[k]
+                for k in (
+                    "wire_errors",
+                    "protocol_errors",
+                    "client_errors",
+                    "internal_errors",
+                    "undeliverable",
+                )
+            },
+            "timings": self.timings,
+        }
+        if self.options.mode == "bid":
+            report["bids_carried"] = core["bids_carried"]
+        if self.options.mode == "dnr":
+            for key in ("dnr_case_1", "dnr_case_2", "dnr_case_3", "dnr_kept_off"):
+                report[key] = core[key]
+        return report
