@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -37,6 +38,7 @@ import zmq.asyncio
 from octopis.filters import Publication, Subscription, as_subscription
 
 T = TypeVar("T")
+log = logging.getLogger("octopis.client")
 
 
 class BrokerError(Exception):
@@ -55,7 +57,8 @@ class Received:
     publication: Publication
 
 
-NotificationHandler = Callable[[str, str, int, float, Publication], None]
+NotificationHandler = Callable[[str, str, int, float, Publication, float], None]
+"""Called with (client name, publisher, seq, published_at, publication, received_at)."""
 
 
 class Connection:
@@ -115,23 +118,30 @@ class Connection:
 
     async def _read(self) -> None:
         while True:
-            data = msgpack.unpackb(await self.socket.recv())
-            now = time.time()
-            if isinstance(data, list):
-                _, names, publisher, seq, published_at, publication = data
-                for name in names:
-                    handler = self._handlers.get(name)
-                    if handler is not None:
-                        handler(name, publisher, seq, published_at, publication, now)
-                continue
-            future = self._pending.get(data.get("req"))
-            if data.get("op") == "error":
-                if future is not None and not future.done():
-                    future.set_exception(BrokerError(data.get("message", "error")))
-                else:
-                    self.errors.append(data.get("message", "error"))
-            elif future is not None and not future.done():
-                future.set_result(data)
+            frame = await self.socket.recv()
+            try:
+                self._on_frame(frame)
+            except Exception:
+                log.exception("client of %s dropped a frame it could not handle", self.endpoint)
+
+    def _on_frame(self, frame: bytes) -> None:
+        data = msgpack.unpackb(frame)
+        now = time.time()
+        if isinstance(data, list):
+            _, names, publisher, seq, published_at, publication = data
+            for name in names:
+                handler = self._handlers.get(name)
+                if handler is not None:
+                    handler(name, publisher, seq, published_at, publication, now)
+            return
+        future = self._pending.get(data.get("req"))
+        if data.get("op") == "error":
+            if future is not None and not future.done():
+                future.set_exception(BrokerError(data.get("message", "error")))
+            else:
+                self.errors.append(data.get("message", "error"))
+        elif future is not None and not future.done():
+            future.set_result(data)
 
 
 class SubscriptionStream:

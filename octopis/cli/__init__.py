@@ -14,8 +14,13 @@ def run_cli(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
     errors: tuple[type[BaseException], ...],
+    failures: tuple[type[BaseException], ...] = (),
 ) -> int:
-    """Parse ``argv``, run the chosen command and map ``errors`` to exit status 2."""
+    """Parse ``argv`` and run the chosen command.
+
+    ``errors`` (bad input) exit with status 2, ``failures`` (the run itself failed, e.g. a
+    broker died) with status 1; both print one line on stderr.
+    """
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(args, "log_level", "WARNING"),
@@ -26,6 +31,9 @@ def run_cli(
     except errors as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except failures as exc:
+        print(f"{parser.prog}: failed: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130

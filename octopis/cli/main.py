@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``octopis``."""
-    return run_cli(build_parser(), argv, errors=USER_ERRORS)
+    from octopis.cluster.launcher import ClusterError
+
+    return run_cli(build_parser(), argv, errors=USER_ERRORS, failures=(ClusterError,))
 
 
 if __name__ == "__main__":

@@ -35,14 +35,28 @@ class ClusterError(RuntimeError):
 
 
 def find_free_base_port(brokers: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
-    """A base port whose ``3 × brokers`` consecutive ports are all free on ``host`` now."""
+    """A base port whose ``3 × brokers`` consecutive ports are all free on ``host`` now.
+
+    Ports are drawn below the kernel's ephemeral range, so that the brokers' own outgoing
+    connections cannot take a port another broker is about to bind.
+    """
     span = PORTS_PER_BROKER * brokers
+    top = _ephemeral_start() - span
+    if top <= 10000:
+        raise ClusterError(f"no room for {span} ports below the ephemeral port range")
     rng = random.Random()
     for _ in range(attempts):
-        base = rng.randrange(20000, 60000 - span)
+        base = rng.randrange(10000, top)
         if all(_port_free(host, port) for port in range(base, base + span)):
             return base
     raise ClusterError(f"found no {span} consecutive free ports on {host}")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -88,6 +102,7 @@ class LocalCluster:
         self.log_level = log_level
         self.processes: dict[str, subprocess.Popen] = {}
         self._rpc: dict[str, Any] = {}
+        self._rpc_loop: asyncio.AbstractEventLoop | None = None
 
     # -- processes -----------------------------------------------------------------------
 
@@ -150,7 +165,11 @@ class LocalCluster:
     # -- control RPC ---------------------------------------------------------------------
 
     async def connect_control(self) -> None:
-        """Open one RPC client per broker."""
+        """Open one RPC client per broker (again, if the event loop changed)."""
+        loop = asyncio.get_running_loop()
+        if self._rpc_loop is not loop:
+            self._rpc.clear()
+            self._rpc_loop = loop
         for broker_id, info in self.scot.brokers.items():
             if broker_id not in self._rpc:
                 self._rpc[broker_id] = await aiozmq.rpc.connect_rpc(

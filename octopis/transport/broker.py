@@ -98,6 +98,7 @@ class OutputLink:
         lst: LinkStatusTable,
         sndhwm: int,
         capacity: float,
+        activity: asyncio.Event,
     ) -> None:
         self.name = name
         self.socket = ctx.socket(zmq.PUSH)
@@ -110,12 +111,14 @@ class OutputLink:
         self.sent = 0
         self._lst = lst
         self._wake = asyncio.Event()
+        self._activity = activity
 
     def put(self, frame: bytes, now: float) -> None:
         """Enqueue one frame (counted as n_in)."""
         self.queue.append(frame)
         self._lst.enqueued(self.name, now)
         self._wake.set()
+        self._activity.set()
 
     async def run(self) -> None:
         """Send queued frames in order, at most ``capacity`` per second if set."""
@@ -167,6 +170,7 @@ class Broker:
         self._clients: dict[str, tuple[bytes, str]] = {}
         self._client_backlog: dict[bytes, deque[bytes]] = {}
         self._stopping = asyncio.Event()
+        self.link_activity = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.started = time.time()
 
@@ -184,7 +188,6 @@ class Broker:
         self.client_sock.setsockopt(zmq.SNDHWM, self.settings.client_sndhwm)
         self.client_sock.setsockopt(zmq.LINGER, 500)
         self.client_sock.bind(self.info.client_endpoint)
-        self._client_sync = zmq.Socket.shadow(self.client_sock.underlying)
         self.lst = LinkStatusTable(
             [n.id for n in self.info.neighbours],
             self.settings.window,
@@ -200,6 +203,7 @@ class Broker:
                 self.lst,
                 self.settings.sndhwm,
                 self.settings.capacity_of(self.id, n.id),
+                self.link_activity,
             )
             for n in self.info.neighbours
         }
@@ -317,35 +321,44 @@ class Broker:
             self._send_client(identity, frame)
 
     def _send_client(self, identity: bytes, frame: bytes) -> None:
+        """Send to a client now, or queue behind its backlog when its pipe is full.
+
+        Sends go through the asyncio socket (never a shadow): the ROUTER is also read
+        by an awaiting ``recv``, and only pyzmq's own sends re-arm that reader when they
+        consume ZeroMQ's edge-triggered event.
+        """
         backlog = self._client_backlog.get(identity)
         if backlog:
             backlog.append(frame)
             return
-        try:
-            self._client_sync.send_multipart([identity, frame], zmq.NOBLOCK)
-        except zmq.Again:
+        problem = self._try_send_client(identity, frame)
+        if isinstance(problem, zmq.Again):
             self._client_backlog[identity] = deque([frame])
             asyncio.get_running_loop().create_task(self._drain_client(identity))
-        except zmq.ZMQError as exc:
+        elif problem is not None:
             self.counters["undeliverable"] += 1
-            log.warning("%s cannot reach client %r: %s", self.id, identity, exc)
+            log.warning("%s cannot reach client %r: %s", self.id, identity, problem)
+
+    def _try_send_client(self, identity: bytes, frame: bytes) -> BaseException | None:
+        sent = self.client_sock.send_multipart([identity, frame], zmq.NOBLOCK)
+        return sent.exception() if sent.done() else None
 
     async def _drain_client(self, identity: bytes) -> None:
         backlog = self._client_backlog[identity]
         while backlog:
-            try:
-                self._client_sync.send_multipart([identity, backlog[0]], zmq.NOBLOCK)
+            problem = self._try_send_client(identity, backlog[0])
+            if problem is None:
                 backlog.popleft()
-            except zmq.Again:
+            elif isinstance(problem, zmq.Again):
                 await asyncio.sleep(0.001)
-            except zmq.ZMQError as exc:
+            else:
                 self.counters["undeliverable"] += len(backlog)
                 log.warning(
                     "%s lost client %r with %d frames queued: %s",
                     self.id,
                     identity,
                     len(backlog),
-                    exc,
+                    problem,
                 )
                 backlog.clear()
         del self._client_backlog[identity]
@@ -450,8 +463,15 @@ class Broker:
     # -- LST and stats -------------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
+        """Close LST windows every Δt while links are active; sleep while all are idle.
+
+        The table also rolls its windows on every enqueue and send, so ticks only keep CE
+        fresh between events; an idle broker costs no wake-ups.
+        """
         loop = asyncio.get_running_loop()
         while True:
+            await self.link_activity.wait()
+            self.link_activity.clear()
             await asyncio.sleep(self.settings.window)
             self.lst.advance(loop.time())
 
@@ -476,6 +496,7 @@ class Broker:
 
     def stats(self) -> dict[str, Any]:
         """Messages by kind, routing-table size, LST, queue lengths, matching time."""
+        self.lst.advance(asyncio.get_running_loop().time())
         core = dict(self.core.stats)
         return {
             **self.status(),

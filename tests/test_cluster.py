@@ -1,0 +1,377 @@
+"""Broker processes over ZeroMQ on 127.0.0.1: end-to-end runs, joins and leaves, bad input.
+
+Every test that starts brokers stops them itself; the ``no_leftover_brokers`` fixture
+fails a test that leaves a broker process behind, passing or failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from octopis.client import BrokerError, Connection, Publisher, Subscriber
+from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.cluster.runner import RunOptions, WorkloadRun
+from octopis.core import Notification
+from octopis.filters import parse_subscription
+from octopis.transport.settings import BrokerSettings
+from octopis.transport.wire import encode_peer
+from octopis.workload import generate_workload
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _broker_pids() -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if b"octopis.cli.broker" in cmdline and state != "Z":
+                pids.add(int(entry.name))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_brokers() -> Iterator[None]:
+    before = _broker_pids()
+    yield
+    deadline = time.monotonic() + 5
+    while (left := _broker_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"broker processes left behind: {sorted(left)}"
+
+
+def _run(tmp_path: Path, preset: str, mode: str, **sizes: int) -> dict:
+    run_dir = tmp_path / f"{preset}-{mode}"
+    scot, path = prepare_topology(run_dir, preset=preset)
+    workload = generate_workload(scot, seed=11, rate_per_minute=600, **sizes)
+    options = RunOptions(
+        mode=mode, run_dir=run_dir, settings=BrokerSettings(), progress=False, drain_timeout=20
+    )
+    return WorkloadRun(scot, path, workload, options).run()
+
+
+def _exactly_once(report: dict) -> None:
+    assert report["expected_deliveries"] > 0
+    assert report["delivered"] == report["expected_deliveries"]
+    assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
+    assert not any(report["errors"].values())
+
+
+@pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
+def test_fig2_end_to_end(tmp_path: Path, mode: str) -> None:
+    report = _run(tmp_path, "fig2", mode, subscribers=120, publishers=6, notifications=15)
+    _exactly_once(report)
+    per_sub = report["sbp_messages"] / report["subscriptions"]
+    assert per_sub == (17 if mode != "bid" else 2 * 33 - 17)
+    if mode != "bid":  # BID's first-arrival trees may be longer (the paper's issue I3)
+        assert report["max_subscription_tree_length"] <= 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
+def test_paper75_end_to_end(tmp_path: Path, mode: str) -> None:
+    report = _run(tmp_path, "paper75", mode, subscribers=300, publishers=10, notifications=10)
+    _exactly_once(report)
+    assert report["brokers"] == 75
+    assert report["sbp_messages"] == 300 * (74 if mode != "bid" else 2 * 220 - 74)
+
+
+def test_octopis_run_command(tmp_path: Path) -> None:
+    out = tmp_path / "deliveries.jsonl"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "octopis.cli.main",
+            "run",
+            "--preset",
+            "fig2",
+            "--mode",
+            "dnr",
+            "--subscribers",
+            "40",
+            "--publishers",
+            "3",
+            "--notifications",
+            "5",
+            "--rate",
+            "600",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--json",
+            "--deliveries",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    _exactly_once(report)
+    assert len(out.read_text().splitlines()) == report["delivered"]
+    assert (tmp_path / "run" / "report.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def fig2_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    run_dir = tmp_path_factory.mktemp("fig2-up")
+    scot, path = prepare_topology(run_dir, preset="fig2")
+    cluster = LocalCluster(scot, path, "snr", run_dir)
+    cluster.spawn()
+    try:
+        asyncio.run(_ready(cluster))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def _ready(cluster: LocalCluster) -> None:
+    try:
+        await cluster.wait_ready(120)
+    finally:
+        await cluster.close_control()
+
+
+async def _settled(cluster: LocalCluster, size: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = await cluster.call_all("stats")
+        if {s["routing_table_size"] for s in stats.values()} == {size} and not any(
+            sum(s["queue_lengths"].values()) for s in stats.values()
+        ):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"routing tables did not settle at {size} entries")
+
+
+TRANSIT = 0.2
+"""Seconds a notification may take from a:0 to f:2 on an idle fig2 (measured: ~10 ms)."""
+
+
+def test_join_and_leave_mid_stream(fig2_cluster: LocalCluster) -> None:
+    """A subscriber gets exactly the matching notifications published while it is
+    subscribed (after its broadcast settled, and more than a transit time before its
+    unsubscribe), never one twice, and none published after its withdrawal settled.
+    Notifications still in flight when the unsubscribe reaches the host may go either way."""
+    scot = fig2_cluster.scot
+    even = parse_subscription("[class,eq,'STOCK'],[n,<,1000000]")
+
+    async def scenario() -> None:
+        published: dict[int, float] = {}
+        got: Counter[int] = Counter()
+        sub = await Subscriber.connect(
+            scot.brokers["f:2"].client_endpoint,
+            "late",
+            on_notification=lambda r: got.update([r.seq]),
+        )
+        pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "feed")
+        stop = asyncio.Event()
+
+        async def stream() -> None:
+            while not stop.is_set():
+                seq = await pub.publish({"class": "STOCK", "n": len(published)}, wait=False)
+                published[seq] = time.time()
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(stream())
+        try:
+            await asyncio.sleep(0.3)
+            handle = await sub.subscribe(even)
+            await _settled(fig2_cluster, 1)
+            joined = time.time()
+            await asyncio.sleep(0.6)
+            left = time.time()
+            await sub.unsubscribe(handle)
+            await _settled(fig2_cluster, 0)
+            gone = time.time()
+            await asyncio.sleep(0.4)
+        finally:
+            stop.set()
+            await task
+        await pub.flush()
+        await asyncio.sleep(0.3)
+        await fig2_cluster.close_control()
+        await sub.close()
+        await pub.close()
+        must = {s for s, t in published.items() if joined <= t <= left - TRANSIT}
+        never = {s for s, t in published.items() if t >= gone}
+        assert len(must) > 20
+        assert must <= set(got)
+        assert not never & set(got)
+        assert all(count == 1 for count in got.values())
+
+    asyncio.run(scenario())
+
+
+def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
+    fig2_cluster: LocalCluster,
+) -> None:
+    scot = fig2_cluster.scot
+    target = scot.brokers["c:1"]
+
+    async def scenario() -> None:
+        sub = await Subscriber.connect(target.client_endpoint, "victim")
+        with pytest.raises(BrokerError, match=r"position \d+: unknown operator 'eqq'"):
+            await sub.connection.request(
+                {"op": "subscribe", "client": "victim", "filter": "[class,eqq,'STOCK']"}
+            )
+        conn = sub.connection
+        with pytest.raises(BrokerError, match="unknown op 'explode'"):
+            await conn.request({"op": "explode"})
+        with pytest.raises(BrokerError, match="'seq' must be an integer"):
+            await conn.request(
+                {
+                    "op": "publish",
+                    "client": "x",
+                    "seq": "one",
+                    "published_at": 0,
+                    "publication": {"a": 1},
+                }
+            )
+        with pytest.raises(BrokerError, match=r"attribute .a.: value \[1, 2\] is not a string"):
+            await conn.request(
+                {
+                    "op": "publish",
+                    "client": "x",
+                    "seq": 1,
+                    "published_at": 0,
+                    "publication": {"a": [1, 2]},
+                }
+            )
+        raw = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        raw.connect(target.client_endpoint)
+        await raw.send(b"\xc1 not msgpack")
+        reply = msgpack.unpackb(await asyncio.wait_for(raw.recv(), 5))
+        assert reply["op"] == "error" and "not msgpack" in reply["message"]
+        raw.close()
+
+        peer = zmq.asyncio.Context.instance().socket(zmq.PUSH)
+        peer.connect(target.endpoint)
+        await peer.send(b"garbage")
+        await peer.send(msgpack.packb([9, "b:1"]))
+        await peer.send(encode_peer("f:0", Notification("P", 1, 0.0, {"a": 1})))
+        await peer.send(msgpack.packb([3, "b:1", "P", "one", 0.0, {"a": 1}, None, None]))
+        await asyncio.sleep(0.5)
+        peer.close(linger=0)
+
+        stream = await sub.subscribe("[class,eq,'STOCK']")
+        await _settled(fig2_cluster, 1)
+        pub = await Publisher.connect(scot.brokers["a:2"].client_endpoint, "good")
+        await pub.publish({"class": "STOCK", "symbol": "OK"})
+        got = await stream.get(timeout=10)
+        assert got.publication["symbol"] == "OK"
+        await stream.unsubscribe()
+        await _settled(fig2_cluster, 0)
+        stats = (await fig2_cluster.call_all("stats"))[target.id]
+        await fig2_cluster.close_control()
+        assert stats["counters"]["wire_errors"] == 3
+        assert stats["counters"]["protocol_errors"] == 1
+        assert stats["counters"]["client_errors"] >= 5
+        assert stats["counters"].get("internal_errors", 0) == 0
+        await pub.close()
+        await sub.close()
+
+    asyncio.run(scenario())
+
+
+def test_broker_exits_cleanly_on_sigterm_and_rejects_bad_arguments(tmp_path: Path) -> None:
+    scot, path = prepare_topology(tmp_path, preset="fig2")
+    bad = subprocess.run(
+        [sys.executable, "-m", "octopis.cli.broker", "--topology", str(path), "--id", "zz:9"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "has no broker 'zz:9'" in bad.stderr
+    config = tmp_path / "bad.toml"
+    config.write_text("[lst]\nwindow = -1\n")
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "octopis.cli.broker",
+            "--topology",
+            str(path),
+            "--id",
+            "a:0",
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "lst.window must be ≥" in bad.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "octopis.cli.broker", "--topology", str(path), "--id", "a:0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        asyncio.run(_wait_serving(scot.brokers["a:0"].client_endpoint))
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "stopped" in proc.stderr.read()
+
+
+async def _wait_serving(endpoint: str) -> None:
+    connection = Connection(endpoint)
+    try:
+        welcome = await connection.open(timeout=20)
+        assert welcome["broker"] == "a:0" and welcome["mode"] == "snr"
+    finally:
+        await connection.close()
+
+
+def test_up_and_down_commands(tmp_path: Path) -> None:
+    _, path = prepare_topology(tmp_path / "t", preset="fig2")
+    run_dir = tmp_path / "cluster"
+    up = subprocess.run(
+        [sys.executable, "-m", "octopis.cli.main", "up", str(path), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "18 brokers of fig2 up" in up.stdout
+        state = json.loads((run_dir / "cluster.json").read_text())
+        assert len(state["pids"]) == 18
+        again = subprocess.run(
+            [sys.executable, "-m", "octopis.cli.main", "up", str(path), "--run-dir", str(run_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert again.returncode == 2 and "exists" in again.stderr
+    finally:
+        down = subprocess.run(
+            [sys.executable, "-m", "octopis.cli.main", "down", "--run-dir", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert down.returncode == 0 and "stopped 18 brokers" in down.stdout
