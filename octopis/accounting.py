@@ -70,21 +70,15 @@ class DeliveryLedger:
         }
 
     def delay_summary(self) -> dict[str, float]:
-        """Notification delay in seconds: mean, p50, p99, share under 1 s."""
-        return distribution(self.delays)
+        """Notification delay in seconds: mean, p50, p99, max, share under 1 s."""
+        return delay_distribution(self.delays)
 
 
 def distribution(values: Iterable[float]) -> dict[str, float]:
-    """Mean, p50, p99, max and share under one second of ``values`` (NaN when empty)."""
+    """Mean, p50, p99 and max of ``values`` (NaN when empty)."""
     ordered = sorted(values)
     if not ordered:
-        return {
-            "mean": math.nan,
-            "p50": math.nan,
-            "p99": math.nan,
-            "max": math.nan,
-            "under_1s": math.nan,
-        }
+        return {"mean": math.nan, "p50": math.nan, "p99": math.nan, "max": math.nan}
 
     def pct(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -94,5 +88,11 @@ def distribution(values: Iterable[float]) -> dict[str, float]:
         "p50": pct(0.50),
         "p99": pct(0.99),
         "max": ordered[-1],
-        "under_1s": sum(v < 1.0 for v in ordered) / len(ordered),
     }
+
+
+def delay_distribution(delays: Iterable[float]) -> dict[str, float]:
+    """:func:`distribution` of delays in seconds plus the share under one second (§7.3)."""
+    values = list(delays)
+    under = sum(d < 1.0 for d in values) / len(values) if values else math.nan
+    return {**distribution(values), "under_1s": under}

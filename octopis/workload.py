@@ -212,12 +212,14 @@ def generate_workload(
     rate_per_minute: float = 60.0,
     selectivity: float = 0.02,
     start_window: float = 5.0,
+    hrp: HighRatePublisher | None = None,
 ) -> Workload:
     """A small stock-quote workload without Spark, placed uniformly at random on ``scot``.
 
     Publisher p publishes ``notifications`` synthetic quotes at ``rate_per_minute``,
     starting within the first ``start_window`` seconds (paper §7.3); each subscriber holds
-    one subscription of about ``selectivity`` over the publications.
+    one subscription of about ``selectivity`` over the publications. ``hrp`` adds the
+    burst scenario's high-rate publisher (§7.3, stability analysis).
     """
     from octopis.quotes import measure_selectivity, random_quotes, stock_subscriptions
 
@@ -235,7 +237,10 @@ def generate_workload(
     quotes = random_quotes(
         max(1, publishers * notifications), seed=seed, symbols=max(1, publishers)
     )
-    filters = stock_subscriptions(quotes, subscribers, seed=seed, selectivity=selectivity)
+    audience = hrp.audience(subscribers) if hrp else 0
+    filters = stock_subscriptions(
+        quotes, subscribers - audience, seed=seed, selectivity=selectivity
+    )
     interval = 60.0 / rate_per_minute
     publications = []
     for p in range(publishers):
@@ -262,9 +267,82 @@ def generate_workload(
         "selectivity": {"target": selectivity, **_spread(measured)},
         "synthetic_quotes": True,
     }
+    if hrp is not None:
+        extra_subs, extra_pubs = hrp.events(
+            scot, rng, first=len(subscriptions), audience=audience, seed=seed
+        )
+        subscriptions += extra_subs
+        publications += extra_pubs
+        meta["hrp"] = {
+            "notifications": hrp.notifications,
+            "rate_per_minute": hrp.rate_per_minute,
+            "interest": hrp.interest,
+            "subscribers": audience,
+            "start": hrp.start,
+            "burst_placement": hrp.burst_placement,
+            "broker": extra_pubs[0].broker if extra_pubs else None,
+        }
     return Workload(
         meta, subscriptions, sorted(publications, key=lambda e: (e.time, e.publisher, e.seq))
     )
+
+
+@dataclass(frozen=True)
+class HighRatePublisher:
+    """The burst scenario's high-rate publisher "HRP" (paper §7.3, stability analysis).
+
+    It publishes ``notifications`` quotes of class ``'HRP'`` at ``rate_per_minute`` from
+    ``start`` seconds on. A fraction ``interest`` of the subscribers (at least one)
+    subscribe to exactly those, with ``[class,eq,'HRP']``, so the HRP's audience is known
+    exactly. With ``burst_placement`` the audience sits in clusters other than the HRP's,
+    spread over all of them, so that every one of the HRP's iCOLs is a target link.
+    """
+
+    notifications: int
+    rate_per_minute: float = 6000.0
+    interest: float = 0.002
+    start: float = 5.0
+    burst_placement: bool = True
+
+    def audience(self, subscribers: int) -> int:
+        """How many of ``subscribers`` follow the HRP."""
+        if not 0 < self.interest <= 1:
+            raise WorkloadError(f"HRP interest must be within (0, 1], got {self.interest}")
+        if self.notifications < 1 or self.rate_per_minute <= 0:
+            raise WorkloadError("the HRP needs ≥ 1 notification and a positive rate")
+        if subscribers < 1:
+            raise WorkloadError("the HRP needs at least one subscriber")
+        return max(1, round(self.interest * subscribers))
+
+    def events(
+        self, scot: Scot, rng: random.Random, *, first: int, audience: int, seed: int
+    ) -> tuple[list[SubscriptionEvent], list[PublicationEvent]]:
+        """The HRP's followers and publications."""
+        from octopis.filters import parse_subscription
+        from octopis.quotes import random_quotes
+
+        home = rng.choice(list(scot.brokers))
+        cluster = scot.brokers[home].cluster
+        others = [c for c in range(scot.clusters) if c != cluster] or [cluster]
+        interest = parse_subscription("[class,eq,'HRP']")
+        subs = []
+        for i in range(audience):
+            wanted = others[i % len(others)] if self.burst_placement else None
+            pool = [b.id for b in scot.brokers.values() if wanted is None or b.cluster == wanted]
+            subs.append(SubscriptionEvent(f"S{first + i}", rng.choice(pool), interest, 0.0))
+        interval = 60.0 / self.rate_per_minute
+        quotes = random_quotes(self.notifications, seed=seed + 1, symbols=1)
+        pubs = [
+            PublicationEvent(
+                "HRP",
+                home,
+                k + 1,
+                self.start + k * interval,
+                {**q, "class": "HRP", "symbol": "HRP"},
+            )
+            for k, q in enumerate(quotes)
+        ]
+        return subs, pubs
 
 
 def _spread(values: list[float]) -> dict[str, float]:

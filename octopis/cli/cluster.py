@@ -12,7 +12,7 @@ from typing import Any
 
 from octopis.cli.errors import UsageError
 from octopis.cli.report import print_report, write_deliveries
-from octopis.cli.sim import add_topology_options, workload_from_args
+from octopis.cli.sim import add_hrp_options, add_topology_options, workload_from_args
 from octopis.cluster.launcher import STATE_FILE, LocalCluster, prepare_topology, stop_pids
 from octopis.core import MODES
 from octopis.topology import load_topology
@@ -51,6 +51,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="generated notifications per minute per publisher (default 60)",
     )
     run.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
+    add_hrp_options(run)
     run.add_argument(
         "--time-scale",
         type=float,

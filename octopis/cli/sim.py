@@ -10,9 +10,9 @@ from typing import Any
 from octopis.cli.errors import UsageError
 from octopis.cli.report import print_report, write_deliveries
 from octopis.core import MODES
-from octopis.sim import LatencyModel, Simulator
+from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
 from octopis.topology import Scot, build_preset, load_topology, preset_names
-from octopis.workload import Workload, generate_workload, read_workload
+from octopis.workload import HighRatePublisher, Workload, generate_workload, read_workload
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -60,6 +60,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="mean exponential latency jitter (default 0.001)",
     )
+    add_hrp_options(p)
+    add_congestion_options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--deliveries",
@@ -68,6 +70,82 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="write one JSON line per delivery (subscriber, publisher, seq)",
     )
     p.set_defaults(func=cmd_sim)
+
+
+def add_congestion_options(p: argparse.ArgumentParser) -> None:
+    """Injected or timed link congestion (DNR reacts to it, paper §6.3)."""
+    congestion = p.add_argument_group("congestion", "links the simulator congests")
+    pattern = congestion.add_mutually_exclusive_group()
+    pattern.add_argument(
+        "--overload",
+        type=float,
+        metavar="FRACTION",
+        help="declare this fraction of directed iCOLs overloaded (seeded; "
+        "no real queueing; dnr only)",
+    )
+    pattern.add_argument(
+        "--overload-schedule",
+        type=Path,
+        metavar="FILE",
+        help='JSON list of {"link": "src>dst", "from": t0, "until": t1} '
+        "overload windows (dnr only)",
+    )
+    pattern.add_argument(
+        "--capacity",
+        type=float,
+        metavar="MSGS_PER_S",
+        help="timed links: every link sends at most this many messages/s "
+        "through a real output queue feeding the LST",
+    )
+    congestion.add_argument(
+        "--window", type=float, default=0.05, metavar="SECONDS", help="LST window Δt (default 0.05)"
+    )
+    congestion.add_argument(
+        "--queue-threshold",
+        type=int,
+        default=10,
+        metavar="Q",
+        help="queue length that marks a link overloaded (default 10)",
+    )
+
+
+def add_hrp_options(p: argparse.ArgumentParser) -> None:
+    """Options adding the burst scenario's high-rate publisher to a generated workload."""
+    hrp = p.add_argument_group(
+        "high-rate publisher", "burst scenario of paper §7.3 (generated workloads only)"
+    )
+    hrp.add_argument(
+        "--hrp-notifications",
+        type=int,
+        metavar="N",
+        help="add a high-rate publisher HRP publishing N notifications",
+    )
+    hrp.add_argument(
+        "--hrp-rate",
+        type=float,
+        default=6000.0,
+        metavar="NPM",
+        help="HRP notifications per minute (default 6000)",
+    )
+    hrp.add_argument(
+        "--hrp-interest",
+        type=float,
+        default=0.002,
+        metavar="F",
+        help="fraction of subscribers following the HRP (default 0.002)",
+    )
+    hrp.add_argument(
+        "--hrp-start",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="when the HRP starts (default 5)",
+    )
+    hrp.add_argument(
+        "--same-cluster-ok",
+        action="store_true",
+        help="place HRP followers anywhere (default: in other clusters)",
+    )
 
 
 def add_topology_options(p: argparse.ArgumentParser) -> None:
@@ -87,16 +165,26 @@ def load_scot(args: argparse.Namespace) -> Scot:
 def workload_from_args(args: argparse.Namespace, scot: Scot) -> Workload:
     """Read ``--workload`` or generate one from ``--subscribers/--publishers/...``."""
     if args.workload is not None:
-        for name in ("publishers", "notifications"):
+        for name in ("publishers", "notifications", "hrp_notifications"):
             if getattr(args, name) is not None:
                 raise UsageError(
-                    f"--{name} only applies to a generated workload, not with --workload"
+                    f"--{name.replace('_', '-')} only applies to a generated "
+                    "workload, not with --workload"
                 )
         workload = read_workload(args.workload)
     else:
         if args.publishers is None or args.notifications is None:
             raise UsageError(
                 "a generated workload needs --subscribers, --publishers and --notifications"
+            )
+        hrp = None
+        if args.hrp_notifications is not None:
+            hrp = HighRatePublisher(
+                args.hrp_notifications,
+                args.hrp_rate,
+                args.hrp_interest,
+                args.hrp_start,
+                burst_placement=not args.same_cluster_ok,
             )
         workload = generate_workload(
             scot,
@@ -105,9 +193,37 @@ def workload_from_args(args: argparse.Namespace, scot: Scot) -> Workload:
             notifications=args.notifications,
             seed=args.seed,
             rate_per_minute=args.rate,
+            hrp=hrp,
         )
     workload.check_topology(scot)
     return workload
+
+
+def link_model(args: argparse.Namespace, scot: Scot) -> LinkModel | None:
+    """The simulated links the congestion options ask for (None: free links)."""
+    if args.window <= 0 or args.queue_threshold < 1:
+        raise UsageError("--window must be > 0 and --queue-threshold ≥ 1")
+    if (args.overload is not None or args.overload_schedule) and args.mode != "dnr":
+        raise UsageError("--overload and --overload-schedule only affect --mode dnr")
+    if args.overload is not None:
+        if not 0 <= args.overload <= 1:
+            raise UsageError(f"--overload must be within 0..1, got {args.overload}")
+        return InjectedCongestion.random_icols(scot, args.overload, args.seed)
+    if args.overload_schedule is not None:
+        try:
+            entries = json.loads(args.overload_schedule.read_text())
+            return InjectedCongestion.from_schedule(entries, scot, args.seed)
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.overload_schedule}: {exc.strerror}") from None
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise UsageError(f"{args.overload_schedule}: {exc}") from None
+    if args.capacity is not None:
+        if args.capacity <= 0:
+            raise UsageError(f"--capacity must be positive, got {args.capacity}")
+        capacity = {(u, v): args.capacity for u, v in scot.graph.edges}
+        capacity |= {(v, u): args.capacity for u, v in scot.graph.edges}
+        return TimedLinks(scot, capacity, args.window, args.queue_threshold)
+    return None
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -117,7 +233,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if args.latency < 0 or args.jitter < 0:
         raise UsageError("latency and jitter must be ≥ 0")
     sim = Simulator(
-        scot, args.mode, seed=args.seed, latency=LatencyModel(args.latency, args.jitter)
+        scot,
+        args.mode,
+        seed=args.seed,
+        links=link_model(args, scot),
+        latency=LatencyModel(args.latency, args.jitter),
     )
     sim.replay(workload)
     report: dict[str, Any] = {"topology": scot.name, **sim.report()}

@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from octopis.accounting import DeliveryLedger, distribution
+from octopis.accounting import DeliveryLedger, delay_distribution
 from octopis.client import Connection, Publisher, Received, Subscriber
 from octopis.cluster.launcher import ClusterError, LocalCluster
 from octopis.topology import Scot
@@ -240,7 +240,7 @@ class WorkloadRun:
             "notification_messages": core["sent.notification"],
             "matching_operations": core["matching"],
             **self.ledger.summary(),
-            "subscription_delay": distribution(delay.values()),
+            "subscription_delay": delay_distribution(delay.values()),
             "notification_delay": self.ledger.delay_summary(),
             "matching_delay": {
                 "mean_per_operation": match_seconds / core["matching"] if core["matching"] else 0.0,

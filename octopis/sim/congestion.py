@@ -9,10 +9,11 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
-from collections.abc import Iterable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from octopis.core import LinkStatusTable, LinkView, NoCongestion
 from octopis.topology import ICOL, Scot
@@ -47,24 +48,28 @@ class FreeLinks:
         return now, 0
 
 
-class _FixedView:
-    def __init__(self, overloaded: set[str], loads: Mapping[str, tuple[float, int]]) -> None:
-        self._overloaded = overloaded
+class _PatternView:
+    __slots__ = ("_busy", "_loads")
+
+    def __init__(self, busy: Callable[[str], bool], loads: Mapping[str, tuple[float, int]]) -> None:
+        self._busy = busy
         self._loads = loads
 
     def overloaded(self, link: str) -> bool:
-        return link in self._overloaded
+        return self._busy(link)
 
     def load(self, link: str) -> tuple[float, int]:
         return self._loads.get(link, (1.0, 0))
 
 
 class InjectedCongestion(FreeLinks):
-    """A fixed pattern of overloaded directed links, with seeded loads (CE, queue length).
+    """A seeded pattern of overloaded directed links; no real queueing.
 
-    ``overloaded`` lists directed links ``(src, dst)``; :meth:`random_icols` draws a
-    fraction of all directed iCOLs. Loads are random so "least loaded" choices vary, except
-    where ``fixed_loads`` sets them.
+    ``overloaded`` lists directed links ``(src, dst)`` overloaded all the time;
+    ``schedule`` maps directed links to ``[(from, until), ...]`` windows of simulated time.
+    :meth:`random_icols` draws a fraction of all directed iCOLs and :meth:`from_schedule`
+    reads a schedule file. Loads (CE, queue length) are random, overloaded ones above 1
+    and Q, so "least loaded" choices vary, except where ``fixed_loads`` sets them.
     """
 
     def __init__(
@@ -74,23 +79,24 @@ class InjectedCongestion(FreeLinks):
         seed: int = 0,
         queue_threshold: int = 10,
         fixed_loads: Mapping[Link, tuple[float, int]] | None = None,
+        schedule: Mapping[Link, list[tuple[float, float]]] | None = None,
     ) -> None:
         rng = random.Random(seed)
         fixed_loads = fixed_loads or {}
         self.overloaded_links = set(overloaded)
-        self._views: dict[str, _FixedView] = {}
+        self.schedule = {link: list(windows) for link, windows in (schedule or {}).items()}
+        self._views: dict[str, _PatternView] = {}
+        self._now = 0.0
         for broker in scot.brokers.values():
             loads: dict[str, tuple[float, int]] = {}
-            busy: set[str] = set()
             for n in broker.neighbours:
                 link = (broker.id, n.id)
-                if link in self.overloaded_links:
-                    busy.add(n.id)
+                if link in self.overloaded_links or link in self.schedule:
                     drawn = (rng.uniform(1.0, 4.0), rng.randint(queue_threshold, 50))
                 else:
                     drawn = (rng.uniform(0.2, 1.0), rng.randint(0, queue_threshold - 1))
                 loads[n.id] = fixed_loads.get(link, drawn)
-            self._views[broker.id] = _FixedView(busy, loads)
+            self._views[broker.id] = _PatternView(self._busy_check(broker.id), loads)
 
     @classmethod
     def random_icols(cls, scot: Scot, fraction: float, seed: int = 0) -> InjectedCongestion:
@@ -103,9 +109,41 @@ class InjectedCongestion(FreeLinks):
         )
         return cls(rng.sample(icols, round(fraction * len(icols))), scot, seed)
 
+    @classmethod
+    def from_schedule(cls, entries: Any, scot: Scot, seed: int = 0) -> InjectedCongestion:
+        """A schedule ``[{"link": "src>dst", "from": t0, "until": t1}, ...]`` (``until``
+        optional: overloaded to the end); every link must be a link of ``scot``."""
+        if not isinstance(entries, list):
+            raise ValueError("an overload schedule is a list of {link, from, until} objects")
+        schedule: dict[Link, list[tuple[float, float]]] = {}
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("link"), str):
+                raise ValueError(f"schedule entry {i}: needs a 'link' like \"b:2>b:0\"")
+            src, _, dst = entry["link"].partition(">")
+            if src not in scot.brokers or dst not in scot.graph[src]:
+                raise ValueError(
+                    f"schedule entry {i}: {entry['link']!r} is not a link of {scot.name}"
+                )
+            start, until = entry.get("from", 0.0), entry.get("until", math.inf)
+            if not all(isinstance(t, (int, float)) for t in (start, until)) or until <= start:
+                raise ValueError(f"schedule entry {i}: needs numbers with from < until")
+            schedule.setdefault((src, dst), []).append((float(start), float(until)))
+        return cls((), scot, seed, schedule=schedule)
+
     def view(self, broker: str, now: float) -> LinkView:
-        """The fixed pattern as ``broker`` sees it."""
+        """The pattern as ``broker`` sees it at ``now``."""
+        self._now = now
         return self._views[broker]
+
+    def _busy_check(self, broker: str) -> Callable[[str], bool]:
+        def busy(link: str) -> bool:
+            key = (broker, link)
+            if key in self.overloaded_links:
+                return True
+            windows = self.schedule.get(key)
+            return bool(windows) and any(a <= self._now < b for a, b in windows)
+
+        return busy
 
 
 class TimedLinks:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from octopis.accounting import DeliveryLedger, distribution
+from octopis.accounting import DeliveryLedger, delay_distribution, distribution
 from octopis.core import (
     Action,
     BrokerCore,
@@ -176,7 +176,7 @@ class Simulator:
             "notification_messages": self.messages["notification"],
             "matching_operations": stats["matching"],
             **self.ledger.summary(),
-            "subscription_delay": distribution(self.subscription_delay.values()),
+            "subscription_delay": delay_distribution(self.subscription_delay.values()),
             "notification_delay": self.ledger.delay_summary(),
             "sim_time": self.now,
             "wall_time": self._wall,
