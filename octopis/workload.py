@@ -213,13 +213,16 @@ def generate_workload(
     selectivity: float = 0.02,
     start_window: float = 5.0,
     hrp: HighRatePublisher | None = None,
+    quotes_from: Path | None = None,
 ) -> Workload:
     """A small stock-quote workload without Spark, placed uniformly at random on ``scot``.
 
     Publisher p publishes ``notifications`` synthetic quotes at ``rate_per_minute``,
     starting within the first ``start_window`` seconds (paper §7.3); each subscriber holds
     one subscription of about ``selectivity`` over the publications. ``hrp`` adds the
-    burst scenario's high-rate publisher (§7.3, stability analysis).
+    burst scenario's high-rate publisher (§7.3, stability analysis). With ``quotes_from``
+    (a directory of PADRES quote files) the publications are real quotes: each publisher
+    is one symbol's feed in date order (:func:`real_quote_feeds`); otherwise synthetic.
     """
     from octopis.quotes import measure_selectivity, random_quotes, stock_subscriptions
 
@@ -234,9 +237,12 @@ def generate_workload(
         raise WorkloadError(f"rate must be positive, got {rate_per_minute}")
     rng = random.Random(seed)
     brokers = list(scot.brokers)
-    quotes = random_quotes(
-        max(1, publishers * notifications), seed=seed, symbols=max(1, publishers)
-    )
+    if quotes_from is None:
+        quotes = random_quotes(
+            max(1, publishers * notifications), seed=seed, symbols=max(1, publishers)
+        )
+    else:
+        quotes = real_quote_feeds(quotes_from, publishers, notifications, seed)
     audience = hrp.audience(subscribers) if hrp else 0
     filters = stock_subscriptions(
         quotes, subscribers - audience, seed=seed, selectivity=selectivity
@@ -265,7 +271,8 @@ def generate_workload(
         "notifications_per_publisher": notifications,
         "rate_per_minute": rate_per_minute,
         "selectivity": {"target": selectivity, **_spread(measured)},
-        "synthetic_quotes": True,
+        "synthetic_quotes": quotes_from is None,
+        "quotes": str(quotes_from) if quotes_from is not None else None,
     }
     if hrp is not None:
         extra_subs, extra_pubs = hrp.events(
@@ -345,7 +352,39 @@ class HighRatePublisher:
         return subs, pubs
 
 
+def real_quote_feeds(
+    directory: Path, publishers: int, notifications: int, seed: int
+) -> list[Publication]:
+    """``publishers`` real symbols drawn with ``seed``, each one's first ``notifications``
+    quotes in date order, enriched to the paper's 10 attributes; publisher p's feed is
+    ``result[p * notifications:(p + 1) * notifications]``."""
+    from octopis.quotes import enrich, read_quote_file
+
+    try:
+        files = sorted(p for p in Path(directory).iterdir() if p.is_file())
+    except OSError as exc:
+        raise WorkloadError(f"cannot read quote directory {directory}: {exc.strerror}") from None
+    if len(files) < publishers:
+        raise WorkloadError(
+            f"{directory} holds {len(files)} quote files; {publishers} publishers need one each"
+        )
+    feeds: list[Publication] = []
+    for path in random.Random(seed).sample(files, publishers):
+        try:
+            series = list(read_quote_file(path))
+        except FilterError as exc:
+            raise WorkloadError(str(exc)) from None
+        series.reverse()  # the files run newest first
+        if len(series) < notifications:
+            raise WorkloadError(
+                f"{path.name} has {len(series)} quotes; {notifications} notifications asked"
+            )
+        feeds += [enrich(q) for q in series[:notifications]]
+    return feeds
+
+
 def _spread(values: list[float]) -> dict[str, float]:
+
     if not values:
         return {"mean": 0.0, "std": 0.0}
     mean = sum(values) / len(values)

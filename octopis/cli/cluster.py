@@ -12,7 +12,7 @@ from typing import Any
 
 from octopis.cli.errors import UsageError
 from octopis.cli.report import print_report, write_deliveries
-from octopis.cli.sim import add_hrp_options, add_topology_options, workload_from_args
+from octopis.cli.sim import add_topology_options, add_workload_options, workload_from_args
 from octopis.cluster.launcher import STATE_FILE, LocalCluster, prepare_topology, stop_pids
 from octopis.core import MODES
 from octopis.topology import load_topology
@@ -34,24 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_topology_options(run)
     run.add_argument("--mode", required=True, choices=MODES, help="routing algorithm")
-    source = run.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workload", type=Path, metavar="DIR", help="workload directory")
-    source.add_argument(
-        "--subscribers", type=int, metavar="N", help="generate a stock workload with N subscribers"
-    )
-    run.add_argument("--publishers", type=int, metavar="M", help="generated publishers")
-    run.add_argument(
-        "--notifications", type=int, metavar="K", help="generated notifications per publisher"
-    )
-    run.add_argument(
-        "--rate",
-        type=float,
-        default=60.0,
-        metavar="NPM",
-        help="generated notifications per minute per publisher (default 60)",
-    )
-    run.add_argument("--seed", type=int, default=0, help="seed of a generated workload")
-    add_hrp_options(run)
+    add_workload_options(run)
     run.add_argument(
         "--time-scale",
         type=float,

@@ -26,26 +26,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_topology_options(p)
     p.add_argument("--mode", required=True, choices=MODES, help="routing algorithm")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workload", type=Path, metavar="DIR", help="workload directory")
-    source.add_argument(
-        "--subscribers",
-        type=int,
-        metavar="N",
-        help="generate a stock workload with N subscribers (no Spark)",
-    )
-    p.add_argument("--publishers", type=int, metavar="M", help="generated publishers")
-    p.add_argument(
-        "--notifications", type=int, metavar="K", help="generated notifications per publisher"
-    )
-    p.add_argument(
-        "--rate",
-        type=float,
-        default=60.0,
-        metavar="NPM",
-        help="generated notifications per minute per publisher (default 60)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed for workload and latencies")
+    add_workload_options(p)
     p.add_argument(
         "--latency",
         type=float,
@@ -60,7 +41,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="mean exponential latency jitter (default 0.001)",
     )
-    add_hrp_options(p)
     add_congestion_options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
@@ -70,6 +50,80 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="write one JSON line per delivery (subscriber, publisher, seq)",
     )
     p.set_defaults(func=cmd_sim)
+
+
+def add_topology_options(p: argparse.ArgumentParser) -> None:
+    """``--topology FILE`` or ``--preset NAME``."""
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument(
+        "--topology", type=Path, metavar="FILE", help="topology JSON from `octopis-topology build`"
+    )
+    group.add_argument("--preset", choices=preset_names(), help="a shipped topology")
+
+
+def add_workload_options(p: argparse.ArgumentParser) -> None:
+    """``--workload DIR``, or the options of a generated stock workload (no Spark)."""
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workload", type=Path, metavar="DIR", help="workload directory")
+    source.add_argument(
+        "--subscribers",
+        type=int,
+        metavar="N",
+        help="generate a stock workload with N subscribers (no Spark)",
+    )
+    gen = p.add_argument_group("generated workload", "used with --subscribers")
+    gen.add_argument("--publishers", type=int, metavar="M", help="publishers")
+    gen.add_argument("--notifications", type=int, metavar="K", help="notifications per publisher")
+    gen.add_argument(
+        "--rate",
+        type=float,
+        default=60.0,
+        metavar="NPM",
+        help="notifications per minute per publisher (default 60)",
+    )
+    gen.add_argument(
+        "--quotes",
+        type=Path,
+        metavar="DIR",
+        help="real quotes: each publisher replays one symbol's PADRES quote "
+        "file from DIR (e.g. ../shared/data/stockquotes); default synthetic",
+    )
+    gen.add_argument("--seed", type=int, default=0, help="seed (workload, placement, latency)")
+    hrp = p.add_argument_group(
+        "high-rate publisher", "burst scenario of paper §7.3 (generated workloads only)"
+    )
+    hrp.add_argument(
+        "--hrp-notifications",
+        type=int,
+        metavar="N",
+        help="add a high-rate publisher HRP publishing N notifications",
+    )
+    hrp.add_argument(
+        "--hrp-rate",
+        type=float,
+        default=6000.0,
+        metavar="NPM",
+        help="HRP notifications per minute (default 6000)",
+    )
+    hrp.add_argument(
+        "--hrp-interest",
+        type=float,
+        default=0.002,
+        metavar="F",
+        help="fraction of subscribers following the HRP (default 0.002)",
+    )
+    hrp.add_argument(
+        "--hrp-start",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="when the HRP starts (default 5)",
+    )
+    hrp.add_argument(
+        "--same-cluster-ok",
+        action="store_true",
+        help="place HRP followers anywhere (default: in other clusters)",
+    )
 
 
 def add_congestion_options(p: argparse.ArgumentParser) -> None:
@@ -109,54 +163,6 @@ def add_congestion_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_hrp_options(p: argparse.ArgumentParser) -> None:
-    """Options adding the burst scenario's high-rate publisher to a generated workload."""
-    hrp = p.add_argument_group(
-        "high-rate publisher", "burst scenario of paper §7.3 (generated workloads only)"
-    )
-    hrp.add_argument(
-        "--hrp-notifications",
-        type=int,
-        metavar="N",
-        help="add a high-rate publisher HRP publishing N notifications",
-    )
-    hrp.add_argument(
-        "--hrp-rate",
-        type=float,
-        default=6000.0,
-        metavar="NPM",
-        help="HRP notifications per minute (default 6000)",
-    )
-    hrp.add_argument(
-        "--hrp-interest",
-        type=float,
-        default=0.002,
-        metavar="F",
-        help="fraction of subscribers following the HRP (default 0.002)",
-    )
-    hrp.add_argument(
-        "--hrp-start",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="when the HRP starts (default 5)",
-    )
-    hrp.add_argument(
-        "--same-cluster-ok",
-        action="store_true",
-        help="place HRP followers anywhere (default: in other clusters)",
-    )
-
-
-def add_topology_options(p: argparse.ArgumentParser) -> None:
-    """``--topology FILE`` or ``--preset NAME``."""
-    group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument(
-        "--topology", type=Path, metavar="FILE", help="topology JSON from `octopis-topology build`"
-    )
-    group.add_argument("--preset", choices=preset_names(), help="a shipped topology")
-
-
 def load_scot(args: argparse.Namespace) -> Scot:
     """The topology named by ``--topology`` or ``--preset``."""
     return load_topology(args.topology) if args.topology else build_preset(args.preset)
@@ -165,7 +171,7 @@ def load_scot(args: argparse.Namespace) -> Scot:
 def workload_from_args(args: argparse.Namespace, scot: Scot) -> Workload:
     """Read ``--workload`` or generate one from ``--subscribers/--publishers/...``."""
     if args.workload is not None:
-        for name in ("publishers", "notifications", "hrp_notifications"):
+        for name in ("publishers", "notifications", "hrp_notifications", "quotes"):
             if getattr(args, name) is not None:
                 raise UsageError(
                     f"--{name.replace('_', '-')} only applies to a generated "
@@ -194,7 +200,9 @@ def workload_from_args(args: argparse.Namespace, scot: Scot) -> Workload:
             seed=args.seed,
             rate_per_minute=args.rate,
             hrp=hrp,
+            quotes_from=args.quotes,
         )
+
     workload.check_topology(scot)
     return workload
 
