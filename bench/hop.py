@@ -49,6 +49,7 @@ def relay_main(pull_endpoint: str, push_endpoint: str) -> None:
         while True:
             try:
                 frames = inbound.recv_multipart(zmq.NOBLOCK)
+
             except zmq.Again:
                 await pull.poll(None, zmq.POLLIN)
                 continue
@@ -143,7 +144,7 @@ class HopBench:
         down.setsockopt(zmq.RCVTIMEO, 500)
         try:
             while True:  # warm up: until one notification makes it through
-                up.send(self.probe)
+                up.send_multipart(self.probe)
                 try:
                     down.recv()
                     break
@@ -153,7 +154,7 @@ class HopBench:
                 while True:
                     down.recv()
             down.setsockopt(zmq.RCVTIMEO, 30_000)
-            sender = threading.Thread(target=lambda: [up.send(f) for f in self.frames])
+            sender = threading.Thread(target=lambda: [up.send_multipart(f) for f in self.frames])
             started = time.perf_counter()
             sender.start()
             for _ in range(expected):
@@ -169,10 +170,10 @@ class HopBench:
         via = ctx.socket(zmq.PUSH)
         via.connect(self.endpoint(BROKER))
         for neighbour in (UPSTREAM, DOWNSTREAM, "b:1", "b:2"):
-            await via.send(encode_peer(neighbour, Hello()))
+            await via.send_multipart(encode_peer(neighbour, Hello()))
         cbv = frozenbitarray("100")
         for i, f in enumerate(self.filters):
-            await via.send(
+            await via.send_multipart(
                 encode_peer(
                     DOWNSTREAM, Subscribe(f"s#{i}", DOWNSTREAM, f, SubState.PRIMARY, cbv, 0.0, 1)
                 )

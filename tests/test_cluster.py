@@ -265,9 +265,12 @@ def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
         peer = zmq.asyncio.Context.instance().socket(zmq.PUSH)
         peer.connect(target.endpoint)
         await peer.send(b"garbage")
-        await peer.send(msgpack.packb([9, "b:1"]))
-        await peer.send(encode_peer("f:0", Notification("P", 1, 0.0, {"a": 1})))
-        await peer.send(msgpack.packb([3, "b:1", "P", "one", 0.0, {"a": 1}, None, None]))
+        await peer.send_multipart([b"b:1", msgpack.packb([9])])
+        await peer.send_multipart(encode_peer("f:0", Notification("P", 1, 0.0, {"a": 1})))
+        await peer.send_multipart(
+            [b"b:1", msgpack.packb([3, "P", "one", 0.0, {"a": 1}, None, None])]
+        )
+
         await asyncio.sleep(0.5)
         peer.close(linger=0)
 

@@ -43,7 +43,7 @@ from octopis.filters import FilterError, as_subscription, parse_publication, val
 from octopis.matching import Matcher
 from octopis.topology import Scot
 from octopis.transport.settings import BrokerSettings
-from octopis.transport.wire import Hello, WireError, decode_peer, encode_peer
+from octopis.transport.wire import Hello, WireError, decode_peer, encode_body, encode_peer
 
 log = logging.getLogger("octopis.broker")
 
@@ -106,14 +106,14 @@ class OutputLink:
         self.socket.setsockopt(zmq.LINGER, 1000)
         self.socket.connect(endpoint)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[list[bytes]] = deque()
         self.capacity = capacity
         self.sent = 0
         self._lst = lst
         self._wake = asyncio.Event()
         self._activity = activity
 
-    def put(self, frame: bytes, now: float) -> None:
+    def put(self, frame: list[bytes], now: float) -> None:
         """Enqueue one frame (counted as n_in)."""
         self.queue.append(frame)
         self._lst.enqueued(self.name, now)
@@ -136,7 +136,7 @@ class OutputLink:
                 if now < next_slot:
                     await asyncio.sleep(next_slot - now)
             try:
-                self._sync.send(self.queue[0], zmq.NOBLOCK)
+                self._sync.send_multipart(self.queue[0], zmq.NOBLOCK)
             except zmq.Again:
                 await self.socket.poll(None, zmq.POLLOUT)
                 continue
@@ -164,6 +164,8 @@ class Broker:
         self.clock = MatchClock()
         self.core = make_broker(scot, broker_id, mode, lambda: TimedMatcher(self.clock))
         self.counters: Counter[str] = Counter()
+        self.received: Counter[type] = Counter()
+        self._sender = broker_id.encode()
         self.subscription_delay: dict[str, float] = {}
         self.inbound_up: set[str] = set()
         self._neighbours = {n.id for n in self.info.neighbours}
@@ -253,7 +255,7 @@ class Broker:
         handled = 0
         while True:
             try:
-                frame = sync.recv(zmq.NOBLOCK)
+                frame = sync.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 handled = 0
                 await self.peer_in.poll(None, zmq.POLLIN)
@@ -264,23 +266,24 @@ class Broker:
                 handled = 0
                 await asyncio.sleep(0)
 
-    def _on_peer_frame(self, frame: bytes) -> None:
+    def _on_peer_frame(self, frame: list[bytes]) -> None:
         try:
             sender, message = decode_peer(frame)
-            if isinstance(message, Hello):
+            kind = type(message)
+            if kind is Hello:
                 if sender not in self._neighbours:
                     raise ProtocolError(f"handshake from {sender}, which is not a neighbour")
                 self.inbound_up.add(sender)
                 return
-            self.counters[f"received.{type(message).__name__.lower()}"] += 1
-            if isinstance(message, Subscribe):
+            self.received[kind] += 1
+            if kind is Subscribe:
                 stored = len(self.core.table)
                 actions = self.core.receive(sender, message, self.lst)
                 if len(self.core.table) > stored:
                     self.subscription_delay[message.sub_id] = time.time() - message.issued_at
             else:
                 actions = self.core.receive(sender, message, self.lst)
-            self._execute(actions)
+            self._execute(actions, message, frame[1])
         except WireError as exc:
             self.counters["wire_errors"] += 1
             log.warning("%s dropped a malformed peer frame: %s", self.id, exc)
@@ -291,9 +294,13 @@ class Broker:
             self.counters["internal_errors"] += 1
             log.exception("%s failed on a peer frame", self.id)
 
-    def _execute(self, actions: list) -> None:
+    def _execute(self, actions: list, received: object = None, body: bytes = b"") -> None:
+        """Carry out the core's actions. A forwarded message that is the ``received`` one
+        goes out with the ``body`` it arrived in; others are encoded once each."""
         now = asyncio.get_running_loop().time()
-        frames: dict[int, bytes] = {}
+        frames: dict[int, list[bytes]] = {}
+        if received is not None:
+            frames[id(received)] = [self._sender, body]
         deliveries: dict[bytes, list[str]] = {}
         notification = None
         for action in actions:
@@ -301,7 +308,7 @@ class Broker:
                 message = action.message
                 frame = frames.get(id(message))
                 if frame is None:
-                    frame = frames[id(message)] = encode_peer(self.id, message)
+                    frame = frames[id(message)] = [self._sender, encode_body(message)]
                 self.links[action.link].put(frame, now)
             elif type(action) is Deliver:
                 identity, name = self._clients[action.subscriber]
@@ -503,6 +510,7 @@ class Broker:
             "uptime": time.time() - self.started,
             "routing_table_size": len(self.core.table),
             "counters": dict(self.counters),
+            "received": {kind.__name__.lower(): n for kind, n in self.received.items()},
             "core": core,
             "lst": self.lst.snapshot(),
             "queue_lengths": {name: len(link.queue) for name, link in self.links.items()},

@@ -1,9 +1,12 @@
-"""Wire encoding of peer-link frames: one msgpack array per message (DESIGN §4).
+"""Wire encoding of peer-link frames (DESIGN §4).
 
-``[kind, sender, ...fields]`` with kinds HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY. Filters
-travel as PADRES text, publications as msgpack maps, the CBV as ``[bytes, nbits]``.
-:func:`decode_peer` validates everything it reads and raises :class:`WireError` with a
-message naming the problem; a broker drops such a frame and keeps serving.
+A frame is two ZeroMQ message parts: the sender's broker id (UTF-8) and a body, one
+msgpack array ``[kind, ...fields]`` with kinds HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY.
+Filters travel as PADRES text, publications as msgpack maps, the CBV as
+``[bytes, nbits]``. Keeping the sender out of the body lets a broker forward an unchanged
+notification with the very bytes it received. :func:`decode_peer` validates everything
+it reads and raises :class:`WireError` naming the problem; a broker drops such a frame
+and keeps serving.
 """
 
 from __future__ import annotations
@@ -32,14 +35,18 @@ class Hello:
 HELLO_MESSAGE = Hello()
 
 
-def encode_peer(sender: str, message: Message | Hello) -> bytes:
-    """One frame for ``message`` sent by broker ``sender``."""
+def encode_peer(sender: str, message: Message | Hello) -> list[bytes]:
+    """The two parts of a frame carrying ``message`` from broker ``sender``."""
+    return [sender.encode(), encode_body(message)]
+
+
+def encode_body(message: Message | Hello) -> bytes:
+    """The body part of a frame for ``message``."""
     if isinstance(message, Notification):
         dests = None if message.destinations is None else [list(d) for d in message.destinations]
         return msgpack.packb(
             [
                 NOTIFY,
-                sender,
                 message.publisher,
                 message.seq,
                 message.published_at,
@@ -52,7 +59,6 @@ def encode_peer(sender: str, message: Message | Hello) -> bytes:
         return msgpack.packb(
             [
                 SUBSCRIBE,
-                sender,
                 message.sub_id,
                 message.host,
                 message.subscription.to_text(),
@@ -63,29 +69,35 @@ def encode_peer(sender: str, message: Message | Hello) -> bytes:
             ]
         )
     if isinstance(message, Unsubscribe):
-        return msgpack.packb([UNSUBSCRIBE, sender, message.sub_id, int(message.state)])
+        return msgpack.packb([UNSUBSCRIBE, message.sub_id, int(message.state)])
     if isinstance(message, Hello):
-        return msgpack.packb([HELLO, sender])
+        return msgpack.packb([HELLO])
     raise TypeError(f"cannot encode {type(message).__name__}")
 
 
-def decode_peer(frame: bytes) -> tuple[str, Message | Hello]:
+def decode_peer(parts: list[bytes]) -> tuple[str, Message | Hello]:
     """``(sender, message)`` of one frame; :class:`WireError` if it is malformed."""
+    if len(parts) != 2:
+        raise WireError(f"frame has {len(parts)} parts, expected [sender, body]")
     try:
-        data = msgpack.unpackb(frame, use_list=True, strict_map_key=True)
+        sender = parts[0].decode()
+    except UnicodeDecodeError:
+        raise WireError("sender part is not UTF-8") from None
+    try:
+        data = msgpack.unpackb(parts[1], use_list=True, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"frame is not msgpack: {exc}") from None
-    if not isinstance(data, list) or len(data) < 2 or not isinstance(data[1], str):
-        raise WireError("frame is not [kind, sender, ...]")
-    kind, sender = data[0], data[1]
+        raise WireError(f"frame from {sender!r} is not msgpack: {exc}") from None
+    if not isinstance(data, list) or not data:
+        raise WireError(f"frame from {sender!r} is not [kind, ...]")
+    kind = data[0]
     try:
         if kind == NOTIFY:
             return sender, _notification(data)
         if kind == SUBSCRIBE:
             return sender, _subscribe(data)
         if kind == UNSUBSCRIBE:
-            _expect(data, 4, "UNSUBSCRIBE")
-            return sender, Unsubscribe(_str(data[2], "sub_id"), _state(data[3]))
+            _expect(data, 3, "UNSUBSCRIBE")
+            return sender, Unsubscribe(_str(data[1], "sub_id"), _state(data[2]))
         if kind == HELLO:
             return sender, HELLO_MESSAGE
     except FilterError as exc:
@@ -94,8 +106,8 @@ def decode_peer(frame: bytes) -> tuple[str, Message | Hello]:
 
 
 def _notification(data: list) -> Notification:
-    _expect(data, 8, "NOTIFY")
-    _, _, publisher, seq, published_at, publication, cbv, dests = data
+    _expect(data, 7, "NOTIFY")
+    _, publisher, seq, published_at, publication, cbv, dests = data
     if dests is not None:
         if not isinstance(dests, list) or not all(
             isinstance(d, list) and len(d) == 2 and all(isinstance(x, str) for x in d)
@@ -114,8 +126,8 @@ def _notification(data: list) -> Notification:
 
 
 def _subscribe(data: list) -> Subscribe:
-    _expect(data, 9, "SUBSCRIBE")
-    _, _, sub_id, host, text, state, cbv, issued_at, hops = data
+    _expect(data, 8, "SUBSCRIBE")
+    _, sub_id, host, text, state, cbv, issued_at, hops = data
     return Subscribe(
         _str(sub_id, "sub_id"),
         _str(host, "host"),
