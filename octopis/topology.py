@@ -142,8 +142,13 @@ class Scot:
                     "client_endpoint": b.client_endpoint,
                     "control_endpoint": b.control_endpoint,
                     "neighbours": [
-                        {"id": n.id, "link": n.link, "role": n.role, "type": n.type,
-                         "cluster": n.cluster}
+                        {
+                            "id": n.id,
+                            "link": n.link,
+                            "role": n.role,
+                            "type": n.type,
+                            "cluster": n.cluster,
+                        }
                         for n in b.neighbours
                     ],
                 }
