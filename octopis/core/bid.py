@@ -29,8 +29,8 @@ from octopis.core.messages import (
 from octopis.core.table import MatcherFactory, RoutingEntry, RoutingTable
 from octopis.filters import Subscription
 
-ALL = "all"
 LOCAL = "local"
+REMOTE = "remote"
 
 
 class BidBroker:
@@ -43,7 +43,10 @@ class BidBroker:
         self.links = tuple(neighbours)
         self._neighbours = frozenset(neighbours)
         self.table = RoutingTable(
-            (ALL, LOCAL), matcher_factory, lambda e: (ALL, LOCAL) if e.local else (ALL,)
+            (LOCAL, REMOTE),
+            matcher_factory,
+            part_of=lambda e: LOCAL if e.local else REMOTE,
+            value_of=lambda e: e.last_hop if e.local else e.host,
         )
         self.stats: Counter[str] = Counter()
         self._next_sub = 0
@@ -127,17 +130,14 @@ class BidBroker:
         subscribers: set[str] = set()
         if src is None:
             self.stats["matching"] += 1
-            destinations: dict[str, str] = {}
-            for entry in self.table.match(ALL, n.publication):
-                if entry.local:
-                    subscribers.add(entry.last_hop)
-                else:
-                    destinations.setdefault(entry.host, entry.sub_id)
+            subscribers = self.table.values(LOCAL, n.publication)
+            destinations = self.table.by_value(REMOTE, n.publication)
         else:
             destinations = dict(n.destinations or ())
             if destinations.pop(self.id, None) is not None:
                 self.stats["matching"] += 1
-                subscribers = {e.last_hop for e in self.table.match(LOCAL, n.publication)}
+                subscribers = self.table.values(LOCAL, n.publication)
+
         by_hop: dict[str, list[tuple[str, str]]] = {}
         for broker, sub_id in destinations.items():
             entry = self.table.entries.get(sub_id)

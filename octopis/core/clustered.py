@@ -29,8 +29,9 @@ from octopis.core.table import MatcherFactory, RoutingEntry, RoutingTable
 from octopis.filters import Subscription
 from octopis.topology import ICOL, Broker
 
-OWN = "own"
-SECONDARY_PART = "secondary"
+LOCAL = "local"
+PRIMARY = "primary"
+SECONDARY = "secondary"
 
 
 class ClusteredBroker:
@@ -52,11 +53,7 @@ class ClusteredBroker:
         self.secondary = {n.cluster: n.id for n in broker.neighbours if n.link == ICOL}
         self.cluster_of = {n.id: n.cluster for n in broker.neighbours}
         self.links = self.primary + tuple(self.secondary.values())
-        self.table = RoutingTable(
-            (OWN, SECONDARY_PART),
-            matcher_factory,
-            lambda e: (OWN,) if e.cluster == self.cluster else (SECONDARY_PART,),
-        )
+        self.table = RoutingTable((LOCAL, PRIMARY, SECONDARY), matcher_factory, self._part_of)
         self.stats: Counter[str] = Counter()
         self._next_sub = 0
 
@@ -163,20 +160,20 @@ class ClusteredBroker:
     ) -> tuple[set[str], set[str], dict[int, str]]:
         """SNR's next destinations (§6.2): local subscribers, aCOLs, iCOLs by cluster.
 
-        Local subscribers and aCOLs are the distinct last hops of matching own-cluster
-        entries (minus ``src``); iCOLs only when ``src`` is None (a local publisher):
-        one link B(x, k) per cluster k with a matching secondary entry.
+        Local subscribers and aCOLs are the distinct last hops of matching local and
+        primary entries (minus ``src``); iCOLs only when ``src`` is None (a local
+        publisher): one link B(x, k) per cluster k with a matching secondary entry.
         """
         self.stats["matching"] += 1
-        subscribers: set[str] = set()
-        acols: set[str] = set()
-        for entry in self.table.match(OWN, n.publication):
-            (subscribers if entry.local else acols).add(entry.last_hop)
+        publication = n.publication
+        table = self.table
+        subscribers = table.values(LOCAL, publication) if table.size(LOCAL) else set()
+        acols = table.values(PRIMARY, publication)
         acols.discard(src)  # type: ignore[arg-type]
         icols: dict[int, str] = {}
         if src is None:
-            for entry in self.table.match(SECONDARY_PART, n.publication):
-                icols[entry.cluster] = entry.last_hop
+            cluster_of = self.cluster_of
+            icols = {cluster_of[link]: link for link in table.values(SECONDARY, publication)}
         return subscribers, acols, icols
 
     def route_static(self, n: Notification, src: str | None) -> list[Action]:
@@ -232,6 +229,11 @@ class ClusteredBroker:
         return out
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _part_of(self, entry: RoutingEntry) -> str:
+        if entry.local:
+            return LOCAL
+        return PRIMARY if entry.cluster == self.cluster else SECONDARY
 
     def _cbv(self, clusters: set[int]) -> frozenbitarray:
         bits = bitarray(self.clusters)
