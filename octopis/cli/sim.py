@@ -144,12 +144,19 @@ def add_congestion_options(p: argparse.ArgumentParser) -> None:
         help='JSON list of {"link": "src>dst", "from": t0, "until": t1} '
         "overload windows (dnr only)",
     )
-    pattern.add_argument(
+    congestion.add_argument(
         "--capacity",
         type=float,
         metavar="MSGS_PER_S",
-        help="timed links: every link sends at most this many messages/s "
-        "through a real output queue feeding the LST",
+        help="timed: every link sends at most this many messages/s through a real output "
+        "queue feeding the LST (limited bandwidth)",
+    )
+    congestion.add_argument(
+        "--broker-capacity",
+        type=float,
+        metavar="MSGS_PER_S",
+        help="timed: every broker sends at most this many messages/s over all its links "
+        "together (an overwhelmed broker)",
     )
     congestion.add_argument(
         "--window", type=float, default=0.05, metavar="SECONDS", help="LST window Δt (default 0.05)"
@@ -213,6 +220,9 @@ def link_model(args: argparse.Namespace, scot: Scot) -> LinkModel | None:
         raise UsageError("--window must be > 0 and --queue-threshold ≥ 1")
     if (args.overload is not None or args.overload_schedule) and args.mode != "dnr":
         raise UsageError("--overload and --overload-schedule only affect --mode dnr")
+    timed = args.capacity is not None or args.broker_capacity is not None
+    if timed and (args.overload is not None or args.overload_schedule):
+        raise UsageError("choose injected (--overload*) or timed (--*capacity) congestion")
     if args.overload is not None:
         if not 0 <= args.overload <= 1:
             raise UsageError(f"--overload must be within 0..1, got {args.overload}")
@@ -225,12 +235,18 @@ def link_model(args: argparse.Namespace, scot: Scot) -> LinkModel | None:
             raise UsageError(f"cannot read {args.overload_schedule}: {exc.strerror}") from None
         except (json.JSONDecodeError, ValueError) as exc:
             raise UsageError(f"{args.overload_schedule}: {exc}") from None
-    if args.capacity is not None:
-        if args.capacity <= 0:
-            raise UsageError(f"--capacity must be positive, got {args.capacity}")
-        capacity = {(u, v): args.capacity for u, v in scot.graph.edges}
-        capacity |= {(v, u): args.capacity for u, v in scot.graph.edges}
-        return TimedLinks(scot, capacity, args.window, args.queue_threshold)
+    if timed:
+        for name in ("capacity", "broker_capacity"):
+            value = getattr(args, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        return TimedLinks.uniform(
+            scot,
+            args.capacity,
+            args.broker_capacity,
+            window=args.window,
+            queue_threshold=args.queue_threshold,
+        )
     return None
 
 

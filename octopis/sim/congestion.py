@@ -147,11 +147,15 @@ class InjectedCongestion(FreeLinks):
 
 
 class TimedLinks:
-    """Links with capacities and real output queues feeding each broker's LST.
+    """Real output queues with limited capacity, feeding each broker's LST (paper §6.3).
 
-    A copy enqueued at ``now`` on a link of capacity c leaves at
-    ``max(now, link free) + 1/c``; it counts in the queue until then. Links without a
-    capacity send at once (but still count n_in/n_out in the LST).
+    Two limits, alone or together, reproduce the paper's two causes of queueing: a
+    *link* capacity (messages/s on one directed link: limited bandwidth) and a *broker*
+    capacity (messages/s a broker can send over all its links together: an overwhelmed
+    broker). A copy enqueued at ``now`` first waits for its broker's sender
+    (``1/broker rate`` each), then for its link (``1/link rate`` each); it counts in its
+    link's output queue until it leaves. Without limits copies leave at once, but still
+    count as n_in/n_out in the LST.
     """
 
     measures_queues = True
@@ -159,20 +163,40 @@ class TimedLinks:
     def __init__(
         self,
         scot: Scot,
-        capacity: Mapping[Link, float],
+        capacity: Mapping[Link, float] | None = None,
         window: float = 0.05,
         queue_threshold: int = 10,
+        broker_capacity: Mapping[str, float] | None = None,
     ) -> None:
-        for link, rate in capacity.items():
+        self.capacity = dict(capacity or {})
+        self.broker_capacity = dict(broker_capacity or {})
+        for name, rate in (*self.capacity.items(), *self.broker_capacity.items()):
             if rate <= 0:
-                raise ValueError(f"capacity of {link[0]}->{link[1]} must be positive, got {rate}")
-        self.capacity = dict(capacity)
+                raise ValueError(f"capacity of {name} must be positive, got {rate}")
         self.lst = {
             b.id: LinkStatusTable([n.id for n in b.neighbours], window, queue_threshold)
             for b in scot.brokers.values()
         }
-        self._free_at: dict[Link, float] = {}
+        self._link_free: dict[Link, float] = {}
+        self._broker_free: dict[str, float] = {}
         self._pending: dict[str, dict[str, deque[float]]] = {b: {} for b in scot.brokers}
+
+    @classmethod
+    def uniform(
+        cls,
+        scot: Scot,
+        link_rate: float | None = None,
+        broker_rate: float | None = None,
+        **kwargs: Any,
+    ) -> TimedLinks:
+        """Every directed link at ``link_rate`` and every broker at ``broker_rate``."""
+        links = (
+            {}
+            if link_rate is None
+            else {link: link_rate for u, v in scot.graph.edges for link in ((u, v), (v, u))}
+        )
+        brokers = {} if broker_rate is None else dict.fromkeys(scot.brokers, broker_rate)
+        return cls(scot, links, broker_capacity=brokers, **kwargs)
 
     def view(self, broker: str, now: float) -> LinkView:
         """``broker``'s LST brought up to ``now``."""
@@ -185,12 +209,18 @@ class TimedLinks:
         lst = self.lst[src]
         ahead = lst.rows[dst].queue_length
         lst.enqueued(dst, now)
-        rate = self.capacity.get((src, dst))
-        if rate is None:
+        link_rate = self.capacity.get((src, dst))
+        broker_rate = self.broker_capacity.get(src)
+        if link_rate is None and broker_rate is None:
             lst.sent(dst, now)
             return now, ahead
-        departure = max(now, self._free_at.get((src, dst), 0.0)) + 1.0 / rate
-        self._free_at[(src, dst)] = departure
+        departure = now
+        if broker_rate is not None:
+            departure = max(departure, self._broker_free.get(src, 0.0)) + 1.0 / broker_rate
+            self._broker_free[src] = departure
+        if link_rate is not None:
+            departure = max(departure, self._link_free.get((src, dst), 0.0)) + 1.0 / link_rate
+            self._link_free[(src, dst)] = departure
         self._pending[src].setdefault(dst, deque()).append(departure)
         return departure, ahead
 
