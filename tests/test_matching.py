@@ -1,0 +1,328 @@
+"""The compiled matcher against the reference matcher, the API contract, and real quotes."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from itertools import islice
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+
+from octopis.filters import (
+    NUMERIC_OPERATORS,
+    STRING_OPERATORS,
+    Predicate,
+    Subscription,
+    parse_subscription,
+)
+from octopis.matching import Matcher, ReferenceMatcher
+from octopis.quotes import (
+    enrich,
+    measure_selectivity,
+    quotes_dir,
+    random_quotes,
+    read_quote_file,
+    stock_subscriptions,
+)
+
+# ---- property: compiled ≡ reference through churn ---------------------------------------
+
+ATTRS = ["a", "b", "c"]
+STRINGS = ["", "a", "ab", "abc", "b", "ba", "B", "é", "\ud800", "ab\x00"]
+NUMBERS = [-2, -1, 0, 1, 2, -0.0, 0.5, 1.0, 2.5, 1e-300, -1e300]
+# publication values: the constants, their neighbours, specials and unsupported types
+PUB_VALUES = [
+    *STRINGS,
+    "abd",
+    "zz",
+    *NUMBERS,
+    math.nextafter(0.5, 1),
+    math.nextafter(0.5, 0),
+    math.nextafter(2, 3),
+    math.nextafter(-1, -2),
+    math.nan,
+    math.inf,
+    -math.inf,
+    True,
+    None,
+    b"ab",
+]
+
+predicates = st.one_of(
+    st.builds(Predicate, st.sampled_from(ATTRS), st.sampled_from(NUMERIC_OPERATORS),
+              st.sampled_from(NUMBERS)),
+    st.builds(Predicate, st.sampled_from(ATTRS), st.sampled_from(STRING_OPERATORS),
+              st.sampled_from(STRINGS)),
+    st.builds(Predicate, st.sampled_from(ATTRS), st.just("isPresent"), st.none()),
+)  # fmt: skip
+subscriptions = st.lists(predicates, min_size=1, max_size=3).map(lambda ps: Subscription(tuple(ps)))
+
+
+@st.composite
+def publications(draw: st.DrawFn) -> dict:
+    """Each attribute (and one no subscription names) present with probability 3/4."""
+    return {
+        attr: draw(st.sampled_from(PUB_VALUES))
+        for attr in [*ATTRS, "zz"]
+        if draw(st.integers(0, 3))
+    }
+
+
+class Churn(RuleBasedStateMachine):
+    """Random add/remove/match/rebuild; both matchers must agree on every match."""
+
+    keys = Bundle("keys")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compiled = Matcher(pending_limit=2)
+        self.reference = ReferenceMatcher()
+        self.next_key = 0
+
+    @rule(target=keys, subscription=subscriptions, many=st.integers(1, 12))
+    def add(self, subscription: Subscription, many: int) -> int:
+        # several copies under different keys make the index worth building
+        key = self.next_key
+        for i in range(many):
+            self.compiled.add((key, i), subscription)
+            self.reference.add((key, i), subscription)
+        self.next_key += 1
+        return key
+
+    @rule(key=consumes(keys))
+    def remove(self, key: int) -> None:
+        i = 0
+        while (key, i) in self.reference:
+            self.compiled.remove((key, i))
+            self.reference.remove((key, i))
+            i += 1
+
+    @rule()
+    def rebuild(self) -> None:
+        self.compiled.rebuild()
+
+    @rule(pubs=st.lists(publications(), min_size=1, max_size=4))
+    def match(self, pubs: list[dict]) -> None:
+        got = self.compiled.match_many(pubs)
+        want = self.reference.match_many(pubs)
+        for g, w in zip(got, want, strict=True):
+            assert Counter(g) == Counter(w)
+            assert len(g) == len(set(g))
+
+    @invariant()
+    def same_size(self) -> None:
+        assert len(self.compiled) == len(self.reference)
+
+
+TestChurn = Churn.TestCase
+TestChurn.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_stock_workload_agrees_with_reference(seed: int) -> None:
+    quotes = random_quotes(600, seed=seed, symbols=12)
+    subs = stock_subscriptions(quotes[:300], 400, seed=seed)
+    compiled, reference = Matcher(), ReferenceMatcher()
+    for i, s in enumerate(subs):
+        compiled.add(i, s)
+        reference.add(i, s)
+    for quote in quotes[300:]:
+        assert sorted(compiled.match(quote)) == sorted(reference.match(quote))
+    for i in range(0, 400, 3):
+        compiled.remove(i)
+        reference.remove(i)
+    for quote in quotes[:300]:
+        assert sorted(compiled.match(quote)) == sorted(reference.match(quote))
+
+
+# ---- boundaries ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("matcher_type", [Matcher, ReferenceMatcher])
+def test_range_boundaries(matcher_type: type) -> None:
+    m = matcher_type()
+    for text in ["[x,<,1]", "[x,<=,1]", "[x,>,1]", "[x,>=,1]", "[x,=,1]", "[x,<>,1]",
+                 "[x,>,0],[x,<,2]", "[x,>=,1],[x,<=,1]", "[x,>,1],[x,<,1]"]:  # fmt: skip
+        m.add(text, parse_subscription(text))
+    m.rebuild() if isinstance(m, Matcher) else None
+
+    def hits(value: object) -> set[str]:
+        return set(m.match({"x": value}))
+
+    assert hits(1) == {"[x,<=,1]", "[x,>=,1]", "[x,=,1]", "[x,>,0],[x,<,2]", "[x,>=,1],[x,<=,1]"}
+    assert hits(1.0) == hits(1)
+    below = math.nextafter(1, 0)
+    assert hits(below) == {"[x,<,1]", "[x,<=,1]", "[x,<>,1]", "[x,>,0],[x,<,2]"}
+    above = math.nextafter(1, 2)
+    assert hits(above) == {"[x,>,1]", "[x,>=,1]", "[x,<>,1]", "[x,>,0],[x,<,2]"}
+    assert hits(math.inf) == {"[x,>,1]", "[x,>=,1]", "[x,<>,1]"}
+    assert hits(-math.inf) == {"[x,<,1]", "[x,<=,1]", "[x,<>,1]"}
+    assert hits(math.nan) == {"[x,<>,1]"}
+    assert hits("1") == set()
+    assert hits(True) == set()
+
+
+def test_contradictions_never_match() -> None:
+    m = Matcher()
+    m.add("empty", parse_subscription("[x,>,1],[x,<,1]"))
+    m.add("mixed", parse_subscription("[x,>,1],[x,eq,'a']"))
+    m.add("ok", parse_subscription("[x,>,1]"))
+    m.rebuild()
+    assert m.stats()["never"] == 2
+    assert m.match({"x": 2}) == ["ok"]
+    assert m.match({"x": "a"}) == []
+
+
+def test_prefix_postfix_index() -> None:
+    m, r = Matcher(), ReferenceMatcher()
+    texts = [
+        "[date,str-postfix,'-04']",
+        "[date,str-postfix,'Dec-04']",
+        "[date,str-prefix,'28-']",
+        "[date,str-prefix,'']",
+        "[date,str-postfix,'-04'],[close,>,60]",
+        "[date,eq,'28-Dec-04']",
+        "[date,str-contains,'Dec']",
+    ]
+    for t in texts:
+        m.add(t, parse_subscription(t))
+        r.add(t, parse_subscription(t))
+    m.rebuild()
+    assert m.stats()["postfix"] + m.stats()["prefix"] >= 4
+    for pub in [
+        {"date": "28-Dec-04", "close": 64.18},
+        {"date": "28-Dec-03", "close": 64.18},
+        {"date": "4", "close": 1},
+        {"date": "-04"},
+        {"date": 4},
+        {"close": 70},
+    ]:
+        assert sorted(m.match(pub)) == sorted(r.match(pub))
+    assert sorted(m.match({"date": "28-Dec-04", "close": 64.18})) == sorted(texts)
+
+
+# ---- API -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("matcher_type", [Matcher, ReferenceMatcher])
+def test_api_contract(matcher_type: type) -> None:
+    m = matcher_type()
+    s = parse_subscription("[symbol,eq,'MSFT'],[close,<,30]")
+    m.add("k1", s)
+    m.add(("tuple", 2), parse_subscription("[close,<,30]"))
+    with pytest.raises(KeyError):
+        m.add("k1", s)
+    with pytest.raises(TypeError):
+        m.add("k3", "[close,<,30]")
+    with pytest.raises(KeyError):
+        m.remove("nope")
+    assert len(m) == 2
+    assert "k1" in m and "k2" not in m
+    assert m["k1"] is s
+    pub = {"symbol": "MSFT", "close": 27}
+    assert sorted(m.match(pub), key=str) == sorted(["k1", ("tuple", 2)], key=str)
+    assert m.match_many([pub, {"symbol": "MSFT"}, {}]) == [m.match(pub), [], []]
+    assert sorted(m.match(tuple(pub.items()) and dict(pub)), key=str) == sorted(
+        m.match(pub), key=str
+    )
+    m.remove("k1")
+    assert len(m) == 1 and "k1" not in m
+    assert m.match(pub) == [("tuple", 2)]
+    m.add("k1", s)
+    assert len(m.match(pub)) == 2
+
+
+def test_compiled_accepts_any_mapping() -> None:
+    from types import MappingProxyType
+
+    m = Matcher()
+    m.add(1, parse_subscription("[a,=,1]"))
+    assert m.match(MappingProxyType({"a": 1})) == [1]
+    assert m.match_many([MappingProxyType({"a": 1}), {"a": 2}]) == [[1], []]
+
+
+def test_rebuild_is_amortised() -> None:
+    m = Matcher(pending_limit=8)
+    for i in range(1000):
+        m.add(i, parse_subscription(f"[x,>=,{i}]"))
+        assert m.match({"x": i}) == list(range(i + 1)) or sorted(m.match({"x": i})) == list(
+            range(i + 1)
+        )
+    stats = m.stats()
+    assert 5 < stats["rebuilds"] < 150
+    assert stats["pending"] <= 8 + 1000 // 32
+    for i in range(0, 1000, 2):
+        m.remove(i)
+    assert sorted(m.match({"x": 999})) == list(range(1, 1000, 2))
+    assert len(m) == 500
+
+
+def test_stock_subscriptions_are_well_indexed() -> None:
+    quotes = random_quotes(4000, seed=5)
+    subs = stock_subscriptions(quotes[:2000], 2000, seed=5)
+    m = Matcher()
+    for i, s in enumerate(subs):
+        m.add(i, s)
+    m.rebuild()
+    matches = sum(len(keys) for keys in m.match_many(quotes[2000:]))
+    stats = m.stats()
+    assert stats["presence"] == 0 and stats["never"] == 0
+    assert stats["equality"] > 500 and stats["interval"] > 800
+    # every candidate the index yields is checked; most of them match
+    assert stats["candidates"] < 2.5 * matches
+
+
+# ---- real quotes -----------------------------------------------------------------------
+
+HAND_CHECKED = {
+    # counted over the first 300 lines of AAPL and of MSFT (newest first: Dec 2004 back into
+    # 2003) with awk on the raw files, independently of octopis
+    "aapl": "[class,eq,'STOCK'],[symbol,eq,'AAPL']",
+    "aapl_over_40": "[class,eq,'STOCK'],[symbol,eq,'AAPL'],[close,>,40]",
+    "msft_band": "[symbol,eq,'MSFT'],[close,>=,26],[close,<=,27]",
+    "heavy": "[volume,>,60000000]",
+    "dec_04": "[date,str-postfix,'Dec-04']",
+    "day_29": "[date,str-prefix,'29-']",
+    "not_msft": "[symbol,neq,'MSFT'],[low,<,20]",
+    "wide_day": "[highLow%Diff,>=,0.05]",
+    "up_day": "[openClose%Diff,>,0.03],[symbol,str-lt,'B']",
+}
+EXPECTED = {
+    "aapl": 300,
+    "aapl_over_40": 53,
+    "msft_band": 65,
+    "heavy": 163,
+    "dec_04": 34,
+    "day_29": 20,
+    "not_msft": 8,
+    "wide_day": 31,
+    "up_day": 27,
+}
+
+
+def test_hand_checked_subscriptions_on_real_quotes() -> None:
+    directory = quotes_dir()
+    quotes = [
+        enrich(q)
+        for symbol in ("AAPL", "MSFT")
+        for q in islice(read_quote_file(directory / symbol), 300)
+    ]
+    assert len(quotes) == 600
+    compiled, reference = Matcher(), ReferenceMatcher()
+    for key, text in HAND_CHECKED.items():
+        compiled.add(key, parse_subscription(text))
+        reference.add(key, parse_subscription(text))
+    got = Counter(k for keys in compiled.match_many(quotes) for k in keys)
+    want = Counter(k for keys in reference.match_many(quotes) for k in keys)
+    assert got == want
+    assert {k: got[k] for k in HAND_CHECKED} == EXPECTED
+    assert sorted(compiled.match(quotes[0])) == sorted(["aapl", "aapl_over_40", "dec_04"])
+    assert measure_selectivity([parse_subscription(HAND_CHECKED["aapl"])], quotes) == [0.5]
