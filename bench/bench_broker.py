@@ -2,8 +2,9 @@
 measured side by side in the same run (issue 6 target: the broker reaches ≥ 50% of the
 relay's rate). See :mod:`bench.hop` for the set-up.
 
-Run with ``pytest bench/bench_broker.py --benchmark-only``; the rates and their ratio are
-in each benchmark's ``extra_info``.
+Run with ``pytest bench/bench_broker.py --benchmark-only``; each side pumps 60,000
+notifications three times and keeps its best rate (the machine is shared and noisy); the
+rates and their ratio are in each benchmark's ``extra_info``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 from bench.hop import HopBench
 
 SUBSCRIPTIONS = 10_000
-NOTIFICATIONS = 20_000
+NOTIFICATIONS = 60_000
+ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +32,10 @@ def rates() -> dict[str, float]:
 
 def test_relay(benchmark: pytest.FixtureRequest, hop: HopBench, rates: dict[str, float]) -> None:
     """Baseline: frames/s through a relay process that only pulls and pushes."""
-    benchmark.group = "broker hop (20,000 notifications)"
-    rates["relay"] = benchmark.pedantic(hop.run_relay, rounds=1, iterations=1)
+    benchmark.group = "broker hop (60,000 notifications, best of 3)"
+    runs = [hop.run_relay() for _ in range(ROUNDS - 1)]
+    runs.append(benchmark.pedantic(hop.run_relay, rounds=1, iterations=1))
+    rates["relay"] = max(runs)
     benchmark.extra_info["per_second"] = rates["relay"]
 
 
@@ -44,8 +48,10 @@ def test_broker(
     mode: str,
 ) -> None:
     """Notifications/s through one broker process with 10,000 subscriptions."""
-    benchmark.group = "broker hop (20,000 notifications)"
-    rate = benchmark.pedantic(hop.run_broker, args=(tmp_path, mode), rounds=1, iterations=1)
+    benchmark.group = "broker hop (60,000 notifications, best of 3)"
+    runs = [hop.run_broker(tmp_path, mode) for _ in range(ROUNDS - 1)]
+    runs.append(benchmark.pedantic(hop.run_broker, args=(tmp_path, mode), rounds=1, iterations=1))
+    rate = max(runs)
     benchmark.extra_info["per_second"] = rate
     if "relay" in rates:
         benchmark.extra_info["ratio_to_relay"] = rate / rates["relay"]

@@ -31,6 +31,7 @@ from octopis.cluster.launcher import find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.topology import build_preset
+from octopis.transport.settings import BrokerSettings
 from octopis.transport.wire import Hello, encode_peer
 
 BROKER, UPSTREAM, DOWNSTREAM = "b:0", "a:0", "c:0"
@@ -83,10 +84,14 @@ class HopBench:
     def endpoint(self, broker: str) -> str:
         return self.scot.brokers[broker].endpoint
 
-    def run_broker(self, tmp: Path, mode: str = "snr") -> float:
+    def run_broker(
+        self, tmp: Path, mode: str = "snr", settings: BrokerSettings | None = None
+    ) -> float:
         """Notifications per second through a real broker process."""
         path = tmp / "fig2.json"
         path.write_text(json.dumps(self.scot.to_json()))
+        config = tmp / "broker.toml"
+        config.write_text((settings or BrokerSettings()).to_toml())
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -98,6 +103,8 @@ class HopBench:
                 BROKER,
                 "--mode",
                 mode,
+                "--config",
+                str(config),
                 "--log-level",
                 "WARNING",
             ],

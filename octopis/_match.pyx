@@ -341,6 +341,10 @@ cdef class Matcher:
     cdef int* pending
     cdef int n_pending, n_indexed, n_dead
     cdef int* out
+    # optional group of each subscription (-1: none) and the scratch marks of match_groups
+    cdef int* grp
+    cdef char* seen
+    cdef int seen_cap
     # interned attribute names and string constants
     cdef dict _attr_ids
     cdef list _attr_refs
@@ -411,6 +415,8 @@ cdef class Matcher:
         PyMem_Free(self.pend_pos)
         PyMem_Free(self.pending)
         PyMem_Free(self.out)
+        PyMem_Free(self.grp)
+        PyMem_Free(self.seen)
         PyMem_Free(self.val)
         PyMem_Free(self.v_epoch)
         PyMem_Free(self.v_kind)
@@ -541,19 +547,29 @@ cdef class Matcher:
             self.pend_pos = <int*>_alloc(self.pend_pos, self.cap * sizeof(int))
             self.pending = <int*>_alloc(self.pending, self.cap * sizeof(int))
             self.out = <int*>_alloc(self.out, self.cap * sizeof(int))
+            self.grp = <int*>_alloc(self.grp, self.cap * sizeof(int))
         self.n_ids += 1
         self._keys.append(None)
         self._subs.append(None)
         return sub
 
-    def add(self, key, subscription):
-        """Store ``subscription`` under ``key``; a key already present raises KeyError."""
+    def add(self, key, subscription, group=None):
+        """Store ``subscription`` under ``key``; a key already present raises KeyError.
+
+        ``group`` (a small integer ≥ 0, e.g. the index of a next hop) is what
+        :meth:`match_groups` reports for this subscription.
+        """
         cdef int i, n, sub
+        cdef int g = -1
         cdef Pred* prog
         if not isinstance(subscription, Subscription):
             raise TypeError(f"expected a Subscription, got {type(subscription).__name__}")
         if key in self._ids:
             raise KeyError(key)
+        if group is not None:
+            if type(group) is not int or not 0 <= group < 1 << 30:
+                raise ValueError(f"group must be an integer in [0, 2**30), got {group!r}")
+            g = group
         if self.n_dead > 64 + self.n_indexed // 2:
             self._build()
         compiled = []
@@ -590,6 +606,7 @@ cdef class Matcher:
         sub = self._new_id()
         self.prog[sub] = prog
         self.prog_len[sub] = n
+        self.grp[sub] = g
         self.state[sub] = LIVE
         self.indexed[sub] = 0
         self.pend_pos[sub] = self.n_pending
@@ -1191,16 +1208,15 @@ cdef class Matcher:
                 n_out = self._lookup(h, <int>(<object>found), 3 * a + BY_POSTFIX, n_out)
         return n_out
 
-    cdef list _match_one(self, dict publication):
+    cdef int _collect(self, dict publication, list keep) except -1:
+        """Internal ids of the matching subscriptions into ``self.out``; returns how many.
+        ``keep`` holds the publication's values alive while ``out`` is in use."""
         cdef int n_touched, t, a, i, end, node, n_out = 0
         cdef long long n_cand = 0
         cdef double v
         cdef const Node* nd
         cdef const Bound* bounds
         cdef Hot h
-        cdef list keep = []
-        cdef list keys
-        cdef PyObject* key
         n_touched = self._load(publication, keep)
         h.fast = self.fast
         h.val = self.val
@@ -1249,6 +1265,14 @@ cdef class Matcher:
             if self._holds(self.prog[i], self.prog_len[i]):
                 self.out[n_out] = i
                 n_out += 1
+        return n_out
+
+    cdef list _match_one(self, dict publication):
+        cdef int i
+        cdef list keep = []
+        cdef list keys
+        cdef PyObject* key
+        cdef int n_out = self._collect(publication, keep)
         # The keys' reference counts are scattered in memory: fetch them ahead of use.
         keys = self._keys
         result = PyList_New(n_out)
@@ -1275,7 +1299,43 @@ cdef class Matcher:
         self._refresh()
         return self._match_one(publication)
 
+    def match_groups(self, publication):
+        """``{group: key}``: every group with a matching subscription, each with one of
+        its matching keys (subscriptions added without a group are left out). The
+        distinct groups come straight from the internal ids, without building the full
+        key list."""
+        cdef int i, sub, g, n_out
+        cdef list keep = []
+        cdef list found = []
+        cdef dict result = {}
+        if type(publication) is not dict:
+            publication = dict(publication)
+        self._refresh()
+        n_out = self._collect(publication, keep)
+        for i in range(n_out):
+            sub = self.out[i]
+            g = self.grp[sub]
+            if g < 0:
+                continue
+            if g >= self.seen_cap:
+                self._grow_seen(g)
+            if not self.seen[g]:
+                self.seen[g] = 1
+                found.append(g)
+                result[g] = self._keys[sub]
+        for g in found:
+            self.seen[g] = 0
+        return result
+
+    cdef int _grow_seen(self, int g) except -1:
+        cdef int old = self.seen_cap
+        self.seen_cap = max(64, 2 * (g + 1))
+        self.seen = <char*>_alloc(self.seen, self.seen_cap)
+        memset(self.seen + old, 0, self.seen_cap - old)
+        return 0
+
     def match_many(self, publications):
+
         """``[self.match(p) for p in publications]``, with the call overhead paid once."""
         self._refresh()
         return [self._match_one(p if type(p) is dict else dict(p)) for p in publications]

@@ -12,8 +12,12 @@ Two implementations share one API and one semantics (:meth:`Subscription.matches
 API: ``add(key, subscription)`` (any hashable key; an existing key raises KeyError),
 ``remove(key)`` (an unknown key raises KeyError), ``match(publication) -> list`` of the
 matching keys (each once, order unspecified), ``match_many(publications)``, ``len()``,
-``key in matcher`` and ``matcher[key]`` (the stored subscription). ``Matcher`` also has
-``rebuild()`` and ``stats()``.
+``key in matcher`` and ``matcher[key]`` (the stored subscription). A subscription may be
+added with a small integer ``group`` (the routing core uses its next hop), and
+``match_groups(publication)`` returns ``{group: one matching key}`` for the groups with a
+match: Algorithm 3's distinct next destinations, computed without materialising every
+matching key. ``Matcher`` also has ``rebuild()`` and ``stats()``.
+
 
 Why an access-predicate index. The workloads are conjunctions of equality and range
 predicates over a few attributes (paper §7: stock quotes, 10 attributes, 2% selectivity).
@@ -69,18 +73,37 @@ class ReferenceMatcher:
 
     def __init__(self) -> None:
         self._subscriptions: dict[Hashable, Subscription] = {}
+        self._groups: dict[Hashable, int] = {}
 
-    def add(self, key: Hashable, subscription: Subscription) -> None:
-        """Store ``subscription`` under ``key``; a key already present raises KeyError."""
+    def add(self, key: Hashable, subscription: Subscription, group: int | None = None) -> None:
+        """Store ``subscription`` under ``key``; a key already present raises KeyError.
+
+        ``group`` (a small integer ≥ 0, e.g. the index of a next hop) is what
+        :meth:`match_groups` reports for this subscription.
+        """
         if not isinstance(subscription, Subscription):
             raise TypeError(f"expected a Subscription, got {type(subscription).__name__}")
         if key in self._subscriptions:
             raise KeyError(key)
+        if group is not None:
+            if type(group) is not int or not 0 <= group < 1 << 30:
+                raise ValueError(f"group must be an integer in [0, 2**30), got {group!r}")
+            self._groups[key] = group
         self._subscriptions[key] = subscription
 
     def remove(self, key: Hashable) -> None:
         """Forget the subscription stored under ``key``; an unknown key raises KeyError."""
         del self._subscriptions[key]
+        self._groups.pop(key, None)
+
+    def match_groups(self, publication: Mapping[str, object]) -> dict[int, Hashable]:
+        """``{group: key}``: every group with a matching subscription, each with one of its
+        matching keys (subscriptions added without a group are left out)."""
+        found: dict[int, Hashable] = {}
+        for key in self.match(publication):
+            if key in self._groups:
+                found.setdefault(self._groups[key], key)
+        return found
 
     def match(self, publication: Mapping[str, object]) -> list:
         """Keys of the subscriptions ``publication`` satisfies, each once."""

@@ -81,14 +81,17 @@ class Churn(RuleBasedStateMachine):
         self.compiled = Matcher(pending_limit=2)
         self.reference = ReferenceMatcher()
         self.next_key = 0
+        self.group: dict[tuple[int, int], int | None] = {}
 
     @rule(target=keys, subscription=subscriptions, many=st.integers(1, 12))
     def add(self, subscription: Subscription, many: int) -> int:
         # several copies under different keys make the index worth building
         key = self.next_key
+        group = None if key % 7 == 3 else key % 5  # a next hop, or none
         for i in range(many):
-            self.compiled.add((key, i), subscription)
-            self.reference.add((key, i), subscription)
+            self.compiled.add((key, i), subscription, group)
+            self.reference.add((key, i), subscription, group)
+            self.group[(key, i)] = group
         self.next_key += 1
         return key
 
@@ -111,6 +114,15 @@ class Churn(RuleBasedStateMachine):
         for g, w in zip(got, want, strict=True):
             assert Counter(g) == Counter(w)
             assert len(g) == len(set(g))
+
+    @rule(pub=publications())
+    def match_groups(self, pub: dict) -> None:
+        got = self.compiled.match_groups(pub)
+        want = self.reference.match_groups(pub)
+        assert got.keys() == want.keys()
+        matching = set(self.reference.match(pub))
+        for group, key in got.items():
+            assert key in matching and self.group[key] == group
 
     @invariant()
     def same_size(self) -> None:

@@ -1,13 +1,13 @@
 """Routing tables: entries ``(filter, last_hop, cbv)`` backed by matchers (paper §5).
 
-Entries are split into disjoint *parts*, each with its own matcher and a map from
-subscription id to the value routing needs from a match (the last hop, or for BID the
-host broker). A clustered broker in cluster c has three parts: its local subscribers,
+Entries are split into disjoint *parts*, each with its own matcher; every entry is added
+with the value routing needs from a match (the last hop, or for BID the host broker) as
+its matcher *group*. A clustered broker in cluster c has three parts: its local subscribers,
 *primary* entries (cbv bit c, last hop over an aCOL) and *secondary* entries (bit k ≠ c,
 last hop B(x, k) over an iCOL). A notification that enters from another broker never
 needs the secondary part (§6.2), so it is matched against a fraction of the table; and
-the distinct next hops of a match (Algorithm 3's getDistinctSubs) come out of one
-C-level pass over the matching keys rather than a Python loop per entry.
+the distinct next hops of a match (Algorithm 3's getDistinctSubs) come straight out of
+the compiled matcher (``match_groups``) rather than from a Python loop per entry.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from octopis.filters import Publication, Subscription
 class MatcherLike(Protocol):
     """The matcher API (``octopis.matching``) the tables rely on."""
 
-    def add(self, key: str, subscription: Subscription) -> None: ...
+    def add(self, key: str, subscription: Subscription, group: int | None = None) -> None: ...
     def remove(self, key: str) -> None: ...
     def match(self, publication: Publication) -> list: ...
+    def match_groups(self, publication: Publication) -> dict[int, str]: ...
     def __len__(self) -> int: ...
 
 
@@ -54,11 +55,21 @@ class RoutingEntry:
 
 
 class _Part:
-    __slots__ = ("matcher", "value")
+    """A matcher whose groups number the distinct values (next hops) of its entries."""
+
+    __slots__ = ("group", "matcher", "value")
 
     def __init__(self, matcher: MatcherLike) -> None:
         self.matcher = matcher
-        self.value: dict[str, str] = {}
+        self.group: dict[str, int] = {}
+        self.value: list[str] = []
+
+    def group_of(self, value: str) -> int:
+        group = self.group.get(value)
+        if group is None:
+            group = self.group[value] = len(self.value)
+            self.value.append(value)
+        return group
 
 
 class RoutingTable:
@@ -91,8 +102,7 @@ class RoutingTable:
         if entry.sub_id in self.entries:
             raise ProtocolError(f"subscription {entry.sub_id} is already stored")
         part = self._parts[self._part_of(entry)]
-        part.matcher.add(entry.sub_id, entry.subscription)
-        part.value[entry.sub_id] = self._value_of(entry)
+        part.matcher.add(entry.sub_id, entry.subscription, part.group_of(self._value_of(entry)))
         self.entries[entry.sub_id] = entry
 
     def remove(self, sub_id: str) -> RoutingEntry:
@@ -100,22 +110,19 @@ class RoutingTable:
         entry = self.entries.pop(sub_id, None)
         if entry is None:
             raise ProtocolError(f"subscription {sub_id} is not stored")
-        part = self._parts[self._part_of(entry)]
-        part.matcher.remove(sub_id)
-        del part.value[sub_id]
+        self._parts[self._part_of(entry)].matcher.remove(sub_id)
         return entry
 
     def size(self, part: str) -> int:
         """Entries in ``part``."""
-        return len(self._parts[part].value)
+        return len(self._parts[part].matcher)
 
     def values(self, part: str, publication: Publication) -> set[str]:
         """The distinct values (next hops) of the entries of ``part`` matching."""
         p = self._parts[part]
-        return set(map(p.value.__getitem__, p.matcher.match(publication)))
+        return {p.value[g] for g in p.matcher.match_groups(publication)}
 
     def by_value(self, part: str, publication: Publication) -> dict[str, str]:
         """One matching ``sub_id`` per distinct value of the entries of ``part``."""
         p = self._parts[part]
-        keys = p.matcher.match(publication)
-        return dict(zip(map(p.value.__getitem__, keys), keys, strict=True))
+        return {p.value[g]: key for g, key in p.matcher.match_groups(publication).items()}

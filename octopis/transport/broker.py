@@ -49,6 +49,8 @@ log = logging.getLogger("octopis.broker")
 
 PEER_BATCH = 64
 """Frames handled before yielding to the event loop, so senders keep draining."""
+YIELDS_BEFORE_POLL = 4
+"""Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
 
 
 class MatchClock:
@@ -70,8 +72,8 @@ class TimedMatcher:
         self._matcher = Matcher()
         self._clock = clock
 
-    def add(self, key: Any, subscription: Any) -> None:
-        self._matcher.add(key, subscription)
+    def add(self, key: Any, subscription: Any, group: int | None = None) -> None:
+        self._matcher.add(key, subscription, group)
 
     def remove(self, key: Any) -> None:
         self._matcher.remove(key)
@@ -82,6 +84,13 @@ class TimedMatcher:
         self._clock.seconds += time.perf_counter() - started
         self._clock.calls += 1
         return keys
+
+    def match_groups(self, publication: dict) -> dict:
+        started = time.perf_counter()
+        groups = self._matcher.match_groups(publication)
+        self._clock.seconds += time.perf_counter() - started
+        self._clock.calls += 1
+        return groups
 
     def __len__(self) -> int:
         return len(self._matcher)
@@ -138,12 +147,22 @@ class OutputLink:
             try:
                 self._sync.send_multipart(self.queue[0], zmq.NOBLOCK)
             except zmq.Again:
-                await self.socket.poll(None, zmq.POLLOUT)
+                await self._writable()
                 continue
             self.queue.popleft()
             self.sent += 1
             next_slot += gap
             self._lst.sent(self.name, loop.time())
+
+    async def _writable(self) -> None:
+        """Wait until the socket takes frames again. ZeroMQ's I/O thread usually drains
+        the pipe within microseconds, so yield to the loop a few times before paying for
+        an asyncio poll registration (which matters with a low high-water mark)."""
+        for _ in range(YIELDS_BEFORE_POLL):
+            await asyncio.sleep(0)
+            if self._sync.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+                return
+        await self.socket.poll(None, zmq.POLLOUT)
 
     async def flush(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the queue to empty."""
@@ -180,7 +199,8 @@ class Broker:
 
     async def serve(self) -> None:
         """Bind, connect, run until :meth:`stop`, then flush and close."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+
         self.ctx = zmq.asyncio.Context()
         self.peer_in = self.ctx.socket(zmq.PULL)
         self.peer_in.setsockopt(zmq.RCVHWM, 1000)
@@ -297,7 +317,7 @@ class Broker:
     def _execute(self, actions: list, received: object = None, body: bytes = b"") -> None:
         """Carry out the core's actions. A forwarded message that is the ``received`` one
         goes out with the ``body`` it arrived in; others are encoded once each."""
-        now = asyncio.get_running_loop().time()
+        now = self._loop.time()
         frames: dict[int, list[bytes]] = {}
         if received is not None:
             frames[id(received)] = [self._sender, body]

@@ -6,7 +6,7 @@ window = 0.05            # Δt of the Link Status Table, seconds (paper §6.3)
 queue_threshold = 10     # Q: a queue this long marks its link overloaded
 
 [links]
-sndhwm = 8               # ZeroMQ send high-water mark per peer link (messages)
+sndhwm = 64              # ZeroMQ send high-water mark per peer link (messages)
 capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
 [links.capacities]       # per directed link "src>dst" = messages/s
 "b:2>b:0" = 200
@@ -34,7 +34,7 @@ class BrokerSettings:
 
     window: float = 0.05
     queue_threshold: int = 10
-    sndhwm: int = 8
+    sndhwm: int = 64
     capacity: float = 0.0
     capacities: dict[str, float] = field(default_factory=dict)
     client_sndhwm: int = 100_000
@@ -108,7 +108,7 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
             )
         ),
         sndhwm=int(
-            _number(links.get("sndhwm", 8), "links.sndhwm", source, minimum=1, integer=True)
+            _number(links.get("sndhwm", 64), "links.sndhwm", source, minimum=1, integer=True)
         ),
         capacity=_number(links.get("capacity", 0.0), "links.capacity", source, minimum=0.0),
         capacities={k: float(v) for k, v in capacities.items()},
