@@ -26,7 +26,7 @@ from octopis.core import Notification
 from octopis.filters import parse_subscription
 from octopis.transport.settings import BrokerSettings
 from octopis.transport.wire import encode_peer
-from octopis.workload import generate_workload
+from octopis.workload import HighRatePublisher, generate_workload
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -89,6 +89,38 @@ def test_paper75_end_to_end(tmp_path: Path, mode: str) -> None:
     _exactly_once(report)
     assert report["brokers"] == 75
     assert report["sbp_messages"] == 300 * (74 if mode != "bid" else 2 * 220 - 74)
+
+
+def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:
+    """With every broker limited to 250 sends/s and a high-rate publisher whose followers
+    sit in other clusters, the HRP's host sees its iCOL queues grow in its LST and DNR
+    detours copies (Cases I–III fire), still delivering exactly once."""
+    run_dir = tmp_path / "burst"
+    scot, path = prepare_topology(run_dir, preset="fig2")
+    workload = generate_workload(
+        scot,
+        subscribers=100,
+        publishers=3,
+        notifications=5,
+        seed=4,
+        rate_per_minute=600,
+        hrp=HighRatePublisher(600, rate_per_minute=30000, interest=0.05, start=1.0),
+    )
+    options = RunOptions(
+        mode="dnr",
+        run_dir=run_dir,
+        progress=False,
+        drain_timeout=30,
+        settings=BrokerSettings(broker_capacity=250.0),
+        sample_every=0.5,
+    )
+    report = WorkloadRun(scot, path, workload, options).run()
+    _exactly_once(report)
+    assert report["dnr_case_1"] + report["dnr_case_2"] + report["dnr_case_3"] > 0
+    assert report["dnr_kept_off"] > 0
+    assert report["target_queue_length"]["max"] >= 10  # Q: queues really grew
+    assert max(s["max"] for s in report["timeline"]) > 0
+    assert len(report["max_delay_per_1000"]) >= 1
 
 
 def test_octopis_run_command(tmp_path: Path) -> None:

@@ -69,6 +69,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="write one JSON line per delivery (subscriber, publisher, seq)",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--timeline",
+        type=float,
+        metavar="SECONDS",
+        help="sample every broker's output queues this often while publishing; the report "
+        "gains 'timeline' and 'max_delay_per_1000'",
+    )
     run.set_defaults(func=cmd_run)
 
     up = commands.add_parser(
@@ -158,7 +165,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         drain_timeout=args.drain_timeout,
         progress=not args.no_progress and sys.stderr.isatty(),
+        sample_every=args.timeline,
     )
+
     run = WorkloadRun(scot, path, workload, options)
     report: dict[str, Any] = {"topology": scot.name, **run.run()}
     (run_dir / "report.json").write_text(json.dumps(report, indent=1))

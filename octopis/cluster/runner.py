@@ -42,6 +42,9 @@ class RunOptions:
     start_timeout: float = 180.0
     progress: bool = True
     log_level: str = "INFO"
+    sample_every: float | None = None
+    """Seconds between samples of every broker's queues while publishing and draining
+    (the report's ``timeline``); None takes no samples."""
 
 
 class WorkloadRun:
@@ -59,6 +62,8 @@ class WorkloadRun:
         )
         self.ledger = DeliveryLedger()
         self.timings: dict[str, float] = {}
+        self.timeline: list[dict[str, float]] = []
+
         self._connections: dict[str, Connection] = {}
         self._subscribers: dict[str, Subscriber] = {}
         self._publishers: dict[str, Publisher] = {}
@@ -77,8 +82,16 @@ class WorkloadRun:
             await self._attach_clients()
             self.timings["subscribe"] = await self._subscribe()
             self.timings["settle"] = await self._settle()
-            self.timings["publish"] = await self._publish()
-            self.timings["drain"] = await self._drain()
+            sampler = None
+            if self.options.sample_every:
+                sampler = asyncio.create_task(self._sample(self.options.sample_every))
+            try:
+                self.timings["publish"] = await self._publish()
+                self.timings["drain"] = await self._drain()
+            finally:
+                if sampler is not None:
+                    sampler.cancel()
+                    await asyncio.gather(sampler, return_exceptions=True)
             stats = await self.cluster.call_all("stats")
             subscriptions = await self.cluster.call_all("subscriptions")
             return self._report(stats, subscriptions)
@@ -203,6 +216,22 @@ class WorkloadRun:
             if not busy and sum(self.ledger.received.values()) == before:
                 return
 
+    async def _sample(self, every: float) -> None:
+        """Record, every ``every`` seconds, the total and the longest output queue."""
+        started = time.monotonic()
+        while True:
+            stats = await self.cluster.call_all("stats")
+            queues = [q for s in stats.values() for q in s["queue_lengths"].values()]
+            self.timeline.append(
+                {
+                    "t": time.monotonic() - started,
+                    "total": sum(queues),
+                    "max": max(queues, default=0),
+                    "delivered": sum(self.ledger.received.values()),
+                }
+            )
+            await asyncio.sleep(every)
+
     def _bar(self, total: int, what: str) -> tqdm:
         return tqdm(
             total=total,
@@ -214,6 +243,11 @@ class WorkloadRun:
         )
 
     def _report(self, stats: dict[str, dict], subscriptions: dict[str, dict]) -> dict[str, Any]:
+        copies = queued = longest = 0
+        for s in stats.values():
+            copies += s["queue_seen"]["copies"]
+            queued += s["queue_seen"]["total"]
+            longest = max(longest, s["queue_seen"]["max"])
         core: Counter[str] = Counter()
         counters: Counter[str] = Counter()
         match_seconds = 0.0
@@ -256,8 +290,15 @@ class WorkloadRun:
                     "undeliverable",
                 )
             },
+            "target_queue_length": {"mean": queued / copies if copies else 0.0, "max": longest},
             "timings": self.timings,
         }
+        if self.options.sample_every:
+            report["timeline"] = self.timeline
+            delays = self.ledger.delays
+            report["max_delay_per_1000"] = [
+                max(delays[i : i + 1000]) for i in range(0, len(delays), 1000)
+            ]
         if self.options.mode == "bid":
             report["bids_carried"] = core["bids_carried"]
         if self.options.mode == "dnr":

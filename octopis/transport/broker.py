@@ -96,6 +96,24 @@ class TimedMatcher:
         return len(self._matcher)
 
 
+class Pacer:
+    """At most ``rate`` sends per second (a token bucket with a 10 ms burst), shared by
+    every link that uses it: one per link for a link capacity, one per broker for a
+    broker capacity (paper §6.3: limited bandwidth, an overwhelmed broker)."""
+
+    __slots__ = ("gap", "next_slot")
+
+    def __init__(self, rate: float) -> None:
+        self.gap = 1.0 / rate
+        self.next_slot = 0.0
+
+    def reserve(self, now: float) -> float:
+        """Book the next send slot; returns when it starts."""
+        slot = max(self.next_slot, now - 0.01)
+        self.next_slot = slot + self.gap
+        return slot
+
+
 class OutputLink:
     """An outgoing peer link: output queue, paced non-blocking sender, LST feed."""
 
@@ -106,7 +124,7 @@ class OutputLink:
         ctx: zmq.asyncio.Context,
         lst: LinkStatusTable,
         sndhwm: int,
-        capacity: float,
+        pacers: tuple[Pacer, ...],
         activity: asyncio.Event,
     ) -> None:
         self.name = name
@@ -116,7 +134,7 @@ class OutputLink:
         self.socket.connect(endpoint)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
         self.queue: deque[list[bytes]] = deque()
-        self.capacity = capacity
+        self.pacers = pacers
         self.sent = 0
         self._lst = lst
         self._wake = asyncio.Event()
@@ -130,28 +148,28 @@ class OutputLink:
         self._activity.set()
 
     async def run(self) -> None:
-        """Send queued frames in order, at most ``capacity`` per second if set."""
+        """Send queued frames in order, each in a slot booked with every pacer."""
         loop = asyncio.get_running_loop()
-        gap = 1.0 / self.capacity if self.capacity else 0.0
-        next_slot = loop.time()
+        booked = False
         while True:
             if not self.queue:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if gap:
+            if self.pacers and not booked:
                 now = loop.time()
-                next_slot = max(next_slot, now - 0.01)
-                if now < next_slot:
-                    await asyncio.sleep(next_slot - now)
+                start = max(p.reserve(now) for p in self.pacers)
+                booked = True
+                if start > now:
+                    await asyncio.sleep(start - now)
             try:
                 self._sync.send_multipart(self.queue[0], zmq.NOBLOCK)
             except zmq.Again:
                 await self._writable()
                 continue
+            booked = False
             self.queue.popleft()
             self.sent += 1
-            next_slot += gap
             self._lst.sent(self.name, loop.time())
 
     async def _writable(self) -> None:
@@ -191,6 +209,9 @@ class Broker:
         self._clients: dict[str, tuple[bytes, str]] = {}
         self._client_backlog: dict[bytes, deque[bytes]] = {}
         self._stopping = asyncio.Event()
+        self._broker_pacer: Pacer | None = None
+        self.queue_seen = [0, 0, 0]
+        """Notification copies enqueued: [count, sum of the queue lengths they joined, max]."""
         self.link_activity = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.started = time.time()
@@ -224,7 +245,7 @@ class Broker:
                 self.ctx,
                 self.lst,
                 self.settings.sndhwm,
-                self.settings.capacity_of(self.id, n.id),
+                self._pacers(n.id),
                 self.link_activity,
             )
             for n in self.info.neighbours
@@ -262,6 +283,17 @@ class Broker:
     def stop(self) -> None:
         """Begin a clean shutdown."""
         self._stopping.set()
+
+    def _pacers(self, neighbour: str) -> tuple[Pacer, ...]:
+        """The link's own pacer (link capacity) and the broker's shared one, if set."""
+        pacers = []
+        if rate := self.settings.capacity_of(self.id, neighbour):
+            pacers.append(Pacer(rate))
+        if self.settings.broker_capacity:
+            if self._broker_pacer is None:
+                self._broker_pacer = Pacer(self.settings.broker_capacity)
+            pacers.append(self._broker_pacer)
+        return tuple(pacers)
 
     @property
     def ready(self) -> bool:
@@ -329,7 +361,16 @@ class Broker:
                 frame = frames.get(id(message))
                 if frame is None:
                     frame = frames[id(message)] = [self._sender, encode_body(message)]
-                self.links[action.link].put(frame, now)
+                link = self.links[action.link]
+                if type(message) is Notification:
+                    seen = self.queue_seen
+                    ahead = len(link.queue)
+                    seen[0] += 1
+                    seen[1] += ahead
+                    if ahead > seen[2]:
+                        seen[2] = ahead
+                link.put(frame, now)
+
             elif type(action) is Deliver:
                 identity, name = self._clients[action.subscriber]
                 deliveries.setdefault(identity, []).append(name)
@@ -535,6 +576,11 @@ class Broker:
             "lst": self.lst.snapshot(),
             "queue_lengths": {name: len(link.queue) for name, link in self.links.items()},
             "client_backlog": sum(len(b) for b in self._client_backlog.values()),
+            "queue_seen": {
+                "copies": self.queue_seen[0],
+                "total": self.queue_seen[1],
+                "max": self.queue_seen[2],
+            },
             "matching": {
                 "calls": self.clock.calls,
                 "seconds": self.clock.seconds,

@@ -8,6 +8,7 @@ queue_threshold = 10     # Q: a queue this long marks its link overloaded
 [links]
 sndhwm = 64              # ZeroMQ send high-water mark per peer link (messages)
 capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
+broker_capacity = 0      # messages/s over all of a broker's links together; 0 = unlimited
 [links.capacities]       # per directed link "src>dst" = messages/s
 "b:2>b:0" = 200
 
@@ -37,6 +38,7 @@ class BrokerSettings:
     sndhwm: int = 64
     capacity: float = 0.0
     capacities: dict[str, float] = field(default_factory=dict)
+    broker_capacity: float = 0.0
     client_sndhwm: int = 100_000
 
     def capacity_of(self, src: str, dst: str) -> float:
@@ -53,6 +55,7 @@ class BrokerSettings:
             "[links]",
             f"sndhwm = {self.sndhwm}",
             f"capacity = {self.capacity!r}",
+            f"broker_capacity = {self.broker_capacity!r}",
             "",
             "[clients]",
             f"sndhwm = {self.client_sndhwm}",
@@ -81,7 +84,7 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
     """Validate a parsed settings document."""
     known = {
         "lst": {"window", "queue_threshold"},
-        "links": {"sndhwm", "capacity", "capacities"},
+        "links": {"sndhwm", "capacity", "capacities", "broker_capacity"},
         "clients": {"sndhwm"},
     }
     for table, keys in data.items():
@@ -112,6 +115,9 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
         ),
         capacity=_number(links.get("capacity", 0.0), "links.capacity", source, minimum=0.0),
         capacities={k: float(v) for k, v in capacities.items()},
+        broker_capacity=_number(
+            links.get("broker_capacity", 0.0), "links.broker_capacity", source, minimum=0.0
+        ),
         client_sndhwm=int(
             _number(
                 clients.get("sndhwm", 100_000), "clients.sndhwm", source, minimum=1, integer=True
