@@ -263,8 +263,12 @@ def test_burst_placement_puts_the_hrp_audience_in_other_clusters(
     out = tmp_path / "w"
     options = ["--subscribers", "100", "--publishers", "5", "--notifications", "20"]
     hrp = ["--hrp-notifications", "50", "--hrp-interest", "0.05", "--hrp-broker", hrp_broker]
-    assert _build(out, topologies["paper75"], *options, *hrp, "--burst-placement") == 0
+    samples = ["--generation-sample", "60", "--measure-sample", "120"]
+    assert _build(out, topologies["paper75"], *options, *hrp, *samples, "--burst-placement") == 0
     meta = _meta(out)
+    assert meta["selectivity"]["generation_sample"] == 60
+    assert meta["selectivity"]["sampled"] is True
+    assert 70 <= meta["selectivity"]["measured_over"] <= 100  # 120 drawn from 100 + 50
     assert meta["placement"]["mode"] == "burst"
     assert meta["hrp"]["broker"] == hrp_broker and meta["hrp"]["subscribers"] == 5
     assert meta["hrp"]["subscriber_clusters"] == [0, 1, 3, 4]
