@@ -1,0 +1,505 @@
+"""The paper's experiments (§7.3) on real broker processes: SNR, DNR and BID side by side.
+
+    python -m bench.experiments subscribers --quick     # Fig. 9 and Fig. 10(a)
+    python -m bench.experiments publishers --quick      # Fig. 10(b)-(d)
+    python -m bench.experiments burst --quick           # Fig. 11, the stability analysis
+
+Each experiment builds one workload with the Spark job (`spark_workloads.stock_workload`,
+real quotes from ``../shared/data/stockquotes``) on paper75, takes nested subsets of it
+for its size points (the first N subscribers, the first M publishers), runs every point
+in every mode with `octopis run`'s machinery (75 broker processes on this machine), and
+writes under ``--out`` (default ``bench/results``):
+
+- ``<experiment>/<point>-<mode>.json``: the full run report;
+- ``<experiment>.md``: the figures and our ratios beside the paper's claims;
+- ``<experiment>.png``: plots laid out like the paper's figures.
+
+``--quick`` profiles finish in a few minutes; the full profiles are sized like the paper
+where two cores allow, and scaled down where they do not (the profile says how).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from octopis.cluster.launcher import prepare_topology
+from octopis.cluster.runner import RunOptions, WorkloadRun
+from octopis.quotes import quotes_dir
+from octopis.transport.settings import BrokerSettings
+from octopis.workload import Workload, read_workload, write_workload
+
+log = logging.getLogger("bench.experiments")
+MODES = ("snr", "dnr", "bid")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One experiment at one size: the workload to build and the points to run."""
+
+    subscribers: int
+    publishers: int
+    notifications: int
+    rate: float
+    points: tuple[tuple[int, int], ...]
+    """(subscribers, publishers) of each point, subsets of the built workload."""
+    note: str
+    hrp: dict[str, Any] = field(default_factory=dict)
+    settings: BrokerSettings = field(default_factory=BrokerSettings)
+    sample_every: float | None = None
+
+
+PROFILES: dict[str, dict[str, Profile]] = {
+    "subscribers": {
+        "quick": Profile(
+            1500,
+            100,
+            15,
+            60.0,
+            ((500, 100), (1500, 100)),
+            "500 and 1,500 subscribers (paper: 500 → 10,000); 100 publishers "
+            "× 15 notifications at 60/min (paper: × 1,000)",
+        ),
+        "full": Profile(
+            10_000,
+            100,
+            100,
+            60.0,
+            ((500, 100), (1000, 100), (2500, 100), (5000, 100), (10_000, 100)),
+            "500 → 10,000 subscribers as in the paper; 100 publishers × 100 "
+            "notifications at 60/min (paper: × 1,000)",
+        ),
+    },
+    "publishers": {
+        "quick": Profile(
+            1000,
+            300,
+            10,
+            30.0,
+            ((1000, 100), (1000, 300)),
+            "100 and 300 publishers × 10 notifications at 30/min with 1,000 "
+            "subscribers (paper: 100 → 500 publishers × 500 at 100/min, "
+            "3,000 subscribers)",
+        ),
+        "full": Profile(
+            3000,
+            500,
+            60,
+            30.0,
+            ((3000, 100), (3000, 200), (3000, 300), (3000, 400), (3000, 500)),
+            "100 → 500 publishers × 60 notifications with 3,000 subscribers as "
+            "in the paper, at 30/min (paper: 500 at 100/min; two cores)",
+        ),
+    },
+    "burst": {
+        "quick": Profile(
+            1000,
+            20,
+            40,
+            60.0,
+            ((1000, 20),),
+            "1,000 subscribers, 20 publishers × 40 at 60/min, an HRP sending "
+            "3,000 at 12,000/min to 0.2% followers in other clusters, every "
+            "broker limited to 400 sends/s (paper: 5,000 subscribers, 100 "
+            "publishers, HRP 100,000 at 60,000–100,000/min)",
+            hrp={"notifications": 3000, "rate": 12000.0, "interest": 0.002, "start": 5.0},
+            settings=BrokerSettings(broker_capacity=400.0),
+            sample_every=0.5,
+        ),
+        "full": Profile(
+            5000,
+            100,
+            120,
+            60.0,
+            ((5000, 100),),
+            "5,000 subscribers and 100 publishers × 120 at 60/min as in the "
+            "paper; HRP 12,000 at 24,000/min (paper: 100,000 at 100,000/min), "
+            "every broker limited to 800 sends/s",
+            hrp={"notifications": 12000, "rate": 24000.0, "interest": 0.002, "start": 10.0},
+            settings=BrokerSettings(broker_capacity=800.0),
+            sample_every=0.5,
+        ),
+    },
+}
+
+PAPER = {
+    "sbp_messages": -0.89,
+    "subscription_delay": -0.77,
+    "notification_delay": -0.47,
+    "notification_messages": -0.12,
+    "matching_delay_bid": -0.25,
+    "burst_queue_vs_snr": -0.48,
+    "burst_queue_vs_bid": -0.59,
+    "burst_delay_vs_snr": -0.13,
+    "burst_delay_vs_bid": -0.58,
+}
+"""The paper's headline ratios (§7.3, abstract): negative = OctopiS lower."""
+
+
+def build_workload(profile: Profile, topology: Path, out: Path, seed: int) -> Workload:
+    """Run the Spark job once for the largest point of ``profile``."""
+    if not (out / "meta.json").is_file():
+        args = [
+            sys.executable,
+            "-m",
+            "spark_workloads.stock_workload",
+            "--topology",
+            str(topology),
+            "--out",
+            str(out),
+            "--quotes",
+            str(quotes_dir()),
+            "--subscribers",
+            str(profile.subscribers),
+            "--publishers",
+            str(profile.publishers),
+            "--notifications",
+            str(profile.notifications),
+            "--rate",
+            str(profile.rate),
+            "--seed",
+            str(seed),
+            "--master",
+            "local[2]",
+            "--log-level",
+            "WARNING",
+        ]
+        if profile.hrp:
+            args += [
+                "--hrp-notifications",
+                str(profile.hrp["notifications"]),
+                "--hrp-rate",
+                str(profile.hrp["rate"]),
+                "--hrp-interest",
+                str(profile.hrp["interest"]),
+                "--hrp-start",
+                str(profile.hrp["start"]),
+                "--burst-placement",
+            ]
+        started = time.monotonic()
+        subprocess.run(args, check=True, cwd=REPO)
+        log.info("workload built in %.0f s", time.monotonic() - started)
+    return read_workload(out)
+
+
+def subset(workload: Workload, subscribers: int, publishers: int) -> Workload:
+    """The first ``subscribers`` subscribers (the HRP's followers kept) and the first
+    ``publishers`` publishers (the HRP kept), in the workload's own numbering."""
+    hrp_followers = {
+        s.subscriber for s in workload.subscriptions if "HRP" in s.subscription.to_text()
+    }
+    keep_subs = [
+        s
+        for s in workload.subscriptions
+        if s.subscriber in hrp_followers or _index(s.subscriber) < subscribers
+    ]
+    keep_pubs = [
+        p for p in workload.publications if p.publisher == "HRP" or _index(p.publisher) < publishers
+    ]
+    meta = {**workload.meta, "subset": {"subscribers": subscribers, "publishers": publishers}}
+    return Workload(meta, keep_subs, keep_pubs)
+
+
+def _index(name: str) -> int:
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def run_experiment(
+    name: str, quick: bool, out: Path, modes: tuple[str, ...], seed: int
+) -> list[dict[str, Any]]:
+    """Every point of the profile in every mode; returns the reports."""
+    profile = PROFILES[name]["quick" if quick else "full"]
+    base = out / name
+    base.mkdir(parents=True, exist_ok=True)
+    scot, topology = prepare_topology(base / "topology", preset="paper75")
+    workload = build_workload(profile, topology, base / "workload", seed)
+    reports = []
+    for subscribers, publishers in profile.points:
+        part = subset(workload, subscribers, publishers)
+        part_dir = base / f"workload-{subscribers}s-{publishers}p"
+        write_workload(part_dir, part)
+        for mode in modes:
+            path = base / f"{subscribers}s-{publishers}p-{mode}.json"
+            if path.is_file():
+                reports.append(json.loads(path.read_text()))
+                continue
+            log.info("%s: %d subscribers, %d publishers, %s", name, subscribers, publishers, mode)
+            options = RunOptions(
+                mode=mode,
+                run_dir=base / "runs" / path.stem,
+                settings=profile.settings,
+                progress=False,
+                drain_timeout=60,
+                sample_every=profile.sample_every,
+            )
+            report = WorkloadRun(scot, topology, read_workload(part_dir), options).run()
+            report.update(
+                {
+                    "experiment": name,
+                    "profile": "quick" if quick else "full",
+                    "point": {"subscribers": subscribers, "publishers": publishers},
+                    "hrp": part.meta.get("hrp"),
+                }
+            )
+            path.write_text(json.dumps(report, indent=1))
+            reports.append(report)
+    (out / f"{name}.md").write_text(table(name, profile, reports))
+    plot(name, reports, out / f"{name}.png")
+    return reports
+
+
+# -- tables --------------------------------------------------------------------------------
+
+
+def metrics(report: dict[str, Any]) -> dict[str, float]:
+    """The per-run figures the tables and plots use."""
+    return {
+        "sbp_messages": report["sbp_messages"],
+        "tree": report["avg_subscription_tree_length"],
+        "subscription_delay": report["subscription_delay"]["mean"],
+        "notification_delay": report["notification_delay"]["mean"],
+        "notification_delay_p99": report["notification_delay"]["p99"],
+        "under_1s": report["notification_delay"]["under_1s"],
+        "matching_delay": report["matching_delay"]["mean_per_operation"],
+        "notification_messages": report["notification_messages"],
+        "queue": report["target_queue_length"]["mean"],
+        "expected": report["expected_deliveries"],
+        "delivered": report["delivered"],
+        "duplicates": report["duplicates"],
+        "lost": report["lost"],
+    }
+
+
+def change(ours: float, base: float) -> float:
+    """Relative change of ``ours`` against ``base`` (−0.25 = 25% lower)."""
+    return (ours - base) / base if base else math.nan
+
+
+def table(name: str, profile: Profile, reports: list[dict[str, Any]]) -> str:
+    """Markdown: per-point figures, then our ratios beside the paper's."""
+    by = {
+        (r["point"]["subscribers"], r["point"]["publishers"], r["mode"]): metrics(r)
+        for r in reports
+    }
+    lines = [
+        f"### {name} ({reports[0]['profile']} profile)",
+        "",
+        profile.note,
+        "",
+        "| subscribers | publishers | mode | SBP msgs | tree | sub delay s | notif delay "
+        "s (p99) | <1 s | match µs | notif msgs | queue | expected | delivered | dup | "
+        "lost |",
+        "|" + "---|" * 15,
+    ]
+    for (subs, pubs, mode), m in sorted(by.items()):
+        lines.append(
+            f"| {subs} | {pubs} | {mode} | {m['sbp_messages']:,} | {m['tree']:.2f} | "
+            f"{m['subscription_delay']:.3f} | {m['notification_delay']:.3f} "
+            f"({m['notification_delay_p99']:.3f}) | {m['under_1s']:.0%} | "
+            f"{1e6 * m['matching_delay']:.1f} | {m['notification_messages']:,} | "
+            f"{m['queue']:.1f} | {m['expected']:,} | {m['delivered']:,} | {m['duplicates']} | "
+            f"{m['lost']} |"
+        )
+    if name == "burst":
+        lines += [
+            "",
+            "| mode | peak queued (all links) | back to normal after the HRP stops |",
+            "|---|---|---|",
+        ]
+        for r in sorted(reports, key=lambda r: r["mode"]):
+            peak, after = recovery(r)
+            lines.append(f"| {r['mode']} | {peak:,} | {_seconds(after)} |")
+    lines += ["", "| ratio | ours (mean over points) | paper |", "|---|---|---|"]
+    for label, ours, paper in ratios(name, by):
+        lines.append(f"| {label} | {_pct(ours)} | {_pct(paper)} |")
+    return "\n".join(lines) + "\n"
+
+
+def ratios(
+    name: str, by: dict[tuple[int, int, str], dict[str, float]]
+) -> list[tuple[str, float, float]]:
+    """(label, our mean ratio, the paper's) for the experiment's headline claims."""
+    points = sorted({(s, p) for s, p, _ in by})
+
+    def mean(key: str, mode: str, base: str) -> float:
+        values = [
+            change(by[(s, p, mode)][key], by[(s, p, base)][key])
+            for s, p in points
+            if (s, p, mode) in by and (s, p, base) in by
+        ]
+        return sum(values) / len(values) if values else math.nan
+
+    if name == "burst":
+        return [
+            (
+                "target-link queue, DNR vs SNR",
+                mean("queue", "dnr", "snr"),
+                PAPER["burst_queue_vs_snr"],
+            ),
+            (
+                "target-link queue, DNR vs BID",
+                mean("queue", "dnr", "bid"),
+                PAPER["burst_queue_vs_bid"],
+            ),
+            (
+                "notification delay, DNR vs SNR",
+                mean("notification_delay", "dnr", "snr"),
+                PAPER["burst_delay_vs_snr"],
+            ),
+            (
+                "notification delay, DNR vs BID",
+                mean("notification_delay", "dnr", "bid"),
+                PAPER["burst_delay_vs_bid"],
+            ),
+        ]
+    return [
+        ("SBP messages, SNR vs BID", mean("sbp_messages", "snr", "bid"), PAPER["sbp_messages"]),
+        (
+            "subscription delay, SNR vs BID",
+            mean("subscription_delay", "snr", "bid"),
+            PAPER["subscription_delay"],
+        ),
+        (
+            "notification delay, SNR vs BID",
+            mean("notification_delay", "snr", "bid"),
+            PAPER["notification_delay"],
+        ),
+        (
+            "notification delay, DNR vs BID",
+            mean("notification_delay", "dnr", "bid"),
+            PAPER["notification_delay"],
+        ),
+        (
+            "notification messages, SNR vs BID",
+            mean("notification_messages", "snr", "bid"),
+            PAPER["notification_messages"],
+        ),
+        (
+            "matching delay, BID vs SNR",
+            mean("matching_delay", "bid", "snr"),
+            PAPER["matching_delay_bid"],
+        ),
+    ]
+
+
+def recovery(report: dict[str, Any]) -> tuple[int, float]:
+    """Peak of all output queues, and seconds from the HRP's last publication until they
+    hold at most 2% of that peak (NaN if never, 0 if they never grew)."""
+    timeline = report.get("timeline", [])
+    hrp = report.get("hrp") or {}
+    peak = max((s["total"] for s in timeline), default=0)
+    if not timeline or not hrp or peak == 0:
+        return peak, 0.0
+    stops = hrp["start"] + hrp["notifications"] * 60.0 / hrp["rate_per_minute"]
+    calm = max(2, 0.02 * peak)
+    settled = [s["t"] for s in timeline if s["t"] >= stops and s["total"] <= calm]
+    return peak, max(0.0, settled[0] - stops) if settled else math.nan
+
+
+def _seconds(value: float) -> str:
+    return "did not settle" if math.isnan(value) else f"{value:.1f} s"
+
+
+def _pct(value: float) -> str:
+
+    return "–" if math.isnan(value) else f"{value:+.0%}"
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+
+def plot(name: str, reports: list[dict[str, Any]], path: Path) -> None:
+    """Plots laid out like the paper's Figs. 9–11."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if name == "burst":
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for r in reports:
+            series = r.get("max_delay_per_1000", [])
+            axes[0].plot(range(1, len(series) + 1), series, marker=".", label=r["mode"].upper())
+            timeline = r.get("timeline", [])
+            axes[1].plot(
+                [s["t"] for s in timeline], [s["total"] for s in timeline], label=r["mode"].upper()
+            )
+        axes[0].set(
+            xlabel="deliveries (thousands, in arrival order)",
+            ylabel="max delay of 1,000 deliveries (s)",
+            title="(a) delay (Fig. 11)",
+        )
+        axes[1].set(
+            xlabel="time since publishing started (s)",
+            ylabel="messages in all output queues",
+            title="(b) output queues",
+        )
+    else:
+        x_key = "subscribers" if name == "subscribers" else "publishers"
+        panels: list[tuple[str, str, Callable[[dict], float]]] = [
+            ("SBP messages", "messages", lambda m: m["sbp_messages"]),
+            ("subscription delay", "s", lambda m: m["subscription_delay"]),
+            ("notification delay", "s", lambda m: m["notification_delay"]),
+            ("notification messages", "messages", lambda m: m["notification_messages"]),
+            ("matching delay", "µs", lambda m: 1e6 * m["matching_delay"]),
+        ]
+        fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
+        for ax, (title, unit, value) in zip(axes, panels, strict=True):
+            for mode in MODES:
+                runs = sorted(
+                    (r["point"][x_key], value(metrics(r))) for r in reports if r["mode"] == mode
+                )
+                if runs:
+                    ax.plot(*zip(*runs, strict=True), marker="o", label=mode.upper())
+            ax.set(title=title, xlabel=x_key, ylabel=unit)
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"OctopiS on paper75, 75 broker processes: {name} ({reports[0]['profile']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.experiments EXPERIMENT [--quick]``."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.experiments",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("experiment", choices=sorted(PROFILES))
+    p.add_argument("--quick", action="store_true", help="the few-minute profile")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated (default all)")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if not set(modes) <= set(MODES):
+        p.error(f"--modes must be among {', '.join(MODES)}")
+    started = time.monotonic()
+    reports = run_experiment(args.experiment, args.quick, args.out, modes, args.seed)
+    bad = [r for r in reports if r["lost"] or r["duplicates"]]
+    print((args.out / f"{args.experiment}.md").read_text())
+    print(
+        f"{len(reports)} runs in {time.monotonic() - started:.0f} s; "
+        f"{len(bad)} with lost or duplicated deliveries; plots: "
+        f"{args.out / (args.experiment + '.png')}"
+    )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

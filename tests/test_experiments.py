@@ -1,0 +1,90 @@
+"""The experiment harness's bookkeeping: subsets, ratios, recovery time, tables, plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from bench.experiments import PROFILES, change, plot, recovery, subset, table
+from octopis.topology import build_preset
+from octopis.workload import HighRatePublisher, generate_workload
+
+
+def _report(
+    mode: str, subscribers: int, sbp: int, delay: float, queue: float, **extra: object
+) -> dict:
+    return {
+        "mode": mode,
+        "profile": "quick",
+        "point": {"subscribers": subscribers, "publishers": 100},
+        "sbp_messages": sbp,
+        "avg_subscription_tree_length": 5.9,
+        "subscription_delay": {"mean": delay * 10},
+        "notification_delay": {"mean": delay, "p99": 3 * delay, "under_1s": 0.9},
+        "matching_delay": {"mean_per_operation": 3e-5},
+        "notification_messages": 1000,
+        "target_queue_length": {"mean": queue},
+        "expected_deliveries": 50,
+        "delivered": 50,
+        "duplicates": 0,
+        "lost": 0,
+        **extra,
+    }
+
+
+def test_subset_keeps_the_first_clients_and_the_hrp() -> None:
+    scot = build_preset("fig2")
+    workload = generate_workload(
+        scot,
+        subscribers=40,
+        publishers=6,
+        notifications=3,
+        seed=2,
+        hrp=HighRatePublisher(10, interest=0.05),
+    )
+    part = subset(workload, 10, 2)
+    followers = {s.subscriber for s in workload.subscriptions if "HRP" in s.subscription.to_text()}
+    assert {s.subscriber for s in part.subscriptions} == {f"S{i}" for i in range(10)} | followers
+    assert {p.publisher for p in part.publications} == {"P0", "P1", "HRP"}
+    assert part.meta["subset"] == {"subscribers": 10, "publishers": 2}
+
+
+def test_scalability_table_states_our_ratios_beside_the_papers(tmp_path: Path) -> None:
+    reports = [_report("snr", n, 74 * n, 0.1, 1.0) for n in (500, 1500)]
+    reports += [_report("dnr", n, 74 * n, 0.1, 1.0) for n in (500, 1500)]
+    reports += [_report("bid", n, 366 * n, 0.2, 2.0) for n in (500, 1500)]
+    text = table("subscribers", PROFILES["subscribers"]["quick"], reports)
+    assert f"| SBP messages, SNR vs BID | {change(74, 366):+.0%} | -89% |" in text
+    assert "| notification delay, SNR vs BID | -50% | -47% |" in text
+    assert "| 1500 | 100 | bid | 549,000 |" in text
+    plot("subscribers", reports, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_burst_recovery_and_table(tmp_path: Path) -> None:
+    hrp = {"start": 5.0, "notifications": 100, "rate_per_minute": 600.0}  # stops at 15 s
+    busy = [
+        {"t": t, "total": q} for t, q in [(0, 0), (10, 80), (15, 100), (16, 40), (18, 1), (20, 0)]
+    ]
+    calm = [{"t": t, "total": 0} for t in range(0, 21, 5)]
+    stuck = [{"t": t, "total": 50} for t in range(0, 21, 5)]
+    assert recovery({"timeline": busy, "hrp": hrp}) == (100, 3.0)
+    assert recovery({"timeline": calm, "hrp": hrp}) == (0, 0.0)
+    assert math.isnan(recovery({"timeline": stuck, "hrp": hrp})[1])
+    reports = [
+        _report(
+            "snr", 1000, 74_000, 1.0, 20.0, timeline=busy, hrp=hrp, max_delay_per_1000=[0.2, 1.5]
+        ),
+        _report(
+            "dnr", 1000, 74_000, 0.1, 2.0, timeline=calm, hrp=hrp, max_delay_per_1000=[0.1, 0.1]
+        ),
+        _report(
+            "bid", 1000, 366_000, 2.0, 40.0, timeline=stuck, hrp=hrp, max_delay_per_1000=[0.3, 2.5]
+        ),
+    ]
+    text = table("burst", PROFILES["burst"]["quick"], reports)
+    assert "| target-link queue, DNR vs SNR | -90% | -48% |" in text
+    assert "| notification delay, DNR vs BID | -95% | -58% |" in text
+    assert "| snr | 100 | 3.0 s |" in text and "| bid | 50 | did not settle |" in text
+    plot("burst", reports, tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 10_000
