@@ -138,8 +138,9 @@ class ClusteredBroker:
         """Handle one message from neighbour ``src``."""
         if src not in self.cluster_of:
             raise ProtocolError(f"{self.id} has no link to {src}")
-        if isinstance(message, Notification):
+        if type(message) is Notification:
             return self._route(message, src, links)
+
         if isinstance(message, Subscribe):
             return self.broadcast_subscription(message, src)
         if isinstance(message, Unsubscribe):

@@ -50,6 +50,11 @@ log = logging.getLogger("octopis.broker")
 PEER_BATCH = 64
 """Frames handled before yielding to the event loop, so senders keep draining."""
 YIELDS_BEFORE_POLL = 4
+NOBLOCK, EVENTS, POLLOUT = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLOUT)
+RCVMORE, SNDMORE_NOBLOCK = int(zmq.RCVMORE), int(zmq.SNDMORE | zmq.NOBLOCK)
+
+"""Plain ints: pyzmq's flag enums cost an enum construction per call on the hot path."""
+
 """Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
 
 
@@ -162,11 +167,13 @@ class OutputLink:
                 booked = True
                 if start > now:
                     await asyncio.sleep(start - now)
+            sender, body = self.queue[0]
             try:
-                self._sync.send_multipart(self.queue[0], zmq.NOBLOCK)
+                self._sync.send(sender, SNDMORE_NOBLOCK)
             except zmq.Again:
                 await self._writable()
                 continue
+            self._sync.send(body)  # a multipart message is accepted whole after its first part
             booked = False
             self.queue.popleft()
             self.sent += 1
@@ -178,7 +185,7 @@ class OutputLink:
         an asyncio poll registration (which matters with a low high-water mark)."""
         for _ in range(YIELDS_BEFORE_POLL):
             await asyncio.sleep(0)
-            if self._sync.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+            if self._sync.getsockopt(EVENTS) & POLLOUT:
                 return
         await self.socket.poll(None, zmq.POLLOUT)
 
@@ -304,14 +311,18 @@ class Broker:
 
     async def _peer_loop(self) -> None:
         sync = zmq.Socket.shadow(self.peer_in.underlying)
+        recv = sync.recv
+        more = sync.getsockopt
         handled = 0
         while True:
             try:
-                frame = sync.recv_multipart(zmq.NOBLOCK)
+                frame = [recv(NOBLOCK)]
             except zmq.Again:
                 handled = 0
                 await self.peer_in.poll(None, zmq.POLLIN)
                 continue
+            while more(RCVMORE):  # the rest of a multipart message is already here
+                frame.append(recv())
             self._on_peer_frame(frame)
             handled += 1
             if handled >= PEER_BATCH:

@@ -115,12 +115,18 @@ def _notification(data: list) -> Notification:
         ):
             raise WireError("NOTIFY destinations must be [[broker, sub_id], ...]")
         dests = tuple((d[0], d[1]) for d in dests)
+    if type(publisher) is not str or not publisher:
+        _str(publisher, "publisher")
+    if type(seq) is not int:
+        _int(seq, "seq")
+    if type(published_at) is not float:
+        published_at = _float(published_at, "published_at")
     return Notification(
-        _str(publisher, "publisher"),
-        _int(seq, "seq"),
-        _float(published_at, "published_at"),
+        publisher,
+        seq,
+        published_at,
         validate_publication(publication),
-        _cbv_in(cbv),
+        None if cbv is None else _cbv_in(cbv),
         dests,
     )
 
