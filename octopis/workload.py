@@ -153,47 +153,63 @@ def read_workload(path: str | Path) -> Workload:
 def write_workload(path: str | Path, workload: Workload) -> None:
     """Write ``workload`` into directory ``path`` (created; replaced only if it is a workload).
 
-    The files appear together: they are written to a temporary sibling and renamed.
+    The files appear together: see :func:`write_workload_tables`.
+    """
+    _check_consistency(workload)
+    subscriptions = pa.Table.from_pylist(
+        [
+            {
+                "subscriber": s.subscriber,
+                "broker": s.broker,
+                "filter": s.subscription.to_text(),
+                "time": float(s.time),
+            }
+            for s in workload.subscriptions
+        ],
+        schema=SUBSCRIPTION_SCHEMA,
+    )
+    publications = pa.Table.from_pylist(
+        [
+            {
+                "publisher": p.publisher,
+                "broker": p.broker,
+                "seq": p.seq,
+                "time": float(p.time),
+                "publication": format_publication(p.publication),
+            }
+            for p in workload.publications
+        ],
+        schema=PUBLICATION_SCHEMA,
+    )
+    write_workload_tables(path, workload.meta, subscriptions, publications)
+
+
+def write_workload_tables(
+    path: str | Path, meta: dict[str, Any], subscriptions: pa.Table, publications: pa.Table
+) -> None:
+    """Write a workload given as Arrow tables of the two schemas (the Spark job's route).
+
+    ``path`` is created, or replaced only if it already is a workload directory; the
+    files are written into a temporary sibling that is renamed in one step, so a failure
+    leaves nothing half-written.
     """
     path = Path(path)
     if path.exists() and not (path / META).is_file():
         raise WorkloadError(f"{path} exists and is not a workload directory; not replacing it")
-    _check_consistency(workload)
+    for table, schema, name in (
+        (subscriptions, SUBSCRIPTION_SCHEMA, SUBSCRIPTIONS),
+        (publications, PUBLICATION_SCHEMA, PUBLICATIONS),
+    ):
+        if not table.schema.equals(schema):
+            raise WorkloadError(f"{name}: table schema {table.schema} is not {schema}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
-        pq.write_table(
-            pa.Table.from_pylist(
-                [
-                    {
-                        "subscriber": s.subscriber,
-                        "broker": s.broker,
-                        "filter": s.subscription.to_text(),
-                        "time": float(s.time),
-                    }
-                    for s in workload.subscriptions
-                ],
-                schema=SUBSCRIPTION_SCHEMA,
-            ),
-            tmp / SUBSCRIPTIONS,
+        pq.write_table(subscriptions, tmp / SUBSCRIPTIONS)
+        pq.write_table(publications, tmp / PUBLICATIONS)
+        (tmp / META).write_text(
+            json.dumps({**meta, "format": FORMAT}, indent=1) + "\n", encoding="utf-8"
         )
-        pq.write_table(
-            pa.Table.from_pylist(
-                [
-                    {
-                        "publisher": p.publisher,
-                        "broker": p.broker,
-                        "seq": p.seq,
-                        "time": float(p.time),
-                        "publication": format_publication(p.publication),
-                    }
-                    for p in workload.publications
-                ],
-                schema=PUBLICATION_SCHEMA,
-            ),
-            tmp / PUBLICATIONS,
-        )
-        (tmp / META).write_text(json.dumps({**workload.meta, "format": FORMAT}, indent=1) + "\n")
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)

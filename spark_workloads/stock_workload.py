@@ -50,13 +50,10 @@ the measurement and everything after it need no Python on the executors.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -66,7 +63,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from octopis.filters import Subscription, parse_subscription
@@ -76,10 +72,9 @@ from octopis.workload import (
     FORMAT,
     META,
     PUBLICATION_SCHEMA,
-    PUBLICATIONS,
     SUBSCRIPTION_SCHEMA,
-    SUBSCRIPTIONS,
     WorkloadError,
+    write_workload_tables,
 )
 from spark_workloads.quote_input import (
     QuoteInputError,
@@ -727,22 +722,12 @@ def _feed_columns(chunks: list[tuple[Series, slice, str]]) -> dict[str, list[Any
 
 
 def write_output(out: Path, subscriptions: pa.Table, publications: pa.Table, meta: dict) -> None:
-    """Write the workload into ``out`` (replaced only if it is a workload directory) via a
-    temporary sibling directory and one rename."""
-    if out.exists() and not (out / META).is_file():
-        raise BuildError(f"{out} exists and is not a workload directory; not replacing it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    """Write the workload into ``out`` (replaced only if it is a workload directory) in one
+    rename, through the workload format's own writer."""
     try:
-        pq.write_table(subscriptions, tmp / SUBSCRIPTIONS)
-        pq.write_table(publications, tmp / PUBLICATIONS)
-        (tmp / META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_workload_tables(out, meta, subscriptions, publications)
+    except WorkloadError as exc:
+        raise BuildError(str(exc)) from None
 
 
 if __name__ == "__main__":

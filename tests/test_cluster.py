@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiozmq.rpc
 import msgpack
 import pytest
 import zmq
@@ -368,6 +369,46 @@ def test_broker_exits_cleanly_on_sigterm_and_rejects_bad_arguments(tmp_path: Pat
             proc.kill()
             proc.wait()
     assert "stopped" in proc.stderr.read()
+
+
+def test_control_rpc_reports_and_shuts_down(tmp_path: Path) -> None:
+    scot, path = prepare_topology(tmp_path, preset="fig2")
+    info = scot.brokers["c:1"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "octopis.cli.broker",
+            "--topology",
+            str(path),
+            "--id",
+            "c:1",
+            "--mode",
+            "dnr",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+
+    async def scenario() -> None:
+        control = await aiozmq.rpc.connect_rpc(connect=info.control_endpoint, timeout=20)
+        try:
+            status = await control.call.status()
+            assert status["id"] == "c:1" and status["mode"] == "dnr"
+            assert status["neighbours"] == 5 and not status["ready"]  # no neighbour runs
+            stats = await control.call.stats()
+            assert stats["routing_table_size"] == 0
+            assert set(stats["lst"]) == {n.id for n in info.neighbours}
+            assert await control.call.shutdown() is True
+        finally:
+            control.close()
+
+    try:
+        asyncio.run(scenario())
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 async def _wait_serving(endpoint: str) -> None:

@@ -120,9 +120,10 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
         help="when the HRP starts (default 5)",
     )
     hrp.add_argument(
-        "--same-cluster-ok",
+        "--burst-placement",
         action="store_true",
-        help="place HRP followers anywhere (default: in other clusters)",
+        help="place the HRP's followers in clusters other than the HRP's, spread over all "
+        "of them (the paper's burst set-up)",
     )
 
 
@@ -197,7 +198,7 @@ def workload_from_args(args: argparse.Namespace, scot: Scot) -> Workload:
                 args.hrp_rate,
                 args.hrp_interest,
                 args.hrp_start,
-                burst_placement=not args.same_cluster_ok,
+                burst_placement=args.burst_placement,
             )
         workload = generate_workload(
             scot,
