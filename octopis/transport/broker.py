@@ -50,7 +50,13 @@ log = logging.getLogger("octopis.broker")
 PEER_BATCH = 64
 """Frames handled before yielding to the event loop, so senders keep draining."""
 YIELDS_BEFORE_POLL = 4
-NOBLOCK, EVENTS, POLLOUT = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLOUT)
+NOBLOCK, EVENTS, POLLIN, POLLOUT = (
+    int(zmq.NOBLOCK),
+    int(zmq.EVENTS),
+    int(zmq.POLLIN),
+    int(zmq.POLLOUT),
+)
+
 RCVMORE, SNDMORE_NOBLOCK = int(zmq.RCVMORE), int(zmq.SNDMORE | zmq.NOBLOCK)
 
 """Plain ints: pyzmq's flag enums cost an enum construction per call on the hot path."""
@@ -101,6 +107,39 @@ class TimedMatcher:
         return len(self._matcher)
 
 
+class InputWaiter:
+    """Wakes a coroutine when a ZeroMQ socket has input, through one persistent
+    ``loop.add_reader`` on the socket's event FD rather than a poll registration (and its
+    futures) per wait: most messages reach an idle broker, so the wake-up is the cost.
+
+    ZeroMQ signals its FD edge-wise and any operation on the socket may consume the
+    signal; whoever sends on a socket that is also read this way calls :meth:`poke`
+    afterwards, so input that arrived meanwhile is never left unnoticed.
+    """
+
+    def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop) -> None:
+        self._sock = sock
+        self._ready = asyncio.Event()
+        self._fd = sock.getsockopt(zmq.FD)
+        self._loop = loop
+        loop.add_reader(self._fd, self.poke)
+
+    def poke(self) -> None:
+        """Mark input ready if there is some (also resets ZeroMQ's FD signal)."""
+        if self._sock.getsockopt(EVENTS) & POLLIN:
+            self._ready.set()
+
+    async def wait(self) -> None:
+        """Return once the socket has input (the caller has read it dry)."""
+        self._ready.clear()
+        self.poke()
+        await self._ready.wait()
+
+    def close(self) -> None:
+        """Stop watching the FD."""
+        self._loop.remove_reader(self._fd)
+
+
 class Pacer:
     """At most ``rate`` sends per second (a token bucket with a 10 ms burst), shared by
     every link that uses it: one per link for a link capacity, one per broker for a
@@ -146,11 +185,22 @@ class OutputLink:
         self._activity = activity
 
     def put(self, frame: list[bytes], now: float) -> None:
-        """Enqueue one frame (counted as n_in)."""
-        self.queue.append(frame)
+        """Enqueue one frame (counted as n_in). An empty, unpaced queue whose pipe has
+        room sends it at once (counted as n_out too) without waking the sender task."""
         self._lst.enqueued(self.name, now)
-        self._wake.set()
         self._activity.set()
+        if not self.queue and not self.pacers:
+            try:
+                self._sync.send(frame[0], SNDMORE_NOBLOCK)
+            except zmq.Again:
+                pass
+            else:
+                self._sync.send(frame[1])
+                self.sent += 1
+                self._lst.sent(self.name, now)
+                return
+        self.queue.append(frame)
+        self._wake.set()
 
     async def run(self) -> None:
         """Send queued frames in order, each in a slot booked with every pacer."""
@@ -217,6 +267,8 @@ class Broker:
         self._client_backlog: dict[bytes, deque[bytes]] = {}
         self._stopping = asyncio.Event()
         self._broker_pacer: Pacer | None = None
+        self._waiters: dict[str, InputWaiter] = {}
+
         self.queue_seen = [0, 0, 0]
         """Notification copies enqueued: [count, sum of the queue lengths they joined, max]."""
         self.link_activity = asyncio.Event()
@@ -238,6 +290,8 @@ class Broker:
         self.client_sock.setsockopt(zmq.SNDHWM, self.settings.client_sndhwm)
         self.client_sock.setsockopt(zmq.LINGER, 500)
         self.client_sock.bind(self.info.client_endpoint)
+        self._client_sync = zmq.Socket.shadow(self.client_sock.underlying)
+        self._waiters["clients"] = InputWaiter(self._client_sync, loop)
         self.lst = LinkStatusTable(
             [n.id for n in self.info.neighbours],
             self.settings.window,
@@ -284,7 +338,10 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.rpc.close()
         await self.rpc.wait_closed()
+        for waiter in self._waiters.values():
+            waiter.close()
         self.ctx.destroy(linger=200)
+
         log.info("%s stopped", self.id)
 
     def stop(self) -> None:
@@ -311,6 +368,7 @@ class Broker:
 
     async def _peer_loop(self) -> None:
         sync = zmq.Socket.shadow(self.peer_in.underlying)
+        waiter = self._waiters["peers"] = InputWaiter(sync, self._loop)
         recv = sync.recv
         more = sync.getsockopt
         handled = 0
@@ -319,7 +377,7 @@ class Broker:
                 frame = [recv(NOBLOCK)]
             except zmq.Again:
                 handled = 0
-                await self.peer_in.poll(None, zmq.POLLIN)
+                await waiter.wait()
                 continue
             while more(RCVMORE):  # the rest of a multipart message is already here
                 frame.append(recv())
@@ -402,9 +460,8 @@ class Broker:
     def _send_client(self, identity: bytes, frame: bytes) -> None:
         """Send to a client now, or queue behind its backlog when its pipe is full.
 
-        Sends go through the asyncio socket (never a shadow): the ROUTER is also read
-        by an awaiting ``recv``, and only pyzmq's own sends re-arm that reader when they
-        consume ZeroMQ's edge-triggered event.
+        The ROUTER is also read through an :class:`InputWaiter`; every send pokes it, so
+        a send that consumes ZeroMQ's edge-triggered event cannot strand a request.
         """
         backlog = self._client_backlog.get(identity)
         if backlog:
@@ -419,8 +476,15 @@ class Broker:
             log.warning("%s cannot reach client %r: %s", self.id, identity, problem)
 
     def _try_send_client(self, identity: bytes, frame: bytes) -> BaseException | None:
-        sent = self.client_sock.send_multipart([identity, frame], zmq.NOBLOCK)
-        return sent.exception() if sent.done() else None
+        try:
+            self._client_sync.send(identity, SNDMORE_NOBLOCK)
+        except zmq.ZMQError as exc:
+            return exc
+        else:
+            self._client_sync.send(frame)
+            return None
+        finally:
+            self._waiters["clients"].poke()
 
     async def _drain_client(self, identity: bytes) -> None:
         backlog = self._client_backlog[identity]
@@ -443,8 +507,15 @@ class Broker:
         del self._client_backlog[identity]
 
     async def _client_loop(self) -> None:
+        sync = self._client_sync
         while True:
-            parts = await self.client_sock.recv_multipart()
+            try:
+                parts = [sync.recv(NOBLOCK)]
+            except zmq.Again:
+                await self._waiters["clients"].wait()
+                continue
+            while sync.getsockopt(RCVMORE):
+                parts.append(sync.recv())
             if len(parts) != 2:
                 self.counters["client_errors"] += 1
                 log.warning("%s got a client frame with %d parts", self.id, len(parts))
