@@ -110,10 +110,10 @@ PROFILES: dict[str, dict[str, Profile]] = {
             ((1000, 20),),
             "1,000 subscribers, 20 publishers × 40 at 60/min, an HRP sending "
             "3,000 at 12,000/min to 0.2% followers in other clusters, every "
-            "broker limited to 400 sends/s (paper: 5,000 subscribers, 100 "
+            "broker limited to 300 sends/s (paper: 5,000 subscribers, 100 "
             "publishers, HRP 100,000 at 60,000–100,000/min)",
             hrp={"notifications": 3000, "rate": 12000.0, "interest": 0.002, "start": 5.0},
-            settings=BrokerSettings(broker_capacity=400.0),
+            settings=BrokerSettings(broker_capacity=300.0),
             sample_every=0.5,
         ),
         "full": Profile(
@@ -278,6 +278,8 @@ def metrics(report: dict[str, Any]) -> dict[str, float]:
         "delivered": report["delivered"],
         "duplicates": report["duplicates"],
         "lost": report["lost"],
+        "start": report["timings"]["start"],
+        "subscribe": report["timings"]["subscribe"],
     }
 
 
@@ -299,8 +301,8 @@ def table(name: str, profile: Profile, reports: list[dict[str, Any]]) -> str:
         "",
         "| subscribers | publishers | mode | SBP msgs | tree | sub delay s | notif delay "
         "s (p99) | <1 s | match µs | notif msgs | queue | expected | delivered | dup | "
-        "lost |",
-        "|" + "---|" * 15,
+        "lost | start, subscribe s |",
+        "|" + "---|" * 16,
     ]
     for (subs, pubs, mode), m in sorted(by.items()):
         lines.append(
@@ -309,7 +311,7 @@ def table(name: str, profile: Profile, reports: list[dict[str, Any]]) -> str:
             f"({m['notification_delay_p99']:.3f}) | {m['under_1s']:.0%} | "
             f"{1e6 * m['matching_delay']:.1f} | {m['notification_messages']:,} | "
             f"{m['queue']:.1f} | {m['expected']:,} | {m['delivered']:,} | {m['duplicates']} | "
-            f"{m['lost']} |"
+            f"{m['lost']} | {m['start']:.0f}, {m['subscribe']:.0f} |"
         )
     if name == "burst":
         lines += [

@@ -28,6 +28,7 @@ def _report(
         "delivered": 50,
         "duplicates": 0,
         "lost": 0,
+        "timings": {"start": 9.0, "subscribe": 4.0},
         **extra,
     }
 
