@@ -29,8 +29,9 @@ def hop() -> HopBench:
 
 
 @pytest.mark.parametrize("mode", ["snr", "dnr"])
-def test_broker_hop_against_relay(benchmark: pytest.FixtureRequest, hop: HopBench,
-                                  tmp_path: Path, mode: str) -> None:
+def test_broker_hop_against_relay(
+    benchmark: pytest.FixtureRequest, hop: HopBench, tmp_path: Path, mode: str
+) -> None:
     """Paired rounds: relay frames/s, then broker notifications/s; their ratio."""
     pairs: list[tuple[float, float]] = []
 
