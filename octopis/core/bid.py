@@ -145,10 +145,10 @@ class BidBroker:
                 self.stats["stale_destinations"] += 1
                 continue
             by_hop.setdefault(entry.last_hop, []).append((broker, sub_id))
-        plain = n if n.destinations is None else replace(n, destinations=None)
+        plain = n if n.destinations is None else n._replace(destinations=None)
         out: list[Action] = [Deliver(s, plain) for s in subscribers]
         out += [
-            Forward(hop, replace(n, destinations=tuple(dests))) for hop, dests in by_hop.items()
+            Forward(hop, n._replace(destinations=tuple(dests))) for hop, dests in by_hop.items()
         ]
         self.stats["sent.notification"] += len(by_hop)
         self.stats["bids_carried"] += sum(len(d) for d in by_hop.values())

@@ -207,7 +207,7 @@ class ClusteredBroker:
                 if k == self.cluster or k not in self.secondary:
                     raise ProtocolError(f"CBV bit {k} is invalid at cluster {self.cluster}")
                 icols[k] = self.secondary[k]
-            n = replace(n, cbv=None)
+            n = n._replace(cbv=None)
         unloaded = [link for link in icols.values() if not links.overloaded(link)]
         loaded = {k: link for k, link in icols.items() if links.overloaded(link)}
         copies = dict.fromkeys((*acols, *unloaded), n)
@@ -221,7 +221,7 @@ class ClusteredBroker:
             else:
                 case, carrier = 3, min(loaded.values(), key=_by_load(links))
                 carried.discard(self.cluster_of[carrier])
-            copies[carrier] = replace(n, cbv=self._cbv(carried)) if carried else n
+            copies[carrier] = n._replace(cbv=self._cbv(carried)) if carried else n
             self.stats[f"dnr_case_{case}"] += 1
             self.stats["dnr_kept_off"] += len(loaded) - (case == 3)
         out: list[Action] = [Deliver(s, n) for s in subscribers]
