@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     """Validate the inputs, then serve until stopped."""
-    from octopis.transport.broker import run_broker
+    from octopis.transport.broker import BrokerFailure, run_broker
 
     scot = load_topology(args.topology)
     if args.id not in scot.brokers:
@@ -65,6 +65,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     except zmq.ZMQError as exc:
         logging.getLogger("octopis.broker").error("cannot serve %s: %s", args.id, exc)
         return 1
+    except BrokerFailure:
+        return 1  # already logged with its traceback
     return 0
 
 

@@ -52,7 +52,6 @@ class ClusteredBroker:
         self.primary = tuple(n.id for n in broker.neighbours if n.link != ICOL)
         self.secondary = {n.cluster: n.id for n in broker.neighbours if n.link == ICOL}
         self.cluster_of = {n.id: n.cluster for n in broker.neighbours}
-        self.links = self.primary + tuple(self.secondary.values())
         self.table = RoutingTable((LOCAL, PRIMARY, SECONDARY), matcher_factory, self._part_of)
         self.stats: Counter[str] = Counter()
         self._next_sub = 0
@@ -208,8 +207,13 @@ class ClusteredBroker:
                     raise ProtocolError(f"CBV bit {k} is invalid at cluster {self.cluster}")
                 icols[k] = self.secondary[k]
             n = n._replace(cbv=None)
-        unloaded = [link for link in icols.values() if not links.overloaded(link)]
-        loaded = {k: link for k, link in icols.items() if links.overloaded(link)}
+        unloaded: list[str] = []
+        loaded: dict[int, str] = {}
+        for k, link in icols.items():
+            if links.overloaded(link):
+                loaded[k] = link
+            else:
+                unloaded.append(link)
         copies = dict.fromkeys((*acols, *unloaded), n)
         if loaded:
             carried = set(loaded)

@@ -58,17 +58,17 @@ class LinkStatusTable:
         self.queue_threshold = queue_threshold
         self.rows = {link: LinkRow(window_start=start) for link in links}
 
-    def enqueued(self, link: str, now: float, count: int = 1) -> None:
-        """``count`` copies entered ``link``'s output queue at ``now``."""
+    def enqueued(self, link: str, now: float) -> None:
+        """One copy entered ``link``'s output queue at ``now``."""
         row = self._roll(link, now)
-        row.n_in += count
-        row.queue_length += count
+        row.n_in += 1
+        row.queue_length += 1
 
-    def sent(self, link: str, now: float, count: int = 1) -> None:
-        """``count`` copies left ``link``'s output queue at ``now``."""
+    def sent(self, link: str, now: float) -> None:
+        """One copy left ``link``'s output queue at ``now``."""
         row = self._roll(link, now)
-        row.n_out += count
-        row.queue_length -= count
+        row.n_out += 1
+        row.queue_length -= 1
 
     def advance(self, now: float) -> None:
         """Close every window that ended by ``now`` (a periodic tick in real brokers)."""

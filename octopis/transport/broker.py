@@ -50,18 +50,20 @@ log = logging.getLogger("octopis.broker")
 PEER_BATCH = 64
 """Frames handled before yielding to the event loop, so senders keep draining."""
 YIELDS_BEFORE_POLL = 4
+"""Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
+
 NOBLOCK, EVENTS, POLLIN, POLLOUT = (
     int(zmq.NOBLOCK),
     int(zmq.EVENTS),
     int(zmq.POLLIN),
     int(zmq.POLLOUT),
 )
-
 RCVMORE, SNDMORE_NOBLOCK = int(zmq.RCVMORE), int(zmq.SNDMORE | zmq.NOBLOCK)
-
 """Plain ints: pyzmq's flag enums cost an enum construction per call on the hot path."""
 
-"""Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
+
+class BrokerFailure(RuntimeError):
+    """A serving loop of the broker ended with an error; the broker shut down."""
 
 
 class MatchClock:
@@ -88,13 +90,6 @@ class TimedMatcher:
 
     def remove(self, key: Any) -> None:
         self._matcher.remove(key)
-
-    def match(self, publication: dict) -> list:
-        started = time.perf_counter()
-        keys = self._matcher.match(publication)
-        self._clock.seconds += time.perf_counter() - started
-        self._clock.calls += 1
-        return keys
 
     def match_groups(self, publication: dict) -> dict:
         started = time.perf_counter()
@@ -268,6 +263,7 @@ class Broker:
         self._stopping = asyncio.Event()
         self._broker_pacer: Pacer | None = None
         self._waiters: dict[str, InputWaiter] = {}
+        self._failure: str | None = None
 
         self.queue_seen = [0, 0, 0]
         """Notification copies enqueued: [count, sum of the queue lengths they joined, max]."""
@@ -323,6 +319,8 @@ class Broker:
             asyncio.create_task(self._client_loop(), name="clients"),
             asyncio.create_task(self._tick_loop(), name="lst"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
         log.info(
             "%s serving (%s) peers %s clients %s control %s",
             self.id,
@@ -341,8 +339,19 @@ class Broker:
         for waiter in self._waiters.values():
             waiter.close()
         self.ctx.destroy(linger=200)
-
+        if self._failure is not None:
+            raise BrokerFailure(self._failure)
         log.info("%s stopped", self.id)
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        """A serving loop never ends on its own: if one does, log why and shut down, so the
+        broker exits non-zero instead of serving with, say, no peer input."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        self._failure = f"{self.id}: task {task.get_name()!r} ended: {exc!r}"
+        log.error("%s", self._failure, exc_info=exc)
+        self.stop()
 
     def stop(self) -> None:
         """Begin a clean shutdown."""

@@ -11,6 +11,7 @@ and keeps serving.
 
 from __future__ import annotations
 
+from math import isfinite
 from typing import Any
 
 import msgpack
@@ -90,6 +91,8 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Hello]:
     if not isinstance(data, list) or not data:
         raise WireError(f"frame from {sender!r} is not [kind, ...]")
     kind = data[0]
+    if type(kind) is not int:  # msgpack's true or 3.0 would compare equal to a kind
+        raise WireError(f"frame kind must be an integer, got {kind!r} from {sender}")
     try:
         if kind == NOTIFY:
             return sender, _notification(data)
@@ -99,6 +102,7 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Hello]:
             _expect(data, 3, "UNSUBSCRIBE")
             return sender, Unsubscribe(_str(data[1], "sub_id"), _state(data[2]))
         if kind == HELLO:
+            _expect(data, 1, "HELLO")
             return sender, HELLO_MESSAGE
     except FilterError as exc:
         raise WireError(f"bad content from {sender}: {exc}") from None
@@ -119,7 +123,7 @@ def _notification(data: list) -> Notification:
         _str(publisher, "publisher")
     if type(seq) is not int:
         _int(seq, "seq")
-    if type(published_at) is not float:
+    if type(published_at) is not float or not isfinite(published_at):
         published_at = _float(published_at, "published_at")
     return Notification(
         publisher,
@@ -156,7 +160,7 @@ def _cbv_in(value: Any) -> frozenbitarray | None:
         not isinstance(value, list)
         or len(value) != 2
         or not isinstance(value[0], bytes)
-        or not isinstance(value[1], int)
+        or type(value[1]) is not int
         or not 0 < value[1] <= 8 * len(value[0])
     ):
         raise WireError("CBV must be [bytes, nbits]")
@@ -183,8 +187,8 @@ def _int(value: Any, name: str) -> int:
 
 
 def _float(value: Any, name: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise WireError(f"{name} must be a number")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not isfinite(value):
+        raise WireError(f"{name} must be a finite number")
     return float(value)
 
 
