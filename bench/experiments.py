@@ -145,6 +145,25 @@ PAPER = {
 }
 """The paper's headline ratios (§7.3, abstract): negative = OctopiS lower."""
 
+CLAIMS: dict[str, list[tuple[str, str, str, str, str]]] = {
+    "scaling": [
+        ("SBP messages", "sbp_messages", "snr", "bid", "sbp_messages"),
+        ("subscription delay", "subscription_delay", "snr", "bid", "subscription_delay"),
+        ("notification delay", "notification_delay", "snr", "bid", "notification_delay"),
+        ("notification delay", "notification_delay", "dnr", "bid", "notification_delay"),
+        ("notification messages", "notification_messages", "snr", "bid", "notification_messages"),
+        ("matching delay", "matching_delay", "bid", "snr", "matching_delay_bid"),
+    ],
+    "burst": [
+        ("target-link queue", "queue", "dnr", "snr", "burst_queue_vs_snr"),
+        ("target-link queue", "queue", "dnr", "bid", "burst_queue_vs_bid"),
+        ("notification delay", "notification_delay", "dnr", "snr", "burst_delay_vs_snr"),
+        ("notification delay", "notification_delay", "dnr", "bid", "burst_delay_vs_bid"),
+    ],
+}
+"""Each table row: (label, metric, mode, baseline, PAPER key); ``ratios`` reports the mean
+change of ``metric`` from ``baseline`` to ``mode`` over the experiment's points."""
+
 
 def build_workload(profile: Profile, topology: Path, out: Path, seed: int) -> Workload:
     """Run the Spark job once for the largest point of ``profile``."""
@@ -342,56 +361,9 @@ def ratios(
         ]
         return sum(values) / len(values) if values else math.nan
 
-    if name == "burst":
-        return [
-            (
-                "target-link queue, DNR vs SNR",
-                mean("queue", "dnr", "snr"),
-                PAPER["burst_queue_vs_snr"],
-            ),
-            (
-                "target-link queue, DNR vs BID",
-                mean("queue", "dnr", "bid"),
-                PAPER["burst_queue_vs_bid"],
-            ),
-            (
-                "notification delay, DNR vs SNR",
-                mean("notification_delay", "dnr", "snr"),
-                PAPER["burst_delay_vs_snr"],
-            ),
-            (
-                "notification delay, DNR vs BID",
-                mean("notification_delay", "dnr", "bid"),
-                PAPER["burst_delay_vs_bid"],
-            ),
-        ]
     return [
-        ("SBP messages, SNR vs BID", mean("sbp_messages", "snr", "bid"), PAPER["sbp_messages"]),
-        (
-            "subscription delay, SNR vs BID",
-            mean("subscription_delay", "snr", "bid"),
-            PAPER["subscription_delay"],
-        ),
-        (
-            "notification delay, SNR vs BID",
-            mean("notification_delay", "snr", "bid"),
-            PAPER["notification_delay"],
-        ),
-        (
-            "notification delay, DNR vs BID",
-            mean("notification_delay", "dnr", "bid"),
-            PAPER["notification_delay"],
-        ),
-        (
-            "notification messages, SNR vs BID",
-            mean("notification_messages", "snr", "bid"),
-            PAPER["notification_messages"],
-        ),
-        (
-            "matching delay, BID vs SNR",
-            mean("matching_delay", "bid", "snr"),
-            PAPER["matching_delay_bid"],
-        ),
+        (f"{label}, {mode.upper()} vs {base.upper()}", mean(key, mode, base), PAPER[claim])
+        for label, key, mode, base, claim in CLAIMS["burst" if name == "burst" else "scaling"]
     ]
 
 
