@@ -27,7 +27,7 @@ import zmq
 import zmq.asyncio
 from bitarray import frozenbitarray
 
-from octopis.cluster.launcher import find_free_base_port
+from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.topology import build_preset
@@ -93,22 +93,7 @@ class HopBench:
         config = tmp / "broker.toml"
         config.write_text((settings or BrokerSettings()).to_toml())
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "octopis.cli.broker",
-                "--topology",
-                str(path),
-                "--id",
-                BROKER,
-                "--mode",
-                mode,
-                "--config",
-                str(config),
-                "--log-level",
-                "WARNING",
-            ],
-            stdin=subprocess.DEVNULL,
+            broker_command(path, BROKER, mode, config, "WARNING"), stdin=subprocess.DEVNULL
         )
         try:
             return asyncio.run(self._drive(install=True, expected=self.forwarded))

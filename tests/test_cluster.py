@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from octopis.client import BrokerError, Connection, Publisher, Subscriber
-from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.cluster.launcher import LocalCluster, broker_command, prepare_topology
 from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.core import Notification
 from octopis.filters import parse_subscription
@@ -330,7 +330,7 @@ def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
 def test_broker_exits_cleanly_on_sigterm_and_rejects_bad_arguments(tmp_path: Path) -> None:
     scot, path = prepare_topology(tmp_path, preset="fig2")
     bad = subprocess.run(
-        [sys.executable, "-m", "octopis.cli.broker", "--topology", str(path), "--id", "zz:9"],
+        broker_command(path, "zz:9"),
         capture_output=True,
         text=True,
         check=False,
@@ -339,24 +339,14 @@ def test_broker_exits_cleanly_on_sigterm_and_rejects_bad_arguments(tmp_path: Pat
     config = tmp_path / "bad.toml"
     config.write_text("[lst]\nwindow = -1\n")
     bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "octopis.cli.broker",
-            "--topology",
-            str(path),
-            "--id",
-            "a:0",
-            "--config",
-            str(config),
-        ],
+        broker_command(path, "a:0", config=config),
         capture_output=True,
         text=True,
         check=False,
     )
     assert bad.returncode == 2 and "lst.window must be ≥" in bad.stderr
     proc = subprocess.Popen(
-        [sys.executable, "-m", "octopis.cli.broker", "--topology", str(path), "--id", "a:0"],
+        broker_command(path, "a:0"),
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -375,17 +365,7 @@ def test_control_rpc_reports_and_shuts_down(tmp_path: Path) -> None:
     scot, path = prepare_topology(tmp_path, preset="fig2")
     info = scot.brokers["c:1"]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "octopis.cli.broker",
-            "--topology",
-            str(path),
-            "--id",
-            "c:1",
-            "--mode",
-            "dnr",
-        ],
+        broker_command(path, "c:1", "dnr"),
         stderr=subprocess.DEVNULL,
     )
 

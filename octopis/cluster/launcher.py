@@ -68,6 +68,23 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def broker_command(
+    topology: Path,
+    broker_id: str,
+    mode: str | None = None,
+    config: Path | None = None,
+    log_level: str | None = None,
+) -> list[str]:
+    """The command line that runs broker ``broker_id`` of ``topology`` as its own process
+    (``octopis-broker`` through this interpreter); unset options keep the CLI's defaults."""
+    command = [sys.executable, "-m", "octopis.cli.broker", "--topology", str(topology)]
+    command += ["--id", broker_id]
+    for option, value in (("--mode", mode), ("--config", config), ("--log-level", log_level)):
+        if value is not None:
+            command += [option, str(value)]
+    return command
+
+
 def prepare_topology(
     run_dir: Path, *, topology: Path | None = None, preset: str | None = None
 ) -> tuple[Scot, Path]:
@@ -116,21 +133,9 @@ class LocalCluster:
             log_path = logs / f"{broker_id.replace(':', '_')}.log"
             with open(log_path, "ab") as log_file:
                 self.processes[broker_id] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "octopis.cli.broker",
-                        "--topology",
-                        str(self.topology_path),
-                        "--id",
-                        broker_id,
-                        "--mode",
-                        self.mode,
-                        "--config",
-                        str(config),
-                        "--log-level",
-                        self.log_level,
-                    ],
+                    broker_command(
+                        self.topology_path, broker_id, self.mode, config, self.log_level
+                    ),
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
