@@ -4,11 +4,13 @@ The harness plays the neighbours of broker ``b:0`` of fig2: it installs subscrip
 sending SBP messages as neighbour ``c:0`` (so matching notifications are forwarded to
 ``c:0``), pushes notifications into ``b:0`` as neighbour ``a:0`` and counts what arrives at
 ``c:0``'s endpoint. The relay is the same shape without routing: a process that pulls
-frames and pushes them on unchanged, written with the same asyncio/pyzmq pattern as the
-broker's transport (non-blocking sends, drain loops), so the ratio isolates the cost of
-decoding, matching and routing.
+messages and pushes them on unchanged, with the same asyncio pattern as the broker's
+transport (non-blocking sends, drain loops), in two styles: the textbook pyzmq relay
+(``recv_multipart``/``send_multipart``, the issue's baseline) and one built from the
+broker's own receive/send primitives, against which the ratio is the cost of decoding,
+matching and routing alone. Rates count whole two-part messages.
 
-``python -m bench.hop`` prints both rates and the ratio.
+``python -m bench.hop`` prints the broker's rate and its ratio to each relay.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import subprocess
 import sys
-import threading
+import tempfile
 import time
+from collections.abc import Callable
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import aiozmq.rpc
+import msgpack
 import zmq
 import zmq.asyncio
 from bitarray import frozenbitarray
@@ -31,14 +37,21 @@ from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.topology import build_preset
+from octopis.transport.broker import SNDMORE_NOBLOCK, receive_now, send_part
 from octopis.transport.settings import BrokerSettings
 from octopis.transport.wire import Hello, encode_peer
 
 BROKER, UPSTREAM, DOWNSTREAM = "b:0", "a:0", "c:0"
 
 
-def relay_main(pull_endpoint: str, push_endpoint: str) -> None:
-    """A bare relay: every frame pulled is pushed on unchanged."""
+def relay_main(pull_endpoint: str, push_endpoint: str, style: str = "pyzmq") -> None:
+    """A bare relay: every message pulled is pushed on unchanged.
+
+    ``pyzmq``: the textbook relay, ``recv_multipart``/``send_multipart``. ``transport``:
+    the broker's own receive and send primitives (:func:`receive_now`, :data:`send_part`),
+    so that the ratio against it is the cost of decoding, matching and routing alone.
+    """
+    receive, send = RELAY_STYLES[style]
 
     async def relay() -> None:
         ctx = zmq.asyncio.Context()
@@ -49,19 +62,47 @@ def relay_main(pull_endpoint: str, push_endpoint: str) -> None:
         outbound = zmq.Socket.shadow(push.underlying)
         while True:
             try:
-                frames = inbound.recv_multipart(zmq.NOBLOCK)
-
+                frames = receive(inbound)
             except zmq.Again:
                 await pull.poll(None, zmq.POLLIN)
                 continue
             while True:
                 try:
-                    outbound.send_multipart(frames, zmq.NOBLOCK)
+                    send(outbound, frames)
                     break
                 except zmq.Again:
                     await push.poll(None, zmq.POLLOUT)
 
     asyncio.run(relay())
+
+
+def _send_transport(sock: zmq.Socket, frames: list[bytes]) -> None:
+    send_part(sock, frames[0], SNDMORE_NOBLOCK)
+    send_part(sock, frames[1])  # cannot fail once the first part is in
+
+
+RELAY_STYLES: dict[str, tuple[Callable, Callable]] = {
+    "pyzmq": (
+        lambda sock: sock.recv_multipart(zmq.NOBLOCK),
+        lambda sock, frames: sock.send_multipart(frames, zmq.NOBLOCK),
+    ),
+    "transport": (lambda sock: receive_now(sock.recv), _send_transport),
+}
+
+
+def _send_all(endpoint: str, path: str, ready: Event, go: Event) -> None:
+    """Sender process: load the frames stored at ``path``, connect, set ``ready``, and
+    once ``go`` is set push them all (blocking sends: ZeroMQ's high-water marks pace it
+    to the hop's speed)."""
+    frames = msgpack.unpackb(Path(path).read_bytes())
+    ctx = zmq.Context()
+    up = ctx.socket(zmq.PUSH)
+    up.connect(endpoint)
+    ready.set()
+    go.wait()
+    for frame in frames:
+        up.send_multipart(frame)
+    ctx.destroy(linger=-1)
 
 
 class HopBench:
@@ -101,8 +142,8 @@ class HopBench:
             proc.terminate()
             proc.wait(timeout=10)
 
-    def run_relay(self) -> float:
-        """Frames per second through the bare relay."""
+    def run_relay(self, style: str = "pyzmq") -> float:
+        """Messages per second through a bare relay of ``style`` (see :func:`relay_main`)."""
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -110,6 +151,7 @@ class HopBench:
                 "import sys, bench.hop as h; h.relay_main(*sys.argv[1:])",
                 self.endpoint(BROKER),
                 self.endpoint(DOWNSTREAM),
+                style,
             ],
             stdin=subprocess.DEVNULL,
             cwd=Path(__file__).resolve().parents[1],
@@ -126,35 +168,50 @@ class HopBench:
         return await asyncio.to_thread(self._pump, expected)
 
     def _pump(self, expected: int) -> float:
-        """Push every frame from one thread, count arrivals in another; blocking sockets,
-        so ZeroMQ's high-water marks pace the sender to the hop's speed."""
+        """Messages per second arriving downstream while a separate process pushes every
+        frame upstream. Sender and receiver are separate processes: sharing one
+        interpreter, the sender thread held the GIL while the hop queued, starving the
+        receiver and measuring the harness rather than the hop."""
         ctx = zmq.Context()
         down = ctx.socket(zmq.PULL)
         down.bind(self.endpoint(DOWNSTREAM))
         up = ctx.socket(zmq.PUSH)
         up.connect(self.endpoint(BROKER))
         down.setsockopt(zmq.RCVTIMEO, 500)
+        spawn = multiprocessing.get_context("spawn")
+        ready, go = spawn.Event(), spawn.Event()
+        sender = None
         try:
             while True:  # warm up: until one notification makes it through
                 up.send_multipart(self.probe)
                 try:
-                    down.recv()
+                    down.recv_multipart()
                     break
                 except zmq.Again:
                     continue
             with contextlib.suppress(zmq.Again):
                 while True:
-                    down.recv()
+                    down.recv_multipart()
             down.setsockopt(zmq.RCVTIMEO, 30_000)
-            sender = threading.Thread(target=lambda: [up.send_multipart(f) for f in self.frames])
+            with tempfile.NamedTemporaryFile(suffix=".msgpack") as stored:
+                stored.write(msgpack.packb(self.frames))
+                stored.flush()
+                sender = spawn.Process(
+                    target=_send_all, args=(self.endpoint(BROKER), stored.name, ready, go)
+                )
+                sender.start()
+                if not ready.wait(60):
+                    raise RuntimeError("the sender process did not start")
             started = time.perf_counter()
-            sender.start()
+            go.set()
             for _ in range(expected):
-                down.recv()
+                down.recv_multipart()
             elapsed = time.perf_counter() - started
-            sender.join()
             return expected / elapsed
         finally:
+            if sender is not None:
+                sender.terminate()
+                sender.join()
             ctx.destroy(linger=0)
 
     async def _install(self) -> None:
@@ -182,17 +239,14 @@ class HopBench:
 
 
 def main() -> None:
-    """Print broker and relay rates side by side."""
-    import tempfile
-
-    bench = HopBench(subscriptions=10_000, notifications=20_000)
+    """Print the broker's rate beside both relays'."""
+    bench = HopBench(subscriptions=10_000, notifications=60_000)
     with tempfile.TemporaryDirectory() as tmp:
         broker = bench.run_broker(Path(tmp))
-    relay = bench.run_relay()
-    print(
-        f"broker {broker:,.0f} notifications/s, relay {relay:,.0f} frames/s, "
-        f"ratio {broker / relay:.2f} ({bench.forwarded} of {len(bench.frames)} forwarded)"
-    )
+    relays = {style: bench.run_relay(style) for style in RELAY_STYLES}
+    print(f"broker {broker:,.0f} notifications/s ({bench.forwarded} of {len(bench.frames)})")
+    for style, rate in relays.items():
+        print(f"{style} relay {rate:,.0f} messages/s, ratio {broker / rate:.2f}")
 
 
 if __name__ == "__main__":

@@ -28,14 +28,15 @@ Subscriptions added since the last build wait in a pending list and are verified
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItemWithError
+from cpython.dict cimport PyDict_GetItemWithError, PyDict_Next
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.list cimport PyList_New
-from cpython.long cimport PyLong_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_CheckExact
-from libc.math cimport NAN, isnan, nextafter
+from libc.math cimport NAN, isfinite, isnan, nextafter
+from libc.limits cimport INT_MAX
 from libc.stdint cimport int64_t, uint32_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memset
@@ -50,6 +51,7 @@ cdef extern from "Python.h":
     void _prefetch "__builtin_prefetch"(const void*, int, int)
 
 cdef double INF = float("inf")
+cdef long long MAX_INTEGER = 2 ** 53  # octopis.filters.MAX_INTEGER
 
 # Opcodes of compiled predicates. ``=``, ``<``, ``<=``, ``>``, ``>=`` all compile to
 # NUM_RANGE, a closed interval of doubles: ``x < c`` is ``x <= nextafter(c, -inf)``, exact
@@ -138,11 +140,16 @@ cdef struct Bound:
 
 cdef struct Hot:
     # the arrays a match reads and writes per candidate, copied out of the Matcher so that
-    # the compiler keeps them in registers
+    # the compiler keeps them in registers; in group mode (``grp`` not NULL) ``out`` takes
+    # one subscription per group (``seen`` marks the groups taken) and the match stops
+    # once it holds ``stop`` of them
     const Rng* fast
     const double* val
     const char* state
     int* out
+    const int* grp
+    char* seen
+    int stop
 
 
 cdef struct Node:
@@ -306,6 +313,53 @@ cdef inline double _share(const double* vals, int n, double lo, double hi) noexc
     return (last - first) / <double>n if last > first else 0.0
 
 
+def is_plain_publication(object publication, set known):
+    """Whether ``publication`` is a non-empty dict whose names are all in ``known`` and
+    whose values are strings, finite floats or integers within ±2**53 (never ``bool``):
+    the common case of :func:`octopis.filters.validate_publication`, decided in C on every
+    hop. False means "not known to be valid": the Python check then decides and words
+    the error."""
+    cdef PyObject* name
+    cdef PyObject* value
+    cdef Py_ssize_t pos = 0
+    cdef int overflow
+    cdef long long number
+    if type(publication) is not dict or not publication:
+        return False
+    while PyDict_Next(publication, &pos, &name, &value):
+        if not PyUnicode_CheckExact(<object>name) or <object>name not in known:
+            return False
+        if PyUnicode_CheckExact(<object>value):
+            continue
+        if PyFloat_CheckExact(<object>value):
+            if isfinite(PyFloat_AS_DOUBLE(<object>value)):
+                continue
+            return False
+        if not PyLong_CheckExact(<object>value):
+            return False
+        number = PyLong_AsLongLongAndOverflow(<object>value, &overflow)
+        if overflow or number > MAX_INTEGER or number < -MAX_INTEGER:
+            return False
+    return True
+
+
+cdef inline int _take(Hot h, int sub, bint ok, int n_out) noexcept:
+    """Append ``sub`` to ``h.out`` if it matched (``ok``) and, in group mode, if its group
+    has no subscription there yet; returns the new length."""
+    cdef int g
+    if h.grp == NULL:
+        h.out[n_out] = sub  # branch-free: written always, kept if ok
+        return n_out + ok
+    if not ok:
+        return n_out
+    g = h.grp[sub]
+    if g < 0 or h.seen[g]:
+        return n_out
+    h.seen[g] = 1
+    h.out[n_out] = sub
+    return n_out + 1
+
+
 def _closed_range(str op, double c):
     """``value op c`` as a closed interval of doubles (for the range operators)."""
     if op == "=":
@@ -344,7 +398,8 @@ cdef class Matcher:
     # optional group of each subscription (-1: none) and the scratch marks of match_groups
     cdef int* grp
     cdef char* seen
-    cdef int seen_cap
+    cdef int* grp_live
+    cdef int seen_cap, n_groups
     # interned attribute names and string constants
     cdef dict _attr_ids
     cdef list _attr_refs
@@ -417,6 +472,7 @@ cdef class Matcher:
         PyMem_Free(self.out)
         PyMem_Free(self.grp)
         PyMem_Free(self.seen)
+        PyMem_Free(self.grp_live)
         PyMem_Free(self.val)
         PyMem_Free(self.v_epoch)
         PyMem_Free(self.v_kind)
@@ -570,6 +626,8 @@ cdef class Matcher:
             if type(group) is not int or not 0 <= group < 1 << 30:
                 raise ValueError(f"group must be an integer in [0, 2**30), got {group!r}")
             g = group
+            if g >= self.seen_cap:
+                self._grow_groups(g)
         if self.n_dead > 64 + self.n_indexed // 2:
             self._build()
         compiled = []
@@ -607,6 +665,9 @@ cdef class Matcher:
         self.prog[sub] = prog
         self.prog_len[sub] = n
         self.grp[sub] = g
+        if g >= 0:
+            self.n_groups += self.grp_live[g] == 0
+            self.grp_live[g] += 1
         self.state[sub] = LIVE
         self.indexed[sub] = 0
         self.pend_pos[sub] = self.n_pending
@@ -620,8 +681,11 @@ cdef class Matcher:
     def remove(self, key):
         """Forget the subscription stored under ``key``; an unknown key raises KeyError."""
         cdef int sub = self._ids.pop(key)
-        cdef int pos, last
+        cdef int pos, last, g = self.grp[sub]
         self._release(self._subs[sub])
+        if g >= 0:
+            self.grp_live[g] -= 1
+            self.n_groups -= self.grp_live[g] == 0
         PyMem_Free(self.prog[sub])
         self.prog[sub] = NULL
         self._keys[sub] = None
@@ -1165,8 +1229,7 @@ cdef class Matcher:
             ok &= (f.lo <= x) & (x <= f.hi)
         if r.nslow and ok:
             ok = self._holds(self.slow + r.slow, r.nslow)
-        h.out[n_out] = sub
-        return n_out + ok
+        return _take(h, sub, ok, n_out)
 
     cdef inline int _lookup(self, Hot h, int sid, int key, int n_out) noexcept:
         """Candidates of the string lookup (sid, key)."""
@@ -1179,7 +1242,7 @@ cdef class Matcher:
         while j < end and self.str_ent[j].key < key:
             j += 1
         first = j
-        while j < end and self.str_ent[j].key == key:
+        while j < end and self.str_ent[j].key == key and n_out < h.stop:
             e = &self.str_ent[j]
             n_out = self._emit(h, e.sub, &e.res, n_out)
             j += 1
@@ -1208,9 +1271,14 @@ cdef class Matcher:
                 n_out = self._lookup(h, <int>(<object>found), 3 * a + BY_POSTFIX, n_out)
         return n_out
 
-    cdef int _collect(self, dict publication, list keep) except -1:
+    cdef int _collect(self, dict publication, list keep, bint groups) except -1:
         """Internal ids of the matching subscriptions into ``self.out``; returns how many.
-        ``keep`` holds the publication's values alive while ``out`` is in use."""
+        ``keep`` holds the publication's values alive while ``out`` is in use.
+
+        With ``groups``, ``out`` gets one matching subscription per group instead, with
+        its group marked in ``seen``, and the search stops as soon as every group with a
+        live subscription has one (Algorithm 3 needs distinct next hops, not every match).
+        """
         cdef int n_touched, t, a, i, end, node, n_out = 0
         cdef long long n_cand = 0
         cdef double v
@@ -1222,6 +1290,9 @@ cdef class Matcher:
         h.val = self.val
         h.state = self.state
         h.out = self.out
+        h.grp = self.grp if groups else NULL
+        h.seen = self.seen
+        h.stop = self.n_groups if groups else INT_MAX
         for t in range(n_touched):
             a = self.touched[t]
             if a >= self.built_attrs:
@@ -1229,24 +1300,24 @@ cdef class Matcher:
             if self.v_kind[a] == KIND_NUM:
                 v = h.val[2 * a]
                 node = -1 if isnan(v) else self.iv_root[a]
-                while node >= 0:
+                while node >= 0 and n_out < h.stop:
                     nd = &self.nodes[node]
                     i = nd.beg
                     if v < nd.center:
                         bounds = self.by_lo
-                        while i < nd.end and bounds[i].v <= v:
+                        while i < nd.end and bounds[i].v <= v and n_out < h.stop:
                             n_out = self._emit(h, bounds[i].sub, &bounds[i].res, n_out)
                             i += 1
                         node = nd.left
                     elif v > nd.center:
                         bounds = self.by_hi
-                        while i < nd.end and bounds[i].v >= v:
+                        while i < nd.end and bounds[i].v >= v and n_out < h.stop:
                             n_out = self._emit(h, bounds[i].sub, &bounds[i].res, n_out)
                             i += 1
                         node = nd.right
                     else:
                         bounds = self.by_lo
-                        while i < nd.end:
+                        while i < nd.end and n_out < h.stop:
                             n_out = self._emit(h, bounds[i].sub, &bounds[i].res, n_out)
                             i += 1
                         node = -1
@@ -1256,15 +1327,19 @@ cdef class Matcher:
                 if self.affixed[a]:
                     n_out = self._affix_lookups(h, a, n_out)
             end = self.pr_off[a + 1]
-            for i in range(self.pr_off[a], end):
+            i = self.pr_off[a]
+            while i < end and n_out < h.stop:
                 n_out = self._emit(h, self.pr_ent[i].sub, &self.pr_ent[i].res, n_out)
-            n_cand += end - self.pr_off[a]
+                i += 1
+            n_cand += i - self.pr_off[a]
+            if n_out >= h.stop:
+                break
         self.candidates += n_cand
-        for t in range(self.n_pending):
+        t = 0
+        while t < self.n_pending and n_out < h.stop:
             i = self.pending[t]
-            if self._holds(self.prog[i], self.prog_len[i]):
-                self.out[n_out] = i
-                n_out += 1
+            n_out = _take(h, i, self._holds(self.prog[i], self.prog_len[i]), n_out)
+            t += 1
         return n_out
 
     cdef list _match_one(self, dict publication):
@@ -1272,7 +1347,7 @@ cdef class Matcher:
         cdef list keep = []
         cdef list keys
         cdef PyObject* key
-        cdef int n_out = self._collect(publication, keep)
+        cdef int n_out = self._collect(publication, keep, False)
         # The keys' reference counts are scattered in memory: fetch them ahead of use.
         keys = self._keys
         result = PyList_New(n_out)
@@ -1301,37 +1376,35 @@ cdef class Matcher:
 
     def match_groups(self, publication):
         """``{group: key}``: every group with a matching subscription, each with one of
-        its matching keys (subscriptions added without a group are left out). The
-        distinct groups come straight from the internal ids, without building the full
-        key list."""
-        cdef int i, sub, g, n_out
+        its matching keys (subscriptions added without a group are left out). The search
+        stops once every group holding a live subscription has a match."""
+        cdef int i, sub, n_out
         cdef list keep = []
-        cdef list found = []
         cdef dict result = {}
         if type(publication) is not dict:
             publication = dict(publication)
         self._refresh()
-        n_out = self._collect(publication, keep)
+        if self.n_groups == 0:
+            return result
+        try:
+            n_out = self._collect(publication, keep, True)
+        except BaseException:
+            memset(self.seen, 0, self.seen_cap)
+            raise
         for i in range(n_out):
             sub = self.out[i]
-            g = self.grp[sub]
-            if g < 0:
-                continue
-            if g >= self.seen_cap:
-                self._grow_seen(g)
-            if not self.seen[g]:
-                self.seen[g] = 1
-                found.append(g)
-                result[g] = self._keys[sub]
-        for g in found:
-            self.seen[g] = 0
+            self.seen[self.grp[sub]] = 0
+            result[self.grp[sub]] = self._keys[sub]
         return result
 
-    cdef int _grow_seen(self, int g) except -1:
+    cdef int _grow_groups(self, int g) except -1:
+        """Room for group ids up to ``g`` in ``seen`` and ``grp_live``."""
         cdef int old = self.seen_cap
         self.seen_cap = max(64, 2 * (g + 1))
         self.seen = <char*>_alloc(self.seen, self.seen_cap)
         memset(self.seen + old, 0, self.seen_cap - old)
+        self.grp_live = <int*>_alloc(self.grp_live, self.seen_cap * sizeof(int))
+        memset(self.grp_live + old, 0, (self.seen_cap - old) * sizeof(int))
         return 0
 
     def match_many(self, publications):

@@ -31,11 +31,11 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import msgpack
 import zmq
 import zmq.asyncio
 
 from octopis.filters import Publication, Subscription, as_subscription
+from octopis.transport.wire import pack, unpack
 
 T = TypeVar("T")
 log = logging.getLogger("octopis.client")
@@ -95,7 +95,7 @@ class Connection:
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
         self._pending[req] = future
-        await self.socket.send(msgpack.packb({**message, "req": req}))
+        await self.socket.send(pack({**message, "req": req}))
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
@@ -107,7 +107,7 @@ class Connection:
 
     async def send(self, message: dict[str, Any]) -> None:
         """Send without waiting for a reply (refusals land in :attr:`errors`)."""
-        await self.socket.send(msgpack.packb(message))
+        await self.socket.send(pack(message))
 
     async def close(self) -> None:
         """Stop reading and close the socket."""
@@ -125,7 +125,7 @@ class Connection:
                 log.exception("client of %s dropped a frame it could not handle", self.endpoint)
 
     def _on_frame(self, frame: bytes) -> None:
-        data = msgpack.unpackb(frame)
+        data = unpack(frame)
         now = time.time()
         if isinstance(data, list):
             _, names, publisher, seq, published_at, publication = data

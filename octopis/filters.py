@@ -372,7 +372,7 @@ def validate_publication(p: object) -> Publication:
         raise FilterError(f"a publication must be a dict, got {type(p).__name__}")
     if not p:
         raise FilterError("empty publication")
-    known = _VALID_ATTRIBUTES
+    known = VALID_ATTRIBUTES
     for attr, value in p.items():
         if attr not in known:
             if not isinstance(attr, str) or not _ATTRIBUTE.fullmatch(attr):
@@ -392,7 +392,7 @@ def validate_publication(p: object) -> Publication:
     return p
 
 
-_VALID_ATTRIBUTES: set[str] = set()
+VALID_ATTRIBUTES: set[str] = set()
 """Attribute names already checked against the grammar: every broker validates every
 publication it receives, so the regular expression runs once per name, not per hop."""
 _VALID_ATTRIBUTES_CACHED = 4096

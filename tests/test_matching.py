@@ -155,6 +155,34 @@ def test_stock_workload_agrees_with_reference(seed: int) -> None:
         assert sorted(compiled.match(quote)) == sorted(reference.match(quote))
 
 
+@pytest.mark.parametrize("groups", [1, 3, 40])
+def test_match_groups_stops_early_yet_finds_every_group(groups: int) -> None:
+    """match_groups stops once each live group has a match: same groups as the reference
+    (through removals that empty whole groups), each key a real match of its group."""
+    quotes = random_quotes(500, seed=3, symbols=12)
+    subs = stock_subscriptions(quotes[:250], 600, seed=3)
+    compiled, reference = Matcher(), ReferenceMatcher()
+    for i, s in enumerate(subs):
+        compiled.add(i, s, i % groups)
+        reference.add(i, s, i % groups)
+    compiled.rebuild()
+    for round_ in range(2):
+        found = 0
+        for quote in quotes[250:]:
+            got = compiled.match_groups(quote)
+            assert got.keys() == reference.match_groups(quote).keys()
+            matching = set(reference.match(quote))
+            assert all(key in matching and key % groups == g for g, key in got.items())
+            found += len(got)
+        assert found > 0
+        if round_ == 0:  # empty group 0 (unless it is the only one) and thin the rest
+            for i in range(600):
+                if (groups > 1 and i % groups == 0) or i % 5 == 1:
+                    compiled.remove(i)
+                    reference.remove(i)
+        assert len(compiled) == len(reference)
+
+
 # ---- boundaries ------------------------------------------------------------------------
 
 
