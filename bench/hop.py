@@ -37,7 +37,7 @@ from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.topology import build_preset
-from octopis.transport.broker import SNDMORE_NOBLOCK, receive_now, send_part
+from octopis.transport.broker import receive_now, send_now
 from octopis.transport.settings import BrokerSettings
 from octopis.transport.wire import Hello, encode_peer
 
@@ -48,7 +48,7 @@ def relay_main(pull_endpoint: str, push_endpoint: str, style: str = "pyzmq") -> 
     """A bare relay: every message pulled is pushed on unchanged.
 
     ``pyzmq``: the textbook relay, ``recv_multipart``/``send_multipart``. ``transport``:
-    the broker's own receive and send primitives (:func:`receive_now`, :data:`send_part`),
+    the broker's own receive and send primitives (:func:`receive_now`, :func:`send_now`),
     so that the ratio against it is the cost of decoding, matching and routing alone.
     """
     receive, send = RELAY_STYLES[style]
@@ -76,17 +76,12 @@ def relay_main(pull_endpoint: str, push_endpoint: str, style: str = "pyzmq") -> 
     asyncio.run(relay())
 
 
-def _send_transport(sock: zmq.Socket, frames: list[bytes]) -> None:
-    send_part(sock, frames[0], SNDMORE_NOBLOCK)
-    send_part(sock, frames[1])  # cannot fail once the first part is in
-
-
 RELAY_STYLES: dict[str, tuple[Callable, Callable]] = {
     "pyzmq": (
         lambda sock: sock.recv_multipart(zmq.NOBLOCK),
         lambda sock, frames: sock.send_multipart(frames, zmq.NOBLOCK),
     ),
-    "transport": (lambda sock: receive_now(sock.recv), _send_transport),
+    "transport": (lambda sock: receive_now(sock.recv), send_now),
 }
 
 

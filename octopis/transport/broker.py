@@ -73,6 +73,14 @@ send_part = zmq.backend.Socket.send
 only adds DRAFT routing ids and groups): half the cost per part on the forwarding path."""
 
 
+def send_now(sock: zmq.Socket, frame: list[bytes]) -> None:
+    """Send a two-part frame without blocking; ``zmq.Again`` (nothing sent) if the pipe is
+    full. The second part cannot fail: ZeroMQ takes a message whole once its first part
+    is in."""
+    send_part(sock, frame[0], SNDMORE_NOBLOCK)
+    send_part(sock, frame[1])
+
+
 def receive_now(recv: Callable[..., zmq.Frame]) -> list[bytes]:
     """The parts of the next message, read with ``recv`` (a socket's); ``zmq.Again`` if none
     is waiting. Parts come as ``zmq.Frame``, whose ``more`` flag is read in C at receipt,
@@ -213,11 +221,10 @@ class OutputLink:
         self._activity.set()
         if not self.queue and not self.pacers:
             try:
-                send_part(self._sync, frame[0], SNDMORE_NOBLOCK)
+                send_now(self._sync, frame)
             except zmq.Again:
                 pass
             else:
-                send_part(self._sync, frame[1])
                 self.sent += 1
                 self._lst.sent(self.name, now)
                 return
@@ -239,13 +246,11 @@ class OutputLink:
                 booked = True
                 if start > now:
                     await asyncio.sleep(start - now)
-            sender, body = self.queue[0]
             try:
-                send_part(self._sync, sender, SNDMORE_NOBLOCK)
+                send_now(self._sync, self.queue[0])
             except zmq.Again:
                 await self._writable()
                 continue
-            send_part(self._sync, body)  # cannot fail: its first part got in
             booked = False
             self.queue.popleft()
             self.sent += 1
