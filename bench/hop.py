@@ -37,9 +37,9 @@ from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.topology import build_preset
-from octopis.transport.broker import receive_now, send_now
+from octopis.transport.codec import Hello, encode_peer
+from octopis.transport.links import receive_now, send_now
 from octopis.transport.settings import BrokerSettings
-from octopis.transport.wire import Hello, encode_peer
 
 BROKER, UPSTREAM, DOWNSTREAM = "b:0", "a:0", "c:0"
 
@@ -127,7 +127,8 @@ class HopBench:
         path = tmp / "fig2.json"
         path.write_text(json.dumps(self.scot.to_json()))
         config = tmp / "broker.toml"
-        config.write_text((settings or BrokerSettings()).to_toml())
+        # The harness plays the neighbours and sends them no heartbeats: detection off.
+        config.write_text((settings or BrokerSettings(down_after=3600.0)).to_toml())
         proc = subprocess.Popen(
             broker_command(path, BROKER, mode, config, "WARNING"), stdin=subprocess.DEVNULL
         )
@@ -213,8 +214,12 @@ class HopBench:
         ctx = zmq.asyncio.Context()
         via = ctx.socket(zmq.PUSH)
         via.connect(self.endpoint(BROKER))
+        control = await aiozmq.rpc.connect_rpc(
+            connect=self.scot.brokers[BROKER].control_endpoint, timeout=5
+        )
+        incarnation = (await control.call.status())["incarnation"]
         for neighbour in (UPSTREAM, DOWNSTREAM, "b:1", "b:2"):
-            await via.send_multipart(encode_peer(neighbour, Hello()))
+            await via.send_multipart(encode_peer(neighbour, Hello(1, incarnation)))
         cbv = frozenbitarray("100")
         for i, f in enumerate(self.filters):
             await via.send_multipart(
@@ -222,9 +227,6 @@ class HopBench:
                     DOWNSTREAM, Subscribe(f"s#{i}", DOWNSTREAM, f, SubState.PRIMARY, cbv, 0.0, 1)
                 )
             )
-        control = await aiozmq.rpc.connect_rpc(
-            connect=self.scot.brokers[BROKER].control_endpoint, timeout=5
-        )
         try:
             while (await control.call.stats())["routing_table_size"] < len(self.filters):
                 await asyncio.sleep(0.1)

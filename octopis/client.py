@@ -3,12 +3,12 @@
 A client connects to one broker's ``client_endpoint``. Several named clients may share
 one :class:`Connection` (``octopis run`` attaches thousands of subscribers this way).
 
-Protocol (msgpack): requests are maps ``{"op", "req", "client", ...}`` with ops
-``hello``, ``subscribe`` (``filter``: PADRES text or the dict form),
-``unsubscribe`` (``sub_id``) and ``publish`` (``seq``, ``published_at``, ``publication``;
-acknowledged only when ``req`` is set). Replies echo ``req``; failures are
-``{"op": "error", "message"}`` and raise :class:`BrokerError`. Deliveries are arrays
-``["notify", [client names], publisher, seq, published_at, publication]``.
+Protocol: :mod:`octopis.wire` (requests are maps tagged by ``op``; replies echo ``req``;
+failures are ``{"op": "error", "message"}`` and raise :class:`BrokerError`; a delivery is
+``[names, NOTIFY body]``). The SDK trusts the broker's match: a subscriber receives each
+notification once, whichever of its subscriptions matched (paper §6), and every stream
+of that subscriber sees it. Connections send heartbeats at a quarter of the broker's
+client timeout, so a live but quiet subscriber is never dropped (DESIGN §7).
 
 Example::
 
@@ -35,7 +35,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.filters import Publication, Subscription, as_subscription
-from octopis.transport.wire import pack, unpack
+from octopis.wire import delivery_fields, pack, unpack
 
 T = TypeVar("T")
 log = logging.getLogger("octopis.client")
@@ -76,6 +76,7 @@ class Connection:
         self._pending: dict[int, asyncio.Future] = {}
         self._handlers: dict[str, NotificationHandler] = {}
         self._reader: asyncio.Task | None = None
+        self._heartbeat: asyncio.Task | None = None
         self.errors: list[str] = []
         self.broker: dict[str, Any] = {}
 
@@ -84,7 +85,16 @@ class Connection:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
         self.broker = await self.request({"op": "hello", "client": "-"}, timeout)
+        if self._heartbeat is None:
+            interval = float(self.broker.get("timeout", 10.0)) / 4
+            self._heartbeat = asyncio.create_task(self._beat(interval))
         return self.broker
+
+    async def _beat(self, interval: float) -> None:
+        """Tell the broker this connection is alive, whatever its clients do."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.socket.send(pack({"op": "heartbeat", "client": "-"}))
 
     def register(self, name: str, handler: NotificationHandler) -> None:
         """Route deliveries for client ``name`` to ``handler``."""
@@ -110,30 +120,31 @@ class Connection:
         await self.socket.send(pack(message))
 
     async def close(self) -> None:
-        """Stop reading and close the socket."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        """Stop reading and heartbeats, and close the socket."""
+        tasks = [t for t in (self._reader, self._heartbeat) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.socket.close()
 
     async def _read(self) -> None:
         while True:
-            frame = await self.socket.recv()
+            parts = await self.socket.recv_multipart()
             try:
-                self._on_frame(frame)
+                self._on_frame(parts)
             except Exception:
                 log.exception("client of %s dropped a frame it could not handle", self.endpoint)
 
-    def _on_frame(self, frame: bytes) -> None:
-        data = unpack(frame)
-        now = time.time()
-        if isinstance(data, list):
-            _, names, publisher, seq, published_at, publication = data
-            for name in names:
+    def _on_frame(self, parts: list[bytes]) -> None:
+        if len(parts) == 2:
+            now = time.time()
+            publisher, seq, published_at, publication = delivery_fields(parts[1])
+            for name in unpack(parts[0]):
                 handler = self._handlers.get(name)
                 if handler is not None:
                     handler(name, publisher, seq, published_at, publication, now)
             return
+        data = unpack(parts[0])
         future = self._pending.get(data.get("req"))
         if data.get("op") == "error":
             if future is not None and not future.done():
@@ -145,7 +156,8 @@ class Connection:
 
 
 class SubscriptionStream:
-    """An async iterator over the notifications matching one subscription."""
+    """An async iterator over the notifications delivered to its subscriber (the broker
+    delivers each matching notification once per subscriber, DESIGN §3)."""
 
     def __init__(self, owner: Subscriber, sub_id: str, subscription: Subscription) -> None:
         self.owner = owner
@@ -237,10 +249,8 @@ class Subscriber(_Client):
         if self._callback is not None:
             self._callback(received)
             return
-        streams = list(self._streams.values())
-        for stream in streams:
-            if len(streams) == 1 or stream.subscription.matches(publication):
-                stream.queue.put_nowait(received)
+        for stream in self._streams.values():
+            stream.queue.put_nowait(received)
 
 
 class Publisher(_Client):

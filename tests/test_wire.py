@@ -1,5 +1,6 @@
-"""Peer-link frames (octopis.transport.wire, DESIGN §4): every message kind survives the
-round trip, and every malformed frame is a WireError that names the problem."""
+"""Peer-link frames (octopis.transport.codec, DESIGN §4, §7) and client requests
+(octopis.wire): every message kind survives the round trip, and every malformed frame or
+request is refused with an error that names the problem."""
 
 from __future__ import annotations
 
@@ -8,18 +9,27 @@ import math
 import msgpack
 import pytest
 from bitarray import frozenbitarray
-
-from octopis.core import Notification, Subscribe, SubState, Unsubscribe
-from octopis.filters import parse_subscription
-from octopis.transport.wire import (
-    HELLO,
-    NOTIFY,
+from octopis.transport.codec import (
+    Heartbeat,
     Hello,
     WireError,
     decode_peer,
     encode_body,
     encode_peer,
 )
+from octopis.wire import (
+    HEARTBEAT,
+    HELLO,
+    NOTIFY,
+    PublishRequest,
+    RequestError,
+    decode_request,
+    delivery_fields,
+    pack,
+)
+
+from octopis.core import Notification, Subscribe, SubState, Unsubscribe
+from octopis.filters import parse_subscription
 
 QUOTE = {"class": "STOCK", "symbol": "MSFT", "close": 28.1, "volume": 1200}
 
@@ -53,10 +63,46 @@ def test_round_trip(message: object) -> None:
     assert type(decoded) is type(message)
 
 
-def test_hello_round_trip() -> None:
-    sender, message = decode_peer(encode_peer("c:2", Hello()))
+@pytest.mark.parametrize("message", [Hello(7), Hello(2**63 - 1, 9), Heartbeat(3)])
+def test_link_messages_round_trip(message: Hello | Heartbeat) -> None:
+    sender, decoded = decode_peer(encode_peer("c:2", message))
     assert sender == "c:2"
-    assert type(message) is Hello
+    assert decoded == message
+    assert type(decoded) is type(message)
+
+
+def test_a_delivery_reads_the_notify_body_it_carries() -> None:
+    n = Notification("P", 8, 12.5, QUOTE, cbv=frozenbitarray("0110"))
+    assert delivery_fields(encode_body(n)) == ("P", 8, 12.5, QUOTE)
+
+
+def test_a_client_request_decodes_into_its_kind() -> None:
+    request = decode_request(
+        pack({"op": "publish", "client": "c", "seq": 3, "published_at": 1, "publication": "x"})
+    )
+    assert request == PublishRequest(client="c", seq=3, published_at=1.0, publication="x")
+
+
+@pytest.mark.parametrize(
+    ("request_", "problem"),
+    [
+        ({"op": "publish", "client": "c"}, "missing required field `seq`"),
+        ({"op": "nope", "client": "c"}, "unknown op 'nope'; expected one of hello"),
+        ({"op": "hello", "client": ""}, "at `$.client`"),
+        ({"op": "hello", "client": "c" * 257}, "at `$.client`"),
+        ({"op": "hello", "client": "c", "x": 1}, "unknown field `x`"),
+        (
+            {"op": "publish", "client": "c", "seq": -1, "published_at": 0, "publication": "x"},
+            "at `$.seq`",
+        ),
+        ({"op": "unsubscribe", "client": "c", "sub_id": 5}, "at `$.sub_id`"),
+        ([1, 2], "Expected `object`, got `array`"),
+    ],
+)
+def test_malformed_client_requests_name_the_problem(request_: object, problem: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        decode_request(pack(request_))
+    assert problem in str(caught.value)
 
 
 def good_notify(**change: object) -> list:
@@ -70,14 +116,18 @@ def good_notify(**change: object) -> list:
     [
         ([b"a:0"], "frame has 1 parts"),
         ([b"a:0", b"x", b"y"], "frame has 3 parts"),
-        ([b"\xff", msgpack.packb([HELLO])], "sender part is not UTF-8"),
+        ([b"\xff", msgpack.packb([HELLO, 1, 0])], "sender part is not UTF-8"),
         ([b"a:0", b"\xc1"], "is not msgpack"),
         ([b"a:0", msgpack.packb({"kind": 3})], "is not [kind, ...]"),
         (body(), "is not [kind, ...]"),
         (body(True), "frame kind must be an integer"),
         (body(3.0, "P"), "frame kind must be an integer"),
         (body(9), "unknown frame kind 9"),
-        (body(HELLO, "extra"), "HELLO frame has 2 fields"),
+        (body(HELLO, 1), "HELLO frame has 2 fields"),
+        (body(HELLO, -1, 0), "incarnation must be an integer"),
+        (body(HELLO, 1, 2**63), "peer incarnation must be an integer"),
+        (body(HEARTBEAT, "x"), "incarnation must be an integer"),
+        (body(HEARTBEAT), "HEARTBEAT frame has 1 fields"),
         (body(*good_notify()[:-1]), "NOTIFY frame has 6 fields"),
         (body(*good_notify(publisher="")), "publisher must be a non-empty string"),
         (body(*good_notify(seq="1")), "seq must be an integer"),

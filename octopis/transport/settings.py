@@ -7,6 +7,8 @@ queue_threshold = 10     # Q: a queue this long marks its link overloaded
 
 [links]
 sndhwm = 64              # ZeroMQ send high-water mark per peer link (messages)
+heartbeat = 0.2          # seconds of silence on a link before it carries a heartbeat
+down_after = 1.0         # T: a neighbour silent this long is down (DESIGN §7)
 capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
 broker_capacity = 0      # messages/s over all of a broker's links together; 0 = unlimited
 [links.capacities]       # per directed link "src>dst" = messages/s
@@ -14,6 +16,10 @@ broker_capacity = 0      # messages/s over all of a broker's links together; 0 =
 
 [clients]
 sndhwm = 100000          # per client connection before deliveries queue in the broker
+timeout = 10.0           # a connection silent this long is dropped, its subscriptions withdrawn
+
+[logs]
+interval = 5.0           # a repeated warning is written at most once per interval per kind
 ```
 """
 
@@ -40,6 +46,10 @@ class BrokerSettings:
     capacities: dict[str, float] = field(default_factory=dict)
     broker_capacity: float = 0.0
     client_sndhwm: int = 100_000
+    heartbeat: float = 0.2
+    down_after: float = 1.0
+    client_timeout: float = 10.0
+    log_interval: float = 5.0
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
@@ -54,11 +64,17 @@ class BrokerSettings:
             "",
             "[links]",
             f"sndhwm = {self.sndhwm}",
+            f"heartbeat = {self.heartbeat!r}",
+            f"down_after = {self.down_after!r}",
             f"capacity = {self.capacity!r}",
             f"broker_capacity = {self.broker_capacity!r}",
             "",
             "[clients]",
             f"sndhwm = {self.client_sndhwm}",
+            f"timeout = {self.client_timeout!r}",
+            "",
+            "[logs]",
+            f"interval = {self.log_interval!r}",
         ]
         if self.capacities:
             lines += ["", "[links.capacities]"]
@@ -84,8 +100,9 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
     """Validate a parsed settings document."""
     known = {
         "lst": {"window", "queue_threshold"},
-        "links": {"sndhwm", "capacity", "capacities", "broker_capacity"},
-        "clients": {"sndhwm"},
+        "links": {"sndhwm", "heartbeat", "down_after", "capacity", "capacities", "broker_capacity"},
+        "clients": {"sndhwm", "timeout"},
+        "logs": {"interval"},
     }
     for table, keys in data.items():
         if table not in known or not isinstance(keys, dict):
@@ -93,12 +110,19 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
         for key in keys:
             if key not in known[table]:
                 raise ConfigError(f"{source}: unknown key {table}.{key}")
-    lst, links, clients = (data.get(t, {}) for t in ("lst", "links", "clients"))
+    lst, links, clients, logs = (data.get(t, {}) for t in ("lst", "links", "clients", "logs"))
     capacities = links.get("capacities", {})
     for link, rate in capacities.items():
         if ">" not in link:
             raise ConfigError(f"{source}: links.capacities key {link!r} is not 'src>dst'")
         _number(rate, f"links.capacities.{link}", source, minimum=0.0)
+    heartbeat = _number(links.get("heartbeat", 0.2), "links.heartbeat", source, minimum=0.01)
+    down_after = _number(links.get("down_after", 1.0), "links.down_after", source, minimum=0.05)
+    if down_after <= 2 * heartbeat:
+        raise ConfigError(
+            f"{source}: links.down_after ({down_after} s) must exceed two heartbeat "
+            f"intervals ({heartbeat} s each), or idle links would be declared down"
+        )
     return BrokerSettings(
         window=_number(lst.get("window", 0.05), "lst.window", source, minimum=1e-4),
         queue_threshold=int(
@@ -123,6 +147,12 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
                 clients.get("sndhwm", 100_000), "clients.sndhwm", source, minimum=1, integer=True
             )
         ),
+        heartbeat=heartbeat,
+        down_after=down_after,
+        client_timeout=_number(
+            clients.get("timeout", 10.0), "clients.timeout", source, minimum=0.1
+        ),
+        log_interval=_number(logs.get("interval", 5.0), "logs.interval", source, minimum=0.0),
     )
 
 

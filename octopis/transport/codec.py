@@ -1,7 +1,9 @@
-"""Wire encoding of peer-link frames (DESIGN §4).
+"""Peer-link frames ↔ routing messages (DESIGN §4, §7); body kinds in :mod:`octopis.wire`.
 
 A frame is two ZeroMQ message parts: the sender's broker id (UTF-8) and a body, one
-msgpack array ``[kind, ...fields]`` with kinds HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY.
+msgpack array ``[kind, ...fields]``: HELLO ``[0, incarnation, peer_incarnation]`` (the
+link handshake; ``peer_incarnation`` is the receiver's as the sender knows it, 0 when
+unknown), SUBSCRIBE, UNSUBSCRIBE, NOTIFY, and HEARTBEAT ``[4, incarnation]``.
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
 ``[bytes, nbits]``. Keeping the sender out of the body lets a broker forward an unchanged
 notification with the very bytes it received. :func:`decode_peer` validates everything
@@ -12,7 +14,7 @@ and keeps serving.
 from __future__ import annotations
 
 from math import isfinite
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from bitarray import bitarray, frozenbitarray
@@ -25,34 +27,39 @@ from octopis.filters import (
     parse_subscription,
     validate_publication,
 )
-
-HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY = 0, 1, 2, 3
-
-pack = msgspec.msgpack.Encoder().encode
-"""MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""
-unpack = msgspec.msgpack.Decoder().decode
-"""MessagePack decoding into plain Python values; ``msgspec.DecodeError`` on garbage."""
+from octopis.wire import HEARTBEAT, HELLO, NOTIFY, SUBSCRIBE, UNSUBSCRIBE, pack, unpack
 
 
 class WireError(ValueError):
     """A frame that cannot be decoded into a valid message."""
 
 
-class Hello:
-    """Link handshake: the sender's outgoing link to us is up."""
+class Hello(NamedTuple):
+    """Link handshake (DESIGN §7): the sender runs as ``incarnation`` (random per process
+    start) and knows the receiver as ``peer_incarnation`` (0: not yet). A receiver takes
+    data from a neighbour only after a HELLO naming its own incarnation, so nothing queued
+    for an earlier process of it is replayed into it."""
 
-    __slots__ = ()
+    incarnation: int
+    peer_incarnation: int = 0
 
 
-HELLO_MESSAGE = Hello()
+class Heartbeat(NamedTuple):
+    """Liveness on an idle link, with the sender's incarnation (a restart shows at once)."""
+
+    incarnation: int
 
 
-def encode_peer(sender: str, message: Message | Hello) -> list[bytes]:
+Control = Hello | Heartbeat
+"""Link-level messages: never routed, never queued behind data for long."""
+
+
+def encode_peer(sender: str, message: Message | Control) -> list[bytes]:
     """The two parts of a frame carrying ``message`` from broker ``sender``."""
     return [sender.encode(), encode_body(message)]
 
 
-def encode_body(message: Message | Hello) -> bytes:
+def encode_body(message: Message | Control) -> bytes:
     """The body part of a frame for ``message``."""
     if isinstance(message, Notification):
         dests = None if message.destinations is None else [list(d) for d in message.destinations]
@@ -83,11 +90,13 @@ def encode_body(message: Message | Hello) -> bytes:
     if isinstance(message, Unsubscribe):
         return pack([UNSUBSCRIBE, message.sub_id, int(message.state)])
     if isinstance(message, Hello):
-        return pack([HELLO])
+        return pack([HELLO, message.incarnation, message.peer_incarnation])
+    if isinstance(message, Heartbeat):
+        return pack([HEARTBEAT, message.incarnation])
     raise TypeError(f"cannot encode {type(message).__name__}")
 
 
-def decode_peer(parts: list[bytes]) -> tuple[str, Message | Hello]:
+def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
     """``(sender, message)`` of one frame; :class:`WireError` if it is malformed."""
     if len(parts) != 2:
         raise WireError(f"frame has {len(parts)} parts, expected [sender, body]")
@@ -112,9 +121,14 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Hello]:
         if kind == UNSUBSCRIBE:
             _expect(data, 3, "UNSUBSCRIBE")
             return sender, Unsubscribe(_str(data[1], "sub_id"), _state(data[2]))
+        if kind == HEARTBEAT:
+            _expect(data, 2, "HEARTBEAT")
+            return sender, Heartbeat(_incarnation(data[1], "incarnation"))
         if kind == HELLO:
-            _expect(data, 1, "HELLO")
-            return sender, HELLO_MESSAGE
+            _expect(data, 3, "HELLO")
+            return sender, Hello(
+                _incarnation(data[1], "incarnation"), _incarnation(data[2], "peer incarnation")
+            )
     except FilterError as exc:
         raise WireError(f"bad content from {sender}: {exc}") from None
     raise WireError(f"unknown frame kind {kind!r} from {sender}")
@@ -203,6 +217,12 @@ def _float(value: Any, name: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not isfinite(value):
         raise WireError(f"{name} must be a finite number")
     return float(value)
+
+
+def _incarnation(value: Any, name: str) -> int:
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise WireError(f"{name} must be an integer in [0, 2**63)")
+    return value
 
 
 def _state(value: Any) -> SubState:

@@ -1,0 +1,322 @@
+"""Client sessions of a broker: the ROUTER socket, requests, deliveries and client
+liveness (DESIGN §4, §7). The protocol itself is :mod:`octopis.wire`.
+
+A connection (one DEALER) may carry several named clients; a client's key in the routing
+core is ``<connection identity hex>/<name>``, so one connection cannot act for another's
+clients. Every request refreshes its connection's liveness; a connection silent for
+``clients.timeout`` seconds is dropped and its subscriptions are withdrawn by the
+ordinary two-step unsubscribe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, deque
+from typing import Protocol
+
+import zmq
+
+from octopis.core import Action, Notification, ProtocolError
+from octopis.filters import (
+    FilterError,
+    Subscription,
+    as_subscription,
+    parse_publication,
+    validate_publication,
+)
+from octopis.transport.links import SNDMORE_NOBLOCK, InputWaiter, receive_now
+from octopis.transport.logs import RateLimitedLog
+from octopis.transport.settings import BrokerSettings
+from octopis.wire import (
+    HeartbeatRequest,
+    HelloRequest,
+    PublishRequest,
+    Request,
+    RequestError,
+    SubscribeRequest,
+    UnsubscribeRequest,
+    decode_request,
+    pack,
+    request_number,
+)
+
+log = logging.getLogger("octopis.broker.clients")
+
+
+class ClientError(ValueError):
+    """A client request the broker cannot serve; answered with an error reply."""
+
+
+class Router(Protocol):
+    """What client sessions ask of the broker: the routing core behind them."""
+
+    welcome: dict[str, object]
+
+    def subscribe(self, key: str, subscription: Subscription) -> tuple[str, list[Action]]:
+        """Install a local subscription; returns its id and the SBP actions."""
+
+    def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
+        """Withdraw a local subscription; returns the SBP actions."""
+
+    def publish(self, notification: Notification) -> list[Action]:
+        """Route a local publication; returns the routing actions."""
+
+    def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
+        """Carry out routing actions."""
+
+
+class Connection:
+    """One client connection: its clients and their subscriptions, liveness, backlog."""
+
+    __slots__ = ("backlog", "clients", "last_seen")
+
+    def __init__(self, now: float) -> None:
+        self.clients: dict[str, set[str]] = {}
+        """Client key → its subscription ids."""
+        self.last_seen = now
+        self.backlog: deque[list[bytes]] | None = None
+
+
+class ClientSessions:
+    """Serves the client ROUTER of one broker."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        bind: str,
+        settings: BrokerSettings,
+        ctx: zmq.asyncio.Context,
+        router: Router,
+    ) -> None:
+        self.id = broker_id
+        self.settings = settings
+        self.router = router
+        self.counters: Counter[str] = Counter()
+        self.socket = ctx.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.SNDHWM, settings.client_sndhwm)
+        self.socket.setsockopt(zmq.LINGER, 500)
+        self.socket.bind(bind)
+        self._sync = zmq.Socket.shadow(self.socket.underlying)
+        self._waiter: InputWaiter | None = None
+        self.connections: dict[bytes, Connection] = {}
+        self.names: dict[str, tuple[bytes, str]] = {}
+        """Client key → (connection identity, client name): where deliveries go."""
+        self._warn = RateLimitedLog(log, settings.log_interval)
+        self._handlers = {
+            HelloRequest: self._hello,
+            HeartbeatRequest: self._heartbeat,
+            SubscribeRequest: self._subscribe,
+            UnsubscribeRequest: self._unsubscribe,
+            PublishRequest: self._publish,
+        }
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Read requests until cancelled."""
+        loop = asyncio.get_running_loop()
+        self._waiter = InputWaiter(self._sync, loop)
+        recv = self._sync.recv
+        while True:
+            try:
+                parts = receive_now(recv)
+            except zmq.Again:
+                await self._waiter.wait()
+                continue
+            if len(parts) != 2:
+                self.counters["client_errors"] += 1
+                self._warn.warning(
+                    "parts", "%s got a client frame with %d parts", self.id, len(parts)
+                )
+                continue
+            identity, payload = parts
+            reply = self._on_request(identity, payload, loop.time())
+            if reply is not None:
+                self._send(identity, [pack(reply)])
+
+    def _on_request(self, identity: bytes, payload: bytes, now: float) -> dict | None:
+        req = None
+        try:
+            try:
+                request = decode_request(payload)
+            except RequestError:
+                req = request_number(payload)
+                raise
+            req = request.req
+            connection = self.connections.get(identity)
+            if connection is None:
+                connection = self.connections[identity] = Connection(now)
+            connection.last_seen = now
+            reply = self._handlers[type(request)](identity, connection, request)
+        except (ClientError, RequestError, FilterError, ProtocolError) as exc:
+            self.counters["client_errors"] += 1
+            self._warn.warning("refused", "%s refused a client request: %s", self.id, exc)
+            return {"op": "error", "req": req, "message": str(exc)}
+        except Exception as exc:
+            self.counters["internal_errors"] += 1
+            log.exception("%s failed on a client request", self.id)
+            return {"op": "error", "req": req, "message": f"internal error: {exc}"}
+        if reply is not None and req is not None:
+            reply["req"] = req
+            return reply
+        return None
+
+    def _key(self, identity: bytes, connection: Connection, request: Request) -> str:
+        key = f"{identity.hex()}/{request.client}"
+        if key not in connection.clients:
+            connection.clients[key] = set()
+            self.names[key] = (identity, request.client)
+        return key
+
+    def _hello(self, identity: bytes, connection: Connection, request: HelloRequest) -> dict:
+        return {"op": "welcome", **self.router.welcome}
+
+    def _heartbeat(self, identity: bytes, connection: Connection, request: Request) -> dict:
+        return {"op": "alive"}
+
+    def _subscribe(
+        self, identity: bytes, connection: Connection, request: SubscribeRequest
+    ) -> dict:
+        key = self._key(identity, connection, request)
+        sub_id, actions = self.router.subscribe(key, as_subscription(request.filter))
+        connection.clients[key].add(sub_id)
+        self.router.execute(actions)
+        return {"op": "subscribed", "sub_id": sub_id}
+
+    def _unsubscribe(
+        self, identity: bytes, connection: Connection, request: UnsubscribeRequest
+    ) -> dict:
+        key = self._key(identity, connection, request)
+        if request.sub_id not in connection.clients[key]:
+            raise ClientError(f"{request.client} holds no subscription {request.sub_id}")
+        self.router.execute(self.router.unsubscribe(key, request.sub_id))
+        connection.clients[key].discard(request.sub_id)
+        return {"op": "unsubscribed", "sub_id": request.sub_id}
+
+    def _publish(
+        self, identity: bytes, connection: Connection, request: PublishRequest
+    ) -> dict | None:
+        if request.published_at != request.published_at or abs(request.published_at) > 1e12:
+            raise ClientError("'published_at' must be a finite time in seconds")
+        body = request.publication
+        publication = (
+            parse_publication(body) if isinstance(body, str) else validate_publication(body)
+        )
+        self._key(identity, connection, request)
+        n = Notification(request.client, request.seq, request.published_at, publication)
+        self.counters["publications"] += 1
+        self.router.execute(self.router.publish(n))
+        return {"op": "published", "seq": request.seq}
+
+    # -- liveness ------------------------------------------------------------------------
+
+    async def expire(self) -> None:
+        """Drop connections silent past the timeout, withdrawing their subscriptions."""
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.client_timeout
+        while True:
+            await asyncio.sleep(timeout / 4)
+            now = loop.time()
+            for identity in [i for i, c in self.connections.items() if now - c.last_seen > timeout]:
+                self.drop(identity, f"silent for more than {timeout:g} s")
+
+    def drop(self, identity: bytes, reason: str) -> None:
+        """Forget a connection: withdraw every subscription of its clients."""
+        connection = self.connections.pop(identity, None)
+        if connection is None:
+            return
+        withdrawn = 0
+        for key, sub_ids in connection.clients.items():
+            for sub_id in sub_ids:
+                self.router.execute(self.router.unsubscribe(key, sub_id))
+                withdrawn += 1
+            self.names.pop(key, None)
+        self.counters["clients_dropped"] += 1
+        self.counters["subscriptions_withdrawn"] += withdrawn
+        log.warning(
+            "%s dropped client connection %s (%s): %d clients, %d subscriptions withdrawn",
+            self.id,
+            identity.hex(),
+            reason,
+            len(connection.clients),
+            withdrawn,
+        )
+
+    # -- deliveries ----------------------------------------------------------------------
+
+    def deliver(self, deliveries: dict[bytes, list[str]], body: bytes) -> None:
+        """Send one notification (its NOTIFY ``body``) to the named clients of each
+        connection: one two-part message ``[names, body]`` per connection."""
+        for identity, names in deliveries.items():
+            self.counters["deliveries"] += len(names)
+            self._send(identity, [pack(names), body])
+
+    def _send(self, identity: bytes, parts: list[bytes]) -> None:
+        """Send to a connection now, or queue behind its backlog when its pipe is full.
+
+        The ROUTER is also read through an :class:`InputWaiter`; every send pokes it, so
+        a send that consumes ZeroMQ's edge-triggered event cannot strand a request.
+        """
+        connection = self.connections.get(identity)
+        if connection is not None and connection.backlog:
+            connection.backlog.append(parts)
+            return
+        problem = self._try_send(identity, parts)
+        if problem is None:
+            return
+        if isinstance(problem, zmq.Again) and connection is not None:
+            connection.backlog = deque([parts])
+            asyncio.get_running_loop().create_task(self._drain(identity, connection))
+        else:
+            self.counters["undeliverable"] += 1
+            self._warn.warning(
+                "unreachable", "%s cannot reach client %s: %s", self.id, identity.hex(), problem
+            )
+
+    def _try_send(self, identity: bytes, parts: list[bytes]) -> BaseException | None:
+        sync = self._sync
+        try:
+            sync.send(identity, SNDMORE_NOBLOCK)
+        except zmq.ZMQError as exc:
+            return exc
+        else:
+            for part in parts[:-1]:
+                sync.send(part, SNDMORE_NOBLOCK)
+            sync.send(parts[-1])
+            return None
+        finally:
+            if self._waiter is not None:
+                self._waiter.poke()
+
+    async def _drain(self, identity: bytes, connection: Connection) -> None:
+        backlog = connection.backlog
+        assert backlog is not None
+        while backlog:
+            problem = self._try_send(identity, backlog[0])
+            if problem is None:
+                backlog.popleft()
+            elif isinstance(problem, zmq.Again):
+                await asyncio.sleep(0.001)
+            else:
+                self.counters["undeliverable"] += len(backlog)
+                self._warn.warning(
+                    "lost",
+                    "%s lost client %s with %d frames queued: %s",
+                    self.id,
+                    identity.hex(),
+                    len(backlog),
+                    problem,
+                )
+                backlog.clear()
+        connection.backlog = None
+
+    def backlog(self) -> int:
+        """Frames queued for clients whose pipes are full."""
+        return sum(len(c.backlog or ()) for c in self.connections.values())
+
+    def close(self) -> None:
+        """Stop watching the socket."""
+        if self._waiter is not None:
+            self._waiter.close()

@@ -1,0 +1,56 @@
+"""The control plane of one broker: an aiozmq RPC (DESIGN §4, §10)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import aiozmq.rpc
+
+
+class Inspectable(Protocol):
+    """What the control RPC reads of a broker and asks it to do."""
+
+    def status(self) -> dict[str, Any]: ...
+    def stats(self) -> dict[str, Any]: ...
+    def subscriptions(self) -> dict[str, list]: ...
+    def table(self) -> dict[str, dict[str, Any]]: ...
+    def stop(self) -> None: ...
+
+
+class ControlHandler(aiozmq.rpc.AttrHandler):
+    """``status``, ``stats``, ``subscriptions``, ``table`` and ``shutdown``."""
+
+    def __init__(self, broker: Inspectable) -> None:
+        self._broker = broker
+
+    @aiozmq.rpc.method
+    def status(self) -> dict:
+        """Identity, incarnation, readiness, and each link's state."""
+        return self._broker.status()
+
+    @aiozmq.rpc.method
+    def stats(self) -> dict:
+        """Counters, routing-table size, LST, queue lengths, matching time, detections."""
+        return self._broker.stats()
+
+    @aiozmq.rpc.method
+    def subscriptions(self) -> dict:
+        """Per stored subscription: [seconds from issue to storage here, hops from host]."""
+        return self._broker.subscriptions()
+
+    @aiozmq.rpc.method
+    def table(self) -> dict:
+        """The routing table: per subscription id its filter, last hop, cluster, host."""
+        return self._broker.table()
+
+    @aiozmq.rpc.method
+    def shutdown(self) -> bool:
+        """Flush output queues and exit."""
+        asyncio.get_running_loop().call_soon(self._broker.stop)
+        return True
+
+
+async def serve_control(broker: Inspectable, endpoint: str) -> aiozmq.rpc.Service:
+    """Start the control RPC of ``broker`` at ``endpoint``."""
+    return await aiozmq.rpc.serve_rpc(ControlHandler(broker), bind=endpoint)

@@ -1,0 +1,213 @@
+"""ZeroMQ primitives of a broker's links: non-blocking sends and reads, an input waiter,
+pacing, and the outgoing peer link with its output queue (DESIGN §4, paper §6.3).
+
+The output queue is what the Link Status Table measures: a low send high-water mark and
+non-blocking sends make backpressure grow this queue instead of dropping anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from octopis.core import LinkStatusTable
+
+YIELDS_BEFORE_POLL = 4
+"""Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
+
+NOBLOCK, EVENTS, POLLIN, POLLOUT = (
+    int(zmq.NOBLOCK),
+    int(zmq.EVENTS),
+    int(zmq.POLLIN),
+    int(zmq.POLLOUT),
+)
+SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+"""Plain ints: pyzmq's flag enums cost an enum construction per call on the hot path."""
+send_part = zmq.backend.Socket.send
+"""pyzmq's compiled send, without the Python wrapper of ``zmq.Socket.send`` (which
+only adds DRAFT routing ids and groups): half the cost per part on the forwarding path."""
+
+
+def send_now(sock: zmq.Socket, frame: list[bytes]) -> None:
+    """Send a two-part frame without blocking; ``zmq.Again`` (nothing sent) if the pipe is
+    full. The second part cannot fail: ZeroMQ takes a message whole once its first part
+    is in."""
+    send_part(sock, frame[0], SNDMORE_NOBLOCK)
+    send_part(sock, frame[1])
+
+
+def receive_now(recv: Callable[..., zmq.Frame]) -> list[bytes]:
+    """The parts of the next message, read with ``recv`` (a socket's); ``zmq.Again`` if none
+    is waiting. Parts come as ``zmq.Frame``, whose ``more`` flag is read in C at receipt,
+    where ``getsockopt(RCVMORE)`` would build a pyzmq enum per part (1.9 vs 3.4 µs for a
+    two-part message)."""
+    part = recv(NOBLOCK, copy=False)
+    parts = [part.bytes]
+    while part.more:  # the rest of a multipart message is already here
+        part = recv(copy=False)
+        parts.append(part.bytes)
+    return parts
+
+
+class InputWaiter:
+    """Wakes a coroutine when a ZeroMQ socket has input, through one persistent
+    ``loop.add_reader`` on the socket's event FD rather than a poll registration (and its
+    futures) per wait: most messages reach an idle broker, so the wake-up is the cost.
+
+    ZeroMQ signals its FD edge-wise and any operation on the socket may consume the
+    signal; whoever sends on a socket that is also read this way calls :meth:`poke`
+    afterwards, so input that arrived meanwhile is never left unnoticed.
+    """
+
+    def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop) -> None:
+        self._sock = sock
+        self._ready = asyncio.Event()
+        self._fd = sock.getsockopt(zmq.FD)
+        self._loop = loop
+        loop.add_reader(self._fd, self.poke)
+
+    def poke(self) -> None:
+        """Mark input ready if there is some (also resets ZeroMQ's FD signal)."""
+        if self._sock.getsockopt(EVENTS) & POLLIN:
+            self._ready.set()
+
+    async def wait(self) -> None:
+        """Return once the socket has input (the caller has read it dry)."""
+        self._ready.clear()
+        self.poke()
+        await self._ready.wait()
+
+    def close(self) -> None:
+        """Stop watching the FD."""
+        self._loop.remove_reader(self._fd)
+
+
+class Pacer:
+    """At most ``rate`` sends per second (a token bucket with a 10 ms burst), shared by
+    every link that uses it: one per link for a link capacity, one per broker for a
+    broker capacity (paper §6.3: limited bandwidth, an overwhelmed broker)."""
+
+    __slots__ = ("gap", "next_slot")
+
+    def __init__(self, rate: float) -> None:
+        self.gap = 1.0 / rate
+        self.next_slot = 0.0
+
+    def reserve(self, now: float) -> float:
+        """Book the next send slot; returns when it starts."""
+        slot = max(self.next_slot, now - 0.01)
+        self.next_slot = slot + self.gap
+        return slot
+
+
+class OutputLink:
+    """An outgoing peer link: output queue, paced non-blocking sender, LST feed.
+
+    ``last_sent`` (loop time) tells the heartbeat whether the link has been idle.
+    ZMQ_IMMEDIATE keeps ZeroMQ from queueing frames for a peer that is not connected, so
+    while a neighbour is away its frames stay in this queue, where :meth:`take_queued`
+    can hand them back to the routing core (DESIGN §7, custody).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        ctx: zmq.asyncio.Context,
+        lst: LinkStatusTable,
+        sndhwm: int,
+        pacers: tuple[Pacer, ...],
+        activity: asyncio.Event,
+    ) -> None:
+        self.name = name
+        self.socket = ctx.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.SNDHWM, sndhwm)
+        self.socket.setsockopt(zmq.IMMEDIATE, 1)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.connect(endpoint)
+        self._sync = zmq.Socket.shadow(self.socket.underlying)
+        self.queue: deque[list[bytes]] = deque()
+        self.pacers = pacers
+        self.sent = 0
+        self.last_sent = 0.0
+        self._lst = lst
+        self._wake = asyncio.Event()
+        self._activity = activity
+
+    def put(self, frame: list[bytes], now: float) -> None:
+        """Enqueue one frame (counted as n_in). An empty, unpaced queue whose pipe has
+        room sends it at once (counted as n_out too) without waking the sender task.
+        A non-empty queue is left to the sender task: trying the pipe on every put would
+        raise ``zmq.Again`` per frame while it is full, and pyzmq's exceptions cost more
+        than the sends (~7 µs each)."""
+        self._lst.enqueued(self.name, now)
+        self._activity.set()
+        if not self.queue and not self.pacers:
+            try:
+                send_now(self._sync, frame)
+            except zmq.Again:
+                pass
+            else:
+                self.sent += 1
+                self.last_sent = now
+                self._lst.sent(self.name, now)
+                return
+        self.queue.append(frame)
+        self._wake.set()
+
+    def take_queued(self, now: float) -> list[list[bytes]]:
+        """Empty the queue and return its frames (they leave the LST's queue length)."""
+        frames = list(self.queue)
+        self.queue.clear()
+        for _ in frames:
+            self._lst.sent(self.name, now)
+        return frames
+
+    async def run(self) -> None:
+        """Send queued frames in order, each in a slot booked with every pacer."""
+        loop = asyncio.get_running_loop()
+        booked = False
+        while True:
+            if not self.queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self.pacers and not booked:
+                now = loop.time()
+                start = max(p.reserve(now) for p in self.pacers)
+                booked = True
+                if start > now:
+                    await asyncio.sleep(start - now)
+                    if not self.queue:  # taken back meanwhile
+                        continue
+            try:
+                send_now(self._sync, self.queue[0])
+            except zmq.Again:
+                await self._writable()
+                continue
+            booked = False
+            self.queue.popleft()
+            self.sent += 1
+            self.last_sent = now = loop.time()
+            self._lst.sent(self.name, now)
+
+    async def _writable(self) -> None:
+        """Wait until the socket takes frames again. ZeroMQ's I/O thread usually drains
+        the pipe within microseconds, so yield to the loop a few times before paying for
+        an asyncio poll registration (which matters with a low high-water mark)."""
+        for _ in range(YIELDS_BEFORE_POLL):
+            await asyncio.sleep(0)
+            if self._sync.getsockopt(EVENTS) & POLLOUT:
+                return
+        await self.socket.poll(None, zmq.POLLOUT)
+
+    async def flush(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the queue to empty."""
+        deadline = time.monotonic() + timeout
+        while self.queue and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)

@@ -1,0 +1,295 @@
+"""A broker's peer links: one PULL for every neighbour's frames, one :class:`OutputLink`
+per neighbour, handshakes with incarnations, heartbeats and failure detection (DESIGN §7).
+
+Liveness. Every directed link carries a heartbeat when it has sent nothing for
+``heartbeat`` seconds; any frame counts as a sign of life. A neighbour silent for
+``down_after`` seconds (T, default 1 s) is *down*: its LST row says so, DNR's cases avoid
+it, and the frames queued for it go back to the broker (:meth:`PeerEvents.link_down`).
+
+Incarnations. A process start draws a random incarnation. HELLO carries the sender's and
+the receiver's as the sender knows it; a receiver takes data from a neighbour only after a
+HELLO that names its current incarnation, so frames queued for an earlier process are
+dropped (counted) rather than replayed into an empty table. A new incarnation seen in a
+HELLO or a heartbeat means the neighbour restarted: what was queued for it goes back to
+the broker, and the handshake starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Protocol
+
+import zmq
+import zmq.asyncio
+
+from octopis.core import LinkStatusTable, Message, ProtocolError
+from octopis.transport.codec import Heartbeat, Hello, WireError, decode_peer, encode_peer
+from octopis.transport.links import InputWaiter, OutputLink, Pacer, receive_now
+from octopis.transport.logs import RateLimitedLog
+from octopis.transport.settings import BrokerSettings
+
+log = logging.getLogger("octopis.broker.peers")
+
+PEER_BATCH = 64
+"""Frames handled before yielding to the event loop, so senders keep draining."""
+
+
+class PeerEvents(Protocol):
+    """What the broker does with what arrives on its peer links."""
+
+    def peer_message(self, sender: str, message: Message, body: bytes) -> None:
+        """A routing message from neighbour ``sender`` (``body`` as received)."""
+
+    def link_down(self, neighbour: str, queued: list[list[bytes]]) -> None:
+        """``neighbour`` went silent or restarted; ``queued`` frames never reached it."""
+
+
+@dataclass(slots=True)
+class NeighbourState:
+    """What a broker knows of one neighbour's liveness and handshake."""
+
+    incarnation: int = 0
+    """The neighbour's incarnation as last seen (0: never heard)."""
+    accepting: bool = False
+    """Its latest HELLO named our incarnation: its data frames are for us."""
+    up: bool = False
+    last_heard: float = 0.0
+    down_since: float | None = None
+    restarts: int = 0
+
+
+class PeerLinks:
+    """Peer input, output links, handshakes and failure detection of one broker.
+
+    Implements the ``down`` part of the core's link view; the LST answers the rest.
+    """
+
+    def __init__(
+        self,
+        broker_id: str,
+        endpoints: dict[str, str],
+        bind: str,
+        settings: BrokerSettings,
+        lst: LinkStatusTable,
+        ctx: zmq.asyncio.Context,
+        events: PeerEvents,
+    ) -> None:
+        self.id = broker_id
+        self.incarnation = secrets.randbits(63) | 1
+        self.settings = settings
+        self.lst = lst
+        self.events = events
+        self.counters: Counter[str] = Counter()
+        self.activity = asyncio.Event()
+        self.state = {n: NeighbourState() for n in endpoints}
+        self.detections: list[dict[str, float | str]] = []
+        self._detections_kept = 1000
+        self._warn = RateLimitedLog(log, settings.log_interval)
+        self.input = ctx.socket(zmq.PULL)
+        self.input.setsockopt(zmq.RCVHWM, 1000)
+        self.input.bind(bind)
+        self._waiter: InputWaiter | None = None
+        broker_pacer = Pacer(settings.broker_capacity) if settings.broker_capacity else None
+        self.links = {
+            n: OutputLink(
+                n,
+                endpoint,
+                ctx,
+                lst,
+                settings.sndhwm,
+                self._pacers(n, broker_pacer),
+                self.activity,
+            )
+            for n, endpoint in endpoints.items()
+        }
+
+    def _pacers(self, neighbour: str, broker_pacer: Pacer | None) -> tuple[Pacer, ...]:
+        """The link's own pacer (link capacity) and the broker's shared one, if set."""
+        pacers = []
+        if rate := self.settings.capacity_of(self.id, neighbour):
+            pacers.append(Pacer(rate))
+        if broker_pacer is not None:
+            pacers.append(broker_pacer)
+        return tuple(pacers)
+
+    # -- the link view's failure part ----------------------------------------------------
+
+    def down(self, link: str) -> bool:
+        """Whether neighbour ``link`` is not known to be up."""
+        return not self.state[link].up
+
+    @property
+    def ready(self) -> bool:
+        """Every neighbour is up and has named our incarnation in its handshake."""
+        return all(s.up and s.accepting for s in self.state.values())
+
+    def tasks(self) -> list[tuple[str, Coroutine[None, None, None]]]:
+        """The coroutines that serve the links: (name, coroutine)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for name, link in self.links.items():
+            self.state[name].last_heard = now
+            link.put(encode_peer(self.id, Hello(self.incarnation)), now)
+        return [
+            *((f"link {n}", link.run()) for n, link in self.links.items()),
+            ("peers", self._input_loop(loop)),
+            ("liveness", self._liveness_loop(loop)),
+        ]
+
+    # -- input ---------------------------------------------------------------------------
+
+    async def _input_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        sync = zmq.Socket.shadow(self.input.underlying)
+        waiter = self._waiter = InputWaiter(sync, loop)
+        recv = sync.recv
+        handled = 0
+        now = loop.time()
+        while True:
+            try:
+                frame = receive_now(recv)
+            except zmq.Again:
+                handled = 0
+                await waiter.wait()
+                now = loop.time()
+                continue
+            self._on_frame(frame, now)
+            handled += 1
+            if handled >= PEER_BATCH:
+                handled = 0
+                await asyncio.sleep(0)
+                now = loop.time()
+
+    def _on_frame(self, frame: list[bytes], now: float) -> None:
+        try:
+            sender, message = decode_peer(frame)
+            state = self.state.get(sender)
+            if state is None:
+                raise ProtocolError(f"frame from {sender}, which is not a neighbour")
+            state.last_heard = now
+            kind = type(message)
+            if kind is Heartbeat or kind is Hello:
+                self._on_link_message(sender, state, message, now)
+                return
+            if not state.up:
+                self._came_back(sender, state, now)
+            if not state.accepting:
+                self.counters["stale_frames"] += 1
+                self._warn.warning(
+                    "stale",
+                    "%s dropped a frame from %s sent before its handshake with us",
+                    self.id,
+                    sender,
+                )
+                return
+            self.events.peer_message(sender, message, frame[1])
+        except WireError as exc:
+            self.counters["wire_errors"] += 1
+            self._warn.warning("wire", "%s dropped a malformed peer frame: %s", self.id, exc)
+        except ProtocolError as exc:
+            self.counters["protocol_errors"] += 1
+            self._warn.warning(
+                "protocol", "%s dropped a message that breaks the protocol: %s", self.id, exc
+            )
+        except Exception:
+            self.counters["internal_errors"] += 1
+            log.exception("%s failed on a peer frame", self.id)
+
+    def _on_link_message(
+        self, sender: str, state: NeighbourState, message: Hello | Heartbeat, now: float
+    ) -> None:
+        """Handshake and heartbeat: learn incarnations, notice restarts and returns."""
+        if message.incarnation != state.incarnation:
+            if state.incarnation:
+                self._restarted(sender, state, now)
+            state.incarnation = message.incarnation
+            # In order behind what is queued: a handshake must never overtake an older one.
+            self.links[sender].put(
+                encode_peer(self.id, Hello(self.incarnation, message.incarnation)), now
+            )
+        if type(message) is Hello:
+            state.accepting = message.peer_incarnation == self.incarnation
+        if not state.up:
+            self._came_back(sender, state, now)
+
+    def _came_back(self, sender: str, state: NeighbourState, now: float) -> None:
+        state.up = True
+        if state.down_since is not None:
+            log.warning(
+                "%s: link to %s is up again after %.2f s", self.id, sender, now - state.down_since
+            )
+            state.down_since = None
+
+    def _restarted(self, sender: str, state: NeighbourState, now: float) -> None:
+        """``sender`` runs as a new process: nothing queued for the old one reaches it."""
+        state.restarts += 1
+        state.accepting = False
+        self.counters["peer_restarts"] += 1
+        log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
+        self.events.link_down(sender, self.links[sender].take_queued(now))
+
+    # -- liveness ------------------------------------------------------------------------
+
+    async def _liveness_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Every heartbeat interval: a heartbeat on each idle link; declare silent
+        neighbours down."""
+        interval = self.settings.heartbeat
+        down_after = self.settings.down_after
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            beat = None
+            for link in self.links.values():
+                if not link.queue and now - link.last_sent >= interval:
+                    beat = beat or encode_peer(self.id, Heartbeat(self.incarnation))
+                    link.put(beat, now)
+            for name, state in self.state.items():
+                silent = now - state.last_heard
+                if state.up and silent > down_after:
+                    self._declare_down(name, state, now, silent)
+
+    def _declare_down(self, name: str, state: NeighbourState, now: float, silent: float) -> None:
+        state.up = False
+        state.down_since = now
+        self.counters["links_down"] += 1
+        if len(self.detections) >= self._detections_kept:
+            del self.detections[0]
+        self.detections.append({"link": name, "silent": silent, "at": now})
+        queued = self.links[name].take_queued(now)
+        log.warning(
+            "%s: link to %s is down (silent for %.2f s; %d queued frames taken back)",
+            self.id,
+            name,
+            silent,
+            len(queued),
+        )
+        self.events.link_down(name, queued)
+
+    # -- status --------------------------------------------------------------------------
+
+    def snapshot(self, now: float) -> dict[str, dict[str, object]]:
+        """Per neighbour: state, incarnation, silence, restarts, queue length."""
+        return {
+            name: {
+                "state": "up" if s.up else "down",
+                "accepting": s.accepting,
+                "incarnation": s.incarnation,
+                "silent": now - s.last_heard,
+                "restarts": s.restarts,
+                "queue_length": len(self.links[name].queue),
+            }
+            for name, s in self.state.items()
+        }
+
+    async def flush(self, timeout: float) -> None:
+        """Give queued frames up to ``timeout`` seconds to leave (clean shutdown)."""
+        await asyncio.gather(*(link.flush(timeout) for link in self.links.values()))
+
+    def close(self) -> None:
+        """Stop watching the input socket."""
+        if self._waiter is not None:
+            self._waiter.close()

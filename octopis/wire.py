@@ -1,0 +1,117 @@
+"""Wire formats shared by brokers and clients (DESIGN §4): MessagePack, nothing else.
+
+This module is the whole of what a client needs to speak to a broker, so the SDK imports
+it and :mod:`octopis.filters` only — never the matcher, the routing core or networkx.
+
+Client protocol (a DEALER talking to the broker's ROUTER):
+  - requests are maps tagged by ``op`` (:data:`ClientRequest`), decoded and validated in
+    one step by :func:`decode_request`; ``req``, when set, is echoed in the reply;
+  - replies are maps ``{"op", "req", ...}``; a refusal is ``{"op": "error", "message"}``;
+  - a delivery is a two-part message ``[names, body]``: ``names`` the packed list of the
+    connection's client names it is for, ``body`` the NOTIFY body of the peer protocol,
+    exactly as the broker received or encoded it once (:func:`delivery_fields` reads it).
+
+Peer protocol: bodies are arrays ``[kind, ...fields]`` with the kinds below; the codec
+between bodies and routing messages lives in :mod:`octopis.transport.codec`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+import msgspec.inspect
+
+HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY, HEARTBEAT = 0, 1, 2, 3, 4
+"""Peer body kinds: link handshake, SBP subscribe / unsubscribe, notification, liveness."""
+
+pack = msgspec.msgpack.Encoder().encode
+"""MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""
+unpack = msgspec.msgpack.Decoder().decode
+"""MessagePack decoding into plain Python values; ``msgspec.DecodeError`` on garbage."""
+
+MAX_CLIENT_NAME = 256
+"""Longest client name a broker accepts (characters)."""
+
+ClientName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CLIENT_NAME)]
+Sequence = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+
+
+class Request(
+    msgspec.Struct, tag_field="op", forbid_unknown_fields=True, frozen=True, kw_only=True
+):
+    """Fields every client request has: ``client`` (its name on the connection) and an
+    optional ``req`` number that asks for a reply."""
+
+    client: ClientName
+    req: int | None = None
+
+
+class HelloRequest(Request, tag="hello"):
+    """Handshake (and a barrier: answered after everything sent before it)."""
+
+
+class SubscribeRequest(Request, tag="subscribe"):
+    """Subscribe ``client`` to a filter: PADRES text or the dict form."""
+
+    filter: str | dict[str, Any]
+
+
+class UnsubscribeRequest(Request, tag="unsubscribe"):
+    """Withdraw subscription ``sub_id`` of ``client``."""
+
+    sub_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+
+
+class PublishRequest(Request, tag="publish"):
+    """Publish number ``seq`` of publisher ``client``, time-stamped ``published_at``."""
+
+    seq: Sequence
+    published_at: float
+    publication: str | dict[str, Any]
+
+
+class HeartbeatRequest(Request, tag="heartbeat"):
+    """Liveness of a connection's clients (DESIGN §7: a silent client is dropped)."""
+
+
+ClientRequest = (
+    HelloRequest | SubscribeRequest | UnsubscribeRequest | PublishRequest | HeartbeatRequest
+)
+"""Every request a client may send."""
+
+_request_decoder = msgspec.msgpack.Decoder(ClientRequest)
+OPS = tuple(msgspec.inspect.type_info(r).tag for r in ClientRequest.__args__)
+
+
+class RequestError(ValueError):
+    """A client request that is not well-formed; the message names the problem."""
+
+
+def decode_request(payload: bytes) -> ClientRequest:
+    """Decode and validate one client request; :class:`RequestError` naming the field."""
+    try:
+        return _request_decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        if str(exc).endswith("- at `$.op`"):
+            op = unpack(payload).get("op")
+            raise RequestError(f"unknown op {op!r}; expected one of {', '.join(OPS)}") from None
+        raise RequestError(f"bad request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RequestError(f"request is not msgpack: {exc}") from None
+
+
+def request_number(payload: bytes) -> int | None:
+    """The ``req`` of a request that failed to decode, if one can be read (for the reply)."""
+    try:
+        data = unpack(payload)
+    except msgspec.DecodeError:
+        return None
+    req = data.get("req") if isinstance(data, dict) else None
+    return req if type(req) is int else None
+
+
+def delivery_fields(body: bytes) -> tuple[str, int, float, dict[str, Any]]:
+    """``(publisher, seq, published_at, publication)`` of a delivery's NOTIFY body."""
+    data = unpack(body)
+    return data[1], data[2], data[3], data[4]
