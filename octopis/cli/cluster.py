@@ -1,4 +1,5 @@
-"""``octopis run``, ``up``, ``down``, ``pub`` and ``sub``: broker processes from a shell."""
+"""``octopis run``, ``up``, ``down``, ``status``, ``restart``, ``pub`` and ``sub``: broker
+processes from a shell."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ DEFAULT_CLUSTER_DIR = Path(".octopis")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``run``, ``up``, ``down``, ``pub`` and ``sub``."""
+    """Add ``run``, ``up``, ``down``, ``status``, ``restart``, ``pub`` and ``sub``."""
     run = commands.add_parser(
         "run",
         help="run a workload on one broker process per SCOT node and report",
@@ -85,7 +86,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "stops them.",
     )
     up.add_argument("topology", type=Path, metavar="FILE", help="topology JSON")
-    up.add_argument("--mode", default="snr", choices=MODES)
+    up.add_argument("--mode", default="dnr", choices=MODES, help="routing algorithm (default dnr)")
     up.add_argument("--config", type=Path, metavar="FILE", help="broker settings TOML")
     up.add_argument(
         "--run-dir",
@@ -104,6 +105,36 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     down.add_argument("--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR")
     down.set_defaults(func=cmd_down)
+
+    status = commands.add_parser(
+        "status",
+        help="show the brokers `octopis up` started: links, tables, counters",
+        description="Ask every broker (or one) of a running overlay over its control RPC: "
+        "pid, incarnation, readiness, each link's state and queue, routing-table size and "
+        "error counters. A broker that does not answer is shown as unreachable.",
+    )
+    status.add_argument("--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR")
+    status.add_argument("--broker", metavar="ID", help="only this broker, with its links")
+    status.add_argument(
+        "--table", action="store_true", help="with --broker: list its routing-table entries"
+    )
+    status.add_argument("--json", action="store_true", help="print JSON (stats of each broker)")
+    status.add_argument(
+        "--timeout", type=float, default=2.0, metavar="SECONDS", help="per broker (default 2)"
+    )
+    status.set_defaults(func=cmd_status)
+
+    restart = commands.add_parser(
+        "restart",
+        help="start one broker of an `octopis up` overlay again",
+        description="Start broker ID again with the topology, mode and settings it had "
+        "(stopping it first if it still runs) and wait until it is ready: its neighbours "
+        "see a new incarnation and hand it their state.",
+    )
+    restart.add_argument("broker", metavar="ID")
+    restart.add_argument("--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR")
+    restart.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS")
+    restart.set_defaults(func=cmd_restart)
 
     sub = commands.add_parser(
         "sub",
@@ -209,11 +240,91 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _ready(cluster: LocalCluster, timeout: float) -> float:
+async def _ready(cluster: LocalCluster, timeout: float, ids: list[str] | None = None) -> float:
     try:
-        return await cluster.wait_ready(timeout)
+        return await cluster.wait_ready(timeout, ids)
     finally:
         await cluster.close_control()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``octopis status``."""
+    cluster, pids = LocalCluster.from_state(args.run_dir)
+    ids = list(cluster.scot.brokers)
+    if args.broker is not None:
+        if args.broker not in cluster.scot.brokers:
+            raise UsageError(f"topology {cluster.scot.name} has no broker {args.broker!r}")
+        ids = [args.broker]
+    elif args.table:
+        raise UsageError("--table needs --broker ID")
+    method = "table" if args.table else "stats"
+    answers = asyncio.run(cluster.ask(ids, method, args.timeout))
+    if args.json:
+        print(json.dumps({b: answers[b] for b in ids}, indent=1))
+        return 0
+    if args.table:
+        entries = answers[args.broker]
+        if entries is None:
+            raise UsageError(f"broker {args.broker} does not answer")
+        for sub_id, e in sorted(entries.items()):
+            print(f"{sub_id}  {e['last_hop']}  cluster {e['cluster']}  {e['filter']}")
+        print(f"{len(entries)} entries")
+        return 0
+    print(format_status(ids, answers, pids, detailed=args.broker is not None))
+    return 0 if all(answers[b] is not None for b in ids) else 1
+
+
+def format_status(
+    ids: list[str], answers: dict[str, Any], pids: dict[str, int], *, detailed: bool
+) -> str:
+    """A table of brokers (and, ``detailed``, of each link) for people."""
+    lines = [
+        f"{'broker':<8} {'pid':>7} {'ready':<5} {'links':>5} {'table':>6} {'queued':>6}  notes"
+    ]
+    for b in ids:
+        stats = answers[b]
+        if stats is None:
+            lines.append(
+                f"{b:<8} {pids.get(b, 0):>7} {'-':<5} {'-':>5} {'-':>6} {'-':>6}  unreachable"
+            )
+            continue
+        links = stats["links"]
+        down = sorted(n for n, link in links.items() if link["state"] != "up")
+        errors = {k: v for k, v in stats["counters"].items() if k.endswith("errors") and v}
+        notes = [f"down: {', '.join(down)}"] if down else []
+        notes += [f"{k} {v}" for k, v in sorted(errors.items())]
+        queued = sum(link["queue_length"] for link in links.values())
+        lines.append(
+            f"{b:<8} {stats['pid']:>7} {'yes' if stats['ready'] else 'no':<5} "
+            f"{stats['links_up']:>2}/{stats['neighbours']:<2} {stats['routing_table_size']:>6} "
+            f"{queued:>6}  {'; '.join(notes)}"
+        )
+        if detailed:
+            lines.append(f"  incarnation {stats['incarnation']:x}, up {stats['uptime']:.0f} s")
+            for name, link in links.items():
+                lines.append(
+                    f"  -> {name:<8} {link['state']:<4} queue {link['queue_length']:>5}  "
+                    f"silent {link['silent']:.2f} s  restarts {link['restarts']}"
+                )
+    return "\n".join(lines)
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """``octopis restart``."""
+    cluster, pids = LocalCluster.from_state(args.run_dir)
+    if args.broker not in cluster.scot.brokers:
+        raise UsageError(f"topology {cluster.scot.name} has no broker {args.broker!r}")
+    if args.broker in pids:
+        stop_pids({args.broker: pids[args.broker]})
+    started = time.monotonic()
+    cluster.spawn_one(args.broker)
+    cluster.write_state(pids)
+    asyncio.run(_ready(cluster, args.timeout, [args.broker]))
+    print(
+        f"{args.broker} restarted (pid {cluster.processes[args.broker].pid}) and ready in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+    return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import aiozmq.rpc
 
 from octopis.topology import PORTS_PER_BROKER, Scot, build_preset, load_topology
-from octopis.transport.settings import BrokerSettings
+from octopis.transport.settings import BrokerSettings, load_settings
 
 STATE_FILE = "cluster.json"
 
@@ -125,29 +125,54 @@ class LocalCluster:
 
     def spawn(self) -> None:
         """Start every broker process (does not wait for them)."""
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        config = self.run_dir / "broker.toml"
-        config.write_text(self.settings.to_toml())
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "broker.toml").write_text(self.settings.to_toml())
         for broker_id in self.scot.brokers:
-            log_path = logs / f"{broker_id.replace(':', '_')}.log"
-            with open(log_path, "ab") as log_file:
-                self.processes[broker_id] = subprocess.Popen(
-                    broker_command(
-                        self.topology_path, broker_id, self.mode, config, self.log_level
-                    ),
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+            self.spawn_one(broker_id)
 
-    def write_state(self) -> Path:
-        """Record pids and endpoints so ``octopis down`` can find the processes."""
+    def spawn_one(self, broker_id: str) -> subprocess.Popen:
+        """Start broker ``broker_id`` with the run's settings, appending to its log."""
+        log_path = self.run_dir / "logs" / f"{broker_id.replace(':', '_')}.log"
+        with open(log_path, "ab") as log_file:
+            process = self.processes[broker_id] = subprocess.Popen(
+                broker_command(
+                    self.topology_path,
+                    broker_id,
+                    self.mode,
+                    self.run_dir / "broker.toml",
+                    self.log_level,
+                ),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return process
+
+    @classmethod
+    def from_state(cls, run_dir: Path) -> tuple[LocalCluster, dict[str, int]]:
+        """The cluster ``octopis up`` recorded in ``run_dir`` (its settings included) and
+        the pids it recorded; :class:`ClusterError` if there is none."""
+        path = run_dir / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except OSError:
+            raise ClusterError(f"no running cluster recorded in {path}") from None
+        topology = Path(state["topology"])
+        settings = BrokerSettings()
+        config = run_dir / "broker.toml"
+        if config.exists():
+            settings = load_settings(config)
+        cluster = cls(load_topology(topology), topology, state["mode"], run_dir, settings)
+        return cluster, {b: int(p) for b, p in state["pids"].items()}
+
+    def write_state(self, pids: dict[str, int] | None = None) -> Path:
+        """Record pids (those started here, over ``pids``) and endpoints so ``octopis
+        down``, ``status`` and ``restart`` can find the processes."""
         state = {
             "topology": str(self.topology_path),
             "mode": self.mode,
-            "pids": {b: p.pid for b, p in self.processes.items()},
+            "pids": {**(pids or {}), **{b: p.pid for b, p in self.processes.items()}},
             "control": {b: i.control_endpoint for b, i in self.scot.brokers.items()},
             "clients": {b: i.client_endpoint for b, i in self.scot.brokers.items()},
         }
@@ -188,11 +213,12 @@ class LocalCluster:
         results = await asyncio.gather(*(getattr(self._rpc[b].call, method)() for b in ids))
         return dict(zip(ids, results, strict=True))
 
-    async def wait_ready(self, timeout: float = 120.0) -> float:
-        """Wait until every broker is up with all links handshaken; returns the seconds."""
+    async def wait_ready(self, timeout: float = 120.0, ids: list[str] | None = None) -> float:
+        """Wait until every broker (or those of ``ids``) is up with all links handshaken;
+        returns the seconds."""
         started = time.monotonic()
         await self.connect_control()
-        pending = set(self.scot.brokers)
+        pending = set(ids or self.scot.brokers)
         while pending:
             if dead := self.dead():
                 raise ClusterError(
@@ -212,6 +238,26 @@ class LocalCluster:
             if pending:
                 await asyncio.sleep(0.2)
         return time.monotonic() - started
+
+    async def ask(self, ids: list[str], method: str, timeout: float) -> dict[str, Any]:
+        """``method`` of each broker of ``ids`` over its control RPC; None for a broker
+        that does not answer within ``timeout`` seconds (dead, or not started)."""
+
+        async def one(broker_id: str) -> Any:
+            endpoint = self.scot.brokers[broker_id].control_endpoint
+            try:
+                client = await aiozmq.rpc.connect_rpc(connect=endpoint, timeout=timeout)
+            except (OSError, TimeoutError):
+                return None
+            try:
+                return await asyncio.wait_for(getattr(client.call, method)(), timeout)
+            except TimeoutError:
+                return None
+            finally:
+                client.close()
+
+        answers = await asyncio.gather(*(one(b) for b in ids))
+        return dict(zip(ids, answers, strict=True))
 
     async def close_control(self) -> None:
         """Close the RPC clients."""
