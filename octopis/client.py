@@ -27,7 +27,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -62,23 +62,53 @@ NotificationHandler = Callable[[str, str, int, float, Publication, float], None]
 
 
 class Connection:
-    """One DEALER connection to a broker, shared by named clients."""
+    """One DEALER connection to a broker, shared by named clients, that fails over.
 
-    def __init__(self, endpoint: str, *, context: zmq.asyncio.Context | None = None) -> None:
-        self.endpoint = endpoint
+    ``endpoints`` lists the brokers to use, in order of preference (the same cluster first,
+    DESIGN §7: :func:`octopis.topology.failover_endpoints` makes such a list). The
+    connection heartbeats every ``liveness / 3`` seconds; when nothing has come from its
+    broker for ``liveness`` seconds it connects to the next broker in the list, re-sends
+    every request still unanswered (unacknowledged publications among them), lets each
+    client re-issue its subscriptions, and records the outage in :attr:`outages` (and the
+    log). At most ``max_pending`` requests wait for replies; a further :meth:`submit`
+    waits for room, so a publisher is slowed, never silently dropped.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        context: zmq.asyncio.Context | None = None,
+        liveness: float = 2.0,
+        max_pending: int = 10_000,
+    ) -> None:
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not self.endpoints:
+            raise ValueError("a connection needs at least one broker endpoint")
+        self.endpoint = self.endpoints[0]
+        self.liveness = liveness
         self._ctx = context or zmq.asyncio.Context.instance()
-        self.socket = self._ctx.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 1000)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.setsockopt(zmq.SNDHWM, 0)
-        self.socket.connect(endpoint)
+        self.socket = self._connect(self.endpoint)
         self._reqs = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, tuple[asyncio.Future, bytes]] = {}
+        self._room = asyncio.Semaphore(max_pending)
         self._handlers: dict[str, NotificationHandler] = {}
+        self._resumers: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
+        self._heard = time.monotonic()
         self.errors: list[str] = []
         self.broker: dict[str, Any] = {}
+        self.outages: list[dict[str, Any]] = []
+        """One record per fail-over: from, to, started (wall time), seconds away."""
+
+    def _connect(self, endpoint: str) -> zmq.asyncio.Socket:
+        socket = self._ctx.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.connect(endpoint)
+        return socket
 
     async def open(self, timeout: float = 10.0) -> dict[str, Any]:
         """Start reading and handshake; returns the broker's welcome."""
@@ -86,37 +116,46 @@ class Connection:
             self._reader = asyncio.create_task(self._read())
         self.broker = await self.request({"op": "hello", "client": "-"}, timeout)
         if self._heartbeat is None:
-            interval = float(self.broker.get("timeout", 10.0)) / 4
+            interval = min(float(self.broker.get("timeout", 10.0)) / 4, self.liveness / 3)
             self._heartbeat = asyncio.create_task(self._beat(interval))
         return self.broker
-
-    async def _beat(self, interval: float) -> None:
-        """Tell the broker this connection is alive, whatever its clients do."""
-        while True:
-            await asyncio.sleep(interval)
-            await self.socket.send(pack({"op": "heartbeat", "client": "-"}))
 
     def register(self, name: str, handler: NotificationHandler) -> None:
         """Route deliveries for client ``name`` to ``handler``."""
         self._handlers[name] = handler
 
-    async def request(self, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-        """Send a request and wait for its reply; :class:`BrokerError` on refusal."""
+    def on_failover(self, resume: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``resume`` after each fail-over (a subscriber re-issues its subscriptions)."""
+        self._resumers.append(resume)
+
+    async def submit(self, message: dict[str, Any]) -> asyncio.Future:
+        """Send a request; returns the future of its reply (waits while ``max_pending``
+        requests are unanswered). A refusal sets :class:`BrokerError` on the future."""
+        await self._room.acquire()
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
-        self._pending[req] = future
-        await self.socket.send(pack({**message, "req": req}))
+        payload = pack({**message, "req": req})
+        self._pending[req] = (future, payload)
+        future.add_done_callback(lambda _: self._answered(req))
+        await self.socket.send(payload)
+        return future
+
+    def _answered(self, req: int) -> None:
+        if self._pending.pop(req, None) is not None:
+            self._room.release()
+
+    async def request(self, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+        """Send a request and wait for its reply; :class:`BrokerError` on refusal."""
+        future = await self.submit(message)
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise TimeoutError(
                 f"no reply from {self.endpoint} to {message['op']} within {timeout} s"
             ) from None
-        finally:
-            self._pending.pop(req, None)
 
     async def send(self, message: dict[str, Any]) -> None:
-        """Send without waiting for a reply (refusals land in :attr:`errors`)."""
+        """Send without asking for a reply (refusals land in :attr:`errors`)."""
         await self.socket.send(pack(message))
 
     async def close(self) -> None:
@@ -125,11 +164,74 @@ class Connection:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for future, _ in list(self._pending.values()):
+            future.cancel()
         self.socket.close()
+
+    # -- liveness and fail-over ----------------------------------------------------------
+
+    async def _beat(self, interval: float) -> None:
+        """Heartbeat the broker; fail over when it has been silent for ``liveness``."""
+        beats = itertools.count(-1, -1)  # negative numbers: replies nobody waits for
+        while True:
+            await asyncio.sleep(interval)
+            if time.monotonic() - self._heard > self.liveness:
+                await self._failover()
+            await self.socket.send(pack({"op": "heartbeat", "client": "-", "req": next(beats)}))
+
+    async def _failover(self) -> None:
+        """Move to the next broker that answers; re-send what is unanswered; resume."""
+        t0 = self._heard
+        away_from, started = self.endpoint, time.time() - (time.monotonic() - t0)
+        log.warning("broker at %s silent for %.1f s; failing over", away_from, self.liveness)
+        start = self.endpoints.index(self.endpoint)
+        order = self.endpoints[start + 1 :] + self.endpoints[: start + 1]
+        while True:
+            for endpoint in order:
+                if await self._switch(endpoint):
+                    break
+            else:
+                await asyncio.sleep(self.liveness)
+                continue
+            break
+        for _, payload in list(self._pending.values()):
+            await self.socket.send(payload)
+        for resume in self._resumers:
+            await resume()
+        away = time.monotonic() - t0
+        self.outages.append(
+            {"from": away_from, "to": self.endpoint, "started": started, "seconds": away}
+        )
+        log.warning("moved from %s to %s after %.2f s away", away_from, self.endpoint, away)
+
+    async def _switch(self, endpoint: str) -> bool:
+        """Connect to ``endpoint`` and handshake; False if it does not answer in time."""
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self.socket.close()
+        self.socket = self._connect(endpoint)
+        self.endpoint = endpoint
+        self._reader = asyncio.create_task(self._read())
+        req = next(self._reqs)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[req] = (future, b"")
+        try:
+            await self.socket.send(pack({"op": "hello", "client": "-", "req": req}))
+            self.broker = await asyncio.wait_for(future, self.liveness)
+        except TimeoutError:
+            return False
+        finally:
+            self._pending.pop(req, None)
+        self._heard = time.monotonic()
+        return True
+
+    # -- input ---------------------------------------------------------------------------
 
     async def _read(self) -> None:
         while True:
             parts = await self.socket.recv_multipart()
+            self._heard = time.monotonic()
             try:
                 self._on_frame(parts)
             except Exception:
@@ -145,7 +247,8 @@ class Connection:
                     handler(name, publisher, seq, published_at, publication, now)
             return
         data = unpack(parts[0])
-        future = self._pending.get(data.get("req"))
+        pending = self._pending.get(data.get("req"))
+        future = pending[0] if pending is not None else None
         if data.get("op") == "error":
             if future is not None and not future.done():
                 future.set_exception(BrokerError(data.get("message", "error")))
@@ -187,9 +290,10 @@ class _Client:
         self._owns_connection = False
 
     @classmethod
-    async def connect(cls, endpoint: str, name: str, **kwargs: Any) -> Any:
-        """Open a connection of its own to ``endpoint`` as client ``name``."""
-        connection = Connection(endpoint)
+    async def connect(cls, endpoints: str | Sequence[str], name: str, **kwargs: Any) -> Any:
+        """Open a connection of its own as client ``name`` (to the first of ``endpoints``,
+        failing over to the others in order)."""
+        connection = Connection(endpoints)
         await connection.open()
         client = cls(name, connection, **kwargs)
         client._owns_connection = True
@@ -213,20 +317,37 @@ class Subscriber(_Client):
     ) -> None:
         super().__init__(name, connection)
         self._streams: dict[str, SubscriptionStream] = {}
+        self._subscriptions: dict[str, Subscription] = {}
         self._callback = on_notification
         connection.register(name, self._on_notify)
+        connection.on_failover(self._resubscribe)
 
     async def subscribe(
         self, spec: str | dict | Subscription, timeout: float = 10.0
     ) -> SubscriptionStream:
         """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream."""
         subscription = as_subscription(spec)
+        sub_id = await self._subscribe(subscription, timeout)
+        stream = SubscriptionStream(self, sub_id, subscription)
+        self._streams[sub_id] = stream
+        return stream
+
+    async def _subscribe(self, subscription: Subscription, timeout: float) -> str:
         reply = await self.connection.request(
             {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}, timeout
         )
-        stream = SubscriptionStream(self, reply["sub_id"], subscription)
-        self._streams[stream.sub_id] = stream
-        return stream
+        self._subscriptions[reply["sub_id"]] = subscription
+        return reply["sub_id"]
+
+    async def _resubscribe(self) -> None:
+        """After a fail-over: every subscription again at the new broker (DESIGN §7)."""
+        held, self._subscriptions = self._subscriptions, {}
+        for old_id, subscription in held.items():
+            new_id = await self._subscribe(subscription, self.connection.liveness * 4)
+            stream = self._streams.pop(old_id, None)
+            if stream is not None:
+                stream.sub_id = new_id
+                self._streams[new_id] = stream
 
     async def unsubscribe(self, stream: SubscriptionStream | str, timeout: float = 10.0) -> None:
         """Withdraw a subscription by stream or id."""
@@ -235,6 +356,7 @@ class Subscriber(_Client):
             {"op": "unsubscribe", "client": self.name, "sub_id": sub_id}, timeout
         )
         self._streams.pop(sub_id, None)
+        self._subscriptions.pop(sub_id, None)
 
     def _on_notify(
         self,
@@ -259,6 +381,7 @@ class Publisher(_Client):
     def __init__(self, name: str, connection: Connection) -> None:
         super().__init__(name, connection)
         self.seq = 0
+        self._unacknowledged: set[asyncio.Future] = set()
 
     async def publish(
         self,
@@ -272,7 +395,10 @@ class Publisher(_Client):
 
         With ``wait`` the broker's acceptance is awaited (a refusal raises
         :class:`BrokerError`); without it refusals collect in ``connection.errors`` and
-        :meth:`flush` waits for everything sent so far to be handled.
+        :meth:`flush` waits for everything sent so far to be acknowledged. Either way a
+        publication stays unacknowledged until the broker holds it, and is sent again after
+        a fail-over; when the connection's window of unanswered requests is full, this
+        waits.
         """
         self.seq = seq if seq is not None else self.seq + 1
         message = {
@@ -282,15 +408,25 @@ class Publisher(_Client):
             "published_at": time.time(),
             "publication": publication,
         }
+        future = await self.connection.submit(message)
         if wait:
-            await self.connection.request(message, timeout)
+            await asyncio.wait_for(future, timeout)
         else:
-            await self.connection.send(message)
+            self._unacknowledged.add(future)
+            future.add_done_callback(self._acknowledged)
         return self.seq
 
+    def _acknowledged(self, future: asyncio.Future) -> None:
+        self._unacknowledged.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            self.connection.errors.append(str(future.exception()))
+
     async def flush(self, timeout: float = 30.0) -> None:
-        """Return once the broker has handled every publish sent before this call."""
-        await self.connection.request({"op": "hello", "client": self.name}, timeout)
+        """Return once every publication sent so far is acknowledged (or refused)."""
+        if self._unacknowledged:
+            await asyncio.wait_for(
+                asyncio.gather(*self._unacknowledged, return_exceptions=True), timeout
+            )
 
 
 class _LoopThread:

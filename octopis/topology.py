@@ -117,6 +117,23 @@ class Scot:
             "diameter_acyclic": nx.diameter(self.acyclic),
         }
 
+    def failover_order(self, broker_id: str) -> list[str]:
+        """Brokers a client of ``broker_id`` should move to, best first (DESIGN §7, §9):
+        the rest of its cluster by tree distance (a move inside a cluster touches only
+        primary entries on the tree path), then the other clusters, the same region
+        first, each again by tree distance."""
+        home = self.brokers[broker_id]
+        distance = nx.single_source_shortest_path_length(self.acyclic, home.region)
+        others = [b for b in self.brokers.values() if b.id != broker_id]
+        others.sort(key=lambda b: (b.cluster != home.cluster, distance[b.region], b.cluster))
+        return [b.id for b in others]
+
+    def client_endpoints(self, broker_id: str) -> list[str]:
+        """The client endpoint of ``broker_id`` followed by those of
+        :meth:`failover_order`: the list an SDK connection fails over along."""
+        order = [broker_id, *self.failover_order(broker_id)]
+        return [self.brokers[b].client_endpoint for b in order]
+
     def unclustered(self) -> nx.Graph:
         """The same graph with no cluster, region, type or link roles (for BID, §6.1)."""
         plain = nx.Graph()

@@ -63,7 +63,7 @@ def test_round_trip(message: object) -> None:
     assert type(decoded) is type(message)
 
 
-@pytest.mark.parametrize("message", [Hello(7), Hello(2**63 - 1, 9), Heartbeat(3)])
+@pytest.mark.parametrize("message", [Hello(7), Hello(2**63 - 1, 9), Heartbeat(3), Heartbeat(3, 9, 12_000)])
 def test_link_messages_round_trip(message: Hello | Heartbeat) -> None:
     sender, decoded = decode_peer(encode_peer("c:2", message))
     assert sender == "c:2"
@@ -126,8 +126,9 @@ def good_notify(**change: object) -> list:
         (body(HELLO, 1), "HELLO frame has 2 fields"),
         (body(HELLO, -1, 0), "incarnation must be an integer"),
         (body(HELLO, 1, 2**63), "peer incarnation must be an integer"),
-        (body(HEARTBEAT, "x"), "incarnation must be an integer"),
-        (body(HEARTBEAT), "HEARTBEAT frame has 1 fields"),
+        (body(HEARTBEAT, "x", 0, 0), "incarnation must be an integer"),
+        (body(HEARTBEAT, 1, 2, -3), "acked count must be an integer"),
+        (body(HEARTBEAT, 1), "HEARTBEAT frame has 2 fields"),
         (body(*good_notify()[:-1]), "NOTIFY frame has 6 fields"),
         (body(*good_notify(publisher="")), "publisher must be a non-empty string"),
         (body(*good_notify(seq="1")), "seq must be an integer"),

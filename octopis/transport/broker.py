@@ -40,6 +40,7 @@ from octopis.topology import Scot
 from octopis.transport.clients import ClientSessions
 from octopis.transport.codec import WireError, decode_peer, encode_body
 from octopis.transport.control import serve_control
+from octopis.transport.links import DATA, KEPT
 from octopis.transport.peers import PeerLinks
 from octopis.transport.settings import BrokerSettings
 
@@ -222,9 +223,10 @@ class Broker:
         ``received`` one goes out with the ``body`` it arrived in; others are encoded once
         each, and a delivery reuses the notification's encoded body."""
         now = self._loop.time()
-        frames: dict[int, list[bytes]] = {}
+        frames: dict[int, list] = {}
         if received is not None:
-            frames[id(received)] = [self._sender, body]
+            kind = KEPT if type(received) is Notification else DATA
+            frames[id(received)] = [self._sender, body, kind]
         deliveries: dict[bytes, list[str]] = {}
         delivered = None
         links = self.links
@@ -233,9 +235,10 @@ class Broker:
                 message = action.message
                 frame = frames.get(id(message))
                 if frame is None:
-                    frame = frames[id(message)] = [self._sender, encode_body(message)]
+                    kind = KEPT if type(message) is Notification else DATA
+                    frame = frames[id(message)] = [self._sender, encode_body(message), kind]
                 link = links[action.link]
-                if type(message) is Notification:
+                if frame[2] == KEPT:
                     seen = self.queue_seen
                     ahead = len(link.queue)
                     seen[0] += 1

@@ -3,7 +3,8 @@
 A frame is two ZeroMQ message parts: the sender's broker id (UTF-8) and a body, one
 msgpack array ``[kind, ...fields]``: HELLO ``[0, incarnation, peer_incarnation]`` (the
 link handshake; ``peer_incarnation`` is the receiver's as the sender knows it, 0 when
-unknown), SUBSCRIBE, UNSUBSCRIBE, NOTIFY, and HEARTBEAT ``[4, incarnation]``.
+unknown), SUBSCRIBE, UNSUBSCRIBE, NOTIFY, and HEARTBEAT ``[4, incarnation, acked_incarnation,
+acked]``.
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
 ``[bytes, nbits]``. Keeping the sender out of the body lets a broker forward an unchanged
 notification with the very bytes it received. :func:`decode_peer` validates everything
@@ -45,9 +46,13 @@ class Hello(NamedTuple):
 
 
 class Heartbeat(NamedTuple):
-    """Liveness on an idle link, with the sender's incarnation (a restart shows at once)."""
+    """Liveness and custody acknowledgement (DESIGN §7): the sender's incarnation (a
+    restart shows at once) and how many data frames it has taken from the receiver, whose
+    incarnation was ``acked_incarnation``, since their handshake (cumulative)."""
 
     incarnation: int
+    acked_incarnation: int = 0
+    acked: int = 0
 
 
 Control = Hello | Heartbeat
@@ -92,7 +97,7 @@ def encode_body(message: Message | Control) -> bytes:
     if isinstance(message, Hello):
         return pack([HELLO, message.incarnation, message.peer_incarnation])
     if isinstance(message, Heartbeat):
-        return pack([HEARTBEAT, message.incarnation])
+        return pack([HEARTBEAT, message.incarnation, message.acked_incarnation, message.acked])
     raise TypeError(f"cannot encode {type(message).__name__}")
 
 
@@ -122,8 +127,12 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
             _expect(data, 3, "UNSUBSCRIBE")
             return sender, Unsubscribe(_str(data[1], "sub_id"), _state(data[2]))
         if kind == HEARTBEAT:
-            _expect(data, 2, "HEARTBEAT")
-            return sender, Heartbeat(_incarnation(data[1], "incarnation"))
+            _expect(data, 4, "HEARTBEAT")
+            return sender, Heartbeat(
+                _incarnation(data[1], "incarnation"),
+                _incarnation(data[2], "acked incarnation"),
+                _incarnation(data[3], "acked count"),
+            )
         if kind == HELLO:
             _expect(data, 3, "HELLO")
             return sender, Hello(

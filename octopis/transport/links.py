@@ -33,7 +33,13 @@ send_part = zmq.backend.Socket.send
 only adds DRAFT routing ids and groups): half the cost per part on the forwarding path."""
 
 
-def send_now(sock: zmq.Socket, frame: list[bytes]) -> None:
+LINK, HANDSHAKE, DATA, KEPT = 0, 1, 2, 3
+"""What a queued frame is (its third element, never sent): a link-level frame (heartbeat),
+the handshake that starts a numbered session, a routing frame, or a routing frame kept in
+custody until acknowledged (a notification, DESIGN §7)."""
+
+
+def send_now(sock: zmq.Socket, frame: list) -> None:
     """Send a two-part frame without blocking; ``zmq.Again`` (nothing sent) if the pipe is
     full. The second part cannot fail: ZeroMQ takes a message whole once its first part
     is in."""
@@ -106,12 +112,17 @@ class Pacer:
 
 
 class OutputLink:
-    """An outgoing peer link: output queue, paced non-blocking sender, LST feed.
+    """An outgoing peer link: output queue, paced non-blocking sender, LST feed, custody.
 
+    Frames are ``[sender, body, kind]`` (``kind`` one of :data:`LINK`, :data:`HANDSHAKE`,
+    :data:`DATA`, :data:`KEPT`). Routing frames sent after a handshake are numbered 1, 2,
+    …; the receiver acknowledges the count it has taken (:meth:`acknowledge`), and until
+    then the notifications among them stay in a bounded custody buffer. When the custody
+    buffer is full the link stops sending, so the queue grows and the LST sees it.
     ``last_sent`` (loop time) tells the heartbeat whether the link has been idle.
     ZMQ_IMMEDIATE keeps ZeroMQ from queueing frames for a peer that is not connected, so
-    while a neighbour is away its frames stay in this queue, where :meth:`take_queued`
-    can hand them back to the routing core (DESIGN §7, custody).
+    while a neighbour is away its frames stay here, where :meth:`take_back` hands them
+    and the unacknowledged ones back to the broker (DESIGN §7, custody).
     """
 
     def __init__(
@@ -123,6 +134,7 @@ class OutputLink:
         sndhwm: int,
         pacers: tuple[Pacer, ...],
         activity: asyncio.Event,
+        custody_limit: int,
     ) -> None:
         self.name = name
         self.socket = ctx.socket(zmq.PUSH)
@@ -131,15 +143,43 @@ class OutputLink:
         self.socket.setsockopt(zmq.LINGER, 1000)
         self.socket.connect(endpoint)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
-        self.queue: deque[list[bytes]] = deque()
+        self.queue: deque[list] = deque()
         self.pacers = pacers
         self.sent = 0
         self.last_sent = 0.0
+        self.numbered = 0
+        """Routing frames sent since the last handshake."""
+        self.custody: deque[tuple[int, list]] = deque()
+        self.custody_limit = custody_limit
+        self.custody_full = 0
+        """Times the link stopped because its custody buffer was full."""
         self._lst = lst
         self._wake = asyncio.Event()
         self._activity = activity
 
-    def put(self, frame: list[bytes], now: float) -> None:
+    def _sent(self, frame: list, now: float) -> None:
+        """Book-keeping of one frame handed to ZeroMQ."""
+        self.sent += 1
+        self.last_sent = now
+        self._lst.sent(self.name, now)
+        kind = frame[2]
+        if kind >= DATA:
+            self.numbered += 1
+            if kind == KEPT:
+                self.custody.append((self.numbered, frame))
+        elif kind == HANDSHAKE:
+            self.numbered = 0
+
+    def acknowledge(self, count: int) -> None:
+        """The receiver has taken the first ``count`` routing frames of this session."""
+        custody = self.custody
+        was_full = len(custody) >= self.custody_limit
+        while custody and custody[0][0] <= count:
+            custody.popleft()
+        if was_full and self.queue:
+            self._wake.set()
+
+    def put(self, frame: list, now: float) -> None:
         """Enqueue one frame (counted as n_in). An empty, unpaced queue whose pipe has
         room sends it at once (counted as n_out too) without waking the sender task.
         A non-empty queue is left to the sender task: trying the pipe on every put would
@@ -147,25 +187,37 @@ class OutputLink:
         than the sends (~7 µs each)."""
         self._lst.enqueued(self.name, now)
         self._activity.set()
-        if not self.queue and not self.pacers:
+        if not self.queue and not self.pacers and len(self.custody) < self.custody_limit:
             try:
                 send_now(self._sync, frame)
             except zmq.Again:
                 pass
             else:
-                self.sent += 1
-                self.last_sent = now
-                self._lst.sent(self.name, now)
+                self._sent(frame, now)
                 return
         self.queue.append(frame)
         self._wake.set()
 
-    def take_queued(self, now: float) -> list[list[bytes]]:
-        """Empty the queue and return its frames (they leave the LST's queue length)."""
-        frames = list(self.queue)
-        self.queue.clear()
-        for _ in frames:
+    def put_link(self, frame: list, now: float) -> None:
+        """Enqueue a link-level frame (heartbeat, acknowledgement) ahead of queued data,
+        so liveness and acks are never stuck behind a backlog (DESIGN §8)."""
+        if not self.queue:
+            self.put(frame, now)
+            return
+        self._lst.enqueued(self.name, now)
+        self.queue.appendleft(frame)
+        self._wake.set()
+
+    def take_back(self, now: float) -> list[list]:
+        """Empty the queue and the custody buffer; returns their routing frames, oldest
+        first (queued frames leave the LST's queue length)."""
+        frames = [frame for _, frame in self.custody]
+        self.custody.clear()
+        for frame in self.queue:
             self._lst.sent(self.name, now)
+            if frame[2] >= DATA:
+                frames.append(frame)
+        self.queue.clear()
         return frames
 
     async def run(self) -> None:
@@ -173,7 +225,11 @@ class OutputLink:
         loop = asyncio.get_running_loop()
         booked = False
         while True:
-            if not self.queue:
+            if not self.queue or (
+                len(self.custody) >= self.custody_limit and self.queue[0][2] >= DATA
+            ):
+                if self.queue:
+                    self.custody_full += 1
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -191,10 +247,7 @@ class OutputLink:
                 await self._writable()
                 continue
             booked = False
-            self.queue.popleft()
-            self.sent += 1
-            self.last_sent = now = loop.time()
-            self._lst.sent(self.name, now)
+            self._sent(self.queue.popleft(), loop.time())
 
     async def _writable(self) -> None:
         """Wait until the socket takes frames again. ZeroMQ's I/O thread usually drains

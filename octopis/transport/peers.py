@@ -29,7 +29,14 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Message, ProtocolError
 from octopis.transport.codec import Heartbeat, Hello, WireError, decode_peer, encode_peer
-from octopis.transport.links import InputWaiter, OutputLink, Pacer, receive_now
+from octopis.transport.links import (
+    HANDSHAKE,
+    LINK,
+    InputWaiter,
+    OutputLink,
+    Pacer,
+    receive_now,
+)
 from octopis.transport.logs import RateLimitedLog
 from octopis.transport.settings import BrokerSettings
 
@@ -61,6 +68,10 @@ class NeighbourState:
     last_heard: float = 0.0
     down_since: float | None = None
     restarts: int = 0
+    received: int = 0
+    """Data frames taken from it since its handshake (what we acknowledge)."""
+    acked: int = 0
+    """The count we last acknowledged."""
 
 
 class PeerLinks:
@@ -104,6 +115,7 @@ class PeerLinks:
                 settings.sndhwm,
                 self._pacers(n, broker_pacer),
                 self.activity,
+                settings.custody_limit,
             )
             for n, endpoint in endpoints.items()
         }
@@ -134,7 +146,7 @@ class PeerLinks:
         now = loop.time()
         for name, link in self.links.items():
             self.state[name].last_heard = now
-            link.put(encode_peer(self.id, Hello(self.incarnation)), now)
+            link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
         return [
             *((f"link {n}", link.run()) for n, link in self.links.items()),
             ("peers", self._input_loop(loop)),
@@ -177,7 +189,9 @@ class PeerLinks:
                 return
             if not state.up:
                 self._came_back(sender, state, now)
-            if not state.accepting:
+            if state.accepting:
+                state.received += 1
+            else:
                 self.counters["stale_frames"] += 1
                 self._warn.warning(
                     "stale",
@@ -209,10 +223,13 @@ class PeerLinks:
             state.incarnation = message.incarnation
             # In order behind what is queued: a handshake must never overtake an older one.
             self.links[sender].put(
-                encode_peer(self.id, Hello(self.incarnation, message.incarnation)), now
+                self._frame(Hello(self.incarnation, message.incarnation), HANDSHAKE), now
             )
         if type(message) is Hello:
             state.accepting = message.peer_incarnation == self.incarnation
+            state.received = state.acked = 0
+        elif message.acked_incarnation == self.incarnation:
+            self.links[sender].acknowledge(message.acked)
         if not state.up:
             self._came_back(sender, state, now)
 
@@ -230,27 +247,33 @@ class PeerLinks:
         state.accepting = False
         self.counters["peer_restarts"] += 1
         log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
-        self.events.link_down(sender, self.links[sender].take_queued(now))
+        self.events.link_down(sender, self.links[sender].take_back(now))
 
     # -- liveness ------------------------------------------------------------------------
 
     async def _liveness_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Every heartbeat interval: a heartbeat on each idle link; declare silent
-        neighbours down."""
-        interval = self.settings.heartbeat
-        down_after = self.settings.down_after
+        """Every ack interval: acknowledge what was taken from each neighbour since the
+        last acknowledgement; a heartbeat on each link idle for a heartbeat interval;
+        declare neighbours silent past T down."""
+        settings = self.settings
+        tick = min(settings.ack_interval, settings.heartbeat)
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(tick)
             now = loop.time()
-            beat = None
-            for link in self.links.values():
-                if not link.queue and now - link.last_sent >= interval:
-                    beat = beat or encode_peer(self.id, Heartbeat(self.incarnation))
-                    link.put(beat, now)
             for name, state in self.state.items():
+                link = self.links[name]
+                if state.received != state.acked or (
+                    not link.queue and now - link.last_sent >= settings.heartbeat
+                ):
+                    beat = Heartbeat(self.incarnation, state.incarnation, state.received)
+                    link.put_link(self._frame(beat, LINK), now)
+                    state.acked = state.received
                 silent = now - state.last_heard
-                if state.up and silent > down_after:
+                if state.up and silent > settings.down_after:
                     self._declare_down(name, state, now, silent)
+
+    def _frame(self, message: Hello | Heartbeat, kind: int) -> list:
+        return [*encode_peer(self.id, message), kind]
 
     def _declare_down(self, name: str, state: NeighbourState, now: float, silent: float) -> None:
         state.up = False
@@ -259,9 +282,9 @@ class PeerLinks:
         if len(self.detections) >= self._detections_kept:
             del self.detections[0]
         self.detections.append({"link": name, "silent": silent, "at": now})
-        queued = self.links[name].take_queued(now)
+        queued = self.links[name].take_back(now)
         log.warning(
-            "%s: link to %s is down (silent for %.2f s; %d queued frames taken back)",
+            "%s: link to %s is down (silent for %.2f s; %d unacknowledged frames taken back)",
             self.id,
             name,
             silent,
@@ -281,6 +304,7 @@ class PeerLinks:
                 "silent": now - s.last_heard,
                 "restarts": s.restarts,
                 "queue_length": len(self.links[name].queue),
+                "custody": len(self.links[name].custody),
             }
             for name, s in self.state.items()
         }

@@ -9,6 +9,8 @@ queue_threshold = 10     # Q: a queue this long marks its link overloaded
 sndhwm = 64              # ZeroMQ send high-water mark per peer link (messages)
 heartbeat = 0.2          # seconds of silence on a link before it carries a heartbeat
 down_after = 1.0         # T: a neighbour silent this long is down (DESIGN §7)
+ack_interval = 0.05      # a receiver acknowledges the frames it took at least this often
+custody_limit = 10000    # unacknowledged notifications kept per link; full = link waits
 capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
 broker_capacity = 0      # messages/s over all of a broker's links together; 0 = unlimited
 [links.capacities]       # per directed link "src>dst" = messages/s
@@ -48,6 +50,8 @@ class BrokerSettings:
     client_sndhwm: int = 100_000
     heartbeat: float = 0.2
     down_after: float = 1.0
+    ack_interval: float = 0.05
+    custody_limit: int = 10_000
     client_timeout: float = 10.0
     log_interval: float = 5.0
 
@@ -66,6 +70,8 @@ class BrokerSettings:
             f"sndhwm = {self.sndhwm}",
             f"heartbeat = {self.heartbeat!r}",
             f"down_after = {self.down_after!r}",
+            f"ack_interval = {self.ack_interval!r}",
+            f"custody_limit = {self.custody_limit}",
             f"capacity = {self.capacity!r}",
             f"broker_capacity = {self.broker_capacity!r}",
             "",
@@ -100,7 +106,16 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
     """Validate a parsed settings document."""
     known = {
         "lst": {"window", "queue_threshold"},
-        "links": {"sndhwm", "heartbeat", "down_after", "capacity", "capacities", "broker_capacity"},
+        "links": {
+            "sndhwm",
+            "heartbeat",
+            "down_after",
+            "ack_interval",
+            "custody_limit",
+            "capacity",
+            "capacities",
+            "broker_capacity",
+        },
         "clients": {"sndhwm", "timeout"},
         "logs": {"interval"},
     }
@@ -149,6 +164,18 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
         ),
         heartbeat=heartbeat,
         down_after=down_after,
+        ack_interval=_number(
+            links.get("ack_interval", 0.05), "links.ack_interval", source, minimum=0.001
+        ),
+        custody_limit=int(
+            _number(
+                links.get("custody_limit", 10_000),
+                "links.custody_limit",
+                source,
+                minimum=1,
+                integer=True,
+            )
+        ),
         client_timeout=_number(
             clients.get("timeout", 10.0), "clients.timeout", source, minimum=0.1
         ),

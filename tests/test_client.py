@@ -1,0 +1,163 @@
+"""The SDK against real broker processes on 127.0.0.1 (DESIGN §7): fail-over when the
+host broker is killed, and a killed client's subscriptions withdrawn everywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from octopis.client import Connection, Publisher, Subscriber
+from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.transport.settings import BrokerSettings
+
+pytestmark = pytest.mark.timeout(300)
+
+CLIENT_TIMEOUT = 2.0
+"""The brokers' client timeout in these tests (default 10 s), to keep them short."""
+
+
+@pytest.fixture
+def fig2(tmp_path: Path) -> Iterator[LocalCluster]:
+    scot, path = prepare_topology(tmp_path, preset="fig2")
+    settings = BrokerSettings(client_timeout=CLIENT_TIMEOUT)
+    cluster = LocalCluster(scot, path, "dnr", tmp_path, settings)
+    cluster.spawn()
+    try:
+        asyncio.run(_with_control(cluster, lambda: cluster.wait_ready(120)))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def _with_control(cluster: LocalCluster, work: Callable) -> object:
+    try:
+        return await work()
+    finally:
+        await cluster.close_control()
+
+
+async def _until(check: Callable, what: str, timeout: float) -> float:
+    """Poll the async ``check`` until it is true; returns the seconds it took."""
+    started = time.monotonic()
+    while not await check():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -> None:
+    """c:0 hosts the subscriber; a:0 the publisher (path a–b–c). After kill -9 of c:0 the
+    subscriber moves to b:0 (same cluster first), re-subscribes, and every notification
+    published after it is back arrives exactly once."""
+    scot = fig2.scot
+    received: Counter[int] = Counter()
+
+    async def scenario() -> tuple[dict, list[int], int]:
+        sub = await Subscriber.connect(
+            scot.client_endpoints("c:0"), "s", on_notification=lambda n: received.update([n.seq])
+        )
+        await sub.subscribe("[class,eq,'STOCK']")
+        pub = await Publisher.connect(scot.client_endpoints("a:0"), "p")
+        published: list[tuple[float, int]] = []
+
+        async def publish(count: int) -> None:
+            for _ in range(count):
+                seq = await pub.publish({"class": "STOCK", "price": 1.0})
+                published.append((time.monotonic(), seq))
+                await asyncio.sleep(0.02)
+
+        async def delivered_once() -> bool:
+            await publish(1)
+            return bool(received)
+
+        await _until(delivered_once, "first delivery", 10)
+        os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        await asyncio.gather(
+            publish(200),
+            _until(lambda: _true(bool(sub.connection.outages)), "fail-over", 20),
+        )
+        outage = sub.connection.outages[0]
+        back = killed + outage["seconds"] + 0.5  # the new subscription's broadcast settles
+        after = [seq for at, seq in published if at > back]
+        await _until(lambda: _true(all(received[s] for s in after)), "deliveries", 10)
+        await sub.close()
+        await pub.close()
+        return outage, after, time.monotonic() - killed
+
+    outage, after, _ = asyncio.run(scenario())
+    print(f"fail-over: away {outage['seconds']:.2f} s, {outage['from']} -> {outage['to']}")
+    assert outage["to"] == scot.brokers["b:0"].client_endpoint
+    assert len(after) > 50
+    missing = [s for s in after if received[s] == 0]
+    repeated = [s for s in after if received[s] > 1]
+    assert missing == [] and repeated == []
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+SUBSCRIBER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from octopis.client import Subscriber
+
+    async def main():
+        sub = await Subscriber.connect(sys.argv[1], "doomed")
+        for i in range(5):
+            await sub.subscribe(f"[class,eq,'STOCK'],[n,=,{i}]")
+        print("subscribed", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_killed_clients_subscriptions_leave_every_table(fig2: LocalCluster) -> None:
+    endpoint = fig2.scot.brokers["f:2"].client_endpoint
+    client = subprocess.Popen(
+        [sys.executable, "-c", SUBSCRIBER, endpoint], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "subscribed"
+
+        async def sizes() -> set[int]:
+            stats = await fig2.call_all("stats")
+            return {s["routing_table_size"] for s in stats.values()}
+
+        async def scenario() -> tuple[float, dict]:
+            await _until(lambda: _eq(sizes(), {5}), "subscriptions everywhere", 20)
+            client.send_signal(signal.SIGKILL)
+            client.wait()
+            took = await _until(lambda: _eq(sizes(), {0}), "withdrawal", CLIENT_TIMEOUT + 10)
+            return took, (await fig2.call_all("stats"))["f:2"]["counters"]
+
+        took, counters = asyncio.run(_with_control(fig2, scenario))
+    finally:
+        client.kill()
+        client.wait()
+    print(f"withdrawn from every table {took:.2f} s after the kill")
+    assert counters["clients_dropped"] == 1
+    assert counters["subscriptions_withdrawn"] == 5
+
+
+async def _eq(value: object, expected: object) -> bool:
+    return await value == expected
+
+
+def test_a_connection_needs_an_endpoint() -> None:
+    with pytest.raises(ValueError, match="at least one broker endpoint"):
+        Connection([])
