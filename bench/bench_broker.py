@@ -1,6 +1,8 @@
 """Broker hop: one broker process holding 10,000 subscriptions against bare relays,
 measured side by side (issue 6 target: the broker reaches ≥ 50% of the pyzmq relay's
-rate). See :mod:`bench.hop` for the set-up and the two relay styles.
+rate), and the same broker with custody off, so the cost of custody (numbered frames,
+acknowledgements, the custody buffer; DESIGN §7) is a ratio too. See :mod:`bench.hop`
+for the set-up and the two relay styles.
 
 The machine is shared and noisy (runs of the same code differ by 2×, and the machine's
 speed drifts by as much within minutes), so each round pumps 60,000 notifications
@@ -18,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.hop import HopBench
+from bench.hop import NO_CUSTODY, HopBench
 
 SUBSCRIPTIONS = 10_000
 NOTIFICATIONS = 60_000
 ROUNDS = 5
-RUNS = ("pyzmq", "broker", "transport")
+RUNS = ("pyzmq", "broker", "transport", "broker_no_custody")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,12 @@ def test_broker_hop_against_relays(
         shift = len(rounds) % len(RUNS)
         rates = {}
         for run in RUNS[shift:] + RUNS[:shift]:
-            rates[run] = hop.run_broker(tmp_path, mode) if run == "broker" else hop.run_relay(run)
+            if run == "broker":
+                rates[run] = hop.run_broker(tmp_path, mode)
+            elif run == "broker_no_custody":
+                rates[run] = hop.run_broker(tmp_path, mode, NO_CUSTODY)
+            else:
+                rates[run] = hop.run_relay(run)
         rounds.append(rates)
 
     benchmark.group = "broker hop: 60,000 notifications, 10k subscriptions"
@@ -52,4 +59,7 @@ def test_broker_hop_against_relays(
         ratios = [r["broker"] / r[relay] for r in rounds]
         info[f"ratios_to_{relay}"] = [round(x, 3) for x in ratios]
         info[f"median_ratio_to_{relay}"] = round(statistics.median(ratios), 3)
+    costs = [1 - r["broker"] / r["broker_no_custody"] for r in rounds]
+    info["custody_cost"] = [round(x, 3) for x in costs]
+    info["median_custody_cost"] = round(statistics.median(costs), 3)
     benchmark.extra_info.update(info)

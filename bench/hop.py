@@ -37,11 +37,42 @@ from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.topology import build_preset
-from octopis.transport.codec import Hello, encode_peer
+from octopis.transport.codec import Heartbeat, Hello, encode_peer
 from octopis.transport.links import receive_now, send_now
 from octopis.transport.settings import BrokerSettings
+from octopis.wire import NOTIFY
 
 BROKER, UPSTREAM, DOWNSTREAM = "b:0", "a:0", "c:0"
+PLAYED = 1
+"""The incarnation of every neighbour the harness plays."""
+ACK_EVERY = 1000
+"""Notifications the played downstream takes between custody acknowledgements."""
+
+
+class Downstream:
+    """The played downstream neighbour: counts the notifications that arrive (link-level
+    frames such as the broker's heartbeats are not counted) and acknowledges them to the
+    broker's custody every :data:`ACK_EVERY`, as a real neighbour would."""
+
+    def __init__(self, down: zmq.Socket, up: zmq.Socket, incarnation: int | None) -> None:
+        self.down, self.up, self.incarnation = down, up, incarnation
+        self.taken = 0
+
+    def take(self) -> None:
+        """Wait for the next notification; ``zmq.Again`` when none came within the
+        socket's receive timeout (heartbeats meanwhile do not count)."""
+        deadline = time.monotonic() + self.down.getsockopt(zmq.RCVTIMEO) / 1000
+        while True:
+            parts = self.down.recv_multipart()
+            if parts[1][1] == NOTIFY:
+                break
+            if time.monotonic() > deadline:
+                raise zmq.Again
+        self.taken += 1
+        if self.incarnation is not None and self.taken % ACK_EVERY == 0:
+            self.up.send_multipart(
+                encode_peer(DOWNSTREAM, Heartbeat(PLAYED, self.incarnation, self.taken))
+            )
 
 
 def relay_main(pull_endpoint: str, push_endpoint: str, style: str = "pyzmq") -> None:
@@ -159,11 +190,10 @@ class HopBench:
             proc.wait(timeout=10)
 
     async def _drive(self, install: bool, expected: int) -> float:
-        if install:
-            await self._install()
-        return await asyncio.to_thread(self._pump, expected)
+        incarnation = await self._install() if install else None
+        return await asyncio.to_thread(self._pump, expected, incarnation)
 
-    def _pump(self, expected: int) -> float:
+    def _pump(self, expected: int, incarnation: int | None) -> float:
         """Messages per second arriving downstream while a separate process pushes every
         frame upstream. Sender and receiver are separate processes: sharing one
         interpreter, the sender thread held the GIL while the hop queued, starving the
@@ -174,6 +204,7 @@ class HopBench:
         up = ctx.socket(zmq.PUSH)
         up.connect(self.endpoint(BROKER))
         down.setsockopt(zmq.RCVTIMEO, 500)
+        downstream = Downstream(down, up, incarnation)
         spawn = multiprocessing.get_context("spawn")
         ready, go = spawn.Event(), spawn.Event()
         sender = None
@@ -181,13 +212,13 @@ class HopBench:
             while True:  # warm up: until one notification makes it through
                 up.send_multipart(self.probe)
                 try:
-                    down.recv_multipart()
+                    downstream.take()
                     break
                 except zmq.Again:
                     continue
             with contextlib.suppress(zmq.Again):
                 while True:
-                    down.recv_multipart()
+                    downstream.take()
             down.setsockopt(zmq.RCVTIMEO, 30_000)
             with tempfile.NamedTemporaryFile(suffix=".msgpack") as stored:
                 stored.write(msgpack.packb(self.frames))
@@ -201,7 +232,7 @@ class HopBench:
             started = time.perf_counter()
             go.set()
             for _ in range(expected):
-                down.recv_multipart()
+                downstream.take()
             elapsed = time.perf_counter() - started
             return expected / elapsed
         finally:
@@ -210,7 +241,9 @@ class HopBench:
                 sender.join()
             ctx.destroy(linger=0)
 
-    async def _install(self) -> None:
+    async def _install(self) -> int:
+        """Handshake as every neighbour, install the subscriptions; returns the broker's
+        incarnation."""
         ctx = zmq.asyncio.Context()
         via = ctx.socket(zmq.PUSH)
         via.connect(self.endpoint(BROKER))
@@ -219,7 +252,7 @@ class HopBench:
         )
         incarnation = (await control.call.status())["incarnation"]
         for neighbour in (UPSTREAM, DOWNSTREAM, "b:1", "b:2"):
-            await via.send_multipart(encode_peer(neighbour, Hello(1, incarnation)))
+            await via.send_multipart(encode_peer(neighbour, Hello(PLAYED, incarnation)))
         cbv = frozenbitarray("100")
         for i, f in enumerate(self.filters):
             await via.send_multipart(
@@ -233,15 +266,24 @@ class HopBench:
         finally:
             control.close()
             ctx.destroy(linger=1000)
+        return incarnation
+
+
+NO_CUSTODY = BrokerSettings(down_after=3600.0, custody_limit=0)
+"""The broker with custody off (what a link failure costs is then lost frames)."""
 
 
 def main() -> None:
-    """Print the broker's rate beside both relays'."""
+    """Print the broker's rate (custody on and off) beside both relays'."""
     bench = HopBench(subscriptions=10_000, notifications=60_000)
     with tempfile.TemporaryDirectory() as tmp:
         broker = bench.run_broker(Path(tmp))
+        bare = bench.run_broker(Path(tmp), settings=NO_CUSTODY)
     relays = {style: bench.run_relay(style) for style in RELAY_STYLES}
     print(f"broker {broker:,.0f} notifications/s ({bench.forwarded} of {len(bench.frames)})")
+    print(
+        f"broker without custody {bare:,.0f} notifications/s, custody costs {1 - broker / bare:.1%}"
+    )
     for style, rate in relays.items():
         print(f"{style} relay {rate:,.0f} messages/s, ratio {broker / rate:.2f}")
 

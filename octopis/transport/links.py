@@ -8,6 +8,7 @@ non-blocking sends make backpressure grow this queue instead of dropping anythin
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -150,7 +151,9 @@ class OutputLink:
         self.numbered = 0
         """Routing frames sent since the last handshake."""
         self.custody: deque[tuple[int, list]] = deque()
-        self.custody_limit = custody_limit
+        self.keeps = custody_limit > 0
+        """Custody on (a limit of 0 turns it off: a failure loses what was in flight)."""
+        self.custody_limit = custody_limit if self.keeps else math.inf
         self.custody_full = 0
         """Times the link stopped because its custody buffer was full."""
         self._lst = lst
@@ -165,7 +168,7 @@ class OutputLink:
         kind = frame[2]
         if kind >= DATA:
             self.numbered += 1
-            if kind == KEPT:
+            if kind == KEPT and self.keeps:
                 self.custody.append((self.numbered, frame))
         elif kind == HANDSHAKE:
             self.numbered = 0

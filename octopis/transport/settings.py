@@ -10,7 +10,8 @@ sndhwm = 64              # ZeroMQ send high-water mark per peer link (messages)
 heartbeat = 0.2          # seconds of silence on a link before it carries a heartbeat
 down_after = 1.0         # T: a neighbour silent this long is down (DESIGN §7)
 ack_interval = 0.05      # a receiver acknowledges the frames it took at least this often
-custody_limit = 10000    # unacknowledged notifications kept per link; full = link waits
+custody_limit = 10000    # unacknowledged notifications kept per link; full = link waits;
+                         # 0 = no custody (a failure loses what was in flight)
 capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
 broker_capacity = 0      # messages/s over all of a broker's links together; 0 = unlimited
 [links.capacities]       # per directed link "src>dst" = messages/s
@@ -172,7 +173,7 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
                 links.get("custody_limit", 10_000),
                 "links.custody_limit",
                 source,
-                minimum=1,
+                minimum=0,
                 integer=True,
             )
         ),
