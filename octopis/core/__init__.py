@@ -22,7 +22,7 @@ from octopis.core.messages import (
     Unsubscribe,
 )
 from octopis.core.table import MatcherFactory
-from octopis.topology import Scot
+from octopis.core.view import BrokerView, TopologyView
 
 MODES = ("snr", "dnr", "bid")
 
@@ -42,12 +42,13 @@ class NoCongestion:
 
 
 def make_broker(
-    scot: Scot, broker_id: str, mode: str, matcher_factory: MatcherFactory | None = None
+    scot: TopologyView, broker_id: str, mode: str, matcher_factory: MatcherFactory | None = None
 ) -> BrokerCore:
     """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
 
-    The core sees only the broker's own labels and its neighbours; BID sees the
-    unclustered graph (neighbour names, no roles).
+    The core sees only the broker's own labels and its neighbours (a :class:`BrokerView`
+    read from the topology, never the topology itself); BID sees the unclustered graph
+    (neighbour names, no roles).
     """
     if matcher_factory is None:
         from octopis.matching import Matcher
@@ -66,6 +67,7 @@ __all__ = [
     "Action",
     "BidBroker",
     "BrokerCore",
+    "BrokerView",
     "ClusteredBroker",
     "Deliver",
     "Forward",

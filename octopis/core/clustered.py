@@ -26,8 +26,8 @@ from octopis.core.messages import (
     Unsubscribe,
 )
 from octopis.core.table import MatcherFactory, RoutingEntry, RoutingTable
+from octopis.core.view import ICOL, BrokerView
 from octopis.filters import Subscription
-from octopis.topology import ICOL, Broker
 
 LOCAL = "local"
 PRIMARY = "primary"
@@ -39,7 +39,7 @@ class ClusteredBroker:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerView,
         clusters: int,
         matcher_factory: MatcherFactory,
         *,
