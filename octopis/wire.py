@@ -22,8 +22,9 @@ from typing import Annotated, Any
 import msgspec
 import msgspec.inspect
 
-HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY, HEARTBEAT = 0, 1, 2, 3, 4
-"""Peer body kinds: link handshake, SBP subscribe / unsubscribe, notification, liveness."""
+HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY, HEARTBEAT, SYNCED = 0, 1, 2, 3, 4, 5
+"""Peer body kinds: link handshake, SBP subscribe / unsubscribe, notification, liveness,
+end of a resync."""
 
 pack = msgspec.msgpack.Encoder().encode
 """MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""

@@ -50,13 +50,16 @@ class BidBroker:
         )
         self.stats: Counter[str] = Counter()
         self._next_sub = 0
+        self.epoch = ""
+        """Prefix of this broker's subscription numbers: a restarted broker's shell sets
+        it from its incarnation, so its ids never collide with its predecessor's."""
 
     def subscribe(
         self, subscriber: str, subscription: Subscription, now: float
     ) -> tuple[str, list[Action]]:
         """A local subscriber subscribes: id = this broker's BID + a sequence number."""
         self._next_sub += 1
-        sub_id = f"{self.id}#{self._next_sub}"
+        sub_id = f"{self.id}#{self.epoch}{self._next_sub}"
         message = Subscribe(sub_id, self.id, subscription, SubState.PRIMARY, None, now)
         return sub_id, self.flood_subscription(message, subscriber, local=True)
 

@@ -55,6 +55,9 @@ class ClusteredBroker:
         self.table = RoutingTable((LOCAL, PRIMARY, SECONDARY), matcher_factory, self._part_of)
         self.stats: Counter[str] = Counter()
         self._next_sub = 0
+        self.epoch = ""
+        """Prefix of this broker's subscription numbers: a restarted broker's shell sets
+        it from its incarnation, so its ids never collide with its predecessor's."""
 
     # -- subscriptions: Algorithm 1 ------------------------------------------------------
 
@@ -63,7 +66,7 @@ class ClusteredBroker:
     ) -> tuple[str, list[Action]]:
         """A local subscriber subscribes: set our cluster bit and start the two steps."""
         self._next_sub += 1
-        sub_id = f"{self.id}#{self._next_sub}"
+        sub_id = f"{self.id}#{self.epoch}{self._next_sub}"
         cbv = bitarray(self.clusters)
         cbv[self.cluster] = 1
         message = Subscribe(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import time
 from collections import Counter
@@ -26,6 +27,7 @@ import zmq.asyncio
 
 from octopis.core import (
     Action,
+    ClusteredBroker,
     Deliver,
     Forward,
     LinkStatusTable,
@@ -34,11 +36,12 @@ from octopis.core import (
     Subscribe,
     make_broker,
 )
+from octopis.core.resync import epoch_of, resync_messages, withdraw_predecessor
 from octopis.filters import Subscription
 from octopis.matching import MatchClock, TimedMatcher
 from octopis.topology import Scot
 from octopis.transport.clients import ClientSessions
-from octopis.transport.codec import WireError, decode_peer, encode_body
+from octopis.transport.codec import encode_body
 from octopis.transport.control import serve_control
 from octopis.transport.links import DATA, KEPT
 from octopis.transport.peers import PeerLinks
@@ -74,6 +77,9 @@ class Broker:
         self.settings = settings
         self.clock = MatchClock()
         self.core = make_broker(scot, broker_id, mode, lambda: TimedMatcher(self.clock))
+        self.incarnation = secrets.randbits(63) | 1
+        """Random per process start (DESIGN §7): neighbours tell a restart by it."""
+        self.core.epoch = epoch_of(self.incarnation)
         self.counters: Counter[str] = Counter()
         self.received: Counter[type] = Counter()
         self._sender = broker_id.encode()
@@ -113,6 +119,7 @@ class Broker:
             self.lst,
             ctx,
             self,
+            self.incarnation,
         )
         self.links = self.peers.links
         self.link_state = LinkState(self.lst, self.peers)
@@ -131,7 +138,7 @@ class Broker:
             "%s serving (%s, incarnation %x) peers %s clients %s control %s",
             self.id,
             self.mode,
-            self.peers.incarnation,
+            self.incarnation,
             self.info.endpoint,
             self.info.client_endpoint,
             self.info.control_endpoint,
@@ -184,22 +191,40 @@ class Broker:
             actions = self.core.receive(sender, message, self.link_state)
         self.execute(actions, message, body)
 
-    def link_down(self, neighbour: str, queued: list[list[bytes]]) -> None:
-        """Frames that never reached ``neighbour`` (down or restarted): notifications are
-        counted as lost on the failure, with the link, until custody re-routes them."""
-        lost = 0
-        for frame in queued:
-            try:
-                _, message = decode_peer(frame)
-            except WireError:
-                continue
-            if type(message) is Notification:
-                lost += 1
+    def link_down(self, neighbour: str, queued: list[list]) -> None:
+        """Routing frames that never reached ``neighbour`` (down or restarted), or were
+        not acknowledged: the notifications among them are counted undeliverable (the
+        reason: a link failure); subscription messages are left to resync."""
+        lost = sum(1 for frame in queued if frame[2] == KEPT)
         if lost:
-            self.counters["notifications_lost_link_down"] += lost
+            self.counters["undeliverable.link_down"] += lost
             log.warning(
-                "%s: %d notifications queued for %s could not be sent", self.id, lost, neighbour
+                "%s: %d notifications for %s could not be delivered (link down)",
+                self.id,
+                lost,
+                neighbour,
             )
+
+    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
+        """Resync (DESIGN §7): a restarted neighbour's predecessor's subscriptions are
+        withdrawn, and every new incarnation of a neighbour is handed what the two-step
+        broadcast would have given it. BID, the static baseline, has no resync: its
+        restarted brokers start empty (counted)."""
+        core = self.core
+        if not isinstance(core, ClusteredBroker):
+            if restarted:
+                self.counters["restarts_without_resync"] += 1
+            return 0
+        if restarted:
+            stored = len(core.table)
+            self.execute(withdraw_predecessor(core, neighbour, epoch_of(incarnation)))
+            self.counters["predecessor_entries_withdrawn"] += stored - len(core.table)
+        messages = resync_messages(core, neighbour)
+        link, now = self.links[neighbour], self._loop.time()
+        for message in messages:
+            link.put([self._sender, encode_body(message), DATA], now)
+        self.counters["resync_entries_sent"] += len(messages)
+        return len(messages)
 
     # -- what client sessions ask ----------------------------------------------------------
 
@@ -239,6 +264,9 @@ class Broker:
                     frame = frames[id(message)] = [self._sender, encode_body(message), kind]
                 link = links[action.link]
                 if frame[2] == KEPT:
+                    if not link.up:
+                        self.counters["undeliverable.link_down"] += 1
+                        continue
                     seen = self.queue_seen
                     ahead = len(link.queue)
                     seen[0] += 1
@@ -280,7 +308,7 @@ class Broker:
             "id": self.id,
             "mode": self.mode,
             "ready": self.ready,
-            "incarnation": self.peers.incarnation,
+            "incarnation": self.incarnation,
             "links_up": sum(not self.peers.down(n) for n in self.links),
             "neighbours": len(self.links),
             "links": self.peers.snapshot(self._loop.time()),

@@ -4,7 +4,7 @@ A frame is two ZeroMQ message parts: the sender's broker id (UTF-8) and a body, 
 msgpack array ``[kind, ...fields]``: HELLO ``[0, incarnation, peer_incarnation]`` (the
 link handshake; ``peer_incarnation`` is the receiver's as the sender knows it, 0 when
 unknown), SUBSCRIBE, UNSUBSCRIBE, NOTIFY, and HEARTBEAT ``[4, incarnation, acked_incarnation,
-acked]``.
+acked]``, SYNCED ``[5, entries]`` (end of a resync).
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
 ``[bytes, nbits]``. Keeping the sender out of the body lets a broker forward an unchanged
 notification with the very bytes it received. :func:`decode_peer` validates everything
@@ -28,7 +28,7 @@ from octopis.filters import (
     parse_subscription,
     validate_publication,
 )
-from octopis.wire import HEARTBEAT, HELLO, NOTIFY, SUBSCRIBE, UNSUBSCRIBE, pack, unpack
+from octopis.wire import HEARTBEAT, HELLO, NOTIFY, SUBSCRIBE, SYNCED, UNSUBSCRIBE, pack, unpack
 
 
 class WireError(ValueError):
@@ -55,7 +55,14 @@ class Heartbeat(NamedTuple):
     acked: int = 0
 
 
-Control = Hello | Heartbeat
+class Synced(NamedTuple):
+    """The sender has handed over its resync state (``entries`` subscriptions) after its
+    handshake with this incarnation of the receiver (DESIGN §7)."""
+
+    entries: int
+
+
+Control = Hello | Heartbeat | Synced
 """Link-level messages: never routed, never queued behind data for long."""
 
 
@@ -96,6 +103,8 @@ def encode_body(message: Message | Control) -> bytes:
         return pack([UNSUBSCRIBE, message.sub_id, int(message.state)])
     if isinstance(message, Hello):
         return pack([HELLO, message.incarnation, message.peer_incarnation])
+    if isinstance(message, Synced):
+        return pack([SYNCED, message.entries])
     if isinstance(message, Heartbeat):
         return pack([HEARTBEAT, message.incarnation, message.acked_incarnation, message.acked])
     raise TypeError(f"cannot encode {type(message).__name__}")
@@ -133,6 +142,9 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
                 _incarnation(data[2], "acked incarnation"),
                 _incarnation(data[3], "acked count"),
             )
+        if kind == SYNCED:
+            _expect(data, 2, "SYNCED")
+            return sender, Synced(_incarnation(data[1], "entries"))
         if kind == HELLO:
             _expect(data, 3, "HELLO")
             return sender, Hello(

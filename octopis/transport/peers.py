@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -28,7 +27,14 @@ import zmq
 import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Message, ProtocolError
-from octopis.transport.codec import Heartbeat, Hello, WireError, decode_peer, encode_peer
+from octopis.transport.codec import (
+    Heartbeat,
+    Hello,
+    Synced,
+    WireError,
+    decode_peer,
+    encode_peer,
+)
 from octopis.transport.links import (
     HANDSHAKE,
     LINK,
@@ -55,6 +61,10 @@ class PeerEvents(Protocol):
     def link_down(self, neighbour: str, queued: list[list[bytes]]) -> None:
         """``neighbour`` went silent or restarted; ``queued`` frames never reached it."""
 
+    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
+        """A new incarnation of ``neighbour`` (its first, or a restart): hand it our state
+        (queued behind the handshake); returns the number of subscriptions handed over."""
+
 
 @dataclass(slots=True)
 class NeighbourState:
@@ -64,6 +74,8 @@ class NeighbourState:
     """The neighbour's incarnation as last seen (0: never heard)."""
     accepting: bool = False
     """Its latest HELLO named our incarnation: its data frames are for us."""
+    synced: bool = False
+    """It has handed us its resync state since that HELLO."""
     up: bool = False
     last_heard: float = 0.0
     down_since: float | None = None
@@ -89,9 +101,10 @@ class PeerLinks:
         lst: LinkStatusTable,
         ctx: zmq.asyncio.Context,
         events: PeerEvents,
+        incarnation: int,
     ) -> None:
         self.id = broker_id
-        self.incarnation = secrets.randbits(63) | 1
+        self.incarnation = incarnation
         self.settings = settings
         self.lst = lst
         self.events = events
@@ -137,8 +150,9 @@ class PeerLinks:
 
     @property
     def ready(self) -> bool:
-        """Every neighbour is up and has named our incarnation in its handshake."""
-        return all(s.up and s.accepting for s in self.state.values())
+        """Every neighbour is up, has named our incarnation in its handshake and has
+        handed over its resync state (a restarted broker is *syncing* until then)."""
+        return all(s.up and s.accepting and s.synced for s in self.state.values())
 
     def tasks(self) -> list[tuple[str, Coroutine[None, None, None]]]:
         """The coroutines that serve the links: (name, coroutine)."""
@@ -187,6 +201,9 @@ class PeerLinks:
             if kind is Heartbeat or kind is Hello:
                 self._on_link_message(sender, state, message, now)
                 return
+            if kind is Synced:
+                state.synced = state.accepting
+                return
             if not state.up:
                 self._came_back(sender, state, now)
             if state.accepting:
@@ -218,15 +235,19 @@ class PeerLinks:
     ) -> None:
         """Handshake and heartbeat: learn incarnations, notice restarts and returns."""
         if message.incarnation != state.incarnation:
-            if state.incarnation:
+            restarted = bool(state.incarnation)
+            if restarted:
                 self._restarted(sender, state, now)
             state.incarnation = message.incarnation
-            # In order behind what is queued: a handshake must never overtake an older one.
-            self.links[sender].put(
-                self._frame(Hello(self.incarnation, message.incarnation), HANDSHAKE), now
-            )
+            # In order behind what is queued: a handshake must never overtake an older one,
+            # and the resync state follows it.
+            link = self.links[sender]
+            link.put(self._frame(Hello(self.incarnation, message.incarnation), HANDSHAKE), now)
+            entries = self.events.neighbour_met(sender, message.incarnation, restarted)
+            link.put(self._frame(Synced(entries), LINK), now)
         if type(message) is Hello:
             state.accepting = message.peer_incarnation == self.incarnation
+            state.synced = False
             state.received = state.acked = 0
         elif message.acked_incarnation == self.incarnation:
             self.links[sender].acknowledge(message.acked)
@@ -234,7 +255,7 @@ class PeerLinks:
             self._came_back(sender, state, now)
 
     def _came_back(self, sender: str, state: NeighbourState, now: float) -> None:
-        state.up = True
+        state.up = self.links[sender].up = True
         if state.down_since is not None:
             log.warning(
                 "%s: link to %s is up again after %.2f s", self.id, sender, now - state.down_since
@@ -272,11 +293,11 @@ class PeerLinks:
                 if state.up and silent > settings.down_after:
                     self._declare_down(name, state, now, silent)
 
-    def _frame(self, message: Hello | Heartbeat, kind: int) -> list:
+    def _frame(self, message: Hello | Heartbeat | Synced, kind: int) -> list:
         return [*encode_peer(self.id, message), kind]
 
     def _declare_down(self, name: str, state: NeighbourState, now: float, silent: float) -> None:
-        state.up = False
+        state.up = self.links[name].up = False
         state.down_since = now
         self.counters["links_down"] += 1
         if len(self.detections) >= self._detections_kept:
@@ -300,6 +321,7 @@ class PeerLinks:
             name: {
                 "state": "up" if s.up else "down",
                 "accepting": s.accepting,
+                "synced": s.synced,
                 "incarnation": s.incarnation,
                 "silent": now - s.last_heard,
                 "restarts": s.restarts,

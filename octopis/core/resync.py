@@ -1,0 +1,59 @@
+"""Resync after a restart (DESIGN §7): what a neighbour hands a restarted broker, and the
+withdrawal of what its predecessor had subscribed.
+
+A restarted broker B(x, c) comes back empty. Each live neighbour sends it what the
+two-step broadcast (§5) would have given it, as SECONDARY messages (stored, never
+forwarded):
+
+- a primary neighbour B(z, c): its cluster-c entries whose last hop is not B(x, c) —
+  the subscriptions of z's side of the cluster tree;
+- a secondary neighbour B(x, k): its cluster-k entries.
+
+Entries *hosted at* B(x, c) by its predecessor (sub ids without the new incarnation's
+epoch) are withdrawn by each neighbour as if B(x, c) had sent the unsubscribe: the
+neighbours split the cluster tree into parts, one each, so every entry is withdrawn
+exactly once.
+"""
+
+from __future__ import annotations
+
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.messages import Action, Subscribe, SubState, Unsubscribe
+
+
+def epoch_of(incarnation: int) -> str:
+    """The sub-id epoch of a broker process with ``incarnation`` (see ``core.epoch``)."""
+    return f"{incarnation:x}."
+
+
+def resync_messages(core: ClusteredBroker, restarted: str) -> list[Subscribe]:
+    """The SECONDARY messages ``core`` sends its restarted neighbour ``restarted``."""
+    cluster = core.cluster_of[restarted]
+    if cluster == core.cluster:
+        chosen = [
+            e
+            for e in core.table.entries.values()
+            if e.cluster == cluster and e.last_hop != restarted
+        ]
+    else:
+        chosen = [e for e in core.table.entries.values() if e.cluster == core.cluster]
+    return [
+        Subscribe(e.sub_id, e.host, e.subscription, SubState.SECONDARY, e.cbv, 0.0, e.hops + 1)
+        for e in chosen
+    ]
+
+
+def withdraw_predecessor(core: ClusteredBroker, restarted: str, epoch: str) -> list[Action]:
+    """Withdraw the entries hosted at ``restarted`` by an earlier incarnation (their sub
+    ids lack ``epoch``), as the two-step unsubscribe from ``restarted`` would."""
+    prefix = f"{restarted}#{epoch}"
+    stale = [
+        e.sub_id
+        for e in core.table.entries.values()
+        if e.host == restarted and e.last_hop == restarted and not e.sub_id.startswith(prefix)
+    ]
+    state = SubState.PRIMARY if core.cluster_of[restarted] == core.cluster else SubState.SECONDARY
+    actions: list[Action] = []
+    for sub_id in stale:
+        actions += core.withdraw_subscription(Unsubscribe(sub_id, state), restarted)
+    return actions

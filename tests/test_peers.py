@@ -1,0 +1,140 @@
+"""Peer links between real broker processes (DESIGN §7): failure detection, restart with
+a new incarnation, resync, and withdrawal of what the dead process had subscribed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from octopis.client import Publisher, Subscriber
+from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.transport.settings import BrokerSettings
+
+pytestmark = pytest.mark.timeout(300)
+
+NEIGHBOURS_OF_C0 = ("b:0", "d:0", "e:0", "c:1", "c:2")
+
+
+@pytest.fixture
+def fig2(tmp_path: Path) -> Iterator[LocalCluster]:
+    scot, path = prepare_topology(tmp_path, preset="fig2")
+    cluster = LocalCluster(scot, path, "dnr", tmp_path, BrokerSettings())
+    cluster.spawn()
+    try:
+        asyncio.run(_closing(cluster, cluster.wait_ready(120)))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def _closing(cluster: LocalCluster, work: Awaitable) -> object:
+    try:
+        return await work
+    finally:
+        await cluster.close_control()
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float) -> float:
+    started = time.monotonic()
+    while not await check():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
+    """Subscribers on five brokers (none on c:0), kill -9 of inner broker c:0: each of its
+    neighbours declares it down after T and no sooner; restarted, it is handed back
+    exactly the table it had (entry by entry), is ready, and routes again: notifications
+    from a:0 through c:0 reach d:0 and f:0 exactly once."""
+    scot = fig2.scot
+    hosts = ("a:0", "d:0", "f:0", "b:1", "e:2")
+    got: Counter[tuple[str, int]] = Counter()
+
+    async def scenario() -> tuple[dict, dict, list[float], dict]:
+        subs = []
+        for host in hosts:
+            sub = await Subscriber.connect(
+                scot.brokers[host].client_endpoint,
+                f"s-{host}",
+                on_notification=lambda n: got.update([(n.subscriber, n.seq)]),
+            )
+            await sub.subscribe("[class,eq,'STOCK']")
+            subs.append(sub)
+        await _until(lambda: _all_equal(fig2, "routing_table_size", len(hosts)), "SBP settles", 20)
+        before = (await fig2.ask(["c:0"], "table", 5))["c:0"]
+
+        os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
+        await _until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
+        stats = await fig2.ask(list(NEIGHBOURS_OF_C0), "stats", 5)
+        silences = [d["silent"] for s in stats.values() for d in s["detections"]]
+
+        fig2.spawn_one("c:0")
+        await fig2.wait_ready(60, ["c:0"])
+        after = (await fig2.ask(["c:0"], "table", 5))["c:0"]
+
+        pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "p")
+        for _ in range(50):
+            await pub.publish({"class": "STOCK", "price": 2.0})
+        expected = {(f"s-{h}", seq) for h in hosts for seq in range(1, 51)}
+        await _until(lambda: _true(expected <= got.keys()), "deliveries after restart", 20)
+        restarted_stats = (await fig2.ask(["c:0"], "stats", 5))["c:0"]
+        for client in (*subs, pub):
+            await client.close()
+        return before, after, silences, restarted_stats
+
+    before, after, silences, restarted = asyncio.run(_closing(fig2, scenario()))
+    print(f"detection: silent {min(silences):.2f}-{max(silences):.2f} s at the neighbours")
+    assert len(silences) == len(NEIGHBOURS_OF_C0)
+    assert min(silences) >= BrokerSettings().down_after
+    assert len(before) == len(hosts) and after == before
+    assert restarted["ready"] and restarted["routing_table_size"] == len(hosts)
+    assert [k for k, n in got.items() if n != 1] == []
+
+
+def test_a_restarted_host_withdraws_its_predecessors_subscriptions(fig2: LocalCluster) -> None:
+    """A subscriber on c:0 dies with it; after the restart no broker keeps its entry."""
+    scot = fig2.scot
+
+    async def scenario() -> tuple[set, set]:
+        sub = await Subscriber.connect(scot.brokers["c:0"].client_endpoint, "gone")
+        await sub.subscribe("[class,eq,'STOCK']")
+        await _until(lambda: _all_equal(fig2, "routing_table_size", 1), "SBP settles", 20)
+        await sub.close()  # no unsubscribe: the client goes down with its broker
+        os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
+        await _until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
+        fig2.spawn_one("c:0")
+        await fig2.wait_ready(60, ["c:0"])
+        await _until(lambda: _all_equal(fig2, "routing_table_size", 0), "withdrawal", 20)
+        stats = await fig2.ask(list(scot.brokers), "stats", 5)
+        withdrawn = {
+            b for b, s in stats.items() if s["counters"].get("predecessor_entries_withdrawn")
+        }
+        sizes = {s["routing_table_size"] for s in stats.values()}
+        return withdrawn, sizes
+
+    withdrawn, sizes = asyncio.run(_closing(fig2, scenario()))
+    assert withdrawn == set(NEIGHBOURS_OF_C0)
+    assert sizes == {0}
+
+
+async def _all_equal(cluster: LocalCluster, key: str, value: object) -> bool:
+    stats = await cluster.ask(list(cluster.scot.brokers), "stats", 5)
+    return all(s is not None and s[key] == value for s in stats.values())
+
+
+async def _all_see_down(cluster: LocalCluster, dead: str) -> bool:
+    stats = await cluster.ask(list(NEIGHBOURS_OF_C0), "stats", 5)
+    return all(s["links"][dead]["state"] == "down" for s in stats.values())
+
+
+async def _true(value: bool) -> bool:
+    return value
