@@ -17,9 +17,9 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from octopis.accounting import DeliveryLedger, delay_distribution, distribution
 from octopis.core import (
@@ -35,7 +35,20 @@ from octopis.core.table import MatcherFactory
 from octopis.filters import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel
 from octopis.topology import Scot
-from octopis.workload import Workload
+
+
+class ReplayableWorkload(Protocol):
+    """What :meth:`Simulator.replay` reads of a workload (``octopis.workload.Workload``
+    is one); the simulator never loads the workload's file format (parquet)."""
+
+    subscriptions: Sequence[Any]
+    """Events with ``time``, ``subscriber``, ``broker``, ``subscription``."""
+    publications: Sequence[Any]
+    """Events with ``time``, ``publisher``, ``broker``, ``publication``, ``seq``."""
+
+    def check_topology(self, scot: Scot) -> None:
+        """Raise if a client sits on a broker ``scot`` lacks."""
+
 
 MESSAGE_KIND = {Subscribe: "subscribe", Unsubscribe: "unsubscribe", Notification: "notification"}
 
@@ -143,7 +156,7 @@ class Simulator:
             self.now = max(self.now, until)
         self._wall += time.perf_counter() - started
 
-    def replay(self, workload: Workload) -> None:
+    def replay(self, workload: ReplayableWorkload) -> None:
         """Subscriptions at their times, settle, then publications at their times, drain."""
         workload.check_topology(self.scot)
         start = self.now
