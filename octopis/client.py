@@ -66,8 +66,8 @@ class Connection:
 
     ``endpoints`` lists the brokers to use, in order of preference (the same cluster first,
     DESIGN §7: :func:`octopis.topology.failover_endpoints` makes such a list). The
-    connection heartbeats every ``liveness / 3`` seconds; when nothing has come from its
-    broker for ``liveness`` seconds it connects to the next broker in the list, re-sends
+    connection heartbeats every ``liveness / 3`` seconds; when three heartbeats over at
+    least ``liveness`` seconds went unanswered it connects to the next broker in the list, re-sends
     every request still unanswered (unacknowledged publications among them), lets each
     client re-issue its subscriptions, and records the outage in :attr:`outages` (and the
     log). At most ``max_pending`` requests wait for replies; a further :meth:`submit`
@@ -79,7 +79,7 @@ class Connection:
         endpoints: str | Sequence[str],
         *,
         context: zmq.asyncio.Context | None = None,
-        liveness: float = 2.0,
+        liveness: float = 1.5,
         max_pending: int = 10_000,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
@@ -171,13 +171,26 @@ class Connection:
     # -- liveness and fail-over ----------------------------------------------------------
 
     async def _beat(self, interval: float) -> None:
-        """Heartbeat the broker; fail over when it has been silent for ``liveness``."""
+        """Heartbeat the broker; fail over once three heartbeats in a row, the first sent
+        ``liveness`` seconds ago or more, were followed by nothing at all from it. Counting
+        heartbeats rather than seconds keeps a stall of this process (a busy or starved
+        event loop) from reading as the broker's silence."""
         beats = itertools.count(-1, -1)  # negative numbers: replies nobody waits for
+        first_unanswered: float | None = None
+        missed = 0
         while True:
             await asyncio.sleep(interval)
-            if time.monotonic() - self._heard > self.liveness:
-                await self._failover()
+            if first_unanswered is not None and self._heard >= first_unanswered:
+                first_unanswered, missed = None, 0
+            if first_unanswered is not None:
+                missed += 1
+                if missed >= 3 and time.monotonic() - first_unanswered >= self.liveness:
+                    await self._failover()
+                    first_unanswered, missed = None, 0
+                    continue
             await self.socket.send(pack({"op": "heartbeat", "client": "-", "req": next(beats)}))
+            if first_unanswered is None:
+                first_unanswered = time.monotonic()
 
     async def _failover(self) -> None:
         """Move to the next broker that answers; re-send what is unanswered; resume."""

@@ -71,6 +71,7 @@ def _exactly_once(report: dict) -> None:
     assert report["delivered"] == report["expected_deliveries"]
     assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
     assert not any(report["errors"].values())
+    assert not any(report["failures"].values()), "a failure was detected where none happened"
 
 
 @pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])

@@ -290,6 +290,18 @@ class WorkloadRun:
                     "undeliverable",
                 )
             },
+            "failures": {
+                k: counters[k]
+                for k in (
+                    "links_down",
+                    "peer_restarts",
+                    "stale_frames",
+                    "undeliverable.link_down",
+                    "clients_dropped",
+                    "resync_entries_sent",
+                    "predecessor_entries_withdrawn",
+                )
+            },
             "target_queue_length": {"mean": queued / copies if copies else 0.0, "max": longest},
             "timings": self.timings,
         }

@@ -36,8 +36,10 @@ from octopis.transport.codec import (
     encode_peer,
 )
 from octopis.transport.links import (
+    EVENTS,
     HANDSHAKE,
     LINK,
+    POLLIN,
     InputWaiter,
     OutputLink,
     Pacer,
@@ -117,7 +119,10 @@ class PeerLinks:
         self.input = ctx.socket(zmq.PULL)
         self.input.setsockopt(zmq.RCVHWM, 1000)
         self.input.bind(bind)
+        self._input_sync = zmq.Socket.shadow(self.input.underlying)
         self._waiter: InputWaiter | None = None
+        self._reading = False
+        """The input loop is working through a backlog (not waiting for input)."""
         broker_pacer = Pacer(settings.broker_capacity) if settings.broker_capacity else None
         self.links = {
             n: OutputLink(
@@ -170,7 +175,7 @@ class PeerLinks:
     # -- input ---------------------------------------------------------------------------
 
     async def _input_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        sync = zmq.Socket.shadow(self.input.underlying)
+        sync = self._input_sync
         waiter = self._waiter = InputWaiter(sync, loop)
         recv = sync.recv
         handled = 0
@@ -180,7 +185,9 @@ class PeerLinks:
                 frame = receive_now(recv)
             except zmq.Again:
                 handled = 0
+                self._reading = False
                 await waiter.wait()
+                self._reading = True
                 now = loop.time()
                 continue
             self._on_frame(frame, now)
@@ -275,12 +282,18 @@ class PeerLinks:
     async def _liveness_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Every ack interval: acknowledge what was taken from each neighbour since the
         last acknowledgement; a heartbeat on each link idle for a heartbeat interval;
-        declare neighbours silent past T down."""
+        declare neighbours silent past T down. Time this process spent not running (a
+        tick that comes late) is not counted as anyone's silence."""
         settings = self.settings
         tick = min(settings.ack_interval, settings.heartbeat)
+        woke = loop.time()
         while True:
             await asyncio.sleep(tick)
             now = loop.time()
+            late, woke = now - woke - tick, now
+            if late > tick:  # this process was not running: that is not their silence
+                for state in self.state.values():
+                    state.last_heard += late
             for name, state in self.state.items():
                 link = self.links[name]
                 if state.received != state.acked or (
@@ -290,8 +303,14 @@ class PeerLinks:
                     link.put_link(self._frame(beat, LINK), now)
                     state.acked = state.received
                 silent = now - state.last_heard
-                if state.up and silent > settings.down_after:
+                if state.up and silent > settings.down_after and self._caught_up():
                     self._declare_down(name, state, now, silent)
+
+    def _caught_up(self) -> bool:
+        """Whether every frame that reached us has been read: silence is judged only then,
+        so a stall of this process (a backlog, a starved event loop) never reads as the
+        neighbours' silence."""
+        return not self._reading and not self._input_sync.getsockopt(EVENTS) & POLLIN
 
     def _frame(self, message: Hello | Heartbeat | Synced, kind: int) -> list:
         return [*encode_peer(self.id, message), kind]
