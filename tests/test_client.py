@@ -19,6 +19,7 @@ import pytest
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.transport.settings import BrokerSettings
+from tests.conditions import until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,16 +47,6 @@ async def _with_control(cluster: LocalCluster, work: Callable) -> object:
         await cluster.close_control()
 
 
-async def _until(check: Callable, what: str, timeout: float) -> float:
-    """Poll the async ``check`` until it is true; returns the seconds it took."""
-    started = time.monotonic()
-    while not await check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
 def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -> None:
     """c:0 hosts the subscriber; a:0 the publisher (path a–b–c). After kill -9 of c:0 the
     subscriber moves to b:0 (same cluster first), re-subscribes, and every notification
@@ -81,17 +72,17 @@ def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -
             await publish(1)
             return bool(received)
 
-        await _until(delivered_once, "first delivery", 10)
+        await until(delivered_once, "first delivery", 10)
         os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
         killed = time.monotonic()
         await asyncio.gather(
             publish(200),
-            _until(lambda: _true(bool(sub.connection.outages)), "fail-over", 20),
+            until(lambda: bool(sub.connection.outages), "fail-over", 20),
         )
         outage = sub.connection.outages[0]
         back = killed + outage["seconds"] + 0.5  # the new subscription's broadcast settles
         after = [seq for at, seq in published if at > back]
-        await _until(lambda: _true(all(received[s] for s in after)), "deliveries", 10)
+        await until(lambda: all(received[s] for s in after), "deliveries", 10)
         await sub.close()
         await pub.close()
         return outage, after, time.monotonic() - killed
@@ -103,10 +94,6 @@ def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -
     missing = [s for s in after if received[s] == 0]
     repeated = [s for s in after if received[s] > 1]
     assert missing == [] and repeated == []
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 SUBSCRIBER = textwrap.dedent(
@@ -134,15 +121,15 @@ def test_a_killed_clients_subscriptions_leave_every_table(fig2: LocalCluster) ->
     try:
         assert client.stdout is not None and client.stdout.readline().strip() == "subscribed"
 
-        async def sizes() -> set[int]:
+        async def emptied(size: int) -> bool:
             stats = await fig2.call_all("stats")
-            return {s["routing_table_size"] for s in stats.values()}
+            return {s["routing_table_size"] for s in stats.values()} == {size}
 
         async def scenario() -> tuple[float, dict]:
-            await _until(lambda: _eq(sizes(), {5}), "subscriptions everywhere", 20)
+            await until(lambda: emptied(5), "subscriptions everywhere", 20)
             client.send_signal(signal.SIGKILL)
             client.wait()
-            took = await _until(lambda: _eq(sizes(), {0}), "withdrawal", CLIENT_TIMEOUT + 10)
+            took = await until(lambda: emptied(0), "withdrawal", CLIENT_TIMEOUT + 10)
             return took, (await fig2.call_all("stats"))["f:2"]["counters"]
 
         took, counters = asyncio.run(_with_control(fig2, scenario))
@@ -152,10 +139,6 @@ def test_a_killed_clients_subscriptions_leave_every_table(fig2: LocalCluster) ->
     print(f"withdrawn from every table {took:.2f} s after the kill")
     assert counters["clients_dropped"] == 1
     assert counters["subscriptions_withdrawn"] == 5
-
-
-async def _eq(value: object, expected: object) -> bool:
-    return await value == expected
 
 
 def test_a_connection_needs_an_endpoint() -> None:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.transport.settings import BrokerSettings
+from tests.conditions import until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,15 +41,6 @@ async def _closing(cluster: LocalCluster, work: Awaitable) -> object:
         await cluster.close_control()
 
 
-async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float) -> float:
-    started = time.monotonic()
-    while not await check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
 def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
     """Subscribers on five brokers (none on c:0), kill -9 of inner broker c:0: each of its
     neighbours declares it down after T and no sooner; restarted, it is handed back
@@ -69,11 +60,11 @@ def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
             )
             await sub.subscribe("[class,eq,'STOCK']")
             subs.append(sub)
-        await _until(lambda: _all_equal(fig2, "routing_table_size", len(hosts)), "SBP settles", 20)
+        await until(lambda: _all_equal(fig2, "routing_table_size", len(hosts)), "SBP settles", 20)
         before = (await fig2.ask(["c:0"], "table", 5))["c:0"]
 
         os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
-        await _until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
+        await until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
         stats = await fig2.ask(list(NEIGHBOURS_OF_C0), "stats", 5)
         silences = [d["silent"] for s in stats.values() for d in s["detections"]]
 
@@ -85,7 +76,7 @@ def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
         for _ in range(50):
             await pub.publish({"class": "STOCK", "price": 2.0})
         expected = {(f"s-{h}", seq) for h in hosts for seq in range(1, 51)}
-        await _until(lambda: _true(expected <= got.keys()), "deliveries after restart", 20)
+        await until(lambda: expected <= got.keys(), "deliveries after restart", 20)
         restarted_stats = (await fig2.ask(["c:0"], "stats", 5))["c:0"]
         for client in (*subs, pub):
             await client.close()
@@ -107,13 +98,13 @@ def test_a_restarted_host_withdraws_its_predecessors_subscriptions(fig2: LocalCl
     async def scenario() -> tuple[set, set]:
         sub = await Subscriber.connect(scot.brokers["c:0"].client_endpoint, "gone")
         await sub.subscribe("[class,eq,'STOCK']")
-        await _until(lambda: _all_equal(fig2, "routing_table_size", 1), "SBP settles", 20)
+        await until(lambda: _all_equal(fig2, "routing_table_size", 1), "SBP settles", 20)
         await sub.close()  # no unsubscribe: the client goes down with its broker
         os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
-        await _until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
+        await until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
         fig2.spawn_one("c:0")
         await fig2.wait_ready(60, ["c:0"])
-        await _until(lambda: _all_equal(fig2, "routing_table_size", 0), "withdrawal", 20)
+        await until(lambda: _all_equal(fig2, "routing_table_size", 0), "withdrawal", 20)
         stats = await fig2.ask(list(scot.brokers), "stats", 5)
         withdrawn = {
             b for b, s in stats.items() if s["counters"].get("predecessor_entries_withdrawn")
@@ -134,7 +125,3 @@ async def _all_equal(cluster: LocalCluster, key: str, value: object) -> bool:
 async def _all_see_down(cluster: LocalCluster, dead: str) -> bool:
     stats = await cluster.ask(list(NEIGHBOURS_OF_C0), "stats", 5)
     return all(s["links"][dead]["state"] == "down" for s in stats.values())
-
-
-async def _true(value: bool) -> bool:
-    return value
