@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conditions import until
 
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.transport.settings import BrokerSettings
-from tests.conditions import until
 
 pytestmark = pytest.mark.timeout(300)
 

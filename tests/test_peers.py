@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
+from conditions import until
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.transport.settings import BrokerSettings
-from tests.conditions import until
 
 pytestmark = pytest.mark.timeout(300)
 
