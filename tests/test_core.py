@@ -20,7 +20,7 @@ from octopis.core import (
 )
 from octopis.core.lst import LinkStatusTable, congestion_element
 from octopis.filters import parse_publication, parse_subscription
-from octopis.sim import InjectedCongestion, LatencyModel, Simulator
+from octopis.sim import FreeLinks, InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import build_preset
 
 FIG2 = build_preset("fig2")
@@ -258,6 +258,7 @@ def test_link_status_table_windows_and_overload() -> None:
         "ce": 1.0,
         "queue_length": 0,
         "overloaded": False,
+        "down": False,
     }
     lst.enqueued("y", 0.32)
     lst.advance(0.40)
@@ -269,3 +270,84 @@ def test_lst_settings_are_checked() -> None:
         LinkStatusTable(["x"], window=0)
     with pytest.raises(ValueError, match="threshold Q must be ≥ 1"):
         LinkStatusTable(["x"], queue_threshold=0)
+
+
+class DownLinks(FreeLinks):
+    """Free links, except that the given directed links are held down (DESIGN §7)."""
+
+    def __init__(self, down: set[tuple[str, str]]) -> None:
+        self.down_links = down
+
+    def view(self, broker: str, now: float) -> _DownView:
+        return _DownView(broker, self.down_links)
+
+
+class _DownView(NoCongestion):
+    def __init__(self, broker: str, down: set[tuple[str, str]]) -> None:
+        self.broker, self.down_links = broker, down
+
+    def down(self, link: str) -> bool:
+        return (self.broker, link) in self.down_links
+
+
+def _notifications_into(record: list[tuple[str, str]]):
+    def on_forward(src: str, dst: str, message: object) -> None:
+        if isinstance(message, Notification):
+            record.append((src, dst))
+
+    return on_forward
+
+
+def _everyone_subscribes(sim: Simulator) -> None:
+    for broker in FIG2.brokers:
+        sim.subscribe(f"S@{broker}", broker, ANY_STOCK)
+    sim.run()
+
+
+def test_snr_counts_a_copy_for_a_down_link_and_sends_nothing_on_it() -> None:
+    down = {("b:0", "b:1")}
+    sent: list[tuple[str, str]] = []
+    sim = Simulator(
+        FIG2, "snr", links=DownLinks(down), on_forward=lambda s, d, m: sent.append((s, d))
+    )
+    _everyone_subscribes(sim)
+    sent.clear()
+    sim.publish("P", "b:0", QUOTE)
+    sim.run()
+    report = sim.report()
+    assert ("b:0", "b:1") not in sent
+    assert sim.cores["b:0"].stats["undeliverable.link_down"] == 1
+    assert report["lost"] == 6  # cluster 1: every subscriber behind the down iCOL
+    assert report["duplicates"] == 0
+
+
+def test_dnr_enters_a_cluster_elsewhere_when_its_icol_is_down() -> None:
+    """Every directed iCOL of fig2 down in turn, every broker publishing: DNR treats the
+    down link as overloaded and never uses it, so every subscriber still gets each
+    notification exactly once, and nothing is counted undeliverable."""
+    icols = [(u, v) for u, v, kind in FIG2.graph.edges(data="link") if kind == "iCOL"]
+    for u, v in [*icols, *((v, u) for u, v in icols)]:
+        used: list[tuple[str, str]] = []
+        sim = Simulator(
+            FIG2, "dnr", links=DownLinks({(u, v)}), on_forward=_notifications_into(used)
+        )
+        _everyone_subscribes(sim)
+        for broker in FIG2.brokers:
+            sim.publish(f"P@{broker}", broker, QUOTE)
+        sim.run()
+        report = sim.report()
+        assert (u, v) not in used
+        assert report["delivered"] == report["expected_deliveries"] == 18 * 18
+        assert report["lost"] == report["duplicates"] == 0
+        assert not any(c.stats["undeliverable.link_down"] for c in sim.cores.values())
+
+
+def test_dnr_with_every_icol_of_the_host_down_carries_the_bits_on_an_acol() -> None:
+    down = {("b:0", "b:1"), ("b:0", "b:2")}
+    sim = Simulator(FIG2, "dnr", links=DownLinks(down))
+    _everyone_subscribes(sim)
+    sim.publish("P", "b:0", QUOTE)
+    sim.run()
+    report = sim.report()
+    assert report["lost"] == report["duplicates"] == 0
+    assert sim.cores["b:0"].stats["dnr_case_2"] == 1

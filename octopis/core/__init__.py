@@ -30,7 +30,7 @@ BrokerCore = ClusteredBroker | BidBroker
 
 
 class NoCongestion:
-    """A :class:`LinkView` in which no link is ever overloaded."""
+    """A :class:`LinkView` in which no link is ever overloaded or down."""
 
     def overloaded(self, link: str) -> bool:
         """Never."""
@@ -39,6 +39,10 @@ class NoCongestion:
     def load(self, link: str) -> tuple[float, int]:
         """An idle link: CE 1, empty queue."""
         return (1.0, 0)
+
+    def down(self, link: str) -> bool:
+        """Never."""
+        return False
 
 
 def make_broker(

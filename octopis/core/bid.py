@@ -106,7 +106,7 @@ class BidBroker:
 
     def publish(self, notification: Notification, links: LinkView) -> list[Action]:
         """A local publisher publishes: match here and build the destination list."""
-        return self.route_by_bids(notification, None)
+        return self.route_by_bids(notification, None, links)
 
     def receive(self, src: str, message: Message, links: LinkView) -> list[Action]:
         """Handle one message from neighbour ``src``."""
@@ -115,20 +115,22 @@ class BidBroker:
         if isinstance(message, Notification):
             if message.destinations is None or message.cbv is not None:
                 raise ProtocolError("a BID notification must carry a destination list only")
-            return self.route_by_bids(message, src)
+            return self.route_by_bids(message, src, links)
         if isinstance(message, Subscribe):
             return self.flood_subscription(message, src)
         if isinstance(message, Unsubscribe):
             return self.flood_unsubscription(message, src)
         raise ProtocolError(f"unexpected message {type(message).__name__}")
 
-    def route_by_bids(self, n: Notification, src: str | None) -> list[Action]:
+    def route_by_bids(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
         """BID-based routing (§6.1, Algorithm 2).
 
         At the publisher's host (``src`` is None): match all entries, deliver to matching
         local subscribers, list every other host broker once with one matching sub_id.
         Elsewhere: if listed, match local subscriptions and deliver. Then split the
-        remaining list by next hop and forward one copy per next hop.
+        remaining list by next hop and forward one copy per next hop. BID stays static
+        under failures: the destinations behind a next hop that is down are counted
+        undeliverable (DESIGN §7).
         """
         subscribers: set[str] = set()
         if src is None:
@@ -148,6 +150,8 @@ class BidBroker:
                 self.stats["stale_destinations"] += 1
                 continue
             by_hop.setdefault(entry.last_hop, []).append((broker, sub_id))
+        for hop in [hop for hop in by_hop if links.down(hop)]:
+            self.stats["undeliverable.link_down"] += len(by_hop.pop(hop))
         plain = n if n.destinations is None else n._replace(destinations=None)
         out: list[Action] = [Deliver(s, plain) for s in subscribers]
         out += [

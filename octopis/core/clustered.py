@@ -156,7 +156,7 @@ class ClusteredBroker:
             raise ProtocolError("a CBV header reached a broker routing statically (SNR)")
         if self.dynamic:
             return self.route_dynamic(n, src, links)
-        return self.route_static(n, src)
+        return self.route_static(n, src, links)
 
     def static_targets(
         self, n: Notification, src: str | None
@@ -179,16 +179,21 @@ class ClusteredBroker:
             icols = {cluster_of[link]: link for link in table.values(SECONDARY, publication)}
         return subscribers, acols, icols
 
-    def route_static(self, n: Notification, src: str | None) -> list[Action]:
+    def route_static(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
         """Static Notification Routing (§6.2, Algorithm 3): one copy per distinct target.
 
         A broker entered over an iCOL forwards only inside its cluster; every cluster is a
-        tree, so each interested subscriber gets the notification exactly once.
+        tree, so each interested subscriber gets the notification exactly once. SNR stays
+        static under failures: a copy for a link that is down is counted undeliverable,
+        never sent and never silently lost (DESIGN §7).
         """
         subscribers, acols, icols = self.static_targets(n, src)
         out: list[Action] = [Deliver(s, n) for s in subscribers]
-        out += [Forward(link, n) for link in acols]
-        out += [Forward(link, n) for link in icols.values()]
+        for link in (*acols, *icols.values()):
+            if links.down(link):
+                self.stats["undeliverable.link_down"] += 1
+            else:
+                out.append(Forward(link, n))
         self.stats["sent.notification"] += len(out) - len(subscribers)
         return out
 
@@ -196,12 +201,16 @@ class ClusteredBroker:
         """Dynamic Notification Routing (§6.3, Algorithm 4, Cases I–III).
 
         Targets are SNR's plus the iCOL to B(x, k) for every cluster k in the incoming
-        CBV. Plain copies go on every target aCOL and every unoverloaded target iCOL (U).
+        CBV. A target link that is *down* (DESIGN §7) counts as overloaded and never
+        carries anything: its cluster's subscribers are reached by entering that cluster
+        elsewhere. Plain copies go on every target aCOL and every unoverloaded target iCOL (U).
         If some target iCOLs are overloaded (O), their clusters travel as a CBV on exactly
         one copy: Case I on the least-loaded link of U; Case II, U empty, on the
         least-loaded unoverloaded target aCOL; Case III, every target link overloaded, on
-        the least-loaded link of O (cluster k0), minus k0. The CBV never goes on a link
-        that is not a target, and never holds the current cluster's bit.
+        the least-loaded live link of O (cluster k0), minus k0, or, every link of O down,
+        on the least-loaded live target aCOL. The CBV never goes on a link that is not a
+        target, and never holds the current cluster's bit; bits no live target link can
+        carry are counted undeliverable.
         """
         subscribers, acols, icols = self.static_targets(n, src)
         if n.cbv is not None:
@@ -210,27 +219,38 @@ class ClusteredBroker:
                     raise ProtocolError(f"CBV bit {k} is invalid at cluster {self.cluster}")
                 icols[k] = self.secondary[k]
             n = n._replace(cbv=None)
+        down = links.down
         unloaded: list[str] = []
         loaded: dict[int, str] = {}
         for k, link in icols.items():
-            if links.overloaded(link):
+            if down(link) or links.overloaded(link):
                 loaded[k] = link
             else:
                 unloaded.append(link)
-        copies = dict.fromkeys((*acols, *unloaded), n)
+        live_acols = [link for link in acols if not down(link)]
+        if len(live_acols) < len(acols):
+            self.stats["undeliverable.link_down"] += len(acols) - len(live_acols)
+        copies = dict.fromkeys((*live_acols, *unloaded), n)
         if loaded:
             carried = set(loaded)
-            free_acols = [link for link in acols if not links.overloaded(link)]
+            free_acols = [link for link in live_acols if not links.overloaded(link)]
+            live_loaded = [link for link in loaded.values() if not down(link)]
             if unloaded:
                 case, carrier = 1, min(unloaded, key=_by_load(links))
             elif free_acols:
                 case, carrier = 2, min(free_acols, key=_by_load(links))
-            else:
-                case, carrier = 3, min(loaded.values(), key=_by_load(links))
+            elif live_loaded:
+                case, carrier = 3, min(live_loaded, key=_by_load(links))
                 carried.discard(self.cluster_of[carrier])
-            copies[carrier] = n._replace(cbv=self._cbv(carried)) if carried else n
-            self.stats[f"dnr_case_{case}"] += 1
-            self.stats["dnr_kept_off"] += len(loaded) - (case == 3)
+            elif live_acols:
+                case, carrier = 3, min(live_acols, key=_by_load(links))
+            else:
+                self.stats["undeliverable.no_live_link"] += len(carried)
+                case, carrier = 0, None
+            if carrier is not None:
+                copies[carrier] = n._replace(cbv=self._cbv(carried)) if carried else n
+                self.stats[f"dnr_case_{case}"] += 1
+                self.stats["dnr_kept_off"] += len(loaded) - (carrier in loaded.values())
         out: list[Action] = [Deliver(s, n) for s in subscribers]
         out += [Forward(link, copy) for link, copy in copies.items()]
         self.stats["sent.notification"] += len(copies)

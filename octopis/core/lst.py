@@ -3,8 +3,9 @@
 Every outgoing link has an output queue. Per window Δt the table counts ``n_in`` (copies
 enqueued) and ``n_out`` (copies sent); when a window closes, CE = n_in / n_out, with
 n_out = 0 and n_in > 0 giving ∞ and an idle window giving 1. A link is *overloaded* when
-its queue length ≥ Q, or its queue is non-empty and CE > 1. The table reads no clock: the
-caller passes the time with every event.
+its queue length ≥ Q, or its queue is non-empty and CE > 1. A row also says whether the
+link is *down* (failure detection, DESIGN §7). The table reads no clock: the caller passes
+the time with every event.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ class LinkView(Protocol):
 
     def load(self, link: str) -> tuple[float, int]:
         """Sort key for "least loaded": (CE, queue length)."""
+
+    def down(self, link: str) -> bool:
+        """Whether failure detection holds ``link``'s neighbour down (DESIGN §7)."""
 
 
 @dataclass(slots=True)
@@ -57,6 +61,18 @@ class LinkStatusTable:
         self.window = window
         self.queue_threshold = queue_threshold
         self.rows = {link: LinkRow(window_start=start) for link in links}
+        self._down: set[str] = set()
+
+    def set_down(self, link: str, down: bool) -> None:
+        """Record what failure detection says of ``link`` (DESIGN §7: the row says so)."""
+        if down:
+            self._down.add(link)
+        else:
+            self._down.discard(link)
+
+    def down(self, link: str) -> bool:
+        """Whether ``link``'s neighbour is held down."""
+        return link in self._down
 
     def enqueued(self, link: str, now: float) -> None:
         """One copy entered ``link``'s output queue at ``now``."""
@@ -94,6 +110,7 @@ class LinkStatusTable:
                 "ce": r.ce,
                 "queue_length": r.queue_length,
                 "overloaded": self.overloaded(link),
+                "down": link in self._down,
             }
             for link, r in self.rows.items()
         }

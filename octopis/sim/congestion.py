@@ -61,6 +61,9 @@ class _PatternView:
     def load(self, link: str) -> tuple[float, int]:
         return self._loads.get(link, (1.0, 0))
 
+    def down(self, link: str) -> bool:
+        return False
+
 
 class InjectedCongestion(FreeLinks):
     """A seeded pattern of overloaded directed links; no real queueing.

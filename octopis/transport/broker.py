@@ -54,18 +54,6 @@ class BrokerFailure(RuntimeError):
     """A serving loop of the broker ended with an error; the broker shut down."""
 
 
-class LinkState:
-    """The core's view of the links (DESIGN §3, §7): overload and load from the LST,
-    ``down`` from failure detection. Bound methods, so asking costs one call."""
-
-    __slots__ = ("down", "load", "overloaded")
-
-    def __init__(self, lst: LinkStatusTable, peers: PeerLinks) -> None:
-        self.overloaded = lst.overloaded
-        self.load = lst.load
-        self.down = peers.down
-
-
 class Broker:
     """A running broker: core, peer links, client sessions, LST and control RPC."""
 
@@ -122,7 +110,6 @@ class Broker:
             self.incarnation,
         )
         self.links = self.peers.links
-        self.link_state = LinkState(self.lst, self.peers)
         self.clients = ClientSessions(self.id, self.info.client_endpoint, self.settings, ctx, self)
         self.rpc = await serve_control(self, self.info.control_endpoint)
         work = [
@@ -184,11 +171,11 @@ class Broker:
         self.received[kind] += 1
         if kind is Subscribe:
             stored = len(self.core.table)
-            actions = self.core.receive(sender, message, self.link_state)
+            actions = self.core.receive(sender, message, self.lst)
             if len(self.core.table) > stored:
                 self.subscription_delay[message.sub_id] = time.time() - message.issued_at
         else:
-            actions = self.core.receive(sender, message, self.link_state)
+            actions = self.core.receive(sender, message, self.lst)
         self.execute(actions, message, body)
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
@@ -241,7 +228,7 @@ class Broker:
 
     def publish(self, notification: Notification) -> list[Action]:
         """A local publication: the core routes it."""
-        return self.core.publish(notification, self.link_state)
+        return self.core.publish(notification, self.lst)
 
     def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
         """Carry out the core's actions. A forwarded or delivered message that is the
@@ -264,9 +251,6 @@ class Broker:
                     frame = frames[id(message)] = [self._sender, encode_body(message), kind]
                 link = links[action.link]
                 if frame[2] == KEPT:
-                    if not link.up:
-                        self.counters["undeliverable.link_down"] += 1
-                        continue
                     seen = self.queue_seen
                     ahead = len(link.queue)
                     seen[0] += 1
@@ -309,7 +293,7 @@ class Broker:
             "mode": self.mode,
             "ready": self.ready,
             "incarnation": self.incarnation,
-            "links_up": sum(not self.peers.down(n) for n in self.links),
+            "links_up": sum(not self.lst.down(n) for n in self.links),
             "neighbours": len(self.links),
             "links": self.peers.snapshot(self._loop.time()),
             "routing_table_size": len(self.core.table),

@@ -146,8 +146,6 @@ class OutputLink:
         self._sync = zmq.Socket.shadow(self.socket.underlying)
         self.queue: deque[list] = deque()
         self.pacers = pacers
-        self.up = False
-        """True while failure detection holds the neighbour up (DESIGN §7)."""
         self.sent = 0
         self.last_sent = 0.0
         self.numbered = 0

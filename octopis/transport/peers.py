@@ -89,10 +89,8 @@ class NeighbourState:
 
 
 class PeerLinks:
-    """Peer input, output links, handshakes and failure detection of one broker.
-
-    Implements the ``down`` part of the core's link view; the LST answers the rest.
-    """
+    """Peer input, output links, handshakes and failure detection of one broker; what
+    detection decides is written into the LST's rows, which the core reads."""
 
     def __init__(
         self,
@@ -147,12 +145,6 @@ class PeerLinks:
             pacers.append(broker_pacer)
         return tuple(pacers)
 
-    # -- the link view's failure part ----------------------------------------------------
-
-    def down(self, link: str) -> bool:
-        """Whether neighbour ``link`` is not known to be up."""
-        return not self.state[link].up
-
     @property
     def ready(self) -> bool:
         """Every neighbour is up, has named our incarnation in its handshake and has
@@ -165,6 +157,7 @@ class PeerLinks:
         now = loop.time()
         for name, link in self.links.items():
             self.state[name].last_heard = now
+            self.lst.set_down(name, True)
             link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
         return [
             *((f"link {n}", link.run()) for n, link in self.links.items()),
@@ -262,7 +255,8 @@ class PeerLinks:
             self._came_back(sender, state, now)
 
     def _came_back(self, sender: str, state: NeighbourState, now: float) -> None:
-        state.up = self.links[sender].up = True
+        state.up = True
+        self.lst.set_down(sender, False)
         if state.down_since is not None:
             log.warning(
                 "%s: link to %s is up again after %.2f s", self.id, sender, now - state.down_since
@@ -316,7 +310,8 @@ class PeerLinks:
         return [*encode_peer(self.id, message), kind]
 
     def _declare_down(self, name: str, state: NeighbourState, now: float, silent: float) -> None:
-        state.up = self.links[name].up = False
+        state.up = False
+        self.lst.set_down(name, True)
         state.down_since = now
         self.counters["links_down"] += 1
         if len(self.detections) >= self._detections_kept:
