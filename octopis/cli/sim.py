@@ -10,6 +10,7 @@ from typing import Any
 from octopis.cli.errors import UsageError
 from octopis.cli.report import print_report, write_deliveries
 from octopis.core import MODES
+from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
 from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
 from octopis.topology import Scot, build_preset, load_topology, preset_names
 from octopis.workload import HighRatePublisher, Workload, generate_workload, read_workload
@@ -160,14 +161,18 @@ def add_congestion_options(p: argparse.ArgumentParser) -> None:
         "together (an overwhelmed broker)",
     )
     congestion.add_argument(
-        "--window", type=float, default=0.05, metavar="SECONDS", help="LST window Δt (default 0.05)"
+        "--window",
+        type=float,
+        default=DEFAULT_WINDOW,
+        metavar="SECONDS",
+        help=f"LST window Δt (default {DEFAULT_WINDOW})",
     )
     congestion.add_argument(
         "--queue-threshold",
         type=int,
-        default=10,
+        default=DEFAULT_QUEUE_THRESHOLD,
         metavar="Q",
-        help="queue length that marks a link overloaded (default 10)",
+        help=f"queue length that marks a link overloaded (default {DEFAULT_QUEUE_THRESHOLD})",
     )
 
 

@@ -14,6 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+DEFAULT_WINDOW = 0.05
+"""Δt, seconds (DESIGN §3): the one definition every shell and the simulator use."""
+DEFAULT_QUEUE_THRESHOLD = 10
+"""Q (DESIGN §3): a queue this long marks its link overloaded."""
+
 
 class LinkView(Protocol):
     """What DNR may ask about an outgoing link."""
@@ -52,7 +57,11 @@ class LinkStatusTable:
     """Per-link n_in, n_out, CE and queue length; implements :class:`LinkView`."""
 
     def __init__(
-        self, links: list[str], window: float = 0.05, queue_threshold: int = 10, start: float = 0.0
+        self,
+        links: list[str],
+        window: float = DEFAULT_WINDOW,
+        queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
+        start: float = 0.0,
     ) -> None:
         if window <= 0:
             raise ValueError(f"LST window must be positive, got {window}")

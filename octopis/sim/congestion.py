@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from octopis.core import LinkStatusTable, LinkView, NoCongestion
+from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
 from octopis.topology import ICOL, Scot
 
 Link = tuple[str, str]
@@ -80,7 +81,7 @@ class InjectedCongestion(FreeLinks):
         overloaded: Iterable[Link],
         scot: Scot,
         seed: int = 0,
-        queue_threshold: int = 10,
+        queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
         fixed_loads: Mapping[Link, tuple[float, int]] | None = None,
         schedule: Mapping[Link, list[tuple[float, float]]] | None = None,
     ) -> None:
@@ -167,8 +168,8 @@ class TimedLinks:
         self,
         scot: Scot,
         capacity: Mapping[Link, float] | None = None,
-        window: float = 0.05,
-        queue_threshold: int = 10,
+        window: float = DEFAULT_WINDOW,
+        queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
         broker_capacity: Mapping[str, float] | None = None,
     ) -> None:
         self.capacity = dict(capacity or {})

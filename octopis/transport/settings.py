@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
+
 
 class ConfigError(ValueError):
     """A settings file that cannot be used; the message names the key."""
@@ -42,8 +44,8 @@ class ConfigError(ValueError):
 class BrokerSettings:
     """Everything a broker process can be tuned with."""
 
-    window: float = 0.05
-    queue_threshold: int = 10
+    window: float = DEFAULT_WINDOW
+    queue_threshold: int = DEFAULT_QUEUE_THRESHOLD
     sndhwm: int = 64
     capacity: float = 0.0
     capacities: dict[str, float] = field(default_factory=dict)
@@ -127,23 +129,28 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
             if key not in known[table]:
                 raise ConfigError(f"{source}: unknown key {table}.{key}")
     lst, links, clients, logs = (data.get(t, {}) for t in ("lst", "links", "clients", "logs"))
+    default = BrokerSettings()
     capacities = links.get("capacities", {})
     for link, rate in capacities.items():
         if ">" not in link:
             raise ConfigError(f"{source}: links.capacities key {link!r} is not 'src>dst'")
         _number(rate, f"links.capacities.{link}", source, minimum=0.0)
-    heartbeat = _number(links.get("heartbeat", 0.2), "links.heartbeat", source, minimum=0.01)
-    down_after = _number(links.get("down_after", 1.0), "links.down_after", source, minimum=0.05)
+    heartbeat = _number(
+        links.get("heartbeat", default.heartbeat), "links.heartbeat", source, minimum=0.01
+    )
+    down_after = _number(
+        links.get("down_after", default.down_after), "links.down_after", source, minimum=0.05
+    )
     if down_after <= 2 * heartbeat:
         raise ConfigError(
             f"{source}: links.down_after ({down_after} s) must exceed two heartbeat "
             f"intervals ({heartbeat} s each), or idle links would be declared down"
         )
     return BrokerSettings(
-        window=_number(lst.get("window", 0.05), "lst.window", source, minimum=1e-4),
+        window=_number(lst.get("window", default.window), "lst.window", source, minimum=1e-4),
         queue_threshold=int(
             _number(
-                lst.get("queue_threshold", 10),
+                lst.get("queue_threshold", default.queue_threshold),
                 "lst.queue_threshold",
                 source,
                 minimum=1,
@@ -151,26 +158,40 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
             )
         ),
         sndhwm=int(
-            _number(links.get("sndhwm", 64), "links.sndhwm", source, minimum=1, integer=True)
+            _number(
+                links.get("sndhwm", default.sndhwm), "links.sndhwm", source, minimum=1, integer=True
+            )
         ),
-        capacity=_number(links.get("capacity", 0.0), "links.capacity", source, minimum=0.0),
+        capacity=_number(
+            links.get("capacity", default.capacity), "links.capacity", source, minimum=0.0
+        ),
         capacities={k: float(v) for k, v in capacities.items()},
         broker_capacity=_number(
-            links.get("broker_capacity", 0.0), "links.broker_capacity", source, minimum=0.0
+            links.get("broker_capacity", default.broker_capacity),
+            "links.broker_capacity",
+            source,
+            minimum=0.0,
         ),
         client_sndhwm=int(
             _number(
-                clients.get("sndhwm", 100_000), "clients.sndhwm", source, minimum=1, integer=True
+                clients.get("sndhwm", default.client_sndhwm),
+                "clients.sndhwm",
+                source,
+                minimum=1,
+                integer=True,
             )
         ),
         heartbeat=heartbeat,
         down_after=down_after,
         ack_interval=_number(
-            links.get("ack_interval", 0.05), "links.ack_interval", source, minimum=0.001
+            links.get("ack_interval", default.ack_interval),
+            "links.ack_interval",
+            source,
+            minimum=0.001,
         ),
         custody_limit=int(
             _number(
-                links.get("custody_limit", 10_000),
+                links.get("custody_limit", default.custody_limit),
                 "links.custody_limit",
                 source,
                 minimum=0,
@@ -178,9 +199,11 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
             )
         ),
         client_timeout=_number(
-            clients.get("timeout", 10.0), "clients.timeout", source, minimum=0.1
+            clients.get("timeout", default.client_timeout), "clients.timeout", source, minimum=0.1
         ),
-        log_interval=_number(logs.get("interval", 5.0), "logs.interval", source, minimum=0.0),
+        log_interval=_number(
+            logs.get("interval", default.log_interval), "logs.interval", source, minimum=0.0
+        ),
     )
 
 
