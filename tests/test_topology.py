@@ -301,3 +301,15 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
         [str(exe), "show", str(tmp_path / "none.json")], capture_output=True, text=True, check=False
     )
     assert bad.returncode == 2 and bad.stderr.startswith("octopis-topology: error: ")
+
+
+def test_draw_without_matplotlib_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    topology = tmp_path / "t.json"
+    assert topology_main(["build", "--preset", "fig2", "-o", str(topology)]) == 0
+    out = tmp_path / "t.png"
+    assert topology_main(["draw", str(topology), "-o", str(out)]) == 2
+    assert "pip install 'octopis[experiments]'" in capsys.readouterr().err
+    assert not out.exists()

@@ -171,9 +171,15 @@ def draw_topology(scot: Scot, output: Path) -> None:
     """Draw ``scot`` into ``output``: rows are clusters, columns regions (§4.1).
 
     aCOLs are solid arcs above their row, iCOLs dashed arcs beside their column, so
-    neither kind crosses into the other's band.
+    neither kind crosses into the other's band. Needs matplotlib (the ``experiments``
+    extra); without it, a :class:`TopologyError` says how to install it.
     """
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise TopologyError(
+            "drawing needs matplotlib: pip install 'octopis[experiments]'"
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
