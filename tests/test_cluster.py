@@ -32,7 +32,9 @@ from octopis.workload import HighRatePublisher, generate_workload
 pytestmark = pytest.mark.timeout(600)
 
 
-def _broker_pids() -> set[int]:
+def _broker_pids(marker: bytes) -> set[int]:
+    """Live broker processes whose command line names ``marker`` (this run's temporary
+    folder), so that brokers of another test run beside this one are not counted."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -41,17 +43,18 @@ def _broker_pids() -> set[int]:
                 state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if b"octopis.cli.broker" in cmdline and state != "Z":
+            if b"octopis.cli.broker" in cmdline and marker in cmdline and state != "Z":
                 pids.add(int(entry.name))
     return pids
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_brokers() -> Iterator[None]:
-    before = _broker_pids()
+def no_leftover_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    marker = str(tmp_path_factory.getbasetemp()).encode()
+    before = _broker_pids(marker)
     yield
     deadline = time.monotonic() + 5
-    while (left := _broker_pids() - before) and time.monotonic() < deadline:
+    while (left := _broker_pids(marker) - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"broker processes left behind: {sorted(left)}"
 
