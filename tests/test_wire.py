@@ -9,6 +9,9 @@ import math
 import msgpack
 import pytest
 from bitarray import frozenbitarray
+
+from octopis.core import Notification, Subscribe, SubState, Unsubscribe
+from octopis.filters import parse_subscription
 from octopis.transport.codec import (
     Heartbeat,
     Hello,
@@ -27,9 +30,6 @@ from octopis.wire import (
     delivery_fields,
     pack,
 )
-
-from octopis.core import Notification, Subscribe, SubState, Unsubscribe
-from octopis.filters import parse_subscription
 
 QUOTE = {"class": "STOCK", "symbol": "MSFT", "close": 28.1, "volume": 1200}
 
@@ -63,7 +63,9 @@ def test_round_trip(message: object) -> None:
     assert type(decoded) is type(message)
 
 
-@pytest.mark.parametrize("message", [Hello(7), Hello(2**63 - 1, 9), Heartbeat(3), Heartbeat(3, 9, 12_000)])
+@pytest.mark.parametrize(
+    "message", [Hello(7), Hello(2**63 - 1, 9), Heartbeat(3), Heartbeat(3, 9, 12_000)]
+)
 def test_link_messages_round_trip(message: Hello | Heartbeat) -> None:
     sender, decoded = decode_peer(encode_peer("c:2", message))
     assert sender == "c:2"
