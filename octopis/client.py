@@ -27,6 +27,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -99,8 +100,9 @@ class Connection:
         self._heard = time.monotonic()
         self.errors: list[str] = []
         self.broker: dict[str, Any] = {}
-        self.outages: list[dict[str, Any]] = []
-        """One record per fail-over: from, to, started (wall time), seconds away."""
+        self.outages: deque[dict[str, Any]] = deque(maxlen=1000)
+        """One record per fail-over (the last 1,000): from, to, started (wall time),
+        seconds away."""
 
     def _connect(self, endpoint: str) -> zmq.asyncio.Socket:
         socket = self._ctx.socket(zmq.DEALER)
