@@ -12,13 +12,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiozmq.rpc
 import msgpack
 import pytest
 import zmq
+from conditions import until
 
 from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, broker_command, prepare_topology
@@ -227,23 +228,27 @@ def test_join_and_leave_mid_stream(fig2_cluster: LocalCluster) -> None:
                 published[seq] = time.time()
                 await asyncio.sleep(0.01)
 
+        def published_more(count: int) -> Callable[[], bool]:
+            target = len(published) + count
+            return lambda: len(published) >= target
+
         task = asyncio.create_task(stream())
         try:
-            await asyncio.sleep(0.3)
+            await until(published_more(20), "publisher running", 10)
             handle = await sub.subscribe(even)
             await _settled(fig2_cluster, 1)
             joined = time.time()
-            await asyncio.sleep(0.6)
+            await until(published_more(50), "publications while subscribed", 10)
             left = time.time()
             await sub.unsubscribe(handle)
             await _settled(fig2_cluster, 0)
             gone = time.time()
-            await asyncio.sleep(0.4)
+            await until(published_more(30), "publications after leaving", 10)
         finally:
             stop.set()
             await task
         await pub.flush()
-        await asyncio.sleep(0.3)
+        await _settled(fig2_cluster, 0)  # every queue empty: nothing left in flight
         await fig2_cluster.close_control()
         await sub.close()
         await pub.close()
@@ -308,7 +313,11 @@ def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
             [b"b:1", msgpack.packb([3, "P", "one", 0.0, {"a": 1}, None, None])]
         )
 
-        await asyncio.sleep(0.5)
+        async def all_four_refused() -> bool:
+            counters = (await fig2_cluster.call_all("stats"))[target.id]["counters"]
+            return counters.get("wire_errors", 0) + counters.get("protocol_errors", 0) >= 4
+
+        await until(all_four_refused, "the four bad peer frames counted", 10)
         peer.close(linger=0)
 
         stream = await sub.subscribe("[class,eq,'STOCK']")
