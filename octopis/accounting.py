@@ -58,15 +58,20 @@ class DeliveryLedger:
         if delay is not None:
             self.delays.append(delay)
 
-    def summary(self) -> dict[str, int]:
-        """``expected_deliveries``, ``delivered``, ``duplicates``, ``lost``, ``unexpected``."""
-        got = set(self.received)
+    def summary(self, among: Callable[[str], bool] | None = None) -> dict[str, int]:
+        """``expected_deliveries``, ``delivered``, ``duplicates``, ``lost``, ``unexpected``;
+        only for the subscribers ``among`` accepts, if given."""
+        expected, received = self.expected, self.received
+        if among is not None:
+            expected = {key for key in expected if among(key[0])}
+            received = Counter({key: n for key, n in received.items() if among(key[0])})
+        got = set(received)
         return {
-            "expected_deliveries": len(self.expected),
-            "delivered": len(got & self.expected),
-            "duplicates": sum(self.received.values()) - len(got),
-            "lost": len(self.expected - got),
-            "unexpected": len(got - self.expected),
+            "expected_deliveries": len(expected),
+            "delivered": len(got & expected),
+            "duplicates": sum(received.values()) - len(got),
+            "lost": len(expected - got),
+            "unexpected": len(got - expected),
         }
 
     def delay_summary(self) -> dict[str, float]:

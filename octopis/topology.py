@@ -57,6 +57,7 @@ class Neighbour:
     role: str
     type: str
     cluster: int
+    region: str
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class Scot:
                             "role": n.role,
                             "type": n.type,
                             "cluster": n.cluster,
+                            "region": n.region,
                         }
                         for n in b.neighbours
                     ],
@@ -321,6 +323,7 @@ def build_scot(
                     role=PRIMARY if graph.edges[bid, nid]["link"] == ACOL else SECONDARY,
                     type=region_type[graph.nodes[nid]["region"]],
                     cluster=graph.nodes[nid]["cluster"],
+                    region=graph.nodes[nid]["region"],
                 )
                 for nid in sorted(
                     graph.neighbors(bid),

@@ -10,7 +10,7 @@ import msgpack
 import pytest
 from bitarray import frozenbitarray
 
-from octopis.core import Notification, Subscribe, SubState, Unsubscribe
+from octopis.core import Notification, Subscribe, SubState, Tunnel, Unsubscribe
 from octopis.filters import parse_subscription
 from octopis.transport.codec import (
     Heartbeat,
@@ -44,6 +44,7 @@ def body(*fields: object) -> list[bytes]:
         Notification("P", 7, 12.5, QUOTE),
         Notification("P", 8, 12.5, QUOTE, cbv=frozenbitarray("0110")),
         Notification("P", 9, 12.5, QUOTE, destinations=(("b:0", "b:0#1"), ("c:1", "c:1#4"))),
+        Notification("P", 10, 12.5, QUOTE, tunnel=Tunnel(2, "d", "b", 0b10)),
         Subscribe(
             "a:0#3",
             "a:0",
@@ -108,7 +109,15 @@ def test_malformed_client_requests_name_the_problem(request_: object, problem: s
 
 
 def good_notify(**change: object) -> list:
-    fields = {"publisher": "P", "seq": 1, "at": 1.0, "pub": QUOTE, "cbv": None, "dests": None}
+    fields = {
+        "publisher": "P",
+        "seq": 1,
+        "at": 1.0,
+        "pub": QUOTE,
+        "cbv": None,
+        "dests": None,
+        "tunnel": None,
+    }
     fields.update(change)
     return [NOTIFY, *fields.values()]
 
@@ -131,7 +140,10 @@ def good_notify(**change: object) -> list:
         (body(HEARTBEAT, "x", 0, 0), "incarnation must be an integer"),
         (body(HEARTBEAT, 1, 2, -3), "acked count must be an integer"),
         (body(HEARTBEAT, 1), "HEARTBEAT frame has 2 fields"),
-        (body(*good_notify()[:-1]), "NOTIFY frame has 6 fields"),
+        (body(*good_notify()[:-1]), "NOTIFY frame has 7 fields"),
+        (body(*good_notify(tunnel=[0, "a", "b"])), "tunnel must be [cluster, target, origin"),
+        (body(*good_notify(tunnel=[-1, "a", "b", 0])), "tunnel cluster and tried must not"),
+        (body(*good_notify(tunnel=[0, "", "b", 0])), "tunnel target must be a non-empty"),
         (body(*good_notify(publisher="")), "publisher must be a non-empty string"),
         (body(*good_notify(seq="1")), "seq must be an integer"),
         (body(*good_notify(at=math.nan)), "published_at must be a finite number"),

@@ -19,6 +19,7 @@ from octopis.core.messages import (
     ProtocolError,
     Subscribe,
     SubState,
+    Tunnel,
     Unsubscribe,
 )
 from octopis.core.table import MatcherFactory
@@ -83,6 +84,7 @@ __all__ = [
     "ProtocolError",
     "SubState",
     "Subscribe",
+    "Tunnel",
     "Unsubscribe",
     "make_broker",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
 from octopis.core.messages import (
     Action,
@@ -37,9 +38,14 @@ class BidBroker:
     """Routing state machine of one broker of the unclustered SCOT (BID baseline)."""
 
     def __init__(
-        self, broker_id: str, neighbours: list[str], matcher_factory: MatcherFactory
+        self,
+        broker_id: str,
+        neighbours: list[str],
+        matcher_factory: MatcherFactory,
+        dedup: EdgeDedup | None = None,
     ) -> None:
         self.id = broker_id
+        self.dedup = dedup or EdgeDedup()
         self.links = tuple(neighbours)
         self._neighbours = frozenset(neighbours)
         self.table = RoutingTable(
@@ -113,7 +119,7 @@ class BidBroker:
         if src not in self._neighbours:
             raise ProtocolError(f"{self.id} has no link to {src}")
         if isinstance(message, Notification):
-            if message.destinations is None or message.cbv is not None:
+            if message.destinations is None or message.cbv is not None or message.tunnel:
                 raise ProtocolError("a BID notification must carry a destination list only")
             return self.route_by_bids(message, src, links)
         if isinstance(message, Subscribe):
@@ -130,7 +136,7 @@ class BidBroker:
         Elsewhere: if listed, match local subscriptions and deliver. Then split the
         remaining list by next hop and forward one copy per next hop. BID stays static
         under failures: the destinations behind a next hop that is down are counted
-        undeliverable (DESIGN §7).
+        undeliverable (DESIGN §7). A host delivers a ``(publisher, seq)`` once (edge dedup).
         """
         subscribers: set[str] = set()
         if src is None:
@@ -142,6 +148,9 @@ class BidBroker:
             if destinations.pop(self.id, None) is not None:
                 self.stats["matching"] += 1
                 subscribers = self.table.values(LOCAL, n.publication)
+        if subscribers and not self.dedup.first(n.publisher, n.seq):
+            self.stats["dedup.absorbed"] += len(subscribers)
+            subscribers = set()
 
         by_hop: dict[str, list[tuple[str, str]]] = {}
         for broker, sub_id in destinations.items():
@@ -160,3 +169,13 @@ class BidBroker:
         self.stats["sent.notification"] += len(by_hop)
         self.stats["bids_carried"] += sum(len(d) for d in by_hop.values())
         return out
+
+    def reroute(self, link: str, message: Message, links: LinkView) -> list[Action]:
+        """A copy left in custody on ``link`` when it went down (DESIGN §7): BID stays
+        static, so each destination it listed is counted undeliverable."""
+        if type(message) is not Notification:
+            self.stats["custody.sbp_dropped"] += 1
+            return []
+        self.stats["custody.rerouted"] += 1
+        self.stats["undeliverable.link_down"] += len(message.destinations or ())
+        return []

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from bitarray import bitarray, frozenbitarray
 
+from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
 from octopis.core.messages import (
     Action,
@@ -23,6 +24,7 @@ from octopis.core.messages import (
     ProtocolError,
     Subscribe,
     SubState,
+    Tunnel,
     Unsubscribe,
 )
 from octopis.core.table import MatcherFactory, RoutingEntry, RoutingTable
@@ -44,14 +46,19 @@ class ClusteredBroker:
         matcher_factory: MatcherFactory,
         *,
         dynamic: bool = False,
+        dedup: EdgeDedup | None = None,
     ) -> None:
         self.id = broker.id
         self.cluster = broker.cluster
+        self.region = broker.region
         self.clusters = clusters
         self.dynamic = dynamic
         self.primary = tuple(n.id for n in broker.neighbours if n.link != ICOL)
         self.secondary = {n.cluster: n.id for n in broker.neighbours if n.link == ICOL}
         self.cluster_of = {n.id: n.cluster for n in broker.neighbours}
+        self.region_of = {n.id: n.region for n in broker.neighbours}
+        self.primary_in = {n.region: n.id for n in broker.neighbours if n.link != ICOL}
+        self.dedup = dedup or EdgeDedup()
         self.table = RoutingTable((LOCAL, PRIMARY, SECONDARY), matcher_factory, self._part_of)
         self.stats: Counter[str] = Counter()
         self._next_sub = 0
@@ -141,6 +148,8 @@ class ClusteredBroker:
         if src not in self.cluster_of:
             raise ProtocolError(f"{self.id} has no link to {src}")
         if type(message) is Notification:
+            if message.tunnel is not None:
+                return self.relay(message, links)
             return self._route(message, src, links)
 
         if isinstance(message, Subscribe):
@@ -166,11 +175,16 @@ class ClusteredBroker:
         Local subscribers and aCOLs are the distinct last hops of matching local and
         primary entries (minus ``src``); iCOLs only when ``src`` is None (a local
         publisher): one link B(x, k) per cluster k with a matching secondary entry.
+        Local subscribers are left out when this host has delivered the same
+        ``(publisher, seq)`` before (edge dedup, DESIGN §7; counted as ``dedup.absorbed``).
         """
         self.stats["matching"] += 1
         publication = n.publication
         table = self.table
         subscribers = table.values(LOCAL, publication) if table.size(LOCAL) else set()
+        if subscribers and not self.dedup.first(n.publisher, n.seq):
+            self.stats["dedup.absorbed"] += len(subscribers)
+            subscribers = set()
         acols = table.values(PRIMARY, publication)
         acols.discard(src)  # type: ignore[arg-type]
         icols: dict[int, str] = {}
@@ -201,16 +215,7 @@ class ClusteredBroker:
         """Dynamic Notification Routing (§6.3, Algorithm 4, Cases I–III).
 
         Targets are SNR's plus the iCOL to B(x, k) for every cluster k in the incoming
-        CBV. A target link that is *down* (DESIGN §7) counts as overloaded and never
-        carries anything: its cluster's subscribers are reached by entering that cluster
-        elsewhere. Plain copies go on every target aCOL and every unoverloaded target iCOL (U).
-        If some target iCOLs are overloaded (O), their clusters travel as a CBV on exactly
-        one copy: Case I on the least-loaded link of U; Case II, U empty, on the
-        least-loaded unoverloaded target aCOL; Case III, every target link overloaded, on
-        the least-loaded live link of O (cluster k0), minus k0, or, every link of O down,
-        on the least-loaded live target aCOL. The CBV never goes on a link that is not a
-        target, and never holds the current cluster's bit; bits no live target link can
-        carry are counted undeliverable.
+        CBV; :meth:`spread` sends the copies.
         """
         subscribers, acols, icols = self.static_targets(n, src)
         if n.cbv is not None:
@@ -219,6 +224,32 @@ class ClusteredBroker:
                     raise ProtocolError(f"CBV bit {k} is invalid at cluster {self.cluster}")
                 icols[k] = self.secondary[k]
             n = n._replace(cbv=None)
+        out: list[Action] = [Deliver(s, n) for s in subscribers]
+        out += self.spread(n, src, acols, icols, links)
+        return out
+
+    def spread(
+        self,
+        n: Notification,
+        src: str | None,
+        acols: set[str],
+        icols: dict[int, str],
+        links: LinkView,
+    ) -> list[Forward]:
+        """DNR's copies of ``n`` (no CBV) for target ``acols`` and ``icols`` (by cluster).
+
+        Plain copies go on every target aCOL and every unoverloaded target iCOL (U). If
+        some target iCOLs are overloaded or *down* (O), their clusters travel as a CBV on
+        exactly one copy: Case I on the least-loaded link of U; Case II, U empty, on the
+        least-loaded unoverloaded target aCOL; Case III, every target link overloaded, on
+        the least-loaded live link of O (cluster k0), minus k0, or, every link of O down,
+        on the least-loaded live target aCOL. A down link never carries anything
+        (DESIGN §7): a target aCOL that is down gets a tunnel copy (:meth:`detour`); bits
+        no live target link can carry take the square the other way round, on the
+        least-loaded live aCOL away from ``src`` (``dnr_detour``), or are counted
+        undeliverable when there is none. Without failures the CBV only goes on a target
+        link and never holds the current cluster's bit.
+        """
         down = links.down
         unloaded: list[str] = []
         loaded: dict[int, str] = {}
@@ -228,33 +259,138 @@ class ClusteredBroker:
             else:
                 unloaded.append(link)
         live_acols = [link for link in acols if not down(link)]
-        if len(live_acols) < len(acols):
-            self.stats["undeliverable.link_down"] += len(acols) - len(live_acols)
         copies = dict.fromkeys((*live_acols, *unloaded), n)
         if loaded:
             carried = set(loaded)
             free_acols = [link for link in live_acols if not links.overloaded(link)]
             live_loaded = [link for link in loaded.values() if not down(link)]
             if unloaded:
-                case, carrier = 1, min(unloaded, key=_by_load(links))
+                case, carrier = "dnr_case_1", min(unloaded, key=_by_load(links))
             elif free_acols:
-                case, carrier = 2, min(free_acols, key=_by_load(links))
+                case, carrier = "dnr_case_2", min(free_acols, key=_by_load(links))
             elif live_loaded:
-                case, carrier = 3, min(live_loaded, key=_by_load(links))
+                case, carrier = "dnr_case_3", min(live_loaded, key=_by_load(links))
                 carried.discard(self.cluster_of[carrier])
             elif live_acols:
-                case, carrier = 3, min(live_acols, key=_by_load(links))
+                case, carrier = "dnr_case_3", min(live_acols, key=_by_load(links))
             else:
+                away = [link for link in self.primary if link != src and not down(link)]
+                case, carrier = "dnr_detour", min(away, key=_by_load(links), default=None)
+            if carrier is None:
                 self.stats["undeliverable.no_live_link"] += len(carried)
-                case, carrier = 0, None
-            if carrier is not None:
+            else:
                 copies[carrier] = n._replace(cbv=self._cbv(carried)) if carried else n
-                self.stats[f"dnr_case_{case}"] += 1
+                self.stats[case] += 1
                 self.stats["dnr_kept_off"] += len(loaded) - (carrier in loaded.values())
-        out: list[Action] = [Deliver(s, n) for s in subscribers]
-        out += [Forward(link, copy) for link, copy in copies.items()]
-        self.stats["sent.notification"] += len(copies)
+        out = [Forward(link, copy) for link, copy in copies.items()]
+        for link in acols:
+            if down(link):
+                out += self.detour(n, link, links)
+        self.stats["sent.notification"] += len(out)
         return out
+
+    # -- failures: detours along squares and custody (DESIGN §7) -------------------------
+
+    def detour(self, n: Notification, link: str, links: LinkView) -> list[Forward]:
+        """The copy ``n`` for aCOL ``link`` (down) takes the square B(x,c) → B(x,k) →
+        B(y,k) → B(y,c) through the cluster k of the least-loaded live iCOL; it keeps
+        its CBV, if any. Counted as ``tunnel.started``, or undeliverable when no iCOL
+        is live."""
+        live = [(k, icol) for k, icol in self.secondary.items() if not links.down(icol)]
+        if not live:
+            self.stats["undeliverable.no_live_path"] += 1
+            return []
+        k, icol = min(live, key=lambda pair: (links.overloaded(pair[1]), *links.load(pair[1])))
+        self.stats["tunnel.started"] += 1
+        tunnel = Tunnel(self.cluster, self.region_of[link], self.region, 1 << k)
+        return [Forward(icol, n._replace(tunnel=tunnel))]
+
+    def relay(self, n: Notification, links: LinkView) -> list[Action]:
+        """A tunnel copy (DESIGN §7). Its target B(y,c) routes it as if it had come from
+        B(x,c); a relay B(x,k) passes it to B(y,k), or, that aCOL down, to another
+        cluster's B(x,k') not yet tried; B(y,k) crosses to B(y,c), or, that iCOL down
+        (B(y,c) presumed dead), fans out to every B(z,k), z a tree neighbour of y other
+        than x, each to cross to B(z,c) and be routed there as if from B(y,c). A CBV rides
+        on exactly one copy; a copy with nowhere to go is counted undeliverable."""
+        if not self.dynamic:
+            raise ProtocolError("a tunnel copy reached a broker routing statically (SNR)")
+        tunnel = n.tunnel
+        if tunnel.cluster == self.cluster:
+            origin = self.primary_in.get(tunnel.origin)
+            if tunnel.target != self.region or origin is None:
+                raise ProtocolError(
+                    f"tunnel to {tunnel.target} from {tunnel.origin} in cluster "
+                    f"{tunnel.cluster} reached {self.id}"
+                )
+            self.stats["tunnel.arrived"] += 1
+            return self.route_dynamic(n._replace(tunnel=None), origin, links)
+        if tunnel.cluster not in self.secondary:
+            raise ProtocolError(f"tunnel to cluster {tunnel.cluster} reached {self.id}")
+        self.stats["tunnel.relayed"] += 1
+        if tunnel.target == self.region:
+            return self._cross(n, links)
+        ahead = self.primary_in.get(tunnel.target)
+        if ahead is None:
+            raise ProtocolError(f"tunnel to region {tunnel.target} reached {self.id}")
+        if not links.down(ahead):
+            return [Forward(ahead, n)]
+        untried = [
+            (k, icol)
+            for k, icol in self.secondary.items()
+            if k != tunnel.cluster and not tunnel.tried >> k & 1 and not links.down(icol)
+        ]
+        if not untried:
+            self.stats["undeliverable.no_live_path"] += 1
+            return []
+        k, icol = min(untried, key=lambda pair: links.load(pair[1]))
+        return [Forward(icol, n._replace(tunnel=tunnel._replace(tried=tunnel.tried | 1 << k)))]
+
+    def _cross(self, n: Notification, links: LinkView) -> list[Action]:
+        tunnel = n.tunnel
+        icol = self.secondary[tunnel.cluster]
+        if not links.down(icol):
+            return [Forward(icol, n)]
+        self.stats["tunnel.fanout"] += 1
+        out: list[Action] = []
+        cbv = n.cbv
+        for region, link in self.primary_in.items():
+            if region == tunnel.origin:
+                continue
+            if links.down(link):
+                self.stats["undeliverable.no_live_path"] += 1
+                continue
+            fanned = tunnel._replace(target=region, origin=self.region)
+            out.append(Forward(link, n._replace(tunnel=fanned, cbv=cbv)))
+            cbv = None
+        if cbv is not None:
+            self.stats["undeliverable.no_live_link"] += cbv.count(1)
+        return out
+
+    def reroute(self, link: str, message: Message, links: LinkView) -> list[Action]:
+        """A copy sent on ``link`` and never acknowledged before it went down comes back
+        from custody (DESIGN §7) and is routed again with ``link`` down: a tunnel copy by
+        the relay rules, an aCOL copy by a tunnel, an iCOL copy as a CBV bit for its
+        cluster (plus the bits it carried). SNR counts it undeliverable. Subscription
+        messages are left to resync (counted ``custody.sbp_dropped``)."""
+        if type(message) is not Notification:
+            self.stats["custody.sbp_dropped"] += 1
+            return []
+        self.stats["custody.rerouted"] += 1
+        if not self.dynamic:
+            self.stats["undeliverable.link_down"] += 1
+            return []
+        tunnel = message.tunnel
+        if tunnel is not None and tunnel.cluster == self.cluster:
+            target = self.primary_in[tunnel.target]
+            return list(self.detour(message._replace(tunnel=None), target, links))
+        if tunnel is not None:
+            return self.relay(message, links)
+        if link in self.primary:
+            return list(self.detour(message, link, links))
+        icols = {self.cluster_of[link]: link}
+        if message.cbv is not None:
+            icols.update((k, self.secondary[k]) for k in message.cbv.search(1))
+        return list(self.spread(message._replace(cbv=None), None, set(), icols, links))
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -48,12 +48,25 @@ class Unsubscribe:
     state: SubState
 
 
+class Tunnel(NamedTuple):
+    """A detour along a SCOT square (DESIGN §7): carry the copy to B(``target``,
+    ``cluster``), which routes it as if it had come from its aCOL neighbour B(``origin``,
+    ``cluster``). Relays on the way neither match nor deliver; ``tried`` is a bit mask of
+    the clusters whose copy of the square the detour has used."""
+
+    cluster: int
+    target: str
+    origin: str
+    tried: int
+
+
 class Notification(NamedTuple):
     """A publication in flight (immutable; ``_replace`` makes a changed copy).
 
     ``publisher``, ``seq`` and ``published_at`` identify it for delivery accounting;
     routing never reads them. ``cbv`` is DNR's header naming the clusters this copy must
-    still serve (§6.3); ``destinations`` is BID's list of ``(broker, sub_id)`` (§6.1).
+    still serve (§6.3); ``destinations`` is BID's list of ``(broker, sub_id)`` (§6.1);
+    ``tunnel`` marks a detour copy (DESIGN §7).
     A tuple rather than a frozen dataclass: every broker builds one per notification it
     receives, and a tuple costs half as much to build.
     """
@@ -64,6 +77,7 @@ class Notification(NamedTuple):
     publication: Publication
     cbv: frozenbitarray | None = None
     destinations: tuple[tuple[str, str], ...] | None = None
+    tunnel: Tunnel | None = None
 
     @property
     def key(self) -> tuple[str, int]:

@@ -12,7 +12,9 @@ ICOL = "iCOL"
 
 
 class NeighbourView(Protocol):
-    """A direct neighbour: its name, the kind of link to it and its cluster index."""
+    """A direct neighbour: its name, the kind of link to it, its cluster index and its
+    region label (region labels are shared by all clusters, so a broker can name the
+    corners of every square it lies on, DESIGN §7)."""
 
     @property
     def id(self) -> str: ...
@@ -20,15 +22,19 @@ class NeighbourView(Protocol):
     def link(self) -> str: ...
     @property
     def cluster(self) -> int: ...
+    @property
+    def region(self) -> str: ...
 
 
 class BrokerView(Protocol):
-    """A broker's own labels (name, cluster index) and its neighbours."""
+    """A broker's own labels (name, cluster index, region label) and its neighbours."""
 
     @property
     def id(self) -> str: ...
     @property
     def cluster(self) -> int: ...
+    @property
+    def region(self) -> str: ...
     @property
     def neighbours(self) -> Sequence[NeighbourView]: ...
 

@@ -31,9 +31,13 @@ from octopis.core import (
     Unsubscribe,
     make_broker,
 )
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.lst import LinkView
+from octopis.core.resync import resync_messages, withdraw_predecessor
 from octopis.core.table import MatcherFactory
 from octopis.filters import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel
+from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, Failure, FailureState
 from octopis.topology import Scot
 
 
@@ -49,6 +53,8 @@ class ReplayableWorkload(Protocol):
     def check_topology(self, scot: Scot) -> None:
         """Raise if a client sits on a broker ``scot`` lacks."""
 
+
+_FAILURE_STATS = ("undeliverable", "tunnel", "dedup", "custody", "dnr_detour")
 
 MESSAGE_KIND = {Subscribe: "subscribe", Unsubscribe: "unsubscribe", Notification: "notification"}
 
@@ -104,6 +110,14 @@ class Simulator:
         self.subscriber_of: dict[str, str] = {}
         self._next_seq: Counter[str] = Counter()
         self._wall = 0.0
+        self._matcher_factory = matcher_factory
+        self.failures: FailureState | None = None
+        """Set by :meth:`fail`: dead brokers, down links, custody (DESIGN §7)."""
+        self.failure_counts: Counter[str] = Counter()
+        self.hosts_failed: set[str] = set()
+        self.undeliverable_keys: set[tuple[str, int]] = set()
+        """Notifications some copy of which was counted undeliverable (with failures)."""
+        self._retired: Counter[str] = Counter()
 
     # -- clients -------------------------------------------------------------------------
 
@@ -133,10 +147,15 @@ class Simulator:
         if seq is None:
             seq = self._next_seq[publisher] + 1
         self._next_seq[publisher] = max(seq, self._next_seq[publisher])
+        if self.failures is not None and (
+            broker in self.failures.dead or broker in self.failures.syncing
+        ):
+            self.failure_counts["publications_refused"] += 1
+            return publisher, seq
         notification = Notification(publisher, seq, self.now, publication)
         self.ledger.published(publisher, seq, publication)
-        view = self.links.view(broker, self.now)
-        self._dispatch(broker, self.cores[broker].publish(notification, view))
+        core = self.cores[broker]
+        self._dispatch(broker, self._watch(core, notification, core.publish, notification))
         return publisher, seq
 
     # -- time ----------------------------------------------------------------------------
@@ -156,23 +175,158 @@ class Simulator:
             self.now = max(self.now, until)
         self._wall += time.perf_counter() - started
 
-    def replay(self, workload: ReplayableWorkload) -> None:
-        """Subscriptions at their times, settle, then publications at their times, drain."""
+    def replay(self, workload: ReplayableWorkload, failures: Sequence[Failure] = ()) -> None:
+        """Subscriptions at their times, settle, then publications at their times (and
+        ``failures``, times counted from the first publication), drain."""
         workload.check_topology(self.scot)
         start = self.now
         for s in workload.subscriptions:
             self.at(start + s.time, self.subscribe, s.subscriber, s.broker, s.subscription)
         self.run()
         start = self.now
+        for failure in failures:
+            self.fail(failure, start)
         for p in workload.publications:
             self.at(start + p.time, self.publish, p.publisher, p.broker, p.publication, p.seq)
         self.run()
+
+    # -- failures (DESIGN §7) --------------------------------------------------------------
+
+    def fail(
+        self,
+        failure: Failure,
+        start: float = 0.0,
+        *,
+        detection: float = DEFAULT_DETECTION,
+        retain: float = DEFAULT_RETAIN,
+    ) -> None:
+        """Schedule ``failure`` (times from ``start``); the first call sets how long
+        detection takes and how long senders keep copies (see :mod:`octopis.sim.failures`)."""
+        for end in failure.ends:
+            if end not in self.cores:
+                raise KeyError(f"no broker {end!r} in topology {self.scot.name}")
+        if not failure.is_broker and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
+            raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
+        if self.failures is None:
+            self.failures = FailureState(detection, retain)
+        self.at(start + failure.at, self._fail, failure)
+        if failure.until is not None:
+            self.at(start + failure.until, self._recover, failure)
+
+    def _failed_links(self, failure: Failure) -> list[tuple[str, str]]:
+        if failure.is_broker:
+            broker = failure.ends[0]
+            return [(broker, n) for n in self.scot.graph[broker]] + [
+                (n, broker) for n in self.scot.graph[broker]
+            ]
+        a, b = failure.ends
+        return [(a, b), (b, a)]
+
+    def _fail(self, failure: Failure) -> None:
+        state = self.failures
+        assert state is not None
+        if failure.is_broker:
+            broker = failure.ends[0]
+            state.dead.add(broker)
+            state.forget(broker)
+            self.hosts_failed.add(broker)
+            self._retired.update(self.cores[broker].stats)
+            self.failure_counts["brokers_killed"] += 1
+        else:
+            state.cut.update(self._failed_links(failure))
+            self.failure_counts["links_cut"] += 1
+        for src, dst in self._failed_links(failure):
+            if src not in state.dead and (src, dst) not in state.failed_at:
+                state.failed_at[(src, dst)] = self.now
+                self.at(self.now + state.detection, self._detect, src, dst)
+
+    def _detect(self, src: str, dst: str) -> None:
+        """``src`` declares ``dst`` down and re-routes what it kept in custody for it."""
+        state = self.failures
+        assert state is not None
+        if src in state.dead or (src, dst) not in state.failed_at:
+            return
+        down = state.detected.setdefault(src, set())
+        if dst in down:
+            return
+        down.add(dst)
+        self.failure_counts["detections"] += 1
+        core = self.cores[src]
+        for message in state.take_back(src, dst):
+            self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
+
+    def _recover(self, failure: Failure) -> None:
+        """A link comes back, or a broker restarts empty and is resynced by its live
+        neighbours; they keep treating it as down (detours) until its resync has
+        arrived, and it refuses publications until then (DESIGN §7)."""
+        state = self.failures
+        assert state is not None
+        links = self._failed_links(failure)
+        for src, dst in links:
+            self._detect(src, dst)  # a restart is noticed at once by the new handshake
+        if not failure.is_broker:
+            state.cut.difference_update(links)
+            self._links_up(links)
+            return
+        broker = failure.ends[0]
+        state.dead.discard(broker)
+        self.failure_counts["brokers_restarted"] += 1
+        core = make_broker(self.scot, broker, self.mode, self._matcher_factory)
+        core.epoch = f"r{self.failure_counts['brokers_restarted']}."
+        self.cores[broker] = core
+        self._links_up([(broker, n) for n in self.scot.graph[broker]])
+        live = [n for n in self.scot.graph[broker] if n not in state.dead]
+        state.syncing[broker] = set(live)
+        for neighbour in live:
+            peer = self.cores[neighbour]
+            if isinstance(peer, ClusteredBroker):
+                actions = withdraw_predecessor(peer, broker, core.epoch)
+                actions += [Forward(broker, m) for m in resync_messages(peer, broker)]
+                self._dispatch(neighbour, actions)
+            synced_at = self._last_arrival.get((neighbour, broker), self.now)
+            self.at(max(synced_at, self.now), self._synced, broker, neighbour)
+        if not live:
+            self._synced(broker, None)
+
+    def _synced(self, broker: str, neighbour: str | None) -> None:
+        state = self.failures
+        assert state is not None
+        waiting = state.syncing.get(broker)
+        if waiting is None:
+            return
+        waiting.discard(neighbour)  # type: ignore[arg-type]
+        if not waiting:
+            del state.syncing[broker]
+            self._links_up([(n, broker) for n in self.scot.graph[broker]])
+
+    def _links_up(self, links: list[tuple[str, str]]) -> None:
+        state = self.failures
+        assert state is not None
+        for src, dst in links:
+            state.failed_at.pop((src, dst), None)
+            state.detected.get(src, set()).discard(dst)
+
+    def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
+        """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of
+        which a copy was counted undeliverable."""
+        view = self._view(core.id)
+        if self.failures is None or type(message) is not Notification:
+            return step(*args, view)
+        before = _undeliverable(core.stats)
+        actions = step(*args, view)
+        if _undeliverable(core.stats) > before:
+            self.undeliverable_keys.add(message.key)  # type: ignore[attr-defined]
+        return actions
+
+    def _view(self, broker: str) -> LinkView:
+        view = self.links.view(broker, self.now)
+        return view if self.failures is None else self.failures.view(broker, view)
 
     # -- report --------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
         """Counts of the run: the keys ``octopis sim`` and ``octopis run`` share."""
-        stats: Counter[str] = Counter()
+        stats: Counter[str] = Counter(self._retired)
         for core in self.cores.values():
             stats.update(core.stats)
         depths = list(self.subscription_depth.values())
@@ -201,7 +355,21 @@ class Simulator:
                 report[key] = stats[key]
         if self.target_queue:
             report["target_queue_length"] = distribution(self.target_queue)
+        if self.failures is not None:
+            report["failures"] = self._failure_report(stats)
         return report
+
+    def _failure_report(self, stats: Counter[str]) -> dict[str, Any]:
+        """What failures did: counts, detours, dedup, and deliveries split by whether
+        the subscriber's host broker ever failed (DESIGN §7)."""
+        failed = self.hosts_failed
+        home = self._home
+        return {
+            **self.failure_counts,
+            **{key: n for key, n in sorted(stats.items()) if key.split(".")[0] in _FAILURE_STATS},
+            "host_alive": self.ledger.summary(lambda s: home[s] not in failed),
+            "host_dead": self.ledger.summary(lambda s: home[s] in failed),
+        }
 
     def deliveries(self) -> Iterator[dict[str, Any]]:
         """One record per delivery (duplicates repeated): subscriber, publisher, seq."""
@@ -224,6 +392,7 @@ class Simulator:
 
     def _dispatch(self, broker: str, actions: list[Action]) -> None:
         now = self.now
+        failures = self.failures
         for action in actions:
             if isinstance(action, Forward):
                 dst, message = action
@@ -231,6 +400,11 @@ class Simulator:
                 self.messages[kind] += 1
                 if self._on_forward is not None:
                     self._on_forward(broker, dst, message)
+                if failures is not None:
+                    failures.sent(broker, dst, now, message)
+                    if failures.broken(broker, dst):
+                        self.failure_counts["lost_in_transit"] += 1
+                        continue
                 departure, ahead = self.links.transmit(broker, dst, now)
                 if kind == "notification" and self.links.measures_queues:
                     self.target_queue.append(ahead)
@@ -249,10 +423,13 @@ class Simulator:
                 )
 
     def _arrive(self, broker: str, src: str, message: Any) -> None:
+        if self.failures is not None and self.failures.broken(src, broker):
+            self.failure_counts["lost_in_transit"] += 1
+            return
         core = self.cores[broker]
         if isinstance(message, Subscribe):
             stored = len(core.table)
-            actions = core.receive(src, message, self.links.view(broker, self.now))
+            actions = core.receive(src, message, self._view(broker))
             if len(core.table) > stored:
                 sub_id = message.sub_id
                 delay = self.now - message.issued_at
@@ -261,5 +438,9 @@ class Simulator:
                 if message.hops > self.subscription_depth.get(sub_id, 0):
                     self.subscription_depth[sub_id] = message.hops
         else:
-            actions = core.receive(src, message, self.links.view(broker, self.now))
+            actions = self._watch(core, message, core.receive, src, message)
         self._dispatch(broker, actions)
+
+
+def _undeliverable(stats: Counter[str]) -> int:
+    return sum(n for key, n in stats.items() if key.startswith("undeliverable."))

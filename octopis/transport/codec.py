@@ -21,7 +21,7 @@ import msgspec
 from bitarray import bitarray, frozenbitarray
 
 from octopis._match import is_plain_publication
-from octopis.core import Message, Notification, Subscribe, SubState, Unsubscribe
+from octopis.core import Message, Notification, Subscribe, SubState, Tunnel, Unsubscribe
 from octopis.filters import (
     VALID_ATTRIBUTES,
     FilterError,
@@ -84,6 +84,7 @@ def encode_body(message: Message | Control) -> bytes:
                 message.publication,
                 _cbv_out(message.cbv),
                 dests,
+                None if message.tunnel is None else list(message.tunnel),
             ]
         )
     if isinstance(message, Subscribe):
@@ -156,8 +157,8 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
 
 
 def _notification(data: list) -> Notification:
-    _expect(data, 7, "NOTIFY")
-    _, publisher, seq, published_at, publication, cbv, dests = data
+    _expect(data, 8, "NOTIFY")
+    _, publisher, seq, published_at, publication, cbv, dests, tunnel = data
     if dests is not None:
         if not isinstance(dests, list) or not all(
             isinstance(d, list) and len(d) == 2 and all(isinstance(x, str) for x in d)
@@ -180,7 +181,17 @@ def _notification(data: list) -> Notification:
         publication,
         None if cbv is None else _cbv_in(cbv),
         dests,
+        None if tunnel is None else _tunnel(tunnel),
     )
+
+
+def _tunnel(value: Any) -> Tunnel:
+    if not isinstance(value, list) or len(value) != 4:
+        raise WireError("NOTIFY tunnel must be [cluster, target, origin, tried]")
+    cluster, target, origin, tried = value
+    if _int(cluster, "tunnel cluster") < 0 or _int(tried, "tunnel tried") < 0:
+        raise WireError("NOTIFY tunnel cluster and tried must not be negative")
+    return Tunnel(cluster, _str(target, "tunnel target"), _str(origin, "tunnel origin"), tried)
 
 
 def _subscribe(data: list) -> Subscribe:

@@ -1,0 +1,51 @@
+"""Edge dedup (DESIGN §7): a host broker hands a given ``(publisher, seq)`` to its local
+subscribers at most once.
+
+Without failures no copy reaches a host twice (the paper's exactly-once law), so dedup
+never fires; after a link-down, re-routed custody copies and publications an SDK re-sends
+after a fail-over can arrive again, and dedup absorbs them. Memory is bounded: the last
+``window`` sequence numbers per publisher, for at most ``publishers`` publishers (the one
+first seen longest ago is forgotten first, and counted).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+DEFAULT_WINDOW = 4096
+DEFAULT_PUBLISHERS = 10_000
+
+
+class EdgeDedup:
+    """The ``(publisher, seq)`` pairs this host has delivered, within bounded windows."""
+
+    __slots__ = ("_seen", "forgotten", "publishers", "window")
+
+    def __init__(self, window: int = DEFAULT_WINDOW, publishers: int = DEFAULT_PUBLISHERS) -> None:
+        if window < 1 or publishers < 1:
+            raise ValueError("dedup window and publisher limit must be at least 1")
+        self.window = window
+        self.publishers = publishers
+        self.forgotten = 0
+        """Publishers dropped to stay within ``publishers``."""
+        self._seen: dict[str, tuple[set[int], deque[int]]] = {}
+
+    def first(self, publisher: str, seq: int) -> bool:
+        """True the first time ``(publisher, seq)`` is offered (and remember it)."""
+        seen = self._seen.get(publisher)
+        if seen is None:
+            if len(self._seen) >= self.publishers:
+                del self._seen[next(iter(self._seen))]
+                self.forgotten += 1
+            seen = self._seen[publisher] = (set(), deque())
+        seqs, order = seen
+        if seq in seqs:
+            return False
+        seqs.add(seq)
+        order.append(seq)
+        if len(order) > self.window:
+            seqs.discard(order.popleft())
+        return True
+
+    def __len__(self) -> int:
+        return sum(len(order) for _, order in self._seen.values())

@@ -1,0 +1,161 @@
+"""Failures in the simulator (DESIGN §7): dead brokers, down links, detection, custody.
+
+The model is the transport's, in simulated time:
+
+- A failure takes effect at once: copies in flight on a failed link, or to or from a dead
+  broker, never arrive. A dead broker loses its state.
+- Each end of a failed link *detects* it ``detection`` seconds later (the transport's
+  ``links.down_after``); only then does its core see the link as down and route around it.
+- Custody: a sender keeps every copy it sent on a link for ``retain`` seconds after
+  sending (the transport keeps acknowledged frames as long, in case the receiver dies
+  before passing them on). At detection, the copies sent since ``failure − retain`` go
+  back to the sender's core (``reroute``); edge dedup absorbs those that had arrived.
+- A restarted broker comes back empty, with a new sub-id epoch; each neighbour withdraws
+  its predecessor's subscriptions and hands it what SBP would have given it (resync).
+
+Failures are given as ``BROKER@T[:RESTART_T]`` and ``A-B@T[:UP_T]`` (times in seconds of
+simulated time from the start of publishing), or as a schedule file with one such item
+per line, prefixed ``broker`` or ``link`` (``#`` starts a comment).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from octopis.core import LinkView
+
+DEFAULT_DETECTION = 1.0
+DEFAULT_RETAIN = 1.0
+
+
+class FailureSpecError(ValueError):
+    """A failure that cannot be read, naming the problem."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A broker (``ends`` of one) or a link (``ends`` of two) fails at ``at`` and comes
+    back at ``until`` (None: never)."""
+
+    ends: tuple[str, ...]
+    at: float
+    until: float | None = None
+
+    @property
+    def is_broker(self) -> bool:
+        """A dead broker rather than a down link."""
+        return len(self.ends) == 1
+
+
+def parse_failure(text: str, *, link: bool) -> Failure:
+    """Read ``BROKER@T[:RESTART_T]`` (``link=False``) or ``A-B@T[:UP_T]``."""
+    what, sep, when = text.strip().partition("@")
+    if not sep or not what:
+        form = "A-B@T[:UP_T]" if link else "BROKER@T[:RESTART_T]"
+        raise FailureSpecError(f"failure {text!r}: expected {form}")
+    ends = tuple(what.split("-")) if link else (what,)
+    if link and (len(ends) != 2 or not all(ends) or ends[0] == ends[1]):
+        raise FailureSpecError(f"link failure {text!r}: name two different brokers as A-B")
+    start, _, end = when.partition(":")
+    try:
+        at = float(start)
+        until = float(end) if end else None
+    except ValueError:
+        raise FailureSpecError(f"failure {text!r}: times must be numbers of seconds") from None
+    if not math.isfinite(at) or at < 0 or (until is not None and not until > at):
+        raise FailureSpecError(f"failure {text!r}: need 0 <= T < RESTART_T (finite)")
+    return Failure(ends, at, until)
+
+
+def read_schedule(path: Path) -> list[Failure]:
+    """The failures of a schedule file: ``broker SPEC`` or ``link SPEC`` per line."""
+    failures = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        kind, _, spec = line.partition(" ")
+        if kind not in ("broker", "link"):
+            raise FailureSpecError(f"{path}:{number}: start with 'broker' or 'link', not {kind!r}")
+        try:
+            failures.append(parse_failure(spec, link=kind == "link"))
+        except FailureSpecError as exc:
+            raise FailureSpecError(f"{path}:{number}: {exc}") from None
+    return failures
+
+
+class FailureState:
+    """Which brokers are dead and which directed links are down, physically and as each
+    sender has detected; the custody window of every directed link."""
+
+    def __init__(self, detection: float = DEFAULT_DETECTION, retain: float = DEFAULT_RETAIN):
+        if detection < 0 or retain < 0:
+            raise ValueError("detection and retain must not be negative")
+        self.detection = detection
+        self.retain = retain
+        self.dead: set[str] = set()
+        self.cut: set[tuple[str, str]] = set()
+        """Directed links failed as links (independent of dead brokers)."""
+        self.detected: dict[str, set[str]] = {}
+        """Per broker, the neighbours it has detected as down."""
+        self.failed_at: dict[tuple[str, str], float] = {}
+        self.syncing: dict[str, set[str]] = {}
+        """Restarted brokers, each with the neighbours whose resync has not arrived."""
+        self._custody: dict[tuple[str, str], deque[tuple[float, object]]] = {}
+
+    def broken(self, src: str, dst: str) -> bool:
+        """Whether a copy on ``src → dst`` is lost (link cut or an end dead)."""
+        return src in self.dead or dst in self.dead or (src, dst) in self.cut
+
+    def sent(self, src: str, dst: str, now: float, message: object) -> None:
+        """Keep ``message`` in ``src``'s custody for ``dst``."""
+        window = self._custody.get((src, dst))
+        if window is None:
+            window = self._custody[(src, dst)] = deque()
+        window.append((now, message))
+        horizon = now - self.retain - self.detection
+        while window and window[0][0] < horizon:
+            window.popleft()
+
+    def take_back(self, src: str, dst: str) -> list[object]:
+        """The copies ``src`` sent to ``dst`` since ``failure − retain``; custody emptied."""
+        since = self.failed_at.get((src, dst), -math.inf) - self.retain
+        window = self._custody.pop((src, dst), deque())
+        return [message for when, message in window if when >= since]
+
+    def forget(self, broker: str) -> None:
+        """A dead broker's own custody and detections die with it."""
+        for link in [link for link in self._custody if link[0] == broker]:
+            del self._custody[link]
+        self.detected.pop(broker, None)
+
+    def view(self, broker: str, inner: LinkView) -> LinkView:
+        """What ``broker`` sees: ``inner``'s loads, and its detected down links."""
+        down = self.detected.get(broker)
+        return _DetectedView(inner, down) if down else inner
+
+
+class _DetectedView:
+    __slots__ = ("_down", "_inner")
+
+    def __init__(self, inner: LinkView, down: set[str]) -> None:
+        self._inner = inner
+        self._down = down
+
+    def overloaded(self, link: str) -> bool:
+        return self._inner.overloaded(link)
+
+    def load(self, link: str) -> tuple[float, int]:
+        return self._inner.load(link)
+
+    def down(self, link: str) -> bool:
+        return link in self._down or self._inner.down(link)
+
+
+def links_of(failures: Iterable[Failure]) -> set[tuple[str, str]]:
+    """Both directions of every link failure."""
+    return {(f.ends[i], f.ends[1 - i]) for f in failures if not f.is_broker for i in (0, 1)}
