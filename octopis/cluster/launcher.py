@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -18,9 +19,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiozmq.rpc
 
@@ -29,27 +31,73 @@ from octopis.transport.settings import BrokerSettings, load_settings
 
 STATE_FILE = "cluster.json"
 
+PORT_BLOCK = 64
+"""Ports are reserved in aligned blocks of this many ports."""
+PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "octopis-ports"
+"""One lock file per port block; a process holds the ``flock`` of the blocks it was given."""
+_LOWEST_PORT = 10000
+_RESERVED: dict[Path, IO[bytes]] = {}
+
 
 class ClusterError(RuntimeError):
     """Brokers did not start, did not connect, or died."""
 
 
 def find_free_base_port(brokers: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
-    """A base port whose ``3 × brokers`` consecutive ports are all free on ``host`` now.
+    """A base port whose ``3 × brokers`` consecutive ports are free on ``host`` now and
+    reserved for this process until it exits.
 
     Ports are drawn below the kernel's ephemeral range, so that the brokers' own outgoing
-    connections cannot take a port another broker is about to bind.
+    connections cannot take a port another broker is about to bind. The range is made of
+    aligned blocks of :data:`PORT_BLOCK` ports, each reserved by an exclusive ``flock`` on
+    its file in :data:`PORT_LOCK_DIR`, so OctopiS processes on this machine never get
+    overlapping ranges; other programs are caught by binding every port.
     """
     span = PORTS_PER_BROKER * brokers
-    top = _ephemeral_start() - span
-    if top <= 10000:
+    count = -(-span // PORT_BLOCK)
+    first = -(-_LOWEST_PORT // PORT_BLOCK)
+    last = (_ephemeral_start() - span) // PORT_BLOCK
+    if last < first:
         raise ClusterError(f"no room for {span} ports below the ephemeral port range")
     rng = random.Random()
     for _ in range(attempts):
-        base = rng.randrange(10000, top)
+        blocks = range(start := rng.randint(first, last), start + count)
+        if not _reserve(blocks):
+            continue
+        base = start * PORT_BLOCK
         if all(_port_free(host, port) for port in range(base, base + span)):
             return base
+        for block in blocks:
+            _RESERVED.pop(_block_path(block)).close()
     raise ClusterError(f"found no {span} consecutive free ports on {host}")
+
+
+def _block_path(block: int) -> Path:
+    start = block * PORT_BLOCK
+    return PORT_LOCK_DIR / f"{start}-{start + PORT_BLOCK - 1}.lock"
+
+
+def _reserve(blocks: range) -> bool:
+    """Lock every block's file (and keep it open), or none of them."""
+    PORT_LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    taken: dict[Path, IO[bytes]] = {}
+    for block in blocks:
+        path = _block_path(block)
+        if path in _RESERVED:
+            break
+        lock = open(path, "ab")  # noqa: SIM115 -- held open for the process's lifetime
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            break
+        taken[path] = lock
+    else:
+        _RESERVED.update(taken)
+        return True
+    for lock in taken.values():
+        lock.close()
+    return False
 
 
 def _ephemeral_start() -> int:
