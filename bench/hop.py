@@ -71,7 +71,7 @@ class Downstream:
         self.taken += 1
         if self.incarnation is not None and self.taken % ACK_EVERY == 0:
             self.up.send_multipart(
-                encode_peer(DOWNSTREAM, Heartbeat(PLAYED, self.incarnation, self.taken))
+                encode_peer(DOWNSTREAM, Heartbeat(PLAYED, self.incarnation, self.taken, True))
             )
 
 
@@ -253,6 +253,8 @@ class HopBench:
         incarnation = (await control.call.status())["incarnation"]
         for neighbour in (UPSTREAM, DOWNSTREAM, "b:1", "b:2"):
             await via.send_multipart(encode_peer(neighbour, Hello(PLAYED, incarnation)))
+            serving = Heartbeat(PLAYED, incarnation, 0, True)
+            await via.send_multipart(encode_peer(neighbour, serving))
         cbv = frozenbitarray("100")
         for i, f in enumerate(self.filters):
             await via.send_multipart(

@@ -65,7 +65,7 @@ def test_round_trip(message: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "message", [Hello(7), Hello(2**63 - 1, 9), Heartbeat(3), Heartbeat(3, 9, 12_000)]
+    "message", [Hello(7), Hello(2**63 - 1, 9), Heartbeat(3), Heartbeat(3, 9, 12_000, True)]
 )
 def test_link_messages_round_trip(message: Hello | Heartbeat) -> None:
     sender, decoded = decode_peer(encode_peer("c:2", message))
@@ -137,8 +137,9 @@ def good_notify(**change: object) -> list:
         (body(HELLO, 1), "HELLO frame has 2 fields"),
         (body(HELLO, -1, 0), "incarnation must be an integer"),
         (body(HELLO, 1, 2**63), "peer incarnation must be an integer"),
-        (body(HEARTBEAT, "x", 0, 0), "incarnation must be an integer"),
-        (body(HEARTBEAT, 1, 2, -3), "acked count must be an integer"),
+        (body(HEARTBEAT, "x", 0, 0, False), "incarnation must be an integer"),
+        (body(HEARTBEAT, 1, 2, -3, False), "acked count must be an integer"),
+        (body(HEARTBEAT, 1, 2, 3, 1), "serving flag must be true or false"),
         (body(HEARTBEAT, 1), "HEARTBEAT frame has 2 fields"),
         (body(*good_notify()[:-1]), "NOTIFY frame has 7 fields"),
         (body(*good_notify(tunnel=[0, "a", "b"])), "tunnel must be [cluster, target, origin"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
+from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkStatusTable, LinkView
 from octopis.core.messages import (
     Action,
@@ -47,13 +48,17 @@ class NoCongestion:
 
 
 def make_broker(
-    scot: TopologyView, broker_id: str, mode: str, matcher_factory: MatcherFactory | None = None
+    scot: TopologyView,
+    broker_id: str,
+    mode: str,
+    matcher_factory: MatcherFactory | None = None,
+    dedup: EdgeDedup | None = None,
 ) -> BrokerCore:
     """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
 
     The core sees only the broker's own labels and its neighbours (a :class:`BrokerView`
     read from the topology, never the topology itself); BID sees the unclustered graph
-    (neighbour names, no roles).
+    (neighbour names, no roles). ``dedup`` bounds edge dedup (defaults otherwise).
     """
     if matcher_factory is None:
         from octopis.matching import Matcher
@@ -61,9 +66,11 @@ def make_broker(
         matcher_factory = Matcher
     broker = scot.brokers[broker_id]
     if mode == "bid":
-        return BidBroker(broker.id, [n.id for n in broker.neighbours], matcher_factory)
+        return BidBroker(broker.id, [n.id for n in broker.neighbours], matcher_factory, dedup)
     if mode in ("snr", "dnr"):
-        return ClusteredBroker(broker, scot.clusters, matcher_factory, dynamic=mode == "dnr")
+        return ClusteredBroker(
+            broker, scot.clusters, matcher_factory, dynamic=mode == "dnr", dedup=dedup
+        )
     raise ValueError(f"unknown routing mode {mode!r}; choose one of {', '.join(MODES)}")
 
 
@@ -75,6 +82,7 @@ __all__ = [
     "BrokerView",
     "ClusteredBroker",
     "Deliver",
+    "EdgeDedup",
     "Forward",
     "LinkStatusTable",
     "LinkView",

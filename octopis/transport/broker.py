@@ -29,6 +29,7 @@ from octopis.core import (
     Action,
     ClusteredBroker,
     Deliver,
+    EdgeDedup,
     Forward,
     LinkStatusTable,
     Message,
@@ -40,8 +41,8 @@ from octopis.core.resync import epoch_of, resync_messages, withdraw_predecessor
 from octopis.filters import Subscription
 from octopis.matching import MatchClock, TimedMatcher
 from octopis.topology import Scot
-from octopis.transport.clients import ClientSessions
-from octopis.transport.codec import encode_body
+from octopis.transport.clients import ClientError, ClientSessions
+from octopis.transport.codec import decode_peer, encode_body
 from octopis.transport.control import serve_control
 from octopis.transport.links import DATA, KEPT
 from octopis.transport.peers import PeerLinks
@@ -64,7 +65,13 @@ class Broker:
         self.mode = mode
         self.settings = settings
         self.clock = MatchClock()
-        self.core = make_broker(scot, broker_id, mode, lambda: TimedMatcher(self.clock))
+        self.core = make_broker(
+            scot,
+            broker_id,
+            mode,
+            lambda: TimedMatcher(self.clock),
+            EdgeDedup(settings.dedup_window, settings.dedup_publishers),
+        )
         self.incarnation = secrets.randbits(63) | 1
         """Random per process start (DESIGN §7): neighbours tell a restart by it."""
         self.core.epoch = epoch_of(self.incarnation)
@@ -76,6 +83,8 @@ class Broker:
         self._failure: str | None = None
         self.queue_seen = [0, 0, 0]
         """Notification copies enqueued: [count, sum of the queue lengths they joined, max]."""
+        self.held: list[Notification] = []
+        """Local publications waiting for this broker to be serving (DESIGN §7)."""
         self._tasks: list[asyncio.Task] = []
         self.started = time.time()
         self.welcome: dict[str, object] = {
@@ -179,18 +188,28 @@ class Broker:
         self.execute(actions, message, body)
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
-        """Routing frames that never reached ``neighbour`` (down or restarted), or were
-        not acknowledged: the notifications among them are counted undeliverable (the
-        reason: a link failure); subscription messages are left to resync."""
-        lost = sum(1 for frame in queued if frame[2] == KEPT)
-        if lost:
-            self.counters["undeliverable.link_down"] += lost
-            log.warning(
-                "%s: %d notifications for %s could not be delivered (link down)",
-                self.id,
-                lost,
-                neighbour,
-            )
+        """Routing frames that never reached ``neighbour`` (down or restarted), were not
+        acknowledged, or were retained: the notifications among them go back to the core,
+        which routes them again with the link down (custody, DESIGN §7); subscription
+        messages are left to resync."""
+        kept = [frame for frame in queued if frame[2] == KEPT]
+        if not kept:
+            return
+        log.warning(
+            "%s: routing %d notifications meant for %s again (link down)",
+            self.id,
+            len(kept),
+            neighbour,
+        )
+        for frame in kept:
+            _, message = decode_peer(frame[:2])
+            self.execute(self.core.reroute(neighbour, message, self.lst))
+
+    def now_serving(self) -> None:
+        """Route the local publications held while this broker was resyncing."""
+        held, self.held = self.held, []
+        for notification in held:
+            self.execute(self.core.publish(notification, self.lst))
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
         """Resync (DESIGN §7): a restarted neighbour's predecessor's subscriptions are
@@ -227,8 +246,20 @@ class Broker:
         return self.core.unsubscribe(key, sub_id)
 
     def publish(self, notification: Notification) -> list[Action]:
-        """A local publication: the core routes it."""
-        return self.core.publish(notification, self.lst)
+        """A local publication: the core routes it, or, while this broker is not yet
+        serving (resyncing after its start), it is held until then; a full hold raises
+        :class:`ClientError` (the client gets an error and keeps the publication)."""
+        if self.peers.serving:
+            return self.core.publish(notification, self.lst)
+        if len(self.held) >= self.settings.hold_limit:
+            self.counters["publications_refused.hold_full"] += 1
+            raise ClientError(
+                f"{self.id} is resyncing after its start and already holds "
+                f"{len(self.held)} publications; retry later"
+            )
+        self.held.append(notification)
+        self.counters["publications_held"] += 1
+        return []
 
     def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
         """Carry out the core's actions. A forwarded or delivered message that is the

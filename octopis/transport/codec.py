@@ -47,12 +47,14 @@ class Hello(NamedTuple):
 
 class Heartbeat(NamedTuple):
     """Liveness and custody acknowledgement (DESIGN §7): the sender's incarnation (a
-    restart shows at once) and how many data frames it has taken from the receiver, whose
-    incarnation was ``acked_incarnation``, since their handshake (cumulative)."""
+    restart shows at once), how many data frames it has taken from the receiver, whose
+    incarnation was ``acked_incarnation``, since their handshake (cumulative), and whether
+    it is *serving*: resynced since its start, so that routing through it is safe."""
 
     incarnation: int
     acked_incarnation: int = 0
     acked: int = 0
+    serving: bool = False
 
 
 class Synced(NamedTuple):
@@ -107,7 +109,15 @@ def encode_body(message: Message | Control) -> bytes:
     if isinstance(message, Synced):
         return pack([SYNCED, message.entries])
     if isinstance(message, Heartbeat):
-        return pack([HEARTBEAT, message.incarnation, message.acked_incarnation, message.acked])
+        return pack(
+            [
+                HEARTBEAT,
+                message.incarnation,
+                message.acked_incarnation,
+                message.acked,
+                message.serving,
+            ]
+        )
     raise TypeError(f"cannot encode {type(message).__name__}")
 
 
@@ -137,11 +147,14 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
             _expect(data, 3, "UNSUBSCRIBE")
             return sender, Unsubscribe(_str(data[1], "sub_id"), _state(data[2]))
         if kind == HEARTBEAT:
-            _expect(data, 4, "HEARTBEAT")
+            _expect(data, 5, "HEARTBEAT")
+            if type(data[4]) is not bool:
+                raise WireError("HEARTBEAT serving flag must be true or false")
             return sender, Heartbeat(
                 _incarnation(data[1], "incarnation"),
                 _incarnation(data[2], "acked incarnation"),
                 _incarnation(data[3], "acked count"),
+                data[4],
             )
         if kind == SYNCED:
             _expect(data, 2, "SYNCED")

@@ -136,6 +136,8 @@ class OutputLink:
         pacers: tuple[Pacer, ...],
         activity: asyncio.Event,
         custody_limit: int,
+        retain: float = 0.0,
+        retain_limit: int = 0,
     ) -> None:
         self.name = name
         self.socket = ctx.socket(zmq.PUSH)
@@ -150,12 +152,19 @@ class OutputLink:
         self.last_sent = 0.0
         self.numbered = 0
         """Routing frames sent since the last handshake."""
-        self.custody: deque[tuple[int, list]] = deque()
+        self.custody: deque[tuple[int, float, list]] = deque()
         self.keeps = custody_limit > 0
         """Custody on (a limit of 0 turns it off: a failure loses what was in flight)."""
         self.custody_limit = custody_limit if self.keeps else math.inf
         self.custody_full = 0
         """Times the link stopped because its custody buffer was full."""
+        self.retained: deque[tuple[float, list]] = deque()
+        """Acknowledged notifications sent less than ``retain`` seconds before the latest
+        acknowledgement: the receiver may die before passing them on (DESIGN §7)."""
+        self.retain = retain
+        self.retain_limit = retain_limit
+        self.retain_evicted = 0
+        """Retained frames dropped early to stay within ``retain_limit``."""
         self._lst = lst
         self._wake = asyncio.Event()
         self._activity = activity
@@ -169,16 +178,28 @@ class OutputLink:
         if kind >= DATA:
             self.numbered += 1
             if kind == KEPT and self.keeps:
-                self.custody.append((self.numbered, frame))
+                self.custody.append((self.numbered, now, frame))
         elif kind == HANDSHAKE:
             self.numbered = 0
 
-    def acknowledge(self, count: int) -> None:
-        """The receiver has taken the first ``count`` routing frames of this session."""
+    def acknowledge(self, count: int, now: float) -> None:
+        """The receiver has taken the first ``count`` routing frames of this session (at
+        ``now``). Acknowledged notifications move from custody to the retained window,
+        which keeps those sent within ``retain`` seconds of ``now`` (at most
+        ``retain_limit``, oldest evicted first, counted); since only acknowledgements
+        prune it, a receiver that dies leaves its last ``retain`` seconds here."""
         custody = self.custody
         was_full = len(custody) >= self.custody_limit
+        retained = self.retained
+        keep = self.retain > 0
         while custody and custody[0][0] <= count:
-            custody.popleft()
+            _, sent, frame = custody.popleft()
+            if keep:
+                retained.append((sent, frame))
+        horizon = now - self.retain
+        while retained and (retained[0][0] < horizon or len(retained) > self.retain_limit):
+            if retained.popleft()[0] >= horizon:
+                self.retain_evicted += 1
         if was_full and self.queue:
             self._wake.set()
 
@@ -212,9 +233,11 @@ class OutputLink:
         self._wake.set()
 
     def take_back(self, now: float) -> list[list]:
-        """Empty the queue and the custody buffer; returns their routing frames, oldest
-        first (queued frames leave the LST's queue length)."""
-        frames = [frame for _, frame in self.custody]
+        """Empty the retained window, the custody buffer and the queue; returns their
+        routing frames, oldest first (queued frames leave the LST's queue length)."""
+        frames = [frame for _, frame in self.retained]
+        frames += [frame for _, _, frame in self.custody]
+        self.retained.clear()
         self.custody.clear()
         for frame in self.queue:
             self._lst.sent(self.name, now)

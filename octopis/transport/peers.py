@@ -12,6 +12,11 @@ HELLO that names its current incarnation, so frames queued for an earlier proces
 dropped (counted) rather than replayed into an empty table. A new incarnation seen in a
 HELLO or a heartbeat means the neighbour restarted: what was queued for it goes back to
 the broker, and the handshake starts again.
+
+Serving. A broker is *serving* once every live neighbour has handed it its resync state
+(or is down); heartbeats carry the flag, and a neighbour's LST row says down until the
+neighbour is up and serving, so traffic takes detours around a broker that is still
+filling its table (DESIGN §7).
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ class PeerEvents(Protocol):
         """A new incarnation of ``neighbour`` (its first, or a restart): hand it our state
         (queued behind the handshake); returns the number of subscriptions handed over."""
 
+    def now_serving(self) -> None:
+        """This broker has its resync state from every live neighbour (DESIGN §7)."""
+
 
 @dataclass(slots=True)
 class NeighbourState:
@@ -78,6 +86,8 @@ class NeighbourState:
     """Its latest HELLO named our incarnation: its data frames are for us."""
     synced: bool = False
     """It has handed us its resync state since that HELLO."""
+    serving: bool = False
+    """It says it is serving (resynced since its start): routing through it is safe."""
     up: bool = False
     last_heard: float = 0.0
     down_since: float | None = None
@@ -111,6 +121,10 @@ class PeerLinks:
         self.counters: Counter[str] = Counter()
         self.activity = asyncio.Event()
         self.state = {n: NeighbourState() for n in endpoints}
+        self.serving = False
+        """Resynced from every live neighbour since this process started; until then
+        neighbours route around this broker and local publications wait (DESIGN §7)."""
+        self._started = 0.0
         self.detections: list[dict[str, float | str]] = []
         self._detections_kept = 1000
         self._warn = RateLimitedLog(log, settings.log_interval)
@@ -132,6 +146,8 @@ class PeerLinks:
                 self._pacers(n, broker_pacer),
                 self.activity,
                 settings.custody_limit,
+                settings.retain,
+                settings.retain_limit,
             )
             for n, endpoint in endpoints.items()
         }
@@ -147,14 +163,41 @@ class PeerLinks:
 
     @property
     def ready(self) -> bool:
-        """Every neighbour is up, has named our incarnation in its handshake and has
-        handed over its resync state (a restarted broker is *syncing* until then)."""
-        return all(s.up and s.accepting and s.synced for s in self.state.values())
+        """Every neighbour is up, has named our incarnation in its handshake, has handed
+        over its resync state and says it is serving."""
+        return all(s.up and s.accepting and s.synced and s.serving for s in self.state.values())
+
+    def _check_serving(self, now: float) -> None:
+        """Start serving once every neighbour has resynced us or is down (declared down,
+        or never heard within T of our start); then tell every neighbour at once."""
+        if self.serving:
+            return
+        waited = now - self._started > self.settings.down_after
+        if not all(
+            (s.accepting and s.synced) if s.up else (s.down_since is not None or waited)
+            for s in self.state.values()
+        ):
+            return
+        self.serving = True
+        log.info("%s is serving (resynced from every live neighbour)", self.id)
+        for name, state in self.state.items():
+            self._beat(name, state, now)
+        self.events.now_serving()
+
+    def _beat(self, name: str, state: NeighbourState, now: float) -> None:
+        beat = Heartbeat(self.incarnation, state.incarnation, state.received, self.serving)
+        self.links[name].put_link(self._frame(beat, LINK), now)
+        state.acked = state.received
+
+    def _route_through(self, name: str, state: NeighbourState) -> None:
+        """The LST row says down unless the neighbour is up and serving."""
+        self.lst.set_down(name, not (state.up and state.serving))
 
     def tasks(self) -> list[tuple[str, Coroutine[None, None, None]]]:
         """The coroutines that serve the links: (name, coroutine)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
+        self._started = now
         for name, link in self.links.items():
             self.state[name].last_heard = now
             self.lst.set_down(name, True)
@@ -203,6 +246,7 @@ class PeerLinks:
                 return
             if kind is Synced:
                 state.synced = state.accepting
+                self._check_serving(now)
                 return
             if not state.up:
                 self._came_back(sender, state, now)
@@ -249,14 +293,18 @@ class PeerLinks:
             state.accepting = message.peer_incarnation == self.incarnation
             state.synced = False
             state.received = state.acked = 0
-        elif message.acked_incarnation == self.incarnation:
-            self.links[sender].acknowledge(message.acked)
+        else:
+            if message.acked_incarnation == self.incarnation:
+                self.links[sender].acknowledge(message.acked, now)
+            if message.serving != state.serving:
+                state.serving = message.serving
+                self._route_through(sender, state)
         if not state.up:
             self._came_back(sender, state, now)
 
     def _came_back(self, sender: str, state: NeighbourState, now: float) -> None:
         state.up = True
-        self.lst.set_down(sender, False)
+        self._route_through(sender, state)
         if state.down_since is not None:
             log.warning(
                 "%s: link to %s is up again after %.2f s", self.id, sender, now - state.down_since
@@ -267,6 +315,8 @@ class PeerLinks:
         """``sender`` runs as a new process: nothing queued for the old one reaches it."""
         state.restarts += 1
         state.accepting = False
+        state.serving = False
+        self._route_through(sender, state)
         self.counters["peer_restarts"] += 1
         log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
         self.events.link_down(sender, self.links[sender].take_back(now))
@@ -293,12 +343,11 @@ class PeerLinks:
                 if state.received != state.acked or (
                     not link.queue and now - link.last_sent >= settings.heartbeat
                 ):
-                    beat = Heartbeat(self.incarnation, state.incarnation, state.received)
-                    link.put_link(self._frame(beat, LINK), now)
-                    state.acked = state.received
+                    self._beat(name, state, now)
                 silent = now - state.last_heard
                 if state.up and silent > settings.down_after and self._caught_up():
                     self._declare_down(name, state, now, silent)
+            self._check_serving(now)
 
     def _caught_up(self) -> bool:
         """Whether every frame that reached us has been read: silence is judged only then,
@@ -311,6 +360,7 @@ class PeerLinks:
 
     def _declare_down(self, name: str, state: NeighbourState, now: float, silent: float) -> None:
         state.up = False
+        state.serving = False
         self.lst.set_down(name, True)
         state.down_since = now
         self.counters["links_down"] += 1
@@ -336,6 +386,7 @@ class PeerLinks:
                 "state": "up" if s.up else "down",
                 "accepting": s.accepting,
                 "synced": s.synced,
+                "serving": s.serving,
                 "incarnation": s.incarnation,
                 "silent": now - s.last_heard,
                 "restarts": s.restarts,

@@ -12,6 +12,9 @@ down_after = 1.0         # T: a neighbour silent this long is down (DESIGN §7)
 ack_interval = 0.05      # a receiver acknowledges the frames it took at least this often
 custody_limit = 10000    # unacknowledged notifications kept per link; full = link waits;
                          # 0 = no custody (a failure loses what was in flight)
+retain = 1.0             # acknowledged notifications are kept this long after sending, in
+                         # case the neighbour dies before passing them on; 0 = not kept
+retain_limit = 10000     # at most this many retained per link (oldest dropped first, counted)
 capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
 broker_capacity = 0      # messages/s over all of a broker's links together; 0 = unlimited
 [links.capacities]       # per directed link "src>dst" = messages/s
@@ -20,6 +23,11 @@ broker_capacity = 0      # messages/s over all of a broker's links together; 0 =
 [clients]
 sndhwm = 100000          # per client connection before deliveries queue in the broker
 timeout = 10.0           # a connection silent this long is dropped, its subscriptions withdrawn
+hold_limit = 10000       # publications held while a restarted broker resyncs; full = refused
+
+[dedup]
+window = 4096            # (publisher, seq) pairs remembered per publisher (edge dedup)
+publishers = 10000       # publishers remembered; the one seen first is forgotten first
 
 [logs]
 interval = 5.0           # a repeated warning is written at most once per interval per kind
@@ -33,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
+from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
 
 
@@ -55,7 +65,12 @@ class BrokerSettings:
     down_after: float = 1.0
     ack_interval: float = 0.05
     custody_limit: int = 10_000
+    retain: float = 1.0
+    retain_limit: int = 10_000
     client_timeout: float = 10.0
+    hold_limit: int = 10_000
+    dedup_window: int = DEFAULT_DEDUP_WINDOW
+    dedup_publishers: int = DEFAULT_DEDUP_PUBLISHERS
     log_interval: float = 5.0
 
     def capacity_of(self, src: str, dst: str) -> float:
@@ -64,27 +79,13 @@ class BrokerSettings:
 
     def to_toml(self) -> str:
         """The settings as a TOML document :func:`load_settings` reads back."""
-        lines = [
-            "[lst]",
-            f"window = {self.window!r}",
-            f"queue_threshold = {self.queue_threshold}",
-            "",
-            "[links]",
-            f"sndhwm = {self.sndhwm}",
-            f"heartbeat = {self.heartbeat!r}",
-            f"down_after = {self.down_after!r}",
-            f"ack_interval = {self.ack_interval!r}",
-            f"custody_limit = {self.custody_limit}",
-            f"capacity = {self.capacity!r}",
-            f"broker_capacity = {self.broker_capacity!r}",
-            "",
-            "[clients]",
-            f"sndhwm = {self.client_sndhwm}",
-            f"timeout = {self.client_timeout!r}",
-            "",
-            "[logs]",
-            f"interval = {self.log_interval!r}",
-        ]
+        lines: list[str] = []
+        table = None
+        for (section, key), (name, _, _) in _KEYS.items():
+            if section != table:
+                lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
+                table = section
+            lines.append(f"{key} = {getattr(self, name)!r}")
         if self.capacities:
             lines += ["", "[links.capacities]"]
             lines += [f'"{link}" = {rate!r}' for link, rate in sorted(self.capacities.items())]
@@ -105,106 +106,62 @@ def load_settings(path: str | Path | None) -> BrokerSettings:
     return settings_from_data(data, path.name)
 
 
+_KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
+    ("lst", "window"): ("window", 1e-4, False),
+    ("lst", "queue_threshold"): ("queue_threshold", 1, True),
+    ("links", "sndhwm"): ("sndhwm", 1, True),
+    ("links", "heartbeat"): ("heartbeat", 0.01, False),
+    ("links", "down_after"): ("down_after", 0.05, False),
+    ("links", "ack_interval"): ("ack_interval", 0.001, False),
+    ("links", "custody_limit"): ("custody_limit", 0, True),
+    ("links", "retain"): ("retain", 0.0, False),
+    ("links", "retain_limit"): ("retain_limit", 0, True),
+    ("links", "capacity"): ("capacity", 0.0, False),
+    ("links", "broker_capacity"): ("broker_capacity", 0.0, False),
+    ("clients", "sndhwm"): ("client_sndhwm", 1, True),
+    ("clients", "timeout"): ("client_timeout", 0.1, False),
+    ("clients", "hold_limit"): ("hold_limit", 0, True),
+    ("dedup", "window"): ("dedup_window", 1, True),
+    ("dedup", "publishers"): ("dedup_publishers", 1, True),
+    ("logs", "interval"): ("log_interval", 0.0, False),
+}
+"""Each ``[table] key``: the :class:`BrokerSettings` field it sets, its minimum, and
+whether it must be an integer."""
+
+
 def settings_from_data(data: dict[str, Any], source: str = "settings") -> BrokerSettings:
-    """Validate a parsed settings document."""
-    known = {
-        "lst": {"window", "queue_threshold"},
-        "links": {
-            "sndhwm",
-            "heartbeat",
-            "down_after",
-            "ack_interval",
-            "custody_limit",
-            "capacity",
-            "capacities",
-            "broker_capacity",
-        },
-        "clients": {"sndhwm", "timeout"},
-        "logs": {"interval"},
-    }
+    """Validate a parsed settings document; every error names the key."""
+    values: dict[str, Any] = {}
     for table, keys in data.items():
-        if table not in known or not isinstance(keys, dict):
+        if not isinstance(keys, dict) or not any(t == table for t, _ in _KEYS):
             raise ConfigError(f"{source}: unknown table [{table}]")
-        for key in keys:
-            if key not in known[table]:
+        for key, value in keys.items():
+            if (table, key) == ("links", "capacities"):
+                values["capacities"] = _capacities(value, source)
+                continue
+            spec = _KEYS.get((table, key))
+            if spec is None:
                 raise ConfigError(f"{source}: unknown key {table}.{key}")
-    lst, links, clients, logs = (data.get(t, {}) for t in ("lst", "links", "clients", "logs"))
-    default = BrokerSettings()
-    capacities = links.get("capacities", {})
-    for link, rate in capacities.items():
+            name, minimum, integer = spec
+            number = _number(value, f"{table}.{key}", source, minimum=minimum, integer=integer)
+            values[name] = int(number) if integer else number
+    settings = BrokerSettings(**values)
+    if settings.down_after <= 2 * settings.heartbeat:
+        raise ConfigError(
+            f"{source}: links.down_after ({settings.down_after} s) must exceed two heartbeat "
+            f"intervals ({settings.heartbeat} s each), or idle links would be declared down"
+        )
+    return settings
+
+
+def _capacities(value: Any, source: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: [links.capacities] must be a table of 'src>dst' = rate")
+    for link, rate in value.items():
         if ">" not in link:
             raise ConfigError(f"{source}: links.capacities key {link!r} is not 'src>dst'")
         _number(rate, f"links.capacities.{link}", source, minimum=0.0)
-    heartbeat = _number(
-        links.get("heartbeat", default.heartbeat), "links.heartbeat", source, minimum=0.01
-    )
-    down_after = _number(
-        links.get("down_after", default.down_after), "links.down_after", source, minimum=0.05
-    )
-    if down_after <= 2 * heartbeat:
-        raise ConfigError(
-            f"{source}: links.down_after ({down_after} s) must exceed two heartbeat "
-            f"intervals ({heartbeat} s each), or idle links would be declared down"
-        )
-    return BrokerSettings(
-        window=_number(lst.get("window", default.window), "lst.window", source, minimum=1e-4),
-        queue_threshold=int(
-            _number(
-                lst.get("queue_threshold", default.queue_threshold),
-                "lst.queue_threshold",
-                source,
-                minimum=1,
-                integer=True,
-            )
-        ),
-        sndhwm=int(
-            _number(
-                links.get("sndhwm", default.sndhwm), "links.sndhwm", source, minimum=1, integer=True
-            )
-        ),
-        capacity=_number(
-            links.get("capacity", default.capacity), "links.capacity", source, minimum=0.0
-        ),
-        capacities={k: float(v) for k, v in capacities.items()},
-        broker_capacity=_number(
-            links.get("broker_capacity", default.broker_capacity),
-            "links.broker_capacity",
-            source,
-            minimum=0.0,
-        ),
-        client_sndhwm=int(
-            _number(
-                clients.get("sndhwm", default.client_sndhwm),
-                "clients.sndhwm",
-                source,
-                minimum=1,
-                integer=True,
-            )
-        ),
-        heartbeat=heartbeat,
-        down_after=down_after,
-        ack_interval=_number(
-            links.get("ack_interval", default.ack_interval),
-            "links.ack_interval",
-            source,
-            minimum=0.001,
-        ),
-        custody_limit=int(
-            _number(
-                links.get("custody_limit", default.custody_limit),
-                "links.custody_limit",
-                source,
-                minimum=0,
-                integer=True,
-            )
-        ),
-        client_timeout=_number(
-            clients.get("timeout", default.client_timeout), "clients.timeout", source, minimum=0.1
-        ),
-        log_interval=_number(
-            logs.get("interval", default.log_interval), "logs.interval", source, minimum=0.0
-        ),
-    )
+    return {k: float(v) for k, v in value.items()}
 
 
 def _number(value: Any, key: str, source: str, *, minimum: float, integer: bool = False) -> float:
