@@ -13,14 +13,17 @@ from octopis.cli.topology import write_atomically
 
 def print_report(report: dict[str, Any]) -> str:
     """The report as an aligned two-column table; nested figures are flattened."""
-    rows: list[tuple[str, str]] = []
-    for key, value in report.items():
-        if isinstance(value, dict):
-            rows += [(f"{key}.{k}", _fmt(v)) for k, v in value.items()]
-        else:
-            rows.append((key, _fmt(value)))
+    rows = list(_flatten(report, ""))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _flatten(report: dict[str, Any], prefix: str) -> Iterable[tuple[str, str]]:
+    for key, value in report.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", _fmt(value)
 
 
 def write_deliveries(path: Path, records: Iterable[dict[str, Any]]) -> None:

@@ -12,6 +12,14 @@ from octopis.cli.report import print_report, write_deliveries
 from octopis.core import MODES
 from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
 from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
+from octopis.sim.failures import (
+    DEFAULT_DETECTION,
+    DEFAULT_RETAIN,
+    Failure,
+    FailureSpecError,
+    parse_failure,
+    read_schedule,
+)
 from octopis.topology import Scot, build_preset, load_topology, preset_names
 from octopis.workload import HighRatePublisher, Workload, generate_workload, read_workload
 
@@ -43,6 +51,23 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="mean exponential latency jitter (default 0.001)",
     )
     add_congestion_options(p)
+    add_failure_options(p)
+    failures = p.add_argument_group("failures")
+    failures.add_argument(
+        "--detection",
+        type=float,
+        default=DEFAULT_DETECTION,
+        metavar="SECONDS",
+        help=f"time until a neighbour notices a failure (default {DEFAULT_DETECTION})",
+    )
+    failures.add_argument(
+        "--retain",
+        type=float,
+        default=DEFAULT_RETAIN,
+        metavar="SECONDS",
+        help="how long a sender keeps a copy it sent, for re-routing after a failure "
+        f"(default {DEFAULT_RETAIN})",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--deliveries",
@@ -176,6 +201,54 @@ def add_congestion_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_failure_options(p: argparse.ArgumentParser) -> None:
+    """``--fail``, ``--fail-link`` and ``--fail-schedule`` (DESIGN §7)."""
+    group = p.add_argument_group(
+        "failures", "times in seconds from the first publication; RESTART_T / UP_T optional"
+    )
+    group.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="BROKER@T[:RESTART_T]",
+        help="kill BROKER at T (and restart it empty at RESTART_T); repeatable",
+    )
+    group.add_argument(
+        "--fail-link",
+        action="append",
+        default=[],
+        metavar="A-B@T[:UP_T]",
+        help="cut the link between neighbours A and B at T (until UP_T); repeatable",
+    )
+    group.add_argument(
+        "--fail-schedule",
+        type=Path,
+        metavar="FILE",
+        help="failures, one per line: 'broker BROKER@T[:RESTART_T]' or 'link A-B@T[:UP_T]'",
+    )
+
+
+def failures_from_args(args: argparse.Namespace, scot: Scot) -> list[Failure]:
+    """The failures ``--fail``, ``--fail-link`` and ``--fail-schedule`` describe, checked
+    against ``scot``."""
+    try:
+        failures = [parse_failure(text, link=False) for text in args.fail]
+        failures += [parse_failure(text, link=True) for text in args.fail_link]
+        if args.fail_schedule is not None:
+            failures += read_schedule(args.fail_schedule)
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.fail_schedule}: {exc.strerror}") from None
+    except FailureSpecError as exc:
+        raise UsageError(str(exc)) from None
+    for failure in failures:
+        for end in failure.ends:
+            if end not in scot.brokers:
+                raise UsageError(f"failure names {end!r}, which is not a broker of {scot.name}")
+        if not failure.is_broker and not scot.graph.has_edge(*failure.ends):
+            raise UsageError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
+    return failures
+
+
 def load_scot(args: argparse.Namespace) -> Scot:
     """The topology named by ``--topology`` or ``--preset``."""
     return load_topology(args.topology) if args.topology else build_preset(args.preset)
@@ -262,6 +335,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
     workload = workload_from_args(args, scot)
     if args.latency < 0 or args.jitter < 0:
         raise UsageError("latency and jitter must be ≥ 0")
+    failures = failures_from_args(args, scot)
+    if args.detection < 0 or args.retain < 0:
+        raise UsageError("--detection and --retain must be ≥ 0")
     sim = Simulator(
         scot,
         args.mode,
@@ -269,7 +345,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         links=link_model(args, scot),
         latency=LatencyModel(args.latency, args.jitter),
     )
-    sim.replay(workload)
+    sim.replay(workload, failures, detection=args.detection, retain=args.retain)
     report: dict[str, Any] = {"topology": scot.name, **sim.report()}
     if args.deliveries is not None:
         write_deliveries(args.deliveries, sim.deliveries())

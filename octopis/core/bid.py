@@ -156,7 +156,7 @@ class BidBroker:
         for broker, sub_id in destinations.items():
             entry = self.table.entries.get(sub_id)
             if entry is None or entry.local:
-                self.stats["stale_destinations"] += 1
+                self.stats["undeliverable.no_route"] += 1
                 continue
             by_hop.setdefault(entry.last_hop, []).append((broker, sub_id))
         for hop in [hop for hop in by_hop if links.down(hop)]:

@@ -175,7 +175,14 @@ class Simulator:
             self.now = max(self.now, until)
         self._wall += time.perf_counter() - started
 
-    def replay(self, workload: ReplayableWorkload, failures: Sequence[Failure] = ()) -> None:
+    def replay(
+        self,
+        workload: ReplayableWorkload,
+        failures: Sequence[Failure] = (),
+        *,
+        detection: float = DEFAULT_DETECTION,
+        retain: float = DEFAULT_RETAIN,
+    ) -> None:
         """Subscriptions at their times, settle, then publications at their times (and
         ``failures``, times counted from the first publication), drain."""
         workload.check_topology(self.scot)
@@ -185,7 +192,7 @@ class Simulator:
         self.run()
         start = self.now
         for failure in failures:
-            self.fail(failure, start)
+            self.fail(failure, start, detection=detection, retain=retain)
         for p in workload.publications:
             self.at(start + p.time, self.publish, p.publisher, p.broker, p.publication, p.seq)
         self.run()
@@ -275,7 +282,7 @@ class Simulator:
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."
         self.cores[broker] = core
         self._links_up([(broker, n) for n in self.scot.graph[broker]])
-        live = [n for n in self.scot.graph[broker] if n not in state.dead]
+        live = [n for n in self.scot.graph[broker] if not state.broken(n, broker)]
         state.syncing[broker] = set(live)
         for neighbour in live:
             peer = self.cores[neighbour]
@@ -303,8 +310,9 @@ class Simulator:
         state = self.failures
         assert state is not None
         for src, dst in links:
-            state.failed_at.pop((src, dst), None)
-            state.detected.get(src, set()).discard(dst)
+            if not state.broken(src, dst):
+                state.failed_at.pop((src, dst), None)
+                state.detected.get(src, set()).discard(dst)
 
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
         """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of
