@@ -58,13 +58,13 @@ class DeliveryLedger:
         if delay is not None:
             self.delays.append(delay)
 
-    def summary(self, among: Callable[[str], bool] | None = None) -> dict[str, int]:
+    def summary(self, among: Callable[[DeliveryKey], bool] | None = None) -> dict[str, int]:
         """``expected_deliveries``, ``delivered``, ``duplicates``, ``lost``, ``unexpected``;
-        only for the subscribers ``among`` accepts, if given."""
+        only for the ``(subscriber, publisher, seq)`` keys ``among`` accepts, if given."""
         expected, received = self.expected, self.received
         if among is not None:
-            expected = {key for key in expected if among(key[0])}
-            received = Counter({key: n for key, n in received.items() if among(key[0])})
+            expected = {key for key in expected if among(key)}
+            received = Counter({key: n for key, n in received.items() if among(key)})
         got = set(received)
         return {
             "expected_deliveries": len(expected),

@@ -13,7 +13,13 @@ from typing import Any
 
 from octopis.cli.errors import UsageError
 from octopis.cli.report import print_report, write_deliveries
-from octopis.cli.sim import add_topology_options, add_workload_options, workload_from_args
+from octopis.cli.sim import (
+    add_failure_options,
+    add_topology_options,
+    add_workload_options,
+    failures_from_args,
+    workload_from_args,
+)
 from octopis.cluster.launcher import STATE_FILE, LocalCluster, prepare_topology, stop_pids
 from octopis.core import MODES
 from octopis.topology import load_topology
@@ -34,8 +40,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "process, also on Ctrl-C or an error.",
     )
     add_topology_options(run)
-    run.add_argument("--mode", required=True, choices=MODES, help="routing algorithm")
+    run.add_argument("--mode", default="dnr", choices=MODES, help="routing algorithm (default dnr)")
     add_workload_options(run)
+    add_failure_options(run)
     run.add_argument(
         "--time-scale",
         type=float,
@@ -189,6 +196,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     scot, path = prepare_topology(run_dir, topology=args.topology, preset=args.preset)
     workload = workload_from_args(args, scot)
+    failures = failures_from_args(args, scot)
+    if any(not f.is_broker for f in failures):
+        raise UsageError(
+            "octopis run kills and restarts broker processes (--fail); cutting a link "
+            "between processes is not supported (use octopis sim --fail-link)"
+        )
     options = RunOptions(
         mode=args.mode,
         run_dir=run_dir,
@@ -197,6 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         progress=not args.no_progress and sys.stderr.isatty(),
         sample_every=args.timeline,
+        failures=failures,
     )
 
     run = WorkloadRun(scot, path, workload, options)
@@ -212,7 +226,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             ),
         )
     print(json.dumps(report, indent=1) if args.json else print_report(report))
-    return 0 if report["lost"] == report["duplicates"] == 0 else 1
+    verdict = report["failures"].get("host_alive", report)
+    return 0 if verdict["lost"] == verdict["duplicates"] == 0 else 1
 
 
 def cmd_up(args: argparse.Namespace) -> int:

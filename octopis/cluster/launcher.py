@@ -166,6 +166,7 @@ class LocalCluster:
         self.settings = settings or BrokerSettings()
         self.log_level = log_level
         self.processes: dict[str, subprocess.Popen] = {}
+        self.killed: set[str] = set()
         self._rpc: dict[str, Any] = {}
         self._rpc_loop: asyncio.AbstractEventLoop | None = None
 
@@ -180,6 +181,7 @@ class LocalCluster:
 
     def spawn_one(self, broker_id: str) -> subprocess.Popen:
         """Start broker ``broker_id`` with the run's settings, appending to its log."""
+        self.killed.discard(broker_id)
         log_path = self.run_dir / "logs" / f"{broker_id.replace(':', '_')}.log"
         with open(log_path, "ab") as log_file:
             process = self.processes[broker_id] = subprocess.Popen(
@@ -228,9 +230,21 @@ class LocalCluster:
         path.write_text(json.dumps(state, indent=1))
         return path
 
+    def kill(self, broker_id: str) -> None:
+        """``kill -9`` broker ``broker_id`` (a failure on purpose: :meth:`dead` leaves it
+        out until :meth:`spawn_one` starts it again)."""
+        process = self.processes[broker_id]
+        self.killed.add(broker_id)
+        process.kill()
+        process.wait()
+
     def dead(self) -> dict[str, int]:
-        """Brokers whose process has exited, with their exit status."""
-        return {b: p.returncode for b, p in self.processes.items() if p.poll() is not None}
+        """Brokers whose process has exited (not killed on purpose), with their status."""
+        return {
+            b: p.returncode
+            for b, p in self.processes.items()
+            if p.poll() is not None and b not in self.killed
+        }
 
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate every process started here; kill those still alive after ``timeout``."""

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from tqdm import tqdm
 from octopis.accounting import DeliveryLedger, delay_distribution
 from octopis.client import Connection, Publisher, Received, Subscriber
 from octopis.cluster.launcher import ClusterError, LocalCluster
+from octopis.sim.failures import Failure
 from octopis.topology import Scot
 from octopis.transport.settings import BrokerSettings
 from octopis.workload import Workload
@@ -45,6 +46,9 @@ class RunOptions:
     sample_every: float | None = None
     """Seconds between samples of every broker's queues while publishing and draining
     (the report's ``timeline``); None takes no samples."""
+    failures: list[Failure] = field(default_factory=list)
+    """Brokers to ``kill -9`` (and restart) while publishing, times in seconds from the
+    first publication (scaled like the workload's)."""
 
 
 class WorkloadRun:
@@ -64,6 +68,14 @@ class WorkloadRun:
         self.timings: dict[str, float] = {}
         self.timeline: list[dict[str, float]] = []
 
+        self.kills: dict[str, float] = {}
+        """Killed broker → time.monotonic() of its kill (the brokers' loop clock)."""
+        self.restarts: dict[str, float] = {}
+        """Restarted broker → seconds from its start until it was ready again."""
+        self.tables: dict[str, dict] = {}
+        """Killed broker → its routing table just before the kill; after its restart,
+        how the resynced table differs from it (entries it hosted itself left out)."""
+        self._published_at: dict[tuple[str, int], float] = {}
         self._connections: dict[str, Connection] = {}
         self._subscribers: dict[str, Subscriber] = {}
         self._publishers: dict[str, Publisher] = {}
@@ -85,26 +97,66 @@ class WorkloadRun:
             sampler = None
             if self.options.sample_every:
                 sampler = asyncio.create_task(self._sample(self.options.sample_every))
+            t0 = asyncio.get_running_loop().time()
+            injector = asyncio.create_task(self._inject(t0)) if self.options.failures else None
             try:
-                self.timings["publish"] = await self._publish()
+                self.timings["publish"] = await self._publish(t0)
+                if injector is not None:
+                    await injector
                 self.timings["drain"] = await self._drain()
             finally:
-                if sampler is not None:
-                    sampler.cancel()
-                    await asyncio.gather(sampler, return_exceptions=True)
-            stats = await self.cluster.call_all("stats")
-            subscriptions = await self.cluster.call_all("subscriptions")
+                for task in (sampler, injector):
+                    if task is not None:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
+            stats = await self._ask_live("stats")
+            subscriptions = await self._ask_live("subscriptions")
             return self._report(stats, subscriptions)
         finally:
             for connection in self._connections.values():
                 await connection.close()
             await self.cluster.close_control()
 
+    async def _ask_live(self, method: str) -> dict[str, Any]:
+        """``method`` of every broker; with failures, of every broker that answers."""
+        if not self.options.failures:
+            return await self.cluster.call_all(method)
+        answers = await self.cluster.ask(list(self.scot.brokers), method, 5.0)
+        return {b: a for b, a in answers.items() if a is not None}
+
+    async def _inject(self, t0: float) -> None:
+        """Kill and restart brokers at their times (DESIGN §7)."""
+        loop = asyncio.get_running_loop()
+        scale = self.options.time_scale
+        steps = [(f.at, True, f.ends[0]) for f in self.options.failures]
+        steps += [(f.until, False, f.ends[0]) for f in self.options.failures if f.until]
+        for at, kill, broker in sorted(steps):
+            delay = t0 + at * scale - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if kill:
+                self.tables[broker] = (await self.cluster.ask([broker], "table", 5.0))[broker]
+                self.cluster.kill(broker)
+                self.kills[broker] = time.monotonic()
+                log.warning("killed %s (kill -9)", broker)
+            else:
+                self.cluster.spawn_one(broker)
+                ready = await self.cluster.wait_ready(self.options.start_timeout, [broker])
+                self.restarts[broker] = ready
+                after = (await self.cluster.ask([broker], "table", 5.0))[broker] or {}
+                before = {k: e for k, e in self.tables[broker].items() if e["host"] != broker}
+                self.tables[broker] = {
+                    "missing": len(before.keys() - after.keys()),
+                    "extra": len(after.keys() - before.keys()),
+                    "changed": sum(after[k] != e for k, e in before.items() if k in after),
+                }
+                log.warning("restarted %s; ready after %.2f s", broker, ready)
+
     async def _attach_clients(self) -> None:
         brokers = {s.broker for s in self.workload.subscriptions}
         brokers |= {p.broker for p in self.workload.publications}
         for broker_id in sorted(brokers):
-            connection = Connection(self.scot.brokers[broker_id].client_endpoint)
+            connection = Connection(self.scot.client_endpoints(broker_id))
             await connection.open()
             self._connections[broker_id] = connection
         for s in self.workload.subscriptions:
@@ -155,17 +207,17 @@ class WorkloadRun:
             await asyncio.sleep(0.2)
         raise ClusterError(f"subscription broadcast did not settle within {timeout:.0f} s")
 
-    async def _publish(self) -> float:
+    async def _publish(self, t0: float) -> float:
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         events = self.workload.publications
         bar = self._bar(len(events), "publish")
-        t0 = loop.time()
         for event in events:
             delay = t0 + event.time * self.options.time_scale - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             self.ledger.published(event.publisher, event.seq, event.publication)
+            self._published_at[(event.publisher, event.seq)] = time.time()
             await self._publishers[event.publisher].publish(
                 event.publication, wait=False, seq=event.seq
             )
@@ -209,7 +261,7 @@ class WorkloadRun:
         while True:
             before = sum(self.ledger.received.values())
             await asyncio.sleep(period)
-            stats = await self.cluster.call_all("stats")
+            stats = await self._ask_live("stats")
             busy = sum(
                 sum(s["queue_lengths"].values()) + s["client_backlog"] for s in stats.values()
             )
@@ -220,7 +272,7 @@ class WorkloadRun:
         """Record, every ``every`` seconds, the total and the longest output queue."""
         started = time.monotonic()
         while True:
-            stats = await self.cluster.call_all("stats")
+            stats = await self._ask_live("stats")
             queues = [q for s in stats.values() for q in s["queue_lengths"].values()]
             self.timeline.append(
                 {
@@ -241,6 +293,61 @@ class WorkloadRun:
             disable=not self.options.progress,
             mininterval=0.5,
         )
+
+    def _failure_report(
+        self, stats: dict[str, dict], core: Counter[str], counters: Counter[str]
+    ) -> dict[str, Any]:
+        """Failure counters of the brokers and the core (detours, custody, dedup), the
+        detection time of each kill, and deliveries split by whether the subscriber's
+        host was killed (DESIGN §7)."""
+        report: dict[str, Any] = {
+            k: counters[k]
+            for k in (
+                "links_down",
+                "peer_restarts",
+                "stale_frames",
+                "clients_dropped",
+                "resync_entries_sent",
+                "predecessor_entries_withdrawn",
+                "publications_held",
+            )
+        }
+        report.update(
+            (k, n)
+            for k, n in sorted(core.items())
+            if k.split(".")[0] in ("undeliverable", "tunnel", "dedup", "custody")
+        )
+        if not self.kills:
+            return report
+        for broker, killed in self.kills.items():
+            seen = [
+                d["at"] - killed
+                for s in stats.values()
+                for d in s["detections"]
+                if d["link"] == broker and d["at"] > killed
+            ]
+            report[f"detection.{broker}"] = {
+                "neighbours": len(seen),
+                "first_s": min(seen, default=float("nan")),
+                "last_s": max(seen, default=float("nan")),
+            }
+        for broker, ready in self.restarts.items():
+            report[f"restart.{broker}"] = {"ready_after_s": ready, **self.tables[broker]}
+        hosts = {s.subscriber: s.broker for s in self.workload.subscriptions}
+        report["host_alive"] = self.ledger.summary(lambda key: hosts[key[0]] not in self.kills)
+        report["host_dead"] = self.ledger.summary(lambda key: hosts[key[0]] in self.kills)
+        back = {}
+        for broker in self.kills:
+            outages = self._connections[broker].outages if broker in self._connections else ()
+            if outages:
+                last = outages[-1]
+                back[broker] = last["started"] + last["seconds"]
+                report[f"failover.{broker}.away_s"] = max(o["seconds"] for o in outages)
+        published = self._published_at
+        report["host_dead_after_back"] = self.ledger.summary(
+            lambda key: hosts[key[0]] in back and published[key[1:]] > back[hosts[key[0]]]
+        )
+        return report
 
     def _report(self, stats: dict[str, dict], subscriptions: dict[str, dict]) -> dict[str, Any]:
         copies = queued = longest = 0
@@ -290,18 +397,7 @@ class WorkloadRun:
                     "undeliverable",
                 )
             },
-            "failures": {
-                k: counters[k]
-                for k in (
-                    "links_down",
-                    "peer_restarts",
-                    "stale_frames",
-                    "undeliverable.link_down",
-                    "clients_dropped",
-                    "resync_entries_sent",
-                    "predecessor_entries_withdrawn",
-                )
-            },
+            "failures": self._failure_report(stats, core, counters),
             "target_queue_length": {"mean": queued / copies if copies else 0.0, "max": longest},
             "timings": self.timings,
         }

@@ -375,8 +375,8 @@ class Simulator:
         return {
             **self.failure_counts,
             **{key: n for key, n in sorted(stats.items()) if key.split(".")[0] in _FAILURE_STATS},
-            "host_alive": self.ledger.summary(lambda s: home[s] not in failed),
-            "host_dead": self.ledger.summary(lambda s: home[s] in failed),
+            "host_alive": self.ledger.summary(lambda key: home[key[0]] not in failed),
+            "host_dead": self.ledger.summary(lambda key: home[key[0]] in failed),
         }
 
     def deliveries(self) -> Iterator[dict[str, Any]]:

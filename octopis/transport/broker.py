@@ -214,8 +214,9 @@ class Broker:
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
         """Resync (DESIGN §7): a restarted neighbour's predecessor's subscriptions are
         withdrawn, and every new incarnation of a neighbour is handed what the two-step
-        broadcast would have given it. BID, the static baseline, has no resync: its
-        restarted brokers start empty (counted)."""
+        broadcast would have given it, unless we are still resyncing ourselves (then our
+        table is incomplete, and a live neighbour already holds everything in it). BID, the
+        static baseline, has no resync: its restarted brokers start empty (counted)."""
         core = self.core
         if not isinstance(core, ClusteredBroker):
             if restarted:
@@ -225,6 +226,8 @@ class Broker:
             stored = len(core.table)
             self.execute(withdraw_predecessor(core, neighbour, epoch_of(incarnation)))
             self.counters["predecessor_entries_withdrawn"] += stored - len(core.table)
+        if not self.peers.serving:
+            return 0  # our table is still filling; the neighbour already holds it all
         messages = resync_messages(core, neighbour)
         link, now = self.links[neighbour], self._loop.time()
         for message in messages:
