@@ -211,8 +211,7 @@ class Connection:
             break
         for _, payload in list(self._pending.values()):
             await self.socket.send(payload)
-        for resume in self._resumers:
-            await resume()
+        await asyncio.gather(*(resume() for resume in self._resumers))
         away = time.monotonic() - t0
         self.outages.append(
             {"from": away_from, "to": self.endpoint, "started": started, "seconds": away}
@@ -357,8 +356,9 @@ class Subscriber(_Client):
     async def _resubscribe(self) -> None:
         """After a fail-over: every subscription again at the new broker (DESIGN §7)."""
         held, self._subscriptions = self._subscriptions, {}
-        for old_id, subscription in held.items():
-            new_id = await self._subscribe(subscription, self.connection.liveness * 4)
+        timeout = self.connection.liveness * 4
+        new_ids = await asyncio.gather(*(self._subscribe(f, timeout) for f in held.values()))
+        for old_id, new_id in zip(held, new_ids, strict=True):
             stream = self._streams.pop(old_id, None)
             if stream is not None:
                 stream.sub_id = new_id

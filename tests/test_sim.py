@@ -12,7 +12,7 @@ from laws import scots
 from octopis.core import Notification, Subscribe
 from octopis.filters import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
-from octopis.sim import InjectedCongestion, LatencyModel, Simulator
+from octopis.sim import InjectedCongestion, LatencyModel, Simulator, TimedLinks
 from octopis.topology import Scot
 
 predicates = st.one_of(
@@ -142,6 +142,15 @@ def test_dnr_laws_under_any_congestion(scenario: tuple, fraction: float) -> None
     sim = _simulate(scot, "dnr", subs, pubs, seed, links=links, on_forward=watch)
     _exactly_once(sim.report())
     assert all(count <= 1 for count in on_overloaded.values())
+
+
+@given(scenarios(), st.floats(20.0, 2000.0), st.integers(1, 5))
+def test_dnr_laws_under_dynamic_congestion(scenario: tuple, capacity: float, q: int) -> None:
+    """Real output queues (links of ``capacity`` messages/s, LST windows of 10 ms): DNR
+    stays exactly once whichever links its own traffic overloads."""
+    scot, subs, pubs, seed = scenario
+    links = TimedLinks.uniform(scot, capacity, None, window=0.01, queue_threshold=q)
+    _exactly_once(_simulate(scot, "dnr", subs, pubs, seed, links=links).report())
 
 
 @given(scenarios())

@@ -83,6 +83,9 @@ class Broker:
         self._failure: str | None = None
         self.queue_seen = [0, 0, 0]
         """Notification copies enqueued: [count, sum of the queue lengths they joined, max]."""
+        self.held_sbp: dict[str, list[list]] = {}
+        """Subscription frames for a neighbour that went down, kept (up to the custody
+        limit) for its next incarnation."""
         self.held: list[Notification] = []
         """Local publications waiting for this broker to be serving (DESIGN §7)."""
         self._tasks: list[asyncio.Task] = []
@@ -191,7 +194,14 @@ class Broker:
         """Routing frames that never reached ``neighbour`` (down or restarted), were not
         acknowledged, or were retained: the notifications among them go back to the core,
         which routes them again with the link down (custody, DESIGN §7); subscription
-        messages are left to resync."""
+        messages wait for the neighbour's next incarnation (:meth:`neighbour_met`), so a
+        subscription made while it was dead still crosses it."""
+        sbp = [frame for frame in queued if frame[2] == DATA]
+        if sbp:
+            held = self.held_sbp.setdefault(neighbour, [])
+            room = self.settings.custody_limit - len(held)
+            held += sbp[: max(room, 0)]
+            self.counters["sbp_dropped.hold_full"] += max(len(sbp) - max(room, 0), 0)
         kept = [frame for frame in queued if frame[2] == KEPT]
         if not kept:
             return
@@ -213,10 +223,11 @@ class Broker:
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
         """Resync (DESIGN §7): a restarted neighbour's predecessor's subscriptions are
-        withdrawn, and every new incarnation of a neighbour is handed what the two-step
-        broadcast would have given it, unless we are still resyncing ourselves (then our
-        table is incomplete, and a live neighbour already holds everything in it). BID, the
-        static baseline, has no resync: its restarted brokers start empty (counted)."""
+        withdrawn; every new incarnation of a neighbour is handed first the subscription
+        messages that were meant for its predecessor (it broadcasts them on), then what
+        the two-step broadcast would have given it, unless we are still resyncing
+        ourselves (then our table is incomplete, and a live neighbour already holds all of
+        it). BID, the static baseline, has no resync: a restarted broker starts empty."""
         core = self.core
         if not isinstance(core, ClusteredBroker):
             if restarted:
@@ -226,10 +237,18 @@ class Broker:
             stored = len(core.table)
             self.execute(withdraw_predecessor(core, neighbour, epoch_of(incarnation)))
             self.counters["predecessor_entries_withdrawn"] += stored - len(core.table)
+        link, now = self.links[neighbour], self._loop.time()
+        held = self.held_sbp.pop(neighbour, [])
+        carried = set()
+        for frame in held:
+            _, message = decode_peer(frame[:2])
+            if isinstance(message, Subscribe):
+                carried.add(message.sub_id)
+            link.put(frame, now)
+        self.counters["sbp_handed_late"] += len(held)
         if not self.peers.serving:
             return 0  # our table is still filling; the neighbour already holds it all
-        messages = resync_messages(core, neighbour)
-        link, now = self.links[neighbour], self._loop.time()
+        messages = [m for m in resync_messages(core, neighbour) if m.sub_id not in carried]
         for message in messages:
             link.put([self._sender, encode_body(message), DATA], now)
         self.counters["resync_entries_sent"] += len(messages)
