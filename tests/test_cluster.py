@@ -25,8 +25,8 @@ from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, broker_command, prepare_topology
 from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.core import Notification
+from octopis.failure_schedule import Failure
 from octopis.filters import parse_subscription
-from octopis.sim.failures import Failure
 from octopis.transport.codec import encode_peer
 from octopis.transport.settings import BrokerSettings
 from octopis.workload import HighRatePublisher, generate_workload

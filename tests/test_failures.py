@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from laws import scots
 
 from octopis.cli.main import main
+from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.filters import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import LatencyModel, Simulator
-from octopis.sim.failures import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.topology import Scot, build_preset
 
 FIG2 = build_preset("fig2")

@@ -25,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "octopis.filters": set(),
     "octopis.wire": set(),
     "octopis.topology": set(),
+    "octopis.failure_schedule": set(),
     "octopis._match": {"octopis.filters"},
     "octopis.matching": BASE,
     "octopis.quotes": BASE,
@@ -38,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.accounting",
         "octopis.topology",
         "octopis.workload",
+        "octopis.failure_schedule",
     },
     "octopis.transport": {
         *BASE,
@@ -56,6 +58,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.workload",
         "octopis.transport.settings",
         "octopis.wire",
+        "octopis.failure_schedule",
     },
     "octopis.cli": {"octopis"},
 }

@@ -11,15 +11,9 @@ from octopis.cli.errors import UsageError
 from octopis.cli.report import print_report, write_deliveries
 from octopis.core import MODES
 from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
+from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
-from octopis.sim.failures import (
-    DEFAULT_DETECTION,
-    DEFAULT_RETAIN,
-    Failure,
-    FailureSpecError,
-    parse_failure,
-    read_schedule,
-)
+from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN
 from octopis.topology import Scot, build_preset, load_topology, preset_names
 from octopis.workload import HighRatePublisher, Workload, generate_workload, read_workload
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from octopis.accounting import DeliveryLedger, delay_distribution
 from octopis.client import Connection, Publisher, Received, Subscriber
 from octopis.cluster.launcher import ClusterError, LocalCluster
-from octopis.sim.failures import Failure
+from octopis.failure_schedule import Failure
 from octopis.topology import Scot
 from octopis.transport.settings import BrokerSettings
 from octopis.workload import Workload

@@ -35,9 +35,10 @@ from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
 from octopis.core.resync import resync_messages, withdraw_predecessor
 from octopis.core.table import MatcherFactory
+from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel
-from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, Failure, FailureState
+from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureState
 from octopis.topology import Scot
 
 

@@ -83,6 +83,8 @@ class Broker:
         self._failure: str | None = None
         self.queue_seen = [0, 0, 0]
         """Notification copies enqueued: [count, sum of the queue lengths they joined, max]."""
+        self.withdraw_when_serving: dict[str, str] = {}
+        """Restarted neighbour → epoch of its new incarnation, until it is serving."""
         self.held_sbp: dict[str, list[list]] = {}
         """Subscription frames for a neighbour that went down, kept (up to the custody
         limit) for its next incarnation."""
@@ -215,6 +217,17 @@ class Broker:
             _, message = decode_peer(frame[:2])
             self.execute(self.core.reroute(neighbour, message, self.lst))
 
+    def neighbour_serving(self, neighbour: str) -> None:
+        """A restarted neighbour is serving: withdraw its predecessor's subscriptions now,
+        not at the handshake, so that the subscriptions its failed-over clients made
+        elsewhere have crossed it first and no notification falls between the two."""
+        epoch = self.withdraw_when_serving.pop(neighbour, None)
+        if epoch is None or not isinstance(self.core, ClusteredBroker):
+            return
+        stored = len(self.core.table)
+        self.execute(withdraw_predecessor(self.core, neighbour, epoch))
+        self.counters["predecessor_entries_withdrawn"] += stored - len(self.core.table)
+
     def now_serving(self) -> None:
         """Route the local publications held while this broker was resyncing."""
         held, self.held = self.held, []
@@ -222,21 +235,20 @@ class Broker:
             self.execute(self.core.publish(notification, self.lst))
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
-        """Resync (DESIGN §7): a restarted neighbour's predecessor's subscriptions are
-        withdrawn; every new incarnation of a neighbour is handed first the subscription
-        messages that were meant for its predecessor (it broadcasts them on), then what
-        the two-step broadcast would have given it, unless we are still resyncing
-        ourselves (then our table is incomplete, and a live neighbour already holds all of
-        it). BID, the static baseline, has no resync: a restarted broker starts empty."""
+        """Resync (DESIGN §7). A restarted neighbour's predecessor's subscriptions are
+        withdrawn once it is serving (:meth:`neighbour_serving`). Every new incarnation of
+        a neighbour is handed first the subscription messages that were meant for its
+        predecessor (it broadcasts them on), then what the two-step broadcast would have
+        given it, unless we are still resyncing ourselves (then our table is incomplete,
+        and a live neighbour already holds all of it). BID, the static baseline, has no
+        resync: a restarted broker starts empty."""
         core = self.core
         if not isinstance(core, ClusteredBroker):
             if restarted:
                 self.counters["restarts_without_resync"] += 1
             return 0
         if restarted:
-            stored = len(core.table)
-            self.execute(withdraw_predecessor(core, neighbour, epoch_of(incarnation)))
-            self.counters["predecessor_entries_withdrawn"] += stored - len(core.table)
+            self.withdraw_when_serving[neighbour] = epoch_of(incarnation)
         link, now = self.links[neighbour], self._loop.time()
         held = self.held_sbp.pop(neighbour, [])
         carried = set()

@@ -75,6 +75,9 @@ class PeerEvents(Protocol):
     def now_serving(self) -> None:
         """This broker has its resync state from every live neighbour (DESIGN §7)."""
 
+    def neighbour_serving(self, neighbour: str) -> None:
+        """``neighbour`` says it is serving (after its start or restart)."""
+
 
 @dataclass(slots=True)
 class NeighbourState:
@@ -181,12 +184,17 @@ class PeerLinks:
         self.serving = True
         log.info("%s is serving (resynced from every live neighbour)", self.id)
         for name, state in self.state.items():
-            self._beat(name, state, now)
+            self._beat(name, state, now, behind_data=True)
         self.events.now_serving()
 
-    def _beat(self, name: str, state: NeighbourState, now: float) -> None:
+    def _beat(
+        self, name: str, state: NeighbourState, now: float, *, behind_data: bool = False
+    ) -> None:
+        """A heartbeat (with acknowledgement) ahead of queued data, or behind it: the first
+        one saying *serving* must not overtake the subscriptions it forwarded meanwhile."""
         beat = Heartbeat(self.incarnation, state.incarnation, state.received, self.serving)
-        self.links[name].put_link(self._frame(beat, LINK), now)
+        put = self.links[name].put if behind_data else self.links[name].put_link
+        put(self._frame(beat, LINK), now)
         state.acked = state.received
 
     def _route_through(self, name: str, state: NeighbourState) -> None:
@@ -299,6 +307,8 @@ class PeerLinks:
             if message.serving != state.serving:
                 state.serving = message.serving
                 self._route_through(sender, state)
+                if state.serving:
+                    self.events.neighbour_serving(sender)
         if not state.up:
             self._came_back(sender, state, now)
 

@@ -1,0 +1,69 @@
+"""Failure schedules (DESIGN §7): which brokers die and which links are cut, and when.
+
+Given as ``BROKER@T[:RESTART_T]`` and ``A-B@T[:UP_T]`` (times in seconds from the first
+publication), or as a schedule file with one such item per line, prefixed ``broker`` or
+``link`` (``#`` starts a comment). The simulator (``octopis sim``) and the process runner
+(``octopis run``, brokers only) read the same schedules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class FailureSpecError(ValueError):
+    """A failure that cannot be read, naming the problem."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A broker (``ends`` of one) or a link (``ends`` of two) fails at ``at`` and comes
+    back at ``until`` (None: never)."""
+
+    ends: tuple[str, ...]
+    at: float
+    until: float | None = None
+
+    @property
+    def is_broker(self) -> bool:
+        """A dead broker rather than a down link."""
+        return len(self.ends) == 1
+
+
+def parse_failure(text: str, *, link: bool) -> Failure:
+    """Read ``BROKER@T[:RESTART_T]`` (``link=False``) or ``A-B@T[:UP_T]``."""
+    what, sep, when = text.strip().partition("@")
+    if not sep or not what:
+        form = "A-B@T[:UP_T]" if link else "BROKER@T[:RESTART_T]"
+        raise FailureSpecError(f"failure {text!r}: expected {form}")
+    ends = tuple(what.split("-")) if link else (what,)
+    if link and (len(ends) != 2 or not all(ends) or ends[0] == ends[1]):
+        raise FailureSpecError(f"link failure {text!r}: name two different brokers as A-B")
+    start, _, end = when.partition(":")
+    try:
+        at = float(start)
+        until = float(end) if end else None
+    except ValueError:
+        raise FailureSpecError(f"failure {text!r}: times must be numbers of seconds") from None
+    if not math.isfinite(at) or at < 0 or (until is not None and not until > at):
+        raise FailureSpecError(f"failure {text!r}: need 0 <= T < RESTART_T (finite)")
+    return Failure(ends, at, until)
+
+
+def read_schedule(path: Path) -> list[Failure]:
+    """The failures of a schedule file: ``broker SPEC`` or ``link SPEC`` per line."""
+    failures = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        kind, _, spec = line.partition(" ")
+        if kind not in ("broker", "link"):
+            raise FailureSpecError(f"{path}:{number}: start with 'broker' or 'link', not {kind!r}")
+        try:
+            failures.append(parse_failure(spec, link=kind == "link"))
+        except FailureSpecError as exc:
+            raise FailureSpecError(f"{path}:{number}: {exc}") from None
+    return failures
