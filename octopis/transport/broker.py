@@ -387,7 +387,8 @@ class Broker:
         }
 
     def stats(self) -> dict[str, Any]:
-        """Messages by kind, routing-table size, LST, queue lengths, matching time."""
+        """Messages by kind, routing-table size, LST, queue lengths, custody and dedup
+        fill (with what their limits dropped), held messages, matching time."""
         self.lst.advance(self._loop.time())
         core = dict(self.core.stats)
         return {
@@ -399,6 +400,17 @@ class Broker:
             "lst": self.lst.snapshot(),
             "queue_lengths": {name: len(link.queue) for name, link in self.links.items()},
             "client_backlog": self.clients.backlog(),
+            "custody": {
+                name: {
+                    "unacknowledged": len(link.custody),
+                    "retained": len(link.retained),
+                    "times_full": link.custody_full,
+                    "retain_evicted": link.retain_evicted,
+                }
+                for name, link in self.links.items()
+            },
+            "dedup": {"remembered": len(self.core.dedup), "forgotten": self.core.dedup.forgotten},
+            "held": {"publications": len(self.held), "sbp": sum(map(len, self.held_sbp.values()))},
             "detections": list(self.peers.detections),
             "queue_seen": {
                 "copies": self.queue_seen[0],
