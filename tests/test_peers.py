@@ -44,7 +44,8 @@ async def _closing(cluster: LocalCluster, work: Awaitable) -> object:
 def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
     """Subscribers on five brokers (none on c:0), kill -9 of inner broker c:0: each of its
     neighbours declares it down after T and no sooner; restarted, it is handed back
-    exactly the table it had (entry by entry), is ready, and routes again: notifications
+    exactly the table it had (entry by entry, and as its neighbours' ``resync_view``
+    says), is ready, and routes again: notifications
     from a:0 through c:0 reach d:0 and f:0 exactly once."""
     scot = fig2.scot
     hosts = ("a:0", "d:0", "f:0", "b:1", "e:2")
@@ -71,6 +72,9 @@ def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
         fig2.spawn_one("c:0")
         await fig2.wait_ready(60, ["c:0"])
         after = (await fig2.ask(["c:0"], "table", 5))["c:0"]
+        views = await fig2.ask(list(NEIGHBOURS_OF_C0), "resync_view", 5, "c:0")
+        view = {sub_id: n for n, ids in views.items() for sub_id in ids}
+        assert view == {sub_id: e["last_hop"] for sub_id, e in after.items()}
 
         pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "p")
         for _ in range(50):

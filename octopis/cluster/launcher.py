@@ -301,9 +301,9 @@ class LocalCluster:
                 await asyncio.sleep(0.2)
         return time.monotonic() - started
 
-    async def ask(self, ids: list[str], method: str, timeout: float) -> dict[str, Any]:
-        """``method`` of each broker of ``ids`` over its control RPC; None for a broker
-        that does not answer within ``timeout`` seconds (dead, or not started)."""
+    async def ask(self, ids: list[str], method: str, timeout: float, *args: Any) -> dict[str, Any]:
+        """``method(*args)`` of each broker of ``ids`` over its control RPC; None for a
+        broker that does not answer within ``timeout`` seconds (dead, or not started)."""
 
         async def one(broker_id: str) -> Any:
             endpoint = self.scot.brokers[broker_id].control_endpoint
@@ -312,7 +312,7 @@ class LocalCluster:
             except (OSError, TimeoutError):
                 return None
             try:
-                return await asyncio.wait_for(getattr(client.call, method)(), timeout)
+                return await asyncio.wait_for(getattr(client.call, method)(*args), timeout)
             except TimeoutError:
                 return None
             finally:

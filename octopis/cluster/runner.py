@@ -135,7 +135,6 @@ class WorkloadRun:
             if delay > 0:
                 await asyncio.sleep(delay)
             if kill:
-                self.tables[broker] = (await self.cluster.ask([broker], "table", 5.0))[broker]
                 self.cluster.kill(broker)
                 self.kills[broker] = time.monotonic()
                 log.warning("killed %s (kill -9)", broker)
@@ -143,14 +142,27 @@ class WorkloadRun:
                 self.cluster.spawn_one(broker)
                 ready = await self.cluster.wait_ready(self.options.start_timeout, [broker])
                 self.restarts[broker] = ready
-                after = (await self.cluster.ask([broker], "table", 5.0))[broker] or {}
-                before = {k: e for k, e in self.tables[broker].items() if e["host"] != broker}
-                self.tables[broker] = {
-                    "missing": len(before.keys() - after.keys()),
-                    "extra": len(after.keys() - before.keys()),
-                    "changed": sum(after[k] != e for k, e in before.items() if k in after),
-                }
+                self.tables[broker] = await self._compare_table(broker)
                 log.warning("restarted %s; ready after %.2f s", broker, ready)
+
+    async def _compare_table(self, broker: str) -> dict[str, int]:
+        """``broker``'s routing table against its neighbours' view of it, read through the
+        control RPC at once: each live neighbour names the entries it would resync to
+        ``broker`` (``resync_view``). Counts entries it lacks, entries no neighbour
+        accounts for, and entries with another last hop."""
+        neighbours = [n.id for n in self.scot.brokers[broker].neighbours]
+        table, views = await asyncio.gather(
+            self.cluster.ask([broker], "table", 5.0),
+            self.cluster.ask(neighbours, "resync_view", 5.0, broker),
+        )
+        own = {k: e for k, e in (table[broker] or {}).items() if e["host"] != broker}
+        view = {sub_id: n for n, ids in views.items() for sub_id in ids or ()}
+        return {
+            "entries": len(own),
+            "missing": len(view.keys() - own.keys()),
+            "extra": len(own.keys() - view.keys()),
+            "changed": sum(own[k]["last_hop"] != hop for k, hop in view.items() if k in own),
+        }
 
     async def _attach_clients(self) -> None:
         brokers = {s.broker for s in self.workload.subscriptions}

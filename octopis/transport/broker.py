@@ -373,6 +373,15 @@ class Broker:
             for sub_id, entry in entries.items()
         }
 
+    def resync_view(self, neighbour: str) -> list[str]:
+        """The sub ids this broker would hand ``neighbour`` if it restarted now (its share
+        of the restarted broker's table, DESIGN §7); empty in BID, which has no resync."""
+        if neighbour not in self.links:
+            raise ValueError(f"{neighbour} is not a neighbour of {self.id}")
+        if not isinstance(self.core, ClusteredBroker):
+            return []
+        return [m.sub_id for m in resync_messages(self.core, neighbour)]
+
     def table(self) -> dict[str, dict[str, Any]]:
         """The routing table entry by entry (for comparing brokers' views)."""
         return {

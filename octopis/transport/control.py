@@ -15,11 +15,13 @@ class Inspectable(Protocol):
     def stats(self) -> dict[str, Any]: ...
     def subscriptions(self) -> dict[str, list]: ...
     def table(self) -> dict[str, dict[str, Any]]: ...
+    def resync_view(self, neighbour: str) -> list[str]: ...
     def stop(self) -> None: ...
 
 
 class ControlHandler(aiozmq.rpc.AttrHandler):
-    """``status``, ``stats``, ``subscriptions``, ``table`` and ``shutdown``."""
+    """``status``, ``stats``, ``subscriptions``, ``table``, ``resync_view`` and
+    ``shutdown``."""
 
     def __init__(self, broker: Inspectable) -> None:
         self._broker = broker
@@ -43,6 +45,11 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
     def table(self) -> dict:
         """The routing table: per subscription id its filter, last hop, cluster, host."""
         return self._broker.table()
+
+    @aiozmq.rpc.method
+    def resync_view(self, neighbour: str) -> list:
+        """The sub ids this broker hands ``neighbour`` when it restarts (resync)."""
+        return self._broker.resync_view(neighbour)
 
     @aiozmq.rpc.method
     def shutdown(self) -> bool:

@@ -152,6 +152,9 @@ class OutputLink:
         self.last_sent = 0.0
         self.numbered = 0
         """Routing frames sent since the last handshake."""
+        self.greeted = False
+        """A handshake naming the receiver's incarnation is queued (:meth:`greet`); until
+        then routing frames wait, since the receiver drops what arrives before one."""
         self.custody: deque[tuple[int, float, list]] = deque()
         self.keeps = custody_limit > 0
         """Custody on (a limit of 0 turns it off: a failure loses what was in flight)."""
@@ -211,7 +214,12 @@ class OutputLink:
         than the sends (~7 µs each)."""
         self._lst.enqueued(self.name, now)
         self._activity.set()
-        if not self.queue and not self.pacers and len(self.custody) < self.custody_limit:
+        if (
+            not self.queue
+            and not self.pacers
+            and len(self.custody) < self.custody_limit
+            and (self.greeted or frame[2] < DATA)
+        ):
             try:
                 send_now(self._sync, frame)
             except zmq.Again:
@@ -220,6 +228,21 @@ class OutputLink:
                 self._sent(frame, now)
                 return
         self.queue.append(frame)
+        self._wake.set()
+
+    def greet(self, frame: list, now: float) -> None:
+        """Queue the handshake ``frame`` that names the receiver's incarnation ahead of
+        the routing frames waiting for it (earlier handshakes still queued are void), and
+        let them go (DESIGN §7: a broker's first routing frames must not reach a
+        neighbour before their handshake, or it drops them as stale)."""
+        void = [f for f in self.queue if f[2] == HANDSHAKE]
+        if void:
+            self.queue = deque(f for f in self.queue if f[2] != HANDSHAKE)
+            for _ in void:
+                self._lst.sent(self.name, now)
+        self._lst.enqueued(self.name, now)
+        self.queue.appendleft(frame)
+        self.greeted = True
         self._wake.set()
 
     def put_link(self, frame: list, now: float) -> None:
@@ -252,9 +275,10 @@ class OutputLink:
         booked = False
         while True:
             if not self.queue or (
-                len(self.custody) >= self.custody_limit and self.queue[0][2] >= DATA
+                self.queue[0][2] >= DATA
+                and (len(self.custody) >= self.custody_limit or not self.greeted)
             ):
-                if self.queue:
+                if self.queue and self.greeted:
                     self.custody_full += 1
                 self._wake.clear()
                 await self._wake.wait()

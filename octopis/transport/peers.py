@@ -291,10 +291,10 @@ class PeerLinks:
             if restarted:
                 self._restarted(sender, state, now)
             state.incarnation = message.incarnation
-            # In order behind what is queued: a handshake must never overtake an older one,
-            # and the resync state follows it.
+            # Ahead of the routing frames waiting for it (a restart took back the rest);
+            # the resync state follows it.
             link = self.links[sender]
-            link.put(self._frame(Hello(self.incarnation, message.incarnation), HANDSHAKE), now)
+            link.greet(self._frame(Hello(self.incarnation, message.incarnation), HANDSHAKE), now)
             entries = self.events.neighbour_met(sender, message.incarnation, restarted)
             link.put(self._frame(Synced(entries), LINK), now)
         if type(message) is Hello:

@@ -1,0 +1,107 @@
+"""The output side of a peer link (``octopis.transport.links``, DESIGN §7): routing frames
+wait for the handshake that names the receiver, and custody hands back what a receiver
+may not have passed on. Real ZeroMQ sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq
+import zmq.asyncio
+
+from octopis.core.lst import LinkStatusTable
+from octopis.transport.links import DATA, HANDSHAKE, KEPT, LINK, OutputLink
+
+
+async def _with_link(scenario, *, custody_limit: int = 100, retain: float = 0.0):
+    ctx = zmq.asyncio.Context()
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    lst = LinkStatusTable(["peer"])
+    link = OutputLink(
+        "peer",
+        f"tcp://127.0.0.1:{port}",
+        ctx,
+        lst,
+        1000,
+        (),
+        asyncio.Event(),
+        custody_limit,
+        retain,
+        1000,
+    )
+    sender = asyncio.create_task(link.run())
+    try:
+        return await scenario(link, pull, lst)
+    finally:
+        sender.cancel()
+        link.socket.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+async def _drain(pull: zmq.asyncio.Socket, wait: float = 0.3) -> list[bytes]:
+    """The second part of every message that arrives within ``wait`` seconds."""
+    bodies = []
+    while await pull.poll(wait * 1000):
+        bodies.append((await pull.recv_multipart())[1])
+    return bodies
+
+
+def test_routing_frames_wait_for_the_greeting_and_follow_it() -> None:
+    """A restarted broker's first forwards (held subscriptions it passes on) must not
+    reach a neighbour before the handshake naming that neighbour's incarnation: they
+    wait, then go right behind it, and a handshake still queued is void."""
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> None:
+        loop = asyncio.get_running_loop()
+        link.put([b"me", b"first hello", HANDSHAKE], loop.time())
+        link.put([b"me", b"subscription", DATA], loop.time())
+        link.put([b"me", b"notification", KEPT], loop.time())
+        link.put_link([b"me", b"heartbeat", LINK], loop.time())
+        early = await _drain(pull)
+        assert b"subscription" not in early and b"notification" not in early
+        assert b"heartbeat" in early
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        late = await _drain(pull)
+        assert late == [b"greeting", b"subscription", b"notification"]
+        assert lst.rows["peer"].queue_length == 0
+
+    asyncio.run(_with_link(scenario))
+
+
+def test_take_back_returns_retained_then_unacknowledged_then_queued() -> None:
+    """Acknowledged notifications stay retained for ``retain`` seconds; taking the link
+    back returns them, then the unacknowledged ones, then what was never sent."""
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> list[list]:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        for n in range(4):
+            link.put([b"me", b"n%d" % n, KEPT], loop.time())
+        received = await _drain(pull)
+        assert received == [b"greeting", b"n0", b"n1", b"n2", b"n3"]
+        link.acknowledge(2, loop.time())
+        assert [f[1] for _, f in link.retained] == [b"n0", b"n1"]
+        assert [f[1] for _, _, f in link.custody] == [b"n2", b"n3"]
+        return link.take_back(loop.time())
+
+    frames = asyncio.run(_with_link(scenario, retain=60.0))
+    assert [f[1] for f in frames] == [b"n0", b"n1", b"n2", b"n3"]
+
+
+def test_a_full_custody_buffer_stops_the_link_and_counts_it() -> None:
+    """With ``custody_limit`` unacknowledged notifications out, the next ones queue (the
+    LST sees them) until an acknowledgement makes room."""
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> None:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        for n in range(5):
+            link.put([b"me", b"n%d" % n, KEPT], loop.time())
+        assert await _drain(pull) == [b"greeting", b"n0", b"n1"]
+        assert len(link.queue) == 3 and link.custody_full >= 1
+        link.acknowledge(2, loop.time())
+        assert await _drain(pull) == [b"n2", b"n3"]
+
+    asyncio.run(_with_link(scenario, custody_limit=2))
