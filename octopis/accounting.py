@@ -101,3 +101,43 @@ def delay_distribution(delays: Iterable[float]) -> dict[str, float]:
     values = list(delays)
     under = sum(d < 1.0 for d in values) / len(values) if values else math.nan
     return {**distribution(values), "under_1s": under}
+
+
+_EMPTY_BIN = {"published": 0, "delivered": 0, "lost": 0, "delay_mean": 0.0, "delay_max": 0.0}
+
+
+def delivery_series(
+    start: float,
+    width: float,
+    published: Iterable[float],
+    arrivals: Iterable[tuple[float, float]],
+    lost: Iterable[float],
+) -> list[dict[str, float]]:
+    """Bins of ``width`` seconds from ``start`` (all wall times): ``published`` (times of
+    publication), ``delivered`` and their ``delay_mean``/``delay_max`` (``arrivals`` are
+    (time, delay)), and ``lost`` (publication times of the expected deliveries that never
+    came); ``t`` is the bin's start relative to ``start``."""
+    bins: dict[int, dict[str, float]] = {}
+
+    def at(t: float) -> dict[str, float]:
+        i = max(0, int((t - start) / width))
+        if i not in bins:
+            bins[i] = dict(_EMPTY_BIN)
+        return bins[i]
+
+    for t in published:
+        at(t)["published"] += 1
+    for t, delay in arrivals:
+        b = at(t)
+        b["delivered"] += 1
+        b["delay_mean"] += delay
+        b["delay_max"] = max(b["delay_max"], delay)
+    for t in lost:
+        at(t)["lost"] += 1
+    series = []
+    for i in range(max(bins, default=-1) + 1):
+        b = bins.get(i) or dict(_EMPTY_BIN)
+        if b["delivered"]:
+            b["delay_mean"] /= b["delivered"]
+        series.append({"t": i * width, **b})
+    return series

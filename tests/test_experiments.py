@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.experiments import PROFILES, change, plot, recovery, subset, table
+from bench.experiments import (
+    PROFILES,
+    change,
+    delivered_as_promised,
+    plot,
+    recovery,
+    subset,
+    table,
+)
 from octopis.topology import build_preset
 from octopis.workload import HighRatePublisher, generate_workload
 
@@ -86,6 +94,79 @@ def test_burst_recovery_and_table(tmp_path: Path) -> None:
     text = table("burst", PROFILES["burst"]["quick"], reports)
     assert "| target-link queue, DNR vs SNR | -90% | -48% |" in text
     assert "| notification delay, DNR vs BID | -95% | -58% |" in text
-    assert "| snr | 100 | 3.0 s |" in text and "| bid | 50 | did not settle |" in text
+    assert "| snr | 100 | 3.0 s | – |" in text and "| bid | 50 | did not settle | – |" in text
     plot("burst", reports, tmp_path / "b.png")
     assert (tmp_path / "b.png").stat().st_size > 10_000
+
+
+def _failure_report(mode: str, alive_lost: int, back_lost: int) -> dict:
+    def group(expected: int, lost: int) -> dict:
+        return {
+            "expected_deliveries": expected,
+            "delivered": expected - lost,
+            "duplicates": 0,
+            "lost": lost,
+            "unexpected": 0,
+        }
+
+    series = [
+        {
+            "t": 0.5 * i,
+            "published": 10,
+            "delivered": 30,
+            "lost": int(4 <= i < 8) * alive_lost,
+            "delay_mean": 0.02,
+            "delay_max": 0.1,
+        }
+        for i in range(20)
+    ]
+    return {
+        "mode": mode,
+        "profile": "quick",
+        "notifications": 200,
+        "notification_delay": {"mean": 0.05, "p99": 0.2},
+        "lost": alive_lost + back_lost + 3,
+        "duplicates": 0,
+        "series": series,
+        "failure_schedule": [{"brokers": ["viii:2"], "at": 2.0, "until": 6.0}],
+        "failures": {
+            "links_down": 8,
+            "resync_entries_sent": 990,
+            "predecessor_entries_withdrawn": 56,
+            "tunnel.started": 0 if mode == "snr" else 955,
+            "undeliverable.link_down": 962 if mode == "snr" else 0,
+            "detection.viii:2": {"neighbours": 8, "first_s": 0.8, "last_s": 1.01},
+            "restart.viii:2": {
+                "ready_after_s": 2.1,
+                "entries": 1000,
+                "missing": 0,
+                "extra": 0,
+                "changed": 0,
+            },
+            "failover.viii:2.away_s": 2.3,
+            "host_alive": group(30_000, alive_lost),
+            "host_dead": group(300, back_lost + 3),
+            "host_dead_after_back": group(180, back_lost),
+        },
+    }
+
+
+def test_failure_table_and_plot_show_both_modes_and_the_promise(tmp_path: Path) -> None:
+    reports = [_failure_report("snr", 1292, 111), _failure_report("dnr", 0, 0)]
+    text = table("failure", PROFILES["failure"]["quick"], reports)
+    assert "| | SNR | DNR |" in text
+    assert (
+        "| subscribers on live brokers: expected / delivered / duplicated / lost | "
+        "30,000 / 28,708 / 0 / 1292 | 30,000 / 30,000 / 0 / 0 |" in text
+    )
+    assert "| detection (first–last neighbour) | 0.80–1.01 s | 0.80–1.01 s |" in text
+    assert "| undeliverable copies, by reason | link_down 962 | 0 |" in text
+    assert [delivered_as_promised(r) for r in reports] == [False, True]
+    plot("failure", reports, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_a_false_detection_breaks_the_promise() -> None:
+    calm = _report("dnr", 500, 37_000, 0.1, 1.0, failures={"links_down": 0})
+    jumpy = _report("dnr", 500, 37_000, 0.1, 1.0, failures={"links_down": 2})
+    assert delivered_as_promised(calm) and not delivered_as_promised(jumpy)

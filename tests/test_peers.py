@@ -121,6 +121,62 @@ def test_a_restarted_host_withdraws_its_predecessors_subscriptions(fig2: LocalCl
     assert sizes == {0}
 
 
+def test_a_paused_broker_comes_back_as_itself_and_gets_what_it_missed(
+    fig2: LocalCluster,
+) -> None:
+    """``kill -STOP`` of c:0 for a few seconds: its neighbours declare it down, route
+    around it, and hold the subscription made meanwhile; ``kill -CONT``: the same
+    incarnation is back (no restart, no resync), the held subscription crosses it, and
+    every notification reaches every subscriber exactly once."""
+    scot = fig2.scot
+    got: Counter[tuple[str, int]] = Counter()
+
+    def on(n) -> None:
+        got.update([(n.subscriber, n.seq)])
+
+    async def scenario() -> dict:
+        subs = []
+        for host in ("a:0", "d:0"):
+            sub = await Subscriber.connect(
+                scot.brokers[host].client_endpoint, f"s-{host}", on_notification=on
+            )
+            await sub.subscribe("[class,eq,'STOCK']")
+            subs.append(sub)
+        await until(lambda: _all_equal(fig2, "routing_table_size", 2), "SBP settles", 20)
+        pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "p")
+        pid = fig2.processes["c:0"].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
+            late = await Subscriber.connect(
+                scot.brokers["f:0"].client_endpoint, "s-f:0", on_notification=on
+            )
+            subs.append(late)
+            await late.subscribe("[class,eq,'STOCK']")
+            for _ in range(20):
+                await pub.publish({"class": "STOCK", "price": 1.0})
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await until(lambda: _all_equal(fig2, "routing_table_size", 3), "held SBP crosses", 20)
+        for _ in range(20):
+            await pub.publish({"class": "STOCK", "price": 2.0})
+        expected = {(f"s-{h}", seq) for h in ("a:0", "d:0", "f:0") for seq in range(21, 41)}
+        expected |= {(f"s-{h}", seq) for h in ("a:0", "d:0") for seq in range(1, 21)}
+        await until(lambda: expected <= got.keys(), "deliveries", 20)
+        stats = await fig2.ask(list(scot.brokers), "stats", 5)
+        for client in (*subs, pub):
+            await client.close()
+        return stats
+
+    stats = asyncio.run(_closing(fig2, scenario()))
+    counters = Counter()
+    for s in stats.values():
+        counters.update(s["counters"])
+    assert counters["links_down"] >= len(NEIGHBOURS_OF_C0)
+    assert counters["peer_restarts"] == 0 and counters["resync_entries_sent"] == 0
+    assert [k for k, n in got.items() if n != 1] == []
+
+
 async def _all_equal(cluster: LocalCluster, key: str, value: object) -> bool:
     stats = await cluster.ask(list(cluster.scot.brokers), "stats", 5)
     return all(s is not None and s[key] == value for s in stats.values())

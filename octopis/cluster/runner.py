@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from octopis.accounting import DeliveryLedger, delay_distribution
+from octopis.accounting import DeliveryLedger, delay_distribution, delivery_series
 from octopis.client import Connection, Publisher, Received, Subscriber
 from octopis.cluster.launcher import ClusterError, LocalCluster
 from octopis.failure_schedule import Failure
@@ -76,6 +76,8 @@ class WorkloadRun:
         """Killed broker → its routing table just before the kill; after its restart,
         how the resynced table differs from it (entries it hosted itself left out)."""
         self._published_at: dict[tuple[str, int], float] = {}
+        self._arrivals: list[tuple[float, float]] = []
+        """(wall time, delay) of each delivery, kept only when sampling."""
         self._connections: dict[str, Connection] = {}
         self._subscribers: dict[str, Subscriber] = {}
         self._publishers: dict[str, Publisher] = {}
@@ -182,6 +184,8 @@ class WorkloadRun:
 
     def _received(self, n: Received) -> None:
         self.ledger.delivered(n.subscriber, n.publisher, n.seq, n.received_at - n.published_at)
+        if self.options.sample_every:
+            self._arrivals.append((n.received_at, n.received_at - n.published_at))
 
     async def _subscribe(self) -> float:
         started = time.monotonic()
@@ -296,6 +300,19 @@ class WorkloadRun:
             )
             await asyncio.sleep(every)
 
+    def _series(self, width: float) -> list[dict[str, float]]:
+        """Per ``width`` seconds since the first publication: notifications published,
+        deliveries made (and their delay) and deliveries lost, the lost ones counted in
+        the interval their notification was published in."""
+        if not self._published_at:
+            return []
+        start = min(self._published_at.values())
+        lost_at = [
+            self._published_at[key[1:]]
+            for key in self.ledger.expected - self.ledger.received.keys()
+        ]
+        return delivery_series(start, width, self._published_at.values(), self._arrivals, lost_at)
+
     def _bar(self, total: int, what: str) -> tqdm:
         return tqdm(
             total=total,
@@ -322,6 +339,8 @@ class WorkloadRun:
                 "resync_entries_sent",
                 "predecessor_entries_withdrawn",
                 "publications_held",
+                "routed_while_resyncing",
+                "sbp_handed_late",
             )
         }
         report.update(
@@ -415,6 +434,7 @@ class WorkloadRun:
         }
         if self.options.sample_every:
             report["timeline"] = self.timeline
+            report["series"] = self._series(self.options.sample_every)
             delays = self.ledger.delays
             report["max_delay_per_1000"] = [
                 max(delays[i : i + 1000]) for i in range(0, len(delays), 1000)

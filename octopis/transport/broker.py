@@ -189,6 +189,10 @@ class Broker:
             if len(self.core.table) > stored:
                 self.subscription_delay[message.sub_id] = time.time() - message.issued_at
         else:
+            if not self.peers.serving:
+                # Static modes send into a broker that is still resyncing; what its
+                # partial table cannot route is lost, so count what came (DESIGN §7).
+                self.counters["routed_while_resyncing"] += 1
             actions = self.core.receive(sender, message, self.lst)
         self.execute(actions, message, body)
 
@@ -216,6 +220,15 @@ class Broker:
         for frame in kept:
             _, message = decode_peer(frame[:2])
             self.execute(self.core.reroute(neighbour, message, self.lst))
+
+    def link_back(self, neighbour: str) -> None:
+        """A link that was down healed with the same incarnation on the other side: the
+        subscription messages held for it go out now, in their order."""
+        link, now = self.links[neighbour], self._loop.time()
+        held = self.held_sbp.pop(neighbour, [])
+        for frame in held:
+            link.put(frame, now)
+        self.counters["sbp_handed_late"] += len(held)
 
     def neighbour_serving(self, neighbour: str) -> None:
         """A restarted neighbour is serving: withdraw its predecessor's subscriptions now,

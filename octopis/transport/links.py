@@ -245,6 +245,17 @@ class OutputLink:
         self.greeted = True
         self._wake.set()
 
+    def pause(self) -> None:
+        """Hold routing frames (the neighbour is down): a process that binds its address
+        next may be a new incarnation, which would drop them as stale."""
+        self.greeted = False
+
+    def resume(self) -> None:
+        """The same incarnation is back: send what waited."""
+        self.greeted = True
+        if self.queue:
+            self._wake.set()
+
     def put_link(self, frame: list, now: float) -> None:
         """Enqueue a link-level frame (heartbeat, acknowledgement) ahead of queued data,
         so liveness and acks are never stuck behind a backlog (DESIGN §8)."""

@@ -68,6 +68,9 @@ class PeerEvents(Protocol):
     def link_down(self, neighbour: str, queued: list[list[bytes]]) -> None:
         """``neighbour`` went silent or restarted; ``queued`` frames never reached it."""
 
+    def link_back(self, neighbour: str) -> None:
+        """``neighbour`` is heard again without having restarted (a cut link healed)."""
+
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
         """A new incarnation of ``neighbour`` (its first, or a restart): hand it our state
         (queued behind the handshake); returns the number of subscriptions handed over."""
@@ -315,6 +318,9 @@ class PeerLinks:
     def _came_back(self, sender: str, state: NeighbourState, now: float) -> None:
         state.up = True
         self._route_through(sender, state)
+        if state.incarnation and not self.links[sender].greeted:
+            self.links[sender].resume()  # the same incarnation: its session goes on
+            self.events.link_back(sender)
         if state.down_since is not None:
             log.warning(
                 "%s: link to %s is up again after %.2f s", self.id, sender, now - state.down_since
@@ -377,7 +383,9 @@ class PeerLinks:
         if len(self.detections) >= self._detections_kept:
             del self.detections[0]
         self.detections.append({"link": name, "silent": silent, "at": now})
-        queued = self.links[name].take_back(now)
+        link = self.links[name]
+        queued = link.take_back(now)
+        link.pause()
         log.warning(
             "%s: link to %s is down (silent for %.2f s; %d unacknowledged frames taken back)",
             self.id,
