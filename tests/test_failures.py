@@ -118,26 +118,22 @@ def test_restarted_broker_is_resynced_to_its_neighbours_view() -> None:
     assert sim.failure_counts["brokers_restarted"] == 1
 
 
-def _independent(scot: Scot, draw: st.DrawFn, count: int, restarts: bool) -> list[Failure]:
-    """Up to ``count`` failures, each touching brokers at distance ≥ 2 from the others';
-    dead brokers come back only if ``restarts``."""
-    failures: list[Failure] = []
-    taken: set[str] = set()
+def _combination(scot: Scot, draw: st.DrawFn, count: int, restarts: bool) -> list[Failure]:
+    """Up to ``count`` distinct failures anywhere, adjacent ones included. Cut links may
+    come back; a dead broker restarts only if ``restarts`` and no other failure touches it
+    or its neighbours (a broker restarting next to a dead or restarting one misses that
+    neighbour's share of the table: the known gap of issue 14)."""
     items = [(b,) for b in sorted(scot.brokers)] + sorted(scot.graph.edges)
-    for _ in range(count):
-        free = [
-            ends
-            for ends in items
-            if not any(e in taken or taken & set(scot.graph[e]) for e in ends)
-        ]
-        if not free:
-            break
-        ends = draw(st.sampled_from(free))
+    chosen = draw(st.lists(st.sampled_from(items), min_size=1, max_size=count, unique=True))
+    failures = []
+    for ends in chosen:
+        others = {e for other in chosen if other != ends for e in other}
+        isolated = not any(e in others or others & set(scot.graph[e]) for e in ends)
         at = draw(st.floats(0.0, 4.0))
         back = st.floats(at + 0.1, at + 4.0)
-        until = draw(st.none() if len(ends) == 1 and not restarts else st.one_of(st.none(), back))
+        may_return = len(ends) == 2 or (restarts and isolated)
+        until = draw(st.one_of(st.none(), back) if may_return else st.none())
         failures.append(Failure(tuple(ends), at, until))
-        taken.update(ends)
     return failures
 
 
@@ -145,7 +141,7 @@ def _independent(scot: Scot, draw: st.DrawFn, count: int, restarts: bool) -> lis
 def test_up_to_three_failures_while_publishing(
     scot: Scot, mode: str, seed: int, data: st.DataObject
 ) -> None:
-    failures = _independent(scot, data.draw, data.draw(st.integers(1, 3)), mode != "bid")
+    failures = _combination(scot, data.draw, data.draw(st.integers(1, 3)), mode != "bid")
     _law(_run(scot, mode, failures, seed=seed, subscribers=30, publications=30))
 
 

@@ -236,7 +236,10 @@ class Simulator:
         if failure.is_broker:
             broker = failure.ends[0]
             state.dead.add(broker)
-            state.forget(broker)
+            for message in state.forget(broker):
+                if type(message) is Notification:
+                    self.failure_counts["undeliverable.died_in_custody"] += 1
+                    self.undeliverable_keys.add(message.key)
             self.hosts_failed.add(broker)
             self._retired.update(self.cores[broker].stats)
             self.failure_counts["brokers_killed"] += 1
@@ -434,6 +437,10 @@ class Simulator:
     def _arrive(self, broker: str, src: str, message: Any) -> None:
         if self.failures is not None and self.failures.broken(src, broker):
             self.failure_counts["lost_in_transit"] += 1
+            if src in self.failures.dead and type(message) is Notification:
+                # Only the dead sender could have routed it again (custody died with it).
+                self.failure_counts["undeliverable.died_in_flight"] += 1
+                self.undeliverable_keys.add(message.key)
             return
         core = self.cores[broker]
         if isinstance(message, Subscribe):

@@ -10,6 +10,11 @@ The model is the transport's, in simulated time:
   sending (the transport keeps acknowledged frames as long, in case the receiver dies
   before passing them on). At detection, the copies sent since ``failure − retain`` go
   back to the sender's core (``reroute``); edge dedup absorbs those that had arrived.
+- A broker that dies takes with it the copies still in flight from it
+  (``undeliverable.died_in_flight``) and those it had sent on an already failed link
+  before it detected the failure (``undeliverable.died_in_custody``): only it could have
+  routed them again. Both are counted, with the notification; they are the losses
+  custody cannot prevent (the publisher's host dying right after accepting, say).
 - A restarted broker comes back empty, with a new sub-id epoch; each neighbour withdraws
   its predecessor's subscriptions and hands it what SBP would have given it (resync).
 
@@ -67,11 +72,16 @@ class FailureState:
         window = self._custody.pop((src, dst), deque())
         return [message for when, message in window if when >= since]
 
-    def forget(self, broker: str) -> None:
-        """A dead broker's own custody and detections die with it."""
+    def forget(self, broker: str) -> list[object]:
+        """A dead broker's own custody and detections die with it; returns the copies it
+        had sent on links already failed (they never arrived, and only it could have
+        routed them again)."""
+        lost: list[object] = []
         for link in [link for link in self._custody if link[0] == broker]:
-            del self._custody[link]
+            failed = self.failed_at.get(link, math.inf)
+            lost += [message for when, message in self._custody.pop(link) if when >= failed]
         self.detected.pop(broker, None)
+        return lost
 
     def view(self, broker: str, inner: LinkView) -> LinkView:
         """What ``broker`` sees: ``inner``'s loads, and its detected down links."""
