@@ -563,21 +563,14 @@ def plot(name: str, reports: list[dict[str, Any]], path: Path) -> None:
                 ax.axvline(failure["at"], color="red", alpha=0.6, lw=1)
                 if failure["until"] is not None:
                     ax.axvline(failure["until"], color="green", alpha=0.6, lw=1)
-        axes[0].set(
-            xlabel="time since publishing started (s)",
-            ylabel="deliveries/s",
-            title="(a) delivery rate (red: kill -9, green: restart)",
+        since = "time since publishing started (s)"
+        labels = (
+            (since, "deliveries/s", "(a) delivery rate (red: kill -9, green: restart)"),
+            (since, "delay (s)", "(b) notification delay"),
+            ("publication time (s)", "deliveries lost", "(c) deliveries lost, by when published"),
         )
-        axes[1].set(
-            xlabel="time since publishing started (s)",
-            ylabel="delay (s)",
-            title="(b) notification delay",
-        )
-        axes[2].set(
-            xlabel="publication time (s)",
-            ylabel="deliveries lost",
-            title="(c) deliveries lost, by when published",
-        )
+        for ax, (x, y, title) in zip(axes, labels, strict=True):
+            ax.set(xlabel=x, ylabel=y, title=title)
     elif name == "burst":
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for r in reports:
