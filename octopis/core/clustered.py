@@ -364,6 +364,8 @@ class ClusteredBroker:
             cbv = None
         if cbv is not None:
             self.stats["undeliverable.no_live_link"] += cbv.count(1)
+        if not out:  # y is a leaf, or every way on is down: B(y,c)'s side is out of reach
+            self.stats["undeliverable.region_unreachable"] += 1
         return out
 
     def reroute(self, link: str, message: Message, links: LinkView) -> list[Action]:
