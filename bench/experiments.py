@@ -146,34 +146,33 @@ PROFILES: dict[str, dict[str, Profile]] = {
 FAILURE_VICTIM = "viii:2"
 """An inner broker of paper75: five regions on its tree path, eight neighbours."""
 
+
+def _failure_profile(
+    subscribers: int, publishers: int, notifications: int, rate: float, kill: float, back: float
+) -> Profile:
+    """``kill -9`` of :data:`FAILURE_VICTIM` at ``kill`` s, restarted at ``back`` s, while
+    ``publishers`` publish ``notifications`` each at ``rate`` per minute (SNR, DNR)."""
+    per_second = publishers * rate / 60
+    return Profile(
+        subscribers,
+        publishers,
+        notifications,
+        rate,
+        ((subscribers, publishers),),
+        f"{subscribers:,} subscribers, {publishers} publishers × {notifications:,} at "
+        f"{rate:.0f}/min ({per_second:.0f} notifications/s for "
+        f"{notifications * 60 / rate:.0f} s), selectivity 0.2%; kill -9 of "
+        f"{FAILURE_VICTIM} (hosting subscribers) at {kill:.0f} s, restarted at {back:.0f} s",
+        sample_every=0.5,
+        selectivity=0.002,
+        failures=(Failure((FAILURE_VICTIM,), kill, back),),
+        modes=("snr", "dnr"),
+    )
+
+
 PROFILES["failure"] = {
-    "quick": Profile(
-        1000,
-        20,
-        600,
-        900.0,
-        ((1000, 20),),
-        f"1,000 subscribers, 20 publishers × 600 at 900/min (300 notifications/s for "
-        f"40 s), selectivity 0.2%; kill -9 of {FAILURE_VICTIM} (hosting subscribers) "
-        f"at 10 s, restarted at 25 s",
-        sample_every=0.5,
-        selectivity=0.002,
-        failures=(Failure((FAILURE_VICTIM,), 10.0, 25.0),),
-        modes=("snr", "dnr"),
-    ),
-    "full": Profile(
-        3000,
-        30,
-        1200,
-        600.0,
-        ((3000, 30),),
-        f"3,000 subscribers, 30 publishers × 1,200 at 600/min (300 notifications/s for "
-        f"120 s), selectivity 0.2%; kill -9 of {FAILURE_VICTIM} at 30 s, restarted at 70 s",
-        sample_every=0.5,
-        selectivity=0.002,
-        failures=(Failure((FAILURE_VICTIM,), 30.0, 70.0),),
-        modes=("snr", "dnr"),
-    ),
+    "quick": _failure_profile(1000, 20, 600, 900.0, 10.0, 25.0),
+    "full": _failure_profile(3000, 30, 1200, 600.0, 30.0, 70.0),
 }
 
 PAPER = {
