@@ -224,11 +224,21 @@ class Broker:
     def link_back(self, neighbour: str) -> None:
         """A link that was down healed with the same incarnation on the other side: the
         subscription messages held for it go out now, in their order."""
+        self._hand_held_sbp(neighbour)
+
+    def _hand_held_sbp(self, neighbour: str) -> set[str]:
+        """Put the subscription frames held for ``neighbour`` on its link, in order;
+        returns the sub ids of the subscriptions among them."""
         link, now = self.links[neighbour], self._loop.time()
         held = self.held_sbp.pop(neighbour, [])
+        carried = set()
         for frame in held:
+            _, message = decode_peer(frame[:2])
+            if isinstance(message, Subscribe):
+                carried.add(message.sub_id)
             link.put(frame, now)
         self.counters["sbp_handed_late"] += len(held)
+        return carried
 
     def neighbour_serving(self, neighbour: str) -> None:
         """A restarted neighbour is serving: withdraw its predecessor's subscriptions now,
@@ -262,18 +272,11 @@ class Broker:
             return 0
         if restarted:
             self.withdraw_when_serving[neighbour] = epoch_of(incarnation)
-        link, now = self.links[neighbour], self._loop.time()
-        held = self.held_sbp.pop(neighbour, [])
-        carried = set()
-        for frame in held:
-            _, message = decode_peer(frame[:2])
-            if isinstance(message, Subscribe):
-                carried.add(message.sub_id)
-            link.put(frame, now)
-        self.counters["sbp_handed_late"] += len(held)
+        carried = self._hand_held_sbp(neighbour)
         if not self.peers.serving:
             return 0  # our table is still filling; the neighbour already holds it all
         messages = [m for m in resync_messages(core, neighbour) if m.sub_id not in carried]
+        link, now = self.links[neighbour], self._loop.time()
         for message in messages:
             link.put([self._sender, encode_body(message), DATA], now)
         self.counters["resync_entries_sent"] += len(messages)
