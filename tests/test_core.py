@@ -227,6 +227,35 @@ def test_local_delivery_once_per_subscriber() -> None:
     assert not [a for a in out if isinstance(a, Forward)]  # nobody elsewhere subscribed
 
 
+@pytest.mark.parametrize("mode", ["snr", "dnr"])
+def test_a_missing_share_is_routed_toward_until_it_arrives(mode: str) -> None:
+    """DESIGN §7: a restarted broker without a neighbour's resync share sends that side
+    every copy (primary: from elsewhere; secondary: local publications only), and stops
+    once the share is in; a share is whole only when no other primary share is missing."""
+    core = make_broker(FIG2, "c:0", mode)
+    free = NoCongestion()
+
+    def targets(src: str | None) -> set[str]:
+        n = Notification("P", 1, 0.0, QUOTE)
+        out = core.publish(n, free) if src is None else core.receive(src, n, free)
+        return {a.link for a in out if isinstance(a, Forward)}
+
+    assert targets(None) == targets("b:0") == set()
+    core.expect_shares({"e:0", "c:2"})
+    assert core.missing_shares == {"e:0", "c:2"}
+    assert targets(None) == {"e:0", "c:2"}
+    assert targets("b:0") == {"e:0"}
+    assert targets("e:0") == set()
+    assert not core.share_complete("b:0") and core.share_complete("e:0")
+    core.share_received("e:0")
+    assert targets(None) == {"c:2"} and targets("b:0") == set()
+    assert core.share_complete("b:0")
+    core.share_received("c:2")
+    assert not core.missing_shares and targets(None) == set()
+    with pytest.raises(ProtocolError, match="no neighbours"):
+        core.expect_shares({"a:0"})
+
+
 def test_congestion_element_eq3() -> None:
     assert congestion_element(10, 5) == 2.0
     assert congestion_element(3, 0) == math.inf

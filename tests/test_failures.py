@@ -89,7 +89,7 @@ def test_dnr_every_single_failure_while_publishing_loses_nothing(scot: Scot) -> 
         report = _law(_run(scot, "dnr", [failure]))
         assert report["host_alive"]["lost"] == 0, failure
         assert report["host_alive"]["delivered"] == report["host_alive"]["expected_deliveries"]
-        allowed = {"undeliverable.region_unreachable"} if failure.is_broker else set()
+        allowed = {"undeliverable.target_unreachable"} if failure.is_broker else set()
         counted = {k for k in report if k.startswith("undeliverable")}
         assert counted <= allowed, (failure, report)
         for key in fired:
@@ -122,29 +122,69 @@ def test_restarted_broker_is_resynced_to_its_neighbours_view() -> None:
     assert sim.failure_counts["brokers_restarted"] == 1
 
 
-def _independent(scot: Scot, draw: st.DrawFn, count: int, restarts: bool) -> list[Failure]:
-    """Up to ``count`` failures, each touching brokers at distance ≥ 2 from the others';
-    dead brokers come back only if ``restarts``. Adjacent failures are outside the law
-    for now (issue 14): a broker restarting next to a dead one misses that neighbour's
-    share of the table, and a live broker whose iCOL is cut next to a dead tree
-    neighbour is reached only by a second fan-out, which routes as if from it."""
-    failures: list[Failure] = []
-    taken: set[str] = set()
+def test_tunnel_crosses_through_another_cluster_when_its_icol_is_cut() -> None:
+    """e:0 dead and c:1–c:0 cut: a copy detouring around e:0 toward c:0 enters c:0 from
+    c:2 rather than fanning out as if c:0 were dead (which would skip its subscribers)."""
+    failures = [Failure(("e:0",), 0.0, None), Failure(("c:0", "c:1"), 0.0, None)]
+    sim = _run(FIG2, "dnr", failures, subscribers=60, publications=60)
+    report = _law(sim)
+    assert report["host_alive"]["lost"] == 0
+    assert report["host_alive"]["delivered"] == report["host_alive"]["expected_deliveries"]
+    assert sim.cores["c:2"].stats["tunnel.relayed"] > 0
+
+
+@pytest.mark.parametrize(
+    "failures",
+    [
+        [Failure(("f:0",), 0.0, 1.0), Failure(("f:2",), 0.5, 1.2)],
+        [Failure(("c:0",), 0.0, 1.0), Failure(("e:0",), 0.2, 3.0), Failure(("f:0",), 0.1, 2.0)],
+        [Failure(("b:1",), 0.0, 1.0), Failure(("b:1", "c:1"), 0.5, 3.0)],
+    ],
+    ids=["icol-neighbours", "tree-line", "restart-behind-cut-link"],
+)
+@pytest.mark.parametrize("mode", ["dnr", "snr"])
+def test_adjacent_restarts_end_with_every_share(mode: str, failures: list[Failure]) -> None:
+    """A broker restarted next to a dead or cut-off neighbour gets that neighbour's share
+    when it can be given, and routes toward that side until then: in the end every table
+    holds what it held before, less the dead brokers' own subscribers, and nothing was
+    lost silently meanwhile. (Known gap: brokers beyond a neighbour that was dead when
+    a host restarted keep that host's earlier subscriptions, which cost traffic, never a
+    delivery; only a line of dead brokers shows it.)"""
+    sim = _run(FIG2, mode, [], publications=0)
+    before = {b: set(c.table.entries) for b, c in sim.cores.items()}
+    start = sim.now
+    for failure in failures:
+        sim.fail(failure, start)
+    for j in range(40):
+        broker = sorted(FIG2.brokers)[j % 18]
+        sim.at(start + 4.0 * j / 40, sim.publish, f"P{broker}", broker, {"x": j % 10})
+    sim.run()
+    _law(sim)
+    dead = {f.ends[0] for f in failures if f.is_broker}
+    hosted = {sid for b in dead for sid in before[b] if sid.startswith(f"{b}#")}
+    stale = 0
+    for broker, core in sim.cores.items():
+        assert not core.missing_shares, broker
+        entries = set(core.table.entries)
+        assert before[broker] - hosted <= entries, broker
+        assert entries - before[broker] == set(), broker
+        stale += len(entries & hosted)
+    assert stale == 0 or len(dead) > 2, stale
+    assert sim.failure_counts["brokers_restarted"] == len(dead)
+
+
+def _failures(scot: Scot, draw: st.DrawFn, count: int, restarts: bool) -> list[Failure]:
+    """``count`` failures of any brokers and links, adjacent or overlapping alike, each
+    from a random time, lasting or healed; dead brokers come back only if ``restarts``
+    (BID has no resync)."""
     items = [(b,) for b in sorted(scot.brokers)] + sorted(scot.graph.edges)
+    failures: list[Failure] = []
     for _ in range(count):
-        free = [
-            ends
-            for ends in items
-            if not any(e in taken or taken & set(scot.graph[e]) for e in ends)
-        ]
-        if not free:
-            break
-        ends = draw(st.sampled_from(free))
+        ends = draw(st.sampled_from(items))
         at = draw(st.floats(0.0, 4.0))
         back = st.floats(at + 0.1, at + 4.0)
         until = draw(st.none() if len(ends) == 1 and not restarts else st.one_of(st.none(), back))
         failures.append(Failure(tuple(ends), at, until))
-        taken.update(ends)
     return failures
 
 
@@ -152,7 +192,7 @@ def _independent(scot: Scot, draw: st.DrawFn, count: int, restarts: bool) -> lis
 def test_up_to_three_failures_while_publishing(
     scot: Scot, mode: str, seed: int, data: st.DataObject
 ) -> None:
-    failures = _independent(scot, data.draw, data.draw(st.integers(1, 3)), mode != "bid")
+    failures = _failures(scot, data.draw, data.draw(st.integers(1, 3)), mode != "bid")
     _law(_run(scot, mode, failures, seed=seed, subscribers=30, publications=30))
 
 

@@ -62,9 +62,42 @@ class ClusteredBroker:
         self.table = RoutingTable((LOCAL, PRIMARY, SECONDARY), matcher_factory, self._part_of)
         self.stats: Counter[str] = Counter()
         self._next_sub = 0
+        self._missing_primary: frozenset[str] = frozenset()
+        self._missing_secondary: dict[int, str] = {}
         self.epoch = ""
         """Prefix of this broker's subscription numbers: a restarted broker's shell sets
         it from its incarnation, so its ids never collide with its predecessor's."""
+
+    # -- resync shares (DESIGN §7) ---------------------------------------------------------
+
+    @property
+    def missing_shares(self) -> frozenset[str]:
+        """Neighbours whose resync share this (re)started broker has not received."""
+        return self._missing_primary | frozenset(self._missing_secondary.values())
+
+    def expect_shares(self, neighbours: set[str] | frozenset[str]) -> None:
+        """Until :meth:`share_received`, route every notification toward each of
+        ``neighbours`` as if its side of the table matched: a primary neighbour gets every
+        copy from elsewhere, a secondary one every local publication. Its side's own
+        tables filter; nothing is lost for want of the share, nothing is duplicated
+        (the cluster stays a tree, the cluster gets one copy)."""
+        unknown = set(neighbours) - set(self.cluster_of)
+        if unknown:
+            raise ProtocolError(f"{self.id} has no neighbours {sorted(unknown)}")
+        self._missing_primary = frozenset(n for n in neighbours if n in self.primary)
+        self._missing_secondary = {
+            self.cluster_of[n]: n for n in neighbours if n not in self._missing_primary
+        }
+
+    def share_received(self, neighbour: str) -> None:
+        """``neighbour``'s resync share has arrived whole: route by the table on its side."""
+        self._missing_primary = self._missing_primary - {neighbour}
+        self._missing_secondary.pop(self.cluster_of.get(neighbour, -1), None)
+
+    def share_complete(self, neighbour: str) -> bool:
+        """Whether the share this broker would hand ``neighbour`` is whole: no primary
+        share but ``neighbour``'s is missing (a share is made of primary entries)."""
+        return self._missing_primary <= {neighbour}
 
     # -- subscriptions: Algorithm 1 ------------------------------------------------------
 
@@ -149,7 +182,7 @@ class ClusteredBroker:
             raise ProtocolError(f"{self.id} has no link to {src}")
         if type(message) is Notification:
             if message.tunnel is not None:
-                return self.relay(message, links)
+                return self.relay(message, links, src)
             return self._route(message, src, links)
 
         if isinstance(message, Subscribe):
@@ -175,7 +208,9 @@ class ClusteredBroker:
         Local subscribers and aCOLs are the distinct last hops of matching local and
         primary entries (minus ``src``); iCOLs only when ``src`` is None (a local
         publisher): one link B(x, k) per cluster k with a matching secondary entry.
-        Local subscribers are left out when this host has delivered the same
+        A neighbour whose resync share is missing is a target as if it matched
+        (:meth:`expect_shares`). Local subscribers are left out when this host has
+        delivered the same
         ``(publisher, seq)`` before (edge dedup, DESIGN §7; counted as ``dedup.absorbed``).
         """
         self.stats["matching"] += 1
@@ -186,11 +221,15 @@ class ClusteredBroker:
             self.stats["dedup.absorbed"] += len(subscribers)
             subscribers = set()
         acols = table.values(PRIMARY, publication)
+        if self._missing_primary:
+            acols |= self._missing_primary
         acols.discard(src)  # type: ignore[arg-type]
         icols: dict[int, str] = {}
         if src is None:
             cluster_of = self.cluster_of
             icols = {cluster_of[link]: link for link in table.values(SECONDARY, publication)}
+            if self._missing_secondary:
+                icols.update(self._missing_secondary)
         return subscribers, acols, icols
 
     def route_static(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
@@ -305,13 +344,15 @@ class ClusteredBroker:
         tunnel = Tunnel(self.cluster, self.region_of[link], self.region, 1 << k)
         return [Forward(icol, n._replace(tunnel=tunnel))]
 
-    def relay(self, n: Notification, links: LinkView) -> list[Action]:
-        """A tunnel copy (DESIGN §7). Its target B(y,c) routes it as if it had come from
-        B(x,c); a relay B(x,k) passes it to B(y,k), or, that aCOL down, to another
-        cluster's B(x,k') not yet tried; B(y,k) crosses to B(y,c), or, that iCOL down
-        (B(y,c) presumed dead), fans out to every B(z,k), z a tree neighbour of y other
-        than x, each to cross to B(z,c) and be routed there as if from B(y,c). A CBV rides
-        on exactly one copy; a copy with nowhere to go is counted undeliverable."""
+    def relay(self, n: Notification, links: LinkView, src: str | None = None) -> list[Action]:
+        """A tunnel copy from ``src`` (DESIGN §7). Its target B(y,c) routes it as if it had
+        come from B(x,c); a relay B(x,k) passes it to B(y,k), or, that aCOL down, to
+        another cluster's B(x,k') not yet tried; B(y,k) crosses to B(y,c), or, that iCOL
+        down, hands it to another B(y,k') of its region to cross from there; when no
+        cluster of region y reaches B(y,c) (presumed dead), the last fans out to every
+        B(z,k), z a tree neighbour of y other than x, each to cross to B(z,c) and be
+        routed there as if from B(y,c). A CBV rides on exactly one copy; a copy with
+        nowhere to go is counted undeliverable."""
         if not self.dynamic:
             raise ProtocolError("a tunnel copy reached a broker routing statically (SNR)")
         tunnel = n.tunnel
@@ -328,29 +369,48 @@ class ClusteredBroker:
             raise ProtocolError(f"tunnel to cluster {tunnel.cluster} reached {self.id}")
         self.stats["tunnel.relayed"] += 1
         if tunnel.target == self.region:
-            return self._cross(n, links)
+            return self._cross(n, links, src)
         ahead = self.primary_in.get(tunnel.target)
         if ahead is None:
             raise ProtocolError(f"tunnel to region {tunnel.target} reached {self.id}")
         if not links.down(ahead):
             return [Forward(ahead, n)]
+        other = self._untried_cluster(n, tunnel, links)
+        if other is None:
+            self.stats["undeliverable.no_live_path"] += 1
+            return []
+        return [other]
+
+    def _untried_cluster(self, n: Notification, tunnel: Tunnel, links: LinkView) -> Forward | None:
+        """``n`` with ``tunnel`` handed over the least-loaded live iCOL to a cluster the
+        tunnel has not tried (that cluster's bit set), or None."""
         untried = [
             (k, icol)
             for k, icol in self.secondary.items()
             if k != tunnel.cluster and not tunnel.tried >> k & 1 and not links.down(icol)
         ]
         if not untried:
-            self.stats["undeliverable.no_live_path"] += 1
-            return []
+            return None
         k, icol = min(untried, key=lambda pair: links.load(pair[1]))
-        return [Forward(icol, n._replace(tunnel=tunnel._replace(tried=tunnel.tried | 1 << k)))]
+        return Forward(icol, n._replace(tunnel=tunnel._replace(tried=tunnel.tried | 1 << k)))
 
-    def _cross(self, n: Notification, links: LinkView) -> list[Action]:
+    def _cross(self, n: Notification, links: LinkView, src: str | None) -> list[Action]:
+        """B(y,k) passes a tunnel copy to B(y,c): over its own iCOL, else through another
+        cluster of region y (``tried`` restarts when the copy enters the region), else it
+        fans out around B(y,c), whose own subscribers are then out of reach (counted
+        ``undeliverable.target_unreachable``: B(y,c) is dead, or cut off from every
+        cluster of its region)."""
         tunnel = n.tunnel
         icol = self.secondary[tunnel.cluster]
         if not links.down(icol):
             return [Forward(icol, n)]
+        if src is None or self.region_of.get(src) != self.region:
+            tunnel = tunnel._replace(tried=1 << self.cluster)
+        other = self._untried_cluster(n, tunnel, links)
+        if other is not None:
+            return [other]
         self.stats["tunnel.fanout"] += 1
+        self.stats["undeliverable.target_unreachable"] += 1
         out: list[Action] = []
         cbv = n.cbv
         for region, link in self.primary_in.items():
@@ -364,8 +424,6 @@ class ClusteredBroker:
             cbv = None
         if cbv is not None:
             self.stats["undeliverable.no_live_link"] += cbv.count(1)
-        if not out:  # y is a leaf, or every way on is down: B(y,c)'s side is out of reach
-            self.stats["undeliverable.region_unreachable"] += 1
         return out
 
     def reroute(self, link: str, message: Message, links: LinkView) -> list[Action]:

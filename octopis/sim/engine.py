@@ -247,6 +247,7 @@ class Simulator:
             state.cut.update(self._failed_links(failure))
             self.failure_counts["links_cut"] += 1
         for src, dst in self._failed_links(failure):
+            state.shares_in_flight.pop((src, dst), None)
             if src not in state.dead and (src, dst) not in state.failed_at:
                 state.failed_at[(src, dst)] = self.now
                 self.at(self.now + state.detection, self._detect, src, dst)
@@ -284,20 +285,63 @@ class Simulator:
         self.failure_counts["brokers_restarted"] += 1
         core = make_broker(self.scot, broker, self.mode, self._matcher_factory)
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."
+        neighbours = set(self.scot.graph[broker])
+        if isinstance(core, ClusteredBroker):
+            core.expect_shares(neighbours)
         self.cores[broker] = core
-        self._links_up([(broker, n) for n in self.scot.graph[broker]])
-        live = [n for n in self.scot.graph[broker] if not state.broken(n, broker)]
-        state.syncing[broker] = set(live)
-        for neighbour in live:
-            peer = self.cores[neighbour]
-            if isinstance(peer, ClusteredBroker):
-                actions = withdraw_predecessor(peer, broker, core.epoch)
-                actions += [Forward(broker, m) for m in resync_messages(peer, broker)]
-                self._dispatch(neighbour, actions)
-            synced_at = self._last_arrival.get((neighbour, broker), self.now)
-            self.at(max(synced_at, self.now), self._synced, broker, neighbour)
-        if not live:
+        self._links_up([(broker, n) for n in neighbours])
+        for neighbour in neighbours:
+            if state.broken(broker, neighbour):  # never greeted: detected like any silence
+                state.failed_at[(broker, neighbour)] = self.now
+                self.at(self.now + state.detection, self._detect, broker, neighbour)
+        if isinstance(core, ClusteredBroker):
+            state.syncing[broker] = {n for n in neighbours if self._hand_share(n, broker)}
+        else:  # BID has no resync: its neighbours only wait for the handshake
+            state.syncing[broker] = {n for n in neighbours if not state.broken(n, broker)}
+            for neighbour in state.syncing[broker]:
+                self.at(self.now, self._synced, broker, neighbour)
+        if not state.syncing[broker]:
             self._synced(broker, None)
+        for neighbour in neighbours:
+            self._hand_share(broker, neighbour)
+
+    def _hand_share(self, src: str, dst: str) -> bool:
+        """``src`` hands ``dst`` its resync share if ``dst`` lacks it, both are up, the
+        link carries, no share is on its way and ``src``'s own share is whole (a broker
+        restarted next to a dead or unsynced one gets that share later); ``src`` first
+        withdraws what ``dst``'s predecessor had subscribed. Returns whether it did."""
+        state = self.failures
+        assert state is not None
+        peer, core = self.cores[src], self.cores[dst]
+        if (
+            not isinstance(peer, ClusteredBroker)
+            or not isinstance(core, ClusteredBroker)
+            or src not in core.missing_shares
+            or (src, dst) in state.shares_in_flight
+            or state.broken(src, dst)
+            or not peer.share_complete(dst)
+        ):
+            return False
+        actions = withdraw_predecessor(peer, dst, core.epoch)
+        actions += [Forward(dst, m) for m in resync_messages(peer, dst)]
+        self._dispatch(src, actions)
+        token = state.shares_in_flight[(src, dst)] = object()
+        arrival = max(self._last_arrival.get((src, dst), self.now), self.now)
+        self.at(arrival, self._share_arrived, src, dst, token)
+        return True
+
+    def _share_arrived(self, src: str, dst: str, token: object) -> None:
+        """The last message of ``src``'s share reached ``dst`` (unless a failure on the
+        link spoiled it meanwhile: then it is handed again when the link is back)."""
+        state = self.failures
+        assert state is not None
+        if state.shares_in_flight.get((src, dst)) is not token:
+            return
+        del state.shares_in_flight[(src, dst)]
+        self.cores[dst].share_received(src)  # type: ignore[union-attr]
+        self._synced(dst, src)
+        for neighbour in self.scot.graph[dst]:
+            self._hand_share(dst, neighbour)
 
     def _synced(self, broker: str, neighbour: str | None) -> None:
         state = self.failures
@@ -317,6 +361,7 @@ class Simulator:
             if not state.broken(src, dst):
                 state.failed_at.pop((src, dst), None)
                 state.detected.get(src, set()).discard(dst)
+                self._hand_share(src, dst)
 
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
         """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of

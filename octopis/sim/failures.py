@@ -16,7 +16,9 @@ The model is the transport's, in simulated time:
   routed them again. Both are counted, with the notification; they are the losses
   custody cannot prevent (the publisher's host dying right after accepting, say).
 - A restarted broker comes back empty, with a new sub-id epoch; each neighbour withdraws
-  its predecessor's subscriptions and hands it what SBP would have given it (resync).
+  its predecessor's subscriptions and hands it what SBP would have given it (resync) —
+  at once, or, if the neighbour is dead, cut off or missing a share itself, when it can
+  (until then the restarted broker routes toward that side as if it matched).
 
 Failures are read by :mod:`octopis.failure_schedule` (times in seconds of simulated time
 from the start of publishing).
@@ -50,6 +52,8 @@ class FailureState:
         self.failed_at: dict[tuple[str, str], float] = {}
         self.syncing: dict[str, set[str]] = {}
         """Restarted brokers, each with the neighbours whose resync has not arrived."""
+        self.shares_in_flight: dict[tuple[str, str], object] = {}
+        """Resync shares handed and not yet arrived, per directed link (a token each)."""
         self._custody: dict[tuple[str, str], deque[tuple[float, object]]] = {}
 
     def broken(self, src: str, dst: str) -> bool:
