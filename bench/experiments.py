@@ -423,7 +423,10 @@ FAILURE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
         lambda r: "{first_s:.2f}–{last_s:.2f} s".format(**_victim(r, "detection")),
     ),
     ("subscribers away (fail-over)", lambda r: _seconds(_victim(r, "failover", ".away_s"))),
-    ("restarted broker ready after", lambda r: _seconds(_victim(r, "restart")["ready_after_s"])),
+    (
+        "restarted broker serving after",
+        lambda r: _seconds(_victim(r, "restart")["serving_after_s"]),
+    ),
     (
         "restarted table vs neighbours' view: entries, missing / extra / changed",
         lambda r: "{entries:,}: {missing} / {extra} / {changed}".format(**_victim(r, "restart")),

@@ -137,7 +137,7 @@ def _failure_report(mode: str, alive_lost: int, back_lost: int) -> dict:
             "undeliverable.link_down": 962 if mode == "snr" else 0,
             "detection.viii:2": {"neighbours": 8, "first_s": 0.8, "last_s": 1.01},
             "restart.viii:2": {
-                "ready_after_s": 2.1,
+                "serving_after_s": 2.1,
                 "entries": 1000,
                 "missing": 0,
                 "extra": 0,

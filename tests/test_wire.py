@@ -15,6 +15,7 @@ from octopis.filters import parse_subscription
 from octopis.transport.codec import (
     Heartbeat,
     Hello,
+    Synced,
     WireError,
     decode_peer,
     encode_body,
@@ -24,6 +25,7 @@ from octopis.wire import (
     HEARTBEAT,
     HELLO,
     NOTIFY,
+    SYNCED,
     PublishRequest,
     RequestError,
     decode_request,
@@ -65,9 +67,17 @@ def test_round_trip(message: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "message", [Hello(7), Hello(2**63 - 1, 9), Heartbeat(3), Heartbeat(3, 9, 12_000, True)]
+    "message",
+    [
+        Hello(7),
+        Hello(2**63 - 1, 9),
+        Heartbeat(3),
+        Heartbeat(3, 9, 12_000, True),
+        Synced(0),
+        Synced(40, complete=False, wants_share=True),
+    ],
 )
-def test_link_messages_round_trip(message: Hello | Heartbeat) -> None:
+def test_link_messages_round_trip(message: Hello | Heartbeat | Synced) -> None:
     sender, decoded = decode_peer(encode_peer("c:2", message))
     assert sender == "c:2"
     assert decoded == message
@@ -141,6 +151,8 @@ def good_notify(**change: object) -> list:
         (body(HEARTBEAT, 1, 2, -3, False), "acked count must be an integer"),
         (body(HEARTBEAT, 1, 2, 3, 1), "serving flag must be true or false"),
         (body(HEARTBEAT, 1), "HEARTBEAT frame has 2 fields"),
+        (body(SYNCED, 3, True, 0), "SYNCED flags must be true or false"),
+        (body(SYNCED, 3), "SYNCED frame has 2 fields"),
         (body(*good_notify()[:-1]), "NOTIFY frame has 7 fields"),
         (body(*good_notify(tunnel=[0, "a", "b"])), "tunnel must be [cluster, target, origin"),
         (body(*good_notify(tunnel=[-1, "a", "b", 0])), "tunnel cluster and tried must not"),

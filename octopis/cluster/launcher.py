@@ -275,9 +275,12 @@ class LocalCluster:
         results = await asyncio.gather(*(getattr(self._rpc[b].call, method)() for b in ids))
         return dict(zip(ids, results, strict=True))
 
-    async def wait_ready(self, timeout: float = 120.0, ids: list[str] | None = None) -> float:
-        """Wait until every broker (or those of ``ids``) is up with all links handshaken;
-        returns the seconds."""
+    async def wait_ready(
+        self, timeout: float = 120.0, ids: list[str] | None = None, *, state: str = "ready"
+    ) -> float:
+        """Wait until every broker (or those of ``ids``) is ``ready`` (up with all links
+        handshaken and every share in) or, with ``state="serving"``, serving (resynced
+        from every live neighbour: a neighbour may be dead); returns the seconds."""
         started = time.monotonic()
         await self.connect_control()
         pending = set(ids or self.scot.brokers)
@@ -289,13 +292,13 @@ class LocalCluster:
                 )
             if time.monotonic() - started > timeout:
                 raise ClusterError(
-                    f"{len(pending)} broker(s) not ready after {timeout:.0f} s: "
+                    f"{len(pending)} broker(s) not {state} after {timeout:.0f} s: "
                     f"{', '.join(sorted(pending)[:5])}"
                 )
             for broker_id in list(pending):
                 with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                     status = await asyncio.wait_for(self._rpc[broker_id].call.status(), 2.0)
-                    if status["ready"]:
+                    if status[state]:
                         pending.discard(broker_id)
             if pending:
                 await asyncio.sleep(0.2)

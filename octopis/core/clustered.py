@@ -125,6 +125,11 @@ class ClusteredBroker:
         here. The host cluster is a tree, so no identifier is needed to stop loops.
         """
         cluster = self._check_subscription(message, src, local)
+        if message.state is SubState.SECONDARY and message.sub_id in self.table.entries:
+            known = self.table.entries[message.sub_id]
+            if known.last_hop == src:
+                self.stats["resync.already_known"] += 1  # SBP brought it before the share
+                return []
         self.table.add(
             RoutingEntry(
                 message.sub_id,

@@ -42,7 +42,7 @@ from octopis.filters import Subscription
 from octopis.matching import MatchClock, TimedMatcher
 from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
-from octopis.transport.codec import decode_peer, encode_body
+from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.control import serve_control
 from octopis.transport.links import DATA, KEPT
 from octopis.transport.peers import PeerLinks
@@ -75,6 +75,11 @@ class Broker:
         self.incarnation = secrets.randbits(63) | 1
         """Random per process start (DESIGN §7): neighbours tell a restart by it."""
         self.core.epoch = epoch_of(self.incarnation)
+        if isinstance(self.core, ClusteredBroker):
+            self.core.expect_shares({n.id for n in self.info.neighbours})
+        self.owed_shares: set[str] = set()
+        """Neighbours told our share was not whole (we were missing shares ourselves);
+        each gets it once it is (DESIGN §7)."""
         self.counters: Counter[str] = Counter()
         self.received: Counter[type] = Counter()
         self._sender = broker_id.encode()
@@ -174,8 +179,10 @@ class Broker:
 
     @property
     def ready(self) -> bool:
-        """Every neighbour is up and has completed its handshake with this incarnation."""
-        return self.peers.ready
+        """Every neighbour is up, has completed its handshake with this incarnation and
+        has handed over its whole share."""
+        core = self.core
+        return self.peers.ready and not (isinstance(core, ClusteredBroker) and core.missing_shares)
 
     # -- what the peer links hand over ---------------------------------------------------
 
@@ -223,8 +230,10 @@ class Broker:
 
     def link_back(self, neighbour: str) -> None:
         """A link that was down healed with the same incarnation on the other side: the
-        subscription messages held for it go out now, in their order."""
+        subscription messages held for it go out now, in their order, then the share we
+        owe it, if any."""
         self._hand_held_sbp(neighbour)
+        self._pay_owed_shares()
 
     def _hand_held_sbp(self, neighbour: str) -> set[str]:
         """Put the subscription frames held for ``neighbour`` on its link, in order;
@@ -252,30 +261,72 @@ class Broker:
         self.counters["predecessor_entries_withdrawn"] += stored - len(self.core.table)
 
     def now_serving(self) -> None:
-        """Route the local publications held while this broker was resyncing."""
+        """Route the local publications held while this broker was resyncing; hand the
+        shares we owe that are whole now."""
         held, self.held = self.held, []
         for notification in held:
             self.execute(self.core.publish(notification, self.lst))
+        self._pay_owed_shares()
 
-    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
+    def synced(self, neighbour: str, synced: Synced) -> None:
+        """``neighbour`` handed its share: whole, we route by the table on its side and
+        hand the shares this completed; if it does not want ours, we owe it nothing."""
+        core = self.core
+        if not synced.wants_share:
+            self.owed_shares.discard(neighbour)
+        if (
+            synced.complete
+            and isinstance(core, ClusteredBroker)
+            and neighbour in core.missing_shares
+        ):
+            core.share_received(neighbour)
+            self.counters["shares_received_late"] += self.peers.serving
+            self._pay_owed_shares()
+
+    def _pay_owed_shares(self) -> None:
+        """Hand every owed share that is whole now to a neighbour that is up."""
+        core = self.core
+        if not self.peers.serving or not isinstance(core, ClusteredBroker):
+            return
+        for neighbour in sorted(self.owed_shares):
+            state = self.peers.state[neighbour]
+            if state.up and state.accepting and core.share_complete(neighbour):
+                self.owed_shares.discard(neighbour)
+                synced = Synced(
+                    self._hand_share(neighbour, set()),
+                    wants_share=neighbour in core.missing_shares,
+                )
+                self.peers.send_synced(neighbour, synced, self._loop.time())
+                self.counters["shares_handed_late"] += 1
+
+    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
         """Resync (DESIGN §7). A restarted neighbour's predecessor's subscriptions are
         withdrawn once it is serving (:meth:`neighbour_serving`). Every new incarnation of
         a neighbour is handed first the subscription messages that were meant for its
         predecessor (it broadcasts them on), then what the two-step broadcast would have
-        given it, unless we are still resyncing ourselves (then our table is incomplete,
-        and a live neighbour already holds all of it). BID, the static baseline, has no
-        resync: a restarted broker starts empty."""
+        given it — if our own table is whole for it: while we are resyncing, or missing
+        another neighbour's share, we say so and owe it the share (it routes toward us
+        meanwhile). BID, the static baseline, has no resync: a restarted broker starts
+        empty."""
         core = self.core
         if not isinstance(core, ClusteredBroker):
             if restarted:
                 self.counters["restarts_without_resync"] += 1
-            return 0
+            return Synced(0)
         if restarted:
             self.withdraw_when_serving[neighbour] = epoch_of(incarnation)
         carried = self._hand_held_sbp(neighbour)
-        if not self.peers.serving:
-            return 0  # our table is still filling; the neighbour already holds it all
-        messages = [m for m in resync_messages(core, neighbour) if m.sub_id not in carried]
+        wants = neighbour in core.missing_shares
+        if not self.peers.serving or not core.share_complete(neighbour):
+            self.owed_shares.add(neighbour)  # until its SYNCED says it does not want it
+            return Synced(0, complete=False, wants_share=wants)
+        self.owed_shares.discard(neighbour)
+        return Synced(self._hand_share(neighbour, carried), wants_share=wants)
+
+    def _hand_share(self, neighbour: str, carried: set[str]) -> int:
+        """Put our resync share for ``neighbour`` on its link, less the subscriptions in
+        ``carried`` (already on it); returns how many went."""
+        messages = [m for m in resync_messages(self.core, neighbour) if m.sub_id not in carried]
         link, now = self.links[neighbour], self._loop.time()
         for message in messages:
             link.put([self._sender, encode_body(message), DATA], now)
@@ -373,11 +424,14 @@ class Broker:
             "id": self.id,
             "mode": self.mode,
             "ready": self.ready,
+            "serving": self.peers.serving,
             "incarnation": self.incarnation,
             "links_up": sum(not self.lst.down(n) for n in self.links),
             "neighbours": len(self.links),
             "links": self.peers.snapshot(self._loop.time()),
             "routing_table_size": len(self.core.table),
+            "missing_shares": sorted(getattr(self.core, "missing_shares", ())),
+            "owed_shares": sorted(self.owed_shares),
             "pid": os.getpid(),
         }
 

@@ -59,9 +59,14 @@ class Heartbeat(NamedTuple):
 
 class Synced(NamedTuple):
     """The sender has handed over its resync state (``entries`` subscriptions) after its
-    handshake with this incarnation of the receiver (DESIGN §7)."""
+    handshake with this incarnation of the receiver (DESIGN §7). ``complete`` false: the
+    sender was missing shares itself and hands its share later (until then the receiver
+    routes toward it as if its side matched). ``wants_share``: the sender lacks the
+    receiver's share (it started after the receiver's table was built, or next to it)."""
 
     entries: int
+    complete: bool = True
+    wants_share: bool = False
 
 
 Control = Hello | Heartbeat | Synced
@@ -107,7 +112,7 @@ def encode_body(message: Message | Control) -> bytes:
     if isinstance(message, Hello):
         return pack([HELLO, message.incarnation, message.peer_incarnation])
     if isinstance(message, Synced):
-        return pack([SYNCED, message.entries])
+        return pack([SYNCED, message.entries, message.complete, message.wants_share])
     if isinstance(message, Heartbeat):
         return pack(
             [
@@ -157,8 +162,10 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
                 data[4],
             )
         if kind == SYNCED:
-            _expect(data, 2, "SYNCED")
-            return sender, Synced(_incarnation(data[1], "entries"))
+            _expect(data, 4, "SYNCED")
+            if type(data[2]) is not bool or type(data[3]) is not bool:
+                raise WireError("SYNCED flags must be true or false")
+            return sender, Synced(_incarnation(data[1], "entries"), data[2], data[3])
         if kind == HELLO:
             _expect(data, 3, "HELLO")
             return sender, Hello(

@@ -71,9 +71,13 @@ class PeerEvents(Protocol):
     def link_back(self, neighbour: str) -> None:
         """``neighbour`` is heard again without having restarted (a cut link healed)."""
 
-    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> int:
+    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
         """A new incarnation of ``neighbour`` (its first, or a restart): hand it our state
-        (queued behind the handshake); returns the number of subscriptions handed over."""
+        (queued behind the handshake); returns what to tell it we handed over."""
+
+    def synced(self, neighbour: str, synced: Synced) -> None:
+        """``neighbour`` has handed us its share (whole or not) and says whether it
+        wants ours (DESIGN §7)."""
 
     def now_serving(self) -> None:
         """This broker has its resync state from every live neighbour (DESIGN §7)."""
@@ -94,6 +98,8 @@ class NeighbourState:
     """It has handed us its resync state since that HELLO."""
     serving: bool = False
     """It says it is serving (resynced since its start): routing through it is safe."""
+    beat_seen: bool = False
+    """A heartbeat of this incarnation has come: :attr:`serving` is what it says."""
     up: bool = False
     last_heard: float = 0.0
     down_since: float | None = None
@@ -174,13 +180,17 @@ class PeerLinks:
         return all(s.up and s.accepting and s.synced and s.serving for s in self.state.values())
 
     def _check_serving(self, now: float) -> None:
-        """Start serving once every neighbour has resynced us or is down (declared down,
-        or never heard within T of our start); then tell every neighbour at once."""
+        """Start serving once every neighbour has resynced us and said in a heartbeat
+        whether it is serving (so that we route through those that are from the first
+        copy on), or is down (declared down, or never heard within T of our start); then
+        tell every neighbour at once."""
         if self.serving:
             return
         waited = now - self._started > self.settings.down_after
         if not all(
-            (s.accepting and s.synced) if s.up else (s.down_since is not None or waited)
+            (s.accepting and s.synced and s.beat_seen)
+            if s.up
+            else (s.down_since is not None or waited)
             for s in self.state.values()
         ):
             return
@@ -257,6 +267,8 @@ class PeerLinks:
                 return
             if kind is Synced:
                 state.synced = state.accepting
+                if state.accepting:
+                    self.events.synced(sender, message)
                 self._check_serving(now)
                 return
             if not state.up:
@@ -298,13 +310,14 @@ class PeerLinks:
             # the resync state follows it.
             link = self.links[sender]
             link.greet(self._frame(Hello(self.incarnation, message.incarnation), HANDSHAKE), now)
-            entries = self.events.neighbour_met(sender, message.incarnation, restarted)
-            link.put(self._frame(Synced(entries), LINK), now)
+            synced = self.events.neighbour_met(sender, message.incarnation, restarted)
+            link.put(self._frame(synced, LINK), now)
         if type(message) is Hello:
             state.accepting = message.peer_incarnation == self.incarnation
             state.synced = False
             state.received = state.acked = 0
         else:
+            state.beat_seen = True
             if message.acked_incarnation == self.incarnation:
                 self.links[sender].acknowledge(message.acked, now)
             if message.serving != state.serving:
@@ -331,7 +344,7 @@ class PeerLinks:
         """``sender`` runs as a new process: nothing queued for the old one reaches it."""
         state.restarts += 1
         state.accepting = False
-        state.serving = False
+        state.serving = state.beat_seen = False
         self._route_through(sender, state)
         self.counters["peer_restarts"] += 1
         log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
@@ -370,6 +383,10 @@ class PeerLinks:
         so a stall of this process (a backlog, a starved event loop) never reads as the
         neighbours' silence."""
         return not self._reading and not self._input_sync.getsockopt(EVENTS) & POLLIN
+
+    def send_synced(self, neighbour: str, synced: Synced, now: float) -> None:
+        """Tell ``neighbour`` a share was put on its link (behind the share's frames)."""
+        self.links[neighbour].put(self._frame(synced, LINK), now)
 
     def _frame(self, message: Hello | Heartbeat | Synced, kind: int) -> list:
         return [*encode_peer(self.id, message), kind]
