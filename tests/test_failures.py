@@ -173,17 +173,16 @@ def test_adjacent_restarts_end_with_every_share(mode: str, failures: list[Failur
     assert sim.failure_counts["brokers_restarted"] == len(dead)
 
 
-def _failures(scot: Scot, draw: st.DrawFn, count: int, restarts: bool) -> list[Failure]:
+def _failures(scot: Scot, draw: st.DrawFn, count: int) -> list[Failure]:
     """``count`` failures of any brokers and links, adjacent or overlapping alike, each
-    from a random time, lasting or healed; dead brokers come back only if ``restarts``
-    (BID has no resync)."""
+    from a random time, lasting or healed or (brokers) restarted."""
     items = [(b,) for b in sorted(scot.brokers)] + sorted(scot.graph.edges)
     failures: list[Failure] = []
     for _ in range(count):
         ends = draw(st.sampled_from(items))
         at = draw(st.floats(0.0, 4.0))
         back = st.floats(at + 0.1, at + 4.0)
-        until = draw(st.none() if len(ends) == 1 and not restarts else st.one_of(st.none(), back))
+        until = draw(st.one_of(st.none(), back))
         failures.append(Failure(tuple(ends), at, until))
     return failures
 
@@ -192,7 +191,7 @@ def _failures(scot: Scot, draw: st.DrawFn, count: int, restarts: bool) -> list[F
 def test_up_to_three_failures_while_publishing(
     scot: Scot, mode: str, seed: int, data: st.DataObject
 ) -> None:
-    failures = _failures(scot, data.draw, data.draw(st.integers(1, 3)), mode != "bid")
+    failures = _failures(scot, data.draw, data.draw(st.integers(1, 3)))
     _law(_run(scot, mode, failures, seed=seed, subscribers=30, publications=30))
 
 

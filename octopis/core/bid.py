@@ -59,6 +59,9 @@ class BidBroker:
         self.epoch = ""
         """Prefix of this broker's subscription numbers: a restarted broker's shell sets
         it from its incarnation, so its ids never collide with its predecessor's."""
+        self.table_lost = False
+        """Set by the shell of a restarted broker: BID has no resync, so the table lacks
+        every remote subscription made before the restart (DESIGN §7)."""
 
     def subscribe(
         self, subscriber: str, subscription: Subscription, now: float
@@ -136,11 +139,15 @@ class BidBroker:
         Elsewhere: if listed, match local subscriptions and deliver. Then split the
         remaining list by next hop and forward one copy per next hop. BID stays static
         under failures: the destinations behind a next hop that is down are counted
-        undeliverable (DESIGN §7). A host delivers a ``(publisher, seq)`` once (edge dedup).
+        undeliverable, and so is every local publication of a restarted broker, whose
+        table lost the remote subscriptions (DESIGN §7). A host delivers a
+        ``(publisher, seq)`` once (edge dedup).
         """
         subscribers: set[str] = set()
         if src is None:
             self.stats["matching"] += 1
+            if self.table_lost:  # whoever subscribed before the restart is not listed
+                self.stats["undeliverable.table_lost"] += 1
             subscribers = self.table.values(LOCAL, n.publication)
             destinations = self.table.by_value(REMOTE, n.publication)
         else:

@@ -297,6 +297,7 @@ class Simulator:
         if isinstance(core, ClusteredBroker):
             state.syncing[broker] = {n for n in neighbours if self._hand_share(n, broker)}
         else:  # BID has no resync: its neighbours only wait for the handshake
+            core.table_lost = True
             state.syncing[broker] = {n for n in neighbours if not state.broken(n, broker)}
             for neighbour in state.syncing[broker]:
                 self.at(self.now, self._synced, broker, neighbour)
