@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiozmq.rpc
 import msgpack
@@ -27,9 +28,10 @@ from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.core import Notification
 from octopis.failure_schedule import Failure
 from octopis.filters import parse_subscription
+from octopis.topology import Scot
 from octopis.transport.codec import encode_peer
 from octopis.transport.settings import BrokerSettings
-from octopis.workload import HighRatePublisher, generate_workload
+from octopis.workload import HighRatePublisher, Workload, generate_workload
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -451,13 +453,36 @@ VICTIM = "viii:2"
 """An inner broker of paper75 (five regions on its tree path)."""
 
 
+def _dnr_run_with_failures(
+    run_dir: Path, preset: str, failures: list[Failure], spare: set[str], **sizes: Any
+) -> tuple[dict, Scot, Workload]:
+    """A DNR run of ``preset`` with ``failures``, no client on the brokers of ``spare``;
+    prints the failure report."""
+    scot, path = prepare_topology(run_dir, preset=preset)
+    workload = generate_workload(scot, **sizes)
+    workload.subscriptions = [s for s in workload.subscriptions if s.broker not in spare]
+    workload.publications = [p for p in workload.publications if p.broker not in spare]
+    options = RunOptions(
+        mode="dnr",
+        run_dir=run_dir,
+        settings=BrokerSettings(),
+        progress=False,
+        drain_timeout=20,
+        failures=failures,
+    )
+    report = WorkloadRun(scot, path, workload, options).run()
+    print(json.dumps(report["failures"], indent=1))
+    return report, scot, workload
+
+
 def _kill_run(tmp_path: Path, *, victim_hosts_clients: bool) -> dict:
     """paper75, DNR, 1,000 subscribers, 20 publishers at 300 notifications/s for 35 s;
     ``kill -9`` of :data:`VICTIM` 5 s into publishing, restarted 20 s later."""
-    run_dir = tmp_path / "paper75-kill"
-    scot, path = prepare_topology(run_dir, preset="paper75")
-    workload = generate_workload(
-        scot,
+    report, scot, workload = _dnr_run_with_failures(
+        tmp_path / "paper75-kill",
+        "paper75",
+        [Failure((VICTIM,), 5.0, 25.0)],
+        set() if victim_hosts_clients else {VICTIM},
         subscribers=1000,
         publishers=20,
         notifications=525,
@@ -465,20 +490,7 @@ def _kill_run(tmp_path: Path, *, victim_hosts_clients: bool) -> dict:
         selectivity=0.002,
         seed=5,
     )
-    if not victim_hosts_clients:
-        workload.subscriptions = [s for s in workload.subscriptions if s.broker != VICTIM]
-        workload.publications = [p for p in workload.publications if p.broker != VICTIM]
-    options = RunOptions(
-        mode="dnr",
-        run_dir=run_dir,
-        settings=BrokerSettings(),
-        progress=False,
-        drain_timeout=20,
-        failures=[Failure((VICTIM,), 5.0, 25.0)],
-    )
-    report = WorkloadRun(scot, path, workload, options).run()
     failures = report["failures"]
-    print(json.dumps({k: v for k, v in failures.items()}, indent=1))
     assert len(workload.subscriptions) >= 900
     assert report["notifications"] >= 300 * 30
     detection = failures[f"detection.{VICTIM}"]
@@ -525,10 +537,12 @@ def test_adjacent_brokers_killed_and_restarted_one_by_one(tmp_path: Path) -> Non
     still dead (it routes toward e:0's side until e:0, restarted in turn, hands it that
     share). Subscribers on live brokers lose nothing and see no duplicate; in the end both
     tables equal their neighbours' view."""
-    run_dir = tmp_path / "fig2-adjacent"
-    scot, path = prepare_topology(run_dir, preset="fig2")
-    workload = generate_workload(
-        scot,
+    dead = {"c:0", "e:0"}
+    report, _, _ = _dnr_run_with_failures(
+        tmp_path / "fig2-adjacent",
+        "fig2",
+        [Failure(("e:0",), 2.0, 12.0), Failure(("c:0",), 4.0, 8.0)],
+        dead,
         subscribers=300,
         publishers=10,
         notifications=200,
@@ -536,20 +550,7 @@ def test_adjacent_brokers_killed_and_restarted_one_by_one(tmp_path: Path) -> Non
         selectivity=0.01,
         seed=11,
     )
-    dead = {"c:0", "e:0"}
-    workload.subscriptions = [s for s in workload.subscriptions if s.broker not in dead]
-    workload.publications = [p for p in workload.publications if p.broker not in dead]
-    options = RunOptions(
-        mode="dnr",
-        run_dir=run_dir,
-        settings=BrokerSettings(),
-        progress=False,
-        drain_timeout=20,
-        failures=[Failure(("e:0",), 2.0, 12.0), Failure(("c:0",), 4.0, 8.0)],
-    )
-    report = WorkloadRun(scot, path, workload, options).run()
     failures = report["failures"]
-    print(json.dumps(failures, indent=1))
     alive = failures["host_alive"]
     assert alive["expected_deliveries"] > 1_000
     assert alive["lost"] == alive["duplicates"] == alive["unexpected"] == 0
