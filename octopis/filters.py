@@ -114,6 +114,51 @@ class FilterError(ValueError):
     """A subscription or publication is malformed; the message names where and what."""
 
 
+@dataclass(frozen=True)
+class InputLimits:
+    """Sizes accepted in any filter or publication, at whichever entry it comes in —
+    client, peer or file — so a copy is never accepted at one broker and refused at the
+    next (DESIGN §8). A broker sets them from ``[limits]`` (:func:`set_limits`)."""
+
+    attributes: int = 64
+    """Attributes in one publication."""
+    predicates: int = 64
+    """Predicates in one subscription."""
+    string_length: int = 1024
+    """Characters in one string value or constant."""
+    name_length: int = 128
+    """Characters in one attribute name."""
+
+
+LIMITS = InputLimits()
+"""The limits in force in this process."""
+
+
+def set_limits(limits: InputLimits) -> None:
+    """Put ``limits`` in force in this process (a broker does at start)."""
+    global LIMITS
+    LIMITS = limits
+    VALID_ATTRIBUTES.clear()  # names checked under the old limits are checked again
+
+
+def _string_problem(value: str) -> str | None:
+    if len(value) > LIMITS.string_length:
+        return (
+            f"a string of {len(value)} characters is over limits.string_length "
+            f"({LIMITS.string_length})"
+        )
+    return None
+
+
+def _name_problem(attr: str) -> str | None:
+    if len(attr) > LIMITS.name_length:
+        return (
+            f"attribute name of {len(attr)} characters is over limits.name_length "
+            f"({LIMITS.name_length})"
+        )
+    return None
+
+
 def _value_problem(value: object) -> str | None:
     """Why ``value`` is not a valid string or number constant (None if it is)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -122,6 +167,8 @@ def _value_problem(value: object) -> str | None:
         return f"integer {value} is out of range (at most ±2**53)"
     if isinstance(value, float) and not math.isfinite(value):
         return f"number {value!r} is not finite"
+    if isinstance(value, str):
+        return _string_problem(value)
     return None
 
 
@@ -160,6 +207,9 @@ class Predicate:
     def __post_init__(self) -> None:
         if not isinstance(self.attr, str) or not _ATTRIBUTE.fullmatch(self.attr):
             raise FilterError(f"predicate on {self.attr!r}: invalid attribute name")
+        problem = _name_problem(self.attr)
+        if problem:
+            raise FilterError(f"predicate on {self.attr[:40]!r}…: {problem}")
         problem = _predicate_problem(self.op, self.value)
         if problem:
             raise FilterError(f"predicate on {self.attr!r}: {problem}")
@@ -191,6 +241,11 @@ class Subscription:
         predicates = tuple(self.predicates)
         if not predicates:
             raise FilterError("a subscription needs at least one predicate")
+        if len(predicates) > LIMITS.predicates:
+            raise FilterError(
+                f"a subscription of {len(predicates)} predicates is over "
+                f"limits.predicates ({LIMITS.predicates})"
+            )
         for p in predicates:
             if not isinstance(p, Predicate):
                 raise FilterError(f"subscription element {p!r} is not a Predicate")
@@ -347,10 +402,10 @@ def parse_publication(text: str) -> Publication:
     while True:
         m = match(text, pos)
         if m is None:
-            return _parse_publication_text(text)
+            return _within_limits(_parse_publication_text(text))
         attr, string, number, comma = m.groups()
         if attr in publication:
-            return _parse_publication_text(text)
+            return _within_limits(_parse_publication_text(text))
         if string is not None:
             publication[attr] = string
         elif "." in number:
@@ -358,30 +413,53 @@ def parse_publication(text: str) -> Publication:
         else:
             publication[attr] = int(number)
         if comma is None:
-            return publication
+            return _within_limits(publication)
         pos = m.end()
+
+
+def _check_attribute_count(p: Publication) -> None:
+    if len(p) > LIMITS.attributes:
+        raise FilterError(
+            f"a publication of {len(p)} attributes is over limits.attributes ({LIMITS.attributes})"
+        )
+
+
+def _within_limits(p: Publication) -> Publication:
+    """``p`` (parsed from text) if it is within :data:`LIMITS`, else :class:`FilterError`."""
+    _check_attribute_count(p)
+    for attr, value in p.items():
+        problem = _name_problem(attr) or (type(value) is str and _string_problem(value))
+        if problem:
+            raise FilterError(f"attribute {attr[:40]!r}: {problem}")
+    return p
 
 
 def validate_publication(p: object) -> Publication:
     """Check a publication that arrived as data (e.g. off the wire) and return it.
 
-    It must be a non-empty dict of valid attribute names to strings, integers (±2**53)
-    or finite floats; ``bool`` is rejected. Raises :class:`FilterError` naming the attribute.
+    It must be a non-empty dict of at most ``limits.attributes`` valid attribute names to
+    strings (at most ``limits.string_length``), integers (±2**53) or finite floats;
+    ``bool`` is rejected. Raises :class:`FilterError` naming the attribute or the limit.
     """
     if not isinstance(p, dict):
         raise FilterError(f"a publication must be a dict, got {type(p).__name__}")
     if not p:
         raise FilterError("empty publication")
+    _check_attribute_count(p)
+    limits = LIMITS
     known = VALID_ATTRIBUTES
     for attr, value in p.items():
         if attr not in known:
             if not isinstance(attr, str) or not _ATTRIBUTE.fullmatch(attr):
                 raise FilterError(f"attribute {attr!r}: invalid attribute name")
+            problem = _name_problem(attr)
+            if problem:
+                raise FilterError(f"attribute {attr[:40]!r}…: {problem}")
             if len(known) < _VALID_ATTRIBUTES_CACHED:
                 known.add(attr)
         kind = type(value)
         if (
-            kind is str
+            (kind is str and len(value) <= limits.string_length)
             or (kind is float and math.isfinite(value))
             or (kind is int and -MAX_INTEGER <= value <= MAX_INTEGER)
         ):

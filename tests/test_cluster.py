@@ -18,6 +18,7 @@ from typing import Any
 
 import aiozmq.rpc
 import msgpack
+import psutil
 import pytest
 import zmq
 from conditions import until
@@ -40,15 +41,14 @@ def _broker_pids(marker: bytes) -> set[int]:
     """Live broker processes whose command line names ``marker`` (this run's temporary
     folder), so that brokers of another test run beside this one are not counted."""
     pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if b"octopis.cli.broker" in cmdline and marker in cmdline and state != "Z":
-                pids.add(int(entry.name))
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(process.info["cmdline"] or ()).encode()
+        if (
+            b"octopis.cli.broker" in cmdline
+            and marker in cmdline
+            and process.info["status"] != psutil.STATUS_ZOMBIE
+        ):
+            pids.add(process.pid)
     return pids
 
 
@@ -300,6 +300,19 @@ def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
                     "publication": {"a": [1, 2]},
                 }
             )
+        with pytest.raises(BrokerError, match=r"over limits.string_length \(1024\)"):
+            await conn.request(
+                {
+                    "op": "publish",
+                    "client": "x",
+                    "seq": 1,
+                    "published_at": 0,
+                    "publication": {"a": "x" * 5000},
+                }
+            )
+        many = ",".join(f"[a{i},>,1]" for i in range(65))
+        with pytest.raises(BrokerError, match=r"65 predicates is over limits.predicates \(64\)"):
+            await conn.request({"op": "subscribe", "client": "x", "filter": many})
         raw = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         raw.connect(target.client_endpoint)
         await raw.send(b"\xc1 not msgpack")
@@ -335,7 +348,7 @@ def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
         await fig2_cluster.close_control()
         assert stats["counters"]["wire_errors"] == 3
         assert stats["counters"]["protocol_errors"] == 1
-        assert stats["counters"]["client_errors"] >= 5
+        assert stats["counters"]["client_errors"] >= 7
         assert stats["counters"].get("internal_errors", 0) == 0
         await pub.close()
         await sub.close()
@@ -438,6 +451,17 @@ def test_up_and_down_commands(tmp_path: Path) -> None:
             check=False,
         )
         assert again.returncode == 2 and "exists" in again.stderr
+        status = subprocess.run(
+            [sys.executable, "-m", "octopis.cli.main", "status", "--run-dir", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        rows = [line.split() for line in status.stdout.splitlines()[1:]]
+        assert sorted(row[0] for row in rows) == sorted(state["pids"])
+        assert all(row[2] == "yes" and float(row[6]) > 1 for row in rows), status.stdout
     finally:
         down = subprocess.run(
             [sys.executable, "-m", "octopis.cli.main", "down", "--run-dir", str(run_dir)],

@@ -14,6 +14,7 @@ from octopis.filters import (
     NUMERIC_OPERATORS,
     STRING_OPERATORS,
     FilterError,
+    InputLimits,
     Predicate,
     Subscription,
     _parse_publication_text,
@@ -21,6 +22,7 @@ from octopis.filters import (
     format_publication,
     parse_publication,
     parse_subscription,
+    set_limits,
     subscription_from_dict,
     validate_publication,
 )
@@ -411,3 +413,53 @@ def test_direct_construction_is_checked() -> None:
         Subscription(())
     with pytest.raises(FilterError, match="is not a Predicate"):
         Subscription(("[a,=,1]",))  # type: ignore[arg-type]
+
+
+# ---- input limits (DESIGN §8) ----------------------------------------------------------
+
+
+@pytest.fixture
+def small_limits():
+    set_limits(InputLimits(attributes=3, predicates=2, string_length=5, name_length=4))
+    yield
+    set_limits(InputLimits())
+
+
+@pytest.mark.usefixtures("small_limits")
+@pytest.mark.parametrize(
+    ("make", "limit"),
+    [
+        (
+            lambda: parse_subscription("[a,>,1],[b,>,1],[c,>,1]"),
+            r"3 predicates .* limits.predicates \(2\)",
+        ),
+        (
+            lambda: parse_subscription("[a,eq,'abcdef']"),
+            r"6 characters .* limits.string_length \(5\)",
+        ),
+        (lambda: parse_subscription("[abcde,>,1]"), r"5 characters .* limits.name_length \(4\)"),
+        (
+            lambda: parse_publication("[a,1],[b,2],[c,3],[d,4]"),
+            r"4 attributes .* limits.attributes \(3\)",
+        ),
+        (lambda: parse_publication("[a,'abcdef']"), r"6 characters .* limits.string_length \(5\)"),
+        (lambda: parse_publication("[abcde,1]"), r"5 characters .* limits.name_length \(4\)"),
+        (
+            lambda: validate_publication({"a": 1, "b": 2, "c": 3, "d": 4}),
+            r"limits.attributes \(3\)",
+        ),
+        (lambda: validate_publication({"a": "abcdef"}), r"limits.string_length \(5\)"),
+        (lambda: validate_publication({"abcde": 1}), r"limits.name_length \(4\)"),
+        (lambda: subscription_from_dict({"a": ["eq", "abcdef"]}), r"limits.string_length"),
+    ],
+)
+def test_every_entry_refuses_what_is_over_a_limit_naming_it(make, limit: str) -> None:
+    with pytest.raises(FilterError, match=limit):
+        make()
+
+
+@pytest.mark.usefixtures("small_limits")
+def test_input_at_the_limits_is_accepted() -> None:
+    assert len(parse_subscription("[a,eq,'abcde'],[abcd,>,1]").predicates) == 2
+    assert parse_publication("[a,'abcde'],[b,2],[abcd,3]") == {"a": "abcde", "b": 2, "abcd": 3}
+    assert validate_publication({"a": "abcde", "b": 2, "abcd": 3})

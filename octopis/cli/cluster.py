@@ -294,13 +294,15 @@ def format_status(
 ) -> str:
     """A table of brokers (and, ``detailed``, of each link) for people."""
     lines = [
-        f"{'broker':<8} {'pid':>7} {'ready':<5} {'links':>5} {'table':>6} {'queued':>6}  notes"
+        f"{'broker':<8} {'pid':>7} {'ready':<5} {'links':>5} {'table':>6} {'queued':>6} "
+        f"{'MB':>5}  notes"
     ]
     for b in ids:
         stats = answers[b]
         if stats is None:
             lines.append(
-                f"{b:<8} {pids.get(b, 0):>7} {'-':<5} {'-':>5} {'-':>6} {'-':>6}  unreachable"
+                f"{b:<8} {pids.get(b, 0):>7} {'-':<5} {'-':>5} {'-':>6} {'-':>6} {'-':>5}  "
+                "unreachable"
             )
             continue
         links = stats["links"]
@@ -308,11 +310,13 @@ def format_status(
         errors = {k: v for k, v in stats["counters"].items() if k.endswith("errors") and v}
         notes = [f"down: {', '.join(down)}"] if down else []
         notes += [f"{k} {v}" for k, v in sorted(errors.items())]
+        if stats["missing_shares"]:
+            notes.append(f"waiting for the shares of {', '.join(stats['missing_shares'])}")
         queued = sum(link["queue_length"] for link in links.values())
         lines.append(
             f"{b:<8} {stats['pid']:>7} {'yes' if stats['ready'] else 'no':<5} "
             f"{stats['links_up']:>2}/{stats['neighbours']:<2} {stats['routing_table_size']:>6} "
-            f"{queued:>6}  {'; '.join(notes)}"
+            f"{queued:>6} {stats['memory_rss'] / 2**20:>5.0f}  {'; '.join(notes)}"
         )
         if detailed:
             lines.append(f"  incarnation {stats['incarnation']:x}, up {stats['uptime']:.0f} s")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiozmq.rpc
+import psutil
 
 from octopis.topology import PORTS_PER_BROKER, Scot, build_preset, load_topology
 from octopis.transport.settings import BrokerSettings, load_settings
@@ -366,22 +367,13 @@ def _alive(pid: int, process: subprocess.Popen | None, wait: float = 0.0) -> boo
         except subprocess.TimeoutExpired:
             return True
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     with contextlib.suppress(ChildProcessError):
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False
-    return _not_zombie(pid)
-
-
-def _not_zombie(pid: int) -> bool:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return fields[0] != "Z"
 
 
 def _describe_dead(dead: dict[str, int], run_dir: Path) -> str:

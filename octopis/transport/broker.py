@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import psutil
 import zmq.asyncio
 
 from octopis.core import (
@@ -38,7 +39,7 @@ from octopis.core import (
     make_broker,
 )
 from octopis.core.resync import epoch_of, resync_messages, withdraw_predecessor
-from octopis.filters import Subscription
+from octopis.filters import Subscription, set_limits
 from octopis.matching import MatchClock, TimedMatcher
 from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
@@ -65,6 +66,7 @@ class Broker:
         self.mode = mode
         self.settings = settings
         self.clock = MatchClock()
+        set_limits(settings.limits)
         self.core = make_broker(
             scot,
             broker_id,
@@ -97,6 +99,7 @@ class Broker:
         """Local publications waiting for this broker to be serving (DESIGN §7)."""
         self._tasks: list[asyncio.Task] = []
         self.started = time.time()
+        self._process = psutil.Process()
         self.welcome: dict[str, object] = {
             "broker": self.id,
             "mode": mode,
@@ -130,7 +133,7 @@ class Broker:
         )
         self.links = self.peers.links
         self.clients = ClientSessions(self.id, self.info.client_endpoint, self.settings, ctx, self)
-        self.rpc = await serve_control(self, self.info.control_endpoint)
+        self.rpc = await serve_control(self, self.info.control_endpoint, self.settings.frame_bytes)
         work = [
             *self.peers.tasks(),
             ("clients", self.clients.serve()),
@@ -433,6 +436,8 @@ class Broker:
             "missing_shares": sorted(getattr(self.core, "missing_shares", ())),
             "owed_shares": sorted(self.owed_shares),
             "pid": os.getpid(),
+            "memory_rss": self._process.memory_info().rss,
+            "cpu_seconds": sum(self._process.cpu_times()[:2]),
         }
 
     def subscriptions(self) -> dict[str, list]:

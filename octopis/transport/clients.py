@@ -97,6 +97,7 @@ class ClientSessions:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.SNDHWM, settings.client_sndhwm)
         self.socket.setsockopt(zmq.LINGER, 500)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, settings.frame_bytes)
         self.socket.bind(bind)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
         self._waiter: InputWaiter | None = None
@@ -180,6 +181,13 @@ class ClientSessions:
         self, identity: bytes, connection: Connection, request: SubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
+        limit = self.settings.subscriptions_per_client
+        if len(connection.clients[key]) >= limit:
+            self.counters["subscriptions_refused.limit"] += 1
+            raise ClientError(
+                f"{request.client} already holds {limit} subscriptions "
+                f"(limits.subscriptions_per_client)"
+            )
         sub_id, actions = self.router.subscribe(key, as_subscription(request.filter))
         connection.clients[key].add(sub_id)
         self.router.execute(actions)

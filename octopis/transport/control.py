@@ -6,6 +6,7 @@ import asyncio
 from typing import Any, Protocol
 
 import aiozmq.rpc
+import zmq
 
 
 class Inspectable(Protocol):
@@ -58,6 +59,9 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
         return True
 
 
-async def serve_control(broker: Inspectable, endpoint: str) -> aiozmq.rpc.Service:
-    """Start the control RPC of ``broker`` at ``endpoint``."""
-    return await aiozmq.rpc.serve_rpc(ControlHandler(broker), bind=endpoint)
+async def serve_control(broker: Inspectable, endpoint: str, frame_bytes: int) -> aiozmq.rpc.Service:
+    """Start the control RPC of ``broker`` at ``endpoint``; a caller sending a message over
+    ``frame_bytes`` is disconnected (ZMQ_MAXMSGSIZE)."""
+    service = await aiozmq.rpc.serve_rpc(ControlHandler(broker), bind=endpoint)
+    service.transport.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
+    return service

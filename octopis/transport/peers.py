@@ -142,6 +142,7 @@ class PeerLinks:
         self._warn = RateLimitedLog(log, settings.log_interval)
         self.input = ctx.socket(zmq.PULL)
         self.input.setsockopt(zmq.RCVHWM, 1000)
+        self.input.setsockopt(zmq.MAXMSGSIZE, settings.frame_bytes)
         self.input.bind(bind)
         self._input_sync = zmq.Socket.shadow(self.input.underlying)
         self._waiter: InputWaiter | None = None

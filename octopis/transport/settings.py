@@ -31,6 +31,15 @@ publishers = 10000       # publishers remembered; the one seen first is forgotte
 
 [logs]
 interval = 5.0           # a repeated warning is written at most once per interval per kind
+
+[limits]                 # input a broker accepts, from clients and peers alike (DESIGN §8)
+frame_bytes = 1048576    # largest ZeroMQ message on any socket (ZMQ_MAXMSGSIZE); a sender
+                         # of a larger one is disconnected
+attributes = 64          # attributes in one publication
+predicates = 64          # predicates in one subscription
+string_length = 1024     # characters in one string value or constant
+name_length = 128        # characters in one attribute name
+subscriptions_per_client = 10000
 ```
 """
 
@@ -44,6 +53,7 @@ from typing import Any
 from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
 from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
+from octopis.filters import InputLimits
 
 
 class ConfigError(ValueError):
@@ -72,6 +82,9 @@ class BrokerSettings:
     dedup_window: int = DEFAULT_DEDUP_WINDOW
     dedup_publishers: int = DEFAULT_DEDUP_PUBLISHERS
     log_interval: float = 5.0
+    frame_bytes: int = 1 << 20
+    limits: InputLimits = field(default_factory=InputLimits)
+    subscriptions_per_client: int = 10_000
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
@@ -85,7 +98,8 @@ class BrokerSettings:
             if section != table:
                 lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
                 table = section
-            lines.append(f"{key} = {getattr(self, name)!r}")
+            owner = self.limits if name.startswith("limits.") else self
+            lines.append(f"{key} = {getattr(owner, name.rsplit('.', 1)[-1])!r}")
         if self.capacities:
             lines += ["", "[links.capacities]"]
             lines += [f'"{link}" = {rate!r}' for link, rate in sorted(self.capacities.items())]
@@ -124,6 +138,12 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("dedup", "window"): ("dedup_window", 1, True),
     ("dedup", "publishers"): ("dedup_publishers", 1, True),
     ("logs", "interval"): ("log_interval", 0.0, False),
+    ("limits", "frame_bytes"): ("frame_bytes", 1024, True),
+    ("limits", "attributes"): ("limits.attributes", 1, True),
+    ("limits", "predicates"): ("limits.predicates", 1, True),
+    ("limits", "string_length"): ("limits.string_length", 1, True),
+    ("limits", "name_length"): ("limits.name_length", 1, True),
+    ("limits", "subscriptions_per_client"): ("subscriptions_per_client", 1, True),
 }
 """Each ``[table] key``: the :class:`BrokerSettings` field it sets, its minimum, and
 whether it must be an integer."""
@@ -145,7 +165,8 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
             name, minimum, integer = spec
             number = _number(value, f"{table}.{key}", source, minimum=minimum, integer=integer)
             values[name] = int(number) if integer else number
-    settings = BrokerSettings(**values)
+    limits = {k.split(".", 1)[1]: values.pop(k) for k in list(values) if k.startswith("limits.")}
+    settings = BrokerSettings(**values, limits=InputLimits(**limits))
     if settings.down_after <= 2 * settings.heartbeat:
         raise ConfigError(
             f"{source}: links.down_after ({settings.down_after} s) must exceed two heartbeat "

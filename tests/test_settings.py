@@ -1,0 +1,43 @@
+"""Broker settings files (``octopis/transport/settings.py``): every key read back, limits
+included, and every bad value refused naming its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from octopis.filters import InputLimits
+from octopis.transport.settings import BrokerSettings, ConfigError, load_settings
+
+
+def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
+    settings = BrokerSettings(
+        queue_threshold=7,
+        custody_limit=0,
+        frame_bytes=4096,
+        limits=InputLimits(attributes=9, predicates=3, string_length=40, name_length=16),
+        subscriptions_per_client=5,
+        capacities={"a:0>b:0": 200.0},
+    )
+    path = tmp_path / "broker.toml"
+    path.write_text(settings.to_toml())
+    assert load_settings(path) == settings
+    assert load_settings(None) == BrokerSettings()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[limits]\npredicates = 0\n", "limits.predicates must be ≥ 1"),
+        ("[limits]\nstring_length = 2.5\n", "limits.string_length must be an integer"),
+        ("[limits]\nframe_bytes = 10\n", "limits.frame_bytes must be ≥ 1024"),
+        ("[limits]\nwidth = 3\n", "unknown key limits.width"),
+        ("[limit]\npredicates = 3\n", r"unknown table \[limit\]"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_key(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=problem):
+        load_settings(path)
