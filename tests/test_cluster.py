@@ -319,6 +319,11 @@ def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
         reply = msgpack.unpackb(await asyncio.wait_for(raw.recv(), 5))
         assert reply["op"] == "error" and "not msgpack" in reply["message"]
         raw.close()
+        huge = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        huge.connect(target.client_endpoint)
+        await huge.send(msgpack.packb({"op": "hello", "client": "h", "req": 1, "x": "y" * 2**21}))
+        assert await huge.poll(1000) == 0  # over limits.frame_bytes: disconnected, unread
+        huge.close(linger=0)
 
         peer = zmq.asyncio.Context.instance().socket(zmq.PUSH)
         peer.connect(target.endpoint)
