@@ -141,22 +141,20 @@ def set_limits(limits: InputLimits) -> None:
     VALID_ATTRIBUTES.clear()  # names checked under the old limits are checked again
 
 
-def _string_problem(value: str) -> str | None:
-    if len(value) > LIMITS.string_length:
-        return (
-            f"a string of {len(value)} characters is over limits.string_length "
-            f"({LIMITS.string_length})"
-        )
+def _too_long(text: str, what: str, limit: str) -> str | None:
+    """Why ``text`` (a ``what``) is over ``limits.<limit>``, or None."""
+    most = getattr(LIMITS, limit)
+    if len(text) > most:
+        return f"{what} of {len(text)} characters is over limits.{limit} ({most})"
     return None
+
+
+def _string_problem(value: str) -> str | None:
+    return _too_long(value, "a string", "string_length")
 
 
 def _name_problem(attr: str) -> str | None:
-    if len(attr) > LIMITS.name_length:
-        return (
-            f"attribute name of {len(attr)} characters is over limits.name_length "
-            f"({LIMITS.name_length})"
-        )
-    return None
+    return _too_long(attr, "attribute name", "name_length")
 
 
 def _value_problem(value: object) -> str | None:
