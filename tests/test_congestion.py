@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from octopis.cli.main import main
+from octopis.core.capacity import SendRate, departure
 from octopis.sim import InjectedCongestion, Simulator, TimedLinks
 from octopis.topology import build_preset
 from octopis.workload import HighRatePublisher, generate_workload
@@ -88,6 +89,24 @@ def test_broker_capacity_is_shared_by_its_links() -> None:
     assert first[0] == pytest.approx(0.1) and second[0] == pytest.approx(0.2)
     assert second[1] == 0  # c:0's own queue was empty; the wait was for the broker
     assert other[0] == pytest.approx(0.1)
+
+
+def test_a_late_sender_catches_up_within_its_slack_but_never_sends_early() -> None:
+    strict, lenient = SendRate(100.0), SendRate(100.0, slack=0.01)
+    assert strict.book(1.0) == pytest.approx(1.01)  # a copy takes a whole slot
+    assert lenient.book(1.0) == pytest.approx(1.0)  # an idle sender had its slot ready
+    # woken 30 ms late: the strict sender's slots start now, the lenient one makes up 10 ms
+    assert strict.book(1.04) == pytest.approx(1.05)
+    assert lenient.book(1.04) == pytest.approx(1.04)  # booked 1.03-1.04, leaves when ready
+    assert lenient.book(1.04) == pytest.approx(1.05)
+    with pytest.raises(ValueError, match="positive"):
+        SendRate(0.0)
+
+
+def test_a_copy_passes_the_broker_sender_then_the_link() -> None:
+    broker, link = SendRate(10.0), SendRate(5.0)
+    assert departure(0.0, [broker, link]) == pytest.approx(0.3)  # 0.1 broker + 0.2 link
+    assert departure(0.0, [broker, link]) == pytest.approx(0.5)  # link busy until 0.3
 
 
 def test_sim_cli_congestion_options(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from octopis.core import LinkStatusTable, LinkView, NoCongestion
+from octopis.core.capacity import SendRate, departure
 from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
 from octopis.topology import ICOL, Scot
 
@@ -172,17 +173,12 @@ class TimedLinks:
         queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
         broker_capacity: Mapping[str, float] | None = None,
     ) -> None:
-        self.capacity = dict(capacity or {})
-        self.broker_capacity = dict(broker_capacity or {})
-        for name, rate in (*self.capacity.items(), *self.broker_capacity.items()):
-            if rate <= 0:
-                raise ValueError(f"capacity of {name} must be positive, got {rate}")
+        self._link_rate = _send_rates(capacity)
+        self._broker_rate = _send_rates(broker_capacity)
         self.lst = {
             b.id: LinkStatusTable([n.id for n in b.neighbours], window, queue_threshold)
             for b in scot.brokers.values()
         }
-        self._link_free: dict[Link, float] = {}
-        self._broker_free: dict[str, float] = {}
         self._pending: dict[str, dict[str, deque[float]]] = {b: {} for b in scot.brokers}
 
     @classmethod
@@ -213,20 +209,17 @@ class TimedLinks:
         lst = self.lst[src]
         ahead = lst.rows[dst].queue_length
         lst.enqueued(dst, now)
-        link_rate = self.capacity.get((src, dst))
-        broker_rate = self.broker_capacity.get(src)
-        if link_rate is None and broker_rate is None:
+        senders = [
+            rate
+            for rate in (self._broker_rate.get(src), self._link_rate.get((src, dst)))
+            if rate is not None
+        ]
+        if not senders:
             lst.sent(dst, now)
             return now, ahead
-        departure = now
-        if broker_rate is not None:
-            departure = max(departure, self._broker_free.get(src, 0.0)) + 1.0 / broker_rate
-            self._broker_free[src] = departure
-        if link_rate is not None:
-            departure = max(departure, self._link_free.get((src, dst), 0.0)) + 1.0 / link_rate
-            self._link_free[(src, dst)] = departure
-        self._pending[src].setdefault(dst, deque()).append(departure)
-        return departure, ahead
+        leaves = departure(now, senders)
+        self._pending[src].setdefault(dst, deque()).append(leaves)
+        return leaves, ahead
 
     def _catch_up(self, broker: str, now: float) -> None:
         lst = self.lst[broker]
@@ -234,3 +227,13 @@ class TimedLinks:
             while departures and departures[0] <= now:
                 lst.sent(dst, departures.popleft())
         lst.advance(now)
+
+
+def _send_rates(capacity: Mapping[Any, float] | None) -> dict[Any, SendRate]:
+    """A sender per link or broker; a rate that is not positive names its owner."""
+    rates = {}
+    for owner, rate in (capacity or {}).items():
+        if rate <= 0:
+            raise ValueError(f"capacity of {owner} must be positive, got {rate}")
+        rates[owner] = SendRate(rate)
+    return rates

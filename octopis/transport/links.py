@@ -1,5 +1,5 @@
 """ZeroMQ primitives of a broker's links: non-blocking sends and reads, an input waiter,
-pacing, and the outgoing peer link with its output queue (DESIGN §4, paper §6.3).
+and the outgoing peer link with its output queue (DESIGN §4, paper §6.3).
 
 The output queue is what the Link Status Table measures: a low send high-water mark and
 non-blocking sends make backpressure grow this queue instead of dropping anything.
@@ -17,6 +17,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.core import LinkStatusTable
+from octopis.core.capacity import SendRate, departure
 
 YIELDS_BEFORE_POLL = 4
 """Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
@@ -27,6 +28,9 @@ NOBLOCK, EVENTS, POLLIN, POLLOUT = (
     int(zmq.POLLIN),
     int(zmq.POLLOUT),
 )
+LOOP_SLACK = 0.01
+"""Seconds a paced sender may catch up after the event loop woke it late."""
+
 SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 """Plain ints: pyzmq's flag enums cost an enum construction per call on the hot path."""
 send_part = zmq.backend.Socket.send
@@ -94,24 +98,6 @@ class InputWaiter:
         self._loop.remove_reader(self._fd)
 
 
-class Pacer:
-    """At most ``rate`` sends per second (a token bucket with a 10 ms burst), shared by
-    every link that uses it: one per link for a link capacity, one per broker for a
-    broker capacity (paper §6.3: limited bandwidth, an overwhelmed broker)."""
-
-    __slots__ = ("gap", "next_slot")
-
-    def __init__(self, rate: float) -> None:
-        self.gap = 1.0 / rate
-        self.next_slot = 0.0
-
-    def reserve(self, now: float) -> float:
-        """Book the next send slot; returns when it starts."""
-        slot = max(self.next_slot, now - 0.01)
-        self.next_slot = slot + self.gap
-        return slot
-
-
 class OutputLink:
     """An outgoing peer link: output queue, paced non-blocking sender, LST feed, custody.
 
@@ -133,7 +119,7 @@ class OutputLink:
         ctx: zmq.asyncio.Context,
         lst: LinkStatusTable,
         sndhwm: int,
-        pacers: tuple[Pacer, ...],
+        senders: tuple[SendRate, ...],
         activity: asyncio.Event,
         custody_limit: int,
         retain: float = 0.0,
@@ -147,7 +133,7 @@ class OutputLink:
         self.socket.connect(endpoint)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
         self.queue: deque[list] = deque()
-        self.pacers = pacers
+        self.senders = senders
         self.sent = 0
         self.last_sent = 0.0
         self.numbered = 0
@@ -216,7 +202,7 @@ class OutputLink:
         self._activity.set()
         if (
             not self.queue
-            and not self.pacers
+            and not self.senders
             and len(self.custody) < self.custody_limit
             and (self.greeted or frame[2] < DATA)
         ):
@@ -281,7 +267,8 @@ class OutputLink:
         return frames
 
     async def run(self) -> None:
-        """Send queued frames in order, each in a slot booked with every pacer."""
+        """Send queued frames in order, each in a slot booked with the broker's and the
+        link's senders (:func:`octopis.core.capacity.departure`)."""
         loop = asyncio.get_running_loop()
         booked = False
         while True:
@@ -294,12 +281,12 @@ class OutputLink:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if self.pacers and not booked:
+            if self.senders and not booked:
                 now = loop.time()
-                start = max(p.reserve(now) for p in self.pacers)
+                leave = departure(now, self.senders)
                 booked = True
-                if start > now:
-                    await asyncio.sleep(start - now)
+                if leave > now:
+                    await asyncio.sleep(leave - now)
                     if not self.queue:  # taken back meanwhile
                         continue
             try:

@@ -32,6 +32,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Message, ProtocolError
+from octopis.core.capacity import SendRate
 from octopis.transport.codec import (
     Heartbeat,
     Hello,
@@ -44,10 +45,10 @@ from octopis.transport.links import (
     EVENTS,
     HANDSHAKE,
     LINK,
+    LOOP_SLACK,
     POLLIN,
     InputWaiter,
     OutputLink,
-    Pacer,
     receive_now,
 )
 from octopis.transport.logs import RateLimitedLog
@@ -148,7 +149,9 @@ class PeerLinks:
         self._waiter: InputWaiter | None = None
         self._reading = False
         """The input loop is working through a backlog (not waiting for input)."""
-        broker_pacer = Pacer(settings.broker_capacity) if settings.broker_capacity else None
+        broker_sender = (
+            SendRate(settings.broker_capacity, LOOP_SLACK) if settings.broker_capacity else None
+        )
         self.links = {
             n: OutputLink(
                 n,
@@ -156,7 +159,7 @@ class PeerLinks:
                 ctx,
                 lst,
                 settings.sndhwm,
-                self._pacers(n, broker_pacer),
+                self._senders(n, broker_sender),
                 self.activity,
                 settings.custody_limit,
                 settings.retain,
@@ -165,14 +168,12 @@ class PeerLinks:
             for n, endpoint in endpoints.items()
         }
 
-    def _pacers(self, neighbour: str, broker_pacer: Pacer | None) -> tuple[Pacer, ...]:
-        """The link's own pacer (link capacity) and the broker's shared one, if set."""
-        pacers = []
-        if rate := self.settings.capacity_of(self.id, neighbour):
-            pacers.append(Pacer(rate))
-        if broker_pacer is not None:
-            pacers.append(broker_pacer)
-        return tuple(pacers)
+    def _senders(self, neighbour: str, broker: SendRate | None) -> tuple[SendRate, ...]:
+        """The broker's shared sender (broker capacity), then the link's own (link
+        capacity), those that are set."""
+        rate = self.settings.capacity_of(self.id, neighbour)
+        link = SendRate(rate, LOOP_SLACK) if rate else None
+        return tuple(s for s in (broker, link) if s is not None)
 
     @property
     def ready(self) -> bool:
