@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from octopis.filters import Publication, Subscription
@@ -101,6 +101,62 @@ def delay_distribution(delays: Iterable[float]) -> dict[str, float]:
     values = list(delays)
     under = sum(d < 1.0 for d in values) / len(values) if values else math.nan
     return {**distribution(values), "under_1s": under}
+
+
+FAILURE_STATS = ("undeliverable", "tunnel", "dedup", "custody", "dnr_detour")
+"""Prefixes of the core counters a failure report shows (DESIGN §7)."""
+
+DNR_CASES = ("dnr_case_1", "dnr_case_2", "dnr_case_3", "dnr_kept_off")
+
+
+def run_report(
+    mode: str,
+    brokers: int,
+    subscriptions: int,
+    ledger: DeliveryLedger,
+    core: Mapping[str, int],
+    depths: Collection[int],
+    subscription_delays: Iterable[float],
+) -> dict[str, Any]:
+    """The counts every run reports, simulated or real (paper §7): messages of each kind
+    from the cores' ``sent.*`` counters, subscription tree lengths (``depths``, one per
+    stored subscription), delays, and the ledger's expected/delivered/duplicates/lost."""
+    report: dict[str, Any] = {
+        "mode": mode,
+        "brokers": brokers,
+        "subscriptions": subscriptions,
+        "notifications": ledger.notifications,
+        "sbp_messages": core.get("sent.subscribe", 0),
+        "sbp_duplicates": core.get("sbp_duplicates", 0),
+        "unsubscribe_messages": core.get("sent.unsubscribe", 0),
+        "avg_subscription_tree_length": sum(depths) / len(depths) if depths else 0.0,
+        "max_subscription_tree_length": max(depths, default=0),
+        "notification_messages": core.get("sent.notification", 0),
+        "matching_operations": core.get("matching", 0),
+        **ledger.summary(),
+        "subscription_delay": delay_distribution(subscription_delays),
+        "notification_delay": ledger.delay_summary(),
+    }
+    if mode == "bid":
+        report["bids_carried"] = core.get("bids_carried", 0)
+    if mode == "dnr":
+        report.update((key, core.get(key, 0)) for key in DNR_CASES)
+    return report
+
+
+def failure_counts(core: Mapping[str, int]) -> dict[str, int]:
+    """The cores' failure counters (:data:`FAILURE_STATS`), sorted by name."""
+    return {k: n for k, n in sorted(core.items()) if k.split(".")[0] in FAILURE_STATS}
+
+
+def host_split(
+    ledger: DeliveryLedger, host_of: Mapping[str, str], failed: Collection[str]
+) -> dict[str, dict[str, int]]:
+    """Deliveries split by whether the subscriber's host broker (``host_of``) failed."""
+    return {
+        "host_alive": ledger.summary(lambda key: host_of[key[0]] not in failed),
+        "host_dead": ledger.summary(lambda key: host_of[key[0]] in failed),
+    }
 
 
 _EMPTY_BIN = {"published": 0, "delivered": 0, "lost": 0, "delay_mean": 0.0, "delay_max": 0.0}

@@ -20,7 +20,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from octopis.accounting import DeliveryLedger, delay_distribution, delivery_series
+from octopis.accounting import (
+    DeliveryLedger,
+    delivery_series,
+    failure_counts,
+    host_split,
+    run_report,
+)
 from octopis.client import Connection, Publisher, Received, Subscriber
 from octopis.cluster.launcher import ClusterError, LocalCluster
 from octopis.failure_schedule import Failure
@@ -346,11 +352,7 @@ class WorkloadRun:
                 "sbp_handed_late",
             )
         }
-        report.update(
-            (k, n)
-            for k, n in sorted(core.items())
-            if k.split(".")[0] in ("undeliverable", "tunnel", "dedup", "custody")
-        )
+        report.update(failure_counts(core))
         if not self.kills:
             return report
         for broker, killed in self.kills.items():
@@ -368,8 +370,7 @@ class WorkloadRun:
         for broker, ready in self.restarts.items():
             report[f"restart.{broker}"] = {"serving_after_s": ready, **self.tables[broker]}
         hosts = {s.subscriber: s.broker for s in self.workload.subscriptions}
-        report["host_alive"] = self.ledger.summary(lambda key: hosts[key[0]] not in self.kills)
-        report["host_dead"] = self.ledger.summary(lambda key: hosts[key[0]] in self.kills)
+        report.update(host_split(self.ledger, hosts, self.kills))
         back = {}
         for broker in self.kills:
             outages = self._connections[broker].outages if broker in self._connections else ()
@@ -402,21 +403,16 @@ class WorkloadRun:
             for sub_id, (seconds, hops) in per_broker.items():
                 delay[sub_id] = max(delay.get(sub_id, 0.0), seconds)
                 depth[sub_id] = max(depth.get(sub_id, 0), hops)
-        depths = list(depth.values())
-        report: dict[str, Any] = {
-            "mode": self.options.mode,
-            "brokers": len(self.scot.brokers),
-            "subscriptions": len(self.workload.subscriptions),
-            "notifications": self.ledger.notifications,
-            "sbp_messages": core["sent.subscribe"],
-            "sbp_duplicates": core["sbp_duplicates"],
-            "avg_subscription_tree_length": sum(depths) / len(depths) if depths else 0.0,
-            "max_subscription_tree_length": max(depths, default=0),
-            "notification_messages": core["sent.notification"],
-            "matching_operations": core["matching"],
-            **self.ledger.summary(),
-            "subscription_delay": delay_distribution(delay.values()),
-            "notification_delay": self.ledger.delay_summary(),
+        report = run_report(
+            self.options.mode,
+            len(self.scot.brokers),
+            len(self.workload.subscriptions),
+            self.ledger,
+            core,
+            list(depth.values()),
+            delay.values(),
+        )
+        report |= {
             "matching_delay": {
                 "mean_per_operation": match_seconds / core["matching"] if core["matching"] else 0.0,
                 "total_seconds": match_seconds,
@@ -442,9 +438,4 @@ class WorkloadRun:
             report["max_delay_per_1000"] = [
                 max(delays[i : i + 1000]) for i in range(0, len(delays), 1000)
             ]
-        if self.options.mode == "bid":
-            report["bids_carried"] = core["bids_carried"]
-        if self.options.mode == "dnr":
-            for key in ("dnr_case_1", "dnr_case_2", "dnr_case_3", "dnr_kept_off"):
-                report[key] = core[key]
         return report

@@ -21,14 +21,19 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from octopis.accounting import DeliveryLedger, delay_distribution, distribution
+from octopis.accounting import (
+    DeliveryLedger,
+    distribution,
+    failure_counts,
+    host_split,
+    run_report,
+)
 from octopis.core import (
     Action,
     BrokerCore,
     Forward,
     Notification,
     Subscribe,
-    Unsubscribe,
     make_broker,
 )
 from octopis.core.clustered import ClusteredBroker
@@ -53,11 +58,6 @@ class ReplayableWorkload(Protocol):
 
     def check_topology(self, scot: Scot) -> None:
         """Raise if a client sits on a broker ``scot`` lacks."""
-
-
-_FAILURE_STATS = ("undeliverable", "tunnel", "dedup", "custody", "dnr_detour")
-
-MESSAGE_KIND = {Subscribe: "subscribe", Unsubscribe: "unsubscribe", Notification: "notification"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,6 @@ class Simulator:
         self.links: LinkModel = links or FreeLinks()
         self.ledger = DeliveryLedger(oracle_factory or matcher_factory)
         self.now = 0.0
-        self.messages: Counter[str] = Counter()
         self.subscription_delay: dict[str, float] = {}
         self.subscription_depth: dict[str, int] = {}
         self.target_queue: list[int] = []
@@ -323,8 +322,12 @@ class Simulator:
             or not peer.share_complete(dst)
         ):
             return False
+        stored = len(peer.table)
         actions = withdraw_predecessor(peer, dst, core.epoch)
-        actions += [Forward(dst, m) for m in resync_messages(peer, dst)]
+        share = [Forward(dst, m) for m in resync_messages(peer, dst)]
+        self.failure_counts["predecessor_entries_withdrawn"] += stored - len(peer.table)
+        self.failure_counts["resync_entries_sent"] += len(share)
+        actions += share
         self._dispatch(src, actions)
         token = state.shares_in_flight[(src, dst)] = object()
         arrival = max(self._last_arrival.get((src, dst), self.now), self.now)
@@ -387,47 +390,26 @@ class Simulator:
         stats: Counter[str] = Counter(self._retired)
         for core in self.cores.values():
             stats.update(core.stats)
-        depths = list(self.subscription_depth.values())
-        report: dict[str, Any] = {
-            "mode": self.mode,
-            "brokers": len(self.cores),
-            "subscriptions": len(self.subscription_depth),
-            "notifications": self.ledger.notifications,
-            "sbp_messages": self.messages["subscribe"],
-            "sbp_duplicates": stats["sbp_duplicates"],
-            "unsubscribe_messages": self.messages["unsubscribe"],
-            "avg_subscription_tree_length": sum(depths) / len(depths) if depths else 0.0,
-            "max_subscription_tree_length": max(depths, default=0),
-            "notification_messages": self.messages["notification"],
-            "matching_operations": stats["matching"],
-            **self.ledger.summary(),
-            "subscription_delay": delay_distribution(self.subscription_delay.values()),
-            "notification_delay": self.ledger.delay_summary(),
-            "sim_time": self.now,
-            "wall_time": self._wall,
-        }
-        if self.mode == "bid":
-            report["bids_carried"] = stats["bids_carried"]
-        if self.mode == "dnr":
-            for key in ("dnr_case_1", "dnr_case_2", "dnr_case_3", "dnr_kept_off"):
-                report[key] = stats[key]
+        report = run_report(
+            self.mode,
+            len(self.cores),
+            len(self.subscription_depth),
+            self.ledger,
+            stats,
+            list(self.subscription_depth.values()),
+            self.subscription_delay.values(),
+        )
+        report["sim_time"] = self.now
+        report["wall_time"] = self._wall
         if self.target_queue:
             report["target_queue_length"] = distribution(self.target_queue)
         if self.failures is not None:
-            report["failures"] = self._failure_report(stats)
+            report["failures"] = {
+                **self.failure_counts,
+                **failure_counts(stats),
+                **host_split(self.ledger, self._home, self.hosts_failed),
+            }
         return report
-
-    def _failure_report(self, stats: Counter[str]) -> dict[str, Any]:
-        """What failures did: counts, detours, dedup, and deliveries split by whether
-        the subscriber's host broker ever failed (DESIGN §7)."""
-        failed = self.hosts_failed
-        home = self._home
-        return {
-            **self.failure_counts,
-            **{key: n for key, n in sorted(stats.items()) if key.split(".")[0] in _FAILURE_STATS},
-            "host_alive": self.ledger.summary(lambda key: home[key[0]] not in failed),
-            "host_dead": self.ledger.summary(lambda key: home[key[0]] in failed),
-        }
 
     def deliveries(self) -> Iterator[dict[str, Any]]:
         """One record per delivery (duplicates repeated): subscriber, publisher, seq."""
@@ -454,8 +436,6 @@ class Simulator:
         for action in actions:
             if isinstance(action, Forward):
                 dst, message = action
-                kind = MESSAGE_KIND[type(message)]
-                self.messages[kind] += 1
                 if self._on_forward is not None:
                     self._on_forward(broker, dst, message)
                 if failures is not None:
@@ -464,7 +444,7 @@ class Simulator:
                         self.failure_counts["lost_in_transit"] += 1
                         continue
                 departure, ahead = self.links.transmit(broker, dst, now)
-                if kind == "notification" and self.links.measures_queues:
+                if type(message) is Notification and self.links.measures_queues:
                     self.target_queue.append(ahead)
                 arrival = departure + self.latency.sample(self._rng)
                 link = (broker, dst)
