@@ -21,7 +21,7 @@ import math
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -345,14 +345,14 @@ class HighRatePublisher:
         from octopis.quotes import random_quotes
 
         home = rng.choice(list(scot.brokers))
-        cluster = scot.brokers[home].cluster
-        others = [c for c in range(scot.clusters) if c != cluster] or [cluster]
         interest = parse_subscription("[class,eq,'HRP']")
-        subs = []
-        for i in range(audience):
-            wanted = others[i % len(others)] if self.burst_placement else None
-            pool = [b.id for b in scot.brokers.values() if wanted is None or b.cluster == wanted]
-            subs.append(SubscriptionEvent(f"S{first + i}", rng.choice(pool), interest, 0.0))
+        brokers = follower_brokers(
+            scot, home, audience, burst=self.burst_placement, pick=rng.choice
+        )
+        subs = [
+            SubscriptionEvent(f"S{first + i}", broker, interest, 0.0)
+            for i, broker in enumerate(brokers)
+        ]
         interval = 60.0 / self.rate_per_minute
         quotes = random_quotes(self.notifications, seed=seed + 1, symbols=1)
         pubs = [
@@ -366,6 +366,23 @@ class HighRatePublisher:
             for k, q in enumerate(quotes)
         ]
         return subs, pubs
+
+
+def follower_brokers(
+    scot: Scot, home: str, audience: int, *, burst: bool, pick: Callable[[list[str]], str]
+) -> list[str]:
+    """Brokers of the ``audience`` followers of an HRP on ``home`` (paper §7.3). With
+    ``burst`` follower i sits in the i-th, in turn, of the clusters other than ``home``'s
+    (``home``'s own when it is the only one), so that every one of the HRP's iCOLs is a
+    target link; otherwise anywhere. ``pick`` chooses one broker of a list (the caller's
+    seeded random source)."""
+    everywhere = list(scot.brokers)
+    if not burst:
+        return [pick(everywhere) for _ in range(audience)]
+    cluster = scot.brokers[home].cluster
+    others = [c for c in range(scot.clusters) if c != cluster] or [cluster]
+    pools = {c: [b for b in everywhere if scot.brokers[b].cluster == c] for c in others}
+    return [pick(pools[others[i % len(others)]]) for i in range(audience)]
 
 
 def real_quote_feeds(

@@ -74,6 +74,7 @@ from octopis.workload import (
     PUBLICATION_SCHEMA,
     SUBSCRIPTION_SCHEMA,
     WorkloadError,
+    follower_brokers,
     write_workload_tables,
 )
 from spark_workloads.quote_input import (
@@ -671,14 +672,9 @@ def _place(scot: Scot, args: argparse.Namespace, stock: int, audience: int) -> _
     hrp = None
     if args.hrp_notifications:
         hrp = args.hrp_broker or pick(brokers)
-        home = scot.brokers[hrp].cluster
-        others = [c for c in range(scot.clusters) if c != home]
-        for i in range(audience):
-            if args.burst_placement:
-                cluster = others[i % len(others)]
-                subscribers.append(pick([b for b in brokers if scot.brokers[b].cluster == cluster]))
-            else:
-                subscribers.append(pick(brokers))
+        subscribers += follower_brokers(
+            scot, hrp, audience, burst=args.burst_placement, pick=pick
+        )
     return _Placement(subscribers, publishers, hrp)
 
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from pathlib import Path
 
+import networkx as nx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from octopis.topology import build_preset
+from octopis.topology import build_preset, build_scot, complete_factor
 from octopis.workload import (
     PUBLICATION_SCHEMA,
     SUBSCRIPTION_SCHEMA,
     WorkloadError,
+    follower_brokers,
     generate_workload,
     read_workload,
     write_workload,
@@ -123,3 +126,17 @@ def test_write_refuses_to_replace_other_directories(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="not a workload directory"):
         write_workload(tmp_path / "precious", _small())
     assert (tmp_path / "precious" / "notes.txt").read_text() == "keep"
+
+
+def test_hrp_followers_spread_over_the_other_clusters_in_turn() -> None:
+    pick = random.Random(3).choice
+    brokers = follower_brokers(FIG2, "b:1", 7, burst=True, pick=pick)
+    assert [FIG2.brokers[b].cluster for b in brokers] == [0, 2, 0, 2, 0, 2, 0]
+    anywhere = follower_brokers(FIG2, "b:1", 200, burst=False, pick=pick)
+    assert {FIG2.brokers[b].cluster for b in anywhere} == {0, 1, 2}
+
+
+def test_hrp_followers_of_a_single_cluster_stay_in_it() -> None:
+    one = build_scot(nx.path_graph(["a", "b", "c"]), complete_factor(1), name="line")
+    brokers = follower_brokers(one, "b:0", 4, burst=True, pick=random.Random(1).choice)
+    assert len(brokers) == 4 and set(brokers) <= set(one.brokers)
