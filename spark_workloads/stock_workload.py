@@ -30,10 +30,10 @@ The job, step by step:
    (at least one; paper: 0.2%) follows it with ``[class,eq,'HRP']`` instead of a stock
    subscription, as :class:`octopis.workload.HighRatePublisher` does.
 6. Spark counts every subscription's matches over all publications (or a seeded
-   ``--measure-sample`` of them) in the JVM (:mod:`spark_workloads.selectivity`); a stock
-   subscription's selectivity is its share of the stock publications, and ``meta.json``
-   reports their mean, spread and extremes (the HRP followers' share of the HRP's
-   publications apart).
+   ``--measure-sample`` of them) with the brokers' own matcher in its Python tasks
+   (:mod:`spark_workloads.selectivity`); a stock subscription's selectivity is its share
+   of the stock publications, and ``meta.json`` reports their mean, spread and extremes
+   (the HRP followers' share of the HRP's publications apart).
 7. Placement on the topology: seeded uniform over its brokers; ``--burst-placement`` puts
    the HRP's followers in clusters other than the HRP's, spread over all of them.
 8. The workload directory (:mod:`octopis.workload` format) is written to a temporary
@@ -299,13 +299,16 @@ def hrp_audience(args: argparse.Namespace) -> int:
 def spark_session(master: str | None) -> Iterator[SparkSession]:
     """The active SparkSession if there is one (kept running), else a new one on ``master``
     (spark-submit's when launched by it, else :data:`DEFAULT_MASTER`), stopped at the end.
-    Spark logs at WARN; dates are read in UTC."""
+    Python workers run ``$PYSPARK_PYTHON`` or this interpreter (they match with OctopiS's
+    matcher, so every worker host needs OctopiS installed). Spark logs at WARN; dates are
+    read in UTC."""
     spark = SparkSession.getActiveSession()
     owned = spark is None
     if spark is None:
         builder = SparkSession.builder.appName("octopis-stock-workload").config(
             "spark.ui.showConsoleProgress", "false"
         )
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
             master = DEFAULT_MASTER
         if master is not None:
@@ -672,9 +675,7 @@ def _place(scot: Scot, args: argparse.Namespace, stock: int, audience: int) -> _
     hrp = None
     if args.hrp_notifications:
         hrp = args.hrp_broker or pick(brokers)
-        subscribers += follower_brokers(
-            scot, hrp, audience, burst=args.burst_placement, pick=pick
-        )
+        subscribers += follower_brokers(scot, hrp, audience, burst=args.burst_placement, pick=pick)
     return _Placement(subscribers, publishers, hrp)
 
 

@@ -54,14 +54,16 @@ BASE = [
 def spark():
     from pyspark.sql import SparkSession
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("test-spark-workloads")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PYSPARK_PYTHON", sys.executable)  # workers import the matcher
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("test-spark-workloads")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .getOrCreate()
+        )
     yield session
     session.stop()
 
