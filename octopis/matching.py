@@ -7,7 +7,8 @@ Two implementations share one API and one semantics (:meth:`Subscription.matches
 
 * :class:`ReferenceMatcher` — plain Python, one subscription after the other; the
   readable definition the property tests compare against.
-* :class:`Matcher` — compiled (``octopis/_match.pyx``), an *access-predicate index*.
+* :class:`Matcher` — compiled (``octopis/_match.pyx``: storage and API; index building
+  in ``_match_index.pxi``, matching in ``_match_query.pxi``), an *access-predicate index*.
 
 API: ``add(key, subscription)`` (any hashable key; an existing key raises KeyError),
 ``remove(key)`` (an unknown key raises KeyError), ``match(publication) -> list`` of the
