@@ -26,6 +26,7 @@ from octopis.topology import load_topology
 from octopis.transport.settings import load_settings
 
 DEFAULT_CLUSTER_DIR = Path(".octopis")
+UP_DIR_HELP = f"the run directory of `octopis up` (default {DEFAULT_CLUSTER_DIR})"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -40,7 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "process, also on Ctrl-C or an error.",
     )
     add_topology_options(run)
-    run.add_argument("--mode", default="dnr", choices=MODES, help="routing algorithm (default dnr)")
+    _overlay_options(run, None, "logs and generated files (default runs/<time>-<mode>)")
     add_workload_options(run)
     add_failure_options(run)
     run.add_argument(
@@ -49,18 +50,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=1.0,
         metavar="F",
         help="multiply workload times by F (0.1 replays 10x faster; default 1)",
-    )
-    run.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="broker settings TOML (LST window, Q, link capacities)",
-    )
-    run.add_argument(
-        "--run-dir",
-        type=Path,
-        metavar="DIR",
-        help="logs and generated files (default runs/<time>-<mode>)",
     )
     run.add_argument(
         "--drain-timeout",
@@ -93,16 +82,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "stops them.",
     )
     up.add_argument("topology", type=Path, metavar="FILE", help="topology JSON")
-    up.add_argument("--mode", default="dnr", choices=MODES, help="routing algorithm (default dnr)")
-    up.add_argument("--config", type=Path, metavar="FILE", help="broker settings TOML")
+    _overlay_options(up, DEFAULT_CLUSTER_DIR, f"state and logs (default {DEFAULT_CLUSTER_DIR})")
     up.add_argument(
-        "--run-dir",
-        type=Path,
-        default=DEFAULT_CLUSTER_DIR,
-        metavar="DIR",
-        help=f"state and logs (default {DEFAULT_CLUSTER_DIR})",
+        "--timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="give up (and stop them) if the brokers are not all ready by then (default 180)",
     )
-    up.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS")
     up.set_defaults(func=cmd_up)
 
     down = commands.add_parser(
@@ -110,7 +97,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="stop the brokers `octopis up` started",
         description="Stop every broker recorded in the run directory.",
     )
-    down.add_argument("--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR")
+    down.add_argument(
+        "--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR", help=UP_DIR_HELP
+    )
     down.set_defaults(func=cmd_down)
 
     status = commands.add_parser(
@@ -120,7 +109,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "pid, incarnation, readiness, each link's state and queue, routing-table size and "
         "error counters. A broker that does not answer is shown as unreachable.",
     )
-    status.add_argument("--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR")
+    status.add_argument(
+        "--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR", help=UP_DIR_HELP
+    )
     status.add_argument("--broker", metavar="ID", help="only this broker, with its links")
     status.add_argument(
         "--table", action="store_true", help="with --broker: list its routing-table entries"
@@ -139,8 +130,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         "see a new incarnation and hand it their state.",
     )
     restart.add_argument("broker", metavar="ID")
-    restart.add_argument("--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR")
-    restart.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS")
+    restart.add_argument(
+        "--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR", help=UP_DIR_HELP
+    )
+    restart.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up if the broker is not ready by then (default 60)",
+    )
     restart.set_defaults(func=cmd_restart)
 
     sub = commands.add_parser(
@@ -173,6 +172,18 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="e.g. \"[class,'STOCK'],[symbol,'MSFT'],[close,27.9]\"",
     )
     pub.set_defaults(func=cmd_pub)
+
+
+def _overlay_options(p: argparse.ArgumentParser, run_dir: Path | None, run_dir_help: str) -> None:
+    """``--mode``, ``--config`` and ``--run-dir``: how the brokers of an overlay run."""
+    p.add_argument("--mode", default="dnr", choices=MODES, help="routing algorithm (default dnr)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="broker settings TOML (LST window, Q, capacities, heartbeats, limits)",
+    )
+    p.add_argument("--run-dir", type=Path, default=run_dir, metavar="DIR", help=run_dir_help)
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:

@@ -11,9 +11,9 @@ deliver. Intermediate brokers do not match (Algorithm 2).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
+from octopis.core.base import CoreBase
 from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
 from octopis.core.messages import (
@@ -27,14 +27,14 @@ from octopis.core.messages import (
     SubState,
     Unsubscribe,
 )
-from octopis.core.table import MatcherFactory, RoutingEntry, RoutingTable
+from octopis.core.table import MatcherFactory, RoutingTable
 from octopis.filters import Subscription
 
 LOCAL = "local"
 REMOTE = "remote"
 
 
-class BidBroker:
+class BidBroker(CoreBase):
     """Routing state machine of one broker of the unclustered SCOT (BID baseline)."""
 
     def __init__(
@@ -44,21 +44,14 @@ class BidBroker:
         matcher_factory: MatcherFactory,
         dedup: EdgeDedup | None = None,
     ) -> None:
-        self.id = broker_id
-        self.dedup = dedup or EdgeDedup()
-        self.links = tuple(neighbours)
-        self._neighbours = frozenset(neighbours)
-        self.table = RoutingTable(
+        table = RoutingTable(
             (LOCAL, REMOTE),
             matcher_factory,
             part_of=lambda e: LOCAL if e.local else REMOTE,
             value_of=lambda e: e.last_hop if e.local else e.host,
         )
-        self.stats: Counter[str] = Counter()
-        self._next_sub = 0
-        self.epoch = ""
-        """Prefix of this broker's subscription numbers: a restarted broker's shell sets
-        it from its incarnation, so its ids never collide with its predecessor's."""
+        super().__init__(broker_id, neighbours, table, dedup)
+        self.links = tuple(neighbours)
         self.table_lost = False
         """Set by the shell of a restarted broker: BID has no resync, so the table lacks
         every remote subscription made before the restart (DESIGN §7)."""
@@ -67,43 +60,24 @@ class BidBroker:
         self, subscriber: str, subscription: Subscription, now: float
     ) -> tuple[str, list[Action]]:
         """A local subscriber subscribes: id = this broker's BID + a sequence number."""
-        self._next_sub += 1
-        sub_id = f"{self.id}#{self.epoch}{self._next_sub}"
+        sub_id = self._new_sub_id()
         message = Subscribe(sub_id, self.id, subscription, SubState.PRIMARY, None, now)
-        return sub_id, self.flood_subscription(message, subscriber, local=True)
+        return sub_id, self.accept_subscription(message, subscriber, local=True)
 
-    def flood_subscription(
+    def accept_subscription(
         self, message: Subscribe, src: str, *, local: bool = False
     ) -> list[Action]:
         """Flooding SBP: keep the first copy (its sender is the last hop), drop the rest."""
         if message.sub_id in self.table:
             self.stats["sbp_duplicates"] += 1
             return []
-        self.table.add(
-            RoutingEntry(
-                message.sub_id,
-                message.subscription,
-                src,
-                None,
-                0,
-                local,
-                message.host,
-                message.hops,
-            )
-        )
+        self._store(message, src, local)
         onward = replace(message, hops=message.hops + 1)
         out: list[Action] = [Forward(n, onward) for n in self.links if n != src]
         self.stats["sent.subscribe"] += len(out)
         return out
 
-    def unsubscribe(self, subscriber: str, sub_id: str) -> list[Action]:
-        """A local subscriber withdraws ``sub_id``; the withdrawal floods like the subscription."""
-        entry = self.table.entries.get(sub_id)
-        if entry is None or not entry.local or entry.last_hop != subscriber:
-            raise ProtocolError(f"{subscriber} holds no subscription {sub_id} at {self.id}")
-        return self.flood_unsubscription(Unsubscribe(sub_id, SubState.PRIMARY), subscriber)
-
-    def flood_unsubscription(self, message: Unsubscribe, src: str) -> list[Action]:
+    def withdraw_subscription(self, message: Unsubscribe, src: str) -> list[Action]:
         """Remove the entry on first arrival and flood on; later copies are duplicates."""
         if message.sub_id not in self.table:
             self.stats["unsubscribe_duplicates"] += 1
@@ -117,19 +91,11 @@ class BidBroker:
         """A local publisher publishes: match here and build the destination list."""
         return self.route_by_bids(notification, None, links)
 
-    def receive(self, src: str, message: Message, links: LinkView) -> list[Action]:
-        """Handle one message from neighbour ``src``."""
-        if src not in self._neighbours:
-            raise ProtocolError(f"{self.id} has no link to {src}")
-        if isinstance(message, Notification):
-            if message.destinations is None or message.cbv is not None or message.tunnel:
-                raise ProtocolError("a BID notification must carry a destination list only")
-            return self.route_by_bids(message, src, links)
-        if isinstance(message, Subscribe):
-            return self.flood_subscription(message, src)
-        if isinstance(message, Unsubscribe):
-            return self.flood_unsubscription(message, src)
-        raise ProtocolError(f"unexpected message {type(message).__name__}")
+    def route(self, n: Notification, src: str, links: LinkView) -> list[Action]:
+        """A notification from a neighbour: it must carry a destination list only."""
+        if n.destinations is None or n.cbv is not None or n.tunnel:
+            raise ProtocolError("a BID notification must carry a destination list only")
+        return self.route_by_bids(n, src, links)
 
     def route_by_bids(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
         """BID-based routing (§6.1, Algorithm 2).

@@ -8,11 +8,11 @@ neighbours in its cluster (aCOLs) and one secondary neighbour B(x, k) per other 
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 from bitarray import bitarray, frozenbitarray
 
+from octopis.core.base import CoreBase
 from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
 from octopis.core.messages import (
@@ -36,7 +36,7 @@ PRIMARY = "primary"
 SECONDARY = "secondary"
 
 
-class ClusteredBroker:
+class ClusteredBroker(CoreBase):
     """Routing state machine of B(x, c) for SNR (``dynamic=False``) or DNR (``True``)."""
 
     def __init__(
@@ -48,7 +48,12 @@ class ClusteredBroker:
         dynamic: bool = False,
         dedup: EdgeDedup | None = None,
     ) -> None:
-        self.id = broker.id
+        super().__init__(
+            broker.id,
+            [n.id for n in broker.neighbours],
+            RoutingTable((LOCAL, PRIMARY, SECONDARY), matcher_factory, self._part_of),
+            dedup,
+        )
         self.cluster = broker.cluster
         self.region = broker.region
         self.clusters = clusters
@@ -58,15 +63,8 @@ class ClusteredBroker:
         self.cluster_of = {n.id: n.cluster for n in broker.neighbours}
         self.region_of = {n.id: n.region for n in broker.neighbours}
         self.primary_in = {n.region: n.id for n in broker.neighbours if n.link != ICOL}
-        self.dedup = dedup or EdgeDedup()
-        self.table = RoutingTable((LOCAL, PRIMARY, SECONDARY), matcher_factory, self._part_of)
-        self.stats: Counter[str] = Counter()
-        self._next_sub = 0
         self._missing_primary: frozenset[str] = frozenset()
         self._missing_secondary: dict[int, str] = {}
-        self.epoch = ""
-        """Prefix of this broker's subscription numbers: a restarted broker's shell sets
-        it from its incarnation, so its ids never collide with its predecessor's."""
 
     # -- resync shares (DESIGN §7) ---------------------------------------------------------
 
@@ -105,16 +103,15 @@ class ClusteredBroker:
         self, subscriber: str, subscription: Subscription, now: float
     ) -> tuple[str, list[Action]]:
         """A local subscriber subscribes: set our cluster bit and start the two steps."""
-        self._next_sub += 1
-        sub_id = f"{self.id}#{self.epoch}{self._next_sub}"
+        sub_id = self._new_sub_id()
         cbv = bitarray(self.clusters)
         cbv[self.cluster] = 1
         message = Subscribe(
             sub_id, self.id, subscription, SubState.PRIMARY, frozenbitarray(cbv), now
         )
-        return sub_id, self.broadcast_subscription(message, subscriber, local=True)
+        return sub_id, self.accept_subscription(message, subscriber, local=True)
 
-    def broadcast_subscription(
+    def accept_subscription(
         self, message: Subscribe, src: str, *, local: bool = False
     ) -> list[Action]:
         """Two-step SBP (§5, Algorithm 1).
@@ -130,18 +127,7 @@ class ClusteredBroker:
             if known.last_hop == src:
                 self.stats["resync.already_known"] += 1  # SBP brought it before the share
                 return []
-        self.table.add(
-            RoutingEntry(
-                message.sub_id,
-                message.subscription,
-                src,
-                message.cbv,
-                cluster,
-                local,
-                message.host,
-                message.hops,
-            )
-        )
+        self._store(message, src, local, message.cbv, cluster)
         if message.state is SubState.SECONDARY:
             return []
         hops = message.hops + 1
@@ -151,13 +137,6 @@ class ClusteredBroker:
         out += [Forward(n, secondary) for n in self.secondary.values()]
         self.stats["sent.subscribe"] += len(out)
         return out
-
-    def unsubscribe(self, subscriber: str, sub_id: str) -> list[Action]:
-        """A local subscriber withdraws ``sub_id``: the same two steps remove it."""
-        entry = self.table.entries.get(sub_id)
-        if entry is None or not entry.local or entry.last_hop != subscriber:
-            raise ProtocolError(f"{subscriber} holds no subscription {sub_id} at {self.id}")
-        return self.withdraw_subscription(Unsubscribe(sub_id, SubState.PRIMARY), subscriber)
 
     def withdraw_subscription(self, message: Unsubscribe, src: str) -> list[Action]:
         """Unsubscribe by the two steps of SBP: remove, then forward like the subscription."""
@@ -179,24 +158,13 @@ class ClusteredBroker:
 
     def publish(self, notification: Notification, links: LinkView) -> list[Action]:
         """A local publisher publishes ``notification``."""
-        return self._route(notification, None, links)
+        return self.route(notification, None, links)
 
-    def receive(self, src: str, message: Message, links: LinkView) -> list[Action]:
-        """Handle one message from neighbour ``src``."""
-        if src not in self.cluster_of:
-            raise ProtocolError(f"{self.id} has no link to {src}")
-        if type(message) is Notification:
-            if message.tunnel is not None:
-                return self.relay(message, links, src)
-            return self._route(message, src, links)
-
-        if isinstance(message, Subscribe):
-            return self.broadcast_subscription(message, src)
-        if isinstance(message, Unsubscribe):
-            return self.withdraw_subscription(message, src)
-        raise ProtocolError(f"unexpected message {type(message).__name__}")
-
-    def _route(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
+    def route(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
+        """A notification from ``src`` (None: a local publisher): a tunnel copy is relayed
+        (DESIGN §7), anything else is routed by SNR or DNR."""
+        if n.tunnel is not None and src is not None:
+            return self.relay(n, links, src)
         if n.destinations is not None:
             raise ProtocolError("a BID destination list reached a clustered broker")
         if n.cbv is not None and not self.dynamic:

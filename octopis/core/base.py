@@ -1,0 +1,105 @@
+"""What every routing core shares, clustered or BID (DESIGN §2): identity, routing table,
+counters, subscription ids, the check of a local withdrawal and the dispatch of a
+neighbour's message to the mode's own rules.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Collection
+
+from bitarray import frozenbitarray
+
+from octopis.core.dedup import EdgeDedup
+from octopis.core.lst import LinkView
+from octopis.core.messages import (
+    Action,
+    Message,
+    Notification,
+    ProtocolError,
+    Subscribe,
+    SubState,
+    Unsubscribe,
+)
+from octopis.core.table import RoutingEntry, RoutingTable
+
+
+class CoreBase(ABC):
+    """A broker's routing state machine; subclasses give the mode's rules:
+    :meth:`accept_subscription`, :meth:`withdraw_subscription` and :meth:`route`."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        neighbours: Collection[str],
+        table: RoutingTable,
+        dedup: EdgeDedup | None,
+    ) -> None:
+        self.id = broker_id
+        self._neighbours = frozenset(neighbours)
+        self.table = table
+        self.dedup = dedup or EdgeDedup()
+        self.stats: Counter[str] = Counter()
+        self._next_sub = 0
+        self.epoch = ""
+        """Prefix of this broker's subscription numbers: a restarted broker's shell sets
+        it from its incarnation, so its ids never collide with its predecessor's."""
+
+    def _new_sub_id(self) -> str:
+        """This broker's id, its incarnation's epoch and a sequence number."""
+        self._next_sub += 1
+        return f"{self.id}#{self.epoch}{self._next_sub}"
+
+    def _store(
+        self,
+        message: Subscribe,
+        src: str,
+        local: bool,
+        cbv: frozenbitarray | None = None,
+        cluster: int = 0,
+    ) -> None:
+        """Store ``message`` as an entry whose last hop is ``src``."""
+        self.table.add(
+            RoutingEntry(
+                message.sub_id,
+                message.subscription,
+                src,
+                cbv,
+                cluster,
+                local,
+                message.host,
+                message.hops,
+            )
+        )
+
+    def unsubscribe(self, subscriber: str, sub_id: str) -> list[Action]:
+        """A local subscriber withdraws ``sub_id``: it goes the way its subscription went."""
+        entry = self.table.entries.get(sub_id)
+        if entry is None or not entry.local or entry.last_hop != subscriber:
+            raise ProtocolError(f"{subscriber} holds no subscription {sub_id} at {self.id}")
+        return self.withdraw_subscription(Unsubscribe(sub_id, SubState.PRIMARY), subscriber)
+
+    def receive(self, src: str, message: Message, links: LinkView) -> list[Action]:
+        """Handle one message from neighbour ``src``."""
+        if src not in self._neighbours:
+            raise ProtocolError(f"{self.id} has no link to {src}")
+        if type(message) is Notification:
+            return self.route(message, src, links)
+        if isinstance(message, Subscribe):
+            return self.accept_subscription(message, src)
+        if isinstance(message, Unsubscribe):
+            return self.withdraw_subscription(message, src)
+        raise ProtocolError(f"unexpected message {type(message).__name__}")
+
+    @abstractmethod
+    def accept_subscription(self, message: Subscribe, src: str) -> list[Action]:
+        """Store a subscription from neighbour ``src`` and pass it on (mode's SBP)."""
+
+    @abstractmethod
+    def withdraw_subscription(self, message: Unsubscribe, src: str) -> list[Action]:
+        """Remove a subscription and pass the withdrawal on (mode's SBP)."""
+
+    @abstractmethod
+    def route(self, n: Notification, src: str, links: LinkView) -> list[Action]:
+        """Route a notification from neighbour ``src`` (mode's routing)."""
