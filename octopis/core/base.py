@@ -27,7 +27,7 @@ from octopis.core.table import RoutingEntry, RoutingTable
 
 class CoreBase(ABC):
     """A broker's routing state machine; subclasses give the mode's rules:
-    :meth:`accept_subscription`, :meth:`withdraw_subscription` and :meth:`route`."""
+    :meth:`broadcast_subscription`, :meth:`withdraw_subscription` and :meth:`route`."""
 
     def __init__(
         self,
@@ -87,13 +87,13 @@ class CoreBase(ABC):
         if type(message) is Notification:
             return self.route(message, src, links)
         if isinstance(message, Subscribe):
-            return self.accept_subscription(message, src)
+            return self.broadcast_subscription(message, src)
         if isinstance(message, Unsubscribe):
             return self.withdraw_subscription(message, src)
         raise ProtocolError(f"unexpected message {type(message).__name__}")
 
     @abstractmethod
-    def accept_subscription(self, message: Subscribe, src: str) -> list[Action]:
+    def broadcast_subscription(self, message: Subscribe, src: str) -> list[Action]:
         """Store a subscription from neighbour ``src`` and pass it on (mode's SBP)."""
 
     @abstractmethod

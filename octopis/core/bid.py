@@ -62,9 +62,9 @@ class BidBroker(CoreBase):
         """A local subscriber subscribes: id = this broker's BID + a sequence number."""
         sub_id = self._new_sub_id()
         message = Subscribe(sub_id, self.id, subscription, SubState.PRIMARY, None, now)
-        return sub_id, self.accept_subscription(message, subscriber, local=True)
+        return sub_id, self.broadcast_subscription(message, subscriber, local=True)
 
-    def accept_subscription(
+    def broadcast_subscription(
         self, message: Subscribe, src: str, *, local: bool = False
     ) -> list[Action]:
         """Flooding SBP: keep the first copy (its sender is the last hop), drop the rest."""

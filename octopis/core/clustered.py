@@ -109,9 +109,9 @@ class ClusteredBroker(CoreBase):
         message = Subscribe(
             sub_id, self.id, subscription, SubState.PRIMARY, frozenbitarray(cbv), now
         )
-        return sub_id, self.accept_subscription(message, subscriber, local=True)
+        return sub_id, self.broadcast_subscription(message, subscriber, local=True)
 
-    def accept_subscription(
+    def broadcast_subscription(
         self, message: Subscribe, src: str, *, local: bool = False
     ) -> list[Action]:
         """Two-step SBP (§5, Algorithm 1).
