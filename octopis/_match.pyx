@@ -63,6 +63,14 @@ def _closed_range(str op, double c):
     return c, INF
 
 
+def check_entry(object subscription, object group):
+    """Reject what no matcher stores: a non-Subscription, a group outside [0, 2**30)."""
+    if not isinstance(subscription, Subscription):
+        raise TypeError(f"expected a Subscription, got {type(subscription).__name__}")
+    if group is not None and (type(group) is not int or not 0 <= group < 1 << 30):
+        raise ValueError(f"group must be an integer in [0, 2**30), got {group!r}")
+
+
 cdef class Matcher:
     """Compiled matcher; the API and the semantics are those of ``ReferenceMatcher``.
 
@@ -308,13 +316,10 @@ cdef class Matcher:
         cdef int i, n, sub
         cdef int g = -1
         cdef Pred* prog
-        if not isinstance(subscription, Subscription):
-            raise TypeError(f"expected a Subscription, got {type(subscription).__name__}")
+        check_entry(subscription, group)
         if key in self._ids:
             raise KeyError(key)
         if group is not None:
-            if type(group) is not int or not 0 <= group < 1 << 30:
-                raise ValueError(f"group must be an integer in [0, 2**30), got {group!r}")
             g = group
             if g >= self.seen_cap:
                 self._grow_groups(g)

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -462,12 +462,31 @@ class _LoopThread:
         self._thread.join(timeout=5)
 
 
-class BlockingSubscriber:
+class _Blocking:
+    """A client connection driven from a loop thread; a context manager that closes it."""
+
+    def __init__(self, connect: Coroutine[Any, Any, Any]) -> None:
+        self._loop = _LoopThread()
+        self._client = self._loop.run(connect)
+
+    def close(self) -> None:
+        """Close the connection and stop the loop thread."""
+        self._loop.run(self._client.close())
+        self._loop.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BlockingSubscriber(_Blocking):
     """Blocking wrapper of :class:`Subscriber` for scripts and shells."""
 
     def __init__(self, endpoint: str, name: str) -> None:
-        self._loop = _LoopThread()
-        self._sub: Subscriber = self._loop.run(Subscriber.connect(endpoint, name))
+        super().__init__(Subscriber.connect(endpoint, name))
+        self._sub: Subscriber = self._client
 
     def subscribe(self, spec: str | dict | Subscription) -> BlockingStream:
         """Subscribe and return a blocking iterator over its notifications."""
@@ -476,17 +495,6 @@ class BlockingSubscriber:
     def unsubscribe(self, stream: BlockingStream) -> None:
         """Withdraw a subscription."""
         self._loop.run(self._sub.unsubscribe(stream.stream))
-
-    def close(self) -> None:
-        """Close the connection and stop the loop thread."""
-        self._loop.run(self._sub.close())
-        self._loop.stop()
-
-    def __enter__(self) -> BlockingSubscriber:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class BlockingStream:
@@ -506,24 +514,13 @@ class BlockingStream:
             yield self.get()
 
 
-class BlockingPublisher:
+class BlockingPublisher(_Blocking):
     """Blocking wrapper of :class:`Publisher`."""
 
     def __init__(self, endpoint: str, name: str) -> None:
-        self._loop = _LoopThread()
-        self._pub: Publisher = self._loop.run(Publisher.connect(endpoint, name))
+        super().__init__(Publisher.connect(endpoint, name))
+        self._pub: Publisher = self._client
 
     def publish(self, publication: Publication | str) -> int:
         """Publish and wait for the broker to accept; returns the sequence number."""
         return self._loop.run(self._pub.publish(publication))
-
-    def close(self) -> None:
-        """Close the connection and stop the loop thread."""
-        self._loop.run(self._pub.close())
-        self._loop.stop()
-
-    def __enter__(self) -> BlockingPublisher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

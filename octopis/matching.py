@@ -64,7 +64,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from time import perf_counter
 
-from octopis._match import Matcher
+from octopis._match import Matcher, check_entry
 from octopis.filters import Subscription
 
 __all__ = ["MatchClock", "Matcher", "ReferenceMatcher", "TimedMatcher"]
@@ -123,13 +123,10 @@ class ReferenceMatcher:
         ``group`` (a small integer ≥ 0, e.g. the index of a next hop) is what
         :meth:`match_groups` reports for this subscription.
         """
-        if not isinstance(subscription, Subscription):
-            raise TypeError(f"expected a Subscription, got {type(subscription).__name__}")
+        check_entry(subscription, group)
         if key in self._subscriptions:
             raise KeyError(key)
         if group is not None:
-            if type(group) is not int or not 0 <= group < 1 << 30:
-                raise ValueError(f"group must be an integer in [0, 2**30), got {group!r}")
             self._groups[key] = group
         self._subscriptions[key] = subscription
 
