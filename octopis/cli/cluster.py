@@ -83,13 +83,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     up.add_argument("topology", type=Path, metavar="FILE", help="topology JSON")
     _overlay_options(up, DEFAULT_CLUSTER_DIR, f"state and logs (default {DEFAULT_CLUSTER_DIR})")
-    up.add_argument(
-        "--timeout",
-        type=float,
-        default=180.0,
-        metavar="SECONDS",
-        help="give up (and stop them) if the brokers are not all ready by then (default 180)",
-    )
+    _timeout_option(up, 180.0, "give up (and stop them) if the brokers are not all ready by then")
     up.set_defaults(func=cmd_up)
 
     down = commands.add_parser(
@@ -133,13 +127,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     restart.add_argument(
         "--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR", help=UP_DIR_HELP
     )
-    restart.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="give up if the broker is not ready by then (default 60)",
-    )
+    _timeout_option(restart, 60.0, "give up if the broker is not ready by then")
     restart.set_defaults(func=cmd_restart)
 
     sub = commands.add_parser(
@@ -184,6 +172,16 @@ def _overlay_options(p: argparse.ArgumentParser, run_dir: Path | None, run_dir_h
         help="broker settings TOML (LST window, Q, capacities, heartbeats, limits)",
     )
     p.add_argument("--run-dir", type=Path, default=run_dir, metavar="DIR", help=run_dir_help)
+
+
+def _timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> None:
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=default,
+        metavar="SECONDS",
+        help=f"{what} (default {default:g})",
+    )
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
