@@ -11,17 +11,9 @@ from collections.abc import Collection
 
 from bitarray import frozenbitarray
 
+from octopis.core import messages as m
 from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
-from octopis.core.messages import (
-    Action,
-    Message,
-    Notification,
-    ProtocolError,
-    Subscribe,
-    SubState,
-    Unsubscribe,
-)
 from octopis.core.table import RoutingEntry, RoutingTable
 
 
@@ -53,7 +45,7 @@ class CoreBase(ABC):
 
     def _store(
         self,
-        message: Subscribe,
+        message: m.Subscribe,
         src: str,
         local: bool,
         cbv: frozenbitarray | None = None,
@@ -73,33 +65,33 @@ class CoreBase(ABC):
             )
         )
 
-    def unsubscribe(self, subscriber: str, sub_id: str) -> list[Action]:
+    def unsubscribe(self, subscriber: str, sub_id: str) -> list[m.Action]:
         """A local subscriber withdraws ``sub_id``: it goes the way its subscription went."""
         entry = self.table.entries.get(sub_id)
         if entry is None or not entry.local or entry.last_hop != subscriber:
-            raise ProtocolError(f"{subscriber} holds no subscription {sub_id} at {self.id}")
-        return self.withdraw_subscription(Unsubscribe(sub_id, SubState.PRIMARY), subscriber)
+            raise m.ProtocolError(f"{subscriber} holds no subscription {sub_id} at {self.id}")
+        return self.withdraw_subscription(m.Unsubscribe(sub_id, m.SubState.PRIMARY), subscriber)
 
-    def receive(self, src: str, message: Message, links: LinkView) -> list[Action]:
+    def receive(self, src: str, message: m.Message, links: LinkView) -> list[m.Action]:
         """Handle one message from neighbour ``src``."""
         if src not in self._neighbours:
-            raise ProtocolError(f"{self.id} has no link to {src}")
-        if type(message) is Notification:
+            raise m.ProtocolError(f"{self.id} has no link to {src}")
+        if type(message) is m.Notification:
             return self.route(message, src, links)
-        if isinstance(message, Subscribe):
+        if isinstance(message, m.Subscribe):
             return self.broadcast_subscription(message, src)
-        if isinstance(message, Unsubscribe):
+        if isinstance(message, m.Unsubscribe):
             return self.withdraw_subscription(message, src)
-        raise ProtocolError(f"unexpected message {type(message).__name__}")
+        raise m.ProtocolError(f"unexpected message {type(message).__name__}")
 
     @abstractmethod
-    def broadcast_subscription(self, message: Subscribe, src: str) -> list[Action]:
+    def broadcast_subscription(self, message: m.Subscribe, src: str) -> list[m.Action]:
         """Store a subscription from neighbour ``src`` and pass it on (mode's SBP)."""
 
     @abstractmethod
-    def withdraw_subscription(self, message: Unsubscribe, src: str) -> list[Action]:
+    def withdraw_subscription(self, message: m.Unsubscribe, src: str) -> list[m.Action]:
         """Remove a subscription and pass the withdrawal on (mode's SBP)."""
 
     @abstractmethod
-    def route(self, n: Notification, src: str, links: LinkView) -> list[Action]:
+    def route(self, n: m.Notification, src: str, links: LinkView) -> list[m.Action]:
         """Route a notification from neighbour ``src`` (mode's routing)."""
