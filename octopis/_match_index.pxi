@@ -1,10 +1,11 @@
-# Index construction (included by _match.pyx): ``_build`` places every live subscription
-# under its access predicate, with its residual program beside the entry.
+# Index construction (included by _match.pyx). ``_build``: the constants' distribution
+# per attribute, then each live subscription's access predicate and residual program;
+# ``_fill_strings``, ``_fill_presence`` and ``_fill_intervals`` lay out the three access
+# structures, each entry followed by its copy of the residual program (``_place``).
 
 cdef int _build(Matcher m) except -1:
-    cdef int i, j, n, a, sub, n_str, n_iv, n_pr, n_mres, n_num, n_keys, n_nodes
-    cdef int n_fast = 0, n_slow = 0, n_up, n_down, k, node
-    cdef int best, best_at, kind, end, beg, total = 0, n_never = 0
+    cdef int i, j, n, a, sub, n_str, n_iv, n_pr, n_mres, n_num, n_keys
+    cdef int best, best_at, end, total = 0, n_never = 0
     cdef int n_attrs = len(m._attr_refs)
     cdef int n_strs = len(m._str_refs)
     cdef double best_est, est
@@ -25,8 +26,8 @@ cdef int _build(Matcher m) except -1:
     cdef Ent* str_tmp = NULL
     cdef Ent* pr_tmp = NULL
     cdef Ival* ivs = NULL
-    cdef Ival* iv_tmp = NULL
-    cdef double* pts = NULL
+    cdef Residuals res
+    res.n_fast = res.n_slow = 0
 
     m._free_index()
     for sub in range(m.n_ids):
@@ -161,94 +162,12 @@ cdef int _build(Matcher m) except -1:
         m.fast = <Rng*>_alloc(NULL, (n_mres + 1) * 2 * sizeof(Rng))
         m.slow = <Pred*>_alloc(NULL, (n_mres + 1) * 2 * sizeof(Pred))
 
-        # String lookups: entries grouped by sid, then key.
-        qsort(str_tmp, n_str, sizeof(Ent), _cmp_ent)
-        m.str_off = <int*>_alloc(NULL, (n_strs + 1) * sizeof(int))
-        memset(m.str_off, 0, (n_strs + 1) * sizeof(int))
-        m.affixed = <char*>_alloc(NULL, n_attrs * sizeof(char))
-        memset(m.affixed, 0, n_attrs)
-        counts = [0, 0, 0]
-        affixes = {}
-        for i in range(n_str):
-            m.str_off[str_tmp[i].sid + 1] += 1
-            _place(m, &str_tmp[i].res, str_tmp[i].sub, mres, mres_beg, mres_len,
-                        &n_fast, &n_slow)
-            kind = str_tmp[i].key % 3
-            counts[kind] += 1
-            if kind != BY_EQ:
-                a = str_tmp[i].key // 3
-                m.affixed[a] = 1
-                affixes.setdefault((a, kind), set()).add(len(m._str_text[str_tmp[i].sid]))
-        for i in range(n_strs):
-            m.str_off[i + 1] += m.str_off[i]
-        m.str_ent = str_tmp
-        str_tmp = NULL
-        for (a, kind), lengths in affixes.items():
-            prefixes, postfixes = m._affix_lengths.get(a, ((), ()))
-            if kind == BY_PREFIX:
-                prefixes = tuple(sorted(lengths))
-            else:
-                postfixes = tuple(sorted(lengths))
-            m._affix_lengths[a] = (prefixes, postfixes)
-
-        # Presence: entries grouped by attribute.
-        qsort(pr_tmp, n_pr, sizeof(Ent), _cmp_ent)
-        m.pr_off = <int*>_alloc(NULL, (n_attrs + 1) * sizeof(int))
-        memset(m.pr_off, 0, (n_attrs + 1) * sizeof(int))
-        for i in range(n_pr):
-            m.pr_off[pr_tmp[i].key + 1] += 1
-            _place(m, &pr_tmp[i].res, pr_tmp[i].sub, mres, mres_beg, mres_len,
-                        &n_fast, &n_slow)
-        for i in range(n_attrs):
-            m.pr_off[i + 1] += m.pr_off[i]
-        m.pr_ent = pr_tmp
+        res.preds, res.beg, res.length = mres, mres_beg, mres_len
+        counts = _fill_strings(m, str_tmp, n_str, n_strs, n_attrs, &res)
+        str_tmp = NULL  # the index owns it now
+        _fill_presence(m, pr_tmp, n_pr, n_attrs, &res)
         pr_tmp = NULL
-
-        # Intervals: per attribute, the rays [c, inf] in a node centred at +inf, whose
-        # left child holds the rays [-inf, c] centred at -inf, whose right child is a
-        # centred interval tree of the bounded intervals.
-        qsort(ivs, n_iv, sizeof(Ival), _cmp_ival)
-        m.iv_root = <int*>_alloc(NULL, n_attrs * sizeof(int))
-        for a in range(n_attrs):
-            m.iv_root[a] = -1
-        m.nodes = <Node*>_alloc(NULL, n_iv * sizeof(Node))
-        m.by_lo = <Bound*>_alloc(NULL, n_iv * sizeof(Bound))
-        m.by_hi = <Bound*>_alloc(NULL, n_iv * sizeof(Bound))
-        iv_tmp = <Ival*>_alloc(NULL, n_iv * sizeof(Ival))
-        pts = <double*>_alloc(NULL, n_iv * sizeof(double))
-        n_nodes = 0
-        beg = 0
-        i = 0
-        while i < n_iv:
-            j = i
-            n_up = n_down = 0
-            while j < n_iv and ivs[j].attr == ivs[i].attr:
-                j += 1
-            for k in range(i, j):
-                if ivs[k].hi == INF:
-                    cur = ivs[k]
-                    ivs[k] = ivs[i + n_up]
-                    ivs[i + n_up] = cur
-                    n_up += 1
-            for k in range(i + n_up, j):
-                if ivs[k].lo == -INF:
-                    cur = ivs[k]
-                    ivs[k] = ivs[i + n_up + n_down]
-                    ivs[i + n_up + n_down] = cur
-                    n_down += 1
-            node = _tree(m, ivs + i + n_up + n_down, j - i - n_up - n_down, iv_tmp,
-                              pts, &n_nodes, &beg)
-            if n_down:
-                node = _node(m, ivs + i + n_up, n_down, -INF, -1, node, &n_nodes, &beg)
-            if n_up:
-                node = _node(m, ivs + i, n_up, INF, node, -1, &n_nodes, &beg)
-            m.iv_root[ivs[i].attr] = node
-            i = j
-        for i in range(n_iv):
-            _place(m, &m.by_lo[i].res, m.by_lo[i].sub, mres, mres_beg, mres_len,
-                        &n_fast, &n_slow)
-            _place(m, &m.by_hi[i].res, m.by_hi[i].sub, mres, mres_beg, mres_len,
-                        &n_fast, &n_slow)
+        _fill_intervals(m, ivs, n_iv, n_attrs, &res)
 
         m.built_attrs = n_attrs
         m.built_strs = n_strs
@@ -281,32 +200,135 @@ cdef int _build(Matcher m) except -1:
         PyMem_Free(str_tmp)
         PyMem_Free(pr_tmp)
         PyMem_Free(ivs)
+    return 0
+
+
+cdef list _fill_strings(Matcher m, Ent* str_tmp, int n_str, int n_strs, int n_attrs,
+                        Residuals* res):
+    """String lookups: entries grouped by sid, then key; the index takes ``str_tmp``.
+    Returns the entries of each kind (equality, prefix, postfix)."""
+    cdef int i, a, kind
+    qsort(str_tmp, n_str, sizeof(Ent), _cmp_ent)
+    m.str_off = <int*>_alloc(NULL, (n_strs + 1) * sizeof(int))
+    memset(m.str_off, 0, (n_strs + 1) * sizeof(int))
+    m.affixed = <char*>_alloc(NULL, n_attrs * sizeof(char))
+    memset(m.affixed, 0, n_attrs)
+    counts = [0, 0, 0]
+    affixes = {}
+    for i in range(n_str):
+        m.str_off[str_tmp[i].sid + 1] += 1
+        _place(m, &str_tmp[i].res, str_tmp[i].sub, res)
+        kind = str_tmp[i].key % 3
+        counts[kind] += 1
+        if kind != BY_EQ:
+            a = str_tmp[i].key // 3
+            m.affixed[a] = 1
+            affixes.setdefault((a, kind), set()).add(len(m._str_text[str_tmp[i].sid]))
+    for i in range(n_strs):
+        m.str_off[i + 1] += m.str_off[i]
+    for (a, kind), lengths in affixes.items():
+        prefixes, postfixes = m._affix_lengths.get(a, ((), ()))
+        if kind == BY_PREFIX:
+            prefixes = tuple(sorted(lengths))
+        else:
+            postfixes = tuple(sorted(lengths))
+        m._affix_lengths[a] = (prefixes, postfixes)
+    m.str_ent = str_tmp
+    return counts
+
+
+cdef int _fill_presence(Matcher m, Ent* pr_tmp, int n_pr, int n_attrs,
+                        Residuals* res) except -1:
+    """Presence: entries grouped by attribute; the index takes ``pr_tmp``."""
+    cdef int i
+    qsort(pr_tmp, n_pr, sizeof(Ent), _cmp_ent)
+    m.pr_off = <int*>_alloc(NULL, (n_attrs + 1) * sizeof(int))
+    memset(m.pr_off, 0, (n_attrs + 1) * sizeof(int))
+    for i in range(n_pr):
+        m.pr_off[pr_tmp[i].key + 1] += 1
+        _place(m, &pr_tmp[i].res, pr_tmp[i].sub, res)
+    for i in range(n_attrs):
+        m.pr_off[i + 1] += m.pr_off[i]
+    m.pr_ent = pr_tmp
+    return 0
+
+
+cdef int _fill_intervals(Matcher m, Ival* ivs, int n_iv, int n_attrs,
+                         Residuals* res) except -1:
+    """Intervals: per attribute, the rays [c, inf] in a node centred at +inf, whose left
+    child holds the rays [-inf, c] centred at -inf, whose right child is a centred
+    interval tree of the bounded intervals."""
+    cdef int i, j, k, a, n_up, n_down, node, n_nodes, beg
+    cdef Ival cur
+    cdef Ival* iv_tmp = NULL
+    cdef double* pts = NULL
+    try:
+        qsort(ivs, n_iv, sizeof(Ival), _cmp_ival)
+        m.iv_root = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        for a in range(n_attrs):
+            m.iv_root[a] = -1
+        m.nodes = <Node*>_alloc(NULL, n_iv * sizeof(Node))
+        m.by_lo = <Bound*>_alloc(NULL, n_iv * sizeof(Bound))
+        m.by_hi = <Bound*>_alloc(NULL, n_iv * sizeof(Bound))
+        iv_tmp = <Ival*>_alloc(NULL, n_iv * sizeof(Ival))
+        pts = <double*>_alloc(NULL, n_iv * sizeof(double))
+        n_nodes = 0
+        beg = 0
+        i = 0
+        while i < n_iv:
+            j = i
+            n_up = n_down = 0
+            while j < n_iv and ivs[j].attr == ivs[i].attr:
+                j += 1
+            for k in range(i, j):
+                if ivs[k].hi == INF:
+                    cur = ivs[k]
+                    ivs[k] = ivs[i + n_up]
+                    ivs[i + n_up] = cur
+                    n_up += 1
+            for k in range(i + n_up, j):
+                if ivs[k].lo == -INF:
+                    cur = ivs[k]
+                    ivs[k] = ivs[i + n_up + n_down]
+                    ivs[i + n_up + n_down] = cur
+                    n_down += 1
+            node = _tree(m, ivs + i + n_up + n_down, j - i - n_up - n_down, iv_tmp, pts,
+                         &n_nodes, &beg)
+            if n_down:
+                node = _node(m, ivs + i + n_up, n_down, -INF, -1, node, &n_nodes, &beg)
+            if n_up:
+                node = _node(m, ivs + i, n_up, INF, node, -1, &n_nodes, &beg)
+            m.iv_root[ivs[i].attr] = node
+            i = j
+        for i in range(n_iv):
+            _place(m, &m.by_lo[i].res, m.by_lo[i].sub, res)
+            _place(m, &m.by_hi[i].res, m.by_hi[i].sub, res)
+    finally:
         PyMem_Free(iv_tmp)
         PyMem_Free(pts)
     return 0
 
 
-cdef void _place(Matcher m, Res* r, int sub, const Pred* mres, const int* beg,
-                 const int* length, int* n_fast, int* n_slow) noexcept:
+cdef void _place(Matcher m, Res* r, int sub, Residuals* res) noexcept:
     """Copy the residual program of ``sub`` to the ends of ``fast`` and ``slow``."""
     cdef int i
     cdef const Pred* q
     cdef Rng* f
-    r.fast = n_fast[0]
-    r.slow = n_slow[0]
-    for i in range(beg[sub], beg[sub] + length[sub]):
-        q = &mres[i]
+    r.fast = res.n_fast
+    r.slow = res.n_slow
+    for i in range(res.beg[sub], res.beg[sub] + res.length[sub]):
+        q = &res.preds[i]
         if q.op == NUM_RANGE or q.op == STR_EQ:
-            f = &m.fast[n_fast[0]]
+            f = &m.fast[res.n_fast]
             f.slot = 2 * q.attr + (q.op == STR_EQ)
             f.lo = q.lo if q.op == NUM_RANGE else q.sid
             f.hi = q.hi if q.op == NUM_RANGE else q.sid
-            n_fast[0] += 1
+            res.n_fast += 1
         else:
-            m.slow[n_slow[0]] = q[0]
-            n_slow[0] += 1
-    r.nfast = n_fast[0] - r.fast
-    r.nslow = n_slow[0] - r.slow
+            m.slow[res.n_slow] = q[0]
+            res.n_slow += 1
+    r.nfast = res.n_fast - r.fast
+    r.nslow = res.n_slow - r.slow
 
 
 cdef double _estimate(Matcher m, const Pred* q, const int* num_off, const double* num_vals,

@@ -64,6 +64,16 @@ cdef struct Pred:
     const char* s
 
 
+cdef struct Residuals:
+    # Residual programs of the subscriptions being indexed (sub's at preds[beg[sub]],
+    # length[sub] of them) and how many fast and slow copies are placed so far.
+    Pred* preds
+    int* beg
+    int* length
+    int n_fast
+    int n_slow
+
+
 cdef struct Rng:
     # a residual range or string equality as a test on one value slot: lo <= val[slot] <= hi
     double lo
