@@ -56,9 +56,11 @@ def count_matches(
         )
 
     counts = np.zeros(len(subscriptions), dtype=np.int64)
-    if subscriptions:
-        totals = publications.mapInArrow(count, _COUNTS).groupBy("sid").agg(F.sum("matches"))
-        for sid, matches in totals.collect():
-            counts[sid] = matches
-    texts.destroy()
+    try:
+        if subscriptions:
+            totals = publications.mapInArrow(count, _COUNTS).groupBy("sid").agg(F.sum("matches"))
+            for sid, matches in totals.collect():
+                counts[sid] = matches
+    finally:
+        texts.destroy()
     return counts
