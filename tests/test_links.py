@@ -10,7 +10,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.core.lst import LinkStatusTable
-from octopis.transport.links import DATA, HANDSHAKE, KEPT, LINK, OutputLink
+from octopis.transport.links import DATA, HANDSHAKE, KEPT, LINK, OutputLink, PublishReceipt
 
 
 async def _with_link(scenario, *, custody_limit: int = 100, retain: float = 0.0):
@@ -88,6 +88,32 @@ def test_take_back_returns_retained_then_unacknowledged_then_queued() -> None:
 
     frames = asyncio.run(_with_link(scenario, retain=60.0))
     assert [f[1] for f in frames] == [b"n0", b"n1", b"n2", b"n3"]
+
+
+def test_a_publication_is_answered_once_the_neighbour_acknowledges_its_copy() -> None:
+    """A local publication's frame carries its receipt: the publisher is answered when
+    the receiver acknowledges the copy, not when it is sent; the retained copy no longer
+    carries it, and a copy taken back unacknowledged still does (its broker reroutes it
+    and counts the new copies in the same receipt)."""
+    answered: list[bytes] = []
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> list[list]:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        for name in (b"p1", b"p2"):
+            receipt = PublishReceipt(lambda name=name: answered.append(name))
+            receipt.copies = 1
+            link.put([b"me", name, KEPT, receipt], loop.time())
+        assert await _drain(pull) == [b"greeting", b"p1", b"p2"]
+        assert answered == []  # sent is not held
+        link.acknowledge(1, loop.time())
+        assert answered == [b"p1"]
+        assert [len(f) for _, f in link.retained] == [3]
+        return link.take_back(loop.time())
+
+    frames = asyncio.run(_with_link(scenario, retain=60.0))
+    assert [(f[1], len(f)) for f in frames] == [(b"p1", 3), (b"p2", 4)]
+    assert answered == [b"p1"]
 
 
 def test_a_full_custody_buffer_stops_the_link_and_counts_it() -> None:

@@ -11,6 +11,7 @@ collect the brokers' counters and stop every process, also on Ctrl-C or an error
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import time
 from collections import Counter
@@ -35,6 +36,11 @@ from octopis.transport.settings import BrokerSettings
 from octopis.workload import Workload
 
 log = logging.getLogger("octopis.run")
+
+STALL_DUMP_AFTER = 5.0
+"""Seconds the harness's event loop may stall before every thread's stack is written to
+``<run-dir>/logs/harness-stalls.log``: a stuck harness reads as silent clients to the
+brokers, which drop them after ``clients.timeout``."""
 
 
 @dataclass
@@ -78,6 +84,8 @@ class WorkloadRun:
         """Killed broker → time.monotonic() of its kill (the brokers' loop clock)."""
         self.restarts: dict[str, float] = {}
         """Restarted broker → seconds from its start until it was ready again."""
+        self._restarted_at: dict[str, float] = {}
+        """Restarted broker → time.monotonic() of its restart."""
         self.tables: dict[str, dict] = {}
         """Killed broker → its routing table just before the kill; after its restart,
         how the resynced table differs from it (entries it hosted itself left out)."""
@@ -102,6 +110,7 @@ class WorkloadRun:
             await self._attach_clients()
             self.timings["subscribe"] = await self._subscribe()
             self.timings["settle"] = await self._settle()
+            watchdog = asyncio.create_task(self._watch_stalls())
             sampler = None
             if self.options.sample_every:
                 sampler = asyncio.create_task(self._sample(self.options.sample_every))
@@ -115,7 +124,7 @@ class WorkloadRun:
                 for broker in self.restarts:
                     self.tables[broker] = await self._compare_table(broker)
             finally:
-                for task in (sampler, injector):
+                for task in (sampler, injector, watchdog):
                     if task is not None:
                         task.cancel()
                         await asyncio.gather(task, return_exceptions=True)
@@ -126,6 +135,24 @@ class WorkloadRun:
             for connection in self._connections.values():
                 await connection.close()
             await self.cluster.close_control()
+
+    async def _watch_stalls(self) -> None:
+        """Warn when this event loop ran late by more than a second; dump every thread's
+        stack if it stalls :data:`STALL_DUMP_AFTER` seconds."""
+        loop = asyncio.get_running_loop()
+        path = self.options.run_dir / "logs" / "harness-stalls.log"
+        with open(path, "a") as out:
+            try:
+                woke = loop.time()
+                while True:
+                    faulthandler.dump_traceback_later(STALL_DUMP_AFTER, file=out)
+                    await asyncio.sleep(1.0)
+                    now = loop.time()
+                    if now - woke > 2.0:
+                        log.warning("the harness's event loop stalled %.1f s", now - woke - 1.0)
+                    woke = now
+            finally:
+                faulthandler.cancel_dump_traceback_later()
 
     async def _ask_live(self, method: str) -> dict[str, Any]:
         """``method`` of every broker; with failures, of every broker that answers."""
@@ -149,6 +176,7 @@ class WorkloadRun:
                 self.kills[broker] = time.monotonic()
                 log.warning("killed %s (kill -9)", broker)
             else:
+                self._restarted_at[broker] = time.monotonic()
                 self.cluster.spawn_one(broker)
                 serving = await self.cluster.wait_ready(
                     self.options.start_timeout, [broker], state="serving"
@@ -356,11 +384,12 @@ class WorkloadRun:
         if not self.kills:
             return report
         for broker, killed in self.kills.items():
+            restarted = self._restarted_at.get(broker, float("inf"))
             seen = [
                 d["at"] - killed
                 for s in stats.values()
                 for d in s["detections"]
-                if d["link"] == broker and d["at"] > killed
+                if d["link"] == broker and killed < d["at"] < restarted
             ]
             report[f"detection.{broker}"] = {
                 "neighbours": len(seen),
@@ -371,6 +400,7 @@ class WorkloadRun:
             report[f"restart.{broker}"] = {"serving_after_s": ready, **self.tables[broker]}
         hosts = {s.subscriber: s.broker for s in self.workload.subscriptions}
         report.update(host_split(self.ledger, hosts, self.kills))
+        report["host_alive_lost_samples"] = self._lost_samples(hosts)
         back = {}
         for broker in self.kills:
             outages = self._connections[broker].outages if broker in self._connections else ()
@@ -383,6 +413,27 @@ class WorkloadRun:
             lambda key: hosts[key[0]] in back and published[key[1:]] > back[hosts[key[0]]]
         )
         return report
+
+    def _lost_samples(self, hosts: dict[str, str], limit: int = 10) -> list[dict[str, Any]]:
+        """Up to ``limit`` deliveries lost to subscribers whose host never died: who, from
+        which publisher's host, and when it was published relative to the first kill."""
+        first_kill = time.time() - (time.monotonic() - min(self.kills.values()))
+        publisher_host = {p.publisher: p.broker for p in self.workload.publications}
+        published = self._published_at
+        received = self.ledger.received
+        lost = sorted(
+            key
+            for key in self.ledger.expected
+            if key not in received and hosts[key[0]] not in self.kills
+        )
+        return [
+            {
+                "subscriber": f"{subscriber}@{hosts[subscriber]}",
+                "publication": f"{publisher}#{seq}@{publisher_host[publisher]}",
+                "published_after_kill_s": round(published[(publisher, seq)] - first_kill, 3),
+            }
+            for subscriber, publisher, seq in lost[:limit]
+        ]
 
     def _report(self, stats: dict[str, dict], subscriptions: dict[str, dict]) -> dict[str, Any]:
         copies = queued = longest = 0

@@ -45,7 +45,7 @@ from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.control import serve_control
-from octopis.transport.links import DATA, KEPT
+from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt
 from octopis.transport.peers import PeerLinks
 from octopis.transport.settings import BrokerSettings
 
@@ -95,7 +95,7 @@ class Broker:
         self.held_sbp: dict[str, list[list]] = {}
         """Subscription frames for a neighbour that went down, kept (up to the custody
         limit) for its next incarnation."""
-        self.held: list[Notification] = []
+        self.held: list[tuple[Notification, PublishReceipt]] = []
         """Local publications waiting for this broker to be serving (DESIGN §7)."""
         self._tasks: list[asyncio.Task] = []
         self.started = time.time()
@@ -229,7 +229,10 @@ class Broker:
         )
         for frame in kept:
             _, message = decode_peer(frame[:2])
-            self.execute(self.core.reroute(neighbour, message, self.lst))
+            receipt = frame[RECEIPT] if len(frame) > RECEIPT else None
+            self.execute(self.core.reroute(neighbour, message, self.lst), receipt=receipt)
+            if receipt is not None:
+                receipt.held()  # the copy taken back; the rerouted ones now count
 
     def link_back(self, neighbour: str) -> None:
         """A link that was down healed with the same incarnation on the other side: the
@@ -267,8 +270,9 @@ class Broker:
         """Route the local publications held while this broker was resyncing; hand the
         shares we owe that are whole now."""
         held, self.held = self.held, []
-        for notification in held:
-            self.execute(self.core.publish(notification, self.lst))
+        for notification, receipt in held:
+            self.execute(self.core.publish(notification, self.lst), receipt=receipt)
+            receipt.held()  # out of the hold
         self._pay_owed_shares()
 
     def synced(self, neighbour: str, synced: Synced) -> None:
@@ -349,26 +353,35 @@ class Broker:
         self.subscription_delay.pop(sub_id, None)
         return self.core.unsubscribe(key, sub_id)
 
-    def publish(self, notification: Notification) -> list[Action]:
-        """A local publication: the core routes it, or, while this broker is not yet
-        serving (resyncing after its start), it is held until then; a full hold raises
-        :class:`ClientError` (the client gets an error and keeps the publication)."""
+    def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
+        """A local publication: the core routes it, its copies carrying ``receipt``; or,
+        while this broker is not yet serving (resyncing after its start), it is held
+        until then; a full hold raises :class:`ClientError` (the client gets an error
+        and keeps the publication)."""
         if self.peers.serving:
-            return self.core.publish(notification, self.lst)
+            self.execute(self.core.publish(notification, self.lst), receipt=receipt)
+            return
         if len(self.held) >= self.settings.hold_limit:
             self.counters["publications_refused.hold_full"] += 1
             raise ClientError(
                 f"{self.id} is resyncing after its start and already holds "
                 f"{len(self.held)} publications; retry later"
             )
-        self.held.append(notification)
+        receipt.copies += 1  # answered once routed (:meth:`now_serving`)
+        self.held.append((notification, receipt))
         self.counters["publications_held"] += 1
-        return []
 
-    def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
+    def execute(
+        self,
+        actions: list[Action],
+        received: object = None,
+        body: bytes = b"",
+        receipt: PublishReceipt | None = None,
+    ) -> None:
         """Carry out the core's actions. A forwarded or delivered message that is the
         ``received`` one goes out with the ``body`` it arrived in; others are encoded once
-        each, and a delivery reuses the notification's encoded body."""
+        each, and a delivery reuses the notification's encoded body. A local publication's
+        copies kept in custody carry its ``receipt`` and count in it."""
         now = self._loop.time()
         frames: dict[int, list] = {}
         if received is not None:
@@ -386,6 +399,10 @@ class Broker:
                     frame = frames[id(message)] = [self._sender, encode_body(message), kind]
                 link = links[action.link]
                 if frame[2] == KEPT:
+                    if receipt is not None and link.keeps:
+                        if len(frame) == RECEIPT:
+                            frame.append(receipt)
+                        receipt.copies += 1
                     seen = self.queue_seen
                     ahead = len(link.queue)
                     seen[0] += 1

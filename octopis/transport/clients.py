@@ -25,7 +25,12 @@ from octopis.filters import (
     parse_publication,
     validate_publication,
 )
-from octopis.transport.links import SNDMORE_NOBLOCK, InputWaiter, receive_now
+from octopis.transport.links import (
+    SNDMORE_NOBLOCK,
+    InputWaiter,
+    PublishReceipt,
+    receive_now,
+)
 from octopis.transport.logs import RateLimitedLog
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import (
@@ -59,8 +64,8 @@ class Router(Protocol):
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """Withdraw a local subscription; returns the SBP actions."""
 
-    def publish(self, notification: Notification) -> list[Action]:
-        """Route a local publication; returns the routing actions."""
+    def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
+        """Route a local publication, its copies counting in ``receipt``."""
 
     def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
         """Carry out routing actions."""
@@ -215,8 +220,11 @@ class ClientSessions:
         self._key(identity, connection, request)
         n = Notification(request.client, request.seq, request.published_at, publication)
         self.counters["publications"] += 1
-        self.router.execute(self.router.publish(n))
-        return {"op": "published", "seq": request.seq}
+        reply = {"op": "published", "seq": request.seq}
+        answer = pack({**reply, "req": request.req})
+        receipt = PublishReceipt(lambda: self._send(identity, [answer]))
+        self.router.publish(n, receipt)
+        return reply if receipt.copies == 0 else None
 
     # -- liveness ------------------------------------------------------------------------
 

@@ -42,6 +42,27 @@ LINK, HANDSHAKE, DATA, KEPT = 0, 1, 2, 3
 """What a queued frame is (its third element, never sent): a link-level frame (heartbeat),
 the handshake that starts a numbered session, a routing frame, or a routing frame kept in
 custody until acknowledged (a notification, DESIGN §7)."""
+RECEIPT = 3
+"""Index of the :class:`PublishReceipt` a local publication's frames carry."""
+
+
+class PublishReceipt:
+    """The answer owed to a publisher, given once every copy of its publication that went
+    onto a link with custody is acknowledged by the neighbour: from then on the
+    neighbours hold it (custody, retain), so the host may die without losing it
+    (DESIGN §7). A frame carrying one is ``[sender, body, KEPT, receipt]``."""
+
+    __slots__ = ("_answer", "copies")
+
+    def __init__(self, answer: Callable[[], None]) -> None:
+        self.copies = 0
+        self._answer = answer
+
+    def held(self) -> None:
+        """One copy is in a neighbour's custody (or gone for good, counted elsewhere)."""
+        self.copies -= 1
+        if self.copies == 0:
+            self._answer()
 
 
 def send_now(sock: zmq.Socket, frame: list) -> None:
@@ -183,6 +204,9 @@ class OutputLink:
         keep = self.retain > 0
         while custody and custody[0][0] <= count:
             _, sent, frame = custody.popleft()
+            if len(frame) > RECEIPT:  # a local publication: its receipt is settled here
+                frame[RECEIPT].held()
+                frame = frame[:RECEIPT]
             if keep:
                 retained.append((sent, frame))
         horizon = now - self.retain
@@ -254,7 +278,8 @@ class OutputLink:
 
     def take_back(self, now: float) -> list[list]:
         """Empty the retained window, the custody buffer and the queue; returns their
-        routing frames, oldest first (queued frames leave the LST's queue length)."""
+        routing frames, oldest first (queued frames leave the LST's queue length). Only
+        frames never acknowledged still carry a :class:`PublishReceipt`."""
         frames = [frame for _, frame in self.retained]
         frames += [frame for _, _, frame in self.custody]
         self.retained.clear()
