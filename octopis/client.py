@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -36,6 +37,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.filters import Publication, Subscription, as_subscription
+from octopis.keys import DEFAULT_CLIENT, Keys, connect_securely
 from octopis.wire import delivery_fields, pack, unpack
 
 T = TypeVar("T")
@@ -73,6 +75,11 @@ class Connection:
     client re-issue its subscriptions, and records the outage in :attr:`outages` (and the
     log). At most ``max_pending`` requests wait for replies; a further :meth:`submit`
     waits for room, so a publisher is slowed, never silently dropped.
+
+    ``keys`` is a keys directory (:mod:`octopis.keys`; default ``$OCTOPIS_KEYS``): the
+    connection speaks CurveZMQ with client key pair ``key_name``, each broker known by
+    the public key ``endpoints.json`` gives its endpoint. Without either it connects in
+    the clear, which only a broker run ``--insecure`` accepts.
     """
 
     def __init__(
@@ -82,12 +89,21 @@ class Connection:
         context: zmq.asyncio.Context | None = None,
         liveness: float = 1.5,
         max_pending: int = 10_000,
+        keys: str | os.PathLike | None = None,
+        key_name: str = DEFAULT_CLIENT,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
             raise ValueError("a connection needs at least one broker endpoint")
         self.endpoint = self.endpoints[0]
         self.liveness = liveness
+        found = Keys.find(keys)
+        self._curve = (
+            None
+            if found is None
+            else (found.client(key_name), {e: found.server_key(e) for e in self.endpoints})
+        )
+        """This client's key pair and each endpoint's broker key, or None (in the clear)."""
         self._ctx = context or zmq.asyncio.Context.instance()
         self.socket = self._connect(self.endpoint)
         self._reqs = itertools.count(1)
@@ -109,6 +125,9 @@ class Connection:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
+        if self._curve is not None:
+            pair, server_keys = self._curve
+            connect_securely(socket, pair, server_keys[endpoint])
         socket.connect(endpoint)
         return socket
 
@@ -304,10 +323,18 @@ class _Client:
         self._owns_connection = False
 
     @classmethod
-    async def connect(cls, endpoints: str | Sequence[str], name: str, **kwargs: Any) -> Any:
+    async def connect(
+        cls,
+        endpoints: str | Sequence[str],
+        name: str,
+        *,
+        keys: str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Open a connection of its own as client ``name`` (to the first of ``endpoints``,
-        failing over to the others in order)."""
-        connection = Connection(endpoints)
+        failing over to the others in order), with ``keys`` as :class:`Connection` takes
+        them."""
+        connection = Connection(endpoints, keys=keys)
         await connection.open()
         client = cls(name, connection, **kwargs)
         client._owns_connection = True
@@ -484,8 +511,8 @@ class _Blocking:
 class BlockingSubscriber(_Blocking):
     """Blocking wrapper of :class:`Subscriber` for scripts and shells."""
 
-    def __init__(self, endpoint: str, name: str) -> None:
-        super().__init__(Subscriber.connect(endpoint, name))
+    def __init__(self, endpoint: str, name: str, keys: str | os.PathLike | None = None) -> None:
+        super().__init__(Subscriber.connect(endpoint, name, keys=keys))
         self._sub: Subscriber = self._client
 
     def subscribe(self, spec: str | dict | Subscription) -> BlockingStream:
@@ -517,8 +544,8 @@ class BlockingStream:
 class BlockingPublisher(_Blocking):
     """Blocking wrapper of :class:`Publisher`."""
 
-    def __init__(self, endpoint: str, name: str) -> None:
-        super().__init__(Publisher.connect(endpoint, name))
+    def __init__(self, endpoint: str, name: str, keys: str | os.PathLike | None = None) -> None:
+        super().__init__(Publisher.connect(endpoint, name, keys=keys))
         self._pub: Publisher = self._client
 
     def publish(self, publication: Publication | str) -> int:

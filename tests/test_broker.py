@@ -17,7 +17,7 @@ def test_a_failed_serving_loop_shuts_the_broker_down_with_an_error(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     scot = build_preset("fig2", base_port=find_free_base_port(18))
-    broker = Broker(scot, "b:0", "dnr", BrokerSettings())
+    broker = Broker(scot, "b:0", "dnr", BrokerSettings(), keys=None)
 
     async def broken_tick_loop() -> None:
         await asyncio.sleep(0.05)

@@ -19,6 +19,7 @@ from conditions import until
 
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.keys import KEYS_ENV
 from octopis.transport.settings import BrokerSettings
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,11 +29,13 @@ CLIENT_TIMEOUT = 2.0
 
 
 @pytest.fixture
-def fig2(tmp_path: Path) -> Iterator[LocalCluster]:
+def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """fig2 with keys on; the SDK finds them through $OCTOPIS_KEYS."""
     scot, path = prepare_topology(tmp_path, preset="fig2")
     settings = BrokerSettings(client_timeout=CLIENT_TIMEOUT)
     cluster = LocalCluster(scot, path, "dnr", tmp_path, settings)
     cluster.spawn()
+    monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
     try:
         asyncio.run(_with_control(cluster, lambda: cluster.wait_ready(120)))
         yield cluster

@@ -172,9 +172,10 @@ def test_octopis_run_command(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def fig2_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """fig2 with keys off: the tests on it speak raw ZeroMQ to its sockets."""
     run_dir = tmp_path_factory.mktemp("fig2-up")
     scot, path = prepare_topology(run_dir, preset="fig2")
-    cluster = LocalCluster(scot, path, "snr", run_dir)
+    cluster = LocalCluster(scot, path, "snr", run_dir, secure=False)
     cluster.spawn()
     try:
         asyncio.run(_ready(cluster))

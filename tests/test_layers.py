@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "octopis.wire": set(),
     "octopis.topology": set(),
     "octopis.failure_schedule": set(),
+    "octopis.keys": set(),
     "octopis._match": {"octopis.filters"},
     "octopis.matching": BASE,
     "octopis.quotes": BASE,
@@ -47,8 +48,9 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.transport",
         "octopis.topology",
         "octopis.wire",
+        "octopis.keys",
     },
-    "octopis.client": {"octopis.filters", "octopis.wire"},
+    "octopis.client": {"octopis.filters", "octopis.wire", "octopis.keys"},
     "octopis.cluster": {
         *BASE,
         "octopis.cluster",
@@ -59,6 +61,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.transport.settings",
         "octopis.wire",
         "octopis.failure_schedule",
+        "octopis.keys",
     },
     "octopis.cli": {"octopis"},
 }

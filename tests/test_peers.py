@@ -15,6 +15,7 @@ from conditions import until
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.keys import KEYS_ENV
 from octopis.transport.settings import BrokerSettings
 
 pytestmark = pytest.mark.timeout(300)
@@ -23,10 +24,12 @@ NEIGHBOURS_OF_C0 = ("b:0", "d:0", "e:0", "c:1", "c:2")
 
 
 @pytest.fixture
-def fig2(tmp_path: Path) -> Iterator[LocalCluster]:
+def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """fig2 with keys on; the SDK finds them through $OCTOPIS_KEYS."""
     scot, path = prepare_topology(tmp_path, preset="fig2")
     cluster = LocalCluster(scot, path, "dnr", tmp_path, BrokerSettings())
     cluster.spawn()
+    monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
     try:
         asyncio.run(_closing(cluster, cluster.wait_ready(120)))
         yield cluster

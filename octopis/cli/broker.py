@@ -12,6 +12,7 @@ import zmq
 
 from octopis.cli import run_cli
 from octopis.core import MODES
+from octopis.keys import Keys, KeysError
 from octopis.topology import TopologyError, load_topology
 from octopis.transport.settings import ConfigError, load_settings
 
@@ -44,6 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="settings TOML: [lst] window, queue_threshold; [links] sndhwm, "
         "capacity, capacities; [clients] sndhwm",
     )
+    security = p.add_mutually_exclusive_group(required=True)
+    security.add_argument(
+        "--keys",
+        type=Path,
+        metavar="DIR",
+        help="keys directory (`octopis-topology keys`, or <run-dir>/keys of `octopis up`): "
+        "CurveZMQ on every socket; peers need a broker key of the topology, clients an "
+        "allowed client key, the control RPC the admin key",
+    )
+    security.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no authentication or encryption: anyone who reaches the ports may publish, "
+        "subscribe and shut the broker down (said at start)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=cmd_broker)
     return p
@@ -57,11 +73,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.id not in scot.brokers:
         raise UnknownBroker(f"topology {scot.name} has no broker {args.id!r}")
     settings = load_settings(args.config)
+    keys = None if args.insecure else Keys(args.keys)
     logging.getLogger().handlers[0].setFormatter(
         logging.Formatter(f"%(asctime)s %(levelname)s broker {args.id}: %(message)s")
     )
     try:
-        asyncio.run(run_broker(scot, args.id, args.mode, settings))
+        asyncio.run(run_broker(scot, args.id, args.mode, settings, keys))
     except zmq.ZMQError as exc:
         logging.getLogger("octopis.broker").error("cannot serve %s: %s", args.id, exc)
         return 1
@@ -72,7 +89,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``octopis-broker``."""
-    return run_cli(build_parser(), argv, errors=(TopologyError, ConfigError, UnknownBroker))
+    return run_cli(
+        build_parser(), argv, errors=(TopologyError, ConfigError, UnknownBroker, KeysError)
+    )
 
 
 if __name__ == "__main__":

@@ -172,6 +172,13 @@ def _overlay_options(p: argparse.ArgumentParser, run_dir: Path | None, run_dir_h
         help="broker settings TOML (LST window, Q, capacities, heartbeats, limits)",
     )
     p.add_argument("--run-dir", type=Path, default=run_dir, metavar="DIR", help=run_dir_help)
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="run the brokers without CurveZMQ: anyone who reaches their ports may publish, "
+        "subscribe and stop them (default: key pairs in <run-dir>/keys, mode 0600, used by "
+        "every octopis command on this run directory)",
+    )
 
 
 def _timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> None:
@@ -193,6 +200,13 @@ def _client_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--broker", required=True, metavar="ID", help="broker to attach to")
     p.add_argument("--name", help="client name (default: a unique one)")
+    p.add_argument(
+        "--keys",
+        type=Path,
+        metavar="DIR",
+        help=f"keys directory (default: {DEFAULT_CLUSTER_DIR}/keys of `octopis up` without "
+        "--topology, else $OCTOPIS_KEYS; neither: in the clear, for --insecure brokers)",
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -220,6 +234,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         sample_every=args.timeline,
         failures=failures,
+        secure=not args.insecure,
     )
 
     run = WorkloadRun(scot, path, workload, options)
@@ -248,7 +263,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"{state} exists: brokers may still run; `octopis down --run-dir {args.run_dir}` first"
         )
     cluster = LocalCluster(
-        scot, args.topology.resolve(), args.mode, args.run_dir, load_settings(args.config)
+        scot,
+        args.topology.resolve(),
+        args.mode,
+        args.run_dir,
+        load_settings(args.config),
+        secure=not args.insecure,
     )
     cluster.spawn()
     try:
@@ -369,17 +389,21 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def _endpoint(args: argparse.Namespace) -> str:
-    path = args.topology
+def _endpoint(args: argparse.Namespace) -> tuple[str, Path | None]:
+    """The client endpoint of ``--broker`` and the keys directory to reach it with."""
+    path, keys = args.topology, args.keys
     if path is None:
         try:
-            path = Path(json.loads((DEFAULT_CLUSTER_DIR / STATE_FILE).read_text())["topology"])
+            state = json.loads((DEFAULT_CLUSTER_DIR / STATE_FILE).read_text())
         except OSError:
             raise UsageError("no --topology and no cluster started by `octopis up` here") from None
+        path = Path(state["topology"])
+        if keys is None and state.get("secure", True):
+            keys = DEFAULT_CLUSTER_DIR / "keys"
     scot = load_topology(path)
     if args.broker not in scot.brokers:
         raise UsageError(f"topology {scot.name} has no broker {args.broker!r}")
-    return scot.brokers[args.broker].client_endpoint
+    return scot.brokers[args.broker].client_endpoint, keys
 
 
 def cmd_sub(args: argparse.Namespace) -> int:
@@ -388,10 +412,10 @@ def cmd_sub(args: argparse.Namespace) -> int:
     from octopis.filters import parse_subscription
 
     subscription = parse_subscription(args.filter)
-    endpoint = _endpoint(args)
+    endpoint, keys = _endpoint(args)
 
     async def go() -> None:
-        sub = await Subscriber.connect(endpoint, args.name or f"sub-{time.time_ns()}")
+        sub = await Subscriber.connect(endpoint, args.name or f"sub-{time.time_ns()}", keys=keys)
         stream = await sub.subscribe(subscription)
         print(json.dumps({"subscribed": stream.sub_id}), flush=True)
         seen = 0
@@ -428,10 +452,10 @@ def cmd_pub(args: argparse.Namespace) -> int:
 
     lines = args.publications or [line for line in sys.stdin if line.strip()]
     publications = [parse_publication(line) for line in lines]
-    endpoint = _endpoint(args)
+    endpoint, keys = _endpoint(args)
 
     async def go() -> None:
-        pub = await Publisher.connect(endpoint, args.name or f"pub-{time.time_ns()}")
+        pub = await Publisher.connect(endpoint, args.name or f"pub-{time.time_ns()}", keys=keys)
         try:
             for publication in publications:
                 seq = await pub.publish(publication)

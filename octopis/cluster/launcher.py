@@ -27,6 +27,7 @@ from typing import IO, Any
 import aiozmq.rpc
 import psutil
 
+from octopis.keys import Keys, connect_securely, make_keys
 from octopis.topology import PORTS_PER_BROKER, Scot, build_preset, load_topology
 from octopis.transport.settings import BrokerSettings, load_settings
 
@@ -123,11 +124,14 @@ def broker_command(
     mode: str | None = None,
     config: Path | None = None,
     log_level: str | None = None,
+    keys: Path | None = None,
 ) -> list[str]:
     """The command line that runs broker ``broker_id`` of ``topology`` as its own process
-    (``octopis-broker`` through this interpreter); unset options keep the CLI's defaults."""
+    (``octopis-broker`` through this interpreter); unset options keep the CLI's defaults;
+    without ``keys`` the broker runs ``--insecure``."""
     command = [sys.executable, "-m", "octopis.cli.broker", "--topology", str(topology)]
     command += ["--id", broker_id]
+    command += ["--keys", str(keys)] if keys is not None else ["--insecure"]
     for option, value in (("--mode", mode), ("--config", config), ("--log-level", log_level)):
         if value is not None:
             command += [option, str(value)]
@@ -159,8 +163,12 @@ class LocalCluster:
         run_dir: Path,
         settings: BrokerSettings | None = None,
         log_level: str = "INFO",
+        *,
+        secure: bool = True,
     ) -> None:
         self.scot = scot
+        self.keys_dir = run_dir / "keys" if secure else None
+        """``<run-dir>/keys`` (made by :meth:`spawn`), or None: the brokers run insecure."""
         self.topology_path = topology_path
         self.mode = mode
         self.run_dir = run_dir
@@ -177,6 +185,14 @@ class LocalCluster:
         """Start every broker process (does not wait for them)."""
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "broker.toml").write_text(self.settings.to_toml())
+        if self.keys_dir is not None:
+            make_keys(
+                self.keys_dir,
+                {
+                    b: (i.endpoint, i.client_endpoint, i.control_endpoint)
+                    for b, i in self.scot.brokers.items()
+                },
+            )
         for broker_id in self.scot.brokers:
             self.spawn_one(broker_id)
 
@@ -192,6 +208,7 @@ class LocalCluster:
                     self.mode,
                     self.run_dir / "broker.toml",
                     self.log_level,
+                    self.keys_dir,
                 ),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -214,7 +231,14 @@ class LocalCluster:
         config = run_dir / "broker.toml"
         if config.exists():
             settings = load_settings(config)
-        cluster = cls(load_topology(topology), topology, state["mode"], run_dir, settings)
+        cluster = cls(
+            load_topology(topology),
+            topology,
+            state["mode"],
+            run_dir,
+            settings,
+            secure=state.get("secure", True),
+        )
         return cluster, {b: int(p) for b, p in state["pids"].items()}
 
     def write_state(self, pids: dict[str, int] | None = None) -> Path:
@@ -223,6 +247,7 @@ class LocalCluster:
         state = {
             "topology": str(self.topology_path),
             "mode": self.mode,
+            "secure": self.keys_dir is not None,
             "pids": {**(pids or {}), **{b: p.pid for b, p in self.processes.items()}},
             "control": {b: i.control_endpoint for b, i in self.scot.brokers.items()},
             "clients": {b: i.client_endpoint for b, i in self.scot.brokers.items()},
@@ -265,9 +290,18 @@ class LocalCluster:
             self._rpc_loop = loop
         for broker_id, info in self.scot.brokers.items():
             if broker_id not in self._rpc:
-                self._rpc[broker_id] = await aiozmq.rpc.connect_rpc(
-                    connect=info.control_endpoint, timeout=5
-                )
+                self._rpc[broker_id] = await self._control_client(info.control_endpoint, 5)
+
+    async def _control_client(self, endpoint: str, timeout: float) -> aiozmq.rpc.RPCClient:
+        """An RPC client of the control socket at ``endpoint``, with the admin key unless
+        the cluster runs insecure."""
+        client = await aiozmq.rpc.connect_rpc(timeout=timeout)
+        if self.keys_dir is not None:
+            keys = Keys(self.keys_dir)
+            sock = client.transport.get_extra_info("zmq_socket")
+            connect_securely(sock, keys.admin(), keys.server_key(endpoint))
+        await client.transport.connect(endpoint)
+        return client
 
     async def call_all(self, method: str) -> dict[str, Any]:
         """Call ``method`` on every broker's control RPC."""
@@ -312,7 +346,7 @@ class LocalCluster:
         async def one(broker_id: str) -> Any:
             endpoint = self.scot.brokers[broker_id].control_endpoint
             try:
-                client = await aiozmq.rpc.connect_rpc(connect=endpoint, timeout=timeout)
+                client = await self._control_client(endpoint, timeout)
             except (OSError, TimeoutError):
                 return None
             try:

@@ -61,6 +61,8 @@ class RunOptions:
     failures: list[Failure] = field(default_factory=list)
     """Brokers to ``kill -9`` (and restart) while publishing, times in seconds from the
     first publication (scaled like the workload's)."""
+    secure: bool = True
+    """CurveZMQ with key pairs in ``<run-dir>/keys``; False runs the brokers insecure."""
 
 
 class WorkloadRun:
@@ -74,7 +76,13 @@ class WorkloadRun:
         self.workload = workload
         self.options = options
         self.cluster = LocalCluster(
-            scot, topology_path, options.mode, options.run_dir, options.settings, options.log_level
+            scot,
+            topology_path,
+            options.mode,
+            options.run_dir,
+            options.settings,
+            options.log_level,
+            secure=options.secure,
         )
         self.ledger = DeliveryLedger()
         self.timings: dict[str, float] = {}
@@ -207,7 +215,8 @@ class WorkloadRun:
         brokers = {s.broker for s in self.workload.subscriptions}
         brokers |= {p.broker for p in self.workload.publications}
         for broker_id in sorted(brokers):
-            connection = Connection(self.scot.client_endpoints(broker_id))
+            endpoints = self.scot.client_endpoints(broker_id)
+            connection = Connection(endpoints, keys=self.cluster.keys_dir)
             await connection.open()
             self._connections[broker_id] = connection
         for s in self.workload.subscriptions:

@@ -40,13 +40,16 @@ from octopis.core import (
 )
 from octopis.core.resync import epoch_of, resync_messages, withdraw_predecessor
 from octopis.filters import Subscription, set_limits
+from octopis.keys import Keys
 from octopis.matching import MatchClock, TimedMatcher
 from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.control import serve_control
 from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt
+from octopis.transport.logs import RateLimitedLog
 from octopis.transport.peers import PeerLinks
+from octopis.transport.security import Curve, Gatekeeper, count_failed_handshakes
 from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker")
@@ -59,8 +62,17 @@ class BrokerFailure(RuntimeError):
 class Broker:
     """A running broker: core, peer links, client sessions, LST and control RPC."""
 
-    def __init__(self, scot: Scot, broker_id: str, mode: str, settings: BrokerSettings) -> None:
+    def __init__(
+        self,
+        scot: Scot,
+        broker_id: str,
+        mode: str,
+        settings: BrokerSettings,
+        keys: Keys | None,
+    ) -> None:
         self.scot = scot
+        self.keys = keys
+        """CurveZMQ keys (DESIGN §8); None runs insecure (``--insecure``)."""
         self.info = scot.brokers[broker_id]
         self.id = broker_id
         self.mode = mode
@@ -114,6 +126,7 @@ class Broker:
         """Bind, connect, run until :meth:`stop`, then flush and close."""
         loop = self._loop = asyncio.get_running_loop()
         ctx = zmq.asyncio.Context()
+        curve, guards = self._guard(ctx)
         self.lst = LinkStatusTable(
             [n.id for n in self.info.neighbours],
             self.settings.window,
@@ -130,16 +143,32 @@ class Broker:
             ctx,
             self,
             self.incarnation,
+            curve,
         )
         self.links = self.peers.links
-        self.clients = ClientSessions(self.id, self.info.client_endpoint, self.settings, ctx, self)
-        self.rpc = await serve_control(self, self.info.control_endpoint, self.settings.frame_bytes)
+        self.clients = ClientSessions(
+            self.id, self.info.client_endpoint, self.settings, ctx, self, curve
+        )
+        self.rpc = await serve_control(
+            self, self.info.control_endpoint, self.settings.frame_bytes, curve
+        )
         work = [
             *self.peers.tasks(),
             ("clients", self.clients.serve()),
             ("client timeouts", self.clients.expire()),
             ("lst", self._tick_loop()),
         ]
+        if curve is not None:
+            sockets = {
+                "peer": (self.peers.input, ctx),
+                "client": (self.clients.socket, ctx),
+                "control": (self.rpc.transport.get_extra_info("zmq_socket"), guards[1].context),
+            }
+            warn = RateLimitedLog(log, self.settings.log_interval)
+            work += [
+                (f"{name} handshakes", count_failed_handshakes(sock, c, name, self.counters, warn))
+                for name, (sock, c) in sockets.items()
+            ]
         self._tasks = [asyncio.create_task(coro, name=name) for name, coro in work]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
@@ -161,10 +190,44 @@ class Broker:
         await self.rpc.wait_closed()
         self.peers.close()
         self.clients.close()
+        for guard in guards:
+            guard.stop()
         ctx.destroy(linger=200)
         if self._failure is not None:
             raise BrokerFailure(self._failure)
         log.info("%s stopped", self.id)
+
+    def _guard(self, ctx: zmq.asyncio.Context) -> tuple[Curve | None, list[Gatekeeper]]:
+        """Start the ZAP handlers (one in ``ctx``, one in aiozmq's context, where the
+        control socket lives) and return the broker's CURVE keys; without keys, say
+        loudly that anyone may connect."""
+        keys = self.keys
+        if keys is None:
+            log.warning(
+                "%s runs INSECURE (--insecure): no authentication, no encryption; anyone who "
+                "reaches its ports can publish, subscribe and shut it down",
+                self.id,
+            )
+            return None, []
+        neighbours = {n.id: keys.broker_public(n.id) for n in self.info.neighbours}
+        warn = RateLimitedLog(log, self.settings.log_interval)
+        guards = [
+            Gatekeeper(
+                ctx,
+                {"peer": set(neighbours.values()), "client": keys.allowed_clients()},
+                self.counters,
+                warn,
+            ),
+            Gatekeeper(
+                zmq.asyncio.Context.shadow(zmq.Context.instance()),
+                {"control": {keys.admin_public()}},
+                self.counters,
+                warn,
+            ),
+        ]
+        for guard in guards:
+            guard.start()
+        return Curve(keys.broker(self.id), neighbours), guards
 
     def _task_ended(self, task: asyncio.Task) -> None:
         """A serving loop never ends on its own: if one does, log why and shut down, so the
@@ -526,9 +589,11 @@ class Broker:
         }
 
 
-async def run_broker(scot: Scot, broker_id: str, mode: str, settings: BrokerSettings) -> None:
-    """Serve until SIGTERM/SIGINT or an RPC ``shutdown``."""
-    broker = Broker(scot, broker_id, mode, settings)
+async def run_broker(
+    scot: Scot, broker_id: str, mode: str, settings: BrokerSettings, keys: Keys | None
+) -> None:
+    """Serve until SIGTERM/SIGINT or an RPC ``shutdown``; ``keys`` None runs insecure."""
+    broker = Broker(scot, broker_id, mode, settings, keys)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)

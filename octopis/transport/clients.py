@@ -32,6 +32,7 @@ from octopis.transport.links import (
     receive_now,
 )
 from octopis.transport.logs import RateLimitedLog
+from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import (
     HeartbeatRequest,
@@ -93,6 +94,7 @@ class ClientSessions:
         settings: BrokerSettings,
         ctx: zmq.asyncio.Context,
         router: Router,
+        curve: Curve | None = None,
     ) -> None:
         self.id = broker_id
         self.settings = settings
@@ -103,6 +105,8 @@ class ClientSessions:
         self.socket.setsockopt(zmq.SNDHWM, settings.client_sndhwm)
         self.socket.setsockopt(zmq.LINGER, 500)
         self.socket.setsockopt(zmq.MAXMSGSIZE, settings.frame_bytes)
+        if curve is not None:
+            curve.serve(self.socket, "client")
         self.socket.bind(bind)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
         self._waiter: InputWaiter | None = None

@@ -8,6 +8,8 @@ from typing import Any, Protocol
 import aiozmq.rpc
 import zmq
 
+from octopis.transport.security import Curve
+
 
 class Inspectable(Protocol):
     """What the control RPC reads of a broker and asks it to do."""
@@ -59,9 +61,16 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
         return True
 
 
-async def serve_control(broker: Inspectable, endpoint: str, frame_bytes: int) -> aiozmq.rpc.Service:
+async def serve_control(
+    broker: Inspectable, endpoint: str, frame_bytes: int, curve: Curve | None
+) -> aiozmq.rpc.Service:
     """Start the control RPC of ``broker`` at ``endpoint``; a caller sending a message over
-    ``frame_bytes`` is disconnected (ZMQ_MAXMSGSIZE)."""
-    service = await aiozmq.rpc.serve_rpc(ControlHandler(broker), bind=endpoint)
-    service.transport.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
+    ``frame_bytes`` is disconnected (ZMQ_MAXMSGSIZE). With ``curve``, only the admin key
+    gets in (ZAP domain ``control``)."""
+    service = await aiozmq.rpc.serve_rpc(ControlHandler(broker))
+    sock = service.transport.get_extra_info("zmq_socket")
+    sock.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
+    if curve is not None:
+        curve.serve(sock, "control")
+    await service.transport.bind(endpoint)
     return service

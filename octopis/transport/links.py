@@ -18,6 +18,7 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate, departure
+from octopis.transport.security import Curve
 
 YIELDS_BEFORE_POLL = 4
 """Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
@@ -145,12 +146,15 @@ class OutputLink:
         custody_limit: int,
         retain: float = 0.0,
         retain_limit: int = 0,
+        curve: Curve | None = None,
     ) -> None:
         self.name = name
         self.socket = ctx.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.SNDHWM, sndhwm)
         self.socket.setsockopt(zmq.IMMEDIATE, 1)
         self.socket.setsockopt(zmq.LINGER, 1000)
+        if curve is not None:
+            curve.connect(self.socket, name)
         self.socket.connect(endpoint)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
         self.queue: deque[list] = deque()

@@ -52,6 +52,7 @@ from octopis.transport.links import (
     receive_now,
 )
 from octopis.transport.logs import RateLimitedLog
+from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker.peers")
@@ -125,6 +126,7 @@ class PeerLinks:
         ctx: zmq.asyncio.Context,
         events: PeerEvents,
         incarnation: int,
+        curve: Curve | None = None,
     ) -> None:
         self.id = broker_id
         self.incarnation = incarnation
@@ -144,6 +146,8 @@ class PeerLinks:
         self.input = ctx.socket(zmq.PULL)
         self.input.setsockopt(zmq.RCVHWM, 1000)
         self.input.setsockopt(zmq.MAXMSGSIZE, settings.frame_bytes)
+        if curve is not None:
+            curve.serve(self.input, "peer")
         self.input.bind(bind)
         self._input_sync = zmq.Socket.shadow(self.input.underlying)
         self._waiter: InputWaiter | None = None
@@ -164,6 +168,7 @@ class PeerLinks:
                 settings.custody_limit,
                 settings.retain,
                 settings.retain_limit,
+                curve,
             )
             for n, endpoint in endpoints.items()
         }
