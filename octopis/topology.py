@@ -129,6 +129,12 @@ class Scot:
         others.sort(key=lambda b: (b.cluster != home.cluster, distance[b.region], b.cluster))
         return [b.id for b in others]
 
+    def endpoints_by_broker(self) -> dict[str, tuple[str, str, str]]:
+        """Each broker's peer, client and control endpoints (what its keys must cover)."""
+        return {
+            b.id: (b.endpoint, b.client_endpoint, b.control_endpoint) for b in self.brokers.values()
+        }
+
     def client_endpoints(self, broker_id: str) -> list[str]:
         """The client endpoint of ``broker_id`` followed by those of
         :meth:`failover_order`: the list an SDK connection fails over along."""

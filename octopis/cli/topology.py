@@ -12,6 +12,7 @@ from pathlib import Path
 import networkx as nx
 
 from octopis.cli import run_cli
+from octopis.keys import DEFAULT_CLIENT, make_keys
 from octopis.topology import (
     ACOL,
     DEFAULT_BASE_PORT,
@@ -107,6 +108,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="output picture, .png or .svg",
     )
     draw.set_defaults(func=cmd_draw)
+
+    keys = sub.add_parser(
+        "keys",
+        help="make the CurveZMQ key pairs of a deployment",
+        description="Write a key pair per broker of a topology file, client key pairs, the "
+        "admin key pair and endpoints.json (each broker endpoint and its public key) into "
+        "DIR (secrets mode 0600; pairs already there are kept). Give each broker host its "
+        "brokers/<id>.key_secret, every public *.key, clients/*.key, admin/admin.key and "
+        "endpoints.json, and run `octopis-broker --keys DIR`; give each client host its "
+        "clients/<name>.key_secret and endpoints.json (SDK: keys=DIR or $OCTOPIS_KEYS); "
+        "keep admin/admin.key_secret where you run `octopis status`.",
+    )
+    keys.add_argument("file", type=Path, metavar="FILE", help="topology JSON")
+    keys.add_argument("-o", "--output", required=True, type=Path, metavar="DIR")
+    keys.add_argument(
+        "--client",
+        action="append",
+        metavar="NAME",
+        help="a client key pair to make (repeatable; default: one named 'client')",
+    )
+    keys.set_defaults(func=cmd_keys)
     return parser
 
 
@@ -140,6 +162,17 @@ def cmd_draw(args: argparse.Namespace) -> None:
         raise TopologyError(f"picture must be .png or .svg, got {args.output.name!r}")
     draw_topology(load_topology(args.file), args.output)
     print(f"{args.output}: drawn")
+
+
+def cmd_keys(args: argparse.Namespace) -> None:
+    """Write the key pairs of a topology's deployment."""
+    scot = load_topology(args.file)
+    clients = args.client or [DEFAULT_CLIENT]
+    make_keys(args.output, scot.endpoints_by_broker(), clients)
+    print(
+        f"{args.output}: key pairs of {len(scot.brokers)} brokers, {len(clients)} client(s) "
+        "and the admin"
+    )
 
 
 def format_topology(scot: Scot) -> str:

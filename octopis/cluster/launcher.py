@@ -186,13 +186,7 @@ class LocalCluster:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "broker.toml").write_text(self.settings.to_toml())
         if self.keys_dir is not None:
-            make_keys(
-                self.keys_dir,
-                {
-                    b: (i.endpoint, i.client_endpoint, i.control_endpoint)
-                    for b, i in self.scot.brokers.items()
-                },
-            )
+            make_keys(self.keys_dir, self.scot.endpoints_by_broker())
         for broker_id in self.scot.brokers:
             self.spawn_one(broker_id)
 
