@@ -1,7 +1,9 @@
 """Broker hop: one broker process holding 10,000 subscriptions against bare relays,
 measured side by side (issue 6 target: the broker reaches ≥ 50% of the pyzmq relay's
-rate), and the same broker with custody off, so the cost of custody (numbered frames,
-acknowledgements, the custody buffer; DESIGN §7) is a ratio too. See :mod:`bench.hop`
+rate), the same broker with custody off, so the cost of custody (numbered frames,
+acknowledgements, the custody buffer; DESIGN §7) is a ratio too, and the broker with
+CurveZMQ on every socket of the hop (DESIGN §8), whose cost is the ratio to the broker
+in the clear. See :mod:`bench.hop`
 for the set-up and the two relay styles.
 
 The machine is shared and noisy (runs of the same code differ by 2×, and the machine's
@@ -25,7 +27,7 @@ from bench.hop import NO_CUSTODY, HopBench
 SUBSCRIPTIONS = 10_000
 NOTIFICATIONS = 60_000
 ROUNDS = 5
-RUNS = ("pyzmq", "broker", "transport", "broker_no_custody")
+RUNS = ("pyzmq", "broker", "transport", "broker_no_custody", "broker_curve")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,8 @@ def test_broker_hop_against_relays(
                 rates[run] = hop.run_broker(tmp_path, mode)
             elif run == "broker_no_custody":
                 rates[run] = hop.run_broker(tmp_path, mode, NO_CUSTODY)
+            elif run == "broker_curve":
+                rates[run] = hop.run_broker(tmp_path, mode, curve=True)
             else:
                 rates[run] = hop.run_relay(run)
         rounds.append(rates)
@@ -59,7 +63,13 @@ def test_broker_hop_against_relays(
         ratios = [r["broker"] / r[relay] for r in rounds]
         info[f"ratios_to_{relay}"] = [round(x, 3) for x in ratios]
         info[f"median_ratio_to_{relay}"] = round(statistics.median(ratios), 3)
-    costs = [1 - r["broker"] / r["broker_no_custody"] for r in rounds]
-    info["custody_cost"] = [round(x, 3) for x in costs]
-    info["median_custody_cost"] = round(statistics.median(costs), 3)
+    for cost, slower, faster in (
+        ("custody", "broker", "broker_no_custody"),
+        ("curve", "broker_curve", "broker"),
+    ):
+        costs = [1 - r[slower] / r[faster] for r in rounds]
+        info[f"{cost}_cost"] = [round(x, 3) for x in costs]
+        info[f"median_{cost}_cost"] = round(statistics.median(costs), 3)
+    curve_ratios = [r["broker_curve"] / r["pyzmq"] for r in rounds]
+    info["median_curve_ratio_to_pyzmq"] = round(statistics.median(curve_ratios), 3)
     benchmark.extra_info.update(info)

@@ -35,6 +35,7 @@ from bitarray import frozenbitarray
 
 from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
+from octopis.keys import Keys, connect_securely, make_keys
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.topology import build_preset
 from octopis.transport.codec import Heartbeat, Hello, encode_peer
@@ -116,14 +117,22 @@ RELAY_STYLES: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-def _send_all(endpoint: str, path: str, ready: Event, go: Event) -> None:
-    """Sender process: load the frames stored at ``path``, connect, set ``ready``, and
-    once ``go`` is set push them all (blocking sends: ZeroMQ's high-water marks pace it
-    to the hop's speed)."""
+def _as_neighbour(sock: zmq.Socket, keys: Keys | None, endpoint: str) -> zmq.Socket:
+    """Connect ``sock`` to the broker's ``endpoint`` as the played upstream neighbour:
+    CURVE with its key pair when the run has ``keys``, in the clear otherwise."""
+    if keys is not None:
+        connect_securely(sock, keys.broker(UPSTREAM), keys.server_key(endpoint))
+    sock.connect(endpoint)
+    return sock
+
+
+def _send_all(endpoint: str, path: str, keys_dir: str, ready: Event, go: Event) -> None:
+    """Sender process: load the frames stored at ``path``, connect (with the keys in
+    ``keys_dir``, if any), set ``ready``, and once ``go`` is set push them all (blocking
+    sends: ZeroMQ's high-water marks pace it to the hop's speed)."""
     frames = msgpack.unpackb(Path(path).read_bytes())
     ctx = zmq.Context()
-    up = ctx.socket(zmq.PUSH)
-    up.connect(endpoint)
+    up = _as_neighbour(ctx.socket(zmq.PUSH), Keys(keys_dir) if keys_dir else None, endpoint)
     ready.set()
     go.wait()
     for frame in frames:
@@ -147,27 +156,39 @@ class HopBench:
         matched = [any(f.matches(q) for f in self.filters) for q in quotes[:notifications]]
         self.forwarded = sum(matched)
         self.probe = self.frames[matched.index(True)]
+        self.keys: Keys | None = None
+        """The keys of the current broker run (CurveZMQ), or None (in the clear)."""
 
     def endpoint(self, broker: str) -> str:
         return self.scot.brokers[broker].endpoint
 
     def run_broker(
-        self, tmp: Path, mode: str = "snr", settings: BrokerSettings | None = None
+        self,
+        tmp: Path,
+        mode: str = "snr",
+        settings: BrokerSettings | None = None,
+        *,
+        curve: bool = False,
     ) -> float:
-        """Notifications per second through a real broker process."""
+        """Notifications per second through a real broker process; with ``curve`` every
+        socket of the hop speaks CurveZMQ (keys made in ``tmp``)."""
         path = tmp / "fig2.json"
         path.write_text(json.dumps(self.scot.to_json()))
         config = tmp / "broker.toml"
         # The harness plays the neighbours and sends them no heartbeats: detection off.
         config.write_text((settings or BrokerSettings(down_after=3600.0)).to_toml())
+        keys_dir = make_keys(tmp / "keys", self.scot.endpoints_by_broker()) if curve else None
+        self.keys = Keys(keys_dir) if keys_dir is not None else None
         proc = subprocess.Popen(
-            broker_command(path, BROKER, mode, config, "WARNING"), stdin=subprocess.DEVNULL
+            broker_command(path, BROKER, mode, config, "WARNING", keys_dir),
+            stdin=subprocess.DEVNULL,
         )
         try:
             return asyncio.run(self._drive(install=True, expected=self.forwarded))
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+            self.keys = None
 
     def run_relay(self, style: str = "pyzmq") -> float:
         """Messages per second through a bare relay of ``style`` (see :func:`relay_main`)."""
@@ -200,9 +221,12 @@ class HopBench:
         receiver and measuring the harness rather than the hop."""
         ctx = zmq.Context()
         down = ctx.socket(zmq.PULL)
+        if self.keys is not None:  # the broker pushes to c:0 as a CURVE client of its key
+            pair = self.keys.broker(DOWNSTREAM)
+            down.curve_secretkey, down.curve_publickey = pair.secret, pair.public
+            down.curve_server = True
         down.bind(self.endpoint(DOWNSTREAM))
-        up = ctx.socket(zmq.PUSH)
-        up.connect(self.endpoint(BROKER))
+        up = _as_neighbour(ctx.socket(zmq.PUSH), self.keys, self.endpoint(BROKER))
         down.setsockopt(zmq.RCVTIMEO, 500)
         downstream = Downstream(down, up, incarnation)
         spawn = multiprocessing.get_context("spawn")
@@ -223,8 +247,10 @@ class HopBench:
             with tempfile.NamedTemporaryFile(suffix=".msgpack") as stored:
                 stored.write(msgpack.packb(self.frames))
                 stored.flush()
+                keys_dir = str(self.keys.directory) if self.keys is not None else ""
                 sender = spawn.Process(
-                    target=_send_all, args=(self.endpoint(BROKER), stored.name, ready, go)
+                    target=_send_all,
+                    args=(self.endpoint(BROKER), stored.name, keys_dir, ready, go),
                 )
                 sender.start()
                 if not ready.wait(60):
@@ -245,11 +271,13 @@ class HopBench:
         """Handshake as every neighbour, install the subscriptions; returns the broker's
         incarnation."""
         ctx = zmq.asyncio.Context()
-        via = ctx.socket(zmq.PUSH)
-        via.connect(self.endpoint(BROKER))
-        control = await aiozmq.rpc.connect_rpc(
-            connect=self.scot.brokers[BROKER].control_endpoint, timeout=5
-        )
+        via = _as_neighbour(ctx.socket(zmq.PUSH), self.keys, self.endpoint(BROKER))
+        endpoint = self.scot.brokers[BROKER].control_endpoint
+        control = await aiozmq.rpc.connect_rpc(timeout=5)
+        if self.keys is not None:
+            sock = control.transport.get_extra_info("zmq_socket")
+            connect_securely(sock, self.keys.admin(), self.keys.server_key(endpoint))
+        await control.transport.connect(endpoint)
         incarnation = (await control.call.status())["incarnation"]
         for neighbour in (UPSTREAM, DOWNSTREAM, "b:1", "b:2"):
             await via.send_multipart(encode_peer(neighbour, Hello(PLAYED, incarnation)))
@@ -281,8 +309,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         broker = bench.run_broker(Path(tmp))
         bare = bench.run_broker(Path(tmp), settings=NO_CUSTODY)
+        curve = bench.run_broker(Path(tmp), curve=True)
     relays = {style: bench.run_relay(style) for style in RELAY_STYLES}
     print(f"broker {broker:,.0f} notifications/s ({bench.forwarded} of {len(bench.frames)})")
+    print(f"broker with CurveZMQ {curve:,.0f} notifications/s, ratio {curve / broker:.2f}")
     print(
         f"broker without custody {bare:,.0f} notifications/s, custody costs {1 - broker / bare:.1%}"
     )
