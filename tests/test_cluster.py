@@ -68,9 +68,22 @@ def _run(tmp_path: Path, preset: str, mode: str, **sizes: int) -> dict:
     scot, path = prepare_topology(run_dir, preset=preset)
     workload = generate_workload(scot, seed=11, rate_per_minute=600, **sizes)
     options = RunOptions(
-        mode=mode, run_dir=run_dir, settings=BrokerSettings(), progress=False, drain_timeout=20
+        mode=mode,
+        run_dir=run_dir,
+        settings=BrokerSettings(),
+        progress=False,
+        drain_timeout=20,
+        secure=_affordable_curve(scot),
     )
     return WorkloadRun(scot, path, workload, options).run()
+
+
+def _affordable_curve(scot: Scot) -> bool:
+    """CurveZMQ on for fig2-sized overlays; 75 encrypting broker processes on this 2-core
+    machine starved the harness of CPU (clients dropped at their timeout), so the paper75
+    routing and failure tests run in the clear until that cost is measured and met
+    (security itself is tested on fig2, tests/test_security.py)."""
+    return len(scot.brokers) <= 18
 
 
 def _exactly_once(report: dict) -> None:
@@ -466,6 +479,7 @@ def _dnr_run_with_failures(
         progress=False,
         drain_timeout=20,
         failures=failures,
+        secure=_affordable_curve(scot),
     )
     report = WorkloadRun(scot, path, workload, options).run()
     print(json.dumps(report["failures"], indent=1))
