@@ -151,7 +151,11 @@ class Connection:
 
     async def submit(self, message: dict[str, Any]) -> asyncio.Future:
         """Send a request; returns the future of its reply (waits while ``max_pending``
-        requests are unanswered). A refusal sets :class:`BrokerError` on the future."""
+        requests are unanswered). A refusal sets :class:`BrokerError` on the future.
+
+        Always yields to the event loop once: a send that ZeroMQ takes at once completes
+        without yielding, so a tight loop of ``publish(wait=False)`` would otherwise keep
+        this connection's reader and heartbeat from running until the broker drops it."""
         await self._room.acquire()
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
@@ -159,6 +163,7 @@ class Connection:
         self._pending[req] = (future, payload)
         future.add_done_callback(lambda _: self._answered(req))
         await self.socket.send(payload)
+        await asyncio.sleep(0)
         return future
 
     def _answered(self, req: int) -> None:

@@ -98,6 +98,8 @@ class WorkloadRun:
         """Killed broker → its routing table just before the kill; after its restart,
         how the resynced table differs from it (entries it hosted itself left out)."""
         self._published_at: dict[tuple[str, int], float] = {}
+        self.publish_late_max_s = 0.0
+        """How far the harness fell behind the workload's schedule (0 when it kept it)."""
         self._arrivals: list[tuple[float, float]] = []
         """(wall time, delay) of each delivery, kept only when sampling."""
         self._connections: dict[str, Connection] = {}
@@ -180,8 +182,8 @@ class WorkloadRun:
             if delay > 0:
                 await asyncio.sleep(delay)
             if kill:
-                self.cluster.kill(broker)
                 self.kills[broker] = time.monotonic()
+                self.cluster.kill(broker)
                 log.warning("killed %s (kill -9)", broker)
             else:
                 self._restarted_at[broker] = time.monotonic()
@@ -278,6 +280,8 @@ class WorkloadRun:
             delay = t0 + event.time * self.options.time_scale - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            else:
+                self.publish_late_max_s = max(self.publish_late_max_s, -delay)
             self.ledger.published(event.publisher, event.seq, event.publication)
             self._published_at[(event.publisher, event.seq)] = time.time()
             await self._publishers[event.publisher].publish(
@@ -490,6 +494,7 @@ class WorkloadRun:
             "failures": self._failure_report(stats, core, counters),
             "target_queue_length": {"mean": queued / copies if copies else 0.0, "max": longest},
             "timings": self.timings,
+            "publish_late_max_s": self.publish_late_max_s,
         }
         if self.options.sample_every:
             report["timeline"] = self.timeline
