@@ -48,6 +48,15 @@ class BrokerError(Exception):
     """The broker refused a request; the message is the broker's."""
 
 
+class DroppedError(BrokerError):
+    """The broker dropped this connection (a slow consumer, DESIGN §8); the message is
+    its reason. Its subscriptions are withdrawn; connect again to go on."""
+
+
+READ_BATCH = 64
+"""Deliveries the reader handles before it yields to the application's tasks."""
+
+
 @dataclass(frozen=True, slots=True)
 class Received:
     """A delivered notification with its accounting fields."""
@@ -74,7 +83,14 @@ class Connection:
     every request still unanswered (unacknowledged publications among them), lets each
     client re-issue its subscriptions, and records the outage in :attr:`outages` (and the
     log). At most ``max_pending`` requests wait for replies; a further :meth:`submit`
-    waits for room, so a publisher is slowed, never silently dropped.
+    waits for room, so a publisher is slowed, never silently dropped (the broker answers a
+    publication once its neighbours hold it, so this window is the publish credit that
+    backpressure reaches, DESIGN §8).
+
+    Memory is bounded: ZeroMQ holds at most ``receive_buffer`` incoming messages; a
+    subscription stream holds at most its ``buffer`` and, when full, the reader stops
+    until the application takes from it (the broker then queues, and its slow-consumer
+    policy applies). The reader yields to other tasks every :data:`READ_BATCH` messages.
 
     ``keys`` is a keys directory (:mod:`octopis.keys`; default ``$OCTOPIS_KEYS``): the
     connection speaks CurveZMQ with client key pair ``key_name``, each broker known by
@@ -88,7 +104,8 @@ class Connection:
         *,
         context: zmq.asyncio.Context | None = None,
         liveness: float = 1.5,
-        max_pending: int = 10_000,
+        max_pending: int = 1000,
+        receive_buffer: int = 10_000,
         keys: str | os.PathLike | None = None,
         key_name: str = DEFAULT_CLIENT,
     ) -> None:
@@ -97,6 +114,7 @@ class Connection:
             raise ValueError("a connection needs at least one broker endpoint")
         self.endpoint = self.endpoints[0]
         self.liveness = liveness
+        self.receive_buffer = receive_buffer
         found = Keys.find(keys)
         self._curve = (
             None
@@ -114,7 +132,16 @@ class Connection:
         self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
         self._heard = time.monotonic()
-        self.errors: list[str] = []
+        self._stalls: list[asyncio.Event] = []
+        self.reading_paused = False
+        """The reader waits for the application to take from a full stream."""
+        self._on_drop: list[Callable[[str], None]] = []
+        self.dropped: str | None = None
+        """Why the broker dropped this connection, once it has."""
+        self.overflowed = 0
+        """Deliveries the broker dropped for this connection under the drop-oldest policy."""
+        self.errors: deque[str] = deque(maxlen=1000)
+        """Refusals of requests nobody awaited (the last 1,000)."""
         self.broker: dict[str, Any] = {}
         self.outages: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per fail-over (the last 1,000): from, to, started (wall time),
@@ -123,7 +150,7 @@ class Connection:
     def _connect(self, endpoint: str) -> zmq.asyncio.Socket:
         socket = self._ctx.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, self.receive_buffer)
         socket.setsockopt(zmq.SNDHWM, 0)
         if self._curve is not None:
             pair, server_keys = self._curve
@@ -149,14 +176,34 @@ class Connection:
         """Run ``resume`` after each fail-over (a subscriber re-issues its subscriptions)."""
         self._resumers.append(resume)
 
-    async def submit(self, message: dict[str, Any]) -> asyncio.Future:
+    def on_dropped(self, notify: Callable[[str], None]) -> None:
+        """Call ``notify(reason)`` if the broker drops this connection."""
+        self._on_drop.append(notify)
+
+    def stall_until(self, room: asyncio.Event) -> None:
+        """Stop reading after the current message until ``room`` is set (a full stream)."""
+        self._stalls.append(room)
+
+    async def submit(self, message: dict[str, Any], timeout: float | None = None) -> asyncio.Future:
         """Send a request; returns the future of its reply (waits while ``max_pending``
-        requests are unanswered). A refusal sets :class:`BrokerError` on the future.
+        requests are unanswered, raising ``TimeoutError`` after ``timeout`` seconds). A
+        refusal sets :class:`BrokerError` on the future.
 
         Always yields to the event loop once: a send that ZeroMQ takes at once completes
         without yielding, so a tight loop of ``publish(wait=False)`` would otherwise keep
         this connection's reader and heartbeat from running until the broker drops it."""
-        await self._room.acquire()
+        if self.dropped is not None:
+            raise DroppedError(self.dropped)
+        if self._room.locked() and timeout is not None:
+            try:
+                await asyncio.wait_for(self._room.acquire(), timeout)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no credit from {self.endpoint} within {timeout} s: "
+                    f"{len(self._pending)} requests unanswered"
+                ) from None
+        else:
+            await self._room.acquire()
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
         payload = pack({**message, "req": req})
@@ -206,6 +253,8 @@ class Connection:
         missed = 0
         while True:
             await asyncio.sleep(interval)
+            if self.reading_paused:  # replies wait unread behind deliveries: not silence
+                first_unanswered, missed = None, 0
             if first_unanswered is not None and self._heard >= first_unanswered:
                 first_unanswered, missed = None, 0
             if first_unanswered is not None:
@@ -267,6 +316,7 @@ class Connection:
     # -- input ---------------------------------------------------------------------------
 
     async def _read(self) -> None:
+        handled = 0
         while True:
             parts = await self.socket.recv_multipart()
             self._heard = time.monotonic()
@@ -274,6 +324,16 @@ class Connection:
                 self._on_frame(parts)
             except Exception:
                 log.exception("client of %s dropped a frame it could not handle", self.endpoint)
+            handled += 1
+            if self._stalls:
+                self.reading_paused = True
+                while self._stalls:
+                    await self._stalls.pop().wait()
+                self.reading_paused = False
+                self._heard = time.monotonic()
+            elif handled >= READ_BATCH:
+                handled = 0
+                await asyncio.sleep(0)
 
     def _on_frame(self, parts: list[bytes]) -> None:
         if len(parts) == 2:
@@ -285,6 +345,19 @@ class Connection:
                     handler(name, publisher, seq, published_at, publication, now)
             return
         data = unpack(parts[0])
+        op = data.get("op")
+        if op == "dropped":
+            self._dropped(str(data.get("reason", "no reason given")))
+            return
+        if op == "overflow":
+            self.overflowed += int(data.get("dropped", 0))
+            log.warning(
+                "broker at %s dropped %d deliveries to this slow connection (%d in all)",
+                self.endpoint,
+                data.get("dropped", 0),
+                self.overflowed,
+            )
+            return
         pending = self._pending.get(data.get("req"))
         future = pending[0] if pending is not None else None
         if data.get("op") == "error":
@@ -295,26 +368,59 @@ class Connection:
         elif future is not None and not future.done():
             future.set_result(data)
 
+    def _dropped(self, reason: str) -> None:
+        """The broker dropped us: fail what waits, stop heartbeats, tell the clients."""
+        if self.dropped is not None:
+            return
+        self.dropped = reason
+        log.error("broker at %s dropped this connection: %s", self.endpoint, reason)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        for future, _ in list(self._pending.values()):
+            if not future.done():
+                future.set_exception(DroppedError(reason))
+        for notify in self._on_drop:
+            notify(reason)
+
 
 class SubscriptionStream:
     """An async iterator over the notifications delivered to its subscriber (the broker
     delivers each matching notification once per subscriber, DESIGN §3)."""
 
-    def __init__(self, owner: Subscriber, sub_id: str, subscription: Subscription) -> None:
+    def __init__(
+        self, owner: Subscriber, sub_id: str, subscription: Subscription, buffer: int
+    ) -> None:
         self.owner = owner
         self.sub_id = sub_id
         self.subscription = subscription
-        self.queue: asyncio.Queue[Received] = asyncio.Queue()
+        self.buffer = buffer
+        self.queue: asyncio.Queue[Received | DroppedError] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def offer(self, received: Received | DroppedError) -> None:
+        """Queue a delivery; at ``buffer`` the connection's reader stops until there is room."""
+        self.queue.put_nowait(received)
+        if self.queue.qsize() >= self.buffer and self._room.is_set():
+            self._room.clear()
+            self.owner.connection.stall_until(self._room)
 
     def __aiter__(self) -> AsyncIterator[Received]:
         return self
 
     async def __anext__(self) -> Received:
-        return await self.queue.get()
+        return await self.get()
 
     async def get(self, timeout: float | None = None) -> Received:
-        """The next notification, waiting at most ``timeout`` seconds."""
-        return await asyncio.wait_for(self.queue.get(), timeout)
+        """The next notification, waiting at most ``timeout`` seconds; raises
+        :class:`DroppedError` after the last one if the broker dropped the connection."""
+        item = await asyncio.wait_for(self.queue.get(), timeout)
+        if self.queue.qsize() < self.buffer:
+            self._room.set()
+        if isinstance(item, DroppedError):
+            self.queue.put_nowait(item)  # every later call raises too
+            raise item
+        return item
 
     async def unsubscribe(self) -> None:
         """Withdraw this subscription."""
@@ -360,13 +466,17 @@ class Subscriber(_Client):
         name: str,
         connection: Connection,
         on_notification: Callable[[Received], None] | None = None,
+        buffer: int = 10_000,
     ) -> None:
         super().__init__(name, connection)
+        self.buffer = buffer
+        """Notifications each stream holds before the connection stops reading."""
         self._streams: dict[str, SubscriptionStream] = {}
         self._subscriptions: dict[str, Subscription] = {}
         self._callback = on_notification
         connection.register(name, self._on_notify)
         connection.on_failover(self._resubscribe)
+        connection.on_dropped(self._dropped)
 
     async def subscribe(
         self, spec: str | dict | Subscription, timeout: float = 10.0
@@ -374,7 +484,7 @@ class Subscriber(_Client):
         """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream."""
         subscription = as_subscription(spec)
         sub_id = await self._subscribe(subscription, timeout)
-        stream = SubscriptionStream(self, sub_id, subscription)
+        stream = SubscriptionStream(self, sub_id, subscription, self.buffer)
         self._streams[sub_id] = stream
         return stream
 
@@ -419,7 +529,11 @@ class Subscriber(_Client):
             self._callback(received)
             return
         for stream in self._streams.values():
-            stream.queue.put_nowait(received)
+            stream.offer(received)
+
+    def _dropped(self, reason: str) -> None:
+        for stream in self._streams.values():
+            stream.queue.put_nowait(DroppedError(reason))
 
 
 class Publisher(_Client):
@@ -443,9 +557,11 @@ class Publisher(_Client):
         With ``wait`` the broker's acceptance is awaited (a refusal raises
         :class:`BrokerError`); without it refusals collect in ``connection.errors`` and
         :meth:`flush` waits for everything sent so far to be acknowledged. Either way a
-        publication stays unacknowledged until the broker holds it, and is sent again after
-        a fail-over; when the connection's window of unanswered requests is full, this
-        waits.
+        publication stays unacknowledged until the broker's neighbours hold it, and is sent
+        again after a fail-over; when the connection's window of unanswered requests (its
+        publish credit) is full, this waits: backpressure slows the publisher. After
+        ``timeout`` seconds of waiting (for credit, and with ``wait`` for the answer too)
+        it raises ``TimeoutError`` and nothing was sent.
         """
         self.seq = seq if seq is not None else self.seq + 1
         message = {
@@ -455,7 +571,7 @@ class Publisher(_Client):
             "published_at": time.time(),
             "publication": publication,
         }
-        future = await self.connection.submit(message)
+        future = await self.connection.submit(message, timeout)
         if wait:
             await asyncio.wait_for(future, timeout)
         else:

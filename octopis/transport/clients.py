@@ -6,13 +6,21 @@ core is ``<connection identity hex>/<name>``, so one connection cannot act for a
 clients. Every request refreshes its connection's liveness; a connection silent for
 ``clients.timeout`` seconds is dropped and its subscriptions are withdrawn by the
 ordinary two-step unsubscribe.
+
+Memory per connection is bounded (DESIGN §8): ZeroMQ holds ``clients.sndhwm`` messages
+for it, the broker at most ``clients.backlog_limit`` more; a connection that lets its
+backlog reach the limit is a slow consumer, handled by ``clients.slow_policy``: dropped
+(subscriptions withdrawn, told why, its later requests refused with that reason) or its
+oldest queued deliveries dropped (counted, and the count sent to it once its backlog
+drains). At most ``clients.publish_window`` publications per connection wait for their
+answer (the publish credit backpressure reaches); more are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from typing import Protocol
 
 import zmq
@@ -72,16 +80,24 @@ class Router(Protocol):
         """Carry out routing actions."""
 
 
+DROPPED_KEPT = 1000
+"""Dropped connections remembered, so that their later requests are told why."""
+
+
 class Connection:
     """One client connection: its clients and their subscriptions, liveness, backlog."""
 
-    __slots__ = ("backlog", "clients", "last_seen")
+    __slots__ = ("backlog", "clients", "last_seen", "overflowed", "unanswered")
 
     def __init__(self, now: float) -> None:
         self.clients: dict[str, set[str]] = {}
         """Client key → its subscription ids."""
         self.last_seen = now
         self.backlog: deque[list[bytes]] | None = None
+        self.overflowed = 0
+        """Deliveries dropped (drop-oldest policy) and not yet reported to the client."""
+        self.unanswered = 0
+        """Publications accepted and not yet answered (their copies not yet held)."""
 
 
 class ClientSessions:
@@ -113,6 +129,8 @@ class ClientSessions:
         self.connections: dict[bytes, Connection] = {}
         self.names: dict[str, tuple[bytes, str]] = {}
         """Client key → (connection identity, client name): where deliveries go."""
+        self.dropped: OrderedDict[bytes, str] = OrderedDict()
+        """Connections dropped as slow consumers → the reason (the last :data:`DROPPED_KEPT`)."""
         self._warn = RateLimitedLog(log, settings.log_interval)
         self._handlers = {
             HelloRequest: self._hello,
@@ -155,6 +173,8 @@ class ClientSessions:
                 req = request_number(payload)
                 raise
             req = request.req
+            if identity in self.dropped:
+                raise ClientError(f"connection dropped: {self.dropped[identity]}")
             connection = self.connections.get(identity)
             if connection is None:
                 connection = self.connections[identity] = Connection(now)
@@ -221,14 +241,29 @@ class ClientSessions:
         publication = (
             parse_publication(body) if isinstance(body, str) else validate_publication(body)
         )
+        window = self.settings.publish_window
+        if connection.unanswered >= window:
+            self.counters["publications_refused.window"] += 1
+            raise ClientError(
+                f"{connection.unanswered} publications of this connection are unanswered "
+                f"(clients.publish_window = {window}); wait for their answers"
+            )
         self._key(identity, connection, request)
         n = Notification(request.client, request.seq, request.published_at, publication)
         self.counters["publications"] += 1
         reply = {"op": "published", "seq": request.seq}
         answer = pack({**reply, "req": request.req})
-        receipt = PublishReceipt(lambda: self._send(identity, [answer]))
+
+        def answered() -> None:
+            connection.unanswered -= 1
+            self._send(identity, [answer])
+
+        receipt = PublishReceipt(answered)
         self.router.publish(n, receipt)
-        return reply if receipt.copies == 0 else None
+        if receipt.copies == 0:
+            return reply
+        connection.unanswered += 1
+        return None
 
     # -- liveness ------------------------------------------------------------------------
 
@@ -242,11 +277,11 @@ class ClientSessions:
             for identity in [i for i, c in self.connections.items() if now - c.last_seen > timeout]:
                 self.drop(identity, f"silent for more than {timeout:g} s")
 
-    def drop(self, identity: bytes, reason: str) -> None:
+    def drop(self, identity: bytes, reason: str) -> Connection | None:
         """Forget a connection: withdraw every subscription of its clients."""
         connection = self.connections.pop(identity, None)
         if connection is None:
-            return
+            return None
         withdrawn = 0
         for key, sub_ids in connection.clients.items():
             for sub_id in sub_ids:
@@ -263,6 +298,7 @@ class ClientSessions:
             len(connection.clients),
             withdrawn,
         )
+        return connection
 
     # -- deliveries ----------------------------------------------------------------------
 
@@ -281,7 +317,14 @@ class ClientSessions:
         """
         connection = self.connections.get(identity)
         if connection is not None and connection.backlog:
-            connection.backlog.append(parts)
+            queued = len(connection.backlog)
+            limit = self.settings.client_backlog_limit
+            if queued < limit or (
+                len(parts) == 1 and queued < limit + self.settings.publish_window
+            ):
+                connection.backlog.append(parts)  # a reply may use the publish window too
+            else:
+                self._slow_consumer(identity, connection, parts)
             return
         problem = self._try_send(identity, parts)
         if problem is None:
@@ -294,6 +337,41 @@ class ClientSessions:
             self._warn.warning(
                 "unreachable", "%s cannot reach client %s: %s", self.id, identity.hex(), problem
             )
+
+    def _slow_consumer(self, identity: bytes, connection: Connection, parts: list[bytes]) -> None:
+        """``parts`` found the connection's backlog full: apply ``clients.slow_policy``."""
+        backlog = connection.backlog
+        assert backlog is not None
+        limit = self.settings.client_backlog_limit
+        if self.settings.slow_policy == "drop_oldest" and len(parts) == 2:
+            backlog.append(parts)
+            while len(oldest := backlog.popleft()) == 1:  # replies are kept: a request
+                backlog.append(oldest)  # must be answered; the new delivery ends the loop
+            connection.overflowed += 1
+            self.counters["deliveries_dropped.slow_consumer"] += 1
+            self._warn.warning(
+                "overflow",
+                "%s dropped the oldest delivery queued for slow client connection %s "
+                "(clients.backlog_limit = %d)",
+                self.id,
+                identity.hex(),
+                limit,
+            )
+            return
+        reason = (
+            f"slow consumer: {len(backlog)} messages queued at {self.id} "
+            f"(clients.backlog_limit = {limit}, clients.slow_policy = disconnect)"
+        )
+        self.counters["slow_consumers_dropped"] += 1
+        self.counters["deliveries_dropped.slow_consumer"] += sum(
+            len(queued) == 2 for queued in (*backlog, parts)
+        )
+        self.drop(identity, reason)
+        self.dropped[identity] = reason
+        while len(self.dropped) > DROPPED_KEPT:
+            self.dropped.popitem(last=False)
+        backlog.clear()
+        backlog.append([pack({"op": "dropped", "reason": reason})])
 
     def _try_send(self, identity: bytes, parts: list[bytes]) -> BaseException | None:
         sync = self._sync
@@ -311,13 +389,23 @@ class ClientSessions:
                 self._waiter.poke()
 
     async def _drain(self, identity: bytes, connection: Connection) -> None:
+        """Send the backlog as the pipe takes it; give up on a connection that takes
+        nothing for ``clients.timeout`` (counted undeliverable)."""
         backlog = connection.backlog
         assert backlog is not None
+        loop = asyncio.get_running_loop()
+        progress = loop.time()
         while backlog:
             problem = self._try_send(identity, backlog[0])
             if problem is None:
                 backlog.popleft()
-            elif isinstance(problem, zmq.Again):
+                progress = loop.time()
+                if not backlog and connection.overflowed:
+                    backlog.append([pack({"op": "overflow", "dropped": connection.overflowed})])
+                    connection.overflowed = 0
+            elif isinstance(problem, zmq.Again) and (
+                loop.time() - progress < self.settings.client_timeout
+            ):
                 await asyncio.sleep(0.001)
             else:
                 self.counters["undeliverable"] += len(backlog)
@@ -327,7 +415,9 @@ class ClientSessions:
                     self.id,
                     identity.hex(),
                     len(backlog),
-                    problem,
+                    f"it took nothing for {self.settings.client_timeout:g} s"
+                    if isinstance(problem, zmq.Again)
+                    else problem,
                 )
                 backlog.clear()
         connection.backlog = None

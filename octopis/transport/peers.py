@@ -153,6 +153,8 @@ class PeerLinks:
         self._waiter: InputWaiter | None = None
         self._reading = False
         """The input loop is working through a backlog (not waiting for input)."""
+        self.full_links: set[str] = set()
+        """Neighbours whose link has ``queue_limit`` frames waiting (checked every tick)."""
         broker_sender = (
             SendRate(settings.broker_capacity, LOOP_SLACK) if settings.broker_capacity else None
         )
@@ -211,11 +213,23 @@ class PeerLinks:
         self, name: str, state: NeighbourState, now: float, *, behind_data: bool = False
     ) -> None:
         """A heartbeat (with acknowledgement) ahead of queued data, or behind it: the first
-        one saying *serving* must not overtake the subscriptions it forwarded meanwhile."""
-        beat = Heartbeat(self.incarnation, state.incarnation, state.received, self.serving)
+        one saying *serving* must not overtake the subscriptions it forwarded meanwhile.
+
+        Backpressure (DESIGN §8): while a link to another neighbour has ``queue_limit``
+        frames waiting, the acknowledgement repeats the last count instead of growing, so
+        ``name``'s custody buffer fills and it stops sending us data (its heartbeats still
+        come). The full link's own neighbour is still acknowledged: what it sends us never
+        goes back to it, and withholding from it could lock two brokers that wait on
+        each other."""
+        full = self.full_links
+        if full and (len(full) > 1 or name not in full):
+            acked = state.acked
+            self.counters["backpressure.acks_withheld"] += acked != state.received
+        else:
+            acked = state.acked = state.received
+        beat = Heartbeat(self.incarnation, state.incarnation, acked, self.serving)
         put = self.links[name].put if behind_data else self.links[name].put_link
         put(self._frame(beat, LINK), now)
-        state.acked = state.received
 
     def _route_through(self, name: str, state: NeighbourState) -> None:
         """The LST row says down unless the neighbour is up and serving."""
@@ -374,6 +388,7 @@ class PeerLinks:
             if late > tick:  # this process was not running: that is not their silence
                 for state in self.state.values():
                     state.last_heard += late
+            self._check_pressure(now)
             for name, state in self.state.items():
                 link = self.links[name]
                 if state.received != state.acked or (
@@ -384,6 +399,21 @@ class PeerLinks:
                 if state.up and silent > settings.down_after and self._caught_up():
                     self._declare_down(name, state, now, silent)
             self._check_serving(now)
+
+    def _check_pressure(self, now: float) -> None:
+        """Refresh :attr:`full_links`; count and log when backpressure starts."""
+        limit = self.settings.queue_limit
+        full = {n for n, link in self.links.items() if len(link.queue) >= limit}
+        if full - self.full_links:
+            self.counters["backpressure.episodes"] += 1
+            self._warn.warning(
+                "pressure",
+                "%s holds back its neighbours: %s (links.queue_limit = %d frames)",
+                self.id,
+                ", ".join(f"{n} has {len(self.links[n].queue)} waiting" for n in sorted(full)),
+                limit,
+            )
+        self.full_links = full
 
     def _caught_up(self) -> bool:
         """Whether every frame that reached us has been read: silence is judged only then,
@@ -434,6 +464,7 @@ class PeerLinks:
                 "restarts": s.restarts,
                 "queue_length": len(self.links[name].queue),
                 "custody": len(self.links[name].custody),
+                "full": name in self.full_links,
             }
             for name, s in self.state.items()
         }

@@ -15,13 +15,19 @@ custody_limit = 10000    # unacknowledged notifications kept per link; full = li
 retain = 1.0             # acknowledged notifications are kept this long after sending, in
                          # case the neighbour dies before passing them on; 0 = not kept
 retain_limit = 10000     # at most this many retained per link (oldest dropped first, counted)
+queue_limit = 10000      # frames waiting on one link; beyond it the broker withholds its
+                         # acknowledgements from the other neighbours (backpressure, DESIGN §8)
 capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
 broker_capacity = 0      # messages/s over all of a broker's links together; 0 = unlimited
 [links.capacities]       # per directed link "src>dst" = messages/s
 "b:2>b:0" = 200
 
 [clients]
-sndhwm = 100000          # per client connection before deliveries queue in the broker
+sndhwm = 10000           # per client connection before deliveries queue in the broker
+backlog_limit = 10000    # deliveries queued in the broker for one connection beyond sndhwm
+slow_policy = "disconnect"  # at backlog_limit: "disconnect" (withdraw, tell the client why)
+                         # or "drop_oldest" (drop the oldest queued, tell the client how many)
+publish_window = 1000    # unanswered publications per connection; more are refused
 timeout = 10.0           # a connection silent this long is dropped, its subscriptions withdrawn
 hold_limit = 10000       # publications held while a restarted broker resyncs; full = refused
 
@@ -55,6 +61,9 @@ from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
 from octopis.filters import InputLimits
 
+SLOW_POLICIES = ("disconnect", "drop_oldest")
+"""What a broker does with a client connection whose backlog reaches its limit (DESIGN §8)."""
+
 
 class ConfigError(ValueError):
     """A settings file that cannot be used; the message names the key."""
@@ -70,7 +79,11 @@ class BrokerSettings:
     capacity: float = 0.0
     capacities: dict[str, float] = field(default_factory=dict)
     broker_capacity: float = 0.0
-    client_sndhwm: int = 100_000
+    client_sndhwm: int = 10_000
+    client_backlog_limit: int = 10_000
+    slow_policy: str = "disconnect"
+    publish_window: int = 1000
+    queue_limit: int = 10_000
     heartbeat: float = 0.2
     down_after: float = 1.0
     ack_interval: float = 0.05
@@ -98,6 +111,8 @@ class BrokerSettings:
             if section != table:
                 lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
                 table = section
+                if section == "clients":
+                    lines.append(f'slow_policy = "{self.slow_policy}"')
             owner = self.limits if name.startswith("limits.") else self
             lines.append(f"{key} = {getattr(owner, name.rsplit('.', 1)[-1])!r}")
         if self.capacities:
@@ -130,9 +145,12 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("links", "custody_limit"): ("custody_limit", 0, True),
     ("links", "retain"): ("retain", 0.0, False),
     ("links", "retain_limit"): ("retain_limit", 0, True),
+    ("links", "queue_limit"): ("queue_limit", 1, True),
     ("links", "capacity"): ("capacity", 0.0, False),
     ("links", "broker_capacity"): ("broker_capacity", 0.0, False),
     ("clients", "sndhwm"): ("client_sndhwm", 1, True),
+    ("clients", "backlog_limit"): ("client_backlog_limit", 1, True),
+    ("clients", "publish_window"): ("publish_window", 1, True),
     ("clients", "timeout"): ("client_timeout", 0.1, False),
     ("clients", "hold_limit"): ("hold_limit", 0, True),
     ("dedup", "window"): ("dedup_window", 1, True),
@@ -158,6 +176,14 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
         for key, value in keys.items():
             if (table, key) == ("links", "capacities"):
                 values["capacities"] = _capacities(value, source)
+                continue
+            if (table, key) == ("clients", "slow_policy"):
+                if value not in SLOW_POLICIES:
+                    raise ConfigError(
+                        f"{source}: clients.slow_policy must be one of "
+                        f"{', '.join(map(repr, SLOW_POLICIES))}, got {value!r}"
+                    )
+                values["slow_policy"] = value
                 continue
             spec = _KEYS.get((table, key))
             if spec is None:

@@ -1,0 +1,214 @@
+"""Flow control between real broker processes (DESIGN §8): backpressure travels hop by
+hop to the publisher, and a slow subscriber is handled by the broker's policy while the
+others get everything exactly once. Brokers run in the clear on a line a:0 – b:0 – c:0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import networkx as nx
+import pytest
+from conditions import until
+
+from octopis.client import Connection, DroppedError, Publisher, Subscriber
+from octopis.cluster.launcher import LocalCluster, find_free_base_port
+from octopis.topology import build_scot, complete_factor
+from octopis.transport.settings import BrokerSettings
+
+pytestmark = pytest.mark.timeout(300)
+
+T = TypeVar("T")
+PADDING = {f"pad{i}": "x" * 1000 for i in range(10)}
+"""10 kB per notification, so that kernel socket buffers hold few of them."""
+
+
+def _line(tmp_path: Path, settings: BrokerSettings) -> LocalCluster:
+    line = nx.path_graph(["a", "b", "c"])
+    scot = build_scot(line, complete_factor(1), name="line", base_port=find_free_base_port(3))
+    path = tmp_path / "line.json"
+    path.write_text(json.dumps(scot.to_json()))
+    return LocalCluster(scot, path, "snr", tmp_path, settings, secure=False)
+
+
+@pytest.fixture
+def cluster_of(tmp_path: Path) -> Iterator[Callable[[BrokerSettings], LocalCluster]]:
+    """Starts the line with the given settings; stops it after the test."""
+    started: list[LocalCluster] = []
+
+    def start(settings: BrokerSettings) -> LocalCluster:
+        cluster = _line(tmp_path, settings)
+        started.append(cluster)
+        cluster.spawn()
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+
+
+def _accounting(name: str, expected: int, got: Counter[int]) -> dict[str, int]:
+    """Expected, delivered, duplicated and lost deliveries of one subscriber (printed)."""
+    counts = {
+        "expected": expected,
+        "delivered": len(got),
+        "duplicates": sum(n - 1 for n in got.values()),
+        "lost": expected - len(got),
+    }
+    print(name, counts)
+    return counts
+
+
+def test_a_slow_link_slows_the_publisher_two_hops_back(
+    cluster_of: Callable[[BrokerSettings], LocalCluster],
+) -> None:
+    """b:0 → c:0 carries 250 messages/s; a publisher on a:0 offers far more. b:0's queue
+    toward c:0 stops near ``queue_limit`` because b:0 withholds its acknowledgements from
+    a:0, whose custody fills, whose publisher runs out of credit: the publisher is slowed,
+    nothing is dropped, the subscriber on c:0 gets every notification exactly once."""
+    settings = BrokerSettings(
+        capacities={"b:0>c:0": 250.0}, queue_limit=100, custody_limit=50, retain=0.0
+    )
+    cluster = cluster_of(settings)
+    scot = cluster.scot
+    total = 2500
+    got: Counter[int] = Counter()
+
+    async def scenario() -> tuple[dict, float]:
+        await cluster.wait_ready(60)
+        sub = await Subscriber.connect(
+            scot.brokers["c:0"].client_endpoint,
+            "reader",
+            on_notification=lambda n: got.update([n.seq]),
+        )
+        await sub.subscribe("[class,eq,'STOCK']")
+        await until(lambda: _table_sizes(cluster, 1), "the subscription reaches a:0", 20)
+        pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "feed")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for i in range(total):
+            await pub.publish({"class": "STOCK", "symbol": "X", "close": float(i)}, wait=False)
+        await pub.flush(120)
+        rate = total / (loop.time() - started)
+        await until(lambda: len(got) >= total, "every notification arrives", 60)
+        stats = await cluster.call_all("stats")
+        await pub.close()
+        await sub.close()
+        return stats, rate
+
+    stats, rate = asyncio.run(_closing(cluster, scenario()))
+    counts = _accounting("reader", total, got)
+    print(f"publisher rate {rate:.0f}/s; b:0 longest queue {stats['b:0']['queue_seen']['max']}")
+    assert counts["delivered"] == total and counts["duplicates"] == counts["lost"] == 0
+    b0 = stats["b:0"]["counters"]
+    assert b0["backpressure.episodes"] >= 1
+    assert b0["backpressure.acks_withheld"] > 0
+    assert stats["a:0"]["custody"]["b:0"]["times_full"] > 0  # a:0 was held back
+    bound = settings.queue_limit + 2 * settings.custody_limit
+    assert stats["b:0"]["queue_seen"]["max"] <= bound
+
+
+async def _closing(cluster: LocalCluster, work: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await work
+    finally:
+        await cluster.close_control()
+
+
+async def _table_sizes(cluster: LocalCluster, size: int) -> bool:
+    stats = await cluster.call_all("stats")
+    return all(s["routing_table_size"] == size for s in stats.values())
+
+
+def _slow_consumer_run(
+    cluster: LocalCluster, total: int
+) -> tuple[Counter[int], list[int], str | None, Connection, dict]:
+    """A reader and a subscriber that stops reading, both on c:0; ``total`` notifications
+    of 10 kB from a:0 at up to 1,000/s (the reader keeps up). The slow one then reads all
+    it can. Returns the reader's
+    counts, the slow one's sequence numbers, the error that ended its stream, its
+    connection and c:0's stats."""
+    scot = cluster.scot
+    got: Counter[int] = Counter()
+    slow_seqs: list[int] = []
+
+    async def scenario() -> tuple[str | None, Connection, dict]:
+        await cluster.wait_ready(60)
+        reader = await Subscriber.connect(
+            scot.brokers["c:0"].client_endpoint,
+            "reader",
+            on_notification=lambda n: got.update([n.seq]),
+        )
+        await reader.subscribe("[class,eq,'STOCK']")
+        slow_connection = Connection(scot.brokers["c:0"].client_endpoint, receive_buffer=10)
+        await slow_connection.open()
+        slow = Subscriber("slow", slow_connection, buffer=10)
+        stream = await slow.subscribe("[class,eq,'STOCK']")
+        await until(lambda: _table_sizes(cluster, 2), "both subscriptions spread", 20)
+        pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "feed")
+        for i in range(total):
+            await pub.publish({"class": "STOCK", **PADDING, "close": float(i)}, wait=False)
+            if i % 100 == 99:
+                await asyncio.sleep(0.1)
+        await pub.flush(120)
+        await until(lambda: len(got) >= total, "the reader gets everything", 60)
+        stats = (await cluster.ask(["c:0"], "stats", 5))["c:0"]
+        ended = None
+        try:
+            while True:
+                slow_seqs.append((await stream.get(timeout=5)).seq)
+        except DroppedError as exc:
+            ended = str(exc)
+        except TimeoutError:
+            pass
+        await pub.close()
+        await reader.close()
+        await slow_connection.close()
+        return ended, slow_connection, stats
+
+    ended, connection, stats = asyncio.run(_closing(cluster, scenario()))
+    _accounting("reader", total, got)
+    return got, slow_seqs, ended, connection, stats
+
+
+SLOW = {"client_sndhwm": 200, "client_backlog_limit": 800}
+"""A small allowance per client connection, so that a few thousand notifications fill it
+(a second of the test's rate for the reader)."""
+
+
+def test_a_slow_subscriber_is_disconnected_with_its_reason(
+    cluster_of: Callable[[BrokerSettings], LocalCluster],
+) -> None:
+    """Default policy: the connection that stopped reading is dropped when its backlog
+    reaches the limit, its subscription withdrawn; its stream ends with that reason after
+    what was already on its way; the reader beside it loses nothing."""
+    total = 5000
+    cluster = cluster_of(BrokerSettings(**SLOW))
+    got, slow_seqs, ended, _, stats = _slow_consumer_run(cluster, total)
+    assert len(got) == total and set(got.values()) == {1}
+    assert ended is not None and "slow consumer" in ended and "clients.backlog_limit" in ended
+    assert stats["counters"]["slow_consumers_dropped"] == 1
+    assert stats["routing_table_size"] == 1  # only the reader's subscription is left
+    assert len(slow_seqs) == len(set(slow_seqs)) < total
+    print(f"slow subscriber got {len(slow_seqs)} before its stream ended: {ended}")
+
+
+def test_a_slow_subscriber_loses_its_oldest_with_a_count(
+    cluster_of: Callable[[BrokerSettings], LocalCluster],
+) -> None:
+    """drop_oldest: the slow subscriber stays subscribed; what it receives plus what the
+    broker reports dropped is exactly what was published; the reader loses nothing."""
+    total = 5000
+    cluster = cluster_of(BrokerSettings(**SLOW, slow_policy="drop_oldest"))
+    got, slow_seqs, ended, connection, stats = _slow_consumer_run(cluster, total)
+    assert len(got) == total and set(got.values()) == {1}
+    assert ended is None
+    dropped = stats["counters"]["deliveries_dropped.slow_consumer"]
+    print(f"slow subscriber got {len(slow_seqs)}, the broker dropped {dropped}")
+    assert dropped > 0
+    assert connection.overflowed == dropped
+    assert len(slow_seqs) == len(set(slow_seqs)) == total - dropped
