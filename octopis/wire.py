@@ -29,6 +29,9 @@ end of a resync."""
 pack = msgspec.msgpack.Encoder().encode
 """MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""
 unpack = msgspec.msgpack.Decoder().decode
+DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+"""What :func:`unpack` raises for bytes that are not msgpack (msgspec raises
+``UnicodeDecodeError`` for a string that is not UTF-8)."""
 """MessagePack decoding into plain Python values; ``msgspec.DecodeError`` on garbage."""
 
 MAX_CLIENT_NAME = 256
@@ -95,10 +98,19 @@ def decode_request(payload: bytes) -> ClientRequest:
         return _request_decoder.decode(payload)
     except msgspec.ValidationError as exc:
         if str(exc).endswith("- at `$.op`"):
-            op = unpack(payload).get("op")
+            op = _op(payload)
             raise RequestError(f"unknown op {op!r}; expected one of {', '.join(OPS)}") from None
         raise RequestError(f"bad request: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except DECODE_ERRORS as exc:
+        raise RequestError(f"request is not msgpack: {exc}") from None
+
+
+def _op(payload: bytes) -> object:
+    """The ``op`` of a request refused for it (the typed decoder stops there, so the rest
+    may not even be msgpack)."""
+    try:
+        return unpack(payload).get("op")
+    except DECODE_ERRORS as exc:
         raise RequestError(f"request is not msgpack: {exc}") from None
 
 
@@ -106,7 +118,7 @@ def request_number(payload: bytes) -> int | None:
     """The ``req`` of a request that failed to decode, if one can be read (for the reply)."""
     try:
         data = unpack(payload)
-    except msgspec.DecodeError:
+    except DECODE_ERRORS:
         return None
     req = data.get("req") if isinstance(data, dict) else None
     return req if type(req) is int else None

@@ -1,11 +1,19 @@
-"""Waiting on conditions in process-level tests: never a bare sleep (DESIGN §5)."""
+"""Process-level test helpers: waiting on conditions (never a bare sleep, DESIGN §5), a
+scenario that closes the cluster's control clients in its own loop, and the
+exactly-once accounting of one subscriber."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from octopis.cluster.launcher import LocalCluster
+
+T = TypeVar("T")
 
 
 async def until(check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float) -> float:
@@ -21,3 +29,24 @@ async def until(check: Callable[[], bool | Awaitable[bool]], what: str, timeout:
         if time.monotonic() - started > timeout:
             raise AssertionError(f"{what}: not within {timeout} s")
         await asyncio.sleep(0.05)
+
+
+async def closing_control(cluster: LocalCluster, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work``, then close ``cluster``'s control clients (in the same event loop)."""
+    try:
+        return await work
+    finally:
+        await cluster.close_control()
+
+
+def accounting(name: str, expected: int, got: Counter[Any]) -> dict[str, int]:
+    """Expected, delivered, duplicated and lost deliveries of subscriber ``name`` (printed);
+    ``got`` counts each delivery by its key (publisher and sequence number)."""
+    counts = {
+        "expected": expected,
+        "delivered": len(got),
+        "duplicates": sum(n - 1 for n in got.values()),
+        "lost": expected - len(got),
+    }
+    print(name, counts)
+    return counts

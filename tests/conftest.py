@@ -1,3 +1,37 @@
-"""Suite-wide setup: the hypothesis profile (``HYPOTHESIS_PROFILE``, see ``laws.py``)."""
+"""Suite-wide setup: the hypothesis profile (``HYPOTHESIS_PROFILE``, see ``laws.py``), and
+the ``line_of`` fixture: three broker processes a:0 – b:0 – c:0 in the clear."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import laws  # noqa: F401  (registers and loads the profile)
+import networkx as nx
+import pytest
+
+from octopis.cluster.launcher import LocalCluster, find_free_base_port
+from octopis.topology import build_scot, complete_factor
+from octopis.transport.settings import BrokerSettings
+
+
+@pytest.fixture
+def line_of(tmp_path: Path) -> Iterator[Callable[[BrokerSettings], LocalCluster]]:
+    """Starts the line a:0 – b:0 – c:0 (SNR, keys off) with the given settings; stops it
+    after the test."""
+    started: list[LocalCluster] = []
+
+    def start(settings: BrokerSettings) -> LocalCluster:
+        line = nx.path_graph(["a", "b", "c"])
+        scot = build_scot(line, complete_factor(1), name="line", base_port=find_free_base_port(3))
+        path = tmp_path / "line.json"
+        path.write_text(json.dumps(scot.to_json()))
+        cluster = LocalCluster(scot, path, "snr", tmp_path, settings, secure=False)
+        started.append(cluster)
+        cluster.spawn()
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()

@@ -5,66 +5,24 @@ others get everything exactly once. Brokers run in the clear on a line a:0 – b
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Callable
 
-import networkx as nx
 import pytest
-from conditions import until
+from conditions import accounting, closing_control, until
 
 from octopis.client import Connection, DroppedError, Publisher, Subscriber
-from octopis.cluster.launcher import LocalCluster, find_free_base_port
-from octopis.topology import build_scot, complete_factor
+from octopis.cluster.launcher import LocalCluster
 from octopis.transport.settings import BrokerSettings
 
 pytestmark = pytest.mark.timeout(300)
 
-T = TypeVar("T")
 PADDING = {f"pad{i}": "x" * 1000 for i in range(10)}
 """10 kB per notification, so that kernel socket buffers hold few of them."""
 
 
-def _line(tmp_path: Path, settings: BrokerSettings) -> LocalCluster:
-    line = nx.path_graph(["a", "b", "c"])
-    scot = build_scot(line, complete_factor(1), name="line", base_port=find_free_base_port(3))
-    path = tmp_path / "line.json"
-    path.write_text(json.dumps(scot.to_json()))
-    return LocalCluster(scot, path, "snr", tmp_path, settings, secure=False)
-
-
-@pytest.fixture
-def cluster_of(tmp_path: Path) -> Iterator[Callable[[BrokerSettings], LocalCluster]]:
-    """Starts the line with the given settings; stops it after the test."""
-    started: list[LocalCluster] = []
-
-    def start(settings: BrokerSettings) -> LocalCluster:
-        cluster = _line(tmp_path, settings)
-        started.append(cluster)
-        cluster.spawn()
-        return cluster
-
-    yield start
-    for cluster in started:
-        cluster.stop()
-
-
-def _accounting(name: str, expected: int, got: Counter[int]) -> dict[str, int]:
-    """Expected, delivered, duplicated and lost deliveries of one subscriber (printed)."""
-    counts = {
-        "expected": expected,
-        "delivered": len(got),
-        "duplicates": sum(n - 1 for n in got.values()),
-        "lost": expected - len(got),
-    }
-    print(name, counts)
-    return counts
-
-
 def test_a_slow_link_slows_the_publisher_two_hops_back(
-    cluster_of: Callable[[BrokerSettings], LocalCluster],
+    line_of: Callable[[BrokerSettings], LocalCluster],
 ) -> None:
     """b:0 → c:0 carries 250 messages/s; a publisher on a:0 offers far more. b:0's queue
     toward c:0 stops near ``queue_limit`` because b:0 withholds its acknowledgements from
@@ -73,7 +31,7 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     settings = BrokerSettings(
         capacities={"b:0>c:0": 250.0}, queue_limit=100, custody_limit=50, retain=0.0
     )
-    cluster = cluster_of(settings)
+    cluster = line_of(settings)
     scot = cluster.scot
     total = 2500
     got: Counter[int] = Counter()
@@ -100,8 +58,8 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
         await sub.close()
         return stats, rate
 
-    stats, rate = asyncio.run(_closing(cluster, scenario()))
-    counts = _accounting("reader", total, got)
+    stats, rate = asyncio.run(closing_control(cluster, scenario()))
+    counts = accounting("reader", total, got)
     print(f"publisher rate {rate:.0f}/s; b:0 longest queue {stats['b:0']['queue_seen']['max']}")
     assert counts["delivered"] == total and counts["duplicates"] == counts["lost"] == 0
     b0 = stats["b:0"]["counters"]
@@ -110,13 +68,6 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     assert stats["a:0"]["custody"]["b:0"]["times_full"] > 0  # a:0 was held back
     bound = settings.queue_limit + 2 * settings.custody_limit
     assert stats["b:0"]["queue_seen"]["max"] <= bound
-
-
-async def _closing(cluster: LocalCluster, work: Coroutine[Any, Any, T]) -> T:
-    try:
-        return await work
-    finally:
-        await cluster.close_control()
 
 
 async def _table_sizes(cluster: LocalCluster, size: int) -> bool:
@@ -170,8 +121,8 @@ def _slow_consumer_run(
         await slow_connection.close()
         return ended, slow_connection, stats
 
-    ended, connection, stats = asyncio.run(_closing(cluster, scenario()))
-    _accounting("reader", total, got)
+    ended, connection, stats = asyncio.run(closing_control(cluster, scenario()))
+    accounting("reader", total, got)
     return got, slow_seqs, ended, connection, stats
 
 
@@ -181,13 +132,13 @@ SLOW = {"client_sndhwm": 200, "client_backlog_limit": 800}
 
 
 def test_a_slow_subscriber_is_disconnected_with_its_reason(
-    cluster_of: Callable[[BrokerSettings], LocalCluster],
+    line_of: Callable[[BrokerSettings], LocalCluster],
 ) -> None:
     """Default policy: the connection that stopped reading is dropped when its backlog
     reaches the limit, its subscription withdrawn; its stream ends with that reason after
     what was already on its way; the reader beside it loses nothing."""
     total = 5000
-    cluster = cluster_of(BrokerSettings(**SLOW))
+    cluster = line_of(BrokerSettings(**SLOW))
     got, slow_seqs, ended, _, stats = _slow_consumer_run(cluster, total)
     assert len(got) == total and set(got.values()) == {1}
     assert ended is not None and "slow consumer" in ended and "clients.backlog_limit" in ended
@@ -198,12 +149,12 @@ def test_a_slow_subscriber_is_disconnected_with_its_reason(
 
 
 def test_a_slow_subscriber_loses_its_oldest_with_a_count(
-    cluster_of: Callable[[BrokerSettings], LocalCluster],
+    line_of: Callable[[BrokerSettings], LocalCluster],
 ) -> None:
     """drop_oldest: the slow subscriber stays subscribed; what it receives plus what the
     broker reports dropped is exactly what was published; the reader loses nothing."""
     total = 5000
-    cluster = cluster_of(BrokerSettings(**SLOW, slow_policy="drop_oldest"))
+    cluster = line_of(BrokerSettings(**SLOW, slow_policy="drop_oldest"))
     got, slow_seqs, ended, connection, stats = _slow_consumer_run(cluster, total)
     assert len(got) == total and set(got.values()) == {1}
     assert ended is None

@@ -150,7 +150,11 @@ class Broker:
             self.id, self.info.client_endpoint, self.settings, ctx, self, curve
         )
         self.rpc = await serve_control(
-            self, self.info.control_endpoint, self.settings.frame_bytes, curve
+            self,
+            self.info.control_endpoint,
+            self.settings.frame_bytes,
+            curve,
+            self.settings.log_interval,
         )
         work = [
             *self.peers.tasks(),

@@ -186,7 +186,7 @@ class ClientSessions:
             return {"op": "error", "req": req, "message": str(exc)}
         except Exception as exc:
             self.counters["internal_errors"] += 1
-            log.exception("%s failed on a client request", self.id)
+            self._warn.exception("internal", "%s failed on a client request", self.id)
             return {"op": "error", "req": req, "message": f"internal error: {exc}"}
         if reply is not None and req is not None:
             reply["req"] = req

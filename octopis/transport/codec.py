@@ -17,7 +17,6 @@ from __future__ import annotations
 from math import isfinite
 from typing import Any, NamedTuple
 
-import msgspec
 from bitarray import bitarray, frozenbitarray
 
 from octopis._match import is_plain_publication
@@ -28,7 +27,17 @@ from octopis.filters import (
     parse_subscription,
     validate_publication,
 )
-from octopis.wire import HEARTBEAT, HELLO, NOTIFY, SUBSCRIBE, SYNCED, UNSUBSCRIBE, pack, unpack
+from octopis.wire import (
+    DECODE_ERRORS,
+    HEARTBEAT,
+    HELLO,
+    NOTIFY,
+    SUBSCRIBE,
+    SYNCED,
+    UNSUBSCRIBE,
+    pack,
+    unpack,
+)
 
 
 class WireError(ValueError):
@@ -136,7 +145,7 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
         raise WireError("sender part is not UTF-8") from None
     try:
         data = unpack(parts[1])
-    except msgspec.DecodeError as exc:
+    except DECODE_ERRORS as exc:
         raise WireError(f"frame from {sender!r} is not msgpack: {exc}") from None
     if not isinstance(data, list) or not data:
         raise WireError(f"frame from {sender!r} is not [kind, ...]")

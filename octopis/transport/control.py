@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Protocol
 
 import aiozmq.rpc
 import zmq
 
+from octopis.transport.logs import FloodFilter
 from octopis.transport.security import Curve
 
 
@@ -62,11 +64,19 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
 
 
 async def serve_control(
-    broker: Inspectable, endpoint: str, frame_bytes: int, curve: Curve | None
+    broker: Inspectable,
+    endpoint: str,
+    frame_bytes: int,
+    curve: Curve | None,
+    log_interval: float,
 ) -> aiozmq.rpc.Service:
     """Start the control RPC of ``broker`` at ``endpoint``; a caller sending a message over
     ``frame_bytes`` is disconnected (ZMQ_MAXMSGSIZE). With ``curve``, only the admin key
-    gets in (ZAP domain ``control``)."""
+    gets in (ZAP domain ``control``). What aiozmq logs about undecodable calls is written
+    at most once per ``log_interval`` seconds."""
+    rpc_log = logging.getLogger("aiozmq.rpc")
+    if not any(isinstance(f, FloodFilter) for f in rpc_log.filters):
+        rpc_log.addFilter(FloodFilter(log_interval))
     service = await aiozmq.rpc.serve_rpc(ControlHandler(broker))
     sock = service.transport.get_extra_info("zmq_socket")
     sock.setsockopt(zmq.MAXMSGSIZE, frame_bytes)

@@ -316,7 +316,7 @@ class PeerLinks:
             )
         except Exception:
             self.counters["internal_errors"] += 1
-            log.exception("%s failed on a peer frame", self.id)
+            self._warn.exception("internal", "%s failed on a peer frame", self.id)
 
     def _on_link_message(
         self, sender: str, state: NeighbourState, message: Hello | Heartbeat, now: float
