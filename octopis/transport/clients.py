@@ -173,8 +173,9 @@ class ClientSessions:
                 req = request_number(payload)
                 raise
             req = request.req
-            if identity in self.dropped:
-                raise ClientError(f"connection dropped: {self.dropped[identity]}")
+            if identity in self.dropped:  # told again, whether or not the notice got out
+                self.counters["requests_refused.dropped"] += 1
+                return {"op": "dropped", "reason": self.dropped[identity], "req": req}
             connection = self.connections.get(identity)
             if connection is None:
                 connection = self.connections[identity] = Connection(now)
@@ -389,24 +390,29 @@ class ClientSessions:
                 self._waiter.poke()
 
     async def _drain(self, identity: bytes, connection: Connection) -> None:
-        """Send the backlog as the pipe takes it; give up on a connection that takes
-        nothing for ``clients.timeout`` (counted undeliverable)."""
+        """Send the backlog as the pipe takes it (polling every 1–50 ms while it is full).
+        A live connection is waited for (its backlog is bounded by the slow-consumer
+        policy); one dropped meanwhile is given ``clients.timeout`` to take its notice,
+        then what is left counts as undeliverable."""
         backlog = connection.backlog
         assert backlog is not None
         loop = asyncio.get_running_loop()
         progress = loop.time()
+        pause = 0.001
         while backlog:
             problem = self._try_send(identity, backlog[0])
             if problem is None:
                 backlog.popleft()
-                progress = loop.time()
+                progress, pause = loop.time(), 0.001
                 if not backlog and connection.overflowed:
                     backlog.append([pack({"op": "overflow", "dropped": connection.overflowed})])
                     connection.overflowed = 0
             elif isinstance(problem, zmq.Again) and (
-                loop.time() - progress < self.settings.client_timeout
+                identity in self.connections
+                or loop.time() - progress < self.settings.client_timeout
             ):
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.05)
             else:
                 self.counters["undeliverable"] += len(backlog)
                 self._warn.warning(
