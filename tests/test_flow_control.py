@@ -37,13 +37,7 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     got: Counter[int] = Counter()
 
     async def scenario() -> tuple[dict, float]:
-        await cluster.wait_ready(60)
-        sub = await Subscriber.connect(
-            scot.brokers["c:0"].client_endpoint,
-            "reader",
-            on_notification=lambda n: got.update([n.seq]),
-        )
-        await sub.subscribe("[class,eq,'STOCK']")
+        sub = await _reader_on_c0(cluster, got)
         await until(lambda: _table_sizes(cluster, 1), "the subscription reaches a:0", 20)
         pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "feed")
         loop = asyncio.get_running_loop()
@@ -70,6 +64,19 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     assert stats["b:0"]["queue_seen"]["max"] <= bound
 
 
+async def _reader_on_c0(cluster: LocalCluster, got: Counter[int]) -> Subscriber:
+    """Once the line is ready: subscriber "reader" on c:0 to every STOCK notification,
+    counting deliveries by sequence number in ``got``."""
+    await cluster.wait_ready(60)
+    reader = await Subscriber.connect(
+        cluster.scot.brokers["c:0"].client_endpoint,
+        "reader",
+        on_notification=lambda n: got.update([n.seq]),
+    )
+    await reader.subscribe("[class,eq,'STOCK']")
+    return reader
+
+
 async def _table_sizes(cluster: LocalCluster, size: int) -> bool:
     stats = await cluster.call_all("stats")
     return all(s["routing_table_size"] == size for s in stats.values())
@@ -88,13 +95,7 @@ def _slow_consumer_run(
     slow_seqs: list[int] = []
 
     async def scenario() -> tuple[str | None, Connection, dict]:
-        await cluster.wait_ready(60)
-        reader = await Subscriber.connect(
-            scot.brokers["c:0"].client_endpoint,
-            "reader",
-            on_notification=lambda n: got.update([n.seq]),
-        )
-        await reader.subscribe("[class,eq,'STOCK']")
+        reader = await _reader_on_c0(cluster, got)
         slow_connection = Connection(scot.brokers["c:0"].client_endpoint, receive_buffer=10)
         await slow_connection.open()
         slow = Subscriber("slow", slow_connection, buffer=10)
