@@ -11,11 +11,11 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conditions import until
+from conditions import closing_control, until
 
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
@@ -37,17 +37,10 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
     cluster.spawn()
     monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
     try:
-        asyncio.run(_with_control(cluster, lambda: cluster.wait_ready(120)))
+        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
         yield cluster
     finally:
         cluster.stop()
-
-
-async def _with_control(cluster: LocalCluster, work: Callable) -> object:
-    try:
-        return await work()
-    finally:
-        await cluster.close_control()
 
 
 def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -> None:
@@ -135,7 +128,7 @@ def test_a_killed_clients_subscriptions_leave_every_table(fig2: LocalCluster) ->
             took = await until(lambda: emptied(0), "withdrawal", CLIENT_TIMEOUT + 10)
             return took, (await fig2.call_all("stats"))["f:2"]["counters"]
 
-        took, counters = asyncio.run(_with_control(fig2, scenario))
+        took, counters = asyncio.run(closing_control(fig2, scenario()))
     finally:
         client.kill()
         client.wait()

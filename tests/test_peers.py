@@ -7,11 +7,11 @@ import asyncio
 import os
 import signal
 from collections import Counter
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conditions import until
+from conditions import closing_control, until
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
@@ -31,17 +31,10 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
     cluster.spawn()
     monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
     try:
-        asyncio.run(_closing(cluster, cluster.wait_ready(120)))
+        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
         yield cluster
     finally:
         cluster.stop()
-
-
-async def _closing(cluster: LocalCluster, work: Awaitable) -> object:
-    try:
-        return await work
-    finally:
-        await cluster.close_control()
 
 
 def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
@@ -89,7 +82,7 @@ def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
             await client.close()
         return before, after, silences, restarted_stats
 
-    before, after, silences, restarted = asyncio.run(_closing(fig2, scenario()))
+    before, after, silences, restarted = asyncio.run(closing_control(fig2, scenario()))
     print(f"detection: silent {min(silences):.2f}-{max(silences):.2f} s at the neighbours")
     assert len(silences) == len(NEIGHBOURS_OF_C0)
     assert min(silences) >= BrokerSettings().down_after
@@ -119,7 +112,7 @@ def test_a_restarted_host_withdraws_its_predecessors_subscriptions(fig2: LocalCl
         sizes = {s["routing_table_size"] for s in stats.values()}
         return withdrawn, sizes
 
-    withdrawn, sizes = asyncio.run(_closing(fig2, scenario()))
+    withdrawn, sizes = asyncio.run(closing_control(fig2, scenario()))
     assert withdrawn == set(NEIGHBOURS_OF_C0)
     assert sizes == {0}
 
@@ -171,7 +164,7 @@ def test_a_paused_broker_comes_back_as_itself_and_gets_what_it_missed(
             await client.close()
         return stats
 
-    stats = asyncio.run(_closing(fig2, scenario()))
+    stats = asyncio.run(closing_control(fig2, scenario()))
     counters = Counter()
     for s in stats.values():
         counters.update(s["counters"])

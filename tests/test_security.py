@@ -15,6 +15,7 @@ import aiozmq.rpc
 import pytest
 import zmq
 import zmq.asyncio
+from conditions import closing_control
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
@@ -49,17 +50,10 @@ def fig2(
     else:
         monkeypatch.delenv(KEYS_ENV, raising=False)
     try:
-        asyncio.run(_closing(cluster, cluster.wait_ready(120)))
+        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
         yield cluster
     finally:
         cluster.stop()
-
-
-async def _closing(cluster: LocalCluster, work: object) -> object:
-    try:
-        return await work  # type: ignore[misc]
-    finally:
-        await cluster.close_control()
 
 
 def _stranger() -> KeyPair:
