@@ -103,7 +103,7 @@ def delay_distribution(delays: Iterable[float]) -> dict[str, float]:
     return {**distribution(values), "under_1s": under}
 
 
-FAILURE_STATS = ("undeliverable", "tunnel", "dedup", "custody", "dnr_detour")
+FAILURE_STATS = ("undeliverable", "held", "tunnel", "dedup", "custody", "dnr_detour")
 """Prefixes of the core counters a failure report shows (DESIGN §7)."""
 
 DNR_CASES = ("dnr_case_1", "dnr_case_2", "dnr_case_3", "dnr_kept_off")

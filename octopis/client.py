@@ -82,7 +82,12 @@ class Connection:
     least ``liveness`` seconds went unanswered it connects to the next broker in the list, re-sends
     every request still unanswered (unacknowledged publications among them), lets each
     client re-issue its subscriptions, and records the outage in :attr:`outages` (and the
-    log). At most ``max_pending`` requests wait for replies; a further :meth:`submit`
+    log). The socket it leaves is read for ``linger`` more seconds: a broker that was
+    only stalled still delivers what it routed here (copies its neighbours held for it
+    among them) until the subscriptions at the new broker are in place, and a delivery
+    seen twice meanwhile (one of the last ``recent``) is dropped and counted in
+    :attr:`duplicates_absorbed`; so a fail-over away from a live broker loses nothing.
+    At most ``max_pending`` requests wait for replies; a further :meth:`submit`
     waits for room, so a publisher is slowed, never silently dropped (the broker answers a
     publication once its neighbours hold it, so this window is the publish credit that
     backpressure reaches, DESIGN §8).
@@ -104,6 +109,8 @@ class Connection:
         *,
         context: zmq.asyncio.Context | None = None,
         liveness: float = 1.5,
+        linger: float = 10.0,
+        recent: int = 4096,
         max_pending: int = 1000,
         receive_buffer: int = 10_000,
         keys: str | os.PathLike | None = None,
@@ -114,6 +121,15 @@ class Connection:
             raise ValueError("a connection needs at least one broker endpoint")
         self.endpoint = self.endpoints[0]
         self.liveness = liveness
+        self.linger = linger
+        self._recent: set[tuple[str, str, int]] = set()
+        self._recent_order: deque[tuple[str, str, int]] = deque(maxlen=recent)
+        """The last ``recent`` deliveries (client, publisher, seq), consulted only from a
+        fail-over until the old socket stops lingering."""
+        self._checking_recent = 0
+        self._lingering: set[asyncio.Task] = set()
+        self.duplicates_absorbed = 0
+        """Deliveries dropped as already seen while a fail-over was under way."""
         self.receive_buffer = receive_buffer
         found = Keys.find(keys)
         self._curve = (
@@ -233,7 +249,7 @@ class Connection:
 
     async def close(self) -> None:
         """Stop reading and heartbeats, and close the socket."""
-        tasks = [t for t in (self._reader, self._heartbeat) if t is not None]
+        tasks = [t for t in (self._reader, self._heartbeat, *self._lingering) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -274,9 +290,10 @@ class Connection:
         log.warning("broker at %s silent for %.1f s; failing over", away_from, self.liveness)
         start = self.endpoints.index(self.endpoint)
         order = self.endpoints[start + 1 :] + self.endpoints[: start + 1]
+        left = self._leave()
         while True:
             for endpoint in order:
-                if await self._switch(endpoint):
+                if await self._switch(endpoint, left):
                     break
             else:
                 await asyncio.sleep(self.liveness)
@@ -291,12 +308,52 @@ class Connection:
         )
         log.warning("moved from %s to %s after %.2f s away", away_from, self.endpoint, away)
 
-    async def _switch(self, endpoint: str) -> bool:
-        """Connect to ``endpoint`` and handshake; False if it does not answer in time."""
+    def _leave(self) -> zmq.asyncio.Socket | None:
+        """Stop reading the current socket; returns it if it is read for :attr:`linger`
+        more seconds (it is then left open when the next one is connected)."""
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        old = self.socket
+        if self.linger <= 0:
+            return None
+        self._checking_recent += 1
+        task = asyncio.create_task(self._read_left(old, self.endpoint))
+        self._lingering.add(task)
+        task.add_done_callback(self._lingering.discard)
+        return old
+
+    async def _read_left(self, socket: zmq.asyncio.Socket, endpoint: str) -> None:
+        """Deliveries and replies arriving on a socket left at a fail-over, for
+        :attr:`linger` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger
+        late = 0
+        try:
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    parts = await asyncio.wait_for(socket.recv_multipart(), left)
+                except TimeoutError:
+                    break
+                late += len(parts) == 2
+                try:
+                    self._on_frame(parts, left_behind=True)
+                except Exception:
+                    log.exception("client of %s dropped a frame it could not handle", endpoint)
+        finally:
+            socket.close()
+            self._checking_recent -= 1
+            if late:
+                log.warning("%d deliveries came from %s after leaving it", late, endpoint)
+
+    async def _switch(self, endpoint: str, left: zmq.asyncio.Socket | None) -> bool:
+        """Connect to ``endpoint`` and handshake; False if it does not answer in time.
+        The current socket is closed unless it is ``left`` (read elsewhere)."""
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
-        self.socket.close()
+        if self.socket is not left:
+            self.socket.close()
         self.socket = self._connect(endpoint)
         self.endpoint = endpoint
         self._reader = asyncio.create_task(self._read())
@@ -335,17 +392,30 @@ class Connection:
                 handled = 0
                 await asyncio.sleep(0)
 
-    def _on_frame(self, parts: list[bytes]) -> None:
+    def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:
         if len(parts) == 2:
             now = time.time()
             publisher, seq, published_at, publication = delivery_fields(parts[1])
+            recent, order = self._recent, self._recent_order
             for name in unpack(parts[0]):
                 handler = self._handlers.get(name)
-                if handler is not None:
-                    handler(name, publisher, seq, published_at, publication, now)
+                if handler is None:
+                    continue
+                if order.maxlen:
+                    key = (name, publisher, seq)
+                    if self._checking_recent and key in recent:
+                        self.duplicates_absorbed += 1
+                        continue
+                    if len(order) == order.maxlen:
+                        recent.discard(order[0])
+                    order.append(key)
+                    recent.add(key)
+                handler(name, publisher, seq, published_at, publication, now)
             return
         data = unpack(parts[0])
         op = data.get("op")
+        if op == "dropped" and left_behind:
+            return  # the broker we left let us go: not this connection's state
         if op == "dropped":
             self._dropped(str(data.get("reason", "no reason given")))
             return

@@ -1,9 +1,11 @@
 """Failure schedules (DESIGN §7): which brokers die and which links are cut, and when.
 
-Given as ``BROKER@T[:RESTART_T]`` and ``A-B@T[:UP_T]`` (times in seconds from the first
-publication), or as a schedule file with one such item per line, prefixed ``broker`` or
-``link`` (``#`` starts a comment). The simulator (``octopis sim``) and the process runner
-(``octopis run``, brokers only) read the same schedules.
+Given as ``BROKER@T[:RESTART_T]``, ``A-B@T[:UP_T]`` and ``BROKER@T:RESUME_T`` (a stall:
+the process is stopped, SIGSTOP, and resumed as the same process, as a long GC pause or a
+VM hiccup would), times in seconds from the first publication, or as a schedule file with
+one such item per line, prefixed ``broker``, ``link`` or ``stall`` (``#`` starts a
+comment). The simulator (``octopis sim``, a stall as every link of the broker cut) and
+the process runner (``octopis run``: brokers and stalls) read the same schedules.
 """
 
 from __future__ import annotations
@@ -20,23 +22,26 @@ class FailureSpecError(ValueError):
 @dataclass(frozen=True)
 class Failure:
     """A broker (``ends`` of one) or a link (``ends`` of two) fails at ``at`` and comes
-    back at ``until`` (None: never)."""
+    back at ``until`` (None: never); a ``stall`` is a broker stopped and resumed as the
+    same process."""
 
     ends: tuple[str, ...]
     at: float
     until: float | None = None
+    stall: bool = False
 
     @property
     def is_broker(self) -> bool:
-        """A dead broker rather than a down link."""
-        return len(self.ends) == 1
+        """A dead broker rather than a down link or a stall."""
+        return len(self.ends) == 1 and not self.stall
 
 
-def parse_failure(text: str, *, link: bool) -> Failure:
-    """Read ``BROKER@T[:RESTART_T]`` (``link=False``) or ``A-B@T[:UP_T]``."""
+def parse_failure(text: str, *, link: bool, stall: bool = False) -> Failure:
+    """Read ``BROKER@T[:RESTART_T]`` (``link=False``), ``A-B@T[:UP_T]`` or, with
+    ``stall``, ``BROKER@T:RESUME_T``."""
+    form = "BROKER@T:RESUME_T" if stall else "A-B@T[:UP_T]" if link else "BROKER@T[:RESTART_T]"
     what, sep, when = text.strip().partition("@")
     if not sep or not what:
-        form = "A-B@T[:UP_T]" if link else "BROKER@T[:RESTART_T]"
         raise FailureSpecError(f"failure {text!r}: expected {form}")
     ends = tuple(what.split("-")) if link else (what,)
     if link and (len(ends) != 2 or not all(ends) or ends[0] == ends[1]):
@@ -49,7 +54,9 @@ def parse_failure(text: str, *, link: bool) -> Failure:
         raise FailureSpecError(f"failure {text!r}: times must be numbers of seconds") from None
     if not math.isfinite(at) or at < 0 or (until is not None and not until > at):
         raise FailureSpecError(f"failure {text!r}: need 0 <= T < RESTART_T (finite)")
-    return Failure(ends, at, until)
+    if stall and until is None:
+        raise FailureSpecError(f"stall {text!r}: give the time it resumes, {form}")
+    return Failure(ends, at, until, stall)
 
 
 def read_schedule(path: Path) -> list[Failure]:
@@ -60,10 +67,12 @@ def read_schedule(path: Path) -> list[Failure]:
         if not line:
             continue
         kind, _, spec = line.partition(" ")
-        if kind not in ("broker", "link"):
-            raise FailureSpecError(f"{path}:{number}: start with 'broker' or 'link', not {kind!r}")
+        if kind not in ("broker", "link", "stall"):
+            raise FailureSpecError(
+                f"{path}:{number}: start with 'broker', 'link' or 'stall', not {kind!r}"
+            )
         try:
-            failures.append(parse_failure(spec, link=kind == "link"))
+            failures.append(parse_failure(spec, link=kind == "link", stall=kind == "stall"))
         except FailureSpecError as exc:
             raise FailureSpecError(f"{path}:{number}: {exc}") from None
     return failures

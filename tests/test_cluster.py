@@ -550,6 +550,35 @@ def test_kill_a_host_broker_its_subscribers_fail_over(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_stalled_broker_and_its_clients_lose_nothing(tmp_path: Path) -> None:
+    """fig2, DNR: c:0's process is stopped (SIGSTOP) for 2.5 s mid-stream and resumed, as
+    a long GC pause or a VM hiccup would do. Its neighbours declare it down and route
+    around it, holding the copies meant for it; its clients fail over and keep reading
+    the connection they left. Everyone gets every notification exactly once: the held
+    copies go out when c:0 comes back, what it routes late is absorbed by dedup."""
+    stalled = "c:0"
+    report, scot, _ = _dnr_run_with_failures(
+        tmp_path / "fig2-stall",
+        "fig2",
+        [Failure((stalled,), 4.0, 6.5, stall=True)],
+        set(),
+        subscribers=300,
+        publishers=10,
+        notifications=120,
+        rate_per_minute=600,
+        selectivity=0.01,
+        seed=3,
+    )
+    failures = report["failures"]
+    assert failures[f"stall.{stalled}"]["declared_down_by"] == len(scot.brokers[stalled].neighbours)
+    assert failures["host_alive"]["expected_deliveries"] == report["expected_deliveries"] > 2000
+    assert report["delivered"] == report["expected_deliveries"]
+    assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
+    assert failures["held.released"] > 0
+    assert stalled in failures["failovers_from_live_brokers"]
+
+
+@pytest.mark.slow
 def test_adjacent_brokers_killed_and_restarted_one_by_one(tmp_path: Path) -> None:
     """fig2, DNR: e:0 then its tree neighbour c:0 are killed; c:0 restarts while e:0 is
     still dead (it routes toward e:0's side until e:0, restarted in turn, hands it that

@@ -220,10 +220,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     scot, path = prepare_topology(run_dir, topology=args.topology, preset=args.preset)
     workload = workload_from_args(args, scot)
     failures = failures_from_args(args, scot)
-    if any(not f.is_broker for f in failures):
+    if any(len(f.ends) == 2 for f in failures):
         raise UsageError(
-            "octopis run kills and restarts broker processes (--fail); cutting a link "
-            "between processes is not supported (use octopis sim --fail-link)"
+            "octopis run kills and restarts broker processes (--fail) and stops and "
+            "resumes them (--stall); cutting a link between processes is not supported "
+            "(use octopis sim --fail-link)"
         )
     options = RunOptions(
         mode=args.mode,

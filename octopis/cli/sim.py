@@ -196,7 +196,7 @@ def add_congestion_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_failure_options(p: argparse.ArgumentParser) -> None:
-    """``--fail``, ``--fail-link`` and ``--fail-schedule`` (DESIGN §7)."""
+    """``--fail``, ``--fail-link``, ``--stall`` and ``--fail-schedule`` (DESIGN §7)."""
     group = p.add_argument_group(
         "failures", "times in seconds from the first publication; RESTART_T / UP_T optional"
     )
@@ -215,19 +215,29 @@ def add_failure_options(p: argparse.ArgumentParser) -> None:
         help="cut the link between neighbours A and B at T (until UP_T); repeatable",
     )
     group.add_argument(
+        "--stall",
+        action="append",
+        default=[],
+        metavar="BROKER@T:RESUME_T",
+        help="stop BROKER's process at T and resume it at RESUME_T, as a long GC pause or "
+        "VM hiccup would (the simulator cuts every link of BROKER meanwhile); repeatable",
+    )
+    group.add_argument(
         "--fail-schedule",
         type=Path,
         metavar="FILE",
-        help="failures, one per line: 'broker BROKER@T[:RESTART_T]' or 'link A-B@T[:UP_T]'",
+        help="failures, one per line: 'broker BROKER@T[:RESTART_T]', 'link A-B@T[:UP_T]' "
+        "or 'stall BROKER@T:RESUME_T'",
     )
 
 
 def failures_from_args(args: argparse.Namespace, scot: Scot) -> list[Failure]:
-    """The failures ``--fail``, ``--fail-link`` and ``--fail-schedule`` describe, checked
-    against ``scot``."""
+    """The failures ``--fail``, ``--fail-link``, ``--stall`` and ``--fail-schedule``
+    describe, checked against ``scot``."""
     try:
         failures = [parse_failure(text, link=False) for text in args.fail]
         failures += [parse_failure(text, link=True) for text in args.fail_link]
+        failures += [parse_failure(text, link=False, stall=True) for text in args.stall]
         if args.fail_schedule is not None:
             failures += read_schedule(args.fail_schedule)
     except OSError as exc:
@@ -238,7 +248,7 @@ def failures_from_args(args: argparse.Namespace, scot: Scot) -> list[Failure]:
         for end in failure.ends:
             if end not in scot.brokers:
                 raise UsageError(f"failure names {end!r}, which is not a broker of {scot.name}")
-        if not failure.is_broker and not scot.graph.has_edge(*failure.ends):
+        if len(failure.ends) == 2 and not scot.graph.has_edge(*failure.ends):
             raise UsageError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
     return failures
 

@@ -258,6 +258,11 @@ class LocalCluster:
         process.kill()
         process.wait()
 
+    def pause(self, broker_id: str, stopped: bool) -> None:
+        """Stop (SIGSTOP) or resume (SIGCONT) ``broker_id``'s process: a stall, the same
+        process before and after (DESIGN §7)."""
+        _signal(self.processes[broker_id].pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
     def dead(self) -> dict[str, int]:
         """Brokers whose process has exited (not killed on purpose), with their status."""
         return {

@@ -59,8 +59,8 @@ class RunOptions:
     """Seconds between samples of every broker's queues while publishing and draining
     (the report's ``timeline``); None takes no samples."""
     failures: list[Failure] = field(default_factory=list)
-    """Brokers to ``kill -9`` (and restart) while publishing, times in seconds from the
-    first publication (scaled like the workload's)."""
+    """Brokers to ``kill -9`` (and restart) or to stall (SIGSTOP, then SIGCONT) while
+    publishing, times in seconds from the first publication (scaled like the workload's)."""
     secure: bool = True
     """CurveZMQ with key pairs in ``<run-dir>/keys``; False runs the brokers insecure."""
 
@@ -94,6 +94,8 @@ class WorkloadRun:
         """Restarted broker → seconds from its start until it was ready again."""
         self._restarted_at: dict[str, float] = {}
         """Restarted broker → time.monotonic() of its restart."""
+        self.stalls: dict[str, tuple[float, float]] = {}
+        """Stalled broker → time.monotonic() of its SIGSTOP and of its SIGCONT."""
         self.tables: dict[str, dict] = {}
         """Killed broker → its routing table just before the kill; after its restart,
         how the resynced table differs from it (entries it hosted itself left out)."""
@@ -172,27 +174,44 @@ class WorkloadRun:
         return {b: a for b, a in answers.items() if a is not None}
 
     async def _inject(self, t0: float) -> None:
-        """Kill and restart brokers at their times (DESIGN §7)."""
+        """Kill and restart, or stop and resume, brokers at their times (DESIGN §7); a
+        broker still stopped when this ends (cancelled) is resumed."""
         loop = asyncio.get_running_loop()
         scale = self.options.time_scale
-        steps = [(f.at, True, f.ends[0]) for f in self.options.failures]
-        steps += [(f.until, False, f.ends[0]) for f in self.options.failures if f.until]
-        for at, kill, broker in sorted(steps):
-            delay = t0 + at * scale - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if kill:
-                self.kills[broker] = time.monotonic()
-                self.cluster.kill(broker)
-                log.warning("killed %s (kill -9)", broker)
-            else:
-                self._restarted_at[broker] = time.monotonic()
-                self.cluster.spawn_one(broker)
-                serving = await self.cluster.wait_ready(
-                    self.options.start_timeout, [broker], state="serving"
-                )
-                self.restarts[broker] = serving
-                log.warning("restarted %s; serving after %.2f s", broker, serving)
+        failures = self.options.failures
+        steps = [(f.at, True, f.ends[0], f.stall) for f in failures]
+        steps += [(f.until, False, f.ends[0], f.stall) for f in failures if f.until]
+        stopped: set[str] = set()
+        try:
+            for at, fail, broker, stall in sorted(steps):
+                delay = t0 + at * scale - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if stall:
+                    self.cluster.pause(broker, stopped=fail)
+                    now = time.monotonic()
+                    (stopped.add if fail else stopped.discard)(broker)
+                    self.stalls[broker] = (now, now) if fail else (self.stalls[broker][0], now)
+                    log.warning("%s %s", "stopped" if fail else "resumed", broker)
+                else:
+                    await self._kill_or_restart(broker, fail)
+        finally:
+            for broker in stopped:
+                self.cluster.pause(broker, stopped=False)
+
+    async def _kill_or_restart(self, broker: str, kill: bool) -> None:
+        if kill:
+            self.kills[broker] = time.monotonic()
+            self.cluster.kill(broker)
+            log.warning("killed %s (kill -9)", broker)
+        else:
+            self._restarted_at[broker] = time.monotonic()
+            self.cluster.spawn_one(broker)
+            serving = await self.cluster.wait_ready(
+                self.options.start_timeout, [broker], state="serving"
+            )
+            self.restarts[broker] = serving
+            log.warning("restarted %s; serving after %.2f s", broker, serving)
 
     async def _compare_table(self, broker: str) -> dict[str, int]:
         """``broker``'s routing table against its neighbours' view of it, read through the
@@ -391,10 +410,13 @@ class WorkloadRun:
                 "publications_held",
                 "routed_while_resyncing",
                 "sbp_handed_late",
+                "held.released",
+                "undeliverable.held_for_restarted",
+                "undeliverable.hold_full",
             )
         }
         report.update(failure_counts(core))
-        if not self.kills:
+        if not self.kills and not self.stalls:
             return report
         for broker, killed in self.kills.items():
             restarted = self._restarted_at.get(broker, float("inf"))
@@ -409,6 +431,32 @@ class WorkloadRun:
                 "first_s": min(seen, default=float("nan")),
                 "last_s": max(seen, default=float("nan")),
             }
+        for broker, (stopped, resumed) in self.stalls.items():
+            report[f"stall.{broker}"] = {
+                "seconds": resumed - stopped,
+                "declared_down_by": sum(
+                    d["link"] == broker and stopped < d["at"]
+                    for s in stats.values()
+                    for d in s["detections"]
+                ),
+            }
+        first = self._first_failure()
+        planned = self.kills.keys() | self.stalls.keys()
+        unplanned = [
+            {"by": b, "link": d["link"], "at_s": round(d["at"] - first, 3)}
+            for b, s in stats.items()
+            for d in s["detections"]
+            if d["link"] not in planned
+        ]
+        report["unplanned_downs"] = sorted(unplanned, key=lambda d: d["at_s"])[:20]
+        report["sdk_duplicates_absorbed"] = sum(
+            c.duplicates_absorbed for c in self._connections.values()
+        )
+        report["failovers_from_live_brokers"] = {
+            broker: list(connection.outages)
+            for broker, connection in self._connections.items()
+            if broker not in self.kills and connection.outages
+        }
         for broker, ready in self.restarts.items():
             report[f"restart.{broker}"] = {"serving_after_s": ready, **self.tables[broker]}
         hosts = {s.subscriber: s.broker for s in self.workload.subscriptions}
@@ -427,10 +475,14 @@ class WorkloadRun:
         )
         return report
 
+    def _first_failure(self) -> float:
+        """time.monotonic() of the first kill or stall."""
+        return min([*self.kills.values(), *(stopped for stopped, _ in self.stalls.values())])
+
     def _lost_samples(self, hosts: dict[str, str], limit: int = 10) -> list[dict[str, Any]]:
         """Up to ``limit`` deliveries lost to subscribers whose host never died: who, from
-        which publisher's host, and when it was published relative to the first kill."""
-        first_kill = time.time() - (time.monotonic() - min(self.kills.values()))
+        which publisher's host, and when it was published after the first kill or stall."""
+        first = time.time() - (time.monotonic() - self._first_failure())
         publisher_host = {p.publisher: p.broker for p in self.workload.publications}
         published = self._published_at
         received = self.ledger.received
@@ -443,7 +495,7 @@ class WorkloadRun:
             {
                 "subscriber": f"{subscriber}@{hosts[subscriber]}",
                 "publication": f"{publisher}#{seq}@{publisher_host[publisher]}",
-                "published_after_kill_s": round(published[(publisher, seq)] - first_kill, 3),
+                "published_after_failure_s": round(published[(publisher, seq)] - first, 3),
             }
             for subscriber, publisher, seq in lost[:limit]
         ]

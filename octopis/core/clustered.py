@@ -19,6 +19,7 @@ from octopis.core.messages import (
     Action,
     Deliver,
     Forward,
+    Hold,
     Message,
     Notification,
     ProtocolError,
@@ -370,9 +371,11 @@ class ClusteredBroker(CoreBase):
     def _cross(self, n: Notification, links: LinkView, src: str | None) -> list[Action]:
         """B(y,k) passes a tunnel copy to B(y,c): over its own iCOL, else through another
         cluster of region y (``tried`` restarts when the copy enters the region), else it
-        fans out around B(y,c), whose own subscribers are then out of reach (counted
-        ``undeliverable.target_unreachable``: B(y,c) is dead, or cut off from every
-        cluster of its region)."""
+        fans out around B(y,c) (dead, stalled, or cut off from every cluster of its
+        region) and holds a copy for B(y,c) itself (:class:`Hold`, counted
+        ``held.target_unreachable``): a B(y,c) that was only stalled gets it on its
+        return, and its subscribers lose nothing; the CBV rides on the first fan-out
+        copy, or on the held one when no fan-out link is live."""
         tunnel = n.tunnel
         icol = self.secondary[tunnel.cluster]
         if not links.down(icol):
@@ -383,7 +386,6 @@ class ClusteredBroker(CoreBase):
         if other is not None:
             return [other]
         self.stats["tunnel.fanout"] += 1
-        self.stats["undeliverable.target_unreachable"] += 1
         out: list[Action] = []
         cbv = n.cbv
         for region, link in self.primary_in.items():
@@ -395,8 +397,8 @@ class ClusteredBroker(CoreBase):
             fanned = tunnel._replace(target=region, origin=self.region)
             out.append(Forward(link, n._replace(tunnel=fanned, cbv=cbv)))
             cbv = None
-        if cbv is not None:
-            self.stats["undeliverable.no_live_link"] += cbv.count(1)
+        self.stats["held.target_unreachable"] += 1
+        out.append(Hold(icol, n._replace(cbv=cbv)))
         return out
 
     def reroute(self, link: str, message: Message, links: LinkView) -> list[Action]:

@@ -1,8 +1,8 @@
 """Messages of the routing core and the actions it returns (DESIGN §2, paper §5–6).
 
 The core is sans-IO: it takes one message and the link it came from and returns
-:class:`Forward` and :class:`Deliver` actions. Transports and the simulator carry these
-objects; the wire encoding lives in the transport layer.
+:class:`Forward`, :class:`Hold` and :class:`Deliver` actions. Transports and the simulator
+carry these objects; the wire encoding lives in the transport layer.
 """
 
 from __future__ import annotations
@@ -95,6 +95,16 @@ class Forward(NamedTuple):
     message: Message
 
 
+class Hold(NamedTuple):
+    """Keep ``message`` for neighbour ``link``, which is down and may only be stalled
+    (DESIGN §7): send it if ``link`` comes back as the same process; if it comes back as
+    a new one, or the hold is full, the copy is undeliverable (counted by whoever holds
+    it). Only DNR holds: the copy a fan-out could not give an unreachable B(y,c)."""
+
+    link: str
+    message: Notification
+
+
 class Deliver(NamedTuple):
     """Hand ``notification`` to the local subscriber ``subscriber``."""
 
@@ -102,7 +112,7 @@ class Deliver(NamedTuple):
     notification: Notification
 
 
-Action = Forward | Deliver
+Action = Forward | Hold | Deliver
 
 
 class ProtocolError(ValueError):

@@ -32,6 +32,7 @@ from octopis.core import (
     Action,
     BrokerCore,
     Forward,
+    Hold,
     Notification,
     Subscribe,
     make_broker,
@@ -115,9 +116,17 @@ class Simulator:
         """Set by :meth:`fail`: dead brokers, down links, custody (DESIGN §7)."""
         self.failure_counts: Counter[str] = Counter()
         self.hosts_failed: set[str] = set()
-        self.undeliverable_keys: set[tuple[str, int]] = set()
-        """Notifications some copy of which was counted undeliverable (with failures)."""
+        self._undeliverable_keys: set[tuple[str, int]] = set()
+        self.held: dict[tuple[str, str], list[Notification]] = {}
+        """(holder, neighbour) → copies held for the neighbour's return (:class:`Hold`)."""
         self._retired: Counter[str] = Counter()
+
+    @property
+    def undeliverable_keys(self) -> set[tuple[str, int]]:
+        """Notifications some copy of which was counted undeliverable (with failures), or
+        is still held for a neighbour that has not come back."""
+        held = {m.key for copies in self.held.values() for m in copies}
+        return self._undeliverable_keys | held
 
     # -- clients -------------------------------------------------------------------------
 
@@ -212,7 +221,13 @@ class Simulator:
         for end in failure.ends:
             if end not in self.cores:
                 raise KeyError(f"no broker {end!r} in topology {self.scot.name}")
-        if not failure.is_broker and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
+        if failure.stall:  # the neighbours' view of a stopped process: every link silent
+            broker = failure.ends[0]
+            for neighbour in sorted(self.scot.graph[broker]):
+                link = Failure((broker, neighbour), failure.at, failure.until)
+                self.fail(link, start, detection=detection, retain=retain)
+            return
+        if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
             raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
         if self.failures is None:
             self.failures = FailureState(detection, retain)
@@ -238,7 +253,7 @@ class Simulator:
             for message in state.forget(broker):
                 if type(message) is Notification:
                     self.failure_counts["undeliverable.died_in_custody"] += 1
-                    self.undeliverable_keys.add(message.key)
+                    self._undeliverable_keys.add(message.key)
             self.hosts_failed.add(broker)
             self._retired.update(self.cores[broker].stats)
             self.failure_counts["brokers_killed"] += 1
@@ -281,6 +296,10 @@ class Simulator:
             return
         broker = failure.ends[0]
         state.dead.discard(broker)
+        for neighbour in self.scot.graph[broker]:
+            for message in self.held.pop((neighbour, broker), ()):
+                self.failure_counts["undeliverable.held_for_restarted"] += 1
+                self._undeliverable_keys.add(message.key)
         self.failure_counts["brokers_restarted"] += 1
         core = make_broker(self.scot, broker, self.mode, self._matcher_factory)
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."
@@ -366,6 +385,10 @@ class Simulator:
                 state.failed_at.pop((src, dst), None)
                 state.detected.get(src, set()).discard(dst)
                 self._hand_share(src, dst)
+                held = self.held.pop((src, dst), None)
+                if held:
+                    self.failure_counts["held.released"] += len(held)
+                    self._dispatch(src, [Forward(dst, m) for m in held])
 
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
         """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of
@@ -376,7 +399,7 @@ class Simulator:
         before = _undeliverable(core.stats)
         actions = step(*args, view)
         if _undeliverable(core.stats) > before:
-            self.undeliverable_keys.add(message.key)  # type: ignore[attr-defined]
+            self._undeliverable_keys.add(message.key)  # type: ignore[attr-defined]
         return actions
 
     def _view(self, broker: str) -> LinkView:
@@ -404,8 +427,10 @@ class Simulator:
         if self.target_queue:
             report["target_queue_length"] = distribution(self.target_queue)
         if self.failures is not None:
+            held = sum(len(copies) for copies in self.held.values())
             report["failures"] = {
                 **self.failure_counts,
+                **({"undeliverable.held_at_end": held} if held else {}),
                 **failure_counts(stats),
                 **host_split(self.ledger, self._home, self.hosts_failed),
             }
@@ -451,6 +476,8 @@ class Simulator:
                 arrival = max(arrival, self._last_arrival.get(link, 0.0))
                 self._last_arrival[link] = arrival
                 self._push(arrival, self._arrive, (dst, broker, message))
+            elif isinstance(action, Hold):
+                self.held.setdefault((broker, action.link), []).append(action.message)
             else:
                 subscriber, notification = action
                 self.ledger.delivered(
@@ -466,7 +493,7 @@ class Simulator:
             if src in self.failures.dead and type(message) is Notification:
                 # Only the dead sender could have routed it again (custody died with it).
                 self.failure_counts["undeliverable.died_in_flight"] += 1
-                self.undeliverable_keys.add(message.key)
+                self._undeliverable_keys.add(message.key)
             return
         core = self.cores[broker]
         if isinstance(message, Subscribe):

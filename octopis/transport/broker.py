@@ -32,6 +32,7 @@ from octopis.core import (
     Deliver,
     EdgeDedup,
     Forward,
+    Hold,
     LinkStatusTable,
     Message,
     Notification,
@@ -109,6 +110,9 @@ class Broker:
         limit) for its next incarnation."""
         self.held: list[tuple[Notification, PublishReceipt]] = []
         """Local publications waiting for this broker to be serving (DESIGN §7)."""
+        self.held_for: dict[str, list[list]] = {}
+        """Notification frames the core holds for a neighbour that is down (:class:`Hold`),
+        up to the custody limit each: sent if it comes back as the same process."""
         self._tasks: list[asyncio.Task] = []
         self.started = time.time()
         self._process = psutil.Process()
@@ -306,7 +310,19 @@ class Broker:
         subscription messages held for it go out now, in their order, then the share we
         owe it, if any."""
         self._hand_held_sbp(neighbour)
+        self._release_held(neighbour)
         self._pay_owed_shares()
+
+    def _release_held(self, neighbour: str) -> None:
+        """Send the notifications held for ``neighbour``, back and the same process (or a
+        new one now serving, for those held since its start)."""
+        held = self.held_for.pop(neighbour, ())
+        if held:
+            link, now = self.links[neighbour], self._loop.time()
+            for frame in held:
+                link.put(frame, now)
+            self.counters["held.released"] += len(held)
+            log.warning("%s: %d notifications held for %s sent", self.id, len(held), neighbour)
 
     def _hand_held_sbp(self, neighbour: str) -> set[str]:
         """Put the subscription frames held for ``neighbour`` on its link, in order;
@@ -326,6 +342,7 @@ class Broker:
         """A restarted neighbour is serving: withdraw its predecessor's subscriptions now,
         not at the handshake, so that the subscriptions its failed-over clients made
         elsewhere have crossed it first and no notification falls between the two."""
+        self._release_held(neighbour)
         epoch = self.withdraw_when_serving.pop(neighbour, None)
         if epoch is None or not isinstance(self.core, ClusteredBroker):
             return
@@ -383,6 +400,10 @@ class Broker:
         meanwhile). BID, the static baseline, has no resync: a restarted broker starts
         empty."""
         core = self.core
+        if restarted:  # what was held for its predecessor: those subscribers are gone
+            self.counters["undeliverable.held_for_restarted"] += len(
+                self.held_for.pop(neighbour, ())
+            )
         if not isinstance(core, ClusteredBroker):
             if restarted:
                 self.counters["restarts_without_resync"] += 1
@@ -438,6 +459,13 @@ class Broker:
         self.held.append((notification, receipt))
         self.counters["publications_held"] += 1
 
+    def _hold(self, neighbour: str, frame: list) -> None:
+        held = self.held_for.setdefault(neighbour, [])
+        if len(held) < self.settings.custody_limit:
+            held.append(frame)
+        else:
+            self.counters["undeliverable.hold_full"] += 1
+
     def execute(
         self,
         actions: list[Action],
@@ -477,6 +505,8 @@ class Broker:
                     if ahead > seen[2]:
                         seen[2] = ahead
                 link.put(frame, now)
+            elif type(action) is Hold:
+                self._hold(action.link, [self._sender, encode_body(action.message), KEPT])
             elif type(action) is Deliver:
                 identity, name = self.clients.names[action.subscriber]
                 deliveries.setdefault(identity, []).append(name)
@@ -578,7 +608,11 @@ class Broker:
                 for name, link in self.links.items()
             },
             "dedup": {"remembered": len(self.core.dedup), "forgotten": self.core.dedup.forgotten},
-            "held": {"publications": len(self.held), "sbp": sum(map(len, self.held_sbp.values()))},
+            "held": {
+                "publications": len(self.held),
+                "sbp": sum(map(len, self.held_sbp.values())),
+                "notifications": sum(map(len, self.held_for.values())),
+            },
             "detections": list(self.peers.detections),
             "queue_seen": {
                 "copies": self.queue_seen[0],
