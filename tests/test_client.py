@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conditions import closing_control, until
 
-from octopis.client import Connection, Publisher, Subscriber
+from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.keys import KEYS_ENV
 from octopis.transport.settings import BrokerSettings
@@ -140,3 +141,38 @@ def test_a_killed_clients_subscriptions_leave_every_table(fig2: LocalCluster) ->
 def test_a_connection_needs_an_endpoint() -> None:
     with pytest.raises(ValueError, match="at least one broker endpoint"):
         Connection([])
+
+
+def test_subscription_ids_are_unguessable_and_bound_to_their_owner(
+    line_of: Callable[[BrokerSettings], LocalCluster],
+) -> None:
+    """Each id a broker process hands out carries 48 random bits of its own beside the
+    process's epoch, so one id tells nothing of the next; another client, even one that
+    knows the id, cannot withdraw it, and the owner keeps getting notifications."""
+    cluster = line_of(BrokerSettings())
+    endpoint = cluster.scot.brokers["b:0"].client_endpoint
+
+    async def scenario() -> tuple[list[str], str, list[int]]:
+        await cluster.wait_ready(60)
+        alice = await Subscriber.connect(endpoint, "alice")
+        mallory = await Subscriber.connect(endpoint, "mallory")
+        streams = [await alice.subscribe("[class,eq,'STOCK']") for _ in range(2)]
+        ids = [s.sub_id for s in streams]
+        request = {"op": "unsubscribe", "client": "mallory", "sub_id": ids[0]}
+        with pytest.raises(BrokerError) as refused:
+            await mallory.connection.request(request)
+        pub = await Publisher.connect(endpoint, "feed")
+        await pub.publish({"class": "STOCK", "symbol": "X", "close": 1.0})
+        got = [(await s.get(timeout=10)).seq for s in streams]
+        for client in (pub, mallory, alice):
+            await client.close()
+        return ids, str(refused.value), got
+
+    ids, refusal, got = asyncio.run(closing_control(cluster, scenario()))
+    pattern = re.compile(r"b:0#[0-9a-f]+\.(\d)\.([0-9a-f]{12})")
+    matches = [pattern.fullmatch(sub_id) for sub_id in ids]
+    assert all(matches), ids
+    assert [m.group(1) for m in matches] == ["1", "2"]
+    assert matches[0].group(2) != matches[1].group(2)
+    assert f"mallory holds no subscription {ids[0]}" in refusal
+    assert got == [1, 1]

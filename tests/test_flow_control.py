@@ -21,16 +21,18 @@ PADDING = {f"pad{i}": "x" * 1000 for i in range(10)}
 """10 kB per notification, so that kernel socket buffers hold few of them."""
 
 
+@pytest.mark.parametrize("trigger", ["queue_limit", "memory_budget"])
 def test_a_slow_link_slows_the_publisher_two_hops_back(
-    line_of: Callable[[BrokerSettings], LocalCluster],
+    line_of: Callable[[BrokerSettings], LocalCluster], trigger: str
 ) -> None:
     """b:0 → c:0 carries 250 messages/s; a publisher on a:0 offers far more. b:0's queue
-    toward c:0 stops near ``queue_limit`` because b:0 withholds its acknowledgements from
-    a:0, whose custody fills, whose publisher runs out of credit: the publisher is slowed,
-    nothing is dropped, the subscriber on c:0 gets every notification exactly once."""
-    settings = BrokerSettings(
-        capacities={"b:0>c:0": 250.0}, queue_limit=100, custody_limit=50, retain=0.0
-    )
+    toward c:0 stops near ``queue_limit`` (or, with a memory budget below every broker's
+    RSS, wherever b:0 finds it over budget with data waiting) because b:0 withholds its
+    acknowledgements from a:0, whose custody fills, whose publisher runs out of credit:
+    the publisher is slowed, nothing is dropped, the subscriber on c:0 gets every
+    notification exactly once."""
+    limits = {"queue_limit": 100} if trigger == "queue_limit" else {"memory_budget_mb": 1}
+    settings = BrokerSettings(capacities={"b:0>c:0": 250.0}, custody_limit=50, retain=0.0, **limits)
     cluster = line_of(settings)
     scot = cluster.scot
     total = 2500
@@ -57,10 +59,12 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     print(f"publisher rate {rate:.0f}/s; b:0 longest queue {stats['b:0']['queue_seen']['max']}")
     assert counts["delivered"] == total and counts["duplicates"] == counts["lost"] == 0
     b0 = stats["b:0"]["counters"]
-    assert b0["backpressure.episodes"] >= 1
+    episodes = "backpressure.episodes" if trigger == "queue_limit" else "memory.pressure_episodes"
+    assert b0[episodes] >= 1
     assert b0["backpressure.acks_withheld"] > 0
     assert stats["a:0"]["custody"]["b:0"]["times_full"] > 0  # a:0 was held back
-    bound = settings.queue_limit + 2 * settings.custody_limit
+    held_from = settings.queue_limit if trigger == "queue_limit" else 0
+    bound = held_from + 2 * settings.custody_limit
     assert stats["b:0"]["queue_seen"]["max"] <= bound
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from bitarray import frozenbitarray
 
@@ -33,15 +33,21 @@ class CoreBase(ABC):
         self.table = table
         self.dedup = dedup or EdgeDedup()
         self.stats: Counter[str] = Counter()
+        self.id_token: Callable[[], str] | None = None
+        """Appended to each new subscription id when set: a broker process sets a random
+        source, so an id cannot be guessed from another (DESIGN §8); the simulator keeps
+        ids deterministic."""
         self._next_sub = 0
         self.epoch = ""
         """Prefix of this broker's subscription numbers: a restarted broker's shell sets
         it from its incarnation, so its ids never collide with its predecessor's."""
 
     def _new_sub_id(self) -> str:
-        """This broker's id, its incarnation's epoch and a sequence number."""
+        """This broker's id, its incarnation's epoch, a sequence number and, if set,
+        :attr:`id_token`."""
         self._next_sub += 1
-        return f"{self.id}#{self.epoch}{self._next_sub}"
+        sub_id = f"{self.id}#{self.epoch}{self._next_sub}"
+        return sub_id if self.id_token is None else f"{sub_id}.{self.id_token()}"
 
     def _store(
         self,

@@ -21,6 +21,7 @@ import secrets
 import signal
 import time
 from collections import Counter
+from functools import partial
 from typing import Any
 
 import psutil
@@ -90,6 +91,7 @@ class Broker:
         self.incarnation = secrets.randbits(63) | 1
         """Random per process start (DESIGN §7): neighbours tell a restart by it."""
         self.core.epoch = epoch_of(self.incarnation)
+        self.core.id_token = partial(secrets.token_hex, 6)
         if isinstance(self.core, ClusteredBroker):
             self.core.expect_shares({n.id for n in self.info.neighbours})
         self.owed_shares: set[str] = set()
@@ -551,6 +553,7 @@ class Broker:
             "owed_shares": sorted(self.owed_shares),
             "pid": os.getpid(),
             "memory_rss": self._process.memory_info().rss,
+            "memory_budget": self.peers.memory.snapshot(),
             "cpu_seconds": sum(self._process.cpu_times()[:2]),
         }
 

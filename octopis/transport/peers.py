@@ -28,6 +28,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Protocol
 
+import psutil
 import zmq
 import zmq.asyncio
 
@@ -154,7 +155,9 @@ class PeerLinks:
         self._reading = False
         """The input loop is working through a backlog (not waiting for input)."""
         self.full_links: set[str] = set()
-        """Neighbours whose link has ``queue_limit`` frames waiting (checked every tick)."""
+        """Neighbours whose link has ``queue_limit`` frames waiting, or whose link is the
+        longest while the broker is over its memory budget (checked every tick)."""
+        self.memory = MemoryBudget(settings.memory_budget_mb)
         broker_sender = (
             SendRate(settings.broker_capacity, LOOP_SLACK) if settings.broker_capacity else None
         )
@@ -401,9 +404,33 @@ class PeerLinks:
             self._check_serving(now)
 
     def _check_pressure(self, now: float) -> None:
-        """Refresh :attr:`full_links`; count and log when backpressure starts."""
+        """Refresh :attr:`full_links`; count and log when backpressure starts. Over the
+        memory budget, the link with the longest queue counts as full (if anything waits
+        on it): the broker takes in no faster than it sends out until it is back under."""
         limit = self.settings.queue_limit
-        full = {n for n, link in self.links.items() if len(link.queue) >= limit}
+        links = self.links
+        full = {n for n, link in links.items() if len(link.queue) >= limit}
+        memory = self.memory
+        if memory.over(now):
+            longest = max(links, key=lambda n: len(links[n].queue))
+            pressing = bool(links[longest].queue)
+            if pressing:
+                full.add(longest)
+            if pressing and not memory.pressing:
+                self.counters["memory.pressure_episodes"] += 1
+                self._warn.warning(
+                    "memory",
+                    "%s is over its memory budget (RSS %d MB, memory.budget_mb = %d): "
+                    "holding back its neighbours while %s has %d frames waiting",
+                    self.id,
+                    memory.rss >> 20,
+                    memory.budget_mb,
+                    longest,
+                    len(links[longest].queue),
+                )
+            memory.pressing = pressing
+        else:
+            memory.pressing = False
         if full - self.full_links:
             self.counters["backpressure.episodes"] += 1
             self._warn.warning(
@@ -477,3 +504,28 @@ class PeerLinks:
         """Stop watching the input socket."""
         if self._waiter is not None:
             self._waiter.close()
+
+
+class MemoryBudget:
+    """The broker's memory budget (DESIGN §8, ``[memory] budget_mb``): its RSS, read at
+    most every ``every`` seconds (psutil; ~20 µs a read)."""
+
+    def __init__(self, budget_mb: int, every: float = 0.5) -> None:
+        self.budget_mb = budget_mb
+        self.every = every
+        self.rss = 0
+        self.pressing = False
+        """Over budget with data waiting: a link is held as full."""
+        self._process = psutil.Process()
+        self._next = 0.0
+
+    def over(self, now: float) -> bool:
+        """Whether the RSS last read is above the budget (read again if due)."""
+        if now >= self._next:
+            self.rss = self._process.memory_info().rss
+            self._next = now + self.every
+        return self.rss > self.budget_mb << 20
+
+    def snapshot(self) -> dict[str, int | bool]:
+        """RSS last read and budget (MB), and whether a link is held for it."""
+        return {"rss_mb": self.rss >> 20, "budget_mb": self.budget_mb, "pressing": self.pressing}
