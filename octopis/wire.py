@@ -37,8 +37,23 @@ DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
 MAX_CLIENT_NAME = 256
 """Longest client name a broker accepts (characters)."""
 
+MAX_SEQ = 2**63 - 1
+MAX_TIME = 1e12
+"""Largest publication sequence number, largest |published_at| (seconds)."""
+
 ClientName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CLIENT_NAME)]
-Sequence = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Sequence = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
+
+
+def stamp_problem(seq: object, published_at: object) -> str | None:
+    """Why a publication's ``seq`` and ``published_at`` cannot be accepted, or None: one
+    check for the client entry and the peer entry alike (DESIGN §8), so a copy accepted
+    at one broker is never refused at the next."""
+    if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
+        return f"'seq' must be an integer in [0, 2**63), not {seq!r}"[:120]
+    if type(published_at) is not float or not abs(published_at) <= MAX_TIME:
+        return f"'published_at' must be a finite time in seconds, not {published_at!r}"[:120]
+    return None
 
 
 class Request(

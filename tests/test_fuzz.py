@@ -2,7 +2,8 @@
 peer, client and control sockets of b:0 (keys off, so every frame reaches the decoders)
 while legitimate notifications cross it from a:0 to c:0. b:0 must not crash, must keep
 its memory (RSS growth under 20 MB), and every legitimate notification must arrive
-exactly once. Frames come from a seeded generator, so a failure can be replayed."""
+exactly once. Frames come from a seeded generator, so a failure can be replayed. Then
+each kind of oversized input, repeated: refused naming its limit, nothing kept."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import zmq
 import zmq.asyncio
 from conditions import accounting, closing_control, until
 
-from octopis.client import Publisher, Subscriber
+from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import Notification, Subscribe, SubState, Unsubscribe
 from octopis.filters import parse_subscription
@@ -240,3 +241,101 @@ def test_a_broker_survives_100000_fuzzed_frames(
     assert refused["wire_errors"] + refused["protocol_errors"] > FRAMES["peer"] // 2
     assert refused["client_errors"] > FRAMES["client"] // 2
     assert after - before < RSS_GROWTH_LIMIT
+
+
+REPEAT = 200
+"""Times each oversized input is sent, so that memory kept per refusal would show."""
+
+
+def _oversized_requests() -> dict[str, tuple[dict[str, Any], str]]:
+    """Per kind of oversized client input: the request and the limit its refusal names."""
+    publish = {"op": "publish", "client": "big", "seq": 1, "published_at": 0.0}
+    wide = {f"a{i}": 1 for i in range(65)}
+    return {
+        "attributes per publication": ({**publish, "publication": wide}, r"limits\.attributes"),
+        "string value": ({**publish, "publication": {"a": "x" * 5000}}, r"limits\.string_length"),
+        "attribute name": ({**publish, "publication": {"a" * 200: 1}}, r"limits\.name_length"),
+        "predicates per filter": (
+            {"op": "subscribe", "client": "big", "filter": ",".join(["[a,>,1]"] * 65)},
+            r"limits\.predicates",
+        ),
+        "string constant": (
+            {"op": "subscribe", "client": "big", "filter": f"[a,eq,'{'x' * 5000}']"},
+            r"limits\.string_length",
+        ),
+        "client name": ({"op": "hello", "client": "c" * 500_000}, r"length <= 256"),
+        "subscriptions per client": (
+            {"op": "subscribe", "client": "many", "filter": "[a,>,1]"},
+            r"limits\.subscriptions_per_client",
+        ),
+    }
+
+
+def test_oversized_input_is_refused_naming_its_limit_and_nothing_is_kept(
+    line_of: Callable[[BrokerSettings], LocalCluster],
+) -> None:
+    """Each kind of oversized input, sent 200 times to b:0: every client request is
+    refused with an error that names the limit, frames over ``limits.frame_bytes`` cost
+    their sender the connection, peer frames with impossible numbers are counted as wire
+    errors; b:0's RSS before and after each kind is printed, and all of them together
+    leave it less than 20 MB larger (the issue saw +205 MB for ten big client names)."""
+    cluster = line_of(BrokerSettings(subscriptions_per_client=5))
+    target = cluster.scot.brokers["b:0"]
+    process = psutil.Process(cluster.processes["b:0"].pid)
+
+    async def scenario() -> tuple[dict[str, tuple[int, int]], dict[str, str], dict]:
+        await cluster.wait_ready(60)
+        rss: dict[str, tuple[int, int]] = {}
+        refusals: dict[str, str] = {}
+        conn = Connection(target.client_endpoint)
+        await conn.open()
+        for _ in range(5):  # the client "many" reaches its limit
+            await conn.request({"op": "subscribe", "client": "many", "filter": "[a,>,1]"})
+        for kind, (request, limit) in _oversized_requests().items():
+            before = process.memory_info().rss
+            for _ in range(REPEAT):
+                with pytest.raises(BrokerError, match=limit) as refused:
+                    await conn.request(request)
+            refusals[kind] = str(refused.value)[:120]
+            rss[kind] = (before, process.memory_info().rss)
+        await conn.close()
+        ctx = zmq.asyncio.Context.instance()
+        before = process.memory_info().rss
+        for _ in range(REPEAT // 10):
+            huge = ctx.socket(zmq.DEALER)
+            huge.setsockopt(zmq.LINGER, 0)
+            huge.connect(target.client_endpoint)
+            await huge.send(
+                msgpack.packb({"op": "hello", "client": "h", "req": 1, "x": "y" * 2**21})
+            )
+            assert await huge.poll(300) == 0  # disconnected, never answered
+            huge.close()
+        rss["2 MiB frame (x20)"] = (before, process.memory_info().rss)
+        peer = ctx.socket(zmq.PUSH)
+        peer.setsockopt(zmq.LINGER, 0)
+        peer.connect(target.endpoint)
+        before = process.memory_info().rss
+        for seq, stamp in [(-1, 0.0), (2**64 - 1, 0.0), (1, math.nan)] * (REPEAT // 3):
+            await peer.send_multipart([b"a:0", msgpack.packb([3, "P", seq, stamp, {"a": 1}])])
+        stats = {}
+
+        async def counted() -> bool:
+            stats.update((await cluster.call_all("stats"))["b:0"]["counters"])
+            return stats.get("wire_errors", 0) >= REPEAT // 3 * 3
+
+        await until(counted, "every impossible peer frame counted", 20)
+        rss["peer frames with impossible numbers"] = (before, process.memory_info().rss)
+        peer.close()
+        return rss, refusals, stats
+
+    rss, refusals, counters = asyncio.run(closing_control(cluster, scenario()))
+    for kind, (before, after) in rss.items():
+        print(
+            f"{kind:38} RSS {before / 2**20:5.1f} -> {after / 2**20:5.1f} MB",
+            refusals.get(kind, ""),
+        )
+    first, last = min(b for b, _ in rss.values()), max(a for _, a in rss.values())
+    assert cluster.processes["b:0"].poll() is None, "b:0 died"
+    assert counters.get("internal_errors", 0) == 0
+    assert counters["client_errors"] >= REPEAT * len(refusals)
+    assert last - first < RSS_GROWTH_LIMIT

@@ -53,6 +53,7 @@ from octopis.wire import (
     decode_request,
     pack,
     request_number,
+    stamp_problem,
 )
 
 log = logging.getLogger("octopis.broker.clients")
@@ -236,8 +237,9 @@ class ClientSessions:
     def _publish(
         self, identity: bytes, connection: Connection, request: PublishRequest
     ) -> dict | None:
-        if request.published_at != request.published_at or abs(request.published_at) > 1e12:
-            raise ClientError("'published_at' must be a finite time in seconds")
+        problem = stamp_problem(request.seq, float(request.published_at))
+        if problem is not None:
+            raise ClientError(problem)
         body = request.publication
         publication = (
             parse_publication(body) if isinstance(body, str) else validate_publication(body)

@@ -36,6 +36,7 @@ from octopis.wire import (
     SYNCED,
     UNSUBSCRIBE,
     pack,
+    stamp_problem,
     unpack,
 )
 
@@ -197,10 +198,11 @@ def _notification(data: list) -> Notification:
         dests = tuple((d[0], d[1]) for d in dests)
     if type(publisher) is not str or not publisher:
         _str(publisher, "publisher")
-    if type(seq) is not int:
-        _int(seq, "seq")
-    if type(published_at) is not float or not isfinite(published_at):
-        published_at = _float(published_at, "published_at")
+    if type(published_at) is int:
+        published_at = float(published_at)
+    problem = stamp_problem(seq, published_at)
+    if problem is not None:
+        raise WireError(problem)
     if not is_plain_publication(publication, VALID_ATTRIBUTES):
         validate_publication(publication)  # raises, naming the problem, or learns a name
     return Notification(
