@@ -6,7 +6,9 @@ these checks can fail. Processes on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import aiozmq.rpc
 import pytest
 import zmq
 import zmq.asyncio
-from conditions import closing_control
+from conditions import closing_control, until
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
@@ -113,7 +115,12 @@ async def _outsiders(cluster: LocalCluster) -> dict:
     status = (await cluster.ask([TARGET], "status", 5.0))[TARGET]
     sub = await Subscriber.connect(target.client_endpoint, "legit")
     stream = await sub.subscribe(FILTER)
-    await asyncio.sleep(1.0)  # the subscription crosses the overlay
+
+    async def spread() -> bool:
+        sizes = await cluster.ask(list(scot.brokers), "stats", 5.0)
+        return all(s is not None and s["routing_table_size"] == 1 for s in sizes.values())
+
+    await until(spread, "the subscription crosses the overlay", 30)
     came: dict = {"client_answers": [], "control_answers": []}
     sockets = []
     try:
@@ -158,7 +165,8 @@ async def _outsiders(cluster: LocalCluster) -> dict:
             came["shutdown"] = None
         finally:
             control.close()
-        await asyncio.sleep(1.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # an obeyed shutdown ends it
+            await asyncio.to_thread(cluster.processes[TARGET].wait, 1.0)
         came["alive_after"] = (await cluster.ask([TARGET], "status", 2.0))[TARGET] is not None
     finally:
         for sock in sockets:
