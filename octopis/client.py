@@ -262,8 +262,9 @@ class Connection:
     async def _beat(self, interval: float) -> None:
         """Heartbeat the broker; fail over once three heartbeats in a row, the first sent
         ``liveness`` seconds ago or more, were followed by nothing at all from it. Counting
-        heartbeats rather than seconds keeps a stall of this process (a busy or starved
-        event loop) from reading as the broker's silence."""
+        heartbeats rather than seconds, and counting input that waits unread as an
+        answer, keeps a stall of this process (a busy or starved event loop) from reading
+        as the broker's silence."""
         beats = itertools.count(-1, -1)  # negative numbers: replies nobody waits for
         first_unanswered: float | None = None
         missed = 0
@@ -273,6 +274,8 @@ class Connection:
                 first_unanswered, missed = None, 0
             if first_unanswered is not None and self._heard >= first_unanswered:
                 first_unanswered, missed = None, 0
+            if first_unanswered is not None and self._unread():
+                first_unanswered, missed = None, 0  # it did answer: this process is behind
             if first_unanswered is not None:
                 missed += 1
                 if missed >= 3 and time.monotonic() - first_unanswered >= self.liveness:
@@ -282,6 +285,10 @@ class Connection:
             await self.socket.send(pack({"op": "heartbeat", "client": "-", "req": next(beats)}))
             if first_unanswered is None:
                 first_unanswered = time.monotonic()
+
+    def _unread(self) -> bool:
+        """Whether something from the broker waits unread in the socket."""
+        return bool(self.socket.get(zmq.EVENTS) & zmq.POLLIN)
 
     async def _failover(self) -> None:
         """Move to the next broker that answers; re-send what is unanswered; resume."""
@@ -362,9 +369,13 @@ class Connection:
         self._pending[req] = (future, b"")
         try:
             await self.socket.send(pack({"op": "hello", "client": "-", "req": req}))
-            self.broker = await asyncio.wait_for(future, self.liveness)
-        except TimeoutError:
-            return False
+            for _ in range(3):  # an answer waiting unread is not silence: wait for it
+                done, _ = await asyncio.wait([future], timeout=self.liveness)
+                if done or not self._unread():
+                    break
+            if not future.done():
+                return False
+            self.broker = future.result()
         finally:
             self._pending.pop(req, None)
         self._heard = time.monotonic()

@@ -104,10 +104,13 @@ class InputWaiter:
         self._loop = loop
         loop.add_reader(self._fd, self.poke)
 
-    def poke(self) -> None:
-        """Mark input ready if there is some (also resets ZeroMQ's FD signal)."""
+    def poke(self) -> bool:
+        """Mark input ready if there is some (also resets ZeroMQ's FD signal); returns
+        whether there is."""
         if self._sock.getsockopt(EVENTS) & POLLIN:
             self._ready.set()
+            return True
+        return False
 
     async def wait(self) -> None:
         """Return once the socket has input (the caller has read it dry)."""

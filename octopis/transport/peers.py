@@ -43,11 +43,9 @@ from octopis.transport.codec import (
     encode_peer,
 )
 from octopis.transport.links import (
-    EVENTS,
     HANDSHAKE,
     LINK,
     LOOP_SLACK,
-    POLLIN,
     InputWaiter,
     OutputLink,
     receive_now,
@@ -446,7 +444,11 @@ class PeerLinks:
         """Whether every frame that reached us has been read: silence is judged only then,
         so a stall of this process (a backlog, a starved event loop) never reads as the
         neighbours' silence."""
-        return not self._reading and not self._input_sync.getsockopt(EVENTS) & POLLIN
+        if self._reading:
+            return False
+        # Through the waiter: reading ZeroMQ's events resets its FD signal, so whoever
+        # reads them must also wake the input loop, or that input waits for the next.
+        return self._waiter is not None and not self._waiter.poke()
 
     def send_synced(self, neighbour: str, synced: Synced, now: float) -> None:
         """Tell ``neighbour`` a share was put on its link (behind the share's frames)."""
