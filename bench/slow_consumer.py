@@ -82,6 +82,17 @@ async def _sample_rss(
             await asyncio.wait_for(stop.wait(), 1.0)
 
 
+async def _until_stored(cluster: LocalCluster, subscriptions: int, timeout: float = 60) -> None:
+    """Wait until every broker holds all ``subscriptions`` (SBP gives each one to all)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = await cluster.call_all("stats")
+        if all(s["routing_table_size"] == subscriptions for s in stats.values()):
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"the {subscriptions} subscriptions did not reach every broker")
+
+
 async def _scenario(cluster: LocalCluster, notifications: int, slow: bool) -> dict[str, Any]:
     scot = cluster.scot
     await cluster.wait_ready(120)
@@ -110,7 +121,7 @@ async def _scenario(cluster: LocalCluster, notifications: int, slow: bool) -> di
             text=True,
         )
         assert child.stdout is not None and child.stdout.readline().strip() == "subscribed"
-    await asyncio.sleep(2.0)  # the subscriptions cross the overlay
+    await _until_stored(cluster, len(READERS) + (child is not None))
     peak: dict[str, int] = {}
     pids = {"harness": psutil.Process().pid} | ({"never_reads": child.pid} if child else {})
     stop = asyncio.Event()
