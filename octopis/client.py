@@ -23,8 +23,10 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -42,6 +44,12 @@ from octopis.wire import delivery_fields, pack, unpack
 
 T = TypeVar("T")
 log = logging.getLogger("octopis.client")
+
+
+def _send_nowait(socket: zmq.asyncio.Socket, message: dict[str, Any]) -> None:
+    """Send if ZeroMQ takes it now (a broker left behind may be gone: nothing waits)."""
+    with contextlib.suppress(zmq.Again):
+        zmq.Socket.shadow(socket.underlying).send(pack(message), zmq.NOBLOCK)
 
 
 class BrokerError(Exception):
@@ -82,10 +90,12 @@ class Connection:
     least ``liveness`` seconds went unanswered it connects to the next broker in the list, re-sends
     every request still unanswered (unacknowledged publications among them), lets each
     client re-issue its subscriptions, and records the outage in :attr:`outages` (and the
-    log). The socket it leaves is read for ``linger`` more seconds: a broker that was
-    only stalled still delivers what it routed here (copies its neighbours held for it
-    among them) until the subscriptions at the new broker are in place, and a delivery
-    seen twice meanwhile (one of the last ``recent``) is dropped and counted in
+    log). The session at the broker it leaves is kept: that socket is read and
+    heartbeated until ``linger`` seconds after the clients re-subscribed at the new
+    broker, then it says bye. A broker that was only stalled so keeps its subscriptions
+    and delivers what it routed here (copies its neighbours held for it among them)
+    until the new subscriptions have spread through the overlay, and a delivery seen
+    twice meanwhile (one of the last ``recent``) is dropped and counted in
     :attr:`duplicates_absorbed`; so a fail-over away from a live broker loses nothing.
     At most ``max_pending`` requests wait for replies; a further :meth:`submit`
     waits for room, so a publisher is slowed, never silently dropped (the broker answers a
@@ -125,9 +135,10 @@ class Connection:
         self._recent: set[tuple[str, str, int]] = set()
         self._recent_order: deque[tuple[str, str, int]] = deque(maxlen=recent)
         """The last ``recent`` deliveries (client, publisher, seq), consulted only from a
-        fail-over until the old socket stops lingering."""
+        fail-over until the session left behind ends."""
         self._checking_recent = 0
-        self._lingering: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()
+        """Sessions kept at brokers left at a fail-over, and clients resuming."""
         self.duplicates_absorbed = 0
         """Deliveries dropped as already seen while a fail-over was under way."""
         self.receive_buffer = receive_buffer
@@ -233,8 +244,11 @@ class Connection:
         if self._pending.pop(req, None) is not None:
             self._room.release()
 
-    async def request(self, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-        """Send a request and wait for its reply; :class:`BrokerError` on refusal."""
+    async def request(
+        self, message: dict[str, Any], timeout: float | None = 10.0
+    ) -> dict[str, Any]:
+        """Send a request and wait for its reply (``timeout`` None: however long);
+        :class:`BrokerError` on refusal."""
         future = await self.submit(message)
         try:
             return await asyncio.wait_for(future, timeout)
@@ -248,8 +262,12 @@ class Connection:
         await self.socket.send(pack(message))
 
     async def close(self) -> None:
-        """Stop reading and heartbeats, and close the socket."""
-        tasks = [t for t in (self._reader, self._heartbeat, *self._lingering) if t is not None]
+        """Say bye to the broker (it withdraws this connection's subscriptions at once,
+        not at its client timeout), stop reading and heartbeats, and close the socket."""
+        if self.dropped is None and self._reader is not None:
+            with contextlib.suppress(TimeoutError, BrokerError):
+                await self.request({"op": "bye", "client": "-"}, self.liveness)
+        tasks = [t for t in (self._reader, self._heartbeat, *self._background) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -291,13 +309,15 @@ class Connection:
         return bool(self.socket.get(zmq.EVENTS) & zmq.POLLIN)
 
     async def _failover(self) -> None:
-        """Move to the next broker that answers; re-send what is unanswered; resume."""
+        """Move to the next broker that answers and re-send what is unanswered; the
+        clients resume there in the background (heartbeats go on meanwhile)."""
         t0 = self._heard
         away_from, started = self.endpoint, time.time() - (time.monotonic() - t0)
         log.warning("broker at %s silent for %.1f s; failing over", away_from, self.liveness)
         start = self.endpoints.index(self.endpoint)
         order = self.endpoints[start + 1 :] + self.endpoints[: start + 1]
-        left = self._leave()
+        settled = asyncio.Event()
+        left = self._leave(settled)
         while True:
             for endpoint in order:
                 if await self._switch(endpoint, left):
@@ -308,16 +328,29 @@ class Connection:
             break
         for _, payload in list(self._pending.values()):
             await self.socket.send(payload)
-        await asyncio.gather(*(resume() for resume in self._resumers))
-        away = time.monotonic() - t0
-        self.outages.append(
-            {"from": away_from, "to": self.endpoint, "started": started, "seconds": away}
-        )
-        log.warning("moved from %s to %s after %.2f s away", away_from, self.endpoint, away)
+        record = {"from": away_from, "to": self.endpoint, "started": started}
+        task = asyncio.create_task(self._resume(record, t0, settled))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-    def _leave(self) -> zmq.asyncio.Socket | None:
-        """Stop reading the current socket; returns it if it is read for :attr:`linger`
-        more seconds (it is then left open when the next one is connected)."""
+    async def _resume(self, record: dict[str, Any], t0: float, settled: asyncio.Event) -> None:
+        """Let every client resume (re-subscribe) at the new broker; then record the
+        outage and let the socket left behind start its last :attr:`linger` seconds."""
+        try:
+            results = await asyncio.gather(
+                *(resume() for resume in self._resumers), return_exceptions=True
+            )
+            for failed in (r for r in results if isinstance(r, BaseException)):
+                log.error("a client could not resume at %s: %s", self.endpoint, failed)
+        finally:
+            settled.set()
+        away = time.monotonic() - t0
+        self.outages.append({**record, "seconds": away})
+        log.warning("moved from %s to %s after %.2f s away", record["from"], record["to"], away)
+
+    def _leave(self, settled: asyncio.Event) -> zmq.asyncio.Socket | None:
+        """Stop reading the current socket; returns it if its session is kept (see
+        :meth:`_keep_left`; it is then left open when the next one is connected)."""
         if self._reader is not None:
             self._reader.cancel()
             self._reader = None
@@ -325,33 +358,57 @@ class Connection:
         if self.linger <= 0:
             return None
         self._checking_recent += 1
-        task = asyncio.create_task(self._read_left(old, self.endpoint))
-        self._lingering.add(task)
-        task.add_done_callback(self._lingering.discard)
+        task = asyncio.create_task(self._keep_left(old, self.endpoint, settled))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
         return old
 
-    async def _read_left(self, socket: zmq.asyncio.Socket, endpoint: str) -> None:
-        """Deliveries and replies arriving on a socket left at a fail-over, for
-        :attr:`linger` seconds."""
+    async def _keep_left(
+        self, socket: zmq.asyncio.Socket, endpoint: str, settled: asyncio.Event
+    ) -> None:
+        """Keep the session at a broker left at a fail-over: read what it still delivers
+        and heartbeat it until :attr:`linger` seconds after the clients resumed at the
+        new broker (``settled``), so that its subscriptions stay in place until the new
+        ones have spread; then say bye (it withdraws them at once) and close."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.linger
+        beats = itertools.count(-1, -1)
+        interval = self.liveness / 3
+        deadline = math.inf
         late = 0
         try:
-            while (left := deadline - loop.time()) > 0:
-                try:
-                    parts = await asyncio.wait_for(socket.recv_multipart(), left)
-                except TimeoutError:
-                    break
-                late += len(parts) == 2
-                try:
-                    self._on_frame(parts, left_behind=True)
-                except Exception:
-                    log.exception("client of %s dropped a frame it could not handle", endpoint)
+            while loop.time() < deadline:
+                if deadline == math.inf and settled.is_set():
+                    deadline = loop.time() + self.linger
+                _send_nowait(socket, {"op": "heartbeat", "client": "-", "req": next(beats)})
+                late += await self._read_left(socket, min(deadline, loop.time() + interval))
+            _send_nowait(socket, {"op": "bye", "client": "-", "req": next(beats)})
+            late += await self._read_left(socket, loop.time() + self.liveness, until_op="bye")
         finally:
             socket.close()
             self._checking_recent -= 1
             if late:
                 log.warning("%d deliveries came from %s after leaving it", late, endpoint)
+
+    async def _read_left(
+        self, socket: zmq.asyncio.Socket, until: float, *, until_op: str | None = None
+    ) -> int:
+        """Handle what arrives on a socket left at a fail-over until loop time ``until``
+        (or a reply ``until_op``); returns the number of deliveries among it."""
+        loop = asyncio.get_running_loop()
+        deliveries = 0
+        while (left := until - loop.time()) > 0:
+            try:
+                parts = await asyncio.wait_for(socket.recv_multipart(), left)
+            except TimeoutError:
+                break
+            deliveries += len(parts) == 2
+            try:
+                self._on_frame(parts, left_behind=True)
+            except Exception:
+                log.exception("client dropped a frame it could not handle")
+            if until_op is not None and len(parts) == 1 and unpack(parts[0]).get("op") == until_op:
+                break
+        return deliveries
 
     async def _switch(self, endpoint: str, left: zmq.asyncio.Socket | None) -> bool:
         """Connect to ``endpoint`` and handshake; False if it does not answer in time.
@@ -569,7 +626,7 @@ class Subscriber(_Client):
         self._streams[sub_id] = stream
         return stream
 
-    async def _subscribe(self, subscription: Subscription, timeout: float) -> str:
+    async def _subscribe(self, subscription: Subscription, timeout: float | None) -> str:
         reply = await self.connection.request(
             {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}, timeout
         )
@@ -577,10 +634,10 @@ class Subscriber(_Client):
         return reply["sub_id"]
 
     async def _resubscribe(self) -> None:
-        """After a fail-over: every subscription again at the new broker (DESIGN §7)."""
+        """After a fail-over: every subscription again at the new broker (DESIGN §7). No
+        timeout: a request the broker does not answer is re-sent at the next fail-over."""
         held, self._subscriptions = self._subscriptions, {}
-        timeout = self.connection.liveness * 4
-        new_ids = await asyncio.gather(*(self._subscribe(f, timeout) for f in held.values()))
+        new_ids = await asyncio.gather(*(self._subscribe(f, None) for f in held.values()))
         for old_id, new_id in zip(held, new_ids, strict=True):
             stream = self._streams.pop(old_id, None)
             if stream is not None:

@@ -94,8 +94,18 @@ class HeartbeatRequest(Request, tag="heartbeat"):
     """Liveness of a connection's clients (DESIGN §7: a silent client is dropped)."""
 
 
+class ByeRequest(Request, tag="bye"):
+    """The connection leaves: every subscription of its clients is withdrawn now rather
+    than at the client timeout (a clean close, or the broker left at a fail-over)."""
+
+
 ClientRequest = (
-    HelloRequest | SubscribeRequest | UnsubscribeRequest | PublishRequest | HeartbeatRequest
+    HelloRequest
+    | SubscribeRequest
+    | UnsubscribeRequest
+    | PublishRequest
+    | HeartbeatRequest
+    | ByeRequest
 )
 """Every request a client may send."""
 

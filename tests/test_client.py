@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conditions import closing_control, until
+from conditions import accounting, closing_control, until
 
 from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
@@ -103,17 +103,24 @@ SUBSCRIBER = textwrap.dedent(
         for i in range(5):
             await sub.subscribe(f"[class,eq,'STOCK'],[n,=,{i}]")
         print("subscribed", flush=True)
-        await asyncio.sleep(3600)
+        await asyncio.to_thread(sys.stdin.readline)
+        await sub.close()
 
     asyncio.run(main())
     """
 )
 
 
-def test_a_killed_clients_subscriptions_leave_every_table(fig2: LocalCluster) -> None:
+@pytest.mark.parametrize("ending", ["killed", "closed"])
+def test_a_gone_clients_subscriptions_leave_every_table(fig2: LocalCluster, ending: str) -> None:
+    """A client killed (-9) is dropped at the client timeout; one that closes says bye and
+    is let go at once (``clients_left``). Either way its subscriptions leave every table."""
     endpoint = fig2.scot.brokers["f:2"].client_endpoint
     client = subprocess.Popen(
-        [sys.executable, "-c", SUBSCRIBER, endpoint], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", SUBSCRIBER, endpoint],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert client.stdout is not None and client.stdout.readline().strip() == "subscribed"
@@ -124,8 +131,11 @@ def test_a_killed_clients_subscriptions_leave_every_table(fig2: LocalCluster) ->
 
         async def scenario() -> tuple[float, dict]:
             await until(lambda: emptied(5), "subscriptions everywhere", 20)
-            client.send_signal(signal.SIGKILL)
-            client.wait()
+            if ending == "killed":
+                client.send_signal(signal.SIGKILL)
+            else:
+                client.communicate("close\n", timeout=30)
+            assert client.wait() in (0, -signal.SIGKILL)
             took = await until(lambda: emptied(0), "withdrawal", CLIENT_TIMEOUT + 10)
             return took, (await fig2.call_all("stats"))["f:2"]["counters"]
 
@@ -133,9 +143,64 @@ def test_a_killed_clients_subscriptions_leave_every_table(fig2: LocalCluster) ->
     finally:
         client.kill()
         client.wait()
-    print(f"withdrawn from every table {took:.2f} s after the kill")
-    assert counters["clients_dropped"] == 1
+    print(f"withdrawn from every table {took:.2f} s after the client was {ending}")
+    assert counters.get("clients_dropped", 0) == (ending == "killed")
+    assert counters.get("clients_left", 0) == (ending == "closed")
     assert counters["subscriptions_withdrawn"] == 5
+
+
+def test_a_subscriber_keeps_its_session_at_a_stalled_broker_it_left(fig2: LocalCluster) -> None:
+    """c:0, the subscriber's broker, is stopped (SIGSTOP) past the SDK's liveness and
+    resumed: the subscriber fails over to b:0 but keeps heartbeating c:0 until ``linger``
+    seconds after it re-subscribed, longer than the client timeout, and then says bye. So
+    c:0 never drops it for silence, and every notification published from a:0 throughout
+    arrives exactly once (copies from both brokers meanwhile are absorbed)."""
+    scot = fig2.scot
+    received: Counter[int] = Counter()
+    linger = CLIENT_TIMEOUT * 2
+
+    async def scenario() -> tuple[Connection, list[int], dict]:
+        connection = Connection(scot.client_endpoints("c:0"), linger=linger)
+        await connection.open()
+        sub = Subscriber("s", connection, on_notification=lambda n: received.update([n.seq]))
+        await sub.subscribe("[class,eq,'STOCK']")
+        pub = await Publisher.connect(scot.client_endpoints("a:0"), "p")
+        published: list[int] = []
+
+        async def publish(count: int) -> None:
+            for _ in range(count):
+                published.append(await pub.publish({"class": "STOCK", "price": 1.0}))
+                await asyncio.sleep(0.02)
+
+        async def stall() -> None:
+            fig2.pause("c:0", True)
+            await until(lambda: bool(connection.outages), "fail-over", 20)
+            fig2.pause("c:0", False)
+
+        async def delivered_once() -> bool:
+            await publish(1)
+            return bool(received)
+
+        await until(delivered_once, "first delivery", 10)
+        await asyncio.gather(publish(300), stall())
+
+        async def let_go() -> bool:
+            return (await fig2.call("c:0", "stats"))["counters"].get("clients_left", 0) == 1
+
+        await until(let_go, "bye to c:0", linger + 20)
+        await until(lambda: len(received) >= len(published), "deliveries", 20)
+        counters = (await fig2.call("c:0", "stats"))["counters"]
+        await sub.close()
+        await pub.close()
+        return connection, published, counters
+
+    connection, published, counters = asyncio.run(closing_control(fig2, scenario()))
+    print(f"fail-over: {connection.outages[0]}; absorbed {connection.duplicates_absorbed}")
+    assert connection.outages[0]["to"] == scot.brokers["b:0"].client_endpoint
+    assert counters.get("clients_dropped", 0) == 0
+    counts = accounting("s", len(published), Counter({seq: received[seq] for seq in published}))
+    assert counts["lost"] == counts["duplicates"] == 0
+    assert set(received) == set(published)
 
 
 def test_a_connection_needs_an_endpoint() -> None:

@@ -5,7 +5,7 @@ A connection (one DEALER) may carry several named clients; a client's key in the
 core is ``<connection identity hex>/<name>``, so one connection cannot act for another's
 clients. Every request refreshes its connection's liveness; a connection silent for
 ``clients.timeout`` seconds is dropped and its subscriptions are withdrawn by the
-ordinary two-step unsubscribe.
+ordinary two-step unsubscribe; one that says ``bye`` is dropped so at once.
 
 Memory per connection is bounded (DESIGN §8): ZeroMQ holds ``clients.sndhwm`` messages
 for it, the broker at most ``clients.backlog_limit`` more; a connection that lets its
@@ -43,6 +43,7 @@ from octopis.transport.logs import RateLimitedLog
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import (
+    ByeRequest,
     HeartbeatRequest,
     HelloRequest,
     PublishRequest,
@@ -139,6 +140,7 @@ class ClientSessions:
             SubscribeRequest: self._subscribe,
             UnsubscribeRequest: self._unsubscribe,
             PublishRequest: self._publish,
+            ByeRequest: self._bye,
         }
 
     # -- requests ------------------------------------------------------------------------
@@ -208,6 +210,10 @@ class ClientSessions:
     def _heartbeat(self, identity: bytes, connection: Connection, request: Request) -> dict:
         return {"op": "alive"}
 
+    def _bye(self, identity: bytes, connection: Connection, request: Request) -> dict:
+        self.drop(identity, "it said bye", left=True)
+        return {"op": "bye"}
+
     def _subscribe(
         self, identity: bytes, connection: Connection, request: SubscribeRequest
     ) -> dict:
@@ -271,17 +277,28 @@ class ClientSessions:
     # -- liveness ------------------------------------------------------------------------
 
     async def expire(self) -> None:
-        """Drop connections silent past the timeout, withdrawing their subscriptions."""
+        """Drop connections silent past the timeout, withdrawing their subscriptions.
+        Silence is judged only with every request that reached us read, and time this
+        process spent not running (a tick that comes late, a stall) is nobody's silence."""
         loop = asyncio.get_running_loop()
         timeout = self.settings.client_timeout
+        tick = timeout / 4
+        woke = loop.time()
         while True:
-            await asyncio.sleep(timeout / 4)
+            await asyncio.sleep(tick)
             now = loop.time()
+            late, woke = now - woke - tick, now
+            if late > tick:
+                for connection in self.connections.values():
+                    connection.last_seen += late
+            if self._waiter is None or self._waiter.poke():
+                continue  # requests wait unread: they may be these connections' heartbeats
             for identity in [i for i, c in self.connections.items() if now - c.last_seen > timeout]:
                 self.drop(identity, f"silent for more than {timeout:g} s")
 
-    def drop(self, identity: bytes, reason: str) -> Connection | None:
-        """Forget a connection: withdraw every subscription of its clients."""
+    def drop(self, identity: bytes, reason: str, *, left: bool = False) -> Connection | None:
+        """Forget a connection: withdraw every subscription of its clients. ``left``: it
+        said bye (counted in ``clients_left``, logged at INFO), else ``clients_dropped``."""
         connection = self.connections.pop(identity, None)
         if connection is None:
             return None
@@ -291,9 +308,10 @@ class ClientSessions:
                 self.router.execute(self.router.unsubscribe(key, sub_id))
                 withdrawn += 1
             self.names.pop(key, None)
-        self.counters["clients_dropped"] += 1
+        self.counters["clients_left" if left else "clients_dropped"] += 1
         self.counters["subscriptions_withdrawn"] += withdrawn
-        log.warning(
+        log.log(
+            logging.INFO if left else logging.WARNING,
             "%s dropped client connection %s (%s): %d clients, %d subscriptions withdrawn",
             self.id,
             identity.hex(),
