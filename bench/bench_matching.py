@@ -8,6 +8,9 @@ subscriptions come from :func:`octopis.quotes.stock_subscriptions` over another 
 draw. Each round matches the same publications in batches of 256 (a broker draining its
 input), results dropped.
 
+``test_shape_throughput`` does the same on the synthetic shapes of :mod:`octopis.shapes`
+(uniform bands, ten attributes, Zipf symbols, wide bands, 10% selectivity).
+
 Every test records in ``extra_info``: ``pubs_per_s`` (from the fastest round), the mean
 selectivity over the publications it matched and over the subscriptions' own sample
 (:func:`octopis.quotes.measure_selectivity`). Run
@@ -32,6 +35,7 @@ from octopis.quotes import (
     read_quote_dir,
     stock_subscriptions,
 )
+from octopis.shapes import SHAPES
 
 SIZES = (1_000, 10_000, 100_000)
 BATCH = 256
@@ -68,14 +72,16 @@ def workload() -> Workload:
     return Workload(publications, subscriptions, selectivity)
 
 
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("kind", ["compiled", "reference"])
-def test_match_throughput(benchmark, workload: Workload, kind: str, size: int) -> None:
+def _measure(
+    benchmark, kind: str, size: int, subscriptions: list[Subscription], pubs: list[Publication]
+) -> float:
+    """Benchmark ``kind`` matching ``pubs`` (as many as :data:`PLAN` says) against
+    ``subscriptions`` in batches; records the figures; returns the mean selectivity seen."""
     matcher = Matcher() if kind == "compiled" else ReferenceMatcher()
-    for key, subscription in enumerate(workload.subscriptions[size]):
+    for key, subscription in enumerate(subscriptions):
         matcher.add(key, subscription)
     count, rounds = PLAN[kind, size]
-    pubs = workload.publications[:count]
+    pubs = pubs[:count]
     batches = [pubs[i : i + BATCH] for i in range(0, count, BATCH)]
     matches = sum(len(keys) for keys in matcher.match_many(pubs))  # also builds the index
 
@@ -83,14 +89,44 @@ def test_match_throughput(benchmark, workload: Workload, kind: str, size: int) -
         for batch in batches:
             matcher.match_many(batch)
 
-    benchmark.group = f"matcher, {size:,} subscriptions"
     benchmark.pedantic(run, rounds=rounds, warmup_rounds=1 if kind == "compiled" else 0)
+    selectivity = matches / (count * size)
     benchmark.extra_info.update(
         kind=kind,
         subscriptions=size,
         publications=count,
         pubs_per_s=round(count / benchmark.stats.stats.min, 1),
-        mean_selectivity=round(matches / (count * size), 5),
-        sample_selectivity=round(workload.sample_selectivity[size], 5),
+        mean_selectivity=round(selectivity, 5),
     )
+    return selectivity
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("kind", ["compiled", "reference"])
+def test_match_throughput(benchmark, workload: Workload, kind: str, size: int) -> None:
+    benchmark.group = f"matcher, {size:,} subscriptions"
+    _measure(benchmark, kind, size, workload.subscriptions[size], workload.publications)
+    benchmark.extra_info.update(sample_selectivity=round(workload.sample_selectivity[size], 5))
     assert 0.016 <= workload.sample_selectivity[size] <= 0.024
+
+
+@pytest.fixture(scope="module")
+def shaped() -> dict[tuple[str, int], tuple[list[Subscription], list[Publication]]]:
+    """Each synthetic shape at each size, generated once (lazily)."""
+    return {}
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("kind", ["compiled", "reference"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_shape_throughput(benchmark, shaped: dict, shape: str, kind: str, size: int) -> None:
+    """The synthetic shapes of :mod:`octopis.shapes` (publications through msgpack, as
+    for the stock shapes)."""
+    if (shape, size) not in shaped:
+        subscriptions, publications = SHAPES[shape](size, seed=size)
+        shaped[shape, size] = subscriptions, msgpack.unpackb(msgpack.packb(publications))
+    subscriptions, publications = shaped[shape, size]
+    benchmark.group = f"matcher, {shape}, {size:,} subscriptions"
+    selectivity = _measure(benchmark, kind, size, subscriptions, publications)
+    benchmark.extra_info.update(shape=shape)
+    assert selectivity > 0

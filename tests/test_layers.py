@@ -30,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "octopis._match": {"octopis.filters"},
     "octopis.matching": BASE,
     "octopis.quotes": BASE,
+    "octopis.shapes": BASE,
     "octopis.accounting": BASE,
     "octopis.workload": {*BASE, "octopis.quotes", "octopis.topology", "octopis.workload"},
     "octopis.core": {*BASE, "octopis.core"},

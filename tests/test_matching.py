@@ -7,7 +7,7 @@ from collections import Counter
 from itertools import islice
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
@@ -27,6 +27,7 @@ from octopis.quotes import (
     read_quote_file,
     stock_subscriptions,
 )
+from octopis.shapes import SHAPES, selectivity
 
 # ---- property: compiled ≡ reference through churn ---------------------------------------
 
@@ -153,6 +154,43 @@ def test_stock_workload_agrees_with_reference(seed: int) -> None:
         reference.remove(i)
     for quote in quotes[:300]:
         assert sorted(compiled.match(quote)) == sorted(reference.match(quote))
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**16), stride=st.integers(2, 7), first=st.integers(0, 300))
+def test_every_shape_agrees_with_reference(shape: str, seed: int, stride: int, first: int) -> None:
+    """On each synthetic shape, with adds and removes interleaved between matches, the
+    compiled matcher returns exactly the reference's keys and groups."""
+    subs, pubs = SHAPES[shape](300, seed)
+    pubs = pubs[:60]
+    compiled, reference = Matcher(), ReferenceMatcher()
+
+    def agree() -> None:
+        for pub in pubs:
+            assert sorted(compiled.match(pub)) == sorted(reference.match(pub))
+            assert compiled.match_groups(pub).keys() == reference.match_groups(pub).keys()
+
+    for key, sub in enumerate(subs[:first]):
+        compiled.add(key, sub, key % 5)
+        reference.add(key, sub, key % 5)
+    agree()
+    for key in range(0, first, stride):
+        compiled.remove(key)
+        reference.remove(key)
+    for key, sub in enumerate(subs[first:], start=first):
+        compiled.add(key, sub, key % 5)
+        reference.add(key, sub, key % 5)
+    agree()
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_shape_has_its_selectivity(shape: str) -> None:
+    """Each shape is as selective as it says (the benchmark's workloads are what they
+    claim): within a quarter of its target over its own publications."""
+    target = {"wide_bands": 0.002, "broad": 0.10, "zipf_symbol": 0.006}.get(shape, 0.02)
+    subs, pubs = SHAPES[shape](2000, 3)
+    assert target * 0.75 <= selectivity(subs, pubs[:400]) <= target * 1.25
 
 
 @pytest.mark.parametrize("groups", [1, 3, 40])
