@@ -61,6 +61,7 @@ checked publications). NaN and infinities in publications follow Python's compar
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Mapping
 from time import perf_counter
 
@@ -70,14 +71,27 @@ from octopis.filters import Subscription
 __all__ = ["MatchClock", "Matcher", "ReferenceMatcher", "TimedMatcher"]
 
 
-class MatchClock:
-    """Time spent in matchers and the number of matches (the paper's matching delay, §7.2)."""
+MATCH_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
+"""Upper bounds (seconds) of :attr:`MatchClock.histogram`'s buckets; the last bucket is
+everything slower."""
 
-    __slots__ = ("calls", "seconds")
+
+class MatchClock:
+    """Time spent in matchers and the number of matches (the paper's matching delay, §7.2),
+    with a histogram of single match times over :data:`MATCH_BUCKETS`."""
+
+    __slots__ = ("calls", "histogram", "seconds")
 
     def __init__(self) -> None:
         self.calls = 0
         self.seconds = 0.0
+        self.histogram = [0] * (len(MATCH_BUCKETS) + 1)
+
+    def observe(self, seconds: float) -> None:
+        """Count one match that took ``seconds``."""
+        self.calls += 1
+        self.seconds += seconds
+        self.histogram[bisect_left(MATCH_BUCKETS, seconds)] += 1
 
 
 class TimedMatcher:
@@ -102,8 +116,7 @@ class TimedMatcher:
         """As :meth:`Matcher.match_groups`, timed."""
         started = perf_counter()
         groups = self._matcher.match_groups(publication)
-        self._clock.seconds += perf_counter() - started
-        self._clock.calls += 1
+        self._clock.observe(perf_counter() - started)
         return groups
 
     def __len__(self) -> int:

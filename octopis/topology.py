@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import networkx as nx
 
@@ -34,8 +35,8 @@ EDGE = "edge"
 FORMAT = "octopis-topology/1"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 17000
-PORTS_PER_BROKER = 3
-"""Each broker binds three consecutive ports: peer links, clients, control RPC."""
+PORTS_PER_BROKER = 4
+"""Each broker binds four consecutive ports: peer links, clients, control RPC, metrics."""
 
 
 class TopologyError(ValueError):
@@ -72,6 +73,8 @@ class Broker:
     client_endpoint: str
     control_endpoint: str
     neighbours: tuple[Neighbour, ...]
+    metrics_endpoint: str | None = None
+    """``http://HOST:PORT/metrics``, Prometheus text (DESIGN §10); None: not served."""
 
     @property
     def primary_neighbours(self) -> tuple[str, ...]:
@@ -165,6 +168,7 @@ class Scot:
                     "endpoint": b.endpoint,
                     "client_endpoint": b.client_endpoint,
                     "control_endpoint": b.control_endpoint,
+                    **({"metrics_endpoint": b.metrics_endpoint} if b.metrics_endpoint else {}),
                     "neighbours": [
                         {
                             "id": n.id,
@@ -349,6 +353,7 @@ def build_scot(
                 client_endpoint=f"tcp://{host}:{port + 1}",
                 control_endpoint=f"tcp://{host}:{port + 2}",
                 neighbours=neighbours,
+                metrics_endpoint=f"http://{host}:{port + 3}/metrics",
             )
     return Scot(name=name, acyclic=acyclic, clusters=clusters, graph=graph, brokers=brokers)
 
@@ -475,6 +480,12 @@ def _broker_from_json(entry: Any, scot: Scot, source: str) -> Broker:
         if not isinstance(value, str) or "://" not in value:
             raise TopologyError(f"{source}: broker {bid!r} has no valid {key!r}")
         endpoints[key] = value
+    metrics = entry.get("metrics_endpoint")
+    if metrics is not None:
+        problem = metrics_endpoint_problem(metrics)
+        if problem:
+            raise TopologyError(f"{source}: broker {bid!r} metrics_endpoint: {problem}")
+        endpoints["metrics_endpoint"] = metrics
     return Broker(
         id=bid,
         region=expected.region,
@@ -483,6 +494,20 @@ def _broker_from_json(entry: Any, scot: Scot, source: str) -> Broker:
         neighbours=expected.neighbours,
         **endpoints,
     )
+
+
+def metrics_endpoint_problem(endpoint: object) -> str | None:
+    """What is wrong with a metrics endpoint (``http://HOST:PORT/metrics``), or None."""
+    if not isinstance(endpoint, str):
+        return f"expected http://HOST:PORT/metrics, not {endpoint!r}"[:120]
+    url = urlsplit(endpoint)
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if url.scheme != "http" or not url.hostname or port is None or url.path != "/metrics":
+        return f"expected http://HOST:PORT/metrics, not {endpoint!r}"[:120]
+    return None
 
 
 def _parse_table(text: str, path: Path) -> Any:

@@ -1,8 +1,10 @@
-"""Suite-wide setup: the hypothesis profile (``HYPOTHESIS_PROFILE``, see ``laws.py``), and
-the ``line_of`` fixture: three broker processes a:0 – b:0 – c:0 in the clear."""
+"""Suite-wide setup: the hypothesis profile (``HYPOTHESIS_PROFILE``, see ``laws.py``), the
+``line_of`` fixture (three broker processes a:0 – b:0 – c:0 in the clear) and
+:func:`secure_fig2` (fig2's 18 broker processes with keys on)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,10 +12,28 @@ from pathlib import Path
 import laws  # noqa: F401  (registers and loads the profile)
 import networkx as nx
 import pytest
+from conditions import closing_control
 
-from octopis.cluster.launcher import LocalCluster, find_free_base_port
+from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
+from octopis.keys import KEYS_ENV
 from octopis.topology import build_scot, complete_factor
 from octopis.transport.settings import BrokerSettings
+
+
+def secure_fig2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: BrokerSettings
+) -> Iterator[LocalCluster]:
+    """For a fixture to yield from: fig2 (DNR) with keys on and ``settings``, ready; the SDK
+    finds the keys through $OCTOPIS_KEYS. Stopped when the fixture ends."""
+    scot, path = prepare_topology(tmp_path, preset="fig2")
+    cluster = LocalCluster(scot, path, "dnr", tmp_path, settings)
+    cluster.spawn()
+    monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
+    try:
+        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from conditions import closing_control, until
+from conftest import secure_fig2
 
 from octopis.client import Publisher, Subscriber
-from octopis.cluster.launcher import LocalCluster, prepare_topology
-from octopis.keys import KEYS_ENV
+from octopis.cluster.launcher import LocalCluster
 from octopis.transport.settings import BrokerSettings
 
 pytestmark = pytest.mark.timeout(300)
@@ -25,16 +25,7 @@ NEIGHBOURS_OF_C0 = ("b:0", "d:0", "e:0", "c:1", "c:2")
 
 @pytest.fixture
 def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    """fig2 with keys on; the SDK finds them through $OCTOPIS_KEYS."""
-    scot, path = prepare_topology(tmp_path, preset="fig2")
-    cluster = LocalCluster(scot, path, "dnr", tmp_path, BrokerSettings())
-    cluster.spawn()
-    monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
-    try:
-        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings())
 
 
 def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
@@ -99,8 +90,8 @@ def test_a_restarted_host_withdraws_its_predecessors_subscriptions(fig2: LocalCl
         sub = await Subscriber.connect(scot.brokers["c:0"].client_endpoint, "gone")
         await sub.subscribe("[class,eq,'STOCK']")
         await until(lambda: _all_equal(fig2, "routing_table_size", 1), "SBP settles", 20)
-        await sub.close()  # no unsubscribe: the client goes down with its broker
         os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
+        await sub.close()  # the client goes down with its broker: its bye finds no one
         await until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
         fig2.spawn_one("c:0")
         await fig2.wait_ready(60, ["c:0"])

@@ -152,6 +152,12 @@ def test_build_show_draw_presets(
     assert f"{expected['acols']} aCOLs + {expected['icols']} iCOLs" in shown
     for c in range(expected["clusters"]):
         assert re.search(rf"^{c}\s+{expected['regions']}\s", shown, re.M)
+    assert "/metrics" not in shown
+    assert topology_main(["show", "--endpoints", str(out)]) == 0
+    listed = re.findall(r"^(\S+)\s+tcp://\S+\s+tcp://\S+\s+tcp://\S+\s+(http://\S+/metrics)$",
+                        capsys.readouterr().out, re.M)  # fmt: skip
+    assert [b for b, _ in listed] == [b["id"] for b in data["brokers"]]
+    assert [m for _, m in listed] == [b["metrics_endpoint"] for b in data["brokers"]]
 
     png, svg = tmp_path / "t.png", tmp_path / "t.svg"
     assert topology_main(["draw", str(out), "-o", str(png)]) == 0
@@ -186,6 +192,22 @@ def test_options_host_port_clusters(tmp_path: Path) -> None:
     assert ports[0] == 20000 and all(
         b.endpoint.startswith("tcp://10.0.0.7:") for b in scot.brokers.values()
     )
+    first = min(scot.brokers.values(), key=lambda b: b.endpoint)
+    assert first.metrics_endpoint == "http://10.0.0.7:20003/metrics"
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["tcp://127.0.0.1:9000", "http://127.0.0.1/metrics", "http://h:9/x", 9000]
+)
+def test_a_bad_metrics_endpoint_is_named(tmp_path: Path, endpoint: object) -> None:
+    """A metrics endpoint must read http://HOST:PORT/metrics; one without is allowed (the
+    broker then serves no metrics)."""
+    data = build_preset("fig2").to_json()
+    del data["brokers"][1]["metrics_endpoint"]
+    assert topology_from_json(data).brokers[data["brokers"][1]["id"]].metrics_endpoint is None
+    data["brokers"][0]["metrics_endpoint"] = endpoint
+    with pytest.raises(TopologyError, match=r"broker 'a:0' metrics_endpoint: expected http://"):
+        topology_from_json(data)
 
 
 BAD_FACTORS = [

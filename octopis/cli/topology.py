@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print a topology file's summary and tables.",
     )
     show.add_argument("file", type=Path, metavar="FILE")
+    show.add_argument(
+        "--endpoints",
+        action="store_true",
+        help="also list each broker's peer, client, control and metrics endpoints",
+    )
     show.set_defaults(func=cmd_show)
 
     draw = sub.add_parser(
@@ -152,8 +157,12 @@ def cmd_build(args: argparse.Namespace) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> None:
-    """Print a topology's summary and tables."""
-    print(format_topology(load_topology(args.file)))
+    """Print a topology's summary and tables (and each broker's endpoints)."""
+    scot = load_topology(args.file)
+    print(format_topology(scot))
+    if args.endpoints:
+        print()
+        print(format_endpoints(scot))
 
 
 def cmd_draw(args: argparse.Namespace) -> None:
@@ -197,6 +206,16 @@ def format_topology(scot: Scot) -> str:
         nbrs = ", ".join(scot.brokers[n].region for n in b0.primary_neighbours) or "-"
         icols = scot.clusters * (scot.clusters - 1) // 2
         lines.append(f"{region:<{width}}{b0.type:<7}{scot.clusters:>8}{icols:>7}  {nbrs}")
+    return "\n".join(lines)
+
+
+def format_endpoints(scot: Scot) -> str:
+    """One line per broker: its id and its peer, client, control and metrics endpoints."""
+    width = max(len(b) for b in scot.brokers) + 2
+    lines = [f"{'broker':<{width}}peer / client / control / metrics"]
+    for b in scot.brokers.values():
+        ends = (b.endpoint, b.client_endpoint, b.control_endpoint, b.metrics_endpoint or "-")
+        lines.append(f"{b.id:<{width}}{'  '.join(ends)}")
     return "\n".join(lines)
 
 

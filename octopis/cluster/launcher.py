@@ -33,8 +33,8 @@ from octopis.transport.settings import BrokerSettings, load_settings
 
 STATE_FILE = "cluster.json"
 
-PORT_BLOCK = 64
-"""Ports are reserved in aligned blocks of this many ports."""
+PORT_BLOCK = 128
+"""Ports are reserved in aligned blocks of this many ports (fig2's 18 brokers fit one)."""
 PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "octopis-ports"
 """One lock file per port block; a process holds the ``flock`` of the blocks it was given."""
 _LOWEST_PORT = 10000
@@ -46,8 +46,8 @@ class ClusterError(RuntimeError):
 
 
 def find_free_base_port(brokers: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
-    """A base port whose ``3 × brokers`` consecutive ports are free on ``host`` now and
-    reserved for this process until it exits.
+    """A base port whose ``PORTS_PER_BROKER × brokers`` consecutive ports are free on
+    ``host`` now and reserved for this process until it exits.
 
     Ports are drawn below the kernel's ephemeral range, so that the brokers' own outgoing
     connections cannot take a port another broker is about to bind. The range is made of

@@ -50,6 +50,7 @@ from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.control import serve_control
 from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt
 from octopis.transport.logs import RateLimitedLog
+from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
 from octopis.transport.security import Curve, Gatekeeper, count_failed_handshakes
 from octopis.transport.settings import BrokerSettings
@@ -162,6 +163,9 @@ class Broker:
             curve,
             self.settings.log_interval,
         )
+        stop_metrics = None
+        if self.info.metrics_endpoint is not None:
+            stop_metrics = serve_metrics(self.info.metrics_endpoint, self._snapshot, loop)
         work = [
             *self.peers.tasks(),
             ("clients", self.clients.serve()),
@@ -183,13 +187,14 @@ class Broker:
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
         log.info(
-            "%s serving (%s, incarnation %x) peers %s clients %s control %s",
+            "%s serving (%s, incarnation %x) peers %s clients %s control %s metrics %s",
             self.id,
             self.mode,
             self.incarnation,
             self.info.endpoint,
             self.info.client_endpoint,
             self.info.control_endpoint,
+            self.info.metrics_endpoint or "off",
         )
         await self._stopping.wait()
         await self.peers.flush(1.0)
@@ -198,6 +203,8 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.rpc.close()
         await self.rpc.wait_closed()
+        if stop_metrics is not None:
+            await asyncio.to_thread(stop_metrics)
         self.peers.close()
         self.clients.close()
         for guard in guards:
@@ -587,6 +594,9 @@ class Broker:
             for sub_id, e in self.core.table.entries.items()
         }
 
+    async def _snapshot(self) -> dict[str, Any]:
+        return self.stats()
+
     def stats(self) -> dict[str, Any]:
         """Messages by kind, routing-table size, LST, queue lengths, custody and dedup
         fill (with what their limits dropped), held messages, matching time."""
@@ -625,6 +635,7 @@ class Broker:
             "matching": {
                 "calls": self.clock.calls,
                 "seconds": self.clock.seconds,
+                "histogram": list(self.clock.histogram),
                 "routing_steps": core.get("matching", 0),
             },
         }
