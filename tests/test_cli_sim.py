@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -85,11 +86,17 @@ def test_workload_directory_and_table_output(
             build_preset("fig2"), subscribers=20, publishers=2, notifications=3, seed=1
         ),
     )
-    assert (
-        main(["sim", "--preset", "fig2", "--mode", "snr", "--workload", str(tmp_path / "w")]) == 0
-    )
+    args = ["sim", "--preset", "fig2", "--mode", "snr", "--workload", str(tmp_path / "w")]
+    assert main(args) == 0
     out = capsys.readouterr().out
-    assert "sbp_messages" in out and "lost" in out
+    verdict = re.match(
+        r"OK  fig2, SNR, 18 brokers: (\d+) of (\d+) delivered exactly once, 0 lost", out
+    )
+    assert verdict and verdict[1] == verdict[2] != "0", out
+    assert re.search(r"^notification +[\d.]+ ms", out, re.M) and "sbp_messages" not in out
+    assert main([*args, "--details"]) == 0
+    detailed = capsys.readouterr().out
+    assert detailed.startswith(verdict[0]) and re.search(r"^sbp_messages +\d+$", detailed, re.M)
 
 
 def test_bad_inputs_exit_2_and_run_nothing(

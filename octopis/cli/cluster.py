@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from octopis.cli.errors import UsageError
-from octopis.cli.report import print_report, write_deliveries
+from octopis.cli.report import render_report, write_deliveries
 from octopis.cli.sim import (
     add_failure_options,
     add_topology_options,
@@ -59,6 +59,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="give up waiting for deliveries after this long without one",
     )
     run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.add_argument(
+        "--details",
+        action="store_true",
+        help="after the summary, every figure of the report as a table",
+    )
     run.add_argument(
         "--deliveries",
         type=Path,
@@ -250,7 +255,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 for _ in range(count)
             ),
         )
-    print(json.dumps(report, indent=1) if args.json else print_report(report))
+    print(render_report(report, as_json=args.json, details=args.details))
     verdict = report["failures"].get("host_alive", report)
     return 0 if verdict["lost"] == verdict["duplicates"] == 0 else 1
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from octopis.cli.errors import UsageError
-from octopis.cli.report import print_report, write_deliveries
+from octopis.cli.report import render_report, write_deliveries
 from octopis.core import MODES
 from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
@@ -63,6 +63,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         f"(default {DEFAULT_RETAIN})",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--details",
+        action="store_true",
+        help="after the summary, every figure of the report as a table",
+    )
     p.add_argument(
         "--deliveries",
         type=Path,
@@ -353,5 +358,5 @@ def cmd_sim(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"topology": scot.name, **sim.report()}
     if args.deliveries is not None:
         write_deliveries(args.deliveries, sim.deliveries())
-    print(json.dumps(report, indent=1) if args.json else print_report(report))
+    print(render_report(report, as_json=args.json, details=args.details))
     return 0
