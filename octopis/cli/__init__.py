@@ -4,10 +4,53 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+import time
 
 EXIT_BAD_INPUT = 2
+
+LOG_FORMATS = ("text", "json")
+"""``--log-format`` choices: a line of text, or one JSON object per line for machines."""
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per record: time (ISO 8601, UTC), level, broker, logger, message,
+    and the exception's traceback if there is one."""
+
+    converter = time.gmtime
+
+    def __init__(self, broker: str) -> None:
+        super().__init__()
+        self.broker = broker
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "broker": self.broker,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(level: str, log_format: str = "text", broker: str = "-") -> None:
+    """Route every log record to stderr in ``log_format``, each naming ``broker`` (the
+    broker process it comes from, ``-`` elsewhere) and the logger (the component)."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter(broker))
+    else:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {broker} %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
 
 
 def run_cli(
@@ -22,9 +65,10 @@ def run_cli(
     broker died) with status 1; both print one line on stderr.
     """
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(args, "log_level", "WARNING"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    configure_logging(
+        getattr(args, "log_level", "WARNING"),
+        getattr(args, "log_format", "text"),
+        getattr(args, "id", None) or "-",
     )
     try:
         status = args.func(args)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import zmq
 
-from octopis.cli import run_cli
+from octopis.cli import LOG_FORMATS, run_cli
 from octopis.core import MODES
 from octopis.keys import Keys, KeysError
 from octopis.topology import TopologyError, load_topology
@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         "subscribe and shut the broker down (said at start)",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text lines, or one JSON object per line (time, level, broker, logger, message)",
+    )
     p.set_defaults(func=cmd_broker)
     return p
 
@@ -74,9 +80,6 @@ def cmd_broker(args: argparse.Namespace) -> int:
         raise UnknownBroker(f"topology {scot.name} has no broker {args.id!r}")
     settings = load_settings(args.config)
     keys = None if args.insecure else Keys(args.keys)
-    logging.getLogger().handlers[0].setFormatter(
-        logging.Formatter(f"%(asctime)s %(levelname)s broker {args.id}: %(message)s")
-    )
     try:
         asyncio.run(run_broker(scot, args.id, args.mode, settings, keys))
     except zmq.ZMQError as exc:

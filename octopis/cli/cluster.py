@@ -241,6 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sample_every=args.timeline,
         failures=failures,
         secure=not args.insecure,
+        log_format=args.log_format,
     )
 
     run = WorkloadRun(scot, path, workload, options)
@@ -275,6 +276,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         args.run_dir,
         load_settings(args.config),
         secure=not args.insecure,
+        log_format=args.log_format,
     )
     cluster.spawn()
     try:

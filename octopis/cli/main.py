@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from octopis.cli import run_cli
+from octopis.cli import LOG_FORMATS, run_cli
 from octopis.cli.errors import USER_ERRORS
 
 
@@ -24,6 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="WARNING",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging verbosity (default WARNING)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text lines, or one JSON object per line; the brokers `up` and `run` start "
+        "log the same way (default text)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim.register(commands)

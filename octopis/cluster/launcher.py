@@ -125,6 +125,7 @@ def broker_command(
     config: Path | None = None,
     log_level: str | None = None,
     keys: Path | None = None,
+    log_format: str | None = None,
 ) -> list[str]:
     """The command line that runs broker ``broker_id`` of ``topology`` as its own process
     (``octopis-broker`` through this interpreter); unset options keep the CLI's defaults;
@@ -132,7 +133,12 @@ def broker_command(
     command = [sys.executable, "-m", "octopis.cli.broker", "--topology", str(topology)]
     command += ["--id", broker_id]
     command += ["--keys", str(keys)] if keys is not None else ["--insecure"]
-    for option, value in (("--mode", mode), ("--config", config), ("--log-level", log_level)):
+    for option, value in (
+        ("--mode", mode),
+        ("--config", config),
+        ("--log-level", log_level),
+        ("--log-format", log_format),
+    ):
         if value is not None:
             command += [option, str(value)]
     return command
@@ -165,6 +171,7 @@ class LocalCluster:
         log_level: str = "INFO",
         *,
         secure: bool = True,
+        log_format: str = "text",
     ) -> None:
         self.scot = scot
         self.keys_dir = run_dir / "keys" if secure else None
@@ -174,6 +181,7 @@ class LocalCluster:
         self.run_dir = run_dir
         self.settings = settings or BrokerSettings()
         self.log_level = log_level
+        self.log_format = log_format
         self.processes: dict[str, subprocess.Popen] = {}
         self.killed: set[str] = set()
         self._rpc: dict[str, Any] = {}
@@ -203,6 +211,7 @@ class LocalCluster:
                     self.run_dir / "broker.toml",
                     self.log_level,
                     self.keys_dir,
+                    self.log_format,
                 ),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -232,6 +241,7 @@ class LocalCluster:
             run_dir,
             settings,
             secure=state.get("secure", True),
+            log_format=state.get("log_format", "text"),
         )
         return cluster, {b: int(p) for b, p in state["pids"].items()}
 
@@ -242,6 +252,7 @@ class LocalCluster:
             "topology": str(self.topology_path),
             "mode": self.mode,
             "secure": self.keys_dir is not None,
+            "log_format": self.log_format,
             "pids": {**(pids or {}), **{b: p.pid for b, p in self.processes.items()}},
             "control": {b: i.control_endpoint for b, i in self.scot.brokers.items()},
             "clients": {b: i.client_endpoint for b, i in self.scot.brokers.items()},

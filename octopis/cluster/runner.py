@@ -55,6 +55,7 @@ class RunOptions:
     start_timeout: float = 180.0
     progress: bool = True
     log_level: str = "INFO"
+    log_format: str = "text"
     sample_every: float | None = None
     """Seconds between samples of every broker's queues while publishing and draining
     (the report's ``timeline``); None takes no samples."""
@@ -83,6 +84,7 @@ class WorkloadRun:
             options.settings,
             options.log_level,
             secure=options.secure,
+            log_format=options.log_format,
         )
         self.ledger = DeliveryLedger()
         self.timings: dict[str, float] = {}
