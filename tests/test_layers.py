@@ -64,6 +64,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.failure_schedule",
         "octopis.keys",
     },
+    "octopis.monitor": {"octopis.topology"},
     "octopis.cli": {"octopis"},
 }
 """Module (or package) → the ``octopis`` modules it may import (prefixes). A module that

@@ -135,6 +135,30 @@ def register(commands: argparse._SubParsersAction) -> None:
     _timeout_option(restart, 60.0, "give up if the broker is not ready by then")
     restart.set_defaults(func=cmd_restart)
 
+    monitor = commands.add_parser(
+        "monitor",
+        help="serve a live web page of a running overlay",
+        description="Serve a web page that draws the SCOT (clusters x regions, aCOLs and "
+        "iCOLs), colours each link by its state and shows each broker's rates, updated live "
+        "from the brokers' metrics endpoints (no keys needed); /snapshot and /topology give "
+        "the same data as JSON. Runs until interrupted.",
+    )
+    where = monitor.add_mutually_exclusive_group()
+    where.add_argument("--topology", type=Path, metavar="FILE", help="the overlay's topology")
+    where.add_argument(
+        "--run-dir",
+        type=Path,
+        default=DEFAULT_CLUSTER_DIR,
+        metavar="DIR",
+        help=f"the overlay `octopis up` started there (default {DEFAULT_CLUSTER_DIR})",
+    )
+    monitor.add_argument("--host", default="127.0.0.1", help="address to serve on")
+    monitor.add_argument("--port", type=int, default=8700, help="port to serve on (8700)")
+    monitor.add_argument(
+        "--interval", type=float, default=0.5, metavar="SECONDS", help="scrape period (0.5)"
+    )
+    monitor.set_defaults(func=cmd_monitor)
+
     sub = commands.add_parser(
         "sub",
         help="subscribe at a broker and print notifications",
@@ -259,6 +283,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(render_report(report, as_json=args.json, details=args.details))
     verdict = report["failures"].get("host_alive", report)
     return 0 if verdict["lost"] == verdict["duplicates"] == 0 else 1
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    """``octopis monitor``."""
+    from octopis.monitor import serve_monitor
+
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be positive, got {args.interval}")
+    if args.topology is not None:
+        scot = load_topology(args.topology)
+    else:
+        scot = LocalCluster.from_state(args.run_dir)[0].scot
+    if not any(b.metrics_endpoint for b in scot.brokers.values()):
+        raise UsageError(f"topology {scot.name} names no metrics endpoint to read")
+    serve_monitor(scot, args.host, args.port, args.interval)
+    return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -1,0 +1,182 @@
+"""``octopis monitor``: a live web view of a running overlay (DESIGN §10).
+
+The monitor reads nothing but the brokers' Prometheus endpoints
+(:mod:`octopis.transport.metrics`), so it needs no keys and can run anywhere those are
+reachable. Every ``interval`` seconds it scrapes them all at once and keeps one snapshot:
+per broker whether it answered, its deliveries and notifications in (totals and rates
+since the previous snapshot) and its routing-table size; per directed link its queue, CE
+and state (up, overloaded, down). The page (``/``) draws the SCOT as clusters × regions
+with aCOLs and iCOLs, colours each link by the worse of its two directions and updates
+from ``/events`` (server-sent events, one snapshot each) without reloading; ``/topology``
+and ``/snapshot`` serve the same data as JSON for tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from importlib import resources
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from octopis.topology import ACOL, Scot, regions_in_drawing_order
+
+log = logging.getLogger("octopis.monitor")
+
+SCRAPE_TIMEOUT = 2.0
+"""Seconds a scrape of one broker may take before it counts as not answering."""
+
+STATE_RANK = {"up": 0, "overloaded": 1, "down": 2, "unknown": 3}
+"""Worse states rank higher; a link is drawn in the worse state of its two directions."""
+
+
+def topology_view(scot: Scot) -> dict[str, Any]:
+    """What the page draws: regions in drawing order, clusters, brokers, undirected links."""
+    return {
+        "name": scot.name,
+        "regions": regions_in_drawing_order(scot.acyclic),
+        "clusters": scot.clusters,
+        "brokers": [
+            {"id": b.id, "region": b.region, "cluster": b.cluster, "type": b.type}
+            for b in scot.brokers.values()
+        ],
+        "links": sorted(
+            (
+                {"a": min(u, v), "b": max(u, v), "kind": "aCOL" if kind == ACOL else "iCOL"}
+                for u, v, kind in scot.graph.edges(data="link")
+            ),
+            key=lambda link: (link["a"], link["b"]),
+        ),
+    }
+
+
+def parse_metrics(text: str) -> dict[str, Any]:
+    """The figures the monitor shows, out of one broker's Prometheus text."""
+    figures: dict[str, Any] = {"links": {}}
+    links = figures["links"]
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if name in ("octopis_deliveries_total", "octopis_notifications_in_total"):
+                figures[name.removeprefix("octopis_").removesuffix("_total")] = value
+            elif name == "octopis_routing_table_size":
+                figures["table"] = int(value)
+            elif name == "octopis_link_queue_length":
+                links.setdefault(labels["link"], {})["queue"] = int(value)
+            elif name == "octopis_link_congestion_element":
+                links.setdefault(labels["link"], {})["ce"] = value
+            elif name == "octopis_link_state" and value == 1:
+                links.setdefault(labels["link"], {})["state"] = labels["state"]
+    return figures
+
+
+class Monitor:
+    """Scrapes every broker of ``scot`` every ``interval`` seconds; keeps the latest
+    snapshot and wakes the page streams on each."""
+
+    def __init__(self, scot: Scot, interval: float = 0.5) -> None:
+        self.scot = scot
+        self.interval = interval
+        self.snapshot: dict[str, Any] = {"time": 0.0, "brokers": {}, "links": {}}
+        self._fresh = asyncio.Condition()
+        self._previous: dict[str, dict[str, Any]] = {}
+
+    async def run(self) -> None:
+        """Scrape until cancelled."""
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT)
+        ) as session:
+            while True:
+                started = time.monotonic()
+                await self._scrape_all(session)
+                await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    async def _scrape_all(self, session: aiohttp.ClientSession) -> None:
+        brokers = [b for b in self.scot.brokers.values() if b.metrics_endpoint]
+        texts = await asyncio.gather(*(self._scrape(session, b.metrics_endpoint) for b in brokers))
+        now = time.time()
+        snapshot: dict[str, Any] = {"time": now, "brokers": {}, "links": {}}
+        for broker, text in zip(brokers, texts, strict=True):
+            if text is None:
+                snapshot["brokers"][broker.id] = {"up": False}
+                continue
+            figures = parse_metrics(text)
+            entry = {"up": True, **{k: v for k, v in figures.items() if k != "links"}}
+            before = self._previous.get(broker.id)
+            if before is not None and now > before["time"]:
+                for key in ("deliveries", "notifications_in"):
+                    entry[f"{key}_per_s"] = (entry.get(key, 0) - before.get(key, 0)) / (
+                        now - before["time"]
+                    )
+            self._previous[broker.id] = {"time": now, **entry}
+            snapshot["brokers"][broker.id] = entry
+            for neighbour, link in figures["links"].items():
+                snapshot["links"][f"{broker.id}>{neighbour}"] = link
+        async with self._fresh:
+            self.snapshot = snapshot
+            self._fresh.notify_all()
+
+    async def _scrape(self, session: aiohttp.ClientSession, endpoint: str) -> str | None:
+        try:
+            async with session.get(endpoint) as response:
+                response.raise_for_status()
+                return await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("no metrics from %s: %s", endpoint, exc)
+            return None
+
+    async def next_snapshot(self) -> dict[str, Any]:
+        """Wait for the next snapshot."""
+        async with self._fresh:
+            await self._fresh.wait()
+            return self.snapshot
+
+
+def make_app(monitor: Monitor) -> web.Application:
+    """The monitor's web application: the page, its event stream and the JSON views."""
+    page = resources.files("octopis.monitor").joinpath("page.html").read_text()
+    view = topology_view(monitor.scot)
+
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/html")
+
+    async def topology(request: web.Request) -> web.Response:
+        return web.json_response(view)
+
+    async def snapshot(request: web.Request) -> web.Response:
+        return web.json_response(monitor.snapshot)
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        await response.write(f"data: {json.dumps(monitor.snapshot)}\n\n".encode())
+        while True:
+            data = await monitor.next_snapshot()
+            await response.write(f"data: {json.dumps(data)}\n\n".encode())
+
+    async def start_scraping(app: web.Application) -> Any:
+        task = asyncio.create_task(monitor.run())
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/topology", topology)
+    app.router.add_get("/snapshot", snapshot)
+    app.router.add_get("/events", events)
+    app.cleanup_ctx.append(start_scraping)
+    return app
+
+
+def serve_monitor(scot: Scot, host: str, port: int, interval: float) -> None:
+    """Serve the monitor of ``scot`` at ``http://host:port/`` until interrupted."""
+    print(f"monitor of {scot.name} at http://{host}:{port}/", flush=True)
+    web.run_app(make_app(Monitor(scot, interval)), host=host, port=port, print=None)
