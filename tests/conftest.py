@@ -21,12 +21,12 @@ from octopis.transport.settings import BrokerSettings
 
 
 def secure_fig2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: BrokerSettings
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: BrokerSettings, mode: str = "dnr"
 ) -> Iterator[LocalCluster]:
-    """For a fixture to yield from: fig2 (DNR) with keys on and ``settings``, ready; the SDK
-    finds the keys through $OCTOPIS_KEYS. Stopped when the fixture ends."""
+    """For a fixture to yield from: fig2 in ``mode`` with keys on and ``settings``, ready;
+    the SDK finds the keys through $OCTOPIS_KEYS. Stopped when the fixture ends."""
     scot, path = prepare_topology(tmp_path, preset="fig2")
-    cluster = LocalCluster(scot, path, "dnr", tmp_path, settings)
+    cluster = LocalCluster(scot, path, mode, tmp_path, settings)
     cluster.spawn()
     monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
     try:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 from conditions import accounting, closing_control, until
+from conftest import secure_fig2
 
 from octopis.client import Publisher, Subscriber
-from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
-from octopis.keys import KEYS_ENV
+from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.transport.settings import BrokerSettings
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,16 +34,8 @@ SLOW_LINK = ("a:0", "b:0")
 
 @pytest.fixture
 def slow_fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    scot, path = prepare_topology(tmp_path, preset="fig2")
     settings = BrokerSettings(capacities={f"{SLOW_LINK[0]}>{SLOW_LINK[1]}": 30})
-    cluster = LocalCluster(scot, path, "snr", tmp_path, settings)
-    cluster.spawn()
-    monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
-    try:
-        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from secure_fig2(tmp_path, monkeypatch, settings, mode="snr")
 
 
 @pytest.fixture
