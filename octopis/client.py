@@ -329,9 +329,7 @@ class Connection:
         for _, payload in list(self._pending.values()):
             await self.socket.send(payload)
         record = {"from": away_from, "to": self.endpoint, "started": started}
-        task = asyncio.create_task(self._resume(record, t0, settled))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self._resume(record, t0, settled))
 
     async def _resume(self, record: dict[str, Any], t0: float, settled: asyncio.Event) -> None:
         """Let every client resume (re-subscribe) at the new broker; then record the
@@ -358,10 +356,14 @@ class Connection:
         if self.linger <= 0:
             return None
         self._checking_recent += 1
-        task = asyncio.create_task(self._keep_left(old, self.endpoint, settled))
+        self._in_background(self._keep_left(old, self.endpoint, settled))
+        return old
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that :meth:`close` cancels."""
+        task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        return old
 
     async def _keep_left(
         self, socket: zmq.asyncio.Socket, endpoint: str, settled: asyncio.Event

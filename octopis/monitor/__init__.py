@@ -31,6 +31,9 @@ log = logging.getLogger("octopis.monitor")
 SCRAPE_TIMEOUT = 2.0
 """Seconds a scrape of one broker may take before it counts as not answering."""
 
+MAX_VIEWERS = 32
+"""Event streams served at once; a further page is refused (503) until one closes."""
+
 STATE_RANK = {"up": 0, "overloaded": 1, "down": 2, "unknown": 3}
 """Worse states rank higher; a link is drawn in the worse state of its two directions."""
 
@@ -141,6 +144,7 @@ def make_app(monitor: Monitor) -> web.Application:
     """The monitor's web application: the page, its event stream and the JSON views."""
     page = resources.files("octopis.monitor").joinpath("page.html").read_text()
     view = topology_view(monitor.scot)
+    viewers = [0]  # event streams open now
 
     async def index(request: web.Request) -> web.Response:
         return web.Response(text=page, content_type="text/html")
@@ -152,6 +156,15 @@ def make_app(monitor: Monitor) -> web.Application:
         return web.json_response(monitor.snapshot)
 
     async def events(request: web.Request) -> web.StreamResponse:
+        if viewers[0] >= MAX_VIEWERS:
+            raise web.HTTPServiceUnavailable(text=f"{MAX_VIEWERS} viewers already watch")
+        viewers[0] += 1
+        try:
+            return await _stream(request)
+        finally:
+            viewers[0] -= 1
+
+    async def _stream(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
