@@ -38,6 +38,11 @@ class DeliveryLedger:
         self._oracle.add(key, subscription)
         self._owner[key] = subscriber
 
+    @property
+    def subscription_keys(self) -> Collection[Any]:
+        """The keys of the subscriptions held now."""
+        return self._owner.keys()
+
     def unsubscribed(self, key: Any) -> None:
         """The subscription ``key`` no longer counts for later publications."""
         self._oracle.remove(key)

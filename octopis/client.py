@@ -28,6 +28,7 @@ import itertools
 import logging
 import math
 import os
+import secrets
 import threading
 import time
 from collections import deque
@@ -465,14 +466,14 @@ class Connection:
     def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:
         if len(parts) == 2:
             now = time.time()
-            publisher, seq, published_at, publication = delivery_fields(parts[1])
+            publisher, seq, published_at, publication, session = delivery_fields(parts[1])
             recent, order = self._recent, self._recent_order
             for name in unpack(parts[0]):
                 handler = self._handlers.get(name)
                 if handler is None:
                     continue
                 if order.maxlen:
-                    key = (name, publisher, seq)
+                    key = (name, publisher, session, seq)
                     if self._checking_recent and key in recent:
                         self.duplicates_absorbed += 1
                         continue
@@ -677,11 +678,15 @@ class Subscriber(_Client):
 
 
 class Publisher(_Client):
-    """A named publisher numbering its notifications 1, 2, 3, ..."""
+    """A named publisher numbering its notifications 1, 2, 3, ... within its session: a
+    random number drawn here, so that brokers tell this publisher from an earlier one of
+    the same name (whose numbers it repeats) and never take its notifications for
+    repeats."""
 
     def __init__(self, name: str, connection: Connection) -> None:
         super().__init__(name, connection)
         self.seq = 0
+        self.session = secrets.randbits(63)
         self._unacknowledged: set[asyncio.Future] = set()
 
     async def publish(
@@ -708,6 +713,7 @@ class Publisher(_Client):
             "op": "publish",
             "client": self.name,
             "seq": self.seq,
+            "session": self.session,
             "published_at": time.time(),
             "publication": publication,
         }

@@ -16,7 +16,9 @@ All checks raise :class:`TopologyError` with a message that names the problem.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -37,6 +39,11 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 17000
 PORTS_PER_BROKER = 4
 """Each broker binds four consecutive ports: peer links, clients, control RPC, metrics."""
+PLACEMENTS = ("cluster", "region")
+"""How :func:`build_scot` spreads brokers over named hosts: a whole cluster (a copy of the
+tree, so iCOLs cross hosts) or a whole region (a copy of K_n, so aCOLs cross hosts) per
+host, hosts taken in turn."""
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 class TopologyError(ValueError):
@@ -75,6 +82,9 @@ class Broker:
     neighbours: tuple[Neighbour, ...]
     metrics_endpoint: str | None = None
     """``http://HOST:PORT/metrics``, Prometheus text (DESIGN §10); None: not served."""
+    host: str | None = None
+    """The name of the machine this broker runs on (``octopis up --host NAME`` starts the
+    brokers of one host, DESIGN §10); None: the topology names no hosts."""
 
     @property
     def primary_neighbours(self) -> tuple[str, ...]:
@@ -138,6 +148,21 @@ class Scot:
             b.id: (b.endpoint, b.client_endpoint, b.control_endpoint) for b in self.brokers.values()
         }
 
+    @property
+    def hosts(self) -> list[str]:
+        """The host names the brokers are placed on, in order of first appearance."""
+        return list(dict.fromkeys(b.host for b in self.brokers.values() if b.host))
+
+    def brokers_on(self, host: str) -> list[str]:
+        """The brokers placed on ``host``; :class:`TopologyError` if it names none."""
+        ids = [b.id for b in self.brokers.values() if b.host == host]
+        if not ids:
+            known = ", ".join(self.hosts) or "none: the topology names no hosts"
+            raise TopologyError(
+                f"topology {self.name} places no broker on host {host!r} (hosts: {known})"
+            )
+        return ids
+
     def client_endpoints(self, broker_id: str) -> list[str]:
         """The client endpoint of ``broker_id`` followed by those of
         :meth:`failover_order`: the list an SDK connection fails over along."""
@@ -169,6 +194,7 @@ class Scot:
                     "client_endpoint": b.client_endpoint,
                     "control_endpoint": b.control_endpoint,
                     **({"metrics_endpoint": b.metrics_endpoint} if b.metrics_endpoint else {}),
+                    **({"host": b.host} if b.host else {}),
                     "neighbours": [
                         {
                             "id": n.id,
@@ -291,17 +317,31 @@ def build_scot(
     name: str = "scot",
     host: str = DEFAULT_HOST,
     base_port: int = DEFAULT_BASE_PORT,
+    hosts: Mapping[str, str] | None = None,
+    place: str = "cluster",
 ) -> Scot:
     """Build and label the SCOT G_A □ G_C (§3–4), checking all four SCOT properties.
 
-    ``connectivity`` is K_n or the number n. Brokers get endpoints on ``host``, three
+    ``connectivity`` is K_n or the number n. Brokers get endpoints on ``host``, four
     consecutive ports each from ``base_port`` on, clusters first, then regions in the
-    acyclic factor's vertex order.
+    acyclic factor's vertex order. With ``hosts`` (host name → address), brokers are
+    spread over those machines instead, a cluster or a region per host in turn
+    (``place``, one of :data:`PLACEMENTS`), each broker's endpoints on its host's address
+    and its ``host`` set to the name; ports stay distinct across hosts.
     """
     check_acyclic_factor(acyclic)
     if isinstance(connectivity, int):
         connectivity = complete_factor(connectivity)
     check_connectivity_factor(connectivity)
+    names = list(hosts or ())
+    for host_name in names:
+        if problem := host_name_problem(host_name):
+            raise TopologyError(problem)
+    if hosts is not None and not names:
+        raise TopologyError("hosts: give at least one NAME=ADDRESS")
+    if place not in PLACEMENTS:
+        raise TopologyError(f"placement {place!r} is not one of {', '.join(PLACEMENTS)}")
+    region_index = {x: i for i, x in enumerate(acyclic.nodes)}
     clusters = connectivity.number_of_nodes()
     count = acyclic.number_of_nodes() * clusters
     last_port = base_port + PORTS_PER_BROKER * count - 1
@@ -344,16 +384,23 @@ def build_scot(
                     ),
                 )
             )
+            where = None
+            address = host
+            if names:
+                turn = cluster if place == "cluster" else region_index[region]
+                where = names[turn % len(names)]
+                address = hosts[where]
             brokers[bid] = Broker(
                 id=bid,
                 region=region,
                 cluster=cluster,
                 type=region_type[region],
-                endpoint=f"tcp://{host}:{port}",
-                client_endpoint=f"tcp://{host}:{port + 1}",
-                control_endpoint=f"tcp://{host}:{port + 2}",
+                endpoint=f"tcp://{address}:{port}",
+                client_endpoint=f"tcp://{address}:{port + 1}",
+                control_endpoint=f"tcp://{address}:{port + 2}",
                 neighbours=neighbours,
-                metrics_endpoint=f"http://{host}:{port + 3}/metrics",
+                metrics_endpoint=f"http://{address}:{port + 3}/metrics",
+                host=where,
             )
     return Scot(name=name, acyclic=acyclic, clusters=clusters, graph=graph, brokers=brokers)
 
@@ -422,10 +469,10 @@ def build_from_factor_file(
     clusters: int | None = None,
     *,
     connectivity: nx.Graph | None = None,
-    host: str = DEFAULT_HOST,
-    base_port: int = DEFAULT_BASE_PORT,
+    **placement: Any,
 ) -> Scot:
-    """Build a SCOT from a factor file; ``clusters`` overrides the file's default."""
+    """Build a SCOT from a factor file; ``clusters`` overrides the file's default;
+    ``placement`` is :func:`build_scot`'s ``host``, ``base_port``, ``hosts``, ``place``."""
     acyclic, table = read_factor(path)
     if connectivity is None:
         n = clusters if clusters is not None else table.get("clusters")
@@ -433,7 +480,7 @@ def build_from_factor_file(
             raise TopologyError(f"{Path(path).name} names no cluster count; pass --clusters N")
         connectivity = complete_factor(n)
     name = str(table.get("name", Path(path).stem))
-    return build_scot(acyclic, connectivity, name=name, host=host, base_port=base_port)
+    return build_scot(acyclic, connectivity, name=name, **placement)
 
 
 def build_preset(name: str, **kwargs: Any) -> Scot:
@@ -486,6 +533,11 @@ def _broker_from_json(entry: Any, scot: Scot, source: str) -> Broker:
         if problem:
             raise TopologyError(f"{source}: broker {bid!r} metrics_endpoint: {problem}")
         endpoints["metrics_endpoint"] = metrics
+    host = entry.get("host")
+    if host is not None:
+        if problem := host_name_problem(host):
+            raise TopologyError(f"{source}: broker {bid!r} {problem}")
+        endpoints["host"] = host
     return Broker(
         id=bid,
         region=expected.region,
@@ -508,6 +560,17 @@ def metrics_endpoint_problem(endpoint: object) -> str | None:
     if url.scheme != "http" or not url.hostname or port is None or url.path != "/metrics":
         return f"expected http://HOST:PORT/metrics, not {endpoint!r}"[:120]
     return None
+
+
+def host_name_problem(name: object) -> str | None:
+    """What is wrong with a host name (letters, digits, ``.``, ``_``, ``-``; at most 63,
+    not starting with punctuation), or None."""
+    if isinstance(name, str) and _HOST_NAME.fullmatch(name):
+        return None
+    return (
+        f"host name {name!r:.70} must be 1-63 letters, digits, '.', '_' or '-', "
+        "starting with a letter or digit"
+    )
 
 
 def _parse_table(text: str, path: Path) -> Any:

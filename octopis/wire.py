@@ -45,12 +45,14 @@ ClientName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CLIENT_NAM
 Sequence = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
 
 
-def stamp_problem(seq: object, published_at: object) -> str | None:
-    """Why a publication's ``seq`` and ``published_at`` cannot be accepted, or None: one
-    check for the client entry and the peer entry alike (DESIGN §8), so a copy accepted
-    at one broker is never refused at the next."""
+def stamp_problem(seq: object, published_at: object, session: object = 0) -> str | None:
+    """Why a publication's ``seq``, ``published_at`` and publisher ``session`` cannot be
+    accepted, or None: one check for the client entry and the peer entry alike (DESIGN
+    §8), so a copy accepted at one broker is never refused at the next."""
     if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
         return f"'seq' must be an integer in [0, 2**63), not {seq!r}"[:120]
+    if type(session) is not int or not 0 <= session <= MAX_SEQ:
+        return f"'session' must be an integer in [0, 2**63), not {session!r}"[:120]
     if type(published_at) is not float or not abs(published_at) <= MAX_TIME:
         return f"'published_at' must be a finite time in seconds, not {published_at!r}"[:120]
     return None
@@ -83,11 +85,15 @@ class UnsubscribeRequest(Request, tag="unsubscribe"):
 
 
 class PublishRequest(Request, tag="publish"):
-    """Publish number ``seq`` of publisher ``client``, time-stamped ``published_at``."""
+    """Publish number ``seq`` of publisher ``client``'s ``session`` (a number the
+    publisher draws at random when it starts, so that a publisher started again under the
+    same name is not taken for a repeat of its earlier self), time-stamped
+    ``published_at``."""
 
     seq: Sequence
     published_at: float
     publication: str | dict[str, Any]
+    session: Sequence = 0
 
 
 class HeartbeatRequest(Request, tag="heartbeat"):
@@ -149,7 +155,8 @@ def request_number(payload: bytes) -> int | None:
     return req if type(req) is int else None
 
 
-def delivery_fields(body: bytes) -> tuple[str, int, float, dict[str, Any]]:
-    """``(publisher, seq, published_at, publication)`` of a delivery's NOTIFY body."""
+def delivery_fields(body: bytes) -> tuple[str, int, float, dict[str, Any], int]:
+    """``(publisher, seq, published_at, publication, session)`` of a delivery's NOTIFY
+    body."""
     data = unpack(body)
-    return data[1], data[2], data[3], data[4]
+    return data[1], data[2], data[3], data[4], data[8]

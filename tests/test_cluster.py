@@ -29,7 +29,7 @@ from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.core import Notification
 from octopis.failure_schedule import Failure
 from octopis.filters import parse_subscription
-from octopis.topology import Scot
+from octopis.topology import Scot, build_preset
 from octopis.transport.codec import encode_peer
 from octopis.transport.settings import BrokerSettings
 from octopis.workload import HighRatePublisher, Workload, generate_workload
@@ -457,6 +457,26 @@ def test_up_and_down_commands(tmp_path: Path) -> None:
     finally:
         down = _octopis(["down", "--run-dir", str(run_dir)], timeout=60)
     assert down.returncode == 0 and "stopped 18 brokers" in down.stdout
+
+
+def test_overlay_commands_on_several_hosts_refuse_what_they_cannot_do(tmp_path: Path) -> None:
+    """`up --host` needs the deployment's shared keys and a topology that names hosts;
+    `run --attach` needs the overlay's topology. Each refusal says why and starts nothing."""
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(build_preset("fig2").to_json()))
+    placed = tmp_path / "placed.json"
+    placed.write_text(json.dumps(build_preset("fig2", hosts={"h0": "192.0.2.1"}).to_json()))
+    run_dir = str(tmp_path / "run")
+    for args, message in (
+        (["up", str(placed), "--host", "h0"], "share one set of keys"),
+        (["up", str(placed), "--keys", str(tmp_path), "--insecure"], "exclude each other"),
+        (["up", str(plain), "--host", "h0", "--insecure"], "places no broker on host 'h0'"),
+        (["run", "--attach", "--preset", "fig2", "--subscribers", "5"], "needs the running"),
+    ):
+        refused = _octopis([*args, "--run-dir", run_dir], timeout=60)
+        assert refused.returncode == 2, (args, refused.stderr)
+        assert message in refused.stderr, (args, refused.stderr)
+    assert not (tmp_path / "run").exists()
 
 
 VICTIM = "viii:2"

@@ -227,6 +227,25 @@ def test_local_delivery_once_per_subscriber() -> None:
     assert not [a for a in out if isinstance(a, Forward)]  # nobody elsewhere subscribed
 
 
+@pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
+def test_edge_dedup_tells_a_publisher_started_again_from_its_earlier_self(mode: str) -> None:
+    """DESIGN §7: a repeat of (publisher, seq) within one publisher session is absorbed
+    and counted; the same name and seq from a new session (a publisher process started
+    again, numbering from 1 again) is a new notification and is delivered."""
+    core = make_broker(FIG2, "a:0", mode)
+    core.subscribe("S1", ANY_STOCK, 0.0)
+    first = Notification("P", 1, 0.0, QUOTE, session=11)
+
+    def delivered(n: Notification) -> int:
+        return sum(isinstance(a, Deliver) for a in core.publish(n, NoCongestion()))
+
+    assert delivered(first) == 1
+    assert delivered(first) == 0
+    assert core.stats["dedup.absorbed"] == 1
+    assert delivered(first._replace(session=12)) == 1
+    assert core.stats["dedup.absorbed"] == 1
+
+
 @pytest.mark.parametrize("mode", ["snr", "dnr"])
 def test_a_missing_share_is_routed_toward_until_it_arrives(mode: str) -> None:
     """DESIGN §7: a restarted broker without a neighbour's resync share sends that side

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -207,6 +208,57 @@ def test_a_bad_metrics_endpoint_is_named(tmp_path: Path, endpoint: object) -> No
     assert topology_from_json(data).brokers[data["brokers"][1]["id"]].metrics_endpoint is None
     data["brokers"][0]["metrics_endpoint"] = endpoint
     with pytest.raises(TopologyError, match=r"broker 'a:0' metrics_endpoint: expected http://"):
+        topology_from_json(data)
+
+
+@pytest.mark.parametrize("place", ["cluster", "region"])
+def test_hosts_get_whole_clusters_or_regions_in_turn(tmp_path: Path, place: str) -> None:
+    """``build --hosts``: each broker's endpoints use its host's address, a whole cluster
+    (or region) per host in turn, ports distinct across hosts, and the placement survives
+    the file."""
+    out = tmp_path / "t.json"
+    hosts = ["--hosts", "n0=192.0.2.10,n1=192.0.2.11", "--hosts", "n2=192.0.2.12"]
+    assert (
+        topology_main(["build", "--preset", "fig2", *hosts, "--place", place, "-o", str(out)]) == 0
+    )
+    scot = load_topology(out)
+    assert scot.hosts == ["n0", "n1", "n2"]
+    regions = scot.regions
+    for b in scot.brokers.values():
+        turn = b.cluster if place == "cluster" else regions.index(b.region)
+        assert b.host == f"n{turn % 3}"
+        address = f"192.0.2.1{turn % 3}"
+        ends = (b.endpoint, b.client_endpoint, b.control_endpoint, b.metrics_endpoint)
+        assert all(f"//{address}:" in e for e in ends), ends
+    assert len({b.endpoint for b in scot.brokers.values()}) == 18
+    assert sorted(scot.brokers_on("n1")) == sorted(
+        b.id for b in scot.brokers.values() if b.host == "n1"
+    )
+    with pytest.raises(TopologyError, match=r"places no broker on host 'n9' \(hosts: n0, n1, n2\)"):
+        scot.brokers_on("n9")
+    with pytest.raises(TopologyError, match="names no hosts"):
+        build_preset("fig2").brokers_on("n0")
+
+
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [
+        ("a=1.2.3.4,a=1.2.3.5", "--hosts names host 'a' twice"),
+        ("a b=1.2.3.4", "host name 'a b' must be 1-63 letters"),
+        ("a", "expected NAME=ADDRESS, got 'a'"),
+    ],
+)
+def test_bad_hosts_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture, hosts: str, message: str
+) -> None:
+    out = tmp_path / "t.json"
+    with pytest.raises(SystemExit) if "NAME=" in message else contextlib.nullcontext():
+        assert topology_main(["build", "--preset", "fig2", "--hosts", hosts, "-o", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+    data = build_preset("fig2").to_json()
+    data["brokers"][0]["host"] = "-bad"
+    with pytest.raises(TopologyError, match="broker 'a:0' host name '-bad' must be"):
         topology_from_json(data)
 
 

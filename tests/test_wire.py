@@ -47,6 +47,7 @@ def body(*fields: object) -> list[bytes]:
         Notification("P", 8, 12.5, QUOTE, cbv=frozenbitarray("0110")),
         Notification("P", 9, 12.5, QUOTE, destinations=(("b:0", "b:0#1"), ("c:1", "c:1#4"))),
         Notification("P", 10, 12.5, QUOTE, tunnel=Tunnel(2, "d", "b", 0b10)),
+        Notification("P", 11, 12.5, QUOTE, session=2**63 - 1),
         Subscribe(
             "a:0#3",
             "a:0",
@@ -86,7 +87,7 @@ def test_link_messages_round_trip(message: Hello | Heartbeat | Synced) -> None:
 
 def test_a_delivery_reads_the_notify_body_it_carries() -> None:
     n = Notification("P", 8, 12.5, QUOTE, cbv=frozenbitarray("0110"))
-    assert delivery_fields(encode_body(n)) == ("P", 8, 12.5, QUOTE)
+    assert delivery_fields(encode_body(n)) == ("P", 8, 12.5, QUOTE, 0)
 
 
 def test_a_client_request_decodes_into_its_kind() -> None:
@@ -109,6 +110,17 @@ def test_a_client_request_decodes_into_its_kind() -> None:
             "at `$.seq`",
         ),
         ({"op": "unsubscribe", "client": "c", "sub_id": 5}, "at `$.sub_id`"),
+        (
+            {
+                "op": "publish",
+                "client": "c",
+                "seq": 1,
+                "published_at": 0,
+                "publication": "x",
+                "session": 2**63,
+            },
+            "at `$.session`",
+        ),
         ([1, 2], "Expected `object`, got `array`"),
     ],
 )
@@ -127,6 +139,7 @@ def good_notify(**change: object) -> list:
         "cbv": None,
         "dests": None,
         "tunnel": None,
+        "session": 0,
     }
     fields.update(change)
     return [NOTIFY, *fields.values()]
@@ -153,7 +166,10 @@ def good_notify(**change: object) -> list:
         (body(HEARTBEAT, 1), "HEARTBEAT frame has 2 fields"),
         (body(SYNCED, 3, True, 0), "SYNCED flags must be true or false"),
         (body(SYNCED, 3), "SYNCED frame has 2 fields"),
-        (body(*good_notify()[:-1]), "NOTIFY frame has 7 fields"),
+        (body(*good_notify()[:-1]), "NOTIFY frame has 8 fields"),
+        (body(*good_notify(session=-1)), "'session' must be an integer in [0, 2**63)"),
+        (body(*good_notify(session=2**63)), "'session' must be an integer in [0, 2**63)"),
+        (body(*good_notify(session=None)), "'session' must be an integer in [0, 2**63)"),
         (body(*good_notify(tunnel=[0, "a", "b"])), "tunnel must be [cluster, target, origin"),
         (body(*good_notify(tunnel=[-1, "a", "b", 0])), "tunnel cluster and tried must not"),
         (body(*good_notify(tunnel=[0, "", "b", 0])), "tunnel target must be a non-empty"),

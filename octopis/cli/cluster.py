@@ -26,6 +26,7 @@ from octopis.topology import load_topology
 from octopis.transport.settings import load_settings
 
 DEFAULT_CLUSTER_DIR = Path(".octopis")
+DEFAULT_MODE = "dnr"
 UP_DIR_HELP = f"the run directory of `octopis up` (default {DEFAULT_CLUSTER_DIR})"
 
 
@@ -58,6 +59,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="give up waiting for deliveries after this long without one",
     )
+    run.add_argument(
+        "--attach",
+        action="store_true",
+        help="use the overlay already running (`octopis up`, on this machine or on several "
+        "hosts) instead of starting brokers: needs --topology, and --keys DIR unless the "
+        "brokers run --insecure; they are left running and the report counts only this run "
+        "(--fail and --stall need brokers started here)",
+    )
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.add_argument(
         "--details",
@@ -88,6 +97,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     up.add_argument("topology", type=Path, metavar="FILE", help="topology JSON")
     _overlay_options(up, DEFAULT_CLUSTER_DIR, f"state and logs (default {DEFAULT_CLUSTER_DIR})")
+    up.add_argument(
+        "--host",
+        metavar="NAME",
+        help="start only the brokers the topology places on host NAME (`octopis-topology "
+        "build --hosts`): run `octopis up --host NAME --keys DIR` on each machine; a host's "
+        "brokers are ready once their neighbours on the other hosts are up, so start the "
+        "hosts within --timeout of each other",
+    )
     _timeout_option(up, 180.0, "give up (and stop them) if the brokers are not all ready by then")
     up.set_defaults(func=cmd_up)
 
@@ -192,8 +209,13 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _overlay_options(p: argparse.ArgumentParser, run_dir: Path | None, run_dir_help: str) -> None:
-    """``--mode``, ``--config`` and ``--run-dir``: how the brokers of an overlay run."""
-    p.add_argument("--mode", default="dnr", choices=MODES, help="routing algorithm (default dnr)")
+    """``--mode``, ``--config``, ``--run-dir``, ``--insecure`` and ``--keys``: how the
+    brokers of an overlay run."""
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        help=f"routing algorithm (default {DEFAULT_MODE}; `run --attach`: the overlay's)",
+    )
     p.add_argument(
         "--config",
         type=Path,
@@ -208,6 +230,20 @@ def _overlay_options(p: argparse.ArgumentParser, run_dir: Path | None, run_dir_h
         "subscribe and stop them (default: key pairs in <run-dir>/keys, mode 0600, used by "
         "every octopis command on this run directory)",
     )
+    p.add_argument(
+        "--keys",
+        type=Path,
+        metavar="DIR",
+        help="a deployment's keys directory (`octopis-topology keys`) to use instead of new "
+        "pairs in <run-dir>/keys: brokers on several hosts must share one",
+    )
+
+
+def _security(args: argparse.Namespace) -> dict[str, Any]:
+    """``secure`` and ``keys`` of an overlay command's ``--insecure`` and ``--keys``."""
+    if args.keys is not None and args.insecure:
+        raise UsageError("--keys and --insecure exclude each other")
+    return {"secure": not args.insecure, "keys": args.keys.resolve() if args.keys else None}
 
 
 def _timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> None:
@@ -242,9 +278,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``octopis run``."""
     from octopis.cluster.runner import RunOptions, WorkloadRun
 
-    run_dir = args.run_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{args.mode}"
+    mode = args.mode or (None if args.attach else DEFAULT_MODE)
+    run_dir = (
+        args.run_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{mode or 'attached'}"
+    )
     if args.time_scale <= 0:
         raise UsageError("--time-scale must be positive")
+    if args.attach and args.topology is None:
+        raise UsageError("--attach needs the running overlay's --topology FILE")
     settings = load_settings(args.config)
     scot, path = prepare_topology(run_dir, topology=args.topology, preset=args.preset)
     workload = workload_from_args(args, scot)
@@ -256,7 +297,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "(use octopis sim --fail-link)"
         )
     options = RunOptions(
-        mode=args.mode,
+        mode=mode,
         run_dir=run_dir,
         settings=settings,
         time_scale=args.time_scale,
@@ -264,8 +305,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         sample_every=args.timeline,
         failures=failures,
-        secure=not args.insecure,
         log_format=args.log_format,
+        attach=args.attach,
+        **_security(args),
     )
 
     run = WorkloadRun(scot, path, workload, options)
@@ -309,14 +351,23 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{state} exists: brokers may still run; `octopis down --run-dir {args.run_dir}` first"
         )
+    security = _security(args)
+    if args.host is not None and security["secure"] and security["keys"] is None:
+        raise UsageError(
+            "brokers on several hosts share one set of keys: make it with `octopis-topology "
+            f"keys {args.topology} -o DIR`, copy DIR to every host and pass --keys DIR "
+            "(or --insecure)"
+        )
+    mode = args.mode or DEFAULT_MODE
     cluster = LocalCluster(
         scot,
         args.topology.resolve(),
-        args.mode,
+        mode,
         args.run_dir,
         load_settings(args.config),
-        secure=not args.insecure,
         log_format=args.log_format,
+        host=args.host,
+        **security,
     )
     cluster.spawn()
     try:
@@ -325,8 +376,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster.stop()
         raise
     cluster.write_state()
+    where = f" on host {args.host}" if args.host else ""
     print(
-        f"{len(scot.brokers)} brokers of {scot.name} up ({args.mode}) in {seconds:.1f} s; "
+        f"{len(cluster.local)} brokers of {scot.name}{where} up ({mode}) in {seconds:.1f} s; "
         f"logs in {args.run_dir / 'logs'}; stop with `octopis down --run-dir {args.run_dir}`"
     )
     return 0
@@ -410,6 +462,11 @@ def cmd_restart(args: argparse.Namespace) -> int:
     cluster, pids = LocalCluster.from_state(args.run_dir)
     if args.broker not in cluster.scot.brokers:
         raise UsageError(f"topology {cluster.scot.name} has no broker {args.broker!r}")
+    if args.broker not in cluster.local:
+        raise UsageError(
+            f"{args.broker} runs on host {cluster.scot.brokers[args.broker].host}, not on "
+            f"{cluster.host}: restart it there"
+        )
     if args.broker in pids:
         stop_pids({args.broker: pids[args.broker]})
     started = time.monotonic()
@@ -447,7 +504,7 @@ def _endpoint(args: argparse.Namespace) -> tuple[str, Path | None]:
             raise UsageError("no --topology and no cluster started by `octopis up` here") from None
         path = Path(state["topology"])
         if keys is None and state.get("secure", True):
-            keys = DEFAULT_CLUSTER_DIR / "keys"
+            keys = Path(state["keys"]) if state.get("keys") else DEFAULT_CLUSTER_DIR / "keys"
     scot = load_topology(path)
     if args.broker not in scot.brokers:
         raise UsageError(f"topology {scot.name} has no broker {args.broker!r}")

@@ -12,12 +12,16 @@ from pathlib import Path
 import networkx as nx
 
 from octopis.cli import run_cli
+from octopis.cluster.deploy import BROKER_UNIT, systemd_units, target_name
+from octopis.core import MODES
 from octopis.keys import DEFAULT_CLIENT, make_keys
 from octopis.topology import (
     ACOL,
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
     INNER,
+    PLACEMENTS,
+    PORTS_PER_BROKER,
     Scot,
     TopologyError,
     build_from_factor_file,
@@ -67,17 +71,36 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="connectivity factor file; must be complete and labelled 0..n-1",
     )
-    build.add_argument(
+    where = build.add_mutually_exclusive_group()
+    where.add_argument(
         "--host",
         default=DEFAULT_HOST,
-        help=f"host in every broker endpoint (default {DEFAULT_HOST})",
+        help=f"address in every broker endpoint, all brokers on one machine "
+        f"(default {DEFAULT_HOST})",
+    )
+    where.add_argument(
+        "--hosts",
+        type=_host_pair,
+        action="append",
+        metavar="NAME=ADDRESS",
+        help="spread the brokers over machines: one NAME=ADDRESS per host (repeatable, or "
+        "comma-separated); each broker's endpoints use its host's address and the topology "
+        "names its host for `octopis up --host NAME`",
+    )
+    build.add_argument(
+        "--place",
+        choices=PLACEMENTS,
+        default="cluster",
+        help="with --hosts: a whole cluster per host (iCOLs cross hosts; default) or a whole "
+        "region per host (aCOLs cross hosts), hosts taken in turn",
     )
     build.add_argument(
         "--base-port",
         type=int,
         default=DEFAULT_BASE_PORT,
         metavar="P",
-        help=f"first port; each broker takes 3 (default {DEFAULT_BASE_PORT})",
+        help=f"first port; each broker takes {PORTS_PER_BROKER}, distinct across hosts "
+        f"(default {DEFAULT_BASE_PORT})",
     )
     build.add_argument(
         "-o", "--output", required=True, type=Path, metavar="FILE", help="topology JSON to write"
@@ -134,6 +157,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="a client key pair to make (repeatable; default: one named 'client')",
     )
     keys.set_defaults(func=cmd_keys)
+
+    systemd = sub.add_parser(
+        "systemd",
+        help="write the systemd units that run one host's brokers",
+        description="For a topology that names hosts (`build --hosts`), write into DIR the "
+        f"template unit {BROKER_UNIT} (one broker per instance, the command line `octopis "
+        "up` runs, restarted when it fails) and octopis-<host>.target, which wants every "
+        "broker placed on HOST. Copy both to /etc/systemd/system on that host, then "
+        "`systemctl daemon-reload && systemctl enable --now octopis-<host>.target`. Paths "
+        "are as they will be on that host.",
+    )
+    systemd.add_argument("file", type=Path, metavar="FILE", help="topology JSON")
+    systemd.add_argument("--host", required=True, metavar="NAME", help="the host's name")
+    systemd.add_argument("-o", "--output", required=True, type=Path, metavar="DIR")
+    systemd.add_argument(
+        "--topology-path",
+        type=Path,
+        metavar="PATH",
+        help="where the topology file is on the host (default: FILE's absolute path)",
+    )
+    security = systemd.add_mutually_exclusive_group(required=True)
+    security.add_argument(
+        "--keys", type=Path, metavar="PATH", help="the keys directory on the host"
+    )
+    security.add_argument(
+        "--insecure", action="store_true", help="run the brokers without CurveZMQ"
+    )
+    systemd.add_argument("--mode", default="dnr", choices=MODES, help="routing (default dnr)")
+    systemd.add_argument("--config", type=Path, metavar="PATH", help="settings TOML on the host")
+    systemd.add_argument(
+        "--python",
+        default=sys.executable,
+        metavar="PATH",
+        help=f"the interpreter with OctopiS installed on the host (default {sys.executable})",
+    )
+    systemd.add_argument("--user", metavar="NAME", help="run the brokers as this user")
+    systemd.set_defaults(func=cmd_systemd)
     return parser
 
 
@@ -145,14 +205,28 @@ def cmd_build(args: argparse.Namespace) -> None:
         connectivity = factor_from_data(table, f"connectivity factor {args.connectivity.name}")
         connectivity = nx.relabel_nodes(connectivity, _index_label)
     factor = preset_path(args.preset) if args.preset else args.acyclic
+    hosts = None
+    if args.hosts:
+        hosts = {}
+        for name, address in (pair for group in args.hosts for pair in group):
+            if name in hosts:
+                raise TopologyError(f"--hosts names host {name!r} twice")
+            hosts[name] = address
     scot = build_from_factor_file(
-        factor, args.clusters, connectivity=connectivity, host=args.host, base_port=args.base_port
+        factor,
+        args.clusters,
+        connectivity=connectivity,
+        host=args.host,
+        base_port=args.base_port,
+        hosts=hosts,
+        place=args.place,
     )
     write_atomically(args.output, json.dumps(scot.to_json(), indent=1) + "\n")
     s = scot.summary()
     print(
         f"{args.output}: {scot.name}: {s['brokers']} brokers, {s['clusters']} clusters, "
         f"{s['regions']} regions, {s['acols']} aCOLs, {s['icols']} iCOLs"
+        + (f" on {len(scot.hosts)} hosts" if scot.hosts else "")
     )
 
 
@@ -184,6 +258,28 @@ def cmd_keys(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_systemd(args: argparse.Namespace) -> None:
+    """Write the systemd units of one host's brokers."""
+    scot = load_topology(args.file)
+    units = systemd_units(
+        scot,
+        args.host,
+        args.topology_path or args.file.resolve(),
+        mode=args.mode,
+        keys=args.keys,
+        config=args.config,
+        python=args.python,
+        user=args.user,
+    )
+    for name, text in units.items():
+        write_atomically(args.output / name, text)
+    print(
+        f"{args.output}: {', '.join(units)} for the {len(scot.brokers_on(args.host))} brokers "
+        f"on host {args.host}; on that host: cp {args.output}/* /etc/systemd/system/ && "
+        f"systemctl daemon-reload && systemctl enable --now {target_name(args.host)}"
+    )
+
+
 def format_topology(scot: Scot) -> str:
     """A readable summary, a per-cluster table and a per-region table."""
     s = scot.summary()
@@ -210,12 +306,14 @@ def format_topology(scot: Scot) -> str:
 
 
 def format_endpoints(scot: Scot) -> str:
-    """One line per broker: its id and its peer, client, control and metrics endpoints."""
+    """One line per broker: its id, its host (when the topology names hosts) and its peer,
+    client, control and metrics endpoints."""
     width = max(len(b) for b in scot.brokers) + 2
-    lines = [f"{'broker':<{width}}peer / client / control / metrics"]
+    host_width = max((len(h) for h in scot.hosts), default=-2) + 2
+    lines = [f"{'broker':<{width}}{'host':<{host_width}}peer / client / control / metrics"]
     for b in scot.brokers.values():
         ends = (b.endpoint, b.client_endpoint, b.control_endpoint, b.metrics_endpoint or "-")
-        lines.append(f"{b.id:<{width}}{'  '.join(ends)}")
+        lines.append(f"{b.id:<{width}}{b.host or '':<{host_width}}{'  '.join(ends)}")
     return "\n".join(lines)
 
 
@@ -306,6 +404,17 @@ def write_atomically(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _host_pair(text: str) -> list[tuple[str, str]]:
+    """``NAME=ADDRESS[,NAME=ADDRESS...]`` as pairs (argparse type of ``--hosts``)."""
+    pairs = []
+    for item in text.split(","):
+        name, sep, address = item.strip().partition("=")
+        if not sep or not name or not address:
+            raise argparse.ArgumentTypeError(f"expected NAME=ADDRESS, got {item.strip()!r}")
+        pairs.append((name, address))
+    return pairs
 
 
 def _index_label(label: str) -> int | str:

@@ -126,11 +126,12 @@ def broker_command(
     log_level: str | None = None,
     keys: Path | None = None,
     log_format: str | None = None,
+    python: str = sys.executable,
 ) -> list[str]:
     """The command line that runs broker ``broker_id`` of ``topology`` as its own process
-    (``octopis-broker`` through this interpreter); unset options keep the CLI's defaults;
-    without ``keys`` the broker runs ``--insecure``."""
-    command = [sys.executable, "-m", "octopis.cli.broker", "--topology", str(topology)]
+    (``octopis-broker`` through the interpreter ``python``, this one by default); unset
+    options keep the CLI's defaults; without ``keys`` the broker runs ``--insecure``."""
+    command = [python, "-m", "octopis.cli.broker", "--topology", str(topology)]
     command += ["--id", broker_id]
     command += ["--keys", str(keys)] if keys is not None else ["--insecure"]
     for option, value in (
@@ -159,7 +160,8 @@ def prepare_topology(
 
 
 class LocalCluster:
-    """The broker processes of one topology on this machine."""
+    """The broker processes of one topology on this machine: every broker, or those the
+    topology places on one host (DESIGN §10: several machines, one topology file)."""
 
     def __init__(
         self,
@@ -172,10 +174,20 @@ class LocalCluster:
         *,
         secure: bool = True,
         log_format: str = "text",
+        keys: Path | None = None,
+        host: str | None = None,
     ) -> None:
+        if keys is not None and not secure:
+            raise ClusterError("a keys directory and insecure brokers exclude each other")
         self.scot = scot
-        self.keys_dir = run_dir / "keys" if secure else None
-        """``<run-dir>/keys`` (made by :meth:`spawn`), or None: the brokers run insecure."""
+        self.given_keys = keys is not None
+        """The keys directory was handed in (a deployment's, made by ``octopis-topology
+        keys``); otherwise :meth:`spawn` makes the pairs in ``<run-dir>/keys``."""
+        self.keys_dir = keys if keys is not None else (run_dir / "keys" if secure else None)
+        """The keys the brokers and this cluster's clients use; None: insecure."""
+        self.host = host
+        self.local = scot.brokers_on(host) if host is not None else list(scot.brokers)
+        """The brokers :meth:`spawn` starts: all, or those placed on ``host``."""
         self.topology_path = topology_path
         self.mode = mode
         self.run_dir = run_dir
@@ -190,12 +202,12 @@ class LocalCluster:
     # -- processes -----------------------------------------------------------------------
 
     def spawn(self) -> None:
-        """Start every broker process (does not wait for them)."""
+        """Start the process of every broker of :attr:`local` (does not wait for them)."""
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "broker.toml").write_text(self.settings.to_toml())
-        if self.keys_dir is not None:
+        if self.keys_dir is not None and not self.given_keys:
             make_keys(self.keys_dir, self.scot.endpoints_by_broker())
-        for broker_id in self.scot.brokers:
+        for broker_id in self.local:
             self.spawn_one(broker_id)
 
     def spawn_one(self, broker_id: str) -> subprocess.Popen:
@@ -242,6 +254,8 @@ class LocalCluster:
             settings,
             secure=state.get("secure", True),
             log_format=state.get("log_format", "text"),
+            keys=Path(state["keys"]) if state.get("keys") else None,
+            host=state.get("host"),
         )
         return cluster, {b: int(p) for b, p in state["pids"].items()}
 
@@ -252,6 +266,8 @@ class LocalCluster:
             "topology": str(self.topology_path),
             "mode": self.mode,
             "secure": self.keys_dir is not None,
+            "keys": str(self.keys_dir.resolve()) if self.given_keys else None,
+            "host": self.host,
             "log_format": self.log_format,
             "pids": {**(pids or {}), **{b: p.pid for b, p in self.processes.items()}},
             "control": {b: i.control_endpoint for b, i in self.scot.brokers.items()},
@@ -328,12 +344,13 @@ class LocalCluster:
     async def wait_ready(
         self, timeout: float = 120.0, ids: list[str] | None = None, *, state: str = "ready"
     ) -> float:
-        """Wait until every broker (or those of ``ids``) is ``ready`` (up with all links
-        handshaken and every share in) or, with ``state="serving"``, serving (resynced
-        from every live neighbour: a neighbour may be dead); returns the seconds."""
+        """Wait until every broker of :attr:`local` (or of ``ids``) is ``ready`` (up with
+        all links handshaken and every share in) or, with ``state="serving"``, serving
+        (resynced from every live neighbour: a neighbour may be dead); returns the
+        seconds."""
         started = time.monotonic()
         await self.connect_control()
-        pending = set(ids or self.scot.brokers)
+        pending = set(ids or self.local)
         while pending:
             if dead := self.dead():
                 raise ClusterError(

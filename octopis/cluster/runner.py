@@ -1,11 +1,14 @@
 """``octopis run``: a workload on real broker processes, with a delivery report (DESIGN §4).
 
-Start one process per broker; attach the workload's subscribers and publishers to their
+Start one process per broker (or, ``attach``, use an overlay already running, on this
+machine or on several hosts); attach the workload's subscribers and publishers to their
 brokers (one client connection per broker, shared by its clients); subscribe; wait until
 the subscription broadcast has settled (every broker stores every subscription and all
 output queues are empty); replay publications at their (scaled) times; wait until every
 expected delivery has arrived or no progress is made for ``drain_timeout`` seconds; then
-collect the brokers' counters and stop every process, also on Ctrl-C or an error.
+collect the brokers' counters and stop every process it started, also on Ctrl-C or an
+error. The report counts what happened from the first subscription on: each broker's
+counters are read once before and subtracted.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ brokers, which drop them after ``clients.timeout``."""
 class RunOptions:
     """How to run a workload on processes."""
 
-    mode: str
+    mode: str | None
+    """snr, dnr or bid; None with ``attach``: the running overlay's."""
     run_dir: Path
     settings: BrokerSettings
     time_scale: float = 1.0
@@ -64,6 +68,11 @@ class RunOptions:
     publishing, times in seconds from the first publication (scaled like the workload's)."""
     secure: bool = True
     """CurveZMQ with key pairs in ``<run-dir>/keys``; False runs the brokers insecure."""
+    keys: Path | None = None
+    """A deployment's keys directory (``octopis-topology keys``) instead of new pairs."""
+    attach: bool = False
+    """Use the brokers of the topology that are already running (``octopis up``, on one
+    host or several) instead of starting them; they are left running."""
 
 
 class WorkloadRun:
@@ -73,19 +82,24 @@ class WorkloadRun:
         self, scot: Scot, topology_path: Path, workload: Workload, options: RunOptions
     ) -> None:
         workload.check_topology(scot)
+        if options.attach and options.failures:
+            raise ClusterError("an attached run cannot kill or stall brokers it did not start")
         self.scot = scot
         self.workload = workload
         self.options = options
         self.cluster = LocalCluster(
             scot,
             topology_path,
-            options.mode,
+            options.mode or "",
             options.run_dir,
             options.settings,
             options.log_level,
             secure=options.secure,
             log_format=options.log_format,
+            keys=options.keys,
         )
+        self.baseline: dict[str, dict[str, Any]] = {}
+        """Each broker's stats before the first subscription (subtracted in the report)."""
         self.ledger = DeliveryLedger()
         self.timings: dict[str, float] = {}
         self.timeline: list[dict[str, float]] = []
@@ -111,8 +125,11 @@ class WorkloadRun:
         self._publishers: dict[str, Publisher] = {}
 
     def run(self) -> dict[str, Any]:
-        """Run everything and return the report; every process is stopped on the way out."""
-        self.cluster.spawn()
+        """Run everything and return the report; every process started here is stopped on
+        the way out."""
+        (self.options.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if not self.options.attach:
+            self.cluster.spawn()
         try:
             return asyncio.run(self._run())
         finally:
@@ -121,6 +138,8 @@ class WorkloadRun:
     async def _run(self) -> dict[str, Any]:
         try:
             self.timings["start"] = await self.cluster.wait_ready(self.options.start_timeout)
+            self.baseline = await self.cluster.call_all("stats")
+            self._check_mode({s["mode"] for s in self.baseline.values()})
             await self._attach_clients()
             self.timings["subscribe"] = await self._subscribe()
             self.timings["settle"] = await self._settle()
@@ -148,7 +167,33 @@ class WorkloadRun:
         finally:
             for connection in self._connections.values():
                 await connection.close()
+            if self.options.attach and self.baseline:
+                await self._await_withdrawal()
             await self.cluster.close_control()
+
+    async def _await_withdrawal(self, timeout: float = 30.0) -> None:
+        """After an attached run: until every broker's table is back to its size before
+        the run (the clients said bye, so their subscriptions are withdrawn), so that the
+        next run starts from the overlay as this one found it."""
+        deadline = time.monotonic() + timeout
+        want = {b: s["routing_table_size"] for b, s in self.baseline.items()}
+        while time.monotonic() < deadline:
+            stats = await self.cluster.ask(list(want), "status", 5.0)
+            if all(s is not None and s["routing_table_size"] == want[b] for b, s in stats.items()):
+                return
+            await asyncio.sleep(0.2)
+        log.warning("the run's subscriptions were not all withdrawn within %.0f s", timeout)
+
+    def _check_mode(self, modes: set[str]) -> None:
+        """The overlay's routing mode is the one asked for (an attached run without one
+        takes the overlay's)."""
+        if len(modes) != 1:
+            raise ClusterError(f"the brokers run different modes: {', '.join(sorted(modes))}")
+        (mode,) = modes
+        if self.options.mode is None:
+            self.options.mode = self.cluster.mode = mode
+        elif mode != self.options.mode:
+            raise ClusterError(f"the overlay routes with {mode}, not {self.options.mode}")
 
     async def _watch_stalls(self) -> None:
         """Warn when this event loop ran late by more than a second; dump every thread's
@@ -280,13 +325,14 @@ class WorkloadRun:
         """Every broker stores every subscription, queues are empty, counters still."""
         started = time.monotonic()
         total = len(self.workload.subscriptions)
+        want = {b: s["routing_table_size"] + total for b, s in self.baseline.items()}
         previous = None
         while time.monotonic() - started < timeout:
             stats = await self.cluster.call_all("stats")
-            sizes = {s["routing_table_size"] for s in stats.values()}
+            sizes = {b: s["routing_table_size"] for b, s in stats.items()}
             busy = sum(sum(s["queue_lengths"].values()) for s in stats.values())
             sent = sum(s["core"].get("sent.subscribe", 0) for s in stats.values())
-            if sizes == {total} and not busy and sent == previous:
+            if sizes == want and not busy and sent == previous:
                 return time.monotonic() - started
             previous = sent
             await asyncio.sleep(0.2)
@@ -504,23 +550,32 @@ class WorkloadRun:
 
     def _report(self, stats: dict[str, dict], subscriptions: dict[str, dict]) -> dict[str, Any]:
         copies = queued = longest = 0
-        for s in stats.values():
-            copies += s["queue_seen"]["copies"]
-            queued += s["queue_seen"]["total"]
-            longest = max(longest, s["queue_seen"]["max"])
         core: Counter[str] = Counter()
         counters: Counter[str] = Counter()
         match_seconds = 0.0
-        for s in stats.values():
+        for broker, s in stats.items():
+            before = self.baseline.get(broker)
+            if before is not None and before["incarnation"] == s["incarnation"]:
+                core.subtract(before["core"])
+                counters.subtract(before["counters"])
+                match_seconds -= before["matching"]["seconds"]
+                copies -= before["queue_seen"]["copies"]
+                queued -= before["queue_seen"]["total"]
+            copies += s["queue_seen"]["copies"]
+            queued += s["queue_seen"]["total"]
+            longest = max(longest, s["queue_seen"]["max"])
             core.update(s["core"])
             counters.update(s["counters"])
             match_seconds += s["matching"]["seconds"]
+        core, counters = +core, +counters  # what the run counted (zeros dropped)
+        ours = self.ledger.subscription_keys
         delay: dict[str, float] = {}
         depth: dict[str, int] = {}
         for per_broker in subscriptions.values():
             for sub_id, (seconds, hops) in per_broker.items():
-                delay[sub_id] = max(delay.get(sub_id, 0.0), seconds)
-                depth[sub_id] = max(depth.get(sub_id, 0), hops)
+                if sub_id in ours:
+                    delay[sub_id] = max(delay.get(sub_id, 0.0), seconds)
+                    depth[sub_id] = max(depth.get(sub_id, 0), hops)
         report = run_report(
             self.options.mode,
             len(self.scot.brokers),

@@ -121,7 +121,7 @@ class BidBroker(CoreBase):
             if destinations.pop(self.id, None) is not None:
                 self.stats["matching"] += 1
                 subscribers = self.table.values(LOCAL, n.publication)
-        if subscribers and not self.dedup.first(n.publisher, n.seq):
+        if subscribers and not self.dedup.first((n.publisher, n.session), n.seq):
             self.stats["dedup.absorbed"] += len(subscribers)
             subscribers = set()
 

@@ -191,7 +191,7 @@ class ClusteredBroker(CoreBase):
         publication = n.publication
         table = self.table
         subscribers = table.values(LOCAL, publication) if table.size(LOCAL) else set()
-        if subscribers and not self.dedup.first(n.publisher, n.seq):
+        if subscribers and not self.dedup.first((n.publisher, n.session), n.seq):
             self.stats["dedup.absorbed"] += len(subscribers)
             subscribers = set()
         acols = table.values(PRIMARY, publication)

@@ -1,23 +1,27 @@
-"""Edge dedup (DESIGN §7): a host broker hands a given ``(publisher, seq)`` to its local
-subscribers at most once.
+"""Edge dedup (DESIGN §7): a host broker hands a given ``(publisher, seq)`` of one
+publisher session to its local subscribers at most once.
 
 Without failures no copy reaches a host twice (the paper's exactly-once law), so dedup
 never fires; after a link-down, re-routed custody copies and publications an SDK re-sends
 after a fail-over can arrive again, and dedup absorbs them. Memory is bounded: the last
-``window`` sequence numbers per publisher, for at most ``publishers`` publishers (the one
-first seen longest ago is forgotten first, and counted).
+``window`` sequence numbers per publisher session, for at most ``publishers`` of them (the
+one first seen longest ago is forgotten first, and counted). A publisher is known by its
+name and session, so one that starts again (numbering from 1 again under a new session)
+is never taken for a repeat of its earlier self.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 
 DEFAULT_WINDOW = 4096
 DEFAULT_PUBLISHERS = 10_000
 
 
 class EdgeDedup:
-    """The ``(publisher, seq)`` pairs this host has delivered, within bounded windows."""
+    """The ``(publisher, seq)`` pairs this host has delivered, within bounded windows;
+    ``publisher`` is any hashable name of a publisher session."""
 
     __slots__ = ("_seen", "forgotten", "publishers", "window")
 
@@ -28,9 +32,9 @@ class EdgeDedup:
         self.publishers = publishers
         self.forgotten = 0
         """Publishers dropped to stay within ``publishers``."""
-        self._seen: dict[str, tuple[set[int], deque[int]]] = {}
+        self._seen: dict[Hashable, tuple[set[int], deque[int]]] = {}
 
-    def first(self, publisher: str, seq: int) -> bool:
+    def first(self, publisher: Hashable, seq: int) -> bool:
         """True the first time ``(publisher, seq)`` is offered (and remember it)."""
         seen = self._seen.get(publisher)
         if seen is None:

@@ -64,9 +64,12 @@ class Notification(NamedTuple):
     """A publication in flight (immutable; ``_replace`` makes a changed copy).
 
     ``publisher``, ``seq`` and ``published_at`` identify it for delivery accounting;
-    routing never reads them. ``cbv`` is DNR's header naming the clusters this copy must
-    still serve (§6.3); ``destinations`` is BID's list of ``(broker, sub_id)`` (§6.1);
-    ``tunnel`` marks a detour copy (DESIGN §7).
+    routing never reads them. ``session`` names the publisher's session (a random number
+    per SDK publisher object, 0 in the simulator): a publisher that starts again under the
+    same name numbers from 1 again, and edge dedup must not take its new notifications
+    for copies of the old ones (DESIGN §7). ``cbv`` is DNR's header naming the clusters
+    this copy must still serve (§6.3); ``destinations`` is BID's list of
+    ``(broker, sub_id)`` (§6.1); ``tunnel`` marks a detour copy (DESIGN §7).
     A tuple rather than a frozen dataclass: every broker builds one per notification it
     receives, and a tuple costs half as much to build.
     """
@@ -78,6 +81,7 @@ class Notification(NamedTuple):
     cbv: frozenbitarray | None = None
     destinations: tuple[tuple[str, str], ...] | None = None
     tunnel: Tunnel | None = None
+    session: int = 0
 
     @property
     def key(self) -> tuple[str, int]:

@@ -258,7 +258,9 @@ class ClientSessions:
                 f"(clients.publish_window = {window}); wait for their answers"
             )
         self._key(identity, connection, request)
-        n = Notification(request.client, request.seq, request.published_at, publication)
+        n = Notification(
+            request.client, request.seq, request.published_at, publication, session=request.session
+        )
         self.counters["publications"] += 1
         reply = {"op": "published", "seq": request.seq}
         answer = pack({**reply, "req": request.req})

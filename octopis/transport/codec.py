@@ -102,6 +102,7 @@ def encode_body(message: Message | Control) -> bytes:
                 _cbv_out(message.cbv),
                 dests,
                 None if message.tunnel is None else list(message.tunnel),
+                message.session,
             ]
         )
     if isinstance(message, Subscribe):
@@ -187,8 +188,8 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
 
 
 def _notification(data: list) -> Notification:
-    _expect(data, 8, "NOTIFY")
-    _, publisher, seq, published_at, publication, cbv, dests, tunnel = data
+    _expect(data, 9, "NOTIFY")
+    _, publisher, seq, published_at, publication, cbv, dests, tunnel, session = data
     if dests is not None:
         if not isinstance(dests, list) or not all(
             isinstance(d, list) and len(d) == 2 and all(isinstance(x, str) for x in d)
@@ -200,7 +201,7 @@ def _notification(data: list) -> Notification:
         _str(publisher, "publisher")
     if type(published_at) is int:
         published_at = float(published_at)
-    problem = stamp_problem(seq, published_at)
+    problem = stamp_problem(seq, published_at, session)
     if problem is not None:
         raise WireError(problem)
     if not is_plain_publication(publication, VALID_ATTRIBUTES):
@@ -213,6 +214,7 @@ def _notification(data: list) -> Notification:
         None if cbv is None else _cbv_in(cbv),
         dests,
         None if tunnel is None else _tunnel(tunnel),
+        session,
     )
 
 

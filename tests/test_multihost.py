@@ -1,0 +1,243 @@
+"""Brokers on several hosts (DESIGN §10): fig2 spread over three network namespaces, each
+with its own address on a bridge, started host by host with ``octopis up --host``, and
+workloads run across them exactly once from a fourth namespace (a client host).
+
+Everything lives in namespaces this test makes: the bridge sits in a namespace of its
+own, so the machine's own network is never touched and no address outside them is ever
+reached. It needs root and ``ip netns``; without them it is skipped with the reason,
+unless ``OCTOPIS_REQUIRE_NETNS`` is set (CI sets it), where it fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from octopis.topology import load_topology
+
+pytestmark = pytest.mark.slow
+
+SUBNET = "198.18.7"
+"""Addresses of the test hosts (RFC 2544's range for network tests), inside the
+namespaces only: the bridge's namespace has no route anywhere else."""
+HOSTS = ("h0", "h1", "h2")
+OCTOPIS = [sys.executable, "-m", "octopis.cli.main"]
+
+
+@dataclass
+class Namespaces:
+    """The namespaces of one test: ``hosts`` (name → namespace), ``client``, ``switch``."""
+
+    hosts: dict[str, str]
+    client: str
+    switch: str
+
+    def address(self, host: str) -> str:
+        return f"{SUBNET}.{HOSTS.index(host) + 1}"
+
+    def run(
+        self, namespace: str, argv: list[str], timeout: float = 240
+    ) -> subprocess.CompletedProcess:
+        """``argv`` inside ``namespace``, output captured, bounded in time."""
+        return subprocess.run(
+            ["ip", "netns", "exec", namespace, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+def _why_no_namespaces() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2)"
+    probe = f"octopis-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@pytest.fixture(scope="module")
+def namespaces() -> Iterator[Namespaces]:
+    if reason := _why_no_namespaces():
+        if os.environ.get("OCTOPIS_REQUIRE_NETNS"):
+            pytest.fail(f"OCTOPIS_REQUIRE_NETNS is set but {reason}")
+        pytest.skip(reason)
+    tag = f"octopis{os.getpid()}"
+    ns = Namespaces(
+        hosts={h: f"{tag}-{h}" for h in HOSTS}, client=f"{tag}-client", switch=f"{tag}-sw"
+    )
+    made: list[str] = []
+    try:
+        for name in (ns.switch, *ns.hosts.values(), ns.client):
+            _ip("netns", "add", name)
+            made.append(name)
+            _ip("-n", name, "link", "set", "lo", "up")
+        _ip("-n", ns.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", ns.switch, "link", "set", "br0", "up")
+        members = [*((ns.hosts[h], ns.address(h)) for h in HOSTS), (ns.client, f"{SUBNET}.100")]
+        for i, (name, address) in enumerate(members):
+            port = f"port{i}"
+            _ip(
+                "-n",
+                ns.switch,
+                "link",
+                "add",
+                port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                name,
+            )
+            _ip("-n", ns.switch, "link", "set", port, "master", "br0", "up")
+            _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
+            _ip("-n", name, "link", "set", "eth0", "up")
+        yield ns
+    finally:
+        for name in made:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def overlay(namespaces: Namespaces, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """fig2, a cluster per host, up with CurveZMQ keys made for the deployment; yields the
+    directory holding ``t.json``, ``keys/`` and each host's run directory ``run-<host>``."""
+    root = tmp_path_factory.mktemp("multihost")
+    hosts = ",".join(f"{h}={namespaces.address(h)}" for h in HOSTS)
+    topology = str(root / "t.json")
+    for argv in (
+        ["build", "--preset", "fig2", "--hosts", hosts, "-o", topology],
+        ["keys", topology, "-o", str(root / "keys")],
+    ):
+        subprocess.run(
+            [sys.executable, "-m", "octopis.cli.topology", *argv], check=True, timeout=60
+        )
+    ups = {
+        h: subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                namespaces.hosts[h],
+                *OCTOPIS,
+                "up",
+                topology,
+                "--host",
+                h,
+                "--keys",
+                str(root / "keys"),
+                "--run-dir",
+                str(root / f"run-{h}"),
+                "--timeout",
+                "120",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for h in HOSTS
+    }
+    try:
+        outputs = {h: p.communicate(timeout=180)[0] for h, p in ups.items()}
+        for h, p in ups.items():
+            assert p.returncode == 0, f"octopis up --host {h} failed:\n{outputs[h]}"
+        yield root
+    finally:
+        for h, p in ups.items():
+            if p.poll() is None:
+                p.kill()
+            if (root / f"run-{h}" / "cluster.json").exists():
+                namespaces.run(
+                    namespaces.hosts[h], [*OCTOPIS, "down", "--run-dir", str(root / f"run-{h}")]
+                )
+
+
+def _net_namespace(pid: int) -> int:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
+def test_each_host_runs_its_brokers_in_its_namespace(namespaces: Namespaces, overlay: Path) -> None:
+    scot = load_topology(overlay / "t.json")
+    for h in HOSTS:
+        state = json.loads((overlay / f"run-{h}" / "cluster.json").read_text())
+        assert sorted(state["pids"]) == sorted(scot.brokers_on(h))
+        home = os.stat(f"/run/netns/{namespaces.hosts[h]}").st_ino
+        assert {_net_namespace(pid) for pid in state["pids"].values()} == {home}
+    # every link is up, iCOLs included: they cross from one namespace to another
+    status = namespaces.run(
+        namespaces.hosts["h0"], [*OCTOPIS, "status", "--run-dir", str(overlay / "run-h0"), "--json"]
+    )
+    assert status.returncode == 0, status.stderr
+    stats = json.loads(status.stdout)
+    assert sorted(stats) == sorted(scot.brokers)
+    crossing = 0
+    for broker, s in stats.items():
+        assert s["links_up"] == s["neighbours"], (broker, s["links"])
+        here = scot.brokers[broker].host
+        crossing += sum(scot.brokers[n].host != here for n in s["links"])
+    assert crossing == 2 * scot.summary()["icols"]
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_a_workload_across_hosts_is_delivered_exactly_once(
+    namespaces: Namespaces, overlay: Path, run: int
+) -> None:
+    """Two runs one after the other on the same overlay: each report counts its own run
+    only (SBP = N−1 messages per subscription every time)."""
+    report_path = overlay / f"client-run-{run}"
+    result = namespaces.run(
+        namespaces.client,
+        [
+            *OCTOPIS,
+            "run",
+            "--attach",
+            "--topology",
+            str(overlay / "t.json"),
+            "--keys",
+            str(overlay / "keys"),
+            "--subscribers",
+            "90",
+            "--publishers",
+            "6",
+            "--notifications",
+            "40",
+            "--rate",
+            "120",
+            "--seed",
+            str(run),
+            "--run-dir",
+            str(report_path),
+            "--json",
+            "--no-progress",
+        ],
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    scot = load_topology(overlay / "t.json")
+    print(
+        f"run {run}: expected {report['expected_deliveries']}, delivered "
+        f"{report['delivered']}, duplicates {report['duplicates']}, lost {report['lost']}"
+    )
+    assert report["mode"] == "dnr"
+    assert report["expected_deliveries"] > 300
+    assert report["delivered"] == report["expected_deliveries"]
+    assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
+    assert report["sbp_messages"] == 90 * (len(scot.brokers) - 1)
