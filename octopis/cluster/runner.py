@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import logging
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -128,7 +129,10 @@ class WorkloadRun:
         """Run everything and return the report; every process started here is stopped on
         the way out."""
         (self.options.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        if not self.options.attach:
+        if self.options.attach:
+            self._phase(f"starting: attaching to the {len(self.scot.brokers)} running brokers")
+        else:
+            self._phase(f"starting {len(self.cluster.local)} broker processes")
             self.cluster.spawn()
         try:
             return asyncio.run(self._run())
@@ -305,7 +309,7 @@ class WorkloadRun:
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        bar = self._bar(len(self.workload.subscriptions), "subscribe")
+        bar = self._bar(len(self.workload.subscriptions), "subscribing")
         window = asyncio.Semaphore(256)
 
         async def one(event: Any) -> None:
@@ -325,6 +329,7 @@ class WorkloadRun:
         """Every broker stores every subscription, queues are empty, counters still."""
         started = time.monotonic()
         total = len(self.workload.subscriptions)
+        self._phase(f"settling: until every broker holds the {total} subscriptions")
         want = {b: s["routing_table_size"] + total for b, s in self.baseline.items()}
         previous = None
         while time.monotonic() - started < timeout:
@@ -342,7 +347,7 @@ class WorkloadRun:
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         events = self.workload.publications
-        bar = self._bar(len(events), "publish")
+        bar = self._bar(len(events), "publishing")
         for event in events:
             delay = t0 + event.time * self.options.time_scale - loop.time()
             if delay > 0:
@@ -367,7 +372,7 @@ class WorkloadRun:
         """Wait for every expected delivery, then a quiet period to catch duplicates."""
         started = time.monotonic()
         expected = self.ledger.expected
-        bar = self._bar(len(expected), "deliver")
+        bar = self._bar(len(expected), "draining")
         last_progress, last_count = time.monotonic(), -1
         while True:
             received = sum(self.ledger.received.values())
@@ -430,10 +435,15 @@ class WorkloadRun:
         ]
         return delivery_series(start, width, self._published_at.values(), self._arrivals, lost_at)
 
+    def _phase(self, text: str) -> None:
+        """Say which phase the run is in (with progress on)."""
+        if self.options.progress:
+            tqdm.write(text, file=sys.stderr)
+
     def _bar(self, total: int, what: str) -> tqdm:
         return tqdm(
             total=total,
-            desc=f"{what:>9}",
+            desc=f"{what:>11}",
             unit="msg",
             leave=False,
             disable=not self.options.progress,
