@@ -463,25 +463,31 @@ class Connection:
                 handled = 0
                 await asyncio.sleep(0)
 
-    def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:
-        if len(parts) == 2:
-            now = time.time()
-            publisher, seq, published_at, publication, session = delivery_fields(parts[1])
-            recent, order = self._recent, self._recent_order
-            for name in unpack(parts[0]):
-                handler = self._handlers.get(name)
-                if handler is None:
+    def _on_delivery(self, names: bytes, body: bytes, now: float) -> None:
+        """One notification (its NOTIFY ``body``) for the clients ``names`` of this
+        connection."""
+        publisher, seq, published_at, publication, session = delivery_fields(body)
+        recent, order = self._recent, self._recent_order
+        for name in unpack(names):
+            handler = self._handlers.get(name)
+            if handler is None:
+                continue
+            if order.maxlen:
+                key = (name, publisher, session, seq)
+                if self._checking_recent and key in recent:
+                    self.duplicates_absorbed += 1
                     continue
-                if order.maxlen:
-                    key = (name, publisher, session, seq)
-                    if self._checking_recent and key in recent:
-                        self.duplicates_absorbed += 1
-                        continue
-                    if len(order) == order.maxlen:
-                        recent.discard(order[0])
-                    order.append(key)
-                    recent.add(key)
-                handler(name, publisher, seq, published_at, publication, now)
+                if len(order) == order.maxlen:
+                    recent.discard(order[0])
+                order.append(key)
+                recent.add(key)
+            handler(name, publisher, seq, published_at, publication, now)
+
+    def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:
+        if len(parts) > 1:  # deliveries: [names, body, names, body, ...]
+            now = time.time()
+            for i in range(0, len(parts) - 1, 2):
+                self._on_delivery(parts[i], parts[i + 1], now)
             return
         data = unpack(parts[0])
         op = data.get("op")

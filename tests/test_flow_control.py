@@ -66,6 +66,11 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     held_from = settings.queue_limit if trigger == "queue_limit" else 0
     bound = held_from + 2 * settings.custody_limit
     assert stats["b:0"]["queue_seen"]["max"] <= bound
+    # a:0's backlog for b:0 left in batches; the paced b:0 -> c:0 sends a frame a message
+    held_back, paced = stats["a:0"]["batches"]["b:0"], stats["b:0"]["batches"]["c:0"]
+    print(f"a:0 -> b:0 {held_back}, b:0 -> c:0 {paced}")
+    assert held_back["frames"] > held_back["messages"]
+    assert paced["frames"] == paced["messages"]
 
 
 async def _reader_on_c0(cluster: LocalCluster, got: Counter[int]) -> Subscriber:
@@ -134,6 +139,41 @@ def _slow_consumer_run(
 SLOW = {"client_sndhwm": 200, "client_backlog_limit": 800}
 """A small allowance per client connection, so that a few thousand notifications fill it
 (a second of the test's rate for the reader)."""
+
+
+def test_deliveries_of_one_pass_reach_their_connection_together(
+    line_of: Callable[[BrokerSettings], LocalCluster],
+) -> None:
+    """DESIGN §5 on client sockets: a burst of publications at a:0 for a subscriber on
+    a:0 is handled in passes, and each pass's deliveries leave as one message; the SDK
+    takes them apart, each exactly once."""
+    total = 2000
+    cluster = line_of(BrokerSettings())
+    got: Counter[int] = Counter()
+
+    async def scenario() -> dict:
+        await cluster.wait_ready(60)
+        endpoint = cluster.scot.brokers["a:0"].client_endpoint
+        sub = await Subscriber.connect(
+            endpoint, "reader", on_notification=lambda n: got.update([n.seq])
+        )
+        await sub.subscribe("[class,eq,'STOCK']")
+        pub = await Publisher.connect(endpoint, "feed")
+        for i in range(total):
+            await pub.publish({"class": "STOCK", "close": float(i)}, wait=False)
+        await pub.flush(60)
+        await until(lambda: len(got) >= total, "every notification arrives", 60)
+        stats = (await cluster.ask(["a:0"], "stats", 5))["a:0"]
+        await pub.close()
+        await sub.close()
+        return stats["counters"]
+
+    counters = asyncio.run(closing_control(cluster, scenario()))
+    counts = accounting("reader", total, got)
+    print(f"a:0 deliveries {counters['deliveries']}, batched {counters['deliveries_batched']}")
+    assert counts["delivered"] == total and counts["duplicates"] == counts["lost"] == 0
+    assert counters["deliveries"] == total
+    assert counters["deliveries_batched"] > 0
 
 
 def test_a_slow_subscriber_is_disconnected_with_its_reason(

@@ -10,10 +10,21 @@ import zmq
 import zmq.asyncio
 
 from octopis.core.lst import LinkStatusTable
-from octopis.transport.links import DATA, HANDSHAKE, KEPT, LINK, OutputLink, PublishReceipt
+from octopis.transport.links import (
+    BATCH_FRAMES,
+    DATA,
+    HANDSHAKE,
+    KEPT,
+    LINK,
+    OutputLink,
+    PublishReceipt,
+    SendPass,
+)
 
 
-async def _with_link(scenario, *, custody_limit: int = 100, retain: float = 0.0):
+async def _with_link(
+    scenario, *, custody_limit: int = 100, retain: float = 0.0, send_pass: SendPass | None = None
+):
     ctx = zmq.asyncio.Context()
     pull = ctx.socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
@@ -29,6 +40,7 @@ async def _with_link(scenario, *, custody_limit: int = 100, retain: float = 0.0)
         custody_limit,
         retain,
         1000,
+        send_pass=send_pass,
     )
     sender = asyncio.create_task(link.run())
     try:
@@ -41,10 +53,11 @@ async def _with_link(scenario, *, custody_limit: int = 100, retain: float = 0.0)
 
 
 async def _drain(pull: zmq.asyncio.Socket, wait: float = 0.3) -> list[bytes]:
-    """The second part of every message that arrives within ``wait`` seconds."""
+    """The bodies (every part after the sender's) of every message that arrives within
+    ``wait`` seconds."""
     bodies = []
     while await pull.poll(wait * 1000):
-        bodies.append((await pull.recv_multipart())[1])
+        bodies += (await pull.recv_multipart())[1:]
     return bodies
 
 
@@ -68,6 +81,68 @@ def test_routing_frames_wait_for_the_greeting_and_follow_it() -> None:
         assert lst.rows["peer"].queue_length == 0
 
     asyncio.run(_with_link(scenario))
+
+
+async def _messages(pull: zmq.asyncio.Socket, wait: float = 0.3) -> list[list[bytes]]:
+    """Every message (its bodies) that arrives within ``wait`` seconds."""
+    messages = []
+    while await pull.poll(wait * 1000):
+        messages.append((await pull.recv_multipart())[1:])
+    return messages
+
+
+def test_what_a_send_pass_puts_leaves_as_one_message_when_it_ends() -> None:
+    """DESIGN §5: frames put while a pass is open wait for its end and then leave as one
+    message, in order, a heartbeat put meanwhile at its head; outside a pass a frame
+    leaves at once, alone; every frame counts in the LST as sent."""
+    send_pass = SendPass()
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> None:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        assert await _messages(pull) == [[b"greeting"]]
+        send_pass.open = True
+        for n in range(5):
+            link.put([b"me", b"n%d" % n, KEPT], loop.time())
+        link.put_link([b"me", b"beat", LINK], loop.time())
+        assert len(link.queue) == 6 and link.messages == 1  # the pass is open: all wait
+        send_pass.end(loop.time())
+        assert await _messages(pull) == [[b"beat", b"n0", b"n1", b"n2", b"n3", b"n4"]]
+        link.put([b"me", b"alone", KEPT], loop.time())
+        assert await _messages(pull) == [[b"alone"]]
+        assert (link.messages, link.sent) == (3, 8)
+        assert lst.rows["peer"].queue_length == 0
+
+    asyncio.run(_with_link(scenario, send_pass=send_pass))
+
+
+def test_a_batch_stops_where_custody_is_full_and_at_its_size() -> None:
+    """A batch takes routing frames only while custody has room (the rest wait for an
+    acknowledgement) and at most BATCH_FRAMES frames a message."""
+    send_pass = SendPass()
+    total = BATCH_FRAMES + 10
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> None:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        await _messages(pull)
+        send_pass.open = True
+        for n in range(3):
+            link.put([b"me", b"n%d" % n, KEPT], loop.time())
+        send_pass.end(loop.time())
+        assert await _messages(pull) == [[b"n0", b"n1"]]  # custody holds 2
+        link.acknowledge(2, loop.time())
+        assert await _messages(pull) == [[b"n2"]]
+        link.custody_limit = 1000
+        link.acknowledge(3, loop.time())
+        send_pass.open = True
+        for n in range(total):
+            link.put([b"me", b"m%d" % n, KEPT], loop.time())
+        send_pass.end(loop.time())
+        sizes = [len(m) for m in await _messages(pull)]
+        assert sizes == [BATCH_FRAMES, total - BATCH_FRAMES]
+
+    asyncio.run(_with_link(scenario, custody_limit=2, send_pass=send_pass))
 
 
 def test_take_back_returns_retained_then_unacknowledged_then_queued() -> None:

@@ -48,7 +48,7 @@ from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.control import serve_control
-from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt
+from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt, SendPass
 from octopis.transport.logs import RateLimitedLog
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
@@ -141,6 +141,7 @@ class Broker:
             start=loop.time(),
         )
         endpoints = {b.id: b.endpoint for b in self.scot.brokers.values()}
+        send_pass = SendPass()
         self.peers = PeerLinks(
             self.id,
             {n.id: endpoints[n.id] for n in self.info.neighbours},
@@ -151,10 +152,11 @@ class Broker:
             self,
             self.incarnation,
             curve,
+            send_pass,
         )
         self.links = self.peers.links
         self.clients = ClientSessions(
-            self.id, self.info.client_endpoint, self.settings, ctx, self, curve
+            self.id, self.info.client_endpoint, self.settings, ctx, self, curve, send_pass
         )
         self.rpc = await serve_control(
             self,
@@ -610,6 +612,10 @@ class Broker:
             "core": core,
             "lst": self.lst.snapshot(),
             "queue_lengths": {name: len(link.queue) for name, link in self.links.items()},
+            "batches": {
+                name: {"messages": link.messages, "frames": link.sent}
+                for name, link in self.links.items()
+            },
             "client_backlog": self.clients.backlog(),
             "custody": {
                 name: {

@@ -37,6 +37,7 @@ from octopis.transport.links import (
     SNDMORE_NOBLOCK,
     InputWaiter,
     PublishReceipt,
+    SendPass,
     receive_now,
 )
 from octopis.transport.logs import RateLimitedLog
@@ -84,6 +85,12 @@ class Router(Protocol):
 
 DROPPED_KEPT = 1000
 """Dropped connections remembered, so that their later requests are told why."""
+CLIENT_BATCH = 64
+"""Requests one pass handles before the pass ends and other tasks run."""
+DELIVERIES_PER_MESSAGE = 16
+"""Deliveries one message to a connection carries at most: ZeroMQ's high-water mark
+(``clients.sndhwm``) counts messages, so a stalled connection holds at most this many
+times as many deliveries in ZeroMQ."""
 
 
 class Connection:
@@ -113,10 +120,15 @@ class ClientSessions:
         ctx: zmq.asyncio.Context,
         router: Router,
         curve: Curve | None = None,
+        send_pass: SendPass | None = None,
     ) -> None:
         self.id = broker_id
         self.settings = settings
         self.router = router
+        self.send_pass = send_pass or SendPass()
+        """Opened around each pass over the requests; shared with the peer links."""
+        self._held: dict[bytes, list[bytes]] = {}
+        """Deliveries of the open send pass, per connection: ``[names, body, ...]``."""
         self.counters: Counter[str] = Counter()
         self.socket = ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -146,26 +158,37 @@ class ClientSessions:
     # -- requests ------------------------------------------------------------------------
 
     async def serve(self) -> None:
-        """Read requests until cancelled."""
+        """Read requests until cancelled, in passes of up to :data:`CLIENT_BATCH`: what a
+        pass sends leaves in batches when it ends, and other tasks run between passes."""
         loop = asyncio.get_running_loop()
         self._waiter = InputWaiter(self._sync, loop)
         recv = self._sync.recv
+        send_pass = self.send_pass
+        handled = 0
         while True:
             try:
                 parts = receive_now(recv)
             except zmq.Again:
+                send_pass.end(loop.time())
+                handled = 0
                 await self._waiter.wait()
                 continue
+            send_pass.open = True
             if len(parts) != 2:
                 self.counters["client_errors"] += 1
                 self._warn.warning(
                     "parts", "%s got a client frame with %d parts", self.id, len(parts)
                 )
-                continue
-            identity, payload = parts
-            reply = self._on_request(identity, payload, loop.time())
-            if reply is not None:
-                self._send(identity, [pack(reply)])
+            else:
+                identity, payload = parts
+                reply = self._on_request(identity, payload, loop.time())
+                if reply is not None:
+                    self._send(identity, [pack(reply)])
+            handled += 1
+            if handled >= CLIENT_BATCH:
+                send_pass.end(loop.time())
+                handled = 0
+                await asyncio.sleep(0)
 
     def _on_request(self, identity: bytes, payload: bytes, now: float) -> dict | None:
         req = None
@@ -327,10 +350,39 @@ class ClientSessions:
 
     def deliver(self, deliveries: dict[bytes, list[str]], body: bytes) -> None:
         """Send one notification (its NOTIFY ``body``) to the named clients of each
-        connection: one two-part message ``[names, body]`` per connection."""
+        connection: ``[names, body]`` per connection; during a send pass, a connection's
+        deliveries wait for its end and leave as one message ``[names, body, names,
+        body, ...]``."""
+        send_pass = self.send_pass
+        held = self._held
         for identity, names in deliveries.items():
             self.counters["deliveries"] += len(names)
-            self._send(identity, [pack(names), body])
+            if not send_pass.open:
+                self._send(identity, [pack(names), body])
+            elif identity in held:
+                held[identity] += (pack(names), body)
+            else:
+                held[identity] = [pack(names), body]
+                if len(held) == 1:
+                    send_pass.hold(self, self._send_held)
+
+    def _send_held(self, now: float) -> None:
+        """The end of a send pass: each connection's deliveries in messages of at most
+        :data:`DELIVERIES_PER_MESSAGE`; one whose pipe is full queues them one by one, so
+        its backlog counts deliveries."""
+        held, self._held = self._held, {}
+        step = 2 * DELIVERIES_PER_MESSAGE
+        for identity, parts in held.items():
+            connection = self.connections.get(identity)
+            for i in range(0, len(parts), step):
+                if connection is not None and connection.backlog:
+                    for j in range(i, len(parts), 2):
+                        self._send(identity, parts[j : j + 2])
+                    break
+                batch = parts[i : i + step]
+                if len(batch) > 2:
+                    self.counters["deliveries_batched"] += len(batch) // 2
+                self._send(identity, batch)
 
     def _send(self, identity: bytes, parts: list[bytes]) -> None:
         """Send to a connection now, or queue behind its backlog when its pipe is full.
@@ -353,7 +405,10 @@ class ClientSessions:
         if problem is None:
             return
         if isinstance(problem, zmq.Again) and connection is not None:
-            connection.backlog = deque([parts])
+            if len(parts) > 2:  # a batch of deliveries queues as single ones
+                connection.backlog = deque(parts[i : i + 2] for i in range(0, len(parts), 2))
+            else:
+                connection.backlog = deque([parts])
             asyncio.get_running_loop().create_task(self._drain(identity, connection))
         else:
             self.counters["undeliverable"] += 1
@@ -366,12 +421,12 @@ class ClientSessions:
         backlog = connection.backlog
         assert backlog is not None
         limit = self.settings.client_backlog_limit
-        if self.settings.slow_policy == "drop_oldest" and len(parts) == 2:
+        if self.settings.slow_policy == "drop_oldest" and len(parts) > 1:
             backlog.append(parts)
             while len(oldest := backlog.popleft()) == 1:  # replies are kept: a request
                 backlog.append(oldest)  # must be answered; the new delivery ends the loop
-            connection.overflowed += 1
-            self.counters["deliveries_dropped.slow_consumer"] += 1
+            connection.overflowed += len(oldest) // 2
+            self.counters["deliveries_dropped.slow_consumer"] += len(oldest) // 2
             self._warn.warning(
                 "overflow",
                 "%s dropped the oldest delivery queued for slow client connection %s "
@@ -387,7 +442,7 @@ class ClientSessions:
         )
         self.counters["slow_consumers_dropped"] += 1
         self.counters["deliveries_dropped.slow_consumer"] += sum(
-            len(queued) == 2 for queued in (*backlog, parts)
+            len(queued) // 2 for queued in (*backlog, parts)
         )
         self.drop(identity, reason)
         self.dropped[identity] = reason

@@ -1,8 +1,12 @@
 """ZeroMQ primitives of a broker's links: non-blocking sends and reads, an input waiter,
-and the outgoing peer link with its output queue (DESIGN §4, paper §6.3).
+the outgoing peer link with its output queue (DESIGN §4, paper §6.3), and the send pass
+that batches what one pass over the input puts on a link (DESIGN §5).
 
 The output queue is what the Link Status Table measures: a low send high-water mark and
 non-blocking sends make backpressure grow this queue instead of dropping anything.
+
+A message on a peer link is ``[sender, body, body, ...]``: one or more frame bodies from
+one sender, handled by the receiver in order, as if each had come alone.
 """
 
 from __future__ import annotations
@@ -32,12 +36,18 @@ NOBLOCK, EVENTS, POLLIN, POLLOUT = (
 LOOP_SLACK = 0.01
 """Seconds a paced sender may catch up after the event loop woke it late."""
 
+SNDMORE = int(zmq.SNDMORE)
 SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 """Plain ints: pyzmq's flag enums cost an enum construction per call on the hot path."""
 send_part = zmq.backend.Socket.send
 """pyzmq's compiled send, without the Python wrapper of ``zmq.Socket.send`` (which
 only adds DRAFT routing ids and groups): half the cost per part on the forwarding path."""
 
+
+BATCH_FRAMES = 64
+"""Frames one message carries at most (DESIGN §5: a batch)."""
+BATCH_BYTES = 256 * 1024
+"""Bytes of bodies after which a batch takes no further frame."""
 
 LINK, HANDSHAKE, DATA, KEPT = 0, 1, 2, 3
 """What a queued frame is (its third element, never sent): a link-level frame (heartbeat),
@@ -72,6 +82,32 @@ def send_now(sock: zmq.Socket, frame: list) -> None:
     is in."""
     send_part(sock, frame[0], SNDMORE_NOBLOCK)
     send_part(sock, frame[1])
+
+
+class SendPass:
+    """One synchronous pass over a broker's input (DESIGN §5, batching): while it is open,
+    what the pass puts on a link or hands to a client waits; when it ends, each of them
+    sends what it holds, as few messages as it can. Nothing waits to fill a batch: a pass
+    over one frame sends it as soon as that frame is handled, so an idle link adds no
+    delay, and under load a pass over many frames leaves as one message per link."""
+
+    __slots__ = ("open", "pending")
+
+    def __init__(self) -> None:
+        self.open = False
+        self.pending: dict[int, Callable[[float], None]] = {}
+        """id(holder) → its flush; a dict, so holders flush in the order they joined."""
+
+    def hold(self, holder: object, flush: Callable[[float], None]) -> None:
+        """``flush(now)`` when the pass ends (once, however often held)."""
+        self.pending[id(holder)] = flush
+
+    def end(self, now: float) -> None:
+        """Close the pass and let every holder send."""
+        self.open = False
+        pending = self.pending
+        while pending:
+            pending.pop(next(iter(pending)))(now)
 
 
 def receive_now(recv: Callable[..., zmq.Frame]) -> list[bytes]:
@@ -126,6 +162,11 @@ class InputWaiter:
 class OutputLink:
     """An outgoing peer link: output queue, paced non-blocking sender, LST feed, custody.
 
+    Queued frames leave in batches: one message carries every frame at the head of the
+    queue that may go now (at most :data:`BATCH_FRAMES` and about :data:`BATCH_BYTES`),
+    heartbeats and acknowledgements among them; frames put during a :class:`SendPass`
+    wait for its end. A paced link sends one frame per booked slot.
+
     Frames are ``[sender, body, kind]`` (``kind`` one of :data:`LINK`, :data:`HANDSHAKE`,
     :data:`DATA`, :data:`KEPT`). Routing frames sent after a handshake are numbered 1, 2,
     …; the receiver acknowledges the count it has taken (:meth:`acknowledge`), and until
@@ -150,8 +191,10 @@ class OutputLink:
         retain: float = 0.0,
         retain_limit: int = 0,
         curve: Curve | None = None,
+        send_pass: SendPass | None = None,
     ) -> None:
         self.name = name
+        self._pass = send_pass
         self.socket = ctx.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.SNDHWM, sndhwm)
         self.socket.setsockopt(zmq.IMMEDIATE, 1)
@@ -163,6 +206,8 @@ class OutputLink:
         self.queue: deque[list] = deque()
         self.senders = senders
         self.sent = 0
+        self.messages = 0
+        """ZeroMQ messages sent: ``sent / messages`` frames a message (batching)."""
         self.last_sent = 0.0
         self.numbered = 0
         """Routing frames sent since the last handshake."""
@@ -224,16 +269,27 @@ class OutputLink:
             self._wake.set()
 
     def put(self, frame: list, now: float) -> None:
-        """Enqueue one frame (counted as n_in). An empty, unpaced queue whose pipe has
-        room sends it at once (counted as n_out too) without waking the sender task.
-        A non-empty queue is left to the sender task: trying the pipe on every put would
+        """Enqueue one frame (counted as n_in). During a send pass it waits for the pass
+        to end (:meth:`send_held`). Otherwise an empty, unpaced queue whose pipe has room
+        sends it at once (counted as n_out too) without waking the sender task. A
+        non-empty queue is left to the sender task: trying the pipe on every put would
         raise ``zmq.Again`` per frame while it is full, and pyzmq's exceptions cost more
         than the sends (~7 µs each)."""
         self._lst.enqueued(self.name, now)
         self._activity.set()
+        queue = self.queue
+        if self.senders:
+            queue.append(frame)
+            self._wake.set()
+            return
+        send_pass = self._pass
+        if send_pass is not None and send_pass.open:
+            if not queue:
+                send_pass.hold(self, self.send_held)
+            queue.append(frame)
+            return
         if (
-            not self.queue
-            and not self.senders
+            not queue
             and len(self.custody) < self.custody_limit
             and (self.greeted or frame[2] < DATA)
         ):
@@ -242,10 +298,57 @@ class OutputLink:
             except zmq.Again:
                 pass
             else:
+                self.messages += 1
                 self._sent(frame, now)
                 return
-        self.queue.append(frame)
+        queue.append(frame)
         self._wake.set()
+
+    def send_held(self, now: float) -> None:
+        """Send what may leave now, in batches, until the pipe is full; the sender task
+        takes over what is left."""
+        try:
+            while self._send_batch(now):
+                pass
+        except zmq.Again:
+            pass
+        if self.queue:
+            self._wake.set()
+
+    def _send_batch(self, now: float) -> int:
+        """Send the frames at the head of the queue that may leave now as one message
+        (LINK and HANDSHAKE frames always; routing frames once greeted and while custody
+        has room); returns how many (0: none may leave); ``zmq.Again`` if the pipe is
+        full (nothing sent)."""
+        queue = self.queue
+        room = self.custody_limit - len(self.custody)
+        greeted = self.greeted
+        count = size = 0
+        for frame in queue:
+            if frame[2] >= DATA:
+                if not greeted or room <= 0:
+                    break
+                room -= 1
+            count += 1
+            size += len(frame[1])
+            if count == BATCH_FRAMES or size >= BATCH_BYTES:
+                break
+        if count <= 1:
+            if count:
+                send_now(self._sync, queue[0])
+                self.messages += 1
+                self._sent(queue.popleft(), now)
+            return count
+        sock = self._sync
+        send_part(sock, queue[0][0], SNDMORE_NOBLOCK)
+        for i in range(count - 1):
+            send_part(sock, queue[i][1], SNDMORE)
+        send_part(sock, queue[count - 1][1])
+        self.messages += 1
+        sent = self._sent
+        for _ in range(count):
+            sent(queue.popleft(), now)
+        return count
 
     def greet(self, frame: list, now: float) -> None:
         """Queue the handshake ``frame`` that names the receiver's incarnation ahead of
@@ -322,12 +425,16 @@ class OutputLink:
                     if not self.queue:  # taken back meanwhile
                         continue
             try:
-                send_now(self._sync, self.queue[0])
+                if self.senders:
+                    send_now(self._sync, self.queue[0])
+                    self.messages += 1
+                    self._sent(self.queue.popleft(), loop.time())
+                else:
+                    self._send_batch(loop.time())
             except zmq.Again:
                 await self._writable()
                 continue
             booked = False
-            self._sent(self.queue.popleft(), loop.time())
 
     async def _writable(self) -> None:
         """Wait until the socket takes frames again. ZeroMQ's I/O thread usually drains

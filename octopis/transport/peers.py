@@ -48,6 +48,7 @@ from octopis.transport.links import (
     LOOP_SLACK,
     InputWaiter,
     OutputLink,
+    SendPass,
     receive_now,
 )
 from octopis.transport.logs import RateLimitedLog
@@ -126,9 +127,12 @@ class PeerLinks:
         events: PeerEvents,
         incarnation: int,
         curve: Curve | None = None,
+        send_pass: SendPass | None = None,
     ) -> None:
         self.id = broker_id
         self.incarnation = incarnation
+        self.send_pass = send_pass or SendPass()
+        """Opened around each pass over the input: what it sends leaves in batches."""
         self.settings = settings
         self.lst = lst
         self.events = events
@@ -172,6 +176,7 @@ class PeerLinks:
                 settings.retain,
                 settings.retain_limit,
                 curve,
+                self.send_pass,
             )
             for n, endpoint in endpoints.items()
         }
@@ -254,24 +259,38 @@ class PeerLinks:
     # -- input ---------------------------------------------------------------------------
 
     async def _input_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the peer input in passes of up to :data:`PEER_BATCH` frames; a message
+        carrying several bodies is handled body by body; what a pass sends leaves in
+        batches when it ends (:class:`SendPass`)."""
         sync = self._input_sync
         waiter = self._waiter = InputWaiter(sync, loop)
         recv = sync.recv
+        send_pass = self.send_pass
+        on_frame = self._on_frame
         handled = 0
         now = loop.time()
         while True:
             try:
                 frame = receive_now(recv)
             except zmq.Again:
+                send_pass.end(now)
                 handled = 0
                 self._reading = False
                 await waiter.wait()
                 self._reading = True
                 now = loop.time()
                 continue
-            self._on_frame(frame, now)
-            handled += 1
+            send_pass.open = True
+            if len(frame) > 2:
+                sender = frame[0]
+                for body in frame[1:]:
+                    on_frame([sender, body], now)
+                handled += len(frame) - 1
+            else:
+                on_frame(frame, now)
+                handled += 1
             if handled >= PEER_BATCH:
+                send_pass.end(now)
                 handled = 0
                 await asyncio.sleep(0)
                 now = loop.time()

@@ -79,7 +79,7 @@ class BrokerSettings:
     capacity: float = 0.0
     capacities: dict[str, float] = field(default_factory=dict)
     broker_capacity: float = 0.0
-    client_sndhwm: int = 10_000
+    client_sndhwm: int = 1_000
     client_backlog_limit: int = 10_000
     slow_policy: str = "disconnect"
     publish_window: int = 1000
