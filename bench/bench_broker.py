@@ -17,6 +17,7 @@ benchmark's ``extra_info``.
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
@@ -72,4 +73,56 @@ def test_broker_hop_against_relays(
         info[f"median_{cost}_cost"] = round(statistics.median(costs), 3)
     curve_ratios = [r["broker_curve"] / r["pyzmq"] for r in rounds]
     info["median_curve_ratio_to_pyzmq"] = round(statistics.median(curve_ratios), 3)
+    benchmark.extra_info.update(info)
+
+
+BASELINE_TREE = "OCTOPIS_BASELINE_TREE"
+"""A source tree (an earlier commit checked out and built in place) to measure beside."""
+LOW_RATE = (200.0, 1000)
+"""Notifications per second and how many, for the hop delay at low rate."""
+
+
+def _percentiles(delays: list[float]) -> dict[str, float]:
+    ordered = sorted(delays)
+    return {
+        "p50_ms": round(1000 * ordered[len(ordered) // 2], 3),
+        "p99_ms": round(1000 * ordered[int(len(ordered) * 0.99)], 3),
+    }
+
+
+@pytest.mark.parametrize("mode", ["snr", "dnr"])
+def test_broker_hop_beside_a_baseline_tree(
+    benchmark: pytest.FixtureRequest, hop: HopBench, tmp_path: Path, mode: str
+) -> None:
+    """This tree's broker beside the one of ``$OCTOPIS_BASELINE_TREE`` (e.g. the commit
+    before a change, `git worktree add` and `python setup.py build_ext --inplace`) and the
+    pyzmq relay, rounds in rotating order: throughput ratios, and the hop delay of
+    notifications sent one at a time at a low rate (p50, p99) for both brokers."""
+    tree = os.environ.get(BASELINE_TREE)
+    if not tree:
+        pytest.skip(f"set {BASELINE_TREE} to a built checkout to compare with")
+    runs = {
+        "pyzmq": lambda: hop.run_relay("pyzmq"),
+        "broker": lambda: hop.run_broker(tmp_path, mode),
+        "baseline": lambda: hop.run_broker(tmp_path, mode, tree=Path(tree)),
+    }
+    rounds: list[dict[str, float]] = []
+
+    def one_round() -> None:
+        names = list(runs)
+        shift = len(rounds) % len(names)
+        rounds.append({name: runs[name]() for name in names[shift:] + names[:shift]})
+
+    benchmark.group = "broker hop beside a baseline tree"
+    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
+    info: dict[str, object] = {f"{n}_per_second": [round(r[n]) for r in rounds] for n in runs}
+    for name in ("broker", "baseline"):
+        ratios = [r[name] / r["pyzmq"] for r in rounds]
+        info[f"{name}_median_ratio_to_pyzmq"] = round(statistics.median(ratios), 3)
+    info["median_broker_over_baseline"] = round(
+        statistics.median(r["broker"] / r["baseline"] for r in rounds), 3
+    )
+    for name, source in (("broker", None), ("baseline", Path(tree))):
+        delays = hop.run_broker(tmp_path, mode, tree=source, latency=LOW_RATE)
+        info[f"{name}_low_rate_delay"] = _percentiles(delays)
     benchmark.extra_info.update(info)

@@ -10,6 +10,11 @@ transport (non-blocking sends, drain loops), in two styles: the textbook pyzmq r
 broker's own receive/send primitives, against which the ratio is the cost of decoding,
 matching and routing alone. Rates count whole two-part messages.
 
+``HopBench.latency`` measures the other end: notifications sent one at a time at a low
+rate, each timed from its send to its arrival downstream (p50, p99). A broker may run
+from another source tree (``tree``: a checkout of an earlier commit, built in place), so
+that a change is measured beside what it changed in one run.
+
 ``python -m bench.hop`` prints the broker's rate and its ratio to each relay.
 """
 
@@ -19,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +32,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import aiozmq.rpc
 import msgpack
@@ -81,6 +88,20 @@ class Downstream:
                 encode_peer(DOWNSTREAM, Heartbeat(PLAYED, self.incarnation, self.frames, True))
             )
         return count
+
+    def warm_up(self, probe: list[bytes]) -> None:
+        """Send ``probe`` until one makes it through, then take whatever else arrives
+        within the receive timeout."""
+        while True:
+            self.up.send_multipart(probe)
+            try:
+                self.take()
+                break
+            except zmq.Again:
+                continue
+        with contextlib.suppress(zmq.Again):
+            while True:
+                self.take()
 
 
 def relay_main(pull_endpoint: str, push_endpoint: str, style: str = "pyzmq") -> None:
@@ -162,7 +183,9 @@ class HopBench:
         ]
         matched = [any(f.matches(q) for f in self.filters) for q in quotes[:notifications]]
         self.forwarded = sum(matched)
-        self.probe = self.frames[matched.index(True)]
+        self.matched = [frame for frame, m in zip(self.frames, matched, strict=True) if m]
+        """The frames the broker forwards downstream."""
+        self.probe = self.matched[0]
         self.keys: Keys | None = None
         """The keys of the current broker run (CurveZMQ), or None (in the clear)."""
 
@@ -176,9 +199,13 @@ class HopBench:
         settings: BrokerSettings | None = None,
         *,
         curve: bool = False,
-    ) -> float:
+        tree: Path | None = None,
+        latency: tuple[float, int] | None = None,
+    ) -> Any:
         """Notifications per second through a real broker process; with ``curve`` every
-        socket of the hop speaks CurveZMQ (keys made in ``tmp``)."""
+        socket of the hop speaks CurveZMQ (keys made in ``tmp``); ``tree``: the broker's
+        code comes from that source tree; ``latency`` (rate, count): instead, the hop
+        delays in seconds of ``count`` notifications sent one at a time at ``rate``."""
         path = tmp / "fig2.json"
         path.write_text(json.dumps(self.scot.to_json()))
         config = tmp / "broker.toml"
@@ -189,8 +216,13 @@ class HopBench:
         proc = subprocess.Popen(
             broker_command(path, BROKER, mode, config, "WARNING", keys_dir),
             stdin=subprocess.DEVNULL,
+            cwd=tree,
+            env=None if tree is None else {**os.environ, "PYTHONPATH": str(tree)},
         )
         try:
+            if latency is not None:
+                incarnation = asyncio.run(self._install())
+                return self._delays(incarnation, *latency)
             return asyncio.run(self._drive(install=True, expected=self.forwarded))
         finally:
             proc.terminate()
@@ -240,16 +272,7 @@ class HopBench:
         ready, go = spawn.Event(), spawn.Event()
         sender = None
         try:
-            while True:  # warm up: until one notification makes it through
-                up.send_multipart(self.probe)
-                try:
-                    downstream.take()
-                    break
-                except zmq.Again:
-                    continue
-            with contextlib.suppress(zmq.Again):
-                while True:
-                    downstream.take()
+            downstream.warm_up(self.probe)
             down.setsockopt(zmq.RCVTIMEO, 30_000)
             with tempfile.NamedTemporaryFile(suffix=".msgpack") as stored:
                 stored.write(msgpack.packb(self.frames))
@@ -273,6 +296,30 @@ class HopBench:
             if sender is not None:
                 sender.terminate()
                 sender.join()
+            ctx.destroy(linger=0)
+
+    def _delays(self, incarnation: int, rate: float, count: int) -> list[float]:
+        """Send ``count`` forwarded notifications one at a time, ``1 / rate`` seconds
+        apart, each timed until it arrives downstream."""
+        ctx = zmq.Context()
+        down = ctx.socket(zmq.PULL)
+        down.bind(self.endpoint(DOWNSTREAM))
+        up = _as_neighbour(ctx.socket(zmq.PUSH), self.keys, self.endpoint(BROKER))
+        down.setsockopt(zmq.RCVTIMEO, 5000)
+        downstream = Downstream(down, up, incarnation)
+        try:
+            downstream.warm_up(self.probe)
+            delays = []
+            for i in range(count):
+                started = time.perf_counter()
+                up.send_multipart(self.matched[i % len(self.matched)])
+                downstream.take()
+                delays.append(time.perf_counter() - started)
+                pause = 1 / rate - (time.perf_counter() - started)
+                if pause > 0:
+                    time.sleep(pause)
+            return delays
+        finally:
             ctx.destroy(linger=0)
 
     async def _install(self) -> int:
