@@ -165,30 +165,33 @@ class ClientSessions:
         recv = self._sync.recv
         send_pass = self.send_pass
         handled = 0
-        while True:
-            try:
-                parts = receive_now(recv)
-            except zmq.Again:
-                send_pass.end(loop.time())
-                handled = 0
-                await self._waiter.wait()
-                continue
-            send_pass.open = True
-            if len(parts) != 2:
-                self.counters["client_errors"] += 1
-                self._warn.warning(
-                    "parts", "%s got a client frame with %d parts", self.id, len(parts)
-                )
-            else:
-                identity, payload = parts
-                reply = self._on_request(identity, payload, loop.time())
-                if reply is not None:
-                    self._send(identity, [pack(reply)])
-            handled += 1
-            if handled >= CLIENT_BATCH:
-                send_pass.end(loop.time())
-                handled = 0
-                await asyncio.sleep(0)
+        try:
+            while True:
+                try:
+                    parts = receive_now(recv)
+                except zmq.Again:
+                    send_pass.end(loop.time())
+                    handled = 0
+                    await self._waiter.wait()
+                    continue
+                send_pass.open = True
+                if len(parts) != 2:
+                    self.counters["client_errors"] += 1
+                    self._warn.warning(
+                        "parts", "%s got a client frame with %d parts", self.id, len(parts)
+                    )
+                else:
+                    identity, payload = parts
+                    reply = self._on_request(identity, payload, loop.time())
+                    if reply is not None:
+                        self._send(identity, [pack(reply)])
+                handled += 1
+                if handled >= CLIENT_BATCH:
+                    send_pass.end(loop.time())
+                    handled = 0
+                    await asyncio.sleep(0)
+        finally:
+            send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
 
     def _on_request(self, identity: bytes, payload: bytes, now: float) -> dict | None:
         req = None

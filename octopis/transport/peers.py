@@ -269,31 +269,34 @@ class PeerLinks:
         on_frame = self._on_frame
         handled = 0
         now = loop.time()
-        while True:
-            try:
-                frame = receive_now(recv)
-            except zmq.Again:
-                send_pass.end(now)
-                handled = 0
-                self._reading = False
-                await waiter.wait()
-                self._reading = True
-                now = loop.time()
-                continue
-            send_pass.open = True
-            if len(frame) > 2:
-                sender = frame[0]
-                for body in frame[1:]:
-                    on_frame([sender, body], now)
-                handled += len(frame) - 1
-            else:
-                on_frame(frame, now)
-                handled += 1
-            if handled >= PEER_BATCH:
-                send_pass.end(now)
-                handled = 0
-                await asyncio.sleep(0)
-                now = loop.time()
+        try:
+            while True:
+                try:
+                    frame = receive_now(recv)
+                except zmq.Again:
+                    send_pass.end(now)
+                    handled = 0
+                    self._reading = False
+                    await waiter.wait()
+                    self._reading = True
+                    now = loop.time()
+                    continue
+                send_pass.open = True
+                if len(frame) > 2:
+                    sender = frame[0]
+                    for body in frame[1:]:
+                        on_frame([sender, body], now)
+                    handled += len(frame) - 1
+                else:
+                    on_frame(frame, now)
+                    handled += 1
+                if handled >= PEER_BATCH:
+                    send_pass.end(now)
+                    handled = 0
+                    await asyncio.sleep(0)
+                    now = loop.time()
+        finally:
+            send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
 
     def _on_frame(self, frame: list[bytes], now: float) -> None:
         try:
