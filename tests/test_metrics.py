@@ -100,3 +100,6 @@ def test_every_broker_serves_metrics_that_agree_with_its_rpc(fig2: LocalCluster)
             states[dict(labels)["link"]] += value
             assert value == 0 or dict(labels)["state"] == "up"
         assert states == Counter(dict.fromkeys(links, 1.0))
+        copies = m["octopis_link_copies_out_per_second"]  # the load analysis, DESIGN §9
+        assert {dict(labels)["link"] for labels in copies} == links
+        assert m["octopis_load_ratio"][()] >= 0 and m["octopis_load_cpu_utilisation"][()] >= 0

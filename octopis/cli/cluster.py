@@ -424,14 +424,14 @@ def format_status(
     """A table of brokers (and, ``detailed``, of each link) for people."""
     lines = [
         f"{'broker':<8} {'pid':>7} {'ready':<5} {'links':>5} {'table':>6} {'queued':>6} "
-        f"{'MB':>5}  notes"
+        f"{'MB':>5} {'LR':>5}  notes"
     ]
     for b in ids:
         stats = answers[b]
         if stats is None:
             lines.append(
-                f"{b:<8} {pids.get(b, 0):>7} {'-':<5} {'-':>5} {'-':>6} {'-':>6} {'-':>5}  "
-                "unreachable"
+                f"{b:<8} {pids.get(b, 0):>7} {'-':<5} {'-':>5} {'-':>6} {'-':>6} {'-':>5} "
+                f"{'-':>5}  unreachable"
             )
             continue
         links = stats["links"]
@@ -445,7 +445,8 @@ def format_status(
         lines.append(
             f"{b:<8} {stats['pid']:>7} {'yes' if stats['ready'] else 'no':<5} "
             f"{stats['links_up']:>2}/{stats['neighbours']:<2} {stats['routing_table_size']:>6} "
-            f"{queued:>6} {stats['memory_rss'] / 2**20:>5.0f}  {'; '.join(notes)}"
+            f"{queued:>6} {stats['memory_rss'] / 2**20:>5.0f} {stats['load']['load_ratio']:>5.2f}  "
+            f"{'; '.join(notes)}"
         )
         if detailed:
             lines.append(f"  incarnation {stats['incarnation']:x}, up {stats['uptime']:.0f} s")

@@ -49,6 +49,7 @@ from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.control import serve_control
 from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt, SendPass
+from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
 from octopis.transport.logs import RateLimitedLog
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
@@ -119,6 +120,7 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         self.started = time.time()
         self._process = psutil.Process()
+        self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
         self.welcome: dict[str, object] = {
             "broker": self.id,
             "mode": mode,
@@ -173,6 +175,7 @@ class Broker:
             ("clients", self.clients.serve()),
             ("client timeouts", self.clients.expire()),
             ("lst", self._tick_loop()),
+            ("load", self._load_loop()),
         ]
         if curve is not None:
             sockets = {
@@ -546,6 +549,28 @@ class Broker:
             await asyncio.sleep(self.settings.window)
             self.lst.advance(loop.time())
 
+    async def _load_loop(self) -> None:
+        """Hand the load analysis a sample of the counts every second (DESIGN §9)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self.load_meter.sample(
+                LoadSample(
+                    loop.time(),
+                    self.clients.counters["publications"],
+                    self.received[Notification],
+                    {name: link.copies for name, link in self.links.items()},
+                    self.clients.delivered(),
+                    sum(link.bytes_sent for link in self.links.values()) + self.clients.bytes_out,
+                    sum(self._process.cpu_times()[:2]),
+                )
+            )
+            await asyncio.sleep(1.0)
+
+    def load(self, top: int = TOP_CLIENTS) -> dict[str, Any]:
+        """The load analysis's report: rates over the window, output, capacity, LR and
+        the ``top`` clients by delivery rate (DESIGN §9, Dynamoth's Eq. 1)."""
+        return self.load_meter.report(top)
+
     def status(self) -> dict[str, Any]:
         """Identity, incarnation, readiness and each link's state."""
         return {
@@ -617,6 +642,7 @@ class Broker:
                 for name, link in self.links.items()
             },
             "client_backlog": self.clients.backlog(),
+            "load": self.load_meter.report(0),
             "custody": {
                 name: {
                     "unacknowledged": len(link.custody),

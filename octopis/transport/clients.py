@@ -96,7 +96,7 @@ times as many deliveries in ZeroMQ."""
 class Connection:
     """One client connection: its clients and their subscriptions, liveness, backlog."""
 
-    __slots__ = ("backlog", "clients", "last_seen", "overflowed", "unanswered")
+    __slots__ = ("backlog", "clients", "delivered", "last_seen", "overflowed", "unanswered")
 
     def __init__(self, now: float) -> None:
         self.clients: dict[str, set[str]] = {}
@@ -107,6 +107,8 @@ class Connection:
         """Deliveries dropped (drop-oldest policy) and not yet reported to the client."""
         self.unanswered = 0
         """Publications accepted and not yet answered (their copies not yet held)."""
+        self.delivered: Counter[str] = Counter()
+        """Client name → notifications delivered to it (its share of the load)."""
 
 
 class ClientSessions:
@@ -129,6 +131,8 @@ class ClientSessions:
         """Opened around each pass over the requests; shared with the peer links."""
         self._held: dict[bytes, list[bytes]] = {}
         """Deliveries of the open send pass, per connection: ``[names, body, ...]``."""
+        self.bytes_out = 0
+        """Bytes of notifications delivered (the load analysis reads it, DESIGN §9)."""
         self.counters: Counter[str] = Counter()
         self.socket = ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -358,8 +362,13 @@ class ClientSessions:
         body, ...]``."""
         send_pass = self.send_pass
         held = self._held
+        connections = self.connections
+        self.bytes_out += len(body) * len(deliveries)
         for identity, names in deliveries.items():
             self.counters["deliveries"] += len(names)
+            connection = connections.get(identity)
+            if connection is not None:
+                connection.delivered.update(names)
             if not send_pass.open:
                 self._send(identity, [pack(names), body])
             elif identity in held:
@@ -507,6 +516,17 @@ class ClientSessions:
                 )
                 backlog.clear()
         connection.backlog = None
+
+    def delivered(self) -> Counter[str]:
+        """Notifications delivered to each client of a live connection, as
+        ``name@connection`` (the connection's identity, 8 hex digits)."""
+        return Counter(
+            {
+                f"{name}@{identity.hex()[:8]}": n
+                for identity, connection in self.connections.items()
+                for name, n in connection.delivered.items()
+            }
+        )
 
     def backlog(self) -> int:
         """Frames queued for clients whose pipes are full."""

@@ -21,11 +21,12 @@ class Inspectable(Protocol):
     def subscriptions(self) -> dict[str, list]: ...
     def table(self) -> dict[str, dict[str, Any]]: ...
     def resync_view(self, neighbour: str) -> list[str]: ...
+    def load(self, top: int) -> dict[str, Any]: ...
     def stop(self) -> None: ...
 
 
 class ControlHandler(aiozmq.rpc.AttrHandler):
-    """``status``, ``stats``, ``subscriptions``, ``table``, ``resync_view`` and
+    """``status``, ``stats``, ``subscriptions``, ``table``, ``resync_view``, ``load`` and
     ``shutdown``."""
 
     def __init__(self, broker: Inspectable) -> None:
@@ -55,6 +56,14 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
     def resync_view(self, neighbour: str) -> list:
         """The sub ids this broker hands ``neighbour`` when it restarts (resync)."""
         return self._broker.resync_view(neighbour)
+
+    @aiozmq.rpc.method
+    def load(self, top: int = 20) -> dict:
+        """Rates per second over the load window, output, capacity, load ratio and the
+        ``top`` clients by delivery rate (DESIGN §9)."""
+        if type(top) is not int or not 0 <= top <= 10_000:
+            raise ValueError(f"top must be an integer in [0, 10000], not {top!r}")
+        return self._broker.load(top)
 
     @aiozmq.rpc.method
     def shutdown(self) -> bool:

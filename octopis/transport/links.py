@@ -208,6 +208,9 @@ class OutputLink:
         self.sent = 0
         self.messages = 0
         """ZeroMQ messages sent: ``sent / messages`` frames a message (batching)."""
+        self.copies = 0
+        """Notification copies sent (the link's share of the broker's load, DESIGN §9)."""
+        self.bytes_sent = 0
         self.last_sent = 0.0
         self.numbered = 0
         """Routing frames sent since the last handshake."""
@@ -234,13 +237,16 @@ class OutputLink:
     def _sent(self, frame: list, now: float) -> None:
         """Book-keeping of one frame handed to ZeroMQ."""
         self.sent += 1
+        self.bytes_sent += len(frame[1])
         self.last_sent = now
         self._lst.sent(self.name, now)
         kind = frame[2]
         if kind >= DATA:
             self.numbered += 1
-            if kind == KEPT and self.keeps:
-                self.custody.append((self.numbered, now, frame))
+            if kind == KEPT:
+                self.copies += 1
+                if self.keeps:
+                    self.custody.append((self.numbered, now, frame))
         elif kind == HANDSHAKE:
             self.numbered = 0
 

@@ -107,6 +107,28 @@ def families(stats: dict[str, Any]) -> Iterator[Metric]:
     for what, count in stats["held"].items():
         held.add_metric([what], count)
     yield held
+    yield from _load_families(stats["load"])
+
+
+def _load_families(load: dict[str, Any]) -> Iterator[Metric]:
+    """The load analysis over its window (DESIGN §9): rates, capacity, load ratio."""
+    for name, help_text, key in (
+        ("octopis_load_ratio", "Output / capacity over the load window", "load_ratio"),
+        ("octopis_load_output_per_second", "Copies sent + deliveries per second", "output_per_s"),
+        ("octopis_load_capacity_per_second", "Output the broker can carry", "capacity_per_s"),
+        ("octopis_load_publications_in_per_second", "Client publications", "publications_in_per_s"),
+        ("octopis_load_cpu_utilisation", "CPU seconds per second", "cpu_utilisation"),
+        ("octopis_load_bytes_out_per_second", "Bytes sent on links and to clients",
+         "bytes_out_per_s"),
+    ):  # fmt: skip
+        yield GaugeMetricFamily(name, help_text, value=float(load[key]))
+    yield _labelled(
+        GaugeMetricFamily,
+        "octopis_link_copies_out_per_second",
+        "Notification copies sent per second over the load window",
+        "link",
+        load["copies_out_per_s"],
+    )
 
 
 def _labelled(kind: type, name: str, help_text: str, label: str, values: dict) -> Metric:

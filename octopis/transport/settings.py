@@ -101,6 +101,10 @@ class BrokerSettings:
     memory_budget_mb: int = 256
     """RSS above which the broker holds its neighbours back (DESIGN §8): 75 brokers of
     256 MB fit this 24 GiB machine; an idle broker uses about 45 MB."""
+    load_window: int = 10
+    """Seconds of the load analysis's sliding window (DESIGN §9)."""
+    load_capacity: float = 0.0
+    """Output (copies + deliveries) per second the broker can carry; 0: measured."""
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
@@ -166,6 +170,8 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("limits", "name_length"): ("limits.name_length", 1, True),
     ("limits", "subscriptions_per_client"): ("subscriptions_per_client", 1, True),
     ("memory", "budget_mb"): ("memory_budget_mb", 1, True),
+    ("load", "window"): ("load_window", 1, True),
+    ("load", "capacity"): ("load_capacity", 0.0, False),
 }
 """Each ``[table] key``: the :class:`BrokerSettings` field it sets, its minimum, and
 whether it must be an integer."""
