@@ -1,0 +1,191 @@
+"""Load-balancing plans (``octopis.balance.plans``, DESIGN §9) as laws over random load
+states: BAD's dynamic migration and shuffle, Dynamoth's high- and low-load plans, and the
+SCOT rule that a destination inside the subscriber's cluster is preferred."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from octopis.balance.plans import (
+    BrokerLoad,
+    LoadState,
+    Move,
+    Plan,
+    coefficient_of_variation,
+    dynamic_migration,
+    high_load_plan,
+    initial_broker,
+    low_load_plan,
+    shuffle,
+)
+
+
+@st.composite
+def load_states(draw: st.DrawFn) -> LoadState:
+    """2–4 clusters × 2–6 regions, capacities 500–5,000/s, up to 60 subscribers of
+    0–400/s each (placed anywhere, skewed on purpose), plus relaying load per broker."""
+    clusters, regions = draw(st.integers(2, 4)), draw(st.integers(2, 6))
+    ids = [f"r{x}:{c}" for c in range(clusters) for x in range(regions)]
+    hot = draw(st.sampled_from(ids))
+    count = draw(st.integers(0, 60))
+    loads = {f"s{i}": float(draw(st.integers(0, 400))) for i in range(count)}
+    hosts = {s: hot if draw(st.booleans()) else draw(st.sampled_from(ids)) for s in loads}
+    brokers = {}
+    for b in ids:
+        attached = sum(loads[s] for s, h in hosts.items() if h == b)
+        relaying = float(draw(st.integers(0, 200)))
+        capacity = float(draw(st.integers(500, 5000)))
+        brokers[b] = BrokerLoad(attached + relaying, capacity, int(b.split(":")[1]))
+    return LoadState(brokers, loads, hosts)
+
+
+def replay(state: LoadState, plan: Plan) -> list[tuple[LoadState, Move]]:
+    """Each move with the state it was made in; the last state must be the plan's."""
+    steps = []
+    for move in plan.moves:
+        assert state.hosts[move.subscriber] == move.source != move.target
+        assert move.inside_cluster == (
+            state.brokers[move.source].cluster == state.brokers[move.target].cluster
+        )
+        assert move.reason
+        steps.append((state, move))
+        state = state.moved(move.subscriber, move.target)
+    assert state == plan.state
+    return steps
+
+
+def total(state: LoadState) -> float:
+    return sum(b.load for b in state.brokers.values())
+
+
+@given(load_states())
+def test_dynamic_migration_lowers_the_peak_until_balanced_or_stuck(state: LoadState) -> None:
+    plan = dynamic_migration(state, alpha=0.15, beta=10.0)
+    peaks = [max(b.load for b in state.brokers.values())]
+    for before, move in replay(state, plan):
+        peak = max(b.load for b in before.brokers.values())
+        load = before.loads[move.subscriber]
+        assert before.brokers[move.source].load == peak  # off the most loaded broker
+        assert before.brokers[move.target].load + load < peak  # a valid migration
+        if not move.inside_cluster:  # only when no broker of its cluster could take it
+            cluster = before.brokers[move.source].cluster
+            assert all(
+                b.load + load >= peak
+                for name, b in before.brokers.items()
+                if b.cluster == cluster and name != move.source
+            )
+        peaks.append(
+            max(b.load for b in before.moved(move.subscriber, move.target).brokers.values())
+        )
+    assert all(a >= b for a, b in itertools.pairwise(peaks))
+    assert total(plan.state) == pytest.approx(total(state))
+    cov = coefficient_of_variation(b.load for b in plan.state.brokers.values())
+    mean = total(plan.state) / len(state.brokers)
+    assert cov <= 0.15 or mean <= 10.0 or plan.note
+
+
+@given(load_states())
+def test_sdm_moves_to_the_most_similar_broker_under_the_mean(state: LoadState) -> None:
+    def similarity(subscriber: str, broker: str) -> float:
+        return float(hash((subscriber, broker)) % 7)
+
+    plan = dynamic_migration(state, alpha=0.15, beta=10.0, scheme="sdm", similarity=similarity)
+    for before, move in replay(state, plan):
+        mean = total(before) / len(before.brokers)
+        assert before.brokers[move.target].load < mean
+        peak = max(b.load for b in before.brokers.values())
+        load = before.loads[move.subscriber]
+        better = [
+            b
+            for name, b in before.brokers.items()
+            if name != move.source
+            and b.load < mean
+            and b.load + load < peak
+            and similarity(move.subscriber, name) > similarity(move.subscriber, move.target)
+        ]
+        assert not better
+
+
+@given(load_states())
+def test_a_shuffle_leaves_subscriber_loads_within_one_subscriber_of_each_other(
+    state: LoadState,
+) -> None:
+    plan = shuffle(state, gamma=0.0, theta=0.0)
+    replay(state, plan)
+    if not state.loads:
+        return
+    attached = {b: 0.0 for b in state.brokers}
+    for subscriber, host in plan.state.hosts.items():
+        attached[host] += state.loads[subscriber]
+    relaying = {
+        b: state.brokers[b].load - sum(state.loads[s] for s, h in state.hosts.items() if h == b)
+        for b in state.brokers
+    }
+    heaviest = max(state.loads.values())
+    # greedy list scheduling: each went to the least loaded, so the spread is one job
+    shares = [relaying[b] + attached[b] for b in state.brokers]
+    bottom = min(shares)
+    assert all(share - bottom <= heaviest + max(relaying.values()) + 1e-6 for share in shares)
+
+
+@given(load_states(), st.floats(0.3, 1.0), st.floats(0.05, 0.3))
+def test_a_high_load_plan_brings_every_broker_under_lr_high_or_says_why(
+    state: LoadState, lr_high: float, margin: float
+) -> None:
+    lr_safe = lr_high - margin
+    plan = high_load_plan(state, lr_high, lr_safe)
+    for before, move in replay(state, plan):
+        target = before.brokers[move.target]
+        assert (target.load + before.loads[move.subscriber]) / target.capacity < lr_safe
+        assert before.brokers[move.source].ratio >= lr_safe  # relieved until under LR_safe
+    assert all(b.ratio < lr_high for b in plan.state.brokers.values()) or plan.note
+
+
+@given(load_states())
+def test_a_low_load_plan_drains_the_coolest_broker(state: LoadState) -> None:
+    plan = low_load_plan(state, lr_low=10.0, lr_limit=10.0)  # everything is "low"
+    replay(state, plan)
+    coolest = min(state.brokers, key=lambda b: (state.brokers[b].ratio, b))
+    left = [s for s, h in plan.state.hosts.items() if h == coolest]
+    assert not left or plan.note
+    assert low_load_plan(state, lr_low=0.0).moves == []
+
+
+def test_initial_placement_policies() -> None:
+    brokers = {
+        "a:0": BrokerLoad(300, 1000, 0),
+        "b:0": BrokerLoad(100, 1000, 0),
+        "a:1": BrokerLoad(0, 1000, 1),
+    }
+    state = LoadState(brokers, {}, {})
+    assert initial_broker("nearest", "a:0", state) == "a:0"
+    assert initial_broker("least_loaded", "a:0", state) == "b:0"  # inside a:0's cluster
+    assert [initial_broker("round_robin", "a:0", state, turn=t) for t in range(4)] == [
+        "a:0",
+        "a:1",
+        "b:0",
+        "a:0",
+    ]
+    assert initial_broker("random", "a:0", state, rng=random.Random(3)) in brokers
+    with pytest.raises(ValueError, match="placement 'far' is not one of"):
+        initial_broker("far", "a:0", state)
+
+
+def test_a_skewed_cluster_balances_inside_itself_first() -> None:
+    """Two clusters, all subscribers on r0:0: LDM moves them to r1:0 and r2:0 (cluster 0)
+    before anything crosses to cluster 1, and says why each moved."""
+    brokers = {f"r{x}:{c}": BrokerLoad(0.0, 1000.0, c) for c in (0, 1) for x in range(3)}
+    loads = {f"s{i}": 100.0 for i in range(6)}
+    hosts = dict.fromkeys(loads, "r0:0")
+    brokers["r0:0"] = BrokerLoad(600.0, 1000.0, 0)
+    plan = dynamic_migration(LoadState(brokers, loads, hosts), alpha=0.15, beta=10.0)
+    first = plan.moves[:2]
+    assert {m.target for m in first} == {"r1:0", "r2:0"} and all(m.inside_cluster for m in first)
+    assert "cov" in plan.moves[0].reason and "least loaded" in plan.moves[0].reason
+    with pytest.raises(ValueError, match="SDM needs"):
+        dynamic_migration(LoadState(brokers, loads, hosts), scheme="sdm")
