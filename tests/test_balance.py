@@ -1,13 +1,23 @@
-"""Load-balancing plans (``octopis.balance.plans``, DESIGN §9) as laws over random load
-states: BAD's dynamic migration and shuffle, Dynamoth's high- and low-load plans, and the
-SCOT rule that a destination inside the subscriber's cluster is preferred."""
+"""Load-balancing plans (``octopis.balance``, DESIGN §9) as laws over random load states:
+BAD's dynamic migration and shuffle, Dynamoth's high- and low-load plans, and the SCOT
+rule that a destination inside the subscriber's cluster is preferred; and
+``octopis balance plan`` on fig2's processes with a skewed placement."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import random
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from conditions import closing_control, until
+from conftest import secure_fig2
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,6 +33,9 @@ from octopis.balance.plans import (
     low_load_plan,
     shuffle,
 )
+from octopis.client import Publisher, Subscriber
+from octopis.cluster.launcher import LocalCluster
+from octopis.transport.settings import BrokerSettings
 
 
 @st.composite
@@ -189,3 +202,62 @@ def test_a_skewed_cluster_balances_inside_itself_first() -> None:
     assert "cov" in plan.moves[0].reason and "least loaded" in plan.moves[0].reason
     with pytest.raises(ValueError, match="SDM needs"):
         dynamic_migration(LoadState(brokers, loads, hosts), scheme="sdm")
+
+
+@pytest.fixture
+def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=30))
+
+
+@pytest.mark.timeout(300)
+def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_its_cluster(
+    fig2: LocalCluster,
+) -> None:
+    """fig2 with six busy subscribers on a:0 and one on d:2: `octopis balance plan` reads
+    every broker's load over the control RPC and moves subscribers off a:0, first to
+    brokers of cluster 0, and says why; it moves nothing."""
+    got: Counter[tuple[str, int]] = Counter()
+    total = 600
+
+    async def scenario() -> None:
+        subscribers = []
+        for name, broker in [*((f"hot{i}", "a:0") for i in range(6)), ("cool", "d:2")]:
+            sub = await Subscriber.connect(
+                fig2.scot.brokers[broker].client_endpoint,
+                name,
+                on_notification=lambda n, name=name: got.update([(name, n.seq)]),
+            )
+            await sub.subscribe("[class,eq,'STOCK']")
+            subscribers.append(sub)
+        await until(lambda: _tables(fig2, 7), "the subscriptions spread", 30)
+        pub = await Publisher.connect(fig2.scot.brokers["f:1"].client_endpoint, "feed")
+        for i in range(total):
+            await pub.publish({"class": "STOCK", "close": float(i)}, wait=False)
+            if i % 100 == 99:
+                await asyncio.sleep(0.3)
+        await pub.flush(60)
+        await until(lambda: len(got) >= 7 * total, "every delivery", 60)
+        await pub.close()
+        for sub in subscribers:
+            await sub.close()
+
+    asyncio.run(closing_control(fig2, scenario()))
+    assert len(got) == 7 * total and set(got.values()) == {1}  # exactly once each
+    plan = subprocess.run(
+        [sys.executable, "-m", "octopis.cli.main", "balance", "plan", "--topology",
+         str(fig2.topology_path), "--keys", str(fig2.keys_dir), "--beta", "1", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    report = json.loads(plan.stdout)
+    moves = report["moves"]
+    print(f"cov {report['cov']:.2f} -> {report['cov_after']:.2f}; {len(moves)} moves")
+    assert report["cov"] > 0.15 and moves and report["cov_after"] < report["cov"]
+    assert moves[0]["source"] == "a:0" and moves[0]["subscriber"].startswith("hot")
+    assert moves[0]["inside_cluster"] and moves[0]["target"].endswith(":0")
+    assert all(m["reason"].startswith("cov ") for m in moves)
+
+
+async def _tables(cluster: LocalCluster, size: int) -> bool:
+    stats = await cluster.call_all("stats")
+    return all(s["routing_table_size"] == size for s in stats.values())

@@ -454,6 +454,9 @@ def test_up_and_down_commands(tmp_path: Path) -> None:
         rows = [line.split() for line in status.stdout.splitlines()[1:]]
         assert sorted(row[0] for row in rows) == sorted(state["pids"])
         assert all(row[2] == "yes" and float(row[6]) > 1 for row in rows), status.stdout
+        plan = _octopis(["balance", "plan", "--run-dir", str(run_dir)], timeout=60)
+        assert plan.returncode == 0, plan.stderr
+        assert "plan ldm: 0 moves" in plan.stdout and len(plan.stdout.splitlines()) == 21
     finally:
         down = _octopis(["down", "--run-dir", str(run_dir)], timeout=60)
     assert down.returncode == 0 and "stopped 18 brokers" in down.stdout

@@ -65,7 +65,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.keys",
     },
     "octopis.monitor": {"octopis.topology"},
-    "octopis.balance": {"octopis.balance"},
+    "octopis.balance": {"octopis.balance", "octopis.topology"},
     "octopis.cli": {"octopis"},
 }
 """Module (or package) → the ``octopis`` modules it may import (prefixes). A module that

@@ -11,7 +11,7 @@ from octopis.cli.errors import USER_ERRORS
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``octopis`` with every subcommand registered."""
-    from octopis.cli import cluster, sim
+    from octopis.cli import balance, cluster, sim
 
     parser = argparse.ArgumentParser(
         prog="octopis",
@@ -35,14 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim.register(commands)
     cluster.register(commands)
+    balance.register(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``octopis``."""
+    from octopis.balance.observe import BalanceError
     from octopis.cluster.launcher import ClusterError
 
-    return run_cli(build_parser(), argv, errors=USER_ERRORS, failures=(ClusterError,))
+    return run_cli(build_parser(), argv, errors=USER_ERRORS, failures=(ClusterError, BalanceError))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+"""The balancer's view of a running overlay (DESIGN §9): every broker's load analysis,
+read over the control RPC, as the :class:`~octopis.balance.plans.LoadState` the plans
+take. A subscriber is one client of one connection at one broker (``name@connection``,
+as the broker's load analysis names it)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from octopis.balance.plans import BrokerLoad, LoadState
+from octopis.topology import Scot
+
+CLIENTS_READ = 10_000
+"""Clients each broker reports, busiest first (the control RPC's bound)."""
+
+Ask = Callable[..., Awaitable[dict[str, Any]]]
+"""``ask(ids, method, timeout, *args)``: each broker's answer over its control RPC, None
+for one that did not answer (``LocalCluster.ask``)."""
+
+
+class BalanceError(RuntimeError):
+    """The overlay cannot be observed or changed as a plan needs."""
+
+
+async def observe(
+    scot: Scot, ask: Ask, timeout: float = 5.0
+) -> tuple[LoadState, dict[str, dict[str, Any]]]:
+    """The overlay's load state and each broker's load report. A broker without a
+    configured capacity whose own is not measurable yet (idle: no CPU time in the
+    window) is given the largest capacity measured on the others: brokers of one overlay
+    run the same code on alike machines. :class:`BalanceError` if a broker does not
+    answer: a plan made without it would be wrong."""
+    reports = await ask(list(scot.brokers), "load", timeout, CLIENTS_READ)
+    silent = sorted(b for b, r in reports.items() if r is None)
+    if silent:
+        raise BalanceError(f"no load report from {', '.join(silent[:5])} within {timeout:g} s")
+    measured = [r["capacity_per_s"] for r in reports.values() if r["capacity_per_s"] > 0]
+    fallback = max(measured, default=0.0)
+    brokers, loads, hosts = {}, {}, {}
+    for broker, report in reports.items():
+        capacity = report["capacity_per_s"] or fallback
+        brokers[broker] = BrokerLoad(report["output_per_s"], capacity, scot.brokers[broker].cluster)
+        for client, rate in report["busiest_clients"].items():
+            key = f"{client}@{broker}"
+            loads[key] = rate
+            hosts[key] = broker
+    return LoadState(brokers, loads, hosts), reports

@@ -1,0 +1,150 @@
+"""``octopis balance``: load-balancing plans for a running overlay (DESIGN §9)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from octopis.balance.observe import observe
+from octopis.balance.plans import (
+    ALPHA,
+    BETA,
+    GAMMA,
+    LR_HIGH,
+    LR_LOW,
+    LR_SAFE,
+    LoadState,
+    Plan,
+    coefficient_of_variation,
+    dynamic_migration,
+    high_load_plan,
+    low_load_plan,
+    shuffle,
+)
+from octopis.cli.errors import UsageError
+from octopis.cluster.launcher import LocalCluster
+from octopis.topology import load_topology
+
+PLANS = ("ldm", "shuffle", "high-load", "low-load")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``balance``."""
+    balance = commands.add_parser(
+        "balance",
+        help="load-balancing plans for a running overlay",
+        description="Read every broker's load analysis over the control RPC and print "
+        "which subscribers a plan would move where, with the reason for each move: "
+        "BAD's load-based dynamic migration (ldm: while the coefficient of variation of "
+        "broker loads exceeds --alpha and the mean exceeds --beta), BAD's greedy shuffle "
+        "(above --gamma), Dynamoth's high-load plan (brokers over --lr-high relieved to "
+        "under --lr-safe) or its low-load plan (mean LR under --lr-low: drain the least "
+        "loaded broker). Destinations inside the subscriber's cluster come first: such a "
+        "move touches only the cluster tree's path between the two hosts.",
+    )
+    sub = balance.add_subparsers(dest="action", required=True, metavar="ACTION")
+    plan = sub.add_parser("plan", help="print the plan (nothing is moved)")
+    where = plan.add_mutually_exclusive_group()
+    where.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(".octopis"),
+        metavar="DIR",
+        help="the overlay `octopis up` started there (default .octopis)",
+    )
+    where.add_argument("--topology", type=Path, metavar="FILE", help="any running overlay")
+    plan.add_argument("--keys", type=Path, metavar="DIR", help="with --topology: its keys")
+    plan.add_argument("--insecure", action="store_true", help="with --topology: no keys")
+    plan.add_argument("--plan", choices=PLANS, default="ldm", help="which plan (default ldm)")
+    for name, default, what in (
+        ("--alpha", ALPHA, "ldm: coefficient of variation that triggers migration"),
+        ("--beta", BETA, "ldm, shuffle: mean load (output/s) below which nothing moves"),
+        ("--gamma", GAMMA, "shuffle: coefficient of variation that triggers it"),
+        ("--lr-high", LR_HIGH, "high-load: load ratio that makes a broker overloaded"),
+        ("--lr-safe", LR_SAFE, "high-load: load ratio an overloaded broker is brought under"),
+        ("--lr-low", LR_LOW, "low-load: mean load ratio under which a broker is drained"),
+    ):
+        plan.add_argument(name, type=float, default=default, help=f"{what} (default {default:g})")
+    plan.add_argument("--json", action="store_true", help="print the loads and plan as JSON")
+    plan.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``octopis balance plan``."""
+    if args.topology is None:
+        if args.keys is not None or args.insecure:
+            raise UsageError("--keys and --insecure go with --topology")
+        cluster = LocalCluster.from_state(args.run_dir)[0]
+    else:
+        if args.keys is not None and args.insecure:
+            raise UsageError("--keys and --insecure exclude each other")
+        cluster = LocalCluster(
+            load_topology(args.topology),
+            args.topology,
+            "",
+            Path("."),
+            secure=not args.insecure,
+            keys=args.keys,
+        )
+    state, reports = asyncio.run(observe(cluster.scot, cluster.ask))
+    plan = make_plan(args, state)
+    if args.json:
+        print(json.dumps(as_json(state, plan, reports), indent=1))
+    else:
+        print(format_plan(args.plan, state, plan))
+    return 0
+
+
+def make_plan(args: argparse.Namespace, state: LoadState) -> Plan:
+    """The plan ``--plan`` names, with the thresholds given."""
+    if args.plan == "ldm":
+        return dynamic_migration(state, args.alpha, args.beta)
+    if args.plan == "shuffle":
+        return shuffle(state, args.gamma, args.beta)
+    if args.plan == "high-load":
+        return high_load_plan(state, args.lr_high, args.lr_safe)
+    return low_load_plan(state, args.lr_low, args.lr_safe)
+
+
+def format_plan(name: str, state: LoadState, plan: Plan) -> str:
+    """The brokers' loads, their spread, and the moves with their reasons."""
+    lines = [f"{'broker':<10}{'cluster':>8}{'load/s':>10}{'capacity/s':>12}{'LR':>7}{'clients':>9}"]
+    for broker, b in sorted(state.brokers.items()):
+        clients = sum(h == broker for h in state.hosts.values())
+        lines.append(
+            f"{broker:<10}{b.cluster:>8}{b.load:>10.1f}{b.capacity:>12.0f}{b.ratio:>7.2f}"
+            f"{clients:>9}"
+        )
+    loads = [b.load for b in state.brokers.values()]
+    lines.append(
+        f"cov {coefficient_of_variation(loads):.2f}, mean {sum(loads) / len(loads):.1f}/s over "
+        f"{len(loads)} brokers"
+    )
+    inside = sum(m.inside_cluster for m in plan.moves)
+    lines.append(
+        f"plan {name}: {len(plan.moves)} moves ({inside} inside a cluster, "
+        f"{len(plan.moves) - inside} across)" + (f"; {plan.note}" if plan.note else "")
+    )
+    for m in plan.moves:
+        where = "inside" if m.inside_cluster else "across"
+        lines.append(f"  {m.subscriber}: {m.source} -> {m.target} ({where}): {m.reason}")
+    if plan.moves and plan.state is not None:
+        after = [b.load for b in plan.state.brokers.values()]
+        lines.append(f"estimated cov after the plan {coefficient_of_variation(after):.2f}")
+    return "\n".join(lines)
+
+
+def as_json(state: LoadState, plan: Plan, reports: dict[str, Any]) -> dict[str, Any]:
+    """The loads, the plan and each broker's load report, for tools."""
+    return {
+        "cov": coefficient_of_variation(b.load for b in state.brokers.values()),
+        "moves": [vars(m) for m in plan.moves],
+        "note": plan.note,
+        "cov_after": coefficient_of_variation(b.load for b in plan.state.brokers.values())
+        if plan.state
+        else None,
+        "load": reports,
+    }
