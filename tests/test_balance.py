@@ -219,7 +219,7 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
     got: Counter[tuple[str, int]] = Counter()
     total = 600
 
-    async def scenario() -> None:
+    async def scenario() -> subprocess.CompletedProcess:
         subscribers = []
         for name, broker in [*((f"hot{i}", "a:0") for i in range(6)), ("cool", "d:2")]:
             sub = await Subscriber.connect(
@@ -238,16 +238,20 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
         await pub.flush(60)
         await until(lambda: len(got) >= 7 * total, "every delivery", 60)
         await pub.close()
-        for sub in subscribers:
-            await sub.close()
+        try:  # the plan is made while the subscribers are attached
+            return await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "octopis.cli.main", "balance", "plan", "--topology",
+                 str(fig2.topology_path), "--keys", str(fig2.keys_dir), "--beta", "1",
+                 "--json"],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+        finally:
+            for sub in subscribers:
+                await sub.close()
 
-    asyncio.run(closing_control(fig2, scenario()))
+    plan = asyncio.run(closing_control(fig2, scenario()))
     assert len(got) == 7 * total and set(got.values()) == {1}  # exactly once each
-    plan = subprocess.run(
-        [sys.executable, "-m", "octopis.cli.main", "balance", "plan", "--topology",
-         str(fig2.topology_path), "--keys", str(fig2.keys_dir), "--beta", "1", "--json"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
     assert plan.returncode == 0, plan.stderr
     report = json.loads(plan.stdout)
     moves = report["moves"]

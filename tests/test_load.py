@@ -18,7 +18,8 @@ from octopis.transport.settings import BrokerSettings, settings_from_data
 
 
 def _sample(at: float, n: int, cpu: float, **clients: int) -> LoadSample:
-    return LoadSample(at, n, 2 * n, {"b:0": 3 * n}, Counter(clients), 100 * n, cpu)
+    delivered = sum(clients.values())
+    return LoadSample(at, n, 2 * n, {"b:0": 3 * n}, delivered, Counter(clients), 100 * n, cpu)
 
 
 def test_rates_are_counts_over_the_window_and_lr_is_output_over_capacity() -> None:
@@ -50,6 +51,16 @@ def test_measured_capacity_makes_lr_the_cpu_utilisation() -> None:
     assert report["capacity_per_s"] == pytest.approx(1400.0)
     assert report["load_ratio"] == pytest.approx(0.25)
     assert list(report["busiest_clients"]) == ["a", "b"]
+
+
+def test_deliveries_to_a_client_gone_meanwhile_still_count_as_output() -> None:
+    meter = LoadMeter(window=10, capacity=100.0)
+    meter.sample(LoadSample(0.0, 0, 0, {}, 0, Counter(left=0, stays=0)))
+    meter.sample(LoadSample(1.0, 0, 0, {}, 50, Counter(stays=20)))  # "left" said bye
+    report = meter.report()
+    assert report["deliveries_per_s"] == pytest.approx(50.0)
+    assert report["load_ratio"] == pytest.approx(0.5)
+    assert report["busiest_clients"] == {"stays": pytest.approx(20.0)}
 
 
 def test_load_settings_are_checked() -> None:

@@ -559,6 +559,7 @@ class Broker:
                     self.clients.counters["publications"],
                     self.received[Notification],
                     {name: link.copies for name, link in self.links.items()},
+                    self.clients.counters["deliveries"],
                     self.clients.delivered(),
                     sum(link.bytes_sent for link in self.links.values()) + self.clients.bytes_out,
                     sum(self._process.cpu_times()[:2]),

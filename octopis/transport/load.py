@@ -3,13 +3,14 @@ analyzer, its Eq. 1).
 
 Once a second the broker hands :class:`LoadMeter` a :class:`LoadSample`: cumulative counts
 of publications taken from its clients, notifications taken from its neighbours,
-notification copies sent on each link, deliveries to each client, bytes sent and CPU
-seconds used. The report gives their rates over the last ``window`` seconds and the
-*load ratio* LR = output / capacity, where output is notification copies plus deliveries
-per second and capacity is configured (``[load] capacity``, messages/s) or, when it is 0,
-measured: the output one CPU second has carried in the window, so that LR is then the
-broker's CPU utilisation on its routing work. Counts, never timings, are what it keeps:
-the hot path pays an integer addition per message.
+notification copies sent on each link, deliveries (in all, and to each client still
+connected), bytes sent and CPU seconds used. The report gives their rates over the last
+``window`` seconds and the *load ratio* LR = output / capacity, where output is
+notification copies plus deliveries per second and capacity is configured (``[load]
+capacity``, messages/s) or, when it is 0, measured: the output one CPU second has carried
+in the window, so that LR is then the broker's CPU utilisation on its routing work.
+Counts, never timings, are what it keeps: the hot path pays an integer addition per
+message.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ class LoadSample:
     notifications_in: int
     copies_out: dict[str, int]
     """Per neighbour: notification copies sent."""
+    delivered: int = 0
+    """Notifications delivered to clients, those gone since included."""
     deliveries: Counter[str] = field(default_factory=Counter)
-    """Per client: notifications delivered."""
+    """Per client of a live connection: notifications delivered."""
     bytes_out: int = 0
     cpu_seconds: float = 0.0
 
@@ -63,7 +66,7 @@ class LoadMeter:
         deliveries = Counter(
             {c: (n - first.deliveries.get(c, 0)) / span for c, n in last.deliveries.items()}
         )
-        delivered = sum(deliveries.values())
+        delivered = (last.delivered - first.delivered) / span
         output = sum(copies.values()) + delivered
         cpu = (last.cpu_seconds - first.cpu_seconds) / span
         if self.capacity:
