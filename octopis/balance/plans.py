@@ -157,11 +157,15 @@ def dynamic_migration(
 ) -> Plan:
     """BAD's Algorithm 1, lines 5–20: while cov > ``alpha`` and the mean load > ``beta``,
     take the most loaded broker's subscribers heaviest first and move the first that has
-    a valid destination: after the move it is no more loaded than the source was before,
-    and strictly less (no move that only swaps the maximum). LDM picks the least loaded
+    a valid destination: one that, with it, stays below the source's load (so the sum of
+    squared loads falls with every move and the plan ends). LDM picks the least loaded
     such broker, inside the subscriber's cluster first; SDM the one of load under the mean
-    most ``similarity(subscriber, broker)`` (the rates of subscriptions they share). Stops
-    when balanced, or when no subscriber of the most loaded broker can move."""
+    most ``similarity(subscriber, broker)`` (the rates of subscriptions they share).
+
+    On a SCOT part of a broker's load is relaying, which no subscriber takes along: when
+    the most loaded broker has no subscriber that can move, the next most loaded is
+    tried (BAD would stop there). The plan ends when balanced or when no broker has a
+    subscriber that can move."""
     if scheme not in ("ldm", "sdm"):
         raise ValueError(f"scheme must be 'ldm' or 'sdm', not {scheme!r}")
     if scheme == "sdm" and similarity is None:
@@ -171,40 +175,57 @@ def dynamic_migration(
         cov, mean = _cov_mean(state)
         if cov <= alpha or mean <= beta:
             break
-        busiest = max(state.brokers, key=lambda b: (state.brokers[b].load, b))
-        peak = state.brokers[busiest].load
         move = None
-        for subscriber in state.on(busiest):
-            load = state.loads[subscriber]
-            if load <= 0:
-                break
-            fits = _under_load(peak, load)
-            if scheme == "ldm":
-                target = _cluster_first(state, busiest, fits)
-            else:
-                assert similarity is not None
-                under = [b for b in state.brokers if b != busiest and state.brokers[b].load < mean]
-                ranked = sorted(under, key=lambda b, s=subscriber: (-similarity(s, b), b))
-                target = next((b for b in ranked if fits(state.brokers[b])), None)
-            if target is not None:
-                chosen = "most similar" if scheme == "sdm" else "least loaded"
-                move = _move(
-                    state,
-                    subscriber,
-                    target,
-                    f"cov {cov:.2f} > α {alpha:g} and mean {mean:.0f}/s > β {beta:g}/s: "
-                    f"heaviest movable subscriber ({load:.0f}/s) of the most loaded broker "
-                    f"({peak:.0f}/s) to the {chosen} broker that stays under it "
-                    f"({state.brokers[target].load:.0f}/s)",
-                )
+        for source in sorted(state.brokers, key=lambda b: (-state.brokers[b].load, b)):
+            move = _first_movable(state, source, mean, scheme, similarity)
+            if move is not None:
                 break
         if move is None:
-            plan.note = f"no subscriber of {busiest} can move without making another the peak"
+            plan.note = "no broker has a subscriber that can move to a less loaded one"
             break
-        plan.moves.append(move)
+        plan.moves.append(
+            replace(
+                move,
+                reason=f"cov {cov:.2f} > α {alpha:g} and mean {mean:.0f}/s > β {beta:g}/s: "
+                + move.reason,
+            )
+        )
         state = state.moved(move.subscriber, move.target)
     plan.state = state
     return plan
+
+
+def _first_movable(
+    state: LoadState,
+    source: str,
+    mean: float,
+    scheme: str,
+    similarity: Callable[[str, str], float] | None,
+) -> Move | None:
+    """The heaviest subscriber of ``source`` with a valid destination, moved there."""
+    peak = state.brokers[source].load
+    for subscriber in state.on(source):
+        load = state.loads[subscriber]
+        if load <= 0:
+            return None
+        fits = _under_load(peak, load)
+        if scheme == "ldm":
+            target = _cluster_first(state, source, fits)
+        else:
+            assert similarity is not None
+            under = [b for b in state.brokers if b != source and state.brokers[b].load < mean]
+            ranked = sorted(under, key=lambda b, s=subscriber: (-similarity(s, b), b))
+            target = next((b for b in ranked if fits(state.brokers[b])), None)
+        if target is not None:
+            chosen = "most similar" if scheme == "sdm" else "least loaded"
+            return _move(
+                state,
+                subscriber,
+                target,
+                f"heaviest movable subscriber ({load:.0f}/s) of {source} ({peak:.0f}/s) to the "
+                f"{chosen} broker that stays under it ({state.brokers[target].load:.0f}/s)",
+            )
+    return None
 
 
 def shuffle(state: LoadState, gamma: float = GAMMA, theta: float = BETA) -> Plan:
