@@ -75,7 +75,9 @@ class BrokerSettings:
 
     window: float = DEFAULT_WINDOW
     queue_threshold: int = DEFAULT_QUEUE_THRESHOLD
-    sndhwm: int = 64
+    sndhwm: int = 8
+    """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
+    output queue, which the LST measures, grows."""
     capacity: float = 0.0
     capacities: dict[str, float] = field(default_factory=dict)
     broker_capacity: float = 0.0
