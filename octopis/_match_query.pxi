@@ -1,5 +1,6 @@
-# Matching (included by _match.pyx): load a publication into the value slots, look up
-# the access structures, verify the residual programs, collect keys or groups.
+# Matching (included by _match.pyx): load a publication into the value slots and its
+# bucket in every column, scan the root and the cells its strings look up, verify the
+# undecided bits, collect keys or groups.
 
 def is_plain_publication(object publication, set known):
     """Whether ``publication`` is a non-empty dict whose names are all in ``known`` and
@@ -31,26 +32,10 @@ def is_plain_publication(object publication, set known):
     return True
 
 
-cdef inline int _take(Hot h, int sub, bint ok, int n_out) noexcept:
-    """Append ``sub`` to ``h.out`` if it matched (``ok``) and, in group mode, if its group
-    has no subscription there yet; returns the new length."""
-    cdef int g
-    if h.grp == NULL:
-        h.out[n_out] = sub  # branch-free: written always, kept if ok
-        return n_out + ok
-    if not ok:
-        return n_out
-    g = h.grp[sub]
-    if g < 0 or h.seen[g]:
-        return n_out
-    h.seen[g] = 1
-    h.out[n_out] = sub
-    return n_out + 1
-
-
 cdef int _load(Matcher m, dict publication, list keep) except -1:
     """Clear the slots of the previous publication and fill them from this one; the
-    attributes that count (known, of a supported type) end up in ``touched``."""
+    attributes that count (known, of a supported type) end up in ``touched``, and every
+    column points at the publication's bucket (absent for the attributes it lacks)."""
     cdef int t, aid
     cdef char kind
     cdef PyObject* found
@@ -61,6 +46,8 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         aid = m.touched[t]
         m.val[2 * aid] = NAN
         m.val[2 * aid + 1] = NAN
+        if aid < m.built_attrs:
+            _aim(m, aid, m.columns[aid].n_num + m.columns[aid].n_str + 2)
     m.n_loaded = 0
     m.epoch += 1
     if m.epoch == 0:
@@ -107,6 +94,10 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         m.v_str[aid] = data
         m.v_len[aid] = size
         m.v_obj[aid] = <PyObject*>value
+    for t in range(m.n_loaded):
+        aid = m.touched[t]
+        if aid < m.built_attrs:
+            _aim(m, aid, _bucket(m, aid))
     return m.n_loaded
 
 
@@ -129,76 +120,118 @@ cdef inline bint _holds(Matcher m, const Pred* p, int n) noexcept:
 
 cdef bint _holds_other(Matcher m, const Pred* p) noexcept:
     """One predicate that is neither a range nor a string equality."""
-    cdef int a = p.attr, op = p.op, c
-    cdef Py_ssize_t la
-    cdef const char* s
+    cdef int a = p.attr
     if m.v_epoch[a] != m.epoch:
         return False
-    if op == PRESENT:
+    if p.op == PRESENT:
         return True
-    if op == NUM_NE:
+    if p.op == NUM_NE:
         return m.v_kind[a] == KIND_NUM and m.val[2 * a] != p.lo
-    if m.v_kind[a] != KIND_STR:
-        return False
-    if op == STR_NE:
-        return m.v_sid[a] != p.sid
-    s = m.v_str[a]
-    la = m.v_len[a]
-    if op == STR_PREFIX:
-        return la >= p.slen and _same(s, p.s, p.slen)
-    if op == STR_POSTFIX:
-        return la >= p.slen and _same(s + la - p.slen, p.s, p.slen)
-    if op == STR_CONTAINS:
-        return _contains(s, la, p.s, p.slen)
-    c = _strcmp(s, la, p.s, p.slen)
-    if op == STR_LT:
-        return c < 0
-    if op == STR_LE:
-        return c <= 0
-    if op == STR_GT:
-        return c > 0
-    return c >= 0
+    return m.v_kind[a] == KIND_STR and _str_holds(p, m.v_sid[a], m.v_str[a], m.v_len[a])
 
 
-cdef inline int _emit(Matcher m, Hot h, int sub, const Res* r, int n_out) noexcept:
-    """Verify one candidate against its residual program; append it to ``out`` if it
-    matches. The range tests, nearly all of a residual, do not branch on outcomes."""
-    cdef int i
-    cdef bint ok = True
+cdef inline void _aim(Matcher m, int a, int b) noexcept:
+    """Point column a at its bucket b."""
+    cdef const Column* c = &m.columns[a]
+    m.cur_may[a] = c.bits + 2 * <Py_ssize_t>b * c.nw
+    m.cur_sure[a] = c.bits + (2 * <Py_ssize_t>b + 1) * c.nw
+
+
+cdef inline int _bucket(Matcher m, int a) noexcept:
+    """The bucket of column a that holds the loaded value of a."""
+    cdef const Column* c = &m.columns[a]
     cdef double x
-    cdef const Rng* f
-    if h.state[sub] != LIVE:
-        return n_out
-    for i in range(r.fast, r.fast + r.nfast):
-        f = &h.fast[i]
-        x = h.val[f.slot]
-        ok &= (f.lo <= x) & (x <= f.hi)
-    if r.nslow and ok:
-        ok = _holds(m, m.slow + r.slow, r.nslow)
-    return _take(h, sub, ok, n_out)
+    if m.v_kind[a] == KIND_NUM:
+        x = m.val[2 * a]
+        return c.n_num if isnan(x) else _upper(c.split, c.n_num - 1, x)
+    return c.n_num + 1 + _find(c.sids, c.n_str, m.v_sid[a])
 
 
-cdef inline int _lookup(Matcher m, Hot h, int sid, int key, int n_out) noexcept:
-    """Candidates of the string lookup (sid, key)."""
-    cdef int j, end, first
-    cdef const Ent* e
-    if sid < 0 or sid >= m.built_strs:
+cdef inline int _take(Hot* h, int sub, int g, int n_out) noexcept:
+    """Append ``sub`` (a match, of group ``g``) to ``h.out`` unless, in group mode, it has
+    no group or its group has a subscription there already; returns the new length."""
+    if h.grp != NULL:
+        if g < 0 or h.seen[g]:
+            return n_out
+        h.seen[g] = 1
+    h.out[n_out] = sub
+    return n_out + 1
+
+
+cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
+    """Matches among the slots [s0, s1) into ``h.out``: per block of words, the live bits
+    ANDed with the may and the sure bitmaps of the publication's buckets of the segment's
+    columns; sure bits match, the other may bits are verified."""
+    cdef uint64_t may[BLOCK]
+    cdef uint64_t sure[BLOCK]
+    cdef uint64_t bits
+    cdef const uint64_t* pm
+    cdef const uint64_t* ps
+    cdef const Seg* seg
+    cdef int w, last, end, n, i, j, off, slot, sub, g
+    if s0 >= s1:
         return n_out
-    j = m.str_off[sid]
-    end = m.str_off[sid + 1]
-    while j < end and m.str_ent[j].key < key:
-        j += 1
-    first = j
-    while j < end and m.str_ent[j].key == key and n_out < h.stop:
-        e = &m.str_ent[j]
-        n_out = _emit(m, h, e.sub, &e.res, n_out)
-        j += 1
-    m.candidates += j - first
+    w = s0 >> 6
+    last = (s1 - 1) >> 6
+    while w <= last and n_out < h.stop:
+        seg = &h.segs[h.word_seg[w]]
+        end = min(seg.w1, last + 1, w + BLOCK)
+        n = end - w
+        for i in range(n):
+            may[i] = h.live[w + i]
+        if w == s0 >> 6:
+            may[0] &= (~(<uint64_t>0)) << (s0 & 63)
+        if end - 1 == last and s1 & 63:
+            may[n - 1] &= ((<uint64_t>1) << (s1 & 63)) - 1
+        for i in range(n):
+            sure[i] = may[i]
+        for j in range(seg.c0, seg.c1):
+            off = h.cols[j].k + w - seg.w0
+            pm = h.cur_may[h.cols[j].attr] + off
+            ps = h.cur_sure[h.cols[j].attr] + off
+            for i in range(n):
+                may[i] &= pm[i]
+                sure[i] &= ps[i]
+        for i in range(n):
+            bits = sure[i]
+            while bits:
+                slot = ((w + i) << 6) + _ctz(bits)
+                n_out = _take(h, h.slot_sub[slot], h.grp[slot] if h.grp != NULL else 0, n_out)
+                if n_out >= h.stop:
+                    return n_out
+                bits &= bits - 1
+            bits = may[i] & ~sure[i]
+            while bits:
+                slot = ((w + i) << 6) + _ctz(bits)
+                bits &= bits - 1
+                g = 0
+                if h.grp != NULL:
+                    g = h.grp[slot]
+                    if g < 0 or h.seen[g]:
+                        continue
+                sub = h.slot_sub[slot]
+                m.candidates += 1
+                if _holds(m, m.prog[sub], m.prog_len[sub]):
+                    n_out = _take(h, sub, g, n_out)
+                    if n_out >= h.stop:
+                        return n_out
+        w = end
     return n_out
 
 
-cdef int _affix_lookups(Matcher m, Hot h, int a, int n_out) except -1:
-    """Candidates of the prefix and postfix lookups of string attribute ``a``."""
+cdef inline int _lookup(Matcher m, Hot* h, int sid, int key, int n_out) noexcept:
+    """Scan the cell of the string lookup (sid, key), if there is one."""
+    cdef int j
+    if sid < 0 or sid >= m.built_strs:
+        return n_out
+    for j in range(m.str_off[sid], m.str_off[sid + 1]):
+        if m.cells[j].key == key:
+            return _scan(m, h, m.cells[j].beg, m.cells[j].end, n_out)
+    return n_out
+
+
+cdef int _affix_lookups(Matcher m, Hot* h, int a, int n_out) except -1:
+    """Scan the cells of the prefix and postfix lookups of string attribute ``a``."""
     cdef Py_ssize_t length
     cdef int size
     cdef PyObject* found
@@ -228,66 +261,35 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     its group marked in ``seen``, and the search stops as soon as every group with a
     live subscription has one (Algorithm 3 needs distinct next hops, not every match).
     """
-    cdef int n_touched, t, a, i, end, node, n_out = 0
-    cdef long long n_cand = 0
-    cdef double v
-    cdef const Node* nd
-    cdef const Bound* bounds
+    cdef int n_touched, t, a, i, n_out
     cdef Hot h
     n_touched = _load(m, publication, keep)
-    h.fast = m.fast
-    h.val = m.val
-    h.state = m.state
-    h.out = m.out
-    h.grp = m.grp if groups else NULL
+    h.live = m.live
+    h.slot_sub = m.slot_sub
+    h.grp = m.slot_grp if groups else NULL
+    h.word_seg = m.word_seg
+    h.segs = m.segs
+    h.cols = m.cols
+    h.cur_may = m.cur_may
+    h.cur_sure = m.cur_sure
     h.seen = m.seen
+    h.out = m.out
     h.stop = m.n_groups if groups else INT_MAX
+    n_out = _scan(m, &h, 0, m.root_end, 0)
     for t in range(n_touched):
         a = m.touched[t]
-        if a >= m.built_attrs:
-            continue
-        if m.v_kind[a] == KIND_NUM:
-            v = h.val[2 * a]
-            node = -1 if isnan(v) else m.iv_root[a]
-            while node >= 0 and n_out < h.stop:
-                nd = &m.nodes[node]
-                i = nd.beg
-                if v < nd.center:
-                    bounds = m.by_lo
-                    while i < nd.end and bounds[i].v <= v and n_out < h.stop:
-                        n_out = _emit(m, h, bounds[i].sub, &bounds[i].res, n_out)
-                        i += 1
-                    node = nd.left
-                elif v > nd.center:
-                    bounds = m.by_hi
-                    while i < nd.end and bounds[i].v >= v and n_out < h.stop:
-                        n_out = _emit(m, h, bounds[i].sub, &bounds[i].res, n_out)
-                        i += 1
-                    node = nd.right
-                else:
-                    bounds = m.by_lo
-                    while i < nd.end and n_out < h.stop:
-                        n_out = _emit(m, h, bounds[i].sub, &bounds[i].res, n_out)
-                        i += 1
-                    node = -1
-                n_cand += i - nd.beg
-        else:
-            n_out = _lookup(m, h, m.v_sid[a], 3 * a + BY_EQ, n_out)
-            if m.affixed[a]:
-                n_out = _affix_lookups(m, h, a, n_out)
-        end = m.pr_off[a + 1]
-        i = m.pr_off[a]
-        while i < end and n_out < h.stop:
-            n_out = _emit(m, h, m.pr_ent[i].sub, &m.pr_ent[i].res, n_out)
-            i += 1
-        n_cand += i - m.pr_off[a]
         if n_out >= h.stop:
             break
-    m.candidates += n_cand
+        if a >= m.built_attrs or m.v_kind[a] != KIND_STR:
+            continue
+        n_out = _lookup(m, &h, m.v_sid[a], 3 * a + BY_EQ, n_out)
+        if m.affixed[a]:
+            n_out = _affix_lookups(m, &h, a, n_out)
     t = 0
     while t < m.n_pending and n_out < h.stop:
         i = m.pending[t]
-        n_out = _take(h, i, _holds(m, m.prog[i], m.prog_len[i]), n_out)
+        if _holds(m, m.prog[i], m.prog_len[i]):
+            n_out = _take(&h, i, m.grp[i], n_out)
         t += 1
     return n_out
 
