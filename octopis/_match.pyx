@@ -104,6 +104,7 @@ cdef class Matcher:
     # optional group of each subscription (-1: none) and the scratch marks of match_groups
     cdef int* grp
     cdef char* seen
+    cdef int* out_grp
     cdef int* grp_live
     cdef int seen_cap, n_groups
     # interned attribute names and string constants
@@ -129,8 +130,9 @@ cdef class Matcher:
     cdef PyObject** v_obj
     cdef int* touched
     # the index: slots in scan order, live bits per word, segments, columns (and the
-    # publication's bucket in each, as pointers to its may and sure bitmaps), cells
-    cdef int built_attrs, built_strs, n_slots, n_words, root_end
+    # publication's bucket in each: its sure bits and its passing edges in ``fix``),
+    # cells (``visit``: the cells a publication looks up, to scan in slot order)
+    cdef int built_attrs, built_strs, n_slots, n_words, n_cells, root_end
     cdef int* slot_of
     cdef int* slot_sub
     cdef int* slot_grp
@@ -139,10 +141,13 @@ cdef class Matcher:
     cdef Seg* segs
     cdef ColRef* cols
     cdef Column* columns
-    cdef uint64_t** cur_may
     cdef uint64_t** cur_sure
+    cdef int* fix
+    cdef int* fix_at
+    cdef int* fix_end
     cdef int* str_off
     cdef Cell* cells
+    cdef int* visit
     cdef char* affixed
     cdef dict _affix_lengths
     cdef list _retired_strs  # string ids released since the last build
@@ -185,6 +190,7 @@ cdef class Matcher:
         PyMem_Free(self.grp)
         PyMem_Free(self.slot_of)
         PyMem_Free(self.seen)
+        PyMem_Free(self.out_grp)
         PyMem_Free(self.grp_live)
         PyMem_Free(self.val)
         PyMem_Free(self.v_epoch)
@@ -202,7 +208,9 @@ cdef class Matcher:
             for a in range(self.built_attrs):
                 PyMem_Free(self.columns[a].split)
                 PyMem_Free(self.columns[a].sids)
-                PyMem_Free(self.columns[a].bits)
+                PyMem_Free(self.columns[a].sure)
+                PyMem_Free(self.columns[a].edge_off)
+                PyMem_Free(self.columns[a].edges)
         PyMem_Free(self.columns)
         PyMem_Free(self.slot_sub)
         PyMem_Free(self.slot_grp)
@@ -210,10 +218,13 @@ cdef class Matcher:
         PyMem_Free(self.word_seg)
         PyMem_Free(self.segs)
         PyMem_Free(self.cols)
-        PyMem_Free(self.cur_may)
         PyMem_Free(self.cur_sure)
+        PyMem_Free(self.fix)
+        PyMem_Free(self.fix_at)
+        PyMem_Free(self.fix_end)
         PyMem_Free(self.str_off)
         PyMem_Free(self.cells)
+        PyMem_Free(self.visit)
         PyMem_Free(self.affixed)
         self.columns = NULL
         self.slot_sub = NULL
@@ -222,14 +233,17 @@ cdef class Matcher:
         self.word_seg = NULL
         self.segs = NULL
         self.cols = NULL
-        self.cur_may = NULL
         self.cur_sure = NULL
+        self.fix = NULL
+        self.fix_at = NULL
+        self.fix_end = NULL
         self.str_off = NULL
         self.cells = NULL
+        self.visit = NULL
         self.affixed = NULL
         self.built_attrs = 0
         self.built_strs = 0
-        self.n_slots = self.n_words = self.root_end = 0
+        self.n_slots = self.n_words = self.n_cells = self.root_end = 0
         self.index_bytes = 0
         self._affix_lengths = {}
 
@@ -467,7 +481,7 @@ cdef class Matcher:
         """``{group: key}``: every group with a matching subscription, each with one of
         its matching keys (subscriptions added without a group are left out). The search
         stops once every group holding a live subscription has a match."""
-        cdef int i, sub, n_out
+        cdef int i, n_out
         cdef list keep = []
         cdef dict result = {}
         if type(publication) is not dict:
@@ -481,19 +495,19 @@ cdef class Matcher:
             memset(self.seen, 0, self.seen_cap)
             raise
         for i in range(n_out):
-            sub = self.out[i]
-            self.seen[self.grp[sub]] = 0
-            result[self.grp[sub]] = self._keys[sub]
+            self.seen[self.out_grp[i]] = 0
+            result[self.out_grp[i]] = self._keys[self.out[i]]
         return result
 
     cdef int _grow_groups(self, int g) except -1:
-        """Room for group ids up to ``g`` in ``seen`` and ``grp_live``."""
+        """Room for group ids up to ``g`` in ``seen``, ``grp_live`` and ``out_grp``."""
         cdef int old = self.seen_cap
         self.seen_cap = max(64, 2 * (g + 1))
         self.seen = <char*>_alloc(self.seen, self.seen_cap)
         memset(self.seen + old, 0, self.seen_cap - old)
         self.grp_live = <int*>_alloc(self.grp_live, self.seen_cap * sizeof(int))
         memset(self.grp_live + old, 0, (self.seen_cap - old) * sizeof(int))
+        self.out_grp = <int*>_alloc(self.out_grp, self.seen_cap * sizeof(int))
         return 0
 
     def match_many(self, publications):

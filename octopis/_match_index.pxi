@@ -203,7 +203,10 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
         else:
             postfixes = tuple(sorted(lengths))
         m._affix_lengths[a] = (prefixes, postfixes)
-    m.index_bytes += n_cells * sizeof(Cell) + (n_strs + 1) * sizeof(int) + n_attrs
+    m.n_cells = n_cells
+    m.cells = <Cell*>_alloc(m.cells, n_cells * sizeof(Cell))
+    m.visit = <int*>_alloc(NULL, n_cells * sizeof(int))
+    m.index_bytes += n_cells * (sizeof(Cell) + sizeof(int)) + (n_strs + 1) * sizeof(int) + n_attrs
     return 0
 
 
@@ -277,19 +280,21 @@ cdef inline bint _same_attrs(const ColRef* cols, const int* attrs, int n) noexce
 cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
     """Every column's buckets — numeric ones cut at up to NUM_BUCKETS - 1 quantiles of
     the boundaries of its ranges, a bucket of its own for each of the STR_BUCKETS most
-    frequent eq/neq constants — and its bitmaps; then each publication bucket is absent."""
-    cdef int s, i, j, a, n, end, access, fill_pass, n_pts = 0, n_str = 0, n_runs
+    frequent eq/neq constants — its sure bitmaps and edges; then every column points at
+    its absent bucket."""
+    cdef int s, i, j, a, n, end, access, fill_pass, n_pts = 0, n_str = 0, n_runs, nb
+    cdef int fix_size = 0, n_cursor = 0  # fix: the most edges of any bucket, per column
     cdef int* off = NULL
     cdef int* fill = NULL
     cdef double* pts = NULL
     cdef int64_t* strs = NULL
     cdef int64_t* runs = NULL
+    cdef int* cursor = NULL
     cdef const char** sptr = NULL
     cdef Py_ssize_t* slen = NULL
     cdef const Pred* p
     cdef const Pred* q
     cdef Column* c
-    cdef const Seg* seg
     cdef size_t size
     try:
         # the boundaries of every tested range (a closed range [lo, hi] starts buckets at
@@ -346,10 +351,16 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
                 runs[n_runs] = ((<int64_t>(j - i)) << 32) | (strs[i] & 0xffffffff)
                 n_runs += 1
             _own_strings(c, runs, n_runs)
-            size = 2 * (c.n_num + c.n_str + 3) * c.nw * sizeof(uint64_t)
-            c.bits = <uint64_t*>_alloc(NULL, size)
-            memset(c.bits, 0xff, size)
-            m.index_bytes += size + (c.n_num - 1) * sizeof(double) + c.n_str * sizeof(int)
+            nb = c.n_num + c.n_str + 3
+            size = nb * c.nw * sizeof(uint64_t)
+            c.sure = <uint64_t*>_alloc(NULL, size)
+            memset(c.sure, 0xff, size)
+            c.edge_off = <int*>_alloc(NULL, (nb + 1) * sizeof(int))
+            memset(c.edge_off, 0, (nb + 1) * sizeof(int))
+            fill[a] = n_cursor
+            n_cursor += nb
+            m.index_bytes += (size + (c.n_num - 1) * sizeof(double) + c.n_str * sizeof(int)
+                              + (nb + 1) * sizeof(int))
 
         # the UTF-8 bytes of every string constant, for the buckets of their own
         n = len(m._str_bytes)
@@ -359,32 +370,37 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
             encoded = m._str_bytes[i]
             sptr[i] = PyBytes_AS_STRING(encoded) if encoded is not None else NULL
             slen[i] = PyBytes_GET_SIZE(encoded) if encoded is not None else 0
-        for s in range(m.n_slots):
-            p = m.prog[placed[s].sub]
-            n = m.prog_len[placed[s].sub]
-            access = placed[s].access
-            seg = &m.segs[m.word_seg[s >> 6]]
-            i = _tested(p, n, 0, access, &end)
-            while i < n:
-                j = seg.c0
-                while m.cols[j].attr != p[i].attr:
-                    j += 1
-                _clear_bits(&m.columns[p[i].attr], m.cols[j].k + (s >> 6) - seg.w0,
-                            (<uint64_t>1) << (s & 63), p, i, end, access, sptr, slen)
-                i = _tested(p, n, end, access, &end)
-
-        m.cur_may = <uint64_t**>_alloc(NULL, n_attrs * sizeof(uint64_t*))
-        m.cur_sure = <uint64_t**>_alloc(NULL, n_attrs * sizeof(uint64_t*))
+        # sure bits and edge counts, then the edges (cursor: each bucket's next edge)
+        _judge_all(m, placed, sptr, slen, NULL, fill)
+        cursor = <int*>_alloc(NULL, n_cursor * sizeof(int))
         for a in range(n_attrs):
             c = &m.columns[a]
-            _aim(m, a, c.n_num + c.n_str + 2)
-        m.index_bytes += n_attrs * (sizeof(Column) + 2 * sizeof(uint64_t*))
+            nb = c.n_num + c.n_str + 3
+            j = 0
+            for i in range(nb):
+                j = max(j, c.edge_off[i + 1])
+                c.edge_off[i + 1] += c.edge_off[i]
+                cursor[fill[a] + i] = c.edge_off[i]
+            fix_size += j
+            c.edges = <Edge*>_alloc(NULL, c.edge_off[nb] * sizeof(Edge))
+            m.index_bytes += c.edge_off[nb] * sizeof(Edge)
+        _judge_all(m, placed, sptr, slen, cursor, fill)
+
+        m.cur_sure = <uint64_t**>_alloc(NULL, n_attrs * sizeof(uint64_t*))
+        m.fix_at = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        m.fix_end = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        m.fix = <int*>_alloc(NULL, fix_size * sizeof(int))
+        for a in range(n_attrs):
+            _aim(m, a, _absent(&m.columns[a]), 0)
+        m.index_bytes += (n_attrs * (sizeof(Column) + sizeof(uint64_t*) + 2 * sizeof(int))
+                          + fix_size * sizeof(int))
     finally:
         PyMem_Free(off)
         PyMem_Free(fill)
         PyMem_Free(pts)
         PyMem_Free(strs)
         PyMem_Free(runs)
+        PyMem_Free(cursor)
         PyMem_Free(<void*>sptr)
         PyMem_Free(slen)
     return 0
@@ -422,25 +438,51 @@ cdef int _own_strings(Column* c, int64_t* runs, int n) except -1:
     return 0
 
 
-cdef void _clear_bits(Column* c, int k, uint64_t bit, const Pred* p, int i, int end,
-                      int access, const char** sptr, const Py_ssize_t* slen) noexcept:
-    """Clear one subscription's ``bit`` of word ``k`` in the buckets of column ``c`` where
-    its predicates p[i:end] (all on the column's attribute, p[access] aside) may fail
-    (may bits) or may not all hold (sure bits)."""
+cdef void _judge_all(Matcher m, const Placed* placed, const char** sptr,
+                     const Py_ssize_t* slen, int* cursor, const int* base) noexcept:
+    """``_judge`` every subscription on every attribute its bitmaps test."""
+    cdef int s, i, j, n, end, access
+    cdef const Pred* p
+    cdef const Seg* seg
+    for s in range(m.n_slots):
+        p = m.prog[placed[s].sub]
+        n = m.prog_len[placed[s].sub]
+        access = placed[s].access
+        seg = &m.segs[m.word_seg[s >> 6]]
+        i = _tested(p, n, 0, access, &end)
+        while i < n:
+            j = seg.c0
+            while m.cols[j].attr != p[i].attr:
+                j += 1
+            _judge(&m.columns[p[i].attr], m.cols[j].k + (s >> 6) - seg.w0, s, p, i, end,
+                   access, sptr, slen, NULL if cursor == NULL else cursor + base[p[i].attr])
+            i = _tested(p, n, end, access, &end)
+
+
+cdef void _judge(Column* c, int k, int slot, const Pred* p, int i, int end, int access,
+                 const char** sptr, const Py_ssize_t* slen, int* cursor) noexcept:
+    """Judge the subscription in ``slot`` (word k of column ``c``) by its predicates
+    p[i:end] on the column's attribute (p[access] aside) in every bucket: clear its sure
+    bit where they may fail; where they may also hold, count an edge (``cursor`` NULL)
+    or write it at ``cursor[bucket]``."""
     cdef bint has_num = 0, has_str = 0, has_range = 0, may, sure
     cdef double lo = -INF, hi = INF, blo, bhi
-    cdef int b, j, sid, other = c.n_num + c.n_str + 1
+    cdef int b, j, sid, n_tests = 0, other = c.n_num + c.n_str + 1
+    cdef int how_num, how_str
+    cdef uint64_t bit = (<uint64_t>1) << (slot & 63)
     for j in range(i, end):
-        if j == access:
+        if j == access or p[j].op == PRESENT:
             continue
+        n_tests += 1
         if p[j].op == NUM_RANGE:
             has_num = has_range = 1
             lo = p[j].lo
             hi = p[j].hi
         elif p[j].op == NUM_NE:
             has_num = 1
-        elif p[j].op != PRESENT:
+        else:
             has_str = 1
+    how_num = EDGE_RANGE if has_range and n_tests == 1 else EDGE_PROGRAM
     for b in range(c.n_num):
         blo = -INF if b == 0 else c.split[b - 1]
         bhi = INF if b == c.n_num - 1 else nextafter(c.split[b], -INF)
@@ -449,18 +491,19 @@ cdef void _clear_bits(Column* c, int k, uint64_t bit, const Pred* p, int i, int 
         for j in range(i, end):
             if j != access and p[j].op == NUM_NE and blo <= p[j].lo <= bhi:
                 sure = 0
-        _put(c, b, k, bit, may, sure)
+        _put(c, b, k, slot, bit, may, sure, how_num, lo, hi, cursor)
     may = not has_str and not has_range  # NaN: only <> and isPresent hold
-    _put(c, c.n_num, k, bit, may, may)
+    _put(c, c.n_num, k, slot, bit, may, may, EDGE_PROGRAM, 0, 0, cursor)
     for b in range(c.n_str):
         sid = c.sids[b]
         may = not has_num
         for j in range(i, end):
             if may and j != access and p[j].op != PRESENT:
                 may = _str_holds(&p[j], sid, sptr[sid], slen[sid])
-        _put(c, c.n_num + 1 + b, k, bit, may, may)
+        _put(c, c.n_num + 1 + b, k, slot, bit, may, may, EDGE_PROGRAM, 0, 0, cursor)
     # any other string: eq fails on a constant with a bucket of its own, neq holds
     may = sure = not has_num
+    how_str = EDGE_PROGRAM
     for j in range(i, end):
         if j == access or p[j].op == PRESENT:
             continue
@@ -468,14 +511,29 @@ cdef void _clear_bits(Column* c, int k, uint64_t bit, const Pred* p, int i, int 
             may = 0
         elif p[j].op != STR_NE or _find(c.sids, c.n_str, p[j].sid) == c.n_str:
             sure = 0
-    _put(c, other, k, bit, may, may and sure)
-    _put(c, other + 1, k, bit, 0, 0)
+            if p[j].op == STR_EQ and n_tests == 1:
+                how_str = EDGE_SID
+                lo = hi = p[j].sid
+    _put(c, other, k, slot, bit, may, may and sure, how_str, lo, hi, cursor)
+    _put(c, other + 1, k, slot, bit, 0, 0, EDGE_PROGRAM, 0, 0, cursor)
 
 
-cdef inline void _put(Column* c, int b, int k, uint64_t bit, bint may, bint sure) noexcept:
-    """Clear ``bit`` of word ``k`` in bucket b's may bits unless ``may``, in its sure bits
-    unless ``sure``."""
+cdef inline void _put(Column* c, int b, int k, int slot, uint64_t bit, bint may, bint sure,
+                      int how, double lo, double hi, int* cursor) noexcept:
+    """Clear ``bit`` of word k in bucket b's sure bits unless ``sure``; an edge if ``may``
+    but not ``sure``."""
+    cdef Edge* e
+    if sure:
+        return
+    c.sure[<Py_ssize_t>b * c.nw + k] &= ~bit
     if not may:
-        c.bits[2 * <Py_ssize_t>b * c.nw + k] &= ~bit
-    if not sure:
-        c.bits[(2 * <Py_ssize_t>b + 1) * c.nw + k] &= ~bit
+        return
+    if cursor == NULL:
+        c.edge_off[b + 1] += 1
+        return
+    e = &c.edges[cursor[b]]
+    cursor[b] += 1
+    e.lo = lo
+    e.hi = hi
+    e.slot = slot
+    e.how = how

@@ -35,8 +35,9 @@ def is_plain_publication(object publication, set known):
 cdef int _load(Matcher m, dict publication, list keep) except -1:
     """Clear the slots of the previous publication and fill them from this one; the
     attributes that count (known, of a supported type) end up in ``touched``, and every
-    column points at the publication's bucket (absent for the attributes it lacks)."""
-    cdef int t, aid
+    column points at the publication's bucket (absent for the attributes it lacks) and
+    has its passing edges in ``fix``."""
+    cdef int t, aid, n_fix
     cdef char kind
     cdef PyObject* found
     cdef Py_ssize_t size
@@ -47,7 +48,7 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         m.val[2 * aid] = NAN
         m.val[2 * aid + 1] = NAN
         if aid < m.built_attrs:
-            _aim(m, aid, m.columns[aid].n_num + m.columns[aid].n_str + 2)
+            _aim(m, aid, _absent(&m.columns[aid]), 0)
     m.n_loaded = 0
     m.epoch += 1
     if m.epoch == 0:
@@ -94,10 +95,11 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         m.v_str[aid] = data
         m.v_len[aid] = size
         m.v_obj[aid] = <PyObject*>value
+    n_fix = 0
     for t in range(m.n_loaded):
         aid = m.touched[t]
         if aid < m.built_attrs:
-            _aim(m, aid, _bucket(m, aid))
+            n_fix = _aim(m, aid, _bucket(m, aid), n_fix)
     return m.n_loaded
 
 
@@ -130,11 +132,45 @@ cdef bint _holds_other(Matcher m, const Pred* p) noexcept:
     return m.v_kind[a] == KIND_STR and _str_holds(p, m.v_sid[a], m.v_str[a], m.v_len[a])
 
 
-cdef inline void _aim(Matcher m, int a, int b) noexcept:
-    """Point column a at its bucket b."""
+cdef inline int _absent(const Column* c) noexcept:
+    return c.n_num + c.n_str + 2
+
+
+cdef int _aim(Matcher m, int a, int b, int n_fix) noexcept:
+    """Point column a at its bucket b: its sure bits, and the slots of its edges that
+    hold for the loaded value appended to ``fix`` from ``n_fix``; returns the new end."""
     cdef const Column* c = &m.columns[a]
-    m.cur_may[a] = c.bits + 2 * <Py_ssize_t>b * c.nw
-    m.cur_sure[a] = c.bits + (2 * <Py_ssize_t>b + 1) * c.nw
+    cdef const Edge* e
+    cdef double x = m.val[2 * a], sid = m.val[2 * a + 1]
+    cdef bint ok
+    cdef int j
+    m.cur_sure[a] = c.sure + <Py_ssize_t>b * c.nw
+    m.fix_at[a] = n_fix
+    for j in range(c.edge_off[b], c.edge_off[b + 1]):
+        e = &c.edges[j]
+        if e.how == EDGE_RANGE:
+            ok = (e.lo <= x) & (x <= e.hi)
+        elif e.how == EDGE_SID:
+            ok = e.lo == sid
+        else:
+            ok = (m.live[e.slot >> 6] >> (e.slot & 63)) & 1 and _holds_on(m, m.slot_sub[e.slot], a)
+        m.fix[n_fix] = e.slot
+        n_fix += ok
+    m.candidates += c.edge_off[b + 1] - c.edge_off[b]
+    m.fix_end[a] = n_fix
+    return n_fix
+
+
+cdef bint _holds_on(Matcher m, int sub, int a) noexcept:
+    """Whether the predicates of ``sub`` on attribute a hold for the loaded publication."""
+    cdef const Pred* p = m.prog[sub]
+    cdef int n = m.prog_len[sub], i = 0, j
+    while i < n and p[i].attr != a:
+        i += 1
+    j = i
+    while j < n and p[j].attr == a:
+        j += 1
+    return _holds(m, p + i, j - i)
 
 
 cdef inline int _bucket(Matcher m, int a) noexcept:
@@ -150,25 +186,25 @@ cdef inline int _bucket(Matcher m, int a) noexcept:
 cdef inline int _take(Hot* h, int sub, int g, int n_out) noexcept:
     """Append ``sub`` (a match, of group ``g``) to ``h.out`` unless, in group mode, it has
     no group or its group has a subscription there already; returns the new length."""
-    if h.grp != NULL:
+    if h.groups:
         if g < 0 or h.seen[g]:
             return n_out
         h.seen[g] = 1
+        h.out_grp[n_out] = g
     h.out[n_out] = sub
     return n_out + 1
 
 
-cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
+cdef int _scan(Hot* h, int s0, int s1, int n_out) noexcept:
     """Matches among the slots [s0, s1) into ``h.out``: per block of words, the live bits
-    ANDed with the may and the sure bitmaps of the publication's buckets of the segment's
-    columns; sure bits match, the other may bits are verified."""
-    cdef uint64_t may[BLOCK]
-    cdef uint64_t sure[BLOCK]
+    ANDed, for every column of the segment, with the sure bits of the publication's
+    bucket and its passing edges. Scans must come in slot order (edges are consumed)."""
+    cdef uint64_t acc[BLOCK]
+    cdef uint64_t col[BLOCK]
     cdef uint64_t bits
-    cdef const uint64_t* pm
     cdef const uint64_t* ps
     cdef const Seg* seg
-    cdef int w, last, end, n, i, j, off, slot, sub, g
+    cdef int w, last, end, n, i, j, a, f, fe, slot, lim
     if s0 >= s1:
         return n_out
     w = s0 >> 6
@@ -177,61 +213,58 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         seg = &h.segs[h.word_seg[w]]
         end = min(seg.w1, last + 1, w + BLOCK)
         n = end - w
+        lim = min(end << 6, s1)  # edges of later slots are left to later scans
         for i in range(n):
-            may[i] = h.live[w + i]
+            acc[i] = h.live[w + i]
         if w == s0 >> 6:
-            may[0] &= (~(<uint64_t>0)) << (s0 & 63)
+            acc[0] &= (~(<uint64_t>0)) << (s0 & 63)
         if end - 1 == last and s1 & 63:
-            may[n - 1] &= ((<uint64_t>1) << (s1 & 63)) - 1
-        for i in range(n):
-            sure[i] = may[i]
+            acc[n - 1] &= ((<uint64_t>1) << (s1 & 63)) - 1
         for j in range(seg.c0, seg.c1):
-            off = h.cols[j].k + w - seg.w0
-            pm = h.cur_may[h.cols[j].attr] + off
-            ps = h.cur_sure[h.cols[j].attr] + off
-            for i in range(n):
-                may[i] &= pm[i]
-                sure[i] &= ps[i]
+            a = h.cols[j].attr
+            ps = h.cur_sure[a] + h.cols[j].k + w - seg.w0
+            f = h.fix_at[a]
+            fe = h.fix_end[a]
+            if f < fe and h.fix[f] < lim:
+                for i in range(n):
+                    col[i] = ps[i]
+                while f < fe and h.fix[f] < lim:
+                    slot = h.fix[f]
+                    if slot >= w << 6:
+                        col[(slot >> 6) - w] |= (<uint64_t>1) << (slot & 63)
+                    f += 1
+                h.fix_at[a] = f
+                for i in range(n):
+                    acc[i] &= col[i]
+            else:
+                for i in range(n):
+                    acc[i] &= ps[i]
         for i in range(n):
-            bits = sure[i]
+            bits = acc[i]
             while bits:
                 slot = ((w + i) << 6) + _ctz(bits)
-                n_out = _take(h, h.slot_sub[slot], h.grp[slot] if h.grp != NULL else 0, n_out)
+                n_out = _take(h, h.slot_sub[slot], h.grp[slot] if h.groups else 0, n_out)
                 if n_out >= h.stop:
                     return n_out
                 bits &= bits - 1
-            bits = may[i] & ~sure[i]
-            while bits:
-                slot = ((w + i) << 6) + _ctz(bits)
-                bits &= bits - 1
-                g = 0
-                if h.grp != NULL:
-                    g = h.grp[slot]
-                    if g < 0 or h.seen[g]:
-                        continue
-                sub = h.slot_sub[slot]
-                m.candidates += 1
-                if _holds(m, m.prog[sub], m.prog_len[sub]):
-                    n_out = _take(h, sub, g, n_out)
-                    if n_out >= h.stop:
-                        return n_out
         w = end
     return n_out
 
 
-cdef inline int _lookup(Matcher m, Hot* h, int sid, int key, int n_out) noexcept:
-    """Scan the cell of the string lookup (sid, key), if there is one."""
+cdef inline void _lookup(Matcher m, int sid, int key, int* n_visit) noexcept:
+    """Add the cell of the string lookup (sid, key), if there is one, to ``visit``."""
     cdef int j
     if sid < 0 or sid >= m.built_strs:
-        return n_out
+        return
     for j in range(m.str_off[sid], m.str_off[sid + 1]):
         if m.cells[j].key == key:
-            return _scan(m, h, m.cells[j].beg, m.cells[j].end, n_out)
-    return n_out
+            m.visit[n_visit[0]] = j
+            n_visit[0] += 1
+            return
 
 
-cdef int _affix_lookups(Matcher m, Hot* h, int a, int n_out) except -1:
-    """Scan the cells of the prefix and postfix lookups of string attribute ``a``."""
+cdef int _affix_lookups(Matcher m, int a, int* n_visit) except -1:
+    """Add the cells of the prefix and postfix lookups of string attribute ``a``."""
     cdef Py_ssize_t length
     cdef int size
     cdef PyObject* found
@@ -243,48 +276,61 @@ cdef int _affix_lookups(Matcher m, Hot* h, int a, int n_out) except -1:
             break
         found = PyDict_GetItemWithError(m._str_ids, value[:size])
         if found != NULL:
-            n_out = _lookup(m, h, <int>(<object>found), 3 * a + BY_PREFIX, n_out)
+            _lookup(m, <int>(<object>found), 3 * a + BY_PREFIX, n_visit)
     for size in postfixes:
         if size > length:
             break
         found = PyDict_GetItemWithError(m._str_ids, value[length - size:])
         if found != NULL:
-            n_out = _lookup(m, h, <int>(<object>found), 3 * a + BY_POSTFIX, n_out)
-    return n_out
+            _lookup(m, <int>(<object>found), 3 * a + BY_POSTFIX, n_visit)
+    return 0
 
 
 cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1:
     """Internal ids of the matching subscriptions into ``m.out``; returns how many.
     ``keep`` holds the publication's values alive while ``out`` is in use.
 
-    With ``groups``, ``out`` gets one matching subscription per group instead, with
-    its group marked in ``seen``, and the search stops as soon as every group with a
-    live subscription has one (Algorithm 3 needs distinct next hops, not every match).
+    With ``groups``, ``out`` gets one matching subscription per group instead (and
+    ``out_grp`` its group, marked in ``seen``), and the search stops as soon as every
+    group with a live subscription has one (Algorithm 3 needs distinct next hops, not
+    every match).
     """
-    cdef int n_touched, t, a, i, n_out
+    cdef int n_touched, t, a, i, j, n_out, n_visit = 0
     cdef Hot h
     n_touched = _load(m, publication, keep)
+    for t in range(n_touched):
+        a = m.touched[t]
+        if a < m.built_attrs and m.v_kind[a] == KIND_STR:
+            _lookup(m, m.v_sid[a], 3 * a + BY_EQ, &n_visit)
+            if m.affixed[a]:
+                _affix_lookups(m, a, &n_visit)
+    for i in range(1, n_visit):  # the cells in slot order, after the root
+        t = m.visit[i]
+        j = i
+        while j > 0 and m.visit[j - 1] > t:
+            m.visit[j] = m.visit[j - 1]
+            j -= 1
+        m.visit[j] = t
     h.live = m.live
     h.slot_sub = m.slot_sub
-    h.grp = m.slot_grp if groups else NULL
+    h.grp = m.slot_grp
+    h.groups = groups
     h.word_seg = m.word_seg
     h.segs = m.segs
     h.cols = m.cols
-    h.cur_may = m.cur_may
     h.cur_sure = m.cur_sure
+    h.fix = m.fix
+    h.fix_at = m.fix_at
+    h.fix_end = m.fix_end
     h.seen = m.seen
     h.out = m.out
+    h.out_grp = m.out_grp
     h.stop = m.n_groups if groups else INT_MAX
-    n_out = _scan(m, &h, 0, m.root_end, 0)
-    for t in range(n_touched):
-        a = m.touched[t]
+    n_out = _scan(&h, 0, m.root_end, 0)
+    for i in range(n_visit):
         if n_out >= h.stop:
             break
-        if a >= m.built_attrs or m.v_kind[a] != KIND_STR:
-            continue
-        n_out = _lookup(m, &h, m.v_sid[a], 3 * a + BY_EQ, n_out)
-        if m.affixed[a]:
-            n_out = _affix_lookups(m, &h, a, n_out)
+        n_out = _scan(&h, m.cells[m.visit[i]].beg, m.cells[m.visit[i]].end, n_out)
     t = 0
     while t < m.n_pending and n_out < h.stop:
         i = m.pending[t]

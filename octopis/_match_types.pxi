@@ -47,9 +47,15 @@ cdef enum:
 # Bitmap geometry: at most NUM_BUCKETS numeric buckets and STR_BUCKETS strings with a
 # bucket of their own per attribute; a scan ANDs up to BLOCK words at a time.
 cdef enum:
-    NUM_BUCKETS = 256
+    NUM_BUCKETS = 128
     STR_BUCKETS = 64
     BLOCK = 32
+
+# How an edge is decided (see Edge).
+cdef enum:
+    EDGE_RANGE = 0
+    EDGE_SID = 1
+    EDGE_PROGRAM = 2
 
 _OPCODES = {
     "=": NUM_RANGE, "<": NUM_RANGE, "<=": NUM_RANGE, ">": NUM_RANGE, ">=": NUM_RANGE,
@@ -87,19 +93,31 @@ cdef struct Cell:
     int end
 
 
+cdef struct Edge:
+    # a subscription whose predicates on a column's attribute hold for some values of a
+    # bucket but not all, and how to decide it: EDGE_RANGE ``lo <= number <= hi``,
+    # EDGE_SID ``string id == lo``, EDGE_PROGRAM its predicates on the attribute
+    double lo
+    double hi
+    int slot
+    int how
+
+
 cdef struct Column:
     # the bitmaps of one attribute over the ``nw`` words holding a subscription that
-    # tests it: bucket b's *may* bits (the predicates on the attribute hold for some value
-    # of the bucket) at bits + 2·b·nw, its *sure* bits (they hold for every value) at
-    # bits + (2·b + 1)·nw; a subscription that does not test the attribute has both.
-    # Buckets: numeric [split[b-1], split[b]) for b < n_num, NaN, a string of its own
-    # per sid in ``sids`` (sorted), any other string, absent.
+    # tests it: bucket b's *sure* bits (the predicates on the attribute hold for every
+    # value of the bucket; a subscription that does not test the attribute has them all)
+    # at sure + b·nw, its edges (sorted by slot) at edges[edge_off[b]:edge_off[b + 1]].
+    # Buckets: numeric [split[b-1], split[b]) for b < n_num, NaN, a string of its own per
+    # sid in ``sids`` (sorted), any other string, absent.
     int nw
     int n_num
     int n_str
     double* split
     int* sids
-    uint64_t* bits
+    uint64_t* sure
+    int* edge_off
+    Edge* edges
 
 
 cdef struct Seg:
@@ -118,19 +136,26 @@ cdef struct ColRef:
 
 cdef struct Hot:
     # what a scan reads and writes, copied out of the Matcher so that the compiler keeps
-    # it in registers; in group mode (``grp`` not NULL) ``out`` takes one subscription per
-    # group (``seen`` marks the groups taken) and the scan stops once it holds ``stop``
+    # it in registers: per attribute its sure bits and its passing edges (slots
+    # fix[fix_at[a]:fix_end[a]], consumed as the scan advances); in group mode
+    # (``groups``) ``out`` takes one subscription per group (``grp``: by slot, ``seen``
+    # marks the groups taken, ``out_grp`` their groups) and the scan stops once it holds
+    # ``stop``
     const uint64_t* live
     const int* slot_sub
     const int* grp
     const int* word_seg
     const Seg* segs
     const ColRef* cols
-    uint64_t** cur_may
     uint64_t** cur_sure
+    const int* fix
+    int* fix_at
+    const int* fix_end
     char* seen
     int* out
+    int* out_grp
     int stop
+    bint groups
 
 
 cdef void* _alloc(void* p, size_t n) except NULL:
