@@ -144,7 +144,6 @@ cdef class Matcher:
     cdef uint64_t** cur_sure
     cdef int* fix
     cdef int* fix_at
-    cdef int* fix_end
     cdef int* str_off
     cdef Cell* cells
     cdef int* visit
@@ -221,7 +220,6 @@ cdef class Matcher:
         PyMem_Free(self.cur_sure)
         PyMem_Free(self.fix)
         PyMem_Free(self.fix_at)
-        PyMem_Free(self.fix_end)
         PyMem_Free(self.str_off)
         PyMem_Free(self.cells)
         PyMem_Free(self.visit)
@@ -236,7 +234,6 @@ cdef class Matcher:
         self.cur_sure = NULL
         self.fix = NULL
         self.fix_at = NULL
-        self.fix_end = NULL
         self.str_off = NULL
         self.cells = NULL
         self.visit = NULL
@@ -494,6 +491,8 @@ cdef class Matcher:
         except BaseException:
             memset(self.seen, 0, self.seen_cap)
             raise
+        for i in range(n_out):
+            _prefetch(_list_item(self._keys, self.out[i]), 1, 3)
         for i in range(n_out):
             self.seen[self.out_grp[i]] = 0
             result[self.out_grp[i]] = self._keys[self.out[i]]

@@ -1,5 +1,5 @@
 # Index construction (included by _match.pyx). ``_build``: each live subscription's
-# access (a string lookup, or the root) and a hash of the attributes its bitmaps test,
+# access (a string lookup, or the root) and the attributes its bitmaps test,
 # sorted into the slot order; ``_fill_slots`` lays out slots, live bits and cells,
 # ``_fill_segments`` the attributes of each word, ``_fill_columns`` every attribute's
 # buckets and bitmaps.
@@ -143,13 +143,14 @@ cdef inline int _tested(const Pred* p, int n, int i, int access, int* end) noexc
 
 
 cdef uint64_t _signature(const Pred* p, int n, int access) noexcept:
-    """A hash of the attributes p's bitmaps test (FNV-1a over their ids)."""
-    cdef uint64_t h = 14695981039346656037ULL
+    """The attributes p's bitmaps test, as a mask of their ids modulo 64 (sorted by it,
+    neighbouring subscriptions share most of their attributes)."""
+    cdef uint64_t mask = 0
     cdef int end, i = _tested(p, n, 0, access, &end)
     while i < n:
-        h = (h ^ <uint64_t>(p[i].attr + 1)) * 1099511628211ULL
+        mask |= (<uint64_t>1) << (p[i].attr & 63)
         i = _tested(p, n, end, access, &end)
-    return h
+    return mask
 
 
 cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_attrs,
@@ -255,7 +256,7 @@ cdef int _fill_segments(Matcher m, const Placed* placed, int n_attrs, int total)
                 seg.c0 = n_cols
                 for j in range(n_list):
                     m.cols[n_cols].attr = lst[j]
-                    m.cols[n_cols].k = m.columns[lst[j]].nw
+                    m.cols[n_cols].k = m.columns[lst[j]].nw - w
                     n_cols += 1
                 seg.c1 = n_cols
             seg.w1 = w + 1
@@ -388,11 +389,12 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
 
         m.cur_sure = <uint64_t**>_alloc(NULL, n_attrs * sizeof(uint64_t*))
         m.fix_at = <int*>_alloc(NULL, n_attrs * sizeof(int))
-        m.fix_end = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        fix_size += n_attrs + 1  # an INT_MAX after each list, and one for no edges
         m.fix = <int*>_alloc(NULL, fix_size * sizeof(int))
+        m.fix[0] = INT_MAX
         for a in range(n_attrs):
-            _aim(m, a, _absent(&m.columns[a]), 0)
-        m.index_bytes += (n_attrs * (sizeof(Column) + sizeof(uint64_t*) + 2 * sizeof(int))
+            _aim(m, a, _absent(&m.columns[a]), 1)
+        m.index_bytes += (n_attrs * (sizeof(Column) + sizeof(uint64_t*) + sizeof(int))
                           + fix_size * sizeof(int))
     finally:
         PyMem_Free(off)
@@ -454,7 +456,7 @@ cdef void _judge_all(Matcher m, const Placed* placed, const char** sptr,
             j = seg.c0
             while m.cols[j].attr != p[i].attr:
                 j += 1
-            _judge(&m.columns[p[i].attr], m.cols[j].k + (s >> 6) - seg.w0, s, p, i, end,
+            _judge(&m.columns[p[i].attr], m.cols[j].k + (s >> 6), s, p, i, end,
                    access, sptr, slen, NULL if cursor == NULL else cursor + base[p[i].attr])
             i = _tested(p, n, end, access, &end)
 

@@ -48,7 +48,7 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         m.val[2 * aid] = NAN
         m.val[2 * aid + 1] = NAN
         if aid < m.built_attrs:
-            _aim(m, aid, _absent(&m.columns[aid]), 0)
+            _aim(m, aid, _absent(&m.columns[aid]), 1)
     m.n_loaded = 0
     m.epoch += 1
     if m.epoch == 0:
@@ -95,7 +95,7 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         m.v_str[aid] = data
         m.v_len[aid] = size
         m.v_obj[aid] = <PyObject*>value
-    n_fix = 0
+    n_fix = 1
     for t in range(m.n_loaded):
         aid = m.touched[t]
         if aid < m.built_attrs:
@@ -138,13 +138,17 @@ cdef inline int _absent(const Column* c) noexcept:
 
 cdef int _aim(Matcher m, int a, int b, int n_fix) noexcept:
     """Point column a at its bucket b: its sure bits, and the slots of its edges that
-    hold for the loaded value appended to ``fix`` from ``n_fix``; returns the new end."""
+    hold for the loaded value appended to ``fix`` from ``n_fix`` and closed by INT_MAX
+    (a bucket without edges shares fix[0]); returns the new end."""
     cdef const Column* c = &m.columns[a]
     cdef const Edge* e
     cdef double x = m.val[2 * a], sid = m.val[2 * a + 1]
     cdef bint ok
     cdef int j
     m.cur_sure[a] = c.sure + <Py_ssize_t>b * c.nw
+    if c.edge_off[b] == c.edge_off[b + 1]:
+        m.fix_at[a] = 0
+        return n_fix
     m.fix_at[a] = n_fix
     for j in range(c.edge_off[b], c.edge_off[b + 1]):
         e = &c.edges[j]
@@ -157,8 +161,8 @@ cdef int _aim(Matcher m, int a, int b, int n_fix) noexcept:
         m.fix[n_fix] = e.slot
         n_fix += ok
     m.candidates += c.edge_off[b + 1] - c.edge_off[b]
-    m.fix_end[a] = n_fix
-    return n_fix
+    m.fix[n_fix] = INT_MAX
+    return n_fix + 1
 
 
 cdef bint _holds_on(Matcher m, int sub, int a) noexcept:
@@ -201,10 +205,10 @@ cdef int _scan(Hot* h, int s0, int s1, int n_out) noexcept:
     bucket and its passing edges. Scans must come in slot order (edges are consumed)."""
     cdef uint64_t acc[BLOCK]
     cdef uint64_t col[BLOCK]
-    cdef uint64_t bits
+    cdef uint64_t bits, any
     cdef const uint64_t* ps
     cdef const Seg* seg
-    cdef int w, last, end, n, i, j, a, f, fe, slot, lim
+    cdef int w, last, end, n, i, j, a, f, slot, lim, g
     if s0 >= s1:
         return n_out
     w = s0 >> 6
@@ -222,31 +226,37 @@ cdef int _scan(Hot* h, int s0, int s1, int n_out) noexcept:
             acc[n - 1] &= ((<uint64_t>1) << (s1 & 63)) - 1
         for j in range(seg.c0, seg.c1):
             a = h.cols[j].attr
-            ps = h.cur_sure[a] + h.cols[j].k + w - seg.w0
+            ps = h.cur_sure[a] + h.cols[j].k + w
             f = h.fix_at[a]
-            fe = h.fix_end[a]
-            if f < fe and h.fix[f] < lim:
+            if h.fix[f] < lim:
                 for i in range(n):
                     col[i] = ps[i]
-                while f < fe and h.fix[f] < lim:
+                while h.fix[f] < lim:
                     slot = h.fix[f]
                     if slot >= w << 6:
                         col[(slot >> 6) - w] |= (<uint64_t>1) << (slot & 63)
                     f += 1
                 h.fix_at[a] = f
-                for i in range(n):
-                    acc[i] &= col[i]
-            else:
-                for i in range(n):
-                    acc[i] &= ps[i]
+                ps = col
+            any = 0
+            for i in range(n):
+                acc[i] &= ps[i]
+                any |= acc[i]
+            if not any:
+                break
         for i in range(n):
             bits = acc[i]
             while bits:
                 slot = ((w + i) << 6) + _ctz(bits)
-                n_out = _take(h, h.slot_sub[slot], h.grp[slot] if h.groups else 0, n_out)
+                bits &= bits - 1
+                g = 0
+                if h.groups:
+                    g = h.grp[slot]
+                    if g < 0 or h.seen[g]:
+                        continue
+                n_out = _take(h, h.slot_sub[slot], g, n_out)
                 if n_out >= h.stop:
                     return n_out
-                bits &= bits - 1
         w = end
     return n_out
 
@@ -321,7 +331,6 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.cur_sure = m.cur_sure
     h.fix = m.fix
     h.fix_at = m.fix_at
-    h.fix_end = m.fix_end
     h.seen = m.seen
     h.out = m.out
     h.out_grp = m.out_grp

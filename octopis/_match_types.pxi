@@ -77,8 +77,8 @@ cdef struct Pred:
 
 cdef struct Placed:
     # a subscription's place in the slot order: its cell (-1: the root, else
-    # (sid << 32) | 3 * attr + kind of its access predicate), the hash of the attributes
-    # its bitmaps test, and which of its predicates is the access (-1: none)
+    # (sid << 32) | 3 * attr + kind of its access predicate), the attributes its bitmaps
+    # test (_signature), and which of its predicates is the access (-1: none)
     int64_t cell
     uint64_t sig
     int sub
@@ -129,15 +129,16 @@ cdef struct Seg:
 
 
 cdef struct ColRef:
-    # a segment's column: attribute ``attr``, its first word at position k of the column
+    # a segment's column: attribute ``attr``; word w of the segment is at position k + w
+    # of the column
     int attr
     int k
 
 
 cdef struct Hot:
     # what a scan reads and writes, copied out of the Matcher so that the compiler keeps
-    # it in registers: per attribute its sure bits and its passing edges (slots
-    # fix[fix_at[a]:fix_end[a]], consumed as the scan advances); in group mode
+    # it in registers: per attribute its sure bits and its passing edges (slots from
+    # fix[fix_at[a]] up to an INT_MAX, consumed as the scan advances); in group mode
     # (``groups``) ``out`` takes one subscription per group (``grp``: by slot, ``seen``
     # marks the groups taken, ``out_grp`` their groups) and the scan stops once it holds
     # ``stop``
@@ -150,7 +151,6 @@ cdef struct Hot:
     uint64_t** cur_sure
     const int* fix
     int* fix_at
-    const int* fix_end
     char* seen
     int* out
     int* out_grp
