@@ -130,7 +130,7 @@ cdef class Matcher:
     cdef PyObject** v_obj
     cdef int* touched
     # the index: slots in scan order, live bits per word, segments, columns (and the
-    # publication's bucket in each: its sure bits and its passing edges in ``fix``),
+    # publication's bucket in each: its sure bits and its next edge to test),
     # cells (``visit``: the cells a publication looks up, to scan in slot order)
     cdef int built_attrs, built_strs, n_slots, n_words, n_cells, root_end
     cdef int* slot_of
@@ -142,8 +142,7 @@ cdef class Matcher:
     cdef ColRef* cols
     cdef Column* columns
     cdef uint64_t** cur_sure
-    cdef int* fix
-    cdef int* fix_at
+    cdef Edge** cur_edge
     cdef int* str_off
     cdef Cell* cells
     cdef int* visit
@@ -218,8 +217,7 @@ cdef class Matcher:
         PyMem_Free(self.segs)
         PyMem_Free(self.cols)
         PyMem_Free(self.cur_sure)
-        PyMem_Free(self.fix)
-        PyMem_Free(self.fix_at)
+        PyMem_Free(self.cur_edge)
         PyMem_Free(self.str_off)
         PyMem_Free(self.cells)
         PyMem_Free(self.visit)
@@ -232,8 +230,7 @@ cdef class Matcher:
         self.segs = NULL
         self.cols = NULL
         self.cur_sure = NULL
-        self.fix = NULL
-        self.fix_at = NULL
+        self.cur_edge = NULL
         self.str_off = NULL
         self.cells = NULL
         self.visit = NULL

@@ -284,7 +284,7 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
     frequent eq/neq constants — its sure bitmaps and edges; then every column points at
     its absent bucket."""
     cdef int s, i, j, a, n, end, access, fill_pass, n_pts = 0, n_str = 0, n_runs, nb
-    cdef int fix_size = 0, n_cursor = 0  # fix: the most edges of any bucket, per column
+    cdef int n_cursor = 0
     cdef int* off = NULL
     cdef int* fill = NULL
     cdef double* pts = NULL
@@ -377,25 +377,20 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
         for a in range(n_attrs):
             c = &m.columns[a]
             nb = c.n_num + c.n_str + 3
-            j = 0
             for i in range(nb):
-                j = max(j, c.edge_off[i + 1])
-                c.edge_off[i + 1] += c.edge_off[i]
+                c.edge_off[i + 1] += c.edge_off[i] + 1
                 cursor[fill[a] + i] = c.edge_off[i]
-            fix_size += j
             c.edges = <Edge*>_alloc(NULL, c.edge_off[nb] * sizeof(Edge))
+            for i in range(nb):
+                c.edges[c.edge_off[i + 1] - 1].slot = INT_MAX
             m.index_bytes += c.edge_off[nb] * sizeof(Edge)
         _judge_all(m, placed, sptr, slen, cursor, fill)
 
         m.cur_sure = <uint64_t**>_alloc(NULL, n_attrs * sizeof(uint64_t*))
-        m.fix_at = <int*>_alloc(NULL, n_attrs * sizeof(int))
-        fix_size += n_attrs + 1  # an INT_MAX after each list, and one for no edges
-        m.fix = <int*>_alloc(NULL, fix_size * sizeof(int))
-        m.fix[0] = INT_MAX
+        m.cur_edge = <Edge**>_alloc(NULL, n_attrs * sizeof(Edge*))
         for a in range(n_attrs):
-            _aim(m, a, _absent(&m.columns[a]), 1)
-        m.index_bytes += (n_attrs * (sizeof(Column) + sizeof(uint64_t*) + sizeof(int))
-                          + fix_size * sizeof(int))
+            _aim(m, a, _absent(&m.columns[a]))
+        m.index_bytes += n_attrs * (sizeof(Column) + sizeof(uint64_t*) + sizeof(Edge*))
     finally:
         PyMem_Free(off)
         PyMem_Free(fill)

@@ -35,9 +35,8 @@ def is_plain_publication(object publication, set known):
 cdef int _load(Matcher m, dict publication, list keep) except -1:
     """Clear the slots of the previous publication and fill them from this one; the
     attributes that count (known, of a supported type) end up in ``touched``, and every
-    column points at the publication's bucket (absent for the attributes it lacks) and
-    has its passing edges in ``fix``."""
-    cdef int t, aid, n_fix
+    column points at the publication's bucket (absent for the attributes it lacks)."""
+    cdef int t, aid
     cdef char kind
     cdef PyObject* found
     cdef Py_ssize_t size
@@ -48,7 +47,7 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         m.val[2 * aid] = NAN
         m.val[2 * aid + 1] = NAN
         if aid < m.built_attrs:
-            _aim(m, aid, _absent(&m.columns[aid]), 1)
+            _aim(m, aid, _absent(&m.columns[aid]))
     m.n_loaded = 0
     m.epoch += 1
     if m.epoch == 0:
@@ -95,11 +94,10 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         m.v_str[aid] = data
         m.v_len[aid] = size
         m.v_obj[aid] = <PyObject*>value
-    n_fix = 1
     for t in range(m.n_loaded):
         aid = m.touched[t]
         if aid < m.built_attrs:
-            n_fix = _aim(m, aid, _bucket(m, aid), n_fix)
+            _aim(m, aid, _bucket(m, aid))
     return m.n_loaded
 
 
@@ -136,33 +134,23 @@ cdef inline int _absent(const Column* c) noexcept:
     return c.n_num + c.n_str + 2
 
 
-cdef int _aim(Matcher m, int a, int b, int n_fix) noexcept:
-    """Point column a at its bucket b: its sure bits, and the slots of its edges that
-    hold for the loaded value appended to ``fix`` from ``n_fix`` and closed by INT_MAX
-    (a bucket without edges shares fix[0]); returns the new end."""
+cdef inline void _aim(Matcher m, int a, int b) noexcept:
+    """Point column a at its bucket b: its sure bits and its first edge."""
     cdef const Column* c = &m.columns[a]
-    cdef const Edge* e
-    cdef double x = m.val[2 * a], sid = m.val[2 * a + 1]
-    cdef bint ok
-    cdef int j
     m.cur_sure[a] = c.sure + <Py_ssize_t>b * c.nw
-    if c.edge_off[b] == c.edge_off[b + 1]:
-        m.fix_at[a] = 0
-        return n_fix
-    m.fix_at[a] = n_fix
-    for j in range(c.edge_off[b], c.edge_off[b + 1]):
-        e = &c.edges[j]
-        if e.how == EDGE_RANGE:
-            ok = (e.lo <= x) & (x <= e.hi)
-        elif e.how == EDGE_SID:
-            ok = e.lo == sid
-        else:
-            ok = (m.live[e.slot >> 6] >> (e.slot & 63)) & 1 and _holds_on(m, m.slot_sub[e.slot], a)
-        m.fix[n_fix] = e.slot
-        n_fix += ok
-    m.candidates += c.edge_off[b + 1] - c.edge_off[b]
-    m.fix[n_fix] = INT_MAX
-    return n_fix + 1
+    m.cur_edge[a] = c.edges + c.edge_off[b]
+
+
+cdef inline bint _edge_holds(Matcher m, const Edge* e, int a) noexcept:
+    """Whether the predicates on attribute a of the subscription of edge ``e`` hold for
+    the loaded publication."""
+    cdef double x
+    if e.how == EDGE_RANGE:
+        x = m.val[2 * a]
+        return (e.lo <= x) & (x <= e.hi)
+    if e.how == EDGE_SID:
+        return e.lo == m.val[2 * a + 1]
+    return (m.live[e.slot >> 6] >> (e.slot & 63)) & 1 and _holds_on(m, m.slot_sub[e.slot], a)
 
 
 cdef bint _holds_on(Matcher m, int sub, int a) noexcept:
@@ -199,16 +187,19 @@ cdef inline int _take(Hot* h, int sub, int g, int n_out) noexcept:
     return n_out + 1
 
 
-cdef int _scan(Hot* h, int s0, int s1, int n_out) noexcept:
+cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
     """Matches among the slots [s0, s1) into ``h.out``: per block of words, the live bits
     ANDed, for every column of the segment, with the sure bits of the publication's
-    bucket and its passing edges. Scans must come in slot order (edges are consumed)."""
+    bucket and those of its edges that hold. Scans must come in slot order (edges are
+    consumed)."""
     cdef uint64_t acc[BLOCK]
     cdef uint64_t col[BLOCK]
     cdef uint64_t bits, any
     cdef const uint64_t* ps
     cdef const Seg* seg
-    cdef int w, last, end, n, i, j, a, f, slot, lim, g
+    cdef const Edge* e
+    cdef const Edge* first
+    cdef int w, last, end, n, i, j, a, slot, lim, g
     if s0 >= s1:
         return n_out
     w = s0 >> 6
@@ -227,16 +218,16 @@ cdef int _scan(Hot* h, int s0, int s1, int n_out) noexcept:
         for j in range(seg.c0, seg.c1):
             a = h.cols[j].attr
             ps = h.cur_sure[a] + h.cols[j].k + w
-            f = h.fix_at[a]
-            if h.fix[f] < lim:
+            e = first = h.cur_edge[a]
+            if e.slot < lim:
                 for i in range(n):
                     col[i] = ps[i]
-                while h.fix[f] < lim:
-                    slot = h.fix[f]
-                    if slot >= w << 6:
-                        col[(slot >> 6) - w] |= (<uint64_t>1) << (slot & 63)
-                    f += 1
-                h.fix_at[a] = f
+                while e.slot < lim:
+                    if e.slot >= w << 6 and _edge_holds(m, e, a):
+                        col[(e.slot >> 6) - w] |= (<uint64_t>1) << (e.slot & 63)
+                    e += 1
+                h.cur_edge[a] = <Edge*>e
+                m.candidates += e - first
                 ps = col
             any = 0
             for i in range(n):
@@ -329,17 +320,16 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.segs = m.segs
     h.cols = m.cols
     h.cur_sure = m.cur_sure
-    h.fix = m.fix
-    h.fix_at = m.fix_at
+    h.cur_edge = m.cur_edge
     h.seen = m.seen
     h.out = m.out
     h.out_grp = m.out_grp
     h.stop = m.n_groups if groups else INT_MAX
-    n_out = _scan(&h, 0, m.root_end, 0)
+    n_out = _scan(m, &h, 0, m.root_end, 0)
     for i in range(n_visit):
         if n_out >= h.stop:
             break
-        n_out = _scan(&h, m.cells[m.visit[i]].beg, m.cells[m.visit[i]].end, n_out)
+        n_out = _scan(m, &h, m.cells[m.visit[i]].beg, m.cells[m.visit[i]].end, n_out)
     t = 0
     while t < m.n_pending and n_out < h.stop:
         i = m.pending[t]

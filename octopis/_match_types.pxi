@@ -107,7 +107,8 @@ cdef struct Column:
     # the bitmaps of one attribute over the ``nw`` words holding a subscription that
     # tests it: bucket b's *sure* bits (the predicates on the attribute hold for every
     # value of the bucket; a subscription that does not test the attribute has them all)
-    # at sure + b·nw, its edges (sorted by slot) at edges[edge_off[b]:edge_off[b + 1]].
+    # at sure + b·nw, its edges sorted by slot from edges[edge_off[b]], closed by one with
+    # slot INT_MAX.
     # Buckets: numeric [split[b-1], split[b]) for b < n_num, NaN, a string of its own per
     # sid in ``sids`` (sorted), any other string, absent.
     int nw
@@ -137,8 +138,8 @@ cdef struct ColRef:
 
 cdef struct Hot:
     # what a scan reads and writes, copied out of the Matcher so that the compiler keeps
-    # it in registers: per attribute its sure bits and its passing edges (slots from
-    # fix[fix_at[a]] up to an INT_MAX, consumed as the scan advances); in group mode
+    # it in registers: per attribute its sure bits and its next edge (edges are tested
+    # and consumed as the scan advances); in group mode
     # (``groups``) ``out`` takes one subscription per group (``grp``: by slot, ``seen``
     # marks the groups taken, ``out_grp`` their groups) and the scan stops once it holds
     # ``stop``
@@ -149,8 +150,7 @@ cdef struct Hot:
     const Seg* segs
     const ColRef* cols
     uint64_t** cur_sure
-    const int* fix
-    int* fix_at
+    Edge** cur_edge
     char* seen
     int* out
     int* out_grp
