@@ -61,6 +61,7 @@ cdef int _build(Matcher m) except -1:
             placed[n_placed].cell = -1 if access < 0 else (
                 ((<int64_t>p[access].sid) << 32) | (3 * p[access].attr + p[access].op - STR_EQ))
             placed[n_placed].sig = _signature(p, m.prog_len[sub], access)
+            _first_range(p, m.prog_len[sub], access, &placed[n_placed])
             n_placed += 1
         qsort(placed, n_placed, sizeof(Placed), _cmp_placed)
 
@@ -151,6 +152,17 @@ cdef uint64_t _signature(const Pred* p, int n, int access) noexcept:
         mask |= (<uint64_t>1) << (p[i].attr & 63)
         i = _tested(p, n, end, access, &end)
     return mask
+
+
+cdef void _first_range(const Pred* p, int n, int access, Placed* place) noexcept:
+    """The first range among p's tested predicates ([inf, inf] if none) into ``place``."""
+    cdef int i
+    place.lo = place.hi = INF
+    for i in range(n):
+        if p[i].op == NUM_RANGE and i != access:
+            place.lo = p[i].lo
+            place.hi = p[i].hi
+            return
 
 
 cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_attrs,

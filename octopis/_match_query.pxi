@@ -200,6 +200,8 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
     cdef const Edge* e
     cdef const Edge* first
     cdef int w, last, end, n, i, j, a, slot, lim, g
+    cdef double x
+    cdef bint ok
     if s0 >= s1:
         return n_out
     w = s0 >> 6
@@ -218,17 +220,24 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         for j in range(seg.c0, seg.c1):
             a = h.cols[j].attr
             ps = h.cur_sure[a] + h.cols[j].k + w
-            e = first = h.cur_edge[a]
+            e = h.cur_edge[a]
+            while e.slot < w << 6:  # the edges of blocks skipped
+                e += 1
             if e.slot < lim:
                 for i in range(n):
                     col[i] = ps[i]
+                first = e
+                x = m.val[2 * a]
                 while e.slot < lim:
-                    if e.slot >= w << 6 and _edge_holds(m, e, a):
-                        col[(e.slot >> 6) - w] |= (<uint64_t>1) << (e.slot & 63)
+                    if e.how == EDGE_RANGE:
+                        ok = (e.lo <= x) & (x <= e.hi)
+                    else:
+                        ok = _edge_holds(m, e, a)
+                    col[(e.slot >> 6) - w] |= (<uint64_t>ok) << (e.slot & 63)
                     e += 1
-                h.cur_edge[a] = <Edge*>e
                 m.candidates += e - first
                 ps = col
+            h.cur_edge[a] = <Edge*>e
             any = 0
             for i in range(n):
                 acc[i] &= ps[i]

@@ -78,9 +78,13 @@ cdef struct Pred:
 cdef struct Placed:
     # a subscription's place in the slot order: its cell (-1: the root, else
     # (sid << 32) | 3 * attr + kind of its access predicate), the attributes its bitmaps
-    # test (_signature), and which of its predicates is the access (-1: none)
+    # test (_signature), its first tested range (so that the subscriptions a value
+    # satisfies on that attribute sit together), and which of its predicates is the
+    # access (-1: none)
     int64_t cell
     uint64_t sig
+    double lo
+    double hi
     int sub
     int access
 
@@ -184,6 +188,10 @@ cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
         return (p.cell > q.cell) - (p.cell < q.cell)
     if p.sig != q.sig:
         return (p.sig > q.sig) - (p.sig < q.sig)
+    if p.lo != q.lo:
+        return (p.lo > q.lo) - (p.lo < q.lo)
+    if p.hi != q.hi:
+        return (p.hi > q.hi) - (p.hi < q.hi)
     return (p.sub > q.sub) - (p.sub < q.sub)
 
 
