@@ -187,21 +187,53 @@ cdef inline int _take(Hot* h, int sub, int g, int n_out) noexcept:
     return n_out + 1
 
 
-cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
-    """Matches among the slots [s0, s1) into ``h.out``: per block of words, the live bits
-    ANDed, for every column of the segment, with the sure bits of the publication's
-    bucket and those of its edges that hold. Scans must come in slot order (edges are
-    consumed)."""
-    cdef uint64_t acc[BLOCK]
+cdef inline uint64_t _and_column(Matcher m, Hot* h, int j, int w, int n, int lim,
+                                 uint64_t* acc) noexcept:
+    """AND column j of the block of ``n`` words from w into ``acc``: the sure bits of the
+    publication's bucket and those of its edges (below slot ``lim``) that hold; returns
+    whether any bit is left."""
     cdef uint64_t col[BLOCK]
-    cdef uint64_t bits, any
-    cdef const uint64_t* ps
-    cdef const Seg* seg
-    cdef const Edge* e
+    cdef uint64_t any = 0
+    cdef int i, a = h.cols[j].attr
+    cdef const uint64_t* ps = h.cur_sure[a] + h.cols[j].k + w
+    cdef const Edge* e = h.cur_edge[a]
     cdef const Edge* first
-    cdef int w, last, end, n, i, j, a, slot, lim, g
     cdef double x
     cdef bint ok
+    while e.slot < w << 6:  # the edges of blocks skipped
+        e += 1
+    if e.slot < lim:
+        for i in range(n):
+            col[i] = ps[i]
+        first = e
+        x = m.val[2 * a]
+        while e.slot < lim:
+            if e.how == EDGE_RANGE:
+                ok = (e.lo <= x) & (x <= e.hi)
+            else:
+                ok = _edge_holds(m, e, a)
+            col[(e.slot >> 6) - w] |= (<uint64_t>ok) << (e.slot & 63)
+            e += 1
+        m.candidates += e - first
+        ps = col
+    h.cur_edge[a] = <Edge*>e
+    if n == 1:
+        acc[0] &= ps[0]
+        return acc[0]
+    for i in range(n):
+        acc[i] &= ps[i]
+        any |= acc[i]
+    return any
+
+
+cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
+    """Matches among the slots [s0, s1) into ``h.out``: per block of words, the live bits
+    ANDed with every column of the segment. Scans must come in slot order (edges are
+    consumed)."""
+    cdef uint64_t acc[BLOCK]
+    cdef uint64_t bits
+    cdef const Seg* seg
+    cdef int w, last, end, n, i, j, slot, lim, g
     if s0 >= s1:
         return n_out
     w = s0 >> 6
@@ -218,31 +250,7 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         if end - 1 == last and s1 & 63:
             acc[n - 1] &= ((<uint64_t>1) << (s1 & 63)) - 1
         for j in range(seg.c0, seg.c1):
-            a = h.cols[j].attr
-            ps = h.cur_sure[a] + h.cols[j].k + w
-            e = h.cur_edge[a]
-            while e.slot < w << 6:  # the edges of blocks skipped
-                e += 1
-            if e.slot < lim:
-                for i in range(n):
-                    col[i] = ps[i]
-                first = e
-                x = m.val[2 * a]
-                while e.slot < lim:
-                    if e.how == EDGE_RANGE:
-                        ok = (e.lo <= x) & (x <= e.hi)
-                    else:
-                        ok = _edge_holds(m, e, a)
-                    col[(e.slot >> 6) - w] |= (<uint64_t>ok) << (e.slot & 63)
-                    e += 1
-                m.candidates += e - first
-                ps = col
-            h.cur_edge[a] = <Edge*>e
-            any = 0
-            for i in range(n):
-                acc[i] &= ps[i]
-                any |= acc[i]
-            if not any:
+            if not _and_column(m, h, j, w, n, lim, acc):
                 break
         for i in range(n):
             bits = acc[i]
