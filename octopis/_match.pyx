@@ -137,9 +137,8 @@ cdef class Matcher:
     cdef int* slot_sub
     cdef int* slot_grp
     cdef uint64_t* live
-    cdef int* word_seg
-    cdef Seg* segs
-    cdef ColRef* cols
+    cdef int* chunk_off
+    cdef Piece* pieces
     cdef Column* columns
     cdef uint64_t** cur_sure
     cdef Edge** cur_edge
@@ -204,6 +203,7 @@ cdef class Matcher:
         cdef int a
         if self.columns != NULL:
             for a in range(self.built_attrs):
+                PyMem_Free(self.columns[a].words)
                 PyMem_Free(self.columns[a].split)
                 PyMem_Free(self.columns[a].sids)
                 PyMem_Free(self.columns[a].sure)
@@ -213,9 +213,8 @@ cdef class Matcher:
         PyMem_Free(self.slot_sub)
         PyMem_Free(self.slot_grp)
         PyMem_Free(self.live)
-        PyMem_Free(self.word_seg)
-        PyMem_Free(self.segs)
-        PyMem_Free(self.cols)
+        PyMem_Free(self.chunk_off)
+        PyMem_Free(self.pieces)
         PyMem_Free(self.cur_sure)
         PyMem_Free(self.cur_edge)
         PyMem_Free(self.str_off)
@@ -226,9 +225,8 @@ cdef class Matcher:
         self.slot_sub = NULL
         self.slot_grp = NULL
         self.live = NULL
-        self.word_seg = NULL
-        self.segs = NULL
-        self.cols = NULL
+        self.chunk_off = NULL
+        self.pieces = NULL
         self.cur_sure = NULL
         self.cur_edge = NULL
         self.str_off = NULL

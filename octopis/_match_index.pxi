@@ -1,7 +1,7 @@
 # Index construction (included by _match.pyx). ``_build``: each live subscription's
 # access (a string lookup, or the root) and the attributes its bitmaps test,
 # sorted into the slot order; ``_fill_slots`` lays out slots, live bits and cells,
-# ``_fill_segments`` the attributes of each word, ``_fill_columns`` every attribute's
+# ``_fill_chunks`` the attributes of each word and chunk, ``_fill_columns`` every attribute's
 # buckets and bitmaps.
 
 cdef enum:
@@ -66,7 +66,7 @@ cdef int _build(Matcher m) except -1:
         qsort(placed, n_placed, sizeof(Placed), _cmp_placed)
 
         _fill_slots(m, placed, n_placed, n_strs, n_attrs, counts)
-        _fill_segments(m, placed, n_attrs, total)
+        _fill_chunks(m, placed, n_attrs, total)
         _fill_columns(m, placed, n_attrs)
         m.built_attrs = n_attrs
         m.built_strs = n_strs
@@ -223,27 +223,44 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
     return 0
 
 
-cdef int _fill_segments(Matcher m, const Placed* placed, int n_attrs, int total) except -1:
-    """Per word, the attributes its subscriptions' bitmaps test; runs of words with the
-    same ones are segments. Every column gets a position per word that tests its
-    attribute (``columns[a].nw`` counts them). ``total`` bounds the columns of all
-    segments (the predicates of all subscriptions)."""
-    cdef int w, s, last, i, j, a, n, end, n_list, n_segs = 0, n_cols = 0
+cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) except -1:
+    """Per word, the attributes its subscriptions' bitmaps test, each given the next
+    position of its column (``columns[a].words`` maps them back); per chunk of CHUNK
+    words, a piece per column with positions there, by attribute. ``total`` (the
+    predicates of all subscriptions) bounds the positions."""
+    cdef int w, s, last, i, j, a, k, n, end, n_list, first = 0, n_pieces = 0, n_pos = 0
     cdef const Pred* p
-    cdef Seg* seg = NULL
+    cdef Piece cur
     cdef int* mark = NULL
     cdef int* lst = NULL
+    cdef int* piece_of = NULL
+    cdef int* pos = NULL
+    cdef int* pos_off = NULL
     m.columns = <Column*>_alloc(NULL, n_attrs * sizeof(Column))
     memset(m.columns, 0, n_attrs * sizeof(Column))
-    m.word_seg = <int*>_alloc(NULL, m.n_words * sizeof(int))
-    m.segs = <Seg*>_alloc(NULL, m.n_words * sizeof(Seg))
-    m.cols = <ColRef*>_alloc(NULL, total * sizeof(ColRef))
+    m.chunk_off = <int*>_alloc(NULL, ((m.n_words + CHUNK - 1) // CHUNK + 1) * sizeof(int))
+    m.pieces = <Piece*>_alloc(NULL, total * sizeof(Piece))
     try:
         mark = <int*>_alloc(NULL, n_attrs * sizeof(int))
         lst = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        piece_of = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        pos = <int*>_alloc(NULL, total * sizeof(int))  # the attribute of each position
+        pos_off = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))  # the first of each word
         for a in range(n_attrs):
-            mark[a] = -1
-        for w in range(m.n_words):
+            mark[a] = piece_of[a] = -1
+        for w in range(m.n_words + 1):
+            if w % CHUNK == 0 or w == m.n_words:
+                for i in range(first + 1, n_pieces):  # the last chunk's, by attribute
+                    cur = m.pieces[i]
+                    j = i
+                    while j > first and m.pieces[j - 1].attr > cur.attr:
+                        m.pieces[j] = m.pieces[j - 1]
+                        j -= 1
+                    m.pieces[j] = cur
+                m.chunk_off[(w + CHUNK - 1) // CHUNK] = first = n_pieces
+            pos_off[w] = n_pos
+            if w == m.n_words:
+                break
             n_list = 0
             last = min(m.n_slots, 64 * w + 64)
             for s in range(64 * w, last):
@@ -254,40 +271,40 @@ cdef int _fill_segments(Matcher m, const Placed* placed, int n_attrs, int total)
                     a = p[i].attr
                     if mark[a] != w:
                         mark[a] = w
-                        j = n_list
-                        while j > 0 and lst[j - 1] > a:
-                            lst[j] = lst[j - 1]
-                            j -= 1
-                        lst[j] = a
+                        lst[n_list] = a
                         n_list += 1
                     i = _tested(p, n, end, placed[s].access, &end)
-            if seg == NULL or seg.c1 - seg.c0 != n_list or not _same_attrs(m.cols + seg.c0, lst, n_list):
-                seg = &m.segs[n_segs]
-                n_segs += 1
-                seg.w0 = w
-                seg.c0 = n_cols
-                for j in range(n_list):
-                    m.cols[n_cols].attr = lst[j]
-                    m.cols[n_cols].k = m.columns[lst[j]].nw - w
-                    n_cols += 1
-                seg.c1 = n_cols
-            seg.w1 = w + 1
-            m.word_seg[w] = n_segs - 1
             for j in range(n_list):
-                m.columns[lst[j]].nw += 1
+                a = lst[j]
+                k = m.columns[a].nw
+                m.columns[a].nw += 1
+                pos[n_pos] = a
+                n_pos += 1
+                if piece_of[a] >= first:
+                    m.pieces[piece_of[a]].k1 = k + 1
+                else:
+                    piece_of[a] = n_pieces
+                    m.pieces[n_pieces].attr = a
+                    m.pieces[n_pieces].k0 = k
+                    m.pieces[n_pieces].k1 = k + 1
+                    n_pieces += 1
+        for a in range(n_attrs):
+            m.columns[a].words = <int*>_alloc(NULL, m.columns[a].nw * sizeof(int))
+            mark[a] = 0
+        for w in range(m.n_words):
+            for i in range(pos_off[w], pos_off[w + 1]):
+                a = pos[i]
+                m.columns[a].words[mark[a]] = w
+                mark[a] += 1
     finally:
         PyMem_Free(mark)
         PyMem_Free(lst)
-    m.index_bytes += n_segs * sizeof(Seg) + n_cols * sizeof(ColRef)
+        PyMem_Free(piece_of)
+        PyMem_Free(pos)
+        PyMem_Free(pos_off)
+    m.index_bytes += ((m.n_words // CHUNK + 2) * sizeof(int) + n_pieces * sizeof(Piece)
+                      + n_pos * sizeof(int))
     return 0
-
-
-cdef inline bint _same_attrs(const ColRef* cols, const int* attrs, int n) noexcept:
-    cdef int j
-    for j in range(n):
-        if cols[j].attr != attrs[j]:
-            return False
-    return True
 
 
 cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
@@ -450,21 +467,23 @@ cdef int _own_strings(Column* c, int64_t* runs, int n) except -1:
 cdef void _judge_all(Matcher m, const Placed* placed, const char** sptr,
                      const Py_ssize_t* slen, int* cursor, const int* base) noexcept:
     """``_judge`` every subscription on every attribute its bitmaps test."""
-    cdef int s, i, j, n, end, access
+    cdef int s, w, i, j, k, n, end, access
     cdef const Pred* p
-    cdef const Seg* seg
     for s in range(m.n_slots):
         p = m.prog[placed[s].sub]
         n = m.prog_len[placed[s].sub]
         access = placed[s].access
-        seg = &m.segs[m.word_seg[s >> 6]]
+        w = s >> 6
         i = _tested(p, n, 0, access, &end)
         while i < n:
-            j = seg.c0
-            while m.cols[j].attr != p[i].attr:
+            j = m.chunk_off[w // CHUNK]
+            while m.pieces[j].attr != p[i].attr:
                 j += 1
-            _judge(&m.columns[p[i].attr], m.cols[j].k + (s >> 6), s, p, i, end,
-                   access, sptr, slen, NULL if cursor == NULL else cursor + base[p[i].attr])
+            k = m.pieces[j].k0
+            while m.columns[p[i].attr].words[k] != w:
+                k += 1
+            _judge(&m.columns[p[i].attr], k, s, p, i, end, access, sptr, slen,
+                   NULL if cursor == NULL else cursor + base[p[i].attr])
             i = _tested(p, n, end, access, &end)
 
 

@@ -187,60 +187,64 @@ cdef inline int _take(Hot* h, int sub, int g, int n_out) noexcept:
     return n_out + 1
 
 
-cdef inline uint64_t _and_column(Matcher m, Hot* h, int j, int w, int n, int lim,
-                                 uint64_t* acc) noexcept:
-    """AND column j of the block of ``n`` words from w into ``acc``: the sure bits of the
-    publication's bucket and those of its edges (below slot ``lim``) that hold; returns
-    whether any bit is left."""
-    cdef uint64_t col[BLOCK]
-    cdef uint64_t any = 0
-    cdef int i, a = h.cols[j].attr
-    cdef const uint64_t* ps = h.cur_sure[a] + h.cols[j].k + w
+cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, int n,
+                                int lim, uint64_t* acc) noexcept:
+    """AND a column's piece into ``acc``, the words [w, w + n) of a chunk: the sure bits of
+    the publication's bucket and those of its edges (below slot ``lim``) that hold for
+    subscriptions still in ``acc``; returns whether any bit is left."""
+    cdef uint64_t passed[CHUNK]
+    cdef uint64_t any = 0, bit
+    cdef int i, k = piece.k0, k1 = piece.k1, a = piece.attr
+    cdef const int* words = h.columns[a].words
+    cdef const uint64_t* sure = h.cur_sure[a]
     cdef const Edge* e = h.cur_edge[a]
     cdef const Edge* first
     cdef double x
-    cdef bint ok
-    while e.slot < w << 6:  # the edges of blocks skipped
+    while k < k1 and words[k] < w:  # a scan that starts or ends inside the chunk
+        k += 1
+    while k1 > k and words[k1 - 1] >= w + n:
+        k1 -= 1
+    while e.slot < w << 6:  # the edges of words skipped
         e += 1
     if e.slot < lim:
-        for i in range(n):
-            col[i] = ps[i]
+        memset(passed, 0, n * sizeof(uint64_t))
         first = e
         x = m.val[2 * a]
         while e.slot < lim:
-            if e.how == EDGE_RANGE:
-                ok = (e.lo <= x) & (x <= e.hi)
-            else:
-                ok = _edge_holds(m, e, a)
-            col[(e.slot >> 6) - w] |= (<uint64_t>ok) << (e.slot & 63)
+            i = (e.slot >> 6) - w
+            bit = (<uint64_t>1) << (e.slot & 63)
+            if acc[i] & bit:
+                if e.how == EDGE_RANGE:
+                    passed[i] |= bit & -<uint64_t>((e.lo <= x) & (x <= e.hi))
+                elif _edge_holds(m, e, a):
+                    passed[i] |= bit
             e += 1
         m.candidates += e - first
-        ps = col
-    h.cur_edge[a] = <Edge*>e
-    if n == 1:
-        acc[0] &= ps[0]
-        return acc[0]
+        h.cur_edge[a] = <Edge*>e
+        for k in range(k, k1):
+            acc[words[k] - w] &= sure[k] | passed[words[k] - w]
+    else:
+        h.cur_edge[a] = <Edge*>e
+        for k in range(k, k1):
+            acc[words[k] - w] &= sure[k]
     for i in range(n):
-        acc[i] &= ps[i]
         any |= acc[i]
     return any
 
 
 cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
-    """Matches among the slots [s0, s1) into ``h.out``: per block of words, the live bits
-    ANDed with every column of the segment. Scans must come in slot order (edges are
-    consumed)."""
-    cdef uint64_t acc[BLOCK]
+    """Matches among the slots [s0, s1) into ``h.out``: per chunk, the live bits ANDed
+    with every column's piece. Scans must come in slot order (edges are consumed)."""
+    cdef uint64_t acc[CHUNK]
     cdef uint64_t bits
-    cdef const Seg* seg
-    cdef int w, last, end, n, i, j, slot, lim, g
+    cdef int w, last, end, n, i, j, c, slot, lim, g
     if s0 >= s1:
         return n_out
     w = s0 >> 6
     last = (s1 - 1) >> 6
     while w <= last and n_out < h.stop:
-        seg = &h.segs[h.word_seg[w]]
-        end = min(seg.w1, last + 1, w + BLOCK)
+        c = w // CHUNK
+        end = min((c + 1) * CHUNK, last + 1)
         n = end - w
         lim = min(end << 6, s1)  # edges of later slots are left to later scans
         for i in range(n):
@@ -249,8 +253,8 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
             acc[0] &= (~(<uint64_t>0)) << (s0 & 63)
         if end - 1 == last and s1 & 63:
             acc[n - 1] &= ((<uint64_t>1) << (s1 & 63)) - 1
-        for j in range(seg.c0, seg.c1):
-            if not _and_column(m, h, j, w, n, lim, acc):
+        for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
+            if not _and_piece(m, h, &h.pieces[j], w, n, lim, acc):
                 break
         for i in range(n):
             bits = acc[i]
@@ -333,9 +337,9 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.slot_sub = m.slot_sub
     h.grp = m.slot_grp
     h.groups = groups
-    h.word_seg = m.word_seg
-    h.segs = m.segs
-    h.cols = m.cols
+    h.chunk_off = m.chunk_off
+    h.pieces = m.pieces
+    h.columns = m.columns
     h.cur_sure = m.cur_sure
     h.cur_edge = m.cur_edge
     h.seen = m.seen

@@ -45,11 +45,11 @@ cdef enum:
     DEAD = 2
 
 # Bitmap geometry: at most NUM_BUCKETS numeric buckets and STR_BUCKETS strings with a
-# bucket of their own per attribute; a scan ANDs up to BLOCK words at a time.
+# bucket of their own per attribute; a scan ANDs a chunk of CHUNK words at a time.
 cdef enum:
     NUM_BUCKETS = 128
     STR_BUCKETS = 64
-    BLOCK = 32
+    CHUNK = 16
 
 # How an edge is decided (see Edge).
 cdef enum:
@@ -109,7 +109,7 @@ cdef struct Edge:
 
 cdef struct Column:
     # the bitmaps of one attribute over the ``nw`` words holding a subscription that
-    # tests it: bucket b's *sure* bits (the predicates on the attribute hold for every
+    # tests it (position k is word words[k]): bucket b's *sure* bits (the predicates on the attribute hold for every
     # value of the bucket; a subscription that does not test the attribute has them all)
     # at sure + b·nw, its edges sorted by slot from edges[edge_off[b]], closed by one with
     # slot INT_MAX.
@@ -118,6 +118,7 @@ cdef struct Column:
     int nw
     int n_num
     int n_str
+    int* words
     double* split
     int* sids
     uint64_t* sure
@@ -125,19 +126,11 @@ cdef struct Column:
     Edge* edges
 
 
-cdef struct Seg:
-    # words [w0, w1) whose bitmaps are the columns cols[c0:c1]
-    int w0
-    int w1
-    int c0
-    int c1
-
-
-cdef struct ColRef:
-    # a segment's column: attribute ``attr``; word w of the segment is at position k + w
-    # of the column
+cdef struct Piece:
+    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk
     int attr
-    int k
+    int k0
+    int k1
 
 
 cdef struct Hot:
@@ -150,9 +143,9 @@ cdef struct Hot:
     const uint64_t* live
     const int* slot_sub
     const int* grp
-    const int* word_seg
-    const Seg* segs
-    const ColRef* cols
+    const int* chunk_off
+    const Piece* pieces
+    const Column* columns
     uint64_t** cur_sure
     Edge** cur_edge
     char* seen
