@@ -296,6 +296,11 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
                 a = pos[i]
                 m.columns[a].words[mark[a]] = w
                 mark[a] += 1
+        for i in range(n_pieces):
+            k = m.pieces[i].k0
+            w = m.columns[m.pieces[i].attr].words[k]
+            j = m.columns[m.pieces[i].attr].words[m.pieces[i].k1 - 1]
+            m.pieces[i].w0 = w if j - w == m.pieces[i].k1 - 1 - k else -1
     finally:
         PyMem_Free(mark)
         PyMem_Free(lst)

@@ -194,7 +194,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     subscriptions still in ``acc``; returns whether any bit is left."""
     cdef uint64_t passed[CHUNK]
     cdef uint64_t any = 0, bit
-    cdef int i, k = piece.k0, k1 = piece.k1, a = piece.attr
+    cdef int i, d, k = piece.k0, k1 = piece.k1, a = piece.attr
     cdef const int* words = h.columns[a].words
     cdef const uint64_t* sure = h.cur_sure[a]
     cdef const Edge* e = h.cur_edge[a]
@@ -212,21 +212,24 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         x = m.val[2 * a]
         while e.slot < lim:
             i = (e.slot >> 6) - w
-            bit = (<uint64_t>1) << (e.slot & 63)
-            if acc[i] & bit:
-                if e.how == EDGE_RANGE:
-                    passed[i] |= bit & -<uint64_t>((e.lo <= x) & (x <= e.hi))
-                elif _edge_holds(m, e, a):
-                    passed[i] |= bit
+            bit = acc[i] & ((<uint64_t>1) << (e.slot & 63))
+            if e.how == EDGE_RANGE:
+                passed[i] |= bit & -<uint64_t>((e.lo <= x) & (x <= e.hi))
+            elif bit and _edge_holds(m, e, a):
+                passed[i] |= bit
             e += 1
         m.candidates += e - first
-        h.cur_edge[a] = <Edge*>e
-        for k in range(k, k1):
-            acc[words[k] - w] &= sure[k] | passed[words[k] - w]
+        for i in range(k, k1):
+            d = words[i] - w
+            acc[d] &= sure[i] | passed[d]
+    elif piece.w0 >= 0:
+        sure += k - (words[k] - w) if k < k1 else 0
+        for i in range(words[k] - w if k < k1 else 0, words[k1 - 1] - w + 1 if k < k1 else 0):
+            acc[i] &= sure[i]
     else:
-        h.cur_edge[a] = <Edge*>e
-        for k in range(k, k1):
-            acc[words[k] - w] &= sure[k]
+        for i in range(k, k1):
+            acc[words[i] - w] &= sure[i]
+    h.cur_edge[a] = <Edge*>e
     for i in range(n):
         any |= acc[i]
     return any

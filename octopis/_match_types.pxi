@@ -127,10 +127,12 @@ cdef struct Column:
 
 
 cdef struct Piece:
-    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk
+    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk; if they are
+    # consecutive words, ``w0`` is the first (else -1)
     int attr
     int k0
     int k1
+    int w0
 
 
 cdef struct Hot:
