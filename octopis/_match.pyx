@@ -137,6 +137,8 @@ cdef class Matcher:
     cdef int* slot_sub
     cdef int* slot_grp
     cdef uint64_t* live
+    cdef int* word_chunk
+    cdef int* chunk_w0
     cdef int* chunk_off
     cdef Piece* pieces
     cdef Column* columns
@@ -213,6 +215,8 @@ cdef class Matcher:
         PyMem_Free(self.slot_sub)
         PyMem_Free(self.slot_grp)
         PyMem_Free(self.live)
+        PyMem_Free(self.word_chunk)
+        PyMem_Free(self.chunk_w0)
         PyMem_Free(self.chunk_off)
         PyMem_Free(self.pieces)
         PyMem_Free(self.cur_sure)
@@ -225,6 +229,8 @@ cdef class Matcher:
         self.slot_sub = NULL
         self.slot_grp = NULL
         self.live = NULL
+        self.word_chunk = NULL
+        self.chunk_w0 = NULL
         self.chunk_off = NULL
         self.pieces = NULL
         self.cur_sure = NULL

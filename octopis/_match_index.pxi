@@ -224,44 +224,36 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
 
 
 cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) except -1:
-    """Per word, the attributes its subscriptions' bitmaps test, each given the next
-    position of its column (``columns[a].words`` maps them back); per chunk of CHUNK
-    words, a piece per column with positions there, by attribute. ``total`` (the
-    predicates of all subscriptions) bounds the positions."""
+    """The attributes each word's subscriptions' bitmaps test, each giving the word the
+    next position of its column (``columns[a].words`` maps positions back to words); the
+    chunks — at most CHUNK words, a new one also where a run of RUN or more words testing
+    the same attributes begins — and per chunk a piece per column, by attribute. ``total``
+    (the predicates of all subscriptions) bounds the positions."""
     cdef int w, s, last, i, j, a, k, n, end, n_list, first = 0, n_pieces = 0, n_pos = 0
+    cdef int n_chunks = 0
     cdef const Pred* p
     cdef Piece cur
     cdef int* mark = NULL
-    cdef int* lst = NULL
     cdef int* piece_of = NULL
     cdef int* pos = NULL
     cdef int* pos_off = NULL
+    cdef int* run = NULL
     m.columns = <Column*>_alloc(NULL, n_attrs * sizeof(Column))
     memset(m.columns, 0, n_attrs * sizeof(Column))
-    m.chunk_off = <int*>_alloc(NULL, ((m.n_words + CHUNK - 1) // CHUNK + 1) * sizeof(int))
+    m.word_chunk = <int*>_alloc(NULL, m.n_words * sizeof(int))
+    m.chunk_w0 = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
+    m.chunk_off = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
     m.pieces = <Piece*>_alloc(NULL, total * sizeof(Piece))
     try:
         mark = <int*>_alloc(NULL, n_attrs * sizeof(int))
-        lst = <int*>_alloc(NULL, n_attrs * sizeof(int))
         piece_of = <int*>_alloc(NULL, n_attrs * sizeof(int))
-        pos = <int*>_alloc(NULL, total * sizeof(int))  # the attribute of each position
-        pos_off = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))  # the first of each word
+        pos = <int*>_alloc(NULL, total * sizeof(int))  # each word's attributes, sorted
+        pos_off = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
+        run = <int*>_alloc(NULL, m.n_words * sizeof(int))
         for a in range(n_attrs):
             mark[a] = piece_of[a] = -1
-        for w in range(m.n_words + 1):
-            if w % CHUNK == 0 or w == m.n_words:
-                for i in range(first + 1, n_pieces):  # the last chunk's, by attribute
-                    cur = m.pieces[i]
-                    j = i
-                    while j > first and m.pieces[j - 1].attr > cur.attr:
-                        m.pieces[j] = m.pieces[j - 1]
-                        j -= 1
-                    m.pieces[j] = cur
-                m.chunk_off[(w + CHUNK - 1) // CHUNK] = first = n_pieces
+        for w in range(m.n_words):
             pos_off[w] = n_pos
-            if w == m.n_words:
-                break
-            n_list = 0
             last = min(m.n_slots, 64 * w + 64)
             for s in range(64 * w, last):
                 p = m.prog[placed[s].sub]
@@ -271,15 +263,37 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
                     a = p[i].attr
                     if mark[a] != w:
                         mark[a] = w
-                        lst[n_list] = a
-                        n_list += 1
+                        j = n_pos
+                        while j > pos_off[w] and pos[j - 1] > a:
+                            pos[j] = pos[j - 1]
+                            j -= 1
+                        pos[j] = a
+                        n_pos += 1
                     i = _tested(p, n, end, placed[s].access, &end)
-            for j in range(n_list):
-                a = lst[j]
+        pos_off[m.n_words] = n_pos
+        for w in range(m.n_words - 1, -1, -1):
+            run[w] = run[w + 1] + 1 if w + 1 < m.n_words and _same_words(pos, pos_off, w, w + 1) else 1
+
+        for w in range(m.n_words + 1):
+            if w == m.n_words or w == 0 or w - m.chunk_w0[n_chunks - 1] == CHUNK or (
+                    run[w] >= RUN and not _same_words(pos, pos_off, w - 1, w)):
+                for i in range(first + 1, n_pieces):  # the last chunk's, by attribute
+                    cur = m.pieces[i]
+                    j = i
+                    while j > first and m.pieces[j - 1].attr > cur.attr:
+                        m.pieces[j] = m.pieces[j - 1]
+                        j -= 1
+                    m.pieces[j] = cur
+                m.chunk_w0[n_chunks] = w
+                m.chunk_off[n_chunks] = first = n_pieces
+                n_chunks += 1
+            if w == m.n_words:
+                break
+            m.word_chunk[w] = n_chunks - 1
+            for j in range(pos_off[w], pos_off[w + 1]):
+                a = pos[j]
                 k = m.columns[a].nw
                 m.columns[a].nw += 1
-                pos[n_pos] = a
-                n_pos += 1
                 if piece_of[a] >= first:
                     m.pieces[piece_of[a]].k1 = k + 1
                 else:
@@ -288,6 +302,7 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
                     m.pieces[n_pieces].k0 = k
                     m.pieces[n_pieces].k1 = k + 1
                     n_pieces += 1
+
         for a in range(n_attrs):
             m.columns[a].words = <int*>_alloc(NULL, m.columns[a].nw * sizeof(int))
             mark[a] = 0
@@ -303,13 +318,24 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
             m.pieces[i].w0 = w if j - w == m.pieces[i].k1 - 1 - k else -1
     finally:
         PyMem_Free(mark)
-        PyMem_Free(lst)
         PyMem_Free(piece_of)
         PyMem_Free(pos)
         PyMem_Free(pos_off)
-    m.index_bytes += ((m.n_words // CHUNK + 2) * sizeof(int) + n_pieces * sizeof(Piece)
-                      + n_pos * sizeof(int))
+        PyMem_Free(run)
+    m.index_bytes += (m.n_words * sizeof(int) + 2 * n_chunks * sizeof(int)
+                      + n_pieces * sizeof(Piece) + n_pos * sizeof(int))
     return 0
+
+
+cdef inline bint _same_words(const int* pos, const int* pos_off, int v, int w) noexcept:
+    """Whether words v and w test the same attributes."""
+    cdef int i, n = pos_off[v + 1] - pos_off[v]
+    if pos_off[w + 1] - pos_off[w] != n:
+        return False
+    for i in range(n):
+        if pos[pos_off[v] + i] != pos[pos_off[w] + i]:
+            return False
+    return True
 
 
 cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
@@ -481,7 +507,7 @@ cdef void _judge_all(Matcher m, const Placed* placed, const char** sptr,
         w = s >> 6
         i = _tested(p, n, 0, access, &end)
         while i < n:
-            j = m.chunk_off[w // CHUNK]
+            j = m.chunk_off[m.word_chunk[w]]
             while m.pieces[j].attr != p[i].attr:
                 j += 1
             k = m.pieces[j].k0

@@ -200,6 +200,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     cdef const Edge* e = h.cur_edge[a]
     cdef const Edge* first
     cdef double x
+    cdef bint tested = 0
     while k < k1 and words[k] < w:  # a scan that starts or ends inside the chunk
         k += 1
     while k1 > k and words[k1 - 1] >= w + n:
@@ -207,6 +208,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     while e.slot < w << 6:  # the edges of words skipped
         e += 1
     if e.slot < lim:
+        tested = 1
         memset(passed, 0, n * sizeof(uint64_t))
         first = e
         x = m.val[2 * a]
@@ -219,13 +221,21 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
                 passed[i] |= bit
             e += 1
         m.candidates += e - first
+    if k == k1:
+        pass
+    elif piece.w0 >= 0:
+        d = words[k] - w
+        sure += k - d
+        if tested:
+            for i in range(d, d + k1 - k):
+                acc[i] &= sure[i] | passed[i]
+        else:
+            for i in range(d, d + k1 - k):
+                acc[i] &= sure[i]
+    elif tested:
         for i in range(k, k1):
             d = words[i] - w
             acc[d] &= sure[i] | passed[d]
-    elif piece.w0 >= 0:
-        sure += k - (words[k] - w) if k < k1 else 0
-        for i in range(words[k] - w if k < k1 else 0, words[k1 - 1] - w + 1 if k < k1 else 0):
-            acc[i] &= sure[i]
     else:
         for i in range(k, k1):
             acc[words[i] - w] &= sure[i]
@@ -246,8 +256,8 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
     w = s0 >> 6
     last = (s1 - 1) >> 6
     while w <= last and n_out < h.stop:
-        c = w // CHUNK
-        end = min((c + 1) * CHUNK, last + 1)
+        c = h.word_chunk[w]
+        end = min(h.chunk_w0[c + 1], last + 1)
         n = end - w
         lim = min(end << 6, s1)  # edges of later slots are left to later scans
         for i in range(n):
@@ -340,6 +350,8 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.slot_sub = m.slot_sub
     h.grp = m.slot_grp
     h.groups = groups
+    h.word_chunk = m.word_chunk
+    h.chunk_w0 = m.chunk_w0
     h.chunk_off = m.chunk_off
     h.pieces = m.pieces
     h.columns = m.columns

@@ -45,11 +45,13 @@ cdef enum:
     DEAD = 2
 
 # Bitmap geometry: at most NUM_BUCKETS numeric buckets and STR_BUCKETS strings with a
-# bucket of their own per attribute; a scan ANDs a chunk of CHUNK words at a time.
+# bucket of their own per attribute; a scan ANDs a chunk of at most CHUNK words at a time,
+# and a run of RUN or more words that test the same attributes starts a chunk.
 cdef enum:
     NUM_BUCKETS = 128
     STR_BUCKETS = 64
-    CHUNK = 16
+    CHUNK = 32
+    RUN = 4
 
 # How an edge is decided (see Edge).
 cdef enum:
@@ -145,6 +147,8 @@ cdef struct Hot:
     const uint64_t* live
     const int* slot_sub
     const int* grp
+    const int* word_chunk
+    const int* chunk_w0
     const int* chunk_off
     const Piece* pieces
     const Column* columns
