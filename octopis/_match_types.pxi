@@ -48,7 +48,7 @@ cdef enum:
 # bucket of their own per attribute; a scan ANDs a chunk of at most CHUNK words at a time,
 # and a run of RUN or more words that test the same attributes starts a chunk.
 cdef enum:
-    NUM_BUCKETS = 128
+    NUM_BUCKETS = 256
     STR_BUCKETS = 64
     CHUNK = 32
     RUN = 4
