@@ -61,7 +61,7 @@ cdef int _build(Matcher m) except -1:
             placed[n_placed].cell = -1 if access < 0 else (
                 ((<int64_t>p[access].sid) << 32) | (3 * p[access].attr + p[access].op - STR_EQ))
             placed[n_placed].sig = _signature(p, m.prog_len[sub], access)
-            _first_range(p, m.prog_len[sub], access, &placed[n_placed])
+            _first_range(p, m.prog_len[sub], &placed[n_placed])
             n_placed += 1
         qsort(placed, n_placed, sizeof(Placed), _cmp_placed)
 
@@ -154,12 +154,12 @@ cdef uint64_t _signature(const Pred* p, int n, int access) noexcept:
     return mask
 
 
-cdef void _first_range(const Pred* p, int n, int access, Placed* place) noexcept:
-    """The first range among p's tested predicates ([inf, inf] if none) into ``place``."""
+cdef void _first_range(const Pred* p, int n, Placed* place) noexcept:
+    """p's first range ([inf, inf] if none) into ``place``."""
     cdef int i
     place.lo = place.hi = INF
     for i in range(n):
-        if p[i].op == NUM_RANGE and i != access:
+        if p[i].op == NUM_RANGE:
             place.lo = p[i].lo
             place.hi = p[i].hi
             return
@@ -415,7 +415,7 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
             nb = c.n_num + c.n_str + 3
             size = nb * c.nw * sizeof(uint64_t)
             c.sure = <uint64_t*>_alloc(NULL, size)
-            memset(c.sure, 0xff, size)
+            memset(c.sure, 0, size)
             c.edge_off = <int*>_alloc(NULL, (nb + 1) * sizeof(int))
             memset(c.edge_off, 0, (nb + 1) * sizeof(int))
             fill[a] = n_cursor
@@ -431,8 +431,11 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
             encoded = m._str_bytes[i]
             sptr[i] = PyBytes_AS_STRING(encoded) if encoded is not None else NULL
             slen[i] = PyBytes_GET_SIZE(encoded) if encoded is not None else 0
-        # sure bits and edge counts, then the edges (cursor: each bucket's next edge)
+        # sure bits and edge counts, the sure bits of the subscriptions that do not test
+        # the attribute, then the edges (cursor: each bucket's next edge)
         _judge_all(m, placed, sptr, slen, NULL, fill)
+        for a in range(n_attrs):
+            _sure_untested(m, placed, &m.columns[a], a)
         cursor = <int*>_alloc(NULL, n_cursor * sizeof(int))
         for a in range(n_attrs):
             c = &m.columns[a]
@@ -495,6 +498,27 @@ cdef int _own_strings(Column* c, int64_t* runs, int n) except -1:
     return 0
 
 
+cdef void _sure_untested(Matcher m, const Placed* placed, Column* c, int a) noexcept:
+    """Set, in every bucket of column ``c``, the sure bits of the slots whose
+    subscriptions do not test attribute ``a``."""
+    cdef int k, b, s, i, n, end, access, nb = c.n_num + c.n_str + 3
+    cdef uint64_t tested
+    cdef const Pred* p
+    for k in range(c.nw):
+        tested = 0
+        for s in range(64 * c.words[k], min(m.n_slots, 64 * c.words[k] + 64)):
+            p = m.prog[placed[s].sub]
+            n = m.prog_len[placed[s].sub]
+            access = placed[s].access
+            i = _tested(p, n, 0, access, &end)
+            while i < n and p[i].attr != a:
+                i = _tested(p, n, end, access, &end)
+            if i < n:
+                tested |= (<uint64_t>1) << (s & 63)
+        for b in range(nb):
+            c.sure[<Py_ssize_t>b * c.nw + k] |= ~tested
+
+
 cdef void _judge_all(Matcher m, const Placed* placed, const char** sptr,
                      const Py_ssize_t* slen, int* cursor, const int* base) noexcept:
     """``_judge`` every subscription on every attribute its bitmaps test."""
@@ -520,15 +544,15 @@ cdef void _judge_all(Matcher m, const Placed* placed, const char** sptr,
 
 cdef void _judge(Column* c, int k, int slot, const Pred* p, int i, int end, int access,
                  const char** sptr, const Py_ssize_t* slen, int* cursor) noexcept:
-    """Judge the subscription in ``slot`` (word k of column ``c``) by its predicates
-    p[i:end] on the column's attribute (p[access] aside) in every bucket: clear its sure
-    bit where they may fail; where they may also hold, count an edge (``cursor`` NULL)
-    or write it at ``cursor[bucket]``."""
-    cdef bint has_num = 0, has_str = 0, has_range = 0, may, sure
-    cdef double lo = -INF, hi = INF, blo, bhi
-    cdef int b, j, sid, n_tests = 0, other = c.n_num + c.n_str + 1
-    cdef int how_num, how_str
-    cdef uint64_t bit = (<uint64_t>1) << (slot & 63)
+    """Judge the subscription in ``slot`` (position k of column ``c``) by its predicates
+    p[i:end] on the column's attribute (p[access] aside): with ``cursor`` NULL, set its
+    sure bit in the buckets where they hold for every value and count an edge in those
+    where they hold for some; else write those edges at ``cursor[bucket]``."""
+    cdef bint has_num = 0, has_str = 0, has_range = 0, sure, may
+    cdef double lo = -INF, hi = INF
+    cdef int b, b0, b1, j, t, sid, n_tests = 0, n_ne = 0, n_split = c.n_num - 1
+    cdef int other = c.n_num + c.n_str + 1, how = EDGE_PROGRAM
+    cdef int ne_bucket[64]
     for j in range(i, end):
         if j == access or p[j].op == PRESENT:
             continue
@@ -539,56 +563,66 @@ cdef void _judge(Column* c, int k, int slot, const Pred* p, int i, int end, int 
             hi = p[j].hi
         elif p[j].op == NUM_NE:
             has_num = 1
+            if n_ne < 64:
+                ne_bucket[n_ne] = _upper(c.split, n_split, p[j].lo)
+                n_ne += 1
         else:
             has_str = 1
-    how_num = EDGE_RANGE if has_range and n_tests == 1 else EDGE_PROGRAM
-    for b in range(c.n_num):
-        blo = -INF if b == 0 else c.split[b - 1]
-        bhi = INF if b == c.n_num - 1 else nextafter(c.split[b], -INF)
-        may = not has_str and lo <= bhi and blo <= hi
-        sure = may and lo <= blo and bhi <= hi
-        for j in range(i, end):
-            if j != access and p[j].op == NUM_NE and blo <= p[j].lo <= bhi:
+    if not has_str:
+        # bucket b is [split[b-1], split[b]); the range covers the buckets between those
+        # of lo and hi, and these two if it starts and ends with them; a bucket holding a
+        # <> constant is left undecided
+        b0 = _upper(c.split, n_split, lo)
+        b1 = _upper(c.split, n_split, hi)
+        if has_range and n_tests == 1:
+            how = EDGE_RANGE
+        for b in range(b0, b1 + 1):
+            sure = 1
+            if b == b0:
+                sure = lo == (c.split[b - 1] if b > 0 else -INF)
+            if b == b1:
+                sure &= hi == INF if b == n_split else c.split[b] == nextafter(hi, INF)
+            for t in range(n_ne):
+                sure &= ne_bucket[t] != b
+            if n_ne == 64:  # more <> than ne_bucket holds: decide them one by one
                 sure = 0
-        _put(c, b, k, slot, bit, may, sure, how_num, lo, hi, cursor)
-    may = not has_str and not has_range  # NaN: only <> and isPresent hold
-    _put(c, c.n_num, k, slot, bit, may, may, EDGE_PROGRAM, 0, 0, cursor)
-    for b in range(c.n_str):
-        sid = c.sids[b]
-        may = not has_num
+            _put(c, b, k, slot, 1, sure, how, lo, hi, cursor)
+        _put(c, c.n_num, k, slot, not has_range, not has_range, how, lo, hi, cursor)  # NaN
+    if not has_num:
+        for b in range(c.n_str):
+            sid = c.sids[b]
+            may = 1
+            for j in range(i, end):
+                if may and j != access and p[j].op != PRESENT:
+                    may = _str_holds(&p[j], sid, sptr[sid], slen[sid])
+            _put(c, c.n_num + 1 + b, k, slot, may, may, how, lo, hi, cursor)
+        # any other string: eq fails on a constant with a bucket of its own, neq holds
+        may = sure = 1
         for j in range(i, end):
-            if may and j != access and p[j].op != PRESENT:
-                may = _str_holds(&p[j], sid, sptr[sid], slen[sid])
-        _put(c, c.n_num + 1 + b, k, slot, bit, may, may, EDGE_PROGRAM, 0, 0, cursor)
-    # any other string: eq fails on a constant with a bucket of its own, neq holds
-    may = sure = not has_num
-    how_str = EDGE_PROGRAM
-    for j in range(i, end):
-        if j == access or p[j].op == PRESENT:
-            continue
-        if p[j].op == STR_EQ and _find(c.sids, c.n_str, p[j].sid) < c.n_str:
-            may = 0
-        elif p[j].op != STR_NE or _find(c.sids, c.n_str, p[j].sid) == c.n_str:
-            sure = 0
-            if p[j].op == STR_EQ and n_tests == 1:
-                how_str = EDGE_SID
-                lo = hi = p[j].sid
-    _put(c, other, k, slot, bit, may, may and sure, how_str, lo, hi, cursor)
-    _put(c, other + 1, k, slot, bit, 0, 0, EDGE_PROGRAM, 0, 0, cursor)
+            if j == access or p[j].op == PRESENT:
+                continue
+            if p[j].op == STR_EQ and _find(c.sids, c.n_str, p[j].sid) < c.n_str:
+                may = 0
+            elif p[j].op != STR_NE or _find(c.sids, c.n_str, p[j].sid) == c.n_str:
+                sure = 0
+                if p[j].op == STR_EQ and n_tests == 1:
+                    how = EDGE_SID
+                    lo = hi = p[j].sid
+        _put(c, other, k, slot, may, may and sure, how, lo, hi, cursor)
 
 
-cdef inline void _put(Column* c, int b, int k, int slot, uint64_t bit, bint may, bint sure,
-                      int how, double lo, double hi, int* cursor) noexcept:
-    """Clear ``bit`` of word k in bucket b's sure bits unless ``sure``; an edge if ``may``
-    but not ``sure``."""
+cdef inline void _put(Column* c, int b, int k, int slot, bint may, bint sure, int how,
+                      double lo, double hi, int* cursor) noexcept:
+    """Bucket b of a subscription: with ``cursor`` NULL, set its sure bit (word k) if
+    ``sure``, count an edge if only ``may``; else write that edge at ``cursor[b]``."""
     cdef Edge* e
-    if sure:
-        return
-    c.sure[<Py_ssize_t>b * c.nw + k] &= ~bit
-    if not may:
-        return
     if cursor == NULL:
-        c.edge_off[b + 1] += 1
+        if sure:
+            c.sure[<Py_ssize_t>b * c.nw + k] |= (<uint64_t>1) << (slot & 63)
+        elif may:
+            c.edge_off[b + 1] += 1
+        return
+    if sure or not may:
         return
     e = &c.edges[cursor[b]]
     cursor[b] += 1
