@@ -100,8 +100,10 @@ cdef int _build(Matcher m) except -1:
 cdef int _access(const Pred* p, int n, const int64_t* keys, int n_keys,
                  const int* key_total) noexcept:
     """The index of p's most selective eq, str-prefix or str-postfix (its constant's share
-    among the constants of that kind on that attribute), -1 if it has none, NEVER if p
-    can never hold (a number and a string test on one attribute, or an empty range)."""
+    among the constants of that kind on that attribute; on a tie not an eq, which a
+    string bucket decides exactly, where an affix is left to edges), -1 if it has none,
+    NEVER if p can never hold (a number and a string test on one attribute, or an empty
+    range)."""
     cdef int i = 0, end, j, best = -1
     cdef bint has_num, has_str
     cdef double est, best_est = 2.0
@@ -118,7 +120,7 @@ cdef int _access(const Pred* p, int n, const int64_t* keys, int n_keys,
                 if p[end].op <= STR_POSTFIX:
                     j = 3 * p[end].attr + p[end].op - STR_EQ
                     est = _count(keys, n_keys, ((<int64_t>j) << 32) | p[end].sid) / <double>key_total[j]
-                    if est < best_est:
+                    if est < best_est or (est == best_est and p[end].op != STR_EQ):
                         best, best_est = end, est
             end += 1
         if has_num and has_str:
