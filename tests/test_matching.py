@@ -171,6 +171,27 @@ def _workload(shape: str, count: int, seed: int) -> tuple[list[Subscription], li
     return stock_subscriptions(quotes[:2000], count, seed=seed), quotes[2000:]
 
 
+def _on_boundaries(subs: list[Subscription], pubs: list[dict], seed: int) -> list[dict]:
+    """Copies of ``pubs`` whose numbers are mostly replaced by constants of the
+    subscriptions on the same attribute or their neighbours (uniform random values
+    never fall exactly on a boundary)."""
+    rng = random.Random(seed)
+    constants: dict[str, list[float]] = {}
+    for sub in subs:
+        for p in sub.predicates:
+            if isinstance(p.value, (int, float)):
+                constants.setdefault(p.attr, []).append(p.value)
+    out = []
+    for pub in pubs:
+        pub = dict(pub)
+        for attr in pub:
+            if attr in constants and rng.random() < 0.8:
+                c = rng.choice(constants[attr])
+                pub[attr] = rng.choice([c, c, math.nextafter(c, math.inf), math.nextafter(c, -math.inf)])
+        out.append(pub)
+    return out
+
+
 def _group(key: int) -> int:
     """A next hop: five common ones and a rare one (so that match_groups seldom finds
     every group and must often scan everything)."""
@@ -184,9 +205,9 @@ def test_every_shape_agrees_with_reference(shape: str, seed: int, stride: int, f
     """On each shape at 2,500 subscriptions (many chunks of bitmaps), with adds and
     removes interleaved between matches — removed ones still in the index, added ones
     pending, then rebuilt — the compiled matcher returns exactly the reference's keys
-    and groups."""
+    and groups, for the shape's publications and for ones on its constants."""
     subs, pubs = _workload(shape, 2500, seed)
-    pubs = pubs[:25]
+    pubs = pubs[:15] + _on_boundaries(subs, pubs[15:30], seed)
     both = Both()
     for key, sub in enumerate(subs[:first]):
         both.add(key, sub, _group(key))
@@ -205,11 +226,12 @@ def test_every_shape_agrees_with_reference(shape: str, seed: int, stride: int, f
 
 # Mixed random workload: many attributes (more than 64, so that the attribute masks that
 # order subscriptions collide), every operator, more distinct eq/neq constants than get
-# string buckets of their own, constants and values on a shared grid (so that values fall
-# on bucket boundaries), NaN, infinities, absent and unsupported values.
+# string buckets of their own, constants and values on a shared grid finer than the
+# numeric buckets (so that values fall on the boundaries inside them), NaN, infinities,
+# absent and unsupported values.
 MIXED_ATTRS = [f"x{i}" for i in range(80)]
 MIXED_STRINGS = [f"s{i:03d}" for i in range(100)] + ["", "s", "s0", "s00", "t"]
-GRID = [i / 16 for i in range(-2, 19)]
+GRID = [i / 256 for i in range(-8, 265)]
 
 
 def _mixed_attr(rng: random.Random) -> str:
