@@ -10,7 +10,7 @@ from itertools import islice
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, rule
 
 from octopis.filters import (
     NUMERIC_OPERATORS,
@@ -187,7 +187,8 @@ def _on_boundaries(subs: list[Subscription], pubs: list[dict], seed: int) -> lis
         for attr in pub:
             if attr in constants and rng.random() < 0.8:
                 c = rng.choice(constants[attr])
-                pub[attr] = rng.choice([c, c, math.nextafter(c, math.inf), math.nextafter(c, -math.inf)])
+                up, down = math.nextafter(c, math.inf), math.nextafter(c, -math.inf)
+                pub[attr] = rng.choice([c, c, up, down])
         out.append(pub)
     return out
 
