@@ -13,26 +13,28 @@ so a range or string equality is one NaN-safe test ``lo <= val[slot] <= hi``; ki
 and UTF-8 bytes serve the other operators.
 
 Index, rebuilt lazily. Every live subscription gets a *slot*; the slots are ordered by
-cell, then by the set of attributes the subscription's bitmaps test, and cut into words
-of 64:
+cell, by the set of attributes the subscription's bitmaps test and by its first range,
+and cut into words of 64:
 
 * a *cell* is the slot range of the subscriptions accessed by one string lookup (their
   most selective ``eq``, ``str-prefix`` or ``str-postfix``, looked up by the
   publication's string and, for every prefix/postfix length used, by its prefix/suffix of
   that length); the *root* cell holds the subscriptions without one and is always scanned;
-* per attribute, a *column* of bitmaps over the words holding a subscription that tests
-  it (other than by its access predicate): the value range is cut into up to 64 buckets
-  at quantiles of the constants' boundaries, and the frequent string constants (and NaN,
-  any other string, absence) get buckets of their own; per bucket, a *may* bitmap (the
-  subscription's predicates on the attribute hold for some value of the bucket) and a
-  *sure* bitmap (they hold for every value); subscriptions that do not test the attribute
-  have both bits;
-* runs of words that test the same attributes form *segments*.
+* per attribute, a *column* over the words holding a subscription that tests it (other
+  than by its access predicate): numbers fall into up to NUM_BUCKETS buckets cut at
+  quantiles of the ranges' boundaries, the STR_BUCKETS most frequent eq/neq constants
+  get a bucket each, then NaN, any other string, absent; per bucket, a *sure* bitmap (the
+  subscription's predicates on the attribute hold for every value of the bucket; a
+  subscription that does not test the attribute has the bit) and the *edges* (those that
+  hold for some values only), sorted by slot, each with how to decide it;
+* words form *chunks* of at most CHUNK (a new one where a run of RUN or more words testing
+  the same attributes begins); per chunk, each column has a *piece*, its positions there.
 
-A scan ANDs, block by block, the may and the sure bitmaps of the publication's buckets of
-the segment's attributes into the live bits: sure bits match as they are, the rest of the
-may bits are verified against the whole program. Subscriptions added since the last build
-wait in a pending list and are verified in full; removed ones lose their live bit.
+A publication points every column at its bucket. A scan, chunk by chunk in slot order,
+ANDs into the live bits each piece's sure bits plus the edges that hold, checked only
+for subscriptions still alive (an edge cursor per column advances with the scan): every
+bit left is a match. Subscriptions added since the last build wait in a pending list and
+are verified in full; removed ones lose their live bit.
 
 Files: this one holds the storage (ids, interning, compiled programs) and the API;
 ``_match_index.pxi`` builds the index, ``_match_query.pxi`` matches, ``_match_types.pxi``

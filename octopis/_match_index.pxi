@@ -1,8 +1,8 @@
 # Index construction (included by _match.pyx). ``_build``: each live subscription's
-# access (a string lookup, or the root) and the attributes its bitmaps test,
-# sorted into the slot order; ``_fill_slots`` lays out slots, live bits and cells,
-# ``_fill_chunks`` the attributes of each word and chunk, ``_fill_columns`` every attribute's
-# buckets and bitmaps.
+# access (a string lookup, or the root), the attributes its bitmaps test and its first
+# range, sorted into the slot order; ``_fill_slots`` lays out slots, live bits and cells,
+# ``_fill_chunks`` the attributes of each word and the chunks, ``_fill_columns`` every
+# attribute's buckets, sure bitmaps and edges.
 
 cdef enum:
     NEVER = -2  # _access: the subscription can never match
@@ -317,7 +317,7 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
             k = m.pieces[i].k0
             w = m.columns[m.pieces[i].attr].words[k]
             j = m.columns[m.pieces[i].attr].words[m.pieces[i].k1 - 1]
-            m.pieces[i].w0 = w if j - w == m.pieces[i].k1 - 1 - k else -1
+            m.pieces[i].consecutive = j - w == m.pieces[i].k1 - 1 - k
     finally:
         PyMem_Free(mark)
         PyMem_Free(piece_of)

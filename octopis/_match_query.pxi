@@ -1,6 +1,6 @@
 # Matching (included by _match.pyx): load a publication into the value slots and its
-# bucket in every column, scan the root and the cells its strings look up, verify the
-# undecided bits, collect keys or groups.
+# bucket in every column, scan the root and the cells its strings look up (deciding the
+# edges on the way), collect keys or groups.
 
 def is_plain_publication(object publication, set known):
     """Whether ``publication`` is a non-empty dict whose names are all in ``known`` and
@@ -142,15 +142,11 @@ cdef inline void _aim(Matcher m, int a, int b) noexcept:
 
 
 cdef inline bint _edge_holds(Matcher m, const Edge* e, int a) noexcept:
-    """Whether the predicates on attribute a of the subscription of edge ``e`` hold for
-    the loaded publication."""
-    cdef double x
-    if e.how == EDGE_RANGE:
-        x = m.val[2 * a]
-        return (e.lo <= x) & (x <= e.hi)
+    """Whether the predicates on attribute a of the live subscription of edge ``e`` (not
+    an EDGE_RANGE, which the scan checks inline) hold for the loaded publication."""
     if e.how == EDGE_SID:
         return e.lo == m.val[2 * a + 1]
-    return (m.live[e.slot >> 6] >> (e.slot & 63)) & 1 and _holds_on(m, m.slot_sub[e.slot], a)
+    return _holds_on(m, m.slot_sub[e.slot], a)
 
 
 cdef bint _holds_on(Matcher m, int sub, int a) noexcept:
@@ -221,9 +217,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
                 passed[i] |= bit
             e += 1
         m.candidates += e - first
-    if k == k1:
-        pass
-    elif piece.w0 >= 0:
+    if piece.consecutive and k < k1:
         d = words[k] - w
         sure += k - d
         if tested:

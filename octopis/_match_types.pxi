@@ -80,9 +80,8 @@ cdef struct Pred:
 cdef struct Placed:
     # a subscription's place in the slot order: its cell (-1: the root, else
     # (sid << 32) | 3 * attr + kind of its access predicate), the attributes its bitmaps
-    # test (_signature), its first tested range (so that the subscriptions a value
-    # satisfies on that attribute sit together), and which of its predicates is the
-    # access (-1: none)
+    # test (_signature), its first range (so that the subscriptions a value satisfies on
+    # that attribute sit together), and which of its predicates is the access (-1: none)
     int64_t cell
     uint64_t sig
     double lo
@@ -111,12 +110,12 @@ cdef struct Edge:
 
 cdef struct Column:
     # the bitmaps of one attribute over the ``nw`` words holding a subscription that
-    # tests it (position k is word words[k]): bucket b's *sure* bits (the predicates on the attribute hold for every
-    # value of the bucket; a subscription that does not test the attribute has them all)
-    # at sure + b·nw, its edges sorted by slot from edges[edge_off[b]], closed by one with
-    # slot INT_MAX.
-    # Buckets: numeric [split[b-1], split[b]) for b < n_num, NaN, a string of its own per
-    # sid in ``sids`` (sorted), any other string, absent.
+    # tests it (position k is word words[k]): bucket b's *sure* bits (the predicates on
+    # the attribute hold for every value of the bucket; a subscription that does not test
+    # the attribute has them all) at sure + b·nw, its edges sorted by slot from
+    # edges[edge_off[b]], closed by one with slot INT_MAX. Buckets: numeric
+    # [split[b-1], split[b]) for b < n_num, NaN, a string of its own per sid in ``sids``
+    # (sorted), any other string, absent.
     int nw
     int n_num
     int n_str
@@ -129,21 +128,20 @@ cdef struct Column:
 
 
 cdef struct Piece:
-    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk; if they are
-    # consecutive words, ``w0`` is the first (else -1)
+    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk, and whether
+    # these words are consecutive
     int attr
     int k0
     int k1
-    int w0
+    bint consecutive
 
 
 cdef struct Hot:
     # what a scan reads and writes, copied out of the Matcher so that the compiler keeps
     # it in registers: per attribute its sure bits and its next edge (edges are tested
-    # and consumed as the scan advances); in group mode
-    # (``groups``) ``out`` takes one subscription per group (``grp``: by slot, ``seen``
-    # marks the groups taken, ``out_grp`` their groups) and the scan stops once it holds
-    # ``stop``
+    # and consumed as the scan advances); in group mode (``groups``) ``out`` takes one
+    # subscription per group (``grp``: by slot, ``seen`` marks the groups taken,
+    # ``out_grp`` their groups) and the scan stops once it holds ``stop``
     const uint64_t* live
     const int* slot_sub
     const int* grp
