@@ -131,9 +131,9 @@ cdef class Matcher:
     cdef Py_ssize_t* v_len
     cdef PyObject** v_obj
     cdef int* touched
-    # the index: slots in scan order, live bits per word, segments, columns (and the
-    # publication's bucket in each: its sure bits and its next edge to test),
-    # cells (``visit``: the cells a publication looks up, to scan in slot order)
+    # the index: slots in scan order, live bits per word, chunks and their pieces,
+    # columns (and the publication's bucket in each: its sure bits and its next edge to
+    # test), cells (``visit``: the cells a publication looks up, to scan in slot order)
     cdef int built_attrs, built_strs, n_slots, n_words, n_cells, root_end
     cdef int* slot_of
     cdef int* slot_sub
