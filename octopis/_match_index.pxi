@@ -318,6 +318,9 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
             w = m.columns[m.pieces[i].attr].words[k]
             j = m.columns[m.pieces[i].attr].words[m.pieces[i].k1 - 1]
             m.pieces[i].consecutive = j - w == m.pieces[i].k1 - 1 - k
+        m.pieces = <Piece*>_alloc(m.pieces, n_pieces * sizeof(Piece))
+        m.chunk_w0 = <int*>_alloc(m.chunk_w0, n_chunks * sizeof(int))
+        m.chunk_off = <int*>_alloc(m.chunk_off, n_chunks * sizeof(int))
     finally:
         PyMem_Free(mark)
         PyMem_Free(piece_of)
@@ -473,7 +476,7 @@ cdef int _cut(Column* c, double* pts, int n) except -1:
     cdef int i
     cdef double v
     qsort(pts, n, sizeof(double), _cmp_double)
-    c.split = <double*>_alloc(NULL, (NUM_BUCKETS - 1) * sizeof(double))
+    c.split = <double*>_alloc(NULL, min(n, NUM_BUCKETS - 1) * sizeof(double))
     c.n_num = 1
     for i in range(1, NUM_BUCKETS if n else 1):
         v = pts[i * n // NUM_BUCKETS]
