@@ -1,30 +1,40 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled matcher: an access-predicate index (the design is explained in octopis.matching).
+"""Compiled matcher: string cells and per-attribute bucket bitmaps (the design is
+explained in octopis.matching).
 
 Layout. Each subscription is compiled once, at ``add``, into a small C program of
 ``Pred`` records sorted by attribute; its ``=``, ``<``, ``<=``, ``>``, ``>=`` predicates on
 one attribute merge into one closed interval of doubles. Attribute names and string
 constants are interned to dense ids, reference counted and recycled when their last
-subscription leaves. A publication is loaded once per match into value slots per
-attribute id: ``val[2a]`` holds a's number and ``val[2a + 1]`` its string's id, NaN when
-a does not hold that kind, so a residual range or string equality is one NaN-safe test
-``lo <= val[slot] <= hi``; kind, epoch and UTF-8 bytes serve the other operators.
+subscription leaves (a string id only at the next build, since the bitmaps may name it).
+A publication is loaded once per match into value slots per attribute id: ``val[2a]``
+holds a's number and ``val[2a + 1]`` its string's id, NaN when a does not hold that kind,
+so a range or string equality is one NaN-safe test ``lo <= val[slot] <= hi``; kind, epoch
+and UTF-8 bytes serve the other operators.
 
-Index, rebuilt lazily: every live subscription sits in exactly one access structure,
-under its access predicate, with a copy of its *residual* program (the predicates the
-access does not decide) stored in the order of the entries, so that verifying the
-candidates of one lookup reads memory in order:
+Index, rebuilt lazily. Every live subscription gets a *slot*; the slots are ordered by
+cell, by the set of attributes the subscription's bitmaps test and by its first range,
+and cut into words of 64:
 
-* ``eq``, ``str-prefix`` and ``str-postfix`` on attribute a with constant s — entries
-  grouped by string id; a publication string v is looked up as itself and, for every
-  prefix/postfix length used on a, as its prefix/suffix of that length;
-* numeric interval on attribute a — per attribute, the rays [c, inf] sorted by c, the
-  rays [-inf, c] sorted by c, and a centred interval tree of the bounded intervals; each
-  returns exactly the subscriptions whose interval holds the value, in O(log n + k);
-* presence of attribute a (subscriptions with nothing better: ``<>``, ``neq``, string
-  ranges, ``str-contains``, ``isPresent``) — entries grouped by attribute id.
+* a *cell* is the slot range of the subscriptions accessed by one string lookup (their
+  most selective ``eq``, ``str-prefix`` or ``str-postfix``, looked up by the
+  publication's string and, for every prefix/postfix length used, by its prefix/suffix of
+  that length); the *root* cell holds the subscriptions without one and is always scanned;
+* per attribute, a *column* over the words holding a subscription that tests it (other
+  than by its access predicate): numbers fall into up to NUM_BUCKETS buckets cut at
+  quantiles of the ranges' boundaries, the STR_BUCKETS most frequent eq/neq constants
+  get a bucket each, then NaN, any other string, absent; per bucket, a *sure* bitmap (the
+  subscription's predicates on the attribute hold for every value of the bucket; a
+  subscription that does not test the attribute has the bit) and the *edges* (those that
+  hold for some values only), sorted by slot, each with how to decide it;
+* words form *chunks* of at most CHUNK (a new one where a run of RUN or more words testing
+  the same attributes begins); per chunk, each column has a *piece*, its positions there.
 
-Subscriptions added since the last build wait in a pending list and are verified in full.
+A publication points every column at its bucket. A scan, chunk by chunk in slot order,
+ANDs into the live bits each piece's sure bits plus the edges that hold, checked only
+for subscriptions still alive (an edge cursor per column advances with the scan): every
+bit left is a match. Subscriptions added since the last build wait in a pending list and
+are verified in full; removed ones lose their live bit.
 
 Files: this one holds the storage (ids, interning, compiled programs) and the API;
 ``_match_index.pxi`` builds the index, ``_match_query.pxi`` matches, ``_match_types.pxi``
@@ -41,7 +51,7 @@ from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_CheckExact
 from libc.math cimport NAN, isfinite, isnan, nextafter
 from libc.limits cimport INT_MAX
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memset
 
@@ -96,6 +106,7 @@ cdef class Matcher:
     # optional group of each subscription (-1: none) and the scratch marks of match_groups
     cdef int* grp
     cdef char* seen
+    cdef int* out_grp
     cdef int* grp_live
     cdef int seen_cap, n_groups
     # interned attribute names and string constants
@@ -120,21 +131,29 @@ cdef class Matcher:
     cdef Py_ssize_t* v_len
     cdef PyObject** v_obj
     cdef int* touched
-    # the index
-    cdef int built_attrs, built_strs
-    cdef Rng* fast
-    cdef Pred* slow
+    # the index: slots in scan order, live bits per word, chunks and their pieces,
+    # columns (and the publication's bucket in each: its sure bits and its next edge to
+    # test), cells (``visit``: the cells a publication looks up, to scan in slot order)
+    cdef int built_attrs, built_strs, n_slots, n_words, n_cells, root_end
+    cdef int* slot_of
+    cdef int* slot_sub
+    cdef int* slot_grp
+    cdef uint64_t* live
+    cdef int* word_chunk
+    cdef int* chunk_w0
+    cdef int* chunk_off
+    cdef Piece* pieces
+    cdef Column* columns
+    cdef uint64_t** cur_sure
+    cdef Edge** cur_edge
     cdef int* str_off
-    cdef Ent* str_ent
+    cdef Cell* cells
+    cdef int* visit
     cdef char* affixed
     cdef dict _affix_lengths
-    cdef int* iv_root
-    cdef Node* nodes
-    cdef Bound* by_lo
-    cdef Bound* by_hi
-    cdef int* pr_off
-    cdef Ent* pr_ent
+    cdef list _retired_strs  # string ids released since the last build
     cdef long long candidates
+    cdef Py_ssize_t index_bytes
     cdef dict _stats
 
     def __cinit__(self, *, int pending_limit=64):
@@ -150,11 +169,12 @@ cdef class Matcher:
         self._str_bytes = []
         self._str_refs = []
         self._free_strs = []
+        self._retired_strs = []
         self._affix_lengths = {}
         self.pending_limit = max(0, pending_limit)
         self.epoch = 1
-        self._stats = {"rebuilds": 0, "equality": 0, "prefix": 0, "postfix": 0,
-                       "interval": 0, "presence": 0, "never": 0}
+        self._stats = {"rebuilds": 0, "equality": 0, "prefix": 0, "postfix": 0, "root": 0,
+                       "never": 0}
 
     def __dealloc__(self):
         cdef int i
@@ -169,7 +189,9 @@ cdef class Matcher:
         PyMem_Free(self.pending)
         PyMem_Free(self.out)
         PyMem_Free(self.grp)
+        PyMem_Free(self.slot_of)
         PyMem_Free(self.seen)
+        PyMem_Free(self.out_grp)
         PyMem_Free(self.grp_live)
         PyMem_Free(self.val)
         PyMem_Free(self.v_epoch)
@@ -182,30 +204,47 @@ cdef class Matcher:
         self._free_index()
 
     cdef void _free_index(self) noexcept:
-        PyMem_Free(self.fast)
-        PyMem_Free(self.slow)
+        cdef int a
+        if self.columns != NULL:
+            for a in range(self.built_attrs):
+                PyMem_Free(self.columns[a].words)
+                PyMem_Free(self.columns[a].split)
+                PyMem_Free(self.columns[a].sids)
+                PyMem_Free(self.columns[a].sure)
+                PyMem_Free(self.columns[a].edge_off)
+                PyMem_Free(self.columns[a].edges)
+        PyMem_Free(self.columns)
+        PyMem_Free(self.slot_sub)
+        PyMem_Free(self.slot_grp)
+        PyMem_Free(self.live)
+        PyMem_Free(self.word_chunk)
+        PyMem_Free(self.chunk_w0)
+        PyMem_Free(self.chunk_off)
+        PyMem_Free(self.pieces)
+        PyMem_Free(self.cur_sure)
+        PyMem_Free(self.cur_edge)
         PyMem_Free(self.str_off)
-        PyMem_Free(self.str_ent)
+        PyMem_Free(self.cells)
+        PyMem_Free(self.visit)
         PyMem_Free(self.affixed)
-        PyMem_Free(self.iv_root)
-        PyMem_Free(self.nodes)
-        PyMem_Free(self.by_lo)
-        PyMem_Free(self.by_hi)
-        PyMem_Free(self.pr_off)
-        PyMem_Free(self.pr_ent)
-        self.fast = NULL
-        self.slow = NULL
+        self.columns = NULL
+        self.slot_sub = NULL
+        self.slot_grp = NULL
+        self.live = NULL
+        self.word_chunk = NULL
+        self.chunk_w0 = NULL
+        self.chunk_off = NULL
+        self.pieces = NULL
+        self.cur_sure = NULL
+        self.cur_edge = NULL
         self.str_off = NULL
-        self.str_ent = NULL
+        self.cells = NULL
+        self.visit = NULL
         self.affixed = NULL
-        self.iv_root = NULL
-        self.nodes = NULL
-        self.by_lo = NULL
-        self.by_hi = NULL
-        self.pr_off = NULL
-        self.pr_ent = NULL
         self.built_attrs = 0
         self.built_strs = 0
+        self.n_slots = self.n_words = self.n_cells = self.root_end = 0
+        self.index_bytes = 0
         self._affix_lengths = {}
 
     # ---- interning -------------------------------------------------------------------
@@ -278,7 +317,7 @@ cdef class Matcher:
                     del self._str_ids[p.value]
                     self._str_text[sid] = None
                     self._str_bytes[sid] = None
-                    self._free_strs.append(sid)
+                    self._retired_strs.append(sid)
         return 0
 
     # ---- subscriptions ---------------------------------------------------------------
@@ -302,6 +341,7 @@ cdef class Matcher:
             self.pending = <int*>_alloc(self.pending, self.cap * sizeof(int))
             self.out = <int*>_alloc(self.out, self.cap * sizeof(int))
             self.grp = <int*>_alloc(self.grp, self.cap * sizeof(int))
+            self.slot_of = <int*>_alloc(self.slot_of, self.cap * sizeof(int))
         self.n_ids += 1
         self._keys.append(None)
         self._subs.append(None)
@@ -365,6 +405,7 @@ cdef class Matcher:
             self.grp_live[g] += 1
         self.state[sub] = LIVE
         self.indexed[sub] = 0
+        self.slot_of[sub] = -1
         self.pend_pos[sub] = self.n_pending
         self.pending[self.n_pending] = sub
         self.n_pending += 1
@@ -376,7 +417,7 @@ cdef class Matcher:
     def remove(self, key):
         """Forget the subscription stored under ``key``; an unknown key raises KeyError."""
         cdef int sub = self._ids.pop(key)
-        cdef int pos, last, g = self.grp[sub]
+        cdef int pos, last, slot, g = self.grp[sub]
         self._release(self._subs[sub])
         if g >= 0:
             self.grp_live[g] -= 1
@@ -389,6 +430,9 @@ cdef class Matcher:
         if self.indexed[sub]:
             self.state[sub] = DEAD
             self.n_dead += 1
+            slot = self.slot_of[sub]
+            if slot >= 0:
+                self.live[slot >> 6] &= ~((<uint64_t>1) << (slot & 63))
         else:
             pos = self.pend_pos[sub]
             last = self.pending[self.n_pending - 1]
@@ -413,10 +457,12 @@ cdef class Matcher:
         _build(self)
 
     def stats(self):
-        """Subscriptions per access structure at the last build, rebuilds, pending
-        subscriptions, and candidates verified so far (a measure of index quality)."""
+        """At the last build: subscriptions per cell kind (``equality``, ``prefix``,
+        ``postfix``, ``root``) and never matching (``never``), the index's bytes
+        (``memory``); rebuilds, pending subscriptions, and the candidates verified so far
+        (bits the bitmaps left undecided: a measure of index quality)."""
         return dict(self._stats, subscriptions=self.n_live, pending=self.n_pending,
-                    candidates=self.candidates)
+                    candidates=self.candidates, memory=self.index_bytes)
 
     cdef int _refresh(self) except -1:
         if (self.n_pending > self.pending_limit + (self.n_indexed - self.n_dead) // 32
@@ -435,7 +481,7 @@ cdef class Matcher:
         """``{group: key}``: every group with a matching subscription, each with one of
         its matching keys (subscriptions added without a group are left out). The search
         stops once every group holding a live subscription has a match."""
-        cdef int i, sub, n_out
+        cdef int i, n_out
         cdef list keep = []
         cdef dict result = {}
         if type(publication) is not dict:
@@ -449,19 +495,21 @@ cdef class Matcher:
             memset(self.seen, 0, self.seen_cap)
             raise
         for i in range(n_out):
-            sub = self.out[i]
-            self.seen[self.grp[sub]] = 0
-            result[self.grp[sub]] = self._keys[sub]
+            _prefetch(_list_item(self._keys, self.out[i]), 1, 3)
+        for i in range(n_out):
+            self.seen[self.out_grp[i]] = 0
+            result[self.out_grp[i]] = self._keys[self.out[i]]
         return result
 
     cdef int _grow_groups(self, int g) except -1:
-        """Room for group ids up to ``g`` in ``seen`` and ``grp_live``."""
+        """Room for group ids up to ``g`` in ``seen``, ``grp_live`` and ``out_grp``."""
         cdef int old = self.seen_cap
         self.seen_cap = max(64, 2 * (g + 1))
         self.seen = <char*>_alloc(self.seen, self.seen_cap)
         memset(self.seen + old, 0, self.seen_cap - old)
         self.grp_live = <int*>_alloc(self.grp_live, self.seen_cap * sizeof(int))
         memset(self.grp_live + old, 0, (self.seen_cap - old) * sizeof(int))
+        self.out_grp = <int*>_alloc(self.out_grp, self.seen_cap * sizeof(int))
         return 0
 
     def match_many(self, publications):

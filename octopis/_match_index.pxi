@@ -1,35 +1,26 @@
-# Index construction (included by _match.pyx). ``_build``: the constants' distribution
-# per attribute, then each live subscription's access predicate and residual program;
-# ``_fill_strings``, ``_fill_presence`` and ``_fill_intervals`` lay out the three access
-# structures, each entry followed by its copy of the residual program (``_place``).
+# Index construction (included by _match.pyx). ``_build``: each live subscription's
+# access (a string lookup, or the root), the attributes its bitmaps test and its first
+# range, sorted into the slot order; ``_fill_slots`` lays out slots, live bits and cells,
+# ``_fill_chunks`` the attributes of each word and the chunks, ``_fill_columns`` every
+# attribute's buckets, sure bitmaps and edges.
+
+cdef enum:
+    NEVER = -2  # _access: the subscription can never match
+
 
 cdef int _build(Matcher m) except -1:
-    cdef int i, j, n, a, sub, n_str, n_iv, n_pr, n_mres, n_num, n_keys
-    cdef int best, best_at, end, total = 0, n_never = 0
+    cdef int i, j, sub, access, n_keys = 0, n_placed = 0, n_never = 0, total = 0
     cdef int n_attrs = len(m._attr_refs)
     cdef int n_strs = len(m._str_refs)
-    cdef double best_est, est
-    cdef char has_num, has_str, has_range
-    cdef double v
+    cdef int counts[4]
     cdef Pred* p
-    cdef Pred* q
-    cdef Ival cur
-    cdef NumStat* nums = NULL
-    cdef int* num_off = NULL
-    cdef double* num_vals = NULL
     cdef int64_t* keys = NULL
     cdef int* key_total = NULL
-    cdef Pred* mres = NULL
-    cdef double* mres_est = NULL
-    cdef int* mres_beg = NULL
-    cdef int* mres_len = NULL
-    cdef Ent* str_tmp = NULL
-    cdef Ent* pr_tmp = NULL
-    cdef Ival* ivs = NULL
-    cdef Residuals res
-    res.n_fast = res.n_slow = 0
+    cdef Placed* placed = NULL
 
     m._free_index()
+    m._free_strs.extend(m._retired_strs)
+    m._retired_strs = []
     for sub in range(m.n_ids):
         if m.state[sub] == DEAD:
             m.state[sub] = FREE
@@ -37,195 +28,189 @@ cdef int _build(Matcher m) except -1:
         elif m.state[sub] == LIVE:
             total += m.prog_len[sub]
     try:
-        # The constants of all subscriptions stand for the values of each attribute:
-        # numeric constants per attribute (sorted), string keys (3·attr + kind, sid).
-        nums = <NumStat*>_alloc(NULL, 2 * total * sizeof(NumStat))
+        # The string constants of all subscriptions stand for the values of each attribute:
+        # keys (3·attr + kind, sid) of every eq, str-prefix and str-postfix, sorted.
         keys = <int64_t*>_alloc(NULL, total * sizeof(int64_t))
         key_total = <int*>_alloc(NULL, 3 * n_attrs * sizeof(int))
         memset(key_total, 0, 3 * n_attrs * sizeof(int))
-        n_num = n_keys = 0
         for sub in range(m.n_ids):
             if m.state[sub] != LIVE:
                 continue
             p = m.prog[sub]
             for i in range(m.prog_len[sub]):
-                if p[i].op <= NUM_NE:
-                    for j in range(2 if p[i].op == NUM_RANGE else 1):
-                        v = p[i].hi if j else p[i].lo
-                        if -INF < v < INF:
-                            nums[n_num].attr = p[i].attr
-                            nums[n_num].v = v
-                            n_num += 1
-                elif p[i].op <= STR_POSTFIX:
+                if STR_EQ <= p[i].op <= STR_POSTFIX:
                     j = 3 * p[i].attr + p[i].op - STR_EQ
                     keys[n_keys] = ((<int64_t>j) << 32) | p[i].sid
                     key_total[j] += 1
                     n_keys += 1
-        qsort(nums, n_num, sizeof(NumStat), _cmp_numstat)
         qsort(keys, n_keys, sizeof(int64_t), _cmp_int64)
-        num_off = <int*>_alloc(NULL, (n_attrs + 1) * sizeof(int))
-        num_vals = <double*>_alloc(NULL, n_num * sizeof(double))
-        memset(num_off, 0, (n_attrs + 1) * sizeof(int))
-        for i in range(n_num):
-            num_off[nums[i].attr + 1] += 1
-            num_vals[i] = nums[i].v
-        for a in range(n_attrs):
-            num_off[a + 1] += num_off[a]
 
-        # Access predicate and residual program (in mres) of every live subscription.
-        mres = <Pred*>_alloc(NULL, total * sizeof(Pred))
-        mres_est = <double*>_alloc(NULL, total * sizeof(double))
-        mres_beg = <int*>_alloc(NULL, m.n_ids * sizeof(int))
-        mres_len = <int*>_alloc(NULL, m.n_ids * sizeof(int))
-        str_tmp = <Ent*>_alloc(NULL, m.n_live * sizeof(Ent))
-        pr_tmp = <Ent*>_alloc(NULL, m.n_live * sizeof(Ent))
-        ivs = <Ival*>_alloc(NULL, m.n_live * sizeof(Ival))
-        n_str = n_iv = n_pr = n_mres = 0
+        placed = <Placed*>_alloc(NULL, m.n_live * sizeof(Placed))
         for sub in range(m.n_ids):
             m.indexed[sub] = m.state[sub] == LIVE
+            m.slot_of[sub] = -1
             if m.state[sub] != LIVE:
                 continue
             p = m.prog[sub]
-            n = m.prog_len[sub]
-            best = BY_PRESENCE
-            best_at = 0
-            best_est = 1.0
-            i = 0
-            while i < n:
-                a = p[i].attr
-                has_num = has_str = has_range = 0
-                end = i
-                while end < n and p[end].attr == a:
-                    q = &p[end]
-                    if q.op <= NUM_NE:
-                        has_num = 1
-                        if q.op == NUM_RANGE:
-                            has_range = 1
-                            cur.lo = q.lo
-                            cur.hi = q.hi
-                    elif q.op < PRESENT:
-                        has_str = 1
-                        if q.op <= STR_POSTFIX:
-                            est = _estimate(m, q, num_off, num_vals, keys, n_keys,
-                                                 key_total)
-                            if est < best_est or (est == best_est and best == BY_PRESENCE):
-                                best, best_at, best_est = q.op - STR_EQ, end, est
-                    end += 1
-                if (has_num and has_str) or (has_range and not cur.lo <= cur.hi):
-                    best = NEVER
-                    break
-                if has_range:
-                    cur.point = cur.lo if cur.lo > -INF else (cur.hi if cur.hi < INF else 0.0)
-                    est = _share(num_vals + num_off[a], num_off[a + 1] - num_off[a],
-                                 cur.lo, cur.hi)
-                    if est < best_est or (est == best_est and best == BY_PRESENCE):
-                        best, best_at, best_est = BY_INTERVAL, i, est
-                        ivs[n_iv] = cur
-                        ivs[n_iv].attr = a
-                        ivs[n_iv].sub = sub
-                i = end
-            if best == NEVER:
+            access = _access(p, m.prog_len[sub], keys, n_keys, key_total)
+            if access == NEVER:
                 n_never += 1
                 continue
-            a = p[best_at].attr
-            mres_beg[sub] = n_mres
-            for i in range(n):
-                q = &p[i]
-                if (i == best_at and best <= BY_POSTFIX) or (
-                        q.attr == a and ((best == BY_INTERVAL and q.op == NUM_RANGE)
-                                         or (best == BY_PRESENCE and q.op == PRESENT))):
-                    continue
-                est = _estimate(m, q, num_off, num_vals, keys, n_keys, key_total)
-                j = n_mres
-                while j > mres_beg[sub] and mres_est[j - 1] > est:
-                    mres[j] = mres[j - 1]
-                    mres_est[j] = mres_est[j - 1]
-                    j -= 1
-                mres[j] = q[0]
-                mres_est[j] = est
-                n_mres += 1
-            mres_len[sub] = n_mres - mres_beg[sub]
-            if best <= BY_POSTFIX:
-                str_tmp[n_str].sid = p[best_at].sid
-                str_tmp[n_str].key = 3 * a + best
-                str_tmp[n_str].sub = sub
-                n_str += 1
-            elif best == BY_INTERVAL:
-                n_iv += 1
-            else:
-                pr_tmp[n_pr].sid = 0
-                pr_tmp[n_pr].key = a
-                pr_tmp[n_pr].sub = sub
-                n_pr += 1
+            placed[n_placed].sub = sub
+            placed[n_placed].access = access
+            placed[n_placed].cell = -1 if access < 0 else (
+                ((<int64_t>p[access].sid) << 32) | (3 * p[access].attr + p[access].op - STR_EQ))
+            placed[n_placed].sig = _signature(p, m.prog_len[sub], access)
+            _first_range(p, m.prog_len[sub], &placed[n_placed])
+            n_placed += 1
+        qsort(placed, n_placed, sizeof(Placed), _cmp_placed)
 
-        # Residual copies: one per string or presence entry, two per interval.
-        m.fast = <Rng*>_alloc(NULL, (n_mres + 1) * 2 * sizeof(Rng))
-        m.slow = <Pred*>_alloc(NULL, (n_mres + 1) * 2 * sizeof(Pred))
-
-        res.preds, res.beg, res.length = mres, mres_beg, mres_len
-        counts = _fill_strings(m, str_tmp, n_str, n_strs, n_attrs, &res)
-        str_tmp = NULL  # the index owns it now
-        _fill_presence(m, pr_tmp, n_pr, n_attrs, &res)
-        pr_tmp = NULL
-        _fill_intervals(m, ivs, n_iv, n_attrs, &res)
-
+        _fill_slots(m, placed, n_placed, n_strs, n_attrs, counts)
+        _fill_chunks(m, placed, n_attrs, total)
+        _fill_columns(m, placed, n_attrs)
         m.built_attrs = n_attrs
         m.built_strs = n_strs
+        m.index_bytes += n_placed * 2 * sizeof(int) + m.n_words * (sizeof(uint64_t) + sizeof(int))
         m.n_pending = 0
         m.n_indexed = m.n_live
         m.n_dead = 0
         m._stats.update(
-            rebuilds=m._stats["rebuilds"] + 1, equality=counts[0], prefix=counts[1],
-            postfix=counts[2], interval=n_iv, presence=n_pr, never=n_never)
+            rebuilds=m._stats["rebuilds"] + 1, equality=counts[BY_EQ],
+            prefix=counts[BY_PREFIX], postfix=counts[BY_POSTFIX], root=counts[3],
+            never=n_never)
     except BaseException:
+        m.built_attrs = n_attrs if m.columns != NULL else 0
         m._free_index()
         m.n_pending = m.n_indexed = m.n_dead = 0
         for sub in range(m.n_ids):
             m.indexed[sub] = 0
+            m.slot_of[sub] = -1
             if m.state[sub] == LIVE:
                 m.pend_pos[sub] = m.n_pending
                 m.pending[m.n_pending] = sub
                 m.n_pending += 1
         raise
     finally:
-        PyMem_Free(nums)
-        PyMem_Free(num_off)
-        PyMem_Free(num_vals)
         PyMem_Free(keys)
         PyMem_Free(key_total)
-        PyMem_Free(mres)
-        PyMem_Free(mres_est)
-        PyMem_Free(mres_beg)
-        PyMem_Free(mres_len)
-        PyMem_Free(str_tmp)
-        PyMem_Free(pr_tmp)
-        PyMem_Free(ivs)
+        PyMem_Free(placed)
     return 0
 
 
-cdef list _fill_strings(Matcher m, Ent* str_tmp, int n_str, int n_strs, int n_attrs,
-                        Residuals* res):
-    """String lookups: entries grouped by sid, then key; the index takes ``str_tmp``.
-    Returns the entries of each kind (equality, prefix, postfix)."""
-    cdef int i, a, kind
-    qsort(str_tmp, n_str, sizeof(Ent), _cmp_ent)
+cdef int _access(const Pred* p, int n, const int64_t* keys, int n_keys,
+                 const int* key_total) noexcept:
+    """The index of p's most selective eq, str-prefix or str-postfix (its constant's share
+    among the constants of that kind on that attribute; on a tie not an eq, which a
+    string bucket decides exactly, where an affix is left to edges), -1 if it has none,
+    NEVER if p can never hold (a number and a string test on one attribute, or an empty
+    range)."""
+    cdef int i = 0, end, j, best = -1
+    cdef bint has_num, has_str
+    cdef double est, best_est = 2.0
+    while i < n:
+        has_num = has_str = 0
+        end = i
+        while end < n and p[end].attr == p[i].attr:
+            if p[end].op <= NUM_NE:
+                has_num = 1
+                if p[end].op == NUM_RANGE and not p[end].lo <= p[end].hi:
+                    return NEVER
+            elif p[end].op != PRESENT:
+                has_str = 1
+                if p[end].op <= STR_POSTFIX:
+                    j = 3 * p[end].attr + p[end].op - STR_EQ
+                    est = _count(keys, n_keys, ((<int64_t>j) << 32) | p[end].sid) / <double>key_total[j]
+                    if est < best_est or (est == best_est and p[end].op != STR_EQ):
+                        best, best_est = end, est
+            end += 1
+        if has_num and has_str:
+            return NEVER
+        i = end
+    return best
+
+
+cdef inline int _tested(const Pred* p, int n, int i, int access, int* end) noexcept:
+    """The next attribute group p[i:end] at or after ``i`` that has a predicate besides
+    p[access]: its start (n if none), its end in ``end``."""
+    cdef int j
+    while i < n:
+        j = i
+        while j < n and p[j].attr == p[i].attr:
+            j += 1
+        if j - i > 1 or i != access:
+            end[0] = j
+            return i
+        i = j
+    end[0] = n
+    return n
+
+
+cdef uint64_t _signature(const Pred* p, int n, int access) noexcept:
+    """The attributes p's bitmaps test, as a mask of their ids modulo 64 (sorted by it,
+    neighbouring subscriptions share most of their attributes)."""
+    cdef uint64_t mask = 0
+    cdef int end, i = _tested(p, n, 0, access, &end)
+    while i < n:
+        mask |= (<uint64_t>1) << (p[i].attr & 63)
+        i = _tested(p, n, end, access, &end)
+    return mask
+
+
+cdef void _first_range(const Pred* p, int n, Placed* place) noexcept:
+    """p's first range ([inf, inf] if none) into ``place``."""
+    cdef int i
+    place.lo = place.hi = INF
+    for i in range(n):
+        if p[i].op == NUM_RANGE:
+            place.lo = p[i].lo
+            place.hi = p[i].hi
+            return
+
+
+cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_attrs,
+                     int* counts) except -1:
+    """Slots in the order of ``placed``, all live; the cells (runs of one access) and
+    their lookups. ``counts`` gets the subscriptions per cell kind, then the root's."""
+    cdef int s, sub, a, n_cells = 0
+    cdef Cell* c = NULL
+    memset(counts, 0, 4 * sizeof(int))
+    m.n_slots = n
+    m.n_words = (n + 63) >> 6
+    m.slot_sub = <int*>_alloc(NULL, n * sizeof(int))
+    m.slot_grp = <int*>_alloc(NULL, n * sizeof(int))
+    m.live = <uint64_t*>_alloc(NULL, m.n_words * sizeof(uint64_t))
+    memset(m.live, 0, m.n_words * sizeof(uint64_t))
+    m.cells = <Cell*>_alloc(NULL, n * sizeof(Cell))
     m.str_off = <int*>_alloc(NULL, (n_strs + 1) * sizeof(int))
     memset(m.str_off, 0, (n_strs + 1) * sizeof(int))
     m.affixed = <char*>_alloc(NULL, n_attrs * sizeof(char))
     memset(m.affixed, 0, n_attrs)
-    counts = [0, 0, 0]
     affixes = {}
-    for i in range(n_str):
-        m.str_off[str_tmp[i].sid + 1] += 1
-        _place(m, &str_tmp[i].res, str_tmp[i].sub, res)
-        kind = str_tmp[i].key % 3
-        counts[kind] += 1
-        if kind != BY_EQ:
-            a = str_tmp[i].key // 3
-            m.affixed[a] = 1
-            affixes.setdefault((a, kind), set()).add(len(m._str_text[str_tmp[i].sid]))
-    for i in range(n_strs):
-        m.str_off[i + 1] += m.str_off[i]
+    for s in range(n):
+        sub = placed[s].sub
+        m.slot_sub[s] = sub
+        m.slot_grp[s] = m.grp[sub]
+        m.slot_of[sub] = s
+        m.live[s >> 6] |= (<uint64_t>1) << (s & 63)
+        if placed[s].cell < 0:
+            m.root_end = s + 1
+            counts[3] += 1
+            continue
+        if s == 0 or placed[s - 1].cell != placed[s].cell:
+            c = &m.cells[n_cells]
+            n_cells += 1
+            c.sid = <int>(placed[s].cell >> 32)
+            c.key = <int>(placed[s].cell & 0xffffffff)
+            c.beg = s
+            m.str_off[c.sid + 1] += 1
+            if c.key % 3 != BY_EQ:
+                a = c.key // 3
+                m.affixed[a] = 1
+                affixes.setdefault((a, c.key % 3), set()).add(len(m._str_text[c.sid]))
+        c.end = s + 1
+        counts[c.key % 3] += 1
+    for s in range(n_strs):
+        m.str_off[s + 1] += m.str_off[s]
     for (a, kind), lengths in affixes.items():
         prefixes, postfixes = m._affix_lengths.get(a, ((), ()))
         if kind == BY_PREFIX:
@@ -233,174 +218,420 @@ cdef list _fill_strings(Matcher m, Ent* str_tmp, int n_str, int n_strs, int n_at
         else:
             postfixes = tuple(sorted(lengths))
         m._affix_lengths[a] = (prefixes, postfixes)
-    m.str_ent = str_tmp
-    return counts
-
-
-cdef int _fill_presence(Matcher m, Ent* pr_tmp, int n_pr, int n_attrs,
-                        Residuals* res) except -1:
-    """Presence: entries grouped by attribute; the index takes ``pr_tmp``."""
-    cdef int i
-    qsort(pr_tmp, n_pr, sizeof(Ent), _cmp_ent)
-    m.pr_off = <int*>_alloc(NULL, (n_attrs + 1) * sizeof(int))
-    memset(m.pr_off, 0, (n_attrs + 1) * sizeof(int))
-    for i in range(n_pr):
-        m.pr_off[pr_tmp[i].key + 1] += 1
-        _place(m, &pr_tmp[i].res, pr_tmp[i].sub, res)
-    for i in range(n_attrs):
-        m.pr_off[i + 1] += m.pr_off[i]
-    m.pr_ent = pr_tmp
+    m.n_cells = n_cells
+    m.cells = <Cell*>_alloc(m.cells, n_cells * sizeof(Cell))
+    m.visit = <int*>_alloc(NULL, n_cells * sizeof(int))
+    m.index_bytes += n_cells * (sizeof(Cell) + sizeof(int)) + (n_strs + 1) * sizeof(int) + n_attrs
     return 0
 
 
-cdef int _fill_intervals(Matcher m, Ival* ivs, int n_iv, int n_attrs,
-                         Residuals* res) except -1:
-    """Intervals: per attribute, the rays [c, inf] in a node centred at +inf, whose left
-    child holds the rays [-inf, c] centred at -inf, whose right child is a centred
-    interval tree of the bounded intervals."""
-    cdef int i, j, k, a, n_up, n_down, node, n_nodes, beg
-    cdef Ival cur
-    cdef Ival* iv_tmp = NULL
-    cdef double* pts = NULL
+cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) except -1:
+    """The attributes each word's subscriptions' bitmaps test, each giving the word the
+    next position of its column (``columns[a].words`` maps positions back to words); the
+    chunks — at most CHUNK words, a new one also where a run of RUN or more words testing
+    the same attributes begins — and per chunk a piece per column, by attribute. ``total``
+    (the predicates of all subscriptions) bounds the positions."""
+    cdef int w, s, last, i, j, a, k, n, end, n_list, first = 0, n_pieces = 0, n_pos = 0
+    cdef int n_chunks = 0
+    cdef const Pred* p
+    cdef Piece cur
+    cdef int* mark = NULL
+    cdef int* piece_of = NULL
+    cdef int* pos = NULL
+    cdef int* pos_off = NULL
+    cdef int* run = NULL
+    m.columns = <Column*>_alloc(NULL, n_attrs * sizeof(Column))
+    memset(m.columns, 0, n_attrs * sizeof(Column))
+    m.word_chunk = <int*>_alloc(NULL, m.n_words * sizeof(int))
+    m.chunk_w0 = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
+    m.chunk_off = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
+    m.pieces = <Piece*>_alloc(NULL, total * sizeof(Piece))
     try:
-        qsort(ivs, n_iv, sizeof(Ival), _cmp_ival)
-        m.iv_root = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        mark = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        piece_of = <int*>_alloc(NULL, n_attrs * sizeof(int))
+        pos = <int*>_alloc(NULL, total * sizeof(int))  # each word's attributes, sorted
+        pos_off = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
+        run = <int*>_alloc(NULL, m.n_words * sizeof(int))
         for a in range(n_attrs):
-            m.iv_root[a] = -1
-        m.nodes = <Node*>_alloc(NULL, n_iv * sizeof(Node))
-        m.by_lo = <Bound*>_alloc(NULL, n_iv * sizeof(Bound))
-        m.by_hi = <Bound*>_alloc(NULL, n_iv * sizeof(Bound))
-        iv_tmp = <Ival*>_alloc(NULL, n_iv * sizeof(Ival))
-        pts = <double*>_alloc(NULL, n_iv * sizeof(double))
-        n_nodes = 0
-        beg = 0
-        i = 0
-        while i < n_iv:
-            j = i
-            n_up = n_down = 0
-            while j < n_iv and ivs[j].attr == ivs[i].attr:
-                j += 1
-            for k in range(i, j):
-                if ivs[k].hi == INF:
-                    cur = ivs[k]
-                    ivs[k] = ivs[i + n_up]
-                    ivs[i + n_up] = cur
-                    n_up += 1
-            for k in range(i + n_up, j):
-                if ivs[k].lo == -INF:
-                    cur = ivs[k]
-                    ivs[k] = ivs[i + n_up + n_down]
-                    ivs[i + n_up + n_down] = cur
-                    n_down += 1
-            node = _tree(m, ivs + i + n_up + n_down, j - i - n_up - n_down, iv_tmp, pts,
-                         &n_nodes, &beg)
-            if n_down:
-                node = _node(m, ivs + i + n_up, n_down, -INF, -1, node, &n_nodes, &beg)
-            if n_up:
-                node = _node(m, ivs + i, n_up, INF, node, -1, &n_nodes, &beg)
-            m.iv_root[ivs[i].attr] = node
-            i = j
-        for i in range(n_iv):
-            _place(m, &m.by_lo[i].res, m.by_lo[i].sub, res)
-            _place(m, &m.by_hi[i].res, m.by_hi[i].sub, res)
+            mark[a] = piece_of[a] = -1
+        for w in range(m.n_words):
+            pos_off[w] = n_pos
+            last = min(m.n_slots, 64 * w + 64)
+            for s in range(64 * w, last):
+                p = m.prog[placed[s].sub]
+                n = m.prog_len[placed[s].sub]
+                i = _tested(p, n, 0, placed[s].access, &end)
+                while i < n:
+                    a = p[i].attr
+                    if mark[a] != w:
+                        mark[a] = w
+                        j = n_pos
+                        while j > pos_off[w] and pos[j - 1] > a:
+                            pos[j] = pos[j - 1]
+                            j -= 1
+                        pos[j] = a
+                        n_pos += 1
+                    i = _tested(p, n, end, placed[s].access, &end)
+        pos_off[m.n_words] = n_pos
+        for w in range(m.n_words - 1, -1, -1):
+            run[w] = run[w + 1] + 1 if w + 1 < m.n_words and _same_words(pos, pos_off, w, w + 1) else 1
+
+        for w in range(m.n_words + 1):
+            if w == m.n_words or w == 0 or w - m.chunk_w0[n_chunks - 1] == CHUNK or (
+                    run[w] >= RUN and not _same_words(pos, pos_off, w - 1, w)):
+                for i in range(first + 1, n_pieces):  # the last chunk's, by attribute
+                    cur = m.pieces[i]
+                    j = i
+                    while j > first and m.pieces[j - 1].attr > cur.attr:
+                        m.pieces[j] = m.pieces[j - 1]
+                        j -= 1
+                    m.pieces[j] = cur
+                m.chunk_w0[n_chunks] = w
+                m.chunk_off[n_chunks] = first = n_pieces
+                n_chunks += 1
+            if w == m.n_words:
+                break
+            m.word_chunk[w] = n_chunks - 1
+            for j in range(pos_off[w], pos_off[w + 1]):
+                a = pos[j]
+                k = m.columns[a].nw
+                m.columns[a].nw += 1
+                if piece_of[a] >= first:
+                    m.pieces[piece_of[a]].k1 = k + 1
+                else:
+                    piece_of[a] = n_pieces
+                    m.pieces[n_pieces].attr = a
+                    m.pieces[n_pieces].k0 = k
+                    m.pieces[n_pieces].k1 = k + 1
+                    n_pieces += 1
+
+        for a in range(n_attrs):
+            m.columns[a].words = <int*>_alloc(NULL, m.columns[a].nw * sizeof(int))
+            mark[a] = 0
+        for w in range(m.n_words):
+            for i in range(pos_off[w], pos_off[w + 1]):
+                a = pos[i]
+                m.columns[a].words[mark[a]] = w
+                mark[a] += 1
+        for i in range(n_pieces):
+            k = m.pieces[i].k0
+            w = m.columns[m.pieces[i].attr].words[k]
+            j = m.columns[m.pieces[i].attr].words[m.pieces[i].k1 - 1]
+            m.pieces[i].consecutive = j - w == m.pieces[i].k1 - 1 - k
+        m.pieces = <Piece*>_alloc(m.pieces, n_pieces * sizeof(Piece))
+        m.chunk_w0 = <int*>_alloc(m.chunk_w0, n_chunks * sizeof(int))
+        m.chunk_off = <int*>_alloc(m.chunk_off, n_chunks * sizeof(int))
     finally:
-        PyMem_Free(iv_tmp)
-        PyMem_Free(pts)
+        PyMem_Free(mark)
+        PyMem_Free(piece_of)
+        PyMem_Free(pos)
+        PyMem_Free(pos_off)
+        PyMem_Free(run)
+    m.index_bytes += (m.n_words * sizeof(int) + 2 * n_chunks * sizeof(int)
+                      + n_pieces * sizeof(Piece) + n_pos * sizeof(int))
     return 0
 
 
-cdef void _place(Matcher m, Res* r, int sub, Residuals* res) noexcept:
-    """Copy the residual program of ``sub`` to the ends of ``fast`` and ``slow``."""
-    cdef int i
+cdef inline bint _same_words(const int* pos, const int* pos_off, int v, int w) noexcept:
+    """Whether words v and w test the same attributes."""
+    cdef int i, n = pos_off[v + 1] - pos_off[v]
+    if pos_off[w + 1] - pos_off[w] != n:
+        return False
+    for i in range(n):
+        if pos[pos_off[v] + i] != pos[pos_off[w] + i]:
+            return False
+    return True
+
+
+cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
+    """Every column's buckets — numeric ones cut at up to NUM_BUCKETS - 1 quantiles of
+    the boundaries of its ranges, a bucket of its own for each of the STR_BUCKETS most
+    frequent eq/neq constants — its sure bitmaps and edges; then every column points at
+    its absent bucket."""
+    cdef int s, i, j, a, n, end, access, fill_pass, n_pts = 0, n_str = 0, n_runs, nb
+    cdef int n_cursor = 0
+    cdef int* off = NULL
+    cdef int* fill = NULL
+    cdef double* pts = NULL
+    cdef int64_t* strs = NULL
+    cdef int64_t* runs = NULL
+    cdef int* cursor = NULL
+    cdef const char** sptr = NULL
+    cdef Py_ssize_t* slen = NULL
+    cdef const Pred* p
     cdef const Pred* q
-    cdef Rng* f
-    r.fast = res.n_fast
-    r.slow = res.n_slow
-    for i in range(res.beg[sub], res.beg[sub] + res.length[sub]):
-        q = &res.preds[i]
-        if q.op == NUM_RANGE or q.op == STR_EQ:
-            f = &m.fast[res.n_fast]
-            f.slot = 2 * q.attr + (q.op == STR_EQ)
-            f.lo = q.lo if q.op == NUM_RANGE else q.sid
-            f.hi = q.hi if q.op == NUM_RANGE else q.sid
-            res.n_fast += 1
-        else:
-            m.slow[res.n_slow] = q[0]
-            res.n_slow += 1
-    r.nfast = res.n_fast - r.fast
-    r.nslow = res.n_slow - r.slow
+    cdef Column* c
+    cdef size_t size
+    try:
+        # the boundaries of every tested range (a closed range [lo, hi] starts buckets at
+        # lo and just above hi) and the eq/neq constants, per attribute
+        off = <int*>_alloc(NULL, (n_attrs + 1) * sizeof(int))
+        fill = <int*>_alloc(NULL, (n_attrs + 1) * sizeof(int))
+        memset(off, 0, (n_attrs + 1) * sizeof(int))
+        for fill_pass in range(2):
+            for s in range(m.n_slots):
+                p = m.prog[placed[s].sub]
+                n = m.prog_len[placed[s].sub]
+                access = placed[s].access
+                i = _tested(p, n, 0, access, &end)
+                while i < n:
+                    for j in range(i, end):
+                        q = &p[j]
+                        if j == access:
+                            continue
+                        if q.op == NUM_RANGE:
+                            if not fill_pass:
+                                off[q.attr + 1] += (q.lo > -INF) + (q.hi < INF)
+                                continue
+                            if q.lo > -INF:
+                                pts[fill[q.attr]] = q.lo
+                                fill[q.attr] += 1
+                            if q.hi < INF:
+                                pts[fill[q.attr]] = nextafter(q.hi, INF)
+                                fill[q.attr] += 1
+                        elif q.op == STR_EQ or q.op == STR_NE:
+                            if fill_pass:
+                                strs[n_str] = ((<int64_t>q.attr) << 32) | q.sid
+                            n_str += 1
+                    i = _tested(p, n, end, access, &end)
+            if not fill_pass:
+                for a in range(n_attrs):
+                    off[a + 1] += off[a]
+                    fill[a] = off[a]
+                n_pts = off[n_attrs]
+                pts = <double*>_alloc(NULL, n_pts * sizeof(double))
+                strs = <int64_t*>_alloc(NULL, n_str * sizeof(int64_t))
+                runs = <int64_t*>_alloc(NULL, n_str * sizeof(int64_t))
+                n_str = 0
+        qsort(strs, n_str, sizeof(int64_t), _cmp_int64)
+
+        j = 0
+        for a in range(n_attrs):
+            c = &m.columns[a]
+            _cut(c, pts + off[a], off[a + 1] - off[a])
+            n_runs = 0
+            while j < n_str and (strs[j] >> 32) == a:
+                i = j
+                while j < n_str and strs[j] == strs[i]:
+                    j += 1
+                runs[n_runs] = ((<int64_t>(j - i)) << 32) | (strs[i] & 0xffffffff)
+                n_runs += 1
+            _own_strings(c, runs, n_runs)
+            nb = c.n_num + c.n_str + 3
+            size = nb * c.nw * sizeof(uint64_t)
+            c.sure = <uint64_t*>_alloc(NULL, size)
+            memset(c.sure, 0, size)
+            c.edge_off = <int*>_alloc(NULL, (nb + 1) * sizeof(int))
+            memset(c.edge_off, 0, (nb + 1) * sizeof(int))
+            fill[a] = n_cursor
+            n_cursor += nb
+            m.index_bytes += (size + (c.n_num - 1) * sizeof(double) + c.n_str * sizeof(int)
+                              + (nb + 1) * sizeof(int))
+
+        # the UTF-8 bytes of every string constant, for the buckets of their own
+        n = len(m._str_bytes)
+        sptr = <const char**>_alloc(NULL, n * sizeof(char*))
+        slen = <Py_ssize_t*>_alloc(NULL, n * sizeof(Py_ssize_t))
+        for i in range(n):
+            encoded = m._str_bytes[i]
+            sptr[i] = PyBytes_AS_STRING(encoded) if encoded is not None else NULL
+            slen[i] = PyBytes_GET_SIZE(encoded) if encoded is not None else 0
+        # sure bits and edge counts, the sure bits of the subscriptions that do not test
+        # the attribute, then the edges (cursor: each bucket's next edge)
+        _judge_all(m, placed, sptr, slen, NULL, fill)
+        for a in range(n_attrs):
+            _sure_untested(m, placed, &m.columns[a], a)
+        cursor = <int*>_alloc(NULL, n_cursor * sizeof(int))
+        for a in range(n_attrs):
+            c = &m.columns[a]
+            nb = c.n_num + c.n_str + 3
+            for i in range(nb):
+                c.edge_off[i + 1] += c.edge_off[i] + 1
+                cursor[fill[a] + i] = c.edge_off[i]
+            c.edges = <Edge*>_alloc(NULL, c.edge_off[nb] * sizeof(Edge))
+            for i in range(nb):
+                c.edges[c.edge_off[i + 1] - 1].slot = INT_MAX
+            m.index_bytes += c.edge_off[nb] * sizeof(Edge)
+        _judge_all(m, placed, sptr, slen, cursor, fill)
+
+        m.cur_sure = <uint64_t**>_alloc(NULL, n_attrs * sizeof(uint64_t*))
+        m.cur_edge = <Edge**>_alloc(NULL, n_attrs * sizeof(Edge*))
+        for a in range(n_attrs):
+            _aim(m, a, _absent(&m.columns[a]))
+        m.index_bytes += n_attrs * (sizeof(Column) + sizeof(uint64_t*) + sizeof(Edge*))
+    finally:
+        PyMem_Free(off)
+        PyMem_Free(fill)
+        PyMem_Free(pts)
+        PyMem_Free(strs)
+        PyMem_Free(runs)
+        PyMem_Free(cursor)
+        PyMem_Free(<void*>sptr)
+        PyMem_Free(slen)
+    return 0
 
 
-cdef double _estimate(Matcher m, const Pred* q, const int* num_off, const double* num_vals,
-                      const int64_t* keys, int n_keys, const int* key_total) noexcept:
-    """Estimated selectivity of one predicate under the constants' distribution."""
-    cdef int j
-    if q.op == NUM_RANGE:
-        return _share(num_vals + num_off[q.attr], num_off[q.attr + 1] - num_off[q.attr],
-                      q.lo, q.hi)
-    if q.op <= STR_POSTFIX:
-        j = 3 * q.attr + q.op - STR_EQ
-        return _count(keys, n_keys, ((<int64_t>j) << 32) | q.sid) / <double>key_total[j]
-    if q.op == NUM_NE or q.op == STR_NE or q.op == PRESENT:
-        return 1.0
-    return 0.5
-
-
-cdef int _node(Matcher m, const Ival* mid, int n, double center, int left, int right,
-               int* n_nodes, int* n_bounds) noexcept:
-    """Add a node holding the intervals ``mid`` (all contain ``center``)."""
-    cdef int i, node = n_nodes[0], beg = n_bounds[0]
-    for i in range(n):
-        m.by_lo[beg + i].v = mid[i].lo
-        m.by_lo[beg + i].sub = mid[i].sub
-        m.by_hi[beg + i].v = mid[i].hi
-        m.by_hi[beg + i].sub = mid[i].sub
-    qsort(m.by_lo + beg, n, sizeof(Bound), _cmp_by_lo)
-    qsort(m.by_hi + beg, n, sizeof(Bound), _cmp_by_hi)
-    n_bounds[0] += n
-    n_nodes[0] += 1
-    m.nodes[node].center = center
-    m.nodes[node].beg = beg
-    m.nodes[node].end = beg + n
-    m.nodes[node].left = left
-    m.nodes[node].right = right
-    return node
-
-
-cdef int _tree(Matcher m, Ival* items, int n, Ival* tmp, double* pts,
-               int* n_nodes, int* n_bounds) noexcept:
-    """Build a centred interval tree over ``items``; returns its root node (or -1).
-
-    The centre is the median of points inside the intervals, so each side holds at
-    most half of them and the depth stays logarithmic.
-    """
-    cdef int i, nl = 0, nm = 0, nr = 0, node, left, right
-    cdef double center
-    cdef Ival* iv
-    if n == 0:
-        return -1
-    for i in range(n):
-        pts[i] = items[i].point
+cdef int _cut(Column* c, double* pts, int n) except -1:
+    """Numeric buckets at up to NUM_BUCKETS - 1 quantiles of the ``n`` points."""
+    cdef int i
+    cdef double v
     qsort(pts, n, sizeof(double), _cmp_double)
-    center = pts[n // 2]
-    for i in range(n):
-        iv = &items[i]
-        if iv.hi < center:
-            tmp[nl] = iv[0]
-            nl += 1
-        elif iv.lo > center:
-            nr += 1
-            tmp[n - nr] = iv[0]
+    c.split = <double*>_alloc(NULL, min(n, NUM_BUCKETS - 1) * sizeof(double))
+    c.n_num = 1
+    for i in range(1, NUM_BUCKETS if n else 1):
+        v = pts[i * n // NUM_BUCKETS]
+        if c.n_num == 1 or v > c.split[c.n_num - 2]:
+            c.split[c.n_num - 1] = v
+            c.n_num += 1
+    return 0
+
+
+cdef int _own_strings(Column* c, int64_t* runs, int n) except -1:
+    """Buckets of their own for the STR_BUCKETS most frequent of the ``n`` constants
+    (``runs``: count << 32 | sid), sorted by sid."""
+    cdef int i, j, sid
+    qsort(runs, n, sizeof(int64_t), _cmp_int64)
+    c.n_str = min(n, STR_BUCKETS)
+    c.sids = <int*>_alloc(NULL, c.n_str * sizeof(int))
+    for i in range(c.n_str):
+        sid = <int>(runs[n - 1 - i] & 0xffffffff)
+        j = i
+        while j > 0 and c.sids[j - 1] > sid:
+            c.sids[j] = c.sids[j - 1]
+            j -= 1
+        c.sids[j] = sid
+    return 0
+
+
+cdef void _sure_untested(Matcher m, const Placed* placed, Column* c, int a) noexcept:
+    """Set, in every bucket of column ``c``, the sure bits of the slots whose
+    subscriptions do not test attribute ``a``."""
+    cdef int k, b, s, i, n, end, access, nb = c.n_num + c.n_str + 3
+    cdef uint64_t tested
+    cdef const Pred* p
+    for k in range(c.nw):
+        tested = 0
+        for s in range(64 * c.words[k], min(m.n_slots, 64 * c.words[k] + 64)):
+            p = m.prog[placed[s].sub]
+            n = m.prog_len[placed[s].sub]
+            access = placed[s].access
+            i = _tested(p, n, 0, access, &end)
+            while i < n and p[i].attr != a:
+                i = _tested(p, n, end, access, &end)
+            if i < n:
+                tested |= (<uint64_t>1) << (s & 63)
+        for b in range(nb):
+            c.sure[<Py_ssize_t>b * c.nw + k] |= ~tested
+
+
+cdef void _judge_all(Matcher m, const Placed* placed, const char** sptr,
+                     const Py_ssize_t* slen, int* cursor, const int* base) noexcept:
+    """``_judge`` every subscription on every attribute its bitmaps test."""
+    cdef int s, w, i, j, k, n, end, access
+    cdef const Pred* p
+    for s in range(m.n_slots):
+        p = m.prog[placed[s].sub]
+        n = m.prog_len[placed[s].sub]
+        access = placed[s].access
+        w = s >> 6
+        i = _tested(p, n, 0, access, &end)
+        while i < n:
+            j = m.chunk_off[m.word_chunk[w]]
+            while m.pieces[j].attr != p[i].attr:
+                j += 1
+            k = m.pieces[j].k0
+            while m.columns[p[i].attr].words[k] != w:
+                k += 1
+            _judge(&m.columns[p[i].attr], k, s, p, i, end, access, sptr, slen,
+                   NULL if cursor == NULL else cursor + base[p[i].attr])
+            i = _tested(p, n, end, access, &end)
+
+
+cdef void _judge(Column* c, int k, int slot, const Pred* p, int i, int end, int access,
+                 const char** sptr, const Py_ssize_t* slen, int* cursor) noexcept:
+    """Judge the subscription in ``slot`` (position k of column ``c``) by its predicates
+    p[i:end] on the column's attribute (p[access] aside): with ``cursor`` NULL, set its
+    sure bit in the buckets where they hold for every value and count an edge in those
+    where they hold for some; else write those edges at ``cursor[bucket]``."""
+    cdef bint has_num = 0, has_str = 0, has_range = 0, sure, may
+    cdef double lo = -INF, hi = INF
+    cdef int b, b0, b1, j, t, sid, n_tests = 0, n_ne = 0, n_split = c.n_num - 1
+    cdef int other = c.n_num + c.n_str + 1, how = EDGE_PROGRAM
+    cdef int ne_bucket[64]
+    for j in range(i, end):
+        if j == access or p[j].op == PRESENT:
+            continue
+        n_tests += 1
+        if p[j].op == NUM_RANGE:
+            has_num = has_range = 1
+            lo = p[j].lo
+            hi = p[j].hi
+        elif p[j].op == NUM_NE:
+            has_num = 1
+            if n_ne < 64:
+                ne_bucket[n_ne] = _upper(c.split, n_split, p[j].lo)
+                n_ne += 1
         else:
-            items[nm] = iv[0]
-            nm += 1
-    node = _node(m, items, nm, center, -1, -1, n_nodes, n_bounds)
-    for i in range(nl):
-        items[i] = tmp[i]
-    for i in range(nr):
-        items[nl + i] = tmp[n - 1 - i]
-    left = _tree(m, items, nl, tmp, pts, n_nodes, n_bounds)
-    right = _tree(m, items + nl, nr, tmp, pts, n_nodes, n_bounds)
-    m.nodes[node].left = left
-    m.nodes[node].right = right
-    return node
+            has_str = 1
+    if not has_str:
+        # bucket b is [split[b-1], split[b]); the range covers the buckets between those
+        # of lo and hi, and these two if it starts and ends with them; a bucket holding a
+        # <> constant is left undecided
+        b0 = _upper(c.split, n_split, lo)
+        b1 = _upper(c.split, n_split, hi)
+        if has_range and n_tests == 1:
+            how = EDGE_RANGE
+        for b in range(b0, b1 + 1):
+            sure = 1
+            if b == b0:
+                sure = lo == (c.split[b - 1] if b > 0 else -INF)
+            if b == b1:
+                sure &= hi == INF if b == n_split else c.split[b] == nextafter(hi, INF)
+            for t in range(n_ne):
+                sure &= ne_bucket[t] != b
+            if n_ne == 64:  # more <> than ne_bucket holds: decide them one by one
+                sure = 0
+            _put(c, b, k, slot, 1, sure, how, lo, hi, cursor)
+        _put(c, c.n_num, k, slot, not has_range, not has_range, how, lo, hi, cursor)  # NaN
+    if not has_num:
+        for b in range(c.n_str):
+            sid = c.sids[b]
+            may = 1
+            for j in range(i, end):
+                if may and j != access and p[j].op != PRESENT:
+                    may = _str_holds(&p[j], sid, sptr[sid], slen[sid])
+            _put(c, c.n_num + 1 + b, k, slot, may, may, how, lo, hi, cursor)
+        # any other string: eq fails on a constant with a bucket of its own, neq holds
+        may = sure = 1
+        for j in range(i, end):
+            if j == access or p[j].op == PRESENT:
+                continue
+            if p[j].op == STR_EQ and _find(c.sids, c.n_str, p[j].sid) < c.n_str:
+                may = 0
+            elif p[j].op != STR_NE or _find(c.sids, c.n_str, p[j].sid) == c.n_str:
+                sure = 0
+                if p[j].op == STR_EQ and n_tests == 1:
+                    how = EDGE_SID
+                    lo = hi = p[j].sid
+        _put(c, other, k, slot, may, may and sure, how, lo, hi, cursor)
+
+
+cdef inline void _put(Column* c, int b, int k, int slot, bint may, bint sure, int how,
+                      double lo, double hi, int* cursor) noexcept:
+    """Bucket b of a subscription: with ``cursor`` NULL, set its sure bit (word k) if
+    ``sure``, count an edge if only ``may``; else write that edge at ``cursor[b]``."""
+    cdef Edge* e
+    if cursor == NULL:
+        if sure:
+            c.sure[<Py_ssize_t>b * c.nw + k] |= (<uint64_t>1) << (slot & 63)
+        elif may:
+            c.edge_off[b + 1] += 1
+        return
+    if sure or not may:
+        return
+    e = &c.edges[cursor[b]]
+    cursor[b] += 1
+    e.lo = lo
+    e.hi = hi
+    e.slot = slot
+    e.how = how

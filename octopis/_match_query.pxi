@@ -1,5 +1,6 @@
-# Matching (included by _match.pyx): load a publication into the value slots, look up
-# the access structures, verify the residual programs, collect keys or groups.
+# Matching (included by _match.pyx): load a publication into the value slots and its
+# bucket in every column, scan the root and the cells its strings look up (deciding the
+# edges on the way), collect keys or groups.
 
 def is_plain_publication(object publication, set known):
     """Whether ``publication`` is a non-empty dict whose names are all in ``known`` and
@@ -31,26 +32,10 @@ def is_plain_publication(object publication, set known):
     return True
 
 
-cdef inline int _take(Hot h, int sub, bint ok, int n_out) noexcept:
-    """Append ``sub`` to ``h.out`` if it matched (``ok``) and, in group mode, if its group
-    has no subscription there yet; returns the new length."""
-    cdef int g
-    if h.grp == NULL:
-        h.out[n_out] = sub  # branch-free: written always, kept if ok
-        return n_out + ok
-    if not ok:
-        return n_out
-    g = h.grp[sub]
-    if g < 0 or h.seen[g]:
-        return n_out
-    h.seen[g] = 1
-    h.out[n_out] = sub
-    return n_out + 1
-
-
 cdef int _load(Matcher m, dict publication, list keep) except -1:
     """Clear the slots of the previous publication and fill them from this one; the
-    attributes that count (known, of a supported type) end up in ``touched``."""
+    attributes that count (known, of a supported type) end up in ``touched``, and every
+    column points at the publication's bucket (absent for the attributes it lacks)."""
     cdef int t, aid
     cdef char kind
     cdef PyObject* found
@@ -61,6 +46,8 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         aid = m.touched[t]
         m.val[2 * aid] = NAN
         m.val[2 * aid + 1] = NAN
+        if aid < m.built_attrs:
+            _aim(m, aid, _absent(&m.columns[aid]))
     m.n_loaded = 0
     m.epoch += 1
     if m.epoch == 0:
@@ -107,6 +94,10 @@ cdef int _load(Matcher m, dict publication, list keep) except -1:
         m.v_str[aid] = data
         m.v_len[aid] = size
         m.v_obj[aid] = <PyObject*>value
+    for t in range(m.n_loaded):
+        aid = m.touched[t]
+        if aid < m.built_attrs:
+            _aim(m, aid, _bucket(m, aid))
     return m.n_loaded
 
 
@@ -129,76 +120,180 @@ cdef inline bint _holds(Matcher m, const Pred* p, int n) noexcept:
 
 cdef bint _holds_other(Matcher m, const Pred* p) noexcept:
     """One predicate that is neither a range nor a string equality."""
-    cdef int a = p.attr, op = p.op, c
-    cdef Py_ssize_t la
-    cdef const char* s
+    cdef int a = p.attr
     if m.v_epoch[a] != m.epoch:
         return False
-    if op == PRESENT:
+    if p.op == PRESENT:
         return True
-    if op == NUM_NE:
+    if p.op == NUM_NE:
         return m.v_kind[a] == KIND_NUM and m.val[2 * a] != p.lo
-    if m.v_kind[a] != KIND_STR:
-        return False
-    if op == STR_NE:
-        return m.v_sid[a] != p.sid
-    s = m.v_str[a]
-    la = m.v_len[a]
-    if op == STR_PREFIX:
-        return la >= p.slen and _same(s, p.s, p.slen)
-    if op == STR_POSTFIX:
-        return la >= p.slen and _same(s + la - p.slen, p.s, p.slen)
-    if op == STR_CONTAINS:
-        return _contains(s, la, p.s, p.slen)
-    c = _strcmp(s, la, p.s, p.slen)
-    if op == STR_LT:
-        return c < 0
-    if op == STR_LE:
-        return c <= 0
-    if op == STR_GT:
-        return c > 0
-    return c >= 0
+    return m.v_kind[a] == KIND_STR and _str_holds(p, m.v_sid[a], m.v_str[a], m.v_len[a])
 
 
-cdef inline int _emit(Matcher m, Hot h, int sub, const Res* r, int n_out) noexcept:
-    """Verify one candidate against its residual program; append it to ``out`` if it
-    matches. The range tests, nearly all of a residual, do not branch on outcomes."""
-    cdef int i
-    cdef bint ok = True
+cdef inline int _absent(const Column* c) noexcept:
+    return c.n_num + c.n_str + 2
+
+
+cdef inline void _aim(Matcher m, int a, int b) noexcept:
+    """Point column a at its bucket b: its sure bits and its first edge."""
+    cdef const Column* c = &m.columns[a]
+    m.cur_sure[a] = c.sure + <Py_ssize_t>b * c.nw
+    m.cur_edge[a] = c.edges + c.edge_off[b]
+
+
+cdef inline bint _edge_holds(Matcher m, const Edge* e, int a) noexcept:
+    """Whether the predicates on attribute a of the live subscription of edge ``e`` (not
+    an EDGE_RANGE, which the scan checks inline) hold for the loaded publication."""
+    if e.how == EDGE_SID:
+        return e.lo == m.val[2 * a + 1]
+    return _holds_on(m, m.slot_sub[e.slot], a)
+
+
+cdef bint _holds_on(Matcher m, int sub, int a) noexcept:
+    """Whether the predicates of ``sub`` on attribute a hold for the loaded publication."""
+    cdef const Pred* p = m.prog[sub]
+    cdef int n = m.prog_len[sub], i = 0, j
+    while i < n and p[i].attr != a:
+        i += 1
+    j = i
+    while j < n and p[j].attr == a:
+        j += 1
+    return _holds(m, p + i, j - i)
+
+
+cdef inline int _bucket(Matcher m, int a) noexcept:
+    """The bucket of column a that holds the loaded value of a."""
+    cdef const Column* c = &m.columns[a]
     cdef double x
-    cdef const Rng* f
-    if h.state[sub] != LIVE:
-        return n_out
-    for i in range(r.fast, r.fast + r.nfast):
-        f = &h.fast[i]
-        x = h.val[f.slot]
-        ok &= (f.lo <= x) & (x <= f.hi)
-    if r.nslow and ok:
-        ok = _holds(m, m.slow + r.slow, r.nslow)
-    return _take(h, sub, ok, n_out)
+    if m.v_kind[a] == KIND_NUM:
+        x = m.val[2 * a]
+        return c.n_num if isnan(x) else _upper(c.split, c.n_num - 1, x)
+    return c.n_num + 1 + _find(c.sids, c.n_str, m.v_sid[a])
 
 
-cdef inline int _lookup(Matcher m, Hot h, int sid, int key, int n_out) noexcept:
-    """Candidates of the string lookup (sid, key)."""
-    cdef int j, end, first
-    cdef const Ent* e
-    if sid < 0 or sid >= m.built_strs:
+cdef inline int _take(Hot* h, int sub, int g, int n_out) noexcept:
+    """Append ``sub`` (a match, of group ``g``) to ``h.out`` unless, in group mode, it has
+    no group or its group has a subscription there already; returns the new length."""
+    if h.groups:
+        if g < 0 or h.seen[g]:
+            return n_out
+        h.seen[g] = 1
+        h.out_grp[n_out] = g
+    h.out[n_out] = sub
+    return n_out + 1
+
+
+cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, int n,
+                                int lim, uint64_t* acc) noexcept:
+    """AND a column's piece into ``acc``, the words [w, w + n) of a chunk: the sure bits of
+    the publication's bucket and those of its edges (below slot ``lim``) that hold for
+    subscriptions still in ``acc``; returns whether any bit is left."""
+    cdef uint64_t passed[CHUNK]
+    cdef uint64_t any = 0, bit
+    cdef int i, d, k = piece.k0, k1 = piece.k1, a = piece.attr
+    cdef const int* words = h.columns[a].words
+    cdef const uint64_t* sure = h.cur_sure[a]
+    cdef const Edge* e = h.cur_edge[a]
+    cdef const Edge* first
+    cdef double x
+    cdef bint tested = 0
+    while k < k1 and words[k] < w:  # a scan that starts or ends inside the chunk
+        k += 1
+    while k1 > k and words[k1 - 1] >= w + n:
+        k1 -= 1
+    while e.slot < w << 6:  # the edges of words skipped
+        e += 1
+    if e.slot < lim:
+        tested = 1
+        memset(passed, 0, n * sizeof(uint64_t))
+        first = e
+        x = m.val[2 * a]
+        while e.slot < lim:
+            i = (e.slot >> 6) - w
+            bit = acc[i] & ((<uint64_t>1) << (e.slot & 63))
+            if e.how == EDGE_RANGE:
+                passed[i] |= bit & -<uint64_t>((e.lo <= x) & (x <= e.hi))
+            elif bit and _edge_holds(m, e, a):
+                passed[i] |= bit
+            e += 1
+        m.candidates += e - first
+    if piece.consecutive and k < k1:
+        d = words[k] - w
+        sure += k - d
+        if tested:
+            for i in range(d, d + k1 - k):
+                acc[i] &= sure[i] | passed[i]
+        else:
+            for i in range(d, d + k1 - k):
+                acc[i] &= sure[i]
+    elif tested:
+        for i in range(k, k1):
+            d = words[i] - w
+            acc[d] &= sure[i] | passed[d]
+    else:
+        for i in range(k, k1):
+            acc[words[i] - w] &= sure[i]
+    h.cur_edge[a] = <Edge*>e
+    for i in range(n):
+        any |= acc[i]
+    return any
+
+
+cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
+    """Matches among the slots [s0, s1) into ``h.out``: per chunk, the live bits ANDed
+    with every column's piece. Scans must come in slot order (edges are consumed)."""
+    cdef uint64_t acc[CHUNK]
+    cdef uint64_t bits
+    cdef int w, last, end, n, i, j, c, slot, lim, g
+    if s0 >= s1:
         return n_out
-    j = m.str_off[sid]
-    end = m.str_off[sid + 1]
-    while j < end and m.str_ent[j].key < key:
-        j += 1
-    first = j
-    while j < end and m.str_ent[j].key == key and n_out < h.stop:
-        e = &m.str_ent[j]
-        n_out = _emit(m, h, e.sub, &e.res, n_out)
-        j += 1
-    m.candidates += j - first
+    w = s0 >> 6
+    last = (s1 - 1) >> 6
+    while w <= last and n_out < h.stop:
+        c = h.word_chunk[w]
+        end = min(h.chunk_w0[c + 1], last + 1)
+        n = end - w
+        lim = min(end << 6, s1)  # edges of later slots are left to later scans
+        for i in range(n):
+            acc[i] = h.live[w + i]
+        if w == s0 >> 6:
+            acc[0] &= (~(<uint64_t>0)) << (s0 & 63)
+        if end - 1 == last and s1 & 63:
+            acc[n - 1] &= ((<uint64_t>1) << (s1 & 63)) - 1
+        for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
+            if not _and_piece(m, h, &h.pieces[j], w, n, lim, acc):
+                break
+        for i in range(n):
+            bits = acc[i]
+            while bits:
+                slot = ((w + i) << 6) + _ctz(bits)
+                bits &= bits - 1
+                g = 0
+                if h.groups:
+                    g = h.grp[slot]
+                    if g < 0 or h.seen[g]:
+                        continue
+                n_out = _take(h, h.slot_sub[slot], g, n_out)
+                if n_out >= h.stop:
+                    return n_out
+        w = end
     return n_out
 
 
-cdef int _affix_lookups(Matcher m, Hot h, int a, int n_out) except -1:
-    """Candidates of the prefix and postfix lookups of string attribute ``a``."""
+cdef inline void _lookup(Matcher m, int sid, int key, int* n_visit) noexcept:
+    """Add the cell of the string lookup (sid, key), if there is one, to ``visit``."""
+    cdef int j
+    if sid < 0 or sid >= m.built_strs:
+        return
+    for j in range(m.str_off[sid], m.str_off[sid + 1]):
+        if m.cells[j].key == key:
+            m.visit[n_visit[0]] = j
+            n_visit[0] += 1
+            return
+
+
+cdef int _affix_lookups(Matcher m, int a, int* n_visit) except -1:
+    """Add the cells of the prefix and postfix lookups of string attribute ``a``."""
     cdef Py_ssize_t length
     cdef int size
     cdef PyObject* found
@@ -210,84 +305,66 @@ cdef int _affix_lookups(Matcher m, Hot h, int a, int n_out) except -1:
             break
         found = PyDict_GetItemWithError(m._str_ids, value[:size])
         if found != NULL:
-            n_out = _lookup(m, h, <int>(<object>found), 3 * a + BY_PREFIX, n_out)
+            _lookup(m, <int>(<object>found), 3 * a + BY_PREFIX, n_visit)
     for size in postfixes:
         if size > length:
             break
         found = PyDict_GetItemWithError(m._str_ids, value[length - size:])
         if found != NULL:
-            n_out = _lookup(m, h, <int>(<object>found), 3 * a + BY_POSTFIX, n_out)
-    return n_out
+            _lookup(m, <int>(<object>found), 3 * a + BY_POSTFIX, n_visit)
+    return 0
 
 
 cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1:
     """Internal ids of the matching subscriptions into ``m.out``; returns how many.
     ``keep`` holds the publication's values alive while ``out`` is in use.
 
-    With ``groups``, ``out`` gets one matching subscription per group instead, with
-    its group marked in ``seen``, and the search stops as soon as every group with a
-    live subscription has one (Algorithm 3 needs distinct next hops, not every match).
+    With ``groups``, ``out`` gets one matching subscription per group instead (and
+    ``out_grp`` its group, marked in ``seen``), and the search stops as soon as every
+    group with a live subscription has one (Algorithm 3 needs distinct next hops, not
+    every match).
     """
-    cdef int n_touched, t, a, i, end, node, n_out = 0
-    cdef long long n_cand = 0
-    cdef double v
-    cdef const Node* nd
-    cdef const Bound* bounds
+    cdef int n_touched, t, a, i, j, n_out, n_visit = 0
     cdef Hot h
     n_touched = _load(m, publication, keep)
-    h.fast = m.fast
-    h.val = m.val
-    h.state = m.state
-    h.out = m.out
-    h.grp = m.grp if groups else NULL
-    h.seen = m.seen
-    h.stop = m.n_groups if groups else INT_MAX
     for t in range(n_touched):
         a = m.touched[t]
-        if a >= m.built_attrs:
-            continue
-        if m.v_kind[a] == KIND_NUM:
-            v = h.val[2 * a]
-            node = -1 if isnan(v) else m.iv_root[a]
-            while node >= 0 and n_out < h.stop:
-                nd = &m.nodes[node]
-                i = nd.beg
-                if v < nd.center:
-                    bounds = m.by_lo
-                    while i < nd.end and bounds[i].v <= v and n_out < h.stop:
-                        n_out = _emit(m, h, bounds[i].sub, &bounds[i].res, n_out)
-                        i += 1
-                    node = nd.left
-                elif v > nd.center:
-                    bounds = m.by_hi
-                    while i < nd.end and bounds[i].v >= v and n_out < h.stop:
-                        n_out = _emit(m, h, bounds[i].sub, &bounds[i].res, n_out)
-                        i += 1
-                    node = nd.right
-                else:
-                    bounds = m.by_lo
-                    while i < nd.end and n_out < h.stop:
-                        n_out = _emit(m, h, bounds[i].sub, &bounds[i].res, n_out)
-                        i += 1
-                    node = -1
-                n_cand += i - nd.beg
-        else:
-            n_out = _lookup(m, h, m.v_sid[a], 3 * a + BY_EQ, n_out)
+        if a < m.built_attrs and m.v_kind[a] == KIND_STR:
+            _lookup(m, m.v_sid[a], 3 * a + BY_EQ, &n_visit)
             if m.affixed[a]:
-                n_out = _affix_lookups(m, h, a, n_out)
-        end = m.pr_off[a + 1]
-        i = m.pr_off[a]
-        while i < end and n_out < h.stop:
-            n_out = _emit(m, h, m.pr_ent[i].sub, &m.pr_ent[i].res, n_out)
-            i += 1
-        n_cand += i - m.pr_off[a]
+                _affix_lookups(m, a, &n_visit)
+    for i in range(1, n_visit):  # the cells in slot order, after the root
+        t = m.visit[i]
+        j = i
+        while j > 0 and m.visit[j - 1] > t:
+            m.visit[j] = m.visit[j - 1]
+            j -= 1
+        m.visit[j] = t
+    h.live = m.live
+    h.slot_sub = m.slot_sub
+    h.grp = m.slot_grp
+    h.groups = groups
+    h.word_chunk = m.word_chunk
+    h.chunk_w0 = m.chunk_w0
+    h.chunk_off = m.chunk_off
+    h.pieces = m.pieces
+    h.columns = m.columns
+    h.cur_sure = m.cur_sure
+    h.cur_edge = m.cur_edge
+    h.seen = m.seen
+    h.out = m.out
+    h.out_grp = m.out_grp
+    h.stop = m.n_groups if groups else INT_MAX
+    n_out = _scan(m, &h, 0, m.root_end, 0)
+    for i in range(n_visit):
         if n_out >= h.stop:
             break
-    m.candidates += n_cand
+        n_out = _scan(m, &h, m.cells[m.visit[i]].beg, m.cells[m.visit[i]].end, n_out)
     t = 0
     while t < m.n_pending and n_out < h.stop:
         i = m.pending[t]
-        n_out = _take(h, i, _holds(m, m.prog[i], m.prog_len[i]), n_out)
+        if _holds(m, m.prog[i], m.prog_len[i]):
+            n_out = _take(&h, i, m.grp[i], n_out)
         t += 1
     return n_out
 

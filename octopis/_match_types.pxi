@@ -7,6 +7,7 @@ cdef extern from "Python.h":
     void _list_set "PyList_SET_ITEM"(object, Py_ssize_t, PyObject*)
     void _incref "Py_INCREF"(PyObject*)
     void _prefetch "__builtin_prefetch"(const void*, int, int)
+    int _ctz "__builtin_ctzll"(uint64_t)
 
 cdef double INF = float("inf")
 cdef long long MAX_INTEGER = 2 ** 53  # octopis.filters.MAX_INTEGER
@@ -28,14 +29,11 @@ cdef enum:
     STR_CONTAINS = 10
     PRESENT = 11
 
-# Access kinds. The first three are string lookups and equal ``op - STR_EQ``.
+# String lookups (cell kinds); they equal ``op - STR_EQ``.
 cdef enum:
     BY_EQ = 0
     BY_PREFIX = 1
     BY_POSTFIX = 2
-    BY_INTERVAL = 3
-    BY_PRESENCE = 4
-    NEVER = 5
 
 cdef enum:
     KIND_NUM = 1
@@ -45,6 +43,21 @@ cdef enum:
     FREE = 0
     LIVE = 1
     DEAD = 2
+
+# Bitmap geometry: at most NUM_BUCKETS numeric buckets and STR_BUCKETS strings with a
+# bucket of their own per attribute; a scan ANDs a chunk of at most CHUNK words at a time,
+# and a run of RUN or more words that test the same attributes starts a chunk.
+cdef enum:
+    NUM_BUCKETS = 256
+    STR_BUCKETS = 64
+    CHUNK = 32
+    RUN = 4
+
+# How an edge is decided (see Edge).
+cdef enum:
+    EDGE_RANGE = 0
+    EDGE_SID = 1
+    EDGE_PROGRAM = 2
 
 _OPCODES = {
     "=": NUM_RANGE, "<": NUM_RANGE, "<=": NUM_RANGE, ">": NUM_RANGE, ">=": NUM_RANGE,
@@ -64,81 +77,86 @@ cdef struct Pred:
     const char* s
 
 
-cdef struct Residuals:
-    # Residual programs of the subscriptions being indexed (sub's at preds[beg[sub]],
-    # length[sub] of them) and how many fast and slow copies are placed so far.
-    Pred* preds
-    int* beg
-    int* length
-    int n_fast
-    int n_slow
-
-
-cdef struct Rng:
-    # a residual range or string equality as a test on one value slot: lo <= val[slot] <= hi
+cdef struct Placed:
+    # a subscription's place in the slot order: its cell (-1: the root, else
+    # (sid << 32) | 3 * attr + kind of its access predicate), the attributes its bitmaps
+    # test (_signature), its first range (so that the subscriptions a value satisfies on
+    # that attribute sit together), and which of its predicates is the access (-1: none)
+    int64_t cell
+    uint64_t sig
     double lo
     double hi
-    int slot
+    int sub
+    int access
 
 
-cdef struct Res:
-    # an entry's residual program: ``nfast`` tests from index ``fast`` of Matcher.fast, then
-    # ``nslow`` predicates from index ``slow`` of Matcher.slow
-    int fast
-    int nfast
-    int slow
-    int nslow
-
-
-cdef struct Ent:
-    # a string-lookup entry (key = 3 * attr + kind, grouped by sid) or a presence entry
-    # (key = attr)
+cdef struct Cell:
+    # the slots [beg, end) of the subscriptions accessed by string lookup (sid, key)
     int sid
     int key
-    int sub
-    Res res
-
-
-cdef struct Bound:
-    # one end of an interval in a tree node
-    double v
-    int sub
-    Res res
-
-
-cdef struct Hot:
-    # the arrays a match reads and writes per candidate, copied out of the Matcher so that
-    # the compiler keeps them in registers; in group mode (``grp`` not NULL) ``out`` takes
-    # one subscription per group (``seen`` marks the groups taken) and the match stops
-    # once it holds ``stop`` of them
-    const Rng* fast
-    const double* val
-    const char* state
-    int* out
-    const int* grp
-    char* seen
-    int stop
-
-
-cdef struct Node:
-    double center
-    int left
-    int right
     int beg
     int end
 
 
-cdef struct Ival:
+cdef struct Edge:
+    # a subscription whose predicates on a column's attribute hold for some values of a
+    # bucket but not all, and how to decide it: EDGE_RANGE ``lo <= number <= hi``,
+    # EDGE_SID ``string id == lo``, EDGE_PROGRAM its predicates on the attribute
     double lo
     double hi
-    double point
-    int attr
-    int sub
+    int slot
+    int how
 
 
-cdef struct NumStat:
+cdef struct Column:
+    # the bitmaps of one attribute over the ``nw`` words holding a subscription that
+    # tests it (position k is word words[k]): bucket b's *sure* bits (the predicates on
+    # the attribute hold for every value of the bucket; a subscription that does not test
+    # the attribute has them all) at sure + b·nw, its edges sorted by slot from
+    # edges[edge_off[b]], closed by one with slot INT_MAX. Buckets: numeric
+    # [split[b-1], split[b]) for b < n_num, NaN, a string of its own per sid in ``sids``
+    # (sorted), any other string, absent.
+    int nw
+    int n_num
+    int n_str
+    int* words
+    double* split
+    int* sids
+    uint64_t* sure
+    int* edge_off
+    Edge* edges
+
+
+cdef struct Piece:
+    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk, and whether
+    # these words are consecutive
     int attr
-    double v
+    int k0
+    int k1
+    bint consecutive
+
+
+cdef struct Hot:
+    # what a scan reads and writes, copied out of the Matcher so that the compiler keeps
+    # it in registers: per attribute its sure bits and its next edge (edges are tested
+    # and consumed as the scan advances); in group mode (``groups``) ``out`` takes one
+    # subscription per group (``grp``: by slot, ``seen`` marks the groups taken,
+    # ``out_grp`` their groups) and the scan stops once it holds ``stop``
+    const uint64_t* live
+    const int* slot_sub
+    const int* grp
+    const int* word_chunk
+    const int* chunk_w0
+    const int* chunk_off
+    const Piece* pieces
+    const Column* columns
+    uint64_t** cur_sure
+    Edge** cur_edge
+    char* seen
+    int* out
+    int* out_grp
+    int stop
+    bint groups
 
 
 cdef void* _alloc(void* p, size_t n) except NULL:
@@ -160,58 +178,18 @@ cdef int _cmp_int64(const void* x, const void* y) noexcept nogil:
     return (a > b) - (a < b)
 
 
-cdef int _cmp_ent(const void* x, const void* y) noexcept nogil:
-    cdef const Ent* p = <const Ent*>x
-    cdef const Ent* q = <const Ent*>y
-    if p.sid != q.sid:
-        return (p.sid > q.sid) - (p.sid < q.sid)
-    if p.key != q.key:
-        return (p.key > q.key) - (p.key < q.key)
+cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
+    cdef const Placed* p = <const Placed*>x
+    cdef const Placed* q = <const Placed*>y
+    if p.cell != q.cell:
+        return (p.cell > q.cell) - (p.cell < q.cell)
+    if p.sig != q.sig:
+        return (p.sig > q.sig) - (p.sig < q.sig)
+    if p.lo != q.lo:
+        return (p.lo > q.lo) - (p.lo < q.lo)
+    if p.hi != q.hi:
+        return (p.hi > q.hi) - (p.hi < q.hi)
     return (p.sub > q.sub) - (p.sub < q.sub)
-
-
-cdef int _cmp_numstat(const void* x, const void* y) noexcept nogil:
-    cdef const NumStat* p = <const NumStat*>x
-    cdef const NumStat* q = <const NumStat*>y
-    if p.attr != q.attr:
-        return (p.attr > q.attr) - (p.attr < q.attr)
-    return (p.v > q.v) - (p.v < q.v)
-
-
-cdef int _cmp_ival(const void* x, const void* y) noexcept nogil:
-    cdef const Ival* p = <const Ival*>x
-    cdef const Ival* q = <const Ival*>y
-    if p.attr != q.attr:
-        return (p.attr > q.attr) - (p.attr < q.attr)
-    return (p.sub > q.sub) - (p.sub < q.sub)
-
-
-cdef int _cmp_by_lo(const void* x, const void* y) noexcept nogil:
-    cdef const Bound* p = <const Bound*>x
-    cdef const Bound* q = <const Bound*>y
-    if p.v != q.v:
-        return (p.v > q.v) - (p.v < q.v)
-    return (p.sub > q.sub) - (p.sub < q.sub)
-
-
-cdef int _cmp_by_hi(const void* x, const void* y) noexcept nogil:
-    cdef const Bound* p = <const Bound*>x
-    cdef const Bound* q = <const Bound*>y
-    if p.v != q.v:
-        return (p.v < q.v) - (p.v > q.v)
-    return (p.sub > q.sub) - (p.sub < q.sub)
-
-
-cdef inline int _lower(const double* a, int n, double x) noexcept nogil:
-    """First index i with a[i] >= x."""
-    cdef int lo = 0, hi = n, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if a[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 cdef inline int _upper(const double* a, int n, double x) noexcept nogil:
@@ -224,6 +202,18 @@ cdef inline int _upper(const double* a, int n, double x) noexcept nogil:
         else:
             hi = mid
     return lo
+
+
+cdef inline int _find(const int* a, int n, int x) noexcept nogil:
+    """Index of x in the sorted array a, or n."""
+    cdef int lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < n and a[lo] == x else n
 
 
 cdef inline int _count(const int64_t* a, int n, int64_t x) noexcept nogil:
@@ -271,11 +261,25 @@ cdef inline bint _contains(const char* a, Py_ssize_t la, const char* b, Py_ssize
     return False
 
 
-cdef inline double _share(const double* vals, int n, double lo, double hi) noexcept nogil:
-    """The fraction of the sorted ``vals`` inside [lo, hi]."""
-    cdef int first, last
-    if n == 0:
-        return 1.0
-    first = _lower(vals, n, lo)
-    last = _upper(vals, n, hi)
-    return (last - first) / <double>n if last > first else 0.0
+cdef bint _str_holds(const Pred* p, int sid, const char* s, Py_ssize_t la) noexcept nogil:
+    """Whether the string predicate ``p`` holds for the string ``s`` (UTF-8, ``la``
+    bytes) whose interned id is ``sid`` (-1 if it is not interned)."""
+    cdef int c, op = p.op
+    if op == STR_EQ:
+        return sid == p.sid
+    if op == STR_NE:
+        return sid != p.sid
+    if op == STR_PREFIX:
+        return la >= p.slen and _same(s, p.s, p.slen)
+    if op == STR_POSTFIX:
+        return la >= p.slen and _same(s + la - p.slen, p.s, p.slen)
+    if op == STR_CONTAINS:
+        return _contains(s, la, p.s, p.slen)
+    c = _strcmp(s, la, p.s, p.slen)
+    if op == STR_LT:
+        return c < 0
+    if op == STR_LE:
+        return c <= 0
+    if op == STR_GT:
+        return c > 0
+    return c >= 0

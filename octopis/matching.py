@@ -8,7 +8,8 @@ Two implementations share one API and one semantics (:meth:`Subscription.matches
 * :class:`ReferenceMatcher` — plain Python, one subscription after the other; the
   readable definition the property tests compare against.
 * :class:`Matcher` — compiled (``octopis/_match.pyx``: storage and API; index building
-  in ``_match_index.pxi``, matching in ``_match_query.pxi``), an *access-predicate index*.
+  in ``_match_index.pxi``, matching in ``_match_query.pxi``): string *cells* and
+  per-attribute *bucket bitmaps*.
 
 API: ``add(key, subscription)`` (any hashable key; an existing key raises KeyError),
 ``remove(key)`` (an unknown key raises KeyError), ``match(publication) -> list`` of the
@@ -20,8 +21,10 @@ match: Algorithm 3's distinct next destinations, computed without materialising 
 matching key. ``Matcher`` also has ``rebuild()`` and ``stats()``.
 
 
-Why an access-predicate index. The workloads are conjunctions of equality and range
-predicates over a few attributes (paper §7: stock quotes, 10 attributes, 2% selectivity).
+Why bucket bitmaps. The workloads are conjunctions of equality and range predicates over
+a few attributes (paper §7: stock quotes, 10 attributes, 2% selectivity), but a
+subscription need not have one selective predicate: two bands of 14% each, four of 21%,
+up to six predicates over ten attributes (:mod:`octopis.shapes`).
 
 * The *counting algorithm* (SIENA's forwarding table, Carzaniga & Wolf 2003; Yan &
   Garcia-Molina's counting) finds every satisfied predicate and counts per subscription.
@@ -29,30 +32,51 @@ predicates over a few attributes (paper §7: stock quotes, 10 attributes, 2% sel
   so a notification costs work in proportion to the predicates, not to the matches.
 * *BE-Tree* (Sadoghi & Jacobsen 2011) partitions the subscription space recursively and
   clusters subscriptions under selective predicates; it adapts to skew, but its
-  maintenance (splits, cluster moves) is heavy for what the stock workloads need.
-* The *access-predicate* scheme keeps BE-Tree's central idea at one level: each
-  subscription is indexed once, under the predicate expected to be most selective, in a
-  structure that returns exactly the subscriptions whose access predicate holds: string
-  ids for ``eq`` (and for ``str-prefix``/``str-postfix``, looked up by the prefixes and
-  suffixes of the publication's string), and per attribute sorted rays plus a centred
-  interval tree for numeric ranges, where a stabbing query costs O(log n + k). Only those
-  candidates are verified against the rest of their predicates, whose copy sits next to
-  the index entry. ``[class,eq,'STOCK'],[symbol,eq,'MSFT'],[close,<,30]`` is found
-  through ``symbol`` and never looked at for other symbols; on the stock workloads about
-  half of the candidates match.
+  maintenance (splits, cluster moves) is heavy.
+* An *access-predicate* index (this matcher's first design) keeps BE-Tree's idea at one
+  level: each subscription is found through its most selective predicate and verified
+  against the rest. Exact and fast when one predicate is selective (a symbol), it
+  verified 7 to 100 times more candidates than matches when none is (bench/RESULTS.md).
+* *Bitmap indexes* with binned values (as in FastBit; Wu, Otoo & Shoshani 2006) combine
+  predicates 64 subscriptions at a time: per attribute and bucket of values, one bit per
+  subscription says whether its predicates on the attribute hold for every value of the
+  bucket; ANDing one bitmap per attribute decides the conjunction, and only the few
+  subscriptions whose boundary lies inside the publication's bucket need a check.
 
-Selectivity is estimated from the subscriptions themselves: the constants of all stored
-subscriptions stand for the value distribution of each attribute (an equality's estimate
-is its constant's share among the equality constants on that attribute; an interval's is
-the share of numeric constants inside it). This needs no publication history and is
-deterministic; on the stock workloads it comes within about 10% of the candidates an
-oracle choosing by true selectivity would verify. The choice affects speed only; results
-never depend on it.
+The compiled matcher combines the last two:
+
+* *Cells*: a subscription with an ``eq``, ``str-prefix`` or ``str-postfix`` sits in the
+  cell of its most selective one, looked up exactly by the publication's string (and
+  its prefixes and suffixes of the lengths in use); the *root* holds the others.
+  ``[class,eq,'STOCK'],[symbol,eq,'MSFT'],[close,<,30]`` is never looked at for other
+  symbols. Selectivity is estimated from the subscriptions themselves (a constant's
+  share among the constants of that kind on that attribute): no publication history,
+  deterministic, and it affects speed only, never results.
+* *Columns*: for every other attribute a subscription tests, a column of bitmaps. Numbers
+  fall into up to 256 buckets cut at quantiles of the ranges' boundaries (so each holds
+  about as many boundaries); the 64 most frequent ``eq``/``neq`` constants get a bucket
+  each (exact for every string operator), then NaN, any other string, absent. Per
+  bucket: the *sure* bitmap and the *edges*, the subscriptions whose predicates hold for
+  part of the bucket, each with its range (or string id) to check inline.
+* *Layout*: subscriptions are ordered by cell, by the set of attributes they test and by
+  their first range, so that a word of 64 tests one set of attributes, and the
+  subscriptions one value satisfies on the first attribute sit together (most words are
+  empty after the first column and the rest is skipped). Words form chunks of at most 32
+  (a new chunk where a long run of one attribute set begins); per chunk, each column has a
+  piece: its positions there.
+* *Scan*: per chunk, the live bits ANDed with each column's piece — the sure bits of the
+  publication's bucket, plus its edges that hold, checked only for subscriptions still
+  alive. Every bit left is a match; no subscription is verified against its whole
+  program. ``match_groups`` stops at the first chunk after which every group has a match.
+
+Memory: per column, 8 bytes per bucket and word of 64 subscriptions testing the attribute,
+24 per edge (at most two per range): 0.1–0.35 KB per subscription at 100k
+(bench/RESULTS.md). Building costs O(n log n), about 0.3 s at 100k subscriptions.
 
 Maintenance is lazy and amortised: ``add`` compiles the subscription into a pending
-list that ``match`` verifies in full; ``remove`` marks indexed subscriptions dead.
-``match`` rebuilds the index (O(n log n)) once the pending list exceeds
-``pending_limit`` + 1/32 of the index or a quarter of the index is dead.
+list that ``match`` verifies in full; ``remove`` clears the subscription's live bit.
+``match`` rebuilds the index once the pending list exceeds ``pending_limit`` + 1/32 of
+the index or a quarter of the index is dead.
 
 Numbers compare as C doubles in the compiled matcher, exactly like Python as long as
 integers stay within ±2**53 (which :mod:`octopis.filters` enforces for constants and

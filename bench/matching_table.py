@@ -1,0 +1,47 @@
+"""The matcher table of ``bench/RESULTS.md`` from a ``bench/bench_matching.py`` run:
+
+    pytest bench/bench_matching.py --benchmark-only --benchmark-json=matcher.json
+    python -m bench.matching_table matcher.json
+
+One row per shape and size: compiled publications/s for each call, the reference's, the
+ratio of each compiled call to it, the mean selectivity and the compiled index's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+CALLS = ("match_groups", "match_groups_full", "match")
+
+
+def table(report: dict) -> str:
+    """Markdown rows for every (shape, size) of a pytest-benchmark JSON ``report``."""
+    rows: dict[tuple[str, int], dict[str, dict]] = {}
+    for bench in report["benchmarks"]:
+        info = bench["extra_info"]
+        rows.setdefault((info["shape"], info["subscriptions"]), {})[info["call"]] = info
+    lines = [
+        "| shape | subscriptions | match_groups | match_groups, no early stop | match "
+        "| reference | ratios to the reference | selectivity | index memory |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for (shape, size), calls in sorted(rows.items()):
+        reference = calls.get("reference", {}).get("pubs_per_s")
+        rates = [calls.get(call, {}).get("pubs_per_s") for call in CALLS]
+        match = calls.get("match", {})
+        cells = [shape, f"{size:,}"]
+        cells += [f"{rate:,.0f}" if rate else "–" for rate in rates]
+        cells.append(f"{reference:,.1f}" if reference else "–")
+        cells.append(
+            " / ".join(f"{rate / reference:,.0f}×" if rate and reference else "–" for rate in rates)
+        )
+        cells.append(f"{match['mean_selectivity']:.2%}" if match else "–")
+        cells.append(f"{match['index_bytes'] / 2**20:.1f} MiB" if match else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(json.loads(Path(sys.argv[1]).read_text())))
