@@ -7,7 +7,11 @@ decides what brokers see of their links and when copies leave their output queue
 
 Events live in a binary heap ordered by (time, sequence). A plain heap rather than a
 process-based library: a 1,000-broker run moves ~10^7 messages and a generator per message
-would dominate the run time.
+would dominate the run time. For the same reason a message in flight is one heap entry
+``(arrival, seq, destination, source, message)`` (other events carry ``None``, the
+function and its arguments), and in SNR and DNR every core's routing table is a part of
+one :class:`~octopis.sim.shared.SharedMatcher` unless a matcher is given: each subscription
+is compiled once, not once per broker.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureState
+from octopis.sim.shared import SharedMatcher
 from octopis.topology import Scot
 
 
@@ -70,7 +75,16 @@ class LatencyModel:
 
     def sample(self, rng: random.Random) -> float:
         """One latency draw."""
-        return self.base + (rng.expovariate(1.0 / self.jitter) if self.jitter > 0 else 0.0)
+        return self.sampler(rng)()
+
+    def sampler(self, rng: random.Random) -> Callable[[], float]:
+        """A function drawing latencies from ``rng``, one per call: the draws of
+        ``rng.expovariate(1 / jitter)`` (the same numbers), without its call per message."""
+        base, jitter = self.base, self.jitter
+        if jitter <= 0:
+            return lambda: base
+        rate, draw = 1.0 / jitter, rng.random
+        return lambda: base - math.log(1.0 - draw()) / rate
 
 
 class Simulator:
@@ -92,19 +106,28 @@ class Simulator:
             raise ValueError("the topology has no brokers")
         self.scot = scot
         self.mode = mode
+        self.ledger = DeliveryLedger(oracle_factory or matcher_factory)
+        self.shared: SharedMatcher | None = None
+        """The matcher every core's table shares, when no ``matcher_factory`` is given
+        (SNR and DNR; BID's routing reads *which* matching sub_id a destination's match
+        yields, so its cores keep a compiled matcher each and their paths stay those of
+        the broker processes)."""
+        if matcher_factory is None and mode != "bid":
+            self.shared = SharedMatcher()
+            matcher_factory = self.shared.part
         self.cores: dict[str, BrokerCore] = {
             bid: make_broker(scot, bid, mode, matcher_factory) for bid in scot.brokers
         }
         self.latency = latency or LatencyModel()
         self.links: LinkModel = links or FreeLinks()
-        self.ledger = DeliveryLedger(oracle_factory or matcher_factory)
         self.now = 0.0
         self.subscription_delay: dict[str, float] = {}
         self.subscription_depth: dict[str, int] = {}
         self.target_queue: list[int] = []
         self._on_forward = on_forward
         self._rng = random.Random(seed)
-        self._events: list[tuple[float, int, Callable[..., None], tuple]] = []
+        self._sample_latency = self.latency.sampler(self._rng)
+        self._events: list[tuple] = []
         self._seq = 0
         self._last_arrival: dict[tuple[str, str], float] = {}
         self._home: dict[str, str] = {}
@@ -171,15 +194,21 @@ class Simulator:
 
     def at(self, when: float, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` at simulated time ``when`` (not before now)."""
-        self._push(max(when, self.now), fn, args)
+        self._seq += 1
+        heapq.heappush(self._events, (max(when, self.now), self._seq, None, fn, args))
 
     def run(self, until: float = math.inf) -> None:
         """Process events in time order until none is left (or ``until`` is reached)."""
         started = time.perf_counter()
         events = self._events
+        pop = heapq.heappop
+        arrive = self._arrive
         while events and events[0][0] <= until:
-            self.now, _, fn, args = heapq.heappop(events)
-            fn(*args)
+            self.now, _, dst, a, b = pop(events)
+            if dst is None:
+                a(*b)
+            else:
+                arrive(dst, a, b)
         if until != math.inf:
             self.now = max(self.now, until)
         self._wall += time.perf_counter() - started
@@ -451,32 +480,40 @@ class Simulator:
         if home != broker:
             raise ValueError(f"client {client} is attached to {home}, not {broker}")
 
-    def _push(self, when: float, fn: Callable[..., Any], args: tuple) -> None:
-        self._seq += 1
-        heapq.heappush(self._events, (when, self._seq, fn, args))
-
     def _dispatch(self, broker: str, actions: list[Action]) -> None:
+        """Carry out a core's actions: a forwarded copy arrives after its departure from
+        the link's queue plus a latency draw, never before the copy sent ahead of it
+        (FIFO links); held copies wait; deliveries go to the ledger."""
         now = self.now
         failures = self.failures
+        on_forward = self._on_forward
+        transmit = self.links.transmit
+        measures_queues = self.links.measures_queues
+        last_arrival = self._last_arrival
+        events = self._events
         for action in actions:
-            if isinstance(action, Forward):
+            kind = type(action)
+            if kind is Forward:
                 dst, message = action
-                if self._on_forward is not None:
-                    self._on_forward(broker, dst, message)
+                if on_forward is not None:
+                    on_forward(broker, dst, message)
                 if failures is not None:
                     failures.sent(broker, dst, now, message)
                     if failures.broken(broker, dst):
                         self.failure_counts["lost_in_transit"] += 1
                         continue
-                departure, ahead = self.links.transmit(broker, dst, now)
-                if type(message) is Notification and self.links.measures_queues:
+                departure, ahead = transmit(broker, dst, now)
+                if measures_queues and type(message) is Notification:
                     self.target_queue.append(ahead)
-                arrival = departure + self.latency.sample(self._rng)
+                arrival = departure + self._sample_latency()
                 link = (broker, dst)
-                arrival = max(arrival, self._last_arrival.get(link, 0.0))
-                self._last_arrival[link] = arrival
-                self._push(arrival, self._arrive, (dst, broker, message))
-            elif isinstance(action, Hold):
+                last = last_arrival.get(link, 0.0)
+                if last > arrival:
+                    arrival = last
+                last_arrival[link] = arrival
+                self._seq += 1
+                heapq.heappush(events, (arrival, self._seq, dst, broker, message))
+            elif kind is Hold:
                 self.held.setdefault((broker, action.link), []).append(action.message)
             else:
                 subscriber, notification = action
@@ -496,10 +533,11 @@ class Simulator:
                 self._undeliverable_keys.add(message.key)
             return
         core = self.cores[broker]
-        if isinstance(message, Subscribe):
-            stored = len(core.table)
+        if type(message) is Subscribe:
+            entries = core.table.entries
+            stored = len(entries)
             actions = core.receive(src, message, self._view(broker))
-            if len(core.table) > stored:
+            if len(entries) > stored:
                 sub_id = message.sub_id
                 delay = self.now - message.issued_at
                 if delay > self.subscription_delay.get(sub_id, 0.0):
