@@ -8,8 +8,6 @@ neighbours in its cluster (aCOLs) and one secondary neighbour B(x, k) per other 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from bitarray import bitarray, frozenbitarray
 
 from octopis.core.base import CoreBase
@@ -131,9 +129,8 @@ class ClusteredBroker(CoreBase):
         self._store(message, src, local, message.cbv, cluster)
         if message.state is SubState.SECONDARY:
             return []
-        hops = message.hops + 1
-        primary = replace(message, hops=hops)
-        secondary = replace(message, state=SubState.SECONDARY, hops=hops)
+        primary = message.onward(SubState.PRIMARY)
+        secondary = message.onward(SubState.SECONDARY)
         out: list[Action] = [Forward(n, primary) for n in self.primary if n != src]
         out += [Forward(n, secondary) for n in self.secondary.values()]
         self.stats["sent.subscribe"] += len(out)

@@ -34,13 +34,15 @@ class MatcherLike(Protocol):
 MatcherFactory = Callable[[], MatcherLike]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RoutingEntry:
     """One routing-table entry ``(filter, last_hop, cbv)``.
 
     ``local`` marks a subscriber of this broker (``last_hop`` is then the subscriber);
     ``cluster`` caches the index of the CBV's single set bit; ``hops`` is the entry's
     distance from the host broker along the subscription tree (bookkeeping only).
+    Immutable: brokers that stored the same message object from the same neighbour
+    share one entry (see ``Subscribe.stored``).
     """
 
     sub_id: str

@@ -5,13 +5,16 @@ latency is drawn from a seeded :class:`LatencyModel`, so that BID's first-arriva
 differ from shortest ones (paper §2, issue I3). A :class:`~octopis.sim.congestion.LinkModel`
 decides what brokers see of their links and when copies leave their output queues.
 
-Events live in a binary heap ordered by (time, sequence). A plain heap rather than a
+Events are taken in (time, sequence) order from a binary heap. A plain heap rather than a
 process-based library: a 1,000-broker run moves ~10^7 messages and a generator per message
-would dominate the run time. For the same reason a message in flight is one heap entry
-``(arrival, seq, destination, source, message)`` (other events carry ``None``, the
-function and its arguments), and in SNR and DNR every core's routing table is a part of
-one :class:`~octopis.sim.shared.SharedMatcher` unless a matcher is given: each subscription
-is compiled once, not once per broker.
+would dominate the run time. Links are FIFO, so the messages in flight on one link are
+already in that order: each link keeps them in a queue and only its first is in the heap,
+which therefore holds at most one entry per link besides the scheduled calls, however many
+messages are in flight (10,000 subscriptions issued at once put millions on the links).
+A message in flight is one tuple ``(arrival, seq, destination, source, message, queue)``;
+a scheduled call is ``(time, seq, None, function, arguments, None)``. In SNR and DNR every
+core's routing table is a part of one :class:`~octopis.sim.shared.SharedMatcher` unless a
+matcher is given: each subscription is compiled once, not once per broker.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import heapq
 import math
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -129,7 +132,9 @@ class Simulator:
         self._sample_latency = self.latency.sampler(self._rng)
         self._events: list[tuple] = []
         self._seq = 0
-        self._last_arrival: dict[tuple[str, str], float] = {}
+        self._in_flight: dict[tuple[str, str], deque[tuple]] = {}
+        """Per directed link, its messages in flight in arrival order (the first one is
+        also in the heap)."""
         self._home: dict[str, str] = {}
         self.subscriber_of: dict[str, str] = {}
         self._next_seq: Counter[str] = Counter()
@@ -195,20 +200,23 @@ class Simulator:
     def at(self, when: float, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` at simulated time ``when`` (not before now)."""
         self._seq += 1
-        heapq.heappush(self._events, (max(when, self.now), self._seq, None, fn, args))
+        heapq.heappush(self._events, (max(when, self.now), self._seq, None, fn, args, None))
 
     def run(self, until: float = math.inf) -> None:
         """Process events in time order until none is left (or ``until`` is reached)."""
         started = time.perf_counter()
         events = self._events
-        pop = heapq.heappop
+        pop, push = heapq.heappop, heapq.heappush
         arrive = self._arrive
         while events and events[0][0] <= until:
-            self.now, _, dst, a, b = pop(events)
+            self.now, _, dst, a, b, queue = pop(events)
             if dst is None:
                 a(*b)
-            else:
-                arrive(dst, a, b)
+                continue
+            queue.popleft()
+            if queue:
+                push(events, queue[0])
+            arrive(dst, a, b)
         if until != math.inf:
             self.now = max(self.now, until)
         self._wall += time.perf_counter() - started
@@ -378,7 +386,8 @@ class Simulator:
         actions += share
         self._dispatch(src, actions)
         token = state.shares_in_flight[(src, dst)] = object()
-        arrival = max(self._last_arrival.get((src, dst), self.now), self.now)
+        queue = self._in_flight.get((src, dst))
+        arrival = max(queue[-1][0], self.now) if queue else self.now
         self.at(arrival, self._share_arrived, src, dst, token)
         return True
 
@@ -489,7 +498,7 @@ class Simulator:
         on_forward = self._on_forward
         transmit = self.links.transmit
         measures_queues = self.links.measures_queues
-        last_arrival = self._last_arrival
+        in_flight = self._in_flight
         events = self._events
         for action in actions:
             kind = type(action)
@@ -506,13 +515,15 @@ class Simulator:
                 if measures_queues and type(message) is Notification:
                     self.target_queue.append(ahead)
                 arrival = departure + self._sample_latency()
-                link = (broker, dst)
-                last = last_arrival.get(link, 0.0)
-                if last > arrival:
-                    arrival = last
-                last_arrival[link] = arrival
+                queue = in_flight.get((broker, dst))
+                if queue is None:
+                    queue = in_flight[(broker, dst)] = deque()
+                elif queue and queue[-1][0] > arrival:
+                    arrival = queue[-1][0]  # FIFO: never before the copy sent ahead of it
                 self._seq += 1
-                heapq.heappush(events, (arrival, self._seq, dst, broker, message))
+                queue.append((arrival, self._seq, dst, broker, message, queue))
+                if len(queue) == 1:
+                    heapq.heappush(events, queue[0])
             elif kind is Hold:
                 self.held.setdefault((broker, action.link), []).append(action.message)
             else:
