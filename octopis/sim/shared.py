@@ -37,13 +37,14 @@ class SharedMatcher:
     :meth:`part` is the matcher factory to give the cores (``make_broker``).
     """
 
-    __slots__ = ("_cache", "_limit", "_matcher", "_refs")
+    __slots__ = ("_cache", "_held", "_limit", "_matcher")
 
     def __init__(self, matcher_factory: Callable[[], Any] = Matcher, cache: int = CACHED) -> None:
         if cache < 1:
             raise ValueError(f"cache must hold at least one publication, got {cache}")
         self._matcher = matcher_factory()
-        self._refs: dict[Hashable, int] = {}
+        self._held: dict[Hashable, list] = {}
+        """key → [subscription, number of parts holding it]."""
         self._cache: dict[int, tuple[Mapping[str, object], list, set]] = {}
         self._limit = cache
 
@@ -53,29 +54,28 @@ class SharedMatcher:
 
     def __len__(self) -> int:
         """Distinct subscriptions held by some part."""
-        return len(self._refs)
+        return len(self._held)
 
     def acquire(self, key: Hashable, subscription: Subscription) -> None:
         """One more part holds ``subscription`` under ``key``. A key held with another
         subscription raises ValueError (sub_ids are unique network-wide)."""
-        held = self._refs.get(key)
+        held = self._held.get(key)
         if held is None:
             self._matcher.add(key, subscription)
-            self._refs[key] = 1
+            self._held[key] = [subscription, 1]
             self._cache.clear()
             return
-        stored = self._matcher[key]
-        if stored is not subscription and stored != subscription:
+        if held[0] is not subscription and held[0] != subscription:
             raise ValueError(f"{key!r} is held with another subscription")
-        self._refs[key] = held + 1
+        held[1] += 1
 
     def release(self, key: Hashable) -> None:
         """One part less holds ``key``; the last one takes it out of the matcher."""
-        held = self._refs[key] - 1
-        if held:
-            self._refs[key] = held
+        held = self._held[key]
+        held[1] -= 1
+        if held[1]:
             return
-        del self._refs[key]
+        del self._held[key]
         self._matcher.remove(key)
         self._cache.clear()
 
@@ -107,7 +107,11 @@ class SharedPart:
         check_entry(subscription, group)
         if key in self._groups:
             raise KeyError(key)
-        self._shared.acquire(key, subscription)
+        held = self._shared._held.get(key)
+        if held is not None and held[0] is subscription:
+            held[1] += 1  # the common case of acquire: another part holds it already
+        else:
+            self._shared.acquire(key, subscription)
         self._groups[key] = group
 
     def remove(self, key: Hashable) -> None:
