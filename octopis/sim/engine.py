@@ -140,6 +140,8 @@ class Simulator:
             type(self.links).transmit is FreeLinks.transmit and not self.links.measures_queues
         )
         """Whether copies leave at once (no output queue to ask)."""
+        self._fixed_view = self.links.view("", 0.0) if type(self.links) is FreeLinks else None
+        """What every broker sees of free links at any time (None: ask the link model)."""
         self._home: dict[str, str] = {}
         self.subscriber_of: dict[str, str] = {}
         self._next_seq: Counter[str] = Counter()
@@ -457,7 +459,7 @@ class Simulator:
         return actions
 
     def _view(self, broker: str) -> LinkView:
-        view = self.links.view(broker, self.now)
+        view = self._fixed_view or self.links.view(broker, self.now)
         return view if self.failures is None else self.failures.view(broker, view)
 
     # -- report --------------------------------------------------------------------------
@@ -578,7 +580,8 @@ class Simulator:
                     self.subscription_depth[sub_id] = message.hops
         else:
             actions = self._watch(core, message, core.receive, src, message)
-        self._dispatch(broker, actions)
+        if actions:
+            self._dispatch(broker, actions)
 
 
 def _undeliverable(stats: Counter[str]) -> int:
