@@ -72,6 +72,7 @@ def test_generated_workload_json_report(
     assert report["expected_deliveries"] > 0
     assert report["delivered"] == report["expected_deliveries"]
     assert report["duplicates"] == report["lost"] == 0
+    assert report["run_time"] >= report["wall_time"] > 0 and report["peak_memory"] > 2**20
     lines = [json.loads(line) for line in deliveries.read_text().splitlines()]
     assert len(lines) == report["delivered"]
     assert set(lines[0]) == {"subscriber", "publisher", "seq"}
@@ -94,6 +95,8 @@ def test_workload_directory_and_table_output(
     )
     assert verdict and verdict[1] == verdict[2] != "0", out
     assert re.search(r"^notification +[\d.]+ ms", out, re.M) and "sbp_messages" not in out
+    assert re.search(r"^run: [\d.]+ s, [\d.]+ s of them simulating [\d.]+ s; "
+                     r"peak memory [\d,]+ MiB$", out, re.M), out  # fmt: skip
     assert main([*args, "--details"]) == 0
     detailed = capsys.readouterr().out
     assert detailed.startswith(verdict[0]) and re.search(r"^sbp_messages +\d+$", detailed, re.M)

@@ -22,6 +22,7 @@ from octopis.core.lst import LinkStatusTable, congestion_element
 from octopis.filters import parse_publication, parse_subscription
 from octopis.sim import FreeLinks, InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import build_preset
+from octopis.transport.codec import decode_peer, encode_peer
 
 FIG2 = build_preset("fig2")
 ANY_STOCK = parse_subscription("[class,eq,'STOCK']")
@@ -52,6 +53,39 @@ def test_two_step_sbp_on_fig2() -> None:
     assert sim.cores["f:0"].table.entries[sub_id].last_hop == "e:0"
     assert sim.cores["f:1"].table.entries[sub_id].hops == 5  # diam(G_A) + 1
     assert sim.cores["a:0"].table.entries[sub_id].last_hop == "S1"
+
+
+def test_receivers_of_one_message_object_share_one_entry() -> None:
+    """Brokers storing the same message object from the same neighbour share one immutable
+    entry (how a 10 M-entry simulation fits in memory, issue 16); another sender, or a
+    decoded copy of the message (each broker process decodes its own), makes a new one."""
+    cores = {b: make_broker(FIG2, b, "snr") for b in ("a:1", "a:2", "b:1")}
+    cbv = frozenbitarray("100")
+    message = Subscribe("a:0#1", "a:0", ANY_STOCK, SubState.SECONDARY, cbv, 0.0, 1)
+    for broker in ("a:1", "a:2"):
+        assert cores[broker].receive("a:0", message, NoCongestion()) == []
+    first, second = (cores[b].table.entries["a:0#1"] for b in ("a:1", "a:2"))
+    assert first is second and (first.last_hop, first.hops, first.cluster) == ("a:0", 1, 0)
+    cores["b:1"].receive("b:0", message, NoCongestion())  # as if b:0 had sent this object
+    third = cores["b:1"].table.entries["a:0#1"]
+    assert third is not first and third.last_hop == "b:0"
+    decoded = decode_peer(encode_peer("a:0", message))[1]
+    assert decoded == message and decoded.stored is None
+    cores["a:1"].table.remove("a:0#1")
+    cores["a:1"].receive("a:0", decoded, NoCongestion())
+    assert cores["a:1"].table.entries["a:0#1"] is not first
+    assert cores["a:1"].table.entries["a:0#1"] == first
+
+
+def test_a_simulation_stores_few_entry_objects() -> None:
+    """On fig2 every broker holds the subscription, in 11 entry objects: the host's own,
+    one per PRIMARY message (c:0's reaches d:0 and e:0) and one per SECONDARY message
+    (each broker of cluster 0 sends one object to both its iCOL neighbours)."""
+    sim = Simulator(FIG2, "snr")
+    sub_id = sim.subscribe("S1", "a:0", ANY_STOCK)
+    sim.run()
+    entries = [core.table.entries[sub_id] for core in sim.cores.values()]
+    assert len(entries) == 18 and len({id(e) for e in entries}) == 1 + 4 + 6
 
 
 def _fig7_sim(overloaded: list[tuple[str, str]], loads: dict | None = None):

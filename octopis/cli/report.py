@@ -51,6 +51,12 @@ def summarize(report: dict[str, Any]) -> str:
         f"{report.get('unsubscribe_messages', 0):,} unsubscribe; "
         f"{report['matching_operations']:,} matching operations",
     ]
+    if "run_time" in report:
+        lines.append(
+            f"run: {report['run_time']:.1f} s, {report.get('wall_time', 0.0):.1f} s of them "
+            f"simulating {report.get('sim_time', 0.0):.1f} s; peak memory "
+            f"{report.get('peak_memory', 0) / 2**20:,.0f} MiB"
+        )
     if report.get("mode") == "dnr":
         lines.append(
             "DNR cases: "

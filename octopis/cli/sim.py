@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +342,9 @@ def link_model(args: argparse.Namespace, scot: Scot) -> LinkModel | None:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    """Validate everything, run the simulation, print the report."""
+    """Validate everything, run the simulation, print the report (with the run's time
+    and the process's peak memory)."""
+    started = time.perf_counter()
     scot = load_scot(args)
     workload = workload_from_args(args, scot)
     if args.latency < 0 or args.jitter < 0:
@@ -356,7 +361,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
     )
     sim.replay(workload, failures, detection=args.detection, retain=args.retain)
     report: dict[str, Any] = {"topology": scot.name, **sim.report()}
+    report["run_time"] = time.perf_counter() - started
+    report["peak_memory"] = peak_memory()
     if args.deliveries is not None:
         write_deliveries(args.deliveries, sim.deliveries())
     print(render_report(report, as_json=args.json, details=args.details))
     return 0
+
+
+def peak_memory() -> int:
+    """Peak resident memory of this process so far, bytes (``getrusage``'s max RSS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

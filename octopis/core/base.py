@@ -57,9 +57,18 @@ class CoreBase(ABC):
         cbv: frozenbitarray | None = None,
         cluster: int = 0,
     ) -> None:
-        """Store ``message`` as an entry whose last hop is ``src``."""
-        self.table.add(
-            RoutingEntry(
+        """Store ``message`` as an entry whose last hop is ``src`` (the entry another
+        broker made of the same message object from the same neighbour, if any: entries
+        are immutable, see ``Subscribe.stored``)."""
+        entry = message.stored
+        if (
+            entry is None
+            or entry.last_hop != src
+            or entry.local != local
+            or entry.cluster != cluster
+            or entry.cbv is not cbv
+        ):
+            entry = RoutingEntry(
                 message.sub_id,
                 message.subscription,
                 src,
@@ -69,7 +78,8 @@ class CoreBase(ABC):
                 message.host,
                 message.hops,
             )
-        )
+            object.__setattr__(message, "stored", entry)
+        self.table.add(entry)
 
     def unsubscribe(self, subscriber: str, sub_id: str) -> list[m.Action]:
         """A local subscriber withdraws ``sub_id``: it goes the way its subscription went."""

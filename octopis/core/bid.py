@@ -11,8 +11,6 @@ deliver. Intermediate brokers do not match (Algorithm 2).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from octopis.core.base import CoreBase
 from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
@@ -72,7 +70,7 @@ class BidBroker(CoreBase):
             self.stats["sbp_duplicates"] += 1
             return []
         self._store(message, src, local)
-        onward = replace(message, hops=message.hops + 1)
+        onward = message.onward(message.state)
         out: list[Action] = [Forward(n, onward) for n in self.links if n != src]
         self.stats["sent.subscribe"] += len(out)
         return out

@@ -7,9 +7,9 @@ carry these objects; the wire encoding lives in the transport layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from bitarray import frozenbitarray
 
@@ -38,6 +38,24 @@ class Subscribe:
     cbv: frozenbitarray | None
     issued_at: float
     hops: int = 0
+    stored: Any = field(default=None, init=False, repr=False, compare=False)
+    """Not part of the message (never encoded, compared or copied): the routing entry a
+    broker made of this very object (:meth:`CoreBase._store`). A simulator hands one
+    object to every receiver of a fan-out — nineteen secondary neighbours on a K20 — and
+    they then share one immutable entry instead of holding one each (issue 16); a
+    decoded message is one receiver's own, and the memo never serves another."""
+
+    def onward(self, state: SubState) -> Subscribe:
+        """This message one hop further from the host, in ``state``."""
+        return Subscribe(
+            self.sub_id,
+            self.host,
+            self.subscription,
+            state,
+            self.cbv,
+            self.issued_at,
+            self.hops + 1,
+        )
 
 
 @dataclass(frozen=True, slots=True)

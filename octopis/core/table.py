@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from bitarray import frozenbitarray
@@ -34,13 +35,15 @@ class MatcherLike(Protocol):
 MatcherFactory = Callable[[], MatcherLike]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RoutingEntry:
     """One routing-table entry ``(filter, last_hop, cbv)``.
 
     ``local`` marks a subscriber of this broker (``last_hop`` is then the subscriber);
     ``cluster`` caches the index of the CBV's single set bit; ``hops`` is the entry's
     distance from the host broker along the subscription tree (bookkeeping only).
+    Immutable: brokers that stored the same message object from the same neighbour
+    share one entry (see ``Subscribe.stored``).
     """
 
     sub_id: str
@@ -83,7 +86,7 @@ class RoutingTable:
         parts: tuple[str, ...],
         matcher_factory: MatcherFactory,
         part_of: Callable[[RoutingEntry], str],
-        value_of: Callable[[RoutingEntry], str] = lambda e: e.last_hop,
+        value_of: Callable[[RoutingEntry], str] = attrgetter("last_hop"),
     ) -> None:
         self.entries: dict[str, RoutingEntry] = {}
         self._parts = {name: _Part(matcher_factory()) for name in parts}
@@ -98,11 +101,16 @@ class RoutingTable:
 
     def add(self, entry: RoutingEntry) -> None:
         """Store ``entry``; a second entry for the same subscription is a protocol error."""
-        if entry.sub_id in self.entries:
-            raise ProtocolError(f"subscription {entry.sub_id} is already stored")
+        sub_id = entry.sub_id
+        if sub_id in self.entries:
+            raise ProtocolError(f"subscription {sub_id} is already stored")
         part = self._parts[self._part_of(entry)]
-        part.matcher.add(entry.sub_id, entry.subscription, part.group_of(self._value_of(entry)))
-        self.entries[entry.sub_id] = entry
+        value = self._value_of(entry)
+        group = part.group.get(value)
+        if group is None:
+            group = part.group_of(value)
+        part.matcher.add(sub_id, entry.subscription, group)
+        self.entries[sub_id] = entry
 
     def remove(self, sub_id: str) -> RoutingEntry:
         """Drop and return the entry of ``sub_id``."""
