@@ -176,14 +176,14 @@ class WorkloadRun:
             await self.cluster.close_control()
 
     async def _await_withdrawal(self, timeout: float = 30.0) -> None:
-        """After an attached run: until every broker's table is back to its size before
-        the run (the clients said bye, so their subscriptions are withdrawn), so that the
-        next run starts from the overlay as this one found it."""
+        """After an attached run: until no broker holds a subscription of the run any
+        more (the clients said bye, so they are withdrawn), so that the next run starts
+        from the overlay as this one found it."""
         deadline = time.monotonic() + timeout
-        want = {b: s["routing_table_size"] for b, s in self.baseline.items()}
+        ours = set(self.ledger.subscription_keys)
         while time.monotonic() < deadline:
-            stats = await self.cluster.ask(list(want), "status", 5.0)
-            if all(s is not None and s["routing_table_size"] == want[b] for b, s in stats.items()):
+            held = await self.cluster.ask(list(self.scot.brokers), "subscriptions", 5.0)
+            if all(h is not None and not ours & h.keys() for h in held.values()):
                 return
             await asyncio.sleep(0.2)
         log.warning("the run's subscriptions were not all withdrawn within %.0f s", timeout)
@@ -326,18 +326,26 @@ class WorkloadRun:
         return time.monotonic() - started
 
     async def _settle(self, timeout: float = 300.0) -> float:
-        """Every broker stores every subscription, queues are empty, counters still."""
+        """Every broker stores every subscription of the run, queues are empty, counters
+        still. Brokers the run started hold nothing else, so their table sizes tell; on an
+        attached overlay, whose other subscriptions may come and go meanwhile (a client of
+        an earlier run still being dropped, say), each broker's subscription ids do."""
         started = time.monotonic()
         total = len(self.workload.subscriptions)
         self._phase(f"settling: until every broker holds the {total} subscriptions")
         want = {b: s["routing_table_size"] + total for b, s in self.baseline.items()}
+        ours = set(self.ledger.subscription_keys)
         previous = None
         while time.monotonic() - started < timeout:
             stats = await self.cluster.call_all("stats")
-            sizes = {b: s["routing_table_size"] for b, s in stats.items()}
+            if self.options.attach:
+                held = await self.cluster.call_all("subscriptions")
+                stored = all(ours <= held[b].keys() for b in held)
+            else:
+                stored = {b: s["routing_table_size"] for b, s in stats.items()} == want
             busy = sum(sum(s["queue_lengths"].values()) for s in stats.values())
             sent = sum(s["core"].get("sent.subscribe", 0) for s in stats.values())
-            if sizes == want and not busy and sent == previous:
+            if stored and not busy and sent == previous:
                 return time.monotonic() - started
             previous = sent
             await asyncio.sleep(0.2)
