@@ -97,6 +97,7 @@ def measure(overlay: Overlay, rate: float, args: argparse.Namespace, run: int) -
         secure=False,
         attach=True,
         drain_timeout=20.0,
+        client_workers=args.client_workers,
     )
     started = time.monotonic()
     report = WorkloadRun(overlay.scot, overlay.topology, workload, options).run()
@@ -169,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--late", type=float, default=1.0, help="seconds a publication may be late")
     p.add_argument("--queue-bound", type=int, default=1000, help="longest output queue, frames")
     p.add_argument("--delay-bound", type=float, default=2.0, help="p99 delay, seconds")
+    p.add_argument(
+        "--client-workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="processes the clients are spread over (default: one per core)",
+    )
     p.add_argument("--baseline", type=Path, metavar="DIR", help="an earlier built checkout")
     p.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
     args = p.parse_args(argv)

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from octopis.client import Subscriber
 from octopis.cluster.launcher import LocalCluster
 
 T = TypeVar("T")
@@ -50,3 +51,23 @@ def accounting(name: str, expected: int, got: Counter[Any]) -> dict[str, int]:
     }
     print(name, counts)
     return counts
+
+
+async def tables_hold(cluster: LocalCluster, size: int) -> bool:
+    """Every broker's routing table holds ``size`` subscriptions (a condition for
+    :func:`until`: a subscription has spread)."""
+    stats = await cluster.call_all("stats")
+    return all(s["routing_table_size"] == size for s in stats.values())
+
+
+async def reader_on(cluster: LocalCluster, broker: str, got: Counter[int]) -> Subscriber:
+    """Once ``cluster`` is ready: subscriber "reader" on ``broker`` to every STOCK
+    notification, counting deliveries by sequence number in ``got``."""
+    await cluster.wait_ready(60)
+    reader = await Subscriber.connect(
+        cluster.scot.brokers[broker].client_endpoint,
+        "reader",
+        on_notification=lambda n: got.update([n.seq]),
+    )
+    await reader.subscribe("[class,eq,'STOCK']")
+    return reader

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conditions import closing_control, until
+from conditions import closing_control, tables_hold, until
 from conftest import secure_fig2
 from hypothesis import given
 from hypothesis import strategies as st
@@ -239,7 +239,7 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
             )
             await sub.subscribe("[class,eq,'STOCK']")
             subscribers.append(sub)
-        await until(lambda: _tables(fig2, 7), "the subscriptions spread", 30)
+        await until(lambda: tables_hold(fig2, 7), "the subscriptions spread", 30)
         pub = await Publisher.connect(fig2.scot.brokers["f:1"].client_endpoint, "feed")
         for i in range(total):
             await pub.publish({"class": "STOCK", "close": float(i)}, wait=False)
@@ -270,8 +270,3 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
     assert moves[0]["source"] == "a:0" and moves[0]["subscriber"].startswith("hot")
     assert moves[0]["inside_cluster"] and moves[0]["target"].endswith(":0")
     assert all(m["reason"].startswith("cov ") for m in moves)
-
-
-async def _tables(cluster: LocalCluster, size: int) -> bool:
-    stats = await cluster.call_all("stats")
-    return all(s["routing_table_size"] == size for s in stats.values())

@@ -63,7 +63,7 @@ def no_leftover_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     assert not left, f"broker processes left behind: {sorted(left)}"
 
 
-def _run(tmp_path: Path, preset: str, mode: str, **sizes: int) -> dict:
+def _run(tmp_path: Path, preset: str, mode: str, client_workers: int = 0, **sizes: int) -> dict:
     run_dir = tmp_path / f"{preset}-{mode}"
     scot, path = prepare_topology(run_dir, preset=preset)
     workload = generate_workload(scot, seed=11, rate_per_minute=600, **sizes)
@@ -74,6 +74,7 @@ def _run(tmp_path: Path, preset: str, mode: str, **sizes: int) -> dict:
         progress=False,
         drain_timeout=20,
         secure=_affordable_curve(scot),
+        client_workers=client_workers,
     )
     return WorkloadRun(scot, path, workload, options).run()
 
@@ -102,6 +103,16 @@ def test_fig2_end_to_end(tmp_path: Path, mode: str) -> None:
     assert per_sub == (17 if mode != "bid" else 2 * 33 - 17)
     if mode != "bid":  # BID's first-arrival trees may be longer (the paper's issue I3)
         assert report["max_subscription_tree_length"] <= 5
+
+
+def test_fig2_with_the_clients_in_two_worker_processes(tmp_path: Path) -> None:
+    """The same run with its clients spread over two processes (by broker): every
+    subscription id, publication and delivery comes back to the run's ledger."""
+    report = _run(
+        tmp_path, "fig2", "dnr", client_workers=2, subscribers=120, publishers=6, notifications=15
+    )
+    _exactly_once(report)
+    assert report["subscriptions"] == 120 and report["sbp_messages"] == 120 * 17
 
 
 @pytest.mark.slow
@@ -487,7 +498,12 @@ VICTIM = "viii:2"
 
 
 def _dnr_run_with_failures(
-    run_dir: Path, preset: str, failures: list[Failure], spare: set[str], **sizes: Any
+    run_dir: Path,
+    preset: str,
+    failures: list[Failure],
+    spare: set[str],
+    client_workers: int = 0,
+    **sizes: Any,
 ) -> tuple[dict, Scot, Workload]:
     """A DNR run of ``preset`` with ``failures``, no client on the brokers of ``spare``;
     prints the failure report."""
@@ -503,6 +519,7 @@ def _dnr_run_with_failures(
         drain_timeout=20,
         failures=failures,
         secure=_affordable_curve(scot),
+        client_workers=client_workers,
     )
     report = WorkloadRun(scot, path, workload, options).run()
     print(json.dumps(report["failures"], indent=1))
@@ -570,6 +587,31 @@ def test_kill_a_host_broker_its_subscribers_fail_over(tmp_path: Path) -> None:
     failures = report["failures"]
     assert failures[f"failover.{VICTIM}.away_s"] < 20.0
     assert failures["host_dead"]["duplicates"] == 0
+    back = failures["host_dead_after_back"]
+    assert back["expected_deliveries"] > 0
+    assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
+
+
+@pytest.mark.slow
+def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) -> None:
+    """fig2 with the clients in two worker processes; c:0 is killed 2 s into publishing
+    and restarted 8 s later: subscribers elsewhere lose nothing, c:0's fail over from
+    inside their worker, and the outage they report reaches the run's failure report."""
+    report, _, _ = _dnr_run_with_failures(
+        tmp_path / "fig2-kill-workers",
+        "fig2",
+        [Failure(("c:0",), 2.0, 10.0)],
+        set(),
+        client_workers=2,
+        subscribers=150,
+        publishers=6,
+        notifications=120,
+        rate_per_minute=600,
+        seed=3,
+    )
+    failures = report["failures"]
+    _check_survivors(failures, {"c:0"}, 500)
+    assert failures["failover.c:0.away_s"] < 10.0
     back = failures["host_dead_after_back"]
     assert back["expected_deliveries"] > 0
     assert back["lost"] == back["duplicates"] == back["unexpected"] == 0

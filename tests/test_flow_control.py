@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from conditions import accounting, closing_control, until
+from conditions import accounting, closing_control, reader_on, tables_hold, until
 
 from octopis.client import Connection, DroppedError, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
@@ -39,8 +39,8 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     got: Counter[int] = Counter()
 
     async def scenario() -> tuple[dict, float]:
-        sub = await _reader_on_c0(cluster, got)
-        await until(lambda: _table_sizes(cluster, 1), "the subscription reaches a:0", 20)
+        sub = await reader_on(cluster, "c:0", got)
+        await until(lambda: tables_hold(cluster, 1), "the subscription reaches a:0", 20)
         pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "feed")
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -73,24 +73,6 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     assert paced["frames"] == paced["messages"]
 
 
-async def _reader_on_c0(cluster: LocalCluster, got: Counter[int]) -> Subscriber:
-    """Once the line is ready: subscriber "reader" on c:0 to every STOCK notification,
-    counting deliveries by sequence number in ``got``."""
-    await cluster.wait_ready(60)
-    reader = await Subscriber.connect(
-        cluster.scot.brokers["c:0"].client_endpoint,
-        "reader",
-        on_notification=lambda n: got.update([n.seq]),
-    )
-    await reader.subscribe("[class,eq,'STOCK']")
-    return reader
-
-
-async def _table_sizes(cluster: LocalCluster, size: int) -> bool:
-    stats = await cluster.call_all("stats")
-    return all(s["routing_table_size"] == size for s in stats.values())
-
-
 def _slow_consumer_run(
     cluster: LocalCluster, total: int
 ) -> tuple[Counter[int], list[int], str | None, Connection, dict]:
@@ -104,12 +86,12 @@ def _slow_consumer_run(
     slow_seqs: list[int] = []
 
     async def scenario() -> tuple[str | None, Connection, dict]:
-        reader = await _reader_on_c0(cluster, got)
+        reader = await reader_on(cluster, "c:0", got)
         slow_connection = Connection(scot.brokers["c:0"].client_endpoint, receive_buffer=10)
         await slow_connection.open()
         slow = Subscriber("slow", slow_connection, buffer=10)
         stream = await slow.subscribe("[class,eq,'STOCK']")
-        await until(lambda: _table_sizes(cluster, 2), "both subscriptions spread", 20)
+        await until(lambda: tables_hold(cluster, 2), "both subscriptions spread", 20)
         pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "feed")
         for i in range(total):
             await pub.publish({"class": "STOCK", **PADDING, "close": float(i)}, wait=False)

@@ -9,9 +9,9 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from conditions import accounting, closing_control, until
+from conditions import accounting, closing_control, reader_on, tables_hold, until
 
-from octopis.client import Publisher, Subscriber
+from octopis.client import Publisher
 from octopis.cluster.launcher import LocalCluster
 from octopis.transport.load import LoadMeter, LoadSample
 from octopis.transport.settings import BrokerSettings, settings_from_data
@@ -82,14 +82,8 @@ def test_each_broker_counts_its_share_of_a_stream(
     got: Counter[int] = Counter()
 
     async def scenario() -> dict[str, dict]:
-        await cluster.wait_ready(60)
-        reader = await Subscriber.connect(
-            cluster.scot.brokers["c:0"].client_endpoint,
-            "reader",
-            on_notification=lambda n: got.update([n.seq]),
-        )
-        await reader.subscribe("[class,eq,'STOCK']")
-        await until(lambda: _everywhere(cluster), "the subscription spreads", 20)
+        reader = await reader_on(cluster, "c:0", got)
+        await until(lambda: tables_hold(cluster, 1), "the subscription spreads", 20)
         pub = await Publisher.connect(cluster.scot.brokers["a:0"].client_endpoint, "feed")
         for i in range(total):
             await pub.publish({"class": "STOCK", "close": float(i)}, wait=False)
@@ -136,8 +130,3 @@ def test_each_broker_counts_its_share_of_a_stream(
     assert busiest.startswith("reader@")
     assert all(load["capacity_source"] == "measured" for load in loads.values())
     assert loads["c:0"]["load_ratio"] > 0
-
-
-async def _everywhere(cluster: LocalCluster) -> bool:
-    stats = await cluster.call_all("stats")
-    return all(s["routing_table_size"] == 1 for s in stats.values())

@@ -60,6 +60,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="give up waiting for deliveries after this long without one",
     )
     run.add_argument(
+        "--client-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="spread the clients over N worker processes, by broker, so that one process's "
+        "event loop does not set the pace of what is measured (default 0: in this process)",
+    )
+    run.add_argument(
         "--attach",
         action="store_true",
         help="use the overlay already running (`octopis up`, on this machine or on several "
@@ -284,6 +292,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.time_scale <= 0:
         raise UsageError("--time-scale must be positive")
+    if args.client_workers < 0:
+        raise UsageError("--client-workers must be 0 or more")
     if args.attach and args.topology is None:
         raise UsageError("--attach needs the running overlay's --topology FILE")
     settings = load_settings(args.config)
@@ -307,6 +317,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         failures=failures,
         log_format=args.log_format,
         attach=args.attach,
+        client_workers=args.client_workers,
         **_security(args),
     )
 

@@ -32,7 +32,15 @@ from octopis.accounting import (
     host_split,
     run_report,
 )
-from octopis.client import Connection, Publisher, Received, Subscriber
+from octopis.cluster.harness import (
+    Callbacks,
+    ClientSide,
+    Delivery,
+    ShareStats,
+    WorkerPool,
+    share_of,
+    split,
+)
 from octopis.cluster.launcher import ClusterError, LocalCluster
 from octopis.failure_schedule import Failure
 from octopis.topology import Scot
@@ -74,6 +82,8 @@ class RunOptions:
     attach: bool = False
     """Use the brokers of the topology that are already running (``octopis up``, on one
     host or several) instead of starting them; they are left running."""
+    client_workers: int = 0
+    """Processes the clients are spread over (by broker); 0: the run's own process."""
 
 
 class WorkloadRun:
@@ -121,9 +131,10 @@ class WorkloadRun:
         """How far the harness fell behind the workload's schedule (0 when it kept it)."""
         self._arrivals: list[tuple[float, float]] = []
         """(wall time, delay) of each delivery, kept only when sampling."""
-        self._connections: dict[str, Connection] = {}
-        self._subscribers: dict[str, Subscriber] = {}
-        self._publishers: dict[str, Publisher] = {}
+        self._clients: ClientSide | WorkerPool | None = None
+        self.client_stats = ShareStats()
+        """What the clients' connections saw (outages, absorbed repeats, refusals)."""
+        self._bars: dict[str, tqdm] = {}
 
     def run(self) -> dict[str, Any]:
         """Run everything and return the report; every process started here is stopped on
@@ -151,10 +162,11 @@ class WorkloadRun:
             sampler = None
             if self.options.sample_every:
                 sampler = asyncio.create_task(self._sample(self.options.sample_every))
-            t0 = asyncio.get_running_loop().time()
+            lead = 0.2 if self.options.client_workers else 0.0  # the command reaches them
+            t0 = asyncio.get_running_loop().time() + lead
             injector = asyncio.create_task(self._inject(t0)) if self.options.failures else None
             try:
-                self.timings["publish"] = await self._publish(t0)
+                self.timings["publish"] = await self._publish(time.time() + lead)
                 if injector is not None:
                     await injector
                 self.timings["drain"] = await self._drain()
@@ -167,10 +179,17 @@ class WorkloadRun:
                         await asyncio.gather(task, return_exceptions=True)
             stats = await self._ask_live("stats")
             subscriptions = await self._ask_live("subscriptions")
+            clients = self._clients
+            assert clients is not None
+            if isinstance(clients, WorkerPool):
+                await clients.run("report", time.time(), 60.0)
+                self.client_stats = clients.share_stats()
+            else:
+                self.client_stats = clients.stats()
             return self._report(stats, subscriptions)
         finally:
-            for connection in self._connections.values():
-                await connection.close()
+            if self._clients is not None:
+                await self._clients.close()
             if self.options.attach and self.baseline:
                 await self._await_withdrawal()
             await self.cluster.close_control()
@@ -284,45 +303,55 @@ class WorkloadRun:
         }
 
     async def _attach_clients(self) -> None:
-        brokers = {s.broker for s in self.workload.subscriptions}
-        brokers |= {p.broker for p in self.workload.publications}
-        for broker_id in sorted(brokers):
-            endpoints = self.scot.client_endpoints(broker_id)
-            connection = Connection(endpoints, keys=self.cluster.keys_dir)
-            await connection.open()
-            self._connections[broker_id] = connection
-        for s in self.workload.subscriptions:
-            if s.subscriber not in self._subscribers:
-                self._subscribers[s.subscriber] = Subscriber(
-                    s.subscriber, self._connections[s.broker], on_notification=self._received
-                )
-        for p in self.workload.publications:
-            if p.publisher not in self._publishers:
-                self._publishers[p.publisher] = Publisher(p.publisher, self._connections[p.broker])
+        """The workload's clients: in this process, or spread by broker over
+        ``client_workers`` processes (their results come back to the same callbacks)."""
+        workload, options = self.workload, self.options
+        callbacks = Callbacks(self._subscribed, self._sent, self._received)
+        events = [*workload.subscriptions, *workload.publications]
+        parts = split(events, max(1, options.client_workers))
+        shares = [
+            share_of(
+                self.scot,
+                brokers,
+                workload.subscriptions,
+                workload.publications,
+                self.cluster.keys_dir,
+                options.time_scale,
+            )
+            for brokers in parts
+        ]
+        if options.client_workers:
+            self._clients = WorkerPool(shares, callbacks)
+            await self._clients.start()
+        else:
+            ((share, indices),) = shares or [(share_of(self.scot, [], [], [], None, 1.0))]
+            self._clients = ClientSide(share, callbacks, indices)
+            await self._clients.attach()
 
-    def _received(self, n: Received) -> None:
-        self.ledger.delivered(n.subscriber, n.publisher, n.seq, n.received_at - n.published_at)
+    def _subscribed(self, index: int, sub_id: str) -> None:
+        event = self.workload.subscriptions[index]
+        self.ledger.subscribed(event.subscriber, sub_id, event.subscription)
+        self._bars["subscribing"].update()
+
+    def _sent(self, publisher: str, seq: int, at: float) -> None:
+        self._published_at[(publisher, seq)] = at
+        self._bars["publishing"].update()
+
+    def _received(self, delivery: Delivery) -> None:
+        subscriber, publisher, seq, published_at, received_at = delivery
+        self.ledger.delivered(subscriber, publisher, seq, received_at - published_at)
         if self.options.sample_every:
-            self._arrivals.append((n.received_at, n.received_at - n.published_at))
+            self._arrivals.append((received_at, received_at - published_at))
 
     async def _subscribe(self) -> float:
         started = time.monotonic()
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        bar = self._bar(len(self.workload.subscriptions), "subscribing")
-        window = asyncio.Semaphore(256)
-
-        async def one(event: Any) -> None:
-            delay = t0 + event.time * self.options.time_scale - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            async with window:
-                stream = await self._subscribers[event.subscriber].subscribe(event.subscription)
-            self.ledger.subscribed(event.subscriber, stream.sub_id, event.subscription)
-            bar.update()
-
-        await asyncio.gather(*(one(e) for e in self.workload.subscriptions))
-        bar.close()
+        self._bars["subscribing"] = self._bar(len(self.workload.subscriptions), "subscribing")
+        assert self._clients is not None
+        if isinstance(self._clients, WorkerPool):
+            await self._clients.run("subscribe", time.time(), self.options.start_timeout)
+        else:
+            await self._clients.subscribe(time.time())
+        self._bars.pop("subscribing").close()
         return time.monotonic() - started
 
     async def _settle(self, timeout: float = 300.0) -> float:
@@ -352,28 +381,27 @@ class WorkloadRun:
         raise ClusterError(f"subscription broadcast did not settle within {timeout:.0f} s")
 
     async def _publish(self, t0: float) -> float:
+        """Every publication at its time after the wall-clock start ``t0`` (the ledger
+        expects each from the subscriptions made before); refusals fail the run."""
         started = time.monotonic()
-        loop = asyncio.get_running_loop()
-        events = self.workload.publications
-        bar = self._bar(len(events), "publishing")
-        for event in events:
-            delay = t0 + event.time * self.options.time_scale - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                self.publish_late_max_s = max(self.publish_late_max_s, -delay)
+        for event in self.workload.publications:
             self.ledger.published(event.publisher, event.seq, event.publication)
-            self._published_at[(event.publisher, event.seq)] = time.time()
-            await self._publishers[event.publisher].publish(
-                event.publication, wait=False, seq=event.seq
+        self._bars["publishing"] = self._bar(len(self.workload.publications), "publishing")
+        clients = self._clients
+        assert clients is not None
+        if isinstance(clients, WorkerPool):
+            span = max((e.time for e in self.workload.publications), default=0.0)
+            await clients.run("publish", t0, 600.0 + span * self.options.time_scale)
+            stats = clients.share_stats()
+        else:
+            await clients.publish(t0)
+            stats = clients.stats()
+        self._bars.pop("publishing").close()
+        self.publish_late_max_s = stats.late_max_s
+        if stats.errors:
+            raise ClusterError(
+                f"brokers refused {len(stats.errors)} publication(s): {stats.errors[0]}"
             )
-            bar.update()
-        for publisher in self._publishers.values():
-            await publisher.flush()
-        bar.close()
-        errors = [e for c in self._connections.values() for e in c.errors]
-        if errors:
-            raise ClusterError(f"brokers refused {len(errors)} publication(s): {errors[0]}")
         return time.monotonic() - started
 
     async def _drain(self) -> float:
@@ -515,13 +543,12 @@ class WorkloadRun:
             if d["link"] not in planned
         ]
         report["unplanned_downs"] = sorted(unplanned, key=lambda d: d["at_s"])[:20]
-        report["sdk_duplicates_absorbed"] = sum(
-            c.duplicates_absorbed for c in self._connections.values()
-        )
+        clients = self.client_stats
+        report["sdk_duplicates_absorbed"] = clients.duplicates_absorbed
         report["failovers_from_live_brokers"] = {
-            broker: list(connection.outages)
-            for broker, connection in self._connections.items()
-            if broker not in self.kills and connection.outages
+            broker: outages
+            for broker, outages in clients.outages.items()
+            if broker not in self.kills and outages
         }
         for broker, ready in self.restarts.items():
             report[f"restart.{broker}"] = {"serving_after_s": ready, **self.tables[broker]}
@@ -530,7 +557,7 @@ class WorkloadRun:
         report["host_alive_lost_samples"] = self._lost_samples(hosts)
         back = {}
         for broker in self.kills:
-            outages = self._connections[broker].outages if broker in self._connections else ()
+            outages = clients.outages.get(broker, ())
             if outages:
                 last = outages[-1]
                 back[broker] = last["started"] + last["seconds"]
