@@ -98,6 +98,10 @@ class CoreBase(ABC):
             return self.broadcast_subscription(message, src)
         if isinstance(message, m.Unsubscribe):
             return self.withdraw_subscription(message, src)
+        if isinstance(message, m.Move):
+            return self.move_subscription(message, src)
+        if isinstance(message, m.Rehost):
+            return self.rehost(message, src)
         raise m.ProtocolError(f"unexpected message {type(message).__name__}")
 
     @abstractmethod
@@ -107,6 +111,15 @@ class CoreBase(ABC):
     @abstractmethod
     def withdraw_subscription(self, message: m.Unsubscribe, src: str) -> list[m.Action]:
         """Remove a subscription and pass the withdrawal on (mode's SBP)."""
+
+    def move_subscription(self, message: m.Move, src: str) -> list[m.Action]:
+        """Turn an entry toward a subscriber's new host (moves inside a cluster, DESIGN
+        §9); a mode without clusters has no such moves."""
+        raise m.ProtocolError(f"{self.id} routes without clusters: no moves inside one")
+
+    def rehost(self, message: m.Rehost, src: str) -> list[m.Action]:
+        """Record a moved subscription's new host (see :meth:`move_subscription`)."""
+        raise m.ProtocolError(f"{self.id} routes without clusters: no moves inside one")
 
     @abstractmethod
     def route(self, n: m.Notification, src: str, links: LinkView) -> list[m.Action]:

@@ -8,6 +8,8 @@ neighbours in its cluster (aCOLs) and one secondary neighbour B(x, k) per other 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bitarray import bitarray, frozenbitarray
 
 from octopis.core.base import CoreBase
@@ -19,8 +21,11 @@ from octopis.core.messages import (
     Forward,
     Hold,
     Message,
+    Move,
     Notification,
     ProtocolError,
+    Rehost,
+    Released,
     Subscribe,
     SubState,
     Tunnel,
@@ -154,6 +159,67 @@ class ClusteredBroker(CoreBase):
         out: list[Action] = [Forward(n, message) for n in self.primary if n != src]
         out += [Forward(n, secondary) for n in self.secondary.values()]
         self.stats["sent.unsubscribe"] += len(out)
+        return out
+
+    # -- moves inside the cluster (DESIGN §9) ---------------------------------------------
+
+    def adopt(self, subscriber: str, sub_id: str) -> list[Action]:
+        """Local ``subscriber`` takes over ``sub_id``, hosted elsewhere in this cluster.
+
+        The primary entry becomes a local one (this broker delivers from now on) and a
+        :class:`Move` goes to its last hop, toward the old host; every other neighbour
+        holds the entry with this broker as last hop and gets a :class:`Rehost`. Only
+        primary entries on the cluster-tree path between the hosts change; secondary
+        entries point at this cluster, not at a host in it, and stay as they are."""
+        entry = self.table.entries.get(sub_id)
+        if entry is None or entry.local or entry.cluster != self.cluster:
+            raise ProtocolError(
+                f"{sub_id} is not a subscription of another broker of cluster {self.cluster}, "
+                f"so it cannot move to {self.id}"
+            )
+        self.table.replace(replace(entry, last_hop=subscriber, local=True, host=self.id, hops=0))
+        self.stats["moves.adopted"] += 1
+        self.stats["sent.move"] += 1
+        out: list[Action] = [Forward(entry.last_hop, Move(sub_id, self.id))]
+        return out + self._rehost(sub_id, self.id, entry.last_hop)
+
+    def move_subscription(self, message: Move, src: str) -> list[Action]:
+        """A :class:`Move` from primary neighbour ``src``: point the entry at ``src`` and
+        pass the move on to the old last hop; at the old host (a local entry) the
+        subscriber is :class:`Released` and the neighbours off the path are told the new
+        host."""
+        sub_id = message.sub_id
+        entry = self.table.entries.get(sub_id)
+        if (
+            src not in self.primary
+            or entry is None
+            or entry.cluster != self.cluster
+            or entry.last_hop == src
+        ):
+            raise ProtocolError(f"move of {sub_id} from {src}: no entry it can turn at {self.id}")
+        self.table.replace(replace(entry, last_hop=src, local=False, host=message.host))
+        if not entry.local:
+            self.stats["sent.move"] += 1
+            return [Forward(entry.last_hop, message)]
+        self.stats["moves.released"] += 1
+        out: list[Action] = [Released(entry.last_hop, sub_id)]
+        return out + self._rehost(sub_id, message.host, src)
+
+    def rehost(self, message: Rehost, src: str) -> list[Action]:
+        """Record that ``message.sub_id``, held with last hop ``src``, is hosted at
+        ``message.host`` now (bookkeeping for restart withdrawal; routing is unchanged)."""
+        entry = self.table.entries.get(message.sub_id)
+        if entry is None or entry.last_hop != src:
+            raise ProtocolError(f"rehost of {message.sub_id} from {src}: no such entry")
+        self.table.replace(replace(entry, host=message.host))
+        return []
+
+    def _rehost(self, sub_id: str, host: str, path: str) -> list[Action]:
+        """:class:`Rehost` to every neighbour but ``path`` (the one on the move's path)."""
+        note = Rehost(sub_id, host)
+        out: list[Action] = [Forward(n, note) for n in self.primary if n != path]
+        out += [Forward(n, note) for n in self.secondary.values()]
+        self.stats["sent.rehost"] += len(out)
         return out
 
     # -- notifications: Algorithms 3 and 4 -----------------------------------------------

@@ -66,6 +66,30 @@ class Unsubscribe:
     state: SubState
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Moves the host of ``sub_id`` inside its cluster to ``host`` (DESIGN §9): the new
+    host sends it to the last hop of its entry, and every broker on the cluster-tree path
+    back to the old host points its entry at the neighbour the move came from and passes
+    it on. Make-before-break: the new host delivers before the path turns, and links are
+    FIFO, so every notification meets either the old direction all the way to the old
+    host or the new one all the way to the new host."""
+
+    sub_id: str
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rehost:
+    """Tells a neighbour of the old or the new host of a moved ``sub_id`` (off the path of
+    the :class:`Move`) that it is now hosted at ``host``. Bookkeeping only: it changes no
+    last hop and no CBV; a restarted broker's neighbours read the host to withdraw what
+    its predecessor hosted (DESIGN §7)."""
+
+    sub_id: str
+    host: str
+
+
 class Tunnel(NamedTuple):
     """A detour along a SCOT square (DESIGN §7): carry the copy to B(``target``,
     ``cluster``), which routes it as if it had come from its aCOL neighbour B(``origin``,
@@ -107,7 +131,7 @@ class Notification(NamedTuple):
         return (self.publisher, self.seq)
 
 
-Message = Subscribe | Unsubscribe | Notification
+Message = Subscribe | Unsubscribe | Notification | Move | Rehost
 
 
 class Forward(NamedTuple):
@@ -134,7 +158,16 @@ class Deliver(NamedTuple):
     notification: Notification
 
 
-Action = Forward | Hold | Deliver
+class Released(NamedTuple):
+    """The old host's local subscriber ``subscriber`` no longer holds ``sub_id`` here: its
+    :class:`Move` reached this broker, and nothing more of it is delivered here (the shell
+    tells the client, which stops reading this broker for it)."""
+
+    subscriber: str
+    sub_id: str
+
+
+Action = Forward | Hold | Deliver | Released
 
 
 class ProtocolError(ValueError):

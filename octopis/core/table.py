@@ -41,7 +41,8 @@ class RoutingEntry:
 
     ``local`` marks a subscriber of this broker (``last_hop`` is then the subscriber);
     ``cluster`` caches the index of the CBV's single set bit; ``hops`` is the entry's
-    distance from the host broker along the subscription tree (bookkeeping only).
+    distance from the host broker along the subscription tree when it was stored
+    (bookkeeping only: a move inside the cluster leaves it as it was).
     Immutable: brokers that stored the same message object from the same neighbour
     share one entry (see ``Subscribe.stored``).
     """
@@ -119,6 +120,22 @@ class RoutingTable:
             raise ProtocolError(f"subscription {sub_id} is not stored")
         self._parts[self._part_of(entry)].matcher.remove(sub_id)
         return entry
+
+    def replace(self, entry: RoutingEntry) -> RoutingEntry:
+        """Put ``entry`` in place of the stored entry of its subscription (which must
+        exist) and return the old one; the matcher is touched only when the part or the
+        value changes (a new last hop), not for bookkeeping (host, hops)."""
+        old = self.entries.get(entry.sub_id)
+        if old is None:
+            raise ProtocolError(f"subscription {entry.sub_id} is not stored")
+        if self._part_of(old) == self._part_of(entry) and self._value_of(old) == self._value_of(
+            entry
+        ):
+            self.entries[entry.sub_id] = entry
+            return old
+        self.remove(entry.sub_id)
+        self.add(entry)
+        return old
 
     def size(self, part: str) -> int:
         """Entries in ``part``."""

@@ -42,6 +42,7 @@ from octopis.core import (
     Forward,
     Hold,
     Notification,
+    Released,
     Subscribe,
     make_broker,
 )
@@ -55,6 +56,15 @@ from octopis.sim.congestion import FreeLinks, LinkModel
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureState
 from octopis.sim.shared import SharedMatcher
 from octopis.topology import Scot
+
+MOVE_POLL = 0.01
+"""Seconds between checks whether a subscription moved across clusters is stored by every
+broker, so that the old one can go (:meth:`Simulator.move`)."""
+
+
+MOVE_LINGER = 1.0
+"""Seconds a subscription moved across clusters stays after its successor is stored by every
+broker, and the subscriber keeps dropping repeats after that (the SDK's ``linger``)."""
 
 
 class ReplayableWorkload(Protocol):
@@ -155,6 +165,15 @@ class Simulator:
         self.held: dict[tuple[str, str], list[Notification]] = {}
         """(holder, neighbour) → copies held for the neighbour's return (:class:`Hold`)."""
         self._retired: Counter[str] = Counter()
+        self.moves: Counter[str] = Counter()
+        """Subscriber moves: ``inside`` / ``across`` started, ``released`` (inside, done),
+        ``withdrawn`` (across, done), ``absorbed`` (deliveries dropped as seen twice)."""
+        self._moving: Counter[str] = Counter()
+        """Subscribers with a move under way: subscriptions not yet released or withdrawn."""
+        self._overlap: Counter[str] = Counter()
+        """Subscribers served by two hosts (a move under way, until ``linger`` after it
+        ends): they drop a delivery they have had already, as the SDK does meanwhile."""
+        self._linger = MOVE_LINGER
 
     @property
     def undeliverable_keys(self) -> set[tuple[str, int]]:
@@ -182,6 +201,83 @@ class Simulator:
         broker = self._home[subscriber]
         self.ledger.unsubscribed(sub_id)
         self._dispatch(broker, self.cores[broker].unsubscribe(subscriber, sub_id))
+
+    def move(
+        self, subscriber: str, broker: str, *, poll: float = MOVE_POLL, linger: float = MOVE_LINGER
+    ) -> dict[str, str]:
+        """Move every subscription of ``subscriber`` to ``broker`` now (DESIGN §9);
+        returns old id → the id it has at ``broker``. One move of a subscriber at a time.
+
+        Inside the subscriber's cluster (SNR, DNR) the new host adopts each subscription
+        (:meth:`ClusteredBroker.adopt`): same id, and the path turns without losing a
+        copy. Otherwise (another cluster, or BID) it subscribes afresh at ``broker``; once
+        every live broker stores the new subscription (checked every ``poll`` seconds)
+        the old one stays ``linger`` seconds more, for copies routed by it before, and is
+        then withdrawn. Either way both hosts deliver for a while (a copy that reaches
+        the new host for another subscriber's sake is delivered there too), so the
+        subscriber drops a delivery it has had already from the start until ``linger``
+        seconds after the old host let go (``moves.absorbed``), as the SDK does: exactly
+        once as long as no copy is in flight longer than ``linger``."""
+        old = self._home.get(subscriber)
+        if old is None:
+            raise KeyError(f"{subscriber} is attached to no broker")
+        if broker not in self.cores:
+            raise KeyError(f"no broker {broker!r} in topology {self.scot.name}")
+        if broker == old:
+            raise ValueError(f"{subscriber} is attached to {broker} already")
+        if self.moving(subscriber):
+            raise ValueError(f"a move of {subscriber} is under way; one at a time")
+        held = [sub_id for sub_id, owner in self.subscriber_of.items() if owner == subscriber]
+        self._home[subscriber] = broker
+        core, moved = self.cores[broker], {}
+        inside = isinstance(core, ClusteredBroker) and core.cluster == self.cores[old].cluster
+        self._linger = linger
+        for sub_id in held:
+            self._moving[subscriber] += 1
+            self._overlap[subscriber] += 1
+            if inside:
+                self.moves["inside"] += 1
+                moved[sub_id] = sub_id
+                self._dispatch(broker, core.adopt(subscriber, sub_id))
+                continue
+            self.moves["across"] += 1
+            subscription = self.cores[old].table.entries[sub_id].subscription
+            moved[sub_id] = new_id = self.subscribe(subscriber, broker, subscription)
+            self.subscriber_of.pop(sub_id)
+            self.at(self.now + poll, self._spread, subscriber, old, sub_id, new_id, poll, linger)
+        return moved
+
+    def moving(self, subscriber: str) -> bool:
+        """Whether a move of ``subscriber`` has not finished yet."""
+        return subscriber in self._moving
+
+    def _spread(
+        self, subscriber: str, old: str, sub_id: str, new_id: str, poll: float, linger: float
+    ) -> None:
+        """Once every live broker stores ``new_id``, withdraw ``sub_id`` ``linger`` later."""
+        dead = self.failures.dead if self.failures is not None else ()
+        if any(new_id not in c.table for b, c in self.cores.items() if b not in dead):
+            args = (subscriber, old, sub_id, new_id, poll, linger)
+            self.at(self.now + poll, self._spread, *args)
+            return
+        self.at(self.now + linger, self._withdraw_moved, subscriber, old, sub_id, linger)
+
+    def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
+        self.ledger.unsubscribed(sub_id)
+        self._dispatch(old, self.cores[old].unsubscribe(subscriber, sub_id))
+        self.moves["withdrawn"] += 1
+        self._let_go(subscriber)
+
+    def _let_go(self, subscriber: str) -> None:
+        """The old host of a subscription of ``subscriber`` delivers no more."""
+        self._moved(subscriber, self._moving)
+        self.at(self.now + self._linger, self._moved, subscriber, self._overlap)
+
+    @staticmethod
+    def _moved(subscriber: str, moving: Counter[str]) -> None:
+        moving[subscriber] -= 1
+        if not moving[subscriber]:
+            del moving[subscriber]
 
     def publish(
         self, publisher: str, broker: str, publication: Publication, seq: int | None = None
@@ -478,6 +574,8 @@ class Simulator:
             list(self.subscription_depth.values()),
             self.subscription_delay.values(),
         )
+        if self.moves:
+            report["moves"] = dict(self.moves)
         report["sim_time"] = self.now
         report["wall_time"] = self._wall
         if self.target_queue:
@@ -549,8 +647,16 @@ class Simulator:
                     heapq.heappush(events, queue[0])
             elif kind is Hold:
                 self.held.setdefault((broker, action.link), []).append(action.message)
+            elif kind is Released:
+                self.moves["released"] += 1
+                self._let_go(action.subscriber)
             else:
                 subscriber, notification = action
+                if self._overlap and subscriber in self._overlap:
+                    key = (subscriber, notification.publisher, notification.seq)
+                    if key in self.ledger.received:
+                        self.moves["absorbed"] += 1
+                        continue
                 self.ledger.delivered(
                     subscriber,
                     notification.publisher,
