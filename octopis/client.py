@@ -130,6 +130,17 @@ class Connection:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
             raise ValueError("a connection needs at least one broker endpoint")
+        self._options: dict[str, Any] = {
+            "liveness": liveness,
+            "linger": linger,
+            "max_pending": max_pending,
+            "receive_buffer": receive_buffer,
+            "keys": keys,
+            "key_name": key_name,
+        }
+        self._siblings: dict[str, Connection] = {}
+        """Connections this one opened for clients that moved (:meth:`sibling`); closed
+        with it."""
         self.endpoint = self.endpoints[0]
         self.liveness = liveness
         self.linger = linger
@@ -156,6 +167,7 @@ class Connection:
         self._pending: dict[int, tuple[asyncio.Future, bytes]] = {}
         self._room = asyncio.Semaphore(max_pending)
         self._handlers: dict[str, NotificationHandler] = {}
+        self._notices: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._resumers: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
@@ -207,6 +219,50 @@ class Connection:
     def on_dropped(self, notify: Callable[[str], None]) -> None:
         """Call ``notify(reason)`` if the broker drops this connection."""
         self._on_drop.append(notify)
+
+    def on_notice(self, name: str, notice: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``notice(message)`` with what the broker tells client ``name`` unasked:
+        ``move`` (go to another broker) and ``released`` (a moved subscription is no
+        longer delivered here), DESIGN §9."""
+        self._notices[name] = notice
+
+    def forget(
+        self,
+        name: str,
+        resume: Callable[[], Coroutine[Any, Any, None]],
+        notify: Callable[[str], None],
+    ) -> None:
+        """Client ``name`` has moved to another connection: stop serving it here."""
+        self._handlers.pop(name, None)
+        self._notices.pop(name, None)
+        if resume in self._resumers:
+            self._resumers.remove(resume)
+        if notify in self._on_drop:
+            self._on_drop.remove(notify)
+
+    @property
+    def serves(self) -> int:
+        """How many clients this connection serves."""
+        return len(self._handlers)
+
+    async def sibling(self, endpoint: str) -> Connection:
+        """An open connection to ``endpoint`` for a client that moves there (failing over
+        to this one's brokers), opened once and closed with this one. Siblings share
+        the record of recent deliveries, so a client served by two of them during a move
+        can drop what it got twice (:meth:`checking_repeats`)."""
+        found = self._siblings.get(endpoint)
+        if found is not None and found.dropped is None:
+            return found
+        others = [e for e in self.endpoints if e != endpoint]
+        sibling = Connection([endpoint, *others], context=self._ctx, **self._options)
+        sibling._recent, sibling._recent_order = self._recent, self._recent_order
+        self._siblings[endpoint] = sibling
+        await sibling.open()
+        return sibling
+
+    def checking_repeats(self, on: bool) -> None:
+        """Drop a delivery seen among the recent ones (from now on, or no longer)."""
+        self._checking_recent += 1 if on else -1
 
     def stall_until(self, room: asyncio.Event) -> None:
         """Stop reading after the current message until ``room`` is set (a full stream)."""
@@ -268,6 +324,8 @@ class Connection:
         if self.dropped is None and self._reader is not None:
             with contextlib.suppress(TimeoutError, BrokerError):
                 await self.request({"op": "bye", "client": "-"}, self.liveness)
+        for sibling in self._siblings.values():
+            await sibling.close()
         tasks = [t for t in (self._reader, self._heartbeat, *self._background) if t is not None]
         for task in tasks:
             task.cancel()
@@ -496,6 +554,13 @@ class Connection:
         if op == "dropped":
             self._dropped(str(data.get("reason", "no reason given")))
             return
+        if op in ("move", "released"):
+            notice = self._notices.get(data.get("client"))
+            if notice is None:
+                log.warning("a %s notice for unknown client %r", op, data.get("client"))
+            else:
+                notice(data)
+            return
         if op == "overflow":
             self.overflowed += int(data.get("dropped", 0))
             log.warning(
@@ -578,6 +643,8 @@ class _Client:
     def __init__(self, name: str, connection: Connection) -> None:
         self.name = name
         self.connection = connection
+        self._origin = connection
+        """The connection given or opened first (a move's new ones are its siblings)."""
         self._owns_connection = False
 
     @classmethod
@@ -599,9 +666,9 @@ class _Client:
         return client
 
     async def close(self) -> None:
-        """Close the connection if this client opened it."""
+        """Close the connection (and those it opened for moves) if this client opened it."""
         if self._owns_connection:
-            await self.connection.close()
+            await self._origin.close()
 
 
 class Subscriber(_Client):
@@ -621,9 +688,80 @@ class Subscriber(_Client):
         self._streams: dict[str, SubscriptionStream] = {}
         self._subscriptions: dict[str, Subscription] = {}
         self._callback = on_notification
-        connection.register(name, self._on_notify)
+        self._releases: dict[str, asyncio.Event] = {}
+        self._moving: asyncio.Task | None = None
+        self.moves: deque[dict[str, Any]] = deque(maxlen=1000)
+        """One record per move (the last 1,000): from, to, inside, sub ids, seconds."""
+        self._serve_on(connection)
+
+    def _serve_on(self, connection: Connection) -> None:
+        self.connection = connection
+        connection.register(self.name, self._on_notify)
+        connection.on_notice(self.name, self._on_notice)
         connection.on_failover(self._resubscribe)
         connection.on_dropped(self._dropped)
+
+    def _on_notice(self, message: dict[str, Any]) -> None:
+        if message["op"] == "released":
+            event = self._releases.get(message.get("sub_id"))
+            if event is not None:
+                event.set()
+            return
+        if self._moving is not None and not self._moving.done():
+            log.warning("%s is told to move while moving; the first move goes on", self.name)
+            return
+        work = self._move(str(message["to"]), bool(message["inside"]), list(message["sub_ids"]))
+        self._moving = asyncio.get_running_loop().create_task(work)
+
+    async def _move(self, to: str, inside: bool, sub_ids: list[str]) -> None:
+        """Move to the broker at ``to`` as its current broker told (DESIGN §9), make before
+        break: inside the cluster each subscription is adopted there and the old broker
+        releases it once the path has turned; else each is made again there and the
+        old one withdrawn ``linger`` seconds later. Both brokers deliver meanwhile, and
+        a delivery had twice is dropped until ``linger`` seconds after the old one let
+        go (counted in ``Connection.duplicates_absorbed``)."""
+        old = self.connection
+        started = time.monotonic()
+        new = await old.sibling(to)
+        old.checking_repeats(True)
+        new.checking_repeats(True)
+        try:
+            self._serve_on(new)
+            across = [sub_id for sub_id in sub_ids if not inside or not await self._adopt(sub_id)]
+            waits = [self._releases[s].wait() for s in sub_ids if s in self._releases]
+            await asyncio.wait_for(asyncio.gather(*waits), old.linger + old.liveness * 4)
+            if across:
+                await self._resubscribe(across)
+                await asyncio.sleep(old.linger)  # the new subscriptions spread meanwhile
+                for sub_id in across:
+                    await old.request({"op": "unsubscribe", "client": self.name, "sub_id": sub_id})
+            old.forget(self.name, self._resubscribe, self._dropped)
+            self.moves.append(
+                {
+                    "from": old.endpoint,
+                    "to": to,
+                    "inside": inside and not across,
+                    "sub_ids": sub_ids,
+                    "seconds": time.monotonic() - started,
+                }
+            )
+            log.info("%s moved %d subscriptions to %s", self.name, len(sub_ids), to)
+            await asyncio.sleep(old.linger)
+        finally:
+            self._releases.clear()
+            old.checking_repeats(False)
+            new.checking_repeats(False)
+
+    async def _adopt(self, sub_id: str) -> bool:
+        """Ask the new broker to take ``sub_id`` over; False if it cannot (not there yet)."""
+        self._releases[sub_id] = asyncio.Event()
+        try:
+            await self.connection.request({"op": "adopt", "client": self.name, "sub_id": sub_id})
+        except BrokerError as exc:
+            log.warning("%s could not adopt %s: %s; subscribing afresh", self.name, sub_id, exc)
+            del self._releases[sub_id]
+            return False
+        return True
 
     async def subscribe(
         self, spec: str | dict | Subscription, timeout: float = 10.0
@@ -642,10 +780,13 @@ class Subscriber(_Client):
         self._subscriptions[reply["sub_id"]] = subscription
         return reply["sub_id"]
 
-    async def _resubscribe(self) -> None:
-        """After a fail-over: every subscription again at the new broker (DESIGN §7). No
-        timeout: a request the broker does not answer is re-sent at the next fail-over."""
-        held, self._subscriptions = self._subscriptions, {}
+    async def _resubscribe(self, only: Sequence[str] | None = None) -> None:
+        """After a fail-over: every subscription (or those of ids ``only``) again at the
+        current broker (DESIGN §7). No timeout: a request the broker does not answer is
+        re-sent at the next fail-over."""
+        held = {s: f for s, f in self._subscriptions.items() if only is None or s in only}
+        for sub_id in held:
+            del self._subscriptions[sub_id]
         new_ids = await asyncio.gather(*(self._subscribe(f, None) for f in held.values()))
         for old_id, new_id in zip(held, new_ids, strict=True):
             stream = self._streams.pop(old_id, None)

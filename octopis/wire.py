@@ -22,9 +22,9 @@ from typing import Annotated, Any
 import msgspec
 import msgspec.inspect
 
-HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY, HEARTBEAT, SYNCED = 0, 1, 2, 3, 4, 5
+HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY, HEARTBEAT, SYNCED, MOVE, REHOST = 0, 1, 2, 3, 4, 5, 6, 7
 """Peer body kinds: link handshake, SBP subscribe / unsubscribe, notification, liveness,
-end of a resync."""
+end of a resync, a subscriber's move inside its cluster and the note of its new host."""
 
 pack = msgspec.msgpack.Encoder().encode
 """MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""
@@ -84,6 +84,13 @@ class UnsubscribeRequest(Request, tag="unsubscribe"):
     sub_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 
 
+class AdoptRequest(Request, tag="adopt"):
+    """Take over subscription ``sub_id``, which ``client`` holds at another broker of this
+    one's cluster and is moving here (DESIGN §9): the broker delivers it from now on."""
+
+    sub_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+
+
 class PublishRequest(Request, tag="publish"):
     """Publish number ``seq`` of publisher ``client``'s ``session`` (a number the
     publisher draws at random when it starts, so that a publisher started again under the
@@ -109,6 +116,7 @@ ClientRequest = (
     HelloRequest
     | SubscribeRequest
     | UnsubscribeRequest
+    | AdoptRequest
     | PublishRequest
     | HeartbeatRequest
     | ByeRequest

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conditions import accounting, closing_control, until
+from conditions import accounting, closing_control, tables_hold, until
 from conftest import secure_fig2
 
 from octopis.client import BrokerError, Connection, Publisher, Subscriber
@@ -232,3 +232,80 @@ def test_subscription_ids_are_unguessable_and_bound_to_their_owner(
     assert matches[0].group(2) != matches[1].group(2)
     assert f"mallory holds no subscription {ids[0]}" in refusal
     assert got == [1, 1]
+
+
+MOVE_SETTINGS = BrokerSettings(client_timeout=CLIENT_TIMEOUT, client_move_timeout=6.0)
+"""Client timeout as above; a move order lapses after 6 s (default 30 s)."""
+
+
+@pytest.fixture
+def fig2_moves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    yield from secure_fig2(tmp_path, monkeypatch, MOVE_SETTINGS)
+
+
+def test_subscribers_move_inside_and_across_clusters_mid_stream(fig2_moves: LocalCluster) -> None:
+    """While c:2 publishes 600 notifications, a:0 is told to move subscriber "inside" to
+    f:0 (its cluster: the path a–b–c–e–f turns) and "across" to d:1 (another cluster:
+    subscribe there, withdraw at a:0 a linger later). Each holds three subscriptions;
+    all three subscribers (a third, "still", never moves) get every notification of
+    theirs exactly once, and afterwards every table holds each subscription once, at
+    its new host."""
+    cluster = fig2_moves
+    scot = cluster.scot
+    got: dict[str, Counter[int]] = {name: Counter() for name in ("inside", "across", "still")}
+    filters = [f"[class,eq,'STOCK'],[n,=,{i}]" for i in range(3)]
+    wanted = {"inside": {0, 1, 2}, "across": {0, 1}, "still": {2}}
+
+    async def connect(name: str, broker: str) -> Subscriber:
+        connection = Connection(scot.client_endpoints(broker), linger=2.0)
+        await connection.open()
+        sub = Subscriber(name, connection, on_notification=lambda n: got[name].update([n.seq]))
+        for i in sorted(wanted[name]):
+            await sub.subscribe(filters[i])
+        return sub
+
+    async def scenario() -> tuple[list[int], dict, dict]:
+        subs = [await connect("inside", "a:0"), await connect("across", "a:0")]
+        subs.append(await connect("still", "b:1"))
+        await until(lambda: tables_hold(cluster, 6), "subscriptions everywhere", 20)
+        pub = await Publisher.connect(scot.client_endpoints("c:2"), "p")
+        sent: list[int] = []
+        for i in range(600):
+            sent.append(await pub.publish({"class": "STOCK", "n": i % 3, "price": 1.0}))
+            if i == 150:
+                to_f = scot.brokers["f:0"].client_endpoint
+                to_d = scot.brokers["d:1"].client_endpoint
+                assert len(await cluster.call("a:0", "move", "inside", to_f, True)) == 3
+                assert len(await cluster.call("a:0", "move", "across", to_d, False)) == 2
+            await asyncio.sleep(0.01)
+        await until(lambda: all(s.moves for s in subs[:2]), "both moves done", 30)
+        await until(
+            lambda: all(len(got[n]) >= sum(s % 3 in wanted[n] for s in sent) for n in got),
+            "deliveries",
+            20,
+        )
+        tables = await cluster.call_all("table")
+        counters = (await cluster.call("a:0", "stats"))["counters"]
+        moves = {s.name: s.moves[0] for s in subs[:2]}
+        for sub in subs:
+            await sub.close()
+        await pub.close()
+        return sent, tables, {**moves, "counters": counters}
+
+    sent, tables, moves = asyncio.run(closing_control(cluster, scenario()))
+    for name, counts in got.items():
+        expected = sum(seq % 3 in wanted[name] for seq in sent)
+        assert accounting(name, expected, counts) == {
+            "expected": expected,
+            "delivered": expected,
+            "duplicates": 0,
+            "lost": 0,
+        }
+    print("moves:", moves)
+    assert moves["inside"]["inside"] and not moves["across"]["inside"]
+    assert moves["counters"]["moves.released"] == 3
+    hosts: Counter[str] = Counter()
+    for broker, table in tables.items():
+        assert len(table) == 6, broker
+        hosts.update(broker for entry in table.values() if entry["local"])
+    assert hosts == Counter({"f:0": 3, "d:1": 2, "b:1": 1})

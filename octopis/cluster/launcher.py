@@ -336,10 +336,10 @@ class LocalCluster:
         results = await asyncio.gather(*(getattr(self._rpc[b].call, method)() for b in ids))
         return dict(zip(ids, results, strict=True))
 
-    async def call(self, broker_id: str, method: str) -> Any:
-        """Call ``method`` on ``broker_id``'s control RPC."""
+    async def call(self, broker_id: str, method: str, *args: Any) -> Any:
+        """Call ``method(*args)`` on ``broker_id``'s control RPC."""
         await self.connect_control()
-        return await getattr(self._rpc[broker_id].call, method)()
+        return await getattr(self._rpc[broker_id].call, method)(*args)
 
     async def wait_ready(
         self, timeout: float = 120.0, ids: list[str] | None = None, *, state: str = "ready"

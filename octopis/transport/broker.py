@@ -37,6 +37,7 @@ from octopis.core import (
     LinkStatusTable,
     Message,
     Notification,
+    Released,
     Subscribe,
     make_broker,
 )
@@ -450,6 +451,13 @@ class Broker:
         self.subscription_delay[sub_id] = 0.0
         return sub_id, actions
 
+    def adopt(self, key: str, sub_id: str) -> list[Action]:
+        """A subscriber moving here from another broker of this cluster takes over
+        ``sub_id`` (DESIGN §9); BID has no clusters and refuses."""
+        if not isinstance(self.core, ClusteredBroker):
+            raise ClientError(f"{self.id} routes by BID: move by subscribing afresh")
+        return self.core.adopt(key, sub_id)
+
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """A local withdrawal: the core starts the two-step unsubscribe."""
         self.subscription_delay.pop(sub_id, None)
@@ -525,6 +533,8 @@ class Broker:
                 identity, name = self.clients.names[action.subscriber]
                 deliveries.setdefault(identity, []).append(name)
                 delivered = action.notification
+            elif type(action) is Released:
+                self.clients.released(action.subscriber, action.sub_id)
         if deliveries:
             if type(received) is Notification:
                 payload = body
@@ -571,6 +581,10 @@ class Broker:
         """The load analysis's report: rates over the window, output, capacity, LR and
         the ``top`` clients by delivery rate (DESIGN §9, Dynamoth's Eq. 1)."""
         return self.load_meter.report(top)
+
+    def move_client(self, client: str, to: str, inside: bool) -> list[str]:
+        """Order client ``client`` to move its subscriptions (see ``ClientSessions.order_move``)."""
+        return self.clients.order_move(client, to, inside)
 
     def status(self) -> dict[str, Any]:
         """Identity, incarnation, readiness and each link's state."""

@@ -44,6 +44,7 @@ from octopis.transport.logs import RateLimitedLog
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import (
+    AdoptRequest,
     ByeRequest,
     HeartbeatRequest,
     HelloRequest,
@@ -75,6 +76,9 @@ class Router(Protocol):
 
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """Withdraw a local subscription; returns the SBP actions."""
+
+    def adopt(self, key: str, sub_id: str) -> list[Action]:
+        """Take over a subscription moving here from another broker of the cluster."""
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """Route a local publication, its copies counting in ``receipt``."""
@@ -150,11 +154,19 @@ class ClientSessions:
         self.dropped: OrderedDict[bytes, str] = OrderedDict()
         """Connections dropped as slow consumers → the reason (the last :data:`DROPPED_KEPT`)."""
         self._warn = RateLimitedLog(log, settings.log_interval)
+        self.moving: dict[str, float] = {}
+        """Sub ids whose client was told to move them away (DESIGN §9) → loop time by which
+        the move must have reached this broker (``clients.move_timeout``)."""
+        self.orphans: dict[str, tuple[str, float]] = {}
+        """Moving sub ids whose connection was dropped meanwhile → (client key, deadline):
+        kept until the move reaches here (the new host withdraws it, if it must), else
+        withdrawn at the deadline; withdrawing at once would cross the move on its path."""
         self._handlers = {
             HelloRequest: self._hello,
             HeartbeatRequest: self._heartbeat,
             SubscribeRequest: self._subscribe,
             UnsubscribeRequest: self._unsubscribe,
+            AdoptRequest: self._adopt,
             PublishRequest: self._publish,
             ByeRequest: self._bye,
         }
@@ -270,6 +282,78 @@ class ClientSessions:
         connection.clients[key].discard(request.sub_id)
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
+    def _adopt(self, identity: bytes, connection: Connection, request: AdoptRequest) -> dict:
+        key = self._key(identity, connection, request)
+        limit = self.settings.subscriptions_per_client
+        if len(connection.clients[key]) >= limit:
+            self.counters["subscriptions_refused.limit"] += 1
+            raise ClientError(
+                f"{request.client} already holds {limit} subscriptions "
+                f"(limits.subscriptions_per_client)"
+            )
+        actions = self.router.adopt(key, request.sub_id)
+        connection.clients[key].add(request.sub_id)
+        self.counters["moves.adopted"] += 1
+        self.router.execute(actions)
+        return {"op": "adopted", "sub_id": request.sub_id}
+
+    # -- moves (DESIGN §9) -----------------------------------------------------------------
+
+    def order_move(self, client: str, to: str, inside: bool) -> list[str]:
+        """Tell every connection holding a client named ``client`` to move its
+        subscriptions to the broker at client endpoint ``to``: inside this cluster by
+        adopting them there, else by subscribing there afresh; returns the sub ids."""
+        keys = [key for key, (_, name) in self.names.items() if name == client]
+        if not keys:
+            raise ClientError(f"{self.id} serves no client named {client!r}")
+        deadline = asyncio.get_running_loop().time() + self.settings.client_move_timeout
+        moved: list[str] = []
+        for key in keys:
+            identity, _ = self.names[key]
+            sub_ids = sorted(self.connections[identity].clients.get(key, ()))
+            if not sub_ids:
+                continue
+            if inside:
+                self.moving.update(dict.fromkeys(sub_ids, deadline))
+            self.counters["moves.ordered"] += len(sub_ids)
+            self._notify(
+                identity,
+                {"op": "move", "client": client, "to": to, "inside": inside, "sub_ids": sub_ids},
+            )
+            moved += sub_ids
+        return moved
+
+    def released(self, key: str, sub_id: str) -> None:
+        """``sub_id`` moved on from this broker: tell its client, after everything this
+        broker delivered to it before (its last delivery from here)."""
+        self.moving.pop(sub_id, None)
+        self.counters["moves.released"] += 1
+        if self.orphans.pop(sub_id, None) is not None:
+            return
+        identity, name = self.names[key]
+        connection = self.connections.get(identity)
+        if connection is not None:
+            connection.clients[key].discard(sub_id)
+            self._notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
+
+    def _expire_moves(self, now: float) -> None:
+        """Forget move orders past their deadline (the client stays subscribed here), and
+        withdraw what an orphaned one kept."""
+        for sub_id in [s for s, deadline in self.moving.items() if deadline < now]:
+            del self.moving[sub_id]
+            self.counters["moves.expired"] += 1
+        for sub_id in [s for s, (_, deadline) in self.orphans.items() if deadline < now]:
+            key, _ = self.orphans.pop(sub_id)
+            self.router.execute(self.router.unsubscribe(key, sub_id))
+            self.counters["subscriptions_withdrawn"] += 1
+
+    def _notify(self, identity: bytes, message: dict) -> None:
+        """Send a notice to a connection behind the deliveries held for it."""
+        parts = self._held.pop(identity, None)
+        if parts:
+            self._flush(identity, parts)
+        self._send(identity, [pack(message)])
+
     def _publish(
         self, identity: bytes, connection: Connection, request: PublishRequest
     ) -> dict | None:
@@ -323,6 +407,7 @@ class ClientSessions:
             if late > tick:
                 for connection in self.connections.values():
                     connection.last_seen += late
+            self._expire_moves(now)
             if self._waiter is None or self._waiter.poke():
                 continue  # requests wait unread: they may be these connections' heartbeats
             for identity in [i for i, c in self.connections.items() if now - c.last_seen > timeout]:
@@ -337,6 +422,10 @@ class ClientSessions:
         withdrawn = 0
         for key, sub_ids in connection.clients.items():
             for sub_id in sub_ids:
+                deadline = self.moving.get(sub_id)
+                if deadline is not None:
+                    self.orphans[sub_id] = (key, deadline)
+                    continue
                 self.router.execute(self.router.unsubscribe(key, sub_id))
                 withdrawn += 1
             self.names.pop(key, None)
@@ -383,18 +472,23 @@ class ClientSessions:
         :data:`DELIVERIES_PER_MESSAGE`; one whose pipe is full queues them one by one, so
         its backlog counts deliveries."""
         held, self._held = self._held, {}
-        step = 2 * DELIVERIES_PER_MESSAGE
         for identity, parts in held.items():
-            connection = self.connections.get(identity)
-            for i in range(0, len(parts), step):
-                if connection is not None and connection.backlog:
-                    for j in range(i, len(parts), 2):
-                        self._send(identity, parts[j : j + 2])
-                    break
-                batch = parts[i : i + step]
-                if len(batch) > 2:
-                    self.counters["deliveries_batched"] += len(batch) // 2
-                self._send(identity, batch)
+            self._flush(identity, parts)
+
+    def _flush(self, identity: bytes, parts: list[bytes]) -> None:
+        """Send deliveries ``[names, body, ...]`` to a connection in messages of at most
+        :data:`DELIVERIES_PER_MESSAGE`."""
+        step = 2 * DELIVERIES_PER_MESSAGE
+        connection = self.connections.get(identity)
+        for i in range(0, len(parts), step):
+            if connection is not None and connection.backlog:
+                for j in range(i, len(parts), 2):
+                    self._send(identity, parts[j : j + 2])
+                break
+            batch = parts[i : i + step]
+            if len(batch) > 2:
+                self.counters["deliveries_batched"] += len(batch) // 2
+            self._send(identity, batch)
 
     def _send(self, identity: bytes, parts: list[bytes]) -> None:
         """Send to a connection now, or queue behind its backlog when its pipe is full.

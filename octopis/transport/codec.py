@@ -4,7 +4,8 @@ A frame is two ZeroMQ message parts: the sender's broker id (UTF-8) and a body, 
 msgpack array ``[kind, ...fields]``: HELLO ``[0, incarnation, peer_incarnation]`` (the
 link handshake; ``peer_incarnation`` is the receiver's as the sender knows it, 0 when
 unknown), SUBSCRIBE, UNSUBSCRIBE, NOTIFY, and HEARTBEAT ``[4, incarnation, acked_incarnation,
-acked]``, SYNCED ``[5, entries]`` (end of a resync).
+acked]``, SYNCED ``[5, entries]`` (end of a resync), MOVE ``[6, sub_id, host]`` and REHOST
+``[7, sub_id, host]`` (a subscriber moving inside its cluster, DESIGN §9).
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
 ``[bytes, nbits]``. Keeping the sender out of the body lets a broker forward an unchanged
 notification with the very bytes it received. :func:`decode_peer` validates everything
@@ -20,7 +21,16 @@ from typing import Any, NamedTuple
 from bitarray import bitarray, frozenbitarray
 
 from octopis._match import is_plain_publication
-from octopis.core import Message, Notification, Subscribe, SubState, Tunnel, Unsubscribe
+from octopis.core import (
+    Message,
+    Move,
+    Notification,
+    Rehost,
+    Subscribe,
+    SubState,
+    Tunnel,
+    Unsubscribe,
+)
 from octopis.filters import (
     VALID_ATTRIBUTES,
     FilterError,
@@ -31,7 +41,9 @@ from octopis.wire import (
     DECODE_ERRORS,
     HEARTBEAT,
     HELLO,
+    MOVE,
     NOTIFY,
+    REHOST,
     SUBSCRIBE,
     SYNCED,
     UNSUBSCRIBE,
@@ -120,6 +132,10 @@ def encode_body(message: Message | Control) -> bytes:
         )
     if isinstance(message, Unsubscribe):
         return pack([UNSUBSCRIBE, message.sub_id, int(message.state)])
+    if isinstance(message, Move):
+        return pack([MOVE, message.sub_id, message.host])
+    if isinstance(message, Rehost):
+        return pack([REHOST, message.sub_id, message.host])
     if isinstance(message, Hello):
         return pack([HELLO, message.incarnation, message.peer_incarnation])
     if isinstance(message, Synced):
@@ -162,6 +178,12 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
         if kind == UNSUBSCRIBE:
             _expect(data, 3, "UNSUBSCRIBE")
             return sender, Unsubscribe(_str(data[1], "sub_id"), _state(data[2]))
+        if kind == MOVE:
+            _expect(data, 3, "MOVE")
+            return sender, Move(_str(data[1], "sub_id"), _str(data[2], "host"))
+        if kind == REHOST:
+            _expect(data, 3, "REHOST")
+            return sender, Rehost(_str(data[1], "sub_id"), _str(data[2], "host"))
         if kind == HEARTBEAT:
             _expect(data, 5, "HEARTBEAT")
             if type(data[4]) is not bool:

@@ -22,12 +22,13 @@ class Inspectable(Protocol):
     def table(self) -> dict[str, dict[str, Any]]: ...
     def resync_view(self, neighbour: str) -> list[str]: ...
     def load(self, top: int) -> dict[str, Any]: ...
+    def move_client(self, client: str, to: str, inside: bool) -> list[str]: ...
     def stop(self) -> None: ...
 
 
 class ControlHandler(aiozmq.rpc.AttrHandler):
-    """``status``, ``stats``, ``subscriptions``, ``table``, ``resync_view``, ``load`` and
-    ``shutdown``."""
+    """``status``, ``stats``, ``subscriptions``, ``table``, ``resync_view``, ``load``,
+    ``move`` and ``shutdown``."""
 
     def __init__(self, broker: Inspectable) -> None:
         self._broker = broker
@@ -64,6 +65,15 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
         if type(top) is not int or not 0 <= top <= 10_000:
             raise ValueError(f"top must be an integer in [0, 10000], not {top!r}")
         return self._broker.load(top)
+
+    @aiozmq.rpc.method
+    def move(self, client: str, to: str, inside: bool) -> list:
+        """Tell client ``client`` to move its subscriptions to the broker whose client
+        endpoint is ``to`` (``inside``: of this broker's cluster, so by adoption; else by
+        subscribing afresh there); returns the sub ids (DESIGN §9)."""
+        if type(client) is not str or type(to) is not str or type(inside) is not bool:
+            raise ValueError("move takes a client name, a client endpoint and inside: bool")
+        return self._broker.move_client(client, to, inside)
 
     @aiozmq.rpc.method
     def shutdown(self) -> bool:

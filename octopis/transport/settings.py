@@ -29,6 +29,7 @@ slow_policy = "disconnect"  # at backlog_limit: "disconnect" (withdraw, tell the
                          # or "drop_oldest" (drop the oldest queued, tell the client how many)
 publish_window = 1000    # unanswered publications per connection; more are refused
 timeout = 10.0           # a connection silent this long is dropped, its subscriptions withdrawn
+move_timeout = 30.0      # a client told to move a subscription away must have moved it by then
 hold_limit = 10000       # publications held while a restarted broker resyncs; full = refused
 
 [dedup]
@@ -93,6 +94,7 @@ class BrokerSettings:
     retain: float = 1.0
     retain_limit: int = 10_000
     client_timeout: float = 10.0
+    client_move_timeout: float = 30.0
     hold_limit: int = 10_000
     dedup_window: int = DEFAULT_DEDUP_WINDOW
     dedup_publishers: int = DEFAULT_DEDUP_PUBLISHERS
@@ -161,6 +163,7 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("clients", "backlog_limit"): ("client_backlog_limit", 1, True),
     ("clients", "publish_window"): ("publish_window", 1, True),
     ("clients", "timeout"): ("client_timeout", 0.1, False),
+    ("clients", "move_timeout"): ("client_move_timeout", 0.1, False),
     ("clients", "hold_limit"): ("hold_limit", 0, True),
     ("dedup", "window"): ("dedup_window", 1, True),
     ("dedup", "publishers"): ("dedup_publishers", 1, True),
