@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conditions import accounting, closing_control, tables_hold, until
+from conditions import accounting, closing_control, reader_on, tables_hold, until
 from conftest import secure_fig2
 
 from octopis.client import BrokerError, Connection, Publisher, Subscriber
@@ -309,3 +309,90 @@ def test_subscribers_move_inside_and_across_clusters_mid_stream(fig2_moves: Loca
         assert len(table) == 6, broker
         hosts.update(broker for entry in table.values() if entry["local"])
     assert hosts == Counter({"f:0": 3, "d:1": 2, "b:1": 1})
+
+
+MOVER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from octopis.client import Subscriber
+
+    async def main():
+        sub = await Subscriber.connect(sys.argv[1], "mover")
+        for i in range(3):
+            await sub.subscribe(f"[class,eq,'STOCK'],[n,=,{i}]")
+        print("subscribed", flush=True)
+        while sub._moving is None:
+            await asyncio.sleep(0.001)
+        print("told", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["told", "adopted"])
+def test_a_subscriber_killed_while_moving_leaves_no_trace(
+    fig2_moves: LocalCluster, when: str
+) -> None:
+    """A subscriber of a:0 is told to move to f:0 and killed (-9) as soon as it has been
+    told, or once f:0 has adopted its three subscriptions. Guarantee: its subscriptions
+    leave every table (a:0 keeps an orphaned one until the move reaches it or the move
+    order lapses, never withdrawing across the turning path), no broker sees a message
+    that breaks the protocol, and a subscriber that stays gets every notification once."""
+    cluster = fig2_moves
+    scot = cluster.scot
+    mover = subprocess.Popen(
+        [sys.executable, "-c", MOVER, scot.brokers["a:0"].client_endpoint],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    got: Counter[int] = Counter()
+
+    async def scenario() -> tuple[list[int], dict]:
+        reader = await reader_on(cluster, "b:0", got)
+        await until(lambda: tables_hold(cluster, 4), "subscriptions everywhere", 20)
+        pub = await Publisher.connect(scot.client_endpoints("e:1"), "p")
+        sent: list[int] = []
+
+        async def publish() -> None:
+            for i in range(400):
+                sent.append(await pub.publish({"class": "STOCK", "n": i % 3, "price": 1.0}))
+                await asyncio.sleep(0.01)
+
+        async def adopted() -> bool:
+            counters = (await cluster.call("f:0", "stats"))["counters"]
+            return counters.get("moves.adopted", 0) == 3
+
+        async def kill() -> None:
+            await asyncio.sleep(1.0)
+            to = scot.brokers["f:0"].client_endpoint
+            assert len(await cluster.call("a:0", "move", "mover", to, True)) == 3
+            assert mover.stdout is not None
+            assert await asyncio.to_thread(mover.stdout.readline) == "told\n"
+            if when == "adopted":
+                await until(adopted, "adoption at f:0", 10)
+            mover.send_signal(signal.SIGKILL)
+
+        await asyncio.gather(publish(), kill())
+        took = await until(lambda: tables_hold(cluster, 1), "the mover's withdrawal", 20)
+        print(f"the mover's subscriptions left every table {took:.2f} s after the stream")
+        await until(lambda: len(got) >= len(sent), "deliveries", 20)
+        stats = await cluster.call_all("stats")
+        await reader.close()
+        await pub.close()
+        return sent, stats
+
+    try:
+        assert mover.stdout is not None and mover.stdout.readline() == "subscribed\n"
+        sent, stats = asyncio.run(closing_control(cluster, scenario()))
+    finally:
+        mover.kill()
+        mover.wait()
+    assert accounting("reader", len(sent), got)["lost"] == 0
+    assert sum(got.values()) == len(sent)
+    errors = {b: s["counters"].get("protocol_errors", 0) for b, s in stats.items()}
+    assert set(errors.values()) == {0}, errors
+    counters = stats["a:0"]["counters"]
+    print(when, {k: v for k, v in counters.items() if k.startswith(("moves", "clients", "sub"))})
+    assert counters["moves.ordered"] == 3
