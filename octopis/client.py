@@ -241,6 +241,11 @@ class Connection:
             self._on_drop.remove(notify)
 
     @property
+    def siblings(self) -> list[Connection]:
+        """The connections this one opened for clients that moved."""
+        return list(self._siblings.values())
+
+    @property
     def serves(self) -> int:
         """How many clients this connection serves."""
         return len(self._handlers)
@@ -690,6 +695,7 @@ class Subscriber(_Client):
         self._callback = on_notification
         self._releases: dict[str, asyncio.Event] = {}
         self._moving: asyncio.Task | None = None
+        self._next_move: dict[str, Any] | None = None
         self.moves: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per move (the last 1,000): from, to, inside, sub ids, seconds."""
         self._serve_on(connection)
@@ -701,6 +707,11 @@ class Subscriber(_Client):
         connection.on_failover(self._resubscribe)
         connection.on_dropped(self._dropped)
 
+    @property
+    def moving(self) -> bool:
+        """Whether a move is under way or ordered."""
+        return self._next_move is not None or (self._moving is not None and not self._moving.done())
+
     def _on_notice(self, message: dict[str, Any]) -> None:
         if message["op"] == "released":
             event = self._releases.get(message.get("sub_id"))
@@ -708,8 +719,12 @@ class Subscriber(_Client):
                 event.set()
             return
         if self._moving is not None and not self._moving.done():
-            log.warning("%s is told to move while moving; the first move goes on", self.name)
+            log.info("%s is told to move while moving: it moves again after", self.name)
+            self._next_move = message
             return
+        self._start_move(message)
+
+    def _start_move(self, message: dict[str, Any]) -> None:
         work = self._move(str(message["to"]), bool(message["inside"]), list(message["sub_ids"]))
         self._moving = asyncio.get_running_loop().create_task(work)
 
@@ -719,7 +734,8 @@ class Subscriber(_Client):
         releases it once the path has turned; else each is made again there and the
         old one withdrawn ``linger`` seconds later. Both brokers deliver meanwhile, and
         a delivery had twice is dropped until ``linger`` seconds after the old one let
-        go (counted in ``Connection.duplicates_absorbed``)."""
+        go (counted in ``Connection.duplicates_absorbed``). A move ordered meanwhile
+        starts when this one is done."""
         old = self.connection
         started = time.monotonic()
         new = await old.sibling(to)
@@ -746,11 +762,14 @@ class Subscriber(_Client):
                 }
             )
             log.info("%s moved %d subscriptions to %s", self.name, len(sub_ids), to)
-            await asyncio.sleep(old.linger)
         finally:
             self._releases.clear()
-            old.checking_repeats(False)
-            new.checking_repeats(False)
+            loop = asyncio.get_running_loop()
+            for connection in (old, new):
+                loop.call_later(old.linger, connection.checking_repeats, False)
+            if self._next_move is not None:
+                message, self._next_move = self._next_move, None
+                loop.call_soon(self._start_move, message)
 
     async def _adopt(self, sub_id: str) -> bool:
         """Ask the new broker to take ``sub_id`` over; False if it cannot (not there yet)."""

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conditions import closing_control, tables_hold, until
+from conditions import accounting, closing_control, tables_hold, until
 from conftest import secure_fig2
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,7 +33,7 @@ from octopis.balance.plans import (
     low_load_plan,
     shuffle,
 )
-from octopis.client import Publisher, Subscriber
+from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.transport.settings import BrokerSettings
 
@@ -270,3 +270,102 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
     assert moves[0]["source"] == "a:0" and moves[0]["subscriber"].startswith("hot")
     assert moves[0]["inside_cluster"] and moves[0]["target"].endswith(":0")
     assert all(m["reason"].startswith("cov ") for m in moves)
+
+
+@pytest.fixture
+def fig2_quick_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=2))
+
+
+@pytest.mark.timeout(300)
+def test_octopis_balance_run_moves_subscribers_while_notifications_flow(
+    fig2_quick_load: LocalCluster, tmp_path: Path
+) -> None:
+    """Twelve busy subscribers on a:0, one on d:2, a stream from f:1 at ~150/s: `octopis
+    balance run` (three rounds, 3 s apart) orders moves off a:0 from the brokers' own
+    load analysis; the subscribers follow them while the stream goes on, every
+    notification reaches every subscriber exactly once, and the spread of load falls."""
+    cluster = fig2_quick_load
+    got: Counter[tuple[str, int]] = Counter()
+    names = [*(f"hot{i}" for i in range(12)), "cool"]
+    report_path = tmp_path / "balance.json"
+
+    async def scenario() -> tuple[int, list[Subscriber]]:
+        subscribers, connections = [], []
+        for name in names:
+            broker = "d:2" if name == "cool" else "a:0"
+            connection = Connection(cluster.scot.client_endpoints(broker), linger=2.0)
+            await connection.open()
+            connections.append(connection)
+            sub = Subscriber(
+                name,
+                connection,
+                on_notification=lambda n, name=name: got.update([(name, n.seq)]),
+            )
+            await sub.subscribe("[class,eq,'STOCK']")
+            subscribers.append(sub)
+        await until(lambda: tables_hold(cluster, len(names)), "the subscriptions spread", 30)
+        pub = await Publisher.connect(cluster.scot.brokers["f:1"].client_endpoint, "feed")
+        balancer = asyncio.create_task(
+            asyncio.to_thread(
+                subprocess.run,
+                [
+                    sys.executable,
+                    "-m",
+                    "octopis.cli.main",
+                    "balance",
+                    "run",
+                    "--topology",
+                    str(cluster.topology_path),
+                    "--keys",
+                    str(cluster.keys_dir),
+                    "--beta",
+                    "1",
+                    "--rounds",
+                    "3",
+                    "--interval",
+                    "3",
+                    "--sample",
+                    "0.5",
+                    "--report",
+                    str(report_path),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+        )
+        sent = 0
+        while not balancer.done() or sent < 1500 or any(s.moving for s in subscribers):
+            await pub.publish({"class": "STOCK", "close": float(sent)}, wait=False)
+            sent += 1
+            if sent % 15 == 0:
+                await asyncio.sleep(0.1)
+        await balancer
+        await pub.flush(60)
+        await until(lambda: len(got) >= len(names) * sent, "every delivery", 60)
+        await pub.close()
+        for connection in connections:
+            await connection.close()  # and those it opened as its clients moved
+        return sent, subscribers
+
+    sent, subscribers = asyncio.run(closing_control(cluster, scenario()))
+    for name in names:
+        counts = Counter({seq: n for (who, seq), n in got.items() if who == name})
+        assert accounting(name, sent, counts) == {
+            "expected": sent,
+            "delivered": sent,
+            "duplicates": 0,
+            "lost": 0,
+        }
+    report = json.loads(report_path.read_text())
+    made = [m for s in subscribers for m in s.moves]
+    print(
+        f"{report['moves']} moves ordered ({report['moves_inside']} inside), {len(made)} made; "
+        f"cov {report['timeline'][0]['cov']:.2f} -> {report['timeline'][-1]['cov']:.2f}"
+    )
+    assert report["moves"] > 0 and report["moves_failed"] == 0
+    assert len(made) == report["moves"]
+    assert all(m["inside"] for m in made if m["to"].endswith(":0"))
+    assert report["timeline"][-1]["cov"] < report["timeline"][0]["cov"]

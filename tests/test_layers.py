@@ -63,6 +63,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.wire",
         "octopis.failure_schedule",
         "octopis.keys",
+        "octopis.balance",
     },
     "octopis.monitor": {"octopis.topology"},
     "octopis.balance": {"octopis.balance", "octopis.topology"},

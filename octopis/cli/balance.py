@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from octopis.balance.loop import PLANS, BalanceOptions, Balancer, make_plan
 from octopis.balance.observe import observe
 from octopis.balance.plans import (
     ALPHA,
@@ -19,35 +20,67 @@ from octopis.balance.plans import (
     LoadState,
     Plan,
     coefficient_of_variation,
-    dynamic_migration,
-    high_load_plan,
-    low_load_plan,
-    shuffle,
 )
 from octopis.cli.errors import UsageError
 from octopis.cluster.launcher import LocalCluster
 from octopis.topology import load_topology
-
-PLANS = ("ldm", "shuffle", "high-load", "low-load")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``balance``."""
     balance = commands.add_parser(
         "balance",
-        help="load-balancing plans for a running overlay",
-        description="Read every broker's load analysis over the control RPC and print "
-        "which subscribers a plan would move where, with the reason for each move: "
-        "BAD's load-based dynamic migration (ldm: while the coefficient of variation of "
-        "broker loads exceeds --alpha and the mean exceeds --beta), BAD's greedy shuffle "
-        "(above --gamma), Dynamoth's high-load plan (brokers over --lr-high relieved to "
-        "under --lr-safe) or its low-load plan (mean LR under --lr-low: drain the least "
-        "loaded broker). Destinations inside the subscriber's cluster come first: such a "
-        "move touches only the cluster tree's path between the two hosts.",
+        help="load-balancing plans for a running overlay, and a balancer that carries them out",
+        description="Read every broker's load analysis over the control RPC and decide "
+        "which subscribers to move where, with the reason for each move: BAD's "
+        "load-based dynamic migration (ldm: while the coefficient of variation of broker "
+        "loads exceeds --alpha and the mean exceeds --beta), BAD's greedy shuffle (above "
+        "--gamma), Dynamoth's high-load plan (brokers over --lr-high relieved to under "
+        "--lr-safe) or its low-load plan (mean LR under --lr-low: drain the least loaded "
+        "broker). Destinations inside the subscriber's cluster come first: such a move "
+        "touches only the cluster tree's path between the two hosts. `plan` prints the "
+        "plan; `run` carries plans out round after round (the subscribers move "
+        "make-before-break, nothing lost or duplicated) and logs every decision.",
     )
     sub = balance.add_subparsers(dest="action", required=True, metavar="ACTION")
     plan = sub.add_parser("plan", help="print the plan (nothing is moved)")
-    where = plan.add_mutually_exclusive_group()
+    _common(plan)
+    plan.add_argument("--json", action="store_true", help="print the loads and plan as JSON")
+    plan.set_defaults(func=cmd_plan)
+    run = sub.add_parser(
+        "run",
+        help="carry plans out, a round every --interval seconds, until stopped (Ctrl-C)",
+    )
+    _common(run)
+    defaults = BalanceOptions()
+    run.add_argument(
+        "--interval",
+        type=float,
+        default=defaults.interval,
+        help="seconds between rounds; at least the brokers' load window "
+        f"(default {defaults.interval:g})",
+    )
+    run.add_argument(
+        "--sample",
+        type=float,
+        default=defaults.sample,
+        help=f"seconds between load samples between rounds (default {defaults.sample:g})",
+    )
+    run.add_argument(
+        "--max-moves",
+        type=int,
+        default=defaults.max_moves,
+        help=f"moves one round orders at most (default {defaults.max_moves})",
+    )
+    run.add_argument("--rounds", type=int, default=0, help="stop after N rounds (0: never)")
+    run.add_argument(
+        "--report", type=Path, metavar="FILE", help="write what it saw and did here as JSON"
+    )
+    run.set_defaults(func=cmd_run)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--run-dir",
         type=Path,
@@ -56,9 +89,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the overlay `octopis up` started there (default .octopis)",
     )
     where.add_argument("--topology", type=Path, metavar="FILE", help="any running overlay")
-    plan.add_argument("--keys", type=Path, metavar="DIR", help="with --topology: its keys")
-    plan.add_argument("--insecure", action="store_true", help="with --topology: no keys")
-    plan.add_argument("--plan", choices=PLANS, default="ldm", help="which plan (default ldm)")
+    parser.add_argument("--keys", type=Path, metavar="DIR", help="with --topology: its keys")
+    parser.add_argument("--insecure", action="store_true", help="with --topology: no keys")
+    parser.add_argument("--plan", choices=PLANS, default="ldm", help="which plan (default ldm)")
     for name, default, what in (
         ("--alpha", ALPHA, "ldm: coefficient of variation that triggers migration"),
         ("--beta", BETA, "ldm, shuffle: mean load (output/s) below which nothing moves"),
@@ -67,30 +100,47 @@ def register(commands: argparse._SubParsersAction) -> None:
         ("--lr-safe", LR_SAFE, "high-load: load ratio an overloaded broker is brought under"),
         ("--lr-low", LR_LOW, "low-load: mean load ratio under which a broker is drained"),
     ):
-        plan.add_argument(name, type=float, default=default, help=f"{what} (default {default:g})")
-    plan.add_argument("--json", action="store_true", help="print the loads and plan as JSON")
-    plan.set_defaults(func=cmd_plan)
+        parser.add_argument(name, type=float, default=default, help=f"{what} (default {default:g})")
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    if args.topology is None:
+        if args.keys is not None or args.insecure:
+            raise UsageError("--keys and --insecure go with --topology")
+        return LocalCluster.from_state(args.run_dir)[0]
+    if args.keys is not None and args.insecure:
+        raise UsageError("--keys and --insecure exclude each other")
+    return LocalCluster(
+        load_topology(args.topology),
+        args.topology,
+        "",
+        Path("."),
+        secure=not args.insecure,
+        keys=args.keys,
+    )
+
+
+def _options(args: argparse.Namespace, **pace: Any) -> BalanceOptions:
+    try:
+        return BalanceOptions(
+            args.plan,
+            args.alpha,
+            args.beta,
+            args.gamma,
+            args.lr_high,
+            args.lr_safe,
+            args.lr_low,
+            **pace,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``octopis balance plan``."""
-    if args.topology is None:
-        if args.keys is not None or args.insecure:
-            raise UsageError("--keys and --insecure go with --topology")
-        cluster = LocalCluster.from_state(args.run_dir)[0]
-    else:
-        if args.keys is not None and args.insecure:
-            raise UsageError("--keys and --insecure exclude each other")
-        cluster = LocalCluster(
-            load_topology(args.topology),
-            args.topology,
-            "",
-            Path("."),
-            secure=not args.insecure,
-            keys=args.keys,
-        )
+    cluster = _cluster(args)
     state, reports = asyncio.run(observe(cluster.scot, cluster.ask))
-    plan = make_plan(args, state)
+    plan = make_plan(_options(args), state)
     if args.json:
         print(json.dumps(as_json(state, plan, reports), indent=1))
     else:
@@ -98,15 +148,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def make_plan(args: argparse.Namespace, state: LoadState) -> Plan:
-    """The plan ``--plan`` names, with the thresholds given."""
-    if args.plan == "ldm":
-        return dynamic_migration(state, args.alpha, args.beta)
-    if args.plan == "shuffle":
-        return shuffle(state, args.gamma, args.beta)
-    if args.plan == "high-load":
-        return high_load_plan(state, args.lr_high, args.lr_safe)
-    return low_load_plan(state, args.lr_low, args.lr_safe)
+def cmd_run(args: argparse.Namespace) -> int:
+    """``octopis balance run``."""
+    cluster = _cluster(args)
+    options = _options(
+        args,
+        interval=args.interval,
+        sample=args.sample,
+        max_moves=args.max_moves,
+        rounds=args.rounds,
+    )
+    balancer = Balancer(cluster.scot, cluster.ask, options)
+    try:
+        asyncio.run(balancer.run())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        report = balancer.report()
+        print(
+            f"{report['rounds']} rounds, {report['moves']} moves ({report['moves_inside']} "
+            f"inside a cluster, {report['moves_across']} across, {report['moves_failed']} "
+            "failed)"
+        )
+        if args.report is not None:
+            args.report.write_text(json.dumps(report, indent=1))
+    return 0
 
 
 def format_plan(name: str, state: LoadState, plan: Plan) -> str:

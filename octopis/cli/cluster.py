@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from octopis.balance.loop import PLANS, BalanceOptions
 from octopis.cli.errors import UsageError
 from octopis.cli.report import render_report, write_deliveries
 from octopis.cli.sim import (
@@ -94,6 +95,24 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="sample every broker's output queues this often while publishing; the report "
         "gains 'timeline' and 'max_delay_per_1000'",
+    )
+    run.add_argument(
+        "--balance",
+        choices=PLANS,
+        metavar="PLAN",
+        help="run the balancer while publishing with this plan (ldm, shuffle, high-load, "
+        "low-load; thresholds at their defaults, see `octopis balance run --help`): "
+        "subscribers move make-before-break; the report gains 'balance' (every decision, "
+        "the load of every broker over time, delay before the first move and after the "
+        "last)",
+    )
+    run.add_argument(
+        "--balance-interval",
+        type=float,
+        default=BalanceOptions().interval,
+        metavar="SECONDS",
+        help="with --balance: seconds between its rounds, at least the brokers' load window "
+        "(default %(default)g)",
     )
     run.set_defaults(func=cmd_run)
 
@@ -318,6 +337,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         attach=args.attach,
         client_workers=args.client_workers,
+        balance=None
+        if args.balance is None
+        else BalanceOptions(args.balance, interval=args.balance_interval),
         **_security(args),
     )
 

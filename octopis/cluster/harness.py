@@ -68,6 +68,8 @@ class ShareStats:
     duplicates_absorbed: int = 0
     errors: list[str] = field(default_factory=list)
     late_max_s: float = 0.0
+    moves: int = 0
+    """Moves the share's subscribers made (DESIGN §9)."""
 
 
 def split(events: Sequence[SubscriptionEvent | PublicationEvent], parts: int) -> list[list[str]]:
@@ -171,11 +173,13 @@ class ClientSide:
 
     def stats(self) -> ShareStats:
         """Outages, absorbed repeats and refusals of the share's connections."""
+        connections = [s for c in self.connections.values() for s in (c, *c.siblings)]
         return ShareStats(
             {b: list(c.outages) for b, c in self.connections.items()},
-            sum(c.duplicates_absorbed for c in self.connections.values()),
-            [e for c in self.connections.values() for e in c.errors],
+            sum(c.duplicates_absorbed for c in connections),
+            [e for c in connections for e in c.errors],
             self.late_max_s,
+            sum(len(s.moves) for s in self.subscribers.values()),
         )
 
     async def close(self) -> None:
@@ -286,6 +290,7 @@ class WorkerPool:
             together.duplicates_absorbed += stats.duplicates_absorbed
             together.errors += stats.errors
             together.late_max_s = max(together.late_max_s, stats.late_max_s)
+            together.moves += stats.moves
         return together
 
     async def close(self, timeout: float = 60.0) -> None:

@@ -27,11 +27,13 @@ from tqdm import tqdm
 
 from octopis.accounting import (
     DeliveryLedger,
+    delay_distribution,
     delivery_series,
     failure_counts,
     host_split,
     run_report,
 )
+from octopis.balance.loop import BalanceOptions, Balancer
 from octopis.cluster.harness import (
     Callbacks,
     ClientSide,
@@ -84,6 +86,10 @@ class RunOptions:
     host or several) instead of starting them; they are left running."""
     client_workers: int = 0
     """Processes the clients are spread over (by broker); 0: the run's own process."""
+    balance: BalanceOptions | None = None
+    """Run the balancer (:mod:`octopis.balance.loop`) while publishing: its decisions and
+    load timeline go in the report's ``balance``, with the delay before its first move
+    and after its last."""
 
 
 class WorkloadRun:
@@ -114,6 +120,7 @@ class WorkloadRun:
         self.ledger = DeliveryLedger()
         self.timings: dict[str, float] = {}
         self.timeline: list[dict[str, float]] = []
+        self.balancer: Balancer | None = None
 
         self.kills: dict[str, float] = {}
         """Killed broker → time.monotonic() of its kill (the brokers' loop clock)."""
@@ -165,15 +172,22 @@ class WorkloadRun:
             lead = 0.2 if self.options.client_workers else 0.0  # the command reaches them
             t0 = asyncio.get_running_loop().time() + lead
             injector = asyncio.create_task(self._inject(t0)) if self.options.failures else None
+            balancer = None
+            if self.options.balance is not None:
+                self.balancer = Balancer(self.scot, self.cluster.ask, self.options.balance)
+                balancer = asyncio.create_task(self.balancer.run())
             try:
                 self.timings["publish"] = await self._publish(time.time() + lead)
+                if balancer is not None:
+                    balancer.cancel()
+                    await asyncio.gather(balancer, return_exceptions=True)
                 if injector is not None:
                     await injector
                 self.timings["drain"] = await self._drain()
                 for broker in self.restarts:
                     self.tables[broker] = await self._compare_table(broker)
             finally:
-                for task in (sampler, injector, watchdog):
+                for task in (sampler, injector, watchdog, balancer):
                     if task is not None:
                         task.cancel()
                         await asyncio.gather(task, return_exceptions=True)
@@ -340,7 +354,7 @@ class WorkloadRun:
     def _received(self, delivery: Delivery) -> None:
         subscriber, publisher, seq, published_at, received_at = delivery
         self.ledger.delivered(subscriber, publisher, seq, received_at - published_at)
-        if self.options.sample_every:
+        if self.options.sample_every or self.options.balance:
             self._arrivals.append((received_at, received_at - published_at))
 
     async def _subscribe(self) -> float:
@@ -457,6 +471,23 @@ class WorkloadRun:
                 }
             )
             await asyncio.sleep(every)
+
+    def _balance_report(self) -> dict[str, Any]:
+        """The balancer's report, with the notification delay of the deliveries made
+        before its first move was ordered and of those made ``settle`` seconds after its
+        last (the load window, so that the loads it acted on have changed)."""
+        assert self.balancer is not None
+        report = self.balancer.report()
+        ordered = [m["wall"] for m in report["decisions"] if not m["error"]]
+        if ordered:
+            settle = self.options.settings.load_window
+            before = [d for t, d in self._arrivals if t < ordered[0]]
+            after = [d for t, d in self._arrivals if t > ordered[-1] + settle]
+            report["delay_before"] = delay_distribution(before)
+            report["delay_after"] = delay_distribution(after)
+            report["deliveries_before"], report["deliveries_after"] = len(before), len(after)
+        report["moves_made"] = self.client_stats.moves
+        return report
 
     def _series(self, width: float) -> list[dict[str, float]]:
         """Per ``width`` seconds since the first publication: notifications published,
@@ -650,6 +681,8 @@ class WorkloadRun:
             "timings": self.timings,
             "publish_late_max_s": self.publish_late_max_s,
         }
+        if self.balancer is not None:
+            report["balance"] = self._balance_report()
         if self.options.sample_every:
             report["timeline"] = self.timeline
             report["series"] = self._series(self.options.sample_every)

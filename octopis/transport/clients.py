@@ -300,10 +300,17 @@ class ClientSessions:
     # -- moves (DESIGN §9) -----------------------------------------------------------------
 
     def order_move(self, client: str, to: str, inside: bool) -> list[str]:
-        """Tell every connection holding a client named ``client`` to move its
-        subscriptions to the broker at client endpoint ``to``: inside this cluster by
-        adopting them there, else by subscribing there afresh; returns the sub ids."""
-        keys = [key for key, (_, name) in self.names.items() if name == client]
+        """Tell every connection holding a client named ``client`` (or ``name@conn``, as
+        the load analysis names one: ``conn`` starts its connection's identity in hex)
+        to move its subscriptions to the broker at client endpoint ``to``: inside this
+        cluster by adopting them there, else by subscribing there afresh; returns the
+        sub ids."""
+        client, _, conn = client.partition("@")
+        keys = [
+            key
+            for key, (identity, name) in self.names.items()
+            if name == client and identity.hex().startswith(conn)
+        ]
         if not keys:
             raise ClientError(f"{self.id} serves no client named {client!r}")
         deadline = asyncio.get_running_loop().time() + self.settings.client_move_timeout

@@ -1,0 +1,256 @@
+"""The balancer at work (DESIGN §9): rounds of observe → plan → move on a running overlay.
+
+Each round reads every broker's load analysis (:func:`~octopis.balance.observe.observe`),
+makes the plan :class:`BalanceOptions` names and orders each of its moves from the
+subscriber's broker over the control RPC (``move``): that broker tells the client, which
+moves make-before-break (inside the cluster by adoption, else by subscribing afresh) and
+drops what it gets twice meanwhile. Every decision is logged with its reason. Between
+rounds the loads are sampled every ``sample`` seconds, so a run can show the load of every
+broker over time; a round waits ``interval`` seconds (at least the brokers' load window,
+so that it sees what the last round's moves did).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from octopis.balance.observe import Ask, BalanceError, observe
+from octopis.balance.plans import (
+    ALPHA,
+    BETA,
+    GAMMA,
+    LR_HIGH,
+    LR_LOW,
+    LR_SAFE,
+    LoadState,
+    Move,
+    Plan,
+    coefficient_of_variation,
+    dynamic_migration,
+    high_load_plan,
+    low_load_plan,
+    shuffle,
+)
+from octopis.topology import Scot
+
+log = logging.getLogger("octopis.balance")
+
+PLANS = ("ldm", "shuffle", "high-load", "low-load")
+
+
+@dataclass(frozen=True)
+class BalanceOptions:
+    """Which plan, its thresholds (the papers' defaults), and the pace of the rounds."""
+
+    plan: str = "ldm"
+    alpha: float = ALPHA
+    beta: float = BETA
+    gamma: float = GAMMA
+    lr_high: float = LR_HIGH
+    lr_safe: float = LR_SAFE
+    lr_low: float = LR_LOW
+    interval: float = 12.0
+    """Seconds between rounds: at least the brokers' load window (10 s by default)."""
+    sample: float = 1.0
+    """Seconds between load samples (the timeline) between rounds."""
+    max_moves: int = 50
+    """Moves one round orders at most: the next round sees their effect first."""
+    rounds: int = 0
+    """Rounds to run; 0: until stopped."""
+    cooldown: float = 30.0
+    """Seconds a moved subscriber is left where it went: a move across clusters takes
+    the SDK's linger (10 s) to finish, and the loads need a window to show it."""
+
+    def __post_init__(self) -> None:
+        if self.plan not in PLANS:
+            raise ValueError(f"unknown plan {self.plan!r}; choose one of {', '.join(PLANS)}")
+        if self.interval <= 0 or self.sample <= 0 or self.max_moves < 1 or self.rounds < 0:
+            raise ValueError("interval and sample must be > 0, max_moves ≥ 1, rounds ≥ 0")
+
+
+def collapse(moves: list[Move], state: LoadState) -> list[Move]:
+    """One move per subscriber: a plan may move one several times as loads shift; the
+    client goes once, from its host in ``state`` to its last target (reasons joined),
+    and not at all if that is where it is."""
+    last: dict[str, Move] = {}
+    reasons: dict[str, list[str]] = {}
+    for move in moves:
+        last[move.subscriber] = move
+        reasons.setdefault(move.subscriber, []).append(move.reason)
+    out = []
+    for subscriber, move in last.items():
+        source = state.hosts[subscriber]
+        if source == move.target:
+            continue
+        inside = state.brokers[source].cluster == state.brokers[move.target].cluster
+        out.append(
+            Move(subscriber, source, move.target, inside, "; then ".join(reasons[subscriber]))
+        )
+    return out
+
+
+def _client_name(subscriber: str) -> str:
+    """The client's name in a subscriber key ``name@connection@broker``."""
+    return subscriber.split("@", 1)[0]
+
+
+def make_plan(options: BalanceOptions, state: LoadState) -> Plan:
+    """The plan ``options.plan`` names, with its thresholds."""
+    if options.plan == "ldm":
+        return dynamic_migration(state, options.alpha, options.beta, max_moves=options.max_moves)
+    if options.plan == "shuffle":
+        return shuffle(state, options.gamma, options.beta)
+    if options.plan == "high-load":
+        return high_load_plan(state, options.lr_high, options.lr_safe)
+    return low_load_plan(state, options.lr_low, options.lr_safe)
+
+
+class Balancer:
+    """Runs rounds on the overlay ``scot`` through ``ask`` (``LocalCluster.ask``) and
+    keeps what it saw and did: :attr:`timeline` (per sample: time, each broker's load,
+    their coefficient of variation and mean) and :attr:`moves` (per ordered move: round,
+    time, subscriber, source, target, inside, reason, and the sub ids moved or the
+    error)."""
+
+    def __init__(self, scot: Scot, ask: Ask, options: BalanceOptions, timeout: float = 5.0):
+        self.scot = scot
+        self.ask = ask
+        self.options = options
+        self.timeout = timeout
+        self.timeline: list[dict[str, Any]] = []
+        self.moves: list[dict[str, Any]] = []
+        self.rounds = 0
+        self._started = time.monotonic()
+
+    async def run(self) -> None:
+        """Rounds until ``options.rounds`` are done (or forever), sampling in between."""
+        self._started = time.monotonic()
+        while not self.options.rounds or self.rounds < self.options.rounds:
+            await self.round()
+            next_round = time.monotonic() + self.options.interval
+            while (left := next_round - time.monotonic()) > 0:
+                await asyncio.sleep(min(self.options.sample, left))
+                if time.monotonic() < next_round:
+                    await self._sample()
+
+    async def round(self) -> Plan:
+        """Observe, plan, and order the plan's moves, one per subscriber (from where it
+        is to where the plan leaves it), subscribers moved within ``cooldown`` seconds
+        left out; returns the plan."""
+        self.rounds += 1
+        state = self._settled(await self._sample())
+        plan = make_plan(self.options, state)
+        plan.moves = collapse(plan.moves, state)
+        cov, mean = self.timeline[-1]["cov"], self.timeline[-1]["mean"]
+        if not plan.moves:
+            log.info(
+                "round %d: no move (cov %.2f, mean %.0f/s)%s",
+                self.rounds,
+                cov,
+                mean,
+                f": {plan.note}" if plan.note else "",
+            )
+        for move in plan.moves:
+            record = {
+                "round": self.rounds,
+                "t": time.monotonic() - self._started,
+                "wall": time.time(),
+                **asdict(move),
+            }
+            record["sub_ids"], record["error"] = await self._order(
+                move.subscriber, move.source, move.target, move.inside_cluster
+            )
+            self.moves.append(record)
+            where = "inside its cluster" if move.inside_cluster else "across clusters"
+            if record["error"]:
+                log.warning(
+                    "round %d: move of %s from %s to %s failed: %s",
+                    self.rounds,
+                    move.subscriber,
+                    move.source,
+                    move.target,
+                    record["error"],
+                )
+            else:
+                log.info(
+                    "round %d: %s %s -> %s (%s, %d subscriptions): %s",
+                    self.rounds,
+                    move.subscriber,
+                    move.source,
+                    move.target,
+                    where,
+                    len(record["sub_ids"]),
+                    move.reason,
+                )
+        return plan
+
+    def _settled(self, state: LoadState) -> LoadState:
+        """``state`` without the subscribers moved within the cooldown (their load stays
+        on the brokers: they cannot be moved again yet)."""
+        now = time.monotonic() - self._started
+        recent = {
+            _client_name(m["subscriber"])
+            for m in self.moves
+            if not m["error"] and now - m["t"] < self.options.cooldown
+        }
+        if not recent:
+            return state
+        keep = {s for s in state.hosts if _client_name(s) not in recent}
+        return LoadState(
+            state.brokers,
+            {s: v for s, v in state.loads.items() if s in keep},
+            {s: h for s, h in state.hosts.items() if s in keep},
+        )
+
+    async def _order(
+        self, subscriber: str, source: str, target: str, inside: bool
+    ) -> tuple[list[str], str]:
+        """Tell ``source`` to move ``subscriber`` (``name@connection@broker``) to
+        ``target``; returns (sub ids, "") or ([], the error)."""
+        client = subscriber.rsplit("@", 1)[0]
+        to = self.scot.brokers[target].client_endpoint
+        try:
+            answer = await self.ask([source], "move", self.timeout, client, to, inside)
+        except Exception as exc:  # the broker refused: the client left meanwhile, say
+            return [], str(exc)
+        sub_ids = answer[source]
+        if sub_ids is None:
+            return [], f"{source} did not answer within {self.timeout:g} s"
+        return list(sub_ids), ""
+
+    async def _sample(self) -> LoadState:
+        """Read every broker's load; append it to the timeline."""
+        try:
+            state, _ = await observe(self.scot, self.ask, self.timeout)
+        except BalanceError as exc:
+            log.warning("load not read: %s", exc)
+            raise
+        loads = {b: v.load for b, v in state.brokers.items()}
+        self.timeline.append(
+            {
+                "t": time.monotonic() - self._started,
+                "wall": time.time(),
+                "cov": coefficient_of_variation(loads.values()),
+                "mean": sum(loads.values()) / len(loads),
+                "loads": loads,
+            }
+        )
+        return state
+
+    def report(self) -> dict[str, Any]:
+        """What the balancer saw and did."""
+        ordered = [m for m in self.moves if not m["error"]]
+        return {
+            "options": asdict(self.options),
+            "rounds": self.rounds,
+            "moves": len(ordered),
+            "moves_inside": sum(m["inside_cluster"] for m in ordered),
+            "moves_across": sum(not m["inside_cluster"] for m in ordered),
+            "moves_failed": len(self.moves) - len(ordered),
+            "decisions": self.moves,
+            "timeline": self.timeline,
+        }
