@@ -20,6 +20,10 @@ subscribers is killed with ``kill -9`` mid-stream and restarted; the plot shows 
 rate, delay and losses over time, SNR beside DNR, and the table the counts split by
 whether the subscriber's host was killed.
 
+``burst`` also runs DNR with BlueDove's "least loaded" order (``dnr-bluedove``: estimated
+processing time (q̂ + 1)/μ instead of CE, DESIGN §9) and tabulates it beside the paper's CE
+order; ``--modes dnr,dnr-bluedove`` runs just those two.
+
 ``--quick`` profiles finish in a few minutes; the full profiles are sized like the paper
 where two cores allow, and scaled down where they do not (the profile says how).
 """
@@ -34,7 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,11 @@ from octopis.workload import Workload, read_workload, write_workload
 
 log = logging.getLogger("bench.experiments")
 MODES = ("snr", "dnr", "bid")
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dnr-bluedove": ("dnr", {"order": "bluedove"}),
+}
+"""Runs beyond the three modes: label → (routing mode, settings it changes)."""
+RUNS = (*MODES, *VARIANTS)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -126,6 +135,7 @@ PROFILES: dict[str, dict[str, Profile]] = {
             hrp={"notifications": 3000, "rate": 12000.0, "interest": 0.002, "start": 5.0},
             settings=BrokerSettings(broker_capacity=300.0),
             sample_every=0.5,
+            modes=RUNS,
         ),
         "full": Profile(
             5000,
@@ -139,6 +149,7 @@ PROFILES: dict[str, dict[str, Profile]] = {
             hrp={"notifications": 12000, "rate": 24000.0, "interest": 0.002, "start": 10.0},
             settings=BrokerSettings(broker_capacity=800.0),
             sample_every=0.5,
+            modes=RUNS,
         ),
     },
 }
@@ -202,10 +213,13 @@ CLAIMS: dict[str, list[tuple[str, str, str, str, str]]] = {
         ("target-link queue", "queue", "dnr", "bid", "burst_queue_vs_bid"),
         ("notification delay", "notification_delay", "dnr", "snr", "burst_delay_vs_snr"),
         ("notification delay", "notification_delay", "dnr", "bid", "burst_delay_vs_bid"),
+        ("target-link queue", "queue", "dnr-bluedove", "dnr", ""),
+        ("notification delay", "notification_delay", "dnr-bluedove", "dnr", ""),
     ],
 }
 """Each table row: (label, metric, mode, baseline, PAPER key); ``ratios`` reports the mean
-change of ``metric`` from ``baseline`` to ``mode`` over the experiment's points."""
+change of ``metric`` from ``baseline`` to ``mode`` over the experiment's points (no PAPER
+key: the paper has no such figure)."""
 
 
 def build_workload(profile: Profile, topology: Path, out: Path, seed: int) -> Workload:
@@ -293,16 +307,18 @@ def run_experiment(
         part = subset(workload, subscribers, publishers)
         part_dir = base / f"workload-{subscribers}s-{publishers}p"
         write_workload(part_dir, part)
-        for mode in (m for m in modes if m in profile.modes):
-            path = base / f"{subscribers}s-{publishers}p-{mode}.json"
+        for label in (m for m in modes if m in profile.modes):
+            path = base / f"{subscribers}s-{publishers}p-{label}.json"
             if path.is_file():
                 reports.append(json.loads(path.read_text()))
                 continue
-            log.info("%s: %d subscribers, %d publishers, %s", name, subscribers, publishers, mode)
+            log.info("%s: %d subscribers, %d publishers, %s", name, subscribers, publishers, label)
+            mode, changes = VARIANTS.get(label, (label, {}))
+            settings = replace(profile.settings, **changes)
             options = RunOptions(
                 mode=mode,
                 run_dir=base / "runs" / path.stem,
-                settings=profile.settings,
+                settings=settings,
                 progress=False,
                 drain_timeout=60,
                 sample_every=profile.sample_every,
@@ -311,6 +327,9 @@ def run_experiment(
             report = WorkloadRun(scot, topology, read_workload(part_dir), options).run()
             report.update(
                 {
+                    "mode": label,
+                    "routing": mode,
+                    "order": settings.order,
                     "experiment": name,
                     "profile": "quick" if quick else "full",
                     "point": {"subscribers": subscribers, "publishers": publishers},
@@ -343,6 +362,9 @@ def metrics(report: dict[str, Any]) -> dict[str, float]:
         "matching_delay": report["matching_delay"]["mean_per_operation"],
         "notification_messages": report["notification_messages"],
         "queue": report["target_queue_length"]["mean"],
+        "queue_max": report["target_queue_length"]["max"],
+        "notification_delay_p50": report["notification_delay"]["p50"],
+        "notification_delay_max": report["notification_delay"]["max"],
         "expected": report["expected_deliveries"],
         "delivered": report["delivered"],
         "duplicates": report["duplicates"],
@@ -395,6 +417,7 @@ def table(name: str, profile: Profile, reports: list[dict[str, Any]]) -> str:
             peak, after = recovery(r)
             down = r.get("failures", {}).get("links_down", "–")
             lines.append(f"| {r['mode']} | {peak:,} | {_seconds(after)} | {down} |")
+        lines += order_table(reports)
     lines += ["", "| ratio | ours (mean over points) | paper |", "|---|---|---|"]
     for label, ours, paper in ratios(name, by):
         lines.append(f"| {label} | {_pct(ours)} | {_pct(paper)} |")
@@ -472,6 +495,29 @@ FAILURE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
 """The failure table: (row label, value of one run's report)."""
 
 
+def order_table(reports: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: DNR's "least loaded" orders side by side (CE, the paper's, and
+    BlueDove's estimated processing time), when the runs include both."""
+    runs = [r for r in reports if r.get("routing", r["mode"]) == "dnr"]
+    if len({r.get("order", "ce") for r in runs}) < 2:
+        return []
+    lines = [
+        "",
+        "| DNR order | target-link queue mean / max | notification delay mean / p50 / p99 / "
+        "max s | cases I / II / III | kept off |",
+        "|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: r["mode"]):
+        m, d = metrics(r), r["notification_delay"]
+        lines.append(
+            f"| {r.get('order', 'ce')} | {m['queue']:.2f} / {m['queue_max']:,} | "
+            f"{d['mean']:.3f} / {d['p50']:.3f} / {d['p99']:.3f} / {d['max']:.3f} | "
+            f"{r.get('dnr_case_1', 0):,} / {r.get('dnr_case_2', 0):,} / "
+            f"{r.get('dnr_case_3', 0):,} | {r.get('dnr_kept_off', 0):,} |"
+        )
+    return lines
+
+
 def _victim(report: dict[str, Any], prefix: str, suffix: str = "") -> Any:
     key = next(k for k in report["failures"] if k.startswith(prefix + ".") and k.endswith(suffix))
     return report["failures"][key]
@@ -508,7 +554,11 @@ def ratios(
         return sum(values) / len(values) if values else math.nan
 
     return [
-        (f"{label}, {mode.upper()} vs {base.upper()}", mean(key, mode, base), PAPER[claim])
+        (
+            f"{label}, {mode.upper()} vs {base.upper()}",
+            mean(key, mode, base),
+            PAPER.get(claim, math.nan),
+        )
         for label, key, mode, base, claim in CLAIMS["burst" if name == "burst" else "scaling"]
     ]
 
@@ -627,7 +677,7 @@ def delivered_as_promised(report: dict[str, Any]) -> bool:
     failures = report["failures"]
     if "host_alive" not in failures:
         return not (report["lost"] or report["duplicates"] or failures.get("links_down"))
-    if report["mode"] != "dnr":
+    if report.get("routing", report["mode"]) != "dnr":
         return True
     groups = [failures["host_alive"], failures.get("host_dead_after_back", {})]
     return not any(g.get("lost") or g.get("duplicates") or g.get("unexpected") for g in groups)
@@ -643,13 +693,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("experiment", choices=sorted(PROFILES))
     p.add_argument("--quick", action="store_true", help="the few-minute profile")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated (default all)")
+    p.add_argument(
+        "--modes",
+        default=",".join(RUNS),
+        help=f"comma-separated among {', '.join(RUNS)} (default all the experiment has)",
+    )
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     modes = tuple(m for m in args.modes.split(",") if m)
-    if not set(modes) <= set(MODES):
-        p.error(f"--modes must be among {', '.join(MODES)}")
+    if not set(modes) <= set(RUNS):
+        p.error(f"--modes must be among {', '.join(RUNS)}")
     started = time.monotonic()
     reports = run_experiment(args.experiment, args.quick, args.out, modes, args.seed)
     bad = [r for r in reports if not delivered_as_promised(r)]

@@ -33,6 +33,24 @@ def test_a_failed_serving_loop_shuts_the_broker_down_with_an_error(
     assert "LST sampling broke" in caplog.text
 
 
+def test_the_brokers_lst_orders_as_its_settings_say(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``[lst] order = "bluedove"`` reaches the LST DNR routes with (and its stats rows)."""
+    scot = build_preset("fig2", base_port=find_free_base_port(18))
+    broker = Broker(scot, "b:0", "dnr", BrokerSettings(order="bluedove"), keys=None)
+
+    async def report_the_order() -> None:
+        rows = broker.lst.snapshot().values()
+        assert rows and all("processing_time" in row for row in rows)
+        raise RuntimeError(f"LST order {broker.lst.order}")
+
+    monkeypatch.setattr(broker, "_tick_loop", report_the_order)
+    with pytest.raises(BrokerFailure, match="task 'lst' ended: RuntimeError"):
+        asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+    assert "LST order bluedove" in caplog.text
+
+
 @pytest.mark.parametrize("log_format", ["json", "text"])
 def test_broker_logs_name_the_broker_and_component(tmp_path: Path, log_format: str) -> None:
     """``octopis-broker --log-format json`` writes one JSON object per line (time, level,

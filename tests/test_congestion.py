@@ -81,6 +81,17 @@ def test_timed_burst_dnr_shortens_queues_and_delays(limits: dict[str, float]) ->
     assert dnr["dnr_kept_off"] > 500  # of 2,000 HRP notifications
 
 
+def test_timed_burst_with_bluedoves_order() -> None:
+    """DNR with BlueDove's "least loaded" order (``TimedLinks(order=...)`` feeds every
+    LST): still exactly once (checked in ``_burst``) and still keeping copies off the
+    overloaded iCOLs, but choosing other carriers than the CE order does."""
+    ce = _burst("dnr", broker_rate=1500.0)
+    bluedove = _burst("dnr", broker_rate=1500.0, order="bluedove")
+    assert bluedove["dnr_kept_off"] > 500
+    cases = ("dnr_case_1", "dnr_case_2", "dnr_case_3")
+    assert [bluedove[c] for c in cases] != [ce[c] for c in cases]
+
+
 def test_broker_capacity_is_shared_by_its_links() -> None:
     links = TimedLinks.uniform(FIG2, broker_rate=10.0)
     first = links.transmit("b:0", "a:0", 0.0)
@@ -151,6 +162,10 @@ def test_sim_cli_congestion_options(tmp_path: Path, capsys: pytest.CaptureFixtur
     schedule.write_text('[{"link": "a:0>z:9"}]')
     assert main([*base, "--mode", "dnr", "--overload-schedule", str(schedule)]) == 2
     assert "is not a link of fig2" in capsys.readouterr().err
+    assert main([*base, "--mode", "dnr", "--overload", "0.1", "--order", "bluedove"]) == 2
+    assert "--order bluedove needs timed links" in capsys.readouterr().err
+    assert main([*base, "--mode", "dnr", "--capacity", "50", "--order", "bluedove"]) == 0
+    assert json.loads(capsys.readouterr().out)["lost"] == 0
     assert main([*base, "--mode", "dnr", "--capacity", "0"]) == 2
     assert "--capacity must be positive" in capsys.readouterr().err
     assert main([*base, "--mode", "dnr", "--overload", "0.1", "--broker-capacity", "9"]) == 2

@@ -28,10 +28,16 @@ def _report(
         "sbp_messages": sbp,
         "avg_subscription_tree_length": 5.9,
         "subscription_delay": {"mean": delay * 10},
-        "notification_delay": {"mean": delay, "p99": 3 * delay, "under_1s": 0.9},
+        "notification_delay": {
+            "mean": delay,
+            "p50": delay / 2,
+            "p99": 3 * delay,
+            "max": 4 * delay,
+            "under_1s": 0.9,
+        },
         "matching_delay": {"mean_per_operation": 3e-5},
         "notification_messages": 1000,
-        "target_queue_length": {"mean": queue},
+        "target_queue_length": {"mean": queue, "max": int(5 * queue)},
         "expected_deliveries": 50,
         "delivered": 50,
         "duplicates": 0,
@@ -92,6 +98,26 @@ def test_burst_recovery_and_table(tmp_path: Path) -> None:
         ),
     ]
     text = table("burst", PROFILES["burst"]["quick"], reports)
+    assert "DNR order" not in text  # one order only: no comparison
+    reports.append(
+        _report(
+            "dnr-bluedove",
+            1000,
+            74_000,
+            0.05,
+            1.0,
+            routing="dnr",
+            order="bluedove",
+            timeline=calm,
+            hrp=hrp,
+            max_delay_per_1000=[0.1, 0.1],
+            dnr_case_1=7,
+        )
+    )
+    text = table("burst", PROFILES["burst"]["quick"], reports)
+    assert "| ce | 2.00 / 10 | 0.100 / 0.050 / 0.300 / 0.400 | 0 / 0 / 0 | 0 |" in text
+    assert "| bluedove | 1.00 / 5 | 0.050 / 0.025 / 0.150 / 0.200 | 7 / 0 / 0 | 0 |" in text
+    assert "| target-link queue, DNR-BLUEDOVE vs DNR | -50% | – |" in text
     assert "| target-link queue, DNR vs SNR | -90% | -48% |" in text
     assert "| notification delay, DNR vs BID | -95% | -58% |" in text
     assert "| snr | 100 | 3.0 s | – |" in text and "| bid | 50 | did not settle | – |" in text

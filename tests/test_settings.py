@@ -14,6 +14,7 @@ from octopis.transport.settings import BrokerSettings, ConfigError, load_setting
 def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
     settings = BrokerSettings(
         queue_threshold=7,
+        order="bluedove",
         custody_limit=0,
         frame_bytes=4096,
         limits=InputLimits(attributes=9, predicates=3, string_length=40, name_length=16),
@@ -34,6 +35,7 @@ def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
         ("[limits]\nframe_bytes = 10\n", "limits.frame_bytes must be ≥ 1024"),
         ("[limits]\nwidth = 3\n", "unknown key limits.width"),
         ("[limit]\npredicates = 3\n", r"unknown table \[limit\]"),
+        ('[lst]\norder = "fifo"\n', "lst.order must be one of 'ce', 'bluedove'"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(tmp_path: Path, text: str, problem: str) -> None:

@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="FILE",
-        help="settings TOML: [lst] window, queue_threshold; [links] sndhwm, "
+        help="settings TOML: [lst] window, queue_threshold, order (ce or bluedove); "
+        "[links] sndhwm, "
         "capacity, capacities; [clients] sndhwm",
     )
     security = p.add_mutually_exclusive_group(required=True)

@@ -247,7 +247,8 @@ def _overlay_options(p: argparse.ArgumentParser, run_dir: Path | None, run_dir_h
         "--config",
         type=Path,
         metavar="FILE",
-        help="broker settings TOML (LST window, Q, capacities, heartbeats, limits)",
+        help="broker settings TOML (LST window, Q, least-loaded order, capacities, "
+        "heartbeats, limits)",
     )
     p.add_argument("--run-dir", type=Path, default=run_dir, metavar="DIR", help=run_dir_help)
     p.add_argument(

@@ -13,7 +13,7 @@ from typing import Any
 from octopis.cli.errors import UsageError
 from octopis.cli.report import render_report, write_deliveries
 from octopis.core import MODES
-from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
+from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN
@@ -201,6 +201,14 @@ def add_congestion_options(p: argparse.ArgumentParser) -> None:
         metavar="Q",
         help=f"queue length that marks a link overloaded (default {DEFAULT_QUEUE_THRESHOLD})",
     )
+    congestion.add_argument(
+        "--order",
+        choices=ORDERS,
+        default=DEFAULT_ORDER,
+        help='timed: DNR\'s "least loaded" order: ce = CE, then queue length (the '
+        "paper's); bluedove = estimated processing time (q + 1)/μ, q extrapolated between "
+        f"LST windows (default {DEFAULT_ORDER})",
+    )
 
 
 def add_failure_options(p: argparse.ArgumentParser) -> None:
@@ -314,6 +322,11 @@ def link_model(args: argparse.Namespace, scot: Scot) -> LinkModel | None:
     timed = args.capacity is not None or args.broker_capacity is not None
     if timed and (args.overload is not None or args.overload_schedule):
         raise UsageError("choose injected (--overload*) or timed (--*capacity) congestion")
+    if args.order != DEFAULT_ORDER and not timed:
+        raise UsageError(
+            f"--order {args.order} needs timed links (--capacity or --broker-capacity): "
+            "only they have queues to measure"
+        )
     if args.overload is not None:
         if not 0 <= args.overload <= 1:
             raise UsageError(f"--overload must be within 0..1, got {args.overload}")
@@ -337,6 +350,7 @@ def link_model(args: argparse.Namespace, scot: Scot) -> LinkModel | None:
             args.broker_capacity,
             window=args.window,
             queue_threshold=args.queue_threshold,
+            order=args.order,
         )
     return None
 

@@ -6,6 +6,22 @@ n_out = 0 and n_in > 0 giving ∞ and an idle window giving 1. A link is *overlo
 its queue length ≥ Q, or its queue is non-empty and CE > 1. A row also says whether the
 link is *down* (failure detection, DESIGN §7). The table reads no clock: the caller passes
 the time with every event.
+
+"Least loaded" (DNR's choice among links, DESIGN §3) has two orders:
+
+- ``"ce"`` (the default, the paper's): CE of the last closed window, then queue length.
+- ``"bluedove"`` (BlueDove's adaptive policy, DESIGN §9): the estimated processing time
+  (q̂ + 1)/μ of the next copy, then queue length. λ = n_in/Δt and μ = n_out/Δt are the
+  rates of the last closed window; q̂ = max(0, q + (λ − μ)(t − t')) extrapolates the
+  queue length q known at the link's last event t' (enqueue or send) to the table's
+  clock t, the latest time any caller has passed (an event on any link, or
+  :meth:`~LinkStatusTable.advance`): the table reads no clock, so a broker's estimate is
+  as fresh as its last event or tick. A link that sent nothing in the last window has
+  no measured service rate; its μ is floored at one copy per window (1/Δt, the lowest
+  rate a window can measure), so an idle link costs (q̂ + 1)·Δt rather than ∞ and a
+  stalled one's cost still grows with its queue. The floor applies to the division
+  only; the extrapolation uses the measured rates. μ is measured throughput,
+  not capacity: a link that was offered little looks slower than it could be.
 """
 
 from __future__ import annotations
@@ -18,6 +34,10 @@ DEFAULT_WINDOW = 0.05
 """Δt, seconds (DESIGN §3): the one definition every shell and the simulator use."""
 DEFAULT_QUEUE_THRESHOLD = 10
 """Q (DESIGN §3): a queue this long marks its link overloaded."""
+ORDERS = ("ce", "bluedove")
+"""The orders of "least loaded": the paper's CE order and BlueDove's processing time."""
+DEFAULT_ORDER = "ce"
+"""The paper's order (DESIGN §3)."""
 
 
 class LinkView(Protocol):
@@ -27,7 +47,8 @@ class LinkView(Protocol):
         """Whether ``link`` is overloaded now."""
 
     def load(self, link: str) -> tuple[float, int]:
-        """Sort key for "least loaded": (CE, queue length)."""
+        """Sort key for "least loaded": (CE, queue length) in the paper's order, or
+        (estimated processing time, queue length) in BlueDove's."""
 
     def down(self, link: str) -> bool:
         """Whether failure detection holds ``link``'s neighbour down (DESIGN §7)."""
@@ -44,6 +65,8 @@ class LinkRow:
     queue_length: int = 0
     last_n_in: int = 0
     last_n_out: int = 0
+    last_event: float = 0.0
+    """t': when ``queue_length`` last changed (BlueDove's extrapolation starts there)."""
 
 
 def congestion_element(n_in: int, n_out: int) -> float:
@@ -62,14 +85,20 @@ class LinkStatusTable:
         window: float = DEFAULT_WINDOW,
         queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
         start: float = 0.0,
+        order: str = DEFAULT_ORDER,
     ) -> None:
         if window <= 0:
             raise ValueError(f"LST window must be positive, got {window}")
         if queue_threshold < 1:
             raise ValueError(f"queue threshold Q must be ≥ 1, got {queue_threshold}")
+        if order not in ORDERS:
+            raise ValueError(f"LST order must be one of {', '.join(ORDERS)}, got {order!r}")
         self.window = window
         self.queue_threshold = queue_threshold
-        self.rows = {link: LinkRow(window_start=start) for link in links}
+        self.order = order
+        self.now = start
+        """The table's clock: the latest time a caller has passed."""
+        self.rows = {link: LinkRow(window_start=start, last_event=start) for link in links}
         self._down: set[str] = set()
 
     def set_down(self, link: str, down: bool) -> None:
@@ -88,17 +117,20 @@ class LinkStatusTable:
         row = self._roll(link, now)
         row.n_in += 1
         row.queue_length += 1
+        self._event(row, now)
 
     def sent(self, link: str, now: float) -> None:
         """One copy left ``link``'s output queue at ``now``."""
         row = self._roll(link, now)
         row.n_out += 1
         row.queue_length -= 1
+        self._event(row, now)
 
     def advance(self, now: float) -> None:
         """Close every window that ended by ``now`` (a periodic tick in real brokers)."""
         for link in self.rows:
             self._roll(link, now)
+        self.now = max(self.now, now)
 
     def overloaded(self, link: str) -> bool:
         """Queue length ≥ Q, or queue non-empty and CE > 1."""
@@ -106,14 +138,33 @@ class LinkStatusTable:
         return row.queue_length >= self.queue_threshold or (row.queue_length > 0 and row.ce > 1)
 
     def load(self, link: str) -> tuple[float, int]:
-        """(CE, queue length): the order of "least loaded"."""
+        """The order of "least loaded": (CE, queue length), or in BlueDove's order
+        (:meth:`processing_time`, queue length)."""
+        if self.order == "bluedove":
+            return (self.processing_time(link), self.rows[link].queue_length)
         row = self.rows[link]
         return (row.ce, row.queue_length)
 
+    def estimated_queue(self, link: str) -> float:
+        """q̂ = max(0, q + (λ − μ)(t − t')): ``link``'s queue extrapolated from its last
+        event t' to the table's clock t with the last closed window's rates."""
+        row = self._roll(link, self.now)
+        drift = (row.last_n_in - row.last_n_out) / self.window
+        return max(0.0, row.queue_length + drift * (self.now - row.last_event))
+
+    def processing_time(self, link: str) -> float:
+        """(q̂ + 1)/μ: when the next copy put on ``link`` would have left (BlueDove's
+        estimate), μ floored at one copy per window."""
+        q = self.estimated_queue(link)
+        mu = max(self.rows[link].last_n_out, 1) / self.window
+        return (q + 1) / mu
+
     def snapshot(self) -> dict[str, dict[str, float | int | bool]]:
-        """The table as plain data (for stats RPC and reports)."""
-        return {
-            link: {
+        """The table as plain data (for stats RPC and reports); in BlueDove's order each
+        row also has its ``processing_time``."""
+        table: dict[str, dict[str, float | int | bool]] = {}
+        for link, r in self.rows.items():
+            row: dict[str, float | int | bool] = {
                 "n_in": r.last_n_in,
                 "n_out": r.last_n_out,
                 "ce": r.ce,
@@ -121,8 +172,14 @@ class LinkStatusTable:
                 "overloaded": self.overloaded(link),
                 "down": link in self._down,
             }
-            for link, r in self.rows.items()
-        }
+            if self.order == "bluedove":
+                row["processing_time"] = self.processing_time(link)
+            table[link] = row
+        return table
+
+    def _event(self, row: LinkRow, now: float) -> None:
+        row.last_event = max(row.last_event, now)
+        self.now = max(self.now, now)
 
     def _roll(self, link: str, now: float) -> LinkRow:
         row = self.rows[link]

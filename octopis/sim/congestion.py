@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from octopis.core import LinkStatusTable, LinkView, NoCongestion
 from octopis.core.capacity import SendRate, departure
-from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
+from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
 from octopis.topology import ICOL, Scot
 
 Link = tuple[str, str]
@@ -160,7 +160,8 @@ class TimedLinks:
     broker). A copy enqueued at ``now`` first waits for its broker's sender
     (``1/broker rate`` each), then for its link (``1/link rate`` each); it counts in its
     link's output queue until it leaves. Without limits copies leave at once, but still
-    count as n_in/n_out in the LST.
+    count as n_in/n_out in the LST. ``order`` is the LSTs' "least loaded" order (``"ce"``
+    or ``"bluedove"``, :mod:`octopis.core.lst`).
     """
 
     measures_queues = True
@@ -172,11 +173,14 @@ class TimedLinks:
         window: float = DEFAULT_WINDOW,
         queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
         broker_capacity: Mapping[str, float] | None = None,
+        order: str = DEFAULT_ORDER,
     ) -> None:
         self._link_rate = _send_rates(capacity)
         self._broker_rate = _send_rates(broker_capacity)
         self.lst = {
-            b.id: LinkStatusTable([n.id for n in b.neighbours], window, queue_threshold)
+            b.id: LinkStatusTable(
+                [n.id for n in b.neighbours], window, queue_threshold, order=order
+            )
             for b in scot.brokers.values()
         }
         self._pending: dict[str, dict[str, deque[float]]] = {b: {} for b in scot.brokers}

@@ -142,6 +142,7 @@ class Broker:
             self.settings.window,
             self.settings.queue_threshold,
             start=loop.time(),
+            order=self.settings.order,
         )
         endpoints = {b.id: b.endpoint for b in self.scot.brokers.values()}
         send_pass = SendPass()

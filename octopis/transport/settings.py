@@ -4,6 +4,8 @@
 [lst]
 window = 0.05            # Δt of the Link Status Table, seconds (paper §6.3)
 queue_threshold = 10     # Q: a queue this long marks its link overloaded
+order = "ce"             # DNR's "least loaded": "ce" (CE, then queue; the paper's) or
+                         # "bluedove" (estimated processing time (q̂ + 1)/μ, DESIGN §9)
 
 [links]
 sndhwm = 64              # ZeroMQ send high-water mark per peer link (messages)
@@ -59,7 +61,7 @@ from typing import Any
 
 from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
 from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
-from octopis.core.lst import DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
+from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
 from octopis.filters import InputLimits
 
 SLOW_POLICIES = ("disconnect", "drop_oldest")
@@ -76,6 +78,8 @@ class BrokerSettings:
 
     window: float = DEFAULT_WINDOW
     queue_threshold: int = DEFAULT_QUEUE_THRESHOLD
+    order: str = DEFAULT_ORDER
+    """DNR's "least loaded" order, one of :data:`octopis.core.lst.ORDERS`."""
     sndhwm: int = 8
     """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
     output queue, which the LST measures, grows."""
@@ -122,6 +126,8 @@ class BrokerSettings:
             if section != table:
                 lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
                 table = section
+                if section == "lst":
+                    lines.append(f'order = "{self.order}"')
                 if section == "clients":
                     lines.append(f'slow_policy = "{self.slow_policy}"')
             owner = self.limits if name.startswith("limits.") else self
@@ -191,6 +197,14 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
         for key, value in keys.items():
             if (table, key) == ("links", "capacities"):
                 values["capacities"] = _capacities(value, source)
+                continue
+            if (table, key) == ("lst", "order"):
+                if value not in ORDERS:
+                    raise ConfigError(
+                        f"{source}: lst.order must be one of "
+                        f"{', '.join(map(repr, ORDERS))}, got {value!r}"
+                    )
+                values["order"] = value
                 continue
             if (table, key) == ("clients", "slow_policy"):
                 if value not in SLOW_POLICIES:
