@@ -4,6 +4,7 @@
     python -m bench.experiments publishers --quick      # Fig. 10(b)-(d)
     python -m bench.experiments burst --quick           # Fig. 11, the stability analysis
     python -m bench.experiments failure --quick         # kill -9 and restart, SNR beside DNR
+    python -m bench.experiments balance --quick         # a skewed placement balanced
 
 Each experiment builds one workload with the Spark job (`spark_workloads.stock_workload`,
 real quotes from ``../shared/data/stockquotes``) on paper75, takes nested subsets of it
@@ -690,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("experiment", choices=sorted(PROFILES))
+    p.add_argument("experiment", choices=sorted([*PROFILES, "balance"]))
     p.add_argument("--quick", action="store_true", help="the few-minute profile")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument(
@@ -705,6 +706,13 @@ def main(argv: list[str] | None = None) -> int:
     if not set(modes) <= set(RUNS):
         p.error(f"--modes must be among {', '.join(RUNS)}")
     started = time.monotonic()
+    if args.experiment == "balance":
+        from bench import balance
+
+        report = balance.run(args.quick, args.out, args.seed)
+        print((args.out / "balance.md").read_text())
+        print(f"in {time.monotonic() - started:.0f} s; plot: {args.out / 'balance.png'}")
+        return 0 if delivered_as_promised(report) else 1
     reports = run_experiment(args.experiment, args.quick, args.out, modes, args.seed)
     bad = [r for r in reports if not delivered_as_promised(r)]
     print((args.out / f"{args.experiment}.md").read_text())

@@ -42,6 +42,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.topology",
         "octopis.workload",
         "octopis.failure_schedule",
+        "octopis.balance",
     },
     "octopis.transport": {
         *BASE,

@@ -368,3 +368,37 @@ def test_a_move_across_clusters_costs_an_unsubscribe_plus_a_subscribe(
     fresh.run()
     assert kinds == alone
     assert sim.moves == Counter(across=1, withdrawn=1)
+
+
+def test_the_balancer_evens_out_a_skewed_placement_in_the_simulator() -> None:
+    """fig2 with 40 of 48 subscribers on a:0 and e:1, publications from every broker at a
+    steady rate: the balancer's rounds (the same decisions as ``octopis balance``) move
+    subscribers off the hot brokers, inside their cluster first; the spread of load
+    falls, and every notification still reaches every subscriber exactly once."""
+    from octopis.balance.policy import BalanceOptions
+    from octopis.topology import build_preset
+
+    scot = build_preset("fig2")
+    sim = Simulator(scot, "dnr", seed=3, latency=LatencyModel(0.001, 0.004))
+    brokers = sorted(scot.brokers)
+    for i in range(48):
+        broker = ("a:0", "e:1")[i % 2] if i < 40 else brokers[i % len(brokers)]
+        sim.subscribe(f"S{i}", broker, Subscription((Predicate("x", "<", 5 + i % 5),)))
+    sim.run()
+    for step in range(3000):
+        broker = brokers[step % len(brokers)]
+        sim.at(sim.now + step * 0.01, sim.publish, f"P{broker}", broker, {"x": step % 10})
+    options = BalanceOptions(interval=3.0, beta=1.0, cooldown=6.0)
+    sim.balance(options, until=sim.now + 24)
+    sim.run()
+    report = sim.report()
+    _exactly_once(report)
+    timeline = report["balance"]["timeline"]
+    decisions = report["balance"]["decisions"]
+    print(
+        f"cov {timeline[0]['cov']:.2f} -> {timeline[-1]['cov']:.2f}; {len(decisions)} moves "
+        f"({sum(d['inside_cluster'] for d in decisions)} inside), moves {report['moves']}"
+    )
+    assert decisions and timeline[-1]["cov"] < timeline[0]["cov"] / 2
+    assert decisions[0]["source"] in ("a:0", "e:1") and decisions[0]["inside_cluster"]
+    assert report["moves"]["inside"] + report["moves"]["across"] == len(decisions)

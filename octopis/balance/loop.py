@@ -15,98 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from octopis.balance.observe import Ask, BalanceError, observe
-from octopis.balance.plans import (
-    ALPHA,
-    BETA,
-    GAMMA,
-    LR_HIGH,
-    LR_LOW,
-    LR_SAFE,
-    LoadState,
-    Move,
-    Plan,
-    coefficient_of_variation,
-    dynamic_migration,
-    high_load_plan,
-    low_load_plan,
-    shuffle,
-)
+from octopis.balance.plans import LoadState, Plan, coefficient_of_variation
+from octopis.balance.policy import BalanceOptions, plan_round
 from octopis.topology import Scot
 
 log = logging.getLogger("octopis.balance")
-
-PLANS = ("ldm", "shuffle", "high-load", "low-load")
-
-
-@dataclass(frozen=True)
-class BalanceOptions:
-    """Which plan, its thresholds (the papers' defaults), and the pace of the rounds."""
-
-    plan: str = "ldm"
-    alpha: float = ALPHA
-    beta: float = BETA
-    gamma: float = GAMMA
-    lr_high: float = LR_HIGH
-    lr_safe: float = LR_SAFE
-    lr_low: float = LR_LOW
-    interval: float = 12.0
-    """Seconds between rounds: at least the brokers' load window (10 s by default)."""
-    sample: float = 1.0
-    """Seconds between load samples (the timeline) between rounds."""
-    max_moves: int = 50
-    """Moves one round orders at most: the next round sees their effect first."""
-    rounds: int = 0
-    """Rounds to run; 0: until stopped."""
-    cooldown: float = 30.0
-    """Seconds a moved subscriber is left where it went: a move across clusters takes
-    the SDK's linger (10 s) to finish, and the loads need a window to show it."""
-
-    def __post_init__(self) -> None:
-        if self.plan not in PLANS:
-            raise ValueError(f"unknown plan {self.plan!r}; choose one of {', '.join(PLANS)}")
-        if self.interval <= 0 or self.sample <= 0 or self.max_moves < 1 or self.rounds < 0:
-            raise ValueError("interval and sample must be > 0, max_moves ≥ 1, rounds ≥ 0")
-
-
-def collapse(moves: list[Move], state: LoadState) -> list[Move]:
-    """One move per subscriber: a plan may move one several times as loads shift; the
-    client goes once, from its host in ``state`` to its last target (reasons joined),
-    and not at all if that is where it is."""
-    last: dict[str, Move] = {}
-    reasons: dict[str, list[str]] = {}
-    for move in moves:
-        last[move.subscriber] = move
-        reasons.setdefault(move.subscriber, []).append(move.reason)
-    out = []
-    for subscriber, move in last.items():
-        source = state.hosts[subscriber]
-        if source == move.target:
-            continue
-        inside = state.brokers[source].cluster == state.brokers[move.target].cluster
-        out.append(
-            Move(subscriber, source, move.target, inside, "; then ".join(reasons[subscriber]))
-        )
-    return out
-
-
-def _client_name(subscriber: str) -> str:
-    """The client's name in a subscriber key ``name@connection@broker``."""
-    return subscriber.split("@", 1)[0]
-
-
-def make_plan(options: BalanceOptions, state: LoadState) -> Plan:
-    """The plan ``options.plan`` names, with its thresholds."""
-    if options.plan == "ldm":
-        return dynamic_migration(state, options.alpha, options.beta, max_moves=options.max_moves)
-    if options.plan == "shuffle":
-        return shuffle(state, options.gamma, options.beta)
-    if options.plan == "high-load":
-        return high_load_plan(state, options.lr_high, options.lr_safe)
-    return low_load_plan(state, options.lr_low, options.lr_safe)
 
 
 class Balancer:
@@ -142,9 +59,14 @@ class Balancer:
         is to where the plan leaves it), subscribers moved within ``cooldown`` seconds
         left out; returns the plan."""
         self.rounds += 1
-        state = self._settled(await self._sample())
-        plan = make_plan(self.options, state)
-        plan.moves = collapse(plan.moves, state)
+        state = await self._sample()
+        now = time.monotonic() - self._started
+        recent = {
+            m["subscriber"]
+            for m in self.moves
+            if not m["error"] and now - m["t"] < self.options.cooldown
+        }
+        plan = plan_round(self.options, state, recent)
         cov, mean = self.timeline[-1]["cov"], self.timeline[-1]["mean"]
         if not plan.moves:
             log.info(
@@ -187,24 +109,6 @@ class Balancer:
                     move.reason,
                 )
         return plan
-
-    def _settled(self, state: LoadState) -> LoadState:
-        """``state`` without the subscribers moved within the cooldown (their load stays
-        on the brokers: they cannot be moved again yet)."""
-        now = time.monotonic() - self._started
-        recent = {
-            _client_name(m["subscriber"])
-            for m in self.moves
-            if not m["error"] and now - m["t"] < self.options.cooldown
-        }
-        if not recent:
-            return state
-        keep = {s for s in state.hosts if _client_name(s) not in recent}
-        return LoadState(
-            state.brokers,
-            {s: v for s, v in state.loads.items() if s in keep},
-            {s: h for s, h in state.hosts.items() if s in keep},
-        )
 
     async def _order(
         self, subscriber: str, source: str, target: str, inside: bool

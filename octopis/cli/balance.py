@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from octopis.balance.loop import PLANS, BalanceOptions, Balancer, make_plan
+from octopis.balance.loop import Balancer
 from octopis.balance.observe import observe
 from octopis.balance.plans import (
     ALPHA,
@@ -21,6 +21,7 @@ from octopis.balance.plans import (
     Plan,
     coefficient_of_variation,
 )
+from octopis.balance.policy import PLANS, BalanceOptions, make_plan
 from octopis.cli.errors import UsageError
 from octopis.cluster.launcher import LocalCluster
 from octopis.topology import load_topology

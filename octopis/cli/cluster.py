@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from octopis.balance.loop import PLANS, BalanceOptions
+from octopis.balance.policy import PLANS, BalanceOptions
 from octopis.cli.errors import UsageError
 from octopis.cli.report import render_report, write_deliveries
 from octopis.cli.sim import (

@@ -33,7 +33,8 @@ from octopis.accounting import (
     host_split,
     run_report,
 )
-from octopis.balance.loop import BalanceOptions, Balancer
+from octopis.balance.loop import Balancer
+from octopis.balance.policy import BalanceOptions
 from octopis.cluster.harness import (
     Callbacks,
     ClientSide,

@@ -36,6 +36,8 @@ from octopis.accounting import (
     host_split,
     run_report,
 )
+from octopis.balance.plans import BrokerLoad, LoadState, coefficient_of_variation
+from octopis.balance.policy import BalanceOptions, plan_round
 from octopis.core import (
     Action,
     BrokerCore,
@@ -170,6 +172,8 @@ class Simulator:
         ``withdrawn`` (across, done), ``absorbed`` (deliveries dropped as seen twice)."""
         self._moving: Counter[str] = Counter()
         """Subscribers with a move under way: subscriptions not yet released or withdrawn."""
+        self.balance_log: dict[str, Any] | None = None
+        """What :meth:`balance` decided and saw: ``decisions`` and ``timeline``."""
         self._overlap: Counter[str] = Counter()
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
         ends): they drop a delivery they have had already, as the SDK does meanwhile."""
@@ -246,6 +250,63 @@ class Simulator:
             self.subscriber_of.pop(sub_id)
             self.at(self.now + poll, self._spread, subscriber, old, sub_id, new_id, poll, linger)
         return moved
+
+    def balance(self, options: BalanceOptions, until: float, capacity: float = 0.0) -> None:
+        """Run the balancer's rounds on simulated load every ``options.interval`` seconds
+        from now until ``until``: the decisions of ``octopis balance`` (:func:`plan_round`,
+        one implementation), carried out by :meth:`move`. A broker's load is the
+        notification copies it sent plus the deliveries to the subscribers attached to it
+        per second over the last interval, a subscriber's its deliveries per second;
+        ``capacity`` (messages/s) is every broker's, for the plans on load ratios."""
+        self.balance_log = {"options": vars(options), "decisions": [], "timeline": []}
+        mark = self._load_counts()
+        self.at(self.now + options.interval, self._balance_round, options, until, capacity, mark)
+
+    def _load_counts(self) -> tuple[dict[str, int], Counter[str]]:
+        """Copies sent by each broker, deliveries to each subscriber, so far."""
+        copies = {b: c.stats["sent.notification"] for b, c in self.cores.items()}
+        delivered: Counter[str] = Counter()
+        for (subscriber, _, _), n in self.ledger.received.items():
+            delivered[subscriber] += n
+        return copies, delivered
+
+    def _balance_round(
+        self,
+        options: BalanceOptions,
+        until: float,
+        capacity: float,
+        mark: tuple[dict[str, int], Counter[str]],
+    ) -> None:
+        assert self.balance_log is not None
+        copies, delivered = counts = self._load_counts()
+        span = options.interval
+        subscribers = set(self.subscriber_of.values())
+        rate = {s: (delivered[s] - mark[1][s]) / span for s in subscribers}
+        load = {b: (copies[b] - mark[0][b]) / span for b in self.cores}
+        for subscriber, r in rate.items():
+            load[self._home[subscriber]] += r
+        brokers = {
+            b: BrokerLoad(load[b], capacity, self.scot.brokers[b].cluster) for b in self.cores
+        }
+        state = LoadState(brokers, rate, {s: self._home[s] for s in subscribers})
+        log = self.balance_log
+        recent = {d["subscriber"] for d in log["decisions"] if self.now - d["t"] < options.cooldown}
+        recent |= {s for s in subscribers if self.moving(s)}
+        plan = plan_round(options, state, recent)
+        for move in plan.moves:
+            self.move(move.subscriber, move.target)
+            log["decisions"].append({"t": self.now, **vars(move)})
+        log["timeline"].append(
+            {
+                "t": self.now,
+                "cov": coefficient_of_variation(load.values()),
+                "mean": sum(load.values()) / len(load),
+                "loads": load,
+                "moves": len(plan.moves),
+            }
+        )
+        if self.now + span <= until:
+            self.at(self.now + span, self._balance_round, options, until, capacity, counts)
 
     def moving(self, subscriber: str) -> bool:
         """Whether a move of ``subscriber`` has not finished yet."""
@@ -576,6 +637,8 @@ class Simulator:
         )
         if self.moves:
             report["moves"] = dict(self.moves)
+        if self.balance_log is not None:
+            report["balance"] = self.balance_log
         report["sim_time"] = self.now
         report["wall_time"] = self._wall
         if self.target_queue:

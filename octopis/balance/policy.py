@@ -1,0 +1,95 @@
+"""What one round of the balancer decides (DESIGN §9), pure so that the ``octopis
+balance`` process (:mod:`octopis.balance.loop`) and the simulator make the same decisions:
+the options, the plan they name, and the moves a round orders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from octopis.balance.plans import (
+    ALPHA,
+    BETA,
+    GAMMA,
+    LR_HIGH,
+    LR_LOW,
+    LR_SAFE,
+    LoadState,
+    Move,
+    Plan,
+    dynamic_migration,
+    high_load_plan,
+    low_load_plan,
+    shuffle,
+)
+
+PLANS = ("ldm", "shuffle", "high-load", "low-load")
+
+
+@dataclass(frozen=True)
+class BalanceOptions:
+    """Which plan, its thresholds (the papers' defaults), and the pace of the rounds."""
+
+    plan: str = "ldm"
+    alpha: float = ALPHA
+    beta: float = BETA
+    gamma: float = GAMMA
+    lr_high: float = LR_HIGH
+    lr_safe: float = LR_SAFE
+    lr_low: float = LR_LOW
+    interval: float = 12.0
+    """Seconds between rounds: at least the brokers' load window (10 s by default)."""
+    sample: float = 1.0
+    """Seconds between load samples (the timeline) between rounds."""
+    max_moves: int = 50
+    """Moves one round orders at most: the next round sees their effect first."""
+    rounds: int = 0
+    """Rounds to run; 0: until stopped."""
+    cooldown: float = 30.0
+    """Seconds a moved subscriber is left where it went: a move across clusters takes
+    the SDK's linger (10 s) to finish, and the loads need a window to show it."""
+
+    def __post_init__(self) -> None:
+        if self.plan not in PLANS:
+            raise ValueError(f"unknown plan {self.plan!r}; choose one of {', '.join(PLANS)}")
+        if self.interval <= 0 or self.sample <= 0 or self.max_moves < 1 or self.rounds < 0:
+            raise ValueError("interval and sample must be > 0, max_moves ≥ 1, rounds ≥ 0")
+
+
+def collapse(moves: list[Move]) -> list[Move]:
+    """One move per subscriber: the first the plan makes of it. A plan may move one
+    subscriber on again as loads shift in its estimate; its first destination is the
+    one chosen inside its cluster when one could take it, and the next round, on
+    measured loads, moves it on if it must."""
+    first: dict[str, Move] = {}
+    for move in moves:
+        first.setdefault(move.subscriber, move)
+    return list(first.values())
+
+
+def make_plan(options: BalanceOptions, state: LoadState) -> Plan:
+    """The plan ``options.plan`` names, with its thresholds."""
+    if options.plan == "ldm":
+        return dynamic_migration(state, options.alpha, options.beta, max_moves=options.max_moves)
+    if options.plan == "shuffle":
+        return shuffle(state, options.gamma, options.beta)
+    if options.plan == "high-load":
+        return high_load_plan(state, options.lr_high, options.lr_safe)
+    return low_load_plan(state, options.lr_low, options.lr_safe)
+
+
+def plan_round(options: BalanceOptions, state: LoadState, recent: set[str]) -> Plan:
+    """The plan of one round: subscribers whose client (``name`` of a key
+    ``name@connection@broker``, or the whole key) was moved lately, in ``recent``, are
+    left where they are (their load stays on their brokers); the plan's moves collapsed
+    to one per subscriber (:func:`collapse`)."""
+    names = {s.split("@", 1)[0] for s in recent} | recent
+    keep = {s for s in state.hosts if s.split("@", 1)[0] not in names}
+    if len(keep) < len(state.hosts):
+        state = LoadState(
+            state.brokers,
+            {s: v for s, v in state.loads.items() if s in keep},
+            {s: h for s, h in state.hosts.items() if s in keep},
+        )
+    plan = make_plan(options, state)
+    plan.moves = collapse(plan.moves)
+    return plan
