@@ -59,14 +59,16 @@ PROFILES = {
     "quick": BalanceProfile(
         1000,
         60,
-        60,
+        90,
         90.0,
         0.8,
-        BalanceOptions("ldm", beta=5.0, interval=8.0, sample=1.0, max_moves=100, cooldown=20.0),
-        BrokerSettings(load_window=4),
+        BalanceOptions("ldm", beta=5.0, interval=6.0, sample=1.0, max_moves=400, cooldown=20.0),
+        BrokerSettings(load_window=4, down_after=3.0),
         2,
-        "1,000 subscribers, 80% on five edge brokers; 60 publishers x 60 quotes at 90/min "
-        "(40 s of publishing); LDM (β 5/s) rounds every 8 s over a 4 s load window",
+        "1,000 subscribers, 80% on five edge brokers; 60 publishers x 90 quotes at 90/min "
+        "(a minute of publishing); LDM (β 5/s) rounds every 6 s over a 4 s load window; "
+        "links declared down after 3 s of silence (1 s by default: 75 brokers and the "
+        "clients share two cores)",
     ),
     "full": BalanceProfile(
         2000,
@@ -74,11 +76,12 @@ PROFILES = {
         90,
         60.0,
         0.8,
-        BalanceOptions("ldm", beta=5.0, interval=10.0, sample=1.0, max_moves=200, cooldown=25.0),
-        BrokerSettings(load_window=5),
+        BalanceOptions("ldm", beta=5.0, interval=8.0, sample=1.0, max_moves=800, cooldown=25.0),
+        BrokerSettings(load_window=5, down_after=3.0),
         2,
         "2,000 subscribers, 80% on five edge brokers (the issue's example); 100 publishers "
-        "x 90 quotes at 60/min; LDM (β 5/s) rounds every 10 s over a 5 s load window",
+        "x 90 quotes at 60/min; LDM (β 5/s) rounds every 8 s over a 5 s load window; links "
+        "declared down after 3 s of silence",
     ),
 }
 
@@ -125,7 +128,7 @@ def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
         )
         options = RunOptions(
             mode="dnr",
-            run_dir=base / "run",
+            run_dir=base / "runs" / name,
             settings=profile.settings,
             progress=False,
             drain_timeout=90,

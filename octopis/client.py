@@ -741,17 +741,33 @@ class Subscriber(_Client):
         new = await old.sibling(to)
         old.checking_repeats(True)
         new.checking_repeats(True)
+        let_go = True
         try:
             self._serve_on(new)
             across = [sub_id for sub_id in sub_ids if not inside or not await self._adopt(sub_id)]
             waits = [self._releases[s].wait() for s in sub_ids if s in self._releases]
-            await asyncio.wait_for(asyncio.gather(*waits), old.linger + old.liveness * 4)
+            try:
+                await asyncio.wait_for(asyncio.gather(*waits), old.linger + old.liveness * 4)
+            except TimeoutError:
+                let_go = False  # it may still deliver: keep reading it, repeats dropped
+                log.warning(
+                    "%s: %s did not release %d moved subscriptions; both are read",
+                    self.name,
+                    old.endpoint,
+                    sum(not e.is_set() for e in self._releases.values()),
+                )
             if across:
                 await self._resubscribe(across)
                 await asyncio.sleep(old.linger)  # the new subscriptions spread meanwhile
                 for sub_id in across:
-                    await old.request({"op": "unsubscribe", "client": self.name, "sub_id": sub_id})
-            old.forget(self.name, self._resubscribe, self._dropped)
+                    try:
+                        await old.request(
+                            {"op": "unsubscribe", "client": self.name, "sub_id": sub_id}
+                        )
+                    except BrokerError as exc:  # withdrawn there already (a fail-over)
+                        log.warning("%s: %s", self.name, exc)
+            if let_go:
+                old.forget(self.name, self._resubscribe, self._dropped)
             self.moves.append(
                 {
                     "from": old.endpoint,
@@ -759,14 +775,16 @@ class Subscriber(_Client):
                     "inside": inside and not across,
                     "sub_ids": sub_ids,
                     "seconds": time.monotonic() - started,
+                    "released": let_go,
                 }
             )
             log.info("%s moved %d subscriptions to %s", self.name, len(sub_ids), to)
         finally:
             self._releases.clear()
             loop = asyncio.get_running_loop()
-            for connection in (old, new):
-                loop.call_later(old.linger, connection.checking_repeats, False)
+            if let_go:  # else both stay checked: the old one may still deliver
+                for connection in (old, new):
+                    loop.call_later(old.linger, connection.checking_repeats, False)
             if self._next_move is not None:
                 message, self._next_move = self._next_move, None
                 loop.call_soon(self._start_move, message)

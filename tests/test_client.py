@@ -391,8 +391,11 @@ def test_a_subscriber_killed_while_moving_leaves_no_trace(
         mover.wait()
     assert accounting("reader", len(sent), got)["lost"] == 0
     assert sum(got.values()) == len(sent)
-    errors = {b: s["counters"].get("protocol_errors", 0) for b, s in stats.items()}
-    assert set(errors.values()) == {0}, errors
+    errors = {
+        b: {k: s["counters"].get(k, 0) for k in ("protocol_errors", "internal_errors")}
+        for b, s in stats.items()
+    }
+    assert all(set(e.values()) == {0} for e in errors.values()), errors
     counters = stats["a:0"]["counters"]
     print(when, {k: v for k, v in counters.items() if k.startswith(("moves", "clients", "sub"))})
     assert counters["moves.ordered"] == 3

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -25,6 +26,12 @@ from octopis.topology import Scot
 
 log = logging.getLogger("octopis.balance")
 
+ORDERS_AT_ONCE = 16
+"""Move orders a round has under way at once."""
+
+Call = Callable[..., Awaitable[Any]]
+"""``call(broker, method, *args)``: one broker's answer over a kept control connection."""
+
 
 class Balancer:
     """Runs rounds on the overlay ``scot`` through ``ask`` (``LocalCluster.ask``) and
@@ -33,9 +40,19 @@ class Balancer:
     time, subscriber, source, target, inside, reason, and the sub ids moved or the
     error)."""
 
-    def __init__(self, scot: Scot, ask: Ask, options: BalanceOptions, timeout: float = 5.0):
+    def __init__(
+        self,
+        scot: Scot,
+        ask: Ask,
+        options: BalanceOptions,
+        timeout: float = 5.0,
+        call: Call | None = None,
+    ):
         self.scot = scot
         self.ask = ask
+        self.call = call
+        """Orders moves over kept control connections when given (``LocalCluster.call``);
+        else each order asks over a connection of its own."""
         self.options = options
         self.timeout = timeout
         self.timeline: list[dict[str, Any]] = []
@@ -44,15 +61,18 @@ class Balancer:
         self._started = time.monotonic()
 
     async def run(self) -> None:
-        """Rounds until ``options.rounds`` are done (or forever), sampling in between."""
+        """Rounds until ``options.rounds`` are done (or forever), the first ``interval``
+        seconds from now (a load window has passed), sampling in between."""
         self._started = time.monotonic()
-        while not self.options.rounds or self.rounds < self.options.rounds:
-            await self.round()
+        while True:
             next_round = time.monotonic() + self.options.interval
             while (left := next_round - time.monotonic()) > 0:
                 await asyncio.sleep(min(self.options.sample, left))
                 if time.monotonic() < next_round:
                     await self._sample()
+            await self.round()
+            if self.options.rounds and self.rounds >= self.options.rounds:
+                return
 
     async def round(self) -> Plan:
         """Observe, plan, and order the plan's moves, one per subscriber (from where it
@@ -76,16 +96,19 @@ class Balancer:
                 mean,
                 f": {plan.note}" if plan.note else "",
             )
-        for move in plan.moves:
-            record = {
-                "round": self.rounds,
-                "t": time.monotonic() - self._started,
-                "wall": time.time(),
-                **asdict(move),
-            }
-            record["sub_ids"], record["error"] = await self._order(
-                move.subscriber, move.source, move.target, move.inside_cluster
-            )
+        at, wall = time.monotonic() - self._started, time.time()
+        records = [{"round": self.rounds, "t": at, "wall": wall, **asdict(m)} for m in plan.moves]
+        room = asyncio.Semaphore(ORDERS_AT_ONCE)
+
+        async def order(record: dict[str, Any]) -> None:
+            async with room:
+                record["sub_ids"], record["error"] = await self._order(
+                    record["subscriber"], record["source"], record["target"],
+                    record["inside_cluster"],
+                )  # fmt: skip
+
+        await asyncio.gather(*(order(r) for r in records))
+        for move, record in zip(plan.moves, records, strict=True):
             self.moves.append(record)
             where = "inside its cluster" if move.inside_cluster else "across clusters"
             if record["error"]:
@@ -118,10 +141,18 @@ class Balancer:
         client = subscriber.rsplit("@", 1)[0]
         to = self.scot.brokers[target].client_endpoint
         try:
-            answer = await self.ask([source], "move", self.timeout, client, to, inside)
+            if self.call is not None:
+                sub_ids = await asyncio.wait_for(
+                    self.call(source, "move", client, to, inside), self.timeout
+                )
+            else:
+                sub_ids = (await self.ask([source], "move", self.timeout, client, to, inside))[
+                    source
+                ]
+        except TimeoutError:
+            sub_ids = None
         except Exception as exc:  # the broker refused: the client left meanwhile, say
             return [], str(exc)
-        sub_ids = answer[source]
         if sub_ids is None:
             return [], f"{source} did not answer within {self.timeout:g} s"
         return list(sub_ids), ""

@@ -164,8 +164,12 @@ def dynamic_migration(
 
     On a SCOT part of a broker's load is relaying, which no subscriber takes along: when
     the most loaded broker has no subscriber that can move, the next most loaded is
-    tried (BAD would stop there). The plan ends when balanced or when no broker has a
-    subscriber that can move."""
+    tried (BAD would stop there), down to the mean: a broker under the mean load is
+    never a source (moving among brokers under the mean lowers the spread by next to
+    nothing, and relaying can keep the coefficient of variation above α whatever moves:
+    without this floor the plan churns light subscribers between light brokers). The
+    plan ends when balanced or when no broker above the mean has a subscriber that can
+    move."""
     if scheme not in ("ldm", "sdm"):
         raise ValueError(f"scheme must be 'ldm' or 'sdm', not {scheme!r}")
     if scheme == "sdm" and similarity is None:
@@ -177,11 +181,16 @@ def dynamic_migration(
             break
         move = None
         for source in sorted(state.brokers, key=lambda b: (-state.brokers[b].load, b)):
+            if state.brokers[source].load <= mean:
+                break
             move = _first_movable(state, source, mean, scheme, similarity)
             if move is not None:
                 break
         if move is None:
-            plan.note = "no broker has a subscriber that can move to a less loaded one"
+            plan.note = (
+                "no broker above the mean load has a subscriber that can move to a less "
+                "loaded one (what is left is relaying, which no subscriber takes along)"
+            )
             break
         plan.moves.append(
             replace(

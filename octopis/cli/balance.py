@@ -5,22 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from octopis.balance.loop import Balancer
 from octopis.balance.observe import observe
-from octopis.balance.plans import (
-    ALPHA,
-    BETA,
-    GAMMA,
-    LR_HIGH,
-    LR_LOW,
-    LR_SAFE,
-    LoadState,
-    Plan,
-    coefficient_of_variation,
-)
+from octopis.balance.plans import LoadState, Plan, coefficient_of_variation
 from octopis.balance.policy import PLANS, BalanceOptions, make_plan
 from octopis.cli.errors import UsageError
 from octopis.cluster.launcher import LocalCluster
@@ -93,13 +84,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", type=Path, metavar="DIR", help="with --topology: its keys")
     parser.add_argument("--insecure", action="store_true", help="with --topology: no keys")
     parser.add_argument("--plan", choices=PLANS, default="ldm", help="which plan (default ldm)")
+    d = BalanceOptions()
     for name, default, what in (
-        ("--alpha", ALPHA, "ldm: coefficient of variation that triggers migration"),
-        ("--beta", BETA, "ldm, shuffle: mean load (output/s) below which nothing moves"),
-        ("--gamma", GAMMA, "shuffle: coefficient of variation that triggers it"),
-        ("--lr-high", LR_HIGH, "high-load: load ratio that makes a broker overloaded"),
-        ("--lr-safe", LR_SAFE, "high-load: load ratio an overloaded broker is brought under"),
-        ("--lr-low", LR_LOW, "low-load: mean load ratio under which a broker is drained"),
+        ("--alpha", d.alpha, "ldm: coefficient of variation that triggers migration"),
+        ("--beta", d.beta, "ldm, shuffle: mean load (output/s) below which nothing moves"),
+        ("--gamma", d.gamma, "shuffle: coefficient of variation that triggers it"),
+        ("--lr-high", d.lr_high, "high-load: load ratio that makes a broker overloaded"),
+        ("--lr-safe", d.lr_safe, "high-load: load ratio an overloaded broker is brought under"),
+        ("--lr-low", d.lr_low, "low-load: mean load ratio under which a broker is drained"),
     ):
         parser.add_argument(name, type=float, default=default, help=f"{what} (default {default:g})")
 
@@ -149,6 +141,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _closing(cluster: LocalCluster, work: Coroutine[Any, Any, None]) -> None:
+    try:
+        await work
+    finally:
+        await cluster.close_control()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``octopis balance run``."""
     cluster = _cluster(args)
@@ -159,9 +158,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_moves=args.max_moves,
         rounds=args.rounds,
     )
-    balancer = Balancer(cluster.scot, cluster.ask, options)
+    balancer = Balancer(cluster.scot, cluster.ask, options, call=cluster.call)
     try:
-        asyncio.run(balancer.run())
+        asyncio.run(_closing(cluster, balancer.run()))
     except KeyboardInterrupt:
         pass
     finally:

@@ -175,7 +175,9 @@ class WorkloadRun:
             injector = asyncio.create_task(self._inject(t0)) if self.options.failures else None
             balancer = None
             if self.options.balance is not None:
-                self.balancer = Balancer(self.scot, self.cluster.ask, self.options.balance)
+                self.balancer = Balancer(
+                    self.scot, self.cluster.ask, self.options.balance, call=self.cluster.call
+                )
                 balancer = asyncio.create_task(self.balancer.run())
             try:
                 self.timings["publish"] = await self._publish(time.time() + lead)

@@ -531,8 +531,11 @@ class Broker:
             elif type(action) is Hold:
                 self._hold(action.link, [self._sender, encode_body(action.message), KEPT])
             elif type(action) is Deliver:
-                identity, name = self.clients.names[action.subscriber]
-                deliveries.setdefault(identity, []).append(name)
+                client = self.clients.names.get(action.subscriber)
+                if client is None:  # gone, its subscription kept for a move (orphans)
+                    self.counters["undeliverable.client_gone"] += 1
+                    continue
+                deliveries.setdefault(client[0], []).append(client[1])
                 delivered = action.notification
             elif type(action) is Released:
                 self.clients.released(action.subscriber, action.sub_id)

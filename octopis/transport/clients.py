@@ -259,14 +259,7 @@ class ClientSessions:
     def _subscribe(
         self, identity: bytes, connection: Connection, request: SubscribeRequest
     ) -> dict:
-        key = self._key(identity, connection, request)
-        limit = self.settings.subscriptions_per_client
-        if len(connection.clients[key]) >= limit:
-            self.counters["subscriptions_refused.limit"] += 1
-            raise ClientError(
-                f"{request.client} already holds {limit} subscriptions "
-                f"(limits.subscriptions_per_client)"
-            )
+        key = self._room_for_one_more(identity, connection, request)
         sub_id, actions = self.router.subscribe(key, as_subscription(request.filter))
         connection.clients[key].add(sub_id)
         self.router.execute(actions)
@@ -282,7 +275,10 @@ class ClientSessions:
         connection.clients[key].discard(request.sub_id)
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
-    def _adopt(self, identity: bytes, connection: Connection, request: AdoptRequest) -> dict:
+    def _room_for_one_more(
+        self, identity: bytes, connection: Connection, request: SubscribeRequest | AdoptRequest
+    ) -> str:
+        """The client's key, if it may hold one more subscription (else a refusal)."""
         key = self._key(identity, connection, request)
         limit = self.settings.subscriptions_per_client
         if len(connection.clients[key]) >= limit:
@@ -291,6 +287,10 @@ class ClientSessions:
                 f"{request.client} already holds {limit} subscriptions "
                 f"(limits.subscriptions_per_client)"
             )
+        return key
+
+    def _adopt(self, identity: bytes, connection: Connection, request: AdoptRequest) -> dict:
+        key = self._room_for_one_more(identity, connection, request)
         actions = self.router.adopt(key, request.sub_id)
         connection.clients[key].add(request.sub_id)
         self.counters["moves.adopted"] += 1

@@ -152,6 +152,12 @@ def load_settings(path: str | Path | None) -> BrokerSettings:
     return settings_from_data(data, path.name)
 
 
+_CHOICES: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    ("lst", "order"): ("order", ORDERS),
+    ("clients", "slow_policy"): ("slow_policy", SLOW_POLICIES),
+}
+"""Settings that take one of a few words: (table, key) → (field, the words)."""
+
 _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("lst", "window"): ("window", 1e-4, False),
     ("lst", "queue_threshold"): ("queue_threshold", 1, True),
@@ -198,21 +204,14 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
             if (table, key) == ("links", "capacities"):
                 values["capacities"] = _capacities(value, source)
                 continue
-            if (table, key) == ("lst", "order"):
-                if value not in ORDERS:
+            choices = _CHOICES.get((table, key))
+            if choices is not None:
+                if value not in choices[1]:
                     raise ConfigError(
-                        f"{source}: lst.order must be one of "
-                        f"{', '.join(map(repr, ORDERS))}, got {value!r}"
+                        f"{source}: {table}.{key} must be one of "
+                        f"{', '.join(map(repr, choices[1]))}, got {value!r}"
                     )
-                values["order"] = value
-                continue
-            if (table, key) == ("clients", "slow_policy"):
-                if value not in SLOW_POLICIES:
-                    raise ConfigError(
-                        f"{source}: clients.slow_policy must be one of "
-                        f"{', '.join(map(repr, SLOW_POLICIES))}, got {value!r}"
-                    )
-                values["slow_policy"] = value
+                values[choices[0]] = value
                 continue
             spec = _KEYS.get((table, key))
             if spec is None:
