@@ -82,6 +82,19 @@ NotificationHandler = Callable[[str, str, int, float, Publication, float], None]
 """Called with (client name, publisher, seq, published_at, publication, received_at)."""
 
 
+class ConnectionGroup:
+    """Connections that serve one application's clients (DESIGN §9): at most one to each
+    broker, so that clients moving to a broker share the connection there, and one
+    record of the last ``recent`` deliveries, so that a client served by two of them
+    during a move (or a fail-over) can drop what it got twice."""
+
+    def __init__(self, recent: int = 4096) -> None:
+        self.connections: dict[str, Connection] = {}
+        """Broker endpoint → the group's connection to it."""
+        self.recent: set[tuple[str, str, int, int]] = set()
+        self.recent_order: deque[tuple[str, str, int, int]] = deque(maxlen=recent)
+
+
 class Connection:
     """One DEALER connection to a broker, shared by named clients, that fails over.
 
@@ -126,6 +139,7 @@ class Connection:
         receive_buffer: int = 10_000,
         keys: str | os.PathLike | None = None,
         key_name: str = DEFAULT_CLIENT,
+        group: ConnectionGroup | None = None,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
@@ -138,16 +152,18 @@ class Connection:
             "keys": keys,
             "key_name": key_name,
         }
+        self.group = group or ConnectionGroup(recent)
+        """The connections this one's clients may move to, and the deliveries they saw."""
+        self.group.connections.setdefault(self.endpoints[0], self)
         self._siblings: dict[str, Connection] = {}
         """Connections this one opened for clients that moved (:meth:`sibling`); closed
         with it."""
         self.endpoint = self.endpoints[0]
         self.liveness = liveness
         self.linger = linger
-        self._recent: set[tuple[str, str, int]] = set()
-        self._recent_order: deque[tuple[str, str, int]] = deque(maxlen=recent)
-        """The last ``recent`` deliveries (client, publisher, seq), consulted only from a
-        fail-over until the session left behind ends."""
+        self._recent, self._recent_order = self.group.recent, self.group.recent_order
+        """The group's last ``recent`` deliveries (client, publisher, session, seq),
+        consulted only from a fail-over or move until the session left behind ends."""
         self._checking_recent = 0
         self._background: set[asyncio.Task] = set()
         """Sessions kept at brokers left at a fail-over, and clients resuming."""
@@ -251,16 +267,17 @@ class Connection:
         return len(self._handlers)
 
     async def sibling(self, endpoint: str) -> Connection:
-        """An open connection to ``endpoint`` for a client that moves there (failing over
-        to this one's brokers), opened once and closed with this one. Siblings share
-        the record of recent deliveries, so a client served by two of them during a move
-        can drop what it got twice (:meth:`checking_repeats`)."""
-        found = self._siblings.get(endpoint)
+        """An open connection to ``endpoint`` for a client that moves there: the group's
+        (:class:`ConnectionGroup`), or one opened now (failing over to this one's
+        brokers), joined to the group and closed with this one."""
+        found = self.group.connections.get(endpoint)
         if found is not None and found.dropped is None:
             return found
         others = [e for e in self.endpoints if e != endpoint]
-        sibling = Connection([endpoint, *others], context=self._ctx, **self._options)
-        sibling._recent, sibling._recent_order = self._recent, self._recent_order
+        sibling = Connection(
+            [endpoint, *others], context=self._ctx, group=self.group, **self._options
+        )
+        self.group.connections[endpoint] = sibling
         self._siblings[endpoint] = sibling
         await sibling.open()
         return sibling
