@@ -59,14 +59,14 @@ PROFILES = {
     "quick": BalanceProfile(
         1000,
         60,
-        60,
+        120,
         60.0,
         0.8,
         BalanceOptions("ldm", beta=5.0, interval=6.0, sample=1.0, max_moves=150, cooldown=20.0),
         BrokerSettings(load_window=4, down_after=3.0),
         2,
-        "1,000 subscribers, 80% on five edge brokers; 60 publishers x 60 quotes at 60/min "
-        "(a minute of publishing); LDM (β 5/s) rounds every 6 s over a 4 s load window; "
+        "1,000 subscribers, 80% on five edge brokers; 60 publishers x 120 quotes at 60/min "
+        "(two minutes of publishing); LDM (β 5/s) rounds every 6 s over a 4 s load window; "
         "links declared down after 3 s of silence (1 s by default: 75 brokers and the "
         "clients share two cores)",
     ),

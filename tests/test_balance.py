@@ -84,12 +84,12 @@ def test_dynamic_migration_lowers_the_peak_until_balanced_or_stuck(state: LoadSt
     for before, move in replay(state, plan):
         peak = before.brokers[move.source].load
         load = before.loads[move.subscriber]
-        assert before.brokers[move.target].load + load < peak  # a valid migration
+        assert before.brokers[move.target].load + load < peak - load  # a valid migration
         # off the most loaded broker that has a subscriber with somewhere to go
         for name, b in before.brokers.items():
             if b.load > peak:
                 assert not any(
-                    t.load + before.loads[s] < b.load
+                    t.load + 2 * before.loads[s] < b.load
                     for s in before.on(name)
                     for other, t in before.brokers.items()
                     if other != name and before.loads[s] > 0
@@ -99,7 +99,7 @@ def test_dynamic_migration_lowers_the_peak_until_balanced_or_stuck(state: LoadSt
         if not move.inside_cluster:  # only when no broker of its cluster could take it
             cluster = before.brokers[move.source].cluster
             assert all(
-                b.load + load >= peak
+                b.load + load >= peak - load
                 for name, b in before.brokers.items()
                 if b.cluster == cluster and name != move.source
             )
