@@ -102,53 +102,56 @@ def skewed(workload: Workload, scot: Scot, skew: float, hot: tuple[str, ...] = H
 
 
 def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
-    """Build (or reuse) the workload, run it skewed with the balancer; returns the report
-    and writes the JSON, the table and the plot."""
+    """Build (or reuse) the workload and run it skewed twice, the balancer observing only
+    (the baseline: loads and delays as placed) and acting; returns the acting run's
+    report and writes both JSONs, the table and the plot."""
     from bench.experiments import Profile, build_workload
 
     name = "quick" if quick else "full"
     profile = PROFILES[name]
     base = out / "balance"
     base.mkdir(parents=True, exist_ok=True)
-    path = base / f"{name}.json"
-    if path.is_file():
-        report = json.loads(path.read_text())
-    else:
-        scot, topology = prepare_topology(base / "topology", preset="paper75")
-        spark = Profile(
-            profile.subscribers,
-            profile.publishers,
-            profile.notifications,
-            profile.rate,
-            ((profile.subscribers, profile.publishers),),
-            profile.note,
-        )
-        workload = skewed(
-            build_workload(spark, topology, base / "workload", seed), scot, profile.skew
-        )
+    scot, topology = prepare_topology(base / "topology", preset="paper75")
+    spark = Profile(
+        profile.subscribers,
+        profile.publishers,
+        profile.notifications,
+        profile.rate,
+        ((profile.subscribers, profile.publishers),),
+        profile.note,
+    )
+    workload = skewed(build_workload(spark, topology, base / "workload", seed), scot, profile.skew)
+    reports = {}
+    for variant, act in (("static", False), ("balanced", True)):
+        path = base / f"{name}-{variant}.json"
+        if path.is_file():
+            reports[variant] = json.loads(path.read_text())
+            continue
+        log.info("balance %s: %s", name, variant)
         options = RunOptions(
             mode="dnr",
-            run_dir=base / "runs" / name,
+            run_dir=base / "runs" / f"{name}-{variant}",
             settings=profile.settings,
             progress=False,
             drain_timeout=90,
             sample_every=1.0,
             client_workers=profile.client_workers,
-            balance=profile.balance,
+            balance=replace(profile.balance, act=act),
         )
         report = WorkloadRun(scot, topology, workload, options).run()
         report |= {"experiment": "balance", "profile": name, "note": profile.note}
         report["balance"]["hot"] = list(HOT)
         path.write_text(json.dumps(report, indent=1))
-    (out / "balance.md").write_text(table(report))
-    plot(report, out / "balance.png")
-    return report
+        reports[variant] = report
+    (out / "balance.md").write_text(table(reports["static"], reports["balanced"]))
+    plot(reports["static"], reports["balanced"], out / "balance.png")
+    return reports["balanced"]
 
 
 def before_after(report: dict[str, Any]) -> dict[str, Any]:
     """Load cov and mean at the last sample before the first move was ordered (or the
     first with load, if none was) and over the last three; delay of the deliveries
-    before the first move and after the last (plus the load window)."""
+    before the first move and in the run's last quarter."""
     balance = report["balance"]
     timeline = balance["timeline"]
     moved = [d["t"] for d in balance["decisions"] if not d["error"]]
@@ -168,68 +171,96 @@ def before_after(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def table(report: dict[str, Any]) -> str:
-    """The figures of the run, as markdown."""
-    balance = report["balance"]
-    f = before_after(report)
+def last_quarter(report: dict[str, Any]) -> dict[str, float]:
+    """Load cov and mean averaged over the samples of the run's last quarter."""
+    timeline = report["balance"]["timeline"]
+    tail = timeline[-1]["t"] * 3 / 4
+    last = [t for t in timeline if t["t"] >= tail] or timeline[-1:]
+    return {
+        "cov": sum(t["cov"] for t in last) / len(last),
+        "mean": sum(t["mean"] for t in last) / len(last),
+    }
+
+
+def table(static: dict[str, Any], balanced: dict[str, Any]) -> str:
+    """The figures of both runs, as markdown."""
+    balance = balanced["balance"]
+    f = before_after(balanced)
+    s, b = last_quarter(static), last_quarter(balanced)
+    sd = static["balance"]["delay_after"]
     alpha = balance["options"]["alpha"]
     rows = [
-        f"# Balancing a skewed placement ({report['profile']}: {report['note']})",
+        f"# Balancing a skewed placement ({balanced['profile']}: {balanced['note']})",
         "",
-        "| figure | before | after |",
-        "|---|---|---|",
-        f"| load cov (α = {alpha:g}) | {f['cov_before']:.2f} | {f['cov_after']:.2f} |",
-        f"| mean load (output/s per broker) | {f['mean_before']:.1f} | {f['mean_after']:.1f} |",
-        f"| notification delay p50 (s) | {f['p50_before']:.3f} | {f['p50_after']:.3f} |",
-        f"| notification delay p99 (s) | {f['p99_before']:.3f} | {f['p99_after']:.3f} |",
+        "Two runs of the same skewed workload: the balancer only observing (`static`) and "
+        "acting (`balanced`). 'Before' is the balanced run before its first move; the "
+        "other columns are the runs' last quarters.",
         "",
-        f"Rounds {balance['rounds']}; moves ordered {balance['moves']} "
+        "| figure | balanced, before | static, last quarter | balanced, last quarter |",
+        "|---|---|---|---|",
+        f"| load cov (α = {alpha:g}) | {f['cov_before']:.2f} | {s['cov']:.2f} | {b['cov']:.2f} |",
+        f"| mean load (output/s per broker) | {f['mean_before']:.1f} | {s['mean']:.1f} | "
+        f"{b['mean']:.1f} |",
+        f"| notification delay p50 (s) | {f['p50_before']:.3f} | {sd['p50']:.3f} | "
+        f"{f['p50_after']:.3f} |",
+        f"| notification delay p99 (s) | {f['p99_before']:.3f} | {sd['p99']:.3f} | "
+        f"{f['p99_after']:.3f} |",
+        "",
+        f"Balanced run: rounds {balance['rounds']}; moves ordered {balance['moves']} "
         f"({balance['moves_inside']} inside a cluster, {balance['moves_across']} across), "
         f"{balance['moves_failed']} failed; moves the subscribers made: "
-        f"{balance.get('moves_made', 0)}. Deliveries before the first move "
-        f"{balance.get('deliveries_before', 0)}, after the last "
-        f"{balance.get('deliveries_after', 0)}.",
+        f"{balance.get('moves_made', 0)}, {balance.get('moves_in_last_quarter', 0)} of them "
+        f"ordered in the run's last quarter. Delay 'before': the "
+        f"{balance.get('deliveries_before', 0)} deliveries before the first move.",
         "",
-        f"Exactly once: expected {report['expected_deliveries']}, delivered "
-        f"{report['delivered']}, duplicated {report['duplicates']}, lost {report['lost']}; "
-        f"repeats the SDK dropped during moves: {report.get('sdk_duplicates_absorbed', 0)}.",
     ]
+    for label, r in (("static", static), ("balanced", balanced)):
+        rows.append(
+            f"Exactly once, {label}: expected {r['expected_deliveries']}, delivered "
+            f"{r['delivered']}, duplicated {r['duplicates']}, lost {r['lost']}; false link "
+            f"detections {r['failures'].get('links_down', 0)}; repeats the SDK dropped: "
+            f"{r['balance'].get('sdk_duplicates_absorbed', 'not recorded')}."
+        )
     return "\n".join(rows) + "\n"
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Per-broker load, cov and delay over time through the rebalancing."""
+def plot(static: dict[str, Any], balanced: dict[str, Any], path: Path) -> None:
+    """(a) every broker's load over time in the balanced run, (b) the spread of load
+    and (c) the notification delay over time in both runs, the rounds that moved
+    someone marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    balance = report["balance"]
-    timeline = balance["timeline"]
-    t = [s["t"] for s in timeline]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
-    hot = report["balance"].get("hot", list(HOT))
-    for broker in sorted(timeline[0]["loads"]):
+    timeline = balanced["balance"]["timeline"]
+    t = [s["t"] for s in timeline]
+    hot = balanced["balance"].get("hot", list(HOT))
+    for broker in sorted(timeline[-1]["loads"]):
         loads = [s["loads"].get(broker, 0.0) for s in timeline]
         if broker in hot:
             axes[0].plot(t, loads, lw=1.6, label=broker)
         else:
             axes[0].plot(t, loads, color="grey", alpha=0.35, lw=0.7)
-    axes[1].plot(t, [s["cov"] for s in timeline], color="black")
-    axes[1].axhline(balance["options"]["alpha"], color="red", ls=":", label="α")
-    series = report.get("series", [])  # from the first publication: the balancer's start
-    axes[2].plot([b["t"] for b in series], [b["delay_mean"] for b in series], label="mean")
-    axes[2].plot([b["t"] for b in series], [b["delay_max"] for b in series], ":", label="max")
-    for move_round in sorted({m["t"] for m in balance["decisions"] if not m["error"]}):
+    for label, report, style in (("static", static, ":"), ("balanced", balanced, "-")):
+        samples = report["balance"]["timeline"]
+        axes[1].plot([s["t"] for s in samples], [s["cov"] for s in samples], style, label=label)
+        series = report.get("series", [])  # from the first publication: the balancer's start
+        axes[2].plot(
+            [b["t"] for b in series], [b["delay_mean"] for b in series], style, label=label
+        )
+    axes[1].axhline(balanced["balance"]["options"]["alpha"], color="red", lw=0.8, label="α")
+    for moved in sorted({m["t"] for m in balanced["balance"]["decisions"] if not m["error"]}):
         for ax in axes:
-            ax.axvline(move_round, color="tab:green", alpha=0.25, lw=1)
+            ax.axvline(moved, color="tab:green", alpha=0.25, lw=1)
     titles = (
-        ("load (output/s)", "(a) every broker's load (hot ones in colour, grey: the rest)"),
-        ("coefficient of variation", "(b) spread of load (green: moves ordered)"),
-        ("delay (s)", "(c) notification delay"),
+        ("load (output/s)", "(a) balanced: every broker's load (hot ones in colour)"),
+        ("coefficient of variation", "(b) spread of load (green: rounds that moved)"),
+        ("mean delay per second (s)", "(c) notification delay"),
     )
     for ax, (ylabel, title) in zip(axes, titles, strict=True):
-        ax.set_xlabel("time since the balancer started (s)")
+        ax.set_xlabel("time since publishing started (s)")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)

@@ -198,3 +198,24 @@ def test_a_false_detection_breaks_the_promise() -> None:
     calm = _report("dnr", 500, 37_000, 0.1, 1.0, failures={"links_down": 0})
     jumpy = _report("dnr", 500, 37_000, 0.1, 1.0, failures={"links_down": 2})
     assert delivered_as_promised(calm) and not delivered_as_promised(jumpy)
+
+
+def test_a_skewed_placement_deals_the_share_over_the_hot_brokers() -> None:
+    """``bench.balance.skewed``: the first 80% of the subscribers go round-robin to the
+    five hot brokers, every subscription of one subscriber to the same one; the rest
+    and the publications stay as the workload had them."""
+    from bench.balance import HOT, skewed
+
+    scot = build_preset("paper75")
+    workload = generate_workload(scot, subscribers=100, publishers=5, notifications=3, seed=2)
+    placed = skewed(workload, scot, 0.8)
+    hosts: dict[str, set[str]] = {}
+    for s in placed.subscriptions:
+        hosts.setdefault(s.subscriber, set()).add(s.broker)
+    names = list(hosts)
+    assert all(len(h) == 1 for h in hosts.values())
+    assert [next(iter(hosts[n])) for n in names[:80]] == [HOT[i % 5] for i in range(80)]
+    original = {s.subscriber: s.broker for s in workload.subscriptions}
+    assert all(hosts[n] == {original[n]} for n in names[80:])
+    assert placed.publications == workload.publications
+    assert placed.meta["skew"] == {"share": 0.8, "hot": list(HOT)}

@@ -96,6 +96,13 @@ class Balancer:
                 mean,
                 f": {plan.note}" if plan.note else "",
             )
+        self.timeline[-1]["planned"] = len(plan.moves)
+        if not self.options.act:
+            if plan.moves:
+                log.info(
+                    "round %d: would move %d subscribers (dry run)", self.rounds, len(plan.moves)
+                )
+            return plan
         at, wall = time.monotonic() - self._started, time.time()
         records = [{"round": self.rounds, "t": at, "wall": wall, **asdict(m)} for m in plan.moves]
         room = asyncio.Semaphore(ORDERS_AT_ONCE)

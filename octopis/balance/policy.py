@@ -44,6 +44,8 @@ class BalanceOptions:
     """Moves one round orders at most: the next round sees their effect first."""
     rounds: int = 0
     """Rounds to run; 0: until stopped."""
+    act: bool = True
+    """False: plan and log each round, move nothing (a dry run, or a baseline)."""
     cooldown: float = 30.0
     """Seconds a moved subscriber is left where it went: a move across clusters takes
     the SDK's linger (10 s) to finish, and the loads need a window to show it."""

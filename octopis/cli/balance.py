@@ -65,6 +65,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help=f"moves one round orders at most (default {defaults.max_moves})",
     )
     run.add_argument("--rounds", type=int, default=0, help="stop after N rounds (0: never)")
+    run.add_argument("--dry-run", action="store_true", help="plan and log each round, move nothing")
     run.add_argument(
         "--report", type=Path, metavar="FILE", help="write what it saw and did here as JSON"
     )
@@ -157,6 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sample=args.sample,
         max_moves=args.max_moves,
         rounds=args.rounds,
+        act=not args.dry_run,
     )
     balancer = Balancer(cluster.scot, cluster.ask, options, call=cluster.call)
     try:

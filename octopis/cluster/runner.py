@@ -477,19 +477,26 @@ class WorkloadRun:
 
     def _balance_report(self) -> dict[str, Any]:
         """The balancer's report, with the notification delay of the deliveries made
-        before its first move was ordered and of those made ``settle`` seconds after its
-        last (the load window, so that the loads it acted on have changed)."""
+        in the last quarter of the run (the balanced state, if it got there; the moves
+        ordered in it are counted) and, if it moved anyone, of those made before its
+        first move was ordered."""
         assert self.balancer is not None
         report = self.balancer.report()
         ordered = [m["wall"] for m in report["decisions"] if not m["error"]]
-        if ordered:
-            settle = self.options.settings.load_window
-            before = [d for t, d in self._arrivals if t < ordered[0]]
-            after = [d for t, d in self._arrivals if t > ordered[-1] + settle]
-            report["delay_before"] = delay_distribution(before)
+        if self._arrivals:
+            times = [t for t, _ in self._arrivals]
+            start, end = min(times), max(times)
+            tail = end - (end - start) / 4
+            after = [d for t, d in self._arrivals if t >= tail]
             report["delay_after"] = delay_distribution(after)
-            report["deliveries_before"], report["deliveries_after"] = len(before), len(after)
+            report["deliveries_after"] = len(after)
+            report["moves_in_last_quarter"] = sum(w >= tail for w in ordered)
+            if ordered:
+                before = [d for t, d in self._arrivals if t < ordered[0]]
+                report["delay_before"] = delay_distribution(before)
+                report["deliveries_before"] = len(before)
         report["moves_made"] = self.client_stats.moves
+        report["sdk_duplicates_absorbed"] = self.client_stats.duplicates_absorbed
         return report
 
     def _series(self, width: float) -> list[dict[str, float]]:
