@@ -433,3 +433,25 @@ def test_dnr_with_every_icol_of_the_host_down_carries_the_bits_on_an_acol() -> N
     report = sim.report()
     assert report["lost"] == report["duplicates"] == 0
     assert sim.cores["b:0"].stats["dnr_case_2"] == 1
+
+
+def test_a_stale_rehost_note_is_ignored_and_counted() -> None:
+    """A REHOST that finds its entry turned elsewhere (a later move adopted it here while
+    the note was on its way, as hypothesis found in CI) changes nothing: it is counted as
+    ``rehost.stale``, not a protocol error; a current note records the host."""
+    import networkx as nx
+
+    from octopis.core import Rehost
+    from octopis.topology import build_scot
+
+    scot = build_scot(nx.path_graph(["r0", "r1", "r2"]), 3)
+    r0, r1 = make_broker(scot, "r0:2", "snr"), make_broker(scot, "r1:2", "snr")
+    sub_id, actions = r1.subscribe("S", parse_subscription("[x,<,1]"), 0.0)
+    subscribe = next(a.message for a in actions if a.link == "r0:2")
+    r0.receive("r1:2", subscribe, NoCongestion())
+    r0.receive("r1:2", Rehost(sub_id, "r2:2"), NoCongestion())
+    assert r0.table.entries[sub_id].host == "r2:2"
+    r0.adopt("S", sub_id)  # the subscriber moves on to r0:2 before the next note arrives
+    assert r0.receive("r1:2", Rehost(sub_id, "r1:2"), NoCongestion()) == []
+    entry = r0.table.entries[sub_id]
+    assert entry.local and entry.host == "r0:2" and r0.stats["rehost.stale"] == 1

@@ -207,10 +207,14 @@ class ClusteredBroker(CoreBase):
 
     def rehost(self, message: Rehost, src: str) -> list[Action]:
         """Record that ``message.sub_id``, held with last hop ``src``, is hosted at
-        ``message.host`` now (bookkeeping for restart withdrawal; routing is unchanged)."""
+        ``message.host`` now (bookkeeping for restart withdrawal; routing is unchanged).
+        A note that finds the entry pointing elsewhere (or gone) is stale and ignored
+        (``rehost.stale``): a later move turned or adopted the entry here while the note
+        was on its way, and that move's own notes say where the host is."""
         entry = self.table.entries.get(message.sub_id)
         if entry is None or entry.last_hop != src:
-            raise ProtocolError(f"rehost of {message.sub_id} from {src}: no such entry")
+            self.stats["rehost.stale"] += 1
+            return []
         self.table.replace(replace(entry, host=message.host))
         return []
 
