@@ -261,11 +261,6 @@ class Connection:
         """The connections this one opened for clients that moved."""
         return list(self._siblings.values())
 
-    @property
-    def serves(self) -> int:
-        """How many clients this connection serves."""
-        return len(self._handlers)
-
     async def sibling(self, endpoint: str) -> Connection:
         """An open connection to ``endpoint`` for a client that moves there: the group's
         (:class:`ConnectionGroup`), or one opened now (failing over to this one's
