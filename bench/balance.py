@@ -6,17 +6,20 @@ processes, and the balancer evening it out while the stock-quote stream flows.
 One workload from the Spark job (real quotes), its subscribers then placed with a skew:
 ``skew`` of them dealt round-robin over five hot edge brokers (two clusters, so that
 moves inside a cluster and across both have somewhere to go), the rest where the job put
-them. One `octopis run` in DNR with ``--balance ldm``: the balancer reads every broker's
-load analysis (a short load window, so that it sees its moves), orders moves round after
-round, and the subscribers follow them make-before-break while notifications flow.
-Written under ``--out`` (default ``bench/results``):
+them. Two `octopis run`s of it in DNR: the balancer only observing (``static``), then
+acting (``balanced``, LDM): it reads every broker's load analysis (a short load window,
+so that it sees its moves), orders moves round after round, and the subscribers follow
+them make-before-break while notifications flow. Written under ``--out`` (default
+``bench/results``; the full profile goes to ``bench/results/full`` by convention):
 
-- ``balance/<profile>.json``: the run report, its ``balance`` part holding every decision,
-  the load of every broker sampled over time, and the delay before and after;
-- ``balance.md``: the table (load cov and mean before → after, p99 delay before →
-  after, moves inside and across, expected / delivered / duplicated / lost);
-- ``balance.png``: per-broker load over time (hot brokers in colour), cov over time,
-  and notification delay over time, with the rounds that moved someone marked.
+- ``balance/<profile>-{static,balanced}.json``: the run reports, their ``balance`` part
+  holding every decision, the load of every broker sampled over time, and the delay
+  before the first move and in the run's last quarter;
+- ``balance.md``: the table (load cov and mean, p50 and p99 delay: before the first
+  move, and both runs' last quarters; moves inside and across; expected / delivered /
+  duplicated / lost for both runs);
+- ``balance.png``: every broker's load over time in the balanced run (hot brokers in
+  colour), the spread of load and the delay over time in both, rounds that moved marked.
 """
 
 from __future__ import annotations
@@ -120,7 +123,9 @@ def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
         ((profile.subscribers, profile.publishers),),
         profile.note,
     )
-    workload = skewed(build_workload(spark, topology, base / "workload", seed), scot, profile.skew)
+    workload = skewed(
+        build_workload(spark, topology, base / f"workload-{name}", seed), scot, profile.skew
+    )
     reports = {}
     for variant, act in (("static", False), ("balanced", True)):
         path = base / f"{name}-{variant}.json"
