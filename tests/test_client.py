@@ -365,7 +365,7 @@ def test_a_subscriber_killed_while_moving_leaves_no_trace(
             return counters.get("moves.adopted", 0) == 3
 
         async def kill() -> None:
-            await asyncio.sleep(1.0)
+            await until(lambda: len(got) >= 50, "the stream under way", 20)
             to = scot.brokers["f:0"].client_endpoint
             assert len(await cluster.call("a:0", "move", "mover", to, True)) == 3
             assert mover.stdout is not None

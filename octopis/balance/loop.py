@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
@@ -25,6 +26,11 @@ from octopis.balance.policy import BalanceOptions, plan_round
 from octopis.topology import Scot
 
 log = logging.getLogger("octopis.balance")
+
+KEPT = 10_000
+"""Load samples and move decisions a balancer keeps (the last ones): `octopis balance
+run` may run for weeks; the report counts every move and says how many decisions it
+no longer holds."""
 
 ORDERS_AT_ONCE = 16
 """Move orders a round has under way at once."""
@@ -55,8 +61,10 @@ class Balancer:
         else each order asks over a connection of its own."""
         self.options = options
         self.timeout = timeout
-        self.timeline: list[dict[str, Any]] = []
-        self.moves: list[dict[str, Any]] = []
+        self.timeline: deque[dict[str, Any]] = deque(maxlen=KEPT)
+        self.moves: deque[dict[str, Any]] = deque(maxlen=KEPT)
+        self.counts: Counter[str] = Counter()
+        """Moves ordered (``inside``, ``across``) and ``failed``, all of them."""
         self.rounds = 0
         self._started = time.monotonic()
 
@@ -117,6 +125,10 @@ class Balancer:
         await asyncio.gather(*(order(r) for r in records))
         for move, record in zip(plan.moves, records, strict=True):
             self.moves.append(record)
+            if record["error"]:
+                self.counts["failed"] += 1
+            else:
+                self.counts["inside" if record["inside_cluster"] else "across"] += 1
             where = "inside its cluster" if move.inside_cluster else "across clusters"
             if record["error"]:
                 log.warning(
@@ -185,14 +197,15 @@ class Balancer:
 
     def report(self) -> dict[str, Any]:
         """What the balancer saw and did."""
-        ordered = [m for m in self.moves if not m["error"]]
+        counts = self.counts
         return {
             "options": asdict(self.options),
             "rounds": self.rounds,
-            "moves": len(ordered),
-            "moves_inside": sum(m["inside_cluster"] for m in ordered),
-            "moves_across": sum(not m["inside_cluster"] for m in ordered),
-            "moves_failed": len(self.moves) - len(ordered),
-            "decisions": self.moves,
-            "timeline": self.timeline,
+            "moves": counts["inside"] + counts["across"],
+            "moves_inside": counts["inside"],
+            "moves_across": counts["across"],
+            "moves_failed": counts["failed"],
+            "decisions": list(self.moves),
+            "decisions_dropped": sum(counts.values()) - len(self.moves),
+            "timeline": list(self.timeline),
         }
