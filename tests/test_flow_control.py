@@ -190,3 +190,54 @@ def test_a_slow_subscriber_loses_its_oldest_with_a_count(
     assert dropped > 0
     assert connection.overflowed == dropped
     assert len(slow_seqs) == len(set(slow_seqs)) == total - dropped
+
+
+def test_a_broker_short_of_delivery_capacity_queues_and_holds_its_neighbours_back(
+    line_of: Callable[[BrokerSettings], LocalCluster],
+) -> None:
+    """``clients.capacity`` 300 deliveries/s and ``clients.queue_limit`` 100: a publisher
+    on a:0 offers far more to a reader on c:0. c:0's deliveries wait for their slots, in
+    order; past the limit c:0 withholds its acknowledgements, b:0 and then a:0 fill their
+    custody and the publisher is slowed. Nothing is dropped, nothing is reordered, and
+    c:0's queue stays within the limit plus what one custody buffer can add."""
+    settings = BrokerSettings(
+        delivery_capacity=300.0, delivery_queue_limit=100, custody_limit=50, retain=0.0
+    )
+    cluster = line_of(settings)
+    total = 1500
+    got: Counter[int] = Counter()
+    order: list[int] = []
+
+    async def scenario() -> dict:
+        await cluster.wait_ready(60)
+        sub = await Subscriber.connect(
+            cluster.scot.brokers["c:0"].client_endpoint,
+            "reader",
+            on_notification=lambda n: (got.update([n.seq]), order.append(n.seq)),
+        )
+        await sub.subscribe("[class,eq,'STOCK']")
+        await until(lambda: tables_hold(cluster, 1), "the subscription reaches a:0", 20)
+        pub = await Publisher.connect(cluster.scot.brokers["a:0"].client_endpoint, "feed")
+        for i in range(total):
+            await pub.publish({"class": "STOCK", "symbol": "X", "close": float(i)}, wait=False)
+        await pub.flush(120)
+        await until(lambda: len(got) >= total, "every notification arrives", 60)
+        stats = await cluster.call_all("stats")
+        await pub.close()
+        await sub.close()
+        return stats
+
+    stats = asyncio.run(closing_control(cluster, scenario()))
+    counts = accounting("reader", total, got)
+    c0 = stats["c:0"]
+    print(
+        f"c:0 paced {c0['counters']['deliveries_paced']}, most waiting "
+        f"{c0['deliveries_waiting_max']}; a:0 custody full {stats['a:0']['custody']['b:0']}"
+    )
+    assert counts["delivered"] == total and counts["duplicates"] == counts["lost"] == 0
+    assert order == sorted(order)
+    assert c0["counters"]["deliveries_paced"] > 0 and c0["deliveries_waiting"] == 0
+    assert c0["counters"]["backpressure.episodes"] >= 1
+    assert c0["counters"]["backpressure.acks_withheld"] > 0
+    assert stats["a:0"]["custody"]["b:0"]["times_full"] > 0
+    assert 100 <= c0["deliveries_waiting_max"] <= 100 + 2 * settings.custody_limit

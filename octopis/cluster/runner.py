@@ -454,7 +454,8 @@ class WorkloadRun:
             await asyncio.sleep(period)
             stats = await self._ask_live("stats")
             busy = sum(
-                sum(s["queue_lengths"].values()) + s["client_backlog"] for s in stats.values()
+                sum(s["queue_lengths"].values()) + s["client_backlog"] + s["deliveries_waiting"]
+                for s in stats.values()
             )
             if not busy and sum(self.ledger.received.values()) == before:
                 return

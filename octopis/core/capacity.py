@@ -30,10 +30,11 @@ class SendRate:
         self.slack = slack
         self.free_at = 0.0
 
-    def book(self, ready: float) -> float:
-        """Book the first free slot for a copy ready at ``ready``; returns its departure."""
+    def book(self, ready: float, count: int = 1) -> float:
+        """Book the first ``count`` free slots, back to back, for copies ready at
+        ``ready``; returns when the last of them leaves."""
         start = max(self.free_at, ready - self.slack)
-        self.free_at = start + self.gap
+        self.free_at = start + count * self.gap
         return max(self.free_at, ready)
 
 

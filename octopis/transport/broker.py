@@ -157,6 +157,7 @@ class Broker:
             self.incarnation,
             curve,
             send_pass,
+            lambda: self.clients.paced_deliveries,
         )
         self.links = self.peers.links
         self.clients = ClientSessions(
@@ -661,6 +662,8 @@ class Broker:
                 for name, link in self.links.items()
             },
             "client_backlog": self.clients.backlog(),
+            "deliveries_waiting": self.clients.paced_deliveries,
+            "deliveries_waiting_max": self.clients.paced_peak,
             "load": self.load_meter.report(0),
             "custody": {
                 name: {

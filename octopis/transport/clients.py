@@ -14,6 +14,12 @@ backlog reach the limit is a slow consumer, handled by ``clients.slow_policy``: 
 oldest queued deliveries dropped (counted, and the count sent to it once its backlog
 drains). At most ``clients.publish_window`` publications per connection wait for their
 answer (the publish credit backpressure reaches); more are refused.
+
+``clients.capacity`` (deliveries per second, 0 = unlimited) makes the broker an
+overwhelmed one on its client side (issue 17): deliveries then leave no faster than
+that, in the order they were made, queued in the broker meanwhile (replies and notices
+keep their place behind them); more than ``clients.queue_limit`` deliveries waiting hold
+the neighbours back as a full link does (DESIGN §8).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Protocol
 import zmq
 
 from octopis.core import Action, Notification, ProtocolError
+from octopis.core.capacity import SendRate
 from octopis.filters import (
     FilterError,
     Subscription,
@@ -34,6 +41,7 @@ from octopis.filters import (
     validate_publication,
 )
 from octopis.transport.links import (
+    LOOP_SLACK,
     SNDMORE_NOBLOCK,
     InputWaiter,
     PublishReceipt,
@@ -135,6 +143,20 @@ class ClientSessions:
         """Opened around each pass over the requests; shared with the peer links."""
         self._held: dict[bytes, list[bytes]] = {}
         """Deliveries of the open send pass, per connection: ``[names, body, ...]``."""
+        self._held_count: Counter[bytes] = Counter()
+        """Per connection: the deliveries (client names) in :attr:`_held`."""
+        self.pacer = (
+            SendRate(settings.delivery_capacity, LOOP_SLACK) if settings.delivery_capacity else None
+        )
+        """``clients.capacity``: the slots deliveries leave in, when set."""
+        self.paced: deque[tuple[bytes, list[bytes], int, float | None]] = deque()
+        """Messages waiting for :attr:`pacer`, in order: (connection, parts, deliveries in
+        them, departure once booked)."""
+        self.paced_deliveries = 0
+        """Deliveries in :attr:`paced` (``clients.queue_limit`` applies to it)."""
+        self.paced_peak = 0
+        """The most deliveries :attr:`paced` has held at once."""
+        self._pacing: asyncio.Task[None] | None = None
         self.bytes_out = 0
         """Bytes of notifications delivered (the load analysis reads it, DESIGN §9)."""
         self.counters: Counter[str] = Counter()
@@ -378,6 +400,13 @@ class ClientSessions:
                 f"{connection.unanswered} publications of this connection are unanswered "
                 f"(clients.publish_window = {window}); wait for their answers"
             )
+        if self.paced_deliveries >= self.settings.delivery_queue_limit:
+            self.counters["publications_refused.deliveries_waiting"] += 1
+            raise ClientError(
+                f"{self.paced_deliveries} deliveries wait for this broker's capacity "
+                f"(clients.capacity = {self.settings.delivery_capacity:g}/s, clients.queue_limit "
+                f"= {self.settings.delivery_queue_limit}); publish again later"
+            )
         self._key(identity, connection, request)
         n = Notification(
             request.client, request.seq, request.published_at, publication, session=request.session
@@ -466,8 +495,10 @@ class ClientSessions:
             if connection is not None:
                 connection.delivered.update(names)
             if not send_pass.open:
-                self._send(identity, [pack(names), body])
-            elif identity in held:
+                self._out(identity, [pack(names), body], len(names))
+                continue
+            self._held_count[identity] += len(names)
+            if identity in held:
                 held[identity] += (pack(names), body)
             else:
                 held[identity] = [pack(names), body]
@@ -479,8 +510,55 @@ class ClientSessions:
         :data:`DELIVERIES_PER_MESSAGE`; one whose pipe is full queues them one by one, so
         its backlog counts deliveries."""
         held, self._held = self._held, {}
+        counts, self._held_count = self._held_count, Counter()
         for identity, parts in held.items():
+            self._out(identity, parts, counts[identity])
+
+    def _out(self, identity: bytes, parts: list[bytes], count: int) -> None:
+        """Deliveries ``[names, body, ...]`` (``count`` client names in all) to a
+        connection: at once, or, when ``clients.capacity`` has no slot for them now,
+        queued for :meth:`_release_paced`."""
+        pacer = self.pacer
+        if pacer is None:
             self._flush(identity, parts)
+            return
+        leave = None
+        if not self.paced:
+            now = asyncio.get_running_loop().time()
+            leave = pacer.book(now, count)
+            if leave <= now:
+                self._flush(identity, parts)
+                return
+        self._pace(identity, parts, count, leave)
+
+    def _pace(self, identity: bytes, parts: list[bytes], count: int, leave: float | None) -> None:
+        """Queue a message behind the deliveries waiting for ``clients.capacity``."""
+        self.paced.append((identity, parts, count, leave))
+        self.paced_deliveries += count
+        self.paced_peak = max(self.paced_peak, self.paced_deliveries)
+        self.counters["deliveries_paced"] += count
+        if self._pacing is None:
+            self._pacing = asyncio.get_running_loop().create_task(self._release_paced())
+
+    async def _release_paced(self) -> None:
+        """Send the queued messages in order, each once its slots of ``clients.capacity``
+        have passed (booked when it reaches the head of the queue)."""
+        loop = asyncio.get_running_loop()
+        paced, pacer = self.paced, self.pacer
+        assert pacer is not None
+        try:
+            while paced:
+                identity, parts, count, leave = paced[0]
+                if leave is None and count:
+                    leave = pacer.book(loop.time(), count)
+                    paced[0] = (identity, parts, count, leave)
+                if leave is not None and leave > loop.time():
+                    await asyncio.sleep(leave - loop.time())
+                paced.popleft()
+                self.paced_deliveries -= count
+                self._flush(identity, parts)
+        finally:
+            self._pacing = None
 
     def _flush(self, identity: bytes, parts: list[bytes]) -> None:
         """Send deliveries ``[names, body, ...]`` to a connection in messages of at most
@@ -490,14 +568,22 @@ class ClientSessions:
         for i in range(0, len(parts), step):
             if connection is not None and connection.backlog:
                 for j in range(i, len(parts), 2):
-                    self._send(identity, parts[j : j + 2])
+                    self._transmit(identity, parts[j : j + 2])
                 break
             batch = parts[i : i + step]
             if len(batch) > 2:
                 self.counters["deliveries_batched"] += len(batch) // 2
-            self._send(identity, batch)
+            self._transmit(identity, batch)
 
     def _send(self, identity: bytes, parts: list[bytes]) -> None:
+        """A reply or notice: sent now, or, while deliveries wait for ``clients.capacity``,
+        behind them (a ``released`` notice must follow the deliveries it follows)."""
+        if self.paced:
+            self._pace(identity, parts, 0, None)
+        else:
+            self._transmit(identity, parts)
+
+    def _transmit(self, identity: bytes, parts: list[bytes]) -> None:
         """Send to a connection now, or queue behind its backlog when its pipe is full.
 
         The ROUTER is also read through an :class:`InputWaiter`; every send pokes it, so
@@ -634,6 +720,8 @@ class ClientSessions:
         return sum(len(c.backlog or ()) for c in self.connections.values())
 
     def close(self) -> None:
-        """Stop watching the socket."""
+        """Stop watching the socket and pacing deliveries."""
+        if self._pacing is not None:
+            self._pacing.cancel()
         if self._waiter is not None:
             self._waiter.close()

@@ -65,7 +65,11 @@ def families(stats: dict[str, Any]) -> Iterator[Metric]:
         ("octopis_links_up", "Links to neighbours that are up", "links_up"),
         ("octopis_ready", "1 once every link is handshaken and every share is in", "ready"),
         ("octopis_serving", "1 once resynced from every live neighbour", "serving"),
-    ):
+        ("octopis_client_backlog", "Messages queued for clients whose pipes are full",
+         "client_backlog"),
+        ("octopis_deliveries_waiting", "Deliveries waiting for clients.capacity",
+         "deliveries_waiting"),
+    ):  # fmt: skip
         yield GaugeMetricFamily(name, help_text, value=float(stats[value]))
     yield CounterMetricFamily(
         "octopis_cpu_seconds", "CPU time of the broker process", value=stats["cpu_seconds"]

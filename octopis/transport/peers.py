@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,6 +57,10 @@ from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker.peers")
 
+CLIENTS = "(clients)"
+"""The name :attr:`PeerLinks.full_links` gives the broker's own clients when more than
+``clients.queue_limit`` deliveries wait for ``clients.capacity``: every neighbour is then
+held back."""
 PEER_BATCH = 64
 """Frames handled before yielding to the event loop, so senders keep draining."""
 
@@ -128,8 +132,11 @@ class PeerLinks:
         incarnation: int,
         curve: Curve | None = None,
         send_pass: SendPass | None = None,
+        waiting_deliveries: Callable[[], int] = lambda: 0,
     ) -> None:
         self.id = broker_id
+        self.waiting_deliveries = waiting_deliveries
+        """Deliveries the broker's clients side has waiting (``clients.capacity``)."""
         self.incarnation = incarnation
         self.send_pass = send_pass or SendPass()
         """Opened around each pass over the input: what it sends leaves in batches."""
@@ -430,6 +437,9 @@ class PeerLinks:
         limit = self.settings.queue_limit
         links = self.links
         full = {n for n, link in links.items() if len(link.queue) >= limit}
+        waiting = self.waiting_deliveries()
+        if waiting >= self.settings.delivery_queue_limit:
+            full.add(CLIENTS)
         memory = self.memory
         if memory.over(now):
             longest = max(links, key=lambda n: len(links[n].queue))
@@ -455,10 +465,15 @@ class PeerLinks:
             self.counters["backpressure.episodes"] += 1
             self._warn.warning(
                 "pressure",
-                "%s holds back its neighbours: %s (links.queue_limit = %d frames)",
+                "%s holds back its neighbours: %s (links.queue_limit = %d frames, "
+                "clients.queue_limit = %d deliveries)",
                 self.id,
-                ", ".join(f"{n} has {len(self.links[n].queue)} waiting" for n in sorted(full)),
+                ", ".join(
+                    f"{n} has {waiting if n == CLIENTS else len(links[n].queue)} waiting"
+                    for n in sorted(full)
+                ),
                 limit,
+                self.settings.delivery_queue_limit,
             )
         self.full_links = full
 

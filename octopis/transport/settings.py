@@ -33,6 +33,10 @@ publish_window = 1000    # unanswered publications per connection; more are refu
 timeout = 10.0           # a connection silent this long is dropped, its subscriptions withdrawn
 move_timeout = 30.0      # a client told to move a subscription away must have moved it by then
 hold_limit = 10000       # publications held while a restarted broker resyncs; full = refused
+capacity = 0             # deliveries/s to all of this broker's clients together (an
+                         # overwhelmed broker, issue 17); 0 = unlimited
+queue_limit = 10000      # deliveries waiting for that capacity; beyond it the broker holds
+                         # back its neighbours, as for a full link (DESIGN §8)
 
 [dedup]
 window = 4096            # (publisher, seq) pairs remembered per publisher (edge dedup)
@@ -100,6 +104,10 @@ class BrokerSettings:
     client_timeout: float = 10.0
     client_move_timeout: float = 30.0
     hold_limit: int = 10_000
+    delivery_capacity: float = 0.0
+    """Deliveries per second to all clients together; 0 = unlimited."""
+    delivery_queue_limit: int = 10_000
+    """Deliveries waiting for :attr:`delivery_capacity` before neighbours are held back."""
     dedup_window: int = DEFAULT_DEDUP_WINDOW
     dedup_publishers: int = DEFAULT_DEDUP_PUBLISHERS
     log_interval: float = 5.0
@@ -177,6 +185,8 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("clients", "timeout"): ("client_timeout", 0.1, False),
     ("clients", "move_timeout"): ("client_move_timeout", 0.1, False),
     ("clients", "hold_limit"): ("hold_limit", 0, True),
+    ("clients", "capacity"): ("delivery_capacity", 0.0, False),
+    ("clients", "queue_limit"): ("delivery_queue_limit", 1, True),
     ("dedup", "window"): ("dedup_window", 1, True),
     ("dedup", "publishers"): ("dedup_publishers", 1, True),
     ("logs", "interval"): ("log_interval", 0.0, False),
