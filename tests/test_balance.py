@@ -33,6 +33,7 @@ from octopis.balance.plans import (
     low_load_plan,
     shuffle,
 )
+from octopis.balance.policy import BalanceOptions
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.transport.settings import BrokerSettings
@@ -197,6 +198,16 @@ def test_initial_placement_policies() -> None:
     assert initial_broker("random", "a:0", state, rng=random.Random(3)) in brokers
     with pytest.raises(ValueError, match="placement 'far' is not one of"):
         initial_broker("far", "a:0", state)
+
+
+def test_the_load_measure_is_deliveries_for_bads_plans_and_output_for_load_ratios() -> None:
+    assert BalanceOptions("ldm").load_measure == "deliveries"
+    assert BalanceOptions("shuffle", measure="output").load_measure == "output"
+    assert BalanceOptions("high-load").load_measure == "output"
+    with pytest.raises(ValueError, match="works on load ratios"):
+        BalanceOptions("low-load", measure="deliveries")
+    with pytest.raises(ValueError, match="unknown load measure 'cpu'"):
+        BalanceOptions(measure="cpu")
 
 
 def test_a_skewed_cluster_balances_inside_itself_first() -> None:

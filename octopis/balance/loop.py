@@ -21,8 +21,8 @@ from dataclasses import asdict
 from typing import Any
 
 from octopis.balance.observe import Ask, BalanceError, observe
-from octopis.balance.plans import LoadState, Plan, coefficient_of_variation
-from octopis.balance.policy import BalanceOptions, plan_round
+from octopis.balance.plans import LoadState, Plan
+from octopis.balance.policy import BalanceOptions, load_sample, plan_round
 from octopis.topology import Scot
 
 log = logging.getLogger("octopis.balance")
@@ -179,18 +179,19 @@ class Balancer:
     async def _sample(self) -> LoadState:
         """Read every broker's load; append it to the timeline."""
         try:
-            state, _ = await observe(self.scot, self.ask, self.timeout)
+            state, reports = await observe(
+                self.scot, self.ask, self.timeout, self.options.load_measure
+            )
         except BalanceError as exc:
             log.warning("load not read: %s", exc)
             raise
         loads = {b: v.load for b, v in state.brokers.items()}
+        outputs = {b: r["output_per_s"] for b, r in reports.items()}
         self.timeline.append(
             {
                 "t": time.monotonic() - self._started,
                 "wall": time.time(),
-                "cov": coefficient_of_variation(loads.values()),
-                "mean": sum(loads.values()) / len(loads),
-                "loads": loads,
+                **load_sample(loads, outputs),
             }
         )
         return state

@@ -23,10 +23,15 @@ class BalanceError(RuntimeError):
     """The overlay cannot be observed or changed as a plan needs."""
 
 
+MEASURED = {"deliveries": "deliveries_per_s", "output": "output_per_s"}
+"""Each load measure (:data:`octopis.balance.policy.MEASURES`): its key in a load report."""
+
+
 async def observe(
-    scot: Scot, ask: Ask, timeout: float = 5.0
+    scot: Scot, ask: Ask, timeout: float = 5.0, measure: str = "output"
 ) -> tuple[LoadState, dict[str, dict[str, Any]]]:
-    """The overlay's load state and each broker's load report. A broker without a
+    """The overlay's load state, a broker's load being its ``measure`` per second, and
+    each broker's load report. A broker without a
     configured capacity whose own is not measurable yet (idle: no CPU time in the
     window) is given the largest capacity measured on the others: brokers of one overlay
     run the same code on alike machines. :class:`BalanceError` if a broker does not
@@ -40,7 +45,9 @@ async def observe(
     brokers, loads, hosts = {}, {}, {}
     for broker, report in reports.items():
         capacity = report["capacity_per_s"] or fallback
-        brokers[broker] = BrokerLoad(report["output_per_s"], capacity, scot.brokers[broker].cluster)
+        brokers[broker] = BrokerLoad(
+            report[MEASURED[measure]], capacity, scot.brokers[broker].cluster
+        )
         for client, rate in report["busiest_clients"].items():
             key = f"{client}@{broker}"
             loads[key] = rate

@@ -5,6 +5,7 @@ the options, the plan they name, and the moves a round orders."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from octopis.balance.plans import (
     ALPHA,
@@ -16,6 +17,7 @@ from octopis.balance.plans import (
     LoadState,
     Move,
     Plan,
+    coefficient_of_variation,
     dynamic_migration,
     high_load_plan,
     low_load_plan,
@@ -23,6 +25,12 @@ from octopis.balance.plans import (
 )
 
 PLANS = ("ldm", "shuffle", "high-load", "low-load")
+MEASURES = ("deliveries", "output")
+"""What a broker's load is for a plan: ``deliveries`` per second to its own subscribers
+(BAD's broker load, the data a broker moves for the subscribers it serves: all of it
+goes where they go) or ``output`` per second, notification copies to neighbours as well
+(Dynamoth's LR; relaying stays where the routing puts it, whoever moves)."""
+RATIO_PLANS = ("high-load", "low-load")
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,41 @@ class BalanceOptions:
     cooldown: float = 30.0
     """Seconds a moved subscriber is left where it went: a move across clusters takes
     the SDK's linger (10 s) to finish, and the loads need a window to show it."""
+    measure: str = ""
+    """One of :data:`MEASURES`; empty: ``deliveries`` for BAD's plans (ldm, shuffle),
+    ``output`` for Dynamoth's (high-load, low-load: load ratios against the capacity of
+    the whole broker), which take nothing else."""
 
     def __post_init__(self) -> None:
         if self.plan not in PLANS:
             raise ValueError(f"unknown plan {self.plan!r}; choose one of {', '.join(PLANS)}")
+        if self.measure and self.measure not in MEASURES:
+            raise ValueError(
+                f"unknown load measure {self.measure!r}; choose one of {', '.join(MEASURES)}"
+            )
+        if self.plan in RATIO_PLANS and self.measure not in ("", "output"):
+            raise ValueError(f"the {self.plan} plan works on load ratios: its measure is output")
         if self.interval <= 0 or self.sample <= 0 or self.max_moves < 1 or self.rounds < 0:
             raise ValueError("interval and sample must be > 0, max_moves ≥ 1, rounds ≥ 0")
+
+    @property
+    def load_measure(self) -> str:
+        """The measure the plan balances (:attr:`measure`, or the plan's own)."""
+        return self.measure or ("output" if self.plan in RATIO_PLANS else "deliveries")
+
+
+def load_sample(loads: dict[str, float], outputs: dict[str, float]) -> dict[str, Any]:
+    """One point of a balancer's timeline: each broker's load in the measure balanced,
+    and its output (copies + deliveries per second); the coefficient of variation and
+    mean of both."""
+    return {
+        "cov": coefficient_of_variation(loads.values()),
+        "mean": sum(loads.values()) / len(loads),
+        "loads": loads,
+        "cov_output": coefficient_of_variation(outputs.values()),
+        "mean_output": sum(outputs.values()) / len(outputs),
+        "outputs": outputs,
+    }
 
 
 def collapse(moves: list[Move]) -> list[Move]:

@@ -12,7 +12,7 @@ from typing import Any
 from octopis.balance.loop import Balancer
 from octopis.balance.observe import observe
 from octopis.balance.plans import LoadState, Plan, coefficient_of_variation
-from octopis.balance.policy import PLANS, BalanceOptions, make_plan
+from octopis.balance.policy import MEASURES, PLANS, BalanceOptions, make_plan
 from octopis.cli.errors import UsageError
 from octopis.cluster.launcher import LocalCluster
 from octopis.topology import load_topology
@@ -85,10 +85,22 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", type=Path, metavar="DIR", help="with --topology: its keys")
     parser.add_argument("--insecure", action="store_true", help="with --topology: no keys")
     parser.add_argument("--plan", choices=PLANS, default="ldm", help="which plan (default ldm)")
+    parser.add_argument(
+        "--measure",
+        choices=MEASURES,
+        default="",
+        help="a broker's load: deliveries/s to its own subscribers (all of it moves with "
+        "them; default for ldm and shuffle) or output/s, copies to neighbours included "
+        "(relaying stays; high-load and low-load take only this)",
+    )
     d = BalanceOptions()
     for name, default, what in (
         ("--alpha", d.alpha, "ldm: coefficient of variation that triggers migration"),
-        ("--beta", d.beta, "ldm, shuffle: mean load (output/s) below which nothing moves"),
+        (
+            "--beta",
+            d.beta,
+            "ldm, shuffle: mean load (/s, --measure) under which nothing moves",
+        ),
         ("--gamma", d.gamma, "shuffle: coefficient of variation that triggers it"),
         ("--lr-high", d.lr_high, "high-load: load ratio that makes a broker overloaded"),
         ("--lr-safe", d.lr_safe, "high-load: load ratio an overloaded broker is brought under"),
@@ -124,6 +136,7 @@ def _options(args: argparse.Namespace, **pace: Any) -> BalanceOptions:
             args.lr_high,
             args.lr_safe,
             args.lr_low,
+            measure=args.measure,
             **pace,
         )
     except ValueError as exc:
@@ -133,12 +146,13 @@ def _options(args: argparse.Namespace, **pace: Any) -> BalanceOptions:
 def cmd_plan(args: argparse.Namespace) -> int:
     """``octopis balance plan``."""
     cluster = _cluster(args)
-    state, reports = asyncio.run(observe(cluster.scot, cluster.ask))
-    plan = make_plan(_options(args), state)
+    options = _options(args)
+    state, reports = asyncio.run(observe(cluster.scot, cluster.ask, measure=options.load_measure))
+    plan = make_plan(options, state)
     if args.json:
         print(json.dumps(as_json(state, plan, reports), indent=1))
     else:
-        print(format_plan(args.plan, state, plan))
+        print(format_plan(options, state, plan, reports))
     return 0
 
 
@@ -177,19 +191,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_plan(name: str, state: LoadState, plan: Plan) -> str:
-    """The brokers' loads, their spread, and the moves with their reasons."""
-    lines = [f"{'broker':<10}{'cluster':>8}{'load/s':>10}{'capacity/s':>12}{'LR':>7}{'clients':>9}"]
+def format_plan(
+    options: BalanceOptions, state: LoadState, plan: Plan, reports: dict[str, dict[str, Any]]
+) -> str:
+    """The brokers' loads (in the plan's measure), output, capacity and LR, their spread,
+    and the moves with their reasons."""
+    name, measure = options.plan, options.load_measure
+    lines = [
+        f"{'broker':<10}{'cluster':>8}{measure + '/s':>14}{'output/s':>10}{'capacity/s':>12}"
+        f"{'LR':>7}{'clients':>9}"
+    ]
     for broker, b in sorted(state.brokers.items()):
         clients = sum(h == broker for h in state.hosts.values())
+        report = reports[broker]
         lines.append(
-            f"{broker:<10}{b.cluster:>8}{b.load:>10.1f}{b.capacity:>12.0f}{b.ratio:>7.2f}"
-            f"{clients:>9}"
+            f"{broker:<10}{b.cluster:>8}{b.load:>14.1f}{report['output_per_s']:>10.1f}"
+            f"{b.capacity:>12.0f}{report['load_ratio']:>7.2f}{clients:>9}"
         )
     loads = [b.load for b in state.brokers.values()]
     lines.append(
-        f"cov {coefficient_of_variation(loads):.2f}, mean {sum(loads) / len(loads):.1f}/s over "
-        f"{len(loads)} brokers"
+        f"cov {coefficient_of_variation(loads):.2f}, mean {sum(loads) / len(loads):.1f}/s of "
+        f"{measure} over {len(loads)} brokers"
     )
     inside = sum(m.inside_cluster for m in plan.moves)
     lines.append(

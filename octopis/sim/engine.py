@@ -36,8 +36,8 @@ from octopis.accounting import (
     host_split,
     run_report,
 )
-from octopis.balance.plans import BrokerLoad, LoadState, coefficient_of_variation
-from octopis.balance.policy import BalanceOptions, plan_round
+from octopis.balance.plans import BrokerLoad, LoadState
+from octopis.balance.policy import BalanceOptions, load_sample, plan_round
 from octopis.core import (
     Action,
     BrokerCore,
@@ -254,9 +254,10 @@ class Simulator:
     def balance(self, options: BalanceOptions, until: float, capacity: float = 0.0) -> None:
         """Run the balancer's rounds on simulated load every ``options.interval`` seconds
         from now until ``until``: the decisions of ``octopis balance`` (:func:`plan_round`,
-        one implementation), carried out by :meth:`move`. A broker's load is the
-        notification copies it sent plus the deliveries to the subscribers attached to it
-        per second over the last interval, a subscriber's its deliveries per second;
+        one implementation), carried out by :meth:`move`. A broker's load is, per second
+        over the last interval, the deliveries to the subscribers attached to it, plus
+        the notification copies it sent when ``options.load_measure`` is ``output``; a
+        subscriber's, its deliveries per second;
         ``capacity`` (messages/s) is every broker's, for the plans on load ratios."""
         self.balance_log = {"options": vars(options), "decisions": [], "timeline": []}
         mark = self._load_counts()
@@ -282,9 +283,11 @@ class Simulator:
         span = options.interval
         subscribers = set(self.subscriber_of.values())
         rate = {s: (delivered[s] - mark[1][s]) / span for s in subscribers}
-        load = {b: (copies[b] - mark[0][b]) / span for b in self.cores}
+        deliveries = dict.fromkeys(self.cores, 0.0)
         for subscriber, r in rate.items():
-            load[self._home[subscriber]] += r
+            deliveries[self._home[subscriber]] += r
+        output = {b: (copies[b] - mark[0][b]) / span + deliveries[b] for b in self.cores}
+        load = deliveries if options.load_measure == "deliveries" else output
         brokers = {
             b: BrokerLoad(load[b], capacity, self.scot.brokers[b].cluster) for b in self.cores
         }
@@ -297,13 +300,7 @@ class Simulator:
             self.move(move.subscriber, move.target)
             log["decisions"].append({"t": self.now, **vars(move)})
         log["timeline"].append(
-            {
-                "t": self.now,
-                "cov": coefficient_of_variation(load.values()),
-                "mean": sum(load.values()) / len(load),
-                "loads": load,
-                "moves": len(plan.moves),
-            }
+            {"t": self.now, **load_sample(load, output), "moves": len(plan.moves)}
         )
         if self.now + span <= until:
             self.at(self.now + span, self._balance_round, options, until, capacity, counts)
