@@ -66,25 +66,31 @@ PROFILES = {
         60.0,
         0.8,
         BalanceOptions("ldm", beta=5.0, interval=6.0, sample=1.0, max_moves=150, cooldown=20.0),
-        BrokerSettings(load_window=4, down_after=3.0),
+        BrokerSettings(
+            load_window=4, down_after=3.0, delivery_capacity=150.0, delivery_queue_limit=50_000
+        ),
         2,
         "1,000 subscribers, 80% on five edge brokers; 60 publishers x 120 quotes at 60/min "
-        "(two minutes of publishing); LDM (β 5/s) rounds every 6 s over a 4 s load window; "
-        "links declared down after 3 s of silence (1 s by default: 75 brokers and the "
-        "clients share two cores)",
+        "(two minutes of publishing); every broker delivers at most 150/s (clients.capacity: "
+        "the hot ones are offered ~200/s); LDM (β 5/s) on delivery load, rounds every 6 s "
+        "over a 4 s load window; links declared down after 3 s of silence (1 s by default: "
+        "75 brokers and the clients share two cores)",
     ),
     "full": BalanceProfile(
         2000,
         100,
-        90,
+        150,
         60.0,
         0.8,
         BalanceOptions("ldm", beta=5.0, interval=8.0, sample=1.0, max_moves=800, cooldown=25.0),
-        BrokerSettings(load_window=5, down_after=3.0),
+        BrokerSettings(
+            load_window=5, down_after=3.0, delivery_capacity=400.0, delivery_queue_limit=50_000
+        ),
         2,
         "2,000 subscribers, 80% on five edge brokers (the issue's example); 100 publishers "
-        "x 90 quotes at 60/min; LDM (β 5/s) rounds every 8 s over a 5 s load window; links "
-        "declared down after 3 s of silence",
+        "x 150 quotes at 60/min; every broker delivers at most 400/s (clients.capacity: the "
+        "hot ones are offered ~650/s); LDM (β 5/s) on delivery load, rounds every 8 s over "
+        "a 5 s load window; links declared down after 3 s of silence",
     ),
 }
 
@@ -154,8 +160,8 @@ def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
 
 
 def before_after(report: dict[str, Any]) -> dict[str, Any]:
-    """Load cov and mean at the last sample before the first move was ordered (or the
-    first with load, if none was) and over the last three; delay of the deliveries
+    """Load cov and mean (delivery load and output) at the last sample before the first
+    move was ordered (or the first with load, if none was); delay of the deliveries
     before the first move and in the run's last quarter."""
     balance = report["balance"]
     timeline = balance["timeline"]
@@ -163,12 +169,11 @@ def before_after(report: dict[str, Any]) -> dict[str, Any]:
     loaded = [t for t in timeline if t["mean"] > 0] or timeline
     first = [t for t in loaded if t["t"] < moved[0]][-1:] if moved else loaded[:1]
     before = (first or loaded)[0]
-    last = timeline[-3:]
     return {
         "cov_before": before["cov"],
-        "cov_after": sum(t["cov"] for t in last) / len(last),
+        "cov_output_before": before["cov_output"],
         "mean_before": before["mean"],
-        "mean_after": sum(t["mean"] for t in last) / len(last),
+        "mean_output_before": before["mean_output"],
         "p99_before": balance.get("delay_before", {}).get("p99", float("nan")),
         "p99_after": balance.get("delay_after", {}).get("p99", float("nan")),
         "p50_before": balance.get("delay_before", {}).get("p50", float("nan")),
@@ -177,14 +182,24 @@ def before_after(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def last_quarter(report: dict[str, Any]) -> dict[str, float]:
-    """Load cov and mean averaged over the samples of the run's last quarter."""
+    """Load cov and mean (delivery load and output) averaged over the balancer's samples
+    of the run's last quarter; the most deliveries waiting for ``clients.capacity`` at
+    one broker in the run's queue samples of that quarter."""
     timeline = report["balance"]["timeline"]
     tail = timeline[-1]["t"] * 3 / 4
     last = [t for t in timeline if t["t"] >= tail] or timeline[-1:]
-    return {
-        "cov": sum(t["cov"] for t in last) / len(last),
-        "mean": sum(t["mean"] for t in last) / len(last),
-    }
+    queues = report.get("timeline", [])
+    queue_tail = queues[-1]["t"] * 3 / 4 if queues else 0.0
+    figures = {k: sum(t[k] for t in last) / len(last) for k in FIGURES}
+    figures["waiting"] = max(
+        (q["deliveries_waiting_max"] for q in queues if q["t"] >= queue_tail), default=0
+    )
+    figures["waiting_peak"] = max((q["deliveries_waiting_max"] for q in queues), default=0)
+    return figures
+
+
+FIGURES = ("cov", "mean", "cov_output", "mean_output")
+"""What the balancer's timeline holds per sample, averaged over a quarter."""
 
 
 def table(static: dict[str, Any], balanced: dict[str, Any]) -> str:
@@ -203,9 +218,18 @@ def table(static: dict[str, Any], balanced: dict[str, Any]) -> str:
         "",
         "| figure | balanced, before | static, last quarter | balanced, last quarter |",
         "|---|---|---|---|",
-        f"| load cov (α = {alpha:g}) | {f['cov_before']:.2f} | {s['cov']:.2f} | {b['cov']:.2f} |",
-        f"| mean load (output/s per broker) | {f['mean_before']:.1f} | {s['mean']:.1f} | "
-        f"{b['mean']:.1f} |",
+        f"| delivery load cov (α = {alpha:g}) | {f['cov_before']:.2f} | {s['cov']:.2f} | "
+        f"{b['cov']:.2f} |",
+        f"| mean delivery load (deliveries/s per broker) | {f['mean_before']:.1f} | "
+        f"{s['mean']:.1f} | {b['mean']:.1f} |",
+        f"| output cov (relaying included) | {f['cov_output_before']:.2f} | "
+        f"{s['cov_output']:.2f} | {b['cov_output']:.2f} |",
+        f"| mean output (copies + deliveries/s per broker) | {f['mean_output_before']:.1f} | "
+        f"{s['mean_output']:.1f} | {b['mean_output']:.1f} |",
+        f"| most deliveries waiting at one broker (whole run) | | {s['waiting_peak']} | "
+        f"{b['waiting_peak']} |",
+        f"| most deliveries waiting at one broker (last quarter) | | {s['waiting']} | "
+        f"{b['waiting']} |",
         f"| notification delay p50 (s) | {f['p50_before']:.3f} | {sd['p50']:.3f} | "
         f"{f['p50_after']:.3f} |",
         f"| notification delay p99 (s) | {f['p99_before']:.3f} | {sd['p99']:.3f} | "
@@ -250,7 +274,11 @@ def plot(static: dict[str, Any], balanced: dict[str, Any], path: Path) -> None:
             axes[0].plot(t, loads, color="grey", alpha=0.35, lw=0.7)
     for label, report, style in (("static", static, ":"), ("balanced", balanced, "-")):
         samples = report["balance"]["timeline"]
-        axes[1].plot([s["t"] for s in samples], [s["cov"] for s in samples], style, label=label)
+        times = [s["t"] for s in samples]
+        axes[1].plot(times, [s["cov"] for s in samples], style, label=f"{label}: deliveries")
+        axes[1].plot(
+            times, [s["cov_output"] for s in samples], style, alpha=0.5, label=f"{label}: output"
+        )
         series = report.get("series", [])  # from the first publication: the balancer's start
         axes[2].plot(
             [b["t"] for b in series], [b["delay_mean"] for b in series], style, label=label
@@ -260,7 +288,7 @@ def plot(static: dict[str, Any], balanced: dict[str, Any], path: Path) -> None:
         for ax in axes:
             ax.axvline(moved, color="tab:green", alpha=0.25, lw=1)
     titles = (
-        ("load (output/s)", "(a) balanced: every broker's load (hot ones in colour)"),
+        ("deliveries/s", "(a) balanced: every broker's delivery load (hot ones in colour)"),
         ("coefficient of variation", "(b) spread of load (green: rounds that moved)"),
         ("mean delay per second (s)", "(c) notification delay"),
     )

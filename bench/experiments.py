@@ -35,6 +35,7 @@ import argparse
 import json
 import logging
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -224,8 +225,21 @@ key: the paper has no such figure)."""
 
 
 def build_workload(profile: Profile, topology: Path, out: Path, seed: int) -> Workload:
-    """Run the Spark job once for the largest point of ``profile``."""
-    if not (out / "meta.json").is_file():
+    """Run the Spark job once for the largest point of ``profile``; a workload already in
+    ``out`` is used only if it was built with the same sizes, rate and seed."""
+    wanted = {
+        "subscribers": profile.subscribers,
+        "publishers": profile.publishers,
+        "notifications_per_publisher": profile.notifications,
+        "rate_per_minute": profile.rate,
+        "seed": seed,
+    }
+    meta = out / "meta.json"
+    built = json.loads(meta.read_text()) if meta.is_file() else {}
+    if any(built.get(k) != v for k, v in wanted.items()):
+        if built:
+            log.info("rebuilding the workload in %s: it was built for another profile", out)
+            shutil.rmtree(out)
         args = [
             sys.executable,
             "-m",

@@ -31,6 +31,7 @@ from octopis.balance.plans import (
     high_load_plan,
     initial_broker,
     low_load_plan,
+    place_subscribers,
     shuffle,
 )
 from octopis.balance.policy import BalanceOptions
@@ -198,6 +199,29 @@ def test_initial_placement_policies() -> None:
     assert initial_broker("random", "a:0", state, rng=random.Random(3)) in brokers
     with pytest.raises(ValueError, match="placement 'far' is not one of"):
         initial_broker("far", "a:0", state)
+
+
+def test_least_loaded_placement_spreads_newcomers_over_their_cluster() -> None:
+    """Six newcomers near a:0 with a:0 already busy: least loaded puts none on a:0 and
+    spreads them over b:0 and c:0 (cluster 0), counting each as it goes; nearest keeps
+    them all on a:0; round robin deals them over every broker in id order."""
+    brokers = {
+        "a:0": BrokerLoad(50, 1000, 0),
+        "b:0": BrokerLoad(0, 1000, 0),
+        "c:0": BrokerLoad(1, 1000, 0),
+        "a:1": BrokerLoad(0, 1000, 1),
+    }
+    state = LoadState(brokers, {}, {})
+    nearest = {f"s{i}": "a:0" for i in range(6)}
+    placed = place_subscribers("least_loaded", nearest, state)
+    assert Counter(placed.values()) == {"b:0": 4, "c:0": 2}  # loads 4 and 3 after them
+    assert set(place_subscribers("nearest", nearest, state).values()) == {"a:0"}
+    dealt = place_subscribers("round_robin", nearest, state)
+    assert list(dealt.values()) == ["a:0", "a:1", "b:0", "c:0", "a:0", "a:1"]
+    assert place_subscribers("random", nearest, state, 7) == place_subscribers(
+        "random", nearest, state, 7
+    )
+    assert state.brokers["b:0"].load == 0  # the caller's state is left as it was
 
 
 def test_the_load_measure_is_deliveries_for_bads_plans_and_output_for_load_ratios() -> None:

@@ -157,6 +157,9 @@ def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:
 
 
 def test_octopis_run_command(tmp_path: Path) -> None:
+    """A generated workload on fig2's processes, its subscribers placed least loaded
+    inside their cluster (BAD §5.1): every broker of a cluster gets as many newcomers as
+    any other, give or take one; every delivery exactly once, each written out."""
     out = tmp_path / "deliveries.jsonl"
     done = subprocess.run(
         [
@@ -181,6 +184,8 @@ def test_octopis_run_command(tmp_path: Path) -> None:
             "--json",
             "--deliveries",
             str(out),
+            "--placement",
+            "least_loaded",
         ],
         capture_output=True,
         text=True,
@@ -192,6 +197,11 @@ def test_octopis_run_command(tmp_path: Path) -> None:
     _exactly_once(report)
     assert len(out.read_text().splitlines()) == report["delivered"]
     assert (tmp_path / "run" / "report.json").is_file()
+    placement = report["placement"]
+    assert placement["policy"] == "least_loaded" and placement["subscribers"] == 40
+    for cluster in range(3):
+        counts = [placement["per_broker"].get(f"{r}:{cluster}", 0) for r in "abcdef"]
+        assert max(counts) - min(counts) <= 1, (cluster, counts)
 
 
 @pytest.fixture(scope="module")

@@ -371,6 +371,25 @@ def initial_broker(
     raise ValueError(f"placement {policy!r} is not one of {', '.join(PLACEMENTS)}")
 
 
+def place_subscribers(
+    policy: str, nearest: dict[str, str], state: LoadState, seed: int = 0
+) -> dict[str, str]:
+    """Where each new subscriber goes, in the order given, by :func:`initial_broker`
+    (``nearest``: subscriber → the broker it would pick itself). Under ``least_loaded``
+    each one placed adds one to its broker's load until loads are measured again, so
+    that a batch of newcomers spreads over the cluster instead of all taking the broker
+    that was the least loaded when they came."""
+    rng = random.Random(seed)
+    brokers = dict(state.brokers)
+    current = LoadState(brokers, {}, {})
+    placed = {}
+    for turn, (subscriber, near) in enumerate(nearest.items()):
+        broker = initial_broker(policy, near, current, turn=turn, rng=rng)
+        brokers[broker] = replace(brokers[broker], load=brokers[broker].load + 1.0)
+        placed[subscriber] = broker
+    return placed
+
+
 def _move(state: LoadState, subscriber: str, target: str, reason: str) -> Move:
     source = state.hosts[subscriber]
     inside = state.brokers[source].cluster == state.brokers[target].cluster

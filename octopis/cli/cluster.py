@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from octopis.balance.plans import PLACEMENTS
 from octopis.balance.policy import PLANS, BalanceOptions
 from octopis.cli.errors import UsageError
 from octopis.cli.report import render_report, write_deliveries
@@ -113,6 +114,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="with --balance: seconds between its rounds, at least the brokers' load window "
         "(default %(default)g)",
+    )
+    run.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="nearest",
+        help="where subscribers attach (BAD §5.1): nearest = the workload's broker "
+        "(default); round_robin and random over all brokers; least_loaded = the broker of "
+        "the least delivery load inside the workload broker's cluster, read from the "
+        "running brokers (each newcomer counted until loads are read again)",
     )
     run.set_defaults(func=cmd_run)
 
@@ -341,6 +351,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         balance=None
         if args.balance is None
         else BalanceOptions(args.balance, interval=args.balance_interval),
+        placement=args.placement,
+        seed=args.seed,
         **_security(args),
     )
 

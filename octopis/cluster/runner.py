@@ -19,7 +19,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ from octopis.accounting import (
     run_report,
 )
 from octopis.balance.loop import Balancer
+from octopis.balance.observe import observe
+from octopis.balance.plans import place_subscribers
 from octopis.balance.policy import BalanceOptions
 from octopis.cluster.harness import (
     Callbacks,
@@ -91,6 +93,13 @@ class RunOptions:
     """Run the balancer (:mod:`octopis.balance.loop`) while publishing: its decisions and
     load timeline go in the report's ``balance``, with the delay before its first move
     and after its last."""
+    placement: str = "nearest"
+    """Where the subscribers attach (BAD §5.1, :func:`~octopis.balance.plans.initial_broker`):
+    ``nearest`` is the workload's own broker; ``round_robin``, ``random`` and
+    ``least_loaded`` (inside the workload broker's cluster, by the brokers' delivery
+    load read once the overlay is ready) choose another."""
+    seed: int = 0
+    """Seeds the ``random`` placement."""
 
 
 class WorkloadRun:
@@ -122,6 +131,8 @@ class WorkloadRun:
         self.timings: dict[str, float] = {}
         self.timeline: list[dict[str, float]] = []
         self.balancer: Balancer | None = None
+        self.placement: dict[str, Any] = {}
+        """How ``options.placement`` placed the subscribers (when not ``nearest``)."""
 
         self.kills: dict[str, float] = {}
         """Killed broker → time.monotonic() of its kill (the brokers' loop clock)."""
@@ -163,6 +174,8 @@ class WorkloadRun:
             self.timings["start"] = await self.cluster.wait_ready(self.options.start_timeout)
             self.baseline = await self.cluster.call_all("stats")
             self._check_mode({s["mode"] for s in self.baseline.values()})
+            if self.options.placement != "nearest":
+                await self._place()
             await self._attach_clients()
             self.timings["subscribe"] = await self._subscribe()
             self.timings["settle"] = await self._settle()
@@ -319,6 +332,31 @@ class WorkloadRun:
             "changed": sum(own[k]["last_hop"] != hop for k, hop in view.items() if k in own),
         }
 
+    async def _place(self) -> None:
+        """Re-place the workload's subscribers by ``options.placement`` (every subscription
+        of a subscriber goes where it goes), from the running brokers' delivery load."""
+        state, _ = await observe(self.scot, self.cluster.ask, measure="deliveries")
+        workload = self.workload
+        nearest: dict[str, str] = {}
+        for subscription in workload.subscriptions:
+            nearest.setdefault(subscription.subscriber, subscription.broker)
+        placed = place_subscribers(self.options.placement, nearest, state, self.options.seed)
+        self.placement = {
+            "policy": self.options.placement,
+            "moved": sum(placed[s] != b for s, b in nearest.items()),
+            "subscribers": len(placed),
+            "per_broker": dict(Counter(placed.values()).most_common()),
+        }
+        self._phase(
+            f"placement {self.options.placement}: {self.placement['moved']} of {len(placed)} "
+            "subscribers attach elsewhere than the workload says"
+        )
+        self.workload = Workload(
+            workload.meta,
+            [replace(s, broker=placed[s.subscriber]) for s in workload.subscriptions],
+            workload.publications,
+        )
+
     async def _attach_clients(self) -> None:
         """The workload's clients: in this process, or spread by broker over
         ``client_workers`` processes (their results come back to the same callbacks)."""
@@ -461,7 +499,9 @@ class WorkloadRun:
                 return
 
     async def _sample(self, every: float) -> None:
-        """Record, every ``every`` seconds, the total and the longest output queue."""
+        """Record, every ``every`` seconds, the total and the longest output queue, and
+        the deliveries waiting for ``clients.capacity`` (in all, and at the broker with
+        the most)."""
         started = time.monotonic()
         while True:
             stats = await self._ask_live("stats")
@@ -471,6 +511,10 @@ class WorkloadRun:
                     "t": time.monotonic() - started,
                     "total": sum(queues),
                     "max": max(queues, default=0),
+                    "deliveries_waiting": sum(s["deliveries_waiting"] for s in stats.values()),
+                    "deliveries_waiting_max": max(
+                        (s["deliveries_waiting"] for s in stats.values()), default=0
+                    ),
                     "delivered": sum(self.ledger.received.values()),
                 }
             )
@@ -692,6 +736,8 @@ class WorkloadRun:
             "timings": self.timings,
             "publish_late_max_s": self.publish_late_max_s,
         }
+        if self.placement:
+            report["placement"] = self.placement
         if self.balancer is not None:
             report["balance"] = self._balance_report()
         if self.options.sample_every:
