@@ -144,7 +144,7 @@ def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
             run_dir=base / "runs" / f"{name}-{variant}",
             settings=profile.settings,
             progress=False,
-            drain_timeout=90,
+            drain_timeout=240,  # the static run's hot brokers drain a queue at capacity
             sample_every=1.0,
             client_workers=profile.client_workers,
             balance=replace(profile.balance, act=act),

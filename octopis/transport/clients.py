@@ -17,9 +17,9 @@ answer (the publish credit backpressure reaches); more are refused.
 
 ``clients.capacity`` (deliveries per second, 0 = unlimited) makes the broker an
 overwhelmed one on its client side (issue 17): deliveries then leave no faster than
-that, in the order they were made, queued in the broker meanwhile (replies and notices
-keep their place behind them); more than ``clients.queue_limit`` deliveries waiting hold
-the neighbours back as a full link does (DESIGN §8).
+that, in the order they were made, queued in the broker meanwhile (notices keep their
+place behind them; replies to requests do not wait); more than ``clients.queue_limit``
+deliveries waiting hold the neighbours back as a full link does (DESIGN §8).
 """
 
 from __future__ import annotations
@@ -103,6 +103,12 @@ DELIVERIES_PER_MESSAGE = 16
 """Deliveries one message to a connection carries at most: ZeroMQ's high-water mark
 (``clients.sndhwm``) counts messages, so a stalled connection holds at most this many
 times as many deliveries in ZeroMQ."""
+
+
+AFTER_DELIVERIES = frozenset({"unsubscribed"})
+"""Replies that follow every delivery made to their connection before them (as notices
+do): a client that moved a subscription across clusters lets its old connection go once
+the old broker has answered the withdrawal, so nothing may still wait for it there."""
 
 
 class Connection:
@@ -221,7 +227,9 @@ class ClientSessions:
                 else:
                     identity, payload = parts
                     reply = self._on_request(identity, payload, loop.time())
-                    if reply is not None:
+                    if reply is not None and reply["op"] in AFTER_DELIVERIES:
+                        self._notify(identity, reply)
+                    elif reply is not None:
                         self._send(identity, [pack(reply)])
                 handled += 1
                 if handled >= CLIENT_BATCH:
@@ -377,11 +385,16 @@ class ClientSessions:
             self.counters["subscriptions_withdrawn"] += 1
 
     def _notify(self, identity: bytes, message: dict) -> None:
-        """Send a notice to a connection behind the deliveries held for it."""
+        """Send a notice to a connection behind the deliveries made before it: those held
+        for it in this send pass, and those waiting for ``clients.capacity`` (a
+        ``released`` notice must follow the old host's last delivery)."""
         parts = self._held.pop(identity, None)
         if parts:
-            self._flush(identity, parts)
-        self._send(identity, [pack(message)])
+            self._out(identity, parts, self._held_count.pop(identity))
+        if self.paced:
+            self._pace(identity, [pack(message)], 0, None)
+        else:
+            self._send(identity, [pack(message)])
 
     def _publish(
         self, identity: bytes, connection: Connection, request: PublishRequest
@@ -568,23 +581,17 @@ class ClientSessions:
         for i in range(0, len(parts), step):
             if connection is not None and connection.backlog:
                 for j in range(i, len(parts), 2):
-                    self._transmit(identity, parts[j : j + 2])
+                    self._send(identity, parts[j : j + 2])
                 break
             batch = parts[i : i + step]
             if len(batch) > 2:
                 self.counters["deliveries_batched"] += len(batch) // 2
-            self._transmit(identity, batch)
+            self._send(identity, batch)
 
     def _send(self, identity: bytes, parts: list[bytes]) -> None:
-        """A reply or notice: sent now, or, while deliveries wait for ``clients.capacity``,
-        behind them (a ``released`` notice must follow the deliveries it follows)."""
-        if self.paced:
-            self._pace(identity, parts, 0, None)
-        else:
-            self._transmit(identity, parts)
-
-    def _transmit(self, identity: bytes, parts: list[bytes]) -> None:
         """Send to a connection now, or queue behind its backlog when its pipe is full.
+        Replies go this way: they wait for no delivery (``clients.capacity`` paces
+        deliveries and the notices that must follow them, not answers to requests).
 
         The ROUTER is also read through an :class:`InputWaiter`; every send pokes it, so
         a send that consumes ZeroMQ's edge-triggered event cannot strand a request.
