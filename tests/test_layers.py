@@ -25,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "octopis.filters": set(),
     "octopis.wire": set(),
     "octopis.topology": set(),
+    "octopis.topology_change": {"octopis.topology"},
     "octopis.failure_schedule": set(),
     "octopis.keys": set(),
     "octopis._match": {"octopis.filters"},

@@ -32,6 +32,13 @@ from octopis.topology import (
     read_factor,
     regions_in_drawing_order,
 )
+from octopis.topology_change import (
+    add_cluster,
+    add_region,
+    changed_brokers,
+    remove_cluster,
+    remove_region,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,7 +201,53 @@ def build_parser() -> argparse.ArgumentParser:
     )
     systemd.add_argument("--user", metavar="NAME", help="run the brokers as this user")
     systemd.set_defaults(func=cmd_systemd)
+    _add_change_commands(sub)
     return parser
+
+
+def _add_change_commands(sub: argparse._SubParsersAction) -> None:
+    """``add-cluster``, ``remove-cluster``, ``add-region``, ``remove-region``."""
+    kept = (
+        " Every broker of FILE keeps its id, endpoints and host; a new broker runs beside "
+        "its nearest old one (same address and host) on ports after the highest in use. "
+        "Otherwise the result is the SCOT of the new shape built afresh (labels, broker "
+        "types, neighbours). Nothing is written on error; `octopis scale` applies the "
+        "change to a running overlay."
+    )
+    commands = {
+        "add-cluster": (
+            "add cluster n (a copy of the tree, one broker per region)",
+            "Write FILE's SCOT with one more cluster, labelled n.",
+        ),
+        "remove-cluster": (
+            "remove the last cluster",
+            "Write FILE's SCOT without cluster INDEX, which must be the last (n-1): the "
+            "index property (paper §3.2) labels clusters 0..n-1.",
+        ),
+        "add-region": (
+            "add a region as a leaf of the tree (one broker per cluster)",
+            "Write FILE's SCOT with region NAME attached to region X of the tree.",
+        ),
+        "remove-region": (
+            "remove a leaf region (one broker per cluster)",
+            "Write FILE's SCOT without region NAME, which must be a leaf of the tree.",
+        ),
+    }
+    for command, (summary, description) in commands.items():
+        p = sub.add_parser(command, help=summary, description=description + kept)
+        p.add_argument("file", type=Path, metavar="FILE", help="topology JSON")
+        if command == "remove-cluster":
+            p.add_argument("index", type=int, metavar="INDEX", help="the cluster (n-1)")
+        if command in ("add-region", "remove-region"):
+            p.add_argument("name", metavar="NAME", help="the region's label")
+        if command == "add-region":
+            p.add_argument(
+                "--attach-to", required=True, metavar="X", help="the region it hangs from"
+            )
+        p.add_argument(
+            "-o", "--output", required=True, type=Path, metavar="OUT", help="topology JSON to write"
+        )
+        p.set_defaults(func=cmd_change, change=command)
 
 
 def cmd_build(args: argparse.Namespace) -> None:
@@ -227,6 +280,27 @@ def cmd_build(args: argparse.Namespace) -> None:
         f"{args.output}: {scot.name}: {s['brokers']} brokers, {s['clusters']} clusters, "
         f"{s['regions']} regions, {s['acols']} aCOLs, {s['icols']} iCOLs"
         + (f" on {len(scot.hosts)} hosts" if scot.hosts else "")
+    )
+
+
+def cmd_change(args: argparse.Namespace) -> None:
+    """Write the next topology version; print what changed."""
+    old = load_topology(args.file)
+    if args.change == "add-cluster":
+        new = add_cluster(old)
+    elif args.change == "remove-cluster":
+        new = remove_cluster(old, args.index)
+    elif args.change == "add-region":
+        new = add_region(old, args.name, args.attach_to)
+    else:
+        new = remove_region(old, args.name)
+    write_atomically(args.output, json.dumps(new.to_json(), indent=1) + "\n")
+    added, removed, relinked = changed_brokers(old, new)
+    s = new.summary()
+    print(
+        f"{args.output}: {new.name}: {s['brokers']} brokers, {s['clusters']} clusters, "
+        f"{s['regions']} regions; added {', '.join(added) or 'none'}; removed "
+        f"{', '.join(removed) or 'none'}; {len(relinked)} brokers have new or fewer links"
     )
 
 

@@ -1,0 +1,150 @@
+"""A SCOT grown or shrunk by its natural unit (issue 18, DESIGN §9): one more or one fewer
+cluster (a copy of the tree, one broker per region) or region (a tree vertex, one broker
+per cluster).
+
+Each operation returns a new topology version that is the SCOT of the new shape built
+afresh (:func:`~octopis.topology.build_scot`: labels, broker types, link kinds and
+neighbour lists), except that every broker the old version has keeps its endpoints and
+host. A new broker runs where its nearest old broker runs (same address and host name) on
+ports after the highest the old version uses, so no running broker has to move.
+
+The index property of paper §3.2 labels the clusters 0..n−1 (a DNR cluster bit vector has
+a bit per cluster), so a cluster joins as n and only the last one, n−1, can leave: any
+other would rename a whole cluster of running brokers. Likewise the tree stays a tree: a
+region joins as a leaf, and only a leaf can leave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from urllib.parse import urlsplit
+
+import networkx as nx
+
+from octopis.topology import PORTS_PER_BROKER, Broker, Scot, TopologyError, build_scot
+
+
+def add_cluster(scot: Scot) -> Scot:
+    """The SCOT with cluster ``n`` added: one broker per region, iCOLs to every cluster's
+    broker of its region, the tree's aCOLs inside the new cluster."""
+    return _reshape(scot, scot.acyclic, scot.clusters + 1)
+
+
+def remove_cluster(scot: Scot, index: int) -> Scot:
+    """The SCOT without cluster ``index``, which must be the last (``n − 1``)."""
+    last = scot.clusters - 1
+    if scot.clusters == 1:
+        raise TopologyError(f"{scot.name} has one cluster: removing it leaves no SCOT")
+    if index != last:
+        what = f"cluster {index}" if 0 <= index < last else f"there is no cluster {index}"
+        raise TopologyError(
+            f"{what}: clusters are labelled 0..{last} (the index property, paper §3.2), so "
+            f"only the last, {last}, can leave without renaming a cluster of running brokers"
+        )
+    return _reshape(scot, scot.acyclic, last)
+
+
+def add_region(scot: Scot, name: str, attach_to: str) -> Scot:
+    """The SCOT with region ``name`` added as a leaf of the tree at region ``attach_to``:
+    one broker per cluster, each linked to ``attach_to``'s broker of its cluster and to
+    the new region's brokers of the other clusters."""
+    if not isinstance(name, str) or not name or ":" in name or name != name.strip():
+        raise TopologyError(
+            f"region name {name!r} must be a non-empty label without ':' or surrounding spaces"
+        )
+    if name in scot.acyclic:
+        raise TopologyError(f"{scot.name} has a region {name!r} already")
+    if attach_to not in scot.acyclic:
+        raise TopologyError(
+            f"{scot.name} has no region {attach_to!r} to attach {name!r} to "
+            f"(regions: {', '.join(scot.regions)})"
+        )
+    tree = scot.acyclic.copy()
+    tree.add_edge(attach_to, name)
+    return _reshape(scot, tree, scot.clusters)
+
+
+def remove_region(scot: Scot, name: str) -> Scot:
+    """The SCOT without region ``name``, which must be a leaf of the tree."""
+    tree = scot.acyclic
+    if name not in tree:
+        raise TopologyError(f"{scot.name} has no region {name!r} (regions: {', '.join(tree)})")
+    if tree.number_of_nodes() == 1:
+        raise TopologyError(f"{name!r} is {scot.name}'s only region: removing it leaves no SCOT")
+    if tree.degree(name) > 1:
+        raise TopologyError(
+            f"region {name!r} is not a leaf (it links {', '.join(sorted(tree[name]))}): "
+            "removing it would split the tree; remove the leaves beyond it first"
+        )
+    smaller = tree.copy()
+    smaller.remove_node(name)
+    return _reshape(scot, smaller, scot.clusters)
+
+
+def changed_brokers(old: Scot, new: Scot) -> tuple[list[str], list[str], list[str]]:
+    """(added, removed, relinked): brokers only ``new`` has, brokers only ``old`` has, and
+    brokers of both whose neighbours changed (they must be told of their new links)."""
+    added = [b for b in new.brokers if b not in old.brokers]
+    removed = [b for b in old.brokers if b not in new.brokers]
+    relinked = [
+        b for b in new.brokers if b in old.brokers and set(new.graph[b]) != set(old.graph[b])
+    ]
+    return added, removed, relinked
+
+
+def _reshape(old: Scot, acyclic: nx.Graph, clusters: int) -> Scot:
+    """The SCOT of the new shape built afresh, old brokers' endpoints and hosts kept."""
+    fresh = build_scot(acyclic, clusters, name=old.name)
+    port = _highest_port(old) + 1
+    brokers: dict[str, Broker] = {}
+    for bid, broker in fresh.brokers.items():
+        kept = old.brokers.get(bid)
+        if kept is None:
+            brokers[bid] = _placed(broker, _nearest_old(old, broker), port)
+            port += PORTS_PER_BROKER
+        else:
+            brokers[bid] = replace(
+                broker,
+                endpoint=kept.endpoint,
+                client_endpoint=kept.client_endpoint,
+                control_endpoint=kept.control_endpoint,
+                metrics_endpoint=kept.metrics_endpoint,
+                host=kept.host,
+            )
+    if port - 1 > 65535:
+        raise TopologyError(f"{old.name} has no free ports left for the new brokers")
+    fresh.brokers = brokers
+    return fresh
+
+
+def _highest_port(scot: Scot) -> int:
+    ports = [
+        urlsplit(endpoint).port or 0
+        for b in scot.brokers.values()
+        for endpoint in (b.endpoint, b.client_endpoint, b.control_endpoint, b.metrics_endpoint)
+        if endpoint
+    ]
+    return max(ports)
+
+
+def _nearest_old(old: Scot, broker: Broker) -> Broker:
+    """The old broker a new one runs beside: its region's broker of the nearest cluster
+    (a new cluster), or its cluster's broker of the region it hangs from (a new region)."""
+    if broker.region in old.acyclic:
+        cluster = min(range(old.clusters), key=lambda c: abs(c - broker.cluster))
+        return old.broker(broker.region, cluster)
+    (attach_to,) = (n.region for n in broker.neighbours if n.cluster == broker.cluster)
+    return old.broker(attach_to, broker.cluster)
+
+
+def _placed(broker: Broker, beside: Broker, port: int) -> Broker:
+    """``broker`` on ``beside``'s address and host, on four ports from ``port``."""
+    address = urlsplit(beside.endpoint).hostname
+    return replace(
+        broker,
+        endpoint=f"tcp://{address}:{port}",
+        client_endpoint=f"tcp://{address}:{port + 1}",
+        control_endpoint=f"tcp://{address}:{port + 2}",
+        metrics_endpoint=f"http://{address}:{port + 3}/metrics",
+        host=beside.host,
+    )
