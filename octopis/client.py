@@ -470,8 +470,10 @@ class Connection:
     async def _read_left(
         self, socket: zmq.asyncio.Socket, until: float, *, until_op: str | None = None
     ) -> int:
-        """Handle what arrives on a socket left at a fail-over until loop time ``until``
-        (or a reply ``until_op``); returns the number of deliveries among it."""
+        """Handle what arrives on a socket left at a fail-over until loop time ``until``,
+        or until a reply ``until_op``: that one follows every delivery the broker had
+        queued for this connection (a broker short of capacity may hold many, DESIGN §8),
+        so the wait goes on while they keep coming. Returns the number of deliveries."""
         loop = asyncio.get_running_loop()
         deliveries = 0
         while (left := until - loop.time()) > 0:
@@ -479,7 +481,9 @@ class Connection:
                 parts = await asyncio.wait_for(socket.recv_multipart(), left)
             except TimeoutError:
                 break
-            deliveries += len(parts) == 2
+            deliveries += len(parts) // 2
+            if until_op is not None:
+                until = max(until, loop.time() + self.liveness)
             try:
                 self._on_frame(parts, left_behind=True)
             except Exception:

@@ -105,10 +105,11 @@ DELIVERIES_PER_MESSAGE = 16
 times as many deliveries in ZeroMQ."""
 
 
-AFTER_DELIVERIES = frozenset({"unsubscribed"})
+AFTER_DELIVERIES = frozenset({"unsubscribed", "bye"})
 """Replies that follow every delivery made to their connection before them (as notices
-do): a client that moved a subscription across clusters lets its old connection go once
-the old broker has answered the withdrawal, so nothing may still wait for it there."""
+do): a client lets a connection go once the broker has answered its withdrawal (a
+subscription moved across clusters) or its bye (the connection left at a fail-over),
+so nothing may still wait for it there."""
 
 
 class Connection:
