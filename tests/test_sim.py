@@ -402,3 +402,130 @@ def test_the_balancer_evens_out_a_skewed_placement_in_the_simulator() -> None:
     assert decisions and timeline[-1]["cov"] < timeline[0]["cov"] / 2
     assert decisions[0]["source"] in ("a:0", "e:1") and decisions[0]["inside_cluster"]
     assert report["moves"]["inside"] + report["moves"]["across"] == len(decisions)
+
+
+# -- a new topology version (issue 18) ---------------------------------------------------
+
+
+def _changed(scot: Scot, data: st.DataObject) -> tuple[str, Scot, str]:
+    """A change valid for ``scot`` (drawn), the new version, and for a removal the broker
+    each leaving one's subscribers go to ('' for additions)."""
+    from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
+
+    kinds = ["add-cluster", "add-region"]
+    if scot.clusters > 1:
+        kinds.append("remove-cluster")
+    leaves = sorted(x for x in scot.acyclic if scot.acyclic.degree(x) == 1)
+    if leaves:
+        kinds.append("remove-region")
+    kind = data.draw(st.sampled_from(kinds))
+    if kind == "add-cluster":
+        return kind, add_cluster(scot), ""
+    if kind == "add-region":
+        return kind, add_region(scot, "new", data.draw(st.sampled_from(scot.regions))), ""
+    if kind == "remove-cluster":
+        return kind, remove_cluster(scot, scot.clusters - 1), "cluster 0"
+    leaf = data.draw(st.sampled_from(leaves))
+    return kind, remove_region(scot, leaf), next(iter(scot.acyclic[leaf]))
+
+
+def _table(sim: Simulator, broker: str) -> dict[str, tuple]:
+    return {
+        e.sub_id: (e.last_hop, e.cbv, e.cluster, e.local, e.host, e.hops)
+        for e in sim.cores[broker].table.entries.values()
+    }
+
+
+@given(scenarios(), st.sampled_from(["snr", "dnr"]), st.data())
+def test_after_a_change_every_table_equals_a_fresh_scot_of_the_new_shape(
+    scenario: tuple, mode: str, data: st.DataObject
+) -> None:
+    """Subscriptions on the brokers that stay; a cluster or a region added or removed; the
+    new brokers filled by resync: every broker's table equals, entry by entry, the one a
+    fresh SCOT of the new shape has after the same subscriptions. A subscription made
+    afterwards costs N' − 1 SBP messages on the new size."""
+    scot, subs, _, seed = scenario
+    kind, new, _ = _changed(scot, data)
+    subs = [(b, s) for b, s in subs if b in new.brokers]
+    assume(subs)
+    sims = []
+    for shape in (scot, new):
+        sim = Simulator(shape, mode, seed=seed, latency=LatencyModel(0.001, 0.004))
+        for i, (broker, subscription) in enumerate(subs):
+            sim.subscribe(f"S{i}", broker, subscription)
+        sim.run()
+        sims.append(sim)
+    changed, fresh = sims
+    changed.reshape(new)
+    changed.run()
+    assert sorted(changed.cores) == sorted(fresh.cores)
+    for broker in new.brokers:
+        assert _table(changed, broker) == _table(fresh, broker), (kind, broker)
+    before = changed.report()["sbp_messages"]
+    broker = data.draw(st.sampled_from(sorted(new.brokers)))
+    changed.subscribe("late", broker, subs[0][1])
+    changed.run()
+    assert changed.report()["sbp_messages"] - before == len(new.brokers) - 1
+
+
+@given(scenarios(), st.sampled_from(["snr", "dnr"]), st.data())
+def test_publications_during_a_change_reach_everyone_exactly_once(
+    scenario: tuple, mode: str, data: st.DataObject
+) -> None:
+    """Publications flow from every staying broker for 1.5 s while the overlay changes:
+    for a removal the leaving brokers' subscribers move first (to cluster 0, or to the
+    leaf's tree neighbour) and the brokers go once the moves are done and their links
+    are empty; an addition happens at once. Every notification reaches every subscriber
+    exactly once; afterwards a subscriber at a new broker (or at a refuge) gets what
+    every broker publishes."""
+    scot, subs, pubs, seed = scenario
+    kind, new, refuge = _changed(scot, data)
+    sim = Simulator(
+        scot, mode, seed=seed, latency=LatencyModel(0.001, 0.004), oracle_factory=ReferenceMatcher
+    )
+    for i, (broker, subscription) in enumerate(subs):
+        sim.subscribe(f"S{i}", broker, subscription)
+    sim.run()
+    staying = sorted(b for b in scot.brokers if b in new.brokers)
+    for i in range(150):
+        broker = staying[i % len(staying)]
+        sim.at(sim.now + i * 0.01, sim.publish, f"P{broker}", broker, pubs[i % len(pubs)][1])
+    leaving = []
+    for i, (broker, _) in enumerate(subs):
+        if broker not in new.brokers:
+            region, cluster = broker.split(":")
+            target = f"{region}:0" if refuge == "cluster 0" else f"{refuge}:{cluster}"
+            sim.at(sim.now + 0.01, sim.move, f"S{i}", target)
+            leaving.append(f"S{i}")
+    sim.at(sim.now + 0.02, _reshape_when_ready, sim, new, leaving, 0)
+    sim.run()
+    report = sim.report()
+    assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
+    assert report["delivered"] == report["expected_deliveries"]
+    assert report["failures"]["brokers_added" if kind.startswith("add") else "brokers_removed"]
+    assert sorted(sim.cores) == sorted(new.brokers)
+    joined = sorted(set(new.brokers) - set(scot.brokers)) or staying
+    sim.subscribe("newcomer", joined[0], Subscription((Predicate("sym", "eq", "Z"),)))
+    sim.run()
+    for broker in sorted(new.brokers):
+        sim.publish(f"P{broker}", broker, {"x": 0, "sym": "Z"})
+    sim.run()
+    report = sim.report()
+    assert report["delivered"] == report["expected_deliveries"]
+    assert sum(n for (s, _, _), n in sim.ledger.received.items() if s == "newcomer") == len(
+        new.brokers
+    )
+
+
+def _reshape_when_ready(sim: Simulator, new: Scot, leaving: list[str], tries: int) -> None:
+    """Reshape once the leaving brokers' subscribers have moved and nothing is on their
+    links (checked every 10 ms, for at most 5 s of simulated time)."""
+    if tries < 500 and any(sim.moving(s) for s in leaving):
+        sim.at(sim.now + 0.01, _reshape_when_ready, sim, new, leaving, tries + 1)
+        return
+    try:
+        sim.reshape(new)
+    except ValueError:
+        if tries >= 500:
+            raise
+        sim.at(sim.now + 0.01, _reshape_when_ready, sim, new, leaving, tries + 1)

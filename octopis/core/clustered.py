@@ -66,13 +66,51 @@ class ClusteredBroker(CoreBase):
         self.region = broker.region
         self.clusters = clusters
         self.dynamic = dynamic
+        self._know(broker)
+        self._missing_primary: frozenset[str] = frozenset()
+        self._missing_secondary: dict[int, str] = {}
+
+    def _know(self, broker: BrokerView) -> None:
+        """Take ``broker``'s neighbours as this broker's links."""
+        self._neighbours = frozenset(n.id for n in broker.neighbours)
         self.primary = tuple(n.id for n in broker.neighbours if n.link != ICOL)
         self.secondary = {n.cluster: n.id for n in broker.neighbours if n.link == ICOL}
         self.cluster_of = {n.id: n.cluster for n in broker.neighbours}
         self.region_of = {n.id: n.region for n in broker.neighbours}
         self.primary_in = {n.region: n.id for n in broker.neighbours if n.link != ICOL}
-        self._missing_primary: frozenset[str] = frozenset()
-        self._missing_secondary: dict[int, str] = {}
+
+    # -- a new topology version (issue 18, DESIGN §9) --------------------------------------
+
+    def relink(self, broker: BrokerView, clusters: int) -> None:
+        """Take this broker's view in a new topology version: links to brokers added or
+        removed, and ``clusters`` when a cluster joined or left (every entry's CBV then
+        gets that many bits, its host cluster's set). A link may go only once no entry
+        points over it, a cluster only once no entry is of it (their subscribers moved
+        away and withdrew first): :class:`ProtocolError` otherwise, and nothing changes."""
+        if (broker.id, broker.cluster, broker.region) != (self.id, self.cluster, self.region):
+            raise ProtocolError(f"{self.id} cannot take the view of {broker.id}")
+        entries = self.table.entries.values()
+        gone = set(self.cluster_of) - {n.id for n in broker.neighbours}
+        over = sorted({e.last_hop for e in entries if e.last_hop in gone})
+        if over:
+            raise ProtocolError(
+                f"{self.id} still routes subscriptions over {', '.join(over)}: they must be "
+                "withdrawn before the link goes"
+            )
+        left = [e.sub_id for e in entries if e.cluster >= clusters]
+        if left:
+            raise ProtocolError(
+                f"{self.id} still holds {len(left)} subscriptions of a cluster that leaves "
+                f"(e.g. {left[0]})"
+            )
+        if clusters != self.clusters:
+            for entry in list(entries):
+                if entry.cbv is not None:
+                    self.table.replace(replace(entry, cbv=self._cbv({entry.cluster}, clusters)))
+            self.stats["relink.cbvs_resized"] += len(self.table)
+        self.clusters = clusters
+        self._know(broker)
+        self.stats["relinks"] += 1
 
     # -- resync shares (DESIGN §7) ---------------------------------------------------------
 
@@ -505,8 +543,10 @@ class ClusteredBroker(CoreBase):
             return LOCAL
         return PRIMARY if entry.cluster == self.cluster else SECONDARY
 
-    def _cbv(self, clusters: set[int]) -> frozenbitarray:
-        bits = bitarray(self.clusters)
+    def _cbv(self, clusters: set[int], width: int = 0) -> frozenbitarray:
+        """A CBV of ``width`` bits (this broker's cluster count by default) with
+        ``clusters`` set."""
+        bits = bitarray(width or self.clusters)
         bits.setall(0)
         for k in clusters:
             bits[k] = 1

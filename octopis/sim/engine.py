@@ -54,7 +54,7 @@ from octopis.core.resync import resync_messages, withdraw_predecessor
 from octopis.core.table import MatcherFactory
 from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
-from octopis.sim.congestion import FreeLinks, LinkModel
+from octopis.sim.congestion import FreeLinks, InjectedCongestion, LinkModel
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureState
 from octopis.sim.shared import SharedMatcher
 from octopis.topology import Scot
@@ -532,6 +532,68 @@ class Simulator:
             self._synced(broker, None)
         for neighbour in neighbours:
             self._hand_share(broker, neighbour)
+
+    # -- a new topology version (issue 18, DESIGN §9) --------------------------------------
+
+    def reshape(self, scot: Scot) -> None:
+        """Change the overlay to ``scot``, a version that adds or removes brokers
+        (:mod:`octopis.topology_change`), now. Every remaining broker takes its view in
+        it (:meth:`ClusteredBroker.relink`: links added or removed, CBV width); a new
+        broker starts empty and is filled by resync, the state transfer a restarted
+        broker gets (:meth:`_hand_share`), its neighbours routing around it until it has
+        its shares. A broker that leaves must host no subscriber and have nothing in
+        flight (move its subscribers and drain first). SNR and DNR only: BID has no resync."""
+        if self.mode == "bid":
+            raise ValueError("BID has no resync to fill a new broker: reshape SNR or DNR")
+        if not isinstance(self.links, FreeLinks | InjectedCongestion):
+            raise ValueError("reshape works on free or injected links, not timed ones")
+        old = self.scot
+        added = [b for b in scot.brokers if b not in old.brokers]
+        removed = [b for b in old.brokers if b not in scot.brokers]
+        hosted = sorted(c for c, b in self._home.items() if b in removed)
+        if hosted:
+            raise ValueError(f"clients {', '.join(hosted[:3])} are still attached to a broker "
+                             "that leaves: move them first")  # fmt: skip
+        busy = [b for b in removed if any(self._in_flight[b].values())] + [
+            b for b in old.brokers for d in removed if self._in_flight[b].get(d)
+        ]
+        if busy:
+            raise ValueError(f"messages are in flight at {busy[0]}: let the overlay drain first")
+        if self.failures is None:
+            self.failures = FailureState()
+        state = self.failures
+        for broker in removed:
+            self._retired.update(self.cores.pop(broker).stats)
+            del self._in_flight[broker]
+            state.detected.pop(broker, None)
+        for broker in scot.brokers:
+            if broker in self.cores and (
+                scot.clusters != old.clusters or set(scot.graph[broker]) != set(old.graph[broker])
+            ):
+                core = self.cores[broker]
+                assert isinstance(core, ClusteredBroker)
+                core.relink(scot.brokers[broker], scot.clusters)
+                for gone in set(old.graph[broker]) - set(scot.graph[broker]):
+                    self._in_flight[broker].pop(gone, None)
+                    state.failed_at.pop((broker, gone), None)
+                    state.detected.get(broker, set()).discard(gone)
+        self.scot = scot
+        for broker in added:
+            core = make_broker(scot, broker, self.mode, self._matcher_factory)
+            neighbours = set(scot.graph[broker])
+            core.expect_shares(neighbours)  # type: ignore[union-attr]
+            self.cores[broker] = core
+            self._in_flight[broker] = {}
+            for neighbour in neighbours:  # a link that is not serving yet is down to it
+                state.failed_at[(neighbour, broker)] = self.now
+                state.detected.setdefault(neighbour, set()).add(broker)
+        for broker in added:
+            neighbours = set(scot.graph[broker])
+            state.syncing[broker] = {n for n in neighbours if self._hand_share(n, broker)}
+            if not state.syncing[broker]:
+                self._synced(broker, None)
+        self.failure_counts["brokers_added"] += len(added)
+        self.failure_counts["brokers_removed"] += len(removed)
 
     def _hand_share(self, src: str, dst: str) -> bool:
         """``src`` hands ``dst`` its resync share if ``dst`` lacks it, both are up, the
