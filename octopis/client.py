@@ -888,6 +888,8 @@ class Publisher(_Client):
         self.seq = 0
         self.session = secrets.randbits(63)
         self._unacknowledged: set[asyncio.Future] = set()
+        self.refused: deque[str] = deque(maxlen=1000)
+        """Why publications sent without ``wait`` were refused (the last 1,000)."""
 
     async def publish(
         self,
@@ -900,7 +902,7 @@ class Publisher(_Client):
         """Publish; returns the sequence number.
 
         With ``wait`` the broker's acceptance is awaited (a refusal raises
-        :class:`BrokerError`); without it refusals collect in ``connection.errors`` and
+        :class:`BrokerError`); without it refusals collect in :attr:`refused` and
         :meth:`flush` waits for everything sent so far to be acknowledged. Either way a
         publication stays unacknowledged until the broker's neighbours hold it, and is sent
         again after a fail-over; when the connection's window of unanswered requests (its
@@ -928,7 +930,7 @@ class Publisher(_Client):
     def _acknowledged(self, future: asyncio.Future) -> None:
         self._unacknowledged.discard(future)
         if not future.cancelled() and future.exception() is not None:
-            self.connection.errors.append(str(future.exception()))
+            self.refused.append(str(future.exception()))
 
     async def flush(self, timeout: float = 30.0) -> None:
         """Return once every publication sent so far is acknowledged (or refused)."""

@@ -67,6 +67,9 @@ class ShareStats:
     outages: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     duplicates_absorbed: int = 0
     errors: list[str] = field(default_factory=list)
+    """Error replies nobody waited for (a request answered after its timeout, say)."""
+    refused: list[str] = field(default_factory=list)
+    """Why publications were refused."""
     late_max_s: float = 0.0
     moves: int = 0
     """Moves the share's subscribers made (DESIGN §9)."""
@@ -163,7 +166,7 @@ class ClientSide:
 
     async def publish(self, start: float) -> None:
         """Each publication at its (scaled) time after the wall-clock ``start``, then
-        until every one is acknowledged (or refused, kept in the connection's errors)."""
+        until every one is acknowledged (or refused, kept in the publisher's ``refused``)."""
         scale = self.share.time_scale
         for event in self.share.publications:
             delay = start + event.time * scale - time.time()
@@ -185,6 +188,7 @@ class ClientSide:
             {b: list(c.outages) for b, c in self.connections.items()},
             sum(c.duplicates_absorbed for c in connections),
             [e for c in connections for e in c.errors],
+            [r for p in self.publishers.values() for r in p.refused],
             self.late_max_s,
             sum(len(s.moves) for s in self.subscribers.values()),
         )
@@ -296,6 +300,7 @@ class WorkerPool:
             together.outages.update(stats.outages)
             together.duplicates_absorbed += stats.duplicates_absorbed
             together.errors += stats.errors
+            together.refused += stats.refused
             together.late_max_s = max(together.late_max_s, stats.late_max_s)
             together.moves += stats.moves
         return together

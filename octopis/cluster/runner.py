@@ -453,9 +453,9 @@ class WorkloadRun:
             stats = clients.stats()
         self._bars.pop("publishing").close()
         self.publish_late_max_s = stats.late_max_s
-        if stats.errors:
+        if stats.refused:
             raise ClusterError(
-                f"brokers refused {len(stats.errors)} publication(s): {stats.errors[0]}"
+                f"brokers refused {len(stats.refused)} publication(s): {stats.refused[0]}"
             )
         return time.monotonic() - started
 
@@ -735,6 +735,10 @@ class WorkloadRun:
             "target_queue_length": {"mean": queued / copies if copies else 0.0, "max": longest},
             "timings": self.timings,
             "publish_late_max_s": self.publish_late_max_s,
+            "sdk_errors": {
+                "count": len(self.client_stats.errors),
+                "sample": self.client_stats.errors[:5],
+            },
         }
         if self.placement:
             report["placement"] = self.placement
