@@ -34,7 +34,7 @@ from octopis.balance.plans import (
     place_subscribers,
     shuffle,
 )
-from octopis.balance.policy import BalanceOptions
+from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.transport.settings import BrokerSettings
@@ -222,6 +222,27 @@ def test_least_loaded_placement_spreads_newcomers_over_their_cluster() -> None:
         "random", nearest, state, 7
     )
     assert state.brokers["b:0"].load == 0  # the caller's state is left as it was
+
+
+def test_elasticity_waits_t_wait_above_or_below_and_after_each_change() -> None:
+    """Dynamoth's rule with a cluster as the unit: a cluster more once the mean LR has
+    stayed above LR_high for T_wait, the last one fewer once it has stayed below LR_low
+    as long, nothing within T_wait of a change, never beyond the bounds."""
+    e = Elasticity(lr_high=1.0, lr_low=0.2, t_wait=10.0, min_clusters=2, max_clusters=4)
+    assert e.decide(0.0, 1.5, 3) is None  # above since 0
+    assert e.decide(5.0, 0.9, 3) is None  # dipped: the wait starts again
+    assert e.decide(6.0, 1.5, 3) is None
+    assert e.decide(15.9, 1.5, 3) is None
+    assert e.decide(16.0, 1.5, 3) == "add-cluster"
+    assert e.decide(20.0, 1.5, 4) is None  # within T_wait of the change, and at the bound
+    assert e.decide(40.0, 1.5, 4) is None  # max_clusters
+    assert e.decide(41.0, 0.1, 4) is None
+    assert e.decide(51.0, 0.1, 4) == "remove-cluster"
+    assert e.decide(61.0, 0.1, 3) is None  # the timer starts again after a change
+    assert e.decide(71.0, 0.1, 3) == "remove-cluster"
+    assert e.decide(90.0, 0.1, 2) is None  # min_clusters
+    with pytest.raises(ValueError, match="lr_low < lr_high"):
+        Elasticity(lr_high=0.2, lr_low=0.5)
 
 
 def test_the_load_measure_is_deliveries_for_bads_plans_and_output_for_load_ratios() -> None:

@@ -44,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.workload",
         "octopis.failure_schedule",
         "octopis.balance",
+        "octopis.topology_change",
     },
     "octopis.transport": {
         *BASE,

@@ -529,3 +529,42 @@ def _reshape_when_ready(sim: Simulator, new: Scot, leaving: list[str], tries: in
         if tries >= 500:
             raise
         sim.at(sim.now + 0.01, _reshape_when_ready, sim, new, leaving, tries + 1)
+
+
+def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -> None:
+    """fig2 (3 clusters) at 200 publications/s for 20 s, then 10/s for 40 s, brokers of
+    100 messages/s: Dynamoth's elasticity adds clusters while the mean load ratio stays
+    above 1 (LDM moves subscribers into them) and removes them, their subscribers moved
+    out first, once it stays under 0.3, down to the 3 it started with; every notification
+    reaches every subscriber exactly once throughout."""
+    from octopis.balance.policy import BalanceOptions, Elasticity
+    from octopis.topology import build_preset
+
+    scot = build_preset("fig2")
+    sim = Simulator(
+        scot, "dnr", seed=1, latency=LatencyModel(0.001, 0.004), oracle_factory=ReferenceMatcher
+    )
+    brokers = sorted(scot.brokers)
+    for i in range(36):
+        sim.subscribe(f"S{i}", brokers[i % 18], Subscription((Predicate("x", "<", 3 + i % 5),)))
+    sim.run()
+    start = sim.now
+    for i in range(4000):
+        sim.at(
+            start + i * 0.005, sim.publish, f"P{brokers[i % 18]}", brokers[i % 18], {"x": i % 10}
+        )
+    for i in range(400):
+        broker = brokers[i % 18]
+        sim.at(start + 20 + i * 0.1, sim.publish, f"P{broker}", broker, {"x": i % 10})
+    elastic = Elasticity(lr_high=1.0, lr_low=0.3, t_wait=4.0, min_clusters=3)
+    sim.balance(BalanceOptions(interval=2.0, beta=5.0, cooldown=4.0), start + 60, 100.0, elastic)
+    sim.run()
+    report = sim.report()
+    _exactly_once({k: v for k, v in report.items() if k != "failures"})
+    changes = [c["change"] for c in report["balance"]["elastic"]]
+    print(changes, [t["clusters"] for t in report["balance"]["timeline"]])
+    grown = changes.count("add-cluster")
+    assert grown >= 1 and changes == ["add-cluster"] * grown + ["remove-cluster"] * grown
+    assert sim.scot.clusters == 3 and sorted(sim.cores) == brokers
+    moved_in = [d for d in report["balance"]["decisions"] if int(d["target"][-1]) >= 3]
+    assert moved_in  # the balancer used the new clusters while they were there

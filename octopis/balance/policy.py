@@ -80,6 +80,56 @@ class BalanceOptions:
         return self.measure or ("output" if self.plan in RATIO_PLANS else "deliveries")
 
 
+ELASTIC_CHANGES = ("add-cluster", "remove-cluster")
+
+
+@dataclass
+class Elasticity:
+    """Dynamoth's elasticity on a SCOT (issue 18, DESIGN §9): the unit of growth is a
+    cluster (one broker per region). :meth:`decide` asks for one more cluster once the
+    mean load ratio has stayed above ``lr_high`` for ``t_wait`` seconds, and for the last
+    cluster to go once it has stayed below ``lr_low`` as long; after a change, nothing for
+    ``t_wait`` (Dynamoth's wait for a plan's effect) while the loads show it."""
+
+    lr_high: float = LR_HIGH
+    lr_low: float = LR_LOW
+    t_wait: float = 60.0
+    min_clusters: int = 1
+    max_clusters: int = 16
+    _above_since: float | None = None
+    _below_since: float | None = None
+    _changed_at: float = float("-inf")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lr_low < self.lr_high or self.t_wait < 0:
+            raise ValueError("elasticity needs 0 ≤ lr_low < lr_high and t_wait ≥ 0")
+        if not 1 <= self.min_clusters <= self.max_clusters:
+            raise ValueError("elasticity needs 1 ≤ min_clusters ≤ max_clusters")
+
+    def decide(self, now: float, mean_ratio: float, clusters: int) -> str | None:
+        """``add-cluster``, ``remove-cluster`` or None, for the mean load ratio at ``now``
+        of an overlay of ``clusters`` clusters; a change returned is taken as made."""
+        if mean_ratio <= self.lr_high:
+            self._above_since = None
+        elif self._above_since is None:
+            self._above_since = now
+        if mean_ratio >= self.lr_low:
+            self._below_since = None
+        elif self._below_since is None:
+            self._below_since = now
+        if now - self._changed_at < self.t_wait:
+            return None
+        change = None
+        if self._above_since is not None and now - self._above_since >= self.t_wait:
+            change = "add-cluster" if clusters < self.max_clusters else None
+        elif self._below_since is not None and now - self._below_since >= self.t_wait:
+            change = "remove-cluster" if clusters > self.min_clusters else None
+        if change is not None:
+            self._changed_at = now
+            self._above_since = self._below_since = None
+        return change
+
+
 def load_sample(loads: dict[str, float], outputs: dict[str, float]) -> dict[str, Any]:
     """One point of a balancer's timeline: each broker's load in the measure balanced,
     and its output (copies + deliveries per second); the coefficient of variation and

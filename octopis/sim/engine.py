@@ -37,7 +37,7 @@ from octopis.accounting import (
     run_report,
 )
 from octopis.balance.plans import BrokerLoad, LoadState
-from octopis.balance.policy import BalanceOptions, load_sample, plan_round
+from octopis.balance.policy import BalanceOptions, Elasticity, load_sample, plan_round
 from octopis.core import (
     Action,
     BrokerCore,
@@ -58,6 +58,7 @@ from octopis.sim.congestion import FreeLinks, InjectedCongestion, LinkModel
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureState
 from octopis.sim.shared import SharedMatcher
 from octopis.topology import Scot
+from octopis.topology_change import add_cluster, remove_cluster
 
 MOVE_POLL = 0.01
 """Seconds between checks whether a subscription moved across clusters is stored by every
@@ -178,6 +179,8 @@ class Simulator:
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
         ends): they drop a delivery they have had already, as the SDK does meanwhile."""
         self._linger = MOVE_LINGER
+        self.retiring: set[str] = set()
+        """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
 
     @property
     def undeliverable_keys(self) -> set[tuple[str, int]]:
@@ -251,17 +254,39 @@ class Simulator:
             self.at(self.now + poll, self._spread, subscriber, old, sub_id, new_id, poll, linger)
         return moved
 
-    def balance(self, options: BalanceOptions, until: float, capacity: float = 0.0) -> None:
+    def balance(
+        self,
+        options: BalanceOptions,
+        until: float,
+        capacity: float = 0.0,
+        elastic: Elasticity | None = None,
+    ) -> None:
         """Run the balancer's rounds on simulated load every ``options.interval`` seconds
         from now until ``until``: the decisions of ``octopis balance`` (:func:`plan_round`,
         one implementation), carried out by :meth:`move`. A broker's load is, per second
         over the last interval, the deliveries to the subscribers attached to it, plus
         the notification copies it sent when ``options.load_measure`` is ``output``; a
         subscriber's, its deliveries per second;
-        ``capacity`` (messages/s) is every broker's, for the plans on load ratios."""
-        self.balance_log = {"options": vars(options), "decisions": [], "timeline": []}
+        ``capacity`` (messages/s) is every broker's, for the plans on load ratios. With
+        ``elastic`` (and a capacity) each round also asks it whether the mean load ratio
+        calls for a cluster more (:meth:`reshape`) or the last one fewer (:meth:`shrink`,
+        its subscribers moving to their region's least loaded broker elsewhere)."""
+        self.balance_log = {
+            "options": vars(options),
+            "decisions": [],
+            "timeline": [],
+            "elastic": [],
+        }
         mark = self._load_counts()
-        self.at(self.now + options.interval, self._balance_round, options, until, capacity, mark)
+        self.at(
+            self.now + options.interval,
+            self._balance_round,
+            options,
+            until,
+            capacity,
+            mark,
+            elastic,
+        )
 
     def _load_counts(self) -> tuple[dict[str, int], Counter[str]]:
         """Copies sent by each broker, deliveries to each subscriber, so far."""
@@ -277,6 +302,7 @@ class Simulator:
         until: float,
         capacity: float,
         mark: tuple[dict[str, int], Counter[str]],
+        elastic: Elasticity | None = None,
     ) -> None:
         assert self.balance_log is not None
         copies, delivered = counts = self._load_counts()
@@ -286,10 +312,12 @@ class Simulator:
         deliveries = dict.fromkeys(self.cores, 0.0)
         for subscriber, r in rate.items():
             deliveries[self._home[subscriber]] += r
-        output = {b: (copies[b] - mark[0][b]) / span + deliveries[b] for b in self.cores}
+        output = {b: (copies[b] - mark[0].get(b, 0)) / span + deliveries[b] for b in self.cores}
         load = deliveries if options.load_measure == "deliveries" else output
         brokers = {
-            b: BrokerLoad(load[b], capacity, self.scot.brokers[b].cluster) for b in self.cores
+            b: BrokerLoad(load[b], capacity, self.scot.brokers[b].cluster)
+            for b in self.cores
+            if b not in self.retiring
         }
         state = LoadState(brokers, rate, {s: self._home[s] for s in subscribers})
         log = self.balance_log
@@ -300,10 +328,39 @@ class Simulator:
             self.move(move.subscriber, move.target)
             log["decisions"].append({"t": self.now, **vars(move)})
         log["timeline"].append(
-            {"t": self.now, **load_sample(load, output), "moves": len(plan.moves)}
+            {
+                "t": self.now,
+                **load_sample(load, output),
+                "moves": len(plan.moves),
+                "clusters": self.scot.clusters,
+                "mean_ratio": sum(output.values()) / len(output) / capacity if capacity else 0.0,
+            }
         )
+        if elastic is not None and capacity and not self.retiring:
+            self._elastic_round(elastic, log["timeline"][-1]["mean_ratio"], load)
         if self.now + span <= until:
-            self.at(self.now + span, self._balance_round, options, until, capacity, counts)
+            args = (options, until, capacity, counts, elastic)
+            self.at(self.now + span, self._balance_round, *args)
+
+    def _elastic_round(self, elastic: Elasticity, ratio: float, load: dict[str, float]) -> None:
+        """Grow or shrink by a cluster if ``elastic`` says so (Dynamoth, issue 18)."""
+        assert self.balance_log is not None
+        change = elastic.decide(self.now, ratio, self.scot.clusters)
+        if change is None:
+            return
+        self.balance_log["elastic"].append(
+            {"t": self.now, "change": change, "mean_ratio": ratio, "clusters": self.scot.clusters}
+        )
+        if change == "add-cluster":
+            self.reshape(add_cluster(self.scot))
+            return
+        last = self.scot.clusters - 1
+
+        def refuge(broker: str) -> str:
+            region = self.scot.brokers[broker].region
+            return min((f"{region}:{k}" for k in range(last)), key=lambda b: (load[b], b))
+
+        self.shrink(remove_cluster(self.scot, last), refuge)
 
     def moving(self, subscriber: str) -> bool:
         """Whether a move of ``subscriber`` has not finished yet."""
@@ -340,7 +397,11 @@ class Simulator:
     def publish(
         self, publisher: str, broker: str, publication: Publication, seq: int | None = None
     ) -> tuple[str, int]:
-        """``publisher`` (attached to ``broker``) publishes now; returns (publisher, seq)."""
+        """``publisher`` (attached to ``broker``) publishes now; returns (publisher, seq).
+        A publisher whose broker left, or is leaving (:meth:`shrink` moved it), publishes
+        where it was moved."""
+        if broker not in self.cores or broker in self.retiring:
+            broker = self._home.get(publisher, broker)
         self._attach(publisher, broker)
         if seq is None:
             seq = self._next_seq[publisher] + 1
@@ -594,6 +655,37 @@ class Simulator:
                 self._synced(broker, None)
         self.failure_counts["brokers_added"] += len(added)
         self.failure_counts["brokers_removed"] += len(removed)
+
+    def shrink(self, scot: Scot, refuge: Callable[[str], str], poll: float = MOVE_POLL) -> None:
+        """Remove the brokers ``scot`` lacks, without loss: every subscriber attached to
+        one moves now to ``refuge(its broker)`` (make-before-break, :meth:`move`), and
+        once no move is under way and nothing is on the leaving brokers' links (checked
+        every ``poll`` seconds) the overlay becomes ``scot`` (:meth:`reshape`)."""
+        leaving = set(self.scot.brokers) - set(scot.brokers)
+        if not leaving:
+            raise ValueError(f"{scot.name} removes no broker: use reshape")
+        movers = sorted(s for s, b in self._home.items() if b in leaving)
+        for subscriber in movers:
+            if not self.moving(subscriber):
+                self.move(subscriber, refuge(self._home[subscriber]))
+        self.retiring |= leaving
+        self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
+
+    def _shrink_when_ready(self, scot: Scot, refuge: Callable[[str], str], poll: float) -> None:
+        leaving = set(self.scot.brokers) - set(scot.brokers)
+        late = [s for s, b in self._home.items() if b in leaving and not self.moving(s)]
+        for subscriber in late:  # moved there meanwhile, or its move was queued
+            self.move(subscriber, refuge(self._home[subscriber]))
+        busy = (
+            any(self.moving(s) for s in self._home)
+            or any(self._in_flight[b].get(d) for b in self.cores for d in leaving)
+            or any(any(self._in_flight[b].values()) for b in leaving)
+        )
+        if busy or late:
+            self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
+            return
+        self.reshape(scot)
+        self.retiring -= leaving
 
     def _hand_share(self, src: str, dst: str) -> bool:
         """``src`` hands ``dst`` its resync share if ``dst`` lacks it, both are up, the
