@@ -5,6 +5,7 @@
     python -m bench.experiments burst --quick           # Fig. 11, the stability analysis
     python -m bench.experiments failure --quick         # kill -9 and restart, SNR beside DNR
     python -m bench.experiments balance --quick         # a skewed placement balanced
+    python -m bench.experiments balance-sim             # the same balancer, simulated
 
 Each experiment builds one workload with the Spark job (`spark_workloads.stock_workload`,
 real quotes from ``../shared/data/stockquotes``) on paper75, takes nested subsets of it
@@ -705,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("experiment", choices=sorted([*PROFILES, "balance"]))
+    p.add_argument("experiment", choices=sorted([*PROFILES, "balance", "balance-sim"]))
     p.add_argument("--quick", action="store_true", help="the few-minute profile")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument(
@@ -720,6 +721,11 @@ def main(argv: list[str] | None = None) -> int:
     if not set(modes) <= set(RUNS):
         p.error(f"--modes must be among {', '.join(RUNS)}")
     started = time.monotonic()
+    if args.experiment == "balance-sim":
+        from bench import balance
+
+        print(balance.simulate(args.out, args.seed))
+        return 0
     if args.experiment == "balance":
         from bench import balance
 

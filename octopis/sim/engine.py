@@ -324,7 +324,7 @@ class Simulator:
         recent = {d["subscriber"] for d in log["decisions"] if self.now - d["t"] < options.cooldown}
         recent |= {s for s in subscribers if self.moving(s)}
         plan = plan_round(options, state, recent)
-        for move in plan.moves:
+        for move in plan.moves if options.act else ():
             self.move(move.subscriber, move.target)
             log["decisions"].append({"t": self.now, **vars(move)})
         log["timeline"].append(
