@@ -62,19 +62,19 @@ PROFILES = {
     "quick": BalanceProfile(
         1000,
         60,
-        120,
+        240,
         60.0,
         0.8,
-        BalanceOptions("ldm", beta=5.0, interval=6.0, sample=1.0, max_moves=150, cooldown=20.0),
+        BalanceOptions("ldm", beta=5.0, interval=10.0, sample=1.0, max_moves=300, cooldown=30.0),
         BrokerSettings(
-            load_window=4, down_after=3.0, delivery_capacity=150.0, delivery_queue_limit=50_000
+            load_window=8, down_after=3.0, delivery_capacity=150.0, delivery_queue_limit=50_000
         ),
         2,
-        "1,000 subscribers, 80% on five edge brokers; 60 publishers x 120 quotes at 60/min "
-        "(two minutes of publishing); every broker delivers at most 150/s (clients.capacity: "
-        "the hot ones are offered ~200/s); LDM (β 5/s) on delivery load, rounds every 6 s "
-        "over a 4 s load window; links declared down after 3 s of silence (1 s by default: "
-        "75 brokers and the clients share two cores)",
+        "1,000 subscribers, 80% on five edge brokers; 60 publishers x 240 quotes at 60/min "
+        "(four minutes of publishing); every broker delivers at most 150/s (clients.capacity: "
+        "the hot ones are offered ~200/s); LDM (β 5/s) on delivery load, rounds every 10 s "
+        "over an 8 s load window, at most 300 moves a round; links declared down after 3 s "
+        "of silence (1 s by default: 75 brokers and the clients share two cores)",
     ),
     "full": BalanceProfile(
         2000,

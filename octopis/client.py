@@ -714,12 +714,15 @@ class Subscriber(_Client):
         self._next_move: dict[str, Any] | None = None
         self.moves: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per move (the last 1,000): from, to, inside, sub ids, seconds."""
+        self.stale_moves = 0
+        """Move orders ignored: from a broker this subscriber has left, or naming
+        subscriptions it no longer holds (the broker's view was older than the client's)."""
         self._serve_on(connection)
 
     def _serve_on(self, connection: Connection) -> None:
         self.connection = connection
         connection.register(self.name, self._on_notify)
-        connection.on_notice(self.name, self._on_notice)
+        connection.on_notice(self.name, lambda message: self._on_notice(message, connection))
         connection.on_failover(self._resubscribe)
         connection.on_dropped(self._dropped)
 
@@ -728,7 +731,11 @@ class Subscriber(_Client):
         """Whether a move is under way or ordered."""
         return self._next_move is not None or (self._moving is not None and not self._moving.done())
 
-    def _on_notice(self, message: dict[str, Any]) -> None:
+    def _on_notice(self, message: dict[str, Any], connection: Connection) -> None:
+        """``released`` ends a move's wait; ``move`` starts one, or queues it behind the
+        move under way, if it comes from the current connection."""
+        if message["op"] == "move":
+            message = {**message, "connection": connection}
         if message["op"] == "released":
             event = self._releases.get(message.get("sub_id"))
             if event is not None:
@@ -741,7 +748,26 @@ class Subscriber(_Client):
         self._start_move(message)
 
     def _start_move(self, message: dict[str, Any]) -> None:
-        work = self._move(str(message["to"]), bool(message["inside"]), list(message["sub_ids"]))
+        """Move as ``message`` says, unless it is stale: sent by a connection that is no
+        longer this subscriber's (a broker it left still names it until it lets go), or
+        naming subscriptions it no longer holds. Acting on one would withdraw what it
+        does not replace."""
+        sub_ids = list(message["sub_ids"])
+        if message["connection"] is not self.connection or not set(sub_ids) <= set(
+            self._subscriptions
+        ):
+            self.stale_moves += 1
+            log.warning(
+                "%s ignores a move order from %s for %s: %s",
+                self.name,
+                message["connection"].endpoint,
+                ", ".join(sub_ids),
+                "it has left that broker"
+                if message["connection"] is not self.connection
+                else "it no longer holds those subscriptions",
+            )
+            return
+        work = self._move(str(message["to"]), bool(message["inside"]), sub_ids)
         self._moving = asyncio.get_running_loop().create_task(work)
 
     async def _move(self, to: str, inside: bool, sub_ids: list[str]) -> None:

@@ -425,3 +425,43 @@ def test_octopis_balance_run_moves_subscribers_while_notifications_flow(
     assert len(made) == report["moves"]
     assert all(m["inside"] for m in made if m["to"].endswith(":0"))
     assert report["timeline"][-1]["cov"] < report["timeline"][0]["cov"]
+
+
+@pytest.mark.timeout(300)
+def test_a_stale_move_order_is_ignored_and_the_subscriber_keeps_its_subscription(
+    fig2: LocalCluster,
+) -> None:
+    """A move order from a connection the subscriber is no longer on, or naming a
+    subscription it no longer holds, is ignored and counted (the balance experiment lost
+    8,174 deliveries when such orders withdrew subscriptions they did not replace); the
+    subscriber keeps receiving everything exactly once."""
+    got: Counter[int] = Counter()
+    total = 50
+
+    async def scenario() -> Subscriber:
+        endpoints = fig2.scot.brokers
+        sub = await Subscriber.connect(
+            endpoints["a:0"].client_endpoint, "s", on_notification=lambda n: got.update([n.seq])
+        )
+        stream = await sub.subscribe("[class,eq,'STOCK']")
+        elsewhere = Connection([endpoints["b:0"].client_endpoint])
+        await elsewhere.open()
+        order = {"op": "move", "client": "s", "to": endpoints["c:0"].client_endpoint}
+        sub._on_notice({**order, "inside": True, "sub_ids": [stream.sub_id]}, elsewhere)
+        sub._on_notice({**order, "inside": False, "sub_ids": ["a:0#gone"]}, sub.connection)
+        assert not sub.moving
+        await until(lambda: tables_hold(fig2, 1), "the subscription spreads", 30)
+        pub = await Publisher.connect(endpoints["f:1"].client_endpoint, "feed")
+        for i in range(total):
+            await pub.publish({"class": "STOCK", "close": float(i)}, wait=False)
+        await pub.flush(30)
+        await until(lambda: len(got) >= total, "every delivery", 30)
+        await pub.close()
+        await elsewhere.close()
+        await sub.close()
+        return sub
+
+    sub = asyncio.run(closing_control(fig2, scenario()))
+    assert sub.stale_moves == 2 and not sub.moves
+    counts = accounting("s", total, got)
+    assert counts["delivered"] == total and counts["duplicates"] == counts["lost"] == 0

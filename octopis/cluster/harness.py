@@ -73,6 +73,8 @@ class ShareStats:
     late_max_s: float = 0.0
     moves: int = 0
     """Moves the share's subscribers made (DESIGN §9)."""
+    stale_moves: int = 0
+    """Move orders the share's subscribers ignored as stale."""
 
 
 def split(events: Sequence[SubscriptionEvent | PublicationEvent], parts: int) -> list[list[str]]:
@@ -191,6 +193,7 @@ class ClientSide:
             [r for p in self.publishers.values() for r in p.refused],
             self.late_max_s,
             sum(len(s.moves) for s in self.subscribers.values()),
+            sum(s.stale_moves for s in self.subscribers.values()),
         )
 
     async def close(self) -> None:
@@ -303,6 +306,7 @@ class WorkerPool:
             together.refused += stats.refused
             together.late_max_s = max(together.late_max_s, stats.late_max_s)
             together.moves += stats.moves
+            together.stale_moves += stats.stale_moves
         return together
 
     async def close(self, timeout: float = 60.0) -> None:

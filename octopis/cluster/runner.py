@@ -541,6 +541,7 @@ class WorkloadRun:
                 report["delay_before"] = delay_distribution(before)
                 report["deliveries_before"] = len(before)
         report["moves_made"] = self.client_stats.moves
+        report["stale_move_orders_ignored"] = self.client_stats.stale_moves
         report["sdk_duplicates_absorbed"] = self.client_stats.duplicates_absorbed
         return report
 
