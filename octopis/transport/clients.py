@@ -151,7 +151,8 @@ class ClientSessions:
         self._held: dict[bytes, list[bytes]] = {}
         """Deliveries of the open send pass, per connection: ``[names, body, ...]``."""
         self._held_count: Counter[bytes] = Counter()
-        """Per connection: the deliveries (client names) in :attr:`_held`."""
+        """Per connection: the deliveries (client names) in :attr:`_held`, counted only
+        when :attr:`pacer` is set (nothing else reads them)."""
         self.pacer = (
             SendRate(settings.delivery_capacity, LOOP_SLACK) if settings.delivery_capacity else None
         )
@@ -391,7 +392,7 @@ class ClientSessions:
         ``released`` notice must follow the old host's last delivery)."""
         parts = self._held.pop(identity, None)
         if parts:
-            self._out(identity, parts, self._held_count.pop(identity))
+            self._out(identity, parts, self._held_count.pop(identity, 0))
         if self.paced:
             self._pace(identity, [pack(message)], 0, None)
         else:
@@ -501,6 +502,7 @@ class ClientSessions:
         body, ...]``."""
         send_pass = self.send_pass
         held = self._held
+        counted = self._held_count if self.pacer is not None else None
         connections = self.connections
         self.bytes_out += len(body) * len(deliveries)
         for identity, names in deliveries.items():
@@ -511,7 +513,8 @@ class ClientSessions:
             if not send_pass.open:
                 self._out(identity, [pack(names), body], len(names))
                 continue
-            self._held_count[identity] += len(names)
+            if counted is not None:
+                counted[identity] += len(names)
             if identity in held:
                 held[identity] += (pack(names), body)
             else:
@@ -524,7 +527,9 @@ class ClientSessions:
         :data:`DELIVERIES_PER_MESSAGE`; one whose pipe is full queues them one by one, so
         its backlog counts deliveries."""
         held, self._held = self._held, {}
-        counts, self._held_count = self._held_count, Counter()
+        counts = self._held_count
+        if counts:
+            self._held_count = Counter()
         for identity, parts in held.items():
             self._out(identity, parts, counts[identity])
 
