@@ -39,6 +39,10 @@ from octopis.workload import Workload
 
 log = logging.getLogger("bench.balance")
 
+CLIENT_LIVENESS = 5.0
+"""Seconds before an SDK connection fails over (1.5 by default): 75 brokers, two client
+workers and the harness share two cores, and client event loops that stall 1.5 s read as
+a silent broker (33 false fail-overs in a run with the default)."""
 HOT = ("i:0", "ii:0", "iii:0", "xi:1", "xii:1")
 """Five edge brokers of paper75, three in cluster 0 and two in cluster 1."""
 
@@ -147,6 +151,7 @@ def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
             drain_timeout=240,  # the static run's hot brokers drain a queue at capacity
             sample_every=1.0,
             client_workers=profile.client_workers,
+            client_liveness=CLIENT_LIVENESS,
             balance=replace(profile.balance, act=act),
         )
         report = WorkloadRun(scot, topology, workload, options).run()

@@ -62,6 +62,9 @@ class DroppedError(BrokerError):
     its reason. Its subscriptions are withdrawn; connect again to go on."""
 
 
+DEFAULT_LIVENESS = 1.5
+"""Seconds of a broker's silence (three heartbeats unanswered) before a connection fails
+over."""
 READ_BATCH = 64
 """Deliveries the reader handles before it yields to the application's tasks."""
 
@@ -132,7 +135,7 @@ class Connection:
         endpoints: str | Sequence[str],
         *,
         context: zmq.asyncio.Context | None = None,
-        liveness: float = 1.5,
+        liveness: float = DEFAULT_LIVENESS,
         linger: float = 10.0,
         recent: int = 4096,
         max_pending: int = 1000,

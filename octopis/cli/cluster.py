@@ -22,6 +22,7 @@ from octopis.cli.sim import (
     failures_from_args,
     workload_from_args,
 )
+from octopis.client import DEFAULT_LIVENESS
 from octopis.cluster.launcher import STATE_FILE, LocalCluster, prepare_topology, stop_pids
 from octopis.core import MODES
 from octopis.topology import load_topology
@@ -68,6 +69,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="N",
         help="spread the clients over N worker processes, by broker, so that one process's "
         "event loop does not set the pace of what is measured (default 0: in this process)",
+    )
+    run.add_argument(
+        "--client-liveness",
+        type=float,
+        default=DEFAULT_LIVENESS,
+        metavar="SECONDS",
+        help="seconds of a broker's silence before a client connection fails over to the "
+        "next broker (default %(default)g); raise it on a machine so loaded that client "
+        "processes stall",
     )
     run.add_argument(
         "--attach",
@@ -324,6 +334,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--time-scale must be positive")
     if args.client_workers < 0:
         raise UsageError("--client-workers must be 0 or more")
+    if args.client_liveness <= 0:
+        raise UsageError("--client-liveness must be positive")
     if args.attach and args.topology is None:
         raise UsageError("--attach needs the running overlay's --topology FILE")
     settings = load_settings(args.config)
@@ -348,6 +360,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         attach=args.attach,
         client_workers=args.client_workers,
+        client_liveness=args.client_liveness,
         balance=None
         if args.balance is None
         else BalanceOptions(args.balance, interval=args.balance_interval),

@@ -23,7 +23,14 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from octopis.client import Connection, ConnectionGroup, Publisher, Received, Subscriber
+from octopis.client import (
+    DEFAULT_LIVENESS,
+    Connection,
+    ConnectionGroup,
+    Publisher,
+    Received,
+    Subscriber,
+)
 from octopis.topology import Scot
 from octopis.wire import pack, unpack
 from octopis.workload import PublicationEvent, SubscriptionEvent
@@ -47,6 +54,8 @@ class Share:
     publications: list[PublicationEvent]
     keys: Path | None = None
     time_scale: float = 1.0
+    liveness: float = DEFAULT_LIVENESS
+    """The SDK connections' ``liveness``: seconds of a broker's silence before failing over."""
 
 
 @dataclass
@@ -94,6 +103,7 @@ def share_of(
     publications: list[PublicationEvent],
     keys: Path | None,
     time_scale: float,
+    liveness: float = DEFAULT_LIVENESS,
 ) -> tuple[Share, list[int]]:
     """The share of the clients on ``brokers``, and the run-wide index of each of its
     subscription events."""
@@ -105,6 +115,7 @@ def share_of(
         [p for p in publications if p.broker in mine],
         keys,
         time_scale,
+        liveness,
     )
     return share, indices
 
@@ -132,7 +143,9 @@ class ClientSide:
         """Open a connection per broker; make the subscribers and publishers."""
         group = ConnectionGroup(RECENT_DELIVERIES)
         for broker, endpoints in self.share.endpoints.items():
-            connection = Connection(endpoints, keys=self.share.keys, group=group)
+            connection = Connection(
+                endpoints, keys=self.share.keys, group=group, liveness=self.share.liveness
+            )
             await connection.open()
             self.connections[broker] = connection
         delivered = self.callbacks.delivered

@@ -37,6 +37,7 @@ from octopis.balance.loop import Balancer
 from octopis.balance.observe import observe
 from octopis.balance.plans import place_subscribers
 from octopis.balance.policy import BalanceOptions
+from octopis.client import DEFAULT_LIVENESS
 from octopis.cluster.harness import (
     Callbacks,
     ClientSide,
@@ -89,6 +90,9 @@ class RunOptions:
     host or several) instead of starting them; they are left running."""
     client_workers: int = 0
     """Processes the clients are spread over (by broker); 0: the run's own process."""
+    client_liveness: float = DEFAULT_LIVENESS
+    """Seconds of a broker's silence before a client connection fails over (the SDK's
+    ``liveness``); a loaded machine whose client processes stall wants more."""
     balance: BalanceOptions | None = None
     """Run the balancer (:mod:`octopis.balance.loop`) while publishing: its decisions and
     load timeline go in the report's ``balance``, with the delay before its first move
@@ -372,6 +376,7 @@ class WorkloadRun:
                 workload.publications,
                 self.cluster.keys_dir,
                 options.time_scale,
+                options.client_liveness,
             )
             for brokers in parts
         ]
