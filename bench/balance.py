@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from octopis.balance.policy import BalanceOptions
+from octopis.balance.policy import BalanceOptions, coefficient_of_variation
 from octopis.cluster.launcher import prepare_topology
 from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.topology import Scot
@@ -39,10 +39,6 @@ from octopis.workload import Workload
 
 log = logging.getLogger("bench.balance")
 
-CLIENT_LIVENESS = 5.0
-"""Seconds before an SDK connection fails over (1.5 by default): 75 brokers, two client
-workers and the harness share two cores, and client event loops that stall 1.5 s read as
-a silent broker (33 false fail-overs in a run with the default)."""
 HOT = ("i:0", "ii:0", "iii:0", "xi:1", "xii:1")
 """Five edge brokers of paper75, three in cluster 0 and two in cluster 1."""
 
@@ -151,7 +147,6 @@ def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
             drain_timeout=240,  # the static run's hot brokers drain a queue at capacity
             sample_every=1.0,
             client_workers=profile.client_workers,
-            client_liveness=CLIENT_LIVENESS,
             balance=replace(profile.balance, act=act),
         )
         report = WorkloadRun(scot, topology, workload, options).run()
@@ -188,14 +183,21 @@ def before_after(report: dict[str, Any]) -> dict[str, Any]:
 
 def last_quarter(report: dict[str, Any]) -> dict[str, float]:
     """Load cov and mean (delivery load and output) averaged over the balancer's samples
-    of the run's last quarter; the most deliveries waiting for ``clients.capacity`` at
-    one broker in the run's queue samples of that quarter."""
+    of the run's last quarter, and the cov of each broker's load averaged over that
+    quarter (``cov_quarter``, ``cov_output_quarter``: the spread of load over a minute
+    rather than of the short windows the balancer reads, whose counts of ~20 deliveries/s
+    vary by about ±10% on their own); the most deliveries waiting for
+    ``clients.capacity`` at one broker in the run's queue samples of that quarter."""
     timeline = report["balance"]["timeline"]
     tail = timeline[-1]["t"] * 3 / 4
     last = [t for t in timeline if t["t"] >= tail] or timeline[-1:]
     queues = report.get("timeline", [])
     queue_tail = queues[-1]["t"] * 3 / 4 if queues else 0.0
     figures = {k: sum(t[k] for t in last) / len(last) for k in FIGURES}
+    for key, measure in (("cov_quarter", "loads"), ("cov_output_quarter", "outputs")):
+        brokers = last[0][measure]
+        mean_loads = [sum(t[measure][b] for t in last) / len(last) for b in brokers]
+        figures[key] = coefficient_of_variation(mean_loads)
     figures["waiting"] = max(
         (q["deliveries_waiting_max"] for q in queues if q["t"] >= queue_tail), default=0
     )
@@ -223,12 +225,16 @@ def table(static: dict[str, Any], balanced: dict[str, Any]) -> str:
         "",
         "| figure | balanced, before | static, last quarter | balanced, last quarter |",
         "|---|---|---|---|",
-        f"| delivery load cov (α = {alpha:g}) | {f['cov_before']:.2f} | {s['cov']:.2f} | "
-        f"{b['cov']:.2f} |",
+        f"| delivery load cov (α = {alpha:g}), mean of the balancer's samples | "
+        f"{f['cov_before']:.2f} | {s['cov']:.2f} | {b['cov']:.2f} |",
+        f"| delivery load cov of the quarter's mean loads | | {s['cov_quarter']:.2f} | "
+        f"{b['cov_quarter']:.2f} |",
         f"| mean delivery load (deliveries/s per broker) | {f['mean_before']:.1f} | "
         f"{s['mean']:.1f} | {b['mean']:.1f} |",
         f"| output cov (relaying included) | {f['cov_output_before']:.2f} | "
         f"{s['cov_output']:.2f} | {b['cov_output']:.2f} |",
+        f"| output cov of the quarter's mean loads | | {s['cov_output_quarter']:.2f} | "
+        f"{b['cov_output_quarter']:.2f} |",
         f"| mean output (copies + deliveries/s per broker) | {f['mean_output_before']:.1f} | "
         f"{s['mean_output']:.1f} | {b['mean_output']:.1f} |",
         f"| most deliveries waiting at one broker (whole run) | | {s['waiting_peak']} | "
@@ -253,7 +259,11 @@ def table(static: dict[str, Any], balanced: dict[str, Any]) -> str:
             f"Exactly once, {label}: expected {r['expected_deliveries']}, delivered "
             f"{r['delivered']}, duplicated {r['duplicates']}, lost {r['lost']}; false link "
             f"detections {r['failures'].get('links_down', 0)}; repeats the SDK dropped: "
-            f"{r['balance'].get('sdk_duplicates_absorbed', 'not recorded')}."
+            f"{r['balance'].get('sdk_duplicates_absorbed', 'not recorded')}; SDK fail-overs "
+            f"{r['balance'].get('sdk_failovers', 'not recorded')}; stale move orders "
+            f"ignored {r['balance'].get('stale_move_orders_ignored', 'not recorded')}; "
+            f"deliveries for a subscriber that had moved on "
+            f"{r['balance'].get('sdk_unclaimed_deliveries', 'not recorded')}."
         )
     return "\n".join(rows) + "\n"
 

@@ -82,20 +82,50 @@ class Received:
 
 
 NotificationHandler = Callable[[str, str, int, float, Publication, float], None]
+Resume = Callable[["Connection"], Coroutine[Any, Any, None]]
+"""What a client does after its connection failed over (given that connection)."""
 """Called with (client name, publisher, seq, published_at, publication, received_at)."""
+
+
+DeliveryKey = tuple[str, str, int, int]
+"""(client, publisher, publisher session, seq): one delivery."""
 
 
 class ConnectionGroup:
     """Connections that serve one application's clients (DESIGN §9): at most one to each
     broker, so that clients moving to a broker share the connection there, and one
-    record of the last ``recent`` deliveries, so that a client served by two of them
-    during a move (or a fail-over) can drop what it got twice."""
+    record of the deliveries of the last ``horizon`` seconds, so that a client served by
+    two of them during a move (or a fail-over) can drop what it got twice (every
+    delivery is checked: a repeat is never legitimate, and one set lookup costs less
+    than knowing when a repeat may come). A copy can
+    come that much later only if the two paths differ by that much: the horizon should
+    exceed the connections' ``linger``. At most ``limit`` deliveries are remembered; one
+    forgotten before its time is counted in :attr:`forgotten_early`."""
 
-    def __init__(self, recent: int = 4096) -> None:
+    def __init__(self, horizon: float = 30.0, limit: int = 262_144) -> None:
+        if horizon <= 0 or limit < 1:
+            raise ValueError("a connection group needs a positive horizon and limit")
         self.connections: dict[str, Connection] = {}
         """Broker endpoint → the group's connection to it."""
-        self.recent: set[tuple[str, str, int, int]] = set()
-        self.recent_order: deque[tuple[str, str, int, int]] = deque(maxlen=recent)
+        self.horizon = horizon
+        self.limit = limit
+        self.forgotten_early = 0
+        """Deliveries forgotten within the horizon to stay within ``limit``."""
+        self.seen: set[DeliveryKey] = set()
+        self._order: deque[tuple[float, DeliveryKey]] = deque()
+
+    def remember(self, key: DeliveryKey, now: float) -> None:
+        """Record delivery ``key`` made at time ``now`` (and forget what is past the
+        horizon or beyond the limit)."""
+        order = self._order
+        order.append((now, key))
+        self.seen.add(key)
+        oldest = now - self.horizon
+        while order[0][0] < oldest or len(order) > self.limit:
+            at, old = order.popleft()
+            if at >= oldest:
+                self.forgotten_early += 1
+            self.seen.discard(old)
 
 
 class Connection:
@@ -112,7 +142,7 @@ class Connection:
     broker, then it says bye. A broker that was only stalled so keeps its subscriptions
     and delivers what it routed here (copies its neighbours held for it among them)
     until the new subscriptions have spread through the overlay, and a delivery seen
-    twice meanwhile (one of the last ``recent``) is dropped and counted in
+    twice meanwhile (within the ``group``'s horizon) is dropped and counted in
     :attr:`duplicates_absorbed`; so a fail-over away from a live broker loses nothing.
     At most ``max_pending`` requests wait for replies; a further :meth:`submit`
     waits for room, so a publisher is slowed, never silently dropped (the broker answers a
@@ -137,7 +167,6 @@ class Connection:
         context: zmq.asyncio.Context | None = None,
         liveness: float = DEFAULT_LIVENESS,
         linger: float = 10.0,
-        recent: int = 4096,
         max_pending: int = 1000,
         receive_buffer: int = 10_000,
         keys: str | os.PathLike | None = None,
@@ -155,23 +184,24 @@ class Connection:
             "keys": keys,
             "key_name": key_name,
         }
-        self.group = group or ConnectionGroup(recent)
+        self.group = group or ConnectionGroup()
         """The connections this one's clients may move to, and the deliveries they saw."""
         self.group.connections.setdefault(self.endpoints[0], self)
-        self._siblings: dict[str, Connection] = {}
+        self._siblings: list[Connection] = []
         """Connections this one opened for clients that moved (:meth:`sibling`); closed
         with it."""
         self.endpoint = self.endpoints[0]
         self.liveness = liveness
         self.linger = linger
-        self._recent, self._recent_order = self.group.recent, self.group.recent_order
-        """The group's last ``recent`` deliveries (client, publisher, session, seq),
-        consulted only from a fail-over or move until the session left behind ends."""
-        self._checking_recent = 0
         self._background: set[asyncio.Task] = set()
         """Sessions kept at brokers left at a fail-over, and clients resuming."""
+        self._left_sessions: set[asyncio.Task] = set()
+        """The sessions kept at brokers left at a fail-over that have not ended."""
         self.duplicates_absorbed = 0
-        """Deliveries dropped as already seen while a fail-over was under way."""
+        """Deliveries dropped as already seen during a fail-over or move."""
+        self.unclaimed = 0
+        """Deliveries for a client this connection does not serve (one that moved on
+        while the broker still named it here)."""
         self.receive_buffer = receive_buffer
         found = Keys.find(keys)
         self._curve = (
@@ -187,7 +217,7 @@ class Connection:
         self._room = asyncio.Semaphore(max_pending)
         self._handlers: dict[str, NotificationHandler] = {}
         self._notices: dict[str, Callable[[dict[str, Any]], None]] = {}
-        self._resumers: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._resumers: list[Resume] = []
         self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
         self._heard = time.monotonic()
@@ -231,8 +261,9 @@ class Connection:
         """Route deliveries for client ``name`` to ``handler``."""
         self._handlers[name] = handler
 
-    def on_failover(self, resume: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``resume`` after each fail-over (a subscriber re-issues its subscriptions)."""
+    def on_failover(self, resume: Resume) -> None:
+        """Run ``resume(self)`` after each fail-over (a subscriber re-issues its
+        subscriptions)."""
         self._resumers.append(resume)
 
     def on_dropped(self, notify: Callable[[str], None]) -> None:
@@ -248,41 +279,55 @@ class Connection:
     def forget(
         self,
         name: str,
-        resume: Callable[[], Coroutine[Any, Any, None]],
+        resume: Resume,
         notify: Callable[[str], None],
     ) -> None:
-        """Client ``name`` has moved to another connection: stop serving it here."""
-        self._handlers.pop(name, None)
+        """Client ``name`` has moved to another connection: stop serving it here. Its
+        deliveries are still handled until every session left at a fail-over has ended:
+        such a session may yet deliver what its broker routed for ``name`` (a broker
+        stalled past the liveness catches up once it runs again)."""
+        handler = self._handlers.get(name)
+        if handler is not None and self._left_sessions:
+            sessions = list(self._left_sessions)
+            self._in_background(self._forget_after(name, handler, sessions))
+        else:
+            self._handlers.pop(name, None)
         self._notices.pop(name, None)
         if resume in self._resumers:
             self._resumers.remove(resume)
         if notify in self._on_drop:
             self._on_drop.remove(notify)
 
+    async def _forget_after(
+        self, name: str, handler: NotificationHandler, sessions: list[asyncio.Task]
+    ) -> None:
+        """Stop handling ``name``'s deliveries once ``sessions`` have ended, unless it has
+        registered again meanwhile."""
+        await asyncio.gather(*sessions, return_exceptions=True)
+        if self._handlers.get(name) is handler:
+            del self._handlers[name]
+
     @property
     def siblings(self) -> list[Connection]:
         """The connections this one opened for clients that moved."""
-        return list(self._siblings.values())
+        return list(self._siblings)
 
     async def sibling(self, endpoint: str) -> Connection:
         """An open connection to ``endpoint`` for a client that moves there: the group's
-        (:class:`ConnectionGroup`), or one opened now (failing over to this one's
-        brokers), joined to the group and closed with this one."""
-        found = self.group.connections.get(endpoint)
-        if found is not None and found.dropped is None:
-            return found
+        (:class:`ConnectionGroup`) that is connected there now (one opened for it may have
+        failed over elsewhere), or one opened now (failing over to this one's brokers),
+        joined to the group and closed with this one."""
+        for found in (self.group.connections.get(endpoint), *self.group.connections.values()):
+            if found is not None and found.dropped is None and found.endpoint == endpoint:
+                return found
         others = [e for e in self.endpoints if e != endpoint]
         sibling = Connection(
             [endpoint, *others], context=self._ctx, group=self.group, **self._options
         )
         self.group.connections[endpoint] = sibling
-        self._siblings[endpoint] = sibling
+        self._siblings.append(sibling)
         await sibling.open()
         return sibling
-
-    def checking_repeats(self, on: bool) -> None:
-        """Drop a delivery seen among the recent ones (from now on, or no longer)."""
-        self._checking_recent += 1 if on else -1
 
     def stall_until(self, room: asyncio.Event) -> None:
         """Stop reading after the current message until ``room`` is set (a full stream)."""
@@ -344,7 +389,7 @@ class Connection:
         if self.dropped is None and self._reader is not None:
             with contextlib.suppress(TimeoutError, BrokerError):
                 await self.request({"op": "bye", "client": "-"}, self.liveness)
-        for sibling in self._siblings.values():
+        for sibling in self._siblings:
             await sibling.close()
         tasks = [t for t in (self._reader, self._heartbeat, *self._background) if t is not None]
         for task in tasks:
@@ -415,7 +460,7 @@ class Connection:
         outage and let the socket left behind start its last :attr:`linger` seconds."""
         try:
             results = await asyncio.gather(
-                *(resume() for resume in self._resumers), return_exceptions=True
+                *(resume(self) for resume in self._resumers), return_exceptions=True
             )
             for failed in (r for r in results if isinstance(r, BaseException)):
                 log.error("a client could not resume at %s: %s", self.endpoint, failed)
@@ -434,15 +479,17 @@ class Connection:
         old = self.socket
         if self.linger <= 0:
             return None
-        self._checking_recent += 1
-        self._in_background(self._keep_left(old, self.endpoint, settled))
+        session = self._in_background(self._keep_left(old, self.endpoint, settled))
+        self._left_sessions.add(session)
+        session.add_done_callback(self._left_sessions.discard)
         return old
 
-    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task:
         """Run ``work`` as a task that :meth:`close` cancels."""
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _keep_left(
         self, socket: zmq.asyncio.Socket, endpoint: str, settled: asyncio.Event
@@ -466,7 +513,6 @@ class Connection:
             late += await self._read_left(socket, loop.time() + self.liveness, until_op="bye")
         finally:
             socket.close()
-            self._checking_recent -= 1
             if late:
                 log.warning("%d deliveries came from %s after leaving it", late, endpoint)
 
@@ -549,20 +595,17 @@ class Connection:
         """One notification (its NOTIFY ``body``) for the clients ``names`` of this
         connection."""
         publisher, seq, published_at, publication, session = delivery_fields(body)
-        recent, order = self._recent, self._recent_order
+        group = self.group
         for name in unpack(names):
             handler = self._handlers.get(name)
             if handler is None:
+                self.unclaimed += 1
                 continue
-            if order.maxlen:
-                key = (name, publisher, session, seq)
-                if self._checking_recent and key in recent:
-                    self.duplicates_absorbed += 1
-                    continue
-                if len(order) == order.maxlen:
-                    recent.discard(order[0])
-                order.append(key)
-                recent.add(key)
+            key = (name, publisher, session, seq)
+            if key in group.seen:
+                self.duplicates_absorbed += 1
+                continue
+            group.remember(key, now)
             handler(name, publisher, seq, published_at, publication, now)
 
     def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:
@@ -581,7 +624,13 @@ class Connection:
         if op in ("move", "released"):
             notice = self._notices.get(data.get("client"))
             if notice is None:
-                log.warning("a %s notice for unknown client %r", op, data.get("client"))
+                log.warning(
+                    "a %s notice for unknown client %r at %s: %s",
+                    op,
+                    data.get("client"),
+                    self.endpoint,
+                    data,
+                )
             else:
                 notice(data)
             return
@@ -726,7 +775,7 @@ class Subscriber(_Client):
         self.connection = connection
         connection.register(self.name, self._on_notify)
         connection.on_notice(self.name, lambda message: self._on_notice(message, connection))
-        connection.on_failover(self._resubscribe)
+        connection.on_failover(self._resume_after_failover)
         connection.on_dropped(self._dropped)
 
     @property
@@ -756,36 +805,41 @@ class Subscriber(_Client):
         naming subscriptions it no longer holds. Acting on one would withdraw what it
         does not replace."""
         sub_ids = list(message["sub_ids"])
-        if message["connection"] is not self.connection or not set(sub_ids) <= set(
-            self._subscriptions
-        ):
-            self.stale_moves += 1
-            log.warning(
-                "%s ignores a move order from %s for %s: %s",
-                self.name,
-                message["connection"].endpoint,
-                ", ".join(sub_ids),
-                "it has left that broker"
-                if message["connection"] is not self.connection
-                else "it no longer holds those subscriptions",
-            )
+        if message["connection"] is not self.connection:
+            stale = "it has left that broker"
+        elif not set(sub_ids) <= set(self._subscriptions):
+            stale = "it no longer holds those subscriptions"
+        elif message["to"] == self.connection.endpoint:
+            stale = "it is connected there already (it failed over)"
+        else:
+            work = self._move(str(message["to"]), bool(message["inside"]), sub_ids)
+            self._moving = asyncio.get_running_loop().create_task(work)
             return
-        work = self._move(str(message["to"]), bool(message["inside"]), sub_ids)
-        self._moving = asyncio.get_running_loop().create_task(work)
+        self.stale_moves += 1
+        log.warning(
+            "%s ignores a move order from %s for %s: %s",
+            self.name,
+            message["connection"].endpoint,
+            ", ".join(sub_ids),
+            stale,
+        )
 
     async def _move(self, to: str, inside: bool, sub_ids: list[str]) -> None:
         """Move to the broker at ``to`` as its current broker told (DESIGN §9), make before
         break: inside the cluster each subscription is adopted there and the old broker
         releases it once the path has turned; else each is made again there and the
         old one withdrawn ``linger`` seconds later. Both brokers deliver meanwhile, and
-        a delivery had twice is dropped until ``linger`` seconds after the old one let
-        go (counted in ``Connection.duplicates_absorbed``). A move ordered meanwhile
-        starts when this one is done."""
+        a delivery had twice is dropped (the group's record, counted in
+        ``Connection.duplicates_absorbed``). A move ordered meanwhile starts when this
+        one is done."""
         old = self.connection
         started = time.monotonic()
         new = await old.sibling(to)
-        old.checking_repeats(True)
-        new.checking_repeats(True)
+        if new is old or self.connection is not old or not set(sub_ids) <= set(self._subscriptions):
+            self.stale_moves += 1  # it failed over meanwhile (to ``to``, or re-subscribed)
+            log.warning("%s drops a move to %s: it failed over meanwhile", self.name, to)
+            self._after_move()
+            return
         let_go = True
         try:
             self._serve_on(new)
@@ -812,7 +866,7 @@ class Subscriber(_Client):
                     except BrokerError as exc:  # withdrawn there already (a fail-over)
                         log.warning("%s: %s", self.name, exc)
             if let_go:
-                old.forget(self.name, self._resubscribe, self._dropped)
+                old.forget(self.name, self._resume_after_failover, self._dropped)
             self.moves.append(
                 {
                     "from": old.endpoint,
@@ -826,13 +880,13 @@ class Subscriber(_Client):
             log.info("%s moved %d subscriptions to %s", self.name, len(sub_ids), to)
         finally:
             self._releases.clear()
-            loop = asyncio.get_running_loop()
-            if let_go:  # else both stay checked: the old one may still deliver
-                for connection in (old, new):
-                    loop.call_later(old.linger, connection.checking_repeats, False)
-            if self._next_move is not None:
-                message, self._next_move = self._next_move, None
-                loop.call_soon(self._start_move, message)
+            self._after_move()
+
+    def _after_move(self) -> None:
+        """Start the move ordered while one was under way, if any."""
+        if self._next_move is not None:
+            message, self._next_move = self._next_move, None
+            asyncio.get_running_loop().call_soon(self._start_move, message)
 
     async def _adopt(self, sub_id: str) -> bool:
         """Ask the new broker to take ``sub_id`` over; False if it cannot (not there yet)."""
@@ -861,6 +915,13 @@ class Subscriber(_Client):
         )
         self._subscriptions[reply["sub_id"]] = subscription
         return reply["sub_id"]
+
+    async def _resume_after_failover(self, connection: Connection) -> None:
+        """``connection`` failed over: every subscription again at its new broker
+        (DESIGN §7), unless this subscriber is moving away from it (the move makes them
+        at the new host before the session left behind ends)."""
+        if connection is self.connection:
+            await self._resubscribe()
 
     async def _resubscribe(self, only: Sequence[str] | None = None) -> None:
         """After a fail-over: every subscription (or those of ids ``only``) again at the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from conditions import accounting, closing_control, reader_on, tables_hold, until
 from conftest import secure_fig2
 
-from octopis.client import BrokerError, Connection, Publisher, Subscriber
+from octopis.client import BrokerError, Connection, ConnectionGroup, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.transport.settings import BrokerSettings
 
@@ -399,3 +400,107 @@ def test_a_subscriber_killed_while_moving_leaves_no_trace(
     counters = stats["a:0"]["counters"]
     print(when, {k: v for k, v in counters.items() if k.startswith(("moves", "clients", "sub"))})
     assert counters["moves.ordered"] == 3
+
+
+@pytest.fixture
+def fig2_stalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """fig2 for moves amid stalls: links declared down after 3 s (a stall of 0.9 s stays a
+    client-side fail-over, not a link failure)."""
+    settings = BrokerSettings(client_timeout=3.0, client_move_timeout=6.0, down_after=3.0)
+    yield from secure_fig2(tmp_path, monkeypatch, settings)
+
+
+def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> None:
+    """16 subscribers on 15 brokers of fig2 (connections with 0.6 s liveness) while c:2
+    publishes 1,200 notifications: every 0.1 s one subscriber is told by its host to
+    move to a random broker (inside its cluster or across), and every 1–2.5 s one host
+    is stopped for 0.9 s, so its connection fails over in the middle of moves to, from
+    and through it. Guarantee: every subscriber gets every notification exactly once."""
+    cluster = fig2_stalls
+    scot = cluster.scot
+    rng = random.Random(7)
+    hosts = [b for b in scot.brokers if b != "c:2"]
+    by_endpoint = {broker.client_endpoint: b for b, broker in scot.brokers.items()}
+    got: dict[str, Counter[int]] = {}
+    happened: Counter[str] = Counter()
+
+    async def scenario() -> tuple[list[int], list[Subscriber], list[Connection]]:
+        group = ConnectionGroup()
+        connections = {
+            b: Connection(scot.client_endpoints(b), liveness=0.6, linger=2.0, group=group)
+            for b in hosts
+        }
+        for connection in connections.values():
+            await connection.open()
+        subs = []
+        for i in range(16):
+            name = f"s{i}"
+            got[name] = counts = Counter()
+            sub = Subscriber(
+                name, connections[hosts[i % len(hosts)]], lambda n, c=counts: c.update([n.seq])
+            )
+            await sub.subscribe("[class,eq,'STOCK']")
+            if i % 2:
+                await sub.subscribe("[class,eq,'STOCK'],[price,>,0.5]")
+            subs.append(sub)
+        await until(lambda: tables_hold(cluster, 24), "subscriptions everywhere", 30)
+        pub = await Publisher.connect(scot.client_endpoints("c:2"), "p")
+        sent: list[int] = []
+
+        async def publish() -> None:
+            for _ in range(1200):
+                sent.append(await pub.publish({"class": "STOCK", "price": 1.0}))
+                await asyncio.sleep(0.01)
+
+        async def move() -> None:
+            while len(sent) < 1200:
+                await asyncio.sleep(0.1)
+                sub = rng.choice(subs)
+                host = by_endpoint[sub.connection.endpoint]
+                to = rng.choice([b for b in hosts if b != host])
+                inside = to.split(":")[1] == host.split(":")[1]
+                try:
+                    to_endpoint = scot.brokers[to].client_endpoint
+                    await cluster.call(host, "move", sub.name, to_endpoint, inside)
+                    happened["move orders"] += 1
+                except Exception:  # moving already, or its host has not heard of it yet
+                    happened["refused orders"] += 1
+
+        async def stall() -> None:
+            while len(sent) < 1200:
+                await asyncio.sleep(rng.uniform(1.0, 2.5))
+                victim = rng.choice(
+                    sorted({by_endpoint[s.connection.endpoint] for s in subs} - {"c:2"})
+                )
+                cluster.pause(victim, True)
+                await asyncio.sleep(0.9)
+                cluster.pause(victim, False)
+                happened["stalls"] += 1
+
+        await asyncio.gather(publish(), move(), stall())
+        await until(lambda: not any(s.moving for s in subs), "moves over", 30)
+        await until(lambda: all(len(c) >= len(sent) for c in got.values()), "deliveries", 30)
+        await asyncio.sleep(2.0)  # a repeat still on its way would arrive now
+        seen, todo = [], list(connections.values())
+        while todo:
+            connection = todo.pop()
+            if all(connection is not c for c in seen):
+                seen.append(connection)
+                todo += connection.siblings
+        for sub in subs:
+            await sub.close()
+        await pub.close()
+        return sent, subs, seen
+
+    sent, subs, connections = asyncio.run(closing_control(cluster, scenario()))
+    happened["fail-overs"] = sum(len(c.outages) for c in connections)
+    happened["moves made"] = sum(len(s.moves) for s in subs)
+    happened["stale orders"] = sum(s.stale_moves for s in subs)
+    happened["repeats absorbed"] = sum(c.duplicates_absorbed for c in connections)
+    print(dict(happened))
+    assert happened["fail-overs"] > 0 and happened["moves made"] > 0
+    total = Counter()
+    for name, counts in got.items():
+        total.update(accounting(name, len(sent), Counter({s: counts[s] for s in sent})))
+    assert total["lost"] == total["duplicates"] == 0, total
+    assert all(set(counts) == set(sent) for counts in got.values())

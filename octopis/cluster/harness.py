@@ -84,6 +84,10 @@ class ShareStats:
     """Moves the share's subscribers made (DESIGN §9)."""
     stale_moves: int = 0
     """Move orders the share's subscribers ignored as stale."""
+    unclaimed: int = 0
+    """Deliveries for a subscriber that had moved off the connection they came on."""
+    repeats_forgotten_early: int = 0
+    """Deliveries forgotten before the repeat horizon (the group's limit was reached)."""
 
 
 def split(events: Sequence[SubscriptionEvent | PublicationEvent], parts: int) -> list[list[str]]:
@@ -120,10 +124,10 @@ def share_of(
     return share, indices
 
 
-RECENT_DELIVERIES = 65_536
-"""Deliveries a share remembers for dropping repeats during moves and fail-overs: its
-subscribers together receive ~1,000/s in the experiments, and a move's overlap lasts the
-SDK's linger (10 s) after the old broker lets go."""
+RECENT_DELIVERIES = 1_048_576
+"""Deliveries a share remembers at most for dropping repeats during moves and fail-overs
+(for the group's 30 s horizon; the SDK's linger is 10 s): its subscribers together
+receive up to ~10,000/s in the experiments."""
 
 
 class ClientSide:
@@ -138,13 +142,13 @@ class ClientSide:
         self.subscribers: dict[str, Subscriber] = {}
         self.publishers: dict[str, Publisher] = {}
         self.late_max_s = 0.0
+        self.group = ConnectionGroup(limit=RECENT_DELIVERIES)
 
     async def attach(self) -> None:
         """Open a connection per broker; make the subscribers and publishers."""
-        group = ConnectionGroup(RECENT_DELIVERIES)
         for broker, endpoints in self.share.endpoints.items():
             connection = Connection(
-                endpoints, keys=self.share.keys, group=group, liveness=self.share.liveness
+                endpoints, keys=self.share.keys, group=self.group, liveness=self.share.liveness
             )
             await connection.open()
             self.connections[broker] = connection
@@ -207,6 +211,8 @@ class ClientSide:
             self.late_max_s,
             sum(len(s.moves) for s in self.subscribers.values()),
             sum(s.stale_moves for s in self.subscribers.values()),
+            sum(c.unclaimed for c in connections),
+            self.group.forgotten_early,
         )
 
     async def close(self) -> None:
@@ -320,6 +326,8 @@ class WorkerPool:
             together.late_max_s = max(together.late_max_s, stats.late_max_s)
             together.moves += stats.moves
             together.stale_moves += stats.stale_moves
+            together.unclaimed += stats.unclaimed
+            together.repeats_forgotten_early += stats.repeats_forgotten_early
         return together
 
     async def close(self, timeout: float = 60.0) -> None:

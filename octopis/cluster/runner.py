@@ -548,6 +548,9 @@ class WorkloadRun:
         report["moves_made"] = self.client_stats.moves
         report["stale_move_orders_ignored"] = self.client_stats.stale_moves
         report["sdk_duplicates_absorbed"] = self.client_stats.duplicates_absorbed
+        report["sdk_failovers"] = sum(len(o) for o in self.client_stats.outages.values())
+        report["sdk_unclaimed_deliveries"] = self.client_stats.unclaimed
+        report["sdk_repeats_forgotten_early"] = self.client_stats.repeats_forgotten_early
         return report
 
     def _series(self, width: float) -> list[dict[str, float]]:
