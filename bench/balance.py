@@ -246,7 +246,9 @@ def table(static: dict[str, Any], balanced: dict[str, Any]) -> str:
         f"| notification delay p99 (s) | {f['p99_before']:.3f} | {sd['p99']:.3f} | "
         f"{f['p99_after']:.3f} |",
         "",
-        f"Balanced run: rounds {balance['rounds']}; moves ordered {balance['moves']} "
+        f"Balanced run: rounds {balance['rounds']} (skipped for a load report that did "
+        f"not come in time: {balance.get('reads_failed', 'not recorded')}; stopped early: "
+        f"{balance.get('stopped_early') or 'no'}); moves ordered {balance['moves']} "
         f"({balance['moves_inside']} inside a cluster, {balance['moves_across']} across), "
         f"{balance['moves_failed']} failed; moves the subscribers made: "
         f"{balance.get('moves_made', 0)}, {balance.get('moves_in_last_quarter', 0)} of them "

@@ -21,6 +21,7 @@ from conftest import secure_fig2
 from hypothesis import given
 from hypothesis import strategies as st
 
+from octopis.balance.loop import Balancer
 from octopis.balance.plans import (
     BrokerLoad,
     LoadState,
@@ -37,6 +38,7 @@ from octopis.balance.plans import (
 from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
+from octopis.topology import build_preset
 from octopis.transport.settings import BrokerSettings
 
 
@@ -465,3 +467,28 @@ def test_a_stale_move_order_is_ignored_and_the_subscriber_keeps_its_subscription
     assert sub.stale_moves == 2 and not sub.moves
     counts = accounting("s", total, got)
     assert counts["delivered"] == total and counts["duplicates"] == counts["lost"] == 0
+
+
+def test_a_balancer_skips_a_round_whose_load_reports_do_not_all_come() -> None:
+    """A broker that does not answer a load read in time (a stalled machine) costs the
+    balancer that sample or round, logged and counted, never the balancer itself: the
+    rounds after it are made."""
+    scot = build_preset("fig2")
+    asked = itertools.count()
+
+    async def ask(brokers: list[str], method: str, timeout: float, *args: object) -> dict:
+        silent = next(asked) in (0, 2)  # the first sample and the first round's read
+        report = {
+            "capacity_per_s": 100.0,
+            "deliveries_per_s": 1.0,
+            "output_per_s": 2.0,
+            "busiest_clients": {},
+        }
+        return {b: None if silent and b == "a:0" else report for b in brokers}
+
+    options = BalanceOptions(interval=0.05, sample=0.02, rounds=3, act=False)
+    balancer = Balancer(scot, ask, options, timeout=0.01)
+    asyncio.run(asyncio.wait_for(balancer.run(), 10))
+    report = balancer.report()
+    assert report["rounds"] == 3 and report["reads_failed"] == 2
+    assert report["timeline"] and all(t["cov"] == 0.0 for t in report["timeline"])

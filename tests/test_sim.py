@@ -490,14 +490,15 @@ def test_publications_during_a_change_reach_everyone_exactly_once(
     for i in range(150):
         broker = staying[i % len(staying)]
         sim.at(sim.now + i * 0.01, sim.publish, f"P{broker}", broker, pubs[i % len(pubs)][1])
-    leaving = []
-    for i, (broker, _) in enumerate(subs):
-        if broker not in new.brokers:
-            region, cluster = broker.split(":")
-            target = f"{region}:0" if refuge == "cluster 0" else f"{refuge}:{cluster}"
-            sim.at(sim.now + 0.01, sim.move, f"S{i}", target)
-            leaving.append(f"S{i}")
-    sim.at(sim.now + 0.02, _reshape_when_ready, sim, new, leaving, 0)
+
+    def refuge_of(broker: str) -> str:
+        region, cluster = broker.split(":")
+        return f"{region}:0" if refuge == "cluster 0" else f"{refuge}:{cluster}"
+
+    if kind.startswith("add"):
+        sim.at(sim.now + 0.02, sim.reshape, new)
+    else:
+        sim.at(sim.now + 0.01, sim.shrink, new, refuge_of)
     sim.run()
     report = sim.report()
     assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
@@ -515,20 +516,6 @@ def test_publications_during_a_change_reach_everyone_exactly_once(
     assert sum(n for (s, _, _), n in sim.ledger.received.items() if s == "newcomer") == len(
         new.brokers
     )
-
-
-def _reshape_when_ready(sim: Simulator, new: Scot, leaving: list[str], tries: int) -> None:
-    """Reshape once the leaving brokers' subscribers have moved and nothing is on their
-    links (checked every 10 ms, for at most 5 s of simulated time)."""
-    if tries < 500 and any(sim.moving(s) for s in leaving):
-        sim.at(sim.now + 0.01, _reshape_when_ready, sim, new, leaving, tries + 1)
-        return
-    try:
-        sim.reshape(new)
-    except ValueError:
-        if tries >= 500:
-            raise
-        sim.at(sim.now + 0.01, _reshape_when_ready, sim, new, leaving, tries + 1)
 
 
 def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -> None:

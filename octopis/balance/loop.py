@@ -22,15 +22,10 @@ from typing import Any
 
 from octopis.balance.observe import Ask, BalanceError, observe
 from octopis.balance.plans import LoadState, Plan
-from octopis.balance.policy import BalanceOptions, load_sample, plan_round
+from octopis.balance.policy import KEPT, BalanceOptions, load_sample, plan_round
 from octopis.topology import Scot
 
 log = logging.getLogger("octopis.balance")
-
-KEPT = 10_000
-"""Load samples and move decisions a balancer keeps (the last ones): `octopis balance
-run` may run for weeks; the report counts every move and says how many decisions it
-no longer holds."""
 
 ORDERS_AT_ONCE = 16
 """Move orders a round has under way at once."""
@@ -66,21 +61,31 @@ class Balancer:
         self.counts: Counter[str] = Counter()
         """Moves ordered (``inside``, ``across``) and ``failed``, all of them."""
         self.rounds = 0
+        self.reads_failed = 0
+        """Samples and rounds skipped because some broker's load report did not come."""
         self._started = time.monotonic()
 
     async def run(self) -> None:
         """Rounds until ``options.rounds`` are done (or forever), the first ``interval``
-        seconds from now (a load window has passed), sampling in between."""
+        seconds from now (a load window has passed), sampling in between. A sample or
+        round whose load reports do not all come in time is skipped (logged, counted in
+        :attr:`reads_failed`); the next one tries again."""
         self._started = time.monotonic()
         while True:
             next_round = time.monotonic() + self.options.interval
             while (left := next_round - time.monotonic()) > 0:
                 await asyncio.sleep(min(self.options.sample, left))
                 if time.monotonic() < next_round:
-                    await self._sample()
-            await self.round()
+                    await self._skipping_failed_reads(self._sample())
+            await self._skipping_failed_reads(self.round())
             if self.options.rounds and self.rounds >= self.options.rounds:
                 return
+
+    async def _skipping_failed_reads(self, work: Awaitable[Any]) -> None:
+        try:
+            await work
+        except BalanceError:
+            self.reads_failed += 1
 
     async def round(self) -> Plan:
         """Observe, plan, and order the plan's moves, one per subscriber (from where it
@@ -202,6 +207,7 @@ class Balancer:
         return {
             "options": asdict(self.options),
             "rounds": self.rounds,
+            "reads_failed": self.reads_failed,
             "moves": counts["inside"] + counts["across"],
             "moves_inside": counts["inside"],
             "moves_across": counts["across"],

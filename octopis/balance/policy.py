@@ -24,6 +24,11 @@ from octopis.balance.plans import (
     shuffle,
 )
 
+KEPT = 10_000
+"""Load samples and move decisions a balancer keeps (the last ones): `octopis balance
+run` may run for weeks, a simulation for as long; the report counts every move and says
+how many decisions it no longer holds."""
+
 PLANS = ("ldm", "shuffle", "high-load", "low-load")
 MEASURES = ("deliveries", "output")
 """What a broker's load is for a plan: ``deliveries`` per second to its own subscribers

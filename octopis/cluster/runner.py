@@ -135,6 +135,8 @@ class WorkloadRun:
         self.timings: dict[str, float] = {}
         self.timeline: list[dict[str, float]] = []
         self.balancer: Balancer | None = None
+        self.balancer_error = ""
+        """Why the balancer stopped before publishing ended, if it did."""
         self.placement: dict[str, Any] = {}
         """How ``options.placement`` placed the subscribers (when not ``nearest``)."""
 
@@ -200,7 +202,10 @@ class WorkloadRun:
                 self.timings["publish"] = await self._publish(time.time() + lead)
                 if balancer is not None:
                     balancer.cancel()
-                    await asyncio.gather(balancer, return_exceptions=True)
+                    (ended,) = await asyncio.gather(balancer, return_exceptions=True)
+                    if isinstance(ended, Exception):
+                        log.error("the balancer stopped early: %r", ended)
+                        self.balancer_error = repr(ended)
                 if injector is not None:
                     await injector
                 self.timings["drain"] = await self._drain()
@@ -532,6 +537,7 @@ class WorkloadRun:
         first move was ordered."""
         assert self.balancer is not None
         report = self.balancer.report()
+        report["stopped_early"] = self.balancer_error
         ordered = [m["wall"] for m in report["decisions"] if not m["error"]]
         if self._arrivals:
             times = [t for t, _ in self._arrivals]

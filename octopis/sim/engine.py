@@ -37,7 +37,7 @@ from octopis.accounting import (
     run_report,
 )
 from octopis.balance.plans import BrokerLoad, LoadState
-from octopis.balance.policy import BalanceOptions, Elasticity, load_sample, plan_round
+from octopis.balance.policy import KEPT, BalanceOptions, Elasticity, load_sample, plan_round
 from octopis.core import (
     Action,
     BrokerCore,
@@ -273,9 +273,10 @@ class Simulator:
         its subscribers moving to their region's least loaded broker elsewhere)."""
         self.balance_log = {
             "options": vars(options),
-            "decisions": [],
-            "timeline": [],
-            "elastic": [],
+            "decisions": deque(maxlen=KEPT),
+            "decisions_made": 0,
+            "timeline": deque(maxlen=KEPT),
+            "elastic": deque(maxlen=KEPT),
         }
         mark = self._load_counts()
         self.at(
@@ -321,12 +322,16 @@ class Simulator:
         }
         state = LoadState(brokers, rate, {s: self._home[s] for s in subscribers})
         log = self.balance_log
-        recent = {d["subscriber"] for d in log["decisions"] if self.now - d["t"] < options.cooldown}
-        recent |= {s for s in subscribers if self.moving(s)}
+        recent = {s for s in subscribers if self.moving(s)}
+        for decision in reversed(log["decisions"]):
+            if self.now - decision["t"] >= options.cooldown:
+                break
+            recent.add(decision["subscriber"])
         plan = plan_round(options, state, recent)
         for move in plan.moves if options.act else ():
             self.move(move.subscriber, move.target)
             log["decisions"].append({"t": self.now, **vars(move)})
+            log["decisions_made"] += 1
         log["timeline"].append(
             {
                 "t": self.now,
@@ -669,20 +674,25 @@ class Simulator:
             if not self.moving(subscriber):
                 self.move(subscriber, refuge(self._home[subscriber]))
         self.retiring |= leaving
-        self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
+        self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll, set(movers))
 
-    def _shrink_when_ready(self, scot: Scot, refuge: Callable[[str], str], poll: float) -> None:
+    def _shrink_when_ready(
+        self, scot: Scot, refuge: Callable[[str], str], poll: float, movers: set[str]
+    ) -> None:
+        """:meth:`shrink`'s poll: ``movers`` are the subscribers it moved out."""
         leaving = set(self.scot.brokers) - set(scot.brokers)
         late = [s for s, b in self._home.items() if b in leaving and not self.moving(s)]
         for subscriber in late:  # moved there meanwhile, or its move was queued
             self.move(subscriber, refuge(self._home[subscriber]))
+        movers.update(late)
+        movers -= {s for s in movers if not self.moving(s)}
         busy = (
-            any(self.moving(s) for s in self._home)
+            bool(movers)
             or any(self._in_flight[b].get(d) for b in self.cores for d in leaving)
             or any(any(self._in_flight[b].values()) for b in leaving)
         )
         if busy or late:
-            self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
+            self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll, movers)
             return
         self.reshape(scot)
         self.retiring -= leaving
@@ -789,7 +799,12 @@ class Simulator:
         if self.moves:
             report["moves"] = dict(self.moves)
         if self.balance_log is not None:
-            report["balance"] = self.balance_log
+            log = self.balance_log
+            report["balance"] = {
+                **log,
+                **{k: list(log[k]) for k in ("decisions", "timeline", "elastic")},
+                "decisions_dropped": log["decisions_made"] - len(log["decisions"]),
+            }
         report["sim_time"] = self.now
         report["wall_time"] = self._wall
         if self.target_queue:
