@@ -189,7 +189,9 @@ class Connection:
         self.group.connections.setdefault(self.endpoints[0], self)
         self._siblings: list[Connection] = []
         """Connections this one opened for clients that moved (:meth:`sibling`); closed
-        with it."""
+        with it (or before, once idle: :meth:`_close_if_idle`)."""
+        self._parent: Connection | None = None
+        """The connection that opened this one for moves, if one did."""
         self.endpoint = self.endpoints[0]
         self.liveness = liveness
         self.linger = linger
@@ -287,16 +289,17 @@ class Connection:
         such a session may yet deliver what its broker routed for ``name`` (a broker
         stalled past the liveness catches up once it runs again)."""
         handler = self._handlers.get(name)
-        if handler is not None and self._left_sessions:
-            sessions = list(self._left_sessions)
-            self._in_background(self._forget_after(name, handler, sessions))
-        else:
-            self._handlers.pop(name, None)
         self._notices.pop(name, None)
         if resume in self._resumers:
             self._resumers.remove(resume)
         if notify in self._on_drop:
             self._on_drop.remove(notify)
+        if handler is not None and self._left_sessions:
+            sessions = list(self._left_sessions)
+            self._in_background(self._forget_after(name, handler, sessions))
+        else:
+            self._handlers.pop(name, None)
+            self._close_if_idle()
 
     async def _forget_after(
         self, name: str, handler: NotificationHandler, sessions: list[asyncio.Task]
@@ -306,11 +309,49 @@ class Connection:
         await asyncio.gather(*sessions, return_exceptions=True)
         if self._handlers.get(name) is handler:
             del self._handlers[name]
+            self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        """Close this connection if it was opened for moves (:meth:`sibling`), serves no
+        client and waits for nothing, and the group reaches its broker another way (it
+        failed over elsewhere, and a newer one was opened there): so failing over and
+        moving for weeks does not pile up connections. Its bye withdraws what its broker
+        still held for clients that have left it."""
+        parent = self._parent
+        if (
+            parent is None
+            or self._handlers
+            or self._pending
+            or self._left_sessions
+            or self.group.connections.get(self.endpoints[0]) is self
+        ):
+            return
+        parent._siblings.remove(self)
+        self._parent = None
+        for sibling in self._siblings:  # they serve clients: the parent closes them
+            sibling._parent = parent
+        parent._siblings += self._siblings
+        self._siblings = []
+        parent.duplicates_absorbed += self.duplicates_absorbed
+        parent.unclaimed += self.unclaimed
+        parent.overflowed += self.overflowed
+        parent.errors.extend(self.errors)
+        parent.outages.extend(self.outages)
+        parent._in_background(self.close())
 
     @property
     def siblings(self) -> list[Connection]:
-        """The connections this one opened for clients that moved."""
+        """The connections this one opened for clients that moved (and has not closed:
+        an idle one's counts, outages and errors are added to this one's)."""
         return list(self._siblings)
+
+    @property
+    def family(self) -> list[Connection]:
+        """This connection, its siblings, theirs, and so on."""
+        found = [self]
+        for connection in found:
+            found += [s for s in connection._siblings if all(s is not f for f in found)]
+        return found
 
     async def sibling(self, endpoint: str) -> Connection:
         """An open connection to ``endpoint`` for a client that moves there: the group's
@@ -326,6 +367,7 @@ class Connection:
         )
         self.group.connections[endpoint] = sibling
         self._siblings.append(sibling)
+        sibling._parent = self
         await sibling.open()
         return sibling
 
@@ -389,7 +431,7 @@ class Connection:
         if self.dropped is None and self._reader is not None:
             with contextlib.suppress(TimeoutError, BrokerError):
                 await self.request({"op": "bye", "client": "-"}, self.liveness)
-        for sibling in self._siblings:
+        for sibling in list(self._siblings):
             await sibling.close()
         tasks = [t for t in (self._reader, self._heartbeat, *self._background) if t is not None]
         for task in tasks:

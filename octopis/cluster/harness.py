@@ -202,9 +202,9 @@ class ClientSide:
 
     def stats(self) -> ShareStats:
         """Outages, absorbed repeats and refusals of the share's connections."""
-        connections = [s for c in self.connections.values() for s in (c, *c.siblings)]
+        connections = [s for c in self.connections.values() for s in c.family]
         return ShareStats(
-            {b: list(c.outages) for b, c in self.connections.items()},
+            {b: [o for s in c.family for o in s.outages] for b, c in self.connections.items()},
             sum(c.duplicates_absorbed for c in connections),
             [e for c in connections for e in c.errors],
             [r for p in self.publishers.values() for r in p.refused],
