@@ -230,17 +230,21 @@ def test_core_rejects_messages_that_break_the_protocol() -> None:
         core.receive("b:1", _sub(core, "s#1", SubState.PRIMARY, "010"), free)
     with pytest.raises(ProtocolError, match="does not come from host cluster"):
         core.receive("b:1", _sub(core, "s#1", SubState.SECONDARY, "001"), free)
-    with pytest.raises(ProtocolError, match="exactly one of 3 bits"):
+    with pytest.raises(ProtocolError, match="exactly one bit set, of one of our 3 clusters"):
         core.receive("a:0", _sub(core, "s#1", SubState.PRIMARY, "110"), free)
+    with pytest.raises(ProtocolError, match="of one of our 3 clusters"):
+        core.receive("a:0", _sub(core, "s#1", SubState.PRIMARY, "0001"), free)
     with pytest.raises(ProtocolError, match="CBV header reached a broker routing statically"):
         core.receive("a:0", Notification("P", 1, 0.0, QUOTE, cbv=frozenbitarray("010")), free)
     with pytest.raises(ProtocolError, match="no such entry"):
         core.receive("a:0", Unsubscribe("s#9", SubState.PRIMARY), free)
     assert len(core.table) == 0
     assert core.receive("a:0", _sub(core, "s#1", SubState.PRIMARY, "100"), free)
+    assert core.receive("a:0", _sub(core, "s#2", SubState.PRIMARY, "1000"), free)  # sent at 4
+    assert len(core.table.entries["s#2"].cbv) == 3 and core.stats["sbp.cbv_resized"] == 1
     with pytest.raises(ProtocolError, match="already stored"):
         core.receive("a:0", _sub(core, "s#1", SubState.PRIMARY, "100"), free)
-    assert len(core.table) == 1
+    assert len(core.table) == 2
 
 
 def test_dnr_rejects_a_cbv_naming_its_own_cluster() -> None:

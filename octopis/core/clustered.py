@@ -168,6 +168,9 @@ class ClusteredBroker(CoreBase):
         here. The host cluster is a tree, so no identifier is needed to stop loops.
         """
         cluster = self._check_subscription(message, src, local)
+        if len(message.cbv) != self.clusters:  # sent before a cluster joined or left
+            message = replace(message, cbv=self._cbv({cluster}))
+            self.stats["sbp.cbv_resized"] += 1
         if message.state is SBP_SECONDARY:
             known = self.table.entries.get(message.sub_id)
             if known is not None and known.last_hop == src:
@@ -553,12 +556,15 @@ class ClusteredBroker(CoreBase):
         return frozenbitarray(bits)
 
     def _check_subscription(self, message: Subscribe, src: str, local: bool) -> int:
-        """Validate an SBP message against our labels; returns the host cluster."""
+        """Validate an SBP message against our labels; returns the host cluster. Its CBV
+        may be as wide as the cluster count of the topology version it was sent in (a
+        cluster joined or left since, :meth:`relink`), but its one bit must name one of
+        our clusters."""
         cbv = message.cbv
-        if cbv is None or len(cbv) != self.clusters or cbv.count(1) != 1:
+        if cbv is None or cbv.count(1) != 1 or cbv.index(1) >= self.clusters:
             raise ProtocolError(
-                f"subscription {message.sub_id}: CBV must have exactly one "
-                f"of {self.clusters} bits set"
+                f"subscription {message.sub_id}: CBV must have exactly one bit set, "
+                f"of one of our {self.clusters} clusters"
             )
         cluster = cbv.index(1)
         if local:

@@ -674,25 +674,22 @@ class Simulator:
             if not self.moving(subscriber):
                 self.move(subscriber, refuge(self._home[subscriber]))
         self.retiring |= leaving
-        self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll, set(movers))
+        self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
 
-    def _shrink_when_ready(
-        self, scot: Scot, refuge: Callable[[str], str], poll: float, movers: set[str]
-    ) -> None:
-        """:meth:`shrink`'s poll: ``movers`` are the subscribers it moved out."""
+    def _shrink_when_ready(self, scot: Scot, refuge: Callable[[str], str], poll: float) -> None:
+        """:meth:`shrink`'s poll. Any move under way counts, not only those it ordered:
+        one into a leaving broker, ordered before it retired, must end first."""
         leaving = set(self.scot.brokers) - set(scot.brokers)
         late = [s for s, b in self._home.items() if b in leaving and not self.moving(s)]
         for subscriber in late:  # moved there meanwhile, or its move was queued
             self.move(subscriber, refuge(self._home[subscriber]))
-        movers.update(late)
-        movers -= {s for s in movers if not self.moving(s)}
         busy = (
-            bool(movers)
+            any(self.moving(s) for s in self._home)
             or any(self._in_flight[b].get(d) for b in self.cores for d in leaving)
             or any(any(self._in_flight[b].values()) for b in leaving)
         )
         if busy or late:
-            self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll, movers)
+            self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
             return
         self.reshape(scot)
         self.retiring -= leaving
