@@ -41,6 +41,7 @@ import zmq.asyncio
 
 from octopis.filters import Publication, Subscription, as_subscription
 from octopis.keys import DEFAULT_CLIENT, Keys, connect_securely
+from octopis.logs import RateLimitedLog
 from octopis.wire import delivery_fields, pack, unpack
 
 T = TypeVar("T")
@@ -100,11 +101,17 @@ class ConnectionGroup:
     than knowing when a repeat may come). A copy can
     come that much later only if the two paths differ by that much: the horizon should
     exceed the connections' ``linger``. At most ``limit`` deliveries are remembered; one
-    forgotten before its time is counted in :attr:`forgotten_early`."""
+    forgotten before its time is counted in :attr:`forgotten_early`. Warnings that may
+    repeat (stale move orders, notices for clients gone) are written at most once per
+    ``log_interval`` seconds per kind, with the count of those suppressed."""
 
-    def __init__(self, horizon: float = 30.0, limit: int = 262_144) -> None:
+    def __init__(
+        self, horizon: float = 30.0, limit: int = 262_144, log_interval: float = 10.0
+    ) -> None:
         if horizon <= 0 or limit < 1:
             raise ValueError("a connection group needs a positive horizon and limit")
+        self.warn = RateLimitedLog(log, log_interval)
+        """The group's rate-limited warnings."""
         self.connections: dict[str, Connection] = {}
         """Broker endpoint → the group's connection to it."""
         self.horizon = horizon
@@ -338,6 +345,11 @@ class Connection:
         parent.errors.extend(self.errors)
         parent.outages.extend(self.outages)
         parent._in_background(self.close())
+
+    @property
+    def reading_left_sessions(self) -> bool:
+        """Whether a session left at a fail-over is still read (it may yet deliver)."""
+        return bool(self._left_sessions)
 
     @property
     def siblings(self) -> list[Connection]:
@@ -666,12 +678,12 @@ class Connection:
         if op in ("move", "released"):
             notice = self._notices.get(data.get("client"))
             if notice is None:
-                log.warning(
-                    "a %s notice for unknown client %r at %s: %s",
+                self.group.warn.warning(
+                    "unknown-client notice",
+                    "a %s notice for client %r, unknown at %s",
                     op,
                     data.get("client"),
                     self.endpoint,
-                    data,
                 )
             else:
                 notice(data)
@@ -842,29 +854,37 @@ class Subscriber(_Client):
         self._start_move(message)
 
     def _start_move(self, message: dict[str, Any]) -> None:
-        """Move as ``message`` says, unless it is stale: sent by a connection that is no
-        longer this subscriber's (a broker it left still names it until it lets go), or
-        naming subscriptions it no longer holds. Acting on one would withdraw what it
-        does not replace."""
+        """Move as ``message`` says, unless it is stale (:meth:`_stale`)."""
         sub_ids = list(message["sub_ids"])
-        if message["connection"] is not self.connection:
-            stale = "it has left that broker"
-        elif not set(sub_ids) <= set(self._subscriptions):
-            stale = "it no longer holds those subscriptions"
-        elif message["to"] == self.connection.endpoint:
-            stale = "it is connected there already (it failed over)"
-        else:
+        stale = self._stale(message["connection"], str(message["to"]), sub_ids)
+        if stale is None:
             work = self._move(str(message["to"]), bool(message["inside"]), sub_ids)
             self._moving = asyncio.get_running_loop().create_task(work)
             return
         self.stale_moves += 1
-        log.warning(
-            "%s ignores a move order from %s for %s: %s",
+        self.connection.group.warn.warning(
+            "stale move order",
+            "%s ignores a move order from %s to %s for %s: %s",
             self.name,
             message["connection"].endpoint,
+            message["to"],
             ", ".join(sub_ids),
             stale,
         )
+
+    def _stale(self, sender: Connection, to: str, sub_ids: list[str]) -> str | None:
+        """Why a move to ``to`` of ``sub_ids``, ordered on ``sender``, is stale, or None:
+        the order came on a connection that is no longer this subscriber's (a broker it
+        left still names it until it lets go), names subscriptions it no longer holds,
+        or sends it where its connection already is (it failed over there). Acting on one
+        would withdraw what it does not replace."""
+        if sender is not self.connection:
+            return "it has left that broker"
+        if not set(sub_ids) <= set(self._subscriptions):
+            return "it no longer holds those subscriptions"
+        if to == sender.endpoint:
+            return "it is connected there already (it failed over)"
+        return None
 
     async def _move(self, to: str, inside: bool, sub_ids: list[str]) -> None:
         """Move to the broker at ``to`` as its current broker told (DESIGN §9), make before
@@ -877,9 +897,12 @@ class Subscriber(_Client):
         old = self.connection
         started = time.monotonic()
         new = await old.sibling(to)
-        if new is old or self.connection is not old or not set(sub_ids) <= set(self._subscriptions):
-            self.stale_moves += 1  # it failed over meanwhile (to ``to``, or re-subscribed)
-            log.warning("%s drops a move to %s: it failed over meanwhile", self.name, to)
+        stale = "it failed over meanwhile" if new is old else self._stale(old, to, sub_ids)
+        if stale is not None:
+            self.stale_moves += 1
+            old.group.warn.warning(
+                "stale move order", "%s drops a move to %s: %s", self.name, to, stale
+            )
             self._after_move()
             return
         let_go = True

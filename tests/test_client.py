@@ -480,8 +480,10 @@ def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> N
         await asyncio.gather(publish(), move(), stall())
         await until(lambda: not any(s.moving for s in subs), "moves over", 30)
         await until(lambda: all(len(c) >= len(sent) for c in got.values()), "deliveries", 30)
-        await asyncio.sleep(2.0)  # not a wait: the window in which a late repeat would show
         family = [c for connection in connections.values() for c in connection.family]
+        await until(  # a late repeat could come only from a session left at a fail-over
+            lambda: not any(c.reading_left_sessions for c in family), "left sessions ended", 30
+        )
         for connection in connections.values():
             await connection.close()
         await pub.close()

@@ -28,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "octopis.topology_change": {"octopis.topology"},
     "octopis.failure_schedule": set(),
     "octopis.keys": set(),
+    "octopis.logs": set(),
     "octopis._match": {"octopis.filters"},
     "octopis.matching": BASE,
     "octopis.quotes": BASE,
@@ -53,8 +54,9 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.topology",
         "octopis.wire",
         "octopis.keys",
+        "octopis.logs",
     },
-    "octopis.client": {"octopis.filters", "octopis.wire", "octopis.keys"},
+    "octopis.client": {"octopis.filters", "octopis.wire", "octopis.keys", "octopis.logs"},
     "octopis.cluster": {
         *BASE,
         "octopis.cluster",

@@ -44,6 +44,7 @@ from octopis.core import (
 from octopis.core.resync import epoch_of, resync_messages, withdraw_predecessor
 from octopis.filters import Subscription, set_limits
 from octopis.keys import Keys
+from octopis.logs import RateLimitedLog
 from octopis.matching import MatchClock, TimedMatcher
 from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
@@ -51,7 +52,6 @@ from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.control import serve_control
 from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt, SendPass
 from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
-from octopis.transport.logs import RateLimitedLog
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
 from octopis.transport.security import Curve, Gatekeeper, count_failed_handshakes

@@ -40,6 +40,7 @@ from octopis.filters import (
     parse_publication,
     validate_publication,
 )
+from octopis.logs import RateLimitedLog
 from octopis.transport.links import (
     LOOP_SLACK,
     SNDMORE_NOBLOCK,
@@ -48,7 +49,6 @@ from octopis.transport.links import (
     SendPass,
     receive_now,
 )
-from octopis.transport.logs import RateLimitedLog
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import (

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import aiozmq.rpc
 import zmq
 
-from octopis.transport.logs import FloodFilter
+from octopis.logs import FloodFilter
 from octopis.transport.security import Curve
 
 

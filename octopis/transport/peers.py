@@ -34,6 +34,7 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Message, ProtocolError
 from octopis.core.capacity import SendRate
+from octopis.logs import RateLimitedLog
 from octopis.transport.codec import (
     Heartbeat,
     Hello,
@@ -51,7 +52,6 @@ from octopis.transport.links import (
     SendPass,
     receive_now,
 )
-from octopis.transport.logs import RateLimitedLog
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
 

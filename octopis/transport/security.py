@@ -22,7 +22,7 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
 from octopis.keys import KeyPair, connect_securely
-from octopis.transport.logs import RateLimitedLog
+from octopis.logs import RateLimitedLog
 
 log = logging.getLogger("octopis.auth")
 
