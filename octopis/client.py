@@ -100,8 +100,9 @@ class ConnectionGroup:
     delivery is checked: a repeat is never legitimate, and one set lookup costs less
     than knowing when a repeat may come). A copy can
     come that much later only if the two paths differ by that much: the horizon should
-    exceed the connections' ``linger``. At most ``limit`` deliveries are remembered; one
-    forgotten before its time is counted in :attr:`forgotten_early`. Warnings that may
+    exceed the connections' ``linger``. At most ``limit`` deliveries are remembered
+    after each frame (:meth:`forget_old`); one forgotten before its time is counted in
+    :attr:`forgotten_early`. Warnings that may
     repeat (stale move orders, notices for clients gone) are written at most once per
     ``log_interval`` seconds per kind, with the count of those suppressed."""
 
@@ -119,17 +120,18 @@ class ConnectionGroup:
         self.forgotten_early = 0
         """Deliveries forgotten within the horizon to stay within ``limit``."""
         self.seen: set[DeliveryKey] = set()
-        self._order: deque[tuple[float, DeliveryKey]] = deque()
+        """The deliveries remembered; a connection adds each one it hands over, with its
+        time in :attr:`recent`."""
+        self.recent: deque[tuple[float, DeliveryKey]] = deque()
+        """``(time, key)`` of each delivery in :attr:`seen`, oldest first."""
 
-    def remember(self, key: DeliveryKey, now: float) -> None:
-        """Record delivery ``key`` made at time ``now`` (and forget what is past the
-        horizon or beyond the limit)."""
-        order = self._order
-        order.append((now, key))
-        self.seen.add(key)
+    def forget_old(self, now: float) -> None:
+        """Forget the deliveries past the horizon at time ``now``, and the oldest beyond
+        the limit."""
+        recent = self.recent
         oldest = now - self.horizon
-        while order[0][0] < oldest or len(order) > self.limit:
-            at, old = order.popleft()
+        while recent and (recent[0][0] < oldest or len(recent) > self.limit):
+            at, old = recent.popleft()
             if at >= oldest:
                 self.forgotten_early += 1
             self.seen.discard(old)
@@ -645,28 +647,32 @@ class Connection:
                 handled = 0
                 await asyncio.sleep(0)
 
-    def _on_delivery(self, names: bytes, body: bytes, now: float) -> None:
-        """One notification (its NOTIFY ``body``) for the clients ``names`` of this
-        connection."""
-        publisher, seq, published_at, publication, session = delivery_fields(body)
+    def _on_deliveries(self, parts: list[bytes]) -> None:
+        """A frame of deliveries, ``[names, body, names, body, ...]``: each NOTIFY ``body``
+        for the clients ``names`` of this connection, a repeat dropped (the one loop every
+        delivery takes in the SDK, hence the local names)."""
+        now = time.time()
         group = self.group
-        for name in unpack(names):
-            handler = self._handlers.get(name)
-            if handler is None:
-                self.unclaimed += 1
-                continue
-            key = (name, publisher, session, seq)
-            if key in group.seen:
-                self.duplicates_absorbed += 1
-                continue
-            group.remember(key, now)
-            handler(name, publisher, seq, published_at, publication, now)
+        seen, recent, handlers = group.seen, group.recent, self._handlers
+        for i in range(0, len(parts) - 1, 2):
+            publisher, seq, published_at, publication, session = delivery_fields(parts[i + 1])
+            for name in unpack(parts[i]):
+                handler = handlers.get(name)
+                if handler is None:
+                    self.unclaimed += 1
+                    continue
+                key = (name, publisher, session, seq)
+                if key in seen:
+                    self.duplicates_absorbed += 1
+                    continue
+                seen.add(key)
+                recent.append((now, key))
+                handler(name, publisher, seq, published_at, publication, now)
+        group.forget_old(now)
 
     def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:
-        if len(parts) > 1:  # deliveries: [names, body, names, body, ...]
-            now = time.time()
-            for i in range(0, len(parts) - 1, 2):
-                self._on_delivery(parts[i], parts[i + 1], now)
+        if len(parts) > 1:
+            self._on_deliveries(parts)
             return
         data = unpack(parts[0])
         op = data.get("op")

@@ -35,7 +35,7 @@ from octopis.balance.plans import (
     place_subscribers,
     shuffle,
 )
-from octopis.balance.policy import BalanceOptions, Elasticity
+from octopis.balance.policy import BalanceOptions, Elasticity, SubscriberLoads
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.topology import build_preset
@@ -245,6 +245,45 @@ def test_elasticity_waits_t_wait_above_or_below_and_after_each_change() -> None:
     assert e.decide(90.0, 0.1, 2) is None  # min_clusters
     with pytest.raises(ValueError, match="lr_low < lr_high"):
         Elasticity(lr_high=0.2, lr_low=0.5)
+
+
+def _read(loads: dict[str, float], hosts: dict[str, str], relaying: float = 0.0) -> LoadState:
+    """A state as the balancer reads it: brokers a:0, b:0, c:1, each loaded with its
+    subscribers' rates plus ``relaying``."""
+    brokers = {
+        b: BrokerLoad(relaying + sum(v for s, v in loads.items() if hosts[s] == b), 0.0, c)
+        for b, c in (("a:0", 0), ("b:0", 0), ("c:1", 1))
+    }
+    return LoadState(brokers, loads, hosts)
+
+
+def test_subscriber_loads_average_the_noise_and_follow_a_move_at_once() -> None:
+    """Readings of one subscriber alternating 0 and 20/s average to about 10/s; after it
+    moves (a new key, at another broker) its average is its load there at once, the old
+    broker's load drops by as much, and relaying is kept as read; a name no longer read
+    is forgotten; smoothing 0 gives the state as read."""
+    averaged = SubscriberLoads(smoothing=10.0)
+    hosts = {"s@1@a:0": "a:0", "t@1@a:0": "a:0"}
+    for t in range(60):
+        averaged.update(_read({"s@1@a:0": 20.0 * (t % 2), "t@1@a:0": 5.0}, hosts), float(t))
+    noisy = _read({"s@1@a:0": 0.0, "t@1@a:0": 5.0}, hosts, relaying=3.0)
+    state = averaged.applied(noisy)
+    assert 8.0 < state.loads["s@1@a:0"] < 12.0
+    assert state.loads["t@1@a:0"] == pytest.approx(5.0)
+    assert state.brokers["a:0"].load == pytest.approx(3.0 + 5.0 + state.loads["s@1@a:0"])
+    moved = {"s@2@c:1": "c:1", "t@1@a:0": "a:0"}
+    just_moved = _read({"s@2@c:1": 1.0, "t@1@a:0": 5.0}, moved)
+    averaged.update(just_moved, 60.0)
+    state = averaged.applied(just_moved)
+    assert state.loads["s@2@c:1"] > 8.0 and state.brokers["c:1"].load > 8.0
+    assert state.brokers["a:0"].load == pytest.approx(5.0)
+    averaged.update(_read({"t@1@a:0": 5.0}, {"t@1@a:0": "a:0"}), 61.0)
+    fresh = _read({"s@3@b:0": 2.0, "t@1@a:0": 5.0}, {"s@3@b:0": "b:0", "t@1@a:0": "a:0"})
+    assert averaged.applied(fresh).loads["s@3@b:0"] == 2.0  # forgotten: taken as read
+    as_read = SubscriberLoads(0.0)
+    as_read.update(noisy, 0.0)
+    assert as_read.applied(noisy).loads == noisy.loads
+    assert as_read.applied(noisy).brokers == noisy.brokers
 
 
 def test_the_load_measure_is_deliveries_for_bads_plans_and_output_for_load_ratios() -> None:

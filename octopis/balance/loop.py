@@ -22,7 +22,14 @@ from typing import Any
 
 from octopis.balance.observe import Ask, BalanceError, observe
 from octopis.balance.plans import LoadState, Plan
-from octopis.balance.policy import KEPT, BalanceOptions, load_sample, plan_round
+from octopis.balance.policy import (
+    KEPT,
+    BalanceOptions,
+    SubscriberLoads,
+    coefficient_of_variation,
+    load_sample,
+    plan_round,
+)
 from octopis.topology import Scot
 
 log = logging.getLogger("octopis.balance")
@@ -63,6 +70,8 @@ class Balancer:
         self.rounds = 0
         self.reads_failed = 0
         """Samples and rounds skipped because some broker's load report did not come."""
+        self.subscriber_loads = SubscriberLoads(options.smoothing)
+        """Each subscriber's rate averaged over the samples, which the plans take."""
         self._started = time.monotonic()
 
     async def run(self) -> None:
@@ -99,8 +108,12 @@ class Balancer:
             for m in self.moves
             if not m["error"] and now - m["t"] < self.options.cooldown
         }
-        plan = plan_round(self.options, state, recent)
+        planned = self.subscriber_loads.applied(state)
+        plan = plan_round(self.options, planned, recent)
         cov, mean = self.timeline[-1]["cov"], self.timeline[-1]["mean"]
+        self.timeline[-1]["cov_planned"] = coefficient_of_variation(
+            b.load for b in planned.brokers.values()
+        )
         if not plan.moves:
             log.info(
                 "round %d: no move (cov %.2f, mean %.0f/s)%s",
@@ -192,9 +205,11 @@ class Balancer:
             raise
         loads = {b: v.load for b, v in state.brokers.items()}
         outputs = {b: r["output_per_s"] for b, r in reports.items()}
+        now = time.monotonic() - self._started
+        self.subscriber_loads.update(state, now)
         self.timeline.append(
             {
-                "t": time.monotonic() - self._started,
+                "t": now,
                 "wall": time.time(),
                 **load_sample(loads, outputs),
             }

@@ -4,6 +4,8 @@ the options, the plan they name, and the moves a round orders."""
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +16,7 @@ from octopis.balance.plans import (
     LR_HIGH,
     LR_LOW,
     LR_SAFE,
+    BrokerLoad,
     LoadState,
     Move,
     Plan,
@@ -62,6 +65,11 @@ class BalanceOptions:
     cooldown: float = 30.0
     """Seconds a moved subscriber is left where it went: a move across clusters takes
     the SDK's linger (10 s) to finish, and the loads need a window to show it."""
+    smoothing: float = 30.0
+    """Seconds over which a subscriber's delivery rate is averaged (exponentially) for
+    the plans, by client name so that it moves with the subscriber: a short load window
+    counts a few deliveries per subscriber, too few to rank them by; 0: the window's
+    rates as read (:class:`SubscriberLoads`)."""
     measure: str = ""
     """One of :data:`MEASURES`; empty: ``deliveries`` for BAD's plans (ldm, shuffle),
     ``output`` for Dynamoth's (high-load, low-load: load ratios against the capacity of
@@ -78,6 +86,8 @@ class BalanceOptions:
             raise ValueError(f"the {self.plan} plan works on load ratios: its measure is output")
         if self.interval <= 0 or self.sample <= 0 or self.max_moves < 1 or self.rounds < 0:
             raise ValueError("interval and sample must be > 0, max_moves ≥ 1, rounds ≥ 0")
+        if self.smoothing < 0:
+            raise ValueError("smoothing must be ≥ 0 seconds")
 
     @property
     def load_measure(self) -> str:
@@ -133,6 +143,64 @@ class Elasticity:
             self._changed_at = now
             self._above_since = self._below_since = None
         return change
+
+
+def client_name(subscriber: str) -> str:
+    """The client name of a subscriber key (``name@connection@broker`` as the balancer
+    reads it, or a bare name as the simulator has it)."""
+    return subscriber.split("@", 1)[0]
+
+
+class SubscriberLoads:
+    """Each subscriber's delivery rate averaged exponentially over ``smoothing`` seconds,
+    by client name: the load windows a balancer reads are short (it must see its moves),
+    and a subscriber gets a few deliveries in one, so its rate read there is mostly
+    noise, and LDM ranking by it moves subscribers at random near α. A subscriber's rate
+    is its own (its subscriptions and the publications), so it carries over a move
+    unchanged: the average follows the name to its new broker at once, and a broker's
+    load in the plan is the sum of its subscribers' averages plus what it does for no
+    subscriber (relaying, for the ``output`` measure) as read. Names no longer read are
+    forgotten, so the table holds at most what the last reading did."""
+
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
+        self._rates: dict[str, float] = {}
+        self._at = -math.inf
+
+    def update(self, state: LoadState, now: float) -> None:
+        """Fold the rates read in ``state`` at time ``now`` (seconds) into the averages."""
+        read: dict[str, float] = defaultdict(float)
+        for subscriber, load in state.loads.items():
+            read[client_name(subscriber)] += load
+        weight = 1.0 if self.smoothing <= 0 else 1.0 - math.exp(-(now - self._at) / self.smoothing)
+        old = self._rates
+        self._rates = {
+            n: old[n] + weight * (r - old[n]) if n in old else r for n, r in read.items()
+        }
+        self._at = now
+
+    def applied(self, state: LoadState) -> LoadState:
+        """``state`` with each subscriber's load its name's average (split between its
+        keys, two brokers reporting it during a move, as they read), and each broker's
+        load changed by as much as its subscribers' were."""
+        read: dict[str, float] = defaultdict(float)
+        keys: dict[str, int] = defaultdict(int)
+        for subscriber, load in state.loads.items():
+            read[client_name(subscriber)] += load
+            keys[client_name(subscriber)] += 1
+        loads, change = {}, dict.fromkeys(state.brokers, 0.0)
+        for subscriber, load in state.loads.items():
+            name = client_name(subscriber)
+            average = self._rates.get(name, read[name])
+            share = load / read[name] if read[name] > 0 else 1.0 / keys[name]
+            loads[subscriber] = average * share
+            if state.hosts[subscriber] in change:
+                change[state.hosts[subscriber]] += loads[subscriber] - load
+        brokers = {
+            b: BrokerLoad(max(0.0, v.load + change[b]), v.capacity, v.cluster)
+            for b, v in state.brokers.items()
+        }
+        return LoadState(brokers, loads, state.hosts)
 
 
 def load_sample(loads: dict[str, float], outputs: dict[str, float]) -> dict[str, Any]:

@@ -64,6 +64,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=defaults.max_moves,
         help=f"moves one round orders at most (default {defaults.max_moves})",
     )
+    run.add_argument(
+        "--cooldown",
+        type=float,
+        default=defaults.cooldown,
+        help=f"seconds a moved subscriber is left where it went (default {defaults.cooldown:g})",
+    )
+    run.add_argument(
+        "--smoothing",
+        type=float,
+        default=defaults.smoothing,
+        help="seconds over which each subscriber's delivery rate is averaged for the plans "
+        f"(it follows the subscriber when it moves; 0: as read; default {defaults.smoothing:g})",
+    )
     run.add_argument("--rounds", type=int, default=0, help="stop after N rounds (0: never)")
     run.add_argument("--dry-run", action="store_true", help="plan and log each round, move nothing")
     run.add_argument(
@@ -171,6 +184,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         interval=args.interval,
         sample=args.sample,
         max_moves=args.max_moves,
+        cooldown=args.cooldown,
+        smoothing=args.smoothing,
         rounds=args.rounds,
         act=not args.dry_run,
     )

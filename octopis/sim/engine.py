@@ -37,7 +37,14 @@ from octopis.accounting import (
     run_report,
 )
 from octopis.balance.plans import BrokerLoad, LoadState
-from octopis.balance.policy import KEPT, BalanceOptions, Elasticity, load_sample, plan_round
+from octopis.balance.policy import (
+    KEPT,
+    BalanceOptions,
+    Elasticity,
+    SubscriberLoads,
+    load_sample,
+    plan_round,
+)
 from octopis.core import (
     Action,
     BrokerCore,
@@ -175,6 +182,8 @@ class Simulator:
         """Subscribers with a move under way: subscriptions not yet released or withdrawn."""
         self.balance_log: dict[str, Any] | None = None
         """What :meth:`balance` decided and saw: ``decisions`` and ``timeline``."""
+        self._subscriber_loads = SubscriberLoads(0.0)
+        """The balancer's subscriber rates (:meth:`balance` sets its smoothing)."""
         self._overlap: Counter[str] = Counter()
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
         ends): they drop a delivery they have had already, as the SDK does meanwhile."""
@@ -278,6 +287,7 @@ class Simulator:
             "timeline": deque(maxlen=KEPT),
             "elastic": deque(maxlen=KEPT),
         }
+        self._subscriber_loads = SubscriberLoads(options.smoothing)
         mark = self._load_counts()
         self.at(
             self.now + options.interval,
@@ -327,7 +337,8 @@ class Simulator:
             if self.now - decision["t"] >= options.cooldown:
                 break
             recent.add(decision["subscriber"])
-        plan = plan_round(options, state, recent)
+        self._subscriber_loads.update(state, self.now)
+        plan = plan_round(options, self._subscriber_loads.applied(state), recent)
         for move in plan.moves if options.act else ():
             self.move(move.subscriber, move.target)
             log["decisions"].append({"t": self.now, **vars(move)})
