@@ -134,13 +134,20 @@ class Keys:
         return {self._load(p, secret=False).public for p in sorted(folder.glob("*.key"))}
 
     def server_key(self, endpoint: str) -> bytes:
-        """The public key of the broker serving ``endpoint`` (from ``endpoints.json``)."""
-        if self._endpoints is None:
+        """The public key of the broker serving ``endpoint`` (from ``endpoints.json``,
+        read again when it names no such broker: the overlay may have grown since)."""
+        if self._endpoints is None or endpoint not in self._endpoints:
             path = self.directory / ENDPOINTS_FILE
             try:
                 self._endpoints = json.loads(path.read_text())
             except (OSError, ValueError) as exc:
                 raise KeysError(f"cannot read {path}: {exc}") from None
+        try:
+            return self._endpoints[endpoint].encode()
+        except KeyError:
+            raise KeysError(
+                f"{self.directory / ENDPOINTS_FILE} names no broker at {endpoint}"
+            ) from None
         try:
             return self._endpoints[endpoint].encode()
         except KeyError:

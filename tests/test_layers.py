@@ -69,6 +69,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.failure_schedule",
         "octopis.keys",
         "octopis.balance",
+        "octopis.topology_change",
     },
     "octopis.monitor": {"octopis.topology"},
     "octopis.balance": {"octopis.balance", "octopis.topology"},

@@ -140,3 +140,22 @@ def test_estimates_are_finite_non_negative_and_exact_at_the_last_event(
     assert [lst.rows[link].queue_length for link in ordered] == sorted(
         lst.rows[link].queue_length for link in ("a", "b")
     )
+
+
+def test_a_row_joins_down_with_a_fresh_window_and_leaves_with_its_state() -> None:
+    """A link to a neighbour that joined (issue 18) gets a fresh row, held down until
+    detection says otherwise; a second row for it is refused; a removed row is gone, its
+    down mark with it."""
+    lst = LinkStatusTable(["a"], window=1.0, start=0.0)
+    lst.enqueued("a", 0.5)
+    lst.add_link("b", 3.2)
+    assert lst.down("b") and not lst.down("a")
+    assert lst.rows["b"].window_start == 3.2 and lst.rows["b"].queue_length == 0
+    with pytest.raises(ValueError, match="has a row for b already"):
+        lst.add_link("b", 4.0)
+    lst.set_down("b", False)
+    lst.enqueued("b", 3.5)
+    assert lst.load("b")[1] == 1
+    lst.remove_link("b")
+    assert "b" not in lst.rows and not lst.down("b")
+    assert lst.rows["a"].queue_length == 1

@@ -11,12 +11,13 @@ from octopis.cli.errors import USER_ERRORS
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``octopis`` with every subcommand registered."""
-    from octopis.cli import balance, cluster, sim
+    from octopis.cli import balance, cluster, scale, sim
 
     parser = argparse.ArgumentParser(
         prog="octopis",
         description="OctopiS content-based publish/subscribe on a SCOT: simulate routing "
         "(sim), run a workload on broker processes (run), start and stop brokers (up, down), "
+        "grow or shrink them while they run (scale), "
         "publish and subscribe from a shell (pub, sub). Exit status 2 on bad input.",
     )
     parser.add_argument(
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.register(commands)
     cluster.register(commands)
     balance.register(commands)
+    scale.register(commands)
     return parser
 
 

@@ -329,6 +329,11 @@ class LocalCluster:
         await client.transport.connect(endpoint)
         return client
 
+    def forget(self, broker_id: str) -> Any:
+        """Drop broker ``broker_id``'s kept RPC client (it left the overlay); returns it
+        (for the caller to close) or None."""
+        return self._rpc.pop(broker_id, None)
+
     async def call_all(self, method: str) -> dict[str, Any]:
         """Call ``method`` on every broker's control RPC."""
         await self.connect_control()

@@ -344,10 +344,7 @@ class ClusteredBroker(CoreBase):
         """
         subscribers, acols, icols = self.static_targets(n, src)
         if n.cbv is not None:
-            for k in n.cbv.search(1):
-                if k == self.cluster or k not in self.secondary:
-                    raise ProtocolError(f"CBV bit {k} is invalid at cluster {self.cluster}")
-                icols[k] = self.secondary[k]
+            icols.update(self._icols_named(n.cbv))
             n = n._replace(cbv=None)
         out: list[Action] = [Deliver(s, n) for s in subscribers]
         out += self.spread(n, src, acols, icols, links)
@@ -536,8 +533,23 @@ class ClusteredBroker(CoreBase):
             return list(self.detour(message, link, links))
         icols = {self.cluster_of[link]: link}
         if message.cbv is not None:
-            icols.update((k, self.secondary[k]) for k in message.cbv.search(1))
+            icols.update(self._icols_named(message.cbv))
         return list(self.spread(message._replace(cbv=None), None, set(), icols, links))
+
+    def _icols_named(self, cbv: frozenbitarray) -> dict[int, str]:
+        """The iCOL to each cluster a CBV names. A bit for a cluster that has left since
+        the copy was routed (issue 18: its subscribers moved away first) is skipped and
+        counted as ``dnr.cbv_bit_of_departed_cluster``; any other bit that names no
+        other cluster breaks the protocol."""
+        icols = {}
+        for k in cbv.search(1):
+            if k >= self.clusters:
+                self.stats["dnr.cbv_bit_of_departed_cluster"] += 1
+            elif k == self.cluster or k not in self.secondary:
+                raise ProtocolError(f"CBV bit {k} is invalid at cluster {self.cluster}")
+            else:
+                icols[k] = self.secondary[k]
+        return icols
 
     # -- helpers -------------------------------------------------------------------------
 

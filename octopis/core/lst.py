@@ -101,6 +101,19 @@ class LinkStatusTable:
         self.rows = {link: LinkRow(window_start=start, last_event=start) for link in links}
         self._down: set[str] = set()
 
+    def add_link(self, link: str, now: float) -> None:
+        """A row for the link to a neighbour that joined (DESIGN §9), down until failure
+        detection says otherwise."""
+        if link in self.rows:
+            raise ValueError(f"the LST has a row for {link} already")
+        self.rows[link] = LinkRow(window_start=now, last_event=now)
+        self._down.add(link)
+
+    def remove_link(self, link: str) -> None:
+        """Drop the row of the link to a neighbour that left."""
+        del self.rows[link]
+        self._down.discard(link)
+
     def set_down(self, link: str, down: bool) -> None:
         """Record what failure detection says of ``link`` (DESIGN §7: the row says so)."""
         if down:

@@ -21,6 +21,8 @@ import secrets
 import signal
 import time
 from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -37,6 +39,7 @@ from octopis.core import (
     LinkStatusTable,
     Message,
     Notification,
+    ProtocolError,
     Released,
     Subscribe,
     make_broker,
@@ -54,6 +57,7 @@ from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt, SendPas
 from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
+from octopis.transport.relink import decode_view
 from octopis.transport.security import Curve, Gatekeeper, count_failed_handshakes
 from octopis.transport.settings import BrokerSettings
 
@@ -118,7 +122,8 @@ class Broker:
         self.held_for: dict[str, list[list]] = {}
         """Notification frames the core holds for a neighbour that is down (:class:`Hold`),
         up to the custody limit each: sent if it comes back as the same process."""
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: dict[str, asyncio.Task] = {}
+        """The serving loops by name (a peer link's: ``link <neighbour>``)."""
         self.started = time.time()
         self._process = psutil.Process()
         self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
@@ -137,6 +142,9 @@ class Broker:
         loop = self._loop = asyncio.get_running_loop()
         ctx = zmq.asyncio.Context()
         curve, guards = self._guard(ctx)
+        self._curve = curve
+        self._peer_keys = guards[0].allowed["peer"] if guards else set()
+        """The neighbours' public keys the peer input lets in (a relink changes them)."""
         self.lst = LinkStatusTable(
             [n.id for n in self.info.neighbours],
             self.settings.window,
@@ -191,9 +199,8 @@ class Broker:
                 (f"{name} handshakes", count_failed_handshakes(sock, c, name, self.counters, warn))
                 for name, (sock, c) in sockets.items()
             ]
-        self._tasks = [asyncio.create_task(coro, name=name) for name, coro in work]
-        for task in self._tasks:
-            task.add_done_callback(self._task_ended)
+        for name, coro in work:
+            self._start(name, coro)
         log.info(
             "%s serving (%s, incarnation %x) peers %s clients %s control %s metrics %s",
             self.id,
@@ -206,9 +213,9 @@ class Broker:
         )
         await self._stopping.wait()
         await self.peers.flush(1.0)
-        for task in self._tasks:
+        for task in self._tasks.values():
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self.rpc.close()
         await self.rpc.wait_closed()
         if stop_metrics is not None:
@@ -253,6 +260,10 @@ class Broker:
         for guard in guards:
             guard.start()
         return Curve(keys.broker(self.id), neighbours), guards
+
+    def _start(self, name: str, work: Coroutine[None, None, None]) -> None:
+        task = self._tasks[name] = asyncio.create_task(work, name=name)
+        task.add_done_callback(self._task_ended)
 
     def _task_ended(self, task: asyncio.Task) -> None:
         """A serving loop never ends on its own: if one does, log why and shut down, so the
@@ -586,6 +597,65 @@ class Broker:
         """The load analysis's report: rates over the window, output, capacity, LR and
         the ``top`` clients by delivery rate (DESIGN §9, Dynamoth's Eq. 1)."""
         return self.load_meter.report(top)
+
+    def relink(self, data: object) -> dict[str, Any]:
+        """Take this broker's view in a new topology version (issue 18, DESIGN §9), as the
+        control RPC hands it over (:func:`~octopis.transport.relink.decode_view`): links to
+        neighbours that joined are opened (down until their handshake; a new broker is
+        then filled by resync as a restarted one is), links to neighbours that leave are
+        closed, and the core takes the new neighbours and cluster count. Refused with
+        :class:`ValueError`, nothing changed, if the view is malformed, if a leaving link
+        still carries notifications or subscriptions not acknowledged (retry once it has
+        drained), or if the core still routes over it (``ProtocolError``: move the
+        subscribers and withdraw first); BID has no resync and is not relinked."""
+        view = decode_view(data, secure=self._curve is not None)
+        core = self.core
+        if not isinstance(core, ClusteredBroker):
+            raise ValueError(f"{self.id} routes by BID, which has no resync to fill a new broker")
+        info = replace(self.info, neighbours=tuple(n.neighbour() for n in view.neighbours))
+        old = {n.id for n in self.info.neighbours}
+        added = [n for n in view.neighbours if n.id not in old]
+        removed = sorted(old - {n.id for n in view.neighbours})
+        busy = {n: c for n in removed if (c := self.peers.carrying(n))}
+        if busy:
+            raise ValueError(
+                f"{self.id}: the links to {', '.join(busy)} still carry "
+                f"{sum(busy.values())} unacknowledged messages: retry once they drain"
+            )
+        try:
+            core.relink(info, view.clusters)
+        except ProtocolError as exc:
+            raise ValueError(str(exc)) from None
+        self.info = info
+        now = self._loop.time()
+        for neighbour in removed:
+            task, link = self._tasks.pop(f"link {neighbour}"), self.peers.remove(neighbour)
+            task.add_done_callback(lambda _, link=link: link.socket.close(linger=0))
+            task.cancel()
+            for held in (self.held_sbp, self.held_for, self.withdraw_when_serving):
+                held.pop(neighbour, None)
+            self.owed_shares.discard(neighbour)
+            if self._curve is not None:
+                self._peer_keys.discard(self._curve.neighbours.pop(neighbour))
+        for n in added:
+            if self._curve is not None:
+                self._curve.neighbours[n.id] = n.key.encode()
+                self._peer_keys.add(n.key.encode())
+            self._start(f"link {n.id}", self.peers.add(n.id, n.endpoint, now))
+        self.counters["relinks"] += 1
+        log.info(
+            "%s relinked: %d clusters, neighbours added %s, removed %s",
+            self.id,
+            view.clusters,
+            ", ".join(n.id for n in added) or "none",
+            ", ".join(removed) or "none",
+        )
+        return {"added": [n.id for n in added], "removed": removed, "clusters": view.clusters}
+
+    def attached_clients(self) -> dict[str, int]:
+        """The clients attached here (``name@connection``) and how many subscriptions
+        each holds (0: a publisher)."""
+        return self.clients.attached()
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
         """Order client ``client`` to move its subscriptions (see ``ClientSessions.order_move``)."""

@@ -728,6 +728,16 @@ class ClientSessions:
             }
         )
 
+    def attached(self) -> dict[str, int]:
+        """Every named client of a live connection, as ``name@connection`` (as
+        :meth:`delivered` names it), with the number of its subscriptions (0: a
+        publisher)."""
+        return {
+            f"{name}@{identity.hex()[:8]}": len(self.connections[identity].clients.get(key, ()))
+            for key, (identity, name) in self.names.items()
+            if name != "-" and identity in self.connections
+        }
+
     def backlog(self) -> int:
         """Frames queued for clients whose pipes are full."""
         return sum(len(c.backlog or ()) for c in self.connections.values())

@@ -23,12 +23,14 @@ class Inspectable(Protocol):
     def resync_view(self, neighbour: str) -> list[str]: ...
     def load(self, top: int) -> dict[str, Any]: ...
     def move_client(self, client: str, to: str, inside: bool) -> list[str]: ...
+    def relink(self, data: object) -> dict[str, Any]: ...
+    def attached_clients(self) -> dict[str, int]: ...
     def stop(self) -> None: ...
 
 
 class ControlHandler(aiozmq.rpc.AttrHandler):
     """``status``, ``stats``, ``subscriptions``, ``table``, ``resync_view``, ``load``,
-    ``move`` and ``shutdown``."""
+    ``move``, ``clients``, ``relink`` and ``shutdown``."""
 
     def __init__(self, broker: Inspectable) -> None:
         self._broker = broker
@@ -74,6 +76,18 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
         if type(client) is not str or type(to) is not str or type(inside) is not bool:
             raise ValueError("move takes a client name, a client endpoint and inside: bool")
         return self._broker.move_client(client, to, inside)
+
+    @aiozmq.rpc.method
+    def clients(self) -> dict:
+        """The clients attached here (``name@connection``) with their subscription counts."""
+        return self._broker.attached_clients()
+
+    @aiozmq.rpc.method
+    def relink(self, view: dict) -> dict:
+        """Take this broker's view in a new topology version: its neighbours (labels, peer
+        endpoint, public key) and the number of clusters; returns the neighbours added
+        and removed (issue 18, DESIGN §9)."""
+        return self._broker.relink(view)
 
     @aiozmq.rpc.method
     def shutdown(self) -> bool:

@@ -44,6 +44,7 @@ from octopis.transport.codec import (
     encode_peer,
 )
 from octopis.transport.links import (
+    DATA,
     HANDSHAKE,
     LINK,
     LOOP_SLACK,
@@ -167,26 +168,62 @@ class PeerLinks:
         """Neighbours whose link has ``queue_limit`` frames waiting, or whose link is the
         longest while the broker is over its memory budget (checked every tick)."""
         self.memory = MemoryBudget(settings.memory_budget_mb)
-        broker_sender = (
+        self.departed: set[str] = set()
+        """Neighbours whose link a relink closed: what they still send until they stop is
+        dropped and counted, not taken for a protocol error (as many as brokers left)."""
+        self._ctx = ctx
+        self._curve = curve
+        self._broker_sender = (
             SendRate(settings.broker_capacity, LOOP_SLACK) if settings.broker_capacity else None
         )
-        self.links = {
-            n: OutputLink(
-                n,
-                endpoint,
-                ctx,
-                lst,
-                settings.sndhwm,
-                self._senders(n, broker_sender),
-                self.activity,
-                settings.custody_limit,
-                settings.retain,
-                settings.retain_limit,
-                curve,
-                self.send_pass,
-            )
-            for n, endpoint in endpoints.items()
-        }
+        self.links = {n: self._link(n, endpoint) for n, endpoint in endpoints.items()}
+
+    def _link(self, name: str, endpoint: str) -> OutputLink:
+        settings = self.settings
+        return OutputLink(
+            name,
+            endpoint,
+            self._ctx,
+            self.lst,
+            settings.sndhwm,
+            self._senders(name, self._broker_sender),
+            self.activity,
+            settings.custody_limit,
+            settings.retain,
+            settings.retain_limit,
+            self._curve,
+            self.send_pass,
+        )
+
+    def add(self, name: str, endpoint: str, now: float) -> Coroutine[None, None, None]:
+        """A link to ``name``, a neighbour that joined the overlay (DESIGN §9), at
+        ``endpoint``: down (never heard) until its handshake; our HELLO waits on it.
+        Returns the coroutine that serves it (the broker runs it as a task)."""
+        if name in self.links:
+            raise ValueError(f"{self.id} has a link to {name} already")
+        self.state[name] = NeighbourState(last_heard=now)
+        self.departed.discard(name)
+        link = self.links[name] = self._link(name, endpoint)
+        self.lst.add_link(name, now)
+        link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
+        return link.run()
+
+    def remove(self, name: str) -> OutputLink:
+        """Drop the link to ``name``, a neighbour that left; what waits on it is dropped
+        with it (the caller checked that nothing does: :meth:`carrying`). Returns the
+        link, for the caller to close once the task serving it has ended."""
+        link = self.links.pop(name)
+        del self.state[name]
+        self.departed.add(name)
+        self.lst.remove_link(name)
+        self.full_links.discard(name)
+        return link
+
+    def carrying(self, name: str) -> int:
+        """Notification copies on the link to ``name`` not yet acknowledged: queued or in
+        custody (a link may leave the overlay only when this is 0)."""
+        link = self.links[name]
+        return sum(frame[2] >= DATA for frame in link.queue) + len(link.custody)
 
     def _senders(self, neighbour: str, broker: SendRate | None) -> tuple[SendRate, ...]:
         """The broker's shared sender (broker capacity), then the link's own (link
@@ -309,6 +346,9 @@ class PeerLinks:
         try:
             sender, message = decode_peer(frame)
             state = self.state.get(sender)
+            if state is None and sender in self.departed:
+                self.counters["frames_from_departed"] += 1  # it stops once all let it go
+                return
             if state is None:
                 raise ProtocolError(f"frame from {sender}, which is not a neighbour")
             state.last_heard = now

@@ -75,10 +75,11 @@ class Gatekeeper(AsyncioAuthenticator):
 
 @dataclass(frozen=True)
 class Curve:
-    """A broker's key pair and its neighbours' public keys, as its sockets use them."""
+    """A broker's key pair and its neighbours' public keys, as its sockets use them (a
+    relink adds and removes neighbours)."""
 
     pair: KeyPair
-    neighbours: Mapping[str, bytes]
+    neighbours: dict[str, bytes]
 
     def serve(self, sock: zmq.Socket, domain: str) -> None:
         """Make ``sock`` (not yet bound) a CURVE server; ZAP checks callers on ``domain``."""

@@ -1,0 +1,219 @@
+"""A running overlay grown or shrunk by a cluster or a region (issue 18, DESIGN §9).
+
+:func:`change_overlay` takes a :class:`LocalCluster` of running brokers to a new topology
+version (:mod:`octopis.topology_change`):
+
+1. **Leaving brokers' subscribers move** (make-before-break, the balancer's moves): to the
+   same region's broker of another cluster when a cluster leaves, to the neighbouring
+   region's broker of the same cluster (inside the cluster) when a region leaves. A
+   client without subscriptions (a publisher) cannot be told to move: the change is
+   refused before anything moves, naming it.
+2. **Remaining brokers whose neighbours change are relinked** (the control RPC's
+   ``relink``, each told only its own new neighbours, their endpoints and keys, and the
+   cluster count). A relink is refused while a leaving link still carries
+   unacknowledged messages or the broker still routes over it; it is retried until the
+   timeout.
+3. **New brokers start** on the new topology version and are filled by resync from their
+   neighbours, as a restarted broker is; the change is done when they and every relinked
+   broker are ready (the time from the command to then is reported).
+4. **Leaving brokers stop** once no neighbour links to them.
+
+Keys for new brokers are added to the run's keys directory (existing pairs kept), so
+clients find the new brokers' public keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from octopis.cluster.launcher import ClusterError, LocalCluster, stop_pids
+from octopis.keys import Keys, make_keys
+from octopis.topology import Scot
+from octopis.topology_change import changed_brokers
+
+log = logging.getLogger("octopis.scale")
+
+POLL = 0.2
+"""Seconds between checks while waiting for moves, drains and readiness."""
+
+
+def relink_view(scot: Scot, broker_id: str, keys: Keys | None) -> dict[str, Any]:
+    """Broker ``broker_id``'s view in ``scot`` as ``relink`` takes it: the cluster count
+    and each neighbour's labels, peer endpoint and public key (empty when insecure)."""
+    return {
+        "clusters": scot.clusters,
+        "neighbours": [
+            {
+                "id": n.id,
+                "link": n.link,
+                "role": n.role,
+                "type": n.type,
+                "cluster": n.cluster,
+                "region": n.region,
+                "endpoint": scot.brokers[n.id].endpoint,
+                "key": keys.broker_public(n.id).decode() if keys is not None else "",
+            }
+            for n in scot.brokers[broker_id].neighbours
+        ],
+    }
+
+
+def refuges(old: Scot, new: Scot) -> dict[str, list[str]]:
+    """For each broker ``new`` lacks, where its subscribers go: the brokers of its region
+    in the remaining clusters (a cluster leaves), or the broker of the same cluster in
+    the region it is attached to (a region leaves: a leaf has one tree neighbour)."""
+    found: dict[str, list[str]] = {}
+    for broker_id in (b for b in old.brokers if b not in new.brokers):
+        broker = old.brokers[broker_id]
+        if broker.region in new.acyclic:
+            found[broker_id] = [
+                b.id
+                for b in new.brokers.values()
+                if b.region == broker.region and b.cluster != broker.cluster
+            ]
+        else:
+            parent = next(iter(old.acyclic[broker.region]))
+            found[broker_id] = [
+                b.id
+                for b in new.brokers.values()
+                if (b.region, b.cluster) == (parent, broker.cluster)
+            ]
+        if not found[broker_id]:
+            raise ClusterError(f"no broker of {new.name} can take {broker_id}'s subscribers")
+    return found
+
+
+async def _until(check: Any, what: str, timeout: float) -> None:
+    """Await ``check()`` every :data:`POLL` seconds until it is true; ClusterError naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what}: not within {timeout:g} s")
+        await asyncio.sleep(POLL)
+
+
+async def _move_off(
+    cluster: LocalCluster, leaving: dict[str, list[str]], timeout: float
+) -> dict[str, int]:
+    """Tell every subscriber of a leaving broker to move to one of its refuges (in turn)
+    and wait until no leaving broker holds a subscription of a client of its own; returns
+    counts (moves ordered inside and across clusters)."""
+    scot = cluster.scot
+    attached = {b: await cluster.call(b, "clients") for b in leaving}
+    publishers = sorted(f"{c} at {b}" for b, cs in attached.items() for c, n in cs.items() if not n)
+    if publishers:
+        raise ClusterError(
+            f"clients without subscriptions (publishers) are attached to leaving brokers: "
+            f"{', '.join(publishers[:5])}; connect them to a broker that stays first"
+        )
+    counts = {"inside": 0, "across": 0}
+    for broker, clients in attached.items():
+        targets = itertools.cycle(leaving[broker])
+        for client in sorted(clients):
+            target = next(targets)
+            inside = scot.brokers[target].cluster == scot.brokers[broker].cluster
+            endpoint = scot.brokers[target].client_endpoint
+            await cluster.call(broker, "move", client, endpoint, inside)
+            counts["inside" if inside else "across"] += 1
+
+    async def emptied() -> bool:
+        held = {b: await cluster.call(b, "clients") for b in leaving}
+        return not any(n for clients in held.values() for n in clients.values())
+
+    await _until(emptied, "the leaving brokers' subscribers moved", timeout)
+    return counts
+
+
+async def _relink(cluster: LocalCluster, new: Scot, ids: list[str], timeout: float) -> int:
+    """Relink each broker of ``ids`` to its view in ``new``, retrying a refusal (a link
+    still carrying, a withdrawal still on its way) until ``timeout``; returns retries."""
+    keys = Keys(cluster.keys_dir) if cluster.keys_dir is not None else None
+    retries = 0
+
+    async def one(broker_id: str) -> None:
+        nonlocal retries
+        view = relink_view(new, broker_id, keys)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await cluster.call(broker_id, "relink", view)
+                return
+            except Exception as exc:  # refused: not drained yet; the error says why
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{broker_id} refused its new view: {exc}") from None
+                retries += 1
+                await asyncio.sleep(POLL)
+
+    await asyncio.gather(*(one(b) for b in ids))
+    return retries
+
+
+def write_version(cluster: LocalCluster, new: Scot) -> Path:
+    """Write ``new`` next to the run's state as the next topology version; returns it."""
+    versions = sorted(cluster.run_dir.glob(f"{new.name}.v*.json"))
+    path = cluster.run_dir / f"{new.name}.v{len(versions) + 2}.json"
+    path.write_text(json.dumps(new.to_json(), indent=1))
+    return path.resolve()
+
+
+async def change_overlay(
+    cluster: LocalCluster, new: Scot, pids: dict[str, int] | None = None, timeout: float = 120.0
+) -> dict[str, Any]:
+    """Take the running ``cluster`` to ``new`` (module docstring); ``pids`` are the
+    recorded processes of brokers not started by ``cluster`` itself. Returns what it did:
+    brokers added, removed and relinked, moves, relink retries, and ``seconds`` from the
+    call to every new and relinked broker being ready (and ``total`` to the end)."""
+    started = time.monotonic()
+    old = cluster.scot
+    if cluster.mode == "bid":
+        raise ClusterError("BID has no resync to fill a new broker: change an SNR or DNR overlay")
+    added, removed, relinked = changed_brokers(old, new)
+    if new.clusters != old.clusters:
+        relinked = [b for b in new.brokers if b in old.brokers]
+    moves = await _move_off(cluster, refuges(old, new), timeout) if removed else {}
+    if cluster.keys_dir is not None and added:
+        make_keys(cluster.keys_dir, new.endpoints_by_broker())
+    retries = await _relink(cluster, new, relinked, timeout)
+    cluster.topology_path = write_version(cluster, new)
+    cluster.scot = new
+    cluster.local = [b for b in cluster.local if b in new.brokers] + added
+    for broker_id in added:
+        cluster.spawn_one(broker_id)
+    await cluster.wait_ready(timeout, added + relinked)
+    ready = time.monotonic() - started
+    await _stop(cluster, removed, pids or {})
+    log.info(
+        "%s: %d brokers added, %d removed, %d relinked",
+        new.name,
+        *map(len, (added, removed, relinked)),
+    )
+    return {
+        "added": added,
+        "removed": removed,
+        "relinked": relinked,
+        "moves": moves,
+        "relink_retries": retries,
+        "seconds": ready,
+        "total": time.monotonic() - started,
+        "topology": str(cluster.topology_path),
+    }
+
+
+async def _stop(cluster: LocalCluster, removed: list[str], pids: dict[str, int]) -> None:
+    """Stop the leaving brokers (they flush first) and forget their control clients."""
+    for broker_id in removed:
+        client = cluster.forget(broker_id)
+        process = cluster.processes.pop(broker_id, None)
+        pid = process.pid if process is not None else pids.pop(broker_id, None)
+        if client is not None:
+            client.close()
+        if pid is not None:
+            reap = {pid: process} if process is not None else None
+            await asyncio.to_thread(stop_pids, {broker_id: pid}, 10.0, reap)

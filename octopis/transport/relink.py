@@ -1,0 +1,61 @@
+"""A running broker's part in a topology change (issue 18, DESIGN §9): its new view as the
+control RPC's ``relink`` hands it over — its neighbours with their peer endpoints and
+public keys, and the number of clusters — checked before anything changes. A broker never
+reads the new topology file: it learns only its own neighbours."""
+
+from __future__ import annotations
+
+import msgspec
+
+from octopis.topology import Neighbour
+
+
+class NeighbourLink(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One neighbour in a new view: its labels (as in a topology file), the endpoint of
+    its peer input and its CurveZMQ public key (Z85; empty when the overlay runs
+    insecure)."""
+
+    id: str
+    link: str
+    role: str
+    type: str
+    cluster: int
+    region: str
+    endpoint: str
+    key: str = ""
+
+    def neighbour(self) -> Neighbour:
+        """The topology's record of this neighbour."""
+        return Neighbour(self.id, self.link, self.role, self.type, self.cluster, self.region)
+
+
+class RelinkView(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A broker's view in a new topology version."""
+
+    clusters: int
+    neighbours: list[NeighbourLink]
+
+
+def decode_view(data: object, secure: bool) -> RelinkView:
+    """``data`` (the RPC's argument) as a :class:`RelinkView`; :class:`ValueError` naming
+    the problem if it is not one: a missing or mistyped field, no cluster, a neighbour
+    named twice, an endpoint that is not ``tcp://``, or (``secure``) a neighbour without
+    a 40-character key."""
+    try:
+        view = msgspec.convert(data, RelinkView)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"not a relink view: {exc}") from None
+    if view.clusters < 1:
+        raise ValueError(f"a relink view needs at least one cluster, not {view.clusters}")
+    ids = [n.id for n in view.neighbours]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ValueError(f"a relink view names {', '.join(twice)} twice")
+    for n in view.neighbours:
+        if not n.endpoint.startswith("tcp://"):
+            raise ValueError(f"neighbour {n.id}: endpoint {n.endpoint!r} is not tcp://")
+        if not 0 <= n.cluster < view.clusters:
+            raise ValueError(f"neighbour {n.id}: no cluster {n.cluster} of {view.clusters}")
+        if secure and len(n.key) != 40:
+            raise ValueError(f"neighbour {n.id}: a secure overlay needs its Z85 public key")
+    return view

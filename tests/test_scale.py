@@ -1,0 +1,245 @@
+"""A running overlay grown and shrunk by a cluster and a region (issue 18, DESIGN §9):
+``octopis.cluster.scale`` on fig2's broker processes while notifications flow, and the
+broker's ``relink`` refusing what it must."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conditions import accounting, closing_control, until
+
+from octopis.client import Connection, ConnectionGroup, Publisher, Subscriber
+from octopis.cluster.launcher import LocalCluster, find_free_base_port
+from octopis.cluster.scale import change_overlay, relink_view
+from octopis.keys import KEYS_ENV, Keys
+from octopis.topology import Scot, build_preset
+from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
+from octopis.transport.settings import BrokerSettings
+
+SYMBOLS = 30
+SUBSCRIBERS = 300
+RATE = 200.0
+
+
+@pytest.fixture
+def fig2_roomy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """fig2 in DNR with keys on, on a block of ports with room for a cluster and a region
+    more (the new brokers' ports follow the old ones'); stopped after the test."""
+    scot = build_preset("fig2")
+    scot = build_preset("fig2", base_port=find_free_base_port(len(scot.brokers) + 10))
+    path = tmp_path / "fig2.json"
+    path.write_text(json.dumps(scot.to_json()))
+    cluster = LocalCluster(scot, path, "dnr", tmp_path, BrokerSettings(down_after=3.0))
+    cluster.spawn()
+    monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
+    try:
+        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def _table_sizes(cluster: LocalCluster) -> set[int]:
+    sizes = await asyncio.gather(
+        *(cluster.call(b, "stats") for b in cluster.scot.brokers), return_exceptions=True
+    )
+    return {s["routing_table_size"] if isinstance(s, dict) else -1 for s in sizes}
+
+
+def test_fig2_grows_a_cluster_and_a_region_and_shrinks_back_while_notifications_flow(
+    fig2_roomy: LocalCluster,
+) -> None:
+    """300 subscribers on fig2, a publisher at c:0 sending 200 notifications/s (each to
+    the ten subscribers of its symbol): fig2 grows a fourth cluster, 30 subscribers join
+    there, the cluster leaves again (they move across clusters first); a region joins as
+    a leaf, 12 subscribers join there, it leaves (they move inside their clusters).
+    Guarantee: every subscriber gets every notification of its symbol published while
+    it was subscribed exactly once; each change reports the seconds to ready."""
+    cluster = fig2_roomy
+    group = ConnectionGroup()
+    connections: dict[str, Connection] = {}
+    got: dict[str, Counter[int]] = {}
+    since: dict[str, int] = {}
+    symbol_of: dict[str, int] = {}
+    sent: list[tuple[int, int]] = []
+    ready: dict[str, float] = {}
+    subscribers: list[Subscriber] = []
+
+    async def connection(broker: str) -> Connection:
+        if broker not in connections:
+            endpoints = cluster.scot.client_endpoints(broker)
+            connections[broker] = Connection(endpoints, liveness=1.5, linger=2.0, group=group)
+            await connections[broker].open()
+        return connections[broker]
+
+    async def subscribe(name: str, broker: str, symbol: int) -> None:
+        got[name] = counts = Counter()
+        symbol_of[name] = symbol
+        sub = Subscriber(name, await connection(broker), lambda n, c=counts: c.update([n.seq]))
+        await sub.subscribe(f"[class,eq,'STOCK'],[symbol,eq,'S{symbol}']")
+        subscribers.append(sub)
+
+    async def join(names: list[str], brokers: list[str]) -> None:
+        """Subscribe ``names`` on ``brokers`` (in turn); each counts from the first
+        notification published once every broker holds its subscription."""
+        for i, name in enumerate(names):
+            await subscribe(name, brokers[i % len(brokers)], i % SYMBOLS)
+        size = len(got)
+        await until(lambda: _held(cluster, size), "subscriptions everywhere", 60)
+        for name in names:  # the publication awaiting its answer may have been routed before
+            since[name] = len(sent) + 1
+
+    async def change(what: str, new: Scot) -> None:
+        done = await change_overlay(cluster, new, timeout=90)
+        ready[what] = done["seconds"]
+        print(what, {k: v for k, v in done.items() if k != "relinked"})
+
+    async def scenario() -> None:
+        brokers = sorted(cluster.scot.brokers)
+        await join([f"s{i}" for i in range(SUBSCRIBERS)], brokers)
+        pub = await Publisher.connect(cluster.scot.client_endpoints("c:0"), "p")
+        publishing = True
+
+        async def publish() -> None:
+            step = 1 / RATE
+            next_at = time.monotonic()
+            k = 0
+            while publishing:
+                symbol = k % SYMBOLS
+                seq = await pub.publish({"class": "STOCK", "symbol": f"S{symbol}", "price": 1.0})
+                sent.append((seq, symbol))
+                k += 1
+                next_at += step
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+        task = asyncio.create_task(publish())
+        await until(lambda: len(sent) > 400, "publishing", 30)
+        await change("add-cluster", add_cluster(cluster.scot))
+        new = sorted(b for b in cluster.scot.brokers if b.endswith(":3"))
+        await join([f"c{i}" for i in range(30)], new)
+        await until(lambda: len(sent) > since["c0"] + 400, "publishing on four clusters", 30)
+        await change("remove-cluster", remove_cluster(cluster.scot, 3))
+        leaf = next(x for x in cluster.scot.regions if cluster.scot.acyclic.degree(x) == 1)
+        await change("add-region", add_region(cluster.scot, "z", leaf))
+        await join([f"r{i}" for i in range(12)], [f"z:{c}" for c in range(3)])
+        await until(lambda: len(sent) > since["r0"] + 400, "publishing with region z", 30)
+        await change("remove-region", remove_region(cluster.scot, "z"))
+        await until(lambda: len(sent) > since["r0"] + 1200, "publishing after the changes", 60)
+        publishing = False
+        await task
+        await pub.close()
+
+        await until(lambda: all(expected(n) <= set(got[n]) for n in got), "every delivery", 60)
+        await until(
+            lambda: (
+                not any(c.reading_left_sessions for x in connections.values() for c in x.family)
+            ),
+            "left sessions ended",
+            30,
+        )
+        for x in connections.values():
+            await x.close()
+
+    def expected(name: str) -> set[int]:
+        return {seq for seq, s in sent[since[name] :] if s == symbol_of[name]}
+
+    asyncio.run(closing_control(cluster, scenario()))
+    total: Counter[str] = Counter()
+    for name, counts in got.items():
+        early = {seq for seq, s in sent[: since[name]] if s == symbol_of[name]}
+        mine = Counter({seq: n for seq, n in counts.items() if seq not in early})
+        total.update(accounting(name, len(expected(name)), mine))
+        assert set(mine) == expected(name), name
+    moved = sum(len(s.moves) for s in subscribers)
+    print(f"ready after each change (s): {ready}; moves made {moved}; totals {dict(total)}")
+    assert total["lost"] == total["duplicates"] == 0, total
+    assert set(ready) == {"add-cluster", "remove-cluster", "add-region", "remove-region"}
+    assert moved == 30 + 12
+    assert sorted(cluster.scot.brokers) == sorted(build_preset("fig2").brokers)
+
+
+def test_a_relink_is_refused_while_the_core_routes_over_a_leaving_link(
+    fig2_roomy: LocalCluster,
+) -> None:
+    """A broker told to drop the link to a neighbour that still hosts a subscriber (it
+    routes that subscription over the link) refuses, names why, and keeps the link; a
+    malformed view is refused naming the problem; the overlay still delivers."""
+    cluster = fig2_roomy
+    scot = cluster.scot
+    smaller = remove_cluster(scot, 2)
+    keys = Keys(cluster.keys_dir)
+
+    async def scenario() -> None:
+        received: list[int] = []
+        sub = await Subscriber.connect(scot.client_endpoints("a:2"), "s")
+        stream = await sub.subscribe("[class,eq,'STOCK']")
+        await until(lambda: _held(cluster, 1), "subscription everywhere", 30)
+        with pytest.raises(Exception, match="still routes subscriptions over a:2"):
+            await cluster.call("a:0", "relink", relink_view(smaller, "a:0", keys))
+        with pytest.raises(Exception, match="not a relink view"):
+            await cluster.call("a:0", "relink", {"clusters": 3})
+        bad = relink_view(scot, "a:0", keys)
+        bad["neighbours"][0]["endpoint"] = "udp://x"
+        with pytest.raises(Exception, match="is not tcp://"):
+            await cluster.call("a:0", "relink", bad)
+        status = await cluster.call("a:0", "status")
+        assert status["neighbours"] == len(scot.brokers["a:0"].neighbours)
+        pub = await Publisher.connect(scot.client_endpoints("a:0"), "p")
+        for _ in range(20):
+            received.append(await pub.publish({"class": "STOCK", "price": 1.0}))
+        seen = [(await asyncio.wait_for(anext(stream), 10)).seq for _ in received]
+        assert seen == received
+        await pub.close()
+        await sub.connection.close()
+
+    asyncio.run(closing_control(cluster, scenario()))
+
+
+async def _held(cluster: LocalCluster, size: int) -> bool:
+    return await _table_sizes(cluster) == {size}
+
+
+def test_octopis_scale_grows_an_overlay_that_octopis_up_started(tmp_path: Path) -> None:
+    """``octopis up`` a fig2 (SNR), ``octopis scale add-region`` and ``add-cluster`` on it:
+    each prints what it did; ``octopis status`` then answers from every broker of the new
+    version; ``scale remove-cluster 1`` is refused (only the last cluster may leave),
+    changing nothing; ``octopis down`` stops them all."""
+    scot = build_preset("fig2", base_port=find_free_base_port(18 + 10))
+    topology = tmp_path / "fig2.json"
+    topology.write_text(json.dumps(scot.to_json()))
+    run_dir = tmp_path / "run"
+
+    def octopis(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "octopis.cli.main", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    up = octopis("up", str(topology), "--run-dir", str(run_dir), "--mode", "snr")
+    assert up.returncode == 0, up.stderr
+    try:
+        grown = octopis("scale", "add-region", "z", "--attach-to", "a", "--run-dir", str(run_dir))
+        assert grown.returncode == 0, grown.stderr
+        assert "added z:0, z:1, z:2" in grown.stdout and "ready in" in grown.stdout
+        refused = octopis("scale", "remove-cluster", "1", "--run-dir", str(run_dir))
+        assert refused.returncode == 2 and "only the last, 2, can leave" in refused.stderr
+        more = octopis("scale", "add-cluster", "--run-dir", str(run_dir), "--json")
+        assert more.returncode == 0, more.stderr
+        done = json.loads(more.stdout)
+        assert sorted(done["added"]) == [f"{x}:3" for x in sorted([*scot.regions, "z"])]
+        status = octopis("status", "--run-dir", str(run_dir), "--json")
+        assert status.returncode == 0, status.stderr
+        assert len(json.loads(status.stdout)) == 7 * 4
+    finally:
+        down = octopis("down", "--run-dir", str(run_dir))
+    assert down.returncode == 0 and "stopped 28 brokers" in down.stdout, down.stdout + down.stderr
