@@ -521,6 +521,7 @@ def test_a_balancer_skips_a_round_whose_load_reports_do_not_all_come() -> None:
             "capacity_per_s": 100.0,
             "deliveries_per_s": 1.0,
             "output_per_s": 2.0,
+            "load_ratio": 0.02,
             "busiest_clients": {},
         }
         return {b: None if silent and b == "a:0" else report for b in brokers}

@@ -25,6 +25,7 @@ from octopis.balance.plans import LoadState, Plan
 from octopis.balance.policy import (
     KEPT,
     BalanceOptions,
+    Elasticity,
     SubscriberLoads,
     coefficient_of_variation,
     load_sample,
@@ -39,6 +40,9 @@ ORDERS_AT_ONCE = 16
 
 Call = Callable[..., Awaitable[Any]]
 """``call(broker, method, *args)``: one broker's answer over a kept control connection."""
+Reshape = Callable[[str], Awaitable[Scot]]
+"""``reshape(change)``: carry out ``add-cluster`` or ``remove-cluster`` (the last) on the
+running overlay (``octopis.cluster.scale``) and return its new topology version."""
 
 
 class Balancer:
@@ -46,7 +50,10 @@ class Balancer:
     keeps what it saw and did: :attr:`timeline` (per sample: time, each broker's load,
     their coefficient of variation and mean) and :attr:`moves` (per ordered move: round,
     time, subscriber, source, target, inside, reason, and the sub ids moved or the
-    error)."""
+    error). With ``elastic`` and ``reshape`` each acting round first asks the elasticity
+    rule (Dynamoth's, a cluster as the unit) about the mean load ratio; a round that
+    changes the overlay's shape plans no moves (the next one sees the new shape), and
+    :attr:`changes` records each change."""
 
     def __init__(
         self,
@@ -55,7 +62,15 @@ class Balancer:
         options: BalanceOptions,
         timeout: float = 5.0,
         call: Call | None = None,
+        elastic: Elasticity | None = None,
+        reshape: Reshape | None = None,
     ):
+        if (elastic is None) != (reshape is None):
+            raise ValueError("elasticity needs both the rule and a way to reshape the overlay")
+        self.elastic = elastic
+        self.reshape = reshape
+        self.changes: deque[dict[str, Any]] = deque(maxlen=KEPT)
+        """Per change: time, change, mean load ratio before, clusters after, seconds."""
         self.scot = scot
         self.ask = ask
         self.call = call
@@ -103,6 +118,8 @@ class Balancer:
         self.rounds += 1
         state = await self._sample()
         now = time.monotonic() - self._started
+        if await self._elastic_change(now):
+            return Plan(note="the overlay changed shape this round")
         recent = {
             m["subscriber"]
             for m in self.moves
@@ -170,6 +187,37 @@ class Balancer:
                 )
         return plan
 
+    async def _elastic_change(self, now: float) -> bool:
+        """Ask the elasticity rule about the last sample's mean load ratio; carry out a
+        change it asks for. Returns whether the shape changed."""
+        if self.elastic is None or self.reshape is None or not self.options.act:
+            return False
+        ratio = self.timeline[-1]["mean_ratio"]
+        change = self.elastic.decide(now, ratio, self.scot.clusters)
+        if change is None:
+            return False
+        log.info(
+            "round %d: %s (mean load ratio %.2f, %d clusters)",
+            self.rounds,
+            change,
+            ratio,
+            self.scot.clusters,
+        )
+        started = time.monotonic()
+        self.scot = await self.reshape(change)
+        self.changes.append(
+            {
+                "round": self.rounds,
+                "t": now,
+                "wall": time.time(),
+                "change": change,
+                "mean_ratio": ratio,
+                "clusters": self.scot.clusters,
+                "seconds": time.monotonic() - started,
+            }
+        )
+        return True
+
     async def _order(
         self, subscriber: str, source: str, target: str, inside: bool
     ) -> tuple[list[str], str]:
@@ -205,6 +253,7 @@ class Balancer:
             raise
         loads = {b: v.load for b, v in state.brokers.items()}
         outputs = {b: r["output_per_s"] for b, r in reports.items()}
+        ratios = [r["load_ratio"] for r in reports.values()]
         now = time.monotonic() - self._started
         self.subscriber_loads.update(state, now)
         self.timeline.append(
@@ -212,6 +261,8 @@ class Balancer:
                 "t": now,
                 "wall": time.time(),
                 **load_sample(loads, outputs),
+                "mean_ratio": sum(ratios) / len(ratios),
+                "clusters": self.scot.clusters,
             }
         )
         return state
@@ -230,4 +281,5 @@ class Balancer:
             "decisions": list(self.moves),
             "decisions_dropped": sum(counts.values()) - len(self.moves),
             "timeline": list(self.timeline),
+            "changes": list(self.changes),
         }

@@ -12,9 +12,10 @@ from typing import Any
 from octopis.balance.loop import Balancer
 from octopis.balance.observe import observe
 from octopis.balance.plans import LoadState, Plan, coefficient_of_variation
-from octopis.balance.policy import MEASURES, PLANS, BalanceOptions, make_plan
+from octopis.balance.policy import MEASURES, PLANS, BalanceOptions, Elasticity, make_plan
 from octopis.cli.errors import UsageError
 from octopis.cluster.launcher import LocalCluster
+from octopis.cluster.scale import elastic_reshape
 from octopis.topology import load_topology
 
 
@@ -76,6 +77,34 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=defaults.smoothing,
         help="seconds over which each subscriber's delivery rate is averaged for the plans "
         f"(it follows the subscriber when it moves; 0: as read; default {defaults.smoothing:g})",
+    )
+    run.add_argument(
+        "--elastic",
+        action="store_true",
+        help="also grow and shrink the overlay (`octopis up`'s, by --run-dir) by a cluster: "
+        "one more once the mean load ratio has stayed above --lr-high for --t-wait "
+        "seconds, the last one fewer once it has stayed below --lr-low as long "
+        "(Dynamoth's rule; `octopis scale` carries it out)",
+    )
+    elastic = Elasticity()
+    run.add_argument(
+        "--t-wait",
+        type=float,
+        default=elastic.t_wait,
+        help=f"--elastic: seconds a load ratio must last, and between changes "
+        f"(default {elastic.t_wait:g})",
+    )
+    run.add_argument(
+        "--min-clusters",
+        type=int,
+        default=elastic.min_clusters,
+        help=f"--elastic: clusters kept at least (default {elastic.min_clusters})",
+    )
+    run.add_argument(
+        "--max-clusters",
+        type=int,
+        default=elastic.max_clusters,
+        help=f"--elastic: clusters at most (default {elastic.max_clusters})",
     )
     run.add_argument("--rounds", type=int, default=0, help="stop after N rounds (0: never)")
     run.add_argument("--dry-run", action="store_true", help="plan and log each round, move nothing")
@@ -189,17 +218,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         act=not args.dry_run,
     )
-    balancer = Balancer(cluster.scot, cluster.ask, options, call=cluster.call)
+    elastic, reshape = None, None
+    if args.elastic:
+        if args.topology is not None:
+            raise UsageError("--elastic changes an overlay `octopis up` started: use --run-dir")
+        cluster, pids = LocalCluster.from_state(args.run_dir)
+        try:
+            elastic = Elasticity(
+                args.lr_high, args.lr_low, args.t_wait, args.min_clusters, args.max_clusters
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        reshape = elastic_reshape(cluster, pids)
+    balancer = Balancer(
+        cluster.scot, cluster.ask, options, call=cluster.call, elastic=elastic, reshape=reshape
+    )
     try:
         asyncio.run(_closing(cluster, balancer.run()))
     except KeyboardInterrupt:
         pass
     finally:
         report = balancer.report()
+        changes = ", ".join(f"{c['change']} at {c['t']:.0f} s" for c in report["changes"])
         print(
             f"{report['rounds']} rounds, {report['moves']} moves ({report['moves_inside']} "
             f"inside a cluster, {report['moves_across']} across, {report['moves_failed']} "
-            "failed)"
+            "failed)" + (f"; {changes}" if changes else "")
         )
         if args.report is not None:
             args.report.write_text(json.dumps(report, indent=1))

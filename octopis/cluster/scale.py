@@ -28,19 +28,24 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from octopis.cluster.launcher import ClusterError, LocalCluster, stop_pids
 from octopis.keys import Keys, make_keys
 from octopis.topology import Scot
-from octopis.topology_change import changed_brokers
+from octopis.topology_change import add_cluster, changed_brokers, remove_cluster
 
 log = logging.getLogger("octopis.scale")
 
 POLL = 0.2
 """Seconds between checks while waiting for moves, drains and readiness."""
+REORDER = 15.0
+"""Seconds after which a subscriber still on a leaving broker is told to move again (a
+move across clusters takes the SDK's linger, 10 s by default, to end)."""
 
 
 def relink_view(scot: Scot, broker_id: str, keys: Keys | None) -> dict[str, Any]:
@@ -103,8 +108,10 @@ async def _move_off(
     cluster: LocalCluster, leaving: dict[str, list[str]], timeout: float
 ) -> dict[str, int]:
     """Tell every subscriber of a leaving broker to move to one of its refuges (in turn)
-    and wait until no leaving broker holds a subscription of a client of its own; returns
-    counts (moves ordered inside and across clusters)."""
+    and wait until no leaving broker holds a subscription of a client of its own; one
+    that arrives meanwhile (a move ordered before) is told too, and one still there
+    :data:`REORDER` seconds after its order is told again. Returns the moves ordered
+    inside and across clusters."""
     scot = cluster.scot
     attached = {b: await cluster.call(b, "clients") for b in leaving}
     publishers = sorted(f"{c} at {b}" for b, cs in attached.items() for c, n in cs.items() if not n)
@@ -114,18 +121,28 @@ async def _move_off(
             f"{', '.join(publishers[:5])}; connect them to a broker that stays first"
         )
     counts = {"inside": 0, "across": 0}
-    for broker, clients in attached.items():
-        targets = itertools.cycle(leaving[broker])
-        for client in sorted(clients):
-            target = next(targets)
-            inside = scot.brokers[target].cluster == scot.brokers[broker].cluster
-            endpoint = scot.brokers[target].client_endpoint
-            await cluster.call(broker, "move", client, endpoint, inside)
-            counts["inside" if inside else "across"] += 1
+    ordered: dict[tuple[str, str], float] = {}
+    targets = {b: itertools.cycle(refuges) for b, refuges in leaving.items()}
 
     async def emptied() -> bool:
+        now = time.monotonic()
         held = {b: await cluster.call(b, "clients") for b in leaving}
-        return not any(n for clients in held.values() for n in clients.values())
+        waiting = [(b, c) for b, clients in held.items() for c, n in clients.items() if n]
+        for broker, client in waiting:
+            if now - ordered.get((broker, client), -math.inf) < REORDER:
+                continue
+            target = next(targets[broker])
+            inside = scot.brokers[target].cluster == scot.brokers[broker].cluster
+            try:
+                await cluster.call(
+                    broker, "move", client, scot.brokers[target].client_endpoint, inside
+                )
+            except Exception as exc:  # it left meanwhile: the next poll sees
+                log.info("move of %s from %s not ordered: %s", client, broker, exc)
+                continue
+            ordered[(broker, client)] = now
+            counts["inside" if inside else "across"] += 1
+        return not waiting
 
     await _until(emptied, "the leaving brokers' subscribers moved", timeout)
     return counts
@@ -217,3 +234,27 @@ async def _stop(cluster: LocalCluster, removed: list[str], pids: dict[str, int])
         if pid is not None:
             reap = {pid: process} if process is not None else None
             await asyncio.to_thread(stop_pids, {broker_id: pid}, 10.0, reap)
+
+
+def elastic_reshape(
+    cluster: LocalCluster, pids: dict[str, int], timeout: float = 120.0
+) -> Callable[[str], Awaitable[Scot]]:
+    """The balancer's ``reshape`` for ``cluster``: ``add-cluster`` or ``remove-cluster``
+    (the last one) carried out by :func:`change_overlay`, the run's state recorded after
+    each (``pids``: the processes it recorded)."""
+
+    async def reshape(change: str) -> Scot:
+        scot = cluster.scot
+        if change == "add-cluster":
+            new = add_cluster(scot)
+        elif change == "remove-cluster":
+            new = remove_cluster(scot, scot.clusters - 1)
+        else:
+            raise ValueError(f"no elastic change {change!r}")
+        try:
+            await change_overlay(cluster, new, pids, timeout)
+        finally:
+            cluster.write_state(pids)
+        return new
+
+    return reshape
