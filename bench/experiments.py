@@ -6,6 +6,7 @@
     python -m bench.experiments failure --quick         # kill -9 and restart, SNR beside DNR
     python -m bench.experiments balance --quick         # a skewed placement balanced
     python -m bench.experiments balance-sim             # the same balancer, simulated
+    python -m bench.experiments elastic                 # clusters added and removed under a ramp
 
 Each experiment builds one workload with the Spark job (`spark_workloads.stock_workload`,
 real quotes from ``../shared/data/stockquotes``) on paper75, takes nested subsets of it
@@ -706,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("experiment", choices=sorted([*PROFILES, "balance", "balance-sim"]))
+    p.add_argument("experiment", choices=sorted([*PROFILES, "balance", "balance-sim", "elastic"]))
     p.add_argument("--quick", action="store_true", help="the few-minute profile")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument(
@@ -726,6 +727,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(balance.simulate(args.out, args.seed))
         return 0
+    if args.experiment == "elastic":
+        from bench import elastic
+
+        report = elastic.run(args.out)
+        print((args.out / "elastic.md").read_text())
+        print(f"in {time.monotonic() - started:.0f} s; plot: {args.out / 'elastic.png'}")
+        counts = report["counts"]
+        return 0 if counts["lost"] == counts["duplicated"] == 0 else 1
     if args.experiment == "balance":
         from bench import balance
 

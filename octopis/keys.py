@@ -148,9 +148,3 @@ class Keys:
             raise KeysError(
                 f"{self.directory / ENDPOINTS_FILE} names no broker at {endpoint}"
             ) from None
-        try:
-            return self._endpoints[endpoint].encode()
-        except KeyError:
-            raise KeysError(
-                f"{self.directory / ENDPOINTS_FILE} names no broker at {endpoint}"
-            ) from None

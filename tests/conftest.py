@@ -21,11 +21,16 @@ from octopis.transport.settings import BrokerSettings
 
 
 def secure_fig2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: BrokerSettings, mode: str = "dnr"
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: BrokerSettings,
+    mode: str = "dnr",
+    room: int = 0,
 ) -> Iterator[LocalCluster]:
-    """For a fixture to yield from: fig2 in ``mode`` with keys on and ``settings``, ready;
-    the SDK finds the keys through $OCTOPIS_KEYS. Stopped when the fixture ends."""
-    scot, path = prepare_topology(tmp_path, preset="fig2")
+    """For a fixture to yield from: fig2 in ``mode`` with keys on and ``settings``, ready
+    (on ports with room for ``room`` brokers more: the overlay may grow); the SDK finds
+    the keys through $OCTOPIS_KEYS. Stopped when the fixture ends."""
+    scot, path = prepare_topology(tmp_path, preset="fig2", room=room)
     cluster = LocalCluster(scot, path, mode, tmp_path, settings)
     cluster.spawn()
     monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))

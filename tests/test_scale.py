@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 from conditions import accounting, closing_control, until
+from conftest import secure_fig2
 
 from octopis.client import Connection, ConnectionGroup, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.cluster.scale import change_overlay, relink_view
-from octopis.keys import KEYS_ENV, Keys
+from octopis.keys import Keys
 from octopis.topology import Scot, build_preset
 from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
 from octopis.transport.settings import BrokerSettings
@@ -29,28 +30,9 @@ SUBSCRIBERS = 300
 RATE = 200.0
 
 
-def _roomy_fig2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: BrokerSettings
-) -> Iterator[LocalCluster]:
-    """fig2 in DNR with keys on, on a block of ports with room for a cluster and a region
-    more (the new brokers' ports follow the old ones'); stopped after the test."""
-    scot = build_preset("fig2")
-    scot = build_preset("fig2", base_port=find_free_base_port(len(scot.brokers) + 10))
-    path = tmp_path / "fig2.json"
-    path.write_text(json.dumps(scot.to_json()))
-    cluster = LocalCluster(scot, path, "dnr", tmp_path, settings)
-    cluster.spawn()
-    monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
-    try:
-        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 @pytest.fixture
 def fig2_roomy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    yield from _roomy_fig2(tmp_path, monkeypatch, BrokerSettings(down_after=3.0))
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(down_after=3.0), room=10)
 
 
 @pytest.fixture
@@ -60,7 +42,7 @@ def fig2_short_of_capacity(
     """fig2 whose brokers each count 60 messages/s as their capacity (load ratios over
     a 2 s window)."""
     settings = BrokerSettings(down_after=3.0, load_window=2, load_capacity=60.0)
-    yield from _roomy_fig2(tmp_path, monkeypatch, settings)
+    yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
 
 
 async def _table_sizes(cluster: LocalCluster) -> set[int]:
@@ -236,7 +218,8 @@ def test_octopis_scale_grows_an_overlay_that_octopis_up_started(tmp_path: Path) 
     """``octopis up`` a fig2 (SNR), ``octopis scale add-region`` and ``add-cluster`` on it:
     each prints what it did; ``octopis status`` then answers from every broker of the new
     version; ``scale remove-cluster 1`` is refused (only the last cluster may leave),
-    changing nothing; ``octopis down`` stops them all."""
+    changing nothing; an idle overlay's ``balance run --elastic`` (LR_low 0.5) removes
+    the fourth cluster again; ``octopis down`` stops them all."""
     scot = build_preset("fig2", base_port=find_free_base_port(18 + 10))
     topology = tmp_path / "fig2.json"
     topology.write_text(json.dumps(scot.to_json()))
@@ -265,9 +248,18 @@ def test_octopis_scale_grows_an_overlay_that_octopis_up_started(tmp_path: Path) 
         status = octopis("status", "--run-dir", str(run_dir), "--json")
         assert status.returncode == 0, status.stderr
         assert len(json.loads(status.stdout)) == 7 * 4
+        shrunk = octopis(
+            "balance", "run", "--run-dir", str(run_dir), "--elastic", "--rounds", "1",
+            "--interval", "1", "--t-wait", "0", "--lr-low", "0.5", "--lr-high", "0.6",
+            "--min-clusters", "3",
+        )  # fmt: skip
+        assert shrunk.returncode == 0, shrunk.stderr
+        assert "remove-cluster at" in shrunk.stdout, shrunk.stdout
+        status = octopis("status", "--run-dir", str(run_dir), "--json")
+        assert len(json.loads(status.stdout)) == 7 * 3
     finally:
         down = octopis("down", "--run-dir", str(run_dir))
-    assert down.returncode == 0 and "stopped 28 brokers" in down.stdout, down.stdout + down.stderr
+    assert down.returncode == 0 and "stopped 21 brokers" in down.stdout, down.stdout + down.stderr
 
 
 def test_the_elastic_balancer_adds_a_cluster_under_load_and_removes_it_after(
@@ -279,23 +271,15 @@ def test_the_elastic_balancer_adds_a_cluster_under_load_and_removes_it_after(
     subscribers into it; the stream then drops to 1/s, the ratio stays below LR_low
     (0.2), and the balancer removes that cluster again, its subscribers moving out
     first. Guarantee: every subscriber gets every notification exactly once."""
-    from octopis.balance.loop import Balancer
     from octopis.balance.policy import BalanceOptions, Elasticity
-    from octopis.cluster.scale import elastic_reshape
+    from octopis.cluster.scale import elastic_balancer
 
     cluster = fig2_short_of_capacity
     group = ConnectionGroup()
     got: dict[str, Counter[int]] = {}
     options = BalanceOptions(interval=2.0, sample=0.5, beta=1.0, cooldown=4.0, max_moves=8)
     elastic = Elasticity(t_wait=3.0, min_clusters=3, max_clusters=4)
-    balancer = Balancer(
-        cluster.scot,
-        cluster.ask,
-        options,
-        call=cluster.call,
-        elastic=elastic,
-        reshape=elastic_reshape(cluster, {}, timeout=90),
-    )
+    balancer = elastic_balancer(cluster, options, elastic, timeout=90)
 
     async def scenario() -> tuple[list[int], list[Subscriber], list[Connection]]:
         connections = {

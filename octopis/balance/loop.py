@@ -70,7 +70,9 @@ class Balancer:
         self.elastic = elastic
         self.reshape = reshape
         self.changes: deque[dict[str, Any]] = deque(maxlen=KEPT)
-        """Per change: time, change, mean load ratio before, clusters after, seconds."""
+        """Per change: time, change, mean load ratio before, and clusters after and
+        seconds, or the error that stopped it (the rule asks again after t_wait)."""
+        self.changes_failed = 0
         self.scot = scot
         self.ask = ask
         self.call = call
@@ -204,7 +206,16 @@ class Balancer:
             self.scot.clusters,
         )
         started = time.monotonic()
-        self.scot = await self.reshape(change)
+        try:
+            self.scot = await self.reshape(change)
+        except Exception as exc:  # refused or failed: tried again after t_wait
+            self.changes_failed += 1
+            log.error("round %d: %s failed: %s", self.rounds, change, exc)
+            self.changes.append(
+                {"round": self.rounds, "t": now, "wall": time.time(), "change": change,
+                 "mean_ratio": ratio, "error": str(exc)}
+            )  # fmt: skip
+            return False
         self.changes.append(
             {
                 "round": self.rounds,
@@ -282,4 +293,5 @@ class Balancer:
             "decisions_dropped": sum(counts.values()) - len(self.moves),
             "timeline": list(self.timeline),
             "changes": list(self.changes),
+            "changes_failed": self.changes_failed,
         }

@@ -15,7 +15,7 @@ from octopis.balance.plans import LoadState, Plan, coefficient_of_variation
 from octopis.balance.policy import MEASURES, PLANS, BalanceOptions, Elasticity, make_plan
 from octopis.cli.errors import UsageError
 from octopis.cluster.launcher import LocalCluster
-from octopis.cluster.scale import elastic_reshape
+from octopis.cluster.scale import elastic_balancer
 from octopis.topology import load_topology
 
 
@@ -45,39 +45,24 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="carry plans out, a round every --interval seconds, until stopped (Ctrl-C)",
     )
     _common(run)
-    defaults = BalanceOptions()
-    run.add_argument(
-        "--interval",
-        type=float,
-        default=defaults.interval,
-        help="seconds between rounds; at least the brokers' load window "
-        f"(default {defaults.interval:g})",
-    )
-    run.add_argument(
-        "--sample",
-        type=float,
-        default=defaults.sample,
-        help=f"seconds between load samples between rounds (default {defaults.sample:g})",
-    )
-    run.add_argument(
-        "--max-moves",
-        type=int,
-        default=defaults.max_moves,
-        help=f"moves one round orders at most (default {defaults.max_moves})",
-    )
-    run.add_argument(
-        "--cooldown",
-        type=float,
-        default=defaults.cooldown,
-        help=f"seconds a moved subscriber is left where it went (default {defaults.cooldown:g})",
-    )
-    run.add_argument(
-        "--smoothing",
-        type=float,
-        default=defaults.smoothing,
-        help="seconds over which each subscriber's delivery rate is averaged for the plans "
-        f"(it follows the subscriber when it moves; 0: as read; default {defaults.smoothing:g})",
-    )
+    defaults, elastic = BalanceOptions(), Elasticity()
+    pace: tuple[tuple[str, type, float, str], ...] = (
+        ("--interval", float, defaults.interval,
+         "seconds between rounds; at least the brokers' load window"),
+        ("--sample", float, defaults.sample, "seconds between load samples between rounds"),
+        ("--max-moves", int, defaults.max_moves, "moves one round orders at most"),
+        ("--cooldown", float, defaults.cooldown,
+         "seconds a moved subscriber is left where it went"),
+        ("--smoothing", float, defaults.smoothing,
+         "seconds over which each subscriber's delivery rate is averaged for the plans (it "
+         "follows the subscriber when it moves; 0: as read)"),
+        ("--t-wait", float, elastic.t_wait,
+         "--elastic: seconds a load ratio must last, and between changes"),
+        ("--min-clusters", int, elastic.min_clusters, "--elastic: clusters kept at least"),
+        ("--max-clusters", int, elastic.max_clusters, "--elastic: clusters at most"),
+    )  # fmt: skip
+    for name, kind, default, what in pace:
+        run.add_argument(name, type=kind, default=default, help=f"{what} (default {default:g})")
     run.add_argument(
         "--elastic",
         action="store_true",
@@ -85,26 +70,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "one more once the mean load ratio has stayed above --lr-high for --t-wait "
         "seconds, the last one fewer once it has stayed below --lr-low as long "
         "(Dynamoth's rule; `octopis scale` carries it out)",
-    )
-    elastic = Elasticity()
-    run.add_argument(
-        "--t-wait",
-        type=float,
-        default=elastic.t_wait,
-        help=f"--elastic: seconds a load ratio must last, and between changes "
-        f"(default {elastic.t_wait:g})",
-    )
-    run.add_argument(
-        "--min-clusters",
-        type=int,
-        default=elastic.min_clusters,
-        help=f"--elastic: clusters kept at least (default {elastic.min_clusters})",
-    )
-    run.add_argument(
-        "--max-clusters",
-        type=int,
-        default=elastic.max_clusters,
-        help=f"--elastic: clusters at most (default {elastic.max_clusters})",
     )
     run.add_argument("--rounds", type=int, default=0, help="stop after N rounds (0: never)")
     run.add_argument("--dry-run", action="store_true", help="plan and log each round, move nothing")
@@ -218,7 +183,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         act=not args.dry_run,
     )
-    elastic, reshape = None, None
     if args.elastic:
         if args.topology is not None:
             raise UsageError("--elastic changes an overlay `octopis up` started: use --run-dir")
@@ -229,10 +193,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        reshape = elastic_reshape(cluster, pids)
-    balancer = Balancer(
-        cluster.scot, cluster.ask, options, call=cluster.call, elastic=elastic, reshape=reshape
-    )
+        balancer = elastic_balancer(cluster, options, elastic, pids)
+    else:
+        balancer = Balancer(cluster.scot, cluster.ask, options, call=cluster.call)
     try:
         asyncio.run(_closing(cluster, balancer.run()))
     except KeyboardInterrupt:

@@ -29,8 +29,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "its own), new brokers start and are filled by resync, leaving ones stop. The new "
         "version is written to the run directory and recorded, so `status`, `down` and a "
         "later `scale` use it. Clusters are labelled 0..n-1, so only the last can leave; "
-        "a region joins and leaves as a leaf of the tree. Clients without subscriptions "
-        "(publishers) must not be attached to a leaving broker.",
+        "a region joins and leaves as a leaf of the tree. A publisher must not be attached "
+        "to a leaving broker (the change is refused, naming it).",
     )
     changes = scale.add_subparsers(dest="change", required=True, metavar="CHANGE")
     add_c = changes.add_parser("add-cluster", help="one more copy of the tree (cluster n)")

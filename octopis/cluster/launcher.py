@@ -146,13 +146,15 @@ def broker_command(
 
 
 def prepare_topology(
-    run_dir: Path, *, topology: Path | None = None, preset: str | None = None
+    run_dir: Path, *, topology: Path | None = None, preset: str | None = None, room: int = 0
 ) -> tuple[Scot, Path]:
-    """The topology to launch and its file: a given file, or a preset on free ports."""
+    """The topology to launch and its file: a given file, or a preset on free ports (with
+    ports for ``room`` brokers more after them: an overlay that will grow)."""
     if topology is not None:
         return load_topology(topology), topology
     scot = build_preset(preset or "fig2")
-    scot = build_preset(preset or "fig2", base_port=find_free_base_port(len(scot.brokers)))
+    base_port = find_free_base_port(len(scot.brokers) + room)
+    scot = build_preset(preset or "fig2", base_port=base_port)
     path = run_dir / f"{scot.name}.json"
     run_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(scot.to_json(), indent=1))

@@ -6,8 +6,8 @@ version (:mod:`octopis.topology_change`):
 1. **Leaving brokers' subscribers move** (make-before-break, the balancer's moves): to the
    same region's broker of another cluster when a cluster leaves, to the neighbouring
    region's broker of the same cluster (inside the cluster) when a region leaves. A
-   client without subscriptions (a publisher) cannot be told to move: the change is
-   refused before anything moves, naming it.
+   publisher cannot be told to move: a change that would strand one is refused before
+   anything moves, naming it.
 2. **Remaining brokers whose neighbours change are relinked** (the control RPC's
    ``relink``, each told only its own new neighbours, their endpoints and keys, and the
    cluster count). A relink is refused while a leaving link still carries
@@ -31,9 +31,12 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from octopis.balance.loop import Balancer
+from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.cluster.launcher import ClusterError, LocalCluster, stop_pids
 from octopis.keys import Keys, make_keys
 from octopis.topology import Scot
@@ -55,12 +58,7 @@ def relink_view(scot: Scot, broker_id: str, keys: Keys | None) -> dict[str, Any]
         "clusters": scot.clusters,
         "neighbours": [
             {
-                "id": n.id,
-                "link": n.link,
-                "role": n.role,
-                "type": n.type,
-                "cluster": n.cluster,
-                "region": n.region,
+                "neighbour": asdict(n),
                 "endpoint": scot.brokers[n.id].endpoint,
                 "key": keys.broker_public(n.id).decode() if keys is not None else "",
             }
@@ -114,11 +112,13 @@ async def _move_off(
     inside and across clusters."""
     scot = cluster.scot
     attached = {b: await cluster.call(b, "clients") for b in leaving}
-    publishers = sorted(f"{c} at {b}" for b, cs in attached.items() for c, n in cs.items() if not n)
+    publishers = sorted(
+        f"{c} at {b}" for b, cs in attached.items() for c, a in cs.items() if a["publisher"]
+    )
     if publishers:
         raise ClusterError(
-            f"clients without subscriptions (publishers) are attached to leaving brokers: "
-            f"{', '.join(publishers[:5])}; connect them to a broker that stays first"
+            f"publishers are attached to leaving brokers: {', '.join(publishers[:5])}; a "
+            "publisher cannot be told to move: connect it to a broker that stays first"
         )
     counts = {"inside": 0, "across": 0}
     ordered: dict[tuple[str, str], float] = {}
@@ -127,7 +127,9 @@ async def _move_off(
     async def emptied() -> bool:
         now = time.monotonic()
         held = {b: await cluster.call(b, "clients") for b in leaving}
-        waiting = [(b, c) for b, clients in held.items() for c, n in clients.items() if n]
+        waiting = [
+            (b, c) for b, clients in held.items() for c, a in clients.items() if a["subscriptions"]
+        ]
         for broker, client in waiting:
             if now - ordered.get((broker, client), -math.inf) < REORDER:
                 continue
@@ -258,3 +260,22 @@ def elastic_reshape(
         return new
 
     return reshape
+
+
+def elastic_balancer(
+    cluster: LocalCluster,
+    options: BalanceOptions,
+    elastic: Elasticity,
+    pids: dict[str, int] | None = None,
+    timeout: float = 120.0,
+) -> Balancer:
+    """A balancer of ``cluster`` (kept control connections) that also grows and shrinks
+    it by a cluster as ``elastic`` decides (:func:`elastic_reshape`)."""
+    return Balancer(
+        cluster.scot,
+        cluster.ask,
+        options,
+        call=cluster.call,
+        elastic=elastic,
+        reshape=elastic_reshape(cluster, pids if pids is not None else {}, timeout),
+    )

@@ -612,10 +612,10 @@ class Broker:
         core = self.core
         if not isinstance(core, ClusteredBroker):
             raise ValueError(f"{self.id} routes by BID, which has no resync to fill a new broker")
-        info = replace(self.info, neighbours=tuple(n.neighbour() for n in view.neighbours))
+        info = replace(self.info, neighbours=tuple(n.neighbour for n in view.neighbours))
         old = {n.id for n in self.info.neighbours}
-        added = [n for n in view.neighbours if n.id not in old]
-        removed = sorted(old - {n.id for n in view.neighbours})
+        added = [n for n in view.neighbours if n.neighbour.id not in old]
+        removed = sorted(old - {n.id for n in info.neighbours})
         busy = {n: c for n in removed if (c := self.peers.carrying(n))}
         if busy:
             raise ValueError(
@@ -637,24 +637,29 @@ class Broker:
             self.owed_shares.discard(neighbour)
             if self._curve is not None:
                 self._peer_keys.discard(self._curve.neighbours.pop(neighbour))
-        for n in added:
+        for link in added:
+            name = link.neighbour.id
             if self._curve is not None:
-                self._curve.neighbours[n.id] = n.key.encode()
-                self._peer_keys.add(n.key.encode())
-            self._start(f"link {n.id}", self.peers.add(n.id, n.endpoint, now))
+                self._curve.neighbours[name] = link.key.encode()
+                self._peer_keys.add(link.key.encode())
+            self._start(f"link {name}", self.peers.add(name, link.endpoint, now))
         self.counters["relinks"] += 1
         log.info(
             "%s relinked: %d clusters, neighbours added %s, removed %s",
             self.id,
             view.clusters,
-            ", ".join(n.id for n in added) or "none",
+            ", ".join(n.neighbour.id for n in added) or "none",
             ", ".join(removed) or "none",
         )
-        return {"added": [n.id for n in added], "removed": removed, "clusters": view.clusters}
+        return {
+            "added": [n.neighbour.id for n in added],
+            "removed": removed,
+            "clusters": view.clusters,
+        }
 
-    def attached_clients(self) -> dict[str, int]:
-        """The clients attached here (``name@connection``) and how many subscriptions
-        each holds (0: a publisher)."""
+    def attached_clients(self) -> dict[str, dict[str, int | bool]]:
+        """The clients attached here (``name@connection``): how many subscriptions each
+        holds here, and whether it has published here."""
         return self.clients.attached()
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:

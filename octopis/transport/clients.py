@@ -180,6 +180,8 @@ class ClientSessions:
         self._waiter: InputWaiter | None = None
         self.connections: dict[bytes, Connection] = {}
         self.names: dict[str, tuple[bytes, str]] = {}
+        self.publishers: set[str] = set()
+        """Keys of the clients that have published here (as many as :attr:`names`)."""
         """Client key → (connection identity, client name): where deliveries go."""
         self.dropped: OrderedDict[bytes, str] = OrderedDict()
         """Connections dropped as slow consumers → the reason (the last :data:`DROPPED_KEPT`)."""
@@ -422,7 +424,7 @@ class ClientSessions:
                 f"(clients.capacity = {self.settings.delivery_capacity:g}/s, clients.queue_limit "
                 f"= {self.settings.delivery_queue_limit}); publish again later"
             )
-        self._key(identity, connection, request)
+        self.publishers.add(self._key(identity, connection, request))
         n = Notification(
             request.client, request.seq, request.published_at, publication, session=request.session
         )
@@ -480,6 +482,7 @@ class ClientSessions:
                 self.router.execute(self.router.unsubscribe(key, sub_id))
                 withdrawn += 1
             self.names.pop(key, None)
+            self.publishers.discard(key)
         self.counters["clients_left" if left else "clients_dropped"] += 1
         self.counters["subscriptions_withdrawn"] += withdrawn
         log.log(
@@ -728,12 +731,15 @@ class ClientSessions:
             }
         )
 
-    def attached(self) -> dict[str, int]:
+    def attached(self) -> dict[str, dict[str, int | bool]]:
         """Every named client of a live connection, as ``name@connection`` (as
-        :meth:`delivered` names it), with the number of its subscriptions (0: a
-        publisher)."""
+        :meth:`delivered` names it): the number of its subscriptions here, and whether it
+        has published here."""
         return {
-            f"{name}@{identity.hex()[:8]}": len(self.connections[identity].clients.get(key, ()))
+            f"{name}@{identity.hex()[:8]}": {
+                "subscriptions": len(self.connections[identity].clients.get(key, ())),
+                "publisher": key in self.publishers,
+            }
             for key, (identity, name) in self.names.items()
             if name != "-" and identity in self.connections
         }

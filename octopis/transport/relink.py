@@ -15,18 +15,9 @@ class NeighbourLink(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     its peer input and its CurveZMQ public key (Z85; empty when the overlay runs
     insecure)."""
 
-    id: str
-    link: str
-    role: str
-    type: str
-    cluster: int
-    region: str
+    neighbour: Neighbour
     endpoint: str
     key: str = ""
-
-    def neighbour(self) -> Neighbour:
-        """The topology's record of this neighbour."""
-        return Neighbour(self.id, self.link, self.role, self.type, self.cluster, self.region)
 
 
 class RelinkView(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -47,15 +38,16 @@ def decode_view(data: object, secure: bool) -> RelinkView:
         raise ValueError(f"not a relink view: {exc}") from None
     if view.clusters < 1:
         raise ValueError(f"a relink view needs at least one cluster, not {view.clusters}")
-    ids = [n.id for n in view.neighbours]
+    ids = [n.neighbour.id for n in view.neighbours]
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
         raise ValueError(f"a relink view names {', '.join(twice)} twice")
-    for n in view.neighbours:
-        if not n.endpoint.startswith("tcp://"):
-            raise ValueError(f"neighbour {n.id}: endpoint {n.endpoint!r} is not tcp://")
+    for link in view.neighbours:
+        n = link.neighbour
+        if not link.endpoint.startswith("tcp://"):
+            raise ValueError(f"neighbour {n.id}: endpoint {link.endpoint!r} is not tcp://")
         if not 0 <= n.cluster < view.clusters:
             raise ValueError(f"neighbour {n.id}: no cluster {n.cluster} of {view.clusters}")
-        if secure and len(n.key) != 40:
+        if secure and len(link.key) != 40:
             raise ValueError(f"neighbour {n.id}: a secure overlay needs its Z85 public key")
     return view
