@@ -69,7 +69,9 @@ class BrokerFailure(RuntimeError):
 
 
 class Broker:
-    """A running broker: core, peer links, client sessions, LST and control RPC."""
+    """A running broker: core, peer links, client sessions, LST and control RPC. Of the
+    topology read at its start it keeps only its own labels and its neighbours (with
+    their endpoints); a relink changes those (DESIGN §9)."""
 
     def __init__(
         self,
@@ -79,10 +81,12 @@ class Broker:
         settings: BrokerSettings,
         keys: Keys | None,
     ) -> None:
-        self.scot = scot
         self.keys = keys
         """CurveZMQ keys (DESIGN §8); None runs insecure (``--insecure``)."""
         self.info = scot.brokers[broker_id]
+        self.neighbour_endpoints = {n.id: scot.brokers[n.id].endpoint for n in self.info.neighbours}
+        """Each neighbour's peer endpoint (the topology file's at the start, then as
+        relinks tell)."""
         self.id = broker_id
         self.mode = mode
         self.settings = settings
@@ -152,11 +156,10 @@ class Broker:
             start=loop.time(),
             order=self.settings.order,
         )
-        endpoints = {b.id: b.endpoint for b in self.scot.brokers.values()}
         send_pass = SendPass()
         self.peers = PeerLinks(
             self.id,
-            {n.id: endpoints[n.id] for n in self.info.neighbours},
+            self.neighbour_endpoints,
             self.info.endpoint,
             self.settings,
             self.lst,
@@ -635,10 +638,12 @@ class Broker:
             for held in (self.held_sbp, self.held_for, self.withdraw_when_serving):
                 held.pop(neighbour, None)
             self.owed_shares.discard(neighbour)
+            del self.neighbour_endpoints[neighbour]
             if self._curve is not None:
                 self._peer_keys.discard(self._curve.neighbours.pop(neighbour))
         for link in added:
             name = link.neighbour.id
+            self.neighbour_endpoints[name] = link.endpoint
             if self._curve is not None:
                 self._curve.neighbours[name] = link.key.encode()
                 self._peer_keys.add(link.key.encode())
