@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conditions import accounting, closing_control, until
@@ -338,3 +339,72 @@ def test_the_elastic_balancer_adds_a_cluster_under_load_and_removes_it_after(
     assert total["lost"] == total["duplicates"] == 0, total
     assert [c[0] for c in changes] == ["add-cluster", "remove-cluster"]
     assert into_new > 0 and cluster.scot.clusters == 3
+
+
+def test_a_new_broker_killed_while_it_fills_is_restarted_and_the_change_completes(
+    fig2_roomy: LocalCluster,
+) -> None:
+    """fig2 grows a cluster while 36 subscribers (two on each broker) get a stream at
+    100/s; one of the new brokers is killed (``kill -9``) as soon as it runs and started
+    again 0.5 s later. Guarantee: the change completes once it is back (its neighbours
+    resync it as a restarted broker), and every subscriber gets every notification
+    exactly once."""
+    cluster = fig2_roomy
+    group = ConnectionGroup()
+    got: dict[str, Counter[int]] = {}
+    victim = "c:3"
+    when: dict[str, float] = {}
+
+    async def scenario() -> tuple[list[int], dict[str, Any]]:
+        connections = {
+            b: Connection(cluster.scot.client_endpoints(b), linger=2.0, group=group)
+            for b in sorted(cluster.scot.brokers)
+        }
+        for connection in connections.values():
+            await connection.open()
+        for i, broker in enumerate(sorted(connections) * 2):
+            got[f"s{i}"] = counts = Counter()
+            sub = Subscriber(f"s{i}", connections[broker], lambda n, c=counts: c.update([n.seq]))
+            await sub.subscribe("[class,eq,'STOCK']")
+        await until(lambda: _held(cluster, len(got)), "subscriptions everywhere", 60)
+        pub = await Publisher.connect(cluster.scot.client_endpoints("a:0"), "p")
+        sent: list[int] = []
+        publishing = True
+
+        async def publish() -> None:
+            while publishing:
+                sent.append(await pub.publish({"class": "STOCK", "price": 1.0}, wait=False))
+                await asyncio.sleep(0.01)
+
+        async def kill_when_running() -> None:
+            await until(lambda: victim in cluster.processes, f"{victim} started", 60)
+            cluster.kill(victim)
+            when["killed"] = time.monotonic()
+            await asyncio.sleep(0.5)
+            cluster.spawn_one(victim)
+
+        stream = asyncio.create_task(publish())
+        await until(lambda: len(sent) > 200, "publishing", 30)
+        killer = asyncio.create_task(kill_when_running())
+        when["command"] = time.monotonic()
+        done = await change_overlay(cluster, add_cluster(cluster.scot), timeout=90)
+        await killer
+        assert when["killed"] < when["command"] + done["seconds"]  # before it was ready
+        await until(lambda: len(sent) > 1500, "publishing after the change", 60)
+        publishing = False
+        await stream
+        await pub.flush()
+        assert not pub.refused, list(pub.refused)[:3]
+        await pub.close()
+        await until(lambda: all(set(sent) <= set(c) for c in got.values()), "deliveries", 60)
+        for connection in connections.values():
+            await connection.close()
+        return sent, done
+
+    sent, done = asyncio.run(closing_control(cluster, scenario()))
+    total: Counter[str] = Counter()
+    for name, counts in got.items():
+        total.update(accounting(name, len(sent), counts))
+    print(f"ready in {done['seconds']:.1f} s with {victim} killed and restarted; {dict(total)}")
+    assert total["lost"] == total["duplicates"] == 0, total
+    assert victim in done["added"] and cluster.scot.clusters == 4
