@@ -459,3 +459,18 @@ def test_a_stale_rehost_note_is_ignored_and_counted() -> None:
     assert r0.receive("r1:2", Rehost(sub_id, "r1:2"), NoCongestion()) == []
     entry = r0.table.entries[sub_id]
     assert entry.local and entry.host == "r0:2" and r0.stats["rehost.stale"] == 1
+
+
+def test_a_relink_forgets_the_shares_a_leaving_neighbour_owed() -> None:
+    """A broker still waiting for resync shares when a neighbour leaves (issue 18) stops
+    waiting for that one's (it will not come) and keeps waiting for the others'."""
+    from octopis.topology_change import remove_region
+
+    scot = build_preset("fig2")
+    core = make_broker(scot, "e:0", "dnr")
+    neighbours = {n.id for n in scot.brokers["e:0"].neighbours}
+    core.expect_shares(neighbours)
+    smaller = remove_region(scot, "f")  # fig2's f is a leaf next to e
+    core.relink(smaller.brokers["e:0"], smaller.clusters)
+    assert core.missing_shares == neighbours - {"f:0"}
+    assert "f:0" not in core.cluster_of

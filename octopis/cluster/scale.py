@@ -16,7 +16,11 @@ version (:mod:`octopis.topology_change`):
 3. **New brokers start** on the new topology version and are filled by resync from their
    neighbours, as a restarted broker is; the change is done when they and every relinked
    broker are ready (the time from the command to then is reported).
-4. **Leaving brokers stop** once no neighbour links to them.
+4. **Leaving brokers stop** once every remaining broker is relinked (none links to
+   them) and ready.
+
+A change that fails midway (a timeout) is not rolled back: the error says which step,
+and the run's state records what runs.
 
 Keys for new brokers are added to the run's keys directory (existing pairs kept), so
 clients find the new brokers' public keys.
@@ -111,15 +115,7 @@ async def _move_off(
     :data:`REORDER` seconds after its order is told again. Returns the moves ordered
     inside and across clusters."""
     scot = cluster.scot
-    attached = {b: await cluster.call(b, "clients") for b in leaving}
-    publishers = sorted(
-        f"{c} at {b}" for b, cs in attached.items() for c, a in cs.items() if a["publisher"]
-    )
-    if publishers:
-        raise ClusterError(
-            f"publishers are attached to leaving brokers: {', '.join(publishers[:5])}; a "
-            "publisher cannot be told to move: connect it to a broker that stays first"
-        )
+    _no_publishers({b: await cluster.call(b, "clients") for b in leaving})
     counts = {"inside": 0, "across": 0}
     ordered: dict[tuple[str, str], float] = {}
     targets = {b: itertools.cycle(refuges) for b, refuges in leaving.items()}
@@ -127,6 +123,7 @@ async def _move_off(
     async def emptied() -> bool:
         now = time.monotonic()
         held = {b: await cluster.call(b, "clients") for b in leaving}
+        _no_publishers(held)  # one may have attached since
         waiting = [
             (b, c) for b, clients in held.items() for c, a in clients.items() if a["subscriptions"]
         ]
@@ -148,6 +145,19 @@ async def _move_off(
 
     await _until(emptied, "the leaving brokers' subscribers moved", timeout)
     return counts
+
+
+def _no_publishers(attached: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """ClusterError naming the publishers among the leaving brokers' clients, if any: a
+    publisher cannot be told to move."""
+    publishers = sorted(
+        f"{c} at {b}" for b, cs in attached.items() for c, a in cs.items() if a["publisher"]
+    )
+    if publishers:
+        raise ClusterError(
+            f"publishers are attached to leaving brokers: {', '.join(publishers[:5])}; a "
+            "publisher cannot be told to move: connect it to a broker that stays first"
+        )
 
 
 async def _relink(cluster: LocalCluster, new: Scot, ids: list[str], timeout: float) -> int:
@@ -205,7 +215,8 @@ async def change_overlay(
     cluster.local = [b for b in cluster.local if b in new.brokers] + added
     for broker_id in added:
         cluster.spawn_one(broker_id)
-    await cluster.wait_ready(timeout, added + relinked)
+    if added or relinked:
+        await cluster.wait_ready(timeout, added + relinked)
     ready = time.monotonic() - started
     await _stop(cluster, removed, pids or {})
     log.info(

@@ -110,6 +110,10 @@ class ClusteredBroker(CoreBase):
             self.stats["relink.cbvs_resized"] += len(self.table)
         self.clusters = clusters
         self._know(broker)
+        self._missing_primary -= gone  # a share from a neighbour that left will not come
+        self._missing_secondary = {
+            k: n for k, n in self._missing_secondary.items() if n not in gone
+        }
         self.stats["relinks"] += 1
 
     # -- resync shares (DESIGN §7) ---------------------------------------------------------

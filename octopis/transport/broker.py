@@ -608,7 +608,7 @@ class Broker:
         then filled by resync as a restarted one is), links to neighbours that leave are
         closed, and the core takes the new neighbours and cluster count. Refused with
         :class:`ValueError`, nothing changed, if the view is malformed, if a leaving link
-        still carries notifications or subscriptions not acknowledged (retry once it has
+        still carries routing frames (:meth:`PeerLinks.carrying`: retry once it has
         drained), or if the core still routes over it (``ProtocolError``: move the
         subscribers and withdraw first); BID has no resync and is not relinked."""
         view = decode_view(data, secure=self._curve is not None)
@@ -635,8 +635,13 @@ class Broker:
             task, link = self._tasks.pop(f"link {neighbour}"), self.peers.remove(neighbour)
             task.add_done_callback(lambda _, link=link: link.socket.close(linger=0))
             task.cancel()
-            for held in (self.held_sbp, self.held_for, self.withdraw_when_serving):
-                held.pop(neighbour, None)
+            dropped = len(self.held_for.pop(neighbour, ())) + len(self.held_sbp.pop(neighbour, ()))
+            if dropped:  # held while it was down: a failure during the change
+                self.counters["relink.held_dropped"] += dropped
+                log.warning(
+                    "%s: %d frames held for %s dropped: it left", self.id, dropped, neighbour
+                )
+            self.withdraw_when_serving.pop(neighbour, None)
             self.owed_shares.discard(neighbour)
             del self.neighbour_endpoints[neighbour]
             if self._curve is not None:

@@ -180,9 +180,9 @@ class ClientSessions:
         self._waiter: InputWaiter | None = None
         self.connections: dict[bytes, Connection] = {}
         self.names: dict[str, tuple[bytes, str]] = {}
+        """Client key → (connection identity, client name): where deliveries go."""
         self.publishers: set[str] = set()
         """Keys of the clients that have published here (as many as :attr:`names`)."""
-        """Client key → (connection identity, client name): where deliveries go."""
         self.dropped: OrderedDict[bytes, str] = OrderedDict()
         """Connections dropped as slow consumers → the reason (the last :data:`DROPPED_KEPT`)."""
         self._warn = RateLimitedLog(log, settings.log_interval)

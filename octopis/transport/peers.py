@@ -201,9 +201,10 @@ class PeerLinks:
         Returns the coroutine that serves it (the broker runs it as a task)."""
         if name in self.links:
             raise ValueError(f"{self.id} has a link to {name} already")
+        link = self._link(name, endpoint)
+        self.links[name] = link
         self.state[name] = NeighbourState(last_heard=now)
         self.departed.discard(name)
-        link = self.links[name] = self._link(name, endpoint)
         self.lst.add_link(name, now)
         link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
         return link.run()
@@ -220,8 +221,9 @@ class PeerLinks:
         return link
 
     def carrying(self, name: str) -> int:
-        """Notification copies on the link to ``name`` not yet acknowledged: queued or in
-        custody (a link may leave the overlay only when this is 0)."""
+        """Routing frames (notifications and subscription messages) queued on the link to
+        ``name``, and notifications in its custody not yet acknowledged (a link may leave
+        the overlay only when this is 0)."""
         link = self.links[name]
         return sum(frame[2] >= DATA for frame in link.queue) + len(link.custody)
 

@@ -5,7 +5,10 @@ reads the new topology file: it learns only its own neighbours."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import msgspec
+from zmq.utils import z85
 
 from octopis.topology import Neighbour
 
@@ -30,8 +33,8 @@ class RelinkView(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 def decode_view(data: object, secure: bool) -> RelinkView:
     """``data`` (the RPC's argument) as a :class:`RelinkView`; :class:`ValueError` naming
     the problem if it is not one: a missing or mistyped field, no cluster, a neighbour
-    named twice, an endpoint that is not ``tcp://``, or (``secure``) a neighbour without
-    a 40-character key."""
+    named twice, an endpoint that is not ``tcp://HOST:PORT``, or (``secure``) a neighbour
+    without a Z85 public key. Once it passes, opening the links cannot fail on it."""
     try:
         view = msgspec.convert(data, RelinkView)
     except msgspec.ValidationError as exc:
@@ -44,10 +47,23 @@ def decode_view(data: object, secure: bool) -> RelinkView:
         raise ValueError(f"a relink view names {', '.join(twice)} twice")
     for link in view.neighbours:
         n = link.neighbour
-        if not link.endpoint.startswith("tcp://"):
-            raise ValueError(f"neighbour {n.id}: endpoint {link.endpoint!r} is not tcp://")
+        address = urlsplit(link.endpoint)
+        try:
+            port = address.port
+        except ValueError:
+            port = None
+        if address.scheme != "tcp" or not address.hostname or port is None or port < 1:
+            raise ValueError(f"neighbour {n.id}: endpoint {link.endpoint!r} is not tcp://HOST:PORT")
         if not 0 <= n.cluster < view.clusters:
             raise ValueError(f"neighbour {n.id}: no cluster {n.cluster} of {view.clusters}")
-        if secure and len(link.key) != 40:
+        if secure and not _z85_key(link.key):
             raise ValueError(f"neighbour {n.id}: a secure overlay needs its Z85 public key")
     return view
+
+
+def _z85_key(text: str) -> bool:
+    """Whether ``text`` is a CurveZMQ public key in Z85 (40 characters, 32 bytes)."""
+    try:
+        return len(text) == 40 and len(z85.decode(text.encode())) == 32
+    except (ValueError, KeyError, TypeError):
+        return False

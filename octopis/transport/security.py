@@ -75,8 +75,8 @@ class Gatekeeper(AsyncioAuthenticator):
 
 @dataclass(frozen=True)
 class Curve:
-    """A broker's key pair and its neighbours' public keys, as its sockets use them (a
-    relink adds and removes neighbours)."""
+    """A broker's key pair and its neighbours' public keys, as its sockets use them. The
+    pair is fixed; ``neighbours`` changes in place when a relink adds or removes one."""
 
     pair: KeyPair
     neighbours: dict[str, bytes]
