@@ -408,3 +408,31 @@ def test_a_new_broker_killed_while_it_fills_is_restarted_and_the_change_complete
     print(f"ready in {done['seconds']:.1f} s with {victim} killed and restarted; {dict(total)}")
     assert total["lost"] == total["duplicates"] == 0, total
     assert victim in done["added"] and cluster.scot.clusters == 4
+
+
+def test_a_relink_view_is_checked_before_anything_changes() -> None:
+    """A view whose endpoint lacks a host or port, whose key is not Z85, that names a
+    neighbour twice or a cluster it does not have is refused, naming the problem; a
+    well-formed one passes (so opening its links cannot fail halfway)."""
+    from octopis.transport.relink import decode_view
+
+    scot = build_preset("fig2")
+    good = relink_view(scot, "c:0", None)
+    key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
+    for n in good["neighbours"]:
+        n["key"] = key
+    assert len(decode_view(good, secure=True).neighbours) == len(scot.brokers["c:0"].neighbours)
+    cases = {
+        "is not tcp://HOST:PORT": ("endpoint", "tcp://127.0.0.1"),
+        "needs its Z85 public key": ("key", "~" * 40),
+    }
+    for problem, (field, value) in cases.items():
+        bad = json.loads(json.dumps(good))
+        bad["neighbours"][0][field] = value
+        with pytest.raises(ValueError, match=problem):
+            decode_view(bad, secure=True)
+    twice = {**good, "neighbours": good["neighbours"] + good["neighbours"][:1]}
+    with pytest.raises(ValueError, match="twice"):
+        decode_view(twice, secure=False)
+    with pytest.raises(ValueError, match="no cluster"):
+        decode_view({**good, "clusters": 1}, secure=False)
