@@ -412,7 +412,7 @@ def test_a_new_broker_killed_while_it_fills_is_restarted_and_the_change_complete
 
 def test_a_relink_view_is_checked_before_anything_changes() -> None:
     """A view whose endpoint lacks a host or port, whose key is not Z85, that names a
-    neighbour twice or a cluster it does not have is refused, naming the problem; a
+    neighbour twice, a cluster it does not have or no neighbour is refused, naming the problem; a
     well-formed one passes (so opening its links cannot fail halfway)."""
     from octopis.transport.relink import decode_view
 
@@ -436,3 +436,5 @@ def test_a_relink_view_is_checked_before_anything_changes() -> None:
         decode_view(twice, secure=False)
     with pytest.raises(ValueError, match="no cluster"):
         decode_view({**good, "clusters": 1}, secure=False)
+    with pytest.raises(ValueError, match="names no neighbour"):
+        decode_view({**good, "neighbours": []}, secure=False)

@@ -50,6 +50,9 @@ log = logging.getLogger("octopis.scale")
 
 POLL = 0.2
 """Seconds between checks while waiting for moves, drains and readiness."""
+TRANSIENT = ("still carry", "still routes", "still holds")
+"""What a relink refusal says when it only has to wait (a link draining, a withdrawal on
+its way); any other refusal is final."""
 REORDER = 15.0
 """Seconds after which a subscriber still on a leaving broker is told to move again (a
 move across clusters takes the SDK's linger, 10 s by default, to end)."""
@@ -161,8 +164,8 @@ def _no_publishers(attached: dict[str, dict[str, dict[str, Any]]]) -> None:
 
 
 async def _relink(cluster: LocalCluster, new: Scot, ids: list[str], timeout: float) -> int:
-    """Relink each broker of ``ids`` to its view in ``new``, retrying a refusal (a link
-    still carrying, a withdrawal still on its way) until ``timeout``; returns retries."""
+    """Relink each broker of ``ids`` to its view in ``new``, retrying a refusal that only
+    has to wait (:data:`TRANSIENT`) until ``timeout``; returns retries."""
     keys = Keys(cluster.keys_dir) if cluster.keys_dir is not None else None
     retries = 0
 
@@ -174,8 +177,8 @@ async def _relink(cluster: LocalCluster, new: Scot, ids: list[str], timeout: flo
             try:
                 await cluster.call(broker_id, "relink", view)
                 return
-            except Exception as exc:  # refused: not drained yet; the error says why
-                if time.monotonic() > deadline:
+            except Exception as exc:  # refused; the error says why
+                if not any(word in str(exc) for word in TRANSIENT) or time.monotonic() > deadline:
                     raise ClusterError(f"{broker_id} refused its new view: {exc}") from None
                 retries += 1
                 await asyncio.sleep(POLL)

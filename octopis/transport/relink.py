@@ -32,15 +32,18 @@ class RelinkView(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 def decode_view(data: object, secure: bool) -> RelinkView:
     """``data`` (the RPC's argument) as a :class:`RelinkView`; :class:`ValueError` naming
-    the problem if it is not one: a missing or mistyped field, no cluster, a neighbour
-    named twice, an endpoint that is not ``tcp://HOST:PORT``, or (``secure``) a neighbour
-    without a Z85 public key. Once it passes, opening the links cannot fail on it."""
+    the problem if it is not one: a missing or mistyped field, no cluster, no neighbour,
+    a neighbour named twice, an endpoint that is not ``tcp://HOST:PORT``, or
+    (``secure``) a neighbour without a Z85 public key. Once it passes, opening the
+    links cannot fail on it."""
     try:
         view = msgspec.convert(data, RelinkView)
     except msgspec.ValidationError as exc:
         raise ValueError(f"not a relink view: {exc}") from None
     if view.clusters < 1:
         raise ValueError(f"a relink view needs at least one cluster, not {view.clusters}")
+    if not view.neighbours:
+        raise ValueError("a relink view names no neighbour: a broker of a SCOT keeps one")
     ids = [n.neighbour.id for n in view.neighbours]
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
