@@ -46,11 +46,25 @@ def fig2_short_of_capacity(
     yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
 
 
+LAST_SIZES: dict[str, object] = {}
+"""Each broker's routing-table size (or the error its stats call raised) at the last
+check: printed when a test fails waiting for a subscription to spread."""
+
+
 async def _table_sizes(cluster: LocalCluster) -> set[int]:
-    sizes = await asyncio.gather(
-        *(cluster.call(b, "stats") for b in cluster.scot.brokers), return_exceptions=True
+    brokers = list(cluster.scot.brokers)
+    answers = await asyncio.gather(
+        *(cluster.call(b, "stats") for b in brokers), return_exceptions=True
     )
-    return {s["routing_table_size"] if isinstance(s, dict) else -1 for s in sizes}
+    sizes = {
+        b: a["routing_table_size"] if isinstance(a, dict) else repr(a)
+        for b, a in zip(brokers, answers, strict=True)
+    }
+    if sizes != LAST_SIZES:  # shown with the captured output when a test fails
+        print("table sizes:", sizes)
+        LAST_SIZES.clear()
+        LAST_SIZES.update(sizes)
+    return {a["routing_table_size"] if isinstance(a, dict) else -1 for a in answers}
 
 
 def test_fig2_grows_a_cluster_and_a_region_and_shrinks_back_while_notifications_flow(
