@@ -200,6 +200,7 @@ class LocalCluster:
         self.killed: set[str] = set()
         self._rpc: dict[str, Any] = {}
         self._rpc_loop: asyncio.AbstractEventLoop | None = None
+        self._rpc_lock: asyncio.Lock | None = None
 
     # -- processes -----------------------------------------------------------------------
 
@@ -311,14 +312,20 @@ class LocalCluster:
     # -- control RPC ---------------------------------------------------------------------
 
     async def connect_control(self) -> None:
-        """Open one RPC client per broker (again, if the event loop changed)."""
+        """Open one RPC client per broker (again, if the event loop changed). Safe for
+        concurrent callers: one opens the missing clients while the others wait, so no
+        broker gets two clients (the first of which would leak)."""
         loop = asyncio.get_running_loop()
-        if self._rpc_loop is not loop:
+        if self._rpc_loop is not loop or self._rpc_lock is None:
             self._rpc.clear()
             self._rpc_loop = loop
-        for broker_id, info in self.scot.brokers.items():
-            if broker_id not in self._rpc:
-                self._rpc[broker_id] = await self._control_client(info.control_endpoint, 5)
+            self._rpc_lock = asyncio.Lock()
+        if all(b in self._rpc for b in self.scot.brokers):
+            return
+        async with self._rpc_lock:
+            for broker_id, info in self.scot.brokers.items():
+                if broker_id not in self._rpc:
+                    self._rpc[broker_id] = await self._control_client(info.control_endpoint, 5)
 
     async def _control_client(self, endpoint: str, timeout: float) -> aiozmq.rpc.RPCClient:
         """An RPC client of the control socket at ``endpoint``, with the admin key unless
