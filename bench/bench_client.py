@@ -17,7 +17,7 @@ import pytest
 from octopis.client import Connection, ConnectionGroup
 from octopis.core import Notification
 from octopis.transport.codec import encode_body
-from octopis.wire import delivery_fields, pack, unpack
+from octopis.wire import LEFT_AT, delivery_fields, pack, unpack
 
 DELIVERIES = 200_000
 BATCH = 32
@@ -26,14 +26,14 @@ SUBSCRIBERS = 16
 
 
 def _frames() -> list[list[bytes]]:
-    """Delivery frames as a broker sends them: ``[names, body, ...]``, ``BATCH`` per frame,
+    """Delivery frames as a broker sends them: ``[names, body, ..., stamp]``, ``BATCH`` per frame,
     each notification to one of ``SUBSCRIBERS`` clients."""
     frames, parts = [], []
     for seq in range(1, DELIVERIES + 1):
         notification = Notification("p", seq, 0.0, {"class": "STOCK", "price": 1.0}, session=1)
         parts += [pack([f"s{seq % SUBSCRIBERS}"]), encode_body(notification)]
         if len(parts) == 2 * BATCH:
-            frames.append(parts)
+            frames.append([*parts, LEFT_AT.pack(0.0)])
             parts = []
     return frames
 
@@ -42,10 +42,11 @@ def _baseline(frames: list[list[bytes]], handlers: dict[str, Any]) -> None:
     """Decode each delivery and hand it to its client: the work without the repeat check."""
     for parts in frames:
         now = time.time()
-        for i in range(0, len(parts), 2):
+        left_at = LEFT_AT.unpack(parts[-1])[0]
+        for i in range(0, len(parts) - 1, 2):
             publisher, seq, published_at, publication, _ = delivery_fields(parts[i + 1])
             for name in unpack(parts[i]):
-                handlers[name](name, publisher, seq, published_at, publication, now)
+                handlers[name](name, publisher, seq, published_at, publication, now, left_at)
 
 
 def test_delivery_with_repeat_check_beside_without(benchmark: pytest.FixtureRequest) -> None:

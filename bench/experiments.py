@@ -381,6 +381,8 @@ def metrics(report: dict[str, Any]) -> dict[str, float]:
         "queue": report["target_queue_length"]["mean"],
         "queue_max": report["target_queue_length"]["max"],
         "notification_delay_p50": report["notification_delay"]["p50"],
+        "overlay_delay": report.get("overlay_delay", {}).get("mean", math.nan),
+        "client_delay": report.get("client_delay", {}).get("mean", math.nan),
         "notification_delay_max": report["notification_delay"]["max"],
         "expected": report["expected_deliveries"],
         "delivered": report["delivered"],
@@ -389,6 +391,13 @@ def metrics(report: dict[str, Any]) -> dict[str, float]:
         "start": report["timings"]["start"],
         "subscribe": report["timings"]["subscribe"],
     }
+
+
+def _split(m: dict[str, float]) -> str:
+    """Mean overlay and client delay (processes), or – (a simulation has no split)."""
+    if math.isnan(m["overlay_delay"]):
+        return "–"
+    return f"{m['overlay_delay']:.3f}, {m['client_delay']:.3f}"
 
 
 def change(ours: float, base: float) -> float:
@@ -410,15 +419,15 @@ def table(name: str, profile: Profile, reports: list[dict[str, Any]]) -> str:
         profile.note,
         "",
         "| subscribers | publishers | mode | SBP msgs | tree | sub delay s | notif delay "
-        "s (p99) | <1 s | match µs | notif msgs | queue | expected | delivered | dup | "
-        "lost | start, subscribe s |",
-        "|" + "---|" * 16,
+        "s (p99) | overlay, client s | <1 s | match µs | notif msgs | queue | expected | "
+        "delivered | dup | lost | start, subscribe s |",
+        "|" + "---|" * 17,
     ]
     for (subs, pubs, mode), m in sorted(by.items()):
         lines.append(
             f"| {subs} | {pubs} | {mode} | {m['sbp_messages']:,} | {m['tree']:.2f} | "
             f"{m['subscription_delay']:.3f} | {m['notification_delay']:.3f} "
-            f"({m['notification_delay_p99']:.3f}) | {m['under_1s']:.0%} | "
+            f"({m['notification_delay_p99']:.3f}) | {_split(m)} | {m['under_1s']:.0%} | "
             f"{1e6 * m['matching_delay']:.1f} | {m['notification_messages']:,} | "
             f"{m['queue']:.1f} | {m['expected']:,} | {m['delivered']:,} | {m['duplicates']} | "
             f"{m['lost']} | {m['start']:.0f}, {m['subscribe']:.0f} |"

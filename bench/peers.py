@@ -845,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--subscribers", type=int, default=200)
     parser.add_argument("--publishers", type=int, default=10)
-    parser.add_argument("--notifications", type=int, default=300, help="publications per publisher")
+    parser.add_argument("--notifications", type=int, default=250, help="publications per publisher")
     parser.add_argument(
         "--rate", type=float, default=100.0, help="fixed phase: publications/s in all"
     )

@@ -31,6 +31,10 @@ class DeliveryLedger:
         self.expected: set[DeliveryKey] = set()
         self.received: Counter[DeliveryKey] = Counter()
         self.delays: list[float] = []
+        self.overlay_delays: list[float] = []
+        """Per delivery whose broker stamped it: publishing → leaving the last broker."""
+        self.client_delays: list[float] = []
+        """The same deliveries: leaving the last broker → the SDK's callback."""
         self.notifications = 0
 
     def subscribed(self, subscriber: str, key: Any, subscription: Subscription) -> None:
@@ -56,12 +60,21 @@ class DeliveryLedger:
         return len(interested)
 
     def delivered(
-        self, subscriber: str, publisher: str, seq: int, delay: float | None = None
+        self,
+        subscriber: str,
+        publisher: str,
+        seq: int,
+        delay: float | None = None,
+        overlay_delay: float | None = None,
     ) -> None:
-        """``subscriber`` received ``(publisher, seq)``, ``delay`` seconds after publishing."""
+        """``subscriber`` received ``(publisher, seq)``, ``delay`` seconds after publishing,
+        ``overlay_delay`` of them before it left the last broker (if known)."""
         self.received[(subscriber, publisher, seq)] += 1
         if delay is not None:
             self.delays.append(delay)
+            if overlay_delay is not None and overlay_delay == overlay_delay:  # not NaN
+                self.overlay_delays.append(overlay_delay)
+                self.client_delays.append(delay - overlay_delay)
 
     def summary(self, among: Callable[[DeliveryKey], bool] | None = None) -> dict[str, int]:
         """``expected_deliveries``, ``delivered``, ``duplicates``, ``lost``, ``unexpected``;
@@ -142,6 +155,9 @@ def run_report(
         "subscription_delay": delay_distribution(subscription_delays),
         "notification_delay": ledger.delay_summary(),
     }
+    if ledger.overlay_delays:  # processes: the overlay's share and the client side's
+        report["overlay_delay"] = delay_distribution(ledger.overlay_delays)
+        report["client_delay"] = delay_distribution(ledger.client_delays)
     if mode == "bid":
         report["bids_carried"] = core.get("bids_carried", 0)
     if mode == "dnr":

@@ -42,7 +42,7 @@ import zmq.asyncio
 from octopis.filters import Publication, Subscription, as_subscription
 from octopis.keys import DEFAULT_CLIENT, Keys, connect_securely
 from octopis.logs import RateLimitedLog
-from octopis.wire import delivery_fields, pack, unpack
+from octopis.wire import LEFT_AT, delivery_fields, pack, unpack
 
 T = TypeVar("T")
 log = logging.getLogger("octopis.client")
@@ -72,7 +72,12 @@ READ_BATCH = 64
 
 @dataclass(frozen=True, slots=True)
 class Received:
-    """A delivered notification with its accounting fields."""
+    """A delivered notification with its accounting fields. Times are ``time.time()``
+    (the real-time clock) of the publisher (``published_at``), of the broker that
+    delivered it as the message left (``left_broker_at``; NaN if it did not say) and of
+    this process as the SDK took the message (``received_at``, just before the callback).
+    On one host they read the same clock; across hosts their differences are only as
+    good as the hosts' clock synchronisation."""
 
     subscriber: str
     publisher: str
@@ -80,12 +85,25 @@ class Received:
     published_at: float
     received_at: float
     publication: Publication
+    left_broker_at: float = math.nan
+
+    @property
+    def overlay_delay(self) -> float:
+        """Seconds from publishing to leaving the last broker (the overlay's share)."""
+        return self.left_broker_at - self.published_at
+
+    @property
+    def client_delay(self) -> float:
+        """Seconds from leaving the last broker to the SDK (the client side's share:
+        the hop, and any wait in this process's input)."""
+        return self.received_at - self.left_broker_at
 
 
-NotificationHandler = Callable[[str, str, int, float, Publication, float], None]
+NotificationHandler = Callable[[str, str, int, float, Publication, float, float], None]
+"""Called with (client name, publisher, seq, published_at, publication, received_at,
+left_broker_at)."""
 Resume = Callable[["Connection"], Coroutine[Any, Any, None]]
 """What a client does after its connection failed over (given that connection)."""
-"""Called with (client name, publisher, seq, published_at, publication, received_at)."""
 
 
 DeliveryKey = tuple[str, str, int, int]
@@ -648,10 +666,11 @@ class Connection:
                 await asyncio.sleep(0)
 
     def _on_deliveries(self, parts: list[bytes]) -> None:
-        """A frame of deliveries, ``[names, body, names, body, ...]``: each NOTIFY ``body``
+        """A frame of deliveries, ``[names, body, ..., stamp]``: each NOTIFY ``body``
         for the clients ``names`` of this connection, a repeat dropped (the one loop every
         delivery takes in the SDK, hence the local names)."""
         now = time.time()
+        left_at = LEFT_AT.unpack(parts[-1])[0] if len(parts) % 2 else math.nan
         group = self.group
         seen, recent, handlers = group.seen, group.recent, self._handlers
         for i in range(0, len(parts) - 1, 2):
@@ -667,7 +686,7 @@ class Connection:
                     continue
                 seen.add(key)
                 recent.append((now, key))
-                handler(name, publisher, seq, published_at, publication, now)
+                handler(name, publisher, seq, published_at, publication, now, left_at)
         group.forget_old(now)
 
     def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:
@@ -1025,8 +1044,9 @@ class Subscriber(_Client):
         published_at: float,
         publication: Publication,
         received_at: float,
+        left_at: float,
     ) -> None:
-        received = Received(name, publisher, seq, published_at, received_at, publication)
+        received = Received(name, publisher, seq, published_at, received_at, publication, left_at)
         if self._callback is not None:
             self._callback(received)
             return

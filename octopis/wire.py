@@ -7,9 +7,13 @@ Client protocol (a DEALER talking to the broker's ROUTER):
   - requests are maps tagged by ``op`` (:data:`ClientRequest`), decoded and validated in
     one step by :func:`decode_request`; ``req``, when set, is echoed in the reply;
   - replies are maps ``{"op", "req", ...}``; a refusal is ``{"op": "error", "message"}``;
-  - a delivery is a two-part message ``[names, body]``: ``names`` the packed list of the
-    connection's client names it is for, ``body`` the NOTIFY body of the peer protocol,
-    exactly as the broker received or encoded it once (:func:`delivery_fields` reads it).
+  - a delivery message is ``[names, body, ..., names, body, stamp]``: per delivery
+    ``names``, the packed list of the connection's client names it is for, and ``body``,
+    the NOTIFY body of the peer protocol exactly as the broker received or encoded it
+    once (:func:`delivery_fields` reads it); last the broker's ``time.time()`` as the
+    message left it (:data:`LEFT_AT`, 8 bytes), which splits a notification's delay into
+    the overlay's share (publisher to broker egress) and the client's (egress to the
+    SDK's callback).
 
 Peer protocol: bodies are arrays ``[kind, ...fields]`` with the kinds below; the codec
 between bodies and routing messages lives in :mod:`octopis.transport.codec`.
@@ -17,6 +21,7 @@ between bodies and routing messages lives in :mod:`octopis.transport.codec`.
 
 from __future__ import annotations
 
+import struct
 from typing import Annotated, Any
 
 import msgspec
@@ -33,6 +38,10 @@ DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
 """What :func:`unpack` raises for bytes that are not msgpack (msgspec raises
 ``UnicodeDecodeError`` for a string that is not UTF-8)."""
 """MessagePack decoding into plain Python values; ``msgspec.DecodeError`` on garbage."""
+
+LEFT_AT = struct.Struct("<d")
+"""The last part of a delivery message: when it left the broker (``time.time()``, the
+system's real-time clock, the clock ``published_at`` is read from too)."""
 
 MAX_CLIENT_NAME = 256
 """Longest client name a broker accepts (characters)."""

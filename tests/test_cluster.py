@@ -95,10 +95,22 @@ def _exactly_once(report: dict) -> None:
     assert not any(report["failures"].values()), "a failure was detected where none happened"
 
 
+def _delay_split(report: dict) -> None:
+    """Every delivery's delay splits at the broker's stamp into the overlay's share and
+    the client side's: both present, the overlay's positive, the means adding up."""
+    total, overlay, client = (
+        report[k] for k in ("notification_delay", "overlay_delay", "client_delay")
+    )
+    assert overlay["p50"] > 0 and client["p50"] >= 0
+    assert overlay["max"] <= total["max"]
+    assert abs(overlay["mean"] + client["mean"] - total["mean"]) < 1e-6, (overlay, client, total)
+
+
 @pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
 def test_fig2_end_to_end(tmp_path: Path, mode: str) -> None:
     report = _run(tmp_path, "fig2", mode, subscribers=120, publishers=6, notifications=15)
     _exactly_once(report)
+    _delay_split(report)
     per_sub = report["sbp_messages"] / report["subscriptions"]
     assert per_sub == (17 if mode != "bid" else 2 * 33 - 17)
     if mode != "bid":  # BID's first-arrival trees may be longer (the paper's issue I3)
@@ -112,6 +124,7 @@ def test_fig2_with_the_clients_in_two_worker_processes(tmp_path: Path) -> None:
         tmp_path, "fig2", "dnr", client_workers=2, subscribers=120, publishers=6, notifications=15
     )
     _exactly_once(report)
+    _delay_split(report)
     assert report["subscriptions"] == 120 and report["sbp_messages"] == 120 * 17
 
 

@@ -37,8 +37,12 @@ def summarize(report: dict[str, Any]) -> str:
     lines += ["", f"{'delay':<14}{'mean':>10}{'p50':>10}{'p99':>10}{'max':>10}"]
     for key, label in (
         ("notification_delay", "notification"),
+        ("overlay_delay", "  overlay"),
+        ("client_delay", "  client"),
         ("subscription_delay", "subscription"),
     ):
+        if key not in report and key in ("overlay_delay", "client_delay"):
+            continue  # a simulation: no split
         figures = report.get(key) or {}
         lines.append(
             f"{label:<14}"

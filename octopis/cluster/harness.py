@@ -40,8 +40,8 @@ SUBSCRIBING_AT_ONCE = 256
 REPORT_EVERY = 0.05
 """Seconds a worker batches what it reports before sending it."""
 
-Delivery = tuple[str, str, int, float, float]
-"""``(subscriber, publisher, seq, published_at, received_at)``."""
+Delivery = tuple[str, str, int, float, float, float]
+"""``(subscriber, publisher, seq, published_at, received_at, left_broker_at)``."""
 
 
 @dataclass
@@ -155,7 +155,9 @@ class ClientSide:
         delivered = self.callbacks.delivered
 
         def received(n: Received) -> None:
-            delivered((n.subscriber, n.publisher, n.seq, n.published_at, n.received_at))
+            delivered(
+                (n.subscriber, n.publisher, n.seq, n.published_at, n.received_at, n.left_broker_at)
+            )
 
         for s in self.share.subscriptions:
             if s.subscriber not in self.subscribers:

@@ -403,8 +403,10 @@ class WorkloadRun:
         self._bars["publishing"].update()
 
     def _received(self, delivery: Delivery) -> None:
-        subscriber, publisher, seq, published_at, received_at = delivery
-        self.ledger.delivered(subscriber, publisher, seq, received_at - published_at)
+        subscriber, publisher, seq, published_at, received_at, left_at = delivery
+        self.ledger.delivered(
+            subscriber, publisher, seq, received_at - published_at, left_at - published_at
+        )
         if self.options.sample_every or self.options.balance:
             self._arrivals.append((received_at, received_at - published_at))
 

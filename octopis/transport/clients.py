@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, OrderedDict, deque
 from typing import Protocol
 
@@ -52,6 +53,7 @@ from octopis.transport.links import (
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import (
+    LEFT_AT,
     AdoptRequest,
     ByeRequest,
     HeartbeatRequest,
@@ -673,9 +675,12 @@ class ClientSessions:
         except zmq.ZMQError as exc:
             return exc
         else:
-            for part in parts[:-1]:
+            if len(parts) == 1:  # a reply or notice
+                sync.send(parts[0])
+                return None
+            for part in parts:
                 sync.send(part, SNDMORE_NOBLOCK)
-            sync.send(parts[-1])
+            sync.send(LEFT_AT.pack(time.time()))  # deliveries: when they left
             return None
         finally:
             if self._waiter is not None:
