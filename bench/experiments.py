@@ -46,6 +46,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench.stats import change_interval, median, median_interval, verdict
+from octopis.cli.cluster import default_client_workers
 from octopis.cluster.launcher import prepare_topology
 from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.failure_schedule import Failure
@@ -311,9 +313,18 @@ def _index(name: str) -> int:
 
 
 def run_experiment(
-    name: str, quick: bool, out: Path, modes: tuple[str, ...], seed: int
+    name: str,
+    quick: bool,
+    out: Path,
+    modes: tuple[str, ...],
+    seed: int,
+    repeats: int = 1,
+    client_workers: int = 0,
 ) -> list[dict[str, Any]]:
-    """Every point of the profile in every mode; returns the reports."""
+    """Every point of the profile in every mode, ``repeats`` times with the modes
+    interleaved (SNR, DNR, BID, then DNR, BID, SNR, ...); the clients in
+    ``client_workers`` processes; returns the reports (a report already on disk is
+    reused)."""
     profile = PROFILES[name]["quick" if quick else "full"]
     base = out / name
     base.mkdir(parents=True, exist_ok=True)
@@ -324,12 +335,24 @@ def run_experiment(
         part = subset(workload, subscribers, publishers)
         part_dir = base / f"workload-{subscribers}s-{publishers}p"
         write_workload(part_dir, part)
-        for label in (m for m in modes if m in profile.modes):
-            path = base / f"{subscribers}s-{publishers}p-{label}.json"
+        labels = [m for m in modes if m in profile.modes]
+        for repeat, label in (
+            (r, labels[(r + i) % len(labels)]) for r in range(repeats) for i in range(len(labels))
+        ):
+            suffix = f"-r{repeat}" if repeat else ""
+            path = base / f"{subscribers}s-{publishers}p-{label}{suffix}.json"
             if path.is_file():
                 reports.append(json.loads(path.read_text()))
                 continue
-            log.info("%s: %d subscribers, %d publishers, %s", name, subscribers, publishers, label)
+            log.info(
+                "%s: %d subscribers, %d publishers, %s, run %d of %d",
+                name,
+                subscribers,
+                publishers,
+                label,
+                repeat + 1,
+                repeats,
+            )
             mode, changes = VARIANTS.get(label, (label, {}))
             settings = replace(profile.settings, **changes)
             options = RunOptions(
@@ -340,6 +363,7 @@ def run_experiment(
                 drain_timeout=60,
                 sample_every=profile.sample_every,
                 failures=list(profile.failures),
+                client_workers=client_workers,
             )
             report = WorkloadRun(scot, topology, read_workload(part_dir), options).run()
             report.update(
@@ -350,6 +374,8 @@ def run_experiment(
                     "experiment": name,
                     "profile": "quick" if quick else "full",
                     "point": {"subscribers": subscribers, "publishers": publishers},
+                    "repeat": repeat,
+                    "client_workers": client_workers,
                     "hrp": part.meta.get("hrp"),
                     "failure_schedule": [
                         {"brokers": list(f.ends), "at": f.at, "until": f.until}
@@ -409,14 +435,16 @@ def table(name: str, profile: Profile, reports: list[dict[str, Any]]) -> str:
     """Markdown: per-point figures, then our ratios beside the paper's."""
     if name == "failure":
         return failure_table(profile, reports)
-    by = {
-        (r["point"]["subscribers"], r["point"]["publishers"], r["mode"]): metrics(r)
-        for r in reports
-    }
+    groups = grouped(reports)
+    by = {key: medians(runs) for key, runs in groups.items()}
+    most = max(len(runs) for runs in groups.values())
     lines = [
         f"### {name} ({reports[0]['profile']} profile)",
         "",
         profile.note,
+        "",
+        f"Medians of {most} run(s) per point and mode (modes interleaved); notification "
+        "delay with its 95% bootstrap interval below the table.",
         "",
         "| subscribers | publishers | mode | SBP msgs | tree | sub delay s | notif delay "
         "s (p99) | overlay, client s | <1 s | match µs | notif msgs | queue | expected | "
@@ -435,19 +463,57 @@ def table(name: str, profile: Profile, reports: list[dict[str, Any]]) -> str:
     if name == "burst":
         lines += [
             "",
-            "| mode | peak queued (all links) | back to normal after the HRP stops | links "
-            "declared down (heartbeats, T = 1 s) |",
-            "|---|---|---|---|",
+            "| mode | run | peak queued (all links) | back to normal after the HRP stops | "
+            "links declared down (heartbeats, T = 1 s) |",
+            "|---|---|---|---|---|",
         ]
-        for r in sorted(reports, key=lambda r: r["mode"]):
+        for r in sorted(reports, key=lambda r: (r["mode"], r.get("repeat", 0))):
             peak, after = recovery(r)
             down = r.get("failures", {}).get("links_down", "–")
-            lines.append(f"| {r['mode']} | {peak:,} | {_seconds(after)} | {down} |")
+            lines.append(
+                f"| {r['mode']} | {r.get('repeat', 0) + 1} | {peak:,} | {_seconds(after)} | "
+                f"{down} |"
+            )
         lines += order_table(reports)
-    lines += ["", "| ratio | ours (mean over points) | paper |", "|---|---|---|"]
-    for label, ours, paper in ratios(name, by):
-        lines.append(f"| {label} | {_pct(ours)} | {_pct(paper)} |")
+    lines += [
+        "",
+        "| subscribers | publishers | mode | runs | notification delay s: median [95% interval] "
+        "| overlay s | client s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (subs, pubs, mode), runs in sorted(groups.items()):
+        m, low, high = median_interval([r["notification_delay"] for r in runs])
+        overlay = median([r["overlay_delay"] for r in runs])
+        client = median([r["client_delay"] for r in runs])
+        lines.append(
+            f"| {subs} | {pubs} | {mode} | {len(runs)} | {m:.4f} [{low:.4f}, {high:.4f}] | "
+            f"{'–' if math.isnan(overlay) else f'{overlay:.4f}'} | "
+            f"{'–' if math.isnan(client) else f'{client:.4f}'} |"
+        )
+    lines += [
+        "",
+        "| ratio | ours (mean over points) [95% interval] | paper | verdict |",
+        "|---|---|---|---|",
+    ]
+    for label, (ours, low, high), paper, said in ratios(name, groups):
+        lines.append(
+            f"| {label} | {_pct(ours)} [{_pct(low)}, {_pct(high)}] | {_pct(paper)} | {said} |"
+        )
     return "\n".join(lines) + "\n"
+
+
+def grouped(reports: list[dict[str, Any]]) -> dict[tuple[int, int, str], list[dict[str, float]]]:
+    """The :func:`metrics` of each run, by (subscribers, publishers, mode)."""
+    groups: dict[tuple[int, int, str], list[dict[str, float]]] = {}
+    for r in reports:
+        key = (r["point"]["subscribers"], r["point"]["publishers"], r["mode"])
+        groups.setdefault(key, []).append(metrics(r))
+    return groups
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's median over ``runs``."""
+    return {key: median([run[key] for run in runs]) for key in runs[0]}
 
 
 FAILURE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
@@ -529,14 +595,15 @@ def order_table(reports: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         "",
-        "| DNR order | target-link queue mean / max | notification delay mean / p50 / p99 / "
-        "max s | cases I / II / III | kept off |",
-        "|---|---|---|---|---|",
+        "| DNR order | run | target-link queue mean / max | notification delay mean / p50 / "
+        "p99 / max s | cases I / II / III | kept off |",
+        "|---|---|---|---|---|---|",
     ]
-    for r in sorted(runs, key=lambda r: r["mode"]):
+    for r in sorted(runs, key=lambda r: (r["mode"], r.get("repeat", 0))):
         m, d = metrics(r), r["notification_delay"]
         lines.append(
-            f"| {r.get('order', 'ce')} | {m['queue']:.2f} / {m['queue_max']:,} | "
+            f"| {r.get('order', 'ce')} | {r.get('repeat', 0) + 1} | "
+            f"{m['queue']:.2f} / {m['queue_max']:,} | "
             f"{d['mean']:.3f} / {d['p50']:.3f} / {d['p99']:.3f} / {d['max']:.3f} | "
             f"{r.get('dnr_case_1', 0):,} / {r.get('dnr_case_2', 0):,} / "
             f"{r.get('dnr_case_3', 0):,} | {r.get('dnr_kept_off', 0):,} |"
@@ -566,27 +633,31 @@ def failure_table(profile: Profile, reports: list[dict[str, Any]]) -> str:
 
 
 def ratios(
-    name: str, by: dict[tuple[int, int, str], dict[str, float]]
-) -> list[tuple[str, float, float]]:
-    """(label, our mean ratio, the paper's) for the experiment's headline claims."""
-    points = sorted({(s, p) for s, p, _ in by})
-
-    def mean(key: str, mode: str, base: str) -> float:
-        values = [
-            change(by[(s, p, mode)][key], by[(s, p, base)][key])
+    name: str, groups: dict[tuple[int, int, str], list[dict[str, float]]]
+) -> list[tuple[str, tuple[float, float, float], float, str]]:
+    """(label, our mean change over the points with its 95% bootstrap interval, the
+    paper's, the verdict) for the experiment's headline claims (:mod:`bench.stats`)."""
+    points = sorted({(s, p) for s, p, _ in groups})
+    rows = []
+    for label, key, mode, base, claim in CLAIMS["burst" if name == "burst" else "scaling"]:
+        pairs = [
+            ((s, p, mode), (s, p, base))
             for s, p in points
-            if (s, p, mode) in by and (s, p, base) in by
+            if (s, p, mode) in groups and (s, p, base) in groups
         ]
-        return sum(values) / len(values) if values else math.nan
-
-    return [
-        (
-            f"{label}, {mode.upper()} vs {base.upper()}",
-            mean(key, mode, base),
-            PAPER.get(claim, math.nan),
+        values = {k: [run[key] for run in groups[k]] for pair in pairs for k in pair}
+        estimate = change_interval(values, pairs) if pairs else (math.nan,) * 3
+        runs = min((len(v) for v in values.values()), default=0)
+        paper = PAPER.get(claim, math.nan)
+        rows.append(
+            (
+                f"{label}, {mode.upper()} vs {base.upper()}",
+                estimate,
+                paper,
+                verdict(paper, estimate[1], estimate[2], runs),
+            )
         )
-        for label, key, mode, base, claim in CLAIMS["burst" if name == "burst" else "scaling"]
-    ]
+    return rows
 
 
 def recovery(report: dict[str, Any]) -> tuple[int, float]:
@@ -677,11 +748,14 @@ def plot(name: str, reports: list[dict[str, Any]], path: Path) -> None:
             ("notification messages", "messages", lambda m: m["notification_messages"]),
             ("matching delay", "µs", lambda m: 1e6 * m["matching_delay"]),
         ]
+        medians_by = {key: medians(runs) for key, runs in grouped(reports).items()}
         fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
         for ax, (title, unit, value) in zip(axes, panels, strict=True):
             for mode in MODES:
                 runs = sorted(
-                    (r["point"][x_key], value(metrics(r))) for r in reports if r["mode"] == mode
+                    (subs if x_key == "subscribers" else pubs, value(m))
+                    for (subs, pubs, m_mode), m in medians_by.items()
+                    if m_mode == mode
                 )
                 if runs:
                     ax.plot(*zip(*runs, strict=True), marker="o", label=mode.upper())
@@ -725,7 +799,22 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated among {', '.join(RUNS)} (default all the experiment has)",
     )
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="runs of every point and mode, modes interleaved; figures are medians with "
+        "95%% bootstrap intervals, ratios get a verdict (default 5)",
+    )
+    p.add_argument(
+        "--client-workers",
+        type=int,
+        default=default_client_workers(),
+        help="client worker processes per run (default: one per core beyond the first)",
+    )
     args = p.parse_args(argv)
+    if args.repeats < 1 or args.client_workers < 0:
+        p.error("--repeats must be ≥ 1 and --client-workers ≥ 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     modes = tuple(m for m in args.modes.split(",") if m)
     if not set(modes) <= set(RUNS):
@@ -751,7 +840,15 @@ def main(argv: list[str] | None = None) -> int:
         print((args.out / "balance.md").read_text())
         print(f"in {time.monotonic() - started:.0f} s; plot: {args.out / 'balance.png'}")
         return 0 if delivered_as_promised(report) else 1
-    reports = run_experiment(args.experiment, args.quick, args.out, modes, args.seed)
+    reports = run_experiment(
+        args.experiment,
+        args.quick,
+        args.out,
+        modes,
+        args.seed,
+        repeats=args.repeats,
+        client_workers=args.client_workers,
+    )
     bad = [r for r in reports if not delivered_as_promised(r)]
     print((args.out / f"{args.experiment}.md").read_text())
     print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 from bench.experiments import (
@@ -14,6 +15,7 @@ from bench.experiments import (
     subset,
     table,
 )
+from bench.stats import median_interval, verdict
 from octopis.topology import build_preset
 from octopis.workload import HighRatePublisher, generate_workload
 
@@ -69,8 +71,9 @@ def test_scalability_table_states_our_ratios_beside_the_papers(tmp_path: Path) -
     reports += [_report("dnr", n, 74 * n, 0.1, 1.0) for n in (500, 1500)]
     reports += [_report("bid", n, 366 * n, 0.2, 2.0) for n in (500, 1500)]
     text = table("subscribers", PROFILES["subscribers"]["quick"], reports)
-    assert f"| SBP messages, SNR vs BID | {change(74, 366):+.0%} | -89% |" in text
-    assert "| notification delay, SNR vs BID | -50% | -47% |" in text
+    sbp = f"{change(74, 366):+.0%}"
+    assert f"| SBP messages, SNR vs BID | {sbp} [{sbp}, {sbp}] | -89% | inconclusive |" in text
+    assert "| notification delay, SNR vs BID | -50% [-50%, -50%] | -47% | inconclusive |" in text
     assert "| 1500 | 100 | bid | 549,000 |" in text
     plot("subscribers", reports, tmp_path / "s.png")
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
@@ -115,12 +118,14 @@ def test_burst_recovery_and_table(tmp_path: Path) -> None:
         )
     )
     text = table("burst", PROFILES["burst"]["quick"], reports)
-    assert "| ce | 2.00 / 10 | 0.100 / 0.050 / 0.300 / 0.400 | 0 / 0 / 0 | 0 |" in text
-    assert "| bluedove | 1.00 / 5 | 0.050 / 0.025 / 0.150 / 0.200 | 7 / 0 / 0 | 0 |" in text
-    assert "| target-link queue, DNR-BLUEDOVE vs DNR | -50% | – |" in text
-    assert "| target-link queue, DNR vs SNR | -90% | -48% |" in text
-    assert "| notification delay, DNR vs BID | -95% | -58% |" in text
-    assert "| snr | 100 | 3.0 s | – |" in text and "| bid | 50 | did not settle | – |" in text
+    assert "| ce | 1 | 2.00 / 10 | 0.100 / 0.050 / 0.300 / 0.400 | 0 / 0 / 0 | 0 |" in text
+    assert "| bluedove | 1 | 1.00 / 5 | 0.050 / 0.025 / 0.150 / 0.200 | 7 / 0 / 0 | 0 |" in text
+    assert "| target-link queue, DNR-BLUEDOVE vs DNR | -50% [-50%, -50%] | – | – |" in text
+    assert "| target-link queue, DNR vs SNR | -90% [-90%, -90%] | -48% | inconclusive |" in text
+    assert "| notification delay, DNR vs BID | -95% [-95%, -95%] | -58% | inconclusive |" in text
+    assert (
+        "| snr | 1 | 100 | 3.0 s | – |" in text and "| bid | 1 | 50 | did not settle | – |" in text
+    )
     plot("burst", reports, tmp_path / "b.png")
     assert (tmp_path / "b.png").stat().st_size > 10_000
 
@@ -219,3 +224,42 @@ def test_a_skewed_placement_deals_the_share_over_the_hot_brokers() -> None:
     assert all(hosts[n] == {original[n]} for n in names[80:])
     assert placed.publications == workload.publications
     assert placed.meta["skew"] == {"share": 0.8, "hot": list(HOT)}
+
+
+def test_repeated_runs_give_medians_intervals_and_a_verdict_on_each_claim() -> None:
+    """Five runs per mode and point: a delay clearly half BID's is the paper's −47%
+    reproduced; one the same as BID's is not; one whose runs scatter from far below to
+    above BID's is inconclusive. The table gives each group's median and interval."""
+    rng = random.Random(3)
+
+    def runs(mode: str, delay: float, spread: float) -> list[dict]:
+        return [
+            {
+                **_report(mode, n, 74 * n, delay * rng.uniform(1 - spread, 1 + spread), 1.0),
+                "repeat": r,
+            }
+            for n in (500, 1500)
+            for r in range(5)
+        ]
+
+    def verdict_of(snr_delay: float, spread: float) -> str:
+        reports = runs("snr", snr_delay, spread) + runs("bid", 0.2, 0.05)
+        text = table("subscribers", PROFILES["subscribers"]["quick"], reports)
+        row = next(line for line in text.splitlines() if "notification delay, SNR vs BID" in line)
+        assert "| 500 | 100 | snr | 5 |" in text
+        return row.rsplit("|", 2)[1].strip()
+
+    assert verdict_of(0.1, 0.05) == "reproduced"
+    assert verdict_of(0.2, 0.05) == "not reproduced"
+    assert verdict_of(0.15, 0.9) == "inconclusive"
+
+
+def test_a_median_interval_holds_the_median_and_narrows_with_agreement() -> None:
+    m, low, high = median_interval([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert m == 3.0 and low <= m <= high and high <= 100.0
+    assert median_interval([2.0, 2.0, 2.0]) == (2.0, 2.0, 2.0)
+    assert verdict(-0.47, -0.6, -0.3, 5) == "reproduced"
+    assert verdict(-0.47, 0.1, 0.3, 5) == "not reproduced"
+    assert verdict(-0.47, -0.2, 0.2, 5) == "not reproduced"
+    assert verdict(-0.47, -0.5, 0.2, 5) == "inconclusive"
+    assert verdict(-0.47, -0.6, -0.3, 1) == "inconclusive"

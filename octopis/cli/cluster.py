@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,12 @@ DEFAULT_CLUSTER_DIR = Path(".octopis")
 DEFAULT_MODE = "dnr"
 UP_DIR_HELP = f"the run directory of `octopis up` (default {DEFAULT_CLUSTER_DIR})"
 
+
+
+def default_client_workers() -> int:
+    """``octopis run``'s client worker processes: one per core beyond the first, 1 to 8,
+    so that the clients, not one event loop, keep pace with the overlay."""
+    return max(1, min(8, (os.cpu_count() or 2) - 1))
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``run``, ``up``, ``down``, ``status``, ``restart``, ``pub`` and ``sub``."""
@@ -65,10 +72,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--client-workers",
         type=int,
-        default=0,
+        default=default_client_workers(),
         metavar="N",
         help="spread the clients over N worker processes, by broker, so that one process's "
-        "event loop does not set the pace of what is measured (default 0: in this process)",
+        "event loop does not set the pace of what is measured; 0: in this process "
+        f"(default {default_client_workers()}: one per core beyond the first, 1 to 8)",
     )
     run.add_argument(
         "--client-liveness",

@@ -89,7 +89,8 @@ class RunOptions:
     """Use the brokers of the topology that are already running (``octopis up``, on one
     host or several) instead of starting them; they are left running."""
     client_workers: int = 0
-    """Processes the clients are spread over (by broker); 0: the run's own process."""
+    """Processes the clients are spread over (by broker); 0: the run's own process
+    (``octopis run`` defaults to :func:`default_client_workers`)."""
     client_liveness: float = DEFAULT_LIVENESS
     """Seconds of a broker's silence before a client connection fails over (the SDK's
     ``liveness``); a loaded machine whose client processes stall wants more."""
