@@ -184,18 +184,29 @@ class System(Protocol):
 
 
 class Tally:
-    """Deliveries as they arrive (from any thread), taken into a ledger later."""
+    """Deliveries as they arrive (from any thread), taken into a ledger later; counts the
+    distinct ``expected`` deliveries among them as they come."""
 
-    def __init__(self) -> None:
+    def __init__(self, expected: set[tuple[str, str, int]]) -> None:
         self._lock = threading.Lock()
         self._arrived: list[tuple[str, str, int, float, float]] = []
+        self._expected = expected
+        self._got: set[tuple[str, str, int]] = set()
 
     def deliver(self, subscriber: str, publisher: str, seq: int, sent: float, got: float) -> None:
+        key = (subscriber, publisher, seq)
         with self._lock:
             self._arrived.append((subscriber, publisher, seq, sent, got))
+            if key in self._expected:
+                self._got.add(key)
 
     def __len__(self) -> int:
         return len(self._arrived)
+
+    @property
+    def distinct(self) -> int:
+        """Expected deliveries that have arrived (each counted once)."""
+        return len(self._got)
 
     def snapshot(self) -> list[tuple[str, str, int, float, float]]:
         """The deliveries so far."""
@@ -274,16 +285,16 @@ async def run_phase(
 ) -> dict[str, Any]:
     """Publish every publication of ``workload`` (at ``rate`` in all, or as fast as
     accepted when None) under publisher names ``<P>.<phase>``; wait until every expected
-    delivery is in, or nothing has arrived for ``quiet`` seconds; count against the
-    oracle."""
-    tally = Tally()
-    system.route_to(tally.deliver)  # type: ignore[attr-defined]
+    delivery is in (and, when repeats came, until they stop), or nothing has arrived for
+    ``quiet`` seconds; count against the oracle."""
     ledger = DeliveryLedger()
     for i, event in enumerate(workload.subscriptions):
         ledger.subscribed(event.subscriber, i, event.subscription)
     events = sorted(workload.publications, key=lambda e: e.time)
     for event in events:
         ledger.published(f"{event.publisher}.{phase}", event.seq, event.publication)
+    tally = Tally(ledger.expected)
+    system.route_to(tally.deliver)  # type: ignore[attr-defined]
     pubs: dict[str, Pub] = {}
     for event in events:
         if event.publisher not in pubs:
@@ -313,15 +324,16 @@ async def run_phase(
     expected = len(ledger.expected)
     last = [time.monotonic(), 0]
 
-    def done() -> bool:
+    def silent() -> bool:
         n = len(tally)
         if n != last[1]:
             last[:] = [time.monotonic(), n]
-        return n >= expected or time.monotonic() - last[0] > quiet
+        return time.monotonic() - last[0] > quiet
 
-    await _until(done, f"{system.name} {phase}: deliveries", timeout)
-    if len(tally) > expected:  # duplicates: give any further ones time to show
-        await asyncio.sleep(quiet)
+    what = f"{system.name} {phase}: deliveries"
+    await _until(lambda: silent() or tally.distinct >= expected, what, timeout)
+    if len(tally) > tally.distinct:  # repeats: count them until they stop
+        await _until(silent, what, timeout)
     arrived = tally.snapshot()
     finished = max((d[4] for d in arrived), default=time.time())
     usage_figures = await usage.finish()
@@ -787,7 +799,8 @@ def table(report: dict[str, Any]) -> str:
         "",
         f"{a['subscribers']} subscribers, {a['publishers']} publishers × {a['notifications']} real "
         f"quotes; fixed phase at {a['rate']:g} publications/s, flood phase as fast as accepted; "
-        f"medians of {a['runs']} alternating runs; OctopiS in {a['mode'].upper()}.",
+        f"medians of {a['runs']} runs, the systems in rotating order; OctopiS in "
+        f"{a['mode'].upper()}.",
         "",
         "| shape | system | " + " | ".join(c[0] for c in COLUMNS) + " |",
         "|---|---|" + "---:|" * len(COLUMNS),
