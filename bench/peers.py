@@ -3,6 +3,7 @@ broker a user would pick instead, on the same shapes, counted against the same o
 
     python -m bench.peers                         # both shapes, 3 rotating runs
     python -m bench.peers --shapes single --runs 1 --subscribers 50
+    python -m bench.peers --from bench/results/peers.json   # tabulate again
 
 ActiveMQ side: Debian's ``activemq`` package (5.17), non-persistent, one JVM per broker,
 clients over STOMP (stomp.py). Each subscription is a JMS selector over message
@@ -344,7 +345,7 @@ async def run_phase(
         ledger.delivered(subscriber, publisher, seq, got - sent)
     counts = ledger.summary()
     publish_s = accepted_at - started
-    cpu_us = usage_figures["cpu_s"] * 1e6 / max(1, len(arrived))
+    cpu_us = usage_figures["cpu_s"] * 1e6 / max(1, counts["delivered"])
     deliver_s = max(finished - first_sent, 1e-9)
     return {
         **counts,
@@ -812,7 +813,7 @@ def table(report: dict[str, Any]) -> str:
         octopis = [s for n, s in systems.items() if n.startswith("OctopiS")]
         for name, m in systems.items():
             if octopis and not name.startswith("OctopiS"):
-                cells = [f"{octopis[0][k] / m[k]:.2f}" if m[k] else "–" for _, k, _ in COLUMNS]
+                cells = [f"{octopis[0][k] / m[k]:.3g}" if m[k] else "–" for _, k, _ in COLUMNS]
                 lines.append(f"| {shape} | OctopiS / {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -880,7 +881,17 @@ def main(argv: list[str] | None = None) -> int:
         help="a phase ends after this many seconds without a delivery",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: tabulate the runs of an earlier peers.json again into --out",
+    )
     args = parser.parse_args(argv)
+    if args.source is not None:
+        report = json.loads(args.source.read_text())
+        return _write(report, args.out)
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(shapes) - set(SHAPES)) + sorted(set(systems) - set(SYSTEMS))
@@ -901,7 +912,6 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [],
     }
     for shape in shapes:
-        per_system: dict[str, list[dict[str, Any]]] = {}
         for run in range(args.runs):
             scot = build_shape(shape)
             workload = generate_workload(
@@ -921,13 +931,27 @@ def main(argv: list[str] | None = None) -> int:
             ]
             for system in order[run % len(order) :] + order[: run % len(order)]:
                 result = run_system(system, scot, workload, args)
-                per_system.setdefault(system.name, []).append(result)
                 report["runs"].append({"shape": shape, "run": run, "system": system.name, **result})
                 print(_progress(shape, run, system.name, result), flush=True)
-        report["shapes"][shape] = {name: summarise(runs) for name, runs in per_system.items()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "peers.json").write_text(json.dumps(report, indent=1))
-    (args.out / "peers.md").write_text(table(report))
+    return _write(report, args.out)
+
+
+def _write(report: dict[str, Any], out: Path) -> int:
+    """Summarise the report's runs by shape and system (per-delivery CPU over distinct
+    deliveries), write ``peers.json`` and ``peers.md`` under ``out``, print the table."""
+    by: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for run in report["runs"]:
+        for phase in ("fixed", "flood"):
+            figures = run[phase]
+            figures["cpu_us_per_delivery"] = figures["cpu_s"] * 1e6 / max(1, figures["delivered"])
+        by.setdefault(run["shape"], {}).setdefault(run["system"], []).append(run)
+    report["shapes"] = {
+        shape: {name: summarise(runs) for name, runs in systems.items()}
+        for shape, systems in by.items()
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peers.json").write_text(json.dumps(report, indent=1))
+    (out / "peers.md").write_text(table(report))
     print(table(report))
     return 0
 
