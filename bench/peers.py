@@ -156,11 +156,15 @@ def stomp_headers(publication: Publication) -> dict[str, str]:
 # -- the harness both systems run under ----------------------------------------------------
 
 
-Deliver = Callable[[str, str, int, float, float], None]
-"""(subscriber, publisher, seq, published_at, received_at) → None; any thread may call."""
+Deliver = Callable[[str, str, int, float, float, float], None]
+"""(subscriber, publisher, seq, published_at, received_at, left_broker_at) → None, the
+last NaN when the system does not stamp it; any thread may call."""
 
 
 class Pub(Protocol):
+    """One publisher of a system: ``send`` returns once the publication is handed over
+    (waiting for credit), ``drain`` once the broker accepted everything sent."""
+
     async def send(self, seq: int, publication: Publication) -> None: ...
 
     async def drain(self) -> None: ...
@@ -169,13 +173,19 @@ class Pub(Protocol):
 
 
 class System(Protocol):
+    """A broker network under the harness: started on a shape, its clients subscribed
+    (deliveries to ``deliver``, or to what :meth:`route_to` names last), its publishers
+    made, its broker processes' pids for the CPU and memory figures."""
+
     name: str
 
     def start(self, scot: Scot, work: Path) -> None: ...
 
     def pids(self) -> list[int]: ...
 
-    async def subscribe(self, events: list[SubscriptionEvent], deliver: Deliver) -> None: ...
+    def route_to(self, deliver: Deliver) -> None: ...
+
+    async def subscribe(self, events: list[SubscriptionEvent], deliver: Deliver | None) -> None: ...
 
     async def publisher(self, name: str, broker: str) -> Pub: ...
 
@@ -190,14 +200,16 @@ class Tally:
 
     def __init__(self, expected: set[tuple[str, str, int]]) -> None:
         self._lock = threading.Lock()
-        self._arrived: list[tuple[str, str, int, float, float]] = []
+        self._arrived: list[tuple[str, str, int, float, float, float]] = []
         self._expected = expected
         self._got: set[tuple[str, str, int]] = set()
 
-    def deliver(self, subscriber: str, publisher: str, seq: int, sent: float, got: float) -> None:
+    def deliver(
+        self, subscriber: str, publisher: str, seq: int, sent: float, got: float, left: float
+    ) -> None:
         key = (subscriber, publisher, seq)
         with self._lock:
-            self._arrived.append((subscriber, publisher, seq, sent, got))
+            self._arrived.append((subscriber, publisher, seq, sent, got, left))
             if key in self._expected:
                 self._got.add(key)
 
@@ -209,7 +221,7 @@ class Tally:
         """Expected deliveries that have arrived (each counted once)."""
         return len(self._got)
 
-    def snapshot(self) -> list[tuple[str, str, int, float, float]]:
+    def snapshot(self) -> list[tuple[str, str, int, float, float, float]]:
         """The deliveries so far."""
         with self._lock:
             return list(self._arrived)
@@ -255,7 +267,7 @@ async def settle(
     started = time.monotonic()
     heard: dict[str, set[str]] = {b: set() for b in brokers}
 
-    def got(subscriber: str, publisher: str, seq: int, sent: float, at: float) -> None:
+    def got(subscriber: str, publisher: str, seq: int, sent: float, at: float, _: float) -> None:
         heard[subscriber.removeprefix(f"{PROBE}@")].add(publisher.removeprefix(f"{PROBE}@"))
 
     probe = Subscription((Predicate(PROBE, "eq", "on"),))
@@ -295,7 +307,7 @@ async def run_phase(
     for event in events:
         ledger.published(f"{event.publisher}.{phase}", event.seq, event.publication)
     tally = Tally(ledger.expected)
-    system.route_to(tally.deliver)  # type: ignore[attr-defined]
+    system.route_to(tally.deliver)
     pubs: dict[str, Pub] = {}
     for event in events:
         if event.publisher not in pubs:
@@ -341,8 +353,8 @@ async def run_phase(
     for pub in pubs.values():
         await pub.close()
     first_sent = time.time() - (time.monotonic() - started)
-    for subscriber, publisher, seq, sent, got in arrived:
-        ledger.delivered(subscriber, publisher, seq, got - sent)
+    for subscriber, publisher, seq, sent, got, left in arrived:
+        ledger.delivered(subscriber, publisher, seq, got - sent, left - sent)
     counts = ledger.summary()
     publish_s = accepted_at - started
     cpu_us = usage_figures["cpu_s"] * 1e6 / max(1, counts["delivered"])
@@ -355,6 +367,7 @@ async def run_phase(
         "delivered_per_s": counts["delivered"] / deliver_s,
         "arrivals_per_s": len(arrived) / deliver_s,
         "delay_ms": {k: v * 1000 for k, v in distribution(ledger.delays).items()},
+        "overlay_delay_ms": {k: v * 1000 for k, v in distribution(ledger.overlay_delays).items()},
         **usage_figures,
         "cpu_us_per_delivery": cpu_us,
     }
@@ -427,7 +440,12 @@ class OctopisSystem:
 
             def on(r: Received, fixed: Deliver | None = deliver) -> None:
                 (fixed or self._deliver)(
-                    r.subscriber, r.publisher, r.seq, r.published_at, r.received_at
+                    r.subscriber,
+                    r.publisher,
+                    r.seq,
+                    r.published_at,
+                    r.received_at,
+                    r.left_broker_at,
                 )
 
             await Subscriber(event.subscriber, connection, on).subscribe(event.subscription)
@@ -500,7 +518,7 @@ class _StompListener:
     def on_message(self, frame: Any) -> None:
         h = frame.headers
         self.system._route(
-            h["subscription"], h["opub"], int(h["oseq"]), float(h["osent"]), time.time()
+            h["subscription"], h["opub"], int(h["oseq"]), float(h["osent"]), time.time(), math.nan
         )
 
     def on_receipt(self, frame: Any) -> None:
@@ -633,8 +651,12 @@ class ActiveMQSystem:
     def route_to(self, deliver: Deliver) -> None:
         self._deliver = deliver
 
-    def _route(self, subscriber: str, publisher: str, seq: int, sent: float, got: float) -> None:
-        (self.handlers.get(subscriber) or self._deliver)(subscriber, publisher, seq, sent, got)
+    def _route(
+        self, subscriber: str, publisher: str, seq: int, sent: float, got: float, left: float
+    ) -> None:
+        (self.handlers.get(subscriber) or self._deliver)(
+            subscriber, publisher, seq, sent, got, left
+        )
 
     async def _connection(self, key: str, broker: str) -> tuple[Any, _StompListener]:
         if key not in self.connections:

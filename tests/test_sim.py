@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from itertools import pairwise
+from pathlib import Path
 
 import networkx as nx
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from laws import scots
@@ -14,7 +17,8 @@ from octopis.core import Notification, Subscribe
 from octopis.filters import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import InjectedCongestion, LatencyModel, Simulator, TimedLinks
-from octopis.topology import Scot
+from octopis.sim.service import ServiceModel
+from octopis.topology import Scot, build_scot
 
 predicates = st.one_of(
     st.builds(
@@ -555,3 +559,63 @@ def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -
     assert sim.scot.clusters == 3 and sorted(sim.cores) == brokers
     moved_in = [d for d in report["balance"]["decisions"] if int(d["target"][-1]) >= 3]
     assert moved_in  # the balancer used the new clusters while they were there
+
+
+def test_a_charged_broker_serves_notifications_in_arrival_order() -> None:
+    """One broker charged 10 ms a notification and 1 ms a delivery: ten notifications
+    published at once leave 11, 22, ..., 110 ms later (each waits for those before it),
+    and the broker was busy for all of it."""
+    graph = nx.Graph()
+    graph.add_node("a")
+    scot = build_scot(graph, 1, name="one")
+    (broker,) = scot.brokers
+    sim = Simulator(
+        scot, "snr", latency=LatencyModel(0.0, 0.0), service=ServiceModel(0.01, 0.0, 0.0, 0.001)
+    )
+    sim.subscribe("S", broker, Subscription((Predicate("x", ">", 0),)))
+    sim.run()
+    for _ in range(10):
+        sim.publish("P", broker, {"x": 1})
+    sim.run()
+    assert [round(d, 6) for d in sim.ledger.delays] == [round(0.011 * k, 6) for k in range(1, 11)]
+    report = sim.report()
+    assert report["delivered"] == report["expected_deliveries"] == 10
+    assert report["cpu_busy"]["busiest"] == broker
+    assert abs(sim.busy_time[broker] - 0.11) < 1e-9
+
+
+@given(scenarios())
+def test_charged_cpu_delays_every_delivery_and_loses_none(scenario: tuple) -> None:
+    """With every broker's CPU charged, the same deliveries arrive exactly once, each at
+    least the publishing broker's charge later than on free brokers (fixed latencies, so
+    that only the charges differ)."""
+    scot, subs, pubs, seed = scenario
+
+    def run(service: ServiceModel | None) -> Simulator:
+        sim = Simulator(scot, "dnr", seed=seed, latency=LatencyModel(0.001, 0.0), service=service)
+        for i, (broker, subscription) in enumerate(subs):
+            sim.subscribe(f"S{i}", broker, subscription)
+        sim.run()
+        for broker, publication in pubs:
+            sim.publish(f"P{broker}", broker, publication)
+        sim.run()
+        return sim
+
+    free, charged = run(None), run(ServiceModel(0.002, 1e-5, 1e-4, 2e-4))
+    _exactly_once(charged.report())
+    assert set(charged.ledger.received) == set(free.ledger.received)
+    for slow, fast in zip(sorted(charged.ledger.delays), sorted(free.ledger.delays), strict=True):
+        assert slow >= fast + 0.002 - 1e-9
+
+
+def test_a_service_model_file_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "service.json"
+    path.write_text('{"per_message": 0.0001, "per_copy": -1}')
+    with pytest.raises(ValueError, match="per_copy must be a number ≥ 0"):
+        ServiceModel.load(path)
+    path.write_text('{"per_message": 0.0001, "per_copi": 1}')
+    with pytest.raises(ValueError, match=r"unknown field.*per_copi"):
+        ServiceModel.load(path)
+    good = ServiceModel(0.0001, 1e-8, 2e-5, 3e-5, idle=0.01, source={"commit": "x"})
+    path.write_text(json.dumps(good.to_json()))
+    assert ServiceModel.load(path) == good

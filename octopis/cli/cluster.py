@@ -34,11 +34,11 @@ DEFAULT_MODE = "dnr"
 UP_DIR_HELP = f"the run directory of `octopis up` (default {DEFAULT_CLUSTER_DIR})"
 
 
-
 def default_client_workers() -> int:
     """``octopis run``'s client worker processes: one per core beyond the first, 1 to 8,
     so that the clients, not one event loop, keep pace with the overlay."""
     return max(1, min(8, (os.cpu_count() or 2) - 1))
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``run``, ``up``, ``down``, ``status``, ``restart``, ``pub`` and ``sub``."""

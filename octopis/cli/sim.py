@@ -17,6 +17,7 @@ from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WIN
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN
+from octopis.sim.service import ServiceModel
 from octopis.topology import Scot, build_preset, load_topology, preset_names
 from octopis.workload import HighRatePublisher, Workload, generate_workload, read_workload
 
@@ -46,6 +47,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=0.001,
         metavar="SECONDS",
         help="mean exponential latency jitter (default 0.001)",
+    )
+    p.add_argument(
+        "--service",
+        type=Path,
+        metavar="FILE",
+        help="charge each broker's CPU per notification with the costs measured on the broker "
+        "processes (`python -m bench.calibrate` writes FILE), so delays queue as theirs do",
     )
     add_congestion_options(p)
     add_failure_options(p)
@@ -366,12 +374,17 @@ def cmd_sim(args: argparse.Namespace) -> int:
     failures = failures_from_args(args, scot)
     if args.detection < 0 or args.retain < 0:
         raise UsageError("--detection and --retain must be ≥ 0")
+    try:
+        service = ServiceModel.load(args.service) if args.service is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     sim = Simulator(
         scot,
         args.mode,
         seed=args.seed,
         links=link_model(args, scot),
         latency=LatencyModel(args.latency, args.jitter),
+        service=service,
     )
     sim.replay(workload, failures, detection=args.detection, retain=args.retain)
     report: dict[str, Any] = {"topology": scot.name, **sim.report()}

@@ -48,6 +48,7 @@ from octopis.balance.policy import (
 from octopis.core import (
     Action,
     BrokerCore,
+    Deliver,
     Forward,
     Hold,
     Notification,
@@ -63,6 +64,7 @@ from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, InjectedCongestion, LinkModel
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureState
+from octopis.sim.service import ServiceModel
 from octopis.sim.shared import SharedMatcher
 from octopis.topology import Scot
 from octopis.topology_change import add_cluster, remove_cluster
@@ -125,6 +127,7 @@ class Simulator:
         matcher_factory: MatcherFactory | None = None,
         oracle_factory: Callable[[], Any] | None = None,
         on_forward: Callable[[str, str, Any], None] | None = None,
+        service: ServiceModel | None = None,
     ) -> None:
         if not scot.brokers:
             raise ValueError("the topology has no brokers")
@@ -143,6 +146,11 @@ class Simulator:
             bid: make_broker(scot, bid, mode, matcher_factory) for bid in scot.brokers
         }
         self.latency = latency or LatencyModel()
+        self.service = service
+        """Each broker's CPU as one server (measured costs), or None: routing is free."""
+        self._busy_until: dict[str, float] = dict.fromkeys(scot.brokers, 0.0)
+        self.busy_time: Counter[str] = Counter()
+        """Seconds each broker's CPU was charged (with :attr:`service`)."""
         self.links: LinkModel = links or FreeLinks()
         self.now = 0.0
         self.subscription_delay: dict[str, float] = {}
@@ -430,7 +438,8 @@ class Simulator:
         notification = Notification(publisher, seq, self.now, publication)
         self.ledger.published(publisher, seq, publication)
         core = self.cores[broker]
-        self._dispatch(broker, self._watch(core, notification, core.publish, notification))
+        actions = self._watch(core, notification, core.publish, notification)
+        self._dispatch(broker, actions, self._served(broker, actions))
         return publisher, seq
 
     # -- time ----------------------------------------------------------------------------
@@ -815,6 +824,15 @@ class Simulator:
             }
         report["sim_time"] = self.now
         report["wall_time"] = self._wall
+        end = max(self.now, *self._busy_until.values())  # the last charge may end later
+        if self.service is not None and end > 0:
+            busiest = max(self.busy_time, key=self.busy_time.__getitem__, default=None)
+            report["cpu_busy"] = {
+                "busiest": busiest,
+                "busiest_share": self.busy_time[busiest] / end if busiest else 0.0,
+                "mean_share": sum(self.busy_time.values()) / len(self.cores) / end,
+                "idle_not_charged": self.service.idle,
+            }
         if self.target_queue:
             report["target_queue_length"] = distribution(self.target_queue)
         if self.failures is not None:
@@ -842,13 +860,14 @@ class Simulator:
         if home != broker:
             raise ValueError(f"client {client} is attached to {home}, not {broker}")
 
-    def _dispatch(self, broker: str, actions: list[Action]) -> None:
-        """Carry out a core's actions: a forwarded copy arrives after its departure from
-        the link's queue plus a latency draw, never before the copy sent ahead of it
-        (FIFO links); held copies wait; deliveries go to the ledger."""
+    def _dispatch(self, broker: str, actions: list[Action], at: float | None = None) -> None:
+        """Carry out a core's actions (at ``at``, when the broker's CPU is done with them,
+        else now): a forwarded copy arrives after its departure from the link's queue
+        plus a latency draw, never before the copy sent ahead of it (FIFO links); held
+        copies wait; deliveries go to the ledger."""
         if not actions:
             return
-        now = self.now
+        now = self.now if at is None else at
         failures = self.failures
         on_forward = self._on_forward
         transmit = None if self._instant else self.links.transmit
@@ -923,8 +942,24 @@ class Simulator:
                     self.subscription_depth[sub_id] = message.hops
         else:
             actions = self._watch(core, message, core.receive, src, message)
+            if self.service is not None and type(message) is Notification:
+                self._dispatch(broker, actions, self._served(broker, actions))
+                return
         if actions:
             self._dispatch(broker, actions)
+
+    def _served(self, broker: str, actions: list[Action]) -> float | None:
+        """With :attr:`service`: when ``broker`` is done with the notification that gave
+        ``actions`` (after what it took in before, FIFO), charging its CPU; else None."""
+        service = self.service
+        if service is None:
+            return None
+        copies = sum(type(a) is Forward for a in actions)
+        deliveries = sum(type(a) is Deliver for a in actions)
+        cost = service.notification(len(self.cores[broker].table.entries), copies, deliveries)
+        self.busy_time[broker] += cost
+        done = self._busy_until[broker] = max(self.now, self._busy_until[broker]) + cost
+        return done
 
 
 def _undeliverable(stats: Counter[str]) -> int:
