@@ -78,9 +78,11 @@ def change_interval(
 
 def verdict(claim: float, low: float, high: float, runs: int) -> str:
     """``reproduced``, ``not reproduced`` or ``inconclusive`` (module docstring); a
-    single run per group is always inconclusive."""
-    if runs < 2 or math.isnan(claim) or math.isnan(low) or math.isnan(high):
-        return "inconclusive" if not math.isnan(claim) else "–"
+    single run per group is always inconclusive; no claim or no figure: ``–``."""
+    if math.isnan(claim) or math.isnan(low) or math.isnan(high):
+        return "–"
+    if runs < 2:
+        return "inconclusive"
     sign = 1 if claim > 0 else -1
     if -abs(claim) / 2 < low and high < abs(claim) / 2:
         return "not reproduced"

@@ -35,9 +35,12 @@ UP_DIR_HELP = f"the run directory of `octopis up` (default {DEFAULT_CLUSTER_DIR}
 
 
 def default_client_workers() -> int:
-    """``octopis run``'s client worker processes: one per core beyond the first, 1 to 8,
-    so that the clients, not one event loop, keep pace with the overlay."""
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+    """``octopis run``'s client worker processes: one per core beyond the first two (at
+    most 8), so that the clients, not one event loop, keep pace with the overlay; none on
+    a machine of two cores or fewer, where the brokers need both (paper75 with one
+    worker on two cores: 14 links falsely declared down during the subscription
+    broadcast, against 1 with the clients in the run's process)."""
+    return max(0, min(8, (os.cpu_count() or 2) - 2))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -76,7 +79,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="N",
         help="spread the clients over N worker processes, by broker, so that one process's "
         "event loop does not set the pace of what is measured; 0: in this process "
-        f"(default {default_client_workers()}: one per core beyond the first, 1 to 8)",
+        f"(default here {default_client_workers()}: one per core beyond the first two, at "
+        "most 8)",
     )
     run.add_argument(
         "--client-liveness",
