@@ -6,6 +6,7 @@ import math
 import random
 from pathlib import Path
 
+from bench.calibrate import fit
 from bench.experiments import (
     PROFILES,
     change,
@@ -263,3 +264,37 @@ def test_a_median_interval_holds_the_median_and_narrows_with_agreement() -> None
     assert verdict(-0.47, -0.2, 0.2, 5) == "not reproduced"
     assert verdict(-0.47, -0.5, 0.2, 5) == "inconclusive"
     assert verdict(-0.47, -0.6, -0.3, 1) == "inconclusive"
+
+
+def test_the_cost_fit_recovers_known_costs_and_drops_a_negative_one() -> None:
+    """Rows made from known costs (plus 1% noise) give those costs back; a column whose
+    least-squares cost comes out negative is dropped, the rest refitted, none negative."""
+    rng = random.Random(5)
+    truth = {"per_message": 4e-4, "per_entry": 0.0, "per_copy": 1.2e-4, "per_delivery": 5e-5}
+    rows = []
+    for _ in range(60):
+        taken, copies, deliveries = (
+            rng.randint(100, 2000),
+            rng.randint(0, 3000),
+            rng.randint(0, 9000),
+        )
+        entries = taken * rng.randint(10, 1200)
+        cpu = (
+            truth["per_message"] * taken
+            + truth["per_copy"] * copies
+            + truth["per_delivery"] * deliveries
+        )
+        rows.append(
+            {
+                "cpu": cpu * rng.uniform(0.99, 1.01) - 1e-9 * entries,
+                "taken_in": taken,
+                "entries": entries,
+                "copies": copies,
+                "deliveries": deliveries,
+            }
+        )
+    costs, residual = fit(rows)
+    assert costs["per_entry"] == 0.0
+    for name in ("per_message", "per_copy", "per_delivery"):
+        assert abs(costs[name] - truth[name]) < 0.05 * truth[name], (name, costs)
+    assert residual < 0.05
