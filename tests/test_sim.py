@@ -48,14 +48,21 @@ def scenarios(draw: st.DrawFn) -> tuple[Scot, list, list, int]:
     return scot, subs, pubs, draw(st.integers(0, 2**16))
 
 
-def _simulate(scot: Scot, mode: str, subs: list, pubs: list, seed: int, **kwargs) -> Simulator:
+JITTERY = LatencyModel(0.001, 0.004)
+"""The laws' latencies: jitter large against the base, so paths race."""
+
+
+def _simulate(
+    scot: Scot,
+    mode: str,
+    subs: list,
+    pubs: list,
+    seed: int,
+    latency: LatencyModel = JITTERY,
+    **kwargs,
+) -> Simulator:
     sim = Simulator(
-        scot,
-        mode,
-        seed=seed,
-        latency=LatencyModel(0.001, 0.004),
-        oracle_factory=ReferenceMatcher,
-        **kwargs,
+        scot, mode, seed=seed, latency=latency, oracle_factory=ReferenceMatcher, **kwargs
     )
     for i, (broker, subscription) in enumerate(subs):
         sim.subscribe(f"S{i}", broker, subscription)
@@ -590,18 +597,10 @@ def test_charged_cpu_delays_every_delivery_and_loses_none(scenario: tuple) -> No
     least the publishing broker's charge later than on free brokers (fixed latencies, so
     that only the charges differ)."""
     scot, subs, pubs, seed = scenario
-
-    def run(service: ServiceModel | None) -> Simulator:
-        sim = Simulator(scot, "dnr", seed=seed, latency=LatencyModel(0.001, 0.0), service=service)
-        for i, (broker, subscription) in enumerate(subs):
-            sim.subscribe(f"S{i}", broker, subscription)
-        sim.run()
-        for broker, publication in pubs:
-            sim.publish(f"P{broker}", broker, publication)
-        sim.run()
-        return sim
-
-    free, charged = run(None), run(ServiceModel(0.002, 1e-5, 1e-4, 2e-4))
+    fixed = LatencyModel(0.001, 0.0)
+    free = _simulate(scot, "dnr", subs, pubs, seed, fixed)
+    model = ServiceModel(0.002, 1e-5, 1e-4, 2e-4)
+    charged = _simulate(scot, "dnr", subs, pubs, seed, fixed, service=model)
     _exactly_once(charged.report())
     assert set(charged.ledger.received) == set(free.ledger.received)
     for slow, fast in zip(sorted(charged.ledger.delays), sorted(free.ledger.delays), strict=True):
