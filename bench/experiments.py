@@ -7,6 +7,8 @@
     python -m bench.experiments balance --quick         # a skewed placement balanced
     python -m bench.experiments balance-sim             # the same balancer, simulated
     python -m bench.experiments elastic                 # clusters added and removed under a ramp
+    python -m bench.experiments sim-publishers --jobs 2 # full size, calibrated simulator
+    python -m bench.experiments sim-burst --jobs 2      # full size, three placements
 
 Each experiment builds one workload with the Spark job (`spark_workloads.stock_workload`,
 real quotes from ``../shared/data/stockquotes``) on paper75, takes nested subsets of it
@@ -62,6 +64,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """Runs beyond the three modes: label → (routing mode, settings it changes)."""
 RUNS = (*MODES, *VARIANTS)
+SIMULATED = ("sim-burst", "sim-publishers")
+"""Profiles run in the calibrated simulator (:mod:`bench.sim_experiments`)."""
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -794,7 +798,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("experiment", choices=sorted([*PROFILES, "balance", "balance-sim", "elastic"]))
+    p.add_argument(
+        "experiment",
+        choices=sorted([*PROFILES, "balance", "balance-sim", "elastic", *SIMULATED]),
+    )
     p.add_argument("--quick", action="store_true", help="the few-minute profile")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument(
@@ -817,14 +824,45 @@ def main(argv: list[str] | None = None) -> int:
         help="client worker processes per run (default: octopis run's, one per core beyond "
         "the first two)",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="simulations run at once (sim-* experiments; default 1)",
+    )
+    p.add_argument(
+        "--service",
+        type=Path,
+        default=REPO / "bench" / "results" / "service.json",
+        help="the CPU cost model of the sim-* experiments (python -m bench.calibrate)",
+    )
     args = p.parse_args(argv)
-    if args.repeats < 1 or args.client_workers < 0:
-        p.error("--repeats must be ≥ 1 and --client-workers ≥ 0")
+    if args.repeats < 1 or args.client_workers < 0 or args.jobs < 1:
+        p.error("--repeats and --jobs must be ≥ 1 and --client-workers ≥ 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     modes = tuple(m for m in args.modes.split(",") if m)
     if not set(modes) <= set(RUNS):
         p.error(f"--modes must be among {', '.join(RUNS)}")
     started = time.monotonic()
+    if args.experiment in SIMULATED:
+        from bench import sim_experiments
+
+        try:
+            reports = sim_experiments.run(
+                args.experiment,
+                args.out,
+                repeats=args.repeats,
+                seed=args.seed,
+                jobs=args.jobs,
+                service=args.service,
+            )
+        except ValueError as exc:
+            p.error(str(exc))
+        print((args.out / f"{args.experiment}.md").read_text())
+        bad = [r for r in reports if r["lost"] or r["duplicates"] or r["unexpected"]]
+        print(f"{len(reports)} runs in {time.monotonic() - started:.0f} s; {len(bad)} not "
+              f"exactly once; plot: {args.out / (args.experiment + '.png')}")  # fmt: skip
+        return 1 if bad else 0
     if args.experiment == "balance-sim":
         from bench import balance
 

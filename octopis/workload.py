@@ -303,6 +303,7 @@ def generate_workload(
             "subscribers": audience,
             "start": hrp.start,
             "burst_placement": hrp.burst_placement,
+            "inside": hrp.inside,
             "broker": extra_pubs[0].broker if extra_pubs else None,
         }
     return Workload(
@@ -318,7 +319,9 @@ class HighRatePublisher:
     ``start`` seconds on. A fraction ``interest`` of the subscribers (at least one)
     subscribe to exactly those, with ``[class,eq,'HRP']``, so the HRP's audience is known
     exactly. With ``burst_placement`` the audience sits in clusters other than the HRP's,
-    spread over all of them, so that every one of the HRP's iCOLs is a target link.
+    spread over all of them, so that every one of the HRP's iCOLs is a target link;
+    ``inside`` of it (a fraction) sits instead on other brokers of the HRP's own cluster
+    (the mixed regime: part of the burst crosses iCOLs, part stays on the tree).
     """
 
     notifications: int
@@ -326,6 +329,7 @@ class HighRatePublisher:
     interest: float = 0.002
     start: float = 5.0
     burst_placement: bool = True
+    inside: float = 0.0
 
     def audience(self, subscribers: int) -> int:
         """How many of ``subscribers`` follow the HRP."""
@@ -335,6 +339,11 @@ class HighRatePublisher:
             raise WorkloadError("the HRP needs ≥ 1 notification and a positive rate")
         if subscribers < 1:
             raise WorkloadError("the HRP needs at least one subscriber")
+        if not 0 <= self.inside <= 1 or (self.inside and not self.burst_placement):
+            raise WorkloadError(
+                f"the HRP's inside share must be within 0..1 and needs burst placement, "
+                f"got {self.inside}"
+            )
         return max(1, round(self.interest * subscribers))
 
     def events(
@@ -347,7 +356,7 @@ class HighRatePublisher:
         home = rng.choice(list(scot.brokers))
         interest = parse_subscription("[class,eq,'HRP']")
         brokers = follower_brokers(
-            scot, home, audience, burst=self.burst_placement, pick=rng.choice
+            scot, home, audience, burst=self.burst_placement, pick=rng.choice, inside=self.inside
         )
         subs = [
             SubscriptionEvent(f"S{first + i}", broker, interest, 0.0)
@@ -369,20 +378,31 @@ class HighRatePublisher:
 
 
 def follower_brokers(
-    scot: Scot, home: str, audience: int, *, burst: bool, pick: Callable[[list[str]], str]
+    scot: Scot,
+    home: str,
+    audience: int,
+    *,
+    burst: bool,
+    pick: Callable[[list[str]], str],
+    inside: float = 0.0,
 ) -> list[str]:
     """Brokers of the ``audience`` followers of an HRP on ``home`` (paper §7.3). With
     ``burst`` follower i sits in the i-th, in turn, of the clusters other than ``home``'s
     (``home``'s own when it is the only one), so that every one of the HRP's iCOLs is a
-    target link; otherwise anywhere. ``pick`` chooses one broker of a list (the caller's
-    seeded random source)."""
+    target link; otherwise anywhere. The first ``round(inside × audience)`` followers sit
+    instead on brokers of ``home``'s cluster other than ``home`` (the mixed regime).
+    ``pick`` chooses one broker of a list (the caller's seeded random source)."""
     everywhere = list(scot.brokers)
     if not burst:
         return [pick(everywhere) for _ in range(audience)]
     cluster = scot.brokers[home].cluster
     others = [c for c in range(scot.clusters) if c != cluster] or [cluster]
     pools = {c: [b for b in everywhere if scot.brokers[b].cluster == c] for c in others}
-    return [pick(pools[others[i % len(others)]]) for i in range(audience)]
+    near = round(inside * audience)
+    own = [b for b in everywhere if scot.brokers[b].cluster == cluster and b != home] or [home]
+    return [pick(own) for _ in range(near)] + [
+        pick(pools[others[i % len(others)]]) for i in range(audience - near)
+    ]
 
 
 def real_quote_feeds(

@@ -298,3 +298,50 @@ def test_the_cost_fit_recovers_known_costs_and_drops_a_negative_one() -> None:
     for name in ("per_message", "per_copy", "per_delivery"):
         assert abs(costs[name] - truth[name]) < 0.05 * truth[name], (name, costs)
     assert residual < 0.05
+
+
+def test_simulated_profiles_run_repeats_and_judge_the_claims(tmp_path: Path) -> None:
+    """A small publishers-style profile and a small burst in the calibrated simulator:
+    every run exactly once and on disk, medians and verdict rows in the table, the plot's
+    data from the runs (repeat 0's delays and queue timeline for the burst)."""
+    from bench.sim_experiments import SimPoint, SimProfile, plot_data, run
+
+    service = tmp_path / "service.json"
+    service.write_text('{"per_message": 0.0004, "per_copy": 0.0001, "per_delivery": 0.00005}')
+    scaling = SimProfile(
+        "small",
+        "publishers",
+        tuple(SimPoint(f"{p} publishers", p, 150, p, 4, 120.0) for p in (4, 8)),
+        (("notification delay", "notification_delay", "snr", "bid", "notification_delay"),),
+    )
+    reports = run("sim-small", tmp_path, repeats=2, jobs=1, service=service, profile=scaling)
+    assert len(reports) == 2 * 2 * 3 and len(list((tmp_path / "sim-small").glob("*.json"))) == 12
+    for r in reports:
+        assert r["delivered"] == r["expected_deliveries"] > 0 and not r["lost"] + r["duplicates"]
+    text = (tmp_path / "sim-small.md").read_text()
+    assert "Medians of 2 runs" in text and "mean over the points" in text
+    assert "| notification delay, SNR vs BID |" in text
+    assert any(word in text for word in ("reproduced", "inconclusive"))
+    data = plot_data(scaling, reports)
+    assert sorted(x for x, _ in data["notification messages"]["BID"]) == [4, 8]
+    again = run("sim-small", tmp_path, repeats=2, jobs=1, service=service, profile=scaling)
+    assert again == reports  # reused from disk, not run again
+
+    burst = SimProfile(
+        "burst",
+        "inside",
+        (SimPoint("across", 0.0, 150, 4, 4, 60.0, HighRatePublisher(300, 6000.0, 0.05, 1.0)),),
+        (("target-link queue", "queue", "dnr", "snr", "burst_queue_vs_snr"),),
+        per_point=True,
+    )
+    reports = run("sim-tiny-burst", tmp_path, repeats=1, jobs=2, service=service, profile=burst)
+    data = plot_data(burst, reports)
+    delays = data["across: max delay of 1,000 deliveries (s)"]["DNR"]
+    dnr = next(r for r in reports if r["mode"] == "dnr")
+    assert [d for _, d in delays] == dnr["max_delay_per_1000"]
+    assert max(dnr["max_delay_per_1000"]) == dnr["notification_delay"]["max"]
+    timeline = data["across: messages queued"]["SNR"]
+    assert timeline[0][0] == 0 and timeline[-1][0] >= 1.0 + 300 / 100
+    assert (
+        "| target-link queue, DNR vs SNR | across |" in (tmp_path / "sim-tiny-burst.md").read_text()
+    )

@@ -591,6 +591,49 @@ def test_a_charged_broker_serves_notifications_in_arrival_order() -> None:
     assert abs(sim.busy_time[broker] - 0.11) < 1e-9
 
 
+def test_a_receivers_cpu_backlog_overloads_its_senders_link() -> None:
+    """Receiver-paced links: a:0 sends a notification every 10 ms to a:1, which takes
+    60 ms over each. A copy counts in a:0's output queue until a:1's loop takes it, so at
+    205 ms 4 of 20 are taken, 16 wait, and a:0's LST calls the link overloaded (what DNR
+    reads); every delivery still arrives once, in order."""
+    graph = nx.Graph()
+    graph.add_node("a")
+    scot = build_scot(graph, 2, name="pair")
+    sender, receiver = sorted(scot.brokers)
+    sim = Simulator(
+        scot, "dnr", latency=LatencyModel(0.0, 0.0), service=ServiceModel(0.01, 0.0, 0.0, 0.05)
+    )
+    sim.subscribe("S", receiver, Subscription((Predicate("x", ">", 0),)))
+    sim.run()
+    start = sim.now
+    for _ in range(20):
+        sim.publish("P", sender, {"x": 1})
+    sim.run(until=start + 0.205)
+    lst = sim.links.lst[sender]  # type: ignore[attr-defined]
+    assert lst.rows[receiver].queue_length == 16
+    assert lst.overloaded(receiver)
+    sim.run()
+    assert lst.rows[receiver].queue_length == 0
+    report = sim.report()
+    _exactly_once(report)
+    assert report["delivered"] == 20 and max(report["target_queue_length"].values()) >= 10
+    assert [round(d, 6) for d in sim.ledger.delays] == [
+        round(0.01 + 0.06 * (k + 1), 6) for k in range(20)
+    ]
+
+
+def test_a_service_model_needs_links_that_measure_the_cpu_queues() -> None:
+    from octopis.failure_schedule import Failure
+    from octopis.topology import build_preset
+
+    scot = build_preset("fig2")
+    with pytest.raises(ValueError, match="receiver-paced timed links"):
+        Simulator(scot, "dnr", links=TimedLinks(scot), service=ServiceModel(0.001))
+    sim = Simulator(scot, "dnr", service=ServiceModel(0.001))
+    with pytest.raises(ValueError, match="not simulated with a CPU service model"):
+        sim.fail(Failure(("b:0",), 1.0, 2.0))
+
+
 @given(scenarios())
 def test_charged_cpu_delays_every_delivery_and_loses_none(scenario: tuple) -> None:
     """With every broker's CPU charged, the same deliveries arrive exactly once, each at

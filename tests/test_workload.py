@@ -16,6 +16,7 @@ from octopis.topology import build_preset, build_scot, complete_factor
 from octopis.workload import (
     PUBLICATION_SCHEMA,
     SUBSCRIPTION_SCHEMA,
+    HighRatePublisher,
     WorkloadError,
     follower_brokers,
     generate_workload,
@@ -134,6 +135,18 @@ def test_hrp_followers_spread_over_the_other_clusters_in_turn() -> None:
     assert [FIG2.brokers[b].cluster for b in brokers] == [0, 2, 0, 2, 0, 2, 0]
     anywhere = follower_brokers(FIG2, "b:1", 200, burst=False, pick=pick)
     assert {FIG2.brokers[b].cluster for b in anywhere} == {0, 1, 2}
+
+
+def test_mixed_regime_puts_a_share_of_the_followers_in_the_hrps_cluster() -> None:
+    pick = random.Random(5).choice
+    brokers = follower_brokers(FIG2, "b:1", 10, burst=True, pick=pick, inside=0.4)
+    clusters = [FIG2.brokers[b].cluster for b in brokers]
+    assert clusters[:4] == [1] * 4 and "b:1" not in brokers[:4]
+    assert clusters[4:] == [0, 2, 0, 2, 0, 2]
+    with pytest.raises(WorkloadError, match="inside share"):
+        HighRatePublisher(10, inside=0.5, burst_placement=False).audience(100)
+    with pytest.raises(WorkloadError, match="inside share"):
+        HighRatePublisher(10, inside=1.5).audience(100)
 
 
 def test_hrp_followers_of_a_single_cluster_stay_in_it() -> None:

@@ -53,7 +53,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="FILE",
         help="charge each broker's CPU per notification with the costs measured on the broker "
-        "processes (`python -m bench.calibrate` writes FILE), so delays queue as theirs do",
+        "processes (`python -m bench.calibrate` writes FILE), so delays queue as theirs do; a "
+        "copy then counts in its sender's output queue until the receiver's CPU takes it, "
+        "so DNR sees a busy broker (not with failures)",
     )
     add_congestion_options(p)
     add_failure_options(p)
@@ -160,6 +162,14 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="place the HRP's followers in clusters other than the HRP's, spread over all "
         "of them (the paper's burst set-up)",
+    )
+    hrp.add_argument(
+        "--burst-inside",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="with --burst-placement: this fraction of the followers sits instead in the "
+        "HRP's own cluster (the mixed regime; default 0)",
     )
 
 
@@ -305,6 +315,7 @@ def workload_from_args(args: argparse.Namespace, scot: Scot) -> Workload:
                 args.hrp_interest,
                 args.hrp_start,
                 burst_placement=args.burst_placement,
+                inside=args.burst_inside,
             )
         workload = generate_workload(
             scot,
@@ -327,13 +338,16 @@ def link_model(args: argparse.Namespace, scot: Scot) -> LinkModel | None:
         raise UsageError("--window must be > 0 and --queue-threshold ≥ 1")
     if (args.overload is not None or args.overload_schedule) and args.mode != "dnr":
         raise UsageError("--overload and --overload-schedule only affect --mode dnr")
-    timed = args.capacity is not None or args.broker_capacity is not None
+    service = getattr(args, "service", None) is not None
+    timed = args.capacity is not None or args.broker_capacity is not None or service
     if timed and (args.overload is not None or args.overload_schedule):
-        raise UsageError("choose injected (--overload*) or timed (--*capacity) congestion")
+        raise UsageError(
+            "choose injected (--overload*) or timed (--*capacity, --service) congestion"
+        )
     if args.order != DEFAULT_ORDER and not timed:
         raise UsageError(
-            f"--order {args.order} needs timed links (--capacity or --broker-capacity): "
-            "only they have queues to measure"
+            f"--order {args.order} needs timed links (--capacity, --broker-capacity or "
+            "--service): only they have queues to measure"
         )
     if args.overload is not None:
         if not 0 <= args.overload <= 1:
@@ -359,6 +373,7 @@ def link_model(args: argparse.Namespace, scot: Scot) -> LinkModel | None:
             window=args.window,
             queue_threshold=args.queue_threshold,
             order=args.order,
+            receiver_paced=service,
         )
     return None
 
@@ -378,6 +393,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         service = ServiceModel.load(args.service) if args.service is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if service is not None and failures:
+        raise UsageError("failures are not simulated with --service")
     sim = Simulator(
         scot,
         args.mode,

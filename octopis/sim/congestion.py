@@ -162,6 +162,13 @@ class TimedLinks:
     link's output queue until it leaves. Without limits copies leave at once, but still
     count as n_in/n_out in the LST. ``order`` is the LSTs' "least loaded" order (``"ce"``
     or ``"bluedove"``, :mod:`octopis.core.lst`).
+
+    ``receiver_paced`` (with a CPU service model, :mod:`octopis.sim.service`): a copy stays
+    in its link's output queue until the receiver's event loop takes it (:meth:`taken`),
+    not only until it leaves, as the processes' low send high-water mark makes a busy
+    receiver's backlog grow its senders' output queues (DESIGN §4). So a broker whose CPU
+    falls behind shows as overloaded links to every neighbour sending to it, and DNR
+    routes around it.
     """
 
     measures_queues = True
@@ -174,7 +181,9 @@ class TimedLinks:
         queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
         broker_capacity: Mapping[str, float] | None = None,
         order: str = DEFAULT_ORDER,
+        receiver_paced: bool = False,
     ) -> None:
+        self.receiver_paced = receiver_paced
         self._link_rate = _send_rates(capacity)
         self._broker_rate = _send_rates(broker_capacity)
         self.lst = {
@@ -219,11 +228,19 @@ class TimedLinks:
             if rate is not None
         ]
         if not senders:
-            lst.sent(dst, now)
+            if not self.receiver_paced:
+                lst.sent(dst, now)
             return now, ahead
         leaves = departure(now, senders)
-        self._pending[src].setdefault(dst, deque()).append(leaves)
+        if not self.receiver_paced:
+            self._pending[src].setdefault(dst, deque()).append(leaves)
         return leaves, ahead
+
+    def taken(self, src: str, dst: str, now: float) -> None:
+        """``dst``'s event loop takes the oldest copy from ``src`` at ``now`` (receiver
+        paced): it leaves ``src``'s output queue to ``dst``."""
+        self._catch_up(src, now)
+        self.lst[src].sent(dst, now)
 
     def _catch_up(self, broker: str, now: float) -> None:
         lst = self.lst[broker]

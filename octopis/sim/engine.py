@@ -62,7 +62,7 @@ from octopis.core.resync import resync_messages, withdraw_predecessor
 from octopis.core.table import MatcherFactory
 from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
-from octopis.sim.congestion import FreeLinks, InjectedCongestion, LinkModel
+from octopis.sim.congestion import FreeLinks, InjectedCongestion, LinkModel, TimedLinks
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureState
 from octopis.sim.service import ServiceModel
 from octopis.sim.shared import SharedMatcher
@@ -148,14 +148,30 @@ class Simulator:
         self.latency = latency or LatencyModel()
         self.service = service
         """Each broker's CPU as one server (measured costs), or None: routing is free."""
-        self._busy_until: dict[str, float] = dict.fromkeys(scot.brokers, 0.0)
+        self._cpu: dict[str, deque[tuple[str | None, Notification]]] = {
+            b: deque() for b in scot.brokers
+        }
+        """Notifications waiting for each broker's CPU, FIFO: (sender, or None for a local
+        publication; the notification)."""
+        self._serving: set[str] = set()
         self.busy_time: Counter[str] = Counter()
         """Seconds each broker's CPU was charged (with :attr:`service`)."""
+        if service is not None:
+            links = links or TimedLinks(scot, receiver_paced=True)
+            if not getattr(links, "receiver_paced", False):
+                raise ValueError(
+                    "a service model needs receiver-paced timed links "
+                    "(TimedLinks(..., receiver_paced=True)): DNR must see the CPU queues"
+                )
         self.links: LinkModel = links or FreeLinks()
+        self._taken = self.links.taken if getattr(self.links, "receiver_paced", False) else None
+        """Tells a sender's LST its copy left the output queue (receiver-paced links)."""
         self.now = 0.0
         self.subscription_delay: dict[str, float] = {}
         self.subscription_depth: dict[str, int] = {}
         self.target_queue: list[int] = []
+        self.timeline: list[tuple[float, int]] = []
+        """(seconds since the first publication, :meth:`queued`) samples of :meth:`replay`."""
         self._on_forward = on_forward
         self._rng = random.Random(seed)
         self._sample_latency = self.latency.sampler(self._rng)
@@ -437,9 +453,11 @@ class Simulator:
             return publisher, seq
         notification = Notification(publisher, seq, self.now, publication)
         self.ledger.published(publisher, seq, publication)
+        if self.service is not None:
+            self._queue_for_cpu(broker, None, notification)
+            return publisher, seq
         core = self.cores[broker]
-        actions = self._watch(core, notification, core.publish, notification)
-        self._dispatch(broker, actions, self._served(broker, actions))
+        self._dispatch(broker, self._watch(core, notification, core.publish, notification))
         return publisher, seq
 
     # -- time ----------------------------------------------------------------------------
@@ -486,9 +504,12 @@ class Simulator:
         *,
         detection: float = DEFAULT_DETECTION,
         retain: float = DEFAULT_RETAIN,
+        sample_every: float | None = None,
     ) -> None:
         """Subscriptions at their times, settle, then publications at their times (and
-        ``failures``, times counted from the first publication), drain."""
+        ``failures``, times counted from the first publication), drain. With
+        ``sample_every``, :attr:`timeline` gets ``(t, queued)`` from the first publication
+        on, every that many seconds, until the last one is published."""
         workload.check_topology(self.scot)
         start = self.now
         for s in workload.subscriptions:
@@ -499,7 +520,29 @@ class Simulator:
             self.fail(failure, start, detection=detection, retain=retain)
         for p in workload.publications:
             self.at(start + p.time, self.publish, p.publisher, p.broker, p.publication, p.seq)
+        if sample_every is not None and workload.publications:
+            if sample_every <= 0:
+                raise ValueError(f"sample_every must be > 0, got {sample_every}")
+            end = start + max(p.time for p in workload.publications)
+            self.at(start, self._sample, start, end, sample_every)
         self.run()
+
+    def queued(self) -> int:
+        """Messages waiting now: on the links' output queues (with a service model, the
+        copies a receiver's CPU has not taken yet) and local publications waiting for
+        their broker's CPU."""
+        waiting = sum(1 for queue in self._cpu.values() for src, _ in queue if src is None)
+        lst = getattr(self.links, "lst", None)
+        if lst is not None:
+            for broker, table in lst.items():
+                self.links.view(broker, self.now)
+                waiting += sum(row.queue_length for row in table.rows.values())
+        return waiting
+
+    def _sample(self, start: float, end: float, every: float) -> None:
+        self.timeline.append((self.now - start, self.queued()))
+        if self.now < end:
+            self.at(self.now + every, self._sample, start, end, every)
 
     # -- failures (DESIGN §7) --------------------------------------------------------------
 
@@ -524,6 +567,8 @@ class Simulator:
             return
         if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
             raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
+        if self.service is not None:
+            raise ValueError("failures are not simulated with a CPU service model")
         if self.failures is None:
             self.failures = FailureState(detection, retain)
         self.at(start + failure.at, self._fail, failure)
@@ -824,7 +869,7 @@ class Simulator:
             }
         report["sim_time"] = self.now
         report["wall_time"] = self._wall
-        end = max(self.now, *self._busy_until.values())  # the last charge may end later
+        end = self.now
         if self.service is not None and end > 0:
             busiest = max(self.busy_time, key=self.busy_time.__getitem__, default=None)
             report["cpu_busy"] = {
@@ -835,6 +880,8 @@ class Simulator:
             }
         if self.target_queue:
             report["target_queue_length"] = distribution(self.target_queue)
+        if self.timeline:
+            report["queue_timeline"] = [[round(t, 6), n] for t, n in self.timeline]
         if self.failures is not None:
             held = sum(len(copies) for copies in self.held.values())
             report["failures"] = {
@@ -860,14 +907,13 @@ class Simulator:
         if home != broker:
             raise ValueError(f"client {client} is attached to {home}, not {broker}")
 
-    def _dispatch(self, broker: str, actions: list[Action], at: float | None = None) -> None:
-        """Carry out a core's actions (at ``at``, when the broker's CPU is done with them,
-        else now): a forwarded copy arrives after its departure from the link's queue
-        plus a latency draw, never before the copy sent ahead of it (FIFO links); held
-        copies wait; deliveries go to the ledger."""
+    def _dispatch(self, broker: str, actions: list[Action]) -> None:
+        """Carry out a core's actions now: a forwarded copy arrives after its departure
+        from the link's queue plus a latency draw, never before the copy sent ahead of it
+        (FIFO links); held copies wait; deliveries go to the ledger."""
         if not actions:
             return
-        now = self.now if at is None else at
+        now = self.now
         failures = self.failures
         on_forward = self._on_forward
         transmit = None if self._instant else self.links.transmit
@@ -928,6 +974,11 @@ class Simulator:
                 self.failure_counts["undeliverable.died_in_flight"] += 1
                 self._undeliverable_keys.add(message.key)
             return
+        if self.service is not None and type(message) is Notification:
+            self._queue_for_cpu(broker, src, message)
+            return
+        if self._taken is not None:
+            self._taken(src, broker, self.now)
         core = self.cores[broker]
         if type(message) is Subscribe:
             entries = core.table.entries
@@ -942,24 +993,41 @@ class Simulator:
                     self.subscription_depth[sub_id] = message.hops
         else:
             actions = self._watch(core, message, core.receive, src, message)
-            if self.service is not None and type(message) is Notification:
-                self._dispatch(broker, actions, self._served(broker, actions))
-                return
         if actions:
             self._dispatch(broker, actions)
 
-    def _served(self, broker: str, actions: list[Action]) -> float | None:
-        """With :attr:`service`: when ``broker`` is done with the notification that gave
-        ``actions`` (after what it took in before, FIFO), charging its CPU; else None."""
-        service = self.service
-        if service is None:
-            return None
+    def _queue_for_cpu(self, broker: str, src: str | None, notification: Notification) -> None:
+        """A notification waits for ``broker``'s CPU (:attr:`service`), FIFO."""
+        self._cpu[broker].append((src, notification))
+        if broker not in self._serving:
+            self._serve(broker)
+
+    def _serve(self, broker: str) -> None:
+        """``broker``'s event loop takes its oldest notification now: routes it with the
+        link status of now, and is busy for its measured cost; its copies and deliveries
+        go out when that time is up (:meth:`_served`)."""
+        assert self.service is not None
+        src, notification = self._cpu[broker].popleft()
+        core = self.cores[broker]
+        if src is None:
+            actions = self._watch(core, notification, core.publish, notification)
+        else:
+            if self._taken is not None:
+                self._taken(src, broker, self.now)
+            actions = self._watch(core, notification, core.receive, src, notification)
         copies = sum(type(a) is Forward for a in actions)
         deliveries = sum(type(a) is Deliver for a in actions)
-        cost = service.notification(len(self.cores[broker].table.entries), copies, deliveries)
+        cost = self.service.notification(len(core.table.entries), copies, deliveries)
         self.busy_time[broker] += cost
-        done = self._busy_until[broker] = max(self.now, self._busy_until[broker]) + cost
-        return done
+        self._serving.add(broker)
+        self.at(self.now + cost, self._served, broker, actions)
+
+    def _served(self, broker: str, actions: list[Action]) -> None:
+        self._dispatch(broker, actions)
+        if self._cpu[broker]:
+            self._serve(broker)
+        else:
+            self._serving.discard(broker)
 
 
 def _undeliverable(stats: Counter[str]) -> int:
