@@ -1,6 +1,7 @@
 """The simulator's cost model, measured on broker processes, and its check (issue 20).
 
     python -m bench.calibrate                       # fig2, three sizes; ~5 minutes
+    python -m bench.calibrate --recheck             # the simulator side again, no processes
     octopis sim --preset fig2 --mode dnr --service bench/results/service.json ...
 
 For each size (subscribers) a fresh overlay of broker processes (DNR, in the clear) takes
@@ -166,19 +167,32 @@ def main(argv: list[str] | None = None) -> int:
         "--latency", type=float, default=0.0001, help="simulated seconds per hop besides CPU"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--recheck",
+        action="store_true",
+        help="no processes: the simulator side of the check again, with the model and the "
+        "processes' delays already in --out (after a change to the simulator)",
+    )
     args = parser.parse_args(argv)
+    if args.recheck:
+        try:
+            report = json.loads((args.out / "calibration.json").read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            parser.error(f"--recheck needs {args.out / 'calibration.json'}: {exc}")
+        model = ServiceModel(**report["model"])
+        report["model"] = model.to_json()
+        source = model.source
+        args.publishers = source.get("publishers", args.publishers)
+        args.notifications = source.get("notifications", args.notifications)
+        for check in report["checks"]:
+            scot, workload = _sized(source["preset"], check["subscribers"], args)
+            check.update(_check(scot, workload, source["rate"], model, report["latency"], check))
+        _write(args.out, report)
+        return 0
     sizes = [int(n) for n in args.sizes.split(",") if n.strip()]
     measured = []
     for size in sizes:
-        scot = build_shape(args.preset)
-        workload = generate_workload(
-            scot,
-            subscribers=size,
-            publishers=args.publishers,
-            notifications=args.notifications,
-            seed=size,
-            quotes_from=quotes_dir(),
-        )
+        scot, workload = _sized(args.preset, size, args)
         result = measure(scot, workload, args.rate)
         measured.append((size, scot, workload, result))
         print(
@@ -203,45 +217,74 @@ def main(argv: list[str] | None = None) -> int:
             "preset": args.preset,
             "sizes": sizes,
             "rate": args.rate,
+            "publishers": args.publishers,
+            "notifications": args.notifications,
             "rows": len(rows),
             "relative_rms_residual": residual,
         },
     )
     checks = []
     for size, scot, workload, result in measured:
-        sim = simulate(scot, workload, args.rate, model, args.latency)
         phase = result["phase"]
         overlay = phase["overlay_delay_ms"]
-        checks.append(
-            {
-                "subscribers": size,
-                "processes_overlay_ms": {"mean": overlay["mean"], "p99": overlay["p99"]},
-                "processes_total_ms": {
-                    "mean": phase["delay_ms"]["mean"],
-                    "p99": phase["delay_ms"]["p99"],
-                },
-                "sim_ms": {"mean": sim["mean"] * 1000, "p99": sim["p99"] * 1000},
-                "error_of_mean": (sim["mean"] * 1000 - overlay["mean"]) / overlay["mean"],
-                "sim_busiest_share": sim["busiest_share"],
-                "exactly_once": {
-                    k: phase[k]
-                    for k in (
-                        "expected_deliveries",
-                        "delivered",
-                        "duplicates",
-                        "lost",
-                        "unexpected",
-                    )
-                },
-            }
-        )
-    args.out.mkdir(parents=True, exist_ok=True)
+        check = {
+            "subscribers": size,
+            "processes_overlay_ms": {"mean": overlay["mean"], "p99": overlay["p99"]},
+            "processes_total_ms": {
+                "mean": phase["delay_ms"]["mean"],
+                "p99": phase["delay_ms"]["p99"],
+            },
+            "exactly_once": {
+                k: phase[k]
+                for k in ("expected_deliveries", "delivered", "duplicates", "lost", "unexpected")
+            },
+        }
+        checks.append({**check, **_check(scot, workload, args.rate, model, args.latency, check)})
+    _write(
+        args.out,
+        {"model": model.to_json(), "latency": args.latency, "checks": checks, "rows": rows},
+    )
     (args.out / "service.json").write_text(json.dumps(model.to_json(), indent=1))
-    report = {"model": model.to_json(), "latency": args.latency, "checks": checks, "rows": rows}
-    (args.out / "calibration.json").write_text(json.dumps(report, indent=1))
-    (args.out / "calibration.md").write_text(table(report))
-    print(table(report))
     return 0
+
+
+def _sized(preset: str, size: int, args: argparse.Namespace) -> tuple[Scot, Workload]:
+    """The shape and the workload of one size (seeded by the size: the same every time)."""
+    scot = build_shape(preset)
+    workload = generate_workload(
+        scot,
+        subscribers=size,
+        publishers=args.publishers,
+        notifications=args.notifications,
+        seed=size,
+        quotes_from=quotes_dir(),
+    )
+    return scot, workload
+
+
+def _check(
+    scot: Scot,
+    workload: Workload,
+    rate: float,
+    model: ServiceModel,
+    latency: float,
+    check: dict[str, Any],
+) -> dict[str, Any]:
+    """The simulator's figures of one size beside the processes' in ``check``."""
+    sim = simulate(scot, workload, rate, model, latency)
+    overlay = check["processes_overlay_ms"]["mean"]
+    return {
+        "sim_ms": {"mean": sim["mean"] * 1000, "p99": sim["p99"] * 1000},
+        "error_of_mean": (sim["mean"] * 1000 - overlay) / overlay,
+        "sim_busiest_share": sim["busiest_share"],
+    }
+
+
+def _write(out: Path, report: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.json").write_text(json.dumps(report, indent=1))
+    (out / "calibration.md").write_text(table(report))
+    print(table(report))
 
 
 def table(report: dict[str, Any]) -> str:

@@ -345,3 +345,31 @@ def test_simulated_profiles_run_repeats_and_judge_the_claims(tmp_path: Path) -> 
     assert (
         "| target-link queue, DNR vs SNR | across |" in (tmp_path / "sim-tiny-burst.md").read_text()
     )
+
+
+def test_the_calibration_check_runs_again_without_processes(tmp_path: Path) -> None:
+    """``bench.calibrate --recheck``: the stored model and processes' delays, the
+    simulator's side recomputed on the same seeded workload; the error is against the
+    stored overlay delay, and a second recheck gives the same figures."""
+    import json
+
+    from bench.calibrate import main
+
+    model = {"per_message": 0.0004, "per_copy": 0.0001, "per_delivery": 0.00005, "idle": 0.0}
+    model["source"] = {"preset": "fig2", "rate": 40.0, "publishers": 2, "notifications": 10}
+    model["source"] |= {"rows": 9, "relative_rms_residual": 0.1}
+    check = {
+        "subscribers": 40,
+        "processes_overlay_ms": {"mean": 2.0, "p99": 5.0},
+        "processes_total_ms": {"mean": 3.0, "p99": 6.0},
+    }
+    (tmp_path / "calibration.json").write_text(
+        json.dumps({"model": model, "latency": 0.0001, "checks": [check], "rows": []})
+    )
+    assert main(["--recheck", "--out", str(tmp_path)]) == 0
+    first = json.loads((tmp_path / "calibration.json").read_text())["checks"][0]
+    assert first["sim_ms"]["mean"] > 0.4  # at least one notification's charge
+    assert first["error_of_mean"] == (first["sim_ms"]["mean"] - 2.0) / 2.0
+    assert main(["--recheck", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "calibration.json").read_text())["checks"][0] == first
+    assert "| 40 | 2.00 / 5.00 |" in (tmp_path / "calibration.md").read_text()
