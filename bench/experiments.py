@@ -851,6 +851,7 @@ def main(argv: list[str] | None = None) -> int:
             reports = sim_experiments.run(
                 args.experiment,
                 args.out,
+                quick=args.quick,
                 repeats=args.repeats,
                 seed=args.seed,
                 jobs=args.jobs,
@@ -858,10 +859,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as exc:
             p.error(str(exc))
-        print((args.out / f"{args.experiment}.md").read_text())
+        written = args.out / (args.experiment + ("-quick" if args.quick else ""))
+        print(written.with_suffix(".md").read_text())
         bad = [r for r in reports if r["lost"] or r["duplicates"] or r["unexpected"]]
         print(f"{len(reports)} runs in {time.monotonic() - started:.0f} s; {len(bad)} not "
-              f"exactly once; plot: {args.out / (args.experiment + '.png')}")  # fmt: skip
+              f"exactly once; plot: {written.with_suffix('.png')}")  # fmt: skip
         return 1 if bad else 0
     if args.experiment == "balance-sim":
         from bench import balance

@@ -3,6 +3,7 @@
 
     python -m bench.experiments sim-publishers --jobs 2    # Fig. 10(b)-(d), 3,000 subscribers
     python -m bench.experiments sim-burst --jobs 2         # Fig. 11, three follower placements
+    python -m bench.experiments sim-burst --quick          # the same with a 12 s burst
 
 Every run is `octopis sim`'s simulator on paper75 with each broker's CPU charged the
 costs measured on the broker processes (``bench/results/service.json``, written by
@@ -67,23 +68,14 @@ class SimProfile:
     per_point: bool = False
 
 
-SIM_PROFILES: dict[str, SimProfile] = {
-    "sim-publishers": SimProfile(
-        "paper75, 3,000 subscribers, 100 → 500 publishers at 100 notifications/min as in "
-        "the paper, 60 notifications each (paper: 500)",
-        "publishers",
-        tuple(SimPoint(f"{p} publishers", p, 3000, p, 60, 100.0) for p in range(100, 600, 100)),
-        tuple(
-            c
-            for c in CLAIMS["scaling"]
-            if c[1] in ("sbp_messages", "notification_delay", "notification_messages")
-        ),
-    ),
-    "sim-burst": SimProfile(
+def _burst(hrp_notifications: int, note: str) -> SimProfile:
+    """The burst at three placements of the HRP's followers (paper §7.3 and the mixed
+    regime), the HRP at 100,000/min from 10 s."""
+    return SimProfile(
         "paper75, 5,000 subscribers, 100 publishers × 60 at 60/min, an HRP publishing "
-        "20,000 at 100,000/min (1,667/s; paper: 100,000 at 60,000–100,000/min) from 10 s "
-        "to 0.2% of the subscribers (10): all in other clusters (every HRP iCOL a target "
-        "link), half of them in its own cluster (mixed), or all in it",
+        f"{hrp_notifications:,} at 100,000/min (1,667/s) from 10 s {note} to 0.2% of the "
+        "subscribers (10): all in other clusters (every HRP iCOL a target link), half of "
+        "them in its own cluster (mixed), or all in it",
         "followers in the HRP's cluster",
         tuple(
             SimPoint(
@@ -93,14 +85,42 @@ SIM_PROFILES: dict[str, SimProfile] = {
                 100,
                 60,
                 60.0,
-                HighRatePublisher(20_000, 100_000.0, 0.002, 10.0, inside=inside),
+                HighRatePublisher(hrp_notifications, 100_000.0, 0.002, 10.0, inside=inside),
             )
             for label, inside in (("across", 0.0), ("mixed", 0.5), ("inside", 1.0))
         ),
         tuple(c for c in CLAIMS["burst"] if c[4]),
         per_point=True,
-    ),
+    )
+
+
+_SCALING_CLAIMS = tuple(
+    c
+    for c in CLAIMS["scaling"]
+    if c[1] in ("sbp_messages", "notification_delay", "notification_messages")
+)
+SIM_PROFILES: dict[str, dict[str, SimProfile]] = {
+    "sim-publishers": {
+        "full": SimProfile(
+            "paper75, 3,000 subscribers, 100 → 500 publishers at 100 notifications/min as "
+            "in the paper, 60 notifications each (paper: 500)",
+            "publishers",
+            tuple(SimPoint(f"{p} publishers", p, 3000, p, 60, 100.0) for p in range(100, 600, 100)),
+            _SCALING_CLAIMS,
+        ),
+        "quick": SimProfile(
+            "paper75, 1,000 subscribers, 100 and 300 publishers × 20 at 100/min",
+            "publishers",
+            tuple(SimPoint(f"{p} publishers", p, 1000, p, 20, 100.0) for p in (100, 300)),
+            _SCALING_CLAIMS,
+        ),
+    },
+    "sim-burst": {
+        "full": _burst(100_000, "(the paper's size: 60 s of burst)"),
+        "quick": _burst(20_000, "(paper: 100,000)"),
+    },
 }
+"""Each simulated experiment's full profile (the paper's sizes) and its quick one."""
 
 
 def simulate(point: SimPoint, mode: str, seed: int, service: ServiceModel) -> dict[str, Any]:
@@ -146,15 +166,18 @@ def run(
     name: str,
     out: Path,
     *,
+    quick: bool = False,
     repeats: int = 5,
     seed: int = 1,
     jobs: int = 1,
     service: Path = SERVICE,
     profile: SimProfile | None = None,
 ) -> list[dict[str, Any]]:
-    """Every point × mode × repeat of ``name`` (a run already on disk is reused), in
-    ``jobs`` processes; writes the table and the plot; returns the reports."""
-    profile = profile or SIM_PROFILES[name]
+    """Every point × mode × repeat of ``name``'s full or quick profile (``<name>`` or
+    ``<name>-quick`` under ``out``; a run already on disk is reused), in ``jobs``
+    processes; writes the table and the plot; returns the reports."""
+    profile = profile or SIM_PROFILES[name]["quick" if quick else "full"]
+    name = f"{name}-quick" if quick else name
     ServiceModel.load(service)  # a bad model file fails before any run
     base = out / name
     base.mkdir(parents=True, exist_ok=True)
