@@ -168,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
+        "--model",
+        type=Path,
+        help="also check this model (e.g. the low-rate bench/results/service.json) against "
+        "the processes: its error beside the fitted model's",
+    )
+    parser.add_argument(
         "--recheck",
         action="store_true",
         help="no processes: the simulator side of the check again, with the model and the "
@@ -189,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             check.update(_check(scot, workload, source["rate"], model, report["latency"], check))
         _write(args.out, report)
         return 0
+    try:
+        other = ServiceModel.load(args.model) if args.model is not None else None
+    except ValueError as exc:
+        parser.error(str(exc))
     sizes = [int(n) for n in args.sizes.split(",") if n.strip()]
     measured = []
     for size in sizes:
@@ -239,11 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                 for k in ("expected_deliveries", "delivered", "duplicates", "lost", "unexpected")
             },
         }
-        checks.append({**check, **_check(scot, workload, args.rate, model, args.latency, check)})
-    _write(
-        args.out,
-        {"model": model.to_json(), "latency": args.latency, "checks": checks, "rows": rows},
-    )
+        check |= _check(scot, workload, args.rate, model, args.latency, check)
+        if other is not None:
+            check["other"] = _check(scot, workload, args.rate, other, args.latency, check)
+        checks.append(check)
+    report = {"model": model.to_json(), "latency": args.latency, "checks": checks, "rows": rows}
+    if other is not None:
+        report["other_model"] = {"path": str(args.model), **other.to_json()}
+    _write(args.out, report)
     (args.out / "service.json").write_text(json.dumps(model.to_json(), indent=1))
     return 0
 
@@ -290,6 +303,7 @@ def _write(out: Path, report: dict[str, Any]) -> None:
 def table(report: dict[str, Any]) -> str:
     """The model and the check, as Markdown."""
     m = report["model"]
+    other = "other_model" in report
     lines = [
         "# The simulator's cost model, measured and checked",
         "",
@@ -301,16 +315,32 @@ def table(report: dict[str, Any]) -> str:
         f"{report['latency'] * 1e6:.0f} µs besides CPU.",
         "",
         "| subscribers | processes: overlay delay mean / p99 ms | processes: total mean / "
-        "p99 ms | simulator mean / p99 ms | error of the mean | busiest broker (sim) |",
-        "|---:|---|---|---|---:|---:|",
+        "p99 ms | simulator mean / p99 ms | error of the mean | busiest broker (sim) |"
+        + (" with the other model: mean / p99 ms, error, busiest |" if other else ""),
+        "|---:|---|---|---|---:|---:|" + ("---|" if other else ""),
     ]
     for c in report["checks"]:
         o, t, s = c["processes_overlay_ms"], c["processes_total_ms"], c["sim_ms"]
-        lines.append(
+        line = (
             f"| {c['subscribers']:,} | {o['mean']:.2f} / {o['p99']:.2f} | {t['mean']:.2f} / "
             f"{t['p99']:.2f} | {s['mean']:.2f} / {s['p99']:.2f} | {c['error_of_mean']:+.0%} | "
             f"{c['sim_busiest_share']:.0%} |"
         )
+        if "other" in c:
+            x = c["other"]
+            line += (
+                f" {x['sim_ms']['mean']:.2f} / {x['sim_ms']['p99']:.2f}, "
+                f"{x['error_of_mean']:+.0%}, {x['sim_busiest_share']:.0%} |"
+            )
+        lines.append(line)
+    if "other_model" in report:
+        x = report["other_model"]
+        lines += [
+            "",
+            f"The other model ({x['path']}): {x['per_message'] * 1e6:.1f} µs per notification "
+            f"+ {x['per_copy'] * 1e6:.1f} µs per copy + {x['per_delivery'] * 1e6:.1f} µs per "
+            f"delivery, measured at {x['source'].get('rate', '?')} publications/s.",
+        ]
     return "\n".join(lines) + "\n"
 
 
