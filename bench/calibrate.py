@@ -190,9 +190,15 @@ def main(argv: list[str] | None = None) -> int:
         source = model.source
         args.publishers = source.get("publishers", args.publishers)
         args.notifications = source.get("notifications", args.notifications)
+        stored = report.get("other_model")
+        other = ServiceModel(**{k: v for k, v in stored.items() if k != "path"}) if stored else None
         for check in report["checks"]:
             scot, workload = _sized(source["preset"], check["subscribers"], args)
             check.update(_check(scot, workload, source["rate"], model, report["latency"], check))
+            if other is not None:
+                check["other"] = _check(
+                    scot, workload, source["rate"], other, report["latency"], check
+                )
         _write(args.out, report)
         return 0
     try:

@@ -856,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 jobs=args.jobs,
                 service=args.service,
+                modes=tuple(m for m in modes if m in MODES),
             )
         except ValueError as exc:
             p.error(str(exc))

@@ -146,7 +146,8 @@ def simulate(point: SimPoint, mode: str, seed: int, service: ServiceModel) -> di
 
 def _task(args: tuple[str, SimPoint, str, int, int, str, str]) -> str:
     name, point, mode, repeat, seed, service_path, path = args
-    report = simulate(point, mode, seed, ServiceModel.load(service_path))
+    model = ServiceModel.load(service_path)
+    report = simulate(point, mode, seed, model)
     report.update(
         {
             "experiment": name,
@@ -156,6 +157,7 @@ def _task(args: tuple[str, SimPoint, str, int, int, str, str]) -> str:
             "repeat": repeat,
             "seed": seed,
             "service": service_path,
+            "service_model": model.to_json(),
         }
     )
     Path(path).write_text(json.dumps(report))
@@ -172,23 +174,32 @@ def run(
     jobs: int = 1,
     service: Path = SERVICE,
     profile: SimProfile | None = None,
+    modes: tuple[str, ...] = MODES,
 ) -> list[dict[str, Any]]:
     """Every point × mode × repeat of ``name``'s full or quick profile (``<name>`` or
     ``<name>-quick`` under ``out``; a run already on disk is reused), in ``jobs``
-    processes; writes the table and the plot; returns the reports."""
+    processes, in ``modes``; writes the table and the plot; returns the reports. A run on
+    disk made with another seed or service model is an error, not mixed in."""
     profile = profile or SIM_PROFILES[name]["quick" if quick else "full"]
     name = f"{name}-quick" if quick else name
-    ServiceModel.load(service)  # a bad model file fails before any run
+    model = ServiceModel.load(service).to_json()  # a bad model file fails before any run
     base = out / name
     base.mkdir(parents=True, exist_ok=True)
     tasks = []
     for point in profile.points:
         for repeat in range(repeats):
-            for mode in MODES:
+            for mode in modes:
                 path = base / f"{point.label.replace(' ', '-')}-{mode}-r{repeat}.json"
                 if not path.is_file():
                     task = (name, point, mode, repeat, seed + repeat, str(service), str(path))
                     tasks.append(task)
+                    continue
+                made = json.loads(path.read_text())
+                if made.get("seed") != seed + repeat or made.get("service_model") != model:
+                    raise ValueError(
+                        f"{path} was made with another seed or service model: "
+                        "remove it or choose another --out"
+                    )
     log.info("%s: %d runs to make in %d process(es)", name, len(tasks), jobs)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         for done, path in enumerate(pool.map(_task, tasks), 1):
@@ -197,7 +208,7 @@ def run(
         json.loads((base / f"{p.label.replace(' ', '-')}-{m}-r{r}.json").read_text())
         for p in profile.points
         for r in range(repeats)
-        for m in MODES
+        for m in modes
     ]
     (out / f"{name}.md").write_text(table(name, profile, reports))
     plot(name, profile, reports, out / f"{name}.png")
@@ -287,7 +298,13 @@ def ratios(
     scopes = [[p] for p in points] if profile.per_point else [points]
     for label, key, mode, base, claim in profile.claims:
         for scope in scopes:
-            pairs = [((x, p, mode), (x, p, base)) for x, p in scope]
+            pairs = [
+                ((x, p, mode), (x, p, base))
+                for x, p in scope
+                if (x, p, mode) in groups and (x, p, base) in groups
+            ]
+            if not pairs:
+                continue
             values = {k: [run[key] for run in groups[k]] for pair in pairs for k in pair}
             estimate = change_interval(values, pairs)
             runs = min(len(v) for v in values.values())

@@ -6,6 +6,8 @@ import math
 import random
 from pathlib import Path
 
+import pytest
+
 from bench.calibrate import fit
 from bench.experiments import (
     PROFILES,
@@ -326,6 +328,12 @@ def test_simulated_profiles_run_repeats_and_judge_the_claims(tmp_path: Path) -> 
     assert sorted(x for x, _ in data["notification messages"]["BID"]) == [4, 8]
     again = run("sim-small", tmp_path, repeats=2, jobs=1, service=service, profile=scaling)
     assert again == reports  # reused from disk, not run again
+    other = tmp_path / "other.json"
+    other.write_text('{"per_message": 0.0005}')
+    with pytest.raises(ValueError, match="another seed or service model"):
+        run("sim-small", tmp_path, repeats=2, jobs=1, service=other, profile=scaling)
+    with pytest.raises(ValueError, match="another seed or service model"):
+        run("sim-small", tmp_path, repeats=2, seed=7, service=service, profile=scaling)
 
     burst = SimProfile(
         "burst",

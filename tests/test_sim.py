@@ -622,6 +622,25 @@ def test_a_receivers_cpu_backlog_overloads_its_senders_link() -> None:
     ]
 
 
+def test_a_move_waits_behind_the_notifications_a_busy_broker_holds() -> None:
+    """Every message waits for a charged broker's loop in arrival order, a move's as
+    well: five notifications queued at the middle broker of a–b–c are routed by the
+    path they found, not by the move that arrived behind them, and reach the subscriber
+    exactly once."""
+    scot = build_scot(nx.path_graph(["a", "b", "c"]), 1, name="line")
+    for service in (None, ServiceModel(0.01)):
+        sim = Simulator(scot, "snr", latency=LatencyModel(0.0001, 0.0), service=service)
+        sim.subscribe("S", "c:0", Subscription((Predicate("x", ">", 0),)))
+        sim.run()
+        for _ in range(5):
+            sim.publish("P", "a:0", {"x": 1})
+        sim.move("S", "a:0")
+        sim.run()
+        report = sim.report()
+        assert report["delivered"] == report["expected_deliveries"] == 5
+        assert report["lost"] == report["duplicates"] == 0
+
+
 def test_a_service_model_needs_links_that_measure_the_cpu_queues() -> None:
     from octopis.failure_schedule import Failure
     from octopis.topology import build_preset
@@ -629,9 +648,12 @@ def test_a_service_model_needs_links_that_measure_the_cpu_queues() -> None:
     scot = build_preset("fig2")
     with pytest.raises(ValueError, match="receiver-paced timed links"):
         Simulator(scot, "dnr", links=TimedLinks(scot), service=ServiceModel(0.001))
-    sim = Simulator(scot, "dnr", service=ServiceModel(0.001))
-    with pytest.raises(ValueError, match="not simulated with a CPU service model"):
-        sim.fail(Failure(("b:0",), 1.0, 2.0))
+    for sim in (
+        Simulator(scot, "dnr", service=ServiceModel(0.001)),
+        Simulator(scot, "dnr", links=TimedLinks(scot, receiver_paced=True)),
+    ):
+        with pytest.raises(ValueError, match="not simulated with a CPU service model"):
+            sim.fail(Failure(("b:0",), 1.0, 2.0))
 
 
 @given(scenarios())

@@ -148,12 +148,12 @@ class Simulator:
         self.latency = latency or LatencyModel()
         self.service = service
         """Each broker's CPU as one server (measured costs), or None: routing is free."""
-        self._cpu: dict[str, deque[tuple[str | None, Notification]]] = {
-            b: deque() for b in scot.brokers
-        }
-        """Notifications waiting for each broker's CPU, FIFO: (sender, or None for a local
-        publication; the notification)."""
+        self._cpu: dict[str, deque[tuple[str | None, Any]]] = {b: deque() for b in scot.brokers}
+        """Messages waiting for each broker's CPU, FIFO: (sender, or None for a local
+        publication; the message), or (None, the actions of a client's operation)."""
         self._serving: set[str] = set()
+        self._charged_until = 0.0
+        """When the last CPU charge so far ends."""
         self.busy_time: Counter[str] = Counter()
         """Seconds each broker's CPU was charged (with :attr:`service`)."""
         if service is not None:
@@ -171,7 +171,7 @@ class Simulator:
         self.subscription_depth: dict[str, int] = {}
         self.target_queue: list[int] = []
         self.timeline: list[tuple[float, int]] = []
-        """(seconds since the first publication, :meth:`queued`) samples of :meth:`replay`."""
+        """(seconds since publishing started, :meth:`queued`) samples of :meth:`replay`."""
         self._on_forward = on_forward
         self._rng = random.Random(seed)
         self._sample_latency = self.latency.sampler(self._rng)
@@ -232,7 +232,7 @@ class Simulator:
         self.subscriber_of[sub_id] = subscriber
         self.subscription_delay[sub_id] = 0.0
         self.subscription_depth[sub_id] = 0
-        self._dispatch(broker, actions)
+        self._dispatch_local(broker, actions)
         return sub_id
 
     def unsubscribe(self, sub_id: str) -> None:
@@ -240,7 +240,7 @@ class Simulator:
         subscriber = self.subscriber_of.pop(sub_id)
         broker = self._home[subscriber]
         self.ledger.unsubscribed(sub_id)
-        self._dispatch(broker, self.cores[broker].unsubscribe(subscriber, sub_id))
+        self._dispatch_local(broker, self.cores[broker].unsubscribe(subscriber, sub_id))
 
     def move(
         self, subscriber: str, broker: str, *, poll: float = MOVE_POLL, linger: float = MOVE_LINGER
@@ -278,7 +278,7 @@ class Simulator:
             if inside:
                 self.moves["inside"] += 1
                 moved[sub_id] = sub_id
-                self._dispatch(broker, core.adopt(subscriber, sub_id))
+                self._dispatch_local(broker, core.adopt(subscriber, sub_id))
                 continue
             self.moves["across"] += 1
             subscription = self.cores[old].table.entries[sub_id].subscription
@@ -419,7 +419,7 @@ class Simulator:
 
     def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
         self.ledger.unsubscribed(sub_id)
-        self._dispatch(old, self.cores[old].unsubscribe(subscriber, sub_id))
+        self._dispatch_local(old, self.cores[old].unsubscribe(subscriber, sub_id))
         self.moves["withdrawn"] += 1
         self._let_go(subscriber)
 
@@ -507,9 +507,10 @@ class Simulator:
         sample_every: float | None = None,
     ) -> None:
         """Subscriptions at their times, settle, then publications at their times (and
-        ``failures``, times counted from the first publication), drain. With
-        ``sample_every``, :attr:`timeline` gets ``(t, queued)`` from the first publication
-        on, every that many seconds, until the last one is published."""
+        ``failures``, times counted from the start of publishing, the workload's time 0),
+        drain. With ``sample_every``, :attr:`timeline` gets ``(t, queued)`` from the start
+        of publishing on, every that many seconds, until the last one is published and
+        nothing is queued any more."""
         workload.check_topology(self.scot)
         start = self.now
         for s in workload.subscriptions:
@@ -540,8 +541,9 @@ class Simulator:
         return waiting
 
     def _sample(self, start: float, end: float, every: float) -> None:
-        self.timeline.append((self.now - start, self.queued()))
-        if self.now < end:
+        queued = self.queued()
+        self.timeline.append((self.now - start, queued))
+        if self.now < end or queued:
             self.at(self.now + every, self._sample, start, end, every)
 
     # -- failures (DESIGN §7) --------------------------------------------------------------
@@ -567,8 +569,10 @@ class Simulator:
             return
         if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
             raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
-        if self.service is not None:
-            raise ValueError("failures are not simulated with a CPU service model")
+        if self.service is not None or self._taken is not None:
+            raise ValueError(
+                "failures are not simulated with a CPU service model or receiver-paced links"
+            )
         if self.failures is None:
             self.failures = FailureState(detection, retain)
         self.at(start + failure.at, self._fail, failure)
@@ -869,7 +873,7 @@ class Simulator:
             }
         report["sim_time"] = self.now
         report["wall_time"] = self._wall
-        end = self.now
+        end = max(self.now, self._charged_until)
         if self.service is not None and end > 0:
             busiest = max(self.busy_time, key=self.busy_time.__getitem__, default=None)
             report["cpu_busy"] = {
@@ -974,60 +978,84 @@ class Simulator:
                 self.failure_counts["undeliverable.died_in_flight"] += 1
                 self._undeliverable_keys.add(message.key)
             return
-        if self.service is not None and type(message) is Notification:
+        if self.service is not None:
             self._queue_for_cpu(broker, src, message)
             return
         if self._taken is not None:
             self._taken(src, broker, self.now)
-        core = self.cores[broker]
-        if type(message) is Subscribe:
-            entries = core.table.entries
-            stored = len(entries)
-            actions = core.receive(src, message, self._view(broker))
-            if len(entries) > stored:
-                sub_id = message.sub_id
-                delay = self.now - message.issued_at
-                if delay > self.subscription_delay.get(sub_id, 0.0):
-                    self.subscription_delay[sub_id] = delay
-                if message.hops > self.subscription_depth.get(sub_id, 0):
-                    self.subscription_depth[sub_id] = message.hops
-        else:
-            actions = self._watch(core, message, core.receive, src, message)
+        actions = self._receive(broker, src, message)
         if actions:
             self._dispatch(broker, actions)
 
-    def _queue_for_cpu(self, broker: str, src: str | None, notification: Notification) -> None:
-        """A notification waits for ``broker``'s CPU (:attr:`service`), FIFO."""
-        self._cpu[broker].append((src, notification))
+    def _receive(self, broker: str, src: str, message: Any) -> list[Action]:
+        """``broker``'s core takes ``message`` from neighbour ``src`` now; a subscription
+        that stored an entry updates its delay and depth."""
+        core = self.cores[broker]
+        if type(message) is not Subscribe:
+            return self._watch(core, message, core.receive, src, message)
+        entries = core.table.entries
+        stored = len(entries)
+        actions = core.receive(src, message, self._view(broker))
+        if len(entries) > stored:
+            sub_id = message.sub_id
+            delay = self.now - message.issued_at
+            if delay > self.subscription_delay.get(sub_id, 0.0):
+                self.subscription_delay[sub_id] = delay
+            if message.hops > self.subscription_depth.get(sub_id, 0):
+                self.subscription_depth[sub_id] = message.hops
+        return actions
+
+    def _dispatch_local(self, broker: str, actions: list[Action]) -> None:
+        """Actions of a client's operation at ``broker`` (subscribe, move, ...): with a
+        service model they go out behind what its loop holds (copies of notifications
+        it has taken or queued), as the processes' one loop sends them; else now."""
+        if self.service is not None and (broker in self._serving or self._cpu[broker]):
+            self._cpu[broker].append((None, actions))
+        else:
+            self._dispatch(broker, actions)
+
+    def _queue_for_cpu(self, broker: str, src: str | None, message: Any) -> None:
+        """A message waits for ``broker``'s CPU (:attr:`service`), FIFO: every message
+        from a neighbour, and local publications (one event loop, as in the processes)."""
+        self._cpu[broker].append((src, message))
         if broker not in self._serving:
             self._serve(broker)
 
     def _serve(self, broker: str) -> None:
-        """``broker``'s event loop takes its oldest notification now: routes it with the
-        link status of now, and is busy for its measured cost; its copies and deliveries
-        go out when that time is up (:meth:`_served`)."""
+        """``broker``'s event loop takes its oldest messages now, in order: each is
+        handled with the link status of now; other messages cost nothing, and the first
+        notification keeps the CPU busy for its measured cost, its copies and deliveries
+        going out when that time is up (:meth:`_served`)."""
         assert self.service is not None
-        src, notification = self._cpu[broker].popleft()
+        queue = self._cpu[broker]
         core = self.cores[broker]
-        if src is None:
-            actions = self._watch(core, notification, core.publish, notification)
-        else:
-            if self._taken is not None:
-                self._taken(src, broker, self.now)
-            actions = self._watch(core, notification, core.receive, src, notification)
-        copies = sum(type(a) is Forward for a in actions)
-        deliveries = sum(type(a) is Deliver for a in actions)
-        cost = self.service.notification(len(core.table.entries), copies, deliveries)
-        self.busy_time[broker] += cost
-        self._serving.add(broker)
-        self.at(self.now + cost, self._served, broker, actions)
+        while queue:
+            src, message = queue.popleft()
+            if type(message) is list:  # a client operation's actions (_dispatch_local)
+                self._dispatch(broker, message)
+                continue
+            if src is None:
+                actions = self._watch(core, message, core.publish, message)
+            else:
+                if self._taken is not None:
+                    self._taken(src, broker, self.now)
+                actions = self._receive(broker, src, message)
+            if type(message) is not Notification:
+                self._dispatch(broker, actions)
+                continue
+            copies = sum(type(a) is Forward for a in actions)
+            deliveries = sum(type(a) is Deliver for a in actions)
+            cost = self.service.notification(len(core.table.entries), copies, deliveries)
+            self.busy_time[broker] += cost
+            self._charged_until = max(self._charged_until, self.now + cost)
+            self._serving.add(broker)
+            self.at(self.now + cost, self._served, broker, actions)
+            return
+        self._serving.discard(broker)
 
     def _served(self, broker: str, actions: list[Action]) -> None:
         self._dispatch(broker, actions)
-        if self._cpu[broker]:
-            self._serve(broker)
-        else:
-            self._serving.discard(broker)
+        self._serve(broker)
 
 
 def _undeliverable(stats: Counter[str]) -> int:

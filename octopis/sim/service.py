@@ -4,10 +4,11 @@ delays queue where the processes' would.
 
 A notification a broker takes in (from a client or a neighbour) keeps its one event loop
 busy for ``per_message + per_entry × table size + per_copy × copies + per_delivery ×
-deliveries`` seconds; messages wait for the loop in arrival order. Subscriptions and
-control traffic are not charged (they are rare against notifications in the paper's
-workloads). Idle work (heartbeats, timers) is measured but not charged either: it takes
-a broker ``idle`` of each second, which the report states.
+deliveries`` seconds; every message waits for the loop in arrival order (the simulator's
+engine). Subscriptions and control traffic wait but are not charged (they are rare
+against notifications in the paper's workloads). Idle work (heartbeats, timers) is
+measured but not charged either: it takes a broker ``idle`` of each second, which the
+report states.
 """
 
 from __future__ import annotations
