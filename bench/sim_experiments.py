@@ -89,7 +89,11 @@ def _burst(hrp_notifications: int, note: str) -> SimProfile:
             )
             for label, inside in (("across", 0.0), ("mixed", 0.5), ("inside", 1.0))
         ),
-        tuple(c for c in CLAIMS["burst"] if c[4]),
+        (
+            *(c for c in CLAIMS["burst"] if c[4]),
+            ("peak queued (links and CPUs)", "peak_queued", "dnr", "snr", ""),
+            ("peak queued (links and CPUs)", "peak_queued", "dnr", "bid", ""),
+        ),
         per_point=True,
     )
 
@@ -231,6 +235,7 @@ def metrics(report: dict[str, Any]) -> dict[str, float]:
         "sbp_messages": report["sbp_messages"],
         "notification_messages": report["notification_messages"],
         "busiest": report["cpu_busy"]["busiest_share"],
+        "peak_queued": max((n for _, n in report.get("queue_timeline", [])), default=math.nan),
         "kept_off": report.get("dnr_kept_off", 0),
         "expected": report["expected_deliveries"],
         "delivered": report["delivered"],
@@ -260,9 +265,9 @@ def table(name: str, profile: SimProfile, reports: list[dict[str, Any]]) -> str:
         "duplicated and lost summed over the runs.",
         "",
         "| point | mode | delay mean s [95% interval] | p99 s | <1 s | queue mean / p99 | "
-        "SBP msgs | notification msgs | busiest CPU | kept off | expected | delivered | "
-        "dup | lost |",
-        "|" + "---|" * 14,
+        "peak queued | SBP msgs | notification msgs | busiest CPU | kept off | expected | "
+        "delivered | dup | lost |",
+        "|" + "---|" * 15,
     ]
     for (_, label, mode), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2])):
         m = {k: median([g[k] for g in group]) for k in group[0]}
@@ -271,7 +276,8 @@ def table(name: str, profile: SimProfile, reports: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {label} | {mode.upper()} | {mid:.4f} [{low:.4f}, {high:.4f}] | "
             f"{m['notification_delay_p99']:.4f} | {m['under_1s']:.1%} | "
-            f"{m['queue']:.2f} / {m['queue_p99']:.0f} | {m['sbp_messages']:,.0f} | "
+            f"{m['queue']:.2f} / {m['queue_p99']:.0f} | {_count(m['peak_queued'])} | "
+            f"{m['sbp_messages']:,.0f} | "
             f"{m['notification_messages']:,.0f} | {m['busiest']:.0%} | {m['kept_off']:,.0f} | "
             f"{total['expected']:,} | {total['delivered']:,} | "
             f"{sum(int(g['duplicates']) for g in group)} | {sum(int(g['lost']) for g in group)} |"
@@ -317,6 +323,10 @@ def ratios(
                 paper,
                 verdict(paper, estimate[1], estimate[2], runs),
             )
+
+
+def _count(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:,.0f}"
 
 
 def _pct(value: float) -> str:
