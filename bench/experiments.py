@@ -7,6 +7,7 @@
     python -m bench.experiments balance --quick         # a skewed placement balanced
     python -m bench.experiments balance-sim             # the same balancer, simulated
     python -m bench.experiments elastic                 # clusters added and removed under a ramp
+    python -m bench.experiments sim-subscribers --jobs 2 # full size, calibrated simulator
     python -m bench.experiments sim-publishers --jobs 2 # full size, calibrated simulator
     python -m bench.experiments sim-burst --jobs 2      # full size, three placements
 
@@ -64,7 +65,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """Runs beyond the three modes: label → (routing mode, settings it changes)."""
 RUNS = (*MODES, *VARIANTS)
-SIMULATED = ("sim-burst", "sim-publishers")
+SIMULATED = ("sim-burst", "sim-publishers", "sim-subscribers")
 """Profiles run in the calibrated simulator (:mod:`bench.sim_experiments`)."""
 REPO = Path(__file__).resolve().parents[1]
 

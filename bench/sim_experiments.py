@@ -1,6 +1,7 @@
-"""The paper's publishers and burst profiles at full size in the calibrated simulator
-(issue 20): what two cores cannot run as 75 broker processes.
+"""The paper's profiles at full size in the calibrated simulator (issue 20): what two
+cores cannot run as 75 broker processes.
 
+    python -m bench.experiments sim-subscribers --jobs 2   # Fig. 9, 500 → 10,000 subscribers
     python -m bench.experiments sim-publishers --jobs 2    # Fig. 10(b)-(d), 3,000 subscribers
     python -m bench.experiments sim-burst --jobs 2         # Fig. 11, three follower placements
     python -m bench.experiments sim-burst --quick          # the same with a 12 s burst
@@ -101,9 +102,28 @@ def _burst(hrp_notifications: int, note: str) -> SimProfile:
 _SCALING_CLAIMS = tuple(
     c
     for c in CLAIMS["scaling"]
-    if c[1] in ("sbp_messages", "notification_delay", "notification_messages")
+    if c[1] in ("sbp_messages", "subscription_delay", "notification_delay", "notification_messages")
 )
 SIM_PROFILES: dict[str, dict[str, SimProfile]] = {
+    "sim-subscribers": {
+        "full": SimProfile(
+            "paper75, 500 → 10,000 subscribers as in the paper, 100 publishers × 60 "
+            "notifications at 60/min (paper: × 1,000)",
+            "subscribers",
+            tuple(
+                SimPoint(f"{n} subscribers", n, n, 100, 60, 60.0)
+                for n in (500, 1000, 2500, 5000, 10_000)
+            ),
+            _SCALING_CLAIMS,
+        ),
+        "quick": SimProfile(
+            "paper75, 500 and 1,500 subscribers, 100 publishers × 15 at 60/min (the "
+            "processes' quick profile)",
+            "subscribers",
+            tuple(SimPoint(f"{n} subscribers", n, n, 100, 15, 60.0) for n in (500, 1500)),
+            _SCALING_CLAIMS,
+        ),
+    },
     "sim-publishers": {
         "full": SimProfile(
             "paper75, 3,000 subscribers, 100 → 500 publishers at 100 notifications/min as "
@@ -226,6 +246,7 @@ def metrics(report: dict[str, Any]) -> dict[str, float]:
     """The per-run figures the tables and plots use."""
     delay, queue = report["notification_delay"], report.get("target_queue_length", {})
     return {
+        "subscription_delay": report["subscription_delay"]["mean"],
         "notification_delay": delay["mean"],
         "notification_delay_p99": delay["p99"],
         "under_1s": delay["under_1s"],
