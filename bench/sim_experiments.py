@@ -401,10 +401,16 @@ def plot(name: str, profile: SimProfile, reports: list[dict[str, Any]], path: Pa
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.8 * rows), squeeze=False)
     order = sorted(data, key=lambda t: ("queued" in t, t)) if profile.per_point else list(data)
     for ax, title in zip(axes.flat, order, strict=False):
-        for mode, points in data[title].items():
+        for mode in sorted(data[title], key=lambda m: m == "DNR"):  # DNR dashed, on top
+            points = data[title][mode]
             if points:
-                ax.plot(*zip(*points, strict=True), marker="." if not profile.per_point else None,
-                        label=mode, lw=1)  # fmt: skip
+                ax.plot(
+                    *zip(*points, strict=True),
+                    marker=None if profile.per_point else ".",
+                    linestyle="--" if mode == "DNR" else "-",
+                    label=mode,
+                    lw=1,
+                )
         ax.set_title(title, fontsize=9)
         if profile.per_point:
             ax.set_xlabel(
