@@ -414,7 +414,7 @@ def plot(name: str, profile: SimProfile, reports: list[dict[str, Any]], path: Pa
         ax.set_title(title, fontsize=9)
         if profile.per_point:
             ax.set_xlabel(
-                "deliveries (thousands)" if "delay" in title else "time since first publication (s)"
+                "deliveries (thousands)" if "delay" in title else "time since publishing started (s)"
             )
         else:
             ax.set_xlabel(profile.x_label)
