@@ -413,9 +413,8 @@ def plot(name: str, profile: SimProfile, reports: list[dict[str, Any]], path: Pa
                 )
         ax.set_title(title, fontsize=9)
         if profile.per_point:
-            ax.set_xlabel(
-                "deliveries (thousands)" if "delay" in title else "time since publishing started (s)"
-            )
+            since = "time since publishing started (s)"
+            ax.set_xlabel("deliveries (thousands)" if "delay" in title else since)
         else:
             ax.set_xlabel(profile.x_label)
         ax.grid(alpha=0.3)
