@@ -532,7 +532,12 @@ class Simulator:
         """Messages waiting now: on the links' output queues (with a service model, the
         copies a receiver's CPU has not taken yet) and local publications waiting for
         their broker's CPU."""
-        waiting = sum(1 for queue in self._cpu.values() for src, _ in queue if src is None)
+        waiting = sum(
+            1
+            for queue in self._cpu.values()
+            for src, message in queue
+            if src is None and type(message) is Notification
+        )
         lst = getattr(self.links, "lst", None)
         if lst is not None:
             for broker, table in lst.items():
@@ -569,7 +574,7 @@ class Simulator:
             return
         if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
             raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
-        if self.service is not None or self._taken is not None:
+        if self._taken is not None:  # a service model always has receiver-paced links
             raise ValueError(
                 "failures are not simulated with a CPU service model or receiver-paced links"
             )
