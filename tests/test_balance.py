@@ -116,6 +116,27 @@ def test_dynamic_migration_lowers_the_peak_until_balanced_or_stuck(state: LoadSt
     assert cov <= 0.15 or mean <= 10.0 or plan.note
 
 
+@given(load_states(), st.sampled_from([0.0, 0.05, 0.1, 0.15]))
+def test_a_plan_starts_above_alpha_and_moves_down_to_its_target(
+    state: LoadState, target: float
+) -> None:
+    alpha, beta = 0.15, 10.0
+    plan = dynamic_migration(state, alpha, beta, target=target)
+    cov = coefficient_of_variation(b.load for b in state.brokers.values())
+    mean = total(state) / len(state.brokers)
+    if cov <= alpha or mean <= beta:
+        assert not plan.moves  # hysteresis: a spread between target and α starts nothing
+        return
+    covs = [
+        coefficient_of_variation(b.load for b in s.brokers.values()) for s, _ in replay(state, plan)
+    ]
+    assert all(c > target for c in covs)  # no move once the target is reached
+    end = coefficient_of_variation(b.load for b in plan.state.brokers.values())
+    assert end <= target or plan.note or len(plan.moves) == 1000
+    with pytest.raises(ValueError, match="target cov"):
+        dynamic_migration(state, alpha, beta, target=alpha + 0.01)
+
+
 @given(load_states())
 def test_sdm_moves_to_the_most_similar_broker_under_the_mean(state: LoadState) -> None:
     def similarity(subscriber: str, broker: str) -> float:

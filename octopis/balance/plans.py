@@ -31,6 +31,11 @@ from dataclasses import dataclass, field, replace
 
 ALPHA = 0.15
 """BAD's threshold on the coefficient of variation for dynamic migration (its §6.2.2)."""
+TARGET = 0.10
+"""Coefficient of variation a triggered dynamic migration plans down to: below α, so that
+a spread measured with sampling noise (loads over a few seconds, deliveries in clumps)
+lands under α too, and the next round is not triggered by that noise alone (hysteresis;
+BAD plans down to α itself)."""
 GAMMA = 0.6
 """Coefficient of variation above which the whole placement is shuffled (BAD gives no
 value; an extreme skew: one broker carrying most of a small overlay's load)."""
@@ -151,13 +156,15 @@ def dynamic_migration(
     alpha: float = ALPHA,
     beta: float = BETA,
     *,
+    target: float | None = None,
     scheme: str = "ldm",
     similarity: Callable[[str, str], float] | None = None,
     max_moves: int = 1000,
 ) -> Plan:
-    """BAD's Algorithm 1, lines 5–20: while cov > ``alpha`` and the mean load > ``beta``,
-    take the most loaded broker's subscribers heaviest first and move the first that has
-    a valid destination: one that, with it, stays below the source's load *without* it
+    """BAD's Algorithm 1, lines 5–20: when cov > ``alpha`` and the mean load > ``beta``,
+    and then while cov > ``target`` (≤ α; ``None``: α itself, as BAD), take the most
+    loaded broker's subscribers heaviest first and move the first that has a valid
+    destination: one that, with it, stays below the source's load *without* it
     (BAD: below the source's load; so the sum of squared loads falls with every move and
     the plan ends). The stricter rule keeps a move from being worth undoing: BAD's lets a
     subscriber land where it makes its new broker the busier of the two, and on measured,
@@ -178,10 +185,17 @@ def dynamic_migration(
         raise ValueError(f"scheme must be 'ldm' or 'sdm', not {scheme!r}")
     if scheme == "sdm" and similarity is None:
         raise ValueError("SDM needs a similarity(subscriber, broker) function")
+    goal = alpha if target is None else target
+    if not 0 <= goal <= alpha:
+        raise ValueError(f"the target cov must be between 0 and α {alpha:g}, not {goal:g}")
     plan = Plan(state=state)
+    cov, mean = _cov_mean(state)
+    if cov <= alpha or mean <= beta:
+        return plan
+    trigger = f"cov {cov:.2f} > α {alpha:g} and mean {mean:.0f}/s > β {beta:g}/s"
     while len(plan.moves) < max_moves:
         cov, mean = _cov_mean(state)
-        if cov <= alpha or mean <= beta:
+        if cov <= goal or mean <= beta:
             break
         move = None
         for source in sorted(state.brokers, key=lambda b: (-state.brokers[b].load, b)):
@@ -199,8 +213,7 @@ def dynamic_migration(
         plan.moves.append(
             replace(
                 move,
-                reason=f"cov {cov:.2f} > α {alpha:g} and mean {mean:.0f}/s > β {beta:g}/s: "
-                + move.reason,
+                reason=f"{trigger}, now {cov:.2f} > target {goal:g}: " + move.reason,
             )
         )
         state = state.moved(move.subscriber, move.target)

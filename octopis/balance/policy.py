@@ -16,6 +16,7 @@ from octopis.balance.plans import (
     LR_HIGH,
     LR_LOW,
     LR_SAFE,
+    TARGET,
     BrokerLoad,
     LoadState,
     Move,
@@ -74,6 +75,10 @@ class BalanceOptions:
     """One of :data:`MEASURES`; empty: ``deliveries`` for BAD's plans (ldm, shuffle),
     ``output`` for Dynamoth's (high-load, low-load: load ratios against the capacity of
     the whole broker), which take nothing else."""
+    target: float = TARGET
+    """ldm: the coefficient of variation a triggered plan moves subscribers down to (α
+    if it is above α): planning to α itself leaves the measured spread at α plus its
+    noise (:data:`~octopis.balance.plans.TARGET`)."""
 
     def __post_init__(self) -> None:
         if self.plan not in PLANS:
@@ -88,6 +93,8 @@ class BalanceOptions:
             raise ValueError("interval and sample must be > 0, max_moves ≥ 1, rounds ≥ 0")
         if self.smoothing < 0:
             raise ValueError("smoothing must be ≥ 0 seconds")
+        if self.target < 0:
+            raise ValueError("the target coefficient of variation must be ≥ 0")
 
     @property
     def load_measure(self) -> str:
@@ -231,7 +238,13 @@ def collapse(moves: list[Move]) -> list[Move]:
 def make_plan(options: BalanceOptions, state: LoadState) -> Plan:
     """The plan ``options.plan`` names, with its thresholds."""
     if options.plan == "ldm":
-        return dynamic_migration(state, options.alpha, options.beta, max_moves=options.max_moves)
+        return dynamic_migration(
+            state,
+            options.alpha,
+            options.beta,
+            target=min(options.target, options.alpha),
+            max_moves=options.max_moves,
+        )
     if options.plan == "shuffle":
         return shuffle(state, options.gamma, options.beta)
     if options.plan == "high-load":

@@ -104,6 +104,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     for name, default, what in (
         ("--alpha", d.alpha, "ldm: coefficient of variation that triggers migration"),
         (
+            "--target",
+            d.target,
+            "ldm: coefficient of variation a triggered plan moves down to (α if above it; "
+            "below α so that the measured spread, which carries sampling noise, lands "
+            "under α)",
+        ),
+        (
             "--beta",
             d.beta,
             "ldm, shuffle: mean load (/s, --measure) under which nothing moves",
@@ -144,6 +151,7 @@ def _options(args: argparse.Namespace, **pace: Any) -> BalanceOptions:
             args.lr_safe,
             args.lr_low,
             measure=args.measure,
+            target=args.target,
             **pace,
         )
     except ValueError as exc:
