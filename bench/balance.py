@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from octopis.balance.plans import ALPHA, TARGET
 from octopis.balance.policy import BalanceOptions, coefficient_of_variation
 from octopis.cluster.launcher import prepare_topology
 from octopis.cluster.runner import RunOptions, WorkloadRun
@@ -194,15 +195,23 @@ def last_quarter(report: dict[str, Any]) -> dict[str, float]:
     queues = report.get("timeline", [])
     queue_tail = queues[-1]["t"] * 3 / 4 if queues else 0.0
     figures = {k: sum(t[k] for t in last) / len(last) for k in FIGURES}
-    for key, measure in (("cov_quarter", "loads"), ("cov_output_quarter", "outputs")):
-        brokers = last[0][measure]
-        mean_loads = [sum(t[measure][b] for t in last) / len(last) for b in brokers]
-        figures[key] = coefficient_of_variation(mean_loads)
+    figures["cov_quarter"] = spread_of_means(last, "loads")
+    figures["cov_output_quarter"] = spread_of_means(last, "outputs")
     figures["waiting"] = max(
         (q["deliveries_waiting_max"] for q in queues if q["t"] >= queue_tail), default=0
     )
     figures["waiting_peak"] = max((q["deliveries_waiting_max"] for q in queues), default=0)
     return figures
+
+
+def spread_of_means(samples: list[dict[str, Any]], measure: str) -> float:
+    """The coefficient of variation of each broker's ``measure`` (``loads`` or
+    ``outputs``) averaged over ``samples``: the spread of load over their whole span,
+    free of most of the noise of a single short window."""
+    brokers = samples[0][measure]
+    return coefficient_of_variation(
+        sum(t[measure][b] for t in samples) / len(samples) for b in brokers
+    )
 
 
 FIGURES = ("cov", "mean", "cov_output", "mean_output")
@@ -320,12 +329,14 @@ def plot(static: dict[str, Any], balanced: dict[str, Any], path: Path) -> None:
 
 
 SIM_RUNS = (
-    ("uniform", 0.0, "deliveries", False),
-    ("skewed, observed", 0.8, "deliveries", False),
-    ("skewed, LDM on deliveries", 0.8, "deliveries", True),
-    ("skewed, LDM on output", 0.8, "output", True),
+    ("uniform", 0.0, "deliveries", False, TARGET),
+    ("skewed, observed", 0.8, "deliveries", False, TARGET),
+    ("skewed, LDM on deliveries", 0.8, "deliveries", True, TARGET),
+    ("skewed, LDM on deliveries, planned to α (BAD)", 0.8, "deliveries", True, ALPHA),
+    ("skewed, LDM on output", 0.8, "output", True, TARGET),
 )
-"""The simulator's runs: (label, skew, load measure, whether the balancer acts)."""
+"""The simulator's runs: (label, skew, load measure, whether the balancer acts, the
+cov its plans move down to)."""
 
 
 def simulate(out: Path, seed: int) -> str:
@@ -333,24 +344,30 @@ def simulate(out: Path, seed: int) -> str:
     balance-sim``): a generated stock workload of 2,000 subscribers and 100 publishers
     × 180 notifications at 60/min, placed uniformly at random or 80% on the five hot
     brokers; LDM on delivery load beside LDM on output. Shows where relaying puts the
-    floor of the output spread. Writes ``balance-sim.md``; returns the table."""
+    floor of the output spread. Writes ``balance-sim.md`` (``out`` made if missing);
+    returns the table."""
     from octopis.sim import LatencyModel, Simulator
     from octopis.topology import build_preset
     from octopis.workload import generate_workload
 
+    out.mkdir(parents=True, exist_ok=True)
     scot = build_preset("paper75")
     base = generate_workload(scot, subscribers=2000, publishers=100, notifications=180, seed=seed)
+    template = BalanceOptions("ldm", beta=5.0, interval=8.0, max_moves=800, cooldown=25.0)
     rows = [
         "# The balancer in the simulator: paper75, 2,000 subscribers, 100 publishers x 180",
         "",
         "Coefficient of variation of per-broker load over the last 60 s of publishing, as "
         "deliveries to each broker's own subscribers and as output (copies to neighbours "
-        "too); LDM (α 0.15, β 5/s, rounds every 8 s, cooldown 25 s).",
+        "too): the mean of the balancer's samples, and of each broker's mean load over the "
+        f"60 s; LDM (α {template.alpha:g}, target {template.target:g}, β {template.beta:g}/s, "
+        f"rounds every {template.interval:g} s, cooldown {template.cooldown:g} s).",
         "",
-        "| run | delivery cov | output cov | moves (inside / across) | exactly once |",
+        "| run | delivery cov: samples / mean loads | output cov: samples / mean loads "
+        "| moves (inside / across) | exactly once |",
         "|---|---|---|---|---|",
     ]
-    for label, skew, measure, act in SIM_RUNS:
+    for label, skew, measure, act, target in SIM_RUNS:
         workload = skewed(base, scot, skew) if skew else base
         sim = Simulator(scot, "dnr", seed=seed, latency=LatencyModel(0.001, 0.004))
         for s in workload.subscriptions:
@@ -359,9 +376,7 @@ def simulate(out: Path, seed: int) -> str:
         start = sim.now
         for p in workload.publications:
             sim.at(start + p.time, sim.publish, p.publisher, p.broker, p.publication, p.seq)
-        options = BalanceOptions(
-            "ldm", beta=5.0, interval=8.0, max_moves=800, cooldown=25.0, measure=measure, act=act
-        )
+        options = replace(template, measure=measure, act=act, target=target)
         sim.balance(options, until=start + 180)
         sim.run()
         report = sim.report()
@@ -374,7 +389,8 @@ def simulate(out: Path, seed: int) -> str:
             and report["duplicates"] == report["lost"] == 0
         )
         rows.append(
-            f"| {label} | {deliveries_cov:.2f} | {output_cov:.2f} | "
+            f"| {label} | {deliveries_cov:.2f} / {spread_of_means(tail, 'loads'):.2f} "
+            f"| {output_cov:.2f} / {spread_of_means(tail, 'outputs'):.2f} | "
             f"{moves.get('inside', 0)} / {moves.get('across', 0)} | "
             f"{'yes' if once else 'NO'} ({report['delivered']:,}) |"
         )
