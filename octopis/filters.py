@@ -71,6 +71,7 @@ STRING_OPERATORS = (
     "str-contains",
 )
 IS_PRESENT = "isPresent"
+_EQUALITY = ("eq", "=")
 OPERATORS = frozenset((*NUMERIC_OPERATORS, *STRING_OPERATORS, IS_PRESENT))
 MAX_INTEGER = 2**53
 """Largest magnitude of an integer value (exactly representable as a double)."""
@@ -253,6 +254,13 @@ class Subscription:
         """Whether every predicate holds for ``publication`` (the reference semantics)."""
         get = publication.get
         return all(p.test(get(p.attr)) for p in self.predicates)
+
+    def interests(self) -> frozenset[str]:
+        """Its equality predicates (``eq``, ``=``) as ``attr=value`` texts: what it shares
+        with another subscription the way BAD's subscriptions share a channel (two
+        subscriptions of ``[symbol,eq,'IBM']`` want one stream); the balancer's SDM ranks
+        brokers by it."""
+        return frozenset(f"{p.attr}={p.value!r}" for p in self.predicates if p.op in _EQUALITY)
 
     def to_text(self) -> str:
         """Canonical PADRES text; :func:`parse_subscription` reads it back to an equal value."""

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,9 +34,10 @@ from octopis.balance.plans import (
     initial_broker,
     low_load_plan,
     place_subscribers,
+    shared_interest,
     shuffle,
 )
-from octopis.balance.policy import BalanceOptions, Elasticity, SubscriberLoads
+from octopis.balance.policy import BalanceOptions, Elasticity, SubscriberLoads, make_plan
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.topology import build_preset
@@ -135,6 +137,40 @@ def test_a_plan_starts_above_alpha_and_moves_down_to_its_target(
     assert end <= target or plan.note or len(plan.moves) == 1000
     with pytest.raises(ValueError, match="target cov"):
         dynamic_migration(state, alpha, beta, target=alpha + 0.01)
+
+
+@given(load_states(), st.data())
+def test_sdm_by_shared_interest_prefers_brokers_holding_what_the_subscriber_asks_for(
+    state: LoadState, data: st.DataObject
+) -> None:
+    """``shared_interest``: a broker's similarity to a subscriber is the load of its
+    subscribers sharing an interest with it; the ``sdm`` plan moves each subscriber to the
+    fitting broker under the mean of the highest such similarity (as read before the
+    plan)."""
+    symbols = st.frozensets(st.sampled_from(["sym='A'", "sym='B'", "sym='C'", "x=1"]))
+    state = replace(state, interests={s: data.draw(symbols) for s in state.loads})
+    similarity = shared_interest(state)
+    for subscriber, interests in state.interests.items():
+        for broker in state.brokers:
+            expected = sum(
+                state.loads[s]
+                for i in interests
+                for s, h in state.hosts.items()
+                if h == broker and i in state.interests[s]
+            )
+            assert similarity(subscriber, broker) == pytest.approx(expected)
+    plan = make_plan(BalanceOptions("sdm", alpha=0.15, beta=10.0, target=0.15), state)
+    for before, move in replay(state, plan):
+        mean = total(before) / len(before.brokers)
+        peak, load = before.brokers[move.source].load, before.loads[move.subscriber]
+        assert before.brokers[move.target].load < mean
+        assert not any(
+            b.load < mean
+            and b.load + load < peak
+            and similarity(move.subscriber, name) > similarity(move.subscriber, move.target)
+            for name, b in before.brokers.items()
+            if name != move.source
+        )
 
 
 @given(load_states())
@@ -366,19 +402,29 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
         await pub.flush(60)
         await until(lambda: len(got) >= 7 * total, "every delivery", 60)
         await pub.close()
-        try:  # the plan is made while the subscribers are attached
-            return await asyncio.to_thread(
-                subprocess.run,
+        attached.update((await fig2.ask(["a:0"], "clients", 10))["a:0"])
+
+        def plan(kind: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
                 [sys.executable, "-m", "octopis.cli.main", "balance", "plan", "--topology",
                  str(fig2.topology_path), "--keys", str(fig2.keys_dir), "--beta", "1",
-                 "--json"],
+                 "--plan", kind, "--json"],
                 capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
+
+        try:  # the plans are made while the subscribers are attached
+            return await asyncio.to_thread(plan, "ldm"), await asyncio.to_thread(plan, "sdm")
         finally:
             for sub in subscribers:
                 await sub.close()
 
-    plan = asyncio.run(closing_control(fig2, scenario()))
+    attached: dict[str, dict] = {}
+    plan, similar = asyncio.run(closing_control(fig2, scenario()))
+    hot = {c: v for c, v in attached.items() if c.startswith("hot")}
+    assert len(hot) == 6  # the clients RPC: what each asks for by equality, for SDM
+    assert all(
+        list(v["interests"]) == ["class='STOCK'"] and v["subscriptions"] == 1 for v in hot.values()
+    )
     assert len(got) == 7 * total and set(got.values()) == {1}  # exactly once each
     assert plan.returncode == 0, plan.stderr
     report = json.loads(plan.stdout)
@@ -388,6 +434,10 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
     assert moves[0]["source"] == "a:0" and moves[0]["subscriber"].startswith("hot")
     assert moves[0]["inside_cluster"] and moves[0]["target"].endswith(":0")
     assert all(m["reason"].startswith("cov ") for m in moves)
+    assert similar.returncode == 0, similar.stderr
+    sdm = json.loads(similar.stdout)["moves"]
+    assert sdm and all("most similar" in m["reason"] for m in sdm)
+    assert sdm[0]["source"] == "a:0" and sdm[0]["subscriber"].startswith("hot")
 
 
 @pytest.fixture

@@ -463,3 +463,9 @@ def test_input_at_the_limits_is_accepted() -> None:
     assert len(parse_subscription("[a,eq,'abcde'],[abcd,>,1]").predicates) == 2
     assert parse_publication("[a,'abcde'],[b,2],[abcd,3]") == {"a": "abcde", "b": 2, "abcd": 3}
     assert validate_publication({"a": "abcde", "b": 2, "abcd": 3})
+
+
+def test_interests_are_the_equality_predicates() -> None:
+    sub = parse_subscription("[class,eq,'STOCK'],[symbol,eq,'IBM'],[low,<,20],[n,=,3]")
+    assert sub.interests() == frozenset({"class='STOCK'", "symbol='IBM'", "n=3"})
+    assert parse_subscription("[low,<,20],[symbol,isPresent]").interests() == frozenset()

@@ -257,7 +257,11 @@ class Balancer:
         """Read every broker's load; append it to the timeline."""
         try:
             state, reports = await observe(
-                self.scot, self.ask, self.timeout, self.options.load_measure
+                self.scot,
+                self.ask,
+                self.timeout,
+                self.options.load_measure,
+                interests=self.options.plan == "sdm",
             )
         except BalanceError as exc:
             log.warning("load not read: %s", exc)

@@ -28,10 +28,11 @@ MEASURED = {"deliveries": "deliveries_per_s", "output": "output_per_s"}
 
 
 async def observe(
-    scot: Scot, ask: Ask, timeout: float = 5.0, measure: str = "output"
+    scot: Scot, ask: Ask, timeout: float = 5.0, measure: str = "output", interests: bool = False
 ) -> tuple[LoadState, dict[str, dict[str, Any]]]:
     """The overlay's load state, a broker's load being its ``measure`` per second, and
-    each broker's load report. A broker without a
+    each broker's load report; with ``interests``, each subscriber's interests too (the
+    ``clients`` RPC, for SDM). A broker without a
     configured capacity whose own is not measurable yet (idle: no CPU time in the
     window) is given the largest capacity measured on the others: brokers of one overlay
     run the same code on alike machines. :class:`BalanceError` if a broker does not
@@ -52,4 +53,16 @@ async def observe(
             key = f"{client}@{broker}"
             loads[key] = rate
             hosts[key] = broker
-    return LoadState(brokers, loads, hosts), reports
+    held: dict[str, frozenset[str]] = {}
+    if interests:
+        attached = await ask(list(scot.brokers), "clients", timeout)
+        silent = sorted(b for b, r in attached.items() if r is None)
+        if silent:
+            raise BalanceError(f"no client list from {', '.join(silent[:5])} within {timeout:g} s")
+        held = {
+            f"{client}@{broker}": frozenset(info["interests"])
+            for broker, clients in attached.items()
+            for client, info in clients.items()
+            if f"{client}@{broker}" in loads
+        }
+    return LoadState(brokers, loads, hosts, held), reports

@@ -8,7 +8,8 @@ second, which moves with it.
 
 - :func:`dynamic_migration` — BAD pub/sub's Algorithm 1 (LDM and SDM): while the
   coefficient of variation of broker loads exceeds α and the mean exceeds β, the heaviest
-  subscriber of the most loaded broker that can move does.
+  subscriber of the most loaded broker that can move does; SDM's similarity is
+  :func:`shared_interest`.
 - :func:`shuffle` — BAD's greedy shuffle (GSH), for when the variation exceeds γ.
 - :func:`high_load_plan` and :func:`low_load_plan` — Dynamoth's Algorithm 2 and its
   low-load counterpart, on load ratios LR = load / capacity.
@@ -74,6 +75,9 @@ class LoadState:
     """Subscriber → its load (deliveries per second)."""
     hosts: dict[str, str]
     """Subscriber → the broker it is attached to."""
+    interests: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Subscriber → what its subscriptions ask for by equality
+    (``Subscription.interests``), for SDM; empty when the plan needs none."""
 
     def on(self, broker: str) -> list[str]:
         """The subscribers of ``broker``, heaviest first (ties by name)."""
@@ -88,7 +92,16 @@ class LoadState:
         brokers = dict(self.brokers)
         brokers[source] = replace(brokers[source], load=brokers[source].load - load)
         brokers[target] = replace(brokers[target], load=brokers[target].load + load)
-        return LoadState(brokers, self.loads, {**self.hosts, subscriber: target})
+        return LoadState(brokers, self.loads, {**self.hosts, subscriber: target}, self.interests)
+
+    def keeping(self, subscribers: set[str]) -> LoadState:
+        """The state with only ``subscribers`` (the others' load stays on their brokers)."""
+        return LoadState(
+            self.brokers,
+            {s: v for s, v in self.loads.items() if s in subscribers},
+            {s: h for s, h in self.hosts.items() if s in subscribers},
+            {s: i for s, i in self.interests.items() if s in subscribers},
+        )
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,25 @@ class Plan:
     state: LoadState | None = None
     note: str = ""
     """Why the plan stopped where it did, when it could not reach its goal."""
+
+
+def shared_interest(state: LoadState) -> Callable[[str, str], float]:
+    """BAD's similarity of a subscriber and a broker for SDM, on a SCOT: the load of the
+    broker's subscribers that share an interest with the subscriber (per shared interest,
+    the deliveries per second of those holding it), so that the subscriber joins brokers
+    that already receive what it asks for and adds deliveries, not copies. Taken from
+    ``state`` once: a plan's own moves do not change it."""
+    by_broker: dict[str, dict[str, float]] = {}
+    for subscriber, host in state.hosts.items():
+        held = by_broker.setdefault(host, {})
+        for interest in state.interests.get(subscriber, ()):
+            held[interest] = held.get(interest, 0.0) + state.loads.get(subscriber, 0.0)
+
+    def similarity(subscriber: str, broker: str) -> float:
+        held = by_broker.get(broker, {})
+        return sum(held.get(i, 0.0) for i in state.interests.get(subscriber, ()))
+
+    return similarity
 
 
 def coefficient_of_variation(loads: Iterable[float]) -> float:

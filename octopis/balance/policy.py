@@ -25,6 +25,7 @@ from octopis.balance.plans import (
     dynamic_migration,
     high_load_plan,
     low_load_plan,
+    shared_interest,
     shuffle,
 )
 
@@ -33,7 +34,7 @@ KEPT = 10_000
 run` may run for weeks, a simulation for as long; the report counts every move and says
 how many decisions it no longer holds."""
 
-PLANS = ("ldm", "shuffle", "high-load", "low-load")
+PLANS = ("ldm", "sdm", "shuffle", "high-load", "low-load")
 MEASURES = ("deliveries", "output")
 """What a broker's load is for a plan: ``deliveries`` per second to its own subscribers
 (BAD's broker load, the data a broker moves for the subscribers it serves: all of it
@@ -76,7 +77,7 @@ class BalanceOptions:
     ``output`` for Dynamoth's (high-load, low-load: load ratios against the capacity of
     the whole broker), which take nothing else."""
     target: float = TARGET
-    """ldm: the coefficient of variation a triggered plan moves subscribers down to (α
+    """ldm, sdm: the coefficient of variation a triggered plan moves subscribers down to (α
     if it is above α): planning to α itself leaves the measured spread at α plus its
     noise (:data:`~octopis.balance.plans.TARGET`)."""
 
@@ -207,7 +208,7 @@ class SubscriberLoads:
             b: BrokerLoad(max(0.0, v.load + change[b]), v.capacity, v.cluster)
             for b, v in state.brokers.items()
         }
-        return LoadState(brokers, loads, state.hosts)
+        return LoadState(brokers, loads, state.hosts, state.interests)
 
 
 def load_sample(loads: dict[str, float], outputs: dict[str, float]) -> dict[str, Any]:
@@ -237,12 +238,14 @@ def collapse(moves: list[Move]) -> list[Move]:
 
 def make_plan(options: BalanceOptions, state: LoadState) -> Plan:
     """The plan ``options.plan`` names, with its thresholds."""
-    if options.plan == "ldm":
+    if options.plan in ("ldm", "sdm"):
         return dynamic_migration(
             state,
             options.alpha,
             options.beta,
             target=min(options.target, options.alpha),
+            scheme=options.plan,
+            similarity=shared_interest(state) if options.plan == "sdm" else None,
             max_moves=options.max_moves,
         )
     if options.plan == "shuffle":
@@ -260,11 +263,7 @@ def plan_round(options: BalanceOptions, state: LoadState, recent: set[str]) -> P
     names = {s.split("@", 1)[0] for s in recent} | recent
     keep = {s for s in state.hosts if s.split("@", 1)[0] not in names}
     if len(keep) < len(state.hosts):
-        state = LoadState(
-            state.brokers,
-            {s: v for s, v in state.loads.items() if s in keep},
-            {s: h for s, h in state.hosts.items() if s in keep},
-        )
+        state = state.keeping(keep)
     plan = make_plan(options, state)
     plan.moves = collapse(plan.moves)
     return plan

@@ -26,8 +26,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="load-balancing plans for a running overlay, and a balancer that carries them out",
         description="Read every broker's load analysis over the control RPC and decide "
         "which subscribers to move where, with the reason for each move: BAD's "
-        "load-based dynamic migration (ldm: while the coefficient of variation of broker "
-        "loads exceeds --alpha and the mean exceeds --beta), BAD's greedy shuffle (above "
+        "load-based dynamic migration (ldm: once the coefficient of variation of broker "
+        "loads exceeds --alpha and the mean exceeds --beta, until it is down to --target) "
+        "or its similarity-based one (sdm: the same, each subscriber moving to the broker "
+        "under the mean load whose subscribers share most of what it asks for by "
+        "equality, e.g. its symbol), BAD's greedy shuffle (above "
         "--gamma), Dynamoth's high-load plan (brokers over --lr-high relieved to under "
         "--lr-safe) or its low-load plan (mean LR under --lr-low: drain the least loaded "
         "broker). Destinations inside the subscriber's cluster come first: such a move "
@@ -97,23 +100,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
         choices=MEASURES,
         default="",
         help="a broker's load: deliveries/s to its own subscribers (all of it moves with "
-        "them; default for ldm and shuffle) or output/s, copies to neighbours included "
+        "them; default for ldm, sdm and shuffle) or output/s, copies to neighbours included "
         "(relaying stays; high-load and low-load take only this)",
     )
     d = BalanceOptions()
     for name, default, what in (
-        ("--alpha", d.alpha, "ldm: coefficient of variation that triggers migration"),
+        ("--alpha", d.alpha, "ldm, sdm: coefficient of variation that triggers migration"),
         (
             "--target",
             d.target,
-            "ldm: coefficient of variation a triggered plan moves down to (α if above it; "
+            "ldm, sdm: coefficient of variation a triggered plan moves down to (α if above it; "
             "below α so that the measured spread, which carries sampling noise, lands "
             "under α)",
         ),
         (
             "--beta",
             d.beta,
-            "ldm, shuffle: mean load (/s, --measure) under which nothing moves",
+            "ldm, sdm, shuffle: mean load (/s, --measure) under which nothing moves",
         ),
         ("--gamma", d.gamma, "shuffle: coefficient of variation that triggers it"),
         ("--lr-high", d.lr_high, "high-load: load ratio that makes a broker overloaded"),
@@ -162,7 +165,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``octopis balance plan``."""
     cluster = _cluster(args)
     options = _options(args)
-    state, reports = asyncio.run(observe(cluster.scot, cluster.ask, measure=options.load_measure))
+    state, reports = asyncio.run(
+        observe(
+            cluster.scot,
+            cluster.ask,
+            measure=options.load_measure,
+            interests=options.plan == "sdm",
+        )
+    )
     plan = make_plan(options, state)
     if args.json:
         print(json.dumps(as_json(state, plan, reports), indent=1))

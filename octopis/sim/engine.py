@@ -323,6 +323,16 @@ class Simulator:
             elastic,
         )
 
+    def _interests(self, subscribers: set[str]) -> dict[str, frozenset[str]]:
+        """Each subscriber's interests (``Subscription.interests``), as a broker's
+        ``clients`` RPC reports them to the balancer's SDM."""
+        held: dict[str, set[str]] = {s: set() for s in subscribers}
+        for sub_id, subscriber in self.subscriber_of.items():
+            entry = self.cores[self._home[subscriber]].table.entries.get(sub_id)
+            if entry is not None and subscriber in held:
+                held[subscriber] |= entry.subscription.interests()
+        return {s: frozenset(i) for s, i in held.items()}
+
     def _load_counts(self) -> tuple[dict[str, int], Counter[str]]:
         """Copies sent by each broker, deliveries to each subscriber, so far."""
         copies = {b: c.stats["sent.notification"] for b, c in self.cores.items()}
@@ -354,7 +364,12 @@ class Simulator:
             for b in self.cores
             if b not in self.retiring
         }
-        state = LoadState(brokers, rate, {s: self._home[s] for s in subscribers})
+        state = LoadState(
+            brokers,
+            rate,
+            {s: self._home[s] for s in subscribers},
+            self._interests(subscribers) if options.plan == "sdm" else {},
+        )
         log = self.balance_log
         recent = {s for s in subscribers if self.moving(s)}
         for decision in reversed(log["decisions"]):

@@ -667,10 +667,17 @@ class Broker:
             "clusters": view.clusters,
         }
 
-    def attached_clients(self) -> dict[str, dict[str, int | bool]]:
+    def attached_clients(self) -> dict[str, dict[str, int | bool | list[str]]]:
         """The clients attached here (``name@connection``): how many subscriptions each
-        holds here, and whether it has published here."""
-        return self.clients.attached()
+        holds here, whether it has published here, and what its subscriptions ask for by
+        equality (``Subscription.interests``, for the balancer's SDM)."""
+        entries = self.core.table.entries
+
+        def interests(sub_id: str) -> frozenset[str]:
+            entry = entries.get(sub_id)
+            return entry.subscription.interests() if entry is not None else frozenset()
+
+        return self.clients.attached(interests)
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
         """Order client ``client`` to move its subscriptions (see ``ClientSessions.order_move``)."""

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from typing import Protocol
 
 import zmq
@@ -736,18 +737,23 @@ class ClientSessions:
             }
         )
 
-    def attached(self) -> dict[str, dict[str, int | bool]]:
+    def attached(
+        self, interests: Callable[[str], frozenset[str]]
+    ) -> dict[str, dict[str, int | bool | list[str]]]:
         """Every named client of a live connection, as ``name@connection`` (as
-        :meth:`delivered` names it): the number of its subscriptions here, and whether it
-        has published here."""
-        return {
-            f"{name}@{identity.hex()[:8]}": {
-                "subscriptions": len(self.connections[identity].clients.get(key, ())),
+        :meth:`delivered` names it): the number of its subscriptions here, whether it
+        has published here, and the ``interests`` of its subscriptions (by sub id)."""
+        attached: dict[str, dict[str, int | bool | list[str]]] = {}
+        for key, (identity, name) in self.names.items():
+            if name == "-" or identity not in self.connections:
+                continue
+            sub_ids = self.connections[identity].clients.get(key, ())
+            attached[f"{name}@{identity.hex()[:8]}"] = {
+                "subscriptions": len(sub_ids),
                 "publisher": key in self.publishers,
+                "interests": sorted(set().union(*map(interests, sub_ids))),
             }
-            for key, (identity, name) in self.names.items()
-            if name != "-" and identity in self.connections
-        }
+        return attached
 
     def backlog(self) -> int:
         """Frames queued for clients whose pipes are full."""

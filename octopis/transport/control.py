@@ -24,7 +24,7 @@ class Inspectable(Protocol):
     def load(self, top: int) -> dict[str, Any]: ...
     def move_client(self, client: str, to: str, inside: bool) -> list[str]: ...
     def relink(self, data: object) -> dict[str, Any]: ...
-    def attached_clients(self) -> dict[str, dict[str, int | bool]]: ...
+    def attached_clients(self) -> dict[str, dict[str, int | bool | list[str]]]: ...
     def stop(self) -> None: ...
 
 
@@ -79,8 +79,8 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
 
     @aiozmq.rpc.method
     def clients(self) -> dict:
-        """The clients attached here (``name@connection``): subscriptions held here, and
-        whether each has published here."""
+        """The clients attached here (``name@connection``): subscriptions held here,
+        whether each has published here, and the interests of its subscriptions."""
         return self._broker.attached_clients()
 
     @aiozmq.rpc.method
