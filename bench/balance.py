@@ -333,10 +333,11 @@ SIM_RUNS = (
     ("skewed, observed", 0.8, "deliveries", False, TARGET),
     ("skewed, LDM on deliveries", 0.8, "deliveries", True, TARGET),
     ("skewed, LDM on deliveries, planned to α (BAD)", 0.8, "deliveries", True, ALPHA),
+    ("skewed, SDM on deliveries", 0.8, "deliveries", True, TARGET),
     ("skewed, LDM on output", 0.8, "output", True, TARGET),
 )
 """The simulator's runs: (label, skew, load measure, whether the balancer acts, the
-cov its plans move down to)."""
+cov its plans move down to); LDM unless the label says SDM."""
 
 
 def simulate(out: Path, seed: int) -> str:
@@ -376,7 +377,8 @@ def simulate(out: Path, seed: int) -> str:
         start = sim.now
         for p in workload.publications:
             sim.at(start + p.time, sim.publish, p.publisher, p.broker, p.publication, p.seq)
-        options = replace(template, measure=measure, act=act, target=target)
+        plan = "sdm" if "SDM" in label else "ldm"
+        options = replace(template, plan=plan, measure=measure, act=act, target=target)
         sim.balance(options, until=start + 180)
         sim.run()
         report = sim.report()
