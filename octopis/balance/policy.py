@@ -73,7 +73,7 @@ class BalanceOptions:
     counts a few deliveries per subscriber, too few to rank them by; 0: the window's
     rates as read (:class:`SubscriberLoads`)."""
     measure: str = ""
-    """One of :data:`MEASURES`; empty: ``deliveries`` for BAD's plans (ldm, shuffle),
+    """One of :data:`MEASURES`; empty: ``deliveries`` for BAD's plans (ldm, sdm, shuffle),
     ``output`` for Dynamoth's (high-load, low-load: load ratios against the capacity of
     the whole broker), which take nothing else."""
     target: float = TARGET

@@ -33,8 +33,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "equality, e.g. its symbol), BAD's greedy shuffle (above "
         "--gamma), Dynamoth's high-load plan (brokers over --lr-high relieved to under "
         "--lr-safe) or its low-load plan (mean LR under --lr-low: drain the least loaded "
-        "broker). Destinations inside the subscriber's cluster come first: such a move "
-        "touches only the cluster tree's path between the two hosts. `plan` prints the "
+        "broker). Except for sdm, destinations inside the subscriber's cluster come first: "
+        "such a move touches only the cluster tree's path between the two hosts. `plan` "
+        "prints the "
         "plan; `run` carries plans out round after round (the subscribers move "
         "make-before-break, nothing lost or duplicated) and logs every decision.",
     )
