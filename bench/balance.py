@@ -73,9 +73,10 @@ PROFILES = {
         2,
         "1,000 subscribers, 80% on five edge brokers; 60 publishers x 240 quotes at 60/min "
         "(four minutes of publishing); every broker delivers at most 150/s (clients.capacity: "
-        "the hot ones are offered ~200/s); LDM (β 5/s) on delivery load, rounds every 10 s "
-        "over an 8 s load window, at most 300 moves a round; links declared down after 3 s "
-        "of silence (1 s by default: 75 brokers and the clients share two cores)",
+        "the hot ones are offered ~200/s); dynamic migration (β 5/s; --plan) on delivery "
+        "load, rounds every 10 s over an 8 s load window, at most 300 moves a round; links "
+        "declared down after 3 s of silence (1 s by default: 75 brokers and the clients share "
+        "two cores)",
     ),
     "full": BalanceProfile(
         2000,
@@ -90,8 +91,8 @@ PROFILES = {
         2,
         "2,000 subscribers, 80% on five edge brokers (the issue's example); 100 publishers "
         "x 150 quotes at 60/min; every broker delivers at most 400/s (clients.capacity: the "
-        "hot ones are offered ~650/s); LDM (β 5/s) on delivery load, rounds every 8 s over "
-        "a 5 s load window; links declared down after 3 s of silence",
+        "hot ones are offered ~650/s); dynamic migration (β 5/s; --plan) on delivery load, "
+        "rounds every 8 s over a 5 s load window; links declared down after 3 s of silence",
     ),
 }
 
@@ -111,10 +112,11 @@ def skewed(workload: Workload, scot: Scot, skew: float, hot: tuple[str, ...] = H
     return Workload(meta, subscriptions, workload.publications)
 
 
-def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
+def run(quick: bool, out: Path, seed: int, plan: str = "ldm") -> dict[str, Any]:
     """Build (or reuse) the workload and run it skewed twice, the balancer observing only
-    (the baseline: loads and delays as placed) and acting; returns the acting run's
-    report and writes both JSONs, the table and the plot."""
+    (the baseline: loads and delays as placed) and acting with ``plan`` (``ldm`` or
+    ``sdm``); returns the acting run's report and writes both JSONs, the table and the
+    plot."""
     from bench.experiments import Profile, build_workload
 
     name = "quick" if quick else "full"
@@ -148,7 +150,7 @@ def run(quick: bool, out: Path, seed: int) -> dict[str, Any]:
             drain_timeout=240,  # the static run's hot brokers drain a queue at capacity
             sample_every=1.0,
             client_workers=profile.client_workers,
-            balance=replace(profile.balance, act=act),
+            balance=replace(profile.balance, plan=plan, act=act),
         )
         report = WorkloadRun(scot, topology, workload, options).run()
         report |= {"experiment": "balance", "profile": name, "note": profile.note}
@@ -255,7 +257,9 @@ def table(static: dict[str, Any], balanced: dict[str, Any]) -> str:
         f"| notification delay p99 (s) | {f['p99_before']:.3f} | {sd['p99']:.3f} | "
         f"{f['p99_after']:.3f} |",
         "",
-        f"Balanced run: rounds {balance['rounds']} (skipped for a load report that did "
+        f"Balanced run, plan {balance['options']['plan']}, target "
+        f"{balance['options'].get('target', balance['options']['alpha'])}: "
+        f"rounds {balance['rounds']} (skipped for a load report that did "
         f"not come in time: {balance.get('reads_failed', 'not recorded')}; stopped early: "
         f"{balance.get('stopped_early') or 'no'}); moves ordered {balance['moves']} "
         f"({balance['moves_inside']} inside a cluster, {balance['moves_across']} across), "

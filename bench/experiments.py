@@ -812,6 +812,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
+        "--plan",
+        choices=("ldm", "sdm"),
+        default="ldm",
+        help="balance: the balancer's dynamic migration, load-based or similarity-based "
+        "(default ldm)",
+    )
+    p.add_argument(
         "--repeats",
         type=int,
         default=5,
@@ -883,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.experiment == "balance":
         from bench import balance
 
-        report = balance.run(args.quick, args.out, args.seed)
+        report = balance.run(args.quick, args.out, args.seed, args.plan)
         print((args.out / "balance.md").read_text())
         print(f"in {time.monotonic() - started:.0f} s; plot: {args.out / 'balance.png'}")
         return 0 if delivered_as_promised(report) else 1
