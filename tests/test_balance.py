@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import random
 import subprocess
 import sys
@@ -144,21 +145,27 @@ def test_sdm_by_shared_interest_prefers_brokers_holding_what_the_subscriber_asks
     state: LoadState, data: st.DataObject
 ) -> None:
     """``shared_interest``: a broker's similarity to a subscriber is the load of its
-    subscribers sharing an interest with it; the ``sdm`` plan moves each subscriber to the
-    fitting broker under the mean of the highest such similarity (as read before the
-    plan)."""
+    subscribers sharing an interest with it, each interest weighted by log(N / holders)
+    (one that every subscriber holds counts nothing); the ``sdm`` plan moves each
+    subscriber to the fitting broker under the mean of the highest such similarity (as
+    read before the plan)."""
     symbols = st.frozensets(st.sampled_from(["sym='A'", "sym='B'", "sym='C'", "x=1"]))
-    state = replace(state, interests={s: data.draw(symbols) for s in state.loads})
+    interests = {s: data.draw(symbols) | {"class='STOCK'"} for s in state.loads}
+    state = replace(state, interests=interests)
     similarity = shared_interest(state)
-    for subscriber, interests in state.interests.items():
+    for subscriber, mine in interests.items():
         for broker in state.brokers:
             expected = sum(
-                state.loads[s]
-                for i in interests
+                state.loads[s] * math.log(len(interests) / sum(i in v for v in interests.values()))
+                for i in mine
                 for s, h in state.hosts.items()
-                if h == broker and i in state.interests[s]
+                if h == broker and i in interests[s]
             )
             assert similarity(subscriber, broker) == pytest.approx(expected)
+        common = shared_interest(
+            replace(state, interests={s: frozenset({"class='STOCK'"}) for s in interests})
+        )
+        assert all(common(subscriber, b) == 0 for b in state.brokers)
     plan = make_plan(BalanceOptions("sdm", alpha=0.15, beta=10.0, target=0.15), state)
     for before, move in replay(state, plan):
         mean = total(before) / len(before.brokers)

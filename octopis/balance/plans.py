@@ -126,11 +126,18 @@ class Plan:
 
 
 def shared_interest(state: LoadState) -> Callable[[str, str], float]:
-    """BAD's similarity of a subscriber and a broker for SDM, on a SCOT: the load of the
-    broker's subscribers that share an interest with the subscriber (per shared interest,
-    the deliveries per second of those holding it), so that the subscriber joins brokers
-    that already receive what it asks for and adds deliveries, not copies. Taken from
+    """BAD's similarity of a subscriber and a broker for SDM, on a SCOT: for each interest
+    the two share, the deliveries per second of the broker's subscribers holding it,
+    weighted by how telling the interest is, log(N / n) for n of the N subscribers
+    holding it (an interest everyone holds, such as ``class='STOCK'``, says nothing about
+    what a broker already receives and weighs 0). The subscriber then joins brokers that
+    already receive what it asks for and adds deliveries there, not copies. Taken from
     ``state`` once: a plan's own moves do not change it."""
+    holders: dict[str, int] = {}
+    for interests in state.interests.values():
+        for interest in interests:
+            holders[interest] = holders.get(interest, 0) + 1
+    weight = {i: math.log(len(state.interests) / n) for i, n in holders.items()}
     by_broker: dict[str, dict[str, float]] = {}
     for subscriber, host in state.hosts.items():
         held = by_broker.setdefault(host, {})
@@ -139,7 +146,7 @@ def shared_interest(state: LoadState) -> Callable[[str, str], float]:
 
     def similarity(subscriber: str, broker: str) -> float:
         held = by_broker.get(broker, {})
-        return sum(held.get(i, 0.0) for i in state.interests.get(subscriber, ()))
+        return sum(held.get(i, 0.0) * weight[i] for i in state.interests.get(subscriber, ()))
 
     return similarity
 
