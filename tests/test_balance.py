@@ -173,7 +173,7 @@ def test_sdm_by_shared_interest_prefers_brokers_holding_what_the_subscriber_asks
         assert before.brokers[move.target].load < mean
         assert not any(
             b.load < mean
-            and b.load + load < peak
+            and b.load + load < peak - load
             and similarity(move.subscriber, name) > similarity(move.subscriber, move.target)
             for name, b in before.brokers.items()
             if name != move.source
@@ -196,7 +196,7 @@ def test_sdm_moves_to_the_most_similar_broker_under_the_mean(state: LoadState) -
             for name, b in before.brokers.items()
             if name != move.source
             and b.load < mean
-            and b.load + load < peak
+            and b.load + load < peak - load
             and similarity(move.subscriber, name) > similarity(move.subscriber, move.target)
         ]
         assert not better
