@@ -208,11 +208,9 @@ def dynamic_migration(
     the plan ends). The stricter rule keeps a move from being worth undoing: BAD's lets a
     subscriber land where it makes its new broker the busier of the two, and on measured,
     lagging loads the rounds then move subscribers back and forth (1,275 moves for 1,000
-    subscribers in the balance experiment under BAD's rule; with SDM under BAD's rule,
-    1,846 moves, 460 of them in the last quarter, and a spread of 0.62). LDM picks the
-    least loaded
+    subscribers in the balance experiment under BAD's rule). LDM picks the least loaded
     such broker, inside the subscriber's cluster first; SDM the one of load under the mean
-    most ``similarity(subscriber, broker)`` (the rates of subscriptions they share).
+    most ``similarity(subscriber, broker)`` (:func:`shared_interest`).
 
     On a SCOT part of a broker's load is relaying, which no subscriber takes along: when
     the most loaded broker has no subscriber that can move, the next most loaded is
