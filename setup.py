@@ -1,4 +1,5 @@
-"""Build the Cython extensions (every ``octopis/*.pyx``); metadata lives in pyproject.toml."""
+"""Build the Cython extensions (every ``.pyx`` under ``octopis/``); metadata lives in
+pyproject.toml."""
 
 from pathlib import Path
 
@@ -6,8 +7,8 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 extensions = [
-    Extension(f"octopis.{pyx.stem}", [str(pyx)], extra_compile_args=["-O3"])
-    for pyx in sorted(Path("octopis").glob("*.pyx"))
+    Extension(".".join(pyx.with_suffix("").parts), [str(pyx)], extra_compile_args=["-O3"])
+    for pyx in sorted(Path("octopis").rglob("*.pyx"))
 ]
 
 setup(

@@ -46,8 +46,9 @@ from octopis.keys import Keys, connect_securely, make_keys
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.topology import build_preset
 from octopis.transport.codec import Heartbeat, Hello, encode_peer
-from octopis.transport.links import receive_now, send_now
+from octopis.transport.peers import PEER_BATCH
 from octopis.transport.settings import BrokerSettings
+from octopis.transport.zmqio import FastSocket
 from octopis.wire import NOTIFY
 
 BROKER, UPSTREAM, DOWNSTREAM = "b:0", "a:0", "c:0"
@@ -105,44 +106,65 @@ class Downstream:
 
 
 def relay_main(pull_endpoint: str, push_endpoint: str, style: str = "pyzmq") -> None:
-    """A bare relay: every message pulled is pushed on unchanged.
+    """A bare relay: every message pulled is pushed on unchanged, one message a send.
 
     ``pyzmq``: the textbook relay, ``recv_multipart``/``send_multipart``. ``transport``:
-    the broker's own receive and send primitives (:func:`receive_now`, :func:`send_now`),
-    so that the ratio against it is the cost of decoding, matching and routing alone.
+    the broker's own compiled receive and send (:class:`FastSocket`: a drain of whatever
+    is waiting, sends without exceptions), so that the ratio against it is the cost of
+    decoding, matching and routing alone.
     """
-    receive, send = RELAY_STYLES[style]
 
     async def relay() -> None:
         ctx = zmq.asyncio.Context()
         pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
         pull.bind(pull_endpoint)
         push.connect(push_endpoint)
-        inbound = zmq.Socket.shadow(pull.underlying)
-        outbound = zmq.Socket.shadow(push.underlying)
+        receive, send = RELAY_STYLES[style](pull, push)
         while True:
-            try:
-                frames = receive(inbound)
-            except zmq.Again:
+            messages = receive()
+            if not messages:
                 await pull.poll(None, zmq.POLLIN)
                 continue
-            while True:
-                try:
-                    send(outbound, frames)
-                    break
-                except zmq.Again:
+            for frames in messages:
+                while not send(frames):
                     await push.poll(None, zmq.POLLOUT)
 
     asyncio.run(relay())
 
 
-RELAY_STYLES: dict[str, tuple[Callable, Callable]] = {
-    "pyzmq": (
-        lambda sock: sock.recv_multipart(zmq.NOBLOCK),
-        lambda sock, frames: sock.send_multipart(frames, zmq.NOBLOCK),
-    ),
-    "transport": (lambda sock: receive_now(sock.recv), send_now),
+def _textbook(pull: zmq.Socket, push: zmq.Socket) -> tuple[Callable, Callable]:
+    """``recv_multipart`` and ``send_multipart``, non-blocking (on shadows: the plain
+    sockets' calls, not asyncio's futures)."""
+    inbound = zmq.Socket.shadow(pull.underlying)
+    outbound = zmq.Socket.shadow(push.underlying)
+
+    def receive() -> list[list[bytes]]:
+        try:
+            return [inbound.recv_multipart(zmq.NOBLOCK)]
+        except zmq.Again:
+            return []
+
+    def send(frames: list[bytes]) -> bool:
+        try:
+            outbound.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    return receive, send
+
+
+def _transport(pull: zmq.Socket, push: zmq.Socket) -> tuple[Callable, Callable]:
+    """The broker's compiled drain and send (:class:`FastSocket`)."""
+    inbound, outbound = FastSocket(pull), FastSocket(push)
+    return (lambda: inbound.receive(PEER_BATCH)), outbound.send_parts
+
+
+RELAY_STYLES: dict[str, Callable[[zmq.Socket, zmq.Socket], tuple[Callable, Callable]]] = {
+    "pyzmq": _textbook,
+    "transport": _transport,
 }
+"""Relay style → its (receive, send) on the relay's (pull, push) sockets."""
 
 
 def _as_neighbour(sock: zmq.Socket, keys: Keys | None, endpoint: str) -> zmq.Socket:

@@ -45,14 +45,13 @@ from octopis.filters import (
 from octopis.logs import RateLimitedLog
 from octopis.transport.links import (
     LOOP_SLACK,
-    SNDMORE_NOBLOCK,
     InputWaiter,
     PublishReceipt,
     SendPass,
-    receive_now,
 )
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
+from octopis.transport.zmqio import FastSocket
 from octopis.wire import (
     LEFT_AT,
     AdoptRequest,
@@ -108,6 +107,9 @@ DELIVERIES_PER_MESSAGE = 16
 times as many deliveries in ZeroMQ."""
 
 
+PIPE_FULL = zmq.Again()
+"""What :meth:`ClientSessions._try_send` returns for a connection whose pipe is full (made
+once: pyzmq's exceptions cost microseconds to construct)."""
 AFTER_DELIVERIES = frozenset({"unsubscribed", "bye"})
 """Replies that follow every delivery made to their connection before them (as notices
 do): a client lets a connection go once the broker has answered its withdrawal (a
@@ -180,6 +182,7 @@ class ClientSessions:
             curve.serve(self.socket, "client")
         self.socket.bind(bind)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
+        self._fast = FastSocket(self.socket)
         self._waiter: InputWaiter | None = None
         self.connections: dict[bytes, Connection] = {}
         self.names: dict[str, tuple[bytes, str]] = {}
@@ -213,38 +216,40 @@ class ClientSessions:
         pass sends leaves in batches when it ends, and other tasks run between passes."""
         loop = asyncio.get_running_loop()
         self._waiter = InputWaiter(self._sync, loop)
-        recv = self._sync.recv
+        receive = self._fast.receive
         send_pass = self.send_pass
         handled = 0
         try:
             while True:
-                try:
-                    parts = receive_now(recv)
-                except zmq.Again:
+                messages = receive(CLIENT_BATCH - handled)
+                if not messages:
                     send_pass.end(loop.time())
                     handled = 0
                     await self._waiter.wait()
                     continue
                 send_pass.open = True
-                if len(parts) != 2:
-                    self.counters["client_errors"] += 1
-                    self._warn.warning(
-                        "parts", "%s got a client frame with %d parts", self.id, len(parts)
-                    )
-                else:
-                    identity, payload = parts
-                    reply = self._on_request(identity, payload, loop.time())
-                    if reply is not None and reply["op"] in AFTER_DELIVERIES:
-                        self._notify(identity, reply)
-                    elif reply is not None:
-                        self._send(identity, [pack(reply)])
-                handled += 1
+                for parts in messages:
+                    self._on_message(parts, loop.time())
+                handled += len(messages)
                 if handled >= CLIENT_BATCH:
                     send_pass.end(loop.time())
                     handled = 0
                     await asyncio.sleep(0)
         finally:
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
+
+    def _on_message(self, parts: list[bytes], now: float) -> None:
+        """One message from a client connection: ``[identity, request]``."""
+        if len(parts) != 2:
+            self.counters["client_errors"] += 1
+            self._warn.warning("parts", "%s got a client frame with %d parts", self.id, len(parts))
+            return
+        identity, payload = parts
+        reply = self._on_request(identity, payload, now)
+        if reply is not None and reply["op"] in AFTER_DELIVERIES:
+            self._notify(identity, reply)
+        elif reply is not None:
+            self._send(identity, [pack(reply)])
 
     def _on_request(self, identity: bytes, payload: bytes, now: float) -> dict | None:
         req = None
@@ -622,7 +627,7 @@ class ClientSessions:
         problem = self._try_send(identity, parts)
         if problem is None:
             return
-        if isinstance(problem, zmq.Again) and connection is not None:
+        if problem is PIPE_FULL and connection is not None:
             if len(parts) > 2:  # a batch of deliveries queues as single ones
                 connection.backlog = deque(parts[i : i + 2] for i in range(0, len(parts), 2))
             else:
@@ -670,19 +675,15 @@ class ClientSessions:
         backlog.append([pack({"op": "dropped", "reason": reason})])
 
     def _try_send(self, identity: bytes, parts: list[bytes]) -> BaseException | None:
-        sync = self._sync
+        """Send ``parts`` to a connection now: None, or why not (:data:`PIPE_FULL` when
+        its pipe is full). Deliveries (more than one part) end with when they left."""
+        message = [identity, *parts]
+        if len(parts) > 1:
+            message.append(LEFT_AT.pack(time.time()))
         try:
-            sync.send(identity, SNDMORE_NOBLOCK)
+            return None if self._fast.send_parts(message) else PIPE_FULL
         except zmq.ZMQError as exc:
             return exc
-        else:
-            if len(parts) == 1:  # a reply or notice
-                sync.send(parts[0])
-                return None
-            for part in parts:
-                sync.send(part, SNDMORE_NOBLOCK)
-            sync.send(LEFT_AT.pack(time.time()))  # deliveries: when they left
-            return None
         finally:
             if self._waiter is not None:
                 self._waiter.poke()
@@ -705,7 +706,7 @@ class ClientSessions:
                 if not backlog and connection.overflowed:
                     backlog.append([pack({"op": "overflow", "dropped": connection.overflowed})])
                     connection.overflowed = 0
-            elif isinstance(problem, zmq.Again) and (
+            elif problem is PIPE_FULL and (
                 identity in self.connections
                 or loop.time() - progress < self.settings.client_timeout
             ):
@@ -720,7 +721,7 @@ class ClientSessions:
                     identity.hex(),
                     len(backlog),
                     f"it took nothing for {self.settings.client_timeout:g} s"
-                    if isinstance(problem, zmq.Again)
+                    if problem is PIPE_FULL
                     else problem,
                 )
                 backlog.clear()

@@ -51,10 +51,10 @@ from octopis.transport.links import (
     InputWaiter,
     OutputLink,
     SendPass,
-    receive_now,
 )
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
+from octopis.transport.zmqio import FastSocket
 
 log = logging.getLogger("octopis.broker.peers")
 
@@ -310,16 +310,15 @@ class PeerLinks:
         batches when it ends (:class:`SendPass`)."""
         sync = self._input_sync
         waiter = self._waiter = InputWaiter(sync, loop)
-        recv = sync.recv
+        receive = FastSocket(self.input).receive
         send_pass = self.send_pass
         on_frame = self._on_frame
         handled = 0
         now = loop.time()
         try:
             while True:
-                try:
-                    frame = receive_now(recv)
-                except zmq.Again:
+                messages = receive(PEER_BATCH - handled)
+                if not messages:
                     send_pass.end(now)
                     handled = 0
                     self._reading = False
@@ -328,14 +327,15 @@ class PeerLinks:
                     now = loop.time()
                     continue
                 send_pass.open = True
-                if len(frame) > 2:
-                    sender = frame[0]
-                    for body in frame[1:]:
-                        on_frame([sender, body], now)
-                    handled += len(frame) - 1
-                else:
-                    on_frame(frame, now)
-                    handled += 1
+                for frame in messages:
+                    if len(frame) > 2:
+                        sender = frame[0]
+                        for body in frame[1:]:
+                            on_frame([sender, body], now)
+                        handled += len(frame) - 1
+                    else:
+                        on_frame(frame, now)
+                        handled += 1
                 if handled >= PEER_BATCH:
                     send_pass.end(now)
                     handled = 0

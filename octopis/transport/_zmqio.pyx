@@ -1,0 +1,180 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""ZeroMQ receives and sends of the forwarding path in C (DESIGN §5, issue 16).
+
+pyzmq spends ~1 µs of Python per message part (a ``Frame`` or ``bytes`` object, flag
+enums, the ``more`` check); a broker hop pays it for every part it reads and writes. These
+functions call the very libzmq that pyzmq loaded, through function pointers that
+:mod:`octopis.transport.zmqio` looks up and hands to :func:`bind`, so the extension links
+against nothing and works with pyzmq's bundled or the system's libzmq. The caller passes a
+socket's ``underlying`` handle and must not pass one that is closed.
+
+No routing happens here: these move bytes between ZeroMQ and Python lists.
+"""
+
+from libc.stdint cimport uintptr_t
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+
+from zmq import ZMQError
+
+cdef extern from *:
+    """
+    /* zmq.h's message: 64 opaque bytes, pointer-aligned. */
+    typedef struct { unsigned char _[64] __attribute__((aligned(sizeof(void *)))); } octopis_zmq_msg_t;
+    """
+    ctypedef struct zmq_msg_t "octopis_zmq_msg_t":
+        pass
+
+ctypedef int (*msg_init_f)(zmq_msg_t*) noexcept nogil
+ctypedef int (*msg_recv_f)(zmq_msg_t*, void*, int) noexcept nogil
+ctypedef void* (*msg_data_f)(zmq_msg_t*) noexcept nogil
+ctypedef size_t (*msg_size_f)(const zmq_msg_t*) noexcept nogil
+ctypedef int (*msg_more_f)(const zmq_msg_t*) noexcept nogil
+ctypedef int (*msg_close_f)(zmq_msg_t*) noexcept nogil
+ctypedef int (*send_f)(void*, const void*, size_t, int) noexcept nogil
+ctypedef int (*errno_f)() noexcept nogil
+
+cdef msg_init_f z_msg_init = NULL
+cdef msg_recv_f z_msg_recv = NULL
+cdef msg_data_f z_msg_data = NULL
+cdef msg_size_f z_msg_size = NULL
+cdef msg_more_f z_msg_more = NULL
+cdef msg_close_f z_msg_close = NULL
+cdef send_f z_send = NULL
+cdef errno_f z_errno = NULL
+
+cdef enum:
+    DONTWAIT = 1
+    SNDMORE = 2
+    EINTR = 4
+    EAGAIN = 11
+
+FUNCTIONS = (
+    "zmq_msg_init",
+    "zmq_msg_recv",
+    "zmq_msg_data",
+    "zmq_msg_size",
+    "zmq_msg_more",
+    "zmq_msg_close",
+    "zmq_send",
+    "zmq_errno",
+)
+"""The libzmq functions :func:`bind` needs, by name."""
+
+
+def bind(dict addresses) -> None:
+    """Use the libzmq functions at ``addresses`` (name → address, every name of
+    :data:`FUNCTIONS`)."""
+    global z_msg_init, z_msg_recv, z_msg_data, z_msg_size, z_msg_more, z_msg_close
+    global z_send, z_errno
+    missing = [name for name in FUNCTIONS if not addresses.get(name)]
+    if missing:
+        raise ValueError(f"libzmq functions missing: {', '.join(missing)}")
+    z_msg_init = <msg_init_f><uintptr_t>addresses["zmq_msg_init"]
+    z_msg_recv = <msg_recv_f><uintptr_t>addresses["zmq_msg_recv"]
+    z_msg_data = <msg_data_f><uintptr_t>addresses["zmq_msg_data"]
+    z_msg_size = <msg_size_f><uintptr_t>addresses["zmq_msg_size"]
+    z_msg_more = <msg_more_f><uintptr_t>addresses["zmq_msg_more"]
+    z_msg_close = <msg_close_f><uintptr_t>addresses["zmq_msg_close"]
+    z_send = <send_f><uintptr_t>addresses["zmq_send"]
+    z_errno = <errno_f><uintptr_t>addresses["zmq_errno"]
+
+
+cdef inline object _part(void* sock, zmq_msg_t* msg, int flags, int* more):
+    """The next part as bytes (``more`` set to whether another follows); None if
+    ``flags`` has DONTWAIT and nothing is waiting; ZMQError on any other failure."""
+    cdef int err
+    while True:
+        z_msg_init(msg)
+        if z_msg_recv(msg, sock, flags) >= 0:
+            break
+        err = z_errno()
+        z_msg_close(msg)
+        if err == EAGAIN:
+            return None
+        if err != EINTR:
+            raise ZMQError(err)
+    part = PyBytes_FromStringAndSize(<char*>z_msg_data(msg), z_msg_size(msg))
+    more[0] = z_msg_more(msg)
+    z_msg_close(msg)
+    return part
+
+
+def receive(uintptr_t handle, Py_ssize_t limit) -> list:
+    """The messages waiting on socket ``handle``, each a list of its parts (bytes), until
+    none is waiting or the parts after the first of each message number ``limit`` (a
+    frame count: ``[sender, body, body]`` counts 2). Never blocks; ``[]`` when nothing is
+    waiting. A multipart message arrives whole, so its later parts never wait."""
+    if z_msg_recv == NULL:
+        raise RuntimeError("octopis.transport._zmqio is not bound to libzmq")
+    cdef void* sock = <void*>handle
+    cdef zmq_msg_t msg
+    cdef int more = 0
+    cdef Py_ssize_t frames = 0
+    cdef list messages = []
+    cdef list parts
+    while frames < limit:
+        first = _part(sock, &msg, DONTWAIT, &more)
+        if first is None:
+            break
+        parts = [first]
+        while more:
+            parts.append(_part(sock, &msg, 0, &more))
+        frames += len(parts) - 1 if len(parts) > 1 else 1
+        messages.append(parts)
+    return messages
+
+
+cdef inline int _send(void* sock, object part, int flags) except -2:
+    """Send one part; 0 sent, -1 the pipe is full (only with DONTWAIT)."""
+    cdef int err
+    while z_send(sock, PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part), flags) < 0:
+        err = z_errno()
+        if err == EAGAIN:
+            return -1
+        if err != EINTR:
+            raise ZMQError(err)
+    return 0
+
+
+def send_frames(uintptr_t handle, bytes head, frames, Py_ssize_t count) -> bool:
+    """Send ``head`` and the bodies (item 1) of the first ``count`` ≥ 1 of ``frames`` as
+    one message on socket ``handle`` without blocking; False (nothing sent) when the pipe
+    is full. Every body is checked before the first part leaves: once it is in, ZeroMQ
+    takes the whole message."""
+    if z_send == NULL:
+        raise RuntimeError("octopis.transport._zmqio is not bound to libzmq")
+    cdef void* sock = <void*>handle
+    cdef list bodies = []
+    cdef Py_ssize_t i
+    if count < 1:
+        raise ValueError("send_frames needs at least one frame")
+    for frame in frames:
+        bodies.append(<bytes?>frame[1])
+        if len(bodies) == count:
+            break
+    if len(bodies) < count:
+        raise ValueError(f"send_frames was given {len(bodies)} frames, expected {count}")
+    if _send(sock, head, SNDMORE | DONTWAIT) < 0:
+        return False
+    for i in range(count):
+        _send(sock, bodies[i], 0 if i == count - 1 else SNDMORE)
+    return True
+
+
+def send_parts(uintptr_t handle, list parts) -> bool:
+    """Send ``parts`` (bytes, at least one) as one message on socket ``handle`` without
+    blocking; False (nothing sent) when the pipe is full."""
+    if z_send == NULL:
+        raise RuntimeError("octopis.transport._zmqio is not bound to libzmq")
+    cdef void* sock = <void*>handle
+    cdef Py_ssize_t i, last = len(parts) - 1
+    if last < 0:
+        raise ValueError("send_parts needs at least one part")
+    for part in parts:
+        if type(part) is not bytes:
+            raise TypeError(f"send_parts sends bytes, got {type(part).__name__}")
+    if _send(sock, parts[0], DONTWAIT if last == 0 else SNDMORE | DONTWAIT) < 0:
+        return False
+    for i in range(1, last + 1):
+        _send(sock, parts[i], 0 if i == last else SNDMORE)
+    return True
