@@ -157,7 +157,7 @@ def test_take_back_returns_retained_then_unacknowledged_then_queued() -> None:
         received = await _drain(pull)
         assert received == [b"greeting", b"n0", b"n1", b"n2", b"n3"]
         link.acknowledge(2, loop.time())
-        assert [f[1] for _, f in link.retained] == [b"n0", b"n1"]
+        assert [f[1] for _, _, f in link.retained] == [b"n0", b"n1"]
         assert [f[1] for _, _, f in link.custody] == [b"n2", b"n3"]
         return link.take_back(loop.time())
 
@@ -183,7 +183,7 @@ def test_a_publication_is_answered_once_the_neighbour_acknowledges_its_copy() ->
         assert answered == []  # sent is not held
         link.acknowledge(1, loop.time())
         assert answered == [b"p1"]
-        assert [len(f) for _, f in link.retained] == [3]
+        assert [len(f) for _, _, f in link.retained] == [3]
         return link.take_back(loop.time())
 
     frames = asyncio.run(_with_link(scenario, retain=60.0))

@@ -20,6 +20,7 @@ def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
         limits=InputLimits(attributes=9, predicates=3, string_length=40, name_length=16),
         subscriptions_per_client=5,
         capacities={"a:0>b:0": 200.0},
+        gc_young=5000,
     )
     path = tmp_path / "broker.toml"
     path.write_text(settings.to_toml())
@@ -36,6 +37,7 @@ def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
         ("[limits]\nwidth = 3\n", "unknown key limits.width"),
         ("[limit]\npredicates = 3\n", r"unknown table \[limit\]"),
         ('[lst]\norder = "fifo"\n', "lst.order must be one of 'ce', 'bluedove'"),
+        ("[memory]\ngc_young = 0\n", "memory.gc_young must be ≥ 1"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(tmp_path: Path, text: str, problem: str) -> None:

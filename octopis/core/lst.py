@@ -127,17 +127,27 @@ class LinkStatusTable:
 
     def enqueued(self, link: str, now: float) -> None:
         """One copy entered ``link``'s output queue at ``now``."""
-        row = self._roll(link, now)
+        row = self.rows[link]
+        if now >= row.window_start + self.window:
+            self._roll(link, now)
         row.n_in += 1
         row.queue_length += 1
-        self._event(row, now)
+        if now > row.last_event:
+            row.last_event = now
+        if now > self.now:
+            self.now = now
 
-    def sent(self, link: str, now: float) -> None:
-        """One copy left ``link``'s output queue at ``now``."""
-        row = self._roll(link, now)
-        row.n_out += 1
-        row.queue_length -= 1
-        self._event(row, now)
+    def sent(self, link: str, now: float, copies: int = 1) -> None:
+        """``copies`` left ``link``'s output queue at ``now``."""
+        row = self.rows[link]
+        if now >= row.window_start + self.window:
+            self._roll(link, now)
+        row.n_out += copies
+        row.queue_length -= copies
+        if now > row.last_event:
+            row.last_event = now
+        if now > self.now:
+            self.now = now
 
     def advance(self, now: float) -> None:
         """Close every window that ended by ``now`` (a periodic tick in real brokers)."""
@@ -189,10 +199,6 @@ class LinkStatusTable:
                 row["processing_time"] = self.processing_time(link)
             table[link] = row
         return table
-
-    def _event(self, row: LinkRow, now: float) -> None:
-        row.last_event = max(row.last_event, now)
-        self.now = max(self.now, now)
 
     def _roll(self, link: str, now: float) -> LinkRow:
         row = self.rows[link]

@@ -15,6 +15,7 @@ and answered with an error where there is someone to answer; the broker goes on 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import secrets
@@ -738,7 +739,8 @@ class Broker:
 
     def stats(self) -> dict[str, Any]:
         """Messages by kind, routing-table size, LST, queue lengths, custody and dedup
-        fill (with what their limits dropped), held messages, matching time."""
+        fill (with what their limits dropped), held messages, matching time, and the
+        cyclic collector's passes per generation."""
         self.lst.advance(self._loop.time())
         core = dict(self.core.stats)
         return {
@@ -784,14 +786,24 @@ class Broker:
                 "histogram": list(self.clock.histogram),
                 "routing_steps": core.get("matching", 0),
             },
+            "gc": {
+                "threshold": list(gc.get_threshold()),
+                "collections": [generation["collections"] for generation in gc.get_stats()],
+                "frozen": gc.get_freeze_count(),
+            },
         }
 
 
 async def run_broker(
     scot: Scot, broker_id: str, mode: str, settings: BrokerSettings, keys: Keys | None
 ) -> None:
-    """Serve until SIGTERM/SIGINT or an RPC ``shutdown``; ``keys`` None runs insecure."""
+    """Serve until SIGTERM/SIGINT or an RPC ``shutdown``; ``keys`` None runs insecure.
+    The cyclic collector passes over the young generation every ``memory.gc_young``
+    allocations, and what exists once the broker is built (modules, topology) is frozen
+    out of its passes."""
+    gc.set_threshold(settings.gc_young, *gc.get_threshold()[1:])
     broker = Broker(scot, broker_id, mode, settings, keys)
+    gc.freeze()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)

@@ -197,9 +197,10 @@ class OutputLink:
         self.custody_limit = custody_limit if self.keeps else math.inf
         self.custody_full = 0
         """Times the link stopped because its custody buffer was full."""
-        self.retained: deque[tuple[float, list]] = deque()
+        self.retained: deque[tuple[int, float, list]] = deque()
         """Acknowledged notifications sent less than ``retain`` seconds before the latest
-        acknowledgement: the receiver may die before passing them on (DESIGN §7)."""
+        acknowledgement, as their custody entries (number, sent at, frame): the receiver
+        may die before passing them on (DESIGN §7)."""
         self.retain = retain
         self.retain_limit = retain_limit
         self.retain_evicted = 0
@@ -208,21 +209,33 @@ class OutputLink:
         self._wake = asyncio.Event()
         self._activity = activity
 
-    def _sent(self, frame: list, now: float) -> None:
-        """Book-keeping of one frame handed to ZeroMQ."""
-        self.sent += 1
-        self.bytes_sent += len(frame[1])
+    def _sent(self, count: int, now: float) -> None:
+        """Book-keeping of the ``count`` frames at the head of the queue, just handed to
+        ZeroMQ: they leave the queue, routing frames are numbered and notifications go
+        into custody."""
+        popleft = self.queue.popleft
+        custody = self.custody if self.keeps else None
+        numbered = self.numbered
+        size = copies = 0
+        for _ in range(count):
+            frame = popleft()
+            size += len(frame[1])
+            kind = frame[2]
+            if kind >= DATA:
+                numbered += 1
+                if kind == KEPT:
+                    copies += 1
+                    if custody is not None:
+                        custody.append((numbered, now, frame))
+            elif kind == HANDSHAKE:
+                numbered = 0
+        self.numbered = numbered
+        self.copies += copies
+        self.sent += count
+        self.bytes_sent += size
         self.last_sent = now
-        self._lst.sent(self.name, now)
-        kind = frame[2]
-        if kind >= DATA:
-            self.numbered += 1
-            if kind == KEPT:
-                self.copies += 1
-                if self.keeps:
-                    self.custody.append((self.numbered, now, frame))
-        elif kind == HANDSHAKE:
-            self.numbered = 0
+        self.messages += 1
+        self._lst.sent(self.name, now, count)
 
     def acknowledge(self, count: int, now: float) -> None:
         """The receiver has taken the first ``count`` routing frames of this session (at
@@ -235,15 +248,16 @@ class OutputLink:
         retained = self.retained
         keep = self.retain > 0
         while custody and custody[0][0] <= count:
-            _, sent, frame = custody.popleft()
+            entry = custody.popleft()
+            frame = entry[2]
             if len(frame) > RECEIPT:  # a local publication: its receipt is settled here
                 frame[RECEIPT].held()
-                frame = frame[:RECEIPT]
+                entry = (entry[0], entry[1], frame[:RECEIPT])
             if keep:
-                retained.append((sent, frame))
+                retained.append(entry)
         horizon = now - self.retain
-        while retained and (retained[0][0] < horizon or len(retained) > self.retain_limit):
-            if retained.popleft()[0] >= horizon:
+        while retained and (retained[0][1] < horizon or len(retained) > self.retain_limit):
+            if retained.popleft()[1] >= horizon:
                 self.retain_evicted += 1
         if was_full and self.queue:
             self._wake.set()
@@ -267,17 +281,9 @@ class OutputLink:
                 send_pass.hold(self, self.send_held)
             queue.append(frame)
             return
-        if (
-            not queue
-            and len(self.custody) < self.custody_limit
-            and (self.greeted or frame[2] < DATA)
-            and self._fast.send_frames(frame[0], (frame,), 1)
-        ):
-            self.messages += 1
-            self._sent(frame, now)
-            return
         queue.append(frame)
-        self._wake.set()
+        if len(queue) > 1 or self._send_batch(now) != 1:
+            self._wake.set()
 
     def send_held(self, now: float) -> None:
         """Send what may leave now, in batches, until the pipe is full; the sender task
@@ -287,11 +293,11 @@ class OutputLink:
         if self.queue:
             self._wake.set()
 
-    def _send_batch(self, now: float) -> int:
-        """Send the frames at the head of the queue that may leave now as one message
-        (LINK and HANDSHAKE frames always; routing frames once greeted and while custody
-        has room); returns how many (0: none may leave; :data:`FULL`: the pipe is full,
-        nothing sent)."""
+    def _send_batch(self, now: float, most: int = BATCH_FRAMES) -> int:
+        """Send the frames at the head of the queue that may leave now, up to ``most``, as
+        one message (LINK and HANDSHAKE frames always; routing frames once greeted and
+        while custody has room); returns how many (0: none may leave; :data:`FULL`: the
+        pipe is full, nothing sent)."""
         queue = self.queue
         room = self.custody_limit - len(self.custody)
         greeted = self.greeted
@@ -303,16 +309,13 @@ class OutputLink:
                 room -= 1
             count += 1
             size += len(frame[1])
-            if count == BATCH_FRAMES or size >= BATCH_BYTES:
+            if count == most or size >= BATCH_BYTES:
                 break
         if not count:
             return 0
         if not self._fast.send_frames(queue[0][0], queue, count):
             return FULL
-        self.messages += 1
-        sent = self._sent
-        for _ in range(count):
-            sent(queue.popleft(), now)
+        self._sent(count, now)
         return count
 
     def greet(self, frame: list, now: float) -> None:
@@ -355,7 +358,7 @@ class OutputLink:
         """Empty the retained window, the custody buffer and the queue; returns their
         routing frames, oldest first (queued frames leave the LST's queue length). Only
         frames never acknowledged still carry a :class:`PublishReceipt`."""
-        frames = [frame for _, frame in self.retained]
+        frames = [frame for _, _, frame in self.retained]
         frames += [frame for _, _, frame in self.custody]
         self.retained.clear()
         self.custody.clear()
@@ -389,14 +392,7 @@ class OutputLink:
                     await asyncio.sleep(leave - now)
                     if not self.queue:  # taken back meanwhile
                         continue
-            if self.senders:
-                frame = self.queue[0]
-                if not self._fast.send_frames(frame[0], (frame,), 1):
-                    await self._writable()
-                    continue
-                self.messages += 1
-                self._sent(self.queue.popleft(), loop.time())
-            elif self._send_batch(loop.time()) == FULL:
+            if self._send_batch(loop.time(), 1 if self.senders else BATCH_FRAMES) == FULL:
                 await self._writable()
                 continue
             booked = False
