@@ -232,7 +232,9 @@ class HopBench:
         path.write_text(json.dumps(self.scot.to_json()))
         config = tmp / "broker.toml"
         # The harness plays the neighbours and sends them no heartbeats: detection off.
-        config.write_text((settings or BrokerSettings(down_after=3600.0)).to_toml())
+        config.write_text(
+            (settings or BrokerSettings(down_after=3600.0)).to_toml(changed_only=True)
+        )
         keys_dir = make_keys(tmp / "keys", self.scot.endpoints_by_broker()) if curve else None
         self.keys = Keys(keys_dir) if keys_dir is not None else None
         proc = subprocess.Popen(

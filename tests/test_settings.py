@@ -26,6 +26,11 @@ def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
     path.write_text(settings.to_toml())
     assert load_settings(path) == settings
     assert load_settings(None) == BrokerSettings()
+    changed = settings.to_toml(changed_only=True)  # what a broker of another version reads
+    assert "gc_young = 5000" in changed and "window" not in changed and "sndhwm" not in changed
+    path.write_text(changed)
+    assert load_settings(path) == settings
+    assert BrokerSettings().to_toml(changed_only=True) == ""
 
 
 @pytest.mark.parametrize(

@@ -137,24 +137,33 @@ class BrokerSettings:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
         return self.capacities.get(f"{src}>{dst}", self.capacity)
 
-    def to_toml(self) -> str:
-        """The settings as a TOML document :func:`load_settings` reads back."""
-        lines: list[str] = []
-        table = None
+    def to_toml(self, changed_only: bool = False) -> str:
+        """The settings as a TOML document :func:`load_settings` reads back; with
+        ``changed_only`` just what differs from the defaults (readable by a broker of
+        another version, as long as it knows those keys)."""
+        default = BrokerSettings()
+        sections: dict[str, list[str]] = {section: [] for section, _ in _KEYS}
+        for (section, key), (name, _) in _CHOICES.items():
+            value = getattr(self, name)
+            if not changed_only or value != getattr(default, name):
+                sections[section].append(f'{key} = "{value}"')
         for (section, key), (name, _, _) in _KEYS.items():
-            if section != table:
-                lines += ["", f"[{section}]"] if lines else [f"[{section}]"]
-                table = section
-                if section == "lst":
-                    lines.append(f'order = "{self.order}"')
-                if section == "clients":
-                    lines.append(f'slow_policy = "{self.slow_policy}"')
-            owner = self.limits if name.startswith("limits.") else self
-            lines.append(f"{key} = {getattr(owner, name.rsplit('.', 1)[-1])!r}")
+            in_limits = name.startswith("limits.")
+            attribute = name.removeprefix("limits.")
+            value = getattr(self.limits if in_limits else self, attribute)
+            if not changed_only or value != getattr(
+                default.limits if in_limits else default, attribute
+            ):
+                sections[section].append(f"{key} = {value!r}")
         if self.capacities:
-            lines += ["", "[links.capacities]"]
-            lines += [f'"{link}" = {rate!r}' for link, rate in sorted(self.capacities.items())]
-        return "\n".join(lines) + "\n"
+            sections["links.capacities"] = [
+                f'"{link}" = {rate!r}' for link, rate in sorted(self.capacities.items())
+            ]
+        return "\n".join(
+            f"[{section}]\n" + "".join(f"{line}\n" for line in lines)
+            for section, lines in sections.items()
+            if lines
+        )
 
 
 def load_settings(path: str | Path | None) -> BrokerSettings:
