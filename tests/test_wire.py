@@ -9,14 +9,17 @@ import math
 import msgpack
 import pytest
 from bitarray import frozenbitarray
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from octopis.core import Notification, Subscribe, SubState, Tunnel, Unsubscribe
-from octopis.filters import parse_subscription
+from octopis.filters import FilterError, parse_subscription
 from octopis.transport.codec import (
     Heartbeat,
     Hello,
     Synced,
     WireError,
+    _notification,
     decode_peer,
     encode_body,
     encode_peer,
@@ -31,6 +34,7 @@ from octopis.wire import (
     decode_request,
     delivery_fields,
     pack,
+    unpack,
 )
 
 QUOTE = {"class": "STOCK", "symbol": "MSFT", "close": 28.1, "volume": 1200}
@@ -198,3 +202,64 @@ def test_malformed_frames_name_the_problem(frame: list[bytes], problem: str) -> 
 def test_encode_rejects_what_it_cannot_carry() -> None:
     with pytest.raises(TypeError, match="cannot encode str"):
         encode_body("hello")  # type: ignore[arg-type]
+
+
+FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.binary(max_size=2),
+    st.lists(st.integers(min_value=-(2**63), max_value=2**64 - 1), max_size=2),
+)
+PUBLICATIONS = st.one_of(
+    st.dictionaries(st.sampled_from(["class", "symbol", "close", "volume"]), FIELD_VALUES),
+    st.dictionaries(st.text(max_size=3), st.integers(-(2**63), 2**64 - 1), max_size=2),
+    FIELD_VALUES,
+)
+
+
+VALID_FIELDS = (
+    st.sampled_from(["P", "publisher-7"]),
+    st.sampled_from([0, 1, 2**63 - 1]) | st.integers(0, 2**63 - 1),
+    st.sampled_from([0, 1e12, -1e12, 1.7e9]) | st.floats(-1e12, 1e12) | st.integers(-10, 10),
+    st.dictionaries(
+        st.sampled_from(["class", "symbol", "close", "volume"]),
+        st.text(max_size=3) | st.floats(-1e6, 1e6) | st.integers(-(2**53), 2**53),
+        min_size=1,
+    ),
+    st.sampled_from([0, 2**63 - 1]) | st.integers(0, 2**63 - 1),
+)
+EDGES = st.sampled_from([-1, 2**63, 2**64 - 1, 1.0000001e12, -2e12, math.nan, math.inf, 2**53 + 1])
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    fields=st.tuples(*VALID_FIELDS),
+    broken=st.sampled_from([None, 0, 1, 2, 3, 4]),
+    wrong=st.one_of(FIELD_VALUES, EDGES, PUBLICATIONS),
+    extra=st.sampled_from([None, None, None, 0, [b"\x80", 1]]),
+)
+def test_the_plain_notification_path_accepts_only_what_the_full_decoding_does(
+    fields: tuple, broken: int | None, wrong: object, extra: object
+) -> None:
+    """A NOTIFY body goes through the C-checked plain shape first; whatever it accepts,
+    the full decoding accepts as the same notification, and whatever the full decoding
+    refuses is refused, in the full decoding's words. ``fields`` (publisher, seq,
+    published_at, publication, session) are valid but the ``broken`` one, which is
+    ``wrong``; ``extra`` is a CBV or something that is not one."""
+    values = list(fields)
+    if broken is not None:
+        values[broken] = wrong
+    publisher, seq, published_at, publication, session = values
+    body_fields = [NOTIFY, publisher, seq, published_at, publication, extra, None, None, session]
+    frame = [b"a:0", msgpack.packb(body_fields)]
+    try:
+        full = _notification(unpack(frame[1]))
+    except (WireError, FilterError) as exc:
+        with pytest.raises(WireError) as refused:
+            decode_peer(frame)
+        assert str(exc) in str(refused.value)
+        return
+    assert decode_peer(frame) == ("a:0", full)

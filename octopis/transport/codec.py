@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from functools import partial
 from math import isfinite
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
+import msgspec
 from bitarray import bitarray, frozenbitarray
 
 from octopis._match import is_plain_publication
@@ -42,12 +43,14 @@ from octopis.wire import (
     DECODE_ERRORS,
     HEARTBEAT,
     HELLO,
+    MAX_TIME,
     MOVE,
     NOTIFY,
     REHOST,
     SUBSCRIBE,
     SYNCED,
     UNSUBSCRIBE,
+    Sequence,
     pack,
     stamp_problem,
     unpack,
@@ -162,8 +165,17 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
         sender = parts[0].decode()
     except UnicodeDecodeError:
         raise WireError("sender part is not UTF-8") from None
+    body = parts[1]
+    if body[:2] == PLAIN_NOTIFY_HEAD:
+        try:
+            fields = _decode_plain_notification(body)
+        except DECODE_ERRORS:
+            pass  # not the plain shape: the full decoding below decides, naming a problem
+        else:
+            if is_plain_publication(fields[4], VALID_ATTRIBUTES):
+                return sender, _new_notification(fields[1:])
     try:
-        data = unpack(parts[1])
+        data = unpack(body)
     except DECODE_ERRORS as exc:
         raise WireError(f"frame from {sender!r} is not msgpack: {exc}") from None
     if not isinstance(data, list) or not data:
@@ -247,6 +259,27 @@ def _notification(data: list) -> Notification:
 _new_notification = partial(tuple.__new__, Notification)
 """``Notification`` from its eight fields in order, without the generated ``__new__``
 (half the cost; a notification is built per frame received)."""
+
+PLAIN_NOTIFY_HEAD = bytes([0x99, NOTIFY])
+"""A NOTIFY body's first two bytes: a MessagePack array of nine, kind 3."""
+_decode_plain_notification = msgspec.msgpack.Decoder(
+    tuple[
+        int,
+        Annotated[str, msgspec.Meta(min_length=1)],
+        Sequence,
+        Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)],
+        dict[str, str | int | float],
+        None,
+        None,
+        None,
+        Sequence,
+    ]
+).decode
+"""The common notification, decoded and checked in C: no CBV, destinations or tunnel, a
+publisher, the stamp :func:`stamp_problem` accepts, a flat publication (whose names and
+numbers :func:`is_plain_publication` then checks). It only ever accepts what the full
+decoding accepts, to the same fields; anything else is decoded in full, which decides
+and names the problem (tests/test_wire.py checks both ways)."""
 
 
 def _tunnel(value: Any) -> Tunnel:
