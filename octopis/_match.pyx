@@ -54,10 +54,54 @@ from libc.limits cimport INT_MAX
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from octopis.filters import Subscription
 
 include "_match_types.pxi"
+
+
+MATCH_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
+"""Upper bounds (seconds) of :attr:`MatchClock.histogram`'s buckets; the last bucket is
+everything slower."""
+DEF N_BUCKETS = 11
+cdef double _BOUNDS[N_BUCKETS]
+for _i, _bound in enumerate(MATCH_BUCKETS):
+    _BOUNDS[_i] = _bound
+
+
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef class MatchClock:
+    """Time spent in matchers and the number of matches (the paper's matching delay, §7.2),
+    with a histogram of single match times over :data:`MATCH_BUCKETS`. A matcher given one
+    (``Matcher(clock=...)``) records every ``match_groups`` and ``match_values`` in it, in
+    C; a broker process gives one clock to every part of its routing table."""
+
+    cdef readonly long long calls
+    cdef readonly double seconds
+    cdef long long counts[N_BUCKETS + 1]
+
+    def observe(self, double seconds):
+        """Count one match that took ``seconds``."""
+        self._observe(seconds)
+
+    cdef inline void _observe(self, double seconds) noexcept:
+        cdef int b = 0
+        while b < N_BUCKETS and seconds > _BOUNDS[b]:
+            b += 1
+        self.calls += 1
+        self.seconds += seconds
+        self.counts[b] += 1
+
+    @property
+    def histogram(self):
+        """Matches per bucket of :data:`MATCH_BUCKETS`, then the slower ones."""
+        return [self.counts[b] for b in range(N_BUCKETS + 1)]
 
 
 def _closed_range(str op, double c):
@@ -155,8 +199,10 @@ cdef class Matcher:
     cdef long long candidates
     cdef Py_ssize_t index_bytes
     cdef dict _stats
+    cdef MatchClock _clock
 
-    def __cinit__(self, *, int pending_limit=64):
+    def __cinit__(self, *, int pending_limit=64, MatchClock clock=None):
+        self._clock = clock
         self._ids = {}
         self._keys = []
         self._subs = []
@@ -477,29 +523,62 @@ cdef class Matcher:
         self._refresh()
         return _match_one(self, publication)
 
+    @property
+    def clock(self):
+        """The :class:`MatchClock` this matcher records its matches in, or None."""
+        return self._clock
+
     def match_groups(self, publication):
         """``{group: key}``: every group with a matching subscription, each with one of
         its matching keys (subscriptions added without a group are left out). The search
         stops once every group holding a live subscription has a match."""
         cdef int i, n_out
-        cdef list keep = []
         cdef dict result = {}
+        cdef double started = _now() if self._clock is not None else 0.0
+        n_out = self._groups_matching(publication)
+        for i in range(n_out):
+            _prefetch(_list_item(self._keys, self.out[i]), 1, 3)
+        for i in range(n_out):
+            result[self.out_grp[i]] = self._keys[self.out[i]]
+        if self._clock is not None:
+            self._clock._observe(_now() - started)
+        return result
+
+    def match_values(self, publication, list values not None):
+        """``{values[group]}`` for every group with a matching subscription: the distinct
+        next hops of a routing-table part (Algorithm 3's getDistinctSubs) without building
+        :meth:`match_groups`' dictionary. ``values`` must hold an item for every group."""
+        cdef int i, g, n_out
+        cdef set result = set()
+        cdef double started = _now() if self._clock is not None else 0.0
+        n_out = self._groups_matching(publication)
+        for i in range(n_out):
+            g = self.out_grp[i]
+            if g >= len(values):
+                raise IndexError(f"no value for group {g}")
+            result.add(<object>_list_item(values, g))
+        if self._clock is not None:
+            self._clock._observe(_now() - started)
+        return result
+
+    cdef int _groups_matching(self, publication) except -1:
+        """One matching subscription per group into ``out`` (groups in ``out_grp``);
+        returns how many."""
+        cdef int i, n_out
+        cdef list keep = []
         if type(publication) is not dict:
             publication = dict(publication)
         self._refresh()
         if self.n_groups == 0:
-            return result
+            return 0
         try:
             n_out = _collect(self, publication, keep, True)
         except BaseException:
             memset(self.seen, 0, self.seen_cap)
             raise
         for i in range(n_out):
-            _prefetch(_list_item(self._keys, self.out[i]), 1, 3)
-        for i in range(n_out):
             self.seen[self.out_grp[i]] = 0
-            result[self.out_grp[i]] = self._keys[self.out[i]]
-        return result
+        return n_out
 
     cdef int _grow_groups(self, int g) except -1:
         """Room for group ids up to ``g`` in ``seen``, ``grp_live`` and ``out_grp``."""

@@ -18,7 +18,9 @@ matching keys (each once, order unspecified), ``match_many(publications)``, ``le
 added with a small integer ``group`` (the routing core uses its next hop), and
 ``match_groups(publication)`` returns ``{group: one matching key}`` for the groups with a
 match: Algorithm 3's distinct next destinations, computed without materialising every
-matching key. ``Matcher`` also has ``rebuild()`` and ``stats()``.
+matching key; ``match_values(publication, values)`` returns ``{values[group]}`` for the
+same groups (the next hops themselves). ``Matcher`` also has ``rebuild()`` and ``stats()``,
+and records every group match in a :class:`MatchClock` given as ``Matcher(clock=...)``.
 
 
 Why bucket bitmaps. The workloads are conjunctions of equality and range predicates over
@@ -85,65 +87,12 @@ checked publications). NaN and infinities in publications follow Python's compar
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Mapping
-from time import perf_counter
 
-from octopis._match import Matcher, check_entry
+from octopis._match import MATCH_BUCKETS, MatchClock, Matcher, check_entry
 from octopis.filters import Subscription
 
-__all__ = ["MatchClock", "Matcher", "ReferenceMatcher", "TimedMatcher"]
-
-
-MATCH_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
-"""Upper bounds (seconds) of :attr:`MatchClock.histogram`'s buckets; the last bucket is
-everything slower."""
-
-
-class MatchClock:
-    """Time spent in matchers and the number of matches (the paper's matching delay, §7.2),
-    with a histogram of single match times over :data:`MATCH_BUCKETS`."""
-
-    __slots__ = ("calls", "histogram", "seconds")
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.seconds = 0.0
-        self.histogram = [0] * (len(MATCH_BUCKETS) + 1)
-
-    def observe(self, seconds: float) -> None:
-        """Count one match that took ``seconds``."""
-        self.calls += 1
-        self.seconds += seconds
-        self.histogram[bisect_left(MATCH_BUCKETS, seconds)] += 1
-
-
-class TimedMatcher(Matcher):
-    """A compiled :class:`Matcher` whose ``match_groups`` adds its time to a shared clock;
-    a broker process gives one clock to every part of its routing table. Everything else
-    is the compiled matcher's own (no Python call in between)."""
-
-    __slots__ = ("_clock",)
-
-    def __new__(cls, clock: MatchClock) -> TimedMatcher:
-        matcher = super().__new__(cls)  # the compiled matcher's defaults
-        matcher._clock = clock
-        return matcher
-
-    def match_groups(self, publication: Mapping[str, object]) -> dict[int, Hashable]:
-        """As :meth:`Matcher.match_groups`, timed (recorded as :meth:`MatchClock.observe`
-        does, inline: this runs for every notification)."""
-        started = perf_counter()
-        groups = _match_groups(self, publication)
-        seconds = perf_counter() - started
-        clock = self._clock
-        clock.calls += 1
-        clock.seconds += seconds
-        clock.histogram[bisect_left(MATCH_BUCKETS, seconds)] += 1
-        return groups
-
-
-_match_groups = Matcher.match_groups
+__all__ = ["MATCH_BUCKETS", "MatchClock", "Matcher", "ReferenceMatcher"]
 
 
 class ReferenceMatcher:
@@ -179,6 +128,10 @@ class ReferenceMatcher:
             if key in self._groups:
                 found.setdefault(self._groups[key], key)
         return found
+
+    def match_values(self, publication: Mapping[str, object], values: list) -> set:
+        """``{values[group]}`` for the groups :meth:`match_groups` finds."""
+        return {values[group] for group in self.match_groups(publication)}
 
     def match(self, publication: Mapping[str, object]) -> list:
         """Keys of the subscriptions ``publication`` satisfies, each once."""

@@ -19,7 +19,7 @@ from octopis.filters import (
     Subscription,
     parse_subscription,
 )
-from octopis.matching import Matcher, ReferenceMatcher
+from octopis.matching import MATCH_BUCKETS, MatchClock, Matcher, ReferenceMatcher
 from octopis.quotes import (
     enrich,
     measure_selectivity,
@@ -93,7 +93,7 @@ class Both:
 
     def agree(self, pubs: list[dict]) -> None:
         """Same keys from ``match_many``, and from ``match_groups`` the same groups, each
-        with a key that matches and is of that group."""
+        with a key that matches and is of that group; ``match_values`` names those groups."""
         assert len(self.compiled) == len(self.reference)
         for pub, got in zip(pubs, self.compiled.match_many(pubs), strict=True):
             want = self.reference.match(pub)
@@ -101,6 +101,10 @@ class Both:
             groups = self.compiled.match_groups(pub)
             assert groups.keys() == {self.group[k] for k in want} - {None}
             assert all(key in want and self.group[key] == g for g, key in groups.items())
+            top = max((g for g in self.group.values() if g is not None), default=0)
+            names = [f"hop{g}" for g in range(top + 1)]
+            assert self.compiled.match_values(pub, names) == {names[g] for g in groups}
+            assert self.reference.match_values(pub, names) == {names[g] for g in groups}
 
 
 class Churn(RuleBasedStateMachine):
@@ -527,3 +531,37 @@ def test_hand_checked_subscriptions_on_real_quotes() -> None:
     assert {k: got[k] for k in HAND_CHECKED} == EXPECTED
     assert sorted(compiled.match(quotes[0])) == sorted(["aapl", "aapl_over_40", "dec_04"])
     assert measure_selectivity([parse_subscription(HAND_CHECKED["aapl"])], quotes) == [0.5]
+
+
+def test_clock_records_every_group_match() -> None:
+    """A matcher built with a clock counts each match_groups and match_values call once,
+    in exactly one histogram bucket, with its time; one clock serves several matchers;
+    plain match does not count, nor does a matcher without a clock."""
+    clock = MatchClock()
+    quotes = random_quotes(60, seed=4, symbols=6)
+    subs = stock_subscriptions(quotes[:30], 200, seed=4)
+    timed = [Matcher(clock=clock), Matcher(clock=clock)]
+    untimed = Matcher()
+    for i, s in enumerate(subs):
+        timed[i % 2].add(i, s, i % 3)
+        untimed.add(i, s, i % 3)
+    assert timed[0].clock is clock and untimed.clock is None
+    for quote in quotes[30:]:
+        timed[0].match_groups(quote)
+        timed[1].match_values(quote, ["x", "y", "z"])
+        timed[0].match(quote)
+        untimed.match_groups(quote)
+    assert clock.calls == 60
+    assert sum(clock.histogram) == 60 and len(clock.histogram) == len(MATCH_BUCKETS) + 1
+    assert clock.seconds > 0
+    clock.observe(1.0)
+    assert clock.calls == 61 and clock.histogram[-1] == 1
+
+
+def test_match_values_needs_a_value_for_every_group() -> None:
+    """A values list too short for a matching group is an IndexError, not a read past it."""
+    matcher = Matcher()
+    matcher.add("k", parse_subscription("[x,>,0]"), 4)
+    with pytest.raises(IndexError, match="group 4"):
+        matcher.match_values({"x": 1}, ["a", "b"])
+    assert matcher.match_values({"x": 1}, ["a", "b", "c", "d", "e"]) == {"e"}

@@ -7,7 +7,7 @@ its matcher *group*. A clustered broker in cluster c has three parts: its local 
 last hop B(x, k) over an iCOL). A notification that enters from another broker never
 needs the secondary part (§6.2), so it is matched against a fraction of the table; and
 the distinct next hops of a match (Algorithm 3's getDistinctSubs) come straight out of
-the compiled matcher (``match_groups``) rather than from a Python loop per entry.
+the compiled matcher (``match_values``) rather than from a Python loop per entry.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class MatcherLike(Protocol):
     def add(self, key: str, subscription: Subscription, group: int | None = None) -> None: ...
     def remove(self, key: str) -> None: ...
     def match_groups(self, publication: Publication) -> dict[int, str]: ...
+    def match_values(self, publication: Publication, values: list[str]) -> set[str]: ...
     def __len__(self) -> int: ...
 
 
@@ -144,7 +145,7 @@ class RoutingTable:
     def values(self, part: str, publication: Publication) -> set[str]:
         """The distinct values (next hops) of the entries of ``part`` matching."""
         p = self._parts[part]
-        return {p.value[g] for g in p.matcher.match_groups(publication)}
+        return p.matcher.match_values(publication, p.value)
 
     def by_value(self, part: str, publication: Publication) -> dict[str, str]:
         """One matching ``sub_id`` per distinct value of the entries of ``part``."""

@@ -138,6 +138,10 @@ class SharedPart:
                 found[group] = key
         return found
 
+    def match_values(self, publication: Mapping[str, object], values: list) -> set:
+        """As :meth:`Matcher.match_values`: ``{values[group]}`` of this part's matches."""
+        return {values[group] for group in self.match_groups(publication)}
+
     def __len__(self) -> int:
         return len(self._groups)
 

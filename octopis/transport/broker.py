@@ -49,7 +49,7 @@ from octopis.core.resync import epoch_of, resync_messages, withdraw_predecessor
 from octopis.filters import Subscription, set_limits
 from octopis.keys import Keys
 from octopis.logs import RateLimitedLog
-from octopis.matching import MatchClock, TimedMatcher
+from octopis.matching import MatchClock, Matcher
 from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, decode_peer, encode_body
@@ -97,7 +97,7 @@ class Broker:
             scot,
             broker_id,
             mode,
-            lambda: TimedMatcher(self.clock),
+            lambda: Matcher(clock=self.clock),
             EdgeDedup(settings.dedup_window, settings.dedup_publishers),
         )
         self.incarnation = secrets.randbits(63) | 1
