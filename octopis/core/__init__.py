@@ -7,6 +7,7 @@ on the clustered SCOT (:class:`ClusteredBroker`), ``bid`` on the unclustered one
 
 from __future__ import annotations
 
+from octopis.core.base import Counts
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.dedup import EdgeDedup
@@ -85,6 +86,7 @@ __all__ = [
     "BrokerCore",
     "BrokerView",
     "ClusteredBroker",
+    "Counts",
     "Deliver",
     "EdgeDedup",
     "Forward",

@@ -331,9 +331,10 @@ class ClusteredBroker(CoreBase):
         never sent and never silently lost (DESIGN §7).
         """
         subscribers, acols, icols = self.static_targets(n, src)
-        out: list[Action] = [Deliver(s, n) for s in subscribers]
-        for link in (*acols, *icols.values()):
-            if links.down(link):
+        out: list[Action] = [Deliver(s, n) for s in subscribers] if subscribers else []
+        down = links.down
+        for link in (*acols, *icols.values()) if icols else acols:
+            if down(link):
                 self.stats["undeliverable.link_down"] += 1
             else:
                 out.append(Forward(link, n))
@@ -350,7 +351,7 @@ class ClusteredBroker(CoreBase):
         if n.cbv is not None:
             icols.update(self._icols_named(n.cbv))
             n = n._replace(cbv=None)
-        out: list[Action] = [Deliver(s, n) for s in subscribers]
+        out: list[Action] = [Deliver(s, n) for s in subscribers] if subscribers else []
         out += self.spread(n, src, acols, icols, links)
         return out
 
@@ -384,7 +385,14 @@ class ClusteredBroker(CoreBase):
                 loaded[k] = link
             else:
                 unloaded.append(link)
-        live_acols = [link for link in acols if not down(link)]
+        live_acols: list[str] = []
+        dead_acols: list[str] = []
+        for link in acols:
+            (dead_acols if down(link) else live_acols).append(link)
+        if not loaded and not dead_acols:  # the common case: a plain copy per target
+            out = [Forward(link, n) for link in (*live_acols, *unloaded)]
+            self.stats["sent.notification"] += len(out)
+            return out
         copies = dict.fromkeys((*live_acols, *unloaded), n)
         if loaded:
             carried = set(loaded)
@@ -409,9 +417,8 @@ class ClusteredBroker(CoreBase):
                 self.stats[case] += 1
                 self.stats["dnr_kept_off"] += len(loaded) - (carrier in loaded.values())
         out = [Forward(link, copy) for link, copy in copies.items()]
-        for link in acols:
-            if down(link):
-                out += self.detour(n, link, links)
+        for link in dead_acols:
+            out += self.detour(n, link, links)
         self.stats["sent.notification"] += len(out)
         return out
 

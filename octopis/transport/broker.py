@@ -33,6 +33,7 @@ import zmq.asyncio
 from octopis.core import (
     Action,
     ClusteredBroker,
+    Counts,
     Deliver,
     EdgeDedup,
     Forward,
@@ -110,7 +111,7 @@ class Broker:
         """Neighbours told our share was not whole (we were missing shares ourselves);
         each gets it once it is (DESIGN §7)."""
         self.counters: Counter[str] = Counter()
-        self.received: Counter[type] = Counter()
+        self.received: Counts = Counts()
         self._sender = broker_id.encode()
         self.subscription_delay: dict[str, float] = {}
         self._stopping = asyncio.Event()
