@@ -23,7 +23,12 @@ from octopis.transport.links import (
 
 
 async def _with_link(
-    scenario, *, custody_limit: int = 100, retain: float = 0.0, send_pass: SendPass | None = None
+    scenario,
+    *,
+    custody_limit: int = 100,
+    retain: float = 0.0,
+    retain_limit: int = 1000,
+    send_pass: SendPass | None = None,
 ):
     ctx = zmq.asyncio.Context()
     pull = ctx.socket(zmq.PULL)
@@ -39,7 +44,7 @@ async def _with_link(
         asyncio.Event(),
         custody_limit,
         retain,
-        1000,
+        retain_limit,
         send_pass=send_pass,
     )
     sender = asyncio.create_task(link.run())
@@ -163,6 +168,32 @@ def test_take_back_returns_retained_then_unacknowledged_then_queued() -> None:
 
     frames = asyncio.run(_with_link(scenario, retain=60.0))
     assert [f[1] for f in frames] == [b"n0", b"n1", b"n2", b"n3"]
+
+
+def test_the_retained_window_keeps_its_limit_and_its_horizon() -> None:
+    """Acknowledgements move notifications from custody to the retained window in order:
+    beyond ``retain_limit`` the oldest are evicted and counted; those older than
+    ``retain`` seconds leave uncounted; an acknowledgement of what is already settled
+    changes nothing."""
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> None:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        for n in range(6):
+            link.put([b"me", b"n%d" % n, KEPT], loop.time())
+        assert len(await _drain(pull)) == 7
+        link.acknowledge(4, loop.time())
+        assert [f[1] for _, _, f in link.retained] == [b"n1", b"n2", b"n3"]
+        assert [f[1] for _, _, f in link.custody] == [b"n4", b"n5"]
+        assert link.retain_evicted == 1
+        link.acknowledge(4, loop.time())
+        assert len(link.retained) == 3 and len(link.custody) == 2
+        assert link.retain_evicted == 1
+        link.acknowledge(6, loop.time() + 120.0)  # all of them sent long before
+        assert not link.retained and not link.custody
+        assert link.retain_evicted == 1
+
+    asyncio.run(_with_link(scenario, retain=60.0, retain_limit=3))
 
 
 def test_a_publication_is_answered_once_the_neighbour_acknowledges_its_copy() -> None:

@@ -161,11 +161,21 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
     """``(sender, message)`` of one frame; :class:`WireError` if it is malformed."""
     if len(parts) != 2:
         raise WireError(f"frame has {len(parts)} parts, expected [sender, body]")
+    sender = decode_sender(parts[0])
+    return sender, decode_body(sender, parts[1])
+
+
+def decode_sender(part: bytes) -> str:
+    """The sender's name from a frame's first part; :class:`WireError` if not UTF-8."""
     try:
-        sender = parts[0].decode()
+        return part.decode()
     except UnicodeDecodeError:
         raise WireError("sender part is not UTF-8") from None
-    body = parts[1]
+
+
+def decode_body(sender: str, body: bytes) -> Message | Control:
+    """The message in a frame's ``body`` from ``sender`` (named in errors);
+    :class:`WireError` if it is malformed."""
     if body[:2] == PLAIN_NOTIFY_HEAD:
         try:
             fields = _decode_plain_notification(body)
@@ -173,7 +183,7 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
             pass  # not the plain shape: the full decoding below decides, naming a problem
         else:
             if is_plain_publication(fields[4], VALID_ATTRIBUTES):
-                return sender, _new_notification(fields[1:])
+                return _new_notification(fields[1:])
     try:
         data = unpack(body)
     except DECODE_ERRORS as exc:
@@ -185,23 +195,23 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
         raise WireError(f"frame kind must be an integer, got {kind!r} from {sender}")
     try:
         if kind == NOTIFY:
-            return sender, _notification(data)
+            return _notification(data)
         if kind == SUBSCRIBE:
-            return sender, _subscribe(data)
+            return _subscribe(data)
         if kind == UNSUBSCRIBE:
             _expect(data, 3, "UNSUBSCRIBE")
-            return sender, Unsubscribe(_str(data[1], "sub_id"), _state(data[2]))
+            return Unsubscribe(_str(data[1], "sub_id"), _state(data[2]))
         if kind == MOVE:
             _expect(data, 3, "MOVE")
-            return sender, Move(_str(data[1], "sub_id"), _str(data[2], "host"))
+            return Move(_str(data[1], "sub_id"), _str(data[2], "host"))
         if kind == REHOST:
             _expect(data, 3, "REHOST")
-            return sender, Rehost(_str(data[1], "sub_id"), _str(data[2], "host"))
+            return Rehost(_str(data[1], "sub_id"), _str(data[2], "host"))
         if kind == HEARTBEAT:
             _expect(data, 5, "HEARTBEAT")
             if type(data[4]) is not bool:
                 raise WireError("HEARTBEAT serving flag must be true or false")
-            return sender, Heartbeat(
+            return Heartbeat(
                 _incarnation(data[1], "incarnation"),
                 _incarnation(data[2], "acked incarnation"),
                 _incarnation(data[3], "acked count"),
@@ -211,10 +221,10 @@ def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
             _expect(data, 4, "SYNCED")
             if type(data[2]) is not bool or type(data[3]) is not bool:
                 raise WireError("SYNCED flags must be true or false")
-            return sender, Synced(_incarnation(data[1], "entries"), data[2], data[3])
+            return Synced(_incarnation(data[1], "entries"), data[2], data[3])
         if kind == HELLO:
             _expect(data, 3, "HELLO")
-            return sender, Hello(
+            return Hello(
                 _incarnation(data[1], "incarnation"), _incarnation(data[2], "peer incarnation")
             )
     except FilterError as exc:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 
 import zmq
 import zmq.asyncio
@@ -49,6 +51,19 @@ the handshake that starts a numbered session, a routing frame, or a routing fram
 custody until acknowledged (a notification, DESIGN §7)."""
 RECEIPT = 3
 """Index of the :class:`PublishReceipt` a local publication's frames carry."""
+
+_NUMBER, _SENT_AT, _FRAME = itemgetter(0), itemgetter(1), itemgetter(2)
+"""The fields of a custody entry ``(number, sent at, frame)``."""
+
+
+def _settle(entry: tuple[int, float, list]) -> tuple[int, float, list]:
+    """An acknowledged custody entry: a local publication's receipt counts the copy as
+    held, and the entry keeps the frame without it."""
+    frame = entry[2]
+    if len(frame) <= RECEIPT:
+        return entry
+    frame[RECEIPT].held()
+    return (entry[0], entry[1], frame[:RECEIPT])
 
 
 class PublishReceipt:
@@ -242,23 +257,27 @@ class OutputLink:
         ``now``). Acknowledged notifications move from custody to the retained window,
         which keeps those sent within ``retain`` seconds of ``now`` (at most
         ``retain_limit``, oldest evicted first, counted); since only acknowledgements
-        prune it, a receiver that dies leaves its last ``retain`` seconds here."""
+        prune it, a receiver that dies leaves its last ``retain`` seconds here. Both are
+        in sending order, so what leaves each is found by bisection and moved at once."""
         custody = self.custody
         was_full = len(custody) >= self.custody_limit
+        settled = bisect_right(custody, count, key=_NUMBER) if custody else 0
+        if settled:
+            popleft = custody.popleft
+            entries = [popleft() for _ in range(settled)]
+            if max(map(len, map(_FRAME, entries))) > RECEIPT:
+                entries = [_settle(entry) for entry in entries]
+            if self.retain > 0:
+                self.retained.extend(entries)
         retained = self.retained
-        keep = self.retain > 0
-        while custody and custody[0][0] <= count:
-            entry = custody.popleft()
-            frame = entry[2]
-            if len(frame) > RECEIPT:  # a local publication: its receipt is settled here
-                frame[RECEIPT].held()
-                entry = (entry[0], entry[1], frame[:RECEIPT])
-            if keep:
-                retained.append(entry)
-        horizon = now - self.retain
-        while retained and (retained[0][1] < horizon or len(retained) > self.retain_limit):
-            if retained.popleft()[1] >= horizon:
-                self.retain_evicted += 1
+        if retained:
+            expired = bisect_left(retained, now - self.retain, key=_SENT_AT)
+            drop = max(expired, len(retained) - self.retain_limit)
+            if drop > 0:
+                self.retain_evicted += drop - expired
+                popleft = retained.popleft
+                for _ in range(drop):
+                    popleft()
         if was_full and self.queue:
             self._wake.set()
 

@@ -40,7 +40,8 @@ from octopis.transport.codec import (
     Hello,
     Synced,
     WireError,
-    decode_peer,
+    decode_body,
+    decode_sender,
     encode_peer,
 )
 from octopis.transport.links import (
@@ -328,13 +329,16 @@ class PeerLinks:
                     continue
                 send_pass.open = True
                 for frame in messages:
-                    if len(frame) > 2:
+                    if len(frame) == 2:
+                        on_frame(frame[0], frame[1], now)
+                        handled += 1
+                    elif len(frame) > 2:
                         sender = frame[0]
                         for body in frame[1:]:
-                            on_frame([sender, body], now)
+                            on_frame(sender, body, now)
                         handled += len(frame) - 1
                     else:
-                        on_frame(frame, now)
+                        self._malformed(f"frame has {len(frame)} parts, expected [sender, body]")
                         handled += 1
                 if handled >= PEER_BATCH:
                     send_pass.end(now)
@@ -344,9 +348,13 @@ class PeerLinks:
         finally:
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
 
-    def _on_frame(self, frame: list[bytes], now: float) -> None:
+    def _on_frame(self, sender_part: bytes, body: bytes, now: float) -> None:
+        """One routing or link-level message ``body`` from the neighbour named by
+        ``sender_part``: a malformed one, or one that breaks the protocol, is counted,
+        logged and dropped; nothing else is touched."""
         try:
-            sender, message = decode_peer(frame)
+            sender = decode_sender(sender_part)
+            message = decode_body(sender, body)
             state = self.state.get(sender)
             if state is None and sender in self.departed:
                 self.counters["frames_from_departed"] += 1  # it stops once all let it go
@@ -377,10 +385,9 @@ class PeerLinks:
                     sender,
                 )
                 return
-            self.events.peer_message(sender, message, frame[1])
+            self.events.peer_message(sender, message, body)
         except WireError as exc:
-            self.counters["wire_errors"] += 1
-            self._warn.warning("wire", "%s dropped a malformed peer frame: %s", self.id, exc)
+            self._malformed(str(exc))
         except ProtocolError as exc:
             self.counters["protocol_errors"] += 1
             self._warn.warning(
@@ -389,6 +396,10 @@ class PeerLinks:
         except Exception:
             self.counters["internal_errors"] += 1
             self._warn.exception("internal", "%s failed on a peer frame", self.id)
+
+    def _malformed(self, problem: str) -> None:
+        self.counters["wire_errors"] += 1
+        self._warn.warning("wire", "%s dropped a malformed peer frame: %s", self.id, problem)
 
     def _on_link_message(
         self, sender: str, state: NeighbourState, message: Hello | Heartbeat, now: float
