@@ -148,6 +148,9 @@ class PeerLinks:
         self.counters: Counter[str] = Counter()
         self.activity = asyncio.Event()
         self.state = {n: NeighbourState() for n in endpoints}
+        self._names = {n.encode(): n for n in endpoints}
+        """Each neighbour's name by its bytes as frames carry it: decoding is skipped for
+        those (any other sender part is decoded, and checked)."""
         self.serving = False
         """Resynced from every live neighbour since this process started; until then
         neighbours route around this broker and local publications wait (DESIGN §7)."""
@@ -205,6 +208,7 @@ class PeerLinks:
         link = self._link(name, endpoint)
         self.links[name] = link
         self.state[name] = NeighbourState(last_heard=now)
+        self._names[name.encode()] = name
         self.departed.discard(name)
         self.lst.add_link(name, now)
         link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
@@ -216,6 +220,7 @@ class PeerLinks:
         link, for the caller to close once the task serving it has ended."""
         link = self.links.pop(name)
         del self.state[name]
+        del self._names[name.encode()]
         self.departed.add(name)
         self.lst.remove_link(name)
         self.full_links.discard(name)
@@ -353,7 +358,7 @@ class PeerLinks:
         ``sender_part``: a malformed one, or one that breaks the protocol, is counted,
         logged and dropped; nothing else is touched."""
         try:
-            sender = decode_sender(sender_part)
+            sender = self._names.get(sender_part) or decode_sender(sender_part)
             message = decode_body(sender, body)
             state = self.state.get(sender)
             if state is None and sender in self.departed:
