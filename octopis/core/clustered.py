@@ -378,6 +378,10 @@ class ClusteredBroker(CoreBase):
         link and never holds the current cluster's bit.
         """
         down = links.down
+        if not icols and not any(map(down, acols)):  # a plain copy on each live aCOL
+            out = [Forward(link, n) for link in acols]
+            self.stats["sent.notification"] += len(out)
+            return out
         unloaded: list[str] = []
         loaded: dict[int, str] = {}
         for k, link in icols.items():
@@ -389,10 +393,6 @@ class ClusteredBroker(CoreBase):
         dead_acols: list[str] = []
         for link in acols:
             (dead_acols if down(link) else live_acols).append(link)
-        if not loaded and not dead_acols:  # the common case: a plain copy per target
-            out = [Forward(link, n) for link in (*live_acols, *unloaded)]
-            self.stats["sent.notification"] += len(out)
-            return out
         copies = dict.fromkeys((*live_acols, *unloaded), n)
         if loaded:
             carried = set(loaded)
