@@ -9,8 +9,8 @@ at 1,000 brokers × 10,000 subscriptions — though all copies are the same immu
 Here one compiled :class:`~octopis.matching.Matcher` holds each subscription once (keyed
 by its network-wide sub_id, counted by how many parts hold it), and each part of each
 broker's table is a :class:`SharedPart`: only ``sub_id → group``. The matcher API the
-tables use (``add``, ``remove``, ``match_groups``, ``len``) is kept, so the routing core
-is unchanged and real brokers keep their own compiled matcher per part.
+tables use (``add``, ``remove``, ``match_groups``, ``match_values``, ``len``) is kept, so
+the routing core is unchanged and real brokers keep their own compiled matcher per part.
 
 A publication travels to many brokers; its matching keys are computed once and kept
 while the set of subscriptions does not change, for the :data:`CACHED` publications
