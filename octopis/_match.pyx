@@ -64,10 +64,20 @@ include "_match_types.pxi"
 MATCH_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
 """Upper bounds (seconds) of :attr:`MatchClock.histogram`'s buckets; the last bucket is
 everything slower."""
-DEF N_BUCKETS = 11
+cdef enum:
+    N_BUCKETS = 11
 cdef double _BOUNDS[N_BUCKETS]
-for _i, _bound in enumerate(MATCH_BUCKETS):
-    _BOUNDS[_i] = _bound
+
+
+cdef int _load_bounds() except -1:
+    if len(MATCH_BUCKETS) != N_BUCKETS:
+        raise ImportError(f"MATCH_BUCKETS has {len(MATCH_BUCKETS)} bounds, N_BUCKETS {N_BUCKETS}")
+    for b in range(N_BUCKETS):
+        _BOUNDS[b] = MATCH_BUCKETS[b]
+    return 0
+
+
+_load_bounds()
 
 
 cdef inline double _now() noexcept nogil:
