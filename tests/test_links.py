@@ -12,14 +12,11 @@ import zmq.asyncio
 from octopis.core.lst import LinkStatusTable
 from octopis.transport.links import (
     BATCH_FRAMES,
-    DATA,
-    HANDSHAKE,
-    KEPT,
-    LINK,
     OutputLink,
     PublishReceipt,
     SendPass,
 )
+from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK
 
 
 async def _with_link(

@@ -1,14 +1,17 @@
 """The compiled receive and send of the forwarding path (octopis.transport.zmqio): what
 they read and write is exactly what pyzmq reads and writes, a drain stops at its limit,
-a full pipe sends nothing, and nothing malformed leaves half a message behind."""
+a batch takes what may leave, a full pipe sends nothing, nothing malformed leaves half a
+message behind, and a sent batch is numbered and kept in custody."""
 
 from __future__ import annotations
+
+from collections import deque
 
 import pytest
 import zmq
 
 from octopis.transport import _zmqio
-from octopis.transport.zmqio import FastSocket
+from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK, FastSocket, book_sent
 
 
 @pytest.fixture
@@ -53,8 +56,8 @@ def test_receive_stops_at_its_frame_limit(pair) -> None:
 def test_sends_arrive_as_pyzmq_reads_them(pair) -> None:
     push, pull = pair
     fast = FastSocket(push)
-    queue = [[b"c:0", b"body1", 2], [b"c:0", b"body2", 3], [b"c:0", b"body3", 3]]
-    assert fast.send_frames(b"c:0", iter(queue), 2)
+    queue = deque([[b"c:0", b"body1", DATA], [b"c:0", b"body2", KEPT], [b"c:0", b"body3", KEPT]])
+    assert fast.send_batch(queue, 2, 1 << 20, 10) == 2
     assert fast.send_parts([b"only"])
     assert fast.send_parts([b"id", b"n", b"b"])
     assert pull.recv_multipart() == [b"c:0", b"body1", b"body2"]
@@ -73,7 +76,7 @@ def test_a_full_pipe_sends_nothing() -> None:
         while fast.send_parts([b"x", b"y"]):
             accepted += 1
             assert accepted < 100, "the pipe never filled"
-        assert fast.send_frames(b"x", [[b"x", b"y", 2]], 1) is False
+        assert fast.send_batch(deque([[b"x", b"y", DATA]]), 1, 1 << 20, 1) == -1
         assert push.getsockopt(zmq.EVENTS) & zmq.POLLOUT == 0
     finally:
         ctx.destroy(linger=0)
@@ -83,9 +86,9 @@ def test_malformed_input_leaves_no_half_message(pair) -> None:
     push, pull = pair
     fast = FastSocket(push)
     with pytest.raises(TypeError):
-        fast.send_frames(b"c:0", [[b"c:0", b"ok", 2], [b"c:0", "text", 2]], 2)
-    with pytest.raises(ValueError, match="given 1 frames, expected 2"):
-        fast.send_frames(b"c:0", [[b"c:0", b"ok", 2]], 2)
+        fast.send_batch(deque([[b"c:0", b"ok", DATA], [b"c:0", "text", DATA]]), 2, 1 << 20, 2)
+    with pytest.raises(ValueError, match="2 items, expected"):
+        fast.send_batch(deque([[b"c:0", b"ok", DATA], [b"c:0", b"ok"]]), 2, 1 << 20, 2)
     with pytest.raises(TypeError, match="bytes"):
         fast.send_parts([b"a", "b"])
     with pytest.raises(ValueError):
@@ -106,3 +109,46 @@ def test_a_closed_socket_is_refused(pair) -> None:
 def test_binding_names_what_is_missing() -> None:
     with pytest.raises(ValueError, match="zmq_send"):
         _zmqio.bind({name: 1 for name in _zmqio.FUNCTIONS if name != "zmq_send"})
+
+
+def test_a_batch_takes_what_may_leave(pair) -> None:
+    """Link-level frames always go; routing frames only while there is room; a batch
+    stops at its frame count and after the frame that reaches its size; the sender part
+    is the first frame's; nothing is taken off the queue by the send itself."""
+    push, pull = pair
+    fast = FastSocket(push)
+    queue = deque(
+        [[b"a", b"n1", KEPT], [b"a", b"hb", LINK], [b"a", b"n2", DATA], [b"a", b"n3", KEPT]]
+    )
+    assert fast.send_batch(queue, 64, 1 << 20, 0) == 0  # a routing frame first, no room
+    assert fast.send_batch(queue, 64, 1 << 20, 2) == 3  # n1, hb, n2; n3 has no room
+    assert pull.recv_multipart() == [b"a", b"n1", b"hb", b"n2"]
+    assert fast.send_batch(queue, 2, 1 << 20, 10) == 2
+    assert pull.recv_multipart() == [b"a", b"n1", b"hb"]
+    assert fast.send_batch(queue, 64, 4, 10) == 2  # "n1hb" reaches 4 bytes
+    assert pull.recv_multipart() == [b"a", b"n1", b"hb"]
+    assert len(queue) == 4
+    assert fast.send_batch(deque(), 64, 1 << 20, 10) == 0
+
+
+def test_book_sent_numbers_routing_frames_and_keeps_notifications() -> None:
+    """Routing frames are numbered on, a handshake starts again at 0, notifications go
+    into custody with their number and send time, receipts are counted, and the frames
+    leave the queue (what was not sent stays)."""
+    receipt = object()
+    frames = [
+        [b"a", b"n1", KEPT],
+        [b"a", b"hb", LINK],
+        [b"a", b"s1", DATA],
+        [b"a", b"hello", HANDSHAKE],
+        [b"a", b"n2", KEPT, receipt],
+        [b"a", b"late", KEPT],
+    ]
+    queue = deque(frames)
+    custody: list = []
+    numbered, size, kept, receipts = book_sent(queue, 5, custody, 7, 1.5)
+    assert (numbered, size, kept, receipts) == (1, 2 + 2 + 2 + 5 + 2, 2, 1)
+    assert custody == [(8, 1.5, frames[0]), (1, 1.5, frames[4])]
+    assert list(queue) == [frames[5]]
+    assert book_sent(queue, 1, None, 0, 2.0) == (1, 4, 1, 0)  # custody off: counted only
+    assert not queue

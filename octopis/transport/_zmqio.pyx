@@ -8,7 +8,9 @@ functions call the very libzmq that pyzmq loaded, through function pointers that
 against nothing and works with pyzmq's bundled or the system's libzmq. The caller passes a
 socket's ``underlying`` handle and must not pass one that is closed.
 
-No routing happens here: these move bytes between ZeroMQ and Python lists.
+No routing happens here: these move bytes between ZeroMQ and Python lists, and number a
+link's frames and keep its notifications in custody as they leave (DESIGN §7), the
+per-frame bookkeeping of :class:`octopis.transport.links.OutputLink`.
 """
 
 from libc.stdint cimport uintptr_t
@@ -136,29 +138,85 @@ cdef inline int _send(void* sock, object part, int flags) except -2:
     return 0
 
 
-def send_frames(uintptr_t handle, bytes head, frames, Py_ssize_t count) -> bool:
-    """Send ``head`` and the bodies (item 1) of the first ``count`` ≥ 1 of ``frames`` as
-    one message on socket ``handle`` without blocking; False (nothing sent) when the pipe
-    is full. Every body is checked before the first part leaves: once it is in, ZeroMQ
-    takes the whole message."""
+cdef enum:
+    KIND_HANDSHAKE = 1
+    KIND_DATA = 2
+    KIND_KEPT = 3
+
+LINK, HANDSHAKE, DATA, KEPT = 0, KIND_HANDSHAKE, KIND_DATA, KIND_KEPT
+"""What a queued frame ``[sender, body, kind, ...]`` is (``kind``, never sent): a
+link-level frame (heartbeat), the handshake that starts a numbered session, a routing
+frame, or a routing frame kept in custody until acknowledged (a notification, DESIGN §7)."""
+
+
+def send_batch(
+    uintptr_t handle, queue, Py_ssize_t most, Py_ssize_t max_bytes, Py_ssize_t room
+) -> int:
+    """Send the frames at the head of ``queue`` (``[sender, body, kind, ...]`` lists) that
+    may leave now as one message ``[sender of the first, body, body, ...]`` on socket
+    ``handle``, without blocking: link-level frames (kind below :data:`DATA`) always,
+    routing frames while ``room`` lasts; at most ``most`` frames, none after the one that
+    brings the bodies to ``max_bytes``. Returns how many were sent: 0 when none may
+    leave, -1 (nothing sent) when the pipe is full. Every frame taken is checked before
+    the first part leaves: once it is in, ZeroMQ takes the whole message."""
     if z_send == NULL:
         raise RuntimeError("octopis.transport._zmqio is not bound to libzmq")
     cdef void* sock = <void*>handle
     cdef list bodies = []
-    cdef Py_ssize_t i
-    if count < 1:
-        raise ValueError("send_frames needs at least one frame")
-    for frame in frames:
-        bodies.append(<bytes?>frame[1])
-        if len(bodies) == count:
+    cdef list frame
+    cdef bytes body
+    cdef bytes head = None
+    cdef Py_ssize_t i, count = 0, size = 0
+    for item in queue:
+        frame = <list?>item
+        if len(frame) < 3:
+            raise ValueError(f"a queued frame has {len(frame)} items, expected [sender, body, kind]")
+        if <long>frame[2] >= KIND_DATA:
+            if room <= 0:
+                break
+            room -= 1
+        if head is None:
+            head = <bytes?>frame[0]
+        body = <bytes?>frame[1]
+        bodies.append(body)
+        count += 1
+        size += PyBytes_GET_SIZE(body)
+        if count == most or size >= max_bytes:
             break
-    if len(bodies) < count:
-        raise ValueError(f"send_frames was given {len(bodies)} frames, expected {count}")
+    if count == 0:
+        return 0
     if _send(sock, head, SNDMORE | DONTWAIT) < 0:
-        return False
+        return -1
     for i in range(count):
         _send(sock, bodies[i], 0 if i == count - 1 else SNDMORE)
-    return True
+    return count
+
+
+def book_sent(queue, Py_ssize_t count, list custody, Py_ssize_t numbered, now) -> tuple:
+    """Take the ``count`` frames just sent off the head of ``queue``: routing frames are
+    numbered on from ``numbered`` (a handshake starts the count again at 0), and each
+    notification (:data:`KEPT`) goes into ``custody`` (None: custody is off) as ``(number,
+    now, frame)``. Returns ``(numbered, size, kept, receipts)``: the last number given,
+    the bytes of the bodies, the notifications taken and how many of those that went into
+    custody carry a fourth item (a publication's receipt)."""
+    popleft = queue.popleft
+    cdef list frame
+    cdef long kind
+    cdef Py_ssize_t i, size = 0, kept = 0, receipts = 0
+    for i in range(count):
+        frame = <list?>popleft()
+        size += PyBytes_GET_SIZE(<bytes?>frame[1])
+        kind = frame[2]
+        if kind >= KIND_DATA:
+            numbered += 1
+            if kind == KIND_KEPT:
+                kept += 1
+                if custody is not None:
+                    custody.append((numbered, now, frame))
+                    receipts += len(frame) > 3
+        elif kind == KIND_HANDSHAKE:
+            numbered = 0
+    return numbered, size, kept, receipts
 
 
 def send_parts(uintptr_t handle, list parts) -> bool:

@@ -55,13 +55,14 @@ from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.control import serve_control
-from octopis.transport.links import DATA, KEPT, RECEIPT, PublishReceipt, SendPass
+from octopis.transport.links import RECEIPT, PublishReceipt, SendPass
 from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
 from octopis.transport.relink import decode_view
 from octopis.transport.security import Curve, Gatekeeper, count_failed_handshakes
 from octopis.transport.settings import BrokerSettings
+from octopis.transport.zmqio import DATA, KEPT
 
 log = logging.getLogger("octopis.broker")
 
@@ -293,8 +294,8 @@ class Broker:
 
     # -- what the peer links hand over ---------------------------------------------------
 
-    def peer_message(self, sender: str, message: Message, body: bytes) -> None:
-        """Route one message from neighbour ``sender``."""
+    def peer_message(self, sender: str, message: Message, body: bytes, now: float) -> None:
+        """Route one message from neighbour ``sender`` (arrived at loop time ``now``)."""
         kind = type(message)
         self.received[kind] += 1
         if kind is Subscribe:
@@ -308,7 +309,7 @@ class Broker:
                 # partial table cannot route is lost, so count what came (DESIGN §7).
                 self.counters["routed_while_resyncing"] += 1
             actions = self.core.receive(sender, message, self.lst)
-        self.execute(actions, message, body)
+        self.execute(actions, message, body, now=now)
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
         """Routing frames that never reached ``neighbour`` (down or restarted), were not
@@ -512,26 +513,32 @@ class Broker:
         received: object = None,
         body: bytes = b"",
         receipt: PublishReceipt | None = None,
+        now: float | None = None,
     ) -> None:
-        """Carry out the core's actions. A forwarded or delivered message that is the
-        ``received`` one goes out with the ``body`` it arrived in; others are encoded once
-        each, and a delivery reuses the notification's encoded body. A local publication's
-        copies kept in custody carry its ``receipt`` and count in it."""
-        now = self._loop.time()
-        frames: dict[int, list] = {}
+        """Carry out the core's actions (at loop time ``now``, default the loop's clock).
+        A forwarded or delivered message that is the ``received`` one goes out with the
+        ``body`` it arrived in; others are encoded once each, and a delivery reuses the
+        notification's encoded body. A local publication's copies kept in custody carry
+        its ``receipt`` and count in it."""
+        if now is None:
+            now = self._loop.time()
+        incoming = None
         if received is not None:
-            kind = KEPT if type(received) is Notification else DATA
-            frames[id(received)] = [self._sender, body, kind]
+            incoming = [self._sender, body, KEPT if type(received) is Notification else DATA]
+        encoded: dict[int, list] = {}
         deliveries: dict[bytes, list[str]] = {}
         delivered = None
         links = self.links
         for action in actions:
             if type(action) is Forward:
                 message = action.message
-                frame = frames.get(id(message))
-                if frame is None:
-                    kind = KEPT if type(message) is Notification else DATA
-                    frame = frames[id(message)] = [self._sender, encode_body(message), kind]
+                if message is received:
+                    frame = incoming
+                else:
+                    frame = encoded.get(id(message))
+                    if frame is None:
+                        kind = KEPT if type(message) is Notification else DATA
+                        frame = encoded[id(message)] = [self._sender, encode_body(message), kind]
                 link = links[action.link]
                 if frame[2] == KEPT:
                     if receipt is not None and link.keeps:
@@ -560,7 +567,7 @@ class Broker:
             if type(received) is Notification:
                 payload = body
             else:
-                frame = frames.get(id(delivered))
+                frame = encoded.get(id(delivered))
                 payload = frame[1] if frame is not None else encode_body(delivered)
             self.clients.deliver(deliveries, payload)
 

@@ -25,7 +25,7 @@ import zmq.asyncio
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate, departure
 from octopis.transport.security import Curve
-from octopis.transport.zmqio import FastSocket
+from octopis.transport.zmqio import DATA, HANDSHAKE, FastSocket, book_sent
 
 YIELDS_BEFORE_POLL = 4
 """Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
@@ -34,8 +34,6 @@ EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 LOOP_SLACK = 0.01
 """Seconds a paced sender may catch up after the event loop woke it late."""
 
-SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-"""A plain int: pyzmq's flag enums cost an enum construction per call on the hot path."""
 FULL = -1
 """What :meth:`OutputLink._send_batch` returns when ZeroMQ's pipe is full."""
 
@@ -45,25 +43,11 @@ BATCH_FRAMES = 64
 BATCH_BYTES = 256 * 1024
 """Bytes of bodies after which a batch takes no further frame."""
 
-LINK, HANDSHAKE, DATA, KEPT = 0, 1, 2, 3
-"""What a queued frame is (its third element, never sent): a link-level frame (heartbeat),
-the handshake that starts a numbered session, a routing frame, or a routing frame kept in
-custody until acknowledged (a notification, DESIGN §7)."""
 RECEIPT = 3
 """Index of the :class:`PublishReceipt` a local publication's frames carry."""
 
-_NUMBER, _SENT_AT, _FRAME = itemgetter(0), itemgetter(1), itemgetter(2)
+_NUMBER, _SENT_AT = itemgetter(0), itemgetter(1)
 """The fields of a custody entry ``(number, sent at, frame)``."""
-
-
-def _settle(entry: tuple[int, float, list]) -> tuple[int, float, list]:
-    """An acknowledged custody entry: a local publication's receipt counts the copy as
-    held, and the entry keeps the frame without it."""
-    frame = entry[2]
-    if len(frame) <= RECEIPT:
-        return entry
-    frame[RECEIPT].held()
-    return (entry[0], entry[1], frame[:RECEIPT])
 
 
 class PublishReceipt:
@@ -206,13 +190,17 @@ class OutputLink:
         self.greeted = False
         """A handshake naming the receiver's incarnation is queued (:meth:`greet`); until
         then routing frames wait, since the receiver drops what arrives before one."""
-        self.custody: deque[tuple[int, float, list]] = deque()
+        self.custody: list[tuple[int, float, list]] = []
+        """Notifications sent and not yet acknowledged, as ``(number, sent at, frame)``
+        in sending order."""
+        self._receipts = 0
+        """Custody entries whose frame carries a :class:`PublishReceipt`."""
         self.keeps = custody_limit > 0
         """Custody on (a limit of 0 turns it off: a failure loses what was in flight)."""
         self.custody_limit = custody_limit if self.keeps else math.inf
         self.custody_full = 0
         """Times the link stopped because its custody buffer was full."""
-        self.retained: deque[tuple[int, float, list]] = deque()
+        self.retained: list[tuple[int, float, list]] = []
         """Acknowledged notifications sent less than ``retain`` seconds before the latest
         acknowledgement, as their custody entries (number, sent at, frame): the receiver
         may die before passing them on (DESIGN §7)."""
@@ -227,24 +215,11 @@ class OutputLink:
     def _sent(self, count: int, now: float) -> None:
         """Book-keeping of the ``count`` frames at the head of the queue, just handed to
         ZeroMQ: they leave the queue, routing frames are numbered and notifications go
-        into custody."""
-        popleft = self.queue.popleft
-        custody = self.custody if self.keeps else None
-        numbered = self.numbered
-        size = copies = 0
-        for _ in range(count):
-            frame = popleft()
-            size += len(frame[1])
-            kind = frame[2]
-            if kind >= DATA:
-                numbered += 1
-                if kind == KEPT:
-                    copies += 1
-                    if custody is not None:
-                        custody.append((numbered, now, frame))
-            elif kind == HANDSHAKE:
-                numbered = 0
-        self.numbered = numbered
+        into custody (:func:`~octopis.transport.zmqio.book_sent`)."""
+        self.numbered, size, copies, receipts = book_sent(
+            self.queue, count, self.custody if self.keeps else None, self.numbered, now
+        )
+        self._receipts += receipts
         self.copies += copies
         self.sent += count
         self.bytes_sent += size
@@ -263,23 +238,30 @@ class OutputLink:
         was_full = len(custody) >= self.custody_limit
         settled = bisect_right(custody, count, key=_NUMBER) if custody else 0
         if settled:
-            popleft = custody.popleft
-            entries = [popleft() for _ in range(settled)]
-            if max(map(len, map(_FRAME, entries))) > RECEIPT:
-                entries = [_settle(entry) for entry in entries]
+            entries = custody[:settled]
+            del custody[:settled]
+            if self._receipts:
+                self._settle(entries)
             if self.retain > 0:
-                self.retained.extend(entries)
+                self.retained += entries
         retained = self.retained
         if retained:
             expired = bisect_left(retained, now - self.retain, key=_SENT_AT)
             drop = max(expired, len(retained) - self.retain_limit)
             if drop > 0:
                 self.retain_evicted += drop - expired
-                popleft = retained.popleft
-                for _ in range(drop):
-                    popleft()
+                del retained[:drop]
         if was_full and self.queue:
             self._wake.set()
+
+    def _settle(self, entries: list[tuple[int, float, list]]) -> None:
+        """Acknowledged custody entries: a local publication's receipt counts the copy
+        as held, and the entry keeps its frame without it."""
+        for i, (number, sent_at, frame) in enumerate(entries):
+            if len(frame) > RECEIPT:
+                frame[RECEIPT].held()
+                entries[i] = (number, sent_at, frame[:RECEIPT])
+                self._receipts -= 1
 
     def put(self, frame: list, now: float) -> None:
         """Enqueue one frame (counted as n_in). During a send pass it waits for the pass
@@ -317,24 +299,10 @@ class OutputLink:
         one message (LINK and HANDSHAKE frames always; routing frames once greeted and
         while custody has room); returns how many (0: none may leave; :data:`FULL`: the
         pipe is full, nothing sent)."""
-        queue = self.queue
-        room = self.custody_limit - len(self.custody)
-        greeted = self.greeted
-        count = size = 0
-        for frame in queue:
-            if frame[2] >= DATA:
-                if not greeted or room <= 0:
-                    break
-                room -= 1
-            count += 1
-            size += len(frame[1])
-            if count == most or size >= BATCH_BYTES:
-                break
-        if not count:
-            return 0
-        if not self._fast.send_frames(queue[0][0], queue, count):
-            return FULL
-        self._sent(count, now)
+        room = min(most, self.custody_limit - len(self.custody)) if self.greeted else 0
+        count = self._fast.send_batch(self.queue, most, BATCH_BYTES, room)
+        if count > 0:
+            self._sent(count, now)
         return count
 
     def greet(self, frame: list, now: float) -> None:
@@ -381,6 +349,7 @@ class OutputLink:
         frames += [frame for _, _, frame in self.custody]
         self.retained.clear()
         self.custody.clear()
+        self._receipts = 0
         for frame in self.queue:
             self._lst.sent(self.name, now)
             if frame[2] >= DATA:

@@ -45,9 +45,6 @@ from octopis.transport.codec import (
     encode_peer,
 )
 from octopis.transport.links import (
-    DATA,
-    HANDSHAKE,
-    LINK,
     LOOP_SLACK,
     InputWaiter,
     OutputLink,
@@ -55,7 +52,7 @@ from octopis.transport.links import (
 )
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
-from octopis.transport.zmqio import FastSocket
+from octopis.transport.zmqio import DATA, HANDSHAKE, LINK, FastSocket
 
 log = logging.getLogger("octopis.broker.peers")
 
@@ -70,8 +67,9 @@ PEER_BATCH = 64
 class PeerEvents(Protocol):
     """What the broker does with what arrives on its peer links."""
 
-    def peer_message(self, sender: str, message: Message, body: bytes) -> None:
-        """A routing message from neighbour ``sender`` (``body`` as received)."""
+    def peer_message(self, sender: str, message: Message, body: bytes, now: float) -> None:
+        """A routing message from neighbour ``sender`` (``body`` as received, at loop
+        time ``now``)."""
 
     def link_down(self, neighbour: str, queued: list[list[bytes]]) -> None:
         """``neighbour`` went silent or restarted; ``queued`` frames never reached it."""
@@ -390,7 +388,7 @@ class PeerLinks:
                     sender,
                 )
                 return
-            self.events.peer_message(sender, message, body)
+            self.events.peer_message(sender, message, body, now)
         except WireError as exc:
             self._malformed(str(exc))
         except ProtocolError as exc:

@@ -3,22 +3,26 @@
 pyzmq loaded.
 
 :class:`FastSocket` wraps one pyzmq socket: :meth:`~FastSocket.receive` drains the
-messages waiting, :meth:`~FastSocket.send_frames` and :meth:`~FastSocket.send_parts` send
-one message. None of them blocks, none raises ``zmq.Again`` (pyzmq's exception costs ~7 µs
-to construct): an empty drain is ``[]`` and a full pipe is ``False``. The socket stays
-pyzmq's: options, polling and closing go through it as before.
+messages waiting, :meth:`~FastSocket.send_batch` and :meth:`~FastSocket.send_parts` send
+one message; :func:`book_sent` takes a sent batch off a link's queue. None of them
+blocks, none raises ``zmq.Again`` (pyzmq's exception costs ~7 µs to construct): an empty
+drain is ``[]`` and a full pipe is ``False`` or -1. The socket stays pyzmq's: options,
+polling and closing go through it as before.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Iterable
+from collections import deque
 from pathlib import Path
 
 import zmq
 
 from octopis.transport import _zmqio
+from octopis.transport._zmqio import DATA, HANDSHAKE, KEPT, LINK, book_sent
+
+__all__ = ["DATA", "HANDSHAKE", "KEPT", "LINK", "FastSocket", "LibzmqNotFound", "book_sent"]
 
 
 class LibzmqNotFound(ImportError):
@@ -94,10 +98,11 @@ class FastSocket:
         the first of each message; a one-part message counts 1); ``[]`` if none."""
         return _zmqio.receive(self._open(), limit)
 
-    def send_frames(self, head: bytes, frames: Iterable[list], count: int) -> bool:
-        """``head`` and the bodies (item 1) of the first ``count`` ``frames`` as one
-        message; False (nothing sent) if the pipe is full."""
-        return _zmqio.send_frames(self._open(), head, frames, count)
+    def send_batch(self, queue: deque[list], most: int, max_bytes: int, room: int) -> int:
+        """The frames at the head of ``queue`` that may leave now (routing frames while
+        ``room`` lasts; at most ``most``, about ``max_bytes``) as one message: how many
+        were sent, 0 if none may leave, -1 if the pipe is full (nothing sent)."""
+        return _zmqio.send_batch(self._open(), queue, most, max_bytes, room)
 
     def send_parts(self, parts: list[bytes]) -> bool:
         """``parts`` as one message; False (nothing sent) if the pipe is full."""
