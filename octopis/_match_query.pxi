@@ -8,6 +8,20 @@ def is_plain_publication(object publication, set known):
     the common case of :func:`octopis.filters.validate_publication`, decided in C on every
     hop. False means "not known to be valid": the Python check then decides and words
     the error."""
+    return _plain(publication, known)
+
+
+def plain_notification(tuple fields, set known, type cls):
+    """A ``cls`` (a tuple type) of ``fields[1:]`` when ``fields[4]`` is a plain
+    publication (:func:`is_plain_publication`), else None: the decoded fields of a plain
+    NOTIFY body ``[kind, publisher, seq, published_at, publication, ...]`` become a
+    notification in one call, as every hop needs."""
+    if len(fields) < 5 or not _plain(fields[4], known):
+        return None
+    return tuple.__new__(cls, fields[1:])
+
+
+cdef bint _plain(object publication, set known) except -1:
     cdef PyObject* name
     cdef PyObject* value
     cdef Py_ssize_t pos = 0

@@ -30,6 +30,7 @@ from octopis.core.messages import (
     SubState,
     Tunnel,
     Unsubscribe,
+    forward_copy,
 )
 from octopis.core.table import MatcherFactory, RoutingEntry, RoutingTable
 from octopis.core.view import ICOL, BrokerView
@@ -337,7 +338,7 @@ class ClusteredBroker(CoreBase):
             if down(link):
                 self.stats["undeliverable.link_down"] += 1
             else:
-                out.append(Forward(link, n))
+                out.append(forward_copy((link, n)))
         self.stats["sent.notification"] += len(out) - len(subscribers)
         return out
 
@@ -379,7 +380,7 @@ class ClusteredBroker(CoreBase):
         """
         down = links.down
         if not icols and not any(map(down, acols)):  # a plain copy on each live aCOL
-            out = [Forward(link, n) for link in acols]
+            out = [forward_copy((link, n)) for link in acols]
             self.stats["sent.notification"] += len(out)
             return out
         unloaded: list[str] = []

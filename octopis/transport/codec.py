@@ -22,7 +22,7 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 from bitarray import bitarray, frozenbitarray
 
-from octopis._match import is_plain_publication
+from octopis._match import is_plain_publication, plain_notification
 from octopis.core import (
     Message,
     Move,
@@ -178,12 +178,13 @@ def decode_body(sender: str, body: bytes) -> Message | Control:
     :class:`WireError` if it is malformed."""
     if body[:2] == PLAIN_NOTIFY_HEAD:
         try:
-            fields = _decode_plain_notification(body)
+            plain = plain_notification(
+                _decode_plain_notification(body), VALID_ATTRIBUTES, Notification
+            )
         except DECODE_ERRORS:
-            pass  # not the plain shape: the full decoding below decides, naming a problem
-        else:
-            if is_plain_publication(fields[4], VALID_ATTRIBUTES):
-                return _new_notification(fields[1:])
+            plain = None  # not the plain shape: the full decoding below decides
+        if plain is not None:
+            return plain
     try:
         data = unpack(body)
     except DECODE_ERRORS as exc:
