@@ -352,7 +352,9 @@ class ClusteredBroker(CoreBase):
         if n.cbv is not None:
             icols.update(self._icols_named(n.cbv))
             n = n._replace(cbv=None)
-        out: list[Action] = [Deliver(s, n) for s in subscribers] if subscribers else []
+        if not subscribers:
+            return self.spread(n, src, acols, icols, links)
+        out: list[Action] = [Deliver(s, n) for s in subscribers]
         out += self.spread(n, src, acols, icols, links)
         return out
 
@@ -380,7 +382,9 @@ class ClusteredBroker(CoreBase):
         """
         down = links.down
         if not icols and not any(map(down, acols)):  # a plain copy on each live aCOL
-            out = [forward_copy((link, n)) for link in acols]
+            out = []
+            for link in acols:
+                out.append(forward_copy((link, n)))
             self.stats["sent.notification"] += len(out)
             return out
         unloaded: list[str] = []

@@ -298,6 +298,11 @@ class Broker:
         """Route one message from neighbour ``sender`` (arrived at loop time ``now``)."""
         kind = type(message)
         self.received[kind] += 1
+        if kind is Notification and self.peers.serving:
+            # Straight to the core's routing: the peer links only hand over frames from
+            # current neighbours, the set the core routes between (relink changes both).
+            self.execute(self.core.route(message, sender, self.lst), message, body, None, now)
+            return
         if kind is Subscribe:
             stored = len(self.core.table)
             actions = self.core.receive(sender, message, self.lst)
