@@ -14,6 +14,7 @@ per-frame bookkeeping of :class:`octopis.transport.links.OutputLink`.
 """
 
 from libc.stdint cimport uintptr_t
+from libc.string cimport memcmp
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 from zmq import ZMQError
@@ -81,10 +82,13 @@ def bind(dict addresses) -> None:
     z_errno = <errno_f><uintptr_t>addresses["zmq_errno"]
 
 
-cdef inline object _part(void* sock, zmq_msg_t* msg, int flags, int* more):
-    """The next part as bytes (``more`` set to whether another follows); None if
-    ``flags`` has DONTWAIT and nothing is waiting; ZMQError on any other failure."""
+cdef inline object _part(void* sock, zmq_msg_t* msg, int flags, int* more, bytes same=None):
+    """The next part as bytes (``more`` set to whether another follows); ``same`` itself
+    when the part holds the same bytes (a sender's name repeats message after message:
+    one object, whose hash is computed once); None if ``flags`` has DONTWAIT and nothing
+    is waiting; ZMQError on any other failure."""
     cdef int err
+    cdef size_t size
     while True:
         z_msg_init(msg)
         if z_msg_recv(msg, sock, flags) >= 0:
@@ -95,7 +99,15 @@ cdef inline object _part(void* sock, zmq_msg_t* msg, int flags, int* more):
             return None
         if err != EINTR:
             raise ZMQError(err)
-    part = PyBytes_FromStringAndSize(<char*>z_msg_data(msg), z_msg_size(msg))
+    size = z_msg_size(msg)
+    if (
+        same is not None
+        and <size_t>PyBytes_GET_SIZE(same) == size
+        and memcmp(PyBytes_AS_STRING(same), z_msg_data(msg), size) == 0
+    ):
+        part = same
+    else:
+        part = PyBytes_FromStringAndSize(<char*>z_msg_data(msg), size)
     more[0] = z_msg_more(msg)
     z_msg_close(msg)
     return part
@@ -114,8 +126,9 @@ def receive(uintptr_t handle, Py_ssize_t limit) -> list:
     cdef Py_ssize_t frames = 0
     cdef list messages = []
     cdef list parts
+    cdef bytes first = None
     while frames < limit:
-        first = _part(sock, &msg, DONTWAIT, &more)
+        first = _part(sock, &msg, DONTWAIT, &more, first)
         if first is None:
             break
         parts = [first]
