@@ -298,23 +298,22 @@ class Broker:
         """Route one message from neighbour ``sender`` (arrived at loop time ``now``)."""
         kind = type(message)
         self.received[kind] += 1
-        if kind is Notification and self.peers.serving:
+        if kind is not Subscribe and not self.peers.serving:
+            # Static modes send into a broker that is still resyncing; what its partial
+            # table cannot route is lost, so count what came (DESIGN §7).
+            self.counters["routed_while_resyncing"] += 1
+        if kind is Notification:
             # Straight to the core's routing: the peer links only hand over frames from
             # current neighbours, the set the core routes between (relink changes both).
-            self.execute(self.core.route(message, sender, self.lst), message, body, None, now)
-            return
-        if kind is Subscribe:
+            actions = self.core.route(message, sender, self.lst)
+        elif kind is Subscribe:
             stored = len(self.core.table)
             actions = self.core.receive(sender, message, self.lst)
             if len(self.core.table) > stored:
                 self.subscription_delay[message.sub_id] = time.time() - message.issued_at
         else:
-            if not self.peers.serving:
-                # Static modes send into a broker that is still resyncing; what its
-                # partial table cannot route is lost, so count what came (DESIGN §7).
-                self.counters["routed_while_resyncing"] += 1
             actions = self.core.receive(sender, message, self.lst)
-        self.execute(actions, message, body, now=now)
+        self.execute(actions, message, body, None, now)
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
         """Routing frames that never reached ``neighbour`` (down or restarted), were not
