@@ -48,6 +48,8 @@ from cpython.list cimport PyList_New
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_CheckExact
 from libc.math cimport NAN, isfinite, isnan, nextafter
 from libc.limits cimport INT_MAX
@@ -57,6 +59,10 @@ from libc.string cimport memcmp, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from octopis.filters import Subscription
+
+cdef extern from "Python.h":
+    object PyType_GenericAlloc(object, Py_ssize_t)
+    bint PyType_IsSubtype(object, object)
 
 include "_match_types.pxi"
 

@@ -11,14 +11,33 @@ def is_plain_publication(object publication, set known):
     return _plain(publication, known)
 
 
-def plain_notification(tuple fields, set known, type cls):
-    """A ``cls`` (a tuple type) of ``fields[1:]`` when ``fields[4]`` is a plain
-    publication (:func:`is_plain_publication`), else None: the decoded fields of a plain
-    NOTIFY body ``[kind, publisher, seq, published_at, publication, ...]`` become a
-    notification in one call, as every hop needs."""
-    if len(fields) < 5 or not _plain(fields[4], known):
+def plain_notification(bytes body, bytes head, decoder, set known, type cls):
+    """A ``cls`` (a subclass of tuple) from a plain NOTIFY ``body``, or None: when
+    ``body`` starts with ``head``, ``decoder(body)`` is a tuple
+    ``(kind, publisher, seq, published_at, publication, ...)`` and ``publication`` is
+    plain (:func:`is_plain_publication`), the fields after the kind, in one allocation.
+    None means "not the plain shape": the full decoding then decides and words any error.
+    Whatever ``decoder`` raises propagates."""
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(head)
+    cdef Py_ssize_t i
+    if not PyType_IsSubtype(cls, tuple):
+        raise TypeError(f"{cls.__name__} is not a tuple type")
+    if PyBytes_GET_SIZE(body) < size or memcmp(
+        PyBytes_AS_STRING(body), PyBytes_AS_STRING(head), size
+    ):
         return None
-    return tuple.__new__(cls, fields[1:])
+    fields = decoder(body)
+    if type(fields) is not tuple:
+        return None
+    size = len(fields)
+    if size < 5 or not _plain(fields[4], known):
+        return None
+    record = PyType_GenericAlloc(cls, size - 1)
+    for i in range(1, size):
+        item = fields[i]
+        Py_INCREF(item)
+        PyTuple_SET_ITEM(record, i - 1, item)
+    return record
 
 
 cdef bint _plain(object publication, set known) except -1:

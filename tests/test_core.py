@@ -18,7 +18,9 @@ from octopis.core import (
     Unsubscribe,
     make_broker,
 )
+from octopis.core._records import new_pair
 from octopis.core.lst import LinkStatusTable, congestion_element
+from octopis.core.messages import forward_copy
 from octopis.filters import parse_publication, parse_subscription
 from octopis.sim import FreeLinks, InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import build_preset
@@ -474,3 +476,15 @@ def test_a_relink_forgets_the_shares_a_leaving_neighbour_owed() -> None:
     core.relink(smaller.brokers["e:0"], smaller.clusters)
     assert core.missing_shares == neighbours - {"f:0"}
     assert "f:0" not in core.cluster_of
+
+
+def test_a_forward_copy_is_the_forward_its_fields_make() -> None:
+    """The C-built action equals and reads like the NamedTuple's own; a type that is not
+    a tuple is refused."""
+    n = Notification("p", 1, 0.0, {"x": 1})
+    copy = forward_copy("c:0", n)
+    assert type(copy) is Forward
+    assert copy == Forward("c:0", n)
+    assert (copy.link, copy.message) == ("c:0", n)
+    with pytest.raises(TypeError, match="not a tuple type"):
+        new_pair(dict, "c:0", n)

@@ -54,6 +54,37 @@ def test_receive_stops_at_its_frame_limit(pair) -> None:
     assert len(fast.receive(100)) == 3  # two batches and the one-part message
 
 
+def test_receive_joins_runs_from_one_sender_in_order(pair) -> None:
+    """With ``runs``, consecutive messages from one sender come back as one
+    ``[sender, body, ...]`` in order; another sender, a one-part message or the frame
+    limit ends a run, and the limit still counts bodies."""
+    push, pull = pair
+    sent = [
+        [b"a:0", b"1"],
+        [b"a:0", b"2", b"3"],
+        [b"a:0", b"4"],
+        [b"b:0", b"5"],
+        [b"a:0", b"6"],
+        [b"lone"],
+        [b"a:0", b"7"],
+        [b"a:0", b"8"],
+    ]
+    for message in sent:
+        push.send_multipart(message)
+    fast = FastSocket(pull)
+    assert fast.receive(3, True) == [[b"a:0", b"1", b"2", b"3"]]
+    assert fast.receive(100, True) == [
+        [b"a:0", b"4"],
+        [b"b:0", b"5"],
+        [b"a:0", b"6"],
+        [b"lone"],
+        [b"a:0", b"7", b"8"],
+    ]
+    for message in sent:
+        push.send_multipart(message)
+    assert fast.receive(100) == sent  # without runs, message by message
+
+
 def test_sends_arrive_as_pyzmq_reads_them(pair) -> None:
     push, pull = pair
     fast = FastSocket(push)

@@ -70,6 +70,7 @@ class ClusteredBroker(CoreBase):
         self._know(broker)
         self._missing_primary: frozenset[str] = frozenset()
         self._missing_secondary: dict[int, str] = {}
+        self._local, self._primary = self.table.part(LOCAL), self.table.part(PRIMARY)
 
     def _know(self, broker: BrokerView) -> None:
         """Take ``broker``'s neighbours as this broker's links."""
@@ -306,19 +307,22 @@ class ClusteredBroker(CoreBase):
         """
         self.stats["matching"] += 1
         publication = n.publication
-        table = self.table
-        subscribers = table.values(LOCAL, publication) if table.size(LOCAL) else set()
+        local, primary = self._local, self._primary
+        subscribers = (
+            local.matcher.match_values(publication, local.value) if len(local.matcher) else set()
+        )
         if subscribers and not self.dedup.first((n.publisher, n.session), n.seq):
             self.stats["dedup.absorbed"] += len(subscribers)
             subscribers = set()
-        acols = table.values(PRIMARY, publication)
+        acols = primary.matcher.match_values(publication, primary.value)
         if self._missing_primary:
             acols |= self._missing_primary
         acols.discard(src)  # type: ignore[arg-type]
         icols: dict[int, str] = {}
         if src is None:
             cluster_of = self.cluster_of
-            icols = {cluster_of[link]: link for link in table.values(SECONDARY, publication)}
+            secondary = self.table.values(SECONDARY, publication)
+            icols = {cluster_of[link]: link for link in secondary}
             if self._missing_secondary:
                 icols.update(self._missing_secondary)
         return subscribers, acols, icols
@@ -338,7 +342,7 @@ class ClusteredBroker(CoreBase):
             if down(link):
                 self.stats["undeliverable.link_down"] += 1
             else:
-                out.append(forward_copy((link, n)))
+                out.append(forward_copy(link, n))
         self.stats["sent.notification"] += len(out) - len(subscribers)
         return out
 
@@ -384,7 +388,7 @@ class ClusteredBroker(CoreBase):
         if not icols and not any(map(down, acols)):  # a plain copy on each live aCOL
             out = []
             for link in acols:
-                out.append(forward_copy((link, n)))
+                out.append(forward_copy(link, n))
             self.stats["sent.notification"] += len(out)
             return out
         unloaded: list[str] = []

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from bitarray import frozenbitarray
 
+from octopis.core._records import new_pair
 from octopis.filters import Publication, Subscription
 
 
@@ -142,9 +143,9 @@ class Forward(NamedTuple):
     message: Message
 
 
-forward_copy = partial(tuple.__new__, Forward)
-"""``Forward`` from ``(link, message)`` without the generated ``__new__`` (a Python call,
-~40% of the cost): notification routing makes one per copy."""
+forward_copy = partial(new_pair, Forward)
+"""``forward_copy(link, message)``: a ``Forward`` built in one allocation, without the
+generated ``__new__`` (a Python call); notification routing makes one per copy."""
 
 
 class Hold(NamedTuple):

@@ -58,8 +58,9 @@ class RoutingEntry:
     hops: int
 
 
-class _Part:
-    """A matcher whose groups number the distinct values (next hops) of its entries."""
+class TablePart:
+    """A matcher whose groups number the distinct values (next hops) of its entries:
+    ``matcher.match_values(publication, value)`` is :meth:`RoutingTable.values`."""
 
     __slots__ = ("group", "matcher", "value")
 
@@ -91,7 +92,7 @@ class RoutingTable:
         value_of: Callable[[RoutingEntry], str] = attrgetter("last_hop"),
     ) -> None:
         self.entries: dict[str, RoutingEntry] = {}
-        self._parts = {name: _Part(matcher_factory()) for name in parts}
+        self._parts = {name: TablePart(matcher_factory()) for name in parts}
         self._part_of = part_of
         self._value_of = value_of
 
@@ -137,6 +138,11 @@ class RoutingTable:
         self.remove(entry.sub_id)
         self.add(entry)
         return old
+
+    def part(self, name: str) -> TablePart:
+        """The part ``name`` itself, for a router that matches it on every notification
+        (one object for the table's life)."""
+        return self._parts[name]
 
     def size(self, part: str) -> int:
         """Entries in ``part``."""

@@ -113,11 +113,15 @@ cdef inline object _part(void* sock, zmq_msg_t* msg, int flags, int* more, bytes
     return part
 
 
-def receive(uintptr_t handle, Py_ssize_t limit) -> list:
+def receive(uintptr_t handle, Py_ssize_t limit, bint runs=False) -> list:
     """The messages waiting on socket ``handle``, each a list of its parts (bytes), until
     none is waiting or the parts after the first of each message number ``limit`` (a
     frame count: ``[sender, body, body]`` counts 2). Never blocks; ``[]`` when nothing is
-    waiting. A multipart message arrives whole, so its later parts never wait."""
+    waiting. A multipart message arrives whole, so its later parts never wait.
+
+    With ``runs``, a message of two or more parts whose first part equals the previous
+    message's has its later parts appended to that message instead: a run of messages
+    from one sender comes back as one ``[sender, body, body, ...]``, in order."""
     if z_msg_recv == NULL:
         raise RuntimeError("octopis.transport._zmqio is not bound to libzmq")
     cdef void* sock = <void*>handle
@@ -126,16 +130,23 @@ def receive(uintptr_t handle, Py_ssize_t limit) -> list:
     cdef Py_ssize_t frames = 0
     cdef list messages = []
     cdef list parts
+    cdef list run = None
     cdef bytes first = None
     while frames < limit:
         first = _part(sock, &msg, DONTWAIT, &more, first)
         if first is None:
             break
-        parts = [first]
+        if run is not None and more and first is run[0]:
+            parts = run
+        else:
+            parts = [first]
+            messages.append(parts)
+            run = parts if runs and more else None
+        if not more:
+            frames += 1
         while more:
             parts.append(_part(sock, &msg, 0, &more))
-        frames += len(parts) - 1 if len(parts) > 1 else 1
-        messages.append(parts)
+            frames += 1
     return messages
 
 

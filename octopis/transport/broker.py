@@ -529,8 +529,8 @@ class Broker:
         incoming = None
         if received is not None:
             incoming = [self._sender, body, KEPT if type(received) is Notification else DATA]
-        encoded: dict[int, list] = {}
-        deliveries: dict[bytes, list[str]] = {}
+        encoded: dict[int, list] | None = None
+        deliveries: dict[bytes, list[str]] | None = None
         delivered = None
         links = self.links
         for action in actions:
@@ -539,6 +539,8 @@ class Broker:
                 if message is received:
                     frame = incoming
                 else:
+                    if encoded is None:
+                        encoded = {}
                     frame = encoded.get(id(message))
                     if frame is None:
                         kind = KEPT if type(message) is Notification else DATA
@@ -563,6 +565,8 @@ class Broker:
                 if client is None:  # gone, its subscription kept for a move (orphans)
                     self.counters["undeliverable.client_gone"] += 1
                     continue
+                if deliveries is None:
+                    deliveries = {}
                 deliveries.setdefault(client[0], []).append(client[1])
                 delivered = action.notification
             elif type(action) is Released:
@@ -571,7 +575,7 @@ class Broker:
             if type(received) is Notification:
                 payload = body
             else:
-                frame = encoded.get(id(delivered))
+                frame = encoded.get(id(delivered)) if encoded else None
                 payload = frame[1] if frame is not None else encode_body(delivered)
             self.clients.deliver(deliveries, payload)
 

@@ -176,15 +176,14 @@ def decode_sender(part: bytes) -> str:
 def decode_body(sender: str, body: bytes) -> Message | Control:
     """The message in a frame's ``body`` from ``sender`` (named in errors);
     :class:`WireError` if it is malformed."""
-    if body[:2] == PLAIN_NOTIFY_HEAD:
-        try:
-            plain = plain_notification(
-                _decode_plain_notification(body), VALID_ATTRIBUTES, Notification
-            )
-        except DECODE_ERRORS:
-            plain = None  # not the plain shape: the full decoding below decides
-        if plain is not None:
-            return plain
+    try:
+        plain = plain_notification(
+            body, PLAIN_NOTIFY_HEAD, _decode_plain_notification, VALID_ATTRIBUTES, Notification
+        )
+    except DECODE_ERRORS:
+        plain = None  # not the plain shape: the full decoding below decides
+    if plain is not None:
+        return plain
     try:
         data = unpack(body)
     except DECODE_ERRORS as exc:

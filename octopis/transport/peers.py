@@ -32,10 +32,11 @@ import psutil
 import zmq
 import zmq.asyncio
 
-from octopis.core import LinkStatusTable, Message, ProtocolError
+from octopis.core import LinkStatusTable, Message, Notification, ProtocolError
 from octopis.core.capacity import SendRate
 from octopis.logs import RateLimitedLog
 from octopis.transport.codec import (
+    Control,
     Heartbeat,
     Hello,
     Synced,
@@ -316,12 +317,12 @@ class PeerLinks:
         waiter = self._waiter = InputWaiter(sync, loop)
         receive = FastSocket(self.input).receive
         send_pass = self.send_pass
-        on_frame = self._on_frame
+        on_message = self._on_message
         handled = 0
         now = loop.time()
         try:
             while True:
-                messages = receive(PEER_BATCH - handled)
+                messages = receive(PEER_BATCH - handled, True)
                 if not messages:
                     send_pass.end(now)
                     handled = 0
@@ -332,16 +333,11 @@ class PeerLinks:
                     continue
                 send_pass.open = True
                 for frame in messages:
-                    if len(frame) == 2:
-                        on_frame(frame[0], frame[1], now)
-                        handled += 1
-                    elif len(frame) > 2:
-                        sender = frame[0]
-                        for body in frame[1:]:
-                            on_frame(sender, body, now)
+                    if len(frame) > 1:
+                        on_message(frame, now)
                         handled += len(frame) - 1
                     else:
-                        self._malformed(f"frame has {len(frame)} parts, expected [sender, body]")
+                        self._malformed("frame has 1 part, expected [sender, body, ...]")
                         handled += 1
                 if handled >= PEER_BATCH:
                     send_pass.end(now)
@@ -351,54 +347,81 @@ class PeerLinks:
         finally:
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
 
-    def _on_frame(self, sender_part: bytes, body: bytes, now: float) -> None:
-        """One routing or link-level message ``body`` from the neighbour named by
-        ``sender_part``: a malformed one, or one that breaks the protocol, is counted,
-        logged and dropped; nothing else is touched."""
+    def _on_message(self, frame: list[bytes], now: float) -> None:
+        """The bodies of ``frame`` (``[sender, body, ...]``, a batch or a run of messages
+        from one neighbour) in order. The sender and its state are looked up once; a
+        notification from a neighbour that is up and accepting goes straight to routing,
+        any other body through :meth:`_on_body`. A malformed body, or one that breaks the
+        protocol, is counted, logged and dropped; the bodies after it are still handled."""
+        sender_part = frame[0]
         try:
             sender = self._names.get(sender_part) or decode_sender(sender_part)
-            message = decode_body(sender, body)
-            state = self.state.get(sender)
-            if state is None and sender in self.departed:
-                self.counters["frames_from_departed"] += 1  # it stops once all let it go
-                return
-            if state is None:
-                raise ProtocolError(f"frame from {sender}, which is not a neighbour")
-            state.last_heard = now
-            kind = type(message)
-            if kind is Heartbeat or kind is Hello:
-                self._on_link_message(sender, state, message, now)
-                return
-            if kind is Synced:
-                state.synced = state.accepting
-                if state.accepting:
-                    self.events.synced(sender, message)
-                self._check_serving(now)
-                return
-            if not state.up:
-                self._came_back(sender, state, now)
-            if state.accepting:
-                state.received += 1
-            else:
-                self.counters["stale_frames"] += 1
-                self._warn.warning(
-                    "stale",
-                    "%s dropped a frame from %s sent before its handshake with us",
-                    self.id,
-                    sender,
-                )
-                return
-            self.events.peer_message(sender, message, body, now)
         except WireError as exc:
-            self._malformed(str(exc))
-        except ProtocolError as exc:
-            self.counters["protocol_errors"] += 1
+            for _ in range(len(frame) - 1):
+                self._malformed(str(exc))
+            return
+        state = self.state.get(sender)
+        peer_message = self.events.peer_message
+        for body in frame[1:]:
+            try:
+                message = decode_body(sender, body)
+                if (
+                    type(message) is Notification
+                    and state is not None
+                    and state.up
+                    and state.accepting
+                ):
+                    state.last_heard = now
+                    state.received += 1
+                    peer_message(sender, message, body, now)
+                else:
+                    self._on_body(sender, message, body, now)
+            except WireError as exc:
+                self._malformed(str(exc))
+            except ProtocolError as exc:
+                self.counters["protocol_errors"] += 1
+                self._warn.warning(
+                    "protocol", "%s dropped a message that breaks the protocol: %s", self.id, exc
+                )
+            except Exception:
+                self.counters["internal_errors"] += 1
+                self._warn.exception("internal", "%s failed on a peer frame", self.id)
+
+    def _on_body(self, sender: str, message: Message | Control, body: bytes, now: float) -> None:
+        """One decoded routing or link-level ``message`` from ``sender``: link-level ones
+        update the link; a routing one from a neighbour not yet accepting is stale.
+        :class:`ProtocolError` if ``sender`` is not a neighbour."""
+        state = self.state.get(sender)
+        if state is None and sender in self.departed:
+            self.counters["frames_from_departed"] += 1  # it stops once all let it go
+            return
+        if state is None:
+            raise ProtocolError(f"frame from {sender}, which is not a neighbour")
+        state.last_heard = now
+        kind = type(message)
+        if kind is Heartbeat or kind is Hello:
+            self._on_link_message(sender, state, message, now)
+            return
+        if kind is Synced:
+            state.synced = state.accepting
+            if state.accepting:
+                self.events.synced(sender, message)
+            self._check_serving(now)
+            return
+        if not state.up:
+            self._came_back(sender, state, now)
+        if state.accepting:
+            state.received += 1
+        else:
+            self.counters["stale_frames"] += 1
             self._warn.warning(
-                "protocol", "%s dropped a message that breaks the protocol: %s", self.id, exc
+                "stale",
+                "%s dropped a frame from %s sent before its handshake with us",
+                self.id,
+                sender,
             )
-        except Exception:
-            self.counters["internal_errors"] += 1
-            self._warn.exception("internal", "%s failed on a peer frame", self.id)
+            return
+        self.events.peer_message(sender, message, body, now)
 
     def _malformed(self, problem: str) -> None:
         self.counters["wire_errors"] += 1

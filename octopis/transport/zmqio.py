@@ -93,10 +93,12 @@ class FastSocket:
             raise zmq.ZMQError(zmq.ENOTSOCK)
         return self._handle
 
-    def receive(self, limit: int) -> list[list[bytes]]:
+    def receive(self, limit: int, runs: bool = False) -> list[list[bytes]]:
         """The messages waiting (each a list of parts), up to ``limit`` frames (parts after
-        the first of each message; a one-part message counts 1); ``[]`` if none."""
-        return _zmqio.receive(self._open(), limit)
+        the first of each message; a one-part message counts 1); ``[]`` if none. With
+        ``runs``, consecutive messages from one sender come back as one
+        ``[sender, body, body, ...]``."""
+        return _zmqio.receive(self._open(), limit, runs)
 
     def send_batch(self, queue: deque[list], most: int, max_bytes: int, room: int) -> int:
         """The frames at the head of ``queue`` that may leave now (routing frames while
