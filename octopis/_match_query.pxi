@@ -11,13 +11,14 @@ def is_plain_publication(object publication, set known):
     return _plain(publication, known)
 
 
-def plain_notification(bytes body, bytes head, decoder, set known, type cls):
+def plain_notification(bytes head, decoder, tuple errors, set known, type cls, bytes body):
     """A ``cls`` (a subclass of tuple) from a plain NOTIFY ``body``, or None: when
     ``body`` starts with ``head``, ``decoder(body)`` is a tuple
     ``(kind, publisher, seq, published_at, publication, ...)`` and ``publication`` is
     plain (:func:`is_plain_publication`), the fields after the kind, in one allocation.
-    None means "not the plain shape": the full decoding then decides and words any error.
-    Whatever ``decoder`` raises propagates."""
+    None means "not the plain shape" (``decoder`` raised one of ``errors``, or the shape
+    differs): the full decoding then decides and words any error. The arguments before
+    ``body`` are meant to be bound once (``functools.partial``)."""
     cdef Py_ssize_t size = PyBytes_GET_SIZE(head)
     cdef Py_ssize_t i
     if not PyType_IsSubtype(cls, tuple):
@@ -26,7 +27,10 @@ def plain_notification(bytes body, bytes head, decoder, set known, type cls):
         PyBytes_AS_STRING(body), PyBytes_AS_STRING(head), size
     ):
         return None
-    fields = decoder(body)
+    try:
+        fields = decoder(body)
+    except errors:
+        return None
     if type(fields) is not tuple:
         return None
     size = len(fields)

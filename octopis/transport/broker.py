@@ -298,7 +298,14 @@ class Broker:
         """Route one message from neighbour ``sender`` (arrived at loop time ``now``)."""
         kind = type(message)
         self.received[kind] += 1
-        if kind is not Subscribe and not self.peers.serving:
+        if kind is Subscribe:
+            stored = len(self.core.table)
+            actions = self.core.receive(sender, message, self.lst)
+            if len(self.core.table) > stored:
+                self.subscription_delay[message.sub_id] = time.time() - message.issued_at
+            self.execute(actions, message, body, None, now)
+            return
+        if not self.peers.serving:
             # Static modes send into a broker that is still resyncing; what its partial
             # table cannot route is lost, so count what came (DESIGN §7).
             self.counters["routed_while_resyncing"] += 1
@@ -306,11 +313,6 @@ class Broker:
             # Straight to the core's routing: the peer links only hand over frames from
             # current neighbours, the set the core routes between (relink changes both).
             actions = self.core.route(message, sender, self.lst)
-        elif kind is Subscribe:
-            stored = len(self.core.table)
-            actions = self.core.receive(sender, message, self.lst)
-            if len(self.core.table) > stored:
-                self.subscription_delay[message.sub_id] = time.time() - message.issued_at
         else:
             actions = self.core.receive(sender, message, self.lst)
         self.execute(actions, message, body, None, now)
@@ -535,7 +537,7 @@ class Broker:
         links = self.links
         for action in actions:
             if type(action) is Forward:
-                message = action.message
+                name, message = action
                 if message is received:
                     frame = incoming
                 else:
@@ -545,7 +547,7 @@ class Broker:
                     if frame is None:
                         kind = KEPT if type(message) is Notification else DATA
                         frame = encoded[id(message)] = [self._sender, encode_body(message), kind]
-                link = links[action.link]
+                link = links[name]
                 if frame[2] == KEPT:
                     if receipt is not None and link.keeps:
                         if len(frame) == RECEIPT:

@@ -176,14 +176,9 @@ def decode_sender(part: bytes) -> str:
 def decode_body(sender: str, body: bytes) -> Message | Control:
     """The message in a frame's ``body`` from ``sender`` (named in errors);
     :class:`WireError` if it is malformed."""
-    try:
-        plain = plain_notification(
-            body, PLAIN_NOTIFY_HEAD, _decode_plain_notification, VALID_ATTRIBUTES, Notification
-        )
-    except DECODE_ERRORS:
-        plain = None  # not the plain shape: the full decoding below decides
+    plain = decode_plain_notification(body)
     if plain is not None:
-        return plain
+        return plain  # else not the plain shape: the full decoding below decides
     try:
         data = unpack(body)
     except DECODE_ERRORS as exc:
@@ -272,7 +267,7 @@ _new_notification = partial(tuple.__new__, Notification)
 
 PLAIN_NOTIFY_HEAD = bytes([0x99, NOTIFY])
 """A NOTIFY body's first two bytes: a MessagePack array of nine, kind 3."""
-_decode_plain_notification = msgspec.msgpack.Decoder(
+_plain_notification_fields = msgspec.msgpack.Decoder(
     tuple[
         int,
         Annotated[str, msgspec.Meta(min_length=1)],
@@ -285,11 +280,22 @@ _decode_plain_notification = msgspec.msgpack.Decoder(
         Sequence,
     ]
 ).decode
-"""The common notification, decoded and checked in C: no CBV, destinations or tunnel, a
-publisher, the stamp :func:`stamp_problem` accepts, a flat publication (whose names and
+"""The common notification's fields, decoded and checked in C: no CBV, destinations or
+tunnel, a publisher, the stamp :func:`stamp_problem` accepts, a flat publication (whose names and
 numbers :func:`is_plain_publication` then checks). It only ever accepts what the full
 decoding accepts, to the same fields; anything else is decoded in full, which decides
 and names the problem (tests/test_wire.py checks both ways)."""
+decode_plain_notification = partial(
+    plain_notification,
+    PLAIN_NOTIFY_HEAD,
+    _plain_notification_fields,
+    DECODE_ERRORS,
+    VALID_ATTRIBUTES,
+    Notification,
+)
+"""``decode_plain_notification(body)``: the :class:`Notification` in a NOTIFY body of
+the common shape, decoded and checked in one compiled call; None for any other body (the
+caller then uses :func:`decode_body`, which decides and words the error)."""
 
 
 def _tunnel(value: Any) -> Tunnel:

@@ -42,6 +42,7 @@ from octopis.transport.codec import (
     Synced,
     WireError,
     decode_body,
+    decode_plain_notification,
     decode_sender,
     encode_peer,
 )
@@ -362,9 +363,10 @@ class PeerLinks:
             return
         state = self.state.get(sender)
         peer_message = self.events.peer_message
+        decode_plain = decode_plain_notification
         for body in frame[1:]:
             try:
-                message = decode_body(sender, body)
+                message = decode_plain(body) or decode_body(sender, body)
                 if (
                     type(message) is Notification
                     and state is not None
