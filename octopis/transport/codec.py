@@ -176,9 +176,12 @@ def decode_sender(part: bytes) -> str:
 def decode_body(sender: str, body: bytes) -> Message | Control:
     """The message in a frame's ``body`` from ``sender`` (named in errors);
     :class:`WireError` if it is malformed."""
-    plain = decode_plain_notification(body)
-    if plain is not None:
-        return plain  # else not the plain shape: the full decoding below decides
+    return decode_plain_notification(body) or decode_body_in_full(sender, body)
+
+
+def decode_body_in_full(sender: str, body: bytes) -> Message | Control:
+    """:func:`decode_body` without trying :data:`decode_plain_notification` first: for a
+    caller that has (it returned None), so that the body is not decoded twice."""
     try:
         data = unpack(body)
     except DECODE_ERRORS as exc:
@@ -281,8 +284,8 @@ _plain_notification_fields = msgspec.msgpack.Decoder(
     ]
 ).decode
 """The common notification's fields, decoded and checked in C: no CBV, destinations or
-tunnel, a publisher, the stamp :func:`stamp_problem` accepts, a flat publication (whose names and
-numbers :func:`is_plain_publication` then checks). It only ever accepts what the full
+tunnel, a publisher, the stamp :func:`stamp_problem` accepts, a flat publication (whose
+names and numbers :func:`is_plain_publication` then checks). It only ever accepts what the full
 decoding accepts, to the same fields; anything else is decoded in full, which decides
 and names the problem (tests/test_wire.py checks both ways)."""
 decode_plain_notification = partial(
@@ -295,7 +298,7 @@ decode_plain_notification = partial(
 )
 """``decode_plain_notification(body)``: the :class:`Notification` in a NOTIFY body of
 the common shape, decoded and checked in one compiled call; None for any other body (the
-caller then uses :func:`decode_body`, which decides and words the error)."""
+caller then uses :func:`decode_body_in_full`, which decides and words the error)."""
 
 
 def _tunnel(value: Any) -> Tunnel:

@@ -41,7 +41,7 @@ from octopis.transport.codec import (
     Hello,
     Synced,
     WireError,
-    decode_body,
+    decode_body_in_full,
     decode_plain_notification,
     decode_sender,
     encode_peer,
@@ -366,7 +366,7 @@ class PeerLinks:
         decode_plain = decode_plain_notification
         for body in frame[1:]:
             try:
-                message = decode_plain(body) or decode_body(sender, body)
+                message = decode_plain(body) or decode_body_in_full(sender, body)
                 if (
                     type(message) is Notification
                     and state is not None
