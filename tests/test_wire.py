@@ -20,7 +20,10 @@ from octopis.transport.codec import (
     Synced,
     WireError,
     _notification,
+    decode_body,
+    decode_body_in_full,
     decode_peer,
+    decode_plain_notification,
     encode_body,
     encode_peer,
 )
@@ -232,6 +235,27 @@ VALID_FIELDS = (
     st.sampled_from([0, 2**63 - 1]) | st.integers(0, 2**63 - 1),
 )
 EDGES = st.sampled_from([-1, 2**63, 2**64 - 1, 1.0000001e12, -2e12, math.nan, math.inf, 2**53 + 1])
+
+
+def test_only_a_plain_notification_takes_the_compiled_path() -> None:
+    """The compiled path gives the plain notification as the full decoding does, and
+    None (never an error) for anything else: a CBV-carrying copy, another kind, bytes
+    that are not msgpack; the input pass then decodes those in full, once."""
+    plain = Notification("P", 1, 0.0, {"class": "STOCK", "open": 1.5})
+    with_cbv = plain._replace(cbv=frozenbitarray("010"))
+    subscribe = Subscribe(
+        "s#1", "a:0", parse_subscription("[x,>,1]"), SubState.PRIMARY, frozenbitarray("100"), 0.0, 1
+    )
+    assert decode_plain_notification(encode_body(plain)) == plain
+    assert decode_body_in_full("a:0", encode_body(plain)) == plain
+    for other in (with_cbv, subscribe):
+        body = encode_body(other)
+        assert decode_plain_notification(body) is None
+        assert decode_body_in_full("a:0", body) == decode_body("a:0", body) == other
+    for garbage in (b"", b"\x99", b"\x99\x03\xc1", b"\xc1 not msgpack"):
+        assert decode_plain_notification(garbage) is None
+        with pytest.raises(WireError):
+            decode_body("a:0", garbage)
 
 
 @settings(max_examples=600, deadline=None)
