@@ -1,6 +1,7 @@
 """The broker object in-process (octopis.transport.broker): what happens when one of its
-serving loops fails; the log formats of a broker process. Process-level routing is in
-tests/test_cluster.py."""
+serving loops fails; the log formats of a broker process; a neighbour's batch with bad
+bodies among good ones, sent to a broker process by this test playing its neighbours.
+Process-level routing is in tests/test_cluster.py."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ import json
 import subprocess
 from pathlib import Path
 
+import aiozmq.rpc
 import pytest
+import zmq
+import zmq.asyncio
+from bitarray import frozenbitarray
+from conditions import until
 
 from octopis.cluster.launcher import broker_command, find_free_base_port
-from octopis.topology import build_preset
+from octopis.core import Notification, Subscribe, SubState
+from octopis.filters import parse_subscription
+from octopis.topology import Scot, build_preset
 from octopis.transport.broker import Broker, BrokerFailure
+from octopis.transport.codec import Heartbeat, Hello, encode_body, encode_peer
 from octopis.transport.settings import BrokerSettings
+from octopis.wire import NOTIFY
 
 
 def test_a_failed_serving_loop_shuts_the_broker_down_with_an_error(
@@ -78,3 +88,86 @@ def test_broker_logs_name_the_broker_and_component(tmp_path: Path, log_format: s
         assert entries[-1]["time"].endswith("Z") and entries[-1]["level"] == "INFO"
     else:
         assert all(" b:0 octopis." in line for line in lines), lines
+
+
+PLAYED = 1
+"""The incarnation of the neighbours the batch test plays."""
+
+
+def _quote(seq: int, cbv: frozenbitarray | None = None) -> bytes:
+    return encode_body(Notification("P", seq, 0.0, {"class": "STOCK", "n": seq}, cbv))
+
+
+async def _one_batch(scot: Scot, batch: list[bytes], expected: int) -> tuple[list, dict]:
+    """Play b:0's neighbours a:0 and c:0: handshake, subscribe to every quote as c:0,
+    send ``batch`` as one message from a:0; returns the notification bodies that reach
+    c:0 (once ``expected`` did, or after 5 s) and b:0's stats."""
+    ctx = zmq.asyncio.Context()
+    down = ctx.socket(zmq.PULL)
+    down.bind(scot.brokers["c:0"].endpoint)
+    up = ctx.socket(zmq.PUSH)
+    up.connect(scot.brokers["b:0"].endpoint)
+    control = await aiozmq.rpc.connect_rpc(connect=scot.brokers["b:0"].control_endpoint, timeout=30)
+    try:
+        incarnation = (await control.call.status())["incarnation"]
+        for neighbour in ("a:0", "c:0"):
+            await up.send_multipart(encode_peer(neighbour, Hello(PLAYED, incarnation)))
+            await up.send_multipart(encode_peer(neighbour, Heartbeat(PLAYED, incarnation, 0, True)))
+        stock = parse_subscription("[class,eq,'STOCK']")
+        subscribe = Subscribe("s#1", "c:0", stock, SubState.PRIMARY, frozenbitarray("100"), 0.0, 1)
+        await up.send_multipart(encode_peer("c:0", subscribe))
+
+        async def installed() -> bool:
+            return (await control.call.stats())["routing_table_size"] == 1
+
+        await until(installed, "the subscription installed", 30)
+        await up.send_multipart(batch)
+        got: list[bytes] = []
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(got) < expected and await down.poll(_ms_until(deadline)):
+            got += [body for body in (await down.recv_multipart())[1:] if body[1] == NOTIFY]
+        return got, await control.call.stats()
+    finally:
+        control.close()
+        ctx.destroy(linger=0)
+
+
+def _ms_until(deadline: float) -> int:
+    return max(0, round(1000 * (deadline - asyncio.get_running_loop().time())))
+
+
+def test_a_batch_from_a_neighbour_loses_only_its_bad_bodies(tmp_path: Path) -> None:
+    """A message from neighbour a:0 carrying good notifications, a malformed body, a
+    notification that breaks the protocol (a CBV header into an SNR broker) and a
+    heartbeat: the two bad bodies are counted (``wire_errors``, ``protocol_errors``)
+    and dropped; every good notification is forwarded once, in order, with the body it
+    came in."""
+    scot = build_preset("fig2", base_port=find_free_base_port(18))
+    path = tmp_path / "fig2.json"
+    path.write_text(json.dumps(scot.to_json()))
+    config = tmp_path / "broker.toml"
+    config.write_text(BrokerSettings(down_after=3600.0).to_toml(changed_only=True))
+    good = [_quote(seq) for seq in range(1, 6)]
+    heartbeat = encode_peer("a:0", Heartbeat(PLAYED, 0, 0, True))[1]
+    bodies = [
+        good[0],
+        good[1],
+        b"\xc1 not msgpack",
+        good[2],
+        _quote(99, frozenbitarray("010")),
+        good[3],
+        heartbeat,
+        good[4],
+    ]
+    process = subprocess.Popen(broker_command(path, "b:0", "snr", config), stdin=subprocess.DEVNULL)
+    try:
+        got, stats = asyncio.run(_one_batch(scot, [b"a:0", *bodies], len(good)))
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert got == good
+    counters = stats["counters"]
+    assert counters.get("wire_errors", 0) == 1
+    assert counters.get("protocol_errors", 0) == 1
+    assert counters.get("internal_errors", 0) == 0
+    assert stats["received"]["notification"] == len(good) + 1

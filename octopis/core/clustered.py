@@ -8,7 +8,10 @@ neighbours in its cluster (aCOLs) and one secondary neighbour B(x, k) per other 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
+from types import MappingProxyType
 
 from bitarray import bitarray, frozenbitarray
 
@@ -39,6 +42,11 @@ from octopis.filters import Subscription
 LOCAL = "local"
 PRIMARY = "primary"
 SECONDARY = "secondary"
+NO_TARGETS: frozenset[str] = frozenset()
+"""No local subscribers: what :meth:`ClusteredBroker.static_targets` gives most hops,
+without a new set each time."""
+NO_ICOLS: Mapping[int, str] = MappingProxyType({})
+"""No iCOLs (a notification that came from a neighbour): read-only, so never changed."""
 
 SBP_PRIMARY, SBP_SECONDARY = SubState.PRIMARY, SubState.SECONDARY
 """The steps of SBP as plain names: on Python 3.11 ``SubState.PRIMARY`` is a descriptor
@@ -294,8 +302,9 @@ class ClusteredBroker(CoreBase):
 
     def static_targets(
         self, n: Notification, src: str | None
-    ) -> tuple[set[str], set[str], dict[int, str]]:
-        """SNR's next destinations (§6.2): local subscribers, aCOLs, iCOLs by cluster.
+    ) -> tuple[AbstractSet[str], set[str], Mapping[int, str]]:
+        """SNR's next destinations (§6.2): local subscribers, aCOLs, iCOLs by cluster
+        (the first and last read-only).
 
         Local subscribers and aCOLs are the distinct last hops of matching local and
         primary entries (minus ``src``); iCOLs only when ``src`` is None (a local
@@ -308,23 +317,23 @@ class ClusteredBroker(CoreBase):
         self.stats["matching"] += 1
         publication = n.publication
         local, primary = self._local, self._primary
-        subscribers = (
-            local.matcher.match_values(publication, local.value) if len(local.matcher) else set()
-        )
+        subscribers: AbstractSet[str] = NO_TARGETS
+        if len(local.matcher):
+            subscribers = local.matcher.match_values(publication, local.value)
         if subscribers and not self.dedup.first((n.publisher, n.session), n.seq):
             self.stats["dedup.absorbed"] += len(subscribers)
-            subscribers = set()
+            subscribers = NO_TARGETS
         acols = primary.matcher.match_values(publication, primary.value)
         if self._missing_primary:
             acols |= self._missing_primary
         acols.discard(src)  # type: ignore[arg-type]
-        icols: dict[int, str] = {}
-        if src is None:
-            cluster_of = self.cluster_of
-            secondary = self.table.values(SECONDARY, publication)
-            icols = {cluster_of[link]: link for link in secondary}
-            if self._missing_secondary:
-                icols.update(self._missing_secondary)
+        if src is not None:
+            return subscribers, acols, NO_ICOLS
+        cluster_of = self.cluster_of
+        secondary = self.table.values(SECONDARY, publication)
+        icols = {cluster_of[link]: link for link in secondary}
+        if self._missing_secondary:
+            icols.update(self._missing_secondary)
         return subscribers, acols, icols
 
     def route_static(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
@@ -354,7 +363,7 @@ class ClusteredBroker(CoreBase):
         """
         subscribers, acols, icols = self.static_targets(n, src)
         if n.cbv is not None:
-            icols.update(self._icols_named(n.cbv))
+            icols = {**icols, **self._icols_named(n.cbv)}
             n = n._replace(cbv=None)
         if not subscribers:
             return self.spread(n, src, acols, icols, links)
@@ -367,7 +376,7 @@ class ClusteredBroker(CoreBase):
         n: Notification,
         src: str | None,
         acols: set[str],
-        icols: dict[int, str],
+        icols: Mapping[int, str],
         links: LinkView,
     ) -> list[Forward]:
         """DNR's copies of ``n`` (no CBV) for target ``acols`` and ``icols`` (by cluster).

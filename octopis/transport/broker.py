@@ -22,7 +22,7 @@ import secrets
 import signal
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -316,6 +316,23 @@ class Broker:
         else:
             actions = self.core.receive(sender, message, self.lst)
         self.execute(actions, message, body, None, now)
+
+    def peer_notifications(
+        self, sender: str, run: Iterator[tuple[Notification, bytes]], now: float
+    ) -> None:
+        """:meth:`peer_message` for each notification of ``run`` from neighbour
+        ``sender``, in order, stopping at one that raises
+        (:meth:`PeerEvents.peer_notifications`)."""
+        route, lst, execute = self.core.route, self.lst, self.execute
+        count = 0
+        try:
+            for message, body in run:
+                count += 1
+                execute(route(message, sender, lst), message, body, None, now)
+        finally:
+            self.received[Notification] += count
+            if not self.peers.serving:
+                self.counters["routed_while_resyncing"] += count
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
         """Routing frames that never reached ``neighbour`` (down or restarted), were not

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,6 +72,14 @@ class PeerEvents(Protocol):
     def peer_message(self, sender: str, message: Message, body: bytes, now: float) -> None:
         """A routing message from neighbour ``sender`` (``body`` as received, at loop
         time ``now``)."""
+
+    def peer_notifications(
+        self, sender: str, run: Iterator[tuple[Notification, bytes]], now: float
+    ) -> None:
+        """Consecutive notifications from neighbour ``sender``, each with its body as
+        received: :meth:`peer_message` for each, in order, with the per-message work done
+        once. An exception leaves ``run`` just past the message that raised it, so the
+        caller can count it and hand over the rest."""
 
     def link_down(self, neighbour: str, queued: list[list[bytes]]) -> None:
         """``neighbour`` went silent or restarted; ``queued`` frames never reached it."""
@@ -350,9 +358,10 @@ class PeerLinks:
 
     def _on_message(self, frame: list[bytes], now: float) -> None:
         """The bodies of ``frame`` (``[sender, body, ...]``, a batch or a run of messages
-        from one neighbour) in order. The sender and its state are looked up once; a
-        notification from a neighbour that is up and accepting goes straight to routing,
-        any other body through :meth:`_on_body`. A malformed body, or one that breaks the
+        from one neighbour) in order. The sender and its state are looked up once;
+        notifications from a neighbour that is up and accepting go to routing as one run
+        (:meth:`PeerEvents.peer_notifications`), any other body through :meth:`_on_body`
+        once the run before it is handled. A malformed body, or one that breaks the
         protocol, is counted, logged and dropped; the bodies after it are still handled."""
         sender_part = frame[0]
         try:
@@ -362,8 +371,8 @@ class PeerLinks:
                 self._malformed(str(exc))
             return
         state = self.state.get(sender)
-        peer_message = self.events.peer_message
         decode_plain = decode_plain_notification
+        run: list[tuple[Notification, bytes]] = []
         for body in frame[1:]:
             try:
                 message = decode_plain(body) or decode_body_in_full(sender, body)
@@ -373,21 +382,49 @@ class PeerLinks:
                     and state.up
                     and state.accepting
                 ):
-                    state.last_heard = now
-                    state.received += 1
-                    peer_message(sender, message, body, now)
+                    run.append((message, body))
                 else:
+                    if run:
+                        self._route_run(sender, state, run, now)
+                        run = []
                     self._on_body(sender, message, body, now)
-            except WireError as exc:
-                self._malformed(str(exc))
-            except ProtocolError as exc:
-                self.counters["protocol_errors"] += 1
-                self._warn.warning(
-                    "protocol", "%s dropped a message that breaks the protocol: %s", self.id, exc
-                )
-            except Exception:
-                self.counters["internal_errors"] += 1
-                self._warn.exception("internal", "%s failed on a peer frame", self.id)
+            except Exception as exc:
+                self._failed(exc)
+        if run:
+            self._route_run(sender, state, run, now)
+
+    def _route_run(
+        self,
+        sender: str,
+        state: NeighbourState,
+        run: list[tuple[Notification, bytes]],
+        now: float,
+    ) -> None:
+        """Hand ``run`` (notifications from ``sender``, up and accepting) to routing; one
+        that fails is counted and the rest are still routed."""
+        state.last_heard = now
+        state.received += len(run)
+        pending = iter(run)
+        while True:
+            try:
+                self.events.peer_notifications(sender, pending, now)
+                return
+            except Exception as exc:
+                self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """Count and log a body that could not be handled (called while handling ``exc``,
+        whose traceback an internal error logs)."""
+        if isinstance(exc, WireError):
+            self._malformed(str(exc))
+        elif isinstance(exc, ProtocolError):
+            self.counters["protocol_errors"] += 1
+            self._warn.warning(
+                "protocol", "%s dropped a message that breaks the protocol: %s", self.id, exc
+            )
+        else:
+            self.counters["internal_errors"] += 1
+            self._warn.exception("internal", "%s failed on a peer frame", self.id)
 
     def _on_body(self, sender: str, message: Message | Control, body: bytes, now: float) -> None:
         """One decoded routing or link-level ``message`` from ``sender``: link-level ones
