@@ -371,25 +371,22 @@ class PeerLinks:
                 self._malformed(str(exc))
             return
         state = self.state.get(sender)
+        routing = state is not None and state.up and state.accepting
         decode_plain = decode_plain_notification
         run: list[tuple[Notification, bytes]] = []
         for body in frame[1:]:
             try:
                 message = decode_plain(body) or decode_body_in_full(sender, body)
-                if (
-                    type(message) is Notification
-                    and state is not None
-                    and state.up
-                    and state.accepting
-                ):
+                if routing and type(message) is Notification:
                     run.append((message, body))
-                else:
-                    if run:
-                        self._route_run(sender, state, run, now)
-                        run = []
-                    self._on_body(sender, message, body, now)
+                    continue
+                if run:
+                    self._route_run(sender, state, run, now)
+                    run = []
+                self._on_body(sender, message, body, now)
             except Exception as exc:
                 self._failed(exc)
+            routing = state is not None and state.up and state.accepting
         if run:
             self._route_run(sender, state, run, now)
 
