@@ -61,6 +61,36 @@ def test_the_brokers_lst_orders_as_its_settings_say(
     assert "LST order bluedove" in caplog.text
 
 
+def test_routing_that_fails_before_taking_a_run_drops_it_counted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """If routing fails before it takes the first notification of a run, handing the
+    rest over again would fail the same way: the peer input counts the failure and the
+    run's notifications as internal errors, and goes on with the next body."""
+    scot = build_preset("fig2", base_port=find_free_base_port(18))
+    broker = Broker(scot, "b:0", "snr", BrokerSettings(down_after=3600.0), keys=None)
+
+    def broken_routing(sender: str, run: object, now: float) -> None:
+        raise RuntimeError("routing broke")
+
+    async def feed_a_run() -> None:
+        peers = broker.peers
+        state = peers.state["a:0"]
+        state.up = state.accepting = True
+        monkeypatch.setattr(broker, "peer_notifications", broken_routing)
+        heartbeat = encode_peer("a:0", Heartbeat(PLAYED, 0, 0, True))[1]
+        peers._on_message([b"a:0", _quote(1), _quote(2), heartbeat], 0.0)
+        raise RuntimeError(
+            f"internal_errors {peers.counters['internal_errors']}, "
+            f"serving a:0 {state.serving}, received {state.received}"
+        )
+
+    monkeypatch.setattr(broker, "_tick_loop", feed_a_run)
+    with pytest.raises(BrokerFailure, match="internal_errors 3, serving a:0 True, received 2"):
+        asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+    assert "routing broke" in caplog.text
+
+
 @pytest.mark.parametrize("log_format", ["json", "text"])
 def test_broker_logs_name_the_broker_and_component(tmp_path: Path, log_format: str) -> None:
     """``octopis-broker --log-format json`` writes one JSON object per line (time, level,

@@ -26,6 +26,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from operator import length_hint
 from typing import Protocol
 
 import psutil
@@ -398,16 +399,22 @@ class PeerLinks:
         now: float,
     ) -> None:
         """Hand ``run`` (notifications from ``sender``, up and accepting) to routing; one
-        that fails is counted and the rest are still routed."""
+        that fails is counted and the rest are still routed. A failure before routing
+        took any would repeat: the notifications left are then counted as internal
+        errors and dropped."""
         state.last_heard = now
         state.received += len(run)
         pending = iter(run)
         while True:
+            left = length_hint(pending)
             try:
                 self.events.peer_notifications(sender, pending, now)
                 return
             except Exception as exc:
                 self._failed(exc)
+                if length_hint(pending) == left:
+                    self.counters["internal_errors"] += left
+                    return
 
     def _failed(self, exc: Exception) -> None:
         """Count and log a body that could not be handled (called while handling ``exc``,
