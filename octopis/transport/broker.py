@@ -297,6 +297,9 @@ class Broker:
     def peer_message(self, sender: str, message: Message, body: bytes, now: float) -> None:
         """Route one message from neighbour ``sender`` (arrived at loop time ``now``)."""
         kind = type(message)
+        if kind is Notification:
+            self.peer_notifications(sender, iter(((message, body),)), now)
+            return
         self.received[kind] += 1
         if kind is Subscribe:
             stored = len(self.core.table)
@@ -309,20 +312,15 @@ class Broker:
             # Static modes send into a broker that is still resyncing; what its partial
             # table cannot route is lost, so count what came (DESIGN §7).
             self.counters["routed_while_resyncing"] += 1
-        if kind is Notification:
-            # Straight to the core's routing: the peer links only hand over frames from
-            # current neighbours, the set the core routes between (relink changes both).
-            actions = self.core.route(message, sender, self.lst)
-        else:
-            actions = self.core.receive(sender, message, self.lst)
-        self.execute(actions, message, body, None, now)
+        self.execute(self.core.receive(sender, message, self.lst), message, body, None, now)
 
     def peer_notifications(
         self, sender: str, run: Iterator[tuple[Notification, bytes]], now: float
     ) -> None:
-        """:meth:`peer_message` for each notification of ``run`` from neighbour
-        ``sender``, in order, stopping at one that raises
-        (:meth:`PeerEvents.peer_notifications`)."""
+        """Route each notification of ``run`` from neighbour ``sender``, in order,
+        stopping at one that raises (:meth:`PeerEvents.peer_notifications`). Straight to
+        the core's routing: the peer links only hand over frames from current neighbours,
+        the set the core routes between (relink changes both)."""
         route, lst, execute = self.core.route, self.lst, self.execute
         count = 0
         try:
