@@ -488,3 +488,22 @@ def test_a_forward_copy_is_the_forward_its_fields_make() -> None:
     assert (copy.link, copy.message) == ("c:0", n)
     with pytest.raises(TypeError, match="not a tuple type"):
         new_pair(dict, "c:0", n)
+
+
+@pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
+def test_counts_hold_the_matching_steps_and_copies_of_the_hot_path(mode: str) -> None:
+    """The two per-notification counts live apart from ``stats`` (issue 16) and show in
+    ``counts()`` with every other count, as the broker's stats and the simulator's report
+    read them."""
+    sim = Simulator(FIG2, mode)
+    _subscribe(sim, {"S1": "f:2", "S2": "a:0"})
+    core = sim.cores["a:0"]
+    core.stats["an.event"] += 2
+    before = core.counts()
+    actions = core.publish(Notification("P", 1, 0.0, QUOTE), NoCongestion())
+    after = core.counts()
+    copies = [a for a in actions if isinstance(a, Forward)]
+    assert copies and any(isinstance(a, Deliver) for a in actions)
+    assert after["matching"] - before["matching"] == 1
+    assert after["sent.notification"] - before["sent.notification"] == len(copies)
+    assert after["an.event"] == 2 and after["no.such.event"] == 0

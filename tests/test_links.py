@@ -12,6 +12,7 @@ import zmq.asyncio
 from octopis.core.lst import LinkStatusTable
 from octopis.transport.links import (
     BATCH_FRAMES,
+    Activity,
     OutputLink,
     PublishReceipt,
     SendPass,
@@ -38,7 +39,7 @@ async def _with_link(
         lst,
         1000,
         (),
-        asyncio.Event(),
+        Activity(),
         custody_limit,
         retain,
         retain_limit,
@@ -234,3 +235,27 @@ def test_a_full_custody_buffer_stops_the_link_and_counts_it() -> None:
         assert await _drain(pull) == [b"n2", b"n3"]
 
     asyncio.run(_with_link(scenario, custody_limit=2))
+
+
+def test_activity_wakes_the_lst_tick_on_the_first_put_after_it_looked() -> None:
+    """The LST's tick sleeps until a frame is put on some link; it wakes at once for a
+    put made while it was busy, and not again until the next put after it looked."""
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> None:
+        loop = asyncio.get_running_loop()
+        activity = link._activity
+        tick = asyncio.create_task(activity.wait())
+        await asyncio.sleep(0.05)
+        assert not tick.done() and not activity.seen
+        link.put([b"me", b"heartbeat", LINK], loop.time())
+        link.put([b"me", b"heartbeat", LINK], loop.time())
+        assert activity.seen
+        await asyncio.wait_for(tick, 1.0)
+        assert not activity.seen
+        again = asyncio.create_task(activity.wait())
+        await asyncio.sleep(0.05)
+        assert not again.done()
+        link.put([b"me", b"heartbeat", LINK], loop.time())
+        await asyncio.wait_for(again, 1.0)
+
+    asyncio.run(_with_link(scenario))

@@ -43,6 +43,12 @@ class CoreBase(ABC):
         self.table = table
         self.dedup = dedup or EdgeDedup()
         self.stats: Counts = Counts()
+        """Event counts by name, but for the two every notification adds to (read both
+        in :meth:`counts`)."""
+        self.matchings = 0
+        """Matching steps (``"matching"`` in :meth:`counts`)."""
+        self.notification_copies = 0
+        """Notification copies forwarded (``"sent.notification"`` in :meth:`counts`)."""
         self.id_token: Callable[[], str] | None = None
         """Appended to each new subscription id when set: a broker process sets a random
         source, so an id cannot be guessed from another (DESIGN §8); the simulator keeps
@@ -51,6 +57,20 @@ class CoreBase(ABC):
         self.epoch = ""
         """Prefix of this broker's subscription numbers: a restarted broker's shell sets
         it from its incarnation, so its ids never collide with its predecessor's."""
+
+    def counts(self) -> Counts:
+        """Every event count: :attr:`stats` with the per-notification ones. Those are
+        integer attributes rather than items of :attr:`stats` because an item update of a
+        dict subclass is not specialised by the interpreter: on the forwarding path the
+        two updates cost ~5% of a hop (bench/RESULTS.md, issue 16)."""
+        counts = Counts(self.stats)
+        for key, count in (
+            ("matching", self.matchings),
+            ("sent.notification", self.notification_copies),
+        ):
+            if count:
+                counts[key] = count
+        return counts
 
     def _new_sub_id(self) -> str:
         """This broker's id, its incarnation's epoch, a sequence number and, if set,

@@ -109,7 +109,7 @@ class BidBroker(CoreBase):
         """
         subscribers: set[str] = set()
         if src is None:
-            self.stats["matching"] += 1
+            self.matchings += 1
             if self.table_lost:  # whoever subscribed before the restart is not listed
                 self.stats["undeliverable.table_lost"] += 1
             subscribers = self.table.values(LOCAL, n.publication)
@@ -117,7 +117,7 @@ class BidBroker(CoreBase):
         else:
             destinations = dict(n.destinations or ())
             if destinations.pop(self.id, None) is not None:
-                self.stats["matching"] += 1
+                self.matchings += 1
                 subscribers = self.table.values(LOCAL, n.publication)
         if subscribers and not self.dedup.first((n.publisher, n.session), n.seq):
             self.stats["dedup.absorbed"] += len(subscribers)
@@ -137,7 +137,7 @@ class BidBroker(CoreBase):
         out += [
             Forward(hop, n._replace(destinations=tuple(dests))) for hop, dests in by_hop.items()
         ]
-        self.stats["sent.notification"] += len(by_hop)
+        self.notification_copies += len(by_hop)
         self.stats["bids_carried"] += sum(len(d) for d in by_hop.values())
         return out
 

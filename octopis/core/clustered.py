@@ -314,7 +314,7 @@ class ClusteredBroker(CoreBase):
         delivered the same
         ``(publisher, seq)`` before (edge dedup, DESIGN §7; counted as ``dedup.absorbed``).
         """
-        self.stats["matching"] += 1
+        self.matchings += 1
         publication = n.publication
         local, primary = self._local, self._primary
         subscribers: AbstractSet[str] = NO_TARGETS
@@ -352,7 +352,7 @@ class ClusteredBroker(CoreBase):
                 self.stats["undeliverable.link_down"] += 1
             else:
                 out.append(forward_copy(link, n))
-        self.stats["sent.notification"] += len(out) - len(subscribers)
+        self.notification_copies += len(out) - len(subscribers)
         return out
 
     def route_dynamic(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
@@ -398,7 +398,7 @@ class ClusteredBroker(CoreBase):
             out = []
             for link in acols:
                 out.append(forward_copy(link, n))
-            self.stats["sent.notification"] += len(out)
+            self.notification_copies += len(out)
             return out
         unloaded: list[str] = []
         loaded: dict[int, str] = {}
@@ -437,7 +437,7 @@ class ClusteredBroker(CoreBase):
         out = [Forward(link, copy) for link, copy in copies.items()]
         for link in dead_acols:
             out += self.detour(n, link, links)
-        self.stats["sent.notification"] += len(out)
+        self.notification_copies += len(out)
         return out
 
     # -- failures: detours along squares and custody (DESIGN §7) -------------------------

@@ -335,7 +335,7 @@ class Simulator:
 
     def _load_counts(self) -> tuple[dict[str, int], Counter[str]]:
         """Copies sent by each broker, deliveries to each subscriber, so far."""
-        copies = {b: c.stats["sent.notification"] for b, c in self.cores.items()}
+        copies = {b: c.notification_copies for b, c in self.cores.items()}
         delivered: Counter[str] = Counter()
         for (subscriber, _, _), n in self.ledger.received.items():
             delivered[subscriber] += n
@@ -619,7 +619,7 @@ class Simulator:
                     self.failure_counts["undeliverable.died_in_custody"] += 1
                     self._undeliverable_keys.add(message.key)
             self.hosts_failed.add(broker)
-            self._retired.update(self.cores[broker].stats)
+            self._retired.update(self.cores[broker].counts())
             self.failure_counts["brokers_killed"] += 1
         else:
             state.cut.update(self._failed_links(failure))
@@ -718,7 +718,7 @@ class Simulator:
             self.failures = FailureState()
         state = self.failures
         for broker in removed:
-            self._retired.update(self.cores.pop(broker).stats)
+            self._retired.update(self.cores.pop(broker).counts())
             del self._in_flight[broker]
             state.detected.pop(broker, None)
         for broker in scot.brokers:
@@ -872,7 +872,7 @@ class Simulator:
         """Counts of the run: the keys ``octopis sim`` and ``octopis run`` share."""
         stats: Counter[str] = Counter(self._retired)
         for core in self.cores.values():
-            stats.update(core.stats)
+            stats.update(core.counts())
         report = run_report(
             self.mode,
             len(self.cores),

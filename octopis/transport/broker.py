@@ -608,7 +608,6 @@ class Broker:
         activity = self.peers.activity
         while True:
             await activity.wait()
-            activity.clear()
             await asyncio.sleep(self.settings.window)
             self.lst.advance(loop.time())
 
@@ -775,7 +774,7 @@ class Broker:
         fill (with what their limits dropped), held messages, matching time, and the
         cyclic collector's passes per generation."""
         self.lst.advance(self._loop.time())
-        core = dict(self.core.stats)
+        core = dict(self.core.counts())
         return {
             **self.status(),
             "uptime": time.time() - self.started,

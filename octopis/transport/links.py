@@ -95,6 +95,30 @@ class SendPass:
             pending.pop(next(iter(pending)))(now)
 
 
+class Activity:
+    """Whether a frame was put on any link since the LST's tick last looked (the tick
+    sleeps while every link is idle). ``seen`` is a plain flag that :meth:`OutputLink.put`
+    reads before waking the tick, so a busy broker pays an attribute read per frame
+    rather than an ``asyncio.Event.set`` call."""
+
+    __slots__ = ("_event", "seen")
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._event = asyncio.Event()
+
+    def note(self) -> None:
+        """A frame was put: wake the waiting tick."""
+        self.seen = True
+        self._event.set()
+
+    async def wait(self) -> None:
+        """Until a frame is put (at once if one was since the last wait), then forget it."""
+        await self._event.wait()
+        self._event.clear()
+        self.seen = False
+
+
 class InputWaiter:
     """Wakes a coroutine when a ZeroMQ socket has input, through one persistent
     ``loop.add_reader`` on the socket's event FD rather than a poll registration (and its
@@ -158,7 +182,7 @@ class OutputLink:
         lst: LinkStatusTable,
         sndhwm: int,
         senders: tuple[SendRate, ...],
-        activity: asyncio.Event,
+        activity: Activity,
         custody_limit: int,
         retain: float = 0.0,
         retain_limit: int = 0,
@@ -270,7 +294,8 @@ class OutputLink:
         non-empty queue is left to the sender task: trying the pipe on every put would
         fail per frame while it is full."""
         self._lst.enqueued(self.name, now)
-        self._activity.set()
+        if not self._activity.seen:
+            self._activity.note()
         queue = self.queue
         if self.senders:
             queue.append(frame)

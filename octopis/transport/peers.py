@@ -49,6 +49,7 @@ from octopis.transport.codec import (
 )
 from octopis.transport.links import (
     LOOP_SLACK,
+    Activity,
     InputWaiter,
     OutputLink,
     SendPass,
@@ -155,7 +156,7 @@ class PeerLinks:
         self.lst = lst
         self.events = events
         self.counters: Counter[str] = Counter()
-        self.activity = asyncio.Event()
+        self.activity = Activity()
         self.state = {n: NeighbourState() for n in endpoints}
         self._names = {n.encode(): n for n in endpoints}
         """Each neighbour's name by its bytes as frames carry it: decoding is skipped for
