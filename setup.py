@@ -1,4 +1,5 @@
-"""Build the Cython extensions (every ``.pyx`` under ``octopis/``); metadata lives in
+"""Build the Cython extensions (every ``.pyx`` under ``octopis/``, and every plain module
+typed by a ``.pxd`` beside it, compiled in place of the ``.py``); metadata lives in
 pyproject.toml."""
 
 from pathlib import Path
@@ -9,6 +10,8 @@ from setuptools import Extension, setup
 extensions = [
     Extension(".".join(pyx.with_suffix("").parts), [str(pyx)], extra_compile_args=["-O3"])
     for pyx in sorted(Path("octopis").rglob("*.pyx"))
+    + sorted(pxd.with_suffix(".py") for pxd in Path("octopis").rglob("*.pxd"))
+    if pyx.exists()
 ]
 
 setup(

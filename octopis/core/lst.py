@@ -27,7 +27,6 @@ the time with every event.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Protocol
 
 DEFAULT_WINDOW = 0.05
@@ -54,19 +53,28 @@ class LinkView(Protocol):
         """Whether failure detection holds ``link``'s neighbour down (DESIGN §7)."""
 
 
-@dataclass(slots=True)
 class LinkRow:
-    """One LST row: counts of the open window, CE of the last closed one, queue length."""
+    """One LST row: counts of the open window, CE of the last closed one, queue length,
+    and t' (``last_event``): when ``queue_length`` last changed (BlueDove's extrapolation
+    starts there). Typed in ``lst.pxd``: compiled, a row is a C struct."""
 
-    window_start: float = 0.0
-    n_in: int = 0
-    n_out: int = 0
-    ce: float = 1.0
-    queue_length: int = 0
-    last_n_in: int = 0
-    last_n_out: int = 0
-    last_event: float = 0.0
-    """t': when ``queue_length`` last changed (BlueDove's extrapolation starts there)."""
+    def __init__(self, window_start: float = 0.0, last_event: float = 0.0) -> None:
+        self.window_start = window_start
+        self.n_in = 0
+        self.n_out = 0
+        self.ce = 1.0
+        self.queue_length = 0
+        self.last_n_in = 0
+        self.last_n_out = 0
+        self.last_event = last_event
+
+    def __repr__(self) -> str:
+        return (
+            f"LinkRow(window_start={self.window_start}, n_in={self.n_in}, "
+            f"n_out={self.n_out}, ce={self.ce}, queue_length={self.queue_length}, "
+            f"last_n_in={self.last_n_in}, last_n_out={self.last_n_out}, "
+            f"last_event={self.last_event})"
+        )
 
 
 def congestion_element(n_in: int, n_out: int) -> float:
@@ -127,7 +135,7 @@ class LinkStatusTable:
 
     def enqueued(self, link: str, now: float) -> None:
         """One copy entered ``link``'s output queue at ``now``."""
-        row = self.rows[link]
+        row: LinkRow = self.rows[link]
         if now >= row.window_start + self.window:
             self._roll(link, now)
         row.n_in += 1
@@ -139,7 +147,7 @@ class LinkStatusTable:
 
     def sent(self, link: str, now: float, copies: int = 1) -> None:
         """``copies`` left ``link``'s output queue at ``now``."""
-        row = self.rows[link]
+        row: LinkRow = self.rows[link]
         if now >= row.window_start + self.window:
             self._roll(link, now)
         row.n_out += copies
@@ -157,7 +165,7 @@ class LinkStatusTable:
 
     def overloaded(self, link: str) -> bool:
         """Queue length ≥ Q, or queue non-empty and CE > 1."""
-        row = self.rows[link]
+        row: LinkRow = self.rows[link]
         return row.queue_length >= self.queue_threshold or (row.queue_length > 0 and row.ce > 1)
 
     def load(self, link: str) -> tuple[float, int]:
@@ -201,7 +209,7 @@ class LinkStatusTable:
         return table
 
     def _roll(self, link: str, now: float) -> LinkRow:
-        row = self.rows[link]
+        row: LinkRow = self.rows[link]
         end = row.window_start + self.window
         if now >= end:
             row.ce = congestion_element(row.n_in, row.n_out)
