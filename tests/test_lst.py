@@ -160,3 +160,19 @@ def test_a_row_joins_down_with_a_fresh_window_and_leaves_with_its_state() -> Non
     lst.remove_link("b")
     assert "b" not in lst.rows and not lst.down("b")
     assert lst.rows["a"].queue_length == 1
+
+
+def test_notification_copies_count_the_queue_they_join() -> None:
+    """The queueing a notification copy meets (the broker's ``queue_seen``): each one
+    adds the queue length it joined, across links; other frames are queued and counted
+    in n_in, but not as notifications."""
+    lst = LinkStatusTable(["a", "b"])
+    lst.enqueued("a", 0.0, notification=True)  # joins 0
+    lst.enqueued("a", 0.0)  # a heartbeat: queued, not a notification
+    lst.enqueued("a", 0.0, notification=True)  # joins 2
+    lst.sent("a", 0.01, 3)
+    lst.enqueued("a", 0.02, notification=True)  # joins 0
+    for _ in range(4):
+        lst.enqueued("b", 0.02, notification=True)  # join 0, 1, 2, 3
+    assert (lst.notifications_in, lst.notifications_ahead, lst.most_ahead) == (7, 8, 3)
+    assert lst.rows["a"].queue_length == 1 and lst.rows["b"].queue_length == 4

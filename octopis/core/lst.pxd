@@ -20,3 +20,6 @@ cdef class LinkStatusTable:
     cdef public double now
     cdef public dict rows
     cdef set _down
+    cdef public long long notifications_in
+    cdef public long long notifications_ahead
+    cdef public long long most_ahead

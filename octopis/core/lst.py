@@ -108,6 +108,13 @@ class LinkStatusTable:
         """The table's clock: the latest time a caller has passed."""
         self.rows = {link: LinkRow(window_start=start, last_event=start) for link in links}
         self._down: set[str] = set()
+        self.notifications_in = 0
+        """Notification copies enqueued on any link (``enqueued(..., notification=True)``)."""
+        self.notifications_ahead = 0
+        """The queue lengths those copies joined, summed (their mean is the queueing a
+        copy meets)."""
+        self.most_ahead = 0
+        """The longest queue one of them joined."""
 
     def add_link(self, link: str, now: float) -> None:
         """A row for the link to a neighbour that joined (DESIGN §9), down until failure
@@ -133,11 +140,17 @@ class LinkStatusTable:
         """Whether ``link``'s neighbour is held down."""
         return link in self._down
 
-    def enqueued(self, link: str, now: float) -> None:
-        """One copy entered ``link``'s output queue at ``now``."""
+    def enqueued(self, link: str, now: float, notification: bool = False) -> None:
+        """One copy entered ``link``'s output queue at ``now``; a ``notification`` copy
+        also counts the queue it joined."""
         row: LinkRow = self.rows[link]
         if now >= row.window_start + self.window:
             self._roll(link, now)
+        if notification:
+            self.notifications_in += 1
+            self.notifications_ahead += row.queue_length
+            if row.queue_length > self.most_ahead:
+                self.most_ahead = row.queue_length
         row.n_in += 1
         row.queue_length += 1
         if now > row.last_event:

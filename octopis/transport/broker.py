@@ -117,8 +117,6 @@ class Broker:
         self.subscription_delay: dict[str, float] = {}
         self._stopping = asyncio.Event()
         self._failure: str | None = None
-        self.queue_seen = [0, 0, 0]
-        """Notification copies enqueued: [count, sum of the queue lengths they joined, max]."""
         self.withdraw_when_serving: dict[str, str] = {}
         """Restarted neighbour → epoch of its new incarnation, until it is serving."""
         self.held_sbp: dict[str, list[list]] = {}
@@ -563,17 +561,10 @@ class Broker:
                         kind = KEPT if type(message) is Notification else DATA
                         frame = encoded[id(message)] = [self._sender, encode_body(message), kind]
                 link = links[name]
-                if frame[2] == KEPT:
-                    if receipt is not None and link.keeps:
-                        if len(frame) == RECEIPT:
-                            frame.append(receipt)
-                        receipt.copies += 1
-                    seen = self.queue_seen
-                    ahead = len(link.queue)
-                    seen[0] += 1
-                    seen[1] += ahead
-                    if ahead > seen[2]:
-                        seen[2] = ahead
+                if receipt is not None and frame[2] == KEPT and link.keeps:
+                    if len(frame) == RECEIPT:
+                        frame.append(receipt)
+                    receipt.copies += 1
                 link.put(frame, now)
             elif type(action) is Hold:
                 self._hold(action.link, [self._sender, encode_body(action.message), KEPT])
@@ -808,9 +799,9 @@ class Broker:
             },
             "detections": list(self.peers.detections),
             "queue_seen": {
-                "copies": self.queue_seen[0],
-                "total": self.queue_seen[1],
-                "max": self.queue_seen[2],
+                "copies": self.lst.notifications_in,
+                "total": self.lst.notifications_ahead,
+                "max": self.lst.most_ahead,
             },
             "matching": {
                 "calls": self.clock.calls,

@@ -25,7 +25,7 @@ import zmq.asyncio
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate, departure
 from octopis.transport.security import Curve
-from octopis.transport.zmqio import DATA, HANDSHAKE, FastSocket, book_sent
+from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, FastSocket, book_sent
 
 YIELDS_BEFORE_POLL = 4
 """Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
@@ -293,7 +293,7 @@ class OutputLink:
         sends it at once (counted as n_out too) without waking the sender task. A
         non-empty queue is left to the sender task: trying the pipe on every put would
         fail per frame while it is full."""
-        self._lst.enqueued(self.name, now)
+        self._lst.enqueued(self.name, now, frame[2] == KEPT)
         if not self._activity.seen:
             self._activity.note()
         queue = self.queue
