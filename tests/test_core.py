@@ -430,6 +430,28 @@ def test_dnr_enters_a_cluster_elsewhere_when_its_icol_is_down() -> None:
         assert not any(c.stats["undeliverable.link_down"] for c in sim.cores.values())
 
 
+def test_dnr_detours_around_each_down_acol_and_still_delivers_at_the_broker() -> None:
+    """Every directed aCOL of fig2 down in turn, every broker publishing: a broker that
+    finds a target aCOL down (the common case's plain copies abandoned for spread's
+    rules) keeps its own deliveries and sends the copy around the square, so every
+    subscriber gets each notification exactly once."""
+    acols = [(u, v) for u, v, kind in FIG2.graph.edges(data="link") if kind == "aCOL"]
+    for u, v in [*acols, *((v, u) for u, v in acols)]:
+        used: list[tuple[str, str]] = []
+        sim = Simulator(
+            FIG2, "dnr", links=DownLinks({(u, v)}), on_forward=_notifications_into(used)
+        )
+        _everyone_subscribes(sim)
+        for broker in FIG2.brokers:
+            sim.publish(f"P@{broker}", broker, QUOTE)
+        sim.run()
+        report = sim.report()
+        assert (u, v) not in used
+        assert report["delivered"] == report["expected_deliveries"] == 18 * 18
+        assert report["lost"] == report["duplicates"] == 0
+        assert sum(c.stats["tunnel.started"] for c in sim.cores.values()) > 0
+
+
 def test_dnr_with_every_icol_of_the_host_down_carries_the_bits_on_an_acol() -> None:
     down = {("b:0", "b:1"), ("b:0", "b:2")}
     sim = Simulator(FIG2, "dnr", links=DownLinks(down))

@@ -359,15 +359,24 @@ class ClusteredBroker(CoreBase):
         """Dynamic Notification Routing (§6.3, Algorithm 4, Cases I–III).
 
         Targets are SNR's plus the iCOL to B(x, k) for every cluster k in the incoming
-        CBV; :meth:`spread` sends the copies.
+        CBV. With no target iCOL and every target aCOL live, that is a plain copy on each
+        aCOL (the common case, decided here); otherwise :meth:`spread` sends the copies.
         """
         subscribers, acols, icols = self.static_targets(n, src)
         if n.cbv is not None:
             icols = {**icols, **self._icols_named(n.cbv)}
             n = n._replace(cbv=None)
-        if not subscribers:
-            return self.spread(n, src, acols, icols, links)
-        out: list[Action] = [Deliver(s, n) for s in subscribers]
+        out: list[Action] = [Deliver(s, n) for s in subscribers] if subscribers else []
+        if not icols:
+            down = links.down
+            for link in acols:
+                if down(link):  # not the common case after all: spread decides
+                    del out[len(subscribers) :]
+                    break
+                out.append(forward_copy(link, n))
+            else:
+                self.notification_copies += len(acols)
+                return out
         out += self.spread(n, src, acols, icols, links)
         return out
 
@@ -394,12 +403,6 @@ class ClusteredBroker(CoreBase):
         link and never holds the current cluster's bit.
         """
         down = links.down
-        if not icols and not any(map(down, acols)):  # a plain copy on each live aCOL
-            out = []
-            for link in acols:
-                out.append(forward_copy(link, n))
-            self.notification_copies += len(out)
-            return out
         unloaded: list[str] = []
         loaded: dict[int, str] = {}
         for k, link in icols.items():
