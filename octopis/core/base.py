@@ -62,7 +62,7 @@ class CoreBase(ABC):
         """Every event count: :attr:`stats` with the per-notification ones. Those are
         integer attributes rather than items of :attr:`stats` because an item update of a
         dict subclass is not specialised by the interpreter: on the forwarding path the
-        two updates cost ~5% of a hop (bench/RESULTS.md, issue 16)."""
+        two updates cost a few per cent of a hop (bench/RESULTS.md, issue 16)."""
         counts = Counts(self.stats)
         for key, count in (
             ("matching", self.matchings),
