@@ -10,7 +10,10 @@ The machine is shared and noisy (runs of the same code differ by 2×, and the ma
 speed drifts by as much within minutes), so each round pumps 60,000 notifications
 through the textbook pyzmq relay, the broker and the relay built from the broker's own
 transport primitives, in an order that rotates from round to round; the figures of merit
-are the medians of the per-round ratios. Run with
+are the medians of the per-round ratios, over :data:`RELAY_ROUNDS` rounds (a median of
+five moved by ±0.07 from run to run). Beside the rates, each run reports the hop
+process's CPU time per notification (:class:`bench.hop.HopRun`), the steadier figure
+for what a change saves. Run with
 ``pytest bench/bench_broker.py --benchmark-only``; rates and ratios are in each
 benchmark's ``extra_info``.
 """
@@ -24,11 +27,14 @@ from typing import Any
 
 import pytest
 
-from bench.hop import NO_CUSTODY, HopBench
+from bench.hop import NO_CUSTODY, HopBench, HopRun
 
 SUBSCRIPTIONS = 10_000
 NOTIFICATIONS = 60_000
 ROUNDS = 5
+RELAY_ROUNDS = 9
+"""Rounds of :func:`test_broker_hop_against_relays`, whose ratios to the transport relay
+spread over 0.6–1.35 round by round."""
 RUNS = ("pyzmq", "broker", "transport", "broker_no_custody", "broker_curve")
 
 
@@ -41,8 +47,9 @@ def hop() -> HopBench:
 def test_broker_hop_against_relays(
     benchmark: pytest.FixtureRequest, hop: HopBench, tmp_path: Path, mode: str
 ) -> None:
-    """Rounds of pyzmq relay, broker and transport relay (order rotating); ratios."""
-    rounds: list[dict[str, float]] = []
+    """Rounds of pyzmq relay, broker and transport relay (order rotating); ratios of
+    rates, and CPU per notification of each hop process."""
+    rounds: list[dict[str, HopRun]] = []
 
     def one_round() -> None:
         shift = len(rounds) % len(RUNS)
@@ -59,20 +66,24 @@ def test_broker_hop_against_relays(
         rounds.append(rates)
 
     benchmark.group = "broker hop: 60,000 notifications, 10k subscriptions"
-    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
-    info: dict[str, object] = {f"{run}_per_second": [round(r[run]) for r in rounds] for run in RUNS}
+    benchmark.pedantic(one_round, rounds=RELAY_ROUNDS, iterations=1)
+    info: dict[str, object] = {}
+    for run in RUNS:
+        info[f"{run}_per_second"] = [round(r[run].per_second) for r in rounds]
+        info[f"{run}_cpu_us"] = [round(r[run].cpu_us, 2) for r in rounds]
+        info[f"median_{run}_cpu_us"] = round(statistics.median(r[run].cpu_us for r in rounds), 2)
     for relay in ("pyzmq", "transport"):
-        ratios = [r["broker"] / r[relay] for r in rounds]
+        ratios = [r["broker"].per_second / r[relay].per_second for r in rounds]
         info[f"ratios_to_{relay}"] = [round(x, 3) for x in ratios]
         info[f"median_ratio_to_{relay}"] = round(statistics.median(ratios), 3)
     for cost, slower, faster in (
         ("custody", "broker", "broker_no_custody"),
         ("curve", "broker_curve", "broker"),
     ):
-        costs = [1 - r[slower] / r[faster] for r in rounds]
+        costs = [1 - r[slower].per_second / r[faster].per_second for r in rounds]
         info[f"{cost}_cost"] = [round(x, 3) for x in costs]
         info[f"median_{cost}_cost"] = round(statistics.median(costs), 3)
-    curve_ratios = [r["broker_curve"] / r["pyzmq"] for r in rounds]
+    curve_ratios = [r["broker_curve"].per_second / r["pyzmq"].per_second for r in rounds]
     info["median_curve_ratio_to_pyzmq"] = round(statistics.median(curve_ratios), 3)
     benchmark.extra_info.update(info)
 
@@ -120,11 +131,12 @@ def test_broker_hop_beside_a_baseline_tree(
 
     benchmark.group = "broker hop beside a baseline tree"
     benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
-    info: dict[str, object] = {
-        f"{n}_per_second": [round(r[n]) for r in rounds] for n in ("pyzmq", "broker", "baseline")
-    }
+    info: dict[str, object] = {}
+    for n in ("pyzmq", "broker", "baseline"):
+        info[f"{n}_per_second"] = [round(r[n].per_second) for r in rounds]
+        info[f"{n}_cpu_us"] = [round(r[n].cpu_us, 2) for r in rounds]
     for name in ("broker", "baseline"):
-        ratios = [r[name] / r["pyzmq"] for r in rounds]
+        ratios = [r[name].per_second / r["pyzmq"].per_second for r in rounds]
         info[f"{name}_median_ratio_to_pyzmq"] = round(statistics.median(ratios), 3)
         per_round = [_percentiles(r[f"{name}_delays"]) for r in rounds]
         info[f"{name}_low_rate_delay_per_round"] = per_round
@@ -132,6 +144,9 @@ def test_broker_hop_beside_a_baseline_tree(
             q: round(statistics.median(p[q] for p in per_round), 3) for q in ("p50_ms", "p99_ms")
         }
     info["median_broker_over_baseline"] = round(
-        statistics.median(r["broker"] / r["baseline"] for r in rounds), 3
+        statistics.median(r["broker"].per_second / r["baseline"].per_second for r in rounds), 3
+    )
+    info["median_broker_cpu_over_baseline"] = round(
+        statistics.median(r["broker"].cpu_us / r["baseline"].cpu_us for r in rounds), 3
     )
     benchmark.extra_info.update(info)

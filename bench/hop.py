@@ -10,6 +10,12 @@ transport (non-blocking sends, drain loops), in two styles: the textbook pyzmq r
 broker's own receive/send primitives, against which the ratio is the cost of decoding,
 matching and routing alone. Rates count whole two-part messages.
 
+Each run also reports the CPU time the hop process (every thread of the broker or relay,
+ZeroMQ's I/O thread included) spent per notification over the measured window. The two
+cores are shared with the harness's sender and receiver, so the rate moves by only ~40%
+of a change in the hop's CPU, and the machine's speed drifts between runs; CPU per
+notification is the steadier figure for what a change saves.
+
 ``HopBench.latency`` measures the other end: notifications sent one at a time at a low
 rate, each timed from its send to its arrival downstream (p50, p99). A broker may run
 from another source tree (``tree``: a checkout of an earlier commit, built in place), so
@@ -32,7 +38,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiozmq.rpc
 import msgpack
@@ -167,6 +173,17 @@ RELAY_STYLES: dict[str, Callable[[zmq.Socket, zmq.Socket], tuple[Callable, Calla
 """Relay style → its (receive, send) on the relay's (pull, push) sockets."""
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds process ``pid`` has run, summed over its threads, to the nanosecond
+    (Linux's ``schedstat``; the clock-tick counts of ``/proc/<pid>/stat`` step by 10 ms,
+    3% of a round)."""
+    total = 0
+    for task in os.scandir(f"/proc/{pid}/task"):
+        with open(f"{task.path}/schedstat") as stat:
+            total += int(stat.read().split()[0])
+    return total / 1e9
+
+
 def _as_neighbour(sock: zmq.Socket, keys: Keys | None, endpoint: str) -> zmq.Socket:
     """Connect ``sock`` to the broker's ``endpoint`` as the played upstream neighbour:
     CURVE with its key pair when the run has ``keys``, in the clear otherwise."""
@@ -188,6 +205,14 @@ def _send_all(endpoint: str, path: str, keys_dir: str, ready: Event, go: Event) 
     for frame in frames:
         up.send_multipart(frame)
     ctx.destroy(linger=-1)
+
+
+class HopRun(NamedTuple):
+    """One run through the hop: notifications per second arriving downstream, and the
+    hop process's CPU time (all its threads) per notification, in µs."""
+
+    per_second: float
+    cpu_us: float
 
 
 class HopBench:
@@ -224,7 +249,7 @@ class HopBench:
         tree: Path | None = None,
         latency: tuple[float, int] | None = None,
     ) -> Any:
-        """Notifications per second through a real broker process; with ``curve`` every
+        """A :class:`HopRun` through a real broker process; with ``curve`` every
         socket of the hop speaks CurveZMQ (keys made in ``tmp``); ``tree``: the broker's
         code comes from that source tree; ``latency`` (rate, count): instead, the hop
         delays in seconds of ``count`` notifications sent one at a time at ``rate``."""
@@ -247,14 +272,14 @@ class HopBench:
             if latency is not None:
                 incarnation = asyncio.run(self._install())
                 return self._delays(incarnation, *latency)
-            return asyncio.run(self._drive(install=True, expected=self.forwarded))
+            return asyncio.run(self._drive(proc.pid, install=True, expected=self.forwarded))
         finally:
             proc.terminate()
             proc.wait(timeout=10)
             self.keys = None
 
-    def run_relay(self, style: str = "pyzmq") -> float:
-        """Messages per second through a bare relay of ``style`` (see :func:`relay_main`)."""
+    def run_relay(self, style: str = "pyzmq") -> HopRun:
+        """A :class:`HopRun` through a bare relay of ``style`` (see :func:`relay_main`)."""
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -268,18 +293,19 @@ class HopBench:
             cwd=Path(__file__).resolve().parents[1],
         )
         try:
-            return asyncio.run(self._drive(install=False, expected=len(self.frames)))
+            return asyncio.run(self._drive(proc.pid, install=False, expected=len(self.frames)))
         finally:
             proc.terminate()
             proc.wait(timeout=10)
 
-    async def _drive(self, install: bool, expected: int) -> float:
+    async def _drive(self, hop: int, install: bool, expected: int) -> HopRun:
         incarnation = await self._install() if install else None
-        return await asyncio.to_thread(self._pump, expected, incarnation)
+        return await asyncio.to_thread(self._pump, hop, expected, incarnation)
 
-    def _pump(self, expected: int, incarnation: int | None) -> float:
+    def _pump(self, hop: int, expected: int, incarnation: int | None) -> HopRun:
         """Messages per second arriving downstream while a separate process pushes every
-        frame upstream. Sender and receiver are separate processes: sharing one
+        frame upstream, and the CPU time of process ``hop`` (the broker or relay) per
+        message meanwhile. Sender and receiver are separate processes: sharing one
         interpreter, the sender thread held the GIL while the hop queued, starving the
         receiver and measuring the harness rather than the hop."""
         ctx = zmq.Context()
@@ -309,13 +335,15 @@ class HopBench:
                 sender.start()
                 if not ready.wait(60):
                     raise RuntimeError("the sender process did not start")
+            cpu_before = _cpu_seconds(hop)
             started = time.perf_counter()
             go.set()
             got = 0
             while got < expected:
                 got += downstream.take()
             elapsed = time.perf_counter() - started
-            return expected / elapsed
+            cpu = _cpu_seconds(hop) - cpu_before
+            return HopRun(expected / elapsed, 1e6 * cpu / expected)
         finally:
             if sender is not None:
                 sender.terminate()
@@ -390,13 +418,23 @@ def main() -> None:
         bare = bench.run_broker(Path(tmp), settings=NO_CUSTODY)
         curve = bench.run_broker(Path(tmp), curve=True)
     relays = {style: bench.run_relay(style) for style in RELAY_STYLES}
-    print(f"broker {broker:,.0f} notifications/s ({bench.forwarded} of {len(bench.frames)})")
-    print(f"broker with CurveZMQ {curve:,.0f} notifications/s, ratio {curve / broker:.2f}")
     print(
-        f"broker without custody {bare:,.0f} notifications/s, custody costs {1 - broker / bare:.1%}"
+        f"broker {broker.per_second:,.0f} notifications/s ({bench.forwarded} of "
+        f"{len(bench.frames)}), {broker.cpu_us:.2f} µs CPU each"
     )
-    for style, rate in relays.items():
-        print(f"{style} relay {rate:,.0f} messages/s, ratio {broker / rate:.2f}")
+    print(
+        f"broker with CurveZMQ {curve.per_second:,.0f} notifications/s, "
+        f"ratio {curve.per_second / broker.per_second:.2f}"
+    )
+    print(
+        f"broker without custody {bare.per_second:,.0f} notifications/s, "
+        f"custody costs {1 - broker.per_second / bare.per_second:.1%}"
+    )
+    for style, run in relays.items():
+        print(
+            f"{style} relay {run.per_second:,.0f} messages/s, {run.cpu_us:.2f} µs CPU each, "
+            f"ratio {broker.per_second / run.per_second:.2f}"
+        )
 
 
 if __name__ == "__main__":
