@@ -12,8 +12,8 @@ through the textbook pyzmq relay, the broker and the relay built from the broker
 transport primitives, in an order that rotates from round to round; the figures of merit
 are the medians of the per-round ratios, over :data:`RELAY_ROUNDS` rounds (a median of
 five moved by ±0.07 from run to run). Beside the rates, each run reports the hop
-process's CPU time per notification (:class:`bench.hop.HopRun`), the steadier figure
-for what a change saves. Run with
+process's CPU time per notification (:class:`bench.hop.HopRun`): what a change saves in
+the hop itself, of which the rate shows about half (the harness shares the cores). Run with
 ``pytest bench/bench_broker.py --benchmark-only``; rates and ratios are in each
 benchmark's ``extra_info``.
 """

@@ -12,9 +12,9 @@ matching and routing alone. Rates count whole two-part messages.
 
 Each run also reports the CPU time the hop process (every thread of the broker or relay,
 ZeroMQ's I/O thread included) spent per notification over the measured window. The two
-cores are shared with the harness's sender and receiver, so the rate moves by only ~40%
-of a change in the hop's CPU, and the machine's speed drifts between runs; CPU per
-notification is the steadier figure for what a change saves.
+cores are shared with the harness's sender and receiver, so the rate moves by only about
+half of a change in the hop's CPU; CPU per notification, compared round by round, shows
+what a change saves in the hop itself.
 
 ``HopBench.latency`` measures the other end: notifications sent one at a time at a low
 rate, each timed from its send to its arrival downstream (p50, p99). A broker may run
@@ -179,8 +179,8 @@ def _cpu_seconds(pid: int) -> float:
     3% of a round)."""
     total = 0
     for task in os.scandir(f"/proc/{pid}/task"):
-        with open(f"{task.path}/schedstat") as stat:
-            total += int(stat.read().split()[0])
+        with contextlib.suppress(FileNotFoundError), open(f"{task.path}/schedstat") as stat:
+            total += int(stat.read().split()[0])  # a thread gone meanwhile: its time with it
     return total / 1e9
 
 
