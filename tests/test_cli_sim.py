@@ -1,13 +1,18 @@
-"""``octopis sim``: report keys, deliveries file, and bad input (exit status 2)."""
+"""``octopis sim``: report keys, deliveries file, and bad input (exit status 2); the
+CLI's log handler."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+from octopis.cli import configure_logging
 from octopis.cli.main import main
 from octopis.topology import build_preset
 from octopis.workload import generate_workload, write_workload
@@ -162,3 +167,22 @@ def test_bad_inputs_exit_2_and_run_nothing(
 
     assert main(["sim", "--preset", "fig2", "--mode", "snr", "--subscribers", "5"]) == 2
     assert "needs --subscribers, --publishers and --notifications" in capsys.readouterr().err
+
+
+def test_log_lines_follow_the_current_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's log handler writes to ``sys.stderr`` as it is at each record: a stream
+    swapped in later gets the line, and one closed since is not written to."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        first, second = io.StringIO(), io.StringIO()
+        monkeypatch.setattr(sys, "stderr", first)
+        configure_logging("WARNING", broker="b1")
+        logging.getLogger("octopis.test").warning("one")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("octopis.test").warning("two")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    assert second.getvalue().endswith("WARNING b1 octopis.test: two\n")

@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 EXIT_BAD_INPUT = 2
 
@@ -38,10 +39,27 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes each record to ``sys.stderr`` as it is when the record comes, not as it was
+    when the handler was made (a program that swaps stderr, pytest's capture among them,
+    must not leave the handler writing to a closed stream)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: TextIO) -> None:
+        """Ignored: the stream is always the current ``sys.stderr``."""
+
+
 def configure_logging(level: str, log_format: str = "text", broker: str = "-") -> None:
     """Route every log record to stderr in ``log_format``, each naming ``broker`` (the
     broker process it comes from, ``-`` elsewhere) and the logger (the component)."""
-    handler = logging.StreamHandler()
+    handler = StderrHandler()
     if log_format == "json":
         handler.setFormatter(JsonLogFormatter(broker))
     else:
