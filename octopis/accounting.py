@@ -137,13 +137,17 @@ def run_report(
     subscription_delays: Iterable[float],
 ) -> dict[str, Any]:
     """The counts every run reports, simulated or real (paper §7): messages of each kind
-    from the cores' ``sent.*`` counters, subscription tree lengths (``depths``, one per
+    from the cores' ``sent.*`` counters, the subscriptions the brokers took from their
+    subscribers (``subscriptions_made``: more than ``subscriptions`` when a client
+    subscribed again after a fail-over or a move, each starting an SBP of its own),
+    subscription tree lengths (``depths``, one per
     stored subscription), delays, and the ledger's expected/delivered/duplicates/lost."""
     report: dict[str, Any] = {
         "mode": mode,
         "brokers": brokers,
         "subscriptions": subscriptions,
         "notifications": ledger.notifications,
+        "subscriptions_made": core.get("subscriptions_made", 0),
         "sbp_messages": core.get("sent.subscribe", 0),
         "sbp_duplicates": core.get("sbp_duplicates", 0),
         "unsubscribe_messages": core.get("sent.unsubscribe", 0),

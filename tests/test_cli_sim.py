@@ -21,6 +21,7 @@ REPORT_KEYS = {
     "mode",
     "brokers",
     "subscriptions",
+    "subscriptions_made",
     "notifications",
     "sbp_messages",
     "sbp_duplicates",

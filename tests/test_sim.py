@@ -93,6 +93,7 @@ def test_snr_laws(scenario: tuple) -> None:
     sim = _simulate(scot, "snr", subs, pubs, seed)
     n = len(scot.brokers)
     report = sim.report()
+    assert report["subscriptions_made"] == len(subs)
     assert report["sbp_messages"] == len(subs) * (n - 1)
     assert report["sbp_duplicates"] == 0
     diameter = nx.diameter(scot.acyclic)

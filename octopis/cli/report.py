@@ -79,6 +79,12 @@ def summarize(report: dict[str, Any]) -> str:
             f"failures: {down} links declared down, {failures.get('peer_restarts', 0)} restarts "
             f"seen, {failures.get('clients_dropped', 0)} client connections dropped"
         )
+    again = report.get("subscriptions_made", 0) - report.get("subscriptions", 0)
+    if report.get("sdk_failovers") or again > 0:
+        lines.append(
+            f"clients: fail-overs from a silent broker {report.get('sdk_failovers', 0):,}, "
+            f"subscriptions made again at another broker {max(again, 0):,} (an SBP each)"
+        )
     return "\n".join(lines)
 
 

@@ -89,6 +89,11 @@ class ShareStats:
     repeats_forgotten_early: int = 0
     """Deliveries forgotten before the repeat horizon (the group's limit was reached)."""
 
+    @property
+    def failovers(self) -> int:
+        """Fail-overs of the share's connections (a broker silent past their liveness)."""
+        return sum(len(o) for o in self.outages.values())
+
 
 def split(events: Sequence[SubscriptionEvent | PublicationEvent], parts: int) -> list[list[str]]:
     """The brokers the events name, dealt round-robin into at most ``parts`` lists

@@ -557,7 +557,7 @@ class WorkloadRun:
         report["moves_made"] = self.client_stats.moves
         report["stale_move_orders_ignored"] = self.client_stats.stale_moves
         report["sdk_duplicates_absorbed"] = self.client_stats.duplicates_absorbed
-        report["sdk_failovers"] = sum(len(o) for o in self.client_stats.outages.values())
+        report["sdk_failovers"] = self.client_stats.failovers
         report["sdk_unclaimed_deliveries"] = self.client_stats.unclaimed
         report["sdk_repeats_forgotten_early"] = self.client_stats.repeats_forgotten_early
         return report
@@ -753,6 +753,7 @@ class WorkloadRun:
             "target_queue_length": {"mean": queued / copies if copies else 0.0, "max": longest},
             "timings": self.timings,
             "publish_late_max_s": self.publish_late_max_s,
+            "sdk_failovers": self.client_stats.failovers,
             "sdk_errors": {
                 "count": len(self.client_stats.errors),
                 "sample": self.client_stats.errors[:5],

@@ -74,8 +74,10 @@ class CoreBase(ABC):
 
     def _new_sub_id(self) -> str:
         """This broker's id, its incarnation's epoch, a sequence number and, if set,
-        :attr:`id_token`."""
+        :attr:`id_token`, for a subscription a local subscriber makes (counted in
+        ``subscriptions_made``: each starts one SBP)."""
         self._next_sub += 1
+        self.stats["subscriptions_made"] += 1
         sub_id = f"{self.id}#{self.epoch}{self._next_sub}"
         return sub_id if self.id_token is None else f"{sub_id}.{self.id_token()}"
 
