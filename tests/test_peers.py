@@ -7,11 +7,11 @@ import asyncio
 import os
 import signal
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conditions import closing_control, until
+from conditions import accounting, closing_control, tables_hold, until
 from conftest import secure_fig2
 
 from octopis.client import Publisher, Subscriber
@@ -172,3 +172,51 @@ async def _all_equal(cluster: LocalCluster, key: str, value: object) -> bool:
 async def _all_see_down(cluster: LocalCluster, dead: str) -> bool:
     stats = await cluster.ask(list(NEIGHBOURS_OF_C0), "stats", 5)
     return all(s["links"][dead]["state"] == "down" for s in stats.values())
+
+
+def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
+    line_of: Callable[[BrokerSettings], LocalCluster],
+) -> None:
+    """20,000 subscriptions made at once on a:0 of the line a:0 – b:0 – c:0 reach b:0 and
+    c:0 as batches of up to 64 bodies, a backlog of seconds of work. The input passes end
+    at ``PASS_SECONDS`` (counted), so heartbeats and acknowledgements keep leaving: no
+    neighbour is declared down; every table holds every subscription, and notifications
+    published at c:0 right after reach every matching subscription on a:0 exactly once."""
+    cluster = line_of(BrokerSettings())
+    scot = cluster.scot
+    subscribers, each, published = 4, 5000, 10
+    got: Counter[tuple[str, int]] = Counter()
+
+    async def scenario() -> dict[str, dict]:
+        await cluster.wait_ready(60)
+        subs = [
+            await Subscriber.connect(
+                scot.brokers["a:0"].client_endpoint,
+                f"s{k}",
+                on_notification=lambda n: got.update([(n.subscriber, n.seq)]),
+            )
+            for k in range(subscribers)
+        ]
+        await asyncio.gather(
+            *(s.subscribe(f"[class,eq,'STOCK'],[price,>,{i}]") for s in subs for i in range(each))
+        )
+        await until(lambda: tables_hold(cluster, subscribers * each), "the flood spreads", 120)
+        pub = await Publisher.connect(scot.brokers["c:0"].client_endpoint, "feed")
+        for _ in range(published):
+            await pub.publish({"class": "STOCK", "symbol": "X", "price": 2.5})
+        await until(lambda: sum(got.values()) >= subscribers * published, "deliveries", 30)
+        stats = await cluster.call_all("stats")
+        for client in (pub, *subs):
+            await client.close()
+        return stats
+
+    stats = asyncio.run(closing_control(cluster, scenario()))
+    cut = {b: s["counters"].get("input_passes_cut", 0) for b, s in stats.items()}
+    print("passes cut short:", cut)
+    assert cut["b:0"] + cut["c:0"] > 0
+    assert not any(s["detections"] for s in stats.values()), {
+        b: s["detections"] for b, s in stats.items()
+    }
+    counts = accounting("subscribers on a:0", subscribers * published, got)
+    assert counts["delivered"] == counts["expected"]
+    assert counts["duplicates"] == counts["lost"] == 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -65,9 +66,15 @@ CLIENTS = "(clients)"
 ``clients.queue_limit`` deliveries wait for ``clients.capacity``: every neighbour is then
 held back."""
 PEER_BATCH = 256
-"""Frames handled before yielding to the event loop, so senders keep draining (~1 ms
+"""Bodies handled before yielding to the event loop, so senders keep draining (~1 ms
 of work under load). Each yield is a pass of the loop with its ``epoll_wait``: at 64
-frames it was ~5% of the broker's CPU per notification on the hop bench."""
+it was ~5% of the broker's CPU per notification on the hop bench."""
+PASS_SECONDS = 0.02
+"""Wall time after which a pass ends at the next message, however few bodies it took:
+a message carries up to 64 bodies and a subscription costs far more than a notification,
+so on a starved machine a pass bounded by count alone ran past ``links.down_after`` with
+no heartbeat leaving (a neighbour declared this live broker down). Passes it cut short
+are counted (``input_passes_cut``)."""
 
 
 class PeerEvents(Protocol):
@@ -323,40 +330,49 @@ class PeerLinks:
     # -- input ---------------------------------------------------------------------------
 
     async def _input_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read the peer input in passes of up to :data:`PEER_BATCH` frames; a message
-        carrying several bodies is handled body by body; what a pass sends leaves in
-        batches when it ends (:class:`SendPass`)."""
+        """Read the peer input in passes of up to :data:`PEER_BATCH` bodies or
+        :data:`PASS_SECONDS`, whichever ends first (messages received and not yet handled
+        open the next pass); a message carrying several bodies is handled body by body;
+        what a pass sends leaves in batches when it ends (:class:`SendPass`)."""
         sync = self._input_sync
         waiter = self._waiter = InputWaiter(sync, loop)
         receive = FastSocket(self.input).receive
         send_pass = self.send_pass
         on_message = self._on_message
+        clock = time.monotonic
         handled = 0
-        now = loop.time()
+        left: list[list[bytes]] = []
+        now, deadline = loop.time(), clock() + PASS_SECONDS
         try:
             while True:
-                messages = receive(PEER_BATCH - handled, True)
+                messages = left or receive(PEER_BATCH - handled, True)
+                left = []
                 if not messages:
                     send_pass.end(now)
                     handled = 0
                     self._reading = False
                     await waiter.wait()
                     self._reading = True
-                    now = loop.time()
+                    now, deadline = loop.time(), clock() + PASS_SECONDS
                     continue
                 send_pass.open = True
-                for frame in messages:
+                for index, frame in enumerate(messages, 1):
                     if len(frame) > 1:
                         on_message(frame, now)
                         handled += len(frame) - 1
                     else:
                         self._malformed("frame has 1 part, expected [sender, body, ...]")
                         handled += 1
+                    if clock() >= deadline:
+                        left = messages[index:]
+                        self.counters["input_passes_cut"] += handled < PEER_BATCH
+                        handled = PEER_BATCH
+                        break
                 if handled >= PEER_BATCH:
                     send_pass.end(now)
                     handled = 0
                     await asyncio.sleep(0)
-                    now = loop.time()
+                    now, deadline = loop.time(), clock() + PASS_SECONDS
         finally:
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
 
