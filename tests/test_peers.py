@@ -183,7 +183,8 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
     whole. Its input passes end at ``PASS_SECONDS`` (counted), so heartbeats and
     acknowledgements leave at once: no neighbour is declared down (T = 1 s); every table
     holds every subscription, and notifications published at c:0 right after reach every
-    matching subscription on a:0 exactly once."""
+    matching subscription on a:0 exactly once. Every broker took the collector's passes
+    over the flood's objects while its input was dry (``memory.gc_idle``)."""
     cluster = line_of(BrokerSettings())
     scot = cluster.scot
     subscribers, each, published = 4, 5000, 10
@@ -220,8 +221,10 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
 
     stats = asyncio.run(closing_control(cluster, scenario()))
     cut = {b: s["counters"].get("input_passes_cut", 0) for b, s in stats.items()}
-    print("passes cut short:", cut)
+    idle = {b: s["gc"]["idle_passes"] for b, s in stats.items()}
+    print("passes cut short:", cut, "idle collector passes:", idle)
     assert cut["b:0"] > 0
+    assert all(sum(passes) > 0 for passes in idle.values()), idle
     assert not any(s["detections"] for s in stats.values()), {
         b: s["detections"] for b, s in stats.items()
     }

@@ -54,6 +54,7 @@ from octopis.matching import MatchClock, Matcher
 from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, decode_peer, encode_body
+from octopis.transport.collector import IdleCollector
 from octopis.transport.control import serve_control
 from octopis.transport.links import RECEIPT, PublishReceipt, SendPass
 from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
@@ -132,6 +133,7 @@ class Broker:
         self.started = time.time()
         self._process = psutil.Process()
         self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
+        self.collector = IdleCollector(settings.gc_idle)
         self.welcome: dict[str, object] = {
             "broker": self.id,
             "mode": mode,
@@ -158,6 +160,7 @@ class Broker:
             order=self.settings.order,
         )
         send_pass = SendPass()
+        idle = self.collector.idle
         self.peers = PeerLinks(
             self.id,
             self.neighbour_endpoints,
@@ -170,10 +173,11 @@ class Broker:
             curve,
             send_pass,
             lambda: self.clients.paced_deliveries,
+            idle,
         )
         self.links = self.peers.links
         self.clients = ClientSessions(
-            self.id, self.info.client_endpoint, self.settings, ctx, self, curve, send_pass
+            self.id, self.info.client_endpoint, self.settings, ctx, self, curve, send_pass, idle
         )
         self.rpc = await serve_control(
             self,
@@ -813,6 +817,7 @@ class Broker:
                 "threshold": list(gc.get_threshold()),
                 "collections": [generation["collections"] for generation in gc.get_stats()],
                 "frozen": gc.get_freeze_count(),
+                "idle_passes": list(self.collector.passes),
             },
         }
 

@@ -147,8 +147,11 @@ class ClientSessions:
         router: Router,
         curve: Curve | None = None,
         send_pass: SendPass | None = None,
+        idle: Callable[[], None] = lambda: None,
     ) -> None:
         self.id = broker_id
+        self.idle = idle
+        """Called each time the requests have been read dry, before waiting for more."""
         self.settings = settings
         self.router = router
         self.send_pass = send_pass or SendPass()
@@ -225,6 +228,7 @@ class ClientSessions:
                 if not messages:
                     send_pass.end(loop.time())
                     handled = 0
+                    self.idle()
                     await self._waiter.wait()
                     continue
                 send_pass.open = True

@@ -154,8 +154,11 @@ class PeerLinks:
         curve: Curve | None = None,
         send_pass: SendPass | None = None,
         waiting_deliveries: Callable[[], int] = lambda: 0,
+        idle: Callable[[], None] = lambda: None,
     ) -> None:
         self.id = broker_id
+        self.idle = idle
+        """Called each time the input has been read dry, before waiting for more."""
         self.waiting_deliveries = waiting_deliveries
         """Deliveries the broker's clients side has waiting (``clients.capacity``)."""
         self.incarnation = incarnation
@@ -339,6 +342,7 @@ class PeerLinks:
         receive = FastSocket(self.input).receive
         send_pass = self.send_pass
         on_message = self._on_message
+        idle = self.idle
         clock = time.monotonic
         handled = 0
         left: list[list[bytes]] = []
@@ -351,6 +355,7 @@ class PeerLinks:
                     send_pass.end(now)
                     handled = 0
                     self._reading = False
+                    idle()
                     await waiter.wait()
                     self._reading = True
                     now, deadline = loop.time(), clock() + PASS_SECONDS

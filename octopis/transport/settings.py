@@ -58,6 +58,7 @@ subscriptions_per_client = 10000
 budget_mb = 256          # RSS above which the broker holds its neighbours back (DESIGN §8)
 gc_young = 100000        # allocations between Python's young-generation collections
                          # (Python's default is 700; see BrokerSettings.gc_young)
+gc_idle = 10000          # young objects at which an input that runs dry collects now (0: never)
 ```
 """
 
@@ -128,6 +129,11 @@ class BrokerSettings:
     reference counting frees at once; at 700 the collector ran every ~50 notifications
     and re-traversed what custody keeps alive, ~10% of a hop's time (issue 16). Memory
     is still bounded: only reference cycles wait for a pass, and the broker makes few."""
+    gc_idle: int = 10_000
+    """Young objects at which an input loop that has run dry runs the collector's next
+    pass at once (:class:`~octopis.transport.collector.IdleCollector`; 0: never), so the
+    pass over what a subscription flood leaves (~10 objects a subscription) falls in a
+    moment with nothing to do rather than in the traffic after it (issue 16)."""
     load_window: int = 10
     """Seconds of the load analysis's sliding window (DESIGN §9)."""
     load_capacity: float = 0.0
@@ -218,6 +224,7 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("limits", "subscriptions_per_client"): ("subscriptions_per_client", 1, True),
     ("memory", "budget_mb"): ("memory_budget_mb", 1, True),
     ("memory", "gc_young"): ("gc_young", 1, True),
+    ("memory", "gc_idle"): ("gc_idle", 0, True),
     ("load", "window"): ("load_window", 1, True),
     ("load", "capacity"): ("load_capacity", 0.0, False),
 }
