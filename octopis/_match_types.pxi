@@ -193,15 +193,18 @@ cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
 
 
 cdef inline int _upper(const double* a, int n, double x) noexcept nogil:
-    """First index i with a[i] > x."""
-    cdef int lo = 0, hi = n, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if a[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    """First index i with a[i] > x (0 for a NaN ``x``). Branch-free: the halving picks its
+    half by a conditional move, so the search does not stall on a mispredicted branch at
+    every step (it ran on every numeric attribute of every publication)."""
+    cdef const double* base = a
+    cdef int half
+    if n <= 0:
+        return 0
+    while n > 1:
+        half = n >> 1
+        base = base + half if base[half] <= x else base
+        n -= half
+    return <int>(base - a) + (base[0] <= x)
 
 
 cdef inline int _find(const int* a, int n, int x) noexcept nogil:
