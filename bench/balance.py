@@ -117,7 +117,7 @@ def run(quick: bool, out: Path, seed: int, plan: str = "ldm") -> dict[str, Any]:
     (the baseline: loads and delays as placed) and acting with ``plan`` (``ldm`` or
     ``sdm``); returns the acting run's report and writes both JSONs, the table and the
     plot."""
-    from bench.experiments import Profile, build_workload
+    from bench.profiles import Profile, build_workload
 
     name = "quick" if quick else "full"
     profile = PROFILES[name]

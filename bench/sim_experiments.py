@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.experiments import CLAIMS, MODES, PAPER
+from bench.profiles import CLAIMS, MODES, PAPER
 from bench.stats import change_interval, median, median_interval, verdict
 from octopis.sim import LatencyModel, Simulator
 from octopis.sim.service import ServiceModel
@@ -64,7 +64,7 @@ class SimProfile:
     x_label: str
     points: tuple[SimPoint, ...]
     claims: tuple[tuple[str, str, str, str, str], ...]
-    """Ratio rows as :data:`bench.experiments.CLAIMS`; judged per point when
+    """Ratio rows as :data:`bench.profiles.CLAIMS`; judged per point when
     :attr:`per_point`, else as the mean over the points."""
     per_point: bool = False
 

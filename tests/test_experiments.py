@@ -10,14 +10,13 @@ import pytest
 
 from bench.calibrate import fit
 from bench.experiments import (
-    PROFILES,
     change,
     delivered_as_promised,
     plot,
     recovery,
-    subset,
     table,
 )
+from bench.profiles import PROFILES, subset
 from bench.stats import median_interval, verdict
 from octopis.topology import build_preset
 from octopis.workload import HighRatePublisher, generate_workload

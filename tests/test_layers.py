@@ -56,7 +56,13 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.keys",
         "octopis.logs",
     },
-    "octopis.client": {"octopis.filters", "octopis.wire", "octopis.keys", "octopis.logs"},
+    "octopis.client": {
+        "octopis.client",
+        "octopis.filters",
+        "octopis.wire",
+        "octopis.keys",
+        "octopis.logs",
+    },
     "octopis.cluster": {
         *BASE,
         "octopis.cluster",

@@ -23,7 +23,7 @@ from typing import Any
 from octopis.balance.observe import Ask, BalanceError, observe
 from octopis.balance.plans import LoadState, Plan
 from octopis.balance.policy import (
-    KEPT,
+    HISTORY_LIMIT,
     BalanceOptions,
     Elasticity,
     SubscriberLoads,
@@ -69,7 +69,7 @@ class Balancer:
             raise ValueError("elasticity needs both the rule and a way to reshape the overlay")
         self.elastic = elastic
         self.reshape = reshape
-        self.changes: deque[dict[str, Any]] = deque(maxlen=KEPT)
+        self.changes: deque[dict[str, Any]] = deque(maxlen=HISTORY_LIMIT)
         """Per change: time, change, mean load ratio before, and clusters after and
         seconds, or the error that stopped it (the rule asks again after t_wait)."""
         self.changes_failed = 0
@@ -80,8 +80,8 @@ class Balancer:
         else each order asks over a connection of its own."""
         self.options = options
         self.timeout = timeout
-        self.timeline: deque[dict[str, Any]] = deque(maxlen=KEPT)
-        self.moves: deque[dict[str, Any]] = deque(maxlen=KEPT)
+        self.timeline: deque[dict[str, Any]] = deque(maxlen=HISTORY_LIMIT)
+        self.moves: deque[dict[str, Any]] = deque(maxlen=HISTORY_LIMIT)
         self.counts: Counter[str] = Counter()
         """Moves ordered (``inside``, ``across``) and ``failed``, all of them."""
         self.rounds = 0

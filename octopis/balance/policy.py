@@ -29,7 +29,7 @@ from octopis.balance.plans import (
     shuffle,
 )
 
-KEPT = 10_000
+HISTORY_LIMIT = 10_000
 """Load samples and move decisions a balancer keeps (the last ones): `octopis balance
 run` may run for weeks, a simulation for as long; the report counts every move and says
 how many decisions it no longer holds."""

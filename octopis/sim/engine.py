@@ -38,7 +38,7 @@ from octopis.accounting import (
 )
 from octopis.balance.plans import BrokerLoad, LoadState
 from octopis.balance.policy import (
-    KEPT,
+    HISTORY_LIMIT,
     BalanceOptions,
     Elasticity,
     SubscriberLoads,
@@ -306,10 +306,10 @@ class Simulator:
         its subscribers moving to their region's least loaded broker elsewhere)."""
         self.balance_log = {
             "options": vars(options),
-            "decisions": deque(maxlen=KEPT),
+            "decisions": deque(maxlen=HISTORY_LIMIT),
             "decisions_made": 0,
-            "timeline": deque(maxlen=KEPT),
-            "elastic": deque(maxlen=KEPT),
+            "timeline": deque(maxlen=HISTORY_LIMIT),
+            "elastic": deque(maxlen=HISTORY_LIMIT),
         }
         self._subscriber_loads = SubscriberLoads(options.smoothing)
         mark = self._load_counts()

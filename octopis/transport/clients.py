@@ -117,8 +117,9 @@ subscription moved across clusters) or its bye (the connection left at a fail-ov
 so nothing may still wait for it there."""
 
 
-class Connection:
-    """One client connection: its clients and their subscriptions, liveness, backlog."""
+class ClientSession:
+    """One client session (a DEALER connection as the broker sees it): its clients and
+    their subscriptions, liveness, backlog."""
 
     __slots__ = ("backlog", "clients", "delivered", "last_seen", "overflowed", "unanswered")
 
@@ -187,7 +188,7 @@ class ClientSessions:
         self._sync = zmq.Socket.shadow(self.socket.underlying)
         self._fast = FastSocket(self.socket)
         self._waiter: InputWaiter | None = None
-        self.connections: dict[bytes, Connection] = {}
+        self.connections: dict[bytes, ClientSession] = {}
         self.names: dict[str, tuple[bytes, str]] = {}
         """Client key → (connection identity, client name): where deliveries go."""
         self.publishers: set[str] = set()
@@ -269,7 +270,7 @@ class ClientSessions:
                 return {"op": "dropped", "reason": self.dropped[identity], "req": req}
             connection = self.connections.get(identity)
             if connection is None:
-                connection = self.connections[identity] = Connection(now)
+                connection = self.connections[identity] = ClientSession(now)
             connection.last_seen = now
             reply = self._handlers[type(request)](identity, connection, request)
         except (ClientError, RequestError, FilterError, ProtocolError) as exc:
@@ -285,25 +286,25 @@ class ClientSessions:
             return reply
         return None
 
-    def _key(self, identity: bytes, connection: Connection, request: Request) -> str:
+    def _key(self, identity: bytes, connection: ClientSession, request: Request) -> str:
         key = f"{identity.hex()}/{request.client}"
         if key not in connection.clients:
             connection.clients[key] = set()
             self.names[key] = (identity, request.client)
         return key
 
-    def _hello(self, identity: bytes, connection: Connection, request: HelloRequest) -> dict:
+    def _hello(self, identity: bytes, connection: ClientSession, request: HelloRequest) -> dict:
         return {"op": "welcome", **self.router.welcome}
 
-    def _heartbeat(self, identity: bytes, connection: Connection, request: Request) -> dict:
+    def _heartbeat(self, identity: bytes, connection: ClientSession, request: Request) -> dict:
         return {"op": "alive"}
 
-    def _bye(self, identity: bytes, connection: Connection, request: Request) -> dict:
+    def _bye(self, identity: bytes, connection: ClientSession, request: Request) -> dict:
         self.drop(identity, "it said bye", left=True)
         return {"op": "bye"}
 
     def _subscribe(
-        self, identity: bytes, connection: Connection, request: SubscribeRequest
+        self, identity: bytes, connection: ClientSession, request: SubscribeRequest
     ) -> dict:
         key = self._room_for_one_more(identity, connection, request)
         sub_id, actions = self.router.subscribe(key, as_subscription(request.filter))
@@ -312,7 +313,7 @@ class ClientSessions:
         return {"op": "subscribed", "sub_id": sub_id}
 
     def _unsubscribe(
-        self, identity: bytes, connection: Connection, request: UnsubscribeRequest
+        self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
         if request.sub_id not in connection.clients[key]:
@@ -322,7 +323,7 @@ class ClientSessions:
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
     def _room_for_one_more(
-        self, identity: bytes, connection: Connection, request: SubscribeRequest | AdoptRequest
+        self, identity: bytes, connection: ClientSession, request: SubscribeRequest | AdoptRequest
     ) -> str:
         """The client's key, if it may hold one more subscription (else a refusal)."""
         key = self._key(identity, connection, request)
@@ -335,7 +336,7 @@ class ClientSessions:
             )
         return key
 
-    def _adopt(self, identity: bytes, connection: Connection, request: AdoptRequest) -> dict:
+    def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
         key = self._room_for_one_more(identity, connection, request)
         actions = self.router.adopt(key, request.sub_id)
         connection.clients[key].add(request.sub_id)
@@ -413,7 +414,7 @@ class ClientSessions:
             self._send(identity, [pack(message)])
 
     def _publish(
-        self, identity: bytes, connection: Connection, request: PublishRequest
+        self, identity: bytes, connection: ClientSession, request: PublishRequest
     ) -> dict | None:
         problem = stamp_problem(request.seq, float(request.published_at))
         if problem is not None:
@@ -478,7 +479,7 @@ class ClientSessions:
             for identity in [i for i, c in self.connections.items() if now - c.last_seen > timeout]:
                 self.drop(identity, f"silent for more than {timeout:g} s")
 
-    def drop(self, identity: bytes, reason: str, *, left: bool = False) -> Connection | None:
+    def drop(self, identity: bytes, reason: str, *, left: bool = False) -> ClientSession | None:
         """Forget a connection: withdraw every subscription of its clients. ``left``: it
         said bye (counted in ``clients_left``, logged at INFO), else ``clients_dropped``."""
         connection = self.connections.pop(identity, None)
@@ -643,7 +644,9 @@ class ClientSessions:
                 "unreachable", "%s cannot reach client %s: %s", self.id, identity.hex(), problem
             )
 
-    def _slow_consumer(self, identity: bytes, connection: Connection, parts: list[bytes]) -> None:
+    def _slow_consumer(
+        self, identity: bytes, connection: ClientSession, parts: list[bytes]
+    ) -> None:
         """``parts`` found the connection's backlog full: apply ``clients.slow_policy``."""
         backlog = connection.backlog
         assert backlog is not None
@@ -692,7 +695,7 @@ class ClientSessions:
             if self._waiter is not None:
                 self._waiter.poke()
 
-    async def _drain(self, identity: bytes, connection: Connection) -> None:
+    async def _drain(self, identity: bytes, connection: ClientSession) -> None:
         """Send the backlog as the pipe takes it (polling every 1–50 ms while it is full).
         A live connection is waited for (its backlog is bounded by the slow-consumer
         policy); one dropped meanwhile is given ``clients.timeout`` to take its notice,

@@ -1,0 +1,75 @@
+"""The SDK's publisher (DESIGN §4): numbered publications within a random session, with
+or without waiting for the broker's confirm."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import deque
+
+from octopis.client.connection import Connection, NamedClient
+from octopis.filters import Publication
+
+
+class Publisher(NamedClient):
+    """A named publisher numbering its notifications 1, 2, 3, ... within its session: a
+    random number drawn here, so that brokers tell this publisher from an earlier one of
+    the same name (whose numbers it repeats) and never take its notifications for
+    repeats."""
+
+    def __init__(self, name: str, connection: Connection) -> None:
+        super().__init__(name, connection)
+        self.seq = 0
+        self.session = secrets.randbits(63)
+        self._unacknowledged: set[asyncio.Future] = set()
+        self.refused: deque[str] = deque(maxlen=1000)
+        """Why publications sent without ``wait`` were refused (the last 1,000)."""
+
+    async def publish(
+        self,
+        publication: Publication | str,
+        *,
+        wait: bool = True,
+        seq: int | None = None,
+        timeout: float = 10.0,
+    ) -> int:
+        """Publish; returns the sequence number.
+
+        With ``wait`` the broker's acceptance is awaited (a refusal raises
+        :class:`BrokerError`); without it refusals collect in :attr:`refused` and
+        :meth:`flush` waits for everything sent so far to be acknowledged. Either way a
+        publication stays unacknowledged until the broker's neighbours hold it, and is sent
+        again after a fail-over; when the connection's window of unanswered requests (its
+        publish credit) is full, this waits: backpressure slows the publisher. After
+        ``timeout`` seconds of waiting (for credit, and with ``wait`` for the answer too)
+        it raises ``TimeoutError`` and nothing was sent.
+        """
+        self.seq = seq if seq is not None else self.seq + 1
+        message = {
+            "op": "publish",
+            "client": self.name,
+            "seq": self.seq,
+            "session": self.session,
+            "published_at": time.time(),
+            "publication": publication,
+        }
+        future = await self.connection.submit(message, timeout)
+        if wait:
+            await asyncio.wait_for(future, timeout)
+        else:
+            self._unacknowledged.add(future)
+            future.add_done_callback(self._acknowledged)
+        return self.seq
+
+    def _acknowledged(self, future: asyncio.Future) -> None:
+        self._unacknowledged.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            self.refused.append(str(future.exception()))
+
+    async def flush(self, timeout: float = 30.0) -> None:
+        """Return once every publication sent so far is acknowledged (or refused)."""
+        if self._unacknowledged:
+            await asyncio.wait_for(
+                asyncio.gather(*self._unacknowledged, return_exceptions=True), timeout
+            )

@@ -1,0 +1,299 @@
+"""The SDK's subscriber (DESIGN §4, §9): subscriptions and their streams, resubscribing
+after a fail-over, and moving to another broker when the balancer says so."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from octopis.client.connection import (
+    BrokerError,
+    Connection,
+    DroppedError,
+    NamedClient,
+    Received,
+    log,
+)
+from octopis.filters import Publication, Subscription, as_subscription
+
+
+class SubscriptionStream:
+    """An async iterator over the notifications delivered to its subscriber (the broker
+    delivers each matching notification once per subscriber, DESIGN §3)."""
+
+    def __init__(
+        self, owner: Subscriber, sub_id: str, subscription: Subscription, buffer: int
+    ) -> None:
+        self.owner = owner
+        self.sub_id = sub_id
+        self.subscription = subscription
+        self.buffer = buffer
+        self.queue: asyncio.Queue[Received | DroppedError] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def offer(self, received: Received | DroppedError) -> None:
+        """Queue a delivery; at ``buffer`` the connection's reader stops until there is room."""
+        self.queue.put_nowait(received)
+        if self.queue.qsize() >= self.buffer and self._room.is_set():
+            self._room.clear()
+            self.owner.connection.stall_until(self._room)
+
+    def __aiter__(self) -> AsyncIterator[Received]:
+        return self
+
+    async def __anext__(self) -> Received:
+        return await self.get()
+
+    async def get(self, timeout: float | None = None) -> Received:
+        """The next notification, waiting at most ``timeout`` seconds; raises
+        :class:`DroppedError` after the last one if the broker dropped the connection."""
+        item = await asyncio.wait_for(self.queue.get(), timeout)
+        if self.queue.qsize() < self.buffer:
+            self._room.set()
+        if isinstance(item, DroppedError):
+            self.queue.put_nowait(item)  # every later call raises too
+            raise item
+        return item
+
+    async def unsubscribe(self) -> None:
+        """Withdraw this subscription."""
+        await self.owner.unsubscribe(self)
+
+
+class Subscriber(NamedClient):
+    """A named subscriber. ``on_notification`` (if given) receives every delivery instead
+    of the per-subscription streams (used for bulk accounting)."""
+
+    def __init__(
+        self,
+        name: str,
+        connection: Connection,
+        on_notification: Callable[[Received], None] | None = None,
+        buffer: int = 10_000,
+    ) -> None:
+        super().__init__(name, connection)
+        self.buffer = buffer
+        """Notifications each stream holds before the connection stops reading."""
+        self._streams: dict[str, SubscriptionStream] = {}
+        self._subscriptions: dict[str, Subscription] = {}
+        self._callback = on_notification
+        self._releases: dict[str, asyncio.Event] = {}
+        self._moving: asyncio.Task | None = None
+        self._next_move: dict[str, Any] | None = None
+        self.moves: deque[dict[str, Any]] = deque(maxlen=1000)
+        """One record per move (the last 1,000): from, to, inside, sub ids, seconds."""
+        self.stale_moves = 0
+        """Move orders ignored: from a broker this subscriber has left, or naming
+        subscriptions it no longer holds (the broker's view was older than the client's)."""
+        self._serve_on(connection)
+
+    def _serve_on(self, connection: Connection) -> None:
+        self.connection = connection
+        connection.register(self.name, self._on_notify)
+        connection.on_notice(self.name, lambda message: self._on_notice(message, connection))
+        connection.on_failover(self._resume_after_failover)
+        connection.on_dropped(self._dropped)
+
+    @property
+    def moving(self) -> bool:
+        """Whether a move is under way or ordered."""
+        return self._next_move is not None or (self._moving is not None and not self._moving.done())
+
+    def _on_notice(self, message: dict[str, Any], connection: Connection) -> None:
+        """``released`` ends a move's wait; ``move`` starts one, or queues it behind the
+        move under way, if it comes from the current connection."""
+        if message["op"] == "move":
+            message = {**message, "connection": connection}
+        if message["op"] == "released":
+            event = self._releases.get(message.get("sub_id"))
+            if event is not None:
+                event.set()
+            return
+        if self._moving is not None and not self._moving.done():
+            log.info("%s is told to move while moving: it moves again after", self.name)
+            self._next_move = message
+            return
+        self._start_move(message)
+
+    def _start_move(self, message: dict[str, Any]) -> None:
+        """Move as ``message`` says, unless it is stale (:meth:`_stale`)."""
+        sub_ids = list(message["sub_ids"])
+        stale = self._stale(message["connection"], str(message["to"]), sub_ids)
+        if stale is None:
+            work = self._move(str(message["to"]), bool(message["inside"]), sub_ids)
+            self._moving = asyncio.get_running_loop().create_task(work)
+            return
+        self.stale_moves += 1
+        self.connection.group.warn.warning(
+            "stale move order",
+            "%s ignores a move order from %s to %s for %s: %s",
+            self.name,
+            message["connection"].endpoint,
+            message["to"],
+            ", ".join(sub_ids),
+            stale,
+        )
+
+    def _stale(self, sender: Connection, to: str, sub_ids: list[str]) -> str | None:
+        """Why a move to ``to`` of ``sub_ids``, ordered on ``sender``, is stale, or None:
+        the order came on a connection that is no longer this subscriber's (a broker it
+        left still names it until it lets go), names subscriptions it no longer holds,
+        or sends it where its connection already is (it failed over there). Acting on one
+        would withdraw what it does not replace."""
+        if sender is not self.connection:
+            return "it has left that broker"
+        if not set(sub_ids) <= set(self._subscriptions):
+            return "it no longer holds those subscriptions"
+        if to == sender.endpoint:
+            return "it is connected there already (it failed over)"
+        return None
+
+    async def _move(self, to: str, inside: bool, sub_ids: list[str]) -> None:
+        """Move to the broker at ``to`` as its current broker told (DESIGN §9), make before
+        break: inside the cluster each subscription is adopted there and the old broker
+        releases it once the path has turned; else each is made again there and the
+        old one withdrawn ``linger`` seconds later. Both brokers deliver meanwhile, and
+        a delivery had twice is dropped (the group's record, counted in
+        ``Connection.duplicates_absorbed``). A move ordered meanwhile starts when this
+        one is done."""
+        old = self.connection
+        started = time.monotonic()
+        new = await old.sibling(to)
+        stale = "it failed over meanwhile" if new is old else self._stale(old, to, sub_ids)
+        if stale is not None:
+            self.stale_moves += 1
+            old.group.warn.warning(
+                "stale move order", "%s drops a move to %s: %s", self.name, to, stale
+            )
+            self._after_move()
+            return
+        let_go = True
+        try:
+            self._serve_on(new)
+            across = [sub_id for sub_id in sub_ids if not inside or not await self._adopt(sub_id)]
+            waits = [self._releases[s].wait() for s in sub_ids if s in self._releases]
+            try:
+                await asyncio.wait_for(asyncio.gather(*waits), old.linger + old.liveness * 4)
+            except TimeoutError:
+                let_go = False  # it may still deliver: keep reading it, repeats dropped
+                log.warning(
+                    "%s: %s did not release %d moved subscriptions; both are read",
+                    self.name,
+                    old.endpoint,
+                    sum(not e.is_set() for e in self._releases.values()),
+                )
+            if across:
+                await self._resubscribe(across)
+                await asyncio.sleep(old.linger)  # the new subscriptions spread meanwhile
+                for sub_id in across:
+                    try:
+                        await old.request(
+                            {"op": "unsubscribe", "client": self.name, "sub_id": sub_id}
+                        )
+                    except BrokerError as exc:  # withdrawn there already (a fail-over)
+                        log.warning("%s: %s", self.name, exc)
+            if let_go:
+                old.forget(self.name, self._resume_after_failover, self._dropped)
+            self.moves.append(
+                {
+                    "from": old.endpoint,
+                    "to": to,
+                    "inside": inside and not across,
+                    "sub_ids": sub_ids,
+                    "seconds": time.monotonic() - started,
+                    "released": let_go,
+                }
+            )
+            log.info("%s moved %d subscriptions to %s", self.name, len(sub_ids), to)
+        finally:
+            self._releases.clear()
+            self._after_move()
+
+    def _after_move(self) -> None:
+        """Start the move ordered while one was under way, if any."""
+        if self._next_move is not None:
+            message, self._next_move = self._next_move, None
+            asyncio.get_running_loop().call_soon(self._start_move, message)
+
+    async def _adopt(self, sub_id: str) -> bool:
+        """Ask the new broker to take ``sub_id`` over; False if it cannot (not there yet)."""
+        self._releases[sub_id] = asyncio.Event()
+        try:
+            await self.connection.request({"op": "adopt", "client": self.name, "sub_id": sub_id})
+        except BrokerError as exc:
+            log.warning("%s could not adopt %s: %s; subscribing afresh", self.name, sub_id, exc)
+            del self._releases[sub_id]
+            return False
+        return True
+
+    async def subscribe(
+        self, spec: str | dict | Subscription, timeout: float = 10.0
+    ) -> SubscriptionStream:
+        """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream."""
+        subscription = as_subscription(spec)
+        sub_id = await self._subscribe(subscription, timeout)
+        stream = SubscriptionStream(self, sub_id, subscription, self.buffer)
+        self._streams[sub_id] = stream
+        return stream
+
+    async def _subscribe(self, subscription: Subscription, timeout: float | None) -> str:
+        reply = await self.connection.request(
+            {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}, timeout
+        )
+        self._subscriptions[reply["sub_id"]] = subscription
+        return reply["sub_id"]
+
+    async def _resume_after_failover(self, connection: Connection) -> None:
+        """``connection`` failed over: every subscription again at its new broker
+        (DESIGN §7), unless this subscriber is moving away from it (the move makes them
+        at the new host before the session left behind ends)."""
+        if connection is self.connection:
+            await self._resubscribe()
+
+    async def _resubscribe(self, only: Sequence[str] | None = None) -> None:
+        """After a fail-over: every subscription (or those of ids ``only``) again at the
+        current broker (DESIGN §7). No timeout: a request the broker does not answer is
+        re-sent at the next fail-over."""
+        held = {s: f for s, f in self._subscriptions.items() if only is None or s in only}
+        for sub_id in held:
+            del self._subscriptions[sub_id]
+        new_ids = await asyncio.gather(*(self._subscribe(f, None) for f in held.values()))
+        for old_id, new_id in zip(held, new_ids, strict=True):
+            stream = self._streams.pop(old_id, None)
+            if stream is not None:
+                stream.sub_id = new_id
+                self._streams[new_id] = stream
+
+    async def unsubscribe(self, stream: SubscriptionStream | str, timeout: float = 10.0) -> None:
+        """Withdraw a subscription by stream or id."""
+        sub_id = stream if isinstance(stream, str) else stream.sub_id
+        await self.connection.request(
+            {"op": "unsubscribe", "client": self.name, "sub_id": sub_id}, timeout
+        )
+        self._streams.pop(sub_id, None)
+        self._subscriptions.pop(sub_id, None)
+
+    def _on_notify(
+        self,
+        name: str,
+        publisher: str,
+        seq: int,
+        published_at: float,
+        publication: Publication,
+        received_at: float,
+        left_at: float,
+    ) -> None:
+        received = Received(name, publisher, seq, published_at, received_at, publication, left_at)
+        if self._callback is not None:
+            self._callback(received)
+            return
+        for stream in self._streams.values():
+            stream.offer(received)
+
+    def _dropped(self, reason: str) -> None:
+        for stream in self._streams.values():
+            stream.queue.put_nowait(DroppedError(reason))
