@@ -343,6 +343,7 @@ class PeerLinks:
         send_pass = self.send_pass
         on_message = self._on_message
         idle = self.idle
+        acknowledge = self._acknowledge_pass
         clock = time.monotonic
         handled = 0
         left: list[list[bytes]] = []
@@ -352,6 +353,7 @@ class PeerLinks:
                 messages = left or receive(PEER_BATCH - handled, True)
                 left = []
                 if not messages:
+                    acknowledge(now)
                     send_pass.end(now)
                     handled = 0
                     self._reading = False
@@ -374,12 +376,30 @@ class PeerLinks:
                         handled = PEER_BATCH
                         break
                 if handled >= PEER_BATCH:
+                    acknowledge(now)
                     send_pass.end(now)
                     handled = 0
                     await asyncio.sleep(0)
                     now, deadline = loop.time(), clock() + PASS_SECONDS
         finally:
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
+
+    def _acknowledge_pass(self, now: float) -> None:
+        """At the end of an input pass: acknowledge to each neighbour the frames this pass
+        took from it, in the pass's own batch, so a publisher's confirm (custody held,
+        DESIGN §7) follows in a round trip rather than on the ack timer. Backpressure is
+        looked at afresh first: a neighbour whose acknowledgement it withholds
+        (:meth:`_beat`) is left to the timer's heartbeat, which counts what it withholds."""
+        taken = [
+            (name, state) for name, state in self.state.items() if state.received != state.acked
+        ]
+        if not taken:
+            return
+        self._check_pressure(now)
+        full = self.full_links
+        for name, state in taken:
+            if not full or (len(full) == 1 and name in full):
+                self._beat(name, state, now)
 
     def _on_message(self, frame: list[bytes], now: float) -> None:
         """The bodies of ``frame`` (``[sender, body, ...]``, a batch or a run of messages
