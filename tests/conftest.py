@@ -1,11 +1,19 @@
 """Suite-wide setup: the hypothesis profile (``HYPOTHESIS_PROFILE``, see ``laws.py``), the
-``line_of`` fixture (three broker processes a:0 – b:0 – c:0 in the clear) and
-:func:`secure_fig2` (fig2's 18 broker processes with keys on)."""
+test tiers, the ``line_of`` fixture (three broker processes a:0 – b:0 – c:0 in the clear)
+and :func:`secure_fig2` (fig2's 18 broker processes with keys on).
+
+Tiers: a test that starts broker processes (or any OctopiS command as a process) is marked
+``processes``; one that runs Spark ``spark``, one that drives Chromium ``browser``; both of
+those count as ``processes`` too. ``pytest -m "not processes"`` is the quick tier. The
+marks are kept honest by :func:`child_processes_follow_the_marks`: an unmarked test that
+starts such a process fails, naming the mark it needs."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +26,55 @@ from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_
 from octopis.keys import KEYS_ENV
 from octopis.topology import build_scot, complete_factor
 from octopis.transport.settings import BrokerSettings
+
+SERVER_WORDS: dict[str, tuple[str, ...]] = {
+    "processes": ("octopis", "activemq", "netns"),
+    "spark": ("java", "spark"),
+    "browser": ("chrom",),
+}
+"""A mark → words of a child process's command line that need it (``octopis`` covers the
+broker processes, the CLI and its commands run as processes)."""
+PROCESS_MARKS = ("spark", "browser")
+"""Marks that imply ``processes``: the quick tier leaves their tests out too."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Spark and browser tests are process tests too; process tests run first, so the
+    parallel workers start on the long ones and end on short ones (no lone long tail)."""
+    for item in items:
+        if any(item.get_closest_marker(m) for m in PROCESS_MARKS):
+            item.add_marker(pytest.mark.processes)
+    items.sort(key=lambda item: item.get_closest_marker("processes") is None)
+
+
+def _mark_needed(args: object) -> str | None:
+    """The mark a child process with these arguments needs, if any."""
+    words = [args] if isinstance(args, str | bytes) else list(args)  # type: ignore[call-overload]
+    line = " ".join(str(w) for w in words).lower()
+    for mark, needles in SERVER_WORDS.items():
+        if any(needle in line for needle in needles):
+            return mark
+    return None
+
+
+@pytest.fixture(autouse=True)
+def child_processes_follow_the_marks(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unmarked test may start no broker, Spark, browser or other server process: it
+    would make the quick tier slow and the marks untrue."""
+    marks = {m for m in SERVER_WORDS if request.node.get_closest_marker(m)}
+    if "processes" in marks:
+        return
+    popen_init = subprocess.Popen.__init__
+
+    def checked_init(self: subprocess.Popen, args: object, *rest: object, **kw: object) -> None:
+        needed = _mark_needed(args)
+        if needed and needed not in marks and args[:2] != [sys.executable, "-c"]:  # type: ignore[index]
+            pytest.fail(f"{request.node.nodeid} starts {args!r}: mark it {needed}", False)
+        popen_init(self, args, *rest, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", checked_init)
 
 
 def secure_fig2(

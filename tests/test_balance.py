@@ -380,6 +380,7 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
     yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=30))
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_its_cluster(
     fig2: LocalCluster,
@@ -452,6 +453,7 @@ def fig2_quick_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=2))
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_octopis_balance_run_moves_subscribers_while_notifications_flow(
     fig2_quick_load: LocalCluster, tmp_path: Path
@@ -546,6 +548,7 @@ def test_octopis_balance_run_moves_subscribers_while_notifications_flow(
     assert report["timeline"][-1]["cov"] < report["timeline"][0]["cov"]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_a_stale_move_order_is_ignored_and_the_subscriber_keeps_its_subscription(
     fig2: LocalCluster,

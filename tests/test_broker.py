@@ -91,6 +91,7 @@ def test_routing_that_fails_before_taking_a_run_drops_it_counted(
     assert "routing broke" in caplog.text
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("log_format", ["json", "text"])
 def test_broker_logs_name_the_broker_and_component(tmp_path: Path, log_format: str) -> None:
     """``octopis-broker --log-format json`` writes one JSON object per line (time, level,
@@ -166,6 +167,7 @@ def _ms_until(deadline: float) -> int:
     return max(0, round(1000 * (deadline - asyncio.get_running_loop().time())))
 
 
+@pytest.mark.processes
 def test_a_batch_from_a_neighbour_loses_only_its_bad_bodies(tmp_path: Path) -> None:
     """A message from neighbour a:0 carrying good notifications, a malformed body, a
     notification that breaks the protocol (a CBV header into an SNR broker) and a

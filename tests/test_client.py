@@ -35,6 +35,7 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
     yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(client_timeout=CLIENT_TIMEOUT))
 
 
+@pytest.mark.processes
 def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -> None:
     """c:0 hosts the subscriber; a:0 the publisher (path a–b–c). After kill -9 of c:0 the
     subscriber moves to b:0 (same cluster first), re-subscribes, and every notification
@@ -102,6 +103,7 @@ SUBSCRIBER = textwrap.dedent(
 )
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("ending", ["killed", "closed"])
 def test_a_gone_clients_subscriptions_leave_every_table(fig2: LocalCluster, ending: str) -> None:
     """A client killed (-9) is dropped at the client timeout; one that closes says bye and
@@ -140,6 +142,7 @@ def test_a_gone_clients_subscriptions_leave_every_table(fig2: LocalCluster, endi
     assert counters["subscriptions_withdrawn"] == 5
 
 
+@pytest.mark.processes
 def test_a_subscriber_keeps_its_session_at_a_stalled_broker_it_left(fig2: LocalCluster) -> None:
     """c:0, the subscriber's broker, is stopped (SIGSTOP) past the SDK's liveness and
     resumed: the subscriber fails over (to b:0 unless it is slow to answer) but keeps
@@ -200,6 +203,7 @@ def test_a_connection_needs_an_endpoint() -> None:
         Connection([])
 
 
+@pytest.mark.processes
 def test_subscription_ids_are_unguessable_and_bound_to_their_owner(
     line_of: Callable[[BrokerSettings], LocalCluster],
 ) -> None:
@@ -244,6 +248,7 @@ def fig2_moves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loca
     yield from secure_fig2(tmp_path, monkeypatch, MOVE_SETTINGS)
 
 
+@pytest.mark.processes
 def test_subscribers_move_inside_and_across_clusters_mid_stream(fig2_moves: LocalCluster) -> None:
     """While c:2 publishes 600 notifications, a:0 is told to move subscriber "inside" to
     f:0 (its cluster: the path a–b–c–e–f turns) and "across" to d:1 (another cluster:
@@ -332,6 +337,7 @@ MOVER = textwrap.dedent(
 )
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("when", ["told", "adopted"])
 def test_a_subscriber_killed_while_moving_leaves_no_trace(
     fig2_moves: LocalCluster, when: str
@@ -410,6 +416,7 @@ def fig2_stalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loc
     yield from secure_fig2(tmp_path, monkeypatch, settings)
 
 
+@pytest.mark.processes
 def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> None:
     """16 subscribers on 15 brokers of fig2 (connections with 0.6 s liveness) while c:2
     publishes 1,200 notifications: every 0.1 s one subscriber is told by its host to

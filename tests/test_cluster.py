@@ -35,7 +35,7 @@ from octopis.transport.codec import encode_peer
 from octopis.transport.settings import BrokerSettings
 from octopis.workload import HighRatePublisher, Workload, generate_workload
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
 
 
 def _broker_pids(marker: bytes) -> set[int]:
@@ -129,7 +129,6 @@ def test_fig2_with_the_clients_in_two_worker_processes(tmp_path: Path) -> None:
     assert_one_sbp_each(report, 17)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
 def test_paper75_end_to_end(tmp_path: Path, mode: str) -> None:
     report = _run(tmp_path, "paper75", mode, subscribers=300, publishers=10, notifications=10)
@@ -591,7 +590,6 @@ def _kill_run(tmp_path: Path, *, victim_hosts_clients: bool) -> dict:
     return report
 
 
-@pytest.mark.slow
 def test_kill_an_inner_broker_mid_stream_loses_nothing(tmp_path: Path) -> None:
     """No client on the victim: subscribers on live brokers lose nothing and see no
     duplicate; every neighbour detects the death (how fast is measured in bench/); the
@@ -601,7 +599,6 @@ def test_kill_an_inner_broker_mid_stream_loses_nothing(tmp_path: Path) -> None:
     assert report["failures"]["host_dead"]["expected_deliveries"] == 0
 
 
-@pytest.mark.slow
 def test_kill_a_host_broker_its_subscribers_fail_over(tmp_path: Path) -> None:
     """Subscribers on the victim fail over to another broker (back long before the
     victim's restart 20 s later); everything published after they are back reaches them
@@ -617,7 +614,6 @@ def test_kill_a_host_broker_its_subscribers_fail_over(tmp_path: Path) -> None:
     assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
 
 
-@pytest.mark.slow
 def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) -> None:
     """fig2 with the clients in two worker processes; c:0 is killed 2 s into publishing
     and restarted 8 s later: subscribers elsewhere lose nothing, c:0's fail over from
@@ -642,7 +638,6 @@ def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) 
     assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
 
 
-@pytest.mark.slow
 def test_stalled_broker_and_its_clients_lose_nothing(tmp_path: Path) -> None:
     """fig2, DNR: c:0's process is stopped (SIGSTOP) for 2.5 s mid-stream and resumed, as
     a long GC pause or a VM hiccup would do. Its neighbours declare it down and route
@@ -677,7 +672,6 @@ def test_stalled_broker_and_its_clients_lose_nothing(tmp_path: Path) -> None:
     assert f"{line}subscriptions made again at another broker {again} " in summarize(report)
 
 
-@pytest.mark.slow
 def test_adjacent_brokers_killed_and_restarted_one_by_one(tmp_path: Path) -> None:
     """fig2, DNR: e:0 then its tree neighbour c:0 are killed; c:0 restarts while e:0 is
     still dead (it routes toward e:0's side until e:0, restarted in turn, hands it that

@@ -15,7 +15,7 @@ from octopis.client import Connection, DroppedError, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.transport.settings import BrokerSettings
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 PADDING = {f"pad{i}": "x" * 1000 for i in range(10)}
 """10 kB per notification, so that kernel socket buffers hold few of them."""

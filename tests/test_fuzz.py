@@ -31,7 +31,7 @@ from octopis.filters import parse_subscription
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
 from octopis.transport.settings import BrokerSettings
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
 
 FRAMES = {"peer": 45_000, "client": 40_000, "control": 15_000}
 """Frames sent to each socket of b:0: 100,000 in all."""

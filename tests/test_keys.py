@@ -56,6 +56,7 @@ def test_missing_keys_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert found is not None and found.directory == root
 
 
+@pytest.mark.processes
 def test_keys_command_and_a_broker_without_its_key(tmp_path: Path) -> None:
     """``octopis-topology keys`` writes a deployment's keys; a broker given a keys
     directory without its own pair exits 2 naming the file; one given neither ``--keys``

@@ -72,6 +72,7 @@ def test_load_settings_are_checked() -> None:
         LoadMeter(window=0)
 
 
+@pytest.mark.processes
 def test_each_broker_counts_its_share_of_a_stream(
     line_of: Callable[[BrokerSettings], LocalCluster],
 ) -> None:

@@ -96,6 +96,7 @@ def _browser():  # -> selenium WebDriver
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
+@pytest.mark.browser
 def test_the_page_draws_the_overlay_and_a_congested_link_changes_colour(
     slow_fig2: LocalCluster, monitor: str, tmp_path: Path
 ) -> None:
@@ -157,6 +158,7 @@ def test_the_page_draws_the_overlay_and_a_congested_link_changes_colour(
     assert counts["lost"] == counts["duplicates"] == 0
 
 
+@pytest.mark.processes
 def test_the_json_views_and_bad_input(slow_fig2: LocalCluster, monitor: str) -> None:
     """/topology lists every broker and link; /snapshot every broker up with its links;
     a monitor of a topology without metrics endpoints is refused with a reason."""

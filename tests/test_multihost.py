@@ -24,7 +24,7 @@ from conditions import assert_one_sbp_each
 
 from octopis.topology import load_topology
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.processes
 
 SUBNET = "198.18.7"
 """Addresses of the test hosts (RFC 2544's range for network tests), inside the

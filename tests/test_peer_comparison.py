@@ -44,6 +44,7 @@ def test_a_publication_becomes_properties_under_the_same_names() -> None:
     }
 
 
+@pytest.mark.processes
 def test_octopis_and_activemq_carry_the_same_workload_exactly_once(tmp_path: Path) -> None:
     """One broker of each, 30 subscribers of real quotes (selectors of every operator the
     stock workload uses), three publishers: both phases exactly once on both systems

@@ -18,7 +18,7 @@ from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.transport.settings import BrokerSettings
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 NEIGHBOURS_OF_C0 = ("b:0", "d:0", "e:0", "c:1", "c:2")
 

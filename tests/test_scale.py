@@ -67,6 +67,7 @@ async def _table_sizes(cluster: LocalCluster) -> set[int]:
     return {a["routing_table_size"] if isinstance(a, dict) else -1 for a in answers}
 
 
+@pytest.mark.processes
 def test_fig2_grows_a_cluster_and_a_region_and_shrinks_back_while_notifications_flow(
     fig2_roomy: LocalCluster,
 ) -> None:
@@ -188,6 +189,7 @@ def test_fig2_grows_a_cluster_and_a_region_and_shrinks_back_while_notifications_
     assert sorted(cluster.scot.brokers) == sorted(build_preset("fig2").brokers)
 
 
+@pytest.mark.processes
 def test_a_relink_is_refused_while_the_core_routes_over_a_leaving_link(
     fig2_roomy: LocalCluster,
 ) -> None:
@@ -229,6 +231,7 @@ async def _held(cluster: LocalCluster, size: int) -> bool:
     return await _table_sizes(cluster) == {size}
 
 
+@pytest.mark.processes
 def test_octopis_scale_grows_an_overlay_that_octopis_up_started(tmp_path: Path) -> None:
     """``octopis up`` a fig2 (SNR), ``octopis scale add-region`` and ``add-cluster`` on it:
     each prints what it did; ``octopis status`` then answers from every broker of the new
@@ -277,6 +280,7 @@ def test_octopis_scale_grows_an_overlay_that_octopis_up_started(tmp_path: Path) 
     assert down.returncode == 0 and "stopped 21 brokers" in down.stdout, down.stdout + down.stderr
 
 
+@pytest.mark.processes
 def test_the_elastic_balancer_adds_a_cluster_under_load_and_removes_it_after(
     fig2_short_of_capacity: LocalCluster,
 ) -> None:
@@ -355,6 +359,7 @@ def test_the_elastic_balancer_adds_a_cluster_under_load_and_removes_it_after(
     assert into_new > 0 and cluster.scot.clusters == 3
 
 
+@pytest.mark.processes
 def test_a_new_broker_killed_while_it_fills_is_restarted_and_the_change_completes(
     fig2_roomy: LocalCluster,
 ) -> None:

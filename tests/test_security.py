@@ -28,7 +28,7 @@ from octopis.transport.codec import Hello, encode_peer
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import pack
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 TARGET = "c:0"
 IMPERSONATED = "b:0"

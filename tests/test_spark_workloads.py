@@ -32,7 +32,7 @@ from octopis.topology import build_preset
 from octopis.workload import PUBLICATION_SCHEMA, SUBSCRIPTION_SCHEMA, read_workload
 from spark_workloads.stock_workload import main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.spark
 
 REPO = Path(__file__).resolve().parents[1]
 EMBEDDED = {"AMZN", "GSPC", "MSFT", "NFLX", "NVDA", "TSLA"}

@@ -360,6 +360,7 @@ def test_bad_clusters_and_ports(capsys: pytest.CaptureFixture, tmp_path: Path) -
     assert "leaves no room for 75 brokers" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_console_script_is_installed(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("octopis-topology")
     out = tmp_path / "t.json"
