@@ -39,12 +39,18 @@ PROCESS_MARKS = ("spark", "browser")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Spark and browser tests are process tests too; process tests run first, so the
-    parallel workers start on the long ones and end on short ones (no lone long tail)."""
+    """Spark and browser tests are process tests too; process tests run first (grouped
+    ones first of all), so the parallel workers start on the long ones and end on short
+    ones (no lone long tail)."""
     for item in items:
         if any(item.get_closest_marker(m) for m in PROCESS_MARKS):
             item.add_marker(pytest.mark.processes)
-    items.sort(key=lambda item: item.get_closest_marker("processes") is None)
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("processes") is None,
+            item.get_closest_marker("xdist_group") is None,
+        )
+    )
 
 
 def _mark_needed(args: object) -> str | None:

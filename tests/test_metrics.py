@@ -62,6 +62,12 @@ def test_every_broker_serves_metrics_that_agree_with_its_rpc(fig2: LocalCluster)
             await pub.publish({"class": "STOCK", "price": 1.0 if i % 2 else 0.1})
         await until(lambda: len(got) >= 100, "deliveries", 30)
         await pub.close()
+
+        async def load_measured() -> bool:  # the load analysis needs two samples
+            stats = await fig2.call_all("stats")
+            return all(s["load"]["window_s"] > 0 for s in stats.values())
+
+        await until(load_measured, "a load window on every broker", 30)
         stats = await fig2.call_all("stats")
         metrics = {
             b: await asyncio.to_thread(scrape, info.metrics_endpoint)

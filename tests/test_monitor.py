@@ -25,20 +25,23 @@ from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.transport.settings import BrokerSettings
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("monitor-fig2")]
+"""One fig2 and one monitor for the module's tests, on one worker."""
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 SLOW_LINK = ("a:0", "b:0")
 """The link that congests: a:0 → b:0 carries 30 messages/s (SNR: no detour)."""
 
 
-@pytest.fixture
-def slow_fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+@pytest.fixture(scope="module")
+def slow_fig2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     settings = BrokerSettings(capacities={f"{SLOW_LINK[0]}>{SLOW_LINK[1]}": 30})
-    yield from secure_fig2(tmp_path, monkeypatch, settings, mode="snr")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run_dir = tmp_path_factory.mktemp("monitor")
+        yield from secure_fig2(run_dir, monkeypatch, settings, mode="snr")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def monitor(slow_fig2: LocalCluster) -> Iterator[str]:
     """``octopis monitor`` of the running fig2 as its own process; yields its URL."""
     port = find_free_base_port(1)

@@ -5,7 +5,9 @@ machine or on several hosts); attach the workload's subscribers and publishers t
 brokers (one client connection per broker, shared by its clients); subscribe; wait until
 the subscription broadcast has settled (every broker stores every subscription and all
 output queues are empty); replay publications at their (scaled) times; wait until every
-expected delivery has arrived or no progress is made for ``drain_timeout`` seconds; then
+expected delivery has arrived, or no progress is made for ``drain_timeout`` seconds, or
+the overlay holds nothing more for anyone (every queue, backlog, custody buffer and held
+copy empty) and no delivery came for :data:`IDLE_DRAIN` seconds; then
 collect the brokers' counters and stop every process it started, also on Ctrl-C or an
 error. The report counts what happened from the first subscription on: each broker's
 counters are read once before and subtracted.
@@ -59,6 +61,11 @@ STALL_DUMP_AFTER = 5.0
 """Seconds the harness's event loop may stall before every thread's stack is written to
 ``<run-dir>/logs/harness-stalls.log``: a stuck harness reads as silent clients to the
 brokers, which drop them after ``clients.timeout``."""
+
+
+IDLE_DRAIN = 2.0
+"""Seconds without a delivery after which a drain stops early if the overlay is idle:
+what is still missing then (a failure's losses) can no longer come."""
 
 
 @dataclass
@@ -486,14 +493,22 @@ class WorkloadRun:
                 last_progress, last_count = time.monotonic(), received
             if expected <= self.ledger.received.keys():
                 break
-            if time.monotonic() - last_progress > self.options.drain_timeout:
+            silent = time.monotonic() - last_progress
+            if silent > self.options.drain_timeout:
                 log.warning(
                     "no delivery for %.0f s; %d expected deliveries missing",
                     self.options.drain_timeout,
                     len(expected - self.ledger.received.keys()),
                 )
                 break
-            await asyncio.sleep(0.05)
+            if silent > IDLE_DRAIN and not _carrying(await self._ask_live("stats")):
+                log.warning(
+                    "the overlay is idle, no delivery for %.0f s; %d expected deliveries missing",
+                    silent,
+                    len(expected - self.ledger.received.keys()),
+                )
+                break
+            await asyncio.sleep(0.05 if silent <= IDLE_DRAIN else 0.5)
         await self._quiet()
         bar.close()
         return time.monotonic() - started
@@ -503,11 +518,7 @@ class WorkloadRun:
         while True:
             before = sum(self.ledger.received.values())
             await asyncio.sleep(period)
-            stats = await self._ask_live("stats")
-            busy = sum(
-                sum(s["queue_lengths"].values()) + s["client_backlog"] + s["deliveries_waiting"]
-                for s in stats.values()
-            )
+            busy = _carrying(await self._ask_live("stats"), custody=False)
             if not busy and sum(self.ledger.received.values()) == before:
                 return
 
@@ -771,3 +782,15 @@ class WorkloadRun:
                 max(delays[i : i + 1000]) for i in range(0, len(delays), 1000)
             ]
         return report
+
+
+def _carrying(stats: dict[str, dict[str, Any]], *, custody: bool = True) -> int:
+    """Messages the brokers of ``stats`` still carry toward someone: queued on links or
+    for clients, and (``custody``) unacknowledged or held for a neighbour or a client."""
+    total = 0
+    for s in stats.values():
+        total += sum(s["queue_lengths"].values()) + s["client_backlog"] + s["deliveries_waiting"]
+        if custody:
+            total += sum(s["held"].values())
+            total += sum(link["unacknowledged"] for link in s["custody"].values())
+    return total
