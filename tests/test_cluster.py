@@ -36,9 +36,9 @@ from octopis.transport.settings import BrokerSettings
 from octopis.workload import HighRatePublisher, Workload, generate_workload
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
-PAPER75_GROUP = pytest.mark.xdist_group("paper75")
+PAPER75_GROUP = pytest.mark.xdist_group("heavy")
 """The 75-process runs take both cores each: they run one after another on one worker
-(``--dist loadgroup``), beside the lighter tests on the others."""
+(``--dist loadgroup``), with the Spark builds, beside the lighter tests on the others."""
 
 
 def _broker_pids(marker: bytes) -> set[int]:

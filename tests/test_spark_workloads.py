@@ -32,8 +32,9 @@ from octopis.topology import build_preset
 from octopis.workload import PUBLICATION_SCHEMA, SUBSCRIPTION_SCHEMA, read_workload
 from spark_workloads.stock_workload import main
 
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
-"""One worker runs the module, so its in-process builds share one SparkSession (JVM)."""
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("heavy")]
+"""One worker runs the module, so its in-process builds share one SparkSession (JVM), and
+the 75-process runs (tests/test_cluster.py) never run beside it."""
 
 REPO = Path(__file__).resolve().parents[1]
 EMBEDDED = {"AMZN", "GSPC", "MSFT", "NFLX", "NVDA", "TSLA"}
