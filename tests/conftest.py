@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -36,6 +37,14 @@ SERVER_WORDS: dict[str, tuple[str, ...]] = {
 broker processes, the CLI and its commands run as processes)."""
 PROCESS_MARKS = ("spark", "browser")
 """Marks that imply ``processes``: the quick tier leaves their tests out too."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per core and one more. Process tests spend much of their
+    time waiting on timers (rates, liveness, fail-overs), so a worker per core leaves the
+    cores a quarter idle (measured on 2 cores: 8 min 37 s with two workers, 7 min 44 s
+    with three)."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
