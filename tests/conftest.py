@@ -42,8 +42,8 @@ PROCESS_MARKS = ("spark", "browser")
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per core and one more. Process tests spend much of their
     time waiting on timers (rates, liveness, fail-overs), so a worker per core leaves the
-    cores a quarter idle (measured on 2 cores: 8 min 37 s with two workers, 7 min 44 s
-    with three)."""
+    cores about a quarter idle (2 cores, one tree, back to back: 517 s with two workers,
+    464 s with three)."""
     return len(os.sched_getaffinity(0)) + 1
 
 
