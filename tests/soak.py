@@ -78,7 +78,7 @@ def run_once(number: int, keep: Path, workers: str, extra: list[str]) -> RunResu
     return result
 
 
-def table(results: list[RunResult], extra: list[str]) -> str:
+def table(results: list[RunResult], extra: list[str], workers: str = "2") -> str:
     """The soak report in Markdown."""
     failed_in: dict[str, list[int]] = defaultdict(list)
     first: dict[str, str] = {}
@@ -89,9 +89,10 @@ def table(results: list[RunResult], extra: list[str]) -> str:
     lines = [
         "# Soak: the whole suite, run after run",
         "",
-        f"{len(results)} runs of `python -m pytest -n 2 {' '.join(extra)}`".rstrip() + "; "
+        f"{len(results)} runs of `{' '.join(['python -m pytest -n', workers, *extra])}`; "
         f"{platform.python_implementation()} {platform.python_version()} on "
-        f"{platform.machine()}, {_cores()} cores.",
+        f"{platform.machine()}, {_cores()} cores; hypothesis profile "
+        f"{os.environ.get('HYPOTHESIS_PROFILE', 'dev')}.",
         "",
         "| run | exit | passed | failed | skipped | wall s |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -139,13 +140,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{result.skipped} skipped in {result.seconds:.0f} s",
             flush=True,
         )
-        report = table(results, extra)
+        report = table(results, extra, args.workers)
         if args.out:  # after every run: a soak cut short keeps what it found
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(report)
         if args.stop_on_failure and (result.failed or result.exit_code):
             break
-    print(table(results, extra))
+    print(table(results, extra, args.workers))
     return 0 if all(r.exit_code == 0 and not r.failed for r in results) else 1
 
 
