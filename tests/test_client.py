@@ -30,9 +30,37 @@ CLIENT_TIMEOUT = 2.0
 """The brokers' client timeout in these tests (default 10 s), to keep them short."""
 
 
+MOVE_SETTINGS = BrokerSettings(client_timeout=CLIENT_TIMEOUT, client_move_timeout=6.0)
+"""Client timeout as above; a move order lapses after 6 s (default 30 s)."""
+
+SHARED = pytest.mark.xdist_group("client-fig2")
+"""The tests that neither kill nor stop a broker share one fig2 (:func:`shared_fig2`) on
+one worker; each starts once every table is empty again."""
+
+
 @pytest.fixture
 def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(client_timeout=CLIENT_TIMEOUT))
+
+
+@pytest.fixture(scope="module")
+def shared_overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield from secure_fig2(tmp_path_factory.mktemp("client-fig2"), monkeypatch, MOVE_SETTINGS)
+
+
+@pytest.fixture
+def shared_fig2(shared_overlay: LocalCluster) -> Iterator[tuple[LocalCluster, dict[str, Counter]]]:
+    """The module's fig2 (:data:`MOVE_SETTINGS`), once no subscription of an earlier test
+    is left in any table, with every broker's counters at that moment (a test checks
+    counts as differences from them)."""
+
+    async def empty() -> dict[str, Counter]:
+        await until(lambda: tables_hold(shared_overlay, 0), "empty tables", 30)
+        stats = await shared_overlay.call_all("stats")
+        return {broker: Counter(s["counters"]) for broker, s in stats.items()}
+
+    yield shared_overlay, asyncio.run(closing_control(shared_overlay, empty()))
 
 
 @pytest.mark.processes
@@ -104,10 +132,14 @@ SUBSCRIBER = textwrap.dedent(
 
 
 @pytest.mark.processes
+@SHARED
 @pytest.mark.parametrize("ending", ["killed", "closed"])
-def test_a_gone_clients_subscriptions_leave_every_table(fig2: LocalCluster, ending: str) -> None:
+def test_a_gone_clients_subscriptions_leave_every_table(
+    shared_fig2: tuple[LocalCluster, dict[str, Counter]], ending: str
+) -> None:
     """A client killed (-9) is dropped at the client timeout; one that closes says bye and
     is let go at once (``clients_left``). Either way its subscriptions leave every table."""
+    fig2, before = shared_fig2
     endpoint = fig2.scot.brokers["f:2"].client_endpoint
     client = subprocess.Popen(
         [sys.executable, "-c", SUBSCRIBER, endpoint],
@@ -130,7 +162,8 @@ def test_a_gone_clients_subscriptions_leave_every_table(fig2: LocalCluster, endi
                 client.communicate("close\n", timeout=30)
             assert client.wait() in (0, -signal.SIGKILL)
             took = await until(lambda: emptied(0), "withdrawal", CLIENT_TIMEOUT + 10)
-            return took, (await fig2.call_all("stats"))["f:2"]["counters"]
+            counters = (await fig2.call_all("stats"))["f:2"]["counters"]
+            return took, Counter(counters) - before["f:2"]
 
         took, counters = asyncio.run(closing_control(fig2, scenario()))
     finally:
@@ -239,24 +272,18 @@ def test_subscription_ids_are_unguessable_and_bound_to_their_owner(
     assert got == [1, 1]
 
 
-MOVE_SETTINGS = BrokerSettings(client_timeout=CLIENT_TIMEOUT, client_move_timeout=6.0)
-"""Client timeout as above; a move order lapses after 6 s (default 30 s)."""
-
-
-@pytest.fixture
-def fig2_moves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    yield from secure_fig2(tmp_path, monkeypatch, MOVE_SETTINGS)
-
-
 @pytest.mark.processes
-def test_subscribers_move_inside_and_across_clusters_mid_stream(fig2_moves: LocalCluster) -> None:
+@SHARED
+def test_subscribers_move_inside_and_across_clusters_mid_stream(
+    shared_fig2: tuple[LocalCluster, dict[str, Counter]],
+) -> None:
     """While c:2 publishes 600 notifications, a:0 is told to move subscriber "inside" to
     f:0 (its cluster: the path a–b–c–e–f turns) and "across" to d:1 (another cluster:
     subscribe there, withdraw at a:0 a linger later). Each holds three subscriptions;
     all three subscribers (a third, "still", never moves) get every notification of
     theirs exactly once, and afterwards every table holds each subscription once, at
     its new host."""
-    cluster = fig2_moves
+    cluster, before = shared_fig2
     scot = cluster.scot
     got: dict[str, Counter[int]] = {name: Counter() for name in ("inside", "across", "still")}
     filters = [f"[class,eq,'STOCK'],[n,=,{i}]" for i in range(3)]
@@ -291,7 +318,7 @@ def test_subscribers_move_inside_and_across_clusters_mid_stream(fig2_moves: Loca
             20,
         )
         tables = await cluster.call_all("table")
-        counters = (await cluster.call("a:0", "stats"))["counters"]
+        counters = Counter((await cluster.call("a:0", "stats"))["counters"]) - before["a:0"]
         moves = {s.name: s.moves[0] for s in subs[:2]}
         for sub in subs:
             await sub.close()
@@ -338,16 +365,17 @@ MOVER = textwrap.dedent(
 
 
 @pytest.mark.processes
+@SHARED
 @pytest.mark.parametrize("when", ["told", "adopted"])
 def test_a_subscriber_killed_while_moving_leaves_no_trace(
-    fig2_moves: LocalCluster, when: str
+    shared_fig2: tuple[LocalCluster, dict[str, Counter]], when: str
 ) -> None:
     """A subscriber of a:0 is told to move to f:0 and killed (-9) as soon as it has been
     told, or once f:0 has adopted its three subscriptions. Guarantee: its subscriptions
     leave every table (a:0 keeps an orphaned one until the move reaches it or the move
     order lapses, never withdrawing across the turning path), no broker sees a message
     that breaks the protocol, and a subscriber that stays gets every notification once."""
-    cluster = fig2_moves
+    cluster, before = shared_fig2
     scot = cluster.scot
     mover = subprocess.Popen(
         [sys.executable, "-c", MOVER, scot.brokers["a:0"].client_endpoint],
@@ -368,8 +396,8 @@ def test_a_subscriber_killed_while_moving_leaves_no_trace(
                 await asyncio.sleep(0.01)
 
         async def adopted() -> bool:
-            counters = (await cluster.call("f:0", "stats"))["counters"]
-            return counters.get("moves.adopted", 0) == 3
+            counters = Counter((await cluster.call("f:0", "stats"))["counters"])
+            return (counters - before["f:0"])["moves.adopted"] == 3
 
         async def kill() -> None:
             await until(lambda: len(got) >= 50, "the stream under way", 20)
@@ -403,7 +431,7 @@ def test_a_subscriber_killed_while_moving_leaves_no_trace(
         for b, s in stats.items()
     }
     assert all(set(e.values()) == {0} for e in errors.values()), errors
-    counters = stats["a:0"]["counters"]
+    counters = Counter(stats["a:0"]["counters"]) - before["a:0"]
     print(when, {k: v for k, v in counters.items() if k.startswith(("moves", "clients", "sub"))})
     assert counters["moves.ordered"] == 3
 

@@ -11,7 +11,8 @@ order = "ce"             # DNR's "least loaded": "ce" (CE, then queue; the paper
 sndhwm = 64              # ZeroMQ send high-water mark per peer link (messages)
 heartbeat = 0.2          # seconds of silence on a link before it carries a heartbeat
 down_after = 1.0         # T: a neighbour silent this long is down (DESIGN §7)
-ack_interval = 0.05      # a receiver acknowledges the frames it took at least this often
+ack_interval = 0.05      # frames taken are acknowledged at the end of each input pass;
+                         # acknowledgements withheld by backpressure are looked at this often
 custody_limit = 10000    # unacknowledged notifications kept per link; full = link waits;
                          # 0 = no custody (a failure loses what was in flight)
 retain = 1.0             # acknowledged notifications are kept this long after sending, in
