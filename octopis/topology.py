@@ -11,6 +11,12 @@ A broker is named ``"<region>:<cluster>"`` (the paper's B(x, c)); the name is a 
 and is never parsed.
 
 All checks raise :class:`TopologyError` with a message that names the problem.
+
+Reading a topology file needs no graph library: the SCOT is labelled from the factors'
+vertex and edge lists (a broker process starts with this, and networkx's import was more
+than a third of a broker's start). networkx is imported where a graph is asked for
+(:attr:`Scot.acyclic`, :attr:`Scot.graph`, building from factors, analysis, drawing) and
+to name what is wrong with a factor that is not a tree.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
 
 ACOL = "aCOL"
 ICOL = "iCOL"
@@ -97,20 +105,82 @@ class Broker:
         return tuple(n.id for n in self.neighbours if n.role == SECONDARY)
 
 
+@dataclass(frozen=True)
+class Tree:
+    """The acyclic factor as lists: vertex labels in order, edges as pairs."""
+
+    vertices: tuple[str, ...]
+    edges: tuple[tuple[str, str], ...]
+
+    def adjacency(self) -> dict[str, list[str]]:
+        """Each vertex's neighbours, in edge order."""
+        near: dict[str, list[str]] = {v: [] for v in self.vertices}
+        for u, v in self.edges:
+            near[u].append(v)
+            near[v].append(u)
+        return near
+
+    def is_tree(self) -> bool:
+        """Connected with one edge fewer than vertices: a tree."""
+        if len(self.edges) != len(self.vertices) - 1:
+            return False
+        near, seen = self.adjacency(), {self.vertices[0]}
+        stack = [self.vertices[0]]
+        while stack:
+            for v in near[stack.pop()]:
+                if v not in seen:
+                    seen.add(v)
+                    stack.append(v)
+        return len(seen) == len(self.vertices)
+
+    def to_json(self) -> dict[str, list]:
+        """``{"vertices": [...], "edges": [[u, v], ...]}`` (:func:`tree_from_data`)."""
+        return {"vertices": list(self.vertices), "edges": [list(e) for e in self.edges]}
+
+    def graph(self) -> nx.Graph:
+        """The factor as a networkx graph (vertices, then edges, in order)."""
+        import networkx as nx
+
+        graph = nx.Graph()
+        graph.add_nodes_from(self.vertices)
+        graph.add_edges_from(self.edges)
+        return graph
+
+
 @dataclass
 class Scot:
-    """A labelled SCOT: its factors, its product graph and every broker's labels."""
+    """A labelled SCOT: its factors, every broker's labels and, when asked for, its
+    factor and product graphs (networkx)."""
 
     name: str
-    acyclic: nx.Graph
+    tree: Tree
     clusters: int
-    graph: nx.Graph
     brokers: dict[str, Broker] = field(repr=False)
+
+    @cached_property
+    def acyclic(self) -> nx.Graph:
+        """The acyclic factor G_A."""
+        return self.tree.graph()
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """The product G_A □ K_n: broker nodes labelled ``region`` and ``cluster``, links
+        labelled ``link`` (aCOL or iCOL)."""
+        import networkx as nx
+
+        product = nx.cartesian_product(self.acyclic, nx.complete_graph(self.clusters))
+        graph = nx.Graph()
+        for region, cluster in product.nodes:
+            graph.add_node(broker_id(region, cluster), region=region, cluster=cluster)
+        for (x1, c1), (x2, c2) in product.edges:
+            link = ACOL if c1 == c2 else ICOL
+            graph.add_edge(broker_id(x1, c1), broker_id(x2, c2), link=link)
+        return graph
 
     @property
     def regions(self) -> list[str]:
         """Region labels in the acyclic factor's vertex order."""
-        return list(self.acyclic.nodes)
+        return list(self.tree.vertices)
 
     def broker(self, region: str, cluster: int) -> Broker:
         """The broker B(region, cluster)."""
@@ -118,12 +188,14 @@ class Scot:
 
     def summary(self) -> dict[str, int]:
         """Counts of §4.2–4.3: brokers, clusters, regions, link kinds, broker types."""
+        import networkx as nx
+
         kinds = [kind for _, _, kind in self.graph.edges(data="link")]
         types = [b.type for b in self.brokers.values()]
         return {
             "brokers": len(self.brokers),
             "clusters": self.clusters,
-            "regions": self.acyclic.number_of_nodes(),
+            "regions": len(self.tree.vertices),
             "acols": kinds.count(ACOL),
             "icols": kinds.count(ICOL),
             "inner": types.count(INNER),
@@ -136,6 +208,8 @@ class Scot:
         the rest of its cluster by tree distance (a move inside a cluster touches only
         primary entries on the tree path), then the other clusters, the same region
         first, each again by tree distance."""
+        import networkx as nx
+
         home = self.brokers[broker_id]
         distance = nx.single_source_shortest_path_length(self.acyclic, home.region)
         others = [b for b in self.brokers.values() if b.id != broker_id]
@@ -171,6 +245,8 @@ class Scot:
 
     def unclustered(self) -> nx.Graph:
         """The same graph with no cluster, region, type or link roles (for BID, §6.1)."""
+        import networkx as nx
+
         plain = nx.Graph()
         plain.add_nodes_from(self.brokers)
         plain.add_edges_from(self.graph.edges)
@@ -182,7 +258,7 @@ class Scot:
             "format": FORMAT,
             "name": self.name,
             "summary": self.summary(),
-            "acyclic": factor_to_json(self.acyclic),
+            "acyclic": self.tree.to_json(),
             "clusters": self.clusters,
             "brokers": [
                 {
@@ -212,13 +288,14 @@ class Scot:
         }
 
 
-def factor_to_json(graph: nx.Graph) -> dict[str, list]:
-    """A factor as ``{"vertices": [...], "edges": [[u, v], ...]}``."""
-    return {"vertices": list(graph.nodes), "edges": [list(e) for e in graph.edges]}
-
-
 def factor_from_data(data: Any, what: str = "acyclic factor") -> nx.Graph:
-    """Read ``{"vertices": [...], "edges": [[u, v], ...]}`` into a graph of string labels.
+    """Read ``{"vertices": [...], "edges": [[u, v], ...]}`` into a graph of string labels
+    (checked as :func:`tree_from_data` checks it)."""
+    return tree_from_data(data, what).graph()
+
+
+def tree_from_data(data: Any, what: str = "acyclic factor") -> Tree:
+    """Read ``{"vertices": [...], "edges": [[u, v], ...]}`` as string labels and pairs.
 
     Rejects a missing or empty vertex list, duplicate labels, edges naming unknown
     vertices and repeated edges; it does not check the SCOT properties.
@@ -233,26 +310,27 @@ def factor_from_data(data: Any, what: str = "acyclic factor") -> nx.Graph:
         raise TopologyError(f"{what} is empty: no vertices")
     if not isinstance(edges, list):
         raise TopologyError(f"{what}: 'edges' must be a list of [u, v] pairs")
-    graph = nx.Graph()
+    labels: dict[str, None] = {}
     for label in vertices:
         if isinstance(label, bool) or not isinstance(label, (str, int)) or str(label) == "":
             raise TopologyError(f"{what}: vertex label {label!r} is not a non-empty string")
-        if str(label) in graph:
+        if str(label) in labels:
             raise TopologyError(f"{what} has duplicate vertex label {str(label)!r}")
-        graph.add_node(str(label))
+        labels[str(label)] = None
+    pairs: dict[frozenset[str], tuple[str, str]] = {}
     for edge in edges:
         if not isinstance(edge, list) or len(edge) != 2:
             raise TopologyError(f"{what}: edge {edge!r} is not a [u, v] pair")
         u, v = (str(x) for x in edge)
         for end in (u, v):
-            if end not in graph:
+            if end not in labels:
                 raise TopologyError(f"{what}: edge {u}-{v} names unknown vertex {end!r}")
         if u == v:
             raise TopologyError(f"{what} has a cycle: {u}-{u} (self-loop)")
-        if graph.has_edge(u, v):
+        if frozenset((u, v)) in pairs:
             raise TopologyError(f"{what} has a cycle: {u}-{v}-{u} (edge listed twice)")
-        graph.add_edge(u, v)
-    return graph
+        pairs[frozenset((u, v))] = (u, v)
+    return Tree(tuple(labels), tuple(pairs.values()))
 
 
 def read_factor(path: str | Path) -> tuple[nx.Graph, dict[str, Any]]:
@@ -271,6 +349,8 @@ def read_factor(path: str | Path) -> tuple[nx.Graph, dict[str, Any]]:
 
 def check_acyclic_factor(graph: nx.Graph) -> None:
     """Acyclic property (§3.2): G_A is a non-empty tree (connected, no cycle)."""
+    import networkx as nx
+
     if graph.number_of_nodes() == 0:
         raise TopologyError("acyclic factor is empty: no vertices")
     try:
@@ -288,9 +368,15 @@ def check_acyclic_factor(graph: nx.Graph) -> None:
 
 def complete_factor(clusters: int) -> nx.Graph:
     """The connectivity factor K_n with the index property's labels 0..n-1."""
+    import networkx as nx
+
+    return nx.complete_graph(_cluster_count(clusters))
+
+
+def _cluster_count(clusters: object) -> int:
     if isinstance(clusters, bool) or not isinstance(clusters, int) or clusters < 1:
         raise TopologyError(f"number of clusters must be a positive integer, got {clusters!r}")
-    return nx.complete_graph(clusters)
+    return clusters
 
 
 def check_connectivity_factor(graph: nx.Graph) -> None:
@@ -331,8 +417,28 @@ def build_scot(
     """
     check_acyclic_factor(acyclic)
     if isinstance(connectivity, int):
-        connectivity = complete_factor(connectivity)
-    check_connectivity_factor(connectivity)
+        clusters = _cluster_count(connectivity)
+    else:
+        check_connectivity_factor(connectivity)
+        clusters = connectivity.number_of_nodes()
+    tree = Tree(tuple(acyclic.nodes), tuple(acyclic.edges))
+    scot = _label_scot(tree, clusters, name, host, base_port, hosts, place)
+    scot.__dict__["acyclic"] = acyclic  # the caller's graph, not a copy
+    return scot
+
+
+def _label_scot(
+    tree: Tree,
+    clusters: int,
+    name: str,
+    host: str = DEFAULT_HOST,
+    base_port: int = DEFAULT_BASE_PORT,
+    hosts: Mapping[str, str] | None = None,
+    place: str = "cluster",
+) -> Scot:
+    """Label the SCOT of ``tree`` (a tree) □ K_``clusters`` (:func:`build_scot`'s rules):
+    B(x, c)'s primary neighbours are B(y, c) for the tree's neighbours y of x (aCOLs),
+    its secondary ones B(x, k) for every other cluster k (iCOLs)."""
     names = list(hosts or ())
     for host_name in names:
         if problem := host_name_problem(host_name):
@@ -341,49 +447,33 @@ def build_scot(
         raise TopologyError("hosts: give at least one NAME=ADDRESS")
     if place not in PLACEMENTS:
         raise TopologyError(f"placement {place!r} is not one of {', '.join(PLACEMENTS)}")
-    region_index = {x: i for i, x in enumerate(acyclic.nodes)}
-    clusters = connectivity.number_of_nodes()
-    count = acyclic.number_of_nodes() * clusters
+    count = len(tree.vertices) * clusters
     last_port = base_port + PORTS_PER_BROKER * count - 1
     if base_port < 1 or last_port > 65535:
         raise TopologyError(
             f"base port {base_port} leaves no room for {count} brokers x "
             f"{PORTS_PER_BROKER} ports (ports {base_port}..{last_port})"
         )
-    # Label order property: the first operand of every product node is a G_A vertex.
-    product = nx.cartesian_product(acyclic, nx.relabel_nodes(connectivity, int))
-    graph = nx.Graph()
-    for region, cluster in product.nodes:
-        graph.add_node(broker_id(region, cluster), region=region, cluster=cluster)
-    for (x1, c1), (x2, c2) in product.edges:
-        graph.add_edge(broker_id(x1, c1), broker_id(x2, c2), link=ACOL if c1 == c2 else ICOL)
-    region_type = {x: INNER if acyclic.degree(x) >= 2 else EDGE for x in acyclic.nodes}
+    near = tree.adjacency()
+    region_index = {x: i for i, x in enumerate(tree.vertices)}
+    region_type = {x: INNER if len(near[x]) >= 2 else EDGE for x in tree.vertices}
+
+    def neighbour(region: str, cluster: int, link: str) -> Neighbour:
+        role = PRIMARY if link == ACOL else SECONDARY
+        nid = broker_id(region, cluster)
+        return Neighbour(nid, link, role, region_type[region], cluster, region)
 
     brokers: dict[str, Broker] = {}
     index = 0
     for cluster in range(clusters):
-        for region in acyclic.nodes:
+        for region in tree.vertices:
             bid = broker_id(region, cluster)
             port = base_port + PORTS_PER_BROKER * index
             index += 1
-            neighbours = tuple(
-                Neighbour(
-                    id=nid,
-                    link=graph.edges[bid, nid]["link"],
-                    role=PRIMARY if graph.edges[bid, nid]["link"] == ACOL else SECONDARY,
-                    type=region_type[graph.nodes[nid]["region"]],
-                    cluster=graph.nodes[nid]["cluster"],
-                    region=graph.nodes[nid]["region"],
-                )
-                for nid in sorted(
-                    graph.neighbors(bid),
-                    key=lambda n: (
-                        graph.nodes[n]["cluster"] != cluster,
-                        graph.nodes[n]["cluster"],
-                        graph.nodes[n]["region"],
-                    ),
-                )
-            )
+            around = [neighbour(y, cluster, ACOL) for y in near[region]] + [
+                neighbour(region, k, ICOL) for k in range(clusters) if k != cluster
+            ]
+            around.sort(key=lambda n: (n.cluster != cluster, n.cluster, n.region))
             where = None
             address = host
             if names:
@@ -398,11 +488,11 @@ def build_scot(
                 endpoint=f"tcp://{address}:{port}",
                 client_endpoint=f"tcp://{address}:{port + 1}",
                 control_endpoint=f"tcp://{address}:{port + 2}",
-                neighbours=neighbours,
+                neighbours=tuple(around),
                 metrics_endpoint=f"http://{address}:{port + 3}/metrics",
                 host=where,
             )
-    return Scot(name=name, acyclic=acyclic, clusters=clusters, graph=graph, brokers=brokers)
+    return Scot(name=name, tree=tree, clusters=clusters, brokers=brokers)
 
 
 def topology_from_json(data: Any, source: str = "topology") -> Scot:
@@ -419,8 +509,11 @@ def topology_from_json(data: Any, source: str = "topology") -> Scot:
     for key in ("acyclic", "clusters", "brokers"):
         if key not in data:
             raise TopologyError(f"{source}: missing key {key!r}")
-    acyclic = factor_from_data(data["acyclic"], f"{source}: acyclic factor")
-    scot = build_scot(acyclic, data["clusters"], name=str(data.get("name", "scot")))
+    tree = tree_from_data(data["acyclic"], f"{source}: acyclic factor")
+    if not tree.is_tree():
+        check_acyclic_factor(tree.graph())  # names the cycle or the components
+    clusters = _cluster_count(data["clusters"])
+    scot = _label_scot(tree, clusters, str(data.get("name", "scot")))
     listed = data["brokers"]
     if not isinstance(listed, list):
         raise TopologyError(f"{source}: 'brokers' must be a list")
@@ -597,6 +690,8 @@ def _reason(exc: BaseException) -> str:
 def regions_in_drawing_order(acyclic: nx.Graph) -> list[str]:
     """Regions in a depth-first walk from one end of a longest path, smaller subtrees
     first, so that leaves sit beside their parent and aCOLs stay short."""
+    import networkx as nx
+
     start = nx.periphery(acyclic)[0]
     depth = nx.single_source_shortest_path_length(acyclic, start)
     size = {v: 1 for v in acyclic}
