@@ -58,7 +58,8 @@ from octopis.core import (
 )
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
-from octopis.core.resync import resync_messages, withdraw_predecessor
+from octopis.core.messages import Message
+from octopis.core.recovery import HOLD_LIMIT, Recovery
 from octopis.core.table import MatcherFactory
 from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
@@ -196,8 +197,12 @@ class Simulator:
         self.failure_counts: Counter[str] = Counter()
         self.hosts_failed: set[str] = set()
         self._undeliverable_keys: set[tuple[str, int]] = set()
-        self.held: dict[tuple[str, str], list[Notification]] = {}
-        """(holder, neighbour) → copies held for the neighbour's return (:class:`Hold`)."""
+        self.recovery: dict[str, Recovery[Message]] = {
+            b: Recovery(HOLD_LIMIT) for b in scot.brokers
+        }
+        """Each broker's recovery bookkeeping (:mod:`octopis.core.recovery`, as the
+        broker process's): copies held for a neighbour's return (:class:`Hold`),
+        predecessors to withdraw."""
         self._retired: Counter[str] = Counter()
         self.moves: Counter[str] = Counter()
         """Subscriber moves: ``inside`` / ``across`` started, ``released`` (inside, done),
@@ -219,7 +224,7 @@ class Simulator:
     def undeliverable_keys(self) -> set[tuple[str, int]]:
         """Notifications some copy of which was counted undeliverable (with failures), or
         is still held for a neighbour that has not come back."""
-        held = {m.key for copies in self.held.values() for m in copies}
+        held = {m.key for r in self.recovery.values() for c in r.copies.values() for m in c}
         return self._undeliverable_keys | held
 
     # -- clients -------------------------------------------------------------------------
@@ -620,6 +625,12 @@ class Simulator:
                     self._undeliverable_keys.add(message.key)
             self.hosts_failed.add(broker)
             self._retired.update(self.cores[broker].counts())
+            recovery = self.recovery[broker]  # what it held dies with it
+            for copies in recovery.copies.values():
+                self.failure_counts["undeliverable.died_held"] += len(copies)
+                self._undeliverable_keys.update(m.key for m in copies)
+            self.failure_counts.update(recovery.counters)
+            self.recovery[broker] = Recovery(HOLD_LIMIT)
             self.failure_counts["brokers_killed"] += 1
         else:
             state.cut.update(self._failed_links(failure))
@@ -631,7 +642,9 @@ class Simulator:
                 self.at(self.now + state.detection, self._detect, src, dst)
 
     def _detect(self, src: str, dst: str) -> None:
-        """``src`` declares ``dst`` down and re-routes what it kept in custody for it."""
+        """``src`` declares ``dst`` down and re-routes the notifications it kept in
+        custody for it; subscription messages among them wait for ``dst``'s return
+        (:class:`Recovery`), as in the broker process."""
         state = self.failures
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:
@@ -643,7 +656,10 @@ class Simulator:
         self.failure_counts["detections"] += 1
         core = self.cores[src]
         for message in state.take_back(src, dst):
-            self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
+            if type(message) is Notification:
+                self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
+            else:
+                self.recovery[src].hold_subscriptions(dst, [message])
 
     def _recover(self, failure: Failure) -> None:
         """A link comes back, or a broker restarts empty and is resynced by its live
@@ -660,13 +676,13 @@ class Simulator:
             return
         broker = failure.ends[0]
         state.dead.discard(broker)
-        for neighbour in self.scot.graph[broker]:
-            for message in self.held.pop((neighbour, broker), ()):
-                self.failure_counts["undeliverable.held_for_restarted"] += 1
-                self._undeliverable_keys.add(message.key)
         self.failure_counts["brokers_restarted"] += 1
         core = make_broker(self.scot, broker, self.mode, self._matcher_factory)
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."
+        resyncs = isinstance(core, ClusteredBroker)
+        for neighbour in self.scot.graph[broker]:
+            dropped = self.recovery[neighbour].restarted(broker, core.epoch if resyncs else None)
+            self._undeliverable_keys.update(m.key for m in dropped)
         neighbours = set(self.scot.graph[broker])
         if isinstance(core, ClusteredBroker):
             core.expect_shares(neighbours)
@@ -677,7 +693,14 @@ class Simulator:
                 state.failed_at[(broker, neighbour)] = self.now
                 self.at(self.now + state.detection, self._detect, broker, neighbour)
         if isinstance(core, ClusteredBroker):
-            state.syncing[broker] = {n for n in neighbours if self._hand_share(n, broker)}
+            carried = {
+                n: self._hand_held_subscriptions(n, broker)
+                for n in neighbours
+                if not state.broken(n, broker)
+            }
+            state.syncing[broker] = {
+                n for n in neighbours if self._hand_share(n, broker, carried.get(n, set()))
+            }
         else:  # BID has no resync: its neighbours only wait for the handshake
             core.table_lost = True
             state.syncing[broker] = {n for n in neighbours if not state.broken(n, broker)}
@@ -719,6 +742,7 @@ class Simulator:
         state = self.failures
         for broker in removed:
             self._retired.update(self.cores.pop(broker).counts())
+            self.failure_counts.update(self.recovery.pop(broker).counters)
             del self._in_flight[broker]
             state.detected.pop(broker, None)
         for broker in scot.brokers:
@@ -729,6 +753,7 @@ class Simulator:
                 assert isinstance(core, ClusteredBroker)
                 core.relink(scot.brokers[broker], scot.clusters)
                 for gone in set(old.graph[broker]) - set(scot.graph[broker]):
+                    self.failure_counts["relink.held_dropped"] += self.recovery[broker].forget(gone)
                     self._in_flight[broker].pop(gone, None)
                     state.failed_at.pop((broker, gone), None)
                     state.detected.get(broker, set()).discard(gone)
@@ -738,6 +763,7 @@ class Simulator:
             neighbours = set(scot.graph[broker])
             core.expect_shares(neighbours)  # type: ignore[union-attr]
             self.cores[broker] = core
+            self.recovery[broker] = Recovery(HOLD_LIMIT)
             self._in_flight[broker] = {}
             for neighbour in neighbours:  # a link that is not serving yet is down to it
                 state.failed_at[(neighbour, broker)] = self.now
@@ -783,11 +809,20 @@ class Simulator:
         self.reshape(scot)
         self.retiring -= leaving
 
-    def _hand_share(self, src: str, dst: str) -> bool:
+    def _hand_held_subscriptions(self, src: str, dst: str) -> set[str]:
+        """``src`` sends ``dst`` the subscription messages it held for it, in order (a new
+        incarnation broadcasts them on); returns the sub ids of the subscriptions."""
+        held, carried = self.recovery[src].take_subscriptions(dst, _subscribed_id)
+        if held:
+            self._dispatch(src, [Forward(dst, m) for m in held])
+        return carried
+
+    def _hand_share(self, src: str, dst: str, carried: set[str] = frozenset()) -> bool:
         """``src`` hands ``dst`` its resync share if ``dst`` lacks it, both are up, the
         link carries, no share is on its way and ``src``'s own share is whole (a broker
-        restarted next to a dead or unsynced one gets that share later); ``src`` first
-        withdraws what ``dst``'s predecessor had subscribed. Returns whether it did."""
+        restarted next to a dead or unsynced one gets that share later). Returns whether
+        it did. What ``dst``'s predecessor had subscribed is withdrawn once ``dst`` is
+        serving (:meth:`_links_up`)."""
         state = self.failures
         assert state is not None
         peer, core = self.cores[src], self.cores[dst]
@@ -800,13 +835,8 @@ class Simulator:
             or not peer.share_complete(dst)
         ):
             return False
-        stored = len(peer.table)
-        actions = withdraw_predecessor(peer, dst, core.epoch)
-        share = [Forward(dst, m) for m in resync_messages(peer, dst)]
-        self.failure_counts["predecessor_entries_withdrawn"] += stored - len(peer.table)
-        self.failure_counts["resync_entries_sent"] += len(share)
-        actions += share
-        self._dispatch(src, actions)
+        share = self.recovery[src].share(peer, dst, carried)
+        self._dispatch(src, [Forward(dst, m) for m in share])
         token = state.shares_in_flight[(src, dst)] = object()
         queue = self._in_flight[src].get(dst)
         arrival = max(queue[-1][0], self.now) if queue else self.now
@@ -844,11 +874,10 @@ class Simulator:
             if not state.broken(src, dst):
                 state.failed_at.pop((src, dst), None)
                 state.detected.get(src, set()).discard(dst)
-                self._hand_share(src, dst)
-                held = self.held.pop((src, dst), None)
-                if held:
-                    self.failure_counts["held.released"] += len(held)
-                    self._dispatch(src, [Forward(dst, m) for m in held])
+                carried = self._hand_held_subscriptions(src, dst)
+                self._hand_share(src, dst, carried)
+                held, withdrawals = self.recovery[src].serving(self.cores[src], dst)
+                self._dispatch(src, [Forward(dst, m) for m in held] + withdrawals)
 
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
         """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of
@@ -907,9 +936,12 @@ class Simulator:
         if self.timeline:
             report["queue_timeline"] = [[round(t, 6), n] for t, n in self.timeline]
         if self.failures is not None:
-            held = sum(len(copies) for copies in self.held.values())
+            held = sum(r.held_copies() for r in self.recovery.values())
+            counts = self.failure_counts + sum(
+                (r.counters for r in self.recovery.values()), Counter()
+            )
             report["failures"] = {
-                **self.failure_counts,
+                **counts,
                 **({"undeliverable.held_at_end": held} if held else {}),
                 **failure_counts(stats),
                 **host_split(self.ledger, self._home, self.hosts_failed),
@@ -951,6 +983,10 @@ class Simulator:
                 if on_forward is not None:
                     on_forward(broker, dst, message)
                 if failures is not None:
+                    if failures.broken(broker, dst) and type(message) is not Notification:
+                        # it waits on the link for dst's return, as in the process
+                        self.recovery[broker].hold_subscriptions(dst, [message])
+                        continue
                     failures.sent(broker, dst, now, message)
                     if failures.broken(broker, dst):
                         self.failure_counts["lost_in_transit"] += 1
@@ -972,7 +1008,7 @@ class Simulator:
                 if len(queue) == 1:
                     heapq.heappush(events, queue[0])
             elif kind is Hold:
-                self.held.setdefault((broker, action.link), []).append(action.message)
+                self.recovery[broker].hold_copy(action.link, action.message)
             elif kind is Released:
                 self.moves["released"] += 1
                 self._let_go(action.subscriber)
@@ -1076,6 +1112,10 @@ class Simulator:
     def _served(self, broker: str, actions: list[Action]) -> None:
         self._dispatch(broker, actions)
         self._serve(broker)
+
+
+def _subscribed_id(message: Message) -> str | None:
+    return message.sub_id if type(message) is Subscribe else None
 
 
 def _undeliverable(stats: Counter[str]) -> int:

@@ -15,10 +15,13 @@ The model is the transport's, in simulated time:
   before it detected the failure (``undeliverable.died_in_custody``): only it could have
   routed them again. Both are counted, with the notification; they are the losses
   custody cannot prevent (the publisher's host dying right after accepting, say).
-- A restarted broker comes back empty, with a new sub-id epoch; each neighbour withdraws
-  its predecessor's subscriptions and hands it what SBP would have given it (resync) —
-  at once, or, if the neighbour is dead, cut off or missing a share itself, when it can
-  (until then the restarted broker routes toward that side as if it matched).
+- A restarted broker comes back empty, with a new sub-id epoch; each neighbour hands it
+  first the subscription messages that never reached its predecessor, then what SBP
+  would have given it (resync) — at once, or, if the neighbour is dead, cut off or
+  missing a share itself, when it can (until then the restarted broker routes toward
+  that side as if it matched) — and withdraws the predecessor's subscriptions once the
+  restarted broker is serving. What a broker holds for a neighbour and owes it is
+  :mod:`octopis.core.recovery`'s, the broker process's rules.
 
 Failures are read by :mod:`octopis.failure_schedule` (times in seconds of simulated time
 from the start of publishing).

@@ -46,7 +46,8 @@ from octopis.core import (
     Subscribe,
     make_broker,
 )
-from octopis.core.resync import epoch_of, resync_messages, withdraw_predecessor
+from octopis.core.recovery import Recovery
+from octopis.core.resync import epoch_of, resync_messages
 from octopis.filters import Subscription, set_limits
 from octopis.keys import Keys
 from octopis.logs import RateLimitedLog
@@ -109,25 +110,17 @@ class Broker:
         self.core.id_token = partial(secrets.token_hex, 6)
         if isinstance(self.core, ClusteredBroker):
             self.core.expect_shares({n.id for n in self.info.neighbours})
-        self.owed_shares: set[str] = set()
-        """Neighbours told our share was not whole (we were missing shares ourselves);
-        each gets it once it is (DESIGN §7)."""
+        self.recovery: Recovery[list] = Recovery(settings.custody_limit)
+        """Subscription frames and notification copies held for neighbours that are
+        down, predecessors to withdraw, shares owed (DESIGN §7)."""
         self.counters: Counter[str] = Counter()
         self.received: Counts = Counts()
         self._sender = broker_id.encode()
         self.subscription_delay: dict[str, float] = {}
         self._stopping = asyncio.Event()
         self._failure: str | None = None
-        self.withdraw_when_serving: dict[str, str] = {}
-        """Restarted neighbour → epoch of its new incarnation, until it is serving."""
-        self.held_sbp: dict[str, list[list]] = {}
-        """Subscription frames for a neighbour that went down, kept (up to the custody
-        limit) for its next incarnation."""
         self.held: list[tuple[Notification, PublishReceipt]] = []
         """Local publications waiting for this broker to be serving (DESIGN §7)."""
-        self.held_for: dict[str, list[list]] = {}
-        """Notification frames the core holds for a neighbour that is down (:class:`Hold`),
-        up to the custody limit each: sent if it comes back as the same process."""
         self._tasks: dict[str, asyncio.Task] = {}
         """The serving loops by name (a peer link's: ``link <neighbour>``)."""
         self.started = time.time()
@@ -342,10 +335,7 @@ class Broker:
         subscription made while it was dead still crosses it."""
         sbp = [frame for frame in queued if frame[2] == DATA]
         if sbp:
-            held = self.held_sbp.setdefault(neighbour, [])
-            room = self.settings.custody_limit - len(held)
-            held += sbp[: max(room, 0)]
-            self.counters["sbp_dropped.hold_full"] += max(len(sbp) - max(room, 0), 0)
+            self.recovery.hold_subscriptions(neighbour, sbp)
         kept = [frame for frame in queued if frame[2] == KEPT]
         if not kept:
             return
@@ -364,48 +354,35 @@ class Broker:
 
     def link_back(self, neighbour: str) -> None:
         """A link that was down healed with the same incarnation on the other side: the
-        subscription messages held for it go out now, in their order, then the share we
-        owe it, if any."""
+        subscription messages held for it go out now, in their order, then the copies
+        held for it and the share we owe it, if any."""
         self._hand_held_sbp(neighbour)
-        self._release_held(neighbour)
+        self._send_held(neighbour, self.recovery.release_copies(neighbour))
         self._pay_owed_shares()
 
-    def _release_held(self, neighbour: str) -> None:
-        """Send the notifications held for ``neighbour``, back and the same process (or a
-        new one now serving, for those held since its start)."""
-        held = self.held_for.pop(neighbour, ())
+    def _send_held(self, neighbour: str, held: list[list]) -> None:
+        """Put the notification frames held for ``neighbour`` on its link."""
         if held:
             link, now = self.links[neighbour], self._loop.time()
             for frame in held:
                 link.put(frame, now)
-            self.counters["held.released"] += len(held)
             log.warning("%s: %d notifications held for %s sent", self.id, len(held), neighbour)
 
     def _hand_held_sbp(self, neighbour: str) -> set[str]:
         """Put the subscription frames held for ``neighbour`` on its link, in order;
         returns the sub ids of the subscriptions among them."""
+        held, carried = self.recovery.take_subscriptions(neighbour, _subscribed_id)
         link, now = self.links[neighbour], self._loop.time()
-        held = self.held_sbp.pop(neighbour, [])
-        carried = set()
         for frame in held:
-            _, message = decode_peer(frame[:2])
-            if isinstance(message, Subscribe):
-                carried.add(message.sub_id)
             link.put(frame, now)
-        self.counters["sbp_handed_late"] += len(held)
         return carried
 
     def neighbour_serving(self, neighbour: str) -> None:
-        """A restarted neighbour is serving: withdraw its predecessor's subscriptions now,
-        not at the handshake, so that the subscriptions its failed-over clients made
-        elsewhere have crossed it first and no notification falls between the two."""
-        self._release_held(neighbour)
-        epoch = self.withdraw_when_serving.pop(neighbour, None)
-        if epoch is None or not isinstance(self.core, ClusteredBroker):
-            return
-        stored = len(self.core.table)
-        self.execute(withdraw_predecessor(self.core, neighbour, epoch))
-        self.counters["predecessor_entries_withdrawn"] += stored - len(self.core.table)
+        """A neighbour is serving: the copies held for it go out and, if it restarted,
+        its predecessor's subscriptions are withdrawn (:meth:`Recovery.serving`)."""
+        held, withdrawals = self.recovery.serving(self.core, neighbour)
+        self._send_held(neighbour, held)
+        self.execute(withdrawals)
 
     def now_serving(self) -> None:
         """Route the local publications held while this broker was resyncing; hand the
@@ -421,7 +398,7 @@ class Broker:
         hand the shares this completed; if it does not want ours, we owe it nothing."""
         core = self.core
         if not synced.wants_share:
-            self.owed_shares.discard(neighbour)
+            self.recovery.owed_shares.discard(neighbour)
         if (
             synced.complete
             and isinstance(core, ClusteredBroker)
@@ -436,16 +413,15 @@ class Broker:
         core = self.core
         if not self.peers.serving or not isinstance(core, ClusteredBroker):
             return
-        for neighbour in sorted(self.owed_shares):
-            state = self.peers.state[neighbour]
-            if state.up and state.accepting and core.share_complete(neighbour):
-                self.owed_shares.discard(neighbour)
-                synced = Synced(
-                    self._hand_share(neighbour, set()),
-                    wants_share=neighbour in core.missing_shares,
-                )
-                self.peers.send_synced(neighbour, synced, self._loop.time())
-                self.counters["shares_handed_late"] += 1
+        states = self.peers.state
+        for neighbour in self.recovery.payable(
+            core, lambda n: states[n].up and states[n].accepting
+        ):
+            synced = Synced(
+                self._hand_share(neighbour, set()), wants_share=neighbour in core.missing_shares
+            )
+            self.peers.send_synced(neighbour, synced, self._loop.time())
+            self.counters["shares_handed_late"] += 1
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
         """Resync (DESIGN §7). A restarted neighbour's predecessor's subscriptions are
@@ -457,32 +433,27 @@ class Broker:
         meanwhile). BID, the static baseline, has no resync: a restarted broker starts
         empty."""
         core = self.core
+        clustered = isinstance(core, ClusteredBroker)
         if restarted:  # what was held for its predecessor: those subscribers are gone
-            self.counters["undeliverable.held_for_restarted"] += len(
-                self.held_for.pop(neighbour, ())
-            )
-        if not isinstance(core, ClusteredBroker):
+            self.recovery.restarted(neighbour, epoch_of(incarnation) if clustered else None)
+        if not clustered:
             if restarted:
                 self.counters["restarts_without_resync"] += 1
             return Synced(0)
-        if restarted:
-            self.withdraw_when_serving[neighbour] = epoch_of(incarnation)
         carried = self._hand_held_sbp(neighbour)
         wants = neighbour in core.missing_shares
         if not self.peers.serving or not core.share_complete(neighbour):
-            self.owed_shares.add(neighbour)  # until its SYNCED says it does not want it
+            self.recovery.owed_shares.add(neighbour)  # until its SYNCED says it wants none
             return Synced(0, complete=False, wants_share=wants)
-        self.owed_shares.discard(neighbour)
         return Synced(self._hand_share(neighbour, carried), wants_share=wants)
 
     def _hand_share(self, neighbour: str, carried: set[str]) -> int:
         """Put our resync share for ``neighbour`` on its link, less the subscriptions in
         ``carried`` (already on it); returns how many went."""
-        messages = [m for m in resync_messages(self.core, neighbour) if m.sub_id not in carried]
+        messages = self.recovery.share(self.core, neighbour, carried)
         link, now = self.links[neighbour], self._loop.time()
         for message in messages:
             link.put([self._sender, encode_body(message), DATA], now)
-        self.counters["resync_entries_sent"] += len(messages)
         return len(messages)
 
     # -- what client sessions ask ----------------------------------------------------------
@@ -522,13 +493,6 @@ class Broker:
         receipt.copies += 1  # answered once routed (:meth:`now_serving`)
         self.held.append((notification, receipt))
         self.counters["publications_held"] += 1
-
-    def _hold(self, neighbour: str, frame: list) -> None:
-        held = self.held_for.setdefault(neighbour, [])
-        if len(held) < self.settings.custody_limit:
-            held.append(frame)
-        else:
-            self.counters["undeliverable.hold_full"] += 1
 
     def execute(
         self,
@@ -571,7 +535,8 @@ class Broker:
                     receipt.copies += 1
                 link.put(frame, now)
             elif type(action) is Hold:
-                self._hold(action.link, [self._sender, encode_body(action.message), KEPT])
+                frame = [self._sender, encode_body(action.message), KEPT]
+                self.recovery.hold_copy(action.link, frame)
             elif type(action) is Deliver:
                 client = self.clients.names.get(action.subscriber)
                 if client is None:  # gone, its subscription kept for a move (orphans)
@@ -663,14 +628,12 @@ class Broker:
             task, link = self._tasks.pop(f"link {neighbour}"), self.peers.remove(neighbour)
             task.add_done_callback(lambda _, link=link: link.socket.close(linger=0))
             task.cancel()
-            dropped = len(self.held_for.pop(neighbour, ())) + len(self.held_sbp.pop(neighbour, ()))
+            dropped = self.recovery.forget(neighbour)
             if dropped:  # held while it was down: a failure during the change
                 self.counters["relink.held_dropped"] += dropped
                 log.warning(
                     "%s: %d frames held for %s dropped: it left", self.id, dropped, neighbour
                 )
-            self.withdraw_when_serving.pop(neighbour, None)
-            self.owed_shares.discard(neighbour)
             del self.neighbour_endpoints[neighbour]
             if self._curve is not None:
                 self._peer_keys.discard(self._curve.neighbours.pop(neighbour))
@@ -724,7 +687,7 @@ class Broker:
             "links": self.peers.snapshot(self._loop.time()),
             "routing_table_size": len(self.core.table),
             "missing_shares": sorted(getattr(self.core, "missing_shares", ())),
-            "owed_shares": sorted(self.owed_shares),
+            "owed_shares": sorted(self.recovery.owed_shares),
             "pid": os.getpid(),
             "memory_rss": self._process.memory_info().rss,
             "memory_budget": self.peers.memory.snapshot(),
@@ -773,7 +736,9 @@ class Broker:
         return {
             **self.status(),
             "uptime": time.time() - self.started,
-            "counters": dict(self.counters + self.peers.counters + self.clients.counters),
+            "counters": dict(
+                self.counters + self.recovery.counters + self.peers.counters + self.clients.counters
+            ),
             "received": {kind.__name__.lower(): n for kind, n in self.received.items()},
             "core": core,
             "lst": self.lst.snapshot(),
@@ -798,8 +763,8 @@ class Broker:
             "dedup": {"remembered": len(self.core.dedup), "forgotten": self.core.dedup.forgotten},
             "held": {
                 "publications": len(self.held),
-                "sbp": sum(map(len, self.held_sbp.values())),
-                "notifications": sum(map(len, self.held_for.values())),
+                "sbp": sum(map(len, self.recovery.subscriptions.values())),
+                "notifications": self.recovery.held_copies(),
             },
             "detections": list(self.peers.detections),
             "queue_seen": {
@@ -820,6 +785,12 @@ class Broker:
                 "idle_passes": list(self.collector.passes),
             },
         }
+
+
+def _subscribed_id(frame: list) -> str | None:
+    """The sub id of the subscription a subscription frame carries, else None."""
+    _, message = decode_peer(frame[:2])
+    return message.sub_id if isinstance(message, Subscribe) else None
 
 
 async def run_broker(

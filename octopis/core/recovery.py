@@ -1,0 +1,141 @@
+"""Recovery after a failure (DESIGN §7), once for the broker process and the simulator.
+
+What one broker keeps for its neighbours while they are down or restarting, and what it
+owes them when they are back. Sans-IO: the shell (``transport/broker.py``,
+``sim/engine.py``) reports events and carries out what comes back; an *item* is whatever
+the shell puts on a link (an encoded frame in the process, a message in the simulator).
+
+- Subscription messages that did not reach a neighbour (down, or restarted) are held for
+  it, in order, and handed to it first when it is back: the same process sends them on
+  as it would have; a new incarnation broadcasts them on, so a subscription made while
+  it was dead still crosses it.
+- Notification copies the core holds for a neighbour that is down (:class:`Hold`) wait
+  for it: sent if it comes back as the same process, or once its new incarnation is
+  serving; those held for a predecessor when a restart is noticed are undeliverable
+  (its subscribers are gone).
+- A restarted neighbour's predecessor's subscriptions are withdrawn once it is serving,
+  not at the handshake, so that what its failed-over clients subscribed elsewhere has
+  crossed it first and no notification falls between the two.
+- A neighbour is handed its resync share (:func:`resync_messages`) when it is up and our
+  own table is whole for it; until then the share is owed.
+
+Every hold is bounded by ``limit`` items per neighbour; what does not fit is counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
+
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.messages import Action, Subscribe
+from octopis.core.resync import resync_messages, withdraw_predecessor
+
+Item = TypeVar("Item")
+
+HOLD_LIMIT = 10_000
+"""The simulator's ``limit`` (the broker process takes ``links.custody_limit``, the same
+by default)."""
+
+
+class Recovery(Generic[Item]):
+    """One broker's recovery bookkeeping (see the module docstring)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        """Items held per neighbour at most, subscription messages and copies each."""
+        self.subscriptions: dict[str, list[Item]] = {}
+        """Subscription messages for a neighbour that went down, in order."""
+        self.copies: dict[str, list[Item]] = {}
+        """Notification copies held for a neighbour that is down."""
+        self.withdraw_when_serving: dict[str, str] = {}
+        """Restarted neighbour → the sub-id epoch of its new incarnation."""
+        self.owed_shares: set[str] = set()
+        """Neighbours told our share was not whole; each gets it once it is."""
+        self.counters: Counter[str] = Counter()
+
+    # -- holding -------------------------------------------------------------------------
+
+    def hold_subscriptions(self, neighbour: str, items: Iterable[Item]) -> None:
+        """Subscription messages that never reached ``neighbour``: kept for it, in order."""
+        held = self.subscriptions.setdefault(neighbour, [])
+        items = list(items)
+        room = max(self.limit - len(held), 0)
+        held += items[:room]
+        self.counters["sbp_dropped.hold_full"] += max(len(items) - room, 0)
+
+    def hold_copy(self, neighbour: str, item: Item) -> None:
+        """A notification copy the core holds for ``neighbour`` (down)."""
+        held = self.copies.setdefault(neighbour, [])
+        if len(held) < self.limit:
+            held.append(item)
+        else:
+            self.counters["undeliverable.hold_full"] += 1
+
+    def held_copies(self) -> int:
+        """Copies held for all neighbours."""
+        return sum(map(len, self.copies.values()))
+
+    # -- a neighbour back ----------------------------------------------------------------
+
+    def take_subscriptions(
+        self, neighbour: str, sub_id: Callable[[Item], str | None]
+    ) -> tuple[list[Item], set[str]]:
+        """The subscription messages held for ``neighbour``, to go out first, and the sub
+        ids of the subscriptions among them (``sub_id`` reads one, None for others): its
+        share need not repeat those."""
+        held = self.subscriptions.pop(neighbour, [])
+        self.counters["sbp_handed_late"] += len(held)
+        return held, {s for s in map(sub_id, held) if s is not None}
+
+    def release_copies(self, neighbour: str) -> list[Item]:
+        """The copies held for ``neighbour``, now that it is back as the same process (or
+        a new one is serving)."""
+        held = self.copies.pop(neighbour, [])
+        self.counters["held.released"] += len(held)
+        return held
+
+    def restarted(self, neighbour: str, epoch: str | None) -> list[Item]:
+        """``neighbour`` came back as a new process: the copies held for its predecessor
+        are undeliverable (returned, counted); with ``epoch`` (resyncing modes), its
+        predecessor's subscriptions are withdrawn once it is serving."""
+        dropped = self.copies.pop(neighbour, [])
+        self.counters["undeliverable.held_for_restarted"] += len(dropped)
+        if epoch is not None:
+            self.withdraw_when_serving[neighbour] = epoch
+        return dropped
+
+    def serving(self, core: object, neighbour: str) -> tuple[list[Item], list[Action]]:
+        """``neighbour`` is serving: the copies held for it, and the withdrawal of its
+        predecessor's subscriptions if it restarted."""
+        released = self.release_copies(neighbour)
+        epoch = self.withdraw_when_serving.pop(neighbour, None)
+        if epoch is None or not isinstance(core, ClusteredBroker):
+            return released, []
+        stored = len(core.table)
+        actions = withdraw_predecessor(core, neighbour, epoch)
+        self.counters["predecessor_entries_withdrawn"] += stored - len(core.table)
+        return released, actions
+
+    def forget(self, neighbour: str) -> int:
+        """``neighbour`` left the overlay (a topology change): everything held for or
+        owed to it is dropped; returns how many items were held."""
+        dropped = len(self.copies.pop(neighbour, ())) + len(self.subscriptions.pop(neighbour, ()))
+        self.withdraw_when_serving.pop(neighbour, None)
+        self.owed_shares.discard(neighbour)
+        return dropped
+
+    # -- shares --------------------------------------------------------------------------
+
+    def share(self, core: ClusteredBroker, neighbour: str, carried: set[str]) -> list[Subscribe]:
+        """Our resync share for ``neighbour`` less the subscriptions in ``carried``
+        (already on its link); no longer owed."""
+        self.owed_shares.discard(neighbour)
+        messages = [m for m in resync_messages(core, neighbour) if m.sub_id not in carried]
+        self.counters["resync_entries_sent"] += len(messages)
+        return messages
+
+    def payable(self, core: ClusteredBroker, up: Callable[[str], bool]) -> list[str]:
+        """The owed neighbours that can be paid now: up, and our share for them whole."""
+        return [n for n in sorted(self.owed_shares) if up(n) and core.share_complete(n)]
