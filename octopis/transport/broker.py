@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import secrets
 import signal
 import time
@@ -47,7 +46,7 @@ from octopis.core import (
     make_broker,
 )
 from octopis.core.recovery import Recovery
-from octopis.core.resync import epoch_of, resync_messages
+from octopis.core.resync import epoch_of
 from octopis.filters import Subscription, set_limits
 from octopis.keys import Keys
 from octopis.logs import RateLimitedLog
@@ -57,6 +56,7 @@ from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, decode_peer, encode_body
 from octopis.transport.collector import IdleCollector
 from octopis.transport.control import serve_control
+from octopis.transport.inspection import BrokerInspection
 from octopis.transport.links import RECEIPT, PublishReceipt, SendPass
 from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
 from octopis.transport.metrics import serve_metrics
@@ -124,7 +124,9 @@ class Broker:
         self._tasks: dict[str, asyncio.Task] = {}
         """The serving loops by name (a peer link's: ``link <neighbour>``)."""
         self.started = time.time()
-        self._process = psutil.Process()
+        self.process = psutil.Process()
+        self.inspection = BrokerInspection(self)
+        """Status, stats, table and resync view (control RPC, metrics)."""
         self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
         self.collector = IdleCollector(settings.gc_idle)
         self.welcome: dict[str, object] = {
@@ -174,6 +176,7 @@ class Broker:
         )
         self.rpc = await serve_control(
             self,
+            self.inspection,
             self.info.control_endpoint,
             self.settings.frame_bytes,
             curve,
@@ -181,7 +184,7 @@ class Broker:
         )
         stop_metrics = None
         if self.info.metrics_endpoint is not None:
-            stop_metrics = serve_metrics(self.info.metrics_endpoint, self._snapshot, loop)
+            stop_metrics = serve_metrics(self.info.metrics_endpoint, self._stats, loop)
         work = [
             *self.peers.tasks(),
             ("clients", self.clients.serve()),
@@ -584,7 +587,7 @@ class Broker:
                     self.clients.counters["deliveries"],
                     self.clients.delivered(),
                     sum(link.bytes_sent for link in self.links.values()) + self.clients.bytes_out,
-                    sum(self._process.cpu_times()[:2]),
+                    sum(self.process.cpu_times()[:2]),
                 )
             )
             await asyncio.sleep(1.0)
@@ -670,121 +673,12 @@ class Broker:
 
         return self.clients.attached(interests)
 
+    async def _stats(self) -> dict[str, Any]:
+        return self.inspection.stats()
+
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
         """Order client ``client`` to move its subscriptions (see ``ClientSessions.order_move``)."""
         return self.clients.order_move(client, to, inside)
-
-    def status(self) -> dict[str, Any]:
-        """Identity, incarnation, readiness and each link's state."""
-        return {
-            "id": self.id,
-            "mode": self.mode,
-            "ready": self.ready,
-            "serving": self.peers.serving,
-            "incarnation": self.incarnation,
-            "links_up": sum(not self.lst.down(n) for n in self.links),
-            "neighbours": len(self.links),
-            "links": self.peers.snapshot(self._loop.time()),
-            "routing_table_size": len(self.core.table),
-            "missing_shares": sorted(getattr(self.core, "missing_shares", ())),
-            "owed_shares": sorted(self.recovery.owed_shares),
-            "pid": os.getpid(),
-            "memory_rss": self._process.memory_info().rss,
-            "memory_budget": self.peers.memory.snapshot(),
-            "cpu_seconds": sum(self._process.cpu_times()[:2]),
-        }
-
-    def subscriptions(self) -> dict[str, list]:
-        """Per stored subscription: [seconds from issue to storage here, hops from host]."""
-        entries = self.core.table.entries
-        return {
-            sub_id: [self.subscription_delay.get(sub_id, 0.0), entry.hops]
-            for sub_id, entry in entries.items()
-        }
-
-    def resync_view(self, neighbour: str) -> list[str]:
-        """The sub ids this broker would hand ``neighbour`` if it restarted now (its share
-        of the restarted broker's table, DESIGN §7); empty in BID, which has no resync."""
-        if neighbour not in self.links:
-            raise ValueError(f"{neighbour} is not a neighbour of {self.id}")
-        if not isinstance(self.core, ClusteredBroker):
-            return []
-        return [m.sub_id for m in resync_messages(self.core, neighbour)]
-
-    def table(self) -> dict[str, dict[str, Any]]:
-        """The routing table entry by entry (for comparing brokers' views)."""
-        return {
-            sub_id: {
-                "filter": e.subscription.to_text(),
-                "last_hop": e.last_hop,
-                "cluster": e.cluster,
-                "host": e.host,
-                "local": e.local,
-            }
-            for sub_id, e in self.core.table.entries.items()
-        }
-
-    async def _snapshot(self) -> dict[str, Any]:
-        return self.stats()
-
-    def stats(self) -> dict[str, Any]:
-        """Messages by kind, routing-table size, LST, queue lengths, custody and dedup
-        fill (with what their limits dropped), held messages, matching time, and the
-        cyclic collector's passes per generation."""
-        self.lst.advance(self._loop.time())
-        core = dict(self.core.counts())
-        return {
-            **self.status(),
-            "uptime": time.time() - self.started,
-            "counters": dict(
-                self.counters + self.recovery.counters + self.peers.counters + self.clients.counters
-            ),
-            "received": {kind.__name__.lower(): n for kind, n in self.received.items()},
-            "core": core,
-            "lst": self.lst.snapshot(),
-            "queue_lengths": {name: len(link.queue) for name, link in self.links.items()},
-            "batches": {
-                name: {"messages": link.messages, "frames": link.sent}
-                for name, link in self.links.items()
-            },
-            "client_backlog": self.clients.backlog(),
-            "deliveries_waiting": self.clients.paced_deliveries,
-            "deliveries_waiting_max": self.clients.paced_peak,
-            "load": self.load_meter.report(0),
-            "custody": {
-                name: {
-                    "unacknowledged": len(link.custody),
-                    "retained": len(link.retained),
-                    "times_full": link.custody_full,
-                    "retain_evicted": link.retain_evicted,
-                }
-                for name, link in self.links.items()
-            },
-            "dedup": {"remembered": len(self.core.dedup), "forgotten": self.core.dedup.forgotten},
-            "held": {
-                "publications": len(self.held),
-                "sbp": sum(map(len, self.recovery.subscriptions.values())),
-                "notifications": self.recovery.held_copies(),
-            },
-            "detections": list(self.peers.detections),
-            "queue_seen": {
-                "copies": self.lst.notifications_in,
-                "total": self.lst.notifications_ahead,
-                "max": self.lst.most_ahead,
-            },
-            "matching": {
-                "calls": self.clock.calls,
-                "seconds": self.clock.seconds,
-                "histogram": list(self.clock.histogram),
-                "routing_steps": core.get("matching", 0),
-            },
-            "gc": {
-                "threshold": list(gc.get_threshold()),
-                "collections": [generation["collections"] for generation in gc.get_stats()],
-                "frozen": gc.get_freeze_count(),
-                "idle_passes": list(self.collector.passes),
-            },
-        }
 
 
 def _subscribed_id(frame: list) -> str | None:

@@ -14,13 +14,18 @@ from octopis.transport.security import Curve
 
 
 class Inspectable(Protocol):
-    """What the control RPC reads of a broker and asks it to do."""
+    """What the control RPC reads of a broker (``transport/inspection.py``)."""
 
     def status(self) -> dict[str, Any]: ...
     def stats(self) -> dict[str, Any]: ...
     def subscriptions(self) -> dict[str, list]: ...
     def table(self) -> dict[str, dict[str, Any]]: ...
     def resync_view(self, neighbour: str) -> list[str]: ...
+
+
+class Operable(Protocol):
+    """What the control RPC asks a broker for or to do."""
+
     def load(self, top: int) -> dict[str, Any]: ...
     def move_client(self, client: str, to: str, inside: bool) -> list[str]: ...
     def relink(self, data: object) -> dict[str, Any]: ...
@@ -32,33 +37,34 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
     """``status``, ``stats``, ``subscriptions``, ``table``, ``resync_view``, ``load``,
     ``move``, ``clients``, ``relink`` and ``shutdown``."""
 
-    def __init__(self, broker: Inspectable) -> None:
+    def __init__(self, broker: Operable, inspection: Inspectable) -> None:
         self._broker = broker
+        self._inspection = inspection
 
     @aiozmq.rpc.method
     def status(self) -> dict:
         """Identity, incarnation, readiness, and each link's state."""
-        return self._broker.status()
+        return self._inspection.status()
 
     @aiozmq.rpc.method
     def stats(self) -> dict:
         """Counters, routing-table size, LST, queue lengths, matching time, detections."""
-        return self._broker.stats()
+        return self._inspection.stats()
 
     @aiozmq.rpc.method
     def subscriptions(self) -> dict:
         """Per stored subscription: [seconds from issue to storage here, hops from host]."""
-        return self._broker.subscriptions()
+        return self._inspection.subscriptions()
 
     @aiozmq.rpc.method
     def table(self) -> dict:
         """The routing table: per subscription id its filter, last hop, cluster, host."""
-        return self._broker.table()
+        return self._inspection.table()
 
     @aiozmq.rpc.method
     def resync_view(self, neighbour: str) -> list:
         """The sub ids this broker hands ``neighbour`` when it restarts (resync)."""
-        return self._broker.resync_view(neighbour)
+        return self._inspection.resync_view(neighbour)
 
     @aiozmq.rpc.method
     def load(self, top: int = 20) -> dict:
@@ -98,20 +104,21 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
 
 
 async def serve_control(
-    broker: Inspectable,
+    broker: Operable,
+    inspection: Inspectable,
     endpoint: str,
     frame_bytes: int,
     curve: Curve | None,
     log_interval: float,
 ) -> aiozmq.rpc.Service:
-    """Start the control RPC of ``broker`` at ``endpoint``; a caller sending a message over
-    ``frame_bytes`` is disconnected (ZMQ_MAXMSGSIZE). With ``curve``, only the admin key
-    gets in (ZAP domain ``control``). What aiozmq logs about undecodable calls is written
-    at most once per ``log_interval`` seconds."""
+    """Start the control RPC of ``broker`` (read through ``inspection``) at ``endpoint``;
+    a caller sending a message over ``frame_bytes`` is disconnected (ZMQ_MAXMSGSIZE).
+    With ``curve``, only the admin key gets in (ZAP domain ``control``). What aiozmq logs
+    about undecodable calls is written at most once per ``log_interval`` seconds."""
     rpc_log = logging.getLogger("aiozmq.rpc")
     if not any(isinstance(f, FloodFilter) for f in rpc_log.filters):
         rpc_log.addFilter(FloodFilter(log_interval))
-    service = await aiozmq.rpc.serve_rpc(ControlHandler(broker))
+    service = await aiozmq.rpc.serve_rpc(ControlHandler(broker, inspection))
     sock = service.transport.get_extra_info("zmq_socket")
     sock.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
     if curve is not None:
