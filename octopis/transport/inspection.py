@@ -9,21 +9,20 @@ import asyncio
 import gc
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from octopis.core import ClusteredBroker
 from octopis.core.resync import resync_messages
-
-if TYPE_CHECKING:
-    from octopis.transport.broker import Broker
 
 
 class BrokerInspection:
     """The read-only views of one serving :class:`~octopis.transport.broker.Broker`
     (called in its event loop)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Any) -> None:
         self.broker = broker
+        """The broker (typed ``Any``: naming its class here would tie the two modules in
+        an import circle; it is the one that builds this)."""
 
     def status(self) -> dict[str, Any]:
         """Identity, incarnation, readiness and each link's state."""
