@@ -53,18 +53,27 @@ from octopis.logs import RateLimitedLog
 from octopis.matching import MatchClock, Matcher
 from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
-from octopis.transport.codec import Synced, decode_peer, encode_body
+from octopis.transport.codec import Synced, encode_body
 from octopis.transport.collector import IdleCollector
 from octopis.transport.control import serve_control
+from octopis.transport.frames import (
+    BODY,
+    DATA,
+    KEPT,
+    KIND,
+    RECEIPT,
+    frame_of,
+    message_of,
+    receipt_of,
+)
 from octopis.transport.inspection import BrokerInspection
-from octopis.transport.links import RECEIPT, PublishReceipt, SendPass
+from octopis.transport.links import PublishReceipt, SendPass
 from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
 from octopis.transport.relink import decode_view
 from octopis.transport.security import Curve, Gatekeeper, count_failed_handshakes
 from octopis.transport.settings import BrokerSettings
-from octopis.transport.zmqio import DATA, KEPT
 
 log = logging.getLogger("octopis.broker")
 
@@ -336,10 +345,10 @@ class Broker:
         which routes them again with the link down (custody, DESIGN §7); subscription
         messages wait for the neighbour's next incarnation (:meth:`neighbour_met`), so a
         subscription made while it was dead still crosses it."""
-        sbp = [frame for frame in queued if frame[2] == DATA]
+        sbp = [frame for frame in queued if frame[KIND] == DATA]
         if sbp:
             self.recovery.hold_subscriptions(neighbour, sbp)
-        kept = [frame for frame in queued if frame[2] == KEPT]
+        kept = [frame for frame in queued if frame[KIND] == KEPT]
         if not kept:
             return
         log.warning(
@@ -349,8 +358,7 @@ class Broker:
             neighbour,
         )
         for frame in kept:
-            _, message = decode_peer(frame[:2])
-            receipt = frame[RECEIPT] if len(frame) > RECEIPT else None
+            message, receipt = message_of(frame), receipt_of(frame)
             self.execute(self.core.reroute(neighbour, message, self.lst), receipt=receipt)
             if receipt is not None:
                 receipt.held()  # the copy taken back; the rerouted ones now count
@@ -456,7 +464,7 @@ class Broker:
         messages = self.recovery.share(self.core, neighbour, carried)
         link, now = self.links[neighbour], self._loop.time()
         for message in messages:
-            link.put([self._sender, encode_body(message), DATA], now)
+            link.put(frame_of(self._sender, encode_body(message), DATA), now)
         return len(messages)
 
     # -- what client sessions ask ----------------------------------------------------------
@@ -532,13 +540,13 @@ class Broker:
                         kind = KEPT if type(message) is Notification else DATA
                         frame = encoded[id(message)] = [self._sender, encode_body(message), kind]
                 link = links[name]
-                if receipt is not None and frame[2] == KEPT and link.keeps:
+                if receipt is not None and frame[KIND] == KEPT and link.keeps:
                     if len(frame) == RECEIPT:
                         frame.append(receipt)
                     receipt.copies += 1
                 link.put(frame, now)
             elif type(action) is Hold:
-                frame = [self._sender, encode_body(action.message), KEPT]
+                frame = frame_of(self._sender, encode_body(action.message), KEPT)
                 self.recovery.hold_copy(action.link, frame)
             elif type(action) is Deliver:
                 client = self.clients.names.get(action.subscriber)
@@ -556,7 +564,7 @@ class Broker:
                 payload = body
             else:
                 frame = encoded.get(id(delivered)) if encoded else None
-                payload = frame[1] if frame is not None else encode_body(delivered)
+                payload = frame[BODY] if frame is not None else encode_body(delivered)
             self.clients.deliver(deliveries, payload)
 
     # -- LST and inspection --------------------------------------------------------------
@@ -683,7 +691,7 @@ class Broker:
 
 def _subscribed_id(frame: list) -> str | None:
     """The sub id of the subscription a subscription frame carries, else None."""
-    _, message = decode_peer(frame[:2])
+    message = message_of(frame)
     return message.sub_id if isinstance(message, Subscribe) else None
 
 

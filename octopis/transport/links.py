@@ -24,8 +24,9 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate, departure
+from octopis.transport.frames import DATA, HANDSHAKE, KEPT, KIND, RECEIPT
 from octopis.transport.security import Curve
-from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, FastSocket, book_sent
+from octopis.transport.zmqio import FastSocket, book_sent
 
 YIELDS_BEFORE_POLL = 4
 """Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
@@ -42,9 +43,6 @@ BATCH_FRAMES = 64
 """Frames one message carries at most (DESIGN §5: a batch)."""
 BATCH_BYTES = 256 * 1024
 """Bytes of bodies after which a batch takes no further frame."""
-
-RECEIPT = 3
-"""Index of the :class:`PublishReceipt` a local publication's frames carry."""
 
 _NUMBER, _SENT_AT = itemgetter(0), itemgetter(1)
 """The fields of a custody entry ``(number, sent at, frame)``."""
@@ -163,11 +161,11 @@ class OutputLink:
     heartbeats and acknowledgements among them; frames put during a :class:`SendPass`
     wait for its end. A paced link sends one frame per booked slot.
 
-    Frames are ``[sender, body, kind]`` (``kind`` one of :data:`LINK`, :data:`HANDSHAKE`,
-    :data:`DATA`, :data:`KEPT`). Routing frames sent after a handshake are numbered 1, 2,
-    …; the receiver acknowledges the count it has taken (:meth:`acknowledge`), and until
-    then the notifications among them stay in a bounded custody buffer. When the custody
-    buffer is full the link stops sending, so the queue grows and the LST sees it.
+    Frames are :mod:`~octopis.transport.frames`' ``[sender, body, kind]``. Routing frames
+    sent after a handshake are numbered 1, 2, …; the receiver acknowledges the count it
+    has taken (:meth:`acknowledge`), and until then the notifications among them stay in
+    a bounded custody buffer. When the custody buffer is full the link stops sending, so
+    the queue grows and the LST sees it.
     ``last_sent`` (loop time) tells the heartbeat whether the link has been idle.
     ZMQ_IMMEDIATE keeps ZeroMQ from queueing frames for a peer that is not connected, so
     while a neighbour is away its frames stay here, where :meth:`take_back` hands them
@@ -293,7 +291,7 @@ class OutputLink:
         sends it at once (counted as n_out too) without waking the sender task. A
         non-empty queue is left to the sender task: trying the pipe on every put would
         fail per frame while it is full."""
-        self._lst.enqueued(self.name, now, frame[2] == KEPT)
+        self._lst.enqueued(self.name, now, frame[KIND] == KEPT)
         if not self._activity.seen:
             self._activity.note()
         queue = self.queue
@@ -335,9 +333,9 @@ class OutputLink:
         the routing frames waiting for it (earlier handshakes still queued are void), and
         let them go (DESIGN §7: a broker's first routing frames must not reach a
         neighbour before their handshake, or it drops them as stale)."""
-        void = [f for f in self.queue if f[2] == HANDSHAKE]
+        void = [f for f in self.queue if f[KIND] == HANDSHAKE]
         if void:
-            self.queue = deque(f for f in self.queue if f[2] != HANDSHAKE)
+            self.queue = deque(f for f in self.queue if f[KIND] != HANDSHAKE)
             for _ in void:
                 self._lst.sent(self.name, now)
         self._lst.enqueued(self.name, now)
@@ -377,7 +375,7 @@ class OutputLink:
         self._receipts = 0
         for frame in self.queue:
             self._lst.sent(self.name, now)
-            if frame[2] >= DATA:
+            if frame[KIND] >= DATA:
                 frames.append(frame)
         self.queue.clear()
         return frames
@@ -389,7 +387,7 @@ class OutputLink:
         booked = False
         while True:
             if not self.queue or (
-                self.queue[0][2] >= DATA
+                self.queue[0][KIND] >= DATA
                 and (len(self.custody) >= self.custody_limit or not self.greeted)
             ):
                 if self.queue and self.greeted:

@@ -48,6 +48,7 @@ from octopis.transport.codec import (
     decode_sender,
     encode_peer,
 )
+from octopis.transport.frames import HANDSHAKE, LINK, is_routing
 from octopis.transport.links import (
     LOOP_SLACK,
     Activity,
@@ -57,7 +58,7 @@ from octopis.transport.links import (
 )
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
-from octopis.transport.zmqio import DATA, HANDSHAKE, LINK, FastSocket
+from octopis.transport.zmqio import FastSocket
 
 log = logging.getLogger("octopis.broker.peers")
 
@@ -253,7 +254,7 @@ class PeerLinks:
         ``name``, and notifications in its custody not yet acknowledged (a link may leave
         the overlay only when this is 0)."""
         link = self.links[name]
-        return sum(frame[2] >= DATA for frame in link.queue) + len(link.custody)
+        return sum(map(is_routing, link.queue)) + len(link.custody)
 
     def _senders(self, neighbour: str, broker: SendRate | None) -> tuple[SendRate, ...]:
         """The broker's shared sender (broker capacity), then the link's own (link
