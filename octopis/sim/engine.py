@@ -63,17 +63,13 @@ from octopis.core.recovery import HOLD_LIMIT, Recovery
 from octopis.core.table import MatcherFactory
 from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
-from octopis.sim.congestion import FreeLinks, InjectedCongestion, LinkModel, TimedLinks
-from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureState
+from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
+from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureEvents, FailureState
+from octopis.sim.reshaping import MOVE_POLL, Reshaping
 from octopis.sim.service import ServiceModel
 from octopis.sim.shared import SharedMatcher
 from octopis.topology import Scot
 from octopis.topology_change import add_cluster, remove_cluster
-
-MOVE_POLL = 0.01
-"""Seconds between checks whether a subscription moved across clusters is stored by every
-broker, so that the old one can go (:meth:`Simulator.move`)."""
-
 
 MOVE_LINGER = 1.0
 """Seconds a subscription moved across clusters stays after its successor is stored by every
@@ -114,7 +110,7 @@ class LatencyModel:
         return lambda: base - math.log(1.0 - draw()) / rate
 
 
-class Simulator:
+class Simulator(FailureEvents, Reshaping):
     """N routing cores, in-memory FIFO links, message counts and delivery accounting."""
 
     def __init__(
@@ -571,314 +567,6 @@ class Simulator:
         if self.now < end or queued:
             self.at(self.now + every, self._sample, start, end, every)
 
-    # -- failures (DESIGN §7) --------------------------------------------------------------
-
-    def fail(
-        self,
-        failure: Failure,
-        start: float = 0.0,
-        *,
-        detection: float = DEFAULT_DETECTION,
-        retain: float = DEFAULT_RETAIN,
-    ) -> None:
-        """Schedule ``failure`` (times from ``start``); the first call sets how long
-        detection takes and how long senders keep copies (see :mod:`octopis.sim.failures`)."""
-        for end in failure.ends:
-            if end not in self.cores:
-                raise KeyError(f"no broker {end!r} in topology {self.scot.name}")
-        if failure.stall:  # the neighbours' view of a stopped process: every link silent
-            broker = failure.ends[0]
-            for neighbour in sorted(self.scot.graph[broker]):
-                link = Failure((broker, neighbour), failure.at, failure.until)
-                self.fail(link, start, detection=detection, retain=retain)
-            return
-        if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
-            raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
-        if self._taken is not None:  # a service model always has receiver-paced links
-            raise ValueError(
-                "failures are not simulated with a CPU service model or receiver-paced links"
-            )
-        if self.failures is None:
-            self.failures = FailureState(detection, retain)
-        self.at(start + failure.at, self._fail, failure)
-        if failure.until is not None:
-            self.at(start + failure.until, self._recover, failure)
-
-    def _failed_links(self, failure: Failure) -> list[tuple[str, str]]:
-        if failure.is_broker:
-            broker = failure.ends[0]
-            return [(broker, n) for n in self.scot.graph[broker]] + [
-                (n, broker) for n in self.scot.graph[broker]
-            ]
-        a, b = failure.ends
-        return [(a, b), (b, a)]
-
-    def _fail(self, failure: Failure) -> None:
-        state = self.failures
-        assert state is not None
-        if failure.is_broker:
-            broker = failure.ends[0]
-            state.dead.add(broker)
-            for message in state.forget(broker):
-                if type(message) is Notification:
-                    self.failure_counts["undeliverable.died_in_custody"] += 1
-                    self._undeliverable_keys.add(message.key)
-            self.hosts_failed.add(broker)
-            self._retired.update(self.cores[broker].counts())
-            recovery = self.recovery[broker]  # what it held dies with it
-            for copies in recovery.copies.values():
-                self.failure_counts["undeliverable.died_held"] += len(copies)
-                self._undeliverable_keys.update(m.key for m in copies)
-            self.failure_counts.update(recovery.counters)
-            self.recovery[broker] = Recovery(HOLD_LIMIT)
-            self.failure_counts["brokers_killed"] += 1
-        else:
-            state.cut.update(self._failed_links(failure))
-            self.failure_counts["links_cut"] += 1
-        for src, dst in self._failed_links(failure):
-            state.shares_in_flight.pop((src, dst), None)
-            if src not in state.dead and (src, dst) not in state.failed_at:
-                state.failed_at[(src, dst)] = self.now
-                self.at(self.now + state.detection, self._detect, src, dst)
-
-    def _detect(self, src: str, dst: str) -> None:
-        """``src`` declares ``dst`` down and re-routes the notifications it kept in
-        custody for it; subscription messages among them wait for ``dst``'s return
-        (:class:`Recovery`), as in the broker process."""
-        state = self.failures
-        assert state is not None
-        if src in state.dead or (src, dst) not in state.failed_at:
-            return
-        down = state.detected.setdefault(src, set())
-        if dst in down:
-            return
-        down.add(dst)
-        self.failure_counts["detections"] += 1
-        core = self.cores[src]
-        for message in state.take_back(src, dst):
-            if type(message) is Notification:
-                self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
-            else:
-                self.recovery[src].hold_subscriptions(dst, [message])
-
-    def _recover(self, failure: Failure) -> None:
-        """A link comes back, or a broker restarts empty and is resynced by its live
-        neighbours; they keep treating it as down (detours) until its resync has
-        arrived, and it refuses publications until then (DESIGN §7)."""
-        state = self.failures
-        assert state is not None
-        links = self._failed_links(failure)
-        for src, dst in links:
-            self._detect(src, dst)  # a restart is noticed at once by the new handshake
-        if not failure.is_broker:
-            state.cut.difference_update(links)
-            self._links_up(links)
-            return
-        broker = failure.ends[0]
-        state.dead.discard(broker)
-        self.failure_counts["brokers_restarted"] += 1
-        core = make_broker(self.scot, broker, self.mode, self._matcher_factory)
-        core.epoch = f"r{self.failure_counts['brokers_restarted']}."
-        resyncs = isinstance(core, ClusteredBroker)
-        for neighbour in self.scot.graph[broker]:
-            dropped = self.recovery[neighbour].restarted(broker, core.epoch if resyncs else None)
-            self._undeliverable_keys.update(m.key for m in dropped)
-        neighbours = set(self.scot.graph[broker])
-        if isinstance(core, ClusteredBroker):
-            core.expect_shares(neighbours)
-        self.cores[broker] = core
-        self._links_up([(broker, n) for n in neighbours])
-        for neighbour in neighbours:
-            if state.broken(broker, neighbour):  # never greeted: detected like any silence
-                state.failed_at[(broker, neighbour)] = self.now
-                self.at(self.now + state.detection, self._detect, broker, neighbour)
-        if isinstance(core, ClusteredBroker):
-            carried = {
-                n: self._hand_held_subscriptions(n, broker)
-                for n in neighbours
-                if not state.broken(n, broker)
-            }
-            state.syncing[broker] = {
-                n for n in neighbours if self._hand_share(n, broker, carried.get(n, set()))
-            }
-        else:  # BID has no resync: its neighbours only wait for the handshake
-            core.table_lost = True
-            state.syncing[broker] = {n for n in neighbours if not state.broken(n, broker)}
-            for neighbour in state.syncing[broker]:
-                self.at(self.now, self._synced, broker, neighbour)
-        if not state.syncing[broker]:
-            self._synced(broker, None)
-        for neighbour in neighbours:
-            self._hand_share(broker, neighbour)
-
-    # -- a new topology version (issue 18, DESIGN §9) --------------------------------------
-
-    def reshape(self, scot: Scot) -> None:
-        """Change the overlay to ``scot``, a version that adds or removes brokers
-        (:mod:`octopis.topology_change`), now. Every remaining broker takes its view in
-        it (:meth:`ClusteredBroker.relink`: links added or removed, CBV width); a new
-        broker starts empty and is filled by resync, the state transfer a restarted
-        broker gets (:meth:`_hand_share`), its neighbours routing around it until it has
-        its shares. A broker that leaves must host no subscriber and have nothing in
-        flight (move its subscribers and drain first). SNR and DNR only: BID has no resync."""
-        if self.mode == "bid":
-            raise ValueError("BID has no resync to fill a new broker: reshape SNR or DNR")
-        if not isinstance(self.links, FreeLinks | InjectedCongestion):
-            raise ValueError("reshape works on free or injected links, not timed ones")
-        old = self.scot
-        added = [b for b in scot.brokers if b not in old.brokers]
-        removed = [b for b in old.brokers if b not in scot.brokers]
-        hosted = sorted(c for c, b in self._home.items() if b in removed)
-        if hosted:
-            raise ValueError(f"clients {', '.join(hosted[:3])} are still attached to a broker "
-                             "that leaves: move them first")  # fmt: skip
-        busy = [b for b in removed if any(self._in_flight[b].values())] + [
-            b for b in old.brokers for d in removed if self._in_flight[b].get(d)
-        ]
-        if busy:
-            raise ValueError(f"messages are in flight at {busy[0]}: let the overlay drain first")
-        if self.failures is None:
-            self.failures = FailureState()
-        state = self.failures
-        for broker in removed:
-            self._retired.update(self.cores.pop(broker).counts())
-            self.failure_counts.update(self.recovery.pop(broker).counters)
-            del self._in_flight[broker]
-            state.detected.pop(broker, None)
-        for broker in scot.brokers:
-            if broker in self.cores and (
-                scot.clusters != old.clusters or set(scot.graph[broker]) != set(old.graph[broker])
-            ):
-                core = self.cores[broker]
-                assert isinstance(core, ClusteredBroker)
-                core.relink(scot.brokers[broker], scot.clusters)
-                for gone in set(old.graph[broker]) - set(scot.graph[broker]):
-                    self.failure_counts["relink.held_dropped"] += self.recovery[broker].forget(gone)
-                    self._in_flight[broker].pop(gone, None)
-                    state.failed_at.pop((broker, gone), None)
-                    state.detected.get(broker, set()).discard(gone)
-        self.scot = scot
-        for broker in added:
-            core = make_broker(scot, broker, self.mode, self._matcher_factory)
-            neighbours = set(scot.graph[broker])
-            core.expect_shares(neighbours)  # type: ignore[union-attr]
-            self.cores[broker] = core
-            self.recovery[broker] = Recovery(HOLD_LIMIT)
-            self._in_flight[broker] = {}
-            for neighbour in neighbours:  # a link that is not serving yet is down to it
-                state.failed_at[(neighbour, broker)] = self.now
-                state.detected.setdefault(neighbour, set()).add(broker)
-        for broker in added:
-            neighbours = set(scot.graph[broker])
-            state.syncing[broker] = {n for n in neighbours if self._hand_share(n, broker)}
-            if not state.syncing[broker]:
-                self._synced(broker, None)
-        self.failure_counts["brokers_added"] += len(added)
-        self.failure_counts["brokers_removed"] += len(removed)
-
-    def shrink(self, scot: Scot, refuge: Callable[[str], str], poll: float = MOVE_POLL) -> None:
-        """Remove the brokers ``scot`` lacks, without loss: every subscriber attached to
-        one moves now to ``refuge(its broker)`` (make-before-break, :meth:`move`), and
-        once no move is under way and nothing is on the leaving brokers' links (checked
-        every ``poll`` seconds) the overlay becomes ``scot`` (:meth:`reshape`)."""
-        leaving = set(self.scot.brokers) - set(scot.brokers)
-        if not leaving:
-            raise ValueError(f"{scot.name} removes no broker: use reshape")
-        movers = sorted(s for s, b in self._home.items() if b in leaving)
-        for subscriber in movers:
-            if not self.moving(subscriber):
-                self.move(subscriber, refuge(self._home[subscriber]))
-        self.retiring |= leaving
-        self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
-
-    def _shrink_when_ready(self, scot: Scot, refuge: Callable[[str], str], poll: float) -> None:
-        """:meth:`shrink`'s poll. Any move under way counts, not only those it ordered:
-        one into a leaving broker, ordered before it retired, must end first."""
-        leaving = set(self.scot.brokers) - set(scot.brokers)
-        late = [s for s, b in self._home.items() if b in leaving and not self.moving(s)]
-        for subscriber in late:  # moved there meanwhile, or its move was queued
-            self.move(subscriber, refuge(self._home[subscriber]))
-        busy = (
-            any(self.moving(s) for s in self._home)
-            or any(self._in_flight[b].get(d) for b in self.cores for d in leaving)
-            or any(any(self._in_flight[b].values()) for b in leaving)
-        )
-        if busy or late:
-            self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
-            return
-        self.reshape(scot)
-        self.retiring -= leaving
-
-    def _hand_held_subscriptions(self, src: str, dst: str) -> set[str]:
-        """``src`` sends ``dst`` the subscription messages it held for it, in order (a new
-        incarnation broadcasts them on); returns the sub ids of the subscriptions."""
-        held, carried = self.recovery[src].take_subscriptions(dst, _subscribed_id)
-        if held:
-            self._dispatch(src, [Forward(dst, m) for m in held])
-        return carried
-
-    def _hand_share(self, src: str, dst: str, carried: set[str] = frozenset()) -> bool:
-        """``src`` hands ``dst`` its resync share if ``dst`` lacks it, both are up, the
-        link carries, no share is on its way and ``src``'s own share is whole (a broker
-        restarted next to a dead or unsynced one gets that share later). Returns whether
-        it did. What ``dst``'s predecessor had subscribed is withdrawn once ``dst`` is
-        serving (:meth:`_links_up`)."""
-        state = self.failures
-        assert state is not None
-        peer, core = self.cores[src], self.cores[dst]
-        if (
-            not isinstance(peer, ClusteredBroker)
-            or not isinstance(core, ClusteredBroker)
-            or src not in core.missing_shares
-            or (src, dst) in state.shares_in_flight
-            or state.broken(src, dst)
-            or not peer.share_complete(dst)
-        ):
-            return False
-        share = self.recovery[src].share(peer, dst, carried)
-        self._dispatch(src, [Forward(dst, m) for m in share])
-        token = state.shares_in_flight[(src, dst)] = object()
-        queue = self._in_flight[src].get(dst)
-        arrival = max(queue[-1][0], self.now) if queue else self.now
-        self.at(arrival, self._share_arrived, src, dst, token)
-        return True
-
-    def _share_arrived(self, src: str, dst: str, token: object) -> None:
-        """The last message of ``src``'s share reached ``dst`` (unless a failure on the
-        link spoiled it meanwhile: then it is handed again when the link is back)."""
-        state = self.failures
-        assert state is not None
-        if state.shares_in_flight.get((src, dst)) is not token:
-            return
-        del state.shares_in_flight[(src, dst)]
-        self.cores[dst].share_received(src)  # type: ignore[union-attr]
-        self._synced(dst, src)
-        for neighbour in self.scot.graph[dst]:
-            self._hand_share(dst, neighbour)
-
-    def _synced(self, broker: str, neighbour: str | None) -> None:
-        state = self.failures
-        assert state is not None
-        waiting = state.syncing.get(broker)
-        if waiting is None:
-            return
-        waiting.discard(neighbour)  # type: ignore[arg-type]
-        if not waiting:
-            del state.syncing[broker]
-            self._links_up([(n, broker) for n in self.scot.graph[broker]])
-
-    def _links_up(self, links: list[tuple[str, str]]) -> None:
-        state = self.failures
-        assert state is not None
-        for src, dst in links:
-            if not state.broken(src, dst):
-                state.failed_at.pop((src, dst), None)
-                state.detected.get(src, set()).discard(dst)
-                carried = self._hand_held_subscriptions(src, dst)
-                self._hand_share(src, dst, carried)
-                held, withdrawals = self.recovery[src].serving(self.cores[src], dst)
-                self._dispatch(src, [Forward(dst, m) for m in held] + withdrawals)
-
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
         """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of
         which a copy was counted undeliverable."""
@@ -1112,10 +800,6 @@ class Simulator:
     def _served(self, broker: str, actions: list[Action]) -> None:
         self._dispatch(broker, actions)
         self._serve(broker)
-
-
-def _subscribed_id(message: Message) -> str | None:
-    return message.sub_id if type(message) is Subscribe else None
 
 
 def _undeliverable(stats: Counter[str]) -> int:

@@ -32,7 +32,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from octopis.core import LinkView
+from octopis.core import ClusteredBroker, Forward, LinkView, Notification, Subscribe, make_broker
+from octopis.core.messages import Message
+from octopis.core.recovery import HOLD_LIMIT, Recovery
+from octopis.failure_schedule import Failure
 
 DEFAULT_DETECTION = 1.0
 DEFAULT_RETAIN = 1.0
@@ -111,3 +114,221 @@ class _DetectedView:
 
     def down(self, link: str) -> bool:
         return link in self._down or self._inner.down(link)
+
+
+class FailureEvents:
+    """The :class:`~octopis.sim.engine.Simulator`'s failures (a mixin beside its event
+    loop): scheduling them, detection, custody taken back, restarts and their resync.
+    What a broker holds for a neighbour and owes it is :mod:`octopis.core.recovery`'s."""
+
+    def fail(
+        self,
+        failure: Failure,
+        start: float = 0.0,
+        *,
+        detection: float = DEFAULT_DETECTION,
+        retain: float = DEFAULT_RETAIN,
+    ) -> None:
+        """Schedule ``failure`` (times from ``start``); the first call sets how long
+        detection takes and how long senders keep copies (see :mod:`octopis.sim.failures`)."""
+        for end in failure.ends:
+            if end not in self.cores:
+                raise KeyError(f"no broker {end!r} in topology {self.scot.name}")
+        if failure.stall:  # the neighbours' view of a stopped process: every link silent
+            broker = failure.ends[0]
+            for neighbour in sorted(self.scot.graph[broker]):
+                link = Failure((broker, neighbour), failure.at, failure.until)
+                self.fail(link, start, detection=detection, retain=retain)
+            return
+        if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
+            raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
+        if self._taken is not None:  # a service model always has receiver-paced links
+            raise ValueError(
+                "failures are not simulated with a CPU service model or receiver-paced links"
+            )
+        if self.failures is None:
+            self.failures = FailureState(detection, retain)
+        self.at(start + failure.at, self._fail, failure)
+        if failure.until is not None:
+            self.at(start + failure.until, self._recover, failure)
+
+    def _failed_links(self, failure: Failure) -> list[tuple[str, str]]:
+        if failure.is_broker:
+            broker = failure.ends[0]
+            return [(broker, n) for n in self.scot.graph[broker]] + [
+                (n, broker) for n in self.scot.graph[broker]
+            ]
+        a, b = failure.ends
+        return [(a, b), (b, a)]
+
+    def _fail(self, failure: Failure) -> None:
+        state = self.failures
+        assert state is not None
+        if failure.is_broker:
+            broker = failure.ends[0]
+            state.dead.add(broker)
+            for message in state.forget(broker):
+                if type(message) is Notification:
+                    self.failure_counts["undeliverable.died_in_custody"] += 1
+                    self._undeliverable_keys.add(message.key)
+            self.hosts_failed.add(broker)
+            self._retired.update(self.cores[broker].counts())
+            recovery = self.recovery[broker]  # what it held dies with it
+            for copies in recovery.copies.values():
+                self.failure_counts["undeliverable.died_held"] += len(copies)
+                self._undeliverable_keys.update(m.key for m in copies)
+            self.failure_counts.update(recovery.counters)
+            self.recovery[broker] = Recovery(HOLD_LIMIT)
+            self.failure_counts["brokers_killed"] += 1
+        else:
+            state.cut.update(self._failed_links(failure))
+            self.failure_counts["links_cut"] += 1
+        for src, dst in self._failed_links(failure):
+            state.shares_in_flight.pop((src, dst), None)
+            if src not in state.dead and (src, dst) not in state.failed_at:
+                state.failed_at[(src, dst)] = self.now
+                self.at(self.now + state.detection, self._detect, src, dst)
+
+    def _detect(self, src: str, dst: str) -> None:
+        """``src`` declares ``dst`` down and re-routes the notifications it kept in
+        custody for it; subscription messages among them wait for ``dst``'s return
+        (:class:`Recovery`), as in the broker process."""
+        state = self.failures
+        assert state is not None
+        if src in state.dead or (src, dst) not in state.failed_at:
+            return
+        down = state.detected.setdefault(src, set())
+        if dst in down:
+            return
+        down.add(dst)
+        self.failure_counts["detections"] += 1
+        core = self.cores[src]
+        for message in state.take_back(src, dst):
+            if type(message) is Notification:
+                self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
+            else:
+                self.recovery[src].hold_subscriptions(dst, [message])
+
+    def _recover(self, failure: Failure) -> None:
+        """A link comes back, or a broker restarts empty and is resynced by its live
+        neighbours; they keep treating it as down (detours) until its resync has
+        arrived, and it refuses publications until then (DESIGN §7)."""
+        state = self.failures
+        assert state is not None
+        links = self._failed_links(failure)
+        for src, dst in links:
+            self._detect(src, dst)  # a restart is noticed at once by the new handshake
+        if not failure.is_broker:
+            state.cut.difference_update(links)
+            self._links_up(links)
+            return
+        broker = failure.ends[0]
+        state.dead.discard(broker)
+        self.failure_counts["brokers_restarted"] += 1
+        core = make_broker(self.scot, broker, self.mode, self._matcher_factory)
+        core.epoch = f"r{self.failure_counts['brokers_restarted']}."
+        resyncs = isinstance(core, ClusteredBroker)
+        for neighbour in self.scot.graph[broker]:
+            dropped = self.recovery[neighbour].restarted(broker, core.epoch if resyncs else None)
+            self._undeliverable_keys.update(m.key for m in dropped)
+        neighbours = set(self.scot.graph[broker])
+        if isinstance(core, ClusteredBroker):
+            core.expect_shares(neighbours)
+        self.cores[broker] = core
+        self._links_up([(broker, n) for n in neighbours])
+        for neighbour in neighbours:
+            if state.broken(broker, neighbour):  # never greeted: detected like any silence
+                state.failed_at[(broker, neighbour)] = self.now
+                self.at(self.now + state.detection, self._detect, broker, neighbour)
+        if isinstance(core, ClusteredBroker):
+            carried = {
+                n: self._hand_held_subscriptions(n, broker)
+                for n in neighbours
+                if not state.broken(n, broker)
+            }
+            state.syncing[broker] = {
+                n for n in neighbours if self._hand_share(n, broker, carried.get(n, set()))
+            }
+        else:  # BID has no resync: its neighbours only wait for the handshake
+            core.table_lost = True
+            state.syncing[broker] = {n for n in neighbours if not state.broken(n, broker)}
+            for neighbour in state.syncing[broker]:
+                self.at(self.now, self._synced, broker, neighbour)
+        if not state.syncing[broker]:
+            self._synced(broker, None)
+        for neighbour in neighbours:
+            self._hand_share(broker, neighbour)
+
+    def _hand_held_subscriptions(self, src: str, dst: str) -> set[str]:
+        """``src`` sends ``dst`` the subscription messages it held for it, in order (a new
+        incarnation broadcasts them on); returns the sub ids of the subscriptions."""
+        held, carried = self.recovery[src].take_subscriptions(dst, _subscribed_id)
+        if held:
+            self._dispatch(src, [Forward(dst, m) for m in held])
+        return carried
+
+    def _hand_share(self, src: str, dst: str, carried: set[str] = frozenset()) -> bool:
+        """``src`` hands ``dst`` its resync share if ``dst`` lacks it, both are up, the
+        link carries, no share is on its way and ``src``'s own share is whole (a broker
+        restarted next to a dead or unsynced one gets that share later). Returns whether
+        it did. What ``dst``'s predecessor had subscribed is withdrawn once ``dst`` is
+        serving (:meth:`_links_up`)."""
+        state = self.failures
+        assert state is not None
+        peer, core = self.cores[src], self.cores[dst]
+        if (
+            not isinstance(peer, ClusteredBroker)
+            or not isinstance(core, ClusteredBroker)
+            or src not in core.missing_shares
+            or (src, dst) in state.shares_in_flight
+            or state.broken(src, dst)
+            or not peer.share_complete(dst)
+        ):
+            return False
+        share = self.recovery[src].share(peer, dst, carried)
+        self._dispatch(src, [Forward(dst, m) for m in share])
+        token = state.shares_in_flight[(src, dst)] = object()
+        queue = self._in_flight[src].get(dst)
+        arrival = max(queue[-1][0], self.now) if queue else self.now
+        self.at(arrival, self._share_arrived, src, dst, token)
+        return True
+
+    def _share_arrived(self, src: str, dst: str, token: object) -> None:
+        """The last message of ``src``'s share reached ``dst`` (unless a failure on the
+        link spoiled it meanwhile: then it is handed again when the link is back)."""
+        state = self.failures
+        assert state is not None
+        if state.shares_in_flight.get((src, dst)) is not token:
+            return
+        del state.shares_in_flight[(src, dst)]
+        self.cores[dst].share_received(src)  # type: ignore[union-attr]
+        self._synced(dst, src)
+        for neighbour in self.scot.graph[dst]:
+            self._hand_share(dst, neighbour)
+
+    def _synced(self, broker: str, neighbour: str | None) -> None:
+        state = self.failures
+        assert state is not None
+        waiting = state.syncing.get(broker)
+        if waiting is None:
+            return
+        waiting.discard(neighbour)  # type: ignore[arg-type]
+        if not waiting:
+            del state.syncing[broker]
+            self._links_up([(n, broker) for n in self.scot.graph[broker]])
+
+    def _links_up(self, links: list[tuple[str, str]]) -> None:
+        state = self.failures
+        assert state is not None
+        for src, dst in links:
+            if not state.broken(src, dst):
+                state.failed_at.pop((src, dst), None)
+                state.detected.get(src, set()).discard(dst)
+                carried = self._hand_held_subscriptions(src, dst)
+                self._hand_share(src, dst, carried)
+                held, withdrawals = self.recovery[src].serving(self.cores[src], dst)
+                self._dispatch(src, [Forward(dst, m) for m in held] + withdrawals)
+
+
+def _subscribed_id(message: Message) -> str | None:
+    return message.sub_id if type(message) is Subscribe else None

@@ -1,0 +1,119 @@
+"""A new topology version in the simulator (DESIGN §9): brokers added (filled by the
+restart resync) or removed (after their subscribers moved and their links drained)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from octopis.core import make_broker
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.recovery import HOLD_LIMIT, Recovery
+from octopis.sim.congestion import FreeLinks, InjectedCongestion
+from octopis.sim.failures import FailureState
+from octopis.topology import Scot
+
+MOVE_POLL = 0.01
+"""Seconds between checks whether a subscription moved across clusters is stored by every
+broker, so that the old one can go (:meth:`Simulator.move`), and whether the brokers a
+shrink removes are free to go (:meth:`Reshaping.shrink`)."""
+
+
+class Reshaping:
+    """The :class:`~octopis.sim.engine.Simulator`'s topology changes (a mixin beside its
+    event loop)."""
+
+    def reshape(self, scot: Scot) -> None:
+        """Change the overlay to ``scot``, a version that adds or removes brokers
+        (:mod:`octopis.topology_change`), now. Every remaining broker takes its view in
+        it (:meth:`ClusteredBroker.relink`: links added or removed, CBV width); a new
+        broker starts empty and is filled by resync, the state transfer a restarted
+        broker gets (:meth:`_hand_share`), its neighbours routing around it until it has
+        its shares. A broker that leaves must host no subscriber and have nothing in
+        flight (move its subscribers and drain first). SNR and DNR only: BID has no resync."""
+        if self.mode == "bid":
+            raise ValueError("BID has no resync to fill a new broker: reshape SNR or DNR")
+        if not isinstance(self.links, FreeLinks | InjectedCongestion):
+            raise ValueError("reshape works on free or injected links, not timed ones")
+        old = self.scot
+        added = [b for b in scot.brokers if b not in old.brokers]
+        removed = [b for b in old.brokers if b not in scot.brokers]
+        hosted = sorted(c for c, b in self._home.items() if b in removed)
+        if hosted:
+            raise ValueError(f"clients {', '.join(hosted[:3])} are still attached to a broker "
+                             "that leaves: move them first")  # fmt: skip
+        busy = [b for b in removed if any(self._in_flight[b].values())] + [
+            b for b in old.brokers for d in removed if self._in_flight[b].get(d)
+        ]
+        if busy:
+            raise ValueError(f"messages are in flight at {busy[0]}: let the overlay drain first")
+        if self.failures is None:
+            self.failures = FailureState()
+        state = self.failures
+        for broker in removed:
+            self._retired.update(self.cores.pop(broker).counts())
+            self.failure_counts.update(self.recovery.pop(broker).counters)
+            del self._in_flight[broker]
+            state.detected.pop(broker, None)
+        for broker in scot.brokers:
+            if broker in self.cores and (
+                scot.clusters != old.clusters or set(scot.graph[broker]) != set(old.graph[broker])
+            ):
+                core = self.cores[broker]
+                assert isinstance(core, ClusteredBroker)
+                core.relink(scot.brokers[broker], scot.clusters)
+                for gone in set(old.graph[broker]) - set(scot.graph[broker]):
+                    self.failure_counts["relink.held_dropped"] += self.recovery[broker].forget(gone)
+                    self._in_flight[broker].pop(gone, None)
+                    state.failed_at.pop((broker, gone), None)
+                    state.detected.get(broker, set()).discard(gone)
+        self.scot = scot
+        for broker in added:
+            core = make_broker(scot, broker, self.mode, self._matcher_factory)
+            neighbours = set(scot.graph[broker])
+            core.expect_shares(neighbours)  # type: ignore[union-attr]
+            self.cores[broker] = core
+            self.recovery[broker] = Recovery(HOLD_LIMIT)
+            self._in_flight[broker] = {}
+            for neighbour in neighbours:  # a link that is not serving yet is down to it
+                state.failed_at[(neighbour, broker)] = self.now
+                state.detected.setdefault(neighbour, set()).add(broker)
+        for broker in added:
+            neighbours = set(scot.graph[broker])
+            state.syncing[broker] = {n for n in neighbours if self._hand_share(n, broker)}
+            if not state.syncing[broker]:
+                self._synced(broker, None)
+        self.failure_counts["brokers_added"] += len(added)
+        self.failure_counts["brokers_removed"] += len(removed)
+
+    def shrink(self, scot: Scot, refuge: Callable[[str], str], poll: float = MOVE_POLL) -> None:
+        """Remove the brokers ``scot`` lacks, without loss: every subscriber attached to
+        one moves now to ``refuge(its broker)`` (make-before-break, :meth:`move`), and
+        once no move is under way and nothing is on the leaving brokers' links (checked
+        every ``poll`` seconds) the overlay becomes ``scot`` (:meth:`reshape`)."""
+        leaving = set(self.scot.brokers) - set(scot.brokers)
+        if not leaving:
+            raise ValueError(f"{scot.name} removes no broker: use reshape")
+        movers = sorted(s for s, b in self._home.items() if b in leaving)
+        for subscriber in movers:
+            if not self.moving(subscriber):
+                self.move(subscriber, refuge(self._home[subscriber]))
+        self.retiring |= leaving
+        self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
+
+    def _shrink_when_ready(self, scot: Scot, refuge: Callable[[str], str], poll: float) -> None:
+        """:meth:`shrink`'s poll. Any move under way counts, not only those it ordered:
+        one into a leaving broker, ordered before it retired, must end first."""
+        leaving = set(self.scot.brokers) - set(scot.brokers)
+        late = [s for s, b in self._home.items() if b in leaving and not self.moving(s)]
+        for subscriber in late:  # moved there meanwhile, or its move was queued
+            self.move(subscriber, refuge(self._home[subscriber]))
+        busy = (
+            any(self.moving(s) for s in self._home)
+            or any(self._in_flight[b].get(d) for b in self.cores for d in leaving)
+            or any(any(self._in_flight[b].values()) for b in leaving)
+        )
+        if busy or late:
+            self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
+            return
+        self.reshape(scot)
+        self.retiring -= leaving
