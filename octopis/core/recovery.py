@@ -80,14 +80,14 @@ class Recovery(Generic[Item]):
     # -- a neighbour back ----------------------------------------------------------------
 
     def take_subscriptions(
-        self, neighbour: str, sub_id: Callable[[Item], str | None]
+        self, neighbour: str, read: Callable[[Item], tuple[str, bool]]
     ) -> tuple[list[Item], set[str]]:
         """The subscription messages held for ``neighbour``, to go out first, and the sub
-        ids of the subscriptions among them (``sub_id`` reads one, None for others): its
-        share need not repeat those."""
+        ids of the subscriptions among them (``read`` gives an item's sub id and whether
+        it subscribes): its share need not repeat those."""
         held = self.subscriptions.pop(neighbour, [])
         self.counters["sbp_handed_late"] += len(held)
-        return held, {s for s in map(sub_id, held) if s is not None}
+        return held, {sub_id for sub_id, subscribes in map(read, held) if subscribes}
 
     def release_copies(self, neighbour: str) -> list[Item]:
         """The copies held for ``neighbour``, now that it is back as the same process (or
@@ -96,12 +96,31 @@ class Recovery(Generic[Item]):
         self.counters["held.released"] += len(held)
         return held
 
-    def restarted(self, neighbour: str, epoch: str | None) -> list[Item]:
+    def restarted(
+        self, neighbour: str, epoch: str | None, read: Callable[[Item], tuple[str, bool]]
+    ) -> list[Item]:
         """``neighbour`` came back as a new process: the copies held for its predecessor
         are undeliverable (returned, counted); with ``epoch`` (resyncing modes), its
-        predecessor's subscriptions are withdrawn once it is serving."""
+        predecessor's subscriptions are withdrawn once it is serving.
+
+        The new process has no entry to withdraw or move: of the subscription messages
+        held for its predecessor (``read`` gives an item's sub id and whether it
+        subscribes) it is handed only the subscriptions that no later held message
+        names, to broadcast on; the rest reach it as they stand now, in the resync share
+        (counted ``sbp_left_to_share``)."""
         dropped = self.copies.pop(neighbour, [])
         self.counters["undeliverable.held_for_restarted"] += len(dropped)
+        held = self.subscriptions.get(neighbour)
+        if held:
+            facts = [read(item) for item in held]
+            last = {sub_id: i for i, (sub_id, _) in enumerate(facts)}
+            kept = [
+                item
+                for i, (item, (sub_id, subscribes)) in enumerate(zip(held, facts, strict=True))
+                if subscribes and last[sub_id] == i
+            ]
+            self.counters["sbp_left_to_share"] += len(held) - len(kept)
+            self.subscriptions[neighbour] = kept
         if epoch is not None:
             self.withdraw_when_serving[neighbour] = epoch
         return dropped

@@ -229,7 +229,8 @@ class FailureEvents:
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."
         resyncs = isinstance(core, ClusteredBroker)
         for neighbour in self.scot.graph[broker]:
-            dropped = self.recovery[neighbour].restarted(broker, core.epoch if resyncs else None)
+            epoch = core.epoch if resyncs else None
+            dropped = self.recovery[neighbour].restarted(broker, epoch, _read_sbp)
             self._undeliverable_keys.update(m.key for m in dropped)
         neighbours = set(self.scot.graph[broker])
         if isinstance(core, ClusteredBroker):
@@ -262,7 +263,7 @@ class FailureEvents:
     def _hand_held_subscriptions(self, src: str, dst: str) -> set[str]:
         """``src`` sends ``dst`` the subscription messages it held for it, in order (a new
         incarnation broadcasts them on); returns the sub ids of the subscriptions."""
-        held, carried = self.recovery[src].take_subscriptions(dst, _subscribed_id)
+        held, carried = self.recovery[src].take_subscriptions(dst, _read_sbp)
         if held:
             self._dispatch(src, [Forward(dst, m) for m in held])
         return carried
@@ -330,5 +331,5 @@ class FailureEvents:
                 self._dispatch(src, [Forward(dst, m) for m in held] + withdrawals)
 
 
-def _subscribed_id(message: Message) -> str | None:
-    return message.sub_id if type(message) is Subscribe else None
+def _read_sbp(message: Message) -> tuple[str, bool]:
+    return message.sub_id, type(message) is Subscribe

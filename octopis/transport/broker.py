@@ -382,7 +382,7 @@ class Broker:
     def _hand_held_sbp(self, neighbour: str) -> set[str]:
         """Put the subscription frames held for ``neighbour`` on its link, in order;
         returns the sub ids of the subscriptions among them."""
-        held, carried = self.recovery.take_subscriptions(neighbour, _subscribed_id)
+        held, carried = self.recovery.take_subscriptions(neighbour, _read_sbp)
         link, now = self.links[neighbour], self._loop.time()
         for frame in held:
             link.put(frame, now)
@@ -446,7 +446,8 @@ class Broker:
         core = self.core
         clustered = isinstance(core, ClusteredBroker)
         if restarted:  # what was held for its predecessor: those subscribers are gone
-            self.recovery.restarted(neighbour, epoch_of(incarnation) if clustered else None)
+            epoch = epoch_of(incarnation) if clustered else None
+            self.recovery.restarted(neighbour, epoch, _read_sbp)
         if not clustered:
             if restarted:
                 self.counters["restarts_without_resync"] += 1
@@ -689,10 +690,10 @@ class Broker:
         return self.clients.order_move(client, to, inside)
 
 
-def _subscribed_id(frame: list) -> str | None:
-    """The sub id of the subscription a subscription frame carries, else None."""
+def _read_sbp(frame: list) -> tuple[str, bool]:
+    """The sub id a subscription frame names, and whether it subscribes."""
     message = message_of(frame)
-    return message.sub_id if isinstance(message, Subscribe) else None
+    return message.sub_id, type(message) is Subscribe
 
 
 async def run_broker(
