@@ -131,3 +131,16 @@ def test_a_withdrawal_held_for_a_dead_neighbour_is_not_handed_to_its_successor()
     failures = [Failure(("r0:0",), 0.0, 1.0), Failure(("r1:1",), 0.0, 2.0)]
     report = _law(_run(scot, "dnr", failures, seed=38, subscribers=30, publications=30))
     assert report["sbp_left_to_share"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["snr", "dnr"])
+def test_a_subscription_message_already_delivered_is_not_handed_again(mode: str) -> None:
+    """r1:0 restarts; r0:0 withdraws its predecessor's subscriptions, delivered to r0:1
+    at once. The link r0:0–r0:1 is then cut and heals: what r0:0 sent on it before the
+    cut was delivered (or lost in flight, as in the process, where subscription messages
+    are not kept in custody), so nothing is handed again on its return (the simulator
+    re-sent the withdrawal from custody and raised ProtocolError here)."""
+    tree = nx.Graph([("r0", "r1"), ("r0", "r2")])
+    scot = build_scot(tree, 2, name="three-regions")
+    failures = [Failure(("r1:0",), 0.0, 2.0), Failure(("r0:0", "r0:1"), 3.0, 4.0)]
+    _law(_run(scot, mode, failures, seed=29, subscribers=30, publications=30))

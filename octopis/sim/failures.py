@@ -191,8 +191,9 @@ class FailureEvents:
 
     def _detect(self, src: str, dst: str) -> None:
         """``src`` declares ``dst`` down and re-routes the notifications it kept in
-        custody for it; subscription messages among them wait for ``dst``'s return
-        (:class:`Recovery`), as in the broker process."""
+        custody for it. Subscription messages are not in the process's custody: those
+        sent are delivered or lost in flight; those sent on a link already broken wait
+        for ``dst``'s return (:meth:`_dispatch`, :class:`Recovery`)."""
         state = self.failures
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:
@@ -204,10 +205,7 @@ class FailureEvents:
         self.failure_counts["detections"] += 1
         core = self.cores[src]
         for message in state.take_back(src, dst):
-            if type(message) is Notification:
-                self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
-            else:
-                self.recovery[src].hold_subscriptions(dst, [message])
+            self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
 
     def _recover(self, failure: Failure) -> None:
         """A link comes back, or a broker restarts empty and is resynced by its live
