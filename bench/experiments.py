@@ -528,13 +528,13 @@ def plot(name: str, reports: list[dict[str, Any]], path: Path) -> None:
 
 def delivered_as_promised(report: dict[str, Any]) -> bool:
     """Exactly once, and no link declared down (a false detection). With failures the
-    promise is DNR's (SNR and BID stay static and count what they lose, DESIGN §7): for
+    promise is SNR's and DNR's (BID stays static and counts what it loses, DESIGN §7): for
     every subscriber whose host stayed alive and for what was published after a killed
     host's subscribers were back."""
     failures = report["failures"]
     if "host_alive" not in failures:
         return not (report["lost"] or report["duplicates"] or failures.get("links_down"))
-    if report.get("routing", report["mode"]) != "dnr":
+    if report.get("routing", report["mode"]) == "bid":
         return True
     groups = [failures["host_alive"], failures.get("host_dead_after_back", {})]
     return not any(g.get("lost") or g.get("duplicates") or g.get("unexpected") for g in groups)

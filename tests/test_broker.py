@@ -170,7 +170,7 @@ def _ms_until(deadline: float) -> int:
 @pytest.mark.processes
 def test_a_batch_from_a_neighbour_loses_only_its_bad_bodies(tmp_path: Path) -> None:
     """A message from neighbour a:0 carrying good notifications, a malformed body, a
-    notification that breaks the protocol (a CBV header into an SNR broker) and a
+    notification that breaks the protocol (a CBV naming b:0's own cluster) and a
     heartbeat: the two bad bodies are counted (``wire_errors``, ``protocol_errors``)
     and dropped; every good notification is forwarded once, in order, with the body it
     came in."""
@@ -186,7 +186,7 @@ def test_a_batch_from_a_neighbour_loses_only_its_bad_bodies(tmp_path: Path) -> N
         good[1],
         b"\xc1 not msgpack",
         good[2],
-        _quote(99, frozenbitarray("010")),
+        _quote(99, frozenbitarray("100")),
         good[3],
         heartbeat,
         good[4],

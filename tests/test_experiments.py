@@ -194,9 +194,9 @@ def test_failure_table_and_plot_show_both_modes_and_the_promise(tmp_path: Path) 
     )
     assert "| detection (first–last neighbour) | 0.80–1.01 s | 0.80–1.01 s |" in text
     assert "| undeliverable copies, by reason | link_down 962 | 0 |" in text
-    assert [delivered_as_promised(r) for r in reports] == [True, True]
-    broken = _failure_report("dnr", 0, 2)
-    assert not delivered_as_promised(broken)
+    assert [delivered_as_promised(r) for r in reports] == [False, True]
+    assert delivered_as_promised(_failure_report("bid", 1292, 111))  # static: counted
+    assert not delivered_as_promised(_failure_report("dnr", 0, 2))
     plot("failure", reports, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
 

@@ -289,16 +289,18 @@ class ClusteredBroker(CoreBase):
 
     def route(self, n: Notification, src: str | None, links: LinkView) -> list[Action]:
         """A notification from ``src`` (None: a local publisher): a tunnel copy is relayed
-        (DESIGN §7), anything else is routed by SNR or DNR."""
-        if n.tunnel is not None and src is not None:
-            return self.relay(n, links, src)
+        (DESIGN §7), anything else is routed by SNR or DNR. In SNR a copy with a tunnel or
+        a CBV is on a failure detour and follows DNR's detour rules with congestion left
+        out (:class:`FailuresOnly`)."""
         if n.destinations is not None:
             raise ProtocolError("a BID destination list reached a clustered broker")
-        if n.cbv is not None and not self.dynamic:
-            raise ProtocolError("a CBV header reached a broker routing statically (SNR)")
-        if self.dynamic:
-            return self.route_dynamic(n, src, links)
-        return self.route_static(n, src, links)
+        if not self.dynamic:
+            if n.tunnel is None and n.cbv is None:
+                return self.route_static(n, src, links)
+            links = FailuresOnly(links)
+        if n.tunnel is not None and src is not None:
+            return self.relay(n, links, src)
+        return self.route_dynamic(n, src, links)
 
     def static_targets(
         self, n: Notification, src: str | None
@@ -340,18 +342,20 @@ class ClusteredBroker(CoreBase):
         """Static Notification Routing (§6.2, Algorithm 3): one copy per distinct target.
 
         A broker entered over an iCOL forwards only inside its cluster; every cluster is a
-        tree, so each interested subscriber gets the notification exactly once. SNR stays
-        static under failures: a copy for a link that is down is counted undeliverable,
-        never sent and never silently lost (DESIGN §7).
+        tree, so each interested subscriber gets the notification exactly once. SNR is
+        static with respect to congestion only: when a target link is down (a failure),
+        the copies take DNR's failure detours (:meth:`spread` on :class:`FailuresOnly`
+        links: tunnels along squares for a dead aCOL, a CBV bit for a dead iCOL; DESIGN §7).
         """
         subscribers, acols, icols = self.static_targets(n, src)
         out: list[Action] = [Deliver(s, n) for s in subscribers] if subscribers else []
         down = links.down
         for link in (*acols, *icols.values()) if icols else acols:
             if down(link):
-                self.stats["undeliverable.link_down"] += 1
-            else:
-                out.append(forward_copy(link, n))
+                del out[len(subscribers) :]
+                out += self.spread(n, src, acols, icols, FailuresOnly(links))
+                return out
+            out.append(forward_copy(link, n))
         self.notification_copies += len(out) - len(subscribers)
         return out
 
@@ -362,9 +366,10 @@ class ClusteredBroker(CoreBase):
         CBV. With no target iCOL and every target aCOL live, that is a plain copy on each
         aCOL (the common case, decided here); otherwise :meth:`spread` sends the copies.
         """
+        named = None if n.cbv is None else self._icols_named(n.cbv)  # checked before dedup
         subscribers, acols, icols = self.static_targets(n, src)
-        if n.cbv is not None:
-            icols = {**icols, **self._icols_named(n.cbv)}
+        if named is not None:
+            icols = {**icols, **named}
             n = n._replace(cbv=None)
         out: list[Action] = [Deliver(s, n) for s in subscribers] if subscribers else []
         if not icols:
@@ -435,7 +440,7 @@ class ClusteredBroker(CoreBase):
                 self.stats["undeliverable.no_live_link"] += len(carried)
             else:
                 copies[carrier] = n._replace(cbv=self._cbv(carried)) if carried else n
-                self.stats[case] += 1
+                self.stats[case if self.dynamic else "snr.cbv_detour"] += 1
                 self.stats["dnr_kept_off"] += len(loaded) - (carrier in loaded.values())
         out = [Forward(link, copy) for link, copy in copies.items()]
         for link in dead_acols:
@@ -468,8 +473,6 @@ class ClusteredBroker(CoreBase):
         B(z,k), z a tree neighbour of y other than x, each to cross to B(z,c) and be
         routed there as if from B(y,c). A CBV rides on exactly one copy; a copy with
         nowhere to go is counted undeliverable."""
-        if not self.dynamic:
-            raise ProtocolError("a tunnel copy reached a broker routing statically (SNR)")
         tunnel = n.tunnel
         if tunnel.cluster == self.cluster:
             origin = self.primary_in.get(tunnel.origin)
@@ -479,7 +482,10 @@ class ClusteredBroker(CoreBase):
                     f"{tunnel.cluster} reached {self.id}"
                 )
             self.stats["tunnel.arrived"] += 1
-            return self.route_dynamic(n._replace(tunnel=None), origin, links)
+            n = n._replace(tunnel=None)
+            if self.dynamic or n.cbv is not None:
+                return self.route_dynamic(n, origin, links)
+            return self.route_static(n, origin, links)
         if tunnel.cluster not in self.secondary:
             raise ProtocolError(f"tunnel to cluster {tunnel.cluster} reached {self.id}")
         self.stats["tunnel.relayed"] += 1
@@ -546,15 +552,14 @@ class ClusteredBroker(CoreBase):
         """A copy sent on ``link`` and never acknowledged before it went down comes back
         from custody (DESIGN §7) and is routed again with ``link`` down: a tunnel copy by
         the relay rules, an aCOL copy by a tunnel, an iCOL copy as a CBV bit for its
-        cluster (plus the bits it carried). SNR counts it undeliverable. Subscription
+        cluster (plus the bits it carried); SNR alike, congestion left out. Subscription
         messages are left to resync (counted ``custody.sbp_dropped``)."""
         if type(message) is not Notification:
             self.stats["custody.sbp_dropped"] += 1
             return []
         self.stats["custody.rerouted"] += 1
         if not self.dynamic:
-            self.stats["undeliverable.link_down"] += 1
-            return []
+            links = FailuresOnly(links)
         tunnel = message.tunnel
         if tunnel is not None and tunnel.cluster == self.cluster:
             target = self.primary_in[tunnel.target]
@@ -626,6 +631,26 @@ class ClusteredBroker(CoreBase):
                 f"(host cluster {cluster}) at cluster {self.cluster}"
             )
         return cluster
+
+
+class FailuresOnly:
+    """SNR's view of its links on a failure detour (DESIGN §7): down as failure detection
+    says, never overloaded, all equally loaded, so a detour's choices depend on failures
+    alone (the first live candidate), never on congestion."""
+
+    __slots__ = ("links",)
+
+    def __init__(self, links: LinkView) -> None:
+        self.links = links
+
+    def overloaded(self, link: str) -> bool:
+        return False
+
+    def load(self, link: str) -> tuple[float, int]:
+        return (0.0, 0)
+
+    def down(self, link: str) -> bool:
+        return self.links.down(link)
 
 
 def _by_load(links: LinkView):

@@ -152,7 +152,7 @@ class Hold(NamedTuple):
     """Keep ``message`` for neighbour ``link``, which is down and may only be stalled
     (DESIGN §7): send it if ``link`` comes back as the same process; if it comes back as
     a new one, or the hold is full, the copy is undeliverable (counted by whoever holds
-    it). Only DNR holds: the copy a fan-out could not give an unreachable B(y,c)."""
+    it). Only a tunnel's fan-out holds: the copy it could not give an unreachable B(y,c)."""
 
     link: str
     message: Notification
