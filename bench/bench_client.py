@@ -46,7 +46,9 @@ def _baseline(frames: list[list[bytes]], handlers: dict[str, Any]) -> None:
         for i in range(0, len(parts) - 1, 2):
             publisher, seq, published_at, publication, _ = delivery_fields(parts[i + 1])
             for name in unpack(parts[i]):
-                handlers[name](name, publisher, seq, published_at, publication, now, left_at)
+                handlers[name](
+                    name, publisher, seq, published_at, publication, now, left_at, len(parts[i + 1])
+                )
 
 
 def test_delivery_with_repeat_check_beside_without(benchmark: pytest.FixtureRequest) -> None:

@@ -21,8 +21,13 @@ from conditions import accounting, closing_control, reader_on, tables_hold, unti
 from conftest import secure_fig2
 
 from octopis.client import BrokerError, Connection, ConnectionGroup, Publisher, Subscriber
+from octopis.client.subscriber import SubscriptionStream
 from octopis.cluster.launcher import LocalCluster
+from octopis.core import Notification
+from octopis.filters import as_subscription
+from octopis.transport.codec import encode_body
 from octopis.transport.settings import BrokerSettings
+from octopis.wire import LEFT_AT, pack
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -536,3 +541,37 @@ def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> N
         total.update(accounting(name, len(sent), Counter({s: counts[s] for s in sent})))
     assert total["lost"] == total["duplicates"] == 0, total
     assert all(set(counts) == set(sent) for counts in got.values())
+
+
+@pytest.mark.parametrize("limit", ["count", "bytes"])
+def test_a_subscriber_that_does_not_read_holds_at_most_its_buffer(limit: str) -> None:
+    """Deliveries queue in the subscriber's streams until ``buffer`` of them, or
+    ``buffer_bytes`` of their encoded size, are held; then the connection's reader stops
+    (one stall) and resumes once the application takes one. A withdrawn stream gives back
+    what it held."""
+    bodies = [
+        encode_body(Notification("p", seq, 0.0, {"class": "STOCK", "pad": "x" * 500}, session=1))
+        for seq in range(1, 31)
+    ]
+    size = len(bodies[0])
+    options = {"buffer": 10} if limit == "count" else {"buffer_bytes": 10 * size}
+
+    async def scenario() -> None:
+        connection = Connection("tcp://127.0.0.1:1", group=ConnectionGroup())
+        sub = Subscriber("s", connection, **options)
+        stream = SubscriptionStream(sub, "s#1", as_subscription("[class,eq,'STOCK']"))
+        sub._streams["s#1"] = stream
+        for body in bodies[:9]:
+            connection._on_frame([pack(["s"]), body, LEFT_AT.pack(0.0)])
+        assert (sub.held, sub.stalls, connection._stalls) == (9, 0, [])
+        connection._on_frame([pack(["s"]), bodies[9], LEFT_AT.pack(0.0)])
+        assert (sub.held, sub.held_bytes, sub.stalls) == (10, 10 * size, 1)
+        (room,) = connection._stalls
+        assert not room.is_set()
+        assert (await stream.get()).seq == 1
+        assert room.is_set() and (sub.held, sub.held_bytes) == (9, 9 * size)
+        stream.release()
+        assert (sub.held, sub.held_bytes) == (0, 0)
+        connection.socket.close()
+
+    asyncio.run(scenario())

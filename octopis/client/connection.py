@@ -79,9 +79,9 @@ class Received:
         return self.received_at - self.left_broker_at
 
 
-NotificationHandler = Callable[[str, str, int, float, Publication, float, float], None]
+NotificationHandler = Callable[[str, str, int, float, Publication, float, float, int], None]
 """Called with (client name, publisher, seq, published_at, publication, received_at,
-left_broker_at)."""
+left_broker_at, size): ``size`` is the delivery's encoded length in bytes."""
 Resume = Callable[["Connection"], Coroutine[Any, Any, None]]
 """What a client does after its connection failed over (given that connection)."""
 
@@ -156,10 +156,11 @@ class Connection:
     publication once its neighbours hold it, so this window is the publish credit that
     backpressure reaches, DESIGN §8).
 
-    Memory is bounded: ZeroMQ holds at most ``receive_buffer`` incoming messages; a
-    subscription stream holds at most its ``buffer`` and, when full, the reader stops
-    until the application takes from it (the broker then queues, and its slow-consumer
-    policy applies). The reader yields to other tasks every :data:`READ_BATCH` messages.
+    Memory is bounded: ZeroMQ holds at most ``receive_buffer`` incoming messages (64 by
+    default, each at most 16 deliveries); a :class:`Subscriber` holds at most its
+    ``buffer`` deliveries or ``buffer_bytes`` and, past either, the reader stops until the
+    application takes from it (the broker then queues, and its slow-consumer policy
+    applies). The reader yields to other tasks every :data:`READ_BATCH` messages.
 
     ``keys`` is a keys directory (:mod:`octopis.keys`; default ``$OCTOPIS_KEYS``): the
     connection speaks CurveZMQ with client key pair ``key_name``, each broker known by
@@ -175,7 +176,7 @@ class Connection:
         liveness: float = DEFAULT_LIVENESS,
         linger: float = 10.0,
         max_pending: int = 1000,
-        receive_buffer: int = 10_000,
+        receive_buffer: int = 64,
         keys: str | os.PathLike | None = None,
         key_name: str = DEFAULT_CLIENT,
         group: ConnectionGroup | None = None,
@@ -654,7 +655,8 @@ class Connection:
         group = self.group
         seen, recent, handlers = group.seen, group.recent, self._handlers
         for i in range(0, len(parts) - 1, 2):
-            publisher, seq, published_at, publication, session = delivery_fields(parts[i + 1])
+            body = parts[i + 1]
+            publisher, seq, published_at, publication, session = delivery_fields(body)
             for name in unpack(parts[i]):
                 handler = handlers.get(name)
                 if handler is None:
@@ -666,7 +668,7 @@ class Connection:
                     continue
                 seen.add(key)
                 recent.append((now, key))
-                handler(name, publisher, seq, published_at, publication, now, left_at)
+                handler(name, publisher, seq, published_at, publication, now, left_at, len(body))
         group.forget_old(now)
 
     def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:

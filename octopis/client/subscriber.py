@@ -22,25 +22,30 @@ from octopis.filters import Publication, Subscription, as_subscription
 
 class SubscriptionStream:
     """An async iterator over the notifications delivered to its subscriber (the broker
-    delivers each matching notification once per subscriber, DESIGN §3)."""
+    delivers each matching notification once per subscriber, DESIGN §3). What it holds
+    counts against its subscriber's ``buffer`` and ``buffer_bytes``."""
 
-    def __init__(
-        self, owner: Subscriber, sub_id: str, subscription: Subscription, buffer: int
-    ) -> None:
+    def __init__(self, owner: Subscriber, sub_id: str, subscription: Subscription) -> None:
         self.owner = owner
         self.sub_id = sub_id
         self.subscription = subscription
-        self.buffer = buffer
-        self.queue: asyncio.Queue[Received | DroppedError] = asyncio.Queue()
-        self._room = asyncio.Event()
-        self._room.set()
+        self.queue: asyncio.Queue[tuple[Received | DroppedError, int]] = asyncio.Queue()
 
-    def offer(self, received: Received | DroppedError) -> None:
-        """Queue a delivery; at ``buffer`` the connection's reader stops until there is room."""
-        self.queue.put_nowait(received)
-        if self.queue.qsize() >= self.buffer and self._room.is_set():
-            self._room.clear()
-            self.owner.connection.stall_until(self._room)
+    def offer(self, received: Received, size: int) -> None:
+        """Queue a delivery of ``size`` encoded bytes (held until taken)."""
+        self.queue.put_nowait((received, size))
+        self.owner.hold(size)
+
+    def end(self, error: DroppedError) -> None:
+        """After what is queued, every :meth:`get` raises ``error``."""
+        self.queue.put_nowait((error, 0))
+
+    def release(self) -> None:
+        """Give up what is still queued (the subscription was withdrawn)."""
+        while not self.queue.empty():
+            item, size = self.queue.get_nowait()
+            if not isinstance(item, DroppedError):
+                self.owner.taken(size)
 
     def __aiter__(self) -> AsyncIterator[Received]:
         return self
@@ -51,12 +56,11 @@ class SubscriptionStream:
     async def get(self, timeout: float | None = None) -> Received:
         """The next notification, waiting at most ``timeout`` seconds; raises
         :class:`DroppedError` after the last one if the broker dropped the connection."""
-        item = await asyncio.wait_for(self.queue.get(), timeout)
-        if self.queue.qsize() < self.buffer:
-            self._room.set()
+        item, size = await asyncio.wait_for(self.queue.get(), timeout)
         if isinstance(item, DroppedError):
-            self.queue.put_nowait(item)  # every later call raises too
+            self.queue.put_nowait((item, 0))  # every later call raises too
             raise item
+        self.owner.taken(size)
         return item
 
     async def unsubscribe(self) -> None:
@@ -74,10 +78,24 @@ class Subscriber(NamedClient):
         connection: Connection,
         on_notification: Callable[[Received], None] | None = None,
         buffer: int = 10_000,
+        buffer_bytes: int = 64 * 2**20,
     ) -> None:
         super().__init__(name, connection)
+        if buffer < 1 or buffer_bytes < 1:
+            raise ValueError("a subscriber's buffer and buffer_bytes must be positive")
         self.buffer = buffer
-        """Notifications each stream holds before the connection stops reading."""
+        """Deliveries this subscriber's streams hold, not yet taken, before its connection
+        stops reading (the broker then queues, and its slow-consumer policy applies)."""
+        self.buffer_bytes = buffer_bytes
+        """Encoded bytes of those deliveries before the connection stops reading."""
+        self.held = 0
+        """Deliveries held in the streams now (one per stream a delivery is queued on)."""
+        self.held_bytes = 0
+        """Their encoded bytes."""
+        self.stalls = 0
+        """Times a full buffer stopped the connection's reader."""
+        self._room = asyncio.Event()
+        self._room.set()
         self._streams: dict[str, SubscriptionStream] = {}
         self._subscriptions: dict[str, Subscription] = {}
         self._callback = on_notification
@@ -90,6 +108,25 @@ class Subscriber(NamedClient):
         """Move orders ignored: from a broker this subscriber has left, or naming
         subscriptions it no longer holds (the broker's view was older than the client's)."""
         self._serve_on(connection)
+
+    def hold(self, size: int) -> None:
+        """A stream took a delivery of ``size`` bytes: past ``buffer`` or
+        ``buffer_bytes`` the connection's reader stops until there is room."""
+        self.held += 1
+        self.held_bytes += size
+        if (self.held >= self.buffer or self.held_bytes >= self.buffer_bytes) and (
+            self._room.is_set()
+        ):
+            self._room.clear()
+            self.stalls += 1
+            self.connection.stall_until(self._room)
+
+    def taken(self, size: int) -> None:
+        """The application took a delivery of ``size`` bytes from a stream."""
+        self.held -= 1
+        self.held_bytes -= size
+        if self.held < self.buffer and self.held_bytes < self.buffer_bytes:
+            self._room.set()
 
     def _serve_on(self, connection: Connection) -> None:
         self.connection = connection
@@ -236,7 +273,7 @@ class Subscriber(NamedClient):
         """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream."""
         subscription = as_subscription(spec)
         sub_id = await self._subscribe(subscription, timeout)
-        stream = SubscriptionStream(self, sub_id, subscription, self.buffer)
+        stream = SubscriptionStream(self, sub_id, subscription)
         self._streams[sub_id] = stream
         return stream
 
@@ -274,7 +311,9 @@ class Subscriber(NamedClient):
         await self.connection.request(
             {"op": "unsubscribe", "client": self.name, "sub_id": sub_id}, timeout
         )
-        self._streams.pop(sub_id, None)
+        gone = self._streams.pop(sub_id, None)
+        if gone is not None:
+            gone.release()
         self._subscriptions.pop(sub_id, None)
 
     def _on_notify(
@@ -286,14 +325,15 @@ class Subscriber(NamedClient):
         publication: Publication,
         received_at: float,
         left_at: float,
+        size: int,
     ) -> None:
         received = Received(name, publisher, seq, published_at, received_at, publication, left_at)
         if self._callback is not None:
             self._callback(received)
             return
         for stream in self._streams.values():
-            stream.offer(received)
+            stream.offer(received, size)
 
     def _dropped(self, reason: str) -> None:
         for stream in self._streams.values():
-            stream.queue.put_nowait(DroppedError(reason))
+            stream.end(DroppedError(reason))
