@@ -42,13 +42,12 @@ def _baseline(frames: list[list[bytes]], handlers: dict[str, Any]) -> None:
     """Decode each delivery and hand it to its client: the work without the repeat check."""
     for parts in frames:
         now = time.time()
-        left_at = LEFT_AT.unpack(parts[-1])[0]
+        left = LEFT_AT.unpack(parts[-1])[0]
         for i in range(0, len(parts) - 1, 2):
             publisher, seq, published_at, publication, _ = delivery_fields(parts[i + 1])
             for name in unpack(parts[i]):
-                handlers[name](
-                    name, publisher, seq, published_at, publication, now, left_at, len(parts[i + 1])
-                )
+                size = len(parts[i + 1])
+                handlers[name](name, publisher, seq, published_at, publication, now, left, size, 0)
 
 
 def test_delivery_with_repeat_check_beside_without(benchmark: pytest.FixtureRequest) -> None:

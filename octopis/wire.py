@@ -30,6 +30,8 @@ import msgspec.inspect
 HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY, HEARTBEAT, SYNCED, MOVE, REHOST = 0, 1, 2, 3, 4, 5, 6, 7
 """Peer body kinds: link handshake, SBP subscribe / unsubscribe, notification, liveness,
 end of a resync, a subscriber's move inside its cluster and the note of its new host."""
+REPLAY, REPLAY_DATA, REPLAY_ECHO = 8, 9, 10
+"""Peer body kinds of a replay (DESIGN §11): the request, publications answered, an echo."""
 
 pack = msgspec.msgpack.Encoder().encode
 """MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""
@@ -112,6 +114,18 @@ class PublishRequest(Request, tag="publish"):
     session: Sequence = 0
 
 
+class ReplayRequest(Request, tag="replay"):
+    """Ask the overlay for the retained publications matching ``filters`` that ``client``
+    may have missed (DESIGN §11): of each ``since`` entry (publisher, session, seq) those
+    numbered after ``seq``, of any other publisher those published at or after ``after``.
+    Answered at once with the request's id, then by ``replayed`` notices and a
+    ``replay_done`` one."""
+
+    filters: Annotated[list[str], msgspec.Meta(min_length=1, max_length=10_000)]
+    since: Annotated[list[tuple[ClientName, Sequence, Sequence]], msgspec.Meta(max_length=100_000)]
+    after: float
+
+
 class HeartbeatRequest(Request, tag="heartbeat"):
     """Liveness of a connection's clients (DESIGN §7: a silent client is dropped)."""
 
@@ -127,6 +141,7 @@ ClientRequest = (
     | UnsubscribeRequest
     | AdoptRequest
     | PublishRequest
+    | ReplayRequest
     | HeartbeatRequest
     | ByeRequest
 )

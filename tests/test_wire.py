@@ -163,7 +163,7 @@ def good_notify(**change: object) -> list:
         (body(), "is not [kind, ...]"),
         (body(True), "frame kind must be an integer"),
         (body(3.0, "P"), "frame kind must be an integer"),
-        (body(9), "unknown frame kind 9"),
+        (body(99), "unknown frame kind 99"),
         (body(HELLO, 1), "HELLO frame has 2 fields"),
         (body(HELLO, -1, 0), "incarnation must be an integer"),
         (body(HELLO, 1, 2**63), "peer incarnation must be an integer"),

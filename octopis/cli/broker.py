@@ -14,6 +14,7 @@ from octopis.cli import LOG_FORMATS, run_cli
 from octopis.core import MODES
 from octopis.keys import Keys, KeysError
 from octopis.topology import TopologyError, load_topology
+from octopis.transport.retention import RetentionError
 from octopis.transport.settings import ConfigError, load_settings
 
 
@@ -61,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="no authentication or encryption: anyone who reaches the ports may publish, "
         "subscribe and shut the broker down (said at start)",
     )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the broker keeps what its own publishers published, for replay to "
+        "subscribers that failed over or were away (<DIR>/<id>.retention.sqlite, bounded "
+        "by [retention] max_bytes and max_age); without it retention is off and a replay "
+        "reports this broker's part as a gap",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
         "--log-format",
@@ -82,7 +92,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     keys = None if args.insecure else Keys(args.keys)
     try:
-        asyncio.run(run_broker(scot, args.id, args.mode, settings, keys))
+        asyncio.run(run_broker(scot, args.id, args.mode, settings, keys, args.data_dir))
     except zmq.ZMQError as exc:
         logging.getLogger("octopis.broker").error("cannot serve %s: %s", args.id, exc)
         return 1
@@ -94,7 +104,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``octopis-broker``."""
     return run_cli(
-        build_parser(), argv, errors=(TopologyError, ConfigError, UnknownBroker, KeysError)
+        build_parser(),
+        argv,
+        errors=(TopologyError, ConfigError, UnknownBroker, KeysError, RetentionError),
     )
 
 

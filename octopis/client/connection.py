@@ -66,6 +66,10 @@ class Received:
     received_at: float
     publication: Publication
     left_broker_at: float = math.nan
+    session: int = 0
+    """The publisher's session (a publisher started again numbers from 1 in a new one)."""
+    replayed: bool = False
+    """Delivered from the overlay's retention after a fail-over (DESIGN §11)."""
 
     @property
     def overlay_delay(self) -> float:
@@ -79,9 +83,10 @@ class Received:
         return self.received_at - self.left_broker_at
 
 
-NotificationHandler = Callable[[str, str, int, float, Publication, float, float, int], None]
+NotificationHandler = Callable[[str, str, int, float, Publication, float, float, int, int], None]
 """Called with (client name, publisher, seq, published_at, publication, received_at,
-left_broker_at, size): ``size`` is the delivery's encoded length in bytes."""
+left_broker_at, size, session): ``size`` is the delivery's encoded length in bytes,
+``session`` the publisher's session."""
 Resume = Callable[["Connection"], Coroutine[Any, Any, None]]
 """What a client does after its connection failed over (given that connection)."""
 
@@ -651,7 +656,7 @@ class Connection:
         for the clients ``names`` of this connection, a repeat dropped (the one loop every
         delivery takes in the SDK, hence the local names)."""
         now = time.time()
-        left_at = LEFT_AT.unpack(parts[-1])[0] if len(parts) % 2 else math.nan
+        left = LEFT_AT.unpack(parts[-1])[0] if len(parts) % 2 else math.nan
         group = self.group
         seen, recent, handlers = group.seen, group.recent, self._handlers
         for i in range(0, len(parts) - 1, 2):
@@ -668,7 +673,8 @@ class Connection:
                     continue
                 seen.add(key)
                 recent.append((now, key))
-                handler(name, publisher, seq, published_at, publication, now, left_at, len(body))
+                size = len(body)
+                handler(name, publisher, seq, published_at, publication, now, left, size, session)
         group.forget_old(now)
 
     def _on_frame(self, parts: list[bytes], left_behind: bool = False) -> None:

@@ -17,7 +17,12 @@ from octopis.client.connection import (
     Received,
     log,
 )
+from octopis.client.replay import LastSeen, ReplayGap, Seam
 from octopis.filters import Publication, Subscription, as_subscription
+
+REPLAY_WAIT = 10.0
+"""Seconds a subscriber waits for a replay's answer before it reports the gap as unknown
+(the brokers' own budget, ``[retention] replay_budget``, is far shorter)."""
 
 
 class SubscriptionStream:
@@ -70,7 +75,13 @@ class SubscriptionStream:
 
 class Subscriber(NamedClient):
     """A named subscriber. ``on_notification`` (if given) receives every delivery instead
-    of the per-subscription streams (used for bulk accounting)."""
+    of the per-subscription streams (used for bulk accounting).
+
+    After a fail-over (its broker died or restarted) the subscriber makes its
+    subscriptions again at the new broker and then, with ``replay`` on, asks the overlay
+    for what it missed meanwhile (DESIGN §11): each publication is delivered once, in
+    publisher order across the seam, and what could not be replayed is reported to
+    ``on_gap`` and kept in :attr:`gaps`."""
 
     def __init__(
         self,
@@ -79,8 +90,23 @@ class Subscriber(NamedClient):
         on_notification: Callable[[Received], None] | None = None,
         buffer: int = 10_000,
         buffer_bytes: int = 64 * 2**20,
+        *,
+        replay: bool = True,
+        on_gap: Callable[[ReplayGap], None] | None = None,
     ) -> None:
         super().__init__(name, connection)
+        self.replay_on_failover = replay
+        self.on_gap = on_gap
+        self.last_seen = LastSeen()
+        """The last sequence number delivered per (publisher, session)."""
+        self.since: float | None = None
+        """When this subscriber first subscribed: a replay asks for the publications of
+        publishers it never heard from since then."""
+        self.gaps: deque[ReplayGap] = deque(maxlen=1000)
+        """What replays could not fill (the last 1,000)."""
+        self.replays: deque[dict[str, Any]] = deque(maxlen=1000)
+        """One record per replay (the last 1,000): id, replayed, repeats, seconds, gap."""
+        self._seam: Seam | None = None
         if buffer < 1 or buffer_bytes < 1:
             raise ValueError("a subscriber's buffer and buffer_bytes must be positive")
         self.buffer = buffer
@@ -143,6 +169,10 @@ class Subscriber(NamedClient):
     def _on_notice(self, message: dict[str, Any], connection: Connection) -> None:
         """``released`` ends a move's wait; ``move`` starts one, or queues it behind the
         move under way, if it comes from the current connection."""
+        if message["op"] in ("replayed", "replay_done"):
+            if self._seam is not None:
+                self._seam.notice(message)
+            return
         if message["op"] == "move":
             message = {**message, "connection": connection}
         if message["op"] == "released":
@@ -272,6 +302,8 @@ class Subscriber(NamedClient):
     ) -> SubscriptionStream:
         """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream."""
         subscription = as_subscription(spec)
+        if self.since is None:
+            self.since = time.time()
         sub_id = await self._subscribe(subscription, timeout)
         stream = SubscriptionStream(self, sub_id, subscription)
         self._streams[sub_id] = stream
@@ -290,6 +322,55 @@ class Subscriber(NamedClient):
         at the new host before the session left behind ends)."""
         if connection is self.connection:
             await self._resubscribe()
+            if self.replay_on_failover and self._subscriptions and self.since is not None:
+                await self.replay()
+
+    async def replay(self, timeout: float = REPLAY_WAIT) -> ReplayGap | None:
+        """Ask the overlay for the retained publications this subscriber may have missed
+        (after the last delivered of each publisher it knows, or published since it first
+        subscribed for any other) and deliver them with the live ones held meanwhile,
+        each once, in publisher order; returns the gap left, if any (also reported)."""
+        after = self.since if self.since is not None else time.time()
+        seam = self._seam = Seam(self.buffer)
+        error = None
+        try:
+            reply = await self.connection.request(
+                {
+                    "op": "replay",
+                    "client": self.name,
+                    "filters": [f.to_text() for f in self._subscriptions.values()],
+                    "since": self.last_seen.since(),
+                    "after": after,
+                },
+                timeout,
+            )
+            seam.named(str(reply["id"]))
+            await asyncio.wait_for(seam.finished.wait(), timeout)
+        except (TimeoutError, BrokerError) as exc:
+            error = f"replay failed: {exc or type(exc).__name__}"
+        finally:
+            self._seam = None
+            items, repeats = seam.joined(self.name, self.connection.group)
+            for received, size in items:
+                self._deliver(received, size)
+        gap = seam.gap(self.name, after, error)
+        replayed = sum(1 for received, _ in items if received.replayed)
+        self.replays.append(
+            {
+                "id": seam.replay,
+                "replayed": replayed,
+                "repeats": repeats,
+                "seconds": time.monotonic() - seam.started,
+                "gap": gap,
+            }
+        )
+        log.info("%s replayed %d publications (%d repeats)", self.name, replayed, repeats)
+        if gap is not None:
+            log.warning("%s: a replay left a gap: %s", self.name, gap)
+            self.gaps.append(gap)
+            if self.on_gap is not None:
+                self.on_gap(gap)
+        return gap
 
     async def _resubscribe(self, only: Sequence[str] | None = None) -> None:
         """After a fail-over: every subscription (or those of ids ``only``) again at the
@@ -326,8 +407,18 @@ class Subscriber(NamedClient):
         received_at: float,
         left_at: float,
         size: int,
+        session: int,
     ) -> None:
-        received = Received(name, publisher, seq, published_at, received_at, publication, left_at)
+        received = Received(
+            name, publisher, seq, published_at, received_at, publication, left_at, session
+        )
+        seam = self._seam
+        if seam is not None and seam.hold(received, size):
+            return
+        self._deliver(received, size)
+
+    def _deliver(self, received: Received, size: int) -> None:
+        self.last_seen.saw(received.publisher, received.session, received.seq)
         if self._callback is not None:
             self._callback(received)
             return

@@ -127,6 +127,7 @@ def broker_command(
     keys: Path | None = None,
     log_format: str | None = None,
     python: str = sys.executable,
+    data_dir: Path | None = None,
 ) -> list[str]:
     """The command line that runs broker ``broker_id`` of ``topology`` as its own process
     (``octopis-broker`` through the interpreter ``python``, this one by default); unset
@@ -139,6 +140,7 @@ def broker_command(
         ("--config", config),
         ("--log-level", log_level),
         ("--log-format", log_format),
+        ("--data-dir", data_dir),
     ):
         if value is not None:
             command += [option, str(value)]
@@ -227,6 +229,7 @@ class LocalCluster:
                     self.log_level,
                     self.keys_dir,
                     self.log_format,
+                    data_dir=self.run_dir / "data",
                 ),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

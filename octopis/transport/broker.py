@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -46,6 +47,7 @@ from octopis.core import (
     make_broker,
 )
 from octopis.core.recovery import Recovery
+from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
 from octopis.filters import Subscription, set_limits
 from octopis.keys import Keys
@@ -63,6 +65,7 @@ from octopis.transport.frames import (
     KIND,
     RECEIPT,
     frame_of,
+    is_replay,
     message_of,
     receipt_of,
 )
@@ -72,6 +75,7 @@ from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
 from octopis.transport.relink import decode_view
+from octopis.transport.replaying import Replaying
 from octopis.transport.security import Curve, Gatekeeper, count_failed_handshakes
 from octopis.transport.settings import BrokerSettings
 
@@ -94,6 +98,7 @@ class Broker:
         mode: str,
         settings: BrokerSettings,
         keys: Keys | None,
+        data_dir: Path | None = None,
     ) -> None:
         self.keys = keys
         """CurveZMQ keys (DESIGN §8); None runs insecure (``--insecure``)."""
@@ -136,6 +141,10 @@ class Broker:
         self.process = psutil.Process()
         self.inspection = BrokerInspection(self)
         """Status, stats, table and resync view (control RPC, metrics)."""
+        self.replaying = Replaying(
+            broker_id, settings, data_dir, self._send_replay, self._live, self._notify_client
+        )
+        """The retention store and the replay rounds (DESIGN §11)."""
         self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
         self.collector = IdleCollector(settings.gc_idle)
         self.welcome: dict[str, object] = {
@@ -215,7 +224,8 @@ class Broker:
         for name, coro in work:
             self._start(name, coro)
         log.info(
-            "%s serving (%s, incarnation %x) peers %s clients %s control %s metrics %s",
+            "%s serving (%s, incarnation %x) peers %s clients %s control %s metrics %s "
+            "retention %s",
             self.id,
             self.mode,
             self.incarnation,
@@ -223,6 +233,7 @@ class Broker:
             self.info.client_endpoint,
             self.info.control_endpoint,
             self.info.metrics_endpoint or "off",
+            self.replaying.store.path if self.replaying.store else "off",
         )
         await self._stopping.wait()
         await self.peers.flush(1.0)
@@ -235,6 +246,7 @@ class Broker:
             await asyncio.to_thread(stop_metrics)
         self.peers.close()
         self.clients.close()
+        self.replaying.close()
         for guard in guards:
             guard.stop()
         ctx.destroy(linger=200)
@@ -308,6 +320,9 @@ class Broker:
             self.peer_notifications(sender, iter(((message, body),)), now)
             return
         self.received[kind] += 1
+        if kind is Replay or kind is ReplayData or kind is ReplayEcho:
+            self.replaying.receive(sender, message)
+            return
         if kind is Subscribe:
             stored = len(self.core.table)
             actions = self.core.receive(sender, message, self.lst)
@@ -345,7 +360,8 @@ class Broker:
         which routes them again with the link down (custody, DESIGN §7); subscription
         messages wait for the neighbour's next incarnation (:meth:`neighbour_met`), so a
         subscription made while it was dead still crosses it."""
-        sbp = [frame for frame in queued if frame[KIND] == DATA]
+        self.replaying.link_down(neighbour)
+        sbp = [frame for frame in queued if frame[KIND] == DATA and not is_replay(frame)]
         if sbp:
             self.recovery.hold_subscriptions(neighbour, sbp)
         kept = [frame for frame in queued if frame[KIND] == KEPT]
@@ -489,11 +505,13 @@ class Broker:
         return self.core.unsubscribe(key, sub_id)
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
-        """A local publication: the core routes it, its copies carrying ``receipt``; or,
-        while this broker is not yet serving (resyncing after its start), it is held
+        """A local publication: kept for replay (committed at the end of the pass, before
+        its confirm can leave), then the core routes it, its copies carrying ``receipt``;
+        or, while this broker is not yet serving (resyncing after its start), it is held
         until then; a full hold raises :class:`ClientError` (the client gets an error
         and keeps the publication)."""
         if self.peers.serving:
+            self.replaying.kept(notification)
             self.execute(self.core.publish(notification, self.lst), receipt=receipt)
             return
         if len(self.held) >= self.settings.hold_limit:
@@ -503,8 +521,32 @@ class Broker:
                 f"{len(self.held)} publications; retry later"
             )
         receipt.copies += 1  # answered once routed (:meth:`now_serving`)
+        self.replaying.kept(notification)
         self.held.append((notification, receipt))
         self.counters["publications_held"] += 1
+
+    def pass_ended(self) -> None:
+        """A client input pass ends: what it accepted is kept on disk before its
+        frames (and so its confirms) leave."""
+        self.replaying.commit()
+
+    def replay(
+        self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float
+    ) -> str:
+        """Client ``key`` asks the overlay for what it may have missed (DESIGN §11)."""
+        return self.replaying.start(key, filters, since, after)
+
+    def _send_replay(self, neighbour: str, message: ReplayMessage) -> None:
+        link = self.links.get(neighbour)
+        if link is not None:
+            link.put(frame_of(self._sender, encode_body(message), DATA), self._loop.time())
+
+    def _live(self) -> list[str]:
+        down = self.lst.down
+        return [n for n in self.links if not down(n)]
+
+    def _notify_client(self, key: str, message: dict) -> bool:
+        return self.clients.notify_client(key, message)
 
     def execute(
         self,
@@ -697,14 +739,19 @@ def _read_sbp(frame: list) -> tuple[str, bool]:
 
 
 async def run_broker(
-    scot: Scot, broker_id: str, mode: str, settings: BrokerSettings, keys: Keys | None
+    scot: Scot,
+    broker_id: str,
+    mode: str,
+    settings: BrokerSettings,
+    keys: Keys | None,
+    data_dir: Path | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT or an RPC ``shutdown``; ``keys`` None runs insecure.
     The cyclic collector passes over the young generation every ``memory.gc_young``
     allocations, and what exists once the broker is built (modules, topology) is frozen
     out of its passes."""
     gc.set_threshold(settings.gc_young, *gc.get_threshold()[1:])
-    broker = Broker(scot, broker_id, mode, settings, keys)
+    broker = Broker(scot, broker_id, mode, settings, keys, data_dir)
     gc.freeze()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

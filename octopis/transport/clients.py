@@ -40,6 +40,7 @@ from octopis.filters import (
     Subscription,
     as_subscription,
     parse_publication,
+    parse_subscription,
     validate_publication,
 )
 from octopis.logs import RateLimitedLog
@@ -59,6 +60,7 @@ from octopis.wire import (
     HeartbeatRequest,
     HelloRequest,
     PublishRequest,
+    ReplayRequest,
     Request,
     RequestError,
     SubscribeRequest,
@@ -95,6 +97,14 @@ class Router(Protocol):
 
     def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
         """Carry out routing actions."""
+
+    def pass_ended(self) -> None:
+        """An input pass ends (before what it sends leaves)."""
+
+    def replay(
+        self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float
+    ) -> str:
+        """Start a replay for client ``key``; returns its id."""
 
 
 DROPPED_KEPT = 1000
@@ -210,6 +220,7 @@ class ClientSessions:
             UnsubscribeRequest: self._unsubscribe,
             AdoptRequest: self._adopt,
             PublishRequest: self._publish,
+            ReplayRequest: self._replay,
             ByeRequest: self._bye,
         }
 
@@ -227,6 +238,7 @@ class ClientSessions:
             while True:
                 messages = receive(CLIENT_BATCH - handled)
                 if not messages:
+                    self.router.pass_ended()
                     send_pass.end(loop.time())
                     handled = 0
                     self.idle()
@@ -237,10 +249,12 @@ class ClientSessions:
                     self._on_message(parts, loop.time())
                 handled += len(messages)
                 if handled >= CLIENT_BATCH:
+                    self.router.pass_ended()
                     send_pass.end(loop.time())
                     handled = 0
                     await asyncio.sleep(0)
         finally:
+            self.router.pass_ended()
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
 
     def _on_message(self, parts: list[bytes], now: float) -> None:
@@ -400,6 +414,22 @@ class ClientSessions:
             key, _ = self.orphans.pop(sub_id)
             self.router.execute(self.router.unsubscribe(key, sub_id))
             self.counters["subscriptions_withdrawn"] += 1
+
+    def _replay(self, identity: bytes, connection: ClientSession, request: ReplayRequest) -> dict:
+        for text in request.filters:
+            parse_subscription(text)  # a FilterError names the problem; nothing starts
+        key = self._key(identity, connection, request)
+        req_id = self.router.replay(key, request.filters, request.since, float(request.after))
+        return {"op": "replaying", "id": req_id}
+
+    def notify_client(self, key: str, message: dict) -> bool:
+        """Send a notice to local client ``key`` (behind its deliveries); False if it has
+        gone."""
+        client = self.names.get(key)
+        if client is None or client[0] not in self.connections:
+            return False
+        self._notify(client[0], {**message, "client": client[1]})
+        return True
 
     def _notify(self, identity: bytes, message: dict) -> None:
         """Send a notice to a connection behind the deliveries made before it: those held

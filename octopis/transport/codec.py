@@ -7,10 +7,12 @@ unknown), SUBSCRIBE, UNSUBSCRIBE, NOTIFY, and HEARTBEAT ``[4, incarnation, acked
 acked]``, SYNCED ``[5, entries]`` (end of a resync), MOVE ``[6, sub_id, host]`` and REHOST
 ``[7, sub_id, host]`` (a subscriber moving inside its cluster, DESIGN §9).
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
-``[bytes, nbits]``. Keeping the sender out of the body lets a broker forward an unchanged
-notification with the very bytes it received. :func:`decode_peer` validates everything
-it reads and raises :class:`WireError` naming the problem; a broker drops such a frame
-and keeps serving.
+``[bytes, nbits]``. A replay (DESIGN §11) is REPLAY ``[8, req_id, host, filters, since,
+after, budget]``, REPLAY_DATA ``[9, req_id, [NOTIFY body, ...]]`` and REPLAY_ECHO ``[10,
+req_id, seen, answered, unstored, silent, gaps, published]``. Keeping the sender out of
+the body lets a broker forward an unchanged notification with the very bytes it received.
+:func:`decode_peer` validates everything it reads and raises :class:`WireError` naming
+the problem; a broker drops such a frame and keeps serving.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from octopis.core import (
     Tunnel,
     Unsubscribe,
 )
+from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.filters import (
     VALID_ATTRIBUTES,
     FilterError,
@@ -47,6 +50,9 @@ from octopis.wire import (
     MOVE,
     NOTIFY,
     REHOST,
+    REPLAY,
+    REPLAY_DATA,
+    REPLAY_ECHO,
     SUBSCRIBE,
     SYNCED,
     UNSUBSCRIBE,
@@ -99,12 +105,16 @@ Control = Hello | Heartbeat | Synced
 """Link-level messages: never routed, never queued behind data for long."""
 
 
-def encode_peer(sender: str, message: Message | Control) -> list[bytes]:
+PeerMessage = Message | Control | ReplayMessage
+"""Everything a peer frame carries."""
+
+
+def encode_peer(sender: str, message: PeerMessage) -> list[bytes]:
     """The two parts of a frame carrying ``message`` from broker ``sender``."""
     return [sender.encode(), encode_body(message)]
 
 
-def encode_body(message: Message | Control) -> bytes:
+def encode_body(message: PeerMessage) -> bytes:
     """The body part of a frame for ``message``."""
     if isinstance(message, Notification):
         dests = None if message.destinations is None else [list(d) for d in message.destinations]
@@ -144,6 +154,34 @@ def encode_body(message: Message | Control) -> bytes:
         return pack([HELLO, message.incarnation, message.peer_incarnation])
     if isinstance(message, Synced):
         return pack([SYNCED, message.entries, message.complete, message.wants_share])
+    if isinstance(message, Replay):
+        since = [list(item) for item in message.since]
+        return pack(
+            [
+                REPLAY,
+                message.req_id,
+                message.host,
+                list(message.filters),
+                since,
+                message.after,
+                message.budget,
+            ]
+        )
+    if isinstance(message, ReplayData):
+        return pack([REPLAY_DATA, message.req_id, [encode_body(n) for n in message.notifications]])
+    if isinstance(message, ReplayEcho):
+        return pack(
+            [
+                REPLAY_ECHO,
+                message.req_id,
+                message.seen,
+                list(message.answered),
+                list(message.unstored),
+                list(message.silent),
+                [list(gap) for gap in message.gaps],
+                message.published,
+            ]
+        )
     if isinstance(message, Heartbeat):
         return pack(
             [
@@ -157,7 +195,7 @@ def encode_body(message: Message | Control) -> bytes:
     raise TypeError(f"cannot encode {type(message).__name__}")
 
 
-def decode_peer(parts: list[bytes]) -> tuple[str, Message | Control]:
+def decode_peer(parts: list[bytes]) -> tuple[str, PeerMessage]:
     """``(sender, message)`` of one frame; :class:`WireError` if it is malformed."""
     if len(parts) != 2:
         raise WireError(f"frame has {len(parts)} parts, expected [sender, body]")
@@ -173,13 +211,13 @@ def decode_sender(part: bytes) -> str:
         raise WireError("sender part is not UTF-8") from None
 
 
-def decode_body(sender: str, body: bytes) -> Message | Control:
+def decode_body(sender: str, body: bytes) -> PeerMessage:
     """The message in a frame's ``body`` from ``sender`` (named in errors);
     :class:`WireError` if it is malformed."""
     return decode_plain_notification(body) or decode_body_in_full(sender, body)
 
 
-def decode_body_in_full(sender: str, body: bytes) -> Message | Control:
+def decode_body_in_full(sender: str, body: bytes) -> PeerMessage:
     """:func:`decode_body` without trying :data:`decode_plain_notification` first: for a
     caller that has (it returned None), so that the body is not decoded twice."""
     try:
@@ -220,6 +258,18 @@ def decode_body_in_full(sender: str, body: bytes) -> Message | Control:
             if type(data[2]) is not bool or type(data[3]) is not bool:
                 raise WireError("SYNCED flags must be true or false")
             return Synced(_incarnation(data[1], "entries"), data[2], data[3])
+        if kind == REPLAY:
+            return _replay(data)
+        if kind == REPLAY_DATA:
+            _expect(data, 3, "REPLAY_DATA")
+            if not isinstance(data[2], list) or not all(type(b) is bytes for b in data[2]):
+                raise WireError("REPLAY_DATA must carry a list of NOTIFY bodies")
+            notifications = tuple(decode_body(sender, b) for b in data[2])
+            if not all(type(n) is Notification for n in notifications):
+                raise WireError("REPLAY_DATA must carry NOTIFY bodies only")
+            return ReplayData(_str(data[1], "req_id"), notifications)
+        if kind == REPLAY_ECHO:
+            return _replay_echo(data)
         if kind == HELLO:
             _expect(data, 3, "HELLO")
             return Hello(
@@ -228,6 +278,62 @@ def decode_body_in_full(sender: str, body: bytes) -> Message | Control:
     except FilterError as exc:
         raise WireError(f"bad content from {sender}: {exc}") from None
     raise WireError(f"unknown frame kind {kind!r} from {sender}")
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(type(x) is str and x for x in value):
+        raise WireError(f"{what} must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _replay(data: list) -> Replay:
+    _expect(data, 7, "REPLAY")
+    _, req_id, host, filters, since, after, budget = data
+    if not isinstance(since, list) or not all(
+        isinstance(x, list)
+        and len(x) == 3
+        and type(x[0]) is str
+        and stamp_problem(x[2], 0.0, x[1]) is None
+        for x in since
+    ):
+        raise WireError("REPLAY since must be [[publisher, session, seq], ...]")
+    for value, what in ((after, "after"), (budget, "budget")):
+        if type(value) not in (int, float) or not isfinite(value) or abs(value) > MAX_TIME:
+            raise WireError(f"REPLAY {what} must be a finite number of seconds")
+    for text in _names(filters, "REPLAY filters"):
+        parse_subscription(text)  # raises FilterError, naming the problem
+    return Replay(
+        _str(req_id, "req_id"),
+        _str(host, "host"),
+        tuple(filters),
+        tuple((p, s, q) for p, s, q in since),
+        float(after),
+        float(budget),
+    )
+
+
+def _replay_echo(data: list) -> ReplayEcho:
+    _expect(data, 8, "REPLAY_ECHO")
+    _, req_id, seen, answered, unstored, silent, gaps, published = data
+    if type(seen) is not bool:
+        raise WireError("REPLAY_ECHO seen flag must be true or false")
+    if not isinstance(gaps, list) or not all(
+        isinstance(g, list)
+        and len(g) == 4
+        and type(g[0]) is str
+        and all(type(x) is int and x >= 0 for x in g[1:])
+        for g in gaps
+    ):
+        raise WireError("REPLAY_ECHO gaps must be [[publisher, session, first, last], ...]")
+    return ReplayEcho(
+        _str(req_id, "req_id"),
+        seen,
+        _names(answered, "REPLAY_ECHO answered"),
+        _names(unstored, "REPLAY_ECHO unstored"),
+        _names(silent, "REPLAY_ECHO silent"),
+        tuple((g[0], g[1], g[2], g[3]) for g in gaps),
+        _incarnation(published, "published"),
+    )
 
 
 def _notification(data: list) -> Notification:

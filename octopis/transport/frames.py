@@ -15,6 +15,7 @@ from __future__ import annotations
 from octopis.core.messages import Message
 from octopis.transport.codec import Control, decode_peer
 from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK
+from octopis.wire import REPLAY, REPLAY_DATA, REPLAY_ECHO
 
 __all__ = ["BODY", "DATA", "HANDSHAKE", "KEPT", "KIND", "LINK", "RECEIPT", "SENDER"]
 
@@ -30,6 +31,13 @@ def frame_of(sender: bytes, body: bytes, kind: int) -> list:
 def is_routing(frame: list) -> bool:
     """A subscription message or a notification (numbered, acknowledged)."""
     return frame[KIND] >= DATA
+
+
+def is_replay(frame: list) -> bool:
+    """A replay message (DESIGN §11): numbered like a subscription message, but neither
+    held for a neighbour that is down nor handed to its successor (its round reports the
+    neighbour silent instead). Read from the body's kind, the byte after the array head."""
+    return frame[BODY][1] in (REPLAY, REPLAY_DATA, REPLAY_ECHO)
 
 
 def message_of(frame: list) -> Message | Control:

@@ -96,6 +96,7 @@ class BrokerInspection:
             ),
             "received": {kind.__name__.lower(): n for kind, n in broker.received.items()},
             "core": core,
+            "retention": broker.replaying.stats,
             "lst": broker.lst.snapshot(),
             "queue_lengths": {name: len(link.queue) for name, link in broker.links.items()},
             "batches": {

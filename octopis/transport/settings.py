@@ -43,6 +43,12 @@ queue_limit = 10000      # deliveries waiting for that capacity; beyond it the b
 window = 4096            # (publisher, seq) pairs remembered per publisher (edge dedup)
 publishers = 10000       # publishers remembered; the one seen first is forgotten first
 
+[retention]              # what this broker's own publishers published, kept for replay
+max_bytes = 268435456    # bodies kept on disk (SQLite, WAL); the oldest go first past it
+max_age = 3600.0         # seconds a publication is kept; 0 = retention off
+replay_budget = 3.0      # seconds the host of a replay waits for the whole overlay's answer
+replay_rounds = 1000     # replay requests a broker takes part in at once
+
 [logs]
 interval = 5.0           # a repeated warning is written at most once per interval per kind
 
@@ -139,6 +145,15 @@ class BrokerSettings:
     """Seconds of the load analysis's sliding window (DESIGN §9)."""
     load_capacity: float = 0.0
     """Output (copies + deliveries) per second the broker can carry; 0: measured."""
+    retention_bytes: int = 256 * 2**20
+    """Bytes of publication bodies the retention store keeps (DESIGN §11)."""
+    retention_age: float = 3600.0
+    """Seconds a publication is kept; 0 turns retention off."""
+    replay_budget: float = 3.0
+    """Seconds the host of a replay waits for every broker's answer; a neighbour silent
+    past its share of it is reported, with what only it reached, as a gap."""
+    replay_rounds: int = 1000
+    """Replay requests one broker takes part in at once (the oldest ends early past it)."""
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
@@ -216,6 +231,10 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("clients", "queue_limit"): ("delivery_queue_limit", 1, True),
     ("dedup", "window"): ("dedup_window", 1, True),
     ("dedup", "publishers"): ("dedup_publishers", 1, True),
+    ("retention", "max_bytes"): ("retention_bytes", 1024, True),
+    ("retention", "max_age"): ("retention_age", 0.0, False),
+    ("retention", "replay_budget"): ("replay_budget", 0.01, False),
+    ("retention", "replay_rounds"): ("replay_rounds", 1, True),
     ("logs", "interval"): ("log_interval", 0.0, False),
     ("limits", "frame_bytes"): ("frame_bytes", 1024, True),
     ("limits", "attributes"): ("limits.attributes", 1, True),

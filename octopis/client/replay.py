@@ -1,0 +1,140 @@
+"""A subscriber's replay across a fail-over (DESIGN §11): what it knows, what it asks for,
+and how the answer joins the live stream.
+
+The SDK remembers the last sequence number it delivered of each (publisher, session)
+(:class:`LastSeen`, bounded). After a fail-over the new host goes live first (the
+subscriptions are made again there), then the subscriber asks the overlay for the gap.
+While the answer comes, live deliveries wait beside it (:class:`Seam`); at the end both
+are delivered together, each publication once (the connection group's record decides)
+and in publisher order, and whatever the overlay could not answer is reported as a
+:class:`ReplayGap`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from octopis.client.connection import ConnectionGroup, Received
+from octopis.wire import delivery_fields
+
+PUBLISHERS_KNOWN = 10_000
+"""(publisher, session) pairs whose last sequence a subscriber remembers; a forgotten one
+is asked for by time (:attr:`ReplayGap.after`) instead."""
+
+
+class LastSeen(OrderedDict[tuple[str, int], int]):
+    """The last sequence number delivered per (publisher, session), the least recently
+    heard forgotten first past :data:`PUBLISHERS_KNOWN`."""
+
+    def saw(self, publisher: str, session: int, seq: int) -> None:
+        key = (publisher, session)
+        last = self.get(key)
+        if last is None:
+            self[key] = seq
+            if len(self) > PUBLISHERS_KNOWN:
+                self.popitem(last=False)
+        elif seq > last:
+            self[key] = seq
+            self.move_to_end(key)
+
+    def since(self) -> list[list[Any]]:
+        """The request's ``since``: ``[[publisher, session, seq], ...]``."""
+        return [[p, s, q] for (p, s), q in self.items()]
+
+
+@dataclass(frozen=True)
+class ReplayGap:
+    """What a replay could not fill: publications that may have matched and were not
+    delivered. ``silent`` brokers did not answer (down, or past the budget: their
+    publishers' publications since the last delivered, or since ``after``, are unknown);
+    ``unstored`` brokers keep no retention; ``trimmed`` are ``(publisher, session, first
+    seq, last seq)`` ranges retention had dropped; ``error`` says why a request failed
+    as a whole."""
+
+    subscriber: str
+    replay: str | None
+    after: float
+    silent: tuple[str, ...] = ()
+    unstored: tuple[str, ...] = ()
+    trimmed: tuple[tuple[str, int, int, int], ...] = ()
+    error: str | None = None
+
+
+@dataclass
+class Seam:
+    """One replay under way: the answers (by request id, as notices may come before the
+    request's reply) and the live deliveries held meanwhile (at most ``limit``)."""
+
+    limit: int
+    replay: str | None = None
+    answers: dict[str, list[bytes]] = field(default_factory=dict)
+    done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    live: list[tuple[Received, int]] = field(default_factory=list)
+    overflowed: bool = False
+    started: float = field(default_factory=time.monotonic)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the ``replay_done`` of :attr:`replay` is in."""
+
+    def notice(self, message: dict[str, Any]) -> None:
+        """Take a ``replayed`` or ``replay_done`` notice."""
+        req = str(message.get("id"))
+        if message["op"] == "replayed":
+            self.answers.setdefault(req, []).extend(message.get("bodies", ()))
+        else:
+            self.done[req] = message
+        self.named(self.replay)
+
+    def named(self, replay: str | None) -> None:
+        """The request's reply named it ``replay``."""
+        self.replay = replay
+        if replay is not None and replay in self.done:
+            self.finished.set()
+
+    def hold(self, received: Received, size: int) -> bool:
+        """Hold a live delivery; False when the seam is full (the caller ends it)."""
+        if len(self.live) >= self.limit:
+            self.overflowed = True
+            return False
+        self.live.append((received, size))
+        return True
+
+    def joined(self, name: str, group: ConnectionGroup) -> tuple[list[tuple[Received, int]], int]:
+        """The replayed publications not delivered before, with the held live ones, in
+        publisher order; and how many replayed ones were repeats."""
+        now = time.time()
+        items = list(self.live)
+        repeats = 0
+        seen, recent = group.seen, group.recent
+        for body in self.answers.get(self.replay or "", ()):
+            publisher, seq, published_at, publication, session = delivery_fields(body)
+            key = (name, publisher, session, seq)
+            if key in seen:
+                repeats += 1
+                continue
+            seen.add(key)
+            recent.append((now, key))
+            received = Received(
+                name, publisher, seq, published_at, now, publication, session=session, replayed=True
+            )
+            items.append((received, len(body)))
+        items.sort(key=lambda item: (item[0].publisher, item[0].session, item[0].seq))
+        group.forget_old(now)
+        return items, repeats
+
+    def gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
+        """The gap this replay leaves, if any."""
+        summary = self.done.get(self.replay or "")
+        if summary is None:
+            return ReplayGap(name, self.replay, after, error=error or "no answer from the overlay")
+        silent = tuple(summary.get("silent", ()))
+        unstored = tuple(summary.get("unstored", ()))
+        trimmed = tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ()))
+        if error is None and not (silent or unstored or trimmed or self.overflowed):
+            return None
+        if self.overflowed:
+            error = error or "live deliveries filled the seam before the answer came"
+        return ReplayGap(name, self.replay, after, silent, unstored, trimmed, error)

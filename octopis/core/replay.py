@@ -1,0 +1,259 @@
+"""Replay of retained publications across the overlay (DESIGN §7, §11): sans-IO rules.
+
+A subscriber that failed over, or whose broker restarted, asks its new host for what it
+may have missed: a :class:`Replay` naming its filters, the last sequence number it got
+from each (publisher, session) it knows, and a time from which the publications of any
+other publisher count. The request floods the overlay and every broker takes it once
+(like a subscription, every broker once): the first copy a broker gets makes the sender
+its *parent*; it passes the request to every other live neighbour and answers any later
+copy at once with a *seen* echo. Each broker asks its own store (the shell does the I/O
+and reports with :meth:`ReplayRounds.stored`), sends the matching publications toward
+its parent (:class:`ReplayData`, filtered where they are stored) and, once every
+neighbour it passed the request to has echoed, went down or stayed silent past the
+round's budget, echoes to its parent what its part of the overlay answered
+(:class:`ReplayEcho`): the brokers whose stores answered, those that could not, the
+neighbours never heard from, and the retention gaps. Peer links are FIFO, so a broker's
+data reaches its parent before its echo: when the host's last echo is in, every answer
+has come (the echo algorithm). The host then hands the requester a :class:`ReplayDone`.
+
+Nothing here reads a clock or does I/O: the shell passes ``now`` and the live neighbours.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from octopis.core.messages import Forward, Notification
+
+BUDGET_SHRINK = 0.75
+"""A broker passes the request on with this share of its own budget, so that a child
+gives up on a silent neighbour (and echoes) before its parent gives up on the child."""
+DATA_BATCH = 64
+"""Publications per :class:`ReplayData` message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A subscriber's request for what it may have missed (see the module's text).
+
+    ``since`` holds ``(publisher, session, seq)``: publications of that session with a
+    higher ``seq`` count; for any other (publisher, session) those published at or after
+    ``after`` count. ``budget`` is how many seconds the receiver may wait for its own
+    neighbours' echoes."""
+
+    req_id: str
+    host: str
+    filters: tuple[str, ...]
+    since: tuple[tuple[str, int, int], ...]
+    after: float
+    budget: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayData:
+    """Publications a store answered for request ``req_id``, on their way to its host."""
+
+    req_id: str
+    notifications: tuple[Notification, ...]
+
+
+Gap = tuple[str, int, int, int]
+"""``(publisher, session, first seq, last seq)`` that retention no longer held when the
+request came: some of them may have matched."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayEcho:
+    """A broker's answer to its parent for request ``req_id``: ``seen`` (it had the
+    request already from another neighbour: nothing below it is the parent's), or the
+    summary of its part of the overlay: brokers whose stores answered, brokers without a
+    store (retention off), neighbours that never echoed (``silent``: down, or past the
+    budget; whatever only they would have reached is unknown), retention gaps, and the
+    number of publications sent."""
+
+    req_id: str
+    seen: bool = False
+    answered: tuple[str, ...] = ()
+    unstored: tuple[str, ...] = ()
+    silent: tuple[str, ...] = ()
+    gaps: tuple[Gap, ...] = ()
+    published: int = 0
+
+
+ReplayMessage = Replay | ReplayData | ReplayEcho
+
+
+class QueryStore(NamedTuple):
+    """Ask this broker's store for ``request``; report with :meth:`ReplayRounds.stored`."""
+
+    request: Replay
+
+
+class ReplayDeliver(NamedTuple):
+    """At the host: hand ``notifications`` answered for ``req_id`` to its requester."""
+
+    req_id: str
+    notifications: tuple[Notification, ...]
+
+
+class ReplayDone(NamedTuple):
+    """At the host: request ``req_id`` is complete; ``echo`` sums up the whole overlay."""
+
+    req_id: str
+    echo: ReplayEcho
+
+
+ReplayAction = Forward | QueryStore | ReplayDeliver | ReplayDone
+
+
+@dataclass(slots=True)
+class _Round:
+    request: Replay
+    parent: str | None
+    waiting: set[str]
+    deadline: float
+    stored: bool = False
+    answered: list[str] = field(default_factory=list)
+    unstored: list[str] = field(default_factory=list)
+    silent: list[str] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    published: int = 0
+
+
+class ReplayRounds:
+    """The replay requests one broker takes part in (at most ``limit`` at once; the
+    oldest is ended early, its missing echoes reported as silent, past it) and those it
+    finished (remembered, up to ``limit``, to answer late copies with a seen echo)."""
+
+    def __init__(self, broker_id: str, limit: int = 1000) -> None:
+        if limit < 1:
+            raise ValueError("replay rounds need a positive limit")
+        self.id = broker_id
+        self.limit = limit
+        self.rounds: OrderedDict[str, _Round] = OrderedDict()
+        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.stats: dict[str, int] = {"replay.rounds": 0, "replay.ended_early": 0}
+
+    def start(self, request: Replay, live: list[str], now: float) -> list[ReplayAction]:
+        """The host starts ``request`` (a new ``req_id``) toward its ``live`` neighbours."""
+        return self._take(request, None, live, now)
+
+    def receive(
+        self, src: str, message: ReplayMessage, live: list[str], now: float
+    ) -> list[ReplayAction]:
+        """A replay message from neighbour ``src``; ``live`` are the neighbours up now."""
+        if type(message) is Replay:
+            if message.req_id in self.rounds or message.req_id in self.finished:
+                return [Forward(src, ReplayEcho(message.req_id, seen=True))]
+            return self._take(message, src, live, now)
+        round_ = self.rounds.get(message.req_id)
+        if round_ is None:
+            self.stats["replay.late"] = self.stats.get("replay.late", 0) + 1
+            return []
+        if type(message) is ReplayData:
+            if round_.parent is None:
+                return [ReplayDeliver(message.req_id, message.notifications)]
+            return [Forward(round_.parent, message)]
+        if src not in round_.waiting:
+            return []
+        round_.waiting.discard(src)
+        if not message.seen:
+            round_.answered += message.answered
+            round_.unstored += message.unstored
+            round_.silent += message.silent
+            round_.gaps += message.gaps
+            round_.published += message.published
+        return self._echo_if_complete(message.req_id, round_)
+
+    def stored(
+        self,
+        req_id: str,
+        notifications: list[Notification],
+        gaps: list[Gap],
+        *,
+        has_store: bool = True,
+    ) -> list[ReplayAction]:
+        """This broker's store answered ``req_id`` with ``notifications`` (in publisher
+        order) and ``gaps``; ``has_store`` False: retention is off here."""
+        round_ = self.rounds.get(req_id)
+        if round_ is None:
+            return []
+        round_.stored = True
+        (round_.answered if has_store else round_.unstored).append(self.id)
+        round_.gaps += gaps
+        round_.published += len(notifications)
+        out: list[ReplayAction] = []
+        for i in range(0, len(notifications), DATA_BATCH):
+            batch = tuple(notifications[i : i + DATA_BATCH])
+            if round_.parent is None:
+                out.append(ReplayDeliver(req_id, batch))
+            else:
+                out.append(Forward(round_.parent, ReplayData(req_id, batch)))
+        return out + self._echo_if_complete(req_id, round_)
+
+    def link_down(self, neighbour: str) -> list[ReplayAction]:
+        """``neighbour`` is down: no round waits for its echo any longer."""
+        out: list[ReplayAction] = []
+        for req_id, round_ in list(self.rounds.items()):
+            if neighbour in round_.waiting:
+                round_.waiting.discard(neighbour)
+                round_.silent.append(neighbour)
+                out += self._echo_if_complete(req_id, round_)
+        return out
+
+    def expire(self, now: float) -> list[ReplayAction]:
+        """Rounds past their budget echo with the neighbours still missing as silent."""
+        out: list[ReplayAction] = []
+        for req_id, round_ in list(self.rounds.items()):
+            if now >= round_.deadline and round_.stored:
+                round_.silent += sorted(round_.waiting)
+                round_.waiting.clear()
+                out += self._echo_if_complete(req_id, round_)
+        return out
+
+    def _take(
+        self, request: Replay, parent: str | None, live: list[str], now: float
+    ) -> list[ReplayAction]:
+        out: list[ReplayAction] = []
+        if len(self.rounds) >= self.limit:
+            old_id, old = next(iter(self.rounds.items()))
+            self.stats["replay.ended_early"] += 1
+            old.silent += sorted(old.waiting)
+            old.waiting.clear()
+            old.stored = True
+            out += self._echo_if_complete(old_id, old)
+        self.stats["replay.rounds"] += 1
+        children = [n for n in live if n != parent]
+        self.rounds[request.req_id] = _Round(request, parent, set(children), now + request.budget)
+        onward = Replay(
+            request.req_id,
+            request.host,
+            request.filters,
+            request.since,
+            request.after,
+            request.budget * BUDGET_SHRINK,
+        )
+        out += [Forward(n, onward) for n in children]
+        out.append(QueryStore(request))
+        return out
+
+    def _echo_if_complete(self, req_id: str, round_: _Round) -> list[ReplayAction]:
+        if round_.waiting or not round_.stored:
+            return []
+        del self.rounds[req_id]
+        self.finished[req_id] = None
+        while len(self.finished) > self.limit:
+            self.finished.popitem(last=False)
+        echo = ReplayEcho(
+            req_id,
+            answered=tuple(round_.answered),
+            unstored=tuple(round_.unstored),
+            silent=tuple(round_.silent),
+            gaps=tuple(round_.gaps),
+            published=round_.published,
+        )
+        if round_.parent is None:
+            return [ReplayDone(req_id, echo)]
+        return [Forward(round_.parent, echo)]

@@ -1,0 +1,244 @@
+"""Replay (DESIGN §11): the rounds' rules over a whole overlay (every broker answers once,
+the host hears when all have, a dead or silent part is reported), and the retention store
+(bounds, gaps, a ``kill -9`` survived)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import deque
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from laws import scots
+
+from octopis.core.messages import Forward, Notification
+from octopis.core.replay import (
+    DATA_BATCH,
+    QueryStore,
+    Replay,
+    ReplayData,
+    ReplayDeliver,
+    ReplayDone,
+    ReplayEcho,
+    ReplayRounds,
+)
+from octopis.topology import Scot, build_preset
+from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
+from octopis.transport.replaying import _decode_kept
+from octopis.transport.retention import RetentionStore
+from octopis.wire import REPLAY, REPLAY_ECHO, pack
+
+FIG2 = build_preset("fig2")
+
+
+def _request(budget: float = 3.0) -> Replay:
+    return Replay("a:0/1", "a:0", ("[class,eq,'STOCK']",), (("P", 1, 4),), 100.0, budget)
+
+
+def _notification(publisher: str, seq: int, at: float = 200.0, price: float = 1.0) -> Notification:
+    return Notification(publisher, seq, at, {"class": "STOCK", "price": price}, session=1)
+
+
+class Overlay:
+    """Every broker's rounds, FIFO links between neighbours, stores that answer each
+    broker's own publications (its name as publisher); ``dead`` brokers take nothing."""
+
+    def __init__(self, scot: Scot, dead: frozenset[str] = frozenset(), stored: int = 1) -> None:
+        self.scot = scot
+        self.dead = dead
+        self.rounds = {b: ReplayRounds(b) for b in scot.brokers if b not in dead}
+        self.neighbours = {b: [n.id for n in scot.brokers[b].neighbours] for b in scot.brokers}
+        self.stored = stored
+        self.queries: dict[str, int] = {}
+        self.delivered: list[Notification] = []
+        self.done: list[ReplayEcho] = []
+        self.wire: deque[tuple[str, str, object]] = deque()
+
+    def live(self, broker: str) -> list[str]:
+        return [n for n in self.neighbours[broker] if n not in self.dead]
+
+    def run(self, host: str, request: Replay) -> None:
+        self.carry_out(host, self.rounds[host].start(request, self.live(host), 0.0))
+        while self.wire:
+            src, dst, message = self.wire.popleft()
+            body = encode_body(message)  # every message crosses the codec both ways
+            assert decode_peer(encode_peer(src, message)) == (src, message)
+            received = decode_body(src, body)
+            self.carry_out(dst, self.rounds[dst].receive(src, received, self.live(dst), 0.0))
+
+    def carry_out(self, broker: str, actions: list) -> None:
+        for action in actions:
+            if type(action) is Forward:
+                if action.link not in self.dead:
+                    self.wire.append((broker, action.link, action.message))
+            elif type(action) is QueryStore:
+                self.queries[broker] = self.queries.get(broker, 0) + 1
+                found = [_notification(broker, q) for q in range(5, 5 + self.stored)]
+                self.carry_out(broker, self.rounds[broker].stored(action.request.req_id, found, []))
+            elif type(action) is ReplayDeliver:
+                self.delivered += action.notifications
+            elif type(action) is ReplayDone:
+                self.done.append(action.echo)
+
+
+def test_every_broker_answers_once_and_the_host_hears_all() -> None:
+    """fig2: the request reaches all 18 brokers once each; each store's answer reaches
+    the host (in batches of DATA_BATCH), and one echo says all 18 answered."""
+    overlay = Overlay(FIG2, stored=DATA_BATCH + 3)
+    overlay.run("a:0", _request())
+    assert overlay.queries == dict.fromkeys(FIG2.brokers, 1)
+    (echo,) = overlay.done
+    assert sorted(echo.answered) == sorted(FIG2.brokers)
+    assert echo.silent == echo.unstored == echo.gaps == ()
+    assert echo.published == len(overlay.delivered) == 18 * (DATA_BATCH + 3)
+    assert {n.publisher for n in overlay.delivered} == set(FIG2.brokers)
+
+
+def test_a_dead_broker_is_reported_silent_and_the_rest_still_answer() -> None:
+    """c:0 dead from the start: never asked, so nobody waits for it; the live brokers
+    beyond it are reached around it (other clusters), each answers once."""
+    overlay = Overlay(FIG2, dead=frozenset({"c:0"}))
+    overlay.run("a:0", _request())
+    (echo,) = overlay.done
+    assert sorted(echo.answered) == sorted(set(FIG2.brokers) - {"c:0"})
+    assert overlay.queries == dict.fromkeys(set(FIG2.brokers) - {"c:0"}, 1)
+
+
+def test_a_neighbour_that_dies_mid_round_or_stays_silent_is_reported() -> None:
+    """A round waits for its children's echoes: a child that goes down is reported
+    at once; one that stays silent, once the round's budget has passed."""
+    rounds = ReplayRounds("b:0")
+    actions = rounds.receive("a:0", _request(2.0), ["a:0", "c:0", "b:1", "b:2"], 10.0)
+    forwarded = {a.link for a in actions if type(a) is Forward}
+    assert forwarded == {"c:0", "b:1", "b:2"}
+    assert [a.message.budget for a in actions if type(a) is Forward] == [1.5] * 3
+    assert rounds.stored("a:0/1", [], []) == []
+    assert rounds.receive("b:1", ReplayEcho("a:0/1", seen=True), [], 10.1) == []
+    assert rounds.link_down("c:0") == []
+    assert rounds.expire(11.9) == []
+    (echo,) = rounds.expire(12.0)
+    assert echo.link == "a:0"
+    assert echo.message.silent == ("c:0", "b:2") and echo.message.answered == ("b:0",)
+    again = rounds.receive("c:0", _request(), ["a:0"], 12.1)
+    assert again == [Forward("c:0", ReplayEcho("a:0/1", seen=True))]
+
+
+def test_rounds_are_bounded() -> None:
+    """Past ``limit`` rounds the oldest ends early, its missing echoes reported."""
+    rounds = ReplayRounds("b:0", limit=2)
+    for i in range(3):
+        request = Replay(f"r{i}", "a:0", ("[x,>,1]",), (), 0.0, 3.0)
+        rounds.receive("a:0", request, ["a:0", "c:0"], 0.0)
+    assert list(rounds.rounds) == ["r1", "r2"] and rounds.stats["replay.ended_early"] == 1
+
+
+@given(scots(), st.data())
+def test_any_overlay_with_dead_brokers_answers_every_reachable_broker_once(
+    scot: Scot, data: st.DataObject
+) -> None:
+    """Law: whatever brokers are dead, the host's echo names exactly the live brokers
+    connected to it through live ones, each asked once."""
+    brokers = sorted(scot.brokers)
+    host = data.draw(st.sampled_from(brokers))
+    dead = frozenset(data.draw(st.sets(st.sampled_from(brokers), max_size=3)) - {host})
+    overlay = Overlay(scot, dead)
+    overlay.run(host, Replay("r", host, ("[x,>,1]",), (), 0.0, 3.0))
+    reach, todo = {host}, [host]
+    while todo:
+        for n in overlay.live(todo.pop()):
+            if n not in reach:
+                reach.add(n)
+                todo.append(n)
+    (echo,) = overlay.done
+    assert sorted(echo.answered) == sorted(reach)
+    assert overlay.queries == dict.fromkeys(reach, 1)
+
+
+def _store(path: Path, max_bytes: int = 1 << 20, max_age: float = 3600.0) -> RetentionStore:
+    return RetentionStore(path / "b.sqlite", max_bytes, max_age, _decode_kept)
+
+
+def test_the_store_answers_what_matches_after_the_given_point(tmp_path: Path) -> None:
+    """After seq 4 of (P, 1) and, for other publishers, from time 100 on; only what
+    matches the filters; in publisher order."""
+    store = _store(tmp_path)
+    for seq in range(1, 9):
+        n = _notification("P", seq, 50.0 + seq, price=seq)
+        store.add(n, encode_body(n), 1000.0)
+    for seq, at in ((1, 99.0), (2, 101.0)):
+        n = _notification("Q", seq, at)
+        store.add(n, encode_body(n), 1000.0)
+    assert store.commit(1000.0) == 10 and store.rows == 10
+    request = Replay("r", "a:0", ("[class,eq,'STOCK'],[price,<,7]",), (("P", 1, 4),), 100.0, 3.0)
+    found, gaps = store.answer(request)
+    assert [(n.publisher, n.seq) for n in found] == [("P", 5), ("P", 6), ("Q", 2)]
+    assert gaps == []
+
+
+def test_the_store_trims_to_its_bounds_and_reports_what_it_dropped(tmp_path: Path) -> None:
+    """Past max_bytes the oldest go first; a request reaching behind them gets a gap."""
+    one = len(encode_body(_notification("P", 1)))
+    store = _store(tmp_path, max_bytes=5 * one)
+    for seq in range(1, 9):
+        n = _notification("P", seq)
+        store.add(n, encode_body(n), 1000.0 + seq)
+        store.commit(1000.0 + seq)
+    assert store.rows == 5 and store.bytes <= 5 * one
+    assert store.stats["retention.trimmed"] == 3
+    request = Replay("r", "a:0", ("[class,eq,'STOCK']",), (("P", 1, 1),), 0.0, 3.0)
+    found, gaps = store.answer(request)
+    assert [n.seq for n in found] == [4, 5, 6, 7, 8] and gaps == [("P", 1, 2, 3)]
+    aged = _store(tmp_path / "aged", max_age=10.0)
+    n = _notification("P", 1)
+    aged.add(n, encode_body(n), 1000.0)
+    aged.commit(1000.0)
+    assert aged.commit(1011.0) == 0 and aged.rows == 0
+
+
+def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:
+    """A process commits publications, then is killed with SIGKILL: reopened, the store
+    holds every one of them."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from octopis.core.messages import Notification
+        from octopis.transport.codec import encode_body
+        from octopis.transport.replaying import _decode_kept
+        from octopis.transport.retention import RetentionStore
+        store = RetentionStore(Path({str(tmp_path / "b.sqlite")!r}), 1 << 30, 3600.0, _decode_kept)
+        for seq in range(1, 1001):
+            n = Notification("P", seq, 5.0, {{"class": "STOCK", "price": 1.0}}, session=1)
+            store.add(n, encode_body(n), 10.0)
+            if seq % 100 == 0:
+                store.commit(10.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    store = _store(tmp_path)
+    found, _ = store.answer(Replay("r", "a:0", ("[class,eq,'STOCK']",), (), 0.0, 3.0))
+    assert [n.seq for n in found] == list(range(1, 1001))
+
+
+def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
+    """Each field is checked and named."""
+    bad = [
+        (pack([REPLAY, "r", "a:0", ["[x,>"], [], 0.0, 3.0]), "bad content"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [["P", -1, 2]], 0.0, 3.0]), "since"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], "now", 3.0]), "after"),
+        (pack([REPLAY_ECHO, "r", 1, [], [], [], [], 0]), "seen flag"),
+        (pack([REPLAY_ECHO, "r", False, [], [], [], [["P", 1, 2]], 0]), "gaps"),
+        (pack([9, "r", [b"\x00"]]), "REPLAY_DATA|not msgpack|kind"),
+    ]
+    for body, problem in bad:
+        with pytest.raises(WireError, match=problem):
+            decode_body("a:0", body)
+    data = ReplayData("r", (_notification("P", 1),))
+    assert decode_body("a:0", encode_body(data)) == data
