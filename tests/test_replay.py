@@ -51,8 +51,10 @@ class Overlay:
     def __init__(self, scot: Scot, dead: frozenset[str] = frozenset(), stored: int = 1) -> None:
         self.scot = scot
         self.dead = dead
-        self.rounds = {b: ReplayRounds(b) for b in scot.brokers if b not in dead}
         self.neighbours = {b: [n.id for n in scot.brokers[b].neighbours] for b in scot.brokers}
+        self.rounds = {
+            b: ReplayRounds(b, self.neighbours[b]) for b in scot.brokers if b not in dead
+        }
         self.stored = stored
         self.queries: dict[str, int] = {}
         self.delivered: list[Notification] = []
@@ -106,13 +108,14 @@ def test_a_dead_broker_is_reported_silent_and_the_rest_still_answer() -> None:
     overlay.run("a:0", _request())
     (echo,) = overlay.done
     assert sorted(echo.answered) == sorted(set(FIG2.brokers) - {"c:0"})
+    assert echo.silent == ("c:0",)  # its store could not answer: reported
     assert overlay.queries == dict.fromkeys(set(FIG2.brokers) - {"c:0"}, 1)
 
 
 def test_a_neighbour_that_dies_mid_round_or_stays_silent_is_reported() -> None:
     """A round waits for its children's echoes: a child that goes down is reported
     at once; one that stays silent, once the round's budget has passed."""
-    rounds = ReplayRounds("b:0")
+    rounds = ReplayRounds("b:0", ["a:0", "c:0", "b:1", "b:2"])
     actions = rounds.receive("a:0", _request(2.0), ["a:0", "c:0", "b:1", "b:2"], 10.0)
     forwarded = {a.link for a in actions if type(a) is Forward}
     assert forwarded == {"c:0", "b:1", "b:2"}
@@ -130,7 +133,7 @@ def test_a_neighbour_that_dies_mid_round_or_stays_silent_is_reported() -> None:
 
 def test_rounds_are_bounded() -> None:
     """Past ``limit`` rounds the oldest ends early, its missing echoes reported."""
-    rounds = ReplayRounds("b:0", limit=2)
+    rounds = ReplayRounds("b:0", ["a:0", "c:0"], limit=2)
     for i in range(3):
         request = Replay(f"r{i}", "a:0", ("[x,>,1]",), (), 0.0, 3.0)
         rounds.receive("a:0", request, ["a:0", "c:0"], 0.0)
@@ -142,7 +145,8 @@ def test_any_overlay_with_dead_brokers_answers_every_reachable_broker_once(
     scot: Scot, data: st.DataObject
 ) -> None:
     """Law: whatever brokers are dead, the host's echo names exactly the live brokers
-    connected to it through live ones, each asked once."""
+    connected to it through live ones, each asked once, and as silent exactly the dead
+    brokers beside them (whose stores could not answer), each once."""
     brokers = sorted(scot.brokers)
     host = data.draw(st.sampled_from(brokers))
     dead = frozenset(data.draw(st.sets(st.sampled_from(brokers), max_size=3)) - {host})
@@ -157,6 +161,8 @@ def test_any_overlay_with_dead_brokers_answers_every_reachable_broker_once(
     (echo,) = overlay.done
     assert sorted(echo.answered) == sorted(reach)
     assert overlay.queries == dict.fromkeys(reach, 1)
+    beside = {n for b in reach for n in overlay.neighbours[b] if n in dead}
+    assert set(echo.silent) == beside and len(echo.silent) == len(beside)
 
 
 def _store(path: Path, max_bytes: int = 1 << 20, max_age: float = 3600.0) -> RetentionStore:

@@ -83,6 +83,9 @@ class Received:
         return self.received_at - self.left_broker_at
 
 
+NOTICES = frozenset({"move", "released", "replayed", "replay_done"})
+"""What a broker tells a client unasked."""
+
 NotificationHandler = Callable[[str, str, int, float, Publication, float, float, int, int], None]
 """Called with (client name, publisher, seq, published_at, publication, received_at,
 left_broker_at, size, session): ``size`` is the delivery's encoded length in bytes,
@@ -286,9 +289,10 @@ class Connection:
         self._on_drop.append(notify)
 
     def on_notice(self, name: str, notice: Callable[[dict[str, Any]], None]) -> None:
-        """Call ``notice(message)`` with what the broker tells client ``name`` unasked:
-        ``move`` (go to another broker) and ``released`` (a moved subscription is no
-        longer delivered here), DESIGN §9."""
+        """Call ``notice(message)`` with what the broker tells client ``name`` unasked
+        (:data:`NOTICES`): ``move`` (go to another broker) and ``released`` (a moved
+        subscription is no longer delivered here), DESIGN §9; ``replayed`` and
+        ``replay_done`` (a replay's answers and its end), DESIGN §11."""
         self._notices[name] = notice
 
     def forget(
@@ -688,7 +692,7 @@ class Connection:
         if op == "dropped":
             self._dropped(str(data.get("reason", "no reason given")))
             return
-        if op in ("move", "released"):
+        if op in NOTICES:
             notice = self._notices.get(data.get("client"))
             if notice is None:
                 self.group.warn.warning(

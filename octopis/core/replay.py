@@ -22,7 +22,7 @@ Nothing here reads a clock or does I/O: the shell passes ``now`` and the live ne
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from octopis.core.messages import Forward, Notification
@@ -123,14 +123,18 @@ class _Round:
 
 
 class ReplayRounds:
-    """The replay requests one broker takes part in (at most ``limit`` at once; the
-    oldest is ended early, its missing echoes reported as silent, past it) and those it
-    finished (remembered, up to ``limit``, to answer late copies with a seen echo)."""
+    """The replay requests one broker with ``neighbours`` takes part in (at most ``limit``
+    at once; the oldest is ended early, its missing echoes reported as silent, past it)
+    and those it finished (remembered, up to ``limit``, to answer late copies with a seen
+    echo). A relink sets :attr:`neighbours` anew."""
 
-    def __init__(self, broker_id: str, limit: int = 1000) -> None:
+    def __init__(self, broker_id: str, neighbours: list[str], limit: int = 1000) -> None:
         if limit < 1:
             raise ValueError("replay rounds need a positive limit")
         self.id = broker_id
+        self.neighbours = neighbours
+        """Every neighbour: one that is down when a request comes is reported silent (its
+        store cannot answer) unless the request reaches it another way."""
         self.limit = limit
         self.rounds: OrderedDict[str, _Round] = OrderedDict()
         self.finished: OrderedDict[str, None] = OrderedDict()
@@ -226,7 +230,10 @@ class ReplayRounds:
             out += self._echo_if_complete(old_id, old)
         self.stats["replay.rounds"] += 1
         children = [n for n in live if n != parent]
-        self.rounds[request.req_id] = _Round(request, parent, set(children), now + request.budget)
+        down = [n for n in self.neighbours if n not in live and n != parent]
+        self.rounds[request.req_id] = _Round(
+            request, parent, set(children), now + request.budget, silent=down
+        )
         onward = Replay(
             request.req_id,
             request.host,
@@ -255,5 +262,7 @@ class ReplayRounds:
             published=round_.published,
         )
         if round_.parent is None:
-            return [ReplayDone(req_id, echo)]
+            heard = set(echo.answered) | set(echo.unstored)
+            silent = tuple(dict.fromkeys(b for b in echo.silent if b not in heard))
+            return [ReplayDone(req_id, replace(echo, silent=silent))]
         return [Forward(round_.parent, echo)]

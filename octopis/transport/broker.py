@@ -541,9 +541,9 @@ class Broker:
         if link is not None:
             link.put(frame_of(self._sender, encode_body(message), DATA), self._loop.time())
 
-    def _live(self) -> list[str]:
+    def _live(self) -> tuple[list[str], list[str]]:
         down = self.lst.down
-        return [n for n in self.links if not down(n)]
+        return [n for n in self.links if not down(n)], list(self.links)
 
     def _notify_client(self, key: str, message: dict) -> bool:
         return self.clients.notify_client(key, message)

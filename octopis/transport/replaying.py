@@ -42,8 +42,8 @@ def _decode_kept(body: bytes) -> Notification:
 
 class Replaying:
     """Retention and replay at broker ``broker_id``: ``send(neighbour, message)`` puts a
-    replay message on a peer link, ``live()`` names the neighbours up now and
-    ``notify(client key, message)`` tells a local client."""
+    replay message on a peer link, ``live()`` names the neighbours up now and all of them,
+    and ``notify(client key, message)`` tells a local client."""
 
     def __init__(
         self,
@@ -51,12 +51,12 @@ class Replaying:
         settings: BrokerSettings,
         data_dir: Path | None,
         send: Callable[[str, ReplayMessage], None],
-        live: Callable[[], list[str]],
+        live: Callable[[], tuple[list[str], list[str]]],
         notify: Callable[[str, dict], bool],
     ) -> None:
         self.id = broker_id
         self.settings = settings
-        self.rounds = ReplayRounds(broker_id, settings.replay_rounds)
+        self.rounds = ReplayRounds(broker_id, [], settings.replay_rounds)
         self.store: RetentionStore | None = None
         if data_dir is not None and settings.retention_age > 0:
             self.store = RetentionStore(
@@ -92,12 +92,16 @@ class Replaying:
             req_id, self.id, tuple(filters), tuple(since), after, self.settings.replay_budget
         )
         log.info("%s: replay %s for %s (%d filters)", self.id, req_id, key, len(filters))
-        self._carry_out(self.rounds.start(request, self._live(), time.monotonic()))
+        self._carry_out(self.rounds.start(request, self._up(), time.monotonic()))
         return req_id
 
     def receive(self, sender: str, message: ReplayMessage) -> None:
         """A replay message from neighbour ``sender``."""
-        self._carry_out(self.rounds.receive(sender, message, self._live(), time.monotonic()))
+        self._carry_out(self.rounds.receive(sender, message, self._up(), time.monotonic()))
+
+    def _up(self) -> list[str]:
+        up, self.rounds.neighbours = self._live()
+        return up
 
     def link_down(self, neighbour: str) -> None:
         """Rounds stop waiting for ``neighbour``'s echo."""
