@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections import deque
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from laws import scots
 
-from octopis.core.messages import Forward, Notification
+from octopis.core import make_broker
+from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
     DATA_BATCH,
     QueryStore,
@@ -26,6 +28,7 @@ from octopis.core.replay import (
     ReplayDone,
     ReplayEcho,
     ReplayRounds,
+    sbp_targets,
 )
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
@@ -45,15 +48,16 @@ def _notification(publisher: str, seq: int, at: float = 200.0, price: float = 1.
 
 
 class Overlay:
-    """Every broker's rounds, FIFO links between neighbours, stores that answer each
-    broker's own publications (its name as publisher); ``dead`` brokers take nothing."""
+    """Every broker's rounds on SBP's paths, FIFO links between neighbours, stores that
+    answer ``stored`` of each broker's own publications (its name as publisher);
+    ``dead`` brokers take nothing."""
 
     def __init__(self, scot: Scot, dead: frozenset[str] = frozenset(), stored: int = 1) -> None:
         self.scot = scot
         self.dead = dead
-        self.neighbours = {b: [n.id for n in scot.brokers[b].neighbours] for b in scot.brokers}
+        self.cores = {b: make_broker(scot, b, "dnr") for b in scot.brokers}
         self.rounds = {
-            b: ReplayRounds(b, self.neighbours[b]) for b in scot.brokers if b not in dead
+            b: ReplayRounds(b, partial(self.targets, b)) for b in scot.brokers if b not in dead
         }
         self.stored = stored
         self.queries: dict[str, int] = {}
@@ -61,17 +65,20 @@ class Overlay:
         self.done: list[ReplayEcho] = []
         self.wire: deque[tuple[str, str, object]] = deque()
 
-    def live(self, broker: str) -> list[str]:
-        return [n for n in self.neighbours[broker] if n not in self.dead]
+    def targets(
+        self, broker: str, src: str | None, state: SubState
+    ) -> tuple[list[tuple[str, SubState]], list[str]]:
+        core = self.cores[broker]
+        hops = sbp_targets(core.primary, list(core.secondary.values()), src, state)
+        return [h for h in hops if h[0] not in self.dead], [n for n, _ in hops if n in self.dead]
 
     def run(self, host: str, request: Replay) -> None:
-        self.carry_out(host, self.rounds[host].start(request, self.live(host), 0.0))
+        self.carry_out(host, self.rounds[host].start(request, 0.0))
         while self.wire:
             src, dst, message = self.wire.popleft()
             body = encode_body(message)  # every message crosses the codec both ways
             assert decode_peer(encode_peer(src, message)) == (src, message)
-            received = decode_body(src, body)
-            self.carry_out(dst, self.rounds[dst].receive(src, received, self.live(dst), 0.0))
+            self.carry_out(dst, self.rounds[dst].receive(src, decode_body(src, body), 0.0))
 
     def carry_out(self, broker: str, actions: list) -> None:
         for action in actions:
@@ -101,68 +108,74 @@ def test_every_broker_answers_once_and_the_host_hears_all() -> None:
     assert {n.publisher for n in overlay.delivered} == set(FIG2.brokers)
 
 
-def test_a_dead_broker_is_reported_silent_and_the_rest_still_answer() -> None:
-    """c:0 dead from the start: never asked, so nobody waits for it; the live brokers
-    beyond it are reached around it (other clusters), each answers once."""
+def test_a_dead_broker_is_reported_silent_with_the_part_only_it_reaches() -> None:
+    """c:0 dead from the start: the request goes the way a subscription from a:0 would,
+    so nothing past c:0 on cluster 0's tree (d:0, e:0, f:0) nor the iCOL neighbours of
+    c:0 and of those is asked (the subscription does not reach them either): c:0 is
+    reported silent, regions a and b answer, each broker once."""
     overlay = Overlay(FIG2, dead=frozenset({"c:0"}))
     overlay.run("a:0", _request())
     (echo,) = overlay.done
-    assert sorted(echo.answered) == sorted(set(FIG2.brokers) - {"c:0"})
-    assert echo.silent == ("c:0",)  # its store could not answer: reported
-    assert overlay.queries == dict.fromkeys(set(FIG2.brokers) - {"c:0"}, 1)
+    assert sorted(echo.answered) == [f"{r}:{k}" for r in "ab" for k in range(3)]
+    assert echo.silent == ("c:0",)
+    assert overlay.queries == dict.fromkeys(echo.answered, 1)
 
 
 def test_a_neighbour_that_dies_mid_round_or_stays_silent_is_reported() -> None:
     """A round waits for its children's echoes: a child that goes down is reported
     at once; one that stays silent, once the round's budget has passed."""
-    rounds = ReplayRounds("b:0", ["a:0", "c:0", "b:1", "b:2"])
-    actions = rounds.receive("a:0", _request(2.0), ["a:0", "c:0", "b:1", "b:2"], 10.0)
-    forwarded = {a.link for a in actions if type(a) is Forward}
-    assert forwarded == {"c:0", "b:1", "b:2"}
-    assert [a.message.budget for a in actions if type(a) is Forward] == [1.5] * 3
+    hops = [("c:0", SubState.PRIMARY), ("b:1", SubState.SECONDARY), ("b:2", SubState.SECONDARY)]
+    rounds = ReplayRounds("b:0", lambda src, state: (hops, []))
+    actions = rounds.receive("a:0", _request(2.0), 10.0)
+    forwarded = [(a.link, a.message.state, a.message.budget) for a in actions if type(a) is Forward]
+    assert forwarded == [(n, s, 1.5) for n, s in hops]
     assert rounds.stored("a:0/1", [], []) == []
-    assert rounds.receive("b:1", ReplayEcho("a:0/1", seen=True), [], 10.1) == []
+    assert rounds.receive("b:1", ReplayEcho("a:0/1", seen=True), 10.1) == []
     assert rounds.link_down("c:0") == []
     assert rounds.expire(11.9) == []
     (echo,) = rounds.expire(12.0)
     assert echo.link == "a:0"
     assert echo.message.silent == ("c:0", "b:2") and echo.message.answered == ("b:0",)
-    again = rounds.receive("c:0", _request(), ["a:0"], 12.1)
+    again = rounds.receive("c:0", _request(), 12.1)
     assert again == [Forward("c:0", ReplayEcho("a:0/1", seen=True))]
 
 
 def test_rounds_are_bounded() -> None:
     """Past ``limit`` rounds the oldest ends early, its missing echoes reported."""
-    rounds = ReplayRounds("b:0", ["a:0", "c:0"], limit=2)
+    rounds = ReplayRounds("b:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []), limit=2)
     for i in range(3):
-        request = Replay(f"r{i}", "a:0", ("[x,>,1]",), (), 0.0, 3.0)
-        rounds.receive("a:0", request, ["a:0", "c:0"], 0.0)
+        rounds.receive("a:0", Replay(f"r{i}", "a:0", ("[x,>,1]",), (), 0.0, 3.0), 0.0)
     assert list(rounds.rounds) == ["r1", "r2"] and rounds.stats["replay.ended_early"] == 1
 
 
 @given(scots(), st.data())
-def test_any_overlay_with_dead_brokers_answers_every_reachable_broker_once(
+def test_a_replay_reaches_where_the_subscription_reaches_and_names_the_rest(
     scot: Scot, data: st.DataObject
 ) -> None:
-    """Law: whatever brokers are dead, the host's echo names exactly the live brokers
-    connected to it through live ones, each asked once, and as silent exactly the dead
-    brokers beside them (whose stores could not answer), each once."""
+    """Law: whatever brokers are dead, the request is answered once by every broker a
+    subscription from the host reaches (the host cluster's tree through live brokers,
+    and the live B(x, k) beside each of them), and the dead brokers where that reach
+    stops are reported silent, each once."""
     brokers = sorted(scot.brokers)
     host = data.draw(st.sampled_from(brokers))
     dead = frozenset(data.draw(st.sets(st.sampled_from(brokers), max_size=3)) - {host})
     overlay = Overlay(scot, dead)
     overlay.run(host, Replay("r", host, ("[x,>,1]",), (), 0.0, 3.0))
-    reach, todo = {host}, [host]
+    cluster = scot.brokers[host].cluster
+    tree = {b for b, info in scot.brokers.items() if info.cluster == cluster}
+    reach, silent, todo = {host}, set(), [host]
     while todo:
-        for n in overlay.live(todo.pop()):
-            if n not in reach:
-                reach.add(n)
-                todo.append(n)
+        for n in scot.brokers[todo.pop()].neighbours:
+            if n.id in tree and n.id not in reach:
+                (silent if n.id in dead else reach).add(n.id)
+                if n.id not in dead:
+                    todo.append(n.id)
+    region = {scot.brokers[b].region for b in reach}
+    beside = {b for b, info in scot.brokers.items() if info.region in region} - tree
     (echo,) = overlay.done
-    assert sorted(echo.answered) == sorted(reach)
-    assert overlay.queries == dict.fromkeys(reach, 1)
-    beside = {n for b in reach for n in overlay.neighbours[b] if n in dead}
-    assert set(echo.silent) == beside and len(echo.silent) == len(beside)
+    assert sorted(echo.answered) == sorted(reach | (beside - dead))
+    assert sorted(echo.silent) == sorted(silent | (beside & dead))
+    assert overlay.queries == dict.fromkeys(echo.answered, 1)
 
 
 def _store(path: Path, max_bytes: int = 1 << 20, max_age: float = 3600.0) -> RetentionStore:
@@ -236,9 +249,10 @@ def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:
 def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
     """Each field is checked and named."""
     bad = [
-        (pack([REPLAY, "r", "a:0", ["[x,>"], [], 0.0, 3.0]), "bad content"),
-        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [["P", -1, 2]], 0.0, 3.0]), "since"),
-        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], "now", 3.0]), "after"),
+        (pack([REPLAY, "r", "a:0", ["[x,>"], [], 0.0, 3.0, 1]), "bad content"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [["P", -1, 2]], 0.0, 3.0, 1]), "since"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], "now", 3.0, 1]), "after"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 7]), "state"),
         (pack([REPLAY_ECHO, "r", 1, [], [], [], [], 0]), "seen flag"),
         (pack([REPLAY_ECHO, "r", False, [], [], [], [["P", 1, 2]], 0]), "gaps"),
         (pack([9, "r", [b"\x00"]]), "REPLAY_DATA|not msgpack|kind"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,32 @@ class LastSeen(OrderedDict[tuple[str, int], int]):
     def since(self) -> list[list[Any]]:
         """The request's ``since``: ``[[publisher, session, seq], ...]``."""
         return [[p, s, q] for (p, s), q in self.items()]
+
+
+def unseen(
+    name: str, group: ConnectionGroup, bodies: Iterable[bytes]
+) -> tuple[list[tuple[Received, int]], int]:
+    """The replayed publications (NOTIFY ``bodies``) client ``name`` was not delivered
+    before (the group's record decides, and now records them), with their sizes; and how
+    many were repeats."""
+    now = time.time()
+    seen, recent = group.seen, group.recent
+    fresh: list[tuple[Received, int]] = []
+    repeats = 0
+    for body in bodies:
+        publisher, seq, published_at, publication, session = delivery_fields(body)
+        key = (name, publisher, session, seq)
+        if key in seen:
+            repeats += 1
+            continue
+        seen.add(key)
+        recent.append((now, key))
+        received = Received(
+            name, publisher, seq, published_at, now, publication, session=session, replayed=True
+        )
+        fresh.append((received, len(body)))
+    group.forget_old(now)
+    return fresh, repeats
 
 
 @dataclass(frozen=True)
@@ -105,24 +132,9 @@ class Seam:
     def joined(self, name: str, group: ConnectionGroup) -> tuple[list[tuple[Received, int]], int]:
         """The replayed publications not delivered before, with the held live ones, in
         publisher order; and how many replayed ones were repeats."""
-        now = time.time()
-        items = list(self.live)
-        repeats = 0
-        seen, recent = group.seen, group.recent
-        for body in self.answers.get(self.replay or "", ()):
-            publisher, seq, published_at, publication, session = delivery_fields(body)
-            key = (name, publisher, session, seq)
-            if key in seen:
-                repeats += 1
-                continue
-            seen.add(key)
-            recent.append((now, key))
-            received = Received(
-                name, publisher, seq, published_at, now, publication, session=session, replayed=True
-            )
-            items.append((received, len(body)))
+        fresh, repeats = unseen(name, group, self.answers.get(self.replay or "", ()))
+        items = self.live + fresh
         items.sort(key=lambda item: (item[0].publisher, item[0].session, item[0].seq))
-        group.forget_old(now)
         return items, repeats
 
     def gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -17,7 +17,7 @@ from octopis.client.connection import (
     Received,
     log,
 )
-from octopis.client.replay import LastSeen, ReplayGap, Seam
+from octopis.client.replay import LastSeen, ReplayGap, Seam, unseen
 from octopis.filters import Publication, Subscription, as_subscription
 
 REPLAY_WAIT = 10.0
@@ -107,6 +107,8 @@ class Subscriber(NamedClient):
         self.replays: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per replay (the last 1,000): id, replayed, repeats, seconds, gap."""
         self._seam: Seam | None = None
+        self._replay_records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        """The records of :attr:`replays` by request id: late answers are added to them."""
         if buffer < 1 or buffer_bytes < 1:
             raise ValueError("a subscriber's buffer and buffer_bytes must be positive")
         self.buffer = buffer
@@ -170,7 +172,10 @@ class Subscriber(NamedClient):
         """``released`` ends a move's wait; ``move`` starts one, or queues it behind the
         move under way, if it comes from the current connection."""
         if message["op"] in ("replayed", "replay_done"):
-            if self._seam is not None:
+            record = self._replay_records.get(str(message.get("id")))
+            if record is not None:
+                self._late_answer(record, message)
+            elif self._seam is not None:
                 self._seam.notice(message)
             return
         if message["op"] == "move":
@@ -355,15 +360,20 @@ class Subscriber(NamedClient):
                 self._deliver(received, size)
         gap = seam.gap(self.name, after, error)
         replayed = sum(1 for received, _ in items if received.replayed)
-        self.replays.append(
-            {
-                "id": seam.replay,
-                "replayed": replayed,
-                "repeats": repeats,
-                "seconds": time.monotonic() - seam.started,
-                "gap": gap,
-            }
-        )
+        record = {
+            "id": seam.replay,
+            "replayed": replayed,
+            "repeats": repeats,
+            "seconds": time.monotonic() - seam.started,
+            "gap": gap,
+            "late_replayed": 0,
+            "late_parts": [],
+        }
+        self.replays.append(record)
+        if seam.replay is not None:
+            self._replay_records[seam.replay] = record
+            while len(self._replay_records) > self.replays.maxlen:  # type: ignore[operator]
+                self._replay_records.popitem(last=False)
         log.info("%s replayed %d publications (%d repeats)", self.name, replayed, repeats)
         if gap is not None:
             log.warning("%s: a replay left a gap: %s", self.name, gap)
@@ -396,6 +406,30 @@ class Subscriber(NamedClient):
         if gone is not None:
             gone.release()
         self._subscriptions.pop(sub_id, None)
+
+    def _late_answer(self, record: dict[str, Any], message: dict[str, Any]) -> None:
+        """An answer to a finished replay from a part that was silent then (a broker
+        that restarted and took the request with the subscriptions held for it): its
+        publications not delivered before are delivered now (after the live ones that
+        came meanwhile), and the part is noted in the replay's record."""
+        if message["op"] == "replayed":
+            fresh, repeats = unseen(self.name, self.connection.group, message.get("bodies", ()))
+            fresh.sort(key=lambda item: (item[0].publisher, item[0].session, item[0].seq))
+            for received, size in fresh:
+                self._deliver(received, size)
+            record["late_replayed"] += len(fresh)
+            record["repeats"] += repeats
+            return
+        record["late_parts"].append(
+            {k: message.get(k) for k in ("answered", "silent", "unstored", "gaps", "published")}
+        )
+        log.info(
+            "%s: replay %s answered late by %s (%d publications)",
+            self.name,
+            record["id"],
+            message.get("answered"),
+            message.get("published", 0),
+        )
 
     def _on_notify(
         self,

@@ -88,11 +88,45 @@ class ShareStats:
     """Deliveries for a subscriber that had moved off the connection they came on."""
     repeats_forgotten_early: int = 0
     """Deliveries forgotten before the repeat horizon (the group's limit was reached)."""
+    replays: int = 0
+    """Replays the share's subscribers asked for after a fail-over (DESIGN §11)."""
+    replayed: int = 0
+    """Publications those replays delivered (not delivered before)."""
+    replay_repeats: int = 0
+    """Publications replays answered that had been delivered already (dropped)."""
+    replay_gaps: list[dict[str, Any]] = field(default_factory=list)
+    """What replays could not fill (the first 100)."""
+    replayed_late: int = 0
+    """Publications answered late, by a part that was silent when its replay ended (a
+    broker that restarted), and delivered then."""
 
     @property
     def failovers(self) -> int:
         """Fail-overs of the share's connections (a broker silent past their liveness)."""
         return sum(len(o) for o in self.outages.values())
+
+
+REPLAY_GAPS_KEPT = 100
+"""Replay gaps a run reports in full (all are counted)."""
+
+
+def _replay_stats(
+    records: list[dict[str, Any]],
+) -> tuple[int, int, int, list[dict[str, Any]], int]:
+    """Replays, publications replayed, repeats dropped, gaps (as plain data) and
+    publications replayed late of the subscribers' replay records."""
+    gaps = [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in vars(r["gap"]).items()}
+        for r in records
+        if r["gap"] is not None
+    ]
+    return (
+        len(records),
+        sum(r["replayed"] for r in records),
+        sum(r["repeats"] for r in records),
+        gaps[:REPLAY_GAPS_KEPT],
+        sum(r["late_replayed"] for r in records),
+    )
 
 
 def split(events: Sequence[SubscriptionEvent | PublicationEvent], parts: int) -> list[list[str]]:
@@ -220,6 +254,7 @@ class ClientSide:
             sum(s.stale_moves for s in self.subscribers.values()),
             sum(c.unclaimed for c in connections),
             self.group.forgotten_early,
+            *_replay_stats([r for s in self.subscribers.values() for r in s.replays]),
         )
 
     async def close(self) -> None:
@@ -335,6 +370,11 @@ class WorkerPool:
             together.stale_moves += stats.stale_moves
             together.unclaimed += stats.unclaimed
             together.repeats_forgotten_early += stats.repeats_forgotten_early
+            together.replays += stats.replays
+            together.replayed += stats.replayed
+            together.replay_repeats += stats.replay_repeats
+            together.replayed_late += stats.replayed_late
+            together.replay_gaps = (together.replay_gaps + stats.replay_gaps)[:REPLAY_GAPS_KEPT]
         return together
 
     async def close(self, timeout: float = 60.0) -> None:

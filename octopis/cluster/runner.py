@@ -660,6 +660,14 @@ class WorkloadRun:
         report["unplanned_downs"] = sorted(unplanned, key=lambda d: d["at_s"])[:20]
         clients = self.client_stats
         report["sdk_duplicates_absorbed"] = clients.duplicates_absorbed
+        report["replays"] = {
+            "requests": clients.replays,
+            "replayed": clients.replayed,
+            "repeats": clients.replay_repeats,
+            "replayed_late": clients.replayed_late,
+            "gaps": len(clients.replay_gaps),
+            "gap_samples": clients.replay_gaps[:5],
+        }
         report["failovers_from_live_brokers"] = {
             broker: outages
             for broker, outages in clients.outages.items()
@@ -670,6 +678,7 @@ class WorkloadRun:
         hosts = {s.subscriber: s.broker for s in self.workload.subscriptions}
         report.update(host_split(self.ledger, hosts, self.kills))
         report["host_alive_lost_samples"] = self._lost_samples(hosts)
+        report["host_dead_lost_samples"] = self._lost_samples(hosts, dead=True)
         back = {}
         for broker in self.kills:
             outages = clients.outages.get(broker, ())
@@ -687,9 +696,12 @@ class WorkloadRun:
         """time.monotonic() of the first kill or stall."""
         return min([*self.kills.values(), *(stopped for stopped, _ in self.stalls.values())])
 
-    def _lost_samples(self, hosts: dict[str, str], limit: int = 10) -> list[dict[str, Any]]:
-        """Up to ``limit`` deliveries lost to subscribers whose host never died: who, from
-        which publisher's host, and when it was published after the first kill or stall."""
+    def _lost_samples(
+        self, hosts: dict[str, str], limit: int = 10, *, dead: bool = False
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` deliveries lost to subscribers whose host never died (``dead``:
+        whose host was killed): who, from which publisher's host, and when it was
+        published after the first kill or stall."""
         first = time.time() - (time.monotonic() - self._first_failure())
         publisher_host = {p.publisher: p.broker for p in self.workload.publications}
         published = self._published_at
@@ -697,7 +709,7 @@ class WorkloadRun:
         lost = sorted(
             key
             for key in self.ledger.expected
-            if key not in received and hosts[key[0]] not in self.kills
+            if key not in received and (hosts[key[0]] in self.kills) == dead
         )
         return [
             {

@@ -3,29 +3,36 @@
 A subscriber that failed over, or whose broker restarted, asks its new host for what it
 may have missed: a :class:`Replay` naming its filters, the last sequence number it got
 from each (publisher, session) it knows, and a time from which the publications of any
-other publisher count. The request floods the overlay and every broker takes it once
-(like a subscription, every broker once): the first copy a broker gets makes the sender
-its *parent*; it passes the request to every other live neighbour and answers any later
-copy at once with a *seen* echo. Each broker asks its own store (the shell does the I/O
-and reports with :meth:`ReplayRounds.stored`), sends the matching publications toward
-its parent (:class:`ReplayData`, filtered where they are stored) and, once every
-neighbour it passed the request to has echoed, went down or stayed silent past the
-round's budget, echoes to its parent what its part of the overlay answered
-(:class:`ReplayEcho`): the brokers whose stores answered, those that could not, the
-neighbours never heard from, and the retention gaps. Peer links are FIFO, so a broker's
-data reaches its parent before its echo: when the host's last echo is in, every answer
-has come (the echo algorithm). The host then hands the requester a :class:`ReplayDone`.
+other publisher count. The host sends it right behind the subscriptions it has just made
+again, and it travels like them (SBP, paper §5): PRIMARY along the host cluster's tree,
+SECONDARY over every iCOL of that cluster, where it stops; BID's tree floods it once.
+Links are FIFO, so at every broker the new subscription is in the table before the
+replay arrives: what a publisher there published before that is in the broker's store,
+what it publishes after is routed live, and nothing falls between (the seam).
 
-Nothing here reads a clock or does I/O: the shell passes ``now`` and the live neighbours.
+Each broker asks its own store (the shell does the I/O and reports with
+:meth:`ReplayRounds.stored`), sends the matching publications toward the broker it got
+the request from (:class:`ReplayData`, filtered where they are stored) and, once every
+neighbour it passed the request to has echoed, went down, or stayed silent past the
+round's budget, echoes what its part of the overlay answered (:class:`ReplayEcho`): the
+brokers whose stores answered, those without a store, the neighbours never heard from
+(down, or silent: the subscription does not reach past them either, so their part is a
+gap) and the retention gaps. Data goes ahead of its echo on the same FIFO link, so when
+the host's last echo is in every answer has come (the echo algorithm), and the host
+hands the requester a :class:`ReplayDone`.
+
+Nothing here reads a clock or does I/O: the shell passes ``now`` and says which of the
+SBP targets are up (:data:`Targets`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from octopis.core.messages import Forward, Notification
+from octopis.core.messages import Forward, Notification, SubState
 
 BUDGET_SHRINK = 0.75
 """A broker passes the request on with this share of its own budget, so that a child
@@ -41,7 +48,7 @@ class Replay:
     ``since`` holds ``(publisher, session, seq)``: publications of that session with a
     higher ``seq`` count; for any other (publisher, session) those published at or after
     ``after`` count. ``budget`` is how many seconds the receiver may wait for its own
-    neighbours' echoes."""
+    neighbours' echoes; ``state`` is its SBP step (PRIMARY goes on, SECONDARY stops)."""
 
     req_id: str
     host: str
@@ -49,6 +56,7 @@ class Replay:
     since: tuple[tuple[str, int, int], ...]
     after: float
     budget: float
+    state: SubState = SubState.PRIMARY
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +107,34 @@ class ReplayDeliver(NamedTuple):
 
 
 class ReplayDone(NamedTuple):
-    """At the host: request ``req_id`` is complete; ``echo`` sums up the whole overlay."""
+    """At the host: request ``req_id`` is complete; ``echo`` sums up the whole overlay.
+    ``late``: an echo of a part that was silent when the request completed and answered
+    once it was reachable again (a neighbour restarted and took the request with the
+    subscriptions held for it); its data came as late :class:`ReplayDeliver` ones."""
 
     req_id: str
     echo: ReplayEcho
+    late: bool = False
 
 
 ReplayAction = Forward | QueryStore | ReplayDeliver | ReplayDone
+
+Targets = Callable[[str | None, SubState], tuple[list[tuple[str, SubState]], list[str]]]
+"""``targets(src, state)``: where a subscription in ``state`` from ``src`` (None: a local
+one) goes on from this broker, split into the live neighbours with the state each gets
+and the neighbours that are down (:func:`sbp_targets` gives the SBP ones)."""
+
+
+def sbp_targets(
+    primary: tuple[str, ...] | list[str], secondary: list[str], src: str | None, state: SubState
+) -> list[tuple[str, SubState]]:
+    """SBP's next hops (paper §5): from a local subscriber or a PRIMARY message, PRIMARY
+    to every primary neighbour but ``src`` and SECONDARY to every secondary one; a
+    SECONDARY message stops. BID passes its tree links as ``primary``, no ``secondary``."""
+    if state is SubState.SECONDARY and src is not None:
+        return []
+    out = [(n, SubState.PRIMARY) for n in primary if n != src]
+    return out + [(n, SubState.SECONDARY) for n in secondary]
 
 
 @dataclass(slots=True)
@@ -123,46 +152,47 @@ class _Round:
 
 
 class ReplayRounds:
-    """The replay requests one broker with ``neighbours`` takes part in (at most ``limit``
-    at once; the oldest is ended early, its missing echoes reported as silent, past it)
-    and those it finished (remembered, up to ``limit``, to answer late copies with a seen
-    echo). A relink sets :attr:`neighbours` anew."""
+    """The replay requests one broker takes part in (at most ``limit`` at once; the oldest
+    is ended early, its missing echoes reported as silent, past it) and those it finished
+    (remembered, up to ``limit``, to answer a repeated copy with a seen echo).
+    ``targets`` says where a request goes on (:data:`Targets`)."""
 
-    def __init__(self, broker_id: str, neighbours: list[str], limit: int = 1000) -> None:
+    def __init__(self, broker_id: str, targets: Targets, limit: int = 1000) -> None:
         if limit < 1:
             raise ValueError("replay rounds need a positive limit")
         self.id = broker_id
-        self.neighbours = neighbours
-        """Every neighbour: one that is down when a request comes is reported silent (its
-        store cannot answer) unless the request reaches it another way."""
+        self.targets = targets
         self.limit = limit
         self.rounds: OrderedDict[str, _Round] = OrderedDict()
-        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.finished: OrderedDict[str, str | None] = OrderedDict()
+        """Requests completed here → the neighbour they came from (None at the host):
+        late answers of a part that was silent still find their way back."""
         self.stats: dict[str, int] = {"replay.rounds": 0, "replay.ended_early": 0}
 
-    def start(self, request: Replay, live: list[str], now: float) -> list[ReplayAction]:
-        """The host starts ``request`` (a new ``req_id``) toward its ``live`` neighbours."""
-        return self._take(request, None, live, now)
+    def start(self, request: Replay, now: float) -> list[ReplayAction]:
+        """The host starts ``request`` (a new ``req_id``; sent behind the subscriptions
+        it has just made)."""
+        return self._take(request, None, now)
 
-    def receive(
-        self, src: str, message: ReplayMessage, live: list[str], now: float
-    ) -> list[ReplayAction]:
-        """A replay message from neighbour ``src``; ``live`` are the neighbours up now."""
+    def receive(self, src: str, message: ReplayMessage, now: float) -> list[ReplayAction]:
+        """A replay message from neighbour ``src``."""
         if type(message) is Replay:
             if message.req_id in self.rounds or message.req_id in self.finished:
                 return [Forward(src, ReplayEcho(message.req_id, seen=True))]
-            return self._take(message, src, live, now)
+            return self._take(message, src, now)
         round_ = self.rounds.get(message.req_id)
         if round_ is None:
-            self.stats["replay.late"] = self.stats.get("replay.late", 0) + 1
-            return []
+            return self._late(message)
         if type(message) is ReplayData:
             if round_.parent is None:
                 return [ReplayDeliver(message.req_id, message.notifications)]
             return [Forward(round_.parent, message)]
-        if src not in round_.waiting:
+        if src in round_.silent and not message.seen:  # reported silent, answered after all
+            round_.silent.remove(src)
+        elif src in round_.waiting:
+            round_.waiting.discard(src)
+        else:
             return []
-        round_.waiting.discard(src)
         if not message.seen:
             round_.answered += message.answered
             round_.unstored += message.unstored
@@ -170,6 +200,22 @@ class ReplayRounds:
             round_.gaps += message.gaps
             round_.published += message.published
         return self._echo_if_complete(message.req_id, round_)
+
+    def _late(self, message: ReplayData | ReplayEcho) -> list[ReplayAction]:
+        """An answer for a request completed here: passed on toward the host, which
+        delivers it late; unknown requests (forgotten past ``limit``) are counted."""
+        if message.req_id not in self.finished:
+            self.stats["replay.unknown"] = self.stats.get("replay.unknown", 0) + 1
+            return []
+        self.stats["replay.late"] = self.stats.get("replay.late", 0) + 1
+        parent = self.finished[message.req_id]
+        if parent is not None:
+            return [Forward(parent, message)]
+        if type(message) is ReplayData:
+            return [ReplayDeliver(message.req_id, message.notifications)]
+        if message.seen:
+            return []
+        return [ReplayDone(message.req_id, message, late=True)]
 
     def stored(
         self,
@@ -217,9 +263,7 @@ class ReplayRounds:
                 out += self._echo_if_complete(req_id, round_)
         return out
 
-    def _take(
-        self, request: Replay, parent: str | None, live: list[str], now: float
-    ) -> list[ReplayAction]:
+    def _take(self, request: Replay, parent: str | None, now: float) -> list[ReplayAction]:
         out: list[ReplayAction] = []
         if len(self.rounds) >= self.limit:
             old_id, old = next(iter(self.rounds.items()))
@@ -229,20 +273,12 @@ class ReplayRounds:
             old.stored = True
             out += self._echo_if_complete(old_id, old)
         self.stats["replay.rounds"] += 1
-        children = [n for n in live if n != parent]
-        down = [n for n in self.neighbours if n not in live and n != parent]
+        live, down = self.targets(parent, request.state)
         self.rounds[request.req_id] = _Round(
-            request, parent, set(children), now + request.budget, silent=down
+            request, parent, {n for n, _ in live}, now + request.budget, silent=list(down)
         )
-        onward = Replay(
-            request.req_id,
-            request.host,
-            request.filters,
-            request.since,
-            request.after,
-            request.budget * BUDGET_SHRINK,
-        )
-        out += [Forward(n, onward) for n in children]
+        budget = request.budget * BUDGET_SHRINK
+        out += [Forward(n, replace(request, budget=budget, state=state)) for n, state in live]
         out.append(QueryStore(request))
         return out
 
@@ -250,7 +286,7 @@ class ReplayRounds:
         if round_.waiting or not round_.stored:
             return []
         del self.rounds[req_id]
-        self.finished[req_id] = None
+        self.finished[req_id] = round_.parent
         while len(self.finished) > self.limit:
             self.finished.popitem(last=False)
         echo = ReplayEcho(

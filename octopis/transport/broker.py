@@ -44,10 +44,11 @@ from octopis.core import (
     ProtocolError,
     Released,
     Subscribe,
+    SubState,
     make_broker,
 )
 from octopis.core.recovery import Recovery
-from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
+from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage, sbp_targets
 from octopis.core.resync import epoch_of
 from octopis.filters import Subscription, set_limits
 from octopis.keys import Keys
@@ -65,7 +66,7 @@ from octopis.transport.frames import (
     KIND,
     RECEIPT,
     frame_of,
-    is_replay,
+    is_replay_answer,
     message_of,
     receipt_of,
 )
@@ -142,7 +143,12 @@ class Broker:
         self.inspection = BrokerInspection(self)
         """Status, stats, table and resync view (control RPC, metrics)."""
         self.replaying = Replaying(
-            broker_id, settings, data_dir, self._send_replay, self._live, self._notify_client
+            broker_id,
+            settings,
+            data_dir,
+            self._send_replay,
+            self._replay_targets,
+            self._notify_client,
         )
         """The retention store and the replay rounds (DESIGN §11)."""
         self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
@@ -361,7 +367,8 @@ class Broker:
         messages wait for the neighbour's next incarnation (:meth:`neighbour_met`), so a
         subscription made while it was dead still crosses it."""
         self.replaying.link_down(neighbour)
-        sbp = [frame for frame in queued if frame[KIND] == DATA and not is_replay(frame)]
+        sbp = [frame for frame in queued if frame[KIND] == DATA and not is_replay_answer(frame)]
+        self.counters["replay_answers_dropped"] += sum(map(is_replay_answer, queued))
         if sbp:
             self.recovery.hold_subscriptions(neighbour, sbp)
         kept = [frame for frame in queued if frame[KIND] == KEPT]
@@ -541,9 +548,17 @@ class Broker:
         if link is not None:
             link.put(frame_of(self._sender, encode_body(message), DATA), self._loop.time())
 
-    def _live(self) -> tuple[list[str], list[str]]:
+    def _replay_targets(
+        self, src: str | None, state: SubState
+    ) -> tuple[list[tuple[str, SubState]], list[str]]:
+        """Where a replay goes on: SBP's next hops (:func:`sbp_targets`), live and down."""
+        core = self.core
+        if isinstance(core, ClusteredBroker):
+            targets = sbp_targets(core.primary, list(core.secondary.values()), src, state)
+        else:
+            targets = sbp_targets(core.links, [], src, state)
         down = self.lst.down
-        return [n for n in self.links if not down(n)], list(self.links)
+        return [(n, s) for n, s in targets if not down(n)], [n for n, _ in targets if down(n)]
 
     def _notify_client(self, key: str, message: dict) -> bool:
         return self.clients.notify_client(key, message)
@@ -733,8 +748,12 @@ class Broker:
 
 
 def _read_sbp(frame: list) -> tuple[str, bool]:
-    """The sub id a subscription frame names, and whether it subscribes."""
+    """The sub id a subscription frame names, and whether it subscribes; a replay request
+    held with them (it travels behind the subscriptions, DESIGN §11) is handed like a
+    subscription no later message names."""
     message = message_of(frame)
+    if type(message) is Replay:
+        return f"replay {message.req_id}", True
     return message.sub_id, type(message) is Subscribe
 
 

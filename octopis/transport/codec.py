@@ -8,7 +8,7 @@ acked]``, SYNCED ``[5, entries]`` (end of a resync), MOVE ``[6, sub_id, host]`` 
 ``[7, sub_id, host]`` (a subscriber moving inside its cluster, DESIGN §9).
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
 ``[bytes, nbits]``. A replay (DESIGN §11) is REPLAY ``[8, req_id, host, filters, since,
-after, budget]``, REPLAY_DATA ``[9, req_id, [NOTIFY body, ...]]`` and REPLAY_ECHO ``[10,
+after, budget, state]``, REPLAY_DATA ``[9, req_id, [NOTIFY body, ...]]`` and REPLAY_ECHO ``[10,
 req_id, seen, answered, unstored, silent, gaps, published]``. Keeping the sender out of
 the body lets a broker forward an unchanged notification with the very bytes it received.
 :func:`decode_peer` validates everything it reads and raises :class:`WireError` naming
@@ -165,6 +165,7 @@ def encode_body(message: PeerMessage) -> bytes:
                 since,
                 message.after,
                 message.budget,
+                int(message.state),
             ]
         )
     if isinstance(message, ReplayData):
@@ -287,8 +288,8 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
 
 
 def _replay(data: list) -> Replay:
-    _expect(data, 7, "REPLAY")
-    _, req_id, host, filters, since, after, budget = data
+    _expect(data, 8, "REPLAY")
+    _, req_id, host, filters, since, after, budget, state = data
     if not isinstance(since, list) or not all(
         isinstance(x, list)
         and len(x) == 3
@@ -309,6 +310,7 @@ def _replay(data: list) -> Replay:
         tuple((p, s, q) for p, s, q in since),
         float(after),
         float(budget),
+        _state(state),
     )
 
 

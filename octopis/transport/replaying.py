@@ -25,6 +25,7 @@ from octopis.core.replay import (
     ReplayDone,
     ReplayMessage,
     ReplayRounds,
+    Targets,
 )
 from octopis.transport.codec import decode_body, encode_body
 from octopis.transport.retention import RetentionError, RetentionStore
@@ -42,8 +43,8 @@ def _decode_kept(body: bytes) -> Notification:
 
 class Replaying:
     """Retention and replay at broker ``broker_id``: ``send(neighbour, message)`` puts a
-    replay message on a peer link, ``live()`` names the neighbours up now and all of them,
-    and ``notify(client key, message)`` tells a local client."""
+    replay message on a peer link, ``targets`` says where a request goes on (SBP's next
+    hops, live and down) and ``notify(client key, message)`` tells a local client."""
 
     def __init__(
         self,
@@ -51,12 +52,12 @@ class Replaying:
         settings: BrokerSettings,
         data_dir: Path | None,
         send: Callable[[str, ReplayMessage], None],
-        live: Callable[[], tuple[list[str], list[str]]],
+        targets: Targets,
         notify: Callable[[str, dict], bool],
     ) -> None:
         self.id = broker_id
         self.settings = settings
-        self.rounds = ReplayRounds(broker_id, [], settings.replay_rounds)
+        self.rounds = ReplayRounds(broker_id, targets, settings.replay_rounds)
         self.store: RetentionStore | None = None
         if data_dir is not None and settings.retention_age > 0:
             self.store = RetentionStore(
@@ -65,7 +66,7 @@ class Replaying:
                 settings.retention_age,
                 _decode_kept,
             )
-        self._send, self._live, self._notify = send, live, notify
+        self._send, self._notify = send, notify
         self.requesters: OrderedDict[str, str] = OrderedDict()
         """Requests started here → the client key that asked (as many as rounds)."""
 
@@ -92,16 +93,12 @@ class Replaying:
             req_id, self.id, tuple(filters), tuple(since), after, self.settings.replay_budget
         )
         log.info("%s: replay %s for %s (%d filters)", self.id, req_id, key, len(filters))
-        self._carry_out(self.rounds.start(request, self._up(), time.monotonic()))
+        self._carry_out(self.rounds.start(request, time.monotonic()))
         return req_id
 
     def receive(self, sender: str, message: ReplayMessage) -> None:
         """A replay message from neighbour ``sender``."""
-        self._carry_out(self.rounds.receive(sender, message, self._up(), time.monotonic()))
-
-    def _up(self) -> list[str]:
-        up, self.rounds.neighbours = self._live()
-        return up
+        self._carry_out(self.rounds.receive(sender, message, time.monotonic()))
 
     def link_down(self, neighbour: str) -> None:
         """Rounds stop waiting for ``neighbour``'s echo."""
@@ -139,12 +136,13 @@ class Replaying:
                 if key is not None:
                     self._notify(key, {"op": "replayed", "id": action.req_id, "bodies": bodies})
             elif type(action) is ReplayDone:
-                key = self.requesters.pop(action.req_id, None)
+                key = self.requesters.get(action.req_id)
                 echo = action.echo
                 log.info(
-                    "%s: replay %s done: %d publications from %d stores, %d without a "
+                    "%s: replay %s %s: %d publications from %d stores, %d without a "
                     "store, silent %s, %d gaps",
                     self.id,
+                    "answered late" if action.late else "done",
                     action.req_id,
                     echo.published,
                     len(echo.answered),
@@ -163,6 +161,7 @@ class Replaying:
                             "silent": list(echo.silent),
                             "gaps": [list(g) for g in echo.gaps],
                             "published": echo.published,
+                            "late": action.late,
                         },
                     )
 
