@@ -555,16 +555,17 @@ def _dnr_run_with_failures(
     failures: list[Failure],
     spare: set[str],
     client_workers: int = 0,
+    mode: str = "dnr",
     **sizes: Any,
 ) -> tuple[dict, Scot, Workload]:
-    """A DNR run of ``preset`` with ``failures``, no client on the brokers of ``spare``;
-    prints the failure report."""
+    """A run of ``preset`` (DNR unless ``mode`` says) with ``failures``, no client on the
+    brokers of ``spare``; prints the failure report."""
     scot, path = prepare_topology(run_dir, preset=preset)
     workload = generate_workload(scot, **sizes)
     workload.subscriptions = [s for s in workload.subscriptions if s.broker not in spare]
     workload.publications = [p for p in workload.publications if p.broker not in spare]
     options = RunOptions(
-        mode="dnr",
+        mode=mode,
         run_dir=run_dir,
         settings=BrokerSettings(),
         progress=False,
@@ -653,6 +654,40 @@ def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) 
     back = failures["host_dead_after_back"]
     assert back["expected_deliveries"] > 0
     assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
+
+
+@pytest.mark.parametrize("mode", ["snr", "dnr"])
+def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path, mode: str) -> None:
+    """fig2, SNR and DNR: kill -9 of c:0 (an inner broker) 2 s into publishing and of f:1
+    (an edge broker of another cluster) at 3 s, restarted at 6 s and 8 s; both host
+    subscribers and publishers. The killed hosts' subscribers fail over along their
+    broker list, subscribe again and replay what the overlay retained for them; the
+    publishers fail over and send again what was not confirmed. Every subscriber, on a
+    live broker or a killed one, gets every matching publication exactly once."""
+    report, _, _ = _dnr_run_with_failures(
+        tmp_path / f"fig2-{mode}",
+        "fig2",
+        [Failure(("c:0",), 2.0, 6.0), Failure(("f:1",), 3.0, 8.0)],
+        set(),
+        mode=mode,
+        subscribers=150,
+        publishers=12,
+        notifications=100,
+        rate_per_minute=600,
+        seed=4,
+    )
+    failures = report["failures"]
+    print(json.dumps(report["failures"]["replays"], indent=1))
+    assert failures["host_dead"]["expected_deliveries"] > 100
+    for group in ("host_alive", "host_dead"):
+        counts = failures[group]
+        assert counts["lost"] == counts["duplicates"] == counts["unexpected"] == 0, (
+            group,
+            counts,
+            failures[f"{group}_lost_samples"],
+            failures["replays"],
+        )
+    assert failures["replays"]["requests"] > 0
 
 
 def test_stalled_broker_and_its_clients_lose_nothing(tmp_path: Path) -> None:

@@ -67,10 +67,10 @@ class Overlay:
 
     def targets(
         self, broker: str, src: str | None, state: SubState
-    ) -> tuple[list[tuple[str, SubState]], list[str]]:
+    ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
         core = self.cores[broker]
         hops = sbp_targets(core.primary, list(core.secondary.values()), src, state)
-        return [h for h in hops if h[0] not in self.dead], [n for n, _ in hops if n in self.dead]
+        return [h for h in hops if h[0] not in self.dead], [h for h in hops if h[0] in self.dead]
 
     def run(self, host: str, request: Replay) -> None:
         self.carry_out(host, self.rounds[host].start(request, 0.0))

@@ -119,10 +119,12 @@ class ReplayDone(NamedTuple):
 
 ReplayAction = Forward | QueryStore | ReplayDeliver | ReplayDone
 
-Targets = Callable[[str | None, SubState], tuple[list[tuple[str, SubState]], list[str]]]
+Targets = Callable[
+    [str | None, SubState], tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]
+]
 """``targets(src, state)``: where a subscription in ``state`` from ``src`` (None: a local
-one) goes on from this broker, split into the live neighbours with the state each gets
-and the neighbours that are down (:func:`sbp_targets` gives the SBP ones)."""
+one) goes on from this broker, with the state each neighbour gets, split into the live
+neighbours and those that are down (:func:`sbp_targets` gives the SBP ones)."""
 
 
 def sbp_targets(
@@ -275,10 +277,13 @@ class ReplayRounds:
         self.stats["replay.rounds"] += 1
         live, down = self.targets(parent, request.state)
         self.rounds[request.req_id] = _Round(
-            request, parent, {n for n, _ in live}, now + request.budget, silent=list(down)
+            request, parent, {n for n, _ in live}, now + request.budget, silent=[n for n, _ in down]
         )
         budget = request.budget * BUDGET_SHRINK
         out += [Forward(n, replace(request, budget=budget, state=state)) for n, state in live]
+        # A neighbour that is down is reported silent at once, but gets the request too:
+        # it waits with the subscriptions held for it and is answered late, if ever.
+        out += [Forward(n, replace(request, budget=budget, state=s)) for n, s in down]
         out.append(QueryStore(request))
         return out
 

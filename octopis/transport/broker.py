@@ -550,7 +550,7 @@ class Broker:
 
     def _replay_targets(
         self, src: str | None, state: SubState
-    ) -> tuple[list[tuple[str, SubState]], list[str]]:
+    ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
         """Where a replay goes on: SBP's next hops (:func:`sbp_targets`), live and down."""
         core = self.core
         if isinstance(core, ClusteredBroker):
@@ -558,7 +558,7 @@ class Broker:
         else:
             targets = sbp_targets(core.links, [], src, state)
         down = self.lst.down
-        return [(n, s) for n, s in targets if not down(n)], [n for n, _ in targets if down(n)]
+        return [t for t in targets if not down(t[0])], [t for t in targets if down(t[0])]
 
     def _notify_client(self, key: str, message: dict) -> bool:
         return self.clients.notify_client(key, message)
