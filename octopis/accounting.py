@@ -28,6 +28,7 @@ class DeliveryLedger:
             matcher_factory = Matcher
         self._oracle = matcher_factory()
         self._owner: dict[Any, str] = {}
+        self._subscriptions: dict[Any, Subscription] = {}
         self.expected: set[DeliveryKey] = set()
         self.received: Counter[DeliveryKey] = Counter()
         self.delays: list[float] = []
@@ -41,16 +42,22 @@ class DeliveryLedger:
         """``subscriber`` holds ``subscription`` (under a unique ``key``) from now on."""
         self._oracle.add(key, subscription)
         self._owner[key] = subscriber
+        self._subscriptions[key] = subscription
 
     @property
     def subscription_keys(self) -> Collection[Any]:
         """The keys of the subscriptions held now."""
         return self._owner.keys()
 
+    def subscription_of(self, key: Any) -> Subscription:
+        """The subscription held under ``key``."""
+        return self._subscriptions[key]
+
     def unsubscribed(self, key: Any) -> None:
         """The subscription ``key`` no longer counts for later publications."""
         self._oracle.remove(key)
         del self._owner[key]
+        del self._subscriptions[key]
 
     def published(self, publisher: str, seq: int, publication: Publication) -> int:
         """Record a publication; returns how many subscribers should receive it."""

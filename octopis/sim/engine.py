@@ -60,11 +60,13 @@ from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
 from octopis.core.messages import Message
 from octopis.core.recovery import HOLD_LIMIT, Recovery
+from octopis.core.replay import ReplayData, ReplayEcho
 from octopis.core.table import MatcherFactory
 from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureEvents, FailureState
+from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover
 from octopis.sim.reshaping import MOVE_POLL, Reshaping
 from octopis.sim.service import ServiceModel
 from octopis.sim.shared import SharedMatcher
@@ -110,7 +112,7 @@ class LatencyModel:
         return lambda: base - math.log(1.0 - draw()) / rate
 
 
-class Simulator(FailureEvents, Reshaping):
+class Simulator(FailureEvents, SubscriberFailover, Reshaping):
     """N routing cores, in-memory FIFO links, message counts and delivery accounting."""
 
     def __init__(
@@ -215,6 +217,7 @@ class Simulator(FailureEvents, Reshaping):
         self._linger = MOVE_LINGER
         self.retiring: set[str] = set()
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
+        self._init_failover()
 
     @property
     def undeliverable_keys(self) -> set[tuple[str, int]]:
@@ -230,6 +233,8 @@ class Simulator(FailureEvents, Reshaping):
         self._attach(subscriber, broker)
         sub_id, actions = self.cores[broker].subscribe(subscriber, subscription, self.now)
         self.ledger.subscribed(subscriber, sub_id, subscription)
+        self.subscriptions_of.setdefault(subscriber, []).append(subscription)
+        self.first_subscribed.setdefault(subscriber, self.now)
         self.subscriber_of[sub_id] = subscriber
         self.subscription_delay[sub_id] = 0.0
         self.subscription_depth[sub_id] = 0
@@ -240,6 +245,7 @@ class Simulator(FailureEvents, Reshaping):
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
         subscriber = self.subscriber_of.pop(sub_id)
         broker = self._home[subscriber]
+        self.subscriptions_of[subscriber].remove(self.ledger.subscription_of(sub_id))
         self.ledger.unsubscribed(sub_id)
         self._dispatch_local(broker, self.cores[broker].unsubscribe(subscriber, sub_id))
 
@@ -469,6 +475,8 @@ class Simulator(FailureEvents, Reshaping):
             return publisher, seq
         notification = Notification(publisher, seq, self.now, publication)
         self.ledger.published(publisher, seq, publication)
+        if self.failures is not None:
+            self.keep(broker, notification)
         if self.service is not None:
             self._queue_for_cpu(broker, None, notification)
             return publisher, seq
@@ -632,7 +640,8 @@ class Simulator(FailureEvents, Reshaping):
                 **counts,
                 **({"undeliverable.held_at_end": held} if held else {}),
                 **failure_counts(stats),
-                **host_split(self.ledger, self._home, self.hosts_failed),
+                **host_split(self.ledger, {**self._home, **self.first_home}, self.hosts_failed),
+                "replays": self.replay_report(),
             }
         return report
 
@@ -672,6 +681,9 @@ class Simulator(FailureEvents, Reshaping):
                     on_forward(broker, dst, message)
                 if failures is not None:
                     if failures.broken(broker, dst) and type(message) is not Notification:
+                        if type(message) is ReplayData or type(message) is ReplayEcho:
+                            self.failure_counts["replay_answers_dropped"] += 1
+                            continue  # the round reports dst silent instead
                         # it waits on the link for dst's return, as in the process
                         self.recovery[broker].hold_subscriptions(dst, [message])
                         continue
@@ -707,6 +719,9 @@ class Simulator(FailureEvents, Reshaping):
                     if key in self.ledger.received:
                         self.moves["absorbed"] += 1
                         continue
+                if self.failed_over and subscriber in self.failed_over:
+                    self._deliver_once(subscriber, notification)
+                    continue
                 self.ledger.delivered(
                     subscriber,
                     notification.publisher,
@@ -736,6 +751,9 @@ class Simulator(FailureEvents, Reshaping):
         that stored an entry updates its delay and depth."""
         core = self.cores[broker]
         if type(message) is not Subscribe:
+            if type(message) in REPLAY_TYPES:
+                self._replay_message(broker, src, message)
+                return []
             return self._watch(core, message, core.receive, src, message)
         entries = core.table.entries
         stored = len(entries)

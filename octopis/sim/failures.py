@@ -35,7 +35,9 @@ from collections import deque
 from octopis.core import ClusteredBroker, Forward, LinkView, Notification, Subscribe, make_broker
 from octopis.core.messages import Message
 from octopis.core.recovery import HOLD_LIMIT, Recovery
+from octopis.core.replay import Replay
 from octopis.failure_schedule import Failure
+from octopis.sim.replaying import REPLAY_TYPES
 
 DEFAULT_DETECTION = 1.0
 DEFAULT_RETAIN = 1.0
@@ -84,12 +86,13 @@ class FailureState:
 
     def forget(self, broker: str) -> list[object]:
         """A dead broker's own custody and detections die with it; returns the copies it
-        had sent on links already failed (they never arrived, and only it could have
-        routed them again)."""
+        would have routed again at a detection it did not live to make: those sent on a
+        link that had failed, or up to ``retain`` before (the neighbour may have died
+        before passing them on), as :meth:`take_back` gives them."""
         lost: list[object] = []
         for link in [link for link in self._custody if link[0] == broker]:
-            failed = self.failed_at.get(link, math.inf)
-            lost += [message for when, message in self._custody.pop(link) if when >= failed]
+            since = self.failed_at.get(link, math.inf) - self.retain
+            lost += [message for when, message in self._custody.pop(link) if when >= since]
         self.detected.pop(broker, None)
         return lost
 
@@ -180,6 +183,7 @@ class FailureEvents:
             self.failure_counts.update(recovery.counters)
             self.recovery[broker] = Recovery(HOLD_LIMIT)
             self.failure_counts["brokers_killed"] += 1
+            self._hosts_died(broker)
         else:
             state.cut.update(self._failed_links(failure))
             self.failure_counts["links_cut"] += 1
@@ -205,7 +209,10 @@ class FailureEvents:
         self.failure_counts["detections"] += 1
         core = self.cores[src]
         for message in state.take_back(src, dst):
+            if type(message) in REPLAY_TYPES:
+                continue  # not in custody: the round hears dst is down
             self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
+        self._replay_link_down(src, dst)
 
     def _recover(self, failure: Failure) -> None:
         """A link comes back, or a broker restarts empty and is resynced by its live
@@ -329,5 +336,8 @@ class FailureEvents:
                 self._dispatch(src, [Forward(dst, m) for m in held] + withdrawals)
 
 
-def _read_sbp(message: Message) -> tuple[str, bool]:
+def _read_sbp(message: Message | Replay) -> tuple[str, bool]:
+    """As the process's: a replay request held behind subscriptions goes with them."""
+    if type(message) is Replay:
+        return f"replay {message.req_id}", True
     return message.sub_id, type(message) is Subscribe

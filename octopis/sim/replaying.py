@@ -1,0 +1,216 @@
+"""Subscribers that fail over, and the replay that gives them what they missed
+(DESIGN §7, §11), in the simulator: the SDK's and the brokers' part, in simulated time.
+
+- Every broker keeps what its own publishers published (its store survives its death,
+  as the process's file does), from the first scheduled failure on (nothing else reads
+  it), up to :data:`STORE_LIMIT` each (the oldest go first, counted).
+- A subscriber whose host dies notices it ``liveness`` seconds later (the SDK's
+  silence), moves to the first broker of its fail-over list that is not dead (same
+  cluster first), subscribes there again and asks for a replay: after the last
+  publication it got from each publisher, or since it first subscribed.
+- The replay runs by :mod:`octopis.core.replay`'s rules, the broker process's: it goes
+  on SBP's paths behind the new subscriptions, each store answers, a part behind a
+  neighbour that is down is reported silent and answers late if that neighbour comes
+  back. The subscriber drops what it got already (the SDK's record of deliveries).
+- What a subscriber's replays left silent and never answered is its reported gap.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from functools import lru_cache
+from typing import Any
+
+from octopis.core import ClusteredBroker, Forward, Notification, SubState
+from octopis.core.replay import (
+    QueryStore,
+    Replay,
+    ReplayAction,
+    ReplayData,
+    ReplayDeliver,
+    ReplayDone,
+    ReplayEcho,
+    ReplayRounds,
+    sbp_targets,
+)
+from octopis.filters import Subscription, parse_subscription
+
+CLIENT_LIVENESS = 1.5
+"""Seconds of its host's silence after which a subscriber fails over (the SDK's default
+liveness)."""
+REPLAY_BUDGET = 3.0
+"""The host's budget for a replay's answers (``[retention] replay_budget``)."""
+REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
+STORE_LIMIT = 1_000_000
+"""Publications each broker's store keeps in the simulator."""
+
+
+class SubscriberFailover:
+    """The :class:`~octopis.sim.engine.Simulator`'s subscribers failing over and their
+    replays (a mixin beside its event loop and :class:`~octopis.sim.failures.FailureEvents`)."""
+
+    def _init_failover(self) -> None:
+        self.stores: dict[str, deque[Notification]] = {}
+        """Each broker's retention store: what its own publishers published."""
+        self.replay_rounds: dict[str, ReplayRounds] = {}
+        self.subscriptions_of: dict[str, list[Subscription]] = {}
+        self.first_subscribed: dict[str, float] = {}
+        self.failed_over: set[str] = set()
+        """Subscribers that moved to another broker because theirs died."""
+        self.first_home: dict[str, str] = {}
+        """Where each subscriber that failed over was first attached."""
+        self.outages: dict[str, list[tuple[float, float]]] = {}
+        """Per subscriber that failed over: (its host died, it had subscribed again) — what
+        was published in between only a replay can give it."""
+        self.replay_gaps: dict[str, set[str]] = {}
+        """Per subscriber, the brokers its replays reported silent and never heard from."""
+        self.replay_counts: Counter[str] = Counter()
+        self._requesters: dict[str, str] = {}
+        self._replays = 0
+        self.replay_on_failover = True
+        """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
+
+    def _rounds(self, broker: str) -> ReplayRounds:
+        rounds = self.replay_rounds.get(broker)
+        if rounds is None:
+            rounds = self.replay_rounds[broker] = ReplayRounds(
+                broker, lambda src, state: self._replay_targets(broker, src, state)
+            )
+        return rounds
+
+    def _replay_targets(
+        self, broker: str, src: str | None, state: SubState
+    ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
+        core = self.cores[broker]
+        if isinstance(core, ClusteredBroker):
+            hops = sbp_targets(core.primary, list(core.secondary.values()), src, state)
+        else:
+            hops = sbp_targets(core.links, [], src, state)
+        down = self.failures.detected.get(broker, set()) if self.failures else set()
+        return [h for h in hops if h[0] not in down], [h for h in hops if h[0] in down]
+
+    def keep(self, broker: str, notification: Notification) -> None:
+        """``broker`` accepted ``notification`` from a local publisher: its store keeps it."""
+        store = self.stores.get(broker)
+        if store is None:
+            store = self.stores[broker] = deque(maxlen=STORE_LIMIT)
+        if len(store) == STORE_LIMIT:
+            self.failure_counts["retention.trimmed"] += 1
+        store.append(notification)
+
+    # -- events --------------------------------------------------------------------------
+
+    def _hosts_died(self, broker: str) -> None:
+        """``broker`` died: its subscribers notice after :data:`CLIENT_LIVENESS`; its
+        replay rounds die with it (its store does not)."""
+        self.replay_rounds.pop(broker, None)
+        for subscriber, home in list(self._home.items()):
+            if home == broker and subscriber in self.subscriptions_of:
+                self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, broker, self.now)
+
+    def _fail_over(self, subscriber: str, old: str, died: float) -> None:
+        """``subscriber`` leaves silent ``old`` for the first broker of its list that is
+        not dead, subscribes again and asks for a replay behind its subscriptions."""
+        if self._home.get(subscriber) != old or self.failures is None:
+            return
+        new = next((b for b in self.scot.failover_order(old) if b not in self.failures.dead), None)
+        if new is None:
+            self.failure_counts["failover.no_live_broker"] += 1
+            return
+        self.first_home.setdefault(subscriber, old)
+        self.outages.setdefault(subscriber, []).append((died, self.now))
+        self._home[subscriber] = new
+        self.failed_over.add(subscriber)
+        self.failure_counts["subscribers_failed_over"] += 1
+        for subscription in self.subscriptions_of[subscriber]:
+            sub_id, actions = self.cores[new].subscribe(subscriber, subscription, self.now)
+            self.subscriber_of[sub_id] = subscriber
+            self._dispatch(new, actions)
+        if not self.replay_on_failover:
+            return
+        since: dict[str, int] = {}
+        for (s, publisher, seq), _ in self.ledger.received.items():
+            if s == subscriber and seq > since.get(publisher, 0):
+                since[publisher] = seq
+        self._replays += 1
+        req_id = f"{new}/{self._replays}"
+        self._requesters[req_id] = subscriber
+        request = Replay(
+            req_id,
+            new,
+            tuple(s.to_text() for s in self.subscriptions_of[subscriber]),
+            tuple((p, 0, q) for p, q in sorted(since.items())),
+            self.first_subscribed[subscriber],
+            REPLAY_BUDGET,
+        )
+        self.replay_counts["requests"] += 1
+        self._carry_out_replay(new, self._rounds(new).start(request, self.now))
+
+    def _replay_message(self, broker: str, src: str, message: Any) -> None:
+        self._carry_out_replay(broker, self._rounds(broker).receive(src, message, self.now))
+
+    def _replay_link_down(self, broker: str, neighbour: str) -> None:
+        rounds = self.replay_rounds.get(broker)
+        if rounds is not None:
+            self._carry_out_replay(broker, rounds.link_down(neighbour))
+
+    def _replay_expire(self, broker: str) -> None:
+        rounds = self.replay_rounds.get(broker)
+        if rounds is not None and self.failures is not None and broker not in self.failures.dead:
+            self._carry_out_replay(broker, rounds.expire(self.now))
+
+    def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
+        for action in actions:
+            if type(action) is Forward:
+                self._dispatch(broker, [action])
+            elif type(action) is QueryStore:
+                request = action.request
+                self.at(self.now + request.budget, self._replay_expire, broker)
+                found = self._store_answer(broker, request)
+                rounds = self._rounds(broker)
+                self._carry_out_replay(broker, rounds.stored(request.req_id, found, []))
+            elif type(action) is ReplayDeliver:
+                subscriber = self._requesters[action.req_id]
+                for n in action.notifications:
+                    self.replay_counts["replayed"] += 1
+                    self._deliver_once(subscriber, n)
+            elif type(action) is ReplayDone:
+                subscriber = self._requesters[action.req_id]
+                gap = self.replay_gaps.setdefault(subscriber, set())
+                gap.difference_update(action.echo.answered)
+                gap.update(action.echo.silent)  # a late part may be silent past itself
+                self.replay_counts["late" if action.late else "done"] += 1
+
+    def _store_answer(self, broker: str, request: Replay) -> list[Notification]:
+        filters = [_parsed(text) for text in request.filters]
+        since = {p: q for p, _, q in request.since}
+        found = []
+        for n in self.stores.get(broker, ()):
+            last = since.get(n.publisher)
+            if (n.seq <= last) if last is not None else (n.published_at < request.after):
+                continue
+            if any(f.matches(n.publication) for f in filters):
+                found.append(n)
+        return found
+
+    def _deliver_once(self, subscriber: str, n: Notification) -> None:
+        """A delivery to a subscriber that failed over: one it got already is dropped (the
+        SDK's record of deliveries), counted ``replay.repeats``."""
+        key = (subscriber, n.publisher, n.seq)
+        if key in self.ledger.received:
+            self.replay_counts["repeats"] += 1
+            return
+        self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+
+    def replay_report(self) -> dict[str, Any]:
+        """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""
+        return {
+            **self.replay_counts,
+            "subscribers_failed_over": len(self.failed_over),
+            "gaps": sum(1 for g in self.replay_gaps.values() if g),
+        }
+
+
+@lru_cache(maxsize=4096)
+def _parsed(text: str) -> Subscription:
+    return parse_subscription(text)
