@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given
@@ -33,9 +34,11 @@ def _run(
     seed: int = 1,
     subscribers: int = 60,
     publications: int = 50,
+    clients: Sequence[tuple[str, float]] = (),
 ) -> Simulator:
     """Random ``[x,<,k]`` subscribers everywhere, then publications from random brokers
-    spread over five seconds, with ``failures`` scheduled from the first publication."""
+    spread over five seconds, with ``failures`` and the subscribers' connection failures
+    ``clients`` (subscriber, time) scheduled from the first publication."""
     rng = random.Random(seed)
     sim = Simulator(
         scot, mode, seed=seed, latency=LatencyModel(0.001, 0.002), oracle_factory=ReferenceMatcher
@@ -48,6 +51,8 @@ def _run(
     start = sim.now
     for failure in failures:
         sim.fail(failure, start)
+    for subscriber, at in clients:
+        sim.fail_client(subscriber, start + at)
     for j in range(publications):
         broker = rng.choice(brokers)
         sim.at(start + 5.0 * j / publications, sim.publish, f"P{broker}", broker, {"x": j % 10})
@@ -207,26 +212,47 @@ def test_adjacent_restarts_end_with_every_share(mode: str, failures: list[Failur
     assert sim.failure_counts["brokers_restarted"] == len(dead)
 
 
-def _failures(scot: Scot, draw: st.DrawFn, count: int) -> list[Failure]:
-    """``count`` failures of any brokers and links, adjacent or overlapping alike, each
-    from a random time, lasting or healed or (brokers) restarted."""
-    items = [(b,) for b in sorted(scot.brokers)] + sorted(scot.graph.edges)
+def _failures(
+    scot: Scot, draw: st.DrawFn, count: int, subscribers: int
+) -> tuple[list[Failure], list[tuple[str, float]]]:
+    """``count`` failures of any brokers, links and subscribers' connections, adjacent
+    or overlapping alike, each from a random time; a broker or link lasting, healed or
+    restarted, a connection failed for good (its subscriber fails over)."""
+    items = [(b,) for b in sorted(scot.brokers)] + sorted(scot.graph.edges) + [("client",)]
     failures: list[Failure] = []
+    clients: list[tuple[str, float]] = []
     for _ in range(count):
         ends = draw(st.sampled_from(items))
         at = draw(st.floats(0.0, 4.0))
+        if ends == ("client",):
+            clients.append((f"S{draw(st.integers(0, subscribers - 1))}", at))
+            continue
         back = st.floats(at + 0.1, at + 4.0)
         until = draw(st.one_of(st.none(), back))
         failures.append(Failure(tuple(ends), at, until))
-    return failures
+    return failures, clients
 
 
 @given(scots(), st.sampled_from(["dnr", "snr", "bid"]), st.integers(0, 2**16), st.data())
 def test_up_to_three_failures_while_publishing(
     scot: Scot, mode: str, seed: int, data: st.DataObject
 ) -> None:
-    failures = _failures(scot, data.draw, data.draw(st.integers(1, 3)))
-    _law(_run(scot, mode, failures, seed=seed, subscribers=30, publications=30))
+    failures, clients = _failures(scot, data.draw, data.draw(st.integers(1, 3)), 30)
+    sim = _run(scot, mode, failures, seed=seed, subscribers=30, publications=30, clients=clients)
+    _law(sim)
+
+
+def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:
+    """Five subscribers' connections to their (live) brokers fail mid-stream: each fails
+    over, subscribes again elsewhere and replays; its old broker delivers into the void
+    until it drops the silent client. Everyone gets everything exactly once."""
+    clients = [(f"S{i}", 1.0 + 0.3 * i) for i in range(5)]
+    sim = _run(FIG2, "dnr", [], seed=5, clients=clients)
+    report = _law(sim)
+    assert report["clients_cut"] == report["clients_dropped"] == 5
+    assert report["replays"]["subscribers_failed_over"] == 5
+    assert report["deliveries_to_cut_clients"] > 0 and report["replays"]["replayed"] > 0
+    assert sim.ledger.summary()["lost"] == 0
 
 
 @pytest.mark.parametrize("mode", ["dnr", "snr"])

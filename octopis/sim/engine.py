@@ -719,6 +719,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
                     if key in self.ledger.received:
                         self.moves["absorbed"] += 1
                         continue
+                if self.cut_clients and (subscriber, broker) in self.cut_clients:
+                    self.failure_counts["deliveries_to_cut_clients"] += 1
+                    continue
                 if self.failed_over and subscriber in self.failed_over:
                     self._deliver_once(subscriber, notification)
                     continue

@@ -149,11 +149,18 @@ class FailureEvents:
             raise ValueError(
                 "failures are not simulated with a CPU service model or receiver-paced links"
             )
-        if self.failures is None:
-            self.failures = FailureState(detection, retain)
+        self._failure_state(detection, retain)
         self.at(start + failure.at, self._fail, failure)
         if failure.until is not None:
             self.at(start + failure.until, self._recover, failure)
+
+    def _failure_state(
+        self, detection: float = DEFAULT_DETECTION, retain: float = DEFAULT_RETAIN
+    ) -> FailureState:
+        """The run's failure state, made on the first failure scheduled."""
+        if self.failures is None:
+            self.failures = FailureState(detection, retain)
+        return self.failures
 
     def _failed_links(self, failure: Failure) -> list[tuple[str, str]]:
         if failure.is_broker:

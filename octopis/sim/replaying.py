@@ -12,6 +12,10 @@
   on SBP's paths behind the new subscriptions, each store answers, a part behind a
   neighbour that is down is reported silent and answers late if that neighbour comes
   back. The subscriber drops what it got already (the SDK's record of deliveries).
+- A subscriber's own connection may fail (:meth:`SubscriberFailover.fail_client`): its
+  host lives on and delivers into the void until it drops the silent client
+  (``CLIENT_TIMEOUT``) and withdraws its subscriptions; the subscriber fails over and
+  replays as above.
 - What a subscriber's replays left silent and never answered is its reported gap.
 """
 
@@ -38,6 +42,8 @@ from octopis.filters import Subscription, parse_subscription
 CLIENT_LIVENESS = 1.5
 """Seconds of its host's silence after which a subscriber fails over (the SDK's default
 liveness)."""
+CLIENT_TIMEOUT = 10.0
+"""Seconds a broker keeps a silent client's subscriptions (``[clients] timeout``)."""
 REPLAY_BUDGET = 3.0
 """The host's budget for a replay's answers (``[retention] replay_budget``)."""
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
@@ -67,6 +73,8 @@ class SubscriberFailover:
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
+        self.cut_clients: set[tuple[str, str]] = set()
+        """(subscriber, broker) connections that failed: deliveries on them are lost."""
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
 
@@ -107,6 +115,38 @@ class SubscriberFailover:
         for subscriber, home in list(self._home.items()):
             if home == broker and subscriber in self.subscriptions_of:
                 self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, broker, self.now)
+
+    def fail_client(self, subscriber: str, at: float) -> None:
+        """At ``at``, ``subscriber``'s connection to its broker fails for good: the broker
+        delivers into the void until it drops the client after :data:`CLIENT_TIMEOUT`
+        and withdraws its subscriptions; the subscriber fails over after
+        :data:`CLIENT_LIVENESS` and replays."""
+        self._failure_state()
+        self.at(at, self._client_cut, subscriber)
+
+    def _client_cut(self, subscriber: str) -> None:
+        host = self._home.get(subscriber)
+        if host is None or subscriber not in self.subscriptions_of:
+            return
+        self.cut_clients.add((subscriber, host))
+        self.failure_counts["clients_cut"] += 1
+        self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, host, self.now)
+        self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host)
+
+    def _drop_client(self, subscriber: str, host: str) -> None:
+        """``host`` drops its silent client ``subscriber``: its subscriptions there go."""
+        if self.failures is not None and host in self.failures.dead:
+            return  # they died with it (a restart withdraws them by epoch)
+        core = self.cores[host]
+        mine = [
+            sid
+            for sid, s in self.subscriber_of.items()
+            if s == subscriber and sid in core.table.entries and core.table.entries[sid].local
+        ]
+        for sub_id in mine:
+            del self.subscriber_of[sub_id]
+            self._dispatch(host, core.unsubscribe(subscriber, sub_id))
+        self.failure_counts["clients_dropped"] += 1
 
     def _fail_over(self, subscriber: str, old: str, died: float) -> None:
         """``subscriber`` leaves silent ``old`` for the first broker of its list that is
