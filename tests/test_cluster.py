@@ -664,7 +664,7 @@ def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path, mode: str) -> 
     broker list, subscribe again and replay what the overlay retained for them; the
     publishers fail over and send again what was not confirmed. Every subscriber, on a
     live broker or a killed one, gets every matching publication exactly once."""
-    report, _, _ = _dnr_run_with_failures(
+    report, _, workload = _dnr_run_with_failures(
         tmp_path / f"fig2-{mode}",
         "fig2",
         [Failure(("c:0",), 2.0, 6.0), Failure(("f:1",), 3.0, 8.0)],
@@ -678,6 +678,8 @@ def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path, mode: str) -> 
     )
     failures = report["failures"]
     print(json.dumps(report["failures"]["replays"], indent=1))
+    hosts = {p.broker for p in workload.publications} & {s.broker for s in workload.subscriptions}
+    assert "c:0" in hosts  # the killed inner broker hosts a publisher and subscribers
     assert failures["host_dead"]["expected_deliveries"] > 100
     for group in ("host_alive", "host_dead"):
         counts = failures[group]
