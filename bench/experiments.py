@@ -296,6 +296,19 @@ FAILURE_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ),
     ("subscribers away (fail-over)", lambda r: _seconds(_victim(r, "failover", ".away_s"))),
     (
+        "replays: requests / publications replayed (late) / repeats dropped / gaps reported",
+        lambda r: "{requests} / {replayed} ({replayed_late}) / {repeats} / {gaps}".format(
+            **{
+                "requests": 0,
+                "replayed": 0,
+                "replayed_late": 0,
+                "repeats": 0,
+                "gaps": 0,
+                **r["failures"].get("replays", {}),
+            }
+        ),
+    ),
+    (
         "restarted broker serving after",
         lambda r: _seconds(_victim(r, "restart")["serving_after_s"]),
     ),

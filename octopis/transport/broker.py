@@ -64,7 +64,6 @@ from octopis.transport.frames import (
     DATA,
     KEPT,
     KIND,
-    RECEIPT,
     frame_of,
     is_replay_answer,
     message_of,
@@ -397,18 +396,14 @@ class Broker:
     def _send_held(self, neighbour: str, held: list[list]) -> None:
         """Put the notification frames held for ``neighbour`` on its link."""
         if held:
-            link, now = self.links[neighbour], self._loop.time()
-            for frame in held:
-                link.put(frame, now)
+            self.peers.put(neighbour, held, self._loop.time())
             log.warning("%s: %d notifications held for %s sent", self.id, len(held), neighbour)
 
     def _hand_held_sbp(self, neighbour: str) -> set[str]:
         """Put the subscription frames held for ``neighbour`` on its link, in order;
         returns the sub ids of the subscriptions among them."""
         held, carried = self.recovery.take_subscriptions(neighbour, _read_sbp)
-        link, now = self.links[neighbour], self._loop.time()
-        for frame in held:
-            link.put(frame, now)
+        self.peers.put(neighbour, held, self._loop.time())
         return carried
 
     def neighbour_serving(self, neighbour: str) -> None:
@@ -486,9 +481,8 @@ class Broker:
         """Put our resync share for ``neighbour`` on its link, less the subscriptions in
         ``carried`` (already on it); returns how many went."""
         messages = self.recovery.share(self.core, neighbour, carried)
-        link, now = self.links[neighbour], self._loop.time()
-        for message in messages:
-            link.put(frame_of(self._sender, encode_body(message), DATA), now)
+        frames = [frame_of(self._sender, encode_body(m), DATA) for m in messages]
+        self.peers.put(neighbour, frames, self._loop.time())
         return len(messages)
 
     # -- what client sessions ask ----------------------------------------------------------
@@ -544,9 +538,8 @@ class Broker:
         return self.replaying.start(key, filters, since, after)
 
     def _send_replay(self, neighbour: str, message: ReplayMessage) -> None:
-        link = self.links.get(neighbour)
-        if link is not None:
-            link.put(frame_of(self._sender, encode_body(message), DATA), self._loop.time())
+        frame = frame_of(self._sender, encode_body(message), DATA)
+        self.peers.put(neighbour, [frame], self._loop.time())
 
     def _replay_targets(
         self, src: str | None, state: SubState
@@ -584,7 +577,7 @@ class Broker:
         encoded: dict[int, list] | None = None
         deliveries: dict[bytes, list[str]] | None = None
         delivered = None
-        links = self.links
+        forward = self.peers.forward
         for action in actions:
             if type(action) is Forward:
                 name, message = action
@@ -597,12 +590,7 @@ class Broker:
                     if frame is None:
                         kind = KEPT if type(message) is Notification else DATA
                         frame = encoded[id(message)] = [self._sender, encode_body(message), kind]
-                link = links[name]
-                if receipt is not None and frame[KIND] == KEPT and link.keeps:
-                    if len(frame) == RECEIPT:
-                        frame.append(receipt)
-                    receipt.copies += 1
-                link.put(frame, now)
+                forward(name, frame, now, receipt)
             elif type(action) is Hold:
                 frame = frame_of(self._sender, encode_body(action.message), KEPT)
                 self.recovery.hold_copy(action.link, frame)

@@ -48,12 +48,13 @@ from octopis.transport.codec import (
     decode_sender,
     encode_peer,
 )
-from octopis.transport.frames import HANDSHAKE, LINK, is_routing
+from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
 from octopis.transport.links import (
     LOOP_SLACK,
     Activity,
     InputWaiter,
     OutputLink,
+    PublishReceipt,
     SendPass,
 )
 from octopis.transport.security import Curve
@@ -311,6 +312,26 @@ class PeerLinks:
         beat = Heartbeat(self.incarnation, state.incarnation, acked, self.serving)
         put = self.links[name].put if behind_data else self.links[name].put_link
         put(self._frame(beat, LINK), now)
+
+    # -- what the broker sends ----------------------------------------------------------
+
+    def forward(self, name: str, frame: list, now: float, receipt: PublishReceipt | None) -> None:
+        """Put one routing ``frame`` on neighbour ``name``'s link. A local publication's
+        copy that the link keeps in custody carries ``receipt`` and counts in it (the
+        publisher is answered once every such copy is acknowledged, DESIGN §7)."""
+        link = self.links[name]
+        if receipt is not None and frame[KIND] == KEPT and link.keeps:
+            if len(frame) == RECEIPT:
+                frame.append(receipt)
+            receipt.copies += 1
+        link.put(frame, now)
+
+    def put(self, name: str, frames: list[list], now: float) -> None:
+        """Put ``frames`` on neighbour ``name``'s link, in order (none if it has left)."""
+        link = self.links.get(name)
+        if link is not None:
+            for frame in frames:
+                link.put(frame, now)
 
     def _route_through(self, name: str, state: NeighbourState) -> None:
         """The LST row says down unless the neighbour is up and serving."""
