@@ -139,10 +139,15 @@ def test_the_page_draws_the_overlay_and_a_congested_link_changes_colour(
             await asyncio.gather(
                 *[pub.publish({"class": "STOCK", "price": 1.0}, wait=False) for _ in range(150)]
             )
-            await asyncio.to_thread(
-                wait.until, lambda d: slow.get_attribute("data-state") == "overloaded"
+            # state and colour read in one script: the overload may pass between two reads
+            read = (
+                "const e = document.getElementById(arguments[0]);"
+                "return [e.getAttribute('data-state'), getComputedStyle(e).stroke];"
             )
-            busy = slow.value_of_css_property("stroke")
+            _, busy = await asyncio.to_thread(
+                wait.until,
+                lambda d: (seen := d.execute_script(read, link_id))[0] == "overloaded" and seen,
+            )
             driver.save_screenshot(str(tmp_path / "monitor.png"))
             assert busy != calm, (busy, calm)
             await until(lambda: len(got) >= 150, "every notification through the slow link", 60)
