@@ -511,9 +511,10 @@ class Broker:
         or, while this broker is not yet serving (resyncing after its start), it is held
         until then; a full hold raises :class:`ClientError` (the client gets an error
         and keeps the publication)."""
+        body = encode_body(notification)
+        self.replaying.kept(notification, body, receipt)
         if self.peers.serving:
-            self.replaying.kept(notification)
-            self.execute(self.core.publish(notification, self.lst), receipt=receipt)
+            self.execute(self.core.publish(notification, self.lst), notification, body, receipt)
             return
         if len(self.held) >= self.settings.hold_limit:
             self.counters["publications_refused.hold_full"] += 1
@@ -522,14 +523,13 @@ class Broker:
                 f"{len(self.held)} publications; retry later"
             )
         receipt.copies += 1  # answered once routed (:meth:`now_serving`)
-        self.replaying.kept(notification)
         self.held.append((notification, receipt))
         self.counters["publications_held"] += 1
 
-    def pass_ended(self) -> None:
-        """A client input pass ends: what it accepted is kept on disk before its
-        frames (and so its confirms) leave."""
-        self.replaying.commit()
+    def pass_ended(self, idle: bool) -> None:
+        """A client input pass ends (``idle``: its input ran dry): the retention store
+        commits now or soon (:meth:`Replaying.pass_ended`)."""
+        self.replaying.pass_ended(idle)
 
     def replay(
         self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float

@@ -98,8 +98,8 @@ class Router(Protocol):
     def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
         """Carry out routing actions."""
 
-    def pass_ended(self) -> None:
-        """An input pass ends (before what it sends leaves)."""
+    def pass_ended(self, idle: bool) -> None:
+        """An input pass ends (before what it sends leaves); ``idle``: the input ran dry."""
 
     def replay(
         self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float
@@ -238,7 +238,7 @@ class ClientSessions:
             while True:
                 messages = receive(CLIENT_BATCH - handled)
                 if not messages:
-                    self.router.pass_ended()
+                    self.router.pass_ended(True)
                     send_pass.end(loop.time())
                     handled = 0
                     self.idle()
@@ -249,12 +249,12 @@ class ClientSessions:
                     self._on_message(parts, loop.time())
                 handled += len(messages)
                 if handled >= CLIENT_BATCH:
-                    self.router.pass_ended()
+                    self.router.pass_ended(False)
                     send_pass.end(loop.time())
                     handled = 0
                     await asyncio.sleep(0)
         finally:
-            self.router.pass_ended()
+            self.router.pass_ended(True)
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
 
     def _on_message(self, parts: list[bytes], now: float) -> None:

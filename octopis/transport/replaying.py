@@ -28,10 +28,16 @@ from octopis.core.replay import (
     Targets,
 )
 from octopis.transport.codec import decode_body, encode_body
+from octopis.transport.links import PublishReceipt
 from octopis.transport.retention import RetentionError, RetentionStore
 from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker")
+
+COMMIT_ROWS = 256
+"""Publications kept before the store commits at once, however busy the input."""
+COMMIT_DELAY = 0.002
+"""Seconds a busy broker waits at most to commit what it kept (its confirms wait too)."""
 
 
 def _decode_kept(body: bytes) -> Notification:
@@ -67,19 +73,47 @@ class Replaying:
                 _decode_kept,
             )
         self._send, self._notify = send, notify
+        self._receipts: list[PublishReceipt] = []
+        """Confirms that wait for the next commit."""
+        self._commit_timer: asyncio.TimerHandle | None = None
         self.requesters: OrderedDict[str, str] = OrderedDict()
         """Requests started here → the client key that asked (as many as rounds)."""
 
-    def kept(self, n: Notification) -> None:
-        """A local publication was accepted: keep it (written at :meth:`commit`)."""
+    def kept(self, n: Notification, body: bytes, receipt: PublishReceipt | None) -> None:
+        """A local publication (encoded as ``body``) was accepted: keep it. The store
+        holds it like one more neighbour: its publisher's confirm (``receipt``) waits
+        for the commit that writes it, as it waits for the neighbours' custody."""
         if self.store is not None:
-            self.store.add(n, encode_body(n), time.time())
+            self.store.add(n, body, time.time())
+            if receipt is not None:
+                receipt.copies += 1
+                self._receipts.append(receipt)
+
+    def pass_ended(self, idle: bool) -> None:
+        """A client input pass ended (``idle``: the input ran dry). The store commits
+        when the input is idle or :data:`COMMIT_ROWS` wait, else within
+        :data:`COMMIT_DELAY`: under load one transaction covers many passes, and an
+        awaited publish on an idle broker is written at once."""
+        store = self.store
+        if store is None or not store.pending:
+            return
+        if idle or len(store.pending) >= COMMIT_ROWS:
+            self.commit()
+        elif self._commit_timer is None:
+            loop = asyncio.get_running_loop()
+            self._commit_timer = loop.call_later(COMMIT_DELAY, self.commit)
 
     def commit(self) -> None:
-        """End of a client input pass: what it accepted is on disk before any of its
-        confirms can leave."""
-        if self.store is not None and self.store.pending:
-            self.store.commit(time.time())
+        """Write what was kept in one transaction, then confirm what waited for it."""
+        if self._commit_timer is not None:
+            self._commit_timer.cancel()
+            self._commit_timer = None
+        if self.store is None or not self.store.pending:
+            return
+        self.store.commit(time.time())
+        receipts, self._receipts = self._receipts, []
+        for receipt in receipts:
+            receipt.held()
 
     def start(
         self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float

@@ -78,6 +78,7 @@ class RetentionStore:
         except (OSError, sqlite3.Error) as exc:
             raise RetentionError(f"cannot open the retention store {path}: {exc}") from None
         self.pending: list[tuple[str, int, int, float, float, bytes]] = []
+        self._age_checked = -float("inf")
         self.stats: dict[str, int] = {
             "retention.stored": 0,
             "retention.trimmed": 0,
@@ -105,9 +106,14 @@ class RetentionStore:
                 self._recount()
             self.stats["retention.stored"] += written
             self.stats["retention.commits"] += 1
-        if self.bytes > self.max_bytes or (self.rows and self._oldest() < now - self.max_age):
+        if self.bytes > self.max_bytes or (now >= self._age_checked + 1.0 and self._aged(now)):
             self.trim(now)
         return len(rows)
+
+    def _aged(self, now: float) -> bool:
+        """Whether the oldest row is past ``max_age`` (asked at most once a second)."""
+        self._age_checked = now
+        return bool(self.rows) and self._oldest() < now - self.max_age
 
     def trim(self, now: float) -> int:
         """Drop rows older than ``max_age`` and, oldest first, those over ``max_bytes``;
