@@ -183,16 +183,16 @@ def _store(path: Path, max_bytes: int = 1 << 20, max_age: float = 3600.0) -> Ret
 
 
 def test_the_store_answers_what_matches_after_the_given_point(tmp_path: Path) -> None:
-    """After seq 4 of (P, 1) and, for other publishers, from time 100 on; only what
-    matches the filters; in publisher order."""
+    """Published from time 100 on: of (P, 1) after seq 4, of other publishers all; only
+    what matches the filters; each once (P's 6 was sent twice); in publisher order."""
     store = _store(tmp_path)
-    for seq in range(1, 9):
-        n = _notification("P", seq, 50.0 + seq, price=seq)
+    for seq in (1, 2, 3, 4, 5, 6, 6, 7, 8):
+        n = _notification("P", seq, 100.0 + seq, price=seq)
         store.add(n, encode_body(n), 1000.0)
     for seq, at in ((1, 99.0), (2, 101.0)):
         n = _notification("Q", seq, at)
         store.add(n, encode_body(n), 1000.0)
-    assert store.commit(1000.0) == 10 and store.rows == 10
+    assert store.commit(1000.0) == 11 and store.rows == 11
     request = Replay("r", "a:0", ("[class,eq,'STOCK'],[price,<,7]",), (("P", 1, 4),), 100.0, 3.0)
     found, gaps = store.answer(request)
     assert [(n.publisher, n.seq) for n in found] == [("P", 5), ("P", 6), ("Q", 2)]

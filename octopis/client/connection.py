@@ -250,6 +250,8 @@ class Connection:
         self.errors: deque[str] = deque(maxlen=1000)
         """Refusals of requests nobody awaited (the last 1,000)."""
         self.broker: dict[str, Any] = {}
+        self.silent_since: float | None = None
+        """Wall time the broker left at the last fail-over went silent."""
         self.outages: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per fail-over (the last 1,000): from, to, started (wall time),
         seconds away."""
@@ -517,6 +519,7 @@ class Connection:
         for _, payload in list(self._pending.values()):
             await self.socket.send(payload)
         record = {"from": away_from, "to": self.endpoint, "started": started}
+        self.silent_since = started
         self._in_background(self._resume(record, t0, settled))
 
     async def _resume(self, record: dict[str, Any], t0: float, settled: asyncio.Event) -> None:

@@ -22,6 +22,10 @@ from typing import Any
 from octopis.client.connection import ConnectionGroup, Received
 from octopis.wire import delivery_fields
 
+LOOKBACK = 30.0
+"""Seconds before its broker went silent from which a subscriber asks for a replay: a
+publication published earlier that it did not get was not lost to the fail-over (it
+would have been in flight for longer than any custody window)."""
 PUBLISHERS_KNOWN = 10_000
 """(publisher, session) pairs whose last sequence a subscriber remembers; a forgotten one
 is asked for by time (:attr:`ReplayGap.after`) instead."""

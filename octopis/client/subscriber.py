@@ -17,7 +17,7 @@ from octopis.client.connection import (
     Received,
     log,
 )
-from octopis.client.replay import LastSeen, ReplayGap, Seam, unseen
+from octopis.client.replay import LOOKBACK, LastSeen, ReplayGap, Seam, unseen
 from octopis.filters import Publication, Subscription, as_subscription
 
 REPLAY_WAIT = 10.0
@@ -332,10 +332,12 @@ class Subscriber(NamedClient):
 
     async def replay(self, timeout: float = REPLAY_WAIT) -> ReplayGap | None:
         """Ask the overlay for the retained publications this subscriber may have missed
-        (after the last delivered of each publisher it knows, or published since it first
-        subscribed for any other) and deliver them with the live ones held meanwhile,
-        each once, in publisher order; returns the gap left, if any (also reported)."""
-        after = self.since if self.since is not None else time.time()
+        (after the last delivered of each publisher it knows, all of them published since
+        :data:`LOOKBACK` seconds before its broker went silent, and not before it first
+        subscribed) and deliver them with the live ones held meanwhile, each once, in
+        publisher order; returns the gap left, if any (also reported)."""
+        silent = self.connection.silent_since or time.time()
+        after = max(self.since if self.since is not None else silent, silent - LOOKBACK)
         seam = self._seam = Seam(self.buffer)
         error = None
         try:

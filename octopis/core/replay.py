@@ -45,9 +45,9 @@ DATA_BATCH = 64
 class Replay:
     """A subscriber's request for what it may have missed (see the module's text).
 
-    ``since`` holds ``(publisher, session, seq)``: publications of that session with a
-    higher ``seq`` count; for any other (publisher, session) those published at or after
-    ``after`` count. ``budget`` is how many seconds the receiver may wait for its own
+    Publications published at or after ``after`` count: of a (publisher, session) in
+    ``since`` (``(publisher, session, seq)``) those with a higher ``seq``, of any other
+    all. ``budget`` is how many seconds the receiver may wait for its own
     neighbours' echoes; ``state`` is its SBP step (PRIMARY goes on, SECONDARY stops)."""
 
     req_id: str

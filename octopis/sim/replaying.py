@@ -45,6 +45,8 @@ liveness)."""
 CLIENT_TIMEOUT = 10.0
 """Seconds a broker keeps a silent client's subscriptions (``[clients] timeout``)."""
 REPLAY_BUDGET = 3.0
+REPLAY_LOOKBACK = 30.0
+"""The SDK's ``LOOKBACK``: a replay asks from this long before the host went silent."""
 """The host's budget for a replay's answers (``[retention] replay_budget``)."""
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
 STORE_LIMIT = 1_000_000
@@ -180,7 +182,7 @@ class SubscriberFailover:
             new,
             tuple(s.to_text() for s in self.subscriptions_of[subscriber]),
             tuple((p, 0, q) for p, q in sorted(since.items())),
-            self.first_subscribed[subscriber],
+            max(self.first_subscribed[subscriber], died - REPLAY_LOOKBACK),
             REPLAY_BUDGET,
         )
         self.replay_counts["requests"] += 1
@@ -227,7 +229,7 @@ class SubscriberFailover:
         found = []
         for n in self.stores.get(broker, ()):
             last = since.get(n.publisher)
-            if (n.seq <= last) if last is not None else (n.published_at < request.after):
+            if n.published_at < request.after or (last is not None and n.seq <= last):
                 continue
             if any(f.matches(n.publication) for f in filters):
                 found.append(n)

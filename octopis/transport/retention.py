@@ -7,6 +7,11 @@ system had not written when the *machine* failed). Bounded by ``[retention] max_
 and ``max_age``: the oldest rows go first, and what was trimmed is remembered per
 (publisher, session) so that a replay reaching past it reports a gap instead of
 skipping it silently.
+
+The table is a plain log in the order rows were stored (SQLite's rowid), with no index
+to keep up on the hot path: a replay finds where its window starts by a binary search
+over the rowids (stored times grow with them) and reads from there; a publication sent
+twice (a publisher's re-send after a fail-over) is answered once.
 """
 
 from __future__ import annotations
@@ -26,10 +31,8 @@ CREATE TABLE IF NOT EXISTS kept (
     seq INTEGER NOT NULL,
     published_at REAL NOT NULL,
     stored_at REAL NOT NULL,
-    body BLOB NOT NULL,
-    PRIMARY KEY (publisher, session, seq)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS kept_by_age ON kept (stored_at);
+    body BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS trimmed (
     publisher TEXT NOT NULL,
     session INTEGER NOT NULL,
@@ -92,19 +95,15 @@ class RetentionStore:
 
     def commit(self, now: float) -> int:
         """Write what :meth:`add` queued in one transaction, then trim to the bounds;
-        returns how many were written (a publication already kept is kept once)."""
+        returns how many were written."""
         rows, self.pending = self.pending, []
         if rows:
             with self.db:
                 self.db.execute("BEGIN")
-                before = self.db.total_changes
-                self.db.executemany("INSERT OR IGNORE INTO kept VALUES (?, ?, ?, ?, ?, ?)", rows)
-                written = self.db.total_changes - before
-            self.rows += written
-            self.bytes += sum(len(r[5]) for r in rows) if written == len(rows) else 0
-            if written != len(rows):
-                self._recount()
-            self.stats["retention.stored"] += written
+                self.db.executemany("INSERT INTO kept VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self.rows += len(rows)
+            self.bytes += sum(len(r[5]) for r in rows)
+            self.stats["retention.stored"] += len(rows)
             self.stats["retention.commits"] += 1
         if self.bytes > self.max_bytes or (now >= self._age_checked + 1.0 and self._aged(now)):
             self.trim(now)
@@ -116,47 +115,57 @@ class RetentionStore:
         return bool(self.rows) and self._oldest() < now - self.max_age
 
     def trim(self, now: float) -> int:
-        """Drop rows older than ``max_age`` and, oldest first, those over ``max_bytes``;
-        remember the last (seq, time) dropped of each (publisher, session)."""
-        cutoff = now - self.max_age
-        dropped: list[tuple[str, int, int, float, int]] = self.db.execute(
-            "SELECT publisher, session, seq, published_at, LENGTH(body) FROM kept "
-            "WHERE stored_at < ? ORDER BY stored_at",
-            (cutoff,),
-        ).fetchall()
-        excess = self.bytes - sum(r[4] for r in dropped) - self.max_bytes
+        """Drop the rows older than ``max_age`` and, oldest first, those over
+        ``max_bytes``; remember the last (seq, time) dropped of each (publisher, session)."""
+        end = self._first_rowid_stored(now - self.max_age)
+        excess = self.bytes - self.max_bytes
         if excess > 0:
-            for row in self.db.execute(
-                "SELECT publisher, session, seq, published_at, LENGTH(body) FROM kept "
-                "WHERE stored_at >= ? ORDER BY stored_at",
-                (cutoff,),
+            for rowid, size in self.db.execute(
+                "SELECT rowid, LENGTH(body) FROM kept ORDER BY rowid"
             ):
                 if excess <= 0:
                     break
-                dropped.append(row)
-                excess -= row[4]
+                end = max(end, rowid + 1)
+                excess -= size
+        dropped = self.db.execute(
+            "SELECT publisher, session, MAX(seq), MAX(published_at), COUNT(*) FROM kept "
+            "WHERE rowid < ? GROUP BY publisher, session",
+            (end,),
+        ).fetchall()
         if not dropped:
             return 0
-        last: dict[tuple[str, int], tuple[int, float]] = {}
-        for publisher, session, seq, published_at, _ in dropped:
-            seen = last.get((publisher, session))
-            if seen is None or seq > seen[0]:
-                last[(publisher, session)] = (seq, published_at)
         with self.db:
             self.db.execute("BEGIN")
-            self.db.executemany(
-                "DELETE FROM kept WHERE publisher = ? AND session = ? AND seq = ?",
-                [(p, s, q) for p, s, q, _, _ in dropped],
-            )
+            self.db.execute("DELETE FROM kept WHERE rowid < ?", (end,))
             self.db.executemany(
                 "INSERT INTO trimmed VALUES (?, ?, ?, ?) ON CONFLICT (publisher, session) "
                 "DO UPDATE SET last_seq = MAX(last_seq, excluded.last_seq), "
                 "last_published_at = MAX(last_published_at, excluded.last_published_at)",
-                [(p, s, q, t) for (p, s), (q, t) in last.items()],
+                [(p, s, q, t) for p, s, q, t, _ in dropped],
             )
-        self.stats["retention.trimmed"] += len(dropped)
+        count = sum(r[4] for r in dropped)
+        self.stats["retention.trimmed"] += count
         self._recount()
-        return len(dropped)
+        return count
+
+    def _first_rowid_stored(self, at: float) -> int:
+        """The first rowid stored at or after ``at`` (one past the last if none): a
+        binary search, stored times growing with rowids."""
+        low, high = self.db.execute("SELECT MIN(rowid), MAX(rowid) FROM kept").fetchone()
+        if low is None:
+            return 0
+        high += 1
+        while low < high:
+            middle = (low + high) // 2
+            row = self.db.execute(
+                "SELECT rowid, stored_at FROM kept WHERE rowid >= ? ORDER BY rowid LIMIT 1",
+                (middle,),
+            ).fetchone()
+            if row is None or row[1] >= at:
+                high = middle
+            else:
+                low = row[0] + 1
+        return low
 
     def answer(self, request: Replay) -> tuple[list[Notification], list[Gap]]:
         """The kept publications ``request`` asks for that match one of its filters, in
@@ -164,35 +173,34 @@ class RetentionStore:
         for. A filter that does not parse matches nothing (the host checked them)."""
         filters = _filters(request.filters)
         since = {(p, s): q for p, s, q in request.since}
-        rows: list[tuple[str, int, int, float, bytes]] = []
-        for (publisher, session), last in sorted(since.items()):
-            rows += self.db.execute(
-                "SELECT publisher, session, seq, published_at, body FROM kept "
-                "WHERE publisher = ? AND session = ? AND seq > ? ORDER BY seq",
-                (publisher, session, last),
-            )
-        others = self.db.execute(
-            "SELECT publisher, session, seq, published_at, body FROM kept "
-            "WHERE stored_at >= ? AND published_at >= ? ORDER BY publisher, session, seq",
-            (request.after - CLOCK_SLACK, request.after),
-        )
-        rows += (row for row in others if (row[0], row[1]) not in since)
-        found: list[Notification] = []
-        for *_, body in rows:
+        start = self._first_rowid_stored(request.after - CLOCK_SLACK)
+        found: dict[tuple[str, int, int], Notification] = {}
+        for publisher, session, seq, published_at, body in self.db.execute(
+            "SELECT publisher, session, seq, published_at, body FROM kept WHERE rowid >= ?",
+            (start,),
+        ):
+            last = since.get((publisher, session))
+            if published_at < request.after or (last is not None and seq <= last):
+                continue
+            key = (publisher, session, seq)
+            if key in found:
+                continue
             n = self._decode(body)
             if any(f.matches(n.publication) for f in filters):
-                found.append(n)
+                found[key] = n
         gaps: list[Gap] = []
         for publisher, session, last_seq, last_at in self.db.execute(
             "SELECT publisher, session, last_seq, last_published_at FROM trimmed"
         ):
             last = since.get((publisher, session))
-            if last is not None and last_seq > last:
-                gaps.append((publisher, session, last + 1, last_seq))
-            elif last is None and last_at >= request.after:
+            if last_at < request.after:
+                continue
+            if last is None:
                 gaps.append((publisher, session, 1, last_seq))
+            elif last_seq > last:
+                gaps.append((publisher, session, last + 1, last_seq))
         self.stats["retention.replayed"] += len(found)
-        return found, gaps
+        return [found[key] for key in sorted(found)], gaps
 
     def close(self) -> None:
         """Write what is queued and close the file."""
@@ -203,8 +211,8 @@ class RetentionStore:
             self.db.close()
 
     def _oldest(self) -> float:
-        row = self.db.execute("SELECT MIN(stored_at) FROM kept").fetchone()
-        return row[0] if row[0] is not None else float("inf")
+        row = self.db.execute("SELECT stored_at FROM kept ORDER BY rowid LIMIT 1").fetchone()
+        return row[0] if row is not None else float("inf")
 
     def _recount(self) -> None:
         self.bytes, self.rows = self.db.execute(
