@@ -99,7 +99,7 @@ class Router(Protocol):
         """Carry out routing actions."""
 
     def pass_ended(self, idle: bool) -> None:
-        """An input pass ends (before what it sends leaves); ``idle``: the input ran dry."""
+        """An input pass ended and what it sent has left; ``idle``: the input ran dry."""
 
     def replay(
         self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float
@@ -238,8 +238,8 @@ class ClientSessions:
             while True:
                 messages = receive(CLIENT_BATCH - handled)
                 if not messages:
-                    self.router.pass_ended(True)
                     send_pass.end(loop.time())
+                    self.router.pass_ended(True)  # commits while the frames travel
                     handled = 0
                     self.idle()
                     await self._waiter.wait()
@@ -249,13 +249,13 @@ class ClientSessions:
                     self._on_message(parts, loop.time())
                 handled += len(messages)
                 if handled >= CLIENT_BATCH:
-                    self.router.pass_ended(False)
                     send_pass.end(loop.time())
+                    self.router.pass_ended(False)
                     handled = 0
                     await asyncio.sleep(0)
         finally:
-            self.router.pass_ended(True)
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
+            self.router.pass_ended(True)
 
     def _on_message(self, parts: list[bytes], now: float) -> None:
         """One message from a client connection: ``[identity, request]``."""
