@@ -20,6 +20,8 @@ from octopis.client.connection import (
 from octopis.client.replay import LOOKBACK, LastSeen, ReplayGap, Seam, unseen
 from octopis.filters import Publication, Subscription, as_subscription
 
+LATE_KEPT = 100_000
+"""Deliveries a subscriber remembers per replay that waits for late answers."""
 REPLAY_WAIT = 10.0
 """Seconds a subscriber waits for a replay's answer before it reports the gap as unknown
 (the brokers' own budget, ``[retention] replay_budget``, is far shorter)."""
@@ -107,6 +109,8 @@ class Subscriber(NamedClient):
         self.replays: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per replay (the last 1,000): id, replayed, repeats, seconds, gap."""
         self._seam: Seam | None = None
+        self._awaiting_late: list[dict[str, Any]] = []
+        """Replay records with silent parts not yet answered late."""
         self._replay_records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         """The records of :attr:`replays` by request id: late answers are added to them."""
         if buffer < 1 or buffer_bytes < 1:
@@ -326,11 +330,18 @@ class Subscriber(NamedClient):
         (DESIGN §7), unless this subscriber is moving away from it (the move makes them
         at the new host before the session left behind ends)."""
         if connection is self.connection:
+            replaying = self.replay_on_failover and bool(self._subscriptions)
+            if replaying and self.since is not None:
+                # Hold live deliveries from now: what the new broker delivers (detours
+                # included) must not move the point the replay asks from.
+                self._seam = Seam(self.buffer)
             await self._resubscribe()
-            if self.replay_on_failover and self._subscriptions and self.since is not None:
-                await self.replay()
+            if self._seam is not None:
+                await self.replay(seam=self._seam)
 
-    async def replay(self, timeout: float = REPLAY_WAIT) -> ReplayGap | None:
+    async def replay(
+        self, timeout: float = REPLAY_WAIT, *, seam: Seam | None = None
+    ) -> ReplayGap | None:
         """Ask the overlay for the retained publications this subscriber may have missed
         (after the last delivered of each publisher it knows, all of them published since
         :data:`LOOKBACK` seconds before its broker went silent, and not before it first
@@ -338,7 +349,8 @@ class Subscriber(NamedClient):
         publisher order; returns the gap left, if any (also reported)."""
         silent = self.connection.silent_since or time.time()
         after = max(self.since if self.since is not None else silent, silent - LOOKBACK)
-        seam = self._seam = Seam(self.buffer)
+        if seam is None:
+            seam = self._seam = Seam(self.buffer)
         error = None
         try:
             reply = await self.connection.request(
@@ -370,8 +382,17 @@ class Subscriber(NamedClient):
             "gap": gap,
             "late_replayed": 0,
             "late_parts": [],
+            "outstanding": set(gap.silent) if gap is not None else set(),
+            "delivered": {(r.publisher, r.session, r.seq) for r, _ in items},
         }
+        """``outstanding``: the silent brokers not yet answered late; while any is,
+        ``delivered`` keeps what was delivered since the fail-over (at most
+        :data:`LATE_KEPT`), so that a late answer, however late, repeats none of it."""
         self.replays.append(record)
+        if record["outstanding"]:
+            self._awaiting_late.append(record)
+        else:
+            record["delivered"] = set()
         if seam.replay is not None:
             self._replay_records[seam.replay] = record
             while len(self._replay_records) > self.replays.maxlen:  # type: ignore[operator]
@@ -416,6 +437,13 @@ class Subscriber(NamedClient):
         came meanwhile), and the part is noted in the replay's record."""
         if message["op"] == "replayed":
             fresh, repeats = unseen(self.name, self.connection.group, message.get("bodies", ()))
+            delivered = record["delivered"]
+            fresh = [
+                item
+                for item in fresh
+                if (item[0].publisher, item[0].session, item[0].seq) not in delivered
+            ]
+            repeats += len(message.get("bodies", ())) - repeats - len(fresh)
             fresh.sort(key=lambda item: (item[0].publisher, item[0].session, item[0].seq))
             for received, size in fresh:
                 self._deliver(received, size)
@@ -425,6 +453,12 @@ class Subscriber(NamedClient):
         record["late_parts"].append(
             {k: message.get(k) for k in ("answered", "silent", "unstored", "gaps", "published")}
         )
+        outstanding = record["outstanding"]
+        outstanding.difference_update(message.get("answered", ()))
+        outstanding.update(set(message.get("silent", ())) - set(message.get("answered", ())))
+        if not outstanding and record in self._awaiting_late:
+            self._awaiting_late.remove(record)
+            record["delivered"] = set()
         log.info(
             "%s: replay %s answered late by %s (%d publications)",
             self.name,
@@ -455,6 +489,11 @@ class Subscriber(NamedClient):
 
     def _deliver(self, received: Received, size: int) -> None:
         self.last_seen.saw(received.publisher, received.session, received.seq)
+        if self._awaiting_late:
+            key = (received.publisher, received.session, received.seq)
+            for record in self._awaiting_late:
+                if len(record["delivered"]) < LATE_KEPT:
+                    record["delivered"].add(key)
         if self._callback is not None:
             self._callback(received)
             return
