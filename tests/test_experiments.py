@@ -132,7 +132,7 @@ def test_burst_recovery_and_table(tmp_path: Path) -> None:
     assert (tmp_path / "b.png").stat().st_size > 10_000
 
 
-def _failure_report(mode: str, alive_lost: int, back_lost: int) -> dict:
+def _failure_report(mode: str, alive_lost: int, back_lost: int, away_lost: int = 0) -> dict:
     def group(expected: int, lost: int) -> dict:
         return {
             "expected_deliveries": expected,
@@ -158,7 +158,7 @@ def _failure_report(mode: str, alive_lost: int, back_lost: int) -> dict:
         "profile": "quick",
         "notifications": 200,
         "notification_delay": {"mean": 0.05, "p99": 0.2},
-        "lost": alive_lost + back_lost + 3,
+        "lost": alive_lost + back_lost + away_lost,
         "duplicates": 0,
         "series": series,
         "failure_schedule": [{"brokers": ["viii:2"], "at": 2.0, "until": 6.0}],
@@ -178,7 +178,7 @@ def _failure_report(mode: str, alive_lost: int, back_lost: int) -> dict:
             },
             "failover.viii:2.away_s": 2.3,
             "host_alive": group(30_000, alive_lost),
-            "host_dead": group(300, back_lost + 3),
+            "host_dead": group(300, back_lost + away_lost),
             "host_dead_after_back": group(180, back_lost),
         },
     }
@@ -197,6 +197,7 @@ def test_failure_table_and_plot_show_both_modes_and_the_promise(tmp_path: Path) 
     assert [delivered_as_promised(r) for r in reports] == [False, True]
     assert delivered_as_promised(_failure_report("bid", 1292, 111))  # static: counted
     assert not delivered_as_promised(_failure_report("dnr", 0, 2))
+    assert not delivered_as_promised(_failure_report("dnr", 0, 0, away_lost=3))  # no replay
     plot("failure", reports, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
