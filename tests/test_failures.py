@@ -8,6 +8,7 @@ import json
 import random
 from collections.abc import Sequence
 
+import networkx as nx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,7 +19,7 @@ from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, r
 from octopis.filters import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import LatencyModel, Simulator
-from octopis.topology import Scot, build_preset
+from octopis.topology import Scot, build_preset, build_scot, complete_factor
 
 FIG2 = build_preset("fig2")
 PAPER75 = build_preset("paper75")
@@ -240,6 +241,20 @@ def test_up_to_three_failures_while_publishing(
     failures, clients = _failures(scot, data.draw, data.draw(st.integers(1, 3)), 30)
     sim = _run(scot, mode, failures, seed=seed, subscribers=30, publications=30, clients=clients)
     _law(sim)
+
+
+def test_subscribers_whose_every_broker_died_return_to_the_first_one_back() -> None:
+    """One region, two clusters, both brokers killed at once, r0:0 back after 2 s and r0:1
+    after 3 s: every subscriber keeps trying its list (its own broker last) and lands on
+    the first one back, replaying what it missed; nothing is lost silently. (Found by the
+    law: the simulator's subscribers gave up when every broker of their list was dead.)"""
+    scot = build_scot(nx.empty_graph(["r0"]), complete_factor(2), name="pair")
+    failures = [Failure(("r0:0",), 0.0, 2.0), Failure(("r0:1",), 0.0, 3.0)]
+    sim = _run(scot, "dnr", failures, seed=0, subscribers=30, publications=30)
+    report = _law(sim)
+    assert report["replays"]["subscribers_failed_over"] == 30
+    assert report["failover.no_live_broker"] > 0
+    assert {sim._home[f"S{i}"] for i in range(30)} == {"r0:0"}
 
 
 def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:

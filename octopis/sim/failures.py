@@ -153,6 +153,7 @@ class FailureEvents:
         self.at(start + failure.at, self._fail, failure)
         if failure.until is not None:
             self.at(start + failure.until, self._recover, failure)
+            self.restarts_pending += failure.is_broker
 
     def _failure_state(
         self, detection: float = DEFAULT_DETECTION, retain: float = DEFAULT_RETAIN
@@ -236,6 +237,7 @@ class FailureEvents:
             return
         broker = failure.ends[0]
         state.dead.discard(broker)
+        self.restarts_pending -= 1
         self.failure_counts["brokers_restarted"] += 1
         core = make_broker(self.scot, broker, self.mode, self._matcher_factory)
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."

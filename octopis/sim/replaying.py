@@ -75,6 +75,9 @@ class SubscriberFailover:
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
+        self.restarts_pending = 0
+        """Broker restarts scheduled and not yet come (a subscriber with every broker
+        dead keeps trying while one is to come back)."""
         self.cut_clients: set[tuple[str, str]] = set()
         """(subscriber, broker) connections that failed: deliveries on them are lost."""
         self.replay_on_failover = True
@@ -152,12 +155,16 @@ class SubscriberFailover:
 
     def _fail_over(self, subscriber: str, old: str, died: float) -> None:
         """``subscriber`` leaves silent ``old`` for the first broker of its list that is
-        not dead, subscribes again and asks for a replay behind its subscriptions."""
+        not dead (``old`` itself last, restarted), subscribes again and asks for a replay
+        behind its subscriptions; with every broker dead it tries again later."""
         if self._home.get(subscriber) != old or self.failures is None:
             return
-        new = next((b for b in self.scot.failover_order(old) if b not in self.failures.dead), None)
-        if new is None:
+        order = [*self.scot.failover_order(old), old]  # the SDK tries its own one last
+        new = next((b for b in order if b not in self.failures.dead), None)
+        if new is None:  # every broker is dead: try again while one is to restart
             self.failure_counts["failover.no_live_broker"] += 1
+            if self.restarts_pending:
+                self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, old, died)
             return
         self.first_home.setdefault(subscriber, old)
         self.outages.setdefault(subscriber, []).append((died, self.now))
