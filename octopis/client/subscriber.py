@@ -20,8 +20,12 @@ from octopis.client.connection import (
 from octopis.client.replay import LOOKBACK, LastSeen, ReplayGap, Seam, unseen
 from octopis.filters import Publication, Subscription, as_subscription
 
-LATE_KEPT = 100_000
-"""Deliveries a subscriber remembers per replay that waits for late answers."""
+LATE_KEPT = 10_000
+"""Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
+the connection group's record of the last 30 s still drops repeats)."""
+LATE_WAITING = 16
+"""Replays of one subscriber that wait for late answers with their memory of
+deliveries; an older one forgets it."""
 REPLAY_WAIT = 10.0
 """Seconds a subscriber waits for a replay's answer before it reports the gap as unknown
 (the brokers' own budget, ``[retention] replay_budget``, is far shorter)."""
@@ -391,6 +395,8 @@ class Subscriber(NamedClient):
         self.replays.append(record)
         if record["outstanding"]:
             self._awaiting_late.append(record)
+            while len(self._awaiting_late) > LATE_WAITING:
+                self._awaiting_late.pop(0)["delivered"] = set()  # its late answers may repeat
         else:
             record["delivered"] = set()
         if seam.replay is not None:
