@@ -67,22 +67,15 @@ def shared_fig2(shared_overlay: LocalCluster) -> Iterator[tuple[LocalCluster, di
     yield shared_overlay, asyncio.run(closing_control(shared_overlay, empty()))
 
 
-@pytest.fixture(params=["snr", "dnr"])
-def fig2_of_mode(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[LocalCluster]:
-    settings = BrokerSettings(client_timeout=CLIENT_TIMEOUT)
-    yield from secure_fig2(tmp_path, monkeypatch, settings, mode=request.param)
-
-
 @pytest.mark.processes
-def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2_of_mode: LocalCluster) -> None:
+def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -> None:
     """c:0 hosts the subscriber; a:0 the publisher (path a–b–c), publishing at 50/s.
     After kill -9 of c:0 the subscriber moves to b:0 (same cluster first), subscribes
     again there, then replays from the overlay's retention what was published while it
     was away (DESIGN §11): every publication, before, during and after the outage,
-    arrives exactly once; the replay's only gap is the dead broker's own store."""
-    cluster = fig2_of_mode
+    arrives exactly once; the replay's only gap is the dead broker's own store. (DNR; SNR
+    and restarts: tests/test_cluster.py::test_killed_hosts_lose_no_subscriber_anything.)"""
+    cluster = fig2
     scot = cluster.scot
     received: Counter[int] = Counter()
 

@@ -99,9 +99,11 @@ def test_every_single_failure_while_publishing_loses_nothing(scot: Scot, mode: s
     broker gets every matching notification exactly once, with nothing counted
     undeliverable but the copies held for the dead broker (dropped when it comes back as
     a new process: its own subscribers are gone); detours, custody and dedup do the
-    work."""
+    work. (SNR on paper75 takes every third failure: fig2 has every kind of broker and
+    link, and SNR's detours are DNR's code, which paper75 checks in full.)"""
     fired = {"tunnel.started": 0, "tunnel.fanout": 0, "custody.rerouted": 0}
-    for failure in _singles(scot):
+    singles = _singles(scot)
+    for failure in singles[:: 3 if scot is PAPER75 and mode == "snr" else 1]:
         report = _law(_run(scot, mode, [failure]))
         assert report["host_alive"]["lost"] == 0, failure
         assert report["host_alive"]["delivered"] == report["host_alive"]["expected_deliveries"]

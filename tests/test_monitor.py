@@ -136,24 +136,33 @@ def test_the_page_draws_the_overlay_and_a_congested_link_changes_colour(
             pub = await Publisher.connect(scot.client_endpoints("a:0"), "p")
             await until(lambda: _get_json(monitor + "snapshot")["brokers"]["a:0"]["table"] == 1,
                         "subscription at a:0", 20)  # fmt: skip
-            await asyncio.gather(
-                *[pub.publish({"class": "STOCK", "price": 1.0}, wait=False) for _ in range(150)]
-            )
             # state and colour read in one script: the overload may pass between two reads
             read = (
                 "const e = document.getElementById(arguments[0]);"
                 "return [e.getAttribute('data-state'), getComputedStyle(e).stroke];"
             )
-            _, busy = await asyncio.to_thread(
-                wait.until,
-                lambda d: (seen := d.execute_script(read, link_id))[0] == "overloaded" and seen,
+            seen = asyncio.create_task(
+                asyncio.to_thread(
+                    wait.until,
+                    lambda d: (
+                        (state := d.execute_script(read, link_id))[0] == "overloaded" and state
+                    ),
+                )
             )
+            published = 0
+            while not seen.done():  # 60/s into a 30/s link until the page shows it (≤ 30 s)
+                await asyncio.gather(
+                    *[pub.publish({"class": "STOCK", "price": 1.0}, wait=False) for _ in range(30)]
+                )
+                published += 30
+                await asyncio.wait({seen}, timeout=0.5)
+            _, busy = await seen
             driver.save_screenshot(str(tmp_path / "monitor.png"))
             assert busy != calm, (busy, calm)
-            await until(lambda: len(got) >= 150, "every notification through the slow link", 60)
+            await until(lambda: len(got) >= published, "every notification through the link", 90)
             await pub.close()
             await sub.close()
-            return 150
+            return published
 
         expected = asyncio.run(closing_control(slow_fig2, burst()))
         wait.until(lambda d: d.find_element(By.ID, link_id).get_attribute("data-state") == "up")
