@@ -335,13 +335,21 @@ class Subscriber(NamedClient):
         at the new host before the session left behind ends)."""
         if connection is self.connection:
             replaying = self.replay_on_failover and bool(self._subscriptions)
+            seam = None
             if replaying and self.since is not None:
                 # Hold live deliveries from now: what the new broker delivers (detours
                 # included) must not move the point the replay asks from.
-                self._seam = Seam(self.buffer)
-            await self._resubscribe()
-            if self._seam is not None:
-                await self.replay(seam=self._seam)
+                seam = self._seam = Seam(self.buffer)
+            try:
+                await self._resubscribe()
+            except BaseException:
+                if seam is not None and self._seam is seam:  # no replay: let go of the seam
+                    self._seam = None
+                    for received, size in seam.joined(self.name, self.connection.group)[0]:
+                        self._deliver(received, size)
+                raise
+            if seam is not None:
+                await self.replay(seam=seam)
 
     async def replay(
         self, timeout: float = REPLAY_WAIT, *, seam: Seam | None = None
