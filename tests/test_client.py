@@ -105,11 +105,13 @@ def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -
         )
         with contextlib.suppress(AssertionError):  # what is missing is named below
             await until(lambda: all(received[s] for s in published), "deliveries", 30)
+        kept = (await cluster.ask(["a:0"], "stats", 10))["a:0"]["retention"]
+        assert kept["retention.rows"] >= len(published) and kept["retention.bytes"] > 0
         await sub.close()
         await pub.close()
         return sub.connection.outages[0], published, sub
 
-    outage, published, sub = asyncio.run(scenario())
+    outage, published, sub = asyncio.run(closing_control(cluster, scenario()))
     print(f"fail-over: away {outage['seconds']:.2f} s, {outage['from']} -> {outage['to']}")
     print(f"replay: {sub.replays[0]}")
     assert outage["to"] == scot.brokers["b:0"].client_endpoint
