@@ -84,22 +84,29 @@ class HelloRequest(Request, tag="hello"):
 
 
 class SubscribeRequest(Request, tag="subscribe"):
-    """Subscribe ``client`` to a filter: PADRES text or the dict form."""
+    """Subscribe ``client`` to a filter: PADRES text or the dict form. With ``durable``
+    the subscription outlives the connection under that name (DESIGN §11): the broker
+    keeps its record while the client is away."""
 
     filter: str | dict[str, Any]
+    durable: ClientName | None = None
 
 
 class UnsubscribeRequest(Request, tag="unsubscribe"):
-    """Withdraw subscription ``sub_id`` of ``client``."""
+    """Withdraw subscription ``sub_id`` of ``client``; a durable one ends, unless
+    ``moved`` says it moved to another broker (its record went with it)."""
 
     sub_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    moved: bool = False
 
 
 class AdoptRequest(Request, tag="adopt"):
     """Take over subscription ``sub_id``, which ``client`` holds at another broker of this
-    one's cluster and is moving here (DESIGN §9): the broker delivers it from now on."""
+    one's cluster and is moving here (DESIGN §9): the broker delivers it from now on
+    (a ``durable`` one's record is kept here from now on)."""
 
     sub_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    durable: ClientName | None = None
 
 
 class PublishRequest(Request, tag="publish"):
@@ -117,13 +124,36 @@ class PublishRequest(Request, tag="publish"):
 class ReplayRequest(Request, tag="replay"):
     """Ask the overlay for the retained publications matching ``filters`` that ``client``
     may have missed (DESIGN §11): of each ``since`` entry (publisher, session, seq) those
-    numbered after ``seq``, of any other publisher those published at or after ``after``.
+    numbered after ``seq``, of any other publisher those published at or after ``after``;
+    none published at or after ``until``. ``historic``: a window of the past (a historic,
+    hybrid or durable subscription), waited for longer. Each store answers at most
+    ``max_count`` publications and ``max_bytes`` bytes (0: the brokers' bounds).
     Answered at once with the request's id, then by ``replayed`` notices and a
     ``replay_done`` one."""
 
     filters: Annotated[list[str], msgspec.Meta(min_length=1, max_length=10_000)]
     since: Annotated[list[tuple[ClientName, Sequence, Sequence]], msgspec.Meta(max_length=100_000)]
-    after: float
+    after: Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)]
+    until: Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)] | None = None
+    historic: bool = False
+    max_count: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] = 0
+    max_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] = 0
+
+
+class ClaimRequest(Request, tag="claim"):
+    """Find durable subscription ``durable`` of ``client`` wherever its record is kept
+    (DESIGN §11) and hand it to this broker: answered at once with the request's id, then
+    by a ``replay_done`` notice whose ``claimed`` lists the records found."""
+
+    durable: ClientName
+
+
+class AckRequest(Request, tag="ack"):
+    """``client`` took the deliveries of durable subscription ``durable`` up to
+    ``since`` (publisher, session, seq): its replay starts after them."""
+
+    durable: ClientName
+    since: Annotated[list[tuple[ClientName, Sequence, Sequence]], msgspec.Meta(max_length=100_000)]
 
 
 class HeartbeatRequest(Request, tag="heartbeat"):
@@ -142,6 +172,8 @@ ClientRequest = (
     | AdoptRequest
     | PublishRequest
     | ReplayRequest
+    | ClaimRequest
+    | AckRequest
     | HeartbeatRequest
     | ByeRequest
 )

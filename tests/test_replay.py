@@ -21,6 +21,7 @@ from octopis.core import make_broker
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
     DATA_BATCH,
+    Claimed,
     QueryStore,
     Replay,
     ReplayData,
@@ -248,13 +249,21 @@ def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:
 
 def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
     """Each field is checked and named."""
+    tail = [None, 0, 0, ""]  # until, max_count, max_bytes, claim
+    echo_tail = [[], []]  # truncated, claimed
     bad = [
-        (pack([REPLAY, "r", "a:0", ["[x,>"], [], 0.0, 3.0, 1]), "bad content"),
-        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [["P", -1, 2]], 0.0, 3.0, 1]), "since"),
-        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], "now", 3.0, 1]), "after"),
-        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 7]), "state"),
-        (pack([REPLAY_ECHO, "r", 1, [], [], [], [], 0]), "seen flag"),
-        (pack([REPLAY_ECHO, "r", False, [], [], [], [["P", 1, 2]], 0]), "gaps"),
+        (pack([REPLAY, "r", "a:0", ["[x,>"], [], 0.0, 3.0, 1, *tail]), "bad content"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [["P", -1, 2]], 0.0, 3.0, 1, *tail]), "since"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], "now", 3.0, 1, *tail]), "after"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 7, *tail]), "state"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, "x", 0, 0, ""]), "until"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, -1, 0, ""]), "max_count"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, 0, 0, 5]), "claim"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1]), "8 fields, expected 12"),
+        (pack([REPLAY_ECHO, "r", 1, [], [], [], [], 0, *echo_tail]), "seen flag"),
+        (pack([REPLAY_ECHO, "r", False, [], [], [], [["P", 1, 2]], 0, *echo_tail]), "gaps"),
+        (pack([REPLAY_ECHO, "r", False, [], [], [], [], 0, [], [["b:0"]]]), "claimed"),
+        (pack([REPLAY_ECHO, "r", False, [], [], [], [], 0, [""], []]), "truncated"),
         (pack([9, "r", [b"\x00"]]), "REPLAY_DATA|not msgpack|kind"),
     ]
     for body, problem in bad:
@@ -262,3 +271,8 @@ def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
             decode_body("a:0", body)
     data = ReplayData("r", (_notification("P", 1),))
     assert decode_body("a:0", encode_body(data)) == data
+    request = Replay("r", "a:0", ("[x,>,1]",), (("P", 1, 2),), 5.0, 3.0, until=9.0, claim="c/d")
+    assert decode_body("a:0", encode_body(request)) == request
+    claimed = Claimed("b:0", ("[x,>,1]",), (("P", 1, 2),), 4.0, 6.0)
+    echo = ReplayEcho("r", answered=("b:0",), truncated=("b:0",), claimed=(claimed,))
+    assert decode_body("a:0", encode_body(echo)) == echo

@@ -83,7 +83,7 @@ class Received:
         return self.received_at - self.left_broker_at
 
 
-NOTICES = frozenset({"move", "released", "replayed", "replay_done"})
+NOTICES = frozenset({"move", "released", "replayed", "replay_done", "withdrawn"})
 """What a broker tells a client unasked."""
 
 NotificationHandler = Callable[[str, str, int, float, Publication, float, float, int, int], None]
@@ -294,7 +294,8 @@ class Connection:
         """Call ``notice(message)`` with what the broker tells client ``name`` unasked
         (:data:`NOTICES`): ``move`` (go to another broker) and ``released`` (a moved
         subscription is no longer delivered here), DESIGN §9; ``replayed`` and
-        ``replay_done`` (a replay's answers and its end), DESIGN §11."""
+        ``replay_done`` (a replay's answers and its end) and ``withdrawn`` (a durable
+        subscription claimed by the host its client came back at), DESIGN §11."""
         self._notices[name] = notice
 
     def forget(
@@ -448,6 +449,12 @@ class Connection:
     async def send(self, message: dict[str, Any]) -> None:
         """Send without asking for a reply (refusals land in :attr:`errors`)."""
         await self.socket.send(pack(message))
+
+    def send_soon(self, message: dict[str, Any]) -> None:
+        """Queue ``message`` for sending without waiting or asking for a reply (ZeroMQ
+        sends it from its own thread; refusals land in :attr:`errors`)."""
+        if self.dropped is None:
+            self.socket.send(pack(message))
 
     async def close(self) -> None:
         """Say bye to the broker (it withdraws this connection's subscriptions at once,

@@ -13,10 +13,12 @@ and in publisher order, and whatever the overlay could not answer is reported as
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from octopis.client.connection import ConnectionGroup, Received
@@ -101,6 +103,9 @@ class Seam:
     request's reply) and the live deliveries held meanwhile (at most ``limit``)."""
 
     limit: int
+    hold_live: bool = True
+    """Whether live deliveries wait for the answer (not for a historic subscription's:
+    its answer goes to its own stream)."""
     replay: str | None = None
     answers: dict[str, list[bytes]] = field(default_factory=dict)
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -125,6 +130,14 @@ class Seam:
         if replay is not None and replay in self.done:
             self.finished.set()
 
+    def next_request(self) -> dict[str, Any] | None:
+        """The summary of the request this seam waited for (a claim), and wait for the
+        next one (its replay) with the same live deliveries held."""
+        summary = self.done.get(self.replay or "")
+        self.replay = None
+        self.finished = asyncio.Event()
+        return summary
+
     def hold(self, received: Received, size: int) -> bool:
         """Hold a live delivery; False when the seam is full (the caller ends it)."""
         if len(self.live) >= self.limit:
@@ -141,6 +154,28 @@ class Seam:
         items.sort(key=lambda item: (item[0].publisher, item[0].session, item[0].seq))
         return items, repeats
 
+    def answered(self, name: str) -> list[Received]:
+        """The answer alone (a historic subscription's), each (publisher, session, seq)
+        once, in publisher order."""
+        now = time.time()
+        found: dict[tuple[str, int, int], Received] = {}
+        for body in self.answers.get(self.replay or "", ()):
+            publisher, seq, published_at, publication, session = delivery_fields(body)
+            found.setdefault(
+                (publisher, session, seq),
+                Received(
+                    name,
+                    publisher,
+                    seq,
+                    published_at,
+                    now,
+                    publication,
+                    session=session,
+                    replayed=True,
+                ),
+            )
+        return [found[key] for key in sorted(found)]
+
     def gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
         """The gap this replay leaves, if any."""
         summary = self.done.get(self.replay or "")
@@ -149,8 +184,70 @@ class Seam:
         silent = tuple(summary.get("silent", ()))
         unstored = tuple(summary.get("unstored", ()))
         trimmed = tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ()))
+        truncated = tuple(summary.get("truncated", ()))
+        if truncated and error is None:
+            error = f"stores cut their answer at its bounds: {', '.join(truncated)}"
         if error is None and not (silent or unstored or trimmed or self.overflowed):
             return None
         if self.overflowed:
             error = error or "live deliveries filled the seam before the answer came"
         return ReplayGap(name, self.replay, after, silent, unstored, trimmed, error)
+
+
+@dataclass(frozen=True)
+class History:
+    """The end of a historic, hybrid or durable subscription's answer: ``complete`` when
+    every broker's store answered in full; else ``silent`` (did not answer: down, or
+    past the budget), ``unstored`` (keep no retention), ``trimmed`` (ranges retention had
+    dropped), ``truncated`` (stores that cut their answer at its bounds) say what is
+    missing. ``published``: publications the stores answered; ``delivered``: those
+    delivered (the others were repeats)."""
+
+    replay: str | None
+    after: float
+    until: float | None
+    published: int
+    delivered: int
+    silent: tuple[str, ...] = ()
+    unstored: tuple[str, ...] = ()
+    trimmed: tuple[tuple[str, int, int, int], ...] = ()
+    truncated: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether nothing is missing from the answer."""
+        return not (self.silent or self.unstored or self.trimmed or self.truncated or self.error)
+
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_time(text: str | float | datetime, now: float | None = None) -> float:
+    """A point in time as seconds since the epoch: a number (already one), a
+    :class:`~datetime.datetime` (naive ones are UTC), ``"all"`` (the oldest retained:
+    0), a duration ago (``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``) or an ISO 8601 time
+    (``"2026-11-27T10:00Z"``; without a zone, UTC). Raises ``ValueError`` naming the
+    accepted forms."""
+    if isinstance(text, datetime):
+        moment = text if text.tzinfo is not None else text.replace(tzinfo=UTC)
+        return moment.timestamp()
+    if isinstance(text, int | float):
+        return float(text)
+    value = text.strip()
+    if value == "all":
+        return 0.0
+    ago = _AGO.match(value)
+    if ago is not None:
+        return (time.time() if now is None else now) - float(ago[1]) * _UNITS[ago[2]]
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"cannot read {text!r} as a time: give 'all', a duration ago such as 90s, 10m, "
+            "2h or 1d, or an ISO 8601 time such as 2026-11-27T10:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()

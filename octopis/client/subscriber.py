@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from octopis.client.connection import (
@@ -17,7 +18,15 @@ from octopis.client.connection import (
     Received,
     log,
 )
-from octopis.client.replay import LOOKBACK, LastSeen, ReplayGap, Seam, unseen
+from octopis.client.replay import (
+    LOOKBACK,
+    History,
+    LastSeen,
+    ReplayGap,
+    Seam,
+    parse_time,
+    unseen,
+)
 from octopis.filters import Publication, Subscription, as_subscription
 
 LATE_KEPT = 10_000
@@ -29,6 +38,14 @@ deliveries; an older one forgets it."""
 REPLAY_WAIT = 10.0
 """Seconds a subscriber waits for a replay's answer before it reports the gap as unknown
 (the brokers' own budget, ``[retention] replay_budget``, is far shorter)."""
+HISTORIC_WAIT = 40.0
+"""Seconds a subscriber waits for a historic, hybrid or durable subscription's answer (the
+brokers' own budget, ``[retention] historic_budget``, is 30 s)."""
+
+
+class EndOfHistory(Exception):
+    """A historic subscription (one with ``until``) has delivered its whole answer; its
+    stream's :attr:`~SubscriptionStream.history` says whether anything is missing."""
 
 
 class SubscriptionStream:
@@ -36,16 +53,36 @@ class SubscriptionStream:
     delivers each matching notification once per subscriber, DESIGN §3). What it holds
     counts against its subscriber's ``buffer`` and ``buffer_bytes``."""
 
-    def __init__(self, owner: Subscriber, sub_id: str, subscription: Subscription) -> None:
+    def __init__(
+        self,
+        owner: Subscriber,
+        sub_id: str,
+        subscription: Subscription,
+        durable: str | None = None,
+    ) -> None:
         self.owner = owner
         self.sub_id = sub_id
         self.subscription = subscription
-        self.queue: asyncio.Queue[tuple[Received | DroppedError, int]] = asyncio.Queue()
+        self.durable = durable
+        """The durable subscription's name (None: not durable); what the application
+        takes from this stream is acknowledged to the broker."""
+        self.history: History | None = None
+        """For a historic, hybrid or durable subscription: the end of its answer (is it
+        complete, and if not, what is missing)."""
+        self.queue: asyncio.Queue[tuple[Received | Exception, int]] = asyncio.Queue()
 
     def offer(self, received: Received, size: int) -> None:
         """Queue a delivery of ``size`` encoded bytes (held until taken)."""
         self.queue.put_nowait((received, size))
         self.owner.hold(size)
+
+    def end_history(self, items: list[Received], history: History) -> None:
+        """A historic subscription's whole answer (bounded by the request, not counted
+        in the subscriber's buffer), then :class:`EndOfHistory`."""
+        self.history = history
+        for received in items:
+            self.queue.put_nowait((received, -1))
+        self.queue.put_nowait((EndOfHistory(f"history {history.replay} delivered"), 0))
 
     def end(self, error: DroppedError) -> None:
         """After what is queued, every :meth:`get` raises ``error``."""
@@ -55,23 +92,30 @@ class SubscriptionStream:
         """Give up what is still queued (the subscription was withdrawn)."""
         while not self.queue.empty():
             item, size = self.queue.get_nowait()
-            if not isinstance(item, DroppedError):
+            if not isinstance(item, Exception) and size >= 0:
                 self.owner.taken(size)
 
     def __aiter__(self) -> AsyncIterator[Received]:
         return self
 
     async def __anext__(self) -> Received:
-        return await self.get()
+        try:
+            return await self.get()
+        except EndOfHistory:
+            raise StopAsyncIteration from None
 
     async def get(self, timeout: float | None = None) -> Received:
         """The next notification, waiting at most ``timeout`` seconds; raises
-        :class:`DroppedError` after the last one if the broker dropped the connection."""
+        :class:`DroppedError` after the last one if the broker dropped the connection,
+        and :class:`EndOfHistory` after a historic subscription's last one."""
         item, size = await asyncio.wait_for(self.queue.get(), timeout)
-        if isinstance(item, DroppedError):
+        if isinstance(item, Exception):
             self.queue.put_nowait((item, 0))  # every later call raises too
             raise item
-        self.owner.taken(size)
+        if size >= 0:
+            self.owner.taken(size)
+        if self.durable is not None:
+            self.owner.took(self.durable, item)
         return item
 
     async def unsubscribe(self) -> None:
@@ -134,6 +178,16 @@ class Subscriber(NamedClient):
         self._room.set()
         self._streams: dict[str, SubscriptionStream] = {}
         self._subscriptions: dict[str, Subscription] = {}
+        self._durable_of: dict[str, str] = {}
+        """Sub id → the name of the durable subscription it is."""
+        self._taken: dict[str, LastSeen] = {}
+        """Per durable name: the last sequence number the application took of each
+        (publisher, session), acknowledged to the broker."""
+        self._unacked: dict[str, dict[tuple[str, int], int]] = {}
+        """Per durable name: what was taken and not acknowledged yet."""
+        self._ack_soon: asyncio.Handle | None = None
+        self._past_lock = asyncio.Lock()
+        """One historic, hybrid or durable answer at a time."""
         self._callback = on_notification
         self._releases: dict[str, asyncio.Event] = {}
         self._moving: asyncio.Task | None = None
@@ -164,6 +218,39 @@ class Subscriber(NamedClient):
         if self.held < self.buffer and self.held_bytes < self.buffer_bytes:
             self._room.set()
 
+    def took(self, durable: str, received: Received) -> None:
+        """The application took ``received`` of durable subscription ``durable``: it is
+        acknowledged to the broker at the loop's next pass (with what else was taken)."""
+        key = (received.publisher, received.session)
+        taken = self._taken.setdefault(durable, LastSeen())
+        taken.saw(received.publisher, received.session, received.seq)
+        self._unacked.setdefault(durable, {})[key] = taken[key]
+        if self._ack_soon is None:
+            self._ack_soon = asyncio.get_running_loop().call_soon(self._send_acks)
+
+    def _send_acks(self) -> None:
+        self._ack_soon = None
+        unacked, self._unacked = self._unacked, {}
+        for durable, taken in unacked.items():
+            self.connection.send_soon(
+                {
+                    "op": "ack",
+                    "client": self.name,
+                    "durable": durable,
+                    "since": [[p, s, q] for (p, s), q in taken.items()],
+                }
+            )
+
+    def _ack_all(self) -> None:
+        """Acknowledge every durable subscription's whole record again (its new host
+        keeps a record of its own after a fail-over or a move)."""
+        for durable in set(self._durable_of.values()):
+            taken = self._taken.get(durable)
+            if taken:
+                self._unacked.setdefault(durable, {}).update(taken)
+        if self._unacked and self._ack_soon is None:
+            self._ack_soon = asyncio.get_running_loop().call_soon(self._send_acks)
+
     def _serve_on(self, connection: Connection) -> None:
         self.connection = connection
         connection.register(self.name, self._on_notify)
@@ -179,6 +266,9 @@ class Subscriber(NamedClient):
     def _on_notice(self, message: dict[str, Any], connection: Connection) -> None:
         """``released`` ends a move's wait; ``move`` starts one, or queues it behind the
         move under way, if it comes from the current connection."""
+        if message["op"] == "withdrawn":
+            self._withdrawn(str(message.get("sub_id")), connection)
+            return
         if message["op"] in ("replayed", "replay_done"):
             record = self._replay_records.get(str(message.get("id")))
             if record is not None:
@@ -272,7 +362,12 @@ class Subscriber(NamedClient):
                 for sub_id in across:
                     try:
                         await old.request(
-                            {"op": "unsubscribe", "client": self.name, "sub_id": sub_id}
+                            {
+                                "op": "unsubscribe",
+                                "client": self.name,
+                                "sub_id": sub_id,
+                                "moved": True,
+                            }
                         )
                     except BrokerError as exc:  # withdrawn there already (a fail-over)
                         log.warning("%s: %s", self.name, exc)
@@ -303,7 +398,10 @@ class Subscriber(NamedClient):
         """Ask the new broker to take ``sub_id`` over; False if it cannot (not there yet)."""
         self._releases[sub_id] = asyncio.Event()
         try:
-            await self.connection.request({"op": "adopt", "client": self.name, "sub_id": sub_id})
+            message = {"op": "adopt", "client": self.name, "sub_id": sub_id}
+            if sub_id in self._durable_of:
+                message["durable"] = self._durable_of[sub_id]
+            await self.connection.request(message)
         except BrokerError as exc:
             log.warning("%s could not adopt %s: %s; subscribing afresh", self.name, sub_id, exc)
             del self._releases[sub_id]
@@ -311,23 +409,206 @@ class Subscriber(NamedClient):
         return True
 
     async def subscribe(
-        self, spec: str | dict | Subscription, timeout: float = 10.0
+        self,
+        spec: str | dict | Subscription,
+        timeout: float = 10.0,
+        *,
+        durable: str | None = None,
+        since: str | float | datetime | None = None,
+        until: str | float | datetime | None = None,
+        max_count: int = 0,
+        max_bytes: int = 0,
     ) -> SubscriptionStream:
-        """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream."""
+        """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream.
+
+        ``durable="name"``: the subscription outlives this connection (DESIGN §11). While
+        this client is away (a restart, a deploy) what it would have received is owed to
+        it, for ``[durable] keep`` seconds and within retention; subscribing again under
+        the same client name and durable name, at any broker, delivers what it missed
+        exactly once, in publisher order, then live traffic. What the application takes
+        from the stream is acknowledged; :meth:`unsubscribe` ends it.
+
+        ``since=T`` (seconds since the epoch, a datetime, ``"all"``, ``"10m"`` or an ISO
+        8601 time): first the retained publications that match and were published since
+        ``T``, then live ones, each once across the seam (a hybrid subscription); with
+        ``until=U`` only those published in ``[T, U)`` (a historic one: the stream ends
+        with :class:`EndOfHistory`). ``max_count`` and ``max_bytes`` bound each store's
+        answer (0: the brokers' ``[retention] answer_max``, ``answer_bytes``). The
+        stream's :attr:`~SubscriptionStream.history` says whether the answer is
+        complete. The call returns once the past has been delivered to the stream."""
         subscription = as_subscription(spec)
+        if durable is not None and (since is not None or until is not None):
+            raise ValueError("a durable subscription starts where it left off: no since/until")
+        if until is not None and since is None:
+            raise ValueError("until needs since: the window of the past is [since, until)")
+        after = parse_time(since) if since is not None else None
+        end = parse_time(until) if until is not None else None
+        if after is not None and end is not None and end <= after:
+            raise ValueError(f"until ({end}) must come after since ({after})")
         if self.since is None:
             self.since = time.time()
-        sub_id = await self._subscribe(subscription, timeout)
-        stream = SubscriptionStream(self, sub_id, subscription)
-        self._streams[sub_id] = stream
+        if end is not None:
+            return await self._historic(subscription, after, end, max_count, max_bytes)
+        if durable is None and after is None:
+            sub_id = await self._subscribe(subscription, timeout)
+            stream = self._streams[sub_id] = SubscriptionStream(self, sub_id, subscription)
+            return stream
+        async with self._past_lock:
+            seam = self._seam = Seam(self.buffer)
+            try:
+                sub_id = await self._subscribe(subscription, timeout, durable)
+            except BaseException:
+                self._let_go(seam)
+                raise
+            stream = SubscriptionStream(self, sub_id, subscription, durable)
+            self._streams[sub_id] = stream
+            if durable is not None:
+                stream.history = await self._claim(seam, subscription, durable)
+            else:
+                message = {"filters": [subscription.to_text()], "since": [], "after": after}
+                limits = {"max_count": max_count, "max_bytes": max_bytes}
+                stream.history = await self._past(seam, {**message, **limits}, HISTORIC_WAIT)
         return stream
 
-    async def _subscribe(self, subscription: Subscription, timeout: float | None) -> str:
-        reply = await self.connection.request(
-            {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}, timeout
+    def _let_go(self, seam: Seam) -> None:
+        """End ``seam`` without an answer: deliver the live deliveries it held."""
+        if self._seam is seam:
+            self._seam = None
+        for received, size in seam.joined(self.name, self.connection.group)[0]:
+            self._deliver(received, size)
+
+    async def _claim(self, seam: Seam, subscription: Subscription, durable: str) -> History:
+        """Find durable ``durable``'s record (wherever its last host kept it) and replay
+        from what this client acknowledged last; a new durable has none."""
+        error = await self._ask(
+            seam, {"op": "claim", "client": self.name, "durable": durable}, HISTORIC_WAIT
         )
+        summary = seam.next_request() or {}
+        claimed = summary.get("claimed", [])
+        if not claimed:
+            self._let_go(seam)
+            silent = tuple(summary.get("silent", ()))
+            history = History(None, time.time(), None, 0, 0, silent=silent, error=error)
+            if silent or error:
+                why = error or "its record may be kept at a broker that did not answer"
+                self._report(ReplayGap(self.name, None, time.time(), silent, error=why))
+            log.info("%s: durable %s is new here (no record found)", self.name, durable)
+            return history
+        best = max(claimed, key=lambda c: c[4])
+        record_since = [(str(p), int(s), int(q)) for p, s, q in best[2]]
+        taken = self._taken.setdefault(durable, LastSeen())
+        for p, s, q in record_since:
+            taken.saw(p, s, q)
+        self._ack_all()
+        log.info(
+            "%s: durable %s claimed from %s (%d publishers known)",
+            self.name,
+            durable,
+            best[0],
+            len(record_since),
+        )
+        message = {
+            "filters": [subscription.to_text()],
+            "since": [list(x) for x in record_since],
+            "after": float(best[3]),
+        }
+        return await self._past(seam, message, HISTORIC_WAIT)
+
+    async def _ask(self, seam: Seam, message: dict[str, Any], timeout: float) -> str | None:
+        """Send a replay or claim request and wait for its ``replay_done``; returns why it
+        failed, if it did."""
+        try:
+            reply = await self.connection.request(message, timeout)
+            seam.named(str(reply["id"]))
+            await asyncio.wait_for(seam.finished.wait(), timeout)
+        except (TimeoutError, BrokerError) as exc:
+            return f"{message['op']} failed: {exc or type(exc).__name__}"
+        return None
+
+    async def _past(self, seam: Seam, fields: dict[str, Any], timeout: float) -> History:
+        """A window of the past into the live streams (a hybrid or durable subscription)."""
+        message = {"op": "replay", "client": self.name, "historic": True, **fields}
+        return (await self._replayed(seam, message, timeout))[1]
+
+    async def _historic(
+        self,
+        subscription: Subscription,
+        after: float | None,
+        until: float,
+        max_count: int,
+        max_bytes: int,
+    ) -> SubscriptionStream:
+        """A historic subscription: the answer alone, in publisher order, each
+        publication once, then :class:`EndOfHistory`."""
+        stream = SubscriptionStream(self, f"history:{after}:{until}", subscription)
+        message = {
+            "op": "replay",
+            "client": self.name,
+            "filters": [subscription.to_text()],
+            "since": [],
+            "after": after,
+            "until": until,
+            "historic": True,
+            "max_count": max_count,
+            "max_bytes": max_bytes,
+        }
+        async with self._past_lock:
+            seam = self._seam = Seam(self.buffer, hold_live=False)
+            try:
+                error = await self._ask(seam, message, HISTORIC_WAIT)
+            finally:
+                self._seam = None
+        items = seam.answered(self.name)
+        stream.end_history(items, self._history(seam, after or 0.0, until, len(items), error))
+        return stream
+
+    def _history(
+        self, seam: Seam, after: float, until: float | None, delivered: int, error: str | None
+    ) -> History:
+        summary = seam.done.get(seam.replay or "")
+        if summary is None:
+            return History(seam.replay, after, until, 0, delivered, error=error or "no answer")
+        return History(
+            seam.replay,
+            after,
+            until,
+            int(summary.get("published", 0)),
+            delivered,
+            tuple(summary.get("silent", ())),
+            tuple(summary.get("unstored", ())),
+            tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ())),
+            tuple(summary.get("truncated", ())),
+            error,
+        )
+
+    async def _subscribe(
+        self, subscription: Subscription, timeout: float | None, durable: str | None = None
+    ) -> str:
+        message = {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}
+        if durable is not None:
+            message["durable"] = durable
+        reply = await self.connection.request(message, timeout)
         self._subscriptions[reply["sub_id"]] = subscription
+        if durable is not None:
+            self._durable_of[reply["sub_id"]] = durable
         return reply["sub_id"]
+
+    def _withdrawn(self, sub_id: str, connection: Connection) -> None:
+        """The broker withdrew ``sub_id``: this durable subscription was claimed by the
+        host its client came back at (another process under this client's name)."""
+        if connection is not self.connection or sub_id not in self._subscriptions:
+            return
+        log.warning(
+            "%s: durable subscription %s was claimed by another connection under this "
+            "name; this one no longer gets it",
+            self.name,
+            self._durable_of.get(sub_id, sub_id),
+        )
+        self._subscriptions.pop(sub_id, None)
+        self._durable_of.pop(sub_id, None)
+        stream = self._streams.pop(sub_id, None)
+        if stream is not None:
+            stream.end(DroppedError(f"durable subscription {stream.durable} claimed elsewhere"))
 
     async def _resume_after_failover(self, connection: Connection) -> None:
         """``connection`` failed over: every subscription again at its new broker
@@ -363,27 +644,27 @@ class Subscriber(NamedClient):
         after = max(self.since if self.since is not None else silent, silent - LOOKBACK)
         if seam is None:
             seam = self._seam = Seam(self.buffer)
-        error = None
-        try:
-            reply = await self.connection.request(
-                {
-                    "op": "replay",
-                    "client": self.name,
-                    "filters": [f.to_text() for f in self._subscriptions.values()],
-                    "since": self.last_seen.since(),
-                    "after": after,
-                },
-                timeout,
-            )
-            seam.named(str(reply["id"]))
-            await asyncio.wait_for(seam.finished.wait(), timeout)
-        except (TimeoutError, BrokerError) as exc:
-            error = f"replay failed: {exc or type(exc).__name__}"
-        finally:
-            self._seam = None
-            items, repeats = seam.joined(self.name, self.connection.group)
-            for received, size in items:
-                self._deliver(received, size)
+        message = {
+            "op": "replay",
+            "client": self.name,
+            "filters": [f.to_text() for f in self._subscriptions.values()],
+            "since": self.last_seen.since(),
+            "after": after,
+        }
+        gap, _ = await self._replayed(seam, message, timeout)
+        return gap
+
+    async def _replayed(
+        self, seam: Seam, message: dict[str, Any], timeout: float
+    ) -> tuple[ReplayGap | None, History]:
+        """Send replay request ``message``, deliver its answer with the live deliveries
+        ``seam`` held, each once, in publisher order; record and report what it left."""
+        after = float(message["after"])
+        error = await self._ask(seam, message, timeout)
+        self._seam = None
+        items, repeats = seam.joined(self.name, self.connection.group)
+        for received, size in items:
+            self._deliver(received, size)
         gap = seam.gap(self.name, after, error)
         replayed = sum(1 for received, _ in items if received.replayed)
         record = {
@@ -413,25 +694,33 @@ class Subscriber(NamedClient):
                 self._replay_records.popitem(last=False)
         log.info("%s replayed %d publications (%d repeats)", self.name, replayed, repeats)
         if gap is not None:
-            log.warning("%s: a replay left a gap: %s", self.name, gap)
-            self.gaps.append(gap)
-            if self.on_gap is not None:
-                self.on_gap(gap)
-        return gap
+            self._report(gap)
+        return gap, self._history(seam, after, message.get("until"), replayed, error)
+
+    def _report(self, gap: ReplayGap) -> None:
+        log.warning("%s: a replay left a gap: %s", self.name, gap)
+        self.gaps.append(gap)
+        if self.on_gap is not None:
+            self.on_gap(gap)
 
     async def _resubscribe(self, only: Sequence[str] | None = None) -> None:
         """After a fail-over: every subscription (or those of ids ``only``) again at the
         current broker (DESIGN §7). No timeout: a request the broker does not answer is
         re-sent at the next fail-over."""
         held = {s: f for s, f in self._subscriptions.items() if only is None or s in only}
+        durable = {s: self._durable_of.pop(s) for s in held if s in self._durable_of}
         for sub_id in held:
             del self._subscriptions[sub_id]
-        new_ids = await asyncio.gather(*(self._subscribe(f, None) for f in held.values()))
+        new_ids = await asyncio.gather(
+            *(self._subscribe(f, None, durable.get(s)) for s, f in held.items())
+        )
         for old_id, new_id in zip(held, new_ids, strict=True):
             stream = self._streams.pop(old_id, None)
             if stream is not None:
                 stream.sub_id = new_id
                 self._streams[new_id] = stream
+        if durable:
+            self._ack_all()
 
     async def unsubscribe(self, stream: SubscriptionStream | str, timeout: float = 10.0) -> None:
         """Withdraw a subscription by stream or id."""
@@ -443,6 +732,7 @@ class Subscriber(NamedClient):
         if gone is not None:
             gone.release()
         self._subscriptions.pop(sub_id, None)
+        self._durable_of.pop(sub_id, None)
 
     def _late_answer(self, record: dict[str, Any], message: dict[str, Any]) -> None:
         """An answer to a finished replay from a part that was silent then (a broker
@@ -497,7 +787,7 @@ class Subscriber(NamedClient):
             name, publisher, seq, published_at, received_at, publication, left_at, session
         )
         seam = self._seam
-        if seam is not None and seam.hold(received, size):
+        if seam is not None and seam.hold_live and seam.hold(received, size):
             return
         self._deliver(received, size)
 

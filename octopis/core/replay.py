@@ -21,6 +21,12 @@ gap) and the retention gaps. Data goes ahead of its echo on the same FIFO link, 
 the host's last echo is in every answer has come (the echo algorithm), and the host
 hands the requester a :class:`ReplayDone`.
 
+The same request answers a historic or hybrid subscription (a time window
+``[after, until)``, bounded per store by ``max_count`` publications and ``max_bytes``
+bytes; a store that cut its answer is named in the echo's ``truncated``), and, with
+``claim`` set, finds a durable subscription's record wherever it is kept (DESIGN §11): a
+broker holding it hands it over in its echo (``claimed``) and forgets it.
+
 Nothing here reads a clock or does I/O: the shell passes ``now`` and says which of the
 SBP targets are up (:data:`Targets`).
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from math import inf
 from typing import NamedTuple
 
 from octopis.core.messages import Forward, Notification, SubState
@@ -47,8 +54,12 @@ class Replay:
 
     Publications published at or after ``after`` count: of a (publisher, session) in
     ``since`` (``(publisher, session, seq)``) those with a higher ``seq``, of any other
-    all. ``budget`` is how many seconds the receiver may wait for its own
-    neighbours' echoes; ``state`` is its SBP step (PRIMARY goes on, SECONDARY stops)."""
+    all; none published at or after ``until``. ``budget`` is how many seconds the
+    receiver may wait for its own neighbours' echoes; ``state`` is its SBP step (PRIMARY
+    goes on, SECONDARY stops). Each store answers at most ``max_count`` publications and
+    ``max_bytes`` encoded bytes (0: the store's own bound). A ``claim``
+    (:func:`octopis.core.durable.claim_of`) asks for a durable subscription's record instead of
+    publications."""
 
     req_id: str
     host: str
@@ -57,6 +68,10 @@ class Replay:
     after: float
     budget: float
     state: SubState = SubState.PRIMARY
+    until: float = inf
+    max_count: int = 0
+    max_bytes: int = 0
+    claim: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +87,19 @@ Gap = tuple[str, int, int, int]
 request came: some of them may have matched."""
 
 
+class Claimed(NamedTuple):
+    """A durable subscription's record handed over by the broker that kept it: its
+    filters, the last sequence delivered of each (publisher, session) its client
+    acknowledged, the time from which any other publisher's publications are owed, and
+    when the record was last updated (the freshest of several wins)."""
+
+    broker: str
+    filters: tuple[str, ...]
+    since: tuple[tuple[str, int, int], ...]
+    after: float
+    updated: float
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayEcho:
     """A broker's answer to its parent for request ``req_id``: ``seen`` (it had the
@@ -79,7 +107,8 @@ class ReplayEcho:
     summary of its part of the overlay: brokers whose stores answered, brokers without a
     store (retention off), neighbours that never echoed (``silent``: down, or past the
     budget; whatever only they would have reached is unknown), retention gaps, and the
-    number of publications sent."""
+    number of publications sent; the stores that cut their answer at its bounds
+    (``truncated``) and the durable records handed over (``claimed``)."""
 
     req_id: str
     seen: bool = False
@@ -88,6 +117,8 @@ class ReplayEcho:
     silent: tuple[str, ...] = ()
     gaps: tuple[Gap, ...] = ()
     published: int = 0
+    truncated: tuple[str, ...] = ()
+    claimed: tuple[Claimed, ...] = ()
 
 
 ReplayMessage = Replay | ReplayData | ReplayEcho
@@ -151,6 +182,8 @@ class _Round:
     silent: list[str] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
     published: int = 0
+    truncated: list[str] = field(default_factory=list)
+    claimed: list[Claimed] = field(default_factory=list)
 
 
 class ReplayRounds:
@@ -201,6 +234,8 @@ class ReplayRounds:
             round_.silent += message.silent
             round_.gaps += message.gaps
             round_.published += message.published
+            round_.truncated += message.truncated
+            round_.claimed += message.claimed
         return self._echo_if_complete(message.req_id, round_)
 
     def _late(self, message: ReplayData | ReplayEcho) -> list[ReplayAction]:
@@ -219,22 +254,12 @@ class ReplayRounds:
             return []
         return [ReplayDone(message.req_id, message, late=True)]
 
-    def stored(
-        self,
-        req_id: str,
-        notifications: list[Notification],
-        gaps: list[Gap],
-        *,
-        has_store: bool = True,
-    ) -> list[ReplayAction]:
-        """This broker's store answered ``req_id`` with ``notifications`` (in publisher
-        order) and ``gaps``; ``has_store`` False: retention is off here."""
+    def part(self, req_id: str, notifications: list[Notification]) -> list[ReplayAction]:
+        """A page of this broker's answer to ``req_id`` (its store answers page by page,
+        the last one with :meth:`stored`): sent toward the host at once."""
         round_ = self.rounds.get(req_id)
         if round_ is None:
             return []
-        round_.stored = True
-        (round_.answered if has_store else round_.unstored).append(self.id)
-        round_.gaps += gaps
         round_.published += len(notifications)
         out: list[ReplayAction] = []
         for i in range(0, len(notifications), DATA_BATCH):
@@ -243,6 +268,32 @@ class ReplayRounds:
                 out.append(ReplayDeliver(req_id, batch))
             else:
                 out.append(Forward(round_.parent, ReplayData(req_id, batch)))
+        return out
+
+    def stored(
+        self,
+        req_id: str,
+        notifications: list[Notification],
+        gaps: list[Gap],
+        *,
+        has_store: bool = True,
+        truncated: bool = False,
+        claimed: tuple[Claimed, ...] = (),
+    ) -> list[ReplayAction]:
+        """This broker's store answered ``req_id`` with ``notifications`` (in publisher
+        order; the last page if :meth:`part` sent others) and ``gaps``; ``has_store``
+        False: retention is off here; ``truncated``: the answer stopped at the request's
+        bounds; ``claimed``: the durable record a claim found here."""
+        round_ = self.rounds.get(req_id)
+        if round_ is None:
+            return []
+        out = self.part(req_id, notifications)
+        round_.stored = True
+        (round_.answered if has_store else round_.unstored).append(self.id)
+        round_.gaps += gaps
+        if truncated:
+            round_.truncated.append(self.id)
+        round_.claimed += claimed
         return out + self._echo_if_complete(req_id, round_)
 
     def link_down(self, neighbour: str) -> list[ReplayAction]:
@@ -301,6 +352,8 @@ class ReplayRounds:
             silent=tuple(round_.silent),
             gaps=tuple(round_.gaps),
             published=round_.published,
+            truncated=tuple(round_.truncated),
+            claimed=tuple(round_.claimed),
         )
         if round_.parent is None:
             heard = set(echo.answered) | set(echo.unstored)

@@ -148,6 +148,8 @@ class Broker:
             self._send_replay,
             self._replay_targets,
             self._notify_client,
+            self._queued_toward,
+            lambda key, sub_id: self.clients.withdraw(key, sub_id),
         )
         """The retention store and the replay rounds (DESIGN §11)."""
         self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
@@ -214,6 +216,7 @@ class Broker:
             ("client timeouts", self.clients.expire()),
             ("lst", self._tick_loop()),
             ("load", self._load_loop()),
+            ("durable", self.replaying.maintain()),
         ]
         if curve is not None:
             sockets = {
@@ -532,10 +535,25 @@ class Broker:
         self.replaying.pass_ended(idle)
 
     def replay(
-        self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float
+        self,
+        key: str,
+        filters: list[str],
+        since: list[tuple[str, int, int]],
+        after: float,
+        **window: Any,
     ) -> str:
-        """Client ``key`` asks the overlay for what it may have missed (DESIGN §11)."""
-        return self.replaying.start(key, filters, since, after)
+        """Client ``key`` asks the overlay for what it may have missed, for a window of
+        the past, or for a durable record (DESIGN §11; ``window`` as
+        :meth:`Replaying.start` takes it)."""
+        return self.replaying.start(key, filters, since, after, **window)
+
+    def _queued_toward(self, neighbour: str | None) -> int:
+        """Frames waiting on the link to ``neighbour`` (None: the client side's
+        deliveries waiting for ``clients.capacity``)."""
+        if neighbour is None:
+            return self.clients.paced_deliveries
+        link = self.links.get(neighbour)
+        return len(link.queue) if link is not None else 0
 
     def _send_replay(self, neighbour: str, message: ReplayMessage) -> None:
         frame = frame_of(self._sender, encode_body(message), DATA)

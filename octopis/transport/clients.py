@@ -29,12 +29,13 @@ import logging
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
 from octopis.core import Action, Notification, ProtocolError
 from octopis.core.capacity import SendRate
+from octopis.core.durable import DurableError, claim_of
 from octopis.filters import (
     FilterError,
     Subscription,
@@ -55,8 +56,10 @@ from octopis.transport.settings import BrokerSettings
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import (
     LEFT_AT,
+    AckRequest,
     AdoptRequest,
     ByeRequest,
+    ClaimRequest,
     HeartbeatRequest,
     HelloRequest,
     PublishRequest,
@@ -70,6 +73,9 @@ from octopis.wire import (
     request_number,
     stamp_problem,
 )
+
+if TYPE_CHECKING:
+    from octopis.transport.replaying import Replaying
 
 log = logging.getLogger("octopis.broker.clients")
 
@@ -102,9 +108,19 @@ class Router(Protocol):
         """An input pass ended and what it sent has left; ``idle``: the input ran dry."""
 
     def replay(
-        self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float
+        self,
+        key: str,
+        filters: list[str],
+        since: list[tuple[str, int, int]],
+        after: float,
+        **window: Any,
     ) -> str:
-        """Start a replay for client ``key``; returns its id."""
+        """Start a replay for client ``key`` (``window``: ``until``, ``historic``,
+        ``max_count``, ``max_bytes``, ``claim``); returns its id."""
+
+    @property
+    def replaying(self) -> Replaying:
+        """The retention store, replay rounds and durable records (DESIGN §11)."""
 
 
 DROPPED_KEPT = 1000
@@ -221,6 +237,8 @@ class ClientSessions:
             AdoptRequest: self._adopt,
             PublishRequest: self._publish,
             ReplayRequest: self._replay,
+            ClaimRequest: self._claim,
+            AckRequest: self._ack,
             ByeRequest: self._bye,
         }
 
@@ -321,7 +339,17 @@ class ClientSessions:
         self, identity: bytes, connection: ClientSession, request: SubscribeRequest
     ) -> dict:
         key = self._room_for_one_more(identity, connection, request)
-        sub_id, actions = self.router.subscribe(key, as_subscription(request.filter))
+        subscription = as_subscription(request.filter)
+        if request.durable is not None:
+            try:
+                self.router.replaying.durables.room(request.client, request.durable)
+            except DurableError as exc:
+                raise ClientError(str(exc)) from None
+        sub_id, actions = self.router.subscribe(key, subscription)
+        if request.durable is not None:
+            self.router.replaying.durable_attach(
+                request.client, request.durable, key, sub_id, (subscription.to_text(),)
+            )
         connection.clients[key].add(sub_id)
         self.router.execute(actions)
         return {"op": "subscribed", "sub_id": sub_id}
@@ -334,6 +362,10 @@ class ClientSessions:
             raise ClientError(f"{request.client} holds no subscription {request.sub_id}")
         self.router.execute(self.router.unsubscribe(key, request.sub_id))
         connection.clients[key].discard(request.sub_id)
+        if request.moved:
+            self.router.replaying.durable_moved(request.sub_id)
+        elif self.router.replaying.durable_ended(request.sub_id):
+            self.counters["durable.ended"] += 1
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
     def _room_for_one_more(
@@ -353,6 +385,10 @@ class ClientSessions:
     def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
         key = self._room_for_one_more(identity, connection, request)
         actions = self.router.adopt(key, request.sub_id)
+        if request.durable is not None:
+            self.router.replaying.durable_attach(
+                request.client, request.durable, key, request.sub_id, ()
+            )
         connection.clients[key].add(request.sub_id)
         self.counters["moves.adopted"] += 1
         self.router.execute(actions)
@@ -396,6 +432,7 @@ class ClientSessions:
         broker delivered to it before (its last delivery from here)."""
         self.moving.pop(sub_id, None)
         self.counters["moves.released"] += 1
+        self.router.replaying.durable_moved(sub_id)
         if self.orphans.pop(sub_id, None) is not None:
             return
         identity, name = self.names[key]
@@ -419,8 +456,42 @@ class ClientSessions:
         for text in request.filters:
             parse_subscription(text)  # a FilterError names the problem; nothing starts
         key = self._key(identity, connection, request)
-        req_id = self.router.replay(key, request.filters, request.since, float(request.after))
+        req_id = self.router.replay(
+            key,
+            request.filters,
+            request.since,
+            float(request.after),
+            until=float("inf") if request.until is None else float(request.until),
+            historic=request.historic,
+            max_count=request.max_count,
+            max_bytes=request.max_bytes,
+        )
         return {"op": "replaying", "id": req_id}
+
+    def _claim(self, identity: bytes, connection: ClientSession, request: ClaimRequest) -> dict:
+        key = self._key(identity, connection, request)
+        req_id = self.router.replay(
+            key, [], [], 0.0, historic=True, claim=claim_of(request.client, request.durable)
+        )
+        return {"op": "claiming", "id": req_id}
+
+    def _ack(self, identity: bytes, connection: ClientSession, request: AckRequest) -> dict:
+        if not self.router.replaying.durable_ack(request.client, request.durable, request.since):
+            raise ClientError(f"{self.id} keeps no durable subscription {request.durable!r}")
+        return {"op": "acked"}
+
+    def withdraw(self, key: str, sub_id: str) -> None:
+        """End local subscription ``sub_id`` of client ``key``: its durable record was
+        claimed by the host its client came back at (the old connection is not dropped
+        yet). The client, if still there, is told ``withdrawn``."""
+        client = self.names.get(key)
+        connection = self.connections.get(client[0]) if client is not None else None
+        if connection is None or sub_id not in connection.clients.get(key, ()):
+            return
+        connection.clients[key].discard(sub_id)
+        self.router.execute(self.router.unsubscribe(key, sub_id))
+        self.counters["subscriptions_withdrawn"] += 1
+        self._notify(client[0], {"op": "withdrawn", "client": client[1], "sub_id": sub_id})
 
     def notify_client(self, key: str, message: dict) -> bool:
         """Send a notice to local client ``key`` (behind its deliveries); False if it has
@@ -515,6 +586,7 @@ class ClientSessions:
         connection = self.connections.pop(identity, None)
         if connection is None:
             return None
+        heard = time.time() - (time.monotonic() - connection.last_seen)
         withdrawn = 0
         for key, sub_ids in connection.clients.items():
             for sub_id in sub_ids:
@@ -523,6 +595,7 @@ class ClientSessions:
                     self.orphans[sub_id] = (key, deadline)
                     continue
                 self.router.execute(self.router.unsubscribe(key, sub_id))
+                self.router.replaying.durable_detached(sub_id, heard)
                 withdrawn += 1
             self.names.pop(key, None)
             self.publishers.discard(key)

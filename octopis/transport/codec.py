@@ -8,8 +8,10 @@ acked]``, SYNCED ``[5, entries]`` (end of a resync), MOVE ``[6, sub_id, host]`` 
 ``[7, sub_id, host]`` (a subscriber moving inside its cluster, DESIGN §9).
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
 ``[bytes, nbits]``. A replay (DESIGN §11) is REPLAY ``[8, req_id, host, filters, since,
-after, budget, state]``, REPLAY_DATA ``[9, req_id, [NOTIFY body, ...]]`` and REPLAY_ECHO ``[10,
-req_id, seen, answered, unstored, silent, gaps, published]``. Keeping the sender out of
+after, budget, state, until, max_count, max_bytes, claim]`` (``until`` nil: no end),
+REPLAY_DATA ``[9, req_id, [NOTIFY body, ...]]`` and REPLAY_ECHO ``[10, req_id, seen,
+answered, unstored, silent, gaps, published, truncated, claimed]``, a claimed durable
+record being ``[broker, filters, since, after, updated]``. Keeping the sender out of
 the body lets a broker forward an unchanged notification with the very bytes it received.
 :func:`decode_peer` validates everything it reads and raises :class:`WireError` naming
 the problem; a broker drops such a frame and keeps serving.
@@ -18,7 +20,7 @@ the problem; a broker drops such a frame and keeps serving.
 from __future__ import annotations
 
 from functools import partial
-from math import isfinite
+from math import inf, isfinite
 from typing import Annotated, Any, NamedTuple
 
 import msgspec
@@ -35,7 +37,7 @@ from octopis.core import (
     Tunnel,
     Unsubscribe,
 )
-from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
+from octopis.core.replay import Claimed, Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.filters import (
     VALID_ATTRIBUTES,
     FilterError,
@@ -166,6 +168,10 @@ def encode_body(message: PeerMessage) -> bytes:
                 message.after,
                 message.budget,
                 int(message.state),
+                None if message.until == inf else message.until,
+                message.max_count,
+                message.max_bytes,
+                message.claim,
             ]
         )
     if isinstance(message, ReplayData):
@@ -181,6 +187,11 @@ def encode_body(message: PeerMessage) -> bytes:
                 list(message.silent),
                 [list(gap) for gap in message.gaps],
                 message.published,
+                list(message.truncated),
+                [
+                    [c.broker, list(c.filters), [list(x) for x in c.since], c.after, c.updated]
+                    for c in message.claimed
+                ],
             ]
         )
     if isinstance(message, Heartbeat):
@@ -287,36 +298,64 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _replay(data: list) -> Replay:
-    _expect(data, 8, "REPLAY")
-    _, req_id, host, filters, since, after, budget, state = data
-    if not isinstance(since, list) or not all(
+def _since(value: Any, what: str) -> tuple[tuple[str, int, int], ...]:
+    if not isinstance(value, list) or not all(
         isinstance(x, list)
         and len(x) == 3
         and type(x[0]) is str
         and stamp_problem(x[2], 0.0, x[1]) is None
-        for x in since
+        for x in value
     ):
-        raise WireError("REPLAY since must be [[publisher, session, seq], ...]")
-    for value, what in ((after, "after"), (budget, "budget")):
-        if type(value) not in (int, float) or not isfinite(value) or abs(value) > MAX_TIME:
-            raise WireError(f"REPLAY {what} must be a finite number of seconds")
+        raise WireError(f"{what} must be [[publisher, session, seq], ...]")
+    return tuple((p, s, q) for p, s, q in value)
+
+
+def _seconds(value: Any, what: str) -> float:
+    if type(value) not in (int, float) or not isfinite(value) or abs(value) > MAX_TIME:
+        raise WireError(f"{what} must be a finite number of seconds")
+    return float(value)
+
+
+def _replay(data: list) -> Replay:
+    _expect(data, 12, "REPLAY")
+    _, req_id, host, filters, since, after, budget, state, until, count, size, claim = data
     for text in _names(filters, "REPLAY filters"):
         parse_subscription(text)  # raises FilterError, naming the problem
+    if type(claim) is not str:
+        raise WireError("REPLAY claim must be a string")
     return Replay(
         _str(req_id, "req_id"),
         _str(host, "host"),
         tuple(filters),
-        tuple((p, s, q) for p, s, q in since),
-        float(after),
-        float(budget),
+        _since(since, "REPLAY since"),
+        _seconds(after, "REPLAY after"),
+        _seconds(budget, "REPLAY budget"),
         _state(state),
+        inf if until is None else _seconds(until, "REPLAY until"),
+        _incarnation(count, "max_count"),
+        _incarnation(size, "max_bytes"),
+        claim,
+    )
+
+
+def _claimed(value: Any) -> tuple[Claimed, ...]:
+    if not isinstance(value, list) or not all(isinstance(c, list) and len(c) == 5 for c in value):
+        raise WireError("REPLAY_ECHO claimed must be [[broker, filters, since, after, updated]]")
+    return tuple(
+        Claimed(
+            _str(broker, "claimed broker"),
+            _names(filters, "claimed filters"),
+            _since(since, "claimed since"),
+            _seconds(after, "claimed after"),
+            _seconds(updated, "claimed updated"),
+        )
+        for broker, filters, since, after, updated in value
     )
 
 
 def _replay_echo(data: list) -> ReplayEcho:
-    _expect(data, 8, "REPLAY_ECHO")
-    _, req_id, seen, answered, unstored, silent, gaps, published = data
+    _expect(data, 10, "REPLAY_ECHO")
+    _, req_id, seen, answered, unstored, silent, gaps, published, truncated, claimed = data
     if type(seen) is not bool:
         raise WireError("REPLAY_ECHO seen flag must be true or false")
     if not isinstance(gaps, list) or not all(
@@ -335,6 +374,8 @@ def _replay_echo(data: list) -> ReplayEcho:
         _names(silent, "REPLAY_ECHO silent"),
         tuple((g[0], g[1], g[2], g[3]) for g in gaps),
         _incarnation(published, "published"),
+        _names(truncated, "REPLAY_ECHO truncated"),
+        _claimed(claimed),
     )
 
 

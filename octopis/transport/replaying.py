@@ -1,9 +1,13 @@
-"""A broker's part in retention and replay (DESIGN §11): its store and its replay rounds.
+"""A broker's part in retention and replay (DESIGN §11): its store, its replay rounds and
+its durable subscriptions' records.
 
-The rules are :mod:`octopis.core.replay`'s; this shell keeps the store
-(:mod:`octopis.transport.retention`), carries the rounds' actions out over the peer
-links, and answers the requesting client: ``replayed`` notices with the publications,
-then ``replay_done`` with the summary of the whole overlay.
+The rules are :mod:`octopis.core.replay`'s and :mod:`octopis.core.durable`'s; this shell
+keeps the store (:mod:`octopis.transport.retention`, durable records in the same file),
+carries the rounds' actions out over the peer links, and answers the requesting client:
+``replayed`` notices with the publications, then ``replay_done`` with the summary of the
+whole overlay. A store answers page by page (:data:`PAGE_ROWS` rows read at a time),
+yielding to live traffic between pages and sending a page only while the link toward the
+requester has room (:data:`PAGE_ROOM`).
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from math import inf
 from pathlib import Path
 
+import msgspec
+
+from octopis.core.durable import DurableRecord, Durables, claim_of, claimed_ident
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
     QueryStore,
@@ -29,7 +37,7 @@ from octopis.core.replay import (
 )
 from octopis.transport.codec import decode_body, encode_body
 from octopis.transport.links import PublishReceipt
-from octopis.transport.retention import RetentionError, RetentionStore
+from octopis.transport.retention import RetentionError, RetentionStore, StoreAnswer
 from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker")
@@ -38,6 +46,26 @@ COMMIT_ROWS = 256
 """Publications kept before the store commits at once, however busy the input."""
 COMMIT_DELAY = 0.002
 """Seconds a busy broker waits at most to commit what it kept (its confirms wait too)."""
+PAGE_ROWS = 512
+"""Kept rows a store reads per page of an answer before the loop serves live traffic."""
+PAGE_ROOM = 64
+"""Frames queued toward the requester above which a store waits before its next page."""
+PAGE_WAIT = 0.005
+"""Seconds a store waits for that room before it looks again."""
+
+
+class _Record(msgspec.Struct, array_like=True):
+    """A durable record as written to the store."""
+
+    filters: list[str]
+    since: list[tuple[str, int, int]]
+    after: float
+    updated: float
+    away: float | None
+
+
+_encode_record = msgspec.msgpack.Encoder().encode
+_decode_record = msgspec.msgpack.Decoder(_Record).decode
 
 
 def _decode_kept(body: bytes) -> Notification:
@@ -60,10 +88,18 @@ class Replaying:
         send: Callable[[str, ReplayMessage], None],
         targets: Targets,
         notify: Callable[[str, dict], bool],
+        queued: Callable[[str | None], int] = lambda link: 0,
+        withdraw: Callable[[str, str], None] = lambda key, sub_id: None,
     ) -> None:
         self.id = broker_id
         self.settings = settings
         self.rounds = ReplayRounds(broker_id, targets, settings.replay_rounds)
+        self.durables = Durables(broker_id, settings.durable_keep, settings.durable_max)
+        self._queued, self._withdraw = queued, withdraw
+        """``queued(neighbour)``: frames waiting on the link toward it (None: the
+        requesting client's connection); ``withdraw(key, sub_id)``: end a local
+        subscription whose durable record was claimed by another host."""
+        self._answers: set[asyncio.Task] = set()
         self.store: RetentionStore | None = None
         if data_dir is not None and settings.retention_age > 0:
             self.store = RetentionStore(
@@ -72,6 +108,19 @@ class Replaying:
                 settings.retention_age,
                 _decode_kept,
             )
+            for client, name, data in self.store.durables():
+                r = _decode_record(data)
+                self.durables.restore(
+                    DurableRecord(
+                        client,
+                        name,
+                        tuple(r.filters),
+                        r.after,
+                        r.updated,
+                        {(p, s): q for p, s, q in r.since},
+                        away=r.away if r.away is not None else r.updated,
+                    )
+                )
         self._send, self._notify = send, notify
         self._receipts: list[PublishReceipt] = []
         """Confirms that wait for the next commit."""
@@ -116,17 +165,49 @@ class Replaying:
             receipt.held()
 
     def start(
-        self, key: str, filters: list[str], since: list[tuple[str, int, int]], after: float
+        self,
+        key: str | None,
+        filters: list[str],
+        since: list[tuple[str, int, int]],
+        after: float,
+        *,
+        until: float = inf,
+        historic: bool = False,
+        max_count: int = 0,
+        max_bytes: int = 0,
+        claim: str = "",
     ) -> str:
-        """Client ``key`` asks for what it may have missed; returns the request's id."""
+        """Client ``key`` asks for what it may have missed (a fail-over), for a window of
+        the past (``historic``: a historic, hybrid or durable subscription, waited for
+        ``[retention] historic_budget``), or for a durable record (``claim``); returns
+        the request's id. With ``key`` None nobody is answered (a claim that only
+        ends copies of a record)."""
         req_id = f"{self.id}/{secrets.token_hex(6)}"
-        self.requesters[req_id] = key
-        while len(self.requesters) > self.settings.replay_rounds:
-            self.requesters.popitem(last=False)
+        if key is not None:
+            self.requesters[req_id] = key
+            while len(self.requesters) > self.settings.replay_rounds:
+                self.requesters.popitem(last=False)
+        budget = self.settings.historic_budget if historic else self.settings.replay_budget
         request = Replay(
-            req_id, self.id, tuple(filters), tuple(since), after, self.settings.replay_budget
+            req_id,
+            self.id,
+            tuple(filters),
+            tuple(since),
+            after,
+            budget,
+            until=until,
+            max_count=max_count,
+            max_bytes=max_bytes,
+            claim=claim,
         )
-        log.info("%s: replay %s for %s (%d filters)", self.id, req_id, key, len(filters))
+        log.info(
+            "%s: %s %s for %s (%d filters)",
+            self.id,
+            f"claim of {claim}" if claim else "replay",
+            req_id,
+            key,
+            len(filters),
+        )
         self._carry_out(self.rounds.start(request, time.monotonic()))
         return req_id
 
@@ -144,17 +225,102 @@ class Replaying:
             self._carry_out(self.rounds.expire(time.monotonic()))
 
     def close(self) -> None:
-        """Write what is queued and close the store."""
+        """Stop the answers under way, write what is queued and close the store."""
+        for task in self._answers:
+            task.cancel()
         if self.store is not None:
+            self._save_durables()
             self.store.close()
 
+    # -- durable subscriptions (DESIGN §11) ---------------------------------------------
+
+    def durable_attach(
+        self, client: str, name: str, key: str, sub_id: str, filters: tuple[str, ...]
+    ) -> None:
+        """``key`` holds durable ``name`` as ``sub_id`` here (raises ``DurableError`` at
+        ``[durable] max``)."""
+        self.durables.attach(client, name, key, sub_id, filters, time.time())
+        self._save_durables()
+
+    def durable_ack(self, client: str, name: str, since: list[tuple[str, int, int]]) -> bool:
+        """The client took deliveries up to ``since`` (written within a second)."""
+        return self.durables.ack(client, name, since, time.time())
+
+    def durable_detached(self, sub_id: str, heard: float) -> None:
+        """``sub_id``'s connection went away, last heard at wall time ``heard``."""
+        if self.durables.detached(sub_id, heard):
+            self._save_durables()
+
+    def durable_moved(self, sub_id: str) -> None:
+        """``sub_id`` moved to another broker with its durable record."""
+        self.durables.moved(sub_id)
+        self._save_durables()
+
+    def durable_ended(self, sub_id: str) -> bool:
+        """``key`` unsubscribed ``sub_id``: a durable one ends here and, by a claim whose
+        answer is dropped, wherever a copy of its record is left; True if it was durable."""
+        ident = self.durables.end(sub_id)
+        if ident is None:
+            return False
+        self._save_durables()
+        self.start(None, [], [], time.time(), claim=claim_of(*ident))
+        return True
+
+    async def maintain(self) -> None:
+        """Every second: write the durable records acknowledgements changed, and abandon
+        those whose client has been away past ``[durable] keep``."""
+        while True:
+            await asyncio.sleep(1.0)
+            for record in self.durables.expire(time.time()):
+                log.warning(
+                    "%s: durable subscription %s of %s abandoned: its client has been away "
+                    "for more than %g s",
+                    self.id,
+                    record.name,
+                    record.client,
+                    self.settings.durable_keep,
+                )
+            self._save_durables()
+
+    def _save_durables(self) -> None:
+        dirty, self.durables.dirty = self.durables.dirty, set()
+        if self.store is None or not dirty:
+            return
+        records = self.durables.records
+        out: dict[tuple[str, str], bytes | None] = {}
+        for ident in dirty:
+            r = records.get(ident)
+            out[ident] = (
+                None
+                if r is None
+                else _encode_record(
+                    _Record(
+                        list(r.filters),
+                        [(p, s, q) for (p, s), q in r.since.items()],
+                        r.after,
+                        r.updated,
+                        r.away,
+                    )
+                )
+            )
+        self.store.save_durables(out)
+
     @property
-    def stats(self) -> dict[str, int]:
-        """Counters of the rounds and of the store (rows and bytes kept among them)."""
-        out = dict(self.rounds.stats)
+    def stats(self) -> dict[str, float]:
+        """Counters of the rounds, the store (rows and bytes kept, and when the oldest
+        was published) and the durable records (kept, and how many of their clients are
+        away)."""
+        out: dict[str, float] = dict(self.rounds.stats)
+        out.update(self.durables.stats)
+        out["durable.kept"] = len(self.durables.records)
+        out["durable.away"] = sum(r.away is not None for r in self.durables.records.values())
+        out["replay.answering"] = len(self._answers)
         if self.store is not None:
             out.update(self.store.stats)
             out["retention.rows"], out["retention.bytes"] = self.store.rows, self.store.bytes
+            oldest = self.store.oldest()
+            if oldest is not None:
+                out["retention.oldest"] = oldest
         return out
 
     def _carry_out(self, actions: list[ReplayAction]) -> None:
@@ -196,15 +362,87 @@ class Replaying:
                             "gaps": [list(g) for g in echo.gaps],
                             "published": echo.published,
                             "late": action.late,
+                            "truncated": list(echo.truncated),
+                            "claimed": [
+                                [
+                                    c.broker,
+                                    list(c.filters),
+                                    [list(x) for x in c.since],
+                                    c.after,
+                                    c.updated,
+                                ]
+                                for c in echo.claimed
+                            ],
                         },
                     )
 
     def _query(self, request: Replay) -> None:
+        if request.claim:
+            self._claim(request)
+            return
         if self.store is None:
-            found, gaps = [], []
-        else:
-            self.commit()
-            found, gaps = self.store.answer(request)
+            self._carry_out(self.rounds.stored(request.req_id, [], [], has_store=False))
+            return
+        self.commit()
+        answer = StoreAnswer(
+            self.store, request, self.settings.answer_max, self.settings.answer_bytes
+        )
+        first = answer.page(PAGE_ROWS)
+        if answer.done:
+            self._finish(answer, first)
+            return
+        self._carry_out(self.rounds.part(request.req_id, first))
+        task = asyncio.get_running_loop().create_task(self._answer(answer))
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
+
+    async def _answer(self, answer: StoreAnswer) -> None:
+        """The rest of a large answer, page by page: between pages the loop serves live
+        traffic, and a page waits while the link toward the requester is full."""
+        req_id = answer.request.req_id
+        round_ = self.rounds.rounds.get(req_id)
+        link = round_.parent if round_ is not None else None
+        while True:
+            await asyncio.sleep(0)
+            while self._queued(link) > PAGE_ROOM:
+                await asyncio.sleep(PAGE_WAIT)
+            if req_id not in self.rounds.rounds:  # ended early (too many rounds at once)
+                return
+            page = answer.page(PAGE_ROWS)
+            if answer.done:
+                self._finish(answer, page)
+                return
+            self._carry_out(self.rounds.part(req_id, page))
+
+    def _finish(self, answer: StoreAnswer, last: list[Notification]) -> None:
+        request = answer.request
+        if answer.truncated:
+            log.info(
+                "%s: answer to %s cut at %d publications, %d bytes",
+                self.id,
+                request.req_id,
+                answer.count,
+                answer.bytes,
+            )
         self._carry_out(
-            self.rounds.stored(request.req_id, found, gaps, has_store=self.store is not None)
+            self.rounds.stored(request.req_id, last, answer.gaps, truncated=answer.truncated)
+        )
+
+    def _claim(self, request: Replay) -> None:
+        """A claim of a durable record: handed over if kept here (its subscription here,
+        still held by a client that has not been dropped yet, is withdrawn)."""
+        client, name = claimed_ident(request.claim)
+        key = self.requesters.get(request.req_id) if request.host == self.id else None
+        now = time.time()
+        record = self.durables.claim(client, name, key, now)
+        claimed = ()
+        if record is not None:
+            claimed = (record.claimed(self.id, now),)
+            if record.key is not None and record.key != key and record.sub_id is not None:
+                self._withdraw(record.key, record.sub_id)
+            self._save_durables()
+        self._carry_out(
+            self.rounds.stored(
+                request.req_id, [], [], has_store=self.store is not None, claimed=claimed
+            )
         )

@@ -17,12 +17,13 @@ twice (a publisher's re-send after a fail-over) is answered once.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
-from octopis.filters import FilterError, Subscription, parse_subscription
+from octopis.filters import FilterError, parse_subscription
+from octopis.matching import Matcher
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kept (
@@ -33,6 +34,12 @@ CREATE TABLE IF NOT EXISTS kept (
     stored_at REAL NOT NULL,
     body BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS durable (
+    client TEXT NOT NULL,
+    name TEXT NOT NULL,
+    record BLOB NOT NULL,
+    PRIMARY KEY (client, name)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS trimmed (
     publisher TEXT NOT NULL,
     session INTEGER NOT NULL,
@@ -168,26 +175,16 @@ class RetentionStore:
         return low
 
     def answer(self, request: Replay) -> tuple[list[Notification], list[Gap]]:
-        """The kept publications ``request`` asks for that match one of its filters, in
-        (publisher, session, seq) order, and the gaps retention left in what it asks
-        for. A filter that does not parse matches nothing (the host checked them)."""
-        filters = _filters(request.filters)
+        """The kept publications ``request`` asks for, at once (see :class:`StoreAnswer`)."""
+        answer = StoreAnswer(self, request, 0, 0)
+        found: list[Notification] = []
+        while not answer.done:
+            found += answer.page(1 << 30)
+        return found, answer.gaps
+
+    def gaps(self, request: Replay) -> list[Gap]:
+        """The ranges retention dropped that ``request`` asks for."""
         since = {(p, s): q for p, s, q in request.since}
-        start = self._first_rowid_stored(request.after - CLOCK_SLACK)
-        found: dict[tuple[str, int, int], Notification] = {}
-        for publisher, session, seq, published_at, body in self.db.execute(
-            "SELECT publisher, session, seq, published_at, body FROM kept WHERE rowid >= ?",
-            (start,),
-        ):
-            last = since.get((publisher, session))
-            if published_at < request.after or (last is not None and seq <= last):
-                continue
-            key = (publisher, session, seq)
-            if key in found:
-                continue
-            n = self._decode(body)
-            if any(f.matches(n.publication) for f in filters):
-                found[key] = n
         gaps: list[Gap] = []
         for publisher, session, last_seq, last_at in self.db.execute(
             "SELECT publisher, session, last_seq, last_published_at FROM trimmed"
@@ -199,8 +196,30 @@ class RetentionStore:
                 gaps.append((publisher, session, 1, last_seq))
             elif last_seq > last:
                 gaps.append((publisher, session, last + 1, last_seq))
-        self.stats["retention.replayed"] += len(found)
-        return [found[key] for key in sorted(found)], gaps
+        return gaps
+
+    def oldest(self) -> float | None:
+        """When the oldest kept publication was published (None: none kept)."""
+        row = self.db.execute("SELECT published_at FROM kept ORDER BY rowid LIMIT 1").fetchone()
+        return row[0] if row is not None else None
+
+    def save_durables(self, records: dict[tuple[str, str], bytes | None]) -> None:
+        """Write durable records (encoded) and delete those given as None."""
+        with self.db:
+            self.db.execute("BEGIN")
+            for (client, name), record in records.items():
+                if record is None:
+                    self.db.execute(
+                        "DELETE FROM durable WHERE client = ? AND name = ?", (client, name)
+                    )
+                else:
+                    self.db.execute(
+                        "INSERT OR REPLACE INTO durable VALUES (?, ?, ?)", (client, name, record)
+                    )
+
+    def durables(self) -> list[tuple[str, str, bytes]]:
+        """The durable records written: (client, durable name, encoded record)."""
+        return list(self.db.execute("SELECT client, name, record FROM durable"))
 
     def close(self) -> None:
         """Write what is queued and close the file."""
@@ -220,11 +239,74 @@ class RetentionStore:
         ).fetchone()
 
 
-def _filters(texts: Iterable[str]) -> list[Subscription]:
-    out = []
-    for text in texts:
-        try:
-            out.append(parse_subscription(text))
-        except FilterError:
-            continue
-    return out
+class StoreAnswer:
+    """One store's answer to ``request``, read page by page so that a large one does not
+    hold the broker's loop: the kept publications published in ``[after, until)`` (after
+    ``since``'s sequence numbers) that match one of the request's filters (the compiled
+    matcher), in the order they were stored, each (publisher, session, seq) once; cut
+    after ``max_count`` publications or ``max_bytes`` encoded bytes (``truncated``).
+    Rows trimmed between pages are reported with the gaps."""
+
+    def __init__(self, store: RetentionStore, request: Replay, max_count: int, max_bytes: int):
+        self.store = store
+        self.request = request
+        self.max_count = request.max_count or max_count or 1 << 62
+        self.max_bytes = request.max_bytes or max_bytes or 1 << 62
+        self.matcher = Matcher()
+        for i, text in enumerate(request.filters):
+            try:
+                self.matcher.add(i, parse_subscription(text))
+            except FilterError:  # the host checked them; one that does not parse matches nothing
+                continue
+        self.since = {(p, s): q for p, s, q in request.since}
+        self.next_rowid = store._first_rowid_stored(request.after - CLOCK_SLACK)
+        self.stop_at = request.until + CLOCK_SLACK
+        self.seen: set[tuple[str, int, int]] = set()
+        self.count = self.bytes = 0
+        self.done = False
+        self.truncated = False
+        self.gaps: list[Gap] = []
+
+    def page(self, rows: int) -> list[Notification]:
+        """The matching publications among the next ``rows`` kept ones; sets ``done``
+        (and ``gaps``) after the last."""
+        if self.done:
+            return []
+        request, since, seen = self.request, self.since, self.seen
+        after, until = request.after, request.until
+        match, decode = self.matcher.match, self.store._decode
+        found: list[Notification] = []
+        read = 0
+        for rowid, publisher, session, seq, published_at, stored_at, body in self.store.db.execute(
+            "SELECT rowid, publisher, session, seq, published_at, stored_at, body FROM kept "
+            "WHERE rowid >= ? ORDER BY rowid LIMIT ?",
+            (self.next_rowid, rows),
+        ):
+            read += 1
+            self.next_rowid = rowid + 1
+            if stored_at > self.stop_at:
+                read = -1
+                break
+            last = since.get((publisher, session))
+            if published_at < after or published_at >= until or (last is not None and seq <= last):
+                continue
+            key = (publisher, session, seq)
+            if key in seen:
+                continue
+            n = decode(body)
+            if not match(n.publication):
+                continue
+            if self.count >= self.max_count or self.bytes + len(body) > self.max_bytes:
+                self.truncated = True
+                read = -1
+                break
+            seen.add(key)
+            self.count += 1
+            self.bytes += len(body)
+            found.append(n)
+        if read < rows:
+            self.done = True
+            self.gaps = self.store.gaps(request)
+            self.seen = set()
+        self.store.stats["retention.replayed"] += len(found)
+        return found

@@ -48,6 +48,13 @@ max_bytes = 268435456    # bodies kept on disk (SQLite, WAL); the oldest go firs
 max_age = 3600.0         # seconds a publication is kept; 0 = retention off
 replay_budget = 3.0      # seconds the host of a replay waits for the whole overlay's answer
 replay_rounds = 1000     # replay requests a broker takes part in at once
+historic_budget = 30.0   # seconds the host of a historic or durable answer waits for it
+answer_max = 100000      # publications one store answers to one request, at most
+answer_bytes = 67108864  # encoded bytes one store answers to one request, at most
+
+[durable]                # durable subscriptions: records kept while their client is away
+keep = 3600.0            # seconds a record waits for its client; then it is abandoned
+max = 10000              # records one broker keeps; a durable subscribe past it is refused
 
 [logs]
 interval = 5.0           # a repeated warning is written at most once per interval per kind
@@ -154,6 +161,18 @@ class BrokerSettings:
     past its share of it is reported, with what only it reached, as a gap."""
     replay_rounds: int = 1000
     """Replay requests one broker takes part in at once (the oldest ends early past it)."""
+    historic_budget: float = 30.0
+    """Seconds the host of a historic, hybrid or durable subscription's answer waits for
+    every broker's answer (stores answer page by page, so a large answer takes longer)."""
+    answer_max: int = 100_000
+    """Publications one store answers to one request at most (the answer says it was
+    cut, and where to ask again from)."""
+    answer_bytes: int = 64 * 2**20
+    """Encoded bytes one store answers to one request at most."""
+    durable_keep: float = 3600.0
+    """Seconds a durable subscription's record waits for its client (DESIGN §11)."""
+    durable_max: int = 10_000
+    """Durable subscription records one broker keeps."""
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
@@ -235,6 +254,11 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("retention", "max_age"): ("retention_age", 0.0, False),
     ("retention", "replay_budget"): ("replay_budget", 0.01, False),
     ("retention", "replay_rounds"): ("replay_rounds", 1, True),
+    ("retention", "historic_budget"): ("historic_budget", 0.01, False),
+    ("retention", "answer_max"): ("answer_max", 1, True),
+    ("retention", "answer_bytes"): ("answer_bytes", 1024, True),
+    ("durable", "keep"): ("durable_keep", 0.01, False),
+    ("durable", "max"): ("durable_max", 1, True),
     ("logs", "interval"): ("log_interval", 0.0, False),
     ("limits", "frame_bytes"): ("frame_bytes", 1024, True),
     ("limits", "attributes"): ("limits.attributes", 1, True),

@@ -1,0 +1,207 @@
+"""Durable subscriptions (DESIGN §11): sans-IO rules of the records brokers keep for them.
+
+A durable subscription outlives its client's connection. The broker hosting it keeps a
+record: its filters and the last sequence number of each (publisher, session) its client
+acknowledged having taken. While the client is away the record waits, for ``keep``
+seconds; what was published meanwhile waits in the publishers' retention stores. When
+the client comes back, at any broker, under the same client name and durable name, its
+new host claims the record across the overlay (a replay request with ``claim`` set,
+:mod:`octopis.core.replay`): the holder hands it over and forgets it, and the client
+replays from it. An ``unsubscribe`` ends it (the host claims any copy left elsewhere and
+drops it); a record left past ``keep`` is abandoned and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from octopis.core.replay import Claimed
+
+LOOKBACK = 30.0
+"""Seconds before its client was last heard from which a claimed record owes the
+publications of publishers it has no sequence number of (deliveries in flight when the
+client went away are not acknowledged)."""
+PUBLISHERS_KNOWN = 10_000
+"""(publisher, session) pairs a record keeps the last sequence number of; a forgotten one
+is owed by time (its repeats are dropped by the client's record of deliveries)."""
+
+
+def claim_of(client: str, name: str) -> str:
+    """The ``claim`` of a replay request that finds durable ``name`` of ``client``."""
+    return f"{client}\x1f{name}"
+
+
+def claimed_ident(claim: str) -> tuple[str, str]:
+    """(client, durable name) of a replay request's ``claim``."""
+    client, _, name = claim.partition("\x1f")
+    return client, name
+
+
+class DurableError(ValueError):
+    """A durable subscription that cannot be made (the message names the limit)."""
+
+
+@dataclass(slots=True)
+class DurableRecord:
+    """One durable subscription: ``client`` and ``name`` identify it; ``key`` and
+    ``sub_id`` are its attachment here (None while its client is away since ``away``)."""
+
+    client: str
+    name: str
+    filters: tuple[str, ...]
+    after: float
+    updated: float
+    since: dict[tuple[str, int], int] = field(default_factory=dict)
+    key: str | None = None
+    sub_id: str | None = None
+    away: float | None = None
+    new: bool = True
+    """Made by the attachment that is claiming: a claim passing here skips it."""
+
+    def claimed(self, broker: str, now: float) -> Claimed:
+        """What this record owes, as handed over to a new host at wall time ``now``."""
+        away = self.away if self.away is not None else now
+        since = tuple((p, s, q) for (p, s), q in self.since.items())
+        return Claimed(broker, self.filters, since, max(self.after, away - LOOKBACK), self.updated)
+
+
+class Durables:
+    """The durable records one broker keeps (at most ``limit``), abandoned ``keep``
+    seconds after their client went away. Every change is noted in :attr:`dirty` for
+    the shell to write; the counters are in :attr:`stats`."""
+
+    def __init__(self, broker_id: str, keep: float, limit: int) -> None:
+        if keep <= 0 or limit < 1:
+            raise ValueError("durable subscriptions need a positive keep and limit")
+        self.id = broker_id
+        self.keep = keep
+        self.limit = limit
+        self.records: dict[tuple[str, str], DurableRecord] = {}
+        self.by_sub: dict[str, tuple[str, str]] = {}
+        self.dirty: set[tuple[str, str]] = set()
+        """Records changed (or gone) since the shell last wrote them."""
+        self.stats: dict[str, int] = {
+            "durable.made": 0,
+            "durable.claimed": 0,
+            "durable.ended": 0,
+            "durable.abandoned": 0,
+            "durable.refused": 0,
+        }
+
+    def room(self, client: str, name: str) -> None:
+        """Raise :class:`DurableError` if durable ``name`` of ``client`` could not be
+        attached here (a new record past ``limit``)."""
+        if (client, name) not in self.records and len(self.records) >= self.limit:
+            self.stats["durable.refused"] += 1
+            raise DurableError(
+                f"{self.id} keeps {self.limit} durable subscriptions already (durable.max)"
+            )
+
+    def attach(
+        self, client: str, name: str, key: str, sub_id: str, filters: tuple[str, ...], now: float
+    ) -> DurableRecord:
+        """Client ``client`` (``key`` here) holds durable ``name`` as ``sub_id``: its
+        record here is made, or taken up again if it was kept here."""
+        ident = (client, name)
+        record = self.records.get(ident)
+        if record is None:
+            self.room(client, name)
+            record = self.records[ident] = DurableRecord(client, name, filters, now, now)
+            self.stats["durable.made"] += 1
+        else:
+            record.new = False
+            if record.sub_id is not None:
+                self.by_sub.pop(record.sub_id, None)
+        record.filters = filters or record.filters
+        record.key, record.sub_id = key, sub_id
+        self.by_sub[sub_id] = ident
+        self.dirty.add(ident)
+        return record
+
+    def ack(self, client: str, name: str, since: list[tuple[str, int, int]], now: float) -> bool:
+        """The client took deliveries up to ``since`` (publisher, session, seq); False if
+        no record of that durable is kept here."""
+        record = self.records.get((client, name))
+        if record is None:
+            return False
+        known = record.since
+        for publisher, session, seq in since:
+            pair = (publisher, session)
+            if known.get(pair, -1) < seq:
+                known.pop(pair, None)
+                known[pair] = seq
+        while len(known) > PUBLISHERS_KNOWN:
+            del known[next(iter(known))]
+        record.updated, record.new = now, False
+        self.dirty.add((client, name))
+        return True
+
+    def detached(self, sub_id: str, heard: float) -> bool:
+        """``sub_id``'s client went away (its connection was dropped or left), last heard
+        at wall time ``heard``: its record waits; False if ``sub_id`` is not durable."""
+        ident = self.by_sub.pop(sub_id, None)
+        if ident is None:
+            return False
+        record = self.records[ident]
+        record.key = record.sub_id = None
+        record.away = heard
+        self.dirty.add(ident)
+        return True
+
+    def moved(self, sub_id: str) -> None:
+        """``sub_id`` moved to another broker (the balancer): its record goes with it (the
+        new host made its own), so this one is forgotten uncounted."""
+        ident = self.by_sub.pop(sub_id, None)
+        if ident is not None:
+            del self.records[ident]
+            self.dirty.add(ident)
+
+    def end(self, sub_id: str) -> tuple[str, str] | None:
+        """The client unsubscribed ``sub_id``: if durable, its record ends; returns its
+        (client, name) so that the shell claims any copy elsewhere."""
+        ident = self.by_sub.pop(sub_id, None)
+        if ident is None:
+            return None
+        del self.records[ident]
+        self.dirty.add(ident)
+        self.stats["durable.ended"] += 1
+        return ident
+
+    def claim(self, client: str, name: str, key: str | None, now: float) -> DurableRecord | None:
+        """A claim of (``client``, ``name``) by its client at ``key`` on the host (None:
+        passing through): the record kept here, handed over and forgotten — unless the
+        claimer holds it here itself (then kept, and returned if it is not the one its
+        attachment has just made)."""
+        ident = (client, name)
+        record = self.records.get(ident)
+        if record is None:
+            return None
+        if key is not None and record.key == key:
+            if record.new:
+                record.new = False
+                return None
+            record.away = None
+            return record
+        del self.records[ident]
+        if record.sub_id is not None:
+            self.by_sub.pop(record.sub_id, None)
+        self.dirty.add(ident)
+        self.stats["durable.claimed"] += 1
+        return record
+
+    def expire(self, now: float) -> list[DurableRecord]:
+        """Records whose client has been away past ``keep``: abandoned, forgotten."""
+        gone = [r for r in self.records.values() if r.away is not None and now - r.away > self.keep]
+        for record in gone:
+            ident = (record.client, record.name)
+            del self.records[ident]
+            self.dirty.add(ident)
+        self.stats["durable.abandoned"] += len(gone)
+        return gone
+
+    def restore(self, record: DurableRecord) -> None:
+        """A record read back from disk at start: its client is away (since it was last
+        heard, or since the broker stopped)."""
+        record.key = record.sub_id = None
+        record.new = False
+        self.records[(record.client, record.name)] = record
