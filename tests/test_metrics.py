@@ -111,3 +111,7 @@ def test_every_broker_serves_metrics_that_agree_with_its_rpc(fig2: LocalCluster)
         copies = m["octopis_link_copies_out_per_second"]  # the load analysis, DESIGN §9
         assert {dict(labels)["link"] for labels in copies} == links
         assert m["octopis_load_ratio"][()] >= 0 and m["octopis_load_cpu_utilisation"][()] >= 0
+        kept = rpc["retention"]  # the retention store and durable records, DESIGN §11
+        assert m["octopis_retention_publications"][()] == kept["retention.rows"]
+        assert m["octopis_retention_bytes"][()] == kept["retention.bytes"]
+        assert m["octopis_durable_subscriptions"][()] == kept["durable.kept"] == 0

@@ -249,6 +249,31 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="exit after this long without a notification",
     )
+    sub.add_argument(
+        "--durable",
+        metavar="NAME",
+        help="a durable subscription: it outlives this command; started again with the same "
+        "NAME (and --name, which defaults to NAME), at any broker, it first prints what was "
+        "published meanwhile, exactly once, then live notifications (within retention and "
+        "[durable] keep)",
+    )
+    sub.add_argument(
+        "--end",
+        action="store_true",
+        help="with --durable: end the durable subscription (unsubscribe) and exit",
+    )
+    sub.add_argument(
+        "--since",
+        metavar="TIME",
+        help="first print the retained notifications published since TIME, then live ones: "
+        "'all', a duration ago (90s, 10m, 2h, 1d) or an ISO 8601 time (2026-11-27T10:00Z)",
+    )
+    sub.add_argument(
+        "--until",
+        metavar="TIME",
+        help="with --since: only those published before TIME, then exit (a historic "
+        "subscription); same forms as --since",
+    )
     sub.set_defaults(func=cmd_sub)
 
     pub = commands.add_parser(
@@ -489,20 +514,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if all(answers[b] is not None for b in ids) else 1
 
 
+def _retention_columns(retention: dict[str, Any], now: float) -> str:
+    """``kept keptMB oldest durable``: the store's publications, megabytes and the age of
+    the oldest (``-``: retention off), durable records kept (``/away`` whose client is
+    away)."""
+    durable = f"{retention.get('durable.kept', 0)}/{retention.get('durable.away', 0)}"
+    if "retention.rows" not in retention:
+        return f"{'-':>7} {'-':>6} {'-':>6} {durable:>7}"
+    oldest = retention.get("retention.oldest")
+    age = _age(now - oldest) if oldest is not None else "-"
+    return (
+        f"{retention['retention.rows']:>7} {retention['retention.bytes'] / 2**20:>6.1f} "
+        f"{age:>6} {durable:>7}"
+    )
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
 def format_status(
     ids: list[str], answers: dict[str, Any], pids: dict[str, int], *, detailed: bool
 ) -> str:
     """A table of brokers (and, ``detailed``, of each link) for people."""
     lines = [
         f"{'broker':<8} {'pid':>7} {'ready':<5} {'links':>5} {'table':>6} {'queued':>6} "
-        f"{'MB':>5} {'LR':>5}  notes"
+        f"{'MB':>5} {'LR':>5} {'kept':>7} {'keptMB':>6} {'oldest':>6} {'durable':>7}  notes"
     ]
+    now = time.time()
     for b in ids:
         stats = answers[b]
         if stats is None:
             lines.append(
                 f"{b:<8} {pids.get(b, 0):>7} {'-':<5} {'-':>5} {'-':>6} {'-':>6} {'-':>5} "
-                f"{'-':>5}  unreachable"
+                f"{'-':>5} {'-':>7} {'-':>6} {'-':>6} {'-':>7}  unreachable"
             )
             continue
         links = stats["links"]
@@ -516,8 +564,8 @@ def format_status(
         lines.append(
             f"{b:<8} {stats['pid']:>7} {'yes' if stats['ready'] else 'no':<5} "
             f"{stats['links_up']:>2}/{stats['neighbours']:<2} {stats['routing_table_size']:>6} "
-            f"{queued:>6} {stats['memory_rss'] / 2**20:>5.0f} {stats['load']['load_ratio']:>5.2f}  "
-            f"{'; '.join(notes)}"
+            f"{queued:>6} {stats['memory_rss'] / 2**20:>5.0f} {stats['load']['load_ratio']:>5.2f} "
+            f"{_retention_columns(stats['retention'], now)}  {'; '.join(notes)}"
         )
         if detailed:
             lines.append(f"  incarnation {stats['incarnation']:x}, up {stats['uptime']:.0f} s")
@@ -584,38 +632,65 @@ def _endpoint(args: argparse.Namespace) -> tuple[str, Path | None]:
 
 
 def cmd_sub(args: argparse.Namespace) -> int:
-    """``octopis sub``."""
+    """``octopis sub``: a JSON line per notification; a historic, hybrid or durable
+    subscription's ``subscribed`` line (or, with ``--until``, its last line) carries its
+    ``history``: whether the answer from the past is complete, and what is missing."""
+    import dataclasses
+
     from octopis.client import Subscriber
+    from octopis.client.replay import parse_time
+    from octopis.client.subscriber import EndOfHistory
     from octopis.filters import parse_subscription
 
     subscription = parse_subscription(args.filter)
+    if args.until is not None and args.since is None:
+        raise UsageError("--until needs --since: the window of the past is [since, until)")
+    if args.durable is not None and args.since is not None:
+        raise UsageError("--durable starts where it left off: leave out --since")
+    if args.end and args.durable is None:
+        raise UsageError("--end ends a durable subscription: give its --durable NAME")
+    try:
+        since = parse_time(args.since) if args.since is not None else None
+        until = parse_time(args.until) if args.until is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     endpoint, keys = _endpoint(args)
+    name = args.name or args.durable or f"sub-{time.time_ns()}"
+
+    def line(n: Any) -> str:
+        return json.dumps(
+            {
+                "publisher": n.publisher,
+                "seq": n.seq,
+                "delay": n.received_at - n.published_at,
+                "publication": n.publication,
+                **({"replayed": True} if n.replayed else {}),
+            }
+        )
 
     async def go() -> None:
-        sub = await Subscriber.connect(endpoint, args.name or f"sub-{time.time_ns()}", keys=keys)
-        stream = await sub.subscribe(subscription)
-        print(json.dumps({"subscribed": stream.sub_id}), flush=True)
+        sub = await Subscriber.connect(endpoint, name, keys=keys)
+        stream = await sub.subscribe(subscription, durable=args.durable, since=since, until=until)
+        history = dataclasses.asdict(stream.history) if stream.history is not None else None
+        head = {"subscribed": stream.sub_id, **({"history": history} if history else {})}
+        if args.end:
+            await sub.unsubscribe(stream)
+            print(json.dumps({**head, "ended": args.durable}), flush=True)
+            await sub.close()
+            return
+        print(json.dumps(head), flush=True)
         seen = 0
         try:
             while args.count is None or seen < args.count:
                 try:
                     n = await stream.get(args.timeout)
-                except TimeoutError:
+                except (TimeoutError, EndOfHistory):
                     break
                 seen += 1
-                print(
-                    json.dumps(
-                        {
-                            "publisher": n.publisher,
-                            "seq": n.seq,
-                            "delay": n.received_at - n.published_at,
-                            "publication": n.publication,
-                        }
-                    ),
-                    flush=True,
-                )
+                print(line(n), flush=True)
         finally:
-            await sub.unsubscribe(stream)
+            if args.durable is None and until is None:
+                await sub.unsubscribe(stream)
             await sub.close()
 
     asyncio.run(go())

@@ -112,6 +112,37 @@ def families(stats: dict[str, Any]) -> Iterator[Metric]:
         held.add_metric([what], count)
     yield held
     yield from _load_families(stats["load"])
+    yield from _retention_families(stats["retention"])
+
+
+def _retention_families(retention: dict[str, Any]) -> Iterator[Metric]:
+    """The retention store and the durable records (DESIGN §11)."""
+    for name, help_text, key in (
+        ("octopis_retention_publications", "Publications kept for replay", "retention.rows"),
+        ("octopis_retention_bytes", "Bytes of publications kept for replay", "retention.bytes"),
+        ("octopis_retention_oldest_timestamp_seconds",
+         "When the oldest kept publication was published", "retention.oldest"),
+        ("octopis_durable_subscriptions", "Durable subscription records kept", "durable.kept"),
+        ("octopis_durable_subscriptions_away", "Durable subscriptions whose client is away",
+         "durable.away"),
+        ("octopis_replay_answers_paging", "Store answers being sent page by page",
+         "replay.answering"),
+    ):  # fmt: skip
+        if key in retention:
+            yield GaugeMetricFamily(name, help_text, value=float(retention[key]))
+    yield _labelled(
+        CounterMetricFamily,
+        "octopis_retention_events",
+        "Retention, replay and durable subscription events",
+        "event",
+        {k: v for k, v in retention.items() if k.split(".")[1] in _RETENTION_EVENTS},
+    )
+
+
+_RETENTION_EVENTS = frozenset(
+    {"stored", "trimmed", "commits", "replayed", "rounds", "ended_early", "late", "unknown",
+     "made", "claimed", "ended", "abandoned", "refused"}
+)  # fmt: skip
 
 
 def _load_families(load: dict[str, Any]) -> Iterator[Metric]:

@@ -1,0 +1,315 @@
+"""Durable, historic and hybrid subscriptions (DESIGN §11): the records' rules, the store's
+paged answers, and the whole of it on broker processes with a durable subscriber killed
+for 30 s and a store's broker killed during a historic answer."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conditions import accounting, closing_control, until
+from conftest import secure_fig2
+
+from octopis.client import Publisher, Subscriber
+from octopis.client.replay import parse_time
+from octopis.client.subscriber import EndOfHistory
+from octopis.cluster.launcher import LocalCluster
+from octopis.core.durable import LOOKBACK, DurableError, Durables
+from octopis.core.messages import Notification
+from octopis.core.replay import Replay
+from octopis.filters import Publication, parse_subscription
+from octopis.quotes import quotes_dir, read_quote_file
+from octopis.transport.codec import encode_body
+from octopis.transport.replaying import _decode_kept
+from octopis.transport.retention import RetentionStore, StoreAnswer
+from octopis.transport.settings import BrokerSettings
+
+# -- the records' rules ------------------------------------------------------------------
+
+
+def test_a_record_waits_while_its_client_is_away_and_is_handed_over_once() -> None:
+    durables = Durables("c:0", keep=60.0, limit=10)
+    durables.attach("audit", "d", "k1/audit", "s1", ("[x,>,1]",), 100.0)
+    assert durables.claim("audit", "d", "k1/audit", 100.0) is None  # just made: nothing owed
+    durables.ack("audit", "d", [("P", 1, 7), ("P", 1, 5), ("Q", 2, 3)], 101.0)
+    assert durables.detached("s1", heard=110.0)
+    record = durables.claim("audit", "d", key=None, now=130.0)
+    assert record is not None and durables.records == {}
+    claimed = record.claimed("c:0", 130.0)
+    assert claimed.since == (("P", 1, 7), ("Q", 2, 3))  # the highest taken, per publisher
+    assert claimed.after == max(100.0, 110.0 - LOOKBACK)
+    assert durables.claim("audit", "d", key=None, now=131.0) is None  # once
+    assert durables.stats["durable.claimed"] == 1
+
+
+def test_an_abandoned_record_is_withdrawn_after_keep_and_counted() -> None:
+    durables = Durables("c:0", keep=60.0, limit=1)
+    durables.attach("a", "d", "k/a", "s1", ("[x,>,1]",), 0.0)
+    with pytest.raises(DurableError, match=r"durable\.max"):
+        durables.attach("b", "d", "k/b", "s2", ("[x,>,1]",), 0.0)
+    durables.detached("s1", heard=10.0)
+    assert durables.expire(69.0) == [] and len(durables.records) == 1
+    assert [r.client for r in durables.expire(71.0)] == ["a"]
+    assert durables.records == {} and durables.stats["durable.abandoned"] == 1
+
+
+def test_ending_a_durable_forgets_it_and_a_move_is_not_an_end() -> None:
+    durables = Durables("c:0", keep=60.0, limit=10)
+    durables.attach("a", "d", "k/a", "s1", ("[x,>,1]",), 0.0)
+    durables.attach("a", "e", "k/a", "s2", ("[x,>,1]",), 0.0)
+    assert durables.end("s1") == ("a", "d") and durables.end("nope") is None
+    durables.moved("s2")
+    assert durables.records == {}
+    assert durables.stats["durable.ended"] == 1
+
+
+# -- the store's answers -----------------------------------------------------------------
+
+
+def _store(tmp_path: Path) -> RetentionStore:
+    return RetentionStore(tmp_path / "r.sqlite", 2**30, 3600.0, _decode_kept)
+
+
+def _fill(store: RetentionStore, publications: list[Publication], start: float) -> None:
+    for seq, publication in enumerate(publications, 1):
+        n = Notification("P", seq, start + seq, publication, session=1)
+        store.add(n, encode_body(n), start + seq)
+    store.commit(start + len(publications))
+
+
+def _quotes(symbols: tuple[str, ...], count: int) -> list[Publication]:
+    """``count`` real quotes, the symbols' files interleaved."""
+    files = [read_quote_file(quotes_dir() / s) for s in symbols]
+    mixed = (q for group in itertools.zip_longest(*files) for q in group if q is not None)
+    return list(itertools.islice(mixed, count))
+
+
+def test_a_store_answers_a_window_page_by_page_exactly_as_the_reference_matcher(
+    tmp_path: Path,
+) -> None:
+    quotes = _quotes(("MSFT", "INTC", "ORCL"), 600)
+    store = _store(tmp_path)
+    _fill(store, quotes, 1000.0)
+    text = "[class,eq,'STOCK'],[close,>,25]"
+    reference = parse_subscription(text)
+    request = Replay("r", "a:0", (text,), (), 1100.5, 30.0, until=1450.5)
+    expected = [s for s, q in enumerate(quotes, 1) if 1100.5 <= 1000 + s < 1450.5]
+    expected = [s for s in expected if reference.matches(quotes[s - 1])]
+    answer = StoreAnswer(store, request, 0, 0)
+    pages = []
+    while not answer.done:
+        pages.append([n.seq for n in answer.page(7)])
+    assert len(pages) > 10 and [s for page in pages for s in page] == expected
+    assert not answer.truncated and answer.gaps == []
+    cut = StoreAnswer(store, Replay("r", "a:0", (text,), (), 0.0, 30.0, max_count=5), 0, 0)
+    every = [s for s in range(1, 601) if reference.matches(quotes[s - 1])]
+    assert [n.seq for n in cut.page(1000)] == every[:5]
+    assert cut.done and cut.truncated
+    body = len(encode_body(Notification("P", 1, 1001.0, quotes[0], session=1)))
+    small = StoreAnswer(store, Replay("r", "a:0", ("[class,eq,'STOCK']",), (), 0.0, 30.0), 0, body)
+    assert len(small.page(1000)) <= 1 and small.truncated
+
+
+def test_times_are_read_in_every_documented_form() -> None:
+    now = 1_800_000_000.0
+    assert parse_time("all") == 0.0
+    assert parse_time("10m", now) == now - 600 and parse_time("1.5h", now) == now - 5400
+    assert parse_time("2026-11-27T10:00Z") == parse_time("2026-11-27T10:00:00+00:00")
+    assert parse_time(12.5) == 12.5
+    with pytest.raises(ValueError, match="ISO 8601"):
+        parse_time("yesterday")
+
+
+# -- on broker processes -----------------------------------------------------------------
+
+DURABLE_SUBSCRIBER = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from octopis.client import Subscriber
+
+    async def main():
+        sub = await Subscriber.connect(sys.argv[1].split(","), "auditor")
+        stream = await sub.subscribe(sys.argv[2], durable="audit")
+        history = stream.history
+        print(json.dumps({"ready": history is not None and history.complete}), flush=True)
+        async for n in stream:
+            print(json.dumps([n.seq, n.replayed]), flush=True)
+
+    asyncio.run(main())
+    """
+)
+KILLED_FOR = 30.0
+"""Seconds the durable subscriber stays dead (the acceptance's figure)."""
+
+
+@pytest.fixture(params=["snr", "dnr"])
+def overlay(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LocalCluster]:
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(client_timeout=2.0), request.param)
+
+
+class DurableProcess:
+    """The durable subscriber as an OS process of its own, its output read as it comes."""
+
+    def __init__(self, endpoints: list[str], text: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", DURABLE_SUBSCRIBER, ",".join(endpoints), text],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.got: list[tuple[int, bool]] = []
+        self.ready = False
+
+    async def read(self) -> None:
+        assert self.process.stdout is not None
+        while line := await asyncio.to_thread(self.process.stdout.readline):
+            item = json.loads(line)
+            if isinstance(item, dict):
+                assert item["ready"], "the durable subscription's claim was incomplete"
+                self.ready = True
+            else:
+                self.got.append((item[0], item[1]))
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+def test_historic_hybrid_and_durable_subscriptions_get_exactly_their_publications(
+    overlay: LocalCluster,
+) -> None:
+    """fig2 with keys; a:0 hosts the publisher of real quotes (cluster 0).
+    - a durable subscriber (its own process) at c:0 is killed with ``kill -9`` 4 s into
+      publishing and started again 30 s later at f:2 (another cluster);
+    - a historic subscription at e:1 asks for a closed window of the past while
+      publishing goes on; a hybrid one at b:1 starts from before the first publication,
+      also while publishing goes on;
+    - at the end a:0 (the only store with anything) is stopped and killed while a
+      historic answer is under way: the answer names it; after its restart, asked again,
+      the answer is complete.
+    Each is compared with the reference matcher over what was published: expected,
+    delivered, duplicated and lost, and the order per publisher."""
+    cluster = overlay
+    scot = cluster.scot
+    quotes = _quotes(("MSFT", "INTC", "ORCL", "CSCO", "DELL", "YHOO"), 1200)
+    durable_text = "[class,eq,'STOCK'],[symbol,eq,'MSFT']"
+    historic_text = "[class,eq,'STOCK'],[close,>,25]"
+    hybrid_text = "[class,eq,'STOCK'],[volume,>,20000000]"
+    published: dict[int, Publication] = {}
+    hybrid_got: Counter[int] = Counter()
+    report: dict[str, dict] = {}
+
+    def matching(text: str, seqs: list[int]) -> list[int]:
+        reference = parse_subscription(text)
+        return [s for s in seqs if reference.matches(published[s])]
+
+    async def scenario() -> None:
+        durable = DurableProcess(scot.client_endpoints("c:0"), durable_text)
+        reader = asyncio.create_task(durable.read())
+        await until(lambda: durable.ready, "durable subscriber ready", 30)
+        pub = await Publisher.connect(scot.client_endpoints("a:0"), "quotes")
+        start = time.time()
+        for q in quotes[:200]:  # the closed window of the past
+            published[await pub.publish(q)] = q
+        window_end = time.time()
+
+        async def publish_on() -> None:
+            for q in quotes[200:]:
+                published[await pub.publish(q)] = q
+                await asyncio.sleep(0.035)
+
+        publishing = asyncio.create_task(publish_on())
+        await asyncio.sleep(1.0)
+        historic = await Subscriber.connect(scot.client_endpoints("e:1"), "historian")
+        stream = await historic.subscribe(historic_text, since=start, until=window_end)
+        got = [n.seq async for n in stream]
+        expected = matching(historic_text, list(range(1, 201)))
+        report["historic"] = accounting("historian", len(expected), Counter(got))
+        assert got == expected and stream.history is not None and stream.history.complete
+        with pytest.raises(EndOfHistory):
+            await stream.get(1)
+
+        hybrid = await Subscriber.connect(scot.client_endpoints("b:1"), "hybrid")
+        live = await hybrid.subscribe(hybrid_text, since=start)
+        assert live.history is not None and live.history.complete, live.history
+
+        async def read_hybrid() -> None:
+            last = 0
+            async for n in live:
+                assert n.seq > last, f"hybrid out of publisher order: {n.seq} after {last}"
+                last = n.seq
+                hybrid_got[n.seq] += 1
+
+        hybrid_reader = asyncio.create_task(read_hybrid())
+        await asyncio.sleep(2.0)
+        durable.kill()
+        await reader
+        first_run = list(durable.got)
+        await asyncio.sleep(KILLED_FOR)
+        again = DurableProcess(scot.client_endpoints("f:2"), durable_text)
+        reader = asyncio.create_task(again.read())
+        await until(lambda: again.ready, "durable subscriber back", 60)
+        await publishing
+        await pub.close()
+        seqs = sorted(published)
+        durable_expected = matching(durable_text, seqs)
+        await until(
+            lambda: {s for s, _ in first_run + again.got} >= set(durable_expected),
+            "everything the durable subscriber missed",
+            30,
+        )
+        hybrid_expected = matching(hybrid_text, seqs)
+        await until(lambda: set(hybrid_got) >= set(hybrid_expected), "hybrid deliveries", 30)
+        await asyncio.sleep(0.5)  # a repeat would arrive meanwhile
+        again.kill()
+        await reader
+        hybrid_reader.cancel()
+        second = [s for s, _ in again.got]
+        assert second == sorted(second), "the durable's return is out of publisher order"
+        assert any(replayed for _, replayed in again.got)
+        durable_got = Counter(s for s, _ in first_run + again.got)
+        report["durable"] = accounting("auditor", len(durable_expected), durable_got)
+        report["hybrid"] = accounting("hybrid", len(hybrid_expected), hybrid_got)
+        assert set(durable_got) == set(durable_expected) and first_run
+        assert set(hybrid_got) == set(hybrid_expected)
+        await hybrid.close()
+
+        # a store's broker killed during a historic answer, then asked again
+        cluster.pause("a:0", True)
+        asking = asyncio.create_task(
+            historic.subscribe(historic_text, since=start, until=time.time())
+        )
+        await asyncio.sleep(0.5)
+        cluster.kill("a:0")
+        cut = await asking
+        partial = [n.seq async for n in cut]
+        assert cut.history is not None and not cut.history.complete
+        assert cut.history.silent == ("a:0",) and partial == []
+        cluster.spawn_one("a:0")
+        await cluster.wait_ready(60)
+        whole = await historic.subscribe(historic_text, since=start, until=time.time())
+        got = [n.seq async for n in whole]
+        expected = matching(historic_text, seqs)
+        report["historic after restart"] = accounting("historian", len(expected), Counter(got))
+        assert got == expected and whole.history is not None and whole.history.complete
+        await historic.close()
+
+    asyncio.run(closing_control(cluster, scenario()))
+    print(json.dumps(report))
+    for name, counts in report.items():
+        assert counts["lost"] == counts["duplicates"] == 0, (name, counts)
+        assert counts["delivered"] == counts["expected"] > 0, (name, counts)
