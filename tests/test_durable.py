@@ -24,7 +24,7 @@ from conftest import secure_fig2
 from octopis.client import Publisher, Subscriber
 from octopis.client.replay import parse_time
 from octopis.client.subscriber import EndOfHistory
-from octopis.cluster.launcher import LocalCluster
+from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core.durable import LOOKBACK, DurableError, Durables
 from octopis.core.messages import Notification
 from octopis.core.replay import Replay
@@ -123,7 +123,7 @@ def test_a_store_answers_a_window_page_by_page_exactly_as_the_reference_matcher(
 
 def test_times_are_read_in_every_documented_form() -> None:
     now = 1_800_000_000.0
-    assert parse_time("all") == 0.0
+    assert parse_time("all") == 0.0 and parse_time("now", now) == now
     assert parse_time("10m", now) == now - 600 and parse_time("1.5h", now) == now - 5400
     assert parse_time("2026-11-27T10:00Z") == parse_time("2026-11-27T10:00:00+00:00")
     assert parse_time(12.5) == 12.5
@@ -313,3 +313,61 @@ def test_historic_hybrid_and_durable_subscriptions_get_exactly_their_publication
     for name, counts in report.items():
         assert counts["lost"] == counts["duplicates"] == 0, (name, counts)
         assert counts["delivered"] == counts["expected"] > 0, (name, counts)
+
+
+# -- the page's examples -----------------------------------------------------------------
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "durable.md"
+
+
+def _shell_blocks(page: Path) -> list[list[str]]:
+    """The commands of each ```sh block of ``page``, in order."""
+    blocks, current = [], None
+    for line in page.read_text().splitlines():
+        if line.strip() == "```sh":
+            current = []
+        elif line.strip() == "```" and current is not None:
+            blocks.append(current)
+            current = None
+        elif current is not None and line.strip():
+            current.append(line)
+    return blocks
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+def test_the_pages_shell_examples_do_what_the_page_says(tmp_path: Path) -> None:
+    """docs/durable.md's commands, as written, against an overlay `octopis up` started in
+    the directory they run in (fig2 on free ports, keys on)."""
+    scot, _ = prepare_topology(tmp_path / "build", preset="fig2")
+    (tmp_path / "t.json").write_text(json.dumps(scot.to_json()))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("OCTOPIS_KEYS", None)
+
+    def sh(command: str) -> list[dict]:
+        done = subprocess.run(
+            command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    historic, durable = _shell_blocks(PAGE)
+    sh("octopis up t.json")
+    try:
+        published = sh(historic[0])
+        assert [p["published"] for p in published] == [1, 2]
+        head, *lines = sh(historic[1])
+        assert head["history"]["silent"] == [] and head["history"]["error"] is None
+        assert [(n["publication"]["symbol"], n.get("replayed")) for n in lines] == [("MSFT", True)]
+        first = sh(durable[0])
+        assert len(first) == 1 and "subscribed" in first[0]  # nothing owed to a new one
+        sh(durable[1])
+        head, *lines = sh(durable[2])
+        assert head["history"]["error"] is None and head["history"]["silent"] == []
+        assert [(n["publication"]["symbol"], n.get("replayed")) for n in lines] == [("ORCL", True)]
+        ended = sh(durable[3])
+        assert ended[0]["ended"] == "audit"
+        head, *lines = sh(durable[2])  # ended: a fresh durable, owed nothing
+        assert lines == [] and head["history"]["published"] == 0
+    finally:
+        sh("octopis down")

@@ -272,7 +272,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--until",
         metavar="TIME",
         help="with --since: only those published before TIME, then exit (a historic "
-        "subscription); same forms as --since",
+        "subscription); same forms as --since, and 'now'",
     )
     sub.set_defaults(func=cmd_sub)
 

@@ -227,7 +227,7 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 def parse_time(text: str | float | datetime, now: float | None = None) -> float:
     """A point in time as seconds since the epoch: a number (already one), a
     :class:`~datetime.datetime` (naive ones are UTC), ``"all"`` (the oldest retained:
-    0), a duration ago (``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``) or an ISO 8601 time
+    0), ``"now"``, a duration ago (``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``) or an ISO 8601 time
     (``"2026-11-27T10:00Z"``; without a zone, UTC). Raises ``ValueError`` naming the
     accepted forms."""
     if isinstance(text, datetime):
@@ -238,6 +238,8 @@ def parse_time(text: str | float | datetime, now: float | None = None) -> float:
     value = text.strip()
     if value == "all":
         return 0.0
+    if value == "now":
+        return time.time() if now is None else now
     ago = _AGO.match(value)
     if ago is not None:
         return (time.time() if now is None else now) - float(ago[1]) * _UNITS[ago[2]]
@@ -245,7 +247,7 @@ def parse_time(text: str | float | datetime, now: float | None = None) -> float:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ValueError(
-            f"cannot read {text!r} as a time: give 'all', a duration ago such as 90s, 10m, "
+            f"cannot read {text!r} as a time: give 'all', 'now', a duration ago such as 90s, 10m, "
             "2h or 1d, or an ISO 8601 time such as 2026-11-27T10:00Z"
         ) from None
     if moment.tzinfo is None:
