@@ -127,7 +127,10 @@ async def _scenario(
     await talking
     await talker.flush(30)
     await talker.close()
-    await asyncio.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while len(live.got) < live.sent and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)  # a repeat would arrive meanwhile
     await reader.close()
     live_counts = {
         "expected": live.sent,

@@ -141,6 +141,21 @@ def test_a_neighbour_that_dies_mid_round_or_stays_silent_is_reported() -> None:
     assert again == [Forward("c:0", ReplayEcho("a:0/1", seen=True))]
 
 
+def test_a_part_still_sending_data_is_waited_for_from_its_last_page() -> None:
+    """A large answer comes page by page: a child whose data keeps coming is waited for
+    its budget from the last page (not reported silent at the request's deadline), and
+    once it stops, its budget later, it is."""
+    rounds = ReplayRounds("b:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []))
+    rounds.receive("a:0", _request(2.0), 10.0)
+    rounds.stored("a:0/1", [], [])
+    assert rounds.next_deadline() == 12.0
+    page = ReplayData("a:0/1", (_notification("c:0", 5),))
+    assert rounds.receive("c:0", page, 11.5) == [Forward("a:0", page)]
+    assert rounds.expire(12.5) == [] and rounds.next_deadline() == 13.5
+    (echo,) = rounds.expire(13.5)
+    assert echo.message.silent == ("c:0",)
+
+
 def test_rounds_are_bounded() -> None:
     """Past ``limit`` rounds the oldest ends early, its missing echoes reported."""
     rounds = ReplayRounds("b:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []), limit=2)

@@ -111,6 +111,8 @@ class Seam:
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
     live: list[tuple[Received, int]] = field(default_factory=list)
     overflowed: bool = False
+    progress: int = 0
+    """``replayed`` notices taken (a large answer is waited for while they come)."""
     started: float = field(default_factory=time.monotonic)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once the ``replay_done`` of :attr:`replay` is in."""
@@ -120,6 +122,7 @@ class Seam:
         req = str(message.get("id"))
         if message["op"] == "replayed":
             self.answers.setdefault(req, []).extend(message.get("bodies", ()))
+            self.progress += 1
         else:
             self.done[req] = message
         self.named(self.replay)

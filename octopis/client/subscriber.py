@@ -515,12 +515,20 @@ class Subscriber(NamedClient):
         return await self._past(seam, message, HISTORIC_WAIT)
 
     async def _ask(self, seam: Seam, message: dict[str, Any], timeout: float) -> str | None:
-        """Send a replay or claim request and wait for its ``replay_done``; returns why it
-        failed, if it did."""
+        """Send a replay or claim request and wait for its ``replay_done`` (at most
+        ``timeout`` seconds from the request or from the last answer that came); returns
+        why it failed, if it did."""
         try:
             reply = await self.connection.request(message, timeout)
             seam.named(str(reply["id"]))
-            await asyncio.wait_for(seam.finished.wait(), timeout)
+            while True:  # waited for ``timeout`` from the request or the last answer
+                progress = seam.progress
+                try:
+                    await asyncio.wait_for(seam.finished.wait(), timeout)
+                    break
+                except TimeoutError:
+                    if seam.progress == progress:
+                        raise
         except (TimeoutError, BrokerError) as exc:
             return f"{message['op']} failed: {exc or type(exc).__name__}"
         return None

@@ -14,12 +14,13 @@ Each broker asks its own store (the shell does the I/O and reports with
 :meth:`ReplayRounds.stored`), sends the matching publications toward the broker it got
 the request from (:class:`ReplayData`, filtered where they are stored) and, once every
 neighbour it passed the request to has echoed, went down, or stayed silent past the
-round's budget, echoes what its part of the overlay answered (:class:`ReplayEcho`): the
-brokers whose stores answered, those without a store, the neighbours never heard from
-(down, or silent: the subscription does not reach past them either, so their part is a
-gap) and the retention gaps. Data goes ahead of its echo on the same FIFO link, so when
-the host's last echo is in every answer has come (the echo algorithm), and the host
-hands the requester a :class:`ReplayDone`.
+round's budget (counted from the request, or from the last data that came through),
+echoes what its part of the overlay answered (:class:`ReplayEcho`): the brokers whose
+stores answered, those without a store, the neighbours never heard from (down, or
+silent: the subscription does not reach past them either, so their part is a gap) and
+the retention gaps. Data goes ahead of its echo on the same FIFO link, so when the
+host's last echo is in every answer has come (the echo algorithm), and the host hands
+the requester a :class:`ReplayDone`.
 
 The same request answers a historic or hybrid subscription (a time window
 ``[after, until)``, bounded per store by ``max_count`` publications and ``max_bytes``
@@ -219,6 +220,9 @@ class ReplayRounds:
         if round_ is None:
             return self._late(message)
         if type(message) is ReplayData:
+            # Data is progress: a part still answering (a large answer, page by page) is
+            # waited for its budget from its last page, not from the request.
+            round_.deadline = max(round_.deadline, now + round_.request.budget)
             if round_.parent is None:
                 return [ReplayDeliver(message.req_id, message.notifications)]
             return [Forward(round_.parent, message)]
@@ -315,6 +319,11 @@ class ReplayRounds:
                 round_.waiting.clear()
                 out += self._echo_if_complete(req_id, round_)
         return out
+
+    def next_deadline(self) -> float | None:
+        """When the next round that waits for echoes runs out of budget (None: none
+        waits): the shell calls :meth:`expire` then."""
+        return min((r.deadline for r in self.rounds.values() if r.stored), default=None)
 
     def _take(self, request: Replay, parent: str | None, now: float) -> list[ReplayAction]:
         out: list[ReplayAction] = []

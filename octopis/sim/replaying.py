@@ -207,6 +207,9 @@ class SubscriberFailover:
         rounds = self.replay_rounds.get(broker)
         if rounds is not None and self.failures is not None and broker not in self.failures.dead:
             self._carry_out_replay(broker, rounds.expire(self.now))
+            deadline = rounds.next_deadline()
+            if deadline is not None and deadline > self.now:  # data moved it
+                self.at(deadline, self._replay_expire, broker)
 
     def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
         for action in actions:

@@ -100,6 +100,7 @@ class Replaying:
         requesting client's connection); ``withdraw(key, sub_id)``: end a local
         subscription whose durable record was claimed by another host."""
         self._answers: set[asyncio.Task] = set()
+        self._expiry: asyncio.TimerHandle | None = None
         self.store: RetentionStore | None = None
         if data_dir is not None and settings.retention_age > 0:
             self.store = RetentionStore(
@@ -220,14 +221,31 @@ class Replaying:
         self._carry_out(self.rounds.link_down(neighbour))
 
     def expire(self) -> None:
-        """Rounds past their budget echo without the silent neighbours."""
+        """Rounds past their budget echo without the silent neighbours; then wait for
+        the next deadline (data that came through may have moved it)."""
+        self._expiry = None
         if self.rounds.rounds:
             self._carry_out(self.rounds.expire(time.monotonic()))
+        self._expire_at(self.rounds.next_deadline())
+
+    def _expire_at(self, deadline: float | None) -> None:
+        """Have :meth:`expire` run at monotonic time ``deadline`` (or earlier)."""
+        if deadline is None:
+            return
+        if self._expiry is not None:
+            if self._expiry.when() <= deadline:
+                return
+            self._expiry.cancel()
+        loop = asyncio.get_running_loop()
+        delay = max(deadline - time.monotonic(), 0.0) + 0.01
+        self._expiry = loop.call_at(loop.time() + delay, self.expire)
 
     def close(self) -> None:
         """Stop the answers under way, write what is queued and close the store."""
         for task in self._answers:
             task.cancel()
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self.store is not None:
             self._save_durables()
             self.store.close()
@@ -328,7 +346,7 @@ class Replaying:
             if type(action) is Forward:
                 self._send(action.link, action.message)
             elif type(action) is QueryStore:
-                asyncio.get_running_loop().call_later(action.request.budget, self.expire)
+                self._expire_at(time.monotonic() + action.request.budget)
                 self._query(action.request)
             elif type(action) is ReplayDeliver:
                 key = self.requesters.get(action.req_id)
