@@ -361,6 +361,12 @@ def test_the_pages_shell_examples_do_what_the_page_says(tmp_path: Path) -> None:
         assert [(n["publication"]["symbol"], n.get("replayed")) for n in lines] == [("MSFT", True)]
         first = sh(durable[0])
         assert len(first) == 1 and "subscribed" in first[0]  # nothing owed to a new one
+        status = subprocess.run(
+            ["octopis", "status"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        rows = {row.split()[0]: row.split() for row in status.stdout.splitlines()[1:]}
+        assert rows["a:0"][8] == "2" and rows["c:0"][11] == "1/1", status.stdout  # kept; away
+        assert rows["f:2"][8] == "0" and rows["f:2"][11] == "0/0", status.stdout
         sh(durable[1])
         head, *lines = sh(durable[2])
         assert head["history"]["error"] is None and head["history"]["silent"] == []

@@ -574,6 +574,16 @@ def format_status(
                     f"  -> {name:<8} {link['state']:<4} queue {link['queue_length']:>5}  "
                     f"silent {link['silent']:.2f} s  restarts {link['restarts']}"
                 )
+            for d in stats.get("durables", ()):
+                state = (
+                    "attached"
+                    if d["attached"]
+                    else f"client away for {_age(now - (d['away_since'] or now))}"
+                )
+                lines.append(
+                    f"  durable {d['name']} of {d['client']}: {state}, "
+                    f"{d['publishers']} publishers acknowledged"
+                )
     return "\n".join(lines)
 
 

@@ -133,6 +133,8 @@ class Broker:
         self.subscription_delay: dict[str, float] = {}
         self._stopping = asyncio.Event()
         self._failure: str | None = None
+        self._relayed: tuple[ReplayMessage, bytes] | None = None
+        """The replay message being handled, with its bytes (a relay sends them as such)."""
         self.held: list[tuple[Notification, PublishReceipt]] = []
         """Local publications waiting for this broker to be serving (DESIGN §7)."""
         self._tasks: dict[str, asyncio.Task] = {}
@@ -329,7 +331,9 @@ class Broker:
             return
         self.received[kind] += 1
         if kind is Replay or kind is ReplayData or kind is ReplayEcho:
+            self._relayed = (message, body)  # passed on unchanged: its bytes, not re-encoded
             self.replaying.receive(sender, message)
+            self._relayed = None
             return
         if kind is Subscribe:
             stored = len(self.core.table)
@@ -556,7 +560,9 @@ class Broker:
         return len(link.queue) if link is not None else 0
 
     def _send_replay(self, neighbour: str, message: ReplayMessage) -> None:
-        frame = frame_of(self._sender, encode_body(message), DATA)
+        relayed = self._relayed
+        body = relayed[1] if relayed is not None and relayed[0] is message else encode_body(message)
+        frame = frame_of(self._sender, body, DATA)
         self.peers.put(neighbour, [frame], self._loop.time())
 
     def _replay_targets(

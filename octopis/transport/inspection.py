@@ -14,6 +14,9 @@ from typing import Any
 from octopis.core import ClusteredBroker
 from octopis.core.resync import resync_messages
 
+DURABLES_LISTED = 100
+"""Durable subscription records a stats snapshot lists (their count is in ``retention``)."""
+
 
 class BrokerInspection:
     """The read-only views of one serving :class:`~octopis.transport.broker.Broker`
@@ -97,6 +100,7 @@ class BrokerInspection:
             "received": {kind.__name__.lower(): n for kind, n in broker.received.items()},
             "core": core,
             "retention": broker.replaying.stats,
+            "durables": broker.replaying.durable_list(DURABLES_LISTED),
             "lst": broker.lst.snapshot(),
             "queue_lengths": {name: len(link.queue) for name, link in broker.links.items()},
             "batches": {

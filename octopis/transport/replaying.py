@@ -13,6 +13,7 @@ requester has room (:data:`PAGE_ROOM`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import secrets
 import time
@@ -283,6 +284,20 @@ class Replaying:
         self._save_durables()
         self.start(None, [], [], time.time(), claim=claim_of(*ident))
         return True
+
+    def durable_list(self, limit: int) -> list[dict[str, object]]:
+        """The first ``limit`` durable records: client, name, whether attached, since when
+        the client is away (wall time), publishers it acknowledged."""
+        return [
+            {
+                "client": r.client,
+                "name": r.name,
+                "attached": r.key is not None,
+                "away_since": r.away,
+                "publishers": len(r.since),
+            }
+            for r in itertools.islice(self.durables.records.values(), limit)
+        ]
 
     async def maintain(self) -> None:
         """Every second: write the durable records acknowledgements changed, and abandon
