@@ -313,6 +313,8 @@ def test_the_page_fits_paper75_and_shows_an_overload_dnr_cases_and_retention(
 
         table = wait.until(table_shows_the_burst)
         assert table["sorted"] == "output"
+        oldest = next(row["oldest"] for row in table["rows"] if row["id"] == PUBLISHER)
+        assert oldest.endswith((" s", " min")), oldest  # the age of its oldest publication
         outputs = [_number(row["output"]) for row in table["rows"]]
         assert outputs == sorted(outputs, reverse=True)  # the busiest first
         assert outputs[0] > 0 and table["rows"][0]["id"] in (PUBLISHER, *READERS), table["rows"][:3]
@@ -351,6 +353,7 @@ def test_the_json_views_and_bad_input(paper75: LocalCluster, monitor: str) -> No
     brokers = snapshot["brokers"]
     assert set(brokers) == set(paper75.scot.brokers) and all(b["up"] for b in brokers.values())
     assert all({"rows", "bytes"} <= set(b["retention"]) for b in brokers.values())
+    assert all("oldest" in b["retention"] for b in brokers.values() if b["retention"]["rows"])
     totals = snapshot["totals"]
     assert totals["retention"]["rows"] == sum(b["retention"]["rows"] for b in brokers.values())
     assert totals["table"] == sum(b["table"] for b in brokers.values())

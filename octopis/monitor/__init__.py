@@ -105,8 +105,10 @@ def parse_metrics(text: str) -> dict[str, Any]:
                 figures["load_ratio"] = value
             elif name == "octopis_routing_events_total" and labels["event"] in ROUTING_EVENTS:
                 routing[labels["event"]] = int(value)
-            elif name in ("octopis_retention_rows", "octopis_retention_bytes"):
-                retention[name.removeprefix("octopis_retention_")] = int(value)
+            elif name == "octopis_retention_publications":
+                retention["rows"] = int(value)
+            elif name == "octopis_retention_bytes":
+                retention["bytes"] = int(value)
             elif name == "octopis_retention_oldest_timestamp_seconds":
                 retention["oldest"] = value
             elif name == "octopis_link_queue_length":

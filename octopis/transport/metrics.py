@@ -111,7 +111,6 @@ def families(stats: dict[str, Any]) -> Iterator[Metric]:
     for what, count in stats["held"].items():
         held.add_metric([what], count)
     yield held
-    yield from _retention_families(stats["retention"])
     yield from _load_families(stats["load"])
     yield from _retention_families(stats["retention"])
 
@@ -144,19 +143,6 @@ _RETENTION_EVENTS = frozenset(
     {"stored", "trimmed", "commits", "replayed", "rounds", "ended_early", "late", "unknown",
      "made", "claimed", "ended", "abandoned", "refused"}
 )  # fmt: skip
-
-
-def _retention_families(retention: dict[str, Any]) -> Iterator[Metric]:
-    """The retention store's size (DESIGN §11), when the broker keeps one: publications,
-    bytes of their bodies and, when the broker reports it, the oldest one's time."""
-    for key, name, help_text in (
-        ("retention.rows", "octopis_retention_rows", "Publications kept for replay"),
-        ("retention.bytes", "octopis_retention_bytes", "Bytes of the publications kept"),
-        ("retention.oldest", "octopis_retention_oldest_timestamp_seconds",
-         "When the oldest publication kept was published (seconds since the epoch)"),
-    ):  # fmt: skip
-        if retention.get(key) is not None:
-            yield GaugeMetricFamily(name, help_text, value=float(retention[key]))
 
 
 def _load_families(load: dict[str, Any]) -> Iterator[Metric]:
