@@ -4,11 +4,18 @@ The monitor reads nothing but the brokers' Prometheus endpoints
 (:mod:`octopis.transport.metrics`), so it needs no keys and can run anywhere those are
 reachable. Every ``interval`` seconds it scrapes them all at once and keeps one snapshot:
 per broker whether it answered, its deliveries and notifications in (totals and rates
-since the previous snapshot) and its routing-table size; per directed link its queue, CE
-and state (up, overloaded, down). The page (``/``) draws the SCOT as clusters × regions
-with aCOLs and iCOLs, colours each link by the worse of its two directions and updates
-from ``/events`` (server-sent events, one snapshot each) without reloading; ``/topology``
-and ``/snapshot`` serve the same data as JSON for tools.
+since the previous snapshot), its output over the load window (the busiest first on the
+page), its routing-table size, its DNR cases and tunnels (totals) and its retention store
+(publications, bytes, oldest); per directed link its queue, CE and state (up, overloaded,
+down); the overlay's totals; and the routing events of the last few minutes as they
+happened (each DNR case, detour and tunnel counted by a broker between two snapshots).
+
+The page (``/``) draws the SCOT as a grid of clusters × regions scaled to the window,
+with aCOLs along the rows and each region's iCOLs on lanes of their own beside its
+column, colours each link by the worse of its two directions, rings the brokers where DNR
+cases or tunnels happen now and updates from ``/events`` (server-sent events, one
+snapshot each) without reloading; ``/topology`` and ``/snapshot`` serve the same data as
+JSON for tools.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from importlib import resources
 from typing import Any
 
@@ -35,7 +43,25 @@ MAX_VIEWERS = 32
 """Event streams served at once; a further page is refused (503) until one closes."""
 
 STATE_RANK = {"up": 0, "overloaded": 1, "down": 2, "unknown": 3}
-"""Worse states rank higher; a link is drawn in the worse state of its two directions."""
+"""Worse states rank higher; a link is drawn in the worse state of its two directions
+(:func:`link_state`)."""
+
+ROUTING_EVENTS = (
+    "dnr_case_1",
+    "dnr_case_2",
+    "dnr_case_3",
+    "dnr_detour",
+    "snr.cbv_detour",
+    "tunnel.started",
+    "tunnel.relayed",
+    "tunnel.arrived",
+)
+"""The routing core's counters the monitor follows (``octopis_routing_events``): DNR's
+Cases I–III and its detour round a square, SNR's detour of a dead iCOL's clusters, and a
+tunnel's start, relays and arrival round a dead aCOL (DESIGN §3, §7)."""
+
+RECENT_EVENTS = 200
+"""Routing events the snapshot carries (the newest last)."""
 
 
 def topology_view(scot: Scot) -> dict[str, Any]:
@@ -48,20 +74,24 @@ def topology_view(scot: Scot) -> dict[str, Any]:
             {"id": b.id, "region": b.region, "cluster": b.cluster, "type": b.type}
             for b in scot.brokers.values()
         ],
-        "links": sorted(
-            (
-                {"a": min(u, v), "b": max(u, v), "kind": "aCOL" if kind == ACOL else "iCOL"}
-                for u, v, kind in scot.graph.edges(data="link")
-            ),
-            key=lambda link: (link["a"], link["b"]),
-        ),
+        "links": _links(scot),
     }
+
+
+def _links(scot: Scot) -> list[dict[str, str]]:
+    return sorted(
+        (
+            {"a": min(u, v), "b": max(u, v), "kind": "aCOL" if kind == ACOL else "iCOL"}
+            for u, v, kind in scot.graph.edges(data="link")
+        ),
+        key=lambda link: (link["a"], link["b"]),
+    )
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
     """The figures the monitor shows, out of one broker's Prometheus text."""
-    figures: dict[str, Any] = {"links": {}}
-    links = figures["links"]
+    figures: dict[str, Any] = {"links": {}, "routing": {}, "retention": {}}
+    links, routing, retention = figures["links"], figures["routing"], figures["retention"]
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
@@ -69,6 +99,18 @@ def parse_metrics(text: str) -> dict[str, Any]:
                 figures[name.removeprefix("octopis_").removesuffix("_total")] = value
             elif name == "octopis_routing_table_size":
                 figures["table"] = int(value)
+            elif name == "octopis_load_output_per_second":
+                figures["output_per_s"] = value
+            elif name == "octopis_load_ratio":
+                figures["load_ratio"] = value
+            elif name == "octopis_routing_events_total" and labels["event"] in ROUTING_EVENTS:
+                routing[labels["event"]] = int(value)
+            elif name == "octopis_retention_publications":
+                retention["rows"] = int(value)
+            elif name == "octopis_retention_bytes":
+                retention["bytes"] = int(value)
+            elif name == "octopis_retention_oldest_timestamp_seconds":
+                retention["oldest"] = value
             elif name == "octopis_link_queue_length":
                 links.setdefault(labels["link"], {})["queue"] = int(value)
             elif name == "octopis_link_congestion_element":
@@ -78,6 +120,46 @@ def parse_metrics(text: str) -> dict[str, Any]:
     return figures
 
 
+def link_state(links: dict[str, dict[str, Any]], a: str, b: str) -> str:
+    """The state of the link between ``a`` and ``b``: the worse of its two directions
+    that a broker reported (the survivor's view of a link to a dead broker is "down"),
+    "unknown" when neither did."""
+    known = [links[d]["state"] for d in (f"{a}>{b}", f"{b}>{a}") if "state" in links.get(d, {})]
+    return max(known, key=STATE_RANK.__getitem__, default="unknown")
+
+
+def overlay_totals(
+    brokers: dict[str, dict[str, Any]],
+    links: dict[str, dict[str, Any]],
+    undirected: list[dict[str, str]],
+) -> dict[str, Any]:
+    """The overlay's totals of one snapshot: brokers answering, links by state (each the
+    worse of its two directions), rates, routing-table entries, routing events and
+    retention summed over the brokers (the oldest retained publication overall)."""
+    answering = [b for b in brokers.values() if b["up"]]
+    states = dict.fromkeys(STATE_RANK, 0)
+    for link in undirected:
+        states[link_state(links, link["a"], link["b"])] += 1
+    totals: dict[str, Any] = {
+        "brokers": len(brokers),
+        "brokers_up": len(answering),
+        "links": states,
+        "routing": {
+            event: sum(b["routing"].get(event, 0) for b in answering) for event in ROUTING_EVENTS
+        },
+    }
+    for key in ("table", "deliveries_per_s", "notifications_in_per_s", "output_per_s"):
+        totals[key] = sum(b.get(key, 0) for b in answering)
+    kept = [b["retention"] for b in answering if b["retention"]]
+    oldest = [r["oldest"] for r in kept if "oldest" in r]
+    totals["retention"] = {
+        "rows": sum(r.get("rows", 0) for r in kept),
+        "bytes": sum(r.get("bytes", 0) for r in kept),
+        **({"oldest": min(oldest)} if oldest else {}),
+    }
+    return totals
+
+
 class Monitor:
     """Scrapes every broker of ``scot`` every ``interval`` seconds; keeps the latest
     snapshot and wakes the page streams on each."""
@@ -85,7 +167,16 @@ class Monitor:
     def __init__(self, scot: Scot, interval: float = 0.5) -> None:
         self.scot = scot
         self.interval = interval
-        self.snapshot: dict[str, Any] = {"time": 0.0, "brokers": {}, "links": {}}
+        self.links = _links(scot)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        """Routing events as they happened: time, broker, event, count (the newest last)."""
+        self.snapshot: dict[str, Any] = {
+            "time": 0.0,
+            "brokers": {},
+            "links": {},
+            "totals": overlay_totals({}, {}, self.links),
+            "events": [],
+        }
         self._fresh = asyncio.Condition()
         self._previous: dict[str, dict[str, Any]] = {}
 
@@ -106,23 +197,36 @@ class Monitor:
         snapshot: dict[str, Any] = {"time": now, "brokers": {}, "links": {}}
         for broker, text in zip(brokers, texts, strict=True):
             if text is None:
-                snapshot["brokers"][broker.id] = {"up": False}
+                snapshot["brokers"][broker.id] = {"up": False, "routing": {}, "retention": {}}
                 continue
             figures = parse_metrics(text)
             entry = {"up": True, **{k: v for k, v in figures.items() if k != "links"}}
-            before = self._previous.get(broker.id)
-            if before is not None and now > before["time"]:
-                for key in ("deliveries", "notifications_in"):
-                    entry[f"{key}_per_s"] = (entry.get(key, 0) - before.get(key, 0)) / (
-                        now - before["time"]
-                    )
-            self._previous[broker.id] = {"time": now, **entry}
+            self._follow(broker.id, entry, now)
             snapshot["brokers"][broker.id] = entry
             for neighbour, link in figures["links"].items():
                 snapshot["links"][f"{broker.id}>{neighbour}"] = link
+        snapshot["totals"] = overlay_totals(snapshot["brokers"], snapshot["links"], self.links)
+        snapshot["events"] = list(self.recent)
         async with self._fresh:
             self.snapshot = snapshot
             self._fresh.notify_all()
+
+    def _follow(self, broker_id: str, entry: dict[str, Any], now: float) -> None:
+        """Rates since this broker's previous snapshot, and the routing events it counted
+        meanwhile (a counter that went down belongs to a restarted broker: all of it is new)."""
+        before = self._previous.get(broker_id)
+        self._previous[broker_id] = {"time": now, **entry}
+        if before is None or now <= before["time"]:
+            return
+        for key in ("deliveries", "notifications_in"):
+            entry[f"{key}_per_s"] = (entry.get(key, 0) - before.get(key, 0)) / (
+                now - before["time"]
+            )
+        for event, count in entry["routing"].items():
+            earlier = before["routing"].get(event, 0)
+            new = count - earlier if count >= earlier else count
+            if new:
+                self.recent.append({"time": now, "broker": broker_id, "event": event, "count": new})
 
     async def _scrape(self, session: aiohttp.ClientSession, endpoint: str) -> str | None:
         try:
