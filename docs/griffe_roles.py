@@ -1,0 +1,28 @@
+"""A Griffe extension for the API reference: the docstrings' reST roles
+(``:class:`Subscriber```, ``:attr:`~x.gaps```) become Markdown code spans, so they read
+as names rather than as role markup."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import griffe
+
+ROLE = re.compile(r":(?:class|attr|data|func|meth|mod|exc|obj):`~?([^`]+)`")
+
+
+class ReSTRoles(griffe.Extension):
+    """Rewrite the roles of every docstring of a loaded package."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        self._rewrite(pkg, set())
+
+    def _rewrite(self, obj: Any, seen: set[int]) -> None:
+        if id(obj) in seen or obj.is_alias:
+            return
+        seen.add(id(obj))
+        if obj.docstring is not None:
+            obj.docstring.value = ROLE.sub(r"`\1`", obj.docstring.value)
+        for member in obj.members.values():
+            self._rewrite(member, seen)
