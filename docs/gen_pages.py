@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import itertools
 import os
 import re
 import tempfile
@@ -74,8 +75,7 @@ def write_cli_pages() -> None:
         ),
         "octopis-broker": (
             broker_parser,
-            "Runs one broker process; `octopis up` and the systemd units start brokers "
-            "with it.",
+            "Runs one broker process; `octopis up` and the systemd units start brokers with it.",
         ),
     }
     for program, (build, summary) in programs.items():
@@ -88,7 +88,7 @@ def attribute_docstrings(cls: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
-    for node, after in zip(body, body[1:], strict=False):
+    for node, after in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
@@ -113,9 +113,7 @@ def settings_page() -> str:
 
     defaults = settings.BrokerSettings()
     meanings = attribute_docstrings(settings.BrokerSettings)
-    meanings |= {
-        f"limits.{name}": doc for name, doc in attribute_docstrings(InputLimits).items()
-    }
+    meanings |= {f"limits.{name}": doc for name, doc in attribute_docstrings(InputLimits).items()}
     known = {f.name for f in fields(settings.BrokerSettings)} | {
         f"limits.{f.name}" for f in fields(InputLimits)
     }
@@ -209,8 +207,9 @@ def write_copied_pages() -> None:
     for target in IMAGE.findall(text):
         with mkdocs_gen_files.open(target, "wb") as out:
             out.write((results.parent / target).read_bytes())
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     with mkdocs_gen_files.open("changelog.md", "w") as page:
-        page.write((ROOT / "CHANGELOG.md").read_text(encoding="utf-8"))
+        page.write(changelog.replace("](bench/RESULTS.md)", "](benchmarks.md)"))
 
 
 write_cli_pages()
