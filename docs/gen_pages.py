@@ -61,7 +61,6 @@ def write_cli_pages() -> None:
     from octopis.cli.main import build_parser as octopis_parser
     from octopis.cli.topology import build_parser as topology_parser
 
-    os.environ["COLUMNS"] = HELP_COLUMNS
     programs = {
         "octopis": (
             octopis_parser,
@@ -78,9 +77,17 @@ def write_cli_pages() -> None:
             "Runs one broker process; `octopis up` and the systemd units start brokers with it.",
         ),
     }
-    for program, (build, summary) in programs.items():
-        with mkdocs_gen_files.open(f"reference/cli/{program}.md", "w") as page:
-            page.write(cli_page(program, build, summary))
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = HELP_COLUMNS
+    try:
+        for program, (build, summary) in programs.items():
+            with mkdocs_gen_files.open(f"reference/cli/{program}.md", "w") as page:
+                page.write(cli_page(program, build, summary))
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
 
 
 def attribute_docstrings(cls: type) -> dict[str, str]:
