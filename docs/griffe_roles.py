@@ -1,6 +1,7 @@
 """A Griffe extension for the API reference: the docstrings' reST roles
 (``:class:`Subscriber```, ``:attr:`~x.gaps```) become Markdown code spans, so they read
-as names rather than as role markup."""
+as names rather than as role markup, and a paragraph ending in reST's ``::`` before a
+literal block ends in ``:`` (the indented block is a code block in Markdown too)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import griffe
 
 ROLE = re.compile(r":(?:class|attr|data|func|meth|mod|exc|obj):`~?([^`]+)`")
+LITERAL = re.compile(r"(?<=\S)::\n\n")
 
 
 class ReSTRoles(griffe.Extension):
@@ -23,6 +25,7 @@ class ReSTRoles(griffe.Extension):
             return
         seen.add(id(obj))
         if obj.docstring is not None:
-            obj.docstring.value = ROLE.sub(r"`\1`", obj.docstring.value)
+            text = ROLE.sub(r"`\1`", obj.docstring.value)
+            obj.docstring.value = LITERAL.sub(":\n\n", text)
         for member in obj.members.values():
             self._rewrite(member, seen)
