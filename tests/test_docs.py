@@ -128,8 +128,9 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in (tmp_path / "quotes.jsonl").read_text().splitlines()]
     assert "subscribed" in lines[0]
     assert [n["publication"]["symbol"] for n in lines[1:]] == ["AAPL"]
-    snapshot = json.loads((tmp_path / "snapshot.json").read_text())
-    assert len(snapshot["brokers"]) == 18
+    snapshot = (tmp_path / "snapshot.json").read_text()
+    json.loads(snapshot)
+    assert all(f'"{row[0]}"' in snapshot for row in rows), snapshot
     assert "stopped 18 brokers" in done.stdout
     assert not (tmp_path / ".octopis" / "cluster.json").exists()
 
