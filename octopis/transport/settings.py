@@ -1,79 +1,18 @@
-"""Broker settings, read from a TOML file (``octopis-broker --config``).
+"""Broker settings, read from a TOML file (``octopis-broker --config``, ``octopis up
+--config``).
 
 ```toml
 [lst]
-window = 0.05            # Δt of the Link Status Table, seconds (paper §6.3)
-queue_threshold = 10     # Q: a queue this long marks its link overloaded
-order = "ce"             # DNR's "least loaded": "ce" (CE, then queue; the paper's) or
-                         # "bluedove" (estimated processing time (q̂ + 1)/μ, DESIGN §9)
+window = 0.05            # Δt of the Link Status Table, seconds
+queue_threshold = 10     # Q
 
-[links]
-sndhwm = 64              # ZeroMQ send high-water mark per peer link (messages)
-heartbeat = 0.2          # seconds of silence on a link before it carries a heartbeat
-down_after = 1.0         # T: a neighbour silent this long is down (DESIGN §7)
-ack_interval = 0.05      # frames taken are acknowledged at the end of each input pass;
-                         # acknowledgements withheld by backpressure are looked at this often
-custody_limit = 10000    # unacknowledged notifications kept per link; full = link waits;
-                         # 0 = no custody (a failure loses what was in flight)
-retain = 1.0             # acknowledged notifications are kept this long after sending, in
-                         # case the neighbour dies before passing them on; 0 = not kept
-retain_limit = 10000     # at most this many retained per link (oldest dropped first, counted)
-queue_limit = 10000      # frames waiting on one link; beyond it the broker withholds its
-                         # acknowledgements from the other neighbours (backpressure, DESIGN §8)
-capacity = 0             # messages/s on every outgoing peer link; 0 = unlimited
-broker_capacity = 0      # messages/s over all of a broker's links together; 0 = unlimited
 [links.capacities]       # per directed link "src>dst" = messages/s
 "b:2>b:0" = 200
-
-[clients]
-sndhwm = 10000           # per client connection before deliveries queue in the broker
-backlog_limit = 10000    # deliveries queued in the broker for one connection beyond sndhwm
-slow_policy = "disconnect"  # at backlog_limit: "disconnect" (withdraw, tell the client why)
-                         # or "drop_oldest" (drop the oldest queued, tell the client how many)
-publish_window = 1000    # unanswered publications per connection; more are refused
-timeout = 10.0           # a connection silent this long is dropped, its subscriptions withdrawn
-move_timeout = 30.0      # a client told to move a subscription away must have moved it by then
-hold_limit = 10000       # publications held while a restarted broker resyncs; full = refused
-capacity = 0             # deliveries/s to all of this broker's clients together (an
-                         # overwhelmed broker, issue 17); 0 = unlimited
-queue_limit = 10000      # deliveries waiting for that capacity; beyond it the broker holds
-                         # back its neighbours, as for a full link (DESIGN §8)
-
-[dedup]
-window = 4096            # (publisher, seq) pairs remembered per publisher (edge dedup)
-publishers = 10000       # publishers remembered; the one seen first is forgotten first
-
-[retention]              # what this broker's own publishers published, kept for replay
-max_bytes = 268435456    # bodies kept on disk (SQLite, WAL); the oldest go first past it
-max_age = 3600.0         # seconds a publication is kept; 0 = retention off
-replay_budget = 3.0      # seconds the host of a replay waits for the whole overlay's answer
-replay_rounds = 1000     # replay requests a broker takes part in at once
-historic_budget = 30.0   # seconds the host of a historic or durable answer waits for it
-answer_max = 100000      # publications one store answers to one request, at most
-answer_bytes = 67108864  # encoded bytes one store answers to one request, at most
-
-[durable]                # durable subscriptions: records kept while their client is away
-keep = 3600.0            # seconds a record waits for its client; then it is abandoned
-max = 10000              # records one broker keeps; a durable subscribe past it is refused
-
-[logs]
-interval = 5.0           # a repeated warning is written at most once per interval per kind
-
-[limits]                 # input a broker accepts, from clients and peers alike (DESIGN §8)
-frame_bytes = 1048576    # largest ZeroMQ message on any socket (ZMQ_MAXMSGSIZE); a sender
-                         # of a larger one is disconnected
-attributes = 64          # attributes in one publication
-predicates = 64          # predicates in one subscription
-string_length = 1024     # characters in one string value or constant
-name_length = 128        # characters in one attribute name
-subscriptions_per_client = 10000
-
-[memory]
-budget_mb = 256          # RSS above which the broker holds its neighbours back (DESIGN §8)
-gc_young = 100000        # allocations between Python's young-generation collections
-                         # (Python's default is 700; see BrokerSettings.gc_young)
-gc_idle = 10000          # young objects at which an input that runs dry collects now (0: never)
 ```
+
+Every ``[table] key`` is a row of :data:`_KEYS` or :data:`_CHOICES`; its default and
+meaning are the :class:`BrokerSettings` field it sets and that field's docstring. The
+settings reference of the documentation is generated from them.
 """
 
 from __future__ import annotations
@@ -101,61 +40,110 @@ class BrokerSettings:
     """Everything a broker process can be tuned with."""
 
     window: float = DEFAULT_WINDOW
+    """Δt of the Link Status Table, seconds: each link's congestion element CE = n_in /
+    n_out is taken over windows this long (paper §6.3)."""
     queue_threshold: int = DEFAULT_QUEUE_THRESHOLD
+    """Q: an output queue this long marks its link overloaded (as does a non-empty queue
+    whose CE is above 1)."""
     order: str = DEFAULT_ORDER
-    """DNR's "least loaded" order, one of :data:`octopis.core.lst.ORDERS`."""
+    """DNR's "least loaded" among candidate links: ``"ce"`` (CE, then queue length: the
+    paper's) or ``"bluedove"`` (BlueDove's estimated processing time (q̂ + 1)/μ)."""
     sndhwm: int = 8
     """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
     output queue, which the LST measures, grows."""
     capacity: float = 0.0
+    """Messages per second on every outgoing peer link; 0 = unlimited."""
     capacities: dict[str, float] = field(default_factory=dict)
+    """Messages per second on single directed links, ``"src>dst" = rate`` in
+    ``[links.capacities]``; a link not named takes :attr:`capacity`."""
     broker_capacity: float = 0.0
+    """Messages per second over all of the broker's outgoing links together; 0 =
+    unlimited."""
     client_sndhwm: int = 1_000
+    """ZeroMQ messages (each of at most 16 deliveries) waiting per client connection
+    before deliveries queue in the broker."""
     client_backlog_limit: int = 10_000
+    """Deliveries queued in the broker for one connection beyond ``sndhwm``; at the limit
+    ``slow_policy`` applies."""
     slow_policy: str = "disconnect"
+    """What a connection at its backlog limit gets: ``"disconnect"`` (its subscriptions
+    are withdrawn and the client is told why) or ``"drop_oldest"`` (the oldest queued
+    deliveries are dropped, and the client is told how many)."""
     publish_window: int = 1000
+    """Unanswered publications per client connection; more are refused, so a publisher
+    waits for credit."""
     queue_limit: int = 10_000
+    """Frames waiting on one peer link; beyond it the broker withholds its
+    acknowledgements from its other neighbours (hop-by-hop backpressure)."""
     heartbeat: float = 0.2
+    """Seconds of silence on a link before it carries a heartbeat."""
     down_after: float = 1.0
+    """T: a neighbour silent this long is down (more than two heartbeats)."""
     ack_interval: float = 0.05
+    """Seconds between looks at acknowledgements withheld by backpressure; frames taken
+    are acknowledged at the end of each input pass."""
     custody_limit: int = 10_000
+    """Unacknowledged notifications kept per link for a neighbour that may fail; full,
+    the link waits. 0 = no custody (a failure loses what was in flight, and there is no
+    backpressure)."""
     retain: float = 1.0
+    """Seconds acknowledged notifications are kept after sending, in case the neighbour
+    dies before passing them on; 0 = not kept."""
     retain_limit: int = 10_000
+    """Acknowledged notifications kept per link at most (the oldest go first, counted)."""
     client_timeout: float = 10.0
+    """Seconds of silence after which a client connection is dropped and its
+    subscriptions are withdrawn."""
     client_move_timeout: float = 30.0
+    """Seconds a client told to move a subscription away has to move it; the order lapses
+    after that and the client stays subscribed here."""
     hold_limit: int = 10_000
+    """Publications held while a restarted broker resyncs; when it is full, more are
+    refused."""
     delivery_capacity: float = 0.0
-    """Deliveries per second to all clients together; 0 = unlimited."""
+    """Deliveries per second to all of the broker's clients together; 0 = unlimited."""
     delivery_queue_limit: int = 10_000
-    """Deliveries waiting for :attr:`delivery_capacity` before neighbours are held back."""
+    """Deliveries waiting for :attr:`delivery_capacity`; beyond it the broker holds its
+    neighbours back, as for a full link, and refuses local publications."""
     dedup_window: int = DEFAULT_DEDUP_WINDOW
+    """(publisher, sequence number) pairs remembered per publisher by edge dedup, which
+    delivers each publication at most once per host."""
     dedup_publishers: int = DEFAULT_DEDUP_PUBLISHERS
+    """Publishers edge dedup remembers; the one seen first is forgotten first."""
     log_interval: float = 5.0
+    """Seconds between two lines of a repeated warning of one kind (the count of those
+    left out is logged with the next)."""
     frame_bytes: int = 1 << 20
+    """Largest ZeroMQ message on any of the broker's sockets, bytes; a sender of a larger
+    one is disconnected."""
     limits: InputLimits = field(default_factory=InputLimits)
+    """Sizes of filters and publications accepted from clients and peers alike."""
     subscriptions_per_client: int = 10_000
+    """Subscriptions one client may hold at the broker."""
     memory_budget_mb: int = 256
-    """RSS above which the broker holds its neighbours back (DESIGN §8): 75 brokers of
-    256 MB fit this 24 GiB machine; an idle broker uses about 45 MB."""
+    """RSS, in MB, above which the broker holds its neighbours back (75 brokers of 256 MB
+    fit a 24 GiB machine; an idle broker uses about 45 MB)."""
     gc_young: int = 100_000
-    """Net allocations between the cyclic collector's young-generation passes (Python's
-    default 700). Every notification a broker forwards allocates a dozen containers that
-    reference counting frees at once; at 700 the collector ran every ~50 notifications
-    and re-traversed what custody keeps alive, ~10% of a hop's time (issue 16). Memory
-    is still bounded: only reference cycles wait for a pass, and the broker makes few."""
+    """Net allocations between Python's young-generation collections (Python's default is
+    700). A forwarded notification allocates a dozen short-lived containers; at 700 the
+    collector would run every ~50 notifications and walk what custody keeps alive.
+    Memory stays bounded: only reference cycles wait for a pass, and the broker makes
+    few."""
     gc_idle: int = 10_000
     """Young objects at which an input loop that has run dry runs the collector's next
     pass at once (:class:`~octopis.transport.collector.IdleCollector`; 0: never), so the
-    pass over what a subscription flood leaves (~10 objects a subscription) falls in a
-    moment with nothing to do rather than in the traffic after it (issue 16)."""
+    pass over what a subscription flood leaves falls in a moment with nothing to do
+    rather than in the traffic after it."""
     load_window: int = 10
-    """Seconds of the load analysis's sliding window (DESIGN §9)."""
+    """Seconds of the load analysis's sliding window."""
     load_capacity: float = 0.0
-    """Output (copies + deliveries) per second the broker can carry; 0: measured."""
+    """Output (copies + deliveries) per second the broker can carry, the denominator of
+    its load ratio; 0: measured (what one CPU second carried in the window)."""
     retention_bytes: int = 256 * 2**20
-    """Bytes of publication bodies the retention store keeps (DESIGN §11)."""
+    """Bytes of publication bodies the retention store keeps; the oldest go first past
+    it."""
     retention_age: float = 3600.0
-    """Seconds a publication is kept; 0 turns retention off."""
+    """Seconds a publication is kept in the retention store; 0 turns retention off."""
     replay_budget: float = 3.0
     """Seconds the host of a replay waits for every broker's answer; a neighbour silent
     past its share of it is reported, with what only it reached, as a gap."""

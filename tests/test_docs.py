@@ -1,0 +1,262 @@
+"""The documentation: the README's tour and every example of Getting started run as
+written (read from the pages, not copied here), the site builds with ``mkdocs build
+--strict``, and no user-facing text names an issue."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from octopis.cluster.launcher import find_free_base_port
+from octopis.topology import PORTS_PER_BROKER
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+BIN = Path(sys.executable).parent
+ISSUE = re.compile(r"\bissues?\s*#?\s*\d+|(?<![\w&/])#\d+\b", re.IGNORECASE)
+"""An issue named by number: "issue 18", "issues 14 and 16", "#18"."""
+QUIET_MKDOCS = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
+MKDOCS = "from mkdocs.__main__ import cli; cli()"
+"""`mkdocs` as this interpreter runs it (a Python child process, not a server)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block of a Markdown page and the ``##`` section it is in."""
+
+    section: str
+    language: str
+    code: str
+
+
+def fenced_blocks(path: Path) -> list[Block]:
+    """Every fenced block of ``path``, in order."""
+    blocks: list[Block] = []
+    section, fence, language, lines = "", None, "", []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if fence is None:
+            if line.startswith("## "):
+                section = line[3:].strip()
+            elif line.startswith("```"):
+                fence, language, lines = "```", line[3:].strip(), []
+        elif line.startswith(fence):
+            blocks.append(Block(section, language, "\n".join(lines) + "\n"))
+            fence = None
+        else:
+            lines.append(line)
+    assert fence is None, f"{path.name}: a fenced block is not closed"
+    return blocks
+
+
+def on_free_ports(script: str, base_port: int, monitor_port: int | None = None) -> str:
+    """``script`` with its topology built on ``base_port`` and its monitor (if any) on
+    ``monitor_port``: the one change the tests make to a page's commands."""
+    lines = script.splitlines()
+    builds = [i for i, line in enumerate(lines) if line.startswith("octopis-topology build ")]
+    assert len(builds) == 1, "the page should build exactly one topology"
+    lines[builds[0]] += f" --base-port {base_port}"
+    text = "\n".join(lines) + "\n"
+    if monitor_port is not None:
+        assert text.count("octopis monitor") == 1 and "127.0.0.1:8700" in text
+        text = text.replace("octopis monitor", f"octopis monitor --port {monitor_port}")
+        text = text.replace("127.0.0.1:8700", f"127.0.0.1:{monitor_port}")
+    return text
+
+
+def shell(script: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``script`` with bash, stopping at the first failing command, with the
+    environment's programs (``octopis``, ``octopis-topology``) first on the PATH."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def stop_overlay(cwd: Path) -> None:
+    """``octopis down`` if a page left its overlay running (a failed step)."""
+    if (cwd / ".octopis" / "cluster.json").exists():
+        shell("octopis down", cwd, timeout=60)
+
+
+def test_readme_is_a_short_front_door() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    first = fenced_blocks(README)[0]
+    assert first.language == "bash"
+    commands = first.code.splitlines()
+    assert commands[0].startswith("bash .ci/setup && .venv/bin/octopis run --preset paper75 ")
+    assert commands[1] == "bash .ci/setup && .venv/bin/python -m pytest"
+    assert "docs/monitor.png" in text and (ROOT / "docs" / "monitor.png").is_file()
+
+
+@pytest.mark.processes
+def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
+    """The tour's commands, as the README has them, in a fresh directory with the
+    default run directory; only the ports are free ones."""
+    tour = [b for b in fenced_blocks(README) if b.section == "A five-minute tour"]
+    assert [b.language for b in tour] == ["bash"]
+    for command in ("octopis up", "octopis sub", "octopis pub", "octopis status", "octopis down"):
+        assert command in tour[0].code
+    base = find_free_base_port(19)
+    script = on_free_ports(tour[0].code, base, monitor_port=base + 18 * PORTS_PER_BROKER)
+    try:
+        done = shell(script, tmp_path, timeout=240)
+    finally:
+        stop_overlay(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "18 brokers of fig2 up" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if re.match(r"[a-f]:[0-2] ", line)]
+    assert len(rows) == 18 and all(row[2] == "yes" for row in rows), done.stdout
+    lines = [json.loads(line) for line in (tmp_path / "quotes.jsonl").read_text().splitlines()]
+    assert "subscribed" in lines[0]
+    assert [n["publication"]["symbol"] for n in lines[1:]] == ["AAPL"]
+    snapshot = (tmp_path / "snapshot.json").read_text()
+    json.loads(snapshot)
+    assert all(f'"{row[0]}"' in snapshot for row in rows), snapshot
+    assert "stopped 18 brokers" in done.stdout
+    assert not (tmp_path / ".octopis" / "cluster.json").exists()
+
+
+def sdk_connects_by_broker_id() -> bool:
+    from octopis.client import Subscriber
+
+    return "run_dir" in inspect.signature(Subscriber.connect).parameters
+
+
+@pytest.mark.processes
+def test_every_example_of_getting_started_runs(tmp_path: Path) -> None:
+    """Each fenced block of Getting started, in order, in one fresh directory: shell
+    blocks with bash, Python blocks with this interpreter. The Install section's block
+    (`.ci/setup`, which CI itself runs) is the one left out."""
+    blocks = fenced_blocks(GETTING_STARTED)
+    install = [b for b in blocks if b.section == "Install"]
+    assert len(install) == 1 and "bash .ci/setup" in install[0].code
+    examples = [b for b in blocks if b.section != "Install"]
+    assert {b.language for b in examples} == {"bash", "python"}
+    assert sum(b.language == "python" for b in examples) >= 2
+    if not sdk_connects_by_broker_id():
+        pytest.skip("the examples connect by broker id (`run_dir=`), which this SDK lacks")
+    base = find_free_base_port(18)
+    try:
+        for block in examples:
+            if block.language == "bash":
+                code = block.code
+                if "octopis-topology build" in code:
+                    code = on_free_ports(code, base)
+                done = shell(code, tmp_path, timeout=180)
+            else:
+                done = subprocess.run(
+                    [sys.executable, "-c", block.code],
+                    cwd=tmp_path,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=False,
+                )
+                assert done.stdout.strip(), f"the example printed nothing:\n{block.code}"
+            assert done.returncode == 0, f"{block.code}\n{done.stdout}{done.stderr}"
+    finally:
+        stop_overlay(tmp_path)
+    assert not (tmp_path / ".octopis" / "cluster.json").exists()
+
+
+def subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                yield from subcommands(child)
+
+
+def program_parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:
+    from octopis.cli.broker import build_parser as broker_parser
+    from octopis.cli.main import build_parser as octopis_parser
+    from octopis.cli.topology import build_parser as topology_parser
+
+    return {
+        "octopis": octopis_parser,
+        "octopis-topology": topology_parser,
+        "octopis-broker": broker_parser,
+    }
+
+
+def test_no_user_facing_text_names_an_issue() -> None:
+    pages = [README, ROOT / "CHANGELOG.md", ROOT / "bench" / "RESULTS.md"]
+    pages += sorted((ROOT / "docs").rglob("*.md"))
+    found = [
+        f"{page.relative_to(ROOT)}:{n}: {line.strip()}"
+        for page in pages
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if ISSUE.search(line)
+    ]
+    for build in program_parsers().values():
+        for parser in subcommands(build()):
+            help_text = parser.format_help()
+            found += [f"{parser.prog} --help: {m.group()}" for m in ISSUE.finditer(help_text)]
+    assert not found, "\n".join(found)
+
+
+def test_the_issue_pattern_finds_issue_numbers() -> None:
+    for text in ("see issue 18", "Issues 14 and 16", "fixed in #18", "(issue #7)"):
+        assert ISSUE.search(text), text
+    for text in ("c:0#<epoch>.1", "&#8212;", "docs/x.md#failures", "fig2, 18 brokers"):
+        assert not ISSUE.search(text), text
+
+
+def page_text(path: Path) -> str:
+    """The text of a built page's article, tags dropped."""
+    page = path.read_text(encoding="utf-8")
+    article = page[page.index("<article") : page.index("</article>")]
+    return html.unescape(re.sub(r"<[^>]+>", "", article))
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """`mkdocs build --strict`: a broken link, a missing page or a docstring the API
+    reference cannot render fails it. The generated references hold every command and
+    every setting, and no page of the built site names an issue."""
+    site = tmp_path / "site"
+    built = subprocess.run(
+        [sys.executable, "-c", MKDOCS, "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env={**os.environ, **QUIET_MKDOCS},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    for program, build in program_parsers().items():
+        text = page_text(site / "reference" / "cli" / program / "index.html")
+        for parser in subcommands(build()):
+            assert f"usage: {parser.prog}" in text, parser.prog
+    from octopis.transport import settings
+
+    text = page_text(site / "reference" / "settings" / "index.html")
+    for section, key in [*settings._KEYS, *settings._CHOICES]:
+        assert f"[{section}]" in text and key in text, (section, key)
+    for preset in ("fig2", "paper75"):
+        assert (site / "figures" / f"{preset}.svg").stat().st_size > 1000
+    named = [
+        f"{page.relative_to(site)}: {m.group()}"
+        for page in site.rglob("index.html")
+        for m in ISSUE.finditer(page_text(page))
+    ]
+    assert not named, "\n".join(named)
