@@ -150,10 +150,13 @@ class ClaimRequest(Request, tag="claim"):
 
 class AckRequest(Request, tag="ack"):
     """``client`` took the deliveries of durable subscription ``durable`` up to
-    ``since`` (publisher, session, seq): its replay starts after them."""
+    ``since`` (publisher, session, seq): its replay starts after them. ``after``: what
+    other publishers published since then is still owed (a record claimed from
+    another broker carries it over)."""
 
     durable: ClientName
     since: Annotated[list[tuple[ClientName, Sequence, Sequence]], msgspec.Meta(max_length=100_000)]
+    after: Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)] | None = None
 
 
 class HeartbeatRequest(Request, tag="heartbeat"):

@@ -185,6 +185,9 @@ class Subscriber(NamedClient):
         (publisher, session), acknowledged to the broker."""
         self._unacked: dict[str, dict[tuple[str, int], int]] = {}
         """Per durable name: what was taken and not acknowledged yet."""
+        self._owed_after: dict[str, float] = {}
+        """Per durable name claimed from a record: the time from which other publishers'
+        publications are owed (sent with the acknowledgements to the new record)."""
         self._ack_soon: asyncio.Handle | None = None
         self._past_lock = asyncio.Lock()
         """One historic, hybrid or durable answer at a time."""
@@ -232,22 +235,23 @@ class Subscriber(NamedClient):
         self._ack_soon = None
         unacked, self._unacked = self._unacked, {}
         for durable, taken in unacked.items():
-            self.connection.send_soon(
-                {
-                    "op": "ack",
-                    "client": self.name,
-                    "durable": durable,
-                    "since": [[p, s, q] for (p, s), q in taken.items()],
-                }
-            )
+            message = {
+                "op": "ack",
+                "client": self.name,
+                "durable": durable,
+                "since": [[p, s, q] for (p, s), q in taken.items()],
+            }
+            if durable in self._owed_after:
+                message["after"] = self._owed_after[durable]
+            self.connection.send_soon(message)
 
     def _ack_all(self) -> None:
         """Acknowledge every durable subscription's whole record again (its new host
         keeps a record of its own after a fail-over or a move)."""
         for durable in set(self._durable_of.values()):
             taken = self._taken.get(durable)
-            if taken:
-                self._unacked.setdefault(durable, {}).update(taken)
+            if taken or durable in self._owed_after:
+                self._unacked.setdefault(durable, {}).update(taken or {})
         if self._unacked and self._ack_soon is None:
             self._ack_soon = asyncio.get_running_loop().call_soon(self._send_acks)
 
@@ -499,6 +503,7 @@ class Subscriber(NamedClient):
         taken = self._taken.setdefault(durable, LastSeen())
         for p, s, q in record_since:
             taken.saw(p, s, q)
+        self._owed_after[durable] = float(best[3])
         self._ack_all()
         log.info(
             "%s: durable %s claimed from %s (%d publishers known)",
@@ -807,7 +812,10 @@ class Subscriber(NamedClient):
                 if len(record["delivered"]) < LATE_KEPT:
                     record["delivered"].add(key)
         if self._callback is not None:
-            self._callback(received)
+            self._callback(received)  # taken once the callback returns
+            if self._durable_of:
+                for durable in set(self._durable_of.values()):
+                    self.took(durable, received)
             return
         for stream in self._streams.values():
             stream.offer(received, size)

@@ -118,12 +118,22 @@ class Durables:
         self.dirty.add(ident)
         return record
 
-    def ack(self, client: str, name: str, since: list[tuple[str, int, int]], now: float) -> bool:
-        """The client took deliveries up to ``since`` (publisher, session, seq); False if
-        no record of that durable is kept here."""
+    def ack(
+        self,
+        client: str,
+        name: str,
+        since: list[tuple[str, int, int]],
+        now: float,
+        after: float | None = None,
+    ) -> bool:
+        """The client took deliveries up to ``since`` (publisher, session, seq), and owes
+        itself any other publisher's publications since ``after`` (a claimed record's);
+        False if no record of that durable is kept here."""
         record = self.records.get((client, name))
         if record is None:
             return False
+        if after is not None:
+            record.after = min(record.after, after)
         known = record.since
         for publisher, session, seq in since:
             pair = (publisher, session)

@@ -476,7 +476,10 @@ class ClientSessions:
         return {"op": "claiming", "id": req_id}
 
     def _ack(self, identity: bytes, connection: ClientSession, request: AckRequest) -> dict:
-        if not self.router.replaying.durable_ack(request.client, request.durable, request.since):
+        acked = self.router.replaying.durable_ack(
+            request.client, request.durable, request.since, request.after
+        )
+        if not acked:
             raise ClientError(f"{self.id} keeps no durable subscription {request.durable!r}")
         return {"op": "acked"}
 

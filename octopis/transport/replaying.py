@@ -261,9 +261,11 @@ class Replaying:
         self.durables.attach(client, name, key, sub_id, filters, time.time())
         self._save_durables()
 
-    def durable_ack(self, client: str, name: str, since: list[tuple[str, int, int]]) -> bool:
+    def durable_ack(
+        self, client: str, name: str, since: list[tuple[str, int, int]], after: float | None
+    ) -> bool:
         """The client took deliveries up to ``since`` (written within a second)."""
-        return self.durables.ack(client, name, since, time.time())
+        return self.durables.ack(client, name, since, time.time(), after)
 
     def durable_detached(self, sub_id: str, heard: float) -> None:
         """``sub_id``'s connection went away, last heard at wall time ``heard``."""
