@@ -51,6 +51,11 @@ def test_a_record_waits_while_its_client_is_away_and_is_handed_over_once() -> No
     assert claimed.after == max(100.0, 110.0 - LOOKBACK)
     assert durables.claim("audit", "d", key=None, now=131.0) is None  # once
     assert durables.stats["durable.claimed"] == 1
+    # its new host's record takes over what the claimed one still owed
+    durables.attach("audit", "d", "k2/audit", "s2", ("[x,>,1]",), 140.0)
+    assert durables.ack("audit", "d", list(claimed.since), 141.0, after=claimed.after)
+    assert durables.records[("audit", "d")].after == claimed.after
+    assert not durables.ack("audit", "other", [], 141.0)
 
 
 def test_an_abandoned_record_is_withdrawn_after_keep_and_counted() -> None:
