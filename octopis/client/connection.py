@@ -83,7 +83,9 @@ class Received:
         return self.received_at - self.left_broker_at
 
 
-NOTICES = frozenset({"move", "released", "replayed", "replay_done", "withdrawn"})
+NOTICES = frozenset(
+    {"move", "released", "replayed", "replay_done", "withdrawn", "composite", "composite_dropped"}
+)
 """What a broker tells a client unasked."""
 
 NotificationHandler = Callable[[str, str, int, float, Publication, float, float, int, int], None]
@@ -295,7 +297,9 @@ class Connection:
         (:data:`NOTICES`): ``move`` (go to another broker) and ``released`` (a moved
         subscription is no longer delivered here), DESIGN §9; ``replayed`` and
         ``replay_done`` (a replay's answers and its end) and ``withdrawn`` (a durable
-        subscription claimed by the host its client came back at), DESIGN §11."""
+        subscription claimed by the host its client came back at), DESIGN §11;
+        ``composite`` (a composite subscription's match) and ``composite_dropped`` (its
+        join let publications go), DESIGN §12."""
         self._notices[name] = notice
 
     def forget(

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from octopis.client.composite import composite_notification
 from octopis.client.connection import (
     BrokerError,
     Connection,
@@ -27,7 +28,8 @@ from octopis.client.replay import (
     parse_time,
     unseen,
 )
-from octopis.filters import Publication, Subscription, as_subscription
+from octopis.filters import Composite, Publication, Subscription, as_filter
+from octopis.wire import pack
 
 LATE_KEPT = 10_000
 """Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
@@ -57,7 +59,7 @@ class SubscriptionStream:
         self,
         owner: Subscriber,
         sub_id: str,
-        subscription: Subscription,
+        subscription: Subscription | Composite,
         durable: str | None = None,
     ) -> None:
         self.owner = owner
@@ -123,6 +125,25 @@ class SubscriptionStream:
         await self.owner.unsubscribe(self)
 
 
+class CompositeStream(SubscriptionStream):
+    """The stream of a composite subscription (DESIGN §12): one
+    :class:`~octopis.client.composite.CompositeNotification` per match. ``dropped``,
+    ``late`` and ``cut`` are the latest totals its host's join reported (see there)."""
+
+    dropped = 0
+    late = 0
+    cut = 0
+
+    def notice(self, message: dict[str, Any]) -> None:
+        """A ``composite`` or ``composite_dropped`` notice for this subscription."""
+        self.dropped = max(self.dropped, int(message.get("dropped", 0)))
+        self.late = max(self.late, int(message.get("late", 0)))
+        self.cut = max(self.cut, int(message.get("cut", 0)))
+        if message["op"] == "composite":
+            match = composite_notification(self.owner.name, message, time.time())
+            self.offer(match, len(pack(message)))  # type: ignore[arg-type]
+
+
 class Subscriber(NamedClient):
     """A named subscriber. ``on_notification`` (if given) receives every delivery instead
     of the per-subscription streams (used for bulk accounting).
@@ -177,7 +198,7 @@ class Subscriber(NamedClient):
         self._room = asyncio.Event()
         self._room.set()
         self._streams: dict[str, SubscriptionStream] = {}
-        self._subscriptions: dict[str, Subscription] = {}
+        self._subscriptions: dict[str, Subscription | Composite] = {}
         self._durable_of: dict[str, str] = {}
         """Sub id → the name of the durable subscription it is."""
         self._taken: dict[str, LastSeen] = {}
@@ -272,6 +293,11 @@ class Subscriber(NamedClient):
         move under way, if it comes from the current connection."""
         if message["op"] == "withdrawn":
             self._withdrawn(str(message.get("sub_id")), connection)
+            return
+        if message["op"] in ("composite", "composite_dropped"):
+            stream = self._streams.get(str(message.get("sub_id")))
+            if isinstance(stream, CompositeStream):
+                stream.notice(message)
             return
         if message["op"] in ("replayed", "replay_done"):
             record = self._replay_records.get(str(message.get("id")))
@@ -414,7 +440,7 @@ class Subscriber(NamedClient):
 
     async def subscribe(
         self,
-        spec: str | dict | Subscription,
+        spec: str | dict | Subscription | Composite,
         timeout: float = 10.0,
         *,
         durable: str | None = None,
@@ -439,8 +465,19 @@ class Subscriber(NamedClient):
         with :class:`EndOfHistory`). ``max_count`` and ``max_bytes`` bound each store's
         answer (0: the brokers' ``[retention] answer_max``, ``answer_bytes``). The
         stream's :attr:`~SubscriptionStream.history` says whether the answer is
-        complete. The call returns once the past has been delivered to the stream."""
-        subscription = as_subscription(spec)
+        complete. The call returns once the past has been delivered to the stream.
+
+        A composite subscription (text ``{...} & {...} within 5s`` or its dict form,
+        :func:`~octopis.filters.composite_from_dict`) returns a :class:`CompositeStream`
+        of one :class:`~octopis.client.composite.CompositeNotification` per match, joined
+        at the broker; it is live only (no ``durable``, ``since``, ``until``)."""
+        subscription = as_filter(spec)
+        if isinstance(subscription, Composite):
+            if durable is not None or since is not None or until is not None:
+                raise ValueError("a composite subscription is live only: no durable, since, until")
+            sub_id = await self._subscribe(subscription, timeout)
+            stream = self._streams[sub_id] = CompositeStream(self, sub_id, subscription)
+            return stream
         if durable is not None and (since is not None or until is not None):
             raise ValueError("a durable subscription starts where it left off: no since/until")
         if until is not None and since is None:
@@ -595,7 +632,10 @@ class Subscriber(NamedClient):
         )
 
     async def _subscribe(
-        self, subscription: Subscription, timeout: float | None, durable: str | None = None
+        self,
+        subscription: Subscription | Composite,
+        timeout: float | None,
+        durable: str | None = None,
     ) -> str:
         message = {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}
         if durable is not None:
@@ -628,7 +668,7 @@ class Subscriber(NamedClient):
         (DESIGN §7), unless this subscriber is moving away from it (the move makes them
         at the new host before the session left behind ends)."""
         if connection is self.connection:
-            replaying = self.replay_on_failover and bool(self._subscriptions)
+            replaying = self.replay_on_failover and bool(self._replayable())
             seam = None
             if replaying and self.since is not None:
                 # Hold live deliveries from now: what the new broker delivers (detours
@@ -660,12 +700,17 @@ class Subscriber(NamedClient):
         message = {
             "op": "replay",
             "client": self.name,
-            "filters": [f.to_text() for f in self._subscriptions.values()],
+            "filters": self._replayable(),
             "since": self.last_seen.since(),
             "after": after,
         }
         gap, _ = await self._replayed(seam, message, timeout)
         return gap
+
+    def _replayable(self) -> list[str]:
+        """The texts of the subscriptions a replay asks for: the atomic ones (a composite
+        subscription's join starts afresh at its new host)."""
+        return [f.to_text() for f in self._subscriptions.values() if isinstance(f, Subscription)]
 
     async def _replayed(
         self, seam: Seam, message: dict[str, Any], timeout: float
@@ -818,7 +863,8 @@ class Subscriber(NamedClient):
                     self.took(durable, received)
             return
         for stream in self._streams.values():
-            stream.offer(received, size)
+            if not isinstance(stream, CompositeStream):
+                stream.offer(received, size)
 
     def _dropped(self, reason: str) -> None:
         for stream in self._streams.values():

@@ -50,7 +50,7 @@ from octopis.core import (
 from octopis.core.recovery import Recovery
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage, sbp_targets
 from octopis.core.resync import epoch_of
-from octopis.filters import Subscription, set_limits
+from octopis.filters import Composite, Subscription, set_limits
 from octopis.keys import Keys
 from octopis.logs import RateLimitedLog
 from octopis.matching import MatchClock, Matcher
@@ -58,6 +58,7 @@ from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, encode_body
 from octopis.transport.collector import IdleCollector
+from octopis.transport.composites import Composites
 from octopis.transport.control import serve_control
 from octopis.transport.frames import (
     BODY,
@@ -154,6 +155,15 @@ class Broker:
             lambda key, sub_id: self.clients.withdraw(key, sub_id),
         )
         """The retention store and the replay rounds (DESIGN §11)."""
+        self.composites = Composites(
+            lambda key, subscription, now: self.core.subscribe(key, subscription, now),
+            lambda key, sub_id: self.core.unsubscribe(key, sub_id),
+            self._notify_client,
+            settings.composite_parts,
+            settings.composite_lateness,
+            self.counters,
+        )
+        """The composite subscriptions hosted here and their joins (DESIGN §12)."""
         self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
         self.collector = IdleCollector(settings.gc_idle)
         self.welcome: dict[str, object] = {
@@ -494,8 +504,12 @@ class Broker:
 
     # -- what client sessions ask ----------------------------------------------------------
 
-    def subscribe(self, key: str, subscription: Subscription) -> tuple[str, list[Action]]:
-        """A local subscription: the core starts SBP."""
+    def subscribe(
+        self, key: str, subscription: Subscription | Composite
+    ) -> tuple[str, list[Action]]:
+        """A local subscription: the core starts SBP (for each part of a composite one)."""
+        if isinstance(subscription, Composite):
+            return self.composites.subscribe(key, subscription)
         sub_id, actions = self.core.subscribe(key, subscription, time.time())
         self.subscription_delay[sub_id] = 0.0
         return sub_id, actions
@@ -505,11 +519,15 @@ class Broker:
         ``sub_id`` (DESIGN §9); BID has no clusters and refuses."""
         if not isinstance(self.core, ClusteredBroker):
             raise ClientError(f"{self.id} routes by BID: move by subscribing afresh")
+        if sub_id in self.composites.by_id:
+            raise ClientError(f"{sub_id} is a composite subscription: move by subscribing afresh")
         return self.core.adopt(key, sub_id)
 
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """A local withdrawal: the core starts the two-step unsubscribe."""
         self.subscription_delay.pop(sub_id, None)
+        if self.composites.holds(key, sub_id):
+            return self.composites.unsubscribe(key, sub_id)
         return self.core.unsubscribe(key, sub_id)
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
@@ -620,6 +638,10 @@ class Broker:
                 self.recovery.hold_copy(action.link, frame)
             elif type(action) is Deliver:
                 client = self.clients.names.get(action.subscriber)
+                if client is None and self.composites.deliver(
+                    action.subscriber, action.notification
+                ):
+                    continue
                 if client is None:  # gone, its subscription kept for a move (orphans)
                     self.counters["undeliverable.client_gone"] += 1
                     continue

@@ -37,9 +37,10 @@ from octopis.core import Action, Notification, ProtocolError
 from octopis.core.capacity import SendRate
 from octopis.core.durable import DurableError, claim_of
 from octopis.filters import (
+    Composite,
     FilterError,
     Subscription,
-    as_subscription,
+    as_filter,
     parse_publication,
     parse_subscription,
     validate_publication,
@@ -89,8 +90,11 @@ class Router(Protocol):
 
     welcome: dict[str, object]
 
-    def subscribe(self, key: str, subscription: Subscription) -> tuple[str, list[Action]]:
-        """Install a local subscription; returns its id and the SBP actions."""
+    def subscribe(
+        self, key: str, subscription: Subscription | Composite
+    ) -> tuple[str, list[Action]]:
+        """Install a local subscription (a composite one: its parts); returns its id and
+        the SBP actions."""
 
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """Withdraw a local subscription; returns the SBP actions."""
@@ -339,7 +343,9 @@ class ClientSessions:
         self, identity: bytes, connection: ClientSession, request: SubscribeRequest
     ) -> dict:
         key = self._room_for_one_more(identity, connection, request)
-        subscription = as_subscription(request.filter)
+        subscription = as_filter(request.filter)
+        if request.durable is not None and isinstance(subscription, Composite):
+            raise ClientError("a composite subscription cannot be durable")
         if request.durable is not None:
             try:
                 self.router.replaying.durables.room(request.client, request.durable)

@@ -161,6 +161,14 @@ class BrokerSettings:
     """Seconds a durable subscription's record waits for its client (DESIGN §11)."""
     durable_max: int = 10_000
     """Durable subscription records one broker keeps."""
+    composite_parts: int = 10_000
+    """Publications the join of one composite subscription keeps at most (DESIGN §12);
+    past it the earliest published goes first, counted as ``composite.dropped`` and told
+    to the client."""
+    composite_lateness: float = 5.0
+    """Seconds a publication may take from its publisher to a composite's host and still
+    be joined with everything published within the composite's window: the join keeps
+    each publication for ``window + lateness`` seconds after its publication time."""
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
@@ -247,6 +255,8 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("retention", "answer_bytes"): ("answer_bytes", 1024, True),
     ("durable", "keep"): ("durable_keep", 0.01, False),
     ("durable", "max"): ("durable_max", 1, True),
+    ("composite", "max_parts"): ("composite_parts", 1, True),
+    ("composite", "lateness"): ("composite_lateness", 0.0, False),
     ("logs", "interval"): ("log_interval", 0.0, False),
     ("limits", "frame_bytes"): ("frame_bytes", 1024, True),
     ("limits", "attributes"): ("limits.attributes", 1, True),

@@ -1,0 +1,152 @@
+"""The composite subscriptions a broker hosts (DESIGN §12): their parts installed as
+ordinary local subscriptions, the publications delivered for them joined
+(:mod:`octopis.core.composite`), and each match sent to its client as one
+``composite`` notice.
+
+The parts of one composite share one local subscriber key (``composite:<n>``, never a
+client's: those hold a ``/``), so the routing core delivers a publication once per
+composite however many of its parts it matches. The client sees one subscription id.
+A ``composite_dropped`` notice tells the client when its composite's join let
+publications go to stay within ``[composite] max_parts`` (or cut an arrival's matches),
+at most once a second, with the totals; each ``composite`` notice carries them too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from octopis.core import Action, Notification
+from octopis.core.composite import CompositeJoin, Match
+from octopis.filters import Composite, Subscription
+
+REPORT_INTERVAL = 1.0
+"""Seconds between two ``composite_dropped`` notices of one composite."""
+
+
+@dataclass
+class Hosted:
+    """One composite subscription hosted here."""
+
+    client: str
+    """The subscribing client's key."""
+    sub_id: str
+    """Its id as the client knows it."""
+    key: str
+    """The local subscriber key its parts are installed under."""
+    part_ids: list[str]
+    join: CompositeJoin
+    reported: tuple[int, int] = (0, 0)
+    """(dropped, cut) as last told to the client."""
+    reported_at: float = float("-inf")
+
+
+class Composites:
+    """The composite subscriptions of one broker."""
+
+    def __init__(
+        self,
+        subscribe: Callable[[str, Subscription, float], tuple[str, list[Action]]],
+        unsubscribe: Callable[[str, str], list[Action]],
+        notify: Callable[[str, dict], bool],
+        max_parts: int,
+        lateness: float,
+        counters: Counter[str],
+    ) -> None:
+        self._subscribe = subscribe
+        """The core's local subscribe: (subscriber key, subscription, time) → id, actions."""
+        self._unsubscribe = unsubscribe
+        self._notify = notify
+        self.max_parts = max_parts
+        self.lateness = lateness
+        self.counters = counters
+        self.by_key: dict[str, Hosted] = {}
+        """Local subscriber key of the parts → the composite."""
+        self.by_id: dict[str, Hosted] = {}
+        self._made = 0
+
+    def subscribe(self, client: str, composite: Composite) -> tuple[str, list[Action]]:
+        """Install ``composite`` for client key ``client``: each part as a local
+        subscription (SBP spreads it); returns the composite's id and the actions."""
+        self._made += 1
+        key = f"composite:{self._made}"
+        now = time.time()
+        part_ids: list[str] = []
+        actions: list[Action] = []
+        for part in composite.parts:
+            part_id, more = self._subscribe(key, part.routing, now)
+            part_ids.append(part_id)
+            actions += more
+        sub_id = f"{part_ids[0]}&"
+        join = CompositeJoin(composite, self.max_parts, self.lateness)
+        hosted = Hosted(client, sub_id, key, part_ids, join)
+        self.by_key[key] = hosted
+        self.by_id[sub_id] = hosted
+        self.counters["composite.subscriptions"] += 1
+        return sub_id, actions
+
+    def holds(self, client: str, sub_id: str) -> bool:
+        hosted = self.by_id.get(sub_id)
+        return hosted is not None and hosted.client == client
+
+    def unsubscribe(self, client: str, sub_id: str) -> list[Action]:
+        """Withdraw composite ``sub_id`` of ``client``: every part (SBP withdraws them)."""
+        hosted = self.by_id.pop(sub_id)
+        del self.by_key[hosted.key]
+        actions: list[Action] = []
+        for part_id in hosted.part_ids:
+            actions += self._unsubscribe(hosted.key, part_id)
+        return actions
+
+    def deliver(self, key: str, n: Notification) -> bool:
+        """A publication delivered to local subscriber ``key``: if that is a composite's,
+        join it and send the client each match it completes (True); else False."""
+        hosted = self.by_key.get(key)
+        if hosted is None:
+            return False
+        join = hosted.join
+        counts = (join.dropped, join.late, join.cut)
+        now = time.time()
+        matches = join.offer((n.publisher, n.session, n.seq), n.published_at, n.publication, now)
+        counters = self.counters
+        counters["composite.parts"] += 1
+        counters["composite.dropped"] += join.dropped - counts[0]
+        counters["composite.late"] += join.late - counts[1]
+        counters["composite.cut"] += join.cut - counts[2]
+        for match in matches:
+            if self._notify(hosted.client, self._notice(hosted, match)):
+                counters["composite.matches"] += 1
+            else:
+                counters["undeliverable.client_gone"] += 1
+        if (join.dropped, join.cut) != hosted.reported and (
+            now - hosted.reported_at >= REPORT_INTERVAL
+        ):
+            hosted.reported, hosted.reported_at = (join.dropped, join.cut), now
+            self._notify(
+                hosted.client,
+                {
+                    "op": "composite_dropped",
+                    "sub_id": hosted.sub_id,
+                    "dropped": join.dropped,
+                    "late": join.late,
+                    "cut": join.cut,
+                },
+            )
+        return True
+
+    @staticmethod
+    def _notice(hosted: Hosted, match: Match) -> dict:
+        join = hosted.join
+        return {
+            "op": "composite",
+            "sub_id": hosted.sub_id,
+            "parts": [
+                [*held.key, held.published_at, held.publication, list(parts)]
+                for held, parts in match.parts
+            ],
+            "dropped": join.dropped,
+            "late": join.late,
+            "cut": join.cut,
+        }
