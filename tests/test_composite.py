@@ -1,0 +1,413 @@
+"""Composite subscriptions (DESIGN §12): the syntax (text and dict forms, every error
+named), the join at the host against a brute-force reference over the whole published
+stream, its bounds, and a process test on fig2 with trades and quotes derived from the
+real quote data."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from octopis.core.composite import CompositeJoin
+from octopis.filters import (
+    Binding,
+    Composite,
+    FilterError,
+    Join,
+    Part,
+    Predicate,
+    Var,
+    as_filter,
+    composite_from_dict,
+    parse_composite,
+    parse_subscription,
+)
+from octopis.transport.settings import settings_from_data
+
+TRADES_AND_QUOTES = (
+    "{[class,eq,'TRADE'],[symbol,eq,$S]} & "
+    "{[class,eq,'QUOTE'],[symbol,eq,$S],[bid,>,100]} within 5s"
+)
+
+# -- syntax ------------------------------------------------------------------------------
+
+
+def test_the_trades_and_quotes_example_parses_into_parts_that_route_as_supersets() -> None:
+    c = parse_composite(TRADES_AND_QUOTES)
+    assert c.window == 5.0 and c.expression == Join("&", (0, 1)) and c.variables == {"S"}
+    trade, quote = c.parts
+    assert trade.terms == (Predicate("class", "eq", "TRADE"), Binding("symbol", "eq", "S"))
+    assert trade.routing == parse_subscription("[class,eq,'TRADE'],[symbol,isPresent]")
+    assert quote.routing == parse_subscription("[class,eq,'QUOTE'],[symbol,isPresent],[bid,>,100]")
+    assert quote.bind({"class": "QUOTE", "symbol": "IBM", "bid": 101.5}) == {"S": "IBM"}
+    assert quote.bind({"class": "QUOTE", "symbol": "IBM", "bid": 99}) is None
+    assert quote.bind({"class": "QUOTE", "symbol": 7, "bid": 101}) is None  # eq binds strings
+    assert parse_composite(c.to_text()) == c
+    assert c.to_text() == (
+        "{[class,eq,'TRADE'],[symbol,eq,$S]} & "
+        "{[class,eq,'QUOTE'],[symbol,eq,$S],[bid,>,100]} within 5.0s"
+    )
+
+
+def test_padres_spelling_typed_variables_double_operators_and_outer_braces() -> None:
+    padres = parse_composite(
+        "{{[class,eq,'audit'],[reading,=,$I$X0]}&&{[class,eq,'reading'],[reading,=,'$I$X0']}}"
+    )
+    plain = parse_composite(
+        "{[class,eq,'audit'],[reading,=,$X0]} & {[class,eq,'reading'],[reading,=,$X0]}"
+    )
+    assert padres == plain and padres.window is None
+    assert parse_composite("{[a,eq,'x']} || {[b,eq,'y']}").expression.op == "|"
+    assert parse_composite("({[a,eq,'x']} | {[b,eq,'y']}) & {[c,eq,'z']}") == parse_composite(
+        "{{[a,eq,'x']} | {[b,eq,'y']}} & {[c,eq,'z']}"
+    )
+    # in a part a quoted text that is not a typed PADRES variable is a string constant
+    quoted = parse_composite("{[a,eq,'$X']} & {[b,eq,'y']}")
+    assert quoted.parts[0].terms == (Predicate("a", "eq", "$X"),)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5s", 5.0), ("500ms", 0.5), ("1.5 s", 1.5), ("2m", 120.0), ("1h", 3600.0), (".25s", 0.25)],
+)
+def test_windows(text: str, seconds: float) -> None:
+    assert parse_composite(f"{{[a,eq,'x']}} & {{[b,eq,'y']}} within {text}").window == seconds
+
+
+def test_the_dict_form_equals_the_text() -> None:
+    from_dict = composite_from_dict(
+        {
+            "and": [
+                {"class": ("eq", "TRADE"), "symbol": ("eq", Var("S"))},
+                "[class,eq,'QUOTE'],[symbol,eq,$S],[bid,>,100]",
+            ],
+            "within": "5s",
+        }
+    )
+    assert from_dict == parse_composite(TRADES_AND_QUOTES)
+    nested = composite_from_dict(
+        {"or": [{"and": [{"a": ("eq", "x")}, {"b": "isPresent"}]}, {"c": ("=", 1)}], "within": 2}
+    )
+    assert nested == parse_composite("{{[a,eq,'x']} & {[b,isPresent]}} | {[c,=,1]} within 2s")
+    assert as_filter({"or": [{"a": ("eq", "x")}, {"b": ("eq", "y")}]}) == parse_composite(
+        "{[a,eq,'x']} | {[b,eq,'y']}"
+    )
+
+
+def test_atomic_filters_are_read_as_before() -> None:
+    text = "[class,eq,'STOCK'],[close,>,27.5]"
+    assert as_filter(text) == parse_subscription(text)
+    assert as_filter({"close": (">", 27.5)}) == parse_subscription("[close,>,27.5]")
+    with pytest.raises(FilterError, match=r"position 12: invalid value '\$S'"):
+        parse_subscription("[symbol,eq,$S]")  # a variable is a composite's only
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{[a,eq,'x']}", "position 1: a composite subscription joins at least two parts"),
+        ("{[a,eq,'x']} {[b,eq,'y']}", "position 14: expected '&', '|' or 'within' after a part"),
+        ("{[a,eq,'x']} & {[b,eq,'y']} | {[c,eq,'z']}", "position 29: '|' after '&': group"),
+        ("{[a,eq,'x']} & {}", "position 16: empty part '{}'"),
+        ("{[a,eq,'x']} & ()", "position 16: empty group '()'"),
+        ("{[a,eq,'x']} & {[b,eq,'y']", "position 27: expected '}' to close '{' of position 16"),
+        ("{[a,eq,'x']} & [b,eq,'y']", "position 16: expected '{' to open a part or a group"),
+        ("{[a,eq,'x'] & {[b,eq,'y']}", "position 13: expected ',' between predicates"),
+        ("{[a,eq,$X]} & {[b,>,$X]}", "position 21: variable $X binds by equality"),
+        ("{[a,eq,$S$X]} & {[b,=,$S$X]}", "position 23: variable $S$X is a string variable"),
+        ("{[a,eq,$]} & {[b,eq,'y']}", "position 8: expected a variable name after '$'"),
+        ("{[a,eq,$X]} & {[b,eq,$Y]}", "variable $X appears once (part 1)"),
+        ("{[a,eq,$X]} & {[b,=,$X]}", "variable $X is compared as a string (eq) in part 1"),
+        ("{[a,eq,'x']} & {[b,eq,'y']} within 5", "position 36: a duration needs a unit"),
+        ("{[a,eq,'x']} & {[b,eq,'y']} within soon", "position 36: expected a duration"),
+        ("{[a,eq,'x']} & {[b,eq,'y']} within 0s", "position 36: the window must be longer"),
+        ("{[a,eq,'x']} & {[b,eq,'y']} within 5s or so", "position 39: expected the end after"),
+        ("({[a,eq,'x']} & {[b,eq,'y']} within 5s)", "position 30: 'within' applies to the whole"),
+        ("{[a,eqq,'x']} & {[b,eq,'y']}", "position 5: unknown operator 'eqq'"),
+        ("{[a,eq,1]} & {[b,eq,'y']}", "position 8: string operator 'eq' needs a quoted string"),
+        (" & ".join(["{[a,eq,'x']}"] * 17), "17 parts is over the limit of 16"),
+    ],
+)
+def test_malformed_composites_are_refused_naming_the_problem(text: str, message: str) -> None:
+    with pytest.raises(FilterError, match=re.escape(message)):
+        parse_composite(text)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"and": [{"a": ("eq", "x")}]}, "'and' needs a list of at least two terms"),
+        ({"and": [{"a": ("eq", "x")}, {"b": ("eq", "y")}], "or": []}, "one of 'and' or 'or'"),
+        ({"and": [{"a": ("eq", "x")}, 5]}, "composite.and[1]: a term must be a part"),
+        ({"and": [{"a": (">", Var("X"))}, {"b": ("eq", Var("X"))}]}, "binds by equality"),
+        ({"and": [{"a": ("eq", "x")}, {"b": ("eq", "y")}], "within": -1}, "positive number"),
+        ({"and": [{"a": ("eq", "x")}, {"b": ("eq", "y")}], "within": "5"}, "needs a unit"),
+    ],
+)
+def test_malformed_dict_forms_are_refused_naming_the_problem(
+    spec: Mapping[str, Any], message: str
+) -> None:
+    with pytest.raises(FilterError, match=re.escape(message)):
+        composite_from_dict(spec)
+
+
+def test_a_variable_name_is_checked() -> None:
+    with pytest.raises(FilterError, match="invalid variable name '1x'"):
+        Var("1x")
+
+
+ATTRS = ("a", "b", "n")
+IS_PRESENT = "isPresent"
+
+
+@st.composite
+def composites(draw: st.DrawFn, max_parts: int = 4) -> Composite:
+    """A composite over attributes a, b (strings) and n (numbers): random predicates,
+    bindings of $S (strings) and $N (numbers), a random AND/OR tree, maybe a window."""
+    count = draw(st.integers(2, max_parts))
+    parts = []
+    for _ in range(count):
+        terms: list[Predicate | Binding] = []
+        if draw(st.booleans()):
+            terms.append(Predicate("a", "eq", draw(st.sampled_from("xy"))))
+        if draw(st.booleans()):
+            terms.append(Predicate("n", draw(st.sampled_from(("<", ">=", "<>"))), 1))
+        if draw(st.booleans()):
+            terms.append(Binding("b", "eq", "S"))
+        if draw(st.booleans()):
+            terms.append(Binding("n", "=", "N"))
+        if not terms:
+            terms.append(Predicate("a", IS_PRESENT, None))
+        parts.append(Part(tuple(terms)))
+    window = draw(st.sampled_from((None, 0.5, 1.0, 2.5)))
+    try:
+        return Composite(tuple(parts), draw(trees(list(range(count)))), window)
+    except FilterError:  # a variable named once
+        assume(False)
+        raise
+
+
+@st.composite
+def trees(draw: st.DrawFn, leaves: list[int]) -> int | Join:
+    if len(leaves) == 1:
+        return leaves[0]
+    cut = draw(st.integers(1, len(leaves) - 1))
+    op = draw(st.sampled_from("&|"))
+    return Join(op, (draw(trees(leaves[:cut])), draw(trees(leaves[cut:]))))
+
+
+@given(composites())
+def test_text_round_trips(c: Composite) -> None:
+    assert parse_composite(c.to_text()) == c
+
+
+# -- the join ------------------------------------------------------------------------------
+
+
+Stream = list[tuple[tuple[str, int, int], float, dict[str, Any]]]
+"""(key, published_at, publication) in publication order."""
+
+
+def reference(c: Composite, stream: Stream) -> dict[frozenset, dict[tuple, frozenset[int]]]:
+    """Every match over the whole ``stream`` by brute force, straight from the definition
+    (:class:`Composite`): each satisfying assignment of publications to parts, as the
+    set of its publications, with the parts each one fills."""
+    at = {key: t for key, t, _ in stream}
+
+    def satisfying(node: int | Join) -> Iterator[tuple[dict[int, tuple], dict[str, Any]]]:
+        if isinstance(node, int):
+            for key, _, pub in stream:
+                bound = c.parts[node].bind(pub)
+                if bound is not None:
+                    yield {node: key}, bound
+        elif node.op == "|":
+            for term in node.terms:
+                yield from satisfying(term)
+        else:
+            for combo in itertools.product(*(list(satisfying(t)) for t in node.terms)):
+                assigned: dict[int, tuple] = {}
+                bound: dict[str, Any] = {}
+                if all(bound.setdefault(v, x) == x for _, b in combo for v, x in b.items()):
+                    for a, _ in combo:
+                        assigned.update(a)
+                    yield assigned, bound
+
+    found: dict[frozenset, dict[tuple, set[int]]] = {}
+    for assigned, _ in satisfying(c.expression):
+        keys = frozenset(assigned.values())
+        times = [at[k] for k in keys]
+        if c.window is not None and max(times) - min(times) > c.window:
+            continue
+        roles = found.setdefault(keys, {})
+        for part, key in assigned.items():
+            roles.setdefault(key, set()).add(part)
+    return {k: {key: frozenset(parts) for key, parts in r.items()} for k, r in found.items()}
+
+
+def joined(
+    join: CompositeJoin, stream: Stream, delays: list[float]
+) -> list[tuple[frozenset, dict[tuple, frozenset[int]]]]:
+    """Offer ``stream`` to ``join`` in order of arrival (publication time + delay)."""
+    arrivals = sorted(
+        ((t + d, key, t, pub) for (key, t, pub), d in zip(stream, delays, strict=True)),
+        key=lambda a: (a[0], a[1]),
+    )
+    out = []
+    for now, key, t, pub in arrivals:
+        for match in join.offer(key, t, pub, now):
+            out.append((match.keys, {held.key: frozenset(parts) for held, parts in match.parts}))
+    return out
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> Stream:
+    size = draw(st.integers(0, 8))
+    stream = []
+    for i in range(size):
+        pub: dict[str, Any] = {}
+        for attr in ATTRS:
+            if draw(st.integers(0, 4)):  # mostly present
+                pub[attr] = draw(st.integers(0, 2)) if attr == "n" else draw(st.sampled_from("xy"))
+        if not pub:
+            pub["a"] = "x"
+        t = draw(st.integers(0, 10)) * 0.25  # ties and exact window edges are common
+        stream.append((("p", 0, i), t, pub))
+    return stream
+
+
+@given(composites(), streams(), st.data())
+def test_the_join_delivers_every_match_once_whatever_the_arrival_order(
+    c: Composite, stream: Stream, data: st.DataObject
+) -> None:
+    """Publications reach the host in any order, each within ``lateness`` of its
+    publication: every match of the reference is delivered exactly once, with the
+    parts each publication fills, and nothing else."""
+    lateness = 2.0
+    delays = data.draw(
+        st.lists(
+            st.sampled_from((0.0, 0.3, 1.0, lateness)), min_size=len(stream), max_size=len(stream)
+        )
+    )
+    join = CompositeJoin(c, max_parts=1000, lateness=lateness)
+    got = joined(join, stream, delays)
+    expected = reference(c, stream)
+    sets = [keys for keys, _ in got]
+    assert len(sets) == len(set(sets)), "a match delivered twice"
+    assert dict(got) == expected
+    assert join.dropped == join.late == join.cut == 0
+    if c.window is not None:  # nothing is kept past window + lateness of the last arrival
+        last = max((t + d for (_, t, _), d in zip(stream, delays, strict=True)), default=0)
+        assert all(h.published_at >= last - c.window - lateness for h in join.held.values())
+
+
+@given(composites(), streams(), st.data())
+def test_bounds_only_ever_lose_matches_and_say_so(
+    c: Composite, stream: Stream, data: st.DataObject
+) -> None:
+    """With a tiny ``max_parts`` and delays past ``lateness``, what is delivered is still
+    a set of true matches, each once; a match is missing only when the join counted a
+    publication dropped, late or an arrival cut."""
+    delays = data.draw(
+        st.lists(st.sampled_from((0.0, 0.5, 3.0)), min_size=len(stream), max_size=len(stream))
+    )
+    join = CompositeJoin(c, max_parts=data.draw(st.integers(1, 3)), lateness=1.0)
+    got = joined(join, stream, delays)
+    expected = reference(c, stream)
+    sets = [keys for keys, _ in got]
+    assert len(sets) == len(set(sets))
+    assert set(sets) <= set(expected)
+    assert len(join.held) <= join.max_parts
+    if set(sets) != set(expected):
+        assert join.dropped + join.late + join.cut > 0
+
+
+def trade(i: int, symbol: str, price: float) -> dict[str, Any]:
+    return {"class": "TRADE", "symbol": symbol, "price": price}
+
+
+def quote(i: int, symbol: str, bid: float) -> dict[str, Any]:
+    return {"class": "QUOTE", "symbol": symbol, "bid": bid, "ask": bid + 0.5}
+
+
+def test_each_trade_and_quote_pair_of_a_symbol_within_the_window_once() -> None:
+    join = CompositeJoin(parse_composite(TRADES_AND_QUOTES))
+    offers = [
+        (("t", 0, 1), 0.0, trade(1, "IBM", 101.0)),
+        (("q", 0, 1), 1.0, quote(1, "IBM", 100.5)),  # joins trade 1
+        (("q", 0, 2), 2.0, quote(2, "MSFT", 120.0)),  # another symbol
+        (("q", 0, 3), 3.0, quote(3, "IBM", 99.0)),  # bid too low
+        (("t", 0, 2), 4.0, trade(2, "IBM", 100.0)),  # joins quote 1
+        (("q", 0, 4), 5.0, quote(4, "IBM", 101.0)),  # joins trade 1 (5 s: the edge) and 2
+        (("q", 0, 5), 5.5, quote(5, "IBM", 101.0)),  # trade 1 is 5.5 s away: only trade 2
+    ]
+    got = [
+        sorted(held.key[0] + str(held.key[2]) for held, _ in match.parts)
+        for key, t, pub in offers
+        for match in join.offer(key, t, pub, t + 0.01)
+    ]
+    assert got == [["q1", "t1"], ["q1", "t2"], ["q4", "t1"], ["q4", "t2"], ["q5", "t2"]]
+
+
+def test_a_publication_filling_both_sides_of_an_or_is_one_match() -> None:
+    join = CompositeJoin(parse_composite("{[bid,>,100]} | {[symbol,eq,'IBM']}"))
+    [match] = join.offer(("q", 0, 1), 0.0, quote(1, "IBM", 120), 0.0)
+    assert [roles for _, roles in match.parts] == [(0, 1)]
+    assert join.held == {}  # under OR alone nothing waits for a partner
+    assert join.offer(("q", 0, 2), 0.0, quote(2, "MSFT", 10), 0.0) == []
+
+
+def test_a_publication_filling_both_parts_of_an_and_is_a_match_by_itself() -> None:
+    join = CompositeJoin(parse_composite("{[bid,>,100]} & {[symbol,eq,'IBM']} within 1s"))
+    [alone] = join.offer(("q", 0, 1), 0.0, quote(1, "IBM", 120), 0.0)
+    assert [roles for _, roles in alone.parts] == [(0, 1)]
+    matches = join.offer(("q", 0, 2), 0.5, quote(2, "MSFT", 130), 0.5)
+    # {quote 1, quote 2}: quote 2 fills the bid part, quote 1 the IBM one (the set in
+    # which quote 1 fills both is quote 1 alone, delivered before)
+    assert [[roles for _, roles in m.parts] for m in matches] == [[(1,), (0,)]]
+
+
+def test_what_is_kept_is_bounded_and_what_is_let_go_is_counted() -> None:
+    join = CompositeJoin(parse_composite(TRADES_AND_QUOTES), max_parts=3, lateness=1.0)
+    for i in range(5):
+        assert join.offer(("t", 0, i), float(i) / 10, trade(i, "IBM", 1.0), 1.0) == []
+    assert len(join.held) == 3 and join.dropped == 2
+    matches = join.offer(("q", 0, 1), 0.5, quote(1, "IBM", 101), 1.0)
+    assert sorted(m.parts[0][0].key[2] for m in matches) == [2, 3, 4]  # the 3 trades kept
+    assert join.dropped == 3 and len(join.held) == 3  # then trade 2 went
+    # late: offered 2 s after publication with lateness 1 s; its partners may be gone
+    join.offer(("q", 0, 2), 0.4, quote(2, "IBM", 101), 2.4)
+    assert join.late == 1 and join.dropped == 4
+    # past window + lateness everything is let go, not counted as dropped
+    join.offer(("t", 0, 9), 100.0, trade(9, "MSFT", 1.0), 100.0)
+    assert list(join.held) == [("t", 0, 9)] and join.dropped == 4
+
+
+def test_an_arrival_completing_too_many_matches_is_cut_and_counted() -> None:
+    two_trades_and_a_quote = "{[class,eq,'TRADE']} & {[class,eq,'TRADE']} & {[class,eq,'QUOTE']}"
+    join = CompositeJoin(parse_composite(two_trades_and_a_quote), max_parts=4)
+    for i in range(3):
+        join.offer(("t", 0, i), 0.0, trade(i, "IBM", 1.0), 0.0)
+    assert join.cut == 0
+    matches = join.offer(("q", 0, 1), 0.0, quote(1, "IBM", 1.0), 0.0)
+    # {t, q} for each trade (one trade filling both trade parts) and {t, t', q} for each
+    # pair: 6 sets, more than max_parts
+    assert len(matches) == 4 and join.cut == 1
+
+
+def test_a_repeat_completes_nothing() -> None:
+    join = CompositeJoin(parse_composite(TRADES_AND_QUOTES))
+    join.offer(("t", 0, 1), 0.0, trade(1, "IBM", 1.0), 0.0)
+    assert len(join.offer(("q", 0, 1), 0.0, quote(1, "IBM", 101), 0.0)) == 1
+    assert join.offer(("q", 0, 1), 0.0, quote(1, "IBM", 101), 0.0) == []
+
+
+def test_the_settings() -> None:
+    s = settings_from_data({"composite": {"max_parts": 50, "lateness": 0.5}})
+    assert (s.composite_parts, s.composite_lateness) == (50, 0.5)
+    assert "[composite]\nmax_parts = 50\nlateness = 0.5\n" in s.to_toml(changed_only=True)
