@@ -40,6 +40,12 @@ Attribute names: letters, digits, ``_``, ``%``, ``.``, ``-``, starting with a le
 ``_`` (the paper's derived attributes are ``openClose%Diff`` and ``highLow%Diff``).
 Whitespace between tokens is allowed.
 
+A *composite subscription* joins atomic parts in braces with ``&`` (all) and ``|``
+(any), variables such as ``$S`` binding equal values across the parts of a match, and an
+optional time window (:func:`parse_composite`, :class:`Composite`)::
+
+    {[class,eq,'TRADE'],[symbol,eq,$S]} & {[class,eq,'QUOTE'],[symbol,eq,$S]} within 5s
+
 Every problem raises :class:`FilterError`. Messages of the text parsers name the
 1-based character position and the problem (``position 9: unknown operator 'eqq'``);
 those of the dict forms name the attribute.

@@ -84,7 +84,8 @@ class HelloRequest(Request, tag="hello"):
 
 
 class SubscribeRequest(Request, tag="subscribe"):
-    """Subscribe ``client`` to a filter: PADRES text or the dict form. With ``durable``
+    """Subscribe ``client`` to a filter: PADRES text (atomic or composite) or the dict
+    form (a composite's with its parts as text). With ``durable``
     the subscription outlives the connection under that name (DESIGN §11): the broker
     keeps its record while the client is away."""
 

@@ -5,15 +5,29 @@ real quote data."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import json
+import os
 import re
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conditions import closing_control, tables_hold, until
+from conftest import secure_fig2
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from octopis.client import Publisher, Received, Subscriber
+from octopis.client.composite import CompositeNotification
+from octopis.client.subscriber import CompositeStream, SubscriptionStream
+from octopis.cluster.launcher import LocalCluster
 from octopis.core.composite import CompositeJoin
 from octopis.filters import (
     Binding,
@@ -28,7 +42,9 @@ from octopis.filters import (
     parse_composite,
     parse_subscription,
 )
-from octopis.transport.settings import settings_from_data
+from octopis.keys import KEYS_ENV
+from octopis.quotes import quotes_dir, read_quote_file
+from octopis.transport.settings import BrokerSettings, settings_from_data
 
 TRADES_AND_QUOTES = (
     "{[class,eq,'TRADE'],[symbol,eq,$S]} & "
@@ -411,3 +427,231 @@ def test_the_settings() -> None:
     s = settings_from_data({"composite": {"max_parts": 50, "lateness": 0.5}})
     assert (s.composite_parts, s.composite_lateness) == (50, 0.5)
     assert "[composite]\nmax_parts = 50\nlateness = 0.5\n" in s.to_toml(changed_only=True)
+
+
+# -- on an overlay: trades and quotes from the real quote data ------------------------------
+
+SYMBOLS = ("AAPL", "AMZN", "COMS", "INTC", "MSFT", "ORCL", "SNDK", "SUNW")
+"""Eight real series whose closes in March 2000 lie on both sides of 100."""
+MONTH = "-Mar-00"
+WINDOW = 0.4
+"""The window of the AND composite, seconds: a trade meets the quotes published around
+it, not all of them (the two publishers take about three seconds)."""
+PAIRS = (
+    "{[class,eq,'TRADE'],[symbol,eq,$S]} & "
+    "{[class,eq,'QUOTE'],[symbol,eq,$S],[bid,>,100]} within 400ms"
+)
+EITHER = {
+    "or": [
+        {"class": ("eq", "TRADE"), "price": (">", 120)},
+        {"class": ("eq", "QUOTE"), "ask": ("<", 70)},
+    ]
+}
+SHARED = pytest.mark.xdist_group("composite-fig2")
+
+
+def trades_and_quotes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A trade and a quote per real daily row of :data:`SYMBOLS` in March 2000, by day
+    then symbol: the trade at the close, the quote's bid and ask 0.2 % either side."""
+    rows = [
+        row
+        for symbol in SYMBOLS
+        for row in read_quote_file(quotes_dir() / symbol)
+        if str(row["date"]).endswith(MONTH)
+    ]
+    rows.sort(key=lambda row: (int(str(row["date"]).split("-")[0]), row["symbol"]))
+    trades, quotes = [], []
+    for row in rows:
+        close = float(row["close"])
+        spread = max(0.01, round(close * 0.002, 2))
+        trades.append(
+            {"class": "TRADE", "symbol": row["symbol"], "price": close, "volume": row["volume"]}
+        )
+        quotes.append(
+            {
+                "class": "QUOTE",
+                "symbol": row["symbol"],
+                "bid": round(close - spread, 2),
+                "ask": round(close + spread, 2),
+            }
+        )
+    return trades, quotes
+
+
+Key = tuple[str, int, int]
+
+
+def expected_pairs(published: dict[Key, tuple[float, dict[str, Any]]]) -> set[frozenset[Key]]:
+    """The oracle of :data:`PAIRS` over the published stream: every (trade, quote) of one
+    symbol, the quote's bid above 100, published at most :data:`WINDOW` apart."""
+    trades = [(k, t, p) for k, (t, p) in published.items() if p["class"] == "TRADE"]
+    quotes = [(k, t, p) for k, (t, p) in published.items() if p["class"] == "QUOTE"]
+    return {
+        frozenset((kt, kq))
+        for kt, tt, pt in trades
+        for kq, tq, pq in quotes
+        if pt["symbol"] == pq["symbol"] and pq["bid"] > 100 and abs(tt - tq) <= WINDOW
+    }
+
+
+def expected_either(published: dict[Key, tuple[float, dict[str, Any]]]) -> set[frozenset[Key]]:
+    """The oracle of :data:`EITHER`: each trade above 120 and each quote asking below 70."""
+    return {
+        frozenset((k,))
+        for k, (_, p) in published.items()
+        if (p["class"] == "TRADE" and p["price"] > 120) or (p["class"] == "QUOTE" and p["ask"] < 70)
+    }
+
+
+def tally(expected: set[frozenset[Key]], got: Counter[frozenset[Key]]) -> dict[str, int]:
+    return {
+        "expected": len(expected),
+        "delivered": sum(got[k] > 0 for k in expected),
+        "duplicated": sum(n - 1 for n in got.values()),
+        "lost": len(expected - set(got)),
+        "spurious": len(set(got) - expected),
+    }
+
+
+@pytest.fixture(scope="module")
+def overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield from secure_fig2(tmp_path_factory.mktemp("composite"), monkeypatch, BrokerSettings())
+
+
+@SHARED
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_trades_and_quotes_join_once_per_match_across_the_overlay(overlay: LocalCluster) -> None:
+    """Trades published at a:0 and quotes at c:1 (another region and cluster), the
+    composite subscriber at f:2, a tap of every publication at d:0. Each match the oracle
+    finds over the published stream (the tap's copy of it: every publication with its
+    publication time) is delivered once, none is missed and none is spurious: an AND
+    with ``$S`` and a window (text form) and an OR (dict form)."""
+    cluster = overlay
+    scot = cluster.scot
+    trades, quotes = trades_and_quotes()
+    published: dict[Key, tuple[float, dict[str, Any]]] = {}
+    tapped: Counter[Key] = Counter()
+    got: dict[str, Counter[frozenset[Key]]] = {"pairs": Counter(), "either": Counter()}
+    roles_seen: set[tuple[tuple[int, ...], ...]] = set()
+
+    def tap(n: Received) -> None:
+        key = (n.publisher, n.session, n.seq)
+        tapped[key] += 1
+        published[key] = (n.published_at, n.publication)
+
+    async def collect(name: str, stream: SubscriptionStream) -> None:
+        async for match in stream:
+            assert isinstance(match, CompositeNotification)
+            got[name][frozenset((r.publisher, r.session, r.seq) for r in match.parts)] += 1
+            if name == "pairs":
+                roles_seen.add(match.roles)
+
+    async def publish(publisher: Publisher, items: list[dict[str, Any]]) -> None:
+        for item in items:
+            await publisher.publish(item, wait=False)
+            await asyncio.sleep(0.012)
+        await publisher.flush()
+
+    async def scenario() -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+        joiner = await Subscriber.connect(scot.client_endpoints("f:2"), "joiner")
+        pairs = await joiner.subscribe(PAIRS)
+        either = await joiner.subscribe(EITHER)
+        assert isinstance(pairs, CompositeStream) and isinstance(either, CompositeStream)
+        watcher = await Subscriber.connect(scot.client_endpoints("d:0"), "tap", on_notification=tap)
+        await watcher.subscribe("[class,isPresent]")
+        await until(lambda: tables_hold(cluster, 2 + 2 + 1), "the parts everywhere", 30)
+        tasks = [
+            asyncio.create_task(collect("pairs", pairs)),
+            asyncio.create_task(collect("either", either)),
+        ]
+        trader = await Publisher.connect(scot.client_endpoints("a:0"), "trades")
+        quoter = await Publisher.connect(scot.client_endpoints("c:1"), "quotes")
+        await asyncio.gather(publish(trader, trades), publish(quoter, quotes))
+        count = len(trades) + len(quotes)
+        await until(lambda: len(tapped) == count, "the tap has every publication", 30)
+        oracle = {"pairs": expected_pairs(published), "either": expected_either(published)}
+        with contextlib.suppress(AssertionError):  # what is missing is reported below
+            await until(lambda: all(oracle[k] <= set(got[k]) for k in oracle), "every match", 30)
+        stats = (await cluster.ask(["f:2"], "stats", 10))["f:2"]["counters"]
+        for task in tasks:
+            task.cancel()
+        for client in (joiner, watcher, trader, quoter):
+            await client.close()
+        report = {name: tally(oracle[name], got[name]) for name in oracle}
+        report["tap"] = {
+            "published": count,
+            "tapped": len(tapped),
+            "repeats": tapped.total() - len(tapped),
+        }
+        return report, {k: v for k, v in stats.items() if k.startswith("composite.")}
+
+    report, counters = asyncio.run(closing_control(cluster, scenario()))
+    print(json.dumps({**report, "f:2 counters": counters}))
+    assert report["tap"]["tapped"] == report["tap"]["published"] and not report["tap"]["repeats"]
+    for name in ("pairs", "either"):
+        counts = report[name]
+        assert counts["expected"] > 50, (name, counts)  # the window and predicates matter...
+        assert counts["lost"] == counts["spurious"] == counts["duplicated"] == 0, (name, counts)
+        assert counts["delivered"] == counts["expected"]
+    total = len(trades) * len(quotes)
+    assert report["pairs"]["expected"] < total // len(SYMBOLS)  # ...and leave pairs out
+    assert roles_seen == {((0,), (1,)), ((1,), (0,))}  # the trade fills part 0, the quote 1
+    assert counters.get("composite.dropped", 0) == counters.get("composite.cut", 0) == 0
+    assert (
+        counters["composite.matches"] == report["pairs"]["expected"] + report["either"]["expected"]
+    )
+
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "composite.md"
+
+
+def python_blocks(page: Path) -> list[str]:
+    """The code of each ```python block of ``page``, in order."""
+    blocks, current = [], None
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.strip() == "```python":
+            current = []
+        elif line.strip() == "```" and current is not None:
+            blocks.append("\n".join(current) + "\n")
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+@SHARED
+@pytest.mark.processes
+@pytest.mark.timeout(120)
+def test_the_pages_python_examples_print_what_the_page_says(
+    overlay: LocalCluster, tmp_path: Path
+) -> None:
+    """docs/composite.md's Python examples, as written, in a directory laid out as
+    `octopis up t.json` leaves it (``t.json``, ``.octopis/keys``), against fig2."""
+    (tmp_path / "t.json").write_text(overlay.topology_path.read_text())
+    (tmp_path / ".octopis").mkdir()
+    assert overlay.keys_dir is not None
+    (tmp_path / ".octopis" / "keys").symlink_to(overlay.keys_dir.resolve())
+    env = {k: v for k, v in os.environ.items() if k != KEYS_ENV}
+    first, second = python_blocks(PAGE)
+    printed = []
+    for code in (first, second):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, f"{code}\n{done.stdout}{done.stderr}"
+        printed.append(done.stdout.splitlines())
+    assert printed[0][0] == "IBM 101.5 101.25"
+    assert re.fullmatch(r"\d\.\d{3} s apart", printed[0][1]) and float(printed[0][1][:5]) < 5
+    assert printed[1] == ["2 ['ORCL', 'ORCL'] ((1,), (2,))", "1 ['AAPL'] ((0,),)"]
+    page = PAGE.read_text(encoding="utf-8")
+    assert "It prints `IBM 101.5 101.25`" in page
+    assert "It prints `2 ['ORCL', 'ORCL'] ((1,), (2,))`" in page
+    assert "and `1 ['AAPL'] ((0,),)`" in page

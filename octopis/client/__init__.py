@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 from octopis.client.blocking import BlockingPublisher, BlockingStream, BlockingSubscriber
+from octopis.client.composite import CompositeNotification
 from octopis.client.connection import (
     DEFAULT_LIVENESS,
     READ_BATCH,
@@ -37,7 +38,7 @@ from octopis.client.connection import (
     Resume,
 )
 from octopis.client.publisher import Publisher
-from octopis.client.subscriber import Subscriber, SubscriptionStream
+from octopis.client.subscriber import CompositeStream, Subscriber, SubscriptionStream
 
 __all__ = [
     "DEFAULT_LIVENESS",
@@ -46,6 +47,8 @@ __all__ = [
     "BlockingStream",
     "BlockingSubscriber",
     "BrokerError",
+    "CompositeNotification",
+    "CompositeStream",
     "Connection",
     "ConnectionGroup",
     "DeliveryKey",
