@@ -527,7 +527,8 @@ def test_trades_and_quotes_join_once_per_match_across_the_overlay(overlay: Local
     composite subscriber at f:2, a tap of every publication at d:0. Each match the oracle
     finds over the published stream (the tap's copy of it: every publication with its
     publication time) is delivered once, none is missed and none is spurious: an AND
-    with ``$S`` and a window (text form) and an OR (dict form)."""
+    with ``$S`` and a window (text form) and an OR (dict form). When the subscriber
+    leaves, every part is withdrawn everywhere."""
     cluster = overlay
     scot = cluster.scot
     trades, quotes = trades_and_quotes()
@@ -579,6 +580,7 @@ def test_trades_and_quotes_join_once_per_match_across_the_overlay(overlay: Local
             task.cancel()
         for client in (joiner, watcher, trader, quoter):
             await client.close()
+        await until(lambda: tables_hold(cluster, 0), "every part withdrawn", 30)
         report = {name: tally(oracle[name], got[name]) for name in oracle}
         report["tap"] = {
             "published": count,
