@@ -742,10 +742,9 @@ class Composite:
     def _text(self, node: int | Join) -> str:
         if isinstance(node, int):
             return "{" + self.parts[node].to_text() + "}"
-        inner = f" {node.op} ".join(
+        return f" {node.op} ".join(
             "{" + self._text(t) + "}" if isinstance(t, Join) else self._text(t) for t in node.terms
         )
-        return inner
 
     def __str__(self) -> str:
         return self.to_text()

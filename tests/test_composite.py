@@ -183,10 +183,10 @@ IS_PRESENT = "isPresent"
 
 
 @st.composite
-def composites(draw: st.DrawFn, max_parts: int = 4) -> Composite:
+def composites(draw: st.DrawFn, max_held: int = 4) -> Composite:
     """A composite over attributes a, b (strings) and n (numbers): random predicates,
     bindings of $S (strings) and $N (numbers), a random AND/OR tree, maybe a window."""
-    count = draw(st.integers(2, max_parts))
+    count = draw(st.integers(2, max_held))
     parts = []
     for _ in range(count):
         terms: list[Predicate | Binding] = []
@@ -310,7 +310,7 @@ def test_the_join_delivers_every_match_once_whatever_the_arrival_order(
             st.sampled_from((0.0, 0.3, 1.0, lateness)), min_size=len(stream), max_size=len(stream)
         )
     )
-    join = CompositeJoin(c, max_parts=1000, lateness=lateness)
+    join = CompositeJoin(c, max_held=1000, lateness=lateness)
     got = joined(join, stream, delays)
     expected = reference(c, stream)
     sets = [keys for keys, _ in got]
@@ -326,19 +326,19 @@ def test_the_join_delivers_every_match_once_whatever_the_arrival_order(
 def test_bounds_only_ever_lose_matches_and_say_so(
     c: Composite, stream: Stream, data: st.DataObject
 ) -> None:
-    """With a tiny ``max_parts`` and delays past ``lateness``, what is delivered is still
+    """With a tiny ``max_held`` and delays past ``lateness``, what is delivered is still
     a set of true matches, each once; a match is missing only when the join counted a
     publication dropped, late or an arrival cut."""
     delays = data.draw(
         st.lists(st.sampled_from((0.0, 0.5, 3.0)), min_size=len(stream), max_size=len(stream))
     )
-    join = CompositeJoin(c, max_parts=data.draw(st.integers(1, 3)), lateness=1.0)
+    join = CompositeJoin(c, max_held=data.draw(st.integers(1, 3)), lateness=1.0)
     got = joined(join, stream, delays)
     expected = reference(c, stream)
     sets = [keys for keys, _ in got]
     assert len(sets) == len(set(sets))
     assert set(sets) <= set(expected)
-    assert len(join.held) <= join.max_parts
+    assert len(join.held) <= join.max_held
     if set(sets) != set(expected):
         assert join.dropped + join.late + join.cut > 0
 
@@ -389,7 +389,7 @@ def test_a_publication_filling_both_parts_of_an_and_is_a_match_by_itself() -> No
 
 
 def test_what_is_kept_is_bounded_and_what_is_let_go_is_counted() -> None:
-    join = CompositeJoin(parse_composite(TRADES_AND_QUOTES), max_parts=3, lateness=1.0)
+    join = CompositeJoin(parse_composite(TRADES_AND_QUOTES), max_held=3, lateness=1.0)
     for i in range(5):
         assert join.offer(("t", 0, i), float(i) / 10, trade(i, "IBM", 1.0), 1.0) == []
     assert len(join.held) == 3 and join.dropped == 2
@@ -406,13 +406,13 @@ def test_what_is_kept_is_bounded_and_what_is_let_go_is_counted() -> None:
 
 def test_an_arrival_completing_too_many_matches_is_cut_and_counted() -> None:
     two_trades_and_a_quote = "{[class,eq,'TRADE']} & {[class,eq,'TRADE']} & {[class,eq,'QUOTE']}"
-    join = CompositeJoin(parse_composite(two_trades_and_a_quote), max_parts=4)
+    join = CompositeJoin(parse_composite(two_trades_and_a_quote), max_held=4)
     for i in range(3):
         join.offer(("t", 0, i), 0.0, trade(i, "IBM", 1.0), 0.0)
     assert join.cut == 0
     matches = join.offer(("q", 0, 1), 0.0, quote(1, "IBM", 1.0), 0.0)
     # {t, q} for each trade (one trade filling both trade parts) and {t, t', q} for each
-    # pair: 6 sets, more than max_parts
+    # pair: 6 sets, more than max_held
     assert len(matches) == 4 and join.cut == 1
 
 
@@ -424,9 +424,9 @@ def test_a_repeat_completes_nothing() -> None:
 
 
 def test_the_settings() -> None:
-    s = settings_from_data({"composite": {"max_parts": 50, "lateness": 0.5}})
-    assert (s.composite_parts, s.composite_lateness) == (50, 0.5)
-    assert "[composite]\nmax_parts = 50\nlateness = 0.5\n" in s.to_toml(changed_only=True)
+    s = settings_from_data({"composite": {"max_held": 50, "lateness": 0.5}})
+    assert (s.composite_held, s.composite_lateness) == (50, 0.5)
+    assert "[composite]\nmax_held = 50\nlateness = 0.5\n" in s.to_toml(changed_only=True)
 
 
 # -- on an overlay: trades and quotes from the real quote data ------------------------------

@@ -17,7 +17,7 @@ class CompositeNotification:
     match (``roles``, in the order of :attr:`parts`; part 0 is the first in the
     subscription's text). ``dropped``, ``late`` and ``cut`` are the host's join's
     totals when it sent this: publications it let go to stay within ``[composite]
-    max_parts``, publications that reached it later than ``[composite] lateness``,
+    max_held``, publications that reached it later than ``[composite] lateness``,
     arrivals whose matches were cut; while all three are 0 no match was missed."""
 
     subscriber: str

@@ -14,9 +14,9 @@ reached only through ORs is a match alone), and only while it can still join: un
 host's clock passes its ``published_at`` by ``window + lateness``. A publication that
 reaches the host more than ``lateness`` seconds after it was published may miss
 partners already let go: it is counted as :attr:`CompositeJoin.late`. At most
-``max_parts`` publications are kept; past that the earliest published goes first,
+``max_held`` publications are kept; past that the earliest published goes first,
 counted as :attr:`CompositeJoin.dropped` (matches it would have made are missed: the
-count says so). One arriving publication completes at most ``max_parts`` matches; an
+count says so). One arriving publication completes at most ``max_held`` matches; an
 arrival that would complete more is counted as :attr:`CompositeJoin.cut`.
 """
 
@@ -75,7 +75,7 @@ class CompositeJoin:
     long, and what is counted)."""
 
     composite: Composite
-    max_parts: int = 10_000
+    max_held: int = 10_000
     lateness: float = 5.0
     held: dict[PartKey, Held] = field(default_factory=dict)
     """The publications kept, by key."""
@@ -84,15 +84,15 @@ class CompositeJoin:
     matches: int = 0
     """Matches returned."""
     dropped: int = 0
-    """Publications let go to stay within ``max_parts`` while they could still join."""
+    """Publications let go to stay within ``max_held`` while they could still join."""
     late: int = 0
     """Publications offered more than ``lateness`` seconds after they were published."""
     cut: int = 0
-    """Arrivals whose matches were cut at ``max_parts``."""
+    """Arrivals whose matches were cut at ``max_held``."""
 
     def __post_init__(self) -> None:
-        if self.max_parts < 1 or self.lateness < 0:
-            raise ValueError("a composite join needs max_parts ≥ 1 and lateness ≥ 0")
+        if self.max_held < 1 or self.lateness < 0:
+            raise ValueError("a composite join needs max_held ≥ 1 and lateness ≥ 0")
         parts = self.composite.parts
         self._variables = [tuple(sorted({b.variable for b in p.bindings})) for p in parts]
         self._joined = _under_and(self.composite.expression, False)
@@ -139,7 +139,7 @@ class CompositeJoin:
         self.matches += len(found)
         if window is not None:
             self._forget(now - window - self.lateness)
-        while len(self.held) > self.max_parts:
+        while len(self.held) > self.max_held:
             self._let_go()
             self.dropped += 1
         return found
@@ -183,7 +183,7 @@ class CompositeJoin:
             keys = frozenset(held.key for _, held in state.assigned)
             roles = found.get(keys)
             if roles is None:
-                if len(found) >= self.max_parts:
+                if len(found) >= self.max_held:
                     self.cut += 1
                     break
                 roles = found[keys] = {}

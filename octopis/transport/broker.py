@@ -159,7 +159,7 @@ class Broker:
             lambda key, subscription, now: self.core.subscribe(key, subscription, now),
             lambda key, sub_id: self.core.unsubscribe(key, sub_id),
             self._notify_client,
-            settings.composite_parts,
+            settings.composite_held,
             settings.composite_lateness,
             self.counters,
         )

@@ -7,7 +7,7 @@ The parts of one composite share one local subscriber key (``composite:<n>``, ne
 client's: those hold a ``/``), so the routing core delivers a publication once per
 composite however many of its parts it matches. The client sees one subscription id.
 A ``composite_dropped`` notice tells the client when its composite's join let
-publications go to stay within ``[composite] max_parts`` (or cut an arrival's matches),
+publications go to stay within ``[composite] max_held`` (or cut an arrival's matches),
 at most once a second, with the totals; each ``composite`` notice carries them too.
 """
 
@@ -51,7 +51,7 @@ class Composites:
         subscribe: Callable[[str, Subscription, float], tuple[str, list[Action]]],
         unsubscribe: Callable[[str, str], list[Action]],
         notify: Callable[[str, dict], bool],
-        max_parts: int,
+        max_held: int,
         lateness: float,
         counters: Counter[str],
     ) -> None:
@@ -59,7 +59,7 @@ class Composites:
         """The core's local subscribe: (subscriber key, subscription, time) → id, actions."""
         self._unsubscribe = unsubscribe
         self._notify = notify
-        self.max_parts = max_parts
+        self.max_held = max_held
         self.lateness = lateness
         self.counters = counters
         self.by_key: dict[str, Hosted] = {}
@@ -80,7 +80,7 @@ class Composites:
             part_ids.append(part_id)
             actions += more
         sub_id = f"{part_ids[0]}&"
-        join = CompositeJoin(composite, self.max_parts, self.lateness)
+        join = CompositeJoin(composite, self.max_held, self.lateness)
         hosted = Hosted(client, sub_id, key, part_ids, join)
         self.by_key[key] = hosted
         self.by_id[sub_id] = hosted

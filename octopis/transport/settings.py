@@ -161,7 +161,7 @@ class BrokerSettings:
     """Seconds a durable subscription's record waits for its client (DESIGN §11)."""
     durable_max: int = 10_000
     """Durable subscription records one broker keeps."""
-    composite_parts: int = 10_000
+    composite_held: int = 10_000
     """Publications the join of one composite subscription keeps at most (DESIGN §12);
     past it the earliest published goes first, counted as ``composite.dropped`` and told
     to the client."""
@@ -255,7 +255,7 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("retention", "answer_bytes"): ("answer_bytes", 1024, True),
     ("durable", "keep"): ("durable_keep", 0.01, False),
     ("durable", "max"): ("durable_max", 1, True),
-    ("composite", "max_parts"): ("composite_parts", 1, True),
+    ("composite", "max_held"): ("composite_held", 1, True),
     ("composite", "lateness"): ("composite_lateness", 0.0, False),
     ("logs", "interval"): ("log_interval", 0.0, False),
     ("limits", "frame_bytes"): ("frame_bytes", 1024, True),
