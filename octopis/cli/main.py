@@ -105,12 +105,13 @@ def _complete() -> None:
     being typed; argcomplete exits."""
     import argcomplete
 
-    line = os.environ.get("COMP_LINE", "")[: int(os.environ.get("COMP_POINT", "0") or 0)]
+    line = os.environ.get("COMP_LINE", "")[: int(os.environ.get("COMP_POINT") or 0)]
+    start = int(os.environ["_ARGCOMPLETE"] or 1)  # 1: octopis ..., 3: python -m module ...
     try:
-        words = shlex.split(line)[1:]
+        configured: list[str] | None = _only(chosen_command(shlex.split(line)[start:]))
     except ValueError:  # an open quote: complete with every command's parser
-        words = []
-    argcomplete.autocomplete(build_parser(_only(chosen_command(words))))
+        configured = None
+    argcomplete.autocomplete(build_parser(configured))
 
 
 def _only(command: str | None) -> list[str]:
