@@ -198,7 +198,7 @@ class Connection:
     """One DEALER connection to a broker, shared by named clients, that fails over.
 
     ``endpoints`` lists the brokers to use, in order of preference (the same cluster first,
-    DESIGN §7: :func:`octopis.topology.failover_endpoints` makes such a list). The
+    DESIGN §7: :func:`locate` makes such a list from a broker id). The
     connection heartbeats every ``liveness / 3`` seconds; when three heartbeats over at
     least ``liveness`` seconds went unanswered it connects to the next broker in the list, re-sends
     every request still unanswered (unacknowledged publications among them), lets each
