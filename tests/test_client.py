@@ -68,15 +68,27 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
 
 @pytest.fixture(scope="module")
 def shared_overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The module's fig2; its keys reach the SDK ($OCTOPIS_KEYS) only in the tests that
+    use it (:func:`shared_fig2`), not in the module's others that run on the same worker
+    while it lives (they may talk to brokers in the clear)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        yield from secure_fig2(tmp_path_factory.mktemp("client-fig2"), monkeypatch, MOVE_SETTINGS)
+        started = secure_fig2(tmp_path_factory.mktemp("client-fig2"), monkeypatch, MOVE_SETTINGS)
+        cluster = next(started)
+        monkeypatch.delenv(KEYS_ENV)
+        try:
+            yield cluster
+        finally:
+            started.close()
 
 
 @pytest.fixture
-def shared_fig2(shared_overlay: LocalCluster) -> Iterator[tuple[LocalCluster, dict[str, Counter]]]:
+def shared_fig2(
+    shared_overlay: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[LocalCluster, dict[str, Counter]]]:
     """The module's fig2 (:data:`MOVE_SETTINGS`), once no subscription of an earlier test
     is left in any table, with every broker's counters at that moment (a test checks
     counts as differences from them)."""
+    monkeypatch.setenv(KEYS_ENV, str(shared_overlay.keys_dir))
 
     async def empty() -> dict[str, Counter]:
         await until(lambda: tables_hold(shared_overlay, 0), "empty tables", 30)
