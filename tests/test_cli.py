@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import networkx as nx
+import psutil
 import pytest
 
 from octopis import __version__
@@ -198,10 +199,11 @@ def _until(check: Callable[[], bool], what: str, timeout: float) -> None:
 @pytest.mark.timeout(300)
 def test_every_command_works_on_an_overlay_in_a_run_directory_of_its_own(tmp_path: Path) -> None:
     """`octopis up t.json --run-dir X` (2 regions × 2 clusters, keys on), then `sub`, `pub`,
-    `status` (also by --topology and --keys), `restart`, `balance plan`, `scale
-    add-cluster`, `monitor` and `down`, each with `--run-dir X`: the subscriber gets the
-    publication, the restarted broker is ready, the overlay grows to 6 brokers, the
-    monitor draws them, and down stops them all."""
+    `status`, `restart`, `balance plan`, `scale add-cluster`, `monitor` and `down`, each
+    with `--run-dir X`: the subscriber gets the publication, the restarted broker is
+    ready, the overlay grows to 6 brokers, the monitor draws them, and down forgets them.
+    `status` and `down` also take the overlay by --topology and --keys: down then asks
+    every broker to stop over its control RPC, and they do."""
     scot = build_scot(
         nx.path_graph(["a", "b"]), complete_factor(2), name="pair", base_port=find_free_base_port(6)
     )
@@ -260,6 +262,13 @@ def test_every_command_works_on_an_overlay_in_a_run_directory_of_its_own(tmp_pat
         finally:
             monitor.terminate()
             monitor.wait(timeout=30)
+
+        state = json.loads((run_dir / STATE_FILE).read_text())
+        grown_keys = ["--topology", state["topology"], "--keys", str(run_dir / "keys")]
+        asked = _octopis("down", *grown_keys)
+        assert asked.returncode == 0, asked.stderr
+        assert "asked 6 brokers of pair to stop: 6 will" in asked.stdout
+        _until(lambda: not any(map(_alive, state["pids"].values())), "the brokers' exit", 60)
     finally:
         if sub.poll() is None:
             sub.kill()
@@ -268,3 +277,11 @@ def test_every_command_works_on_an_overlay_in_a_run_directory_of_its_own(tmp_pat
         if (run_dir / STATE_FILE).exists():  # down failed: stop what it would have
             stop_pids(json.loads((run_dir / STATE_FILE).read_text())["pids"])
     assert down.returncode == 0 and "stopped 6 brokers" in down.stdout, down.stderr
+    assert not (run_dir / STATE_FILE).exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
