@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import re
@@ -12,19 +13,36 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conditions import accounting, closing_control, reader_on, tables_hold, until
 from conftest import secure_fig2
 
-from octopis.client import BrokerError, Connection, ConnectionGroup, Publisher, Subscriber
+from octopis.client import (
+    BlockingPublisher,
+    BrokerError,
+    Connection,
+    ConnectionGroup,
+    HandshakeFailed,
+    NotAClientSocket,
+    NothingListening,
+    OverlayError,
+    Publisher,
+    Subscriber,
+    locate,
+)
 from octopis.client.subscriber import SubscriptionStream
-from octopis.cluster.launcher import LocalCluster
+from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.core import Notification
 from octopis.filters import as_subscription
+from octopis.keys import KEYS_ENV
+from octopis.overlay import STATE_FILE
+from octopis.topology import build_preset
 from octopis.transport.codec import encode_body
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import LEFT_AT, pack
@@ -50,15 +68,27 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
 
 @pytest.fixture(scope="module")
 def shared_overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The module's fig2; its keys reach the SDK ($OCTOPIS_KEYS) only in the tests that
+    use it (:func:`shared_fig2`), not in the module's others that run on the same worker
+    while it lives (they may talk to brokers in the clear)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        yield from secure_fig2(tmp_path_factory.mktemp("client-fig2"), monkeypatch, MOVE_SETTINGS)
+        started = secure_fig2(tmp_path_factory.mktemp("client-fig2"), monkeypatch, MOVE_SETTINGS)
+        cluster = next(started)
+        monkeypatch.delenv(KEYS_ENV)
+        try:
+            yield cluster
+        finally:
+            started.close()
 
 
 @pytest.fixture
-def shared_fig2(shared_overlay: LocalCluster) -> Iterator[tuple[LocalCluster, dict[str, Counter]]]:
+def shared_fig2(
+    shared_overlay: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[LocalCluster, dict[str, Counter]]]:
     """The module's fig2 (:data:`MOVE_SETTINGS`), once no subscription of an earlier test
     is left in any table, with every broker's counters at that moment (a test checks
     counts as differences from them)."""
+    monkeypatch.setenv(KEYS_ENV, str(shared_overlay.keys_dir))
 
     async def empty() -> dict[str, Counter]:
         await until(lambda: tables_hold(shared_overlay, 0), "empty tables", 30)
@@ -254,6 +284,99 @@ def test_a_subscriber_keeps_its_session_at_a_stalled_broker_it_left(fig2: LocalC
 def test_a_connection_needs_an_endpoint() -> None:
     with pytest.raises(ValueError, match="at least one broker endpoint"):
         Connection([])
+
+
+def test_a_broker_id_is_found_through_a_run_directory_or_a_topology(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``connect`` would use, without connecting: a broker id gives its client
+    endpoint and fail-over list (its cluster first) and the overlay's keys; an endpoint
+    the topology places elsewhere is refused at once; no overlay or no such broker says
+    what to do."""
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    scot = build_preset("fig2")
+    topology = tmp_path / "fig2.json"
+    topology.write_text(json.dumps(scot.to_json()))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / STATE_FILE).write_text(json.dumps({"topology": str(topology), "secure": True}))
+    endpoints, keys = locate("f:2", run_dir=run_dir)
+    assert endpoints == scot.client_endpoints("f:2") and keys == run_dir / "keys"
+    assert {scot.brokers[b].cluster for b in ("f:2", "e:2")} == {2}
+    assert endpoints[1] == scot.brokers["e:2"].client_endpoint  # its cluster, nearest first
+    assert locate("f:2", topology=topology) == (endpoints, False)  # no $OCTOPIS_KEYS: clear
+    raw = scot.brokers["a:0"].client_endpoint
+    assert locate(raw) == ([raw], None)  # as given: keys from $OCTOPIS_KEYS, if set
+    assert locate(raw, topology=topology)[0] == scot.client_endpoints("a:0")
+    peer = scot.brokers["b:0"].endpoint
+    with pytest.raises(NotAClientSocket, match=re.escape(f"{peer} is b:0's peer socket")):
+        locate(peer, run_dir=run_dir)
+    with pytest.raises(OverlayError, match="no broker 'zz:9'; it has a:0, b:0, c:0"):
+        locate("zz:9", run_dir=run_dir)
+    with pytest.raises(OverlayError, match=r"no overlay in .*: start one with `octopis up "):
+        locate("f:2", run_dir=tmp_path / "none")
+
+
+def test_a_connection_where_nothing_listens_says_so_within_three_seconds() -> None:
+    port = find_free_base_port(1)  # reserved here, and nothing binds it
+
+    async def attempt() -> float:
+        started = time.monotonic()
+        with pytest.raises(NothingListening, match=f"nothing listens at tcp://127.0.0.1:{port}"):
+            await Publisher.connect(f"tcp://127.0.0.1:{port}", keys=False)
+        return time.monotonic() - started
+
+    assert asyncio.run(attempt()) < 3.0
+
+
+@pytest.mark.processes
+@SHARED
+def test_the_sdk_connects_by_broker_id_and_says_why_a_connection_fails(
+    shared_fig2: tuple[LocalCluster, dict[str, Counter]],
+) -> None:
+    """On a secure fig2 recorded in its run directory: a subscriber connected by broker
+    id and run directory (keys found there), and a blocking publisher the same way, one
+    notification between them. A client without keys, and one pointed at a peer socket
+    (by endpoint alone, and with the run directory), each get a named error within 3 s."""
+    fig2, _ = shared_fig2
+    fig2.write_state()
+    run_dir = fig2.run_dir
+    scot = fig2.scot
+
+    async def timed(connecting: Coroutine[Any, Any, Any]) -> tuple[BaseException, float]:
+        started = time.monotonic()
+        try:
+            await connecting
+        except Exception as exc:
+            return exc, time.monotonic() - started
+        raise AssertionError("the connection opened")
+
+    async def scenario() -> tuple[list[tuple[BaseException, float]], int]:
+        sub = await Subscriber.connect("f:2", run_dir=run_dir)
+        assert sub.connection.endpoints == scot.client_endpoints("f:2")
+        assert sub.name.startswith("subscriber-")
+        stream = await sub.subscribe("[class,eq,'STOCK'],[symbol,eq,'ID']")
+        await until(lambda: tables_hold(fig2, 1), "the subscription spread", 30)
+        with BlockingPublisher.connect("a:0", "by-id", run_dir=run_dir) as pub:
+            await asyncio.to_thread(pub.publish, {"class": "STOCK", "symbol": "ID", "close": 1.0})
+        got = await stream.get(timeout=10)
+        await sub.close()
+        a0 = scot.brokers["a:0"]
+        errors = [
+            await timed(Publisher.connect(a0.client_endpoint, keys=False)),
+            await timed(Subscriber.connect(scot.brokers["b:0"].endpoint)),  # $OCTOPIS_KEYS
+            await timed(Subscriber.connect(scot.brokers["b:0"].endpoint, run_dir=run_dir)),
+        ]
+        return errors, got.seq
+
+    errors, seq = asyncio.run(closing_control(fig2, scenario()))
+    assert seq == 1
+    (keyless, keyless_s), (peer, peer_s), (named, named_s) = errors
+    assert isinstance(keyless, HandshakeFailed) and "wants CurveZMQ keys" in str(keyless)
+    assert isinstance(peer, NotAClientSocket) and "peer socket" in str(peer)
+    assert isinstance(named, NotAClientSocket) and "b:0's peer socket" in str(named)
+    print(f"named errors after {keyless_s:.2f} s, {peer_s:.2f} s and {named_s:.2f} s")
+    assert max(keyless_s, peer_s, named_s) < 3.0
 
 
 @pytest.mark.processes

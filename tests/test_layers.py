@@ -28,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "octopis.topology_change": {"octopis.topology"},
     "octopis.failure_schedule": set(),
     "octopis.keys": set(),
+    "octopis.overlay": {"octopis.topology", "octopis.keys"},
     "octopis.logs": set(),
     "octopis._match": {"octopis.filters"},
     "octopis.matching": BASE,
@@ -62,6 +63,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.wire",
         "octopis.keys",
         "octopis.logs",
+        "octopis.overlay",
     },
     "octopis.cluster": {
         *BASE,
@@ -74,6 +76,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.wire",
         "octopis.failure_schedule",
         "octopis.keys",
+        "octopis.overlay",
         "octopis.balance",
         "octopis.topology_change",
     },

@@ -8,9 +8,13 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 EXIT_BAD_INPUT = 2
+
+Errors = tuple[type[BaseException], ...] | Callable[[], tuple[type[BaseException], ...]]
+"""Exception classes, or a function that names them when one is raised."""
 
 LOG_FORMATS = ("text", "json")
 """``--log-format`` choices: a line of text, or one JSON object per line for machines."""
@@ -74,8 +78,8 @@ def configure_logging(level: str, log_format: str = "text", broker: str = "-") -
 def run_cli(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
-    errors: tuple[type[BaseException], ...],
-    failures: tuple[type[BaseException], ...] = (),
+    errors: Errors,
+    failures: Errors = (),
 ) -> int:
     """Parse ``argv`` and run the chosen command.
 
@@ -90,13 +94,15 @@ def run_cli(
     )
     try:
         status = args.func(args)
-    except errors as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except failures as exc:
-        print(f"{parser.prog}: failed: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if isinstance(exc, errors() if callable(errors) else errors):
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if isinstance(exc, failures() if callable(failures) else failures):
+            print(f"{parser.prog}: failed: {exc}", file=sys.stderr)
+            return 1
+        raise
     return int(status or 0)

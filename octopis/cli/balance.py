@@ -7,24 +7,23 @@ import asyncio
 import json
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from octopis.balance.loop import Balancer
-from octopis.balance.observe import observe
-from octopis.balance.plans import LoadState, Plan, coefficient_of_variation
-from octopis.balance.policy import MEASURES, PLANS, BalanceOptions, Elasticity, make_plan
 from octopis.cli.errors import UsageError
-from octopis.cluster.launcher import LocalCluster
-from octopis.cluster.scale import elastic_balancer
-from octopis.topology import load_topology
+from octopis.cli.options import add_overlay_options, cluster_of
+
+if TYPE_CHECKING:
+    from octopis.balance.plans import LoadState, Plan
+    from octopis.balance.policy import BalanceOptions
+    from octopis.cluster.launcher import LocalCluster
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``balance``."""
-    balance = commands.add_parser(
-        "balance",
-        help="load-balancing plans for a running overlay, and a balancer that carries them out",
-        description="Read every broker's load analysis over the control RPC and decide "
+def configure(command: str, balance: argparse.ArgumentParser) -> None:
+    """Give ``balance`` its description, actions and arguments."""
+    from octopis.balance.policy import BalanceOptions, Elasticity
+
+    balance.description = (
+        "Read every broker's load analysis over the control RPC and decide "
         "which subscribers to move where, with the reason for each move: BAD's "
         "load-based dynamic migration (ldm: once the coefficient of variation of broker "
         "loads exceeds --alpha and the mean exceeds --beta, until it is down to --target) "
@@ -37,7 +36,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "such a move touches only the cluster tree's path between the two hosts. `plan` "
         "prints the "
         "plan; `run` carries plans out round after round (the subscribers move "
-        "make-before-break, nothing lost or duplicated) and logs every decision.",
+        "make-before-break, nothing lost or duplicated) and logs every decision."
     )
     sub = balance.add_subparsers(dest="action", required=True, metavar="ACTION")
     plan = sub.add_parser("plan", help="print the plan (nothing is moved)")
@@ -84,17 +83,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--run-dir",
-        type=Path,
-        default=Path(".octopis"),
-        metavar="DIR",
-        help="the overlay `octopis up` started there (default .octopis)",
-    )
-    where.add_argument("--topology", type=Path, metavar="FILE", help="any running overlay")
-    parser.add_argument("--keys", type=Path, metavar="DIR", help="with --topology: its keys")
-    parser.add_argument("--insecure", action="store_true", help="with --topology: no keys")
+    from octopis.balance.policy import MEASURES, PLANS, BalanceOptions
+
+    add_overlay_options(parser)
     parser.add_argument("--plan", choices=PLANS, default="ldm", help="which plan (default ldm)")
     parser.add_argument(
         "--measure",
@@ -127,24 +118,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(name, type=float, default=default, help=f"{what} (default {default:g})")
 
 
-def _cluster(args: argparse.Namespace) -> LocalCluster:
-    if args.topology is None:
-        if args.keys is not None or args.insecure:
-            raise UsageError("--keys and --insecure go with --topology")
-        return LocalCluster.from_state(args.run_dir)[0]
-    if args.keys is not None and args.insecure:
-        raise UsageError("--keys and --insecure exclude each other")
-    return LocalCluster(
-        load_topology(args.topology),
-        args.topology,
-        "",
-        Path("."),
-        secure=not args.insecure,
-        keys=args.keys,
-    )
-
-
 def _options(args: argparse.Namespace, **pace: Any) -> BalanceOptions:
+    from octopis.balance.policy import BalanceOptions
+
     try:
         return BalanceOptions(
             args.plan,
@@ -164,7 +140,10 @@ def _options(args: argparse.Namespace, **pace: Any) -> BalanceOptions:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``octopis balance plan``."""
-    cluster = _cluster(args)
+    from octopis.balance.observe import observe
+    from octopis.balance.policy import make_plan
+
+    cluster, _ = cluster_of(args)
     options = _options(args)
     state, reports = asyncio.run(
         observe(
@@ -191,7 +170,16 @@ async def _closing(cluster: LocalCluster, work: Coroutine[Any, Any, None]) -> No
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``octopis balance run``."""
-    cluster = _cluster(args)
+    from octopis.balance.loop import Balancer
+    from octopis.balance.policy import Elasticity
+    from octopis.cluster.scale import elastic_balancer
+
+    cluster, pids = cluster_of(
+        args,
+        recorded="--elastic starts and stops brokers with the settings `octopis up` recorded"
+        if args.elastic
+        else None,
+    )
     options = _options(
         args,
         interval=args.interval,
@@ -203,9 +191,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         act=not args.dry_run,
     )
     if args.elastic:
-        if args.topology is not None:
-            raise UsageError("--elastic changes an overlay `octopis up` started: use --run-dir")
-        cluster, pids = LocalCluster.from_state(args.run_dir)
         try:
             elastic = Elasticity(
                 args.lr_high, args.lr_low, args.t_wait, args.min_clusters, args.max_clusters
@@ -237,6 +222,8 @@ def format_plan(
 ) -> str:
     """The brokers' loads (in the plan's measure), output, capacity and LR, their spread,
     and the moves with their reasons."""
+    from octopis.balance.plans import coefficient_of_variation
+
     name, measure = options.plan, options.load_measure
     lines = [
         f"{'broker':<10}{'cluster':>8}{measure + '/s':>14}{'output/s':>10}{'capacity/s':>12}"
@@ -270,6 +257,8 @@ def format_plan(
 
 def as_json(state: LoadState, plan: Plan, reports: dict[str, Any]) -> dict[str, Any]:
     """The loads, the plan and each broker's load report, for tools."""
+    from octopis.balance.plans import coefficient_of_variation
+
     return {
         "cov": coefficient_of_variation(b.load for b in state.brokers.values()),
         "moves": [vars(m) for m in plan.moves],

@@ -1,37 +1,25 @@
-"""``octopis run``, ``up``, ``down``, ``status``, ``restart``, ``pub`` and ``sub``: broker
-processes from a shell."""
+"""``octopis run``, ``up``, ``down``, ``status``, ``restart``, ``monitor``, ``pub`` and
+``sub``: broker processes from a shell. Each command imports what it uses when it runs,
+so that the others start fast."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from octopis.balance.plans import PLACEMENTS
-from octopis.balance.policy import PLANS, BalanceOptions
 from octopis.cli.errors import UsageError
-from octopis.cli.report import render_report, write_deliveries
-from octopis.cli.sim import (
-    add_failure_options,
-    add_topology_options,
-    add_workload_options,
-    failures_from_args,
-    workload_from_args,
-)
-from octopis.client import DEFAULT_LIVENESS
-from octopis.cluster.launcher import STATE_FILE, LocalCluster, prepare_topology, stop_pids
-from octopis.core import MODES
-from octopis.topology import load_topology
-from octopis.transport.settings import load_settings
+from octopis.cli.options import add_overlay_options, cluster_of, keys_of, overlay_of
+from octopis.overlay import DEFAULT_RUN_DIR, STATE_FILE, read_state
 
-DEFAULT_CLUSTER_DIR = Path(".octopis")
+if TYPE_CHECKING:
+    from octopis.cluster.launcher import LocalCluster
+
 DEFAULT_MODE = "dnr"
-UP_DIR_HELP = f"the run directory of `octopis up` (default {DEFAULT_CLUSTER_DIR})"
 
 
 def default_client_workers() -> int:
@@ -43,19 +31,21 @@ def default_client_workers() -> int:
     return max(0, min(8, (os.cpu_count() or 2) - 2))
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``run``, ``up``, ``down``, ``status``, ``restart``, ``pub`` and ``sub``."""
-    run = commands.add_parser(
-        "run",
-        help="run a workload on one broker process per SCOT node and report",
-        description="Start one broker process per node (ZeroMQ over TCP on this machine), "
+def _run(run: argparse.ArgumentParser) -> None:
+    from octopis.balance.plans import PLACEMENTS
+    from octopis.balance.policy import PLANS, BalanceOptions
+    from octopis.cli.sim import add_failure_options, add_topology_options, add_workload_options
+    from octopis.client import DEFAULT_LIVENESS
+
+    run.description = (
+        "Start one broker process per node (ZeroMQ over TCP on this machine), "
         "attach the workload's subscribers and publishers, wait for the subscription "
         "broadcast to settle, replay publications at their times, wait for delivery, print "
         "the report (message counts, exactly-once accounting, delays) and stop every "
-        "process, also on Ctrl-C or an error.",
+        "process, also on Ctrl-C or an error."
     )
     add_topology_options(run)
-    _overlay_options(run, None, "logs and generated files (default runs/<time>-<mode>)")
+    _broker_options(run, None, "logs and generated files (default runs/<time>-<mode>)")
     add_workload_options(run)
     add_failure_options(run)
     run.add_argument(
@@ -148,14 +138,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     run.set_defaults(func=cmd_run)
 
-    up = commands.add_parser(
-        "up",
-        help="start one broker process per node and return when all are connected",
-        description="Start the brokers of a topology file in the background; `octopis down` "
-        "stops them.",
+
+def _up(up: argparse.ArgumentParser) -> None:
+    up.description = (
+        "Start the brokers of a topology file in the background and record them in the run "
+        "directory, where every other command finds them; `octopis down` stops them."
     )
     up.add_argument("topology", type=Path, metavar="FILE", help="topology JSON")
-    _overlay_options(up, DEFAULT_CLUSTER_DIR, f"state and logs (default {DEFAULT_CLUSTER_DIR})")
+    _broker_options(
+        up,
+        DEFAULT_RUN_DIR,
+        f"the run directory to write: state, keys and logs (default {DEFAULT_RUN_DIR})",
+    )
     up.add_argument(
         "--host",
         metavar="NAME",
@@ -167,26 +161,31 @@ def register(commands: argparse._SubParsersAction) -> None:
     _timeout_option(up, 180.0, "give up (and stop them) if the brokers are not all ready by then")
     up.set_defaults(func=cmd_up)
 
-    down = commands.add_parser(
-        "down",
-        help="stop the brokers `octopis up` started",
-        description="Stop every broker recorded in the run directory.",
+
+def _down(down: argparse.ArgumentParser) -> None:
+    down.description = (
+        "Stop every broker recorded in the run directory (their processes on this host); "
+        "with --topology, ask every broker of the topology to stop over its control RPC "
+        "(the admin key of --keys)."
     )
+    add_overlay_options(down)
     down.add_argument(
-        "--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR", help=UP_DIR_HELP
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --topology: per broker (default 5)",
     )
     down.set_defaults(func=cmd_down)
 
-    status = commands.add_parser(
-        "status",
-        help="show the brokers `octopis up` started: links, tables, counters",
-        description="Ask every broker (or one) of a running overlay over its control RPC: "
+
+def _status(status: argparse.ArgumentParser) -> None:
+    status.description = (
+        "Ask every broker (or one) of a running overlay over its control RPC: "
         "pid, incarnation, readiness, each link's state and queue, routing-table size and "
-        "error counters. A broker that does not answer is shown as unreachable.",
+        "error counters. A broker that does not answer is shown as unreachable."
     )
-    status.add_argument(
-        "--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR", help=UP_DIR_HELP
-    )
+    add_overlay_options(status)
     status.add_argument("--broker", metavar="ID", help="only this broker, with its links")
     status.add_argument(
         "--table", action="store_true", help="with --broker: list its routing-table entries"
@@ -197,37 +196,27 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     status.set_defaults(func=cmd_status)
 
-    restart = commands.add_parser(
-        "restart",
-        help="start one broker of an `octopis up` overlay again",
-        description="Start broker ID again with the topology, mode and settings it had "
+
+def _restart(restart: argparse.ArgumentParser) -> None:
+    restart.description = (
+        "Start broker ID again with the topology, mode and settings it had "
         "(stopping it first if it still runs) and wait until it is ready: its neighbours "
-        "see a new incarnation and hand it their state.",
+        "see a new incarnation and hand it their state."
     )
     restart.add_argument("broker", metavar="ID")
-    restart.add_argument(
-        "--run-dir", type=Path, default=DEFAULT_CLUSTER_DIR, metavar="DIR", help=UP_DIR_HELP
-    )
+    add_overlay_options(restart)
     _timeout_option(restart, 60.0, "give up if the broker is not ready by then")
     restart.set_defaults(func=cmd_restart)
 
-    monitor = commands.add_parser(
-        "monitor",
-        help="serve a live web page of a running overlay",
-        description="Serve a web page that draws the SCOT (clusters x regions, aCOLs and "
+
+def _monitor(monitor: argparse.ArgumentParser) -> None:
+    monitor.description = (
+        "Serve a web page that draws the SCOT (clusters x regions, aCOLs and "
         "iCOLs), colours each link by its state and shows each broker's rates, updated live "
         "from the brokers' metrics endpoints (no keys needed); /snapshot and /topology give "
-        "the same data as JSON. Runs until interrupted.",
+        "the same data as JSON. Runs until interrupted."
     )
-    where = monitor.add_mutually_exclusive_group()
-    where.add_argument("--topology", type=Path, metavar="FILE", help="the overlay's topology")
-    where.add_argument(
-        "--run-dir",
-        type=Path,
-        default=DEFAULT_CLUSTER_DIR,
-        metavar="DIR",
-        help=f"the overlay `octopis up` started there (default {DEFAULT_CLUSTER_DIR})",
-    )
+    add_overlay_options(monitor, keys_needed=False)
     monitor.add_argument("--host", default="127.0.0.1", help="address to serve on")
     monitor.add_argument("--port", type=int, default=8700, help="port to serve on (8700)")
     monitor.add_argument(
@@ -235,11 +224,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     monitor.set_defaults(func=cmd_monitor)
 
-    sub = commands.add_parser(
-        "sub",
-        help="subscribe at a broker and print notifications",
-        description="Print each matching notification as a JSON line.",
-    )
+
+def _sub(sub: argparse.ArgumentParser) -> None:
+    sub.description = "Print each matching notification as a JSON line."
     _client_options(sub)
     sub.add_argument("filter", help="subscription, e.g. \"[class,eq,'STOCK'],[close,>,20]\"")
     sub.add_argument("--count", type=int, metavar="N", help="exit after N notifications")
@@ -276,11 +263,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     sub.set_defaults(func=cmd_sub)
 
-    pub = commands.add_parser(
-        "pub",
-        help="publish notifications at a broker",
-        description="Publish each PUBLICATION argument, or each line of "
-        "standard input when none is given (PADRES syntax).",
+
+def _pub(pub: argparse.ArgumentParser) -> None:
+    pub.description = (
+        "Publish each PUBLICATION argument, or each line of "
+        "standard input when none is given (PADRES syntax)."
     )
     _client_options(pub)
     pub.add_argument(
@@ -292,9 +279,29 @@ def register(commands: argparse._SubParsersAction) -> None:
     pub.set_defaults(func=cmd_pub)
 
 
-def _overlay_options(p: argparse.ArgumentParser, run_dir: Path | None, run_dir_help: str) -> None:
+PARSERS = {
+    "run": _run,
+    "up": _up,
+    "down": _down,
+    "status": _status,
+    "restart": _restart,
+    "monitor": _monitor,
+    "sub": _sub,
+    "pub": _pub,
+}
+"""Each command of this module → what adds its description and arguments."""
+
+
+def configure(command: str, parser: argparse.ArgumentParser) -> None:
+    """Give ``command``'s parser its description and arguments."""
+    PARSERS[command](parser)
+
+
+def _broker_options(p: argparse.ArgumentParser, run_dir: Path | None, run_dir_help: str) -> None:
     """``--mode``, ``--config``, ``--run-dir``, ``--insecure`` and ``--keys``: how the
     brokers of an overlay run."""
+    from octopis.core import MODES
+
     p.add_argument(
         "--mode",
         choices=MODES,
@@ -343,25 +350,23 @@ def _timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> No
 
 def _client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--topology",
-        type=Path,
-        metavar="FILE",
-        help=f"topology JSON (default: the one `octopis up` recorded in {DEFAULT_CLUSTER_DIR})",
+        "--broker",
+        required=True,
+        metavar="ID",
+        help="broker to attach to (the others of the overlay, its cluster first, if it fails)",
     )
-    p.add_argument("--broker", required=True, metavar="ID", help="broker to attach to")
     p.add_argument("--name", help="client name (default: a unique one)")
-    p.add_argument(
-        "--keys",
-        type=Path,
-        metavar="DIR",
-        help=f"keys directory (default: {DEFAULT_CLUSTER_DIR}/keys of `octopis up` without "
-        "--topology, else $OCTOPIS_KEYS; neither: in the clear, for --insecure brokers)",
-    )
+    add_overlay_options(p)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``octopis run``."""
+    from octopis.balance.policy import BalanceOptions
+    from octopis.cli.report import render_report, write_deliveries
+    from octopis.cli.sim import failures_from_args, workload_from_args
+    from octopis.cluster.launcher import prepare_topology
     from octopis.cluster.runner import RunOptions, WorkloadRun
+    from octopis.transport.settings import load_settings
 
     mode = args.mode or (None if args.attach else DEFAULT_MODE)
     run_dir = (
@@ -429,10 +434,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
     if args.interval <= 0:
         raise UsageError(f"--interval must be positive, got {args.interval}")
-    if args.topology is not None:
-        scot = load_topology(args.topology)
-    else:
-        scot = LocalCluster.from_state(args.run_dir)[0].scot
+    scot = overlay_of(args).scot
     if not any(b.metrics_endpoint for b in scot.brokers.values()):
         raise UsageError(f"topology {scot.name} names no metrics endpoint to read")
     serve_monitor(scot, args.host, args.port, args.interval)
@@ -441,6 +443,12 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """``octopis up``."""
+    import asyncio
+
+    from octopis.cluster.launcher import LocalCluster
+    from octopis.topology import load_topology
+    from octopis.transport.settings import load_settings
+
     scot = load_topology(args.topology)
     state = args.run_dir / STATE_FILE
     if state.exists():
@@ -489,7 +497,9 @@ async def _ready(cluster: LocalCluster, timeout: float, ids: list[str] | None = 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``octopis status``."""
-    cluster, pids = LocalCluster.from_state(args.run_dir)
+    import asyncio
+
+    cluster, pids = cluster_of(args)
     ids = list(cluster.scot.brokers)
     if args.broker is not None:
         if args.broker not in cluster.scot.brokers:
@@ -589,7 +599,13 @@ def format_status(
 
 def cmd_restart(args: argparse.Namespace) -> int:
     """``octopis restart``."""
-    cluster, pids = LocalCluster.from_state(args.run_dir)
+    import asyncio
+
+    from octopis.cluster.launcher import stop_pids
+
+    cluster, pids = cluster_of(
+        args, recorded="restart starts the broker with the mode and settings `octopis up` recorded"
+    )
     if args.broker not in cluster.scot.brokers:
         raise UsageError(f"topology {cluster.scot.name} has no broker {args.broker!r}")
     if args.broker not in cluster.local:
@@ -612,39 +628,47 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     """``octopis down``."""
-    state_path = args.run_dir / STATE_FILE
-    try:
-        state = json.loads(state_path.read_text())
-    except OSError:
-        raise UsageError(f"no running cluster recorded in {state_path}") from None
+    if args.topology is not None:
+        return _shut_down(args)
+    from octopis.cluster.launcher import stop_pids
+
+    keys_of(args)  # refuses --keys without --topology, as every command does
+    state = read_state(args.run_dir)
     killed = stop_pids(state["pids"])
-    state_path.unlink()
+    (args.run_dir / STATE_FILE).unlink()
     note = f" ({len(killed)} killed after the grace period)" if killed else ""
     print(f"stopped {len(state['pids'])} brokers{note}")
     return 0
 
 
-def _endpoint(args: argparse.Namespace) -> tuple[str, Path | None]:
-    """The client endpoint of ``--broker`` and the keys directory to reach it with."""
-    path, keys = args.topology, args.keys
-    if path is None:
-        try:
-            state = json.loads((DEFAULT_CLUSTER_DIR / STATE_FILE).read_text())
-        except OSError:
-            raise UsageError("no --topology and no cluster started by `octopis up` here") from None
-        path = Path(state["topology"])
-        if keys is None and state.get("secure", True):
-            keys = Path(state["keys"]) if state.get("keys") else DEFAULT_CLUSTER_DIR / "keys"
-    scot = load_topology(path)
-    if args.broker not in scot.brokers:
-        raise UsageError(f"topology {scot.name} has no broker {args.broker!r}")
-    return scot.brokers[args.broker].client_endpoint, keys
+def _shut_down(args: argparse.Namespace) -> int:
+    """``octopis down --topology``: every broker asked to stop over its control RPC."""
+    import asyncio
+
+    cluster, _ = cluster_of(args)
+    ids = list(cluster.scot.brokers)
+    answers = asyncio.run(cluster.ask(ids, "shutdown", args.timeout))
+    silent = [b for b in ids if answers[b] is None]
+    print(f"asked {len(ids)} brokers of {cluster.scot.name} to stop: {len(ids) - len(silent)} will")
+    if silent:
+        print(f"no answer from {', '.join(silent)}", file=sys.stderr)
+    return 1 if silent else 0
+
+
+def _endpoint(args: argparse.Namespace) -> tuple[list[str], Any]:
+    """The client endpoint of ``--broker`` followed by those it fails over to, and the
+    keys to reach them (:func:`octopis.client.locate`)."""
+    from octopis.client import locate
+
+    where = {"run_dir": args.run_dir} if args.topology is None else {"topology": args.topology}
+    return locate(args.broker, keys=keys_of(args), **where)
 
 
 def cmd_sub(args: argparse.Namespace) -> int:
     """``octopis sub``: a JSON line per notification; a historic, hybrid or durable
     subscription's ``subscribed`` line (or, with ``--until``, its last line) carries its
     ``history``: whether the answer from the past is complete, and what is missing."""
+    import asyncio
     import dataclasses
 
     from octopis.client import Subscriber
@@ -709,6 +733,8 @@ def cmd_sub(args: argparse.Namespace) -> int:
 
 def cmd_pub(args: argparse.Namespace) -> int:
     """``octopis pub``."""
+    import asyncio
+
     from octopis.client import Publisher
     from octopis.filters import parse_publication
 

@@ -1,36 +1,32 @@
 """``octopis scale``: grow or shrink an overlay `octopis up` started, while it runs
-(issue 18, DESIGN §9; :mod:`octopis.cluster.scale`)."""
+(DESIGN §9; :mod:`octopis.cluster.scale`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from octopis.cli.errors import UsageError
-from octopis.cluster.launcher import LocalCluster
-from octopis.cluster.scale import change_overlay
-from octopis.topology import Scot
-from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
+from octopis.cli.options import add_overlay_options, cluster_of
 
-DEFAULT_RUN_DIR = Path(".octopis")
+if TYPE_CHECKING:
+    from octopis.cluster.launcher import LocalCluster
+    from octopis.topology import Scot
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``scale`` with its four changes."""
-    scale = commands.add_parser(
-        "scale",
-        help="add or remove a cluster or a region of a running overlay",
-        description="Change an overlay `octopis up` started to a new topology version "
+def configure(command: str, scale: argparse.ArgumentParser) -> None:
+    """Give ``scale`` its description, its four changes and their arguments."""
+    scale.description = (
+        "Change an overlay `octopis up` started to a new topology version "
         "while it runs: leaving brokers' subscribers move first (make-before-break), the "
         "remaining brokers whose neighbours change are told their new links (each only "
         "its own), new brokers start and are filled by resync, leaving ones stop. The new "
         "version is written to the run directory and recorded, so `status`, `down` and a "
         "later `scale` use it. Clusters are labelled 0..n-1, so only the last can leave; "
         "a region joins and leaves as a leaf of the tree. A publisher must not be attached "
-        "to a leaving broker (the change is refused, naming it).",
+        "to a leaving broker (the change is refused, naming it)."
     )
     changes = scale.add_subparsers(dest="change", required=True, metavar="CHANGE")
     add_c = changes.add_parser("add-cluster", help="one more copy of the tree (cluster n)")
@@ -42,13 +38,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     remove_r = changes.add_parser("remove-region", help="remove a leaf region")
     remove_r.add_argument("name", help="the region's label")
     for parser in (add_c, remove_c, add_r, remove_r):
-        parser.add_argument(
-            "--run-dir",
-            type=Path,
-            default=DEFAULT_RUN_DIR,
-            metavar="DIR",
-            help=f"the run directory of `octopis up` (default {DEFAULT_RUN_DIR})",
-        )
+        add_overlay_options(parser)
         parser.add_argument(
             "--timeout",
             type=float,
@@ -62,6 +52,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def new_version(scot: Scot, args: argparse.Namespace) -> Scot:
     """The topology version ``args.change`` makes of ``scot`` (TopologyError if invalid)."""
+    from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
+
     if args.change == "add-cluster":
         return add_cluster(scot)
     if args.change == "remove-cluster":
@@ -72,6 +64,8 @@ def new_version(scot: Scot, args: argparse.Namespace) -> Scot:
 
 
 async def _change(cluster: LocalCluster, new: Scot, pids: dict[str, int], timeout: float) -> Any:
+    from octopis.cluster.scale import change_overlay
+
     try:
         return await change_overlay(cluster, new, pids, timeout)
     finally:
@@ -80,7 +74,9 @@ async def _change(cluster: LocalCluster, new: Scot, pids: dict[str, int], timeou
 
 def cmd_scale(args: argparse.Namespace) -> int:
     """``octopis scale CHANGE``."""
-    cluster, pids = LocalCluster.from_state(args.run_dir)
+    cluster, pids = cluster_of(
+        args, recorded="scale starts and stops brokers with the settings `octopis up` recorded"
+    )
     if cluster.host is not None:
         raise UsageError(
             "this overlay runs on several hosts (`octopis up --host`): scale changes an "

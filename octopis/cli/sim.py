@@ -22,14 +22,12 @@ from octopis.topology import Scot, build_preset, load_topology, preset_names
 from octopis.workload import HighRatePublisher, Workload, generate_workload, read_workload
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the ``sim`` subcommand."""
-    p = commands.add_parser(
-        "sim",
-        help="simulate SBP and notification routing (snr, dnr, bid) in memory",
-        description="Run one routing core per broker of a SCOT, wired by in-memory links with "
+def configure(command: str, p: argparse.ArgumentParser) -> None:
+    """Give ``sim`` its description and arguments."""
+    p.description = (
+        "Run one routing core per broker of a SCOT, wired by in-memory links with "
         "seeded latencies; replay a workload directory or a generated stock workload; report "
-        "message counts and exactly-once delivery (expected, delivered, duplicates, lost).",
+        "message counts and exactly-once delivery (expected, delivered, duplicates, lost)."
     )
     add_topology_options(p)
     p.add_argument("--mode", required=True, choices=MODES, help="routing algorithm")

@@ -1,6 +1,8 @@
 """Publisher/subscriber SDK (DESIGN §4): asyncio first, a blocking wrapper beside it.
 
-A client connects to one broker's ``client_endpoint``. Several named clients may share
+A client connects to one broker's client socket, by the broker's id in a running overlay
+(found through the run directory of ``octopis up`` or a topology file, which also give
+the keys and the brokers to fail over to) or by endpoint. Several named clients may share
 one :class:`Connection` (``octopis run`` attaches thousands of subscribers this way).
 
 Protocol: :mod:`octopis.wire` (requests are maps tagged by ``op``; replies echo ``req``;
@@ -10,14 +12,17 @@ notification once, whichever of its subscriptions matched (paper §6), and every
 of that subscriber sees it. Connections send heartbeats at a quarter of the broker's
 client timeout, so a live but quiet subscriber is never dropped (DESIGN §7).
 
-Example::
+Example, after ``octopis up t.json`` (the overlay in ``.octopis``)::
 
-    sub = await Subscriber.connect("tcp://127.0.0.1:17001", "alice")
+    sub = await Subscriber.connect("f:2", "alice", run_dir=".octopis")
     stream = await sub.subscribe("[class,eq,'STOCK'],[symbol,eq,'MSFT']")
-    pub = await Publisher.connect("tcp://127.0.0.1:17004", "feed")
+    pub = await Publisher.connect("a:0", "feed", run_dir=".octopis")
     await pub.publish({"class": "STOCK", "symbol": "MSFT", "close": 27.9})
     async for n in stream:
         print(n.publisher, n.seq, n.publication)
+
+A connection that cannot open says why (:class:`ConnectError`: :class:`HandshakeFailed`,
+:class:`NotAClientSocket`, :class:`NothingListening`, :class:`NoReply`).
 """
 
 from __future__ import annotations
@@ -28,17 +33,24 @@ from octopis.client.connection import (
     DEFAULT_LIVENESS,
     READ_BATCH,
     BrokerError,
+    ConnectError,
     Connection,
     ConnectionGroup,
     DeliveryKey,
     DroppedError,
+    HandshakeFailed,
     NamedClient,
+    NoReply,
+    NotAClientSocket,
+    NothingListening,
     NotificationHandler,
     Received,
     Resume,
+    locate,
 )
 from octopis.client.publisher import Publisher
 from octopis.client.subscriber import CompositeStream, Subscriber, SubscriptionStream
+from octopis.overlay import OverlayError
 
 __all__ = [
     "DEFAULT_LIVENESS",
@@ -49,15 +61,22 @@ __all__ = [
     "BrokerError",
     "CompositeNotification",
     "CompositeStream",
+    "ConnectError",
     "Connection",
     "ConnectionGroup",
     "DeliveryKey",
     "DroppedError",
+    "HandshakeFailed",
     "NamedClient",
+    "NoReply",
+    "NotAClientSocket",
+    "NothingListening",
     "NotificationHandler",
+    "OverlayError",
     "Publisher",
     "Received",
     "Resume",
     "Subscriber",
     "SubscriptionStream",
+    "locate",
 ]

@@ -1,18 +1,20 @@
 """Blocking wrappers of the SDK's clients for scripts and shells: each drives its
-asyncio client from a private event loop in a daemon thread."""
+asyncio client from a private event loop in a daemon thread, and connects the same way
+(``BlockingSubscriber.connect("f:2", run_dir=".octopis")``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, Self, TypeVar
 
-from octopis.client.connection import Received
+from octopis.client.connection import NamedClient, Received
 from octopis.client.publisher import Publisher
 from octopis.client.subscriber import Subscriber, SubscriptionStream
 from octopis.filters import Publication, Subscription
+from octopis.overlay import KeysChoice
 
 T = TypeVar("T")
 
@@ -36,11 +38,47 @@ class _LoopThread:
 
 
 class _Blocking:
-    """A client connection driven from a loop thread; a context manager that closes it."""
+    """A client of its own connection driven from a loop thread; a context manager that
+    closes it. Made with the arguments of the asyncio client's ``connect``."""
 
-    def __init__(self, connect: Coroutine[Any, Any, Any]) -> None:
+    _kind: type[NamedClient]
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        name: str | None = None,
+        keys: KeysChoice = None,
+        *,
+        run_dir: str | os.PathLike | None = None,
+        topology: str | os.PathLike | None = None,
+        **options: Any,
+    ) -> None:
+        connect = self._kind.connect(
+            target, name, keys=keys, run_dir=run_dir, topology=topology, **options
+        )
         self._loop = _LoopThread()
-        self._client = self._loop.run(connect)
+        try:
+            self._client = self._loop.run(connect)
+        except BaseException:
+            self._loop.stop()
+            raise
+        self.name: str = self._client.name
+        """The client's name (a new unique one unless given)."""
+
+    @classmethod
+    def connect(
+        cls,
+        target: str | Sequence[str],
+        name: str | None = None,
+        *,
+        keys: KeysChoice = None,
+        run_dir: str | os.PathLike | None = None,
+        topology: str | os.PathLike | None = None,
+        **options: Any,
+    ) -> Self:
+        """Connect as the asyncio client's ``connect`` does (a broker id with ``run_dir``
+        or ``topology``, or endpoints), blocking until connected; the same errors."""
+        return cls(target, name, keys, run_dir=run_dir, topology=topology, **options)
 
     def close(self) -> None:
         """Close the connection and stop the loop thread."""
@@ -55,19 +93,24 @@ class _Blocking:
 
 
 class BlockingSubscriber(_Blocking):
-    """Blocking wrapper of :class:`Subscriber` for scripts and shells."""
+    """Blocking wrapper of :class:`Subscriber` for scripts and shells::
 
-    def __init__(self, endpoint: str, name: str, keys: str | os.PathLike | None = None) -> None:
-        super().__init__(Subscriber.connect(endpoint, name, keys=keys))
-        self._sub: Subscriber = self._client
+    with BlockingSubscriber.connect("f:2", run_dir=".octopis") as sub:
+        for n in sub.subscribe("[class,eq,'STOCK']"):
+            print(n.publication)
+    """
 
-    def subscribe(self, spec: str | dict | Subscription) -> BlockingStream:
-        """Subscribe and return a blocking iterator over its notifications."""
-        return BlockingStream(self._loop, self._loop.run(self._sub.subscribe(spec)))
+    _kind = Subscriber
+
+    def subscribe(self, spec: str | dict | Subscription, **options: Any) -> BlockingStream:
+        """Subscribe (``options`` as :meth:`Subscriber.subscribe` takes them) and return a
+        blocking iterator over its notifications."""
+        sub: Subscriber = self._client
+        return BlockingStream(self._loop, self._loop.run(sub.subscribe(spec, **options)))
 
     def unsubscribe(self, stream: BlockingStream) -> None:
         """Withdraw a subscription."""
-        self._loop.run(self._sub.unsubscribe(stream.stream))
+        self._loop.run(self._client.unsubscribe(stream.stream))
 
 
 class BlockingStream:
@@ -90,10 +133,9 @@ class BlockingStream:
 class BlockingPublisher(_Blocking):
     """Blocking wrapper of :class:`Publisher`."""
 
-    def __init__(self, endpoint: str, name: str, keys: str | os.PathLike | None = None) -> None:
-        super().__init__(Publisher.connect(endpoint, name, keys=keys))
-        self._pub: Publisher = self._client
+    _kind = Publisher
 
-    def publish(self, publication: Publication | str) -> int:
-        """Publish and wait for the broker to accept; returns the sequence number."""
-        return self._loop.run(self._pub.publish(publication))
+    def publish(self, publication: Publication | str, **options: Any) -> int:
+        """Publish (``options`` as :meth:`Publisher.publish` takes them; by default it
+        waits for the broker to accept); returns the sequence number."""
+        return self._loop.run(self._client.publish(publication, **options))

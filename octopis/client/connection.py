@@ -11,18 +11,21 @@ import itertools
 import logging
 import math
 import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from octopis.filters import Publication
-from octopis.keys import DEFAULT_CLIENT, Keys, connect_securely
+from octopis.keys import DEFAULT_CLIENT, KeyPair, Keys, connect_securely
 from octopis.logs import RateLimitedLog
+from octopis.overlay import KeysChoice, Overlay, is_endpoint
 from octopis.wire import LEFT_AT, delivery_fields, pack, unpack
 
 log = logging.getLogger("octopis.client")
@@ -41,6 +44,52 @@ class BrokerError(Exception):
 class DroppedError(BrokerError):
     """The broker dropped this connection (a slow consumer, DESIGN §8); the message is
     its reason. Its subscriptions are withdrawn; connect again to go on."""
+
+
+class ConnectError(ConnectionError):
+    """A connection could not be opened; the message says why and what to do next."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        """The endpoint the connection tried."""
+
+
+class HandshakeFailed(ConnectError):
+    """The socket's security handshake failed: the broker wants CurveZMQ keys and the
+    client has none, it refused the client's key, the client's keys are another
+    overlay's, or the broker runs without keys and the client has some."""
+
+
+class NotAClientSocket(ConnectError):
+    """The endpoint is not a broker's client socket (a broker's peer socket, say)."""
+
+
+class NothingListening(ConnectError):
+    """Nothing accepts connections at the endpoint (no broker runs there)."""
+
+
+class NoReply(ConnectError, TimeoutError):
+    """A connection was made (or is still being made) but nothing answered in time; the
+    message says how far it got."""
+
+
+DIAGNOSIS_WAIT = 2.0
+"""Seconds :meth:`Connection.open` waits for a first TCP connection before it reports
+that nothing listens (a broker starting up may take a moment to bind)."""
+PROBE_WAIT = 1.0
+"""Seconds a diagnostic probe waits for its handshake."""
+_WATCHED = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+"""The socket monitor's events that tell how far opening a connection got."""
 
 
 DEFAULT_LIVENESS = 1.5
@@ -149,7 +198,7 @@ class Connection:
     """One DEALER connection to a broker, shared by named clients, that fails over.
 
     ``endpoints`` lists the brokers to use, in order of preference (the same cluster first,
-    DESIGN §7: :func:`octopis.topology.failover_endpoints` makes such a list). The
+    DESIGN §7: :func:`locate` makes such a list from a broker id). The
     connection heartbeats every ``liveness / 3`` seconds; when three heartbeats over at
     least ``liveness`` seconds went unanswered it connects to the next broker in the list, re-sends
     every request still unanswered (unacknowledged publications among them), lets each
@@ -174,8 +223,9 @@ class Connection:
 
     ``keys`` is a keys directory (:mod:`octopis.keys`; default ``$OCTOPIS_KEYS``): the
     connection speaks CurveZMQ with client key pair ``key_name``, each broker known by
-    the public key ``endpoints.json`` gives its endpoint. Without either it connects in
-    the clear, which only a broker run ``--insecure`` accepts.
+    the public key ``endpoints.json`` gives its endpoint. Without either (or with
+    ``keys=False``) it connects in the clear, which only a broker run ``--insecure``
+    accepts.
     """
 
     def __init__(
@@ -187,7 +237,7 @@ class Connection:
         linger: float = 10.0,
         max_pending: int = 1000,
         receive_buffer: int = 64,
-        keys: str | os.PathLike | None = None,
+        keys: KeysChoice = None,
         key_name: str = DEFAULT_CLIENT,
         group: ConnectionGroup | None = None,
     ) -> None:
@@ -223,7 +273,8 @@ class Connection:
         """Deliveries for a client this connection does not serve (one that moved on
         while the broker still named it here)."""
         self.receive_buffer = receive_buffer
-        found = Keys.find(keys)
+        found = None if keys is False else Keys.find(keys)
+        self._keys = found
         self._curve = (
             None
             if found is None
@@ -231,7 +282,9 @@ class Connection:
         )
         """This client's key pair and each endpoint's broker key, or None (in the clear)."""
         self._ctx = context or zmq.asyncio.Context.instance()
-        self.socket = self._connect(self.endpoint)
+        self._watch: zmq.asyncio.Socket | None = None
+        """The first socket's monitor, read while :meth:`open` waits for the broker."""
+        self.socket = self._connect(self.endpoint, watch=True)
         self._reqs = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future, bytes]] = {}
         self._room = asyncio.Semaphore(max_pending)
@@ -258,7 +311,7 @@ class Connection:
         """One record per fail-over (the last 1,000): from, to, started (wall time),
         seconds away."""
 
-    def _connect(self, endpoint: str) -> zmq.asyncio.Socket:
+    def _connect(self, endpoint: str, *, watch: bool = False) -> zmq.asyncio.Socket:
         socket = self._ctx.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.RCVHWM, self.receive_buffer)
@@ -266,18 +319,185 @@ class Connection:
         if self._curve is not None:
             pair, server_keys = self._curve
             connect_securely(socket, pair, server_keys[endpoint])
+        if watch:
+            self._watch = socket.get_monitor_socket(_WATCHED)
         socket.connect(endpoint)
         return socket
 
     async def open(self, timeout: float = 10.0) -> dict[str, Any]:
-        """Start reading and handshake; returns the broker's welcome."""
+        """Start reading and handshake; returns the broker's welcome.
+
+        If the broker does not answer, a :class:`ConnectError` says why as soon as that
+        is known: :class:`HandshakeFailed` (keys wanted, refused or another overlay's),
+        :class:`NotAClientSocket`, :class:`NothingListening` (within
+        :data:`DIAGNOSIS_WAIT` seconds), else :class:`NoReply` after ``timeout``. The
+        connection is then closed."""
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
-        self.broker = await self.request({"op": "hello", "client": "-"}, timeout)
+        try:
+            self.broker = await self._hello(timeout)
+        except BaseException:
+            await self._abandon()
+            raise
+        finally:
+            self._unwatch()
         if self._heartbeat is None:
             interval = min(float(self.broker.get("timeout", 10.0)) / 4, self.liveness / 3)
             self._heartbeat = asyncio.create_task(self._beat(interval))
         return self.broker
+
+    async def _hello(self, timeout: float) -> dict[str, Any]:
+        """Say hello and wait up to ``timeout`` seconds for the welcome, reading the
+        socket's monitor meanwhile: a failure it shows is raised as soon as it is known."""
+        started = time.monotonic()
+        reply = asyncio.ensure_future(self.request({"op": "hello", "client": "-"}, None))
+        progress: set[int] = set()
+        diagnosis = asyncio.ensure_future(self._diagnose(progress))
+        try:
+            done, _ = await asyncio.wait(
+                {reply, diagnosis}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if reply in done:
+                return reply.result()
+            if diagnosis in done and (error := diagnosis.result()) is not None:
+                raise error
+            left = max(0.0, timeout - (time.monotonic() - started))
+            done, _ = await asyncio.wait({reply}, timeout=left)
+            if reply in done:
+                return reply.result()
+            raise NoReply(self.endpoint, self._silence(progress, timeout))
+        finally:
+            for task in (reply, diagnosis):
+                task.cancel()
+            await asyncio.gather(reply, diagnosis, return_exceptions=True)
+
+    async def _diagnose(self, progress: set[int]) -> ConnectError | None:
+        """Read the first socket's monitor until it tells how opening goes: None once the
+        handshake succeeded (whatever comes next is the broker's answer), else the error
+        that says why no answer can come. ``progress`` collects the events seen."""
+        if self._watch is None:
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DIAGNOSIS_WAIT
+        patient = False
+        while True:
+            connected = zmq.EVENT_CONNECTED in progress
+            wait = None if patient or connected else max(0.0, deadline - loop.time())
+            try:
+                frames = await asyncio.wait_for(self._watch.recv_multipart(), wait)
+            except TimeoutError:
+                if progress & {zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CLOSED}:
+                    return NothingListening(
+                        self.endpoint,
+                        f"nothing listens at {self.endpoint} (connection refused for "
+                        f"{DIAGNOSIS_WAIT:g} s): is the overlay up (`octopis status`), and is "
+                        "this a broker's client endpoint?",
+                    )
+                patient = True  # the TCP connection is still pending: a slow or far host
+                continue
+            kind = parse_monitor_message(frames)["event"]
+            progress.add(kind)
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return None
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                return self._refused()
+            if kind in (
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                zmq.EVENT_DISCONNECTED,
+            ):
+                return await self._why_not()
+
+    def _refused(self) -> HandshakeFailed:
+        """The broker's key check refused this client's key."""
+        at = self.endpoint
+        key = (
+            f"{self._keys.directory}/clients/{self._options['key_name']}.key" if self._keys else ""
+        )
+        where = f" ({key})" if key else ""
+        return HandshakeFailed(
+            at,
+            f"{at} refused this client's key{where}: the keys directory is not this "
+            f"overlay's (use its own: keys=DIR, or run_dir= for one `octopis up` started), "
+            "or the endpoint is not a broker's client socket (a control socket lets only "
+            "the admin key in)",
+        )
+
+    async def _why_not(self) -> ConnectError:
+        """The handshake failed with no reason given: probes with another socket type
+        and without keys tell a peer socket, a broker in the clear and keys that do not
+        fit apart."""
+        at = self.endpoint
+        curve = None if self._curve is None else (self._curve[0], self._curve[1][at])
+        if await _gets_through(self._ctx, at, zmq.PUSH, curve):
+            return NotAClientSocket(
+                at,
+                f"{at} is not a broker's client socket: it takes pushed messages, as a "
+                "broker's peer socket does. Connect to the broker's client endpoint, or by "
+                "broker id (run_dir= or topology=), which finds it",
+            )
+        if curve is None:
+            return HandshakeFailed(
+                at,
+                f"{at} refused a connection in the clear: the broker wants CurveZMQ keys. "
+                "Give the overlay's keys directory (keys=DIR, $OCTOPIS_KEYS, or run_dir= "
+                "for an overlay `octopis up` started), or check that the endpoint is a "
+                "broker's client socket",
+            )
+        if await _gets_through(self._ctx, at, zmq.DEALER, None):
+            return HandshakeFailed(
+                at,
+                f"{at} runs without CurveZMQ (its overlay was started --insecure): connect "
+                "without keys (keys=False)",
+            )
+        return HandshakeFailed(
+            at,
+            f"the CurveZMQ handshake with {at} failed: the broker's key in "
+            f"{self._keys.directory if self._keys else '?'}/endpoints.json is not the one it "
+            "serves with (keys of another overlay, or of an earlier one on these ports?), "
+            "or the endpoint is not a broker's client socket",
+        )
+
+    def _silence(self, progress: set[int], timeout: float) -> str:
+        """Why the broker at the endpoint did not answer in ``timeout`` seconds, as far
+        as the socket's monitor tells."""
+        at = self.endpoint
+        if zmq.EVENT_HANDSHAKE_SUCCEEDED in progress:
+            return (
+                f"{at} accepted the connection but did not answer hello within {timeout:g} "
+                "s: it is not an OctopiS broker's client socket (a control socket?), or the "
+                "broker is overloaded or stopped"
+            )
+        if zmq.EVENT_CONNECTED in progress:
+            return (
+                f"{at} accepted a TCP connection but no ZeroMQ handshake followed within "
+                f"{timeout:g} s: something else listens there (a broker's metrics port?), "
+                "or the broker is stopped"
+            )
+        return (
+            f"no connection to {at} within {timeout:g} s: the host does not answer (down, "
+            "or a firewall drops the connection)"
+        )
+
+    def _unwatch(self) -> None:
+        """Stop the first socket's monitor (once :meth:`open` is done with it)."""
+        if self._watch is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.disable_monitor()
+            self._watch.close(0)
+            self._watch = None
+
+    async def _abandon(self) -> None:
+        """Stop reading and close the socket of a connection that did not open; the
+        group forgets it."""
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
+        self._unwatch()
+        self.socket.close()
+        if self.group.connections.get(self.endpoints[0]) is self:
+            del self.group.connections[self.endpoints[0]]
 
     def register(self, name: str, handler: NotificationHandler) -> None:
         """Route deliveries for client ``name`` to ``handler``."""
@@ -474,6 +694,7 @@ class Connection:
         await asyncio.gather(*tasks, return_exceptions=True)
         for future, _ in list(self._pending.values()):
             future.cancel()
+        self._unwatch()
         self.socket.close()
 
     # -- liveness and fail-over ----------------------------------------------------------
@@ -753,6 +974,38 @@ class Connection:
             notify(reason)
 
 
+async def _gets_through(
+    ctx: zmq.asyncio.Context, endpoint: str, kind: int, curve: tuple[KeyPair, bytes] | None
+) -> bool:
+    """Whether a socket of type ``kind`` (with ``curve``: this key pair and the server's
+    key) gets past the socket-type check of a handshake with ``endpoint``: the handshake
+    completes, or only the server's key check refuses it."""
+    probe = ctx.socket(kind)
+    probe.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        connect_securely(probe, *curve)
+    events = probe.get_monitor_socket(_WATCHED)
+    probe.connect(endpoint)
+    try:
+        async with asyncio.timeout(PROBE_WAIT):
+            while True:
+                event = parse_monitor_message(await events.recv_multipart())["event"]
+                if event in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+                    return True
+                if event in (
+                    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                    zmq.EVENT_DISCONNECTED,
+                ):
+                    return False
+    except TimeoutError:
+        return False
+    finally:
+        probe.disable_monitor()
+        events.close(0)
+        probe.close(0)
+
+
 class NamedClient:
     """A named client on a :class:`Connection` (shared, or its own with :meth:`connect`)."""
 
@@ -766,17 +1019,35 @@ class NamedClient:
     @classmethod
     async def connect(
         cls,
-        endpoints: str | Sequence[str],
-        name: str,
+        target: str | Sequence[str],
+        name: str | None = None,
         *,
-        keys: str | os.PathLike | None = None,
+        keys: KeysChoice = None,
+        run_dir: str | os.PathLike | None = None,
+        topology: str | os.PathLike | None = None,
         **kwargs: Any,
-    ) -> Any:
-        """Open a connection of its own as client ``name`` (to the first of ``endpoints``,
-        failing over to the others in order), with ``keys`` as :class:`Connection` takes
-        them."""
+    ) -> Self:
+        """Open a connection of its own as client ``name`` (default: a new unique name).
+
+        ``target`` is a broker id such as ``"f:2"``: the broker of the overlay that
+        ``octopis up`` started in ``run_dir`` (default ``.octopis``), or of the
+        ``topology`` file. The connection goes to that broker's client endpoint and fails
+        over along the overlay's other brokers, its own cluster first, with the run
+        directory's keys (with ``topology``: ``$OCTOPIS_KEYS``, else none). Or ``target``
+        is an endpoint or a list of them, tried in order, reached with ``keys`` (default
+        ``$OCTOPIS_KEYS``); with ``run_dir`` or ``topology`` too, an endpoint is checked
+        against the topology and its broker's fail-over list and keys are used.
+        ``keys=False`` connects in the clear (brokers run ``--insecure``).
+
+        A broker that does not answer raises a :class:`ConnectError` naming why
+        (:meth:`Connection.open`); a broker id the overlay does not have, or no overlay
+        where one was named, :class:`octopis.overlay.OverlayError`.
+        """
+        endpoints, keys = locate(target, keys=keys, run_dir=run_dir, topology=topology)
         connection = Connection(endpoints, keys=keys)
         await connection.open()
+        if name is None:
+            name = f"{cls.__name__.lower()}-{secrets.token_hex(6)}"
         client = cls(name, connection, **kwargs)
         client._owns_connection = True
         return client
@@ -785,3 +1056,54 @@ class NamedClient:
         """Close the connection (and those it opened for moves) if this client opened it."""
         if self._owns_connection:
             await self._origin.close()
+
+
+def locate(
+    target: str | Sequence[str],
+    *,
+    keys: KeysChoice = None,
+    run_dir: str | os.PathLike | None = None,
+    topology: str | os.PathLike | None = None,
+) -> tuple[list[str], KeysChoice]:
+    """The endpoints (in fail-over order) and keys :meth:`NamedClient.connect` uses for
+    ``target``: broker ids are looked up in the overlay of ``run_dir`` (default
+    ``.octopis``) or ``topology``; endpoints are taken as they are unless an overlay is
+    named, where a socket other than a client one is refused at once
+    (:class:`NotAClientSocket`). One broker (by id or client endpoint) comes with its
+    fail-over list."""
+    targets = [target] if isinstance(target, str) else list(target)
+    if not targets:
+        raise ValueError("connect needs a broker id or at least one endpoint")
+    if all(map(is_endpoint, targets)) and run_dir is None and topology is None:
+        return targets, keys
+    overlay = Overlay.find(run_dir, topology, keys)
+    brokers = [_broker_at(overlay, t) for t in targets]
+    if len(targets) == 1 and brokers[0] is not None:
+        endpoints = overlay.client_endpoints(brokers[0])
+    else:
+        clients = overlay.scot.brokers
+        endpoints = [
+            t if b is None else clients[b].client_endpoint
+            for t, b in zip(targets, brokers, strict=True)
+        ]
+    return endpoints, overlay.keys if overlay.keys is not None else False
+
+
+def _broker_at(overlay: Overlay, target: str) -> str | None:
+    """The broker ``target`` names: a broker id, or the client endpoint of one (None: an
+    endpoint the topology does not place); :class:`NotAClientSocket` for an endpoint of
+    one of its other sockets."""
+    if not is_endpoint(target):
+        return overlay.broker(target)
+    found = overlay.socket_at(target)
+    if found is None:
+        return None
+    broker, kind = found
+    if kind != "client":
+        right = overlay.scot.brokers[broker].client_endpoint
+        raise NotAClientSocket(
+            target,
+            f"{target} is {broker}'s {kind} socket in topology {overlay.scot.name}, not its "
+            f"client socket: connect to {right}, or by broker id ({broker!r})",
+        )
+    return broker

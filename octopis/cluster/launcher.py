@@ -28,10 +28,9 @@ import aiozmq.rpc
 import psutil
 
 from octopis.keys import Keys, connect_securely, make_keys
+from octopis.overlay import STATE_FILE, read_state
 from octopis.topology import PORTS_PER_BROKER, Scot, build_preset, load_topology
 from octopis.transport.settings import BrokerSettings, load_settings
-
-STATE_FILE = "cluster.json"
 
 PORT_BLOCK = 128
 """Ports are reserved in aligned blocks of this many ports (fig2's 18 brokers fit one)."""
@@ -241,12 +240,8 @@ class LocalCluster:
     @classmethod
     def from_state(cls, run_dir: Path) -> tuple[LocalCluster, dict[str, int]]:
         """The cluster ``octopis up`` recorded in ``run_dir`` (its settings included) and
-        the pids it recorded; :class:`ClusterError` if there is none."""
-        path = run_dir / STATE_FILE
-        try:
-            state = json.loads(path.read_text())
-        except OSError:
-            raise ClusterError(f"no running cluster recorded in {path}") from None
+        the pids it recorded; :class:`octopis.overlay.OverlayError` if there is none."""
+        state = read_state(run_dir)
         topology = Path(state["topology"])
         settings = BrokerSettings()
         config = run_dir / "broker.toml"
