@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import inspect
 import json
 import os
 import re
@@ -135,12 +134,6 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     assert not (tmp_path / ".octopis" / "cluster.json").exists()
 
 
-def sdk_connects_by_broker_id() -> bool:
-    from octopis.client import Subscriber
-
-    return "run_dir" in inspect.signature(Subscriber.connect).parameters
-
-
 @pytest.mark.processes
 def test_every_example_of_getting_started_runs(tmp_path: Path) -> None:
     """Each fenced block of Getting started, in order, in one fresh directory: shell
@@ -152,8 +145,6 @@ def test_every_example_of_getting_started_runs(tmp_path: Path) -> None:
     examples = [b for b in blocks if b.section != "Install"]
     assert {b.language for b in examples} == {"bash", "python"}
     assert sum(b.language == "python" for b in examples) >= 2
-    if not sdk_connects_by_broker_id():
-        pytest.skip("the examples connect by broker id (`run_dir=`), which this SDK lacks")
     base = find_free_base_port(18)
     try:
         for block in examples:

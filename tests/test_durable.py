@@ -325,25 +325,26 @@ def test_historic_hybrid_and_durable_subscriptions_get_exactly_their_publication
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "durable.md"
 
 
-def _shell_blocks(page: Path) -> list[list[str]]:
-    """The commands of each ```sh block of ``page``, in order."""
+def _blocks(page: Path, language: str) -> list[list[str]]:
+    """The lines of each fenced ``language`` block of ``page``, in order (blank lines
+    dropped in shell blocks)."""
     blocks, current = [], None
     for line in page.read_text().splitlines():
-        if line.strip() == "```sh":
+        if line.strip() == f"```{language}":
             current = []
         elif line.strip() == "```" and current is not None:
             blocks.append(current)
             current = None
-        elif current is not None and line.strip():
+        elif current is not None and (line.strip() or language == "python"):
             current.append(line)
     return blocks
 
 
 @pytest.mark.processes
 @pytest.mark.timeout(240)
-def test_the_pages_shell_examples_do_what_the_page_says(tmp_path: Path) -> None:
-    """docs/durable.md's commands, as written, against an overlay `octopis up` started in
-    the directory they run in (fig2 on free ports, keys on)."""
+def test_the_pages_examples_do_what_the_page_says(tmp_path: Path) -> None:
+    """docs/durable.md's commands and program, as written, against an overlay `octopis up`
+    started in the directory they run in (fig2 on free ports, keys on)."""
     scot, _ = prepare_topology(tmp_path / "build", preset="fig2")
     (tmp_path / "t.json").write_text(json.dumps(scot.to_json()))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -356,7 +357,8 @@ def test_the_pages_shell_examples_do_what_the_page_says(tmp_path: Path) -> None:
         assert done.returncode == 0, (command, done.stderr)
         return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
-    historic, durable = _shell_blocks(PAGE)
+    historic, durable = _blocks(PAGE, "sh")
+    (program,) = _blocks(PAGE, "python")
     sh("octopis up t.json")
     try:
         published = sh(historic[0])
@@ -380,5 +382,15 @@ def test_the_pages_shell_examples_do_what_the_page_says(tmp_path: Path) -> None:
         assert ended[0]["ended"] == "audit"
         head, *lines = sh(durable[2])  # ended: a fresh durable, owed nothing
         assert lines == [] and head["history"]["published"] == 0
+        done = subprocess.run(
+            [sys.executable, "-c", "\n".join(program)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["missed 81.0 True", "past [80.5, 81.0] True"]
     finally:
         sh("octopis down")
