@@ -21,6 +21,10 @@ Example, after ``octopis up t.json`` (the overlay in ``.octopis``)::
     async for n in stream:
         print(n.publisher, n.seq, n.publication)
 
+Durable, historic and hybrid subscriptions are ``subscribe`` keywords (``durable=``,
+``since=``, ``until=``); their stream's :class:`History` says whether the answer from the
+past is complete, and a historic one ends with :class:`EndOfHistory`.
+
 A connection that cannot open says why (:class:`ConnectError`: :class:`HandshakeFailed`,
 :class:`NotAClientSocket`, :class:`NothingListening`, :class:`NoReply`).
 """
@@ -49,7 +53,13 @@ from octopis.client.connection import (
     locate,
 )
 from octopis.client.publisher import Publisher
-from octopis.client.subscriber import CompositeStream, Subscriber, SubscriptionStream
+from octopis.client.replay import History, ReplayGap, parse_time
+from octopis.client.subscriber import (
+    CompositeStream,
+    EndOfHistory,
+    Subscriber,
+    SubscriptionStream,
+)
 from octopis.overlay import OverlayError
 
 __all__ = [
@@ -66,7 +76,9 @@ __all__ = [
     "ConnectionGroup",
     "DeliveryKey",
     "DroppedError",
+    "EndOfHistory",
     "HandshakeFailed",
+    "History",
     "NamedClient",
     "NoReply",
     "NotAClientSocket",
@@ -75,8 +87,10 @@ __all__ = [
     "OverlayError",
     "Publisher",
     "Received",
+    "ReplayGap",
     "Resume",
     "Subscriber",
     "SubscriptionStream",
     "locate",
+    "parse_time",
 ]
