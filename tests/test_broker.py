@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiozmq.rpc
@@ -89,6 +90,46 @@ def test_routing_that_fails_before_taking_a_run_drops_it_counted(
     with pytest.raises(BrokerFailure, match="internal_errors 3, serving a:0 True, received 2"):
         asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
     assert "routing broke" in caplog.text
+
+
+def test_a_pass_past_its_deadline_leaves_the_rest_of_a_run_for_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The peer input looks at its pass's deadline after each body that is not a
+    notification (a heartbeat, a malformed body), even amid one run from one neighbour:
+    past it, the notifications before that body are routed and the bodies after it are
+    left for the next pass (the index of the first is returned). Handed over pass after
+    pass with the deadline always past, a run is routed whole, in order, once."""
+    scot = build_preset("fig2", base_port=find_free_base_port(18))
+    broker = Broker(scot, "b:0", "snr", BrokerSettings(down_after=3600.0), keys=None)
+    routed: list[list[int]] = []
+    passes: list[int] = []
+    taken: list[int] = []
+
+    def routing(sender: str, run: Iterator[tuple[Notification, bytes]], now: float) -> None:
+        routed.append([message.seq for message, _ in run])
+
+    async def feed_a_run() -> None:
+        peers = broker.peers
+        state = peers.state["a:0"]
+        state.up = state.accepting = True
+        monkeypatch.setattr(broker, "peer_notifications", routing)
+        heartbeat = encode_peer("a:0", Heartbeat(PLAYED, 0, 0, True))[1]
+        bad = b"\xc1 not msgpack"
+        frame = [b"a:0", _quote(1), _quote(2), bad, _quote(3), heartbeat, _quote(4)]
+        while len(frame) > 1:
+            left_at = peers._on_message(frame, 0.0, deadline=0.0)
+            passes.append(left_at)
+            frame = [frame[0], *frame[left_at:]]
+        taken.append(state.received)
+        broker.stop()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(broker, "_tick_loop", feed_a_run)
+    asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+    assert passes == [4, 3, 2]
+    assert routed == [[1, 2], [3], [4]]
+    assert taken == [4] and broker.peers.counters["wire_errors"] == 1
 
 
 @pytest.mark.processes

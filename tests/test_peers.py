@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -184,7 +185,12 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
     acknowledgements leave at once: no neighbour is declared down (T = 1 s); every table
     holds every subscription, and notifications published at c:0 right after reach every
     matching subscription on a:0 exactly once. Every broker took the collector's passes
-    over the flood's objects while its input was dry (``memory.gc_idle``)."""
+    over the flood's objects while its input was dry (``memory.gc_idle``).
+
+    The pause is timed by a process of its own (:func:`_pause`), not by this test's: on a
+    loaded machine its event loop woke from a 0.4 s sleep up to 0.45 s late and its
+    collector's passes over the flood's 20,000 requests took up to 0.5 s (2 s once), so
+    b:0's silence was then mostly the test's own."""
     cluster = line_of(BrokerSettings())
     scot = cluster.scot
     subscribers, each, published = 4, 5000, 10
@@ -204,10 +210,7 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
             *(s.subscribe(f"[class,eq,'STOCK'],[price,>,{i}]") for s in subs for i in range(each))
         )
         await until(lambda: _table_holds(cluster, "a:0", 1000), "the flood starts", 30)
-        paused = cluster.processes["b:0"].pid
-        os.kill(paused, signal.SIGSTOP)
-        await asyncio.sleep(0.4)
-        os.kill(paused, signal.SIGCONT)
+        paused_for = await _pause(cluster.processes["b:0"].pid, 0.4)
         await flood
         await until(lambda: tables_hold(cluster, subscribers * each), "the flood spreads", 120)
         pub = await Publisher.connect(scot.brokers["c:0"].client_endpoint, "feed")
@@ -217,20 +220,47 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
         stats = await cluster.call_all("stats")
         for client in (pub, *subs):
             await client.close()
-        return stats
+        return stats, paused_for
 
-    stats = asyncio.run(closing_control(cluster, scenario()))
+    stats, paused_for = asyncio.run(closing_control(cluster, scenario()))
     cut = {b: s["counters"].get("input_passes_cut", 0) for b, s in stats.items()}
     idle = {b: s["gc"]["idle_passes"] for b, s in stats.items()}
-    print("passes cut short:", cut, "idle collector passes:", idle)
+    print(f"b:0 paused {paused_for:.3f} s; passes cut short: {cut}; idle collector: {idle}")
     assert cut["b:0"] > 0
     assert all(sum(passes) > 0 for passes in idle.values()), idle
-    assert not any(s["detections"] for s in stats.values()), {
-        b: s["detections"] for b, s in stats.items()
-    }
+    assert not any(s["detections"] for s in stats.values()), (
+        f"b:0 paused {paused_for:.3f} s",
+        {b: s["detections"] for b, s in stats.items()},
+    )
     counts = accounting("subscribers on a:0", subscribers * published, got)
     assert counts["delivered"] == counts["expected"]
     assert counts["duplicates"] == counts["lost"] == 0
+
+
+PAUSE = """import os, signal, sys, time
+pid, seconds = int(sys.argv[1]), float(sys.argv[2])
+started = time.monotonic()
+os.kill(pid, signal.SIGSTOP)
+try:
+    time.sleep(seconds)
+finally:
+    os.kill(pid, signal.SIGCONT)
+print(time.monotonic() - started)
+"""
+"""What :func:`_pause` runs in a process of its own."""
+
+
+async def _pause(pid: int, seconds: float) -> float:
+    """Stop process ``pid`` (SIGSTOP) for ``seconds`` and let it go on (SIGCONT); returns
+    how long it was stopped. Timed by a process of its own, so that neither this test's
+    event loop nor its collector's passes (which a thread would wait out for the GIL)
+    stretch the pause."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PAUSE, str(pid), str(seconds), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await child.communicate()
+    assert child.returncode == 0, f"pausing process {pid} failed (exit {child.returncode})"
+    return float(out)
 
 
 async def _table_holds(cluster: LocalCluster, broker: str, at_least: int) -> bool:
