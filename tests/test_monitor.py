@@ -4,8 +4,10 @@ region and broker inside the window, no two iCOLs of a region on top of each oth
 burst into the capacity-limited iCOL i:0 → i:1 shows that link overloaded, DNR cases at
 i:0 as they happen and i:0's retention; the table has the overlay's totals on top, the
 busiest brokers first, and sorts by a column on a click. Its screenshot is the docs'
-picture (docs/monitor.png). Also the monitor's JSON views, its bad input, and how it
-turns counters into totals and events (no process)."""
+picture: ``OCTOPIS_SCREENSHOT=docs/monitor.png pytest tests/test_monitor.py`` writes it
+there (otherwise it goes to the run directory and the tracked picture is left alone).
+Also the monitor's JSON views, its bad input, and how it turns counters into totals and
+events (no process)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,6 @@ from octopis.topology import build_preset
 from octopis.transport.settings import BrokerSettings
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "monitor.png"
 """The picture of the monitor in the docs, taken by the browser test."""
 WIDTH = 1500
 """The browser window's width in pixels."""
@@ -290,7 +291,9 @@ def test_the_page_fits_paper75_and_shows_an_overload_dnr_cases_and_retention(
                 published += 30
                 await asyncio.wait({seen}, timeout=0.5)
             colour = await seen
-            driver.save_screenshot(str(SCREENSHOT))
+            screenshot = Path(os.environ.get("OCTOPIS_SCREENSHOT") or paper75.run_dir / "shot.png")
+            driver.save_screenshot(str(screenshot))
+            assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
             calm = driver.execute_script(
                 "return getComputedStyle(document.getElementById(arguments[0])).stroke;",
                 f"link-{min(READERS)}-{max(READERS)}",
@@ -327,7 +330,6 @@ def test_the_page_fits_paper75_and_shows_an_overload_dnr_cases_and_retention(
         assert all(_number(row["kept"]) == 0 for row in by_kept["rows"][1:])
     finally:
         driver.quit()
-    assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for reader in READERS:
         counts = accounting(
             reader, published, Counter({s: n for (b, s), n in got.items() if b == reader})
