@@ -653,6 +653,28 @@ def test_the_pages_python_examples_print_what_the_page_says(
     assert printed[0][0] == "IBM 101.5 101.25"
     assert re.fullmatch(r"\d\.\d{3} s apart", printed[0][1]) and float(printed[0][1][:5]) < 5
     assert printed[1] == ["2 ['ORCL', 'ORCL'] ((1,), (2,))", "1 ['AAPL'] ((0,),)"]
+    # the same join from the shell: `octopis sub` prints one line per match, with its parts
+    octopis = [sys.executable, "-m", "octopis.cli.main"]
+    where = ["--topology", "t.json", "--keys", ".octopis/keys", "--broker", "f:2"]
+    pairs = "{[class,eq,'TRADE'],[symbol,eq,$S]} & {[class,eq,'QUOTE'],[symbol,eq,$S]} within 5s"
+    sub = subprocess.Popen(
+        [*octopis, "sub", *where, pairs, "--count", "1", "--timeout", "30"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert sub.stdout is not None and "subscribed" in sub.stdout.readline()
+    published = subprocess.run(
+        [*octopis, "pub", *where, "[class,'TRADE'],[symbol,'SUNW'],[price,4.5]",
+         "[class,'QUOTE'],[symbol,'SUNW'],[bid,4.4]"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr
+    match = json.loads(sub.stdout.readline())
+    assert sub.wait(30) == 0
+    assert [p["publication"]["class"] for p in match["composite"]] == ["TRADE", "QUOTE"]
+    assert match["roles"] == [[0], [1]]
     page = PAGE.read_text(encoding="utf-8")
     assert "It prints `IBM 101.5 101.25`" in page
     assert "It prints `2 ['ORCL', 'ORCL'] ((1,), (2,))`" in page

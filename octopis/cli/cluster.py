@@ -228,7 +228,12 @@ def _monitor(monitor: argparse.ArgumentParser) -> None:
 def _sub(sub: argparse.ArgumentParser) -> None:
     sub.description = "Print each matching notification as a JSON line."
     _client_options(sub)
-    sub.add_argument("filter", help="subscription, e.g. \"[class,eq,'STOCK'],[close,>,20]\"")
+    sub.add_argument(
+        "filter",
+        help="subscription, e.g. \"[class,eq,'STOCK'],[close,>,20]\", or a composite one, e.g. "
+        "\"{[class,eq,'TRADE'],[symbol,eq,$S]} & {[class,eq,'QUOTE'],[symbol,eq,$S]} within 5s\" "
+        "(one JSON line per match, with its parts)",
+    )
     sub.add_argument("--count", type=int, metavar="N", help="exit after N notifications")
     sub.add_argument(
         "--timeout",
@@ -672,11 +677,14 @@ def cmd_sub(args: argparse.Namespace) -> int:
     import dataclasses
 
     from octopis.client import Subscriber
+    from octopis.client.composite import CompositeNotification
     from octopis.client.replay import parse_time
     from octopis.client.subscriber import EndOfHistory
-    from octopis.filters import parse_subscription
+    from octopis.filters import Composite, as_filter
 
-    subscription = parse_subscription(args.filter)
+    subscription = as_filter(args.filter)
+    if isinstance(subscription, Composite) and (args.durable or args.since or args.until):
+        raise UsageError("a composite subscription is live only: no --durable, --since, --until")
     if args.until is not None and args.since is None:
         raise UsageError("--until needs --since: the window of the past is [since, until)")
     if args.durable is not None and args.since is not None:
@@ -692,6 +700,17 @@ def cmd_sub(args: argparse.Namespace) -> int:
     name = args.name or args.durable or f"sub-{time.time_ns()}"
 
     def line(n: Any) -> str:
+        if isinstance(n, CompositeNotification):
+            return json.dumps(
+                {
+                    "composite": [
+                        {"publisher": r.publisher, "seq": r.seq, "publication": r.publication}
+                        for r in n.parts
+                    ],
+                    "roles": [list(roles) for roles in n.roles],
+                    **({"dropped": n.dropped} if n.dropped else {}),
+                }
+            )
         return json.dumps(
             {
                 "publisher": n.publisher,
