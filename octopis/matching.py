@@ -87,12 +87,13 @@ checked publications). NaN and infinities in publications follow Python's compar
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from itertools import combinations
 
 from octopis._match import MATCH_BUCKETS, MatchClock, Matcher, check_entry
-from octopis.filters import Subscription
+from octopis.filters import CoverForm, Subscription
 
-__all__ = ["MATCH_BUCKETS", "MatchClock", "Matcher", "ReferenceMatcher"]
+__all__ = ["MATCH_BUCKETS", "CoverIndex", "MatchClock", "Matcher", "ReferenceMatcher"]
 
 
 class ReferenceMatcher:
@@ -150,3 +151,113 @@ class ReferenceMatcher:
     def __getitem__(self, key: Hashable) -> Subscription:
         """The subscription stored under ``key``."""
         return self._subscriptions[key]
+
+
+class CoverIndex:
+    """Subscriptions filed for covering queries (:func:`octopis.filters.covers`): which
+    stored ones cover a given subscription (:meth:`covering`), which it covers
+    (:meth:`covered`), without testing every stored one.
+
+    A subscription F can cover S only if each equality of F is one of S's (an ``eq`` or
+    ``=`` is implied by nothing else) and each attribute F constrains is constrained by
+    S. So subscriptions are filed by their set of equalities, then by their set of
+    attributes: a query looks only at the files whose sets are subsets (covering) or
+    supersets (covered) of the query's, and tests covering on their members alone. On
+    stock quotes, ``[class,eq,'STOCK'],[symbol,eq,'MSFT'],[close,<,27.5]`` is tested
+    only against subscriptions on MSFT's close, or on no symbol and close alone (or
+    less), never against other symbols or attributes."""
+
+    __slots__ = ("_files", "_forms", "_holding")
+
+    def __init__(self) -> None:
+        self._forms: dict[Hashable, CoverForm] = {}
+        self._files: dict[frozenset, dict[frozenset[str], dict[Hashable, CoverForm]]] = {}
+        """equalities → attributes → key → form."""
+        self._holding: dict[tuple, set[frozenset]] = {}
+        """One equality → the equality sets of the files that hold it."""
+
+    def add(self, key: Hashable, subscription: Subscription | CoverForm) -> CoverForm:
+        """File ``subscription`` under ``key`` (compiled unless given as a
+        :class:`~octopis.filters.CoverForm`) and return its form; a key already present
+        raises KeyError."""
+        if key in self._forms:
+            raise KeyError(key)
+        form = subscription if isinstance(subscription, CoverForm) else CoverForm(subscription)
+        self._forms[key] = form
+        by_attributes = self._files.get(form.equalities)
+        if by_attributes is None:
+            by_attributes = self._files[form.equalities] = {}
+            for equality in form.equalities:
+                self._holding.setdefault(equality, set()).add(form.equalities)
+        by_attributes.setdefault(form.attributes, {})[key] = form
+        return form
+
+    def remove(self, key: Hashable) -> None:
+        """Forget ``key``; an unknown key raises KeyError."""
+        form = self._forms.pop(key)
+        by_attributes = self._files[form.equalities]
+        members = by_attributes[form.attributes]
+        del members[key]
+        if members:
+            return
+        del by_attributes[form.attributes]
+        if by_attributes:
+            return
+        del self._files[form.equalities]
+        for equality in form.equalities:
+            holding = self._holding[equality]
+            holding.discard(form.equalities)
+            if not holding:
+                del self._holding[equality]
+
+    def form(self, key: Hashable) -> CoverForm:
+        """The form filed under ``key``."""
+        return self._forms[key]
+
+    def __len__(self) -> int:
+        return len(self._forms)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._forms
+
+    def covering(self, form: CoverForm) -> Iterator[Hashable]:
+        """The keys of the stored subscriptions that cover ``form`` (its own key too, if
+        it is stored); lazily, so a caller may stop at the first it can use."""
+        equalities, attributes = form.equalities, form.attributes
+        files = self._files
+        if 2 ** len(equalities) <= len(files):
+            subsets: Iterable[frozenset] = (
+                frozenset(c)
+                for n in range(len(equalities) + 1)
+                for c in combinations(equalities, n)
+            )
+        else:
+            subsets = [e for e in files if e <= equalities]
+        for subset in subsets:
+            by_attributes = files.get(subset)
+            if by_attributes is None:
+                continue
+            for attrs, members in list(by_attributes.items()):
+                if attrs <= attributes:
+                    for key, member in list(members.items()):
+                        if member.covers(form):
+                            yield key
+
+    def covered(self, form: CoverForm) -> Iterator[Hashable]:
+        """The keys of the stored subscriptions ``form`` covers (its own key too, if it is
+        stored), lazily."""
+        equalities, attributes = form.equalities, form.attributes
+        if equalities:
+            holding = sorted((self._holding.get(e, set()) for e in equalities), key=len)
+            supersets = set(holding[0]).intersection(*holding[1:])
+        else:
+            supersets = set(self._files)
+        for superset in supersets:
+            by_attributes = self._files.get(superset)
+            if by_attributes is None:
+                continue
+            for attrs, members in list(by_attributes.items()):
+                if attrs >= attributes:
+                    for key, member in list(members.items()):
+                        if form.covers(member):
+                            yield key
