@@ -1250,12 +1250,22 @@ class CoverForm:
         return True
 
 
+def cover_form(subscription: Subscription) -> CoverForm:
+    """The :class:`CoverForm` of ``subscription``, compiled once per subscription object
+    (kept on it, outside its fields: equality, hashing and text are unchanged), so that
+    the brokers of a simulation, which share subscription objects, share forms too."""
+    form = subscription.__dict__.get("_cover_form")
+    if form is None:
+        form = CoverForm(subscription)
+        object.__setattr__(subscription, "_cover_form", form)
+    return form
+
+
 def covers(a: Subscription, b: Subscription) -> bool:
     """Whether ``a`` *covers* ``b``: every publication matching ``b`` matches ``a``.
 
     Conservative: True only when that follows from the predicates attribute by attribute
     (numeric ranges and exclusions, string equality, order, prefixes, suffixes and
     substrings, ``isPresent``); when in doubt, False. Every subscription covers itself
-    and one that matches nothing. For many tests against one subscription, compile it
-    once with :class:`CoverForm`."""
-    return CoverForm(a).covers(CoverForm(b))
+    and one that matches nothing."""
+    return cover_form(a).covers(cover_form(b))

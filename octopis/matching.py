@@ -91,7 +91,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from itertools import combinations
 
 from octopis._match import MATCH_BUCKETS, MatchClock, Matcher, check_entry
-from octopis.filters import CoverForm, Subscription
+from octopis.filters import CoverForm, Subscription, cover_form
 
 __all__ = ["MATCH_BUCKETS", "CoverIndex", "MatchClock", "Matcher", "ReferenceMatcher"]
 
@@ -177,12 +177,12 @@ class CoverIndex:
         """One equality → the equality sets of the files that hold it."""
 
     def add(self, key: Hashable, subscription: Subscription | CoverForm) -> CoverForm:
-        """File ``subscription`` under ``key`` (compiled unless given as a
-        :class:`~octopis.filters.CoverForm`) and return its form; a key already present
-        raises KeyError."""
+        """File ``subscription`` under ``key`` (its :func:`~octopis.filters.cover_form`
+        unless given as a form) and return its form; a key already present raises
+        KeyError."""
         if key in self._forms:
             raise KeyError(key)
-        form = subscription if isinstance(subscription, CoverForm) else CoverForm(subscription)
+        form = subscription if isinstance(subscription, CoverForm) else cover_form(subscription)
         self._forms[key] = form
         by_attributes = self._files.get(form.equalities)
         if by_attributes is None:

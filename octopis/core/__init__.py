@@ -32,6 +32,9 @@ from octopis.core.table import MatcherFactory
 from octopis.core.view import BrokerView, TopologyView
 
 MODES = ("snr", "dnr", "bid")
+COVERING = ("off", "active")
+"""Covering settings: ``off`` (every subscription reaches every broker) or ``active``
+(DESIGN §12)."""
 
 BrokerCore = ClusteredBroker | BidBroker
 
@@ -58,13 +61,19 @@ def make_broker(
     mode: str,
     matcher_factory: MatcherFactory | None = None,
     dedup: EdgeDedup | None = None,
+    covering: str = "off",
 ) -> BrokerCore:
     """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
 
     The core sees only the broker's own labels and its neighbours (a :class:`BrokerView`
     read from the topology, never the topology itself); BID sees the unclustered graph
     (neighbour names, no roles). ``dedup`` bounds edge dedup (defaults otherwise).
+    ``covering`` (:data:`COVERING`): ``active`` makes SNR and DNR pass a subscription on
+    only where nothing sent the same way covers it (DESIGN §12); BID, the paper's
+    flooding baseline, routes by subscription ids and always floods.
     """
+    if covering not in COVERING:
+        raise ValueError(f"unknown covering {covering!r}; choose one of {', '.join(COVERING)}")
     if matcher_factory is None:
         from octopis.matching import Matcher
 
@@ -74,12 +83,18 @@ def make_broker(
         return BidBroker(broker.id, [n.id for n in broker.neighbours], matcher_factory, dedup)
     if mode in ("snr", "dnr"):
         return ClusteredBroker(
-            broker, scot.clusters, matcher_factory, dynamic=mode == "dnr", dedup=dedup
+            broker,
+            scot.clusters,
+            matcher_factory,
+            dynamic=mode == "dnr",
+            dedup=dedup,
+            covering=covering == "active",
         )
     raise ValueError(f"unknown routing mode {mode!r}; choose one of {', '.join(MODES)}")
 
 
 __all__ = [
+    "COVERING",
     "MODES",
     "Action",
     "BidBroker",

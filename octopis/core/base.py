@@ -109,6 +109,7 @@ class CoreBase(ABC):
                 local,
                 message.host,
                 message.hops,
+                message.issued_at,
             )
             object.__setattr__(message, "stored", entry)
         self.table.add(entry)
@@ -152,6 +153,11 @@ class CoreBase(ABC):
     def rehost(self, message: m.Rehost, src: str) -> list[m.Action]:
         """Record a moved subscription's new host (see :meth:`move_subscription`)."""
         raise m.ProtocolError(f"{self.id} routes without clusters: no moves inside one")
+
+    def refresh_link(self, link: str) -> list[m.Action]:
+        """What to send again over ``link`` when it is back after a cut: nothing, unless a
+        mode passes subscriptions on selectively (covering, :class:`ClusteredBroker`)."""
+        return []
 
     @abstractmethod
     def route(self, n: m.Notification, src: str, links: LinkView) -> list[m.Action]:

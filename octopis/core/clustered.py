@@ -16,6 +16,7 @@ from types import MappingProxyType
 from bitarray import bitarray, frozenbitarray
 
 from octopis.core.base import CoreBase
+from octopis.core.covering import Covering
 from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
 from octopis.core.messages import (
@@ -54,7 +55,9 @@ lookup (~85 ns), and a 1,000-broker simulation reads a state ~5 × 10^7 times.""
 
 
 class ClusteredBroker(CoreBase):
-    """Routing state machine of B(x, c) for SNR (``dynamic=False``) or DNR (``True``)."""
+    """Routing state machine of B(x, c) for SNR (``dynamic=False``) or DNR (``True``);
+    with ``covering``, SBP passes on only what no subscription sent the same way covers
+    (:mod:`octopis.core.covering`, DESIGN §12)."""
 
     def __init__(
         self,
@@ -64,6 +67,7 @@ class ClusteredBroker(CoreBase):
         *,
         dynamic: bool = False,
         dedup: EdgeDedup | None = None,
+        covering: bool = False,
     ) -> None:
         super().__init__(
             broker.id,
@@ -75,7 +79,14 @@ class ClusteredBroker(CoreBase):
         self.region = broker.region
         self.clusters = clusters
         self.dynamic = dynamic
+        self.covering: Covering | None = None
+        """Covering state, or None when every subscription goes everywhere."""
+        self.unquench = True
+        """With covering, whether a withdrawal sends the subscriptions it covered in its
+        place; only the law showing that it must is allowed to turn it off."""
         self._know(broker)
+        if covering:
+            self.covering = Covering(self._neighbours)
         self._missing_primary: frozenset[str] = frozenset()
         self._missing_secondary: dict[int, str] = {}
         self._local, self._primary = self.table.part(LOCAL), self.table.part(PRIMARY)
@@ -88,6 +99,8 @@ class ClusteredBroker(CoreBase):
         self.cluster_of = {n.id: n.cluster for n in broker.neighbours}
         self.region_of = {n.id: n.region for n in broker.neighbours}
         self.primary_in = {n.region: n.id for n in broker.neighbours if n.link != ICOL}
+        if self.covering is not None:
+            self.covering.set_links(self._neighbours)
 
     # -- a new topology version (issue 18, DESIGN §9) --------------------------------------
 
@@ -180,18 +193,35 @@ class ClusteredBroker(CoreBase):
         PRIMARY from primary neighbour ``src`` goes on as PRIMARY to every other primary
         neighbour and as SECONDARY to every secondary neighbour; a SECONDARY one stops
         here. The host cluster is a tree, so no identifier is needed to stop loops.
+
+        With covering (DESIGN §12) it goes only over the links where no subscription
+        sent over them covers it (:meth:`Covering.add`); a subscription already held
+        from ``src`` is a neighbour passing on again what it may have sent before (a
+        restart, a link back) and is ignored. A SECONDARY one from a primary neighbour
+        is a resync share entry (DESIGN §7): it goes on by the same rule, so that this
+        restarted broker's neighbours get what covering gives them now.
         """
         cluster = self._check_subscription(message, src, local)
         if len(message.cbv) != self.clusters:  # sent before a cluster joined or left
             message = replace(message, cbv=self._cbv({cluster}))
             self.stats["sbp.cbv_resized"] += 1
+        covering = self.covering
         if message.state is SBP_SECONDARY:
             known = self.table.entries.get(message.sub_id)
             if known is not None and known.last_hop == src:
                 self.stats["resync.already_known"] += 1  # SBP brought it before the share
                 return []
             self._store(message, src, local, message.cbv, cluster)
-            return []
+            if covering is None or cluster != self.cluster:
+                return []
+            return self._pass_on(covering, message, src, restored=True)
+        if covering is not None:
+            known = self.table.entries.get(message.sub_id)
+            if known is not None and known.last_hop == src:
+                self.stats["covering.already_held"] += 1
+                return []
+            self._store(message, src, local, message.cbv, cluster)
+            return self._pass_on(covering, message, None if local else src)
         self._store(message, src, local, message.cbv, cluster)
         primary = message.onward(SBP_PRIMARY)
         secondary = message.onward(SBP_SECONDARY)
@@ -200,14 +230,47 @@ class ClusteredBroker(CoreBase):
         self.stats["sent.subscribe"] += len(out)
         return out
 
+    def _pass_on(
+        self, covering: Covering, message: Subscribe, origin: str | None, restored: bool = False
+    ) -> list[Action]:
+        """SBP's two steps for ``message``, come over ``origin`` (None: local), over the
+        links covering leaves it (counted ``covering.quenched`` per link left out)."""
+        targets = [n for n in self.primary if n != origin]
+        targets += self.secondary.values()
+        links = covering.add(
+            message.sub_id, message.subscription, origin, targets, restored=restored
+        )
+        self.stats["covering.quenched"] += len(targets) - len(links)
+        if not links:
+            return []
+        primary = message.onward(SBP_PRIMARY)
+        secondary = message.onward(SBP_SECONDARY)
+        cluster_of = self.cluster_of
+        out: list[Action] = [
+            Forward(n, primary if cluster_of[n] == self.cluster else secondary) for n in links
+        ]
+        self.stats["sent.subscribe"] += len(out)
+        return out
+
     def withdraw_subscription(self, message: Unsubscribe, src: str) -> list[Action]:
-        """Unsubscribe by the two steps of SBP: remove, then forward like the subscription."""
+        """Unsubscribe by the two steps of SBP: remove, then forward like the subscription.
+
+        With covering, the withdrawal goes where the subscription went (or, after a
+        restart, may have gone: one not held there is ignored), each preceded by the
+        subscriptions it covered there that go in its place (:meth:`Covering.withdraw`).
+        """
         entry = self.table.entries.get(message.sub_id)
+        covering = self.covering
+        if entry is None and covering is not None:
+            self.stats["covering.unsubscribe_not_held"] += 1
+            return []
         if entry is None or entry.last_hop != src:
             raise ProtocolError(f"unsubscribe of {message.sub_id} from {src}: no such entry")
         if message.state is SBP_PRIMARY and not entry.local and src not in self.primary:
             raise ProtocolError(f"PRIMARY unsubscribe from non-primary neighbour {src}")
         self.table.remove(message.sub_id)
+        if covering is not None and entry.cluster == self.cluster:
+            return self._withdraw_covering(covering, message.sub_id)
         if message.state is SBP_SECONDARY:
             return []
         secondary = Unsubscribe(message.sub_id, SBP_SECONDARY)
@@ -215,6 +278,50 @@ class ClusteredBroker(CoreBase):
         out += [Forward(n, secondary) for n in self.secondary.values()]
         self.stats["sent.unsubscribe"] += len(out)
         return out
+
+    def _withdraw_covering(self, covering: Covering, sub_id: str) -> list[Action]:
+        links, instead = covering.withdraw(sub_id, self.unquench)
+        entries = self.table.entries
+        out: list[Action] = []
+        for link in links:
+            state = SBP_PRIMARY if self.cluster_of[link] == self.cluster else SBP_SECONDARY
+            for k in instead.get(link, ()):
+                out.append(Forward(link, self._resent(entries[k], state)))
+            out.append(Forward(link, Unsubscribe(sub_id, state)))
+        unquenched = len(out) - len(links)
+        self.stats["sent.subscribe"] += unquenched
+        self.stats["covering.unquenched"] += unquenched
+        self.stats["sent.unsubscribe"] += len(links)
+        return out
+
+    def refresh_link(self, link: str) -> list[Action]:
+        """With covering, the subscriptions sent over ``link``, sent again (a link back
+        after a cut: one lost in flight would leave the neighbour without what covers
+        those quenched for it; one it holds already is ignored there); counted as
+        ``covering.refreshed``. Without covering, nothing."""
+        if self.covering is None:
+            return []
+        state = SBP_PRIMARY if self.cluster_of[link] == self.cluster else SBP_SECONDARY
+        entries = self.table.entries
+        out: list[Action] = [
+            Forward(link, self._resent(entries[k], state)) for k in self.covering.on_link(link)
+        ]
+        self.stats["covering.refreshed"] += len(out)
+        self.stats["sent.subscribe"] += len(out)
+        return out
+
+    @staticmethod
+    def _resent(entry: RoutingEntry, state: SubState) -> Subscribe:
+        """The SBP message for ``entry``, one hop further, sent again."""
+        return Subscribe(
+            entry.sub_id,
+            entry.host,
+            entry.subscription,
+            state,
+            entry.cbv,
+            entry.issued_at,
+            entry.hops + 1,
+        )
 
     # -- moves inside the cluster (DESIGN §9) ---------------------------------------------
 
@@ -226,6 +333,12 @@ class ClusteredBroker(CoreBase):
         holds the entry with this broker as last hop and gets a :class:`Rehost`. Only
         primary entries on the cluster-tree path between the hosts change; secondary
         entries point at this cluster, not at a host in it, and stay as they are."""
+        if self.covering is not None:
+            raise ProtocolError(
+                f"{self.id} routes with covering: {sub_id} cannot be adopted (the brokers "
+                "between the hosts may hold only a subscription covering it); subscribe "
+                "afresh here and withdraw it at the old host"
+            )
         entry = self.table.entries.get(sub_id)
         if entry is None or entry.local or entry.cluster != self.cluster:
             raise ProtocolError(

@@ -151,7 +151,7 @@ class Recovery(Generic[Item]):
         """Our resync share for ``neighbour`` less the subscriptions in ``carried``
         (already on its link); no longer owed."""
         self.owed_shares.discard(neighbour)
-        messages = [m for m in resync_messages(core, neighbour) if m.sub_id not in carried]
+        messages = resync_messages(core, neighbour, carried)
         self.counters["resync_entries_sent"] += len(messages)
         return messages
 

@@ -9,6 +9,9 @@ forwarded):
   the subscriptions of z's side of the cluster tree;
 - a secondary neighbour B(x, k): its cluster-k entries.
 
+With covering (DESIGN §12) the share is what covering would send: those no other in it
+covers; the restarted broker passes them on by the same rule.
+
 Entries *hosted at* B(x, c) by its predecessor (sub ids without the new incarnation's
 epoch) are withdrawn by each neighbour as if B(x, c) had sent the unsubscribe: the
 neighbours split the cluster tree into parts, one each, so every entry is withdrawn
@@ -26,8 +29,19 @@ def epoch_of(incarnation: int) -> str:
     return f"{incarnation:x}."
 
 
-def resync_messages(core: ClusteredBroker, restarted: str) -> list[Subscribe]:
-    """The SECONDARY messages ``core`` sends its restarted neighbour ``restarted``."""
+def resync_messages(
+    core: ClusteredBroker, restarted: str, carried: set[str] | frozenset[str] = frozenset()
+) -> list[Subscribe]:
+    """The SECONDARY messages ``core`` sends its restarted neighbour ``restarted``, less
+    the subscriptions in ``carried`` (on the link already). With covering, those of them
+    no other covers (:meth:`Covering.share`), each stamped with the time it was made."""
+    if core.covering is not None:
+        entries = core.table.entries
+        return [
+            Subscribe(e.sub_id, e.host, e.subscription, SubState.SECONDARY, e.cbv, e.issued_at,
+                      e.hops + 1)
+            for e in (entries[k] for k in core.covering.share(restarted, set(carried)))
+        ]  # fmt: skip
     cluster = core.cluster_of[restarted]
     if cluster == core.cluster:
         chosen = [
@@ -40,6 +54,7 @@ def resync_messages(core: ClusteredBroker, restarted: str) -> list[Subscribe]:
     return [
         Subscribe(e.sub_id, e.host, e.subscription, SubState.SECONDARY, e.cbv, 0.0, e.hops + 1)
         for e in chosen
+        if e.sub_id not in carried
     ]
 
 

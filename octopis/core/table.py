@@ -43,7 +43,8 @@ class RoutingEntry:
     ``local`` marks a subscriber of this broker (``last_hop`` is then the subscriber);
     ``cluster`` caches the index of the CBV's single set bit; ``hops`` is the entry's
     distance from the host broker along the subscription tree when it was stored
-    (bookkeeping only: a move inside the cluster leaves it as it was).
+    (bookkeeping only: a move inside the cluster leaves it as it was); ``issued_at`` is
+    when the subscription was made (a covering broker that passes it on later keeps it).
     Immutable: brokers that stored the same message object from the same neighbour
     share one entry (see ``Subscribe.stored``).
     """
@@ -56,6 +57,7 @@ class RoutingEntry:
     local: bool
     host: str
     hops: int
+    issued_at: float = 0.0
 
 
 class TablePart:

@@ -127,11 +127,14 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         oracle_factory: Callable[[], Any] | None = None,
         on_forward: Callable[[str, str, Any], None] | None = None,
         service: ServiceModel | None = None,
+        covering: str = "off",
     ) -> None:
         if not scot.brokers:
             raise ValueError("the topology has no brokers")
         self.scot = scot
         self.mode = mode
+        self.covering = covering
+        """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too."""
         self.ledger = DeliveryLedger(oracle_factory or matcher_factory)
         self.shared: SharedMatcher | None = None
         """The matcher every core's table shares, when no ``matcher_factory`` is given
@@ -142,7 +145,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
             self.shared = SharedMatcher()
             matcher_factory = self.shared.part
         self.cores: dict[str, BrokerCore] = {
-            bid: make_broker(scot, bid, mode, matcher_factory) for bid in scot.brokers
+            bid: make_broker(scot, bid, mode, matcher_factory, covering=covering)
+            for bid in scot.brokers
         }
         self.latency = latency or LatencyModel()
         self.service = service
@@ -255,16 +259,17 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         """Move every subscription of ``subscriber`` to ``broker`` now (DESIGN §9);
         returns old id → the id it has at ``broker``. One move of a subscriber at a time.
 
-        Inside the subscriber's cluster (SNR, DNR) the new host adopts each subscription
-        (:meth:`ClusteredBroker.adopt`): same id, and the path turns without losing a
-        copy. Otherwise (another cluster, or BID) it subscribes afresh at ``broker``; once
-        every live broker stores the new subscription (checked every ``poll`` seconds)
-        the old one stays ``linger`` seconds more, for copies routed by it before, and is
-        then withdrawn. Either way both hosts deliver for a while (a copy that reaches
-        the new host for another subscriber's sake is delivered there too), so the
-        subscriber drops a delivery it has had already from the start until ``linger``
-        seconds after the old host let go (``moves.absorbed``), as the SDK does: exactly
-        once as long as no copy is in flight longer than ``linger``."""
+        Inside the subscriber's cluster (SNR, DNR without covering) the new host adopts
+        each subscription (:meth:`ClusteredBroker.adopt`): same id, and the path turns
+        without losing a copy. Otherwise (another cluster, covering, or BID) it subscribes
+        afresh at ``broker``; once every live broker stores the new subscription, or with
+        covering once no message of its broadcast is on its way or held (checked every
+        ``poll`` seconds), the old one stays ``linger`` seconds more, for copies routed by
+        it before, and is then withdrawn. Either way both hosts deliver for a while (a
+        copy that reaches the new host for another subscriber's sake is delivered there
+        too), so the subscriber drops a delivery it has had already from the start until
+        ``linger`` seconds after the old host let go (``moves.absorbed``), as the SDK
+        does: exactly once as long as no copy is in flight longer than ``linger``."""
         old = self._home.get(subscriber)
         if old is None:
             raise KeyError(f"{subscriber} is attached to no broker")
@@ -277,7 +282,11 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         held = [sub_id for sub_id, owner in self.subscriber_of.items() if owner == subscriber]
         self._home[subscriber] = broker
         core, moved = self.cores[broker], {}
-        inside = isinstance(core, ClusteredBroker) and core.cluster == self.cores[old].cluster
+        inside = (
+            isinstance(core, ClusteredBroker)
+            and core.covering is None
+            and core.cluster == self.cores[old].cluster
+        )
         self._linger = linger
         for sub_id in held:
             self._moving[subscriber] += 1
@@ -431,13 +440,38 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
     def _spread(
         self, subscriber: str, old: str, sub_id: str, new_id: str, poll: float, linger: float
     ) -> None:
-        """Once every live broker stores ``new_id``, withdraw ``sub_id`` ``linger`` later."""
+        """Once every live broker stores ``new_id`` (with covering: once its broadcast is
+        over), withdraw ``sub_id`` ``linger`` later."""
         dead = self.failures.dead if self.failures is not None else ()
-        if any(new_id not in c.table for b, c in self.cores.items() if b not in dead):
+        if (
+            self._broadcasting(new_id)
+            if self.covering == "active"
+            else any(new_id not in c.table for b, c in self.cores.items() if b not in dead)
+        ):
             args = (subscriber, old, sub_id, new_id, poll, linger)
             self.at(self.now + poll, self._spread, *args)
             return
         self.at(self.now + linger, self._withdraw_moved, subscriber, old, sub_id, linger)
+
+    def _broadcasting(self, sub_id: str) -> bool:
+        """Whether a subscription message of ``sub_id`` is on its way or held for a
+        neighbour (with covering, the broadcast is over once none is)."""
+
+        def names(message: object) -> bool:
+            return type(message) is Subscribe and message.sub_id == sub_id  # type: ignore[attr-defined]
+
+        in_flight = any(
+            names(item[4])
+            for links in self._in_flight.values()
+            for q in links.values()
+            for item in q
+        )
+        return in_flight or any(
+            names(m)
+            for r in self.recovery.values()
+            for held in r.subscriptions.values()
+            for m in held
+        )
 
     def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
         self.ledger.unsubscribed(sub_id)

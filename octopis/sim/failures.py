@@ -234,12 +234,17 @@ class FailureEvents:
         if not failure.is_broker:
             state.cut.difference_update(links)
             self._links_up(links)
+            for src, dst in links:  # with covering, what went over the link, again
+                if not state.broken(src, dst):
+                    self._dispatch(src, self.cores[src].refresh_link(dst))
             return
         broker = failure.ends[0]
         state.dead.discard(broker)
         self.restarts_pending -= 1
         self.failure_counts["brokers_restarted"] += 1
-        core = make_broker(self.scot, broker, self.mode, self._matcher_factory)
+        core = make_broker(
+            self.scot, broker, self.mode, self._matcher_factory, covering=self.covering
+        )
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."
         resyncs = isinstance(core, ClusteredBroker)
         for neighbour in self.scot.graph[broker]:
@@ -330,7 +335,14 @@ class FailureEvents:
         waiting.discard(neighbour)  # type: ignore[arg-type]
         if not waiting:
             del state.syncing[broker]
-            self._links_up([(n, broker) for n in self.scot.graph[broker]])
+            for n in self.scot.graph[broker]:
+                # n learns that broker serves over their link, behind what broker sent it
+                # (with covering, the share entries it passes on)
+                queue = self._in_flight[broker].get(n)
+                if queue:
+                    self.at(queue[-1][0], self._links_up, [(n, broker)])
+                else:
+                    self._links_up([(n, broker)])
 
     def _links_up(self, links: list[tuple[str, str]]) -> None:
         state = self.failures

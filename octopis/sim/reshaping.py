@@ -68,7 +68,9 @@ class Reshaping:
                     state.detected.get(broker, set()).discard(gone)
         self.scot = scot
         for broker in added:
-            core = make_broker(scot, broker, self.mode, self._matcher_factory)
+            core = make_broker(
+                scot, broker, self.mode, self._matcher_factory, covering=self.covering
+            )
             neighbours = set(scot.graph[broker])
             core.expect_shares(neighbours)  # type: ignore[union-attr]
             self.cores[broker] = core

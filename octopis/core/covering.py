@@ -1,0 +1,226 @@
+"""Covering on the SCOT (DESIGN §12): which subscriptions a broker passes on, per link.
+
+SBP's two steps send a subscription held by B(x, c) over links: the host cluster's tree
+edges (PRIMARY) and the iCOLs (SECONDARY). With covering, a broker sends a subscription
+S over a link only if no subscription it sent over that link and still holds covers S
+(:func:`octopis.filters.covers`); otherwise S is stored here, for delivery and for
+later, and *quenched* on that link. A neighbour then lacks S, but holds the covering
+subscription with the same last hop (this broker), so it routes every notification S
+wants the way S's own entry would: covering changes message counts and table sizes,
+never who receives what.
+
+Withdrawing S takes it off every link it went over; on each, the subscriptions it
+covered there, still held and covered by nothing else sent over it, are sent in its
+place *before* the withdrawal (links are FIFO: no gap in which the neighbour holds
+neither). Of those, the ones no other covers go first, so the rest are covered again.
+
+Per subscription the broker keeps the links it went over (a bit mask) and where it came
+from; a :class:`~octopis.matching.CoverIndex` of the subscriptions it holds finds those
+a withdrawal uncovers, and one of those it sent somewhere finds what covers a new one.
+
+A restarted broker's neighbours hand it their share (DESIGN §7) as covering would have:
+the subscriptions no other in the share covers, and each remembers the share as what it
+sent over that link. The restarted broker passes what it is handed on, by the same rule
+(:meth:`ClusteredBroker.broadcast_subscription`), so its neighbours end up with what
+covering gives them now, whatever its predecessor had sent them: a duplicate is ignored
+there, and what it does not send it notes as *maybe* held over the link, so that its
+withdrawal still goes there. Only subscriptions of the broker's own cluster (local, or
+from a tree neighbour) are ever passed on, so only they are kept here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from octopis.filters import CoverForm, Subscription
+from octopis.matching import CoverIndex
+
+
+class Covering:
+    """One broker's covering state (see the module docstring)."""
+
+    __slots__ = ("_all", "_bit", "_next_bit", "forwarded", "live", "maybe", "origin", "sent")
+
+    def __init__(self, links: Iterable[str]) -> None:
+        self._bit: dict[str, int] = {}
+        self._next_bit = 1
+        self._all = 0
+        self.live = CoverIndex()
+        """Every subscription this broker may pass on (its cluster's, local or primary)."""
+        self.forwarded = CoverIndex()
+        """Those of :attr:`live` sent over at least one link."""
+        self.sent: dict[str, int] = {}
+        """sub_id → links (a bit each) it was sent over, for those in :attr:`forwarded`."""
+        self.maybe: dict[str, int] = {}
+        """sub_id → links over which a restarted broker's predecessor may have sent it."""
+        self.origin: dict[str, int] = {}
+        """sub_id → the link it came over (0: a local subscriber)."""
+        self.set_links(links)
+
+    # -- links ---------------------------------------------------------------------------
+
+    def set_links(self, links: Iterable[str]) -> None:
+        """The broker's links from now on; a link gone is forgotten in every mask."""
+        links = set(links)
+        for gone in [link for link in self._bit if link not in links]:
+            self._forget_bit(self._bit.pop(gone))
+        for link in sorted(links):
+            if link not in self._bit:
+                self._bit[link] = self._next_bit
+                self._next_bit <<= 1
+        self._all = sum(self._bit.values())
+
+    def _forget_bit(self, bit: int) -> None:
+        for sub_id in [k for k, mask in self.sent.items() if mask & bit]:
+            self._unmark(sub_id, bit)
+        for sub_id in [k for k, mask in self.maybe.items() if mask & bit]:
+            self.maybe[sub_id] &= ~bit
+            if not self.maybe[sub_id]:
+                del self.maybe[sub_id]
+
+    def _mask(self, links: Iterable[str]) -> int:
+        bit = self._bit
+        mask = 0
+        for link in links:
+            mask |= bit[link]
+        return mask
+
+    def _links(self, mask: int) -> list[str]:
+        return [link for link, bit in self._bit.items() if bit & mask]
+
+    # -- the rule ------------------------------------------------------------------------
+
+    def add(
+        self,
+        sub_id: str,
+        subscription: Subscription,
+        origin: str | None,
+        targets: Sequence[str],
+        *,
+        restored: bool = False,
+    ) -> list[str]:
+        """Keep ``sub_id``, come over link ``origin`` (None: from a local subscriber), and
+        return those of its SBP ``targets`` it goes over: the links no subscription sent
+        over them covers it on. ``restored``: a restarted broker's share entry, which its
+        predecessor may have sent over the others (:attr:`maybe`)."""
+        form = self.live.add(sub_id, subscription)
+        self.origin[sub_id] = self._bit[origin] if origin is not None else 0
+        want = self._mask(targets)
+        send = want & ~self._covered(form, want)
+        if send:
+            self._mark(sub_id, form, send)
+        if restored and want & ~send:
+            self.maybe[sub_id] = want & ~send
+        return [link for link in targets if self._bit[link] & send]
+
+    def withdraw(self, sub_id: str, unquench: bool = True) -> tuple[list[str], dict[str, list]]:
+        """Forget ``sub_id``. Returns the links its withdrawal goes over (those it went
+        or may have gone over) and, per link it went over, the sub_ids of the
+        subscriptions it covered there that go over it in its place, in order
+        (:meth:`_choose`). ``unquench`` False leaves them out (what the law shows is
+        needed, tests/test_covering_laws.py)."""
+        form = self.live.form(sub_id)
+        self.live.remove(sub_id)
+        sent = self.sent.pop(sub_id, 0)
+        if sent:
+            self.forwarded.remove(sub_id)
+        maybe = self.maybe.pop(sub_id, 0)
+        del self.origin[sub_id]
+        links = self._links(sent | maybe)
+        if not sent or not unquench:
+            return links, {}
+        covered = list(self.live.covered(form))
+        instead: dict[str, list[str]] = {}
+        for link in self._links(sent):
+            bit = self._bit[link]
+            orphans = [k for k in covered if self._uncovered(k, bit)]
+            if orphans:
+                instead[link] = self._choose(orphans, bit)
+        return links, instead
+
+    def share(self, link: str, carried: set[str]) -> list[str]:
+        """What a restarted (or new) neighbour over ``link`` is handed as this broker's
+        share: of the subscriptions that go over ``link`` in SBP, those in ``carried``
+        (on the link already) and those no other among them covers. The link's record
+        starts again from them; returns the sub_ids to hand, in order."""
+        bit = self._bit[link]
+        for sub_id in [k for k, mask in self.sent.items() if mask & bit]:
+            self._unmark(sub_id, bit)
+        for sub_id in [k for k, mask in self.maybe.items() if mask & bit]:
+            self.maybe[sub_id] &= ~bit
+            if not self.maybe[sub_id]:
+                del self.maybe[sub_id]
+        eligible = [k for k, came in self.origin.items() if not came & bit]
+        for sub_id in eligible:
+            if sub_id in carried:
+                self._mark(sub_id, self.live.form(sub_id), bit)
+        orphans = [k for k in eligible if k not in carried and self._uncovered(k, bit)]
+        return self._choose(orphans, bit)
+
+    def on_link(self, link: str) -> list[str]:
+        """The sub_ids sent over ``link`` (as its neighbour should hold them)."""
+        bit = self._bit[link]
+        return [k for k, mask in self.sent.items() if mask & bit]
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _covered(self, form: CoverForm, want: int) -> int:
+        """The links of ``want`` over which a subscription that covers ``form`` went."""
+        covered = 0
+        sent = self.sent
+        for key in self.forwarded.covering(form):
+            covered |= sent[key] & want
+            if covered == want:
+                break
+        return covered
+
+    def _uncovered(self, sub_id: str, bit: int) -> bool:
+        """Whether ``sub_id`` goes over the link of ``bit`` in SBP but neither went over
+        it nor is covered there."""
+        if self.origin[sub_id] & bit or self.sent.get(sub_id, 0) & bit:
+            return False
+        return not self._covered(self.live.form(sub_id), bit)
+
+    def _choose(self, orphans: list[str], bit: int) -> list[str]:
+        """Which of ``orphans`` (none covered over the link of ``bit``) go over it, in
+        order, marked as sent: first those no other orphan covers (of equal ones, the
+        first), then any of the others that those do not cover after all (``covers`` is
+        conservative, so not always transitive)."""
+        forms = {k: self.live.form(k) for k in orphans}
+        if len(orphans) == 1:
+            self._mark(orphans[0], forms[orphans[0]], bit)
+            return orphans
+        order = {k: i for i, k in enumerate(orphans)}
+        pool = CoverIndex()
+        for k in orphans:
+            pool.add(k, forms[k])
+        top, rest = [], []
+        for k in orphans:
+            form = forms[k]
+            dominated = any(
+                j != k and (order[j] < order[k] or not form.covers(forms[j]))
+                for j in pool.covering(form)
+            )
+            (rest if dominated else top).append(k)
+        for k in top:
+            self._mark(k, forms[k], bit)
+        chosen = list(top)
+        for k in rest:
+            if not self._covered(forms[k], bit):
+                self._mark(k, forms[k], bit)
+                chosen.append(k)
+        return chosen
+
+    def _mark(self, sub_id: str, form: CoverForm, mask: int) -> None:
+        old = self.sent.get(sub_id, 0)
+        if not old:
+            self.forwarded.add(sub_id, form)
+        self.sent[sub_id] = old | mask
+
+    def _unmark(self, sub_id: str, bit: int) -> None:
+        mask = self.sent[sub_id] & ~bit
+        if mask:
+            self.sent[sub_id] = mask
+        else:
+            del self.sent[sub_id]
+            self.forwarded.remove(sub_id)

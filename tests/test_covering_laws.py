@@ -1,0 +1,376 @@
+"""Covering laws in the simulator (DESIGN §12): with ``covering = active`` every
+subscriber gets what it gets with covering off, under subscribe/withdraw churn (covering
+subscriptions withdrawn first among others), with failures and restarts; SBP costs fewer
+messages and tables hold fewer entries; and without un-quenching (a withdrawal sending
+the subscriptions it covered in its place) subscribers lose notifications."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from laws import scots
+from test_failures import _failures
+
+from octopis.core import Subscribe, make_broker
+from octopis.failure_schedule import Failure
+from octopis.filters import covers, parse_publication, parse_subscription
+from octopis.matching import ReferenceMatcher
+from octopis.sim import LatencyModel, Simulator
+from octopis.topology import Scot, build_preset
+
+FIG2 = build_preset("fig2")
+LATENCY = LatencyModel(0.001, 0.0)
+"""Every hop takes 1 ms: the two runs' notifications take the same paths at the same
+times, whatever subscription messages covering saves."""
+SETTLE = 0.05
+"""Seconds after which a subscription made or withdrawn has crossed any SCOT the laws
+draw (a hop is 1 ms)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One step of a scenario at ``at`` seconds: ``sub`` (``who`` subscribes ``text`` at
+    ``broker``), ``unsub`` (``who`` withdraws its subscription) or ``pub`` (``who``
+    publishes ``text`` at ``broker``)."""
+
+    at: float
+    kind: str
+    who: str
+    broker: str = ""
+    text: str = ""
+
+
+def _subscription_text(rng: random.Random) -> str:
+    """Subscriptions that often cover one another: bounds on ``x``, a symbol ``k``."""
+    bound = rng.randint(1, 9)
+    shape = rng.randrange(5)
+    if shape == 0:
+        return f"[x,<,{bound}]"
+    if shape == 1:
+        return f"[k,eq,'{rng.choice('ab')}'],[x,<,{bound}]"
+    if shape == 2:
+        return f"[x,>=,{rng.randint(0, bound - 1)}],[x,<,{bound}]"
+    if shape == 3:
+        return f"[k,str-prefix,'a'],[x,<=,{bound}]"
+    return "[k,isPresent]" if rng.random() < 0.5 else f"[x,>,{bound}]"
+
+
+def scenario(scot: Scot, seed: int, *, initial: int = 20, churn: int = 30) -> list[Op]:
+    """``initial`` subscribers at time 0, then over five seconds ``churn`` subscriptions
+    and withdrawals (half of the withdrawals take a live subscription covering the most
+    others) among 50 publications from random brokers."""
+    rng = random.Random(seed)
+    brokers = sorted(scot.brokers)
+    ops = [Op(0.0, "sub", f"S{i}", rng.choice(brokers), _subscription_text(rng))
+           for i in range(initial)]  # fmt: skip
+    live = {op.who: op.text for op in ops}
+    made = initial
+    start = 1.0
+    for t in sorted(rng.uniform(start, start + 5.0) for _ in range(churn)):
+        if live and rng.random() < 0.5:
+            if rng.random() < 0.5:
+                texts = {w: parse_subscription(t) for w, t in live.items()}
+                who = max(
+                    sorted(texts), key=lambda w: sum(covers(texts[w], s) for s in texts.values())
+                )
+            else:
+                who = rng.choice(sorted(live))
+            ops.append(Op(t, "unsub", who))
+            del live[who]
+        else:
+            who = f"S{made}"
+            made += 1
+            live[who] = _subscription_text(rng)
+            ops.append(Op(t, "sub", who, rng.choice(brokers), live[who]))
+    for j in range(50):
+        broker = rng.choice(brokers)
+        x, k = rng.randrange(10), rng.choice(["a", "ab", "b"])
+        ops.append(Op(start + 5.0 * j / 50, "pub", f"P{broker}", broker, f"[x,{x}],[k,'{k}']"))
+    return sorted(ops, key=lambda op: op.at)
+
+
+def run(
+    scot: Scot,
+    mode: str,
+    covering: str,
+    ops: list[Op],
+    failures: list[Failure] = (),
+    clients: list[tuple[str, float]] = (),
+    *,
+    unquench: bool = True,
+) -> Simulator:
+    """Carry out ``ops`` (and ``failures``, ``clients``' connection failures, from time
+    1) in the simulator. A subscriber on a dead broker, cut off from its broker or
+    failed over elsewhere neither subscribes nor withdraws (the simulator's clients
+    withdraw only where they first subscribed), the same in either run."""
+    sim = Simulator(scot, mode, latency=LATENCY, oracle_factory=ReferenceMatcher, covering=covering)
+    for core in sim.cores.values():
+        core.unquench = unquench  # type: ignore[union-attr]
+    for failure in failures:
+        sim.fail(failure, 1.0)
+    for subscriber, at in clients:
+        sim.fail_client(subscriber, 1.0 + at)
+
+    def dead(broker: str) -> bool:
+        return sim.failures is not None and broker in sim.failures.dead
+
+    def subscribe(op: Op) -> None:
+        if not dead(op.broker):
+            sim.subscribe(op.who, op.broker, parse_subscription(op.text))
+
+    def unsubscribe(op: Op) -> None:
+        home = sim._home.get(op.who)
+        held = [
+            sid
+            for sid, s in sim.subscriber_of.items()
+            if s == op.who and home is not None and not dead(home)
+            and (entry := sim.cores[home].table.entries.get(sid)) is not None and entry.local
+        ]  # fmt: skip
+        if held and (op.who, home) not in sim.cut_clients and op.who not in sim.failed_over:
+            sim.unsubscribe(held[0])
+
+    def publish(op: Op) -> None:
+        sim.publish(op.who, op.broker, parse_publication(op.text))
+
+    act = {"sub": subscribe, "unsub": unsubscribe, "pub": publish}
+    for op in ops:
+        sim.at(op.at, act[op.kind], op)
+    sim.run()
+    return sim
+
+
+def _published(ops: list[Op]) -> dict[tuple[str, int], tuple[float, str]]:
+    """(publisher, seq) → (time, text) of each publication of ``ops``."""
+    seq: dict[str, int] = {}
+    out = {}
+    for op in ops:
+        if op.kind == "pub":
+            seq[op.who] = seq.get(op.who, 0) + 1
+            out[(op.who, seq[op.who])] = (op.at, op.text)
+    return out
+
+
+def fresh(ops: list[Op]) -> set[tuple[str, str, int]]:
+    """(subscriber, publisher, seq) of the publications made within :data:`SETTLE` of
+    one of the subscriber's subscriptions or withdrawals: a race either run may decide
+    either way (a copy routed before a subscription spread, or delivered by a host that
+    took it after the publication)."""
+    changes: dict[str, list[float]] = {}
+    for op in ops:
+        if op.kind in ("sub", "unsub"):
+            changes.setdefault(op.who, []).append(op.at)
+    return {
+        (who, p, q)
+        for (p, q), (at, _) in _published(ops).items()
+        for who, times in changes.items()
+        if any(abs(at - t) < SETTLE for t in times)
+    }
+
+
+def settled(ops: list[Op]) -> set[tuple[str, str, int]]:
+    """The deliveries owed by subscriptions at least :data:`SETTLE` old when published
+    and not withdrawn before :data:`SETTLE` after: (subscriber, publisher, seq)."""
+    since: dict[str, tuple[float, str]] = {}
+    until: dict[str, float] = {}
+    for op in ops:
+        if op.kind == "sub":
+            since[op.who] = (op.at, op.text)
+        elif op.kind == "unsub":
+            until[op.who] = op.at
+    owed = set()
+    for (p, q), (t, text) in _published(ops).items():
+        pub = parse_publication(text)
+        for who, (at, sub) in since.items():
+            if at + SETTLE <= t and until.get(who, float("inf")) > t + SETTLE:
+                if parse_subscription(sub).matches(pub):
+                    owed.add((who, p, q))
+    return owed
+
+
+def once(sim: Simulator, ops: list[Op]) -> None:
+    """Nothing twice; nothing the oracle did not expect, but in a race (:func:`fresh`)."""
+    summary = sim.ledger.summary()
+    assert summary["duplicates"] == 0, summary
+    unexpected = set(sim.ledger.received) - sim.ledger.expected - fresh(ops)
+    assert not unexpected, f"{sim.covering}: unexpected {sorted(unexpected)[:5]}"
+
+
+def accounted(sim: Simulator, key: tuple[str, str, int]) -> bool:
+    """A missing delivery a failure explains: counted undeliverable, or published
+    while its subscriber was failing over (a replay's to give) and the replay reported
+    a gap (as tests/test_failures.py's law)."""
+    s, p, q = key
+    if sim.replay_gaps.get(s):
+        return True
+    published = {(n.publisher, n.seq): n.published_at for ns in sim.stores.values() for n in ns}
+    away = any(a <= published.get((p, q), -1.0) < b for a, b in sim.outages.get(s, ()))
+    return not away and (p, q) in sim.undeliverable_keys
+
+
+def law(on: Simulator, off: Simulator, ops: list[Op]) -> None:
+    """Covering on gets every delivery covering off gets (of the publications both runs
+    took), or a failure in its own run explains the miss; each once. What it gets more
+    the oracle expected, or flooding got too: a copy held for a link's return may reach
+    a subscription made meanwhile, in either run (or it is a race, :func:`fresh`)."""
+    for sim in (on, off):
+        summary = sim.ledger.summary()
+        assert summary["duplicates"] == 0, (sim.covering, summary)
+    more = set(on.ledger.received) - set(off.ledger.received) - on.ledger.expected - fresh(ops)
+    assert not more, f"covering delivered {len(more)} unexpected: {sorted(more)[:5]}"
+    taken = {(n.publisher, n.seq) for ns in on.stores.values() for n in ns}
+    missing = [
+        key
+        for key in off.ledger.received
+        if key not in on.ledger.received
+        and (not on.stores or key[1:] in taken)
+        and not accounted(on, key)
+    ]
+    assert not missing, f"covering lost {len(missing)}: {sorted(missing)[:5]}"
+
+
+@given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 2**16))
+def test_covering_delivers_what_flooding_delivers_under_churn(
+    scot: Scot, mode: str, seed: int
+) -> None:
+    """No failures: both runs deliver exactly the oracle's deliveries of settled
+    subscriptions, the same ones, and covering delivers nothing else that flooding
+    does not (a fresh subscription may be served sooner, by a covering one, never
+    later); covering sends fewer or as many subscription messages."""
+    ops = scenario(scot, seed)
+    off, on = run(scot, mode, "off", ops), run(scot, mode, "active", ops)
+    owed = settled(ops)
+    for sim in (off, on):
+        once(sim, ops)
+        lost = owed - set(sim.ledger.received)
+        assert not lost, f"{sim.covering}: {len(lost)} settled deliveries lost {sorted(lost)[:5]}"
+    law(on, off, ops)
+    assert on.report()["sbp_messages"] <= off.report()["sbp_messages"] + sum(
+        c.stats["covering.unquenched"] for c in on.cores.values()
+    )
+
+
+@given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 2**16), st.data())
+def test_covering_delivers_what_flooding_delivers_with_failures(
+    scot: Scot, mode: str, seed: int, data: st.DataObject
+) -> None:
+    """One to three failures of brokers (killed, restarted or not), links (cut, healed
+    or not) and subscribers' connections, at any time, under the same churn: covering
+    loses nothing flooding delivers, or its own run counts why."""
+    ops = scenario(scot, seed, initial=15, churn=20)
+    failures, clients = _failures(scot, data.draw, data.draw(st.integers(1, 3)), 15)
+    off = run(scot, mode, "off", ops, failures, clients)
+    on = run(scot, mode, "active", ops, failures, clients)
+    law(on, off, ops)
+
+
+def _stock(scot: Scot, seed: int) -> list[Op]:
+    return scenario(scot, seed, initial=60, churn=60)
+
+
+@pytest.mark.parametrize("mode", ["snr", "dnr"])
+def test_without_unquenching_subscribers_lose_notifications(mode: str) -> None:
+    """The same churn with a withdrawal that does not send the subscriptions it covered
+    in its place: the brokers beyond it hold neither, and the law finds the losses."""
+    ops = _stock(FIG2, 7)
+    off = run(FIG2, mode, "off", ops)
+    on = run(FIG2, mode, "active", ops)
+    law(on, off, ops)
+    broken = run(FIG2, mode, "active", ops, unquench=False)
+    assert sum(c.stats["covering.unquenched"] for c in on.cores.values()) > 0
+    with pytest.raises(AssertionError, match="covering lost"):
+        law(broken, off, ops)
+
+
+@pytest.mark.parametrize("mode", ["snr", "dnr"])
+def test_every_restart_of_fig2_under_covering(mode: str) -> None:
+    """Every broker of fig2 killed mid-churn and restarted: its neighbours hand it what
+    covering sends now, it passes that on, and covering still loses nothing flooding
+    delivers. (Among them the case of a restarted host whose own subscription covered
+    others: its neighbours withdraw it once the restarted broker has passed on those
+    it covered.)"""
+    ops = _stock(FIG2, 3)
+    passed_on = 0
+    for broker in sorted(FIG2.brokers):
+        failure = [Failure((broker,), 1.0, 2.5)]
+        off = run(FIG2, mode, "off", ops, failure)
+        on = run(FIG2, mode, "active", ops, failure)
+        law(on, off, ops)
+        passed_on += on.cores[broker].stats["sent.subscribe"]
+    assert passed_on > 0
+
+
+def test_a_restarted_broker_gets_what_covering_kept_away_from_it() -> None:
+    """c:0 holds a broad subscription of its own (hosted there) and forwards a narrow one
+    from d:0 nowhere else; c:0 restarts. Its predecessor's broad one is withdrawn by its
+    neighbours, the narrow one reaches them from the restarted c:0 first, and a
+    publication from a:0 still reaches d:0's subscriber."""
+    sim = Simulator(FIG2, "snr", latency=LATENCY, covering="active")
+    sim.subscribe("broad", "c:0", parse_subscription("[x,<,9]"))
+    sim.run()
+    sim.subscribe("narrow", "d:0", parse_subscription("[x,<,3]"))
+    sim.run()
+    narrow = sim.cores["d:0"].table.entries
+    narrow_id = next(k for k, e in narrow.items() if e.local)
+    assert narrow_id not in sim.cores["b:0"].table  # quenched at c:0
+    sim.fail(Failure(("c:0",), 0.0, 1.0), sim.now)
+    sim.run()
+    assert narrow_id in sim.cores["b:0"].table and narrow_id in sim.cores["a:0"].table
+    assert all(not k.startswith("c:0#") for c in sim.cores.values() for k in c.table.entries)
+    sim.publish("P", "a:0", {"x": 1})
+    sim.run()
+    assert ("narrow", "P", 1) in sim.ledger.received
+
+
+def test_covering_cuts_messages_and_entries_on_stock_subscriptions() -> None:
+    """paper75, 400 stock subscribers: far fewer SBP messages and entries, the same
+    deliveries of 60 quotes (BID ignores the setting: it floods by subscription id)."""
+    from octopis.quotes import random_quotes, stock_subscriptions
+
+    scot = build_preset("paper75")
+    quotes = random_quotes(600, seed=4, symbols=20)
+    subs = stock_subscriptions(quotes, 400, seed=4)
+    rng = random.Random(4)
+    brokers = sorted(scot.brokers)
+    homes = [rng.choice(brokers) for _ in subs]
+    runs = {}
+    for covering in ("off", "active"):
+        sim = Simulator(scot, "dnr", latency=LATENCY, covering=covering)
+        for i, s in enumerate(subs):
+            sim.subscribe(f"S{i}", homes[i], s)
+        sim.run()
+        for j, q in enumerate(quotes[:60]):
+            sim.publish(f"P{j % 20}", brokers[j % 20 * 3], q)
+        sim.run()
+        runs[covering] = sim
+    off, on = runs["off"], runs["active"]
+    assert off.ledger.received == on.ledger.received and on.ledger.summary()["lost"] == 0
+    messages = {k: r.report()["sbp_messages"] for k, r in runs.items()}
+    entries = {k: sum(len(c.table) for c in r.cores.values()) for k, r in runs.items()}
+    assert messages["off"] == 400 * 74
+    assert messages["active"] < 0.5 * messages["off"], messages
+    assert entries["active"] < 0.5 * entries["off"], entries
+    bid = make_broker(scot, brokers[0], "bid", covering="active")
+    assert not hasattr(bid, "covering")
+
+
+def test_a_duplicate_or_unknown_sbp_message_is_ignored_under_covering() -> None:
+    """A covering broker's neighbour may be sent again what it holds (a restarted
+    broker passing its share on, a link back) or a withdrawal of what it never got
+    (sent by a predecessor, maybe): both are counted and ignored."""
+    from bitarray import frozenbitarray
+
+    from octopis.core import NoCongestion, SubState, Unsubscribe
+
+    core = make_broker(FIG2, "b:0", "snr", covering="active")
+    s = Subscribe("a:0#1", "a:0", parse_subscription("[x,<,1]"), SubState.PRIMARY,
+                  frozenbitarray("100"), 0.0)  # fmt: skip
+    assert core.receive("a:0", s, NoCongestion())
+    assert core.receive("a:0", s, NoCongestion()) == []
+    assert core.receive("a:0", Unsubscribe("a:0#9", SubState.PRIMARY), NoCongestion()) == []
+    assert core.stats["covering.already_held"] == core.stats["covering.unsubscribe_not_held"] == 1
+    with pytest.raises(ValueError, match="unknown covering 'lazy'"):
+        make_broker(FIG2, "b:0", "snr", covering="lazy")
