@@ -15,6 +15,7 @@ def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
     settings = BrokerSettings(
         queue_threshold=7,
         order="bluedove",
+        covering="off" if BrokerSettings().covering == "active" else "active",
         custody_limit=0,
         frame_bytes=4096,
         limits=InputLimits(attributes=9, predicates=3, string_length=40, name_length=16),
@@ -28,6 +29,7 @@ def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
     assert load_settings(None) == BrokerSettings()
     changed = settings.to_toml(changed_only=True)  # what a broker of another version reads
     assert "gc_young = 5000" in changed and "window" not in changed and "sndhwm" not in changed
+    assert "[routing]\ncovering = " in changed
     path.write_text(changed)
     assert load_settings(path) == settings
     assert BrokerSettings().to_toml(changed_only=True) == ""
@@ -42,6 +44,8 @@ def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
         ("[limits]\nwidth = 3\n", "unknown key limits.width"),
         ("[limit]\npredicates = 3\n", r"unknown table \[limit\]"),
         ('[lst]\norder = "fifo"\n', "lst.order must be one of 'ce', 'bluedove'"),
+        ('[routing]\ncovering = "lazy"\n', "routing.covering must be one of 'off', 'active'"),
+        ("[routing]\nmode = 3\n", "unknown key routing.mode"),
         ("[memory]\ngc_young = 0\n", "memory.gc_young must be ≥ 1"),
     ],
 )

@@ -35,6 +35,8 @@ MODES = ("snr", "dnr", "bid")
 COVERING = ("off", "active")
 """Covering settings: ``off`` (every subscription reaches every broker) or ``active``
 (DESIGN §12)."""
+DEFAULT_COVERING = "off"
+"""The covering of brokers and simulations that are not told otherwise."""
 
 BrokerCore = ClusteredBroker | BidBroker
 
@@ -61,7 +63,7 @@ def make_broker(
     mode: str,
     matcher_factory: MatcherFactory | None = None,
     dedup: EdgeDedup | None = None,
-    covering: str = "off",
+    covering: str = DEFAULT_COVERING,
 ) -> BrokerCore:
     """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
 
@@ -95,6 +97,7 @@ def make_broker(
 
 __all__ = [
     "COVERING",
+    "DEFAULT_COVERING",
     "MODES",
     "Action",
     "BidBroker",

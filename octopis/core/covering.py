@@ -9,6 +9,10 @@ subscription with the same last hop (this broker), so it routes every notificati
 wants the way S's own entry would: covering changes message counts and table sizes,
 never who receives what.
 
+A subscription from a neighbour is never quenched by one of the broker's own
+subscribers': if the broker restarts, its neighbours withdraw those themselves (DESIGN
+§7), and only the broker could have sent in their place what they covered.
+
 Withdrawing S takes it off every link it went over; on each, the subscriptions it
 covered there, still held and covered by nothing else sent over it, are sent in its
 place *before* the withdrawal (links are FIFO: no gap in which the neighbour holds
@@ -104,9 +108,9 @@ class Covering:
         over them covers it on. ``restored``: a restarted broker's share entry, which its
         predecessor may have sent over the others (:attr:`maybe`)."""
         form = self.live.add(sub_id, subscription)
-        self.origin[sub_id] = self._bit[origin] if origin is not None else 0
+        came = self.origin[sub_id] = self._bit[origin] if origin is not None else 0
         want = self._mask(targets)
-        send = want & ~self._covered(form, want)
+        send = want & ~self._covered(form, want, bool(came))
         if send:
             self._mark(sub_id, form, send)
         if restored and want & ~send:
@@ -164,22 +168,33 @@ class Covering:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _covered(self, form: CoverForm, want: int) -> int:
-        """The links of ``want`` over which a subscription that covers ``form`` went."""
+    def _covered(self, form: CoverForm, want: int, foreign: bool) -> int:
+        """The links of ``want`` over which a subscription that covers ``form`` went;
+        ``foreign``: counting only subscriptions from neighbours (see :meth:`_may_cover`)."""
         covered = 0
-        sent = self.sent
+        sent, origin = self.sent, self.origin
         for key in self.forwarded.covering(form):
+            if foreign and not origin[key]:
+                continue
             covered |= sent[key] & want
             if covered == want:
                 break
         return covered
 
+    def _may_cover(self, coverer: str, sub_id: str) -> bool:
+        """Whether ``coverer`` may stand for ``sub_id`` on a link: not if it is of a local
+        subscriber and ``sub_id`` came from a neighbour. When this broker restarts, its
+        neighbours withdraw its subscribers' subscriptions themselves (DESIGN §7); what
+        those covered from elsewhere only this broker could send in their place."""
+        return bool(self.origin[coverer]) or not self.origin[sub_id]
+
     def _uncovered(self, sub_id: str, bit: int) -> bool:
         """Whether ``sub_id`` goes over the link of ``bit`` in SBP but neither went over
         it nor is covered there."""
-        if self.origin[sub_id] & bit or self.sent.get(sub_id, 0) & bit:
+        came = self.origin[sub_id]
+        if came & bit or self.sent.get(sub_id, 0) & bit:
             return False
-        return not self._covered(self.live.form(sub_id), bit)
+        return not self._covered(self.live.form(sub_id), bit, bool(came))
 
     def _choose(self, orphans: list[str], bit: int) -> list[str]:
         """Which of ``orphans`` (none covered over the link of ``bit``) go over it, in
@@ -198,7 +213,9 @@ class Covering:
         for k in orphans:
             form = forms[k]
             dominated = any(
-                j != k and (order[j] < order[k] or not form.covers(forms[j]))
+                j != k
+                and self._may_cover(j, k)
+                and (order[j] < order[k] or not form.covers(forms[j]) or not self._may_cover(k, j))
                 for j in pool.covering(form)
             )
             (rest if dominated else top).append(k)
@@ -206,7 +223,7 @@ class Covering:
             self._mark(k, forms[k], bit)
         chosen = list(top)
         for k in rest:
-            if not self._covered(forms[k], bit):
+            if not self._covered(forms[k], bit, bool(self.origin[k])):
                 self._mark(k, forms[k], bit)
                 chosen.append(k)
         return chosen

@@ -53,6 +53,10 @@ class Recovery(Generic[Item]):
         """Restarted neighbour → the sub-id epoch of its new incarnation."""
         self.owed_shares: set[str] = set()
         """Neighbours told our share was not whole; each gets it once it is."""
+        self.unshared: set[str] = set()
+        """Restarted neighbours not yet handed our share: what is held for one is
+        handed as at its restart (:meth:`restarted`), since a withdrawal or a move can
+        only name an entry it would have had from the share, which will not hold it."""
         self.counters: Counter[str] = Counter()
 
     # -- holding -------------------------------------------------------------------------
@@ -85,6 +89,8 @@ class Recovery(Generic[Item]):
         """The subscription messages held for ``neighbour``, to go out first, and the sub
         ids of the subscriptions among them (``read`` gives an item's sub id and whether
         it subscribes): its share need not repeat those."""
+        if neighbour in self.unshared:
+            self._keep_for_successor(neighbour, read)
         held = self.subscriptions.pop(neighbour, [])
         self.counters["sbp_handed_late"] += len(held)
         return held, {sub_id for sub_id, subscribes in map(read, held) if subscribes}
@@ -110,6 +116,15 @@ class Recovery(Generic[Item]):
         (counted ``sbp_left_to_share``)."""
         dropped = self.copies.pop(neighbour, [])
         self.counters["undeliverable.held_for_restarted"] += len(dropped)
+        self._keep_for_successor(neighbour, read)
+        if epoch is not None:
+            self.withdraw_when_serving[neighbour] = epoch
+            self.unshared.add(neighbour)
+        return dropped
+
+    def _keep_for_successor(self, neighbour: str, read: Callable[[Item], tuple[str, bool]]) -> None:
+        """Of the subscription messages held for ``neighbour``, a new process, keep the
+        subscriptions that no later held message names (see :meth:`restarted`)."""
         held = self.subscriptions.get(neighbour)
         if held:
             facts = [read(item) for item in held]
@@ -121,9 +136,6 @@ class Recovery(Generic[Item]):
             ]
             self.counters["sbp_left_to_share"] += len(held) - len(kept)
             self.subscriptions[neighbour] = kept
-        if epoch is not None:
-            self.withdraw_when_serving[neighbour] = epoch
-        return dropped
 
     def serving(self, core: object, neighbour: str) -> tuple[list[Item], list[Action]]:
         """``neighbour`` is serving: the copies held for it, and the withdrawal of its
@@ -143,6 +155,7 @@ class Recovery(Generic[Item]):
         dropped = len(self.copies.pop(neighbour, ())) + len(self.subscriptions.pop(neighbour, ()))
         self.withdraw_when_serving.pop(neighbour, None)
         self.owed_shares.discard(neighbour)
+        self.unshared.discard(neighbour)
         return dropped
 
     # -- shares --------------------------------------------------------------------------
@@ -151,6 +164,7 @@ class Recovery(Generic[Item]):
         """Our resync share for ``neighbour`` less the subscriptions in ``carried``
         (already on its link); no longer owed."""
         self.owed_shares.discard(neighbour)
+        self.unshared.discard(neighbour)
         messages = resync_messages(core, neighbour, carried)
         self.counters["resync_entries_sent"] += len(messages)
         return messages

@@ -46,6 +46,7 @@ from octopis.balance.policy import (
     plan_round,
 )
 from octopis.core import (
+    DEFAULT_COVERING,
     Action,
     BrokerCore,
     Deliver,
@@ -127,7 +128,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         oracle_factory: Callable[[], Any] | None = None,
         on_forward: Callable[[str, str, Any], None] | None = None,
         service: ServiceModel | None = None,
-        covering: str = "off",
+        covering: str = DEFAULT_COVERING,
     ) -> None:
         if not scot.brokers:
             raise ValueError("the topology has no brokers")

@@ -118,6 +118,7 @@ class Broker:
             mode,
             lambda: Matcher(clock=self.clock),
             EdgeDedup(settings.dedup_window, settings.dedup_publishers),
+            covering=settings.covering,
         )
         self.incarnation = secrets.randbits(63) | 1
         """Random per process start (DESIGN §7): neighbours tell a restart by it."""
@@ -404,9 +405,12 @@ class Broker:
 
     def link_back(self, neighbour: str) -> None:
         """A link that was down healed with the same incarnation on the other side: the
-        subscription messages held for it go out now, in their order, then the copies
-        held for it and the share we owe it, if any."""
+        subscription messages held for it go out now, in their order (with covering,
+        followed by those sent over it before: one lost in flight would leave it
+        without what covers others), then the copies held for it and the share we owe
+        it, if any."""
         self._hand_held_sbp(neighbour)
+        self.execute(self.core.refresh_link(neighbour))
         self._send_held(neighbour, self.recovery.release_copies(neighbour))
         self._pay_owed_shares()
 

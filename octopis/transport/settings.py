@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from octopis.core import COVERING, DEFAULT_COVERING
 from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
 from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
@@ -48,6 +49,15 @@ class BrokerSettings:
     order: str = DEFAULT_ORDER
     """DNR's "least loaded" among candidate links: ``"ce"`` (CE, then queue length: the
     paper's) or ``"bluedove"`` (BlueDove's estimated processing time (q̂ + 1)/μ)."""
+    covering: str = DEFAULT_COVERING
+    """``"active"``: a broker passes a subscription on over a link only if no
+    subscription it sent over that link covers it (every publication matching it
+    matches the other), and when it withdraws one it first sends over each link the
+    ones it covered there; who receives what is unchanged, SBP sends fewer messages and
+    tables hold fewer entries. ``"off"``: every subscription reaches every broker (the
+    paper's SBP). SNR and DNR; BID always floods. Set it alike on every broker of an
+    overlay; with it, a subscriber moving inside its cluster subscribes afresh at its
+    new broker rather than have its subscriptions adopted there."""
     sndhwm: int = 8
     """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
     output queue, which the LST measures, grows."""
@@ -179,7 +189,7 @@ class BrokerSettings:
         ``changed_only`` just what differs from the defaults (readable by a broker of
         another version, as long as it knows those keys)."""
         default = BrokerSettings()
-        sections: dict[str, list[str]] = {section: [] for section, _ in _KEYS}
+        sections: dict[str, list[str]] = {section: [] for section, _ in [*_KEYS, *_CHOICES]}
         for (section, key), (name, _) in _CHOICES.items():
             value = getattr(self, name)
             if not changed_only or value != getattr(default, name):
@@ -219,6 +229,7 @@ def load_settings(path: str | Path | None) -> BrokerSettings:
 
 _CHOICES: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("lst", "order"): ("order", ORDERS),
+    ("routing", "covering"): ("covering", COVERING),
     ("clients", "slow_policy"): ("slow_policy", SLOW_POLICIES),
 }
 """Settings that take one of a few words: (table, key) → (field, the words)."""
@@ -278,7 +289,7 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
     """Validate a parsed settings document; every error names the key."""
     values: dict[str, Any] = {}
     for table, keys in data.items():
-        if not isinstance(keys, dict) or not any(t == table for t, _ in _KEYS):
+        if not isinstance(keys, dict) or not any(t == table for t, _ in [*_KEYS, *_CHOICES]):
             raise ConfigError(f"{source}: unknown table [{table}]")
         for key, value in keys.items():
             if (table, key) == ("links", "capacities"):
