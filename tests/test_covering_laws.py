@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from laws import scots
 from test_failures import _failures
+from test_sim import _changed
 
 from octopis.core import Subscribe, make_broker
 from octopis.failure_schedule import Failure
@@ -376,3 +377,57 @@ def test_a_duplicate_or_unknown_sbp_message_is_ignored_under_covering() -> None:
     assert core.stats["covering.already_held"] == core.stats["covering.unsubscribe_not_held"] == 1
     with pytest.raises(ValueError, match="unknown covering 'lazy'"):
         make_broker(FIG2, "b:0", "snr", covering="lazy")
+
+
+@given(scots(max_vertices=5, max_clusters=3), st.sampled_from(["snr", "dnr"]), st.data())
+def test_moves_and_topology_changes_under_covering(
+    scot: Scot, mode: str, data: st.DataObject
+) -> None:
+    """Subscribers move (inside their cluster too: with covering, by subscribing afresh
+    and withdrawing after the broadcast is over) and a cluster or region joins or leaves
+    while publications flow: every notification reaches every subscriber exactly once,
+    with covering as without."""
+    seed = data.draw(st.integers(0, 2**16))
+    ops = scenario(scot, seed, churn=0)
+    kind, new, refuge = _changed(scot, data)
+    staying = sorted(b for b in scot.brokers if b in new.brokers)
+    ops = [op for op in ops if op.broker in staying]
+    moves = data.draw(
+        st.lists(
+            st.tuples(st.sampled_from(sorted({op.who for op in ops if op.kind == "sub"})),
+                      st.sampled_from(staying), st.floats(1.0, 3.0)),
+            max_size=4,
+        )
+    )  # fmt: skip
+
+    def refuge_of(broker: str) -> str:
+        region, cluster = broker.split(":")
+        return f"{region}:0" if refuge == "cluster 0" else f"{refuge}:{cluster}"
+
+    for covering in ("off", "active"):
+        sim = Simulator(scot, mode, latency=LATENCY, oracle_factory=ReferenceMatcher,
+                        covering=covering)  # fmt: skip
+        for op in ops:
+            if op.kind == "sub":
+                sim.at(op.at, sim.subscribe, op.who, op.broker, parse_subscription(op.text))
+            else:
+                sim.at(op.at, sim.publish, op.who, op.broker, parse_publication(op.text))
+        for who, broker, at in moves:
+            sim.at(at, _move_unless_there, sim, who, broker)
+        if kind.startswith("add"):
+            sim.at(2.0, sim.reshape, new)
+        else:
+            sim.at(2.0, sim.shrink, new, refuge_of)
+        sim.run()
+        summary = sim.ledger.summary()
+        assert summary["duplicates"] == summary["lost"] == summary["unexpected"] == 0, (
+            covering,
+            summary,
+        )
+        if covering == "active":
+            assert sim.moves["inside"] == 0 and sim.moves["across"] == sim.moves["withdrawn"]
+
+
+def _move_unless_there(sim: Simulator, subscriber: str, broker: str) -> None:
+    if sim._home[subscriber] != broker and not sim.moving(subscriber):
+        sim.move(subscriber, broker)
