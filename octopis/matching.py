@@ -87,6 +87,8 @@ checked publications). NaN and infinities in publications follow Python's compar
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from itertools import combinations
 
@@ -153,6 +155,63 @@ class ReferenceMatcher:
         return self._subscriptions[key]
 
 
+class _File:
+    """The subscriptions of one file of a :class:`CoverIndex`, ordered by the lower
+    bound of their numeric range on the file's *lead* attribute (the first of its
+    attributes), each with the upper bound: F can cover S only if F's range there holds
+    S's, so a query walks only the part of the order where that can be, and tests
+    covering on those whose upper bound fits too. (Bounds ignore openness: a necessary
+    condition; an attribute without a numeric range has (-inf, inf).)"""
+
+    __slots__ = ("entries", "lead", "where")
+
+    def __init__(self, lead: str) -> None:
+        self.lead = lead
+        self.entries: list[tuple[float, int, float, Hashable, CoverForm]] = []
+        """(lower bound, serial, upper bound, key, form), in order."""
+        self.where: dict[Hashable, tuple[float, int]] = {}
+
+    def add(self, key: Hashable, form: CoverForm, serial: int) -> None:
+        lo, hi = _bounds(form, self.lead)
+        insort(self.entries, (lo, serial, hi, key, form))
+        self.where[key] = (lo, serial)
+
+    def remove(self, key: Hashable) -> None:
+        place = self.where.pop(key)
+        del self.entries[bisect_left(self.entries, place, key=_place)]
+
+    def covering(self, form: CoverForm) -> Iterator[tuple[Hashable, CoverForm]]:
+        """Members whose range on the lead attribute holds ``form``'s."""
+        lo, hi = _bounds(form, self.lead)
+        end = bisect_right(self.entries, lo, key=_lower)
+        return ((k, f) for _, _, top, k, f in self.entries[:end] if top >= hi)
+
+    def covered(self, form: CoverForm) -> Iterator[tuple[Hashable, CoverForm]]:
+        """Members whose range on the lead attribute lies within ``form``'s."""
+        lo, hi = _bounds(form, self.lead)
+        start = bisect_left(self.entries, lo, key=_lower)
+        end = bisect_right(self.entries, hi, key=_lower)
+        return ((k, f) for _, _, top, k, f in self.entries[start:end] if top <= hi)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _bounds(form: CoverForm, attr: str) -> tuple[float, float]:
+    constraint = form.constraints.get(attr)
+    if constraint is None or not constraint.numeric:
+        return (-math.inf, math.inf)
+    return (constraint.lo, constraint.hi)
+
+
+def _lower(entry: tuple) -> float:
+    return entry[0]
+
+
+def _place(entry: tuple) -> tuple[float, int]:
+    return entry[0], entry[1]
+
+
 class CoverIndex:
     """Subscriptions filed for covering queries (:func:`octopis.filters.covers`): which
     stored ones cover a given subscription (:meth:`covering`), which it covers
@@ -162,19 +221,23 @@ class CoverIndex:
     ``=`` is implied by nothing else) and each attribute F constrains is constrained by
     S. So subscriptions are filed by their set of equalities, then by their set of
     attributes: a query looks only at the files whose sets are subsets (covering) or
-    supersets (covered) of the query's, and tests covering on their members alone. On
-    stock quotes, ``[class,eq,'STOCK'],[symbol,eq,'MSFT'],[close,<,27.5]`` is tested
-    only against subscriptions on MSFT's close, or on no symbol and close alone (or
-    less), never against other symbols or attributes."""
+    supersets (covered) of the query's, and in each only at the members whose range on
+    the file's first attribute can hold (or lie within) the query's (:class:`_File`);
+    it tests covering on those alone. On stock quotes,
+    ``[class,eq,'STOCK'],[symbol,eq,'MSFT'],[close,<,27.5]`` is tested only against
+    subscriptions on MSFT's close, or on no symbol and close alone (or less), never
+    against other symbols or attributes; among bands of equal width on one attribute,
+    only those with the same bounds are tested."""
 
-    __slots__ = ("_files", "_forms", "_holding")
+    __slots__ = ("_files", "_forms", "_holding", "_serial")
 
     def __init__(self) -> None:
         self._forms: dict[Hashable, CoverForm] = {}
-        self._files: dict[frozenset, dict[frozenset[str], dict[Hashable, CoverForm]]] = {}
-        """equalities → attributes → key → form."""
+        self._files: dict[frozenset, dict[frozenset[str], _File]] = {}
+        """equalities → attributes → file."""
         self._holding: dict[tuple, set[frozenset]] = {}
         """One equality → the equality sets of the files that hold it."""
+        self._serial = 0
 
     def add(self, key: Hashable, subscription: Subscription | CoverForm) -> CoverForm:
         """File ``subscription`` under ``key`` (its :func:`~octopis.filters.cover_form`
@@ -189,16 +252,20 @@ class CoverIndex:
             by_attributes = self._files[form.equalities] = {}
             for equality in form.equalities:
                 self._holding.setdefault(equality, set()).add(form.equalities)
-        by_attributes.setdefault(form.attributes, {})[key] = form
+        file = by_attributes.get(form.attributes)
+        if file is None:
+            file = by_attributes[form.attributes] = _File(min(form.attributes))
+        self._serial += 1
+        file.add(key, form, self._serial)
         return form
 
     def remove(self, key: Hashable) -> None:
         """Forget ``key``; an unknown key raises KeyError."""
         form = self._forms.pop(key)
         by_attributes = self._files[form.equalities]
-        members = by_attributes[form.attributes]
-        del members[key]
-        if members:
+        file = by_attributes[form.attributes]
+        file.remove(key)
+        if file:
             return
         del by_attributes[form.attributes]
         if by_attributes:
@@ -237,9 +304,9 @@ class CoverIndex:
             by_attributes = files.get(subset)
             if by_attributes is None:
                 continue
-            for attrs, members in list(by_attributes.items()):
+            for attrs, file in list(by_attributes.items()):
                 if attrs <= attributes:
-                    for key, member in list(members.items()):
+                    for key, member in file.covering(form):
                         if member.covers(form):
                             yield key
 
@@ -256,8 +323,8 @@ class CoverIndex:
             by_attributes = self._files.get(superset)
             if by_attributes is None:
                 continue
-            for attrs, members in list(by_attributes.items()):
+            for attrs, file in list(by_attributes.items()):
                 if attrs >= attributes:
-                    for key, member in list(members.items()):
+                    for key, member in file.covered(form):
                         if form.covers(member):
                             yield key

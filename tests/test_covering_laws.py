@@ -20,7 +20,7 @@ from octopis.core import Subscribe, make_broker
 from octopis.failure_schedule import Failure
 from octopis.filters import covers, parse_publication, parse_subscription
 from octopis.matching import ReferenceMatcher
-from octopis.sim import LatencyModel, Simulator
+from octopis.sim import InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import Scot, build_preset
 
 FIG2 = build_preset("fig2")
@@ -103,12 +103,22 @@ def run(
     clients: list[tuple[str, float]] = (),
     *,
     unquench: bool = True,
+    congested: float = 0.0,
 ) -> Simulator:
     """Carry out ``ops`` (and ``failures``, ``clients``' connection failures, from time
     1) in the simulator. A subscriber on a dead broker, cut off from its broker or
     failed over elsewhere neither subscribes nor withdraws (the simulator's clients
-    withdraw only where they first subscribed), the same in either run."""
-    sim = Simulator(scot, mode, latency=LATENCY, oracle_factory=ReferenceMatcher, covering=covering)
+    withdraw only where they first subscribed), the same in either run. ``congested``:
+    that share of the iCOLs overloaded all along (DNR's detours, the same in either run)."""
+    links = InjectedCongestion.random_icols(scot, congested, seed=1) if congested else None
+    sim = Simulator(
+        scot,
+        mode,
+        latency=LATENCY,
+        links=links,
+        oracle_factory=ReferenceMatcher,
+        covering=covering,
+    )
     for core in sim.cores.values():
         core.unquench = unquench  # type: ignore[union-attr]
     for failure in failures:
@@ -233,16 +243,23 @@ def law(on: Simulator, off: Simulator, ops: list[Op]) -> None:
     assert not missing, f"covering lost {len(missing)}: {sorted(missing)[:5]}"
 
 
-@given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 2**16))
+@given(
+    scots(),
+    st.sampled_from(["snr", "dnr"]),
+    st.integers(0, 2**16),
+    st.sampled_from([0.0, 0.0, 0.3, 1.0]),
+)
 def test_covering_delivers_what_flooding_delivers_under_churn(
-    scot: Scot, mode: str, seed: int
+    scot: Scot, mode: str, seed: int, congested: float
 ) -> None:
-    """No failures: both runs deliver exactly the oracle's deliveries of settled
-    subscriptions, the same ones, and covering delivers nothing else that flooding
-    does not (a fresh subscription may be served sooner, by a covering one, never
-    later); covering sends fewer or as many subscription messages."""
+    """No failures (DNR under congestion too): both runs deliver exactly the oracle's
+    deliveries of settled subscriptions, the same ones, and covering delivers nothing
+    else that flooding does not (a fresh subscription may be served sooner, by a
+    covering one, never later); covering sends fewer or as many subscription messages."""
     ops = scenario(scot, seed)
-    off, on = run(scot, mode, "off", ops), run(scot, mode, "active", ops)
+    congested = congested if mode == "dnr" else 0.0
+    off = run(scot, mode, "off", ops, congested=congested)
+    on = run(scot, mode, "active", ops, congested=congested)
     owed = settled(ops)
     for sim in (off, on):
         once(sim, ops)
