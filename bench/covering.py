@@ -186,7 +186,10 @@ def matching_times(
 def run(out: Path, subscribers: int, seed: int, rounds: int, service: Path) -> dict[str, Any]:
     scot = build_preset("paper75")
     model = ServiceModel.load(service)
-    results: dict[str, Any] = {"subscribers": subscribers, "seed": seed, "service": str(service)}
+    shown = (
+        service.resolve().relative_to(REPO) if service.resolve().is_relative_to(REPO) else service
+    )
+    results: dict[str, Any] = {"subscribers": subscribers, "seed": seed, "service": str(shown)}
     for name in ("stock", "bands"):
         workload = (
             stock(scot, subscribers, out, seed)

@@ -556,10 +556,12 @@ def _dnr_run_with_failures(
     spare: set[str],
     client_workers: int = 0,
     mode: str = "dnr",
+    settings: BrokerSettings | None = None,
     **sizes: Any,
 ) -> tuple[dict, Scot, Workload]:
-    """A run of ``preset`` (DNR unless ``mode`` says) with ``failures``, no client on the
-    brokers of ``spare``; prints the failure report."""
+    """A run of ``preset`` (DNR unless ``mode`` says, default settings unless
+    ``settings``) with ``failures``, no client on the brokers of ``spare``; prints the
+    failure report."""
     scot, path = prepare_topology(run_dir, preset=preset)
     workload = generate_workload(scot, **sizes)
     workload.subscriptions = [s for s in workload.subscriptions if s.broker not in spare]
@@ -567,7 +569,7 @@ def _dnr_run_with_failures(
     options = RunOptions(
         mode=mode,
         run_dir=run_dir,
-        settings=BrokerSettings(),
+        settings=settings or BrokerSettings(),
         progress=False,
         drain_timeout=20,
         failures=failures,

@@ -470,3 +470,22 @@ def test_moves_and_topology_changes_under_covering(
 def _move_unless_there(sim: Simulator, subscriber: str, broker: str) -> None:
     if sim._home[subscriber] != broker and not sim.moving(subscriber):
         sim.move(subscriber, broker)
+
+
+def test_looking_at_a_share_changes_nothing_handing_it_records_it() -> None:
+    """What a restarted neighbour would be handed (the control RPC's ``resync_view``)
+    is computed without touching covering's record; handing it makes it the record of
+    the link: what went over it, and nothing else."""
+    from octopis.core.resync import resync_messages
+
+    sim = Simulator(FIG2, "snr", latency=LATENCY, covering="active")
+    for i, bound in enumerate([9, 3, 5, 9]):
+        sim.subscribe(f"S{i}", "a:0", parse_subscription(f"[x,<,{bound}]"))
+    sim.run()
+    core = sim.cores["b:0"]
+    record = (dict(core.covering.sent), dict(core.covering.maybe))
+    looked = [m.sub_id for m in resync_messages(core, "c:0")]
+    assert (dict(core.covering.sent), dict(core.covering.maybe)) == record
+    assert looked == core.covering.on_link("c:0") and len(looked) == 1  # the first [x,<,9]
+    handed = [m.sub_id for m in resync_messages(core, "c:0", handed=True)]
+    assert handed == looked and core.covering.on_link("c:0") == looked

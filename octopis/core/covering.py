@@ -142,24 +142,26 @@ class Covering:
                 instead[link] = self._choose(orphans, bit)
         return links, instead
 
-    def share(self, link: str, carried: set[str]) -> list[str]:
+    def share(self, link: str, carried: set[str], *, commit: bool = True) -> list[str]:
         """What a restarted (or new) neighbour over ``link`` is handed as this broker's
         share: of the subscriptions that go over ``link`` in SBP, those in ``carried``
-        (on the link already) and those no other among them covers. The link's record
-        starts again from them; returns the sub_ids to hand, in order."""
+        (on the link already) and those no other among them covers; returns the sub_ids
+        to hand, in order. With ``commit`` the link's record starts again from them;
+        without, nothing changes (what a restart would be handed, for inspection)."""
         bit = self._bit[link]
-        for sub_id in [k for k, mask in self.sent.items() if mask & bit]:
-            self._unmark(sub_id, bit)
-        for sub_id in [k for k, mask in self.maybe.items() if mask & bit]:
-            self.maybe[sub_id] &= ~bit
-            if not self.maybe[sub_id]:
-                del self.maybe[sub_id]
         eligible = [k for k, came in self.origin.items() if not came & bit]
-        for sub_id in eligible:
-            if sub_id in carried:
+        kept = [k for k in eligible if k in carried]
+        chosen = self._choose([k for k in eligible if k not in carried], bit, kept)
+        if commit:
+            for sub_id in [k for k, mask in self.sent.items() if mask & bit]:
+                self._unmark(sub_id, bit)
+            for sub_id in [k for k, mask in self.maybe.items() if mask & bit]:
+                self.maybe[sub_id] &= ~bit
+                if not self.maybe[sub_id]:
+                    del self.maybe[sub_id]
+            for sub_id in (*kept, *chosen):
                 self._mark(sub_id, self.live.form(sub_id), bit)
-        orphans = [k for k in eligible if k not in carried and self._uncovered(k, bit)]
-        return self._choose(orphans, bit)
+        return chosen
 
     def on_link(self, link: str) -> list[str]:
         """The sub_ids sent over ``link`` (as its neighbour should hold them)."""
@@ -196,15 +198,15 @@ class Covering:
             return False
         return not self._covered(self.live.form(sub_id), bit, bool(came))
 
-    def _choose(self, orphans: list[str], bit: int) -> list[str]:
-        """Which of ``orphans`` (none covered over the link of ``bit``) go over it, in
-        order, marked as sent: first those no other orphan covers (of equal ones, the
-        first), then any of the others that those do not cover after all (``covers`` is
-        conservative, so not always transitive)."""
+    def _choose(self, orphans: list[str], bit: int, base: list[str] | None = None) -> list[str]:
+        """Which of ``orphans`` (none covered by what went over the link of ``bit``, or by
+        ``base``) go over it, in order: first those no other orphan covers (of equal
+        ones, the first), then any of the others that none of those covers after all
+        (``covers`` is conservative, so not always transitive). Without ``base`` the
+        chosen are marked sent over the link; with it (a share) the caller commits."""
+        if not orphans:
+            return []
         forms = {k: self.live.form(k) for k in orphans}
-        if len(orphans) == 1:
-            self._mark(orphans[0], forms[orphans[0]], bit)
-            return orphans
         order = {k: i for i, k in enumerate(orphans)}
         pool = CoverIndex()
         for k in orphans:
@@ -219,14 +221,19 @@ class Covering:
                 for j in pool.covering(form)
             )
             (rest if dominated else top).append(k)
-        for k in top:
-            self._mark(k, forms[k], bit)
-        chosen = list(top)
+        chosen = CoverIndex()
+        for k in (*(base or ()), *top):
+            chosen.add(k, self.live.form(k))
+        picked = list(top)
         for k in rest:
-            if not self._covered(forms[k], bit, bool(self.origin[k])):
+            coverers = (j for j in chosen.covering(forms[k]) if self._may_cover(j, k))
+            if next(coverers, None) is None:
+                chosen.add(k, forms[k])
+                picked.append(k)
+        if base is None:
+            for k in picked:
                 self._mark(k, forms[k], bit)
-                chosen.append(k)
-        return chosen
+        return picked
 
     def _mark(self, sub_id: str, form: CoverForm, mask: int) -> None:
         old = self.sent.get(sub_id, 0)

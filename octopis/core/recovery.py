@@ -165,7 +165,7 @@ class Recovery(Generic[Item]):
         (already on its link); no longer owed."""
         self.owed_shares.discard(neighbour)
         self.unshared.discard(neighbour)
-        messages = resync_messages(core, neighbour, carried)
+        messages = resync_messages(core, neighbour, carried, handed=True)
         self.counters["resync_entries_sent"] += len(messages)
         return messages
 

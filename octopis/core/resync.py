@@ -30,17 +30,24 @@ def epoch_of(incarnation: int) -> str:
 
 
 def resync_messages(
-    core: ClusteredBroker, restarted: str, carried: set[str] | frozenset[str] = frozenset()
+    core: ClusteredBroker,
+    restarted: str,
+    carried: set[str] | frozenset[str] = frozenset(),
+    *,
+    handed: bool = False,
 ) -> list[Subscribe]:
     """The SECONDARY messages ``core`` sends its restarted neighbour ``restarted``, less
     the subscriptions in ``carried`` (on the link already). With covering, those of them
-    no other covers (:meth:`Covering.share`), each stamped with the time it was made."""
+    no other covers (:meth:`Covering.share`), each stamped with the time it was made;
+    ``handed``: they are being sent, and covering records them as what went over the
+    link (otherwise nothing changes: a look at what a restart would be handed)."""
     if core.covering is not None:
         entries = core.table.entries
+        shared = core.covering.share(restarted, set(carried), commit=handed)
         return [
             Subscribe(e.sub_id, e.host, e.subscription, SubState.SECONDARY, e.cbv, e.issued_at,
                       e.hops + 1)
-            for e in (entries[k] for k in core.covering.share(restarted, set(carried)))
+            for e in (entries[k] for k in shared)
         ]  # fmt: skip
     cluster = core.cluster_of[restarted]
     if cluster == core.cluster:
