@@ -9,8 +9,8 @@ subscription with the same last hop (this broker), so it routes every notificati
 wants the way S's own entry would: covering changes message counts and table sizes,
 never who receives what.
 
-A subscription from a neighbour is never quenched by one of the broker's own
-subscribers': if the broker restarts, its neighbours withdraw those themselves (DESIGN
+A subscription from a neighbour is never quenched by a subscription of the broker's own
+subscribers: if the broker restarts, its neighbours withdraw those themselves (DESIGN
 §7), and only the broker could have sent in their place what they covered.
 
 Withdrawing S takes it off every link it went over; on each, the subscriptions it
@@ -43,12 +43,11 @@ from octopis.matching import CoverIndex
 class Covering:
     """One broker's covering state (see the module docstring)."""
 
-    __slots__ = ("_all", "_bit", "_next_bit", "forwarded", "live", "maybe", "origin", "sent")
+    __slots__ = ("_bit", "_next_bit", "forwarded", "live", "maybe", "origin", "sent")
 
     def __init__(self, links: Iterable[str]) -> None:
         self._bit: dict[str, int] = {}
         self._next_bit = 1
-        self._all = 0
         self.live = CoverIndex()
         """Every subscription this broker may pass on (its cluster's, local or primary)."""
         self.forwarded = CoverIndex()
@@ -72,7 +71,6 @@ class Covering:
             if link not in self._bit:
                 self._bit[link] = self._next_bit
                 self._next_bit <<= 1
-        self._all = sum(self._bit.values())
 
     def _forget_bit(self, bit: int) -> None:
         for sub_id in [k for k, mask in self.sent.items() if mask & bit]:
