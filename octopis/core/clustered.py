@@ -422,7 +422,9 @@ class ClusteredBroker(CoreBase):
         self.stats["sent.advertise"] += len(out)
         return out
 
-    def _opened(self, advertising: Advertising, link: str, advertisement: Subscription) -> list[Action]:
+    def _opened(
+        self, advertising: Advertising, link: str, advertisement: Subscription
+    ) -> list[Action]:
         """Send over ``link`` this cluster's subscriptions held back from it that
         ``advertisement`` may feed (counted ``advertising.released``)."""
         if self.dynamic and link in self.primary:

@@ -1,0 +1,292 @@
+"""Advertisements (DESIGN §12): ``intersects`` never denies a publication both filters
+match; with advertisements on, every subscriber gets exactly what it gets with them off
+when each publisher advertises before publishing (advertisements arriving after the
+subscriptions they draw included), SBP sends no more messages, and a publication outside
+its publisher's advertisements is refused."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from laws import scots
+from test_covering import _values, subscriptions
+
+from octopis.core import ProtocolError, UnadvertisedPublication, make_broker
+from octopis.core.clustered import ClusteredBroker
+from octopis.failure_schedule import Failure
+from octopis.filters import Subscription, intersects, parse_publication, parse_subscription
+from octopis.matching import ReferenceMatcher
+from octopis.sim import InjectedCongestion, LatencyModel, Simulator
+from octopis.topology import Scot, build_preset
+
+FIG2 = build_preset("fig2")
+LATENCY = LatencyModel(0.001, 0.0)
+"""Every hop takes 1 ms, so both runs' messages take the same paths at the same times."""
+SETTLE = 0.05
+"""Seconds after which an advertisement made has crossed any SCOT drawn here."""
+
+# -- intersects --------------------------------------------------------------------------
+
+
+def _common_publication(a: Subscription, b: Subscription) -> dict | None:
+    """A publication matching both, if one exists among those made of the values that
+    tell the two apart (attributes are independent in a conjunction: one attribute at a
+    time, each taking a value both accept on it)."""
+    values = [*_values(a, b), "absent"]
+    attrs = sorted({p.attr for s in (a, b) for p in s.predicates})
+    pub: dict = {}
+    for attr in attrs:
+        fits = [
+            v
+            for v in values
+            if all(
+                p.test(None if v == "absent" else v)
+                for s in (a, b)
+                for p in s.predicates
+                if p.attr == attr
+            )
+        ]
+        if not fits:
+            return None
+        if fits[0] != "absent":
+            pub[attr] = fits[0]
+    assert a.matches(pub) and b.matches(pub)
+    return pub
+
+
+@given(subscriptions, subscriptions)
+def test_intersects_never_denies_a_common_publication(a: Subscription, b: Subscription) -> None:
+    if not intersects(a, b):
+        assert _common_publication(a, b) is None, (a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("[x,<,5]", "[x,>=,5]", False),
+        ("[x,<,5]", "[x,>,4]", True),
+        ("[x,=,3]", "[x,<>,3]", False),
+        ("[k,eq,'a']", "[k,eq,'b']", False),
+        ("[k,eq,'ab']", "[k,str-prefix,'b']", False),
+        ("[k,eq,'ab']", "[k,str-prefix,'a']", True),
+        ("[k,eq,'a']", "[k,>,1]", False),
+        ("[k,eq,'a']", "[x,>,1]", True),
+        ("[k,isPresent]", "[k,>,1]", True),
+    ],
+)
+def test_intersects_decides(a: str, b: str, expected: bool) -> None:
+    assert intersects(parse_subscription(a), parse_subscription(b)) is expected
+    assert intersects(parse_subscription(b), parse_subscription(a)) is expected
+
+
+# -- the law in the simulator ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    """One step at ``at`` seconds: ``sub``/``unsub`` (subscriber ``who``), ``adv``/``unadv``
+    (publisher ``who`` at ``broker``) or ``pub``."""
+
+    at: float
+    kind: str
+    who: str
+    broker: str = ""
+    text: str = ""
+
+
+ADVERTS = ["[x,<,4]", "[x,>=,6]", "[k,eq,'a']", "[k,eq,'b'],[x,<,8]", "[x,>=,2],[x,<,5]"]
+
+
+def _subscription_text(rng: random.Random) -> str:
+    bound = rng.randint(1, 9)
+    return rng.choice(
+        [
+            f"[x,<,{bound}]",
+            f"[x,>,{bound}]",
+            f"[k,eq,'{rng.choice('abc')}']",
+            f"[k,eq,'{rng.choice('ab')}'],[x,>=,{bound}]",
+            "[k,isPresent]",
+        ]
+    )
+
+
+def scenario(scot: Scot, seed: int, publishers: int = 4, initial: int = 15) -> list[Op]:
+    """Subscriptions over the first second, advertisements over the first 1.5 s (many
+    after the subscriptions they draw), then churn and publications from 1 s to 3 s,
+    each publisher publishing inside its advertisement from :data:`SETTLE` after it, and
+    withdrawing it after its last publication."""
+    rng = random.Random(seed)
+    brokers = sorted(scot.brokers)
+    ops = [
+        Op(rng.uniform(0, 1), "sub", f"S{i}", rng.choice(brokers), _subscription_text(rng))
+        for i in range(initial)
+    ]
+    live = {op.who for op in ops}
+    for i in range(10):
+        t = rng.uniform(1.0, 3.0)
+        if live and rng.random() < 0.5:
+            who = rng.choice(sorted(live))
+            live.discard(who)
+            ops.append(Op(max(t, 1.0), "unsub", who))
+        else:
+            who = f"S{initial + i}"
+            ops.append(Op(t, "sub", who, rng.choice(brokers), _subscription_text(rng)))
+    for j in range(publishers):
+        who, broker, advert = f"P{j}", rng.choice(brokers), rng.choice(ADVERTS)
+        since = rng.uniform(0, 1.5)
+        ops.append(Op(since, "adv", who, broker, advert))
+        times = sorted(rng.uniform(since + SETTLE, 3.0) for _ in range(8))
+        a = parse_subscription(advert)
+        for t in times:
+            for _ in range(100):
+                text = f"[x,{rng.randrange(10)}],[k,'{rng.choice('abc')}']"
+                if a.matches(parse_publication(text)):
+                    ops.append(Op(t, "pub", who, broker, text))
+                    break
+        ops.append(Op(times[-1] + 0.001, "unadv", who, broker))
+    return sorted(ops, key=lambda op: (op.at, op.kind))
+
+
+def run(
+    scot: Scot, mode: str, advertisements: bool, ops: list[Op], congested: float = 0.0
+) -> Simulator:
+    links = InjectedCongestion.random_icols(scot, congested, seed=1) if congested else None
+    sim = Simulator(
+        scot,
+        mode,
+        latency=LATENCY,
+        links=links,
+        oracle_factory=ReferenceMatcher,
+        advertisements=advertisements,
+    )
+    sub_ids: dict[str, str] = {}
+    adv_ids: dict[str, str] = {}
+
+    def act(op: Op) -> None:
+        if op.kind == "sub":
+            sub_ids[op.who] = sim.subscribe(op.who, op.broker, parse_subscription(op.text))
+        elif op.kind == "unsub":
+            sim.unsubscribe(sub_ids[op.who])
+        elif op.kind == "pub":
+            sim.publish(op.who, op.broker, parse_publication(op.text))
+        elif advertisements and op.kind == "adv":
+            adv_ids[op.who] = sim.advertise(op.who, op.broker, parse_subscription(op.text))
+        elif advertisements and op.kind == "unadv":
+            sim.unadvertise(op.who, adv_ids[op.who])
+
+    for op in ops:
+        sim.at(op.at, act, op)
+    sim.run()
+    return sim
+
+
+def _sent(sim: Simulator, kind: str) -> int:
+    return sum(core.counts()[f"sent.{kind}"] for core in sim.cores.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 10**6), st.booleans())
+def test_advertisements_change_no_delivery(
+    scot: Scot, mode: str, seed: int, congested: bool
+) -> None:
+    ops = scenario(scot, seed)
+    congestion = 0.5 if congested and mode == "dnr" else 0.0
+    off = run(scot, mode, False, ops, congestion)
+    on = run(scot, mode, True, ops, congestion)
+    assert on.ledger.received == off.ledger.received
+    assert _sent(on, "subscribe") <= _sent(off, "subscribe")
+    assert _sent(on, "unsubscribe") <= _sent(off, "unsubscribe")
+
+
+def test_law_holds_on_fig2_and_saves_messages() -> None:
+    """On fig2, several scenarios: deliveries equal and SBP strictly cheaper overall."""
+    saved = 0
+    for seed in range(6):
+        for mode in ("snr", "dnr"):
+            ops = scenario(FIG2, seed)
+            off, on = run(FIG2, mode, False, ops), run(FIG2, mode, True, ops)
+            assert on.ledger.received == off.ledger.received
+            assert sum(off.ledger.received.values()) > 0
+            saved += _sent(off, "subscribe") - _sent(on, "subscribe")
+    assert saved > 0
+
+
+def test_the_law_fails_without_sending_held_subscriptions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subscription made before the advertisement that draws it must be sent when the
+    advertisement arrives; without that, subscribers lose notifications."""
+    monkeypatch.setattr(ClusteredBroker, "_opened", lambda self, *args: [])
+    lost = 0
+    for seed in range(6):
+        ops = scenario(FIG2, seed)
+        off, on = run(FIG2, "snr", False, ops), run(FIG2, "snr", True, ops)
+        lost += sum(off.ledger.received.values()) - sum(on.ledger.received.values())
+    assert lost > 0
+
+
+# -- unit behaviour ----------------------------------------------------------------------
+
+
+def test_subscription_goes_only_toward_an_advertised_publisher() -> None:
+    """On fig2 under SNR a subscription with no advertisement anywhere stays at its host;
+    one advertisement draws it along one path, then its withdrawal goes the same way."""
+    sim = Simulator(FIG2, "snr", latency=LATENCY, advertisements=True)
+    brokers = sorted(FIG2.brokers)
+    host, far = brokers[0], brokers[-1]
+    sub_id = sim.subscribe("S", host, parse_subscription("[x,<,5]"))
+    sim.run()
+    assert [b for b, c in sim.cores.items() if sub_id in c.table.entries] == [host]
+    sim.advertise("P", far, parse_subscription("[x,<,3]"))
+    sim.advertise("Q", far, parse_subscription("[x,>,7]"))
+    sim.run()
+    holding = {b for b, c in sim.cores.items() if sub_id in c.table.entries}
+    assert host in holding and far in holding and len(holding) < len(brokers)
+    sim.publish("P", far, {"x": 1})
+    sim.run()
+    assert sim.ledger.received[("S", "P", 1)] == 1
+    sim.unsubscribe(sub_id)
+    sim.run()
+    assert not any(sub_id in c.table.entries for c in sim.cores.values())
+
+
+def test_every_broker_holds_an_advertisement_once_and_its_withdrawal_clears_it() -> None:
+    sim = Simulator(FIG2, "dnr", latency=LATENCY, advertisements=True)
+    broker = sorted(FIG2.brokers)[3]
+    adv_id = sim.advertise("P", broker, parse_subscription("[x,<,3]"))
+    sim.run()
+    held = [c for c in sim.cores.values() if adv_id in c.advertising.entries]
+    assert len(held) == len(FIG2.brokers)
+    assert _sent(sim, "advertise") == len(FIG2.brokers) - 1
+    sim.unadvertise("P", adv_id)
+    sim.run()
+    assert not any(c.advertising.entries for c in sim.cores.values())
+
+
+def test_publication_outside_the_advertisement_is_refused() -> None:
+    sim = Simulator(FIG2, "snr", latency=LATENCY, advertisements=True)
+    broker = sorted(FIG2.brokers)[0]
+    with pytest.raises(UnadvertisedPublication, match="advertise"):
+        sim.publish("P", broker, {"x": 1})
+    sim.advertise("P", broker, parse_subscription("[x,<,3]"))
+    sim.publish("P", broker, {"x": 1})
+    with pytest.raises(UnadvertisedPublication, match="outside its advertisements"):
+        sim.publish("P", broker, {"x": 4})
+
+
+def test_settings_that_do_not_go_together_are_refused() -> None:
+    with pytest.raises(ValueError, match="covering off"):
+        make_broker(FIG2, sorted(FIG2.brokers)[0], "snr", covering="active", advertisements=True)
+    with pytest.raises(ValueError, match="mode snr or dnr"):
+        make_broker(FIG2, sorted(FIG2.brokers)[0], "bid", advertisements=True)
+    core = make_broker(FIG2, sorted(FIG2.brokers)[0], "snr")
+    assert isinstance(core, ClusteredBroker)
+    with pytest.raises(ProtocolError, match="advertisements = on"):
+        core.advertise("P", parse_subscription("[x,<,3]"))
+    sim = Simulator(FIG2, "snr", advertisements=True)
+    with pytest.raises(ValueError, match="failures"):
+        sim.fail(Failure((sorted(FIG2.brokers)[0],), 0.1, 0.5))
