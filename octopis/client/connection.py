@@ -41,6 +41,12 @@ class BrokerError(Exception):
     """The broker refused a request; the message is the broker's."""
 
 
+class UnadvertisedError(BrokerError):
+    """The broker refused a publication outside every advertisement its publisher made
+    (the overlay runs with advertisements on): advertise a filter it matches first
+    (:meth:`Publisher.advertise`)."""
+
+
 class DroppedError(BrokerError):
     """The broker dropped this connection (a slow consumer, DESIGN §8); the message is
     its reason. Its subscriptions are withdrawn; connect again to go on."""
@@ -953,7 +959,8 @@ class Connection:
         future = pending[0] if pending is not None else None
         if data.get("op") == "error":
             if future is not None and not future.done():
-                future.set_exception(BrokerError(data.get("message", "error")))
+                error = UnadvertisedError if data.get("error") == "unadvertised" else BrokerError
+                future.set_exception(error(data.get("message", "error")))
             else:
                 self.errors.append(data.get("message", "error"))
         elif future is not None and not future.done():
