@@ -6,15 +6,23 @@ its publisher's advertisements is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from conditions import closing_control, until
+from conftest import secure_fig2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from laws import scots
 from test_covering import _values, subscriptions
 
+from octopis.client import Publisher, Subscriber, UnadvertisedError
+from octopis.cluster.launcher import LocalCluster
 from octopis.core import ProtocolError, UnadvertisedPublication, make_broker
 from octopis.core.clustered import ClusteredBroker
 from octopis.failure_schedule import Failure
@@ -22,6 +30,7 @@ from octopis.filters import Subscription, intersects, parse_publication, parse_s
 from octopis.matching import ReferenceMatcher
 from octopis.sim import InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import Scot, build_preset
+from octopis.transport.settings import BrokerSettings, load_settings
 
 FIG2 = build_preset("fig2")
 LATENCY = LatencyModel(0.001, 0.0)
@@ -290,3 +299,69 @@ def test_settings_that_do_not_go_together_are_refused() -> None:
     sim = Simulator(FIG2, "snr", advertisements=True)
     with pytest.raises(ValueError, match="failures"):
         sim.fail(Failure((sorted(FIG2.brokers)[0],), 0.1, 0.5))
+
+
+def test_the_setting_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text(BrokerSettings(advertisements="on").to_toml(changed_only=True))
+    assert "advertisements = " in path.read_text()
+    assert load_settings(path).advertisements == "on"
+    assert BrokerSettings().advertisements == "off"
+
+
+# -- on broker processes -----------------------------------------------------------------
+
+
+@pytest.fixture
+def fig2_advertising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(advertisements="on"))
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(300)
+def test_fig2_processes_route_subscriptions_toward_advertisers(
+    fig2_advertising: LocalCluster,
+) -> None:
+    """fig2 under DNR with advertisements on: a subscription at c:0 stays in cluster 0's
+    tree until a publisher at a:1 advertises; then it reaches a:1 (SECONDARY), and only
+    there outside cluster 0 (7 entries, not 18). A publication before the advertisement,
+    or outside it, is refused with UnadvertisedError; one inside is delivered once."""
+    cluster = fig2_advertising
+    scot = cluster.scot
+    received: Counter[int] = Counter()
+
+    async def sizes() -> dict[str, int]:
+        stats = await cluster.call_all("stats")
+        return {b: s["routing_table_size"] for b, s in stats.items()}
+
+    async def total(entries: int) -> bool:
+        return sum((await sizes()).values()) == entries
+
+    async def scenario() -> tuple[dict[str, int], list[str]]:
+        sub = await Subscriber.connect(
+            scot.client_endpoints("c:0"), "s", on_notification=lambda n: received.update([n.seq])
+        )
+        await sub.subscribe("[class,eq,'STOCK'],[price,<,5]")
+        await until(lambda: total(6), "the subscription spreads in cluster 0", 20)
+        pub = await Publisher.connect(scot.client_endpoints("a:1"), "p")
+        refused = []
+        with pytest.raises(UnadvertisedError) as before:
+            await pub.publish({"class": "STOCK", "price": 1.0})
+        refused.append(str(before.value))
+        await pub.advertise("[class,eq,'STOCK']")
+        await until(lambda: total(7), "the subscription reaches a:1", 20)
+        seq = await pub.publish({"class": "STOCK", "price": 1.0})
+        with pytest.raises(UnadvertisedError) as outside:
+            await pub.publish({"class": "BOND", "price": 1.0})
+        refused.append(str(outside.value))
+        await until(lambda: received[seq] > 0, "the delivery", 20)
+        await asyncio.sleep(0.5)
+        held = await sizes()
+        await pub.close()
+        await sub.close()
+        return held, refused
+
+    held, refused = asyncio.run(closing_control(cluster, scenario()))
+    assert sum(held.values()) == 7 and held["a:1"] == 1 and held["a:2"] == 0, held
+    assert all("advertise" in text for text in refused), refused
+    assert sum(received.values()) == 1
