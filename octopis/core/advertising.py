@@ -50,7 +50,7 @@ class AdvertEntry:
 class Advertising:
     """One broker's advertisements and where its cluster's subscriptions went."""
 
-    __slots__ = ("by_link", "entries", "publishers", "sent")
+    __slots__ = ("by_link", "entries", "maybe", "publishers", "sent")
 
     def __init__(self) -> None:
         self.entries: dict[str, AdvertEntry] = {}
@@ -61,6 +61,9 @@ class Advertising:
         """Local publisher → its advertisements (adv_id → filter)."""
         self.sent: dict[str, set[str]] = {}
         """sub_id → the links it went over, for this cluster's subscriptions held here."""
+        self.maybe: dict[str, set[str]] = {}
+        """sub_id → links over which a restarted broker's predecessor may have sent it
+        (a resync share entry): its withdrawal goes there too."""
 
     def add(self, entry: AdvertEntry) -> None:
         """Hold ``entry`` (one already held under its id is replaced)."""
@@ -94,13 +97,28 @@ class Advertising:
         return any(intersects(a, subscription) for a in self.by_link.get(link, {}).values())
 
     def choose(
-        self, sub_id: str, subscription: Subscription, targets: Iterable[str], always: frozenset
+        self,
+        sub_id: str,
+        subscription: Subscription,
+        targets: Iterable[str],
+        always: frozenset,
+        *,
+        restored: bool = False,
     ) -> list[str]:
         """Of a subscription's SBP ``targets``, the links it goes over now (those in
-        ``always``, and those an intersecting advertisement opened); recorded as sent."""
+        ``always``, and those an intersecting advertisement opened); recorded as sent.
+        ``restored``: a restarted broker's share entry, which its predecessor may have
+        sent over the others (:attr:`maybe`)."""
+        targets = list(targets)
         links = [t for t in targets if t in always or self.opened(t, subscription)]
         self.sent[sub_id] = set(links)
+        if restored and len(links) < len(targets):
+            self.maybe[sub_id] = set(targets) - self.sent[sub_id]
         return links
+
+    def forget(self, sub_id: str) -> set[str]:
+        """Forget this cluster's ``sub_id``; returns the links its withdrawal goes over."""
+        return self.sent.pop(sub_id, set()) | self.maybe.pop(sub_id, set())
 
     def advertised(self, publisher: str, publication: dict) -> bool:
         """Whether local ``publisher`` advertised a filter ``publication`` matches."""

@@ -226,7 +226,11 @@ class ClusteredBroker(CoreBase):
                 self.stats["resync.already_known"] += 1  # SBP brought it before the share
                 return []
             self._store(message, src, local, message.cbv, cluster)
-            if covering is None or cluster != self.cluster:
+            if cluster != self.cluster:
+                return []
+            if self.advertising is not None:
+                return self._toward_publishers(self.advertising, message, src, restored=True)
+            if covering is None:
                 return []
             return self._pass_on(covering, message, src, restored=True)
         if covering is not None:
@@ -237,6 +241,10 @@ class ClusteredBroker(CoreBase):
             self._store(message, src, local, message.cbv, cluster)
             return self._pass_on(covering, message, None if local else src)
         if self.advertising is not None:
+            known = self.table.entries.get(message.sub_id)
+            if known is not None and known.last_hop == src:
+                self.stats["advertising.already_held"] += 1  # a restarted neighbour's
+                return []
             self._store(message, src, local, message.cbv, cluster)
             return self._toward_publishers(self.advertising, message, None if local else src)
         self._store(message, src, local, message.cbv, cluster)
@@ -281,6 +289,9 @@ class ClusteredBroker(CoreBase):
         if entry is None and covering is not None:
             self.stats["covering.unsubscribe_not_held"] += 1
             return []
+        if entry is None and self.advertising is not None:
+            self.stats["advertising.unsubscribe_not_held"] += 1  # see _withdraw_sent
+            return []
         if entry is None or entry.last_hop != src:
             raise ProtocolError(f"unsubscribe of {message.sub_id} from {src}: no such entry")
         if message.state is SBP_PRIMARY and not entry.local and src not in self.primary:
@@ -301,15 +312,23 @@ class ClusteredBroker(CoreBase):
     # -- advertisements (DESIGN §12) -------------------------------------------------------
 
     def _toward_publishers(
-        self, advertising: Advertising, message: Subscribe, origin: str | None
+        self,
+        advertising: Advertising,
+        message: Subscribe,
+        origin: str | None,
+        restored: bool = False,
     ) -> list[Action]:
         """SBP's two steps for ``message`` (come over ``origin``; None: local), over the
         links an intersecting advertisement opened (under DNR, every tree edge too);
-        counted ``advertising.held_back`` per link left out for now."""
+        counted ``advertising.held_back`` per link left out for now. ``restored``: a
+        resync share entry of this restarted broker's cluster; it goes on by the same
+        rule (a neighbour that has it from the predecessor ignores it)."""
         targets = [n for n in self.primary if n != origin]
         targets += self.secondary.values()
         always = frozenset(self.primary) if self.dynamic else frozenset()
-        links = advertising.choose(message.sub_id, message.subscription, targets, always)
+        links = advertising.choose(
+            message.sub_id, message.subscription, targets, always, restored=restored
+        )
         self.stats["advertising.held_back"] += len(targets) - len(links)
         return self._send_subscription(message, links)
 
@@ -324,8 +343,10 @@ class ClusteredBroker(CoreBase):
         return out
 
     def _withdraw_sent(self, advertising: Advertising, sub_id: str) -> list[Action]:
-        """The withdrawal of ``sub_id``, over the links it went over."""
-        sent = advertising.sent.pop(sub_id, set())
+        """The withdrawal of ``sub_id``, over the links it went over (after a restart,
+        also those its predecessor may have sent it over: one not held there is
+        ignored)."""
+        sent = advertising.forget(sub_id)
         out: list[Action] = [
             Forward(
                 n,
@@ -392,9 +413,9 @@ class ClusteredBroker(CoreBase):
             if src not in self.primary:
                 raise ProtocolError(f"PRIMARY advertisement {message.adv_id} from {src}")
             opens: str | None = src
+        elif src in self.primary:  # a resync share entry: its host lies on src's side
+            opens = src
         else:
-            if src in self.primary:
-                raise ProtocolError(f"SECONDARY advertisement {message.adv_id} from {src}")
             opens = src if message.via is None else self.primary_in.get(message.via)
             if opens is None:
                 raise ProtocolError(
@@ -437,6 +458,9 @@ class ClusteredBroker(CoreBase):
             if entry.last_hop == link or not intersects(advertisement, entry.subscription):
                 continue
             sent.add(link)
+            maybe = advertising.maybe.get(sub_id)
+            if maybe:
+                maybe.discard(link)
             held = Subscribe(
                 sub_id,
                 entry.host,
@@ -454,10 +478,8 @@ class ClusteredBroker(CoreBase):
         """An advertisement's withdrawal from ``src``: forget it and pass the withdrawal
         on as the advertisement went. The subscriptions it drew stay where they are."""
         advertising = self._advertising()
-        entry = advertising.entries.get(message.adv_id)
-        if entry is None or entry.last_hop != src:
-            raise ProtocolError(f"unadvertise of {message.adv_id} from {src}: not held")
-        advertising.remove(message.adv_id)
+        if advertising.remove(message.adv_id) is None:
+            self.stats["advertising.unadvertise_not_held"] += 1  # a restarted broker's
         return self._spread_withdrawal(message, src)
 
     def _spread_withdrawal(self, message: Unadvertise, src: str | None) -> list[Action]:

@@ -32,7 +32,16 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from octopis.core import ClusteredBroker, Forward, LinkView, Notification, Subscribe, make_broker
+from octopis.core import (
+    Advertise,
+    ClusteredBroker,
+    Forward,
+    LinkView,
+    Notification,
+    Subscribe,
+    Unadvertise,
+    make_broker,
+)
 from octopis.core.messages import Message
 from octopis.core.recovery import HOLD_LIMIT, Recovery
 from octopis.core.replay import Replay
@@ -137,11 +146,6 @@ class FailureEvents:
         for end in failure.ends:
             if end not in self.cores:
                 raise KeyError(f"no broker {end!r} in topology {self.scot.name}")
-        if self.advertisements:
-            raise ValueError(
-                "failures are not simulated with advertisements on yet (a restarted "
-                "broker's resync does not hand it advertisements); turn them off"
-            )
         if failure.stall:  # the neighbours' view of a stopped process: every link silent
             broker = failure.ends[0]
             for neighbour in sorted(self.scot.graph[broker]):
@@ -248,7 +252,12 @@ class FailureEvents:
         self.restarts_pending -= 1
         self.failure_counts["brokers_restarted"] += 1
         core = make_broker(
-            self.scot, broker, self.mode, self._matcher_factory, covering=self.covering
+            self.scot,
+            broker,
+            self.mode,
+            self._matcher_factory,
+            covering=self.covering,
+            advertisements=self.advertisements,
         )
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."
         resyncs = isinstance(core, ClusteredBroker)
@@ -366,4 +375,6 @@ def _read_sbp(message: Message | Replay) -> tuple[str, bool]:
     """As the process's: a replay request held behind subscriptions goes with them."""
     if type(message) is Replay:
         return f"replay {message.req_id}", True
+    if type(message) is Advertise or type(message) is Unadvertise:
+        return f"advertisement {message.adv_id}", type(message) is Advertise
     return message.sub_id, type(message) is Subscribe
