@@ -64,8 +64,9 @@ class BrokerSettings:
     brokers whose advertisements may match what it wants; a publication outside its
     publisher's advertisements is refused. ``"off"``: every subscription reaches every
     broker and publishers need not advertise. SNR and DNR with covering off; set it
-    alike on every broker of an overlay. A broker that restarts is not yet handed the
-    advertisements its neighbours hold, so keep it off where brokers may fail."""
+    alike on every broker of an overlay. A restarted broker is handed the advertisements
+    its neighbours hold; a publisher whose connection fails over to another broker must
+    advertise there again before its publications are accepted."""
     sndhwm: int = 8
     """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
     output queue, which the LST measures, grows."""
