@@ -204,7 +204,7 @@ def _sent(sim: Simulator, kind: str) -> int:
     return sum(core.counts()[f"sent.{kind}"] for core in sim.cores.values())
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 10**6), st.booleans())
 def test_advertisements_change_no_delivery(
     scot: Scot, mode: str, seed: int, congested: bool
@@ -304,6 +304,28 @@ def test_a_restarted_broker_gets_the_advertisements_and_subscriptions_it_needs(
         assert sum(off.ledger.received.values()) > 0
         assert on.ledger.received == off.ledger.received, (failure, victim)
         assert on.ledger.received == Counter(dict.fromkeys(off.ledger.expected, 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 10**6), st.booleans())
+def test_restarts_and_cuts_on_random_scots_change_no_delivery(
+    scot: Scot, mode: str, seed: int, cut: bool
+) -> None:
+    """The law of the restart test above on random SCOTs: a random broker killed and
+    restarted, or a random link cut and restored, amid subscriptions and
+    advertisements."""
+    rng = random.Random(seed)
+    brokers = sorted(scot.brokers)
+    victim = rng.choice(brokers)
+    ends = (victim, rng.choice(sorted(scot.graph[victim]))) if cut else (victim,)
+    failure = Failure(ends, 1.5, 3.0)
+    spared = set(brokers) - set(ends)
+    if not spared:
+        return
+    ops = failure_scenario(scot, seed, spared)
+    off = run(scot, mode, False, ops, failures=(failure,))
+    on = run(scot, mode, True, ops, failures=(failure,))
+    assert on.ledger.received == off.ledger.received, failure
 
 
 def test_the_restart_law_fails_without_handing_advertisements(
