@@ -7,7 +7,9 @@ its publisher's advertisements is refused."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -392,7 +394,7 @@ def test_publication_outside_the_advertisement_is_refused() -> None:
         sim.publish("P", broker, {"x": 1})
     sim.advertise("P", broker, parse_subscription("[x,<,3]"))
     sim.publish("P", broker, {"x": 1})
-    with pytest.raises(UnadvertisedPublication, match="outside its advertisements"):
+    with pytest.raises(UnadvertisedPublication, match="outside every advertisement"):
         sim.publish("P", broker, {"x": 4})
 
 
@@ -471,3 +473,43 @@ def test_fig2_processes_route_subscriptions_toward_advertisers(
     assert sum(held.values()) == 7 and held["a:1"] == 1 and held["a:2"] == 0, held
     assert all("advertise" in text for text in refused), refused
     assert sum(received.values()) == 1
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(300)
+def test_a_publisher_that_fails_over_advertises_again(fig2_advertising: LocalCluster) -> None:
+    """fig2 (DNR), advertisements on: the publisher's broker c:0 is killed; its
+    connection fails over to b:0, advertises there again before it sends its
+    unacknowledged publications, and every publication reaches the subscriber at a:0."""
+    cluster = fig2_advertising
+    scot = cluster.scot
+    received: Counter[int] = Counter()
+
+    async def scenario() -> tuple[list[int], Publisher]:
+        sub = await Subscriber.connect(
+            scot.client_endpoints("a:0"), "s", on_notification=lambda n: received.update([n.seq])
+        )
+        await sub.subscribe("[class,eq,'STOCK']")
+        pub = await Publisher.connect(scot.client_endpoints("c:0"), "p")
+        await pub.advertise("[class,eq,'STOCK']")
+        published: list[int] = []
+
+        async def publish_one() -> bool:
+            published.append(await pub.publish({"class": "STOCK", "price": 1.0}, timeout=30))
+            return bool(received)
+
+        await until(publish_one, "first delivery", 20)
+        os.kill(cluster.processes["c:0"].pid, signal.SIGKILL)
+        for _ in range(40):
+            published.append(await pub.publish({"class": "STOCK", "price": 2.0}, timeout=30))
+            await asyncio.sleep(0.02)
+        await until(lambda: all(received[s] for s in published), "every delivery", 30)
+        await sub.close()
+        await pub.close()
+        return published, pub
+
+    published, pub = asyncio.run(closing_control(cluster, scenario()))
+    assert pub.connection.outages and pub.connection.outages[0]["to"] == (
+        scot.brokers["b:0"].client_endpoint
+    )
+    assert set(received) == set(published)

@@ -297,6 +297,9 @@ class Connection:
         self._handlers: dict[str, NotificationHandler] = {}
         self._notices: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._resumers: list[Resume] = []
+        self._first: list[bytes] = []
+        """Requests sent again, unanswered, at each fail-over before anything else (a
+        publisher's advertisements, which its publications need at the new broker)."""
         self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
         self._heard = time.monotonic()
@@ -513,6 +516,11 @@ class Connection:
         """Run ``resume(self)`` after each fail-over (a subscriber re-issues its
         subscriptions)."""
         self._resumers.append(resume)
+
+    def resend_first(self, message: dict[str, Any]) -> None:
+        """Send ``message`` (without a ``req``: no answer is awaited) at every fail-over,
+        before the unanswered requests are sent again."""
+        self._first.append(pack(message))
 
     def on_dropped(self, notify: Callable[[str], None]) -> None:
         """Call ``notify(reason)`` if the broker drops this connection."""
@@ -754,6 +762,8 @@ class Connection:
                 await asyncio.sleep(self.liveness)
                 continue
             break
+        for payload in self._first:
+            await self.socket.send(payload)
         for _, payload in list(self._pending.values()):
             await self.socket.send(payload)
         record = {"from": away_from, "to": self.endpoint, "started": started}

@@ -33,21 +33,17 @@ class Publisher(NamedClient):
         dict form or a :class:`Subscription`). Where the overlay runs with advertisements
         on, subscriptions then travel toward this publisher's broker, and a publication
         no advertisement of it matches is refused (:class:`UnadvertisedError`). Returns
-        the advertisement's id; it is withdrawn when the connection closes. A fail-over
-        to another broker does not carry advertisements over: advertise there again."""
+        the advertisement's id (at this broker); it is withdrawn when the connection
+        closes. After a fail-over the connection advertises again at its new broker
+        before it sends the unacknowledged publications there again."""
         advertisement = as_filter(spec)
         if not isinstance(advertisement, Subscription):
             raise ValueError("an advertisement is one atomic filter, not a composite one")
-        reply = await self.connection.request(
-            {
-                "op": "advertise",
-                "client": self.name,
-                "filter": advertisement.to_text(),
-            },
-            timeout,
-        )
+        message = {"op": "advertise", "client": self.name, "filter": advertisement.to_text()}
+        reply = await self.connection.request(message, timeout)
         adv_id = reply["adv_id"]
         self.advertisements[adv_id] = advertisement
+        self.connection.resend_first(message)
         return adv_id
 
     async def publish(

@@ -392,8 +392,8 @@ class ClusteredBroker(CoreBase):
             return
         self.stats["advertising.refused"] += 1
         raise UnadvertisedPublication(
-            f"{publisher} published outside its advertisements at {self.id}; advertise a "
-            "filter this publication matches first"
+            f"publication refused at {self.id}: it is outside every advertisement its "
+            "publisher made here; advertise a filter it matches first"
         )
 
     def _advertising(self) -> Advertising:

@@ -65,8 +65,8 @@ class BrokerSettings:
     publisher's advertisements is refused. ``"off"``: every subscription reaches every
     broker and publishers need not advertise. SNR and DNR with covering off; set it
     alike on every broker of an overlay. A restarted broker is handed the advertisements
-    its neighbours hold; a publisher whose connection fails over to another broker must
-    advertise there again before its publications are accepted."""
+    its neighbours hold; an SDK publisher whose connection fails over to another broker
+    advertises there again before its publications."""
     sndhwm: int = 8
     """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
     output queue, which the LST measures, grows."""
