@@ -1269,3 +1269,17 @@ def covers(a: Subscription, b: Subscription) -> bool:
     substrings, ``isPresent``); when in doubt, False. Every subscription covers itself
     and one that matches nothing."""
     return cover_form(a).covers(cover_form(b))
+
+
+def intersects(a: Subscription, b: Subscription) -> bool:
+    """Whether some publication may match both ``a`` and ``b`` (an advertisement and a
+    subscription, say).
+
+    Conservative the other way round from :func:`covers`: False only when the predicates
+    of both on one attribute leave no value (a number and a string at once, an empty
+    numeric interval, two different ``eq`` constants, a pinned string another predicate
+    refuses); when in doubt, True. So whenever a publication matches both, it is True."""
+    by_attr: dict[str, list[Predicate]] = {}
+    for p in (*a.predicates, *b.predicates):
+        by_attr.setdefault(p.attr, []).append(p)
+    return not any(Constraint(ps).unsatisfiable for ps in by_attr.values())

@@ -32,6 +32,8 @@ HELLO, SUBSCRIBE, UNSUBSCRIBE, NOTIFY, HEARTBEAT, SYNCED, MOVE, REHOST = 0, 1, 2
 end of a resync, a subscriber's move inside its cluster and the note of its new host."""
 REPLAY, REPLAY_DATA, REPLAY_ECHO = 8, 9, 10
 """Peer body kinds of a replay (DESIGN §11): the request, publications answered, an echo."""
+ADVERTISE, UNADVERTISE = 11, 12
+"""Peer body kinds of advertisements (DESIGN §12): one spreading, one withdrawn."""
 
 pack = msgspec.msgpack.Encoder().encode
 """MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""
@@ -122,6 +124,13 @@ class PublishRequest(Request, tag="publish"):
     session: Sequence = 0
 
 
+class AdvertiseRequest(Request, tag="advertise"):
+    """``client`` will publish only what ``filter`` (PADRES text or the dict form) matches
+    (with advertisements on, DESIGN §12); answered with the advertisement's ``adv_id``."""
+
+    filter: str | dict[str, Any]
+
+
 class ReplayRequest(Request, tag="replay"):
     """Ask the overlay for the retained publications matching ``filters`` that ``client``
     may have missed (DESIGN §11): of each ``since`` entry (publisher, session, seq) those
@@ -175,6 +184,7 @@ ClientRequest = (
     | UnsubscribeRequest
     | AdoptRequest
     | PublishRequest
+    | AdvertiseRequest
     | ReplayRequest
     | ClaimRequest
     | AckRequest

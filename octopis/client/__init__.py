@@ -50,6 +50,7 @@ from octopis.client.connection import (
     NotificationHandler,
     Received,
     Resume,
+    UnadvertisedError,
     locate,
 )
 from octopis.client.publisher import Publisher
@@ -91,6 +92,7 @@ __all__ = [
     "Resume",
     "Subscriber",
     "SubscriptionStream",
+    "UnadvertisedError",
     "locate",
     "parse_time",
 ]

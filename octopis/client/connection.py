@@ -41,6 +41,12 @@ class BrokerError(Exception):
     """The broker refused a request; the message is the broker's."""
 
 
+class UnadvertisedError(BrokerError):
+    """The broker refused a publication outside every advertisement its publisher made
+    (the overlay runs with advertisements on): advertise a filter it matches first
+    (:meth:`Publisher.advertise`)."""
+
+
 class DroppedError(BrokerError):
     """The broker dropped this connection (a slow consumer, DESIGN §8); the message is
     its reason. Its subscriptions are withdrawn; connect again to go on."""
@@ -291,6 +297,9 @@ class Connection:
         self._handlers: dict[str, NotificationHandler] = {}
         self._notices: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._resumers: list[Resume] = []
+        self._first: list[bytes] = []
+        """Requests sent again, unanswered, at each fail-over before anything else (a
+        publisher's advertisements, which its publications need at the new broker)."""
         self._reader: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
         self._heard = time.monotonic()
@@ -507,6 +516,11 @@ class Connection:
         """Run ``resume(self)`` after each fail-over (a subscriber re-issues its
         subscriptions)."""
         self._resumers.append(resume)
+
+    def resend_first(self, message: dict[str, Any]) -> None:
+        """Send ``message`` (without a ``req``: no answer is awaited) at every fail-over,
+        before the unanswered requests are sent again."""
+        self._first.append(pack(message))
 
     def on_dropped(self, notify: Callable[[str], None]) -> None:
         """Call ``notify(reason)`` if the broker drops this connection."""
@@ -748,6 +762,8 @@ class Connection:
                 await asyncio.sleep(self.liveness)
                 continue
             break
+        for payload in self._first:
+            await self.socket.send(payload)
         for _, payload in list(self._pending.values()):
             await self.socket.send(payload)
         record = {"from": away_from, "to": self.endpoint, "started": started}
@@ -953,7 +969,8 @@ class Connection:
         future = pending[0] if pending is not None else None
         if data.get("op") == "error":
             if future is not None and not future.done():
-                future.set_exception(BrokerError(data.get("message", "error")))
+                error = UnadvertisedError if data.get("error") == "unadvertised" else BrokerError
+                future.set_exception(error(data.get("message", "error")))
             else:
                 self.errors.append(data.get("message", "error"))
         elif future is not None and not future.done():

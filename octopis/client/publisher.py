@@ -9,7 +9,7 @@ import time
 from collections import deque
 
 from octopis.client.connection import Connection, NamedClient
-from octopis.filters import Publication
+from octopis.filters import Publication, Subscription, as_filter
 
 
 class Publisher(NamedClient):
@@ -25,6 +25,26 @@ class Publisher(NamedClient):
         self._unacknowledged: set[asyncio.Future] = set()
         self.refused: deque[str] = deque(maxlen=1000)
         """Why publications sent without ``wait`` were refused (the last 1,000)."""
+        self.advertisements: dict[str, Subscription] = {}
+        """The advertisements made at the broker (adv_id → filter)."""
+
+    async def advertise(self, spec: str | dict | Subscription, *, timeout: float = 10.0) -> str:
+        """Tell the overlay what this publisher will publish: a filter (PADRES text, the
+        dict form or a :class:`Subscription`). Where the overlay runs with advertisements
+        on, subscriptions then travel toward this publisher's broker, and a publication
+        no advertisement of it matches is refused (:class:`UnadvertisedError`). Returns
+        the advertisement's id (at this broker); it is withdrawn when the connection
+        closes. After a fail-over the connection advertises again at its new broker
+        before it sends the unacknowledged publications there again."""
+        advertisement = as_filter(spec)
+        if not isinstance(advertisement, Subscription):
+            raise ValueError("an advertisement is one atomic filter, not a composite one")
+        message = {"op": "advertise", "client": self.name, "filter": advertisement.to_text()}
+        reply = await self.connection.request(message, timeout)
+        adv_id = reply["adv_id"]
+        self.advertisements[adv_id] = advertisement
+        self.connection.resend_first(message)
+        return adv_id
 
     async def publish(
         self,

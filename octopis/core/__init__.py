@@ -14,6 +14,7 @@ from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkStatusTable, LinkView
 from octopis.core.messages import (
     Action,
+    Advertise,
     Deliver,
     Forward,
     Hold,
@@ -26,6 +27,8 @@ from octopis.core.messages import (
     Subscribe,
     SubState,
     Tunnel,
+    Unadvertise,
+    UnadvertisedPublication,
     Unsubscribe,
 )
 from octopis.core.table import MatcherFactory
@@ -64,6 +67,7 @@ def make_broker(
     matcher_factory: MatcherFactory | None = None,
     dedup: EdgeDedup | None = None,
     covering: str = DEFAULT_COVERING,
+    advertisements: bool = False,
 ) -> BrokerCore:
     """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
 
@@ -73,9 +77,16 @@ def make_broker(
     ``covering`` (:data:`COVERING`): ``active`` makes SNR and DNR pass a subscription on
     only where nothing sent the same way covers it (DESIGN §12); BID, the paper's
     flooding baseline, routes by subscription ids and always floods.
+    ``advertisements``: SNR and DNR send a subscription only toward publishers that
+    advertised what it may match (DESIGN §12); not with covering, nor under BID.
     """
     if covering not in COVERING:
         raise ValueError(f"unknown covering {covering!r}; choose one of {', '.join(COVERING)}")
+    if advertisements and (covering != "off" or mode == "bid"):
+        raise ValueError(
+            "advertisements need routing mode snr or dnr with covering off; "
+            f"got mode {mode!r} with covering {covering!r}"
+        )
     if matcher_factory is None:
         from octopis.matching import Matcher
 
@@ -91,6 +102,7 @@ def make_broker(
             dynamic=mode == "dnr",
             dedup=dedup,
             covering=covering == "active",
+            advertisements=advertisements,
         )
     raise ValueError(f"unknown routing mode {mode!r}; choose one of {', '.join(MODES)}")
 
@@ -100,6 +112,7 @@ __all__ = [
     "DEFAULT_COVERING",
     "MODES",
     "Action",
+    "Advertise",
     "BidBroker",
     "BrokerCore",
     "BrokerView",
@@ -121,6 +134,8 @@ __all__ = [
     "SubState",
     "Subscribe",
     "Tunnel",
+    "Unadvertise",
+    "UnadvertisedPublication",
     "Unsubscribe",
     "make_broker",
 ]

@@ -135,6 +135,10 @@ class CoreBase(ABC):
             return self.move_subscription(message, src)
         if isinstance(message, m.Rehost):
             return self.rehost(message, src)
+        if isinstance(message, m.Advertise):
+            return self.receive_advertisement(message, src)
+        if isinstance(message, m.Unadvertise):
+            return self.receive_unadvertisement(message, src)
         raise m.ProtocolError(f"unexpected message {type(message).__name__}")
 
     @abstractmethod
@@ -153,6 +157,14 @@ class CoreBase(ABC):
     def rehost(self, message: m.Rehost, src: str) -> list[m.Action]:
         """Record a moved subscription's new host (see :meth:`move_subscription`)."""
         raise m.ProtocolError(f"{self.id} routes without clusters: no moves inside one")
+
+    def receive_advertisement(self, message: m.Advertise, src: str) -> list[m.Action]:
+        """An advertisement from ``src`` (DESIGN §12); only clustered modes route by them."""
+        raise m.ProtocolError(f"{self.id} routes without advertisements")
+
+    def receive_unadvertisement(self, message: m.Unadvertise, src: str) -> list[m.Action]:
+        """An advertisement's withdrawal from ``src`` (see :meth:`receive_advertisement`)."""
+        raise m.ProtocolError(f"{self.id} routes without advertisements")
 
     def refresh_link(self, link: str) -> list[m.Action]:
         """What to send again over ``link`` when it is back after a cut: nothing, unless a

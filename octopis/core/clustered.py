@@ -15,12 +15,14 @@ from types import MappingProxyType
 
 from bitarray import bitarray, frozenbitarray
 
+from octopis.core.advertising import AdvertEntry, Advertising
 from octopis.core.base import CoreBase
 from octopis.core.covering import Covering
 from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
 from octopis.core.messages import (
     Action,
+    Advertise,
     Deliver,
     Forward,
     Hold,
@@ -33,12 +35,14 @@ from octopis.core.messages import (
     Subscribe,
     SubState,
     Tunnel,
+    Unadvertise,
+    UnadvertisedPublication,
     Unsubscribe,
     forward_copy,
 )
 from octopis.core.table import MatcherFactory, RoutingEntry, RoutingTable
 from octopis.core.view import ICOL, BrokerView
-from octopis.filters import Subscription
+from octopis.filters import Subscription, intersects
 
 LOCAL = "local"
 PRIMARY = "primary"
@@ -68,6 +72,7 @@ class ClusteredBroker(CoreBase):
         dynamic: bool = False,
         dedup: EdgeDedup | None = None,
         covering: bool = False,
+        advertisements: bool = False,
     ) -> None:
         super().__init__(
             broker.id,
@@ -84,8 +89,17 @@ class ClusteredBroker(CoreBase):
         self.unquench = True
         """With covering, whether a withdrawal sends the subscriptions it covered in its
         place; only the law showing that it must is allowed to turn it off."""
+        self.advertising: Advertising | None = Advertising() if advertisements else None
+        """Advertisements (DESIGN §12, :mod:`octopis.core.advertising`), or None when
+        subscriptions go everywhere."""
+        self._next_adv = 0
         self._know(broker)
         if covering:
+            if advertisements:
+                raise ProtocolError(
+                    f"{broker.id}: covering and advertisements do not work together yet; "
+                    "turn one of them off"
+                )
             self.covering = Covering(self._neighbours)
         self._missing_primary: frozenset[str] = frozenset()
         self._missing_secondary: dict[int, str] = {}
@@ -212,7 +226,11 @@ class ClusteredBroker(CoreBase):
                 self.stats["resync.already_known"] += 1  # SBP brought it before the share
                 return []
             self._store(message, src, local, message.cbv, cluster)
-            if covering is None or cluster != self.cluster:
+            if cluster != self.cluster:
+                return []
+            if self.advertising is not None:
+                return self._toward_publishers(self.advertising, message, src, restored=True)
+            if covering is None:
                 return []
             return self._pass_on(covering, message, src, restored=True)
         if covering is not None:
@@ -222,6 +240,13 @@ class ClusteredBroker(CoreBase):
                 return []
             self._store(message, src, local, message.cbv, cluster)
             return self._pass_on(covering, message, None if local else src)
+        if self.advertising is not None:
+            known = self.table.entries.get(message.sub_id)
+            if known is not None and known.last_hop == src:
+                self.stats["advertising.already_held"] += 1  # a restarted neighbour's
+                return []
+            self._store(message, src, local, message.cbv, cluster)
+            return self._toward_publishers(self.advertising, message, None if local else src)
         self._store(message, src, local, message.cbv, cluster)
         primary = message.onward(SBP_PRIMARY)
         secondary = message.onward(SBP_SECONDARY)
@@ -264,6 +289,9 @@ class ClusteredBroker(CoreBase):
         if entry is None and covering is not None:
             self.stats["covering.unsubscribe_not_held"] += 1
             return []
+        if entry is None and self.advertising is not None:
+            self.stats["advertising.unsubscribe_not_held"] += 1  # see _withdraw_sent
+            return []
         if entry is None or entry.last_hop != src:
             raise ProtocolError(f"unsubscribe of {message.sub_id} from {src}: no such entry")
         if message.state is SBP_PRIMARY and not entry.local and src not in self.primary:
@@ -271,12 +299,196 @@ class ClusteredBroker(CoreBase):
         self.table.remove(message.sub_id)
         if covering is not None and entry.cluster == self.cluster:
             return self._withdraw_covering(covering, message.sub_id)
+        if self.advertising is not None and entry.cluster == self.cluster:
+            return self._withdraw_sent(self.advertising, message.sub_id)
         if message.state is SBP_SECONDARY:
             return []
         secondary = Unsubscribe(message.sub_id, SBP_SECONDARY)
         out: list[Action] = [Forward(n, message) for n in self.primary if n != src]
         out += [Forward(n, secondary) for n in self.secondary.values()]
         self.stats["sent.unsubscribe"] += len(out)
+        return out
+
+    # -- advertisements (DESIGN §12) -------------------------------------------------------
+
+    def _toward_publishers(
+        self,
+        advertising: Advertising,
+        message: Subscribe,
+        origin: str | None,
+        restored: bool = False,
+    ) -> list[Action]:
+        """SBP's two steps for ``message`` (come over ``origin``; None: local), over the
+        links an intersecting advertisement opened (under DNR, every tree edge too);
+        counted ``advertising.held_back`` per link left out for now. ``restored``: a
+        resync share entry of this restarted broker's cluster; it goes on by the same
+        rule (a neighbour that has it from the predecessor ignores it)."""
+        targets = [n for n in self.primary if n != origin]
+        targets += self.secondary.values()
+        always = frozenset(self.primary) if self.dynamic else frozenset()
+        links = advertising.choose(
+            message.sub_id, message.subscription, targets, always, restored=restored
+        )
+        self.stats["advertising.held_back"] += len(targets) - len(links)
+        return self._send_subscription(message, links)
+
+    def _send_subscription(self, message: Subscribe, links: list[str]) -> list[Action]:
+        primary = message.onward(SBP_PRIMARY)
+        secondary = message.onward(SBP_SECONDARY)
+        cluster_of = self.cluster_of
+        out: list[Action] = [
+            Forward(n, primary if cluster_of[n] == self.cluster else secondary) for n in links
+        ]
+        self.stats["sent.subscribe"] += len(out)
+        return out
+
+    def _withdraw_sent(self, advertising: Advertising, sub_id: str) -> list[Action]:
+        """The withdrawal of ``sub_id``, over the links it went over (after a restart,
+        also those its predecessor may have sent it over: one not held there is
+        ignored)."""
+        sent = advertising.forget(sub_id)
+        out: list[Action] = [
+            Forward(
+                n,
+                Unsubscribe(
+                    sub_id, SBP_PRIMARY if self.cluster_of[n] == self.cluster else SBP_SECONDARY
+                ),
+            )
+            for n in sorted(sent)
+        ]
+        self.stats["sent.unsubscribe"] += len(out)
+        return out
+
+    def advertise(self, publisher: str, advertisement: Subscription) -> tuple[str, list[Action]]:
+        """Local ``publisher`` advertises ``advertisement``: it spreads by SBP's two steps.
+        Returns its id (for :meth:`unadvertise`) and the actions."""
+        advertising = self._advertising()
+        self._next_adv += 1
+        self.stats["advertisements_made"] += 1
+        adv_id = f"{self.id}@{self.epoch}{self._next_adv}"
+        advertising.add(AdvertEntry(adv_id, advertisement, self.id, publisher, None, True))
+        message = Advertise(adv_id, self.id, advertisement, SBP_PRIMARY)
+        return adv_id, self._spread_advert(message, None, None)
+
+    def unadvertise(self, publisher: str, adv_id: str) -> list[Action]:
+        """Local ``publisher`` withdraws its advertisement ``adv_id`` (or leaves)."""
+        advertising = self._advertising()
+        entry = advertising.entries.get(adv_id)
+        if entry is None or not entry.local or entry.last_hop != publisher:
+            raise ProtocolError(f"{publisher} holds no advertisement {adv_id} at {self.id}")
+        advertising.remove(adv_id)
+        return self._spread_withdrawal(Unadvertise(adv_id, SBP_PRIMARY), None)
+
+    def advertisements_of(self, publisher: str) -> list[str]:
+        """The ids of local ``publisher``'s advertisements."""
+        if self.advertising is None:
+            return []
+        return sorted(self.advertising.publishers.get(publisher, {}))
+
+    def check_advertised(self, publisher: str, publication: dict) -> None:
+        """With advertisements on, raise :class:`UnadvertisedPublication` unless local
+        ``publisher`` advertised a filter ``publication`` matches."""
+        if self.advertising is None or self.advertising.advertised(publisher, publication):
+            return
+        self.stats["advertising.refused"] += 1
+        raise UnadvertisedPublication(
+            f"publication refused at {self.id}: it is outside every advertisement its "
+            "publisher made here; advertise a filter it matches first"
+        )
+
+    def _advertising(self) -> Advertising:
+        if self.advertising is None:
+            raise ProtocolError(
+                f"{self.id} routes without advertisements; turn them on for the overlay "
+                "([routing] advertisements = on)"
+            )
+        return self.advertising
+
+    def receive_advertisement(self, message: Advertise, src: str) -> list[Action]:
+        """An advertisement from neighbour ``src``: hold it with the link it opens, pass
+        it on by SBP's two steps (a SECONDARY one stops here), then send over that link
+        the subscriptions held back from it that it may feed."""
+        advertising = self._advertising()
+        if message.state is SBP_PRIMARY:
+            if src not in self.primary:
+                raise ProtocolError(f"PRIMARY advertisement {message.adv_id} from {src}")
+            opens: str | None = src
+        elif src in self.primary:  # a resync share entry: its host lies on src's side
+            opens = src
+        else:
+            opens = src if message.via is None else self.primary_in.get(message.via)
+            if opens is None:
+                raise ProtocolError(
+                    f"advertisement {message.adv_id} from {src} came via region "
+                    f"{message.via}, which is not a neighbour of {self.id}'s"
+                )
+        known = advertising.entries.get(message.adv_id)
+        if known is not None and known.last_hop == src:
+            self.stats["advertising.already_held"] += 1
+            return []
+        entry = AdvertEntry(message.adv_id, message.advertisement, message.host, src, opens, False)
+        advertising.add(entry)
+        out = self._spread_advert(message, src, self.region_of[src])
+        return out + self._opened(advertising, opens, message.advertisement)
+
+    def _spread_advert(self, message: Advertise, src: str | None, via: str | None) -> list[Action]:
+        if message.state is SBP_SECONDARY:
+            return []
+        primary = Advertise(message.adv_id, message.host, message.advertisement, SBP_PRIMARY)
+        secondary = Advertise(
+            message.adv_id, message.host, message.advertisement, SBP_SECONDARY, via
+        )
+        out: list[Action] = [Forward(n, primary) for n in self.primary if n != src]
+        out += [Forward(n, secondary) for n in self.secondary.values()]
+        self.stats["sent.advertise"] += len(out)
+        return out
+
+    def _opened(
+        self, advertising: Advertising, link: str, advertisement: Subscription
+    ) -> list[Action]:
+        """Send over ``link`` this cluster's subscriptions held back from it that
+        ``advertisement`` may feed (counted ``advertising.released``)."""
+        if self.dynamic and link in self.primary:
+            return []  # every tree edge carries every subscription under DNR
+        out: list[Action] = []
+        for sub_id, sent in advertising.sent.items():
+            if link in sent:
+                continue
+            entry = self.table.entries[sub_id]
+            if entry.last_hop == link or not intersects(advertisement, entry.subscription):
+                continue
+            sent.add(link)
+            maybe = advertising.maybe.get(sub_id)
+            if maybe:
+                maybe.discard(link)
+            held = Subscribe(
+                sub_id,
+                entry.host,
+                entry.subscription,
+                SBP_PRIMARY,
+                entry.cbv,
+                entry.issued_at,
+                entry.hops,
+            )
+            out += self._send_subscription(held, [link])
+        self.stats["advertising.released"] += len(out)
+        return out
+
+    def receive_unadvertisement(self, message: Unadvertise, src: str) -> list[Action]:
+        """An advertisement's withdrawal from ``src``: forget it and pass the withdrawal
+        on as the advertisement went. The subscriptions it drew stay where they are."""
+        advertising = self._advertising()
+        if advertising.remove(message.adv_id) is None:
+            self.stats["advertising.unadvertise_not_held"] += 1  # a restarted broker's
+        return self._spread_withdrawal(message, src)
+
+    def _spread_withdrawal(self, message: Unadvertise, src: str | None) -> list[Action]:
+        if message.state is SBP_SECONDARY:
+            return []
+        secondary = Unadvertise(message.adv_id, SBP_SECONDARY)
+        out: list[Action] = [Forward(n, message) for n in self.primary if n != src]
+        out += [Forward(n, secondary) for n in self.secondary.values()]
+        self.stats["sent.unadvertise"] += len(out)
         return out
 
     def _withdraw_covering(self, covering: Covering, sub_id: str) -> list[Action]:
@@ -333,6 +545,12 @@ class ClusteredBroker(CoreBase):
         holds the entry with this broker as last hop and gets a :class:`Rehost`. Only
         primary entries on the cluster-tree path between the hosts change; secondary
         entries point at this cluster, not at a host in it, and stay as they are."""
+        if self.advertising is not None:
+            raise ProtocolError(
+                f"{self.id} routes with advertisements: {sub_id} cannot be adopted (the "
+                "brokers between the hosts may not hold it); subscribe afresh here and "
+                "withdraw it at the old host"
+            )
         if self.covering is not None:
             raise ProtocolError(
                 f"{self.id} routes with covering: {sub_id} cannot be adopted (the brokers "

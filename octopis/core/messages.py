@@ -92,6 +92,29 @@ class Rehost:
     host: str
 
 
+@dataclass(frozen=True, slots=True)
+class Advertise:
+    """An advertisement (DESIGN §12): publishers at ``host`` will publish only what
+    ``advertisement`` matches. It spreads by SBP's two steps, as a subscription does.
+    ``via`` is set on a SECONDARY copy: the region of the sender's cluster-tree neighbour
+    it came from (None: the sender is in the host's region), so that the receiver knows
+    which of its own tree neighbours lies toward the host's region."""
+
+    adv_id: str
+    host: str
+    advertisement: Subscription
+    state: SubState
+    via: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unadvertise:
+    """Withdraws ``adv_id`` along the same steps its :class:`Advertise` took."""
+
+    adv_id: str
+    state: SubState
+
+
 class Tunnel(NamedTuple):
     """A detour along a SCOT square (DESIGN §7): carry the copy to B(``target``,
     ``cluster``), which routes it as if it had come from its aCOL neighbour B(``origin``,
@@ -133,7 +156,7 @@ class Notification(NamedTuple):
         return (self.publisher, self.seq)
 
 
-Message = Subscribe | Unsubscribe | Notification | Move | Rehost
+Message = Subscribe | Unsubscribe | Notification | Move | Rehost | Advertise | Unadvertise
 
 
 class Forward(NamedTuple):
@@ -179,3 +202,8 @@ Action = Forward | Hold | Deliver | Released
 
 class ProtocolError(ValueError):
     """A message that breaks the routing protocol (wrong state, unknown link, duplicate)."""
+
+
+class UnadvertisedPublication(ValueError):
+    """A publication outside every advertisement its publisher made at its broker (with
+    advertisements on, DESIGN §12): advertise a filter it matches first."""

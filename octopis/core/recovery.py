@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from octopis.core.clustered import ClusteredBroker
-from octopis.core.messages import Action, Subscribe
-from octopis.core.resync import resync_messages, withdraw_predecessor
+from octopis.core.messages import Action, Advertise, Subscribe
+from octopis.core.resync import advertisement_share, resync_messages, withdraw_predecessor
 
 Item = TypeVar("Item")
 
@@ -160,14 +160,18 @@ class Recovery(Generic[Item]):
 
     # -- shares --------------------------------------------------------------------------
 
-    def share(self, core: ClusteredBroker, neighbour: str, carried: set[str]) -> list[Subscribe]:
+    def share(
+        self, core: ClusteredBroker, neighbour: str, carried: set[str]
+    ) -> list[Advertise | Subscribe]:
         """Our resync share for ``neighbour`` less the subscriptions in ``carried``
-        (already on its link); no longer owed."""
+        (already on its link), our advertisements first; no longer owed."""
         self.owed_shares.discard(neighbour)
         self.unshared.discard(neighbour)
+        adverts = advertisement_share(core, neighbour)
         messages = resync_messages(core, neighbour, carried, handed=True)
         self.counters["resync_entries_sent"] += len(messages)
-        return messages
+        self.counters["resync_advertisements_sent"] += len(adverts)
+        return [*adverts, *messages]
 
     def payable(self, core: ClusteredBroker, up: Callable[[str], bool]) -> list[str]:
         """The owed neighbours that can be paid now: up, and our share for them whole."""

@@ -12,6 +12,13 @@ forwarded):
 With covering (DESIGN §12) the share is what covering would send: those no other in it
 covers; the restarted broker passes them on by the same rule.
 
+With advertisements (DESIGN §12) a share is the subscriptions the neighbour sent over
+the link (or may have: after its own restart), and it starts with the advertisements
+that came from its side (:func:`advertisement_share`): a primary neighbour B(z, c) hands
+those whose host lies on its side of the tree or in its region, an iCOL neighbour
+B(x, k) those it hosts. The restarted broker passes on its cluster's share entries by
+the advertisement rule (a neighbour that holds one already ignores it).
+
 Entries *hosted at* B(x, c) by its predecessor (sub ids without the new incarnation's
 epoch) are withdrawn by each neighbour as if B(x, c) had sent the unsubscribe: the
 neighbours split the cluster tree into parts, one each, so every entry is withdrawn
@@ -21,7 +28,14 @@ exactly once.
 from __future__ import annotations
 
 from octopis.core.clustered import ClusteredBroker
-from octopis.core.messages import Action, Subscribe, SubState, Unsubscribe
+from octopis.core.messages import (
+    Action,
+    Advertise,
+    Subscribe,
+    SubState,
+    Unadvertise,
+    Unsubscribe,
+)
 
 
 def epoch_of(incarnation: int) -> str:
@@ -50,7 +64,16 @@ def resync_messages(
             for e in (entries[k] for k in shared)
         ]  # fmt: skip
     cluster = core.cluster_of[restarted]
-    if cluster == core.cluster:
+    advertising = core.advertising
+    if advertising is not None:
+        sent, maybe = advertising.sent, advertising.maybe
+        chosen = [
+            e
+            for e in core.table.entries.values()
+            if e.cluster == core.cluster
+            and (restarted in sent.get(e.sub_id, ()) or restarted in maybe.get(e.sub_id, ()))
+        ]
+    elif cluster == core.cluster:
         chosen = [
             e
             for e in core.table.entries.values()
@@ -65,9 +88,24 @@ def resync_messages(
     ]
 
 
+def advertisement_share(core: ClusteredBroker, restarted: str) -> list[Advertise]:
+    """The advertisements ``core`` hands its restarted neighbour ``restarted`` (as
+    SECONDARY messages, stored there and not passed on): over a tree edge those whose
+    host is not on the restarted broker's side, over an iCOL those ``core`` hosts."""
+    advertising = core.advertising
+    if advertising is None:
+        return []
+    if restarted in core.primary:
+        chosen = [e for e in advertising.entries.values() if e.opens != restarted]
+    else:
+        chosen = [e for e in advertising.entries.values() if e.local]
+    return [Advertise(e.adv_id, e.host, e.advertisement, SubState.SECONDARY) for e in chosen]
+
+
 def withdraw_predecessor(core: ClusteredBroker, restarted: str, epoch: str) -> list[Action]:
     """Withdraw the entries hosted at ``restarted`` by an earlier incarnation (their sub
-    ids lack ``epoch``), as the two-step unsubscribe from ``restarted`` would."""
+    ids lack ``epoch``), as the two-step unsubscribe from ``restarted`` would; with
+    advertisements, its advertisements too."""
     prefix = f"{restarted}#{epoch}"
     stale = [
         e.sub_id
@@ -78,4 +116,11 @@ def withdraw_predecessor(core: ClusteredBroker, restarted: str, epoch: str) -> l
     actions: list[Action] = []
     for sub_id in stale:
         actions += core.withdraw_subscription(Unsubscribe(sub_id, state), restarted)
+    if core.advertising is not None:
+        own = f"{restarted}@{epoch}"
+        for entry in list(core.advertising.entries.values()):
+            stale_advert = entry.host == restarted and entry.last_hop == restarted
+            if stale_advert and not entry.adv_id.startswith(own):
+                withdrawal = Unadvertise(entry.adv_id, state)
+                actions += core.receive_unadvertisement(withdrawal, restarted)
     return actions

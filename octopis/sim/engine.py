@@ -129,6 +129,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         on_forward: Callable[[str, str, Any], None] | None = None,
         service: ServiceModel | None = None,
         covering: str = DEFAULT_COVERING,
+        advertisements: bool = False,
     ) -> None:
         if not scot.brokers:
             raise ValueError("the topology has no brokers")
@@ -136,6 +137,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         self.mode = mode
         self.covering = covering
         """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too."""
+        self.advertisements = advertisements
+        """Whether subscriptions travel only toward advertised publishers (DESIGN §12):
+        then a publisher advertises (:meth:`advertise`) before it publishes."""
         self.ledger = DeliveryLedger(oracle_factory or matcher_factory)
         self.shared: SharedMatcher | None = None
         """The matcher every core's table shares, when no ``matcher_factory`` is given
@@ -146,7 +150,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
             self.shared = SharedMatcher()
             matcher_factory = self.shared.part
         self.cores: dict[str, BrokerCore] = {
-            bid: make_broker(scot, bid, mode, matcher_factory, covering=covering)
+            bid: make_broker(
+                scot, bid, mode, matcher_factory, covering=covering, advertisements=advertisements
+            )
             for bid in scot.brokers
         }
         self.latency = latency or LatencyModel()
@@ -246,6 +252,23 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         self._dispatch_local(broker, actions)
         return sub_id
 
+    def advertise(self, publisher: str, broker: str, advertisement: Subscription) -> str:
+        """``publisher`` (attached to ``broker``) advertises now; returns the adv_id."""
+        self._attach(publisher, broker)
+        core = self.cores[broker]
+        if not isinstance(core, ClusteredBroker):
+            raise ValueError(f"{self.mode} routes without advertisements")
+        adv_id, actions = core.advertise(publisher, advertisement)
+        self._dispatch_local(broker, actions)
+        return adv_id
+
+    def unadvertise(self, publisher: str, adv_id: str) -> None:
+        """``publisher`` withdraws its advertisement ``adv_id`` now (at its broker)."""
+        broker = self._home[publisher]
+        core = self.cores[broker]
+        assert isinstance(core, ClusteredBroker)
+        self._dispatch_local(broker, core.unadvertise(publisher, adv_id))
+
     def unsubscribe(self, sub_id: str) -> None:
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
         subscriber = self.subscriber_of.pop(sub_id)
@@ -286,6 +309,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         inside = (
             isinstance(core, ClusteredBroker)
             and core.covering is None
+            and core.advertising is None
             and core.cluster == self.cores[old].cluster
         )
         self._linger = linger
@@ -508,6 +532,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         ):
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
+        core = self.cores[broker]
+        if self.advertisements and isinstance(core, ClusteredBroker):
+            core.check_advertised(publisher, publication)
         notification = Notification(publisher, seq, self.now, publication)
         self.ledger.published(publisher, seq, publication)
         if self.failures is not None:

@@ -32,7 +32,16 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from octopis.core import ClusteredBroker, Forward, LinkView, Notification, Subscribe, make_broker
+from octopis.core import (
+    Advertise,
+    ClusteredBroker,
+    Forward,
+    LinkView,
+    Notification,
+    Subscribe,
+    Unadvertise,
+    make_broker,
+)
 from octopis.core.messages import Message
 from octopis.core.recovery import HOLD_LIMIT, Recovery
 from octopis.core.replay import Replay
@@ -243,7 +252,12 @@ class FailureEvents:
         self.restarts_pending -= 1
         self.failure_counts["brokers_restarted"] += 1
         core = make_broker(
-            self.scot, broker, self.mode, self._matcher_factory, covering=self.covering
+            self.scot,
+            broker,
+            self.mode,
+            self._matcher_factory,
+            covering=self.covering,
+            advertisements=self.advertisements,
         )
         core.epoch = f"r{self.failure_counts['brokers_restarted']}."
         resyncs = isinstance(core, ClusteredBroker)
@@ -361,4 +375,6 @@ def _read_sbp(message: Message | Replay) -> tuple[str, bool]:
     """As the process's: a replay request held behind subscriptions goes with them."""
     if type(message) is Replay:
         return f"replay {message.req_id}", True
+    if type(message) is Advertise or type(message) is Unadvertise:
+        return f"advertisement {message.adv_id}", type(message) is Advertise
     return message.sub_id, type(message) is Subscribe

@@ -32,6 +32,11 @@ class Reshaping:
         flight (move its subscribers and drain first). SNR and DNR only: BID has no resync."""
         if self.mode == "bid":
             raise ValueError("BID has no resync to fill a new broker: reshape SNR or DNR")
+        if self.advertisements:
+            raise ValueError(
+                "reshaping is not simulated with advertisements on yet (a new broker's "
+                "resync does not hand it advertisements); turn them off"
+            )
         if not isinstance(self.links, FreeLinks | InjectedCongestion):
             raise ValueError("reshape works on free or injected links, not timed ones")
         old = self.scot

@@ -32,6 +32,7 @@ import zmq.asyncio
 
 from octopis.core import (
     Action,
+    Advertise,
     ClusteredBroker,
     Counts,
     Deliver,
@@ -45,6 +46,7 @@ from octopis.core import (
     Released,
     Subscribe,
     SubState,
+    Unadvertise,
     make_broker,
 )
 from octopis.core.recovery import Recovery
@@ -119,6 +121,7 @@ class Broker:
             lambda: Matcher(clock=self.clock),
             EdgeDedup(settings.dedup_window, settings.dedup_publishers),
             covering=settings.covering,
+            advertisements=settings.advertisements == "on",
         )
         self.incarnation = secrets.randbits(63) | 1
         """Random per process start (DESIGN §7): neighbours tell a restart by it."""
@@ -534,6 +537,26 @@ class Broker:
             return self.composites.unsubscribe(key, sub_id)
         return self.core.unsubscribe(key, sub_id)
 
+    def advertise(self, key: str, advertisement: Subscription) -> tuple[str, list[Action]]:
+        """A local publisher's advertisement (DESIGN §12): the core spreads it."""
+        if not isinstance(self.core, ClusteredBroker):
+            raise ClientError(f"{self.id} routes by BID: no advertisements")
+        return self.core.advertise(key, advertisement)
+
+    def unadvertise_all(self, key: str) -> list[Action]:
+        """A publisher left: withdraw its advertisements (the subscriptions they drew
+        stay where they went)."""
+        core = self.core
+        if not isinstance(core, ClusteredBroker):
+            return []
+        return [a for adv_id in core.advertisements_of(key) for a in core.unadvertise(key, adv_id)]
+
+    def check_advertised(self, key: str, publication: dict) -> None:
+        """With advertisements on, refuse a publication outside ``key``'s advertisements
+        (:class:`UnadvertisedPublication`)."""
+        if isinstance(self.core, ClusteredBroker):
+            self.core.check_advertised(key, publication)
+
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """A local publication: kept for replay (committed at the end of the pass, before
         its confirm can leave), then the core routes it, its copies carrying ``receipt``;
@@ -792,6 +815,8 @@ def _read_sbp(frame: list) -> tuple[str, bool]:
     message = message_of(frame)
     if type(message) is Replay:
         return f"replay {message.req_id}", True
+    if type(message) is Advertise or type(message) is Unadvertise:
+        return f"advertisement {message.adv_id}", type(message) is Advertise
     return message.sub_id, type(message) is Subscribe
 
 

@@ -33,7 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
-from octopis.core import Action, Notification, ProtocolError
+from octopis.core import (
+    Action,
+    Notification,
+    ProtocolError,
+    UnadvertisedPublication,
+)
 from octopis.core.capacity import SendRate
 from octopis.core.durable import DurableError, claim_of
 from octopis.filters import (
@@ -59,6 +64,7 @@ from octopis.wire import (
     LEFT_AT,
     AckRequest,
     AdoptRequest,
+    AdvertiseRequest,
     ByeRequest,
     ClaimRequest,
     HeartbeatRequest,
@@ -104,6 +110,16 @@ class Router(Protocol):
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """Route a local publication, its copies counting in ``receipt``."""
+
+    def advertise(self, key: str, advertisement: Subscription) -> tuple[str, list[Action]]:
+        """Install client ``key``'s advertisement; returns its id and the SBP actions."""
+
+    def unadvertise_all(self, key: str) -> list[Action]:
+        """Withdraw every advertisement of client ``key`` (it left)."""
+
+    def check_advertised(self, key: str, publication: dict) -> None:
+        """Raise :class:`UnadvertisedPublication` if advertisements are on and client
+        ``key`` advertised nothing ``publication`` matches."""
 
     def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
         """Carry out routing actions."""
@@ -240,6 +256,7 @@ class ClientSessions:
             UnsubscribeRequest: self._unsubscribe,
             AdoptRequest: self._adopt,
             PublishRequest: self._publish,
+            AdvertiseRequest: self._advertise,
             ReplayRequest: self._replay,
             ClaimRequest: self._claim,
             AckRequest: self._ack,
@@ -309,6 +326,9 @@ class ClientSessions:
                 connection = self.connections[identity] = ClientSession(now)
             connection.last_seen = now
             reply = self._handlers[type(request)](identity, connection, request)
+        except UnadvertisedPublication as exc:
+            self.counters["publications_refused.unadvertised"] += 1
+            return {"op": "error", "req": req, "message": str(exc), "error": "unadvertised"}
         except (ClientError, RequestError, FilterError, ProtocolError) as exc:
             self.counters["client_errors"] += 1
             self._warn.warning("refused", "%s refused a client request: %s", self.id, exc)
@@ -547,7 +567,9 @@ class ClientSessions:
                 f"(clients.capacity = {self.settings.delivery_capacity:g}/s, clients.queue_limit "
                 f"= {self.settings.delivery_queue_limit}); publish again later"
             )
-        self.publishers.add(self._key(identity, connection, request))
+        key = self._key(identity, connection, request)
+        self.router.check_advertised(key, publication)
+        self.publishers.add(key)
         n = Notification(
             request.client, request.seq, request.published_at, publication, session=request.session
         )
@@ -565,6 +587,19 @@ class ClientSessions:
             return reply
         connection.unanswered += 1
         return None
+
+    def _advertise(
+        self, identity: bytes, connection: ClientSession, request: AdvertiseRequest
+    ) -> dict:
+        """An advertisement (DESIGN §12): it spreads, and the client may publish what it
+        matches; it is withdrawn when the client's connection goes."""
+        key = self._key(identity, connection, request)
+        advertisement = as_filter(request.filter)
+        if isinstance(advertisement, Composite):
+            raise ClientError("an advertisement is one atomic filter, not a composite one")
+        adv_id, actions = self.router.advertise(key, advertisement)
+        self.router.execute(actions)
+        return {"op": "advertised", "adv_id": adv_id}
 
     # -- liveness ------------------------------------------------------------------------
 
@@ -608,6 +643,7 @@ class ClientSessions:
                 withdrawn += 1
             self.names.pop(key, None)
             self.publishers.discard(key)
+            self.router.execute(self.router.unadvertise_all(key))
         self.counters["clients_left" if left else "clients_dropped"] += 1
         self.counters["subscriptions_withdrawn"] += withdrawn
         log.log(

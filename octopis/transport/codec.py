@@ -5,7 +5,9 @@ msgpack array ``[kind, ...fields]``: HELLO ``[0, incarnation, peer_incarnation]`
 link handshake; ``peer_incarnation`` is the receiver's as the sender knows it, 0 when
 unknown), SUBSCRIBE, UNSUBSCRIBE, NOTIFY, and HEARTBEAT ``[4, incarnation, acked_incarnation,
 acked]``, SYNCED ``[5, entries]`` (end of a resync), MOVE ``[6, sub_id, host]`` and REHOST
-``[7, sub_id, host]`` (a subscriber moving inside its cluster, DESIGN §9).
+``[7, sub_id, host]`` (a subscriber moving inside its cluster, DESIGN §9), ADVERTISE
+``[11, adv_id, host, filter, state, via]`` and UNADVERTISE ``[12, adv_id, state]``
+(advertisements, DESIGN §12; ``via`` a region or nil).
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
 ``[bytes, nbits]``. A replay (DESIGN §11) is REPLAY ``[8, req_id, host, filters, since,
 after, budget, state, until, max_count, max_bytes, claim]`` (``until`` nil: no end),
@@ -28,6 +30,7 @@ from bitarray import bitarray, frozenbitarray
 
 from octopis._match import is_plain_publication, plain_notification
 from octopis.core import (
+    Advertise,
     Message,
     Move,
     Notification,
@@ -35,6 +38,7 @@ from octopis.core import (
     Subscribe,
     SubState,
     Tunnel,
+    Unadvertise,
     Unsubscribe,
 )
 from octopis.core.replay import Claimed, Replay, ReplayData, ReplayEcho, ReplayMessage
@@ -45,6 +49,7 @@ from octopis.filters import (
     validate_publication,
 )
 from octopis.wire import (
+    ADVERTISE,
     DECODE_ERRORS,
     HEARTBEAT,
     HELLO,
@@ -57,6 +62,7 @@ from octopis.wire import (
     REPLAY_ECHO,
     SUBSCRIBE,
     SYNCED,
+    UNADVERTISE,
     UNSUBSCRIBE,
     Sequence,
     pack,
@@ -152,6 +158,19 @@ def encode_body(message: PeerMessage) -> bytes:
         return pack([MOVE, message.sub_id, message.host])
     if isinstance(message, Rehost):
         return pack([REHOST, message.sub_id, message.host])
+    if isinstance(message, Advertise):
+        return pack(
+            [
+                ADVERTISE,
+                message.adv_id,
+                message.host,
+                message.advertisement.to_text(),
+                int(message.state),
+                message.via,
+            ]
+        )
+    if isinstance(message, Unadvertise):
+        return pack([UNADVERTISE, message.adv_id, int(message.state)])
     if isinstance(message, Hello):
         return pack([HELLO, message.incarnation, message.peer_incarnation])
     if isinstance(message, Synced):
@@ -255,6 +274,18 @@ def decode_body_in_full(sender: str, body: bytes) -> PeerMessage:
         if kind == REHOST:
             _expect(data, 3, "REHOST")
             return Rehost(_str(data[1], "sub_id"), _str(data[2], "host"))
+        if kind == ADVERTISE:
+            _expect(data, 6, "ADVERTISE")
+            return Advertise(
+                _str(data[1], "adv_id"),
+                _str(data[2], "host"),
+                parse_subscription(_str(data[3], "filter")),
+                _state(data[4]),
+                None if data[5] is None else _str(data[5], "via"),
+            )
+        if kind == UNADVERTISE:
+            _expect(data, 3, "UNADVERTISE")
+            return Unadvertise(_str(data[1], "adv_id"), _state(data[2]))
         if kind == HEARTBEAT:
             _expect(data, 5, "HEARTBEAT")
             if type(data[4]) is not bool:

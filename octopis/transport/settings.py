@@ -58,6 +58,15 @@ class BrokerSettings:
     paper's SBP). SNR and DNR; BID always floods. Set it alike on every broker of an
     overlay; with it, a subscriber moving inside its cluster subscribes afresh at its
     new broker rather than have its subscriptions adopted there."""
+    advertisements: str = "off"
+    """``"on"``: publishers advertise what they will publish (a filter) before they
+    publish, advertisements reach every broker, and a subscription travels only toward
+    brokers whose advertisements may match what it wants; a publication outside its
+    publisher's advertisements is refused. ``"off"``: every subscription reaches every
+    broker and publishers need not advertise. SNR and DNR with covering off; set it
+    alike on every broker of an overlay. A restarted broker is handed the advertisements
+    its neighbours hold; an SDK publisher whose connection fails over to another broker
+    advertises there again before its publications."""
     sndhwm: int = 8
     """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
     output queue, which the LST measures, grows."""
@@ -230,6 +239,7 @@ def load_settings(path: str | Path | None) -> BrokerSettings:
 _CHOICES: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("lst", "order"): ("order", ORDERS),
     ("routing", "covering"): ("covering", COVERING),
+    ("routing", "advertisements"): ("advertisements", ("off", "on")),
     ("clients", "slow_policy"): ("slow_policy", SLOW_POLICIES),
 }
 """Settings that take one of a few words: (table, key) → (field, the words)."""

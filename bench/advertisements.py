@@ -1,0 +1,153 @@
+"""Advertisements (DESIGN §12) off and on, in the simulator on paper75 (SNR and DNR), on
+the paper's workload: SBP messages per subscription and routing entries per broker.
+
+    python -m bench.advertisements                     # bench/results/advertisements.{json,md}
+    python -m bench.advertisements --subscribers 2000  # a smaller run
+
+The workload is the paper's subscriber-scalability one as :mod:`bench.covering` builds
+it (10,000 stock subscriptions at random brokers, 100 publishers of real quotes, one
+symbol each; built once by Spark under ``<out>/advertisements/workload`` and reused).
+Each publisher advertises what it will publish: the string attributes whose value never
+changes across its publications (``[class,eq,'STOCK'],[symbol,eq,…]``). The
+subscriptions are made first and the advertisements after them, so every subscription
+that reaches a publisher is one held back and sent when the advertisement arrived (the
+case that costs the most bookkeeping). Then the publications, at their workload times;
+deliveries must be the same with advertisements off and on, or the run fails.
+Advertisement messages are counted apart (each costs N − 1, as a subscription does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench.covering import stock
+from bench.profiles import REPO
+from octopis.filters import Predicate, Subscription
+from octopis.sim import LatencyModel, Simulator
+from octopis.topology import Scot, build_preset
+from octopis.workload import Workload
+
+log = logging.getLogger("bench.advertisements")
+LATENCY, JITTER = 1e-4, 2e-4
+"""Link latency, as in the other simulations (:mod:`bench.sim_experiments`)."""
+MODES = ("snr", "dnr")
+SETTINGS = (False, True)
+
+
+def advertisements(workload: Workload) -> dict[str, tuple[str, Subscription]]:
+    """Publisher → (its broker, its advertisement): ``eq`` on each string attribute
+    whose value is the same in every publication it makes."""
+    by_publisher: dict[str, list] = defaultdict(list)
+    for p in workload.publications:
+        by_publisher[p.publisher].append(p)
+    out = {}
+    for publisher, events in sorted(by_publisher.items()):
+        first = events[0].publication
+        fixed = [
+            Predicate(attr, "eq", value)
+            for attr, value in first.items()
+            if isinstance(value, str) and all(e.publication.get(attr) == value for e in events)
+        ]
+        out[publisher] = (events[0].broker, Subscription(tuple(fixed)))
+    return out
+
+
+def simulate(scot: Scot, workload: Workload, mode: str, on: bool) -> tuple[Simulator, dict]:
+    sim = Simulator(scot, mode, seed=1, latency=LatencyModel(LATENCY, JITTER), advertisements=on)
+    for s in workload.subscriptions:
+        sim.at(s.time, sim.subscribe, s.subscriber, s.broker, s.subscription)
+    cpu = time.process_time()
+    sim.run()
+    if on:
+        for publisher, (broker, advertisement) in advertisements(workload).items():
+            sim.advertise(publisher, broker, advertisement)
+        sim.run()
+    cpu = time.process_time() - cpu
+    sizes = [len(core.table) for core in sim.cores.values()]
+    counts = [core.counts() for core in sim.cores.values()]
+    start = sim.now
+    for p in workload.publications:
+        sim.at(start + p.time, sim.publish, p.publisher, p.broker, p.publication, p.seq)
+    sim.run()
+    report = sim.report()
+    subscriptions = len(workload.subscriptions)
+    sent = sum(c["sent.subscribe"] for c in counts)
+    return sim, {
+        "mode": mode,
+        "advertisements": "on" if on else "off",
+        "subscriptions": subscriptions,
+        "sbp_messages": sent,
+        "sbp_per_subscription": sent / subscriptions,
+        "released": sum(c["advertising.released"] for c in counts),
+        "advertisement_messages": sum(c["sent.advertise"] for c in counts),
+        "entries_mean": statistics.mean(sizes),
+        "entries_max": max(sizes),
+        "subscription_cpu_s": cpu,
+        "notification_messages": report["notification_messages"],
+        "expected": report["expected_deliveries"],
+        "delivered": report["delivered"],
+        "duplicates": report["duplicates"],
+        "lost": report["lost"],
+    }
+
+
+def run(out: Path, subscribers: int, seed: int) -> dict[str, Any]:
+    scot = build_preset("paper75")
+    workload = stock(scot, subscribers, out, seed)
+    results: dict[str, Any] = {"subscribers": subscribers, "seed": seed, "rows": []}
+    for mode in MODES:
+        sims = {}
+        for on in SETTINGS:
+            log.info("%s, advertisements %s", mode, "on" if on else "off")
+            sims[on], row = simulate(scot, workload, mode, on)
+            results["rows"].append(row)
+        if sims[False].ledger.received != sims[True].ledger.received:
+            raise SystemExit(f"{mode}: advertisements changed the deliveries; that is a bug")
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    """The markdown table of :func:`run`'s results."""
+    lines = [
+        "| mode | advertisements | SBP msgs / subscription | sent when advertised | "
+        "advertisement msgs | entries / broker, mean (max) | subscription CPU s | "
+        "notification msgs | delivered (lost, dup) |",
+        "|" + "---|" * 9,
+    ]
+    for r in results["rows"]:
+        lines.append(
+            f"| {r['mode']} | {r['advertisements']} | {r['sbp_per_subscription']:.1f} | "
+            f"{r['released']:,} | {r['advertisement_messages']:,} | "
+            f"{r['entries_mean']:,.0f} ({r['entries_max']:,}) | "
+            f"{r['subscription_cpu_s']:.1f} | {r['notification_messages']:,} | "
+            f"{r['delivered']:,} ({r['lost']}, {r['duplicates']}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--subscribers", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    results = run(args.out / "advertisements", args.subscribers, args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "advertisements.json").write_text(json.dumps(results, indent=1))
+    text = table(results)
+    (args.out / "advertisements.md").write_text(text)
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
