@@ -3,12 +3,19 @@ included, and every bad value refused naming its key."""
 
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from octopis.filters import InputLimits
-from octopis.transport.settings import BrokerSettings, ConfigError, load_settings
+from octopis.transport.settings import (
+    BrokerSettings,
+    ConfigError,
+    load_settings,
+    settings_from_data,
+)
 
 
 def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
@@ -54,3 +61,12 @@ def test_bad_settings_are_refused_naming_the_key(tmp_path: Path, text: str, prob
     path.write_text(text)
     with pytest.raises(ConfigError, match=problem):
         load_settings(path)
+
+
+def test_the_settings_shown_in_the_docs_are_read_as_written() -> None:
+    """Every TOML block of docs/covering.md is a broker settings file that loads, and sets
+    what the page says it sets."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "covering.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", page, re.S)
+    loaded = [settings_from_data(tomllib.loads(block), "docs/covering.md") for block in blocks]
+    assert [(s.covering, s.advertisements) for s in loaded] == [("active", "off"), ("off", "on")]
