@@ -198,6 +198,7 @@ cdef class Matcher:
     cdef int* slot_of
     cdef int* slot_sub
     cdef int* slot_grp
+    cdef PyObject** slot_key  # borrowed from _keys: a removed subscription is never hit
     cdef uint64_t* live
     cdef int* word_chunk
     cdef int* chunk_w0
@@ -211,6 +212,10 @@ cdef class Matcher:
     cdef int* visit
     cdef char* affixed
     cdef dict _affix_lengths
+    # what a scan for ``match`` found: the words with a hit and their bits (``n_hit``)
+    cdef int* hit_w
+    cdef uint64_t* hit_bits
+    cdef int n_hit
     cdef list _retired_strs  # string ids released since the last build
     cdef long long candidates
     cdef Py_ssize_t index_bytes
@@ -278,6 +283,9 @@ cdef class Matcher:
         PyMem_Free(self.columns)
         PyMem_Free(self.slot_sub)
         PyMem_Free(self.slot_grp)
+        PyMem_Free(self.slot_key)
+        PyMem_Free(self.hit_w)
+        PyMem_Free(self.hit_bits)
         PyMem_Free(self.live)
         PyMem_Free(self.word_chunk)
         PyMem_Free(self.chunk_w0)
@@ -292,6 +300,9 @@ cdef class Matcher:
         self.columns = NULL
         self.slot_sub = NULL
         self.slot_grp = NULL
+        self.slot_key = NULL
+        self.hit_w = NULL
+        self.hit_bits = NULL
         self.live = NULL
         self.word_chunk = NULL
         self.chunk_w0 = NULL

@@ -178,6 +178,7 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
     m.n_words = (n + 63) >> 6
     m.slot_sub = <int*>_alloc(NULL, n * sizeof(int))
     m.slot_grp = <int*>_alloc(NULL, n * sizeof(int))
+    m.slot_key = <PyObject**>_alloc(NULL, n * sizeof(PyObject*))
     m.live = <uint64_t*>_alloc(NULL, m.n_words * sizeof(uint64_t))
     memset(m.live, 0, m.n_words * sizeof(uint64_t))
     m.cells = <Cell*>_alloc(NULL, n * sizeof(Cell))
@@ -190,6 +191,7 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
         sub = placed[s].sub
         m.slot_sub[s] = sub
         m.slot_grp[s] = m.grp[sub]
+        m.slot_key[s] = <PyObject*>m._keys[sub]
         m.slot_of[sub] = s
         m.live[s >> 6] |= (<uint64_t>1) << (s & 63)
         if placed[s].cell < 0:
@@ -221,7 +223,13 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
     m.n_cells = n_cells
     m.cells = <Cell*>_alloc(m.cells, n_cells * sizeof(Cell))
     m.visit = <int*>_alloc(NULL, n_cells * sizeof(int))
-    m.index_bytes += n_cells * (sizeof(Cell) + sizeof(int)) + (n_strs + 1) * sizeof(int) + n_attrs
+    # a scan of the root or of a cell may hit a word another one hits too (cells need not
+    # start on a word): one entry per word and cell
+    m.hit_w = <int*>_alloc(NULL, (m.n_words + n_cells + 1) * sizeof(int))
+    m.hit_bits = <uint64_t*>_alloc(NULL, (m.n_words + n_cells + 1) * sizeof(uint64_t))
+    m.index_bytes += (n_cells * (sizeof(Cell) + sizeof(int)) + (n_strs + 1) * sizeof(int) + n_attrs
+                      + n * sizeof(PyObject*)
+                      + (m.n_words + n_cells + 1) * (sizeof(int) + sizeof(uint64_t)))
     return 0
 
 

@@ -300,16 +300,23 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
             if not _and_piece(m, h, &h.pieces[j], w, n, lim, acc):
                 break
+        if not h.groups:
+            for i in range(n):
+                if acc[i]:
+                    h.hit_w[h.n_hit] = w + i
+                    h.hit_bits[h.n_hit] = acc[i]
+                    h.n_hit += 1
+                    n_out += _popcount(acc[i])
+            w = end
+            continue
         for i in range(n):
             bits = acc[i]
             while bits:
                 slot = ((w + i) << 6) + _ctz(bits)
                 bits &= bits - 1
-                g = 0
-                if h.groups:
-                    g = h.grp[slot]
-                    if g < 0 or h.seen[g]:
-                        continue
+                g = h.grp[slot]
+                if g < 0 or h.seen[g]:
+                    continue
                 n_out = _take(h, h.slot_sub[slot], g, n_out)
                 if n_out >= h.stop:
                     return n_out
@@ -353,8 +360,10 @@ cdef int _affix_lookups(Matcher m, int a, int* n_visit) except -1:
 
 
 cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1:
-    """Internal ids of the matching subscriptions into ``m.out``; returns how many.
-    ``keep`` holds the publication's values alive while ``out`` is in use.
+    """The matching subscriptions; returns how many. The indexed ones are left as words
+    of slots in ``m.hit_w`` and ``m.hit_bits`` (``m.n_hit`` of them), the pending ones
+    as internal ids in ``m.out``, after the others. ``keep`` holds the publication's
+    values alive while the results are in use.
 
     With ``groups``, ``out`` gets one matching subscription per group instead (and
     ``out_grp`` its group, marked in ``seen``), and the search stops as soon as every
@@ -391,12 +400,24 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.seen = m.seen
     h.out = m.out
     h.out_grp = m.out_grp
+    h.hit_w = m.hit_w
+    h.hit_bits = m.hit_bits
+    h.n_hit = 0
     h.stop = m.n_groups if groups else INT_MAX
     n_out = _scan(m, &h, 0, m.root_end, 0)
     for i in range(n_visit):
         if n_out >= h.stop:
             break
         n_out = _scan(m, &h, m.cells[m.visit[i]].beg, m.cells[m.visit[i]].end, n_out)
+    m.n_hit = h.n_hit
+    if not groups:
+        j = 0
+        for t in range(m.n_pending):
+            i = m.pending[t]
+            if _holds(m, m.prog[i], m.prog_len[i]):
+                m.out[j] = i
+                j += 1
+        return n_out + j
     t = 0
     while t < m.n_pending and n_out < h.stop:
         i = m.pending[t]
@@ -407,20 +428,31 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
 
 
 cdef list _match_one(Matcher m, dict publication):
-    cdef int i
+    cdef int i, j = 0, t, base, n_out
+    cdef uint64_t bits
     cdef list keep = []
-    cdef list keys
-    cdef PyObject* key
-    cdef int n_out = _collect(m, publication, keep, False)
-    # The keys' reference counts are scattered in memory: fetch them ahead of use.
-    keys = m._keys
+    cdef list result
+    cdef PyObject** items
+    cdef const int* hit_w = m.hit_w
+    cdef const uint64_t* hit_bits = m.hit_bits
+    cdef PyObject** slot_key = m.slot_key
+    n_out = _collect(m, publication, keep, False)
     result = PyList_New(n_out)
-    for i in range(min(n_out, 8)):
-        _prefetch(_list_item(keys, m.out[i]), 1, 3)
+    items = _list_items(result)
+    for t in range(m.n_hit):
+        base = hit_w[t] << 6
+        bits = hit_bits[t]
+        while bits:
+            items[j] = slot_key[base + _ctz(bits)]
+            j += 1
+            bits &= bits - 1
+    for i in range(n_out - j):
+        items[j + i] = _list_item(m._keys, m.out[i])
+    # The keys' reference counts are scattered in memory: fetch them ahead of use.
+    for i in range(min(n_out, 16)):
+        _prefetch(items[i], 1, 3)
     for i in range(n_out):
-        if i + 8 < n_out:
-            _prefetch(_list_item(keys, m.out[i + 8]), 1, 3)
-        key = _list_item(keys, m.out[i])
-        _incref(key)
-        _list_set(result, i, key)
+        if i + 16 < n_out:
+            _prefetch(items[i + 16], 1, 3)
+        _incref(items[i])
     return result

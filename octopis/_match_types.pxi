@@ -8,6 +8,8 @@ cdef extern from "Python.h":
     void _incref "Py_INCREF"(PyObject*)
     void _prefetch "__builtin_prefetch"(const void*, int, int)
     int _ctz "__builtin_ctzll"(uint64_t)
+    int _popcount "__builtin_popcountll"(uint64_t)
+    PyObject** _list_items "PySequence_Fast_ITEMS"(object)
 
 cdef double INF = float("inf")
 cdef long long MAX_INTEGER = 2 ** 53  # octopis.filters.MAX_INTEGER
@@ -141,7 +143,8 @@ cdef struct Hot:
     # it in registers: per attribute its sure bits and its next edge (edges are tested
     # and consumed as the scan advances); in group mode (``groups``) ``out`` takes one
     # subscription per group (``grp``: by slot, ``seen`` marks the groups taken,
-    # ``out_grp`` their groups) and the scan stops once it holds ``stop``
+    # ``out_grp`` their groups) and the scan stops once it holds ``stop``; otherwise every
+    # word with a match goes to ``hit_w`` and its bits to ``hit_bits`` (``n_hit`` of them)
     const uint64_t* live
     const int* slot_sub
     const int* grp
@@ -155,6 +158,9 @@ cdef struct Hot:
     char* seen
     int* out
     int* out_grp
+    int* hit_w
+    uint64_t* hit_bits
+    int n_hit
     int stop
     bint groups
 
