@@ -207,6 +207,7 @@ cdef class Matcher:
     cdef Column* columns
     cdef uint64_t** cur_sure
     cdef Edge** cur_edge
+    cdef const int** cur_at
     cdef int* str_off
     cdef Cell* cells
     cdef int* visit
@@ -280,6 +281,7 @@ cdef class Matcher:
                 PyMem_Free(self.columns[a].sure)
                 PyMem_Free(self.columns[a].edge_off)
                 PyMem_Free(self.columns[a].edges)
+                PyMem_Free(self.columns[a].edge_at)
         PyMem_Free(self.columns)
         PyMem_Free(self.slot_sub)
         PyMem_Free(self.slot_grp)
@@ -293,6 +295,7 @@ cdef class Matcher:
         PyMem_Free(self.pieces)
         PyMem_Free(self.cur_sure)
         PyMem_Free(self.cur_edge)
+        PyMem_Free(<void*>self.cur_at)
         PyMem_Free(self.str_off)
         PyMem_Free(self.cells)
         PyMem_Free(self.visit)
@@ -310,6 +313,7 @@ cdef class Matcher:
         self.pieces = NULL
         self.cur_sure = NULL
         self.cur_edge = NULL
+        self.cur_at = NULL
         self.str_off = NULL
         self.cells = NULL
         self.visit = NULL

@@ -326,6 +326,8 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
             w = m.columns[m.pieces[i].attr].words[k]
             j = m.columns[m.pieces[i].attr].words[m.pieces[i].k1 - 1]
             m.pieces[i].consecutive = j - w == m.pieces[i].k1 - 1 - k
+            m.pieces[i].pk = m.columns[m.pieces[i].attr].n_pieces
+            m.columns[m.pieces[i].attr].n_pieces += 1
         m.pieces = <Piece*>_alloc(m.pieces, n_pieces * sizeof(Piece))
         m.chunk_w0 = <int*>_alloc(m.chunk_w0, n_chunks * sizeof(int))
         m.chunk_off = <int*>_alloc(m.chunk_off, n_chunks * sizeof(int))
@@ -461,9 +463,11 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
                 c.edges[c.edge_off[i + 1] - 1].slot = INT_MAX
             m.index_bytes += c.edge_off[nb] * sizeof(Edge)
         _judge_all(m, placed, sptr, slen, cursor, fill)
+        _fill_edge_at(m, n_attrs)
 
         m.cur_sure = <uint64_t**>_alloc(NULL, n_attrs * sizeof(uint64_t*))
         m.cur_edge = <Edge**>_alloc(NULL, n_attrs * sizeof(Edge*))
+        m.cur_at = <const int**>_alloc(NULL, n_attrs * sizeof(int*))
         for a in range(n_attrs):
             _aim(m, a, _absent(&m.columns[a]))
         m.index_bytes += n_attrs * (sizeof(Column) + sizeof(uint64_t*) + sizeof(Edge*))
@@ -476,6 +480,39 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs) except -1:
         PyMem_Free(cursor)
         PyMem_Free(<void*>sptr)
         PyMem_Free(slen)
+    return 0
+
+
+cdef int _fill_edge_at(Matcher m, int n_attrs) except -1:
+    """Every column's ``edge_at``: per bucket and piece, its first edge at or after the
+    piece's first word."""
+    cdef int a, b, q, e, i, nb, n_total = 0
+    cdef int* first = NULL  # per column, from off[a]: the first slot of each piece
+    cdef int* off = NULL
+    cdef Column* c
+    try:
+        off = <int*>_alloc(NULL, (n_attrs + 1) * sizeof(int))
+        for a in range(n_attrs):
+            off[a] = n_total
+            n_total += m.columns[a].n_pieces
+        first = <int*>_alloc(NULL, n_total * sizeof(int))
+        for i in range(n_total):  # the pieces of all chunks
+            a = m.pieces[i].attr
+            first[off[a] + m.pieces[i].pk] = m.columns[a].words[m.pieces[i].k0] << 6
+        for a in range(n_attrs):
+            c = &m.columns[a]
+            nb = c.n_num + c.n_str + 3
+            c.edge_at = <int*>_alloc(NULL, nb * c.n_pieces * sizeof(int))
+            for b in range(nb):
+                e = c.edge_off[b]
+                for q in range(c.n_pieces):
+                    while c.edges[e].slot < first[off[a] + q]:
+                        e += 1
+                    c.edge_at[b * c.n_pieces + q] = e
+            m.index_bytes += nb * c.n_pieces * sizeof(int)
+    finally:
+        PyMem_Free(first)
+        PyMem_Free(off)
     return 0
 
 

@@ -176,6 +176,7 @@ cdef inline void _aim(Matcher m, int a, int b) noexcept:
     cdef const Column* c = &m.columns[a]
     m.cur_sure[a] = c.sure + <Py_ssize_t>b * c.nw
     m.cur_edge[a] = c.edges + c.edge_off[b]
+    m.cur_at[a] = c.edge_at + <Py_ssize_t>b * c.n_pieces
 
 
 cdef inline bint _edge_holds(Matcher m, const Edge* e, int a) noexcept:
@@ -231,6 +232,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     cdef const int* words = h.columns[a].words
     cdef const uint64_t* sure = h.cur_sure[a]
     cdef const Edge* e = h.cur_edge[a]
+    cdef const Edge* at = h.columns[a].edges + h.cur_at[a][piece.pk]
     cdef const Edge* first
     cdef double x
     cdef bint tested = 0
@@ -238,7 +240,9 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         k += 1
     while k1 > k and words[k1 - 1] >= w + n:
         k1 -= 1
-    while e.slot < w << 6:  # the edges of words skipped
+    if at > e:  # the edges of the chunks skipped
+        e = at
+    while e.slot < w << 6:  # and of the words skipped in this one
         e += 1
     if e.slot < lim:
         tested = 1
@@ -276,6 +280,19 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     return any
 
 
+cdef inline void _prefetch_chunk(const Hot* h, int c) noexcept:
+    """Ask the cache for what chunk c will read of the publication's buckets: the sure
+    words and the first edge of each piece (with a large index they come from memory, and
+    each chunk reads a few lines of each column only)."""
+    cdef int j, k
+    cdef const Piece* piece
+    for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
+        piece = &h.pieces[j]
+        for k in range(piece.k0, piece.k1, 8):
+            _prefetch(h.cur_sure[piece.attr] + k, 0, 3)
+        _prefetch(h.columns[piece.attr].edges + h.cur_at[piece.attr][piece.pk], 0, 3)
+
+
 cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
     """Matches among the slots [s0, s1) into ``h.out``: per chunk, the live bits ANDed
     with every column's piece. Scans must come in slot order (edges are consumed)."""
@@ -291,6 +308,8 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         end = min(h.chunk_w0[c + 1], last + 1)
         n = end - w
         lim = min(end << 6, s1)  # edges of later slots are left to later scans
+        if end <= last:
+            _prefetch_chunk(h, c + 1)
         for i in range(n):
             acc[i] = h.live[w + i]
         if w == s0 >> 6:
@@ -301,12 +320,14 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
             if not _and_piece(m, h, &h.pieces[j], w, n, lim, acc):
                 break
         if not h.groups:
+            j = h.n_hit
             for i in range(n):
                 if acc[i]:
-                    h.hit_w[h.n_hit] = w + i
-                    h.hit_bits[h.n_hit] = acc[i]
-                    h.n_hit += 1
+                    h.hit_w[j] = w + i
+                    h.hit_bits[j] = acc[i]
+                    j += 1
                     n_out += _popcount(acc[i])
+            h.n_hit = j
             w = end
             continue
         for i in range(n):
@@ -397,6 +418,7 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.columns = m.columns
     h.cur_sure = m.cur_sure
     h.cur_edge = m.cur_edge
+    h.cur_at = m.cur_at
     h.seen = m.seen
     h.out = m.out
     h.out_grp = m.out_grp

@@ -8,7 +8,6 @@ cdef extern from "Python.h":
     void _incref "Py_INCREF"(PyObject*)
     void _prefetch "__builtin_prefetch"(const void*, int, int)
     int _ctz "__builtin_ctzll"(uint64_t)
-    int _popcount "__builtin_popcountll"(uint64_t)
     PyObject** _list_items "PySequence_Fast_ITEMS"(object)
 
 cdef double INF = float("inf")
@@ -115,10 +114,13 @@ cdef struct Column:
     # tests it (position k is word words[k]): bucket b's *sure* bits (the predicates on
     # the attribute hold for every value of the bucket; a subscription that does not test
     # the attribute has them all) at sure + b·nw, its edges sorted by slot from
-    # edges[edge_off[b]], closed by one with slot INT_MAX. Buckets: numeric
-    # [split[b-1], split[b]) for b < n_num, NaN, a string of its own per sid in ``sids``
-    # (sorted), any other string, absent.
+    # edges[edge_off[b]], closed by one with slot INT_MAX; edges[edge_at[b·n_pieces + q]]
+    # is its first edge in or after the column's q-th piece (so that a scan skipping
+    # chunks need not walk over their edges). Buckets: numeric [split[b-1], split[b]) for
+    # b < n_num, NaN, a string of its own per sid in ``sids`` (sorted), any other string,
+    # absent.
     int nw
+    int n_pieces
     int n_num
     int n_str
     int* words
@@ -127,12 +129,14 @@ cdef struct Column:
     uint64_t* sure
     int* edge_off
     Edge* edges
+    int* edge_at
 
 
 cdef struct Piece:
-    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk, and whether
-    # these words are consecutive
+    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk, whether
+    # these words are consecutive, and which of the column's pieces it is (``pk``)
     int attr
+    int pk
     int k0
     int k1
     bint consecutive
@@ -155,6 +159,7 @@ cdef struct Hot:
     const Column* columns
     uint64_t** cur_sure
     Edge** cur_edge
+    const int** cur_at
     char* seen
     int* out
     int* out_grp
@@ -163,6 +168,15 @@ cdef struct Hot:
     int n_hit
     int stop
     bint groups
+
+
+cdef inline int _popcount(uint64_t x) noexcept nogil:
+    """The bits set in x (by halves, quarters…: the build targets CPUs without a popcount
+    instruction, where __builtin_popcountll is a library call)."""
+    x -= (x >> 1) & 0x5555555555555555ULL
+    x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL)
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL
+    return <int>((x * 0x0101010101010101ULL) >> 56)
 
 
 cdef void* _alloc(void* p, size_t n) except NULL:
