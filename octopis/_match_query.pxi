@@ -470,11 +470,11 @@ cdef list _match_one(Matcher m, dict publication):
             bits &= bits - 1
     for i in range(n_out - j):
         items[j + i] = _list_item(m._keys, m.out[i])
-    # The keys' reference counts are scattered in memory: fetch them ahead of use.
-    for i in range(min(n_out, 16)):
+    # The keys' reference counts are scattered in memory: fetch them well ahead of use.
+    for i in range(min(n_out, 32)):
         _prefetch(items[i], 1, 3)
     for i in range(n_out):
-        if i + 16 < n_out:
-            _prefetch(items[i + 16], 1, 3)
+        if i + 32 < n_out:
+            _prefetch(items[i + 32], 1, 3)
         _incref(items[i])
     return result
