@@ -257,7 +257,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
             elif bit and _edge_holds(m, e, a):
                 passed[i] |= bit
             e += 1
-        m.candidates += e - first
+        h.candidates += e - first
     if piece.consecutive and k < k1:
         d = words[k] - w
         sure += k - d
@@ -319,14 +319,13 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
             if not _and_piece(m, h, &h.pieces[j], w, n, lim, acc):
                 break
-        if not h.groups:
+        if not h.groups:  # written whether or not they hold a match, kept if they do
             j = h.n_hit
             for i in range(n):
-                if acc[i]:
-                    h.hit_w[j] = w + i
-                    h.hit_bits[j] = acc[i]
-                    j += 1
-                    n_out += _popcount(acc[i])
+                h.hit_w[j] = w + i
+                h.hit_bits[j] = acc[i]
+                j += acc[i] != 0
+                n_out += _popcount(acc[i])
             h.n_hit = j
             w = end
             continue
@@ -425,6 +424,7 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.hit_w = m.hit_w
     h.hit_bits = m.hit_bits
     h.n_hit = 0
+    h.candidates = 0
     h.stop = m.n_groups if groups else INT_MAX
     n_out = _scan(m, &h, 0, m.root_end, 0)
     for i in range(n_visit):
@@ -432,6 +432,7 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
             break
         n_out = _scan(m, &h, m.cells[m.visit[i]].beg, m.cells[m.visit[i]].end, n_out)
     m.n_hit = h.n_hit
+    m.candidates += h.candidates
     if not groups:
         j = 0
         for t in range(m.n_pending):

@@ -166,6 +166,7 @@ cdef struct Hot:
     int* hit_w
     uint64_t* hit_bits
     int n_hit
+    long long candidates
     int stop
     bint groups
 
