@@ -63,6 +63,7 @@ cdef int _build(Matcher m) except -1:
             placed[n_placed].sig = _signature(p, m.prog_len[sub], access)
             _first_range(p, m.prog_len[sub], &placed[n_placed])
             n_placed += 1
+        _runs(placed, n_placed)
         qsort(placed, n_placed, sizeof(Placed), _cmp_placed)
 
         _fill_slots(m, placed, n_placed, n_strs, n_attrs, counts)
@@ -157,14 +158,33 @@ cdef uint64_t _signature(const Pred* p, int n, int access) noexcept:
 
 
 cdef void _first_range(const Pred* p, int n, Placed* place) noexcept:
-    """p's first range ([inf, inf] if none) into ``place``."""
+    """p's first range ([inf, inf] if none) and its attribute (INT_MAX) into ``place``."""
     cdef int i
     place.lo = place.hi = INF
+    place.first = INT_MAX
     for i in range(n):
         if p[i].op == NUM_RANGE:
             place.lo = p[i].lo
             place.hi = p[i].hi
+            place.first = p[i].attr
             return
+
+
+cdef void _runs(Placed* placed, int n) noexcept:
+    """Each subscription's ``run``: its signature where at least RUN words of its cell
+    share it (they get words, and chunks, of their own, which test those attributes
+    only), else 0 (the slot order then ignores its other attributes, so that the
+    subscriptions a value satisfies on the first range's attribute still sit together
+    when few share all their attributes)."""
+    cdef int i = 0, j
+    qsort(placed, n, sizeof(Placed), _cmp_signature)
+    while i < n:
+        j = i
+        while j < n and placed[j].cell == placed[i].cell and placed[j].sig == placed[i].sig:
+            j += 1
+        for i in range(i, j):
+            placed[i].run = placed[i].sig if j - i >= 64 * RUN else 0
+        i = j
 
 
 cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_attrs,
