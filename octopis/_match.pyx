@@ -55,7 +55,7 @@ from libc.math cimport NAN, isfinite, isnan, nextafter
 from libc.limits cimport INT_MAX
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
-from libc.string cimport memcmp, memset
+from libc.string cimport memcmp, memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from octopis.filters import Subscription

@@ -81,13 +81,10 @@ cdef struct Pred:
 cdef struct Placed:
     # a subscription's place in the slot order: its cell (-1: the root, else
     # (sid << 32) | 3 * attr + kind of its access predicate), the attributes its bitmaps
-    # test (_signature), the attribute of its first range (INT_MAX: none) and that range
-    # (so that the subscriptions a value satisfies on that attribute sit together), which
-    # of its predicates is the access (-1: none); ``run`` is its signature if at least
-    # RUN words of subscriptions of its cell share that signature, else 0
+    # test (_signature), its key range (_key_ranges) and the range's attribute (``first``,
+    # INT_MAX: none), which of its predicates is the access (-1: none)
     int64_t cell
     uint64_t sig
-    uint64_t run
     double lo
     double hi
     int first
@@ -213,16 +210,13 @@ cdef int _cmp_signature(const void* x, const void* y) noexcept nogil:
 
 
 cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
-    """The slot order: by cell, by the attribute of the first range, by signature where
-    many share it, by the first range."""
+    """The slot order: by cell, by the attribute of the key range, by the key range."""
     cdef const Placed* p = <const Placed*>x
     cdef const Placed* q = <const Placed*>y
     if p.cell != q.cell:
         return (p.cell > q.cell) - (p.cell < q.cell)
     if p.first != q.first:
         return (p.first > q.first) - (p.first < q.first)
-    if p.run != q.run:
-        return (p.run > q.run) - (p.run < q.run)
     if p.lo != q.lo:
         return (p.lo > q.lo) - (p.lo < q.lo)
     if p.hi != q.hi:
