@@ -13,8 +13,9 @@ so a range or string equality is one NaN-safe test ``lo <= val[slot] <= hi``; ki
 and UTF-8 bytes serve the other operators.
 
 Index, rebuilt lazily. Every live subscription gets a *slot*; the slots are ordered by
-cell, by the set of attributes the subscription's bitmaps test and by its first range,
-and cut into words of 64:
+cell, by the attribute of the subscription's key range and by that range (the first
+range, or where a group testing the same attributes is clearly more selective on another
+attribute, the range there), and cut into words of 64:
 
 * a *cell* is the slot range of the subscriptions accessed by one string lookup (their
   most selective ``eq``, ``str-prefix`` or ``str-postfix``, looked up by the
@@ -26,15 +27,19 @@ and cut into words of 64:
   get a bucket each, then NaN, any other string, absent; per bucket, a *sure* bitmap (the
   subscription's predicates on the attribute hold for every value of the bucket; a
   subscription that does not test the attribute has the bit) and the *edges* (those that
-  hold for some values only), sorted by slot, each with how to decide it;
+  hold for some values only), sorted by slot, each with how to decide it, and indexed by
+  piece;
 * words form *chunks* of at most CHUNK (a new one where a run of RUN or more words testing
-  the same attributes begins); per chunk, each column has a *piece*, its positions there.
+  the same attributes begins); per chunk, each column has a *piece*, its positions there,
+  the attribute of most of the chunk's key ranges first.
 
 A publication points every column at its bucket. A scan, chunk by chunk in slot order,
 ANDs into the live bits each piece's sure bits plus the edges that hold, checked only
-for subscriptions still alive (an edge cursor per column advances with the scan): every
-bit left is a match. Subscriptions added since the last build wait in a pending list and
-are verified in full; removed ones lose their live bit.
+for subscriptions still alive, and stops early once no bit is left; it prefetches the
+next chunk's sure bits and edges. Every bit left is a match: ``match`` keeps the words
+with one and builds its list from them (a borrowed key per slot), ``match_groups`` takes
+one per group. Subscriptions added since the last build wait in a pending list and are
+verified in full; removed ones lose their live bit.
 
 Files: this one holds the storage (ids, interning, compiled programs) and the API;
 ``_match_index.pxi`` builds the index, ``_match_query.pxi`` matches, ``_match_types.pxi``
