@@ -208,6 +208,11 @@ cdef class Matcher:
     cdef int* word_chunk
     cdef int* chunk_w0
     cdef int* chunk_off
+    # per chunk, where all its subscriptions' key ranges are on one attribute: that
+    # attribute (else -1) and the hull of those ranges
+    cdef int* chunk_key
+    cdef double* chunk_lo
+    cdef double* chunk_hi
     cdef Piece* pieces
     cdef Column* columns
     cdef uint64_t** cur_sure
@@ -297,6 +302,9 @@ cdef class Matcher:
         PyMem_Free(self.word_chunk)
         PyMem_Free(self.chunk_w0)
         PyMem_Free(self.chunk_off)
+        PyMem_Free(self.chunk_key)
+        PyMem_Free(self.chunk_lo)
+        PyMem_Free(self.chunk_hi)
         PyMem_Free(self.pieces)
         PyMem_Free(self.cur_sure)
         PyMem_Free(self.cur_edge)
@@ -315,6 +323,9 @@ cdef class Matcher:
         self.word_chunk = NULL
         self.chunk_w0 = NULL
         self.chunk_off = NULL
+        self.chunk_key = NULL
+        self.chunk_lo = NULL
+        self.chunk_hi = NULL
         self.pieces = NULL
         self.cur_sure = NULL
         self.cur_edge = NULL

@@ -368,6 +368,9 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
     m.word_chunk = <int*>_alloc(NULL, m.n_words * sizeof(int))
     m.chunk_w0 = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
     m.chunk_off = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
+    m.chunk_key = <int*>_alloc(NULL, (m.n_words + 1) * sizeof(int))
+    m.chunk_lo = <double*>_alloc(NULL, (m.n_words + 1) * sizeof(double))
+    m.chunk_hi = <double*>_alloc(NULL, (m.n_words + 1) * sizeof(double))
     m.pieces = <Piece*>_alloc(NULL, total * sizeof(Piece))
     try:
         mark = <int*>_alloc(NULL, n_attrs * sizeof(int))
@@ -407,6 +410,9 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
                 if n_chunks:  # the last chunk's
                     _order_pieces(placed, m.pieces + first, n_pieces - first,
                                   m.chunk_w0[n_chunks - 1] << 6, min(w << 6, m.n_slots), votes)
+                    _bound_chunk(m, placed, n_chunks - 1, m.chunk_w0[n_chunks - 1] << 6,
+                                 min(w << 6, m.n_slots))
+                m.chunk_key[n_chunks] = -1
                 m.chunk_w0[n_chunks] = w
                 m.chunk_off[n_chunks] = first = n_pieces
                 n_chunks += 1
@@ -444,6 +450,9 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
         m.pieces = <Piece*>_alloc(m.pieces, n_pieces * sizeof(Piece))
         m.chunk_w0 = <int*>_alloc(m.chunk_w0, n_chunks * sizeof(int))
         m.chunk_off = <int*>_alloc(m.chunk_off, n_chunks * sizeof(int))
+        m.chunk_key = <int*>_alloc(m.chunk_key, n_chunks * sizeof(int))
+        m.chunk_lo = <double*>_alloc(m.chunk_lo, n_chunks * sizeof(double))
+        m.chunk_hi = <double*>_alloc(m.chunk_hi, n_chunks * sizeof(double))
     finally:
         PyMem_Free(mark)
         PyMem_Free(piece_of)
@@ -451,9 +460,26 @@ cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) e
         PyMem_Free(pos)
         PyMem_Free(pos_off)
         PyMem_Free(run)
-    m.index_bytes += (m.n_words * sizeof(int) + 2 * n_chunks * sizeof(int)
+    m.index_bytes += (m.n_words * sizeof(int) + 3 * n_chunks * sizeof(int)
+                      + 2 * n_chunks * sizeof(double)
                       + n_pieces * sizeof(Piece) + n_pos * sizeof(int))
     return 0
+
+
+cdef void _bound_chunk(Matcher m, const Placed* placed, int c, int s0, int s1) noexcept:
+    """Chunk c's ``chunk_key``, ``chunk_lo`` and ``chunk_hi``: where the key ranges of all
+    its subscriptions (slots [s0, s1)) are on one attribute, that attribute and the hull
+    of the ranges (a value outside it fails every subscription of the chunk), else -1."""
+    cdef int s
+    m.chunk_key[c] = -1 if s0 >= s1 or placed[s0].first == INT_MAX else placed[s0].first
+    m.chunk_lo[c] = INF
+    m.chunk_hi[c] = -INF
+    for s in range(s0, s1):
+        if placed[s].first != m.chunk_key[c]:
+            m.chunk_key[c] = -1
+            return
+        m.chunk_lo[c] = min(m.chunk_lo[c], placed[s].lo)
+        m.chunk_hi[c] = max(m.chunk_hi[c], placed[s].hi)
 
 
 cdef void _order_pieces(const Placed* placed, Piece* pieces, int n, int s0, int s1,

@@ -280,6 +280,13 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     return any
 
 
+cdef inline bint _outside(const Hot* h, int c) noexcept:
+    """Whether the publication fails every subscription of chunk c on the attribute of
+    their key ranges (the hull of the ranges does not hold its value, or it has none)."""
+    cdef int a = h.chunk_key[c]
+    return a >= 0 and not (h.chunk_lo[c] <= h.val[2 * a] <= h.chunk_hi[c])
+
+
 cdef inline void _prefetch_chunk(const Hot* h, int c) noexcept:
     """Ask the cache for what chunk c will read of the publication's buckets: the sure
     words and the first edge of each piece (with a large index they come from memory, and
@@ -308,7 +315,10 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         end = min(h.chunk_w0[c + 1], last + 1)
         n = end - w
         lim = min(end << 6, s1)  # edges of later slots are left to later scans
-        if end <= last:
+        if _outside(h, c):
+            w = end
+            continue
+        if end <= last and not _outside(h, c + 1):
             _prefetch_chunk(h, c + 1)
         for i in range(n):
             acc[i] = h.live[w + i]
@@ -413,6 +423,10 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.word_chunk = m.word_chunk
     h.chunk_w0 = m.chunk_w0
     h.chunk_off = m.chunk_off
+    h.chunk_key = m.chunk_key
+    h.chunk_lo = m.chunk_lo
+    h.chunk_hi = m.chunk_hi
+    h.val = m.val
     h.pieces = m.pieces
     h.columns = m.columns
     h.cur_sure = m.cur_sure

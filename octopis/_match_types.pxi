@@ -156,6 +156,10 @@ cdef struct Hot:
     const int* word_chunk
     const int* chunk_w0
     const int* chunk_off
+    const int* chunk_key
+    const double* chunk_lo
+    const double* chunk_hi
+    const double* val
     const Piece* pieces
     const Column* columns
     uint64_t** cur_sure
