@@ -13,8 +13,9 @@ so a range or string equality is one NaN-safe test ``lo <= val[slot] <= hi``; ki
 and UTF-8 bytes serve the other operators.
 
 Index, rebuilt lazily. Every live subscription gets a *slot*; the slots are ordered by
-cell, by the attribute of the subscription's key range and by that range (the first
-range, or where a group testing the same attributes is clearly more selective on another
+cell, by the attribute of the subscription's key range, by the attributes it tests where
+over CHUNK/2 words of subscriptions test the same, and by the key range (the first range,
+or where a group testing the same attributes is clearly more selective on another
 attribute, the range there), and cut into words of 64:
 
 * a *cell* is the slot range of the subscriptions accessed by one string lookup (their

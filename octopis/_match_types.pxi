@@ -81,10 +81,12 @@ cdef struct Pred:
 cdef struct Placed:
     # a subscription's place in the slot order: its cell (-1: the root, else
     # (sid << 32) | 3 * attr + kind of its access predicate), the attributes its bitmaps
-    # test (_signature), its key range (_key_ranges) and the range's attribute (``first``,
-    # INT_MAX: none), which of its predicates is the access (-1: none)
+    # test (_signature) and its ``run`` (_key_ranges), its key range (_key_ranges) and the
+    # range's attribute (``first``, INT_MAX: none), which of its predicates is the access
+    # (-1: none)
     int64_t cell
     uint64_t sig
+    uint64_t run
     double lo
     double hi
     int first
@@ -214,13 +216,16 @@ cdef int _cmp_signature(const void* x, const void* y) noexcept nogil:
 
 
 cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
-    """The slot order: by cell, by the attribute of the key range, by the key range."""
+    """The slot order: by cell, by the attribute of the key range, by run, by the key
+    range."""
     cdef const Placed* p = <const Placed*>x
     cdef const Placed* q = <const Placed*>y
     if p.cell != q.cell:
         return (p.cell > q.cell) - (p.cell < q.cell)
     if p.first != q.first:
         return (p.first > q.first) - (p.first < q.first)
+    if p.run != q.run:
+        return (p.run > q.run) - (p.run < q.run)
     if p.lo != q.lo:
         return (p.lo > q.lo) - (p.lo < q.lo)
     if p.hi != q.hi:

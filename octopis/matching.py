@@ -61,8 +61,9 @@ The compiled matcher combines the last two:
   bucket: the *sure* bitmap and the *edges*, the subscriptions whose predicates hold for
   part of the bucket, each with its range (or string id) to check inline.
 * *Layout*: subscriptions are ordered by cell, then by a *key range* of theirs, its
-  attribute first: so the subscriptions one value satisfies on that attribute sit
-  together, and most words are empty after its column. The key range is the first
+  attribute first (a group of over 1,000 testing the same attributes keeps words of its
+  own): so the subscriptions one value satisfies on that attribute sit together, and
+  most words are empty after its column. The key range is the first
   range, or, for a group of subscriptions testing the same attributes, the range on the
   attribute that is clearly the most selective on average (estimated, like a cell's, from
   the subscriptions alone: the share of all boundaries on the attribute that a range
