@@ -219,6 +219,7 @@ cdef class Matcher:
     cdef uint64_t** cur_sure
     cdef Edge** cur_edge
     cdef const int** cur_at
+    cdef int* cur_pk
     cdef int* str_off
     cdef Cell* cells
     cdef int* visit
@@ -310,6 +311,7 @@ cdef class Matcher:
         PyMem_Free(self.cur_sure)
         PyMem_Free(self.cur_edge)
         PyMem_Free(<void*>self.cur_at)
+        PyMem_Free(self.cur_pk)
         PyMem_Free(self.str_off)
         PyMem_Free(self.cells)
         PyMem_Free(self.visit)
@@ -331,6 +333,7 @@ cdef class Matcher:
         self.cur_sure = NULL
         self.cur_edge = NULL
         self.cur_at = NULL
+        self.cur_pk = NULL
         self.str_off = NULL
         self.cells = NULL
         self.visit = NULL

@@ -616,6 +616,7 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs, const doubl
         m.cur_sure = <uint64_t**>_alloc(NULL, n_attrs * sizeof(uint64_t*))
         m.cur_edge = <Edge**>_alloc(NULL, n_attrs * sizeof(Edge*))
         m.cur_at = <const int**>_alloc(NULL, n_attrs * sizeof(int*))
+        m.cur_pk = <int*>_alloc(NULL, n_attrs * sizeof(int))
         for a in range(n_attrs):
             _aim(m, a, _absent(&m.columns[a]))
         m.index_bytes += n_attrs * (sizeof(Column) + sizeof(uint64_t*) + sizeof(Edge*))

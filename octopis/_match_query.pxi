@@ -177,6 +177,7 @@ cdef inline void _aim(Matcher m, int a, int b) noexcept:
     m.cur_sure[a] = c.sure + <Py_ssize_t>b * c.nw
     m.cur_edge[a] = c.edges + c.edge_off[b]
     m.cur_at[a] = c.edge_at + <Py_ssize_t>b * c.n_pieces
+    m.cur_pk[a] = -1
 
 
 cdef inline bint _edge_holds(Matcher m, const Edge* e, int a) noexcept:
@@ -232,7 +233,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     cdef const int* words = h.columns[a].words
     cdef const uint64_t* sure = h.cur_sure[a]
     cdef const Edge* e = h.cur_edge[a]
-    cdef const Edge* at = h.columns[a].edges + h.cur_at[a][piece.pk]
+    cdef const Edge* at
     cdef const Edge* first
     cdef double x
     cdef bint tested = 0
@@ -240,8 +241,10 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         k += 1
     while k1 > k and words[k1 - 1] >= w + n:
         k1 -= 1
-    if at > e:  # the edges of the chunks skipped
-        e = at
+    if piece.pk != h.cur_pk[a] + 1:  # chunks skipped since the cursor's last piece
+        at = h.columns[a].edges + h.cur_at[a][piece.pk]
+        if at > e:
+            e = at
     while e.slot < w << 6:  # and of the words skipped in this one
         e += 1
     if e.slot < lim:
@@ -275,6 +278,8 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         for i in range(k, k1):
             acc[words[i] - w] &= sure[i]
     h.cur_edge[a] = <Edge*>e
+    if lim >= (words[piece.k1 - 1] + 1) << 6:  # the cursor is past all the piece's edges
+        h.cur_pk[a] = piece.pk
     for i in range(n):
         any |= acc[i]
     return any
@@ -297,7 +302,10 @@ cdef inline void _prefetch_chunk(const Hot* h, int c) noexcept:
         piece = &h.pieces[j]
         for k in range(piece.k0, piece.k1, 8):
             _prefetch(h.cur_sure[piece.attr] + k, 0, 3)
-        _prefetch(h.columns[piece.attr].edges + h.cur_at[piece.attr][piece.pk], 0, 3)
+        if piece.pk == h.cur_pk[piece.attr] + 1:
+            _prefetch(h.cur_edge[piece.attr], 0, 3)
+        else:
+            _prefetch(h.columns[piece.attr].edges + h.cur_at[piece.attr][piece.pk], 0, 3)
 
 
 cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
@@ -432,6 +440,7 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.cur_sure = m.cur_sure
     h.cur_edge = m.cur_edge
     h.cur_at = m.cur_at
+    h.cur_pk = m.cur_pk
     h.seen = m.seen
     h.out = m.out
     h.out_grp = m.out_grp

@@ -167,6 +167,7 @@ cdef struct Hot:
     uint64_t** cur_sure
     Edge** cur_edge
     const int** cur_at
+    int* cur_pk
     char* seen
     int* out
     int* out_grp
