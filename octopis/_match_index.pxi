@@ -67,6 +67,7 @@ cdef int _build(Matcher m) except -1:
         pts_off = <int*>_alloc(NULL, (n_attrs + 1) * sizeof(int))
         pts = _range_points(m, placed, n_placed, n_attrs, pts_off)
         _key_ranges(m, placed, n_placed, pts, pts_off, n_attrs)
+        _slices(placed, n_placed)
         qsort(placed, n_placed, sizeof(Placed), _cmp_placed)
 
         _fill_slots(m, placed, n_placed, n_strs, n_attrs, counts)
@@ -267,6 +268,20 @@ cdef int _key_ranges(Matcher m, Placed* placed, int n, const double* pts, const 
         PyMem_Free(total)
         PyMem_Free(count)
     return 0
+
+
+cdef void _slices(Placed* placed, int n) noexcept:
+    """Each subscription's ``slice``: which SLICE-th of the subscriptions of its cell
+    and key range attribute it falls in, by key range."""
+    cdef int i = 0, j, s
+    qsort(placed, n, sizeof(Placed), _cmp_key)
+    while i < n:
+        j = i
+        while j < n and placed[j].cell == placed[i].cell and placed[j].first == placed[i].first:
+            j += 1
+        for s in range(i, j):
+            placed[s].slice = (s - i) // SLICE
+        i = j
 
 
 cdef void _key_range(const Pred* p, int n, int attr, Placed* place) noexcept:

@@ -53,6 +53,7 @@ cdef enum:
     STR_BUCKETS = 64
     CHUNK = 32
     RUN = 4
+    SLICE = 8192
 
 # How an edge is decided (see Edge).
 cdef enum:
@@ -90,6 +91,7 @@ cdef struct Placed:
     double lo
     double hi
     int first
+    int slice
     int sub
     int access
 
@@ -216,6 +218,21 @@ cdef int _cmp_signature(const void* x, const void* y) noexcept nogil:
     return (p.sig > q.sig) - (p.sig < q.sig)
 
 
+cdef int _cmp_key(const void* x, const void* y) noexcept nogil:
+    """By cell, by the attribute of the key range, by the key range."""
+    cdef const Placed* p = <const Placed*>x
+    cdef const Placed* q = <const Placed*>y
+    if p.cell != q.cell:
+        return (p.cell > q.cell) - (p.cell < q.cell)
+    if p.first != q.first:
+        return (p.first > q.first) - (p.first < q.first)
+    if p.lo != q.lo:
+        return (p.lo > q.lo) - (p.lo < q.lo)
+    if p.hi != q.hi:
+        return (p.hi > q.hi) - (p.hi < q.hi)
+    return (p.sub > q.sub) - (p.sub < q.sub)
+
+
 cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
     """The slot order: by cell, by the attribute of the key range, by run, by the key
     range."""
@@ -225,6 +242,8 @@ cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
         return (p.cell > q.cell) - (p.cell < q.cell)
     if p.first != q.first:
         return (p.first > q.first) - (p.first < q.first)
+    if p.slice != q.slice:
+        return (p.slice > q.slice) - (p.slice < q.slice)
     if p.run != q.run:
         return (p.run > q.run) - (p.run < q.run)
     if p.lo != q.lo:
