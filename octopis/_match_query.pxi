@@ -292,10 +292,11 @@ cdef inline bint _outside(const Hot* h, int c) noexcept:
     return a >= 0 and not (h.chunk_lo[c] <= h.val[2 * a] <= h.chunk_hi[c])
 
 
-cdef inline void _prefetch_chunk(const Hot* h, int c) noexcept:
+cdef inline void _prefetch_chunk(const Hot* h, int c, bint edges) noexcept:
     """Ask the cache for what chunk c will read of the publication's buckets: the sure
-    words and the first edge of each piece (with a large index they come from memory, and
-    each chunk reads a few lines of each column only)."""
+    words and the first edge of each piece, or with ``edges`` false (the chunk is next),
+    where the edge index says it is (with a large index they come from memory, and each
+    chunk reads a few lines of each column only)."""
     cdef int j, k
     cdef const Piece* piece
     for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
@@ -304,8 +305,10 @@ cdef inline void _prefetch_chunk(const Hot* h, int c) noexcept:
             _prefetch(h.cur_sure[piece.attr] + k, 0, 3)
         if piece.pk == h.cur_pk[piece.attr] + 1:
             _prefetch(h.cur_edge[piece.attr], 0, 3)
-        else:
+        elif edges:
             _prefetch(h.columns[piece.attr].edges + h.cur_at[piece.attr][piece.pk], 0, 3)
+        else:
+            _prefetch(h.cur_at[piece.attr] + piece.pk, 0, 3)
 
 
 cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
@@ -313,7 +316,7 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
     with every column's piece. Scans must come in slot order (edges are consumed)."""
     cdef uint64_t acc[CHUNK]
     cdef uint64_t bits
-    cdef int w, last, end, n, i, j, c, slot, lim, g
+    cdef int w, last, end, n, i, j, c, slot, lim, g, ahead = -1
     if s0 >= s1:
         return n_out
     w = s0 >> 6
@@ -326,8 +329,11 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         if _outside(h, c):
             w = end
             continue
+        if ahead != c:  # after skipped chunks: what this one reads is not on its way yet
+            _prefetch_chunk(h, c, False)
         if end <= last and not _outside(h, c + 1):
-            _prefetch_chunk(h, c + 1)
+            _prefetch_chunk(h, c + 1, ahead == c)
+            ahead = c + 1
         for i in range(n):
             acc[i] = h.live[w + i]
         if w == s0 >> 6:
