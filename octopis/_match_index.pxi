@@ -613,6 +613,7 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs, const doubl
         # the attribute, then the edges (cursor: each bucket's next edge)
         _judge_all(m, placed, sptr, slen, NULL, fill)
         for a in range(n_attrs):
+            _runs_to_bits(&m.columns[a])
             _sure_untested(m, placed, &m.columns[a], a)
         cursor = <int*>_alloc(NULL, n_cursor * sizeof(int))
         for a in range(n_attrs):
@@ -763,7 +764,7 @@ cdef void _judge(Column* c, int k, int slot, const Pred* p, int i, int end, int 
     cdef double lo = -INF, hi = INF
     cdef int b, b0, b1, j, t, sid, n_tests = 0, n_ne = 0, n_split = c.n_num - 1
     cdef int other = c.n_num + c.n_str + 1, how = EDGE_PROGRAM
-    cdef int ne_bucket[64]
+    cdef int ne_bucket[66]
     for j in range(i, end):
         if j == access or p[j].op == PRESENT:
             continue
@@ -787,17 +788,34 @@ cdef void _judge(Column* c, int k, int slot, const Pred* p, int i, int end, int 
         b1 = _upper(c.split, n_split, hi)
         if has_range and n_tests == 1:
             how = EDGE_RANGE
-        for b in range(b0, b1 + 1):
-            sure = 1
-            if b == b0:
-                sure = lo == (c.split[b - 1] if b > 0 else -INF)
-            if b == b1:
-                sure &= hi == INF if b == n_split else c.split[b] == nextafter(hi, INF)
+        if n_ne == 64:  # more <> than ne_bucket holds: decide them one by one
+            for b in range(b0, b1 + 1):
+                _put(c, b, k, slot, 1, 0, how, lo, hi, cursor)
+        else:
+            # sure from the first bucket it covers whole to the last, but in the buckets
+            # of its <> constants: runs of sure buckets, and edges in the others
+            ne_bucket[n_ne] = b0 - (lo == (c.split[b0 - 1] if b0 > 0 else -INF))
+            ne_bucket[n_ne + 1] = b1 + (hi == INF if b1 == n_split else c.split[b1] == nextafter(hi, INF))
+            n_ne += 2
+            for t in range(1, n_ne):  # insertion sort (a few), then without repeats
+                b = ne_bucket[t]
+                j = t
+                while j > 0 and ne_bucket[j - 1] > b:
+                    ne_bucket[j] = ne_bucket[j - 1]
+                    j -= 1
+                ne_bucket[j] = b
+            j = 1
+            for t in range(1, n_ne):
+                if ne_bucket[t] != ne_bucket[j - 1]:
+                    ne_bucket[j] = ne_bucket[t]
+                    j += 1
+            n_ne = j
             for t in range(n_ne):
-                sure &= ne_bucket[t] != b
-            if n_ne == 64:  # more <> than ne_bucket holds: decide them one by one
-                sure = 0
-            _put(c, b, k, slot, 1, sure, how, lo, hi, cursor)
+                b = ne_bucket[t]
+                if b0 <= b <= b1:
+                    _put(c, b, k, slot, 1, 0, how, lo, hi, cursor)
+                if cursor == NULL and t + 1 < n_ne and ne_bucket[t + 1] > b + 1:
+                    _sure_run(c, k, slot, max(b + 1, b0), min(ne_bucket[t + 1] - 1, b1))
         _put(c, c.n_num, k, slot, not has_range, not has_range, how, lo, hi, cursor)  # NaN
     if not has_num:
         for b in range(c.n_str):
@@ -820,6 +838,28 @@ cdef void _judge(Column* c, int k, int slot, const Pred* p, int i, int end, int 
                     how = EDGE_SID
                     lo = hi = p[j].sid
         _put(c, other, k, slot, may, may and sure, how, lo, hi, cursor)
+
+
+cdef inline void _sure_run(Column* c, int k, int slot, int b0, int b1) noexcept:
+    """The sure bit of ``slot`` (word k) in the numeric buckets b0 to b1, as toggles at b0
+    and after b1, which :func:`_runs_to_bits` turns into the bits of every bucket."""
+    cdef uint64_t bit = (<uint64_t>1) << (slot & 63)
+    if b0 > b1:
+        return
+    c.sure[<Py_ssize_t>b0 * c.nw + k] ^= bit
+    if b1 + 1 < c.n_num:
+        c.sure[<Py_ssize_t>(b1 + 1) * c.nw + k] ^= bit
+
+
+cdef void _runs_to_bits(Column* c) noexcept:
+    """Each numeric bucket's sure bits from the toggles of :func:`_sure_run` (a bit is
+    set from the bucket that toggles it on to the one that toggles it off)."""
+    cdef Py_ssize_t b, k
+    cdef uint64_t* row
+    for b in range(1, c.n_num):
+        row = c.sure + b * c.nw
+        for k in range(c.nw):
+            row[k] ^= row[k - c.nw]
 
 
 cdef inline void _put(Column* c, int b, int k, int slot, bint may, bint sure, int how,
