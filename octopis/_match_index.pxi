@@ -660,7 +660,8 @@ cdef int _fill_columns(Matcher m, const Placed* placed, int n_attrs, const doubl
         m.cur_pk = <int*>_alloc(NULL, n_attrs * sizeof(int))
         for a in range(n_attrs):
             _aim(m, a, _absent(&m.columns[a]))
-        m.index_bytes += n_attrs * (sizeof(Column) + sizeof(uint64_t*) + sizeof(Edge*))
+        m.index_bytes += n_attrs * (sizeof(Column) + sizeof(uint64_t*) + sizeof(Edge*)
+                                    + sizeof(int*) + sizeof(int))
     finally:
         PyMem_Free(fill)
         PyMem_Free(strs)

@@ -485,10 +485,13 @@ cdef list _match_one(Matcher m, dict publication):
     cdef list keep = []
     cdef list result
     cdef PyObject** items
-    cdef const int* hit_w = m.hit_w
-    cdef const uint64_t* hit_bits = m.hit_bits
-    cdef PyObject** slot_key = m.slot_key
+    cdef const int* hit_w
+    cdef const uint64_t* hit_bits
+    cdef PyObject** slot_key
     n_out = _collect(m, publication, keep, False)
+    hit_w = m.hit_w
+    hit_bits = m.hit_bits
+    slot_key = m.slot_key
     result = PyList_New(n_out)
     items = _list_items(result)
     for t in range(m.n_hit):

@@ -2,13 +2,13 @@
 # (included by _match.pyx; the design is in its docstring).
 
 cdef extern from "Python.h":
-    # the list macros on borrowed pointers, to touch each key's refcount once
+    # the list macros on borrowed pointers, to touch each key's refcount once (a list's
+    # items: PySequence_Fast_ITEMS)
     PyObject* _list_item "PyList_GET_ITEM"(object, Py_ssize_t)
-    void _list_set "PyList_SET_ITEM"(object, Py_ssize_t, PyObject*)
+    PyObject** _list_items "PySequence_Fast_ITEMS"(object)
     void _incref "Py_INCREF"(PyObject*)
     void _prefetch "__builtin_prefetch"(const void*, int, int)
     int _ctz "__builtin_ctzll"(uint64_t)
-    PyObject** _list_items "PySequence_Fast_ITEMS"(object)
 
 cdef double INF = float("inf")
 cdef long long MAX_INTEGER = 2 ** 53  # octopis.filters.MAX_INTEGER
@@ -150,8 +150,10 @@ cdef struct Piece:
 
 cdef struct Hot:
     # what a scan reads and writes, copied out of the Matcher so that the compiler keeps
-    # it in registers: per attribute its sure bits and its next edge (edges are tested
-    # and consumed as the scan advances); in group mode (``groups``) ``out`` takes one
+    # it in registers: per attribute its sure bits, its next edge (edges are tested and
+    # consumed as the scan advances), the edge index of its bucket and the last piece
+    # whose edges the cursor is past (``cur_pk``); per chunk the hull of its key ranges;
+    # in group mode (``groups``) ``out`` takes one
     # subscription per group (``grp``: by slot, ``seen`` marks the groups taken,
     # ``out_grp`` their groups) and the scan stops once it holds ``stop``; otherwise every
     # word with a match goes to ``hit_w`` and its bits to ``hit_bits`` (``n_hit`` of them)
