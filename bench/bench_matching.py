@@ -21,7 +21,9 @@ Calls, each a test parameter:
 
 Every test records in ``extra_info``: ``pubs_per_s`` (from the fastest round), the mean
 selectivity over the publications it matched, the compiled index's bytes, and for
-``stock`` the selectivity over the subscriptions' own sample. Run
+``stock`` the selectivity over the subscriptions' own sample. ``test_build`` times, per
+shape at :data:`BUILD_SIZE` subscriptions, adding them all (each with a group) and then
+building their index (``rebuild``), fastest of three, and records the index's bytes. Run
 ``pytest bench/bench_matching.py --benchmark-only`` (``--benchmark-json=FILE``, then
 ``python -m bench.matching_table FILE`` for the table of ``bench/RESULTS.md``; on a shared
 machine ``--benchmark-timer=time.process_time`` counts the CPU time the matcher gets).
@@ -29,6 +31,7 @@ machine ``--benchmark-timer=time.process_time`` counts the CPU time the matcher 
 
 from __future__ import annotations
 
+import importlib
 import random
 import statistics
 from collections.abc import Callable
@@ -52,6 +55,8 @@ SIZES = (1_000, 10_000, 100_000)
 CALLS = ("match_groups", "match_groups_full", "match", "reference")
 GROUPS = 16
 """Groups of ``match_groups``: about the neighbours and local clients of a broker."""
+BUILD_SIZE = 100_000
+"""Subscriptions of ``test_build``."""
 # publications per round and rounds, chosen to keep every test to a few seconds
 PLAN = {
     ("compiled", 1_000): (4096, 10),
@@ -138,3 +143,35 @@ def test_shape_throughput(benchmark, workloads, shape: str, call: str, size: int
         benchmark.extra_info.update(sample_selectivity=round(workload.sample_selectivity, 5))
         assert 0.016 <= workload.sample_selectivity <= 0.024
     assert matches > 0
+
+
+@pytest.mark.parametrize("shape", ["stock", *sorted(SHAPES)])
+def test_build(benchmark, workloads, request, shape: str) -> None:
+    subscriptions = workloads(shape, BUILD_SIZE).subscriptions
+    module, _, name = request.config.getoption("benchmark_timer").rpartition(".")
+    timer = getattr(importlib.import_module(module), name)
+    adds: list[float] = []
+    built: list[Matcher] = []
+
+    def fill() -> tuple[tuple[Matcher], dict]:
+        matcher = Matcher()
+        started = timer()
+        for key, subscription in enumerate(subscriptions):
+            matcher.add(key, subscription, key % GROUPS)
+        adds.append(timer() - started)
+        built.append(matcher)
+        return (matcher,), {}
+
+    benchmark.group = f"matcher build, {BUILD_SIZE:,} subscriptions"
+    benchmark.pedantic(Matcher.rebuild, setup=fill, rounds=3)
+    memory = built[-1].stats()["memory"]
+    benchmark.extra_info.update(
+        shape=shape,
+        call="build",
+        subscriptions=BUILD_SIZE,
+        add_us=round(min(adds) / BUILD_SIZE * 1e6, 2),
+        rebuild_s=round(benchmark.stats.stats.min, 3),
+        index_bytes=memory,
+        bytes_per_subscription=round(memory / BUILD_SIZE),
+    )
+    assert built[-1].stats()["pending"] == 0 and len(built[-1]) == BUILD_SIZE
