@@ -248,10 +248,15 @@ cdef int _key_ranges(Matcher m, Placed* placed, int n, const double* pts, const 
     cell and one signature, else its first range. A group of at least 64 chooses the
     attribute whose ranges hold for the smallest share of values on average
     (:func:`_share`), where that share is clearly smaller (by a fifth) than on the first
-    attribute with a range; a smaller group, the first. And its ``run``: the signature
-    where the group fills half a chunk (it then gets words of its own, which test its
-    attributes only, and ``match_groups`` finds matches sooner), else 0."""
-    cdef int i = 0, j, s, t, a, first, best
+    attribute with a range; a smaller group, the first.
+
+    And how the slot order puts it: in a cell of at least two chunks, by the key range's
+    attribute first (``lead``), then by ``run``, its signature where the group fills half
+    a chunk (it gets words of its own, which test its attributes only, and
+    ``match_groups`` finds matches sooner), else 0; in a smaller cell, where no chunk can
+    be skipped, by signature (a word then tests fewer attributes)."""
+    cdef int i = 0, j, s, t, a, first, best, cell_end = 0
+    cdef bint big
     cdef const Pred* p
     cdef double* total = NULL
     cdef int* count = NULL
@@ -262,6 +267,10 @@ cdef int _key_ranges(Matcher m, Placed* placed, int n, const double* pts, const 
         memset(total, 0, n_attrs * sizeof(double))
         memset(count, 0, n_attrs * sizeof(int))
         while i < n:
+            if i == cell_end:
+                while cell_end < n and placed[cell_end].cell == placed[i].cell:
+                    cell_end += 1
+                big = cell_end - i >= 2 * 64 * CHUNK
             j = i
             while j < n and placed[j].cell == placed[i].cell and placed[j].sig == placed[i].sig:
                 j += 1
@@ -283,7 +292,8 @@ cdef int _key_ranges(Matcher m, Placed* placed, int n, const double* pts, const 
                         best = a
             for s in range(i, j):
                 _key_range(m.prog[placed[s].sub], m.prog_len[placed[s].sub], best, &placed[s])
-                placed[s].run = placed[s].sig if j - i >= 64 * CHUNK // 2 else 0
+                placed[s].lead = placed[s].first if big else -1
+                placed[s].run = placed[s].sig if j - i >= 64 * CHUNK // 2 or not big else 0
                 p = m.prog[placed[s].sub]
                 for t in range(m.prog_len[placed[s].sub]):
                     total[p[t].attr] = 0.0
@@ -297,12 +307,12 @@ cdef int _key_ranges(Matcher m, Placed* placed, int n, const double* pts, const 
 
 cdef void _slices(Placed* placed, int n) noexcept:
     """Each subscription's ``slice``: which SLICE-th of the subscriptions of its cell
-    and key range attribute it falls in, by key range."""
+    and ``lead`` it falls in, by key range."""
     cdef int i = 0, j, s
     qsort(placed, n, sizeof(Placed), _cmp_key)
     while i < n:
         j = i
-        while j < n and placed[j].cell == placed[i].cell and placed[j].first == placed[i].first:
+        while j < n and placed[j].cell == placed[i].cell and placed[j].lead == placed[i].lead:
             j += 1
         for s in range(i, j):
             placed[s].slice = (s - i) // SLICE

@@ -329,11 +329,12 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         if _outside(h, c):
             w = end
             continue
-        if ahead != c:  # after skipped chunks: what this one reads is not on its way yet
-            _prefetch_chunk(h, c, False)
-        if end <= last and not _outside(h, c + 1):
-            _prefetch_chunk(h, c + 1, ahead == c)
-            ahead = c + 1
+        if h.prefetch:
+            if ahead != c and n >= CHUNK // 4:  # what this chunk reads is not on its way
+                _prefetch_chunk(h, c, False)
+            if end <= last and not _outside(h, c + 1):
+                _prefetch_chunk(h, c + 1, ahead == c)
+                ahead = c + 1
         for i in range(n):
             acc[i] = h.live[w + i]
         if w == s0 >> 6:
@@ -455,6 +456,7 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.n_hit = 0
     h.candidates = 0
     h.stop = m.n_groups if groups else INT_MAX
+    h.prefetch = m.index_bytes >= PREFETCH_BYTES
     n_out = _scan(m, &h, 0, m.root_end, 0)
     for i in range(n_visit):
         if n_out >= h.stop:

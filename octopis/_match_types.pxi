@@ -55,6 +55,7 @@ cdef enum:
     RUN = 4
     SLICE = 8192
     QUANTILES = 1024
+    PREFETCH_BYTES = 1 << 20  # an index this large is read from memory: prefetch chunks
 
 # How an edge is decided (see Edge).
 cdef enum:
@@ -83,15 +84,16 @@ cdef struct Pred:
 cdef struct Placed:
     # a subscription's place in the slot order: its cell (-1: the root, else
     # (sid << 32) | 3 * attr + kind of its access predicate), the attributes its bitmaps
-    # test (_signature) and its ``run`` (_key_ranges), its key range (_key_ranges) and the
-    # range's attribute (``first``, INT_MAX: none), which of its predicates is the access
-    # (-1: none)
+    # test (_signature), its key range (_key_ranges) and the range's attribute (``first``,
+    # INT_MAX: none), which of its predicates is the access (-1: none); ``lead`` and ``run``
+    # (_key_ranges) and ``slice`` (_slices) order it
     int64_t cell
     uint64_t sig
     uint64_t run
     double lo
     double hi
     int first
+    int lead
     int slice
     int sub
     int access
@@ -180,6 +182,7 @@ cdef struct Hot:
     uint64_t* hit_bits
     int n_hit
     long long candidates
+    bint prefetch
     int stop
     bint groups
 
@@ -263,13 +266,13 @@ cdef int _cmp_signature(const void* x, const void* y) noexcept nogil:
 
 
 cdef int _cmp_key(const void* x, const void* y) noexcept nogil:
-    """By cell, by the attribute of the key range, by the key range."""
+    """By cell, by ``lead``, by the key range."""
     cdef const Placed* p = <const Placed*>x
     cdef const Placed* q = <const Placed*>y
     if p.cell != q.cell:
         return (p.cell > q.cell) - (p.cell < q.cell)
-    if p.first != q.first:
-        return (p.first > q.first) - (p.first < q.first)
+    if p.lead != q.lead:
+        return (p.lead > q.lead) - (p.lead < q.lead)
     if p.lo != q.lo:
         return (p.lo > q.lo) - (p.lo < q.lo)
     if p.hi != q.hi:
@@ -278,14 +281,13 @@ cdef int _cmp_key(const void* x, const void* y) noexcept nogil:
 
 
 cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
-    """The slot order: by cell, by the attribute of the key range, by run, by the key
-    range."""
+    """The slot order: by cell, by ``lead``, by slice, by run, by the key range."""
     cdef const Placed* p = <const Placed*>x
     cdef const Placed* q = <const Placed*>y
     if p.cell != q.cell:
         return (p.cell > q.cell) - (p.cell < q.cell)
-    if p.first != q.first:
-        return (p.first > q.first) - (p.first < q.first)
+    if p.lead != q.lead:
+        return (p.lead > q.lead) - (p.lead < q.lead)
     if p.slice != q.slice:
         return (p.slice > q.slice) - (p.slice < q.slice)
     if p.run != q.run:
