@@ -4,7 +4,9 @@
     python -m bench.matching_table matcher.json
 
 One row per shape and size: compiled publications/s for each call, the reference's, the
-ratio of each compiled call to it, the mean selectivity and the compiled index's memory.
+ratio of each compiled call to it, the mean selectivity and the compiled index's memory;
+then, if the run has them, one row per shape of ``test_build``: the time to add a
+subscription, to build the index of all of them, its memory in all and per subscription.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ CALLS = ("match_groups", "match_groups_full", "match")
 def table(report: dict) -> str:
     """Markdown rows for every (shape, size) of a pytest-benchmark JSON ``report``."""
     rows: dict[tuple[str, int], dict[str, dict]] = {}
+    builds: dict[str, dict] = {}
     for bench in report["benchmarks"]:
         info = bench["extra_info"]
-        rows.setdefault((info["shape"], info["subscriptions"]), {})[info["call"]] = info
+        if info["call"] == "build":
+            builds[info["shape"]] = info
+        else:
+            rows.setdefault((info["shape"], info["subscriptions"]), {})[info["call"]] = info
     lines = [
         "| shape | subscriptions | match_groups | match_groups, no early stop | match "
         "| reference | ratios to the reference | selectivity | index memory |",
@@ -40,6 +46,18 @@ def table(report: dict) -> str:
         cells.append(f"{match['mean_selectivity']:.2%}" if match else "–")
         cells.append(f"{match['index_bytes'] / 2**20:.1f} MiB" if match else "–")
         lines.append("| " + " | ".join(cells) + " |")
+    if builds:
+        lines += [
+            "",
+            "| shape | subscriptions | add | rebuild | index memory | per subscription |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for shape, info in sorted(builds.items()):
+            lines.append(
+                f"| {shape} | {info['subscriptions']:,} | {info['add_us']:.1f} µs "
+                f"| {info['rebuild_s']:.2f} s | {info['index_bytes'] / 2**20:.1f} MiB "
+                f"| {info['bytes_per_subscription']} B |"
+            )
     return "\n".join(lines)
 
 

@@ -13,8 +13,10 @@ so a range or string equality is one NaN-safe test ``lo <= val[slot] <= hi``; ki
 and UTF-8 bytes serve the other operators.
 
 Index, rebuilt lazily. Every live subscription gets a *slot*; the slots are ordered by
-cell, by the set of attributes the subscription's bitmaps test and by its first range,
-and cut into words of 64:
+cell, by the attribute of the subscription's key range, by the attributes it tests where
+over CHUNK/2 words of subscriptions test the same, and by the key range (the first range,
+or where a group testing the same attributes is clearly more selective on another
+attribute, the range there), and cut into words of 64:
 
 * a *cell* is the slot range of the subscriptions accessed by one string lookup (their
   most selective ``eq``, ``str-prefix`` or ``str-postfix``, looked up by the
@@ -26,15 +28,19 @@ and cut into words of 64:
   get a bucket each, then NaN, any other string, absent; per bucket, a *sure* bitmap (the
   subscription's predicates on the attribute hold for every value of the bucket; a
   subscription that does not test the attribute has the bit) and the *edges* (those that
-  hold for some values only), sorted by slot, each with how to decide it;
+  hold for some values only), sorted by slot, each with how to decide it, and indexed by
+  piece;
 * words form *chunks* of at most CHUNK (a new one where a run of RUN or more words testing
-  the same attributes begins); per chunk, each column has a *piece*, its positions there.
+  the same attributes begins); per chunk, each column has a *piece*, its positions there,
+  the attribute of most of the chunk's key ranges first.
 
 A publication points every column at its bucket. A scan, chunk by chunk in slot order,
 ANDs into the live bits each piece's sure bits plus the edges that hold, checked only
-for subscriptions still alive (an edge cursor per column advances with the scan): every
-bit left is a match. Subscriptions added since the last build wait in a pending list and
-are verified in full; removed ones lose their live bit.
+for subscriptions still alive, and stops early once no bit is left; it prefetches the
+next chunk's sure bits and edges. Every bit left is a match: ``match`` keeps the words
+with one and builds its list from them (a borrowed key per slot), ``match_groups`` takes
+one per group. Subscriptions added since the last build wait in a pending list and are
+verified in full; removed ones lose their live bit.
 
 Files: this one holds the storage (ids, interning, compiled programs) and the API;
 ``_match_index.pxi`` builds the index, ``_match_query.pxi`` matches, ``_match_types.pxi``
@@ -55,7 +61,7 @@ from libc.math cimport NAN, isfinite, isnan, nextafter
 from libc.limits cimport INT_MAX
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport qsort
-from libc.string cimport memcmp, memset
+from libc.string cimport memcmp, memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from octopis.filters import Subscription
@@ -198,19 +204,31 @@ cdef class Matcher:
     cdef int* slot_of
     cdef int* slot_sub
     cdef int* slot_grp
+    cdef PyObject** slot_key  # borrowed from _keys: a removed subscription is never hit
     cdef uint64_t* live
     cdef int* word_chunk
     cdef int* chunk_w0
     cdef int* chunk_off
+    # per chunk, where all its subscriptions' key ranges are on one attribute: that
+    # attribute (else -1) and the hull of those ranges
+    cdef int* chunk_key
+    cdef double* chunk_lo
+    cdef double* chunk_hi
     cdef Piece* pieces
     cdef Column* columns
     cdef uint64_t** cur_sure
     cdef Edge** cur_edge
+    cdef const int** cur_at
+    cdef int* cur_pk
     cdef int* str_off
     cdef Cell* cells
     cdef int* visit
     cdef char* affixed
     cdef dict _affix_lengths
+    # what a scan for ``match`` found: the words with a hit and their bits (``n_hit``)
+    cdef int* hit_w
+    cdef uint64_t* hit_bits
+    cdef int n_hit
     cdef list _retired_strs  # string ids released since the last build
     cdef long long candidates
     cdef Py_ssize_t index_bytes
@@ -275,16 +293,25 @@ cdef class Matcher:
                 PyMem_Free(self.columns[a].sure)
                 PyMem_Free(self.columns[a].edge_off)
                 PyMem_Free(self.columns[a].edges)
+                PyMem_Free(self.columns[a].edge_at)
         PyMem_Free(self.columns)
         PyMem_Free(self.slot_sub)
         PyMem_Free(self.slot_grp)
+        PyMem_Free(self.slot_key)
+        PyMem_Free(self.hit_w)
+        PyMem_Free(self.hit_bits)
         PyMem_Free(self.live)
         PyMem_Free(self.word_chunk)
         PyMem_Free(self.chunk_w0)
         PyMem_Free(self.chunk_off)
+        PyMem_Free(self.chunk_key)
+        PyMem_Free(self.chunk_lo)
+        PyMem_Free(self.chunk_hi)
         PyMem_Free(self.pieces)
         PyMem_Free(self.cur_sure)
         PyMem_Free(self.cur_edge)
+        PyMem_Free(<void*>self.cur_at)
+        PyMem_Free(self.cur_pk)
         PyMem_Free(self.str_off)
         PyMem_Free(self.cells)
         PyMem_Free(self.visit)
@@ -292,13 +319,21 @@ cdef class Matcher:
         self.columns = NULL
         self.slot_sub = NULL
         self.slot_grp = NULL
+        self.slot_key = NULL
+        self.hit_w = NULL
+        self.hit_bits = NULL
         self.live = NULL
         self.word_chunk = NULL
         self.chunk_w0 = NULL
         self.chunk_off = NULL
+        self.chunk_key = NULL
+        self.chunk_lo = NULL
+        self.chunk_hi = NULL
         self.pieces = NULL
         self.cur_sure = NULL
         self.cur_edge = NULL
+        self.cur_at = NULL
+        self.cur_pk = NULL
         self.str_off = NULL
         self.cells = NULL
         self.visit = NULL

@@ -176,6 +176,8 @@ cdef inline void _aim(Matcher m, int a, int b) noexcept:
     cdef const Column* c = &m.columns[a]
     m.cur_sure[a] = c.sure + <Py_ssize_t>b * c.nw
     m.cur_edge[a] = c.edges + c.edge_off[b]
+    m.cur_at[a] = c.edge_at + <Py_ssize_t>b * c.n_pieces
+    m.cur_pk[a] = -1
 
 
 cdef inline bint _edge_holds(Matcher m, const Edge* e, int a) noexcept:
@@ -231,6 +233,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     cdef const int* words = h.columns[a].words
     cdef const uint64_t* sure = h.cur_sure[a]
     cdef const Edge* e = h.cur_edge[a]
+    cdef const Edge* at
     cdef const Edge* first
     cdef double x
     cdef bint tested = 0
@@ -238,7 +241,11 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         k += 1
     while k1 > k and words[k1 - 1] >= w + n:
         k1 -= 1
-    while e.slot < w << 6:  # the edges of words skipped
+    if piece.pk != h.cur_pk[a] + 1:  # chunks skipped since the cursor's last piece
+        at = h.columns[a].edges + h.cur_at[a][piece.pk]
+        if at > e:
+            e = at
+    while e.slot < w << 6:  # and of the words skipped in this one
         e += 1
     if e.slot < lim:
         tested = 1
@@ -253,7 +260,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
             elif bit and _edge_holds(m, e, a):
                 passed[i] |= bit
             e += 1
-        m.candidates += e - first
+        h.candidates += e - first
     if piece.consecutive and k < k1:
         d = words[k] - w
         sure += k - d
@@ -271,9 +278,37 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         for i in range(k, k1):
             acc[words[i] - w] &= sure[i]
     h.cur_edge[a] = <Edge*>e
+    if lim >= (words[piece.k1 - 1] + 1) << 6:  # the cursor is past all the piece's edges
+        h.cur_pk[a] = piece.pk
     for i in range(n):
         any |= acc[i]
     return any
+
+
+cdef inline bint _outside(const Hot* h, int c) noexcept:
+    """Whether the publication fails every subscription of chunk c on the attribute of
+    their key ranges (the hull of the ranges does not hold its value, or it has none)."""
+    cdef int a = h.chunk_key[c]
+    return a >= 0 and not (h.chunk_lo[c] <= h.val[2 * a] <= h.chunk_hi[c])
+
+
+cdef inline void _prefetch_chunk(const Hot* h, int c, bint edges) noexcept:
+    """Ask the cache for what chunk c will read of the publication's buckets: the sure
+    words and the first edge of each piece, or with ``edges`` false (the chunk is next),
+    where the edge index says it is (with a large index they come from memory, and each
+    chunk reads a few lines of each column only)."""
+    cdef int j, k
+    cdef const Piece* piece
+    for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
+        piece = &h.pieces[j]
+        for k in range(piece.k0, piece.k1, 8):
+            _prefetch(h.cur_sure[piece.attr] + k, 0, 3)
+        if piece.pk == h.cur_pk[piece.attr] + 1:
+            _prefetch(h.cur_edge[piece.attr], 0, 3)
+        elif edges:
+            _prefetch(h.columns[piece.attr].edges + h.cur_at[piece.attr][piece.pk], 0, 3)
+        else:
+            _prefetch(h.cur_at[piece.attr] + piece.pk, 0, 3)
 
 
 cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
@@ -281,7 +316,7 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
     with every column's piece. Scans must come in slot order (edges are consumed)."""
     cdef uint64_t acc[CHUNK]
     cdef uint64_t bits
-    cdef int w, last, end, n, i, j, c, slot, lim, g
+    cdef int w, last, end, n, i, j, c, slot, lim, g, ahead = -1
     if s0 >= s1:
         return n_out
     w = s0 >> 6
@@ -291,6 +326,15 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         end = min(h.chunk_w0[c + 1], last + 1)
         n = end - w
         lim = min(end << 6, s1)  # edges of later slots are left to later scans
+        if _outside(h, c):
+            w = end
+            continue
+        if h.prefetch:
+            if ahead != c and n >= CHUNK // 4:  # what this chunk reads is not on its way
+                _prefetch_chunk(h, c, False)
+            if end <= last and not _outside(h, c + 1):
+                _prefetch_chunk(h, c + 1, ahead == c)
+                ahead = c + 1
         for i in range(n):
             acc[i] = h.live[w + i]
         if w == s0 >> 6:
@@ -300,16 +344,24 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
         for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
             if not _and_piece(m, h, &h.pieces[j], w, n, lim, acc):
                 break
+        if not h.groups:  # written whether or not they hold a match, kept if they do
+            j = h.n_hit
+            for i in range(n):
+                h.hit_w[j] = w + i
+                h.hit_bits[j] = acc[i]
+                j += acc[i] != 0
+                n_out += _popcount(acc[i])
+            h.n_hit = j
+            w = end
+            continue
         for i in range(n):
             bits = acc[i]
             while bits:
                 slot = ((w + i) << 6) + _ctz(bits)
                 bits &= bits - 1
-                g = 0
-                if h.groups:
-                    g = h.grp[slot]
-                    if g < 0 or h.seen[g]:
-                        continue
+                g = h.grp[slot]
+                if g < 0 or h.seen[g]:
+                    continue
                 n_out = _take(h, h.slot_sub[slot], g, n_out)
                 if n_out >= h.stop:
                     return n_out
@@ -353,8 +405,10 @@ cdef int _affix_lookups(Matcher m, int a, int* n_visit) except -1:
 
 
 cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1:
-    """Internal ids of the matching subscriptions into ``m.out``; returns how many.
-    ``keep`` holds the publication's values alive while ``out`` is in use.
+    """The matching subscriptions; returns how many. The indexed ones are left as words
+    of slots in ``m.hit_w`` and ``m.hit_bits`` (``m.n_hit`` of them), the pending ones
+    as internal ids in ``m.out``, after the others. ``keep`` holds the publication's
+    values alive while the results are in use.
 
     With ``groups``, ``out`` gets one matching subscription per group instead (and
     ``out_grp`` its group, marked in ``seen``), and the search stops as soon as every
@@ -384,19 +438,40 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
     h.word_chunk = m.word_chunk
     h.chunk_w0 = m.chunk_w0
     h.chunk_off = m.chunk_off
+    h.chunk_key = m.chunk_key
+    h.chunk_lo = m.chunk_lo
+    h.chunk_hi = m.chunk_hi
+    h.val = m.val
     h.pieces = m.pieces
     h.columns = m.columns
     h.cur_sure = m.cur_sure
     h.cur_edge = m.cur_edge
+    h.cur_at = m.cur_at
+    h.cur_pk = m.cur_pk
     h.seen = m.seen
     h.out = m.out
     h.out_grp = m.out_grp
+    h.hit_w = m.hit_w
+    h.hit_bits = m.hit_bits
+    h.n_hit = 0
+    h.candidates = 0
     h.stop = m.n_groups if groups else INT_MAX
+    h.prefetch = m.index_bytes >= PREFETCH_BYTES
     n_out = _scan(m, &h, 0, m.root_end, 0)
     for i in range(n_visit):
         if n_out >= h.stop:
             break
         n_out = _scan(m, &h, m.cells[m.visit[i]].beg, m.cells[m.visit[i]].end, n_out)
+    m.n_hit = h.n_hit
+    m.candidates += h.candidates
+    if not groups:
+        j = 0
+        for t in range(m.n_pending):
+            i = m.pending[t]
+            if _holds(m, m.prog[i], m.prog_len[i]):
+                m.out[j] = i
+                j += 1
+        return n_out + j
     t = 0
     while t < m.n_pending and n_out < h.stop:
         i = m.pending[t]
@@ -407,20 +482,34 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
 
 
 cdef list _match_one(Matcher m, dict publication):
-    cdef int i
+    cdef int i, j = 0, t, base, n_out
+    cdef uint64_t bits
     cdef list keep = []
-    cdef list keys
-    cdef PyObject* key
-    cdef int n_out = _collect(m, publication, keep, False)
-    # The keys' reference counts are scattered in memory: fetch them ahead of use.
-    keys = m._keys
+    cdef list result
+    cdef PyObject** items
+    cdef const int* hit_w
+    cdef const uint64_t* hit_bits
+    cdef PyObject** slot_key
+    n_out = _collect(m, publication, keep, False)
+    hit_w = m.hit_w
+    hit_bits = m.hit_bits
+    slot_key = m.slot_key
     result = PyList_New(n_out)
-    for i in range(min(n_out, 8)):
-        _prefetch(_list_item(keys, m.out[i]), 1, 3)
+    items = _list_items(result)
+    for t in range(m.n_hit):
+        base = hit_w[t] << 6
+        bits = hit_bits[t]
+        while bits:
+            items[j] = slot_key[base + _ctz(bits)]
+            j += 1
+            bits &= bits - 1
+    for i in range(n_out - j):
+        items[j + i] = _list_item(m._keys, m.out[i])
+    # The keys' reference counts are scattered in memory: fetch them well ahead of use.
+    for i in range(min(n_out, 32)):
+        _prefetch(items[i], 1, 3)
     for i in range(n_out):
-        if i + 8 < n_out:
-            _prefetch(_list_item(keys, m.out[i + 8]), 1, 3)
-        key = _list_item(keys, m.out[i])
-        _incref(key)
-        _list_set(result, i, key)
+        if i + 32 < n_out:
+            _prefetch(items[i + 32], 1, 3)
+        _incref(items[i])
     return result

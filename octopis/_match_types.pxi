@@ -2,9 +2,10 @@
 # (included by _match.pyx; the design is in its docstring).
 
 cdef extern from "Python.h":
-    # the list macros on borrowed pointers, to touch each key's refcount once
+    # the list macros on borrowed pointers, to touch each key's refcount once (a list's
+    # items: PySequence_Fast_ITEMS)
     PyObject* _list_item "PyList_GET_ITEM"(object, Py_ssize_t)
-    void _list_set "PyList_SET_ITEM"(object, Py_ssize_t, PyObject*)
+    PyObject** _list_items "PySequence_Fast_ITEMS"(object)
     void _incref "Py_INCREF"(PyObject*)
     void _prefetch "__builtin_prefetch"(const void*, int, int)
     int _ctz "__builtin_ctzll"(uint64_t)
@@ -52,6 +53,9 @@ cdef enum:
     STR_BUCKETS = 64
     CHUNK = 32
     RUN = 4
+    SLICE = 8192
+    QUANTILES = 1024
+    PREFETCH_BYTES = 1 << 20  # an index this large is read from memory: prefetch chunks
 
 # How an edge is decided (see Edge).
 cdef enum:
@@ -80,12 +84,17 @@ cdef struct Pred:
 cdef struct Placed:
     # a subscription's place in the slot order: its cell (-1: the root, else
     # (sid << 32) | 3 * attr + kind of its access predicate), the attributes its bitmaps
-    # test (_signature), its first range (so that the subscriptions a value satisfies on
-    # that attribute sit together), and which of its predicates is the access (-1: none)
+    # test (_signature), its key range (_key_ranges) and the range's attribute (``first``,
+    # INT_MAX: none), which of its predicates is the access (-1: none); ``lead`` and ``run``
+    # (_key_ranges) and ``slice`` (_slices) order it
     int64_t cell
     uint64_t sig
+    uint64_t run
     double lo
     double hi
+    int first
+    int lead
+    int slice
     int sub
     int access
 
@@ -113,10 +122,13 @@ cdef struct Column:
     # tests it (position k is word words[k]): bucket b's *sure* bits (the predicates on
     # the attribute hold for every value of the bucket; a subscription that does not test
     # the attribute has them all) at sure + b·nw, its edges sorted by slot from
-    # edges[edge_off[b]], closed by one with slot INT_MAX. Buckets: numeric
-    # [split[b-1], split[b]) for b < n_num, NaN, a string of its own per sid in ``sids``
-    # (sorted), any other string, absent.
+    # edges[edge_off[b]], closed by one with slot INT_MAX; edges[edge_at[b·n_pieces + q]]
+    # is its first edge in or after the column's q-th piece (so that a scan skipping
+    # chunks need not walk over their edges). Buckets: numeric [split[b-1], split[b]) for
+    # b < n_num, NaN, a string of its own per sid in ``sids`` (sorted), any other string,
+    # absent.
     int nw
+    int n_pieces
     int n_num
     int n_str
     int* words
@@ -125,12 +137,14 @@ cdef struct Column:
     uint64_t* sure
     int* edge_off
     Edge* edges
+    int* edge_at
 
 
 cdef struct Piece:
-    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk, and whether
-    # these words are consecutive
+    # the positions [k0, k1) of column ``attr`` whose words lie in one chunk, whether
+    # these words are consecutive, and which of the column's pieces it is (``pk``)
     int attr
+    int pk
     int k0
     int k1
     bint consecutive
@@ -138,25 +152,48 @@ cdef struct Piece:
 
 cdef struct Hot:
     # what a scan reads and writes, copied out of the Matcher so that the compiler keeps
-    # it in registers: per attribute its sure bits and its next edge (edges are tested
-    # and consumed as the scan advances); in group mode (``groups``) ``out`` takes one
+    # it in registers: per attribute its sure bits, its next edge (edges are tested and
+    # consumed as the scan advances), the edge index of its bucket and the last piece
+    # whose edges the cursor is past (``cur_pk``); per chunk the hull of its key ranges;
+    # in group mode (``groups``) ``out`` takes one
     # subscription per group (``grp``: by slot, ``seen`` marks the groups taken,
-    # ``out_grp`` their groups) and the scan stops once it holds ``stop``
+    # ``out_grp`` their groups) and the scan stops once it holds ``stop``; otherwise every
+    # word with a match goes to ``hit_w`` and its bits to ``hit_bits`` (``n_hit`` of them)
     const uint64_t* live
     const int* slot_sub
     const int* grp
     const int* word_chunk
     const int* chunk_w0
     const int* chunk_off
+    const int* chunk_key
+    const double* chunk_lo
+    const double* chunk_hi
+    const double* val
     const Piece* pieces
     const Column* columns
     uint64_t** cur_sure
     Edge** cur_edge
+    const int** cur_at
+    int* cur_pk
     char* seen
     int* out
     int* out_grp
+    int* hit_w
+    uint64_t* hit_bits
+    int n_hit
+    long long candidates
+    bint prefetch
     int stop
     bint groups
+
+
+cdef inline int _popcount(uint64_t x) noexcept nogil:
+    """The bits set in x (by halves, quarters…: the build targets CPUs without a popcount
+    instruction, where __builtin_popcountll is a library call)."""
+    x -= (x >> 1) & 0x5555555555555555ULL
+    x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL)
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL
+    return <int>((x * 0x0101010101010101ULL) >> 56)
 
 
 cdef void* _alloc(void* p, size_t n) except NULL:
@@ -166,10 +203,51 @@ cdef void* _alloc(void* p, size_t n) except NULL:
     return q
 
 
-cdef int _cmp_double(const void* x, const void* y) noexcept nogil:
-    cdef double a = (<const double*>x)[0]
-    cdef double b = (<const double*>y)[0]
-    return (a > b) - (a < b)
+cdef int _sort_doubles(double* a, Py_ssize_t n) except -1:
+    """Sort ``n`` doubles (no NaN) in place: by radix, a byte at a time from the lowest,
+    on integers that order as the doubles do, passing over the bytes all share (no
+    comparison to mispredict; a comparison sort through ``qsort`` had been the slowest
+    part of a build)."""
+    cdef Py_ssize_t i, b, shift, total
+    cdef uint64_t u
+    cdef uint64_t* keys = NULL
+    cdef uint64_t* tmp = NULL
+    cdef uint64_t* swap
+    cdef Py_ssize_t count[8][256]
+    if n < 2:
+        return 0
+    try:
+        keys = <uint64_t*>_alloc(NULL, n * sizeof(uint64_t))
+        tmp = <uint64_t*>_alloc(NULL, n * sizeof(uint64_t))
+        memset(count, 0, sizeof(count))
+        for i in range(n):
+            memcpy(&u, &a[i], sizeof(uint64_t))
+            u = ~u if u >> 63 else u | ((<uint64_t>1) << 63)  # negatives reversed, below
+            keys[i] = u
+            for b in range(8):
+                count[b][(u >> (8 * b)) & 255] += 1
+        for b in range(8):
+            shift = 8 * b
+            if count[b][(keys[0] >> shift) & 255] == n:  # every key has this byte
+                continue
+            total = 0
+            for i in range(256):
+                total += count[b][i]
+                count[b][i] = total - count[b][i]
+            for i in range(n):
+                tmp[count[b][(keys[i] >> shift) & 255]] = keys[i]
+                count[b][(keys[i] >> shift) & 255] += 1
+            swap = keys
+            keys = tmp
+            tmp = swap
+        for i in range(n):
+            u = keys[i]
+            u = u & ~((<uint64_t>1) << 63) if u >> 63 else ~u
+            memcpy(&a[i], &u, sizeof(uint64_t))
+    finally:
+        PyMem_Free(keys)
+        PyMem_Free(tmp)
+    return 0
 
 
 cdef int _cmp_int64(const void* x, const void* y) noexcept nogil:
@@ -178,13 +256,42 @@ cdef int _cmp_int64(const void* x, const void* y) noexcept nogil:
     return (a > b) - (a < b)
 
 
-cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
+cdef int _cmp_signature(const void* x, const void* y) noexcept nogil:
+    """By cell and signature."""
     cdef const Placed* p = <const Placed*>x
     cdef const Placed* q = <const Placed*>y
     if p.cell != q.cell:
         return (p.cell > q.cell) - (p.cell < q.cell)
-    if p.sig != q.sig:
-        return (p.sig > q.sig) - (p.sig < q.sig)
+    return (p.sig > q.sig) - (p.sig < q.sig)
+
+
+cdef int _cmp_key(const void* x, const void* y) noexcept nogil:
+    """By cell, by ``lead``, by the key range."""
+    cdef const Placed* p = <const Placed*>x
+    cdef const Placed* q = <const Placed*>y
+    if p.cell != q.cell:
+        return (p.cell > q.cell) - (p.cell < q.cell)
+    if p.lead != q.lead:
+        return (p.lead > q.lead) - (p.lead < q.lead)
+    if p.lo != q.lo:
+        return (p.lo > q.lo) - (p.lo < q.lo)
+    if p.hi != q.hi:
+        return (p.hi > q.hi) - (p.hi < q.hi)
+    return (p.sub > q.sub) - (p.sub < q.sub)
+
+
+cdef int _cmp_placed(const void* x, const void* y) noexcept nogil:
+    """The slot order: by cell, by ``lead``, by slice, by run, by the key range."""
+    cdef const Placed* p = <const Placed*>x
+    cdef const Placed* q = <const Placed*>y
+    if p.cell != q.cell:
+        return (p.cell > q.cell) - (p.cell < q.cell)
+    if p.lead != q.lead:
+        return (p.lead > q.lead) - (p.lead < q.lead)
+    if p.slice != q.slice:
+        return (p.slice > q.slice) - (p.slice < q.slice)
+    if p.run != q.run:
+        return (p.run > q.run) - (p.run < q.run)
     if p.lo != q.lo:
         return (p.lo > q.lo) - (p.lo < q.lo)
     if p.hi != q.hi:

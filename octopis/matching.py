@@ -60,20 +60,28 @@ The compiled matcher combines the last two:
   each (exact for every string operator), then NaN, any other string, absent. Per
   bucket: the *sure* bitmap and the *edges*, the subscriptions whose predicates hold for
   part of the bucket, each with its range (or string id) to check inline.
-* *Layout*: subscriptions are ordered by cell, by the set of attributes they test and by
-  their first range, so that a word of 64 tests one set of attributes, and the
-  subscriptions one value satisfies on the first attribute sit together (most words are
-  empty after the first column and the rest is skipped). Words form chunks of at most 32
-  (a new chunk where a long run of one attribute set begins); per chunk, each column has a
-  piece: its positions there.
+* *Layout*: subscriptions are ordered by cell, then by a *key range* of theirs, its
+  attribute first (a group of over 1,000 testing the same attributes keeps words of its
+  own): so the subscriptions one value satisfies on that attribute sit together, and
+  most words are empty after its column. The key range is the first
+  range, or, for a group of subscriptions testing the same attributes, the range on the
+  attribute that is clearly the most selective on average (estimated, like a cell's, from
+  the subscriptions alone: the share of all boundaries on the attribute that a range
+  holds). Words form chunks of at most 32 (a new chunk where a long run of words testing
+  the same attributes begins); per chunk, each column has a piece: its positions there,
+  the key ranges' attribute first.
 * *Scan*: per chunk, the live bits ANDed with each column's piece — the sure bits of the
-  publication's bucket, plus its edges that hold, checked only for subscriptions still
-  alive. Every bit left is a match; no subscription is verified against its whole
-  program. ``match_groups`` stops at the first chunk after which every group has a match.
+  publication's bucket, plus its edges in the chunk that hold (an index per bucket and
+  piece finds them; the next chunk's are prefetched) — until no bit is left. Every bit
+  left is a match; no subscription is verified against its whole program.
+  ``match_groups`` stops at the first chunk after which every group has a match;
+  ``match`` keeps the words with a match and builds its list from them, with each slot's
+  key at hand.
 
 Memory: per column, 8 bytes per bucket and word of 64 subscriptions testing the attribute,
-24 per edge (at most two per range): 0.1–0.35 KB per subscription at 100k
-(bench/RESULTS.md). Building costs O(n log n), about 0.3 s at 100k subscriptions.
+24 per edge (at most two per range), 4 per bucket and chunk; 8 per subscription for its
+key: 0.1–0.4 KB per subscription at 100k (bench/RESULTS.md). Building costs O(n log n),
+about 0.3 s at 100k subscriptions.
 
 Maintenance is lazy and amortised: ``add`` compiles the subscription into a pending
 list that ``match`` verifies in full; ``remove`` clears the subscription's live bit.

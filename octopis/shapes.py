@@ -9,6 +9,9 @@ otherwise; a band is ``[a,>=,lo],[a,<=,hi]``. Target selectivities are over the 
 own publication distribution (measure with :func:`selectivity`):
 
 * ``uniform_bands`` — two of five attributes, a band on each, 2%;
+* ``five_bands`` — a band on every one of five attributes, each keeping 0.021**(1/5)
+  (about 46%) of the values, 2.1%: no attribute is selective and every word of
+  subscriptions tests all five;
 * ``ten_attributes`` — 1 to 6 predicates over ten attributes (one-sided ranges and
   bands), 2%;
 * ``zipf_symbol`` — ``[symbol,eq,…]`` over 1,000 symbols drawn Zipf-skewed (s = 1) for
@@ -71,6 +74,11 @@ def uniform_bands(count: int, seed: int) -> tuple[list[Subscription], list[Publi
     return _bands(count, seed, per=2, of=5, selectivity=0.02)
 
 
+def five_bands(count: int, seed: int) -> tuple[list[Subscription], list[Publication]]:
+    """A band on each of five attributes, 2.1% selectivity."""
+    return _bands(count, seed, per=5, of=5, selectivity=0.021)
+
+
 def wide_bands(count: int, seed: int) -> tuple[list[Subscription], list[Publication]]:
     """Four wide bands over six attributes, 0.2% selectivity."""
     return _bands(count, seed, per=4, of=6, selectivity=0.002)
@@ -122,6 +130,7 @@ def zipf_symbol(count: int, seed: int) -> tuple[list[Subscription], list[Publica
 
 SHAPES: dict[str, Shape] = {
     "uniform_bands": uniform_bands,
+    "five_bands": five_bands,
     "ten_attributes": ten_attributes,
     "zipf_symbol": zipf_symbol,
     "wide_bands": wide_bands,
