@@ -178,6 +178,7 @@ def run(
         links=links,
         oracle_factory=ReferenceMatcher,
         advertisements=advertisements,
+        covering="off",  # compared with the paper's SBP, which advertisements prune
     )
     for failure in failures:
         sim.fail(failure)
@@ -415,6 +416,10 @@ def test_the_setting_reads_back(tmp_path: Path) -> None:
     assert "advertisements = " in path.read_text()
     assert load_settings(path).advertisements == "on"
     assert BrokerSettings().advertisements == "off"
+    # covering is active by default, and off when advertisements are on and it is not set
+    assert (BrokerSettings().covering, load_settings(path).covering) == ("active", "off")
+    assert Simulator(FIG2, "snr", advertisements=True).covering == "off"
+    assert Simulator(FIG2, "snr").covering == "active"
 
 
 # -- on broker processes -----------------------------------------------------------------

@@ -63,6 +63,8 @@ def test_generated_workload_json_report(
                 "4",
                 "--seed",
                 "3",
+                "--covering",
+                "off",
                 "--json",
                 "--deliveries",
                 str(deliveries),
@@ -74,7 +76,7 @@ def test_generated_workload_json_report(
     assert report.keys() >= REPORT_KEYS
     assert report["mode"] == mode and report["brokers"] == 18
     assert report["subscriptions"] == 60 and report["notifications"] == 20
-    assert report["sbp_messages"] == 60 * (17 if mode != "bid" else 2 * 33 - 17)
+    assert report["sbp_messages"] == 60 * (17 if mode != "bid" else 2 * 33 - 17)  # paper SBP
     assert report["expected_deliveries"] > 0
     assert report["delivered"] == report["expected_deliveries"]
     assert report["duplicates"] == report["lost"] == 0
@@ -82,6 +84,18 @@ def test_generated_workload_json_report(
     lines = [json.loads(line) for line in deliveries.read_text().splitlines()]
     assert len(lines) == report["delivered"]
     assert set(lines[0]) == {"subscriber", "publisher", "seq"}
+    # the default, covering active: the same deliveries, fewer SBP messages (BID floods)
+    args = ["sim", "--topology", str(fig2_file), "--mode", mode, "--subscribers", "60"]
+    args += ["--publishers", "5", "--notifications", "4", "--seed", "3", "--json"]
+    assert main(args) == 0
+    covered = json.loads(capsys.readouterr().out)
+    assert covered["delivered"] == covered["expected_deliveries"] == report["delivered"]
+    assert covered["duplicates"] == covered["lost"] == 0
+    if mode == "bid":
+        assert "covering" not in covered and covered["sbp_messages"] == report["sbp_messages"]
+    else:
+        assert (covered["covering"], report["covering"]) == ("active", "off")
+        assert covered["sbp_messages"] < report["sbp_messages"]
 
 
 def test_workload_directory_and_table_output(

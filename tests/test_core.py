@@ -224,7 +224,9 @@ def _sub(core, sub_id: str, state: SubState, bits: str) -> Subscribe:
 
 
 def test_core_rejects_messages_that_break_the_protocol() -> None:
-    core = make_broker(FIG2, "b:0", "snr")
+    """The paper's SBP (covering off): an unknown withdrawal is an error; under covering
+    it is counted instead (tests/test_covering_laws.py)."""
+    core = make_broker(FIG2, "b:0", "snr", covering="off")
     free = NoCongestion()
     with pytest.raises(ProtocolError, match="no link to d:0"):
         core.receive("d:0", _sub(core, "s#1", SubState.PRIMARY, "100"), free)
@@ -443,7 +445,9 @@ def test_a_stale_rehost_note_is_ignored_and_counted() -> None:
     from octopis.topology import build_scot
 
     scot = build_scot(nx.path_graph(["r0", "r1", "r2"]), 3)
-    r0, r1 = make_broker(scot, "r0:2", "snr"), make_broker(scot, "r1:2", "snr")
+    # adopting inside a cluster: the paper's SBP, covering off
+    r0 = make_broker(scot, "r0:2", "snr", covering="off")
+    r1 = make_broker(scot, "r1:2", "snr", covering="off")
     sub_id, actions = r1.subscribe("S", parse_subscription("[x,<,1]"), 0.0)
     subscribe = next(a.message for a in actions if a.link == "r0:2")
     r0.receive("r1:2", subscribe, NoCongestion())

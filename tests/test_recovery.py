@@ -68,7 +68,9 @@ def test_a_restart_makes_held_copies_undeliverable_and_withdraws_the_predecessor
 
 
 def test_a_share_leaves_out_what_went_ahead_and_pays_what_was_owed() -> None:
-    sim = Simulator(FIG2, "snr", latency=LatencyModel(0.001, 0.001))
+    """The paper's share (covering off: every subscription of the cluster goes over the
+    link; covering's share: tests/test_covering_laws.py)."""
+    sim = Simulator(FIG2, "snr", latency=LatencyModel(0.001, 0.001), covering="off")
     ids = [sim.subscribe(f"S{i}", "a:0", STOCK) for i in range(3)]
     sim.run()
     core = sim.cores["b:0"]

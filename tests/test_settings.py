@@ -53,6 +53,10 @@ def test_settings_round_trip_through_toml(tmp_path: Path) -> None:
         ('[lst]\norder = "fifo"\n', "lst.order must be one of 'ce', 'bluedove'"),
         ('[routing]\ncovering = "lazy"\n', "routing.covering must be one of 'off', 'active'"),
         ("[routing]\nmode = 3\n", "unknown key routing.mode"),
+        (
+            '[routing]\ncovering = "active"\nadvertisements = "on"\n',
+            "covering = 'active' and routing.advertisements = 'on' do not work together",
+        ),
         ("[memory]\ngc_young = 0\n", "memory.gc_young must be ≥ 1"),
     ],
 )

@@ -12,7 +12,7 @@ from typing import Any
 
 from octopis.cli.errors import UsageError
 from octopis.cli.report import render_report, write_deliveries
-from octopis.core import MODES
+from octopis.core import COVERING, DEFAULT_COVERING, MODES
 from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
@@ -31,6 +31,13 @@ def configure(command: str, p: argparse.ArgumentParser) -> None:
     )
     add_topology_options(p)
     p.add_argument("--mode", required=True, choices=MODES, help="routing algorithm")
+    p.add_argument(
+        "--covering",
+        choices=COVERING,
+        default=DEFAULT_COVERING,
+        help="'active' (default): a subscription is not passed over a link a covering one "
+        "went over; 'off': the paper's SBP, N-1 messages per subscription (BID ignores it)",
+    )
     add_workload_options(p)
     p.add_argument(
         "--latency",
@@ -400,6 +407,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         links=link_model(args, scot),
         latency=LatencyModel(args.latency, args.jitter),
         service=service,
+        covering=args.covering,
     )
     sim.replay(workload, failures, detection=args.detection, retain=args.retain)
     report: dict[str, Any] = {"topology": scot.name, **sim.report()}

@@ -38,8 +38,18 @@ MODES = ("snr", "dnr", "bid")
 COVERING = ("off", "active")
 """Covering settings: ``off`` (every subscription reaches every broker) or ``active``
 (DESIGN §12)."""
-DEFAULT_COVERING = "off"
-"""The covering of brokers and simulations that are not told otherwise."""
+DEFAULT_COVERING = "active"
+"""The covering of brokers and simulations that are told neither a covering nor to use
+advertisements (:func:`resolve_covering`)."""
+
+
+def resolve_covering(covering: str | None, advertisements: bool) -> str:
+    """The covering to run: ``covering`` if given, else :data:`DEFAULT_COVERING`, or
+    ``off`` with advertisements (the two do not combine yet, DESIGN §12)."""
+    if covering is not None:
+        return covering
+    return "off" if advertisements else DEFAULT_COVERING
+
 
 BrokerCore = ClusteredBroker | BidBroker
 
@@ -66,7 +76,7 @@ def make_broker(
     mode: str,
     matcher_factory: MatcherFactory | None = None,
     dedup: EdgeDedup | None = None,
-    covering: str = DEFAULT_COVERING,
+    covering: str | None = None,
     advertisements: bool = False,
 ) -> BrokerCore:
     """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
@@ -74,12 +84,14 @@ def make_broker(
     The core sees only the broker's own labels and its neighbours (a :class:`BrokerView`
     read from the topology, never the topology itself); BID sees the unclustered graph
     (neighbour names, no roles). ``dedup`` bounds edge dedup (defaults otherwise).
-    ``covering`` (:data:`COVERING`): ``active`` makes SNR and DNR pass a subscription on
-    only where nothing sent the same way covers it (DESIGN §12); BID, the paper's
+    ``covering`` (:data:`COVERING`, None: :func:`resolve_covering`): ``active`` makes
+    SNR and DNR pass a subscription on only where nothing sent the same way covers it
+    (DESIGN §12); BID, the paper's
     flooding baseline, routes by subscription ids and always floods.
     ``advertisements``: SNR and DNR send a subscription only toward publishers that
     advertised what it may match (DESIGN §12); not with covering, nor under BID.
     """
+    covering = resolve_covering(covering, advertisements)
     if covering not in COVERING:
         raise ValueError(f"unknown covering {covering!r}; choose one of {', '.join(COVERING)}")
     if advertisements and (covering != "off" or mode == "bid"):
@@ -138,4 +150,5 @@ __all__ = [
     "UnadvertisedPublication",
     "Unsubscribe",
     "make_broker",
+    "resolve_covering",
 ]

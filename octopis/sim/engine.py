@@ -46,7 +46,6 @@ from octopis.balance.policy import (
     plan_round,
 )
 from octopis.core import (
-    DEFAULT_COVERING,
     Action,
     BrokerCore,
     Deliver,
@@ -56,6 +55,7 @@ from octopis.core import (
     Released,
     Subscribe,
     make_broker,
+    resolve_covering,
 )
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
@@ -128,15 +128,17 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         oracle_factory: Callable[[], Any] | None = None,
         on_forward: Callable[[str, str, Any], None] | None = None,
         service: ServiceModel | None = None,
-        covering: str = DEFAULT_COVERING,
+        covering: str | None = None,
         advertisements: bool = False,
     ) -> None:
         if not scot.brokers:
             raise ValueError("the topology has no brokers")
         self.scot = scot
         self.mode = mode
+        covering = resolve_covering(covering, advertisements)
         self.covering = covering
-        """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too."""
+        """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too;
+        given as None: :func:`~octopis.core.resolve_covering`."""
         self.advertisements = advertisements
         """Whether subscriptions travel only toward advertised publishers (DESIGN §12):
         then a publisher advertises (:meth:`advertise`) before it publishes."""
@@ -669,6 +671,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
             list(self.subscription_depth.values()),
             self.subscription_delay.values(),
         )
+        if self.mode != "bid":
+            report["covering"] = self.covering
         if self.moves:
             report["moves"] = dict(self.moves)
         if self.balance_log is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from octopis.core import COVERING, DEFAULT_COVERING
+from octopis.core import COVERING, resolve_covering
 from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
 from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
@@ -49,21 +49,23 @@ class BrokerSettings:
     order: str = DEFAULT_ORDER
     """DNR's "least loaded" among candidate links: ``"ce"`` (CE, then queue length: the
     paper's) or ``"bluedove"`` (BlueDove's estimated processing time (q̂ + 1)/μ)."""
-    covering: str = DEFAULT_COVERING
-    """``"active"``: a broker passes a subscription on over a link only if no
+    covering: str | None = None
+    """None (the default) becomes ``"active"``, or ``"off"`` with advertisements on.
+    ``"active"``: a broker passes a subscription on over a link only if no
     subscription it sent over that link covers it (every publication matching it
     matches the other), and when it withdraws one it first sends over each link the
     ones it covered there; who receives what is unchanged, SBP sends fewer messages and
     tables hold fewer entries. ``"off"``: every subscription reaches every broker (the
     paper's SBP). SNR and DNR; BID always floods. Set it alike on every broker of an
-    overlay; with it, a subscriber moving inside its cluster subscribes afresh at its
-    new broker rather than have its subscriptions adopted there."""
+    overlay; not with advertisements (refused). With it, a subscriber moving inside its
+    cluster subscribes afresh at its new broker rather than have its subscriptions
+    adopted there."""
     advertisements: str = "off"
     """``"on"``: publishers advertise what they will publish (a filter) before they
     publish, advertisements reach every broker, and a subscription travels only toward
     brokers whose advertisements may match what it wants; a publication outside its
     publisher's advertisements is refused. ``"off"``: every subscription reaches every
-    broker and publishers need not advertise. SNR and DNR with covering off; set it
+    broker and publishers need not advertise. SNR and DNR; covering becomes off; set it
     alike on every broker of an overlay. A restarted broker is handed the advertisements
     its neighbours hold; an SDK publisher whose connection fails over to another broker
     advertises there again before its publications."""
@@ -188,6 +190,16 @@ class BrokerSettings:
     """Seconds a publication may take from its publisher to a composite's host and still
     be joined with everything published within the composite's window: the join keeps
     each publication for ``window + lateness`` seconds after its publication time."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "covering", resolve_covering(self.covering, self.advertisements == "on")
+        )
+        if self.covering == "active" and self.advertisements == "on":
+            raise ConfigError(
+                "routing.covering = 'active' and routing.advertisements = 'on' do not work "
+                "together yet; leave covering out (it becomes 'off') or set it to 'off'"
+            )
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
@@ -321,7 +333,10 @@ def settings_from_data(data: dict[str, Any], source: str = "settings") -> Broker
             number = _number(value, f"{table}.{key}", source, minimum=minimum, integer=integer)
             values[name] = int(number) if integer else number
     limits = {k.split(".", 1)[1]: values.pop(k) for k in list(values) if k.startswith("limits.")}
-    settings = BrokerSettings(**values, limits=InputLimits(**limits))
+    try:
+        settings = BrokerSettings(**values, limits=InputLimits(**limits))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     if settings.down_after <= 2 * settings.heartbeat:
         raise ConfigError(
             f"{source}: links.down_after ({settings.down_after} s) must exceed two heartbeat "
