@@ -61,7 +61,14 @@ def advertisements(workload: Workload) -> dict[str, tuple[str, Subscription]]:
 
 
 def simulate(scot: Scot, workload: Workload, mode: str, on: bool) -> tuple[Simulator, dict]:
-    sim = Simulator(scot, mode, seed=1, latency=LatencyModel(LATENCY, JITTER), advertisements=on)
+    sim = Simulator(
+        scot,
+        mode,
+        seed=1,
+        latency=LatencyModel(LATENCY, JITTER),
+        advertisements=on,
+        covering="off",  # without advertisements: the paper's SBP, which they prune
+    )
     for s in workload.subscriptions:
         sim.at(s.time, sim.subscribe, s.subscriber, s.broker, s.subscription)
     cpu = time.process_time()

@@ -68,7 +68,11 @@ PROFILES = {
         0.8,
         BalanceOptions("ldm", beta=5.0, interval=10.0, sample=1.0, max_moves=300, cooldown=30.0),
         BrokerSettings(
-            load_window=8, down_after=3.0, delivery_capacity=150.0, delivery_queue_limit=50_000
+            load_window=8,
+            down_after=3.0,
+            delivery_capacity=150.0,
+            delivery_queue_limit=50_000,
+            covering="off",
         ),
         2,
         "1,000 subscribers, 80% on five edge brokers; 60 publishers x 240 quotes at 60/min "
@@ -86,7 +90,11 @@ PROFILES = {
         0.8,
         BalanceOptions("ldm", beta=5.0, interval=8.0, sample=1.0, max_moves=800, cooldown=25.0),
         BrokerSettings(
-            load_window=5, down_after=3.0, delivery_capacity=400.0, delivery_queue_limit=50_000
+            load_window=5,
+            down_after=3.0,
+            delivery_capacity=400.0,
+            delivery_queue_limit=50_000,
+            covering="off",
         ),
         2,
         "2,000 subscribers, 80% on five edge brokers (the issue's example); 100 publishers "
@@ -374,7 +382,7 @@ def simulate(out: Path, seed: int) -> str:
     ]
     for label, skew, measure, act, target in SIM_RUNS:
         workload = skewed(base, scot, skew) if skew else base
-        sim = Simulator(scot, "dnr", seed=seed, latency=LatencyModel(0.001, 0.004))
+        sim = Simulator(scot, "dnr", seed=seed, latency=LatencyModel(0.001, 0.004), covering="off")
         for s in workload.subscriptions:
             sim.at(s.time, sim.subscribe, s.subscriber, s.broker, s.subscription)
         sim.run()

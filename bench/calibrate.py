@@ -141,7 +141,7 @@ def simulate(
 ) -> dict[str, float]:
     """The workload in the simulator on the harness's schedule (publication i at i/rate
     after the subscriptions settled): notification delay mean and p99, seconds."""
-    sim = Simulator(scot, "dnr", latency=LatencyModel(latency, 0.0), service=model)
+    sim = Simulator(scot, "dnr", latency=LatencyModel(latency, 0.0), service=model, covering="off")
     for event in workload.subscriptions:
         sim.subscribe(event.subscriber, event.broker, event.subscription)
     sim.run()

@@ -168,7 +168,9 @@ def run(out: Path) -> dict[str, Any]:
         run_dir = Path(tmp)
         path = run_dir / "fig2.json"
         path.write_text(json.dumps(scot.to_json()))
-        settings = BrokerSettings(down_after=3.0, load_window=3, load_capacity=CAPACITY)
+        settings = BrokerSettings(
+            down_after=3.0, load_window=3, load_capacity=CAPACITY, covering="off"
+        )
         cluster = LocalCluster(scot, path, "dnr", run_dir, settings)
         cluster.spawn()
         os.environ[KEYS_ENV] = str(cluster.keys_dir)

@@ -160,7 +160,14 @@ def simulate(point: SimPoint, mode: str, seed: int, service: ServiceModel) -> di
         rate_per_minute=point.rate,
         hrp=point.hrp,
     )
-    sim = Simulator(scot, mode, seed=seed, latency=LatencyModel(LATENCY, JITTER), service=service)
+    sim = Simulator(
+        scot,
+        mode,
+        seed=seed,
+        latency=LatencyModel(LATENCY, JITTER),
+        service=service,
+        covering="off",  # the paper's SBP
+    )
     sim.replay(workload, sample_every=SAMPLE_EVERY if point.hrp else None)
     report = sim.report()
     delays = sim.ledger.delays

@@ -157,6 +157,7 @@ def run_report(
         "subscriptions_made": core.get("subscriptions_made", 0),
         "sbp_messages": core.get("sent.subscribe", 0),
         "sbp_duplicates": core.get("sbp_duplicates", 0),
+        "sbp_quenched": core.get("covering.quenched", 0),
         "unsubscribe_messages": core.get("sent.unsubscribe", 0),
         "avg_subscription_tree_length": sum(depths) / len(depths) if depths else 0.0,
         "max_subscription_tree_length": max(depths, default=0),

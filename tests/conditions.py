@@ -75,11 +75,17 @@ async def reader_on(cluster: LocalCluster, broker: str, got: Counter[int]) -> Su
 
 def assert_one_sbp_each(report: dict[str, Any], per_subscription: int) -> None:
     """Every subscription the brokers took started one SBP of ``per_subscription``
-    messages. The brokers take more than the workload's subscriptions only when a client
-    subscribed again at another broker after a fail-over (on a loaded machine a broker can
-    be silent past a client's liveness), and then each one made again floods once too."""
+    messages, or (covering, DESIGN §12: some were not passed on, ``sbp_quenched`` > 0)
+    of at most that many. The brokers take more than the workload's subscriptions only
+    when a client subscribed again at another broker after a fail-over (on a loaded
+    machine a broker can be silent past a client's liveness), and then each one made
+    again floods once too."""
     made = report["subscriptions_made"]
     assert made >= report["subscriptions"], report
     if report["sdk_failovers"] == 0:
         assert made == report["subscriptions"], report
-    assert report["sbp_messages"] == made * per_subscription, (made, report["sbp_messages"])
+    sent = report["sbp_messages"]
+    if report["sbp_quenched"]:
+        assert 0 < sent <= made * per_subscription, (made, sent, report["sbp_quenched"])
+    else:
+        assert sent == made * per_subscription, (made, sent)

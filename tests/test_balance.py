@@ -377,7 +377,8 @@ def test_a_skewed_cluster_balances_inside_itself_first() -> None:
 
 @pytest.fixture
 def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=30))
+    # moves by adoption inside a cluster: the paper's SBP (covering off)
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=30, covering="off"))
 
 
 @pytest.mark.processes
@@ -450,7 +451,8 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
 
 @pytest.fixture
 def fig2_quick_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=2))
+    # moves by adoption inside a cluster: the paper's SBP (covering off)
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=2, covering="off"))
 
 
 @pytest.mark.processes

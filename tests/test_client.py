@@ -53,7 +53,11 @@ CLIENT_TIMEOUT = 2.0
 """The brokers' client timeout in these tests (default 10 s), to keep them short."""
 
 
-MOVE_SETTINGS = BrokerSettings(client_timeout=CLIENT_TIMEOUT, client_move_timeout=6.0)
+MOVE_SETTINGS = BrokerSettings(
+    client_timeout=CLIENT_TIMEOUT, client_move_timeout=6.0, covering="off"
+)
+"""Moves by adoption inside a cluster: the paper's SBP (covering off; with covering the
+SDK subscribes afresh, as across clusters)."""
 """Client timeout as above; a move order lapses after 6 s (default 30 s)."""
 
 SHARED = pytest.mark.xdist_group("client-fig2")
@@ -582,8 +586,10 @@ def test_a_subscriber_killed_while_moving_leaves_no_trace(
 @pytest.fixture
 def fig2_stalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     """fig2 for moves amid stalls: links declared down after 3 s (a stall of 0.9 s stays a
-    client-side fail-over, not a link failure)."""
-    settings = BrokerSettings(client_timeout=3.0, client_move_timeout=6.0, down_after=3.0)
+    client-side fail-over, not a link failure); covering off, for moves by adoption."""
+    settings = BrokerSettings(
+        client_timeout=3.0, client_move_timeout=6.0, down_after=3.0, covering="off"
+    )
     yield from secure_fig2(tmp_path, monkeypatch, settings)
 
 

@@ -559,8 +559,9 @@ def _dnr_run_with_failures(
     settings: BrokerSettings | None = None,
     **sizes: Any,
 ) -> tuple[dict, Scot, Workload]:
-    """A run of ``preset`` (DNR unless ``mode`` says, default settings unless
-    ``settings``) with ``failures``, no client on the brokers of ``spare``; prints the
+    """A run of ``preset`` (DNR unless ``mode`` says; the paper's SBP, covering off, unless
+    ``settings``: the restarted broker's table is compared entry by entry with its
+    neighbours' view of it) with ``failures``, no client on the brokers of ``spare``; prints the
     failure report."""
     scot, path = prepare_topology(run_dir, preset=preset)
     workload = generate_workload(scot, **sizes)
@@ -569,7 +570,7 @@ def _dnr_run_with_failures(
     options = RunOptions(
         mode=mode,
         run_dir=run_dir,
-        settings=settings or BrokerSettings(),
+        settings=settings or BrokerSettings(covering="off"),
         progress=False,
         drain_timeout=20,
         failures=failures,

@@ -165,7 +165,7 @@ def test_a_slow_subscriber_is_disconnected_with_its_reason(
     reaches the limit, its subscription withdrawn; its stream ends with that reason after
     what was already on its way; the reader beside it loses nothing."""
     total = 5000
-    cluster = line_of(BrokerSettings(**SLOW))
+    cluster = line_of(BrokerSettings(**SLOW, covering="off"))
     got, slow_seqs, ended, _, stats = _slow_consumer_run(cluster, total)
     assert len(got) == total and set(got.values()) == {1}
     assert ended is not None and "slow consumer" in ended and "clients.backlog_limit" in ended
@@ -181,7 +181,7 @@ def test_a_slow_subscriber_loses_its_oldest_with_a_count(
     """drop_oldest: the slow subscriber stays subscribed; what it receives plus what the
     broker reports dropped is exactly what was published; the reader loses nothing."""
     total = 5000
-    cluster = line_of(BrokerSettings(**SLOW, slow_policy="drop_oldest"))
+    cluster = line_of(BrokerSettings(**SLOW, slow_policy="drop_oldest", covering="off"))
     got, slow_seqs, ended, connection, stats = _slow_consumer_run(cluster, total)
     assert len(got) == total and set(got.values()) == {1}
     assert ended is None

@@ -34,7 +34,9 @@ RATE = 200.0
 
 @pytest.fixture
 def fig2_roomy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(down_after=3.0), room=10)
+    # the paper's SBP (covering off): a new broker's table is checked to hold every subscription
+    settings = BrokerSettings(down_after=3.0, covering="off")
+    yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def fig2_short_of_capacity(
 ) -> Iterator[LocalCluster]:
     """fig2 whose brokers each count 60 messages/s as their capacity (load ratios over
     a 2 s window)."""
-    settings = BrokerSettings(down_after=3.0, load_window=2, load_capacity=60.0)
+    settings = BrokerSettings(down_after=3.0, load_window=2, load_capacity=60.0, covering="off")
     yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
 
 

@@ -537,6 +537,12 @@ class ClusteredBroker(CoreBase):
 
     # -- moves inside the cluster (DESIGN §9) ---------------------------------------------
 
+    @property
+    def adopts(self) -> bool:
+        """Whether a subscription can move inside the cluster by :meth:`adopt` (not with
+        covering or advertisements: the brokers between two hosts may not hold it)."""
+        return self.covering is None and self.advertising is None
+
     def adopt(self, subscriber: str, sub_id: str) -> list[Action]:
         """Local ``subscriber`` takes over ``sub_id``, hosted elsewhere in this cluster.
 

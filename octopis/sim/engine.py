@@ -310,8 +310,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         core, moved = self.cores[broker], {}
         inside = (
             isinstance(core, ClusteredBroker)
-            and core.covering is None
-            and core.advertising is None
+            and core.adopts
             and core.cluster == self.cores[old].cluster
         )
         self._linger = linger

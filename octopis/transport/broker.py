@@ -804,8 +804,10 @@ class Broker:
         return self.inspection.stats()
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
-        """Order client ``client`` to move its subscriptions (see ``ClientSessions.order_move``)."""
-        return self.clients.order_move(client, to, inside)
+        """Order client ``client`` to move its subscriptions (see ``ClientSessions.order_move``);
+        by adoption only where the core adopts (not with covering or advertisements)."""
+        adopts = isinstance(self.core, ClusteredBroker) and self.core.adopts
+        return self.clients.order_move(client, to, inside and adopts)
 
 
 def _read_sbp(frame: list) -> tuple[str, bool]:
