@@ -1,5 +1,6 @@
 """Advertisements (DESIGN §12) off and on, in the simulator on paper75 (SNR and DNR), on
-the paper's workload: SBP messages per subscription and routing entries per broker.
+the paper's workload and on one where every publisher may publish anything: SBP messages
+per subscription and routing entries per broker, notification delay and matching time.
 
     python -m bench.advertisements                     # bench/results/advertisements.{json,md}
     python -m bench.advertisements --subscribers 2000  # a smaller run
@@ -7,8 +8,11 @@ the paper's workload: SBP messages per subscription and routing entries per brok
 The workload is the paper's subscriber-scalability one as :mod:`bench.covering` builds
 it (10,000 stock subscriptions at random brokers, 100 publishers of real quotes, one
 symbol each; built once by Spark under ``<out>/advertisements/workload`` and reused).
-Each publisher advertises what it will publish: the string attributes whose value never
-changes across its publications (``[class,eq,'STOCK'],[symbol,eq,…]``). The
+The other workload is :func:`bench.covering.bands` (``uniform_bands`` subscriptions, each
+publisher's values spread over the whole of [0, 1)), where advertisements find nothing to
+prune. Each publisher advertises what it will publish: ``eq`` on the string attributes
+whose value never changes across its publications (``[class,eq,'STOCK'],[symbol,eq,…]``)
+and the range of each numeric attribute over them. The
 subscriptions are made first and the advertisements after them, so every subscription
 that reaches a publisher is one held back and sent when the advertisement arrived (the
 case that costs the most bookkeeping). Then the publications, at their workload times;
@@ -28,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.covering import stock
+from bench.covering import bands, matching_times, stock
 from bench.profiles import REPO
 from octopis.filters import Predicate, Subscription
 from octopis.sim import LatencyModel, Simulator
@@ -40,11 +44,13 @@ LATENCY, JITTER = 1e-4, 2e-4
 """Link latency, as in the other simulations (:mod:`bench.sim_experiments`)."""
 MODES = ("snr", "dnr")
 SETTINGS = (False, True)
+WORKLOADS = ("stock", "bands")
 
 
 def advertisements(workload: Workload) -> dict[str, tuple[str, Subscription]]:
     """Publisher → (its broker, its advertisement): ``eq`` on each string attribute
-    whose value is the same in every publication it makes."""
+    whose value is the same in every publication it makes, ``>=`` and ``<=`` on each
+    numeric attribute every publication carries (its least and greatest value)."""
     by_publisher: dict[str, list] = defaultdict(list)
     for p in workload.publications:
         by_publisher[p.publisher].append(p)
@@ -56,6 +62,10 @@ def advertisements(workload: Workload) -> dict[str, tuple[str, Subscription]]:
             for attr, value in first.items()
             if isinstance(value, str) and all(e.publication.get(attr) == value for e in events)
         ]
+        for attr, value in first.items():
+            values = [e.publication.get(attr) for e in events]
+            if isinstance(value, int | float) and all(isinstance(v, int | float) for v in values):
+                fixed += [Predicate(attr, ">=", min(values)), Predicate(attr, "<=", max(values))]
         out[publisher] = (events[0].broker, Subscription(tuple(fixed)))
     return out
 
@@ -98,6 +108,7 @@ def simulate(scot: Scot, workload: Workload, mode: str, on: bool) -> tuple[Simul
         "entries_mean": statistics.mean(sizes),
         "entries_max": max(sizes),
         "subscription_cpu_s": cpu,
+        "notification_delay": report["notification_delay"],
         "notification_messages": report["notification_messages"],
         "expected": report["expected_deliveries"],
         "delivered": report["delivered"],
@@ -106,35 +117,52 @@ def simulate(scot: Scot, workload: Workload, mode: str, on: bool) -> tuple[Simul
     }
 
 
-def run(out: Path, subscribers: int, seed: int) -> dict[str, Any]:
+def run(out: Path, subscribers: int, seed: int, rounds: int) -> dict[str, Any]:
     scot = build_preset("paper75")
-    workload = stock(scot, subscribers, out, seed)
     results: dict[str, Any] = {"subscribers": subscribers, "seed": seed, "rows": []}
-    for mode in MODES:
-        sims = {}
-        for on in SETTINGS:
-            log.info("%s, advertisements %s", mode, "on" if on else "off")
-            sims[on], row = simulate(scot, workload, mode, on)
-            results["rows"].append(row)
-        if sims[False].ledger.received != sims[True].ledger.received:
-            raise SystemExit(f"{mode}: advertisements changed the deliveries; that is a bug")
+    for name in WORKLOADS:
+        workload = (
+            stock(scot, subscribers, out, seed)
+            if name == "stock"
+            else bands(scot, subscribers, seed)
+        )
+        sample = [p.publication for p in workload.publications[:500]]
+        for mode in MODES:
+            sims, rows = {}, {}
+            for on in SETTINGS:
+                label = "on" if on else "off"
+                log.info("%s, %s, advertisements %s", name, mode, label)
+                sims[label], rows[label] = simulate(scot, workload, mode, on)
+            if sims["off"].ledger.received != sims["on"].ledger.received:
+                raise SystemExit(
+                    f"{name}, {mode}: advertisements changed the deliveries; that is a bug"
+                )
+            for label, times in matching_times(sims, sample, rounds).items():
+                rows[label]["matching_us"] = times
+            results["rows"] += [{"workload": name, **rows[label]} for label in ("off", "on")]
     return results
 
 
 def table(results: dict[str, Any]) -> str:
     """The markdown table of :func:`run`'s results."""
     lines = [
-        "| mode | advertisements | SBP msgs / subscription | sent when advertised | "
+        "| workload | mode | advertisements | SBP msgs / subscription | sent when advertised | "
         "advertisement msgs | entries / broker, mean (max) | subscription CPU s | "
+        "matching µs, transit hop / publisher's broker | notification delay mean / p99 ms | "
         "notification msgs | delivered (lost, dup) |",
-        "|" + "---|" * 9,
+        "|" + "---|" * 12,
     ]
     for r in results["rows"]:
+        delay, matching = r["notification_delay"], r["matching_us"]
         lines.append(
-            f"| {r['mode']} | {r['advertisements']} | {r['sbp_per_subscription']:.1f} | "
+            f"| {r['workload']} | {r['mode']} | {r['advertisements']} | "
+            f"{r['sbp_per_subscription']:.1f} | "
             f"{r['released']:,} | {r['advertisement_messages']:,} | "
             f"{r['entries_mean']:,.0f} ({r['entries_max']:,}) | "
-            f"{r['subscription_cpu_s']:.1f} | {r['notification_messages']:,} | "
+            f"{r['subscription_cpu_s']:.1f} | "
+            f"{matching['transit']:.1f} / {matching['host']:.1f} | "
+            f"{delay['mean'] * 1e3:.2f} / {delay['p99'] * 1e3:.2f} | "
+            f"{r['notification_messages']:,} | "
             f"{r['delivered']:,} ({r['lost']}, {r['duplicates']}) |"
         )
     return "\n".join(lines) + "\n"
@@ -145,9 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--subscribers", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5, help="matching-time rounds (default 5)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    results = run(args.out / "advertisements", args.subscribers, args.seed)
+    results = run(args.out / "advertisements", args.subscribers, args.seed, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "advertisements.json").write_text(json.dumps(results, indent=1))
     text = table(results)

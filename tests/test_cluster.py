@@ -559,9 +559,8 @@ def _dnr_run_with_failures(
     settings: BrokerSettings | None = None,
     **sizes: Any,
 ) -> tuple[dict, Scot, Workload]:
-    """A run of ``preset`` (DNR unless ``mode`` says; the paper's SBP, covering off, unless
-    ``settings``: the restarted broker's table is compared entry by entry with its
-    neighbours' view of it) with ``failures``, no client on the brokers of ``spare``; prints the
+    """A run of ``preset`` (DNR unless ``mode`` says, default settings unless
+    ``settings``) with ``failures``, no client on the brokers of ``spare``; prints the
     failure report."""
     scot, path = prepare_topology(run_dir, preset=preset)
     workload = generate_workload(scot, **sizes)
@@ -570,7 +569,7 @@ def _dnr_run_with_failures(
     options = RunOptions(
         mode=mode,
         run_dir=run_dir,
-        settings=settings or BrokerSettings(covering="off"),
+        settings=settings or BrokerSettings(),
         progress=False,
         drain_timeout=20,
         failures=failures,
@@ -583,9 +582,14 @@ def _dnr_run_with_failures(
     return report, scot, workload
 
 
-def _check_survivors(failures: dict, restarted: set[str], minimum: int) -> None:
+def _check_survivors(report: dict, restarted: set[str], minimum: int) -> None:
     """Subscribers on brokers that never died got more than ``minimum`` deliveries, each
-    exactly once; every restarted broker's table equals its neighbours' view of it."""
+    exactly once; every restarted broker's table equals its neighbours' view of it, or
+    with covering (DESIGN §12) holds all of it, with the same last hops: the view is the
+    least share that covers what the neighbours hold, and SBP may since have brought the
+    restarted broker subscriptions that share would leave out (entries no delivery
+    depends on)."""
+    failures = report["failures"]
     alive = failures["host_alive"]
     assert alive["expected_deliveries"] > minimum
     assert alive["lost"] == alive["duplicates"] == alive["unexpected"] == 0, (
@@ -595,7 +599,9 @@ def _check_survivors(failures: dict, restarted: set[str], minimum: int) -> None:
     for broker in restarted:
         restart = failures[f"restart.{broker}"]
         assert restart["entries"] > 0
-        assert restart["missing"] == restart["extra"] == restart["changed"] == 0, broker
+        assert restart["missing"] == restart["changed"] == 0, broker
+        if report.get("covering") != "active":
+            assert restart["extra"] == 0, broker
 
 
 @PAPER75_GROUP
@@ -626,7 +632,7 @@ def test_kill_an_inner_host_broker_mid_stream(tmp_path: Path) -> None:
     assert report["notifications"] >= 150 * 14
     detection = failures[f"detection.{VICTIM}"]
     assert detection["neighbours"] == len(scot.brokers[VICTIM].neighbours)
-    _check_survivors(failures, {VICTIM}, 1_500)
+    _check_survivors(report, {VICTIM}, 1_500)
     assert failures["tunnel.started"] > 0
     assert failures[f"failover.{VICTIM}.away_s"] < 6.0
     assert failures["host_dead"]["duplicates"] == 0
@@ -652,7 +658,7 @@ def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) 
         seed=3,
     )
     failures = report["failures"]
-    _check_survivors(failures, {"c:0"}, 350)
+    _check_survivors(report, {"c:0"}, 350)
     assert failures["failover.c:0.away_s"] < 5.0
     back = failures["host_dead_after_back"]
     assert back["expected_deliveries"] > 0
@@ -747,4 +753,4 @@ def test_adjacent_brokers_killed_and_restarted_one_by_one(tmp_path: Path) -> Non
         selectivity=0.01,
         seed=11,
     )
-    _check_survivors(report["failures"], dead, 1_000)
+    _check_survivors(report, dead, 1_000)

@@ -791,6 +791,8 @@ class WorkloadRun:
                 "sample": self.client_stats.errors[:5],
             },
         }
+        if self.options.mode != "bid":
+            report["covering"] = self.options.settings.covering
         if self.placement:
             report["placement"] = self.placement
         if self.balancer is not None:
