@@ -9,7 +9,7 @@ The workload is the paper's subscriber-scalability one as :mod:`bench.covering` 
 it (10,000 stock subscriptions at random brokers, 100 publishers of real quotes, one
 symbol each; built once by Spark under ``<out>/advertisements/workload`` and reused).
 The other workload is :func:`bench.covering.bands` (``uniform_bands`` subscriptions, each
-publisher's values spread over the whole of [0, 1)), where advertisements find nothing to
+publisher's values spread over nearly all of [0, 1)), where advertisements find little to
 prune. Each publisher advertises what it will publish: ``eq`` on the string attributes
 whose value never changes across its publications (``[class,eq,'STOCK'],[symbol,eq,…]``)
 and the range of each numeric attribute over them. The
