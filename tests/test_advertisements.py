@@ -399,9 +399,10 @@ def test_publication_outside_the_advertisement_is_refused() -> None:
         sim.publish("P", broker, {"x": 4})
 
 
-def test_settings_that_do_not_go_together_are_refused() -> None:
-    with pytest.raises(ValueError, match="covering off"):
-        make_broker(FIG2, sorted(FIG2.brokers)[0], "snr", covering="active", advertisements=True)
+def test_advertisements_go_with_covering_and_not_with_bid() -> None:
+    both = make_broker(FIG2, sorted(FIG2.brokers)[0], "snr", covering="active", advertisements=True)
+    assert isinstance(both, ClusteredBroker)
+    assert both.covering is not None and both.advertising is not None
     with pytest.raises(ValueError, match="mode snr or dnr"):
         make_broker(FIG2, sorted(FIG2.brokers)[0], "bid", advertisements=True)
     core = make_broker(FIG2, sorted(FIG2.brokers)[0], "snr")
@@ -416,9 +417,10 @@ def test_the_setting_reads_back(tmp_path: Path) -> None:
     assert "advertisements = " in path.read_text()
     assert load_settings(path).advertisements == "on"
     assert BrokerSettings().advertisements == "off"
-    # covering is active by default, and off when advertisements are on and it is not set
-    assert (BrokerSettings().covering, load_settings(path).covering) == ("active", "off")
-    assert Simulator(FIG2, "snr", advertisements=True).covering == "off"
+    # covering is active by default, with advertisements on or off
+    assert (BrokerSettings().covering, load_settings(path).covering) == ("active", "active")
+    assert BrokerSettings(covering="active", advertisements="on").covering == "active"
+    assert Simulator(FIG2, "snr", advertisements=True).covering == "active"
     assert Simulator(FIG2, "snr").covering == "active"
 
 

@@ -39,16 +39,13 @@ COVERING = ("off", "active")
 """Covering settings: ``off`` (every subscription reaches every broker) or ``active``
 (DESIGN §12)."""
 DEFAULT_COVERING = "active"
-"""The covering of brokers and simulations that are told neither a covering nor to use
-advertisements (:func:`resolve_covering`)."""
+"""The covering of brokers and simulations that are told none (:func:`resolve_covering`)."""
 
 
-def resolve_covering(covering: str | None, advertisements: bool) -> str:
-    """The covering to run: ``covering`` if given, else :data:`DEFAULT_COVERING`, or
-    ``off`` with advertisements (the two do not combine yet, DESIGN §12)."""
-    if covering is not None:
-        return covering
-    return "off" if advertisements else DEFAULT_COVERING
+def resolve_covering(covering: str | None) -> str:
+    """The covering to run: ``covering`` if given, else :data:`DEFAULT_COVERING` (with
+    advertisements or without: the two combine, DESIGN §12)."""
+    return DEFAULT_COVERING if covering is None else covering
 
 
 BrokerCore = ClusteredBroker | BidBroker
@@ -89,15 +86,15 @@ def make_broker(
     (DESIGN §12); BID, the paper's
     flooding baseline, routes by subscription ids and always floods.
     ``advertisements``: SNR and DNR send a subscription only toward publishers that
-    advertised what it may match (DESIGN §12); not with covering, nor under BID.
+    advertised what it may match (DESIGN §12), with covering or without; not under BID.
     """
-    covering = resolve_covering(covering, advertisements)
+    covering = resolve_covering(covering)
     if covering not in COVERING:
         raise ValueError(f"unknown covering {covering!r}; choose one of {', '.join(COVERING)}")
-    if advertisements and (covering != "off" or mode == "bid"):
+    if advertisements and mode == "bid":
         raise ValueError(
-            "advertisements need routing mode snr or dnr with covering off; "
-            f"got mode {mode!r} with covering {covering!r}"
+            "advertisements need routing mode snr or dnr; got mode 'bid' (turn "
+            "advertisements off, or choose snr or dnr)"
         )
     if matcher_factory is None:
         from octopis.matching import Matcher

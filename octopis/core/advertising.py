@@ -23,6 +23,11 @@ are read only at a publisher's host.
 A subscription's withdrawal goes where the subscription went; an advertisement's
 withdrawal removes it everywhere and leaves the subscriptions it drew where they are
 (an entry no publisher feeds costs memory, never a delivery).
+
+With covering too, advertisements decide only where a subscription is *drawn*
+(:meth:`Advertising.draws`), and :class:`~octopis.core.covering.Covering` keeps where it
+went and sends it over a link it is drawn over only if nothing sent there covers it (see
+that module); :attr:`Advertising.sent` and :attr:`Advertising.maybe` then stay empty.
 """
 
 from __future__ import annotations
@@ -96,6 +101,13 @@ class Advertising:
         wants."""
         return any(intersects(a, subscription) for a in self.by_link.get(link, {}).values())
 
+    def draws(
+        self, subscription: Subscription, targets: Iterable[str], always: frozenset
+    ) -> list[str]:
+        """Of a subscription's SBP ``targets``, the links advertisements draw it over now:
+        those in ``always``, and those an intersecting advertisement opened."""
+        return [t for t in targets if t in always or self.opened(t, subscription)]
+
     def choose(
         self,
         sub_id: str,
@@ -105,12 +117,12 @@ class Advertising:
         *,
         restored: bool = False,
     ) -> list[str]:
-        """Of a subscription's SBP ``targets``, the links it goes over now (those in
-        ``always``, and those an intersecting advertisement opened); recorded as sent.
+        """Without covering, of a subscription's SBP ``targets``, the links it goes over
+        now (:meth:`draws`); recorded as sent.
         ``restored``: a restarted broker's share entry, which its predecessor may have
         sent over the others (:attr:`maybe`)."""
         targets = list(targets)
-        links = [t for t in targets if t in always or self.opened(t, subscription)]
+        links = self.draws(subscription, targets, always)
         self.sent[sub_id] = set(links)
         if restored and len(links) < len(targets):
             self.maybe[sub_id] = set(targets) - self.sent[sub_id]

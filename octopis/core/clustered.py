@@ -61,7 +61,9 @@ lookup (~85 ns), and a 1,000-broker simulation reads a state ~5 × 10^7 times.""
 class ClusteredBroker(CoreBase):
     """Routing state machine of B(x, c) for SNR (``dynamic=False``) or DNR (``True``);
     with ``covering``, SBP passes on only what no subscription sent the same way covers
-    (:mod:`octopis.core.covering`, DESIGN §12)."""
+    (:mod:`octopis.core.covering`, DESIGN §12); with ``advertisements``, only toward
+    publishers that advertised what it may match (:mod:`octopis.core.advertising`);
+    with both, where advertisements draw it and nothing sent there covers it."""
 
     def __init__(
         self,
@@ -95,12 +97,7 @@ class ClusteredBroker(CoreBase):
         self._next_adv = 0
         self._know(broker)
         if covering:
-            if advertisements:
-                raise ProtocolError(
-                    f"{broker.id}: covering and advertisements do not work together yet; "
-                    "turn one of them off"
-                )
-            self.covering = Covering(self._neighbours)
+            self.covering = Covering(self._neighbours, advertisements=advertisements)
         self._missing_primary: frozenset[str] = frozenset()
         self._missing_secondary: dict[int, str] = {}
         self._local, self._primary = self.table.part(LOCAL), self.table.part(PRIMARY)
@@ -209,11 +206,13 @@ class ClusteredBroker(CoreBase):
         here. The host cluster is a tree, so no identifier is needed to stop loops.
 
         With covering (DESIGN §12) it goes only over the links where no subscription
-        sent over them covers it (:meth:`Covering.add`); a subscription already held
-        from ``src`` is a neighbour passing on again what it may have sent before (a
-        restart, a link back) and is ignored. A SECONDARY one from a primary neighbour
-        is a resync share entry (DESIGN §7): it goes on by the same rule, so that this
-        restarted broker's neighbours get what covering gives them now.
+        sent over them covers it (:meth:`Covering.add`), and with advertisements only
+        over those they draw it over (:meth:`_toward_publishers`; both: :meth:`_pass_on`);
+        a subscription already held from ``src`` is a neighbour passing on again what it
+        may have sent before (a restart, a link back) and is ignored. A SECONDARY one
+        from a primary neighbour is a resync share entry (DESIGN §7): it goes on by the
+        same rule, so that this restarted broker's neighbours get what the rule gives
+        them now.
         """
         cluster = self._check_subscription(message, src, local)
         if len(message.cbv) != self.clusters:  # sent before a cluster joined or left
@@ -228,11 +227,11 @@ class ClusteredBroker(CoreBase):
             self._store(message, src, local, message.cbv, cluster)
             if cluster != self.cluster:
                 return []
+            if covering is not None:
+                return self._pass_on(covering, message, src, restored=True)
             if self.advertising is not None:
                 return self._toward_publishers(self.advertising, message, src, restored=True)
-            if covering is None:
-                return []
-            return self._pass_on(covering, message, src, restored=True)
+            return []
         if covering is not None:
             known = self.table.entries.get(message.sub_id)
             if known is not None and known.last_hop == src:
@@ -259,23 +258,22 @@ class ClusteredBroker(CoreBase):
         self, covering: Covering, message: Subscribe, origin: str | None, restored: bool = False
     ) -> list[Action]:
         """SBP's two steps for ``message``, come over ``origin`` (None: local), over the
-        links covering leaves it (counted ``covering.quenched`` per link left out)."""
+        links covering leaves it (counted ``covering.quenched`` per link left out); with
+        advertisements, of those they draw it over (counted ``advertising.held_back``
+        per link they do not)."""
         targets = [n for n in self.primary if n != origin]
         targets += self.secondary.values()
+        drawn = None
+        if self.advertising is not None:
+            drawn = self.advertising.draws(message.subscription, targets, self._always_open)
+            self.stats["advertising.held_back"] += len(targets) - len(drawn)
         links = covering.add(
-            message.sub_id, message.subscription, origin, targets, restored=restored
+            message.sub_id, message.subscription, origin, targets, drawn=drawn, restored=restored
         )
-        self.stats["covering.quenched"] += len(targets) - len(links)
+        self.stats["covering.quenched"] += len(targets if drawn is None else drawn) - len(links)
         if not links:
             return []
-        primary = message.onward(SBP_PRIMARY)
-        secondary = message.onward(SBP_SECONDARY)
-        cluster_of = self.cluster_of
-        out: list[Action] = [
-            Forward(n, primary if cluster_of[n] == self.cluster else secondary) for n in links
-        ]
-        self.stats["sent.subscribe"] += len(out)
-        return out
+        return self._send_subscription(message, links)
 
     def withdraw_subscription(self, message: Unsubscribe, src: str) -> list[Action]:
         """Unsubscribe by the two steps of SBP: remove, then forward like the subscription.
@@ -322,15 +320,22 @@ class ClusteredBroker(CoreBase):
         links an intersecting advertisement opened (under DNR, every tree edge too);
         counted ``advertising.held_back`` per link left out for now. ``restored``: a
         resync share entry of this restarted broker's cluster; it goes on by the same
-        rule (a neighbour that has it from the predecessor ignores it)."""
+        rule (a neighbour that has it from the predecessor ignores it). Without covering
+        (with it, :meth:`_pass_on`)."""
         targets = [n for n in self.primary if n != origin]
         targets += self.secondary.values()
-        always = frozenset(self.primary) if self.dynamic else frozenset()
         links = advertising.choose(
-            message.sub_id, message.subscription, targets, always, restored=restored
+            message.sub_id, message.subscription, targets, self._always_open, restored=restored
         )
         self.stats["advertising.held_back"] += len(targets) - len(links)
         return self._send_subscription(message, links)
+
+    @property
+    def _always_open(self) -> frozenset[str]:
+        """The links every subscription of this cluster is drawn over, whatever the
+        advertisements: under DNR every tree edge (a copy may enter the cluster at any
+        region), under SNR none."""
+        return frozenset(self.primary) if self.dynamic else NO_TARGETS
 
     def _send_subscription(self, message: Subscribe, links: list[str]) -> list[Action]:
         primary = message.onward(SBP_PRIMARY)
@@ -447,9 +452,13 @@ class ClusteredBroker(CoreBase):
         self, advertising: Advertising, link: str, advertisement: Subscription
     ) -> list[Action]:
         """Send over ``link`` this cluster's subscriptions held back from it that
-        ``advertisement`` may feed (counted ``advertising.released``)."""
+        ``advertisement`` may feed (counted ``advertising.released``); with covering,
+        of those it draws there, the ones nothing sent over ``link`` covers
+        (:meth:`Covering.draw`; the rest counted ``covering.quenched``)."""
         if self.dynamic and link in self.primary:
             return []  # every tree edge carries every subscription under DNR
+        if self.covering is not None:
+            return self._opened_covering(self.covering, link, advertisement)
         out: list[Action] = []
         for sub_id, sent in advertising.sent.items():
             if link in sent:
@@ -472,6 +481,24 @@ class ClusteredBroker(CoreBase):
             )
             out += self._send_subscription(held, [link])
         self.stats["advertising.released"] += len(out)
+        return out
+
+    def _opened_covering(
+        self, covering: Covering, link: str, advertisement: Subscription
+    ) -> list[Action]:
+        entries = self.table.entries
+        drawn = [
+            k for k in covering.undrawn(link) if intersects(advertisement, entries[k].subscription)
+        ]
+        if not drawn:
+            return []
+        state = SBP_PRIMARY if self.cluster_of[link] == self.cluster else SBP_SECONDARY
+        out: list[Action] = [
+            Forward(link, self._resent(entries[k], state)) for k in covering.draw(link, drawn)
+        ]
+        self.stats["covering.quenched"] += len(drawn) - len(out)
+        self.stats["advertising.released"] += len(out)
+        self.stats["sent.subscribe"] += len(out)
         return out
 
     def receive_unadvertisement(self, message: Unadvertise, src: str) -> list[Action]:

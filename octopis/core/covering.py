@@ -30,6 +30,22 @@ covering gives them now, whatever its predecessor had sent them: a duplicate is 
 there, and what it does not send it notes as *maybe* held over the link, so that its
 withdrawal still goes there. Only subscriptions of the broker's own cluster (local, or
 from a tree neighbour) are ever passed on, so only they are kept here.
+
+With advertisements too (:mod:`octopis.core.advertising`), a subscription S goes over an
+SBP target link L only if (a) advertisements *draw* it there (L is always open, or an
+advertisement that opened L may match what S wants) and (b) no subscription this broker
+sent over L covers S, with the restrictions above. The links that draw S are kept with
+it (a bit mask, :attr:`Covering.drawn`; an advertisement's withdrawal takes none away),
+and covering's rule works within them: S is quenched on L only if drawn there. If C
+covers S, every publication S wants C wants, so an advertisement that may match S may
+match C: wherever S is drawn, C is drawn too, and the neighbour holding C in S's place
+passes it on toward every publisher S needs. When an advertisement opens L, the
+subscriptions it draws there for the first time go over L as a withdrawal's uncovered
+ones do (:meth:`Covering.draw`: those covered by what went over L stay quenched, the
+rest in :meth:`Covering._choose` order, broadest first); a withdrawal sends in its place
+only what is drawn over the link; a share hands only what is drawn over it. This record
+is the only one of where the broker's cluster's subscriptions went:
+:class:`~octopis.core.advertising.Advertising` then keeps the advertisements alone.
 """
 
 from __future__ import annotations
@@ -43,9 +59,9 @@ from octopis.matching import CoverIndex
 class Covering:
     """One broker's covering state (see the module docstring)."""
 
-    __slots__ = ("_bit", "_next_bit", "forwarded", "live", "maybe", "origin", "sent")
+    __slots__ = ("_bit", "_next_bit", "drawn", "forwarded", "live", "maybe", "origin", "sent")
 
-    def __init__(self, links: Iterable[str]) -> None:
+    def __init__(self, links: Iterable[str], *, advertisements: bool = False) -> None:
         self._bit: dict[str, int] = {}
         self._next_bit = 1
         self.live = CoverIndex()
@@ -58,6 +74,10 @@ class Covering:
         """sub_id → links over which a restarted broker's predecessor may have sent it."""
         self.origin: dict[str, int] = {}
         """sub_id → the link it came over (0: a local subscriber)."""
+        self.drawn: dict[str, int] | None = {} if advertisements else None
+        """With advertisements, sub_id → the links advertisements drew it over (the SBP
+        targets it may go over); None without: every SBP target, every link but the one
+        it came over."""
         self.set_links(links)
 
     # -- links ---------------------------------------------------------------------------
@@ -79,6 +99,10 @@ class Covering:
             self.maybe[sub_id] &= ~bit
             if not self.maybe[sub_id]:
                 del self.maybe[sub_id]
+        if self.drawn is not None:
+            for sub_id, mask in self.drawn.items():
+                if mask & bit:
+                    self.drawn[sub_id] = mask & ~bit
 
     def _mask(self, links: Iterable[str]) -> int:
         bit = self._bit
@@ -99,21 +123,46 @@ class Covering:
         origin: str | None,
         targets: Sequence[str],
         *,
+        drawn: Sequence[str] | None = None,
         restored: bool = False,
     ) -> list[str]:
         """Keep ``sub_id``, come over link ``origin`` (None: from a local subscriber), and
-        return those of its SBP ``targets`` it goes over: the links no subscription sent
-        over them covers it on. ``restored``: a restarted broker's share entry, which its
-        predecessor may have sent over the others (:attr:`maybe`)."""
+        return those of its SBP ``targets`` it goes over: of those advertisements draw it
+        over (``drawn``, with advertisements; every target without), the links no
+        subscription sent over them covers it on. ``restored``: a restarted broker's
+        share entry, which its predecessor may have sent over the others (:attr:`maybe`)."""
         form = self.live.add(sub_id, subscription)
         came = self.origin[sub_id] = self._bit[origin] if origin is not None else 0
-        want = self._mask(targets)
-        send = want & ~self._covered(form, want, bool(came))
+        every = self._mask(targets)
+        want = every if drawn is None else self._mask(drawn)
+        if self.drawn is not None:
+            self.drawn[sub_id] = want
+        send = want & ~self._covered(form, want, bool(came)) if want else 0
         if send:
             self._mark(sub_id, form, send)
-        if restored and want & ~send:
-            self.maybe[sub_id] = want & ~send
+        if restored and every & ~send:
+            self.maybe[sub_id] = every & ~send
         return [link for link in targets if self._bit[link] & send]
+
+    def undrawn(self, link: str) -> list[str]:
+        """With advertisements, the sub_ids not yet drawn over ``link`` (nor come over
+        it): those an advertisement that opens it may draw."""
+        bit = self._bit[link]
+        drawn, origin = self.drawn or {}, self.origin
+        return [k for k, came in origin.items() if not (came | drawn.get(k, 0)) & bit]
+
+    def draw(self, link: str, sub_ids: list[str]) -> list[str]:
+        """An advertisement that opened ``link`` draws ``sub_ids`` there (of
+        :meth:`undrawn`): each is drawn over it from now on; returns those that go over
+        it, in order (:meth:`_choose`, recorded as sent), the others being covered there
+        by what went over it, or by one of those (quenched)."""
+        if self.drawn is None:
+            raise ValueError("covering without advertisements draws every subscription already")
+        bit = self._bit[link]
+        drawn = self.drawn
+        for sub_id in sub_ids:
+            drawn[sub_id] |= bit
+        return self._choose([k for k in sub_ids if self._uncovered(k, bit)], bit)
 
     def withdraw(self, sub_id: str, unquench: bool = True) -> tuple[list[str], dict[str, list]]:
         """Forget ``sub_id``. Returns the links its withdrawal goes over (those it went
@@ -128,6 +177,8 @@ class Covering:
             self.forwarded.remove(sub_id)
         maybe = self.maybe.pop(sub_id, 0)
         del self.origin[sub_id]
+        if self.drawn is not None:
+            del self.drawn[sub_id]
         links = self._links(sent | maybe)
         if not sent or not unquench:
             return links, {}
@@ -142,12 +193,13 @@ class Covering:
 
     def share(self, link: str, carried: set[str], *, commit: bool = True) -> list[str]:
         """What a restarted (or new) neighbour over ``link`` is handed as this broker's
-        share: of the subscriptions that go over ``link`` in SBP, those in ``carried``
-        (on the link already) and those no other among them covers; returns the sub_ids
-        to hand, in order. With ``commit`` the link's record starts again from them;
-        without, nothing changes (what a restart would be handed, for inspection)."""
+        share: of the subscriptions that go over ``link`` in SBP (with advertisements,
+        those drawn over it), those in ``carried`` (on the link already) and those no
+        other among them covers; returns the sub_ids to hand, in order. With ``commit``
+        the link's record starts again from them; without, nothing changes (what a
+        restart would be handed, for inspection)."""
         bit = self._bit[link]
-        eligible = [k for k, came in self.origin.items() if not came & bit]
+        eligible = [k for k in self.origin if self._reaches(k, bit)]
         kept = [k for k in eligible if k in carried]
         chosen = self._choose([k for k in eligible if k not in carried], bit, kept)
         if commit:
@@ -188,13 +240,19 @@ class Covering:
         those covered from elsewhere only this broker could send in their place."""
         return bool(self.origin[coverer]) or not self.origin[sub_id]
 
+    def _reaches(self, sub_id: str, bit: int) -> bool:
+        """Whether ``sub_id`` may go over the link of ``bit``: an SBP target of it (and,
+        with advertisements, drawn over it)."""
+        if self.drawn is not None:
+            return bool(self.drawn[sub_id] & bit)
+        return not self.origin[sub_id] & bit
+
     def _uncovered(self, sub_id: str, bit: int) -> bool:
-        """Whether ``sub_id`` goes over the link of ``bit`` in SBP but neither went over
-        it nor is covered there."""
-        came = self.origin[sub_id]
-        if came & bit or self.sent.get(sub_id, 0) & bit:
+        """Whether ``sub_id`` may go over the link of ``bit`` (:meth:`_reaches`) but
+        neither went over it nor is covered there."""
+        if not self._reaches(sub_id, bit) or self.sent.get(sub_id, 0) & bit:
             return False
-        return not self._covered(self.live.form(sub_id), bit, bool(came))
+        return not self._covered(self.live.form(sub_id), bit, bool(self.origin[sub_id]))
 
     def _choose(self, orphans: list[str], bit: int, base: list[str] | None = None) -> list[str]:
         """Which of ``orphans`` (none covered by what went over the link of ``bit``, or by

@@ -10,14 +10,16 @@ forwarded):
 - a secondary neighbour B(x, k): its cluster-k entries.
 
 With covering (DESIGN §12) the share is what covering would send: those no other in it
-covers; the restarted broker passes them on by the same rule.
+covers (with advertisements too, of those advertisements draw over the link); the
+restarted broker passes them on by the same rule.
 
-With advertisements (DESIGN §12) a share is the subscriptions the neighbour sent over
+With advertisements alone (DESIGN §12) a share is the subscriptions the neighbour sent over
 the link (or may have: after its own restart), and it starts with the advertisements
 that came from its side (:func:`advertisement_share`): a primary neighbour B(z, c) hands
 those whose host lies on its side of the tree or in its region, an iCOL neighbour
-B(x, k) those it hosts. The restarted broker passes on its cluster's share entries by
-the advertisement rule (a neighbour that holds one already ignores it).
+B(x, k) those it hosts (so too with covering). The restarted broker passes on its
+cluster's share entries by the rule it routes by (a neighbour that holds one already
+ignores it).
 
 Entries *hosted at* B(x, c) by its predecessor (sub ids without the new incarnation's
 epoch) are withdrawn by each neighbour as if B(x, c) had sent the unsubscribe: the

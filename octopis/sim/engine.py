@@ -135,7 +135,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
             raise ValueError("the topology has no brokers")
         self.scot = scot
         self.mode = mode
-        covering = resolve_covering(covering, advertisements)
+        covering = resolve_covering(covering)
         self.covering = covering
         """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too;
         given as None: :func:`~octopis.core.resolve_covering`."""

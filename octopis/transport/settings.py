@@ -50,14 +50,16 @@ class BrokerSettings:
     """DNR's "least loaded" among candidate links: ``"ce"`` (CE, then queue length: the
     paper's) or ``"bluedove"`` (BlueDove's estimated processing time (q̂ + 1)/μ)."""
     covering: str | None = None
-    """None (the default) becomes ``"active"``, or ``"off"`` with advertisements on.
+    """None (the default) becomes ``"active"``.
     ``"active"``: a broker passes a subscription on over a link only if no
     subscription it sent over that link covers it (every publication matching it
     matches the other), and when it withdraws one it first sends over each link the
     ones it covered there; who receives what is unchanged, SBP sends fewer messages and
     tables hold fewer entries. ``"off"``: every subscription reaches every broker (the
     paper's SBP). SNR and DNR; BID always floods. Set it alike on every broker of an
-    overlay; not with advertisements (refused). With it, a subscriber moving inside its
+    overlay. With advertisements on too, a subscription goes over a link only if an
+    advertisement draws it there and nothing sent there covers it. With it, a subscriber
+    moving inside its
     cluster subscribes afresh at its new broker rather than have its subscriptions
     adopted there."""
     advertisements: str = "off"
@@ -65,8 +67,8 @@ class BrokerSettings:
     publish, advertisements reach every broker, and a subscription travels only toward
     brokers whose advertisements may match what it wants; a publication outside its
     publisher's advertisements is refused. ``"off"``: every subscription reaches every
-    broker and publishers need not advertise. SNR and DNR; covering becomes off; set it
-    alike on every broker of an overlay. A restarted broker is handed the advertisements
+    broker and publishers need not advertise. SNR and DNR, with covering active or off;
+    set it alike on every broker of an overlay. A restarted broker is handed the advertisements
     its neighbours hold; an SDK publisher whose connection fails over to another broker
     advertises there again before its publications."""
     sndhwm: int = 8
@@ -192,14 +194,7 @@ class BrokerSettings:
     each publication for ``window + lateness`` seconds after its publication time."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "covering", resolve_covering(self.covering, self.advertisements == "on")
-        )
-        if self.covering == "active" and self.advertisements == "on":
-            raise ConfigError(
-                "routing.covering = 'active' and routing.advertisements = 'on' do not work "
-                "together yet; leave covering out (it becomes 'off') or set it to 'off'"
-            )
+        object.__setattr__(self, "covering", resolve_covering(self.covering))
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
