@@ -1,6 +1,7 @@
-"""Advertisements (DESIGN §12) off and on, in the simulator on paper75 (SNR and DNR), on
-the paper's workload and on one where every publisher may publish anything: SBP messages
-per subscription and routing entries per broker, notification delay and matching time.
+"""Advertisements (DESIGN §12) off, on, and on with covering active, in the simulator on
+paper75 (SNR and DNR), on the paper's workload and on one where every publisher may
+publish anything: SBP messages per subscription and routing entries per broker,
+notification delay and matching time.
 
     python -m bench.advertisements                     # bench/results/advertisements.{json,md}
     python -m bench.advertisements --subscribers 2000  # a smaller run
@@ -16,7 +17,8 @@ and the range of each numeric attribute over them. The
 subscriptions are made first and the advertisements after them, so every subscription
 that reaches a publisher is one held back and sent when the advertisement arrived (the
 case that costs the most bookkeeping). Then the publications, at their workload times;
-deliveries must be the same with advertisements off and on, or the run fails.
+deliveries must be the same in all three settings, or the run fails. Advertisements
+off means covering off too (the paper's SBP, which the other two prune).
 Advertisement messages are counted apart (each costs N − 1, as a subscription does).
 """
 
@@ -43,7 +45,8 @@ log = logging.getLogger("bench.advertisements")
 LATENCY, JITTER = 1e-4, 2e-4
 """Link latency, as in the other simulations (:mod:`bench.sim_experiments`)."""
 MODES = ("snr", "dnr")
-SETTINGS = (False, True)
+SETTINGS = {"off": (False, "off"), "on": (True, "off"), "on, covering": (True, "active")}
+"""Label → (advertisements, covering) of each setting measured."""
 WORKLOADS = ("stock", "bands")
 
 
@@ -70,14 +73,16 @@ def advertisements(workload: Workload) -> dict[str, tuple[str, Subscription]]:
     return out
 
 
-def simulate(scot: Scot, workload: Workload, mode: str, on: bool) -> tuple[Simulator, dict]:
+def simulate(
+    scot: Scot, workload: Workload, mode: str, on: bool, covering: str
+) -> tuple[Simulator, dict]:
     sim = Simulator(
         scot,
         mode,
         seed=1,
         latency=LatencyModel(LATENCY, JITTER),
         advertisements=on,
-        covering="off",  # without advertisements: the paper's SBP, which they prune
+        covering=covering,
     )
     for s in workload.subscriptions:
         sim.at(s.time, sim.subscribe, s.subscriber, s.broker, s.subscription)
@@ -100,6 +105,7 @@ def simulate(scot: Scot, workload: Workload, mode: str, on: bool) -> tuple[Simul
     return sim, {
         "mode": mode,
         "advertisements": "on" if on else "off",
+        "covering": covering,
         "subscriptions": subscriptions,
         "sbp_messages": sent,
         "sbp_per_subscription": sent / subscriptions,
@@ -129,33 +135,35 @@ def run(out: Path, subscribers: int, seed: int, rounds: int) -> dict[str, Any]:
         sample = [p.publication for p in workload.publications[:500]]
         for mode in MODES:
             sims, rows = {}, {}
-            for on in SETTINGS:
-                label = "on" if on else "off"
+            for label, (on, covering) in SETTINGS.items():
                 log.info("%s, %s, advertisements %s", name, mode, label)
-                sims[label], rows[label] = simulate(scot, workload, mode, on)
-            if sims["off"].ledger.received != sims["on"].ledger.received:
-                raise SystemExit(
-                    f"{name}, {mode}: advertisements changed the deliveries; that is a bug"
-                )
+                sims[label], rows[label] = simulate(scot, workload, mode, on, covering)
+            for label, sim in sims.items():
+                if sim.ledger.received != sims["off"].ledger.received:
+                    raise SystemExit(
+                        f"{name}, {mode}: advertisements {label} changed the deliveries; "
+                        "that is a bug"
+                    )
             for label, times in matching_times(sims, sample, rounds).items():
                 rows[label]["matching_us"] = times
-            results["rows"] += [{"workload": name, **rows[label]} for label in ("off", "on")]
+            results["rows"] += [{"workload": name, **rows[label]} for label in SETTINGS]
     return results
 
 
 def table(results: dict[str, Any]) -> str:
     """The markdown table of :func:`run`'s results."""
     lines = [
-        "| workload | mode | advertisements | SBP msgs / subscription | sent when advertised | "
+        "| workload | mode | advertisements | covering | SBP msgs / subscription | "
+        "sent when advertised | "
         "advertisement msgs | entries / broker, mean (max) | subscription CPU s | "
         "matching µs, transit hop / publisher's broker | notification delay mean / p99 ms | "
         "notification msgs | delivered (lost, dup) |",
-        "|" + "---|" * 12,
+        "|" + "---|" * 13,
     ]
     for r in results["rows"]:
         delay, matching = r["notification_delay"], r["matching_us"]
         lines.append(
-            f"| {r['workload']} | {r['mode']} | {r['advertisements']} | "
+            f"| {r['workload']} | {r['mode']} | {r['advertisements']} | {r['covering']} | "
             f"{r['sbp_per_subscription']:.1f} | "
             f"{r['released']:,} | {r['advertisement_messages']:,} | "
             f"{r['entries_mean']:,.0f} ({r['entries_max']:,}) | "
