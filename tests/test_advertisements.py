@@ -12,7 +12,6 @@ import random
 import signal
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from laws import scots
 from test_covering import _values, subscriptions
+from test_covering_laws import Op
 
 from octopis.client import Publisher, Subscriber, UnadvertisedError
 from octopis.cluster.launcher import LocalCluster
@@ -97,18 +97,6 @@ def test_intersects_decides(a: str, b: str, expected: bool) -> None:
 # -- the law in the simulator ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Op:
-    """One step at ``at`` seconds: ``sub``/``unsub`` (subscriber ``who``), ``adv``/``unadv``
-    (publisher ``who`` at ``broker``) or ``pub``."""
-
-    at: float
-    kind: str
-    who: str
-    broker: str = ""
-    text: str = ""
-
-
 ADVERTS = ["[x,<,4]", "[x,>=,6]", "[k,eq,'a']", "[k,eq,'b'],[x,<,8]", "[x,>=,2],[x,<,5]"]
 
 
@@ -182,6 +170,12 @@ def run(
     )
     for failure in failures:
         sim.fail(failure)
+    return replay(sim, ops, advertisements)
+
+
+def replay(sim: Simulator, ops: list[Op], advertisements: bool) -> Simulator:
+    """Schedule ``ops`` on ``sim`` at their times (advertisement ops only with
+    ``advertisements``) and run it to the end."""
     sub_ids: dict[str, str] = {}
     adv_ids: dict[str, str] = {}
 

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from laws import scots
-from test_advertisements import ADVERTS, LATENCY, SETTLE, Op
-from test_covering_laws import _subscription_text
+from test_advertisements import ADVERTS, LATENCY, SETTLE, Op, replay
+from test_covering_laws import _subscription_text, churn_ops
 
 from octopis.core.clustered import ClusteredBroker
 from octopis.failure_schedule import Failure
-from octopis.filters import covers, parse_publication, parse_subscription
+from octopis.filters import parse_publication, parse_subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import Simulator
 from octopis.topology import Scot, build_preset
@@ -44,24 +44,7 @@ def scenario(
     brokers = sorted(b for b in scot.brokers if b != victim)
     ops = [Op(rng.uniform(0, 1), "sub", f"S{i}", rng.choice(brokers), _subscription_text(rng))
            for i in range(initial)]  # fmt: skip
-    live = {op.who: op.text for op in ops}
-    made = initial
-    for t in sorted(rng.uniform(1.0, 4.5) for _ in range(churn)):
-        if live and rng.random() < 0.5:
-            if rng.random() < 0.5:
-                texts = {w: parse_subscription(s) for w, s in live.items()}
-                who = max(
-                    sorted(texts), key=lambda w: sum(covers(texts[w], s) for s in texts.values())
-                )
-            else:
-                who = rng.choice(sorted(live))
-            ops.append(Op(t, "unsub", who))
-            del live[who]
-        else:
-            who = f"S{made}"
-            made += 1
-            live[who] = _subscription_text(rng)
-            ops.append(Op(t, "sub", who, rng.choice(brokers), live[who]))
+    ops += churn_ops(rng, brokers, ops, sorted(rng.uniform(1.0, 4.5) for _ in range(churn)))
     first = 5.0 if victim is not None else 2.0
     for j in range(4):
         who, broker, advert = f"P{j}", rng.choice(brokers), rng.choice(ADVERTS)
@@ -102,25 +85,7 @@ def run(
         core.unquench = unquench  # type: ignore[union-attr]
     if victim is not None:
         sim.fail(Failure((victim,), *FAILURE))
-    sub_ids: dict[str, str] = {}
-    adv_ids: dict[str, str] = {}
-
-    def act(op: Op) -> None:
-        if op.kind == "sub":
-            sub_ids[op.who] = sim.subscribe(op.who, op.broker, parse_subscription(op.text))
-        elif op.kind == "unsub":
-            sim.unsubscribe(sub_ids[op.who])
-        elif op.kind == "pub":
-            sim.publish(op.who, op.broker, parse_publication(op.text))
-        elif advertisements and op.kind == "adv":
-            adv_ids[op.who] = sim.advertise(op.who, op.broker, parse_subscription(op.text))
-        elif advertisements and op.kind == "unadv":
-            sim.unadvertise(op.who, adv_ids[op.who])
-
-    for op in ops:
-        sim.at(op.at, act, op)
-    sim.run()
-    return sim
+    return replay(sim, ops, advertisements)
 
 
 def racing(ops: list[Op]) -> set[tuple[str, str, int]]:

@@ -35,8 +35,9 @@ draw (a hop is 1 ms)."""
 @dataclass(frozen=True)
 class Op:
     """One step of a scenario at ``at`` seconds: ``sub`` (``who`` subscribes ``text`` at
-    ``broker``), ``unsub`` (``who`` withdraws its subscription) or ``pub`` (``who``
-    publishes ``text`` at ``broker``)."""
+    ``broker``), ``unsub`` (``who`` withdraws its subscription), ``pub`` (``who``
+    publishes ``text`` at ``broker``), ``adv``/``unadv`` (publisher ``who`` at ``broker``
+    advertises ``text``, or withdraws it)."""
 
     at: float
     kind: str
@@ -60,21 +61,19 @@ def _subscription_text(rng: random.Random) -> str:
     return "[k,isPresent]" if rng.random() < 0.5 else f"[x,>,{bound}]"
 
 
-def scenario(scot: Scot, seed: int, *, initial: int = 20, churn: int = 30) -> list[Op]:
-    """``initial`` subscribers at time 0, then over five seconds ``churn`` subscriptions
-    and withdrawals (half of the withdrawals take a live subscription covering the most
-    others) among 50 publications from random brokers."""
-    rng = random.Random(seed)
-    brokers = sorted(scot.brokers)
-    ops = [Op(0.0, "sub", f"S{i}", rng.choice(brokers), _subscription_text(rng))
-           for i in range(initial)]  # fmt: skip
-    live = {op.who: op.text for op in ops}
-    made = initial
-    start = 1.0
-    for t in sorted(rng.uniform(start, start + 5.0) for _ in range(churn)):
+def churn_ops(
+    rng: random.Random, brokers: list[str], made: list[Op], times: list[float]
+) -> list[Op]:
+    """At each of ``times``, a new subscription or (half the time, while any is live) a
+    withdrawal, after the subscriptions ``made``: half of the withdrawals take the live
+    subscription covering the most others, the rest a random one."""
+    live = {op.who: op.text for op in made if op.kind == "sub"}
+    count = len(live)
+    ops: list[Op] = []
+    for t in times:
         if live and rng.random() < 0.5:
             if rng.random() < 0.5:
-                texts = {w: parse_subscription(t) for w, t in live.items()}
+                texts = {w: parse_subscription(text) for w, text in live.items()}
                 who = max(
                     sorted(texts), key=lambda w: sum(covers(texts[w], s) for s in texts.values())
                 )
@@ -83,10 +82,24 @@ def scenario(scot: Scot, seed: int, *, initial: int = 20, churn: int = 30) -> li
             ops.append(Op(t, "unsub", who))
             del live[who]
         else:
-            who = f"S{made}"
-            made += 1
+            who = f"S{count}"
+            count += 1
             live[who] = _subscription_text(rng)
             ops.append(Op(t, "sub", who, rng.choice(brokers), live[who]))
+    return ops
+
+
+def scenario(scot: Scot, seed: int, *, initial: int = 20, churn: int = 30) -> list[Op]:
+    """``initial`` subscribers at time 0, then over five seconds ``churn`` subscriptions
+    and withdrawals (half of the withdrawals take a live subscription covering the most
+    others) among 50 publications from random brokers."""
+    rng = random.Random(seed)
+    brokers = sorted(scot.brokers)
+    ops = [Op(0.0, "sub", f"S{i}", rng.choice(brokers), _subscription_text(rng))
+           for i in range(initial)]  # fmt: skip
+    start = 1.0
+    times = sorted(rng.uniform(start, start + 5.0) for _ in range(churn))
+    ops += churn_ops(rng, brokers, ops, times)
     for j in range(50):
         broker = rng.choice(brokers)
         x, k = rng.randrange(10), rng.choice(["a", "ab", "b"])
