@@ -117,6 +117,11 @@ def test_workload_directory_and_table_output(
     assert re.search(r"^notification +[\d.]+ ms", out, re.M) and "sbp_messages" not in out
     assert re.search(r"^run: [\d.]+ s, [\d.]+ s of them simulating [\d.]+ s; "
                      r"peak memory [\d,]+ MiB$", out, re.M), out  # fmt: skip
+    per = re.search(r"\(SBP, covering: ([\d.]+) per subscription against N-1 = 17\)", out)
+    assert per and 0 < float(per[1]) <= 17, out  # the default covering, and what it sent
+    assert main([*args, "--covering", "off"]) == 0
+    assert re.search(r"^messages: [\d,]+ notification, 340 subscription \(SBP\), ",
+                     capsys.readouterr().out, re.M)  # fmt: skip
     assert main([*args, "--details"]) == 0
     detailed = capsys.readouterr().out
     assert detailed.startswith(verdict[0]) and re.search(r"^sbp_messages +\d+$", detailed, re.M)

@@ -48,10 +48,18 @@ def summarize(report: dict[str, Any]) -> str:
             f"{label:<14}"
             + "".join(f"{_ms(figures.get(q)):>10}" for q in ("mean", "p50", "p99", "max"))
         )
+    sbp = f"{report['sbp_messages']:,} subscription (SBP"
+    if report.get("covering") == "active":
+        made = report.get("subscriptions_made") or report.get("subscriptions") or 0
+        brokers = report.get("brokers") or 0
+        sbp += ", covering: " + (
+            f"{report['sbp_messages'] / made:.1f} per subscription against N-1 = {brokers - 1}"
+            if made and brokers
+            else "active"
+        )
     lines += [
         "",
-        f"messages: {report['notification_messages']:,} notification, "
-        f"{report['sbp_messages']:,} subscription (SBP), "
+        f"messages: {report['notification_messages']:,} notification, {sbp}), "
         f"{report.get('unsubscribe_messages', 0):,} unsubscribe; "
         f"{report['matching_operations']:,} matching operations",
     ]
