@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from laws import scots
 
 from octopis.cli.main import main
+from octopis.core import DEFAULT_COVERING
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.filters import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
@@ -36,12 +37,11 @@ def _run(
     subscribers: int = 60,
     publications: int = 50,
     clients: Sequence[tuple[str, float]] = (),
-    covering: str | None = None,
+    covering: str = DEFAULT_COVERING,
 ) -> Simulator:
     """Random ``[x,<,k]`` subscribers everywhere, then publications from random brokers
     spread over five seconds, with ``failures`` and the subscribers' connection failures
-    ``clients`` (subscriber, time) scheduled from the first publication; ``covering``
-    None: the default."""
+    ``clients`` (subscriber, time) scheduled from the first publication."""
     rng = random.Random(seed)
     sim = Simulator(
         scot,

@@ -39,13 +39,7 @@ COVERING = ("off", "active")
 """Covering settings: ``off`` (every subscription reaches every broker) or ``active``
 (DESIGN §12)."""
 DEFAULT_COVERING = "active"
-"""The covering of brokers and simulations that are told none (:func:`resolve_covering`)."""
-
-
-def resolve_covering(covering: str | None) -> str:
-    """The covering to run: ``covering`` if given, else :data:`DEFAULT_COVERING` (with
-    advertisements or without: the two combine, DESIGN §12)."""
-    return DEFAULT_COVERING if covering is None else covering
+"""The covering of brokers and simulations that are told none."""
 
 
 BrokerCore = ClusteredBroker | BidBroker
@@ -73,7 +67,7 @@ def make_broker(
     mode: str,
     matcher_factory: MatcherFactory | None = None,
     dedup: EdgeDedup | None = None,
-    covering: str | None = None,
+    covering: str = DEFAULT_COVERING,
     advertisements: bool = False,
 ) -> BrokerCore:
     """The routing core of ``broker_id`` for ``mode`` (snr, dnr or bid).
@@ -81,14 +75,13 @@ def make_broker(
     The core sees only the broker's own labels and its neighbours (a :class:`BrokerView`
     read from the topology, never the topology itself); BID sees the unclustered graph
     (neighbour names, no roles). ``dedup`` bounds edge dedup (defaults otherwise).
-    ``covering`` (:data:`COVERING`, None: :func:`resolve_covering`): ``active`` makes
+    ``covering`` (:data:`COVERING`): ``active`` makes
     SNR and DNR pass a subscription on only where nothing sent the same way covers it
     (DESIGN §12); BID, the paper's
     flooding baseline, routes by subscription ids and always floods.
     ``advertisements``: SNR and DNR send a subscription only toward publishers that
     advertised what it may match (DESIGN §12), with covering or without; not under BID.
     """
-    covering = resolve_covering(covering)
     if covering not in COVERING:
         raise ValueError(f"unknown covering {covering!r}; choose one of {', '.join(COVERING)}")
     if advertisements and mode == "bid":
@@ -147,5 +140,4 @@ __all__ = [
     "UnadvertisedPublication",
     "Unsubscribe",
     "make_broker",
-    "resolve_covering",
 ]

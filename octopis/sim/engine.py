@@ -46,6 +46,7 @@ from octopis.balance.policy import (
     plan_round,
 )
 from octopis.core import (
+    DEFAULT_COVERING,
     Action,
     BrokerCore,
     Deliver,
@@ -55,7 +56,6 @@ from octopis.core import (
     Released,
     Subscribe,
     make_broker,
-    resolve_covering,
 )
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
@@ -128,17 +128,15 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         oracle_factory: Callable[[], Any] | None = None,
         on_forward: Callable[[str, str, Any], None] | None = None,
         service: ServiceModel | None = None,
-        covering: str | None = None,
+        covering: str = DEFAULT_COVERING,
         advertisements: bool = False,
     ) -> None:
         if not scot.brokers:
             raise ValueError("the topology has no brokers")
         self.scot = scot
         self.mode = mode
-        covering = resolve_covering(covering)
         self.covering = covering
-        """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too;
-        given as None: :func:`~octopis.core.resolve_covering`."""
+        """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too."""
         self.advertisements = advertisements
         """Whether subscriptions travel only toward advertised publishers (DESIGN §12):
         then a publisher advertises (:meth:`advertise`) before it publishes."""

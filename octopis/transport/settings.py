@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from octopis.core import COVERING, resolve_covering
+from octopis.core import COVERING, DEFAULT_COVERING
 from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
 from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
@@ -49,9 +49,8 @@ class BrokerSettings:
     order: str = DEFAULT_ORDER
     """DNR's "least loaded" among candidate links: ``"ce"`` (CE, then queue length: the
     paper's) or ``"bluedove"`` (BlueDove's estimated processing time (q̂ + 1)/μ)."""
-    covering: str | None = None
-    """None (the default) becomes ``"active"``.
-    ``"active"``: a broker passes a subscription on over a link only if no
+    covering: str = DEFAULT_COVERING
+    """``"active"`` (the default): a broker passes a subscription on over a link only if no
     subscription it sent over that link covers it (every publication matching it
     matches the other), and when it withdraws one it first sends over each link the
     ones it covered there; who receives what is unchanged, SBP sends fewer messages and
@@ -192,9 +191,6 @@ class BrokerSettings:
     """Seconds a publication may take from its publisher to a composite's host and still
     be joined with everything published within the composite's window: the join keeps
     each publication for ``window + lateness`` seconds after its publication time."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "covering", resolve_covering(self.covering))
 
     def capacity_of(self, src: str, dst: str) -> float:
         """Messages/s allowed on ``src → dst``; 0 means unlimited."""
