@@ -34,7 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.covering import bands, matching_times, stock
+from bench.covering import bands, matching_times, row_cells, stock
 from bench.profiles import REPO
 from octopis.filters import Predicate, Subscription
 from octopis.sim import LatencyModel, Simulator
@@ -161,17 +161,10 @@ def table(results: dict[str, Any]) -> str:
         "|" + "---|" * 13,
     ]
     for r in results["rows"]:
-        delay, matching = r["notification_delay"], r["matching_us"]
         lines.append(
             f"| {r['workload']} | {r['mode']} | {r['advertisements']} | {r['covering']} | "
             f"{r['sbp_per_subscription']:.1f} | "
-            f"{r['released']:,} | {r['advertisement_messages']:,} | "
-            f"{r['entries_mean']:,.0f} ({r['entries_max']:,}) | "
-            f"{r['subscription_cpu_s']:.1f} | "
-            f"{matching['transit']:.1f} / {matching['host']:.1f} | "
-            f"{delay['mean'] * 1e3:.2f} / {delay['p99'] * 1e3:.2f} | "
-            f"{r['notification_messages']:,} | "
-            f"{r['delivered']:,} ({r['lost']}, {r['duplicates']}) |"
+            f"{r['released']:,} | {r['advertisement_messages']:,} | {row_cells(r)} |"
         )
     return "\n".join(lines) + "\n"
 

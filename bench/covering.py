@@ -222,17 +222,24 @@ def table(results: dict[str, Any]) -> str:
     for name in ("stock", "bands"):
         for covering in SETTINGS:
             r = results[name][covering]
-            delay = r["notification_delay"]
             lines.append(
-                f"| {name} | {covering} | {r['sbp_per_subscription']:.1f} | "
-                f"{r['entries_mean']:,.0f} ({r['entries_max']:,}) | "
-                f"{r['subscription_cpu_s']:.1f} | "
-                f"{r['matching_us']['transit']:.1f} / {r['matching_us']['host']:.1f} | "
-                f"{delay['mean'] * 1e3:.2f} / {delay['p99'] * 1e3:.2f} | "
-                f"{r['notification_messages']:,} | "
-                f"{r['delivered']:,} ({r['lost']}, {r['duplicates']}) |"
+                f"| {name} | {covering} | {r['sbp_per_subscription']:.1f} | {row_cells(r)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def row_cells(r: dict[str, Any]) -> str:
+    """A result row's cells from its entries on: entries per broker, subscription CPU,
+    matching time, notification delay, notification messages, deliveries."""
+    delay, matching = r["notification_delay"], r["matching_us"]
+    return (
+        f"{r['entries_mean']:,.0f} ({r['entries_max']:,}) | "
+        f"{r['subscription_cpu_s']:.1f} | "
+        f"{matching['transit']:.1f} / {matching['host']:.1f} | "
+        f"{delay['mean'] * 1e3:.2f} / {delay['p99'] * 1e3:.2f} | "
+        f"{r['notification_messages']:,} | "
+        f"{r['delivered']:,} ({r['lost']}, {r['duplicates']})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

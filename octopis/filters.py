@@ -58,7 +58,7 @@ import operator
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 Value: TypeAlias = str | int | float
 Publication: TypeAlias = dict[str, str | int | float]
@@ -357,28 +357,7 @@ def parse_subscription(text: str) -> Subscription:
     sc = _Scanner(text)
 
     def predicate() -> Predicate:
-        sc.expect("[", "to open a predicate")
-        attr = sc.attribute()
-        sc.expect(",", "after the attribute name")
-        op, op_pos = sc.word("an operator")
-        if op not in OPERATORS:
-            raise sc.error(op_pos, f"unknown operator {op!r}")
-        sc.space()
-        value: Value | None = None
-        value_pos = sc.pos
-        if sc.text.startswith(",", sc.pos):
-            sc.expect(",", "after the operator")
-            value_pos = sc.pos
-            value = sc.value()
-        elif op != IS_PRESENT:
-            raise sc.error(sc.pos, f"expected ',' and a value after {op!r}, found {sc.found()}")
-        sc.expect("]", "to close the predicate")
-        if op == IS_PRESENT:
-            value = None
-        problem = _predicate_problem(op, value)
-        if problem:
-            raise sc.error(value_pos, problem)
-        return Predicate(attr, op, value)
+        return cast(Predicate, _term(sc, bindings=False))
 
     return Subscription(tuple(sc.items(predicate, "subscription", "predicates")))
 
@@ -895,20 +874,22 @@ def _join_term(sc: _Scanner, parts: list[Part]) -> int | Join:
 def _part(sc: _Scanner, number: int) -> Part:
     """``[attr,op,value-or-variable],...`` up to (not past) the part's ``}``."""
     start = sc.pos
-    terms: list[Predicate | Binding] = [_part_term(sc, number)]
+    terms: list[Predicate | Binding] = [_term(sc)]
     while True:
         sc.space()
         if sc.text.startswith("}", sc.pos) or sc.at_end():
             break
         sc.expect(",", "between predicates")
-        terms.append(_part_term(sc, number))
+        terms.append(_term(sc))
     try:
         return Part(tuple(terms))
     except FilterError as exc:
         raise sc.error(start, f"part {number}: {exc}") from None
 
 
-def _part_term(sc: _Scanner, number: int) -> Predicate | Binding:
+def _term(sc: _Scanner, bindings: bool = True) -> Predicate | Binding:
+    """A predicate ``[attr,op,value]`` at the cursor, consumed; with ``bindings``, one
+    whose value is a variable (``$X``) is a :class:`Binding` (composite parts)."""
     sc.expect("[", "to open a predicate")
     attr = sc.attribute()
     sc.expect(",", "after the attribute name")
@@ -921,7 +902,7 @@ def _part_term(sc: _Scanner, number: int) -> Predicate | Binding:
     if sc.text.startswith(",", sc.pos):
         sc.expect(",", "after the operator")
         value_pos = sc.pos
-        variable = _variable(sc)
+        variable = _variable(sc) if bindings else None
         if variable is not None:
             name, kind = variable
             if op not in _EQUALITY:
