@@ -25,9 +25,10 @@ from octopis.client import Publisher, Subscriber
 from octopis.client.replay import parse_time
 from octopis.client.subscriber import EndOfHistory
 from octopis.cluster.launcher import LocalCluster, prepare_topology
-from octopis.core.durable import LOOKBACK, DurableError, Durables
+from octopis.core.durable import DurableError, Durables
 from octopis.core.messages import Notification
 from octopis.core.replay import Replay
+from octopis.defaults import LOOKBACK
 from octopis.filters import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.transport.codec import encode_body

@@ -20,10 +20,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "octopis"
 
 BASE = {"octopis.filters", "octopis._match", "octopis.matching"}
+POLICY = {"octopis.defaults", "octopis.client_policy"}
+"""Defaults read by several layers, and the client policy the SDK, the durable records
+and the simulator's clients share (DESIGN §2)."""
 ALLOWED: dict[str, set[str]] = {
     "octopis": set(),
     "octopis.filters": set(),
     "octopis.wire": set(),
+    "octopis.defaults": set(),
+    "octopis.client_policy": {"octopis.defaults"},
     "octopis.topology": set(),
     "octopis.topology_change": {"octopis.topology"},
     "octopis.failure_schedule": set(),
@@ -36,9 +41,10 @@ ALLOWED: dict[str, set[str]] = {
     "octopis.shapes": BASE,
     "octopis.accounting": BASE,
     "octopis.workload": {*BASE, "octopis.quotes", "octopis.topology", "octopis.workload"},
-    "octopis.core": {*BASE, "octopis.core"},
+    "octopis.core": {*BASE, *POLICY, "octopis.core"},
     "octopis.sim": {
         *BASE,
+        *POLICY,
         "octopis.core",
         "octopis.sim",
         "octopis.accounting",
@@ -50,6 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "octopis.transport": {
         *BASE,
+        *POLICY,
         "octopis.core",
         "octopis.transport",
         "octopis.topology",
@@ -58,6 +65,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.logs",
     },
     "octopis.client": {
+        *POLICY,
         "octopis.client",
         "octopis.filters",
         "octopis.wire",
@@ -67,6 +75,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "octopis.cluster": {
         *BASE,
+        *POLICY,
         "octopis.cluster",
         "octopis.client",
         "octopis.accounting",
@@ -218,3 +227,77 @@ def test_importing_a_layer_loads_nothing_above_it(module: str, must_not_load: se
 
 def test_the_runtime_check_sees_what_a_module_loads() -> None:
     assert {"networkx", "octopis.topology"} <= _loaded("octopis.topology_change")
+
+
+NODE_STATE = frozenset(
+    {
+        "recovery",
+        "owed_shares",
+        "missing_shares",
+        "share_complete",
+        "share_received",
+        "expect_shares",
+        "withdraw_when_serving",
+        "unshared",
+        "take_subscriptions",
+        "release_copies",
+        "hold_subscriptions",
+        "hold_copy",
+        "table_lost",
+        "payable",
+        "held_copies_for",
+    }
+)
+"""The node's failure state (``octopis.core.node``, ``octopis.core.recovery``): who is owed
+a share, what is held for whom, what a restart lost. The shells report events to the
+node and carry out its actions; none reads or writes this state (DESIGN §2, §7)."""
+
+SHELLS = ("transport", "sim")
+
+
+def node_state_reads(path: Path) -> list[str]:
+    """Every name or attribute of :data:`NODE_STATE` in ``path``'s code (its docstrings
+    and comments aside), and every import of ``octopis.core.recovery``: ``file:line name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        name = (
+            node.attr
+            if isinstance(node, ast.Attribute)
+            else node.id
+            if isinstance(node, ast.Name)
+            else node.module
+            if isinstance(node, ast.ImportFrom)
+            else None
+        )
+        if name in NODE_STATE or name == "octopis.core.recovery":
+            found.append(f"{path.name}:{node.lineno} {name}")
+    return found
+
+
+def test_the_shells_hold_no_failure_decision() -> None:
+    """transport/ and sim/ neither import the recovery bookkeeping nor touch the node's
+    failure state: a broker process and a simulated broker decide alike because only the
+    node decides (read from the AST: attribute and variable names, imports)."""
+    found = [
+        hit
+        for shell in SHELLS
+        for path in sorted((PACKAGE / shell).glob("*.py"))
+        for hit in node_state_reads(path)
+    ]
+    assert found == []
+
+
+def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "from octopis.core.recovery import Recovery\n"
+        "def pay(core, node):\n"
+        "    '''owed_shares in a docstring is fine'''\n"
+        "    if node.owed_shares and core.share_complete('b:0'):\n"
+        "        return 1\n"
+    )
+    assert node_state_reads(path) == [
+        "shell.py:1 octopis.core.recovery",
+        "shell.py:4 owed_shares",
+        "shell.py:4 share_complete",
+    ]

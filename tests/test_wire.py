@@ -83,6 +83,7 @@ def test_round_trip(message: object) -> None:
         Heartbeat(3, 9, 12_000, True),
         Synced(0),
         Synced(40, complete=False, wants_share=True),
+        Synced(0, predecessor=True),
     ],
 )
 def test_link_messages_round_trip(message: Hello | Heartbeat | Synced) -> None:
@@ -171,7 +172,7 @@ def good_notify(**change: object) -> list:
         (body(HEARTBEAT, 1, 2, -3, False), "acked count must be an integer"),
         (body(HEARTBEAT, 1, 2, 3, 1), "serving flag must be true or false"),
         (body(HEARTBEAT, 1), "HEARTBEAT frame has 2 fields"),
-        (body(SYNCED, 3, True, 0), "SYNCED flags must be true or false"),
+        (body(SYNCED, 3, True, 0, False), "SYNCED flags must be true or false"),
         (body(SYNCED, 3), "SYNCED frame has 2 fields"),
         (body(*good_notify()[:-1]), "NOTIFY frame has 8 fields"),
         (body(*good_notify(session=-1)), "'session' must be an integer in [0, 2**63)"),

@@ -35,7 +35,7 @@ def _run(run: argparse.ArgumentParser) -> None:
     from octopis.balance.plans import PLACEMENTS
     from octopis.balance.policy import PLANS, BalanceOptions
     from octopis.cli.sim import add_failure_options, add_topology_options, add_workload_options
-    from octopis.client import DEFAULT_LIVENESS
+    from octopis.defaults import CLIENT_LIVENESS
 
     run.description = (
         "Start one broker process per node (ZeroMQ over TCP on this machine), "
@@ -75,7 +75,7 @@ def _run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--client-liveness",
         type=float,
-        default=DEFAULT_LIVENESS,
+        default=CLIENT_LIVENESS,
         metavar="SECONDS",
         help="seconds of a broker's silence before a client connection fails over to the "
         "next broker (default %(default)g); raise it on a machine so loaded that client "

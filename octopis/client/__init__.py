@@ -34,7 +34,6 @@ from __future__ import annotations
 from octopis.client.blocking import BlockingPublisher, BlockingStream, BlockingSubscriber
 from octopis.client.composite import CompositeNotification
 from octopis.client.connection import (
-    DEFAULT_LIVENESS,
     READ_BATCH,
     BrokerError,
     ConnectError,
@@ -64,7 +63,6 @@ from octopis.client.subscriber import (
 from octopis.overlay import OverlayError
 
 __all__ = [
-    "DEFAULT_LIVENESS",
     "READ_BATCH",
     "BlockingPublisher",
     "BlockingStream",

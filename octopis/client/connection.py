@@ -22,6 +22,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from octopis.client_policy import failover_order
+from octopis.defaults import CLIENT_LIVENESS
 from octopis.filters import Publication
 from octopis.keys import DEFAULT_CLIENT, KeyPair, Keys, connect_securely
 from octopis.logs import RateLimitedLog
@@ -98,9 +100,6 @@ _WATCHED = (
 """The socket monitor's events that tell how far opening a connection got."""
 
 
-DEFAULT_LIVENESS = 1.5
-"""Seconds of a broker's silence (three heartbeats unanswered) before a connection fails
-over."""
 READ_BATCH = 64
 """Deliveries the reader handles before it yields to the application's tasks."""
 
@@ -239,7 +238,7 @@ class Connection:
         endpoints: str | Sequence[str],
         *,
         context: zmq.asyncio.Context | None = None,
-        liveness: float = DEFAULT_LIVENESS,
+        liveness: float = CLIENT_LIVENESS,
         linger: float = 10.0,
         max_pending: int = 1000,
         receive_buffer: int = 64,
@@ -750,8 +749,7 @@ class Connection:
         t0 = self._heard
         away_from, started = self.endpoint, time.time() - (time.monotonic() - t0)
         log.warning("broker at %s silent for %.1f s; failing over", away_from, self.liveness)
-        start = self.endpoints.index(self.endpoint)
-        order = self.endpoints[start + 1 :] + self.endpoints[: start + 1]
+        order = failover_order(self.endpoints, self.endpoint)
         settled = asyncio.Event()
         left = self._leave(settled)
         while True:

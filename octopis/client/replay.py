@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,34 +22,6 @@ from typing import Any
 
 from octopis.client.connection import ConnectionGroup, Received
 from octopis.wire import delivery_fields
-
-LOOKBACK = 30.0
-"""Seconds before its broker went silent from which a subscriber asks for a replay: a
-publication published earlier that it did not get was not lost to the fail-over (it
-would have been in flight for longer than any custody window)."""
-PUBLISHERS_KNOWN = 10_000
-"""(publisher, session) pairs whose last sequence a subscriber remembers; a forgotten one
-is asked for by time (:attr:`ReplayGap.after`) instead."""
-
-
-class LastSeen(OrderedDict[tuple[str, int], int]):
-    """The last sequence number delivered per (publisher, session), the least recently
-    heard forgotten first past :data:`PUBLISHERS_KNOWN`."""
-
-    def saw(self, publisher: str, session: int, seq: int) -> None:
-        key = (publisher, session)
-        last = self.get(key)
-        if last is None:
-            self[key] = seq
-            if len(self) > PUBLISHERS_KNOWN:
-                self.popitem(last=False)
-        elif seq > last:
-            self[key] = seq
-            self.move_to_end(key)
-
-    def since(self) -> list[list[Any]]:
-        """The request's ``since``: ``[[publisher, session, seq], ...]``."""
-        return [[p, s, q] for (p, s), q in self.items()]
 
 
 def unseen(

@@ -20,14 +20,13 @@ from octopis.client.connection import (
     log,
 )
 from octopis.client.replay import (
-    LOOKBACK,
     History,
-    LastSeen,
     ReplayGap,
     Seam,
     parse_time,
     unseen,
 )
+from octopis.client_policy import LastSeen, replay_after
 from octopis.filters import Composite, Publication, Subscription, as_filter
 from octopis.wire import pack
 
@@ -694,7 +693,7 @@ class Subscriber(NamedClient):
         subscribed) and deliver them with the live ones held meanwhile, each once, in
         publisher order; returns the gap left, if any (also reported)."""
         silent = self.connection.silent_since or time.time()
-        after = max(self.since if self.since is not None else silent, silent - LOOKBACK)
+        after = replay_after(self.since, silent)
         if seam is None:
             seam = self._seam = Seam(self.buffer)
         message = {

@@ -24,13 +24,13 @@ import zmq
 import zmq.asyncio
 
 from octopis.client import (
-    DEFAULT_LIVENESS,
     Connection,
     ConnectionGroup,
     Publisher,
     Received,
     Subscriber,
 )
+from octopis.defaults import CLIENT_LIVENESS
 from octopis.topology import Scot
 from octopis.wire import pack, unpack
 from octopis.workload import PublicationEvent, SubscriptionEvent
@@ -54,7 +54,7 @@ class Share:
     publications: list[PublicationEvent]
     keys: Path | None = None
     time_scale: float = 1.0
-    liveness: float = DEFAULT_LIVENESS
+    liveness: float = CLIENT_LIVENESS
     """The SDK connections' ``liveness``: seconds of a broker's silence before failing over."""
 
 
@@ -146,7 +146,7 @@ def share_of(
     publications: list[PublicationEvent],
     keys: Path | None,
     time_scale: float,
-    liveness: float = DEFAULT_LIVENESS,
+    liveness: float = CLIENT_LIVENESS,
 ) -> tuple[Share, list[int]]:
     """The share of the clients on ``brokers``, and the run-wide index of each of its
     subscription events."""

@@ -39,7 +39,6 @@ from octopis.balance.loop import Balancer
 from octopis.balance.observe import observe
 from octopis.balance.plans import place_subscribers
 from octopis.balance.policy import BalanceOptions
-from octopis.client import DEFAULT_LIVENESS
 from octopis.cluster.harness import (
     Callbacks,
     ClientSide,
@@ -50,6 +49,7 @@ from octopis.cluster.harness import (
     split,
 )
 from octopis.cluster.launcher import ClusterError, LocalCluster
+from octopis.defaults import CLIENT_LIVENESS
 from octopis.failure_schedule import Failure
 from octopis.topology import Scot
 from octopis.transport.settings import BrokerSettings
@@ -98,7 +98,7 @@ class RunOptions:
     client_workers: int = 0
     """Processes the clients are spread over (by broker); 0: the run's own process
     (``octopis run`` defaults to :func:`default_client_workers`)."""
-    client_liveness: float = DEFAULT_LIVENESS
+    client_liveness: float = CLIENT_LIVENESS
     """Seconds of a broker's silence before a client connection fails over (the SDK's
     ``liveness``); a loaded machine whose client processes stall wants more."""
     balance: BalanceOptions | None = None

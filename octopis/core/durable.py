@@ -15,15 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from octopis.client_policy import LastSeen, replay_after
 from octopis.core.replay import Claimed
-
-LOOKBACK = 30.0
-"""Seconds before its client was last heard from which a claimed record owes the
-publications of publishers it has no sequence number of (deliveries in flight when the
-client went away are not acknowledged)."""
-PUBLISHERS_KNOWN = 10_000
-"""(publisher, session) pairs a record keeps the last sequence number of; a forgotten one
-is owed by time (its repeats are dropped by the client's record of deliveries)."""
 
 
 def claim_of(client: str, name: str) -> str:
@@ -51,7 +44,7 @@ class DurableRecord:
     filters: tuple[str, ...]
     after: float
     updated: float
-    since: dict[tuple[str, int], int] = field(default_factory=dict)
+    since: LastSeen = field(default_factory=LastSeen)
     key: str | None = None
     sub_id: str | None = None
     away: float | None = None
@@ -61,8 +54,8 @@ class DurableRecord:
     def claimed(self, broker: str, now: float) -> Claimed:
         """What this record owes, as handed over to a new host at wall time ``now``."""
         away = self.away if self.away is not None else now
-        since = tuple((p, s, q) for (p, s), q in self.since.items())
-        return Claimed(broker, self.filters, since, max(self.after, away - LOOKBACK), self.updated)
+        since = tuple(self.since.since())
+        return Claimed(broker, self.filters, since, replay_after(self.after, away), self.updated)
 
 
 class Durables:
@@ -134,14 +127,7 @@ class Durables:
             return False
         if after is not None:
             record.after = min(record.after, after)
-        known = record.since
-        for publisher, session, seq in since:
-            pair = (publisher, session)
-            if known.get(pair, -1) < seq:
-                known.pop(pair, None)
-                known[pair] = seq
-        while len(known) > PUBLISHERS_KNOWN:
-            del known[next(iter(known))]
+        record.since.saw_all(since)
         record.updated, record.new = now, False
         self.dirty.add((client, name))
         return True

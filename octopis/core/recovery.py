@@ -34,10 +34,6 @@ from octopis.core.resync import advertisement_share, resync_messages, withdraw_p
 
 Item = TypeVar("Item")
 
-HOLD_LIMIT = 10_000
-"""The simulator's ``limit`` (the broker process takes ``links.custody_limit``, the same
-by default)."""
-
 
 class Recovery(Generic[Item]):
     """One broker's recovery bookkeeping (see the module docstring)."""

@@ -59,10 +59,9 @@ from octopis.core import (
 )
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
-from octopis.core.messages import Message
-from octopis.core.recovery import HOLD_LIMIT, Recovery
-from octopis.core.replay import ReplayData, ReplayEcho
+from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.table import MatcherFactory
+from octopis.defaults import CUSTODY_LIMIT
 from octopis.failure_schedule import Failure
 from octopis.filters import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
@@ -206,12 +205,18 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         self.failure_counts: Counter[str] = Counter()
         self.hosts_failed: set[str] = set()
         self._undeliverable_keys: set[tuple[str, int]] = set()
-        self.recovery: dict[str, Recovery[Message]] = {
-            b: Recovery(HOLD_LIMIT) for b in scot.brokers
+        self.nodes: dict[str, BrokerNode[None]] = {}
+        """Each broker's node (:class:`~octopis.core.node.BrokerNode`, the broker process's
+        failure decisions: holds, shares, serving), around its core in :attr:`cores`."""
+        for bid, core in self.cores.items():
+            self.nodes[bid] = self._node(core, serving=True)  # the overlay starts built
+        self.incarnation: dict[str, int] = {b: i for i, b in enumerate(scot.brokers, 1)}
+        """Each broker's incarnation (a restart draws the next)."""
+        self._incarnations = len(self.incarnation)
+        self.known: dict[tuple[str, str], int] = {
+            (a, b): self.incarnation[b] for a in scot.graph for b in scot.graph[a]
         }
-        """Each broker's recovery bookkeeping (:mod:`octopis.core.recovery`, as the
-        broker process's): copies held for a neighbour's return (:class:`Hold`),
-        predecessors to withdraw."""
+        """(a, b) → the incarnation of b that a last met."""
         self._retired: Counter[str] = Counter()
         self.moves: Counter[str] = Counter()
         """Subscriber moves: ``inside`` / ``across`` started, ``released`` (inside, done),
@@ -230,11 +235,26 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
         self._init_failover()
 
+    def _node(self, core: BrokerCore, *, serving: bool = False) -> BrokerNode[None]:
+        """A node around ``core`` that tells the ledger of each copy it gives up: serving
+        already, or starting (resynced by its neighbours)."""
+        return BrokerNode(
+            core,
+            CUSTODY_LIMIT,
+            on_undeliverable=self._given_up,
+            neighbours=self.scot.graph[core.id],
+            serving=serving,
+        )
+
+    def _given_up(self, notification: Notification) -> None:
+        self._undeliverable_keys.add(notification.key)
+
     @property
     def undeliverable_keys(self) -> set[tuple[str, int]]:
         """Notifications some copy of which was counted undeliverable (with failures), or
-        is still held for a neighbour that has not come back."""
-        held = {m.key for r in self.recovery.values() for c in r.copies.values() for m in c}
+        is still held for a neighbour that has not come back, or held by a broker that
+        is not serving yet."""
+        held = {n.key for node in self.nodes.values() for n in node.held_notifications()}
         return self._undeliverable_keys | held
 
     # -- clients -------------------------------------------------------------------------
@@ -491,10 +511,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
             for item in q
         )
         return in_flight or any(
-            names(m)
-            for r in self.recovery.values()
-            for held in r.subscriptions.values()
-            for m in held
+            names(m) for node in self.nodes.values() for m in node.held_messages()
         )
 
     def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
@@ -526,23 +543,28 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         if seq is None:
             seq = self._next_seq[publisher] + 1
         self._next_seq[publisher] = max(seq, self._next_seq[publisher])
-        if self.failures is not None and (
-            broker in self.failures.dead or broker in self.failures.syncing
-        ):
+        if self.failures is not None and broker in self.failures.dead:
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
         core = self.cores[broker]
         if self.advertisements and isinstance(core, ClusteredBroker):
             core.check_advertised(publisher, publication)
         notification = Notification(publisher, seq, self.now, publication)
+        if self.service is not None:  # no failures with a service model: always serving
+            self.ledger.published(publisher, seq, publication)
+            self._queue_for_cpu(broker, None, notification)
+            return publisher, seq
+        node = self.nodes[broker]
+        try:
+            actions = self._watch(core, notification, node.publish, notification, None)
+        except NotServing:
+            self.failure_counts["publications_refused"] += 1
+            return publisher, seq
         self.ledger.published(publisher, seq, publication)
         if self.failures is not None:
             self.keep(broker, notification)
-        if self.service is not None:
-            self._queue_for_cpu(broker, None, notification)
-            return publisher, seq
-        core = self.cores[broker]
-        self._dispatch(broker, self._watch(core, notification, core.publish, notification))
+        if actions:
+            self._dispatch(broker, actions)
         return publisher, seq
 
     # -- time ----------------------------------------------------------------------------
@@ -695,9 +717,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         if self.timeline:
             report["queue_timeline"] = [[round(t, 6), n] for t, n in self.timeline]
         if self.failures is not None:
-            held = sum(r.held_copies() for r in self.recovery.values())
+            held = sum(1 for node in self.nodes.values() for _ in node.held_notifications())
             counts = self.failure_counts + sum(
-                (r.counters for r in self.recovery.values()), Counter()
+                (node.counts() for node in self.nodes.values()), Counter()
             )
             report["failures"] = {
                 **counts,
@@ -744,11 +766,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
                     on_forward(broker, dst, message)
                 if failures is not None:
                     if failures.broken(broker, dst) and type(message) is not Notification:
-                        if type(message) is ReplayData or type(message) is ReplayEcho:
-                            self.failure_counts["replay_answers_dropped"] += 1
-                            continue  # the round reports dst silent instead
-                        # it waits on the link for dst's return, as in the process
-                        self.recovery[broker].hold_subscriptions(dst, [message])
+                        if type(message) is not HandedShare:  # a link frame: lost
+                            # it waits on the link for dst's return, as in the process
+                            self.nodes[broker].hold_undelivered(dst, [message])
                         continue
                     failures.sent(broker, dst, now, message)
                     if failures.broken(broker, dst):
@@ -771,7 +791,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
                 if len(queue) == 1:
                     heapq.heappush(events, queue[0])
             elif kind is Hold:
-                self.recovery[broker].hold_copy(action.link, action.message)
+                self.nodes[broker].hold(action)
+            elif kind is HandedShare:
+                self._dispatch(broker, [Forward(action.link, action)])
             elif kind is Released:
                 self.moves["released"] += 1
                 self._let_go(action.subscriber)
@@ -819,6 +841,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         if type(message) is not Subscribe:
             if type(message) in REPLAY_TYPES:
                 self._replay_message(broker, src, message)
+                return []
+            if type(message) is HandedShare:
+                self._share_arrived(broker, src, message)
                 return []
             return self._watch(core, message, core.receive, src, message)
         entries = core.table.entries

@@ -15,13 +15,14 @@ The model is the transport's, in simulated time:
   before it detected the failure (``undeliverable.died_in_custody``): only it could have
   routed them again. Both are counted, with the notification; they are the losses
   custody cannot prevent (the publisher's host dying right after accepting, say).
-- A restarted broker comes back empty, with a new sub-id epoch; each neighbour hands it
-  first the subscription messages that never reached its predecessor, then what SBP
-  would have given it (resync) — at once, or, if the neighbour is dead, cut off or
-  missing a share itself, when it can (until then the restarted broker routes toward
-  that side as if it matched) — and withdraws the predecessor's subscriptions once the
-  restarted broker is serving. What a broker holds for a neighbour and owes it is
-  :mod:`octopis.core.recovery`'s, the broker process's rules.
+- A restarted broker comes back empty, with a new incarnation: it and each neighbour
+  whose link carries meet (the process's handshake), and every decision that follows —
+  what a neighbour hands it, when a share is owed or paid, when it serves, what happens
+  to its local publications meanwhile, the withdrawal of its predecessor's
+  subscriptions, the order of work when a link heals — is its
+  :class:`~octopis.core.node.BrokerNode`'s, the broker process's own. The simulator only
+  decides when things arrive: a neighbour's SYNCED arrives behind what it sent; a link
+  that was cut before two brokers met carries their handshake when it heals.
 
 Failures are read by :mod:`octopis.failure_schedule` (times in seconds of simulated time
 from the start of publishing).
@@ -31,20 +32,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from octopis.core import (
-    Advertise,
-    ClusteredBroker,
-    Forward,
-    LinkView,
-    Notification,
-    Subscribe,
-    Unadvertise,
-    make_broker,
-)
-from octopis.core.messages import Message
-from octopis.core.recovery import HOLD_LIMIT, Recovery
-from octopis.core.replay import Replay
+from octopis.core import LinkView, Notification, make_broker
+from octopis.core.node import HandedShare, ready_to_serve
+from octopis.core.resync import epoch_of
 from octopis.failure_schedule import Failure
 from octopis.sim.replaying import REPLAY_TYPES
 
@@ -67,10 +60,13 @@ class FailureState:
         self.detected: dict[str, set[str]] = {}
         """Per broker, the neighbours it has detected as down."""
         self.failed_at: dict[tuple[str, str], float] = {}
-        self.syncing: dict[str, set[str]] = {}
-        """Restarted brokers, each with the neighbours whose resync has not arrived."""
-        self.shares_in_flight: dict[tuple[str, str], object] = {}
-        """Resync shares handed and not yet arrived, per directed link (a token each)."""
+        self.syncing: dict[str, dict[str, Liveness]] = {}
+        """Started or restarted brokers not serving yet, with what each knows of its
+        neighbours (what the process's peer links know)."""
+        self.started: dict[str, float] = {}
+        """When each broker in :attr:`syncing` started."""
+        self.met: set[tuple[str, str]] = set()
+        """(a, b): a has met b's current incarnation (their handshake went over the link)."""
         self._custody: dict[tuple[str, str], deque[tuple[float, object]]] = {}
 
     def broken(self, src: str, dst: str) -> bool:
@@ -109,6 +105,19 @@ class FailureState:
         """What ``broker`` sees: ``inner``'s loads, and its detected down links."""
         down = self.detected.get(broker)
         return _DetectedView(inner, down) if down else inner
+
+
+@dataclass(slots=True)
+class Liveness:
+    """What a starting broker knows of one neighbour (:class:`~octopis.core.node.NeighbourFacts`):
+    the simulator has no heartbeats, so a neighbour it has met has also said whether it
+    serves."""
+
+    up: bool
+    accepting: bool = False
+    synced: bool = False
+    beat_seen: bool = False
+    down_since: float | None = None
 
 
 class _DetectedView:
@@ -170,6 +179,7 @@ class FailureEvents:
         """The run's failure state, made on the first failure scheduled."""
         if self.failures is None:
             self.failures = FailureState(detection, retain)
+            self.failures.met = {(a, b) for a in self.scot.graph for b in self.scot.graph[a]}
         return self.failures
 
     def _failed_links(self, failure: Failure) -> list[tuple[str, str]]:
@@ -193,19 +203,18 @@ class FailureEvents:
                     self._undeliverable_keys.add(message.key)
             self.hosts_failed.add(broker)
             self._retired.update(self.cores[broker].counts())
-            recovery = self.recovery[broker]  # what it held dies with it
-            for copies in recovery.copies.values():
-                self.failure_counts["undeliverable.died_held"] += len(copies)
-                self._undeliverable_keys.update(m.key for m in copies)
-            self.failure_counts.update(recovery.counters)
-            self.recovery[broker] = Recovery(HOLD_LIMIT)
+            lost, counts = self.nodes[broker].died()  # what it held dies with it
+            self.failure_counts["undeliverable.died_held"] += len(lost)
+            self._undeliverable_keys.update(n.key for n in lost)
+            self.failure_counts.update(counts)
+            state.syncing.pop(broker, None)
+            state.met = {pair for pair in state.met if broker not in pair}
             self.failure_counts["brokers_killed"] += 1
             self._hosts_died(broker)
         else:
             state.cut.update(self._failed_links(failure))
             self.failure_counts["links_cut"] += 1
         for src, dst in self._failed_links(failure):
-            state.shares_in_flight.pop((src, dst), None)
             if src not in state.dead and (src, dst) not in state.failed_at:
                 state.failed_at[(src, dst)] = self.now
                 self.at(self.now + state.detection, self._detect, src, dst)
@@ -214,7 +223,7 @@ class FailureEvents:
         """``src`` declares ``dst`` down and re-routes the notifications it kept in
         custody for it. Subscription messages are not in the process's custody: those
         sent are delivered or lost in flight; those sent on a link already broken wait
-        for ``dst``'s return (:meth:`_dispatch`, :class:`Recovery`)."""
+        for ``dst``'s return (:meth:`BrokerNode.hold_undelivered`)."""
         state = self.failures
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:
@@ -226,31 +235,55 @@ class FailureEvents:
         self.failure_counts["detections"] += 1
         core = self.cores[src]
         for message in state.take_back(src, dst):
-            if type(message) in REPLAY_TYPES:
+            if type(message) in REPLAY_TYPES or type(message) is HandedShare:
                 continue  # not in custody: the round hears dst is down
             self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
         self._replay_link_down(src, dst)
+        facts = state.syncing.get(src, {}).get(dst)
+        if facts is not None:
+            facts.up, facts.down_since = False, self.now
+            self._check_serving(src)
 
     def _recover(self, failure: Failure) -> None:
-        """A link comes back, or a broker restarts empty and is resynced by its live
-        neighbours; they keep treating it as down (detours) until its resync has
-        arrived, and it refuses publications until then (DESIGN §7)."""
+        """A link comes back (the brokers at its ends meet if they had not, else their
+        nodes' :meth:`~BrokerNode.link_back`), or a broker restarts empty
+        (:meth:`_start`)."""
         state = self.failures
         assert state is not None
         links = self._failed_links(failure)
         for src, dst in links:
             self._detect(src, dst)  # a restart is noticed at once by the new handshake
-        if not failure.is_broker:
-            state.cut.difference_update(links)
-            self._links_up(links)
-            for src, dst in links:  # with covering, what went over the link, again
-                if not state.broken(src, dst):
-                    self._dispatch(src, self.cores[src].refresh_link(dst))
+        if failure.is_broker:
+            broker = failure.ends[0]
+            state.dead.discard(broker)
+            self.restarts_pending -= 1
+            self.failure_counts["brokers_restarted"] += 1
+            self._start(broker)
+            self._greet(broker)
             return
-        broker = failure.ends[0]
-        state.dead.discard(broker)
-        self.restarts_pending -= 1
-        self.failure_counts["brokers_restarted"] += 1
+        state.cut.difference_update(links)
+        a, b = failure.ends
+        if state.broken(a, b):
+            return
+        if (a, b) not in state.met or (b, a) not in state.met:
+            self._meet(a, b)
+            for src, dst in links:
+                if src not in state.syncing:
+                    self._tell_serving(src, dst)
+            return
+        for src, dst in links:
+            self._undetect(src, dst)
+            self._dispatch(src, self.nodes[src].link_back(dst, self._up(src)))
+            if dst not in state.syncing:
+                self._dispatch(src, self.nodes[src].neighbour_serving(dst))
+
+    def _start(self, broker: str) -> None:
+        """``broker`` starts empty (a restart, or a broker added by a topology change):
+        a new incarnation, not serving until its neighbours have resynced it
+        (:meth:`_greet`); the neighbours its links do not reach are detected down, as
+        any silence."""
+        state = self.failures
+        assert state is not None
         core = make_broker(
             self.scot,
             broker,
@@ -259,122 +292,111 @@ class FailureEvents:
             covering=self.covering,
             advertisements=self.advertisements,
         )
-        core.epoch = f"r{self.failure_counts['brokers_restarted']}."
-        resyncs = isinstance(core, ClusteredBroker)
-        for neighbour in self.scot.graph[broker]:
-            epoch = core.epoch if resyncs else None
-            dropped = self.recovery[neighbour].restarted(broker, epoch, _read_sbp)
-            self._undeliverable_keys.update(m.key for m in dropped)
-        neighbours = set(self.scot.graph[broker])
-        if isinstance(core, ClusteredBroker):
-            core.expect_shares(neighbours)
+        self._incarnations += 1
+        self.incarnation[broker] = self._incarnations
+        core.epoch = epoch_of(self._incarnations)
+        neighbours = sorted(self.scot.graph[broker])
         self.cores[broker] = core
-        self._links_up([(broker, n) for n in neighbours])
+        self.nodes[broker] = self._node(core)
+        state.met = {pair for pair in state.met if broker not in pair}
+        state.started[broker] = self.now
+        state.syncing[broker] = {n: Liveness(up=not state.broken(broker, n)) for n in neighbours}
+        self.at(self.now + state.detection, self._check_serving, broker)
         for neighbour in neighbours:
             if state.broken(broker, neighbour):  # never greeted: detected like any silence
                 state.failed_at[(broker, neighbour)] = self.now
                 self.at(self.now + state.detection, self._detect, broker, neighbour)
-        if isinstance(core, ClusteredBroker):
-            carried = {
-                n: self._hand_held_subscriptions(n, broker)
-                for n in neighbours
-                if not state.broken(n, broker)
-            }
-            state.syncing[broker] = {
-                n for n in neighbours if self._hand_share(n, broker, carried.get(n, set()))
-            }
-        else:  # BID has no resync: its neighbours only wait for the handshake
-            core.table_lost = True
-            state.syncing[broker] = {n for n in neighbours if not state.broken(n, broker)}
-            for neighbour in state.syncing[broker]:
-                self.at(self.now, self._synced, broker, neighbour)
-        if not state.syncing[broker]:
-            self._synced(broker, None)
-        for neighbour in neighbours:
-            self._hand_share(broker, neighbour)
+            else:
+                state.failed_at.pop((broker, neighbour), None)
+                state.detected.get(broker, set()).discard(neighbour)
+                state.failed_at.setdefault((neighbour, broker), self.now)
+                state.detected.setdefault(neighbour, set()).add(broker)
 
-    def _hand_held_subscriptions(self, src: str, dst: str) -> set[str]:
-        """``src`` sends ``dst`` the subscription messages it held for it, in order (a new
-        incarnation broadcasts them on); returns the sub ids of the subscriptions."""
-        held, carried = self.recovery[src].take_subscriptions(dst, _read_sbp)
-        if held:
-            self._dispatch(src, [Forward(dst, m) for m in held])
-        return carried
-
-    def _hand_share(self, src: str, dst: str, carried: set[str] = frozenset()) -> bool:
-        """``src`` hands ``dst`` its resync share if ``dst`` lacks it, both are up, the
-        link carries, no share is on its way and ``src``'s own share is whole (a broker
-        restarted next to a dead or unsynced one gets that share later). Returns whether
-        it did. What ``dst``'s predecessor had subscribed is withdrawn once ``dst`` is
-        serving (:meth:`_links_up`)."""
+    def _greet(self, broker: str) -> None:
+        """``broker``, just started, meets each neighbour its links reach."""
         state = self.failures
         assert state is not None
-        peer, core = self.cores[src], self.cores[dst]
-        if (
-            not isinstance(peer, ClusteredBroker)
-            or not isinstance(core, ClusteredBroker)
-            or src not in core.missing_shares
-            or (src, dst) in state.shares_in_flight
-            or state.broken(src, dst)
-            or not peer.share_complete(dst)
-        ):
-            return False
-        share = self.recovery[src].share(peer, dst, carried)
-        self._dispatch(src, [Forward(dst, m) for m in share])
-        token = state.shares_in_flight[(src, dst)] = object()
-        queue = self._in_flight[src].get(dst)
-        arrival = max(queue[-1][0], self.now) if queue else self.now
-        self.at(arrival, self._share_arrived, src, dst, token)
-        return True
+        for neighbour in sorted(self.scot.graph[broker]):
+            if not state.broken(broker, neighbour):
+                self._meet(neighbour, broker)
 
-    def _share_arrived(self, src: str, dst: str, token: object) -> None:
-        """The last message of ``src``'s share reached ``dst`` (unless a failure on the
-        link spoiled it meanwhile: then it is handed again when the link is back)."""
+    def _meet(self, a: str, b: str) -> None:
+        """The handshake of ``a`` and ``b`` over their link: each node meets the other's
+        incarnation (a new one for a neighbour that knew an earlier is a restart) and
+        hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`)."""
         state = self.failures
         assert state is not None
-        if state.shares_in_flight.get((src, dst)) is not token:
+        for src, dst in ((a, b), (b, a)):
+            if (src, dst) in state.met:
+                continue
+            state.met.add((src, dst))
+            known = self.known.get((src, dst))
+            restarted = known is not None and known != self.incarnation[dst]
+            self.known[(src, dst)] = self.incarnation[dst]
+            facts = state.syncing.get(src, {}).get(dst)
+            if facts is not None:
+                facts.up = facts.accepting = facts.beat_seen = True
+                facts.down_since = None
+            actions, handed = self.nodes[src].neighbour_met(dst, self.incarnation[dst], restarted)
+            self._dispatch(src, [*actions, handed])
+
+    def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
+        """``src``'s SYNCED reached ``broker``, behind the share it announces."""
+        facts = self.failures.syncing.get(broker, {}).get(src)  # type: ignore[union-attr]
+        if facts is not None:
+            facts.synced = True
+        self._dispatch(broker, self.nodes[broker].synced(src, handed, self._up(broker)))
+        self._check_serving(broker)
+
+    def _check_serving(self, broker: str) -> None:
+        """A starting ``broker`` serves once :func:`ready_to_serve` says so: it publishes
+        what it held, pays what it owes, and its neighbours learn it serves behind what
+        it sent them."""
+        state = self.failures
+        assert state is not None
+        facts = state.syncing.get(broker)
+        if facts is None or broker in state.dead:
             return
-        del state.shares_in_flight[(src, dst)]
-        self.cores[dst].share_received(src)  # type: ignore[union-attr]
-        self._synced(dst, src)
-        for neighbour in self.scot.graph[dst]:
-            self._hand_share(dst, neighbour)
-
-    def _synced(self, broker: str, neighbour: str | None) -> None:
-        state = self.failures
-        assert state is not None
-        waiting = state.syncing.get(broker)
-        if waiting is None:
+        waited = self.now - state.started[broker] >= state.detection
+        if not ready_to_serve(facts.values(), waited):
             return
-        waiting.discard(neighbour)  # type: ignore[arg-type]
-        if not waiting:
-            del state.syncing[broker]
-            for n in self.scot.graph[broker]:
-                # n learns that broker serves over their link, behind what broker sent it
-                # (with covering, the share entries it passes on)
-                queue = self._in_flight[broker].get(n)
-                if queue:
-                    self.at(queue[-1][0], self._links_up, [(n, broker)])
-                else:
-                    self._links_up([(n, broker)])
+        del state.syncing[broker]
+        node = self.nodes[broker]
+        held, actions = node.now_serving(self._up(broker))
+        view = self._view(broker)
+        for notification, _ in held:
+            self._dispatch(broker, node.core.publish(notification, view))
+        self._dispatch(broker, actions)
+        for n in self.scot.graph[broker]:
+            self._tell_serving(broker, n)
 
-    def _links_up(self, links: list[tuple[str, str]]) -> None:
+    def _tell_serving(self, broker: str, neighbour: str) -> None:
+        """``neighbour`` hears that ``broker`` serves (its heartbeat), behind what
+        ``broker`` sent it, if their link carries."""
+        if self.failures.broken(broker, neighbour):  # type: ignore[union-attr]
+            return
+        queue = self._in_flight[broker].get(neighbour)
+        when = queue[-1][0] if queue else self.now
+        self.at(when, self._serving_heard, neighbour, broker)
+
+    def _serving_heard(self, src: str, dst: str) -> None:
+        """``src`` hears that ``dst`` serves: it routes through it again and hands it what
+        it held for it (:meth:`BrokerNode.neighbour_serving`)."""
         state = self.failures
         assert state is not None
-        for src, dst in links:
-            if not state.broken(src, dst):
-                state.failed_at.pop((src, dst), None)
-                state.detected.get(src, set()).discard(dst)
-                carried = self._hand_held_subscriptions(src, dst)
-                self._hand_share(src, dst, carried)
-                held, withdrawals = self.recovery[src].serving(self.cores[src], dst)
-                self._dispatch(src, [Forward(dst, m) for m in held] + withdrawals)
+        if state.broken(src, dst) or dst in state.syncing:
+            return
+        self._undetect(src, dst)
+        self._dispatch(src, self.nodes[src].neighbour_serving(dst))
 
+    def _undetect(self, src: str, dst: str) -> None:
+        state = self.failures
+        assert state is not None
+        state.failed_at.pop((src, dst), None)
+        state.detected.get(src, set()).discard(dst)
 
-def _read_sbp(message: Message | Replay) -> tuple[str, bool]:
-    """As the process's: a replay request held behind subscriptions goes with them."""
-    if type(message) is Replay:
-        return f"replay {message.req_id}", True
-    if type(message) is Advertise or type(message) is Unadvertise:
-        return f"advertisement {message.adv_id}", type(message) is Advertise
-    return message.sub_id, type(message) is Subscribe
+    def _up(self, broker: str) -> Callable[[str], bool]:
+        """Which neighbours ``broker`` may hand a share to: those its link reaches."""
+        state = self.failures
+        assert state is not None
+        return lambda n: not state.broken(broker, n)

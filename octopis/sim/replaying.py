@@ -25,7 +25,9 @@ from collections import Counter, deque
 from functools import lru_cache
 from typing import Any
 
-from octopis.core import ClusteredBroker, Forward, Notification, SubState
+from octopis.client_policy import LastSeen, failover_order, replay_after
+from octopis.core import Forward, Notification, SubState
+from octopis.core.answer import AnswerSelection
 from octopis.core.replay import (
     QueryStore,
     Replay,
@@ -35,19 +37,10 @@ from octopis.core.replay import (
     ReplayDone,
     ReplayEcho,
     ReplayRounds,
-    sbp_targets,
 )
+from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, REPLAY_BUDGET
 from octopis.filters import Subscription, parse_subscription
 
-CLIENT_LIVENESS = 1.5
-"""Seconds of its host's silence after which a subscriber fails over (the SDK's default
-liveness)."""
-CLIENT_TIMEOUT = 10.0
-"""Seconds a broker keeps a silent client's subscriptions (``[clients] timeout``)."""
-REPLAY_BUDGET = 3.0
-REPLAY_LOOKBACK = 30.0
-"""The SDK's ``LOOKBACK``: a replay asks from this long before the host went silent."""
-"""The host's budget for a replay's answers (``[retention] replay_budget``)."""
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
 STORE_LIMIT = 1_000_000
 """Publications each broker's store keeps in the simulator."""
@@ -94,13 +87,8 @@ class SubscriberFailover:
     def _replay_targets(
         self, broker: str, src: str | None, state: SubState
     ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
-        core = self.cores[broker]
-        if isinstance(core, ClusteredBroker):
-            hops = sbp_targets(core.primary, list(core.secondary.values()), src, state)
-        else:
-            hops = sbp_targets(core.links, [], src, state)
         down = self.failures.detected.get(broker, set()) if self.failures else set()
-        return [h for h in hops if h[0] not in down], [h for h in hops if h[0] in down]
+        return self.nodes[broker].replay_targets(src, state, down.__contains__)
 
     def keep(self, broker: str, notification: Notification) -> None:
         """``broker`` accepted ``notification`` from a local publisher: its store keeps it."""
@@ -159,7 +147,8 @@ class SubscriberFailover:
         behind its subscriptions; with every broker dead it tries again later."""
         if self._home.get(subscriber) != old or self.failures is None:
             return
-        order = [*self.scot.failover_order(old), old]  # the SDK tries its own one last
+        first = self.first_home.get(subscriber, old)
+        order = failover_order([first, *self.scot.failover_order(first)], old)
         new = next((b for b in order if b not in self.failures.dead), None)
         if new is None:  # every broker is dead: try again while one is to restart
             self.failure_counts["failover.no_live_broker"] += 1
@@ -177,10 +166,8 @@ class SubscriberFailover:
             self._dispatch(new, actions)
         if not self.replay_on_failover:
             return
-        since: dict[str, int] = {}
-        for (s, publisher, seq), _ in self.ledger.received.items():
-            if s == subscriber and seq > since.get(publisher, 0):
-                since[publisher] = seq
+        seen = LastSeen()
+        seen.saw_all((p, 0, q) for s, p, q in self.ledger.received if s == subscriber)
         self._replays += 1
         req_id = f"{new}/{self._replays}"
         self._requesters[req_id] = subscriber
@@ -188,8 +175,8 @@ class SubscriberFailover:
             req_id,
             new,
             tuple(s.to_text() for s in self.subscriptions_of[subscriber]),
-            tuple((p, 0, q) for p, q in sorted(since.items())),
-            max(self.first_subscribed[subscriber], died - REPLAY_LOOKBACK),
+            tuple(sorted(seen.since())),
+            replay_after(self.first_subscribed[subscriber], died),
             REPLAY_BUDGET,
         )
         self.replay_counts["requests"] += 1
@@ -218,9 +205,11 @@ class SubscriberFailover:
             elif type(action) is QueryStore:
                 request = action.request
                 self.at(self.now + request.budget, self._replay_expire, broker)
-                found = self._store_answer(broker, request)
+                found, truncated = self._store_answer(broker, request)
                 rounds = self._rounds(broker)
-                self._carry_out_replay(broker, rounds.stored(request.req_id, found, []))
+                self._carry_out_replay(
+                    broker, rounds.stored(request.req_id, found, [], truncated=truncated)
+                )
             elif type(action) is ReplayDeliver:
                 subscriber = self._requesters[action.req_id]
                 for n in action.notifications:
@@ -233,17 +222,20 @@ class SubscriberFailover:
                 gap.update(action.echo.silent)  # a late part may be silent past itself
                 self.replay_counts["late" if action.late else "done"] += 1
 
-    def _store_answer(self, broker: str, request: Replay) -> list[Notification]:
-        filters = [_parsed(text) for text in request.filters]
-        since = {p: q for p, _, q in request.since}
+    def _store_answer(self, broker: str, request: Replay) -> tuple[list[Notification], bool]:
+        """What ``broker``'s store answers ``request``: its kept publications, in the
+        order kept, as the node's :class:`AnswerSelection` chooses them (the simulator
+        keeps no encoded bodies: answers are bounded by count, not bytes), and whether
+        the answer was cut."""
+        selection = AnswerSelection(request)
         found = []
         for n in self.stores.get(broker, ()):
-            last = since.get(n.publisher)
-            if n.published_at < request.after or (last is not None and n.seq <= last):
-                continue
-            if any(f.matches(n.publication) for f in filters):
-                found.append(n)
-        return found
+            taken = selection.take(n.publisher, n.session, n.seq, n.published_at, 0, lambda n=n: n)
+            if taken is not None:
+                found.append(taken)
+            elif selection.truncated:
+                break
+        return found, selection.truncated
 
     def _deliver_once(self, subscriber: str, n: Notification) -> None:
         """A delivery to a subscriber that failed over: one it got already is dropped (the

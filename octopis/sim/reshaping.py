@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from octopis.core import make_broker
 from octopis.core.clustered import ClusteredBroker
-from octopis.core.recovery import HOLD_LIMIT, Recovery
 from octopis.sim.congestion import FreeLinks, InjectedCongestion
-from octopis.sim.failures import FailureState
 from octopis.topology import Scot
 
 MOVE_POLL = 0.01
@@ -51,12 +48,11 @@ class Reshaping:
         ]
         if busy:
             raise ValueError(f"messages are in flight at {busy[0]}: let the overlay drain first")
-        if self.failures is None:
-            self.failures = FailureState()
-        state = self.failures
+        state = self._failure_state()
         for broker in removed:
             self._retired.update(self.cores.pop(broker).counts())
-            self.failure_counts.update(self.recovery.pop(broker).counters)
+            node = self.nodes.pop(broker)
+            self.failure_counts.update(node.counts())
             del self._in_flight[broker]
             state.detected.pop(broker, None)
         for broker in scot.brokers:
@@ -67,28 +63,16 @@ class Reshaping:
                 assert isinstance(core, ClusteredBroker)
                 core.relink(scot.brokers[broker], scot.clusters)
                 for gone in set(old.graph[broker]) - set(scot.graph[broker]):
-                    self.failure_counts["relink.held_dropped"] += self.recovery[broker].forget(gone)
+                    self.failure_counts["relink.held_dropped"] += self.nodes[broker].forget(gone)
                     self._in_flight[broker].pop(gone, None)
                     state.failed_at.pop((broker, gone), None)
                     state.detected.get(broker, set()).discard(gone)
         self.scot = scot
         for broker in added:
-            core = make_broker(
-                scot, broker, self.mode, self._matcher_factory, covering=self.covering
-            )
-            neighbours = set(scot.graph[broker])
-            core.expect_shares(neighbours)  # type: ignore[union-attr]
-            self.cores[broker] = core
-            self.recovery[broker] = Recovery(HOLD_LIMIT)
             self._in_flight[broker] = {}
-            for neighbour in neighbours:  # a link that is not serving yet is down to it
-                state.failed_at[(neighbour, broker)] = self.now
-                state.detected.setdefault(neighbour, set()).add(broker)
+            self._start(broker)
         for broker in added:
-            neighbours = set(scot.graph[broker])
-            state.syncing[broker] = {n for n in neighbours if self._hand_share(n, broker)}
-            if not state.syncing[broker]:
-                self._synced(broker, None)
+            self._greet(broker)
         self.failure_counts["brokers_added"] += len(added)
         self.failure_counts["brokers_removed"] += len(removed)
 

@@ -32,7 +32,6 @@ import zmq.asyncio
 
 from octopis.core import (
     Action,
-    Advertise,
     ClusteredBroker,
     Counts,
     Deliver,
@@ -46,11 +45,10 @@ from octopis.core import (
     Released,
     Subscribe,
     SubState,
-    Unadvertise,
     make_broker,
 )
-from octopis.core.recovery import Recovery
-from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage, sbp_targets
+from octopis.core.node import BrokerNode, HandedShare, NotServing
+from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
 from octopis.filters import Composite, Subscription, set_limits
 from octopis.keys import Keys
@@ -68,7 +66,6 @@ from octopis.transport.frames import (
     KEPT,
     KIND,
     frame_of,
-    is_replay_answer,
     message_of,
     receipt_of,
 )
@@ -127,11 +124,13 @@ class Broker:
         """Random per process start (DESIGN §7): neighbours tell a restart by it."""
         self.core.epoch = epoch_of(self.incarnation)
         self.core.id_token = partial(secrets.token_hex, 6)
-        if isinstance(self.core, ClusteredBroker):
-            self.core.expect_shares({n.id for n in self.info.neighbours})
-        self.recovery: Recovery[list] = Recovery(settings.custody_limit)
-        """Subscription frames and notification copies held for neighbours that are
-        down, predecessors to withdraw, shares owed (DESIGN §7)."""
+        self.node: BrokerNode[PublishReceipt] = BrokerNode(
+            self.core,
+            settings.custody_limit,
+            settings.hold_limit,
+            neighbours=[n.id for n in self.info.neighbours],
+        )
+        """The core with its failure decisions (DESIGN §7): holds, shares, serving."""
         self.counters: Counter[str] = Counter()
         self.received: Counts = Counts()
         self._sender = broker_id.encode()
@@ -140,8 +139,6 @@ class Broker:
         self._failure: str | None = None
         self._relayed: tuple[ReplayMessage, bytes] | None = None
         """The replay message being handled, with its bytes (a relay sends them as such)."""
-        self.held: list[tuple[Notification, PublishReceipt]] = []
-        """Local publications waiting for this broker to be serving (DESIGN §7)."""
         self._tasks: dict[str, asyncio.Task] = {}
         """The serving loops by name (a peer link's: ``link <neighbour>``)."""
         self.started = time.time()
@@ -332,8 +329,7 @@ class Broker:
     def ready(self) -> bool:
         """Every neighbour is up, has completed its handshake with this incarnation and
         has handed over its whole share."""
-        core = self.core
-        return self.peers.ready and not (isinstance(core, ClusteredBroker) and core.missing_shares)
+        return self.peers.ready and self.node.ready
 
     # -- what the peer links hand over ---------------------------------------------------
 
@@ -383,14 +379,12 @@ class Broker:
     def link_down(self, neighbour: str, queued: list[list]) -> None:
         """Routing frames that never reached ``neighbour`` (down or restarted), were not
         acknowledged, or were retained: the notifications among them go back to the core,
-        which routes them again with the link down (custody, DESIGN §7); subscription
-        messages wait for the neighbour's next incarnation (:meth:`neighbour_met`), so a
-        subscription made while it was dead still crosses it."""
+        which routes them again with the link down (custody, DESIGN §7); the node holds
+        the rest for the neighbour's return (:meth:`BrokerNode.hold_undelivered`)."""
         self.replaying.link_down(neighbour)
-        sbp = [frame for frame in queued if frame[KIND] == DATA and not is_replay_answer(frame)]
-        self.counters["replay_answers_dropped"] += sum(map(is_replay_answer, queued))
-        if sbp:
-            self.recovery.hold_subscriptions(neighbour, sbp)
+        self.node.hold_undelivered(
+            neighbour, [message_of(frame) for frame in queued if frame[KIND] == DATA]
+        )
         kept = [frame for frame in queued if frame[KIND] == KEPT]
         if not kept:
             return
@@ -406,108 +400,39 @@ class Broker:
             if receipt is not None:
                 receipt.held()  # the copy taken back; the rerouted ones now count
 
+    def _up(self, neighbour: str) -> bool:
+        state = self.peers.state[neighbour]
+        return state.up and state.accepting
+
     def link_back(self, neighbour: str) -> None:
         """A link that was down healed with the same incarnation on the other side: the
-        subscription messages held for it go out now, in their order (with covering,
-        followed by those sent over it before: one lost in flight would leave it
-        without what covers others), then the copies held for it and the share we owe
-        it, if any."""
-        self._hand_held_sbp(neighbour)
-        self.execute(self.core.refresh_link(neighbour))
-        self._send_held(neighbour, self.recovery.release_copies(neighbour))
-        self._pay_owed_shares()
-
-    def _send_held(self, neighbour: str, held: list[list]) -> None:
-        """Put the notification frames held for ``neighbour`` on its link."""
-        if held:
-            self.peers.put(neighbour, held, self._loop.time())
-            log.warning("%s: %d notifications held for %s sent", self.id, len(held), neighbour)
-
-    def _hand_held_sbp(self, neighbour: str) -> set[str]:
-        """Put the subscription frames held for ``neighbour`` on its link, in order;
-        returns the sub ids of the subscriptions among them."""
-        held, carried = self.recovery.take_subscriptions(neighbour, _read_sbp)
-        self.peers.put(neighbour, held, self._loop.time())
-        return carried
+        node's hand-over, in its order (:meth:`BrokerNode.link_back`)."""
+        self.execute(self.node.link_back(neighbour, self._up))
 
     def neighbour_serving(self, neighbour: str) -> None:
-        """A neighbour is serving: the copies held for it go out and, if it restarted,
-        its predecessor's subscriptions are withdrawn (:meth:`Recovery.serving`)."""
-        held, withdrawals = self.recovery.serving(self.core, neighbour)
-        self._send_held(neighbour, held)
-        self.execute(withdrawals)
+        """A neighbour is serving (:meth:`BrokerNode.neighbour_serving`)."""
+        self.execute(self.node.neighbour_serving(neighbour))
 
     def now_serving(self) -> None:
         """Route the local publications held while this broker was resyncing; hand the
-        shares we owe that are whole now."""
-        held, self.held = self.held, []
+        shares we owe that are whole now (:meth:`BrokerNode.now_serving`)."""
+        held, actions = self.node.now_serving(self._up)
         for notification, receipt in held:
             self.execute(self.core.publish(notification, self.lst), receipt=receipt)
             receipt.held()  # out of the hold
-        self._pay_owed_shares()
+        self.execute(actions)
 
     def synced(self, neighbour: str, synced: Synced) -> None:
-        """``neighbour`` handed its share: whole, we route by the table on its side and
-        hand the shares this completed; if it does not want ours, we owe it nothing."""
-        core = self.core
-        if not synced.wants_share:
-            self.recovery.owed_shares.discard(neighbour)
-        if (
-            synced.complete
-            and isinstance(core, ClusteredBroker)
-            and neighbour in core.missing_shares
-        ):
-            core.share_received(neighbour)
-            self.counters["shares_received_late"] += self.peers.serving
-            self._pay_owed_shares()
-
-    def _pay_owed_shares(self) -> None:
-        """Hand every owed share that is whole now to a neighbour that is up."""
-        core = self.core
-        if not self.peers.serving or not isinstance(core, ClusteredBroker):
-            return
-        states = self.peers.state
-        for neighbour in self.recovery.payable(
-            core, lambda n: states[n].up and states[n].accepting
-        ):
-            synced = Synced(
-                self._hand_share(neighbour, set()), wants_share=neighbour in core.missing_shares
-            )
-            self.peers.send_synced(neighbour, synced, self._loop.time())
-            self.counters["shares_handed_late"] += 1
+        """``neighbour`` handed its share (:meth:`BrokerNode.synced`)."""
+        handed = HandedShare(neighbour, *synced)
+        self.execute(self.node.synced(neighbour, handed, self._up))
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
-        """Resync (DESIGN §7). A restarted neighbour's predecessor's subscriptions are
-        withdrawn once it is serving (:meth:`neighbour_serving`). Every new incarnation of
-        a neighbour is handed first the subscription messages that were meant for its
-        predecessor (it broadcasts them on), then what the two-step broadcast would have
-        given it — if our own table is whole for it: while we are resyncing, or missing
-        another neighbour's share, we say so and owe it the share (it routes toward us
-        meanwhile). BID, the static baseline, has no resync: a restarted broker starts
-        empty."""
-        core = self.core
-        clustered = isinstance(core, ClusteredBroker)
-        if restarted:  # what was held for its predecessor: those subscribers are gone
-            epoch = epoch_of(incarnation) if clustered else None
-            self.recovery.restarted(neighbour, epoch, _read_sbp)
-        if not clustered:
-            if restarted:
-                self.counters["restarts_without_resync"] += 1
-            return Synced(0)
-        carried = self._hand_held_sbp(neighbour)
-        wants = neighbour in core.missing_shares
-        if not self.peers.serving or not core.share_complete(neighbour):
-            self.recovery.owed_shares.add(neighbour)  # until its SYNCED says it wants none
-            return Synced(0, complete=False, wants_share=wants)
-        return Synced(self._hand_share(neighbour, carried), wants_share=wants)
-
-    def _hand_share(self, neighbour: str, carried: set[str]) -> int:
-        """Put our resync share for ``neighbour`` on its link, less the subscriptions in
-        ``carried`` (already on it); returns how many went."""
-        messages = self.recovery.share(self.core, neighbour, carried)
-        frames = [frame_of(self._sender, encode_body(m), DATA) for m in messages]
-        self.peers.put(neighbour, frames, self._loop.time())
-        return len(messages)
+        """Resync (DESIGN §7): the node's hand-over to a new incarnation of ``neighbour``
+        (:meth:`BrokerNode.neighbour_met`), and what to tell it after."""
+        actions, handed = self.node.neighbour_met(neighbour, incarnation, restarted)
+        self.execute(actions)
+        return Synced(handed.entries, handed.complete, handed.wants_share, handed.predecessor)
 
     # -- what client sessions ask ----------------------------------------------------------
 
@@ -559,24 +484,19 @@ class Broker:
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """A local publication: kept for replay (committed at the end of the pass, before
-        its confirm can leave), then the core routes it, its copies carrying ``receipt``;
-        or, while this broker is not yet serving (resyncing after its start), it is held
-        until then; a full hold raises :class:`ClientError` (the client gets an error
-        and keeps the publication)."""
+        its confirm can leave), then the node routes it, its copies carrying ``receipt``,
+        or holds it while this broker is resyncing; a full hold raises
+        :class:`ClientError` (the client gets an error and keeps the publication)."""
         body = encode_body(notification)
         self.replaying.kept(notification, body, receipt)
-        if self.peers.serving:
-            self.execute(self.core.publish(notification, self.lst), notification, body, receipt)
-            return
-        if len(self.held) >= self.settings.hold_limit:
-            self.counters["publications_refused.hold_full"] += 1
-            raise ClientError(
-                f"{self.id} is resyncing after its start and already holds "
-                f"{len(self.held)} publications; retry later"
-            )
-        receipt.copies += 1  # answered once routed (:meth:`now_serving`)
-        self.held.append((notification, receipt))
-        self.counters["publications_held"] += 1
+        try:
+            actions = self.node.publish(notification, receipt, self.lst)
+        except NotServing as exc:
+            raise ClientError(str(exc)) from None
+        if actions is None:  # held: answered once routed (:meth:`now_serving`)
+            receipt.copies += 1
+        else:
+            self.execute(actions, notification, body, receipt)
 
     def pass_ended(self, idle: bool) -> None:
         """A client input pass ends (``idle``: its input ran dry): the retention store
@@ -613,14 +533,8 @@ class Broker:
     def _replay_targets(
         self, src: str | None, state: SubState
     ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
-        """Where a replay goes on: SBP's next hops (:func:`sbp_targets`), live and down."""
-        core = self.core
-        if isinstance(core, ClusteredBroker):
-            targets = sbp_targets(core.primary, list(core.secondary.values()), src, state)
-        else:
-            targets = sbp_targets(core.links, [], src, state)
-        down = self.lst.down
-        return [t for t in targets if not down(t[0])], [t for t in targets if down(t[0])]
+        """Where a replay goes on (:meth:`BrokerNode.replay_targets`)."""
+        return self.node.replay_targets(src, state, self.lst.down)
 
     def _notify_client(self, key: str, message: dict) -> bool:
         return self.clients.notify_client(key, message)
@@ -661,8 +575,7 @@ class Broker:
                         frame = encoded[id(message)] = [self._sender, encode_body(message), kind]
                 forward(name, frame, now, receipt)
             elif type(action) is Hold:
-                frame = frame_of(self._sender, encode_body(action.message), KEPT)
-                self.recovery.hold_copy(action.link, frame)
+                self.node.hold(action)
             elif type(action) is Deliver:
                 client = self.clients.names.get(action.subscriber)
                 if client is None and self.composites.deliver(
@@ -678,6 +591,9 @@ class Broker:
                 delivered = action.notification
             elif type(action) is Released:
                 self.clients.released(action.subscriber, action.sub_id)
+            elif type(action) is HandedShare:
+                synced = Synced(action.entries, action.complete, action.wants_share)
+                self.peers.send_synced(action.link, synced, now)
         if deliveries:
             if type(received) is Notification:
                 payload = body
@@ -758,7 +674,7 @@ class Broker:
             task, link = self._tasks.pop(f"link {neighbour}"), self.peers.remove(neighbour)
             task.add_done_callback(lambda _, link=link: link.socket.close(linger=0))
             task.cancel()
-            dropped = self.recovery.forget(neighbour)
+            dropped = self.node.forget(neighbour)
             if dropped:  # held while it was down: a failure during the change
                 self.counters["relink.held_dropped"] += dropped
                 log.warning(
@@ -808,18 +724,6 @@ class Broker:
         by adoption only where the core adopts (not with covering or advertisements)."""
         adopts = isinstance(self.core, ClusteredBroker) and self.core.adopts
         return self.clients.order_move(client, to, inside and adopts)
-
-
-def _read_sbp(frame: list) -> tuple[str, bool]:
-    """The sub id a subscription frame names, and whether it subscribes; a replay request
-    held with them (it travels behind the subscriptions, DESIGN §11) is handed like a
-    subscription no later message names."""
-    message = message_of(frame)
-    if type(message) is Replay:
-        return f"replay {message.req_id}", True
-    if type(message) is Advertise or type(message) is Unadvertise:
-        return f"advertisement {message.adv_id}", type(message) is Advertise
-    return message.sub_id, type(message) is Subscribe
 
 
 async def run_broker(

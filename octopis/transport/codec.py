@@ -102,11 +102,14 @@ class Synced(NamedTuple):
     handshake with this incarnation of the receiver (DESIGN §7). ``complete`` false: the
     sender was missing shares itself and hands its share later (until then the receiver
     routes toward it as if its side matched). ``wants_share``: the sender lacks the
-    receiver's share (it started after the receiver's table was built, or next to it)."""
+    receiver's share (it started after the receiver's table was built, or next to it).
+    ``predecessor``: the sender knew an earlier incarnation of the receiver (it restarted;
+    a BID broker learns so that its table lost what was subscribed before)."""
 
     entries: int
     complete: bool = True
     wants_share: bool = False
+    predecessor: bool = False
 
 
 Control = Hello | Heartbeat | Synced
@@ -174,7 +177,9 @@ def encode_body(message: PeerMessage) -> bytes:
     if isinstance(message, Hello):
         return pack([HELLO, message.incarnation, message.peer_incarnation])
     if isinstance(message, Synced):
-        return pack([SYNCED, message.entries, message.complete, message.wants_share])
+        return pack(
+            [SYNCED, message.entries, message.complete, message.wants_share, message.predecessor]
+        )
     if isinstance(message, Replay):
         since = [list(item) for item in message.since]
         return pack(
@@ -297,10 +302,10 @@ def decode_body_in_full(sender: str, body: bytes) -> PeerMessage:
                 data[4],
             )
         if kind == SYNCED:
-            _expect(data, 4, "SYNCED")
-            if type(data[2]) is not bool or type(data[3]) is not bool:
+            _expect(data, 5, "SYNCED")
+            if not all(type(flag) is bool for flag in data[2:5]):
                 raise WireError("SYNCED flags must be true or false")
-            return Synced(_incarnation(data[1], "entries"), data[2], data[3])
+            return Synced(_incarnation(data[1], "entries"), data[2], data[3], data[4])
         if kind == REPLAY:
             return _replay(data)
         if kind == REPLAY_DATA:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from octopis.core.messages import Message
 from octopis.transport.codec import Control, decode_peer
 from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK
-from octopis.wire import REPLAY_DATA, REPLAY_ECHO
 
 __all__ = ["BODY", "DATA", "HANDSHAKE", "KEPT", "KIND", "LINK", "RECEIPT", "SENDER"]
 
@@ -31,15 +30,6 @@ def frame_of(sender: bytes, body: bytes, kind: int) -> list:
 def is_routing(frame: list) -> bool:
     """A subscription message or a notification (numbered, acknowledged)."""
     return frame[KIND] >= DATA
-
-
-def is_replay_answer(frame: list) -> bool:
-    """A replay's data or echo (DESIGN §11), going back toward a request's host: numbered
-    like a subscription message, but neither held for a neighbour that is down nor
-    handed to its successor (the round reports that neighbour silent instead). Read from
-    the body's kind, the byte after the array head. (A replay *request* is held with the
-    subscriptions it travels behind.)"""
-    return frame[KIND] == DATA and frame[BODY][1] in (REPLAY_DATA, REPLAY_ECHO)
 
 
 def message_of(frame: list) -> Message | Control:

@@ -40,8 +40,8 @@ class BrokerInspection:
             "neighbours": len(broker.links),
             "links": broker.peers.snapshot(asyncio.get_running_loop().time()),
             "routing_table_size": len(broker.core.table),
-            "missing_shares": sorted(getattr(broker.core, "missing_shares", ())),
-            "owed_shares": sorted(broker.recovery.owed_shares),
+            "missing_shares": broker.node.status()["missing_shares"],
+            "owed_shares": broker.node.status()["owed_shares"],
             "pid": os.getpid(),
             "memory_rss": broker.process.memory_info().rss,
             "memory_budget": broker.peers.memory.snapshot(),
@@ -93,7 +93,7 @@ class BrokerInspection:
             "uptime": time.time() - broker.started,
             "counters": dict(
                 broker.counters
-                + broker.recovery.counters
+                + broker.node.counts()
                 + broker.peers.counters
                 + broker.clients.counters
             ),
@@ -124,11 +124,7 @@ class BrokerInspection:
                 "remembered": len(broker.core.dedup),
                 "forgotten": broker.core.dedup.forgotten,
             },
-            "held": {
-                "publications": len(broker.held),
-                "sbp": sum(map(len, broker.recovery.subscriptions.values())),
-                "notifications": broker.recovery.held_copies(),
-            },
+            "held": broker.node.status()["held"],
             "detections": list(broker.peers.detections),
             "queue_seen": {
                 "copies": broker.lst.notifications_in,

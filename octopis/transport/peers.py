@@ -37,6 +37,7 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Message, Notification, ProtocolError
 from octopis.core.capacity import SendRate
+from octopis.core.node import ready_to_serve
 from octopis.logs import RateLimitedLog
 from octopis.transport.codec import (
     Control,
@@ -282,12 +283,7 @@ class PeerLinks:
         if self.serving:
             return
         waited = now - self._started > self.settings.down_after
-        if not all(
-            (s.accepting and s.synced and s.beat_seen)
-            if s.up
-            else (s.down_since is not None or waited)
-            for s in self.state.values()
-        ):
+        if not ready_to_serve(self.state.values(), waited):
             return
         self.serving = True
         log.info("%s is serving (resynced from every live neighbour)", self.id)

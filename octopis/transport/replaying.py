@@ -24,6 +24,7 @@ from pathlib import Path
 
 import msgspec
 
+from octopis.client_policy import LastSeen
 from octopis.core.durable import DurableRecord, Durables, claim_of, claimed_ident
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
@@ -119,7 +120,7 @@ class Replaying:
                         tuple(r.filters),
                         r.after,
                         r.updated,
-                        {(p, s): q for p, s, q in r.since},
+                        LastSeen(((p, s), q) for p, s, q in r.since),
                         away=r.away if r.away is not None else r.updated,
                     )
                 )
@@ -331,7 +332,7 @@ class Replaying:
                 else _encode_record(
                     _Record(
                         list(r.filters),
-                        [(p, s, q) for (p, s), q in r.since.items()],
+                        r.since.since(),
                         r.after,
                         r.updated,
                         r.away,
@@ -456,8 +457,8 @@ class Replaying:
                 "%s: answer to %s cut at %d publications, %d bytes",
                 self.id,
                 request.req_id,
-                answer.count,
-                answer.bytes,
+                answer.selection.count,
+                answer.selection.bytes,
             )
         self._carry_out(
             self.rounds.stored(request.req_id, last, answer.gaps, truncated=answer.truncated)

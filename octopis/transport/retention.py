@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
+from octopis.core.answer import AnswerSelection
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
-from octopis.filters import FilterError, parse_subscription
-from octopis.matching import Matcher
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kept (
@@ -241,40 +241,31 @@ class RetentionStore:
 
 class StoreAnswer:
     """One store's answer to ``request``, read page by page so that a large one does not
-    hold the broker's loop: the kept publications published in ``[after, until)`` (after
-    ``since``'s sequence numbers) that match one of the request's filters (the compiled
-    matcher), in the order they were stored, each (publisher, session, seq) once; cut
-    after ``max_count`` publications or ``max_bytes`` encoded bytes (``truncated``).
-    Rows trimmed between pages are reported with the gaps."""
+    hold the broker's loop: the kept rows in the order they were stored, from where
+    ``after`` starts, each offered to the node's :class:`AnswerSelection` (which decides
+    what answers, and when the answer is cut: ``truncated``). Rows trimmed between pages
+    are reported with the gaps."""
 
     def __init__(self, store: RetentionStore, request: Replay, max_count: int, max_bytes: int):
         self.store = store
         self.request = request
-        self.max_count = request.max_count or max_count or 1 << 62
-        self.max_bytes = request.max_bytes or max_bytes or 1 << 62
-        self.matcher = Matcher()
-        for i, text in enumerate(request.filters):
-            try:
-                self.matcher.add(i, parse_subscription(text))
-            except FilterError:  # the host checked them; one that does not parse matches nothing
-                continue
-        self.since = {(p, s): q for p, s, q in request.since}
+        self.selection = AnswerSelection(request, max_count, max_bytes)
         self.next_rowid = store._first_rowid_stored(request.after - CLOCK_SLACK)
         self.stop_at = request.until + CLOCK_SLACK
-        self.seen: set[tuple[str, int, int]] = set()
-        self.count = self.bytes = 0
         self.done = False
-        self.truncated = False
         self.gaps: list[Gap] = []
 
+    @property
+    def truncated(self) -> bool:
+        """The answer was cut at its bounds."""
+        return self.selection.truncated
+
     def page(self, rows: int) -> list[Notification]:
-        """The matching publications among the next ``rows`` kept ones; sets ``done``
-        (and ``gaps``) after the last."""
+        """The publications the selection takes among the next ``rows`` kept ones; sets
+        ``done`` (and ``gaps``) after the last."""
         if self.done:
             return []
-        request, since, seen = self.request, self.since, self.seen
-        after, until = request.after, request.until
-        match, decode = self.matcher.match, self.store._decode
+        take, decode = self.selection.take, self.store._decode
         found: list[Notification] = []
         read = 0
         for rowid, publisher, session, seq, published_at, stored_at, body in self.store.db.execute(
@@ -287,26 +278,15 @@ class StoreAnswer:
             if stored_at > self.stop_at:
                 read = -1
                 break
-            last = since.get((publisher, session))
-            if published_at < after or published_at >= until or (last is not None and seq <= last):
-                continue
-            key = (publisher, session, seq)
-            if key in seen:
-                continue
-            n = decode(body)
-            if not match(n.publication):
-                continue
-            if self.count >= self.max_count or self.bytes + len(body) > self.max_bytes:
-                self.truncated = True
+            n = take(publisher, session, seq, published_at, len(body), partial(decode, body))
+            if n is not None:
+                found.append(n)
+            elif self.selection.truncated:
                 read = -1
                 break
-            seen.add(key)
-            self.count += 1
-            self.bytes += len(body)
-            found.append(n)
         if read < rows:
             self.done = True
-            self.gaps = self.store.gaps(request)
-            self.seen = set()
+            self.gaps = self.store.gaps(self.request)
+            self.selection.seen = set()
         self.store.stats["retention.replayed"] += len(found)
         return found

@@ -26,6 +26,7 @@ from octopis.core import COVERING, DEFAULT_COVERING
 from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
 from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
+from octopis.defaults import CLIENT_TIMEOUT, CUSTODY_LIMIT, PUBLICATION_HOLD, REPLAY_BUDGET
 from octopis.filters import InputLimits
 
 SLOW_POLICIES = ("disconnect", "drop_oldest")
@@ -104,7 +105,7 @@ class BrokerSettings:
     ack_interval: float = 0.05
     """Seconds between looks at acknowledgements withheld by backpressure; frames taken
     are acknowledged at the end of each input pass."""
-    custody_limit: int = 10_000
+    custody_limit: int = CUSTODY_LIMIT
     """Unacknowledged notifications kept per link for a neighbour that may fail; full,
     the link waits. 0 = no custody (a failure loses what was in flight, and there is no
     backpressure)."""
@@ -113,13 +114,13 @@ class BrokerSettings:
     dies before passing them on; 0 = not kept."""
     retain_limit: int = 10_000
     """Acknowledged notifications kept per link at most (the oldest go first, counted)."""
-    client_timeout: float = 10.0
+    client_timeout: float = CLIENT_TIMEOUT
     """Seconds of silence after which a client connection is dropped and its
     subscriptions are withdrawn."""
     client_move_timeout: float = 30.0
     """Seconds a client told to move a subscription away has to move it; the order lapses
     after that and the client stays subscribed here."""
-    hold_limit: int = 10_000
+    hold_limit: int = PUBLICATION_HOLD
     """Publications held while a restarted broker resyncs; when it is full, more are
     refused."""
     delivery_capacity: float = 0.0
@@ -166,7 +167,7 @@ class BrokerSettings:
     it."""
     retention_age: float = 3600.0
     """Seconds a publication is kept in the retention store; 0 turns retention off."""
-    replay_budget: float = 3.0
+    replay_budget: float = REPLAY_BUDGET
     """Seconds the host of a replay waits for every broker's answer; a neighbour silent
     past its share of it is reported, with what only it reached, as a gap."""
     replay_rounds: int = 1000

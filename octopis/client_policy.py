@@ -1,0 +1,62 @@
+"""The client policy (DESIGN §2, §7, §11), sans-IO: the rules a subscriber follows across
+a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable records
+(``octopis.core.durable``) and the simulator's clients (``octopis.sim``).
+
+- :func:`failover_order`: where a connection goes when its broker falls silent;
+- :func:`replay_after`: from when a replay asks for what was missed (one
+  :data:`~octopis.defaults.LOOKBACK`);
+- :class:`LastSeen`: the last sequence number taken of each (publisher, session), the
+  ``since`` of a replay request.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
+
+T = TypeVar("T")
+
+
+def failover_order(candidates: Sequence[T], current: T) -> list[T]:
+    """The order a connection at ``current`` tries the others of its list
+    ``candidates`` (the topology's order: the rest of its cluster first, DESIGN §7):
+    those after ``current``, then those before it, ``current`` itself last (it may come
+    back)."""
+    start = candidates.index(current)
+    return [*candidates[start + 1 :], *candidates[: start + 1]]
+
+
+def replay_after(first: float | None, silent: float) -> float:
+    """The start time of a replay asked for by a subscriber whose broker went silent at
+    ``silent``: :data:`LOOKBACK` seconds before, and not before it first subscribed at
+    ``first`` (None: unknown)."""
+    return max(first if first is not None else silent, silent - LOOKBACK)
+
+
+class LastSeen(OrderedDict[tuple[str, int], int]):
+    """The last sequence number taken per (publisher, session), the least recently heard
+    forgotten first past :data:`PUBLISHERS_KNOWN`."""
+
+    def saw(self, publisher: str, session: int, seq: int) -> None:
+        """``seq`` of ``publisher``'s ``session`` was taken."""
+        key = (publisher, session)
+        last = self.get(key)
+        if last is None:
+            self[key] = seq
+            if len(self) > PUBLISHERS_KNOWN:
+                self.popitem(last=False)
+        elif seq > last:
+            self[key] = seq
+            self.move_to_end(key)
+
+    def saw_all(self, taken: Iterable[tuple[str, int, int]]) -> None:
+        """Each (publisher, session, seq) of ``taken``."""
+        for publisher, session, seq in taken:
+            self.saw(publisher, session, seq)
+
+    def since(self) -> list[tuple[str, int, int]]:
+        """A replay request's ``since``: ``(publisher, session, seq)`` each."""
+        return [(p, s, q) for (p, s), q in self.items()]

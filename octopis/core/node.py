@@ -1,0 +1,356 @@
+"""The broker node's failure decisions (DESIGN §7), once for the broker process and the
+simulator.
+
+:class:`BrokerNode` wraps one broker's routing core with everything it decides about its
+neighbours' failures and its own resync: what it holds for a neighbour that is down,
+in which order it hands things over when a link heals, when it owes or pays a resync
+share, when it starts serving, what it does with a local publication while it is not
+serving yet, and what a restarted BID broker knows of its lost table. It is sans-IO: a
+shell reports events (a link down or back, a neighbour met, a share arrived, the
+neighbours' liveness) and carries out the actions that come back, in order:
+
+- the core's actions (:data:`~octopis.core.messages.Action`: a ``Forward`` is encoded
+  and put on its link like any routing message);
+- :class:`HandedShare`: tell the neighbour, behind what went before on its link, that a
+  share was handed (the process's SYNCED frame; the simulator's arrival event).
+
+The broker process (``transport/broker.py``) and the simulator (``sim/failures.py``)
+differ only in how bytes move and how time passes: neither decides any of this.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from octopis.core.bid import BidBroker
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.lst import LinkView
+from octopis.core.messages import (
+    Action,
+    Advertise,
+    Forward,
+    Hold,
+    Message,
+    Notification,
+    Subscribe,
+    SubState,
+    Unadvertise,
+)
+from octopis.core.recovery import Recovery
+from octopis.core.replay import Replay, ReplayData, ReplayEcho, sbp_targets
+from octopis.core.resync import epoch_of
+from octopis.defaults import PUBLICATION_HOLD
+
+Token = TypeVar("Token")
+
+
+@dataclass(frozen=True, slots=True)
+class HandedShare:
+    """Tell ``link`` that our resync share went out ahead of this (``entries``
+    subscriptions): ``complete`` false means our own table is not whole for it yet and
+    the share follows later (it routes toward us as if our side matched meanwhile);
+    ``wants_share`` asks for its share; ``predecessor``: we knew an earlier incarnation
+    of it (it restarted)."""
+
+    link: str
+    entries: int
+    complete: bool = True
+    wants_share: bool = False
+    predecessor: bool = False
+
+
+class NeighbourFacts(Protocol):
+    """What a shell knows of one neighbour's liveness (the process's
+    ``transport.peers.NeighbourState`` is one)."""
+
+    up: bool
+    """Heard within the liveness timeout."""
+    accepting: bool
+    """Its handshake named this incarnation of ours: its frames are for us."""
+    synced: bool
+    """It handed its share (whole or not) since that handshake."""
+    beat_seen: bool
+    """It has said whether it is serving since that handshake."""
+    down_since: float | None
+    """When it was declared down (None: never, or up again)."""
+
+
+class NotServing(RuntimeError):
+    """A local publication refused: this broker is still resyncing and its hold is full
+    (the message says how many it holds)."""
+
+
+def read_sbp(message: Message | Replay) -> tuple[str, bool]:
+    """The id a held routing message names, and whether it makes something (subscribe,
+    advertise) rather than withdraws it; a replay request held with them (it travels
+    behind the subscriptions, DESIGN §11) is handed like a subscription no later message
+    names."""
+    kind = type(message)
+    if kind is Replay:
+        return f"replay {message.req_id}", True
+    if kind is Advertise or kind is Unadvertise:
+        return f"advertisement {message.adv_id}", kind is Advertise
+    return message.sub_id, kind is Subscribe
+
+
+def ready_to_serve(neighbours: Iterable[NeighbourFacts], waited: bool) -> bool:
+    """Whether a broker that started (or restarted) may serve: every neighbour that is up
+    has accepted it, handed its share and said whether it serves; every other one is
+    declared down, or was never heard though we ``waited`` past the liveness timeout
+    (DESIGN §7)."""
+    return all(
+        (s.accepting and s.synced and s.beat_seen) if s.up else (s.down_since is not None or waited)
+        for s in neighbours
+    )
+
+
+class BrokerNode(Generic[Token]):
+    """One broker's routing core and its failure decisions (see the module docstring).
+
+    ``hold_limit`` bounds what is held per neighbour (subscription messages and copies
+    each); ``publication_hold`` the local publications held while not serving. A
+    publication's ``Token`` is the shell's (the process's publish receipt)."""
+
+    def __init__(
+        self,
+        core: ClusteredBroker | BidBroker,
+        hold_limit: int,
+        publication_hold: int = PUBLICATION_HOLD,
+        on_undeliverable: Callable[[Notification], None] = lambda n: None,
+        *,
+        neighbours: Iterable[str] = (),
+        serving: bool = False,
+    ) -> None:
+        self.core = core
+        self.recovery: Recovery[Message] = Recovery(hold_limit)
+        self.publication_hold = publication_hold
+        self.serving = serving
+        """Resynced from every live neighbour since this node started (or started in an
+        overlay whose tables are built, ``serving``); until then local publications wait
+        in :attr:`held` (DESIGN §7)."""
+        if not serving and isinstance(core, ClusteredBroker):
+            core.expect_shares(set(neighbours))
+        self.held: list[tuple[Notification, Token]] = []
+        """Local publications waiting for :attr:`serving`, with their shell tokens."""
+        self.counters: Counter[str] = Counter()
+        self.on_undeliverable = on_undeliverable
+        """Told of each notification copy this node gives up (the simulator's ledger)."""
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the core resyncs (SNR, DNR); BID has no resync (DESIGN §7)."""
+        return isinstance(self.core, ClusteredBroker)
+
+    # -- local publications ----------------------------------------------------------------
+
+    def publish(
+        self, notification: Notification, token: Token, view: LinkView
+    ) -> list[Action] | None:
+        """A local publication: routed now if serving; else held with ``token`` until
+        :meth:`now_serving` hands it back (None now). :class:`NotServing` when the hold
+        is full: the publisher keeps it and retries."""
+        if self.serving:
+            return self.core.publish(notification, view)
+        if len(self.held) >= self.publication_hold:
+            self.counters["publications_refused.hold_full"] += 1
+            raise NotServing(
+                f"{self.core.id} is resyncing after its start and already holds "
+                f"{len(self.held)} publications; retry later"
+            )
+        self.held.append((notification, token))
+        self.counters["publications_held"] += 1
+        return None
+
+    # -- a neighbour's link ----------------------------------------------------------------
+
+    def hold(self, action: Hold) -> None:
+        """The core holds a copy for a neighbour that is down (DESIGN §7): kept for its
+        return, bounded (what does not fit is counted undeliverable)."""
+        self.recovery.hold_copy(action.link, action.message)
+
+    def hold_undelivered(self, neighbour: str, messages: Iterable[Message | Replay]) -> None:
+        """Routing messages that never reached ``neighbour`` (its link is down, or it
+        restarted), notifications aside: subscription, advertisement and replay requests
+        wait for its return, in order; replay answers are dropped and counted (the replay
+        round hears the part went silent)."""
+        kept = []
+        for message in messages:
+            kind = type(message)
+            if kind is ReplayData or kind is ReplayEcho:
+                self.counters["replay_answers_dropped"] += 1
+            elif kind is not Notification:
+                kept.append(message)
+        if kept:
+            self.recovery.hold_subscriptions(neighbour, kept)
+
+    def link_back(self, neighbour: str, up: Callable[[str], bool]) -> list[Action | HandedShare]:
+        """A link that was down healed with the same process on the other side, in this
+        order: the subscription messages held for it; with covering, what went over the
+        link before (one lost in flight would leave it without what covers others); the
+        copies held for it; then the shares owed to neighbours that are ``up``."""
+        actions: list[Action | HandedShare] = self._hand_held_sbp(neighbour)[0]
+        actions += self.core.refresh_link(neighbour)
+        actions += self._released(neighbour, self.recovery.release_copies(neighbour))
+        actions += self.pay_owed_shares(up)
+        return actions
+
+    def neighbour_met(
+        self, neighbour: str, incarnation: int, restarted: bool
+    ) -> tuple[list[Action], HandedShare]:
+        """A new incarnation of ``neighbour`` (its first, or a restart): the actions that
+        hand it our state, and what to tell it after them.
+
+        What was held for a restarted neighbour's predecessor is undeliverable, and its
+        subscriptions are withdrawn once it serves (:meth:`neighbour_serving`). It is
+        handed first the subscription messages meant for its predecessor (it broadcasts
+        them on), then what the two-step broadcast would have given it, if our own table
+        is whole for it: while we are resyncing, or missing another neighbour's share, we
+        say so and owe it the share. BID, the static baseline, has no resync."""
+        clustered = self.clustered
+        if restarted:
+            epoch = epoch_of(incarnation) if clustered else None
+            for copy in self.recovery.restarted(neighbour, epoch, read_sbp):
+                self.on_undeliverable(copy)
+        if not clustered:
+            if restarted:
+                self.counters["restarts_without_resync"] += 1
+            return [], HandedShare(neighbour, 0, predecessor=restarted)
+        core = self.core
+        assert isinstance(core, ClusteredBroker)
+        actions, carried = self._hand_held_sbp(neighbour)
+        wants = neighbour in core.missing_shares
+        if not self.serving or not core.share_complete(neighbour):
+            self.recovery.owed_shares.add(neighbour)  # until it says it wants none
+            return actions, HandedShare(neighbour, 0, False, wants, restarted)
+        share = self._share(neighbour, carried)
+        return actions + share, HandedShare(neighbour, len(share), True, wants, restarted)
+
+    def synced(self, neighbour: str, handed: HandedShare, up: Callable[[str], bool]) -> list:
+        """``neighbour`` handed us its share (``handed`` as it told us): whole, we route by
+        the table on its side and pay the shares this completed; if it wants none of ours,
+        we owe it nothing. A neighbour that knew our predecessor tells a BID broker that
+        its table lost what was subscribed before the restart."""
+        if not handed.wants_share:
+            self.recovery.owed_shares.discard(neighbour)
+        core = self.core
+        if isinstance(core, BidBroker):
+            core.table_lost |= handed.predecessor
+            return []
+        if handed.complete and neighbour in core.missing_shares:
+            core.share_received(neighbour)
+            self.counters["shares_received_late"] += self.serving
+            return self.pay_owed_shares(up)
+        return []
+
+    def now_serving(
+        self, up: Callable[[str], bool]
+    ) -> tuple[list[tuple[Notification, Token]], list[Action | HandedShare]]:
+        """This node has its share from every live neighbour (:func:`ready_to_serve`): the
+        local publications held meanwhile, to publish now in order with their tokens, and
+        the shares owed that are whole now."""
+        self.serving = True
+        held, self.held = self.held, []
+        return held, self.pay_owed_shares(up)
+
+    def neighbour_serving(self, neighbour: str) -> list[Action]:
+        """``neighbour`` is serving: the copies held for it and, if it restarted, the
+        withdrawal of its predecessor's subscriptions."""
+        held, withdrawals = self.recovery.serving(self.core, neighbour)
+        return [*self._released(neighbour, held), *withdrawals]
+
+    def pay_owed_shares(self, up: Callable[[str], bool]) -> list[Action | HandedShare]:
+        """Every owed share that is whole now, to a neighbour that is ``up``; nothing
+        while this node is not serving itself."""
+        core = self.core
+        if not self.serving or not isinstance(core, ClusteredBroker):
+            return []
+        actions: list[Action | HandedShare] = []
+        for neighbour in self.recovery.payable(core, up):
+            share = self._share(neighbour, set())
+            wants = neighbour in core.missing_shares
+            actions += [*share, HandedShare(neighbour, len(share), True, wants)]
+            self.counters["shares_handed_late"] += 1
+        return actions
+
+    def replay_targets(
+        self, src: str | None, state: SubState, down: Callable[[str], bool]
+    ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
+        """Where a replay request from ``src`` (None: this host's own) goes on: SBP's next
+        hops (:func:`~octopis.core.replay.sbp_targets`), split into those whose link is up
+        and those that are ``down`` (their parts are reported silent, DESIGN §11)."""
+        core = self.core
+        if isinstance(core, ClusteredBroker):
+            targets = sbp_targets(core.primary, list(core.secondary.values()), src, state)
+        else:
+            targets = sbp_targets(core.links, [], src, state)
+        return [t for t in targets if not down(t[0])], [t for t in targets if down(t[0])]
+
+    def forget(self, neighbour: str) -> int:
+        """``neighbour`` left the overlay: what was held for or owed to it is dropped;
+        returns how many messages were held."""
+        return self.recovery.forget(neighbour)
+
+    # -- what it holds ---------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Serving, with every neighbour's share (a clustered core misses none)."""
+        core = self.core
+        return self.serving and not (isinstance(core, ClusteredBroker) and core.missing_shares)
+
+    def held_notifications(self) -> Iterator[Notification]:
+        """Every notification this node holds: copies for neighbours that are down, and
+        local publications waiting for it to serve."""
+        for copies in self.recovery.copies.values():
+            yield from copies  # type: ignore[misc]
+        for notification, _ in self.held:
+            yield notification
+
+    def held_messages(self) -> Iterator[Message]:
+        """The subscription messages (and replay requests) held for neighbours."""
+        for messages in self.recovery.subscriptions.values():
+            yield from messages
+
+    def died(self) -> tuple[list[Notification], Counter[str]]:
+        """The process died: what it held is gone (returned, for the count of what was
+        lost) with its counts; the node holds nothing after."""
+        lost, counts = list(self.held_notifications()), self.counts()
+        self.recovery = Recovery(self.recovery.limit)
+        self.held, self.counters = [], Counter()
+        return lost, counts
+
+    def counts(self) -> Counter[str]:
+        """What the node counted: holds, shares, refusals (DESIGN §7)."""
+        return self.recovery.counters + self.counters
+
+    def status(self) -> dict[str, object]:
+        """What an operator sees of its recovery: shares missing and owed, what it holds."""
+        core = self.core
+        return {
+            "serving": self.serving,
+            "missing_shares": sorted(getattr(core, "missing_shares", ())),
+            "owed_shares": sorted(self.recovery.owed_shares),
+            "held": {
+                "publications": len(self.held),
+                "sbp": sum(map(len, self.recovery.subscriptions.values())),
+                "notifications": self.recovery.held_copies(),
+            },
+        }
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _hand_held_sbp(self, neighbour: str) -> tuple[list[Action], set[str]]:
+        held, carried = self.recovery.take_subscriptions(neighbour, read_sbp)
+        return [Forward(neighbour, m) for m in held], carried
+
+    def _share(self, neighbour: str, carried: set[str]) -> list[Action]:
+        core = self.core
+        assert isinstance(core, ClusteredBroker)
+        return [Forward(neighbour, m) for m in self.recovery.share(core, neighbour, carried)]
+
+    @staticmethod
+    def _released(neighbour: str, copies: list[Message]) -> list[Action]:
+        return [Forward(neighbour, m) for m in copies]

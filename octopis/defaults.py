@@ -1,0 +1,28 @@
+"""Defaults that more than one layer reads, each defined once here (DESIGN §2): the
+broker's settings (``transport.settings``), the SDK and the simulator take them from this
+module, so a simulated broker or client behaves as a real one does by default."""
+
+from __future__ import annotations
+
+CLIENT_LIVENESS = 1.5
+"""Seconds of its broker's silence after which an SDK connection fails over."""
+CLIENT_TIMEOUT = 10.0
+"""Seconds of a client's silence after which its broker drops it and withdraws its
+subscriptions (``[clients] timeout``)."""
+CUSTODY_LIMIT = 10_000
+"""Messages a broker holds per neighbour, in custody or held for its return
+(``[links] custody_limit``)."""
+PUBLICATION_HOLD = 10_000
+"""Local publications a broker holds while it resyncs after its start
+(``[clients] hold_limit``); past it publishers are refused."""
+REPLAY_BUDGET = 3.0
+"""Seconds the host of a replay waits for every broker's answer (``[retention]
+replay_budget``)."""
+LOOKBACK = 30.0
+"""Seconds before its broker went silent (or its client was last heard) from which a
+replay asks for what a subscriber may have missed: a publication published earlier
+that it did not get was not lost to the fail-over (it would have been in flight for
+longer than any custody window)."""
+PUBLISHERS_KNOWN = 10_000
+"""(publisher, session) pairs whose last sequence number a subscriber or a durable
+record remembers; a forgotten one is asked for by time instead."""

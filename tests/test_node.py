@@ -1,0 +1,289 @@
+"""The broker node's failure decisions (``octopis.core.node``, DESIGN §7), and the
+simulator and the broker process taking them from it.
+
+Unit checks of :class:`BrokerNode` (the order of work when a link heals, the hold of
+local publications while resyncing, when a share is owed and paid, BID's lost table),
+then the simulator running the same decisions: a publication made at a restarted broker
+while it resyncs is held and delivered exactly once (the simulator used to refuse it),
+a restarted BID broker counts what its lost table cannot reach (the processes never
+did), a replay's ``until`` and bounds cut the simulator's answer as they cut the SQLite
+store's (the simulator used to ignore both), and a second fail-over goes on along the
+list of the first (the simulator used to recompute it).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from octopis.client_policy import LastSeen, failover_order, replay_after
+from octopis.core import Forward, NoCongestion, Notification, Subscribe, SubState, make_broker
+from octopis.core.answer import AnswerSelection
+from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp, ready_to_serve
+from octopis.core.replay import Replay, ReplayData
+from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
+from octopis.failure_schedule import Failure
+from octopis.filters import Predicate, Subscription
+from octopis.matching import ReferenceMatcher
+from octopis.sim import LatencyModel, Simulator
+from octopis.topology import build_preset
+from octopis.transport.codec import encode_body
+from octopis.transport.retention import RetentionStore, StoreAnswer
+
+FIG2 = build_preset("fig2")
+NO_CONGESTION = NoCongestion()
+
+
+def _node(broker: str = "c:0", mode: str = "snr", **kw: object) -> BrokerNode:
+    return BrokerNode(make_broker(FIG2, broker, mode, covering="off"), 100, **kw)
+
+
+def _sub(core_id: str, n: int) -> Subscribe:
+    return Subscribe(
+        f"{core_id}#{n}",
+        core_id,
+        Subscription((Predicate("x", "<", n),)),
+        SubState.PRIMARY,
+        None,
+        0.0,
+    )
+
+
+def test_a_healed_link_hands_held_subscriptions_then_refresh_then_copies_then_shares() -> None:
+    """The process's order, now the only one: what SBP could not send first, then (with
+    covering) what went over the link before, then the held copies, then owed shares."""
+    node = BrokerNode(make_broker(FIG2, "c:0", "snr", covering="active"), 100)
+    node.serving = True
+    peer = next(n.id for n in FIG2.brokers["c:0"].neighbours)
+    sub_id, actions = node.core.subscribe("S", Subscription((Predicate("x", "<", 3),)), 0.0)
+    sent = [a for a in actions if type(a) is Forward and a.link == peer]
+    assert sent, "the subscription goes over the link first"
+    node.hold_undelivered(peer, [_sub("b:0", 5)])
+    copy = Notification("P", 1, 0.0, {"x": 1})
+    node.recovery.hold_copy(peer, copy)
+    node.recovery.owed_shares.add(peer)
+    steps = node.link_back(peer, lambda n: True)
+    kinds = [
+        "held"
+        if type(a) is Forward and getattr(a.message, "sub_id", "") == "b:0#5"
+        else "copy"
+        if type(a) is Forward and a.message is copy
+        else "share-end"
+        if type(a) is HandedShare
+        else "refresh"
+        if type(a) is Forward and getattr(a.message, "sub_id", "") == sub_id
+        else "share"
+        for a in steps
+    ]
+    assert kinds[0] == "held"
+    assert kinds.index("refresh") < kinds.index("copy") < kinds.index("share-end")
+    assert kinds[-1] == "share-end" and steps[-1].link == peer
+
+
+def test_local_publications_wait_for_serving_up_to_the_hold() -> None:
+    """Not serving: a publication is held (no action), in order, up to the hold; past
+    it the publisher is refused with a message that says why; serving hands them back."""
+    node = _node(publication_hold=2)
+    notes = [Notification("P", i, 0.0, {"x": 1}) for i in (1, 2, 3)]
+    assert node.publish(notes[0], "r1", NO_CONGESTION) is None
+    assert node.publish(notes[1], "r2", NO_CONGESTION) is None
+    with pytest.raises(NotServing, match="resyncing after its start and already holds 2"):
+        node.publish(notes[2], "r3", NO_CONGESTION)
+    assert node.counters["publications_refused.hold_full"] == 1
+    held, _ = node.now_serving(lambda n: True)
+    assert held == [(notes[0], "r1"), (notes[1], "r2")] and node.held == []
+    assert node.publish(notes[2], "r3", NO_CONGESTION) is not None  # routed now
+
+
+def test_a_share_is_owed_until_serving_and_whole_then_paid_once() -> None:
+    """A neighbour met while this node resyncs is owed its share (SYNCED says not
+    complete); paid when this node serves, to a neighbour that is up, once."""
+    node = _node()
+    node.core.expect_shares({n.id for n in FIG2.brokers["c:0"].neighbours})
+    peer = "b:0"
+    _, handed = node.neighbour_met(peer, 7, restarted=False)
+    assert handed == HandedShare(peer, 0, complete=False, wants_share=True)
+    assert peer in node.recovery.owed_shares
+    assert node.pay_owed_shares(lambda n: True) == []  # not serving
+    for n in FIG2.brokers["c:0"].neighbours:  # the peer wants ours; the others do not
+        node.synced(n.id, HandedShare("c:0", 0, wants_share=n.id == peer), lambda n: True)
+    _, paid = node.now_serving(lambda n: n != peer)  # the peer is not up: still owed
+    assert not [a for a in paid if type(a) is HandedShare and a.link == peer]
+    paid = node.pay_owed_shares(lambda n: True)
+    assert [a for a in paid if type(a) is HandedShare] == [HandedShare(peer, 0, True, False)]
+    assert node.pay_owed_shares(lambda n: True) == []
+
+
+def test_a_bid_broker_learns_its_table_was_lost_from_a_neighbour_that_knew_it() -> None:
+    """BID has no resync: a neighbour that knew a predecessor says so in its SYNCED, and
+    the restarted broker counts each local publication its empty table cannot route."""
+    neighbour = _node("b:0", "bid")
+    _, handed = neighbour.neighbour_met("c:0", 9, restarted=True)
+    assert handed.predecessor and neighbour.counters["restarts_without_resync"] == 1
+    node = _node("c:0", "bid")
+    node.serving = True
+    node.synced("b:0", handed, lambda n: True)
+    node.publish(Notification("P", 1, 0.0, {"x": 1}), None, NO_CONGESTION)
+    assert node.core.stats["undeliverable.table_lost"] == 1
+    fresh = _node("c:0", "bid")
+    fresh.synced("b:0", HandedShare("c:0", 0), lambda n: True)
+    assert not fresh.core.table_lost
+
+
+def test_held_messages_keep_requests_and_drop_answers() -> None:
+    """What never reached a neighbour: subscriptions and replay requests wait for it;
+    replay answers are dropped and counted (the round reports that part silent)."""
+    node = _node()
+    request = Replay("r1", "c:0", ("[x,<,3]",), (), 0.0, 1.0)
+    node.hold_undelivered("b:0", [_sub("c:0", 1), ReplayData("r1", ()), request])
+    assert node.recovery.subscriptions["b:0"] == [_sub("c:0", 1), request]
+    assert node.counters["replay_answers_dropped"] == 1
+    assert read_sbp(request) == ("replay r1", True)
+    assert read_sbp(_sub("c:0", 1)) == ("c:0#1", True)
+
+
+class _Facts:
+    def __init__(self, up: bool, ready: bool = False, down: bool = False) -> None:
+        self.up = up
+        self.accepting = self.synced = self.beat_seen = ready
+        self.down_since = 1.0 if down else None
+
+
+def test_ready_to_serve_waits_for_every_live_neighbour() -> None:
+    assert ready_to_serve([_Facts(True, True), _Facts(False, down=True)], waited=False)
+    assert not ready_to_serve([_Facts(True, False)], waited=True)
+    assert not ready_to_serve([_Facts(False)], waited=False)  # never heard: wait for T
+    assert ready_to_serve([_Facts(False)], waited=True)
+
+
+def _sim(mode: str, seed: int = 3) -> Simulator:
+    sim = Simulator(
+        FIG2,
+        mode,
+        seed=seed,
+        latency=LatencyModel(0.001, 0.002),
+        oracle_factory=ReferenceMatcher,
+        covering="off",
+    )
+    rng = random.Random(seed)
+    for i in range(40):
+        sim.subscribe(
+            f"S{i}", rng.choice(sorted(FIG2.brokers)), Subscription((Predicate("x", "<", 9),))
+        )
+    sim.run()
+    return sim
+
+
+@pytest.mark.parametrize("mode", ["snr", "dnr"])
+def test_the_simulator_holds_publications_at_a_resyncing_broker(mode: str) -> None:
+    """c:0 restarts and, while its neighbours' shares are on their way, its publisher
+    publishes: held, then routed once c:0 serves: every subscriber on a live broker gets
+    it exactly once (before, the simulator refused it and the process held it)."""
+    sim = _sim(mode)
+    start = sim.now
+    sim.fail(Failure(("c:0",), 0.5, 1.0), start)
+    sim.at(start + 1.0, sim.publish, "P", "c:0", {"x": 1})
+    sim.at(start + 2.0, sim.publish, "P", "c:0", {"x": 2})
+    sim.run()
+    report = sim.report()
+    assert report["failures"]["publications_held"] >= 1
+    assert "publications_refused" not in report["failures"]
+    alive = report["failures"]["host_alive"]
+    assert alive["expected_deliveries"] > 0
+    assert alive["lost"] == alive["duplicates"] == alive["unexpected"] == 0, alive
+    assert alive["delivered"] == alive["expected_deliveries"]
+
+
+def test_the_simulator_counts_a_restarted_bid_brokers_lost_table() -> None:
+    sim = _sim("bid")
+    start = sim.now
+    sim.fail(Failure(("c:0",), 0.5, 1.0), start)
+    sim.at(start + 3.0, sim.publish, "P", "c:0", {"x": 1})
+    sim.run()
+    assert sim.report()["failures"]["undeliverable.table_lost"] == 1
+
+
+def _retained(count: int) -> list[Notification]:
+    return [
+        Notification(f"P{i % 3}", i // 3 + 1, 100.0 + i, {"x": i % 7, "sym": "A"})
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        {},
+        {"until": 130.0},
+        {"max_count": 5},
+        {"since": (("P1", 0, 4), ("P2", 0, 9))},
+        {"until": 150.0, "max_count": 7, "since": (("P0", 0, 3),)},
+    ],
+)
+def test_the_simulator_answers_a_replay_as_the_process_store_does(
+    tmp_path: Path, window: dict
+) -> None:
+    """The same retained publications and the same request, answered by the process's
+    SQLite store and by the simulator's memory store: the same publications, the same
+    cut (``until``, ``since`` per publisher and session, ``max_count``)."""
+    notes = _retained(60)
+    store = RetentionStore(tmp_path / "r.sqlite", 1 << 20, 3600.0, lambda body: _decode(body))
+    for n in notes:
+        store.add(n, encode_body(n), n.published_at)
+    store.commit(200.0)
+    request = Replay("r", "c:0", ("[x,<,4]",), window.get("since", ()), 110.0, 1.0,
+                     until=window.get("until", float("inf")),
+                     max_count=window.get("max_count", 0))  # fmt: skip
+    answer = StoreAnswer(store, request, 0, 0)
+    found = []
+    while not answer.done:
+        found += answer.page(7)
+    sim = _sim("snr")
+    sim.stores["c:0"] = notes
+    simulated, truncated = sim._store_answer("c:0", request)
+    assert [n.key for n in found] == [n.key for n in simulated]
+    assert answer.truncated == truncated == ("max_count" in window)
+    assert found, "the request matches something"
+    store.close()
+
+
+def _decode(body: bytes) -> Notification:
+    from octopis.transport.codec import decode_body
+
+    return decode_body("c:0", body)
+
+
+def test_answer_selection_cuts_at_bytes() -> None:
+    request = Replay("r", "c:0", ("[x,<,9]",), (), 0.0, 1.0, max_bytes=25)
+    selection = AnswerSelection(request)
+    notes = _retained(5)
+    taken = [
+        selection.take(n.publisher, 0, n.seq, n.published_at, 10, lambda n=n: n) for n in notes
+    ]
+    assert taken[:2] == notes[:2] and taken[2] is None and selection.truncated
+
+
+def test_a_second_fail_over_goes_on_along_the_first_list() -> None:
+    """One fail-over order for the SDK and the simulator: the list a connection was
+    given (its broker, then the topology's order), rotated from where it is now."""
+    first = "c:0"
+    endpoints = [first, *FIG2.failover_order(first)]
+    assert failover_order(endpoints, first) == [*FIG2.failover_order(first), first]
+    second = failover_order(endpoints, first)[0]
+    again = failover_order(endpoints, second)
+    assert again[0] == endpoints[2] and again[-1] == second
+    assert again != [*FIG2.failover_order(second), second]  # what the simulator did
+
+
+def test_replay_after_and_last_seen() -> None:
+    assert replay_after(None, 100.0) == 100.0  # never subscribed before: from now
+    assert replay_after(50.0, 100.0) == 100.0 - LOOKBACK
+    assert replay_after(90.0, 100.0) == 90.0
+    seen = LastSeen()
+    seen.saw_all([("p", 0, 3), ("p", 0, 2), ("q", 1, 5)])
+    assert seen.since() == [("p", 0, 3), ("q", 1, 5)]
+    for i in range(PUBLISHERS_KNOWN + 1):
+        seen.saw(f"x{i}", 0, 1)
+    assert ("p", 0) not in seen and len(seen) == PUBLISHERS_KNOWN
