@@ -207,13 +207,19 @@ class Scot:
         """Brokers a client of ``broker_id`` should move to, best first (DESIGN §7, §9):
         the rest of its cluster by tree distance (a move inside a cluster touches only
         primary entries on the tree path), then the other clusters, the same region
-        first, each again by tree distance."""
+        first, each again by tree distance. Where brokers are placed on hosts, the
+        nearest broker on another host comes second at the latest: a host cut off from
+        the network takes all its brokers with it, and a list that stays on it waits
+        for the network to heal."""
         import networkx as nx
 
         home = self.brokers[broker_id]
         distance = nx.single_source_shortest_path_length(self.acyclic, home.region)
         others = [b for b in self.brokers.values() if b.id != broker_id]
         others.sort(key=lambda b: (b.cluster != home.cluster, distance[b.region], b.cluster))
+        away = next((i for i, b in enumerate(others) if b.host != home.host), None)
+        if away is not None and away > 1:  # a host cut off is left at the second try
+            others.insert(1, others.pop(away))
         return [b.id for b in others]
 
     def endpoints_by_broker(self) -> dict[str, tuple[str, str, str]]:

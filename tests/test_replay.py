@@ -291,3 +291,42 @@ def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
     claimed = Claimed("b:0", ("[x,>,1]",), (("P", 1, 2),), 4.0, 6.0)
     echo = ReplayEcho("r", answered=("b:0",), truncated=("b:0",), claimed=(claimed,))
     assert decode_body("a:0", encode_body(echo)) == echo
+
+
+def test_a_gap_filled_late_is_narrowed_then_withdrawn_and_the_application_told() -> None:
+    """A replay left two brokers silent; each answers later (its publications are
+    delivered, then its part's echo comes): the subscriber's gap shrinks to the broker
+    still silent, then goes, and ``on_gap_filled`` hears each step; ``gaps`` never
+    names a broker that has answered."""
+    from dataclasses import replace
+
+    from octopis.client import Connection, Subscriber
+    from octopis.client.replay import ReplayGap
+
+    told: list[tuple[ReplayGap, ReplayGap | None]] = []
+    sub = Subscriber(
+        "s",
+        Connection(["tcp://127.0.0.1:1"]),
+        on_gap_filled=lambda gap, left: told.append((gap, left)),
+    )
+    gap = ReplayGap("s", "r1", 100.0, silent=("b:0", "c:0"))
+    other = ReplayGap("s", "r0", 50.0, trimmed=(("p", 0, 1, 4),))
+    record = {
+        "id": "r1",
+        "gap": gap,
+        "late_replayed": 0,
+        "repeats": 0,
+        "late_parts": [],
+        "outstanding": set(gap.silent),
+        "delivered": set(),
+    }
+    sub.gaps.extend([other, gap])
+    sub._awaiting_late.append(record)
+    sub._late_answer(record, {"op": "replay_done", "answered": ["b:0"], "published": 2})
+    left = replace(gap, silent=("c:0",))
+    assert list(sub.gaps) == [other, left] and told == [(gap, left)]
+    sub._late_answer(record, {"op": "replay_done", "answered": ["c:0"], "published": 0})
+    assert list(sub.gaps) == [other] and told[-1] == (left, None)
+    assert record["gap"] is None and not sub._awaiting_late
+    sub._late_answer(record, {"op": "replay_done", "answered": ["c:0"]})
+    assert len(told) == 2  # nothing left to fill: told once per step

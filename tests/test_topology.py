@@ -388,3 +388,23 @@ def test_draw_without_matplotlib_says_how_to_install_it(
     assert topology_main(["draw", str(topology), "-o", str(out)]) == 2
     assert "pip install 'octopis[experiments]'" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("place", ["cluster", "region"])
+def test_a_failover_list_reaches_another_host_at_its_second_try(place: str) -> None:
+    """Placed on hosts, every broker's fail-over list names a broker of another host at
+    most second (a host cut off from the network takes its brokers with it); the rest
+    keeps the order of the unplaced topology: its cluster first, by tree distance."""
+    hosts = {"n0": "127.0.0.10", "n1": "127.0.0.11", "n2": "127.0.0.12"}
+    placed = build_preset("fig2", hosts=hosts, place=place)
+    plain = build_preset("fig2")
+    moved = 0
+    for broker in placed.brokers:
+        order = placed.failover_order(broker)
+        home = placed.brokers[broker].host
+        assert any(placed.brokers[b].host != home for b in order[:2]), (broker, order[:2])
+        before = plain.failover_order(broker)
+        assert sorted(order) == sorted(before)
+        assert [b for b in order if b != order[1]] == [b for b in before if b != order[1]]
+        moved += order != before
+    assert moved > 0 if place == "cluster" else moved == 0

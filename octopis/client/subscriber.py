@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -163,17 +164,23 @@ class Subscriber(NamedClient):
         *,
         replay: bool = True,
         on_gap: Callable[[ReplayGap], None] | None = None,
+        on_gap_filled: Callable[[ReplayGap, ReplayGap | None], None] | None = None,
     ) -> None:
         super().__init__(name, connection)
         self.replay_on_failover = replay
         self.on_gap = on_gap
+        self.on_gap_filled = on_gap_filled
+        """Told ``(gap, left)`` when brokers a gap named silent answered later and their
+        publications were delivered: ``left`` is what is still missing (None: nothing),
+        and :attr:`gaps` holds ``left`` instead of ``gap``."""
         self.last_seen = LastSeen()
         """The last sequence number delivered per (publisher, session)."""
         self.since: float | None = None
         """When this subscriber first subscribed: a replay asks for the publications of
         publishers it never heard from since then."""
         self.gaps: deque[ReplayGap] = deque(maxlen=1000)
-        """What replays could not fill (the last 1,000)."""
+        """What replays could not fill and is still missing (the last 1,000): a gap
+        whose silent brokers answer later is narrowed, or withdrawn once filled."""
         self.replays: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per replay (the last 1,000): id, replayed, repeats, seconds, gap."""
         self._seam: Seam | None = None
@@ -754,6 +761,26 @@ class Subscriber(NamedClient):
             self._report(gap)
         return gap, self._history(seam, after, message.get("until"), replayed, error)
 
+    def _narrow(self, record: dict[str, Any]) -> None:
+        """A replay's silent brokers answered late (their publications are delivered):
+        its gap shrinks to the brokers still silent, and goes once nothing is missing;
+        :attr:`gaps` and ``on_gap_filled`` are told."""
+        gap = record["gap"]
+        if gap is None:
+            return
+        silent = tuple(b for b in gap.silent if b in record["outstanding"])
+        if silent == gap.silent:
+            return
+        left = replace(gap, silent=silent)
+        if not (silent or left.unstored or left.trimmed or left.error):
+            left = None
+        record["gap"] = left
+        kept = [left if g is gap else g for g in self.gaps]
+        self.gaps = deque((g for g in kept if g is not None), maxlen=self.gaps.maxlen)
+        log.info("%s: a replay's gap was filled late: %s, left %s", self.name, gap, left)
+        if self.on_gap_filled is not None:
+            self.on_gap_filled(gap, left)
+
     def _report(self, gap: ReplayGap) -> None:
         log.warning("%s: a replay left a gap: %s", self.name, gap)
         self.gaps.append(gap)
@@ -820,6 +847,7 @@ class Subscriber(NamedClient):
         if not outstanding and record in self._awaiting_late:
             self._awaiting_late.remove(record)
             record["delivered"] = set()
+        self._narrow(record)
         log.info(
             "%s: replay %s answered late by %s (%d publications)",
             self.name,
