@@ -20,6 +20,7 @@ from octopis.cli.errors import failures, user_errors
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "simulate SBP and notification routing (snr, dnr, bid) in memory"),
+    "nemesis": ("nemesis", "run seeded faults on the brokers' nodes in the simulator, checked"),
     "run": ("cluster", "run a workload on one broker process per SCOT node and report"),
     "up": ("cluster", "start one broker process per node and return when all are connected"),
     "down": ("cluster", "stop the brokers of a running overlay"),

@@ -309,6 +309,10 @@ class BrokerNode(Generic[Token]):
         for notification, _ in self.held:
             yield notification
 
+    def holding(self) -> dict[str, int]:
+        """Notification copies held per neighbour that was down (those with any)."""
+        return {n: len(copies) for n, copies in self.recovery.copies.items() if copies}
+
     def held_messages(self) -> Iterator[Message]:
         """The subscription messages (and replay requests) held for neighbours."""
         for messages in self.recovery.subscriptions.values():

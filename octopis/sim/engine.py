@@ -231,6 +231,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
         ends): they drop a delivery they have had already, as the SDK does meanwhile."""
         self._linger = MOVE_LINGER
+        self.advertised: dict[str, dict[str, Subscription]] = {}
+        """Each publisher's advertisements by id (made again where its broker restarts)."""
         self.retiring: set[str] = set()
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
         self._init_failover()
@@ -279,14 +281,25 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         if not isinstance(core, ClusteredBroker):
             raise ValueError(f"{self.mode} routes without advertisements")
         adv_id, actions = core.advertise(publisher, advertisement)
+        self.advertised.setdefault(publisher, {})[adv_id] = advertisement
         self._dispatch_local(broker, actions)
         return adv_id
+
+    def _advertise_again(self, broker: str) -> None:
+        """``broker`` restarted empty: its publishers advertise again there, as the SDK
+        does when its connection comes back."""
+        for publisher, adverts in list(self.advertised.items()):
+            if self._home.get(publisher) == broker:
+                self.advertised[publisher] = {}
+                for advertisement in adverts.values():
+                    self.advertise(publisher, broker, advertisement)
 
     def unadvertise(self, publisher: str, adv_id: str) -> None:
         """``publisher`` withdraws its advertisement ``adv_id`` now (at its broker)."""
         broker = self._home[publisher]
         core = self.cores[broker]
         assert isinstance(core, ClusteredBroker)
+        self.advertised.get(publisher, {}).pop(adv_id, None)
         self._dispatch_local(broker, core.unadvertise(publisher, adv_id))
 
     def unsubscribe(self, sub_id: str) -> None:

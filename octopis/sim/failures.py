@@ -260,6 +260,7 @@ class FailureEvents:
             self.failure_counts["brokers_restarted"] += 1
             self._start(broker)
             self._greet(broker)
+            self._advertise_again(broker)
             return
         state.cut.difference_update(links)
         a, b = failure.ends

@@ -1,0 +1,336 @@
+"""A seeded nemesis (DESIGN §7): faults drawn from a seed, run on the brokers' own nodes in
+the simulator, and a checker that reads the whole history.
+
+A seed decides everything: the topology (fig2 or paper75), the routing mode (SNR, DNR,
+BID), covering and advertisements, the subscribers and publishers, and a schedule of
+faults while they publish — brokers that crash and restart (empty, a new incarnation),
+brokers paused (every link silent, the process alive: SIGSTOP as its neighbours see it),
+links partitioned both ways for a while, and subscribers whose connection dies (they
+fail over and replay). The same seed gives the same events in the same order and the
+same verdict, so a failing seed is a reproducible bug; :func:`shrink` drops faults and
+subscribers while it still fails, to the shortest history that does.
+
+The checker (:func:`check`) holds every subscriber to exactly once: no duplicate, nothing
+it did not ask for, and every publication it should have had either delivered or
+accounted for — counted undeliverable by a broker (with its reason), or, for a subscriber
+that failed over, published while it was away and named in a gap reported to it.
+Anything else is a silent loss.
+
+What the simulator does not inject (the process tests do, or cannot here): one-way
+partitions, frame loss and delay spikes on one link (ZeroMQ over TCP never loses or
+reorders frames on a live connection; a reset connection loses what was in flight,
+which is what a partition does here), full disks, a store that loses its unsynced tail,
+and skewed clocks.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from octopis.failure_schedule import Failure
+from octopis.filters import Predicate, Subscription
+from octopis.matching import ReferenceMatcher
+from octopis.sim.engine import LatencyModel, Simulator
+from octopis.topology import Scot, build_preset
+
+PRESETS = ("fig2", "paper75")
+MODES = ("snr", "dnr", "bid")
+FAULT_KINDS = ("crash", "pause", "partition", "client")
+DURATION = 5.0
+"""Seconds of publishing; faults fall in the first four and last up to three."""
+
+
+@dataclass(frozen=True)
+class ClientFault:
+    """Subscriber ``subscriber``'s connection dies at ``at`` (it fails over and replays)."""
+
+    subscriber: str
+    at: float
+
+
+Fault = Failure | ClientFault
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything one run does, drawn from ``seed`` (:func:`draw`)."""
+
+    seed: int
+    preset: str
+    mode: str
+    covering: str
+    advertisements: bool
+    subscribers: tuple[tuple[str, str, int], ...]
+    """(subscriber, broker, k): subscribes to ``[x,<,k]``."""
+    publications: tuple[tuple[float, str, int], ...]
+    """(time, broker, x): its publisher at ``broker`` publishes ``{x}``."""
+    faults: tuple[Fault, ...]
+    withdrawals: tuple[tuple[float, str], ...] = ()
+    """(time, subscriber): it withdraws its subscription (at its broker, if alive)."""
+
+    def describe(self) -> str:
+        """The scenario as lines a person reads (the history a failing seed prints)."""
+        lines = [
+            f"seed {self.seed}: {self.preset}, {self.mode.upper()}, covering {self.covering}, "
+            f"advertisements {'on' if self.advertisements else 'off'}, "
+            f"{len(self.subscribers)} subscribers, {len(self.publications)} publications"
+        ]
+        lines += [f"  {_fault_text(f)}" for f in self.faults]
+        lines += [f"  withdraw {s} @{at:.3f}" for at, s in self.withdrawals]
+        return "\n".join(lines)
+
+
+@dataclass
+class Verdict:
+    """What :func:`run` found: the counts every run reports, and the problems (empty: it
+    passed)."""
+
+    scenario: Scenario
+    expected: int = 0
+    delivered: int = 0
+    duplicated: int = 0
+    lost: int = 0
+    """Expected and not delivered (accounted for or not)."""
+    silent: int = 0
+    """Of :attr:`lost`, those neither counted undeliverable nor in a reported gap."""
+    gaps: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """No problem found."""
+        return not self.problems
+
+
+def _fault_text(fault: Fault) -> str:
+    if isinstance(fault, ClientFault):
+        return f"client {fault.subscriber} connection dies @{fault.at:.3f}"
+    kind = "pause" if fault.stall else "crash" if fault.is_broker else "partition"
+    back = "never" if fault.until is None else f"{fault.until:.3f}"
+    return f"{kind} {'-'.join(fault.ends)} @{fault.at:.3f} until {back}"
+
+
+def fault_kind(fault: Fault) -> str:
+    """One of :data:`FAULT_KINDS`."""
+    if isinstance(fault, ClientFault):
+        return "client"
+    return "pause" if fault.stall else "crash" if fault.is_broker else "partition"
+
+
+def draw(seed: int, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3) -> Scenario:
+    """The scenario of ``seed``: a topology of ``presets``, a mode, covering and
+    advertisements, 6-16 subscribers and 10-30 publications on random brokers, and 1 to
+    ``max_faults`` faults of every kind at random times."""
+    rng = random.Random(seed)
+    preset = rng.choice(presets)
+    scot = _scot(preset)
+    brokers = sorted(scot.brokers)
+    mode = rng.choice(MODES)
+    covering = rng.choice(("off", "active")) if mode != "bid" else "off"
+    advertisements = mode != "bid" and rng.random() < 0.3
+    subscribers = tuple(
+        (f"S{i}", rng.choice(brokers), rng.randint(1, 9)) for i in range(rng.randint(6, 16))
+    )
+    count = rng.randint(10, 30)
+    publications = tuple(
+        sorted((round(rng.uniform(0, DURATION), 6), rng.choice(brokers), rng.randrange(10))
+               for _ in range(count))
+    )  # fmt: skip
+    faults: list[Fault] = []
+    for _ in range(rng.randint(1, max_faults)):
+        kind = rng.choice(FAULT_KINDS)
+        at = round(rng.uniform(0, DURATION - 1), 6)
+        until = round(at + rng.uniform(0.2, 3.0), 6)
+        if kind == "client":
+            faults.append(ClientFault(rng.choice(subscribers)[0], at))
+        elif kind == "partition":
+            a = rng.choice(brokers)
+            faults.append(Failure((a, rng.choice(sorted(scot.graph[a]))), at, until))
+        else:
+            faults.append(Failure((rng.choice(brokers),), at, until, stall=kind == "pause"))
+    withdrawals = tuple(
+        sorted((round(rng.uniform(0, DURATION), 6), rng.choice(subscribers)[0])
+               for _ in range(rng.randint(0, 3)))
+    )  # fmt: skip
+    return Scenario(
+        seed,
+        preset,
+        mode,
+        covering,
+        advertisements,
+        subscribers,
+        publications,
+        tuple(faults),
+        withdrawals,
+    )
+
+
+_SCOTS: dict[str, Scot] = {}
+
+
+def _scot(preset: str) -> Scot:
+    scot = _SCOTS.get(preset)
+    if scot is None:
+        scot = _SCOTS[preset] = build_preset(preset)
+    return scot
+
+
+def simulate(scenario: Scenario) -> tuple[Simulator, dict[str, float]]:
+    """Run ``scenario`` to its end on a fresh simulator (deterministic: its seed draws the
+    link latencies too); returns it and when each subscriber that withdrew did."""
+    scot = _scot(scenario.preset)
+    sim = Simulator(
+        scot,
+        scenario.mode,
+        seed=scenario.seed,
+        latency=LatencyModel(0.001, 0.002),
+        oracle_factory=ReferenceMatcher,
+        covering=scenario.covering,
+        advertisements=scenario.advertisements,
+    )
+    if scenario.advertisements:
+        everything = Subscription((Predicate("x", "<", 10),))
+        for broker in sorted({b for _, b, _ in scenario.publications}):
+            sim.advertise(f"P{broker}", broker, everything)
+    for subscriber, broker, k in scenario.subscribers:
+        sim.subscribe(subscriber, broker, Subscription((Predicate("x", "<", k),)))
+    sim.run()
+    start = sim.now
+    for fault in scenario.faults:
+        if isinstance(fault, ClientFault):
+            sim.fail_client(fault.subscriber, start + fault.at)
+        else:
+            sim.fail(fault, start)
+    for at, broker, x in scenario.publications:
+        sim.at(start + at, sim.publish, f"P{broker}", broker, {"x": x})
+    withdrawn: dict[str, float] = {}
+    for at, subscriber in scenario.withdrawals:
+        sim.at(start + at, _withdraw, sim, subscriber, withdrawn)
+    sim.run()
+    return sim, withdrawn
+
+
+def _withdraw(sim: Simulator, subscriber: str, withdrawn: dict[str, float]) -> None:
+    """``subscriber`` withdraws its oldest subscription at its broker now, if that broker
+    is alive and it is still connected there (the SDK's ``unsubscribe`` fails otherwise)."""
+    home = sim._home.get(subscriber)
+    state = sim.failures
+    if home is None or (state is not None and (home in state.dead or home in state.syncing)):
+        return
+    if (subscriber, home) in sim.cut_clients or subscriber in sim.failed_over:
+        return  # the simulator's clients withdraw only where they first subscribed
+    entries = sim.cores[home].table.entries
+    mine = [
+        sid
+        for sid, s in sim.subscriber_of.items()
+        if s == subscriber and sid in entries and entries[sid].local
+    ]
+    if mine:
+        sim.unsubscribe(mine[0])
+        withdrawn.setdefault(subscriber, sim.now)
+
+
+def check(
+    sim: Simulator, withdrawn: dict[str, float] | None = None
+) -> tuple[list[str], dict[str, int]]:
+    """The problems in ``sim``'s history (see the module docstring) and its counts:
+    expected, delivered, duplicated, lost, silent (lost and not accounted for), gaps. A
+    subscriber that ``withdrew`` (at the time given) is owed nothing published before it
+    that had not reached it by then."""
+    withdrawn = withdrawn or {}
+    report = sim.report()
+    failures = report.get("failures", {})
+    problems = []
+    for group in ("host_alive", "host_dead"):
+        counts = failures.get(group)
+        if counts and (counts["duplicates"] or counts["unexpected"]):
+            problems.append(f"{group}: {counts['duplicates']} duplicated, "
+                            f"{counts['unexpected']} unexpected")  # fmt: skip
+    if not failures and (report["duplicates"] or report["unexpected"]):
+        problems.append(f"{report['duplicates']} duplicated, {report['unexpected']} unexpected")
+    published = {(n.publisher, n.seq): n.published_at for ns in sim.stores.values() for n in ns}
+    undeliverable = sim.undeliverable_keys
+
+    def accounted(s: str, p: str, q: int) -> bool:
+        if sim.replay_gaps.get(s):
+            return True
+        when = published.get((p, q))
+        if s in withdrawn and when is not None and when <= withdrawn[s]:
+            return True
+        away = when is not None and any(a <= when < b for a, b in sim.outages.get(s, ()))
+        return not away and (p, q) in undeliverable
+
+    state = sim.failures
+    for broker, node in sim.nodes.items():
+        for neighbour, copies in node.holding().items():
+            if state is not None and not state.broken(broker, neighbour):
+                problems.append(f"{broker} still holds {copies} copies for {neighbour}, "
+                                "which is back")  # fmt: skip
+    missing = sim.ledger.expected - set(sim.ledger.received)
+    silent = sorted(key for key in missing if not accounted(*key))
+    if silent:
+        problems.append(f"{len(silent)} lost without a count or a reported gap: {silent[:3]}")
+    counts = {
+        "expected": len(sim.ledger.expected),
+        "delivered": sum(1 for k in sim.ledger.received if k in sim.ledger.expected),
+        "duplicated": report["duplicates"],
+        "lost": len(missing),
+        "silent": len(silent),
+        "gaps": sum(1 for g in sim.replay_gaps.values() if g),
+    }
+    return problems, counts
+
+
+def run(scenario: Scenario) -> Verdict:
+    """Simulate and check ``scenario``; an exception in the run is a problem too."""
+    faults = {kind: 0 for kind in FAULT_KINDS}
+    for fault in scenario.faults:
+        faults[fault_kind(fault)] += 1
+    try:
+        problems, counts = check(*simulate(scenario))
+    except Exception as exc:
+        return Verdict(scenario, faults=faults, problems=[f"the run raised {exc!r}"])
+    return Verdict(scenario, faults=faults, problems=problems, **counts)
+
+
+def shrink(scenario: Scenario, fails: Callable[[Scenario], bool] | None = None) -> Scenario:
+    """The smallest scenario found that still fails: faults, then subscribers, then
+    publications dropped one at a time while ``fails`` (default: :func:`run` finds a
+    problem), as hypothesis shrinks an example; deterministic."""
+    fails = fails or (lambda s: not run(s).passed)
+    current = scenario
+    for name in ("faults", "subscribers", "publications"):
+        i = 0
+        while i < len(getattr(current, name)):
+            items = getattr(current, name)
+            smaller = replace(current, **{name: items[:i] + items[i + 1 :]})
+            if fails(smaller):
+                current = smaller
+            else:
+                i += 1
+    return current
+
+
+def sweep(
+    seeds: range, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3
+) -> dict[str, Any]:
+    """Run every seed of ``seeds``: runs, passed, the failing seeds, faults injected by
+    kind, and the summed counts."""
+    table: dict[str, Any] = {"runs": 0, "passed": 0, "failing": [], "faults": {}}
+    totals = dict.fromkeys(("expected", "delivered", "duplicated", "lost", "silent", "gaps"), 0)
+    for seed in seeds:
+        verdict = run(draw(seed, presets=presets, max_faults=max_faults))
+        table["runs"] += 1
+        table["passed"] += verdict.passed
+        if not verdict.passed:
+            table["failing"].append(seed)
+        for kind, n in verdict.faults.items():
+            table["faults"][kind] = table["faults"].get(kind, 0) + n
+        for key in totals:
+            totals[key] += getattr(verdict, key)
+    table.update(totals)
+    return table

@@ -1,0 +1,124 @@
+"""The seeded nemesis (``octopis.sim.nemesis``, DESIGN §7): every seed of the CI profile
+passes on the brokers' own nodes, a seed replays exactly, a failing seed shrinks to a
+shorter history, and the checker catches the bugs it exists for (each broken on purpose:
+the seed that catches it is printed)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from octopis.cli.main import main
+from octopis.client_policy import replay_after
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.recovery import Recovery
+from octopis.sim import nemesis
+from octopis.sim.nemesis import draw, run, shrink, simulate
+
+CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
+SEEDS = 2_000 if CI else 200
+"""Seeds the suite runs: 2,000 in CI (``HYPOTHESIS_PROFILE=ci``), 200 while developing."""
+CHUNK = 100 if CI else 50
+
+
+@pytest.mark.parametrize("first", range(0, SEEDS, CHUNK))
+def test_the_seeds_pass(first: int) -> None:
+    """Each seed of the chunk: exactly once for every subscriber, or the loss counted
+    with its reason or reported to it as a gap; nothing held for a neighbour that is back."""
+    failing = {}
+    for seed in range(first, first + CHUNK):
+        verdict = run(draw(seed, presets=("fig2", "paper75") if seed % 10 == 9 else ("fig2",)))
+        assert verdict.expected > 0 or not verdict.scenario.publications
+        if not verdict.passed:
+            failing[seed] = verdict.problems
+    assert failing == {}
+
+
+def _outcome(seed: int) -> tuple[list, dict]:
+    sim, withdrawn = simulate(draw(seed))
+    report = sim.report()
+    report.pop("wall_time")
+    return sorted(sim.ledger.received.items()), {**report, "withdrawn": withdrawn}
+
+
+def test_a_seed_replays_exactly() -> None:
+    """The same seed: the same scenario, the same deliveries, the same report."""
+    assert draw(41) == draw(41) and draw(41) != draw(42)
+    assert _outcome(41) == _outcome(41)
+
+
+def _first_failing(seeds: range) -> int | None:
+    return next((s for s in seeds if not run(draw(s)).passed), None)
+
+
+def test_releasing_no_held_copies_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that never releases the copies it held for a neighbour when the link heals
+    (nor when it serves again): the checker finds copies held for a neighbour that is
+    back, and the shrunk history still fails with fewer faults."""
+    monkeypatch.setattr(Recovery, "release_copies", lambda self, neighbour: [])
+    seed = _first_failing(range(SEEDS))
+    assert seed is not None
+    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
+    verdict = run(draw(seed))
+    assert any("copies for" in p for p in verdict.problems)
+    smaller = shrink(draw(seed))
+    assert not run(smaller).passed
+    assert len(smaller.faults) <= len(draw(seed).faults)
+    print(f"shrunk:\n{smaller.describe()}")
+
+
+def test_a_withdrawal_that_does_not_unquench_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Covering on: a withdrawn covering subscription that does not send the ones it
+    covered in its place leaves their subscribers without what they asked for."""
+    init = ClusteredBroker.__init__
+
+    def broken(self: ClusteredBroker, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)
+        self.unquench = False
+
+    monkeypatch.setattr(ClusteredBroker, "__init__", broken)
+    seed = _first_failing(range(SEEDS))
+    assert seed is not None
+    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
+    assert any("lost without a count" in p for p in run(draw(seed)).problems)
+
+
+def test_a_replay_without_lookback_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscriber whose connection dies asks for a replay from the moment its broker
+    went silent, not ``LOOKBACK`` before: what was in flight then is lost to it."""
+    monkeypatch.setattr("octopis.sim.replaying.replay_after", lambda first, silent: silent)
+    assert replay_after(0.0, 100.0) < 100.0  # the policy's own start is earlier
+    seed = _first_failing(range(SEEDS))
+    assert seed is not None
+    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
+
+
+def test_the_command_runs_a_seed_and_a_sweep(capsys: pytest.CaptureFixture) -> None:
+    assert main(["nemesis", "7"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("seed 7: fig2") and "PASS  expected" in out
+    assert main(["nemesis", "0", "--seeds", "5", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert table["runs"] == table["passed"] == 5 and table["silent"] == 0
+    assert sum(table["faults"].values()) >= 5
+    assert main(["nemesis", "0", "--seeds", "0"]) == 2
+    assert "--seeds and --max-faults must be at least 1" in capsys.readouterr().err
+
+
+def test_the_command_shrinks_a_failing_seed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(Recovery, "release_copies", lambda self, neighbour: [])
+    seed = _first_failing(range(SEEDS))
+    assert seed is not None
+    assert main(["nemesis", str(seed), "--shrink"]) == 1
+    captured = capsys.readouterr()
+    assert "FAIL  expected" in captured.out and "shortest failing history:" in captured.out
+    assert "still holds" in captured.err
+
+
+def test_fault_kinds_are_all_drawn() -> None:
+    kinds = {nemesis.fault_kind(f) for seed in range(40) for f in draw(seed).faults}
+    assert kinds == set(nemesis.FAULT_KINDS)
