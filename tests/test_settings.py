@@ -70,3 +70,24 @@ def test_the_settings_shown_in_the_docs_are_read_as_written() -> None:
     blocks = re.findall(r"```toml\n(.*?)```", page, re.S)
     loaded = [settings_from_data(tomllib.loads(block), "docs/covering.md") for block in blocks]
     assert [(s.covering, s.advertisements) for s in loaded] == [("active", "off"), ("active", "on")]
+
+
+@pytest.mark.parametrize(("sync", "level"), [("normal", 1), ("full", 2)])
+def test_retention_sync_sets_when_a_confirm_is_durable(
+    tmp_path: Path, sync: str, level: int
+) -> None:
+    """``[retention] sync``: ``full`` makes every commit of the retention store an fsync
+    (SQLite's synchronous=FULL, 2), ``normal`` writes the log without it (1); anything
+    else is refused naming the choices."""
+    from octopis.transport.retention import RetentionStore
+
+    path = tmp_path / "s.toml"
+    path.write_text(f'[retention]\nsync = "{sync}"\n')
+    settings = load_settings(path)
+    assert settings.retention_sync == sync
+    store = RetentionStore(tmp_path / "r.sqlite", 1 << 20, 60.0, bytes, settings.retention_sync)
+    assert store.db.execute("PRAGMA synchronous").fetchone()[0] == level
+    store.close()
+    path.write_text('[retention]\nsync = "sometimes"\n')
+    with pytest.raises(ConfigError, match="sync"):
+        load_settings(path)

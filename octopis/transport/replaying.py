@@ -110,6 +110,7 @@ class Replaying:
                 settings.retention_bytes,
                 settings.retention_age,
                 _decode_kept,
+                settings.retention_sync,
             )
             for client, name, data in self.store.durables():
                 r = _decode_record(data)

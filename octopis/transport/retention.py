@@ -71,7 +71,12 @@ class RetentionStore:
         max_bytes: int,
         max_age: float,
         decode: Callable[[bytes], Notification],
+        sync: str = "normal",
     ) -> None:
+        """``sync``: ``normal`` (a commit is safe from a crash of the process) or
+        ``full`` (from a power failure too: fsync per commit)."""
+        if sync not in ("normal", "full"):
+            raise ValueError(f"retention sync must be 'normal' or 'full', not {sync!r}")
         self.path = path
         self.max_bytes = max_bytes
         self.max_age = max_age
@@ -80,7 +85,7 @@ class RetentionStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute(f"PRAGMA synchronous={sync.upper()}")
             self.db.executescript(SCHEMA)
             self.bytes, self.rows = self.db.execute(
                 "SELECT COALESCE(SUM(LENGTH(body)), 0), COUNT(*) FROM kept"

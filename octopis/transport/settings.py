@@ -29,6 +29,9 @@ from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WIN
 from octopis.defaults import CLIENT_TIMEOUT, CUSTODY_LIMIT, PUBLICATION_HOLD, REPLAY_BUDGET
 from octopis.filters import InputLimits
 
+RETENTION_SYNC = ("normal", "full")
+"""``[retention] sync``: SQLite's ``synchronous`` for the retention store."""
+
 SLOW_POLICIES = ("disconnect", "drop_oldest")
 """What a broker does with a client connection whose backlog reaches its limit (DESIGN §8)."""
 
@@ -167,6 +170,12 @@ class BrokerSettings:
     it."""
     retention_age: float = 3600.0
     """Seconds a publication is kept in the retention store; 0 turns retention off."""
+    retention_sync: str = "normal"
+    """When a publication's confirm may leave: ``normal`` once the retention store's
+    transaction is in its write-ahead log (it survives a ``kill -9`` of the broker, not a
+    power failure of the machine: the operating system may not have written it yet);
+    ``full`` once the log is on disk (fsync per commit: survives a power failure, costs a
+    disk flush per input pass)."""
     replay_budget: float = REPLAY_BUDGET
     """Seconds the host of a replay waits for every broker's answer; a neighbour silent
     past its share of it is reported, with what only it reached, as a gap."""
@@ -245,6 +254,7 @@ _CHOICES: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("routing", "covering"): ("covering", COVERING),
     ("routing", "advertisements"): ("advertisements", ("off", "on")),
     ("clients", "slow_policy"): ("slow_policy", SLOW_POLICIES),
+    ("retention", "sync"): ("retention_sync", RETENTION_SYNC),
 }
 """Settings that take one of a few words: (table, key) → (field, the words)."""
 
