@@ -330,3 +330,35 @@ def test_a_gap_filled_late_is_narrowed_then_withdrawn_and_the_application_told()
     assert record["gap"] is None and not sub._awaiting_late
     sub._late_answer(record, {"op": "replay_done", "answered": ["c:0"]})
     assert len(told) == 2  # nothing left to fill: told once per step
+
+
+def test_a_full_disk_refuses_new_publications_and_keeps_what_was_committed(
+    tmp_path: Path,
+) -> None:
+    """The store's file may not grow (SQLite's page limit stands in for a full disk; the
+    process test fills a real tmpfs): the commit that does not fit raises an error that
+    names the file, nothing of it is written, everything committed before is answered as
+    before, new publications are refused for a second, then tried again."""
+    from octopis.transport.retention import REFUSE_FOR, RetentionError
+
+    store = _store(tmp_path)
+    for seq in range(1, 4):
+        n = _notification("P", seq)
+        store.add(n, encode_body(n), 1000.0)
+    store.commit(1000.0)
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    store.db.execute(f"PRAGMA max_page_count = {pages}")
+    for seq in range(4, 200):
+        n = _notification("P", seq, price=float(seq) * 1e6)
+        store.add(n, encode_body(n) + bytes(4000), 1001.0)
+    with pytest.raises(RetentionError, match=r"b\.sqlite cannot store 196 publications: .*full"):
+        store.commit(1001.0)
+    assert store.refusal(1001.5) is not None and "publish again later" in store.refusal(1001.5)
+    assert store.refusal(1001.0 + REFUSE_FOR) is None
+    assert store.stats["retention.refused"] == 196 and store.rows == 3
+    found, gaps = store.answer(Replay("r", "a:0", ("[class,eq,'STOCK']",), (), 0.0, 3.0))
+    assert [n.seq for n in found] == [1, 2, 3] and gaps == []
+    store.db.execute("PRAGMA max_page_count = 1000000")
+    n = _notification("P", 200)
+    store.add(n, encode_body(n), 1003.0)
+    assert store.commit(1003.0) == 1 and store.refused_at is None

@@ -487,6 +487,10 @@ class Broker:
         its confirm can leave), then the node routes it, its copies carrying ``receipt``,
         or holds it while this broker is resyncing; a full hold raises
         :class:`ClientError` (the client gets an error and keeps the publication)."""
+        refusal = self.replaying.refusal()
+        if refusal is not None:
+            self.counters["publications_refused.not_kept"] += 1
+            raise ClientError(refusal)
         body = encode_body(notification)
         self.replaying.kept(notification, body, receipt)
         try:

@@ -579,6 +579,10 @@ class ClientSessions:
 
         def answered() -> None:
             connection.unanswered -= 1
+            if receipt.refusal is not None:
+                refused = {"op": "error", "req": request.req, "message": receipt.refusal}
+                self._send(identity, [pack({**refused, "error": "not_kept"})])
+                return
             self._send(identity, [answer])
 
         receipt = PublishReceipt(answered)

@@ -54,11 +54,19 @@ class PublishReceipt:
     neighbours hold it (custody, retain), so the host may die without losing it
     (DESIGN §7). A frame carrying one is ``[sender, body, KEPT, receipt]``."""
 
-    __slots__ = ("_answer", "copies")
+    __slots__ = ("_answer", "copies", "refusal")
 
     def __init__(self, answer: Callable[[], None]) -> None:
         self.copies = 0
         self._answer = answer
+        self.refusal: str | None = None
+        """Why the publication could not be kept as promised (the answer is an error)."""
+
+    def refuse(self, reason: str) -> None:
+        """The retention store could not keep the publication: answered with ``reason``
+        (its copies still travel; the publisher is told it is not kept for replay)."""
+        self.refusal = reason
+        self.held()
 
     def held(self) -> None:
         """One copy is in a neighbour's custody (or gone for good, counted elsewhere)."""

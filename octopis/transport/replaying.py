@@ -37,6 +37,7 @@ from octopis.core.replay import (
     ReplayRounds,
     Targets,
 )
+from octopis.logs import RateLimitedLog
 from octopis.transport.codec import decode_body, encode_body
 from octopis.transport.links import PublishReceipt
 from octopis.transport.retention import RetentionError, RetentionStore, StoreAnswer
@@ -95,6 +96,7 @@ class Replaying:
     ) -> None:
         self.id = broker_id
         self.settings = settings
+        self._warn = RateLimitedLog(log, settings.log_interval)
         self.rounds = ReplayRounds(broker_id, targets, settings.replay_rounds)
         self.durables = Durables(broker_id, settings.durable_keep, settings.durable_max)
         self._queued, self._withdraw = queued, withdraw
@@ -163,10 +165,21 @@ class Replaying:
             self._commit_timer = None
         if self.store is None or not self.store.pending:
             return
-        self.store.commit(time.time())
         receipts, self._receipts = self._receipts, []
+        try:
+            self.store.commit(time.time())
+        except RetentionError as exc:
+            self._warn.warning("retention", "%s: %s", self.id, exc)
+            for receipt in receipts:
+                receipt.refuse(str(exc))
+            return
         for receipt in receipts:
             receipt.held()
+
+    def refusal(self) -> str | None:
+        """Why a local publication is refused now (the store's disk refused a commit
+        moments ago), or None."""
+        return self.store.refusal(time.time()) if self.store is not None else None
 
     def start(
         self,

@@ -50,6 +50,9 @@ CREATE TABLE IF NOT EXISTS trimmed (
 """
 
 
+REFUSE_FOR = 1.0
+"""Seconds new publications are refused after the disk refused a commit."""
+
 CLOCK_SLACK = 60.0
 """Seconds a publisher's clock may run ahead of its broker's: the store finds rows by the
 broker's time of storing, a replay asks by the publisher's time of publishing."""
@@ -94,7 +97,10 @@ class RetentionStore:
             raise RetentionError(f"cannot open the retention store {path}: {exc}") from None
         self.pending: list[tuple[str, int, int, float, float, bytes]] = []
         self._age_checked = -float("inf")
+        self.refused_at: float | None = None
+        """When the disk last refused a commit (None: the last one went through)."""
         self.stats: dict[str, int] = {
+            "retention.refused": 0,
             "retention.stored": 0,
             "retention.trimmed": 0,
             "retention.commits": 0,
@@ -107,12 +113,22 @@ class RetentionStore:
 
     def commit(self, now: float) -> int:
         """Write what :meth:`add` queued in one transaction, then trim to the bounds;
-        returns how many were written."""
+        returns how many were written. :class:`RetentionError` if the disk refuses (full,
+        or failing): none of them is written, what was committed before stays, and
+        :attr:`refused_at` says when (publications are refused for a while)."""
         rows, self.pending = self.pending, []
         if rows:
-            with self.db:
-                self.db.execute("BEGIN")
-                self.db.executemany("INSERT INTO kept VALUES (?, ?, ?, ?, ?, ?)", rows)
+            try:
+                with self.db:
+                    self.db.execute("BEGIN")
+                    self.db.executemany("INSERT INTO kept VALUES (?, ?, ?, ?, ?, ?)", rows)
+            except sqlite3.Error as exc:
+                self.refused_at = now
+                self.stats["retention.refused"] += len(rows)
+                raise RetentionError(
+                    f"the retention store {self.path} cannot store {len(rows)} publications: {exc}"
+                ) from None
+            self.refused_at = None
             self.rows += len(rows)
             self.bytes += sum(len(r[5]) for r in rows)
             self.stats["retention.stored"] += len(rows)
@@ -120,6 +136,16 @@ class RetentionStore:
         if self.bytes > self.max_bytes or (now >= self._age_checked + 1.0 and self._aged(now)):
             self.trim(now)
         return len(rows)
+
+    def refusal(self, now: float) -> str | None:
+        """Why a new publication is refused now: within :data:`REFUSE_FOR` seconds of a
+        commit the disk refused (after that the next one tries again); None: accepted."""
+        if self.refused_at is None or now - self.refused_at >= REFUSE_FOR:
+            return None
+        return (
+            f"the retention store {self.path.name} cannot store publications (its disk "
+            f"refused a commit {now - self.refused_at:.1f} s ago); publish again later"
+        )
 
     def _aged(self, now: float) -> bool:
         """Whether the oldest row is past ``max_age`` (asked at most once a second)."""
