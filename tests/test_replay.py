@@ -4,19 +4,24 @@ the host hears when all have, a dead or silent part is reported), and the retent
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 import textwrap
-from collections import deque
+import time
+from collections import Counter, deque
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import pytest
+from conditions import closing_control
 from hypothesis import given
 from hypothesis import strategies as st
 from laws import scots
 
+from octopis.cluster.launcher import LocalCluster
 from octopis.core import make_broker
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
@@ -35,6 +40,7 @@ from octopis.topology import Scot, build_preset
 from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
 from octopis.transport.replaying import _decode_kept
 from octopis.transport.retention import RetentionStore
+from octopis.transport.settings import BrokerSettings
 from octopis.wire import REPLAY, REPLAY_ECHO, pack
 
 FIG2 = build_preset("fig2")
@@ -362,3 +368,83 @@ def test_a_full_disk_refuses_new_publications_and_keeps_what_was_committed(
     n = _notification("P", 200)
     store.add(n, encode_body(n), 1003.0)
     assert store.commit(1003.0) == 1 and store.refused_at is None
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+def test_a_broker_whose_disk_fills_refuses_by_name_and_loses_nothing_confirmed(
+    line_of: Callable[[BrokerSettings], LocalCluster], tmp_path: Path
+) -> None:
+    """The line a:0 – b:0 – c:0 with its data directory on a 1 MB tmpfs (a ballast file
+    takes a third of it): a publisher at a:0 publishes large quotes until a publish is
+    answered with a named refusal (the retention store cannot store). A subscriber at
+    c:0 gets every confirmed one exactly once; a:0 keeps serving: once the ballast is
+    deleted, it accepts publications again and they arrive; a historic subscription at
+    a:0 answers every confirmed publication, none twice."""
+    data = tmp_path / "data"
+    data.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(data)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    (data / "ballast").write_bytes(bytes(340_000))
+    try:
+        cluster = line_of(BrokerSettings())
+        scot = cluster.scot
+        a, c = (scot.brokers[b].client_endpoint for b in ("a:0", "c:0"))
+        outcome = asyncio.run(closing_control(cluster, _fill_the_disk(cluster, a, c, data)))
+    finally:
+        cluster.stop()
+        subprocess.run(["umount", "-l", str(data)], check=False)
+    confirmed, refusal, got, far, history = outcome
+    print(f"{len(confirmed)} confirmed before the refusal: {refusal}")
+    assert len(confirmed) > 50
+    assert "a:0.retention.sqlite" in refusal and "full" in refusal
+    assert {seq for seq, n in got.items() if n > 1} == set()
+    assert set(confirmed) <= set(got)
+    assert far == 1
+    assert sorted(history) == sorted(set(history)) and set(confirmed) <= set(history)
+
+
+async def _fill_the_disk(
+    cluster: LocalCluster, a: str, c: str, data: Path
+) -> tuple[list[int], str, Counter[int], int, list[int]]:
+    from octopis.client import BrokerError, Publisher, Subscriber
+
+    await cluster.wait_ready(60)
+    sub = await Subscriber.connect(c, "watcher")
+    stream = await sub.subscribe("[class,eq,'Q']")
+    far = await sub.subscribe("[class,eq,'FAR']")
+    pub = await Publisher.connect(a, "filler")
+    padding = "x" * 900
+    confirmed: list[int] = []
+    refusal = ""
+    for i in range(1, 5000):
+        try:
+            await pub.publish({"class": "Q", "i": i, "pad": padding})
+        except BrokerError as exc:
+            refusal = str(exc)
+            break
+        confirmed.append(i)
+    (data / "ballast").unlink()
+    other = await Publisher.connect(a, "other")
+    for _ in range(50):  # refused for a second after the disk refused, then tried again
+        try:
+            await other.publish({"class": "FAR", "n": 1})
+            break
+        except BrokerError:
+            await asyncio.sleep(0.2)
+    far_got = [(await far.get(timeout=10)).seq]
+    got: Counter[int] = Counter()
+    while True:
+        try:
+            got[(await stream.get(timeout=3)).seq] += 1
+        except TimeoutError:
+            break
+    historian = await Subscriber.connect(a, "historian")
+    past = await historian.subscribe("[class,eq,'Q']", since="all", until=time.time())
+    history = [n.seq async for n in past]
+    for client in (historian, other, pub, sub):
+        await client.close()
+    return confirmed, refusal, got, len(far_got), history

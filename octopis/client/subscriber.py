@@ -73,6 +73,12 @@ class SubscriptionStream:
         complete, and if not, what is missing)."""
         self.queue: asyncio.Queue[tuple[Received | Exception, int]] = asyncio.Queue()
 
+    def matches(self, publication: Publication) -> bool:
+        """Whether a delivery of ``publication`` is this stream's: its subscriber may hold
+        several subscriptions, and the broker delivers a publication once per client."""
+        subscription = self.subscription
+        return not isinstance(subscription, Subscription) or subscription.matches(publication)
+
     def offer(self, received: Received, size: int) -> None:
         """Queue a delivery of ``size`` encoded bytes (held until taken)."""
         self.queue.put_nowait((received, size))
@@ -889,8 +895,9 @@ class Subscriber(NamedClient):
                 for durable in set(self._durable_of.values()):
                     self.took(durable, received)
             return
-        for stream in self._streams.values():
-            if not isinstance(stream, CompositeStream):
+        publication = received.publication
+        for stream in self._streams.values():  # a delivery for this client: to the streams
+            if not isinstance(stream, CompositeStream) and stream.matches(publication):
                 stream.offer(received, size)
 
     def _dropped(self, reason: str) -> None:
