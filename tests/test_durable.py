@@ -28,7 +28,7 @@ from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core.durable import LOOKBACK, DurableError, Durables
 from octopis.core.messages import Notification
 from octopis.core.replay import Replay
-from octopis.filters import Publication, parse_subscription
+from octopis.filters.language import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.transport.codec import encode_body
 from octopis.transport.replaying import _decode_kept

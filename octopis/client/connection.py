@@ -22,7 +22,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from octopis.filters import Publication
+from octopis.filters.language import Publication
 from octopis.keys import DEFAULT_CLIENT, KeyPair, Keys, connect_securely
 from octopis.logs import RateLimitedLog
 from octopis.overlay import KeysChoice, Overlay, is_endpoint

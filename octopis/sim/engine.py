@@ -64,7 +64,7 @@ from octopis.core.recovery import HOLD_LIMIT, Recovery
 from octopis.core.replay import ReplayData, ReplayEcho
 from octopis.core.table import MatcherFactory
 from octopis.failure_schedule import Failure
-from octopis.filters import Publication, Subscription
+from octopis.filters.language import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureEvents, FailureState
 from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover

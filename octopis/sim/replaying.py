@@ -37,7 +37,7 @@ from octopis.core.replay import (
     ReplayRounds,
     sbp_targets,
 )
-from octopis.filters import Subscription, parse_subscription
+from octopis.filters.language import Subscription, parse_subscription
 
 CLIENT_LIVENESS = 1.5
 """Seconds of its host's silence after which a subscriber fails over (the SDK's default

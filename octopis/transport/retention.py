@@ -22,7 +22,7 @@ from pathlib import Path
 
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
-from octopis.filters import FilterError, parse_subscription
+from octopis.filters.language import FilterError, parse_subscription
 from octopis.matching import Matcher
 
 SCHEMA = """

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from octopis.core import COVERING, DEFAULT_COVERING
-from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
-from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
-from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
-from octopis.filters import InputLimits
+from octopis.core.dedup import DEFAULT_DEDUP_PUBLISHERS, DEFAULT_DEDUP_WINDOW
+from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
+from octopis.filters.limits import InputLimits
 
 SLOW_POLICIES = ("disconnect", "drop_oldest")
 """What a broker does with a client connection whose backlog reaches its limit (DESIGN §8)."""
@@ -40,7 +39,7 @@ class ConfigError(ValueError):
 class BrokerSettings:
     """Everything a broker process can be tuned with."""
 
-    window: float = DEFAULT_WINDOW
+    window: float = DEFAULT_LST_WINDOW
     """Δt of the Link Status Table, seconds: each link's congestion element CE = n_in /
     n_out is taken over windows this long (paper §6.3)."""
     queue_threshold: int = DEFAULT_QUEUE_THRESHOLD
