@@ -16,6 +16,8 @@ hold, and tells what a restarted neighbour is handed (DESIGN §7).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from octopis.core.advertising import AdvertEntry, Advertising
 from octopis.core.cluster_links import SBP_PRIMARY, SBP_SECONDARY, ClusterLinks
 from octopis.core.covering import Covering
@@ -37,11 +39,12 @@ from octopis.filters.language import Subscription
 NO_LINKS: frozenset[str] = frozenset()
 
 
-class Travel:
-    """The rules every way shares, and what a way without advertisements answers to
-    them. ``already_held``: the count of a subscription a neighbour passes on again
-    (a restart, a link back) that is ignored; None, stored again. ``not_held``: the
-    count of a withdrawal of one not held that is ignored; None, a protocol error."""
+class Travel(ABC):
+    """What every way answers to, the rules they share, and what a way without
+    advertisements answers to them. ``already_held``: the count of a subscription a
+    neighbour passes on again (a restart, a link back) that is ignored; None, stored
+    again. ``not_held``: the count of a withdrawal of one not held that is ignored;
+    None, a protocol error."""
 
     not_adopted: tuple[str, str] | None = None
     """Why a subscription cannot move inside the cluster by ``adopt`` under this way: its
@@ -60,16 +63,23 @@ class Travel:
         """With covering, whether a withdrawal sends the subscriptions it covered in its
         place; only the law showing that it must is allowed to turn it off."""
 
+    @abstractmethod
     def pass_on(
         self, message: Subscribe, origin: str | None, restored: bool = False
     ) -> list[Action]:
         """SBP's two steps for ``message`` (stored), come over ``origin`` (None: a local
         subscriber). ``restored``: a resync share entry of this broker's cluster."""
-        raise NotImplementedError
 
+    @abstractmethod
     def withdraw(self, message: Unsubscribe, src: str) -> list[Action]:
         """The withdrawal of an entry of this broker's cluster (removed) from ``src``."""
-        return self.sbp_withdrawal(message, src)
+
+    @abstractmethod
+    def share(
+        self, restarted: str, carried: set[str] | frozenset[str], handed: bool
+    ) -> list[Subscribe]:
+        """The SECONDARY messages handed to restarted neighbour ``restarted``, less those
+        in ``carried`` (see :func:`octopis.core.resync.resync_messages`)."""
 
     def sbp_withdrawal(self, message: Unsubscribe, src: str) -> list[Action]:
         """The withdrawal by SBP's two steps: a SECONDARY one stops here."""
@@ -80,7 +90,9 @@ class Travel:
         return out
 
     def set_links(self, links: frozenset[str]) -> None:
-        """The broker's links from now on (a topology version)."""
+        """The broker's links from now on (a topology version); a way that keeps
+        nothing per link has nothing to change."""
+        return
 
     def refresh(self, link: str) -> list[Action]:
         """What to send again over ``link``, back after a cut."""
@@ -100,22 +112,6 @@ class Travel:
                 f"between the hosts {between}); subscribe afresh here and withdraw it at the "
                 "old host"
             )
-
-    def share(
-        self, restarted: str, carried: set[str] | frozenset[str], handed: bool
-    ) -> list[Subscribe]:
-        """The SECONDARY messages handed to restarted neighbour ``restarted``, less those
-        in ``carried`` (see :func:`octopis.core.resync.resync_messages`)."""
-        broker = self.broker
-        if broker.cluster_of[restarted] == broker.cluster:
-            chosen = [
-                e
-                for e in broker.table.entries.values()
-                if e.cluster == broker.cluster and e.last_hop != restarted
-            ]
-        else:
-            chosen = [e for e in broker.table.entries.values() if e.cluster == broker.cluster]
-        return _share_messages(chosen, carried)
 
     # -- advertisements: none in this way ------------------------------------------------
 
@@ -153,7 +149,9 @@ class Travel:
         return []
 
     def check_advertised(self, publisher: str, publication: dict) -> None:
-        """Raise :class:`UnadvertisedPublication` unless ``publication`` may be published."""
+        """Raise :class:`UnadvertisedPublication` unless ``publication`` may be published
+        (without advertisements, every publication may)."""
+        return
 
     def advertisement_share(self, restarted: str) -> list[Advertise]:
         """The advertisements handed to restarted neighbour ``restarted``."""
@@ -203,6 +201,25 @@ class Flood(Travel):
         out = broker.two_steps(message.onward(SBP_PRIMARY), message.onward(SBP_SECONDARY), origin)
         broker.stats["sent.subscribe"] += len(out)
         return out
+
+    def withdraw(self, message: Unsubscribe, src: str) -> list[Action]:
+        return self.sbp_withdrawal(message, src)
+
+    def share(
+        self, restarted: str, carried: set[str] | frozenset[str], handed: bool
+    ) -> list[Subscribe]:
+        """To a primary neighbour, this cluster's entries not from it; to a secondary
+        one, this cluster's entries."""
+        broker = self.broker
+        if broker.cluster_of[restarted] == broker.cluster:
+            chosen = [
+                e
+                for e in broker.table.entries.values()
+                if e.cluster == broker.cluster and e.last_hop != restarted
+            ]
+        else:
+            chosen = [e for e in broker.table.entries.values() if e.cluster == broker.cluster]
+        return _share_messages(chosen, carried)
 
 
 class Covered(Travel):
