@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.covering import bands, matching_times, row_cells, stock
 from bench.profiles import REPO
-from octopis.filters import Predicate, Subscription
+from octopis.filters.language import Predicate, Subscription
 from octopis.sim import LatencyModel, Simulator
 from octopis.topology import Scot, build_preset
 from octopis.workload import Workload

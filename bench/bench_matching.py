@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import msgpack
 import pytest
 
-from octopis.filters import Publication, Subscription, parse_subscription
+from octopis.filters.language import Publication, Subscription, parse_subscription
 from octopis.matching import Matcher, ReferenceMatcher
 from octopis.quotes import (
     enrich,

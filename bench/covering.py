@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.profiles import PROFILES, REPO, build_workload, subset
-from octopis.core.clustered import LOCAL, PRIMARY, SECONDARY, ClusteredBroker
-from octopis.core.table import RoutingTable
-from octopis.filters import Publication
+from octopis.core.cluster_links import PRIMARY_PART, SECONDARY_PART
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.table import LOCAL_PART, RoutingTable
+from octopis.filters.language import Publication
 from octopis.matching import Matcher
 from octopis.shapes import uniform_bands
 from octopis.sim import LatencyModel, Simulator
@@ -139,10 +140,10 @@ def compiled(core: ClusteredBroker) -> RoutingTable:
 
     def part_of(entry: Any) -> str:
         if entry.local:
-            return LOCAL
-        return PRIMARY if entry.cluster == core.cluster else SECONDARY
+            return LOCAL_PART
+        return PRIMARY_PART if entry.cluster == core.cluster else SECONDARY_PART
 
-    table = RoutingTable((LOCAL, PRIMARY, SECONDARY), Matcher, part_of)
+    table = RoutingTable((LOCAL_PART, PRIMARY_PART, SECONDARY_PART), Matcher, part_of)
     for entry in core.table.entries.values():
         table.add(entry)
     return table
@@ -157,15 +158,15 @@ def matching_times(
     tables = {c: {b: compiled(core) for b, core in sim.cores.items()} for c, sim in sims.items()}  # type: ignore[arg-type]
     for by_broker in tables.values():  # the compiled index is built at the first match
         for table in by_broker.values():
-            for part in (LOCAL, PRIMARY, SECONDARY):
+            for part in (LOCAL_PART, PRIMARY_PART, SECONDARY_PART):
                 table.values(part, publications[0])
     best: dict[tuple[str, str, str], float] = {}
     for r in range(rounds):
         for covering in sims if r % 2 == 0 else reversed(list(sims)):
             for broker, table in tables[covering].items():
                 for hop, parts in (
-                    ("transit", (LOCAL, PRIMARY)),
-                    ("host", (LOCAL, PRIMARY, SECONDARY)),
+                    ("transit", (LOCAL_PART, PRIMARY_PART)),
+                    ("host", (LOCAL_PART, PRIMARY_PART, SECONDARY_PART)),
                 ):
                     started = time.perf_counter()
                     for publication in publications:

@@ -68,7 +68,7 @@ import psutil
 from octopis.accounting import DeliveryLedger, distribution
 from octopis.client import Connection, ConnectionGroup, Publisher, Received, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
-from octopis.filters import Predicate, Publication, Subscription
+from octopis.filters.language import Predicate, Publication, Subscription
 from octopis.quotes import quotes_dir
 from octopis.topology import Scot, build_preset, build_scot
 from octopis.transport.settings import BrokerSettings

@@ -115,7 +115,7 @@ def markdown_of_docstring(text: str) -> str:
 
 def settings_page() -> str:
     """Every ``[table] key`` a settings file may hold, with its default and meaning."""
-    from octopis.filters import InputLimits
+    from octopis.filters.limits import InputLimits
     from octopis.transport import settings
 
     defaults = settings.BrokerSettings()

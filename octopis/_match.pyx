@@ -64,7 +64,7 @@ from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from octopis.filters import Subscription
+from octopis.filters.language import Subscription
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(object, Py_ssize_t)

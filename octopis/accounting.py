@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from octopis.filters import Publication, Subscription
+from octopis.filters.language import Publication, Subscription
 
 DeliveryKey = tuple[str, str, int]
 """``(subscriber, publisher, seq)``."""

@@ -101,7 +101,8 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from itertools import combinations
 
 from octopis._match import MATCH_BUCKETS, MatchClock, Matcher, check_entry
-from octopis.filters import CoverForm, Subscription, cover_form
+from octopis.filters.covering import CoverForm, cover_form
+from octopis.filters.language import Subscription
 
 __all__ = ["MATCH_BUCKETS", "CoverIndex", "MatchClock", "Matcher", "ReferenceMatcher"]
 
@@ -221,7 +222,7 @@ def _place(entry: tuple) -> tuple[float, int]:
 
 
 class CoverIndex:
-    """Subscriptions filed for covering queries (:func:`octopis.filters.covers`): which
+    """Subscriptions filed for covering queries (:func:`octopis.filters.covering.covers`): which
     stored ones cover a given subscription (:meth:`covering`), which it covers
     (:meth:`covered`), without testing every stored one.
 
@@ -248,7 +249,7 @@ class CoverIndex:
         self._serial = 0
 
     def add(self, key: Hashable, subscription: Subscription | CoverForm) -> CoverForm:
-        """File ``subscription`` under ``key`` (its :func:`~octopis.filters.cover_form`
+        """File ``subscription`` under ``key`` (its :func:`~octopis.filters.covering.cover_form`
         unless given as a form) and return its form; a key already present raises
         KeyError."""
         if key in self._forms:

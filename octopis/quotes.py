@@ -16,7 +16,13 @@ from collections.abc import Iterator, Sequence
 from datetime import date, timedelta
 from pathlib import Path
 
-from octopis.filters import FilterError, Predicate, Publication, Subscription, parse_publication
+from octopis.filters.language import (
+    FilterError,
+    Predicate,
+    Publication,
+    Subscription,
+    parse_publication,
+)
 from octopis.matching import Matcher
 
 STOCK_ATTRIBUTES = (

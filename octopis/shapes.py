@@ -30,7 +30,7 @@ import itertools
 import random
 from collections.abc import Callable, Sequence
 
-from octopis.filters import Predicate, Publication, Subscription
+from octopis.filters.language import Predicate, Publication, Subscription
 
 PUBLICATIONS = 4096
 """Publications each shape returns."""

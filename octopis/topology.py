@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 ACOL = "aCOL"
 ICOL = "iCOL"
-PRIMARY = "primary"
-SECONDARY = "secondary"
+PRIMARY_ROLE = "primary"
+SECONDARY_ROLE = "secondary"
 INNER = "inner"
 EDGE = "edge"
 
@@ -97,12 +97,12 @@ class Broker:
     @property
     def primary_neighbours(self) -> tuple[str, ...]:
         """Neighbours in the same cluster, reached over aCOLs."""
-        return tuple(n.id for n in self.neighbours if n.role == PRIMARY)
+        return tuple(n.id for n in self.neighbours if n.role == PRIMARY_ROLE)
 
     @property
     def secondary_neighbours(self) -> tuple[str, ...]:
         """Neighbours in the same region, reached over iCOLs."""
-        return tuple(n.id for n in self.neighbours if n.role == SECONDARY)
+        return tuple(n.id for n in self.neighbours if n.role == SECONDARY_ROLE)
 
 
 @dataclass(frozen=True)
@@ -465,7 +465,7 @@ def _label_scot(
     region_type = {x: INNER if len(near[x]) >= 2 else EDGE for x in tree.vertices}
 
     def neighbour(region: str, cluster: int, link: str) -> Neighbour:
-        role = PRIMARY if link == ACOL else SECONDARY
+        role = PRIMARY_ROLE if link == ACOL else SECONDARY_ROLE
         nid = broker_id(region, cluster)
         return Neighbour(nid, link, role, region_type[region], cluster, region)
 

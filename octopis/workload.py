@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from octopis.filters import (
+from octopis.filters.language import (
     FilterError,
     Publication,
     Subscription,
@@ -350,7 +350,7 @@ class HighRatePublisher:
         self, scot: Scot, rng: random.Random, *, first: int, audience: int, seed: int
     ) -> tuple[list[SubscriptionEvent], list[PublicationEvent]]:
         """The HRP's followers and publications."""
-        from octopis.filters import parse_subscription
+        from octopis.filters.language import parse_subscription
         from octopis.quotes import random_quotes
 
         home = rng.choice(list(scot.brokers))

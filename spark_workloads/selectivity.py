@@ -4,7 +4,7 @@ A subscription's selectivity is the fraction of the publications it matches (pap
 2%). The matching is the brokers' own: each Spark task loads every subscription into the
 compiled :class:`octopis.matching.Matcher` once and matches its partition of the
 publications (Arrow batches, ``mapInArrow``), so the measured selectivity and the routed
-deliveries obey one definition, :meth:`octopis.filters.Subscription.matches`. Tasks return
+deliveries obey one definition, :meth:`octopis.filters.language.Subscription.matches`. Tasks return
 their per-subscription counts, which Spark sums.
 """
 
@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from octopis.filters import Subscription
+from octopis.filters.language import Subscription
 
 _COUNTS = "sid long, matches long"
 
@@ -39,7 +39,7 @@ def count_matches(
     names = attributes.names
 
     def count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from octopis.filters import parse_subscription
+        from octopis.filters.language import parse_subscription
         from octopis.matching import Matcher
 
         matcher = Matcher()

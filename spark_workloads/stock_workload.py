@@ -65,7 +65,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from octopis.filters import Subscription, parse_subscription
+from octopis.filters.language import Subscription, parse_subscription
 from octopis.quotes import STOCK_ATTRIBUTES, stock_subscriptions
 from octopis.topology import Scot, TopologyError, load_topology
 from octopis.workload import (
@@ -355,7 +355,7 @@ def _quoted(text: str) -> str:
 
 
 def _publication_texts(columns: dict[str, list[Any]]) -> list[str]:
-    """The PADRES text of each row, exactly as :func:`octopis.filters.format_publication`
+    """The PADRES text of each row, exactly as :func:`octopis.filters.language.format_publication`
     writes the dict with the 10 attributes in :data:`STOCK_ATTRIBUTES` order."""
     strings = {a: [_quoted(v) for v in columns[a]] for a in _STRING_ATTRIBUTES}
     parts = [

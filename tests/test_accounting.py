@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from octopis.accounting import DeliveryLedger, delivery_series
-from octopis.filters import parse_publication, parse_subscription
+from octopis.filters.language import parse_publication, parse_subscription
 
 
 def test_ledger_counts_expected_delivered_duplicated_lost_and_unexpected() -> None:

@@ -28,7 +28,8 @@ from octopis.cluster.launcher import LocalCluster
 from octopis.core import ProtocolError, UnadvertisedPublication, make_broker, recovery
 from octopis.core.clustered import ClusteredBroker
 from octopis.failure_schedule import Failure
-from octopis.filters import Subscription, intersects, parse_publication, parse_subscription
+from octopis.filters.covering import intersects
+from octopis.filters.language import Subscription, parse_publication, parse_subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import Scot, build_preset

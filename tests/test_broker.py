@@ -20,7 +20,7 @@ from conditions import until
 
 from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
-from octopis.filters import parse_subscription
+from octopis.filters.language import parse_subscription
 from octopis.topology import Scot, build_preset
 from octopis.transport.broker import Broker, BrokerFailure
 from octopis.transport.codec import Heartbeat, Hello, encode_body, encode_peer

@@ -39,7 +39,7 @@ from octopis.client import (
 from octopis.client.subscriber import SubscriptionStream
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.core import Notification
-from octopis.filters import as_subscription
+from octopis.filters.language import as_subscription
 from octopis.keys import KEYS_ENV
 from octopis.overlay import STATE_FILE
 from octopis.topology import build_preset

@@ -29,7 +29,7 @@ from octopis.cluster.launcher import LocalCluster, broker_command, prepare_topol
 from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.core import Notification
 from octopis.failure_schedule import Failure
-from octopis.filters import parse_subscription
+from octopis.filters.language import parse_subscription
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import encode_peer
 from octopis.transport.settings import BrokerSettings

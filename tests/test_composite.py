@@ -29,19 +29,17 @@ from octopis.client.composite import CompositeNotification
 from octopis.client.subscriber import CompositeStream, SubscriptionStream
 from octopis.cluster.launcher import LocalCluster
 from octopis.core.composite import CompositeJoin
-from octopis.filters import (
+from octopis.filters.composite import (
     Binding,
     Composite,
-    FilterError,
     Join,
     Part,
-    Predicate,
     Var,
     as_filter,
     composite_from_dict,
     parse_composite,
-    parse_subscription,
 )
+from octopis.filters.language import FilterError, Predicate, parse_subscription
 from octopis.keys import KEYS_ENV
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.transport.settings import BrokerSettings, settings_from_data

@@ -21,7 +21,7 @@ from octopis.core import (
 from octopis.core._records import new_pair
 from octopis.core.lst import LinkStatusTable, congestion_element
 from octopis.core.messages import forward_copy
-from octopis.filters import parse_publication, parse_subscription
+from octopis.filters.language import parse_publication, parse_subscription
 from octopis.sim import FreeLinks, InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import build_preset
 from octopis.transport.codec import decode_peer, encode_peer

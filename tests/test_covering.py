@@ -1,4 +1,4 @@
-"""Covering (``octopis.filters.covers``) and its index (``octopis.matching.CoverIndex``):
+"""Covering (``octopis.filters.covering.covers``) and its index (``octopis.matching.CoverIndex``):
 ``covers(a, b)`` must imply that every publication matching ``b`` matches ``a`` (the
 reference semantics decide), it must recognise the cases routing relies on, and the
 index must find what a scan with ``covers`` finds."""
@@ -13,13 +13,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from octopis.filters import (
+from octopis.filters.covering import CoverForm, covers
+from octopis.filters.language import (
     NUMERIC_OPERATORS,
     STRING_OPERATORS,
-    CoverForm,
     Predicate,
     Subscription,
-    covers,
     parse_subscription,
 )
 from octopis.matching import CoverIndex, ReferenceMatcher

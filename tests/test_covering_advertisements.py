@@ -20,7 +20,7 @@ from test_covering_laws import _subscription_text, churn_ops
 
 from octopis.core.clustered import ClusteredBroker
 from octopis.failure_schedule import Failure
-from octopis.filters import parse_publication, parse_subscription
+from octopis.filters.language import parse_publication, parse_subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import Simulator
 from octopis.topology import Scot, build_preset

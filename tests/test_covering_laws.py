@@ -18,7 +18,8 @@ from test_sim import _changed
 
 from octopis.core import ProtocolError, Subscribe, make_broker
 from octopis.failure_schedule import Failure
-from octopis.filters import covers, parse_publication, parse_subscription
+from octopis.filters.covering import covers
+from octopis.filters.language import parse_publication, parse_subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import Scot, build_preset

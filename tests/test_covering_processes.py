@@ -27,7 +27,7 @@ from test_cluster import (
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.failure_schedule import Failure
-from octopis.filters import parse_subscription
+from octopis.filters.language import parse_subscription
 from octopis.transport.settings import BrokerSettings
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]

@@ -29,7 +29,7 @@ from octopis.core.durable import DurableError, Durables
 from octopis.core.messages import Notification
 from octopis.core.replay import Replay
 from octopis.defaults import LOOKBACK
-from octopis.filters import Publication, parse_subscription
+from octopis.filters.language import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.transport.codec import encode_body
 from octopis.transport.replaying import _decode_kept

@@ -17,7 +17,7 @@ from laws import scots
 from octopis.cli.main import main
 from octopis.core import DEFAULT_COVERING
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
-from octopis.filters import Predicate, Subscription
+from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import LatencyModel, Simulator
 from octopis.topology import Scot, build_preset, build_scot, complete_factor

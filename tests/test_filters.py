@@ -9,12 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octopis.filters import (
-    MAX_INTEGER,
+from octopis.filters.language import (
     NUMERIC_OPERATORS,
     STRING_OPERATORS,
     FilterError,
-    InputLimits,
     Predicate,
     Subscription,
     _parse_publication_text,
@@ -22,10 +20,10 @@ from octopis.filters import (
     format_publication,
     parse_publication,
     parse_subscription,
-    set_limits,
     subscription_from_dict,
     validate_publication,
 )
+from octopis.filters.limits import MAX_INTEGER, InputLimits, set_limits
 
 QUOTE = "[class,'STOCK'],[symbol,'AAPL'],[open,63.30],[high,64.25],[low,62.05],[close,64.18],[volume,10924200],[date,'28-Dec-04']\r\n"  # noqa: E501
 

@@ -27,7 +27,7 @@ from conditions import accounting, closing_control, until
 from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import Notification, Subscribe, SubState, Unsubscribe
-from octopis.filters import parse_subscription
+from octopis.filters.language import parse_subscription
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
 from octopis.transport.settings import BrokerSettings
 

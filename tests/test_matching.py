@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, rule
 
-from octopis.filters import (
+from octopis.filters.language import (
     NUMERIC_OPERATORS,
     STRING_OPERATORS,
     Predicate,

@@ -25,7 +25,7 @@ from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp, rea
 from octopis.core.replay import Replay, ReplayData
 from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
 from octopis.failure_schedule import Failure
-from octopis.filters import Predicate, Subscription
+from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import LatencyModel, Simulator
 from octopis.topology import build_preset

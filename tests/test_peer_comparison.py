@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.peers import ACTIVEMQ_HOME, jms_selector, main, stomp_headers
-from octopis.filters import parse_subscription
+from octopis.filters.language import parse_subscription
 
 
 def test_a_subscription_becomes_the_selector_of_the_same_conjunction() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from octopis.filters import FilterError, Subscription
+from octopis.filters.language import FilterError, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.quotes import (
     DEFAULT_QUOTES_DIR,

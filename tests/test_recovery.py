@@ -13,7 +13,7 @@ from octopis.core.clustered import ClusteredBroker
 from octopis.core.messages import Subscribe
 from octopis.core.recovery import Recovery
 from octopis.failure_schedule import Failure
-from octopis.filters import Predicate, Subscription
+from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import LatencyModel, Simulator
 from octopis.topology import build_preset, build_scot

@@ -22,7 +22,7 @@ from conditions import closing_control, until
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core import Notification
-from octopis.filters import parse_publication
+from octopis.filters.language import parse_publication
 from octopis.keys import KEYS_ENV, KeyPair, Keys, connect_securely
 from octopis.transport.codec import Hello, encode_peer
 from octopis.transport.settings import BrokerSettings

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from octopis.filters import InputLimits
+from octopis.filters.limits import InputLimits
 from octopis.transport.settings import (
     BrokerSettings,
     ConfigError,

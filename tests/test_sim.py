@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from laws import scots
 
 from octopis.core import Notification, Subscribe
-from octopis.filters import Predicate, Subscription
+from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import InjectedCongestion, LatencyModel, Simulator, TimedLinks
 from octopis.sim.service import ServiceModel

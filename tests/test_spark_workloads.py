@@ -27,7 +27,7 @@ if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
 from octopis.cluster.launcher import find_free_base_port
-from octopis.filters import format_publication, parse_subscription
+from octopis.filters.language import format_publication, parse_subscription
 from octopis.quotes import STOCK_ATTRIBUTES, enrich, measure_selectivity, random_quotes
 from octopis.topology import build_preset
 from octopis.workload import PUBLICATION_SCHEMA, SUBSCRIPTION_SCHEMA, read_workload

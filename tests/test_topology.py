@@ -20,8 +20,8 @@ from octopis.topology import (
     EDGE,
     ICOL,
     INNER,
-    PRIMARY,
-    SECONDARY,
+    PRIMARY_ROLE,
+    SECONDARY_ROLE,
     TopologyError,
     build_preset,
     build_scot,
@@ -71,7 +71,7 @@ def test_neighbour_and_type_rules(tree: nx.Graph, n: int) -> None:
         assert all(scot.brokers[s].region == b.region for s in secondary)
         assert b.type == (EDGE if len(b.primary_neighbours) <= 1 else INNER)
         for nb in b.neighbours:
-            assert (nb.link, nb.role) in ((ACOL, PRIMARY), (ICOL, SECONDARY))
+            assert (nb.link, nb.role) in ((ACOL, PRIMARY_ROLE), (ICOL, SECONDARY_ROLE))
             assert nb.type == scot.brokers[nb.id].type
     for region in tree.nodes:
         assert len({scot.broker(region, c).type for c in range(n)}) == 1
@@ -342,7 +342,7 @@ def test_unreadable_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
 
 def test_tampered_topology_file_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data = build_preset("fig2").to_json()
-    data["brokers"][0]["neighbours"].append({"id": "f:2", "link": ACOL, "role": PRIMARY})
+    data["brokers"][0]["neighbours"].append({"id": "f:2", "link": ACOL, "role": PRIMARY_ROLE})
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
     assert topology_main(["show", str(bad)]) == 2

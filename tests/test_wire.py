@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from octopis.core import Notification, Subscribe, SubState, Tunnel, Unsubscribe
-from octopis.filters import FilterError, parse_subscription
+from octopis.filters.language import FilterError, parse_subscription
 from octopis.transport.codec import (
     Heartbeat,
     Hello,

@@ -680,7 +680,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
     from octopis.client.composite import CompositeNotification
     from octopis.client.replay import parse_time
     from octopis.client.subscriber import EndOfHistory
-    from octopis.filters import Composite, as_filter
+    from octopis.filters.composite import Composite, as_filter
 
     subscription = as_filter(args.filter)
     if isinstance(subscription, Composite) and (args.durable or args.since or args.until):
@@ -755,7 +755,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
     import asyncio
 
     from octopis.client import Publisher
-    from octopis.filters import parse_publication
+    from octopis.filters.language import parse_publication
 
     lines = args.publications or [line for line in sys.stdin if line.strip()]
     publications = [parse_publication(line) for line in lines]

@@ -13,7 +13,7 @@ class UsageError(ValueError):
 
 
 USER_ERRORS: dict[str, tuple[str, ...]] = {
-    "octopis.filters": ("FilterError",),
+    "octopis.filters.language": ("FilterError",),
     "octopis.topology": ("TopologyError",),
     "octopis.workload": ("WorkloadError",),
     "octopis.transport.settings": ("ConfigError",),

@@ -13,7 +13,7 @@ from typing import Any
 from octopis.cli.errors import UsageError
 from octopis.cli.report import render_report, write_deliveries
 from octopis.core import COVERING, DEFAULT_COVERING, MODES
-from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
+from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN
@@ -213,9 +213,9 @@ def add_congestion_options(p: argparse.ArgumentParser) -> None:
     congestion.add_argument(
         "--window",
         type=float,
-        default=DEFAULT_WINDOW,
+        default=DEFAULT_LST_WINDOW,
         metavar="SECONDS",
-        help=f"LST window Δt (default {DEFAULT_WINDOW})",
+        help=f"LST window Δt (default {DEFAULT_LST_WINDOW})",
     )
     congestion.add_argument(
         "--queue-threshold",

@@ -13,7 +13,7 @@ from typing import Any, Self, TypeVar
 from octopis.client.connection import NamedClient, Received
 from octopis.client.publisher import Publisher
 from octopis.client.subscriber import Subscriber, SubscriptionStream
-from octopis.filters import Publication, Subscription
+from octopis.filters.language import Publication, Subscription
 from octopis.overlay import KeysChoice
 
 T = TypeVar("T")

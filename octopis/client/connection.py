@@ -24,7 +24,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from octopis.client_policy import failover_order
 from octopis.defaults import CLIENT_LIVENESS
-from octopis.filters import Publication
+from octopis.filters.language import Publication
 from octopis.keys import DEFAULT_CLIENT, KeyPair, Keys, connect_securely
 from octopis.logs import RateLimitedLog
 from octopis.overlay import KeysChoice, Overlay, is_endpoint

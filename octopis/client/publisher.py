@@ -9,7 +9,8 @@ import time
 from collections import deque
 
 from octopis.client.connection import Connection, NamedClient
-from octopis.filters import Publication, Subscription, as_filter
+from octopis.filters.composite import as_filter
+from octopis.filters.language import Publication, Subscription
 
 
 class Publisher(NamedClient):

@@ -28,7 +28,8 @@ from octopis.client.replay import (
     unseen,
 )
 from octopis.client_policy import LastSeen, replay_after
-from octopis.filters import Composite, Publication, Subscription, as_filter
+from octopis.filters.composite import Composite, as_filter
+from octopis.filters.language import Publication, Subscription
 from octopis.wire import pack
 
 LATE_KEPT = 10_000
@@ -480,7 +481,7 @@ class Subscriber(NamedClient):
         complete. The call returns once the past has been delivered to the stream.
 
         A composite subscription (text ``{...} & {...} within 5s`` or its dict form,
-        :func:`~octopis.filters.composite_from_dict`) returns a :class:`CompositeStream`
+        :func:`~octopis.filters.composite.composite_from_dict`) returns a :class:`CompositeStream`
         of one :class:`~octopis.client.composite.CompositeNotification` per match, joined
         at the broker; it is live only (no ``durable``, ``since``, ``until``)."""
         subscription = as_filter(spec)

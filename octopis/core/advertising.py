@@ -14,7 +14,7 @@ from region y to region x. So at B(z, c):
   straight from its host).
 
 A subscription of cluster c goes over a link only if an advertisement that opened it
-may match what the subscription wants (:func:`octopis.filters.intersects`), and over the
+may match what the subscription wants (:func:`octopis.filters.covering.intersects`), and over the
 links that an advertisement opens later when that one arrives. Under DNR a copy may
 enter cluster c at any region (a CBV copy, paper §6.3), so there subscriptions still go
 over every tree edge and only the iCOLs are chosen by advertisements: secondary entries
@@ -35,7 +35,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from octopis.filters import Subscription, intersects
+from octopis.filters.covering import intersects
+from octopis.filters.language import Subscription
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from octopis.core.messages import Notification
 from octopis.core.replay import Replay
-from octopis.filters import FilterError, parse_subscription
+from octopis.filters.language import FilterError, parse_subscription
 from octopis.matching import Matcher
 
 UNBOUNDED = 1 << 62

@@ -25,11 +25,11 @@ from octopis.core.messages import (
     SubState,
     Unsubscribe,
 )
-from octopis.core.table import MatcherFactory, RoutingTable
-from octopis.filters import Subscription
+from octopis.core.table import LOCAL_PART, MatcherFactory, RoutingTable
+from octopis.filters.language import Subscription
 
-LOCAL = "local"
-REMOTE = "remote"
+REMOTE_PART = "remote"
+"""The table part of the entries of other brokers' subscribers."""
 
 
 class BidBroker(CoreBase):
@@ -43,9 +43,9 @@ class BidBroker(CoreBase):
         dedup: EdgeDedup | None = None,
     ) -> None:
         table = RoutingTable(
-            (LOCAL, REMOTE),
+            (LOCAL_PART, REMOTE_PART),
             matcher_factory,
-            part_of=lambda e: LOCAL if e.local else REMOTE,
+            part_of=lambda e: LOCAL_PART if e.local else REMOTE_PART,
             value_of=lambda e: e.last_hop if e.local else e.host,
         )
         super().__init__(broker_id, neighbours, table, dedup)
@@ -112,13 +112,13 @@ class BidBroker(CoreBase):
             self.matchings += 1
             if self.table_lost:  # whoever subscribed before the restart is not listed
                 self.stats["undeliverable.table_lost"] += 1
-            subscribers = self.table.values(LOCAL, n.publication)
-            destinations = self.table.by_value(REMOTE, n.publication)
+            subscribers = self.table.values(LOCAL_PART, n.publication)
+            destinations = self.table.by_value(REMOTE_PART, n.publication)
         else:
             destinations = dict(n.destinations or ())
             if destinations.pop(self.id, None) is not None:
                 self.matchings += 1
-                subscribers = self.table.values(LOCAL, n.publication)
+                subscribers = self.table.values(LOCAL_PART, n.publication)
         if subscribers and not self.dedup.first((n.publisher, n.session), n.seq):
             self.stats["dedup.absorbed"] += len(subscribers)
             subscribers = set()

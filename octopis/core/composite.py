@@ -4,7 +4,7 @@ The parts of a composite subscription route as ordinary subscriptions (their var
 as ``isPresent``, a superset); every publication that reaches the host for one of them is
 offered to the composite's :class:`CompositeJoin` with the host's clock, and the join
 returns the matches it completes. What a match is, is defined by
-:class:`~octopis.filters.Composite`: a set of publications satisfying the AND/OR
+:class:`~octopis.filters.composite.Composite`: a set of publications satisfying the AND/OR
 expression with equal variable bindings, its publication times (``published_at``) at
 most ``window`` apart. Each match is returned once: when its last publication arrives
 (a set is complete only then, and every way it satisfies the expression is found then).
@@ -28,7 +28,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from octopis.filters import Composite, Join, Value
+from octopis.filters.composite import Composite, Join
+from octopis.filters.language import Value
 
 PartKey = tuple[str, int, int]
 """(publisher, session, seq): one publication."""

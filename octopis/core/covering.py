@@ -3,7 +3,7 @@
 SBP's two steps send a subscription held by B(x, c) over links: the host cluster's tree
 edges (PRIMARY) and the iCOLs (SECONDARY). With covering, a broker sends a subscription
 S over a link only if no subscription it sent over that link and still holds covers S
-(:func:`octopis.filters.covers`); otherwise S is stored here, for delivery and for
+(:func:`octopis.filters.covering.covers`); otherwise S is stored here, for delivery and for
 later, and *quenched* on that link. A neighbour then lacks S, but holds the covering
 subscription with the same last hop (this broker), so it routes every notification S
 wants the way S's own entry would: covering changes message counts and table sizes,
@@ -52,7 +52,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from octopis.filters import CoverForm, Subscription
+from octopis.filters.covering import CoverForm
+from octopis.filters.language import Subscription
 from octopis.matching import CoverIndex
 
 

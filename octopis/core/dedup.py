@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 
-DEFAULT_WINDOW = 4096
-DEFAULT_PUBLISHERS = 10_000
+DEFAULT_DEDUP_WINDOW = 4096
+"""Sequence numbers remembered per publisher session (``[dedup] window``)."""
+DEFAULT_DEDUP_PUBLISHERS = 10_000
+"""Publisher sessions remembered at most (``[dedup] publishers``)."""
 
 
 class EdgeDedup:
@@ -25,7 +27,9 @@ class EdgeDedup:
 
     __slots__ = ("_seen", "forgotten", "publishers", "window")
 
-    def __init__(self, window: int = DEFAULT_WINDOW, publishers: int = DEFAULT_PUBLISHERS) -> None:
+    def __init__(
+        self, window: int = DEFAULT_DEDUP_WINDOW, publishers: int = DEFAULT_DEDUP_PUBLISHERS
+    ) -> None:
         if window < 1 or publishers < 1:
             raise ValueError("dedup window and publisher limit must be at least 1")
         self.window = window

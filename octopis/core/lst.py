@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-DEFAULT_WINDOW = 0.05
+DEFAULT_LST_WINDOW = 0.05
 """Δt, seconds (DESIGN §3): the one definition every shell and the simulator use."""
 DEFAULT_QUEUE_THRESHOLD = 10
 """Q (DESIGN §3): a queue this long marks its link overloaded."""
@@ -90,7 +90,7 @@ class LinkStatusTable:
     def __init__(
         self,
         links: list[str],
-        window: float = DEFAULT_WINDOW,
+        window: float = DEFAULT_LST_WINDOW,
         queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
         start: float = 0.0,
         order: str = DEFAULT_ORDER,

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from bitarray import frozenbitarray
 
 from octopis.core._records import new_pair
-from octopis.filters import Publication, Subscription
+from octopis.filters.language import Publication, Subscription
 
 
 class SubState(IntEnum):

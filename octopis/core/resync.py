@@ -30,14 +30,7 @@ exactly once.
 from __future__ import annotations
 
 from octopis.core.clustered import ClusteredBroker
-from octopis.core.messages import (
-    Action,
-    Advertise,
-    Subscribe,
-    SubState,
-    Unadvertise,
-    Unsubscribe,
-)
+from octopis.core.messages import Action, Advertise, Subscribe, SubState, Unsubscribe
 
 
 def epoch_of(incarnation: int) -> str:
@@ -57,51 +50,14 @@ def resync_messages(
     no other covers (:meth:`Covering.share`), each stamped with the time it was made;
     ``handed``: they are being sent, and covering records them as what went over the
     link (otherwise nothing changes: a look at what a restart would be handed)."""
-    if core.covering is not None:
-        entries = core.table.entries
-        shared = core.covering.share(restarted, set(carried), commit=handed)
-        return [
-            Subscribe(e.sub_id, e.host, e.subscription, SubState.SECONDARY, e.cbv, e.issued_at,
-                      e.hops + 1)
-            for e in (entries[k] for k in shared)
-        ]  # fmt: skip
-    cluster = core.cluster_of[restarted]
-    advertising = core.advertising
-    if advertising is not None:
-        sent, maybe = advertising.sent, advertising.maybe
-        chosen = [
-            e
-            for e in core.table.entries.values()
-            if e.cluster == core.cluster
-            and (restarted in sent.get(e.sub_id, ()) or restarted in maybe.get(e.sub_id, ()))
-        ]
-    elif cluster == core.cluster:
-        chosen = [
-            e
-            for e in core.table.entries.values()
-            if e.cluster == cluster and e.last_hop != restarted
-        ]
-    else:
-        chosen = [e for e in core.table.entries.values() if e.cluster == core.cluster]
-    return [
-        Subscribe(e.sub_id, e.host, e.subscription, SubState.SECONDARY, e.cbv, 0.0, e.hops + 1)
-        for e in chosen
-        if e.sub_id not in carried
-    ]
+    return core.travel.share(restarted, carried, handed)
 
 
 def advertisement_share(core: ClusteredBroker, restarted: str) -> list[Advertise]:
     """The advertisements ``core`` hands its restarted neighbour ``restarted`` (as
     SECONDARY messages, stored there and not passed on): over a tree edge those whose
     host is not on the restarted broker's side, over an iCOL those ``core`` hosts."""
-    advertising = core.advertising
-    if advertising is None:
-        return []
-    if restarted in core.primary:
-        chosen = [e for e in advertising.entries.values() if e.opens != restarted]
-    else:
-        chosen = [e for e in advertising.entries.values() if e.local]
-    return [Advertise(e.adv_id, e.host, e.advertisement, SubState.SECONDARY) for e in chosen]
+    return core.travel.advertisement_share(restarted)
 
 
 def withdraw_predecessor(core: ClusteredBroker, restarted: str, epoch: str) -> list[Action]:
@@ -118,11 +74,4 @@ def withdraw_predecessor(core: ClusteredBroker, restarted: str, epoch: str) -> l
     actions: list[Action] = []
     for sub_id in stale:
         actions += core.withdraw_subscription(Unsubscribe(sub_id, state), restarted)
-    if core.advertising is not None:
-        own = f"{restarted}@{epoch}"
-        for entry in list(core.advertising.entries.values()):
-            stale_advert = entry.host == restarted and entry.last_hop == restarted
-            if stale_advert and not entry.adv_id.startswith(own):
-                withdrawal = Unadvertise(entry.adv_id, state)
-                actions += core.receive_unadvertisement(withdrawal, restarted)
-    return actions
+    return actions + core.travel.withdraw_stale_advertisements(restarted, epoch, state)

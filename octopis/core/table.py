@@ -20,7 +20,7 @@ from typing import Protocol
 from bitarray import frozenbitarray
 
 from octopis.core.messages import ProtocolError
-from octopis.filters import Publication, Subscription
+from octopis.filters.language import Publication, Subscription
 
 
 class MatcherLike(Protocol):
@@ -58,6 +58,10 @@ class RoutingEntry:
     host: str
     hops: int
     issued_at: float = 0.0
+
+
+LOCAL_PART = "local"
+"""The table part of the entries of this broker's own subscribers, in every mode."""
 
 
 class TablePart:

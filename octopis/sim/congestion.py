@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from octopis.core import LinkStatusTable, LinkView, NoCongestion
 from octopis.core.capacity import SendRate, departure
-from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW
+from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD
 from octopis.topology import ICOL, Scot
 
 Link = tuple[str, str]
@@ -177,7 +177,7 @@ class TimedLinks:
         self,
         scot: Scot,
         capacity: Mapping[Link, float] | None = None,
-        window: float = DEFAULT_WINDOW,
+        window: float = DEFAULT_LST_WINDOW,
         queue_threshold: int = DEFAULT_QUEUE_THRESHOLD,
         broker_capacity: Mapping[str, float] | None = None,
         order: str = DEFAULT_ORDER,

@@ -63,7 +63,7 @@ from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.table import MatcherFactory
 from octopis.defaults import CUSTODY_LIMIT
 from octopis.failure_schedule import Failure
-from octopis.filters import Publication, Subscription
+from octopis.filters.language import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureEvents, FailureState
 from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover

@@ -139,8 +139,8 @@ class _DetectedView:
 
 class FailureEvents:
     """The :class:`~octopis.sim.engine.Simulator`'s failures (a mixin beside its event
-    loop): scheduling them, detection, custody taken back, restarts and their resync.
-    What a broker holds for a neighbour and owes it is :mod:`octopis.core.recovery`'s."""
+    loop): scheduling them, detection, custody taken back, restarts and handshakes. What
+    a broker decides about them is its :class:`~octopis.core.node.BrokerNode`'s."""
 
     def fail(
         self,

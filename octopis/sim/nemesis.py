@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from octopis.failure_schedule import Failure
-from octopis.filters import Predicate, Subscription
+from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim.engine import LatencyModel, Simulator
 from octopis.topology import Scot, build_preset

@@ -39,7 +39,7 @@ from octopis.core.replay import (
     ReplayRounds,
 )
 from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, REPLAY_BUDGET
-from octopis.filters import Subscription, parse_subscription
+from octopis.filters.language import Subscription, parse_subscription
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
 STORE_LIMIT = 1_000_000

@@ -4,7 +4,7 @@ Every broker of a SCOT stores every subscription (paper §5): a simulation of N 
 and S subscriptions holds N × S routing entries. With a matcher per table part, each
 subscription would be compiled and indexed N times — about 450 bytes per entry, 4.5 GB
 at 1,000 brokers × 10,000 subscriptions — though all copies are the same immutable
-:class:`~octopis.filters.Subscription` object, passed from broker to broker by SBP.
+:class:`~octopis.filters.language.Subscription` object, passed from broker to broker by SBP.
 
 Here one compiled :class:`~octopis.matching.Matcher` holds each subscription once (keyed
 by its network-wide sub_id, counted by how many parts hold it), and each part of each
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from octopis.filters import Subscription
+from octopis.filters.language import Subscription
 from octopis.matching import Matcher, check_entry
 
 CACHED = 256

@@ -50,7 +50,9 @@ from octopis.core import (
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
-from octopis.filters import Composite, Subscription, set_limits
+from octopis.filters.composite import Composite
+from octopis.filters.language import Subscription
+from octopis.filters.limits import set_limits
 from octopis.keys import Keys
 from octopis.logs import RateLimitedLog
 from octopis.matching import MatchClock, Matcher

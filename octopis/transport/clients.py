@@ -41,11 +41,10 @@ from octopis.core import (
 )
 from octopis.core.capacity import SendRate
 from octopis.core.durable import DurableError, claim_of
-from octopis.filters import (
-    Composite,
+from octopis.filters.composite import Composite, as_filter
+from octopis.filters.language import (
     FilterError,
     Subscription,
-    as_filter,
     parse_publication,
     parse_subscription,
     validate_publication,

@@ -42,12 +42,8 @@ from octopis.core import (
     Unsubscribe,
 )
 from octopis.core.replay import Claimed, Replay, ReplayData, ReplayEcho, ReplayMessage
-from octopis.filters import (
-    VALID_ATTRIBUTES,
-    FilterError,
-    parse_subscription,
-    validate_publication,
-)
+from octopis.filters.language import FilterError, parse_subscription, validate_publication
+from octopis.filters.limits import VALID_ATTRIBUTES
 from octopis.wire import (
     ADVERTISE,
     DECODE_ERRORS,

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from octopis.core import Action, Notification
 from octopis.core.composite import CompositeJoin, Match
-from octopis.filters import Composite, Subscription
+from octopis.filters.composite import Composite
+from octopis.filters.language import Subscription
 
 REPORT_INTERVAL = 1.0
 """Seconds between two ``composite_dropped`` notices of one composite."""

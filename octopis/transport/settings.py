@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from octopis.core import COVERING, DEFAULT_COVERING
-from octopis.core.dedup import DEFAULT_PUBLISHERS as DEFAULT_DEDUP_PUBLISHERS
-from octopis.core.dedup import DEFAULT_WINDOW as DEFAULT_DEDUP_WINDOW
-from octopis.core.lst import DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, DEFAULT_WINDOW, ORDERS
+from octopis.core.dedup import DEFAULT_DEDUP_PUBLISHERS, DEFAULT_DEDUP_WINDOW
+from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
 from octopis.defaults import CLIENT_TIMEOUT, CUSTODY_LIMIT, PUBLICATION_HOLD, REPLAY_BUDGET
-from octopis.filters import InputLimits
+from octopis.filters.limits import InputLimits
 
 RETENTION_SYNC = ("normal", "full")
 """``[retention] sync``: SQLite's ``synchronous`` for the retention store."""
@@ -44,7 +43,7 @@ class ConfigError(ValueError):
 class BrokerSettings:
     """Everything a broker process can be tuned with."""
 
-    window: float = DEFAULT_WINDOW
+    window: float = DEFAULT_LST_WINDOW
     """Δt of the Link Status Table, seconds: each link's congestion element CE = n_in /
     n_out is taken over windows this long (paper §6.3)."""
     queue_threshold: int = DEFAULT_QUEUE_THRESHOLD
