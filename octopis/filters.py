@@ -3,7 +3,8 @@
 A *publication* is a flat record of attribute/value pairs. Its text form lists
 ``[attr,value]`` pairs, as in the PADRES stock-quote data the paper's §7 uses::
 
-    [class,'STOCK'],[symbol,'AAPL'],[open,63.30],[high,64.25],[low,62.05],[close,64.18]
+    [class,'STOCK'],[symbol,'AAPL'],[open,63.30],[high,64.25],[low,62.05],
+    [close,64.18]
 
 In code a publication is a plain ``dict`` (:data:`Publication`); it travels that way in
 the msgpack envelopes between brokers.
@@ -44,7 +45,8 @@ A *composite subscription* joins atomic parts in braces with ``&`` (all) and ``|
 (any), variables such as ``$S`` binding equal values across the parts of a match, and an
 optional time window (:func:`parse_composite`, :class:`Composite`)::
 
-    {[class,eq,'TRADE'],[symbol,eq,$S]} & {[class,eq,'QUOTE'],[symbol,eq,$S]} within 5s
+    {[class,eq,'TRADE'],[symbol,eq,$S]} & {[class,eq,'QUOTE'],[symbol,eq,$S]}
+      within 5s
 
 Every problem raises :class:`FilterError`. Messages of the text parsers name the
 1-based character position and the problem (``position 9: unknown operator 'eqq'``);
@@ -1012,7 +1014,8 @@ def composite_from_dict(d: Mapping[str, Any]) -> Composite:
     """The dict form of a composite subscription, for the SDK::
 
         {"and": [{"class": ("eq", "TRADE"), "symbol": ("eq", Var("S"))},
-                 {"class": ("eq", "QUOTE"), "symbol": ("eq", Var("S")), "bid": (">", 100)}],
+                 {"class": ("eq", "QUOTE"), "symbol": ("eq", Var("S")),
+                  "bid": (">", 100)}],
          "within": 5}
 
     ``"and"`` or ``"or"`` maps to a list of terms: parts (the dict form of a
