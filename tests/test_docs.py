@@ -154,19 +154,33 @@ def test_every_example_of_getting_started_runs(tmp_path: Path) -> None:
                     code = on_free_ports(code, base)
                 done = shell(code, tmp_path, timeout=180)
             else:
-                done = subprocess.run(
-                    [sys.executable, "-c", block.code],
-                    cwd=tmp_path,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                    check=False,
-                )
+                done = run_python(block.code, tmp_path)
                 assert done.stdout.strip(), f"the example printed nothing:\n{block.code}"
+                pasted = run_python(block.code, tmp_path, interactive=True)
+                assert "Traceback" not in pasted.stderr and "Error" not in pasted.stderr, (
+                    f"pasted into the prompt:\n{block.code}\n{pasted.stderr}"
+                )
+                assert pasted.stdout.count("\n") == done.stdout.count("\n"), pasted.stdout
             assert done.returncode == 0, f"{block.code}\n{done.stdout}{done.stderr}"
     finally:
         stop_overlay(tmp_path)
     assert not (tmp_path / ".octopis" / "cluster.json").exists()
+
+
+def run_python(code: str, cwd: Path, *, interactive: bool = False) -> subprocess.CompletedProcess:
+    """``code`` run as a program (``python -c``), or pasted line by line into Python's
+    interactive prompt (``python -i``: a compound statement ends at a blank line, so a
+    blank line inside a function breaks it there)."""
+    command = [sys.executable, "-q", "-i"] if interactive else [sys.executable, "-c", code]
+    return subprocess.run(
+        command,
+        input=code if interactive else None,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
