@@ -215,6 +215,36 @@ return {
 and the column it is sorted by."""
 
 
+async def _clients(
+    scot: Scot,
+    monitor: str,
+    publisher: str,
+    readers: tuple[str, ...],
+    kind: str,
+    got: Counter[tuple[str, int]],
+) -> tuple[list[Subscriber], Publisher]:
+    """A subscriber to ``[class,eq,KIND]`` at each broker of ``readers`` (each
+    notification counted in ``got`` by broker and seq) and a publisher at ``publisher``,
+    once the monitor shows every subscription in ``publisher``'s table."""
+    subscribers = [
+        await Subscriber.connect(
+            scot.client_endpoints(b),
+            f"{kind}-{b}",
+            on_notification=lambda n, b=b: got.update([(b, n.seq)]),
+        )
+        for b in readers
+    ]
+    for subscriber in subscribers:
+        await subscriber.subscribe(f"[class,eq,'{kind}']")
+    pub = await Publisher.connect(scot.client_endpoints(publisher), f"{kind}-pub")
+    await until(
+        lambda: _get_json(monitor + "snapshot")["brokers"][publisher]["table"] >= len(readers),
+        f"every subscription at {publisher}",
+        30,
+    )
+    return subscribers, pub
+
+
 def _overload_shown(driver) -> str | bool:  # driver: selenium WebDriver
     """The slow link's colour once the page shows it overloaded, the publisher's host
     ringed, DNR cases at that host in the feed and the output of the three brokers the burst
@@ -274,22 +304,7 @@ def test_the_page_fits_paper75_and_shows_an_overload_dnr_cases_and_retention(
         print(f"paper75 ready and drawn in {time.monotonic() - started:.1f} s")
 
         async def burst() -> int:
-            readers = [
-                await Subscriber.connect(
-                    scot.client_endpoints(b),
-                    f"s{b}",
-                    on_notification=lambda n, b=b: got.update([(b, n.seq)]),
-                )
-                for b in READERS
-            ]
-            for reader in readers:
-                await reader.subscribe("[class,eq,'STOCK']")
-            pub = await Publisher.connect(scot.client_endpoints(PUBLISHER), "p")
-            await until(
-                lambda: _get_json(monitor + "snapshot")["brokers"][PUBLISHER]["table"] == 2,
-                f"both subscriptions at {PUBLISHER}",
-                30,
-            )
+            readers, pub = await _clients(scot, monitor, PUBLISHER, READERS, "STOCK", got)
             seen = asyncio.create_task(asyncio.to_thread(wait.until, _overload_shown))
             published = 0
             while not seen.done():  # 60/s into a 30/s iCOL until the page shows it all
@@ -459,24 +474,8 @@ def test_the_page_draws_the_traffic_the_brokers_count(paper75: LocalCluster, mon
         asyncio.run(until(lambda: _all_up(monitor), "every broker and link up", 90))
 
         async def traffic() -> tuple[int, dict]:
-            readers = [
-                await Subscriber.connect(
-                    scot.client_endpoints(b),
-                    f"t{b}",
-                    on_notification=lambda n, b=b: got.update([(b, n.seq)]),
-                )
-                for b in TRAFFIC_READERS
-            ]
-            for reader in readers:
-                await reader.subscribe("[class,eq,'TRADE']")
-            pub = await Publisher.connect(scot.client_endpoints(TRAFFIC_PUBLISHER), "tp")
-            await until(
-                lambda: (
-                    _get_json(monitor + "snapshot")["brokers"][TRAFFIC_PUBLISHER]["table"]
-                    >= len(TRAFFIC_READERS)
-                ),
-                f"both subscriptions at {TRAFFIC_PUBLISHER}",
-                30,
+            readers, pub = await _clients(
+                scot, monitor, TRAFFIC_PUBLISHER, TRAFFIC_READERS, "TRADE", got
             )
             drawn = asyncio.create_task(
                 asyncio.to_thread(wait.until, lambda d: _drawn_as_counted(d, scot))

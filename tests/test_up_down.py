@@ -9,30 +9,17 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
+from conditions import run_octopis
 
 from octopis.cluster.launcher import held_ports, prepare_topology
 from octopis.topology import load_topology
 
 pytestmark = pytest.mark.processes
 CYCLES = 10
-
-
-def _octopis(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    """``octopis ARGS`` in a process of its own, in ``cwd`` (the default run directory)."""
-    return subprocess.run(
-        [sys.executable, "-m", "octopis.cli.main", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def _running(pids: list[int]) -> list[int]:
@@ -60,11 +47,11 @@ def test_down_then_up_on_the_same_ports_ten_times_in_a_row(tmp_path: Path) -> No
     scot = load_topology(path)
     clean = 0
     for cycle in range(CYCLES):
-        up = _octopis(["up", str(path)], tmp_path)
+        up = run_octopis(["up", str(path)], 180, tmp_path)
         assert up.returncode == 0, f"cycle {cycle}: {up.stdout}{up.stderr}"
         assert "18 brokers of fig2 up" in up.stdout
         pids = list(_pids(tmp_path).values())
-        down = _octopis(["down"], tmp_path)
+        down = run_octopis(["down"], 180, tmp_path)
         assert down.returncode == 0, f"cycle {cycle}: {down.stdout}{down.stderr}"
         assert "stopped 18 brokers: every process has exited" in down.stdout
         assert down.stderr == "", down.stderr  # none had to be killed, no port left held
@@ -80,11 +67,11 @@ def test_down_kills_and_names_a_broker_that_does_not_stop(tmp_path: Path) -> Non
     """A stopped (SIGSTOP) broker cannot act on SIGTERM: `down --timeout 1` kills it
     after a second, says so, and still returns only once it is gone."""
     _, path = prepare_topology(tmp_path, preset="fig2")
-    up = _octopis(["up", str(path)], tmp_path)
+    up = run_octopis(["up", str(path)], 180, tmp_path)
     assert up.returncode == 0, up.stderr
     pids = _pids(tmp_path)
     os.kill(pids["c:1"], signal.SIGSTOP)
-    down = _octopis(["down", "--timeout", "1"], tmp_path)
+    down = run_octopis(["down", "--timeout", "1"], 180, tmp_path)
     assert down.returncode == 0, down.stderr
     assert "c:1 did not exit within 1 s of SIGTERM: killed" in down.stderr
     assert "stopped 18 brokers" in down.stdout
@@ -101,7 +88,7 @@ def test_up_on_a_held_port_names_the_port_and_its_holder(tmp_path: Path) -> None
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port))
         holder.listen()
-        up = _octopis(["up", str(path)], tmp_path, timeout=60)
+        up = run_octopis(["up", str(path)], 60, tmp_path)
     assert up.returncode == 2, up.stdout + up.stderr
     assert f"127.0.0.1:{port} (d:2 client) held by pid {os.getpid()}" in up.stderr, up.stderr
     assert not (tmp_path / ".octopis" / "cluster.json").exists()
