@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -109,16 +110,21 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def _port_free(host: str, port: int, *, reuse: bool = False) -> bool:
-    """Whether ``port`` binds on ``host`` now (with ``SO_REUSEADDR`` if ``reuse``)."""
+def _port_free(host: str, port: int) -> bool:
+    return _bind_error(host, port, reuse=False) is None
+
+
+def _bind_error(host: str, port: int, *, reuse: bool) -> int | None:
+    """The errno of binding ``port`` on ``host`` now (with ``SO_REUSEADDR`` if
+    ``reuse``), None when it binds."""
     with socket.socket() as s:
         if reuse:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except OSError as exc:
+            return exc.errno or -1
+    return None
 
 
 def broker_command(
@@ -452,7 +458,8 @@ def held_ports(scot: Scot, ids: list[str]) -> list[str]:
     command line) when this user may see it; empty when every port is free.
 
     A port is tried as the brokers bind it (``SO_REUSEADDR``, as ZeroMQ and the metrics
-    server set it), so a closed connection's ``TIME_WAIT`` does not count as held."""
+    server set it), so a closed connection's ``TIME_WAIT`` does not count as held; an
+    address this machine does not have is not a held port (the broker says so itself)."""
     wanted: dict[tuple[str, int], str] = {}
     for broker_id in ids:
         info = scot.brokers[broker_id]
@@ -460,7 +467,11 @@ def held_ports(scot: Scot, ids: list[str]) -> list[str]:
             url = urlsplit(getattr(info, field) or "")
             if url.scheme in ("tcp", "http") and url.hostname and url.port:
                 wanted[(url.hostname, url.port)] = f"{broker_id} {role}"
-    held = [(host, port) for host, port in wanted if not _port_free(host, port, reuse=True)]
+    held = [
+        (host, port)
+        for host, port in wanted
+        if _bind_error(host, port, reuse=True) == errno.EADDRINUSE
+    ]
     holders = _listeners({port for _, port in held}) if held else {}
     unseen = "a process this user cannot see"
     return [
