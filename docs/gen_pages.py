@@ -28,7 +28,7 @@ from pathlib import Path
 import mkdocs_gen_files
 
 ROOT = Path(__file__).resolve().parent.parent
-HELP_COLUMNS = "100"
+HELP_COLUMNS = "82"
 """argparse wraps help to the terminal's width: a fixed one keeps the pages stable."""
 
 

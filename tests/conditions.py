@@ -1,14 +1,17 @@
 """Process-level test helpers: waiting on conditions (never a bare sleep, DESIGN §5), a
-scenario that closes the cluster's control clients in its own loop, and the
-exactly-once accounting of one subscriber."""
+scenario that closes the cluster's control clients in its own loop, the exactly-once
+accounting of one subscriber, and the ``octopis`` command line as a process."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from octopis.client import Subscriber
@@ -89,3 +92,18 @@ def assert_one_sbp_each(report: dict[str, Any], per_subscription: int) -> None:
         assert 0 < sent <= made * per_subscription, (made, sent, report["sbp_quenched"])
     else:
         assert sent == made * per_subscription, (made, sent)
+
+
+def run_octopis(
+    args: list[str], timeout: float, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """``octopis ARGS`` in a process of its own (in ``cwd``: its default run directory
+    is ``cwd/.octopis``), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "octopis.cli.main", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -22,6 +22,7 @@ import psutil
 import pytest
 import zmq
 from conditions import assert_one_sbp_each, until
+from conditions import run_octopis as _octopis
 
 from octopis.cli.report import summarize
 from octopis.client import BrokerError, Connection, Publisher, Subscriber
@@ -488,17 +489,6 @@ async def _wait_serving(endpoint: str) -> None:
         assert welcome["broker"] == "a:0" and welcome["mode"] == "snr"
     finally:
         await connection.close()
-
-
-def _octopis(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run the ``octopis`` command line in a process of its own."""
-    return subprocess.run(
-        [sys.executable, "-m", "octopis.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_up_and_down_commands(tmp_path: Path) -> None:

@@ -154,19 +154,33 @@ def test_every_example_of_getting_started_runs(tmp_path: Path) -> None:
                     code = on_free_ports(code, base)
                 done = shell(code, tmp_path, timeout=180)
             else:
-                done = subprocess.run(
-                    [sys.executable, "-c", block.code],
-                    cwd=tmp_path,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                    check=False,
-                )
+                done = run_python(block.code, tmp_path)
                 assert done.stdout.strip(), f"the example printed nothing:\n{block.code}"
+                pasted = run_python(block.code, tmp_path, interactive=True)
+                assert "Traceback" not in pasted.stderr and "Error" not in pasted.stderr, (
+                    f"pasted into the prompt:\n{block.code}\n{pasted.stderr}"
+                )
+                assert pasted.stdout.count("\n") == done.stdout.count("\n"), pasted.stdout
             assert done.returncode == 0, f"{block.code}\n{done.stdout}{done.stderr}"
     finally:
         stop_overlay(tmp_path)
     assert not (tmp_path / ".octopis" / "cluster.json").exists()
+
+
+def run_python(code: str, cwd: Path, *, interactive: bool = False) -> subprocess.CompletedProcess:
+    """``code`` run as a program (``python -c``), or pasted line by line into Python's
+    interactive prompt (``python -i``: a compound statement ends at a blank line, so a
+    blank line inside a function breaks it there)."""
+    command = [sys.executable, "-q", "-i"] if interactive else [sys.executable, "-c", code]
+    return subprocess.run(
+        command,
+        input=code if interactive else None,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
@@ -219,11 +233,22 @@ def page_text(path: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", article))
 
 
-def test_the_site_builds_strictly(tmp_path: Path) -> None:
-    """`mkdocs build --strict`: a broken link, a missing page or a docstring the API
-    reference cannot render fails it. The generated references hold every command and
-    every setting, and no page of the built site names an issue."""
-    site = tmp_path / "site"
+PAGE_COLUMNS = 80
+"""Characters of a code block's line that the page's column shows without a scrollbar:
+Material's content column holds 656 px of code at 8.18 px a character at any window
+width from 1,220 px up (measured in Chromium), and more below that."""
+LINK = re.compile(r'(?:href|src)="([^"#?]*)[^"]*"')
+OUTSIDE_PATH = re.compile(r"(?<![\w/.])\.\./[\w./-]+|/work/|/home/")
+"""A path that leaves the repository (relative paths in the docs are the repository
+root's) or names a machine's own directories."""
+CITED = re.compile(r'<a href="([^"]*)architecture/#design-(\d+)">§(\d+)</a>')
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as `mkdocs build --strict` builds it: a broken link, a missing page or a
+    docstring the API reference cannot render fails the build."""
+    site = tmp_path_factory.mktemp("docs") / "site"
     built = subprocess.run(
         [sys.executable, "-c", MKDOCS, "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT,
@@ -234,6 +259,16 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         check=False,
     )
     assert built.returncode == 0, built.stdout + built.stderr
+    return site
+
+
+def pages(site: Path) -> list[Path]:
+    return sorted(site.rglob("index.html"))
+
+
+def test_the_site_builds_strictly(site: Path) -> None:
+    """The generated references hold every command and every setting, the sitemap lists
+    every page under the site's URL, and no page of the built site names an issue."""
     for program, build in program_parsers().items():
         text = page_text(site / "reference" / "cli" / program / "index.html")
         for parser in subcommands(build()):
@@ -247,7 +282,67 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         assert (site / "figures" / f"{preset}.svg").stat().st_size > 1000
     named = [
         f"{page.relative_to(site)}: {m.group()}"
-        for page in site.rglob("index.html")
+        for page in pages(site)
         for m in ISSUE.finditer(page_text(page))
     ]
     assert not named, "\n".join(named)
+    sitemap = (site / "sitemap.xml").read_text(encoding="utf-8")
+    listed = re.findall(r"<loc>([^<]+)</loc>", sitemap)
+    assert len(listed) == len(pages(site))
+    assert all(url.startswith(("http://", "https://")) for url in listed), listed[:3]
+
+
+def test_no_link_or_path_leaves_the_site(site: Path) -> None:
+    """Every relative link and image of every page resolves to a file of the site, and no
+    page's text names a path outside the repository (such as ``../shared/...``)."""
+    checked, broken, outside = 0, [], []
+    for page in pages(site):
+        html_text = page.read_text(encoding="utf-8")
+        for target in LINK.findall(html_text):
+            if not target or re.match(r"[a-z]+:", target):  # an anchor, or another site
+                continue
+            checked += 1
+            resolved = (page.parent / target).resolve()
+            if not resolved.is_relative_to(site.resolve()):
+                broken.append(f"{page.relative_to(site)}: {target} leaves the site")
+            elif not (resolved.is_file() or (resolved / "index.html").is_file()):
+                broken.append(f"{page.relative_to(site)}: {target} is missing")
+        outside += [
+            f"{page.relative_to(site)}: {m.group()}" for m in OUTSIDE_PATH.finditer(page_text(page))
+        ]
+    assert checked > 1000 and not broken, "\n".join(broken)
+    assert not outside, "\n".join(outside)
+    print(f"{checked} links of {len(pages(site))} pages checked")
+
+
+def test_every_design_citation_links_to_the_architecture_page(site: Path) -> None:
+    """Each "DESIGN §N" the pages show (docstrings cite the architecture page so) is a
+    link to section N of the architecture page, and that section exists."""
+    architecture = (site / "architecture" / "index.html").read_text(encoding="utf-8")
+    sections = set(re.findall(r'id="design-(\d+)"', architecture))
+    assert sections >= {str(n) for n in range(1, 13)}, sections
+    linked, bare = 0, []
+    for page in pages(site):
+        html_text = page.read_text(encoding="utf-8")
+        for prefix, target, shown in CITED.findall(html_text):
+            assert target == shown and target in sections, (page, target, shown)
+            assert (page.parent / prefix / "architecture" / "index.html").resolve().is_file()
+            linked += 1
+        article = html.unescape(re.sub(r"<[^>]+>", "", CITED.sub("", html_text)))
+        bare += [
+            f"{page.relative_to(site)}: {m.group()}" for m in re.finditer(r"DESIGN §\d+", article)
+        ]
+    assert linked >= 20 and not bare, "\n".join(bare)
+
+
+def test_no_code_block_is_wider_than_the_page(site: Path) -> None:
+    """No line of a code block (command help, examples, signatures, benchmark commands)
+    is wider than :data:`PAGE_COLUMNS`, so none scrolls sideways."""
+    blocks, wide = 0, []
+    for page in pages(site):
+        for block in re.findall(r"<pre[^>]*>(.*?)</pre>", page.read_text(encoding="utf-8"), re.S):
+            blocks += 1
+            for line in html.unescape(re.sub(r"<[^>]+>", "", block)).splitlines():
+                if len(line) > PAGE_COLUMNS:
+                    wide.append(f"{page.relative_to(site)} [{len(line)}]: {line}")
+    assert blocks > 100 and not wide, "\n".join(wide)

@@ -328,7 +328,7 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "durable.md"
 
 def _blocks(page: Path, language: str) -> list[list[str]]:
     """The lines of each fenced ``language`` block of ``page``, in order (blank lines
-    dropped in shell blocks)."""
+    dropped in shell blocks, a line ending in a backslash joined to the next)."""
     blocks, current = [], None
     for line in page.read_text().splitlines():
         if line.strip() == f"```{language}":
@@ -336,6 +336,8 @@ def _blocks(page: Path, language: str) -> list[list[str]]:
         elif line.strip() == "```" and current is not None:
             blocks.append(current)
             current = None
+        elif current is not None and current and current[-1].endswith("\\"):
+            current[-1] = current[-1][:-1] + line.strip()  # a command continued
         elif current is not None and (line.strip() or language == "python"):
             current.append(line)
     return blocks

@@ -5,9 +5,13 @@ burst into the capacity-limited iCOL i:0 → i:1 shows that link overloaded, DNR
 i:0 as they happen and i:0's retention; the table has the overlay's totals on top, the
 busiest brokers first, and sorts by a column on a click. Its screenshot is the docs'
 picture: ``OCTOPIS_SCREENSHOT=docs/monitor.png pytest tests/test_monitor.py`` writes it
-there (otherwise it goes to the run directory and the tracked picture is left alone).
-Also the monitor's JSON views, its bad input, and how it turns counters into totals and
-events (no process)."""
+there, and the 900-pixel one beside it as ``monitor-900.png`` (otherwise they go to the
+run directory and the tracked pictures are left alone). With a publisher running, the
+page draws each link as wide as the brokers' own counters say it carries, marks the
+brokers that host clients, shows each one's matching delay and recent output, filters its
+table, and at 900 pixels draws the regions as rows, readable and uncut; a viewer that
+leaves leaves no traceback. Also the monitor's JSON views, its bad input, and how it
+turns counters into totals and events (no process)."""
 
 from __future__ import annotations
 
@@ -25,17 +29,20 @@ from pathlib import Path
 
 import pytest
 from conditions import accounting, until
+from prometheus_client.parser import text_string_to_metric_families
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
 from octopis.monitor import ROUTING_EVENTS, Monitor, overlay_totals
-from octopis.topology import build_preset
+from octopis.topology import Scot, build_preset
 from octopis.transport.settings import BrokerSettings
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 """The picture of the monitor in the docs, taken by the browser test."""
-WIDTH = 1500
-"""The browser window's width in pixels."""
+WIDTH, NARROW = 1500, 900
+"""The browser window's widths in pixels: a desktop's, and a laptop's half screen."""
+READABLE = 9
+"""Pixels a broker's label is high at least, at any window width."""
 PUBLISHER, READERS = "i:0", ("i:1", "i:2")
 SLOW_LINK = ("i:0", "i:1")
 """The iCOL that congests: i:0 → i:1 carries 30 messages/s; DNR sends round it (Case I
@@ -68,15 +75,15 @@ def paper75(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def monitor(paper75: LocalCluster) -> Iterator[str]:
-    """``octopis monitor`` of the running paper75 as its own process; yields its URL."""
+    """``octopis monitor`` of the running paper75 as its own process, logging at INFO to
+    ``monitor.log`` in the run directory; yields its URL."""
     port = find_free_base_port(1)
     options = ["--topology", str(paper75.topology_path), "--port", str(port)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "octopis.cli.main", "monitor", *options, "--interval", "0.5"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    command = [sys.executable, "-m", "octopis.cli.main", "--log-level", "INFO", "monitor"]
+    with open(paper75.run_dir / "monitor.log", "w") as log:
+        process = subprocess.Popen(
+            [*command, *options, "--interval", "0.5"], stdout=log, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}/"
     try:
         asyncio.run(until(lambda: _answers(url + "topology"), "monitor up", 30))
@@ -105,7 +112,7 @@ def _all_up(url: str) -> bool:
     return totals["brokers_up"] == 75 and totals["links"]["up"] == 220
 
 
-def _browser():  # -> selenium WebDriver
+def _browser(width: int = WIDTH):  # -> selenium WebDriver
     if not (CHROMIUM and CHROMEDRIVER):
         if os.environ.get("OCTOPIS_REQUIRE_BROWSER"):
             pytest.fail("chromium/chromedriver missing although CI installs them (.ci/setup)")
@@ -124,7 +131,8 @@ def _browser():  # -> selenium WebDriver
         "--disable-component-update",
         "--disable-sync",
         "--no-first-run",
-        f"--window-size={WIDTH},1000",
+        "--hide-scrollbars",
+        f"--window-size={width},1000",
     ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -207,6 +215,36 @@ return {
 and the column it is sorted by."""
 
 
+async def _clients(
+    scot: Scot,
+    monitor: str,
+    publisher: str,
+    readers: tuple[str, ...],
+    kind: str,
+    got: Counter[tuple[str, int]],
+) -> tuple[list[Subscriber], Publisher]:
+    """A subscriber to ``[class,eq,KIND]`` at each broker of ``readers`` (each
+    notification counted in ``got`` by broker and seq) and a publisher at ``publisher``,
+    once the monitor shows every subscription in ``publisher``'s table."""
+    subscribers = [
+        await Subscriber.connect(
+            scot.client_endpoints(b),
+            f"{kind}-{b}",
+            on_notification=lambda n, b=b: got.update([(b, n.seq)]),
+        )
+        for b in readers
+    ]
+    for subscriber in subscribers:
+        await subscriber.subscribe(f"[class,eq,'{kind}']")
+    pub = await Publisher.connect(scot.client_endpoints(publisher), f"{kind}-pub")
+    await until(
+        lambda: _get_json(monitor + "snapshot")["brokers"][publisher]["table"] >= len(readers),
+        f"every subscription at {publisher}",
+        30,
+    )
+    return subscribers, pub
+
+
 def _overload_shown(driver) -> str | bool:  # driver: selenium WebDriver
     """The slow link's colour once the page shows it overloaded, the publisher's host
     ringed, DNR cases at that host in the feed and the output of the three brokers the burst
@@ -266,22 +304,7 @@ def test_the_page_fits_paper75_and_shows_an_overload_dnr_cases_and_retention(
         print(f"paper75 ready and drawn in {time.monotonic() - started:.1f} s")
 
         async def burst() -> int:
-            readers = [
-                await Subscriber.connect(
-                    scot.client_endpoints(b),
-                    f"s{b}",
-                    on_notification=lambda n, b=b: got.update([(b, n.seq)]),
-                )
-                for b in READERS
-            ]
-            for reader in readers:
-                await reader.subscribe("[class,eq,'STOCK']")
-            pub = await Publisher.connect(scot.client_endpoints(PUBLISHER), "p")
-            await until(
-                lambda: _get_json(monitor + "snapshot")["brokers"][PUBLISHER]["table"] == 2,
-                f"both subscriptions at {PUBLISHER}",
-                30,
-            )
+            readers, pub = await _clients(scot, monitor, PUBLISHER, READERS, "STOCK", got)
             seen = asyncio.create_task(asyncio.to_thread(wait.until, _overload_shown))
             published = 0
             while not seen.done():  # 60/s into a 30/s iCOL until the page shows it all
@@ -336,6 +359,188 @@ def test_the_page_fits_paper75_and_shows_an_overload_dnr_cases_and_retention(
         )
         assert counts["lost"] == counts["duplicates"] == 0
     print(f"test body {time.monotonic() - started:.1f} s")
+
+
+TRAFFIC = """
+const legend = Object.fromEntries([...document.querySelectorAll("#rate-legend [data-rate-class]")]
+  .map(e => [e.dataset.rateClass, +e.dataset.width]));
+return {
+  legend,
+  links: Object.fromEntries([...document.querySelectorAll("path.link")].map(p => [p.id.slice(5), [
+    +p.dataset.rate, +p.dataset.rateClass, parseFloat(getComputedStyle(p).strokeWidth)]])),
+  hosts: [...document.querySelectorAll("g.broker.hosts")].map(g => g.id.slice(7)),
+  rows: Object.fromEntries([...document.querySelectorAll("#brokers tbody tr")].map(tr => [
+    tr.dataset.broker, {
+      delay: tr.querySelector('td[data-key="delay"]').textContent,
+      points: (tr.querySelector('td[data-key="history"] polyline')?.getAttribute("points") || "")
+        .split(" ").filter(Boolean).map(xy => +xy.split(",")[1]),
+      shown: !tr.classList.contains("hidden"),
+    }])),
+};
+"""
+"""What the page draws: each link's rate (copies/s), rate class and drawn width by id
+(``a-b``), the legend's width of each class, the brokers marked as hosting clients, and
+each table row's matching delay, sparkline heights and whether the filter shows it."""
+
+FITS = """
+const box = e => e.getBoundingClientRect();
+const table = document.getElementById("table-box");
+return {
+  width: document.documentElement.clientWidth,
+  scroll: document.documentElement.scrollWidth,
+  labels: [...document.querySelectorAll("g.broker text.label")].map(e => box(e).height),
+  brokers: [...document.querySelectorAll("g.broker circle")].map(e => [box(e).left, box(e).right]),
+  table: [table.scrollWidth, table.clientWidth],
+  transposed: [...document.querySelectorAll("text.region")].map(e => box(e).top),
+};
+"""
+"""How the page fits the window: its width and scroll width, each broker label's height,
+each broker's left and right edge, the table's scroll and client width, and the regions'
+label tops (rows: increasing)."""
+
+TRAFFIC_PUBLISHER, TRAFFIC_READERS = "x:2", ("iii:3", "xv:1")
+RATE_BOUNDS = (0, 1, 10, 100, 1000, float("inf"))
+"""The page's link-width classes: the first bound a link's copies/s is below (0: idle)."""
+
+
+def _brokers_own_counts(scot: Scot) -> tuple[dict[str, float], set[str]]:
+    """Every link's copies/s (both directions, from each sender's own
+    ``octopis_link_copies_out_per_second``) by ``a-b`` id, and the brokers with a client
+    connection open, read from the brokers' metrics endpoints."""
+    rates: Counter[str] = Counter()
+    hosts = set()
+    for broker_id, info in scot.brokers.items():
+        with urllib.request.urlopen(info.metrics_endpoint, timeout=5) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "octopis_link_copies_out_per_second":
+                    other = sample.labels["link"]
+                    rates[f"{min(broker_id, other)}-{max(broker_id, other)}"] += sample.value
+                elif sample.name == "octopis_client_connections" and sample.value > 0:
+                    hosts.add(broker_id)
+    return dict(rates), hosts
+
+
+def _rate_class(copies: float) -> int:
+    return next(i for i, bound in enumerate(RATE_BOUNDS) if copies < bound) if copies > 0 else 0
+
+
+def _drawn_as_counted(driver, scot: Scot) -> dict | bool:  # driver: selenium WebDriver
+    """The page's drawing once it follows the brokers' counts: the links it draws busy are
+    those the brokers count copies on, each within a fifth of their rate and in their
+    rate's class (a class drawn at the legend's width), and the brokers it marks as hosting
+    clients are those with a client connection; False until then."""
+    page = driver.execute_script(TRAFFIC)
+    rates, hosts = _brokers_own_counts(scot)
+    busy = {link for link, rate in rates.items() if rate > 0}
+    drawn = {link for link, (rate, _, _) in page["links"].items() if rate > 0}
+    if drawn != busy or set(page["hosts"]) != hosts or not busy:
+        return False
+    for link, (rate, level, width) in page["links"].items():
+        assert width == page["legend"][str(level)], (link, width, page["legend"])
+        if link in busy and (
+            abs(rate - rates[link]) > max(0.2 * rates[link], 0.5) or level != _rate_class(rate)
+        ):
+            return False
+    return {**page, "counted": rates}
+
+
+def _type_filter(driver, text: str) -> None:  # driver: selenium WebDriver
+    """Empty the table's filter, then type ``text`` into it."""
+    from selenium.webdriver.common.by import By
+
+    box = driver.find_element(By.ID, "filter")
+    driver.execute_script(
+        "arguments[0].value = ''; arguments[0].dispatchEvent(new Event('input'));", box
+    )
+    if text:
+        box.send_keys(text)
+
+
+@HEAVY
+@pytest.mark.browser
+def test_the_page_draws_the_traffic_the_brokers_count(paper75: LocalCluster, monitor: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    scot = paper75.scot
+    got: Counter[tuple[str, int]] = Counter()
+    driver = _browser()
+    try:
+        driver.get(monitor)
+        wait = WebDriverWait(driver, 90, poll_frequency=0.5)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "path.link")) == 220)
+        asyncio.run(until(lambda: _all_up(monitor), "every broker and link up", 90))
+
+        async def traffic() -> tuple[int, dict]:
+            readers, pub = await _clients(
+                scot, monitor, TRAFFIC_PUBLISHER, TRAFFIC_READERS, "TRADE", got
+            )
+            drawn = asyncio.create_task(
+                asyncio.to_thread(wait.until, lambda d: _drawn_as_counted(d, scot))
+            )
+            published = 0
+            while not drawn.done():  # 40 a second, steadily, until the page follows
+                await pub.publish({"class": "TRADE", "price": 2.0}, wait=False)
+                published += 1
+                await asyncio.sleep(0.025)
+            page = await drawn
+            await until(lambda: len(got) >= 2 * published, "every notification to both", 60)
+            await pub.close()
+            for reader in readers:
+                await reader.close()
+            return published, page
+
+        published, page = asyncio.run(traffic())
+        busy = sorted(link for link, (rate, _, _) in page["links"].items() if rate > 0)
+        print(f"{len(busy)} links drawn busy as counted: {busy}")
+        assert {TRAFFIC_PUBLISHER, *TRAFFIC_READERS} <= set(page["hosts"])
+        assert any(TRAFFIC_PUBLISHER in link for link in busy)
+        assert all(page["links"][link][2] > page["legend"]["0"] for link in busy)  # wider
+        row = page["rows"][TRAFFIC_PUBLISHER]
+        assert float(row["delay"]) > 0, row  # its mean matching time, in µs
+        assert len(row["points"]) >= 2 and len(set(row["points"])) > 1, row  # it rose
+
+        _type_filter(driver, "x:")
+        shown = lambda d: set(  # noqa: E731  the rows the filter shows, read at once
+            d.execute_script(
+                "return [...document.querySelectorAll('#brokers tbody tr:not(.hidden)')]"
+                ".map(tr => tr.dataset.broker);"
+            )
+        )
+        wait.until(lambda d: shown(d) == {f"x:{k}" for k in range(5)})
+        _type_filter(driver, "vi:2")
+        wait.until(lambda d: shown(d) == {"vi:2"})
+        driver.set_window_size(NARROW, 1000)
+
+        def as_rows(d) -> bool:  # the regions drawn one under another
+            tops = d.execute_script(FITS)["transposed"]
+            return tops == sorted(tops) and len(set(tops)) == len(tops) == 15
+
+        wait.until(as_rows)
+        fits = driver.execute_script(FITS)
+        assert fits["scroll"] <= fits["width"] <= NARROW, fits["scroll"]
+        assert min(fits["labels"]) >= READABLE, min(fits["labels"])
+        assert all(left >= 0 and right <= fits["width"] for left, right in fits["brokers"])
+        assert fits["table"][0] <= fits["table"][1], fits["table"]  # the table is not cut
+        _type_filter(driver, "")
+        wait.until(lambda d: len(shown(d)) == 75)
+        wanted = os.environ.get("OCTOPIS_SCREENSHOT")
+        narrow = Path(wanted).with_stem(Path(wanted).stem + f"-{NARROW}") if wanted else None
+        screenshot = narrow or paper75.run_dir / f"shot-{NARROW}.png"
+        driver.save_screenshot(str(screenshot))
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        driver.quit()
+    log = paper75.run_dir / "monitor.log"
+    asyncio.run(until(lambda: "a viewer left" in log.read_text(), "the viewer gone", 30))
+    assert "Traceback" not in log.read_text() and "ERROR" not in log.read_text(), log.read_text()
+    for reader in TRAFFIC_READERS:
+        counts = accounting(
+            reader, published, Counter({s: n for (b, s), n in got.items() if b == reader})
+        )
+        assert counts["lost"] == counts["duplicates"] == 0
 
 
 @HEAVY

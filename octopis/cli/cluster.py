@@ -1,5 +1,5 @@
-"""``octopis run``, ``up``, ``down``, ``status``, ``restart``, ``monitor``, ``pub`` and
-``sub``: broker processes from a shell. Each command imports what it uses when it runs,
+"""``octopis run``, ``up``, ``down``, ``status``, ``restart`` and ``monitor``: broker
+processes from a shell. Each command imports what it uses when it runs,
 so that the others start fast."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from octopis.overlay import DEFAULT_RUN_DIR, STATE_FILE, read_state
 
 if TYPE_CHECKING:
     from octopis.cluster.launcher import LocalCluster
+    from octopis.topology import Scot
 
 DEFAULT_MODE = "dnr"
 
@@ -172,9 +173,10 @@ def _down(down: argparse.ArgumentParser) -> None:
     down.add_argument(
         "--timeout",
         type=float,
-        default=5.0,
+        default=10.0,
         metavar="SECONDS",
-        help="with --topology: per broker (default 5)",
+        help="how long the brokers have to exit after SIGTERM before they are killed "
+        "(default 10); with --topology, how long each has to answer",
     )
     down.set_defaults(func=cmd_down)
 
@@ -225,65 +227,6 @@ def _monitor(monitor: argparse.ArgumentParser) -> None:
     monitor.set_defaults(func=cmd_monitor)
 
 
-def _sub(sub: argparse.ArgumentParser) -> None:
-    sub.description = "Print each matching notification as a JSON line."
-    _client_options(sub)
-    sub.add_argument(
-        "filter",
-        help="subscription, e.g. \"[class,eq,'STOCK'],[close,>,20]\", or a composite one, e.g. "
-        "\"{[class,eq,'TRADE'],[symbol,eq,$S]} & {[class,eq,'QUOTE'],[symbol,eq,$S]} within 5s\" "
-        "(one JSON line per match, with its parts)",
-    )
-    sub.add_argument("--count", type=int, metavar="N", help="exit after N notifications")
-    sub.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help="exit after this long without a notification",
-    )
-    sub.add_argument(
-        "--durable",
-        metavar="NAME",
-        help="a durable subscription: it outlives this command; started again with the same "
-        "NAME (and --name, which defaults to NAME), at any broker, it first prints what was "
-        "published meanwhile, exactly once, then live notifications (within retention and "
-        "[durable] keep)",
-    )
-    sub.add_argument(
-        "--end",
-        action="store_true",
-        help="with --durable: end the durable subscription (unsubscribe) and exit",
-    )
-    sub.add_argument(
-        "--since",
-        metavar="TIME",
-        help="first print the retained notifications published since TIME, then live ones: "
-        "'all', a duration ago (90s, 10m, 2h, 1d) or an ISO 8601 time (2026-11-27T10:00Z)",
-    )
-    sub.add_argument(
-        "--until",
-        metavar="TIME",
-        help="with --since: only those published before TIME, then exit (a historic "
-        "subscription); same forms as --since, and 'now'",
-    )
-    sub.set_defaults(func=cmd_sub)
-
-
-def _pub(pub: argparse.ArgumentParser) -> None:
-    pub.description = (
-        "Publish each PUBLICATION argument, or each line of "
-        "standard input when none is given (PADRES syntax)."
-    )
-    _client_options(pub)
-    pub.add_argument(
-        "publications",
-        nargs="*",
-        metavar="PUBLICATION",
-        help="e.g. \"[class,'STOCK'],[symbol,'MSFT'],[close,27.9]\"",
-    )
-    pub.set_defaults(func=cmd_pub)
-
-
 PARSERS = {
     "run": _run,
     "up": _up,
@@ -291,8 +234,6 @@ PARSERS = {
     "status": _status,
     "restart": _restart,
     "monitor": _monitor,
-    "sub": _sub,
-    "pub": _pub,
 }
 """Each command of this module → what adds its description and arguments."""
 
@@ -351,17 +292,6 @@ def _timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> No
         metavar="SECONDS",
         help=f"{what} (default {default:g})",
     )
-
-
-def _client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--broker",
-        required=True,
-        metavar="ID",
-        help="broker to attach to (the others of the overlay, its cluster first, if it fails)",
-    )
-    p.add_argument("--name", help="client name (default: a unique one)")
-    add_overlay_options(p)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -461,6 +391,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"{state} exists: brokers may still run; `octopis down --run-dir {args.run_dir}` first"
         )
     security = _security(args)
+    _refuse_held_ports(scot, scot.brokers_on(args.host) if args.host else list(scot.brokers))
     if args.host is not None and security["secure"] and security["keys"] is None:
         raise UsageError(
             "brokers on several hosts share one set of keys: make it with `octopis-topology "
@@ -491,6 +422,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"logs in {args.run_dir / 'logs'}; stop with `octopis down --run-dir {args.run_dir}`"
     )
     return 0
+
+
+def _refuse_held_ports(scot: Scot, ids: list[str]) -> None:
+    """:class:`UsageError` naming each port of brokers ``ids`` that another process holds
+    (and that process), before any broker starts."""
+    from octopis.cluster.launcher import held_ports
+
+    if held := held_ports(scot, ids):
+        shown = "; ".join(held[:5]) + (f"; and {len(held) - 5} more" if len(held) > 5 else "")
+        raise UsageError(
+            f"{len(held)} port(s) of topology {scot.name} are held: {shown}. Stop that "
+            "process (`octopis down --run-dir DIR` if it is a broker of an earlier `octopis "
+            "up`) or build the topology on other ports (`octopis-topology build --base-port`)"
+        )
 
 
 async def _ready(cluster: LocalCluster, timeout: float, ids: list[str] | None = None) -> float:
@@ -638,12 +583,42 @@ def cmd_down(args: argparse.Namespace) -> int:
     from octopis.cluster.launcher import stop_pids
 
     keys_of(args)  # refuses --keys without --topology, as every command does
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
     state = read_state(args.run_dir)
-    killed = stop_pids(state["pids"])
+    killed = stop_pids(state["pids"], args.timeout)
     (args.run_dir / STATE_FILE).unlink()
-    note = f" ({len(killed)} killed after the grace period)" if killed else ""
-    print(f"stopped {len(state['pids'])} brokers{note}")
-    return 0
+    if killed:
+        print(
+            f"{', '.join(killed)} did not exit within {args.timeout:g} s of SIGTERM: killed",
+            file=sys.stderr,
+        )
+    held = _ports_left(Path(state["topology"]), list(state["pids"]))
+    print(f"stopped {len(state['pids'])} brokers: every process has exited")
+    if held:
+        print(f"ports still held: {'; '.join(held)}", file=sys.stderr)
+    return 1 if held else 0
+
+
+PORTS_FREED = 5.0
+"""Seconds ``octopis down`` waits for the ports of brokers that have exited to bind again."""
+
+
+def _ports_left(topology: Path, ids: list[str]) -> list[str]:
+    """The ports of brokers ``ids`` still held :data:`PORTS_FREED` seconds after they
+    exited (see :func:`held_ports`); empty at once when all are free, or when the
+    topology file is gone."""
+    from octopis.cluster.launcher import held_ports
+    from octopis.topology import load_topology
+
+    if not topology.exists():
+        return []
+    scot = load_topology(topology)
+    ids = [b for b in ids if b in scot.brokers]
+    deadline = time.monotonic() + PORTS_FREED
+    while (held := held_ports(scot, ids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return held
 
 
 def _shut_down(args: argparse.Namespace) -> int:
@@ -658,117 +633,3 @@ def _shut_down(args: argparse.Namespace) -> int:
     if silent:
         print(f"no answer from {', '.join(silent)}", file=sys.stderr)
     return 1 if silent else 0
-
-
-def _endpoint(args: argparse.Namespace) -> tuple[list[str], Any]:
-    """The client endpoint of ``--broker`` followed by those it fails over to, and the
-    keys to reach them (:func:`octopis.client.locate`)."""
-    from octopis.client import locate
-
-    where = {"run_dir": args.run_dir} if args.topology is None else {"topology": args.topology}
-    return locate(args.broker, keys=keys_of(args), **where)
-
-
-def cmd_sub(args: argparse.Namespace) -> int:
-    """``octopis sub``: a JSON line per notification; a historic, hybrid or durable
-    subscription's ``subscribed`` line (or, with ``--until``, its last line) carries its
-    ``history``: whether the answer from the past is complete, and what is missing."""
-    import asyncio
-    import dataclasses
-
-    from octopis.client import Subscriber
-    from octopis.client.composite import CompositeNotification
-    from octopis.client.replay import parse_time
-    from octopis.client.subscriber import EndOfHistory
-    from octopis.filters.composite import Composite, as_filter
-
-    subscription = as_filter(args.filter)
-    if isinstance(subscription, Composite) and (args.durable or args.since or args.until):
-        raise UsageError("a composite subscription is live only: no --durable, --since, --until")
-    if args.until is not None and args.since is None:
-        raise UsageError("--until needs --since: the window of the past is [since, until)")
-    if args.durable is not None and args.since is not None:
-        raise UsageError("--durable starts where it left off: leave out --since")
-    if args.end and args.durable is None:
-        raise UsageError("--end ends a durable subscription: give its --durable NAME")
-    try:
-        since = parse_time(args.since) if args.since is not None else None
-        until = parse_time(args.until) if args.until is not None else None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    endpoint, keys = _endpoint(args)
-    name = args.name or args.durable or f"sub-{time.time_ns()}"
-
-    def line(n: Any) -> str:
-        if isinstance(n, CompositeNotification):
-            return json.dumps(
-                {
-                    "composite": [
-                        {"publisher": r.publisher, "seq": r.seq, "publication": r.publication}
-                        for r in n.parts
-                    ],
-                    "roles": [list(roles) for roles in n.roles],
-                    **({"dropped": n.dropped} if n.dropped else {}),
-                }
-            )
-        return json.dumps(
-            {
-                "publisher": n.publisher,
-                "seq": n.seq,
-                "delay": n.received_at - n.published_at,
-                "publication": n.publication,
-                **({"replayed": True} if n.replayed else {}),
-            }
-        )
-
-    async def go() -> None:
-        sub = await Subscriber.connect(endpoint, name, keys=keys)
-        stream = await sub.subscribe(subscription, durable=args.durable, since=since, until=until)
-        history = dataclasses.asdict(stream.history) if stream.history is not None else None
-        head = {"subscribed": stream.sub_id, **({"history": history} if history else {})}
-        if args.end:
-            await sub.unsubscribe(stream)
-            print(json.dumps({**head, "ended": args.durable}), flush=True)
-            await sub.close()
-            return
-        print(json.dumps(head), flush=True)
-        seen = 0
-        try:
-            while args.count is None or seen < args.count:
-                try:
-                    n = await stream.get(args.timeout)
-                except (TimeoutError, EndOfHistory):
-                    break
-                seen += 1
-                print(line(n), flush=True)
-        finally:
-            if args.durable is None and until is None:
-                await sub.unsubscribe(stream)
-            await sub.close()
-
-    asyncio.run(go())
-    return 0
-
-
-def cmd_pub(args: argparse.Namespace) -> int:
-    """``octopis pub``."""
-    import asyncio
-
-    from octopis.client import Publisher
-    from octopis.filters.language import parse_publication
-
-    lines = args.publications or [line for line in sys.stdin if line.strip()]
-    publications = [parse_publication(line) for line in lines]
-    endpoint, keys = _endpoint(args)
-
-    async def go() -> None:
-        pub = await Publisher.connect(endpoint, args.name or f"pub-{time.time_ns()}", keys=keys)
-        try:
-            for publication in publications:
-                seq = await pub.publish(publication)
-                print(json.dumps({"published": seq}), flush=True)
-        finally:
-            await pub.close()
-
-    asyncio.run(go())
-    return 0

@@ -27,8 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("cluster", "show the brokers of a running overlay: links, tables, counters"),
     "restart": ("cluster", "start one broker of an `octopis up` overlay again"),
     "monitor": ("cluster", "serve a live web page of a running overlay"),
-    "sub": ("cluster", "subscribe at a broker and print notifications"),
-    "pub": ("cluster", "publish notifications at a broker"),
+    "sub": ("shell", "subscribe at a broker and print notifications"),
+    "pub": ("shell", "publish notifications at a broker"),
     "balance": (
         "balance",
         "load-balancing plans for a running overlay, and a balancer that carries them out",

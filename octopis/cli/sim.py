@@ -129,7 +129,7 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="real quotes: each publisher replays one symbol's PADRES quote "
-        "file from DIR (e.g. ../shared/data/stockquotes); default synthetic",
+        "file from DIR; default synthetic",
     )
     gen.add_argument("--seed", type=int, default=0, help="seed (workload, placement, latency)")
     hrp = p.add_argument_group(

@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--python",
         default=sys.executable,
         metavar="PATH",
-        help=f"the interpreter with OctopiS installed on the host (default {sys.executable})",
+        help="the interpreter with OctopiS installed on the host (default: the one running "
+        "this command)",
     )
     systemd.add_argument("--user", metavar="NAME", help="run the brokers as this user")
     systemd.set_defaults(func=cmd_systemd)

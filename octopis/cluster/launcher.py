@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import aiozmq.rpc
 import psutil
@@ -109,12 +111,20 @@ def _ephemeral_start() -> int:
 
 
 def _port_free(host: str, port: int) -> bool:
+    return _bind_error(host, port, reuse=False) is None
+
+
+def _bind_error(host: str, port: int, *, reuse: bool) -> int | None:
+    """The errno of binding ``port`` on ``host`` now (with ``SO_REUSEADDR`` if
+    ``reuse``), None when it binds."""
     with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except OSError as exc:
+            return exc.errno or -1
+    return None
 
 
 def broker_command(
@@ -431,6 +441,56 @@ def stop_pids(
     for pid in alive.values():
         _alive(pid, reap.get(pid), wait=2.0)
     return sorted(alive)
+
+
+PORT_ROLES = (
+    ("endpoint", "peer"),
+    ("client_endpoint", "client"),
+    ("control_endpoint", "control"),
+    ("metrics_endpoint", "metrics"),
+)
+"""A broker's TCP endpoints (topology fields) and what each serves."""
+
+
+def held_ports(scot: Scot, ids: list[str]) -> list[str]:
+    """The TCP ports of brokers ``ids`` that cannot be bound on this machine now, each
+    described with its broker, its role and the process that holds it (its pid and
+    command line) when this user may see it; empty when every port is free.
+
+    A port is tried as the brokers bind it (``SO_REUSEADDR``, as ZeroMQ and the metrics
+    server set it), so a closed connection's ``TIME_WAIT`` does not count as held; an
+    address this machine does not have is not a held port (the broker says so itself)."""
+    wanted: dict[tuple[str, int], str] = {}
+    for broker_id in ids:
+        info = scot.brokers[broker_id]
+        for field, role in PORT_ROLES:
+            url = urlsplit(getattr(info, field) or "")
+            if url.scheme in ("tcp", "http") and url.hostname and url.port:
+                wanted[(url.hostname, url.port)] = f"{broker_id} {role}"
+    held = [
+        (host, port)
+        for host, port in wanted
+        if _bind_error(host, port, reuse=True) == errno.EADDRINUSE
+    ]
+    holders = _listeners({port for _, port in held}) if held else {}
+    unseen = "a process this user cannot see"
+    return [
+        f"{host}:{port} ({wanted[(host, port)]}) held by {holders.get(port, unseen)}"
+        for host, port in held
+    ]
+
+
+def _listeners(ports: set[int]) -> dict[int, str]:
+    """``pid N (command line)`` of the process listening on each of ``ports``, as far
+    as this user may see."""
+    found: dict[int, str] = {}
+    with contextlib.suppress(psutil.Error):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port in ports and conn.pid:
+                with contextlib.suppress(psutil.Error):
+                    command = " ".join(psutil.Process(conn.pid).cmdline())[:120]
+                    found.setdefault(conn.laddr.port, f"pid {conn.pid} ({command})")
+    return found
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -4,7 +4,8 @@ A *composite subscription* joins atomic parts in braces with ``&`` (all) and ``|
 (any), variables such as ``$S`` binding equal values across the parts of a match, and an
 optional time window (:func:`parse_composite`, :class:`Composite`)::
 
-    {[class,eq,'TRADE'],[symbol,eq,$S]} & {[class,eq,'QUOTE'],[symbol,eq,$S]} within 5s
+    {[class,eq,'TRADE'],[symbol,eq,$S]} & {[class,eq,'QUOTE'],[symbol,eq,$S]}
+      within 5s
 
 Each part is a subscription of :mod:`octopis.filters.language` whose constants may be
 variables. Every problem raises :class:`~octopis.filters.language.FilterError` naming
@@ -501,7 +502,8 @@ def composite_from_dict(d: Mapping[str, Any]) -> Composite:
     """The dict form of a composite subscription, for the SDK::
 
         {"and": [{"class": ("eq", "TRADE"), "symbol": ("eq", Var("S"))},
-                 {"class": ("eq", "QUOTE"), "symbol": ("eq", Var("S")), "bid": (">", 100)}],
+                 {"class": ("eq", "QUOTE"), "symbol": ("eq", Var("S")),
+                  "bid": (">", 100)}],
          "within": 5}
 
     ``"and"`` or ``"or"`` maps to a list of terms: parts (the dict form of a

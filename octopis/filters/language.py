@@ -3,7 +3,8 @@
 A *publication* is a flat record of attribute/value pairs. Its text form lists
 ``[attr,value]`` pairs, as in the PADRES stock-quote data the paper's §7 uses::
 
-    [class,'STOCK'],[symbol,'AAPL'],[open,63.30],[high,64.25],[low,62.05],[close,64.18]
+    [class,'STOCK'],[symbol,'AAPL'],[open,63.30],[high,64.25],[low,62.05],
+    [close,64.18]
 
 In code a publication is a plain ``dict`` (:data:`Publication`); it travels that way in
 the msgpack envelopes between brokers.

@@ -6,16 +6,23 @@ reachable. Every ``interval`` seconds it scrapes them all at once and keeps one 
 per broker whether it answered, its deliveries and notifications in (totals and rates
 since the previous snapshot), its output over the load window (the busiest first on the
 page), its routing-table size, its DNR cases and tunnels (totals) and its retention store
-(publications, bytes, oldest); per directed link its queue, CE and state (up, overloaded,
-down); the overlay's totals; and the routing events of the last few minutes as they
-happened (each DNR case, detour and tunnel counted by a broker between two snapshots).
+(publications, bytes, oldest), its client connections, its mean matching time since the
+previous snapshot (the paper's matching delay) and its output over the last
+:data:`HISTORY` snapshots; per directed link its queue, CE, state (up, overloaded, down)
+and the notification copies per second the sending broker counts over its load window;
+the overlay's totals; and the routing events of the last few minutes as they happened
+(each DNR case, detour and tunnel counted by a broker between two snapshots).
 
-The page (``/``) draws the SCOT as a grid of clusters × regions scaled to the window,
-with aCOLs along the rows and each region's iCOLs on lanes of their own beside its
-column, colours each link by the worse of its two directions, rings the brokers where DNR
-cases or tunnels happen now and updates from ``/events`` (server-sent events, one
-snapshot each) without reloading; ``/topology`` and ``/snapshot`` serve the same data as
-JSON for tools.
+The page (``/``) draws the SCOT as a grid of clusters × regions scaled to the window
+(regions as rows when the window is too narrow for them as columns), with aCOLs along the
+clusters and each region's iCOLs on lanes of their own beside it; it colours each link by
+the worse state of its two directions and draws it as wide as the traffic on it (both
+directions' copies per second, in the legend's classes), marks the brokers that host
+clients, rings the brokers where DNR cases or tunnels happen now, and lists the brokers in
+a table that sorts and filters, with a sparkline of each one's recent output. It updates
+from ``/events`` (server-sent events, one snapshot each) without reloading; a viewer that
+leaves ends its stream quietly. ``/topology`` and ``/snapshot`` serve the same data as JSON
+for tools.
 """
 
 from __future__ import annotations
@@ -63,6 +70,10 @@ tunnel's start, relays and arrival round a dead aCOL (DESIGN §3, §7)."""
 RECENT_EVENTS = 200
 """Routing events the snapshot carries (the newest last)."""
 
+HISTORY = 60
+"""Snapshots of each broker's output the snapshot carries (its sparkline), the oldest
+first."""
+
 
 def topology_view(scot: Scot) -> dict[str, Any]:
     """What the page draws: regions in drawing order, clusters, brokers, undirected links."""
@@ -101,6 +112,14 @@ def parse_metrics(text: str) -> dict[str, Any]:
                 figures["table"] = int(value)
             elif name == "octopis_load_output_per_second":
                 figures["output_per_s"] = value
+            elif name == "octopis_client_connections":
+                figures["clients"] = int(value)
+            elif name == "octopis_matching_seconds_sum":
+                figures["matching_seconds"] = value
+            elif name == "octopis_matching_seconds_count":
+                figures["matches"] = int(value)
+            elif name == "octopis_link_copies_out_per_second":
+                links.setdefault(labels["link"], {})["rate"] = value
             elif name == "octopis_load_ratio":
                 figures["load_ratio"] = value
             elif name == "octopis_routing_events_total" and labels["event"] in ROUTING_EVENTS:
@@ -148,7 +167,7 @@ def overlay_totals(
             event: sum(b["routing"].get(event, 0) for b in answering) for event in ROUTING_EVENTS
         },
     }
-    for key in ("table", "deliveries_per_s", "notifications_in_per_s", "output_per_s"):
+    for key in ("table", "deliveries_per_s", "notifications_in_per_s", "output_per_s", "clients"):
         totals[key] = sum(b.get(key, 0) for b in answering)
     kept = [b["retention"] for b in answering if b["retention"]]
     oldest = [r["oldest"] for r in kept if "oldest" in r]
@@ -179,6 +198,7 @@ class Monitor:
         }
         self._fresh = asyncio.Condition()
         self._previous: dict[str, dict[str, Any]] = {}
+        self._history: dict[str, deque[float]] = {}
 
     async def run(self) -> None:
         """Scrape until cancelled."""
@@ -212,8 +232,12 @@ class Monitor:
             self._fresh.notify_all()
 
     def _follow(self, broker_id: str, entry: dict[str, Any], now: float) -> None:
-        """Rates since this broker's previous snapshot, and the routing events it counted
-        meanwhile (a counter that went down belongs to a restarted broker: all of it is new)."""
+        """Rates and the mean matching time since this broker's previous snapshot, its
+        output history, and the routing events it counted meanwhile (a counter that went
+        down belongs to a restarted broker: all of it is new)."""
+        history = self._history.setdefault(broker_id, deque(maxlen=HISTORY))
+        history.append(round(entry.get("output_per_s", 0.0), 1))
+        entry["history"] = list(history)
         before = self._previous.get(broker_id)
         self._previous[broker_id] = {"time": now, **entry}
         if before is None or now <= before["time"]:
@@ -222,6 +246,10 @@ class Monitor:
             entry[f"{key}_per_s"] = (entry.get(key, 0) - before.get(key, 0)) / (
                 now - before["time"]
             )
+        matches = entry.get("matches", 0) - before.get("matches", 0)
+        if matches > 0:
+            spent = entry.get("matching_seconds", 0.0) - before.get("matching_seconds", 0.0)
+            entry["match_delay"] = spent / matches
         for event, count in entry["routing"].items():
             earlier = before["routing"].get(event, 0)
             new = count - earlier if count >= earlier else count
@@ -265,8 +293,11 @@ def make_app(monitor: Monitor) -> web.Application:
         viewers[0] += 1
         try:
             return await _stream(request)
+        except ConnectionResetError:  # the viewer closed the page: nothing to report
+            return web.Response(status=204)
         finally:
             viewers[0] -= 1
+            log.info("a viewer left (%d watching)", viewers[0])
 
     async def _stream(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(

@@ -108,6 +108,7 @@ class BrokerInspection:
                 for name, link in broker.links.items()
             },
             "client_backlog": broker.clients.backlog(),
+            "client_connections": len(broker.clients.connections),
             "deliveries_waiting": broker.clients.paced_deliveries,
             "deliveries_waiting_max": broker.clients.paced_peak,
             "load": broker.load_meter.report(0),

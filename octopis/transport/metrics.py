@@ -67,6 +67,7 @@ def families(stats: dict[str, Any]) -> Iterator[Metric]:
         ("octopis_serving", "1 once resynced from every live neighbour", "serving"),
         ("octopis_client_backlog", "Messages queued for clients whose pipes are full",
          "client_backlog"),
+        ("octopis_client_connections", "Client connections open", "client_connections"),
         ("octopis_deliveries_waiting", "Deliveries waiting for clients.capacity",
          "deliveries_waiting"),
     ):  # fmt: skip
