@@ -35,6 +35,7 @@ from octopis.core.messages import (
     Hold,
     Message,
     Notification,
+    ProtocolError,
     Subscribe,
     SubState,
     Unadvertise,
@@ -42,6 +43,7 @@ from octopis.core.messages import (
 from octopis.core.recovery import Recovery
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, sbp_targets
 from octopis.core.resync import epoch_of
+from octopis.core.view import BrokerView
 from octopis.defaults import PUBLICATION_HOLD
 
 Token = TypeVar("Token")
@@ -288,10 +290,21 @@ class BrokerNode(Generic[Token]):
             targets = sbp_targets(core.links, [], src, state)
         return [t for t in targets if not down(t[0])], [t for t in targets if down(t[0])]
 
-    def forget(self, neighbour: str) -> int:
-        """``neighbour`` left the overlay: what was held for or owed to it is dropped;
-        returns how many messages were held."""
-        return self.recovery.forget(neighbour)
+    def relink(self, view: BrokerView, clusters: int) -> int:
+        """Take this broker's view in a new topology version (DESIGN §9): the core takes
+        the new neighbours and cluster count, and what was held for or owed to a
+        neighbour that left is dropped (returned: how many messages). Refused with
+        :class:`ValueError`, nothing changed, under BID (no resync fills a new broker) or
+        while the core still routes over a leaving link (move its subscribers first)."""
+        core = self.core
+        if not isinstance(core, ClusteredBroker):
+            raise ValueError(f"{core.id} routes by BID, which has no resync to fill a new broker")
+        gone = set(core.neighbour_ids) - {n.id for n in view.neighbours}
+        try:
+            core.relink(view, clusters)
+        except ProtocolError as exc:
+            raise ValueError(str(exc)) from None
+        return sum(self.recovery.forget(neighbour) for neighbour in sorted(gone))
 
     # -- what it holds ---------------------------------------------------------------------
 

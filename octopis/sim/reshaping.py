@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from octopis.core.clustered import ClusteredBroker
 from octopis.sim.congestion import FreeLinks, InjectedCongestion
 from octopis.topology import Scot
 
@@ -59,11 +58,11 @@ class Reshaping:
             if broker in self.cores and (
                 scot.clusters != old.clusters or set(scot.graph[broker]) != set(old.graph[broker])
             ):
-                core = self.cores[broker]
-                assert isinstance(core, ClusteredBroker)
-                core.relink(scot.brokers[broker], scot.clusters)
+                node = self.nodes[broker]
+                self.failure_counts["relink.held_dropped"] += node.relink(
+                    scot.brokers[broker], scot.clusters
+                )
                 for gone in set(old.graph[broker]) - set(scot.graph[broker]):
-                    self.failure_counts["relink.held_dropped"] += self.nodes[broker].forget(gone)
                     self._in_flight[broker].pop(gone, None)
                     state.failed_at.pop((broker, gone), None)
                     state.detected.get(broker, set()).discard(gone)

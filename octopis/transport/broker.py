@@ -41,7 +41,6 @@ from octopis.core import (
     LinkStatusTable,
     Message,
     Notification,
-    ProtocolError,
     Released,
     Subscribe,
     SubState,
@@ -657,9 +656,6 @@ class Broker:
         drained), or if the core still routes over it (``ProtocolError``: move the
         subscribers and withdraw first); BID has no resync and is not relinked."""
         view = decode_view(data, secure=self._curve is not None)
-        core = self.core
-        if not isinstance(core, ClusteredBroker):
-            raise ValueError(f"{self.id} routes by BID, which has no resync to fill a new broker")
         info = replace(self.info, neighbours=tuple(n.neighbour for n in view.neighbours))
         old = {n.id for n in self.info.neighbours}
         added = [n for n in view.neighbours if n.neighbour.id not in old]
@@ -670,22 +666,16 @@ class Broker:
                 f"{self.id}: the links to {', '.join(busy)} still carry "
                 f"{sum(busy.values())} unacknowledged messages: retry once they drain"
             )
-        try:
-            core.relink(info, view.clusters)
-        except ProtocolError as exc:
-            raise ValueError(str(exc)) from None
+        dropped = self.node.relink(info, view.clusters)
+        if dropped:  # held while a leaving neighbour was down: a failure during the change
+            self.counters["relink.held_dropped"] += dropped
+            log.warning("%s: %d messages held for neighbours that left dropped", self.id, dropped)
         self.info = info
         now = self._loop.time()
         for neighbour in removed:
             task, link = self._tasks.pop(f"link {neighbour}"), self.peers.remove(neighbour)
             task.add_done_callback(lambda _, link=link: link.socket.close(linger=0))
             task.cancel()
-            dropped = self.node.forget(neighbour)
-            if dropped:  # held while it was down: a failure during the change
-                self.counters["relink.held_dropped"] += dropped
-                log.warning(
-                    "%s: %d frames held for %s dropped: it left", self.id, dropped, neighbour
-                )
             del self.neighbour_endpoints[neighbour]
             if self._curve is not None:
                 self._peer_keys.discard(self._curve.neighbours.pop(neighbour))
