@@ -29,8 +29,9 @@ from octopis.topology import build_preset, build_scot, complete_factor
 
 OVERLAY_OPTIONS = {"--run-dir": "DIR", "--topology": "FILE", "--keys": "DIR", "--insecure": None}
 OCTOPIS = [sys.executable, "-m", "octopis.cli.main"]
-STARTS_NO_OVERLAY = {"sim", "run", "up"}
-"""Commands that do not act on a running overlay (``up`` and ``run`` start one)."""
+STARTS_NO_OVERLAY = {"sim", "nemesis", "run", "up"}
+"""Commands that do not act on a running overlay (``up`` and ``run`` start one; ``sim`` and
+``nemesis`` run the simulator)."""
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator:
