@@ -287,3 +287,56 @@ def test_replay_after_and_last_seen() -> None:
     for i in range(PUBLISHERS_KNOWN + 1):
         seen.saw(f"x{i}", 0, 1)
     assert ("p", 0) not in seen and len(seen) == PUBLISHERS_KNOWN
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path) -> None:
+    """The same decision on processes as in the simulator above: the line a:0 – b:0 –
+    c:0 under BID, a subscriber at c:0; a:0 is killed (-9) and started again, and a
+    publication of its new publisher cannot reach c:0's subscription, which its empty
+    table lacks (BID has no resync). b:0 tells a:0 it knew its predecessor, and a:0
+    counts ``undeliverable.table_lost`` instead of losing it silently."""
+    import asyncio
+    import json
+
+    import networkx as nx
+    from conditions import closing_control
+
+    from octopis.client import Publisher, Subscriber
+    from octopis.cluster.launcher import LocalCluster, find_free_base_port
+    from octopis.topology import build_scot, complete_factor
+    from octopis.transport.settings import BrokerSettings
+
+    line = nx.path_graph(["a", "b", "c"])
+    scot = build_scot(line, complete_factor(1), name="line", base_port=find_free_base_port(3))
+    path = tmp_path / "line.json"
+    path.write_text(json.dumps(scot.to_json()))
+    cluster = LocalCluster(scot, path, "bid", tmp_path, BrokerSettings(), secure=False)
+    cluster.spawn()
+
+    async def scenario() -> tuple[int, int]:
+        await cluster.wait_ready(60)
+        sub = await Subscriber.connect(scot.brokers["c:0"].client_endpoint, "s")
+        stream = await sub.subscribe("[class,eq,'Q']")
+        cluster.kill("a:0")
+        cluster.spawn_one("a:0")
+        await cluster.wait_ready(60, ["a:0"], state="serving")
+        pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "p")
+        await pub.publish({"class": "Q", "n": 1})
+        stats = await cluster.call("a:0", "stats")
+        got = 0
+        try:
+            await stream.get(timeout=2)
+            got = 1
+        except TimeoutError:
+            pass
+        for client in (pub, sub):
+            await client.close()
+        return stats["core"].get("undeliverable.table_lost", 0), got
+
+    try:
+        lost, got = asyncio.run(closing_control(cluster, scenario()))
+    finally:
+        cluster.stop()
+    assert (lost, got) == (1, 0)
