@@ -364,9 +364,9 @@ class FailureEvents:
         del state.syncing[broker]
         node = self.nodes[broker]
         held, actions = node.now_serving(self._up(broker))
-        view = self._view(broker)
-        for notification, _ in held:
-            self._dispatch(broker, node.core.publish(notification, view))
+        core = node.core
+        for notification, _ in held:  # what it counts undeliverable goes to the ledger
+            self._dispatch(broker, self._watch(core, notification, core.publish, notification))
         self._dispatch(broker, actions)
         for n in self.scot.graph[broker]:
             self._tell_serving(broker, n)
