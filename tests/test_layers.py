@@ -57,6 +57,15 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.keys",
         "octopis.logs",
     },
+    "octopis.gateway": {
+        *BASE,
+        "octopis.gateway",
+        "octopis.core",
+        "octopis.transport",
+        "octopis.wire",
+        "octopis.keys",
+        "octopis.logs",
+    },
     "octopis.client": {
         "octopis.client",
         "octopis.filters",
