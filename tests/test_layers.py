@@ -62,6 +62,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.gateway",
         "octopis.core",
         "octopis.transport",
+        "octopis.topology",
         "octopis.wire",
         "octopis.keys",
         "octopis.logs",

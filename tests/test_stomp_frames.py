@@ -24,6 +24,8 @@ from octopis.gateway.frames import (
 )
 from octopis.gateway.headers import HeaderError, headers_of, publication_of, typed_value
 
+LIMITS = FrameLimits(header_bytes=8192, headers=64, body_bytes=65536)
+
 
 def _all(decoder: Decoder, data: bytes) -> list[Frame]:
     decoder.feed(data)
@@ -35,9 +37,9 @@ def _all(decoder: Decoder, data: bytes) -> list[Frame]:
 
 def test_a_frame_is_read_whole_and_in_pieces() -> None:
     data = b"SEND\ndestination:/topic/STOCK\nsymbol:MSFT\n\nhello\0\n\n"
-    [frame] = _all(Decoder(), data)
+    [frame] = _all(Decoder(LIMITS), data)
     assert frame == Frame("SEND", {"destination": "/topic/STOCK", "symbol": "MSFT"}, b"hello")
-    decoder = Decoder()
+    decoder = Decoder(LIMITS)
     got = [f for b in data for f in _all(decoder, bytes([b]))]
     assert got == [frame]
     assert decoder.heartbeats == 2
@@ -45,24 +47,24 @@ def test_a_frame_is_read_whole_and_in_pieces() -> None:
 
 def test_crlf_content_length_nul_in_body_and_repeated_headers() -> None:
     data = b"SEND\r\ndestination:/topic/A\r\nx:1\r\nx:2\r\ncontent-length:3\r\n\r\na\0b\0"
-    [frame] = _all(Decoder(), data)
+    [frame] = _all(Decoder(LIMITS), data)
     assert frame.headers["x"] == "1" and frame.body == b"a\0b"
 
 
 def test_escapes_by_version() -> None:
     data = b"SEND\nk:a\\cb\\nc\\\\d\\re\n\n\0"
-    assert _all(Decoder(version="1.2"), data)[0].headers["k"] == "a:b\nc\\d\re"
+    assert _all(Decoder(LIMITS, version="1.2"), data)[0].headers["k"] == "a:b\nc\\d\re"
     with pytest.raises(FrameError, match=r"undefined escape sequence '\\\\r'"):
-        _all(Decoder(version="1.1"), data)
-    assert _all(Decoder(version="1.0"), data)[0].headers["k"] == "a\\cb\\nc\\\\d\\re"
+        _all(Decoder(LIMITS, version="1.1"), data)
+    assert _all(Decoder(LIMITS, version="1.0"), data)[0].headers["k"] == "a\\cb\\nc\\\\d\\re"
     # CONNECT is never escaped (a passcode may hold a backslash)
-    assert _all(Decoder(), b"CONNECT\npasscode:a\\q\n\n\0")[0].headers["passcode"] == "a\\q"
+    assert _all(Decoder(LIMITS), b"CONNECT\npasscode:a\\q\n\n\0")[0].headers["passcode"] == "a\\q"
 
 
 def test_encode_round_trips_through_the_decoder() -> None:
     frame = Frame("MESSAGE", {"destination": "/topic/x", "odd:name": "a\nb\\c"}, b"\0body")
     for version in ("1.1", "1.2"):
-        decoder = Decoder(commands=SERVER_COMMANDS, version=version)
+        decoder = Decoder(LIMITS, commands=SERVER_COMMANDS, version=version)
         [back] = _all(decoder, encode(frame, version))
         assert back.headers == {**frame.headers, "content-length": "5"}
         assert back.body == frame.body

@@ -22,6 +22,7 @@ from octopis.topology import (
     INNER,
     PLACEMENTS,
     PORTS_PER_BROKER,
+    STOMP_PORTS,
     Scot,
     TopologyError,
     build_from_factor_file,
@@ -31,6 +32,7 @@ from octopis.topology import (
     preset_path,
     read_factor,
     regions_in_drawing_order,
+    with_stomp,
 )
 from octopis.topology_change import (
     add_cluster,
@@ -108,6 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         help=f"first port; each broker takes {PORTS_PER_BROKER}, distinct across hosts "
         f"(default {DEFAULT_BASE_PORT})",
+    )
+    build.add_argument(
+        "--stomp-base-port",
+        type=int,
+        metavar="P",
+        help=f"also give every broker STOMP endpoints (TCP and WebSocket, {STOMP_PORTS} ports "
+        "each from P on), which `octopis up --stomp` listens on; default: none",
+    )
+    build.add_argument(
+        "--stomp-host",
+        default=DEFAULT_HOST,
+        metavar="ADDRESS",
+        help=f"address the STOMP endpoints bind (default {DEFAULT_HOST}: this machine only)",
     )
     build.add_argument(
         "-o", "--output", required=True, type=Path, metavar="FILE", help="topology JSON to write"
@@ -274,6 +289,8 @@ def cmd_build(args: argparse.Namespace) -> None:
         hosts=hosts,
         place=args.place,
     )
+    if args.stomp_base_port is not None:
+        scot = with_stomp(scot, args.stomp_base_port, args.stomp_host)
     write_atomically(args.output, json.dumps(scot.to_json(), indent=1) + "\n")
     s = scot.summary()
     print(

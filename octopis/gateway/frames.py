@@ -56,13 +56,13 @@ class FrameError(ValueError):
 
 @dataclass(frozen=True)
 class FrameLimits:
-    """Bounds on one frame (a listener's ``[stomp]`` settings carry them)."""
+    """Bounds on one frame (``[stomp]`` header_bytes, headers, body_bytes)."""
 
-    header_bytes: int = 8192
+    header_bytes: int
     """Bytes of the command line and headers together."""
-    headers: int = 64
+    headers: int
     """Headers in one frame."""
-    body_bytes: int = 1 << 20
+    body_bytes: int
     """Bytes of one body."""
 
 
@@ -84,11 +84,11 @@ class Decoder:
 
     def __init__(
         self,
-        limits: FrameLimits | None = None,
+        limits: FrameLimits,
         commands: frozenset[str] = CLIENT_COMMANDS,
         version: str = "1.2",
     ) -> None:
-        self.limits = limits or FrameLimits()
+        self.limits = limits
         self.commands = commands
         self.version = version
         self.heartbeats = 0
