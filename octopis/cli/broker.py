@@ -105,9 +105,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
         gateway = stomp_gateway(scot.brokers[args.id], None if args.insecure else args.keys)
     try:
-        asyncio.run(
-            run_broker(scot, args.id, args.mode, settings, keys, args.data_dir, gateway)
-        )
+        asyncio.run(run_broker(scot, args.id, args.mode, settings, keys, args.data_dir, gateway))
     except zmq.ZMQError as exc:
         logging.getLogger("octopis.broker").error("cannot serve %s: %s", args.id, exc)
         return 1
