@@ -1,0 +1,229 @@
+"""STOMP clients of the brokers (octopis.gateway, DESIGN §13): stomp.py publishers and
+subscribers with JMS selectors at several brokers of fig2 (keys on), beside SDK clients;
+every message exactly once against an oracle computed from the selectors; receipts;
+logins; bad input refused with an ERROR while the broker serves everyone else; and on an
+insecure line, heart-beats that drive liveness."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import stomp
+from conditions import accounting, closing_control, tables_hold, until
+
+from octopis.client.blocking import BlockingPublisher, BlockingSubscriber
+from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.filters import parse_subscription
+from octopis.gateway.credentials import add_user
+from octopis.gateway.headers import publication_of
+from octopis.gateway.selector import selects, translate
+from octopis.keys import KEYS_ENV, make_keys
+from octopis.quotes import read_quote_dir
+from octopis.topology import PORTS_PER_BROKER, STOMP_PORTS, Scot, with_stomp
+from octopis.transport.settings import BrokerSettings
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+USER, PASSCODE = "alice", "correct horse battery"
+SUBSCRIBERS = [  # broker, selector, ack mode
+    ("a:0", "symbol IN ('AAPL', 'MSFT', 'IBM') AND close > 20", "auto"),
+    ("f:1", "close BETWEEN 10 AND 30 AND volume > 1000000", "client-individual"),
+    ("c:2", "symbol LIKE 'A%' OR NOT (close <= 60)", "client"),
+    ("d:0", "symbol = 'MSFT' OR symbol = 'AAPL' OR volume >= 5000000", "auto"),
+]
+SDK_FILTER = "[class,eq,'STOCK'],[close,>,40]"
+STOMP_PUBLISHER, SDK_PUBLISHER, SDK_SUBSCRIBER = "b:1", "e:2", "c:0"
+QUOTES = 120
+"""Quotes each publisher sends."""
+
+
+def _endpoint(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("tcp://").rsplit(":", 1)
+    return host, int(port)
+
+
+def stomp_topology(tmp_path: Path, preset: str) -> tuple[Scot, Path]:
+    """A preset on free ports with STOMP endpoints after the brokers' own ports."""
+    brokers = 18 if preset == "fig2" else 3
+    room = -(-STOMP_PORTS * brokers // PORTS_PER_BROKER)
+    scot, path = prepare_topology(tmp_path, preset=preset, room=room)
+    first = min(int(b.endpoint.rsplit(":", 1)[1]) for b in scot.brokers.values())
+    scot = with_stomp(scot, first + PORTS_PER_BROKER * len(scot.brokers))
+    path.write_text(json.dumps(scot.to_json()))
+    return scot, path
+
+
+@pytest.fixture
+def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """fig2 (DNR, keys on, covering off so each table holds every subscription) with
+    STOMP listeners and one STOMP login."""
+    scot, path = stomp_topology(tmp_path, "fig2")
+    keys = make_keys(tmp_path / "keys", scot.endpoints_by_broker())
+    add_user(keys, USER, PASSCODE)
+    settings = BrokerSettings(covering="off")
+    cluster = LocalCluster(scot, path, "dnr", tmp_path, settings, keys=keys, stomp=True)
+    cluster.spawn()
+    monkeypatch.setenv(KEYS_ENV, str(keys))
+    try:
+        asyncio.run(closing_control(cluster, cluster.wait_ready(120)))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class Inbox(stomp.ConnectionListener):
+    """What one stomp.py connection received: messages by ``n``, receipts, errors."""
+
+    def __init__(self, conn: stomp.Connection | None = None, ack: str = "auto") -> None:
+        self.conn, self.ack = conn, ack
+        self.got: Counter[int] = Counter()
+        self.receipts: set[str] = set()
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+
+    def on_message(self, frame: Any) -> None:
+        with self.lock:
+            self.got[int(frame.headers["n"])] += 1
+        if self.ack != "auto" and self.conn is not None:
+            self.conn.ack(frame.headers["ack"])
+
+    def on_receipt(self, frame: Any) -> None:
+        self.receipts.add(frame.headers["receipt-id"])
+
+    def on_error(self, frame: Any) -> None:
+        self.errors.append(frame.headers.get("message", ""))
+
+
+def _connect(scot: Scot, broker: str, ack: str = "auto", **login: str) -> tuple[Any, Inbox]:
+    conn = stomp.Connection12([_endpoint(scot.brokers[broker].stomp_endpoint)])
+    inbox = Inbox(conn, ack)
+    conn.set_listener("inbox", inbox)
+    conn.connect(wait=True, **login)
+    return conn, inbox
+
+
+def _wait(check: Any, what: str, timeout: float = 60) -> None:
+    asyncio.run(until(check, what, timeout))
+
+
+def _quotes() -> list[dict]:
+    """Real quotes of several symbols, each with a unique ``n``."""
+    picked: list[dict] = []
+    per_symbol: Counter[str] = Counter()
+    for q in read_quote_dir():
+        if per_symbol[q["symbol"]] < 6:
+            per_symbol[q["symbol"]] += 1
+            picked.append(q)
+        if len(picked) == 2 * QUOTES:
+            break
+    return [{**q, "n": i} for i, q in enumerate(picked)]
+
+
+def test_stomp_and_sdk_clients_get_every_message_once(fig2: LocalCluster) -> None:
+    scot = fig2.scot
+    login = {"username": USER, "passcode": PASSCODE}
+    subscribers = []
+    for i, (broker, selector, ack) in enumerate(SUBSCRIBERS):
+        conn, inbox = _connect(scot, broker, ack, **login)
+        conn.subscribe(
+            "/topic/STOCK", id=f"s{i}", ack=ack, headers={"selector": selector, "receipt": f"r{i}"}
+        )
+        subscribers.append((conn, inbox, selector))
+    sdk_got: Counter[int] = Counter()
+    padres = sum(len(translate(s, "STOCK")) for _, s, _ in SUBSCRIBERS) + 1
+
+    reader = BlockingSubscriber.connect(
+        SDK_SUBSCRIBER,
+        "sdk-reader",
+        topology=fig2.topology_path,
+        on_notification=lambda n: sdk_got.update([n.publication["n"]]),
+    )
+    reader.subscribe(SDK_FILTER)
+    asyncio.run(closing_control(fig2, until(lambda: tables_hold(fig2, padres), "spread", 60)))
+    quotes = _quotes()
+    stomp_quotes, sdk_quotes = quotes[:QUOTES], quotes[QUOTES:]
+    _wait(lambda: all(f"r{i}" in s[1].receipts for i, s in enumerate(subscribers)), "receipts")
+
+    pub, pub_inbox = _connect(scot, STOMP_PUBLISHER, **login)
+    sent = []
+    for i, q in enumerate(stomp_quotes):
+        if i == QUOTES // 2:  # the brokers of a subscriber and the publisher serve on
+            assert_bad_input_refused(scot, STOMP_PUBLISHER)
+            assert_bad_input_refused(scot, SUBSCRIBERS[0][0])
+        headers = {k: str(v) for k, v in q.items() if k != "class"}
+        pub.send("/topic/STOCK", "", headers={**headers, "receipt": f"p{q['n']}"})
+        sent.append(publication_of({"destination": "/topic/STOCK", **headers}))
+    _wait(lambda: len(pub_inbox.receipts) == QUOTES, "a receipt for every SEND")
+
+    with BlockingPublisher.connect(SDK_PUBLISHER, "sdk-pub", topology=fig2.topology_path) as p:
+        for q in sdk_quotes:
+            p.publish(q)
+    every = sent + sdk_quotes
+    assert all(isinstance(p["close"], float) for p in sent)  # typed headers
+    expected = {
+        selector: {p["n"] for p in every if selects(selector, p)} for _, _, selector in subscribers
+    }
+    for _, inbox, selector in subscribers:
+        _wait(lambda i=inbox, s=selector: set(i.got) >= expected[s], f"{selector!r} complete")
+    sdk_expected = {p["n"] for p in every if parse_subscription(SDK_FILTER).matches(p)}
+    _wait(lambda: set(sdk_got) >= sdk_expected, "the SDK subscriber complete")
+    pub.disconnect()
+    for conn, inbox, selector in subscribers:
+        counts = accounting(selector, len(expected[selector]), inbox.got)
+        assert set(inbox.got) == expected[selector]
+        assert counts["duplicates"] == counts["lost"] == 0 and not inbox.errors
+        conn.disconnect()
+    assert all(expected.values()) and len({frozenset(v) for v in expected.values()}) == 4
+    counts = accounting("sdk-reader", len(sdk_expected), sdk_got)
+    assert set(sdk_got) == sdk_expected and counts["duplicates"] == 0
+    reader.close()
+    stats = asyncio.run(closing_control(fig2, fig2.call_all("stats")))
+    refused = sum(s.get("counters", {}).get("stomp.logins_refused", 0) for s in stats.values())
+    assert refused == 4  # two bad logins at each of two brokers
+
+
+def _raw(scot: Scot, broker: str, data: bytes) -> bytes:
+    """Send ``data`` on a fresh TCP connection and read until the broker closes it."""
+    with socket.create_connection(_endpoint(scot.brokers[broker].stomp_endpoint), 10) as s:
+        s.sendall(data)
+        s.settimeout(10)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+BAD_INPUT = [
+    (b"CONNECT\naccept-version:1.2\n\n\0", b"message:this broker needs login and passcode"),
+    (b"CONNECT\naccept-version:1.2\nlogin:alice\npasscode:nope\n\n\0", b"login refused"),
+    (b"SEND\ndestination:/topic/X\n\n\0", b"expected CONNECT or STOMP as the first frame"),
+    (b"HELLO\n\n\0", b"unknown command 'HELLO'"),
+    (
+        b"CONNECT\nlogin:alice\npasscode:correct horse battery\n\n\0SUBSCRIBE\nid:1\n"
+        b"destination:/topic/STOCK\nselector:symbol LIKE '%A%B'\n\n\0",
+        b"no exact form",
+    ),
+    (
+        b"CONNECT\nlogin:alice\npasscode:correct horse battery\n\n\0SEND\n"
+        + b"h:"
+        + b"x" * 9000
+        + b"\n\n\0",
+        b"frame headers over 8192 bytes",
+    ),
+]
+"""Bad input and the words its ERROR frame must carry."""
+
+
+def assert_bad_input_refused(scot: Scot, broker: str) -> None:
+    """Each of :data:`BAD_INPUT` gets an ERROR naming the problem and a close."""
+    for data, problem in BAD_INPUT:
+        answer = _raw(scot, broker, data)
+        assert b"ERROR\n" in answer and problem in answer, (data[:60], answer[:300])
