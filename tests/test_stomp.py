@@ -15,19 +15,28 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import networkx as nx
 import pytest
 import stomp
 from conditions import accounting, closing_control, tables_hold, until
 
 from octopis.client.blocking import BlockingPublisher, BlockingSubscriber
-from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
 from octopis.filters import parse_subscription
 from octopis.gateway.credentials import add_user
 from octopis.gateway.headers import publication_of
 from octopis.gateway.selector import selects, translate
 from octopis.keys import KEYS_ENV, make_keys
 from octopis.quotes import read_quote_dir
-from octopis.topology import PORTS_PER_BROKER, STOMP_PORTS, Scot, with_stomp
+from octopis.topology import (
+    PORTS_PER_BROKER,
+    STOMP_PORTS,
+    Scot,
+    build_scot,
+    complete_factor,
+    with_stomp,
+)
 from octopis.transport.settings import BrokerSettings
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
@@ -50,22 +59,25 @@ def _endpoint(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def stomp_topology(tmp_path: Path, preset: str) -> tuple[Scot, Path]:
-    """A preset on free ports with STOMP endpoints after the brokers' own ports."""
-    brokers = 18 if preset == "fig2" else 3
-    room = -(-STOMP_PORTS * brokers // PORTS_PER_BROKER)
-    scot, path = prepare_topology(tmp_path, preset=preset, room=room)
+def _room(brokers: int) -> int:
+    """Brokers' worth of ports the STOMP endpoints of ``brokers`` brokers take."""
+    return -(-STOMP_PORTS * brokers // PORTS_PER_BROKER)
+
+
+def _add_stomp(scot: Scot, path: Path) -> Scot:
+    """``scot`` with STOMP endpoints right after its brokers' ports, written to ``path``."""
     first = min(int(b.endpoint.rsplit(":", 1)[1]) for b in scot.brokers.values())
     scot = with_stomp(scot, first + PORTS_PER_BROKER * len(scot.brokers))
     path.write_text(json.dumps(scot.to_json()))
-    return scot, path
+    return scot
 
 
 @pytest.fixture
 def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     """fig2 (DNR, keys on, covering off so each table holds every subscription) with
     STOMP listeners and one STOMP login."""
-    scot, path = stomp_topology(tmp_path, "fig2")
+    scot, path = prepare_topology(tmp_path, preset="fig2", room=_room(18))
+    scot = _add_stomp(scot, path)
     keys = make_keys(tmp_path / "keys", scot.endpoints_by_broker())
     add_user(keys, USER, PASSCODE)
     settings = BrokerSettings(covering="off")
@@ -227,3 +239,84 @@ def assert_bad_input_refused(scot: Scot, broker: str) -> None:
     for data, problem in BAD_INPUT:
         answer = _raw(scot, broker, data)
         assert b"ERROR\n" in answer and problem in answer, (data[:60], answer[:300])
+
+
+@pytest.fixture
+def line(tmp_path: Path) -> Iterator[LocalCluster]:
+    """The line a:0 – b:0 – c:0 (SNR, insecure) with STOMP listeners, heart-beats of
+    0.5 s offered and a client timeout of 0.5 s."""
+    scot = build_scot(
+        nx.path_graph(["a", "b", "c"]),
+        complete_factor(1),
+        name="line",
+        base_port=find_free_base_port(3 + _room(3)),
+    )
+    path = tmp_path / "line.json"
+    scot = _add_stomp(scot, path)
+    settings = BrokerSettings(stomp_heartbeat=500, client_timeout=0.5, covering="off")
+    cluster = LocalCluster(scot, path, "snr", tmp_path, settings, secure=False, stomp=True)
+    cluster.spawn()
+    try:
+        asyncio.run(closing_control(cluster, cluster.wait_ready(60)))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _frames(data: bytes) -> list[bytes]:
+    return [f.lstrip(b"\r\n") for f in data.split(b"\0") if f.strip(b"\r\n")]
+
+
+async def _insecure_line(cluster: LocalCluster) -> None:
+    scot = cluster.scot
+    a, c = scot.brokers["a:0"], scot.brokers["c:0"]
+    session = aiohttp.ClientSession()
+    ws = await session.ws_connect(a.stomp_ws_endpoint, protocols=("v12.stomp",))
+    assert ws.protocol == "v12.stomp"
+    await ws.send_str("CONNECT\naccept-version:1.2\nhost:line\n\n\0")  # no login: insecure
+    assert (await ws.receive_str()).startswith("CONNECTED\nversion:1.2\n")
+    await ws.send_str(
+        "SUBSCRIBE\nid:w\ndestination:/topic/T\nselector:k > 2 AND s LIKE 'x%'\nreceipt:1\n\n\0"
+    )
+    assert "receipt-id:1" in await ws.receive_str()
+    # a client that negotiated heart-beats and falls silent, and one that negotiated none
+    beating = await asyncio.open_connection(*_endpoint(c.stomp_endpoint))
+    idle = await asyncio.open_connection(*_endpoint(c.stomp_endpoint))
+    for (_, writer), beat in ((beating, "500,500"), (idle, "0,0")):
+        writer.write(
+            f"CONNECT\naccept-version:1.2\nheart-beat:{beat}\n\n\0"
+            "SUBSCRIBE\nid:1\ndestination:/topic/T\n\n\0".encode()
+        )
+    await until(lambda: tables_hold(cluster, 3), "three subscriptions in every table", 30)
+    reader, _ = beating
+    heard = await asyncio.wait_for(reader.read(), 30)  # until the broker closes it
+    frames = _frames(heard)
+    assert frames[0].startswith(b"CONNECTED") and b"heart-beat:500,500" in frames[0]
+    assert frames[-1].startswith(b"ERROR") and b"no heart-beat for 1000 ms" in frames[-1]
+    assert b"\0\n" in heard  # the broker's own heart-beats came meanwhile
+    await until(lambda: tables_hold(cluster, 2), "the silent client's subscription withdrawn", 30)
+    # the idle one, silent longer than clients.timeout, is kept alive by its open connection
+    pub_reader, pub = await asyncio.open_connection(*_endpoint(c.stomp_endpoint))
+    pub.write(b"CONNECT\naccept-version:1.2\n\n\0")
+    for n, (k, s) in enumerate([(3, "xa"), (1, "xb"), (5, "yb"), (7, "x")]):
+        pub.write(f"SEND\ndestination:/topic/T\nn:{n}\nk:{k}\ns:{s}\nreceipt:{n}\n\n\0".encode())
+    receipts = await asyncio.wait_for(pub_reader.readuntil(b"receipt-id:3\n"), 10)
+    assert receipts.count(b"RECEIPT") == 4
+    got: list[bytes] = []
+    while len(got) < 2:
+        got += [f for f in _frames((await ws.receive_str()).encode()) if f.startswith(b"MESSAGE")]
+    assert [b"n:0" in got[0], b"n:3" in got[1]] == [True, True]
+    assert await asyncio.wait_for(idle[0].readuntil(b"n:3"), 10)
+    await ws.send_str("UNSUBSCRIBE\nid:w\nreceipt:bye\n\n\0")
+    assert "receipt-id:bye" in await ws.receive_str()
+    await until(
+        lambda: tables_hold(cluster, 1), "the WebSocket client's subscription withdrawn", 30
+    )
+    await ws.close()
+    await session.close()
+    for writer in (pub, idle[1]):
+        writer.close()
+
+
+def test_insecure_line_websocket_and_heart_beats(line: LocalCluster) -> None:
+    asyncio.run(closing_control(line, _insecure_line(line)))
