@@ -180,6 +180,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keys.set_defaults(func=cmd_keys)
 
+    user = sub.add_parser(
+        "stomp-user",
+        help="add a STOMP login to a deployment's keys directory",
+        description="Add (or replace) a login that brokers run with --keys DIR and --stomp "
+        "accept on CONNECT: DIR/stomp-credentials.json keeps a salted scrypt hash of the "
+        "passcode (mode 0600), never the passcode. The passcode is read from standard input "
+        "(one line; at least 8 characters). Brokers read the file when they start.",
+    )
+    user.add_argument("keys", type=Path, metavar="DIR", help="the keys directory")
+    user.add_argument("name", metavar="LOGIN")
+    user.set_defaults(func=cmd_stomp_user)
+
     systemd = sub.add_parser(
         "systemd",
         help="write the systemd units that run one host's brokers",
@@ -349,6 +361,15 @@ def cmd_keys(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_stomp_user(args: argparse.Namespace) -> None:
+    """Add a STOMP login to a keys directory."""
+    from octopis.gateway.credentials import add_user
+
+    passcode = sys.stdin.readline().rstrip("\r\n")
+    path = add_user(args.keys, args.name, passcode)
+    print(f"{path}: login {args.name!r} added")
+
+
 def cmd_systemd(args: argparse.Namespace) -> None:
     """Write the systemd units of one host's brokers."""
     scot = load_topology(args.file)
@@ -514,7 +535,9 @@ def _index_label(label: str) -> int | str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``octopis-topology``."""
-    return run_cli(build_parser(), argv, errors=(TopologyError,))
+    from octopis.gateway.credentials import CredentialsError
+
+    return run_cli(build_parser(), argv, errors=(TopologyError, CredentialsError))
 
 
 if __name__ == "__main__":
