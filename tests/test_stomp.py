@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import threading
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -320,3 +321,55 @@ async def _insecure_line(cluster: LocalCluster) -> None:
 
 def test_insecure_line_websocket_and_heart_beats(line: LocalCluster) -> None:
     asyncio.run(closing_control(line, _insecure_line(line)))
+
+
+PAGE = Path(__file__).resolve().parent / "stomp-js" / "page.html"
+PAGE_SELECTOR = "symbol IN ('AAPL', 'AMAT', 'ADBE') AND close > 15"
+
+
+@pytest.mark.browser
+def test_a_web_page_shows_live_notifications(line: LocalCluster) -> None:
+    """tests/stomp-js/page.html (@stomp/stompjs from npm) in headless Chromium subscribes
+    at a:0 over WebSocket with a selector; stomp.py publishes at c:0; the page shows each
+    selected quote once."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_monitor import _browser
+
+    if not (PAGE.parent / "node_modules" / "@stomp" / "stompjs").is_dir():
+        pytest.fail("tests/stomp-js/node_modules is missing: run .ci/setup")
+    scot = line.scot
+    url = scot.brokers["a:0"].stomp_ws_endpoint
+    query = urllib.parse.urlencode({"url": url, "selector": PAGE_SELECTOR})
+    quotes = _quotes()[:60]
+    driver = _browser()
+    try:
+        driver.get(f"{PAGE.as_uri()}?{query}")
+        wait = WebDriverWait(driver, 60, poll_frequency=0.1)
+        wait.until(lambda d: d.find_element(By.ID, "state").text == "subscribed")
+        padres = len(translate(PAGE_SELECTOR, "STOCK"))
+        asyncio.run(closing_control(line, until(lambda: tables_hold(line, padres), "spread", 30)))
+        pub, inbox = _connect(scot, "c:0")
+        sent = []
+        for q in quotes:
+            headers = {k: str(v) for k, v in q.items() if k != "class"}
+            pub.send("/topic/STOCK", "", headers={**headers, "receipt": f"p{q['n']}"})
+            sent.append(publication_of({"destination": "/topic/STOCK", **headers}))
+        _wait(lambda: len(inbox.receipts) == len(quotes), "every SEND confirmed")
+        expected = [p["n"] for p in sent if selects(PAGE_SELECTOR, p)]
+        assert expected
+
+        def shown(d: Any) -> list[int]:
+            return [int(e.get_attribute("data-n")) for e in d.find_elements(By.TAG_NAME, "li")]
+
+        wait.until(lambda d: len(shown(d)) >= len(expected))
+        got = Counter(shown(driver))
+        counts = accounting("page", len(expected), got)
+        assert sorted(got) == expected and counts["duplicates"] == 0
+        texts = [e.text for e in driver.find_elements(By.TAG_NAME, "li")]
+        assert all(
+            t.split()[0] in ("AAPL", "AMAT", "ADBE") and float(t.split()[1]) > 15 for t in texts
+        )
+        pub.disconnect()
+    finally:
+        driver.quit()
