@@ -69,6 +69,8 @@ class Connection:
         self.reason = "it closed the connection"
         self.last_read = self.last_written = self.last_told = time.monotonic()
         self.pending: list[bytes] = []
+        self.registered = False
+        """The broker has a client session for this connection (after its first request)."""
 
     # -- to the client --------------------------------------------------------------------
 
@@ -105,6 +107,7 @@ class Connection:
             requests, self.pending = self.pending, []
             self.listener.clients.requests(self.identity, requests)
             self.last_told = time.monotonic()
+            self.registered = True
 
     async def writer(self) -> None:
         """Write queued frames (and heart-beats), then close when asked to."""
@@ -148,6 +151,11 @@ class Connection:
             periods = [p / 1000 for p in (s.send_every, s.expect_every) if p]
             await asyncio.sleep(min([tick, *[p / 2 for p in periods]]))
             now = time.monotonic()
+            clients = self.listener.clients
+            if self.registered and self.identity not in clients.connections:
+                self.reason = clients.dropped.get(self.identity, "dropped by the broker")
+                self.apply(Effects([error_frame(self.reason)], close=True))
+                return
             if s.expect_every and now - self.last_read > 2 * s.expect_every / 1000:
                 self.reason = f"no heart-beat for {2 * s.expect_every} ms"
                 self.apply(Effects([error_frame(self.reason)], close=True))

@@ -1,0 +1,187 @@
+"""Deliveries per second through one broker's STOMP listener, OctopiS against ActiveMQ
+Classic side by side in one run, the same workload for both: ``--subscribers`` stomp.py
+subscribers (spread over ``--processes`` client processes), each with the JMS selector of
+one stock subscription (bench.peers' workload: 2% selectivity), and one stomp.py
+publisher sending ``--quotes`` real quotes as fast as its receipts allow. Every delivery
+is checked exactly once against the selectors' oracle.
+
+    .venv/bin/python -m bench.stomp_throughput --subscribers 1000 --quotes 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import stomp
+
+from bench.peers import RECEIPT_EVERY, TOPIC, WINDOW, jms_selector, stomp_headers
+from bench.stomp_conformance import activemq_broker, octopis_broker
+from octopis.gateway.headers import publication_of
+from octopis.gateway.selector import selects
+from octopis.quotes import enrich, read_quote_dir, stock_subscriptions
+
+
+def workload(subscribers: int, quotes: int) -> tuple[list[str], list[dict[str, str]]]:
+    """Selectors and the quotes' STOMP headers (each with its number ``n``)."""
+    sample = [enrich(q) for q in read_quote_dir()]
+    step = max(1, len(sample) // quotes)
+    published = sample[::step][:quotes]
+    subs = stock_subscriptions(sample[::50], subscribers, seed=7)
+    selectors = [jms_selector(s) for s in subs]
+    return selectors, [{**stomp_headers(q), "n": str(i)} for i, q in enumerate(published)]
+
+
+def oracle(selectors: list[str], sent: list[dict[str, str]]) -> int:
+    """Deliveries the selectors call for (headers typed as OctopiS types them)."""
+    typed = [publication_of({"destination": TOPIC, **h}) for h in sent]
+    return sum(selects(s, p) for s in selectors for p in typed)
+
+
+def _subscriber_process(
+    port: int,
+    selectors: list[tuple[int, str]],
+    total: Any,
+    ready: Any,
+    stop: Any,
+    out: Any,
+) -> None:
+    """Open one stomp.py connection per selector, count deliveries by (id, n)."""
+    got: Counter[tuple[int, int]] = Counter()
+    lock = threading.Lock()
+    receipts = threading.Semaphore(0)
+
+    class Inbox(stomp.ConnectionListener):
+        def __init__(self, sub: int) -> None:
+            self.sub = sub
+
+        def on_message(self, frame: Any) -> None:
+            with lock:
+                got[(self.sub, int(frame.headers["n"]))] += 1
+            with total.get_lock():
+                total.value += 1
+
+        def on_receipt(self, frame: Any) -> None:
+            receipts.release()
+
+    conns = []
+    for sub, selector in selectors:
+        conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0))
+        conn.set_listener("inbox", Inbox(sub))
+        conn.connect(wait=True)
+        conn.subscribe(TOPIC, id=str(sub), headers={"selector": selector, "receipt": "in"})
+        conns.append(conn)
+    for _ in selectors:
+        receipts.acquire(timeout=60)
+    with ready.get_lock():
+        ready.value += 1
+    stop.wait()
+    out.put((len(got), sum(n - 1 for n in got.values())))
+    for conn in conns:
+        conn.disconnect()
+
+
+class _Publisher(stomp.ConnectionListener):
+    def __init__(self) -> None:
+        self.receipts = 0
+        self.cond = threading.Condition()
+
+    def on_receipt(self, frame: Any) -> None:
+        with self.cond:
+            self.receipts += 1
+            self.cond.notify_all()
+
+
+def stomp_run(
+    port: int, selectors: list[str], sent: list[dict[str, str]], processes: int, expected: int
+) -> dict[str, float]:
+    """One system's run: subscribers up, then the quotes; deliveries/s and the checks."""
+    ctx = mp.get_context("spawn")
+    total, ready, stop, out = ctx.Value("q", 0), ctx.Value("i", 0), ctx.Event(), ctx.Queue()
+    shares = [
+        [(i, s) for i, s in enumerate(selectors) if i % processes == k] for k in range(processes)
+    ]
+    workers = [
+        ctx.Process(target=_subscriber_process, args=(port, share, total, ready, stop, out))
+        for share in shares
+    ]
+    for w in workers:
+        w.start()
+    _wait(lambda: ready.value == processes, "subscribers ready", 600)
+    pub = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0))
+    listener = _Publisher()
+    pub.set_listener("pub", listener)
+    pub.connect(wait=True)
+    started = time.perf_counter()
+    for i, headers in enumerate(sent, 1):
+        extra = {"receipt": str(i)} if i % RECEIPT_EVERY == 0 or i == len(sent) else {}
+        pub.send(TOPIC, "", headers={**headers, **extra})
+        if extra:
+            with listener.cond:
+                owed = i // RECEIPT_EVERY - WINDOW
+                listener.cond.wait_for(lambda owed=owed: listener.receipts >= owed, 60)
+    _wait(lambda: total.value >= expected, "every delivery", 600)
+    elapsed = time.perf_counter() - started
+    time.sleep(1.0)  # duplicates, if any, would arrive now
+    stop.set()
+    distinct = duplicates = 0
+    for _ in workers:
+        d, dup = out.get(timeout=120)
+        distinct, duplicates = distinct + d, duplicates + dup
+    for w in workers:
+        w.join(timeout=60)
+    pub.disconnect()
+    return {
+        "deliveries_per_s": expected / elapsed,
+        "seconds": elapsed,
+        "expected": expected,
+        "delivered": distinct,
+        "duplicates": duplicates,
+        "lost": expected - distinct,
+    }
+
+
+def _wait(check: Any, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--subscribers", type=int, default=1000)
+    parser.add_argument("--quotes", type=int, default=2000)
+    parser.add_argument("--processes", type=int, default=4)
+    args = parser.parse_args()
+    selectors, sent = workload(args.subscribers, args.quotes)
+    expected = oracle(selectors, sent)
+    print(f"{len(selectors)} subscribers, {len(sent)} quotes, {expected} deliveries expected")
+    rows = {}
+    with tempfile.TemporaryDirectory() as work:
+        with octopis_broker(Path(work) / "octopis") as port:
+            rows["OctopiS (STOMP)"] = stomp_run(port, selectors, sent, args.processes, expected)
+        with activemq_broker(Path(work) / "activemq") as port:
+            rows["ActiveMQ 5.17 (STOMP)"] = stomp_run(
+                port, selectors, sent, args.processes, expected
+            )
+    print("| system | deliveries/s | s | expected | delivered | duplicates | lost |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(
+            f"| {name} | {r['deliveries_per_s']:.0f} | {r['seconds']:.1f} | {r['expected']} | "
+            f"{r['delivered']} | {r['duplicates']} | {r['lost']} |"
+        )
+    a, b = rows["OctopiS (STOMP)"], rows["ActiveMQ 5.17 (STOMP)"]
+    print(f"ratio OctopiS / ActiveMQ: {a['deliveries_per_s'] / b['deliveries_per_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
