@@ -24,7 +24,7 @@ import stomp
 from bench.peers import RECEIPT_EVERY, TOPIC, WINDOW, jms_selector, stomp_headers
 from bench.stomp_conformance import activemq_broker, octopis_broker
 from octopis.gateway.headers import publication_of
-from octopis.gateway.selector import selects
+from octopis.gateway.selector import evaluate, parse
 from octopis.quotes import enrich, read_quote_dir, stock_subscriptions
 
 
@@ -41,7 +41,8 @@ def workload(subscribers: int, quotes: int) -> tuple[list[str], list[dict[str, s
 def oracle(selectors: list[str], sent: list[dict[str, str]]) -> int:
     """Deliveries the selectors call for (headers typed as OctopiS types them)."""
     typed = [publication_of({"destination": TOPIC, **h}) for h in sent]
-    return sum(selects(s, p) for s in selectors for p in typed)
+    trees = [parse(s) for s in selectors]
+    return sum(evaluate(t, p) is True for t in trees for p in typed)
 
 
 def _subscriber_process(
