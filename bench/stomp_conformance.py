@@ -179,8 +179,9 @@ def settled(seconds: float) -> Callable[[dict[str, list[int] | str]], bool]:
 
 
 @contextmanager
-def octopis_broker(work: Path) -> Iterator[int]:
-    """One OctopiS broker (insecure) with its STOMP listener; yields the STOMP port."""
+def octopis_broker(work: Path) -> Iterator[tuple[int, list[int]]]:
+    """One OctopiS broker (insecure) with its STOMP listener; yields the STOMP port and
+    the broker's process id."""
     base = find_free_base_port(2)
     scot = build_scot(nx.path_graph(["a"]), complete_factor(1), name="one", base_port=base)
     scot = with_stomp(scot, base + PORTS_PER_BROKER)
@@ -191,7 +192,7 @@ def octopis_broker(work: Path) -> Iterator[int]:
     cluster.spawn()
     try:
         asyncio.run(_ready(cluster))
-        yield base + PORTS_PER_BROKER
+        yield base + PORTS_PER_BROKER, [p.pid for p in cluster.processes.values()]
     finally:
         cluster.stop()
 
@@ -204,13 +205,14 @@ async def _ready(cluster: LocalCluster) -> None:
 
 
 @contextmanager
-def activemq_broker(work: Path) -> Iterator[int]:
-    """One ActiveMQ Classic broker (Debian's); yields its STOMP port."""
+def activemq_broker(work: Path) -> Iterator[tuple[int, list[int]]]:
+    """One ActiveMQ Classic broker (Debian's); yields its STOMP port and its JVM's
+    process id."""
     system = ActiveMQSystem(heap_mb=256)
     scot = build_scot(nx.path_graph(["a"]), complete_factor(1), name="one")
     system.start(scot, work)
     try:
-        yield system.ports["a:0"][1]
+        yield system.ports["a:0"][1], system.pids()
     finally:
         system.stop()
 
@@ -234,9 +236,9 @@ def compare(quotes: int, work: Path, exact: bool = False) -> list[tuple[str, Any
     got what the oracle says (a test's condition)."""
     sent = messages(quotes)
     selectors = SAME + DIFFERENT
-    with activemq_broker(work / "activemq") as port:
+    with activemq_broker(work / "activemq") as (port, _):
         amq = run(port, selectors, sent, reached_oracle(sent) if exact else settled(3.0))
-    with octopis_broker(work / "octopis") as port:
+    with octopis_broker(work / "octopis") as (port, _):
         ours = run(port, selectors, sent, reached_oracle(sent) if exact else settled(3.0))
     return [(s, oracle(s, sent), amq[s], ours[s]) for s in selectors]
 

@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 import stomp
 
 from bench.peers import RECEIPT_EVERY, TOPIC, WINDOW, jms_selector, stomp_headers
@@ -102,7 +103,9 @@ class _Publisher(stomp.ConnectionListener):
 def stomp_run(
     port: int, selectors: list[str], sent: list[dict[str, str]], processes: int, expected: int
 ) -> dict[str, float]:
-    """One system's run: subscribers up, then the quotes; deliveries/s and the checks."""
+    """One system's run: subscribers up, then the quotes; deliveries/s, the broker's CPU
+    per delivery, and the checks."""
+    port, pids = broker
     ctx = mp.get_context("spawn")
     total, ready, stop, out = ctx.Value("q", 0), ctx.Value("i", 0), ctx.Event(), ctx.Queue()
     shares = [
@@ -119,7 +122,7 @@ def stomp_run(
     listener = _Publisher()
     pub.set_listener("pub", listener)
     pub.connect(wait=True)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu(pids)
     for i, headers in enumerate(sent, 1):
         extra = {"receipt": str(i)} if i % RECEIPT_EVERY == 0 or i == len(sent) else {}
         pub.send(TOPIC, "", headers={**headers, **extra})
@@ -129,6 +132,7 @@ def stomp_run(
                 listener.cond.wait_for(lambda owed=owed: listener.receipts >= owed, 60)
     _wait(lambda: total.value >= expected, "every delivery", 600)
     elapsed = time.perf_counter() - started
+    cpu = _cpu(pids) - cpu
     time.sleep(1.0)  # duplicates, if any, would arrive now
     stop.set()
     distinct = duplicates = 0
@@ -141,6 +145,7 @@ def stomp_run(
     return {
         "deliveries_per_s": expected / elapsed,
         "seconds": elapsed,
+        "cpu_us_per_delivery": 1e6 * cpu / expected,
         "expected": expected,
         "delivered": distinct,
         "duplicates": duplicates,
@@ -173,15 +178,22 @@ def main() -> None:
             rows["ActiveMQ 5.17 (STOMP)"] = stomp_run(
                 port, selectors, sent, args.processes, expected
             )
-    print("| system | deliveries/s | s | expected | delivered | duplicates | lost |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| system | deliveries/s | s | broker CPU µs per delivery | expected | delivered "
+        "| duplicates | lost |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         print(
-            f"| {name} | {r['deliveries_per_s']:.0f} | {r['seconds']:.1f} | {r['expected']} | "
+            f"| {name} | {r['deliveries_per_s']:.0f} | {r['seconds']:.1f} | "
+            f"{r['cpu_us_per_delivery']:.0f} | {r['expected']} | "
             f"{r['delivered']} | {r['duplicates']} | {r['lost']} |"
         )
     a, b = rows["OctopiS (STOMP)"], rows["ActiveMQ 5.17 (STOMP)"]
-    print(f"ratio OctopiS / ActiveMQ: {a['deliveries_per_s'] / b['deliveries_per_s']:.2f}")
+    print(
+        f"OctopiS / ActiveMQ: deliveries/s {a['deliveries_per_s'] / b['deliveries_per_s']:.2f}, "
+        f"CPU per delivery {a['cpu_us_per_delivery'] / b['cpu_us_per_delivery']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -123,7 +123,8 @@ def test_each_delivery_once_per_subscription_and_none_after_unsubscribe() -> Non
     s.received(Frame("SUBSCRIBE", {"id": "a", "destination": "/topic/T"}), 0.0)
     out = s.from_broker([pack(["stomp/a", "stomp/gone"]), pack(NOTIFY)])
     assert [f.headers["subscription"] for f in out.frames] == ["a"]
-    assert out.frames[0].headers["k"] == "1" and "ack" not in out.frames[0].headers
+    assert out.frames[0].shared == "destination:/topic/T\nk:1\n"
+    assert "ack" not in out.frames[0].headers
 
 
 def test_credentials(tmp_path: Path) -> None:

@@ -73,6 +73,9 @@ class Frame:
     command: str
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    shared: str = ""
+    """Header lines already escaped (:func:`header_lines`) that follow ``headers`` when
+    the frame is written: those of a notification, made once for all its deliveries."""
 
 
 class Decoder:
@@ -211,21 +214,30 @@ def _unescape(text: str, escapes: dict[str, str]) -> str:
     return _ESCAPE.sub(one, text)
 
 
-def encode(frame: Frame, version: str = "1.2") -> bytes:
-    """The bytes of ``frame`` under ``version``'s escaping; a body gets ``content-length``."""
-    table = None if frame.command in _UNESCAPED else _ESCAPE_OUT.get(version)
-    lines = [frame.command]
-    for name, value in frame.headers.items():
+def header_lines(headers: dict[str, str], command: str, version: str) -> str:
+    """``name:value`` lines (each ending in a newline) under ``version``'s escaping for a
+    ``command`` frame; ``content-length`` is left out (:func:`encode` writes it)."""
+    table = None if command in _UNESCAPED else _ESCAPE_OUT.get(version)
+    lines = []
+    for name, value in headers.items():
         if name == "content-length":
             continue
         if table is not None:
             name, value = name.translate(table), value.translate(table)
         elif "\n" in value or "\n" in name or ":" in name:
             raise FrameError(f"header {name[:40]!r} cannot be written in a {version} frame")
-        lines.append(f"{name}:{value}")
+        lines.append(f"{name}:{value}\n")
+    return "".join(lines)
+
+
+def encode(frame: Frame, version: str = "1.2") -> bytes:
+    """The bytes of ``frame`` under ``version``'s escaping (its :attr:`Frame.shared`
+    lines after its own headers); a body gets ``content-length``."""
+    head = frame.command + "\n" + header_lines(frame.headers, frame.command, version)
+    head += frame.shared
     if frame.body or frame.command in ("SEND", "MESSAGE", "ERROR"):
-        lines.append(f"content-length:{len(frame.body)}")
-    return ("\n".join(lines) + "\n\n").encode("utf-8") + frame.body + b"\0"
+        head += f"content-length:{len(frame.body)}\n"
+    return (head + "\n").encode("utf-8") + frame.body + b"\0"
 
 
 def error_frame(message: str, receipt_id: str | None = None, detail: str = "") -> Frame:

@@ -29,7 +29,7 @@ from aiohttp import WSMsgType, web
 
 from octopis.gateway.credentials import Credentials
 from octopis.gateway.frames import Decoder, FrameError, FrameLimits, encode, error_frame
-from octopis.gateway.session import Effects, SessionLimits, StompSession
+from octopis.gateway.session import DeliveryCache, Effects, SessionLimits, StompSession
 from octopis.transport.clients import ClientSessions
 from octopis.transport.settings import BrokerSettings
 from octopis.wire import HeartbeatRequest, pack
@@ -57,7 +57,7 @@ class Connection:
         self.peer = peer
         self.decoder = Decoder(listener.frame_limits)
         self.session = StompSession(
-            listener.authenticate, secrets.randbits(62), listener.session_limits
+            listener.authenticate, secrets.randbits(62), listener.session_limits, listener.cache
         )
         self._write, self._close = write, close
         self.out: deque[bytes] = deque()
@@ -200,6 +200,7 @@ class Listener:
         )
         self.connections: set[Connection] = set()
         self.counters = clients.counters
+        self.cache = DeliveryCache()
 
     def authenticate(self, login: str | None, passcode: str | None) -> str | None:
         """None when a CONNECT with these headers may proceed, else why not."""

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from octopis.gateway.frames import Frame, FrameError, error_frame, negotiate
+from octopis.gateway.frames import Frame, FrameError, error_frame, header_lines, negotiate
 from octopis.gateway.headers import HeaderError, headers_of, publication_of, topic_of
 from octopis.gateway.selector import SelectorError, translate
 from octopis.wire import (
@@ -89,6 +89,24 @@ class _Subscription:
     sub_ids: list[str] = field(default_factory=list)
 
 
+class DeliveryCache:
+    """The header lines of the last notification delivered, made once for every STOMP
+    connection of a broker it goes to (one asyncio loop: no locking)."""
+
+    def __init__(self) -> None:
+        self._body: bytes | None = None
+        self._version = ""
+        self._lines = ""
+
+    def lines(self, body: bytes, version: str) -> str:
+        """The escaped header lines of the NOTIFY ``body``'s publication."""
+        if body is not self._body or version != self._version:
+            publication = delivery_fields(body)[3]
+            self._lines = header_lines(headers_of(publication), "MESSAGE", version)
+            self._body, self._version = body, version
+        return self._lines
+
+
 class StompSession:
     """The protocol state of one STOMP connection.
 
@@ -101,9 +119,11 @@ class StompSession:
         authenticate: Callable[[str | None, str | None], str | None],
         session: int,
         limits: SessionLimits,
+        cache: DeliveryCache | None = None,
     ) -> None:
         self.authenticate = authenticate
         self.limits = limits
+        self.cache = cache or DeliveryCache()
         self.session = session
         self.version: str | None = None
         self.send_every = 0
@@ -275,18 +295,17 @@ class StompSession:
             self._reply(unpack(parts[0]), out)
             return out
         for i in range(0, len(parts) - 1, 2):
-            names = unpack(parts[i])
-            publication = delivery_fields(parts[i + 1])[3]
-            for name in names:
-                self._message(name, publication, out)
+            shared = self.cache.lines(parts[i + 1], self.version or "1.0")
+            for name in unpack(parts[i]):
+                self._message(name, shared, out)
         return out
 
-    def _message(self, name: str, publication: dict[str, Any], out: Effects) -> None:
+    def _message(self, name: str, shared: str, out: Effects) -> None:
         sub = self._by_name.get(name)
         if sub is None:  # unsubscribed meanwhile
             return
         message_id = str(next(self._message_ids))
-        headers = {"subscription": sub.id, "message-id": message_id, **headers_of(publication)}
+        headers = {"subscription": sub.id, "message-id": message_id}
         if sub.ack != "auto":
             if len(self._unacked) >= self.limits.unacked:
                 out.frames.append(
@@ -300,7 +319,7 @@ class StompSession:
             self._unacked[message_id] = sub.id
             if self.version == "1.2":
                 headers["ack"] = message_id
-        out.frames.append(Frame("MESSAGE", headers))
+        out.frames.append(Frame("MESSAGE", headers, shared=shared))
 
     def _reply(self, reply: dict[str, Any], out: Effects) -> None:
         op, req = reply.get("op"), reply.get("req")
