@@ -100,8 +100,23 @@ class _Publisher(stomp.ConnectionListener):
             self.cond.notify_all()
 
 
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` and their children used."""
+    total = 0.0
+    for pid in pids:
+        p = psutil.Process(pid)
+        for q in (p, *p.children(recursive=True)):
+            t = q.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 def stomp_run(
-    port: int, selectors: list[str], sent: list[dict[str, str]], processes: int, expected: int
+    broker: tuple[int, list[int]],
+    selectors: list[str],
+    sent: list[dict[str, str]],
+    processes: int,
+    expected: int,
 ) -> dict[str, float]:
     """One system's run: subscribers up, then the quotes; deliveries/s, the broker's CPU
     per delivery, and the checks."""
