@@ -179,9 +179,9 @@ def settled(seconds: float) -> Callable[[dict[str, list[int] | str]], bool]:
 
 
 @contextmanager
-def octopis_broker(work: Path) -> Iterator[tuple[int, list[int]]]:
-    """One OctopiS broker (insecure) with its STOMP listener; yields the STOMP port and
-    the broker's process id."""
+def octopis_broker(work: Path) -> Iterator[tuple[int, list[int], str]]:
+    """One OctopiS broker (insecure) with its STOMP listener; yields the STOMP port, the
+    broker's process id and its client endpoint (for the SDK)."""
     base = find_free_base_port(2)
     scot = build_scot(nx.path_graph(["a"]), complete_factor(1), name="one", base_port=base)
     scot = with_stomp(scot, base + PORTS_PER_BROKER)
@@ -192,7 +192,8 @@ def octopis_broker(work: Path) -> Iterator[tuple[int, list[int]]]:
     cluster.spawn()
     try:
         asyncio.run(_ready(cluster))
-        yield base + PORTS_PER_BROKER, [p.pid for p in cluster.processes.values()]
+        pids = [p.pid for p in cluster.processes.values()]
+        yield base + PORTS_PER_BROKER, pids, scot.brokers["a:0"].client_endpoint
     finally:
         cluster.stop()
 
@@ -238,7 +239,7 @@ def compare(quotes: int, work: Path, exact: bool = False) -> list[tuple[str, Any
     selectors = SAME + DIFFERENT
     with activemq_broker(work / "activemq") as (port, _):
         amq = run(port, selectors, sent, reached_oracle(sent) if exact else settled(3.0))
-    with octopis_broker(work / "octopis") as (port, _):
+    with octopis_broker(work / "octopis") as (port, *_):
         ours = run(port, selectors, sent, reached_oracle(sent) if exact else settled(3.0))
     return [(s, oracle(s, sent), amq[s], ours[s]) for s in selectors]
 

@@ -3,14 +3,16 @@ Classic side by side in one run, the same workload for both: ``--subscribers`` s
 subscribers (spread over ``--processes`` client processes), each with the JMS selector of
 one stock subscription (bench.peers' workload: 2% selectivity), and one stomp.py
 publisher sending ``--quotes`` real quotes as fast as its receipts allow. Every delivery
-is checked exactly once against the selectors' oracle.
+is checked exactly once against the selectors' oracle. ``--sdk`` adds the same workload
+through the SDK on the same OctopiS broker (the STOMP path against the SDK path).
 
-    .venv/bin/python -m bench.stomp_throughput --subscribers 1000 --quotes 2000
+    .venv/bin/python -m bench.stomp_throughput --subscribers 1000 --quotes 2000 --sdk
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import tempfile
 import threading
@@ -24,8 +26,9 @@ import stomp
 
 from bench.peers import RECEIPT_EVERY, TOPIC, WINDOW, jms_selector, stomp_headers
 from bench.stomp_conformance import activemq_broker, octopis_broker
+from octopis.client import Publisher, Subscriber
 from octopis.gateway.headers import publication_of
-from octopis.gateway.selector import evaluate, parse
+from octopis.gateway.selector import evaluate, parse, translate
 from octopis.quotes import enrich, read_quote_dir, stock_subscriptions
 
 
@@ -168,6 +171,95 @@ def stomp_run(
     }
 
 
+def _sdk_subscriber_process(
+    endpoint: str,
+    filters: list[tuple[int, str]],
+    total: Any,
+    ready: Any,
+    stop: Any,
+    out: Any,
+) -> None:
+    """One SDK subscriber (its own connection) per filter, counting deliveries by (id, n)."""
+    got: Counter[tuple[int, int]] = Counter()
+
+    async def main() -> None:
+        clients = []
+        for sub, text in filters:
+
+            def on(r: Any, sub: int = sub) -> None:
+                got[(sub, r.publication["n"])] += 1
+                with total.get_lock():
+                    total.value += 1
+
+            client = await Subscriber.connect(endpoint, f"s{sub}", keys=False, on_notification=on)
+            await client.subscribe(text)
+            clients.append(client)
+        with ready.get_lock():
+            ready.value += 1
+        await asyncio.to_thread(stop.wait)
+        out.put((len(got), sum(n - 1 for n in got.values())))
+        for client in clients:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def sdk_run(
+    broker: tuple[int, list[int], str],
+    selectors: list[str],
+    sent: list[dict[str, str]],
+    processes: int,
+    expected: int,
+) -> dict[str, float]:
+    """The same workload through the SDK on the same broker: each selector's PADRES
+    subscription, the quotes as the publications STOMP makes of them."""
+    _, pids, endpoint = broker
+    filters = [translate(s, TOPIC.removeprefix("/topic/"))[0].to_text() for s in selectors]
+    publications = [publication_of({"destination": TOPIC, **h}) for h in sent]
+    ctx = mp.get_context("spawn")
+    total, ready, stop, out = ctx.Value("q", 0), ctx.Value("i", 0), ctx.Event(), ctx.Queue()
+    shares = [
+        [(i, f) for i, f in enumerate(filters) if i % processes == k] for k in range(processes)
+    ]
+    workers = [
+        ctx.Process(target=_sdk_subscriber_process, args=(endpoint, share, total, ready, stop, out))
+        for share in shares
+    ]
+    for w in workers:
+        w.start()
+    _wait(lambda: ready.value == processes, "SDK subscribers ready", 600)
+
+    async def publish() -> tuple[float, float]:
+        pub = await Publisher.connect(endpoint, "pub", keys=False)
+        started, cpu = time.perf_counter(), _cpu(pids)
+        for p in publications:
+            await pub.publish(p, wait=False)
+        await pub.flush()
+        await asyncio.to_thread(_wait, lambda: total.value >= expected, "every delivery", 600)
+        elapsed, cpu = time.perf_counter() - started, _cpu(pids) - cpu
+        await pub.close()
+        return elapsed, cpu
+
+    elapsed, cpu = asyncio.run(publish())
+    time.sleep(1.0)  # duplicates, if any, would arrive now
+    stop.set()
+    distinct = duplicates = 0
+    for _ in workers:
+        d, dup = out.get(timeout=120)
+        distinct, duplicates = distinct + d, duplicates + dup
+    for w in workers:
+        w.join(timeout=60)
+    return {
+        "deliveries_per_s": expected / elapsed,
+        "seconds": elapsed,
+        "cpu_us_per_delivery": 1e6 * cpu / expected,
+        "expected": expected,
+        "delivered": distinct,
+        "duplicates": duplicates,
+        "lost": expected - distinct,
+    }
+
+
 def _wait(check: Any, what: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -181,17 +273,24 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=1000)
     parser.add_argument("--quotes", type=int, default=2000)
     parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument(
+        "--sdk", action="store_true", help="also run the workload through the SDK on OctopiS"
+    )
     args = parser.parse_args()
     selectors, sent = workload(args.subscribers, args.quotes)
     expected = oracle(selectors, sent)
     print(f"{len(selectors)} subscribers, {len(sent)} quotes, {expected} deliveries expected")
     rows = {}
     with tempfile.TemporaryDirectory() as work:
-        with octopis_broker(Path(work) / "octopis") as port:
-            rows["OctopiS (STOMP)"] = stomp_run(port, selectors, sent, args.processes, expected)
-        with activemq_broker(Path(work) / "activemq") as port:
+        with octopis_broker(Path(work) / "octopis") as broker:
+            rows["OctopiS (STOMP)"] = stomp_run(
+                broker[:2], selectors, sent, args.processes, expected
+            )
+            if args.sdk:
+                rows["OctopiS (SDK)"] = sdk_run(broker, selectors, sent, args.processes, expected)
+        with activemq_broker(Path(work) / "activemq") as amq:
             rows["ActiveMQ 5.17 (STOMP)"] = stomp_run(
-                port, selectors, sent, args.processes, expected
+                amq, selectors, sent, args.processes, expected
             )
     print(
         "| system | deliveries/s | s | broker CPU µs per delivery | expected | delivered "
