@@ -97,8 +97,8 @@ class Connection:
             self.closing = True
             refusals = [f.headers["message"] for f in effects.frames if f.command == "ERROR"]
             self.reason = refusals[0] if refusals else "it disconnected"
-        if self.session.unanswered < self.listener.settings.publish_window:
-            self.room.set()
+        if self.closing or self.session.unanswered < self.listener.settings.publish_window:
+            self.room.set()  # a closing connection's reader must not wait for answers
         self.wake.set()
 
     def submit(self) -> None:
