@@ -117,7 +117,13 @@ class Connection:
             while self.out:
                 data = self.out.popleft()
                 self.out_bytes -= len(data)
-                await self._write(data)
+                try:
+                    await self._write(data)
+                except (ConnectionError, RuntimeError) as exc:  # the client went away
+                    self.reason = f"connection lost: {exc}"
+                    self.closing = True
+                    self.room.set()
+                    return
                 self.last_written = time.monotonic()
             if self.closing:
                 await self._close()
