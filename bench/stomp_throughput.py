@@ -124,18 +124,7 @@ def stomp_run(
     """One system's run: subscribers up, then the quotes; deliveries/s, the broker's CPU
     per delivery, and the checks."""
     port, pids = broker
-    ctx = mp.get_context("spawn")
-    total, ready, stop, out = ctx.Value("q", 0), ctx.Value("i", 0), ctx.Event(), ctx.Queue()
-    shares = [
-        [(i, s) for i, s in enumerate(selectors) if i % processes == k] for k in range(processes)
-    ]
-    workers = [
-        ctx.Process(target=_subscriber_process, args=(port, share, total, ready, stop, out))
-        for share in shares
-    ]
-    for w in workers:
-        w.start()
-    _wait(lambda: ready.value == processes, "subscribers ready", 600)
+    clients = _Clients(_subscriber_process, port, selectors, processes)
     pub = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0))
     listener = _Publisher()
     pub.set_listener("pub", listener)
@@ -148,27 +137,10 @@ def stomp_run(
             with listener.cond:
                 owed = i // RECEIPT_EVERY - WINDOW
                 listener.cond.wait_for(lambda owed=owed: listener.receipts >= owed, 60)
-    _wait(lambda: total.value >= expected, "every delivery", 600)
-    elapsed = time.perf_counter() - started
-    cpu = _cpu(pids) - cpu
-    time.sleep(1.0)  # duplicates, if any, would arrive now
-    stop.set()
-    distinct = duplicates = 0
-    for _ in workers:
-        d, dup = out.get(timeout=120)
-        distinct, duplicates = distinct + d, duplicates + dup
-    for w in workers:
-        w.join(timeout=60)
+    _wait(lambda: clients.total.value >= expected, "every delivery", 600)
+    elapsed, cpu = time.perf_counter() - started, _cpu(pids) - cpu
     pub.disconnect()
-    return {
-        "deliveries_per_s": expected / elapsed,
-        "seconds": elapsed,
-        "cpu_us_per_delivery": 1e6 * cpu / expected,
-        "expected": expected,
-        "delivered": distinct,
-        "duplicates": duplicates,
-        "lost": expected - distinct,
-    }
+    return clients.finish(expected, elapsed, cpu)
 
 
 def _sdk_subscriber_process(
@@ -216,18 +188,7 @@ def sdk_run(
     _, pids, endpoint = broker
     filters = [translate(s, TOPIC.removeprefix("/topic/"))[0].to_text() for s in selectors]
     publications = [publication_of({"destination": TOPIC, **h}) for h in sent]
-    ctx = mp.get_context("spawn")
-    total, ready, stop, out = ctx.Value("q", 0), ctx.Value("i", 0), ctx.Event(), ctx.Queue()
-    shares = [
-        [(i, f) for i, f in enumerate(filters) if i % processes == k] for k in range(processes)
-    ]
-    workers = [
-        ctx.Process(target=_sdk_subscriber_process, args=(endpoint, share, total, ready, stop, out))
-        for share in shares
-    ]
-    for w in workers:
-        w.start()
-    _wait(lambda: ready.value == processes, "SDK subscribers ready", 600)
+    clients = _Clients(_sdk_subscriber_process, endpoint, filters, processes)
 
     async def publish() -> tuple[float, float]:
         pub = await Publisher.connect(endpoint, "pub", keys=False)
@@ -235,29 +196,57 @@ def sdk_run(
         for p in publications:
             await pub.publish(p, wait=False)
         await pub.flush()
-        await asyncio.to_thread(_wait, lambda: total.value >= expected, "every delivery", 600)
+        await asyncio.to_thread(
+            _wait, lambda: clients.total.value >= expected, "every delivery", 600
+        )
         elapsed, cpu = time.perf_counter() - started, _cpu(pids) - cpu
         await pub.close()
         return elapsed, cpu
 
     elapsed, cpu = asyncio.run(publish())
-    time.sleep(1.0)  # duplicates, if any, would arrive now
-    stop.set()
-    distinct = duplicates = 0
-    for _ in workers:
-        d, dup = out.get(timeout=120)
-        distinct, duplicates = distinct + d, duplicates + dup
-    for w in workers:
-        w.join(timeout=60)
-    return {
-        "deliveries_per_s": expected / elapsed,
-        "seconds": elapsed,
-        "cpu_us_per_delivery": 1e6 * cpu / expected,
-        "expected": expected,
-        "delivered": distinct,
-        "duplicates": duplicates,
-        "lost": expected - distinct,
-    }
+    return clients.finish(expected, elapsed, cpu)
+
+
+class _Clients:
+    """Subscriber processes (``target`` run on a share of ``items`` each), ready when
+    made; :meth:`finish` stops them and checks every delivery exactly once."""
+
+    def __init__(self, target: Any, address: Any, items: list[str], processes: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.total, self.ready = ctx.Value("q", 0), ctx.Value("i", 0)
+        self.stop, self.out = ctx.Event(), ctx.Queue()
+        shares = [
+            [(i, x) for i, x in enumerate(items) if i % processes == k] for k in range(processes)
+        ]
+        self.workers = [
+            ctx.Process(
+                target=target, args=(address, share, self.total, self.ready, self.stop, self.out)
+            )
+            for share in shares
+        ]
+        for w in self.workers:
+            w.start()
+        _wait(lambda: self.ready.value == processes, "subscribers ready", 600)
+
+    def finish(self, expected: int, elapsed: float, cpu: float) -> dict[str, float]:
+        """Deliveries/s and CPU per delivery of a run, with its exactly-once counts."""
+        time.sleep(1.0)  # duplicates, if any, would arrive now
+        self.stop.set()
+        distinct = duplicates = 0
+        for _ in self.workers:
+            d, dup = self.out.get(timeout=120)
+            distinct, duplicates = distinct + d, duplicates + dup
+        for w in self.workers:
+            w.join(timeout=60)
+        return {
+            "deliveries_per_s": expected / elapsed,
+            "seconds": elapsed,
+            "cpu_us_per_delivery": 1e6 * cpu / expected,
+            "expected": expected,
+            "delivered": distinct,
+            "duplicates": duplicates,
+            "lost": expected - distinct,
+        }
 
 
 def _wait(check: Any, what: str, timeout: float) -> None:
