@@ -7,8 +7,11 @@ insecure line, heart-beats that drive liveness."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
+import ssl
+import subprocess
 import threading
 import urllib.parse
 from collections import Counter
@@ -25,7 +28,7 @@ from conditions import accounting, closing_control, tables_hold, until
 from octopis.client.blocking import BlockingPublisher, BlockingSubscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
 from octopis.filters import parse_subscription
-from octopis.gateway.credentials import add_user
+from octopis.gateway.credentials import TLS_CERT, TLS_KEY, add_user
 from octopis.gateway.headers import publication_of
 from octopis.gateway.selector import selects, translate
 from octopis.keys import KEYS_ENV, make_keys
@@ -373,3 +376,91 @@ def test_a_web_page_shows_live_notifications(line: LocalCluster) -> None:
         pub.disconnect()
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def one_tls(tmp_path: Path) -> Iterator[LocalCluster]:
+    """One broker with keys, a STOMP login and a self-signed TLS certificate for 127.0.0.1
+    in its keys directory."""
+    scot = build_scot(
+        nx.path_graph(["a"]), complete_factor(1), name="one", base_port=find_free_base_port(2)
+    )
+    path = tmp_path / "one.json"
+    scot = _add_stomp(scot, path)
+    keys = make_keys(tmp_path / "keys", scot.endpoints_by_broker())
+    add_user(keys, USER, PASSCODE)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(keys / TLS_KEY),
+            "-out",
+            str(keys / TLS_CERT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    (keys / TLS_KEY).chmod(0o600)
+    cluster = LocalCluster(scot, path, "snr", tmp_path, BrokerSettings(), keys=keys, stomp=True)
+    cluster.spawn()
+    try:
+        asyncio.run(closing_control(cluster, cluster.wait_ready(60)))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_tls_on_tcp_and_websocket(one_tls: LocalCluster) -> None:
+    broker = one_tls.scot.brokers["a:0"]
+    cert = one_tls.keys_dir / TLS_CERT
+    host, port = _endpoint(broker.stomp_endpoint)
+    conn = stomp.Connection12([(host, port)])
+    conn.set_ssl(for_hosts=[(host, port)], ca_certs=str(cert))
+    inbox = Inbox(conn)
+    conn.set_listener("inbox", inbox)
+    conn.connect(USER, PASSCODE, wait=True)
+    conn.subscribe("/topic/T", id="t", headers={"selector": "n > 1", "receipt": "in"})
+    _wait(lambda: "in" in inbox.receipts, "the subscription's receipt over TLS")
+    for n in range(4):
+        conn.send("/topic/T", "", headers={"n": str(n), "receipt": f"p{n}"})
+    _wait(lambda: set(inbox.got) == {2, 3} and len(inbox.receipts) == 5, "deliveries over TLS")
+    conn.disconnect()
+    assert b"CONNECTED" not in _raw_quietly(host, port, b"CONNECT\naccept-version:1.2\n\n\0")
+
+    async def over_wss() -> str:
+        context = ssl.create_default_context(cafile=str(cert))
+        url = broker.stomp_ws_endpoint.replace("ws://", "wss://")
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(url, protocols=("v12.stomp",), ssl=context)
+            await ws.send_str(
+                f"CONNECT\naccept-version:1.2\nlogin:{USER}\npasscode:{PASSCODE}\n\n\0"
+            )
+            answer = await ws.receive_str()
+            await ws.close()
+            return answer
+
+    assert asyncio.run(over_wss()).startswith("CONNECTED\nversion:1.2\n")
+
+
+def _raw_quietly(host: str, port: int, data: bytes) -> bytes:
+    """What a plain-text client gets from a TLS listener (until it closes)."""
+    with socket.create_connection((host, port), 10) as s:
+        s.sendall(data)
+        s.settimeout(10)
+        out = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := s.recv(65536):
+                out += chunk
+    return out

@@ -24,9 +24,10 @@ def _host_port(endpoint: str) -> tuple[str, int]:
 
 def stomp_gateway(info: BrokerInfo, keys_dir: Path | None) -> Gateway:
     """The STOMP listener's task for the broker of ``info`` (its topology entry), with
-    the logins of ``keys_dir`` (None: an insecure overlay, any CONNECT accepted).
+    the logins and TLS files of ``keys_dir`` (None: an insecure overlay, any CONNECT
+    accepted, no TLS).
     TopologyError when the entry names no STOMP endpoint."""
-    from octopis.gateway.credentials import Credentials
+    from octopis.gateway.credentials import Credentials, tls_context
     from octopis.gateway.listener import Listener
 
     if info.stomp_endpoint is None and info.stomp_ws_endpoint is None:
@@ -35,11 +36,12 @@ def stomp_gateway(info: BrokerInfo, keys_dir: Path | None) -> Gateway:
             "`octopis-topology build --stomp-base-port P`"
         )
     credentials = Credentials.load(keys_dir) if keys_dir is not None else None
+    tls = tls_context(keys_dir) if keys_dir is not None else None
     tcp = _host_port(info.stomp_endpoint) if info.stomp_endpoint else None
     ws = _host_port(info.stomp_ws_endpoint) if info.stomp_ws_endpoint else None
 
     def tasks(broker: Broker) -> list[tuple[str, Coroutine[Any, Any, None]]]:
         listener = Listener(broker.clients, broker.settings, credentials)
-        return [("stomp", listener.serve(tcp, ws))]
+        return [("stomp", listener.serve(tcp, ws, tls))]
 
     return tasks

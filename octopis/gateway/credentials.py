@@ -4,6 +4,10 @@ salted scrypt hash, never in clear; ``octopis-topology stomp-user KEYS NAME`` ad
 
 A broker run with ``--keys`` refuses a STOMP CONNECT whose ``login``/``passcode`` is not
 in the file (and every CONNECT when there is no file); one run ``--insecure`` accepts any.
+
+TLS: when the keys directory also holds ``stomp-tls.crt`` (a PEM certificate chain) and
+``stomp-tls.key`` (its private key, mode 0600), the listeners speak TLS only, on TCP and
+on WebSocket (``wss://``) alike (:func:`tls_context`).
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import hmac
 import json
 import os
 import secrets
+import ssl
 from collections import OrderedDict
 from pathlib import Path
 
 CREDENTIALS_FILE = "stomp-credentials.json"
 FORMAT = "octopis-stomp-credentials/1"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+TLS_CERT, TLS_KEY = "stomp-tls.crt", "stomp-tls.key"
 VERIFIED_KEPT = 1024
 """Logins whose passcode checked out, remembered so a reconnect costs no scrypt run."""
 
@@ -98,3 +104,23 @@ class Credentials:
                     self._verified.popitem(last=False)
                 return None
         return "login refused: unknown login or wrong passcode"
+
+
+def tls_context(keys_dir: str | os.PathLike) -> ssl.SSLContext | None:
+    """The server TLS context of ``keys_dir``'s ``stomp-tls.crt`` and ``stomp-tls.key``;
+    None when it has neither. CredentialsError when one is missing, the key is readable
+    by others, or they do not load."""
+    directory = Path(keys_dir)
+    cert, key = directory / TLS_CERT, directory / TLS_KEY
+    if not cert.exists() and not key.exists():
+        return None
+    if not (cert.exists() and key.exists()):
+        raise CredentialsError(f"{directory}: TLS needs both {TLS_CERT} and {TLS_KEY}")
+    if key.stat().st_mode & 0o077:
+        raise CredentialsError(f"{key} is readable by others: chmod 600 it")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise CredentialsError(f"cannot load {cert} and {key}: {exc}") from None
+    return context

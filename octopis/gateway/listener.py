@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -283,21 +284,32 @@ class Listener:
         await self._run(conn, read)
         return ws
 
-    async def serve(self, tcp: tuple[str, int] | None, ws: tuple[str, int] | None) -> None:
-        """Listen on ``tcp`` and ``ws`` (host, port) until cancelled; then close every
-        connection (their subscriptions are withdrawn)."""
+    async def serve(
+        self,
+        tcp: tuple[str, int] | None,
+        ws: tuple[str, int] | None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """Listen on ``tcp`` and ``ws`` (host, port), over TLS when ``tls`` is given, until
+        cancelled; then close every connection (their subscriptions are withdrawn)."""
         server = runner = None
         try:
             if tcp is not None:
-                server = await asyncio.start_server(self._tcp, *tcp)
+                server = await asyncio.start_server(self._tcp, *tcp, ssl=tls)
             if ws is not None:
                 app = web.Application()
                 app.router.add_get("/", self._websocket)
                 app.router.add_get("/stomp", self._websocket)
                 runner = web.AppRunner(app, access_log=None)
                 await runner.setup()
-                await web.TCPSite(runner, *ws).start()
-            log.info("%s STOMP on tcp %s, websocket %s", self.clients.id, tcp, ws)
+                await web.TCPSite(runner, *ws, ssl_context=tls).start()
+            log.info(
+                "%s STOMP on tcp %s, websocket %s%s",
+                self.clients.id,
+                tcp,
+                ws,
+                " (TLS)" if tls is not None else "",
+            )
             await asyncio.Event().wait()
         finally:
             if server is not None:
