@@ -419,12 +419,16 @@ def format_topology(scot: Scot) -> str:
 
 def format_endpoints(scot: Scot) -> str:
     """One line per broker: its id, its host (when the topology names hosts) and its peer,
-    client, control and metrics endpoints."""
+    client, control and metrics endpoints, and its STOMP ones when it has them."""
     width = max(len(b) for b in scot.brokers) + 2
     host_width = max((len(h) for h in scot.hosts), default=-2) + 2
-    lines = [f"{'broker':<{width}}{'host':<{host_width}}peer / client / control / metrics"]
+    stomp = any(b.stomp_endpoint or b.stomp_ws_endpoint for b in scot.brokers.values())
+    kinds = "peer / client / control / metrics" + (" / stomp / stomp-ws" if stomp else "")
+    lines = [f"{'broker':<{width}}{'host':<{host_width}}{kinds}"]
     for b in scot.brokers.values():
         ends = (b.endpoint, b.client_endpoint, b.control_endpoint, b.metrics_endpoint or "-")
+        if stomp:
+            ends += (b.stomp_endpoint or "-", b.stomp_ws_endpoint or "-")
         lines.append(f"{b.id:<{width}}{b.host or '':<{host_width}}{'  '.join(ends)}")
     return "\n".join(lines)
 
