@@ -25,7 +25,7 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -90,6 +90,10 @@ class Broker:
     neighbours: tuple[Neighbour, ...]
     metrics_endpoint: str | None = None
     """``http://HOST:PORT/metrics``, Prometheus text (DESIGN §10); None: not served."""
+    stomp_endpoint: str | None = None
+    """``tcp://HOST:PORT`` of its STOMP listener (DESIGN §13); None: none."""
+    stomp_ws_endpoint: str | None = None
+    """``ws://HOST:PORT/stomp``, its STOMP-over-WebSocket listener; None: none."""
     host: str | None = None
     """The name of the machine this broker runs on (``octopis up --host NAME`` starts the
     brokers of one host, DESIGN §10); None: the topology names no hosts."""
@@ -276,6 +280,8 @@ class Scot:
                     "client_endpoint": b.client_endpoint,
                     "control_endpoint": b.control_endpoint,
                     **({"metrics_endpoint": b.metrics_endpoint} if b.metrics_endpoint else {}),
+                    **({"stomp_endpoint": b.stomp_endpoint} if b.stomp_endpoint else {}),
+                    **({"stomp_ws_endpoint": b.stomp_ws_endpoint} if b.stomp_ws_endpoint else {}),
                     **({"host": b.host} if b.host else {}),
                     "neighbours": [
                         {
@@ -632,6 +638,12 @@ def _broker_from_json(entry: Any, scot: Scot, source: str) -> Broker:
         if problem:
             raise TopologyError(f"{source}: broker {bid!r} metrics_endpoint: {problem}")
         endpoints["metrics_endpoint"] = metrics
+    for key, scheme, path in (("stomp_endpoint", "tcp", ""), ("stomp_ws_endpoint", "ws", "/stomp")):
+        value = entry.get(key)
+        if value is not None:
+            if problem := _url_problem(value, scheme, path):
+                raise TopologyError(f"{source}: broker {bid!r} {key}: {problem}")
+            endpoints[key] = value
     host = entry.get("host")
     if host is not None:
         if problem := host_name_problem(host):
@@ -649,16 +661,44 @@ def _broker_from_json(entry: Any, scot: Scot, source: str) -> Broker:
 
 def metrics_endpoint_problem(endpoint: object) -> str | None:
     """What is wrong with a metrics endpoint (``http://HOST:PORT/metrics``), or None."""
+    return _url_problem(endpoint, "http", "/metrics")
+
+
+def _url_problem(endpoint: object, scheme: str, path: str) -> str | None:
+    """What is wrong with ``endpoint`` as ``scheme://HOST:PORT<path>``, or None."""
+    expected = f"expected {scheme}://HOST:PORT{path}, not {endpoint!r}"[:120]
     if not isinstance(endpoint, str):
-        return f"expected http://HOST:PORT/metrics, not {endpoint!r}"[:120]
+        return expected
     url = urlsplit(endpoint)
     try:
         port = url.port
     except ValueError:
         port = None
-    if url.scheme != "http" or not url.hostname or port is None or url.path != "/metrics":
-        return f"expected http://HOST:PORT/metrics, not {endpoint!r}"[:120]
+    if url.scheme != scheme or not url.hostname or port is None or url.path != path:
+        return expected
     return None
+
+
+STOMP_PORTS = 2
+"""A broker's STOMP listeners take two consecutive ports: TCP, then WebSocket."""
+
+
+def with_stomp(scot: Scot, base_port: int, host: str = DEFAULT_HOST) -> Scot:
+    """``scot`` with STOMP endpoints (DESIGN §13) on ``host``: :data:`STOMP_PORTS`
+    consecutive ports per broker from ``base_port`` on, in the brokers' order."""
+    last = base_port + STOMP_PORTS * len(scot.brokers) - 1
+    if base_port < 1 or last > 65535:
+        raise TopologyError(f"STOMP base port {base_port} leaves no room (ports up to {last})")
+    brokers = {}
+    for i, (bid, b) in enumerate(scot.brokers.items()):
+        port = base_port + STOMP_PORTS * i
+        brokers[bid] = replace(
+            b,
+            stomp_endpoint=f"tcp://{host}:{port}",
+            stomp_ws_endpoint=f"ws://{host}:{port + 1}/stomp",
+        )
+    scot.brokers = brokers
+    return scot
 
 
 def host_name_problem(name: object) -> str | None:

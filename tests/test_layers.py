@@ -67,6 +67,16 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.keys",
         "octopis.logs",
     },
+    "octopis.gateway": {
+        *BASE,
+        "octopis.gateway",
+        "octopis.core",
+        "octopis.transport",
+        "octopis.topology",
+        "octopis.wire",
+        "octopis.keys",
+        "octopis.logs",
+    },
     "octopis.client": {
         *POLICY,
         "octopis.client",

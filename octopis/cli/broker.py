@@ -12,6 +12,7 @@ import zmq
 
 from octopis.cli import LOG_FORMATS, run_cli
 from octopis.core import MODES
+from octopis.gateway.credentials import CredentialsError
 from octopis.keys import Keys, KeysError
 from octopis.topology import TopologyError, load_topology
 from octopis.transport.retention import RetentionError
@@ -71,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         "by [retention] max_bytes and max_age); without it retention is off and a replay "
         "reports this broker's part as a gap",
     )
+    p.add_argument(
+        "--stomp",
+        action="store_true",
+        help="also serve STOMP clients (TCP and WebSocket) on the broker's stomp endpoints of "
+        "the topology; with --keys, CONNECT needs a login of <keys>/stomp-credentials.json "
+        "(`octopis-topology stomp-user`)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
         "--log-format",
@@ -91,8 +99,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
         raise UnknownBroker(f"topology {scot.name} has no broker {args.id!r}")
     settings = load_settings(args.config)
     keys = None if args.insecure else Keys(args.keys)
+    gateway = None
+    if args.stomp:
+        from octopis.gateway import stomp_gateway
+
+        gateway = stomp_gateway(scot.brokers[args.id], None if args.insecure else args.keys)
     try:
-        asyncio.run(run_broker(scot, args.id, args.mode, settings, keys, args.data_dir))
+        asyncio.run(run_broker(scot, args.id, args.mode, settings, keys, args.data_dir, gateway))
     except zmq.ZMQError as exc:
         logging.getLogger("octopis.broker").error("cannot serve %s: %s", args.id, exc)
         return 1
@@ -106,7 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(
         build_parser(),
         argv,
-        errors=(TopologyError, ConfigError, UnknownBroker, KeysError, RetentionError),
+        errors=(
+            TopologyError,
+            ConfigError,
+            UnknownBroker,
+            KeysError,
+            RetentionError,
+            CredentialsError,
+        ),
     )
 
 

@@ -159,6 +159,12 @@ def _up(up: argparse.ArgumentParser) -> None:
         "brokers are ready once their neighbours on the other hosts are up, so start the "
         "hosts within --timeout of each other",
     )
+    up.add_argument(
+        "--stomp",
+        action="store_true",
+        help="the brokers also serve STOMP clients (TCP and WebSocket) on the topology's "
+        "stomp endpoints (`octopis-topology build --stomp-base-port`); off by default",
+    )
     _timeout_option(up, 180.0, "give up (and stop them) if the brokers are not all ready by then")
     up.set_defaults(func=cmd_up)
 
@@ -407,6 +413,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         load_settings(args.config),
         log_format=args.log_format,
         host=args.host,
+        stomp=args.stomp,
         **security,
     )
     cluster.spawn()

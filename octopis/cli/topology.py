@@ -22,6 +22,7 @@ from octopis.topology import (
     INNER,
     PLACEMENTS,
     PORTS_PER_BROKER,
+    STOMP_PORTS,
     Scot,
     TopologyError,
     build_from_factor_file,
@@ -31,6 +32,7 @@ from octopis.topology import (
     preset_path,
     read_factor,
     regions_in_drawing_order,
+    with_stomp,
 )
 from octopis.topology_change import (
     add_cluster,
@@ -110,6 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_BASE_PORT})",
     )
     build.add_argument(
+        "--stomp-base-port",
+        type=int,
+        metavar="P",
+        help=f"also give every broker STOMP endpoints (TCP and WebSocket, {STOMP_PORTS} ports "
+        "each from P on), which `octopis up --stomp` listens on; default: none",
+    )
+    build.add_argument(
+        "--stomp-host",
+        default=DEFAULT_HOST,
+        metavar="ADDRESS",
+        help=f"address the STOMP endpoints bind (default {DEFAULT_HOST}: this machine only)",
+    )
+    build.add_argument(
         "-o", "--output", required=True, type=Path, metavar="FILE", help="topology JSON to write"
     )
     build.set_defaults(func=cmd_build)
@@ -164,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="a client key pair to make (repeatable; default: one named 'client')",
     )
     keys.set_defaults(func=cmd_keys)
+
+    user = sub.add_parser(
+        "stomp-user",
+        help="add a STOMP login to a deployment's keys directory",
+        description="Add (or replace) a login that brokers run with --keys DIR and --stomp "
+        "accept on CONNECT: DIR/stomp-credentials.json keeps a salted scrypt hash of the "
+        "passcode (mode 0600), never the passcode. The passcode is read from standard input "
+        "(one line; at least 8 characters). Brokers read the file when they start.",
+    )
+    user.add_argument("keys", type=Path, metavar="DIR", help="the keys directory")
+    user.add_argument("name", metavar="LOGIN")
+    user.set_defaults(func=cmd_stomp_user)
 
     systemd = sub.add_parser(
         "systemd",
@@ -275,6 +302,8 @@ def cmd_build(args: argparse.Namespace) -> None:
         hosts=hosts,
         place=args.place,
     )
+    if args.stomp_base_port is not None:
+        scot = with_stomp(scot, args.stomp_base_port, args.stomp_host)
     write_atomically(args.output, json.dumps(scot.to_json(), indent=1) + "\n")
     s = scot.summary()
     print(
@@ -333,6 +362,15 @@ def cmd_keys(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_stomp_user(args: argparse.Namespace) -> None:
+    """Add a STOMP login to a keys directory."""
+    from octopis.gateway.credentials import add_user
+
+    passcode = sys.stdin.readline().rstrip("\r\n")
+    path = add_user(args.keys, args.name, passcode)
+    print(f"{path}: login {args.name!r} added")
+
+
 def cmd_systemd(args: argparse.Namespace) -> None:
     """Write the systemd units of one host's brokers."""
     scot = load_topology(args.file)
@@ -382,12 +420,16 @@ def format_topology(scot: Scot) -> str:
 
 def format_endpoints(scot: Scot) -> str:
     """One line per broker: its id, its host (when the topology names hosts) and its peer,
-    client, control and metrics endpoints."""
+    client, control and metrics endpoints, and its STOMP ones when it has them."""
     width = max(len(b) for b in scot.brokers) + 2
     host_width = max((len(h) for h in scot.hosts), default=-2) + 2
-    lines = [f"{'broker':<{width}}{'host':<{host_width}}peer / client / control / metrics"]
+    stomp = any(b.stomp_endpoint or b.stomp_ws_endpoint for b in scot.brokers.values())
+    kinds = "peer / client / control / metrics" + (" / stomp / stomp-ws" if stomp else "")
+    lines = [f"{'broker':<{width}}{'host':<{host_width}}{kinds}"]
     for b in scot.brokers.values():
         ends = (b.endpoint, b.client_endpoint, b.control_endpoint, b.metrics_endpoint or "-")
+        if stomp:
+            ends += (b.stomp_endpoint or "-", b.stomp_ws_endpoint or "-")
         lines.append(f"{b.id:<{width}}{b.host or '':<{host_width}}{'  '.join(ends)}")
     return "\n".join(lines)
 
@@ -498,7 +540,9 @@ def _index_label(label: str) -> int | str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``octopis-topology``."""
-    return run_cli(build_parser(), argv, errors=(TopologyError,))
+    from octopis.gateway.credentials import CredentialsError
+
+    return run_cli(build_parser(), argv, errors=(TopologyError, CredentialsError))
 
 
 if __name__ == "__main__":

@@ -137,10 +137,12 @@ def broker_command(
     log_format: str | None = None,
     python: str = sys.executable,
     data_dir: Path | None = None,
+    stomp: bool = False,
 ) -> list[str]:
     """The command line that runs broker ``broker_id`` of ``topology`` as its own process
     (``octopis-broker`` through the interpreter ``python``, this one by default); unset
-    options keep the CLI's defaults; without ``keys`` the broker runs ``--insecure``."""
+    options keep the CLI's defaults; without ``keys`` the broker runs ``--insecure``;
+    ``stomp`` turns its STOMP listener on (DESIGN §13)."""
     command = [python, "-m", "octopis.cli.broker", "--topology", str(topology)]
     command += ["--id", broker_id]
     command += ["--keys", str(keys)] if keys is not None else ["--insecure"]
@@ -153,7 +155,7 @@ def broker_command(
     ):
         if value is not None:
             command += [option, str(value)]
-    return command
+    return [*command, "--stomp"] if stomp else command
 
 
 def prepare_topology(
@@ -189,6 +191,7 @@ class LocalCluster:
         log_format: str = "text",
         keys: Path | None = None,
         host: str | None = None,
+        stomp: bool = False,
     ) -> None:
         if keys is not None and not secure:
             raise ClusterError("a keys directory and insecure brokers exclude each other")
@@ -199,6 +202,8 @@ class LocalCluster:
         self.keys_dir = keys if keys is not None else (run_dir / "keys" if secure else None)
         """The keys the brokers and this cluster's clients use; None: insecure."""
         self.host = host
+        self.stomp = stomp
+        """The brokers serve STOMP clients too (their topology entries' endpoints)."""
         self.local = scot.brokers_on(host) if host is not None else list(scot.brokers)
         """The brokers :meth:`spawn` starts: all, or those placed on ``host``."""
         self.topology_path = topology_path
@@ -239,6 +244,7 @@ class LocalCluster:
                     self.keys_dir,
                     self.log_format,
                     data_dir=self.run_dir / "data",
+                    stomp=self.stomp,
                 ),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

@@ -21,7 +21,7 @@ import secrets
 import signal
 import time
 from collections import Counter
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -81,6 +81,8 @@ from octopis.transport.security import Curve, Gatekeeper, count_failed_handshake
 from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker")
+Gateway = Callable[["Broker"], list[tuple[str, Coroutine[Any, Any, None]]]]
+"""Other client protocols' tasks for a broker (DESIGN §13), started with its own."""
 
 
 class BrokerFailure(RuntimeError):
@@ -178,8 +180,9 @@ class Broker:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def serve(self) -> None:
-        """Bind, connect, run until :meth:`stop`, then flush and close."""
+    async def serve(self, gateway: Gateway | None = None) -> None:
+        """Bind, connect, run until :meth:`stop`, then flush and close; ``gateway`` adds
+        the tasks of other client protocols (DESIGN §13)."""
         loop = self._loop = asyncio.get_running_loop()
         ctx = zmq.asyncio.Context()
         curve, guards = self._guard(ctx)
@@ -231,6 +234,7 @@ class Broker:
             ("lst", self._tick_loop()),
             ("load", self._load_loop()),
             ("durable", self.replaying.maintain()),
+            *(gateway(self) if gateway is not None else ()),
         ]
         if curve is not None:
             sockets = {
@@ -729,6 +733,7 @@ async def run_broker(
     settings: BrokerSettings,
     keys: Keys | None,
     data_dir: Path | None = None,
+    gateway: Gateway | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT or an RPC ``shutdown``; ``keys`` None runs insecure.
     The cyclic collector passes over the young generation every ``memory.gc_young``
@@ -740,4 +745,4 @@ async def run_broker(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)
-    await broker.serve()
+    await broker.serve(gateway)

@@ -241,6 +241,9 @@ class ClientSessions:
         self.dropped: OrderedDict[bytes, str] = OrderedDict()
         """Connections dropped as slow consumers → the reason (the last :data:`DROPPED_KEPT`)."""
         self._warn = RateLimitedLog(log, settings.log_interval)
+        self.outlets: dict[bytes, Callable[[list[bytes]], bool]] = {}
+        """Connections a gateway serves (DESIGN §13): identity → what takes the messages
+        for it (replies ``[reply]``, deliveries ``[names, body, ...]``; False: full)."""
         self.moving: dict[str, float] = {}
         """Sub ids whose client was told to move them away (DESIGN §9) → loop time by which
         the move must have reached this broker (``clients.move_timeout``)."""
@@ -294,6 +297,15 @@ class ClientSessions:
         finally:
             send_pass.end(loop.time())  # whatever stopped the loop, nothing stays held
             self.router.pass_ended(True)
+
+    def requests(self, identity: bytes, payloads: list[bytes]) -> None:
+        """Requests from a connection a gateway serves, handled as one pass."""
+        now = asyncio.get_running_loop().time()
+        self.send_pass.open = True
+        for payload in payloads:
+            self._on_message([identity, payload], now)
+        self.send_pass.end(now)
+        self.router.pass_ended(True)
 
     def _on_message(self, parts: list[bytes], now: float) -> None:
         """One message from a client connection: ``[identity, request]``."""
@@ -835,6 +847,9 @@ class ClientSessions:
     def _try_send(self, identity: bytes, parts: list[bytes]) -> BaseException | None:
         """Send ``parts`` to a connection now: None, or why not (:data:`PIPE_FULL` when
         its pipe is full). Deliveries (more than one part) end with when they left."""
+        outlet = self.outlets.get(identity)
+        if outlet is not None:
+            return None if outlet(parts) else PIPE_FULL
         message = [identity, *parts]
         if len(parts) > 1:
             message.append(LEFT_AT.pack(time.time()))

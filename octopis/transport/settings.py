@@ -164,6 +164,24 @@ class BrokerSettings:
     load_capacity: float = 0.0
     """Output (copies + deliveries) per second the broker can carry, the denominator of
     its load ratio; 0: measured (what one CPU second carried in the window)."""
+    stomp_heartbeat: int = 10_000
+    """STOMP heart-beats (DESIGN §13), ms: what the listener offers in CONNECTED, both
+    ways; a client that negotiated heart-beats and is silent for two periods is dropped."""
+    stomp_header_bytes: int = 8192
+    """Bytes of one STOMP frame's command and headers."""
+    stomp_headers: int = 64
+    """Headers in one STOMP frame."""
+    stomp_body_bytes: int = 65_536
+    """Bytes of one STOMP frame's body."""
+    stomp_write_buffer: int = 1 << 20
+    """Bytes waiting to be written to one STOMP connection before it counts as full (the
+    broker then queues for it, up to ``clients.backlog_limit``)."""
+    stomp_subscriptions: int = 256
+    """STOMP subscriptions one connection may hold."""
+    stomp_selector_subscriptions: int = 16
+    """PADRES subscriptions one selector may become (its disjunctive form)."""
+    stomp_unacked: int = 10_000
+    """Messages delivered to one connection and not acknowledged (client ack modes)."""
     retention_bytes: int = 256 * 2**20
     """Bytes of publication bodies the retention store keeps; the oldest go first past
     it."""
@@ -303,6 +321,14 @@ _KEYS: dict[tuple[str, str], tuple[str, float, bool]] = {
     ("memory", "gc_idle"): ("gc_idle", 0, True),
     ("load", "window"): ("load_window", 1, True),
     ("load", "capacity"): ("load_capacity", 0.0, False),
+    ("stomp", "heartbeat"): ("stomp_heartbeat", 0, True),
+    ("stomp", "header_bytes"): ("stomp_header_bytes", 256, True),
+    ("stomp", "headers"): ("stomp_headers", 4, True),
+    ("stomp", "body_bytes"): ("stomp_body_bytes", 0, True),
+    ("stomp", "write_buffer"): ("stomp_write_buffer", 1024, True),
+    ("stomp", "subscriptions"): ("stomp_subscriptions", 1, True),
+    ("stomp", "selector_subscriptions"): ("stomp_selector_subscriptions", 1, True),
+    ("stomp", "unacked"): ("stomp_unacked", 1, True),
 }
 """Each ``[table] key``: the :class:`BrokerSettings` field it sets, its minimum, and
 whether it must be an integer."""

@@ -1,0 +1,349 @@
+"""One STOMP connection as a client session of its broker, sans-IO (DESIGN §13).
+
+:class:`StompSession` turns the client's frames into the broker's client requests
+(:mod:`octopis.wire`, the requests the SDK sends) and the broker's replies and deliveries
+back into frames. The listener moves the bytes, and hands the requests to the broker's
+client sessions, which treat the connection like any other: the same limits, publish
+window, slow-consumer policy, liveness and counters.
+
+Mapping:
+
+* ``SEND`` to ``/topic/NAME`` → one publication of class NAME (headers typed by
+  :mod:`octopis.gateway.headers`); a ``receipt`` is answered once the broker confirms
+  the publication (custody, as the SDK's ``publish`` waits for).
+* ``SUBSCRIBE`` (``id``, ``destination``, ``selector``, ``ack``) → the selector's PADRES
+  subscriptions (:func:`octopis.gateway.selector.translate`), all under one client name
+  on the connection, so a message that several of them match is delivered once; a
+  ``receipt`` is answered once every one of them is in place at this broker.
+* ``UNSUBSCRIBE`` withdraws them; ``DISCONNECT`` is answered (its receipt) and closed;
+  ``ACK``/``NACK`` settle messages of ``client`` (cumulative) and ``client-individual``
+  subscriptions, at most ``unacked`` of them outstanding per connection.
+
+Refused with an ERROR frame, then closed (the specification's way): a frame before
+CONNECT, a wrong login, a selector without an exact form, a bad destination or header,
+transactions, bodies, durable subscriptions, and any refusal by the broker.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from octopis.gateway.frames import Frame, FrameError, error_frame, header_lines, negotiate
+from octopis.gateway.headers import HeaderError, headers_of, publication_of, topic_of
+from octopis.gateway.selector import SelectorError, translate
+from octopis.wire import (
+    PublishRequest,
+    SubscribeRequest,
+    UnsubscribeRequest,
+    delivery_fields,
+    pack,
+    unpack,
+)
+
+ACK_MODES = ("auto", "client", "client-individual")
+SERVER_NAME = "OctopiS"
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds of one STOMP connection (``[stomp]`` subscriptions, selector_subscriptions,
+    unacked, heartbeat)."""
+
+    subscriptions: int
+    """STOMP subscriptions one connection may hold."""
+    selector_subscriptions: int
+    """PADRES subscriptions one selector may become."""
+    unacked: int
+    """Messages delivered and not acknowledged, per connection (client ack modes)."""
+    heart_beat: tuple[int, int]
+    """What the server offers in CONNECTED: (sends every, wants every) in ms."""
+
+
+class StompRefusal(ValueError):
+    """A frame the session refuses; the connection gets an ERROR frame and is closed."""
+
+
+@dataclass
+class Effects:
+    """What handling one input asks of the listener."""
+
+    frames: list[Frame] = field(default_factory=list)
+    """Frames to send to the client, in order."""
+    requests: list[bytes] = field(default_factory=list)
+    """Requests for the broker's client sessions, in order."""
+    close: bool = False
+    """Close the connection once the frames are out."""
+
+
+@dataclass
+class _Subscription:
+    id: str
+    name: str
+    ack: str
+    waiting: int
+    receipt: str | None
+    sub_ids: list[str] = field(default_factory=list)
+
+
+class DeliveryCache:
+    """The header lines of the last notification delivered, made once for every STOMP
+    connection of a broker it goes to (one asyncio loop: no locking)."""
+
+    def __init__(self) -> None:
+        self._body: bytes | None = None
+        self._version = ""
+        self._lines = ""
+
+    def lines(self, body: bytes, version: str) -> str:
+        """The escaped header lines of the NOTIFY ``body``'s publication."""
+        if body is not self._body or version != self._version:
+            publication = delivery_fields(body)[3]
+            self._lines = header_lines(headers_of(publication), "MESSAGE", version)
+            self._body, self._version = body, version
+        return self._lines
+
+
+class StompSession:
+    """The protocol state of one STOMP connection.
+
+    ``authenticate(login, passcode)`` returns None when the CONNECT may proceed, else the
+    reason it may not. ``session`` numbers the publisher's session (random, as the SDK's).
+    """
+
+    def __init__(
+        self,
+        authenticate: Callable[[str | None, str | None], str | None],
+        session: int,
+        limits: SessionLimits,
+        cache: DeliveryCache | None = None,
+    ) -> None:
+        self.authenticate = authenticate
+        self.limits = limits
+        self.cache = cache or DeliveryCache()
+        self.session = session
+        self.version: str | None = None
+        self.send_every = 0
+        self.expect_every = 0
+        self._req = itertools.count(1)
+        self._seq = itertools.count(1)
+        self._message_ids = itertools.count(1)
+        self.unanswered = 0
+        """Publications sent to the broker and not yet answered."""
+        self._publish_receipts: dict[int, str | None] = {}
+        self._subscribing: dict[int, _Subscription] = {}
+        self._unsubscribing: dict[int, tuple[_Subscription, list[str | None]]] = {}
+        self.subscriptions: dict[str, _Subscription] = {}
+        self._by_name: dict[str, _Subscription] = {}
+        self._unacked: OrderedDict[str, str] = OrderedDict()  # ack id -> subscription id
+        self.publisher = "stomp-publisher"
+
+    @property
+    def connected(self) -> bool:
+        """Whether CONNECT has been accepted."""
+        return self.version is not None
+
+    # -- frames from the client -----------------------------------------------------------
+
+    def received(self, frame: Frame, now: float) -> Effects:
+        """Handle one frame from the client (``now``: the real-time clock, seconds)."""
+        out = Effects()
+        try:
+            if not self.connected:
+                self._connect(frame, out)
+            else:
+                handler = self._handlers.get(frame.command)
+                if handler is None:
+                    raise StompRefusal(f"{frame.command} is not supported here")
+                handler(self, frame, out, now)
+        except (StompRefusal, FrameError, HeaderError, SelectorError) as exc:
+            out.frames.append(error_frame(str(exc), frame.headers.get("receipt")))
+            out.close = True
+        return out
+
+    def _connect(self, frame: Frame, out: Effects) -> None:
+        if frame.command not in ("CONNECT", "STOMP"):
+            raise StompRefusal(f"expected CONNECT or STOMP as the first frame, got {frame.command}")
+        negotiated = negotiate(frame.headers, self.limits.heart_beat)
+        problem = self.authenticate(frame.headers.get("login"), frame.headers.get("passcode"))
+        if problem is not None:
+            raise StompRefusal(problem)
+        self.version = negotiated.version
+        self.send_every = negotiated.send_every
+        self.expect_every = negotiated.expect_every
+        client_id = frame.headers.get("client-id")
+        if client_id:
+            self.publisher = f"stomp:{client_id}"[:200]
+        headers = {"version": self.version, "server": SERVER_NAME}
+        if self.version != "1.0":
+            sx, sy = self.limits.heart_beat
+            headers["heart-beat"] = f"{sx},{sy}"
+        out.frames.append(Frame("CONNECTED", headers))
+
+    def _send(self, frame: Frame, out: Effects, now: float) -> None:
+        if "transaction" in frame.headers:
+            raise StompRefusal("transactions are not supported")
+        if frame.body:
+            raise StompRefusal(
+                "SEND with a body: this broker carries headers only (send the body as headers)"
+            )
+        publication = publication_of(frame.headers)
+        req = next(self._req)
+        self._publish_receipts[req] = frame.headers.get("receipt")
+        self.unanswered += 1
+        request = PublishRequest(
+            client=self.publisher,
+            req=req,
+            seq=next(self._seq),
+            published_at=now,
+            publication=publication,
+            session=self.session,
+        )
+        out.requests.append(pack(request))
+
+    def _subscribe(self, frame: Frame, out: Effects, now: float) -> None:
+        h = frame.headers
+        sub_id = h.get("id", h.get("destination", "") if self.version == "1.0" else None)
+        if not sub_id:
+            raise StompRefusal("SUBSCRIBE needs an 'id' header")
+        if sub_id in self.subscriptions:
+            raise StompRefusal(f"subscription id {sub_id[:80]!r} is in use on this connection")
+        if len(self.subscriptions) >= self.limits.subscriptions:
+            raise StompRefusal(
+                f"this connection holds {self.limits.subscriptions} subscriptions "
+                "(stomp.subscriptions)"
+            )
+        ack = h.get("ack", "auto")
+        if ack not in ACK_MODES:
+            raise StompRefusal(f"ack mode {ack[:40]!r} is not one of {', '.join(ACK_MODES)}")
+        if "activemq.subscriptionName" in h or "durable-subscription-name" in h:
+            raise StompRefusal("durable STOMP subscriptions are not supported yet")
+        topic = topic_of(h.get("destination"))
+        filters = translate(h.get("selector"), topic, self.limits.selector_subscriptions)
+        sub = _Subscription(sub_id, f"stomp/{sub_id}"[:256], ack, len(filters), h.get("receipt"))
+        self.subscriptions[sub_id] = sub
+        self._by_name[sub.name] = sub
+        for f in filters:
+            req = next(self._req)
+            self._subscribing[req] = sub
+            request = SubscribeRequest(client=sub.name, req=req, filter=f.to_text())
+            out.requests.append(pack(request))
+        if not filters and sub.receipt is not None:  # a selector that is never true
+            out.frames.append(Frame("RECEIPT", {"receipt-id": sub.receipt}))
+
+    def _unsubscribe(self, frame: Frame, out: Effects, now: float) -> None:
+        h = frame.headers
+        sub_id = h.get("id", h.get("destination", "") if self.version == "1.0" else None)
+        sub = self.subscriptions.pop(sub_id or "", None)
+        if sub is None:
+            raise StompRefusal(f"no subscription {str(sub_id)[:80]!r} on this connection")
+        self._by_name.pop(sub.name, None)
+        receipt = h.get("receipt")
+        waiting: list[str | None] = [receipt]
+        for padres_id in sub.sub_ids:
+            req = next(self._req)
+            self._unsubscribing[req] = (sub, waiting)
+            request = UnsubscribeRequest(client=sub.name, req=req, sub_id=padres_id)
+            out.requests.append(pack(request))
+        sub.sub_ids = []
+        if len(self._unsubscribing_of(waiting)) == 0 and receipt is not None:
+            out.frames.append(Frame("RECEIPT", {"receipt-id": receipt}))
+
+    def _unsubscribing_of(self, waiting: list[str | None]) -> list[int]:
+        return [req for req, (_, w) in self._unsubscribing.items() if w is waiting]
+
+    def _ack(self, frame: Frame, out: Effects, now: float) -> None:
+        h = frame.headers
+        ack_id = h.get("id") if self.version == "1.2" else h.get("message-id")
+        if ack_id is None or ack_id not in self._unacked:
+            raise StompRefusal(f"{frame.command} of {str(ack_id)[:80]!r}: no such message waits")
+        sub = self.subscriptions.get(self._unacked[ack_id])
+        if sub is not None and sub.ack == "client":  # cumulative: this and every earlier one
+            for earlier in [a for a, s in self._unacked.items() if s == sub.id]:
+                del self._unacked[earlier]
+                if earlier == ack_id:
+                    break
+        else:
+            del self._unacked[ack_id]
+        if "receipt" in h:
+            out.frames.append(Frame("RECEIPT", {"receipt-id": h["receipt"]}))
+
+    def _disconnect(self, frame: Frame, out: Effects, now: float) -> None:
+        if "receipt" in frame.headers:
+            out.frames.append(Frame("RECEIPT", {"receipt-id": frame.headers["receipt"]}))
+        out.close = True
+
+    _handlers: ClassVar[dict[str, Callable[[StompSession, Frame, Effects, float], None]]] = {
+        "SEND": _send,
+        "SUBSCRIBE": _subscribe,
+        "UNSUBSCRIBE": _unsubscribe,
+        "ACK": _ack,
+        "NACK": _ack,
+        "DISCONNECT": _disconnect,
+    }
+
+    # -- messages from the broker ---------------------------------------------------------
+
+    def from_broker(self, parts: list[bytes]) -> Effects:
+        """Handle one message the broker sends this connection: a reply ``[reply]`` or
+        deliveries ``[names, body, names, body, ...]``."""
+        out = Effects()
+        if len(parts) == 1:
+            self._reply(unpack(parts[0]), out)
+            return out
+        for i in range(0, len(parts) - 1, 2):
+            shared = self.cache.lines(parts[i + 1], self.version or "1.0")
+            for name in unpack(parts[i]):
+                self._message(name, shared, out)
+        return out
+
+    def _message(self, name: str, shared: str, out: Effects) -> None:
+        sub = self._by_name.get(name)
+        if sub is None:  # unsubscribed meanwhile
+            return
+        message_id = str(next(self._message_ids))
+        headers = {"subscription": sub.id, "message-id": message_id}
+        if sub.ack != "auto":
+            if len(self._unacked) >= self.limits.unacked:
+                out.frames.append(
+                    error_frame(
+                        f"{len(self._unacked)} messages wait for ACK (stomp.unacked): "
+                        "acknowledge what was received"
+                    )
+                )
+                out.close = True
+                return
+            self._unacked[message_id] = sub.id
+            if self.version == "1.2":
+                headers["ack"] = message_id
+        out.frames.append(Frame("MESSAGE", headers, shared=shared))
+
+    def _reply(self, reply: dict[str, Any], out: Effects) -> None:
+        op, req = reply.get("op"), reply.get("req")
+        if op == "published" and req in self._publish_receipts:
+            self.unanswered -= 1
+            receipt = self._publish_receipts.pop(req)
+            if receipt is not None:
+                out.frames.append(Frame("RECEIPT", {"receipt-id": receipt}))
+        elif op == "subscribed" and req in self._subscribing:
+            sub = self._subscribing.pop(req)
+            sub.waiting -= 1
+            if self.subscriptions.get(sub.id) is sub:
+                sub.sub_ids.append(reply["sub_id"])
+            else:  # unsubscribed before the broker answered: withdraw it now
+                unsub = UnsubscribeRequest(client=sub.name, sub_id=reply["sub_id"])
+                out.requests.append(pack(unsub))
+            if sub.waiting == 0 and sub.receipt is not None:
+                out.frames.append(Frame("RECEIPT", {"receipt-id": sub.receipt}))
+        elif op == "unsubscribed" and req in self._unsubscribing:
+            _, waiting = self._unsubscribing.pop(req)
+            if not self._unsubscribing_of(waiting) and waiting[0] is not None:
+                out.frames.append(Frame("RECEIPT", {"receipt-id": waiting[0]}))
+        elif op in ("error", "dropped"):
+            receipt = self._publish_receipts.get(req) if req is not None else None
+            message = reply.get("message") or reply.get("reason") or "refused by the broker"
+            out.frames.append(error_frame(str(message), receipt))
+            out.close = True
