@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from octopis.filters import parse_subscription
+from octopis.filters.language import parse_subscription
 from octopis.gateway.selector import (
     SelectorError,
     parse,

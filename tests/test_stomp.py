@@ -27,7 +27,7 @@ from conditions import accounting, closing_control, tables_hold, until
 
 from octopis.client.blocking import BlockingPublisher, BlockingSubscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
-from octopis.filters import parse_subscription
+from octopis.filters.language import parse_subscription
 from octopis.gateway.credentials import TLS_CERT, TLS_KEY, add_user
 from octopis.gateway.headers import publication_of
 from octopis.gateway.selector import selects, translate

@@ -22,13 +22,13 @@ import math
 import re
 from collections.abc import Mapping
 
-from octopis.filters import (
-    _ATTRIBUTE,
-    MAX_INTEGER,
+from octopis.filters.language import (
+    ATTRIBUTE_NAME,
     FilterError,
     Publication,
     validate_publication,
 )
+from octopis.filters.limits import MAX_INTEGER
 
 STRINGS_HEADER = "octopis-strings"
 """The header listing header names whose values stay strings."""
@@ -78,7 +78,7 @@ def publication_of(headers: Mapping[str, str]) -> Publication:
             continue
         if name == "class":
             raise HeaderError("header 'class' is not allowed: the destination sets the class")
-        if not _ATTRIBUTE.fullmatch(name):
+        if not ATTRIBUTE_NAME.fullmatch(name):
             raise HeaderError(
                 f"header {name[:80]!r}: not a valid attribute name (letters, digits, _, %, ., "
                 "- starting with a letter or _)"

@@ -45,7 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from octopis.filters import _ATTRIBUTE, MAX_INTEGER, FilterError, Predicate, Subscription
+from octopis.filters.language import ATTRIBUTE_NAME, FilterError, Predicate, Subscription
+from octopis.filters.limits import MAX_INTEGER
 
 MAX_SELECTOR_LENGTH = 4096
 """Characters in one selector."""
@@ -322,7 +323,7 @@ class _Parser:
         if kind != "name":
             raise self.error(f"expected a comparison after the constant {value!r}")
         assert isinstance(value, str)
-        if not _ATTRIBUTE.fullmatch(value):
+        if not ATTRIBUTE_NAME.fullmatch(value):
             raise self.error(
                 f"attribute name {value!r} is not one the overlay allows (letters, digits, "
                 "_, %, ., - starting with a letter or _)",
