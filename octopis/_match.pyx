@@ -51,11 +51,11 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItemWithError, PyDict_Next
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.list cimport PyList_New
-from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact, PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_CheckExact
 from libc.math cimport NAN, isfinite, isnan, nextafter
 from libc.limits cimport INT_MAX
@@ -204,7 +204,8 @@ cdef class Matcher:
     cdef int* slot_of
     cdef int* slot_sub
     cdef int* slot_grp
-    cdef PyObject** slot_key  # borrowed from _keys: a removed subscription is never hit
+    cdef PyObject** slot_key  # borrowed from _slot_keys: a removed subscription is never hit
+    cdef list _slot_keys  # each slot's key, as a copy laid out in slot order (_slot_copy)
     cdef uint64_t* live
     cdef int* word_chunk
     cdef int* chunk_w0
@@ -239,6 +240,7 @@ cdef class Matcher:
         self._clock = clock
         self._ids = {}
         self._keys = []
+        self._slot_keys = []
         self._subs = []
         self._free = []
         self._attr_ids = {}
@@ -298,6 +300,7 @@ cdef class Matcher:
         PyMem_Free(self.slot_sub)
         PyMem_Free(self.slot_grp)
         PyMem_Free(self.slot_key)
+        self._slot_keys = []
         PyMem_Free(self.hit_w)
         PyMem_Free(self.hit_bits)
         PyMem_Free(self.live)

@@ -354,11 +354,14 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
     m.affixed = <char*>_alloc(NULL, n_attrs * sizeof(char))
     memset(m.affixed, 0, n_attrs)
     affixes = {}
+    m._slot_keys = [_slot_copy(m._keys[placed[s].sub]) for s in range(n)]
     for s in range(n):
         sub = placed[s].sub
+        if m._slot_keys[s] is not m._keys[sub]:
+            m.index_bytes += m._slot_keys[s].__sizeof__()
         m.slot_sub[s] = sub
         m.slot_grp[s] = m.grp[sub]
-        m.slot_key[s] = <PyObject*>m._keys[sub]
+        m.slot_key[s] = _list_item(m._slot_keys, s)
         m.slot_of[sub] = s
         m.live[s >> 6] |= (<uint64_t>1) << (s & 63)
         if placed[s].cell < 0:
@@ -395,9 +398,36 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
     m.hit_w = <int*>_alloc(NULL, (m.n_words + n_cells + 1) * sizeof(int))
     m.hit_bits = <uint64_t*>_alloc(NULL, (m.n_words + n_cells + 1) * sizeof(uint64_t))
     m.index_bytes += (n_cells * (sizeof(Cell) + sizeof(int)) + (n_strs + 1) * sizeof(int) + n_attrs
-                      + n * sizeof(PyObject*)
+                      + 2 * n * sizeof(PyObject*)
                       + (m.n_words + n_cells + 1) * (sizeof(int) + sizeof(uint64_t)))
     return 0
+
+
+cdef object _slot_copy(object key):
+    """An equal copy of ``key`` of its exact type where one is cheap — an int (past the
+    small ones Python shares), a tuple (its items shared) — else ``key`` itself. Made in
+    slot order at a build, the copies lie in memory as the slots do, so that ``match``,
+    which takes a reference to every matching key, reads a few dense lines per word of
+    hits instead of one line per key scattered over every key ever added."""
+    cdef int overflow
+    cdef long long value
+    cdef Py_ssize_t i, n
+    if PyLong_CheckExact(key):
+        value = PyLong_AsLongLongAndOverflow(key, &overflow)
+        if overflow or -5 <= value <= 256:
+            return key
+        return PyLong_FromLongLong(value)
+    if PyTuple_CheckExact(key):
+        n = PyTuple_GET_SIZE(key)
+        if n == 0:
+            return key
+        copy = PyTuple_New(n)
+        for i in range(n):
+            item = key[i]
+            Py_INCREF(item)
+            PyTuple_SET_ITEM(copy, i, item)
+        return copy
+    return key
 
 
 cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) except -1:
