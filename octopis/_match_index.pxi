@@ -72,6 +72,7 @@ cdef int _build(Matcher m) except -1:
         qts = _quantiles(pts, pts_off, n_attrs, qts_off)
         _key_ranges(m, placed, n_placed, qts, qts_off, n_attrs)
         _slices(placed, n_placed)
+        _slice_runs(placed, n_placed)
         qsort(placed, n_placed, sizeof(Placed), _cmp_placed)
 
         _fill_slots(m, placed, n_placed, n_strs, n_attrs, counts)
@@ -316,6 +317,24 @@ cdef void _slices(Placed* placed, int n) noexcept:
             j += 1
         for s in range(i, j):
             placed[s].slice = (s - i) // SLICE
+        i = j
+
+
+cdef void _slice_runs(Placed* placed, int n) noexcept:
+    """Give a ``run`` of its own (its signature) to every group of at least a word of
+    subscriptions testing the same attributes within one slice: where many small groups
+    share a ``lead`` (many combinations of attributes), a word then tests the attributes of
+    one group, not of all, while the slice keeps the key ranges near each other."""
+    cdef int i = 0, j, s
+    qsort(placed, n, sizeof(Placed), _cmp_slice_signature)
+    while i < n:
+        j = i
+        while (j < n and placed[j].cell == placed[i].cell and placed[j].lead == placed[i].lead
+               and placed[j].slice == placed[i].slice and placed[j].sig == placed[i].sig):
+            j += 1
+        if j - i >= 64:
+            for s in range(i, j):
+                placed[s].run = placed[s].sig
         i = j
 
 

@@ -265,6 +265,19 @@ cdef int _cmp_signature(const void* x, const void* y) noexcept nogil:
     return (p.sig > q.sig) - (p.sig < q.sig)
 
 
+cdef int _cmp_slice_signature(const void* x, const void* y) noexcept nogil:
+    """By cell, by ``lead``, by slice, by signature."""
+    cdef const Placed* p = <const Placed*>x
+    cdef const Placed* q = <const Placed*>y
+    if p.cell != q.cell:
+        return (p.cell > q.cell) - (p.cell < q.cell)
+    if p.lead != q.lead:
+        return (p.lead > q.lead) - (p.lead < q.lead)
+    if p.slice != q.slice:
+        return (p.slice > q.slice) - (p.slice < q.slice)
+    return (p.sig > q.sig) - (p.sig < q.sig)
+
+
 cdef int _cmp_key(const void* x, const void* y) noexcept nogil:
     """By cell, by ``lead``, by the key range."""
     cdef const Placed* p = <const Placed*>x
