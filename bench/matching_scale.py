@@ -273,8 +273,10 @@ def run(
     churn_size: int | None,
     churn_publications: int,
     log: Callable[[str], None],
+    out: Path | None = None,
 ) -> str:
-    """The whole report, as markdown."""
+    """The whole report, as markdown (written to ``out`` too, after every shape).
+    ``--baseline``: baseline first; without it, this tree alone."""
     kinds: dict[str, MatcherType] = {}
     if baseline is not None:
         kinds["baseline"] = load_baseline(baseline)
@@ -283,6 +285,18 @@ def run(
     started = time.monotonic()
     load = os.getloadavg()[0]
     results: dict[tuple[str, int], dict[str, Point]] = {}
+
+    def report() -> str:
+        head = [
+            f"Commit {commit(here)}"
+            + (f" against {commit(baseline)} (`{baseline}`)" if baseline else "")
+            + f", Python {platform.python_version()}; {time.monotonic() - started:.0f} s, "
+            f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end. "
+            "Cells with two figures are baseline → this tree (ratio).",
+            "",
+        ]
+        return "\n".join(head + rows(results) + ["", *churn_rows(results)]) + "\n"
+
     for size in sorted(set(sizes) | ({churn_size} if churn_size else set())):
         for shape in shapes:
             log(f"{shape} at {size:,}")
@@ -294,15 +308,9 @@ def run(
                 repeat,
                 churn_publications if size == churn_size else 0,
             )
-    head = [
-        f"Commit {commit(here)}"
-        + (f" against {commit(baseline)} (`{baseline}`)" if baseline else "")
-        + f", Python {platform.python_version()}; {time.monotonic() - started:.0f} s, "
-        f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end. "
-        "Cells with two figures are baseline → this tree (ratio).",
-        "",
-    ]
-    return "\n".join(head + rows(results) + ["", *churn_rows(results)]) + "\n"
+            if out is not None:
+                out.write_text(report())
+    return report()
 
 
 def shape_names() -> list[str]:

@@ -90,7 +90,7 @@ def main(argv: list[str]) -> None:
         default=[1024, 256],
         help="publications per pass, one per size (smallest size first)",
     )
-    parser.add_argument("--out", type=Path, help="also write the report here")
+    parser.add_argument("--out", type=Path, help="also write the report here, shape by shape")
     args = parser.parse_args(argv)
     shapes = args.shapes or shape_names()
     unknown = sorted(set(shapes) - set(shape_names()))
@@ -110,10 +110,9 @@ def main(argv: list[str]) -> None:
         args.churn_size or None,
         args.churn_publications,
         lambda line: print(line, file=sys.stderr, flush=True),
+        args.out,
     )
     print(report)
-    if args.out:
-        args.out.write_text(report)
 
 
 if __name__ == "__main__":
