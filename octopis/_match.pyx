@@ -38,7 +38,7 @@ A publication points every column at its bucket. A scan, chunk by chunk in slot 
 ANDs into the live bits each piece's sure bits plus the edges that hold, checked only
 for subscriptions still alive, and stops early once no bit is left; it prefetches the
 next chunk's sure bits and edges. Every bit left is a match: ``match`` keeps the words
-with one and builds its list from them (a borrowed key per slot), ``match_groups`` takes
+with one and builds its list from them (a borrowed key per slot, copied in slot order), ``match_groups`` takes
 one per group. Subscriptions added since the last build wait in a pending list and are
 verified in full; removed ones lose their live bit.
 
