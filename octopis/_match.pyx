@@ -150,9 +150,13 @@ def check_entry(object subscription, object group):
 cdef class Matcher:
     """Compiled matcher; the API and the semantics are those of ``ReferenceMatcher``.
 
-    ``pending_limit`` bounds how many subscriptions added since the last build are
-    verified one by one before ``match`` rebuilds the index (the bound grows by 1/32 of
-    the indexed subscriptions, so rebuilding costs O(log n) amortised per ``add``).
+    Subscriptions added since the last build are verified one by one (they are
+    *pending*) until ``match`` rebuilds the index: once more than ``pending_limit`` plus
+    1/32 of the indexed subscriptions are pending and verifying them since the last build
+    has cost about as much as a build (REBUILD_WORK verifications per indexed
+    subscription), and at the latest once a quarter of the indexed ones more are pending.
+    With k subscriptions added per match, a build then comes every √(2·REBUILD_WORK·n/k)
+    matches or so, where builds and verifications cost about the same.
     """
 
     # subscriptions by internal id
@@ -168,6 +172,7 @@ cdef class Matcher:
     cdef int* pend_pos
     cdef int* pending
     cdef int n_pending, n_indexed, n_dead
+    cdef long long pending_work  # pending subscriptions verified since the last build
     cdef int* out
     # optional group of each subscription (-1: none) and the scratch marks of match_groups
     cdef int* grp
@@ -565,7 +570,10 @@ cdef class Matcher:
                     candidates=self.candidates, memory=self.index_bytes)
 
     cdef int _refresh(self) except -1:
-        if (self.n_pending > self.pending_limit + (self.n_indexed - self.n_dead) // 32
+        cdef int base = self.pending_limit + (self.n_indexed - self.n_dead) // 32
+        self.pending_work += self.n_pending
+        if ((self.n_pending > base and self.pending_work > REBUILD_WORK * (<long long>self.n_indexed))
+                or self.n_pending > base + self.n_indexed // 4
                 or self.n_dead > 64 + self.n_indexed // 4):
             _build(self)
         return 0

@@ -82,6 +82,7 @@ cdef int _build(Matcher m) except -1:
         m.built_strs = n_strs
         m.index_bytes += n_placed * 2 * sizeof(int) + m.n_words * (sizeof(uint64_t) + sizeof(int))
         m.n_pending = 0
+        m.pending_work = 0
         m.n_indexed = m.n_live
         m.n_dead = 0
         m._stats.update(

@@ -57,6 +57,11 @@ cdef enum:
     QUANTILES = 1024
     PREFETCH_BYTES = 1 << 20  # an index this large is read from memory: prefetch chunks
 
+# A build costs about as much as verifying REBUILD_WORK pending subscriptions per indexed
+# one (a rebuild waits until the pending ones verified since the last have cost that much).
+cdef enum:
+    REBUILD_WORK = 64
+
 # How an edge is decided (see Edge).
 cdef enum:
     EDGE_RANGE = 0

@@ -94,7 +94,8 @@ about 0.3 s at 100k subscriptions.
 Maintenance is lazy and amortised: ``add`` compiles the subscription into a pending
 list that ``match`` verifies in full; ``remove`` clears the subscription's live bit.
 ``match`` rebuilds the index once the pending list exceeds ``pending_limit`` + 1/32 of
-the index or a quarter of the index is dead.
+the index and verifying it since the last build has cost about a build, once it exceeds
+a quarter of the index, or once a quarter of the index is dead.
 
 Numbers compare as C doubles in the compiled matcher, exactly like Python as long as
 integers stay within ±2**53 (which :mod:`octopis.filters` enforces for constants and
