@@ -285,12 +285,13 @@ def run(
     started = time.monotonic()
     load = os.getloadavg()[0]
     results: dict[tuple[str, int], dict[str, Point]] = {}
+    names = f"Commit {commit(here)}" + (
+        f" against {commit(baseline)} (`{baseline}`)" if baseline else ""
+    )
 
     def report() -> str:
         head = [
-            f"Commit {commit(here)}"
-            + (f" against {commit(baseline)} (`{baseline}`)" if baseline else "")
-            + f", Python {platform.python_version()}; {time.monotonic() - started:.0f} s, "
+            names + f", Python {platform.python_version()}; {time.monotonic() - started:.0f} s, "
             f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end. "
             "Cells with two figures are baseline → this tree (ratio).",
             "",
