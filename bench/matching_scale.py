@@ -296,7 +296,10 @@ def run(
             "Cells with two figures are baseline → this tree (ratio).",
             "",
         ]
-        return "\n".join(head + rows(results) + ["", *churn_rows(results)]) + "\n"
+        churn_table = churn_rows(results)
+        if len(churn_table) == 2:  # no churn runs
+            churn_table = []
+        return "\n".join(head + rows(results) + ["", *churn_table]) + "\n"
 
     for size in sorted(set(sizes) | ({churn_size} if churn_size else set())):
         for shape in shapes:
