@@ -1,4 +1,9 @@
-"""The matcher table of ``bench/RESULTS.md`` from a ``bench/bench_matching.py`` run:
+"""The matcher tables of ``bench/RESULTS.md``. At scale, side by side with a baseline
+checkout, in one run (:mod:`bench.matching_scale`)::
+
+    python -m bench.matching_table --sizes 100000 1000000 --baseline ../base --churn-size 100000
+
+and from a ``bench/bench_matching.py`` run::
 
     pytest bench/bench_matching.py --benchmark-only --benchmark-json=matcher.json
     python -m bench.matching_table matcher.json
@@ -11,9 +16,12 @@ subscription, to build the index of all of them, its memory in all and per subsc
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+
+from bench.matching_scale import run, shape_names
 
 CALLS = ("match_groups", "match_groups_full", "match")
 
@@ -61,5 +69,51 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str]) -> None:
+    """A pytest-benchmark JSON file's table, or (with options) the run at scale."""
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        print(table(json.loads(Path(argv[0]).read_text())))
+        return
+    parser = argparse.ArgumentParser(prog="python -m bench.matching_table")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--shapes", nargs="+", default=None, help="default: every shape")
+    parser.add_argument("--baseline", type=Path, help="a checkout with its matcher built")
+    parser.add_argument("--churn-size", type=int, default=100_000, help="0: no churn runs")
+    parser.add_argument(
+        "--churn-publications", type=int, default=256, help="publications per churn pass"
+    )
+    parser.add_argument("--repeat", type=int, default=5, help="passes; the best counts")
+    parser.add_argument(
+        "--publications",
+        type=int,
+        nargs="+",
+        default=[1024, 256],
+        help="publications per pass, one per size (smallest size first)",
+    )
+    parser.add_argument("--out", type=Path, help="also write the report here, shape by shape")
+    args = parser.parse_args(argv)
+    shapes = args.shapes or shape_names()
+    unknown = sorted(set(shapes) - set(shape_names()))
+    if unknown:
+        parser.error(f"unknown shapes {unknown}; known: {shape_names()}")
+    if any(size < 1 for size in args.sizes) or args.repeat < 1 or args.churn_size < 0:
+        parser.error("sizes and --repeat must be positive, --churn-size at least 0")
+    sizes = sorted(set(args.sizes) | ({args.churn_size} if args.churn_size else set()))
+    padded = args.publications + args.publications[-1:] * len(sizes)
+    per = dict(zip(sizes, padded[: len(sizes)], strict=True))
+    report = run(
+        args.sizes,
+        shapes,
+        args.baseline,
+        per,
+        args.repeat,
+        args.churn_size or None,
+        args.churn_publications,
+        lambda line: print(line, file=sys.stderr, flush=True),
+        args.out,
+    )
+    print(report)
+
+
 if __name__ == "__main__":
-    print(table(json.loads(Path(sys.argv[1]).read_text())))
+    main(sys.argv[1:])

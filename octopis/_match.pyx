@@ -38,7 +38,7 @@ A publication points every column at its bucket. A scan, chunk by chunk in slot 
 ANDs into the live bits each piece's sure bits plus the edges that hold, checked only
 for subscriptions still alive, and stops early once no bit is left; it prefetches the
 next chunk's sure bits and edges. Every bit left is a match: ``match`` keeps the words
-with one and builds its list from them (a borrowed key per slot), ``match_groups`` takes
+with one and builds its list from them (a borrowed key per slot, copied in slot order), ``match_groups`` takes
 one per group. Subscriptions added since the last build wait in a pending list and are
 verified in full; removed ones lose their live bit.
 
@@ -51,11 +51,11 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItemWithError, PyDict_Next
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.list cimport PyList_New
-from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact, PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_CheckExact
 from libc.math cimport NAN, isfinite, isnan, nextafter
 from libc.limits cimport INT_MAX
@@ -150,9 +150,13 @@ def check_entry(object subscription, object group):
 cdef class Matcher:
     """Compiled matcher; the API and the semantics are those of ``ReferenceMatcher``.
 
-    ``pending_limit`` bounds how many subscriptions added since the last build are
-    verified one by one before ``match`` rebuilds the index (the bound grows by 1/32 of
-    the indexed subscriptions, so rebuilding costs O(log n) amortised per ``add``).
+    Subscriptions added since the last build are verified one by one (they are
+    *pending*) until ``match`` rebuilds the index: once more than ``pending_limit`` plus
+    1/32 of the indexed subscriptions are pending and verifying them since the last build
+    has cost about as much as a build (REBUILD_WORK verifications per indexed
+    subscription), and at the latest once a quarter of the indexed ones more are pending.
+    With k subscriptions added per match, a build then comes every √(2·REBUILD_WORK·n/k)
+    matches or so, where builds and verifications cost about the same.
     """
 
     # subscriptions by internal id
@@ -168,6 +172,7 @@ cdef class Matcher:
     cdef int* pend_pos
     cdef int* pending
     cdef int n_pending, n_indexed, n_dead
+    cdef long long pending_work  # pending subscriptions verified since the last build
     cdef int* out
     # optional group of each subscription (-1: none) and the scratch marks of match_groups
     cdef int* grp
@@ -204,7 +209,8 @@ cdef class Matcher:
     cdef int* slot_of
     cdef int* slot_sub
     cdef int* slot_grp
-    cdef PyObject** slot_key  # borrowed from _keys: a removed subscription is never hit
+    cdef PyObject** slot_key  # borrowed from _slot_keys: a removed subscription is never hit
+    cdef list _slot_keys  # each slot's key, as a copy laid out in slot order (_slot_copy)
     cdef uint64_t* live
     cdef int* word_chunk
     cdef int* chunk_w0
@@ -239,6 +245,7 @@ cdef class Matcher:
         self._clock = clock
         self._ids = {}
         self._keys = []
+        self._slot_keys = []
         self._subs = []
         self._free = []
         self._attr_ids = {}
@@ -298,6 +305,7 @@ cdef class Matcher:
         PyMem_Free(self.slot_sub)
         PyMem_Free(self.slot_grp)
         PyMem_Free(self.slot_key)
+        self._slot_keys = []
         PyMem_Free(self.hit_w)
         PyMem_Free(self.hit_bits)
         PyMem_Free(self.live)
@@ -562,7 +570,10 @@ cdef class Matcher:
                     candidates=self.candidates, memory=self.index_bytes)
 
     cdef int _refresh(self) except -1:
-        if (self.n_pending > self.pending_limit + (self.n_indexed - self.n_dead) // 32
+        cdef int base = self.pending_limit + (self.n_indexed - self.n_dead) // 32
+        self.pending_work += self.n_pending
+        if ((self.n_pending > base and self.pending_work > REBUILD_WORK * (<long long>self.n_indexed))
+                or self.n_pending > base + self.n_indexed // 4
                 or self.n_dead > 64 + self.n_indexed // 4):
             _build(self)
         return 0

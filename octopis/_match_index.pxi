@@ -72,6 +72,7 @@ cdef int _build(Matcher m) except -1:
         qts = _quantiles(pts, pts_off, n_attrs, qts_off)
         _key_ranges(m, placed, n_placed, qts, qts_off, n_attrs)
         _slices(placed, n_placed)
+        _slice_runs(placed, n_placed)
         qsort(placed, n_placed, sizeof(Placed), _cmp_placed)
 
         _fill_slots(m, placed, n_placed, n_strs, n_attrs, counts)
@@ -81,6 +82,7 @@ cdef int _build(Matcher m) except -1:
         m.built_strs = n_strs
         m.index_bytes += n_placed * 2 * sizeof(int) + m.n_words * (sizeof(uint64_t) + sizeof(int))
         m.n_pending = 0
+        m.pending_work = 0
         m.n_indexed = m.n_live
         m.n_dead = 0
         m._stats.update(
@@ -319,6 +321,24 @@ cdef void _slices(Placed* placed, int n) noexcept:
         i = j
 
 
+cdef void _slice_runs(Placed* placed, int n) noexcept:
+    """Give a ``run`` of its own (its signature) to every group of at least a word of
+    subscriptions testing the same attributes within one slice: where many small groups
+    share a ``lead`` (many combinations of attributes), a word then tests the attributes of
+    one group, not of all, while the slice keeps the key ranges near each other."""
+    cdef int i = 0, j, s
+    qsort(placed, n, sizeof(Placed), _cmp_slice_signature)
+    while i < n:
+        j = i
+        while (j < n and placed[j].cell == placed[i].cell and placed[j].lead == placed[i].lead
+               and placed[j].slice == placed[i].slice and placed[j].sig == placed[i].sig):
+            j += 1
+        if j - i >= 64:
+            for s in range(i, j):
+                placed[s].run = placed[s].sig
+        i = j
+
+
 cdef void _key_range(const Pred* p, int n, int attr, Placed* place) noexcept:
     """p's range on ``attr``, else its first range ([inf, inf] if it has none), and its
     attribute (INT_MAX: none) into ``place``."""
@@ -354,11 +374,14 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
     m.affixed = <char*>_alloc(NULL, n_attrs * sizeof(char))
     memset(m.affixed, 0, n_attrs)
     affixes = {}
+    m._slot_keys = [_slot_copy(m._keys[placed[s].sub]) for s in range(n)]
     for s in range(n):
         sub = placed[s].sub
+        if m._slot_keys[s] is not m._keys[sub]:
+            m.index_bytes += m._slot_keys[s].__sizeof__()
         m.slot_sub[s] = sub
         m.slot_grp[s] = m.grp[sub]
-        m.slot_key[s] = <PyObject*>m._keys[sub]
+        m.slot_key[s] = _list_item(m._slot_keys, s)
         m.slot_of[sub] = s
         m.live[s >> 6] |= (<uint64_t>1) << (s & 63)
         if placed[s].cell < 0:
@@ -395,9 +418,36 @@ cdef int _fill_slots(Matcher m, const Placed* placed, int n, int n_strs, int n_a
     m.hit_w = <int*>_alloc(NULL, (m.n_words + n_cells + 1) * sizeof(int))
     m.hit_bits = <uint64_t*>_alloc(NULL, (m.n_words + n_cells + 1) * sizeof(uint64_t))
     m.index_bytes += (n_cells * (sizeof(Cell) + sizeof(int)) + (n_strs + 1) * sizeof(int) + n_attrs
-                      + n * sizeof(PyObject*)
+                      + 2 * n * sizeof(PyObject*)
                       + (m.n_words + n_cells + 1) * (sizeof(int) + sizeof(uint64_t)))
     return 0
+
+
+cdef object _slot_copy(object key):
+    """An equal copy of ``key`` of its exact type where one is cheap — an int (past the
+    small ones Python shares), a tuple (its items shared) — else ``key`` itself. Made in
+    slot order at a build, the copies lie in memory as the slots do, so that ``match``,
+    which takes a reference to every matching key, reads a few dense lines per word of
+    hits instead of one line per key scattered over every key ever added."""
+    cdef int overflow
+    cdef long long value
+    cdef Py_ssize_t i, n
+    if PyLong_CheckExact(key):
+        value = PyLong_AsLongLongAndOverflow(key, &overflow)
+        if overflow or -5 <= value <= 256:
+            return key
+        return PyLong_FromLongLong(value)
+    if PyTuple_CheckExact(key):
+        n = PyTuple_GET_SIZE(key)
+        if n == 0:
+            return key
+        copy = PyTuple_New(n)
+        for i in range(n):
+            item = key[i]
+            Py_INCREF(item)
+            PyTuple_SET_ITEM(copy, i, item)
+        return copy
+    return key
 
 
 cdef int _fill_chunks(Matcher m, const Placed* placed, int n_attrs, int total) except -1:

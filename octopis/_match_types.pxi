@@ -57,6 +57,11 @@ cdef enum:
     QUANTILES = 1024
     PREFETCH_BYTES = 1 << 20  # an index this large is read from memory: prefetch chunks
 
+# A build costs about as much as verifying REBUILD_WORK pending subscriptions per indexed
+# one (a rebuild waits until the pending ones verified since the last have cost that much).
+cdef enum:
+    REBUILD_WORK = 64
+
 # How an edge is decided (see Edge).
 cdef enum:
     EDGE_RANGE = 0
@@ -262,6 +267,19 @@ cdef int _cmp_signature(const void* x, const void* y) noexcept nogil:
     cdef const Placed* q = <const Placed*>y
     if p.cell != q.cell:
         return (p.cell > q.cell) - (p.cell < q.cell)
+    return (p.sig > q.sig) - (p.sig < q.sig)
+
+
+cdef int _cmp_slice_signature(const void* x, const void* y) noexcept nogil:
+    """By cell, by ``lead``, by slice, by signature."""
+    cdef const Placed* p = <const Placed*>x
+    cdef const Placed* q = <const Placed*>y
+    if p.cell != q.cell:
+        return (p.cell > q.cell) - (p.cell < q.cell)
+    if p.lead != q.lead:
+        return (p.lead > q.lead) - (p.lead < q.lead)
+    if p.slice != q.slice:
+        return (p.slice > q.slice) - (p.slice < q.slice)
     return (p.sig > q.sig) - (p.sig < q.sig)
 
 

@@ -63,7 +63,10 @@ The compiled matcher combines the last two:
 * *Layout*: subscriptions are ordered by cell, then by a *key range* of theirs, its
   attribute first (a group of over 1,000 testing the same attributes keeps words of its
   own): so the subscriptions one value satisfies on that attribute sit together, and
-  most words are empty after its column. The key range is the first
+  most words are empty after its column; within a slice of a cell's key ranges, a group of
+  a word or more testing the same attributes keeps words of its own too, so that where
+  many small groups share a key range's attribute a word still tests few attributes. The
+  key range is the first
   range, or, for a group of subscriptions testing the same attributes, the range on the
   attribute that is clearly the most selective on average (estimated, like a cell's, from
   the subscriptions alone: the share of all boundaries on the attribute that a range
@@ -76,17 +79,23 @@ The compiled matcher combines the last two:
   left is a match; no subscription is verified against its whole program.
   ``match_groups`` stops at the first chunk after which every group has a match;
   ``match`` keeps the words with a match and builds its list from them, with each slot's
-  key at hand.
+  key at hand. Taking a reference to every matching key is most of ``match``'s time
+  where publications match thousands of subscriptions (a cache miss per key when the
+  keys lie where they were allocated), so a build copies int and tuple keys in slot
+  order (``_slot_copy``: an equal key of the same type), and the list is filled two
+  stages ahead (where a key is, then the key).
 
 Memory: per column, 8 bytes per bucket and word of 64 subscriptions testing the attribute,
-24 per edge (at most two per range), 4 per bucket and chunk; 8 per subscription for its
-key: 0.1–0.4 KB per subscription at 100k (bench/RESULTS.md). Building costs O(n log n),
+24 per edge (at most two per range), 4 per bucket and chunk; 16 per subscription for its
+key, and its copy (32 bytes for an int): 0.1–0.4 KB per subscription at 100k and 1M
+(bench/RESULTS.md). Building costs O(n log n),
 about 0.3 s at 100k subscriptions.
 
 Maintenance is lazy and amortised: ``add`` compiles the subscription into a pending
 list that ``match`` verifies in full; ``remove`` clears the subscription's live bit.
 ``match`` rebuilds the index once the pending list exceeds ``pending_limit`` + 1/32 of
-the index or a quarter of the index is dead.
+the index and verifying it since the last build has cost about a build, once it exceeds
+a quarter of the index, or once a quarter of the index is dead.
 
 Numbers compare as C doubles in the compiled matcher, exactly like Python as long as
 integers stay within ±2**53 (which :mod:`octopis.filters` enforces for constants and

@@ -18,7 +18,16 @@ own publication distribution (measure with :func:`selectivity`):
   subscriptions and publications alike, plus a band on ``price`` of 20%;
 * ``wide_bands`` — four wide bands (about 21% each) that only together are selective:
   0.2%;
-* ``broad`` — two of five attributes, a band on each, 10%.
+* ``broad`` — two of five attributes, a band on each, 10%;
+
+and three the index was not designed for:
+
+* ``small_groups`` — three of sixteen attributes, a band on each, 2%: 560 combinations of
+  attributes, so many small groups of subscriptions testing the same ones;
+* ``one_sided`` — a band beside a one-sided bound (``<`` or ``>=``, at a random point) on
+  another of four attributes, 2%: half the key ranges open at one end;
+* ``shared_equality`` — ``[class,eq,'STOCK']`` on every subscription (and publication),
+  beside two bands over five attributes, 2%: one string lookup that holds everything.
 
 The stock shapes (:func:`octopis.quotes.stock_subscriptions`) need the quote data and
 live beside it.
@@ -128,6 +137,40 @@ def zipf_symbol(count: int, seed: int) -> tuple[list[Subscription], list[Publica
     return subscriptions, publications
 
 
+def small_groups(count: int, seed: int) -> tuple[list[Subscription], list[Publication]]:
+    """Three bands over sixteen attributes, 2% selectivity."""
+    return _bands(count, seed, per=3, of=16, selectivity=0.02)
+
+
+def one_sided(count: int, seed: int) -> tuple[list[Subscription], list[Publication]]:
+    """A band of width 0.1 on one of four attributes and a one-sided bound keeping
+    0.1 to 0.3 of the values (0.2 on average) on another, 2% selectivity."""
+    rng = random.Random(seed)
+    names = [f"a{i}" for i in range(4)]
+    subscriptions = []
+    for _ in range(count):
+        band, bound = rng.sample(names, 2)
+        keep = round(rng.uniform(0.1, 0.3), 6)
+        one = (
+            Predicate(bound, "<", keep)
+            if rng.random() < 0.5
+            else Predicate(bound, ">=", round(1.0 - keep, 6))
+        )
+        predicates = sorted((*_band(band, 0.1, rng), one), key=lambda p: p.attr)
+        subscriptions.append(Subscription(tuple(predicates)))
+    return subscriptions, _uniform_publications(4, rng)
+
+
+def shared_equality(count: int, seed: int) -> tuple[list[Subscription], list[Publication]]:
+    """``[class,eq,'STOCK']`` and two bands over five attributes, 2% selectivity."""
+    subscriptions, publications = _bands(count, seed, per=2, of=5, selectivity=0.02)
+    stock = Predicate("class", "eq", "STOCK")
+    return (
+        [Subscription((stock, *s.predicates)) for s in subscriptions],
+        [{"class": "STOCK", **p} for p in publications],
+    )
+
+
 SHAPES: dict[str, Shape] = {
     "uniform_bands": uniform_bands,
     "five_bands": five_bands,
@@ -135,6 +178,9 @@ SHAPES: dict[str, Shape] = {
     "zipf_symbol": zipf_symbol,
     "wide_bands": wide_bands,
     "broad": broad,
+    "small_groups": small_groups,
+    "one_sided": one_sided,
+    "shared_equality": shared_equality,
 }
 """Every synthetic shape by name."""
 
