@@ -33,7 +33,7 @@ from pathlib import Path
 
 import msgpack
 
-from octopis.filters import Publication, Subscription
+from octopis.filters.language import Publication, Subscription
 from octopis.matching import Matcher
 from octopis.quotes import enrich, quotes_dir, read_quote_dir, stock_subscriptions
 from octopis.shapes import SHAPES

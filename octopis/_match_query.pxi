@@ -5,7 +5,7 @@
 def is_plain_publication(object publication, set known):
     """Whether ``publication`` is a non-empty dict whose names are all in ``known`` and
     whose values are strings, finite floats or integers within ±2**53 (never ``bool``):
-    the common case of :func:`octopis.filters.validate_publication`, decided in C on every
+    the common case of :func:`octopis.filters.language.validate_publication`, decided in C on every
     hop. False means "not known to be valid": the Python check then decides and words
     the error."""
     return _plain(publication, known)

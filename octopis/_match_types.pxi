@@ -11,7 +11,7 @@ cdef extern from "Python.h":
     int _ctz "__builtin_ctzll"(uint64_t)
 
 cdef double INF = float("inf")
-cdef long long MAX_INTEGER = 2 ** 53  # octopis.filters.MAX_INTEGER
+cdef long long MAX_INTEGER = 2 ** 53  # octopis.filters.limits.MAX_INTEGER
 
 # Opcodes of compiled predicates. ``=``, ``<``, ``<=``, ``>``, ``>=`` all compile to
 # NUM_RANGE, a closed interval of doubles: ``x < c`` is ``x <= nextafter(c, -inf)``, exact
