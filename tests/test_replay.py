@@ -416,6 +416,10 @@ async def _fill_the_disk(
     sub = await Subscriber.connect(c, "watcher")
     stream = await sub.subscribe("[class,eq,'Q']")
     far = await sub.subscribe("[class,eq,'FAR']")
+    deadline = time.monotonic() + 30
+    while (await cluster.call("a:0", "stats"))["routing_table_size"] < 2:
+        assert time.monotonic() < deadline, "the subscriptions did not reach a:0 in 30 s"
+        await asyncio.sleep(0.1)
     pub = await Publisher.connect(a, "filler")
     padding = "x" * 900
     confirmed: list[int] = []

@@ -151,7 +151,11 @@ def draw(seed: int, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3
             a = rng.choice(brokers)
             faults.append(Failure((a, rng.choice(sorted(scot.graph[a]))), at, until))
         else:
-            faults.append(Failure((rng.choice(brokers),), at, until, stall=kind == "pause"))
+            broker = rng.choice(brokers)
+            busy = [f for f in faults if isinstance(f, Failure) and f.ends == (broker,)]
+            if any(f.at < until and at < (f.until or DURATION) for f in busy):
+                continue  # a process is not paused while it is dead, nor killed twice
+            faults.append(Failure((broker,), at, until, stall=kind == "pause"))
     withdrawals = tuple(
         sorted((round(rng.uniform(0, DURATION), 6), rng.choice(subscribers)[0])
                for _ in range(rng.randint(0, 3)))
