@@ -40,11 +40,12 @@ PROCESS_MARKS = ("spark", "browser")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker per core and one more. Process tests spend much of their
-    time waiting on timers (rates, liveness, fail-overs), so a worker per core leaves the
-    cores about a quarter idle (2 cores, one tree, back to back: 517 s with two workers,
-    464 s with three)."""
-    return len(os.sched_getaffinity(0)) + 1
+    """``-n auto``: one worker per core. With one more (three on 2 cores: 464 s against
+    517 s when the process tier was lighter), the paper75 runs, ActiveMQ's JVM, Chromium
+    and the up/down cycles beside one another drove the load to 45–67 and nine process
+    tests past their timeouts in one fresh-clone run; a worker per core keeps them
+    apart."""
+    return len(os.sched_getaffinity(0))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
