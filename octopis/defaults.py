@@ -15,6 +15,9 @@ CUSTODY_LIMIT = 10_000
 PUBLICATION_HOLD = 10_000
 """Local publications a broker holds while it resyncs after its start
 (``[clients] hold_limit``); past it publishers are refused."""
+SUBSCRIPTIONS_PER_CLIENT = 10_000
+"""Subscriptions one client may hold at one broker (``[limits]
+subscriptions_per_client``); one more is refused."""
 REPLAY_BUDGET = 3.0
 """Seconds the host of a replay waits for every broker's answer (``[retention]
 replay_budget``)."""

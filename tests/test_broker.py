@@ -76,8 +76,12 @@ def test_routing_that_fails_before_taking_a_run_drops_it_counted(
 
     async def feed_a_run() -> None:
         peers = broker.peers
-        state = peers.state["a:0"]
-        state.up = state.accepting = True
+        table = peers.neighbours
+        table.heard("a:0", 0.0)
+        table.met("a:0", PLAYED)
+        table.hello("a:0", names_us=True)
+        table.share("a:0")
+        state = table["a:0"]
         monkeypatch.setattr(broker, "peer_notifications", broken_routing)
         heartbeat = encode_peer("a:0", Heartbeat(PLAYED, 0, 0, True))[1]
         peers._on_message([b"a:0", _quote(1), _quote(2), heartbeat], 0.0)
@@ -111,8 +115,12 @@ def test_a_pass_past_its_deadline_leaves_the_rest_of_a_run_for_the_next(
 
     async def feed_a_run() -> None:
         peers = broker.peers
-        state = peers.state["a:0"]
-        state.up = state.accepting = True
+        table = peers.neighbours
+        table.heard("a:0", 0.0)
+        table.met("a:0", PLAYED)
+        table.hello("a:0", names_us=True)
+        table.share("a:0")
+        state = table["a:0"]
         monkeypatch.setattr(broker, "peer_notifications", routing)
         heartbeat = encode_peer("a:0", Heartbeat(PLAYED, 0, 0, True))[1]
         bad = b"\xc1 not msgpack"

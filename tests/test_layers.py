@@ -261,10 +261,18 @@ NODE_STATE = frozenset(
         "table_lost",
         "payable",
         "held_copies_for",
+        "phase",
+        "word",
+        "down_since",
+        "accepting",
+        "TRANSITIONS",
+        "orphans",
     }
 )
 """The node's failure state (``octopis.core.node``, ``octopis.core.recovery``): who is owed
-a share, what is held for whom, what a restart lost. The shells report events to the
+a share, what is held for whom, what a restart lost; a neighbour's session and word
+(``octopis.core.neighbours``: read through its questions, never by phase); the client
+sessions' orphans (``octopis.core.sessions``). The shells report events to the
 node and carry out its actions; none reads or writes this state (DESIGN §2, §7)."""
 
 SHELLS = ("transport", "sim")

@@ -21,7 +21,8 @@ import pytest
 from octopis.client_policy import LastSeen, failover_order, replay_after
 from octopis.core import Forward, NoCongestion, Notification, Subscribe, SubState, make_broker
 from octopis.core.answer import AnswerSelection
-from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp, ready_to_serve
+from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase
+from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
 from octopis.core.replay import Replay, ReplayData
 from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
 from octopis.failure_schedule import Failure
@@ -40,6 +41,16 @@ def _node(broker: str = "c:0", mode: str = "snr", **kw: object) -> BrokerNode:
     return BrokerNode(make_broker(FIG2, broker, mode, covering="off"), 100, **kw)
 
 
+def _settled(node: BrokerNode, *, down: tuple[str, ...] = ()) -> BrokerNode:
+    """``node`` has met every neighbour (synced, serving); those in ``down`` are
+    declared down since."""
+    for n in FIG2.brokers[node.core.id].neighbours:
+        node.neighbours.built(n.id, 7, 0.0)
+    for n in down:
+        node.neighbours.silent(n, 1.0)
+    return node
+
+
 def _sub(core_id: str, n: int) -> Subscribe:
     return Subscribe(
         f"{core_id}#{n}",
@@ -54,8 +65,8 @@ def _sub(core_id: str, n: int) -> Subscribe:
 def test_a_healed_link_hands_held_subscriptions_then_refresh_then_copies_then_shares() -> None:
     """The process's order, now the only one: what SBP could not send first, then (with
     covering) what went over the link before, then the held copies, then owed shares."""
-    node = BrokerNode(make_broker(FIG2, "c:0", "snr", covering="active"), 100)
-    node.serving = True
+    node = BrokerNode(make_broker(FIG2, "c:0", "snr", covering="active"), 100, serving=True)
+    _settled(node)
     peer = next(n.id for n in FIG2.brokers["c:0"].neighbours)
     sub_id, actions = node.core.subscribe("S", Subscription((Predicate("x", "<", 3),)), 0.0)
     sent = [a for a in actions if type(a) is Forward and a.link == peer]
@@ -64,7 +75,7 @@ def test_a_healed_link_hands_held_subscriptions_then_refresh_then_copies_then_sh
     copy = Notification("P", 1, 0.0, {"x": 1})
     node.recovery.hold_copy(peer, copy)
     node.recovery.owed_shares.add(peer)
-    steps = node.link_back(peer, lambda n: True)
+    steps = node.link_back(peer)
     kinds = [
         "held"
         if type(a) is Forward and getattr(a.message, "sub_id", "") == "b:0#5"
@@ -92,7 +103,9 @@ def test_local_publications_wait_for_serving_up_to_the_hold() -> None:
     with pytest.raises(NotServing, match="resyncing after its start and already holds 2"):
         node.publish(notes[2], "r3", NO_CONGESTION)
     assert node.counters["publications_refused.hold_full"] == 1
-    held, _ = node.now_serving(lambda n: True)
+    node.start(0.0, down_after=1.0)
+    assert node.serve_if_ready(0.5) is None  # no neighbour heard yet: wait for T
+    held, _ = node.serve_if_ready(1.0)
     assert held == [(notes[0], "r1"), (notes[1], "r2")] and node.held == []
     assert node.publish(notes[2], "r3", NO_CONGESTION) is not None  # routed now
 
@@ -106,14 +119,16 @@ def test_a_share_is_owed_until_serving_and_whole_then_paid_once() -> None:
     _, handed = node.neighbour_met(peer, 7, restarted=False)
     assert handed == HandedShare(peer, 0, complete=False, wants_share=True)
     assert peer in node.recovery.owed_shares
-    assert node.pay_owed_shares(lambda n: True) == []  # not serving
+    assert node.pay_owed_shares() == []  # not serving
     for n in FIG2.brokers["c:0"].neighbours:  # the peer wants ours; the others do not
-        node.synced(n.id, HandedShare("c:0", 0, wants_share=n.id == peer), lambda n: True)
-    _, paid = node.now_serving(lambda n: n != peer)  # the peer is not up: still owed
+        node.synced(n.id, HandedShare("c:0", 0, wants_share=n.id == peer))
+    _settled(node, down=(peer,))
+    _, paid = node.serve_if_ready(0.0)  # the peer is not up: still owed
     assert not [a for a in paid if type(a) is HandedShare and a.link == peer]
-    paid = node.pay_owed_shares(lambda n: True)
+    node.neighbours.heard(peer, 2.0)
+    paid = node.pay_owed_shares()
     assert [a for a in paid if type(a) is HandedShare] == [HandedShare(peer, 0, True, False)]
-    assert node.pay_owed_shares(lambda n: True) == []
+    assert node.pay_owed_shares() == []
 
 
 def test_a_bid_broker_learns_its_table_was_lost_from_a_neighbour_that_knew_it() -> None:
@@ -124,11 +139,11 @@ def test_a_bid_broker_learns_its_table_was_lost_from_a_neighbour_that_knew_it() 
     assert handed.predecessor and neighbour.counters["restarts_without_resync"] == 1
     node = _node("c:0", "bid")
     node.serving = True
-    node.synced("b:0", handed, lambda n: True)
+    node.synced("b:0", handed)
     node.publish(Notification("P", 1, 0.0, {"x": 1}), None, NO_CONGESTION)
     assert node.core.stats["undeliverable.table_lost"] == 1
     fresh = _node("c:0", "bid")
-    fresh.synced("b:0", HandedShare("c:0", 0), lambda n: True)
+    fresh.synced("b:0", HandedShare("c:0", 0))
     assert not fresh.core.table_lost
 
 
@@ -144,18 +159,59 @@ def test_held_messages_keep_requests_and_drop_answers() -> None:
     assert read_sbp(_sub("c:0", 1)) == ("c:0#1", True)
 
 
-class _Facts:
-    def __init__(self, up: bool, ready: bool = False, down: bool = False) -> None:
-        self.up = up
-        self.accepting = self.synced = self.beat_seen = ready
-        self.down_since = 1.0 if down else None
+def test_the_session_table_covers_every_phase_and_event() -> None:
+    """One transition per (phase, event): the table is total, a new incarnation or a
+    handshake restarts the session from anywhere, a share counts only after a handshake
+    that named us."""
+    assert set(TRANSITIONS) == {(p, e) for p in Phase for e in Event}
+    assert {TRANSITIONS[(p, Event.MET)] for p in Phase} == {Phase.HANDSHAKING}
+    assert TRANSITIONS[(Phase.HANDSHAKING, Event.SHARE)] is Phase.HANDSHAKING
+    assert TRANSITIONS[(Phase.SYNCING, Event.SHARE)] is Phase.SYNCED
 
 
-def test_ready_to_serve_waits_for_every_live_neighbour() -> None:
-    assert ready_to_serve([_Facts(True, True), _Facts(False, down=True)], waited=False)
-    assert not ready_to_serve([_Facts(True, False)], waited=True)
-    assert not ready_to_serve([_Facts(False)], waited=False)  # never heard: wait for T
-    assert ready_to_serve([_Facts(False)], waited=True)
+def test_a_neighbour_serves_once_its_share_and_its_word_are_in_whichever_comes_first() -> None:
+    """A heartbeat saying *serving* can overtake the share (heartbeats go ahead of data):
+    the neighbour serves — copies released, its predecessor's entries withdrawn — only
+    once its share is in too, so the withdrawal never precedes what replaces it."""
+    for word_first in (True, False):
+        table = Neighbours(["n"])
+        assert table.heard("n", 0.0) and table["n"].describe() == "new"
+        assert table.met("n", 5) is False and table["n"].describe() == "handshaking"
+        assert not table.share("n").for_us  # before the handshake: for our predecessor
+        table.hello("n", names_us=True)
+        if word_first:
+            assert not table.said("n", True) and not table.routable("n")
+            assert table.share("n") == (True, True)
+        else:
+            assert table.share("n") == (True, False) and table["n"].describe() == "starting"
+            assert table.said("n", True)
+        assert table.routable("n") and table["n"].describe() == "serving"
+        assert not table.said("n", True)  # no news: said once
+
+
+def test_a_silent_neighbour_resumes_its_session_and_must_speak_again() -> None:
+    """Down keeps the session (a cut link that heals goes on where it was) but forgets
+    its word: it serves again on its next heartbeat; a new incarnation is a restart."""
+    table = Neighbours(["n"])
+    table.built("n", 5, 0.0)
+    table.silent("n", 3.0)
+    assert table["n"].describe() == "down" and not table.routable("n")
+    assert table.ready(waited=False)  # declared down: it does not hold back serving
+    assert table.heard("n", 4.0) and table["n"].phase is Phase.SYNCED
+    assert not table.ready(waited=True)  # up, word not said again yet
+    assert table.said("n", True) and table.ready(waited=False)
+    assert table.met("n", 5) is None and table.met("n", 6) is True
+    assert table["n"].restarts == 1 and not table.reachable("n")
+
+
+def test_ready_waits_for_every_live_neighbour_or_the_liveness_timeout() -> None:
+    table = Neighbours(["up", "never"])
+    table.built("up", 1, 0.0)
+    assert not table.ready(waited=False)  # "never" not heard: wait for T
+    assert table.ready(waited=True)
+    table.met("up", 2)  # it restarted: its share and its word again
+    table.hello("up", True)
+    assert not table.ready(waited=True)
 
 
 def _sim(mode: str, seed: int = 3) -> Simulator:

@@ -5,9 +5,11 @@ simulator.
 neighbours' failures and its own resync: what it holds for a neighbour that is down,
 in which order it hands things over when a link heals, when it owes or pays a resync
 share, when it starts serving, what it does with a local publication while it is not
-serving yet, and what a restarted BID broker knows of its lost table. It is sans-IO: a
-shell reports events (a link down or back, a neighbour met, a share arrived, the
-neighbours' liveness) and carries out the actions that come back, in order:
+serving yet, and what a restarted BID broker knows of its lost table. It keeps what it knows of each
+neighbour in :class:`~octopis.core.neighbours.Neighbours` (one state machine each),
+which the shell feeds from what it hears. It is sans-IO: a shell reports events (a link
+down or back, a neighbour met, a share arrived, a neighbour serving, its own start) and
+carries out the actions that come back, in order:
 
 - the core's actions (:data:`~octopis.core.messages.Action`: a ``Forward`` is encoded
   and put on its link like any routing message);
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
@@ -40,6 +42,7 @@ from octopis.core.messages import (
     SubState,
     Unadvertise,
 )
+from octopis.core.neighbours import Neighbours
 from octopis.core.recovery import Recovery
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, sbp_targets
 from octopis.core.resync import epoch_of
@@ -64,22 +67,6 @@ class HandedShare:
     predecessor: bool = False
 
 
-class NeighbourFacts(Protocol):
-    """What a shell knows of one neighbour's liveness (the process's
-    ``transport.peers.NeighbourState`` is one)."""
-
-    up: bool
-    """Heard within the liveness timeout."""
-    accepting: bool
-    """Its handshake named this incarnation of ours: its frames are for us."""
-    synced: bool
-    """It handed its share (whole or not) since that handshake."""
-    beat_seen: bool
-    """It has said whether it is serving since that handshake."""
-    down_since: float | None
-    """When it was declared down (None: never, or up again)."""
-
-
 class NotServing(RuntimeError):
     """A local publication refused: this broker is still resyncing and its hold is full
     (the message says how many it holds)."""
@@ -98,22 +85,12 @@ def read_sbp(message: Message | Replay) -> tuple[str, bool]:
     return message.sub_id, kind is Subscribe
 
 
-def ready_to_serve(neighbours: Iterable[NeighbourFacts], waited: bool) -> bool:
-    """Whether a broker that started (or restarted) may serve: every neighbour that is up
-    has accepted it, handed its share and said whether it serves; every other one is
-    declared down, or was never heard though we ``waited`` past the liveness timeout
-    (DESIGN §7)."""
-    return all(
-        (s.accepting and s.synced and s.beat_seen) if s.up else (s.down_since is not None or waited)
-        for s in neighbours
-    )
-
-
 class BrokerNode(Generic[Token]):
     """One broker's routing core and its failure decisions (see the module docstring).
 
-    ``hold_limit`` bounds what is held per neighbour (subscription messages and copies
-    each); ``publication_hold`` the local publications held while not serving. A
+    ``serving``: it starts in an overlay whose
+    tables are built. ``hold_limit`` bounds what is held per neighbour (subscription
+    messages and copies each); ``publication_hold`` the local publications held while not serving. A
     publication's ``Token`` is the shell's (the process's publish receipt)."""
 
     def __init__(
@@ -123,17 +100,21 @@ class BrokerNode(Generic[Token]):
         publication_hold: int = PUBLICATION_HOLD,
         on_undeliverable: Callable[[Notification], None] = lambda n: None,
         *,
-        neighbours: Iterable[str] = (),
         serving: bool = False,
     ) -> None:
         self.core = core
+        clustered = isinstance(core, ClusteredBroker)
+        neighbours = sorted(core.neighbour_ids if clustered else core.links)
+        self.neighbours = Neighbours(neighbours)
+        """What it knows of each neighbour's session, liveness and word."""
+        self.started_at, self.down_after = 0.0, 0.0
         self.recovery: Recovery[Message] = Recovery(hold_limit)
         self.publication_hold = publication_hold
         self.serving = serving
         """Resynced from every live neighbour since this node started (or started in an
         overlay whose tables are built, ``serving``); until then local publications wait
         in :attr:`held` (DESIGN §7)."""
-        if not serving and isinstance(core, ClusteredBroker):
+        if not serving and clustered:
             core.expect_shares(set(neighbours))
         self.held: list[tuple[Notification, Token]] = []
         """Local publications waiting for :attr:`serving`, with their shell tokens."""
@@ -188,7 +169,7 @@ class BrokerNode(Generic[Token]):
         if kept:
             self.recovery.hold_subscriptions(neighbour, kept)
 
-    def link_back(self, neighbour: str, up: Callable[[str], bool]) -> list[Action | HandedShare]:
+    def link_back(self, neighbour: str) -> list[Action | HandedShare]:
         """A link that was down healed with the same process on the other side, in this
         order: the subscription messages held for it; with covering, what went over the
         link before (one lost in flight would leave it without what covers others); the
@@ -196,7 +177,7 @@ class BrokerNode(Generic[Token]):
         actions: list[Action | HandedShare] = self._hand_held_sbp(neighbour)[0]
         actions += self.core.refresh_link(neighbour)
         actions += self._released(neighbour, self.recovery.release_copies(neighbour))
-        actions += self.pay_owed_shares(up)
+        actions += self.pay_owed_shares()
         return actions
 
     def neighbour_met(
@@ -230,7 +211,7 @@ class BrokerNode(Generic[Token]):
         share = self._share(neighbour, carried)
         return actions + share, HandedShare(neighbour, len(share), True, wants, restarted)
 
-    def synced(self, neighbour: str, handed: HandedShare, up: Callable[[str], bool]) -> list:
+    def synced(self, neighbour: str, handed: HandedShare) -> list:
         """``neighbour`` handed us its share (``handed`` as it told us): whole, we route by
         the table on its side and pay the shares this completed; if it wants none of ours,
         we owe it nothing. A neighbour that knew our predecessor tells a BID broker that
@@ -244,18 +225,31 @@ class BrokerNode(Generic[Token]):
         if handed.complete and neighbour in core.missing_shares:
             core.share_received(neighbour)
             self.counters["shares_received_late"] += self.serving
-            return self.pay_owed_shares(up)
+            return self.pay_owed_shares()
         return []
 
-    def now_serving(
-        self, up: Callable[[str], bool]
-    ) -> tuple[list[tuple[Notification, Token]], list[Action | HandedShare]]:
-        """This node has its share from every live neighbour (:func:`ready_to_serve`): the
-        local publications held meanwhile, to publish now in order with their tokens, and
-        the shares owed that are whole now."""
+    def start(self, now: float, down_after: float) -> None:
+        """This node's process starts at ``now``: a neighbour not heard within
+        ``down_after`` (the liveness timeout) does not hold back its serving."""
+        self.started_at, self.down_after = now, down_after
+        for _, record in self.neighbours.items():
+            record.last_heard = now
+
+    def serve_if_ready(
+        self, now: float
+    ) -> tuple[list[tuple[Notification, Token]], list[Action | HandedShare]] | None:
+        """Start serving if this node has its share from every live neighbour
+        (:meth:`Neighbours.ready`, the liveness timeout past :meth:`start` counting for
+        those never heard): the local publications held meanwhile, to publish now in
+        order with their tokens, and the shares owed that are whole now. None: serving
+        already, or not yet."""
+        if self.serving:
+            return None
+        if not self.neighbours.ready(now - self.started_at >= self.down_after):
+            return None
         self.serving = True
         held, self.held = self.held, []
-        return held, self.pay_owed_shares(up)
+        return held, self.pay_owed_shares()
 
     def neighbour_serving(self, neighbour: str) -> list[Action]:
         """``neighbour`` is serving: the copies held for it and, if it restarted, the
@@ -263,14 +257,14 @@ class BrokerNode(Generic[Token]):
         held, withdrawals = self.recovery.serving(self.core, neighbour)
         return [*self._released(neighbour, held), *withdrawals]
 
-    def pay_owed_shares(self, up: Callable[[str], bool]) -> list[Action | HandedShare]:
-        """Every owed share that is whole now, to a neighbour that is ``up``; nothing
-        while this node is not serving itself."""
+    def pay_owed_shares(self) -> list[Action | HandedShare]:
+        """Every owed share that is whole now, to a neighbour that is reachable
+        (:meth:`Neighbours.reachable`); nothing while this node is not serving itself."""
         core = self.core
         if not self.serving or not isinstance(core, ClusteredBroker):
             return []
         actions: list[Action | HandedShare] = []
-        for neighbour in self.recovery.payable(core, up):
+        for neighbour in self.recovery.payable(core, self.neighbours.reachable):
             share = self._share(neighbour, set())
             wants = neighbour in core.missing_shares
             actions += [*share, HandedShare(neighbour, len(share), True, wants)]
@@ -290,29 +284,38 @@ class BrokerNode(Generic[Token]):
             targets = sbp_targets(core.links, [], src, state)
         return [t for t in targets if not down(t[0])], [t for t in targets if down(t[0])]
 
-    def relink(self, view: BrokerView, clusters: int) -> int:
+    def relink(self, view: BrokerView, clusters: int, now: float = 0.0) -> int:
         """Take this broker's view in a new topology version (DESIGN §9): the core takes
-        the new neighbours and cluster count, and what was held for or owed to a
+        the new neighbours and cluster count, a neighbour that joined is new (last heard
+        ``now``), and what was held for or owed to a
         neighbour that left is dropped (returned: how many messages). Refused with
         :class:`ValueError`, nothing changed, under BID (no resync fills a new broker) or
         while the core still routes over a leaving link (move its subscribers first)."""
         core = self.core
         if not isinstance(core, ClusteredBroker):
             raise ValueError(f"{core.id} routes by BID, which has no resync to fill a new broker")
-        gone = set(core.neighbour_ids) - {n.id for n in view.neighbours}
+        ids = [n.id for n in view.neighbours]
+        gone = set(core.neighbour_ids) - set(ids)
         try:
             core.relink(view, clusters)
         except ProtocolError as exc:
             raise ValueError(str(exc)) from None
+        for neighbour in gone:
+            self.neighbours.remove(neighbour)
+        for neighbour in ids:
+            if self.neighbours.get(neighbour) is None:
+                self.neighbours.add(neighbour, now)
         return sum(self.recovery.forget(neighbour) for neighbour in sorted(gone))
 
     # -- what it holds ---------------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
-        """Serving, with every neighbour's share (a clustered core misses none)."""
+        """Serving, with every neighbour up, synced and serving, and every neighbour's
+        share (a clustered core misses none)."""
         core = self.core
-        return self.serving and not (isinstance(core, ClusteredBroker) and core.missing_shares)
+        missing = isinstance(core, ClusteredBroker) and core.missing_shares
+        return self.serving and not missing and self.neighbours.settled()
 
     def held_notifications(self) -> Iterator[Notification]:
         """Every notification this node holds: copies for neighbours that are down, and

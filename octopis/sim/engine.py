@@ -60,8 +60,9 @@ from octopis.core import (
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
 from octopis.core.node import BrokerNode, HandedShare, NotServing
+from octopis.core.sessions import ClientTable
 from octopis.core.table import MatcherFactory
-from octopis.defaults import CUSTODY_LIMIT
+from octopis.defaults import CUSTODY_LIMIT, SUBSCRIPTIONS_PER_CLIENT
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
@@ -205,18 +206,21 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         self.failure_counts: Counter[str] = Counter()
         self.hosts_failed: set[str] = set()
         self._undeliverable_keys: set[tuple[str, int]] = set()
+        self.sessions: dict[str, ClientTable] = {
+            b: ClientTable(SUBSCRIPTIONS_PER_CLIENT) for b in scot.brokers
+        }
+        """Each broker's client sessions (:class:`~octopis.core.sessions.ClientTable`, the
+        process's rules: limits, withdrawal of a client that is gone)."""
         self.nodes: dict[str, BrokerNode[None]] = {}
         """Each broker's node (:class:`~octopis.core.node.BrokerNode`, the broker process's
         failure decisions: holds, shares, serving), around its core in :attr:`cores`."""
-        for bid, core in self.cores.items():
-            self.nodes[bid] = self._node(core, serving=True)  # the overlay starts built
         self.incarnation: dict[str, int] = {b: i for i, b in enumerate(scot.brokers, 1)}
         """Each broker's incarnation (a restart draws the next)."""
         self._incarnations = len(self.incarnation)
-        self.known: dict[tuple[str, str], int] = {
-            (a, b): self.incarnation[b] for a in scot.graph for b in scot.graph[a]
-        }
-        """(a, b) → the incarnation of b that a last met."""
+        for bid, core in self.cores.items():
+            node = self.nodes[bid] = self._node(core, serving=True)  # the overlay starts built
+            for neighbour in scot.graph[bid]:
+                node.neighbours.built(neighbour, self.incarnation[neighbour], 0.0)
         self._retired: Counter[str] = Counter()
         self.moves: Counter[str] = Counter()
         """Subscriber moves: ``inside`` / ``across`` started, ``released`` (inside, done),
@@ -244,7 +248,6 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
             core,
             CUSTODY_LIMIT,
             on_undeliverable=self._given_up,
-            neighbours=self.scot.graph[core.id],
             serving=serving,
         )
 
@@ -264,7 +267,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
     def subscribe(self, subscriber: str, broker: str, subscription: Subscription) -> str:
         """``subscriber`` (attached to ``broker``) subscribes now; returns the sub_id."""
         self._attach(subscriber, broker)
+        self.sessions[broker].room(subscriber, subscriber)
         sub_id, actions = self.cores[broker].subscribe(subscriber, subscription, self.now)
+        self.sessions[broker].attach(subscriber, sub_id)
         self.ledger.subscribed(subscriber, sub_id, subscription)
         self.subscriptions_of.setdefault(subscriber, []).append(subscription)
         self.first_subscribed.setdefault(subscriber, self.now)
@@ -306,6 +311,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
         subscriber = self.subscriber_of.pop(sub_id)
         broker = self._home[subscriber]
+        self.sessions[broker].detach(subscriber, sub_id)
         self.subscriptions_of[subscriber].remove(self.ledger.subscription_of(sub_id))
         self.ledger.unsubscribed(sub_id)
         self._dispatch_local(broker, self.cores[broker].unsubscribe(subscriber, sub_id))
@@ -351,6 +357,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
             if inside:
                 self.moves["inside"] += 1
                 moved[sub_id] = sub_id
+                self.sessions[old].detach(subscriber, sub_id)
+                self.sessions[broker].attach(subscriber, sub_id)
                 self._dispatch_local(broker, core.adopt(subscriber, sub_id))
                 continue
             self.moves["across"] += 1
@@ -528,6 +536,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         )
 
     def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
+        self.sessions[old].detach(subscriber, sub_id)
         self.ledger.unsubscribed(sub_id)
         self._dispatch_local(old, self.cores[old].unsubscribe(subscriber, sub_id))
         self.moves["withdrawn"] += 1

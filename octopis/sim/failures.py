@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from octopis.core import LinkView, Notification, make_broker
-from octopis.core.node import HandedShare, ready_to_serve
+from octopis.core.node import HandedShare
 from octopis.core.resync import epoch_of
+from octopis.core.sessions import ClientTable
+from octopis.defaults import SUBSCRIPTIONS_PER_CLIENT
 from octopis.failure_schedule import Failure
 from octopis.sim.replaying import REPLAY_TYPES
 
@@ -60,13 +60,6 @@ class FailureState:
         self.detected: dict[str, set[str]] = {}
         """Per broker, the neighbours it has detected as down."""
         self.failed_at: dict[tuple[str, str], float] = {}
-        self.syncing: dict[str, dict[str, Liveness]] = {}
-        """Started or restarted brokers not serving yet, with what each knows of its
-        neighbours (what the process's peer links know)."""
-        self.started: dict[str, float] = {}
-        """When each broker in :attr:`syncing` started."""
-        self.met: set[tuple[str, str]] = set()
-        """(a, b): a has met b's current incarnation (their handshake went over the link)."""
         self._custody: dict[tuple[str, str], deque[tuple[float, object]]] = {}
 
     def broken(self, src: str, dst: str) -> bool:
@@ -105,19 +98,6 @@ class FailureState:
         """What ``broker`` sees: ``inner``'s loads, and its detected down links."""
         down = self.detected.get(broker)
         return _DetectedView(inner, down) if down else inner
-
-
-@dataclass(slots=True)
-class Liveness:
-    """What a starting broker knows of one neighbour (:class:`~octopis.core.node.NeighbourFacts`):
-    the simulator has no heartbeats, so a neighbour it has met has also said whether it
-    serves."""
-
-    up: bool
-    accepting: bool = False
-    synced: bool = False
-    beat_seen: bool = False
-    down_since: float | None = None
 
 
 class _DetectedView:
@@ -179,7 +159,6 @@ class FailureEvents:
         """The run's failure state, made on the first failure scheduled."""
         if self.failures is None:
             self.failures = FailureState(detection, retain)
-            self.failures.met = {(a, b) for a in self.scot.graph for b in self.scot.graph[a]}
         return self.failures
 
     def _failed_links(self, failure: Failure) -> list[tuple[str, str]]:
@@ -207,8 +186,6 @@ class FailureEvents:
             self.failure_counts["undeliverable.died_held"] += len(lost)
             self._undeliverable_keys.update(n.key for n in lost)
             self.failure_counts.update(counts)
-            state.syncing.pop(broker, None)
-            state.met = {pair for pair in state.met if broker not in pair}
             self.failure_counts["brokers_killed"] += 1
             self._hosts_died(broker)
         else:
@@ -239,10 +216,8 @@ class FailureEvents:
                 continue  # not in custody: the round hears dst is down
             self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
         self._replay_link_down(src, dst)
-        facts = state.syncing.get(src, {}).get(dst)
-        if facts is not None:
-            facts.up, facts.down_since = False, self.now
-            self._check_serving(src)
+        self.nodes[src].neighbours.silent(dst, self.now)
+        self._check_serving(src)
 
     def _recover(self, failure: Failure) -> None:
         """A link comes back (the brokers at its ends meet if they had not, else their
@@ -266,17 +241,16 @@ class FailureEvents:
         a, b = failure.ends
         if state.broken(a, b):
             return
-        if (a, b) not in state.met or (b, a) not in state.met:
+        if not self._met(a, b) or not self._met(b, a):
             self._meet(a, b)
             for src, dst in links:
-                if src not in state.syncing:
+                if self.nodes[src].serving:
                     self._tell_serving(src, dst)
             return
         for src, dst in links:
             self._undetect(src, dst)
-            self._dispatch(src, self.nodes[src].link_back(dst, self._up(src)))
-            if dst not in state.syncing:
-                self._dispatch(src, self.nodes[src].neighbour_serving(dst))
+            self._dispatch(src, self.nodes[src].link_back(dst))
+            self._hear_word(src, dst)
 
     def _start(self, broker: str) -> None:
         """``broker`` starts empty (a restart, or a broker added by a topology change):
@@ -298,10 +272,9 @@ class FailureEvents:
         core.epoch = epoch_of(self._incarnations)
         neighbours = sorted(self.scot.graph[broker])
         self.cores[broker] = core
+        self.sessions[broker] = ClientTable(SUBSCRIPTIONS_PER_CLIENT)  # died with it
         self.nodes[broker] = self._node(core)
-        state.met = {pair for pair in state.met if broker not in pair}
-        state.started[broker] = self.now
-        state.syncing[broker] = {n: Liveness(up=not state.broken(broker, n)) for n in neighbours}
+        self.nodes[broker].start(self.now, state.detection)
         self.at(self.now + state.detection, self._check_serving, broker)
         for neighbour in neighbours:
             if state.broken(broker, neighbour):  # never greeted: detected like any silence
@@ -325,45 +298,53 @@ class FailureEvents:
         """The handshake of ``a`` and ``b`` over their link: each node meets the other's
         incarnation (a new one for a neighbour that knew an earlier is a restart) and
         hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`)."""
-        state = self.failures
-        assert state is not None
         for src, dst in ((a, b), (b, a)):
-            if (src, dst) in state.met:
+            node = self.nodes[src]
+            restarted = node.neighbours.met(dst, self.incarnation[dst])
+            if restarted is None:
                 continue
-            state.met.add((src, dst))
-            known = self.known.get((src, dst))
-            restarted = known is not None and known != self.incarnation[dst]
-            self.known[(src, dst)] = self.incarnation[dst]
-            facts = state.syncing.get(src, {}).get(dst)
-            if facts is not None:
-                facts.up = facts.accepting = facts.beat_seen = True
-                facts.down_since = None
-            actions, handed = self.nodes[src].neighbour_met(dst, self.incarnation[dst], restarted)
+            node.neighbours.hello(dst, True)
+            node.neighbours.heard(dst, self.now)
+            actions, handed = node.neighbour_met(dst, self.incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
+        for src, dst in ((a, b), (b, a)):
+            if self.nodes[dst].serving:
+                self._hear_word(src, dst)
+            else:
+                self.nodes[src].neighbours.said(dst, False)
+
+    def _met(self, a: str, b: str) -> bool:
+        """Whether ``a`` has met ``b``'s current incarnation (their handshake went over
+        the link)."""
+        return self.nodes[a].neighbours[b].incarnation == self.incarnation[b]
+
+    def _hear_word(self, src: str, dst: str) -> None:
+        """``src`` hears that ``dst`` serves (its heartbeat): if that is news, it hands
+        it what it held for it (:meth:`BrokerNode.neighbour_serving`)."""
+        if self.nodes[src].neighbours.said(dst, True):
+            self._dispatch(src, self.nodes[src].neighbour_serving(dst))
 
     def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
         """``src``'s SYNCED reached ``broker``, behind the share it announces."""
-        facts = self.failures.syncing.get(broker, {}).get(src)  # type: ignore[union-attr]
-        if facts is not None:
-            facts.synced = True
-        self._dispatch(broker, self.nodes[broker].synced(src, handed, self._up(broker)))
+        node = self.nodes[broker]
+        heard = node.neighbours.share(src)
+        if heard.for_us:
+            self._dispatch(broker, node.synced(src, handed))
+        if heard.now_serving:
+            self._dispatch(broker, node.neighbour_serving(src))
         self._check_serving(broker)
 
     def _check_serving(self, broker: str) -> None:
-        """A starting ``broker`` serves once :func:`ready_to_serve` says so: it publishes
-        what it held, pays what it owes, and its neighbours learn it serves behind what
-        it sent them."""
-        state = self.failures
-        assert state is not None
-        facts = state.syncing.get(broker)
-        if facts is None or broker in state.dead:
+        """A starting ``broker`` serves once its node says so
+        (:meth:`BrokerNode.serve_if_ready`): it publishes what it held, pays what it
+        owes, and its neighbours learn it serves behind what it sent them."""
+        if broker in self.failures.dead:  # type: ignore[union-attr]
             return
-        waited = self.now - state.started[broker] >= state.detection
-        if not ready_to_serve(facts.values(), waited):
-            return
-        del state.syncing[broker]
         node = self.nodes[broker]
-        held, actions = node.now_serving(self._up(broker))
+        served = node.serve_if_ready(self.now)
+        if served is None:
+            return
+        held, actions = served
         core = node.core
         for notification, _ in held:  # what it counts undeliverable goes to the ledger
             self._dispatch(broker, self._watch(core, notification, core.publish, notification))
@@ -385,19 +366,14 @@ class FailureEvents:
         it held for it (:meth:`BrokerNode.neighbour_serving`)."""
         state = self.failures
         assert state is not None
-        if state.broken(src, dst) or dst in state.syncing:
+        if state.broken(src, dst) or not self.nodes[dst].serving:
             return
         self._undetect(src, dst)
-        self._dispatch(src, self.nodes[src].neighbour_serving(dst))
+        self._hear_word(src, dst)
 
     def _undetect(self, src: str, dst: str) -> None:
         state = self.failures
         assert state is not None
         state.failed_at.pop((src, dst), None)
         state.detected.get(src, set()).discard(dst)
-
-    def _up(self, broker: str) -> Callable[[str], bool]:
-        """Which neighbours ``broker`` may hand a share to: those its link reaches."""
-        state = self.failures
-        assert state is not None
-        return lambda n: not state.broken(broker, n)
+        self.nodes[src].neighbours.heard(dst, self.now)

@@ -223,7 +223,7 @@ def _withdraw(sim: Simulator, subscriber: str, withdrawn: dict[str, float]) -> N
     is alive and it is still connected there (the SDK's ``unsubscribe`` fails otherwise)."""
     home = sim._home.get(subscriber)
     state = sim.failures
-    if home is None or (state is not None and (home in state.dead or home in state.syncing)):
+    if home is None or (state is not None and (home in state.dead or not sim.nodes[home].serving)):
         return
     if (subscriber, home) in sim.cut_clients or subscriber in sim.failed_over:
         return  # the simulator's clients withdraw only where they first subscribed

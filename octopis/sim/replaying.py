@@ -131,13 +131,8 @@ class SubscriberFailover:
         if self.failures is not None and host in self.failures.dead:
             return  # they died with it (a restart withdraws them by epoch)
         core = self.cores[host]
-        mine = [
-            sid
-            for sid, s in self.subscriber_of.items()
-            if s == subscriber and sid in core.table.entries and core.table.entries[sid].local
-        ]
-        for sub_id in mine:
-            del self.subscriber_of[sub_id]
+        for sub_id in self.sessions[host].gone(subscriber):
+            self.subscriber_of.pop(sub_id, None)
             self._dispatch(host, core.unsubscribe(subscriber, sub_id))
         self.failure_counts["clients_dropped"] += 1
 
@@ -162,6 +157,7 @@ class SubscriberFailover:
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.subscriptions_of[subscriber]:
             sub_id, actions = self.cores[new].subscribe(subscriber, subscription, self.now)
+            self.sessions[new].attach(subscriber, sub_id)
             self.subscriber_of[sub_id] = subscriber
             self._dispatch(new, actions)
         if not self.replay_on_failover:

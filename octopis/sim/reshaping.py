@@ -51,6 +51,7 @@ class Reshaping:
         for broker in removed:
             self._retired.update(self.cores.pop(broker).counts())
             node = self.nodes.pop(broker)
+            del self.sessions[broker]
             self.failure_counts.update(node.counts())
             del self._in_flight[broker]
             state.detected.pop(broker, None)
@@ -60,7 +61,7 @@ class Reshaping:
             ):
                 node = self.nodes[broker]
                 self.failure_counts["relink.held_dropped"] += node.relink(
-                    scot.brokers[broker], scot.clusters
+                    scot.brokers[broker], scot.clusters, self.now
                 )
                 for gone in set(old.graph[broker]) - set(scot.graph[broker]):
                     self._in_flight[broker].pop(gone, None)

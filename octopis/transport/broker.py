@@ -131,7 +131,6 @@ class Broker:
             self.core,
             settings.custody_limit,
             settings.hold_limit,
-            neighbours=[n.id for n in self.info.neighbours],
         )
         """The core with its failure decisions (DESIGN §7): holds, shares, serving."""
         self.counters: Counter[str] = Counter()
@@ -206,6 +205,7 @@ class Broker:
             self.lst,
             ctx,
             self,
+            self.node,
             self.incarnation,
             curve,
             send_pass,
@@ -334,7 +334,7 @@ class Broker:
     def ready(self) -> bool:
         """Every neighbour is up, has completed its handshake with this incarnation and
         has handed over its whole share."""
-        return self.peers.ready and self.node.ready
+        return self.node.ready
 
     # -- what the peer links hand over ---------------------------------------------------
 
@@ -357,7 +357,7 @@ class Broker:
                 self.subscription_delay[message.sub_id] = time.time() - message.issued_at
             self.execute(actions, message, body, None, now)
             return
-        if not self.peers.serving:
+        if not self.node.serving:
             # Static modes send into a broker that is still resyncing; what its partial
             # table cannot route is lost, so count what came (DESIGN §7).
             self.counters["routed_while_resyncing"] += 1
@@ -378,7 +378,7 @@ class Broker:
                 execute(route(message, sender, lst), message, body, None, now)
         finally:
             self.received[Notification] += count
-            if not self.peers.serving:
+            if not self.node.serving:
                 self.counters["routed_while_resyncing"] += count
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
@@ -405,23 +405,18 @@ class Broker:
             if receipt is not None:
                 receipt.held()  # the copy taken back; the rerouted ones now count
 
-    def _up(self, neighbour: str) -> bool:
-        state = self.peers.state[neighbour]
-        return state.up and state.accepting
-
     def link_back(self, neighbour: str) -> None:
         """A link that was down healed with the same incarnation on the other side: the
         node's hand-over, in its order (:meth:`BrokerNode.link_back`)."""
-        self.execute(self.node.link_back(neighbour, self._up))
+        self.execute(self.node.link_back(neighbour))
 
     def neighbour_serving(self, neighbour: str) -> None:
         """A neighbour is serving (:meth:`BrokerNode.neighbour_serving`)."""
         self.execute(self.node.neighbour_serving(neighbour))
 
-    def now_serving(self) -> None:
-        """Route the local publications held while this broker was resyncing; hand the
-        shares we owe that are whole now (:meth:`BrokerNode.now_serving`)."""
-        held, actions = self.node.now_serving(self._up)
+    def now_serving(self, held: list[tuple[Notification, PublishReceipt]], actions: list) -> None:
+        """Route the local publications ``held`` while this broker was resyncing; hand
+        the shares we owe that are whole now (:meth:`BrokerNode.serve_if_ready`)."""
         for notification, receipt in held:
             self.execute(self.core.publish(notification, self.lst), receipt=receipt)
             receipt.held()  # out of the hold
@@ -430,7 +425,7 @@ class Broker:
     def synced(self, neighbour: str, synced: Synced) -> None:
         """``neighbour`` handed its share (:meth:`BrokerNode.synced`)."""
         handed = HandedShare(neighbour, *synced)
-        self.execute(self.node.synced(neighbour, handed, self._up))
+        self.execute(self.node.synced(neighbour, handed))
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
         """Resync (DESIGN §7): the node's hand-over to a new incarnation of ``neighbour``
@@ -670,12 +665,12 @@ class Broker:
                 f"{self.id}: the links to {', '.join(busy)} still carry "
                 f"{sum(busy.values())} unacknowledged messages: retry once they drain"
             )
-        dropped = self.node.relink(info, view.clusters)
+        now = self._loop.time()
+        dropped = self.node.relink(info, view.clusters, now)
         if dropped:  # held while a leaving neighbour was down: a failure during the change
             self.counters["relink.held_dropped"] += dropped
             log.warning("%s: %d messages held for neighbours that left dropped", self.id, dropped)
         self.info = info
-        now = self._loop.time()
         for neighbour in removed:
             task, link = self._tasks.pop(f"link {neighbour}"), self.peers.remove(neighbour)
             task.add_done_callback(lambda _, link=link: link.socket.close(linger=0))

@@ -41,6 +41,7 @@ from octopis.core import (
 )
 from octopis.core.capacity import SendRate
 from octopis.core.durable import DurableError, claim_of
+from octopis.core.sessions import ClientTable, SessionRefused
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import (
     FilterError,
@@ -166,11 +167,11 @@ class ClientSession:
     """One client session (a DEALER connection as the broker sees it): its clients and
     their subscriptions, liveness, backlog."""
 
-    __slots__ = ("backlog", "clients", "delivered", "last_seen", "overflowed", "unanswered")
+    __slots__ = ("backlog", "delivered", "keys", "last_seen", "overflowed", "unanswered")
 
     def __init__(self, now: float) -> None:
-        self.clients: dict[str, set[str]] = {}
-        """Client key → its subscription ids."""
+        self.keys: set[str] = set()
+        """Its clients' keys (their subscriptions: :class:`ClientTable`)."""
         self.last_seen = now
         self.backlog: deque[list[bytes]] | None = None
         self.overflowed = 0
@@ -244,13 +245,9 @@ class ClientSessions:
         self.outlets: dict[bytes, Callable[[list[bytes]], bool]] = {}
         """Connections a gateway serves (DESIGN §13): identity → what takes the messages
         for it (replies ``[reply]``, deliveries ``[names, body, ...]``; False: full)."""
-        self.moving: dict[str, float] = {}
-        """Sub ids whose client was told to move them away (DESIGN §9) → loop time by which
-        the move must have reached this broker (``clients.move_timeout``)."""
-        self.orphans: dict[str, tuple[str, float]] = {}
-        """Moving sub ids whose connection was dropped meanwhile → (client key, deadline):
-        kept until the move reaches here (the new host withdraws it, if it must), else
-        withdrawn at the deadline; withdrawing at once would cross the move on its path."""
+        self.table = ClientTable(settings.subscriptions_per_client)
+        """Each client's subscriptions here and the session rules: limits, withdrawal
+        when gone, moves and their orphans (DESIGN §7-§9)."""
         self._handlers = {
             HelloRequest: self._hello,
             HeartbeatRequest: self._heartbeat,
@@ -340,7 +337,7 @@ class ClientSessions:
         except UnadvertisedPublication as exc:
             self.counters["publications_refused.unadvertised"] += 1
             return {"op": "error", "req": req, "message": str(exc), "error": "unadvertised"}
-        except (ClientError, RequestError, FilterError, ProtocolError) as exc:
+        except (ClientError, SessionRefused, RequestError, FilterError, ProtocolError) as exc:
             self.counters["client_errors"] += 1
             self._warn.warning("refused", "%s refused a client request: %s", self.id, exc)
             return {"op": "error", "req": req, "message": str(exc)}
@@ -355,8 +352,8 @@ class ClientSessions:
 
     def _key(self, identity: bytes, connection: ClientSession, request: Request) -> str:
         key = f"{identity.hex()}/{request.client}"
-        if key not in connection.clients:
-            connection.clients[key] = set()
+        if key not in connection.keys:
+            connection.keys.add(key)
             self.names[key] = (identity, request.client)
         return key
 
@@ -387,7 +384,7 @@ class ClientSessions:
             self.router.replaying.durable_attach(
                 request.client, request.durable, key, sub_id, (subscription.to_text(),)
             )
-        connection.clients[key].add(sub_id)
+        self.table.attach(key, sub_id)
         self.router.execute(actions)
         return {"op": "subscribed", "sub_id": sub_id}
 
@@ -395,10 +392,10 @@ class ClientSessions:
         self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        if request.sub_id not in connection.clients[key]:
+        if request.sub_id not in self.table.subscriptions(key):
             raise ClientError(f"{request.client} holds no subscription {request.sub_id}")
         self.router.execute(self.router.unsubscribe(key, request.sub_id))
-        connection.clients[key].discard(request.sub_id)
+        self.table.detach(key, request.sub_id)
         if request.moved:
             self.router.replaying.durable_moved(request.sub_id)
         elif self.router.replaying.durable_ended(request.sub_id):
@@ -410,13 +407,7 @@ class ClientSessions:
     ) -> str:
         """The client's key, if it may hold one more subscription (else a refusal)."""
         key = self._key(identity, connection, request)
-        limit = self.settings.subscriptions_per_client
-        if len(connection.clients[key]) >= limit:
-            self.counters["subscriptions_refused.limit"] += 1
-            raise ClientError(
-                f"{request.client} already holds {limit} subscriptions "
-                f"(limits.subscriptions_per_client)"
-            )
+        self.table.room(key, request.client)
         return key
 
     def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
@@ -426,7 +417,7 @@ class ClientSessions:
             self.router.replaying.durable_attach(
                 request.client, request.durable, key, request.sub_id, ()
             )
-        connection.clients[key].add(request.sub_id)
+        self.table.attach(key, request.sub_id)
         self.counters["moves.adopted"] += 1
         self.router.execute(actions)
         return {"op": "adopted", "sub_id": request.sub_id}
@@ -449,14 +440,8 @@ class ClientSessions:
             raise ClientError(f"{self.id} serves no client named {client!r}")
         deadline = asyncio.get_running_loop().time() + self.settings.client_move_timeout
         moved: list[str] = []
-        for key in keys:
+        for key, sub_ids in self.table.order_move(keys, deadline, inside).items():
             identity, _ = self.names[key]
-            sub_ids = sorted(self.connections[identity].clients.get(key, ()))
-            if not sub_ids:
-                continue
-            if inside:
-                self.moving.update(dict.fromkeys(sub_ids, deadline))
-            self.counters["moves.ordered"] += len(sub_ids)
             self._notify(
                 identity,
                 {"op": "move", "client": client, "to": to, "inside": inside, "sub_ids": sub_ids},
@@ -467,27 +452,16 @@ class ClientSessions:
     def released(self, key: str, sub_id: str) -> None:
         """``sub_id`` moved on from this broker: tell its client, after everything this
         broker delivered to it before (its last delivery from here)."""
-        self.moving.pop(sub_id, None)
-        self.counters["moves.released"] += 1
         self.router.replaying.durable_moved(sub_id)
-        if self.orphans.pop(sub_id, None) is not None:
-            return
-        identity, name = self.names[key]
-        connection = self.connections.get(identity)
-        if connection is not None:
-            connection.clients[key].discard(sub_id)
+        if self.table.released(key, sub_id):
+            identity, name = self.names[key]
             self._notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
 
     def _expire_moves(self, now: float) -> None:
-        """Forget move orders past their deadline (the client stays subscribed here), and
-        withdraw what an orphaned one kept."""
-        for sub_id in [s for s, deadline in self.moving.items() if deadline < now]:
-            del self.moving[sub_id]
-            self.counters["moves.expired"] += 1
-        for sub_id in [s for s, (_, deadline) in self.orphans.items() if deadline < now]:
-            key, _ = self.orphans.pop(sub_id)
+        """Withdraw what orphaned move orders kept past their deadline
+        (:meth:`ClientTable.expire`)."""
+        for key, sub_id in self.table.expire(now):
             self.router.execute(self.router.unsubscribe(key, sub_id))
-            self.counters["subscriptions_withdrawn"] += 1
 
     def _replay(self, identity: bytes, connection: ClientSession, request: ReplayRequest) -> dict:
         for text in request.filters:
@@ -525,10 +499,8 @@ class ClientSessions:
         claimed by the host its client came back at (the old connection is not dropped
         yet). The client, if still there, is told ``withdrawn``."""
         client = self.names.get(key)
-        connection = self.connections.get(client[0]) if client is not None else None
-        if connection is None or sub_id not in connection.clients.get(key, ()):
+        if client is None or not self.table.detach(key, sub_id):
             return
-        connection.clients[key].discard(sub_id)
         self.router.execute(self.router.unsubscribe(key, sub_id))
         self.counters["subscriptions_withdrawn"] += 1
         self._notify(client[0], {"op": "withdrawn", "client": client[1], "sub_id": sub_id})
@@ -647,12 +619,8 @@ class ClientSessions:
             return None
         heard = time.time() - (time.monotonic() - connection.last_seen)
         withdrawn = 0
-        for key, sub_ids in connection.clients.items():
-            for sub_id in sub_ids:
-                deadline = self.moving.get(sub_id)
-                if deadline is not None:
-                    self.orphans[sub_id] = (key, deadline)
-                    continue
+        for key in sorted(connection.keys):
+            for sub_id in self.table.gone(key):
                 self.router.execute(self.router.unsubscribe(key, sub_id))
                 self.router.replaying.durable_detached(sub_id, heard)
                 withdrawn += 1
@@ -660,14 +628,13 @@ class ClientSessions:
             self.publishers.discard(key)
             self.router.execute(self.router.unadvertise_all(key))
         self.counters["clients_left" if left else "clients_dropped"] += 1
-        self.counters["subscriptions_withdrawn"] += withdrawn
         log.log(
             logging.INFO if left else logging.WARNING,
             "%s dropped client connection %s (%s): %d clients, %d subscriptions withdrawn",
             self.id,
             identity.hex(),
             reason,
-            len(connection.clients),
+            len(connection.keys),
             withdrawn,
         )
         return connection
@@ -921,7 +888,7 @@ class ClientSessions:
         for key, (identity, name) in self.names.items():
             if name == "-" or identity not in self.connections:
                 continue
-            sub_ids = self.connections[identity].clients.get(key, ())
+            sub_ids = self.table.subscriptions(key)
             attached[f"{name}@{identity.hex()[:8]}"] = {
                 "subscriptions": len(sub_ids),
                 "publisher": key in self.publishers,

@@ -34,7 +34,7 @@ class BrokerInspection:
             "id": broker.id,
             "mode": broker.mode,
             "ready": broker.ready,
-            "serving": broker.peers.serving,
+            "serving": broker.node.serving,
             "incarnation": broker.incarnation,
             "links_up": sum(not broker.lst.down(n) for n in broker.links),
             "neighbours": len(broker.links),
@@ -96,6 +96,7 @@ class BrokerInspection:
                 + broker.node.counts()
                 + broker.peers.counters
                 + broker.clients.counters
+                + broker.clients.table.counters
             ),
             "received": {kind.__name__.lower(): n for kind, n in broker.received.items()},
             "core": core,

@@ -27,7 +27,6 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
 from operator import length_hint
 from typing import Protocol
 
@@ -37,7 +36,8 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Message, Notification, ProtocolError
 from octopis.core.capacity import SendRate
-from octopis.core.node import ready_to_serve
+from octopis.core.neighbours import Neighbour, Neighbours
+from octopis.core.node import BrokerNode
 from octopis.logs import RateLimitedLog
 from octopis.transport.codec import (
     Control,
@@ -113,35 +113,13 @@ class PeerEvents(Protocol):
         """``neighbour`` has handed us its share (whole or not) and says whether it
         wants ours (DESIGN §7)."""
 
-    def now_serving(self) -> None:
-        """This broker has its resync state from every live neighbour (DESIGN §7)."""
+    def now_serving(self, held: list[tuple[Notification, PublishReceipt]], actions: list) -> None:
+        """This broker has its resync state from every live neighbour (DESIGN §7): route
+        the local publications ``held`` meanwhile, and carry out the node's ``actions``
+        (:meth:`BrokerNode.serve_if_ready`)."""
 
     def neighbour_serving(self, neighbour: str) -> None:
         """``neighbour`` says it is serving (after its start or restart)."""
-
-
-@dataclass(slots=True)
-class NeighbourState:
-    """What a broker knows of one neighbour's liveness and handshake."""
-
-    incarnation: int = 0
-    """The neighbour's incarnation as last seen (0: never heard)."""
-    accepting: bool = False
-    """Its latest HELLO named our incarnation: its data frames are for us."""
-    synced: bool = False
-    """It has handed us its resync state since that HELLO."""
-    serving: bool = False
-    """It says it is serving (resynced since its start): routing through it is safe."""
-    beat_seen: bool = False
-    """A heartbeat of this incarnation has come: :attr:`serving` is what it says."""
-    up: bool = False
-    last_heard: float = 0.0
-    down_since: float | None = None
-    restarts: int = 0
-    received: int = 0
-    """Data frames taken from it since its handshake (what we acknowledge)."""
-    acked: int = 0
-    """The count we last acknowledged."""
 
 
 class PeerLinks:
@@ -157,6 +135,7 @@ class PeerLinks:
         lst: LinkStatusTable,
         ctx: zmq.asyncio.Context,
         events: PeerEvents,
+        node: BrokerNode,
         incarnation: int,
         curve: Curve | None = None,
         send_pass: SendPass | None = None,
@@ -174,16 +153,14 @@ class PeerLinks:
         self.settings = settings
         self.lst = lst
         self.events = events
+        self.node = node
+        """The broker's node: its neighbours' states and whether it serves are its."""
+        self.neighbours: Neighbours = node.neighbours
         self.counters: Counter[str] = Counter()
         self.activity = Activity()
-        self.state = {n: NeighbourState() for n in endpoints}
         self._names = {n.encode(): n for n in endpoints}
         """Each neighbour's name by its bytes as frames carry it: decoding is skipped for
         those (any other sender part is decoded, and checked)."""
-        self.serving = False
-        """Resynced from every live neighbour since this process started; until then
-        neighbours route around this broker and local publications wait (DESIGN §7)."""
-        self._started = 0.0
         self.detections: list[dict[str, float | str]] = []
         self._detections_kept = 1000
         self._warn = RateLimitedLog(log, settings.log_interval)
@@ -236,7 +213,6 @@ class PeerLinks:
             raise ValueError(f"{self.id} has a link to {name} already")
         link = self._link(name, endpoint)
         self.links[name] = link
-        self.state[name] = NeighbourState(last_heard=now)
         self._names[name.encode()] = name
         self.departed.discard(name)
         self.lst.add_link(name, now)
@@ -248,7 +224,6 @@ class PeerLinks:
         with it (the caller checked that nothing does: :meth:`carrying`). Returns the
         link, for the caller to close once the task serving it has ended."""
         link = self.links.pop(name)
-        del self.state[name]
         del self._names[name.encode()]
         self.departed.add(name)
         self.lst.remove_link(name)
@@ -270,30 +245,23 @@ class PeerLinks:
         return tuple(s for s in (broker, link) if s is not None)
 
     @property
-    def ready(self) -> bool:
-        """Every neighbour is up, has named our incarnation in its handshake, has handed
-        over its resync state and says it is serving."""
-        return all(s.up and s.accepting and s.synced and s.serving for s in self.state.values())
+    def serving(self) -> bool:
+        """Resynced from every live neighbour since this process started; until then
+        neighbours route around this broker and local publications wait (DESIGN §7)."""
+        return self.node.serving
 
     def _check_serving(self, now: float) -> None:
-        """Start serving once every neighbour has resynced us and said in a heartbeat
-        whether it is serving (so that we route through those that are from the first
-        copy on), or is down (declared down, or never heard within T of our start); then
-        tell every neighbour at once."""
-        if self.serving:
+        """Start serving when the node says so (:meth:`BrokerNode.serve_if_ready`), then
+        tell every neighbour at once, behind what was sent it meanwhile."""
+        served = self.node.serve_if_ready(now)
+        if served is None:
             return
-        waited = now - self._started > self.settings.down_after
-        if not ready_to_serve(self.state.values(), waited):
-            return
-        self.serving = True
         log.info("%s is serving (resynced from every live neighbour)", self.id)
-        for name, state in self.state.items():
+        for name, state in self.neighbours.items():
             self._beat(name, state, now, behind_data=True)
-        self.events.now_serving()
+        self.events.now_serving(*served)
 
-    def _beat(
-        self, name: str, state: NeighbourState, now: float, *, behind_data: bool = False
-    ) -> None:
+    def _beat(self, name: str, state: Neighbour, now: float, *, behind_data: bool = False) -> None:
         """A heartbeat (with acknowledgement) ahead of queued data, or behind it: the first
         one saying *serving* must not overtake the subscriptions it forwarded meanwhile.
 
@@ -333,17 +301,16 @@ class PeerLinks:
             for frame in frames:
                 link.put(frame, now)
 
-    def _route_through(self, name: str, state: NeighbourState) -> None:
+    def _route_through(self, name: str) -> None:
         """The LST row says down unless the neighbour is up and serving."""
-        self.lst.set_down(name, not (state.up and state.serving))
+        self.lst.set_down(name, not self.neighbours.routable(name))
 
     def tasks(self) -> list[tuple[str, Coroutine[None, None, None]]]:
         """The coroutines that serve the links: (name, coroutine)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self._started = now
+        self.node.start(now, self.settings.down_after)
         for name, link in self.links.items():
-            self.state[name].last_heard = now
             self.lst.set_down(name, True)
             link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
         return [
@@ -416,7 +383,9 @@ class PeerLinks:
         looked at afresh first: a neighbour whose acknowledgement it withholds
         (:meth:`_beat`) is left to the timer's heartbeat, which counts what it withholds."""
         taken = [
-            (name, state) for name, state in self.state.items() if state.received != state.acked
+            (name, state)
+            for name, state in self.neighbours.items()
+            if state.received != state.acked
         ]
         if not taken:
             return
@@ -443,8 +412,8 @@ class PeerLinks:
             for _ in range(len(frame) - 1):
                 self._malformed(str(exc))
             return len(frame)
-        state = self.state.get(sender)
-        routing = state is not None and state.up and state.accepting
+        state = self.neighbours.get(sender)
+        routing = state is not None and state.reachable
         decode_plain = decode_plain_notification
         clock = time.monotonic
         run: list[tuple[Notification, bytes]] = []
@@ -461,7 +430,7 @@ class PeerLinks:
                 self._on_body(sender, message, body, now)
             except Exception as exc:
                 self._failed(exc)
-            routing = state is not None and state.up and state.accepting
+            routing = state is not None and state.reachable
             if clock() >= deadline:
                 if run:  # a body that failed to decode ended it
                     self._route_run(sender, state, run, now)
@@ -473,7 +442,7 @@ class PeerLinks:
     def _route_run(
         self,
         sender: str,
-        state: NeighbourState,
+        state: Neighbour,
         run: list[tuple[Notification, bytes]],
         now: float,
     ) -> None:
@@ -511,28 +480,32 @@ class PeerLinks:
 
     def _on_body(self, sender: str, message: Message | Control, body: bytes, now: float) -> None:
         """One decoded routing or link-level ``message`` from ``sender``: link-level ones
-        update the link; a routing one from a neighbour not yet accepting is stale.
+        move its state (:class:`~octopis.core.neighbours.Neighbours`); a routing one from
+        a neighbour whose handshake has not named us is stale.
         :class:`ProtocolError` if ``sender`` is not a neighbour."""
-        state = self.state.get(sender)
+        state = self.neighbours.get(sender)
         if state is None and sender in self.departed:
             self.counters["frames_from_departed"] += 1  # it stops once all let it go
             return
         if state is None:
             raise ProtocolError(f"frame from {sender}, which is not a neighbour")
-        state.last_heard = now
+        back = self.neighbours.heard(sender, now)
         kind = type(message)
         if kind is Heartbeat or kind is Hello:
             self._on_link_message(sender, state, message, now)
-            return
-        if kind is Synced:
-            state.synced = state.accepting
-            if state.accepting:
+        elif kind is Synced:
+            heard = self.neighbours.share(sender)
+            if heard.for_us:
                 self.events.synced(sender, message)
+            if heard.now_serving:
+                self._route_through(sender)
+                self.events.neighbour_serving(sender)
             self._check_serving(now)
+        if back:
+            self._came_back(sender, state)
+        if kind is Heartbeat or kind is Hello or kind is Synced:
             return
-        if not state.up:
-            self._came_back(sender, state, now)
-        if state.accepting:
+        if state.reachable:
             state.received += 1
         else:
             self.counters["stale_frames"] += 1
@@ -550,14 +523,14 @@ class PeerLinks:
         self._warn.warning("wire", "%s dropped a malformed peer frame: %s", self.id, problem)
 
     def _on_link_message(
-        self, sender: str, state: NeighbourState, message: Hello | Heartbeat, now: float
+        self, sender: str, state: Neighbour, message: Hello | Heartbeat, now: float
     ) -> None:
-        """Handshake and heartbeat: learn incarnations, notice restarts and returns."""
-        if message.incarnation != state.incarnation:
-            restarted = bool(state.incarnation)
+        """Handshake and heartbeat: learn incarnations, notice restarts, hear whether the
+        neighbour serves."""
+        restarted = self.neighbours.met(sender, message.incarnation)
+        if restarted is not None:
             if restarted:
-                self._restarted(sender, state, now)
-            state.incarnation = message.incarnation
+                self._restarted(sender, now)
             # Ahead of the routing frames waiting for it (a restart took back the rest);
             # the resync state follows it.
             link = self.links[sender]
@@ -565,39 +538,27 @@ class PeerLinks:
             synced = self.events.neighbour_met(sender, message.incarnation, restarted)
             link.put(self._frame(synced, LINK), now)
         if type(message) is Hello:
-            state.accepting = message.peer_incarnation == self.incarnation
-            state.synced = False
-            state.received = state.acked = 0
-        else:
-            state.beat_seen = True
-            if message.acked_incarnation == self.incarnation:
-                self.links[sender].acknowledge(message.acked, now)
-            if message.serving != state.serving:
-                state.serving = message.serving
-                self._route_through(sender, state)
-                if state.serving:
-                    self.events.neighbour_serving(sender)
-        if not state.up:
-            self._came_back(sender, state, now)
+            self.neighbours.hello(sender, message.peer_incarnation == self.incarnation)
+            return
+        if message.acked_incarnation == self.incarnation:
+            self.links[sender].acknowledge(message.acked, now)
+        if self.neighbours.said(sender, message.serving):
+            self._route_through(sender)
+            self.events.neighbour_serving(sender)
+        elif not message.serving:
+            self._route_through(sender)
 
-    def _came_back(self, sender: str, state: NeighbourState, now: float) -> None:
-        state.up = True
-        self._route_through(sender, state)
+    def _came_back(self, sender: str, state: Neighbour) -> None:
+        self._route_through(sender)
         if state.incarnation and not self.links[sender].greeted:
             self.links[sender].resume()  # the same incarnation: its session goes on
             self.events.link_back(sender)
-        if state.down_since is not None:
-            log.warning(
-                "%s: link to %s is up again after %.2f s", self.id, sender, now - state.down_since
-            )
-            state.down_since = None
+        if state.was_down:
+            log.warning("%s: link to %s is up again after %.2f s", self.id, sender, state.was_down)
 
-    def _restarted(self, sender: str, state: NeighbourState, now: float) -> None:
+    def _restarted(self, sender: str, now: float) -> None:
         """``sender`` runs as a new process: nothing queued for the old one reaches it."""
-        state.restarts += 1
-        state.accepting = False
-        state.serving = state.beat_seen = False
-        self._route_through(sender, state)
+        self._route_through(sender)
         self.counters["peer_restarts"] += 1
         log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
         self.events.link_down(sender, self.links[sender].take_back(now))
@@ -623,18 +584,19 @@ class PeerLinks:
             now = loop.time()
             late, woke = now - woke - tick, now
             if late > tick:  # this process was not running: that is not their silence
-                for state in self.state.values():
+                for _, state in self.neighbours.items():
                     state.last_heard += late
             self._check_pressure(now)
-            for name, state in self.state.items():
+            for name, state in self.neighbours.items():
                 link = self.links[name]
                 if state.received != state.acked or (
                     not link.queue and now - link.last_sent >= settings.heartbeat
                 ):
                     self._beat(name, state, now)
-                silent = now - state.last_heard
-                if state.up and silent > settings.down_after and self._caught_up():
-                    self._declare_down(name, state, now, silent)
+            overdue = self.neighbours.overdue(now, settings.down_after)
+            if overdue and self._caught_up():
+                for name, silent in overdue:
+                    self._declare_down(name, now, silent)
             self._check_serving(now)
 
     def _check_pressure(self, now: float) -> None:
@@ -701,11 +663,9 @@ class PeerLinks:
     def _frame(self, message: Hello | Heartbeat | Synced, kind: int) -> list:
         return [*encode_peer(self.id, message), kind]
 
-    def _declare_down(self, name: str, state: NeighbourState, now: float, silent: float) -> None:
-        state.up = False
-        state.serving = False
+    def _declare_down(self, name: str, now: float, silent: float) -> None:
+        self.neighbours.silent(name, now)
         self.lst.set_down(name, True)
-        state.down_since = now
         self.counters["links_down"] += 1
         if len(self.detections) >= self._detections_kept:
             del self.detections[0]
@@ -729,8 +689,7 @@ class PeerLinks:
         return {
             name: {
                 "state": "up" if s.up else "down",
-                "accepting": s.accepting,
-                "synced": s.synced,
+                "phase": s.describe(),
                 "serving": s.serving,
                 "incarnation": s.incarnation,
                 "silent": now - s.last_heard,
@@ -739,7 +698,7 @@ class PeerLinks:
                 "custody": len(self.links[name].custody),
                 "full": name in self.full_links,
             }
-            for name, s in self.state.items()
+            for name, s in self.neighbours.items()
         }
 
     async def flush(self, timeout: float) -> None:

@@ -1,0 +1,119 @@
+"""The rules of the client sessions a broker hosts (DESIGN §7, §8, §9), once for the
+broker process and the simulator.
+
+:class:`ClientTable` knows which local subscriptions each client holds here and decides
+what a session's events mean for them:
+
+- a client holds at most ``limit`` subscriptions (``limits.subscriptions_per_client``):
+  one more is refused with a message that names the limit, and counted;
+- a client that is gone (silent past the client timeout, or said bye) has every
+  subscription withdrawn, except one it was told to move inside its cluster: that one
+  is an *orphan*, kept until the move reaches this broker (the new host then withdraws
+  it, if it must) or its deadline passes (then withdrawn here) — withdrawing it at once
+  would cross the move on its path;
+- a move order marks the client's subscriptions; a move that reached here releases one
+  (its client, if still here, is told, behind its last delivery from here); an order
+  past its deadline is forgotten and the client stays subscribed here.
+
+It is sans-IO: the shell keys clients as it likes (the process: connection and name),
+carries out the withdrawals it returns through the routing core, and sends the notices.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+
+class SessionRefused(ValueError):
+    """A client request refused by a session rule; the message names the rule."""
+
+
+class ClientTable:
+    """Local subscriptions per client key and the move orders under way (see the module
+    docstring). ``limit``: the most subscriptions one client holds here."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[str, set[str]] = {}
+        """Client key → the ids of its local subscriptions here."""
+        self.moving: dict[str, float] = {}
+        """Sub ids whose client was told to move them inside its cluster → the time by
+        which the move must have reached here."""
+        self.orphans: dict[str, tuple[str, float]] = {}
+        """Moving sub ids whose client is gone → (client key, deadline)."""
+        self.counters: Counter[str] = Counter()
+
+    def subscriptions(self, key: str) -> set[str]:
+        """The sub ids client ``key`` holds here (empty: none, or unknown)."""
+        return self.held.get(key, set())
+
+    def room(self, key: str, name: str) -> None:
+        """Whether client ``key`` (called ``name`` in the refusal) may hold one more:
+        :class:`SessionRefused` if it already holds ``limit``."""
+        if len(self.held.get(key, ())) >= self.limit:
+            self.counters["subscriptions_refused.limit"] += 1
+            raise SessionRefused(
+                f"{name} already holds {self.limit} subscriptions (limits.subscriptions_per_client)"
+            )
+
+    def attach(self, key: str, sub_id: str) -> None:
+        """Client ``key`` holds ``sub_id`` here (after :meth:`room`)."""
+        self.held.setdefault(key, set()).add(sub_id)
+
+    def detach(self, key: str, sub_id: str) -> bool:
+        """Client ``key`` no longer holds ``sub_id`` (it withdrew it, or it was withdrawn
+        for it): whether it held it."""
+        held = self.held.get(key)
+        if held is None or sub_id not in held:
+            return False
+        held.discard(sub_id)
+        return True
+
+    def gone(self, key: str) -> list[str]:
+        """Client ``key`` is gone: the sub ids to withdraw now; those under a move order
+        become orphans (:attr:`orphans`) instead."""
+        withdraw = []
+        for sub_id in sorted(self.held.pop(key, ())):
+            deadline = self.moving.get(sub_id)
+            if deadline is None:
+                withdraw.append(sub_id)
+            else:
+                self.orphans[sub_id] = (key, deadline)
+        self.counters["subscriptions_withdrawn"] += len(withdraw)
+        return withdraw
+
+    def order_move(
+        self, keys: Iterable[str], deadline: float, inside: bool
+    ) -> dict[str, list[str]]:
+        """Clients ``keys`` are told to move: per key, the sub ids to name in the order
+        (keys holding none are left out); inside its cluster, each is marked moving until
+        ``deadline``."""
+        ordered = {key: sorted(self.held.get(key, ())) for key in keys}
+        ordered = {key: sub_ids for key, sub_ids in ordered.items() if sub_ids}
+        for sub_ids in ordered.values():
+            if inside:
+                self.moving.update(dict.fromkeys(sub_ids, deadline))
+            self.counters["moves.ordered"] += len(sub_ids)
+        return ordered
+
+    def released(self, key: str, sub_id: str) -> bool:
+        """A move of ``sub_id`` reached its new host and released it here: whether its
+        client is to be told (False: it was an orphan, its client is gone)."""
+        self.moving.pop(sub_id, None)
+        self.counters["moves.released"] += 1
+        if self.orphans.pop(sub_id, None) is not None:
+            return False
+        return self.detach(key, sub_id)
+
+    def expire(self, now: float) -> list[tuple[str, str]]:
+        """Move orders past their deadline at ``now``: forgotten (the client stays
+        subscribed here); orphans past it: returned as (client key, sub id) to withdraw."""
+        for sub_id in [s for s, deadline in self.moving.items() if deadline < now]:
+            del self.moving[sub_id]
+            self.counters["moves.expired"] += 1
+        late = [(key, s) for s, (key, deadline) in self.orphans.items() if deadline < now]
+        for _, sub_id in late:
+            del self.orphans[sub_id]
+        self.counters["subscriptions_withdrawn"] += len(late)
+        return late

@@ -1,0 +1,81 @@
+"""The client session rules (``octopis.core.sessions``, DESIGN §7-§9), and the simulator
+taking them from the same table the broker process does: the limit per client, the
+withdrawal of a client that is gone, the orphans of a move under way."""
+
+from __future__ import annotations
+
+import pytest
+
+from octopis.core.sessions import ClientTable, SessionRefused
+from octopis.filters.language import Predicate, Subscription
+from octopis.sim import Simulator
+from octopis.topology import build_preset
+
+FIG2 = build_preset("fig2")
+
+
+def test_one_subscription_past_the_limit_is_refused_by_name_and_changes_nothing() -> None:
+    table = ClientTable(limit=2)
+    for sub_id in ("s1", "s2"):
+        table.room("k", "alice")
+        table.attach("k", sub_id)
+    with pytest.raises(SessionRefused, match=r"alice already holds 2 subscriptions \(limits"):
+        table.room("k", "alice")
+    assert table.subscriptions("k") == {"s1", "s2"}
+    assert table.counters["subscriptions_refused.limit"] == 1
+    table.room("other", "bob")  # the limit is per client
+
+
+def test_a_gone_client_loses_its_subscriptions_but_not_those_on_their_way_elsewhere() -> None:
+    """A subscription its client was told to move inside the cluster is an orphan: kept
+    until the move arrives (released quietly) or its deadline passes (withdrawn then)."""
+    table = ClientTable(limit=10)
+    for sub_id in ("s1", "s2", "s3"):
+        table.attach("k", sub_id)
+    assert table.order_move(["k", "idle"], deadline=5.0, inside=True) == {
+        "k": ["s1", "s2", "s3"]
+    }
+    table.detach("k", "s3")
+    table.moving.pop("s3")  # its client withdrew it instead of moving it
+    table.attach("k", "s4")
+    assert table.gone("k") == ["s4"]
+    assert set(table.orphans) == {"s1", "s2"} and table.subscriptions("k") == set()
+    assert table.released("k", "s1") is False  # arrived: nobody to tell, nothing to withdraw
+    assert table.expire(now=4.0) == []
+    assert table.expire(now=6.0) == [("k", "s2")]
+    assert table.counters["subscriptions_withdrawn"] == 2 and not table.moving
+
+
+def test_an_expired_move_order_leaves_the_client_subscribed_here() -> None:
+    table = ClientTable(limit=10)
+    table.attach("k", "s1")
+    table.order_move(["k"], deadline=1.0, inside=True)
+    assert table.expire(now=2.0) == [] and table.counters["moves.expired"] == 1
+    assert table.gone("k") == ["s1"]  # no longer moving: withdrawn when it goes
+    table.attach("j", "s2")
+    table.order_move(["j"], deadline=9.0, inside=False)  # across: it subscribes afresh
+    assert not table.moving and table.released("j", "s2") is True
+
+
+def _subscribed_sim(limit: int) -> Simulator:
+    sim = Simulator(FIG2, "snr", seed=1, covering="off")
+    sim.sessions["c:0"].limit = limit
+    return sim
+
+
+def test_the_simulator_refuses_and_withdraws_as_a_broker_does() -> None:
+    """The simulator's brokers hold their clients in the same table: past the limit the
+    same refusal; a client cut off and dropped loses exactly its subscriptions there."""
+    sim = _subscribed_sim(limit=2)
+    subscription = Subscription((Predicate("x", "<", 5),))
+    kept = [sim.subscribe("S", "c:0", subscription) for _ in range(2)]
+    with pytest.raises(SessionRefused, match="S already holds 2 subscriptions"):
+        sim.subscribe("S", "c:0", subscription)
+    other = sim.subscribe("T", "c:0", subscription)
+    sim.run()
+    assert set(kept) | {other} <= set(sim.cores["c:0"].table.entries)
+    sim._drop_client("S", "c:0")
+    sim.run()
+    assert not set(kept) & set(sim.cores["c:0"].table.entries)
+    assert other in sim.cores["c:0"].table.entries
+    assert sim.sessions["c:0"].counters["subscriptions_withdrawn"] == 2
