@@ -6,12 +6,14 @@ the seed that catches it is printed)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
 
 from octopis.cli.main import main
 from octopis.client_policy import replay_after
+from octopis.core.answer import AnswerSelection
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.recovery import Recovery
 from octopis.sim import nemesis
@@ -37,10 +39,15 @@ def test_the_seeds_pass(first: int) -> None:
 
 
 def _outcome(seed: int) -> tuple[list, dict]:
-    sim, withdrawn = simulate(draw(seed))
+    sim, withdrawn, asked = simulate(draw(seed))
     report = sim.report()
     report.pop("wall_time")
-    return sorted(sim.ledger.received.items()), {**report, "withdrawn": withdrawn}
+    historic = {req_id: sim.historic_received[req_id] for req_id in asked}
+    return sorted(sim.ledger.received.items()), {
+        **report,
+        "withdrawn": withdrawn,
+        "historic": historic,
+    }
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -93,6 +100,31 @@ def test_a_replay_without_lookback_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     seed = _first_failing(range(SEEDS))
     assert seed is not None
     print(f"caught by seed {seed}:\n{draw(seed).describe()}")
+
+
+def test_a_store_that_ignores_a_replays_until_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Historic queries ask for a window ``[after, until)``: a store answer that does not
+    stop at ``until`` hands the asker publications it did not ask for."""
+    init = AnswerSelection.__init__
+
+    def broken(self: AnswerSelection, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)
+        self.until = math.inf
+
+    monkeypatch.setattr(AnswerSelection, "__init__", broken)
+    seed = _first_failing(range(SEEDS))
+    assert seed is not None
+    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
+    assert any("outside its window" in p for p in run(draw(seed)).problems)
+
+
+def test_historic_queries_are_drawn_and_answered() -> None:
+    """The seeds ask historic queries, and their answers count in the verdicts."""
+    scenarios = [draw(seed) for seed in range(40)]
+    assert sum(len(s.historics) for s in scenarios) >= 20
+    verdicts = [run(s) for s in scenarios if s.historics]
+    assert all(v.passed for v in verdicts)
+    assert sum(v.expected for v in verdicts) > sum(v.lost for v in verdicts)
 
 
 def test_the_command_runs_a_seed_and_a_sweep(capsys: pytest.CaptureFixture) -> None:

@@ -32,9 +32,7 @@ def test_a_gone_client_loses_its_subscriptions_but_not_those_on_their_way_elsewh
     table = ClientTable(limit=10)
     for sub_id in ("s1", "s2", "s3"):
         table.attach("k", sub_id)
-    assert table.order_move(["k", "idle"], deadline=5.0, inside=True) == {
-        "k": ["s1", "s2", "s3"]
-    }
+    assert table.order_move(["k", "idle"], deadline=5.0, inside=True) == {"k": ["s1", "s2", "s3"]}
     table.detach("k", "s3")
     table.moving.pop("s3")  # its client withdrew it instead of moving it
     table.attach("k", "s4")

@@ -6,7 +6,8 @@ BID), covering and advertisements, the subscribers and publishers, and a schedul
 faults while they publish — brokers that crash and restart (empty, a new incarnation),
 brokers paused (every link silent, the process alive: SIGSTOP as its neighbours see it),
 links partitioned both ways for a while, and subscribers whose connection dies (they
-fail over and replay). The same seed gives the same events in the same order and the
+fail over and replay), and historic queries asked after publishing of what was
+published in a window. The same seed gives the same events in the same order and the
 same verdict, so a failing seed is a reproducible bug; :func:`shrink` drops faults and
 subscribers while it still fails, to the shortest history that does.
 
@@ -14,7 +15,9 @@ The checker (:func:`check`) holds every subscriber to exactly once: no duplicate
 it did not ask for, and every publication it should have had either delivered or
 accounted for — counted undeliverable by a broker (with its reason), or, for a subscriber
 that failed over, published while it was away and named in a gap reported to it.
-Anything else is a silent loss.
+Anything else is a silent loss. A historic query gets each publication of its window
+that matches once and nothing else, or a store it did not hear from named in a gap
+reported to it (or its host died under it, which its client sees).
 
 What the simulator does not inject (the process tests do, or cannot here): one-way
 partitions, frame loss and delay spikes on one link (ZeroMQ over TCP never loses or
@@ -52,6 +55,8 @@ class ClientFault:
 
 
 Fault = Failure | ClientFault
+Historic = tuple[float, str, str, int, float, float]
+"""A historic query: (time, asker, broker, k, after, until)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,10 @@ class Scenario:
     faults: tuple[Fault, ...]
     withdrawals: tuple[tuple[float, str], ...] = ()
     """(time, subscriber): it withdraws its subscription (at its broker, if alive)."""
+    historics: tuple[Historic, ...] = ()
+    """(time, asker, broker, k, after, until): ``asker`` at ``broker`` asks for what was
+    published in ``[after, until)`` matching ``[x,<,k]`` (times from the start of
+    publishing)."""
 
     def describe(self) -> str:
         """The scenario as lines a person reads (the history a failing seed prints)."""
@@ -80,6 +89,10 @@ class Scenario:
         ]
         lines += [f"  {_fault_text(f)}" for f in self.faults]
         lines += [f"  withdraw {s} @{at:.3f}" for at, s in self.withdrawals]
+        lines += [
+            f"  historic {asker} at {broker} [x,<,{k}] in [{after:.3f}, {until:.3f}) @{at:.3f}"
+            for at, asker, broker, k, after, until in self.historics
+        ]
         return "\n".join(lines)
 
 
@@ -170,7 +183,28 @@ def draw(seed: int, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3
         publications,
         tuple(faults),
         withdrawals,
+        _historics(seed, brokers),
     )
+
+
+def _historics(
+    seed: int, brokers: list[str]
+) -> tuple[tuple[float, str, str, int, float, float], ...]:
+    """0-2 historic queries after publishing, drawn apart from the rest of the scenario
+    (the draws of earlier versions, and the seeds kept for their bugs, stay as they were)."""
+    rng = random.Random(f"{seed}/historic")
+    queries = []
+    for i in range(rng.randint(0, 2)):
+        after = round(rng.uniform(0, 0.6 * DURATION), 6)
+        queries.append((
+            round(DURATION + rng.uniform(0.5, 3.5), 6),
+            f"H{i}",
+            rng.choice(brokers),
+            rng.randint(1, 9),
+            after,
+            round(after + rng.uniform(0.5, DURATION), 6),
+        ))  # fmt: skip
+    return tuple(queries)
 
 
 _SCOTS: dict[str, Scot] = {}
@@ -183,9 +217,14 @@ def _scot(preset: str) -> Scot:
     return scot
 
 
-def simulate(scenario: Scenario) -> tuple[Simulator, dict[str, float]]:
+Window = tuple[int, float, float]
+"""A historic query's ``(k, after, until)``, in the simulator's time."""
+
+
+def simulate(scenario: Scenario) -> tuple[Simulator, dict[str, float], dict[str, Window]]:
     """Run ``scenario`` to its end on a fresh simulator (deterministic: its seed draws the
-    link latencies too); returns it and when each subscriber that withdrew did."""
+    link latencies too); returns it, when each subscriber that withdrew did, and the
+    historic queries asked (by req_id)."""
     scot = _scot(scenario.preset)
     sim = Simulator(
         scot,
@@ -214,8 +253,23 @@ def simulate(scenario: Scenario) -> tuple[Simulator, dict[str, float]]:
     withdrawn: dict[str, float] = {}
     for at, subscriber in scenario.withdrawals:
         sim.at(start + at, _withdraw, sim, subscriber, withdrawn)
+    asked: dict[str, Window] = {}
+    for at, asker, broker, k, after, until in scenario.historics:
+        window = (k, start + after, start + until)
+        sim.at(start + at, _ask, sim, asker, broker, window, asked)
     sim.run()
-    return sim, withdrawn
+    return sim, withdrawn, asked
+
+
+def _ask(sim: Simulator, asker: str, broker: str, window: Window, asked: dict[str, Window]) -> None:
+    """``asker`` asks ``broker`` its historic query now, if that broker is alive (a client
+    cannot connect to a dead one)."""
+    state = sim.failures
+    if state is not None and broker in state.dead:
+        return
+    k, after, until = window
+    req_id = sim.historic(asker, broker, Subscription((Predicate("x", "<", k),)), after, until)
+    asked[req_id] = window
 
 
 def _withdraw(sim: Simulator, subscriber: str, withdrawn: dict[str, float]) -> None:
@@ -239,12 +293,15 @@ def _withdraw(sim: Simulator, subscriber: str, withdrawn: dict[str, float]) -> N
 
 
 def check(
-    sim: Simulator, withdrawn: dict[str, float] | None = None
+    sim: Simulator,
+    withdrawn: dict[str, float] | None = None,
+    asked: dict[str, Window] | None = None,
 ) -> tuple[list[str], dict[str, int]]:
     """The problems in ``sim``'s history (see the module docstring) and its counts:
     expected, delivered, duplicated, lost, silent (lost and not accounted for), gaps. A
     subscriber that ``withdrew`` (at the time given) is owed nothing published before it
-    that had not reached it by then."""
+    that had not reached it by then; each historic query ``asked`` is held to its window
+    (:func:`check_historic`)."""
     withdrawn = withdrawn or {}
     report = sim.report()
     failures = report.get("failures", {})
@@ -278,15 +335,53 @@ def check(
     silent = sorted(key for key in missing if not accounted(*key))
     if silent:
         problems.append(f"{len(silent)} lost without a count or a reported gap: {silent[:3]}")
+    historic = check_historic(sim, asked or {}, published)
+    problems += historic.pop("problems")
     counts = {
-        "expected": len(sim.ledger.expected),
-        "delivered": sum(1 for k in sim.ledger.received if k in sim.ledger.expected),
-        "duplicated": report["duplicates"],
-        "lost": len(missing),
-        "silent": len(silent),
+        "expected": len(sim.ledger.expected) + historic["expected"],
+        "delivered": sum(1 for k in sim.ledger.received if k in sim.ledger.expected)
+        + historic["delivered"],
+        "duplicated": report["duplicates"] + historic["duplicated"],
+        "lost": len(missing) + historic["lost"],
+        "silent": len(silent) + historic["silent"],
         "gaps": sum(1 for g in sim.replay_gaps.values() if g),
     }
     return problems, counts
+
+
+def check_historic(
+    sim: Simulator, asked: dict[str, Window], published: dict[tuple[str, int], float]
+) -> dict[str, Any]:
+    """Each historic query against the reference: every stored publication published in
+    its window whose ``x`` is below its ``k``, once; nothing else (a publication outside
+    the window or the filter is a problem); one missing is accounted for only by a gap
+    reported to the asker, or by a round its host never finished (it died under it)."""
+    problems: list[str] = []
+    counts = dict.fromkeys(("expected", "delivered", "duplicated", "lost", "silent"), 0)
+    xs = {(n.publisher, n.seq): n.publication["x"] for ns in sim.stores.values() for n in ns}
+    for req_id, (k, after, until) in sorted(asked.items()):
+        got = sim.historic_received[req_id]
+        reference = {
+            key for key, when in published.items() if after <= when < until and xs[key] < k
+        }
+        extra = sorted(set(got) - reference)
+        if extra:
+            problems.append(f"historic {req_id}: {len(extra)} outside its window or filter: "
+                            f"{extra[:3]}")  # fmt: skip
+        missing = reference - set(got)
+        asker = sim._requesters[req_id]
+        reported = bool(sim.replay_gaps.get(asker)) or req_id not in sim.historic_done
+        if missing and not reported:
+            problems.append(f"historic {req_id}: {len(missing)} missing, no gap reported: "
+                            f"{sorted(missing)[:3]}")  # fmt: skip
+        counts["expected"] += len(reference)
+        counts["delivered"] += len(set(got) & reference)
+        counts["duplicated"] += len(got) - len(set(got))
+        counts["lost"] += len(missing)
+        counts["silent"] += 0 if reported else len(missing)
+        if len(got) != len(set(got)):
+            problems.append(f"historic {req_id}: {len(got) - len(set(got))} duplicated")
+    return {"problems": problems, **counts}
 
 
 def run(scenario: Scenario) -> Verdict:

@@ -68,6 +68,10 @@ class SubscriberFailover:
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
+        self.historic_received: dict[str, list[tuple[str, int]]] = {}
+        """Per historic query (its req_id), the publications answered to it, in order."""
+        self.historic_done: set[str] = set()
+        """Historic queries whose round ended (its host told the asker it is done)."""
         self.restarts_pending = 0
         """Broker restarts scheduled and not yet come (a subscriber with every broker
         dead keeps trying while one is to come back)."""
@@ -178,6 +182,24 @@ class SubscriberFailover:
         self.replay_counts["requests"] += 1
         self._carry_out_replay(new, self._rounds(new).start(request, self.now))
 
+    def historic(
+        self, asker: str, broker: str, subscription: Subscription, after: float, until: float
+    ) -> str:
+        """``asker``, a client of ``broker``, asks now for what was published in ``[after,
+        until)`` matching ``subscription`` (a historic subscription, DESIGN §11): the
+        answers go to :attr:`historic_received` under the returned req_id; a store that
+        stays silent is reported to ``asker`` (:attr:`replay_gaps`)."""
+        self._replays += 1
+        req_id = f"{broker}/{self._replays}"
+        self._requesters[req_id] = asker
+        self.historic_received[req_id] = []
+        request = Replay(
+            req_id, broker, (subscription.to_text(),), (), after, REPLAY_BUDGET, until=until
+        )
+        self.replay_counts["historic"] += 1
+        self._carry_out_replay(broker, self._rounds(broker).start(request, self.now))
+        return req_id
+
     def _replay_message(self, broker: str, src: str, message: Any) -> None:
         self._carry_out_replay(broker, self._rounds(broker).receive(src, message, self.now))
 
@@ -208,11 +230,17 @@ class SubscriberFailover:
                 )
             elif type(action) is ReplayDeliver:
                 subscriber = self._requesters[action.req_id]
+                historic = self.historic_received.get(action.req_id)
+                if historic is not None:
+                    historic += [(n.publisher, n.seq) for n in action.notifications]
+                    continue
                 for n in action.notifications:
                     self.replay_counts["replayed"] += 1
                     self._deliver_once(subscriber, n)
             elif type(action) is ReplayDone:
                 subscriber = self._requesters[action.req_id]
+                if action.req_id in self.historic_received:
+                    self.historic_done.add(action.req_id)
                 gap = self.replay_gaps.setdefault(subscriber, set())
                 gap.difference_update(action.echo.answered)
                 gap.update(action.echo.silent)  # a late part may be silent past itself

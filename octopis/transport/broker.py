@@ -77,7 +77,7 @@ from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
 from octopis.transport.relink import decode_view
 from octopis.transport.replaying import Replaying
-from octopis.transport.security import Curve, Gatekeeper, count_failed_handshakes
+from octopis.transport.security import count_failed_handshakes, start_guards
 from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker")
@@ -184,7 +184,14 @@ class Broker:
         the tasks of other client protocols (DESIGN §13)."""
         loop = self._loop = asyncio.get_running_loop()
         ctx = zmq.asyncio.Context()
-        curve, guards = self._guard(ctx)
+        curve, guards = start_guards(
+            self.id,
+            self.keys,
+            [n.id for n in self.info.neighbours],
+            RateLimitedLog(log, self.settings.log_interval),
+            self.counters,
+            ctx,
+        )
         self._curve = curve
         self._peer_keys = guards[0].allowed["peer"] if guards else set()
         """The neighbours' public keys the peer input lets in (a relink changes them)."""
@@ -279,38 +286,6 @@ class Broker:
         if self._failure is not None:
             raise BrokerFailure(self._failure)
         log.info("%s stopped", self.id)
-
-    def _guard(self, ctx: zmq.asyncio.Context) -> tuple[Curve | None, list[Gatekeeper]]:
-        """Start the ZAP handlers (one in ``ctx``, one in aiozmq's context, where the
-        control socket lives) and return the broker's CURVE keys; without keys, say
-        loudly that anyone may connect."""
-        keys = self.keys
-        if keys is None:
-            log.warning(
-                "%s runs INSECURE (--insecure): no authentication, no encryption; anyone who "
-                "reaches its ports can publish, subscribe and shut it down",
-                self.id,
-            )
-            return None, []
-        neighbours = {n.id: keys.broker_public(n.id) for n in self.info.neighbours}
-        warn = RateLimitedLog(log, self.settings.log_interval)
-        guards = [
-            Gatekeeper(
-                ctx,
-                {"peer": set(neighbours.values()), "client": keys.allowed_clients()},
-                self.counters,
-                warn,
-            ),
-            Gatekeeper(
-                zmq.asyncio.Context.shadow(zmq.Context.instance()),
-                {"control": {keys.admin_public()}},
-                self.counters,
-                warn,
-            ),
-        ]
-        for guard in guards:
-            guard.start()
-        return Curve(keys.broker(self.id), neighbours), guards
 
     def _start(self, name: str, work: Coroutine[None, None, None]) -> None:
         task = self._tasks[name] = asyncio.create_task(work, name=name)

@@ -15,8 +15,14 @@ the broker, and the handshake starts again.
 
 Serving. A broker is *serving* once every live neighbour has handed it its resync state
 (or is down); heartbeats carry the flag, and a neighbour's LST row says down until the
-neighbour is up and serving, so traffic takes detours around a broker that is still
-filling its table (DESIGN §7).
+neighbour is up, synced and serving, so traffic takes detours around a broker that is
+still filling its table (DESIGN §7).
+
+What these frames mean is not decided here: each HELLO, heartbeat, SYNCED and silence
+moves the neighbour's state machine in the broker's node
+(:class:`~octopis.core.neighbours.Neighbours`), which says whether its frames are for
+us, whether to route through it, and when the broker serves
+(:meth:`~octopis.core.node.BrokerNode.serve_if_ready`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ from collections.abc import Callable, Coroutine, Iterator
 from operator import length_hint
 from typing import Protocol
 
-import psutil
 import zmq
 import zmq.asyncio
 
@@ -59,16 +64,13 @@ from octopis.transport.links import (
     PublishReceipt,
     SendPass,
 )
+from octopis.transport.pressure import Backpressure
 from octopis.transport.security import Curve
 from octopis.transport.settings import BrokerSettings
 from octopis.transport.zmqio import FastSocket
 
 log = logging.getLogger("octopis.broker.peers")
 
-CLIENTS = "(clients)"
-"""The name :attr:`PeerLinks.full_links` gives the broker's own clients when more than
-``clients.queue_limit`` deliveries wait for ``clients.capacity``: every neighbour is then
-held back."""
 PEER_BATCH = 256
 """Bodies handled before yielding to the event loop, so senders keep draining (~1 ms
 of work under load). Each yield is a pass of the loop with its ``epoll_wait``: at 64
@@ -174,10 +176,8 @@ class PeerLinks:
         self._waiter: InputWaiter | None = None
         self._reading = False
         """The input loop is working through a backlog (not waiting for input)."""
-        self.full_links: set[str] = set()
-        """Neighbours whose link has ``queue_limit`` frames waiting, or whose link is the
-        longest while the broker is over its memory budget (checked every tick)."""
-        self.memory = MemoryBudget(settings.memory_budget_mb)
+        self.pressure = Backpressure(broker_id, settings, self.counters, self._warn)
+        """Which neighbours are held back, and why (checked every tick, DESIGN §8)."""
         self.departed: set[str] = set()
         """Neighbours whose link a relink closed: what they still send until they stop is
         dropped and counted, not taken for a protocol error (as many as brokers left)."""
@@ -227,7 +227,7 @@ class PeerLinks:
         del self._names[name.encode()]
         self.departed.add(name)
         self.lst.remove_link(name)
-        self.full_links.discard(name)
+        self.pressure.full.discard(name)
         return link
 
     def carrying(self, name: str) -> int:
@@ -271,7 +271,7 @@ class PeerLinks:
         come). The full link's own neighbour is still acknowledged: what it sends us never
         goes back to it, and withholding from it could lock two brokers that wait on
         each other."""
-        full = self.full_links
+        full = self.pressure.full
         if full and (len(full) > 1 or name not in full):
             acked = state.acked
             self.counters["backpressure.acks_withheld"] += acked != state.received
@@ -389,8 +389,7 @@ class PeerLinks:
         ]
         if not taken:
             return
-        self._check_pressure(now)
-        full = self.full_links
+        full = self._check_pressure(now)
         for name, state in taken:
             if not full or (len(full) == 1 and name in full):
                 self._beat(name, state, now)
@@ -579,7 +578,7 @@ class PeerLinks:
         calm = settings.heartbeat / 2
         woke = loop.time()
         while True:
-            tick = min(settings.ack_interval, calm) if self.full_links else calm
+            tick = min(settings.ack_interval, calm) if self.pressure.full else calm
             await asyncio.sleep(tick)
             now = loop.time()
             late, woke = now - woke - tick, now
@@ -599,52 +598,8 @@ class PeerLinks:
                     self._declare_down(name, now, silent)
             self._check_serving(now)
 
-    def _check_pressure(self, now: float) -> None:
-        """Refresh :attr:`full_links`; count and log when backpressure starts. Over the
-        memory budget, the link with the longest queue counts as full (if anything waits
-        on it): the broker takes in no faster than it sends out until it is back under."""
-        limit = self.settings.queue_limit
-        links = self.links
-        full = {n for n, link in links.items() if len(link.queue) >= limit}
-        waiting = self.waiting_deliveries()
-        if waiting >= self.settings.delivery_queue_limit:
-            full.add(CLIENTS)
-        memory = self.memory
-        if memory.over(now):
-            longest = max(links, key=lambda n: len(links[n].queue))
-            pressing = bool(links[longest].queue)
-            if pressing:
-                full.add(longest)
-            if pressing and not memory.pressing:
-                self.counters["memory.pressure_episodes"] += 1
-                self._warn.warning(
-                    "memory",
-                    "%s is over its memory budget (RSS %d MB, memory.budget_mb = %d): "
-                    "holding back its neighbours while %s has %d frames waiting",
-                    self.id,
-                    memory.rss >> 20,
-                    memory.budget_mb,
-                    longest,
-                    len(links[longest].queue),
-                )
-            memory.pressing = pressing
-        else:
-            memory.pressing = False
-        if full - self.full_links:
-            self.counters["backpressure.episodes"] += 1
-            self._warn.warning(
-                "pressure",
-                "%s holds back its neighbours: %s (links.queue_limit = %d frames, "
-                "clients.queue_limit = %d deliveries)",
-                self.id,
-                ", ".join(
-                    f"{n} has {waiting if n == CLIENTS else len(links[n].queue)} waiting"
-                    for n in sorted(full)
-                ),
-                limit,
-                self.settings.delivery_queue_limit,
-            )
-        self.full_links = full
+    def _check_pressure(self, now: float) -> set[str]:
+        return self.pressure.check(now, self.links, self.waiting_deliveries())
 
     def _caught_up(self) -> bool:
         """Whether every frame that reached us has been read: silence is judged only then,
@@ -696,7 +651,7 @@ class PeerLinks:
                 "restarts": s.restarts,
                 "queue_length": len(self.links[name].queue),
                 "custody": len(self.links[name].custody),
-                "full": name in self.full_links,
+                "full": name in self.pressure.full,
             }
             for name, s in self.neighbours.items()
         }
@@ -709,28 +664,3 @@ class PeerLinks:
         """Stop watching the input socket."""
         if self._waiter is not None:
             self._waiter.close()
-
-
-class MemoryBudget:
-    """The broker's memory budget (DESIGN §8, ``[memory] budget_mb``): its RSS, read at
-    most every ``every`` seconds (psutil; ~20 µs a read)."""
-
-    def __init__(self, budget_mb: int, every: float = 0.5) -> None:
-        self.budget_mb = budget_mb
-        self.every = every
-        self.rss = 0
-        self.pressing = False
-        """Over budget with data waiting: a link is held as full."""
-        self._process = psutil.Process()
-        self._next = 0.0
-
-    def over(self, now: float) -> bool:
-        """Whether the RSS last read is above the budget (read again if due)."""
-        if now >= self._next:
-            self.rss = self._process.memory_info().rss
-            self._next = now + self.every
-        return self.rss > self.budget_mb << 20
-
-    def snapshot(self) -> dict[str, int | bool]:
-        """RSS last read and budget (MB), and whether a link is held for it."""
-        return {"rss_mb": self.rss >> 20, "budget_mb": self.budget_mb, "pressing": self.pressing}

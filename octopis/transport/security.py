@@ -21,7 +21,7 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
-from octopis.keys import KeyPair, connect_securely
+from octopis.keys import KeyPair, Keys, connect_securely
 from octopis.logs import RateLimitedLog
 
 log = logging.getLogger("octopis.auth")
@@ -120,3 +120,41 @@ async def count_failed_handshakes(
     finally:
         sock.disable_monitor()
         events.close(0)
+
+
+def start_guards(
+    broker_id: str,
+    keys: Keys | None,
+    neighbours: list[str],
+    warn: RateLimitedLog,
+    counters: Counter[str],
+    ctx: zmq.asyncio.Context,
+) -> tuple[Curve | None, list[Gatekeeper]]:
+    """Start a broker's ZAP handlers (one in ``ctx``, one in aiozmq's context, where the
+    control socket lives) and return its CURVE keys; without ``keys``, say loudly that
+    anyone may connect."""
+    if keys is None:
+        logging.getLogger("octopis.broker").warning(
+            "%s runs INSECURE (--insecure): no authentication, no encryption; anyone who "
+            "reaches its ports can publish, subscribe and shut it down",
+            broker_id,
+        )
+        return None, []
+    publics = {n: keys.broker_public(n) for n in neighbours}
+    guards = [
+        Gatekeeper(
+            ctx,
+            {"peer": set(publics.values()), "client": keys.allowed_clients()},
+            counters,
+            warn,
+        ),
+        Gatekeeper(
+            zmq.asyncio.Context.shadow(zmq.Context.instance()),
+            {"control": {keys.admin_public()}},
+            counters,
+            warn,
+        ),
+    ]
+    for guard in guards:
+        guard.start()
+    return Curve(keys.broker(broker_id), publics), guards
