@@ -27,6 +27,7 @@ from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
+from octopis.settings import Retention
 from octopis.sim import LatencyModel, Simulator
 from octopis.topology import build_preset
 from octopis.transport.codec import encode_body
@@ -229,7 +230,9 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
     SQLite store and by the simulator's memory store: the same publications, the same
     cut (``until``, ``since`` per publisher and session, ``max_count``)."""
     notes = _retained(60)
-    store = RetentionStore(tmp_path / "r.sqlite", 1 << 20, 3600.0, lambda body: _decode(body))
+    store = RetentionStore(
+        tmp_path / "r.sqlite", Retention(max_bytes=1 << 20), lambda body: _decode(body)
+    )
     for n in notes:
         store.add(n, encode_body(n), n.published_at)
     store.commit(200.0)
@@ -305,8 +308,8 @@ def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path) ->
 
     from octopis.client import Publisher, Subscriber
     from octopis.cluster.launcher import LocalCluster, find_free_base_port
+    from octopis.settings import BrokerSettings
     from octopis.topology import build_scot, complete_factor
-    from octopis.transport.settings import BrokerSettings
 
     line = nx.path_graph(["a", "b", "c"])
     scot = build_scot(line, complete_factor(1), name="line", base_port=find_free_base_port(3))

@@ -307,7 +307,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from octopis.cli.sim import failures_from_args, workload_from_args
     from octopis.cluster.launcher import prepare_topology
     from octopis.cluster.runner import RunOptions, WorkloadRun
-    from octopis.transport.settings import load_settings
+    from octopis.settings import load_settings
 
     mode = args.mode or (None if args.attach else DEFAULT_MODE)
     run_dir = (
@@ -387,8 +387,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     import asyncio
 
     from octopis.cluster.launcher import LocalCluster
+    from octopis.settings import load_settings
     from octopis.topology import load_topology
-    from octopis.transport.settings import load_settings
 
     scot = load_topology(args.topology)
     state = args.run_dir / STATE_FILE

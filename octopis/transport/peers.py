@@ -39,6 +39,7 @@ from octopis.core import LinkStatusTable, Message, Notification, ProtocolError
 from octopis.core.capacity import SendRate
 from octopis.core.node import ready_to_serve
 from octopis.logs import RateLimitedLog
+from octopis.settings import BrokerSettings
 from octopis.transport.codec import (
     Control,
     Heartbeat,
@@ -60,7 +61,6 @@ from octopis.transport.links import (
     SendPass,
 )
 from octopis.transport.security import Curve
-from octopis.transport.settings import BrokerSettings
 from octopis.transport.zmqio import FastSocket
 
 log = logging.getLogger("octopis.broker.peers")
@@ -186,10 +186,10 @@ class PeerLinks:
         self._started = 0.0
         self.detections: list[dict[str, float | str]] = []
         self._detections_kept = 1000
-        self._warn = RateLimitedLog(log, settings.log_interval)
+        self._warn = RateLimitedLog(log, settings.logs.interval)
         self.input = ctx.socket(zmq.PULL)
         self.input.setsockopt(zmq.RCVHWM, 1000)
-        self.input.setsockopt(zmq.MAXMSGSIZE, settings.frame_bytes)
+        self.input.setsockopt(zmq.MAXMSGSIZE, settings.limits.frame_bytes)
         if curve is not None:
             curve.serve(self.input, "peer")
         self.input.bind(bind)
@@ -200,14 +200,16 @@ class PeerLinks:
         self.full_links: set[str] = set()
         """Neighbours whose link has ``queue_limit`` frames waiting, or whose link is the
         longest while the broker is over its memory budget (checked every tick)."""
-        self.memory = MemoryBudget(settings.memory_budget_mb)
+        self.memory = MemoryBudget(settings.memory.budget_mb)
         self.departed: set[str] = set()
         """Neighbours whose link a relink closed: what they still send until they stop is
         dropped and counted, not taken for a protocol error (as many as brokers left)."""
         self._ctx = ctx
         self._curve = curve
         self._broker_sender = (
-            SendRate(settings.broker_capacity, LOOP_SLACK) if settings.broker_capacity else None
+            SendRate(settings.links.broker_capacity, LOOP_SLACK)
+            if settings.links.broker_capacity
+            else None
         )
         self.links = {n: self._link(n, endpoint) for n, endpoint in endpoints.items()}
 
@@ -218,12 +220,12 @@ class PeerLinks:
             endpoint,
             self._ctx,
             self.lst,
-            settings.sndhwm,
+            settings.links.sndhwm,
             self._senders(name, self._broker_sender),
             self.activity,
-            settings.custody_limit,
-            settings.retain,
-            settings.retain_limit,
+            settings.links.custody_limit,
+            settings.links.retain,
+            settings.links.retain_limit,
             self._curve,
             self.send_pass,
         )
@@ -265,7 +267,7 @@ class PeerLinks:
     def _senders(self, neighbour: str, broker: SendRate | None) -> tuple[SendRate, ...]:
         """The broker's shared sender (broker capacity), then the link's own (link
         capacity), those that are set."""
-        rate = self.settings.capacity_of(self.id, neighbour)
+        rate = self.settings.links.capacity_of(self.id, neighbour)
         link = SendRate(rate, LOOP_SLACK) if rate else None
         return tuple(s for s in (broker, link) if s is not None)
 
@@ -282,7 +284,7 @@ class PeerLinks:
         tell every neighbour at once."""
         if self.serving:
             return
-        waited = now - self._started > self.settings.down_after
+        waited = now - self._started > self.settings.links.down_after
         if not ready_to_serve(self.state.values(), waited):
             return
         self.serving = True
@@ -615,10 +617,10 @@ class PeerLinks:
         released here), else every half heartbeat interval: an idle broker wakes ten
         times a second, not twenty."""
         settings = self.settings
-        calm = settings.heartbeat / 2
+        calm = settings.links.heartbeat / 2
         woke = loop.time()
         while True:
-            tick = min(settings.ack_interval, calm) if self.full_links else calm
+            tick = min(settings.links.ack_interval, calm) if self.full_links else calm
             await asyncio.sleep(tick)
             now = loop.time()
             late, woke = now - woke - tick, now
@@ -629,11 +631,11 @@ class PeerLinks:
             for name, state in self.state.items():
                 link = self.links[name]
                 if state.received != state.acked or (
-                    not link.queue and now - link.last_sent >= settings.heartbeat
+                    not link.queue and now - link.last_sent >= settings.links.heartbeat
                 ):
                     self._beat(name, state, now)
                 silent = now - state.last_heard
-                if state.up and silent > settings.down_after and self._caught_up():
+                if state.up and silent > settings.links.down_after and self._caught_up():
                     self._declare_down(name, state, now, silent)
             self._check_serving(now)
 
@@ -641,11 +643,11 @@ class PeerLinks:
         """Refresh :attr:`full_links`; count and log when backpressure starts. Over the
         memory budget, the link with the longest queue counts as full (if anything waits
         on it): the broker takes in no faster than it sends out until it is back under."""
-        limit = self.settings.queue_limit
+        limit = self.settings.links.queue_limit
         links = self.links
         full = {n for n, link in links.items() if len(link.queue) >= limit}
         waiting = self.waiting_deliveries()
-        if waiting >= self.settings.delivery_queue_limit:
+        if waiting >= self.settings.clients.queue_limit:
             full.add(CLIENTS)
         memory = self.memory
         if memory.over(now):
@@ -680,7 +682,7 @@ class PeerLinks:
                     for n in sorted(full)
                 ),
                 limit,
-                self.settings.delivery_queue_limit,
+                self.settings.clients.queue_limit,
             )
         self.full_links = full
 
