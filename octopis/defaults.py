@@ -9,12 +9,32 @@ CLIENT_LIVENESS = 1.5
 CLIENT_TIMEOUT = 10.0
 """Seconds of a client's silence after which its broker drops it and withdraws its
 subscriptions (``[clients] timeout``)."""
+DOWN_AFTER = 1.0
+"""Seconds of a neighbour's silence after which a broker takes it for down
+(``[links] down_after``; the simulator's failure detection)."""
+RETAIN = 1.0
+"""Seconds a broker keeps acknowledged notifications after sending them, for re-routing
+after a failure (``[links] retain``; the simulator's senders alike)."""
 CUSTODY_LIMIT = 10_000
 """Messages a broker holds per neighbour, in custody or held for its return
 (``[links] custody_limit``)."""
 PUBLICATION_HOLD = 10_000
 """Local publications a broker holds while it resyncs after its start
 (``[clients] hold_limit``); past it publishers are refused."""
+REPLAY_ROUNDS = 1000
+"""Replay requests one broker takes part in at once (``[retention] replay_rounds``)."""
+COMPOSITE_HELD = 10_000
+"""Publications the join of one composite subscription keeps (``[composite]
+max_held``)."""
+COMPOSITE_LATENESS = 5.0
+"""Seconds a publication may take to a composite's host and still be joined
+(``[composite] lateness``)."""
+DRAIN_TIMEOUT = 30.0
+"""Seconds a workload run waits without a delivery before it stops waiting
+(``octopis run --drain-timeout``)."""
+SELECTOR_SUBSCRIPTIONS = 16
+"""PADRES subscriptions one STOMP selector may become (``[stomp]
+selector_subscriptions``)."""
 REPLAY_BUDGET = 3.0
 """Seconds the host of a replay waits for every broker's answer (``[retention]
 replay_budget``)."""

@@ -33,7 +33,18 @@ import msgspec
 from octopis.core import COVERING, DEFAULT_COVERING
 from octopis.core.dedup import DEFAULT_DEDUP_PUBLISHERS, DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
-from octopis.defaults import CLIENT_TIMEOUT, CUSTODY_LIMIT, PUBLICATION_HOLD, REPLAY_BUDGET
+from octopis.defaults import (
+    CLIENT_TIMEOUT,
+    COMPOSITE_HELD,
+    COMPOSITE_LATENESS,
+    CUSTODY_LIMIT,
+    DOWN_AFTER,
+    PUBLICATION_HOLD,
+    REPLAY_BUDGET,
+    REPLAY_ROUNDS,
+    RETAIN,
+    SELECTOR_SUBSCRIPTIONS,
+)
 from octopis.filters.limits import InputLimits
 
 RETENTION_SYNC = ("normal", "full")
@@ -105,7 +116,7 @@ class Links(Section):
     output queue, which the LST measures, grows."""
     heartbeat: Annotated[float, _at_least(0.01)] = 0.2
     """Seconds of silence on a link before it carries a heartbeat."""
-    down_after: Annotated[float, _at_least(0.05)] = 1.0
+    down_after: Annotated[float, _at_least(0.05)] = DOWN_AFTER
     """T: a neighbour silent this long is down (more than two heartbeats)."""
     ack_interval: Annotated[float, _at_least(0.001)] = 0.05
     """Seconds between looks at acknowledgements withheld by backpressure; frames taken
@@ -114,7 +125,7 @@ class Links(Section):
     """Unacknowledged notifications kept per link for a neighbour that may fail; full,
     the link waits. 0 = no custody (a failure loses what was in flight, and there is no
     backpressure)."""
-    retain: Annotated[float, _at_least(0.0)] = 1.0
+    retain: Annotated[float, _at_least(0.0)] = RETAIN
     """Seconds acknowledged notifications are kept after sending, in case the neighbour
     dies before passing them on; 0 = not kept."""
     retain_limit: Annotated[int, _at_least(0)] = 10_000
@@ -205,7 +216,7 @@ class Retention(Section):
     replay_budget: Annotated[float, _at_least(0.01)] = REPLAY_BUDGET
     """Seconds the host of a replay waits for every broker's answer; a neighbour silent
     past its share of it is reported, with what only it reached, as a gap."""
-    replay_rounds: Annotated[int, _at_least(1)] = 1000
+    replay_rounds: Annotated[int, _at_least(1)] = REPLAY_ROUNDS
     """Replay requests one broker takes part in at once (the oldest ends early past it)."""
     historic_budget: Annotated[float, _at_least(0.01)] = 30.0
     """Seconds the host of a historic, hybrid or durable subscription's answer waits for
@@ -229,11 +240,11 @@ class Durable(Section):
 class Composite(Section):
     """``[composite]``: the joins of composite subscriptions (DESIGN §12)."""
 
-    max_held: Annotated[int, _at_least(1)] = 10_000
+    max_held: Annotated[int, _at_least(1)] = COMPOSITE_HELD
     """Publications the join of one composite subscription keeps at most (DESIGN §12);
     past it the earliest published goes first, counted as ``composite.dropped`` and told
     to the client."""
-    lateness: Annotated[float, _at_least(0.0)] = 5.0
+    lateness: Annotated[float, _at_least(0.0)] = COMPOSITE_LATENESS
     """Seconds a publication may take from its publisher to a composite's host and still
     be joined with everything published within the composite's window: the join keeps
     each publication for ``window + lateness`` seconds after its publication time."""
@@ -305,7 +316,7 @@ class Stomp(Section):
     broker then queues for it, up to ``clients.backlog_limit``)."""
     subscriptions: Annotated[int, _at_least(1)] = 256
     """STOMP subscriptions one connection may hold."""
-    selector_subscriptions: Annotated[int, _at_least(1)] = 16
+    selector_subscriptions: Annotated[int, _at_least(1)] = SELECTOR_SUBSCRIPTIONS
     """PADRES subscriptions one selector may become (its disjunctive form)."""
     unacked: Annotated[int, _at_least(1)] = 10_000
     """Messages delivered to one connection and not acknowledged (client ack modes)."""

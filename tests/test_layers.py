@@ -71,6 +71,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "octopis.gateway": {
         *BASE,
+        "octopis.defaults",
         "octopis.gateway",
         "octopis.core",
         "octopis.transport",

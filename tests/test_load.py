@@ -41,7 +41,7 @@ def test_rates_are_counts_over_the_window_and_lr_is_output_over_capacity() -> No
 
 
 def test_measured_capacity_makes_lr_the_cpu_utilisation() -> None:
-    meter = LoadMeter(window=10)
+    meter = LoadMeter(window=10, capacity=0.0)
     meter.sample(_sample(0.0, 0, 0.0, a=0, b=0))
     meter.sample(_sample(2.0, 100, 0.5, a=300, b=100))
     report = meter.report()
@@ -69,7 +69,7 @@ def test_load_settings_are_checked() -> None:
     with pytest.raises(ValueError, match=r"load\.window"):
         settings_from_data({"load": {"window": 0}})
     with pytest.raises(ValueError, match="≥ 1"):
-        LoadMeter(window=0)
+        LoadMeter(window=0, capacity=0.0)
 
 
 @pytest.mark.processes

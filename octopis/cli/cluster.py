@@ -36,7 +36,7 @@ def _run(run: argparse.ArgumentParser) -> None:
     from octopis.balance.plans import PLACEMENTS
     from octopis.balance.policy import PLANS, BalanceOptions
     from octopis.cli.sim import add_failure_options, add_topology_options, add_workload_options
-    from octopis.defaults import CLIENT_LIVENESS
+    from octopis.defaults import CLIENT_LIVENESS, DRAIN_TIMEOUT
 
     run.description = (
         "Start one broker process per node (ZeroMQ over TCP on this machine), "
@@ -59,9 +59,9 @@ def _run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--drain-timeout",
         type=float,
-        default=30.0,
+        default=DRAIN_TIMEOUT,
         metavar="SECONDS",
-        help="give up waiting for deliveries after this long without one",
+        help="give up waiting for deliveries after this long without one (default %(default)g)",
     )
     run.add_argument(
         "--client-workers",

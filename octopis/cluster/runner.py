@@ -49,7 +49,7 @@ from octopis.cluster.harness import (
     split,
 )
 from octopis.cluster.launcher import ClusterError, LocalCluster
-from octopis.defaults import CLIENT_LIVENESS
+from octopis.defaults import CLIENT_LIVENESS, DRAIN_TIMEOUT
 from octopis.failure_schedule import Failure
 from octopis.settings import BrokerSettings
 from octopis.topology import Scot
@@ -77,7 +77,7 @@ class RunOptions:
     run_dir: Path
     settings: BrokerSettings
     time_scale: float = 1.0
-    drain_timeout: float = 30.0
+    drain_timeout: float = DRAIN_TIMEOUT
     start_timeout: float = 180.0
     progress: bool = True
     log_level: str = "INFO"

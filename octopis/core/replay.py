@@ -41,6 +41,7 @@ from math import inf
 from typing import NamedTuple
 
 from octopis.core.messages import Forward, Notification, SubState
+from octopis.defaults import REPLAY_ROUNDS
 
 BUDGET_SHRINK = 0.75
 """A broker passes the request on with this share of its own budget, so that a child
@@ -193,7 +194,7 @@ class ReplayRounds:
     (remembered, up to ``limit``, to answer a repeated copy with a seen echo).
     ``targets`` says where a request goes on (:data:`Targets`)."""
 
-    def __init__(self, broker_id: str, targets: Targets, limit: int = 1000) -> None:
+    def __init__(self, broker_id: str, targets: Targets, limit: int = REPLAY_ROUNDS) -> None:
         if limit < 1:
             raise ValueError("replay rounds need a positive limit")
         self.id = broker_id

@@ -61,11 +61,11 @@ from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.table import MatcherFactory
-from octopis.defaults import CUSTODY_LIMIT
+from octopis.defaults import CUSTODY_LIMIT, DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
-from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureEvents, FailureState
+from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover
 from octopis.sim.reshaping import MOVE_POLL, Reshaping
 from octopis.sim.service import ServiceModel
@@ -622,8 +622,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping):
         workload: ReplayableWorkload,
         failures: Sequence[Failure] = (),
         *,
-        detection: float = DEFAULT_DETECTION,
-        retain: float = DEFAULT_RETAIN,
+        detection: float = DOWN_AFTER,
+        retain: float = RETAIN,
         sample_every: float | None = None,
     ) -> None:
         """Subscriptions at their times, settle, then publications at their times (and
