@@ -182,3 +182,34 @@ def test_retention_sync_sets_when_a_confirm_is_durable(
     path.write_text('[retention]\nsync = "sometimes"\n')
     with pytest.raises(ConfigError, match=r"retention\.sync must be one of 'normal', 'full'"):
         load_settings(path)
+
+
+STATED = re.compile(
+    r"`\[(?P<section>[a-z_]+)\] (?P<key>[a-z_]+)`(?: \| | (?:[a-z]+ )?\()"
+    r"(?P<number>[0-9][0-9,.]*)(?: (?P<unit>MiB|KiB|s|ms|MB)\b)?"
+)
+"""A settings key the docs name with its default: a table row ``| `[s] k` | 10,000 |``
+or prose ``[s] k` (5 s)``, ``[s] k` ms (10,000)``."""
+UNITS = {"MiB": 2**20, "KiB": 2**10}
+"""Units the docs write a default in that the key does not count in (bytes)."""
+
+
+def test_the_defaults_the_docs_state_are_the_declared_ones() -> None:
+    """Every default a page of the docs states beside a ``[section] key`` is the default
+    of that key's field: a default changes in one place, and a page that restates it
+    fails here until it says the same."""
+    defaults = msgspec.to_builtins(BrokerSettings())
+    stated = [
+        (page.relative_to(DOCS), m)
+        for page in sorted(DOCS.rglob("*.md"))
+        for m in STATED.finditer(page.read_text(encoding="utf-8"))
+    ]
+    assert len(stated) >= 15, [m.group() for _, m in stated]
+    wrong = []
+    for page, m in stated:
+        value = float(m["number"].replace(",", "")) * UNITS.get(m["unit"] or "", 1)
+        if value != defaults[m["section"]][m["key"]]:
+            wrong.append(
+                f"{page}: {m.group()} but the default is {defaults[m['section']][m['key']]}"
+            )
+    assert not wrong, "\n".join(wrong)
