@@ -118,7 +118,7 @@ def test_a_store_answers_a_window_page_by_page_exactly_as_the_reference_matcher(
         pages.append([n.seq for n in answer.page(7)])
     assert len(pages) > 10 and [s for page in pages for s in page] == expected
     assert not answer.truncated and answer.gaps == []
-    cut = StoreAnswer(store, Replay("r", "a:0", (text,), (), 0.0, 30.0, max_count=5), 0, 0)
+    cut = StoreAnswer(store, Replay("r", "a:0", (text,), (), 0.0, 30.0, answer_max=5), 0, 0)
     every = [s for s in range(1, 601) if reference.matches(quotes[s - 1])]
     assert [n.seq for n in cut.page(1000)] == every[:5]
     assert cut.done and cut.truncated

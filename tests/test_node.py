@@ -218,9 +218,9 @@ def _retained(count: int) -> list[Notification]:
     [
         {},
         {"until": 130.0},
-        {"max_count": 5},
+        {"answer_max": 5},
         {"since": (("P1", 0, 4), ("P2", 0, 9))},
-        {"until": 150.0, "max_count": 7, "since": (("P0", 0, 3),)},
+        {"until": 150.0, "answer_max": 7, "since": (("P0", 0, 3),)},
     ],
 )
 def test_the_simulator_answers_a_replay_as_the_process_store_does(
@@ -228,7 +228,7 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
 ) -> None:
     """The same retained publications and the same request, answered by the process's
     SQLite store and by the simulator's memory store: the same publications, the same
-    cut (``until``, ``since`` per publisher and session, ``max_count``)."""
+    cut (``until``, ``since`` per publisher and session, ``answer_max``)."""
     notes = _retained(60)
     store = RetentionStore(
         tmp_path / "r.sqlite", Retention(max_bytes=1 << 20), lambda body: _decode(body)
@@ -238,7 +238,7 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
     store.commit(200.0)
     request = Replay("r", "c:0", ("[x,<,4]",), window.get("since", ()), 110.0, 1.0,
                      until=window.get("until", float("inf")),
-                     max_count=window.get("max_count", 0))  # fmt: skip
+                     answer_max=window.get("answer_max", 0))  # fmt: skip
     answer = StoreAnswer(store, request, 0, 0)
     found = []
     while not answer.done:
@@ -247,7 +247,7 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
     sim.stores["c:0"] = notes
     simulated, truncated = sim._store_answer("c:0", request)
     assert [n.key for n in found] == [n.key for n in simulated]
-    assert answer.truncated == truncated == ("max_count" in window)
+    assert answer.truncated == truncated == ("answer_max" in window)
     assert found, "the request matches something"
     store.close()
 
@@ -259,7 +259,7 @@ def _decode(body: bytes) -> Notification:
 
 
 def test_answer_selection_cuts_at_bytes() -> None:
-    request = Replay("r", "c:0", ("[x,<,9]",), (), 0.0, 1.0, max_bytes=25)
+    request = Replay("r", "c:0", ("[x,<,9]",), (), 0.0, 1.0, answer_bytes=25)
     selection = AnswerSelection(request)
     notes = _retained(5)
     taken = [

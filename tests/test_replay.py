@@ -274,7 +274,7 @@ def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:
 
 def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
     """Each field is checked and named."""
-    tail = [None, 0, 0, ""]  # until, max_count, max_bytes, claim
+    tail = [None, 0, 0, ""]  # until, answer_max, answer_bytes, claim
     echo_tail = [[], []]  # truncated, claimed
     bad = [
         (pack([REPLAY, "r", "a:0", ["[x,>"], [], 0.0, 3.0, 1, *tail]), "bad content"),
@@ -282,7 +282,7 @@ def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], "now", 3.0, 1, *tail]), "after"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 7, *tail]), "state"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, "x", 0, 0, ""]), "until"),
-        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, -1, 0, ""]), "max_count"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, -1, 0, ""]), "answer_max"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, 0, 0, 5]), "claim"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1]), "8 fields, expected 12"),
         (pack([REPLAY_ECHO, "r", 1, [], [], [], [], 0, *echo_tail]), "seen flag"),

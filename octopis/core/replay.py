@@ -23,7 +23,7 @@ host's last echo is in every answer has come (the echo algorithm), and the host 
 the requester a :class:`ReplayDone`.
 
 The same request answers a historic or hybrid subscription (a time window
-``[after, until)``, bounded per store by ``max_count`` publications and ``max_bytes``
+``[after, until)``, bounded per store by ``answer_max`` publications and ``answer_bytes``
 bytes; a store that cut its answer is named in the echo's ``truncated``), and, with
 ``claim`` set, finds a durable subscription's record wherever it is kept (DESIGN §11): a
 broker holding it hands it over in its echo (``claimed``) and forgets it.
@@ -58,8 +58,8 @@ class Replay:
     ``since`` (``(publisher, session, seq)``) those with a higher ``seq``, of any other
     all; none published at or after ``until``. ``budget`` is how many seconds the
     receiver may wait for its own neighbours' echoes; ``state`` is its SBP step (PRIMARY
-    goes on, SECONDARY stops). Each store answers at most ``max_count`` publications and
-    ``max_bytes`` encoded bytes (0: the store's own bound). A ``claim``
+    goes on, SECONDARY stops). Each store answers at most ``answer_max`` publications and
+    ``answer_bytes`` encoded bytes (0: the store's own bound). A ``claim``
     (:func:`octopis.core.durable.claim_of`) asks for a durable subscription's record instead of
     publications."""
 
@@ -71,8 +71,8 @@ class Replay:
     budget: float
     state: SubState = SubState.PRIMARY
     until: float = inf
-    max_count: int = 0
-    max_bytes: int = 0
+    answer_max: int = 0
+    answer_bytes: int = 0
     claim: str = ""
 
 

@@ -135,7 +135,7 @@ class Router(Protocol):
         **window: Any,
     ) -> str:
         """Start a replay for client ``key`` (``window``: ``until``, ``historic``,
-        ``max_count``, ``max_bytes``, ``claim``); returns its id."""
+        ``answer_max``, ``answer_bytes``, ``claim``); returns its id."""
 
     @property
     def replaying(self) -> Replaying:
@@ -500,8 +500,8 @@ class ClientSessions:
             float(request.after),
             until=float("inf") if request.until is None else float(request.until),
             historic=request.historic,
-            max_count=request.max_count,
-            max_bytes=request.max_bytes,
+            answer_max=request.answer_max,
+            answer_bytes=request.answer_bytes,
         )
         return {"op": "replaying", "id": req_id}
 

@@ -189,8 +189,8 @@ class Replaying:
         *,
         until: float = inf,
         historic: bool = False,
-        max_count: int = 0,
-        max_bytes: int = 0,
+        answer_max: int = 0,
+        answer_bytes: int = 0,
         claim: str = "",
     ) -> str:
         """Client ``key`` asks for what it may have missed (a fail-over), for a window of
@@ -212,8 +212,8 @@ class Replaying:
             after,
             budget,
             until=until,
-            max_count=max_count,
-            max_bytes=max_bytes,
+            answer_max=answer_max,
+            answer_bytes=answer_bytes,
             claim=claim,
         )
         log.info(
