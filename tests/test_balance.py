@@ -27,8 +27,8 @@ from octopis.balance.loop import Balancer
 from octopis.balance.plans import (
     BrokerLoad,
     LoadState,
-    Move,
     Plan,
+    PlannedMove,
     coefficient_of_variation,
     dynamic_migration,
     high_load_plan,
@@ -64,7 +64,7 @@ def load_states(draw: st.DrawFn) -> LoadState:
     return LoadState(brokers, loads, hosts)
 
 
-def replay(state: LoadState, plan: Plan) -> list[tuple[LoadState, Move]]:
+def replay(state: LoadState, plan: Plan) -> list[tuple[LoadState, PlannedMove]]:
     """Each move with the state it was made in; the last state must be the plan's."""
     steps = []
     for move in plan.moves:

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from octopis.topology import Broker as BrokerInfo
-from octopis.topology import TopologyError
+from octopis.topology import BrokerInfo, TopologyError
 
 if TYPE_CHECKING:
     from octopis.transport.broker import Broker, Gateway
