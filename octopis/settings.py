@@ -3,8 +3,8 @@
 
 ```toml
 [lst]
-window = 0.05            # Δt of the Link Status Table, seconds
-queue_threshold = 10     # Q
+window = 0.1             # Δt of the Link Status Table, seconds
+queue_threshold = 20     # Q
 
 [links.capacities]       # per directed link "src>dst" = messages/s
 "b:2>b:0" = 200
@@ -12,8 +12,10 @@ queue_threshold = 10     # Q
 
 Each ``[section]`` of the file is one settings type below (:class:`Lst` for ``[lst]``, …)
 whose field names are the section's keys: a key's default and meaning are its field's
-default and docstring, its kind and minimum the field's annotation. Every component of
-a broker is handed the sections it reads, not the whole. msgspec checks a document
+default and docstring, its kind and minimum the field's annotation. A component is
+handed the sections it reads (the retention store its ``[retention]``, the STOMP
+listener its ``[stomp]`` and ``[clients]``, replaying ``[retention]`` and
+``[durable]``). msgspec checks a document
 against these types (unknown sections and keys included); :func:`settings_from_data`
 words what it refuses by section and key. The settings reference of the documentation
 is generated from the same types.
