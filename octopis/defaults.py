@@ -1,5 +1,5 @@
 """Defaults that more than one layer reads, each defined once here (DESIGN §2): the
-broker's settings (``transport.settings``), the SDK and the simulator take them from this
+broker's settings (``octopis.settings``), the SDK and the simulator take them from this
 module, so a simulated broker or client behaves as a real one does by default."""
 
 from __future__ import annotations
