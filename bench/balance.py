@@ -34,8 +34,8 @@ from octopis.balance.plans import ALPHA, TARGET
 from octopis.balance.policy import BalanceOptions, coefficient_of_variation
 from octopis.cluster.launcher import prepare_topology
 from octopis.cluster.runner import RunOptions, WorkloadRun
+from octopis.settings import BrokerSettings, Clients, Links, Load, Routing
 from octopis.topology import Scot
-from octopis.transport.settings import BrokerSettings
 from octopis.workload import Workload
 
 log = logging.getLogger("bench.balance")
@@ -68,11 +68,10 @@ PROFILES = {
         0.8,
         BalanceOptions("ldm", beta=5.0, interval=10.0, sample=1.0, max_moves=300, cooldown=30.0),
         BrokerSettings(
-            load_window=8,
-            down_after=3.0,
-            delivery_capacity=150.0,
-            delivery_queue_limit=50_000,
-            covering="off",
+            load=Load(window=8),
+            links=Links(down_after=3.0),
+            clients=Clients(capacity=150.0, queue_limit=50_000),
+            routing=Routing(covering="off"),
         ),
         2,
         "1,000 subscribers, 80% on five edge brokers; 60 publishers x 240 quotes at 60/min "
@@ -90,11 +89,10 @@ PROFILES = {
         0.8,
         BalanceOptions("ldm", beta=5.0, interval=8.0, sample=1.0, max_moves=800, cooldown=25.0),
         BrokerSettings(
-            load_window=5,
-            down_after=3.0,
-            delivery_capacity=400.0,
-            delivery_queue_limit=50_000,
-            covering="off",
+            load=Load(window=5),
+            links=Links(down_after=3.0),
+            clients=Clients(capacity=400.0, queue_limit=50_000),
+            routing=Routing(covering="off"),
         ),
         2,
         "2,000 subscribers, 80% on five edge brokers (the issue's example); 100 publishers "

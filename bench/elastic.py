@@ -39,8 +39,8 @@ from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.cluster.scale import elastic_balancer
 from octopis.keys import KEYS_ENV
 from octopis.quotes import read_quote_dir
+from octopis.settings import BrokerSettings, Links, Load, Routing
 from octopis.topology import build_preset
-from octopis.transport.settings import BrokerSettings
 
 RAMP = ((0, 2.0), (30, 2.0), (70, 40.0), (130, 40.0), (170, 2.0), (260, 2.0))
 """(second, publications/s): the rate is interpolated between these points."""
@@ -169,7 +169,9 @@ def run(out: Path) -> dict[str, Any]:
         path = run_dir / "fig2.json"
         path.write_text(json.dumps(scot.to_json()))
         settings = BrokerSettings(
-            down_after=3.0, load_window=3, load_capacity=CAPACITY, covering="off"
+            links=Links(down_after=3.0),
+            load=Load(window=3, capacity=CAPACITY),
+            routing=Routing(covering="off"),
         )
         cluster = LocalCluster(scot, path, "dnr", run_dir, settings)
         cluster.spawn()

@@ -43,7 +43,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +110,7 @@ def run_experiment(
                 repeats,
             )
             mode, changes = VARIANTS.get(label, (label, {}))
-            settings = replace(profile.settings, **changes)
+            settings = profile.settings.changed(changes)
             options = RunOptions(
                 mode=mode,
                 run_dir=base / "runs" / path.stem,
@@ -127,7 +126,7 @@ def run_experiment(
                 {
                     "mode": label,
                     "routing": mode,
-                    "order": settings.order,
+                    "order": settings.lst.order,
                     "experiment": name,
                     "profile": "quick" if quick else "full",
                     "point": {"subscribers": subscribers, "publishers": publishers},

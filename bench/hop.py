@@ -50,10 +50,10 @@ from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
 from octopis.keys import Keys, connect_securely, make_keys
 from octopis.quotes import random_quotes, stock_subscriptions
+from octopis.settings import BrokerSettings, Links
 from octopis.topology import build_preset
 from octopis.transport.codec import Heartbeat, Hello, encode_peer
 from octopis.transport.peers import PEER_BATCH
-from octopis.transport.settings import BrokerSettings
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import NOTIFY
 
@@ -258,7 +258,7 @@ class HopBench:
         config = tmp / "broker.toml"
         # The harness plays the neighbours and sends them no heartbeats: detection off.
         config.write_text(
-            (settings or BrokerSettings(down_after=3600.0)).to_toml(changed_only=True)
+            (settings or BrokerSettings(links=Links(down_after=3600.0))).to_toml(changed_only=True)
         )
         keys_dir = make_keys(tmp / "keys", self.scot.endpoints_by_broker()) if curve else None
         self.keys = Keys(keys_dir) if keys_dir is not None else None
@@ -406,7 +406,7 @@ class HopBench:
         return incarnation
 
 
-NO_CUSTODY = BrokerSettings(down_after=3600.0, custody_limit=0)
+NO_CUSTODY = BrokerSettings(links=Links(down_after=3600.0, custody_limit=0))
 """The broker with custody off (what a link failure costs is then lost frames)."""
 
 

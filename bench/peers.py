@@ -70,8 +70,8 @@ from octopis.client import Connection, ConnectionGroup, Publisher, Received, Sub
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.filters.language import Predicate, Publication, Subscription
 from octopis.quotes import quotes_dir
+from octopis.settings import BrokerSettings
 from octopis.topology import Scot, build_preset, build_scot
-from octopis.transport.settings import BrokerSettings
 from octopis.workload import SubscriptionEvent, Workload, generate_workload
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,15 +17,15 @@ from typing import Any
 
 from octopis.failure_schedule import Failure
 from octopis.quotes import quotes_dir
-from octopis.transport.settings import BrokerSettings
+from octopis.settings import BrokerSettings, Links, Routing
 from octopis.workload import Workload, read_workload
 
 log = logging.getLogger("bench.profiles")
 MODES = ("snr", "dnr", "bid")
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "dnr-bluedove": ("dnr", {"order": "bluedove"}),
+    "dnr-bluedove": ("dnr", {"lst": {"order": "bluedove"}}),
 }
-"""Runs beyond the three modes: label → (routing mode, settings it changes)."""
+"""Runs beyond the three modes: label → (routing mode, settings it changes by section)."""
 RUNS = (*MODES, *VARIANTS)
 SIMULATED = ("sim-burst", "sim-publishers", "sim-subscribers")
 """Profiles run in the calibrated simulator (:mod:`bench.sim_experiments`)."""
@@ -44,7 +44,9 @@ class Profile:
     """(subscribers, publishers) of each point, subsets of the built workload."""
     note: str
     hrp: dict[str, Any] = field(default_factory=dict)
-    settings: BrokerSettings = field(default_factory=lambda: BrokerSettings(covering="off"))
+    settings: BrokerSettings = field(
+        default_factory=lambda: BrokerSettings(routing=Routing(covering="off"))
+    )
     """The brokers' settings; covering off throughout: the paper's SBP."""
     sample_every: float | None = None
     selectivity: float | None = None
@@ -107,7 +109,9 @@ PROFILES: dict[str, dict[str, Profile]] = {
             "broker limited to 300 sends/s (paper: 5,000 subscribers, 100 "
             "publishers, HRP 100,000 at 60,000–100,000/min)",
             hrp={"notifications": 3000, "rate": 12000.0, "interest": 0.002, "start": 5.0},
-            settings=BrokerSettings(broker_capacity=300.0, covering="off"),
+            settings=BrokerSettings(
+                links=Links(broker_capacity=300.0), routing=Routing(covering="off")
+            ),
             sample_every=0.5,
             modes=RUNS,
         ),
@@ -121,7 +125,9 @@ PROFILES: dict[str, dict[str, Profile]] = {
             "paper; HRP 12,000 at 24,000/min (paper: 100,000 at 100,000/min), "
             "every broker limited to 800 sends/s",
             hrp={"notifications": 12000, "rate": 24000.0, "interest": 0.002, "start": 10.0},
-            settings=BrokerSettings(broker_capacity=800.0, covering="off"),
+            settings=BrokerSettings(
+                links=Links(broker_capacity=800.0), routing=Routing(covering="off")
+            ),
             sample_every=0.5,
             modes=RUNS,
         ),

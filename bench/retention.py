@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,8 @@ import psutil
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
+from octopis.settings import BrokerSettings
 from octopis.topology import build_scot, complete_factor
-from octopis.transport.settings import BrokerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 EDGE, TRANSIT, READER = "a:0", "b:0", "c:0"
@@ -98,7 +97,7 @@ def _round(count: int, retention: bool) -> dict[str, Any]:
         path.write_text(json.dumps(scot.to_json()))
         settings = BrokerSettings()
         if not retention:
-            settings = replace(settings, retention_age=0.0)
+            settings = settings.changed({"retention": {"max_age": 0.0}})
         cluster = LocalCluster(scot, path, "snr", run_dir, settings, secure=False)
         cluster.spawn()
         try:

@@ -34,7 +34,7 @@ import psutil
 from octopis.accounting import distribution
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
-from octopis.transport.settings import BrokerSettings
+from octopis.settings import BrokerSettings
 
 SYMBOLS = 20
 READERS = ("a:1", "b:0", "b:2", "c:0", "c:2", "d:1", "e:0", "e:2", "f:0", "f:2")
@@ -169,7 +169,7 @@ async def _scenario(cluster: LocalCluster, notifications: int, slow: bool) -> di
         "readers": dict(counts),
         "reader_delay_s": distribution(delays),
         "rss_mb": {k: round(v / 2**20, 1) for k, v in sorted(peak.items())},
-        "broker_budget_mb": BrokerSettings().memory_budget_mb,
+        "broker_budget_mb": BrokerSettings().memory.budget_mb,
         "never_reads": ended,
         "slow_host_counters": {
             k: v for k, v in slow_stats.items() if k.startswith(("clients_", "slow", "undeliv"))
@@ -231,7 +231,7 @@ def table(with_slow: dict[str, Any], baseline: dict[str, Any]) -> str:
         "",
         "`python -m bench.slow_consumer` (fig2, DNR, keys off, default settings: "
         f"broker memory budget {with_slow['broker_budget_mb']} MB, slow policy "
-        f"`{BrokerSettings().slow_policy}`).",
+        f"`{BrokerSettings().clients.slow_policy}`).",
         "",
         "| | with the never-reading subscriber | without (baseline) |",
         "|---|---|---|",

@@ -31,8 +31,8 @@ from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.gateway.headers import publication_of
 from octopis.gateway.selector import SelectorError, parse, selects
 from octopis.quotes import read_quote_dir
+from octopis.settings import BrokerSettings
 from octopis.topology import PORTS_PER_BROKER, build_scot, complete_factor, with_stomp
-from octopis.transport.settings import BrokerSettings
 
 TOPIC = "/topic/STOCK"
 SAME = [

@@ -31,8 +31,8 @@ from typing import Any
 from octopis.cluster.launcher import find_free_base_port
 from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.quotes import quotes_dir
+from octopis.settings import BrokerSettings
 from octopis.topology import build_preset
-from octopis.transport.settings import BrokerSettings
 from octopis.workload import generate_workload
 
 ROOT = Path(__file__).resolve().parents[1]

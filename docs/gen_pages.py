@@ -4,7 +4,7 @@ source of truth:
 - ``reference/cli/<program>.md``: the ``--help`` of every command and subcommand, from
   the argparse parsers the programs themselves use;
 - ``reference/settings.md``: every broker setting with its default and meaning, from the
-  settings table (``octopis.transport.settings``) and the docstrings of the fields it sets;
+  settings types of ``octopis.settings`` (one per section) and their fields' docstrings;
 - ``figures/<preset>.svg``: the shipped topologies drawn by ``octopis-topology draw``;
 - ``benchmarks.md`` and ``changelog.md``: ``bench/RESULTS.md`` (with the plots it shows)
   and ``CHANGELOG.md``.
@@ -21,11 +21,12 @@ import itertools
 import os
 import re
 import tempfile
+import textwrap
 from collections.abc import Callable, Iterator
-from dataclasses import fields
 from pathlib import Path
 
 import mkdocs_gen_files
+import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 HELP_COLUMNS = "82"
@@ -91,19 +92,24 @@ def write_cli_pages() -> None:
 
 
 def attribute_docstrings(cls: type) -> dict[str, str]:
-    """The docstring written under each annotated attribute of ``cls``'s body."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, after in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    """The docstring written under each annotated attribute of ``cls``'s body and of its
+    bases' (a field a class declares again takes its own)."""
+    docs: dict[str, str] = {}
+    for owner in reversed(cls.__mro__[:-1]):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(owner)))
+        except (OSError, TypeError):  # a base without source of its own (msgspec.Struct)
+            continue
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, after in itertools.pairwise(body):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
 
@@ -113,74 +119,68 @@ def markdown_of_docstring(text: str) -> str:
     return text.replace("``", "`").replace("\n", " ").replace("|", "\\|")
 
 
-def settings_page() -> str:
-    """Every ``[table] key`` a settings file may hold, with its default and meaning."""
-    from octopis.filters.limits import InputLimits
-    from octopis.transport import settings
+def value_kind(kind: msgspec.inspect.Type) -> str:
+    """What a key of msgspec type ``kind`` takes, as the settings page says it."""
+    if isinstance(kind, msgspec.inspect.LiteralType):
+        return "one of " + ", ".join(f'`"{word}"`' for word in kind.values)
+    name = "integer" if isinstance(kind, msgspec.inspect.IntType) else "number"
+    return f"{name} ≥ {kind.ge:g}"  # type: ignore[attr-defined]
 
+
+def settings_page() -> str:
+    """Every ``[section] key`` a settings file may hold, with its default and meaning: the
+    fields of the section's settings type, their defaults, annotations and docstrings."""
+    from octopis import settings
+
+    sections = msgspec.inspect.type_info(settings.BrokerSettings).fields  # type: ignore[attr-defined]
     defaults = settings.BrokerSettings()
-    meanings = attribute_docstrings(settings.BrokerSettings)
-    meanings |= {f"limits.{name}": doc for name, doc in attribute_docstrings(InputLimits).items()}
-    known = {f.name for f in fields(settings.BrokerSettings)} | {
-        f"limits.{f.name}" for f in fields(InputLimits)
-    }
-    rows: dict[str, list[str]] = {}
-    table = dict(settings._KEYS)
-    table |= {key: (name, None, None) for key, (name, _) in settings._CHOICES.items()}
-    for (section, key), (name, minimum, integer) in table.items():
-        if name not in known:
-            raise ValueError(f"settings key {section}.{key} sets no BrokerSettings field {name!r}")
-        if name not in meanings:
-            raise ValueError(
-                f"settings key {section}.{key} has no meaning: write a docstring under "
-                f"the field {name!r} it sets"
-            )
-        owner = defaults.limits if name.startswith("limits.") else defaults
-        default = getattr(owner, name.removeprefix("limits."))
-        if integer is None:
-            words = dict(settings._CHOICES)[(section, key)][1]
-            kind = "one of " + ", ".join(f'`"{w}"`' for w in words)
-            shown = f'`"{default}"`'
-        else:
-            kind = f"{'integer' if integer else 'number'} ≥ {minimum:g}"
-            shown = f"`{default!r}`"
-        rows.setdefault(section, []).append(
-            f"| `{key}` | {shown} | {kind} | {markdown_of_docstring(meanings[name])} |"
-        )
+    example = defaults.lst
     lines = [
         "# Broker settings",
         "",
         "A broker reads its settings from a TOML file: `octopis up --config FILE`, "
         "`octopis run --config FILE` or `octopis-broker --config FILE`. Every key may be "
         "left out; a key or table the broker does not know, or a value out of range, is "
-        "refused with its name. This page is generated from the settings table itself.",
+        "refused with its name. This page is generated from the settings types "
+        "themselves (`octopis.settings`): one per section, whose fields are its keys.",
         "",
         "```toml",
         "[lst]",
-        "window = 0.05",
-        "queue_threshold = 10",
+        f"window = {example.window!r}",
+        f"queue_threshold = {example.queue_threshold!r}",
         "",
         "[links.capacities]   # messages/s on single directed links",
         '"b:2>b:0" = 200',
         "```",
         "",
     ]
-    for section, section_rows in rows.items():
+    for section in sections:
+        owner = section.type.cls
+        meanings = attribute_docstrings(owner)
+        rows, tables = [], []
+        for key in section.type.fields:
+            if key.name not in meanings:
+                raise ValueError(
+                    f"settings key {section.name}.{key.name} has no meaning: write a "
+                    f"docstring under its field in {owner.__name__}"
+                )
+            meaning = markdown_of_docstring(meanings[key.name])
+            if isinstance(key.type, msgspec.inspect.DictType):
+                tables += [f"### `[{section.name}.{key.name}]`", "", meaning, ""]
+                continue
+            default = getattr(getattr(defaults, section.name), key.name)
+            shown = f'`"{default}"`' if isinstance(default, str) else f"`{default!r}`"
+            kind = value_kind(settings.key_type(section.name, key.name))
+            rows.append(f"| `{key.name}` | {shown} | {kind} | {meaning} |")
         lines += [
-            f"## `[{section}]`",
+            f"## `[{section.name}]`",
             "",
             "| key | default | value | meaning |",
             "|---|---|---|---|",
-            *section_rows,
+            *rows,
             "",
+            *tables,
         ]
-        if section == "links":
-            lines += [
-                "### `[links.capacities]`",
-                "",
-                markdown_of_docstring(meanings["capacities"]),
-                "",
-            ]
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
 """Defaults that more than one layer reads, each defined once here (DESIGN §2): the
-broker's settings (``transport.settings``), the SDK and the simulator take them from this
+broker's settings (``octopis.settings``), the SDK and the simulator take them from this
 module, so a simulated broker or client behaves as a real one does by default."""
 
 from __future__ import annotations
@@ -9,6 +9,12 @@ CLIENT_LIVENESS = 1.5
 CLIENT_TIMEOUT = 10.0
 """Seconds of a client's silence after which its broker drops it and withdraws its
 subscriptions (``[clients] timeout``)."""
+DOWN_AFTER = 1.0
+"""Seconds of a neighbour's silence after which a broker takes it for down
+(``[links] down_after``; the simulator's failure detection)."""
+RETAIN = 1.0
+"""Seconds a broker keeps acknowledged notifications after sending them, for re-routing
+after a failure (``[links] retain``; the simulator's senders alike)."""
 CUSTODY_LIMIT = 10_000
 """Messages a broker holds per neighbour, in custody or held for its return
 (``[links] custody_limit``)."""
@@ -18,6 +24,20 @@ PUBLICATION_HOLD = 10_000
 SUBSCRIPTIONS_PER_CLIENT = 10_000
 """Subscriptions one client may hold at one broker (``[limits]
 subscriptions_per_client``); one more is refused."""
+REPLAY_ROUNDS = 1000
+"""Replay requests one broker takes part in at once (``[retention] replay_rounds``)."""
+COMPOSITE_HELD = 10_000
+"""Publications the join of one composite subscription keeps (``[composite]
+max_held``)."""
+COMPOSITE_LATENESS = 5.0
+"""Seconds a publication may take to a composite's host and still be joined
+(``[composite] lateness``)."""
+DRAIN_TIMEOUT = 30.0
+"""Seconds a workload run waits without a delivery before it stops waiting
+(``octopis run --drain-timeout``)."""
+SELECTOR_SUBSCRIPTIONS = 16
+"""PADRES subscriptions one STOMP selector may become (``[stomp]
+selector_subscriptions``)."""
 REPLAY_BUDGET = 3.0
 """Seconds the host of a replay waits for every broker's answer (``[retention]
 replay_budget``)."""

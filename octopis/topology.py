@@ -77,7 +77,7 @@ class Neighbour:
 
 
 @dataclass(frozen=True)
-class Broker:
+class BrokerInfo:
     """One SCOT node with the labels a broker knows about itself (§4.3)."""
 
     id: str
@@ -159,7 +159,7 @@ class Scot:
     name: str
     tree: Tree
     clusters: int
-    brokers: dict[str, Broker] = field(repr=False)
+    brokers: dict[str, BrokerInfo] = field(repr=False)
 
     @cached_property
     def acyclic(self) -> nx.Graph:
@@ -186,7 +186,7 @@ class Scot:
         """Region labels in the acyclic factor's vertex order."""
         return list(self.tree.vertices)
 
-    def broker(self, region: str, cluster: int) -> Broker:
+    def broker(self, region: str, cluster: int) -> BrokerInfo:
         """The broker B(region, cluster)."""
         return self.brokers[broker_id(region, cluster)]
 
@@ -475,7 +475,7 @@ def _label_scot(
         nid = broker_id(region, cluster)
         return Neighbour(nid, link, role, region_type[region], cluster, region)
 
-    brokers: dict[str, Broker] = {}
+    brokers: dict[str, BrokerInfo] = {}
     index = 0
     for cluster in range(clusters):
         for region in tree.vertices:
@@ -492,7 +492,7 @@ def _label_scot(
                 turn = cluster if place == "cluster" else region_index[region]
                 where = names[turn % len(names)]
                 address = hosts[where]
-            brokers[bid] = Broker(
+            brokers[bid] = BrokerInfo(
                 id=bid,
                 region=region,
                 cluster=cluster,
@@ -529,7 +529,7 @@ def topology_from_json(data: Any, source: str = "topology") -> Scot:
     listed = data["brokers"]
     if not isinstance(listed, list):
         raise TopologyError(f"{source}: 'brokers' must be a list")
-    seen: dict[str, Broker] = {}
+    seen: dict[str, BrokerInfo] = {}
     for entry in listed:
         broker = _broker_from_json(entry, scot, source)
         if broker.id in seen:
@@ -597,7 +597,7 @@ def _preset_dir():  # importlib Traversable
     return resources.files("octopis.presets")
 
 
-def _broker_from_json(entry: Any, scot: Scot, source: str) -> Broker:
+def _broker_from_json(entry: Any, scot: Scot, source: str) -> BrokerInfo:
     if not isinstance(entry, dict) or "id" not in entry:
         raise TopologyError(f"{source}: broker entry {entry!r:.60} has no 'id'")
     bid = entry["id"]
@@ -649,7 +649,7 @@ def _broker_from_json(entry: Any, scot: Scot, source: str) -> Broker:
         if problem := host_name_problem(host):
             raise TopologyError(f"{source}: broker {bid!r} {problem}")
         endpoints["host"] = host
-    return Broker(
+    return BrokerInfo(
         id=bid,
         region=expected.region,
         cluster=expected.cluster,

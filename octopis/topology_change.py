@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import networkx as nx
 
-from octopis.topology import PORTS_PER_BROKER, Broker, Scot, TopologyError, build_scot
+from octopis.topology import PORTS_PER_BROKER, BrokerInfo, Scot, TopologyError, build_scot
 
 
 def add_cluster(scot: Scot) -> Scot:
@@ -96,7 +96,7 @@ def _reshape(old: Scot, acyclic: nx.Graph, clusters: int) -> Scot:
     """The SCOT of the new shape built afresh, old brokers' endpoints and hosts kept."""
     fresh = build_scot(acyclic, clusters, name=old.name)
     port = _highest_port(old) + 1
-    brokers: dict[str, Broker] = {}
+    brokers: dict[str, BrokerInfo] = {}
     for bid, broker in fresh.brokers.items():
         kept = old.brokers.get(bid)
         if kept is None:
@@ -127,7 +127,7 @@ def _highest_port(scot: Scot) -> int:
     return max(ports)
 
 
-def _nearest_old(old: Scot, broker: Broker) -> Broker:
+def _nearest_old(old: Scot, broker: BrokerInfo) -> BrokerInfo:
     """The old broker a new one runs beside: its region's broker of the nearest cluster
     (a new cluster), or its cluster's broker of the region it hangs from (a new region)."""
     if broker.region in old.acyclic:
@@ -137,7 +137,7 @@ def _nearest_old(old: Scot, broker: Broker) -> Broker:
     return old.broker(attach_to, broker.cluster)
 
 
-def _placed(broker: Broker, beside: Broker, port: int) -> Broker:
+def _placed(broker: BrokerInfo, beside: BrokerInfo, port: int) -> BrokerInfo:
     """``broker`` on ``beside``'s address and host, on four ports from ``port``."""
     address = urlsplit(beside.endpoint).hostname
     return replace(

@@ -137,7 +137,7 @@ class ReplayRequest(Request, tag="replay"):
     numbered after ``seq``, of any other publisher those published at or after ``after``;
     none published at or after ``until``. ``historic``: a window of the past (a historic,
     hybrid or durable subscription), waited for longer. Each store answers at most
-    ``max_count`` publications and ``max_bytes`` bytes (0: the brokers' bounds).
+    ``answer_max`` publications and ``answer_bytes`` bytes (0: the brokers' bounds).
     Answered at once with the request's id, then by ``replayed`` notices and a
     ``replay_done`` one."""
 
@@ -146,8 +146,8 @@ class ReplayRequest(Request, tag="replay"):
     after: Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)]
     until: Annotated[float, msgspec.Meta(ge=-MAX_TIME, le=MAX_TIME)] | None = None
     historic: bool = False
-    max_count: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] = 0
-    max_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] = 0
+    answer_max: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] = 0
+    answer_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] = 0
 
 
 class ClaimRequest(Request, tag="claim"):

@@ -218,6 +218,10 @@ def write_workload_tables(
         raise
 
 
+RATE_PER_MINUTE = 60.0
+"""Notifications per minute of each publisher of a generated workload, by default."""
+
+
 def generate_workload(
     scot: Scot,
     *,
@@ -225,7 +229,7 @@ def generate_workload(
     publishers: int,
     notifications: int,
     seed: int = 0,
-    rate_per_minute: float = 60.0,
+    rate_per_minute: float = RATE_PER_MINUTE,
     selectivity: float = 0.02,
     start_window: float = 5.0,
     hrp: HighRatePublisher | None = None,

@@ -25,8 +25,8 @@ from conditions import closing_control
 
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
 from octopis.keys import KEYS_ENV
+from octopis.settings import BrokerSettings
 from octopis.topology import build_scot, complete_factor
-from octopis.transport.settings import BrokerSettings
 
 SERVER_WORDS: dict[str, tuple[str, ...]] = {
     "processes": ("octopis", "activemq", "netns"),

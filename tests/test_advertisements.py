@@ -31,9 +31,9 @@ from octopis.failure_schedule import Failure
 from octopis.filters.covering import intersects
 from octopis.filters.language import Subscription, parse_publication, parse_subscription
 from octopis.matching import ReferenceMatcher
+from octopis.settings import BrokerSettings, Routing, load_settings
 from octopis.sim import InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import Scot, build_preset
-from octopis.transport.settings import BrokerSettings, load_settings
 
 FIG2 = build_preset("fig2")
 LATENCY = LatencyModel(0.001, 0.0)
@@ -408,13 +408,19 @@ def test_advertisements_go_with_covering_and_not_with_bid() -> None:
 
 def test_the_setting_reads_back(tmp_path: Path) -> None:
     path = tmp_path / "broker.toml"
-    path.write_text(BrokerSettings(advertisements="on").to_toml(changed_only=True))
+    path.write_text(BrokerSettings(routing=Routing(advertisements="on")).to_toml(changed_only=True))
     assert "advertisements = " in path.read_text()
-    assert load_settings(path).advertisements == "on"
-    assert BrokerSettings().advertisements == "off"
+    assert load_settings(path).routing.advertisements == "on"
+    assert BrokerSettings().routing.advertisements == "off"
     # covering is active by default, with advertisements on or off
-    assert (BrokerSettings().covering, load_settings(path).covering) == ("active", "active")
-    assert BrokerSettings(covering="active", advertisements="on").covering == "active"
+    assert (BrokerSettings().routing.covering, load_settings(path).routing.covering) == (
+        "active",
+        "active",
+    )
+    assert (
+        BrokerSettings(routing=Routing(covering="active", advertisements="on")).routing.covering
+        == "active"
+    )
     assert Simulator(FIG2, "snr", advertisements=True).covering == "active"
     assert Simulator(FIG2, "snr").covering == "active"
 
@@ -424,7 +430,9 @@ def test_the_setting_reads_back(tmp_path: Path) -> None:
 
 @pytest.fixture
 def fig2_advertising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(advertisements="on"))
+    yield from secure_fig2(
+        tmp_path, monkeypatch, BrokerSettings(routing=Routing(advertisements="on"))
+    )
 
 
 @pytest.mark.processes

@@ -27,8 +27,8 @@ from octopis.balance.loop import Balancer
 from octopis.balance.plans import (
     BrokerLoad,
     LoadState,
-    Move,
     Plan,
+    PlannedMove,
     coefficient_of_variation,
     dynamic_migration,
     high_load_plan,
@@ -41,8 +41,8 @@ from octopis.balance.plans import (
 from octopis.balance.policy import BalanceOptions, Elasticity, SubscriberLoads, make_plan
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
+from octopis.settings import BrokerSettings, Load, Routing
 from octopis.topology import build_preset
-from octopis.transport.settings import BrokerSettings
 
 
 @st.composite
@@ -64,7 +64,7 @@ def load_states(draw: st.DrawFn) -> LoadState:
     return LoadState(brokers, loads, hosts)
 
 
-def replay(state: LoadState, plan: Plan) -> list[tuple[LoadState, Move]]:
+def replay(state: LoadState, plan: Plan) -> list[tuple[LoadState, PlannedMove]]:
     """Each move with the state it was made in; the last state must be the plan's."""
     steps = []
     for move in plan.moves:
@@ -378,7 +378,9 @@ def test_a_skewed_cluster_balances_inside_itself_first() -> None:
 @pytest.fixture
 def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     # moves by adoption inside a cluster: the paper's SBP (covering off)
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=30, covering="off"))
+    yield from secure_fig2(
+        tmp_path, monkeypatch, BrokerSettings(load=Load(window=30), routing=Routing(covering="off"))
+    )
 
 
 @pytest.mark.processes
@@ -452,7 +454,9 @@ def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_it
 @pytest.fixture
 def fig2_quick_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     # moves by adoption inside a cluster: the paper's SBP (covering off)
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(load_window=2, covering="off"))
+    yield from secure_fig2(
+        tmp_path, monkeypatch, BrokerSettings(load=Load(window=2), routing=Routing(covering="off"))
+    )
 
 
 @pytest.mark.processes

@@ -21,10 +21,10 @@ from conditions import until
 from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
 from octopis.filters.language import parse_subscription
+from octopis.settings import BrokerSettings, Links, Lst
 from octopis.topology import Scot, build_preset
 from octopis.transport.broker import Broker, BrokerFailure
 from octopis.transport.codec import Heartbeat, Hello, encode_body, encode_peer
-from octopis.transport.settings import BrokerSettings
 from octopis.wire import NOTIFY
 
 
@@ -49,7 +49,7 @@ def test_the_brokers_lst_orders_as_its_settings_say(
 ) -> None:
     """``[lst] order = "bluedove"`` reaches the LST DNR routes with (and its stats rows)."""
     scot = build_preset("fig2", base_port=find_free_base_port(18))
-    broker = Broker(scot, "b:0", "dnr", BrokerSettings(order="bluedove"), keys=None)
+    broker = Broker(scot, "b:0", "dnr", BrokerSettings(lst=Lst(order="bluedove")), keys=None)
 
     async def report_the_order() -> None:
         rows = broker.lst.snapshot().values()
@@ -69,7 +69,7 @@ def test_routing_that_fails_before_taking_a_run_drops_it_counted(
     rest over again would fail the same way: the peer input counts the failure and the
     run's notifications as internal errors, and goes on with the next body."""
     scot = build_preset("fig2", base_port=find_free_base_port(18))
-    broker = Broker(scot, "b:0", "snr", BrokerSettings(down_after=3600.0), keys=None)
+    broker = Broker(scot, "b:0", "snr", BrokerSettings(links=Links(down_after=3600.0)), keys=None)
 
     def broken_routing(sender: str, run: object, now: float) -> None:
         raise RuntimeError("routing broke")
@@ -105,7 +105,7 @@ def test_a_pass_past_its_deadline_leaves_the_rest_of_a_run_for_the_next(
     left for the next pass (the index of the first is returned). Handed over pass after
     pass with the deadline always past, a run is routed whole, in order, once."""
     scot = build_preset("fig2", base_port=find_free_base_port(18))
-    broker = Broker(scot, "b:0", "snr", BrokerSettings(down_after=3600.0), keys=None)
+    broker = Broker(scot, "b:0", "snr", BrokerSettings(links=Links(down_after=3600.0)), keys=None)
     routed: list[list[int]] = []
     passes: list[int] = []
     taken: list[int] = []
@@ -227,7 +227,7 @@ def test_a_batch_from_a_neighbour_loses_only_its_bad_bodies(tmp_path: Path) -> N
     path = tmp_path / "fig2.json"
     path.write_text(json.dumps(scot.to_json()))
     config = tmp_path / "broker.toml"
-    config.write_text(BrokerSettings(down_after=3600.0).to_toml(changed_only=True))
+    config.write_text(BrokerSettings(links=Links(down_after=3600.0)).to_toml(changed_only=True))
     good = [_quote(seq) for seq in range(1, 6)]
     heartbeat = encode_peer("a:0", Heartbeat(PLAYED, 0, 0, True))[1]
     bodies = [

@@ -42,9 +42,9 @@ from octopis.core import Notification
 from octopis.filters.language import as_subscription
 from octopis.keys import KEYS_ENV
 from octopis.overlay import STATE_FILE
+from octopis.settings import BrokerSettings, Clients, Links, Routing
 from octopis.topology import build_preset
 from octopis.transport.codec import encode_body
-from octopis.transport.settings import BrokerSettings
 from octopis.wire import LEFT_AT, pack
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,7 +54,7 @@ CLIENT_TIMEOUT = 2.0
 
 
 MOVE_SETTINGS = BrokerSettings(
-    client_timeout=CLIENT_TIMEOUT, client_move_timeout=6.0, covering="off"
+    clients=Clients(timeout=CLIENT_TIMEOUT, move_timeout=6.0), routing=Routing(covering="off")
 )
 """Moves by adoption inside a cluster: the paper's SBP (covering off; with covering the
 SDK subscribes afresh, as across clusters)."""
@@ -67,7 +67,9 @@ one worker; each starts once every table is empty again."""
 
 @pytest.fixture
 def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(client_timeout=CLIENT_TIMEOUT))
+    yield from secure_fig2(
+        tmp_path, monkeypatch, BrokerSettings(clients=Clients(timeout=CLIENT_TIMEOUT))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -588,7 +590,9 @@ def fig2_stalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loc
     """fig2 for moves amid stalls: links declared down after 3 s (a stall of 0.9 s stays a
     client-side fail-over, not a link failure); covering off, for moves by adoption."""
     settings = BrokerSettings(
-        client_timeout=3.0, client_move_timeout=6.0, down_after=3.0, covering="off"
+        clients=Clients(timeout=3.0, move_timeout=6.0),
+        links=Links(down_after=3.0),
+        routing=Routing(covering="off"),
     )
     yield from secure_fig2(tmp_path, monkeypatch, settings)
 

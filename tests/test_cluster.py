@@ -31,9 +31,9 @@ from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.core import Notification
 from octopis.failure_schedule import Failure
 from octopis.filters.language import parse_subscription
+from octopis.settings import BrokerSettings, Links
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import encode_peer
-from octopis.transport.settings import BrokerSettings
 from octopis.workload import HighRatePublisher, Workload, generate_workload
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
@@ -68,7 +68,7 @@ def no_leftover_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     assert not left, f"broker processes left behind: {sorted(left)}"
 
 
-QUIET_LINKS = BrokerSettings(heartbeat=0.5, down_after=2.5)
+QUIET_LINKS = BrokerSettings(links=Links(heartbeat=0.5, down_after=2.5))
 """Heartbeats every 0.5 s instead of 0.2 s, for runs in which no broker fails: on 75 idle
 brokers the heartbeats of the default cost half a core (0.86 → 0.39 cores measured), and
 failure detection is not what those runs check (it is, at the defaults, in the kill run
@@ -187,7 +187,7 @@ def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:
         run_dir=run_dir,
         progress=False,
         drain_timeout=30,
-        settings=BrokerSettings(broker_capacity=250.0),
+        settings=BrokerSettings(links=Links(broker_capacity=250.0)),
         sample_every=0.5,
     )
     report = WorkloadRun(scot, path, workload, options).run()

@@ -42,7 +42,7 @@ from octopis.filters.composite import (
 from octopis.filters.language import FilterError, Predicate, parse_subscription
 from octopis.keys import KEYS_ENV
 from octopis.quotes import quotes_dir, read_quote_file
-from octopis.transport.settings import BrokerSettings, settings_from_data
+from octopis.settings import BrokerSettings, settings_from_data
 
 TRADES_AND_QUOTES = (
     "{[class,eq,'TRADE'],[symbol,eq,$S]} & "
@@ -423,7 +423,7 @@ def test_a_repeat_completes_nothing() -> None:
 
 def test_the_settings() -> None:
     s = settings_from_data({"composite": {"max_held": 50, "lateness": 0.5}})
-    assert (s.composite_held, s.composite_lateness) == (50, 0.5)
+    assert (s.composite.max_held, s.composite.lateness) == (50, 0.5)
     assert "[composite]\nmax_held = 50\nlateness = 0.5\n" in s.to_toml(changed_only=True)
 
 

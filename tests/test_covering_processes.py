@@ -28,10 +28,10 @@ from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.failure_schedule import Failure
 from octopis.filters.language import parse_subscription
-from octopis.transport.settings import BrokerSettings
+from octopis.settings import BrokerSettings, Routing
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
-COVERING = BrokerSettings(covering="active")
+COVERING = BrokerSettings(routing=Routing(covering="active"))
 
 
 @pytest.mark.parametrize("mode", ["snr", "dnr"])
@@ -73,7 +73,7 @@ def test_a_restarted_broker_under_covering_loses_no_subscriber_anything(tmp_path
         )
 
 
-BOTH = BrokerSettings(covering="active", advertisements="on")
+BOTH = BrokerSettings(routing=Routing(covering="active", advertisements="on"))
 VICTIM = "c:0"
 """The broker killed and restarted: an inner one (regions b, d and e lie beyond it)."""
 SUBSCRIPTIONS = [

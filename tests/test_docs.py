@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from octopis.cluster.launcher import find_free_base_port
+from octopis.settings import every_key
 from octopis.topology import PORTS_PER_BROKER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -273,10 +274,8 @@ def test_the_site_builds_strictly(site: Path) -> None:
         text = page_text(site / "reference" / "cli" / program / "index.html")
         for parser in subcommands(build()):
             assert f"usage: {parser.prog}" in text, parser.prog
-    from octopis.transport import settings
-
     text = page_text(site / "reference" / "settings" / "index.html")
-    for section, key in [*settings._KEYS, *settings._CHOICES]:
+    for section, key in every_key():
         assert f"[{section}]" in text and key in text, (section, key)
     for preset in ("fig2", "paper75"):
         assert (site / "figures" / f"{preset}.svg").stat().st_size > 1000

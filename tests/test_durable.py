@@ -31,10 +31,10 @@ from octopis.core.replay import Replay
 from octopis.defaults import LOOKBACK
 from octopis.filters.language import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
+from octopis.settings import BrokerSettings, Clients, Retention
 from octopis.transport.codec import encode_body
 from octopis.transport.replaying import _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
-from octopis.transport.settings import BrokerSettings
 
 # -- the records' rules ------------------------------------------------------------------
 
@@ -84,7 +84,7 @@ def test_ending_a_durable_forgets_it_and_a_move_is_not_an_end() -> None:
 
 
 def _store(tmp_path: Path) -> RetentionStore:
-    return RetentionStore(tmp_path / "r.sqlite", 2**30, 3600.0, _decode_kept)
+    return RetentionStore(tmp_path / "r.sqlite", Retention(max_bytes=2**30), _decode_kept)
 
 
 def _fill(store: RetentionStore, publications: list[Publication], start: float) -> None:
@@ -118,7 +118,7 @@ def test_a_store_answers_a_window_page_by_page_exactly_as_the_reference_matcher(
         pages.append([n.seq for n in answer.page(7)])
     assert len(pages) > 10 and [s for page in pages for s in page] == expected
     assert not answer.truncated and answer.gaps == []
-    cut = StoreAnswer(store, Replay("r", "a:0", (text,), (), 0.0, 30.0, max_count=5), 0, 0)
+    cut = StoreAnswer(store, Replay("r", "a:0", (text,), (), 0.0, 30.0, answer_max=5), 0, 0)
     every = [s for s in range(1, 601) if reference.matches(quotes[s - 1])]
     assert [n.seq for n in cut.page(1000)] == every[:5]
     assert cut.done and cut.truncated
@@ -163,7 +163,9 @@ KILLED_FOR = 30.0
 def overlay(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[LocalCluster]:
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(client_timeout=2.0), request.param)
+    yield from secure_fig2(
+        tmp_path, monkeypatch, BrokerSettings(clients=Clients(timeout=2.0)), request.param
+    )
 
 
 class DurableProcess:

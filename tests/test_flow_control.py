@@ -13,7 +13,7 @@ from conditions import accounting, closing_control, reader_on, tables_hold, unti
 
 from octopis.client import Connection, DroppedError, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
-from octopis.transport.settings import BrokerSettings
+from octopis.settings import BrokerSettings, Clients, Links, Memory, Routing
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -31,8 +31,12 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     acknowledgements from a:0, whose custody fills, whose publisher runs out of credit:
     the publisher is slowed, nothing is dropped, the subscriber on c:0 gets every
     notification exactly once."""
-    limits = {"queue_limit": 100} if trigger == "queue_limit" else {"memory_budget_mb": 1}
-    settings = BrokerSettings(capacities={"b:0>c:0": 250.0}, custody_limit=50, retain=0.0, **limits)
+    queue = {"queue_limit": 100} if trigger == "queue_limit" else {}
+    budget = {"budget_mb": 1} if trigger == "memory_budget" else {}
+    settings = BrokerSettings(
+        links=Links(capacities={"b:0>c:0": 250.0}, custody_limit=50, retain=0.0, **queue),
+        memory=Memory(**budget),
+    )
     cluster = line_of(settings)
     scot = cluster.scot
     total = 2500
@@ -63,8 +67,8 @@ def test_a_slow_link_slows_the_publisher_two_hops_back(
     assert b0[episodes] >= 1
     assert b0["backpressure.acks_withheld"] > 0
     assert stats["a:0"]["custody"]["b:0"]["times_full"] > 0  # a:0 was held back
-    held_from = settings.queue_limit if trigger == "queue_limit" else 0
-    bound = held_from + 2 * settings.custody_limit
+    held_from = settings.links.queue_limit if trigger == "queue_limit" else 0
+    bound = held_from + 2 * settings.links.custody_limit
     assert stats["b:0"]["queue_seen"]["max"] <= bound
     # a:0's backlog for b:0 left in batches; the paced b:0 -> c:0 sends a frame a message
     held_back, paced = stats["a:0"]["batches"]["b:0"], stats["b:0"]["batches"]["c:0"]
@@ -118,7 +122,7 @@ def _slow_consumer_run(
     return got, slow_seqs, ended, connection, stats
 
 
-SLOW = {"client_sndhwm": 200, "client_backlog_limit": 800}
+SLOW = {"sndhwm": 200, "backlog_limit": 800}
 """A small allowance per client connection, so that a few thousand notifications fill it
 (a second of the test's rate for the reader)."""
 
@@ -165,7 +169,7 @@ def test_a_slow_subscriber_is_disconnected_with_its_reason(
     reaches the limit, its subscription withdrawn; its stream ends with that reason after
     what was already on its way; the reader beside it loses nothing."""
     total = 5000
-    cluster = line_of(BrokerSettings(**SLOW, covering="off"))
+    cluster = line_of(BrokerSettings(clients=Clients(**SLOW), routing=Routing(covering="off")))
     got, slow_seqs, ended, _, stats = _slow_consumer_run(cluster, total)
     assert len(got) == total and set(got.values()) == {1}
     assert ended is not None and "slow consumer" in ended and "clients.backlog_limit" in ended
@@ -181,7 +185,11 @@ def test_a_slow_subscriber_loses_its_oldest_with_a_count(
     """drop_oldest: the slow subscriber stays subscribed; what it receives plus what the
     broker reports dropped is exactly what was published; the reader loses nothing."""
     total = 5000
-    cluster = line_of(BrokerSettings(**SLOW, slow_policy="drop_oldest", covering="off"))
+    cluster = line_of(
+        BrokerSettings(
+            clients=Clients(**SLOW, slow_policy="drop_oldest"), routing=Routing(covering="off")
+        )
+    )
     got, slow_seqs, ended, connection, stats = _slow_consumer_run(cluster, total)
     assert len(got) == total and set(got.values()) == {1}
     assert ended is None
@@ -201,7 +209,7 @@ def test_a_broker_short_of_delivery_capacity_queues_and_holds_its_neighbours_bac
     custody and the publisher is slowed. Nothing is dropped, nothing is reordered, and
     c:0's queue stays within the limit plus what one custody buffer can add."""
     settings = BrokerSettings(
-        delivery_capacity=300.0, delivery_queue_limit=100, custody_limit=50, retain=0.0
+        clients=Clients(capacity=300.0, queue_limit=100), links=Links(custody_limit=50, retain=0.0)
     )
     cluster = line_of(settings)
     total = 1500
@@ -240,4 +248,4 @@ def test_a_broker_short_of_delivery_capacity_queues_and_holds_its_neighbours_bac
     assert c0["counters"]["backpressure.episodes"] >= 1
     assert c0["counters"]["backpressure.acks_withheld"] > 0
     assert stats["a:0"]["custody"]["b:0"]["times_full"] > 0
-    assert 100 <= c0["deliveries_waiting_max"] <= 100 + 2 * settings.custody_limit
+    assert 100 <= c0["deliveries_waiting_max"] <= 100 + 2 * settings.links.custody_limit

@@ -28,8 +28,8 @@ from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import Notification, Subscribe, SubState, Unsubscribe
 from octopis.filters.language import parse_subscription
+from octopis.settings import BrokerSettings, Limits
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
-from octopis.transport.settings import BrokerSettings
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
 
@@ -279,7 +279,7 @@ def test_oversized_input_is_refused_naming_its_limit_and_nothing_is_kept(
     their sender the connection, peer frames with impossible numbers are counted as wire
     errors; b:0's RSS before and after each kind is printed, and all of them together
     leave it less than 20 MB larger (the issue saw +205 MB for ten big client names)."""
-    cluster = line_of(BrokerSettings(subscriptions_per_client=5))
+    cluster = line_of(BrokerSettings(limits=Limits(subscriptions_per_client=5)))
     target = cluster.scot.brokers["b:0"]
     process = psutil.Process(cluster.processes["b:0"].pid)
 

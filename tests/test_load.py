@@ -13,8 +13,8 @@ from conditions import accounting, closing_control, reader_on, tables_hold, unti
 
 from octopis.client import Publisher
 from octopis.cluster.launcher import LocalCluster
+from octopis.settings import BrokerSettings, Load, settings_from_data
 from octopis.transport.load import LoadMeter, LoadSample
-from octopis.transport.settings import BrokerSettings, settings_from_data
 
 
 def _sample(at: float, n: int, cpu: float, **clients: int) -> LoadSample:
@@ -41,7 +41,7 @@ def test_rates_are_counts_over_the_window_and_lr_is_output_over_capacity() -> No
 
 
 def test_measured_capacity_makes_lr_the_cpu_utilisation() -> None:
-    meter = LoadMeter(window=10)
+    meter = LoadMeter(window=10, capacity=0.0)
     meter.sample(_sample(0.0, 0, 0.0, a=0, b=0))
     meter.sample(_sample(2.0, 100, 0.5, a=300, b=100))
     report = meter.report()
@@ -65,11 +65,11 @@ def test_deliveries_to_a_client_gone_meanwhile_still_count_as_output() -> None:
 
 def test_load_settings_are_checked() -> None:
     settings = settings_from_data({"load": {"window": 30, "capacity": 5000}})
-    assert (settings.load_window, settings.load_capacity) == (30, 5000.0)
+    assert (settings.load.window, settings.load.capacity) == (30, 5000.0)
     with pytest.raises(ValueError, match=r"load\.window"):
         settings_from_data({"load": {"window": 0}})
     with pytest.raises(ValueError, match="≥ 1"):
-        LoadMeter(window=0)
+        LoadMeter(window=0, capacity=0.0)
 
 
 @pytest.mark.processes
@@ -79,7 +79,7 @@ def test_each_broker_counts_its_share_of_a_stream(
     """a:0 takes the publications, b:0 relays them, c:0 delivers them to its one reader:
     over the window, each broker's counts (rate × window) are exactly the harness's."""
     total = 400
-    cluster = line_of(BrokerSettings(load_window=30))
+    cluster = line_of(BrokerSettings(load=Load(window=30)))
     got: Counter[int] = Counter()
 
     async def scenario() -> dict[str, dict]:

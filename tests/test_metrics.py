@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
-from octopis.transport.settings import BrokerSettings
+from octopis.settings import BrokerSettings
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -97,7 +97,7 @@ def test_every_broker_serves_metrics_that_agree_with_its_rpc(fig2: LocalCluster)
         assert m["octopis_broker_info"] == {(("broker", broker), ("mode", "dnr")): 1.0}
         assert m["octopis_routing_table_size"][()] == rpc["routing_table_size"] == 1
         assert m["octopis_matching_seconds_count"][()] >= rpc["matching"]["calls"]
-        assert rpc["gc"]["threshold"][0] == BrokerSettings().gc_young  # memory.gc_young
+        assert rpc["gc"]["threshold"][0] == BrokerSettings().memory.gc_young  # memory.gc_young
         assert rpc["gc"]["frozen"] > 0  # what the broker was built from is frozen
         assert m["octopis_notifications_in_total"][()] >= rpc["received"].get("notification", 0)
         links = {n.id for n in scot.brokers[broker].neighbours}

@@ -34,8 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
 from octopis.monitor import ROUTING_EVENTS, Monitor, overlay_totals
+from octopis.settings import BrokerSettings, Links
 from octopis.topology import Scot, build_preset
-from octopis.transport.settings import BrokerSettings
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 """The picture of the monitor in the docs, taken by the browser test."""
@@ -63,7 +63,9 @@ def paper75(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     run_dir = tmp_path_factory.mktemp("monitor75")
     scot, path = prepare_topology(run_dir, preset="paper75")
     settings = BrokerSettings(
-        heartbeat=0.5, down_after=2.5, capacities={f"{SLOW_LINK[0]}>{SLOW_LINK[1]}": 30}
+        links=Links(
+            heartbeat=0.5, down_after=2.5, capacities={f"{SLOW_LINK[0]}>{SLOW_LINK[1]}": 30}
+        )
     )
     cluster = LocalCluster(scot, path, "dnr", run_dir, settings, secure=False)
     cluster.spawn()

@@ -28,6 +28,7 @@ from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
+from octopis.settings import Retention
 from octopis.sim import LatencyModel, Simulator
 from octopis.topology import build_preset
 from octopis.transport.codec import encode_body
@@ -273,9 +274,9 @@ def _retained(count: int) -> list[Notification]:
     [
         {},
         {"until": 130.0},
-        {"max_count": 5},
+        {"answer_max": 5},
         {"since": (("P1", 0, 4), ("P2", 0, 9))},
-        {"until": 150.0, "max_count": 7, "since": (("P0", 0, 3),)},
+        {"until": 150.0, "answer_max": 7, "since": (("P0", 0, 3),)},
     ],
 )
 def test_the_simulator_answers_a_replay_as_the_process_store_does(
@@ -283,15 +284,17 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
 ) -> None:
     """The same retained publications and the same request, answered by the process's
     SQLite store and by the simulator's memory store: the same publications, the same
-    cut (``until``, ``since`` per publisher and session, ``max_count``)."""
+    cut (``until``, ``since`` per publisher and session, ``answer_max``)."""
     notes = _retained(60)
-    store = RetentionStore(tmp_path / "r.sqlite", 1 << 20, 3600.0, lambda body: _decode(body))
+    store = RetentionStore(
+        tmp_path / "r.sqlite", Retention(max_bytes=1 << 20), lambda body: _decode(body)
+    )
     for n in notes:
         store.add(n, encode_body(n), n.published_at)
     store.commit(200.0)
     request = Replay("r", "c:0", ("[x,<,4]",), window.get("since", ()), 110.0, 1.0,
                      until=window.get("until", float("inf")),
-                     max_count=window.get("max_count", 0))  # fmt: skip
+                     answer_max=window.get("answer_max", 0))  # fmt: skip
     answer = StoreAnswer(store, request, 0, 0)
     found = []
     while not answer.done:
@@ -300,7 +303,7 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
     sim.stores["c:0"] = notes
     simulated, truncated = sim._store_answer("c:0", request)
     assert [n.key for n in found] == [n.key for n in simulated]
-    assert answer.truncated == truncated == ("max_count" in window)
+    assert answer.truncated == truncated == ("answer_max" in window)
     assert found, "the request matches something"
     store.close()
 
@@ -312,7 +315,7 @@ def _decode(body: bytes) -> Notification:
 
 
 def test_answer_selection_cuts_at_bytes() -> None:
-    request = Replay("r", "c:0", ("[x,<,9]",), (), 0.0, 1.0, max_bytes=25)
+    request = Replay("r", "c:0", ("[x,<,9]",), (), 0.0, 1.0, answer_bytes=25)
     selection = AnswerSelection(request)
     notes = _retained(5)
     taken = [
@@ -361,8 +364,8 @@ def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path) ->
 
     from octopis.client import Publisher, Subscriber
     from octopis.cluster.launcher import LocalCluster, find_free_base_port
+    from octopis.settings import BrokerSettings
     from octopis.topology import build_scot, complete_factor
-    from octopis.transport.settings import BrokerSettings
 
     line = nx.path_graph(["a", "b", "c"])
     scot = build_scot(line, complete_factor(1), name="line", base_port=find_free_base_port(3))

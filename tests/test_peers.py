@@ -17,7 +17,7 @@ from conftest import secure_fig2
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
-from octopis.transport.settings import BrokerSettings
+from octopis.settings import BrokerSettings, Routing
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -27,7 +27,7 @@ NEIGHBOURS_OF_C0 = ("b:0", "d:0", "e:0", "c:1", "c:2")
 @pytest.fixture
 def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     # the paper's SBP (covering off): the tests read settling from equal table sizes
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(covering="off"))
+    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(routing=Routing(covering="off")))
 
 
 def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
@@ -78,7 +78,7 @@ def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
     before, after, silences, restarted = asyncio.run(closing_control(fig2, scenario()))
     print(f"detection: silent {min(silences):.2f}-{max(silences):.2f} s at the neighbours")
     assert len(silences) == len(NEIGHBOURS_OF_C0)
-    assert min(silences) >= BrokerSettings().down_after
+    assert min(silences) >= BrokerSettings().links.down_after
     assert len(before) == len(hosts) and after == before
     assert restarted["ready"] and restarted["routing_table_size"] == len(hosts)
     assert [k for k, n in got.items() if n != 1] == []
@@ -192,7 +192,9 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
     loaded machine its event loop woke from a 0.4 s sleep up to 0.45 s late and its
     collector's passes over the flood's 20,000 requests took up to 0.5 s (2 s once), so
     b:0's silence was then mostly the test's own."""
-    cluster = line_of(BrokerSettings(covering="off"))  # the flood reaches every table
+    cluster = line_of(
+        BrokerSettings(routing=Routing(covering="off"))
+    )  # the flood reaches every table
     scot = cluster.scot
     subscribers, each, published = 4, 5000, 10
     got: Counter[tuple[str, int]] = Counter()

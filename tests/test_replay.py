@@ -36,11 +36,11 @@ from octopis.core.replay import (
     ReplayRounds,
     sbp_targets,
 )
+from octopis.settings import BrokerSettings, Retention
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
 from octopis.transport.replaying import _decode_kept
 from octopis.transport.retention import RetentionStore
-from octopis.transport.settings import BrokerSettings
 from octopis.wire import REPLAY, REPLAY_ECHO, pack
 
 FIG2 = build_preset("fig2")
@@ -201,7 +201,8 @@ def test_a_replay_reaches_where_the_subscription_reaches_and_names_the_rest(
 
 
 def _store(path: Path, max_bytes: int = 1 << 20, max_age: float = 3600.0) -> RetentionStore:
-    return RetentionStore(path / "b.sqlite", max_bytes, max_age, _decode_kept)
+    retention = Retention(max_bytes=max_bytes, max_age=max_age)
+    return RetentionStore(path / "b.sqlite", retention, _decode_kept)
 
 
 def test_the_store_answers_what_matches_after_the_given_point(tmp_path: Path) -> None:
@@ -251,8 +252,11 @@ def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:
         from octopis.core.messages import Notification
         from octopis.transport.codec import encode_body
         from octopis.transport.replaying import _decode_kept
+        from octopis.settings import Retention
         from octopis.transport.retention import RetentionStore
-        store = RetentionStore(Path({str(tmp_path / "b.sqlite")!r}), 1 << 30, 3600.0, _decode_kept)
+        store = RetentionStore(
+            Path({str(tmp_path / "b.sqlite")!r}), Retention(max_bytes=1 << 30), _decode_kept
+        )
         for seq in range(1, 1001):
             n = Notification("P", seq, 5.0, {{"class": "STOCK", "price": 1.0}}, session=1)
             store.add(n, encode_body(n), 10.0)
@@ -270,7 +274,7 @@ def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:
 
 def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
     """Each field is checked and named."""
-    tail = [None, 0, 0, ""]  # until, max_count, max_bytes, claim
+    tail = [None, 0, 0, ""]  # until, answer_max, answer_bytes, claim
     echo_tail = [[], []]  # truncated, claimed
     bad = [
         (pack([REPLAY, "r", "a:0", ["[x,>"], [], 0.0, 3.0, 1, *tail]), "bad content"),
@@ -278,7 +282,7 @@ def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], "now", 3.0, 1, *tail]), "after"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 7, *tail]), "state"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, "x", 0, 0, ""]), "until"),
-        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, -1, 0, ""]), "max_count"),
+        (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, -1, 0, ""]), "answer_max"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, 0, 0, 5]), "claim"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1]), "8 fields, expected 12"),
         (pack([REPLAY_ECHO, "r", 1, [], [], [], [], 0, *echo_tail]), "seen flag"),

@@ -23,9 +23,9 @@ from octopis.client import Connection, ConnectionGroup, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.cluster.scale import change_overlay, relink_view
 from octopis.keys import Keys
+from octopis.settings import BrokerSettings, Links, Load, Routing
 from octopis.topology import Scot, build_preset
 from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
-from octopis.transport.settings import BrokerSettings
 
 SYMBOLS = 30
 SUBSCRIBERS = 300
@@ -35,7 +35,7 @@ RATE = 200.0
 @pytest.fixture
 def fig2_roomy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     # the paper's SBP (covering off): a new broker's table is checked to hold every subscription
-    settings = BrokerSettings(down_after=3.0, covering="off")
+    settings = BrokerSettings(links=Links(down_after=3.0), routing=Routing(covering="off"))
     yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
 
 
@@ -45,7 +45,11 @@ def fig2_short_of_capacity(
 ) -> Iterator[LocalCluster]:
     """fig2 whose brokers each count 60 messages/s as their capacity (load ratios over
     a 2 s window)."""
-    settings = BrokerSettings(down_after=3.0, load_window=2, load_capacity=60.0, covering="off")
+    settings = BrokerSettings(
+        links=Links(down_after=3.0),
+        load=Load(window=2, capacity=60.0),
+        routing=Routing(covering="off"),
+    )
     yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
 
 

@@ -24,8 +24,8 @@ from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core import Notification
 from octopis.filters.language import parse_publication
 from octopis.keys import KEYS_ENV, KeyPair, Keys, connect_securely
+from octopis.settings import BrokerSettings
 from octopis.transport.codec import Hello, encode_peer
-from octopis.transport.settings import BrokerSettings
 from octopis.wire import pack
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]

@@ -33,6 +33,7 @@ from octopis.gateway.headers import publication_of
 from octopis.gateway.selector import selects, translate
 from octopis.keys import KEYS_ENV, make_keys
 from octopis.quotes import read_quote_dir
+from octopis.settings import BrokerSettings, Clients, Routing, Stomp
 from octopis.topology import (
     PORTS_PER_BROKER,
     STOMP_PORTS,
@@ -41,7 +42,6 @@ from octopis.topology import (
     complete_factor,
     with_stomp,
 )
-from octopis.transport.settings import BrokerSettings
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -84,7 +84,7 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
     scot = _add_stomp(scot, path)
     keys = make_keys(tmp_path / "keys", scot.endpoints_by_broker())
     add_user(keys, USER, PASSCODE)
-    settings = BrokerSettings(covering="off")
+    settings = BrokerSettings(routing=Routing(covering="off"))
     cluster = LocalCluster(scot, path, "dnr", tmp_path, settings, keys=keys, stomp=True)
     cluster.spawn()
     monkeypatch.setenv(KEYS_ENV, str(keys))
@@ -257,7 +257,9 @@ def line(tmp_path: Path) -> Iterator[LocalCluster]:
     )
     path = tmp_path / "line.json"
     scot = _add_stomp(scot, path)
-    settings = BrokerSettings(stomp_heartbeat=500, client_timeout=0.5, covering="off")
+    settings = BrokerSettings(
+        stomp=Stomp(heartbeat=500), clients=Clients(timeout=0.5), routing=Routing(covering="off")
+    )
     cluster = LocalCluster(scot, path, "snr", tmp_path, settings, secure=False, stomp=True)
     cluster.spawn()
     try:

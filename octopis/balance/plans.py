@@ -105,8 +105,8 @@ class LoadState:
 
 
 @dataclass(frozen=True)
-class Move:
-    """Move ``subscriber`` from ``source`` to ``target`` (make-before-break)."""
+class PlannedMove:
+    """A planned move of ``subscriber`` from ``source`` to ``target`` (make-before-break)."""
 
     subscriber: str
     source: str
@@ -119,7 +119,7 @@ class Move:
 class Plan:
     """Moves in order, and the state they lead to (estimated)."""
 
-    moves: list[Move] = field(default_factory=list)
+    moves: list[PlannedMove] = field(default_factory=list)
     state: LoadState | None = None
     note: str = ""
     """Why the plan stopped where it did, when it could not reach its goal."""
@@ -266,7 +266,7 @@ def _first_movable(
     mean: float,
     scheme: str,
     similarity: Callable[[str, str], float] | None,
-) -> Move | None:
+) -> PlannedMove | None:
     """The heaviest subscriber of ``source`` with a valid destination, moved there."""
     peak = state.brokers[source].load
     for subscriber in state.on(source):
@@ -442,7 +442,7 @@ def place_subscribers(
     return placed
 
 
-def _move(state: LoadState, subscriber: str, target: str, reason: str) -> Move:
+def _move(state: LoadState, subscriber: str, target: str, reason: str) -> PlannedMove:
     source = state.hosts[subscriber]
     inside = state.brokers[source].cluster == state.brokers[target].cluster
-    return Move(subscriber, source, target, inside, reason)
+    return PlannedMove(subscriber, source, target, inside, reason)

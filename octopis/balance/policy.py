@@ -19,8 +19,8 @@ from octopis.balance.plans import (
     TARGET,
     BrokerLoad,
     LoadState,
-    Move,
     Plan,
+    PlannedMove,
     coefficient_of_variation,
     dynamic_migration,
     high_load_plan,
@@ -225,12 +225,12 @@ def load_sample(loads: dict[str, float], outputs: dict[str, float]) -> dict[str,
     }
 
 
-def collapse(moves: list[Move]) -> list[Move]:
+def collapse(moves: list[PlannedMove]) -> list[PlannedMove]:
     """One move per subscriber: the first the plan makes of it. A plan may move one
     subscriber on again as loads shift in its estimate; its first destination is the
     one chosen inside its cluster when one could take it, and the next round, on
     measured loads, moves it on if it must."""
-    first: dict[str, Move] = {}
+    first: dict[str, PlannedMove] = {}
     for move in moves:
         first.setdefault(move.subscriber, move)
     return list(first.values())

@@ -14,9 +14,9 @@ from octopis.cli import LOG_FORMATS, run_cli
 from octopis.core import MODES
 from octopis.gateway.credentials import CredentialsError
 from octopis.keys import Keys, KeysError
+from octopis.settings import ConfigError, load_settings
 from octopis.topology import TopologyError, load_topology
 from octopis.transport.retention import RetentionError
-from octopis.transport.settings import ConfigError, load_settings
 
 
 class UnknownBroker(ValueError):

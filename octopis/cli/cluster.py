@@ -36,7 +36,7 @@ def _run(run: argparse.ArgumentParser) -> None:
     from octopis.balance.plans import PLACEMENTS
     from octopis.balance.policy import PLANS, BalanceOptions
     from octopis.cli.sim import add_failure_options, add_topology_options, add_workload_options
-    from octopis.defaults import CLIENT_LIVENESS
+    from octopis.defaults import CLIENT_LIVENESS, DRAIN_TIMEOUT
 
     run.description = (
         "Start one broker process per node (ZeroMQ over TCP on this machine), "
@@ -59,9 +59,9 @@ def _run(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--drain-timeout",
         type=float,
-        default=30.0,
+        default=DRAIN_TIMEOUT,
         metavar="SECONDS",
-        help="give up waiting for deliveries after this long without one",
+        help="give up waiting for deliveries after this long without one (default %(default)g)",
     )
     run.add_argument(
         "--client-workers",
@@ -307,7 +307,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from octopis.cli.sim import failures_from_args, workload_from_args
     from octopis.cluster.launcher import prepare_topology
     from octopis.cluster.runner import RunOptions, WorkloadRun
-    from octopis.transport.settings import load_settings
+    from octopis.settings import load_settings
 
     mode = args.mode or (None if args.attach else DEFAULT_MODE)
     run_dir = (
@@ -387,8 +387,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     import asyncio
 
     from octopis.cluster.launcher import LocalCluster
+    from octopis.settings import load_settings
     from octopis.topology import load_topology
-    from octopis.transport.settings import load_settings
 
     scot = load_topology(args.topology)
     state = args.run_dir / STATE_FILE

@@ -16,7 +16,7 @@ USER_ERRORS: dict[str, tuple[str, ...]] = {
     "octopis.filters.language": ("FilterError",),
     "octopis.topology": ("TopologyError",),
     "octopis.workload": ("WorkloadError",),
-    "octopis.transport.settings": ("ConfigError",),
+    "octopis.settings": ("ConfigError",),
     "octopis.client.connection": ("BrokerError",),
     "octopis.overlay": ("OverlayError",),
     "octopis.keys": ("KeysError",),

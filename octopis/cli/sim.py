@@ -14,12 +14,18 @@ from octopis.cli.errors import UsageError
 from octopis.cli.report import render_report, write_deliveries
 from octopis.core import COVERING, DEFAULT_COVERING, MODES
 from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
+from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.sim import InjectedCongestion, LatencyModel, LinkModel, Simulator, TimedLinks
-from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN
 from octopis.sim.service import ServiceModel
 from octopis.topology import Scot, build_preset, load_topology, preset_names
-from octopis.workload import HighRatePublisher, Workload, generate_workload, read_workload
+from octopis.workload import (
+    RATE_PER_MINUTE,
+    HighRatePublisher,
+    Workload,
+    generate_workload,
+    read_workload,
+)
 
 
 def configure(command: str, p: argparse.ArgumentParser) -> None:
@@ -68,17 +74,17 @@ def configure(command: str, p: argparse.ArgumentParser) -> None:
     failures.add_argument(
         "--detection",
         type=float,
-        default=DEFAULT_DETECTION,
+        default=DOWN_AFTER,
         metavar="SECONDS",
-        help=f"time until a neighbour notices a failure (default {DEFAULT_DETECTION})",
+        help=f"time until a neighbour notices a failure (default {DOWN_AFTER})",
     )
     failures.add_argument(
         "--retain",
         type=float,
-        default=DEFAULT_RETAIN,
+        default=RETAIN,
         metavar="SECONDS",
         help="how long a sender keeps a copy it sent, for re-routing after a failure "
-        f"(default {DEFAULT_RETAIN})",
+        f"(default {RETAIN})",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
@@ -120,9 +126,9 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--rate",
         type=float,
-        default=60.0,
+        default=RATE_PER_MINUTE,
         metavar="NPM",
-        help="notifications per minute per publisher (default 60)",
+        help="notifications per minute per publisher (default %(default)g)",
     )
     gen.add_argument(
         "--quotes",
@@ -144,23 +150,23 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
     hrp.add_argument(
         "--hrp-rate",
         type=float,
-        default=6000.0,
+        default=HighRatePublisher.rate_per_minute,
         metavar="NPM",
-        help="HRP notifications per minute (default 6000)",
+        help="HRP notifications per minute (default %(default)g)",
     )
     hrp.add_argument(
         "--hrp-interest",
         type=float,
-        default=0.002,
+        default=HighRatePublisher.interest,
         metavar="F",
-        help="fraction of subscribers following the HRP (default 0.002)",
+        help="fraction of subscribers following the HRP (default %(default)g)",
     )
     hrp.add_argument(
         "--hrp-start",
         type=float,
-        default=5.0,
+        default=HighRatePublisher.start,
         metavar="SECONDS",
-        help="when the HRP starts (default 5)",
+        help="when the HRP starts (default %(default)g)",
     )
     hrp.add_argument(
         "--burst-placement",
@@ -171,10 +177,10 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
     hrp.add_argument(
         "--burst-inside",
         type=float,
-        default=0.0,
+        default=HighRatePublisher.inside,
         metavar="F",
         help="with --burst-placement: this fraction of the followers sits instead in the "
-        "HRP's own cluster (the mixed regime; default 0)",
+        "HRP's own cluster (the mixed regime; default %(default)g)",
     )
 
 

@@ -459,8 +459,8 @@ class Subscriber(NamedClient):
         durable: str | None = None,
         since: str | float | datetime | None = None,
         until: str | float | datetime | None = None,
-        max_count: int = 0,
-        max_bytes: int = 0,
+        answer_max: int = 0,
+        answer_bytes: int = 0,
     ) -> SubscriptionStream:
         """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream.
 
@@ -475,7 +475,7 @@ class Subscriber(NamedClient):
         8601 time): first the retained publications that match and were published since
         ``T``, then live ones, each once across the seam (a hybrid subscription); with
         ``until=U`` only those published in ``[T, U)`` (a historic one: the stream ends
-        with :class:`EndOfHistory`). ``max_count`` and ``max_bytes`` bound each store's
+        with :class:`EndOfHistory`). ``answer_max`` and ``answer_bytes`` bound each store's
         answer (0: the brokers' ``[retention] answer_max``, ``answer_bytes``). The
         stream's :attr:`~SubscriptionStream.history` says whether the answer is
         complete. The call returns once the past has been delivered to the stream.
@@ -502,7 +502,7 @@ class Subscriber(NamedClient):
         if self.since is None:
             self.since = time.time()
         if end is not None:
-            return await self._historic(subscription, after, end, max_count, max_bytes)
+            return await self._historic(subscription, after, end, answer_max, answer_bytes)
         if durable is None and after is None:
             sub_id = await self._subscribe(subscription, timeout)
             stream = self._streams[sub_id] = SubscriptionStream(self, sub_id, subscription)
@@ -520,7 +520,7 @@ class Subscriber(NamedClient):
                 stream.history = await self._claim(seam, subscription, durable)
             else:
                 message = {"filters": [subscription.to_text()], "since": [], "after": after}
-                limits = {"max_count": max_count, "max_bytes": max_bytes}
+                limits = {"answer_max": answer_max, "answer_bytes": answer_bytes}
                 stream.history = await self._past(seam, {**message, **limits}, HISTORIC_WAIT)
         return stream
 
@@ -598,8 +598,8 @@ class Subscriber(NamedClient):
         subscription: Subscription,
         after: float | None,
         until: float,
-        max_count: int,
-        max_bytes: int,
+        answer_max: int,
+        answer_bytes: int,
     ) -> SubscriptionStream:
         """A historic subscription: the answer alone, in publisher order, each
         publication once, then :class:`EndOfHistory`."""
@@ -612,8 +612,8 @@ class Subscriber(NamedClient):
             "after": after,
             "until": until,
             "historic": True,
-            "max_count": max_count,
-            "max_bytes": max_bytes,
+            "answer_max": answer_max,
+            "answer_bytes": answer_bytes,
         }
         async with self._past_lock:
             seam = self._seam = Seam(self.buffer, hold_live=False)

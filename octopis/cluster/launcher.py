@@ -31,8 +31,8 @@ import psutil
 
 from octopis.keys import Keys, connect_securely, make_keys
 from octopis.overlay import STATE_FILE, read_state
+from octopis.settings import BrokerSettings, load_settings
 from octopis.topology import PORTS_PER_BROKER, Scot, build_preset, load_topology
-from octopis.transport.settings import BrokerSettings, load_settings
 
 PORT_BLOCK = 128
 """Ports are reserved in aligned blocks of this many ports (fig2's 18 brokers fit one)."""

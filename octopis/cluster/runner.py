@@ -49,10 +49,10 @@ from octopis.cluster.harness import (
     split,
 )
 from octopis.cluster.launcher import ClusterError, LocalCluster
-from octopis.defaults import CLIENT_LIVENESS
+from octopis.defaults import CLIENT_LIVENESS, DRAIN_TIMEOUT
 from octopis.failure_schedule import Failure
+from octopis.settings import BrokerSettings
 from octopis.topology import Scot
-from octopis.transport.settings import BrokerSettings
 from octopis.workload import Workload
 
 log = logging.getLogger("octopis.run")
@@ -77,7 +77,7 @@ class RunOptions:
     run_dir: Path
     settings: BrokerSettings
     time_scale: float = 1.0
-    drain_timeout: float = 30.0
+    drain_timeout: float = DRAIN_TIMEOUT
     start_timeout: float = 180.0
     progress: bool = True
     log_level: str = "INFO"
@@ -446,7 +446,7 @@ class WorkloadRun:
         while time.monotonic() - started < timeout:
             stats = await self.cluster.call_all("stats")
             sizes = {b: s["routing_table_size"] for b, s in stats.items()}
-            if self.options.settings.covering == "active" or any(
+            if self.options.settings.routing.covering == "active" or any(
                 "covering.quenched" in s["core"] for s in stats.values()
             ):
                 baseline = sum(s["routing_table_size"] for s in self.baseline.values())
@@ -792,7 +792,7 @@ class WorkloadRun:
             },
         }
         if self.options.mode != "bid":
-            report["covering"] = self.options.settings.covering
+            report["covering"] = self.options.settings.routing.covering
         if self.placement:
             report["placement"] = self.placement
         if self.balancer is not None:

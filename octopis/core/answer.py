@@ -4,8 +4,8 @@ A store (the broker process's SQLite file, the simulator's memory) reads what it
 the order it stored it and offers each row to an :class:`AnswerSelection`, which decides:
 published in ``[after, until)``, past the ``since`` sequence number of its (publisher,
 session), matching one of the request's filters (the compiled matcher), each (publisher,
-session, seq) once, and no more than the request's bounds (``max_count`` publications,
-``max_bytes`` encoded bytes; 0 in the request: the store's own bounds), past which the
+session, seq) once, and no more than the request's bounds (``answer_max`` publications,
+``answer_bytes`` encoded bytes; 0 in the request: the store's own bounds), past which the
 answer is ``truncated``.
 """
 
@@ -23,24 +23,24 @@ UNBOUNDED = 1 << 62
 
 class AnswerSelection:
     """One store's choice of publications for ``request`` (see the module docstring);
-    ``max_count`` and ``max_bytes`` are the store's bounds, 0 for none."""
+    ``answer_max`` and ``answer_bytes`` are the store's bounds, 0 for none."""
 
     __slots__ = (
         "after",
+        "answer_bytes",
+        "answer_max",
         "bytes",
         "count",
         "matches",
-        "max_bytes",
-        "max_count",
         "seen",
         "since",
         "truncated",
         "until",
     )
 
-    def __init__(self, request: Replay, max_count: int = 0, max_bytes: int = 0) -> None:
-        self.max_count = request.max_count or max_count or UNBOUNDED
-        self.max_bytes = request.max_bytes or max_bytes or UNBOUNDED
+    def __init__(self, request: Replay, answer_max: int = 0, answer_bytes: int = 0) -> None:
+        self.answer_max = request.answer_max or answer_max or UNBOUNDED
+        self.answer_bytes = request.answer_bytes or answer_bytes or UNBOUNDED
         matcher = Matcher()
         for i, text in enumerate(request.filters):
             try:
@@ -79,7 +79,7 @@ class AnswerSelection:
         n = decode()
         if not self.matches(n.publication):
             return None
-        if self.count >= self.max_count or self.bytes + size > self.max_bytes:
+        if self.count >= self.answer_max or self.bytes + size > self.answer_bytes:
             self.truncated = True
             return None
         self.seen.add(key)

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from octopis.defaults import COMPOSITE_HELD, COMPOSITE_LATENESS
 from octopis.filters.composite import Composite, Join
 from octopis.filters.language import Value
 
@@ -76,8 +77,8 @@ class CompositeJoin:
     long, and what is counted)."""
 
     composite: Composite
-    max_held: int = 10_000
-    lateness: float = 5.0
+    max_held: int = COMPOSITE_HELD
+    lateness: float = COMPOSITE_LATENESS
     held: dict[PartKey, Held] = field(default_factory=dict)
     """The publications kept, by key."""
     offered: int = 0

@@ -23,7 +23,7 @@ host's last echo is in every answer has come (the echo algorithm), and the host 
 the requester a :class:`ReplayDone`.
 
 The same request answers a historic or hybrid subscription (a time window
-``[after, until)``, bounded per store by ``max_count`` publications and ``max_bytes``
+``[after, until)``, bounded per store by ``answer_max`` publications and ``answer_bytes``
 bytes; a store that cut its answer is named in the echo's ``truncated``), and, with
 ``claim`` set, finds a durable subscription's record wherever it is kept (DESIGN §11): a
 broker holding it hands it over in its echo (``claimed``) and forgets it.
@@ -41,6 +41,7 @@ from math import inf
 from typing import NamedTuple
 
 from octopis.core.messages import Forward, Notification, SubState
+from octopis.defaults import REPLAY_ROUNDS
 
 BUDGET_SHRINK = 0.75
 """A broker passes the request on with this share of its own budget, so that a child
@@ -57,8 +58,8 @@ class Replay:
     ``since`` (``(publisher, session, seq)``) those with a higher ``seq``, of any other
     all; none published at or after ``until``. ``budget`` is how many seconds the
     receiver may wait for its own neighbours' echoes; ``state`` is its SBP step (PRIMARY
-    goes on, SECONDARY stops). Each store answers at most ``max_count`` publications and
-    ``max_bytes`` encoded bytes (0: the store's own bound). A ``claim``
+    goes on, SECONDARY stops). Each store answers at most ``answer_max`` publications and
+    ``answer_bytes`` encoded bytes (0: the store's own bound). A ``claim``
     (:func:`octopis.core.durable.claim_of`) asks for a durable subscription's record instead of
     publications."""
 
@@ -70,8 +71,8 @@ class Replay:
     budget: float
     state: SubState = SubState.PRIMARY
     until: float = inf
-    max_count: int = 0
-    max_bytes: int = 0
+    answer_max: int = 0
+    answer_bytes: int = 0
     claim: str = ""
 
 
@@ -193,7 +194,7 @@ class ReplayRounds:
     (remembered, up to ``limit``, to answer a repeated copy with a seen echo).
     ``targets`` says where a request goes on (:data:`Targets`)."""
 
-    def __init__(self, broker_id: str, targets: Targets, limit: int = 1000) -> None:
+    def __init__(self, broker_id: str, targets: Targets, limit: int = REPLAY_ROUNDS) -> None:
         if limit < 1:
             raise ValueError("replay rounds need a positive limit")
         self.id = broker_id

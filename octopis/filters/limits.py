@@ -10,25 +10,26 @@ raise it as a :class:`~octopis.filters.language.FilterError` naming where it is.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
 
 MAX_INTEGER = 2**53
 """Largest magnitude of an integer value (exactly representable as a double)."""
 
 
-@dataclass(frozen=True)
-class InputLimits:
+class InputLimits(msgspec.Struct, frozen=True, kw_only=True):
     """Sizes accepted in any filter or publication, at whichever entry it comes in —
     client, peer or file — so a copy is never accepted at one broker and refused at the
     next (DESIGN §8). A broker sets them from ``[limits]`` (:func:`set_limits`)."""
 
-    attributes: int = 64
+    attributes: Annotated[int, msgspec.Meta(ge=1)] = 64
     """Attributes in one publication."""
-    predicates: int = 64
+    predicates: Annotated[int, msgspec.Meta(ge=1)] = 64
     """Predicates in one subscription."""
-    string_length: int = 1024
+    string_length: Annotated[int, msgspec.Meta(ge=1)] = 1024
     """Characters in one string value or constant."""
-    name_length: int = 128
+    name_length: Annotated[int, msgspec.Meta(ge=1)] = 128
     """Characters in one attribute name."""
 
 

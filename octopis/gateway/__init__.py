@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from octopis.topology import Broker as BrokerInfo
-from octopis.topology import TopologyError
+from octopis.topology import BrokerInfo, TopologyError
 
 if TYPE_CHECKING:
     from octopis.transport.broker import Broker, Gateway
@@ -41,7 +40,8 @@ def stomp_gateway(info: BrokerInfo, keys_dir: Path | None) -> Gateway:
     ws = _host_port(info.stomp_ws_endpoint) if info.stomp_ws_endpoint else None
 
     def tasks(broker: Broker) -> list[tuple[str, Coroutine[Any, Any, None]]]:
-        listener = Listener(broker.clients, broker.settings, credentials)
+        settings = broker.settings
+        listener = Listener(broker.clients, settings.stomp, settings.clients, credentials)
         return [("stomp", listener.serve(tcp, ws, tls))]
 
     return tasks

@@ -31,8 +31,8 @@ from aiohttp import WSMsgType, web
 from octopis.gateway.credentials import Credentials
 from octopis.gateway.frames import Decoder, FrameError, FrameLimits, encode, error_frame
 from octopis.gateway.session import DeliveryCache, Effects, SessionLimits, StompSession
+from octopis.settings import Clients, Stomp
 from octopis.transport.clients import ClientSessions
-from octopis.transport.settings import BrokerSettings
 from octopis.wire import HeartbeatRequest, pack
 
 log = logging.getLogger("octopis.broker.stomp")
@@ -79,7 +79,7 @@ class Connection:
         """What the broker sends this connection; False when its write queue is full."""
         if self.closing:
             return True
-        if self.out_bytes > self.listener.settings.stomp_write_buffer:
+        if self.out_bytes > self.listener.stomp.write_buffer:
             return False
         self.apply(self.session.from_broker(parts))
         return True
@@ -98,7 +98,7 @@ class Connection:
             self.closing = True
             refusals = [f.headers["message"] for f in effects.frames if f.command == "ERROR"]
             self.reason = refusals[0] if refusals else "it disconnected"
-        if self.closing or self.session.unanswered < self.listener.settings.publish_window:
+        if self.closing or self.session.unanswered < self.listener.client_settings.publish_window:
             self.room.set()  # a closing connection's reader must not wait for answers
         self.wake.set()
 
@@ -145,13 +145,13 @@ class Connection:
             self.apply(Effects([error_frame(str(exc))], close=True))
             self.listener.counters["frames_refused"] += 1
         self.submit()
-        if self.session.unanswered >= self.listener.settings.publish_window:
+        if self.session.unanswered >= self.listener.client_settings.publish_window:
             self.room.clear()  # read no more until the broker answers
         await self.room.wait()
 
     async def keepalive(self) -> None:
         """Tell the broker the connection lives; send and expect STOMP heart-beats."""
-        timeout = self.listener.settings.client_timeout
+        timeout = self.listener.client_settings.timeout
         tick = timeout / 4
         s = self.session
         while not self.closing:
@@ -189,21 +189,22 @@ class Listener:
     def __init__(
         self,
         clients: ClientSessions,
-        settings: BrokerSettings,
+        stomp: Stomp,
+        client_settings: Clients,
         credentials: Credentials | None,
     ) -> None:
+        """``stomp`` and ``client_settings``: the ``[stomp]`` and ``[clients]`` sections."""
         self.clients = clients
-        self.settings = settings
+        self.stomp = stomp
+        self.client_settings = client_settings
         self.credentials = credentials
         """None: an insecure overlay (any CONNECT is accepted)."""
-        self.frame_limits = FrameLimits(
-            settings.stomp_header_bytes, settings.stomp_headers, settings.stomp_body_bytes
-        )
+        self.frame_limits = FrameLimits(stomp.header_bytes, stomp.headers, stomp.body_bytes)
         self.session_limits = SessionLimits(
-            settings.stomp_subscriptions,
-            settings.stomp_selector_subscriptions,
-            settings.stomp_unacked,
-            (settings.stomp_heartbeat, settings.stomp_heartbeat),
+            stomp.subscriptions,
+            stomp.selector_subscriptions,
+            stomp.unacked,
+            (stomp.heartbeat, stomp.heartbeat),
         )
         self.connections: set[Connection] = set()
         self.counters = clients.counters
@@ -257,7 +258,7 @@ class Listener:
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(
             protocols=WS_PROTOCOLS,
-            max_msg_size=self.settings.stomp_header_bytes + self.settings.stomp_body_bytes + 2,
+            max_msg_size=self.stomp.header_bytes + self.stomp.body_bytes + 2,
         )
         await ws.prepare(request)
 

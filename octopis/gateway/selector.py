@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from octopis.defaults import SELECTOR_SUBSCRIPTIONS
 from octopis.filters.language import ATTRIBUTE_NAME, FilterError, Predicate, Subscription
 from octopis.filters.limits import MAX_INTEGER
 
@@ -52,8 +53,6 @@ MAX_SELECTOR_LENGTH = 4096
 """Characters in one selector."""
 MAX_DEPTH = 32
 """Nesting of parentheses and ``NOT`` in one selector."""
-MAX_SUBSCRIPTIONS = 16
-"""Default bound on the PADRES subscriptions one selector may become."""
 
 FLOAT_MAX = sys.float_info.max
 
@@ -669,7 +668,7 @@ def _predicate(node: Compare, op: str) -> Predicate:
 
 
 def translate(
-    selector: str | None, topic: str, max_subscriptions: int = MAX_SUBSCRIPTIONS
+    selector: str | None, topic: str, max_subscriptions: int = SELECTOR_SUBSCRIPTIONS
 ) -> list[Subscription]:
     """The PADRES subscriptions whose union selects exactly what ``selector`` selects
     among publications of class ``topic`` (all of them when ``selector`` is None or

@@ -56,11 +56,11 @@ from octopis.core.lst import LinkView
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.sessions import ClientTable
 from octopis.core.table import MatcherFactory
-from octopis.defaults import CUSTODY_LIMIT, SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import CUSTODY_LIMIT, DOWN_AFTER, RETAIN, SUBSCRIPTIONS_PER_CLIENT
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
-from octopis.sim.failures import DEFAULT_DETECTION, DEFAULT_RETAIN, FailureEvents, FailureState
+from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import MOVE_LINGER, SubscriberMoves
 from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover
 from octopis.sim.reshaping import Reshaping
@@ -384,8 +384,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         workload: ReplayableWorkload,
         failures: Sequence[Failure] = (),
         *,
-        detection: float = DEFAULT_DETECTION,
-        retain: float = DEFAULT_RETAIN,
+        detection: float = DOWN_AFTER,
+        retain: float = RETAIN,
         sample_every: float | None = None,
     ) -> None:
         """Subscriptions at their times, settle, then publications at their times (and

@@ -37,19 +37,16 @@ from octopis.core import LinkView, Notification, make_broker
 from octopis.core.node import HandedShare
 from octopis.core.resync import epoch_of
 from octopis.core.sessions import ClientTable
-from octopis.defaults import SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import DOWN_AFTER, RETAIN, SUBSCRIPTIONS_PER_CLIENT
 from octopis.failure_schedule import Failure
 from octopis.sim.replaying import REPLAY_TYPES
-
-DEFAULT_DETECTION = 1.0
-DEFAULT_RETAIN = 1.0
 
 
 class FailureState:
     """Which brokers are dead and which directed links are down, physically and as each
     sender has detected; the custody window of every directed link."""
 
-    def __init__(self, detection: float = DEFAULT_DETECTION, retain: float = DEFAULT_RETAIN):
+    def __init__(self, detection: float = DOWN_AFTER, retain: float = RETAIN):
         if detection < 0 or retain < 0:
             raise ValueError("detection and retain must not be negative")
         self.detection = detection
@@ -127,8 +124,8 @@ class FailureEvents:
         failure: Failure,
         start: float = 0.0,
         *,
-        detection: float = DEFAULT_DETECTION,
-        retain: float = DEFAULT_RETAIN,
+        detection: float = DOWN_AFTER,
+        retain: float = RETAIN,
     ) -> None:
         """Schedule ``failure`` (times from ``start``); the first call sets how long
         detection takes and how long senders keep copies (see :mod:`octopis.sim.failures`)."""
@@ -153,9 +150,7 @@ class FailureEvents:
             self.at(start + failure.until, self._recover, failure)
             self.restarts_pending += failure.is_broker
 
-    def _failure_state(
-        self, detection: float = DEFAULT_DETECTION, retain: float = DEFAULT_RETAIN
-    ) -> FailureState:
+    def _failure_state(self, detection: float = DOWN_AFTER, retain: float = RETAIN) -> FailureState:
         """The run's failure state, made on the first failure scheduled."""
         if self.failures is None:
             self.failures = FailureState(detection, retain)

@@ -55,6 +55,7 @@ from octopis.filters.limits import set_limits
 from octopis.keys import Keys
 from octopis.logs import RateLimitedLog
 from octopis.matching import MatchClock, Matcher
+from octopis.settings import BrokerSettings
 from octopis.topology import Scot
 from octopis.transport.clients import ClientError, ClientSessions
 from octopis.transport.codec import Synced, encode_body
@@ -78,7 +79,6 @@ from octopis.transport.peers import PeerLinks
 from octopis.transport.relink import decode_view
 from octopis.transport.replaying import Replaying
 from octopis.transport.security import count_failed_handshakes, start_guards
-from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker")
 Gateway = Callable[["Broker"], list[tuple[str, Coroutine[Any, Any, None]]]]
@@ -119,9 +119,9 @@ class Broker:
             broker_id,
             mode,
             lambda: Matcher(clock=self.clock),
-            EdgeDedup(settings.dedup_window, settings.dedup_publishers),
-            covering=settings.covering,
-            advertisements=settings.advertisements == "on",
+            EdgeDedup(settings.dedup.window, settings.dedup.publishers),
+            covering=settings.routing.covering,
+            advertisements=settings.routing.advertisements == "on",
         )
         self.incarnation = secrets.randbits(63) | 1
         """Random per process start (DESIGN §7): neighbours tell a restart by it."""
@@ -129,8 +129,8 @@ class Broker:
         self.core.id_token = partial(secrets.token_hex, 6)
         self.node: BrokerNode[PublishReceipt] = BrokerNode(
             self.core,
-            settings.custody_limit,
-            settings.hold_limit,
+            settings.links.custody_limit,
+            settings.clients.hold_limit,
         )
         """The core with its failure decisions (DESIGN §7): holds, shares, serving."""
         self.counters: Counter[str] = Counter()
@@ -149,7 +149,9 @@ class Broker:
         """Status, stats, table and resync view (control RPC, metrics)."""
         self.replaying = Replaying(
             broker_id,
-            settings,
+            settings.retention,
+            settings.durable,
+            settings.logs.interval,
             data_dir,
             self._send_replay,
             self._replay_targets,
@@ -162,19 +164,19 @@ class Broker:
             lambda key, subscription, now: self.core.subscribe(key, subscription, now),
             lambda key, sub_id: self.core.unsubscribe(key, sub_id),
             self._notify_client,
-            settings.composite_held,
-            settings.composite_lateness,
+            settings.composite.max_held,
+            settings.composite.lateness,
             self.counters,
         )
         """The composite subscriptions hosted here and their joins (DESIGN §12)."""
-        self.load_meter = LoadMeter(settings.load_window, settings.load_capacity)
-        self.collector = IdleCollector(settings.gc_idle)
+        self.load_meter = LoadMeter(settings.load.window, settings.load.capacity)
+        self.collector = IdleCollector(settings.memory.gc_idle)
         self.welcome: dict[str, object] = {
             "broker": self.id,
             "mode": mode,
             "cluster": self.info.cluster,
             "region": self.info.region,
-            "timeout": settings.client_timeout,
+            "timeout": settings.clients.timeout,
         }
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -188,7 +190,7 @@ class Broker:
             self.id,
             self.keys,
             [n.id for n in self.info.neighbours],
-            RateLimitedLog(log, self.settings.log_interval),
+            RateLimitedLog(log, self.settings.logs.interval),
             self.counters,
             ctx,
         )
@@ -197,10 +199,10 @@ class Broker:
         """The neighbours' public keys the peer input lets in (a relink changes them)."""
         self.lst = LinkStatusTable(
             [n.id for n in self.info.neighbours],
-            self.settings.window,
-            self.settings.queue_threshold,
+            self.settings.lst.window,
+            self.settings.lst.queue_threshold,
             start=loop.time(),
-            order=self.settings.order,
+            order=self.settings.lst.order,
         )
         send_pass = SendPass()
         idle = self.collector.idle
@@ -227,9 +229,9 @@ class Broker:
             self,
             self.inspection,
             self.info.control_endpoint,
-            self.settings.frame_bytes,
+            self.settings.limits.frame_bytes,
             curve,
-            self.settings.log_interval,
+            self.settings.logs.interval,
         )
         stop_metrics = None
         if self.info.metrics_endpoint is not None:
@@ -249,7 +251,7 @@ class Broker:
                 "client": (self.clients.socket, ctx),
                 "control": (self.rpc.transport.get_extra_info("zmq_socket"), guards[1].context),
             }
-            warn = RateLimitedLog(log, self.settings.log_interval)
+            warn = RateLimitedLog(log, self.settings.logs.interval)
             work += [
                 (f"{name} handshakes", count_failed_handshakes(sock, c, name, self.counters, warn))
                 for name, (sock, c) in sockets.items()
@@ -593,7 +595,7 @@ class Broker:
         activity = self.peers.activity
         while True:
             await activity.wait()
-            await asyncio.sleep(self.settings.window)
+            await asyncio.sleep(self.settings.lst.window)
             self.lst.advance(loop.time())
 
     async def _load_loop(self) -> None:
@@ -709,7 +711,7 @@ async def run_broker(
     The cyclic collector passes over the young generation every ``memory.gc_young``
     allocations, and what exists once the broker is built (modules, topology) is frozen
     out of its passes."""
-    gc.set_threshold(settings.gc_young, *gc.get_threshold()[1:])
+    gc.set_threshold(settings.memory.gc_young, *gc.get_threshold()[1:])
     broker = Broker(scot, broker_id, mode, settings, keys, data_dir)
     gc.freeze()
     loop = asyncio.get_running_loop()

@@ -51,6 +51,7 @@ from octopis.filters.language import (
     validate_publication,
 )
 from octopis.logs import RateLimitedLog
+from octopis.settings import BrokerSettings
 from octopis.transport.links import (
     LOOP_SLACK,
     InputWaiter,
@@ -58,7 +59,6 @@ from octopis.transport.links import (
     SendPass,
 )
 from octopis.transport.security import Curve
-from octopis.transport.settings import BrokerSettings
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import (
     LEFT_AT,
@@ -136,7 +136,7 @@ class Router(Protocol):
         **window: Any,
     ) -> str:
         """Start a replay for client ``key`` (``window``: ``until``, ``historic``,
-        ``max_count``, ``max_bytes``, ``claim``); returns its id."""
+        ``answer_max``, ``answer_bytes``, ``claim``); returns its id."""
 
     @property
     def replaying(self) -> Replaying:
@@ -209,7 +209,7 @@ class ClientSessions:
         """Per connection: the deliveries (client names) in :attr:`_held`, counted only
         when :attr:`pacer` is set (nothing else reads them)."""
         self.pacer = (
-            SendRate(settings.delivery_capacity, LOOP_SLACK) if settings.delivery_capacity else None
+            SendRate(settings.clients.capacity, LOOP_SLACK) if settings.clients.capacity else None
         )
         """``clients.capacity``: the slots deliveries leave in, when set."""
         self.paced: deque[tuple[bytes, list[bytes], int, float | None]] = deque()
@@ -225,9 +225,9 @@ class ClientSessions:
         self.counters: Counter[str] = Counter()
         self.socket = ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.socket.setsockopt(zmq.SNDHWM, settings.client_sndhwm)
+        self.socket.setsockopt(zmq.SNDHWM, settings.clients.sndhwm)
         self.socket.setsockopt(zmq.LINGER, 500)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, settings.frame_bytes)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, settings.limits.frame_bytes)
         if curve is not None:
             curve.serve(self.socket, "client")
         self.socket.bind(bind)
@@ -241,11 +241,11 @@ class ClientSessions:
         """Keys of the clients that have published here (as many as :attr:`names`)."""
         self.dropped: OrderedDict[bytes, str] = OrderedDict()
         """Connections dropped as slow consumers → the reason (the last :data:`DROPPED_KEPT`)."""
-        self._warn = RateLimitedLog(log, settings.log_interval)
+        self._warn = RateLimitedLog(log, settings.logs.interval)
         self.outlets: dict[bytes, Callable[[list[bytes]], bool]] = {}
         """Connections a gateway serves (DESIGN §13): identity → what takes the messages
         for it (replies ``[reply]``, deliveries ``[names, body, ...]``; False: full)."""
-        self.table = ClientTable(settings.subscriptions_per_client)
+        self.table = ClientTable(settings.limits.subscriptions_per_client)
         """Each client's subscriptions here and the session rules: limits, withdrawal
         when gone, moves and their orphans (DESIGN §7-§9)."""
         self._handlers = {
@@ -438,7 +438,7 @@ class ClientSessions:
         ]
         if not keys:
             raise ClientError(f"{self.id} serves no client named {client!r}")
-        deadline = asyncio.get_running_loop().time() + self.settings.client_move_timeout
+        deadline = asyncio.get_running_loop().time() + self.settings.clients.move_timeout
         moved: list[str] = []
         for key, sub_ids in self.table.order_move(keys, deadline, inside).items():
             identity, _ = self.names[key]
@@ -474,8 +474,8 @@ class ClientSessions:
             float(request.after),
             until=float("inf") if request.until is None else float(request.until),
             historic=request.historic,
-            max_count=request.max_count,
-            max_bytes=request.max_bytes,
+            answer_max=request.answer_max,
+            answer_bytes=request.answer_bytes,
         )
         return {"op": "replaying", "id": req_id}
 
@@ -536,19 +536,19 @@ class ClientSessions:
         publication = (
             parse_publication(body) if isinstance(body, str) else validate_publication(body)
         )
-        window = self.settings.publish_window
+        window = self.settings.clients.publish_window
         if connection.unanswered >= window:
             self.counters["publications_refused.window"] += 1
             raise ClientError(
                 f"{connection.unanswered} publications of this connection are unanswered "
                 f"(clients.publish_window = {window}); wait for their answers"
             )
-        if self.paced_deliveries >= self.settings.delivery_queue_limit:
+        if self.paced_deliveries >= self.settings.clients.queue_limit:
             self.counters["publications_refused.deliveries_waiting"] += 1
             raise ClientError(
                 f"{self.paced_deliveries} deliveries wait for this broker's capacity "
-                f"(clients.capacity = {self.settings.delivery_capacity:g}/s, clients.queue_limit "
-                f"= {self.settings.delivery_queue_limit}); publish again later"
+                f"(clients.capacity = {self.settings.clients.capacity:g}/s, clients.queue_limit "
+                f"= {self.settings.clients.queue_limit}); publish again later"
             )
         key = self._key(identity, connection, request)
         self.router.check_advertised(key, publication)
@@ -595,7 +595,7 @@ class ClientSessions:
         Silence is judged only with every request that reached us read, and time this
         process spent not running (a tick that comes late, a stall) is nobody's silence."""
         loop = asyncio.get_running_loop()
-        timeout = self.settings.client_timeout
+        timeout = self.settings.clients.timeout
         tick = timeout / 4
         woke = loop.time()
         while True:
@@ -751,9 +751,9 @@ class ClientSessions:
         connection = self.connections.get(identity)
         if connection is not None and connection.backlog:
             queued = len(connection.backlog)
-            limit = self.settings.client_backlog_limit
+            limit = self.settings.clients.backlog_limit
             if queued < limit or (
-                len(parts) == 1 and queued < limit + self.settings.publish_window
+                len(parts) == 1 and queued < limit + self.settings.clients.publish_window
             ):
                 connection.backlog.append(parts)  # a reply may use the publish window too
             else:
@@ -780,8 +780,8 @@ class ClientSessions:
         """``parts`` found the connection's backlog full: apply ``clients.slow_policy``."""
         backlog = connection.backlog
         assert backlog is not None
-        limit = self.settings.client_backlog_limit
-        if self.settings.slow_policy == "drop_oldest" and len(parts) > 1:
+        limit = self.settings.clients.backlog_limit
+        if self.settings.clients.slow_policy == "drop_oldest" and len(parts) > 1:
             backlog.append(parts)
             while len(oldest := backlog.popleft()) == 1:  # replies are kept: a request
                 backlog.append(oldest)  # must be answered; the new delivery ends the loop
@@ -848,7 +848,7 @@ class ClientSessions:
                     connection.overflowed = 0
             elif problem is PIPE_FULL and (
                 identity in self.connections
-                or loop.time() - progress < self.settings.client_timeout
+                or loop.time() - progress < self.settings.clients.timeout
             ):
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.05)
@@ -860,7 +860,7 @@ class ClientSessions:
                     self.id,
                     identity.hex(),
                     len(backlog),
-                    f"it took nothing for {self.settings.client_timeout:g} s"
+                    f"it took nothing for {self.settings.clients.timeout:g} s"
                     if problem is PIPE_FULL
                     else problem,
                 )

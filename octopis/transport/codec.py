@@ -10,7 +10,7 @@ acked]``, SYNCED ``[5, entries]`` (end of a resync), MOVE ``[6, sub_id, host]`` 
 (advertisements, DESIGN §12; ``via`` a region or nil).
 Filters travel as PADRES text, publications as msgpack maps, the CBV as
 ``[bytes, nbits]``. A replay (DESIGN §11) is REPLAY ``[8, req_id, host, filters, since,
-after, budget, state, until, max_count, max_bytes, claim]`` (``until`` nil: no end),
+after, budget, state, until, answer_max, answer_bytes, claim]`` (``until`` nil: no end),
 REPLAY_DATA ``[9, req_id, [NOTIFY body, ...]]`` and REPLAY_ECHO ``[10, req_id, seen,
 answered, unstored, silent, gaps, published, truncated, claimed]``, a claimed durable
 record being ``[broker, filters, since, after, updated]``. Keeping the sender out of
@@ -189,8 +189,8 @@ def encode_body(message: PeerMessage) -> bytes:
                 message.budget,
                 int(message.state),
                 None if message.until == inf else message.until,
-                message.max_count,
-                message.max_bytes,
+                message.answer_max,
+                message.answer_bytes,
                 message.claim,
             ]
         )
@@ -364,8 +364,8 @@ def _replay(data: list) -> Replay:
         _seconds(budget, "REPLAY budget"),
         _state(state),
         inf if until is None else _seconds(until, "REPLAY until"),
-        _incarnation(count, "max_count"),
-        _incarnation(size, "max_bytes"),
+        _incarnation(count, "answer_max"),
+        _incarnation(size, "answer_bytes"),
         claim,
     )
 

@@ -41,9 +41,10 @@ class LoadSample:
 
 
 class LoadMeter:
-    """Rates and the load ratio of one broker over its last ``window`` samples."""
+    """Rates and the load ratio of one broker over its last ``window`` samples; ``capacity``
+    is its output per second, 0: measured (``[load] window`` and ``capacity``)."""
 
-    def __init__(self, window: int = 10, capacity: float = 0.0) -> None:
+    def __init__(self, window: int, capacity: float) -> None:
         if window < 1 or capacity < 0:
             raise ValueError("load window must be ≥ 1 sample and capacity ≥ 0")
         self.capacity = capacity

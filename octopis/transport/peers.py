@@ -44,6 +44,7 @@ from octopis.core.capacity import SendRate
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.core.node import BrokerNode
 from octopis.logs import RateLimitedLog
+from octopis.settings import BrokerSettings
 from octopis.transport.codec import (
     Control,
     Heartbeat,
@@ -66,7 +67,6 @@ from octopis.transport.links import (
 )
 from octopis.transport.pressure import Backpressure
 from octopis.transport.security import Curve
-from octopis.transport.settings import BrokerSettings
 from octopis.transport.zmqio import FastSocket
 
 log = logging.getLogger("octopis.broker.peers")
@@ -165,10 +165,10 @@ class PeerLinks:
         those (any other sender part is decoded, and checked)."""
         self.detections: list[dict[str, float | str]] = []
         self._detections_kept = 1000
-        self._warn = RateLimitedLog(log, settings.log_interval)
+        self._warn = RateLimitedLog(log, settings.logs.interval)
         self.input = ctx.socket(zmq.PULL)
         self.input.setsockopt(zmq.RCVHWM, 1000)
-        self.input.setsockopt(zmq.MAXMSGSIZE, settings.frame_bytes)
+        self.input.setsockopt(zmq.MAXMSGSIZE, settings.limits.frame_bytes)
         if curve is not None:
             curve.serve(self.input, "peer")
         self.input.bind(bind)
@@ -184,7 +184,9 @@ class PeerLinks:
         self._ctx = ctx
         self._curve = curve
         self._broker_sender = (
-            SendRate(settings.broker_capacity, LOOP_SLACK) if settings.broker_capacity else None
+            SendRate(settings.links.broker_capacity, LOOP_SLACK)
+            if settings.links.broker_capacity
+            else None
         )
         self.links = {n: self._link(n, endpoint) for n, endpoint in endpoints.items()}
 
@@ -195,12 +197,12 @@ class PeerLinks:
             endpoint,
             self._ctx,
             self.lst,
-            settings.sndhwm,
+            settings.links.sndhwm,
             self._senders(name, self._broker_sender),
             self.activity,
-            settings.custody_limit,
-            settings.retain,
-            settings.retain_limit,
+            settings.links.custody_limit,
+            settings.links.retain,
+            settings.links.retain_limit,
             self._curve,
             self.send_pass,
         )
@@ -240,7 +242,7 @@ class PeerLinks:
     def _senders(self, neighbour: str, broker: SendRate | None) -> tuple[SendRate, ...]:
         """The broker's shared sender (broker capacity), then the link's own (link
         capacity), those that are set."""
-        rate = self.settings.capacity_of(self.id, neighbour)
+        rate = self.settings.links.capacity_of(self.id, neighbour)
         link = SendRate(rate, LOOP_SLACK) if rate else None
         return tuple(s for s in (broker, link) if s is not None)
 
@@ -309,7 +311,7 @@ class PeerLinks:
         """The coroutines that serve the links: (name, coroutine)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self.node.start(now, self.settings.down_after)
+        self.node.start(now, self.settings.links.down_after)
         for name, link in self.links.items():
             self.lst.set_down(name, True)
             link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
@@ -575,10 +577,10 @@ class PeerLinks:
         released here), else every half heartbeat interval: an idle broker wakes ten
         times a second, not twenty."""
         settings = self.settings
-        calm = settings.heartbeat / 2
+        calm = settings.links.heartbeat / 2
         woke = loop.time()
         while True:
-            tick = min(settings.ack_interval, calm) if self.pressure.full else calm
+            tick = min(settings.links.ack_interval, calm) if self.pressure.full else calm
             await asyncio.sleep(tick)
             now = loop.time()
             late, woke = now - woke - tick, now
@@ -589,10 +591,10 @@ class PeerLinks:
             for name, state in self.neighbours.items():
                 link = self.links[name]
                 if state.received != state.acked or (
-                    not link.queue and now - link.last_sent >= settings.heartbeat
+                    not link.queue and now - link.last_sent >= settings.links.heartbeat
                 ):
                     self._beat(name, state, now)
-            overdue = self.neighbours.overdue(now, settings.down_after)
+            overdue = self.neighbours.overdue(now, settings.links.down_after)
             if overdue and self._caught_up():
                 for name, silent in overdue:
                     self._declare_down(name, now, silent)

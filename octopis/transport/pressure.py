@@ -15,8 +15,8 @@ from collections.abc import Mapping
 import psutil
 
 from octopis.logs import RateLimitedLog
+from octopis.settings import BrokerSettings
 from octopis.transport.links import OutputLink
-from octopis.transport.settings import BrokerSettings
 
 CLIENTS = "(clients)"
 """The name :attr:`Backpressure.full` gives the broker's own clients when more than
@@ -42,16 +42,16 @@ class Backpressure:
         self.full: set[str] = set()
         """Neighbours whose link has ``queue_limit`` frames waiting, or whose link is the
         longest while the broker is over its memory budget, and :data:`CLIENTS`."""
-        self.memory = MemoryBudget(settings.memory_budget_mb)
+        self.memory = MemoryBudget(settings.memory.budget_mb)
 
     def check(self, now: float, links: Mapping[str, OutputLink], waiting: int) -> set[str]:
         """Refresh :attr:`full` from the ``links``' queues and the ``waiting`` deliveries;
         count and log when backpressure starts. Over the memory budget, the link with the
         longest queue counts as full (if anything waits on it): the broker takes in no
         faster than it sends out until it is back under."""
-        limit = self.settings.queue_limit
+        limit = self.settings.links.queue_limit
         full = {n for n, link in links.items() if len(link.queue) >= limit}
-        if waiting >= self.settings.delivery_queue_limit:
+        if waiting >= self.settings.clients.queue_limit:
             full.add(CLIENTS)
         memory = self.memory
         if memory.over(now):
@@ -86,7 +86,7 @@ class Backpressure:
                     for n in sorted(full)
                 ),
                 limit,
-                self.settings.delivery_queue_limit,
+                self.settings.clients.queue_limit,
             )
         self.full = full
         return full

@@ -38,10 +38,10 @@ from octopis.core.replay import (
     Targets,
 )
 from octopis.logs import RateLimitedLog
+from octopis.settings import Durable, Retention
 from octopis.transport.codec import decode_body, encode_body
 from octopis.transport.links import PublishReceipt
 from octopis.transport.retention import RetentionError, RetentionStore, StoreAnswer
-from octopis.transport.settings import BrokerSettings
 
 log = logging.getLogger("octopis.broker")
 
@@ -86,7 +86,9 @@ class Replaying:
     def __init__(
         self,
         broker_id: str,
-        settings: BrokerSettings,
+        retention: Retention,
+        durable: Durable,
+        log_interval: float,
         data_dir: Path | None,
         send: Callable[[str, ReplayMessage], None],
         targets: Targets,
@@ -95,10 +97,11 @@ class Replaying:
         withdraw: Callable[[str, str], None] = lambda key, sub_id: None,
     ) -> None:
         self.id = broker_id
-        self.settings = settings
-        self._warn = RateLimitedLog(log, settings.log_interval)
-        self.rounds = ReplayRounds(broker_id, targets, settings.replay_rounds)
-        self.durables = Durables(broker_id, settings.durable_keep, settings.durable_max)
+        self.retention, self.durable = retention, durable
+        """``[retention]`` and ``[durable]``."""
+        self._warn = RateLimitedLog(log, log_interval)
+        self.rounds = ReplayRounds(broker_id, targets, retention.replay_rounds)
+        self.durables = Durables(broker_id, durable.keep, durable.max)
         self._queued, self._withdraw = queued, withdraw
         """``queued(neighbour)``: frames waiting on the link toward it (None: the
         requesting client's connection); ``withdraw(key, sub_id)``: end a local
@@ -106,13 +109,9 @@ class Replaying:
         self._answers: set[asyncio.Task] = set()
         self._expiry: asyncio.TimerHandle | None = None
         self.store: RetentionStore | None = None
-        if data_dir is not None and settings.retention_age > 0:
+        if data_dir is not None and retention.max_age > 0:
             self.store = RetentionStore(
-                data_dir / f"{broker_id}.retention.sqlite",
-                settings.retention_bytes,
-                settings.retention_age,
-                _decode_kept,
-                settings.retention_sync,
+                data_dir / f"{broker_id}.retention.sqlite", retention, _decode_kept
             )
             for client, name, data in self.store.durables():
                 r = _decode_record(data)
@@ -190,8 +189,8 @@ class Replaying:
         *,
         until: float = inf,
         historic: bool = False,
-        max_count: int = 0,
-        max_bytes: int = 0,
+        answer_max: int = 0,
+        answer_bytes: int = 0,
         claim: str = "",
     ) -> str:
         """Client ``key`` asks for what it may have missed (a fail-over), for a window of
@@ -202,9 +201,9 @@ class Replaying:
         req_id = f"{self.id}/{secrets.token_hex(6)}"
         if key is not None:
             self.requesters[req_id] = key
-            while len(self.requesters) > self.settings.replay_rounds:
+            while len(self.requesters) > self.retention.replay_rounds:
                 self.requesters.popitem(last=False)
-        budget = self.settings.historic_budget if historic else self.settings.replay_budget
+        budget = self.retention.historic_budget if historic else self.retention.replay_budget
         request = Replay(
             req_id,
             self.id,
@@ -213,8 +212,8 @@ class Replaying:
             after,
             budget,
             until=until,
-            max_count=max_count,
-            max_bytes=max_bytes,
+            answer_max=answer_max,
+            answer_bytes=answer_bytes,
             claim=claim,
         )
         log.info(
@@ -328,7 +327,7 @@ class Replaying:
                     self.id,
                     record.name,
                     record.client,
-                    self.settings.durable_keep,
+                    self.durable.keep,
                 )
             self._save_durables()
 
@@ -434,9 +433,8 @@ class Replaying:
             self._carry_out(self.rounds.stored(request.req_id, [], [], has_store=False))
             return
         self.commit()
-        answer = StoreAnswer(
-            self.store, request, self.settings.answer_max, self.settings.answer_bytes
-        )
+        retention = self.retention
+        answer = StoreAnswer(self.store, request, retention.answer_max, retention.answer_bytes)
         first = answer.page(PAGE_ROWS)
         if answer.done:
             self._finish(answer, first)

@@ -24,6 +24,7 @@ from pathlib import Path
 from octopis.core.answer import AnswerSelection
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
+from octopis.settings import Retention
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kept (
@@ -63,32 +64,28 @@ class RetentionError(RuntimeError):
 
 
 class RetentionStore:
-    """Publications kept for replay, bounded by ``max_bytes`` (of bodies) and
-    ``max_age`` seconds. :meth:`add` queues a publication; :meth:`commit` writes every
+    """Publications kept for replay, bounded by ``[retention]``'s ``max_bytes`` (of
+    bodies) and ``max_age`` seconds. :meth:`add` queues a publication; :meth:`commit` writes every
     queued one in one transaction (the broker commits at the end of each input pass,
     before the pass's confirms can leave)."""
 
     def __init__(
         self,
         path: Path,
-        max_bytes: int,
-        max_age: float,
+        settings: Retention,
         decode: Callable[[bytes], Notification],
-        sync: str = "normal",
     ) -> None:
-        """``sync``: ``normal`` (a commit is safe from a crash of the process) or
+        """``settings.sync``: ``normal`` (a commit is safe from a crash of the process) or
         ``full`` (from a power failure too: fsync per commit)."""
-        if sync not in ("normal", "full"):
-            raise ValueError(f"retention sync must be 'normal' or 'full', not {sync!r}")
         self.path = path
-        self.max_bytes = max_bytes
-        self.max_age = max_age
+        self.max_bytes = settings.max_bytes
+        self.max_age = settings.max_age
         self._decode = decode
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute(f"PRAGMA synchronous={sync.upper()}")
+            self.db.execute(f"PRAGMA synchronous={settings.sync.upper()}")
             self.db.executescript(SCHEMA)
             self.bytes, self.rows = self.db.execute(
                 "SELECT COALESCE(SUM(LENGTH(body)), 0), COUNT(*) FROM kept"
@@ -277,10 +274,14 @@ class StoreAnswer:
     what answers, and when the answer is cut: ``truncated``). Rows trimmed between pages
     are reported with the gaps."""
 
-    def __init__(self, store: RetentionStore, request: Replay, max_count: int, max_bytes: int):
+    def __init__(
+        self, store: RetentionStore, request: Replay, answer_max: int, answer_bytes: int
+    ) -> None:
+        """``answer_max`` and ``answer_bytes``: the store's bounds (``[retention]``'s),
+        0 for none."""
         self.store = store
         self.request = request
-        self.selection = AnswerSelection(request, max_count, max_bytes)
+        self.selection = AnswerSelection(request, answer_max, answer_bytes)
         self.next_rowid = store._first_rowid_stored(request.after - CLOCK_SLACK)
         self.stop_at = request.until + CLOCK_SLACK
         self.done = False
