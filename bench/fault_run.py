@@ -22,6 +22,7 @@ one is not expected, and not delivered either). Printed as one JSON object on st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -115,22 +116,15 @@ class Faults:
 
 
 def _fill(path: Path) -> None:
-    """Write ``path`` until its file system is full."""
-    block = bytes(65536)
-    with open(path, "wb") as ballast:
-        try:
-            while True:
-                ballast.write(block)
-                ballast.flush()
-        except OSError:
-            pass
-        size = 4096
-        while size:  # the last partial block, down to a page
-            try:
-                ballast.write(bytes(size))
-                ballast.flush()
-            except OSError:
-                size //= 2
+    """Write ``path`` until its file system is full (down to the last 512 bytes)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (65536, 4096, 512):
+            with contextlib.suppress(OSError):
+                while os.write(fd, bytes(size)):
+                    pass
+    finally:
+        os.close(fd)
 
 
 class Checker:
@@ -200,6 +194,7 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
 
     try:
         report["ready_before_s"] = round(await control.wait_ready(90), 2)
+        before = await control.call_all("stats")
         subs = {name: await connect(name.split("@")[1], name, **hooks(name)) for name in PLACES}
         for name, sub in subs.items():
             check.subscribed(name, PLACES[name])
@@ -224,6 +219,7 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
         async def heal() -> float:
             started = time.monotonic()
             await faults.heal(kind)
+            report["heal_command_s"] = round(time.monotonic() - started, 2)
             await control.wait_ready(120)
             return time.monotonic() - started
 
@@ -286,11 +282,24 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
         row["history_complete"] = past.history.complete
         row["gaps_open"] += 0 if past.history.complete else 1
         report["subscribers"] = [*rows, row]
+        report.update(_counted(before, await control.call_all("stats")))
         for client in (historian, durable, pub, *subs.values()):
             await client.close()
     finally:
         await control.close_control()
     return report
+
+
+def _counted(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """Links declared down and neighbours seen restarted, summed over the brokers, between
+    two ``stats`` answers (a restarted broker's own counters start again at zero)."""
+    counts = dict.fromkeys(("links_down", "peer_restarts"), 0)
+    for broker, s in after.items():
+        same = before[broker]["incarnation"] == s["incarnation"]
+        for key in counts:
+            counts[key] += s["counters"].get(key, 0)
+            counts[key] -= before[broker]["counters"].get(key, 0) if same else 0
+    return counts
 
 
 async def _warm_up(pub: Publisher, check: Checker, names: list[str]) -> int:
