@@ -11,12 +11,14 @@ The namespaces need root and ``ip netns`` (the ``namespaces`` fixture skips with
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from test_docs import ROOT, fenced_blocks
 
 from bench.faults import FAULTS, Overlay, markdown, passes
 from octopis.cluster.netns import Namespaces
-
+from octopis.transport.settings import load_settings
 
 SECONDS = 4.0
 COUNT = 240
@@ -75,3 +77,12 @@ def test_the_table_names_each_fault() -> None:
     assert line == cells + " 1.5 | – | 0 | FAIL |"
     assert not passes(report["subscribers"][0])
     assert passes({**report["subscribers"][0], "gaps_open": 1})
+
+
+def test_the_guides_settings_example_turns_fsync_on(tmp_path: Path) -> None:
+    """The failures guide's settings file, as written, makes every commit an fsync."""
+    blocks = [b for b in fenced_blocks(ROOT / "docs/guides/failures.md") if b.language == "toml"]
+    assert len(blocks) == 1
+    path = tmp_path / "broker.toml"
+    path.write_text(blocks[0].code)
+    assert load_settings(path).retention_sync == "full"
