@@ -282,6 +282,7 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
         row["history_complete"] = past.history.complete
         row["gaps_open"] += 0 if past.history.complete else 1
         report["subscribers"] = [*rows, row]
+        report["refused_delivered"] = len(refused & set().union(*map(check.got, subs)))
         report.update(_counted(before, await control.call_all("stats")))
         for client in (historian, durable, pub, *subs.values()):
             await client.close()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import time
 
 BUFFER = 1 << 20
@@ -79,9 +78,15 @@ class Toxic:
             _reset(writer)
             return
         self.writers.update((writer, up_writer))
-        try:
-            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        pumps = [
+            asyncio.ensure_future(self._pump(reader, up_writer)),
+            asyncio.ensure_future(self._pump(up_reader, writer)),
+        ]
+        try:  # one side closed or broke: so does the other, as a broken TCP link would
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            for pump in pumps:
+                pump.cancel()
             for w in (writer, up_writer):
                 self.writers.discard(w)
                 _reset(w)
@@ -91,10 +96,14 @@ class Toxic:
         room = asyncio.Semaphore(BUFFER // 65536)
 
         async def read() -> None:
-            while chunk := await reader.read(65536):
-                await room.acquire()
-                chunks.put_nowait((time.monotonic(), chunk))
-            chunks.put_nowait((0.0, b""))
+            try:
+                while chunk := await reader.read(65536):
+                    await room.acquire()
+                    chunks.put_nowait((time.monotonic(), chunk))
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                chunks.put_nowait((0.0, b""))
 
         reading = asyncio.ensure_future(read())
         try:
@@ -113,8 +122,6 @@ class Toxic:
             return
         finally:
             reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                await reading
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

@@ -50,7 +50,8 @@ def test_a_fault_loses_nothing_confirmed_and_delivers_once(overlay: Overlay, kin
         assert report["refused"] == 0, report["refusal"]
     for row in report["subscribers"]:
         assert row["expected_deliveries"] == report["confirmed"], row
-        assert row["unexpected"] == 0, row
+        # a refusal after the copies left (the commit failed at the end of the pass)
+        assert row["unexpected"] <= report["refused_delivered"], row
         assert passes(row), row
     live = [r for r in report["subscribers"] if r["subscriber"].startswith("live")]
     assert all(r["lost"] == 0 for r in live), live
@@ -68,13 +69,14 @@ def test_the_table_names_each_fault() -> None:
         "heal_s": 1.5,
         "caught_up_s": None,
         "refused": 0,
+        "refused_delivered": 0,
         "passed": False,
         "links_down": 24,
         "subscribers": [{**row, "gaps_reported": 1, "gaps_filled": 1, "gaps_open": 0}],
     }
     line = markdown([report]).splitlines()[-1]
     cells = "| DNR | host h1 cut off both ways (veth down) | 4 | 10 | 9 | 0 | 1 | 1/1/0 | 24 |"
-    assert line == cells + " 1.5 | – | 0 | FAIL |"
+    assert line == cells + " 1.5 | – | 0 (0) | FAIL |"
     assert not passes(report["subscribers"][0])
     assert passes({**report["subscribers"][0], "gaps_open": 1})
 
