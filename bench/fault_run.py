@@ -49,6 +49,8 @@ TARGET = "a:1"
 PLACES = {"live@d:0": QUOTES, "live@f:2": COVERED, "failover@a:1": QUOTES}
 DURABLE_AT, DURABLE_BACK, HISTORIC_AT = "c:2", "c:0", "b:2"
 OCTOPIS = [sys.executable, "-m", "octopis.cli.main"]
+PROXY_TOXICS = {"delay": "delay 0.5", "stall": "stall", "reset": "cut"}
+"""The proxy's command for each link fault (:mod:`bench.toxic`)."""
 
 
 class Faults:
@@ -71,48 +73,31 @@ class Faults:
         if process.returncode:
             raise RuntimeError(f"{' '.join(argv)} failed: {out.decode()[-2000:]}")
 
-    async def inject(self, kind: str) -> str:
-        """Start fault ``kind``; returns what the publisher may see (a refusal) or ''."""
+    async def turn(self, kind: str, on: bool) -> None:
+        """Start (``on``) or end fault ``kind``."""
         s = self.spec
-        if kind == "crash":
+        host = s["host_of"][TARGET]
+        if kind == "crash" and on:
             os.kill(self._pid(TARGET), signal.SIGKILL)
+        elif kind == "crash":
+            restart = ["restart", TARGET, "--run-dir", s["run_dirs"][host], "--timeout", "60"]
+            await self._command("ip", "netns", "exec", s["namespaces"][host], *OCTOPIS, *restart)
         elif kind == "pause":
-            os.kill(self._pid(TARGET), signal.SIGSTOP)
+            os.kill(self._pid(TARGET), signal.SIGSTOP if on else signal.SIGCONT)
         elif kind == "cut":
-            await self._command("ip", "-n", s["switch"], "link", "set", s["cut_port"], "down")
+            link = ["link", "set", s["cut_port"], "down" if on else "up"]
+            await self._command("ip", "-n", s["switch"], *link)
         elif kind == "one-way":
-            await self._command(
-                "ip", "-n", s["publisher_ns"], "route", "add", "blackhole", s["cut_address"]
-            )
-        elif kind in ("delay", "stall", "reset"):
-            await tell(
-                s["proxy_control"], {"delay": "delay 0.5", "stall": "stall", "reset": "cut"}[kind]
-            )
-        elif kind == "disk":
+            route = ["route", "add" if on else "del", "blackhole", s["cut_address"]]
+            await self._command("ip", "-n", s["publisher_ns"], *route)
+        elif kind in PROXY_TOXICS:
+            await tell(s["proxy_control"], PROXY_TOXICS[kind] if on else "pass")
+        elif kind == "disk" and on:
             _fill(self.ballast)
-        return ""
-
-    async def heal(self, kind: str) -> None:
-        """End fault ``kind``."""
-        s = self.spec
-        if kind == "crash":
-            host = s["host_of"][TARGET]
-            await self._command(
-                "ip", "netns", "exec", s["namespaces"][host], *OCTOPIS, "restart", TARGET,
-                "--run-dir", s["run_dirs"][host], "--timeout", "60",
-            )  # fmt: skip
-        elif kind == "pause":
-            os.kill(self._pid(TARGET), signal.SIGCONT)
-        elif kind == "cut":
-            await self._command("ip", "-n", s["switch"], "link", "set", s["cut_port"], "up")
-        elif kind == "one-way":
-            await self._command(
-                "ip", "-n", s["publisher_ns"], "route", "del", "blackhole", s["cut_address"]
-            )
-        elif kind in ("delay", "stall", "reset"):
-            await tell(s["proxy_control"], "pass")
         elif kind == "disk":
             self.ballast.unlink()
+        else:
+            raise ValueError(f"no fault {kind!r}")
 
 
 def _fill(path: Path) -> None:
@@ -218,7 +203,7 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
 
         async def heal() -> float:
             started = time.monotonic()
-            await faults.heal(kind)
+            await faults.turn(kind, on=False)
             report["heal_command_s"] = round(time.monotonic() - started, 2)
             await control.wait_ready(120)
             return time.monotonic() - started
@@ -231,7 +216,7 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
             now = time.monotonic() - t0
             if now >= spec["fault_at"] and not report.get("injected"):
                 report["injected"] = True
-                await faults.inject(kind)
+                await faults.turn(kind, on=True)
                 draining.cancel()
                 await durable.close()
             if now >= spec["fault_at"] + seconds and heal_ready is None:

@@ -64,6 +64,7 @@ class Overlay:
     def _topologies(self) -> tuple[Path, dict[str, Path], list[str], int]:
         """The topology, each host's copy (the proxied link's far end at the proxy), the
         proxy's routes and its control port."""
+        self.root.mkdir(parents=True, exist_ok=True)
         hosts = {h: self.ns.address(h) for h in HOSTS}
         scot = build_preset("fig2", hosts=hosts, base_port=find_free_base_port(18 + 2))
         path = self.root / "t.json"
