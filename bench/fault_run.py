@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -93,11 +94,24 @@ class Faults:
         elif kind in PROXY_TOXICS:
             await tell(s["proxy_control"], PROXY_TOXICS[kind] if on else "pass")
         elif kind == "disk" and on:
+            _truncate_logs(self.ballast.parent)
             _fill(self.ballast)
         elif kind == "disk":
             self.ballast.unlink()
         else:
             raise ValueError(f"no fault {kind!r}")
+
+
+def _truncate_logs(data: Path) -> None:
+    """Checkpoint every store's write-ahead log in ``data`` into its database and truncate
+    it: the next commits need new blocks (a log that grew earlier would otherwise take
+    them in the room it already has, and a full disk would not be felt for a while)."""
+    for path in data.glob("*.retention.sqlite"):
+        db = sqlite3.connect(path, timeout=5)
+        try:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            db.close()
 
 
 def _fill(path: Path) -> None:
