@@ -217,6 +217,7 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
 
         async def heal() -> float:
             started = time.monotonic()
+            report["load"] = round(os.getloadavg()[0], 1)
             await faults.turn(kind, on=False)
             report["heal_command_s"] = round(time.monotonic() - started, 2)
             await control.wait_ready(120)

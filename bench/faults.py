@@ -207,13 +207,14 @@ def hosts() -> Iterator[Namespaces]:
 def markdown(reports: list[dict[str, Any]]) -> str:
     """The RESULTS table: one row per scenario, its subscribers' counts summed; gaps
     reported to them, filled later, and still open; link-down detections across the
-    brokers; seconds from the heal until every broker was ready, and then until every
+    brokers; seconds from the heal until every broker was ready (and the machine's load
+    average then: on two cores it moves them most), and then until every
     subscriber had every confirmed publication; publications refused (and of those, how
     many were delivered all the same)."""
     rows = [
         "| mode | fault | s | expected | delivered | duplicated | lost | gaps rep./filled/open "
-        "| links down | heal s | caught up s | refused (delivered) | verdict |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "| links down | heal s | load | caught up s | refused (delivered) | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in reports:
         subs = r["subscribers"]
@@ -229,6 +230,7 @@ def markdown(reports: list[dict[str, Any]]) -> str:
             f"| {r['mode'].upper()} | {r['fault']} | {r['seconds']:g} | "
             f"{total['expected_deliveries']:,} | {total['delivered']:,} | {total['duplicates']} | "
             f"{total['lost']} | {gaps} | {r.get('links_down', '–')} | {r['heal_s']:.1f} | "
+            f"{r.get('load', '–')} | "
             f"{caught} | {r['refused']} ({r['refused_delivered']}) | "
             f"{'pass' if r['passed'] else 'FAIL'} |"
         )

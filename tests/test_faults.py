@@ -67,6 +67,7 @@ def test_the_table_names_each_fault() -> None:
         "fault": FAULTS["cut"],
         "seconds": 4.0,
         "heal_s": 1.5,
+        "load": 3.5,
         "caught_up_s": None,
         "refused": 0,
         "refused_delivered": 0,
@@ -76,7 +77,7 @@ def test_the_table_names_each_fault() -> None:
     }
     line = markdown([report]).splitlines()[-1]
     cells = "| DNR | host h1 cut off both ways (veth down) | 4 | 10 | 9 | 0 | 1 | 1/1/0 | 24 |"
-    assert line == cells + " 1.5 | – | 0 (0) | FAIL |"
+    assert line == cells + " 1.5 | 3.5 | – | 0 (0) | FAIL |"
     assert not passes(report["subscribers"][0])
     assert passes({**report["subscribers"][0], "gaps_open": 1})
 
