@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -248,7 +249,9 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
         refused = set(pub.refused_seqs)
         confirmed = [s for s in sent if s not in refused]
         report.update(sent=len(sent), confirmed=len(confirmed), refused=len(refused))
-        report["refusal"] = pub.refused[0] if pub.refused else ""
+        report["refusals"] = list(
+            dict.fromkeys(re.sub(r"\d+(\.\d+)?", "N", r) for r in pub.refused)
+        )
         for seq in confirmed:
             check.ledger.published(pub.name, seq, parse_publication(f"[class,'STOCK'],[i,{seq}]"))
         report["heal_s"] = round(await heal_ready, 2)
