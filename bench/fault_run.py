@@ -285,7 +285,11 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
         row["history_complete"] = past.history.complete
         row["gaps_open"] += 0 if past.history.complete else 1
         report["subscribers"] = [*rows, row]
-        report["refused_delivered"] = len(refused & set().union(*map(check.got, subs)))
+        delivered = refused & set().union(*map(check.got, subs))
+        report["refused_delivered"] = len(delivered)
+        why = zip(pub.refused_seqs, pub.refused, strict=True)
+        routed = {seq for seq, reason in why if "delivered" in reason}
+        report["refused_delivered_unsaid"] = len(delivered - routed)
         report.update(_counted(before, await control.call_all("stats")))
         for client in (historian, durable, pub, *subs.values()):
             await client.close()

@@ -52,9 +52,10 @@ def test_a_fault_loses_nothing_confirmed_and_delivers_once(overlay: Overlay, kin
         assert report["refused"] == 0, refusals
     for row in report["subscribers"]:
         assert row["expected_deliveries"] == report["confirmed"], row
-        # a refusal after the copies left (the commit failed at the end of the pass)
+        # refused after its copies left (the commit failed at the end of the pass): said so
         assert row["unexpected"] <= report["refused_delivered"], row
         assert passes(row), row
+    assert report["refused_delivered_unsaid"] == 0
     live = [r for r in report["subscribers"] if r["subscriber"].startswith("live")]
     assert all(r["lost"] == 0 for r in live), live
 
