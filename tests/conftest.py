@@ -1,6 +1,7 @@
 """Suite-wide setup: the hypothesis profile (``HYPOTHESIS_PROFILE``, see ``laws.py``), the
 test tiers, the ``line_of`` fixture (three broker processes a:0 – b:0 – c:0 in the clear)
-and :func:`secure_fig2` (fig2's 18 broker processes with keys on).
+and :func:`secure_fig2` (fig2's 18 broker processes with keys on), and the ``namespaces``
+fixture (three hosts and a client host in network namespaces on one bridge).
 
 Tiers: a test that starts broker processes (or any OctopiS command as a process) is marked
 ``processes``; one that runs Spark ``spark``, one that drives Chromium ``browser``; both of
@@ -24,6 +25,8 @@ import pytest
 from conditions import closing_control
 
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
+from octopis.cluster.netns import HOSTS, Namespaces, why_no_namespaces
+from octopis.cluster.netns import namespaces as made_namespaces
 from octopis.keys import KEYS_ENV
 from octopis.settings import BrokerSettings
 from octopis.topology import build_scot, complete_factor
@@ -112,6 +115,19 @@ def secure_fig2(
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def namespaces() -> Iterator[Namespaces]:
+    """Hosts ``h0``–``h2`` and a client host in network namespaces on one bridge, for the
+    module. They need root and ``ip netns``: without them the test is skipped with the
+    reason, unless ``OCTOPIS_REQUIRE_NETNS`` is set (CI sets it), where it fails instead."""
+    if reason := why_no_namespaces():
+        if os.environ.get("OCTOPIS_REQUIRE_NETNS"):
+            pytest.fail(f"OCTOPIS_REQUIRE_NETNS is set but {reason}")
+        pytest.skip(reason)
+    with made_namespaces(f"octopis{os.getpid()}", HOSTS) as ns:
+        yield ns
 
 
 @pytest.fixture

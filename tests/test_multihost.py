@@ -2,119 +2,28 @@
 with its own address on a bridge, started host by host with ``octopis up --host``, and
 workloads run across them exactly once from a fourth namespace (a client host).
 
-Everything lives in namespaces this test makes: the bridge sits in a namespace of its
-own, so the machine's own network is never touched and no address outside them is ever
-reached. It needs root and ``ip netns``; without them it is skipped with the reason,
-unless ``OCTOPIS_REQUIRE_NETNS`` is set (CI sets it), where it fails instead.
+Everything lives in namespaces the ``namespaces`` fixture makes
+(:mod:`octopis.cluster.netns`): the machine's own network is never touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conditions import assert_one_sbp_each
 
+from octopis.cluster.netns import HOSTS, Namespaces
 from octopis.topology import load_topology
 
 pytestmark = pytest.mark.processes
 
-SUBNET = "198.18.7"
-"""Addresses of the test hosts (RFC 2544's range for network tests), inside the
-namespaces only: the bridge's namespace has no route anywhere else."""
-HOSTS = ("h0", "h1", "h2")
 OCTOPIS = [sys.executable, "-m", "octopis.cli.main"]
-
-
-@dataclass
-class Namespaces:
-    """The namespaces of one test: ``hosts`` (name → namespace), ``client``, ``switch``."""
-
-    hosts: dict[str, str]
-    client: str
-    switch: str
-
-    def address(self, host: str) -> str:
-        return f"{SUBNET}.{HOSTS.index(host) + 1}"
-
-    def run(
-        self, namespace: str, argv: list[str], timeout: float = 240
-    ) -> subprocess.CompletedProcess:
-        """``argv`` inside ``namespace``, output captured, bounded in time."""
-        return subprocess.run(
-            ["ip", "netns", "exec", namespace, *argv],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
-def _why_no_namespaces() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "no `ip` command (iproute2)"
-    probe = f"octopis-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"`ip netns add` failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-@pytest.fixture(scope="module")
-def namespaces() -> Iterator[Namespaces]:
-    if reason := _why_no_namespaces():
-        if os.environ.get("OCTOPIS_REQUIRE_NETNS"):
-            pytest.fail(f"OCTOPIS_REQUIRE_NETNS is set but {reason}")
-        pytest.skip(reason)
-    tag = f"octopis{os.getpid()}"
-    ns = Namespaces(
-        hosts={h: f"{tag}-{h}" for h in HOSTS}, client=f"{tag}-client", switch=f"{tag}-sw"
-    )
-    made: list[str] = []
-    try:
-        for name in (ns.switch, *ns.hosts.values(), ns.client):
-            _ip("netns", "add", name)
-            made.append(name)
-            _ip("-n", name, "link", "set", "lo", "up")
-        _ip("-n", ns.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", ns.switch, "link", "set", "br0", "up")
-        members = [*((ns.hosts[h], ns.address(h)) for h in HOSTS), (ns.client, f"{SUBNET}.100")]
-        for i, (name, address) in enumerate(members):
-            port = f"port{i}"
-            _ip(
-                "-n",
-                ns.switch,
-                "link",
-                "add",
-                port,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                name,
-            )
-            _ip("-n", ns.switch, "link", "set", port, "master", "br0", "up")
-            _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
-            _ip("-n", name, "link", "set", "eth0", "up")
-        yield ns
-    finally:
-        for name in made:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import asyncio
 import secrets
 import time
 from collections import deque
+from functools import partial
 
 from octopis.client.connection import Connection, NamedClient
 from octopis.filters.composite import as_filter
@@ -26,6 +27,8 @@ class Publisher(NamedClient):
         self._unacknowledged: set[asyncio.Future] = set()
         self.refused: deque[str] = deque(maxlen=1000)
         """Why publications sent without ``wait`` were refused (the last 1,000)."""
+        self.refused_seqs: deque[int] = deque(maxlen=1000)
+        """Their sequence numbers, in the same order."""
         self.advertisements: dict[str, Subscription] = {}
         """The advertisements made at the broker (adv_id → filter)."""
 
@@ -80,13 +83,14 @@ class Publisher(NamedClient):
             await asyncio.wait_for(future, timeout)
         else:
             self._unacknowledged.add(future)
-            future.add_done_callback(self._acknowledged)
+            future.add_done_callback(partial(self._acknowledged, self.seq))
         return self.seq
 
-    def _acknowledged(self, future: asyncio.Future) -> None:
+    def _acknowledged(self, seq: int, future: asyncio.Future) -> None:
         self._unacknowledged.discard(future)
         if not future.cancelled() and future.exception() is not None:
             self.refused.append(str(future.exception()))
+            self.refused_seqs.append(seq)
 
     async def flush(self, timeout: float = 30.0) -> None:
         """Return once every publication sent so far is acknowledged (or refused)."""

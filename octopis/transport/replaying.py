@@ -169,8 +169,10 @@ class Replaying:
             self.store.commit(time.time())
         except RetentionError as exc:
             self._warn.warning("retention", "%s: %s", self.id, exc)
+            # routed in the pass that took them, before this commit: not "not published"
+            reason = f"{exc} (routed before the disk refused: it may have been delivered)"
             for receipt in receipts:
-                receipt.refuse(str(exc))
+                receipt.refuse(reason)
             return
         for receipt in receipts:
             receipt.held()
