@@ -18,7 +18,7 @@ from test_docs import ROOT, fenced_blocks
 
 from bench.faults import FAULTS, Overlay, markdown, passes
 from octopis.cluster.netns import Namespaces
-from octopis.transport.settings import load_settings
+from octopis.settings import load_settings
 
 SECONDS = 4.0
 COUNT = 240
@@ -91,4 +91,4 @@ def test_the_guides_settings_example_turns_fsync_on(tmp_path: Path) -> None:
     assert len(blocks) == 1
     path = tmp_path / "broker.toml"
     path.write_text(blocks[0].code)
-    assert load_settings(path).retention_sync == "full"
+    assert load_settings(path).retention.sync == "full"
