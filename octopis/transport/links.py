@@ -34,6 +34,14 @@ YIELDS_BEFORE_POLL = 4
 EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 LOOP_SLACK = 0.01
 """Seconds a paced sender may catch up after the event loop woke it late."""
+TCP_MAX_RETRANSMIT_MS = 2000
+"""A peer link's TCP connection with data unacknowledged this long is aborted and made
+again (``TCP_USER_TIMEOUT``): twice the default liveness timeout, so the link is
+declared down, and its frames taken back, first."""
+CONNECT_TIMEOUT_MS = 500
+"""A peer link's connection attempt gives up after this long and is tried again
+(ZeroMQ's reconnect interval later): a SYN lost to a cut is not retried by the kernel's
+backoff (1, 2, 4 s)."""
 
 FULL = -1
 """What :meth:`OutputLink._send_batch` returns when ZeroMQ's pipe is full."""
@@ -201,6 +209,13 @@ class OutputLink:
         self.socket.setsockopt(zmq.SNDHWM, sndhwm)
         self.socket.setsockopt(zmq.IMMEDIATE, 1)
         self.socket.setsockopt(zmq.LINGER, 1000)
+        # A cut link's TCP connection backs off its retransmissions (0.2, 0.4, ... 3.2 s):
+        # left alone, the first frame after the cut heals waits seconds. Abort it after
+        # TCP_MAX_RETRANSMIT instead (custody has taken back what it carried, DESIGN §7),
+        # and let each new connection attempt give up after CONNECT_TIMEOUT, so a healed
+        # link reconnects within a fraction of a second.
+        self.socket.setsockopt(zmq.TCP_MAXRT, TCP_MAX_RETRANSMIT_MS)
+        self.socket.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
         if curve is not None:
             curve.connect(self.socket, name)
         self.socket.connect(endpoint)
