@@ -73,6 +73,7 @@ cdef extern from "Python.h":
     bint PyType_IsSubtype(object, object)
 
 include "_match_types.pxi"
+include "_match_interning.pxi"
 
 
 MATCH_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
@@ -526,7 +527,6 @@ cdef class Matcher:
         return [_match_one(self, p if type(p) is dict else dict(p)) for p in publications]
 
 
-include "_match_interning.pxi"
 include "_match_index.pxi"
 include "_match_columns.pxi"
 include "_match_query.pxi"
