@@ -92,7 +92,10 @@ def test_the_size_check_can_fail(tmp_path: Path) -> None:
     long_py.write_text("class Big:\n" + body + "\n\nclass Small:\n    y = 2\n")
     long_pyx = tmp_path / "long.pyx"
     long_pyx.write_text(
-        "cdef class Big:\n" + body + "    # a comment\n\n" + "y = 2\n" * (MODULE_LINES - CLASS_LINES)
+        "cdef class Big:\n"
+        + body
+        + "    # a comment\n\n"
+        + "y = 2\n" * (MODULE_LINES - CLASS_LINES)
     )
     assert class_sizes(long_py) == {"Big": CLASS_LINES + 1, "Small": 2}
     assert class_sizes(long_pyx) == {"Big": CLASS_LINES + 2}

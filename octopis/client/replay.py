@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from octopis.client.connection import ConnectionGroup, Received
+from octopis.client.deliveries import Received, RecentDeliveries
 from octopis.wire import delivery_fields
 
 
 def unseen(
-    name: str, group: ConnectionGroup, bodies: Iterable[bytes]
+    name: str, group: RecentDeliveries, bodies: Iterable[bytes]
 ) -> tuple[list[tuple[Received, int]], int]:
     """The replayed publications (NOTIFY ``bodies``) client ``name`` was not delivered
     before (the group's record decides, and now records them), with their sizes; and how
@@ -120,7 +120,7 @@ class Seam:
         self.live.append((received, size))
         return True
 
-    def joined(self, name: str, group: ConnectionGroup) -> tuple[list[tuple[Received, int]], int]:
+    def joined(self, name: str, group: RecentDeliveries) -> tuple[list[tuple[Received, int]], int]:
         """The replayed publications not delivered before, with the held live ones, in
         publisher order; and how many replayed ones were repeats."""
         fresh, repeats = unseen(name, group, self.answers.get(self.replay or "", ()))
