@@ -76,6 +76,15 @@ class RecentDeliveries:
         self.recent: deque[tuple[float, DeliveryKey]] = deque()
         """``(time, key)`` of each delivery in :attr:`seen`, oldest first."""
 
+    def first_time(self, key: DeliveryKey, now: float) -> bool:
+        """Whether delivery ``key`` comes for the first time (within the horizon); it is
+        remembered from ``now`` if so."""
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        self.recent.append((now, key))
+        return True
+
     def forget_old(self, now: float) -> None:
         """Forget the deliveries past the horizon at time ``now``, and the oldest beyond
         the limit."""

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from octopis.client.deliveries import Received, RecentDeliveries
-from octopis.client.replay import ReplayGap, Seam, unseen
+from octopis.client.replay import ReplayGap, Seam, join_replayed
 
 log = logging.getLogger("octopis.client")
 
@@ -116,15 +116,14 @@ class ReplayLog:
         publications not delivered before are delivered now (after the live ones that
         came meanwhile), and the part is noted in the replay's record."""
         if message["op"] == "replayed":
-            fresh, repeats = unseen(self.name, self.recent, message.get("bodies", ()))
             delivered = record["delivered"]
-            fresh = [
-                item
-                for item in fresh
-                if (item[0].publisher, item[0].session, item[0].seq) not in delivered
-            ]
-            repeats += len(message.get("bodies", ())) - repeats - len(fresh)
-            fresh.sort(key=lambda item: (item[0].publisher, item[0].session, item[0].seq))
+            fresh, repeats = join_replayed(
+                self.name,
+                self.recent,
+                [],
+                message.get("bodies", ()),
+                also=lambda key: key not in delivered,
+            )
             for received, size in fresh:
                 self.deliver(received, size)
             record["late_replayed"] += len(fresh)
