@@ -42,9 +42,11 @@ with one and builds its list from them (a borrowed key per slot, copied in slot 
 one per group. Subscriptions added since the last build wait in a pending list and are
 verified in full; removed ones lose their live bit.
 
-Files: this one holds the storage (ids, interning, compiled programs) and the API;
-``_match_index.pxi`` builds the index, ``_match_query.pxi`` matches, ``_match_types.pxi``
-declares the C types and helpers they share.
+Files: this one holds the storage (ids, compiled programs) and the API;
+``_match_interning.pxi`` interns attribute names and string constants,
+``_match_index.pxi`` builds the index (its columns: ``_match_columns.pxi``),
+``_match_query.pxi`` matches, ``_match_types.pxi`` declares the C types and helpers they
+share.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -71,6 +73,7 @@ cdef extern from "Python.h":
     bint PyType_IsSubtype(object, object)
 
 include "_match_types.pxi"
+include "_match_interning.pxi"
 
 
 MATCH_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
@@ -288,142 +291,7 @@ cdef class Matcher:
         PyMem_Free(self.v_len)
         PyMem_Free(self.v_obj)
         PyMem_Free(self.touched)
-        self._free_index()
-
-    cdef void _free_index(self) noexcept:
-        cdef int a
-        if self.columns != NULL:
-            for a in range(self.built_attrs):
-                PyMem_Free(self.columns[a].words)
-                PyMem_Free(self.columns[a].split)
-                PyMem_Free(self.columns[a].sids)
-                PyMem_Free(self.columns[a].sure)
-                PyMem_Free(self.columns[a].edge_off)
-                PyMem_Free(self.columns[a].edges)
-                PyMem_Free(self.columns[a].edge_at)
-        PyMem_Free(self.columns)
-        PyMem_Free(self.slot_sub)
-        PyMem_Free(self.slot_grp)
-        PyMem_Free(self.slot_key)
-        self._slot_keys = []
-        PyMem_Free(self.hit_w)
-        PyMem_Free(self.hit_bits)
-        PyMem_Free(self.live)
-        PyMem_Free(self.word_chunk)
-        PyMem_Free(self.chunk_w0)
-        PyMem_Free(self.chunk_off)
-        PyMem_Free(self.chunk_key)
-        PyMem_Free(self.chunk_lo)
-        PyMem_Free(self.chunk_hi)
-        PyMem_Free(self.pieces)
-        PyMem_Free(self.cur_sure)
-        PyMem_Free(self.cur_edge)
-        PyMem_Free(<void*>self.cur_at)
-        PyMem_Free(self.cur_pk)
-        PyMem_Free(self.str_off)
-        PyMem_Free(self.cells)
-        PyMem_Free(self.visit)
-        PyMem_Free(self.affixed)
-        self.columns = NULL
-        self.slot_sub = NULL
-        self.slot_grp = NULL
-        self.slot_key = NULL
-        self.hit_w = NULL
-        self.hit_bits = NULL
-        self.live = NULL
-        self.word_chunk = NULL
-        self.chunk_w0 = NULL
-        self.chunk_off = NULL
-        self.chunk_key = NULL
-        self.chunk_lo = NULL
-        self.chunk_hi = NULL
-        self.pieces = NULL
-        self.cur_sure = NULL
-        self.cur_edge = NULL
-        self.cur_at = NULL
-        self.cur_pk = NULL
-        self.str_off = NULL
-        self.cells = NULL
-        self.visit = NULL
-        self.affixed = NULL
-        self.built_attrs = 0
-        self.built_strs = 0
-        self.n_slots = self.n_words = self.n_cells = self.root_end = 0
-        self.index_bytes = 0
-        self._affix_lengths = {}
-
-    # ---- interning -------------------------------------------------------------------
-
-    cdef int _intern_attr(self, str name) except -1:
-        cdef int aid, old, i
-        found = self._attr_ids.get(name)
-        if found is not None:
-            aid = found
-            self._attr_refs[aid] += 1
-            return aid
-        if self._free_attrs:
-            aid = self._free_attrs.pop()
-            self._attr_refs[aid] = 1
-        else:
-            aid = len(self._attr_refs)
-            self._attr_refs.append(1)
-        self._attr_ids[name] = aid
-        if aid >= self.acap:
-            old = self.acap
-            self.acap = max(16, 2 * self.acap)
-            self.val = <double*>_alloc(self.val, 2 * self.acap * sizeof(double))
-            for i in range(2 * old, 2 * self.acap):
-                self.val[i] = NAN
-            self.v_epoch = <uint32_t*>_alloc(self.v_epoch, self.acap * sizeof(uint32_t))
-            memset(self.v_epoch + old, 0, (self.acap - old) * sizeof(uint32_t))
-            self.v_kind = <char*>_alloc(self.v_kind, self.acap * sizeof(char))
-            memset(self.v_kind + old, 0, self.acap - old)
-            self.v_sid = <int*>_alloc(self.v_sid, self.acap * sizeof(int))
-            memset(self.v_sid + old, 0, (self.acap - old) * sizeof(int))
-            self.v_str = <const char**>_alloc(<void*>self.v_str, self.acap * sizeof(char*))
-            self.v_len = <Py_ssize_t*>_alloc(self.v_len, self.acap * sizeof(Py_ssize_t))
-            self.v_obj = <PyObject**>_alloc(self.v_obj, self.acap * sizeof(PyObject*))
-            self.touched = <int*>_alloc(self.touched, self.acap * sizeof(int))
-        return aid
-
-    cdef int _intern_str(self, str value) except -1:
-        cdef int sid
-        found = self._str_ids.get(value)
-        if found is not None:
-            sid = found
-            self._str_refs[sid] += 1
-            return sid
-        encoded = value.encode("utf-8", "surrogatepass")
-        if self._free_strs:
-            sid = self._free_strs.pop()
-            self._str_refs[sid] = 1
-            self._str_text[sid] = value
-            self._str_bytes[sid] = encoded
-        else:
-            sid = len(self._str_refs)
-            self._str_refs.append(1)
-            self._str_text.append(value)
-            self._str_bytes.append(encoded)
-        self._str_ids[value] = sid
-        return sid
-
-    cdef int _release(self, object subscription) except -1:
-        cdef int aid, sid
-        for p in subscription.predicates:
-            aid = self._attr_ids[p.attr]
-            self._attr_refs[aid] -= 1
-            if self._attr_refs[aid] == 0:
-                del self._attr_ids[p.attr]
-                self._free_attrs.append(aid)
-            if isinstance(p.value, str):
-                sid = self._str_ids[p.value]
-                self._str_refs[sid] -= 1
-                if self._str_refs[sid] == 0:
-                    del self._str_ids[p.value]
-                    self._str_text[sid] = None
-                    self._str_bytes[sid] = None
-                    self._retired_strs.append(sid)
-        return 0
+        _free_index(self)
 
     # ---- subscriptions ---------------------------------------------------------------
 
@@ -473,10 +341,10 @@ cdef class Matcher:
         compiled = []
         ranges = {}
         for p in subscription.predicates:
-            aid = self._intern_attr(p.attr)
+            aid = _intern_attr(self, p.attr)
             op = _OPCODES[p.op]
             if isinstance(p.value, str):
-                compiled.append((aid, op, 0.0, 0.0, self._intern_str(p.value)))
+                compiled.append((aid, op, 0.0, 0.0, _intern_str(self, p.value)))
             elif op == NUM_RANGE:
                 lo, hi = _closed_range(p.op, float(p.value))
                 if aid in ranges:
@@ -523,7 +391,7 @@ cdef class Matcher:
         """Forget the subscription stored under ``key``; an unknown key raises KeyError."""
         cdef int sub = self._ids.pop(key)
         cdef int pos, last, slot, g = self.grp[sub]
-        self._release(self._subs[sub])
+        _release(self, self._subs[sub])
         if g >= 0:
             self.grp_live[g] -= 1
             self.n_groups -= self.grp_live[g] == 0
@@ -660,4 +528,5 @@ cdef class Matcher:
 
 
 include "_match_index.pxi"
+include "_match_columns.pxi"
 include "_match_query.pxi"

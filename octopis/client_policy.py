@@ -6,13 +6,15 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 - :func:`replay_after`: from when a replay asks for what was missed (one
   :data:`~octopis.defaults.LOOKBACK`);
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), the
-  ``since`` of a replay request.
+  ``since`` of a replay request;
+- :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
+  came (the seam): each publication once, in publisher order.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
@@ -27,6 +29,28 @@ def failover_order(candidates: Sequence[T], current: T) -> list[T]:
     back)."""
     start = candidates.index(current)
     return [*candidates[start + 1 :], *candidates[: start + 1]]
+
+
+def join_at_seam(
+    live: Iterable[T],
+    replayed: Iterable[T],
+    order: Callable[[T], tuple[str, int, int]],
+    first_time: Callable[[T], bool],
+) -> tuple[list[T], int]:
+    """The seam of a replay (DESIGN §11): the ``live`` deliveries held while the answer
+    came, with the ``replayed`` ones not delivered before (``first_time`` says, and
+    records them), in publisher order (``order``: an item's publisher, session and
+    sequence number); and how many replayed ones were repeats."""
+    fresh: list[T] = []
+    repeats = 0
+    for item in replayed:
+        if first_time(item):
+            fresh.append(item)
+        else:
+            repeats += 1
+    joined = [*live, *fresh]
+    joined.sort(key=order)
+    return joined, repeats
 
 
 def replay_after(first: float | None, silent: float) -> float:

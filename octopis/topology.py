@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -31,6 +30,18 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+from octopis.topology_factors import (
+    TopologyError,
+    Tree,
+    check_acyclic_factor,
+    check_connectivity_factor,
+    cluster_count,
+    complete_factor,
+    error_reason,
+    read_factor,
+    tree_from_data,
+)
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -52,10 +63,6 @@ PLACEMENTS = ("cluster", "region")
 tree, so iCOLs cross hosts) or a whole region (a copy of K_n, so aCOLs cross hosts) per
 host, hosts taken in turn."""
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-
-
-class TopologyError(ValueError):
-    """A factor or topology is invalid; the message names the problem."""
 
 
 def broker_id(region: str, cluster: int) -> str:
@@ -107,48 +114,6 @@ class BrokerInfo:
     def secondary_neighbours(self) -> tuple[str, ...]:
         """Neighbours in the same region, reached over iCOLs."""
         return tuple(n.id for n in self.neighbours if n.role == SECONDARY_ROLE)
-
-
-@dataclass(frozen=True)
-class Tree:
-    """The acyclic factor as lists: vertex labels in order, edges as pairs."""
-
-    vertices: tuple[str, ...]
-    edges: tuple[tuple[str, str], ...]
-
-    def adjacency(self) -> dict[str, list[str]]:
-        """Each vertex's neighbours, in edge order."""
-        near: dict[str, list[str]] = {v: [] for v in self.vertices}
-        for u, v in self.edges:
-            near[u].append(v)
-            near[v].append(u)
-        return near
-
-    def is_tree(self) -> bool:
-        """Connected with one edge fewer than vertices: a tree."""
-        if len(self.edges) != len(self.vertices) - 1:
-            return False
-        near, seen = self.adjacency(), {self.vertices[0]}
-        stack = [self.vertices[0]]
-        while stack:
-            for v in near[stack.pop()]:
-                if v not in seen:
-                    seen.add(v)
-                    stack.append(v)
-        return len(seen) == len(self.vertices)
-
-    def to_json(self) -> dict[str, list]:
-        """``{"vertices": [...], "edges": [[u, v], ...]}`` (:func:`tree_from_data`)."""
-        return {"vertices": list(self.vertices), "edges": [list(e) for e in self.edges]}
-
-    def graph(self) -> nx.Graph:
-        """The factor as a networkx graph (vertices, then edges, in order)."""
-        import networkx as nx
-
-        graph = nx.Graph()
-        graph.add_nodes_from(self.vertices)
-        graph.add_edges_from(self.edges)
-        return graph
 
 
 @dataclass
@@ -300,114 +265,6 @@ class Scot:
         }
 
 
-def factor_from_data(data: Any, what: str = "acyclic factor") -> nx.Graph:
-    """Read ``{"vertices": [...], "edges": [[u, v], ...]}`` into a graph of string labels
-    (checked as :func:`tree_from_data` checks it)."""
-    return tree_from_data(data, what).graph()
-
-
-def tree_from_data(data: Any, what: str = "acyclic factor") -> Tree:
-    """Read ``{"vertices": [...], "edges": [[u, v], ...]}`` as string labels and pairs.
-
-    Rejects a missing or empty vertex list, duplicate labels, edges naming unknown
-    vertices and repeated edges; it does not check the SCOT properties.
-    """
-    if not isinstance(data, dict):
-        raise TopologyError(f"{what}: expected a table with 'vertices' and 'edges'")
-    vertices = data.get("vertices")
-    edges = data.get("edges", [])
-    if not isinstance(vertices, list):
-        raise TopologyError(f"{what}: 'vertices' must be a list of labels")
-    if not vertices:
-        raise TopologyError(f"{what} is empty: no vertices")
-    if not isinstance(edges, list):
-        raise TopologyError(f"{what}: 'edges' must be a list of [u, v] pairs")
-    labels: dict[str, None] = {}
-    for label in vertices:
-        if isinstance(label, bool) or not isinstance(label, (str, int)) or str(label) == "":
-            raise TopologyError(f"{what}: vertex label {label!r} is not a non-empty string")
-        if str(label) in labels:
-            raise TopologyError(f"{what} has duplicate vertex label {str(label)!r}")
-        labels[str(label)] = None
-    pairs: dict[frozenset[str], tuple[str, str]] = {}
-    for edge in edges:
-        if not isinstance(edge, list) or len(edge) != 2:
-            raise TopologyError(f"{what}: edge {edge!r} is not a [u, v] pair")
-        u, v = (str(x) for x in edge)
-        for end in (u, v):
-            if end not in labels:
-                raise TopologyError(f"{what}: edge {u}-{v} names unknown vertex {end!r}")
-        if u == v:
-            raise TopologyError(f"{what} has a cycle: {u}-{u} (self-loop)")
-        if frozenset((u, v)) in pairs:
-            raise TopologyError(f"{what} has a cycle: {u}-{v}-{u} (edge listed twice)")
-        pairs[frozenset((u, v))] = (u, v)
-    return Tree(tuple(labels), tuple(pairs.values()))
-
-
-def read_factor(path: str | Path) -> tuple[nx.Graph, dict[str, Any]]:
-    """Read a factor file (TOML or JSON) and return the graph and the file's table.
-
-    The table may carry ``name`` and a default ``clusters`` count besides the graph.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"cannot read factor file {path}: {_reason(exc)}") from None
-    data = _parse_table(text, path)
-    return factor_from_data(data, f"acyclic factor {path.name}"), data
-
-
-def check_acyclic_factor(graph: nx.Graph) -> None:
-    """Acyclic property (§3.2): G_A is a non-empty tree (connected, no cycle)."""
-    import networkx as nx
-
-    if graph.number_of_nodes() == 0:
-        raise TopologyError("acyclic factor is empty: no vertices")
-    try:
-        cycle = nx.find_cycle(graph)
-    except nx.NetworkXNoCycle:
-        cycle = None
-    if cycle:
-        path = [u for u, _ in cycle] + [cycle[0][0]]
-        raise TopologyError(f"acyclic factor has a cycle: {'-'.join(path)}")
-    if not nx.is_connected(graph):
-        parts = sorted(sorted(c) for c in nx.connected_components(graph))
-        shown = " and ".join("{" + ", ".join(p) + "}" for p in parts[:3])
-        raise TopologyError(f"acyclic factor is disconnected: {len(parts)} components, {shown}")
-
-
-def complete_factor(clusters: int) -> nx.Graph:
-    """The connectivity factor K_n with the index property's labels 0..n-1."""
-    import networkx as nx
-
-    return nx.complete_graph(_cluster_count(clusters))
-
-
-def _cluster_count(clusters: object) -> int:
-    if isinstance(clusters, bool) or not isinstance(clusters, int) or clusters < 1:
-        raise TopologyError(f"number of clusters must be a positive integer, got {clusters!r}")
-    return clusters
-
-
-def check_connectivity_factor(graph: nx.Graph) -> None:
-    """Connectivity and index properties (§3.2): G_C is complete, labelled 0..n-1."""
-    n = graph.number_of_nodes()
-    if n == 0:
-        raise TopologyError("connectivity factor is empty: no vertices")
-    labels = sorted(str(v) for v in graph.nodes)
-    if labels != sorted(str(i) for i in range(n)):
-        raise TopologyError(
-            f"connectivity factor breaks the index property: labels must be 0..{n - 1}, "
-            f"got {', '.join(labels)}"
-        )
-    for u in graph.nodes:
-        for v in graph.nodes:
-            if str(u) < str(v) and not graph.has_edge(u, v):
-                raise TopologyError(f"connectivity factor is not complete: missing edge {u}-{v}")
-
-
 def build_scot(
     acyclic: nx.Graph,
     connectivity: nx.Graph | int,
@@ -429,7 +286,7 @@ def build_scot(
     """
     check_acyclic_factor(acyclic)
     if isinstance(connectivity, int):
-        clusters = _cluster_count(connectivity)
+        clusters = cluster_count(connectivity)
     else:
         check_connectivity_factor(connectivity)
         clusters = connectivity.number_of_nodes()
@@ -524,7 +381,7 @@ def topology_from_json(data: Any, source: str = "topology") -> Scot:
     tree = tree_from_data(data["acyclic"], f"{source}: acyclic factor")
     if not tree.is_tree():
         check_acyclic_factor(tree.graph())  # names the cycle or the components
-    clusters = _cluster_count(data["clusters"])
+    clusters = cluster_count(data["clusters"])
     scot = _label_scot(tree, clusters, str(data.get("name", "scot")))
     listed = data["brokers"]
     if not isinstance(listed, list):
@@ -548,7 +405,7 @@ def load_topology(path: str | Path) -> Scot:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"cannot read topology file {path}: {_reason(exc)}") from None
+        raise TopologyError(f"cannot read topology file {path}: {error_reason(exc)}") from None
     except json.JSONDecodeError as exc:
         raise TopologyError(f"topology file {path} is not valid JSON: {exc}") from None
     return topology_from_json(data, f"topology file {path.name}")
@@ -710,27 +567,6 @@ def host_name_problem(name: object) -> str | None:
         f"host name {name!r:.70} must be 1-63 letters, digits, '.', '_' or '-', "
         "starting with a letter or digit"
     )
-
-
-def _parse_table(text: str, path: Path) -> Any:
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TopologyError(f"factor file {path.name} is not valid JSON: {exc}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        if path.suffix.lower() == ".toml":
-            raise TopologyError(f"factor file {path.name} is not valid TOML: {exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise TopologyError(f"factor file {path.name} is neither TOML nor JSON") from None
-
-
-def _reason(exc: BaseException) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def regions_in_drawing_order(acyclic: nx.Graph) -> list[str]:

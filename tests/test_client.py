@@ -36,7 +36,7 @@ from octopis.client import (
     Subscriber,
     locate,
 )
-from octopis.client.subscriber import SubscriptionStream
+from octopis.client.streams import SubscriptionStream
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.core import Notification
 from octopis.filters.language import as_subscription
@@ -503,7 +503,7 @@ MOVER = textwrap.dedent(
         for i in range(3):
             await sub.subscribe(f"[class,eq,'STOCK'],[n,=,{i}]")
         print("subscribed", flush=True)
-        while sub._moving is None:
+        while sub.mover._moving is None:
             await asyncio.sleep(0.001)
         print("told", flush=True)
         await asyncio.sleep(3600)
@@ -711,10 +711,10 @@ def test_a_subscriber_that_does_not_read_holds_at_most_its_buffer(limit: str) ->
         sub._streams["s#1"] = stream
         for body in bodies[:9]:
             connection._on_frame([pack(["s"]), body, LEFT_AT.pack(0.0)])
-        assert (sub.held, sub.stalls, connection._stalls) == (9, 0, [])
+        assert (sub.held, sub.stalls, connection.link._stalls) == (9, 0, [])
         connection._on_frame([pack(["s"]), bodies[9], LEFT_AT.pack(0.0)])
         assert (sub.held, sub.held_bytes, sub.stalls) == (10, 10 * size, 1)
-        (room,) = connection._stalls
+        (room,) = connection.link._stalls
         assert not room.is_set()
         assert (await stream.get()).seq == 1
         assert room.is_set() and (sub.held, sub.held_bytes) == (9, 9 * size)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from octopis.client import Publisher, Received, Subscriber
 from octopis.client.composite import CompositeNotification
-from octopis.client.subscriber import CompositeStream, SubscriptionStream
+from octopis.client.streams import CompositeStream, SubscriptionStream
 from octopis.cluster.launcher import LocalCluster
 from octopis.core.composite import CompositeJoin
 from octopis.filters.composite import (

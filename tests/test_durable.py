@@ -23,7 +23,7 @@ from conftest import secure_fig2
 
 from octopis.client import Publisher, Subscriber
 from octopis.client.replay import parse_time
-from octopis.client.subscriber import EndOfHistory
+from octopis.client.streams import EndOfHistory
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core.durable import DurableError, Durables
 from octopis.core.messages import Notification

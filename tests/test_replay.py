@@ -331,14 +331,14 @@ def test_a_gap_filled_late_is_narrowed_then_withdrawn_and_the_application_told()
         "delivered": set(),
     }
     sub.gaps.extend([other, gap])
-    sub._awaiting_late.append(record)
-    sub._late_answer(record, {"op": "replay_done", "answered": ["b:0"], "published": 2})
+    sub.replay_log.awaiting_late.append(record)
+    sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["b:0"], "published": 2})
     left = replace(gap, silent=("c:0",))
     assert list(sub.gaps) == [other, left] and told == [(gap, left)]
-    sub._late_answer(record, {"op": "replay_done", "answered": ["c:0"], "published": 0})
+    sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["c:0"], "published": 0})
     assert list(sub.gaps) == [other] and told[-1] == (left, None)
-    assert record["gap"] is None and not sub._awaiting_late
-    sub._late_answer(record, {"op": "replay_done", "answered": ["c:0"]})
+    assert record["gap"] is None and not sub.replay_log.awaiting_late
+    sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["c:0"]})
     assert len(told) == 2  # nothing left to fill: told once per step
 
 

@@ -17,7 +17,7 @@ USER_ERRORS: dict[str, tuple[str, ...]] = {
     "octopis.topology": ("TopologyError",),
     "octopis.workload": ("WorkloadError",),
     "octopis.settings": ("ConfigError",),
-    "octopis.client.connection": ("BrokerError",),
+    "octopis.client.errors": ("BrokerError",),
     "octopis.overlay": ("OverlayError",),
     "octopis.keys": ("KeysError",),
 }
@@ -25,7 +25,7 @@ USER_ERRORS: dict[str, tuple[str, ...]] = {
 FAILURES: dict[str, tuple[str, ...]] = {
     "octopis.cluster.launcher": ("ClusterError",),
     "octopis.balance.observe": ("BalanceError",),
-    "octopis.client.connection": ("ConnectError",),
+    "octopis.client.errors": ("ConnectError",),
 }
 """Module → its exceptions that mean the run itself failed (a broker died or does not
 answer)."""

@@ -111,7 +111,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
     from octopis.client import Subscriber
     from octopis.client.composite import CompositeNotification
     from octopis.client.replay import parse_time
-    from octopis.client.subscriber import EndOfHistory
+    from octopis.client.streams import EndOfHistory
     from octopis.filters.composite import Composite, as_filter
 
     subscription = as_filter(args.filter)

@@ -26,11 +26,9 @@ from octopis.topology import (
     Scot,
     TopologyError,
     build_from_factor_file,
-    factor_from_data,
     load_topology,
     preset_names,
     preset_path,
-    read_factor,
     regions_in_drawing_order,
     with_stomp,
 )
@@ -41,6 +39,7 @@ from octopis.topology_change import (
     remove_cluster,
     remove_region,
 )
+from octopis.topology_factors import factor_from_data, read_factor
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,33 +33,24 @@ from __future__ import annotations
 
 from octopis.client.blocking import BlockingPublisher, BlockingStream, BlockingSubscriber
 from octopis.client.composite import CompositeNotification
-from octopis.client.connection import (
-    READ_BATCH,
+from octopis.client.connection import Connection, ConnectionGroup, Resume
+from octopis.client.deliveries import DeliveryKey, NotificationHandler, Received
+from octopis.client.errors import (
     BrokerError,
     ConnectError,
-    Connection,
-    ConnectionGroup,
-    DeliveryKey,
     DroppedError,
     HandshakeFailed,
-    NamedClient,
     NoReply,
     NotAClientSocket,
     NothingListening,
-    NotificationHandler,
-    Received,
-    Resume,
     UnadvertisedError,
-    locate,
 )
+from octopis.client.link import READ_BATCH
+from octopis.client.named import NamedClient, locate
 from octopis.client.publisher import Publisher
 from octopis.client.replay import History, ReplayGap, parse_time
-from octopis.client.subscriber import (
-    CompositeStream,
-    EndOfHistory,
-    Subscriber,
-    SubscriptionStream,
-)
+from octopis.client.streams import CompositeStream, EndOfHistory, SubscriptionStream
+from octopis.client.subscriber import Subscriber
 from octopis.overlay import OverlayError
 
 __all__ = [

@@ -10,9 +10,11 @@ import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, Self, TypeVar
 
-from octopis.client.connection import NamedClient, Received
+from octopis.client.deliveries import Received
+from octopis.client.named import NamedClient
 from octopis.client.publisher import Publisher
-from octopis.client.subscriber import Subscriber, SubscriptionStream
+from octopis.client.streams import SubscriptionStream
+from octopis.client.subscriber import Subscriber
 from octopis.filters.language import Publication, Subscription
 from octopis.overlay import KeysChoice
 

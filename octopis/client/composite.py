@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from octopis.client.connection import Received
+from octopis.client.deliveries import Received
 
 
 @dataclass(frozen=True, slots=True)

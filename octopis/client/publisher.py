@@ -9,7 +9,8 @@ import time
 from collections import deque
 from functools import partial
 
-from octopis.client.connection import Connection, NamedClient
+from octopis.client.connection import Connection
+from octopis.client.named import NamedClient
 from octopis.filters.composite import as_filter
 from octopis.filters.language import Publication, Subscription
 

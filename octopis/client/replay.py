@@ -15,39 +15,55 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from octopis.client.connection import ConnectionGroup, Received
+from octopis.client.deliveries import Received, RecentDeliveries
+from octopis.client_policy import join_at_seam
 from octopis.wire import delivery_fields
 
 
-def unseen(
-    name: str, group: ConnectionGroup, bodies: Iterable[bytes]
-) -> tuple[list[tuple[Received, int]], int]:
-    """The replayed publications (NOTIFY ``bodies``) client ``name`` was not delivered
-    before (the group's record decides, and now records them), with their sizes; and how
-    many were repeats."""
-    now = time.time()
-    seen, recent = group.seen, group.recent
-    fresh: list[tuple[Received, int]] = []
-    repeats = 0
+def replayed(name: str, bodies: Iterable[bytes], now: float) -> list[tuple[Received, int]]:
+    """Replayed NOTIFY ``bodies`` as deliveries to client ``name`` taken at ``now``, with
+    their sizes."""
+    found = []
     for body in bodies:
         publisher, seq, published_at, publication, session = delivery_fields(body)
-        key = (name, publisher, session, seq)
-        if key in seen:
-            repeats += 1
-            continue
-        seen.add(key)
-        recent.append((now, key))
         received = Received(
             name, publisher, seq, published_at, now, publication, session=session, replayed=True
         )
-        fresh.append((received, len(body)))
+        found.append((received, len(body)))
+    return found
+
+
+def publisher_order(item: tuple[Received, int]) -> tuple[str, int, int]:
+    """A delivery's place in publisher order: publisher, session, sequence number."""
+    received = item[0]
+    return received.publisher, received.session, received.seq
+
+
+def join_replayed(
+    name: str,
+    group: RecentDeliveries,
+    live: list[tuple[Received, int]],
+    bodies: Iterable[bytes],
+    also: Callable[[tuple[str, int, int]], bool] = lambda _: True,
+) -> tuple[list[tuple[Received, int]], int]:
+    """Client ``name``'s seam (:func:`~octopis.client_policy.join_at_seam`): the ``live``
+    deliveries held, with the replayed ``bodies`` not delivered before (the group's
+    record decides, and now records them; and ``also``, given publisher, session and
+    sequence number), in publisher order; and how many replayed ones were repeats."""
+    now = time.time()
+
+    def first_time(item: tuple[Received, int]) -> bool:
+        key = publisher_order(item)
+        return group.first_time((name, *key), now) & also(key)
+
+    joined = join_at_seam(live, replayed(name, bodies, now), publisher_order, first_time)
     group.forget_old(now)
-    return fresh, repeats
+    return joined
 
 
 @dataclass(frozen=True)
@@ -120,13 +136,10 @@ class Seam:
         self.live.append((received, size))
         return True
 
-    def joined(self, name: str, group: ConnectionGroup) -> tuple[list[tuple[Received, int]], int]:
+    def joined(self, name: str, group: RecentDeliveries) -> tuple[list[tuple[Received, int]], int]:
         """The replayed publications not delivered before, with the held live ones, in
         publisher order; and how many replayed ones were repeats."""
-        fresh, repeats = unseen(name, group, self.answers.get(self.replay or "", ()))
-        items = self.live + fresh
-        items.sort(key=lambda item: (item[0].publisher, item[0].session, item[0].seq))
-        return items, repeats
+        return join_replayed(name, group, self.live, self.answers.get(self.replay or "", ()))
 
     def answered(self, name: str) -> list[Received]:
         """The answer alone (a historic subscription's), each (publisher, session, seq)

@@ -16,7 +16,6 @@ counters are read once before and subtracted.
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import logging
 import sys
 import time
@@ -29,10 +28,6 @@ from tqdm import tqdm
 
 from octopis.accounting import (
     DeliveryLedger,
-    delay_distribution,
-    delivery_series,
-    failure_counts,
-    host_split,
     run_report,
 )
 from octopis.balance.loop import Balancer
@@ -49,6 +44,9 @@ from octopis.cluster.harness import (
     split,
 )
 from octopis.cluster.launcher import ClusterError, LocalCluster
+from octopis.cluster.run_failures import RunFailures, RunRecord
+from octopis.cluster.run_report import RunCounts, balance_report, series, subscription_spread
+from octopis.cluster.run_waits import drain, settle, watch_stalls
 from octopis.defaults import CLIENT_LIVENESS, DRAIN_TIMEOUT
 from octopis.failure_schedule import Failure
 from octopis.settings import BrokerSettings
@@ -56,16 +54,6 @@ from octopis.topology import Scot
 from octopis.workload import Workload
 
 log = logging.getLogger("octopis.run")
-
-STALL_DUMP_AFTER = 5.0
-"""Seconds the harness's event loop may stall before every thread's stack is written to
-``<run-dir>/logs/harness-stalls.log``: a stuck harness reads as silent clients to the
-brokers, which drop them after ``clients.timeout``."""
-
-
-IDLE_DRAIN = 2.0
-"""Seconds without a delivery after which a drain stops early if the overlay is idle:
-what is still missing then (a failure's losses) can no longer come."""
 
 
 @dataclass
@@ -147,18 +135,14 @@ class WorkloadRun:
         """Why the balancer stopped before publishing ended, if it did."""
         self.placement: dict[str, Any] = {}
         """How ``options.placement`` placed the subscribers (when not ``nearest``)."""
-
-        self.kills: dict[str, float] = {}
-        """Killed broker → time.monotonic() of its kill (the brokers' loop clock)."""
-        self.restarts: dict[str, float] = {}
-        """Restarted broker → seconds from its start until it was ready again."""
-        self._restarted_at: dict[str, float] = {}
-        """Restarted broker → time.monotonic() of its restart."""
-        self.stalls: dict[str, tuple[float, float]] = {}
-        """Stalled broker → time.monotonic() of its SIGSTOP and of its SIGCONT."""
-        self.tables: dict[str, dict] = {}
-        """Killed broker → its routing table just before the kill; after its restart,
-        how the resynced table differs from it (entries it hosted itself left out)."""
+        self.failures = RunFailures(
+            self.cluster,
+            scot,
+            options.failures,
+            time_scale=options.time_scale,
+            start_timeout=options.start_timeout,
+        )
+        """The kills and stalls this run injects, and what they did."""
         self._published_at: dict[tuple[str, int], float] = {}
         self.publish_late_max_s = 0.0
         """How far the harness fell behind the workload's schedule (0 when it kept it)."""
@@ -192,14 +176,25 @@ class WorkloadRun:
                 await self._place()
             await self._attach_clients()
             self.timings["subscribe"] = await self._subscribe()
-            self.timings["settle"] = await self._settle()
-            watchdog = asyncio.create_task(self._watch_stalls())
+            total = len(self.workload.subscriptions)
+            self._phase(f"settling: until every broker holds the {total} subscriptions")
+            self.timings["settle"] = await settle(
+                self.cluster,
+                self.baseline,
+                self.ledger.subscription_keys,
+                covering=self.options.settings.routing.covering == "active",
+                attach=self.options.attach,
+            )
+            stalls = self.options.run_dir / "logs" / "harness-stalls.log"
+            watchdog = asyncio.create_task(watch_stalls(stalls))
             sampler = None
             if self.options.sample_every:
                 sampler = asyncio.create_task(self._sample(self.options.sample_every))
             lead = 0.2 if self.options.client_workers else 0.0  # the command reaches them
             t0 = asyncio.get_running_loop().time() + lead
-            injector = asyncio.create_task(self._inject(t0)) if self.options.failures else None
+            injector = (
+                asyncio.create_task(self.failures.inject(t0)) if self.options.failures else None
+            )
             balancer = None
             if self.options.balance is not None:
                 self.balancer = Balancer(
@@ -216,9 +211,11 @@ class WorkloadRun:
                         self.balancer_error = repr(ended)
                 if injector is not None:
                     await injector
-                self.timings["drain"] = await self._drain()
-                for broker in self.restarts:
-                    self.tables[broker] = await self._compare_table(broker)
+                bar = self._bar(len(self.ledger.expected), "draining")
+                drain_timeout = self.options.drain_timeout
+                self.timings["drain"] = await drain(self.ledger, self._ask_live, bar, drain_timeout)
+                bar.close()
+                await self.failures.compare_tables()
             finally:
                 for task in (sampler, injector, watchdog, balancer):
                     if task is not None:
@@ -265,89 +262,12 @@ class WorkloadRun:
         elif mode != self.options.mode:
             raise ClusterError(f"the overlay routes with {mode}, not {self.options.mode}")
 
-    async def _watch_stalls(self) -> None:
-        """Warn when this event loop ran late by more than a second; dump every thread's
-        stack if it stalls :data:`STALL_DUMP_AFTER` seconds."""
-        loop = asyncio.get_running_loop()
-        path = self.options.run_dir / "logs" / "harness-stalls.log"
-        with open(path, "a") as out:
-            try:
-                woke = loop.time()
-                while True:
-                    faulthandler.dump_traceback_later(STALL_DUMP_AFTER, file=out)
-                    await asyncio.sleep(1.0)
-                    now = loop.time()
-                    if now - woke > 2.0:
-                        log.warning("the harness's event loop stalled %.1f s", now - woke - 1.0)
-                    woke = now
-            finally:
-                faulthandler.cancel_dump_traceback_later()
-
     async def _ask_live(self, method: str) -> dict[str, Any]:
         """``method`` of every broker; with failures, of every broker that answers."""
         if not self.options.failures:
             return await self.cluster.call_all(method)
         answers = await self.cluster.ask(list(self.scot.brokers), method, 5.0)
         return {b: a for b, a in answers.items() if a is not None}
-
-    async def _inject(self, t0: float) -> None:
-        """Kill and restart, or stop and resume, brokers at their times (DESIGN §7); a
-        broker still stopped when this ends (cancelled) is resumed."""
-        loop = asyncio.get_running_loop()
-        scale = self.options.time_scale
-        failures = self.options.failures
-        steps = [(f.at, True, f.ends[0], f.stall) for f in failures]
-        steps += [(f.until, False, f.ends[0], f.stall) for f in failures if f.until]
-        stopped: set[str] = set()
-        try:
-            for at, fail, broker, stall in sorted(steps):
-                delay = t0 + at * scale - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if stall:
-                    self.cluster.pause(broker, stopped=fail)
-                    now = time.monotonic()
-                    (stopped.add if fail else stopped.discard)(broker)
-                    self.stalls[broker] = (now, now) if fail else (self.stalls[broker][0], now)
-                    log.warning("%s %s", "stopped" if fail else "resumed", broker)
-                else:
-                    await self._kill_or_restart(broker, fail)
-        finally:
-            for broker in stopped:
-                self.cluster.pause(broker, stopped=False)
-
-    async def _kill_or_restart(self, broker: str, kill: bool) -> None:
-        if kill:
-            self.kills[broker] = time.monotonic()
-            self.cluster.kill(broker)
-            log.warning("killed %s (kill -9)", broker)
-        else:
-            self._restarted_at[broker] = time.monotonic()
-            self.cluster.spawn_one(broker)
-            serving = await self.cluster.wait_ready(
-                self.options.start_timeout, [broker], state="serving"
-            )
-            self.restarts[broker] = serving
-            log.warning("restarted %s; serving after %.2f s", broker, serving)
-
-    async def _compare_table(self, broker: str) -> dict[str, int]:
-        """``broker``'s routing table against its neighbours' view of it, read through the
-        control RPC at once: each live neighbour names the entries it would resync to
-        ``broker`` (``resync_view``). Counts entries it lacks, entries no neighbour
-        accounts for, and entries with another last hop."""
-        neighbours = [n.id for n in self.scot.brokers[broker].neighbours]
-        table, views = await asyncio.gather(
-            self.cluster.ask([broker], "table", 5.0),
-            self.cluster.ask(neighbours, "resync_view", 5.0, broker),
-        )
-        own = {k: e for k, e in (table[broker] or {}).items() if e["host"] != broker}
-        view = {sub_id: n for n, ids in views.items() for sub_id in ids or ()}
-        return {
-            "entries": len(own),
-            "missing": len(view.keys() - own.keys()),
-            "extra": len(own.keys() - view.keys()),
-            "changed": sum(own[k]["last_hop"] != hop for k, hop in view.items() if k in own),
-        }
 
     async def _place(self) -> None:
         """Re-place the workload's subscribers by ``options.placement`` (every subscription
@@ -429,41 +349,6 @@ class WorkloadRun:
         self._bars.pop("subscribing").close()
         return time.monotonic() - started
 
-    async def _settle(self, timeout: float = 300.0) -> float:
-        """Every broker stores every subscription of the run, queues are empty, counters
-        still. Brokers the run started hold nothing else, so their table sizes tell; on an
-        attached overlay, whose other subscriptions may come and go meanwhile (a client of
-        an earlier run still being dropped, say), each broker's subscription ids do. With
-        covering (DESIGN §12) a broker holds only what was not covered on the way to it:
-        then every table holds at least its hosts' own and no table changes any more."""
-        started = time.monotonic()
-        total = len(self.workload.subscriptions)
-        self._phase(f"settling: until every broker holds the {total} subscriptions")
-        want = {b: s["routing_table_size"] + total for b, s in self.baseline.items()}
-        ours = set(self.ledger.subscription_keys)
-        previous = None
-        sizes_before: dict[str, int] = {}
-        while time.monotonic() - started < timeout:
-            stats = await self.cluster.call_all("stats")
-            sizes = {b: s["routing_table_size"] for b, s in stats.items()}
-            if self.options.settings.routing.covering == "active" or any(
-                "covering.quenched" in s["core"] for s in stats.values()
-            ):
-                baseline = sum(s["routing_table_size"] for s in self.baseline.values())
-                stored = sizes == sizes_before and sum(sizes.values()) >= baseline + total
-            elif self.options.attach:
-                held = await self.cluster.call_all("subscriptions")
-                stored = all(ours <= held[b].keys() for b in held)
-            else:
-                stored = sizes == want
-            busy = sum(sum(s["queue_lengths"].values()) for s in stats.values())
-            sent = sum(s["core"].get("sent.subscribe", 0) for s in stats.values())
-            if stored and not busy and sent == previous:
-                return time.monotonic() - started
-            previous, sizes_before = sent, sizes
-            await asyncio.sleep(0.2)
-        raise ClusterError(f"subscription broadcast did not settle within {timeout:.0f} s")
-
     async def _publish(self, t0: float) -> float:
         """Every publication at its time after the wall-clock start ``t0`` (the ledger
         expects each from the subscriptions made before); refusals fail the run."""
@@ -488,49 +373,6 @@ class WorkloadRun:
             )
         return time.monotonic() - started
 
-    async def _drain(self) -> float:
-        """Wait for every expected delivery, then a quiet period to catch duplicates."""
-        started = time.monotonic()
-        expected = self.ledger.expected
-        bar = self._bar(len(expected), "draining")
-        last_progress, last_count = time.monotonic(), -1
-        while True:
-            received = sum(self.ledger.received.values())
-            bar.n = min(received, len(expected))
-            bar.refresh()
-            if received != last_count:
-                last_progress, last_count = time.monotonic(), received
-            if expected <= self.ledger.received.keys():
-                break
-            silent = time.monotonic() - last_progress
-            if silent > self.options.drain_timeout:
-                log.warning(
-                    "no delivery for %.0f s; %d expected deliveries missing",
-                    self.options.drain_timeout,
-                    len(expected - self.ledger.received.keys()),
-                )
-                break
-            if silent > IDLE_DRAIN and not _carrying(await self._ask_live("stats")):
-                log.warning(
-                    "the overlay is idle, no delivery for %.0f s; %d expected deliveries missing",
-                    silent,
-                    len(expected - self.ledger.received.keys()),
-                )
-                break
-            await asyncio.sleep(0.05 if silent <= IDLE_DRAIN else 0.5)
-        await self._quiet()
-        bar.close()
-        return time.monotonic() - started
-
-    async def _quiet(self, period: float = 0.5) -> None:
-        """Until all broker queues are empty and no delivery arrived for ``period``."""
-        while True:
-            before = sum(self.ledger.received.values())
-            await asyncio.sleep(period)
-            busy = _carrying(await self._ask_live("stats"), custody=False)
-            if not busy and sum(self.ledger.received.values()) == before:
-                return
-
     async def _sample(self, every: float) -> None:
         """Record, every ``every`` seconds, the total and the longest output queue, and
         the deliveries waiting for ``clients.capacity`` (in all, and at the broker with
@@ -553,48 +395,6 @@ class WorkloadRun:
             )
             await asyncio.sleep(every)
 
-    def _balance_report(self) -> dict[str, Any]:
-        """The balancer's report, with the notification delay of the deliveries made
-        in the last quarter of the run (the balanced state, if it got there; the moves
-        ordered in it are counted) and, if it moved anyone, of those made before its
-        first move was ordered."""
-        assert self.balancer is not None
-        report = self.balancer.report()
-        report["stopped_early"] = self.balancer_error
-        ordered = [m["wall"] for m in report["decisions"] if not m["error"]]
-        if self._arrivals:
-            times = [t for t, _ in self._arrivals]
-            start, end = min(times), max(times)
-            tail = end - (end - start) / 4
-            after = [d for t, d in self._arrivals if t >= tail]
-            report["delay_after"] = delay_distribution(after)
-            report["deliveries_after"] = len(after)
-            report["moves_in_last_quarter"] = sum(w >= tail for w in ordered)
-            if ordered:
-                before = [d for t, d in self._arrivals if t < ordered[0]]
-                report["delay_before"] = delay_distribution(before)
-                report["deliveries_before"] = len(before)
-        report["moves_made"] = self.client_stats.moves
-        report["stale_move_orders_ignored"] = self.client_stats.stale_moves
-        report["sdk_duplicates_absorbed"] = self.client_stats.duplicates_absorbed
-        report["sdk_failovers"] = self.client_stats.failovers
-        report["sdk_unclaimed_deliveries"] = self.client_stats.unclaimed
-        report["sdk_repeats_forgotten_early"] = self.client_stats.repeats_forgotten_early
-        return report
-
-    def _series(self, width: float) -> list[dict[str, float]]:
-        """Per ``width`` seconds since the first publication: notifications published,
-        deliveries made (and their delay) and deliveries lost, the lost ones counted in
-        the interval their notification was published in."""
-        if not self._published_at:
-            return []
-        start = min(self._published_at.values())
-        lost_at = [
-            self._published_at[key[1:]]
-            for key in self.ledger.expected - self.ledger.received.keys()
-        ]
-        return delivery_series(start, width, self._published_at.values(), self._arrivals, lost_at)
-
     def _phase(self, text: str) -> None:
         """Say which phase the run is in (with progress on)."""
         if self.options.progress:
@@ -610,153 +410,10 @@ class WorkloadRun:
             mininterval=0.5,
         )
 
-    def _failure_report(
-        self, stats: dict[str, dict], core: Counter[str], counters: Counter[str]
-    ) -> dict[str, Any]:
-        """Failure counters of the brokers and the core (detours, custody, dedup), the
-        detection time of each kill, and deliveries split by whether the subscriber's
-        host was killed (DESIGN §7)."""
-        report: dict[str, Any] = {
-            k: counters[k]
-            for k in (
-                "links_down",
-                "peer_restarts",
-                "stale_frames",
-                "clients_dropped",
-                "resync_entries_sent",
-                "predecessor_entries_withdrawn",
-                "publications_held",
-                "routed_while_resyncing",
-                "sbp_handed_late",
-                "held.released",
-                "undeliverable.held_for_restarted",
-                "undeliverable.hold_full",
-            )
-        }
-        report.update(failure_counts(core))
-        if not self.kills and not self.stalls:
-            return report
-        for broker, killed in self.kills.items():
-            restarted = self._restarted_at.get(broker, float("inf"))
-            seen = [
-                d["at"] - killed
-                for s in stats.values()
-                for d in s["detections"]
-                if d["link"] == broker and killed < d["at"] < restarted
-            ]
-            report[f"detection.{broker}"] = {
-                "neighbours": len(seen),
-                "first_s": min(seen, default=float("nan")),
-                "last_s": max(seen, default=float("nan")),
-            }
-        for broker, (stopped, resumed) in self.stalls.items():
-            report[f"stall.{broker}"] = {
-                "seconds": resumed - stopped,
-                "declared_down_by": sum(
-                    d["link"] == broker and stopped < d["at"]
-                    for s in stats.values()
-                    for d in s["detections"]
-                ),
-            }
-        first = self._first_failure()
-        planned = self.kills.keys() | self.stalls.keys()
-        unplanned = [
-            {"by": b, "link": d["link"], "at_s": round(d["at"] - first, 3)}
-            for b, s in stats.items()
-            for d in s["detections"]
-            if d["link"] not in planned
-        ]
-        report["unplanned_downs"] = sorted(unplanned, key=lambda d: d["at_s"])[:20]
-        clients = self.client_stats
-        report["sdk_duplicates_absorbed"] = clients.duplicates_absorbed
-        report["replays"] = {
-            "requests": clients.replays,
-            "replayed": clients.replayed,
-            "repeats": clients.replay_repeats,
-            "replayed_late": clients.replayed_late,
-            "gaps": len(clients.replay_gaps),
-            "gap_samples": clients.replay_gaps[:5],
-        }
-        report["failovers_from_live_brokers"] = {
-            broker: outages
-            for broker, outages in clients.outages.items()
-            if broker not in self.kills and outages
-        }
-        for broker, ready in self.restarts.items():
-            report[f"restart.{broker}"] = {"serving_after_s": ready, **self.tables[broker]}
-        hosts = {s.subscriber: s.broker for s in self.workload.subscriptions}
-        report.update(host_split(self.ledger, hosts, self.kills))
-        report["host_alive_lost_samples"] = self._lost_samples(hosts)
-        report["host_dead_lost_samples"] = self._lost_samples(hosts, dead=True)
-        back = {}
-        for broker in self.kills:
-            outages = clients.outages.get(broker, ())
-            if outages:
-                last = outages[-1]
-                back[broker] = last["started"] + last["seconds"]
-                report[f"failover.{broker}.away_s"] = max(o["seconds"] for o in outages)
-        published = self._published_at
-        report["host_dead_after_back"] = self.ledger.summary(
-            lambda key: hosts[key[0]] in back and published[key[1:]] > back[hosts[key[0]]]
-        )
-        return report
-
-    def _first_failure(self) -> float:
-        """time.monotonic() of the first kill or stall."""
-        return min([*self.kills.values(), *(stopped for stopped, _ in self.stalls.values())])
-
-    def _lost_samples(
-        self, hosts: dict[str, str], limit: int = 10, *, dead: bool = False
-    ) -> list[dict[str, Any]]:
-        """Up to ``limit`` deliveries lost to subscribers whose host never died (``dead``:
-        whose host was killed): who, from which publisher's host, and when it was
-        published after the first kill or stall."""
-        first = time.time() - (time.monotonic() - self._first_failure())
-        publisher_host = {p.publisher: p.broker for p in self.workload.publications}
-        published = self._published_at
-        received = self.ledger.received
-        lost = sorted(
-            key
-            for key in self.ledger.expected
-            if key not in received and (hosts[key[0]] in self.kills) == dead
-        )
-        return [
-            {
-                "subscriber": f"{subscriber}@{hosts[subscriber]}",
-                "publication": f"{publisher}#{seq}@{publisher_host[publisher]}",
-                "published_after_failure_s": round(published[(publisher, seq)] - first, 3),
-            }
-            for subscriber, publisher, seq in lost[:limit]
-        ]
-
     def _report(self, stats: dict[str, dict], subscriptions: dict[str, dict]) -> dict[str, Any]:
-        copies = queued = longest = 0
-        core: Counter[str] = Counter()
-        counters: Counter[str] = Counter()
-        match_seconds = 0.0
-        for broker, s in stats.items():
-            before = self.baseline.get(broker)
-            if before is not None and before["incarnation"] == s["incarnation"]:
-                core.subtract(before["core"])
-                counters.subtract(before["counters"])
-                match_seconds -= before["matching"]["seconds"]
-                copies -= before["queue_seen"]["copies"]
-                queued -= before["queue_seen"]["total"]
-            copies += s["queue_seen"]["copies"]
-            queued += s["queue_seen"]["total"]
-            longest = max(longest, s["queue_seen"]["max"])
-            core.update(s["core"])
-            counters.update(s["counters"])
-            match_seconds += s["matching"]["seconds"]
-        core, counters = +core, +counters  # what the run counted (zeros dropped)
-        ours = self.ledger.subscription_keys
-        delay: dict[str, float] = {}
-        depth: dict[str, int] = {}
-        for per_broker in subscriptions.values():
-            for sub_id, (seconds, hops) in per_broker.items():
-                if sub_id in ours:
-                    delay[sub_id] = max(delay.get(sub_id, 0.0), seconds)
-                    depth[sub_id] = max(depth.get(sub_id, 0), hops)
+        counted = RunCounts.since(self.baseline, stats)
+        core, counters = counted.core, counted.counters
+        delay, depth = subscription_spread(subscriptions, self.ledger.subscription_keys)
         report = run_report(
             self.options.mode,
             len(self.scot.brokers),
@@ -768,8 +425,10 @@ class WorkloadRun:
         )
         report |= {
             "matching_delay": {
-                "mean_per_operation": match_seconds / core["matching"] if core["matching"] else 0.0,
-                "total_seconds": match_seconds,
+                "mean_per_operation": (
+                    counted.match_seconds / core["matching"] if core["matching"] else 0.0
+                ),
+                "total_seconds": counted.match_seconds,
             },
             "errors": {
                 k: counters[k]
@@ -781,8 +440,16 @@ class WorkloadRun:
                     "undeliverable",
                 )
             },
-            "failures": self._failure_report(stats, core, counters),
-            "target_queue_length": {"mean": queued / copies if copies else 0.0, "max": longest},
+            "failures": self.failures.report(
+                stats,
+                core,
+                counters,
+                RunRecord(self.workload, self.ledger, self._published_at, self.client_stats),
+            ),
+            "target_queue_length": {
+                "mean": counted.queued / counted.copies if counted.copies else 0.0,
+                "max": counted.longest,
+            },
             "timings": self.timings,
             "publish_late_max_s": self.publish_late_max_s,
             "sdk_failovers": self.client_stats.failovers,
@@ -796,24 +463,16 @@ class WorkloadRun:
         if self.placement:
             report["placement"] = self.placement
         if self.balancer is not None:
-            report["balance"] = self._balance_report()
+            report["balance"] = balance_report(
+                self.balancer, self.balancer_error, self._arrivals, self.client_stats
+            )
         if self.options.sample_every:
             report["timeline"] = self.timeline
-            report["series"] = self._series(self.options.sample_every)
+            report["series"] = series(
+                self._published_at, self.ledger, self._arrivals, self.options.sample_every
+            )
             delays = self.ledger.delays
             report["max_delay_per_1000"] = [
                 max(delays[i : i + 1000]) for i in range(0, len(delays), 1000)
             ]
         return report
-
-
-def _carrying(stats: dict[str, dict[str, Any]], *, custody: bool = True) -> int:
-    """Messages the brokers of ``stats`` still carry toward someone: queued on links or
-    for clients, and (``custody``) unacknowledged or held for a neighbour or a client."""
-    total = 0
-    for s in stats.values():
-        total += sum(s["queue_lengths"].values()) + s["client_backlog"] + s["deliveries_waiting"]
-        if custody:
-            total += sum(s["held"].values())
-            total += sum(link["unacknowledged"] for link in s["custody"].values())
-    return total

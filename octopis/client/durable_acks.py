@@ -1,0 +1,74 @@
+"""A subscriber's acknowledgements of its durable subscriptions (DESIGN §11): what the
+application took of each, per (publisher, session), sent to the broker that keeps the
+subscription's record at the event loop's next pass, and sent whole again to a new host
+after a fail-over, a move or a claim."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from octopis.client.deliveries import Received
+from octopis.client_policy import LastSeen
+
+
+class DurableAcks:
+    """The acknowledgements of client ``name``, sent with ``send`` (a message to its
+    current broker, not awaited)."""
+
+    def __init__(self, name: str, send: Callable[[dict[str, Any]], None]) -> None:
+        self.name = name
+        self.send = send
+        self._taken: dict[str, LastSeen] = {}
+        """Per durable name: the last sequence number the application took of each
+        (publisher, session), acknowledged to the broker."""
+        self._unacked: dict[str, dict[tuple[str, int], int]] = {}
+        """Per durable name: what was taken and not acknowledged yet."""
+        self._owed_after: dict[str, float] = {}
+        """Per durable name claimed from a record: the time from which other publishers'
+        publications are owed (sent with the acknowledgements to the new record)."""
+        self._soon: asyncio.Handle | None = None
+
+    def took(self, durable: str, received: Received) -> None:
+        """The application took ``received`` of durable subscription ``durable``: it is
+        acknowledged at the loop's next pass (with what else was taken)."""
+        key = (received.publisher, received.session)
+        taken = self._taken.setdefault(durable, LastSeen())
+        taken.saw(received.publisher, received.session, received.seq)
+        self._unacked.setdefault(durable, {})[key] = taken[key]
+        self._send_soon()
+
+    def claimed(self, durable: str, since: Iterable[tuple[str, int, int]], after: float) -> None:
+        """``durable``'s record was found: what it says was taken (``since``), and the
+        time from which other publishers' publications are owed."""
+        self._taken.setdefault(durable, LastSeen()).saw_all(since)
+        self._owed_after[durable] = after
+
+    def ack_all(self, durables: Iterable[str]) -> None:
+        """Acknowledge each of ``durables``' whole record again (its new host keeps a
+        record of its own after a fail-over or a move)."""
+        for durable in set(durables):
+            taken = self._taken.get(durable)
+            if taken or durable in self._owed_after:
+                self._unacked.setdefault(durable, {}).update(taken or {})
+        if self._unacked:
+            self._send_soon()
+
+    def _send_soon(self) -> None:
+        if self._soon is None:
+            self._soon = asyncio.get_running_loop().call_soon(self._send)
+
+    def _send(self) -> None:
+        self._soon = None
+        unacked, self._unacked = self._unacked, {}
+        for durable, taken in unacked.items():
+            message = {
+                "op": "ack",
+                "client": self.name,
+                "durable": durable,
+                "since": [[p, s, q] for (p, s), q in taken.items()],
+            }
+            if durable in self._owed_after:
+                message["after"] = self._owed_after[durable]
+            self.send(message)

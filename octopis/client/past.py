@@ -1,0 +1,193 @@
+"""A subscriber's requests for the past (DESIGN §11): the replay after a fail-over, a
+hybrid subscription's window, a durable subscription's claim of its record and a
+historic subscription's answer, one at a time; while one is under way live deliveries
+wait at its :class:`~octopis.client.replay.Seam` and join its answer, each once, in
+publisher order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from octopis.client.connection import Connection
+from octopis.client.deliveries import Received
+from octopis.client.durable_acks import DurableAcks
+from octopis.client.errors import BrokerError
+from octopis.client.replay import History, ReplayGap, Seam
+from octopis.client.replay_log import ReplayLog
+from octopis.filters.language import Subscription
+
+log = logging.getLogger("octopis.client")
+
+HISTORIC_WAIT = 40.0
+"""Seconds a subscriber waits for a historic, hybrid or durable subscription's answer (the
+brokers' own budget, ``[retention] historic_budget``, is 30 s)."""
+
+
+class PastClient(Protocol):
+    """What a request for the past needs of its subscriber."""
+
+    name: str
+    connection: Connection
+    buffer: int
+
+    def deliver(self, received: Received, size: int) -> None:
+        """Hand ``received`` to the application."""
+
+    def durables(self) -> Iterable[str]:
+        """The names of the durable subscriptions held."""
+
+
+class PastRequests:
+    """The requests for the past of ``client``: what they leave goes to ``replay_log``,
+    a claimed durable record to ``acks``. :attr:`seam` is the one under way."""
+
+    def __init__(self, client: PastClient, replay_log: ReplayLog, acks: DurableAcks) -> None:
+        self.client = client
+        self.replay_log = replay_log
+        self.acks = acks
+        self.seam: Seam | None = None
+        """The seam of the request under way, if any."""
+        self.lock = asyncio.Lock()
+        """One historic, hybrid or durable answer at a time."""
+
+    def open_seam(self, *, hold_live: bool = True) -> Seam:
+        """A new seam, the current one (live deliveries wait in it if ``hold_live``)."""
+        self.seam = Seam(self.client.buffer, hold_live=hold_live)
+        return self.seam
+
+    def let_go(self, seam: Seam) -> None:
+        """End ``seam`` without an answer: deliver the live deliveries it held."""
+        if self.seam is seam:
+            self.seam = None
+        for received, size in seam.joined(self.client.name, self.client.connection.group)[0]:
+            self.client.deliver(received, size)
+
+    async def claim(self, seam: Seam, subscription: Subscription, durable: str) -> History:
+        """Find durable ``durable``'s record (wherever its last host kept it) and replay
+        from what this client acknowledged last; a new durable has none."""
+        name = self.client.name
+        error = await self.ask(seam, {"op": "claim", "client": name, "durable": durable})
+        summary = seam.next_request() or {}
+        claimed = summary.get("claimed", [])
+        if not claimed:
+            self.let_go(seam)
+            silent = tuple(summary.get("silent", ()))
+            history = History(None, time.time(), None, 0, 0, silent=silent, error=error)
+            if silent or error:
+                why = error or "its record may be kept at a broker that did not answer"
+                self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
+            log.info("%s: durable %s is new here (no record found)", name, durable)
+            return history
+        best = max(claimed, key=lambda c: c[4])
+        record_since = [(str(p), int(s), int(q)) for p, s, q in best[2]]
+        self.acks.claimed(durable, record_since, float(best[3]))
+        self.acks.ack_all(self.client.durables())
+        log.info(
+            "%s: durable %s claimed from %s (%d publishers known)",
+            name,
+            durable,
+            best[0],
+            len(record_since),
+        )
+        message = {
+            "filters": [subscription.to_text()],
+            "since": [list(x) for x in record_since],
+            "after": float(best[3]),
+        }
+        return await self.window(seam, message)
+
+    async def ask(
+        self, seam: Seam, message: dict[str, Any], timeout: float = HISTORIC_WAIT
+    ) -> str | None:
+        """Send a replay or claim request and wait for its ``replay_done`` (at most
+        ``timeout`` seconds from the request or from the last answer that came); returns
+        why it failed, if it did."""
+        try:
+            reply = await self.client.connection.request(message, timeout)
+            seam.named(str(reply["id"]))
+            while True:  # waited for ``timeout`` from the request or the last answer
+                progress = seam.progress
+                try:
+                    await asyncio.wait_for(seam.finished.wait(), timeout)
+                    break
+                except TimeoutError:
+                    if seam.progress == progress:
+                        raise
+        except (TimeoutError, BrokerError) as exc:
+            return f"{message['op']} failed: {exc or type(exc).__name__}"
+        return None
+
+    async def window(self, seam: Seam, fields: dict[str, Any]) -> History:
+        """A window of the past into the live streams (a hybrid or durable subscription)."""
+        message = {"op": "replay", "client": self.client.name, "historic": True, **fields}
+        return (await self.replayed(seam, message, HISTORIC_WAIT))[1]
+
+    async def historic(
+        self,
+        subscription: Subscription,
+        after: float | None,
+        until: float,
+        answer_max: int,
+        answer_bytes: int,
+    ) -> tuple[list[Received], History]:
+        """A historic subscription's answer alone, in publisher order, each publication
+        once, and its end."""
+        message = {
+            "op": "replay",
+            "client": self.client.name,
+            "filters": [subscription.to_text()],
+            "since": [],
+            "after": after,
+            "until": until,
+            "historic": True,
+            "answer_max": answer_max,
+            "answer_bytes": answer_bytes,
+        }
+        async with self.lock:
+            seam = self.open_seam(hold_live=False)
+            try:
+                error = await self.ask(seam, message)
+            finally:
+                self.seam = None
+        items = seam.answered(self.client.name)
+        return items, self.history(seam, after or 0.0, until, len(items), error)
+
+    def history(
+        self, seam: Seam, after: float, until: float | None, delivered: int, error: str | None
+    ) -> History:
+        """The end of the answer ``seam`` waited for: what was delivered and what is
+        missing."""
+        summary = seam.done.get(seam.replay or "")
+        if summary is None:
+            return History(seam.replay, after, until, 0, delivered, error=error or "no answer")
+        return History(
+            seam.replay,
+            after,
+            until,
+            int(summary.get("published", 0)),
+            delivered,
+            tuple(summary.get("silent", ())),
+            tuple(summary.get("unstored", ())),
+            tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ())),
+            tuple(summary.get("truncated", ())),
+            error,
+        )
+
+    async def replayed(
+        self, seam: Seam, message: dict[str, Any], timeout: float
+    ) -> tuple[ReplayGap | None, History]:
+        """Send replay request ``message``, deliver its answer with the live deliveries
+        ``seam`` held, each once, in publisher order; record and report what it left."""
+        after = float(message["after"])
+        error = await self.ask(seam, message, timeout)
+        self.seam = None
+        items, repeats = seam.joined(self.client.name, self.client.connection.group)
+        for received, size in items:
+            self.client.deliver(received, size)
+        gap = seam.gap(self.client.name, after, error)
+        replayed = self.replay_log.add(seam, items, repeats, gap)
+        return gap, self.history(seam, after, message.get("until"), replayed, error)
