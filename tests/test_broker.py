@@ -24,7 +24,7 @@ from octopis.filters.language import parse_subscription
 from octopis.settings import BrokerSettings, Links, Lst
 from octopis.topology import Scot, build_preset
 from octopis.transport.broker import Broker, BrokerFailure
-from octopis.transport.codec import Heartbeat, Hello, encode_body, encode_peer
+from octopis.transport.codec import Heartbeat, Hello, Synced, encode_body, encode_peer
 from octopis.wire import NOTIFY
 
 
@@ -179,7 +179,8 @@ def _quote(seq: int, cbv: frozenbitarray | None = None) -> bytes:
 
 
 async def _one_batch(scot: Scot, batch: list[bytes], expected: int) -> tuple[list, dict]:
-    """Play b:0's neighbours a:0 and c:0: handshake, subscribe to every quote as c:0,
+    """Play b:0's neighbours a:0 and c:0: handshake, an empty share each (a neighbour is
+    routed through once it serves and has handed its share), subscribe to every quote as c:0,
     send ``batch`` as one message from a:0; returns the notification bodies that reach
     c:0 (once ``expected`` did, or after 5 s) and b:0's stats."""
     ctx = zmq.asyncio.Context()
@@ -193,6 +194,7 @@ async def _one_batch(scot: Scot, batch: list[bytes], expected: int) -> tuple[lis
         for neighbour in ("a:0", "c:0"):
             await up.send_multipart(encode_peer(neighbour, Hello(PLAYED, incarnation)))
             await up.send_multipart(encode_peer(neighbour, Heartbeat(PLAYED, incarnation, 0, True)))
+            await up.send_multipart(encode_peer(neighbour, Synced(0, True, False, False)))
         stock = parse_subscription("[class,eq,'STOCK']")
         subscribe = Subscribe("s#1", "c:0", stock, SubState.PRIMARY, frozenbitarray("100"), 0.0, 1)
         await up.send_multipart(encode_peer("c:0", subscribe))

@@ -21,7 +21,6 @@ BEING_SPLIT = frozenset(
         "transport/clients.py",
         "transport/clients.py::ClientSessions",
         "transport/peers.py::PeerLinks",
-        "transport/broker.py",
         "transport/broker.py::Broker",
         "transport/replaying.py::Replaying",
         "sim/engine.py::Simulator",

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
+import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -14,9 +17,12 @@ from octopis.cli import LOG_FORMATS, run_cli
 from octopis.core import MODES
 from octopis.gateway.credentials import CredentialsError
 from octopis.keys import Keys, KeysError
-from octopis.settings import ConfigError, load_settings
-from octopis.topology import TopologyError, load_topology
+from octopis.settings import BrokerSettings, ConfigError, load_settings
+from octopis.topology import Scot, TopologyError, load_topology
 from octopis.transport.retention import RetentionError
+
+if TYPE_CHECKING:
+    from octopis.transport.broker import Gateway
 
 
 class UnknownBroker(ValueError):
@@ -92,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     """Validate the inputs, then serve until stopped."""
-    from octopis.transport.broker import BrokerFailure, run_broker
+    from octopis.transport.broker import BrokerFailure
 
     scot = load_topology(args.topology)
     if args.id not in scot.brokers:
@@ -128,6 +134,30 @@ def main(argv: list[str] | None = None) -> int:
             CredentialsError,
         ),
     )
+
+
+async def run_broker(
+    scot: Scot,
+    broker_id: str,
+    mode: str,
+    settings: BrokerSettings,
+    keys: Keys | None,
+    data_dir: Path | None = None,
+    gateway: Gateway | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT or an RPC ``shutdown``; ``keys`` None runs insecure.
+    The cyclic collector passes over the young generation every ``memory.gc_young``
+    allocations, and what exists once the broker is built (modules, topology) is frozen
+    out of its passes."""
+    from octopis.transport.broker import Broker
+
+    gc.set_threshold(settings.memory.gc_young, *gc.get_threshold()[1:])
+    broker = Broker(scot, broker_id, mode, settings, keys, data_dir)
+    gc.freeze()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, broker.stop)
+    await broker.serve(gateway)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,8 @@ and answered with an error where there is someone to answer; the broker goes on 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import secrets
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
@@ -696,25 +694,3 @@ class Broker:
         by adoption only where the core adopts (not with covering or advertisements)."""
         adopts = isinstance(self.core, ClusteredBroker) and self.core.adopts
         return self.clients.order_move(client, to, inside and adopts)
-
-
-async def run_broker(
-    scot: Scot,
-    broker_id: str,
-    mode: str,
-    settings: BrokerSettings,
-    keys: Keys | None,
-    data_dir: Path | None = None,
-    gateway: Gateway | None = None,
-) -> None:
-    """Serve until SIGTERM/SIGINT or an RPC ``shutdown``; ``keys`` None runs insecure.
-    The cyclic collector passes over the young generation every ``memory.gc_young``
-    allocations, and what exists once the broker is built (modules, topology) is frozen
-    out of its passes."""
-    gc.set_threshold(settings.memory.gc_young, *gc.get_threshold()[1:])
-    broker = Broker(scot, broker_id, mode, settings, keys, data_dir)
-    gc.freeze()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, broker.stop)
-    await broker.serve(gateway)
