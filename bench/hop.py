@@ -52,7 +52,7 @@ from octopis.keys import Keys, connect_securely, make_keys
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.settings import BrokerSettings, Links
 from octopis.topology import build_preset
-from octopis.transport.codec import Heartbeat, Hello, encode_peer
+from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
 from octopis.transport.peers import PEER_BATCH
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import NOTIFY
@@ -390,6 +390,7 @@ class HopBench:
             await via.send_multipart(encode_peer(neighbour, Hello(PLAYED, incarnation)))
             serving = Heartbeat(PLAYED, incarnation, 0, True)
             await via.send_multipart(encode_peer(neighbour, serving))
+            await via.send_multipart(encode_peer(neighbour, Synced(0, True, False, False)))
         cbv = frozenbitarray("100")
         for i, f in enumerate(self.filters):
             await via.send_multipart(
