@@ -30,7 +30,7 @@ from octopis.client.replay import (
 from octopis.client_policy import LastSeen, replay_after
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
-from octopis.wire import pack
+from octopis.wire import claimed_records, pack
 
 LATE_KEPT = 10_000
 """Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
@@ -548,24 +548,24 @@ class Subscriber(NamedClient):
                 self._report(ReplayGap(self.name, None, time.time(), silent, error=why))
             log.info("%s: durable %s is new here (no record found)", self.name, durable)
             return history
-        best = max(claimed, key=lambda c: c[4])
-        record_since = [(str(p), int(s), int(q)) for p, s, q in best[2]]
+        best = max(claimed_records(claimed), key=lambda c: c.updated)
+        record_since = list(best.since)
         taken = self._taken.setdefault(durable, LastSeen())
         for p, s, q in record_since:
             taken.saw(p, s, q)
-        self._owed_after[durable] = float(best[3])
+        self._owed_after[durable] = best.after
         self._ack_all()
         log.info(
             "%s: durable %s claimed from %s (%d publishers known)",
             self.name,
             durable,
-            best[0],
+            best.broker,
             len(record_since),
         )
         message = {
             "filters": [subscription.to_text()],
             "since": [list(x) for x in record_since],
-            "after": float(best[3]),
+            "after": best.after,
         }
         return await self._past(seam, message, HISTORIC_WAIT)
 

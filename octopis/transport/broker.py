@@ -601,7 +601,9 @@ class Broker:
             elif type(action) is Released:
                 self.clients.released(action.subscriber, action.sub_id)
             elif type(action) is HandedShare:
-                synced = Synced(action.entries, action.complete, action.wants_share)
+                synced = Synced(
+                    action.entries, action.complete, action.wants_share, predecessor=False
+                )
                 self.peers.send_synced(action.link, synced, now)
         if deliveries:
             if type(received) is Notification:
