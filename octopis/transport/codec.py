@@ -97,6 +97,10 @@ def encode_peer(sender: str, message: PeerMessage) -> list[bytes]:
 
 def encode_body(message: PeerMessage) -> bytes:
     """The body part of a frame for ``message``."""
+    if type(message) is Notification:
+        if message.cbv is None and message.tunnel is None:
+            return pack(NotifyBody(*message))  # the same fields in the same order (checked below)
+        return pack(_notify_body(message))
     to_body = _TO_BODY.get(type(message))
     if to_body is None:
         raise TypeError(f"cannot encode {type(message).__name__}")
@@ -139,13 +143,15 @@ def decode_body_in_full(sender: str, body: bytes) -> PeerMessage:
 
 
 def _notify_body(message: Notification) -> NotifyBody:
-    if message.cbv is None and message.tunnel is None:
-        return NotifyBody(*message)  # the same fields in the same order (checked below)
+    tunnel = message.tunnel
     return NotifyBody(
-        *message[:4],
+        message.publisher,
+        message.seq,
+        message.published_at,
+        message.publication,
         _cbv_out(message.cbv),
         message.destinations,
-        None if message.tunnel is None else Route(*message.tunnel),
+        None if tunnel is None else Route(*tunnel),
         message.session,
     )
 
@@ -288,7 +294,6 @@ _same_fields(Notification, NotifyBody)
 _same_fields(Tunnel, Route)
 _same_fields(Claimed, ClaimedRecord)
 _TO_BODY: dict[type, Callable[[Any], PeerBody]] = {
-    Notification: _notify_body,
     Hello: lambda m: m,
     Heartbeat: lambda m: m,
     Synced: lambda m: m,
