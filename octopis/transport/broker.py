@@ -429,7 +429,9 @@ class Broker:
 
     def synced(self, neighbour: str, synced: Synced) -> None:
         """``neighbour`` handed its share (:meth:`BrokerNode.synced`)."""
-        handed = HandedShare(neighbour, *synced)
+        handed = HandedShare(
+            neighbour, synced.entries, synced.complete, synced.wants_share, synced.predecessor
+        )
         self.execute(self.node.synced(neighbour, handed, self._up))
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
