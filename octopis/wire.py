@@ -308,9 +308,14 @@ def decode_peer_body(body: bytes, sender: str) -> PeerBody:
     try:
         return _peer_decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise WireError(_problem(unpack(body), str(exc), sender)) from None
+        problem = str(exc)  # found before the rest was read: the rest may not be msgpack
     except DECODE_ERRORS as exc:
         raise WireError(f"frame from {sender!r} is not msgpack: {exc}") from None
+    try:
+        data = unpack(body)
+    except DECODE_ERRORS as exc:
+        raise WireError(f"frame from {sender!r} is not msgpack: {exc}") from None
+    raise WireError(_problem(data, problem, sender))
 
 
 def _problem(data: Any, problem: str, sender: str) -> str:

@@ -187,6 +187,8 @@ def good_notify(**change: object) -> list:
         ([b"a:0", b"x", b"y"], "frame has 3 parts"),
         ([b"\xff", msgpack.packb([HELLO, 1, 0])], "sender part is not UTF-8"),
         ([b"a:0", b"\xc1"], "is not msgpack"),
+        ([b"a:0", msgpack.packb([HELLO, "x", 1]) + b"\xc1"], "is not msgpack: Messag"),
+        ([b"a:0", msgpack.packb([NOTIFY, "P", 1, 1.0, 7])[:-1]], "is not msgpack: Input"),
         ([b"a:0", msgpack.packb({"kind": 3})], "is not [kind, ...]"),
         (body(), "is not [kind, ...]"),
         (body(True), "frame kind must be an integer"),
