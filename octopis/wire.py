@@ -72,8 +72,12 @@ Since = tuple[str, Sequence, Sequence]
 """The last sequence number seen of a publisher's session: ``(publisher, session, seq)``."""
 
 
-class PeerBody(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True, gc=False):
-    """A peer body: ``[kind, ...fields]``, every field present (DESIGN §4)."""
+class Fields(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """Values in an array, each field at its place and every one present (DESIGN §4)."""
+
+
+class PeerBody(Fields):
+    """A peer body: ``[kind, ...fields]`` (each subclass is tagged with its kind)."""
 
 
 class Hello(PeerBody, tag=HELLO):
@@ -118,14 +122,14 @@ Control = Hello | Heartbeat | Synced
 data for long."""
 
 
-class Cbv(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True, gc=False):
+class Cbv(Fields):
     """DNR's cluster bit vector (DESIGN §3): ``nbits`` bits packed into ``bits``."""
 
     bits: bytes
     nbits: Annotated[int, msgspec.Meta(ge=1)]
 
 
-class Route(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True, gc=False):
+class Route(Fields):
     """A detour along a SCOT square (DESIGN §7), as ``octopis.core.Tunnel`` names it."""
 
     cluster: Count
@@ -223,9 +227,7 @@ class ReplayDataBody(PeerBody, tag=REPLAY_DATA):
     notifications: list[bytes]
 
 
-class ClaimedRecord(
-    msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True, gc=False
-):
+class ClaimedRecord(Fields):
     """A durable subscription's record handed over by ``broker`` (DESIGN §11)."""
 
     broker: Name
@@ -287,6 +289,7 @@ PeerBodies = (
     | AdvertiseBody
     | UnadvertiseBody
 )
+"""What a peer body may be (the decoder's type)."""
 
 
 def kind_name(body: type[PeerBody]) -> str:
@@ -357,8 +360,9 @@ destinations or tunnel. The compiled path decodes this shape and nothing else.""
 
 def stamp_problem(seq: object, published_at: object, session: object = 0) -> str | None:
     """Why a publication's ``seq``, ``published_at`` and publisher ``session`` cannot be
-    accepted, or None: one check for the client entry and the peer entry alike (DESIGN
-    §8), so a copy accepted at one broker is never refused at the next."""
+    accepted, or None: the client entry's check, with the bounds of the peer body's
+    :data:`Sequence` and :data:`Seconds` (DESIGN §8), so a copy accepted at one broker is
+    never refused at the next."""
     if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
         return f"'seq' must be an integer in [0, 2**63), not {seq!r}"[:120]
     if type(session) is not int or not 0 <= session <= MAX_SEQ:
