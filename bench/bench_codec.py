@@ -12,7 +12,6 @@ kind, in nanoseconds per body, the best of ``ROUNDS``). Run the suite with
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 
@@ -75,4 +74,3 @@ def test_codec(benchmark: pytest.FixtureRequest, kind: str) -> None:
 if __name__ == "__main__":
     for name, ns in per_body().items():
         print(f"{name}\t{ns:.0f}")
-    sys.exit(0)

@@ -439,11 +439,11 @@ def test_the_compiled_path_takes_its_positions_from_the_declaration() -> None:
     for field, kind in zip(declared, plain[1:], strict=True):
         nil = field.name in PLAIN_NIL
         assert kind is None if nil else kind == field.type
-    head, decoder, errors, known, cls, publication = decode_plain_notification.args
+    head, decoder, errors, _, cls, publication = decode_plain_notification.args
     assert head == bytes([0x90 | len(plain), NOTIFY])
     assert publication == body_positions(NotifyBody)["publication"] == 4
     n = Notification("P", 1, 0.0, {"class": "STOCK", "open": 1.5})
-    assert decode_plain_notification(encode_body(n)) == n
+    known = set(n.publication)  # the names, known whatever the suite learned before
     for other in range(1, len(plain)):
         found = plain_notification(head, decoder, errors, known, cls, other, encode_body(n))
         assert (found == n) is (other == publication)
