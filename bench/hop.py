@@ -55,7 +55,7 @@ from octopis.topology import build_preset
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
 from octopis.transport.peers import PEER_BATCH
 from octopis.transport.zmqio import FastSocket
-from octopis.wire import NOTIFY
+from octopis.wire import NOTIFY_HEAD
 
 BROKER, UPSTREAM, DOWNSTREAM = "b:0", "a:0", "c:0"
 PLAYED = 1
@@ -82,7 +82,7 @@ class Downstream:
         deadline = time.monotonic() + self.down.getsockopt(zmq.RCVTIMEO) / 1000
         while True:
             bodies = self.down.recv_multipart()[1:]
-            count = sum(body[1] == NOTIFY for body in bodies)
+            count = sum(body.startswith(NOTIFY_HEAD) for body in bodies)
             self.frames += count
             if count:
                 break

@@ -11,18 +11,23 @@ def is_plain_publication(object publication, set known):
     return _plain(publication, known)
 
 
-def plain_notification(bytes head, decoder, tuple errors, set known, type cls, bytes body):
+def plain_notification(
+    bytes head, decoder, tuple errors, set known, type cls, Py_ssize_t publication, bytes body
+):
     """A ``cls`` (a subclass of tuple) from a plain NOTIFY ``body``, or None: when
-    ``body`` starts with ``head``, ``decoder(body)`` is a tuple
-    ``(kind, publisher, seq, published_at, publication, ...)`` and ``publication`` is
-    plain (:func:`is_plain_publication`), the fields after the kind, in one allocation.
-    None means "not the plain shape" (``decoder`` raised one of ``errors``, or the shape
-    differs): the full decoding then decides and words any error. The arguments before
-    ``body`` are meant to be bound once (``functools.partial``)."""
+    ``body`` starts with ``head``, ``decoder(body)`` is a tuple ``(kind, *fields)`` and
+    ``fields[publication]`` (its position in the tuple, ``octopis.wire.NotifyBody``'s
+    declaration gives it) is plain (:func:`is_plain_publication`), the fields after the
+    kind, in one allocation. None means "not the plain shape" (``decoder`` raised one of
+    ``errors``, or the shape differs): the full decoding then decides and words any
+    error. The arguments before ``body`` are meant to be bound once
+    (``functools.partial``)."""
     cdef Py_ssize_t size = PyBytes_GET_SIZE(head)
     cdef Py_ssize_t i
     if not PyType_IsSubtype(cls, tuple):
         raise TypeError(f"{cls.__name__} is not a tuple type")
+    if publication < 1:
+        raise ValueError(f"a publication's position must follow the kind, not {publication}")
     if PyBytes_GET_SIZE(body) < size or memcmp(
         PyBytes_AS_STRING(body), PyBytes_AS_STRING(head), size
     ):
@@ -34,7 +39,7 @@ def plain_notification(bytes head, decoder, tuple errors, set known, type cls, b
     if type(fields) is not tuple:
         return None
     size = len(fields)
-    if size < 5 or not _plain(fields[4], known):
+    if size <= publication or not _plain(fields[publication], known):
         return None
     record = PyType_GenericAlloc(cls, size - 1)
     for i in range(1, size):

@@ -25,7 +25,7 @@ from octopis.settings import BrokerSettings, Links, Lst
 from octopis.topology import Scot, build_preset
 from octopis.transport.broker import Broker, BrokerFailure
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_body, encode_peer
-from octopis.wire import NOTIFY
+from octopis.wire import NOTIFY_HEAD
 
 
 def test_a_failed_serving_loop_shuts_the_broker_down_with_an_error(
@@ -207,7 +207,9 @@ async def _one_batch(scot: Scot, batch: list[bytes], expected: int) -> tuple[lis
         got: list[bytes] = []
         deadline = asyncio.get_running_loop().time() + 5
         while len(got) < expected and await down.poll(_ms_until(deadline)):
-            got += [body for body in (await down.recv_multipart())[1:] if body[1] == NOTIFY]
+            got += [
+                body for body in (await down.recv_multipart())[1:] if body.startswith(NOTIFY_HEAD)
+            ]
         return got, await control.call.stats()
     finally:
         control.close()

@@ -100,7 +100,7 @@ def _peer_templates() -> list[list[bytes]]:
         Unsubscribe("z:9#1", SubState.SECONDARY),
         Heartbeat(12345, 678, 9, True),
         Hello(12345, 0),
-        Synced(3, True, False),
+        Synced(3, True, False, predecessor=False),
     ]
     return [encode_peer(sender, m) for sender in ("z:9", "a:7") for m in messages]
 

@@ -285,7 +285,7 @@ def test_a_replay_frame_that_breaks_the_format_is_refused() -> None:
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, -1, 0, ""]), "answer_max"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1, None, 0, 0, 5]), "claim"),
         (pack([REPLAY, "r", "a:0", ["[x,>,1]"], [], 0.0, 3.0, 1]), "8 fields, expected 12"),
-        (pack([REPLAY_ECHO, "r", 1, [], [], [], [], 0, *echo_tail]), "seen flag"),
+        (pack([REPLAY_ECHO, "r", 1, [], [], [], [], 0, *echo_tail]), "REPLAY_ECHO seen"),
         (pack([REPLAY_ECHO, "r", False, [], [], [], [["P", 1, 2]], 0, *echo_tail]), "gaps"),
         (pack([REPLAY_ECHO, "r", False, [], [], [], [], 0, [], [["b:0"]]]), "claimed"),
         (pack([REPLAY_ECHO, "r", False, [], [], [], [], 0, [""], []]), "truncated"),

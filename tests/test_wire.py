@@ -1,25 +1,40 @@
-"""Peer-link frames (octopis.transport.codec, DESIGN §4, §7) and client requests
-(octopis.wire): every message kind survives the round trip, and every malformed frame or
-request is refused with an error that names the problem."""
+"""Peer-link frames (declared in octopis.wire, converted by octopis.transport.codec,
+DESIGN §2, §4, §7) and client requests (octopis.wire): every message kind survives the
+round trip with the bytes it always had, the routing messages and the compiled NOTIFY
+path agree with the declarations, and every malformed frame or request is refused with an
+error that names the problem."""
 
 from __future__ import annotations
 
 import math
 
 import msgpack
+import msgspec
 import pytest
 from bitarray import frozenbitarray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from octopis.core import Notification, Subscribe, SubState, Tunnel, Unsubscribe
-from octopis.filters.language import FilterError, parse_subscription
+from octopis._match import plain_notification
+from octopis.core import (
+    Advertise,
+    Move,
+    Notification,
+    Rehost,
+    Subscribe,
+    SubState,
+    Tunnel,
+    Unadvertise,
+    Unsubscribe,
+)
+from octopis.core.replay import Claimed, Replay, ReplayData, ReplayEcho
+from octopis.filters.language import parse_subscription
 from octopis.transport.codec import (
     Heartbeat,
     Hello,
     Synced,
     WireError,
-    _notification,
+    _same_fields,
     decode_body,
     decode_body_in_full,
     decode_peer,
@@ -28,16 +43,23 @@ from octopis.transport.codec import (
     encode_peer,
 )
 from octopis.wire import (
+    BODIES,
     HEARTBEAT,
     HELLO,
     NOTIFY,
+    PLAIN_NIL,
+    PLAIN_NOTIFY,
     SYNCED,
+    NotifyBody,
     PublishRequest,
     RequestError,
+    SubscribeBody,
+    body_positions,
     decode_request,
     delivery_fields,
+    kind_name,
     pack,
-    unpack,
+    read_notify,
 )
 
 QUOTE = {"class": "STOCK", "symbol": "MSFT", "close": 28.1, "volume": 1200}
@@ -65,6 +87,11 @@ def body(*fields: object) -> list[bytes]:
             2,
         ),
         Unsubscribe("a:0#3", SubState.PRIMARY),
+        Move("a:0#3", "a:1"),
+        Rehost("a:0#3", "a:1"),
+        Advertise("a:0!1", "a:0", parse_subscription("[class,eq,'STOCK']"), SubState.PRIMARY),
+        Advertise("a:0!1", "a:0", parse_subscription("[x,>,1]"), SubState.SECONDARY, "r2"),
+        Unadvertise("a:0!1", SubState.SECONDARY),
     ],
 )
 def test_round_trip(message: object) -> None:
@@ -77,13 +104,13 @@ def test_round_trip(message: object) -> None:
 @pytest.mark.parametrize(
     "message",
     [
-        Hello(7),
+        Hello(7, 0),
         Hello(2**63 - 1, 9),
-        Heartbeat(3),
+        Heartbeat(3, 0, 0, False),
         Heartbeat(3, 9, 12_000, True),
-        Synced(0),
-        Synced(40, complete=False, wants_share=True),
-        Synced(0, predecessor=True),
+        Synced(0, True, False, False),
+        Synced(40, complete=False, wants_share=True, predecessor=False),
+        Synced(0, True, False, predecessor=True),
     ],
 )
 def test_link_messages_round_trip(message: Hello | Heartbeat | Synced) -> None:
@@ -160,41 +187,47 @@ def good_notify(**change: object) -> list:
         ([b"a:0", b"x", b"y"], "frame has 3 parts"),
         ([b"\xff", msgpack.packb([HELLO, 1, 0])], "sender part is not UTF-8"),
         ([b"a:0", b"\xc1"], "is not msgpack"),
+        ([b"a:0", msgpack.packb([HELLO, "x", 1]) + b"\xc1"], "is not msgpack: Messag"),
+        ([b"a:0", msgpack.packb([NOTIFY, "P", 1, 1.0, 7])[:-1]], "is not msgpack: Input"),
         ([b"a:0", msgpack.packb({"kind": 3})], "is not [kind, ...]"),
         (body(), "is not [kind, ...]"),
         (body(True), "frame kind must be an integer"),
         (body(3.0, "P"), "frame kind must be an integer"),
         (body(99), "unknown frame kind 99"),
         (body(HELLO, 1), "HELLO frame has 2 fields"),
-        (body(HELLO, -1, 0), "incarnation must be an integer"),
-        (body(HELLO, 1, 2**63), "peer incarnation must be an integer"),
-        (body(HEARTBEAT, "x", 0, 0, False), "incarnation must be an integer"),
-        (body(HEARTBEAT, 1, 2, -3, False), "acked count must be an integer"),
-        (body(HEARTBEAT, 1, 2, 3, 1), "serving flag must be true or false"),
-        (body(HEARTBEAT, 1), "HEARTBEAT frame has 2 fields"),
-        (body(SYNCED, 3, True, 0, False), "SYNCED flags must be true or false"),
+        (body(HELLO, -1, 0), "HELLO incarnation from a:0: Expected `int` >= 0"),
+        (body(HELLO, 1, 2**63), "HELLO peer_incarnation from a:0: Expected `int` <= 9223"),
+        (body(HEARTBEAT, "x", 0, 0, False), "HEARTBEAT incarnation from a:0: Expected `int`"),
+        (body(HEARTBEAT, 1, 2, -3, False), "HEARTBEAT acked from a:0"),
+        (body(HEARTBEAT, 1, 2, 3, 1), "HEARTBEAT serving from a:0: Expected `bool`"),
+        (body(HEARTBEAT, 1), "HEARTBEAT frame has 2 fields, expected 5"),
+        (body(SYNCED, 3, True, 0, False), "SYNCED wants_share from a:0: Expected `bool`"),
         (body(SYNCED, 3), "SYNCED frame has 2 fields"),
-        (body(*good_notify()[:-1]), "NOTIFY frame has 8 fields"),
-        (body(*good_notify(session=-1)), "'session' must be an integer in [0, 2**63)"),
-        (body(*good_notify(session=2**63)), "'session' must be an integer in [0, 2**63)"),
-        (body(*good_notify(session=None)), "'session' must be an integer in [0, 2**63)"),
-        (body(*good_notify(tunnel=[0, "a", "b"])), "tunnel must be [cluster, target, origin"),
-        (body(*good_notify(tunnel=[-1, "a", "b", 0])), "tunnel cluster and tried must not"),
-        (body(*good_notify(tunnel=[0, "", "b", 0])), "tunnel target must be a non-empty"),
-        (body(*good_notify(publisher="")), "publisher must be a non-empty string"),
-        (body(*good_notify(seq="1")), "'seq' must be an integer in [0, 2**63)"),
-        (body(*good_notify(seq=-1)), "'seq' must be an integer in [0, 2**63)"),
-        (body(*good_notify(seq=2**64 - 1)), "'seq' must be an integer in [0, 2**63)"),
-        (body(*good_notify(at=math.nan)), "'published_at' must be a finite time"),
-        (body(*good_notify(at=math.inf)), "'published_at' must be a finite time"),
-        (body(*good_notify(at=1e300)), "'published_at' must be a finite time"),
+        (body(SYNCED, 3, True, True, True, True), "SYNCED frame has 6 fields, expected 5"),
+        (body(*good_notify()[:-1]), "NOTIFY frame has 8 fields, expected 9"),
+        (body(*good_notify(session=-1)), "NOTIFY session from a:0: Expected `int` >= 0"),
+        (body(*good_notify(session=2**63)), "NOTIFY session from a:0: Expected `int` <= "),
+        (body(*good_notify(session=None)), "NOTIFY session from a:0: Expected `int`, got `None`"),
+        (body(*good_notify(tunnel=[0, "a", "b"])), "NOTIFY tunnel from a:0: Expected `array`"),
+        (body(*good_notify(tunnel=[-1, "a", "b", 0])), "NOTIFY tunnel from a:0"),
+        (body(*good_notify(tunnel=[0, "", "b", 0])), "NOTIFY tunnel from a:0"),
+        (body(*good_notify(publisher="")), "NOTIFY publisher from a:0: Expected `str` of length"),
+        (body(*good_notify(seq="1")), "NOTIFY seq from a:0: Expected `int`, got `str`"),
+        (body(*good_notify(seq=-1)), "NOTIFY seq from a:0"),
+        (body(*good_notify(seq=2**64 - 1)), "NOTIFY seq from a:0"),
+        (body(*good_notify(at=math.nan)), "NOTIFY published_at from a:0"),
+        (body(*good_notify(at=math.inf)), "NOTIFY published_at from a:0"),
+        (body(*good_notify(at=1e300)), "NOTIFY published_at from a:0"),
         (body(*good_notify(pub={"close": [1]})), "attribute 'close'"),
+        (body(*good_notify(pub={"close": 2**60})), "attribute 'close'"),
         (body(*good_notify(pub={})), "empty publication"),
-        (body(*good_notify(cbv=[b"\x80", True])), "CBV must be [bytes, nbits]"),
-        (body(*good_notify(cbv=[b"\x80", 9])), "CBV must be [bytes, nbits]"),
-        (body(*good_notify(dests=[["b:0"]])), "NOTIFY destinations must be"),
+        (body(*good_notify(cbv=[b"\x80", True])), "NOTIFY cbv from a:0: Expected `int`"),
+        (body(*good_notify(cbv=[b"\x80", 9])), "CBV must be [bytes, nbits]: 9 bits in 1 bytes"),
+        (body(*good_notify(dests=[["b:0"]])), "NOTIFY destinations from a:0"),
         (body(1, "s", "a:0", "[class,eq", 1, [b"\x80", 3], 0.0, 0), "bad content from a:0"),
-        (body(2, "s#1", 3), "subscription state must be 1 or 2, got 3"),
+        (body(2, "s#1", 3), "UNSUBSCRIBE state from a:0: Invalid enum value 3"),
+        (body(6, "s#1", ""), "MOVE host from a:0"),
+        (body(11, "a!1", "a:0", "[x,>,1]", 1, ""), "ADVERTISE via from a:0"),
     ],
 )
 def test_malformed_frames_name_the_problem(frame: list[bytes], problem: str) -> None:
@@ -283,10 +316,140 @@ def test_the_plain_notification_path_accepts_only_what_the_full_decoding_does(
     body_fields = [NOTIFY, publisher, seq, published_at, publication, extra, None, None, session]
     frame = [b"a:0", msgpack.packb(body_fields)]
     try:
-        full = _notification(unpack(frame[1]))
-    except (WireError, FilterError) as exc:
+        full = decode_body_in_full("a:0", frame[1])
+    except WireError as exc:
+        assert decode_plain_notification(frame[1]) is None
         with pytest.raises(WireError) as refused:
             decode_peer(frame)
-        assert str(exc) in str(refused.value)
+        assert str(refused.value) == str(exc)
         return
+    assert decode_plain_notification(frame[1]) in (None, full)
     assert decode_peer(frame) == ("a:0", full)
+
+
+def test_every_kind_has_one_declaration_in_the_order_of_kinds() -> None:
+    """A body's tag is its kind, each kind is declared once, and the names in errors
+    come from the declarations."""
+    tags = [msgspec.inspect.type_info(b).tag for b in BODIES]
+    assert tags == list(range(len(BODIES)))
+    assert [kind_name(b) for b in BODIES] == [
+        "HELLO",
+        "SUBSCRIBE",
+        "UNSUBSCRIBE",
+        "NOTIFY",
+        "HEARTBEAT",
+        "SYNCED",
+        "MOVE",
+        "REHOST",
+        "REPLAY",
+        "REPLAY_DATA",
+        "REPLAY_ECHO",
+        "ADVERTISE",
+        "UNADVERTISE",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("message", "fields"),
+    [
+        (Notification("P", 7, 12.5, QUOTE), [3, "P", 7, 12.5, QUOTE, None, None, None, 0]),
+        (
+            Notification(
+                "P",
+                8,
+                1.0,
+                QUOTE,
+                frozenbitarray("011"),
+                (("b", "b#1"),),
+                Tunnel(2, "d", "b", 1),
+                5,
+            ),
+            [3, "P", 8, 1.0, QUOTE, [b"\x60", 3], [["b", "b#1"]], [2, "d", "b", 1], 5],
+        ),
+        (
+            Subscribe("s#1", "a", parse_subscription("[x,>,1]"), SubState.SECONDARY, None, 2.5, 3),
+            [1, "s#1", "a", "[x,>,1]", 2, None, 2.5, 3],
+        ),
+        (Unsubscribe("s#1", SubState.PRIMARY), [2, "s#1", 1]),
+        (Move("s#1", "b"), [6, "s#1", "b"]),
+        (Rehost("s#1", "b"), [7, "s#1", "b"]),
+        (
+            Advertise("a!1", "a", parse_subscription("[x,>,1]"), SubState.SECONDARY, "r"),
+            [11, "a!1", "a", "[x,>,1]", 2, "r"],
+        ),
+        (Unadvertise("a!1", SubState.PRIMARY), [12, "a!1", 1]),
+        (Hello(7, 9), [0, 7, 9]),
+        (Heartbeat(7, 9, 11, True), [4, 7, 9, 11, True]),
+        (Synced(4, True, False, True), [5, 4, True, False, True]),
+        (
+            Replay("r", "a", ("[x,>,1]",), (("P", 1, 2),), 5.0, 3.0),
+            [8, "r", "a", ["[x,>,1]"], [["P", 1, 2]], 5.0, 3.0, 1, None, 0, 0, ""],
+        ),
+        (
+            ReplayData("r", (Notification("P", 7, 12.5, QUOTE),)),
+            [9, "r", [msgpack.packb([3, "P", 7, 12.5, QUOTE, None, None, None, 0])]],
+        ),
+        (
+            ReplayEcho(
+                "r",
+                answered=("b",),
+                gaps=(("P", 1, 2, 3),),
+                published=4,
+                claimed=(Claimed("b", ("[x,>,1]",), (("P", 1, 2),), 4.0, 6.0),),
+            ),
+            [
+                10,
+                "r",
+                False,
+                ["b"],
+                [],
+                [],
+                [["P", 1, 2, 3]],
+                4,
+                [],
+                [["b", ["[x,>,1]"], [["P", 1, 2]], 4.0, 6.0]],
+            ],
+        ),
+    ],
+)
+def test_the_bytes_on_the_wire_are_the_kind_and_the_fields(
+    message: object, fields: list[object]
+) -> None:
+    """A body is ``[kind, ...fields]`` exactly as it always was (brokers of either
+    version read each other's frames)."""
+    assert encode_body(message) == msgpack.packb(fields)
+
+
+def test_routing_messages_agree_with_their_declarations() -> None:
+    """The codec converts by name and the compiled path builds a ``Notification`` from
+    the fields after the kind: both hold only while the fields agree, which is checked
+    when the codec is imported; the check refuses a message that differs."""
+    assert Notification._fields == NotifyBody.__struct_fields__
+    with pytest.raises(TypeError, match=r"Move.*differs from its wire declaration"):
+        _same_fields(Move, SubscribeBody)
+
+
+def test_the_compiled_path_takes_its_positions_from_the_declaration() -> None:
+    """The plain NOTIFY shape is the declaration with nil CBV, destinations and tunnel,
+    its head is the array of kind and fields, and the compiled reader checks the field
+    the declaration names ``publication``: pointed at another field, it takes nothing."""
+    declared = msgspec.structs.fields(NotifyBody)
+    plain = PLAIN_NOTIFY.__args__
+    assert len(plain) == 1 + len(declared)
+    for field, kind in zip(declared, plain[1:], strict=True):
+        nil = field.name in PLAIN_NIL
+        assert kind is None if nil else kind == field.type
+    head, decoder, errors, _, cls, publication = decode_plain_notification.args
+    assert head == bytes([0x90 | len(plain), NOTIFY])
+    assert publication == body_positions(NotifyBody)["publication"] == 4
+    n = Notification("P", 1, 0.0, {"class": "STOCK", "open": 1.5})
+    known = set(n.publication)  # the names, known whatever the suite learned before
+    for other in range(1, len(plain)):
+        found = plain_notification(head, decoder, errors, known, cls, other, encode_body(n))
+        assert (found == n) is (other == publication)
+
+
+def test_a_client_reads_a_delivery_by_name() -> None:
+    n = Notification("P", 8, 12.5, QUOTE, tunnel=Tunnel(0, "a", "b", 0), session=3)
+    read = read_notify(encode_body(n))
+    assert (read.publisher, read.seq, read.publication, read.session) == ("P", 8, QUOTE, 3)

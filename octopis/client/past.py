@@ -19,6 +19,7 @@ from octopis.client.errors import BrokerError
 from octopis.client.replay import History, ReplayGap, Seam
 from octopis.client.replay_log import ReplayLog
 from octopis.filters.language import Subscription
+from octopis.wire import claimed_records
 
 log = logging.getLogger("octopis.client")
 
@@ -82,21 +83,21 @@ class PastRequests:
                 self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
             log.info("%s: durable %s is new here (no record found)", name, durable)
             return history
-        best = max(claimed, key=lambda c: c[4])
-        record_since = [(str(p), int(s), int(q)) for p, s, q in best[2]]
-        self.acks.claimed(durable, record_since, float(best[3]))
+        best = max(claimed_records(claimed), key=lambda c: c.updated)
+        record_since = list(best.since)
+        self.acks.claimed(durable, record_since, best.after)
         self.acks.ack_all(self.client.durables())
         log.info(
             "%s: durable %s claimed from %s (%d publishers known)",
             name,
             durable,
-            best[0],
+            best.broker,
             len(record_since),
         )
         message = {
             "filters": [subscription.to_text()],
             "since": [list(x) for x in record_since],
-            "after": float(best[3]),
+            "after": best.after,
         }
         return await self.window(seam, message)
 

@@ -39,8 +39,8 @@ from octopis.wire import (
     PublishRequest,
     SubscribeRequest,
     UnsubscribeRequest,
-    delivery_fields,
     pack,
+    read_notify,
     unpack,
 )
 
@@ -101,7 +101,7 @@ class DeliveryCache:
     def lines(self, body: bytes, version: str) -> str:
         """The escaped header lines of the NOTIFY ``body``'s publication."""
         if body is not self._body or version != self._version:
-            publication = delivery_fields(body)[3]
+            publication = read_notify(body).publication
             self._lines = header_lines(headers_of(publication), "MESSAGE", version)
             self._body, self._version = body, version
         return self._lines

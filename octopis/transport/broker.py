@@ -399,7 +399,9 @@ class Broker:
 
     def synced(self, neighbour: str, synced: Synced) -> None:
         """``neighbour`` handed its share (:meth:`BrokerNode.synced`)."""
-        handed = HandedShare(neighbour, *synced)
+        handed = HandedShare(
+            neighbour, synced.entries, synced.complete, synced.wants_share, synced.predecessor
+        )
         self.execute(self.node.synced(neighbour, handed))
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
@@ -571,7 +573,9 @@ class Broker:
             elif type(action) is Released:
                 self.clients.released(action.subscriber, action.sub_id)
             elif type(action) is HandedShare:
-                synced = Synced(action.entries, action.complete, action.wants_share)
+                synced = Synced(
+                    action.entries, action.complete, action.wants_share, predecessor=False
+                )
                 self.peers.send_synced(action.link, synced, now)
         if deliveries:
             if type(received) is Notification:

@@ -218,7 +218,7 @@ class PeerLinks:
         self._names[name.encode()] = name
         self.departed.discard(name)
         self.lst.add_link(name, now)
-        link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
+        link.put(self._frame(Hello(self.incarnation, peer_incarnation=0), HANDSHAKE), now)
         return link.run()
 
     def remove(self, name: str) -> OutputLink:
@@ -314,7 +314,7 @@ class PeerLinks:
         self.node.start(now, self.settings.links.down_after)
         for name, link in self.links.items():
             self.lst.set_down(name, True)
-            link.put(self._frame(Hello(self.incarnation), HANDSHAKE), now)
+            link.put(self._frame(Hello(self.incarnation, peer_incarnation=0), HANDSHAKE), now)
         return [
             *((f"link {n}", link.run()) for n, link in self.links.items()),
             ("peers", self._input_loop(loop)),

@@ -42,6 +42,7 @@ from octopis.settings import Durable, Retention
 from octopis.transport.codec import decode_body, encode_body
 from octopis.transport.links import PublishReceipt
 from octopis.transport.retention import RetentionError, RetentionStore, StoreAnswer
+from octopis.wire import ClaimedRecord
 
 log = logging.getLogger("octopis.broker")
 
@@ -414,16 +415,7 @@ class Replaying:
                             "published": echo.published,
                             "late": action.late,
                             "truncated": list(echo.truncated),
-                            "claimed": [
-                                [
-                                    c.broker,
-                                    list(c.filters),
-                                    [list(x) for x in c.since],
-                                    c.after,
-                                    c.updated,
-                                ]
-                                for c in echo.claimed
-                            ],
+                            "claimed": [ClaimedRecord(*c) for c in echo.claimed],
                         },
                     )
 
