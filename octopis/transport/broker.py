@@ -3,12 +3,11 @@ control plane (DESIGN §2, §4, §7).
 
 - peer links (:mod:`octopis.transport.peers`): a PULL for every neighbour's frames, a
   paced output queue per neighbour, handshakes with incarnations, heartbeats, detection;
-- client sessions (:mod:`octopis.transport.clients`): the ROUTER, requests, deliveries,
-  client timeouts;
+- client sessions (:mod:`octopis.transport.clients`, :mod:`~octopis.transport.outbox`);
 - control (:mod:`octopis.transport.control`): the aiozmq RPC.
 
-The broker itself only carries out what the core decides: every routing rule lives in
-:mod:`octopis.core`. A bad frame from a peer or a client is counted, logged (rate-limited)
+The broker itself only carries out what the node decides: every routing and failure
+rule lives in :mod:`octopis.core`. A bad frame from a peer or a client is counted, logged (rate-limited)
 and answered with an error where there is someone to answer; the broker goes on serving.
 """
 
@@ -216,7 +215,7 @@ class Broker:
             self.incarnation,
             curve,
             send_pass,
-            lambda: self.clients.paced_deliveries,
+            lambda: self.clients.outbox.paced_deliveries,
             idle,
         )
         self.links = self.peers.links
@@ -501,7 +500,7 @@ class Broker:
         """Frames waiting on the link to ``neighbour`` (None: the client side's
         deliveries waiting for ``clients.capacity``)."""
         if neighbour is None:
-            return self.clients.paced_deliveries
+            return self.clients.outbox.paced_deliveries
         link = self.links.get(neighbour)
         return len(link.queue) if link is not None else 0
 
@@ -583,7 +582,7 @@ class Broker:
             else:
                 frame = encoded.get(id(delivered)) if encoded else None
                 payload = frame[BODY] if frame is not None else encode_body(delivered)
-            self.clients.deliver(deliveries, payload)
+            self.clients.outbox.deliver(deliveries, payload)
 
     # -- LST and inspection --------------------------------------------------------------
 
@@ -612,7 +611,8 @@ class Broker:
                     {name: link.copies for name, link in self.links.items()},
                     self.clients.counters["deliveries"],
                     self.clients.delivered(),
-                    sum(link.bytes_sent for link in self.links.values()) + self.clients.bytes_out,
+                    sum(link.bytes_sent for link in self.links.values())
+                    + self.clients.outbox.bytes_out,
                     sum(self.process.cpu_times()[:2]),
                 )
             )

@@ -19,7 +19,8 @@ answer (the publish credit backpressure reaches); more are refused.
 overwhelmed one on its client side (issue 17): deliveries then leave no faster than
 that, in the order they were made, queued in the broker meanwhile (notices keep their
 place behind them; replies to requests do not wait); more than ``clients.queue_limit``
-deliveries waiting hold the neighbours back as a full link does (DESIGN §8).
+deliveries waiting hold the neighbours back as a full link does (DESIGN §8). What
+leaves the socket, and these bounds, are :mod:`octopis.transport.outbox`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,7 +40,6 @@ from octopis.core import (
     ProtocolError,
     UnadvertisedPublication,
 )
-from octopis.core.capacity import SendRate
 from octopis.core.durable import DurableError, claim_of
 from octopis.core.sessions import ClientTable, SessionRefused
 from octopis.filters.composite import Composite, as_filter
@@ -53,15 +53,14 @@ from octopis.filters.language import (
 from octopis.logs import RateLimitedLog
 from octopis.settings import BrokerSettings
 from octopis.transport.links import (
-    LOOP_SLACK,
     InputWaiter,
     PublishReceipt,
     SendPass,
 )
+from octopis.transport.outbox import ClientOutbox
 from octopis.transport.security import Curve
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import (
-    LEFT_AT,
     AckRequest,
     AdoptRequest,
     AdvertiseRequest,
@@ -143,19 +142,8 @@ class Router(Protocol):
         """The retention store, replay rounds and durable records (DESIGN §11)."""
 
 
-DROPPED_KEPT = 1000
-"""Dropped connections remembered, so that their later requests are told why."""
 CLIENT_BATCH = 64
 """Requests one pass handles before the pass ends and other tasks run."""
-DELIVERIES_PER_MESSAGE = 16
-"""Deliveries one message to a connection carries at most: ZeroMQ's high-water mark
-(``clients.sndhwm``) counts messages, so a stalled connection holds at most this many
-times as many deliveries in ZeroMQ."""
-
-
-PIPE_FULL = zmq.Again()
-"""What :meth:`ClientSessions._try_send` returns for a connection whose pipe is full (made
-once: pyzmq's exceptions cost microseconds to construct)."""
 AFTER_DELIVERIES = frozenset({"unsubscribed", "bye"})
 """Replies that follow every delivery made to their connection before them (as notices
 do): a client lets a connection go once the broker has answered its withdrawal (a
@@ -203,25 +191,6 @@ class ClientSessions:
         self.router = router
         self.send_pass = send_pass or SendPass()
         """Opened around each pass over the requests; shared with the peer links."""
-        self._held: dict[bytes, list[bytes]] = {}
-        """Deliveries of the open send pass, per connection: ``[names, body, ...]``."""
-        self._held_count: Counter[bytes] = Counter()
-        """Per connection: the deliveries (client names) in :attr:`_held`, counted only
-        when :attr:`pacer` is set (nothing else reads them)."""
-        self.pacer = (
-            SendRate(settings.clients.capacity, LOOP_SLACK) if settings.clients.capacity else None
-        )
-        """``clients.capacity``: the slots deliveries leave in, when set."""
-        self.paced: deque[tuple[bytes, list[bytes], int, float | None]] = deque()
-        """Messages waiting for :attr:`pacer`, in order: (connection, parts, deliveries in
-        them, departure once booked)."""
-        self.paced_deliveries = 0
-        """Deliveries in :attr:`paced` (``clients.queue_limit`` applies to it)."""
-        self.paced_peak = 0
-        """The most deliveries :attr:`paced` has held at once."""
-        self._pacing: asyncio.Task[None] | None = None
-        self.bytes_out = 0
-        """Bytes of notifications delivered (the load analysis reads it, DESIGN §9)."""
         self.counters: Counter[str] = Counter()
         self.socket = ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -239,12 +208,23 @@ class ClientSessions:
         """Client key → (connection identity, client name): where deliveries go."""
         self.publishers: set[str] = set()
         """Keys of the clients that have published here (as many as :attr:`names`)."""
-        self.dropped: OrderedDict[bytes, str] = OrderedDict()
-        """Connections dropped as slow consumers → the reason (the last :data:`DROPPED_KEPT`)."""
         self._warn = RateLimitedLog(log, settings.logs.interval)
         self.outlets: dict[bytes, Callable[[list[bytes]], bool]] = {}
         """Connections a gateway serves (DESIGN §13): identity → what takes the messages
         for it (replies ``[reply]``, deliveries ``[names, body, ...]``; False: full)."""
+        self.outbox = ClientOutbox(
+            broker_id,
+            settings,
+            self._fast,
+            self.send_pass,
+            self.connections,
+            self.outlets,
+            self.counters,
+            self._warn,
+            self.drop,
+        )
+        """What leaves the socket: deliveries, replies, notices (DESIGN §8)."""
+        self.dropped = self.outbox.dropped
         self.table = ClientTable(settings.limits.subscriptions_per_client)
         """Each client's subscriptions here and the session rules: limits, withdrawal
         when gone, moves and their orphans (DESIGN §7-§9)."""
@@ -268,7 +248,7 @@ class ClientSessions:
         """Read requests until cancelled, in passes of up to :data:`CLIENT_BATCH`: what a
         pass sends leaves in batches when it ends, and other tasks run between passes."""
         loop = asyncio.get_running_loop()
-        self._waiter = InputWaiter(self._sync, loop)
+        self._waiter = self.outbox.waiter = InputWaiter(self._sync, loop)
         receive = self._fast.receive
         send_pass = self.send_pass
         handled = 0
@@ -313,9 +293,9 @@ class ClientSessions:
         identity, payload = parts
         reply = self._on_request(identity, payload, now)
         if reply is not None and reply["op"] in AFTER_DELIVERIES:
-            self._notify(identity, reply)
+            self.outbox.notify(identity, reply)
         elif reply is not None:
-            self._send(identity, [pack(reply)])
+            self.outbox.send(identity, [pack(reply)])
 
     def _on_request(self, identity: bytes, payload: bytes, now: float) -> dict | None:
         req = None
@@ -442,7 +422,7 @@ class ClientSessions:
         moved: list[str] = []
         for key, sub_ids in self.table.order_move(keys, deadline, inside).items():
             identity, _ = self.names[key]
-            self._notify(
+            self.outbox.notify(
                 identity,
                 {"op": "move", "client": client, "to": to, "inside": inside, "sub_ids": sub_ids},
             )
@@ -455,7 +435,7 @@ class ClientSessions:
         self.router.replaying.durable_moved(sub_id)
         if self.table.released(key, sub_id):
             identity, name = self.names[key]
-            self._notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
+            self.outbox.notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
 
     def _expire_moves(self, now: float) -> None:
         """Withdraw what orphaned move orders kept past their deadline
@@ -503,7 +483,7 @@ class ClientSessions:
             return
         self.router.execute(self.router.unsubscribe(key, sub_id))
         self.counters["subscriptions_withdrawn"] += 1
-        self._notify(client[0], {"op": "withdrawn", "client": client[1], "sub_id": sub_id})
+        self.outbox.notify(client[0], {"op": "withdrawn", "client": client[1], "sub_id": sub_id})
 
     def notify_client(self, key: str, message: dict) -> bool:
         """Send a notice to local client ``key`` (behind its deliveries); False if it has
@@ -511,20 +491,8 @@ class ClientSessions:
         client = self.names.get(key)
         if client is None or client[0] not in self.connections:
             return False
-        self._notify(client[0], {**message, "client": client[1]})
+        self.outbox.notify(client[0], {**message, "client": client[1]})
         return True
-
-    def _notify(self, identity: bytes, message: dict) -> None:
-        """Send a notice to a connection behind the deliveries made before it: those held
-        for it in this send pass, and those waiting for ``clients.capacity`` (a
-        ``released`` notice must follow the old host's last delivery)."""
-        parts = self._held.pop(identity, None)
-        if parts:
-            self._out(identity, parts, self._held_count.pop(identity, 0))
-        if self.paced:
-            self._pace(identity, [pack(message)], 0, None)
-        else:
-            self._send(identity, [pack(message)])
 
     def _publish(
         self, identity: bytes, connection: ClientSession, request: PublishRequest
@@ -543,10 +511,10 @@ class ClientSessions:
                 f"{connection.unanswered} publications of this connection are unanswered "
                 f"(clients.publish_window = {window}); wait for their answers"
             )
-        if self.paced_deliveries >= self.settings.clients.queue_limit:
+        if self.outbox.paced_deliveries >= self.settings.clients.queue_limit:
             self.counters["publications_refused.deliveries_waiting"] += 1
             raise ClientError(
-                f"{self.paced_deliveries} deliveries wait for this broker's capacity "
+                f"{self.outbox.paced_deliveries} deliveries wait for this broker's capacity "
                 f"(clients.capacity = {self.settings.clients.capacity:g}/s, clients.queue_limit "
                 f"= {self.settings.clients.queue_limit}); publish again later"
             )
@@ -564,9 +532,9 @@ class ClientSessions:
             connection.unanswered -= 1
             if receipt.refusal is not None:
                 refused = {"op": "error", "req": request.req, "message": receipt.refusal}
-                self._send(identity, [pack({**refused, "error": "not_kept"})])
+                self.outbox.send(identity, [pack({**refused, "error": "not_kept"})])
                 return
-            self._send(identity, [answer])
+            self.outbox.send(identity, [answer])
 
         receipt = PublishReceipt(answered)
         self.router.publish(n, receipt)
@@ -641,232 +609,6 @@ class ClientSessions:
 
     # -- deliveries ----------------------------------------------------------------------
 
-    def deliver(self, deliveries: dict[bytes, list[str]], body: bytes) -> None:
-        """Send one notification (its NOTIFY ``body``) to the named clients of each
-        connection: ``[names, body]`` per connection; during a send pass, a connection's
-        deliveries wait for its end and leave as one message ``[names, body, names,
-        body, ...]``."""
-        send_pass = self.send_pass
-        held = self._held
-        counted = self._held_count if self.pacer is not None else None
-        connections = self.connections
-        self.bytes_out += len(body) * len(deliveries)
-        for identity, names in deliveries.items():
-            self.counters["deliveries"] += len(names)
-            connection = connections.get(identity)
-            if connection is not None:
-                connection.delivered.update(names)
-            if not send_pass.open:
-                self._out(identity, [pack(names), body], len(names))
-                continue
-            if counted is not None:
-                counted[identity] += len(names)
-            if identity in held:
-                held[identity] += (pack(names), body)
-            else:
-                held[identity] = [pack(names), body]
-                if len(held) == 1:
-                    send_pass.hold(self, self._send_held)
-
-    def _send_held(self, now: float) -> None:
-        """The end of a send pass: each connection's deliveries in messages of at most
-        :data:`DELIVERIES_PER_MESSAGE`; one whose pipe is full queues them one by one, so
-        its backlog counts deliveries."""
-        held, self._held = self._held, {}
-        counts = self._held_count
-        if counts:
-            self._held_count = Counter()
-        for identity, parts in held.items():
-            self._out(identity, parts, counts[identity])
-
-    def _out(self, identity: bytes, parts: list[bytes], count: int) -> None:
-        """Deliveries ``[names, body, ...]`` (``count`` client names in all) to a
-        connection: at once, or, when ``clients.capacity`` has no slot for them now,
-        queued for :meth:`_release_paced`."""
-        pacer = self.pacer
-        if pacer is None:
-            self._flush(identity, parts)
-            return
-        leave = None
-        if not self.paced:
-            now = asyncio.get_running_loop().time()
-            leave = pacer.book(now, count)
-            if leave <= now:
-                self._flush(identity, parts)
-                return
-        self._pace(identity, parts, count, leave)
-
-    def _pace(self, identity: bytes, parts: list[bytes], count: int, leave: float | None) -> None:
-        """Queue a message behind the deliveries waiting for ``clients.capacity``."""
-        self.paced.append((identity, parts, count, leave))
-        self.paced_deliveries += count
-        self.paced_peak = max(self.paced_peak, self.paced_deliveries)
-        self.counters["deliveries_paced"] += count
-        if self._pacing is None:
-            self._pacing = asyncio.get_running_loop().create_task(self._release_paced())
-
-    async def _release_paced(self) -> None:
-        """Send the queued messages in order, each once its slots of ``clients.capacity``
-        have passed (booked when it reaches the head of the queue)."""
-        loop = asyncio.get_running_loop()
-        paced, pacer = self.paced, self.pacer
-        assert pacer is not None
-        try:
-            while paced:
-                identity, parts, count, leave = paced[0]
-                if leave is None and count:
-                    leave = pacer.book(loop.time(), count)
-                    paced[0] = (identity, parts, count, leave)
-                if leave is not None and leave > loop.time():
-                    await asyncio.sleep(leave - loop.time())
-                paced.popleft()
-                self.paced_deliveries -= count
-                self._flush(identity, parts)
-        finally:
-            self._pacing = None
-
-    def _flush(self, identity: bytes, parts: list[bytes]) -> None:
-        """Send deliveries ``[names, body, ...]`` to a connection in messages of at most
-        :data:`DELIVERIES_PER_MESSAGE`."""
-        step = 2 * DELIVERIES_PER_MESSAGE
-        connection = self.connections.get(identity)
-        for i in range(0, len(parts), step):
-            if connection is not None and connection.backlog:
-                for j in range(i, len(parts), 2):
-                    self._send(identity, parts[j : j + 2])
-                break
-            batch = parts[i : i + step]
-            if len(batch) > 2:
-                self.counters["deliveries_batched"] += len(batch) // 2
-            self._send(identity, batch)
-
-    def _send(self, identity: bytes, parts: list[bytes]) -> None:
-        """Send to a connection now, or queue behind its backlog when its pipe is full.
-        Replies go this way: they wait for no delivery (``clients.capacity`` paces
-        deliveries and the notices that must follow them, not answers to requests).
-
-        The ROUTER is also read through an :class:`InputWaiter`; every send pokes it, so
-        a send that consumes ZeroMQ's edge-triggered event cannot strand a request.
-        """
-        connection = self.connections.get(identity)
-        if connection is not None and connection.backlog:
-            queued = len(connection.backlog)
-            limit = self.settings.clients.backlog_limit
-            if queued < limit or (
-                len(parts) == 1 and queued < limit + self.settings.clients.publish_window
-            ):
-                connection.backlog.append(parts)  # a reply may use the publish window too
-            else:
-                self._slow_consumer(identity, connection, parts)
-            return
-        problem = self._try_send(identity, parts)
-        if problem is None:
-            return
-        if problem is PIPE_FULL and connection is not None:
-            if len(parts) > 2:  # a batch of deliveries queues as single ones
-                connection.backlog = deque(parts[i : i + 2] for i in range(0, len(parts), 2))
-            else:
-                connection.backlog = deque([parts])
-            asyncio.get_running_loop().create_task(self._drain(identity, connection))
-        else:
-            self.counters["undeliverable"] += 1
-            self._warn.warning(
-                "unreachable", "%s cannot reach client %s: %s", self.id, identity.hex(), problem
-            )
-
-    def _slow_consumer(
-        self, identity: bytes, connection: ClientSession, parts: list[bytes]
-    ) -> None:
-        """``parts`` found the connection's backlog full: apply ``clients.slow_policy``."""
-        backlog = connection.backlog
-        assert backlog is not None
-        limit = self.settings.clients.backlog_limit
-        if self.settings.clients.slow_policy == "drop_oldest" and len(parts) > 1:
-            backlog.append(parts)
-            while len(oldest := backlog.popleft()) == 1:  # replies are kept: a request
-                backlog.append(oldest)  # must be answered; the new delivery ends the loop
-            connection.overflowed += len(oldest) // 2
-            self.counters["deliveries_dropped.slow_consumer"] += len(oldest) // 2
-            self._warn.warning(
-                "overflow",
-                "%s dropped the oldest delivery queued for slow client connection %s "
-                "(clients.backlog_limit = %d)",
-                self.id,
-                identity.hex(),
-                limit,
-            )
-            return
-        reason = (
-            f"slow consumer: {len(backlog)} messages queued at {self.id} "
-            f"(clients.backlog_limit = {limit}, clients.slow_policy = disconnect)"
-        )
-        self.counters["slow_consumers_dropped"] += 1
-        self.counters["deliveries_dropped.slow_consumer"] += sum(
-            len(queued) // 2 for queued in (*backlog, parts)
-        )
-        self.drop(identity, reason)
-        self.dropped[identity] = reason
-        while len(self.dropped) > DROPPED_KEPT:
-            self.dropped.popitem(last=False)
-        backlog.clear()
-        backlog.append([pack({"op": "dropped", "reason": reason})])
-
-    def _try_send(self, identity: bytes, parts: list[bytes]) -> BaseException | None:
-        """Send ``parts`` to a connection now: None, or why not (:data:`PIPE_FULL` when
-        its pipe is full). Deliveries (more than one part) end with when they left."""
-        outlet = self.outlets.get(identity)
-        if outlet is not None:
-            return None if outlet(parts) else PIPE_FULL
-        message = [identity, *parts]
-        if len(parts) > 1:
-            message.append(LEFT_AT.pack(time.time()))
-        try:
-            return None if self._fast.send_parts(message) else PIPE_FULL
-        except zmq.ZMQError as exc:
-            return exc
-        finally:
-            if self._waiter is not None:
-                self._waiter.poke()
-
-    async def _drain(self, identity: bytes, connection: ClientSession) -> None:
-        """Send the backlog as the pipe takes it (polling every 1–50 ms while it is full).
-        A live connection is waited for (its backlog is bounded by the slow-consumer
-        policy); one dropped meanwhile is given ``clients.timeout`` to take its notice,
-        then what is left counts as undeliverable."""
-        backlog = connection.backlog
-        assert backlog is not None
-        loop = asyncio.get_running_loop()
-        progress = loop.time()
-        pause = 0.001
-        while backlog:
-            problem = self._try_send(identity, backlog[0])
-            if problem is None:
-                backlog.popleft()
-                progress, pause = loop.time(), 0.001
-                if not backlog and connection.overflowed:
-                    backlog.append([pack({"op": "overflow", "dropped": connection.overflowed})])
-                    connection.overflowed = 0
-            elif problem is PIPE_FULL and (
-                identity in self.connections
-                or loop.time() - progress < self.settings.clients.timeout
-            ):
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.05)
-            else:
-                self.counters["undeliverable"] += len(backlog)
-                self._warn.warning(
-                    "lost",
-                    "%s lost client %s with %d frames queued: %s",
-                    self.id,
-                    identity.hex(),
-                    len(backlog),
-                    f"it took nothing for {self.settings.clients.timeout:g} s"
-                    if problem is PIPE_FULL
-                    else problem,
-                )
-                backlog.clear()
-        connection.backlog = None
-
     def delivered(self) -> Counter[str]:
         """Notifications delivered to each client of a live connection, as
         ``name@connection`` (the connection's identity, 8 hex digits)."""
@@ -896,13 +638,8 @@ class ClientSessions:
             }
         return attached
 
-    def backlog(self) -> int:
-        """Frames queued for clients whose pipes are full."""
-        return sum(len(c.backlog or ()) for c in self.connections.values())
-
     def close(self) -> None:
         """Stop watching the socket and pacing deliveries."""
-        if self._pacing is not None:
-            self._pacing.cancel()
+        self.outbox.close()
         if self._waiter is not None:
             self._waiter.close()

@@ -108,10 +108,10 @@ class BrokerInspection:
                 name: {"messages": link.messages, "frames": link.sent}
                 for name, link in broker.links.items()
             },
-            "client_backlog": broker.clients.backlog(),
+            "client_backlog": broker.clients.outbox.backlog(),
             "client_connections": len(broker.clients.connections),
-            "deliveries_waiting": broker.clients.paced_deliveries,
-            "deliveries_waiting_max": broker.clients.paced_peak,
+            "deliveries_waiting": broker.clients.outbox.paced_deliveries,
+            "deliveries_waiting_max": broker.clients.outbox.paced_peak,
             "load": broker.load_meter.report(0),
             "custody": {
                 name: {
