@@ -37,7 +37,7 @@ from typing import Any
 from bench.toxic import tell
 from octopis.accounting import DeliveryLedger
 from octopis.client import Publisher, Subscriber
-from octopis.client.connection import Received
+from octopis.client.deliveries import Received
 from octopis.cluster.launcher import LocalCluster
 from octopis.filters.language import parse_publication, parse_subscription
 from octopis.topology import load_topology
