@@ -197,6 +197,8 @@ class BrokerNode(Generic[Token]):
             epoch = epoch_of(incarnation) if clustered else None
             for copy in self.recovery.restarted(neighbour, epoch, read_sbp):
                 self.on_undeliverable(copy)
+        else:  # met first: nothing this process sent reached it, so withdrawals name nothing
+            self.recovery.keep_for_new_process(neighbour, read_sbp)
         if not clustered:
             if restarted:
                 self.counters["restarts_without_resync"] += 1

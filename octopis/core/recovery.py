@@ -86,7 +86,7 @@ class Recovery(Generic[Item]):
         ids of the subscriptions among them (``read`` gives an item's sub id and whether
         it subscribes): its share need not repeat those."""
         if neighbour in self.unshared:
-            self._keep_for_successor(neighbour, read)
+            self.keep_for_new_process(neighbour, read)
         held = self.subscriptions.pop(neighbour, [])
         self.counters["sbp_handed_late"] += len(held)
         return held, {sub_id for sub_id, subscribes in map(read, held) if subscribes}
@@ -112,15 +112,18 @@ class Recovery(Generic[Item]):
         (counted ``sbp_left_to_share``)."""
         dropped = self.copies.pop(neighbour, [])
         self.counters["undeliverable.held_for_restarted"] += len(dropped)
-        self._keep_for_successor(neighbour, read)
+        self.keep_for_new_process(neighbour, read)
         if epoch is not None:
             self.withdraw_when_serving[neighbour] = epoch
             self.unshared.add(neighbour)
         return dropped
 
-    def _keep_for_successor(self, neighbour: str, read: Callable[[Item], tuple[str, bool]]) -> None:
-        """Of the subscription messages held for ``neighbour``, a new process, keep the
-        subscriptions that no later held message names (see :meth:`restarted`)."""
+    def keep_for_new_process(
+        self, neighbour: str, read: Callable[[Item], tuple[str, bool]]
+    ) -> None:
+        """Of the subscription messages held for ``neighbour``, a process this one has
+        not sent to before (restarted, or met first), keep the subscriptions that no later
+        held message names (see :meth:`restarted`)."""
         held = self.subscriptions.get(neighbour)
         if held:
             facts = [read(item) for item in held]

@@ -7,8 +7,9 @@ control plane (DESIGN §2, §4, §7).
 - control (:mod:`octopis.transport.control`): the aiozmq RPC.
 
 The broker itself only carries out what the node decides: every routing and failure
-rule lives in :mod:`octopis.core`. A bad frame from a peer or a client is counted, logged (rate-limited)
-and answered with an error where there is someone to answer; the broker goes on serving.
+rule lives in :mod:`octopis.core`. A bad frame from a peer or a client is counted, logged
+(rate-limited) and answered with an error where there is someone to answer; the broker
+goes on serving.
 """
 
 from __future__ import annotations
