@@ -161,6 +161,12 @@ def test_fault_kinds_are_all_drawn() -> None:
     [
         (6, ("fig2",), "a restarted broker's publishers did not advertise again"),
         (
+            413,
+            ("fig2",),
+            "a restarted broker handed a neighbour it met for the first time a withdrawal "
+            "of an entry that neighbour never had (a protocol error)",
+        ),
+        (
             12436,
             ("fig2", "paper75"),
             "publications held while a BID broker resynced were routed without the ledger "

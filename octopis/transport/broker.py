@@ -3,13 +3,12 @@ control plane (DESIGN §2, §4, §7).
 
 - peer links (:mod:`octopis.transport.peers`): a PULL for every neighbour's frames, a
   paced output queue per neighbour, handshakes with incarnations, heartbeats, detection;
-- client sessions (:mod:`octopis.transport.clients`, :mod:`~octopis.transport.outbox`);
-- control (:mod:`octopis.transport.control`): the aiozmq RPC.
+- client sessions (:mod:`~octopis.transport.clients`, :mod:`~octopis.transport.outbox`),
+  control (:mod:`~octopis.transport.control`, the aiozmq RPC).
 
-The broker itself only carries out what the node decides: every routing and failure
-rule lives in :mod:`octopis.core`. A bad frame from a peer or a client is counted, logged
-(rate-limited) and answered with an error where there is someone to answer; the broker
-goes on serving.
+It carries out what the node decides (every routing and failure rule is in
+:mod:`octopis.core`). A bad frame from a peer or a client is counted, logged (rate-limited)
+and answered with an error where there is someone to answer; the broker goes on serving.
 """
 
 from __future__ import annotations
