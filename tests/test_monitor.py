@@ -622,3 +622,23 @@ def test_routing_events_as_they_happen_and_the_totals() -> None:
     assert totals["table"] == 4 and totals["output_per_s"] == 3.5
     assert totals["routing"]["dnr_case_1"] == 10 and totals["routing"]["tunnel.started"] == 1
     assert totals["retention"] == {"rows": 5, "bytes": 500, "oldest": 50.0}
+
+
+def test_a_snapshot_asked_while_the_monitor_starts_lists_every_broker() -> None:
+    """``/snapshot`` asked before the first scrape has ended waits for it: the answer names
+    every broker (here none answers: all down), never an empty overlay."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from octopis.monitor import make_app
+
+    scot = build_preset("fig2", base_port=find_free_base_port(18))  # nobody listens there
+
+    async def ask() -> dict:
+        async with TestClient(TestServer(make_app(Monitor(scot, interval=0.2)))) as client:
+            response = await client.get("/snapshot")
+            return await response.json()
+
+    snapshot = asyncio.run(ask())
+    assert snapshot["time"] > 0
+    assert sorted(snapshot["brokers"]) == sorted(scot.brokers)
+    assert not any(b["up"] for b in snapshot["brokers"].values())

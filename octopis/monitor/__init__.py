@@ -197,6 +197,7 @@ class Monitor:
             "events": [],
         }
         self._fresh = asyncio.Condition()
+        self._scraped = asyncio.Event()
         self._previous: dict[str, dict[str, Any]] = {}
         self._history: dict[str, deque[float]] = {}
 
@@ -229,6 +230,7 @@ class Monitor:
         snapshot["events"] = list(self.recent)
         async with self._fresh:
             self.snapshot = snapshot
+            self._scraped.set()
             self._fresh.notify_all()
 
     def _follow(self, broker_id: str, entry: dict[str, Any], now: float) -> None:
@@ -265,6 +267,12 @@ class Monitor:
             log.debug("no metrics from %s: %s", endpoint, exc)
             return None
 
+    async def current_snapshot(self) -> dict[str, Any]:
+        """The latest snapshot, once the first scrape of every broker has ended (a
+        request made while the monitor starts never gets an empty overlay)."""
+        await self._scraped.wait()
+        return self.snapshot
+
     async def next_snapshot(self) -> dict[str, Any]:
         """Wait for the next snapshot."""
         async with self._fresh:
@@ -285,7 +293,7 @@ def make_app(monitor: Monitor) -> web.Application:
         return web.json_response(view)
 
     async def snapshot(request: web.Request) -> web.Response:
-        return web.json_response(monitor.snapshot)
+        return web.json_response(await monitor.current_snapshot())
 
     async def events(request: web.Request) -> web.StreamResponse:
         if viewers[0] >= MAX_VIEWERS:
@@ -304,7 +312,8 @@ def make_app(monitor: Monitor) -> web.Application:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        await response.write(f"data: {json.dumps(monitor.snapshot)}\n\n".encode())
+        first = await monitor.current_snapshot()
+        await response.write(f"data: {json.dumps(first)}\n\n".encode())
         while True:
             data = await monitor.next_snapshot()
             await response.write(f"data: {json.dumps(data)}\n\n".encode())
