@@ -626,19 +626,27 @@ def test_routing_events_as_they_happen_and_the_totals() -> None:
 
 def test_a_snapshot_asked_while_the_monitor_starts_lists_every_broker() -> None:
     """``/snapshot`` asked before the first scrape has ended waits for it: the answer names
-    every broker (here none answers: all down), never an empty overlay."""
+    every broker (here none answers, and one keeps the scrape waiting to its timeout: all
+    down), never an empty overlay."""
+    import socket
+    from urllib.parse import urlsplit
+
     from aiohttp.test_utils import TestClient, TestServer
 
     from octopis.monitor import make_app
 
-    scot = build_preset("fig2", base_port=find_free_base_port(18))  # nobody listens there
+    scot = build_preset("fig2", base_port=find_free_base_port(18))  # nobody answers there
+    silent = socket.create_server(
+        ("127.0.0.1", urlsplit(scot.brokers["a:0"].metrics_endpoint).port)
+    )
 
     async def ask() -> dict:
         async with TestClient(TestServer(make_app(Monitor(scot, interval=0.2)))) as client:
             response = await client.get("/snapshot")
             return await response.json()
 
-    snapshot = asyncio.run(ask())
+    with silent:  # listens, never accepts: a:0's scrape waits for its timeout
+        snapshot = asyncio.run(ask())
     assert snapshot["time"] > 0
     assert sorted(snapshot["brokers"]) == sorted(scot.brokers)
     assert not any(b["up"] for b in snapshot["brokers"].values())
