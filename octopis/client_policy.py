@@ -8,18 +8,22 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), the
   ``since`` of a replay request;
 - :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
-  came (the seam): each publication once, in publisher order.
+  came (the seam): each publication once, in publisher order;
+- :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
+  delivery is checked (a repeat during a move or a fail-over is dropped).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
 
 T = TypeVar("T")
+DeliveryKey = tuple[str, str, int, int]
+"""(client, publisher, publisher session, seq): one delivery."""
 
 
 def failover_order(candidates: Sequence[T], current: T) -> list[T]:
@@ -84,3 +88,47 @@ class LastSeen(OrderedDict[tuple[str, int], int]):
     def since(self) -> list[tuple[str, int, int]]:
         """A replay request's ``since``: ``(publisher, session, seq)`` each."""
         return [(p, s, q) for (p, s), q in self.items()]
+
+
+class RecentDeliveries:
+    """The deliveries of the last ``horizon`` seconds to the clients of one application,
+    so that a client served by two connections during a move (or a fail-over) can drop
+    what it got twice (every delivery is checked: a repeat is never legitimate, and one
+    set lookup costs less than knowing when a repeat may come). A copy can come that much
+    later only if the two paths differ by that much: the horizon should exceed the
+    connections' ``linger``. At most ``limit`` deliveries are remembered after each frame
+    (:meth:`forget_old`); one forgotten before its time is counted in
+    :attr:`forgotten_early`."""
+
+    def __init__(self, horizon: float = 30.0, limit: int = 262_144) -> None:
+        if horizon <= 0 or limit < 1:
+            raise ValueError("a connection group needs a positive horizon and limit")
+        self.horizon = horizon
+        self.limit = limit
+        self.forgotten_early = 0
+        """Deliveries forgotten within the horizon to stay within ``limit``."""
+        self.seen: set[DeliveryKey] = set()
+        """The deliveries remembered; a connection adds each one it hands over, with its
+        time in :attr:`recent`."""
+        self.recent: deque[tuple[float, DeliveryKey]] = deque()
+        """``(time, key)`` of each delivery in :attr:`seen`, oldest first."""
+
+    def first_time(self, key: DeliveryKey, now: float) -> bool:
+        """Whether delivery ``key`` comes for the first time (within the horizon); it is
+        remembered from ``now`` if so."""
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        self.recent.append((now, key))
+        return True
+
+    def forget_old(self, now: float) -> None:
+        """Forget the deliveries past the horizon at time ``now``, and the oldest beyond
+        the limit."""
+        recent = self.recent
+        oldest = now - self.horizon
+        while recent and (recent[0][0] < oldest or len(recent) > self.limit):
+            at, old = recent.popleft()
+            if at >= oldest:
+                self.forgotten_early += 1
+            self.seen.discard(old)

@@ -148,6 +148,34 @@ def test_a_bid_broker_learns_its_table_was_lost_from_a_neighbour_that_knew_it() 
     assert not fresh.core.table_lost
 
 
+def test_a_bid_broker_whose_shell_knew_a_predecessor_counts_its_lost_table_alone() -> None:
+    """A restarted BID broker cut off from every neighbour meets none to tell it: the
+    shell (its data directory's mark, the simulator's surviving store) says it had a
+    predecessor, and each local publication is counted, not lost silently."""
+    core = _node("c:0", "bid").core
+    node = BrokerNode(core, 16, predecessor=True)
+    node.serving = True
+    node.publish(Notification("P", 1, 0.0, {"x": 1}), None, NO_CONGESTION)
+    assert node.core.stats["undeliverable.table_lost"] == 1
+    clustered = _node("c:0", "snr").core
+    BrokerNode(clustered, 16, predecessor=True)  # resync refills it: nothing is lost
+    assert not hasattr(clustered, "table_lost")
+
+
+def test_a_broker_process_finds_the_mark_of_one_that_died(tmp_path: Path) -> None:
+    """The mark a broker process leaves in its data directory while it runs: found by
+    the next process if this one died, gone if it stopped cleanly; nothing known
+    without a data directory."""
+    from octopis.transport.process_mark import clear_running, mark_running
+
+    assert not mark_running(tmp_path / "data", "a:0")  # the first process
+    assert mark_running(tmp_path / "data", "a:0")  # its predecessor died with the mark
+    assert not mark_running(tmp_path / "data", "b:0")  # marks are per broker
+    clear_running(tmp_path / "data", "a:0")
+    assert not mark_running(tmp_path / "data", "a:0")  # stopped cleanly before
+    assert not mark_running(None, "a:0")
+
+
 def test_held_messages_keep_requests_and_drop_answers() -> None:
     """What never reached a neighbour: subscriptions and replay requests wait for it;
     replay answers are dropped and counted (the round reports that part silent)."""
@@ -253,10 +281,17 @@ def test_the_simulator_holds_publications_at_a_resyncing_broker(mode: str) -> No
     assert alive["delivered"] == alive["expected_deliveries"]
 
 
-def test_the_simulator_counts_a_restarted_bid_brokers_lost_table() -> None:
+@pytest.mark.parametrize("alone", [False, True])
+def test_the_simulator_counts_a_restarted_bid_brokers_lost_table(alone: bool) -> None:
+    """c:0 restarts under BID, met by its neighbours or (``alone``) while they are all
+    dead: either way its publication is counted undeliverable (nemesis seed 1611 lost it
+    silently when c:0 met nobody)."""
     sim = _sim("bid")
     start = sim.now
     sim.fail(Failure(("c:0",), 0.5, 1.0), start)
+    if alone:
+        for neighbour in FIG2.brokers["c:0"].neighbours:  # dead before c:0 is back
+            sim.fail(Failure((neighbour.id,), 0.8, 5.0), start)
     sim.at(start + 3.0, sim.publish, "P", "c:0", {"x": 1})
     sim.run()
     assert sim.report()["failures"]["undeliverable.table_lost"] == 1
@@ -350,12 +385,15 @@ def test_replay_after_and_last_seen() -> None:
 
 @pytest.mark.processes
 @pytest.mark.timeout(180)
-def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path, alone: bool) -> None:
     """The same decision on processes as in the simulator above: the line a:0 – b:0 –
     c:0 under BID, a subscriber at c:0; a:0 is killed (-9) and started again, and a
     publication of its new publisher cannot reach c:0's subscription, which its empty
-    table lacks (BID has no resync). b:0 tells a:0 it knew its predecessor, and a:0
-    counts ``undeliverable.table_lost`` instead of losing it silently."""
+    table lacks (BID has no resync). b:0 tells a:0 it knew its predecessor, or
+    (``alone``: b:0 killed first) the mark a:0's predecessor left in the data directory
+    does; either way a:0 counts ``undeliverable.table_lost`` instead of losing it
+    silently."""
     import asyncio
     import json
 
@@ -378,6 +416,8 @@ def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path) ->
         await cluster.wait_ready(60)
         sub = await Subscriber.connect(scot.brokers["c:0"].client_endpoint, "s")
         stream = await sub.subscribe("[class,eq,'Q']")
+        if alone:
+            cluster.kill("b:0")
         cluster.kill("a:0")
         cluster.spawn_one("a:0")
         await cluster.wait_ready(60, ["a:0"], state="serving")

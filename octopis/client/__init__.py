@@ -34,7 +34,7 @@ from __future__ import annotations
 from octopis.client.blocking import BlockingPublisher, BlockingStream, BlockingSubscriber
 from octopis.client.composite import CompositeNotification
 from octopis.client.connection import Connection, ConnectionGroup, Resume
-from octopis.client.deliveries import DeliveryKey, NotificationHandler, Received
+from octopis.client.deliveries import NotificationHandler, Received
 from octopis.client.errors import (
     BrokerError,
     ConnectError,
@@ -51,6 +51,7 @@ from octopis.client.publisher import Publisher
 from octopis.client.replay import History, ReplayGap, parse_time
 from octopis.client.streams import CompositeStream, EndOfHistory, SubscriptionStream
 from octopis.client.subscriber import Subscriber
+from octopis.client_policy import DeliveryKey
 from octopis.overlay import OverlayError
 
 __all__ = [

@@ -16,13 +16,14 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from octopis.client.deliveries import NotificationHandler, RecentDeliveries
+from octopis.client.deliveries import NotificationHandler
 from octopis.client.errors import BrokerError, DroppedError
 from octopis.client.failover import Failover
 from octopis.client.link import BrokerLink
 from octopis.client.opening import OpeningDiagnosis
 from octopis.client.requests import Requests
 from octopis.client.served import NOTICES, ServedClients
+from octopis.client_policy import RecentDeliveries
 from octopis.defaults import CLIENT_LIVENESS
 from octopis.keys import DEFAULT_CLIENT, Keys
 from octopis.logs import RateLimitedLog

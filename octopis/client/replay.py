@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from octopis.client.deliveries import Received, RecentDeliveries
-from octopis.client_policy import join_at_seam
+from octopis.client.deliveries import Received
+from octopis.client_policy import RecentDeliveries, join_at_seam
 from octopis.wire import delivery_fields
 
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from octopis.client.deliveries import Received, RecentDeliveries
+from octopis.client.deliveries import Received
 from octopis.client.replay import ReplayGap, Seam, join_replayed
+from octopis.client_policy import RecentDeliveries
 
 log = logging.getLogger("octopis.client")
 

@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from octopis.client.deliveries import NotificationHandler, RecentDeliveries
+from octopis.client.deliveries import NotificationHandler
+from octopis.client_policy import RecentDeliveries
 from octopis.logs import RateLimitedLog
 from octopis.wire import LEFT_AT, delivery_fields, unpack
 

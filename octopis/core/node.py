@@ -90,8 +90,10 @@ class BrokerNode(Generic[Token]):
 
     ``serving``: it starts in an overlay whose
     tables are built. ``hold_limit`` bounds what is held per neighbour (subscription
-    messages and copies each); ``publication_hold`` the local publications held while not serving. A
-    publication's ``Token`` is the shell's (the process's publish receipt)."""
+    messages and copies each); ``publication_hold`` the local publications held while not
+    serving. A publication's ``Token`` is the shell's (the process's publish receipt).
+    ``predecessor``: the shell knows that an earlier process of this broker ran (its data
+    directory says so); a BID broker's table then lost what was subscribed before it."""
 
     def __init__(
         self,
@@ -101,9 +103,12 @@ class BrokerNode(Generic[Token]):
         on_undeliverable: Callable[[Notification], None] = lambda n: None,
         *,
         serving: bool = False,
+        predecessor: bool = False,
     ) -> None:
         self.core = core
         clustered = isinstance(core, ClusteredBroker)
+        if predecessor and not clustered:  # no neighbour need tell it (it may meet none)
+            core.table_lost = True
         neighbours = sorted(core.neighbour_ids if clustered else core.links)
         self.neighbours = Neighbours(neighbours)
         """What it knows of each neighbour's session, liveness and word."""

@@ -223,7 +223,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         """The balancer's subscriber rates (:meth:`balance` sets its smoothing)."""
         self._overlap: Counter[str] = Counter()
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
-        ends): they drop a delivery they have had already, as the SDK does meanwhile."""
+        ends): each keeps the SDK's record of its deliveries (:attr:`records`) meanwhile."""
         self._linger = MOVE_LINGER
         self.advertised: dict[str, dict[str, Subscription]] = {}
         """Each publisher's advertisements by id (made again where its broker restarts)."""
@@ -233,12 +233,14 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
 
     def _node(self, core: BrokerCore, *, serving: bool = False) -> BrokerNode[None]:
         """A node around ``core`` that tells the ledger of each copy it gives up: serving
-        already, or starting (resynced by its neighbours)."""
+        already (the overlay starts built), or a restart (resynced by its neighbours; its
+        store, which survives it, says it had a predecessor)."""
         return BrokerNode(
             core,
             CUSTODY_LIMIT,
             on_undeliverable=self._given_up,
             serving=serving,
+            predecessor=not serving,
         )
 
     def _given_up(self, notification: Notification) -> None:
@@ -574,16 +576,11 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 self._let_go(action.subscriber)
             else:
                 subscriber, notification = action
-                if self._overlap and subscriber in self._overlap:
-                    key = (subscriber, notification.publisher, notification.seq)
-                    if key in self.ledger.received:
-                        self.moves["absorbed"] += 1
-                        continue
                 if self.cut_clients and (subscriber, broker) in self.cut_clients:
                     self.failure_counts["deliveries_to_cut_clients"] += 1
                     continue
-                if self.failed_over and subscriber in self.failed_over:
-                    self._deliver_once(subscriber, notification)
+                if self.records and subscriber in self.records:
+                    self.take(subscriber, notification)
                     continue
                 self.ledger.delivered(
                     subscriber,

@@ -64,6 +64,7 @@ class SubscriberMoves:
             and core.cluster == self.cores[old].cluster
         )
         self._linger = linger
+        self.record_of(subscriber)
         for sub_id in held:
             self._moving[subscriber] += 1
             self._overlap[subscriber] += 1
@@ -258,7 +259,15 @@ class SubscriberMoves:
     def _let_go(self, subscriber: str) -> None:
         """The old host of a subscription of ``subscriber`` delivers no more."""
         self._moved(subscriber, self._moving)
-        self.at(self.now + self._linger, self._moved, subscriber, self._overlap)
+        self.at(self.now + self._linger, self._lingered, subscriber)
+
+    def _lingered(self, subscriber: str) -> None:
+        """``linger`` after a host of ``subscriber`` let go: once no move of it overlaps,
+        a subscriber that never failed over stops checking its deliveries (a repeat after
+        that is the overlay's, counted by the ledger)."""
+        self._moved(subscriber, self._overlap)
+        if subscriber not in self._overlap and subscriber not in self.failed_over:
+            self.records.pop(subscriber, None)
 
     @staticmethod
     def _moved(subscriber: str, moving: Counter[str]) -> None:

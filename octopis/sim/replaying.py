@@ -11,7 +11,10 @@
 - The replay runs by :mod:`octopis.core.replay`'s rules, the broker process's: it goes
   on SBP's paths behind the new subscriptions, each store answers, a part behind a
   neighbour that is down is reported silent and answers late if that neighbour comes
-  back. The subscriber drops what it got already (the SDK's record of deliveries).
+  back. While the answer comes, the subscriber holds its live deliveries, and joins
+  both at the seam as the SDK does (:func:`~octopis.client_policy.join_at_seam`): what
+  its record of recent deliveries (:class:`~octopis.client_policy.RecentDeliveries`) has
+  seen is dropped, the rest delivered in publisher order.
 - A subscriber's own connection may fail (:meth:`SubscriberFailover.fail_client`): its
   host lives on and delivers into the void until it drops the silent client
   (``CLIENT_TIMEOUT``) and withdraws its subscriptions; the subscriber fails over and
@@ -22,10 +25,17 @@
 from __future__ import annotations
 
 from collections import Counter, deque
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from octopis.client_policy import LastSeen, failover_order, replay_after
+from octopis.client_policy import (
+    LastSeen,
+    RecentDeliveries,
+    failover_order,
+    join_at_seam,
+    replay_after,
+)
 from octopis.core import Forward, Notification, SubState
 from octopis.core.answer import AnswerSelection
 from octopis.core.replay import (
@@ -44,6 +54,21 @@ from octopis.filters.language import Subscription, parse_subscription
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
 STORE_LIMIT = 1_000_000
 """Publications each broker's store keeps in the simulator."""
+
+
+@dataclass
+class Seam:
+    """A subscriber's replay under way (the SDK's seam): its request, the live deliveries
+    held meanwhile and the replayed ones come so far."""
+
+    req_id: str
+    live: list[Notification] = field(default_factory=list)
+    replayed: list[Notification] = field(default_factory=list)
+
+
+def publisher_order(n: Notification) -> tuple[str, int, int]:
+    """A delivery's place in publisher order: publisher, session, sequence number."""
+    return n.publisher, n.session, n.seq
 
 
 class SubscriberFailover:
@@ -79,6 +104,11 @@ class SubscriberFailover:
         """(subscriber, broker) connections that failed: deliveries on them are lost."""
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
+        self.records: dict[str, RecentDeliveries] = {}
+        """The SDK's record of recent deliveries of each subscriber that failed over or is
+        moving: every delivery to it is checked against it."""
+        self.seams: dict[str, Seam] = {}
+        """Per subscriber whose replay is under way, its seam."""
 
     def _rounds(self, broker: str) -> ReplayRounds:
         rounds = self.replay_rounds.get(broker)
@@ -158,6 +188,8 @@ class SubscriberFailover:
         self.outages.setdefault(subscriber, []).append((died, self.now))
         self._home[subscriber] = new
         self.failed_over.add(subscriber)
+        self.record_of(subscriber)
+        self._end_seam(subscriber)  # a replay cut short by this fail-over: its part joins now
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.subscriptions_of[subscriber]:
             sub_id, actions = self.cores[new].subscribe(subscriber, subscription, self.now)
@@ -171,6 +203,7 @@ class SubscriberFailover:
         self._replays += 1
         req_id = f"{new}/{self._replays}"
         self._requesters[req_id] = subscriber
+        self.seams[subscriber] = Seam(req_id)
         request = Replay(
             req_id,
             new,
@@ -234,13 +267,19 @@ class SubscriberFailover:
                 if historic is not None:
                     historic += [(n.publisher, n.seq) for n in action.notifications]
                     continue
-                for n in action.notifications:
-                    self.replay_counts["replayed"] += 1
-                    self._deliver_once(subscriber, n)
+                self.replay_counts["replayed"] += len(action.notifications)
+                seam = self.seams.get(subscriber)
+                if seam is not None and seam.req_id == action.req_id:
+                    seam.replayed += action.notifications
+                else:  # a late part: joined at once
+                    self._join(subscriber, [], action.notifications)
             elif type(action) is ReplayDone:
                 subscriber = self._requesters[action.req_id]
                 if action.req_id in self.historic_received:
                     self.historic_done.add(action.req_id)
+                seam = self.seams.get(subscriber)
+                if seam is not None and seam.req_id == action.req_id:
+                    self._end_seam(subscriber)
                 gap = self.replay_gaps.setdefault(subscriber, set())
                 gap.difference_update(action.echo.answered)
                 gap.update(action.echo.silent)  # a late part may be silent past itself
@@ -261,14 +300,55 @@ class SubscriberFailover:
                 break
         return found, selection.truncated
 
-    def _deliver_once(self, subscriber: str, n: Notification) -> None:
-        """A delivery to a subscriber that failed over: one it got already is dropped (the
-        SDK's record of deliveries), counted ``replay.repeats``."""
-        key = (subscriber, n.publisher, n.seq)
-        if key in self.ledger.received:
-            self.replay_counts["repeats"] += 1
+    def record_of(self, subscriber: str) -> RecentDeliveries:
+        """``subscriber``'s record of recent deliveries, begun (at a fail-over or a move)
+        with what it took so far (the ledger's; remembered from now on)."""
+        record = self.records.get(subscriber)
+        if record is None:
+            record = self.records[subscriber] = RecentDeliveries()
+            for s, publisher, seq in self.ledger.received:
+                if s == subscriber:
+                    record.first_time((s, publisher, 0, seq), self.now)
+        return record
+
+    def take(self, subscriber: str, n: Notification) -> None:
+        """A live delivery to ``subscriber``, which keeps a record (it failed over or is
+        moving): a repeat is dropped (counted ``replay.repeats`` after a fail-over,
+        ``moves.absorbed`` otherwise), the rest held while a replay is under way."""
+        record = self.records[subscriber]
+        if not record.first_time((subscriber, n.publisher, n.session, n.seq), self.now):
+            if subscriber in self.failed_over:
+                self.replay_counts["repeats"] += 1
+            else:
+                self.moves["absorbed"] += 1
             return
-        self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+        record.forget_old(self.now)
+        seam = self.seams.get(subscriber)
+        if seam is not None:
+            seam.live.append(n)
+        else:
+            self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+
+    def _end_seam(self, subscriber: str) -> None:
+        """``subscriber``'s replay ended (or was cut short): held and replayed deliveries
+        join at the seam."""
+        seam = self.seams.pop(subscriber, None)
+        if seam is not None:
+            self._join(subscriber, seam.live, seam.replayed)
+
+    def _join(
+        self, subscriber: str, live: list[Notification], replayed: list[Notification]
+    ) -> None:
+        record = self.records[subscriber]
+
+        def first_time(n: Notification) -> bool:
+            return record.first_time((subscriber, n.publisher, n.session, n.seq), self.now)
+
+        joined, repeats = join_at_seam(live, replayed, publisher_order, first_time)
+        self.replay_counts["repeats"] += repeats
+        for n in joined:
+            self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+        record.forget_old(self.now)
 
     def replay_report(self) -> dict[str, Any]:
         """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""

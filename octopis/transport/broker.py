@@ -73,6 +73,7 @@ from octopis.transport.links import PublishReceipt, SendPass
 from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks
+from octopis.transport.process_mark import clear_running, mark_running
 from octopis.transport.relink import decode_view
 from octopis.transport.replaying import Replaying
 from octopis.transport.security import count_failed_handshakes, start_guards
@@ -124,10 +125,12 @@ class Broker:
         """Random per process start (DESIGN §7): neighbours tell a restart by it."""
         self.core.epoch = epoch_of(self.incarnation)
         self.core.id_token = partial(secrets.token_hex, 6)
+        self.data_dir = data_dir  # its process mark (and the retention store's file)
         self.node: BrokerNode[PublishReceipt] = BrokerNode(
             self.core,
             settings.links.custody_limit,
             settings.clients.hold_limit,
+            predecessor=mark_running(data_dir, broker_id),
         )
         """The core with its failure decisions (DESIGN §7): holds, shares, serving."""
         self.counters: Counter[str] = Counter()
@@ -284,6 +287,7 @@ class Broker:
         ctx.destroy(linger=200)
         if self._failure is not None:
             raise BrokerFailure(self._failure)
+        clear_running(self.data_dir, self.id)
         log.info("%s stopped", self.id)
 
     def _start(self, name: str, work: Coroutine[None, None, None]) -> None:
@@ -587,11 +591,8 @@ class Broker:
     # -- LST and inspection --------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
-        """Close LST windows every Δt while links are active; sleep while all are idle.
-
-        The table also rolls its windows on every enqueue and send, so ticks only keep CE
-        fresh between events; an idle broker costs few wake-ups.
-        """
+        """Close LST windows every Δt while links are active (the table also rolls them on
+        every enqueue and send: ticks keep CE fresh between events); sleep while idle."""
         loop = asyncio.get_running_loop()
         activity = self.peers.activity
         while True:
@@ -624,15 +625,14 @@ class Broker:
         return self.load_meter.report(top)
 
     def relink(self, data: object) -> dict[str, Any]:
-        """Take this broker's view in a new topology version (issue 18, DESIGN §9), as the
-        control RPC hands it over (:func:`~octopis.transport.relink.decode_view`): links to
-        neighbours that joined are opened (down until their handshake; a new broker is
-        then filled by resync as a restarted one is), links to neighbours that leave are
-        closed, and the core takes the new neighbours and cluster count. Refused with
-        :class:`ValueError`, nothing changed, if the view is malformed, if a leaving link
-        still carries routing frames (:meth:`PeerLinks.carrying`: retry once it has
-        drained), or if the core still routes over it (``ProtocolError``: move the
-        subscribers and withdraw first); BID has no resync and is not relinked."""
+        """Take this broker's view in a new topology version (DESIGN §9) from the control
+        RPC (:func:`~octopis.transport.relink.decode_view`): links to neighbours that
+        joined open (down until their handshake; a new broker is filled by resync as a
+        restarted one is), links to neighbours that leave close, and the core takes the new
+        neighbours and cluster count. Refused with :class:`ValueError`, nothing changed,
+        if the view is malformed, if a leaving link still carries routing frames
+        (:meth:`PeerLinks.carrying`: retry once drained), or if the core still routes over
+        it (``ProtocolError``: move the subscribers first); BID is not relinked."""
         view = decode_view(data, secure=self._curve is not None)
         info = replace(self.info, neighbours=tuple(n.neighbour for n in view.neighbours))
         old = {n.id for n in self.info.neighbours}
