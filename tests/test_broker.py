@@ -23,8 +23,10 @@ from octopis.core import Notification, Subscribe, SubState
 from octopis.filters.language import parse_subscription
 from octopis.settings import BrokerSettings, Links, Lst
 from octopis.topology import Scot, build_preset
-from octopis.transport.broker import Broker, BrokerFailure
+from octopis.transport import serving
+from octopis.transport.broker import Broker
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_body, encode_peer
+from octopis.transport.serving import BrokerFailure
 from octopis.wire import NOTIFY_HEAD
 
 
@@ -38,7 +40,7 @@ def test_a_failed_serving_loop_shuts_the_broker_down_with_an_error(
         await asyncio.sleep(0.05)
         raise RuntimeError("LST sampling broke")
 
-    monkeypatch.setattr(broker, "_tick_loop", broken_tick_loop)
+    monkeypatch.setattr(serving, "tick_lst", lambda _: broken_tick_loop())
     with pytest.raises(BrokerFailure, match="task 'lst' ended: RuntimeError"):
         asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
     assert "LST sampling broke" in caplog.text
@@ -56,7 +58,7 @@ def test_the_brokers_lst_orders_as_its_settings_say(
         assert rows and all("processing_time" in row for row in rows)
         raise RuntimeError(f"LST order {broker.lst.order}")
 
-    monkeypatch.setattr(broker, "_tick_loop", report_the_order)
+    monkeypatch.setattr(serving, "tick_lst", lambda _: report_the_order())
     with pytest.raises(BrokerFailure, match="task 'lst' ended: RuntimeError"):
         asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
     assert "LST order bluedove" in caplog.text
@@ -90,7 +92,7 @@ def test_routing_that_fails_before_taking_a_run_drops_it_counted(
             f"serving a:0 {state.serving}, received {state.received}"
         )
 
-    monkeypatch.setattr(broker, "_tick_loop", feed_a_run)
+    monkeypatch.setattr(serving, "tick_lst", lambda _: feed_a_run())
     with pytest.raises(BrokerFailure, match="internal_errors 3, serving a:0 True, received 2"):
         asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
     assert "routing broke" in caplog.text
@@ -133,7 +135,7 @@ def test_a_pass_past_its_deadline_leaves_the_rest_of_a_run_for_the_next(
         broker.stop()
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(broker, "_tick_loop", feed_a_run)
+    monkeypatch.setattr(serving, "tick_lst", lambda _: feed_a_run())
     asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
     assert passes == [4, 3, 2]
     assert routed == [[1, 2], [3], [4]]

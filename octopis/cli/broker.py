@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     """Validate the inputs, then serve until stopped."""
-    from octopis.transport.broker import BrokerFailure
+    from octopis.transport.serving import BrokerFailure
 
     scot = load_topology(args.topology)
     if args.id not in scot.brokers:

@@ -19,13 +19,11 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
-import zmq.asyncio
 
 from octopis.core import (
     Action,
@@ -35,12 +33,10 @@ from octopis.core import (
     EdgeDedup,
     Forward,
     Hold,
-    LinkStatusTable,
     Message,
     Notification,
     Released,
     Subscribe,
-    SubState,
     make_broker,
 )
 from octopis.core.node import BrokerNode, HandedShare, NotServing
@@ -50,15 +46,13 @@ from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 from octopis.filters.limits import set_limits
 from octopis.keys import Keys
-from octopis.logs import RateLimitedLog
 from octopis.matching import MatchClock, Matcher
 from octopis.settings import BrokerSettings
 from octopis.topology import Scot
-from octopis.transport.clients import ClientError, ClientSessions
+from octopis.transport.clients import ClientError
 from octopis.transport.codec import Synced, encode_body
 from octopis.transport.collector import IdleCollector
 from octopis.transport.composites import Composites
-from octopis.transport.control import serve_control
 from octopis.transport.frames import (
     BODY,
     DATA,
@@ -69,22 +63,16 @@ from octopis.transport.frames import (
     receipt_of,
 )
 from octopis.transport.inspection import BrokerInspection
-from octopis.transport.links import PublishReceipt, SendPass
-from octopis.transport.load import TOP_CLIENTS, LoadMeter, LoadSample
-from octopis.transport.metrics import serve_metrics
-from octopis.transport.peers import PeerLinks
-from octopis.transport.process_mark import clear_running, mark_running
-from octopis.transport.relink import decode_view
+from octopis.transport.links import PublishReceipt
+from octopis.transport.load import LoadMeter
+from octopis.transport.process_mark import mark_running
+from octopis.transport.relink import relink
 from octopis.transport.replaying import Replaying
-from octopis.transport.security import count_failed_handshakes, start_guards
+from octopis.transport.serving import serve
 
 log = logging.getLogger("octopis.broker")
 Gateway = Callable[["Broker"], list[tuple[str, Coroutine[Any, Any, None]]]]
 """Other client protocols' tasks for a broker (DESIGN §13), started with its own."""
-
-
-class BrokerFailure(RuntimeError):
-    """A serving loop of the broker ended with an error; the broker shut down."""
 
 
 class Broker:
@@ -137,11 +125,11 @@ class Broker:
         self.received: Counts = Counts()
         self._sender = broker_id.encode()
         self.subscription_delay: dict[str, float] = {}
-        self._stopping = asyncio.Event()
-        self._failure: str | None = None
+        self.stopping = asyncio.Event()
+        self.failure: str | None = None
         self._relayed: tuple[ReplayMessage, bytes] | None = None
         """The replay message being handled, with its bytes (a relay sends them as such)."""
-        self._tasks: dict[str, asyncio.Task] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
         """The serving loops by name (a peer link's: ``link <neighbour>``)."""
         self.started = time.time()
         self.process = psutil.Process()
@@ -154,8 +142,8 @@ class Broker:
             settings.logs.interval,
             data_dir,
             self._send_replay,
-            self._replay_targets,
-            self._notify_client,
+            lambda src, state: self.node.replay_targets(src, state, self.lst.down),
+            lambda key, message: self.clients.notify_client(key, message),
             self._queued_toward,
             lambda key, sub_id: self.clients.withdraw(key, sub_id),
         )
@@ -163,7 +151,7 @@ class Broker:
         self.composites = Composites(
             lambda key, subscription, now: self.core.subscribe(key, subscription, now),
             lambda key, sub_id: self.core.unsubscribe(key, sub_id),
-            self._notify_client,
+            lambda key, message: self.clients.notify_client(key, message),
             settings.composite.max_held,
             settings.composite.lateness,
             self.counters,
@@ -183,115 +171,11 @@ class Broker:
 
     async def serve(self, gateway: Gateway | None = None) -> None:
         """Bind, connect, run until :meth:`stop`, then flush and close; ``gateway`` adds
-        the tasks of other client protocols (DESIGN §13)."""
-        loop = self._loop = asyncio.get_running_loop()
-        ctx = zmq.asyncio.Context()
-        curve, guards = start_guards(
-            self.id,
-            self.keys,
-            [n.id for n in self.info.neighbours],
-            RateLimitedLog(log, self.settings.logs.interval),
-            self.counters,
-            ctx,
-        )
-        self._curve = curve
-        self._peer_keys = guards[0].allowed["peer"] if guards else set()
-        """The neighbours' public keys the peer input lets in (a relink changes them)."""
-        self.lst = LinkStatusTable(
-            [n.id for n in self.info.neighbours],
-            self.settings.lst.window,
-            self.settings.lst.queue_threshold,
-            start=loop.time(),
-            order=self.settings.lst.order,
-        )
-        send_pass = SendPass()
-        idle = self.collector.idle
-        self.peers = PeerLinks(
-            self.id,
-            self.neighbour_endpoints,
-            self.info.endpoint,
-            self.settings,
-            self.lst,
-            ctx,
-            self,
-            self.node,
-            self.incarnation,
-            curve,
-            send_pass,
-            lambda: self.clients.outbox.paced_deliveries,
-            idle,
-        )
-        self.links = self.peers.links
-        self.clients = ClientSessions(
-            self.id, self.info.client_endpoint, self.settings, ctx, self, curve, send_pass, idle
-        )
-        self.rpc = await serve_control(
-            self,
-            self.inspection,
-            self.info.control_endpoint,
-            self.settings.limits.frame_bytes,
-            curve,
-            self.settings.logs.interval,
-        )
-        stop_metrics = None
-        if self.info.metrics_endpoint is not None:
-            stop_metrics = serve_metrics(self.info.metrics_endpoint, self._stats, loop)
-        work = [
-            *self.peers.tasks(),
-            ("clients", self.clients.serve()),
-            ("client timeouts", self.clients.expire()),
-            ("lst", self._tick_loop()),
-            ("load", self._load_loop()),
-            ("durable", self.replaying.maintain()),
-            *(gateway(self) if gateway is not None else ()),
-        ]
-        if curve is not None:
-            sockets = {
-                "peer": (self.peers.input, ctx),
-                "client": (self.clients.socket, ctx),
-                "control": (self.rpc.transport.get_extra_info("zmq_socket"), guards[1].context),
-            }
-            warn = RateLimitedLog(log, self.settings.logs.interval)
-            work += [
-                (f"{name} handshakes", count_failed_handshakes(sock, c, name, self.counters, warn))
-                for name, (sock, c) in sockets.items()
-            ]
-        for name, coro in work:
-            self._start(name, coro)
-        log.info(
-            "%s serving (%s, incarnation %x) peers %s clients %s control %s metrics %s "
-            "retention %s",
-            self.id,
-            self.mode,
-            self.incarnation,
-            self.info.endpoint,
-            self.info.client_endpoint,
-            self.info.control_endpoint,
-            self.info.metrics_endpoint or "off",
-            self.replaying.store.path if self.replaying.store else "off",
-        )
-        await self._stopping.wait()
-        await self.peers.flush(1.0)
-        for task in self._tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self.rpc.close()
-        await self.rpc.wait_closed()
-        if stop_metrics is not None:
-            await asyncio.to_thread(stop_metrics)
-        self.peers.close()
-        self.clients.close()
-        self.replaying.close()
-        for guard in guards:
-            guard.stop()
-        ctx.destroy(linger=200)
-        if self._failure is not None:
-            raise BrokerFailure(self._failure)
-        clear_running(self.data_dir, self.id)
-        log.info("%s stopped", self.id)
+        the tasks of other client protocols (:func:`~octopis.transport.serving.serve`)."""
+        await serve(self, gateway)
 
-    def _start(self, name: str, work: Coroutine[None, None, None]) -> None:
-        task = self._tasks[name] = asyncio.create_task(work, name=name)
+    def start_task(self, name: str, work: Coroutine[None, None, None]) -> None:
+        task = self.tasks[name] = asyncio.create_task(work, name=name)
         task.add_done_callback(self._task_ended)
 
     def _task_ended(self, task: asyncio.Task) -> None:
@@ -300,13 +184,13 @@ class Broker:
         if task.cancelled():
             return
         exc = task.exception()
-        self._failure = f"{self.id}: task {task.get_name()!r} ended: {exc!r}"
-        log.error("%s", self._failure, exc_info=exc)
+        self.failure = f"{self.id}: task {task.get_name()!r} ended: {exc!r}"
+        log.error("%s", self.failure, exc_info=exc)
         self.stop()
 
     def stop(self) -> None:
         """Begin a clean shutdown."""
-        self._stopping.set()
+        self.stopping.set()
 
     @property
     def ready(self) -> bool:
@@ -512,16 +396,7 @@ class Broker:
         relayed = self._relayed
         body = relayed[1] if relayed is not None and relayed[0] is message else encode_body(message)
         frame = frame_of(self._sender, body, DATA)
-        self.peers.put(neighbour, [frame], self._loop.time())
-
-    def _replay_targets(
-        self, src: str | None, state: SubState
-    ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
-        """Where a replay goes on (:meth:`BrokerNode.replay_targets`)."""
-        return self.node.replay_targets(src, state, self.lst.down)
-
-    def _notify_client(self, key: str, message: dict) -> bool:
-        return self.clients.notify_client(key, message)
+        self.peers.put(neighbour, [frame], self.loop.time())
 
     def execute(
         self,
@@ -537,7 +412,7 @@ class Broker:
         notification's encoded body. A local publication's copies kept in custody carry
         its ``receipt`` and count in it."""
         if now is None:
-            now = self._loop.time()
+            now = self.loop.time()
         incoming = None
         if received is not None:
             incoming = [self._sender, body, KEPT if type(received) is Notification else DATA]
@@ -588,110 +463,12 @@ class Broker:
                 payload = frame[BODY] if frame is not None else encode_body(delivered)
             self.clients.outbox.deliver(deliveries, payload)
 
-    # -- LST and inspection --------------------------------------------------------------
-
-    async def _tick_loop(self) -> None:
-        """Close LST windows every Δt while links are active (the table also rolls them on
-        every enqueue and send: ticks keep CE fresh between events); sleep while idle."""
-        loop = asyncio.get_running_loop()
-        activity = self.peers.activity
-        while True:
-            await activity.wait()
-            await asyncio.sleep(self.settings.lst.window)
-            self.lst.advance(loop.time())
-
-    async def _load_loop(self) -> None:
-        """Hand the load analysis a sample of the counts every second (DESIGN §9)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            self.load_meter.sample(
-                LoadSample(
-                    loop.time(),
-                    self.clients.counters["publications"],
-                    self.received[Notification],
-                    {name: link.copies for name, link in self.links.items()},
-                    self.clients.counters["deliveries"],
-                    self.clients.delivered(),
-                    sum(link.bytes_sent for link in self.links.values())
-                    + self.clients.outbox.bytes_out,
-                    sum(self.process.cpu_times()[:2]),
-                )
-            )
-            await asyncio.sleep(1.0)
-
-    def load(self, top: int = TOP_CLIENTS) -> dict[str, Any]:
-        """The load analysis's report: rates over the window, output, capacity, LR and
-        the ``top`` clients by delivery rate (DESIGN §9, Dynamoth's Eq. 1)."""
-        return self.load_meter.report(top)
+    # -- control -------------------------------------------------------------------------
 
     def relink(self, data: object) -> dict[str, Any]:
-        """Take this broker's view in a new topology version (DESIGN §9) from the control
-        RPC (:func:`~octopis.transport.relink.decode_view`): links to neighbours that
-        joined open (down until their handshake; a new broker is filled by resync as a
-        restarted one is), links to neighbours that leave close, and the core takes the new
-        neighbours and cluster count. Refused with :class:`ValueError`, nothing changed,
-        if the view is malformed, if a leaving link still carries routing frames
-        (:meth:`PeerLinks.carrying`: retry once drained), or if the core still routes over
-        it (``ProtocolError``: move the subscribers first); BID is not relinked."""
-        view = decode_view(data, secure=self._curve is not None)
-        info = replace(self.info, neighbours=tuple(n.neighbour for n in view.neighbours))
-        old = {n.id for n in self.info.neighbours}
-        added = [n for n in view.neighbours if n.neighbour.id not in old]
-        removed = sorted(old - {n.id for n in info.neighbours})
-        busy = {n: c for n in removed if (c := self.peers.carrying(n))}
-        if busy:
-            raise ValueError(
-                f"{self.id}: the links to {', '.join(busy)} still carry "
-                f"{sum(busy.values())} unacknowledged messages: retry once they drain"
-            )
-        now = self._loop.time()
-        dropped = self.node.relink(info, view.clusters, now)
-        if dropped:  # held while a leaving neighbour was down: a failure during the change
-            self.counters["relink.held_dropped"] += dropped
-            log.warning("%s: %d messages held for neighbours that left dropped", self.id, dropped)
-        self.info = info
-        for neighbour in removed:
-            task, link = self._tasks.pop(f"link {neighbour}"), self.peers.remove(neighbour)
-            task.add_done_callback(lambda _, link=link: link.socket.close(linger=0))
-            task.cancel()
-            del self.neighbour_endpoints[neighbour]
-            if self._curve is not None:
-                self._peer_keys.discard(self._curve.neighbours.pop(neighbour))
-        for link in added:
-            name = link.neighbour.id
-            self.neighbour_endpoints[name] = link.endpoint
-            if self._curve is not None:
-                self._curve.neighbours[name] = link.key.encode()
-                self._peer_keys.add(link.key.encode())
-            self._start(f"link {name}", self.peers.add(name, link.endpoint, now))
-        self.counters["relinks"] += 1
-        log.info(
-            "%s relinked: %d clusters, neighbours added %s, removed %s",
-            self.id,
-            view.clusters,
-            ", ".join(n.neighbour.id for n in added) or "none",
-            ", ".join(removed) or "none",
-        )
-        return {
-            "added": [n.neighbour.id for n in added],
-            "removed": removed,
-            "clusters": view.clusters,
-        }
-
-    def attached_clients(self) -> dict[str, dict[str, int | bool | list[str]]]:
-        """The clients attached here (``name@connection``): how many subscriptions each
-        holds here, whether it has published here, and what its subscriptions ask for by
-        equality (``Subscription.interests``, for the balancer's SDM)."""
-        entries = self.core.table.entries
-
-        def interests(sub_id: str) -> frozenset[str]:
-            entry = entries.get(sub_id)
-            return entry.subscription.interests() if entry is not None else frozenset()
-
-        return self.clients.attached(interests)
-
-    async def _stats(self) -> dict[str, Any]:
-        return self.inspection.stats()
+        """Take this broker's view in a new topology version
+        (:func:`~octopis.transport.relink.relink`)."""
+        return relink(self, data)
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
         """Order client ``client`` to move its subscriptions (see ``ClientSessions.order_move``);

@@ -21,15 +21,15 @@ class Inspectable(Protocol):
     def subscriptions(self) -> dict[str, list]: ...
     def table(self) -> dict[str, dict[str, Any]]: ...
     def resync_view(self, neighbour: str) -> list[str]: ...
+    def load(self, top: int) -> dict[str, Any]: ...
+    def attached_clients(self) -> dict[str, dict[str, int | bool | list[str]]]: ...
 
 
 class Operable(Protocol):
     """What the control RPC asks a broker for or to do."""
 
-    def load(self, top: int) -> dict[str, Any]: ...
     def move_client(self, client: str, to: str, inside: bool) -> list[str]: ...
     def relink(self, data: object) -> dict[str, Any]: ...
-    def attached_clients(self) -> dict[str, dict[str, int | bool | list[str]]]: ...
     def stop(self) -> None: ...
 
 
@@ -72,7 +72,7 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
         ``top`` clients by delivery rate (DESIGN §9)."""
         if type(top) is not int or not 0 <= top <= 10_000:
             raise ValueError(f"top must be an integer in [0, 10000], not {top!r}")
-        return self._broker.load(top)
+        return self._inspection.load(top)
 
     @aiozmq.rpc.method
     def move(self, client: str, to: str, inside: bool) -> list:
@@ -87,13 +87,13 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
     def clients(self) -> dict:
         """The clients attached here (``name@connection``): subscriptions held here,
         whether each has published here, and the interests of its subscriptions."""
-        return self._broker.attached_clients()
+        return self._inspection.attached_clients()
 
     @aiozmq.rpc.method
     def relink(self, view: dict) -> dict:
         """Take this broker's view in a new topology version: its neighbours (labels, peer
         endpoint, public key) and the number of clusters; returns the neighbours added
-        and removed (issue 18, DESIGN §9)."""
+        and removed (DESIGN §9)."""
         return self._broker.relink(view)
 
     @aiozmq.rpc.method

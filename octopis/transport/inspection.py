@@ -146,3 +146,20 @@ class BrokerInspection:
                 "idle_passes": list(broker.collector.passes),
             },
         }
+
+    def load(self, top: int) -> dict[str, Any]:
+        """The load analysis's report: rates over the window, output, capacity, LR and
+        the ``top`` clients by delivery rate (DESIGN §9, Dynamoth's Eq. 1)."""
+        return self.broker.load_meter.report(top)
+
+    def attached_clients(self) -> dict[str, dict[str, int | bool | list[str]]]:
+        """The clients attached here (``name@connection``): how many subscriptions each
+        holds here, whether it has published here, and what its subscriptions ask for by
+        equality (``Subscription.interests``, for the balancer's SDM)."""
+        entries = self.broker.core.table.entries
+
+        def interests(sub_id: str) -> frozenset[str]:
+            entry = entries.get(sub_id)
+            return entry.subscription.interests() if entry is not None else frozenset()
+
+        return self.broker.clients.attached(interests)

@@ -1,16 +1,24 @@
-"""A running broker's part in a topology change (issue 18, DESIGN §9): its new view as the
+"""A running broker's part in a topology change (DESIGN §9): its new view as the
 control RPC's ``relink`` hands it over — its neighbours with their peer endpoints and
 public keys, and the number of clusters — checked before anything changes. A broker never
 reads the new topology file: it learns only its own neighbours."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import msgspec
 from zmq.utils import z85
 
 from octopis.topology import Neighbour
+
+if TYPE_CHECKING:
+    from octopis.transport.broker import Broker
+
+log = logging.getLogger("octopis.broker")
 
 
 class NeighbourLink(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -70,3 +78,58 @@ def _z85_key(text: str) -> bool:
         return len(text) == 40 and len(z85.decode(text.encode())) == 32
     except (ValueError, KeyError, TypeError):
         return False
+
+
+def relink(broker: Broker, data: object) -> dict[str, Any]:
+    """``broker`` takes its view in a new topology version (DESIGN §9) from the control
+    RPC (:func:`decode_view`): links to neighbours that
+    joined open (down until their handshake; a new broker is filled by resync as a
+    restarted one is), links to neighbours that leave close, and the core takes the new
+    neighbours and cluster count. Refused with :class:`ValueError`, nothing changed,
+    if the view is malformed, if a leaving link still carries routing frames
+    (:meth:`PeerLinks.carrying`: retry once drained), or if the core still routes over
+    it (``ProtocolError``: move the subscribers first); BID is not relinked."""
+    view = decode_view(data, secure=broker.curve is not None)
+    info = replace(broker.info, neighbours=tuple(n.neighbour for n in view.neighbours))
+    old = {n.id for n in broker.info.neighbours}
+    added = [n for n in view.neighbours if n.neighbour.id not in old]
+    removed = sorted(old - {n.id for n in info.neighbours})
+    busy = {n: c for n in removed if (c := broker.peers.carrying(n))}
+    if busy:
+        raise ValueError(
+            f"{broker.id}: the links to {', '.join(busy)} still carry "
+            f"{sum(busy.values())} unacknowledged messages: retry once they drain"
+        )
+    now = broker.loop.time()
+    dropped = broker.node.relink(info, view.clusters, now)
+    if dropped:  # held while a leaving neighbour was down: a failure during the change
+        broker.counters["relink.held_dropped"] += dropped
+        log.warning("%s: %d messages held for neighbours that left dropped", broker.id, dropped)
+    broker.info = info
+    for neighbour in removed:
+        task, link = broker.tasks.pop(f"link {neighbour}"), broker.peers.remove(neighbour)
+        task.add_done_callback(lambda _, link=link: link.socket.close(linger=0))
+        task.cancel()
+        del broker.neighbour_endpoints[neighbour]
+        if broker.curve is not None:
+            broker.peer_keys.discard(broker.curve.neighbours.pop(neighbour))
+    for link in added:
+        name = link.neighbour.id
+        broker.neighbour_endpoints[name] = link.endpoint
+        if broker.curve is not None:
+            broker.curve.neighbours[name] = link.key.encode()
+            broker.peer_keys.add(link.key.encode())
+        broker.start_task(f"link {name}", broker.peers.add(name, link.endpoint, now))
+    broker.counters["relinks"] += 1
+    log.info(
+        "%s relinked: %d clusters, neighbours added %s, removed %s",
+        broker.id,
+        view.clusters,
+        ", ".join(n.neighbour.id for n in added) or "none",
+        ", ".join(removed) or "none",
+    )
+    return {
+        "added": [n.neighbour.id for n in added],
+        "removed": removed,
+        "clusters": view.clusters,
+    }

@@ -340,28 +340,19 @@ class Replaying:
             return
         records = self.durables.records
         out: dict[tuple[str, str], bytes | None] = {}
-        for ident in dirty:
+        for ident in dirty:  # a record gone is deleted (None)
             r = records.get(ident)
-            out[ident] = (
-                None
-                if r is None
-                else _encode_record(
-                    _Record(
-                        list(r.filters),
-                        r.since.since(),
-                        r.after,
-                        r.updated,
-                        r.away,
-                    )
-                )
-            )
+            if r is None:
+                out[ident] = None
+                continue
+            kept = _Record(list(r.filters), r.since.since(), r.after, r.updated, r.away)
+            out[ident] = _encode_record(kept)
         self.store.save_durables(out)
 
     @property
     def stats(self) -> dict[str, float]:
-        """Counters of the rounds, the store (rows and bytes kept, and when the oldest
-        was published) and the durable records (kept, and how many of their clients are
-        away)."""
+        """Counters of the rounds, the store (rows and bytes kept, when the oldest was
+        published) and the durable records (kept, how many of their clients are away)."""
         out: dict[str, float] = dict(self.rounds.stats)
         out.update(self.durables.stats)
         out["durable.kept"] = len(self.durables.records)
