@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -69,10 +70,8 @@ async def _subscribers(hosts: list[str], tag: int, endpoints: dict[str, list[str
     print("ready", flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     expected = int(line.split()[1])
-    try:
+    with contextlib.suppress(TimeoutError):
         await _until(lambda: all(len(g) >= expected for g in got), "all arrive", timeout=60)
-    except TimeoutError:
-        pass
     await asyncio.sleep(0.5)  # a late copy would show as a duplicate
     for sub in subs:
         await sub.close()

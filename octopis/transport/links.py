@@ -387,6 +387,19 @@ class OutputLink:
         self.queue.appendleft(frame)
         self._wake.set()
 
+    def put_now(self, frame: list, now: float) -> None:
+        """A link-level frame (an acknowledgement) that leaves at once, even during a send
+        pass, when the queue is empty and the link unpaced; else as :meth:`put_link`."""
+        if self.queue or self.senders:
+            self.put_link(frame, now)
+            return
+        self._lst.enqueued(self.name, now)
+        if not self._activity.seen:
+            self._activity.note()
+        self.queue.append(frame)
+        if self._send_batch(now) != 1:
+            self._wake.set()
+
     def take_back(self, now: float) -> list[list]:
         """Empty the retained window, the custody buffer and the queue; returns their
         routing frames, oldest first (queued frames leave the LST's queue length). Only
