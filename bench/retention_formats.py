@@ -1,0 +1,195 @@
+"""How a retention store's write path costs per publication, format by format, side by
+side in one process (DESIGN §11):
+
+    python -m bench.retention_formats [--count 20000] [--rounds 3]
+
+Each store keeps ``count`` real-sized publications (the quote bodies the broker encodes)
+in commits of 1, 16, 64 and 256 rows (an awaited publish on an idle broker commits one;
+a busy one, what arrived within ``COMMIT_DELAY``), each row carrying what a replay, a
+historic answer and a trim need: publisher, session, seq, published and stored times,
+body. Every commit reaches the operating system before it returns (it survives a
+``kill -9`` of the process, as ``synchronous = NORMAL`` promises). The stores:
+
+- ``sqlite-rows``: :class:`~octopis.transport.retention.RetentionStore` as the broker
+  runs it (WAL, one row per publication, one transaction per commit);
+- ``sqlite-batch``: the same database, one row per commit holding the commit's
+  publications packed (its first and last stored times beside them, for the window
+  search);
+- ``segment``: an append-only file, one ``write`` per commit of packed records, an
+  in-memory index of (stored time, offset) per commit;
+- ``lmdb``: LMDB (``sync=False``: written to the OS at commit, not fsynced), one key
+  per publication in one write transaction per commit.
+
+The figure of merit is CPU µs per publication (process time), each round in a fresh
+directory, the formats in rotating order; the median over the rounds is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import lmdb
+
+from octopis.core.messages import Notification
+from octopis.settings import Retention
+from octopis.transport.codec import decode_body_in_full, encode_body
+from octopis.transport.retention import RetentionStore
+
+ROW = struct.Struct("<qqddHI")
+"""A packed row's header: session, seq, published at, stored at, publisher's and body's
+lengths; the publisher's name and the body follow."""
+BATCHES = (1, 16, 64, 256)
+
+Row = tuple[str, int, int, float, float, bytes]
+
+
+def _pack(rows: list[Row]) -> bytes:
+    parts: list[bytes] = []
+    pack = ROW.pack
+    for publisher, session, seq, published_at, stored_at, body in rows:
+        name = publisher.encode()
+        parts += (pack(session, seq, published_at, stored_at, len(name), len(body)), name, body)
+    return b"".join(parts)
+
+
+class SqliteRows:
+    def __init__(self, root: Path) -> None:
+        self.store = RetentionStore(
+            root / "rows.sqlite", Retention(), lambda body: decode_body_in_full("x", body)
+        )
+
+    def write(self, batch: list[tuple[Notification, bytes]]) -> None:
+        now = time.time()
+        for n, body in batch:
+            self.store.add(n, body, now)
+        self.store.commit(now)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class SqliteBatch:
+    def __init__(self, root: Path) -> None:
+        self.db = sqlite3.connect(root / "batch.sqlite", isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(
+            "CREATE TABLE kept (first_at REAL, last_at REAL, rows INTEGER, packed BLOB)"
+        )
+
+    def write(self, batch: list[tuple[Notification, bytes]]) -> None:
+        now = time.time()
+        rows = [(n.publisher, n.session, n.seq, n.published_at, now, b) for n, b in batch]
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute(
+                "INSERT INTO kept VALUES (?, ?, ?, ?)", (now, now, len(rows), _pack(rows))
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class Segment:
+    def __init__(self, root: Path) -> None:
+        self.fd = os.open(root / "kept.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.offset = 0
+        self.index: list[tuple[float, int]] = []
+
+    def write(self, batch: list[tuple[Notification, bytes]]) -> None:
+        now = time.time()
+        rows = [(n.publisher, n.session, n.seq, n.published_at, now, b) for n, b in batch]
+        packed = _pack(rows)
+        os.write(self.fd, packed)
+        self.index.append((now, self.offset))
+        self.offset += len(packed)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Lmdb:
+    def __init__(self, root: Path) -> None:
+        self.env = lmdb.open(str(root / "kept.lmdb"), map_size=1 << 30, sync=False)
+        self.key = 0
+
+    def write(self, batch: list[tuple[Notification, bytes]]) -> None:
+        now = time.time()
+        rows = [(n.publisher, n.session, n.seq, n.published_at, now, b) for n, b in batch]
+        with self.env.begin(write=True) as txn:
+            put = txn.put
+            for row in rows:
+                self.key += 1
+                put(self.key.to_bytes(8, "big"), _pack([row]), append=True)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+FORMATS: dict[str, Callable[[Path], SqliteRows | SqliteBatch | Segment | Lmdb]] = {
+    "sqlite-rows": SqliteRows,
+    "sqlite-batch": SqliteBatch,
+    "segment": Segment,
+    "lmdb": Lmdb,
+}
+
+
+def _quotes(count: int) -> list[tuple[Notification, bytes]]:
+    made = []
+    for i in range(count):
+        n = Notification(
+            "feed-1",
+            i + 1,
+            time.time(),
+            {"class": "STOCK", "symbol": "ACME", "close": 100.0 + i / 7, "volume": 1000 + i},
+            session=1,
+        )
+        made.append((n, encode_body(n)))
+    return made
+
+
+def _cpu_per_row(name: str, quotes: list[tuple[Notification, bytes]], batch: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="octopis-formats-") as tmp:
+        store = FORMATS[name](Path(tmp))
+        started = time.process_time()
+        for start in range(0, len(quotes), batch):
+            store.write(quotes[start : start + batch])
+        used = time.process_time() - started
+        store.close()
+    return used * 1e6 / len(quotes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    quotes = _quotes(args.count)
+    names = list(FORMATS)
+    runs: dict[tuple[str, int], list[float]] = {}
+    for round_ in range(args.rounds):
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for batch in BATCHES:
+            for name in order:
+                runs.setdefault((name, batch), []).append(_cpu_per_row(name, quotes, batch))
+    print(f"CPU µs per publication, median of {args.rounds} rounds ({args.count} each)")
+    print()
+    print("| rows per commit | " + " | ".join(names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for batch in BATCHES:
+        cells = " | ".join(f"{statistics.median(runs[name, batch]):.2f}" for name in names)
+        print(f"| {batch} | {cells} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
