@@ -10,9 +10,10 @@ historic answer and a trim need: publisher, session, seq, published and stored t
 body. Every commit reaches the operating system before it returns (it survives a
 ``kill -9`` of the process, as ``synchronous = NORMAL`` promises). The stores:
 
-- ``sqlite-rows``: :class:`~octopis.transport.retention.RetentionStore` as the broker
-  runs it (WAL, one row per publication, one transaction per commit);
-- ``sqlite-batch``: the same database, one row per commit holding the commit's
+- ``sqlite-rows``: SQLite in WAL mode, one row per publication, one transaction per
+  commit (the store up to commit 4fcd845);
+- ``sqlite-packed``: :class:`~octopis.transport.retention.RetentionStore` as the broker
+  runs it now, the same database with one row per commit holding the commit's
   publications packed (its first and last stored times beside them, for the window
   search);
 - ``segment``: an append-only file, one ``write`` per commit of packed records, an
@@ -30,7 +31,6 @@ import argparse
 import os
 import sqlite3
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -42,29 +42,36 @@ import lmdb
 from octopis.core.messages import Notification
 from octopis.settings import Retention
 from octopis.transport.codec import decode_body_in_full, encode_body
-from octopis.transport.retention import RetentionStore
+from octopis.transport.retention import RetentionStore, pack
 
-ROW = struct.Struct("<qqddHI")
-"""A packed row's header: session, seq, published at, stored at, publisher's and body's
-lengths; the publisher's name and the body follow."""
 BATCHES = (1, 16, 64, 256)
-
-Row = tuple[str, int, int, float, float, bytes]
-
-
-def _pack(rows: list[Row]) -> bytes:
-    parts: list[bytes] = []
-    pack = ROW.pack
-    for publisher, session, seq, published_at, stored_at, body in rows:
-        name = publisher.encode()
-        parts += (pack(session, seq, published_at, stored_at, len(name), len(body)), name, body)
-    return b"".join(parts)
 
 
 class SqliteRows:
     def __init__(self, root: Path) -> None:
+        self.db = sqlite3.connect(root / "rows.sqlite", isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(
+            "CREATE TABLE kept (publisher TEXT NOT NULL, session INTEGER NOT NULL, seq INTEGER "
+            "NOT NULL, published_at REAL NOT NULL, stored_at REAL NOT NULL, body BLOB NOT NULL)"
+        )
+
+    def write(self, batch: list[tuple[Notification, bytes]]) -> None:
+        now = time.time()
+        rows = [(n.publisher, n.session, n.seq, n.published_at, now, b) for n, b in batch]
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("INSERT INTO kept VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class SqlitePacked:
+    def __init__(self, root: Path) -> None:
         self.store = RetentionStore(
-            root / "rows.sqlite", Retention(), lambda body: decode_body_in_full("x", body)
+            root / "packed.sqlite", Retention(), lambda body: decode_body_in_full("x", body)
         )
 
     def write(self, batch: list[tuple[Notification, bytes]]) -> None:
@@ -77,28 +84,6 @@ class SqliteRows:
         self.store.close()
 
 
-class SqliteBatch:
-    def __init__(self, root: Path) -> None:
-        self.db = sqlite3.connect(root / "batch.sqlite", isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute(
-            "CREATE TABLE kept (first_at REAL, last_at REAL, rows INTEGER, packed BLOB)"
-        )
-
-    def write(self, batch: list[tuple[Notification, bytes]]) -> None:
-        now = time.time()
-        rows = [(n.publisher, n.session, n.seq, n.published_at, now, b) for n, b in batch]
-        with self.db:
-            self.db.execute("BEGIN")
-            self.db.execute(
-                "INSERT INTO kept VALUES (?, ?, ?, ?)", (now, now, len(rows), _pack(rows))
-            )
-
-    def close(self) -> None:
-        self.db.close()
-
-
 class Segment:
     def __init__(self, root: Path) -> None:
         self.fd = os.open(root / "kept.seg", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -108,7 +93,7 @@ class Segment:
     def write(self, batch: list[tuple[Notification, bytes]]) -> None:
         now = time.time()
         rows = [(n.publisher, n.session, n.seq, n.published_at, now, b) for n, b in batch]
-        packed = _pack(rows)
+        packed = pack(rows)
         os.write(self.fd, packed)
         self.index.append((now, self.offset))
         self.offset += len(packed)
@@ -129,15 +114,15 @@ class Lmdb:
             put = txn.put
             for row in rows:
                 self.key += 1
-                put(self.key.to_bytes(8, "big"), _pack([row]), append=True)
+                put(self.key.to_bytes(8, "big"), pack([row]), append=True)
 
     def close(self) -> None:
         self.env.close()
 
 
-FORMATS: dict[str, Callable[[Path], SqliteRows | SqliteBatch | Segment | Lmdb]] = {
+FORMATS: dict[str, Callable[[Path], SqliteRows | SqlitePacked | Segment | Lmdb]] = {
     "sqlite-rows": SqliteRows,
-    "sqlite-batch": SqliteBatch,
+    "sqlite-packed": SqlitePacked,
     "segment": Segment,
     "lmdb": Lmdb,
 }
