@@ -160,9 +160,7 @@ class RetentionStore:
         rows, self.pending = self.pending, []
         if rows:
             try:
-                with self.db:
-                    self.db.execute("BEGIN")
-                    size = self._insert_packed(rows)
+                size = self._insert_packed(rows)  # one statement: its own transaction
             except sqlite3.Error as exc:
                 self.refused_at = now
                 self.stats["retention.refused"] += len(rows)
