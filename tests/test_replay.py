@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from conditions import closing_control
+from conditions import closing_control, until
 from hypothesis import given
 from hypothesis import strategies as st
 from laws import scots
@@ -40,7 +40,8 @@ from octopis.core.replay import (
 from octopis.settings import BrokerSettings, Retention
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
-from octopis.transport.replaying import _decode_kept
+from octopis.transport.links import PublishReceipt
+from octopis.transport.replaying import Replaying, _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
 from octopis.wire import REPLAY, REPLAY_ECHO, pack
 
@@ -282,6 +283,43 @@ def test_a_store_kept_a_row_per_publication_is_packed_when_opened(tmp_path: Path
     found, _ = store.answer(Replay("r", "a:0", ("[class,eq,'STOCK']",), (), 0.0, 3.0))
     assert [n.seq for n in found] == list(range(1, 301))
     assert not store.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'kept'").fetchone()
+
+
+def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_delay(
+    tmp_path: Path,
+) -> None:
+    """At the end of an idle pass the store commits at once if a publisher waits for its
+    only unanswered publication; publications from a connection with others unanswered
+    wait for the commit timer (``COMMIT_DELAY``) and are committed together; each
+    confirm follows its commit."""
+    answered: list[int] = []
+
+    async def scenario() -> None:
+        settings = BrokerSettings()
+        replaying = Replaying(
+            "a:0",
+            settings.retention,
+            settings.durable,
+            1.0,
+            tmp_path,
+            lambda neighbour, message: None,
+            lambda src, state: ([], []),
+            lambda key, message: True,
+        )
+        for seq, alone in ((1, True), (2, False), (3, False)):
+            receipt = PublishReceipt(partial(answered.append, seq), alone=alone)
+            n = _notification("P", seq)
+            replaying.kept(n, encode_body(n), receipt)
+            replaying.pass_ended(True)
+            if seq == 1:
+                assert answered == [1]  # committed at once
+        assert answered == [1] and len(replaying.store.pending) == 2
+        await until(lambda: len(answered) == 3, "the delayed commit", 10)
+        assert answered == [1, 2, 3] and not replaying.store.pending
+        assert replaying.store.stats["retention.commits"] == 2
+        replaying.store.close()
+
+    asyncio.run(scenario())
 
 
 def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:

@@ -62,11 +62,14 @@ class PublishReceipt:
     neighbours hold it (custody, retain), so the host may die without losing it
     (DESIGN §7). A frame carrying one is ``[sender, body, KEPT, receipt]``."""
 
-    __slots__ = ("_answer", "copies", "refusal")
+    __slots__ = ("_answer", "alone", "copies", "refusal")
 
-    def __init__(self, answer: Callable[[], None]) -> None:
+    def __init__(self, answer: Callable[[], None], alone: bool = True) -> None:
         self.copies = 0
         self._answer = answer
+        self.alone = alone
+        """No other publication of its connection awaits an answer (an awaited publish):
+        the store commits it as soon as the input is idle, not within a delay."""
         self.refusal: str | None = None
         """Why the publication could not be kept as promised (the answer is an error)."""
 
