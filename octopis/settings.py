@@ -123,7 +123,7 @@ class Links(Section):
     """T: a neighbour silent this long is down (more than two heartbeats)."""
     ack_interval: Annotated[float, _at_least(0.001)] = 0.05
     """Seconds between looks at acknowledgements withheld by backpressure; frames taken
-    are acknowledged at the end of each input pass."""
+    are acknowledged as they are taken or at the end of each input pass."""
     custody_limit: Annotated[int, _at_least(0)] = CUSTODY_LIMIT
     """Unacknowledged notifications kept per link for a neighbour that may fail; full,
     the link waits. 0 = no custody (a failure loses what was in flight, and there is no

@@ -119,6 +119,29 @@ def test_what_a_send_pass_puts_leaves_as_one_message_when_it_ends() -> None:
     asyncio.run(_with_link(scenario, send_pass=send_pass))
 
 
+def test_an_acknowledgement_put_now_leaves_during_a_send_pass() -> None:
+    """An acknowledgement put with ``put_now`` leaves at once, alone, while the pass is
+    open and the link's queue is empty; behind a queue it goes to the head and leaves
+    with the pass's frames."""
+    send_pass = SendPass()
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> None:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        assert await _messages(pull) == [[b"greeting"]]
+        send_pass.open = True
+        link.put_now([b"me", b"ack1", LINK], loop.time())
+        assert await _messages(pull) == [[b"ack1"]]
+        link.put([b"me", b"n0", KEPT], loop.time())
+        link.put_now([b"me", b"ack2", LINK], loop.time())
+        assert len(link.queue) == 2
+        send_pass.end(loop.time())
+        assert await _messages(pull) == [[b"ack2", b"n0"]]
+        assert lst.rows["peer"].queue_length == 0
+
+    asyncio.run(_with_link(scenario, send_pass=send_pass))
+
+
 def test_a_batch_stops_where_custody_is_full_and_at_its_size() -> None:
     """A batch takes routing frames only while custody has room (the rest wait for an
     acknowledgement) and at most BATCH_FRAMES frames a message."""

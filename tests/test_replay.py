@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from conditions import closing_control
+from conditions import closing_control, until
 from hypothesis import given
 from hypothesis import strategies as st
 from laws import scots
@@ -39,8 +40,9 @@ from octopis.core.replay import (
 from octopis.settings import BrokerSettings, Retention
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
-from octopis.transport.replaying import _decode_kept
-from octopis.transport.retention import RetentionStore
+from octopis.transport.links import PublishReceipt
+from octopis.transport.replaying import Replaying, _decode_kept
+from octopis.transport.retention import RetentionStore, StoreAnswer
 from octopis.wire import REPLAY, REPLAY_ECHO, pack
 
 FIG2 = build_preset("fig2")
@@ -240,6 +242,84 @@ def test_the_store_trims_to_its_bounds_and_reports_what_it_dropped(tmp_path: Pat
     aged.add(n, encode_body(n), 1000.0)
     aged.commit(1000.0)
     assert aged.commit(1011.0) == 0 and aged.rows == 0
+
+
+def test_an_answer_read_in_small_pages_is_the_answer_read_at_once(tmp_path: Path) -> None:
+    """Pages end inside a commit's packed publications and go on from there: three at a
+    time, the answer is every publication once, in order, as one read gives it."""
+    store = _store(tmp_path)
+    for seq in range(1, 21):
+        n = _notification("P", seq, 100.0 + seq)
+        store.add(n, encode_body(n), 1000.0 + seq // 7)
+        if seq % 7 == 0:
+            store.commit(1000.0 + seq // 7)
+    store.commit(1003.0)
+    request = Replay("r", "a:0", ("[class,eq,'STOCK']",), (), 0.0, 3.0)
+    answer, paged = StoreAnswer(store, request, 0, 0), []
+    while not answer.done:
+        paged += answer.page(3)
+    assert [n.seq for n in paged] == [n.seq for n in store.answer(request)[0]]
+    assert [n.seq for n in paged] == list(range(1, 21))
+
+
+def test_a_store_kept_a_row_per_publication_is_packed_when_opened(tmp_path: Path) -> None:
+    """A store written before publications were packed per commit: opened, it holds and
+    answers every one of them, and its table of rows is gone."""
+    path = tmp_path / "b.sqlite"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE kept (publisher TEXT NOT NULL, session INTEGER NOT NULL, seq INTEGER "
+        "NOT NULL, published_at REAL NOT NULL, stored_at REAL NOT NULL, body BLOB NOT NULL)"
+    )
+    rows = []
+    for seq in range(1, 301):
+        n = _notification("P", seq, 100.0 + seq)
+        rows.append(("P", 1, seq, n.published_at, 1000.0 + seq, encode_body(n)))
+    db.executemany("INSERT INTO kept VALUES (?, ?, ?, ?, ?, ?)", rows)
+    db.commit()
+    db.close()
+    store = _store(tmp_path)
+    assert store.rows == 300 and store.bytes == sum(len(r[5]) for r in rows)
+    found, _ = store.answer(Replay("r", "a:0", ("[class,eq,'STOCK']",), (), 0.0, 3.0))
+    assert [n.seq for n in found] == list(range(1, 301))
+    assert not store.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'kept'").fetchone()
+
+
+def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_delay(
+    tmp_path: Path,
+) -> None:
+    """At the end of an idle pass the store commits at once if a publisher waits for its
+    only unanswered publication; publications from a connection with others unanswered
+    wait for the commit timer (``COMMIT_DELAY``) and are committed together; each
+    confirm follows its commit."""
+    answered: list[int] = []
+
+    async def scenario() -> None:
+        settings = BrokerSettings()
+        replaying = Replaying(
+            "a:0",
+            settings.retention,
+            settings.durable,
+            1.0,
+            tmp_path,
+            lambda neighbour, message: None,
+            lambda src, state: ([], []),
+            lambda key, message: True,
+        )
+        for seq, alone in ((1, True), (2, False), (3, False)):
+            receipt = PublishReceipt(partial(answered.append, seq), alone=alone)
+            n = _notification("P", seq)
+            replaying.kept(n, encode_body(n), receipt)
+            replaying.pass_ended(True)
+            if seq == 1:
+                assert answered == [1]  # committed at once
+        assert answered == [1] and len(replaying.store.pending) == 2
+        await until(lambda: len(answered) == 3, "the delayed commit", 10)
+        assert answered == [1, 2, 3] and not replaying.store.pending
+        assert replaying.store.stats["retention.commits"] == 2
+        replaying.store.close()
+
+    asyncio.run(scenario())
 
 
 def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:

@@ -536,7 +536,7 @@ class ClientSessions:
                 return
             self.outbox.send(identity, [answer])
 
-        receipt = PublishReceipt(answered)
+        receipt = PublishReceipt(answered, alone=connection.unanswered == 0)
         self.router.publish(n, receipt)
         if receipt.copies == 0:
             return reply

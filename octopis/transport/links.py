@@ -62,11 +62,14 @@ class PublishReceipt:
     neighbours hold it (custody, retain), so the host may die without losing it
     (DESIGN §7). A frame carrying one is ``[sender, body, KEPT, receipt]``."""
 
-    __slots__ = ("_answer", "copies", "refusal")
+    __slots__ = ("_answer", "alone", "copies", "refusal")
 
-    def __init__(self, answer: Callable[[], None]) -> None:
+    def __init__(self, answer: Callable[[], None], alone: bool = True) -> None:
         self.copies = 0
         self._answer = answer
+        self.alone = alone
+        """No other publication of its connection awaits an answer (an awaited publish):
+        the store commits it as soon as the input is idle, not within a delay."""
         self.refusal: str | None = None
         """Why the publication could not be kept as promised (the answer is an error)."""
 
@@ -386,6 +389,19 @@ class OutputLink:
         self._lst.enqueued(self.name, now)
         self.queue.appendleft(frame)
         self._wake.set()
+
+    def put_now(self, frame: list, now: float) -> None:
+        """A link-level frame (an acknowledgement) that leaves at once, even during a send
+        pass, when the queue is empty and the link unpaced; else as :meth:`put_link`."""
+        if self.queue or self.senders:
+            self.put_link(frame, now)
+            return
+        self._lst.enqueued(self.name, now)
+        if not self._activity.seen:
+            self._activity.note()
+        self.queue.append(frame)
+        if self._send_batch(now) != 1:
+            self._wake.set()
 
     def take_back(self, now: float) -> list[list]:
         """Empty the retained window, the custody buffer and the queue; returns their

@@ -263,7 +263,15 @@ class PeerLinks:
             self._beat(name, state, now, behind_data=True)
         self.events.now_serving(*served)
 
-    def _beat(self, name: str, state: Neighbour, now: float, *, behind_data: bool = False) -> None:
+    def _beat(
+        self,
+        name: str,
+        state: Neighbour,
+        now: float,
+        *,
+        behind_data: bool = False,
+        at_once: bool = False,
+    ) -> None:
         """A heartbeat (with acknowledgement) ahead of queued data, or behind it: the first
         one saying *serving* must not overtake the subscriptions it forwarded meanwhile.
 
@@ -272,7 +280,8 @@ class PeerLinks:
         ``name``'s custody buffer fills and it stops sending us data (its heartbeats still
         come). The full link's own neighbour is still acknowledged: what it sends us never
         goes back to it, and withholding from it could lock two brokers that wait on
-        each other."""
+        each other. ``at_once``: ahead of queued data and sent now, even during a send
+        pass (:meth:`OutputLink.put_now`)."""
         full = self.pressure.full
         if full and (len(full) > 1 or name not in full):
             acked = state.acked
@@ -280,7 +289,8 @@ class PeerLinks:
         else:
             acked = state.acked = state.received
         beat = Heartbeat(self.incarnation, state.incarnation, acked, self.serving)
-        put = self.links[name].put if behind_data else self.links[name].put_link
+        link = self.links[name]
+        put = link.put if behind_data else link.put_now if at_once else link.put_link
         put(self._frame(beat, LINK), now)
 
     # -- what the broker sends ----------------------------------------------------------
@@ -396,6 +406,18 @@ class PeerLinks:
             if not full or (len(full) == 1 and name in full):
                 self._beat(name, state, now)
 
+    def _acknowledge_first(self, name: str, state: Neighbour, now: float) -> None:
+        """The first run of notifications taken from ``name`` since its last
+        acknowledgement: acknowledge it at once, before routing it, outside the pass's
+        batch. The copies are this process's from here (routed in this same synchronous
+        pass), so a publisher's confirm need not wait for the fan-out behind them; more
+        runs from ``name`` in the pass are acknowledged at its end, so a busy pass adds
+        one acknowledgement per neighbour. Backpressure is looked at afresh first, as
+        :meth:`_acknowledge_pass` does."""
+        full = self._check_pressure(now)
+        if not full or (len(full) == 1 and name in full):
+            self._beat(name, state, now, at_once=True)
+
     def _on_message(self, frame: list[bytes], now: float, deadline: float = math.inf) -> int:
         """The bodies of ``frame`` (``[sender, body, ...]``, a batch or a run of messages
         from one neighbour) in order, until the monotonic clock passes ``deadline`` after
@@ -452,7 +474,10 @@ class PeerLinks:
         took any would repeat: the notifications left are then counted as internal
         errors and dropped."""
         state.last_heard = now
+        first = state.received == state.acked
         state.received += len(run)
+        if first:
+            self._acknowledge_first(sender, state, now)
         pending = iter(run)
         while True:
             left = length_hint(pending)
