@@ -311,20 +311,6 @@ class Replaying:
         self.start(None, [], [], time.time(), claim=claim_of(*ident))
         return True
 
-    def durable_list(self, limit: int) -> list[dict[str, object]]:
-        """The first ``limit`` durable records: client, name, whether attached, since when
-        the client is away (wall time), publishers it acknowledged."""
-        return [
-            {
-                "client": r.client,
-                "name": r.name,
-                "attached": r.key is not None,
-                "away_since": r.away,
-                "publishers": len(r.since),
-            }
-            for r in itertools.islice(self.durables.records.values(), limit)
-        ]
-
     async def maintain(self) -> None:
         """Every second: write the durable records acknowledgements changed, and abandon
         those whose client has been away past ``[durable] keep``."""
@@ -486,3 +472,18 @@ class Replaying:
                 request.req_id, [], [], has_store=self.store is not None, claimed=claimed
             )
         )
+
+
+def durable_list(durables: Durables, limit: int) -> list[dict[str, object]]:
+    """The first ``limit`` durable records: client, name, whether attached, since when
+    the client is away (wall time), publishers it acknowledged."""
+    return [
+        {
+            "client": r.client,
+            "name": r.name,
+            "attached": r.key is not None,
+            "away_since": r.away,
+            "publishers": len(r.since),
+        }
+        for r in itertools.islice(durables.records.values(), limit)
+    ]
