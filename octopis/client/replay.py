@@ -30,9 +30,17 @@ def replayed(name: str, bodies: Iterable[bytes], now: float) -> list[tuple[Recei
     their sizes."""
     found = []
     for body in bodies:
-        publisher, seq, published_at, publication, session = delivery_fields(body)
+        publisher, seq, published_at, publication, session, opaque = delivery_fields(body)
         received = Received(
-            name, publisher, seq, published_at, now, publication, session=session, replayed=True
+            name,
+            publisher,
+            seq,
+            published_at,
+            now,
+            publication,
+            session=session,
+            replayed=True,
+            body=opaque,
         )
         found.append((received, len(body)))
     return found
@@ -147,7 +155,7 @@ class Seam:
         now = time.time()
         found: dict[tuple[str, int, int], Received] = {}
         for body in self.answers.get(self.replay or "", ()):
-            publisher, seq, published_at, publication, session = delivery_fields(body)
+            publisher, seq, published_at, publication, session, opaque = delivery_fields(body)
             found.setdefault(
                 (publisher, session, seq),
                 Received(
@@ -159,6 +167,7 @@ class Seam:
                     publication,
                     session=session,
                     replayed=True,
+                    body=opaque,
                 ),
             )
         return [found[key] for key in sorted(found)]

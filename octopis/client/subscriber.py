@@ -388,9 +388,18 @@ class Subscriber(NamedClient):
         left_at: float,
         size: int,
         session: int,
+        body: bytes,
     ) -> None:
         received = Received(
-            name, publisher, seq, published_at, received_at, publication, left_at, session
+            name,
+            publisher,
+            seq,
+            published_at,
+            received_at,
+            publication,
+            left_at,
+            session,
+            body=body,
         )
         seam = self.past.seam
         if seam is not None and seam.hold_live and seam.hold(received, size):
