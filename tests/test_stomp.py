@@ -284,7 +284,8 @@ def durable_subscriber_killed_and_back(fig2: LocalCluster, quotes: list[dict]) -
         [sys.executable, "-c", KILLED_SUBSCRIBER, *args], stdout=subprocess.PIPE, text=True
     )
     lines: list[str] = []
-    reading = threading.Thread(target=lambda: lines.extend(killed.stdout or ()), daemon=True)
+    printed = (line.strip() for line in killed.stdout or ())
+    reading = threading.Thread(target=lambda: lines.extend(printed), daemon=True)
     reading.start()
     try:
         _wait(lambda: "receipt in-place" in lines, "the durable subscription in place")
