@@ -229,7 +229,7 @@ def test_stomp_and_sdk_clients_get_every_message_once(fig2: LocalCluster) -> Non
     durable_subscriber_killed_and_back(fig2, [{**q, "n": 1000 + q["n"]} for q in quotes])
 
 
-DURABLE_SELECTOR = "symbol IN ('AAPL', 'MSFT') OR close > 60"
+DURABLE_SELECTOR = "close > 20 OR volume > 1000000"
 DURABLE_FIRST, DURABLE_AGAIN = "f:1", "d:0"
 """Where the durable subscriber subscribes first, and again after it was killed."""
 KILLED_SUBSCRIBER = """
