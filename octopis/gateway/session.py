@@ -313,7 +313,7 @@ class StompSession:
             settled = earlier[: earlier.index(ack_id) + 1]
         for settled_id in settled:
             del self._unacked[settled_id]
-        if sub is not None and sub.durable is not None and frame.command == "ACK":
+        if sub is not None and sub.durable is not None:  # NACK settles too: not again
             out.requests += sub.durable.settled(settled)
         if "receipt" in h:
             out.frames.append(Frame("RECEIPT", {"receipt-id": h["receipt"]}))
