@@ -152,3 +152,24 @@ def test_credentials(tmp_path: Path) -> None:
         Credentials.load(tmp_path)
     with pytest.raises(CredentialsError, match="at least 8 characters"):
         add_user(tmp_path, "bob", "short")
+
+
+def test_an_everywhere_receipt_waits_for_a_round_behind_the_subscriptions() -> None:
+    s = _session()
+    h = {
+        "id": "a",
+        "destination": "/topic/T",
+        "selector": "k IN ('x', 'y')",
+        "receipt": "r",
+        "octopis.everywhere": "true",
+    }
+    subscribes = [decode_request(r) for r in s.received(Frame("SUBSCRIBE", h), 30.0).requests]
+    s.from_broker([pack({"op": "subscribed", "req": subscribes[0].req, "sub_id": "1"})])
+    last = s.from_broker([pack({"op": "subscribed", "req": subscribes[1].req, "sub_id": "2"})])
+    [probe] = [decode_request(r) for r in last.requests]
+    assert last.frames == [] and probe.client == "stomp/a"
+    assert probe.filters == [r.filter for r in subscribes]
+    assert probe.since == [] and probe.after == probe.until == 30.0  # an empty window
+    assert s.from_broker([pack({"op": "replaying", "req": probe.req, "id": "p"})]).frames == []
+    done = s.from_broker([pack({"op": "replay_done", "id": "p", "silent": ["c:1"]})])
+    assert done.frames == [Frame("RECEIPT", {"receipt-id": "r", "octopis-silent": "c:1"})]

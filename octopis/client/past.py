@@ -127,6 +127,29 @@ class PastRequests:
         message = {"op": "replay", "client": self.client.name, "historic": True, **fields}
         return (await self.replayed(seam, message, HISTORIC_WAIT))[1]
 
+    async def everywhere(self, subscription: Subscription, now: float) -> tuple[str, ...]:
+        """Wait until ``subscription``, just made, is in place at every broker it travels
+        to: a replay round of the empty window ``[now, now)`` travels behind it and its
+        echo comes back once every broker has it. Returns the brokers that did not
+        answer within the budget (empty: every one has it)."""
+        message = {
+            "op": "replay",
+            "client": self.client.name,
+            "filters": [subscription.to_text()],
+            "since": [],
+            "after": now,
+            "until": now,
+        }
+        async with self.lock:
+            seam = self.open_seam(hold_live=False)
+            try:
+                error = await self.ask(seam, message)
+            finally:
+                self.seam = None
+        if error is not None:
+            raise TimeoutError(f"{self.client.name}: no answer from every broker ({error})")
+        return tuple(seam.done.get(seam.replay or "", {}).get("silent", ()))
+
     async def historic(
         self,
         subscription: Subscription,

@@ -16,7 +16,9 @@ Mapping:
 * ``SUBSCRIBE`` (``id``, ``destination``, ``selector``, ``ack``) → the selector's PADRES
   subscriptions (:func:`octopis.gateway.selector.translate`), all under one client name
   on the connection, so a message that several of them match is delivered once; a
-  ``receipt`` is answered once every one of them is in place at this broker.
+  ``receipt`` is answered once every one of them is in place at this broker — or, with
+  ``octopis.everywhere:true``, at every broker they travel to (an empty replay round
+  sent behind them: its echo comes back once every broker has them, DESIGN §11).
 * ``SUBSCRIBE`` with ``activemq.subscriptionName`` (ActiveMQ's durable subscription; the
   CONNECT must have named a ``client-id``) → the same, durable
   (:mod:`octopis.gateway.durable`): what the client did not acknowledge when it went
@@ -48,6 +50,7 @@ from octopis.gateway.selector import SelectorError, translate
 from octopis.wire import (
     MAX_CLIENT_NAME,
     PublishRequest,
+    ReplayRequest,
     SubscribeRequest,
     UnsubscribeRequest,
     pack,
@@ -56,6 +59,8 @@ from octopis.wire import (
 )
 
 ACK_MODES = ("auto", "client", "client-individual")
+EVERYWHERE_HEADER = "octopis.everywhere"
+"""SUBSCRIBE header: ``true`` answers the receipt once every broker has the subscription."""
 DURABLE_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
 """SUBSCRIBE headers naming a durable subscription (ActiveMQ's, and its older name)."""
 SERVER_NAME = "OctopiS"
@@ -101,6 +106,8 @@ class _Subscription:
     receipt: str | None
     sub_ids: list[str] = field(default_factory=list)
     durable: DurableSubscription | None = None
+    everywhere: tuple[list[str], float] | None = None
+    """The filters and the time of the round that asks every broker, if asked for."""
 
 
 class DeliveryCache:
@@ -158,6 +165,7 @@ class StompSession:
         self._unacked: OrderedDict[str, str] = OrderedDict()  # ack id -> subscription id
         self._durable_reqs: dict[int, _Subscription] = {}  # a claim's or replay's request
         self._durable_ids: dict[str, _Subscription] = {}  # a claim's or replay's id
+        self._probes: dict[int | str, _Subscription] = {}  # an everywhere round's req, id
         self.publisher = "stomp-publisher"
         self.client_id: str | None = None
 
@@ -245,6 +253,8 @@ class StompSession:
             for f in translate(h.get("selector"), topic, self.limits.selector_subscriptions)
         ]
         sub = _Subscription(sub_id, name, ack, len(filters), h.get("receipt"))
+        if h.get(EVERYWHERE_HEADER) == "true" and filters:
+            sub.everywhere = (filters, now)
         if durable is not None:
             sub.durable = DurableSubscription(name, filters, self.limits.unacked)
         self.subscriptions[sub_id] = sub
@@ -399,12 +409,23 @@ class StompSession:
             else:  # unsubscribed before the broker answered: withdraw it now
                 unsub = UnsubscribeRequest(client=sub.name, sub_id=reply["sub_id"])
                 out.requests.append(pack(unsub))
-            if sub.waiting == 0 and sub.receipt is not None:
+            if sub.waiting == 0 and sub.everywhere is not None:
+                self._probe(sub, out)
+            elif sub.waiting == 0 and sub.receipt is not None:
                 out.frames.append(Frame("RECEIPT", {"receipt-id": sub.receipt}))
             if sub.waiting == 0 and sub.durable is not None and sub.durable.step == "subscribing":
                 for claim_req, claim in sub.durable.claims(self._req):
                     self._durable_reqs[claim_req] = sub
                     out.requests.append(claim)
+        elif op == "replaying" and req in self._probes:
+            self._probes[str(reply["id"])] = self._probes.pop(req)
+        elif op == "replay_done" and str(reply.get("id")) in self._probes:
+            sub = self._probes.pop(str(reply["id"]))
+            if sub.receipt is not None:
+                headers = {"receipt-id": sub.receipt}
+                if reply.get("silent"):  # brokers past which it may not have reached
+                    headers["octopis-silent"] = ",".join(map(str, reply["silent"]))
+                out.frames.append(Frame("RECEIPT", headers))
         elif op in ("claiming", "replaying") and req in self._durable_reqs:
             self._durable_ids[str(reply["id"])] = self._durable_reqs.pop(req)
         elif op in ("replayed", "replay_done") and str(reply.get("id")) in self._durable_ids:
@@ -444,3 +465,15 @@ class StompSession:
             for body in durable.replay_done():
                 self._message(sub, body, out)
             out.requests += durable.advance()
+
+    def _probe(self, sub: _Subscription, out: Effects) -> None:
+        """Ask every broker behind ``sub``'s subscriptions: a replay round of an empty
+        window, whose echo comes once every broker they travel to has them."""
+        assert sub.everywhere is not None
+        filters, at = sub.everywhere
+        req = next(self._req)
+        self._probes[req] = sub
+        probe = ReplayRequest(
+            client=sub.name, req=req, filters=filters, since=[], after=at, until=at
+        )
+        out.requests.append(pack(probe))
