@@ -44,10 +44,12 @@ def _baseline(frames: list[list[bytes]], handlers: dict[str, Any]) -> None:
         now = time.time()
         left = LEFT_AT.unpack(parts[-1])[0]
         for i in range(0, len(parts) - 1, 2):
-            publisher, seq, published_at, publication, _ = delivery_fields(parts[i + 1])
+            publisher, seq, published_at, publication, _, body = delivery_fields(parts[i + 1])
             for name in unpack(parts[i]):
                 size = len(parts[i + 1])
-                handlers[name](name, publisher, seq, published_at, publication, now, left, size, 0)
+                handlers[name](
+                    name, publisher, seq, published_at, publication, now, left, size, 0, body
+                )
 
 
 def test_delivery_with_repeat_check_beside_without(benchmark: pytest.FixtureRequest) -> None:

@@ -35,6 +35,9 @@ COMPOSITE_LATENESS = 5.0
 DRAIN_TIMEOUT = 30.0
 """Seconds a workload run waits without a delivery before it stops waiting
 (``octopis run --drain-timeout``)."""
+BODY_BYTES = 65_536
+"""Bytes of one publication's opaque body a broker accepts (``[clients] body_bytes``);
+a longer one is refused."""
 SELECTOR_SUBSCRIPTIONS = 16
 """PADRES subscriptions one STOMP selector may become (``[stomp]
 selector_subscriptions``)."""

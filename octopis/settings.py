@@ -36,6 +36,7 @@ from octopis.core import COVERING, DEFAULT_COVERING
 from octopis.core.dedup import DEFAULT_DEDUP_PUBLISHERS, DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
 from octopis.defaults import (
+    BODY_BYTES,
     CLIENT_TIMEOUT,
     COMPOSITE_HELD,
     COMPOSITE_LATENESS,
@@ -190,6 +191,9 @@ class Clients(Section):
     queue_limit: Annotated[int, _at_least(1)] = 10_000
     """Deliveries waiting for ``capacity``; beyond it the broker holds its neighbours
     back, as for a full link, and refuses local publications."""
+    body_bytes: Annotated[int, _at_least(0)] = BODY_BYTES
+    """Bytes of one publication's opaque body; a longer one is refused, naming this
+    limit."""
 
 
 class Dedup(Section):

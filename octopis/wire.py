@@ -142,7 +142,9 @@ class NotifyBody(PeerBody, tag=NOTIFY):
     """A notification (DESIGN §4), field for field ``octopis.core.Notification``:
     ``publication`` a map of attribute names to values (the receiver checks both, naming
     the attribute at fault), ``destinations`` BID's ``[[broker, sub_id], ...]``, ``cbv``
-    DNR's header, ``tunnel`` a detour's (each nil when absent)."""
+    DNR's header, ``tunnel`` a detour's (each nil when absent); ``body`` the
+    publication's opaque body (empty when it has none): carried unchanged to every
+    subscriber and into retention, never matched."""
 
     publisher: Name
     seq: Sequence
@@ -152,6 +154,7 @@ class NotifyBody(PeerBody, tag=NOTIFY):
     destinations: tuple[tuple[str, str], ...] | None
     tunnel: Route | None
     session: Sequence
+    body: bytes
 
 
 class SubscribeBody(PeerBody, tag=SUBSCRIBE):
@@ -417,12 +420,15 @@ class PublishRequest(Request, tag="publish"):
     """Publish number ``seq`` of publisher ``client``'s ``session`` (a number the
     publisher draws at random when it starts, so that a publisher started again under the
     same name is not taken for a repeat of its earlier self), time-stamped
-    ``published_at``."""
+    ``published_at``; ``body`` its opaque body (bytes the overlay carries to every
+    subscriber unchanged and never matches; the broker refuses one longer than its
+    ``[clients] body_bytes``)."""
 
     seq: Sequence
     published_at: float
     publication: str | dict[str, Any]
     session: Sequence = 0
+    body: bytes = b""
 
 
 class AdvertiseRequest(Request, tag="advertise"):
@@ -539,8 +545,8 @@ read_notify = msgspec.msgpack.Decoder(NotifyBody).decode
 a body that is not one raises ``msgspec`` errors)."""
 
 
-def delivery_fields(body: bytes) -> tuple[str, int, float, dict[str, Any], int]:
-    """``(publisher, seq, published_at, publication, session)`` of a delivery's NOTIFY
-    body."""
+def delivery_fields(body: bytes) -> tuple[str, int, float, dict[str, Any], int, bytes]:
+    """``(publisher, seq, published_at, publication, session, body)`` of a delivery's
+    NOTIFY ``body`` (the last: the publication's opaque body, empty when it has none)."""
     n = read_notify(body)
-    return n.publisher, n.seq, n.published_at, n.publication, n.session
+    return n.publisher, n.seq, n.published_at, n.publication, n.session, n.body

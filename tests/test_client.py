@@ -33,6 +33,7 @@ from octopis.client import (
     NothingListening,
     OverlayError,
     Publisher,
+    Received,
     Subscriber,
     locate,
 )
@@ -720,6 +721,27 @@ def test_a_subscriber_that_does_not_read_holds_at_most_its_buffer(limit: str) ->
         assert room.is_set() and (sub.held, sub.held_bytes) == (9, 9 * size)
         stream.release()
         assert (sub.held, sub.held_bytes) == (0, 0)
+        connection.socket.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_delivery_hands_over_its_body_and_a_body_must_be_bytes() -> None:
+    """``Received.body`` is the publication's opaque body as it was published; a
+    publisher's body that is not bytes is refused before anything is sent."""
+    body = b"\x00report\xff"
+    notification = Notification("p", 1, 0.0, {"class": "STOCK"}, session=1, body=body)
+
+    async def scenario() -> None:
+        connection = Connection("tcp://127.0.0.1:1", group=ConnectionGroup())
+        got: list[Received] = []
+        sub = Subscriber("s", connection, on_notification=got.append)
+        connection._on_frame([pack(["s"]), encode_body(notification), LEFT_AT.pack(0.0)])
+        assert [(r.seq, r.body) for r in got] == [(1, body)]
+        pub = Publisher("p", connection)
+        with pytest.raises(TypeError, match="a publication body is bytes, not str"):
+            await pub.publish({"class": "STOCK"}, body="text")  # type: ignore[arg-type]
+        assert pub.seq == 0 and sub.name == "s"
         connection.socket.close()
 
     asyncio.run(scenario())

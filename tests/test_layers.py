@@ -22,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "octopis"
 BASE = {"octopis.filters", "octopis._match", "octopis.matching"}
 POLICY = {"octopis.defaults", "octopis.client_policy"}
 """Defaults read by several layers, and the client policy the SDK, the durable records
-and the simulator's clients share (DESIGN §2)."""
+(and the STOMP gateway's durable subscriptions) and the simulator's clients share
+(DESIGN §2)."""
 ALLOWED: dict[str, set[str]] = {
     "octopis": set(),
     "octopis.filters": set(),
@@ -72,7 +73,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "octopis.gateway": {
         *BASE,
-        "octopis.defaults",
+        *POLICY,
         "octopis.gateway",
         "octopis.core",
         "octopis.transport",

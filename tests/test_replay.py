@@ -224,6 +224,18 @@ def test_the_store_answers_what_matches_after_the_given_point(tmp_path: Path) ->
     assert gaps == []
 
 
+def test_the_store_keeps_a_publication_body_unchanged(tmp_path: Path) -> None:
+    """A replayed publication has its opaque body, byte for byte."""
+    store = _store(tmp_path)
+    body = bytes(range(256)) * 4
+    n = _notification("P", 1, 100.0)._replace(body=body)
+    store.add(n, encode_body(n), 1000.0)
+    store.add(_notification("P", 2, 101.0), encode_body(_notification("P", 2, 101.0)), 1000.0)
+    store.commit(1000.0)
+    found, _ = store.answer(Replay("r", "a:0", ("[class,eq,'STOCK']",), (), 0.0, 3.0))
+    assert [(x.seq, x.body) for x in found] == [(1, body), (2, b"")]
+
+
 def test_the_store_trims_to_its_bounds_and_reports_what_it_dropped(tmp_path: Path) -> None:
     """Past max_bytes the oldest go first; a request reaching behind them gets a gap."""
     one = len(encode_body(_notification("P", 1)))

@@ -1,17 +1,21 @@
 """STOMP clients of the brokers (octopis.gateway, DESIGN §13): stomp.py publishers and
 subscribers with JMS selectors at several brokers of fig2 (keys on), beside SDK clients;
-every message exactly once against an oracle computed from the selectors; receipts;
-logins; bad input refused with an ERROR while the broker serves everyone else; and on an
-insecure line, heart-beats that drive liveness."""
+every message exactly once against an oracle computed from the selectors, its opaque
+body unchanged; receipts; logins; bad input refused with an ERROR while the broker serves
+everyone else; a durable stomp.py subscriber (``client-individual``) killed and
+subscribing again at another broker gets what it had not acknowledged and what it
+missed, each once; and on an insecure line, heart-beats that drive liveness."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import urllib.parse
 from collections import Counter
@@ -26,6 +30,7 @@ import stomp
 from conditions import accounting, closing_control, tables_hold, until
 
 from octopis.client.blocking import BlockingPublisher, BlockingSubscriber
+from octopis.client.errors import BrokerError
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
 from octopis.filters.language import parse_subscription
 from octopis.gateway.credentials import TLS_CERT, TLS_KEY, add_user
@@ -101,6 +106,7 @@ class Inbox(stomp.ConnectionListener):
     def __init__(self, conn: stomp.Connection | None = None, ack: str = "auto") -> None:
         self.conn, self.ack = conn, ack
         self.got: Counter[int] = Counter()
+        self.bodies: dict[int, str] = {}
         self.receipts: set[str] = set()
         self.errors: list[str] = []
         self.lock = threading.Lock()
@@ -108,22 +114,32 @@ class Inbox(stomp.ConnectionListener):
     def on_message(self, frame: Any) -> None:
         with self.lock:
             self.got[int(frame.headers["n"])] += 1
+            self.bodies[int(frame.headers["n"])] = frame.body
         if self.ack != "auto" and self.conn is not None:
             self.conn.ack(frame.headers["ack"])
 
     def on_receipt(self, frame: Any) -> None:
         self.receipts.add(frame.headers["receipt-id"])
+        if "octopis-silent" in frame.headers:  # brokers that did not answer in time
+            self.errors.append(f"silent: {frame.headers['octopis-silent']}")
 
     def on_error(self, frame: Any) -> None:
         self.errors.append(frame.headers.get("message", ""))
 
 
-def _connect(scot: Scot, broker: str, ack: str = "auto", **login: str) -> tuple[Any, Inbox]:
+def _connect(
+    scot: Scot, broker: str, ack: str = "auto", headers: dict | None = None, **login: str
+) -> tuple[Any, Inbox]:
     conn = stomp.Connection12([_endpoint(scot.brokers[broker].stomp_endpoint)])
     inbox = Inbox(conn, ack)
     conn.set_listener("inbox", inbox)
-    conn.connect(wait=True, **login)
+    conn.connect(wait=True, headers=headers or {}, **login)
     return conn, inbox
+
+
+def _body(n: int) -> str:
+    """The opaque body of quote ``n`` (bytes a subscriber gets unchanged)."""
+    return f"quote #{n}: \u00e9t\u00e9\nsecond line"
 
 
 def _wait(check: Any, what: str, timeout: float = 60) -> None:
@@ -143,30 +159,33 @@ def _quotes() -> list[dict]:
     return [{**q, "n": i} for i, q in enumerate(picked)]
 
 
+@pytest.mark.timeout(600)
 def test_stomp_and_sdk_clients_get_every_message_once(fig2: LocalCluster) -> None:
     scot = fig2.scot
     login = {"username": USER, "passcode": PASSCODE}
     subscribers = []
     for i, (broker, selector, ack) in enumerate(SUBSCRIBERS):
         conn, inbox = _connect(scot, broker, ack, **login)
-        conn.subscribe(
-            "/topic/STOCK", id=f"s{i}", ack=ack, headers={"selector": selector, "receipt": f"r{i}"}
-        )
+        headers = {"selector": selector, "receipt": f"r{i}", "octopis.everywhere": "true"}
+        conn.subscribe("/topic/STOCK", id=f"s{i}", ack=ack, headers=headers)
         subscribers.append((conn, inbox, selector))
     sdk_got: Counter[int] = Counter()
+    sdk_bodies: dict[int, bytes] = {}
     padres = sum(len(translate(s, "STOCK")) for _, s, _ in SUBSCRIBERS) + 1
 
+    def took(n: Any) -> None:
+        sdk_got.update([n.publication["n"]])
+        sdk_bodies[n.publication["n"]] = n.body
+
     reader = BlockingSubscriber.connect(
-        SDK_SUBSCRIBER,
-        "sdk-reader",
-        topology=fig2.topology_path,
-        on_notification=lambda n: sdk_got.update([n.publication["n"]]),
+        SDK_SUBSCRIBER, "sdk-reader", topology=fig2.topology_path, on_notification=took
     )
-    reader.subscribe(SDK_FILTER)
-    asyncio.run(closing_control(fig2, until(lambda: tables_hold(fig2, padres), "spread", 60)))
+    assert reader.subscribe(SDK_FILTER, everywhere=True).stream.unconfirmed == ()
     quotes = _quotes()
     stomp_quotes, sdk_quotes = quotes[:QUOTES], quotes[QUOTES:]
     _wait(lambda: all(f"r{i}" in s[1].receipts for i, s in enumerate(subscribers)), "receipts")
+    # in place at every broker once the receipts (and subscribe()) said so: no wait
+    assert asyncio.run(closing_control(fig2, tables_hold(fig2, padres)))
 
     pub, pub_inbox = _connect(scot, STOMP_PUBLISHER, **login)
     sent = []
@@ -175,13 +194,15 @@ def test_stomp_and_sdk_clients_get_every_message_once(fig2: LocalCluster) -> Non
             assert_bad_input_refused(scot, STOMP_PUBLISHER)
             assert_bad_input_refused(scot, SUBSCRIBERS[0][0])
         headers = {k: str(v) for k, v in q.items() if k != "class"}
-        pub.send("/topic/STOCK", "", headers={**headers, "receipt": f"p{q['n']}"})
+        pub.send("/topic/STOCK", _body(q["n"]), headers={**headers, "receipt": f"p{q['n']}"})
         sent.append(publication_of({"destination": "/topic/STOCK", **headers}))
     _wait(lambda: len(pub_inbox.receipts) == QUOTES, "a receipt for every SEND")
 
     with BlockingPublisher.connect(SDK_PUBLISHER, "sdk-pub", topology=fig2.topology_path) as p:
+        with pytest.raises(BrokerError, match=r"65537 bytes is longer than clients.body_bytes"):
+            p.publish(sdk_quotes[0], body=b"x" * 65_537)
         for q in sdk_quotes:
-            p.publish(q)
+            p.publish(q, body=_body(q["n"]).encode())
     every = sent + sdk_quotes
     assert all(isinstance(p["close"], float) for p in sent)  # typed headers
     expected = {
@@ -196,14 +217,115 @@ def test_stomp_and_sdk_clients_get_every_message_once(fig2: LocalCluster) -> Non
         counts = accounting(selector, len(expected[selector]), inbox.got)
         assert set(inbox.got) == expected[selector]
         assert counts["duplicates"] == counts["lost"] == 0 and not inbox.errors
+        assert inbox.bodies == {n: _body(n) for n in expected[selector]}
         conn.disconnect()
     assert all(expected.values()) and len({frozenset(v) for v in expected.values()}) == 4
     counts = accounting("sdk-reader", len(sdk_expected), sdk_got)
     assert set(sdk_got) == sdk_expected and counts["duplicates"] == 0
+    assert sdk_bodies == {n: _body(n).encode() for n in sdk_expected}
     reader.close()
     stats = asyncio.run(closing_control(fig2, fig2.call_all("stats")))
     refused = sum(s.get("counters", {}).get("stomp.logins_refused", 0) for s in stats.values())
     assert refused == 4  # two bad logins at each of two brokers
+    asyncio.run(closing_control(fig2, until(lambda: tables_hold(fig2, 0), "all withdrawn", 60)))
+    durable_subscriber_killed_and_back(fig2, [{**q, "n": 1000 + q["n"]} for q in quotes])
+
+
+DURABLE_SELECTOR = "close > 20 OR volume > 1000000"
+DURABLE_FIRST, DURABLE_AGAIN = "f:1", "d:0"
+"""Where the durable subscriber subscribes first, and again after it was killed."""
+KILLED_SUBSCRIBER = """
+import sys, threading, stomp
+host, port, login, passcode, selector, keep = sys.argv[1:7]
+taken = []
+class Taker(stomp.ConnectionListener):
+    def on_receipt(self, frame):
+        print("receipt", frame.headers["receipt-id"], flush=True)
+    def on_message(self, frame):
+        taken.append(frame.headers["n"])
+        if len(taken) <= int(keep):  # the rest stays unacknowledged
+            conn.ack(frame.headers["ack"], receipt="ack-" + frame.headers["n"])
+        print("got", frame.headers["n"], flush=True)
+conn = stomp.Connection12([(host, int(port))])
+conn.set_listener("taker", Taker())
+conn.connect(login, passcode, wait=True, headers={"client-id": "audit-app"})
+conn.subscribe("/topic/STOCK", id="audit", ack="client-individual", headers={
+    "selector": selector, "activemq.subscriptionName": "audit", "receipt": "in-place"})
+threading.Event().wait()
+"""
+"""A durable ``client-individual`` subscriber in a process of its own, to be killed: it
+acknowledges the first ``keep`` messages it gets and prints what it gets."""
+
+
+def _publish(scot: Scot, quotes: list[dict]) -> list[dict]:
+    """Send ``quotes`` from a stomp.py publisher at the STOMP publisher's broker, each
+    confirmed (its receipt); the publications they made."""
+    pub, inbox = _connect(scot, STOMP_PUBLISHER, username=USER, passcode=PASSCODE)
+    sent = []
+    for q in quotes:
+        headers = {k: str(v) for k, v in q.items() if k != "class"}
+        pub.send("/topic/STOCK", _body(q["n"]), headers={**headers, "receipt": f"p{q['n']}"})
+        sent.append(publication_of({"destination": "/topic/STOCK", **headers}))
+    _wait(lambda: len(inbox.receipts) == len(quotes), "a receipt for every SEND")
+    pub.disconnect()
+    return sent
+
+
+def durable_subscriber_killed_and_back(fig2: LocalCluster, quotes: list[dict]) -> None:
+    """A durable subscriber takes part of what it gets, is killed (``kill -9``), misses
+    more, and subscribes again at another broker: what it had not acknowledged and what
+    it missed come, each once, then live messages."""
+    scot = fig2.scot
+    padres = len(translate(DURABLE_SELECTOR, "STOCK"))
+    host, port = _endpoint(scot.brokers[DURABLE_FIRST].stomp_endpoint)
+    first, away, live = quotes[:40], quotes[40:80], quotes[80:120]
+    selected = [p["n"] for p in first if selects(DURABLE_SELECTOR, {**p, "class": "STOCK"})]
+    keep = len(selected) // 2
+    args = [host, str(port), USER, PASSCODE, DURABLE_SELECTOR, str(keep)]
+    killed = subprocess.Popen(
+        [sys.executable, "-c", KILLED_SUBSCRIBER, *args], stdout=subprocess.PIPE, text=True
+    )
+    lines: list[str] = []
+    printed = (line.strip() for line in killed.stdout or ())
+    reading = threading.Thread(target=lambda: lines.extend(printed), daemon=True)
+    reading.start()
+    try:
+        _wait(lambda: "receipt in-place" in lines, "the durable subscription in place")
+        asyncio.run(closing_control(fig2, until(lambda: tables_hold(fig2, padres), "spread", 60)))
+        sent = _publish(scot, first)
+        assert [p["n"] for p in sent if selects(DURABLE_SELECTOR, p)] == selected
+        _wait(lambda: {f"got {n}" for n in selected} <= set(lines), "the first part delivered")
+        taken = [int(line.split()[1]) for line in lines if line.startswith("got ")]
+        acked = taken[:keep]
+        _wait(lambda: {f"receipt ack-{n}" for n in acked} <= set(lines), "acks answered")
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+    assert sorted(taken) == sorted(selected) and keep > 0 and len(selected) > keep
+    asyncio.run(closing_control(fig2, until(lambda: tables_hold(fig2, 0), "withdrawn", 60)))
+    sent = _publish(scot, away)  # while the subscriber is away
+
+    login = {"username": USER, "passcode": PASSCODE}
+    conn, inbox = _connect(
+        scot, DURABLE_AGAIN, "client-individual", {"client-id": "audit-app"}, **login
+    )
+    headers = {"selector": DURABLE_SELECTOR, "activemq.subscriptionName": "audit"}
+    conn.subscribe(
+        "/topic/STOCK", id="audit", ack="client-individual", headers={**headers, "receipt": "r"}
+    )
+    _wait(lambda: "r" in inbox.receipts, "the durable subscription in place again")
+    asyncio.run(closing_control(fig2, until(lambda: tables_hold(fig2, padres), "spread", 60)))
+    sent += _publish(scot, live)
+    owed = set(selected) - set(acked)
+    expected = owed | {p["n"] for p in sent if selects(DURABLE_SELECTOR, p)}
+    _wait(lambda: set(inbox.got) >= expected, "the durable subscriber complete")
+    counts = accounting("durable", len(expected), inbox.got)
+    assert set(inbox.got) == expected and owed and set(acked).isdisjoint(inbox.got)
+    assert counts["duplicates"] == counts["lost"] == 0 and not inbox.errors
+    assert inbox.bodies == {n: _body(n) for n in expected}  # replayed bodies too
+    conn.unsubscribe("audit", headers={"receipt": "ended"})
+    _wait(lambda: "ended" in inbox.receipts, "the durable subscription ended")
+    conn.disconnect()
 
 
 def _raw(scot: Scot, broker: str, data: bytes) -> bytes:

@@ -27,7 +27,7 @@ STOMP_BASE = 61613
 def _on_free_ports(code: str, base: int, stomp_base: int) -> str:
     if "octopis-topology build" in code:
         code = on_free_ports(code, base)
-    for offset in (1, 0):  # the WebSocket port first: 61614 is not a prefix of 61613
+    for offset in (2, 1, 0):  # b:0's TCP port, a:0's WebSocket port, a:0's TCP port
         code = code.replace(str(STOMP_BASE + offset), str(stomp_base + offset))
     return code
 
@@ -37,10 +37,11 @@ def test_the_stomp_guide_runs_as_written(tmp_path: Path) -> None:
     if node is None or not (NODE_MODULES / "@stomp" / "stompjs").is_dir():
         pytest.fail("Node and tests/stomp-js/node_modules are needed: run .ci/setup")
     blocks = [b for b in fenced_blocks(GUIDE) if b.language in ("bash", "python", "javascript")]
-    assert [b.language for b in blocks] == ["bash", "python", "javascript", "bash"]
+    assert [b.language for b in blocks] == ["bash", "python", "javascript", "python", "bash"]
     base = find_free_base_port(18 + -(-STOMP_PORTS * 18 // PORTS_PER_BROKER))
     stomp_base = base + PORTS_PER_BROKER * 18
     env = {**os.environ, "NODE_PATH": str(NODE_MODULES)}
+    printed: list[list[str]] = []
     try:
         for block in blocks:
             code = _on_free_ports(block.code, base, stomp_base)
@@ -59,8 +60,12 @@ def test_the_stomp_guide_runs_as_written(tmp_path: Path) -> None:
                 )
             assert done.returncode == 0, f"{code}\n{done.stdout}{done.stderr}"
             if block.language == "python":
-                assert done.stdout.split() == ["MSFT", "27.9"]
+                printed.append(done.stdout.split())
             if block.language == "javascript":
                 assert done.stdout.split() == ["IBM", "101.5"]
     finally:
         stop_overlay(tmp_path)
+    assert printed == [
+        ["MSFT", "27.9", "quarterly-report"],  # a selected message with its body
+        ["report-0", "report-1"],  # what the durable subscriber missed, back elsewhere
+    ]

@@ -14,7 +14,7 @@ from octopis.gateway.session import Effects, SessionLimits, StompSession
 from octopis.wire import decode_request, pack
 
 LIMITS = SessionLimits(subscriptions=4, selector_subscriptions=16, unacked=3, heart_beat=(0, 0))
-NOTIFY = [3, "pub", 1, 0.0, {"class": "T", "k": 1}, None, None, None, 7]
+NOTIFY = [3, "pub", 1, 0.0, {"class": "T", "k": 1}, None, None, None, 7, b""]
 """A delivery's NOTIFY body as :func:`octopis.wire.delivery_fields` reads it."""
 
 
@@ -73,10 +73,21 @@ def test_send_receipt_is_the_brokers_confirm() -> None:
     assert answer.frames == [Frame("RECEIPT", {"receipt-id": "p"})] and s.unanswered == 0
 
 
+def test_a_body_travels_unchanged_into_the_message() -> None:
+    s = _session()
+    body = b"\x00opaque\nbytes:\x00"
+    out = s.received(Frame("SEND", {"destination": "/topic/T", "k": "1"}, body), 1.0)
+    [request] = [decode_request(r) for r in out.requests]
+    assert request.body == body and request.publication == {"class": "T", "k": 1}
+    s.received(Frame("SUBSCRIBE", {"id": "a", "destination": "/topic/T"}), 0.0)
+    delivered = s.from_broker([pack(["stomp/a"]), pack([*NOTIFY[:-1], body])])
+    assert [f.body for f in delivered.frames] == [body]
+    assert s.from_broker([pack(["stomp/a"]), pack(NOTIFY)]).frames[0].body == b""
+
+
 @pytest.mark.parametrize(
     ("frame", "problem"),
     [
-        (Frame("SEND", {"destination": "/topic/T"}, b"x"), "SEND with a body"),
         (Frame("SEND", {"destination": "/topic/T", "transaction": "t"}), "transactions"),
         (Frame("BEGIN", {"transaction": "t"}), "BEGIN is not supported"),
         (Frame("SUBSCRIBE", {"destination": "/topic/T"}), "SUBSCRIBE needs an 'id'"),
@@ -86,7 +97,7 @@ def test_send_receipt_is_the_brokers_confirm() -> None:
                 "SUBSCRIBE",
                 {"id": "1", "destination": "/topic/T", "activemq.subscriptionName": "d"},
             ),
-            "durable STOMP subscriptions are not supported yet",
+            "needs a client-id header on CONNECT",
         ),
         (
             Frame("SUBSCRIBE", {"id": "1", "destination": "/topic/T", "selector": "k IS NULL"}),
@@ -141,3 +152,24 @@ def test_credentials(tmp_path: Path) -> None:
         Credentials.load(tmp_path)
     with pytest.raises(CredentialsError, match="at least 8 characters"):
         add_user(tmp_path, "bob", "short")
+
+
+def test_an_everywhere_receipt_waits_for_a_round_behind_the_subscriptions() -> None:
+    s = _session()
+    h = {
+        "id": "a",
+        "destination": "/topic/T",
+        "selector": "k IN ('x', 'y')",
+        "receipt": "r",
+        "octopis.everywhere": "true",
+    }
+    subscribes = [decode_request(r) for r in s.received(Frame("SUBSCRIBE", h), 30.0).requests]
+    s.from_broker([pack({"op": "subscribed", "req": subscribes[0].req, "sub_id": "1"})])
+    last = s.from_broker([pack({"op": "subscribed", "req": subscribes[1].req, "sub_id": "2"})])
+    [probe] = [decode_request(r) for r in last.requests]
+    assert last.frames == [] and probe.client == "stomp/a"
+    assert probe.filters == [r.filter for r in subscribes]
+    assert probe.since == [] and probe.after == probe.until == 30.0  # an empty window
+    assert s.from_broker([pack({"op": "replaying", "req": probe.req, "id": "p"})]).frames == []
+    done = s.from_broker([pack({"op": "replay_done", "id": "p", "silent": ["c:1"]})])
+    assert done.frames == [Frame("RECEIPT", {"receipt-id": "r", "octopis-silent": "c:1"})]

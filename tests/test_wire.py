@@ -77,6 +77,7 @@ def body(*fields: object) -> list[bytes]:
         Notification("P", 9, 12.5, QUOTE, destinations=(("b:0", "b:0#1"), ("c:1", "c:1#4"))),
         Notification("P", 10, 12.5, QUOTE, tunnel=Tunnel(2, "d", "b", 0b10)),
         Notification("P", 11, 12.5, QUOTE, session=2**63 - 1),
+        Notification("P", 12, 12.5, QUOTE, body=b"\x00opaque\xff" * 100),
         Subscribe(
             "a:0#3",
             "a:0",
@@ -122,7 +123,10 @@ def test_link_messages_round_trip(message: Hello | Heartbeat | Synced) -> None:
 
 def test_a_delivery_reads_the_notify_body_it_carries() -> None:
     n = Notification("P", 8, 12.5, QUOTE, cbv=frozenbitarray("0110"))
-    assert delivery_fields(encode_body(n)) == ("P", 8, 12.5, QUOTE, 0)
+    assert delivery_fields(encode_body(n)) == ("P", 8, 12.5, QUOTE, 0, b"")
+    with_body = encode_body(n._replace(cbv=None, body=b"\x00\xffbytes"))
+    assert delivery_fields(with_body) == ("P", 8, 12.5, QUOTE, 0, b"\x00\xffbytes")
+    assert decode_plain_notification(with_body).body == b"\x00\xffbytes"
 
 
 def test_a_client_request_decodes_into_its_kind() -> None:
@@ -175,6 +179,7 @@ def good_notify(**change: object) -> list:
         "dests": None,
         "tunnel": None,
         "session": 0,
+        "body": b"",
     }
     fields.update(change)
     return [NOTIFY, *fields.values()]
@@ -204,7 +209,8 @@ def good_notify(**change: object) -> list:
         (body(SYNCED, 3, True, 0, False), "SYNCED wants_share from a:0: Expected `bool`"),
         (body(SYNCED, 3), "SYNCED frame has 2 fields"),
         (body(SYNCED, 3, True, True, True, True), "SYNCED frame has 6 fields, expected 5"),
-        (body(*good_notify()[:-1]), "NOTIFY frame has 8 fields, expected 9"),
+        (body(*good_notify()[:-1]), "NOTIFY frame has 9 fields, expected 10"),
+        (body(*good_notify(body="text")), "NOTIFY body from a:0: Expected `bytes`, got `str`"),
         (body(*good_notify(session=-1)), "NOTIFY session from a:0: Expected `int` >= 0"),
         (body(*good_notify(session=2**63)), "NOTIFY session from a:0: Expected `int` <= "),
         (body(*good_notify(session=None)), "NOTIFY session from a:0: Expected `int`, got `None`"),
@@ -313,7 +319,18 @@ def test_the_plain_notification_path_accepts_only_what_the_full_decoding_does(
     if broken is not None:
         values[broken] = wrong
     publisher, seq, published_at, publication, session = values
-    body_fields = [NOTIFY, publisher, seq, published_at, publication, extra, None, None, session]
+    body_fields = [
+        NOTIFY,
+        publisher,
+        seq,
+        published_at,
+        publication,
+        extra,
+        None,
+        None,
+        session,
+        b"",
+    ]
     frame = [b"a:0", msgpack.packb(body_fields)]
     try:
         full = decode_body_in_full("a:0", frame[1])
@@ -352,7 +369,7 @@ def test_every_kind_has_one_declaration_in_the_order_of_kinds() -> None:
 @pytest.mark.parametrize(
     ("message", "fields"),
     [
-        (Notification("P", 7, 12.5, QUOTE), [3, "P", 7, 12.5, QUOTE, None, None, None, 0]),
+        (Notification("P", 7, 12.5, QUOTE), [3, "P", 7, 12.5, QUOTE, None, None, None, 0, b""]),
         (
             Notification(
                 "P",
@@ -363,8 +380,9 @@ def test_every_kind_has_one_declaration_in_the_order_of_kinds() -> None:
                 (("b", "b#1"),),
                 Tunnel(2, "d", "b", 1),
                 5,
+                b"b",
             ),
-            [3, "P", 8, 1.0, QUOTE, [b"\x60", 3], [["b", "b#1"]], [2, "d", "b", 1], 5],
+            [3, "P", 8, 1.0, QUOTE, [b"\x60", 3], [["b", "b#1"]], [2, "d", "b", 1], 5, b"b"],
         ),
         (
             Subscribe("s#1", "a", parse_subscription("[x,>,1]"), SubState.SECONDARY, None, 2.5, 3),
@@ -387,7 +405,7 @@ def test_every_kind_has_one_declaration_in_the_order_of_kinds() -> None:
         ),
         (
             ReplayData("r", (Notification("P", 7, 12.5, QUOTE),)),
-            [9, "r", [msgpack.packb([3, "P", 7, 12.5, QUOTE, None, None, None, 0])]],
+            [9, "r", [msgpack.packb([3, "P", 7, 12.5, QUOTE, None, None, None, 0, b""])]],
         ),
         (
             ReplayEcho(
@@ -415,8 +433,8 @@ def test_every_kind_has_one_declaration_in_the_order_of_kinds() -> None:
 def test_the_bytes_on_the_wire_are_the_kind_and_the_fields(
     message: object, fields: list[object]
 ) -> None:
-    """A body is ``[kind, ...fields]`` exactly as it always was (brokers of either
-    version read each other's frames)."""
+    """A body is ``[kind, ...fields]``, every field at its declared place (a NOTIFY
+    carries its opaque body last, empty when it has none)."""
     assert encode_body(message) == msgpack.packb(fields)
 
 

@@ -138,6 +138,6 @@ class BlockingPublisher(_Blocking):
     _kind = Publisher
 
     def publish(self, publication: Publication | str, **options: Any) -> int:
-        """Publish (``options`` as :meth:`Publisher.publish` takes them; by default it
-        waits for the broker to accept); returns the sequence number."""
+        """Publish (``options`` as :meth:`Publisher.publish` takes them, ``body=`` among
+        them; by default it waits for the broker to accept); returns the sequence number."""
         return self._loop.run(self._client.publish(publication, **options))

@@ -32,6 +32,8 @@ class Received:
     """The publisher's session (a publisher started again numbers from 1 in a new one)."""
     replayed: bool = False
     """Delivered from the overlay's retention after a fail-over (DESIGN §11)."""
+    body: bytes = b""
+    """The publication's opaque body, as its publisher gave it (empty when none)."""
 
     @property
     def overlay_delay(self) -> float:
@@ -45,7 +47,9 @@ class Received:
         return self.received_at - self.left_broker_at
 
 
-NotificationHandler = Callable[[str, str, int, float, Publication, float, float, int, int], None]
+NotificationHandler = Callable[
+    [str, str, int, float, Publication, float, float, int, int, bytes], None
+]
 """Called with (client name, publisher, seq, published_at, publication, received_at,
-left_broker_at, size, session): ``size`` is the delivery's encoded length in bytes,
-``session`` the publisher's session."""
+left_broker_at, size, session, body): ``size`` is the delivery's encoded length in bytes,
+``session`` the publisher's session, ``body`` the publication's opaque body."""

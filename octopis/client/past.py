@@ -127,6 +127,16 @@ class PastRequests:
         message = {"op": "replay", "client": self.client.name, "historic": True, **fields}
         return (await self.replayed(seam, message, HISTORIC_WAIT))[1]
 
+    async def everywhere(self, subscription: Subscription, now: float) -> tuple[str, ...]:
+        """Wait until ``subscription``, just made, is in place at every broker it travels
+        to: a replay round of the empty window ``[now, now)`` travels behind it and its
+        echo comes back once every broker has it. Returns the brokers that did not
+        answer within the budget (empty: every one has it)."""
+        seam, error = await self.alone(self.window_of(subscription, now, now))
+        if error is not None:
+            raise TimeoutError(f"{self.client.name}: no answer from every broker ({error})")
+        return tuple(seam.done.get(seam.replay or "", {}).get("silent", ()))
+
     async def historic(
         self,
         subscription: Subscription,
@@ -137,25 +147,35 @@ class PastRequests:
     ) -> tuple[list[Received], History]:
         """A historic subscription's answer alone, in publisher order, each publication
         once, and its end."""
-        message = {
+        message = self.window_of(subscription, after, until)
+        limits = {"answer_max": answer_max, "answer_bytes": answer_bytes}
+        seam, error = await self.alone({**message, "historic": True, **limits})
+        items = seam.answered(self.client.name)
+        return items, self.history(seam, after or 0.0, until, len(items), error)
+
+    def window_of(
+        self, subscription: Subscription, after: float | None, until: float
+    ) -> dict[str, Any]:
+        """A replay request for what ``subscription`` matches of ``[after, until)``."""
+        return {
             "op": "replay",
             "client": self.client.name,
             "filters": [subscription.to_text()],
             "since": [],
             "after": after,
             "until": until,
-            "historic": True,
-            "answer_max": answer_max,
-            "answer_bytes": answer_bytes,
         }
+
+    async def alone(self, message: dict[str, Any]) -> tuple[Seam, str | None]:
+        """Send replay request ``message`` and wait for its answer, taken alone (live
+        deliveries do not wait for it); its seam, and why it failed if it did."""
         async with self.lock:
             seam = self.open_seam(hold_live=False)
             try:
                 error = await self.ask(seam, message)
             finally:
                 self.seam = None
-        items = seam.answered(self.client.name)
-        return items, self.history(seam, after or 0.0, until, len(items), error)
+        return seam, error
 
     def history(
         self, seam: Seam, after: float, until: float | None, delivered: int, error: str | None

@@ -58,8 +58,11 @@ class Publisher(NamedClient):
         wait: bool = True,
         seq: int | None = None,
         timeout: float = 10.0,
+        body: bytes = b"",
     ) -> int:
-        """Publish; returns the sequence number.
+        """Publish; returns the sequence number. ``body``: the publication's opaque
+        body, carried unchanged to every subscriber (``Received.body``) and never
+        matched; a broker refuses one longer than its ``[clients] body_bytes``.
 
         With ``wait`` the broker's acceptance is awaited (a refusal raises
         :class:`BrokerError`); without it refusals collect in :attr:`refused` and
@@ -70,6 +73,8 @@ class Publisher(NamedClient):
         ``timeout`` seconds of waiting (for credit, and with ``wait`` for the answer too)
         it raises ``TimeoutError`` and nothing was sent.
         """
+        if not isinstance(body, bytes):
+            raise TypeError(f"a publication body is bytes, not {type(body).__name__}")
         self.seq = seq if seq is not None else self.seq + 1
         message = {
             "op": "publish",
@@ -79,6 +84,8 @@ class Publisher(NamedClient):
             "published_at": time.time(),
             "publication": publication,
         }
+        if body:
+            message["body"] = body
         future = await self.connection.submit(message, timeout)
         if wait:
             await asyncio.wait_for(future, timeout)

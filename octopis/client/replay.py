@@ -30,9 +30,17 @@ def replayed(name: str, bodies: Iterable[bytes], now: float) -> list[tuple[Recei
     their sizes."""
     found = []
     for body in bodies:
-        publisher, seq, published_at, publication, session = delivery_fields(body)
+        publisher, seq, published_at, publication, session, opaque = delivery_fields(body)
         received = Received(
-            name, publisher, seq, published_at, now, publication, session=session, replayed=True
+            name,
+            publisher,
+            seq,
+            published_at,
+            now,
+            publication,
+            session=session,
+            replayed=True,
+            body=opaque,
         )
         found.append((received, len(body)))
     return found
@@ -144,23 +152,9 @@ class Seam:
     def answered(self, name: str) -> list[Received]:
         """The answer alone (a historic subscription's), each (publisher, session, seq)
         once, in publisher order."""
-        now = time.time()
         found: dict[tuple[str, int, int], Received] = {}
-        for body in self.answers.get(self.replay or "", ()):
-            publisher, seq, published_at, publication, session = delivery_fields(body)
-            found.setdefault(
-                (publisher, session, seq),
-                Received(
-                    name,
-                    publisher,
-                    seq,
-                    published_at,
-                    now,
-                    publication,
-                    session=session,
-                    replayed=True,
-                ),
-            )
+        for received, _ in replayed(name, self.answers.get(self.replay or "", ()), time.time()):
+            found.setdefault(publisher_order((received, 0)), received)
         return [found[key] for key in sorted(found)]
 
     def gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:

@@ -65,7 +65,7 @@ class ServedClients:
         seen, times, handlers = recent.seen, recent.recent, self.handlers
         for i in range(0, len(parts) - 1, 2):
             body = parts[i + 1]
-            publisher, seq, published_at, publication, session = delivery_fields(body)
+            publisher, seq, published_at, publication, session, opaque = delivery_fields(body)
             for name in unpack(parts[i]):
                 handler = handlers.get(name)
                 if handler is None:
@@ -78,7 +78,18 @@ class ServedClients:
                 seen.add(key)
                 times.append((now, key))
                 size = len(body)
-                handler(name, publisher, seq, published_at, publication, now, left, size, session)
+                handler(
+                    name,
+                    publisher,
+                    seq,
+                    published_at,
+                    publication,
+                    now,
+                    left,
+                    size,
+                    session,
+                    opaque,
+                )
         recent.forget_old(now)
 
     def notice(self, data: dict[str, Any], endpoint: str) -> None:

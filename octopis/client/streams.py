@@ -62,6 +62,9 @@ class SubscriptionStream:
         self.history: History | None = None
         """For a historic, hybrid or durable subscription: the end of its answer (is it
         complete, and if not, what is missing)."""
+        self.unconfirmed: tuple[str, ...] = ()
+        """Subscribed with ``everywhere``: the brokers that did not answer in time (the
+        subscription may not reach past them); empty: in place at every broker."""
         self.queue: asyncio.Queue[tuple[Received | Exception, int]] = asyncio.Queue()
 
     def matches(self, publication: Publication) -> bool:

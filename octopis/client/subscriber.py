@@ -200,6 +200,7 @@ class Subscriber(NamedClient):
         until: str | float | datetime | None = None,
         answer_max: int = 0,
         answer_bytes: int = 0,
+        everywhere: bool = False,
     ) -> SubscriptionStream:
         """Subscribe (PADRES text, dict form or :class:`Subscription`); returns its stream.
 
@@ -222,7 +223,15 @@ class Subscriber(NamedClient):
         A composite subscription (text ``{...} & {...} within 5s`` or its dict form,
         :func:`~octopis.filters.composite.composite_from_dict`) returns a :class:`CompositeStream`
         of one :class:`~octopis.client.composite.CompositeNotification` per match, joined
-        at the broker; it is live only (no ``durable``, ``since``, ``until``)."""
+        at the broker; it is live only (no ``durable``, ``since``, ``until``).
+
+        ``everywhere=True``: return only once the subscription is in place at every
+        broker it travels to, so that a publisher anywhere that publishes after this
+        returns reaches it (an empty replay round sent behind it, whose echo comes back
+        once every broker has it, DESIGN §11); brokers that did not answer within the
+        replay budget are in the stream's :attr:`~SubscriptionStream.unconfirmed`. A
+        durable or hybrid subscription is in place everywhere when it returns anyway:
+        its claim or replay round travels behind it."""
         subscription = as_filter(spec)
         if isinstance(subscription, Composite):
             if durable is not None or since is not None or until is not None:
@@ -249,6 +258,8 @@ class Subscriber(NamedClient):
         if durable is None and after is None:
             sub_id = await self._subscribe(subscription, timeout)
             stream = self._streams[sub_id] = SubscriptionStream(self, sub_id, subscription)
+            if everywhere:
+                stream.unconfirmed = await self.past.everywhere(subscription, time.time())
             return stream
         async with self.past.lock:
             seam = self.past.open_seam()
@@ -265,6 +276,7 @@ class Subscriber(NamedClient):
                 message = {"filters": [subscription.to_text()], "since": [], "after": after}
                 limits = {"answer_max": answer_max, "answer_bytes": answer_bytes}
                 stream.history = await self.past.window(seam, {**message, **limits})
+            stream.unconfirmed = stream.history.silent  # its rounds went behind it
         return stream
 
     async def _subscribe(
@@ -388,9 +400,18 @@ class Subscriber(NamedClient):
         left_at: float,
         size: int,
         session: int,
+        body: bytes,
     ) -> None:
         received = Received(
-            name, publisher, seq, published_at, received_at, publication, left_at, session
+            name,
+            publisher,
+            seq,
+            published_at,
+            received_at,
+            publication,
+            left_at,
+            session,
+            body=body,
         )
         seam = self.past.seam
         if seam is not None and seam.hold_live and seam.hold(received, size):

@@ -136,7 +136,8 @@ class Notification(NamedTuple):
     same name numbers from 1 again, and edge dedup must not take its new notifications
     for copies of the old ones (DESIGN §7). ``cbv`` is DNR's header naming the clusters
     this copy must still serve (§6.3); ``destinations`` is BID's list of
-    ``(broker, sub_id)`` (§6.1); ``tunnel`` marks a detour copy (DESIGN §7).
+    ``(broker, sub_id)`` (§6.1); ``tunnel`` marks a detour copy (DESIGN §7). ``body`` is
+    the publication's opaque body (empty when it has none): carried, never matched.
     A tuple rather than a frozen dataclass: every broker builds one per notification it
     receives, and a tuple costs half as much to build.
     """
@@ -149,6 +150,7 @@ class Notification(NamedTuple):
     destinations: tuple[tuple[str, str], ...] | None = None
     tunnel: Tunnel | None = None
     session: int = 0
+    body: bytes = b""
 
     @property
     def key(self) -> tuple[str, int]:

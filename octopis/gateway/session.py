@@ -9,19 +9,30 @@ window, slow-consumer policy, liveness and counters.
 Mapping:
 
 * ``SEND`` to ``/topic/NAME`` → one publication of class NAME (headers typed by
-  :mod:`octopis.gateway.headers`); a ``receipt`` is answered once the broker confirms
-  the publication (custody, as the SDK's ``publish`` waits for).
+  :mod:`octopis.gateway.headers`) whose opaque body is the frame's body (delivered
+  unchanged in each ``MESSAGE``, with its ``content-length``); a ``receipt`` is answered
+  once the broker confirms the publication (custody, as the SDK's ``publish`` waits
+  for).
 * ``SUBSCRIBE`` (``id``, ``destination``, ``selector``, ``ack``) → the selector's PADRES
   subscriptions (:func:`octopis.gateway.selector.translate`), all under one client name
   on the connection, so a message that several of them match is delivered once; a
-  ``receipt`` is answered once every one of them is in place at this broker.
-* ``UNSUBSCRIBE`` withdraws them; ``DISCONNECT`` is answered (its receipt) and closed;
-  ``ACK``/``NACK`` settle messages of ``client`` (cumulative) and ``client-individual``
-  subscriptions, at most ``unacked`` of them outstanding per connection.
+  ``receipt`` is answered once every one of them is in place at this broker — or, with
+  ``octopis.everywhere:true``, at every broker they travel to (an empty replay round
+  sent behind them: its echo comes back once every broker has them, DESIGN §11).
+* ``SUBSCRIBE`` with ``activemq.subscriptionName`` (ActiveMQ's durable subscription; the
+  CONNECT must have named a ``client-id``) → the same, durable
+  (:mod:`octopis.gateway.durable`): what the client did not acknowledge when it went
+  away, and what was published meanwhile, is delivered when it subscribes again, at
+  any broker.
+* ``UNSUBSCRIBE`` withdraws them (a durable subscription ends); ``DISCONNECT`` is
+  answered (its receipt) and closed; ``ACK``/``NACK`` settle messages of ``client``
+  (cumulative) and ``client-individual`` subscriptions, at most ``unacked`` of them
+  outstanding per connection.
 
 Refused with an ERROR frame, then closed (the specification's way): a frame before
 CONNECT, a wrong login, a selector without an exact form, a bad destination or header,
-transactions, bodies, durable subscriptions, and any refusal by the broker.
+transactions, a durable subscription without a ``client-id``, and any refusal by the
+broker (a body longer than its ``[clients] body_bytes`` among them).
 """
 
 from __future__ import annotations
@@ -32,11 +43,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from octopis.gateway.durable import DurableRefusal, DurableSubscription, key_of
 from octopis.gateway.frames import Frame, FrameError, error_frame, header_lines, negotiate
 from octopis.gateway.headers import HeaderError, headers_of, publication_of, topic_of
 from octopis.gateway.selector import SelectorError, translate
 from octopis.wire import (
+    MAX_CLIENT_NAME,
     PublishRequest,
+    ReplayRequest,
     SubscribeRequest,
     UnsubscribeRequest,
     pack,
@@ -45,6 +59,10 @@ from octopis.wire import (
 )
 
 ACK_MODES = ("auto", "client", "client-individual")
+EVERYWHERE_HEADER = "octopis.everywhere"
+"""SUBSCRIBE header: ``true`` answers the receipt once every broker has the subscription."""
+DURABLE_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
+"""SUBSCRIBE headers naming a durable subscription (ActiveMQ's, and its older name)."""
 SERVER_NAME = "OctopiS"
 
 
@@ -87,24 +105,30 @@ class _Subscription:
     waiting: int
     receipt: str | None
     sub_ids: list[str] = field(default_factory=list)
+    durable: DurableSubscription | None = None
+    everywhere: tuple[list[str], float] | None = None
+    """The filters and the time of the round that asks every broker, if asked for."""
 
 
 class DeliveryCache:
-    """The header lines of the last notification delivered, made once for every STOMP
-    connection of a broker it goes to (one asyncio loop: no locking)."""
+    """The header lines and opaque body of the last notification delivered, made once for
+    every STOMP connection of a broker it goes to (one asyncio loop: no locking)."""
 
     def __init__(self) -> None:
         self._body: bytes | None = None
         self._version = ""
         self._lines = ""
+        self._opaque = b""
 
-    def lines(self, body: bytes, version: str) -> str:
-        """The escaped header lines of the NOTIFY ``body``'s publication."""
+    def lines(self, body: bytes, version: str) -> tuple[str, bytes]:
+        """The escaped header lines of the NOTIFY ``body``'s publication, and its opaque
+        body."""
         if body is not self._body or version != self._version:
-            publication = read_notify(body).publication
-            self._lines = header_lines(headers_of(publication), "MESSAGE", version)
+            notification = read_notify(body)
+            self._lines = header_lines(headers_of(notification.publication), "MESSAGE", version)
+            self._opaque = notification.body
             self._body, self._version = body, version
-        return self._lines
+        return self._lines, self._opaque
 
 
 class StompSession:
@@ -139,7 +163,11 @@ class StompSession:
         self.subscriptions: dict[str, _Subscription] = {}
         self._by_name: dict[str, _Subscription] = {}
         self._unacked: OrderedDict[str, str] = OrderedDict()  # ack id -> subscription id
+        self._durable_reqs: dict[int, _Subscription] = {}  # a claim's or replay's request
+        self._durable_ids: dict[str, _Subscription] = {}  # a claim's or replay's id
+        self._probes: dict[int | str, _Subscription] = {}  # an everywhere round's req, id
         self.publisher = "stomp-publisher"
+        self.client_id: str | None = None
 
     @property
     def connected(self) -> bool:
@@ -177,6 +205,7 @@ class StompSession:
         client_id = frame.headers.get("client-id")
         if client_id:
             self.publisher = f"stomp:{client_id}"[:200]
+            self.client_id = client_id
         headers = {"version": self.version, "server": SERVER_NAME}
         if self.version != "1.0":
             sx, sy = self.limits.heart_beat
@@ -186,10 +215,6 @@ class StompSession:
     def _send(self, frame: Frame, out: Effects, now: float) -> None:
         if "transaction" in frame.headers:
             raise StompRefusal("transactions are not supported")
-        if frame.body:
-            raise StompRefusal(
-                "SEND with a body: this broker carries headers only (send the body as headers)"
-            )
         publication = publication_of(frame.headers)
         req = next(self._req)
         self._publish_receipts[req] = frame.headers.get("receipt")
@@ -201,6 +226,7 @@ class StompSession:
             published_at=now,
             publication=publication,
             session=self.session,
+            body=frame.body,
         )
         out.requests.append(pack(request))
 
@@ -219,20 +245,50 @@ class StompSession:
         ack = h.get("ack", "auto")
         if ack not in ACK_MODES:
             raise StompRefusal(f"ack mode {ack[:40]!r} is not one of {', '.join(ACK_MODES)}")
-        if "activemq.subscriptionName" in h or "durable-subscription-name" in h:
-            raise StompRefusal("durable STOMP subscriptions are not supported yet")
+        durable = next((h[d] for d in DURABLE_HEADERS if d in h), None)
+        name = f"stomp/{sub_id}"[:256] if durable is None else self._durable_name(durable)
         topic = topic_of(h.get("destination"))
-        filters = translate(h.get("selector"), topic, self.limits.selector_subscriptions)
-        sub = _Subscription(sub_id, f"stomp/{sub_id}"[:256], ack, len(filters), h.get("receipt"))
+        filters = [
+            f.to_text()
+            for f in translate(h.get("selector"), topic, self.limits.selector_subscriptions)
+        ]
+        sub = _Subscription(sub_id, name, ack, len(filters), h.get("receipt"))
+        if h.get(EVERYWHERE_HEADER) == "true" and filters:
+            sub.everywhere = (filters, now)
+        if durable is not None:
+            sub.durable = DurableSubscription(name, filters, self.limits.unacked)
         self.subscriptions[sub_id] = sub
         self._by_name[sub.name] = sub
-        for f in filters:
+        for i, text in enumerate(filters):
             req = next(self._req)
             self._subscribing[req] = sub
-            request = SubscribeRequest(client=sub.name, req=req, filter=f.to_text())
+            request = SubscribeRequest(
+                client=sub.name, req=req, filter=text, durable=None if durable is None else str(i)
+            )
             out.requests.append(pack(request))
-        if not filters and sub.receipt is not None:  # a selector that is never true
-            out.frames.append(Frame("RECEIPT", {"receipt-id": sub.receipt}))
+        if not filters:  # a selector that is never true
+            if sub.durable is not None:
+                sub.durable.step = "live"
+            if sub.receipt is not None:
+                out.frames.append(Frame("RECEIPT", {"receipt-id": sub.receipt}))
+
+    def _durable_name(self, durable: str) -> str:
+        """The client name of durable subscription ``durable`` of this client."""
+        if not self.client_id:
+            raise StompRefusal(
+                "a durable subscription (activemq.subscriptionName) needs a client-id "
+                "header on CONNECT"
+            )
+        name = f"stomp:{self.client_id}/{durable}"
+        if len(name) > MAX_CLIENT_NAME:
+            raise StompRefusal(
+                f"client-id and subscription name together are over {MAX_CLIENT_NAME} characters"
+            )
+        if name in self._by_name:
+            raise StompRefusal(
+                f"durable subscription {durable[:80]!r} is in use on this connection"
+            )
+        return name
 
     def _unsubscribe(self, frame: Frame, out: Effects, now: float) -> None:
         h = frame.headers
@@ -261,13 +317,14 @@ class StompSession:
         if ack_id is None or ack_id not in self._unacked:
             raise StompRefusal(f"{frame.command} of {str(ack_id)[:80]!r}: no such message waits")
         sub = self.subscriptions.get(self._unacked[ack_id])
+        settled = [ack_id]
         if sub is not None and sub.ack == "client":  # cumulative: this and every earlier one
-            for earlier in [a for a, s in self._unacked.items() if s == sub.id]:
-                del self._unacked[earlier]
-                if earlier == ack_id:
-                    break
-        else:
-            del self._unacked[ack_id]
+            earlier = [a for a, s in self._unacked.items() if s == sub.id]
+            settled = earlier[: earlier.index(ack_id) + 1]
+        for settled_id in settled:
+            del self._unacked[settled_id]
+        if sub is not None and sub.durable is not None:  # NACK settles too: not again
+            out.requests += sub.durable.settled(settled)
         if "receipt" in h:
             out.frames.append(Frame("RECEIPT", {"receipt-id": h["receipt"]}))
 
@@ -291,19 +348,33 @@ class StompSession:
         """Handle one message the broker sends this connection: a reply ``[reply]`` or
         deliveries ``[names, body, names, body, ...]``."""
         out = Effects()
-        if len(parts) == 1:
-            self._reply(unpack(parts[0]), out)
-            return out
-        for i in range(0, len(parts) - 1, 2):
-            shared = self.cache.lines(parts[i + 1], self.version or "1.0")
-            for name in unpack(parts[i]):
-                self._message(name, shared, out)
+        try:
+            if len(parts) == 1:
+                self._reply(unpack(parts[0]), out)
+                return out
+            touched: set[DurableSubscription] = set()
+            for i in range(0, len(parts) - 1, 2):
+                for name in unpack(parts[i]):
+                    sub = self._by_name.get(name)
+                    if sub is None:  # unsubscribed meanwhile
+                        continue
+                    if sub.durable is None:
+                        self._message(sub, parts[i + 1], out)
+                    elif sub.durable.holding:
+                        sub.durable.hold(parts[i + 1])
+                    elif sub.durable.first_time(key_of(parts[i + 1])):
+                        self._message(sub, parts[i + 1], out)
+                        touched.add(sub.durable)
+            for durable in touched:
+                out.requests += durable.advance()
+        except DurableRefusal as exc:
+            out.frames.append(error_frame(str(exc)))
+            out.close = True
         return out
 
-    def _message(self, name: str, shared: str, out: Effects) -> None:
-        sub = self._by_name.get(name)
-        if sub is None:  # unsubscribed meanwhile
-            return
+    def _message(self, sub: _Subscription, notify: bytes, out: Effects) -> None:
+        """Send the NOTIFY body ``notify`` to ``sub`` as a MESSAGE."""
+        shared, body = self.cache.lines(notify, self.version or "1.0")
         message_id = str(next(self._message_ids))
         headers = {"subscription": sub.id, "message-id": message_id}
         if sub.ack != "auto":
@@ -319,7 +390,9 @@ class StompSession:
             self._unacked[message_id] = sub.id
             if self.version == "1.2":
                 headers["ack"] = message_id
-        out.frames.append(Frame("MESSAGE", headers, shared=shared))
+        if sub.durable is not None:
+            sub.durable.sent(notify, message_id, acked=sub.ack == "auto")
+        out.frames.append(Frame("MESSAGE", headers, body, shared=shared))
 
     def _reply(self, reply: dict[str, Any], out: Effects) -> None:
         op, req = reply.get("op"), reply.get("req")
@@ -336,8 +409,32 @@ class StompSession:
             else:  # unsubscribed before the broker answered: withdraw it now
                 unsub = UnsubscribeRequest(client=sub.name, sub_id=reply["sub_id"])
                 out.requests.append(pack(unsub))
-            if sub.waiting == 0 and sub.receipt is not None:
+            if sub.waiting == 0 and sub.everywhere is not None:
+                self._probe(sub, out)
+            elif sub.waiting == 0 and sub.receipt is not None:
                 out.frames.append(Frame("RECEIPT", {"receipt-id": sub.receipt}))
+            if sub.waiting == 0 and sub.durable is not None and sub.durable.step == "subscribing":
+                for claim_req, claim in sub.durable.claims(self._req):
+                    self._durable_reqs[claim_req] = sub
+                    out.requests.append(claim)
+        elif op == "replaying" and req in self._probes:
+            self._probes[str(reply["id"])] = self._probes.pop(req)
+        elif op == "replay_done" and str(reply.get("id")) in self._probes:
+            sub = self._probes.pop(str(reply["id"]))
+            if sub.receipt is not None:
+                headers = {"receipt-id": sub.receipt}
+                if reply.get("silent"):  # brokers past which it may not have reached
+                    headers["octopis-silent"] = ",".join(map(str, reply["silent"]))
+                out.frames.append(Frame("RECEIPT", headers))
+        elif op in ("claiming", "replaying") and req in self._durable_reqs:
+            self._durable_ids[str(reply["id"])] = self._durable_reqs.pop(req)
+        elif op in ("replayed", "replay_done") and str(reply.get("id")) in self._durable_ids:
+            self._durable_notice(op, reply, out)
+        elif op == "withdrawn" and reply.get("client") in self._by_name:
+            out.frames.append(
+                error_frame("this durable subscription was claimed by another connection")
+            )
+            out.close = True
         elif op == "unsubscribed" and req in self._unsubscribing:
             _, waiting = self._unsubscribing.pop(req)
             if not self._unsubscribing_of(waiting) and waiting[0] is not None:
@@ -347,3 +444,36 @@ class StompSession:
             message = reply.get("message") or reply.get("reason") or "refused by the broker"
             out.frames.append(error_frame(str(message), receipt))
             out.close = True
+
+    def _durable_notice(self, op: str, notice: dict[str, Any], out: Effects) -> None:
+        """A claim's or a replay's answer for a durable subscription."""
+        sub = self._durable_ids[str(notice["id"])]
+        durable = sub.durable
+        assert durable is not None
+        if op == "replayed":
+            durable.replayed += notice.get("bodies", [])
+            return
+        del self._durable_ids[str(notice["id"])]
+        if durable.step == "claiming":
+            req = next(self._req)
+            out.requests += durable.claim_done(notice, req)
+            if durable.step == "replaying":
+                self._durable_reqs[req] = sub
+            if durable.step != "live":
+                return
+        if self.subscriptions.get(sub.id) is sub:  # the past, then what waited for it
+            for body in durable.replay_done():
+                self._message(sub, body, out)
+            out.requests += durable.advance()
+
+    def _probe(self, sub: _Subscription, out: Effects) -> None:
+        """Ask every broker behind ``sub``'s subscriptions: a replay round of an empty
+        window, whose echo comes once every broker they travel to has them."""
+        assert sub.everywhere is not None
+        filters, at = sub.everywhere
+        req = next(self._req)
+        self._probes[req] = sub
+        probe = ReplayRequest(
+            client=sub.name, req=req, filters=filters, since=[], after=at, until=at
+        )
+        out.requests.append(pack(probe))

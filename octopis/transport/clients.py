@@ -500,9 +500,16 @@ class ClientSessions:
         problem = stamp_problem(request.seq, float(request.published_at))
         if problem is not None:
             raise ClientError(problem)
-        body = request.publication
+        limit = self.settings.clients.body_bytes
+        if len(request.body) > limit:
+            self.counters["publications_refused.body_bytes"] += 1
+            raise ClientError(
+                f"a publication body of {len(request.body)} bytes is longer than "
+                f"clients.body_bytes = {limit}"
+            )
+        text = request.publication
         publication = (
-            parse_publication(body) if isinstance(body, str) else validate_publication(body)
+            parse_publication(text) if isinstance(text, str) else validate_publication(text)
         )
         window = self.settings.clients.publish_window
         if connection.unanswered >= window:
@@ -522,7 +529,12 @@ class ClientSessions:
         self.router.check_advertised(key, publication)
         self.publishers.add(key)
         n = Notification(
-            request.client, request.seq, request.published_at, publication, session=request.session
+            request.client,
+            request.seq,
+            request.published_at,
+            publication,
+            session=request.session,
+            body=request.body,
         )
         self.counters["publications"] += 1
         reply = {"op": "published", "seq": request.seq}

@@ -153,6 +153,7 @@ def _notify_body(message: Notification) -> NotifyBody:
         message.destinations,
         None if tunnel is None else Route(*tunnel),
         message.session,
+        message.body,
     )
 
 
@@ -171,12 +172,13 @@ def _notification(body: NotifyBody, _: str = "") -> Notification:
             body.destinations,
             None if tunnel is None else Tunnel(*astuple(tunnel)),
             body.session,
+            body.body,
         )
     )
 
 
 _new_notification = partial(tuple.__new__, Notification)
-"""``Notification`` from its eight fields in order, without the generated ``__new__``
+"""``Notification`` from its nine fields in order, without the generated ``__new__``
 (half the cost; a notification is built per frame received)."""
 
 _plain_notification_fields = msgspec.msgpack.Decoder(PLAIN_NOTIFY).decode
