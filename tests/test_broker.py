@@ -258,3 +258,35 @@ def test_a_batch_from_a_neighbour_loses_only_its_bad_bodies(tmp_path: Path) -> N
     assert counters.get("protocol_errors", 0) == 1
     assert counters.get("internal_errors", 0) == 0
     assert stats["received"]["notification"] == len(good) + 1
+
+
+def test_a_publication_refused_while_resyncing_is_neither_kept_nor_answered(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A broker still resyncing whose publication hold is full refuses a local
+    publication with an error: its retention store does not keep it (a replay could
+    otherwise give what the publisher was told was refused) and its receipt is never
+    answered (the error is the one answer)."""
+    from octopis.transport.links import PublishReceipt
+
+    scot = build_preset("fig2", base_port=find_free_base_port(18))
+    broker = Broker(scot, "b:0", "snr", BrokerSettings(), keys=None, data_dir=tmp_path)
+    answered: list[int] = []
+
+    async def publish_while_resyncing() -> None:
+        broker.node.publication_hold = 0  # nothing more may wait for serving
+        receipt = PublishReceipt(lambda: answered.append(1))
+        refused = "nothing"
+        try:
+            broker.publish(Notification("p", 1, 0.0, {"x": 1}), receipt)
+        except ValueError as exc:  # a ClientError: the client's answer
+            refused = type(exc).__name__
+        store = broker.replaying.store
+        raise RuntimeError(
+            f"refused {refused}, pending {len(store.pending)}, copies {receipt.copies}"
+        )
+
+    monkeypatch.setattr(serving, "tick_lst", lambda _: publish_while_resyncing())
+    with pytest.raises(BrokerFailure, match="refused ClientError, pending 0, copies 0"):
+        asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+    assert not answered

@@ -239,14 +239,7 @@ class Subscriber(NamedClient):
             sub_id = await self._subscribe(subscription, timeout)
             stream = self._streams[sub_id] = CompositeStream(self, sub_id, subscription)
             return stream
-        if durable is not None and (since is not None or until is not None):
-            raise ValueError("a durable subscription starts where it left off: no since/until")
-        if until is not None and since is None:
-            raise ValueError("until needs since: the window of the past is [since, until)")
-        after = parse_time(since) if since is not None else None
-        end = parse_time(until) if until is not None else None
-        if after is not None and end is not None and end <= after:
-            raise ValueError(f"until ({end}) must come after since ({after})")
+        after, end = past_window(durable, since, until)
         if self.since is None:
             self.since = time.time()
         if end is not None:
@@ -437,3 +430,20 @@ class Subscriber(NamedClient):
     def _dropped(self, reason: str) -> None:
         for stream in self._streams.values():
             stream.end(DroppedError(reason))
+
+
+def past_window(
+    durable: str | None, since: str | float | datetime | None, until: str | float | datetime | None
+) -> tuple[float | None, float | None]:
+    """The window of the past a subscription asks for, ``since`` and ``until`` read as
+    times (None: not asked); :class:`ValueError` if they contradict each other or a
+    ``durable`` subscription (which starts where it left off)."""
+    if durable is not None and (since is not None or until is not None):
+        raise ValueError("a durable subscription starts where it left off: no since/until")
+    if until is not None and since is None:
+        raise ValueError("until needs since: the window of the past is [since, until)")
+    after = parse_time(since) if since is not None else None
+    end = parse_time(until) if until is not None else None
+    if after is not None and end is not None and end <= after:
+        raise ValueError(f"until ({end}) must come after since ({after})")
+    return after, end

@@ -347,20 +347,20 @@ class Broker:
             self.core.check_advertised(key, publication)
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
-        """A local publication: kept for replay (committed at the end of the pass, before
-        its confirm can leave), then the node routes it, its copies carrying ``receipt``,
-        or holds it while this broker is resyncing; a full hold raises
-        :class:`ClientError` (the client gets an error and keeps the publication)."""
+        """A local publication: the node takes it (routes it, its copies carrying
+        ``receipt``, or holds it while resyncing), then it is kept for replay (committed
+        before its confirm can leave); a full hold raises :class:`ClientError` (the
+        client keeps the publication, neither kept nor routed here)."""
         refusal = self.replaying.refusal()
         if refusal is not None:
             self.counters["publications_refused.not_kept"] += 1
             raise ClientError(refusal)
-        body = encode_body(notification)
-        self.replaying.kept(notification, body, receipt)
         try:
             actions = self.node.publish(notification, receipt, self.lst)
-        except NotServing as exc:
+        except NotServing as exc:  # refused: neither kept nor routed
             raise ClientError(str(exc)) from None
+        body = encode_body(notification)
+        self.replaying.kept(notification, body, receipt)
         if actions is None:  # held: answered once routed (:meth:`now_serving`)
             receipt.copies += 1
         else:
