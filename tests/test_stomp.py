@@ -29,6 +29,7 @@ import pytest
 import stomp
 from conditions import accounting, closing_control, tables_hold, until
 
+from octopis.cli.cluster import format_status
 from octopis.client.blocking import BlockingPublisher, BlockingSubscriber
 from octopis.client.errors import BrokerError
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
@@ -186,6 +187,22 @@ def test_stomp_and_sdk_clients_get_every_message_once(fig2: LocalCluster) -> Non
     _wait(lambda: all(f"r{i}" in s[1].receipts for i, s in enumerate(subscribers)), "receipts")
     # in place at every broker once the receipts (and subscribe()) said so: no wait
     assert asyncio.run(closing_control(fig2, tables_hold(fig2, padres)))
+    live = asyncio.run(closing_control(fig2, fig2.call_all("stats")))
+    stomp_at = Counter(broker for broker, _, _ in SUBSCRIBERS)
+    assert {b: s["stomp_connections"] for b, s in live.items() if s["stomp_connections"]} == dict(
+        stomp_at
+    )
+    table = format_status(sorted(live), live, {}, detailed=False).splitlines()
+    columns = table[0].split()
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    for broker, stats in live.items():  # clients as the SDK's: in the same column
+        row = rows[broker]
+        assert int(row[columns.index("stomp")]) == stomp_at.get(broker, 0)
+        assert (
+            int(row[columns.index("clients")])
+            == stats["client_connections"]
+            >= stomp_at.get(broker, 0)
+        )
 
     pub, pub_inbox = _connect(scot, STOMP_PUBLISHER, **login)
     sent = []

@@ -190,8 +190,10 @@ def _down(down: argparse.ArgumentParser) -> None:
 def _status(status: argparse.ArgumentParser) -> None:
     status.description = (
         "Ask every broker (or one) of a running overlay over its control RPC: "
-        "pid, incarnation, readiness, each link's state and queue, routing-table size and "
-        "error counters. A broker that does not answer is shown as unreachable."
+        "pid, incarnation, readiness, each link's state and queue, routing-table size, "
+        "memory, load ratio, retention (kept, MB, oldest), durable records, client "
+        "connections (SDK and STOMP alike; stomp: those over STOMP) and error counters. "
+        "A broker that does not answer is shown as unreachable."
     )
     add_overlay_options(status)
     status.add_argument("--broker", metavar="ID", help="only this broker, with its links")
@@ -509,7 +511,8 @@ def format_status(
     """A table of brokers (and, ``detailed``, of each link) for people."""
     lines = [
         f"{'broker':<8} {'pid':>7} {'ready':<5} {'links':>5} {'table':>6} {'queued':>6} "
-        f"{'MB':>5} {'LR':>5} {'kept':>7} {'keptMB':>6} {'oldest':>6} {'durable':>7}  notes"
+        f"{'MB':>5} {'LR':>5} {'kept':>7} {'keptMB':>6} {'oldest':>6} {'durable':>7} "
+        f"{'clients':>7} {'stomp':>5}  notes"
     ]
     now = time.time()
     for b in ids:
@@ -517,7 +520,7 @@ def format_status(
         if stats is None:
             lines.append(
                 f"{b:<8} {pids.get(b, 0):>7} {'-':<5} {'-':>5} {'-':>6} {'-':>6} {'-':>5} "
-                f"{'-':>5} {'-':>7} {'-':>6} {'-':>6} {'-':>7}  unreachable"
+                f"{'-':>5} {'-':>7} {'-':>6} {'-':>6} {'-':>7} {'-':>7} {'-':>5}  unreachable"
             )
             continue
         links = stats["links"]
@@ -532,7 +535,8 @@ def format_status(
             f"{b:<8} {stats['pid']:>7} {'yes' if stats['ready'] else 'no':<5} "
             f"{stats['links_up']:>2}/{stats['neighbours']:<2} {stats['routing_table_size']:>6} "
             f"{queued:>6} {stats['memory_rss'] / 2**20:>5.0f} {stats['load']['load_ratio']:>5.2f} "
-            f"{_retention_columns(stats['retention'], now)}  {'; '.join(notes)}"
+            f"{_retention_columns(stats['retention'], now)} {stats['client_connections']:>7} "
+            f"{stats['stomp_connections']:>5}  {'; '.join(notes)}"
         )
         if detailed:
             lines.append(f"  incarnation {stats['incarnation']:x}, up {stats['uptime']:.0f} s")

@@ -32,7 +32,7 @@ from octopis.gateway.credentials import Credentials
 from octopis.gateway.frames import Decoder, FrameError, FrameLimits, encode, error_frame
 from octopis.gateway.session import DeliveryCache, Effects, SessionLimits, StompSession
 from octopis.settings import Clients, Stomp
-from octopis.transport.clients import ClientSessions
+from octopis.transport.clients import STOMP_IDENTITY, ClientSessions
 from octopis.wire import HeartbeatRequest, pack
 
 log = logging.getLogger("octopis.broker.stomp")
@@ -54,7 +54,7 @@ class Connection:
         peer: str,
     ) -> None:
         self.listener = listener
-        self.identity = b"stomp-" + secrets.token_bytes(8)
+        self.identity = STOMP_IDENTITY + secrets.token_bytes(8)
         self.peer = peer
         self.decoder = Decoder(listener.frame_limits)
         self.session = StompSession(

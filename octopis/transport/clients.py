@@ -86,6 +86,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("octopis.broker.clients")
 
 
+STOMP_IDENTITY = b"stomp-"
+"""How the identity of a STOMP gateway's connection begins (``octopis status`` counts them)."""
+
+
 class ClientError(ValueError):
     """A client request the broker cannot serve; answered with an error reply."""
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from octopis.core import ClusteredBroker
 from octopis.core.resync import resync_messages
+from octopis.transport.clients import STOMP_IDENTITY
 from octopis.transport.replaying import durable_list
 
 DURABLES_LISTED = 100
@@ -89,6 +90,7 @@ class BrokerInspection:
         broker = self.broker
         broker.lst.advance(asyncio.get_running_loop().time())
         core = dict(broker.core.counts())
+        connections = broker.clients.connections
         return {
             **self.status(),
             "uptime": time.time() - broker.started,
@@ -110,7 +112,8 @@ class BrokerInspection:
                 for name, link in broker.links.items()
             },
             "client_backlog": broker.clients.outbox.backlog(),
-            "client_connections": len(broker.clients.connections),
+            "client_connections": len(connections),
+            "stomp_connections": sum(c.startswith(STOMP_IDENTITY) for c in connections),
             "deliveries_waiting": broker.clients.outbox.paced_deliveries,
             "deliveries_waiting_max": broker.clients.outbox.paced_peak,
             "load": broker.load_meter.report(0),
