@@ -12,6 +12,7 @@ from itertools import pairwise
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from laws import PROFILE
 
 from octopis.filters.covering import CoverForm, covers
 from octopis.filters.language import (
@@ -102,12 +103,14 @@ def _one_attribute_predicates() -> list[Predicate]:
 
 
 def test_covers_is_sound_on_one_attribute() -> None:
-    """Every predicate against every predicate, and against 20,000 pairs of predicates,
-    on one attribute (where covering is decided; several attributes only conjoin):
-    whenever ``covers`` says yes, no publication tells the two apart."""
+    """Every predicate against every predicate, and against 20,000 pairs of predicates
+    (4,000 outside the ``ci`` profile), on one attribute (where covering is decided;
+    several attributes only conjoin): whenever ``covers`` says yes, no publication tells
+    the two apart."""
     ps = _one_attribute_predicates()
     rng = random.Random(0)
-    bs = [(q,) for q in ps] + [(rng.choice(ps), rng.choice(ps)) for _ in range(20_000)]
+    pairs = 20_000 if PROFILE == "ci" else 4_000
+    bs = [(q,) for q in ps] + [(rng.choice(ps), rng.choice(ps)) for _ in range(pairs)]
     claimed = 0
     for b in bs:
         sb = Subscription(b)
@@ -117,7 +120,7 @@ def test_covers_is_sound_on_one_attribute() -> None:
             if CoverForm(sa).covers(form):
                 claimed += 1
                 assert _counterexample(sa, sb) is None, (sa, sb)
-    assert claimed > 10_000, claimed
+    assert claimed > pairs // 2, claimed
 
 
 @given(subscriptions, st.lists(predicates, max_size=3), st.data())
