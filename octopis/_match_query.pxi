@@ -283,6 +283,9 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         for i in range(k, k1):
             acc[words[i] - w] &= sure[i]
     h.cur_edge[a] = <Edge*>e
+    if h.prefetch:  # the column's next edges, which its next piece reads
+        _prefetch(<const char*>e + 64, 0, 3)
+        _prefetch(<const char*>e + 128, 0, 3)
     if lim >= (words[piece.k1 - 1] + 1) << 6:  # the cursor is past all the piece's edges
         h.cur_pk[a] = piece.pk
     for i in range(n):
