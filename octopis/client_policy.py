@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from octopis.defaults import LOOKBACK, PUBLISHERS_KNOWN
+from octopis.defaults import DELIVERIES_HORIZON, DELIVERIES_KNOWN, LOOKBACK, PUBLISHERS_KNOWN
 
 T = TypeVar("T")
 DeliveryKey = tuple[str, str, int, int]
@@ -100,7 +100,7 @@ class RecentDeliveries:
     (:meth:`forget_old`); one forgotten before its time is counted in
     :attr:`forgotten_early`."""
 
-    def __init__(self, horizon: float = 30.0, limit: int = 262_144) -> None:
+    def __init__(self, horizon: float = DELIVERIES_HORIZON, limit: int = DELIVERIES_KNOWN) -> None:
         if horizon <= 0 or limit < 1:
             raise ValueError("a connection group needs a positive horizon and limit")
         self.horizon = horizon

@@ -52,3 +52,8 @@ longer than any custody window)."""
 PUBLISHERS_KNOWN = 10_000
 """(publisher, session) pairs whose last sequence number a subscriber or a durable
 record remembers; a forgotten one is asked for by time instead."""
+DELIVERIES_HORIZON = 30.0
+"""Seconds an application's record of recent deliveries remembers each (a copy that
+comes later through another connection is not recognised as a repeat)."""
+DELIVERIES_KNOWN = 262_144
+"""Deliveries that record remembers at most (the oldest forgotten first, counted)."""

@@ -24,7 +24,7 @@ from octopis.client.opening import OpeningDiagnosis
 from octopis.client.requests import Requests
 from octopis.client.served import NOTICES, ServedClients
 from octopis.client_policy import RecentDeliveries
-from octopis.defaults import CLIENT_LIVENESS
+from octopis.defaults import CLIENT_LIVENESS, DELIVERIES_HORIZON, DELIVERIES_KNOWN
 from octopis.keys import DEFAULT_CLIENT, Keys
 from octopis.logs import RateLimitedLog
 from octopis.overlay import KeysChoice
@@ -41,12 +41,15 @@ class ConnectionGroup(RecentDeliveries):
     """Connections that serve one application's clients (DESIGN §9): at most one to each
     broker, so that clients moving to a broker share the connection there, and the
     record of the deliveries they handed over in the last ``horizon`` seconds (at most
-    ``limit``; :class:`~octopis.client.deliveries.RecentDeliveries`). Warnings that may
+    ``limit``; :class:`~octopis.client_policy.RecentDeliveries`). Warnings that may
     repeat (stale move orders, notices for clients gone) are written at most once per
     ``log_interval`` seconds per kind, with the count of those suppressed."""
 
     def __init__(
-        self, horizon: float = 30.0, limit: int = 262_144, log_interval: float = 10.0
+        self,
+        horizon: float = DELIVERIES_HORIZON,
+        limit: int = DELIVERIES_KNOWN,
+        log_interval: float = 10.0,
     ) -> None:
         super().__init__(horizon, limit)
         self.warn = RateLimitedLog(log, log_interval)
