@@ -44,6 +44,9 @@ selector_subscriptions``)."""
 REPLAY_BUDGET = 3.0
 """Seconds the host of a replay waits for every broker's answer (``[retention]
 replay_budget``)."""
+HISTORIC_BUDGET = 30.0
+"""Seconds the host of a historic, hybrid or durable subscription's answer waits for
+every broker's answer (``[retention] historic_budget``)."""
 LOOKBACK = 30.0
 """Seconds before its broker went silent (or its client was last heard) from which a
 replay asks for what a subscriber may have missed: a publication published earlier

@@ -42,6 +42,7 @@ from octopis.defaults import (
     COMPOSITE_LATENESS,
     CUSTODY_LIMIT,
     DOWN_AFTER,
+    HISTORIC_BUDGET,
     PUBLICATION_HOLD,
     REPLAY_BUDGET,
     REPLAY_ROUNDS,
@@ -225,7 +226,7 @@ class Retention(Section):
     past its share of it is reported, with what only it reached, as a gap."""
     replay_rounds: Annotated[int, _at_least(1)] = REPLAY_ROUNDS
     """Replay requests one broker takes part in at once (the oldest ends early past it)."""
-    historic_budget: Annotated[float, _at_least(0.01)] = 30.0
+    historic_budget: Annotated[float, _at_least(0.01)] = HISTORIC_BUDGET
     """Seconds the host of a historic, hybrid or durable subscription's answer waits for
     every broker's answer (stores answer page by page, so a large answer takes longer)."""
     answer_max: Annotated[int, _at_least(1)] = 100_000

@@ -48,7 +48,7 @@ from octopis.core.replay import (
     ReplayEcho,
     ReplayRounds,
 )
-from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, REPLAY_BUDGET
+from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, HISTORIC_BUDGET, REPLAY_BUDGET
 from octopis.filters.language import Subscription, parse_subscription
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
@@ -227,7 +227,7 @@ class SubscriberFailover:
         self._requesters[req_id] = asker
         self.historic_received[req_id] = []
         request = Replay(
-            req_id, broker, (subscription.to_text(),), (), after, REPLAY_BUDGET, until=until
+            req_id, broker, (subscription.to_text(),), (), after, HISTORIC_BUDGET, until=until
         )
         self.replay_counts["historic"] += 1
         self._carry_out_replay(broker, self._rounds(broker).start(request, self.now))
