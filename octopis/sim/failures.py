@@ -46,7 +46,7 @@ from the start of publishing).
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 
 from octopis.core import LinkView, Notification, make_broker
 from octopis.core.node import HandedShare
@@ -69,6 +69,10 @@ class FailureState:
         self.dead: set[str] = set()
         self.cut: set[tuple[str, str]] = set()
         """Directed links failed as links (independent of dead brokers)."""
+        self._cut_by: dict[Failure, set[tuple[str, str]]] = {}
+        self._cuts: Counter[tuple[str, str]] = Counter()
+        """How many failures under way cut each directed link: it carries again when the
+        last of them heals."""
         self.detected: dict[str, set[str]] = {}
         """Per broker, the neighbours it has detected as down."""
         self.failed_at: dict[tuple[str, str], float] = {}
@@ -79,6 +83,27 @@ class FailureState:
     def broken(self, src: str, dst: str) -> bool:
         """Whether a copy on ``src → dst`` is lost (link cut or an end dead)."""
         return src in self.dead or dst in self.dead or (src, dst) in self.cut
+
+    def cut_by(self, failure: Failure, links: list[tuple[str, str]]) -> None:
+        """``failure`` cuts the directed ``links`` (until :meth:`heal`)."""
+        mine = self._cut_by.setdefault(failure, set())
+        for link in links:
+            if link not in mine:
+                mine.add(link)
+                self._cuts[link] += 1
+                self.cut.add(link)
+
+    def cutting(self, failure: Failure) -> bool:
+        """Whether ``failure`` cuts links now (it has not healed)."""
+        return failure in self._cut_by
+
+    def heal(self, failure: Failure) -> None:
+        """``failure`` ends: each link it cut carries again unless another still cuts it."""
+        for link in self._cut_by.pop(failure, ()):
+            self._cuts[link] -= 1
+            if not self._cuts[link]:
+                del self._cuts[link]
+                self.cut.discard(link)
 
     def severed(self, a: str, b: str) -> bool:
         """Whether the link of ``a`` and ``b`` fails either way (no handshake goes over)."""
@@ -211,32 +236,33 @@ class FailureEvents:
             self._hosts_died(broker)
         elif failure.one_way:
             talker, listener = failure.ends
-            state.cut.add((talker, listener))
+            state.cut_by(failure, [(talker, listener)])
             self.failure_counts["links_cut_one_way"] += 1
             for link in ((talker, listener), (listener, talker)):  # lost, or unacknowledged
                 if link[0] not in state.dead:
                     state.failed_at.setdefault(link, self.now)
-            self.at(self.now + state.detection, self._one_way_silent, talker, listener)
+            self.at(self.now + state.detection, self._one_way_silent, failure)
             return
         else:
-            state.cut.update(self._failed_links(failure))
+            state.cut_by(failure, self._failed_links(failure))
             self.failure_counts["links_cut"] += 1
         for src, dst in self._failed_links(failure):
             if src not in state.dead and (src, dst) not in state.failed_at:
                 state.failed_at[(src, dst)] = self.now
                 self.at(self.now + state.detection, self._detect, src, dst)
 
-    def _one_way_silent(self, talker: str, listener: str) -> None:
-        """``listener`` has heard nothing from ``talker`` for the detection time: it
-        declares it down and stops sending on the link, so ``talker`` hears nothing
-        either and declares ``listener`` down a detection time later (see the module
-        docstring). Nothing, if the link healed meanwhile."""
+    def _one_way_silent(self, failure: Failure) -> None:
+        """The listener (``failure.ends[1]``) has heard nothing from the talker for the
+        detection time: it declares it down and stops sending on the link, so the talker
+        hears nothing either and declares the listener down a detection time later (see
+        the module docstring). Nothing, if the link healed meanwhile."""
         state = self.failures
         assert state is not None
-        if (talker, listener) not in state.cut:
+        if not state.cutting(failure):
             return
+        talker, listener = failure.ends
         self._detect(listener, talker)
-        state.cut.add((listener, talker))
+        state.cut_by(failure, [(listener, talker)])
         if listener not in state.dead:
             state.failed_at.setdefault((listener, talker), self.now)
         self.at(self.now + state.detection, self._detect, talker, listener)
@@ -301,7 +327,7 @@ class FailureEvents:
             self._greet(broker)
             self._advertise_again(broker)
             return
-        state.cut.difference_update(links)
+        state.heal(failure)
         a, b = failure.ends
         if state.severed(a, b):
             return
