@@ -132,6 +132,29 @@ def test_a_share_is_owed_until_serving_and_whole_then_paid_once() -> None:
     assert node.pay_owed_shares() == []
 
 
+def test_a_share_paid_late_is_said_again_when_its_link_heals() -> None:
+    """A share paid late over a link that failed before it was taken: its entries wait
+    for the heal, the word that it was handed (a link frame) is lost; the heal says it
+    again behind them, so the neighbour does not go on missing it."""
+    node = _node()
+    node.core.expect_shares({n.id for n in FIG2.brokers["c:0"].neighbours})
+    peer = "b:0"
+    node.neighbour_met(peer, 7, restarted=False)
+    for n in FIG2.brokers["c:0"].neighbours:
+        node.synced(n.id, HandedShare("c:0", 0, wants_share=n.id == peer))
+    _settled(node)
+    _, paid = node.serve_if_ready(0.0)
+    entries = [a.message for a in paid if type(a) is Forward and a.link == peer]
+    assert [a for a in paid if type(a) is HandedShare] == [HandedShare(peer, len(entries))]
+    node.neighbours.silent(peer, 1.0)
+    node.hold_undelivered(peer, entries)  # the link failed: the entries wait, SYNCED lost
+    healed = node.link_back(peer)
+    assert [a.message for a in healed if type(a) is Forward] == entries
+    assert healed[-1] == HandedShare(peer, 0, True, False)
+    node.neighbour_met(peer, 8, restarted=True)  # a new process gets a share of its own
+    assert HandedShare(peer, 0, True, False) not in node.link_back(peer)
+
+
 def test_a_bid_broker_learns_its_table_was_lost_from_a_neighbour_that_knew_it() -> None:
     """BID has no resync: a neighbour that knew a predecessor says so in its SYNCED, and
     the restarted broker counts each local publication its empty table cannot route."""
