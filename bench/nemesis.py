@@ -25,7 +25,7 @@ from typing import Any
 from octopis.sim.nemesis import PRESETS, sweep
 
 REPO = Path(__file__).resolve().parents[1]
-CHUNK = 250
+CHUNK = 100
 
 
 def _chunk(args: tuple[int, int, tuple[str, ...]]) -> dict[str, Any]:
