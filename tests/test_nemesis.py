@@ -250,6 +250,12 @@ def test_fault_kinds_are_all_drawn() -> None:
         ),
         (217, ("fig2",), "the same, another history"),
         (
+            1111,
+            ("fig2",),
+            "a broker that heard its restarted neighbour serve over a link cut one way "
+            "forgot what it had sent it since the cut (the simulator's custody)",
+        ),
+        (
             1837,
             ("fig2",),
             "a partition's heal let a link carry while a pause of its end still cut it "

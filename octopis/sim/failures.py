@@ -462,8 +462,11 @@ class FailureEvents:
         self._hear_word(src, dst)
 
     def _undetect(self, src: str, dst: str) -> None:
+        """``src`` hears ``dst`` again; what it sends ``dst`` stays unacknowledged (in
+        custody, its failure time kept) while that direction is cut (one way)."""
         state = self.failures
         assert state is not None
-        state.failed_at.pop((src, dst), None)
+        if not state.broken(src, dst):
+            state.failed_at.pop((src, dst), None)
         state.detected.get(src, set()).discard(dst)
         self.nodes[src].neighbours.heard(dst, self.now)
