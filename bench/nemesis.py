@@ -7,7 +7,8 @@ Each seed is drawn, run and checked by :mod:`octopis.sim.nemesis` (``octopis nem
 runs one). The table counts the runs, those that passed, the faults injected by kind, and
 the deliveries: expected, delivered, duplicated, lost (counted with a reason or reported
 to the subscriber as a gap) and silent (lost with neither: the figure that must be 0),
-with the failing seeds to replay one by one.
+with the failing seeds to replay one by one. The table so far is written beside ``--out``
+(``nemesis.partial.json``) as each chunk of seeds comes in.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 from octopis.sim.nemesis import PRESETS, sweep
 
 REPO = Path(__file__).resolve().parents[1]
-CHUNK = 250
+CHUNK = 100
 
 
 def _chunk(args: tuple[int, int, tuple[str, ...]]) -> dict[str, Any]:
@@ -31,8 +33,15 @@ def _chunk(args: tuple[int, int, tuple[str, ...]]) -> dict[str, Any]:
     return sweep(range(first, first + count), presets=presets)
 
 
-def run(first: int, seeds: int, workers: int, presets: tuple[str, ...]) -> dict[str, Any]:
-    """Sweep ``seeds`` seeds from ``first`` on ``workers`` processes; the summed table."""
+def run(
+    first: int,
+    seeds: int,
+    workers: int,
+    presets: tuple[str, ...],
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Sweep ``seeds`` seeds from ``first`` on ``workers`` processes; the summed table
+    (``progress`` is given the table so far as each chunk comes in)."""
     chunks = [
         (s, min(CHUNK, first + seeds - s), presets) for s in range(first, first + seeds, CHUNK)
     ]
@@ -48,6 +57,8 @@ def run(first: int, seeds: int, workers: int, presets: tuple[str, ...]) -> dict[
                         table["faults"][kind] = table["faults"].get(kind, 0) + n
                 else:
                     table[key] = table.get(key, 0) + value
+            if progress is not None:
+                progress({**table, "seconds": round(time.perf_counter() - started, 1)})
     table["seconds"] = round(time.perf_counter() - started, 1)
     table["first"], table["presets"] = first, list(presets)
     table["commit"] = subprocess.run(
@@ -78,8 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", action="append", choices=PRESETS)
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/nemesis.json")
     args = parser.parse_args(argv)
-    table = run(args.first, args.seeds, args.workers, tuple(args.preset or ("fig2",)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.out.with_suffix(".partial.json")
+    table = run(
+        args.first,
+        args.seeds,
+        args.workers,
+        tuple(args.preset or ("fig2",)),
+        lambda so_far: partial.write_text(json.dumps(so_far, indent=1)),
+    )
     args.out.write_text(json.dumps(table, indent=1))
     print(markdown(table))
     if table["failing"]:

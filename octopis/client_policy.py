@@ -4,7 +4,8 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 
 - :func:`failover_order`: where a connection goes when its broker falls silent;
 - :func:`replay_after`: from when a replay asks for what was missed (one
-  :data:`~octopis.defaults.LOOKBACK`);
+  :data:`~octopis.defaults.LOOKBACK`, and not before the subscription less the publishers'
+  clock skew, :data:`~octopis.defaults.CLOCK_SKEW`);
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), the
   ``since`` of a replay request;
 - :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
@@ -19,7 +20,13 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from octopis.defaults import DELIVERIES_HORIZON, DELIVERIES_KNOWN, LOOKBACK, PUBLISHERS_KNOWN
+from octopis.defaults import (
+    CLOCK_SKEW,
+    DELIVERIES_HORIZON,
+    DELIVERIES_KNOWN,
+    LOOKBACK,
+    PUBLISHERS_KNOWN,
+)
 
 T = TypeVar("T")
 DeliveryKey = tuple[str, str, int, int]
@@ -60,8 +67,10 @@ def join_at_seam(
 def replay_after(first: float | None, silent: float) -> float:
     """The start time of a replay asked for by a subscriber whose broker went silent at
     ``silent``: :data:`LOOKBACK` seconds before, and not before it first subscribed at
-    ``first`` (None: unknown)."""
-    return max(first if first is not None else silent, silent - LOOKBACK)
+    ``first`` (None: unknown) less :data:`CLOCK_SKEW` (the start is compared with the
+    publishers' clocks: one running behind the subscriber's stamps what it published
+    after the subscription earlier)."""
+    return max(first - CLOCK_SKEW if first is not None else silent, silent - LOOKBACK)
 
 
 class LastSeen(OrderedDict[tuple[str, int], int]):

@@ -52,6 +52,11 @@ LOOKBACK = 30.0
 replay asks for what a subscriber may have missed: a publication published earlier
 that it did not get was not lost to the fail-over (it would have been in flight for
 longer than any custody window)."""
+CLOCK_SKEW = 1.0
+"""Seconds a publisher's clock may run behind a subscriber's: a replay that starts where
+the subscriber first subscribed (its clock) reaches this much earlier, since it is
+compared with the publishers' stamps; a publication published up to this long before the
+subscription may come with the replay."""
 PUBLISHERS_KNOWN = 10_000
 """(publisher, session) pairs whose last sequence number a subscriber or a durable
 record remembers; a forgotten one is asked for by time instead."""

@@ -23,12 +23,14 @@ class FailureSpecError(ValueError):
 class Failure:
     """A broker (``ends`` of one) or a link (``ends`` of two) fails at ``at`` and comes
     back at ``until`` (None: never); a ``stall`` is a broker stopped and resumed as the
-    same process."""
+    same process; a ``one_way`` link failure loses only what ``ends[0]`` sends
+    ``ends[1]`` (the simulator's model: see :mod:`octopis.sim.failures`)."""
 
     ends: tuple[str, ...]
     at: float
     until: float | None = None
     stall: bool = False
+    one_way: bool = False
 
     @property
     def is_broker(self) -> bool:

@@ -330,8 +330,9 @@ class Subscriber(NamedClient):
         """Ask the overlay for the retained publications this subscriber may have missed
         (after the last delivered of each publisher it knows, all of them published since
         :data:`LOOKBACK` seconds before its broker went silent, and not before it first
-        subscribed) and deliver them with the live ones held meanwhile, each once, in
-        publisher order; returns the gap left, if any (also reported)."""
+        subscribed less :data:`~octopis.defaults.CLOCK_SKEW`) and deliver them with the
+        live ones held meanwhile, each once, in publisher order; returns the gap left, if
+        any (also reported)."""
         silent = self.connection.silent_since or time.time()
         after = replay_after(self.since, silent)
         if seam is None:

@@ -156,12 +156,17 @@ class ClusteredBroker(NotificationRouting):
         With covering or advertisements, the withdrawal of a subscription of this
         cluster goes where the subscription went (or, after a restart, may have gone:
         one not held is ignored); with covering, each preceded by the subscriptions it
-        covered there that go in its place (:meth:`Covering.withdraw`).
+        covered there that go in its place (:meth:`Covering.withdraw`). A withdrawal of
+        one not held, from a neighbour whose resync share this broker still misses, is
+        ignored too: the share would have brought it, and will not now.
         """
         entry = self.table.entries.get(message.sub_id)
         travel = self.travel
         if entry is None and travel.not_held is not None:
             self.stats[travel.not_held] += 1
+            return []
+        if entry is None and src in self.missing_shares:
+            self.stats["resync.withdrawn_before_share"] += 1
             return []
         if entry is None or entry.last_hop != src:
             raise ProtocolError(f"unsubscribe of {message.sub_id} from {src}: no such entry")

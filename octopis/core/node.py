@@ -178,11 +178,17 @@ class BrokerNode(Generic[Token]):
         """A link that was down healed with the same process on the other side, in this
         order: the subscription messages held for it; with covering, what went over the
         link before (one lost in flight would leave it without what covers others); the
-        copies held for it; then the shares owed to neighbours that are ``up``."""
+        copies held for it; then the shares owed to neighbours that are ``up``; and, if
+        our share was paid it late, the word that it was (lost if the link failed before
+        it was taken; said twice, it changes nothing)."""
         actions: list[Action | HandedShare] = self._hand_held_sbp(neighbour)[0]
         actions += self.core.refresh_link(neighbour)
         actions += self._released(neighbour, self.recovery.release_copies(neighbour))
         actions += self.pay_owed_shares()
+        core = self.core
+        if neighbour in self.recovery.paid_late and isinstance(core, ClusteredBroker):
+            wants = neighbour in core.missing_shares
+            actions.append(HandedShare(neighbour, 0, True, wants))
         return actions
 
     def neighbour_met(
@@ -198,6 +204,7 @@ class BrokerNode(Generic[Token]):
         is whole for it: while we are resyncing, or missing another neighbour's share, we
         say so and owe it the share. BID, the static baseline, has no resync."""
         clustered = self.clustered
+        self.recovery.paid_late.discard(neighbour)  # a new process: its share comes below
         if restarted:
             epoch = epoch_of(incarnation) if clustered else None
             for copy in self.recovery.restarted(neighbour, epoch, read_sbp):
@@ -275,6 +282,7 @@ class BrokerNode(Generic[Token]):
             share = self._share(neighbour, set())
             wants = neighbour in core.missing_shares
             actions += [*share, HandedShare(neighbour, len(share), True, wants)]
+            self.recovery.paid_late.add(neighbour)
             self.counters["shares_handed_late"] += 1
         return actions
 

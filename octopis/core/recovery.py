@@ -49,6 +49,11 @@ class Recovery(Generic[Item]):
         """Restarted neighbour → the sub-id epoch of its new incarnation."""
         self.owed_shares: set[str] = set()
         """Neighbours told our share was not whole; each gets it once it is."""
+        self.paid_late: set[str] = set()
+        """Neighbours handed our share after their handshake (a share owed, paid): the
+        word that it was handed goes on the link as a link frame, which a link that
+        fails before it is taken loses while the share's entries wait for the heal, so
+        a heal says it again (:meth:`BrokerNode.link_back`)."""
         self.unshared: set[str] = set()
         """Restarted neighbours not yet handed our share: what is held for one is
         handed as at its restart (:meth:`restarted`), since a withdrawal or a move can
@@ -154,6 +159,7 @@ class Recovery(Generic[Item]):
         dropped = len(self.copies.pop(neighbour, ())) + len(self.subscriptions.pop(neighbour, ()))
         self.withdraw_when_serving.pop(neighbour, None)
         self.owed_shares.discard(neighbour)
+        self.paid_late.discard(neighbour)
         self.unshared.discard(neighbour)
         return dropped
 

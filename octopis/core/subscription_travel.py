@@ -326,9 +326,11 @@ class Advertised(Travel):
     def _always_open(self) -> frozenset[str]:
         """The links every subscription of this cluster is drawn over, whatever the
         advertisements: under DNR every tree edge (a copy may enter the cluster at any
-        region), under SNR none."""
+        region), under SNR none; and the links to neighbours whose resync share this
+        broker still misses (the advertisements from their side come with it)."""
         broker = self.broker
-        return frozenset(broker.primary) if broker.dynamic else NO_LINKS
+        always = frozenset(broker.primary) if broker.dynamic else NO_LINKS
+        return always | broker.missing_shares
 
     def pass_on(
         self, message: Subscribe, origin: str | None, restored: bool = False

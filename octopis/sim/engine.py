@@ -326,7 +326,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         core = self.cores[broker]
         if self.advertisements and isinstance(core, ClusteredBroker):
             core.check_advertised(publisher, publication)
-        notification = Notification(publisher, seq, self.now, publication)
+        notification = Notification(
+            publisher, seq, self.now + self.clocks.get(publisher, 0), publication
+        )
         if self.service is not None:  # no failures with a service model: always serving
             self.ledger.published(publisher, seq, publication)
             self._queue_for_cpu(broker, None, notification)
@@ -558,6 +560,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                     if measures_queues and type(message) is Notification:
                         self.target_queue.append(ahead)
                     arrival = departure + self._sample_latency()
+                if failures is not None and failures.slow:
+                    arrival += failures.slow.get((broker, dst), 0.0)
                 queue = in_flight.get(dst)
                 if queue is None:
                     queue = in_flight[dst] = deque()

@@ -24,6 +24,21 @@ The model is the transport's, in simulated time:
   decides when things arrive: a neighbour's SYNCED arrives behind what it sent; a link
   that was cut before two brokers met carries their handshake when it heals.
 
+- A one-way partition (``Failure(one_way=True)``: what ``A`` sends ``B`` is lost, ``B``'s
+  frames still reach ``A``) is what a broker process lives through over TCP: ``B`` hears
+  nothing from ``A`` and declares it down ``detection`` seconds later; it then stops
+  sending on the link (the process pauses a link it declared down), so ``A`` hears
+  nothing either and declares ``B`` down ``detection`` seconds after that. Until then
+  ``A`` takes ``B``'s frames, but its acknowledgements do not come back: what ``B`` sent
+  since the failure stays in ``B``'s custody and is routed again at its detection (edge
+  dedup absorbs what got through), and what ``A`` sent since the failure stays in
+  ``A``'s custody until its own. The heal lets both directions carry again.
+- A delay spike on a link (:meth:`FailureEvents.slow_link`) makes every frame sent on it
+  meanwhile arrive that much later, in order (a TCP stream delays; it never reorders
+  nor duplicates on a live connection, and loses nothing until the connection resets,
+  which a partition models). A spike shorter than ``detection`` is seen by no one but
+  in latency; a longer one is a silent link, that is a partition.
+
 Failures are read by :mod:`octopis.failure_schedule` (times in seconds of simulated time
 from the start of publishing).
 """
@@ -31,7 +46,7 @@ from the start of publishing).
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 
 from octopis.core import LinkView, Notification, make_broker
 from octopis.core.node import HandedShare
@@ -54,14 +69,45 @@ class FailureState:
         self.dead: set[str] = set()
         self.cut: set[tuple[str, str]] = set()
         """Directed links failed as links (independent of dead brokers)."""
+        self._cut_by: dict[Failure, set[tuple[str, str]]] = {}
+        self._cuts: Counter[tuple[str, str]] = Counter()
+        """How many failures under way cut each directed link: it carries again when the
+        last of them heals."""
         self.detected: dict[str, set[str]] = {}
         """Per broker, the neighbours it has detected as down."""
         self.failed_at: dict[tuple[str, str], float] = {}
+        self.slow: dict[tuple[str, str], float] = {}
+        """Directed links in a delay spike: the seconds each frame sent on it is late."""
         self._custody: dict[tuple[str, str], deque[tuple[float, object]]] = {}
 
     def broken(self, src: str, dst: str) -> bool:
         """Whether a copy on ``src → dst`` is lost (link cut or an end dead)."""
         return src in self.dead or dst in self.dead or (src, dst) in self.cut
+
+    def cut_by(self, failure: Failure, links: list[tuple[str, str]]) -> None:
+        """``failure`` cuts the directed ``links`` (until :meth:`heal`)."""
+        mine = self._cut_by.setdefault(failure, set())
+        for link in links:
+            if link not in mine:
+                mine.add(link)
+                self._cuts[link] += 1
+                self.cut.add(link)
+
+    def cutting(self, failure: Failure) -> bool:
+        """Whether ``failure`` cuts links now (it has not healed)."""
+        return failure in self._cut_by
+
+    def heal(self, failure: Failure) -> None:
+        """``failure`` ends: each link it cut carries again unless another still cuts it."""
+        for link in self._cut_by.pop(failure, ()):
+            self._cuts[link] -= 1
+            if not self._cuts[link]:
+                del self._cuts[link]
+                self.cut.discard(link)
+
+    def severed(self, a: str, b: str) -> bool:
+        """Whether the link of ``a`` and ``b`` fails either way (no handshake goes over)."""
+        return self.broken(a, b) or self.broken(b, a)
 
     def sent(self, src: str, dst: str, now: float, message: object) -> None:
         """Keep ``message`` in ``src``'s custody for ``dst``."""
@@ -70,6 +116,9 @@ class FailureState:
             window = self._custody[(src, dst)] = deque()
         window.append((now, message))
         horizon = now - self.retain - self.detection
+        failed = self.failed_at.get((src, dst))
+        if failed is not None:  # unacknowledged since: kept until the sender detects it
+            horizon = min(horizon, failed - self.retain)
         while window and window[0][0] < horizon:
             window.popleft()
 
@@ -144,6 +193,8 @@ class FailureEvents:
             raise ValueError(
                 "failures are not simulated with a CPU service model or receiver-paced links"
             )
+        if failure.one_way and len(failure.ends) != 2:
+            raise ValueError("a one-way failure names a link A-B")
         self._failure_state(detection, retain)
         self.at(start + failure.at, self._fail, failure)
         if failure.until is not None:
@@ -183,13 +234,57 @@ class FailureEvents:
             self.failure_counts.update(counts)
             self.failure_counts["brokers_killed"] += 1
             self._hosts_died(broker)
+        elif failure.one_way:
+            talker, listener = failure.ends
+            state.cut_by(failure, [(talker, listener)])
+            self.failure_counts["links_cut_one_way"] += 1
+            for link in ((talker, listener), (listener, talker)):  # lost, or unacknowledged
+                if link[0] not in state.dead:
+                    state.failed_at.setdefault(link, self.now)
+            self.at(self.now + state.detection, self._one_way_silent, failure)
+            return
         else:
-            state.cut.update(self._failed_links(failure))
+            state.cut_by(failure, self._failed_links(failure))
             self.failure_counts["links_cut"] += 1
         for src, dst in self._failed_links(failure):
             if src not in state.dead and (src, dst) not in state.failed_at:
                 state.failed_at[(src, dst)] = self.now
                 self.at(self.now + state.detection, self._detect, src, dst)
+
+    def _one_way_silent(self, failure: Failure) -> None:
+        """The listener (``failure.ends[1]``) has heard nothing from the talker for the
+        detection time: it declares it down and stops sending on the link, so the talker
+        hears nothing either and declares the listener down a detection time later (see
+        the module docstring). Nothing, if the link healed meanwhile."""
+        state = self.failures
+        assert state is not None
+        if not state.cutting(failure):
+            return
+        talker, listener = failure.ends
+        self._detect(listener, talker)
+        state.cut_by(failure, [(listener, talker)])
+        if listener not in state.dead:
+            state.failed_at.setdefault((listener, talker), self.now)
+        self.at(self.now + state.detection, self._detect, talker, listener)
+
+    def slow_link(self, src: str, dst: str, at: float, until: float, extra: float) -> None:
+        """From ``at`` to ``until`` every frame ``src`` sends ``dst`` arrives ``extra``
+        seconds late, in order (a delay spike; see the module docstring)."""
+        if src not in self.scot.graph or dst not in self.scot.graph[src]:
+            raise KeyError(f"{src} and {dst} are not neighbours")
+        if not (extra > 0 and at < until):
+            raise ValueError("a delay spike needs extra > 0 and at < until")
+        self._failure_state()
+        self.at(at, self._set_slow, src, dst, extra)
+        self.at(until, self._set_slow, src, dst, -extra)
+
+    def _set_slow(self, src: str, dst: str, extra: float) -> None:
+        slow = self.failures.slow  # type: ignore[union-attr]
+        late = round(slow.get((src, dst), 0.0) + extra, 9)
+        if late > 0:
+            slow[(src, dst)] = late
+        else:
+            slow.pop((src, dst), None)
 
     def _detect(self, src: str, dst: str) -> None:
         """``src`` declares ``dst`` down and re-routes the notifications it kept in
@@ -232,9 +327,9 @@ class FailureEvents:
             self._greet(broker)
             self._advertise_again(broker)
             return
-        state.cut.difference_update(links)
+        state.heal(failure)
         a, b = failure.ends
-        if state.broken(a, b):
+        if state.severed(a, b):
             return
         if not self._met(a, b) or not self._met(b, a):
             self._meet(a, b)
@@ -272,7 +367,7 @@ class FailureEvents:
         self.nodes[broker].start(self.now, state.detection)
         self.at(self.now + state.detection, self._check_serving, broker)
         for neighbour in neighbours:
-            if state.broken(broker, neighbour):  # never greeted: detected like any silence
+            if state.severed(broker, neighbour):  # never greeted: detected like any silence
                 state.failed_at[(broker, neighbour)] = self.now
                 self.at(self.now + state.detection, self._detect, broker, neighbour)
             else:
@@ -286,7 +381,7 @@ class FailureEvents:
         state = self.failures
         assert state is not None
         for neighbour in sorted(self.scot.graph[broker]):
-            if not state.broken(broker, neighbour):
+            if not state.severed(broker, neighbour):
                 self._meet(neighbour, broker)
 
     def _meet(self, a: str, b: str) -> None:
@@ -361,14 +456,17 @@ class FailureEvents:
         it held for it (:meth:`BrokerNode.neighbour_serving`)."""
         state = self.failures
         assert state is not None
-        if state.broken(src, dst) or not self.nodes[dst].serving:
+        if state.broken(dst, src) or not self.nodes[dst].serving:
             return
         self._undetect(src, dst)
         self._hear_word(src, dst)
 
     def _undetect(self, src: str, dst: str) -> None:
+        """``src`` hears ``dst`` again; what it sends ``dst`` stays unacknowledged (in
+        custody, its failure time kept) while that direction is cut (one way)."""
         state = self.failures
         assert state is not None
-        state.failed_at.pop((src, dst), None)
+        if not state.broken(src, dst):
+            state.failed_at.pop((src, dst), None)
         state.detected.get(src, set()).discard(dst)
         self.nodes[src].neighbours.heard(dst, self.now)

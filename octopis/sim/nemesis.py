@@ -4,7 +4,8 @@ the simulator, and a checker that reads the whole history.
 A seed decides everything: the topology (fig2 or paper75), the routing mode (SNR, DNR,
 BID), covering and advertisements, the subscribers and publishers, and a schedule of
 faults while they publish — brokers that crash and restart (empty, a new incarnation),
-brokers paused (every link silent, the process alive: SIGSTOP as its neighbours see it),
+brokers paused (every link silent, the process alive: SIGSTOP as its neighbours see it;
+its clients still reach it, so it is also a broker cut off from all its neighbours),
 links partitioned both ways for a while, and subscribers whose connection dies (they
 fail over and replay), and historic queries asked after publishing of what was
 published in a window. The same seed gives the same events in the same order and the
@@ -15,15 +16,27 @@ The checker (:func:`check`) holds every subscriber to exactly once: no duplicate
 it did not ask for, and every publication it should have had either delivered or
 accounted for — counted undeliverable by a broker (with its reason), or, for a subscriber
 that failed over, published while it was away and named in a gap reported to it.
-Anything else is a silent loss. A historic query gets each publication of its window
+Anything else is a silent loss. At the end, nothing is still held for a neighbour that
+is back, and no broker still misses the resync share of a neighbour its link reaches. A
+historic query gets each publication of its window
 that matches once and nothing else, or a store it did not hear from named in a gap
 reported to it (or its host died under it, which its client sees).
 
-What the simulator does not inject (the process tests do, or cannot here): one-way
-partitions, frame loss and delay spikes on one link (ZeroMQ over TCP never loses or
-reorders frames on a live connection; a reset connection loses what was in flight,
-which is what a partition does here), full disks, a store that loses its unsynced tail,
-and skewed clocks.
+Beside those, 0-2 faults on links and clocks (drawn apart, so that the draws above stay
+what they were): one-way partitions (what ``A`` sends ``B`` is lost; over TCP that stalls
+both directions once ``B`` declares ``A`` down and stops sending: see
+:mod:`octopis.sim.failures` for the model), delay spikes on one link (frames late, in
+order, below ``links.down_after``: a longer one is a partition), and publishers' clocks
+skewed by up to :data:`SKEW` seconds either way (their stamps are what a replay's and a
+historic query's window compare). One draw in four adds a heal during another
+neighbour's resync: a broker restarts while its link to one neighbour is cut, another
+neighbour restarts meanwhile, and the share it is owed can be paid only after the heal.
+
+What TCP rules out is not injected: frames reordered, duplicated or lost one at a time
+on a live connection (a connection that resets loses what was in flight, which a
+partition models). What the simulator does not inject (the process tests do): full
+disks and a store that loses its unsynced tail (the retention store is the broker
+process's SQLite file, not the node's).
 """
 
 from __future__ import annotations
@@ -41,9 +54,14 @@ from octopis.topology import Scot, build_preset
 
 PRESETS = ("fig2", "paper75")
 MODES = ("snr", "dnr", "bid")
-FAULT_KINDS = ("crash", "pause", "partition", "client")
+FAULT_KINDS = ("crash", "pause", "partition", "client", "one-way", "delay", "skew")
 DURATION = 5.0
 """Seconds of publishing; faults fall in the first four and last up to three."""
+SKEW = 0.5
+"""The bound on a publisher's clock skew (seconds ahead or behind)."""
+SPIKE = 0.6
+"""The longest delay spike on a link: below ``links.down_after`` less a heartbeat, so
+that no one declares the link down (a longer spike is a partition)."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +72,27 @@ class ClientFault:
     at: float
 
 
-Fault = Failure | ClientFault
+@dataclass(frozen=True)
+class DelaySpike:
+    """From ``at`` to ``until`` what ``src`` sends ``dst`` arrives ``extra`` seconds late,
+    in order."""
+
+    src: str
+    dst: str
+    at: float
+    until: float
+    extra: float
+
+
+@dataclass(frozen=True)
+class ClockSkew:
+    """Publisher ``publisher``'s clock runs ``offset`` seconds ahead (behind, if negative)."""
+
+    publisher: str
+    offset: float
+
+
+Fault = Failure | ClientFault | DelaySpike | ClockSkew
 Historic = tuple[float, str, str, int, float, float]
 """A historic query: (time, asker, broker, k, after, until)."""
 
@@ -122,22 +160,36 @@ class Verdict:
 def _fault_text(fault: Fault) -> str:
     if isinstance(fault, ClientFault):
         return f"client {fault.subscriber} connection dies @{fault.at:.3f}"
-    kind = "pause" if fault.stall else "crash" if fault.is_broker else "partition"
+    if isinstance(fault, DelaySpike):
+        return (f"delay {fault.src}->{fault.dst} +{fault.extra:.3f} s @{fault.at:.3f} "
+                f"until {fault.until:.3f}")  # fmt: skip
+    if isinstance(fault, ClockSkew):
+        return f"skew {fault.publisher}'s clock {fault.offset:+.3f} s"
     back = "never" if fault.until is None else f"{fault.until:.3f}"
-    return f"{kind} {'-'.join(fault.ends)} @{fault.at:.3f} until {back}"
+    ends = "->".join(fault.ends) if fault.one_way else "-".join(fault.ends)
+    return f"{fault_kind(fault)} {ends} @{fault.at:.3f} until {back}"
 
 
 def fault_kind(fault: Fault) -> str:
     """One of :data:`FAULT_KINDS`."""
     if isinstance(fault, ClientFault):
         return "client"
+    if isinstance(fault, DelaySpike):
+        return "delay"
+    if isinstance(fault, ClockSkew):
+        return "skew"
+    if fault.one_way:
+        return "one-way"
     return "pause" if fault.stall else "crash" if fault.is_broker else "partition"
 
 
-def draw(seed: int, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3) -> Scenario:
+def draw(
+    seed: int, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3, links: bool = True
+) -> Scenario:
     """The scenario of ``seed``: a topology of ``presets``, a mode, covering and
-    advertisements, 6-16 subscribers and 10-30 publications on random brokers, and 1 to
-    ``max_faults`` faults of every kind at random times."""
+    advertisements, 6-16 subscribers and 10-30 publications on random brokers, 1 to
+    ``max_faults`` crashes, pauses, partitions and client faults at random times, and
+    (``links``) 0 to 2 one-way partitions, delay spikes and skewed publisher clocks."""
     rng = random.Random(seed)
     preset = rng.choice(presets)
     scot = _scot(preset)
@@ -155,7 +207,7 @@ def draw(seed: int, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3
     )  # fmt: skip
     faults: list[Fault] = []
     for _ in range(rng.randint(1, max_faults)):
-        kind = rng.choice(FAULT_KINDS)
+        kind = rng.choice(FAULT_KINDS[:4])
         at = round(rng.uniform(0, DURATION - 1), 6)
         until = round(at + rng.uniform(0.2, 3.0), 6)
         if kind == "client":
@@ -181,10 +233,54 @@ def draw(seed: int, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3
         advertisements,
         subscribers,
         publications,
-        tuple(faults),
+        tuple(faults) + (_link_faults(seed, scot, publications) if links else ()),
         withdrawals,
         _historics(seed, brokers),
     )
+
+
+def _link_faults(
+    seed: int, scot: Scot, publications: tuple[tuple[float, str, int], ...]
+) -> tuple[Fault, ...]:
+    """0-2 one-way partitions, delay spikes on a link and skewed publisher clocks, drawn
+    apart from the rest of the scenario (as :func:`_historics`: earlier draws stay)."""
+    rng = random.Random(f"{seed}/links")
+    brokers = sorted(scot.brokers)
+    faults: list[Fault] = []
+    if rng.random() < 0.25:
+        faults += _resync_race(rng, scot)
+    for _ in range(rng.randint(0, 2)):
+        kind = rng.choice(FAULT_KINDS[4:])
+        at = round(rng.uniform(0, DURATION - 1), 6)
+        a = rng.choice(brokers)
+        b = rng.choice(sorted(scot.graph[a]))
+        if kind == "one-way":
+            faults.append(Failure((a, b), at, round(at + rng.uniform(0.2, 3.0), 6), one_way=True))
+        elif kind == "delay":
+            until = round(at + rng.uniform(0.1, 2.0), 6)
+            faults.append(DelaySpike(a, b, at, until, round(rng.uniform(0.05, SPIKE), 6)))
+        elif publications:
+            broker = rng.choice(publications)[1]
+            faults.append(ClockSkew(f"P{broker}", round(rng.uniform(-SKEW, SKEW), 6)))
+    return tuple(faults)
+
+
+def _resync_race(rng: random.Random, scot: Scot) -> list[Fault]:
+    """A heal during another neighbour's resync: broker ``N`` restarts while its link to
+    ``M`` is cut, so it serves without ``M``'s share; its neighbour ``R`` restarts
+    meanwhile and is owed ``N``'s share, which ``N`` can pay only once the link to ``M``
+    heals and ``M``'s share comes in (a share paid late)."""
+    n = rng.choice(sorted(b for b in scot.brokers if len(scot.graph[b]) >= 2))
+    m, r = rng.sample(sorted(scot.graph[n]), 2)
+    at = round(rng.uniform(0, 1.5), 6)
+    back = round(at + rng.uniform(0.2, 0.8), 6)
+    again = round(back + rng.uniform(1.1, 1.6), 6)
+    cut = round(max(0.0, at - rng.uniform(0, 0.2)), 6)
+    return [
+        Failure((n, m), cut, round(again + rng.uniform(1.5, 2.5), 6)),
+        Failure((n,), at, back),
+        Failure((r,), again, round(again + rng.uniform(0.1, 0.4), 6)),
+    ]
 
 
 def _historics(
@@ -246,6 +342,10 @@ def simulate(scenario: Scenario) -> tuple[Simulator, dict[str, float], dict[str,
     for fault in scenario.faults:
         if isinstance(fault, ClientFault):
             sim.fail_client(fault.subscriber, start + fault.at)
+        elif isinstance(fault, DelaySpike):
+            sim.slow_link(fault.src, fault.dst, start + fault.at, start + fault.until, fault.extra)
+        elif isinstance(fault, ClockSkew):
+            sim.clocks[fault.publisher] = fault.offset
         else:
             sim.fail(fault, start)
     for at, broker, x in scenario.publications:
@@ -314,12 +414,14 @@ def check(
     if not failures and (report["duplicates"] or report["unexpected"]):
         problems.append(f"{report['duplicates']} duplicated, {report['unexpected']} unexpected")
     published = {(n.publisher, n.seq): n.published_at for ns in sim.stores.values() for n in ns}
+    clocks = sim.clocks
+    when_sent = {key: at - clocks.get(key[0], 0.0) for key, at in published.items()}
     undeliverable = sim.undeliverable_keys
 
     def accounted(s: str, p: str, q: int) -> bool:
         if sim.replay_gaps.get(s):
             return True
-        when = published.get((p, q))
+        when = when_sent.get((p, q))
         if s in withdrawn and when is not None and when <= withdrawn[s]:
             return True
         away = when is not None and any(a <= when < b for a, b in sim.outages.get(s, ()))
@@ -331,6 +433,10 @@ def check(
             if state is not None and not state.broken(broker, neighbour):
                 problems.append(f"{broker} still holds {copies} copies for {neighbour}, "
                                 "which is back")  # fmt: skip
+        for neighbour in node.status()["missing_shares"]:  # type: ignore[union-attr]
+            if state is not None and not state.severed(broker, neighbour):
+                problems.append(f"{broker} still misses {neighbour}'s resync share, though "
+                                "their link carries")  # fmt: skip
     missing = sim.ledger.expected - set(sim.ledger.received)
     silent = sorted(key for key in missing if not accounted(*key))
     if silent:

@@ -102,6 +102,9 @@ class SubscriberFailover:
         dead keeps trying while one is to come back)."""
         self.cut_clients: set[tuple[str, str]] = set()
         """(subscriber, broker) connections that failed: deliveries on them are lost."""
+        self.clocks: dict[str, float] = {}
+        """Each publisher's clock: how far its stamps (``published_at``) run ahead of the
+        simulated time (behind, if negative)."""
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
         self.records: dict[str, RecentDeliveries] = {}
