@@ -261,6 +261,12 @@ def test_fault_kinds_are_all_drawn() -> None:
             "a partition's heal let a link carry while a pause of its end still cut it "
             "(the simulator's model)",
         ),
+        (
+            1861,
+            ("fig2",),
+            "restarted brokers took a replay request again from other parents, the parents "
+            "formed a cycle, and a late echo went round it for ever (the run never ended)",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

@@ -205,6 +205,11 @@ class ReplayRounds:
         """Requests completed here → the neighbour they came from (None at the host):
         late answers of a part that was silent still find their way back."""
         self.stats: dict[str, int] = {"replay.rounds": 0, "replay.ended_early": 0}
+        self.late_passed: OrderedDict[tuple, None] = OrderedDict()
+        """Late answers passed on toward their host (at most ``16 × limit``): one that
+        comes round again is dropped. Parents can form a cycle: a broker that restarted
+        takes a request handed to it again from another neighbour than its predecessor's
+        parent, and a late answer would go round that cycle for ever."""
 
     def start(self, request: Replay, now: float) -> list[ReplayAction]:
         """The host starts ``request`` (a new ``req_id``; sent behind the subscriptions
@@ -249,6 +254,18 @@ class ReplayRounds:
         if message.req_id not in self.finished:
             self.stats["replay.unknown"] = self.stats.get("replay.unknown", 0) + 1
             return []
+        if type(message) is ReplayEcho:
+            parts = (message.answered, message.unstored, message.silent)
+            passed: tuple = (message.req_id, message.seen, message.published, *map(tuple, parts))
+        else:
+            first = message.notifications[0] if message.notifications else None
+            passed = (message.req_id, len(message.notifications), first and first.key)
+        if passed in self.late_passed:
+            self.stats["replay.late_looped"] = self.stats.get("replay.late_looped", 0) + 1
+            return []
+        self.late_passed[passed] = None
+        if len(self.late_passed) > 16 * self.limit:
+            self.late_passed.popitem(last=False)
         self.stats["replay.late"] = self.stats.get("replay.late", 0) + 1
         parent = self.finished[message.req_id]
         if parent is not None:
