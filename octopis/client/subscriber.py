@@ -229,9 +229,8 @@ class Subscriber(NamedClient):
         broker it travels to, so that a publisher anywhere that publishes after this
         returns reaches it (an empty replay round sent behind it, whose echo comes back
         once every broker has it, DESIGN §11); brokers that did not answer within the
-        replay budget are in the stream's :attr:`~SubscriptionStream.unconfirmed`. A
-        durable or hybrid subscription is in place everywhere when it returns anyway:
-        its claim or replay round travels behind it."""
+        replay budget are in the stream's :attr:`~SubscriptionStream.unconfirmed` (a
+        durable or hybrid one is in place everywhere anyway: its round goes behind it)."""
         subscription = as_filter(spec)
         if isinstance(subscription, Composite):
             if durable is not None or since is not None or until is not None:
