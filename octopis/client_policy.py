@@ -64,13 +64,14 @@ def join_at_seam(
     return joined, repeats
 
 
-def replay_after(first: float | None, silent: float) -> float:
+def replay_after(first: float | None, silent: float, skew: float = CLOCK_SKEW) -> float:
     """The start time of a replay asked for by a subscriber whose broker went silent at
     ``silent``: :data:`LOOKBACK` seconds before, and not before it first subscribed at
-    ``first`` (None: unknown) less :data:`CLOCK_SKEW` (the start is compared with the
-    publishers' clocks: one running behind the subscriber's stamps what it published
-    after the subscription earlier)."""
-    return max(first - CLOCK_SKEW if first is not None else silent, silent - LOOKBACK)
+    ``first`` (None: unknown) less ``skew`` (the start is compared with the publishers'
+    clocks: one running behind the subscriber's stamps what it published after the
+    subscription earlier). A durable record's claim passes 0: it owes exactly what was
+    published since its subscription, by the record's own start."""
+    return max(first - skew if first is not None else silent, silent - LOOKBACK)
 
 
 class LastSeen(OrderedDict[tuple[str, int], int]):

@@ -55,7 +55,9 @@ class DurableRecord:
         """What this record owes, as handed over to a new host at wall time ``now``."""
         away = self.away if self.away is not None else now
         since = tuple(self.since.since())
-        return Claimed(broker, self.filters, since, replay_after(self.after, away), self.updated)
+        return Claimed(
+            broker, self.filters, since, replay_after(self.after, away, skew=0.0), self.updated
+        )
 
 
 class Durables:
