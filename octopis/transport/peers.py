@@ -412,8 +412,11 @@ class PeerLinks:
         batch. The copies are this process's from here (routed in this same synchronous
         pass), so a publisher's confirm need not wait for the fan-out behind them; more
         runs from ``name`` in the pass are acknowledged at its end, so a busy pass adds
-        one acknowledgement per neighbour. Backpressure is looked at afresh first, as
-        :meth:`_acknowledge_pass` does."""
+        one acknowledgement per neighbour. Only with no delivery waiting for the client
+        side's capacity: the run about to be routed may add to that backlog, which only
+        the pass's end sees (:meth:`_acknowledge_pass` then looks at backpressure)."""
+        if self.waiting_deliveries():
+            return
         full = self._check_pressure(now)
         if not full or (len(full) == 1 and name in full):
             self._beat(name, state, now, at_once=True)
