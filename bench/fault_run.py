@@ -165,7 +165,14 @@ class Checker:
             "gaps_open": len(sub.gaps),
             "gaps_filled": self.filled[name],
             "failovers": len(sub.connection.outages),
+            "unexpected_sample": self.unexpected(name)[:5],
         }
+
+    def unexpected(self, name: str) -> list[tuple[str, int]]:
+        """``name``'s deliveries no confirmed publication accounts for, as (publisher,
+        seq), in order (the report names a few, so that a failure says what came)."""
+        keys = set(self.ledger.received) - self.ledger.expected
+        return sorted((p, seq) for (s, p, seq) in keys if s == name)
 
 
 async def scenario(spec: dict[str, Any]) -> dict[str, Any]:

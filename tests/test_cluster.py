@@ -602,7 +602,7 @@ def test_kill_an_inner_host_broker_mid_stream(tmp_path: Path) -> None:
     duplicate; every neighbour detects the death (how fast is measured in bench/); traffic
     goes around the dead broker; the restarted broker's table equals its neighbours' view
     of it (entry by entry, through the control RPC). The victim's subscribers fail over to
-    another broker, back before the restart; everything published after they are back
+    another broker; everything published after they are back
     reaches them exactly once. How long they are away is a measurement, not a check here:
     the failure experiment reports it (bench/RESULTS.md); this test prints it."""
     report, scot, workload = _dnr_run_with_failures(
@@ -624,7 +624,9 @@ def test_kill_an_inner_host_broker_mid_stream(tmp_path: Path) -> None:
     assert detection["neighbours"] == len(scot.brokers[VICTIM].neighbours)
     _check_survivors(report, {VICTIM}, 1_500)
     assert failures["tunnel.started"] > 0
-    assert failures[f"failover.{VICTIM}.away_s"] < 6.0
+    away = failures.get(f"failover.{VICTIM}.away_s")
+    assert away is not None, "the victim's subscribers never failed over"
+    print(f"subscribers away {away:.2f} s")
     assert failures["host_dead"]["duplicates"] == 0
     back = failures["host_dead_after_back"]
     assert back["expected_deliveries"] > 0
@@ -649,7 +651,9 @@ def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) 
     )
     failures = report["failures"]
     _check_survivors(report, {"c:0"}, 350)
-    assert failures["failover.c:0.away_s"] < 5.0
+    away = failures.get("failover.c:0.away_s")
+    assert away is not None, "c:0's subscribers never failed over"
+    print(f"subscribers away {away:.2f} s")
     back = failures["host_dead_after_back"]
     assert back["expected_deliveries"] > 0
     assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
