@@ -53,7 +53,7 @@ from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.settings import BrokerSettings, Links
 from octopis.topology import build_preset
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
-from octopis.transport.peers import PEER_BATCH
+from octopis.transport.peer_input import PEER_BATCH
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import NOTIFY_HEAD
 

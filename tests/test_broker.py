@@ -86,7 +86,7 @@ def test_routing_that_fails_before_taking_a_run_drops_it_counted(
         state = table["a:0"]
         monkeypatch.setattr(broker, "peer_notifications", broken_routing)
         heartbeat = encode_peer("a:0", Heartbeat(PLAYED, 0, 0, True))[1]
-        peers._on_message([b"a:0", _quote(1), _quote(2), heartbeat], 0.0)
+        peers.receiver.on_message([b"a:0", _quote(1), _quote(2), heartbeat], 0.0)
         raise RuntimeError(
             f"internal_errors {peers.counters['internal_errors']}, "
             f"serving a:0 {state.serving}, received {state.received}"
@@ -128,7 +128,7 @@ def test_a_pass_past_its_deadline_leaves_the_rest_of_a_run_for_the_next(
         bad = b"\xc1 not msgpack"
         frame = [b"a:0", _quote(1), _quote(2), bad, _quote(3), heartbeat, _quote(4)]
         while len(frame) > 1:
-            left_at = peers._on_message(frame, 0.0, deadline=0.0)
+            left_at = peers.receiver.on_message(frame, 0.0, deadline=0.0)
             passes.append(left_at)
             frame = [frame[0], *frame[left_at:]]
         taken.append(state.received)

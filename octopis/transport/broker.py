@@ -143,15 +143,15 @@ class Broker:
             data_dir,
             self._send_replay,
             lambda src, state: self.node.replay_targets(src, state, self.lst.down),
-            lambda key, message: self.clients.notify_client(key, message),
+            lambda key, message: self.clients.sessions.notify_client(key, message),
             self._queued_toward,
-            lambda key, sub_id: self.clients.withdraw(key, sub_id),
+            lambda key, sub_id: self.clients.sessions.withdraw(key, sub_id),
         )
         """The retention store and the replay rounds (DESIGN §11)."""
         self.composites = Composites(
             lambda key, subscription, now: self.core.subscribe(key, subscription, now),
             lambda key, sub_id: self.core.unsubscribe(key, sub_id),
-            lambda key, message: self.clients.notify_client(key, message),
+            lambda key, message: self.clients.sessions.notify_client(key, message),
             settings.composite.max_held,
             settings.composite.lateness,
             self.counters,
@@ -396,7 +396,7 @@ class Broker:
         relayed = self._relayed
         body = relayed[1] if relayed is not None and relayed[0] is message else encode_body(message)
         frame = frame_of(self._sender, body, DATA)
-        self.peers.put(neighbour, [frame], self.loop.time())
+        self.peers.output.put(neighbour, [frame], self.loop.time())
 
     def execute(
         self,
@@ -419,7 +419,7 @@ class Broker:
         encoded: dict[int, list] | None = None
         deliveries: dict[bytes, list[str]] | None = None
         delivered = None
-        forward = self.peers.forward
+        forward = self.peers.output.forward
         for action in actions:
             if type(action) is Forward:
                 name, message = action
@@ -449,12 +449,12 @@ class Broker:
                 deliveries.setdefault(client[0], []).append(client[1])
                 delivered = action.notification
             elif type(action) is Released:
-                self.clients.released(action.subscriber, action.sub_id)
+                self.clients.sessions.released(action.subscriber, action.sub_id)
             elif type(action) is HandedShare:
                 synced = Synced(
                     action.entries, action.complete, action.wants_share, predecessor=False
                 )
-                self.peers.send_synced(action.link, synced, now)
+                self.peers.output.send_synced(action.link, synced, now)
         if deliveries:
             if type(received) is Notification:
                 payload = body
@@ -471,7 +471,7 @@ class Broker:
         return relink(self, data)
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
-        """Order client ``client`` to move its subscriptions (see ``ClientSessions.order_move``);
+        """Order client ``client`` to move its subscriptions (see ``ClientConnections.order_move``);
         by adoption only where the core adopts (not with covering or advertisements)."""
         adopts = isinstance(self.core, ClusteredBroker) and self.core.adopts
-        return self.clients.order_move(client, to, inside and adopts)
+        return self.clients.sessions.order_move(client, to, inside and adopts)

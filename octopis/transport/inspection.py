@@ -166,4 +166,4 @@ class BrokerInspection:
             entry = entries.get(sub_id)
             return entry.subscription.interests() if entry is not None else frozenset()
 
-        return self.broker.clients.attached(interests)
+        return self.broker.clients.sessions.attached(interests)

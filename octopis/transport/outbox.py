@@ -21,13 +21,13 @@ import zmq
 
 from octopis.core.capacity import SendRate
 from octopis.logs import RateLimitedLog
-from octopis.settings import BrokerSettings
+from octopis.settings import Clients
 from octopis.transport.links import LOOP_SLACK, InputWaiter, SendPass
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import LEFT_AT, pack
 
 if TYPE_CHECKING:
-    from octopis.transport.clients import ClientSession
+    from octopis.transport.connections import ClientSession
 
 DELIVERIES_PER_MESSAGE = 16
 """Deliveries one message to a connection carries at most: ZeroMQ's high-water mark
@@ -45,12 +45,14 @@ DROPPED_KEPT = 1000
 class ClientOutbox:
     """The client socket's output (see the module docstring). It shares with the client
     sessions their ``connections`` (each one's backlog), the gateways' ``outlets``, the
-    ``dropped`` reasons and the ``counters``; ``drop`` drops a slow consumer."""
+    ``dropped`` reasons and the ``counters``; ``drop`` drops a slow consumer. ``settings``:
+    the ``[clients]`` section (capacity, backlog and publish window, slow policy,
+    timeout, queue limit)."""
 
     def __init__(
         self,
         broker_id: str,
-        settings: BrokerSettings,
+        settings: Clients,
         fast: FastSocket,
         send_pass: SendPass,
         connections: dict[bytes, ClientSession],
@@ -77,9 +79,7 @@ class ClientOutbox:
         self._held_count: Counter[bytes] = Counter()
         """Per connection: the deliveries (client names) in :attr:`_held`, counted only
         when :attr:`pacer` is set (nothing else reads them)."""
-        self.pacer = (
-            SendRate(settings.clients.capacity, LOOP_SLACK) if settings.clients.capacity else None
-        )
+        self.pacer = SendRate(settings.capacity, LOOP_SLACK) if settings.capacity else None
         """``clients.capacity``: the slots deliveries leave in, when set."""
         self.paced: deque[tuple[bytes, list[bytes], int, float | None]] = deque()
         """Messages waiting for :attr:`pacer`, in order: (connection, parts, deliveries in
@@ -91,6 +91,26 @@ class ClientOutbox:
         self._pacing: asyncio.Task[None] | None = None
         self.bytes_out = 0
         """Bytes of notifications delivered (the load analysis reads it, DESIGN §9)."""
+
+    def refuse_publication(self, connection: ClientSession) -> str | None:
+        """Why a publication from ``connection`` cannot be taken now (counted), or None:
+        ``clients.publish_window`` of its publications are unanswered, or
+        ``clients.queue_limit`` deliveries wait for ``clients.capacity``."""
+        window = self.settings.publish_window
+        if connection.unanswered >= window:
+            self.counters["publications_refused.window"] += 1
+            return (
+                f"{connection.unanswered} publications of this connection are unanswered "
+                f"(clients.publish_window = {window}); wait for their answers"
+            )
+        if self.paced_deliveries >= self.settings.queue_limit:
+            self.counters["publications_refused.deliveries_waiting"] += 1
+            return (
+                f"{self.paced_deliveries} deliveries wait for this broker's capacity "
+                f"(clients.capacity = {self.settings.capacity:g}/s, clients.queue_limit "
+                f"= {self.settings.queue_limit}); publish again later"
+            )
+        return None
 
     def notify(self, identity: bytes, message: dict) -> None:
         """Send a notice to a connection behind the deliveries made before it: those held
@@ -214,9 +234,9 @@ class ClientOutbox:
         connection = self.connections.get(identity)
         if connection is not None and connection.backlog:
             queued = len(connection.backlog)
-            limit = self.settings.clients.backlog_limit
+            limit = self.settings.backlog_limit
             if queued < limit or (
-                len(parts) == 1 and queued < limit + self.settings.clients.publish_window
+                len(parts) == 1 and queued < limit + self.settings.publish_window
             ):
                 connection.backlog.append(parts)  # a reply may use the publish window too
             else:
@@ -247,8 +267,8 @@ class ClientOutbox:
         """``parts`` found the connection's backlog full: apply ``clients.slow_policy``."""
         backlog = connection.backlog
         assert backlog is not None
-        limit = self.settings.clients.backlog_limit
-        if self.settings.clients.slow_policy == "drop_oldest" and len(parts) > 1:
+        limit = self.settings.backlog_limit
+        if self.settings.slow_policy == "drop_oldest" and len(parts) > 1:
             backlog.append(parts)
             while len(oldest := backlog.popleft()) == 1:  # replies are kept: a request
                 backlog.append(oldest)  # must be answered; the new delivery ends the loop
@@ -314,8 +334,7 @@ class ClientOutbox:
                     backlog.append([pack({"op": "overflow", "dropped": connection.overflowed})])
                     connection.overflowed = 0
             elif problem is PIPE_FULL and (
-                identity in self.connections
-                or loop.time() - progress < self.settings.clients.timeout
+                identity in self.connections or loop.time() - progress < self.settings.timeout
             ):
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.05)
@@ -327,7 +346,7 @@ class ClientOutbox:
                     self.broker_id,
                     identity.hex(),
                     len(backlog),
-                    f"it took nothing for {self.settings.clients.timeout:g} s"
+                    f"it took nothing for {self.settings.timeout:g} s"
                     if problem is PIPE_FULL
                     else problem,
                 )

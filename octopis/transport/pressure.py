@@ -15,7 +15,6 @@ from collections.abc import Mapping
 import psutil
 
 from octopis.logs import RateLimitedLog
-from octopis.settings import BrokerSettings
 from octopis.transport.links import OutputLink
 
 CLIENTS = "(clients)"
@@ -26,32 +25,37 @@ held back."""
 
 class Backpressure:
     """What holds a broker's neighbours back, refreshed by :meth:`check`; episodes are
-    counted in ``counters`` and logged through ``warn``."""
+    counted in ``counters`` and logged through ``warn``. ``queue_limit``:
+    ``links.queue_limit``; ``deliveries_limit``: ``clients.queue_limit``; ``budget_mb``:
+    ``memory.budget_mb``."""
 
     def __init__(
         self,
         broker_id: str,
-        settings: BrokerSettings,
+        queue_limit: int,
+        deliveries_limit: int,
+        budget_mb: int,
         counters: Counter[str],
         warn: RateLimitedLog,
     ) -> None:
         self.broker_id = broker_id
-        self.settings = settings
+        self.queue_limit = queue_limit
+        self.deliveries_limit = deliveries_limit
         self.counters = counters
         self._warn = warn
         self.full: set[str] = set()
         """Neighbours whose link has ``queue_limit`` frames waiting, or whose link is the
         longest while the broker is over its memory budget, and :data:`CLIENTS`."""
-        self.memory = MemoryBudget(settings.memory.budget_mb)
+        self.memory = MemoryBudget(budget_mb)
 
     def check(self, now: float, links: Mapping[str, OutputLink], waiting: int) -> set[str]:
         """Refresh :attr:`full` from the ``links``' queues and the ``waiting`` deliveries;
         count and log when backpressure starts. Over the memory budget, the link with the
         longest queue counts as full (if anything waits on it): the broker takes in no
         faster than it sends out until it is back under."""
-        limit = self.settings.links.queue_limit
+        limit = self.queue_limit
         full = {n for n, link in links.items() if len(link.queue) >= limit}
-        if waiting >= self.settings.clients.queue_limit:
+        if waiting >= self.deliveries_limit:
             full.add(CLIENTS)
         memory = self.memory
         if memory.over(now):
@@ -86,10 +90,18 @@ class Backpressure:
                     for n in sorted(full)
                 ),
                 limit,
-                self.settings.clients.queue_limit,
+                self.deliveries_limit,
             )
         self.full = full
         return full
+
+    def holds(self, name: str) -> bool:
+        """Whether neighbour ``name``'s acknowledgements are withheld (as :attr:`full`
+        last said): something other than its own link is full. What its own full link
+        carries never goes back to it, and withholding from it could lock two brokers
+        that wait on each other."""
+        full = self.full
+        return bool(full) and (len(full) > 1 or name not in full)
 
 
 class MemoryBudget:

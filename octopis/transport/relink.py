@@ -87,14 +87,14 @@ def relink(broker: Broker, data: object) -> dict[str, Any]:
     restarted one is), links to neighbours that leave close, and the core takes the new
     neighbours and cluster count. Refused with :class:`ValueError`, nothing changed,
     if the view is malformed, if a leaving link still carries routing frames
-    (:meth:`PeerLinks.carrying`: retry once drained), or if the core still routes over
+    (:meth:`PeerOutput.carrying`: retry once drained), or if the core still routes over
     it (``ProtocolError``: move the subscribers first); BID is not relinked."""
     view = decode_view(data, secure=broker.curve is not None)
     info = replace(broker.info, neighbours=tuple(n.neighbour for n in view.neighbours))
     old = {n.id for n in broker.info.neighbours}
     added = [n for n in view.neighbours if n.neighbour.id not in old]
     removed = sorted(old - {n.id for n in info.neighbours})
-    busy = {n: c for n in removed if (c := broker.peers.carrying(n))}
+    busy = {n: c for n in removed if (c := broker.peers.output.carrying(n))}
     if busy:
         raise ValueError(
             f"{broker.id}: the links to {', '.join(busy)} still carry "

@@ -12,12 +12,12 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Notification
 from octopis.logs import RateLimitedLog
-from octopis.transport.clients import ClientSessions
+from octopis.transport.clients import ClientSessions, ClientSettings
 from octopis.transport.control import serve_control
 from octopis.transport.links import SendPass
 from octopis.transport.load import LoadSample
 from octopis.transport.metrics import serve_metrics
-from octopis.transport.peers import PeerLinks
+from octopis.transport.peers import PeerLinks, PeerSettings
 from octopis.transport.process_mark import clear_running
 from octopis.transport.security import count_failed_handshakes, start_guards
 
@@ -60,7 +60,7 @@ async def serve(broker: Broker, gateway: Gateway | None = None) -> None:
         broker.id,
         broker.neighbour_endpoints,
         broker.info.endpoint,
-        broker.settings,
+        PeerSettings.of(broker.settings),
         broker.lst,
         ctx,
         broker,
@@ -73,7 +73,14 @@ async def serve(broker: Broker, gateway: Gateway | None = None) -> None:
     )
     broker.links = broker.peers.links
     broker.clients = ClientSessions(
-        broker.id, broker.info.client_endpoint, broker.settings, ctx, broker, curve, send_pass, idle
+        broker.id,
+        broker.info.client_endpoint,
+        ClientSettings.of(broker.settings),
+        ctx,
+        broker,
+        curve,
+        send_pass,
+        idle,
     )
     broker.rpc = await serve_control(
         broker,
@@ -167,7 +174,7 @@ async def sample_load(broker: Broker) -> None:
                 broker.received[Notification],
                 {name: link.copies for name, link in links.items()},
                 clients.counters["deliveries"],
-                clients.delivered(),
+                clients.sessions.delivered(),
                 sum(link.bytes_sent for link in links.values()) + clients.outbox.bytes_out,
                 sum(broker.process.cpu_times()[:2]),
             )

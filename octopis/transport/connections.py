@@ -1,0 +1,301 @@
+"""The client connections a broker serves (DESIGN §4, §7, §9): who is connected, which
+clients each carries, their liveness, and what their going or moving withdraws.
+
+A connection (one DEALER) may carry several named clients; a client's key in the routing
+core is ``<connection identity hex>/<name>``, so one connection cannot act for another's
+clients. Every request refreshes its connection's liveness; a connection silent for
+``clients.timeout`` seconds is dropped and its subscriptions are withdrawn by the
+ordinary two-step unsubscribe; one that says ``bye`` is dropped so at once. Which
+subscriptions a going or moving client withdraws is the node's rule
+(:class:`~octopis.core.sessions.ClientTable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from octopis.core import Action, Notification
+from octopis.core.sessions import ClientTable
+from octopis.filters.composite import Composite
+from octopis.filters.language import Subscription
+from octopis.transport.links import InputWaiter, PublishReceipt
+
+if TYPE_CHECKING:
+    from octopis.transport.replaying import Replaying
+
+log = logging.getLogger("octopis.broker.clients")
+
+
+class ClientError(ValueError):
+    """A client request the broker cannot serve; answered with an error reply."""
+
+
+class Router(Protocol):
+    """What client sessions ask of the broker: the routing core behind them."""
+
+    welcome: dict[str, object]
+
+    def subscribe(
+        self, key: str, subscription: Subscription | Composite
+    ) -> tuple[str, list[Action]]:
+        """Install a local subscription (a composite one: its parts); returns its id and
+        the SBP actions."""
+
+    def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
+        """Withdraw a local subscription; returns the SBP actions."""
+
+    def adopt(self, key: str, sub_id: str) -> list[Action]:
+        """Take over a subscription moving here from another broker of the cluster."""
+
+    def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
+        """Route a local publication, its copies counting in ``receipt``."""
+
+    def advertise(self, key: str, advertisement: Subscription) -> tuple[str, list[Action]]:
+        """Install client ``key``'s advertisement; returns its id and the SBP actions."""
+
+    def unadvertise_all(self, key: str) -> list[Action]:
+        """Withdraw every advertisement of client ``key`` (it left)."""
+
+    def check_advertised(self, key: str, publication: dict) -> None:
+        """Raise :class:`UnadvertisedPublication` if advertisements are on and client
+        ``key`` advertised nothing ``publication`` matches."""
+
+    def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
+        """Carry out routing actions."""
+
+    def pass_ended(self, idle: bool) -> None:
+        """An input pass ended and what it sent has left; ``idle``: the input ran dry."""
+
+    def replay(
+        self,
+        key: str,
+        filters: list[str],
+        since: list[tuple[str, int, int]],
+        after: float,
+        **window: Any,
+    ) -> str:
+        """Start a replay for client ``key`` (``window``: ``until``, ``historic``,
+        ``answer_max``, ``answer_bytes``, ``claim``); returns its id."""
+
+    @property
+    def replaying(self) -> Replaying:
+        """The retention store, replay rounds and durable records (DESIGN §11)."""
+
+
+class ClientSession:
+    """One client session (a DEALER connection as the broker sees it): its clients and
+    their subscriptions, liveness, backlog."""
+
+    __slots__ = ("backlog", "delivered", "keys", "last_seen", "overflowed", "unanswered")
+
+    def __init__(self, now: float) -> None:
+        self.keys: set[str] = set()
+        """Its clients' keys (their subscriptions: :class:`ClientTable`)."""
+        self.last_seen = now
+        self.backlog: deque[list[bytes]] | None = None
+        self.overflowed = 0
+        """Deliveries dropped (drop-oldest policy) and not yet reported to the client."""
+        self.unanswered = 0
+        """Publications accepted and not yet answered (their copies not yet held)."""
+        self.delivered: Counter[str] = Counter()
+        """Client name → notifications delivered to it (its share of the load)."""
+
+
+class ClientConnections:
+    """The connections of one broker's client socket and the clients they carry (see the
+    module docstring). ``timeout``: ``clients.timeout``; ``move_timeout``:
+    ``clients.move_timeout``; ``table``: the node's session rules; ``notify`` sends a
+    notice to a connection behind its deliveries."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        router: Router,
+        table: ClientTable,
+        notify: Callable[[bytes, dict], None],
+        counters: Counter[str],
+        *,
+        timeout: float,
+        move_timeout: float,
+    ) -> None:
+        self.id = broker_id
+        self.router = router
+        self.table = table
+        """Each client's subscriptions here and the session rules: limits, withdrawal
+        when gone, moves and their orphans (DESIGN §7-§9)."""
+        self.notify = notify
+        self.counters = counters
+        self.timeout = timeout
+        self.move_timeout = move_timeout
+        self.connections: dict[bytes, ClientSession] = {}
+        self.names: dict[str, tuple[bytes, str]] = {}
+        """Client key → (connection identity, client name): where deliveries go."""
+        self.publishers: set[str] = set()
+        """Keys of the clients that have published here (as many as :attr:`names`)."""
+
+    def heard(self, identity: bytes, now: float) -> ClientSession:
+        """A request from connection ``identity`` at ``now``: its session (new if it is
+        not known), alive."""
+        connection = self.connections.get(identity)
+        if connection is None:
+            connection = self.connections[identity] = ClientSession(now)
+        connection.last_seen = now
+        return connection
+
+    def key(self, identity: bytes, connection: ClientSession, client: str) -> str:
+        """The key of client ``client`` of connection ``identity`` (known from now on)."""
+        key = f"{identity.hex()}/{client}"
+        if key not in connection.keys:
+            connection.keys.add(key)
+            self.names[key] = (identity, client)
+        return key
+
+    # -- liveness ------------------------------------------------------------------------
+
+    async def expire(self, waiter: Callable[[], InputWaiter | None]) -> None:
+        """Drop connections silent past the timeout, withdrawing their subscriptions.
+        Silence is judged only with every request that reached us read (``waiter``: the
+        socket's, once its input started), and time this process spent not running (a
+        tick that comes late, a stall) is nobody's silence."""
+        loop = asyncio.get_running_loop()
+        timeout = self.timeout
+        tick = timeout / 4
+        woke = loop.time()
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            late, woke = now - woke - tick, now
+            if late > tick:
+                for connection in self.connections.values():
+                    connection.last_seen += late
+            self._expire_moves(now)
+            reading = waiter()
+            if reading is None or reading.poke():
+                continue  # requests wait unread: they may be these connections' heartbeats
+            for identity in [i for i, c in self.connections.items() if now - c.last_seen > timeout]:
+                self.drop(identity, f"silent for more than {timeout:g} s")
+
+    def drop(self, identity: bytes, reason: str, *, left: bool = False) -> ClientSession | None:
+        """Forget a connection: withdraw every subscription of its clients. ``left``: it
+        said bye (counted in ``clients_left``, logged at INFO), else ``clients_dropped``."""
+        connection = self.connections.pop(identity, None)
+        if connection is None:
+            return None
+        heard = time.time() - (time.monotonic() - connection.last_seen)
+        withdrawn = 0
+        for key in sorted(connection.keys):
+            for sub_id in self.table.gone(key):
+                self.router.execute(self.router.unsubscribe(key, sub_id))
+                self.router.replaying.durable_detached(sub_id, heard)
+                withdrawn += 1
+            self.names.pop(key, None)
+            self.publishers.discard(key)
+            self.router.execute(self.router.unadvertise_all(key))
+        self.counters["clients_left" if left else "clients_dropped"] += 1
+        log.log(
+            logging.INFO if left else logging.WARNING,
+            "%s dropped client connection %s (%s): %d clients, %d subscriptions withdrawn",
+            self.id,
+            identity.hex(),
+            reason,
+            len(connection.keys),
+            withdrawn,
+        )
+        return connection
+
+    # -- moves (DESIGN §9) and withdrawals ---------------------------------------------------
+
+    def order_move(self, client: str, to: str, inside: bool) -> list[str]:
+        """Tell every connection holding a client named ``client`` (or ``name@conn``, as
+        the load analysis names one: ``conn`` starts its connection's identity in hex)
+        to move its subscriptions to the broker at client endpoint ``to``: inside this
+        cluster by adopting them there, else by subscribing there afresh; returns the
+        sub ids."""
+        client, _, conn = client.partition("@")
+        keys = [
+            key
+            for key, (identity, name) in self.names.items()
+            if name == client and identity.hex().startswith(conn)
+        ]
+        if not keys:
+            raise ClientError(f"{self.id} serves no client named {client!r}")
+        deadline = asyncio.get_running_loop().time() + self.move_timeout
+        moved: list[str] = []
+        for key, sub_ids in self.table.order_move(keys, deadline, inside).items():
+            identity, _ = self.names[key]
+            self.notify(
+                identity,
+                {"op": "move", "client": client, "to": to, "inside": inside, "sub_ids": sub_ids},
+            )
+            moved += sub_ids
+        return moved
+
+    def released(self, key: str, sub_id: str) -> None:
+        """``sub_id`` moved on from this broker: tell its client, after everything this
+        broker delivered to it before (its last delivery from here)."""
+        self.router.replaying.durable_moved(sub_id)
+        if self.table.released(key, sub_id):
+            identity, name = self.names[key]
+            self.notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
+
+    def _expire_moves(self, now: float) -> None:
+        """Withdraw what orphaned move orders kept past their deadline
+        (:meth:`ClientTable.expire`)."""
+        for key, sub_id in self.table.expire(now):
+            self.router.execute(self.router.unsubscribe(key, sub_id))
+
+    def withdraw(self, key: str, sub_id: str) -> None:
+        """End local subscription ``sub_id`` of client ``key``: its durable record was
+        claimed by the host its client came back at (the old connection is not dropped
+        yet). The client, if still there, is told ``withdrawn``."""
+        client = self.names.get(key)
+        if client is None or not self.table.detach(key, sub_id):
+            return
+        self.router.execute(self.router.unsubscribe(key, sub_id))
+        self.counters["subscriptions_withdrawn"] += 1
+        self.notify(client[0], {"op": "withdrawn", "client": client[1], "sub_id": sub_id})
+
+    def notify_client(self, key: str, message: dict) -> bool:
+        """Send a notice to local client ``key`` (behind its deliveries); False if it has
+        gone."""
+        client = self.names.get(key)
+        if client is None or client[0] not in self.connections:
+            return False
+        self.notify(client[0], {**message, "client": client[1]})
+        return True
+
+    # -- status --------------------------------------------------------------------------
+
+    def delivered(self) -> Counter[str]:
+        """Notifications delivered to each client of a live connection, as
+        ``name@connection`` (the connection's identity, 8 hex digits)."""
+        return Counter(
+            {
+                f"{name}@{identity.hex()[:8]}": n
+                for identity, connection in self.connections.items()
+                for name, n in connection.delivered.items()
+            }
+        )
+
+    def attached(
+        self, interests: Callable[[str], frozenset[str]]
+    ) -> dict[str, dict[str, int | bool | list[str]]]:
+        """Every named client of a live connection, as ``name@connection`` (as
+        :meth:`delivered` names it): the number of its subscriptions here, whether it
+        has published here, and the ``interests`` of its subscriptions (by sub id)."""
+        attached: dict[str, dict[str, int | bool | list[str]]] = {}
+        for key, (identity, name) in self.names.items():
+            if name == "-" or identity not in self.connections:
+                continue
+            sub_ids = self.table.subscriptions(key)
+            attached[f"{name}@{identity.hex()[:8]}"] = {
+                "subscriptions": len(sub_ids),
+                "publisher": key in self.publishers,
+                "interests": sorted(set().union(*map(interests, sub_ids))),
+            }
+        return attached

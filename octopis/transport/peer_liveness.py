@@ -1,0 +1,204 @@
+"""Handshakes and liveness of a broker's neighbours (DESIGN §7): what HELLO, heartbeat and
+SYNCED frames and silence do to their links.
+
+Liveness. Every directed link carries a heartbeat when it has sent nothing for
+``links.heartbeat`` seconds; any frame counts as a sign of life. A neighbour silent for
+``links.down_after`` seconds (T, default 1 s) is *down*: its LST row says so, DNR's cases
+avoid it, and the frames queued for it go back to the broker
+(:meth:`~octopis.transport.peers.PeerEvents.link_down`).
+
+Incarnations. HELLO carries the sender's incarnation and the receiver's as the sender
+knows it; a new incarnation seen in a HELLO or a heartbeat means the neighbour restarted:
+what was queued for it goes back to the broker, and the handshake starts again.
+
+What these frames mean is not decided here: each moves the neighbour's state machine in
+the broker's node (:class:`~octopis.core.neighbours.Neighbours`), which says whether to
+route through it and when the broker serves
+(:meth:`~octopis.core.node.BrokerNode.serve_if_ready`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from octopis.core import LinkStatusTable
+from octopis.core.neighbours import Neighbour
+from octopis.core.node import BrokerNode
+from octopis.transport.codec import Heartbeat, Hello, Synced
+from octopis.transport.frames import HANDSHAKE, LINK
+from octopis.transport.peer_output import PeerOutput
+
+if TYPE_CHECKING:
+    from octopis.transport.peers import PeerEvents
+
+log = logging.getLogger("octopis.broker.peers")
+
+DETECTIONS_KEPT = 1000
+"""Failure detections remembered for ``octopis status`` (the oldest go first)."""
+
+
+class PeerLiveness:
+    """Handshakes, heartbeats heard, failure detection and the start of serving of one
+    broker; what detection decides is written into the LST's rows, which the core reads.
+    ``heartbeat``, ``down_after`` and ``ack_interval`` are ``[links]``' settings."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        incarnation: int,
+        node: BrokerNode,
+        lst: LinkStatusTable,
+        output: PeerOutput,
+        events: PeerEvents,
+        counters: Counter[str],
+        *,
+        heartbeat: float,
+        down_after: float,
+        ack_interval: float,
+    ) -> None:
+        self.id = broker_id
+        self.incarnation = incarnation
+        self.node = node
+        """The broker's node: its neighbours' states and whether it serves are its."""
+        self.neighbours = node.neighbours
+        self.lst = lst
+        self.output = output
+        self.events = events
+        self.counters = counters
+        self.heartbeat = heartbeat
+        self.down_after = down_after
+        self.ack_interval = ack_interval
+        self.detections: list[dict[str, float | str]] = []
+
+    def start(self, now: float) -> None:
+        """This process starts at ``now``: every link down until its neighbour is heard,
+        and a HELLO queued on each."""
+        self.node.start(now, self.down_after)
+        for name in self.output.links:
+            self.lst.set_down(name, True)
+            self.output.hello(name, now)
+
+    def route_through(self, name: str) -> None:
+        """The LST row says down unless the neighbour is up and serving."""
+        self.lst.set_down(name, not self.neighbours.routable(name))
+
+    def check_serving(self, now: float) -> None:
+        """Start serving when the node says so (:meth:`BrokerNode.serve_if_ready`), then
+        tell every neighbour at once, behind what was sent it meanwhile."""
+        served = self.node.serve_if_ready(now)
+        if served is None:
+            return
+        log.info("%s is serving (resynced from every live neighbour)", self.id)
+        for name, state in self.neighbours.items():
+            self.output.beat(name, state, now, behind_data=True)
+        self.events.now_serving(*served)
+
+    # -- frames heard ----------------------------------------------------------------------
+
+    def link_message(
+        self, sender: str, state: Neighbour, message: Hello | Heartbeat, now: float
+    ) -> None:
+        """Handshake and heartbeat: learn incarnations, notice restarts, hear whether the
+        neighbour serves."""
+        restarted = self.neighbours.met(sender, message.incarnation)
+        if restarted is not None:
+            if restarted:
+                self._restarted(sender, now)
+            # Ahead of the routing frames waiting for it (a restart took back the rest);
+            # the resync state follows it.
+            link = self.output.links[sender]
+            hello = Hello(self.incarnation, message.incarnation)
+            link.greet(self.output.frame(hello, HANDSHAKE), now)
+            synced = self.events.neighbour_met(sender, message.incarnation, restarted)
+            link.put(self.output.frame(synced, LINK), now)
+        if type(message) is Hello:
+            self.neighbours.hello(sender, message.peer_incarnation == self.incarnation)
+            return
+        if message.acked_incarnation == self.incarnation:
+            self.output.links[sender].acknowledge(message.acked, now)
+        if self.neighbours.said(sender, message.serving):
+            self.route_through(sender)
+            self.events.neighbour_serving(sender)
+        elif not message.serving:
+            self.route_through(sender)
+
+    def synced(self, sender: str, message: Synced, now: float) -> None:
+        """``sender`` says it handed us its share."""
+        heard = self.neighbours.share(sender)
+        if heard.for_us:
+            self.events.synced(sender, message)
+        if heard.now_serving:
+            self.route_through(sender)
+            self.events.neighbour_serving(sender)
+        self.check_serving(now)
+
+    def came_back(self, sender: str, state: Neighbour) -> None:
+        """``sender``, declared down, is heard again."""
+        self.route_through(sender)
+        link = self.output.links[sender]
+        if state.incarnation and not link.greeted:
+            link.resume()  # the same incarnation: its session goes on
+            self.events.link_back(sender)
+        if state.was_down:
+            log.warning("%s: link to %s is up again after %.2f s", self.id, sender, state.was_down)
+
+    def _restarted(self, sender: str, now: float) -> None:
+        """``sender`` runs as a new process: nothing queued for the old one reaches it."""
+        self.route_through(sender)
+        self.counters["peer_restarts"] += 1
+        log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
+        self.events.link_down(sender, self.output.links[sender].take_back(now))
+
+    # -- silence -------------------------------------------------------------------------
+
+    async def run(self, loop: asyncio.AbstractEventLoop, caught_up: Callable[[], bool]) -> None:
+        """Each tick: acknowledge what was taken from each neighbour since the last
+        acknowledgement; a heartbeat on each link idle for a heartbeat interval; declare
+        neighbours silent past T down, if the input is ``caught_up``. Time this process
+        spent not running (a tick that comes late) is not counted as anyone's silence.
+
+        Input passes acknowledge what they took (:meth:`PeerOutput.acknowledge_pass`), so
+        the tick is every ack interval only while backpressure withholds
+        acknowledgements (they are released here), else every half heartbeat interval:
+        an idle broker wakes ten times a second, not twenty."""
+        output = self.output
+        calm = self.heartbeat / 2
+        woke = loop.time()
+        while True:
+            tick = min(self.ack_interval, calm) if output.pressure.full else calm
+            await asyncio.sleep(tick)
+            now = loop.time()
+            late, woke = now - woke - tick, now
+            if late > tick:  # this process was not running: that is not their silence
+                for _, state in self.neighbours.items():
+                    state.last_heard += late
+            output.check_pressure(now)
+            output.beat_due(now, self.heartbeat)
+            overdue = self.neighbours.overdue(now, self.down_after)
+            if overdue and caught_up():
+                for name, silent in overdue:
+                    self._declare_down(name, now, silent)
+            self.check_serving(now)
+
+    def _declare_down(self, name: str, now: float, silent: float) -> None:
+        self.neighbours.silent(name, now)
+        self.lst.set_down(name, True)
+        self.counters["links_down"] += 1
+        if len(self.detections) >= DETECTIONS_KEPT:
+            del self.detections[0]
+        self.detections.append({"link": name, "silent": silent, "at": now})
+        link = self.output.links[name]
+        queued = link.take_back(now)
+        link.pause()
+        log.warning(
+            "%s: link to %s is down (silent for %.2f s; %d unacknowledged frames taken back)",
+            self.id,
+            name,
+            silent,
+            len(queued),
+        )
+        self.events.link_down(name, queued)

@@ -1,0 +1,219 @@
+"""The sending side of a broker's peer links (DESIGN §7, §8): one :class:`OutputLink` per
+neighbour, what the broker puts on them, and the acknowledgements its heartbeats carry.
+
+Backpressure (DESIGN §8). While :class:`Backpressure` holds a neighbour's neighbours back
+(a link to another neighbour has ``links.queue_limit`` frames waiting, too many
+deliveries wait for the client side's capacity, or the broker is over its memory budget),
+the acknowledgement a heartbeat carries repeats the last count instead of growing, so the
+held neighbour's custody buffer fills and it stops sending us data (its heartbeats still
+come). The full link's own neighbour is still acknowledged: what it sends us never goes
+back to it, and withholding from it could lock two brokers that wait on each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+
+import zmq.asyncio
+
+from octopis.core import LinkStatusTable
+from octopis.core.capacity import SendRate
+from octopis.core.neighbours import Neighbour, Neighbours
+from octopis.settings import Links
+from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
+from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
+from octopis.transport.links import LOOP_SLACK, Activity, OutputLink, PublishReceipt, SendPass
+from octopis.transport.pressure import Backpressure
+from octopis.transport.security import Curve
+
+
+class PeerOutput:
+    """The output links of one broker (:attr:`links`, by neighbour) and the
+    acknowledgements it sends its neighbours. ``links``: the ``[links]`` settings (queue
+    sizes, custody, retention, capacities); ``serving``: whether the broker serves (its
+    heartbeats say so); ``waiting_deliveries``: deliveries the client side has waiting
+    (``clients.capacity``)."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        incarnation: int,
+        links: Links,
+        ctx: zmq.asyncio.Context,
+        lst: LinkStatusTable,
+        neighbours: Neighbours,
+        pressure: Backpressure,
+        serving: Callable[[], bool],
+        waiting_deliveries: Callable[[], int],
+        counters: Counter[str],
+        activity: Activity,
+        send_pass: SendPass,
+        curve: Curve | None = None,
+    ) -> None:
+        self.id = broker_id
+        self.incarnation = incarnation
+        self.settings = links
+        self._ctx = ctx
+        self.lst = lst
+        self.neighbours = neighbours
+        self.pressure = pressure
+        """Which neighbours are held back, and why (checked every tick, DESIGN §8)."""
+        self.serving = serving
+        self.waiting_deliveries = waiting_deliveries
+        self.counters = counters
+        self.activity = activity
+        self.send_pass = send_pass
+        self._curve = curve
+        self._broker_sender = (
+            SendRate(links.broker_capacity, LOOP_SLACK) if links.broker_capacity else None
+        )
+        self.links: dict[str, OutputLink] = {}
+
+    def open(self, name: str, endpoint: str) -> OutputLink:
+        """A link to neighbour ``name`` at ``endpoint``, kept in :attr:`links`."""
+        settings = self.settings
+        link = self.links[name] = OutputLink(
+            name,
+            endpoint,
+            self._ctx,
+            self.lst,
+            settings.sndhwm,
+            self._senders(name),
+            self.activity,
+            settings.custody_limit,
+            settings.retain,
+            settings.retain_limit,
+            self._curve,
+            self.send_pass,
+        )
+        return link
+
+    def close(self, name: str) -> OutputLink:
+        """Forget the link to ``name`` (a neighbour that left); returns it."""
+        self.pressure.full.discard(name)
+        return self.links.pop(name)
+
+    def _senders(self, neighbour: str) -> tuple[SendRate, ...]:
+        """The broker's shared sender (broker capacity), then the link's own (link
+        capacity), those that are set."""
+        rate = self.settings.capacity_of(self.id, neighbour)
+        link = SendRate(rate, LOOP_SLACK) if rate else None
+        return tuple(s for s in (self._broker_sender, link) if s is not None)
+
+    def carrying(self, name: str) -> int:
+        """Routing frames (notifications and subscription messages) queued on the link to
+        ``name``, and notifications in its custody not yet acknowledged (a link may leave
+        the overlay only when this is 0)."""
+        link = self.links[name]
+        return sum(map(is_routing, link.queue)) + len(link.custody)
+
+    # -- what the broker sends ----------------------------------------------------------
+
+    def forward(self, name: str, frame: list, now: float, receipt: PublishReceipt | None) -> None:
+        """Put one routing ``frame`` on neighbour ``name``'s link. A local publication's
+        copy that the link keeps in custody carries ``receipt`` and counts in it (the
+        publisher is answered once every such copy is acknowledged, DESIGN §7)."""
+        link = self.links[name]
+        if receipt is not None and frame[KIND] == KEPT and link.keeps:
+            if len(frame) == RECEIPT:
+                frame.append(receipt)
+            receipt.copies += 1
+        link.put(frame, now)
+
+    def put(self, name: str, frames: list[list], now: float) -> None:
+        """Put ``frames`` on neighbour ``name``'s link, in order (none if it has left)."""
+        link = self.links.get(name)
+        if link is not None:
+            for frame in frames:
+                link.put(frame, now)
+
+    def hello(self, name: str, now: float) -> None:
+        """Our first HELLO to ``name``, queued on its link (we know no incarnation of it)."""
+        hello = Hello(self.incarnation, peer_incarnation=0)
+        self.links[name].put(self.frame(hello, HANDSHAKE), now)
+
+    def send_synced(self, neighbour: str, synced: Synced, now: float) -> None:
+        """Tell ``neighbour`` a share was put on its link (behind the share's frames)."""
+        self.links[neighbour].put(self.frame(synced, LINK), now)
+
+    def frame(self, message: Hello | Heartbeat | Synced, kind: int) -> list:
+        """A link-level ``message`` from this broker as a frame of ``kind``."""
+        return [*encode_peer(self.id, message), kind]
+
+    async def flush(self, timeout: float) -> None:
+        """Give queued frames up to ``timeout`` seconds to leave (clean shutdown)."""
+        await asyncio.gather(*(link.flush(timeout) for link in self.links.values()))
+
+    # -- acknowledgements ---------------------------------------------------------------
+
+    def beat(
+        self,
+        name: str,
+        state: Neighbour,
+        now: float,
+        *,
+        behind_data: bool = False,
+        at_once: bool = False,
+    ) -> None:
+        """A heartbeat (with acknowledgement, withheld as the module docstring says) ahead
+        of queued data, or behind it: the first one saying *serving* must not overtake
+        the subscriptions it forwarded meanwhile. ``at_once``: ahead of queued data and
+        sent now, even during a send pass (:meth:`OutputLink.put_now`)."""
+        if self.pressure.holds(name):
+            acked = state.acked
+            self.counters["backpressure.acks_withheld"] += acked != state.received
+        else:
+            acked = state.acked = state.received
+        beat = Heartbeat(self.incarnation, state.incarnation, acked, self.serving())
+        link = self.links[name]
+        put = link.put if behind_data else link.put_now if at_once else link.put_link
+        put(self.frame(beat, LINK), now)
+
+    def check_pressure(self, now: float) -> set[str]:
+        """Look at backpressure afresh: the neighbours held back (:class:`Backpressure`)."""
+        return self.pressure.check(now, self.links, self.waiting_deliveries())
+
+    def acknowledge_pass(self, now: float) -> None:
+        """At the end of an input pass: acknowledge to each neighbour the frames this pass
+        took from it, in the pass's own batch, so a publisher's confirm (custody held,
+        DESIGN §7) follows in a round trip rather than on the ack timer. Backpressure is
+        looked at afresh first: a neighbour whose acknowledgement it withholds
+        (:meth:`beat`) is left to the timer's heartbeat, which counts what it withholds."""
+        taken = [
+            (name, state)
+            for name, state in self.neighbours.items()
+            if state.received != state.acked
+        ]
+        if not taken:
+            return
+        self.check_pressure(now)
+        for name, state in taken:
+            if not self.pressure.holds(name):
+                self.beat(name, state, now)
+
+    def acknowledge_first(self, name: str, state: Neighbour, now: float) -> None:
+        """The first run of notifications taken from ``name`` since its last
+        acknowledgement: acknowledge it at once, before routing it, outside the pass's
+        batch. The copies are this process's from here (routed in this same synchronous
+        pass), so a publisher's confirm need not wait for the fan-out behind them; more
+        runs from ``name`` in the pass are acknowledged at its end, so a busy pass adds
+        one acknowledgement per neighbour. Only with no delivery waiting for the client
+        side's capacity: the run about to be routed may add to that backlog, which only
+        the pass's end sees (:meth:`acknowledge_pass` then looks at backpressure)."""
+        if self.waiting_deliveries():
+            return
+        self.check_pressure(now)
+        if not self.pressure.holds(name):
+            self.beat(name, state, now, at_once=True)
+
+    def beat_due(self, now: float, heartbeat: float) -> None:
+        """A heartbeat to each neighbour that has frames taken from it unacknowledged, or
+        whose link has sent nothing for ``heartbeat`` seconds and has nothing queued."""
+        for name, state in self.neighbours.items():
+            link = self.links[name]
+            if state.received != state.acked or (
+                not link.queue and now - link.last_sent >= heartbeat
+            ):
+                self.beat(name, state, now)
