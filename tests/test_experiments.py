@@ -381,3 +381,22 @@ def test_the_calibration_check_runs_again_without_processes(tmp_path: Path) -> N
     assert main(["--recheck", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "calibration.json").read_text())["checks"][0] == first
     assert "| 40 | 2.00 / 5.00 |" in (tmp_path / "calibration.md").read_text()
+
+
+def test_the_simulator_scale_table_carries_the_line_to_the_goal() -> None:
+    """``bench.sim_scale``: per covering setting the fitted cost per 1,000 subscriptions
+    and the estimate at the target, judged against the goal (< 300 s, < 8 GiB)."""
+    from bench.sim_scale import markdown
+
+    def row(covering: str, n: int, seconds: float, mib: float) -> dict:
+        counts = {"expected_deliveries": n, "delivered": n, "duplicates": 0, "lost": 0}
+        return {"covering": covering, "subscriptions": n, "sbp_messages": n * 999,
+                "notification_messages": n, "run_time": seconds,
+                "peak_memory": mib * 2**20, **counts}  # fmt: skip
+
+    rows = [row("off", n, 10 + n / 100, 100 + n / 10) for n in (1000, 2000, 4000)]
+    rows += [row("active", n, 1 + n / 1000, 50 + n / 1000) for n in (1000, 2000)]
+    lines = markdown(rows, 100_000).splitlines()
+    assert "| off | 10.0 | 100 | 1,010 | 10,100 | not met |" in lines
+    assert "| active | 1.0 | 1 | 101 | 150 | met |" in lines
+    assert "| off | 4,000 | 3,996,000 | 4,000 | 4,000 | 4,000 | 0 | 0 | 50.0 | 500 |" in lines
