@@ -1,32 +1,21 @@
 """The simulator: one routing core per broker, wired by in-memory links (DESIGN §2).
 
-Deterministic and seedable. Every directed link is a FIFO channel whose per-message
-latency is drawn from a seeded :class:`LatencyModel`, so that BID's first-arrival trees
-differ from shortest ones (paper §2, issue I3). A :class:`~octopis.sim.congestion.LinkModel`
-decides what brokers see of their links and when copies leave their output queues.
-
-Events are taken in (time, sequence) order from a binary heap. A plain heap rather than a
-process-based library: a 1,000-broker run moves ~10^7 messages and a generator per message
-would dominate the run time. Links are FIFO, so the messages in flight on one link are
-already in that order: each link keeps them in a queue and only its first is in the heap,
-which therefore holds at most one entry per link besides the scheduled calls, however many
-messages are in flight (3,000 subscriptions issued at once put 337,000 on the links).
-A message in flight is one tuple ``(arrival, seq, destination, source, message, queue)``;
-a scheduled call is ``(time, seq, None, function, arguments, None)``. In SNR and DNR every
-core's routing table is a part of one :class:`~octopis.sim.shared.SharedMatcher` unless a
-matcher is given: each subscription is compiled once, not once per broker.
+Deterministic and seedable. The :class:`Simulator` is composed of parts with one job
+each: :class:`~octopis.sim.events.EventQueue` (simulated time: scheduled calls and the
+messages in flight), :class:`~octopis.sim.network.Network` (when a copy arrives, what a
+broker sees of its links), :class:`~octopis.sim.cpu.BrokerCpus` (each broker's CPU, with
+a service model) and :class:`~octopis.sim.failures.FailureState` (dead brokers, cut
+links, custody). In SNR and DNR every core's routing table is a part of one
+:class:`~octopis.sim.shared.SharedMatcher` unless a matcher is given: each subscription
+is compiled once, not once per broker.
 """
 
 from __future__ import annotations
 
-import gc
-import heapq
 import math
 import random
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from octopis.accounting import (
@@ -43,7 +32,6 @@ from octopis.core import (
     DEFAULT_COVERING,
     Action,
     BrokerCore,
-    Deliver,
     Forward,
     Hold,
     Notification,
@@ -60,8 +48,11 @@ from octopis.defaults import CUSTODY_LIMIT, DOWN_AFTER, RETAIN, SUBSCRIPTIONS_PE
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Publication, Subscription
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
+from octopis.sim.cpu import BrokerCpus
+from octopis.sim.events import EventQueue
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import MOVE_LINGER, SubscriberMoves
+from octopis.sim.network import LatencyModel, Network
 from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover
 from octopis.sim.reshaping import Reshaping
 from octopis.sim.service import ServiceModel
@@ -80,27 +71,6 @@ class ReplayableWorkload(Protocol):
 
     def check_topology(self, scot: Scot) -> None:
         """Raise if a client sits on a broker ``scot`` lacks."""
-
-
-@dataclass(frozen=True)
-class LatencyModel:
-    """Per-message link latency: ``base`` seconds plus exponential jitter of mean ``jitter``."""
-
-    base: float = 0.001
-    jitter: float = 0.001
-
-    def sample(self, rng: random.Random) -> float:
-        """One latency draw."""
-        return self.sampler(rng)()
-
-    def sampler(self, rng: random.Random) -> Callable[[], float]:
-        """A function drawing latencies from ``rng``, one per call: the draws of
-        ``rng.expovariate(1 / jitter)`` (the same numbers), without its call per message."""
-        base, jitter = self.base, self.jitter
-        if jitter <= 0:
-            return lambda: base
-        rate, draw = 1.0 / jitter, rng.random
-        return lambda: base - math.log(1.0 - draw()) / rate
 
 
 class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
@@ -145,17 +115,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             )
             for bid in scot.brokers
         }
-        self.latency = latency or LatencyModel()
         self.service = service
         """Each broker's CPU as one server (measured costs), or None: routing is free."""
-        self._cpu: dict[str, deque[tuple[str | None, Any]]] = {b: deque() for b in scot.brokers}
-        """Messages waiting for each broker's CPU, FIFO: (sender, or None for a local
-        publication; the message), or (None, the actions of a client's operation)."""
-        self._serving: set[str] = set()
-        self._charged_until = 0.0
-        """When the last CPU charge so far ends."""
-        self.busy_time: Counter[str] = Counter()
-        """Seconds each broker's CPU was charged (with :attr:`service`)."""
         if service is not None:
             links = links or TimedLinks(scot, receiver_paced=True)
             if not getattr(links, "receiver_paced", False):
@@ -164,32 +125,31 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                     "(TimedLinks(..., receiver_paced=True)): DNR must see the CPU queues"
                 )
         self.links: LinkModel = links or FreeLinks()
-        self._taken = self.links.taken if getattr(self.links, "receiver_paced", False) else None
-        """Tells a sender's LST its copy left the output queue (receiver-paced links)."""
-        self.now = 0.0
+        self.events = EventQueue(scot.brokers)
+        """Simulated time: scheduled calls and the messages in flight on each link."""
+        self.network = Network(self.links, latency or LatencyModel(), random.Random(seed))
+        """When a copy arrives, what each broker sees of its links."""
+        self.cpus = (
+            None
+            if service is None
+            else BrokerCpus(
+                service,
+                scot.brokers,
+                self.events,
+                self._take,
+                self._dispatch,
+                lambda broker: len(self.cores[broker].table.entries),
+            )
+        )
+        """Each broker's CPU (with :attr:`service`)."""
         self.subscription_delay: dict[str, float] = {}
         self.subscription_depth: dict[str, int] = {}
-        self.target_queue: list[int] = []
         self.timeline: list[tuple[float, int]] = []
         """(seconds since publishing started, :meth:`queued`) samples of :meth:`replay`."""
         self._on_forward = on_forward
-        self._rng = random.Random(seed)
-        self._sample_latency = self.latency.sampler(self._rng)
-        self._events: list[tuple] = []
-        self._seq = 0
-        self._in_flight: dict[str, dict[str, deque[tuple]]] = {b: {} for b in scot.brokers}
-        """Per sender and receiver (a directed link), its messages in flight in arrival
-        order (the first one is also in the heap)."""
-        self._instant = (
-            type(self.links).transmit is FreeLinks.transmit and not self.links.measures_queues
-        )
-        """Whether copies leave at once (no output queue to ask)."""
-        self._fixed_view = self.links.view("", 0.0) if type(self.links) is FreeLinks else None
-        """What every broker sees of free links at any time (None: ask the link model)."""
         self._home: dict[str, str] = {}
         self.subscriber_of: dict[str, str] = {}
         self._next_seq: Counter[str] = Counter()
-        self._wall = 0.0
         self._matcher_factory = matcher_factory
         self.failures: FailureState | None = None
         """Set by :meth:`fail`: dead brokers, down links, custody (DESIGN §7)."""
@@ -329,9 +289,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         notification = Notification(
             publisher, seq, self.now + self.clocks.get(publisher, 0), publication
         )
-        if self.service is not None:  # no failures with a service model: always serving
+        if self.cpus is not None:  # no failures with a service model: always serving
             self.ledger.published(publisher, seq, publication)
-            self._queue_for_cpu(broker, None, notification)
+            self.cpus.queue(broker, None, notification)
             return publisher, seq
         node = self.nodes[broker]
         try:
@@ -348,40 +308,18 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
 
     # -- time ----------------------------------------------------------------------------
 
+    @property
+    def now(self) -> float:
+        """The simulated time."""
+        return self.events.now
+
     def at(self, when: float, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` at simulated time ``when`` (not before now)."""
-        self._seq += 1
-        heapq.heappush(self._events, (max(when, self.now), self._seq, None, fn, args, None))
+        self.events.at(when, fn, *args)
 
     def run(self, until: float = math.inf) -> None:
-        """Process events in time order until none is left (or ``until`` is reached).
-
-        Python's cyclic garbage collector is paused meanwhile (and restored after): events
-        leave no reference cycles behind, only garbage that reference counting frees at
-        once, while every full collection would walk all the live entries and messages —
-        a sixth of a 1,000-broker run."""
-        started = time.perf_counter()
-        events = self._events
-        pop, push = heapq.heappop, heapq.heappush
-        arrive = self._arrive
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            while events and events[0][0] <= until:
-                self.now, _, dst, a, b, queue = pop(events)
-                if dst is None:
-                    a(*b)
-                    continue
-                queue.popleft()
-                if queue:
-                    push(events, queue[0])
-                arrive(dst, a, b)
-        finally:
-            if collecting:
-                gc.enable()
-        if until != math.inf:
-            self.now = max(self.now, until)
-        self._wall += time.perf_counter() - started
+        """Process events in time order until none is left (or ``until`` is reached)."""
+        self.events.run(self._arrive, until)
 
     def replay(
         self,
@@ -418,18 +356,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         """Messages waiting now: on the links' output queues (with a service model, the
         copies a receiver's CPU has not taken yet) and local publications waiting for
         their broker's CPU."""
-        waiting = sum(
-            1
-            for queue in self._cpu.values()
-            for src, message in queue
-            if src is None and type(message) is Notification
-        )
-        lst = getattr(self.links, "lst", None)
-        if lst is not None:
-            for broker, table in lst.items():
-                self.links.view(broker, self.now)
-                waiting += sum(row.queue_length for row in table.rows.values())
-        return waiting
+        waiting = self.cpus.waiting_publications() if self.cpus is not None else 0
+        return waiting + self.network.queued(self.now)
 
     def _sample(self, start: float, end: float, every: float) -> None:
         queued = self.queued()
@@ -450,7 +378,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         return actions
 
     def _view(self, broker: str) -> LinkView:
-        view = self._fixed_view or self.links.view(broker, self.now)
+        view = self.network.view(broker, self.now)
         return view if self.failures is None else self.failures.view(broker, view)
 
     # -- report --------------------------------------------------------------------------
@@ -481,18 +409,12 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 "decisions_dropped": log["decisions_made"] - len(log["decisions"]),
             }
         report["sim_time"] = self.now
-        report["wall_time"] = self._wall
-        end = max(self.now, self._charged_until)
-        if self.service is not None and end > 0:
-            busiest = max(self.busy_time, key=self.busy_time.__getitem__, default=None)
-            report["cpu_busy"] = {
-                "busiest": busiest,
-                "busiest_share": self.busy_time[busiest] / end if busiest else 0.0,
-                "mean_share": sum(self.busy_time.values()) / len(self.cores) / end,
-                "idle_not_charged": self.service.idle,
-            }
-        if self.target_queue:
-            report["target_queue_length"] = distribution(self.target_queue)
+        report["wall_time"] = self.events.wall
+        cpu_busy = self.cpus.report(self.now, len(self.cores)) if self.cpus else None
+        if cpu_busy is not None:
+            report["cpu_busy"] = cpu_busy
+        if self.network.target_queue:
+            report["target_queue_length"] = distribution(self.network.target_queue)
         if self.timeline:
             report["queue_timeline"] = [[round(t, 6), n] for t, n in self.timeline]
         if self.failures is not None:
@@ -533,10 +455,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         now = self.now
         failures = self.failures
         on_forward = self._on_forward
-        transmit = None if self._instant else self.links.transmit
-        measures_queues = self.links.measures_queues
-        in_flight = self._in_flight[broker]
-        events = self._events
+        arrival_of, send = self.network.arrival, self.events.send
         for action in actions:
             kind = type(action)
             if kind is Forward:
@@ -553,24 +472,10 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                     if failures.broken(broker, dst):
                         self.failure_counts["lost_in_transit"] += 1
                         continue
-                if transmit is None:
-                    arrival = now + self._sample_latency()
-                else:
-                    departure, ahead = transmit(broker, dst, now)
-                    if measures_queues and type(message) is Notification:
-                        self.target_queue.append(ahead)
-                    arrival = departure + self._sample_latency()
+                arrival = arrival_of(broker, dst, now, message)
                 if failures is not None and failures.slow:
                     arrival += failures.slow.get((broker, dst), 0.0)
-                queue = in_flight.get(dst)
-                if queue is None:
-                    queue = in_flight[dst] = deque()
-                elif queue and queue[-1][0] > arrival:
-                    arrival = queue[-1][0]  # FIFO: never before the copy sent ahead of it
-                self._seq += 1
-                queue.append((arrival, self._seq, dst, broker, message, queue))
-                if len(queue) == 1:
-                    heapq.heappush(events, queue[0])
+                send(broker, dst, arrival, message)
             elif kind is Hold:
                 self.nodes[broker].hold(action)
             elif kind is HandedShare:
@@ -601,14 +506,21 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 self.failure_counts["undeliverable.died_in_flight"] += 1
                 self._undeliverable_keys.add(message.key)
             return
-        if self.service is not None:
-            self._queue_for_cpu(broker, src, message)
+        if self.cpus is not None:
+            self.cpus.queue(broker, src, message)
             return
-        if self._taken is not None:
-            self._taken(src, broker, self.now)
-        actions = self._receive(broker, src, message)
+        actions = self._take(broker, src, message)
         if actions:
             self._dispatch(broker, actions)
+
+    def _take(self, broker: str, src: str | None, message: Any) -> list[Action]:
+        """``broker``'s loop takes ``message``: a local publication (``src`` None), or
+        one from neighbour ``src`` (which leaves ``src``'s output queue now)."""
+        if src is None:
+            core = self.cores[broker]
+            return self._watch(core, message, core.publish, message)
+        self.network.taken(src, broker, self.now)
+        return self._receive(broker, src, message)
 
     def _receive(self, broker: str, src: str, message: Any) -> list[Action]:
         """``broker``'s core takes ``message`` from neighbour ``src`` now; a subscription
@@ -636,55 +548,10 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
 
     def _dispatch_local(self, broker: str, actions: list[Action]) -> None:
         """Actions of a client's operation at ``broker`` (subscribe, move, ...): with a
-        service model they go out behind what its loop holds (copies of notifications
-        it has taken or queued), as the processes' one loop sends them; else now."""
-        if self.service is not None and (broker in self._serving or self._cpu[broker]):
-            self._cpu[broker].append((None, actions))
-        else:
+        service model they go out behind what its loop holds (:meth:`BrokerCpus.behind`);
+        else now."""
+        if self.cpus is None or not self.cpus.behind(broker, actions):
             self._dispatch(broker, actions)
-
-    def _queue_for_cpu(self, broker: str, src: str | None, message: Any) -> None:
-        """A message waits for ``broker``'s CPU (:attr:`service`), FIFO: every message
-        from a neighbour, and local publications (one event loop, as in the processes)."""
-        self._cpu[broker].append((src, message))
-        if broker not in self._serving:
-            self._serve(broker)
-
-    def _serve(self, broker: str) -> None:
-        """``broker``'s event loop takes its oldest messages now, in order: each is
-        handled with the link status of now; other messages cost nothing, and the first
-        notification keeps the CPU busy for its measured cost, its copies and deliveries
-        going out when that time is up (:meth:`_served`)."""
-        assert self.service is not None
-        queue = self._cpu[broker]
-        core = self.cores[broker]
-        while queue:
-            src, message = queue.popleft()
-            if type(message) is list:  # a client operation's actions (_dispatch_local)
-                self._dispatch(broker, message)
-                continue
-            if src is None:
-                actions = self._watch(core, message, core.publish, message)
-            else:
-                if self._taken is not None:
-                    self._taken(src, broker, self.now)
-                actions = self._receive(broker, src, message)
-            if type(message) is not Notification:
-                self._dispatch(broker, actions)
-                continue
-            copies = sum(type(a) is Forward for a in actions)
-            deliveries = sum(type(a) is Deliver for a in actions)
-            cost = self.service.notification(len(core.table.entries), copies, deliveries)
-            self.busy_time[broker] += cost
-            self._charged_until = max(self._charged_until, self.now + cost)
-            self._serving.add(broker)
-            self.at(self.now + cost, self._served, broker, actions)
-            return
-        self._serving.discard(broker)
-
-    def _served(self, broker: str, actions: list[Action]) -> None:
-        self._dispatch(broker, actions)
-        self._serve(broker)
 
 
 def _undeliverable(stats: Counter[str]) -> int:

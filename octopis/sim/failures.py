@@ -189,7 +189,7 @@ class FailureEvents:
             return
         if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
             raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
-        if self._taken is not None:  # a service model always has receiver-paced links
+        if self.network.receiver_paced:  # as a service model always has
             raise ValueError(
                 "failures are not simulated with a CPU service model or receiver-paced links"
             )
@@ -447,9 +447,7 @@ class FailureEvents:
         ``broker`` sent it, if their link carries."""
         if self.failures.broken(broker, neighbour):  # type: ignore[union-attr]
             return
-        queue = self._in_flight[broker].get(neighbour)
-        when = queue[-1][0] if queue else self.now
-        self.at(when, self._serving_heard, neighbour, broker)
+        self.at(self.events.last_arrival(broker, neighbour), self._serving_heard, neighbour, broker)
 
     def _serving_heard(self, src: str, dst: str) -> None:
         """``src`` hears that ``dst`` serves: it routes through it again and hands it what

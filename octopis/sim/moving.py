@@ -239,13 +239,7 @@ class SubscriberMoves:
         def names(message: object) -> bool:
             return type(message) is Subscribe and message.sub_id == sub_id  # type: ignore[attr-defined]
 
-        in_flight = any(
-            names(item[4])
-            for links in self._in_flight.values()
-            for q in links.values()
-            for item in q
-        )
-        return in_flight or any(
+        return any(map(names, self.events.messages())) or any(
             names(m) for node in self.nodes.values() for m in node.held_messages()
         )
 
