@@ -37,16 +37,16 @@ from octopis.core import (
     Notification,
     Released,
     Subscribe,
-    make_broker,
 )
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
-from octopis.core.node import BrokerNode, HandedShare, NotServing
-from octopis.core.sessions import ClientTable
+from octopis.core.node import HandedShare, NotServing
 from octopis.core.table import MatcherFactory
-from octopis.defaults import CUSTODY_LIMIT, DOWN_AFTER, RETAIN, SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Publication, Subscription
+from octopis.sim.brokers import Brokers
+from octopis.sim.clients import Clients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
 from octopis.sim.events import EventQueue
@@ -93,7 +93,6 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
     ) -> None:
         if not scot.brokers:
             raise ValueError("the topology has no brokers")
-        self.scot = scot
         self.mode = mode
         self.covering = covering
         """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too."""
@@ -109,12 +108,13 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         if matcher_factory is None and mode != "bid":
             self.shared = SharedMatcher()
             matcher_factory = self.shared.part
-        self.cores: dict[str, BrokerCore] = {
-            bid: make_broker(
-                scot, bid, mode, matcher_factory, covering=covering, advertisements=advertisements
-            )
-            for bid in scot.brokers
-        }
+        self.brokers = Brokers(
+            scot, mode, matcher_factory, covering=covering, advertisements=advertisements
+        )
+        """Each broker's core, node, client sessions and incarnation."""
+        self.cores = self.brokers.cores
+        self.nodes = self.brokers.nodes
+        self.sessions = self.brokers.sessions
         self.service = service
         """Each broker's CPU as one server (measured costs), or None: routing is free."""
         if service is not None:
@@ -147,31 +147,14 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         self.timeline: list[tuple[float, int]] = []
         """(seconds since publishing started, :meth:`queued`) samples of :meth:`replay`."""
         self._on_forward = on_forward
-        self._home: dict[str, str] = {}
-        self.subscriber_of: dict[str, str] = {}
-        self._next_seq: Counter[str] = Counter()
-        self._matcher_factory = matcher_factory
+        self.clients = Clients(self.brokers, self.ledger, self.events, self._dispatch_local)
+        """Where each client is attached, what it subscribed and advertised."""
+        self._home, self.subscriber_of = self.clients.home, self.clients.subscriber_of
+        self.clocks = self.clients.clocks
         self.failures: FailureState | None = None
         """Set by :meth:`fail`: dead brokers, down links, custody (DESIGN §7)."""
         self.failure_counts: Counter[str] = Counter()
         self.hosts_failed: set[str] = set()
-        self._undeliverable_keys: set[tuple[str, int]] = set()
-        self.sessions: dict[str, ClientTable] = {
-            b: ClientTable(SUBSCRIPTIONS_PER_CLIENT) for b in scot.brokers
-        }
-        """Each broker's client sessions (:class:`~octopis.core.sessions.ClientTable`, the
-        process's rules: limits, withdrawal of a client that is gone)."""
-        self.nodes: dict[str, BrokerNode[None]] = {}
-        """Each broker's node (:class:`~octopis.core.node.BrokerNode`, the broker process's
-        failure decisions: holds, shares, serving), around its core in :attr:`cores`."""
-        self.incarnation: dict[str, int] = {b: i for i, b in enumerate(scot.brokers, 1)}
-        """Each broker's incarnation (a restart draws the next)."""
-        self._incarnations = len(self.incarnation)
-        for bid, core in self.cores.items():
-            node = self.nodes[bid] = self._node(core, serving=True)  # the overlay starts built
-            for neighbour in scot.graph[bid]:
-                node.neighbours.built(neighbour, self.incarnation[neighbour], 0.0)
-        self._retired: Counter[str] = Counter()
         self.moves: Counter[str] = Counter()
         """Subscriber moves: ``inside`` / ``across`` started, ``released`` (inside, done),
         ``withdrawn`` (across, done), ``absorbed`` (deliveries dropped as seen twice)."""
@@ -185,88 +168,42 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
         ends): each keeps the SDK's record of its deliveries (:attr:`records`) meanwhile."""
         self._linger = MOVE_LINGER
-        self.advertised: dict[str, dict[str, Subscription]] = {}
-        """Each publisher's advertisements by id (made again where its broker restarts)."""
         self.retiring: set[str] = set()
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
         self._init_failover()
 
-    def _node(self, core: BrokerCore, *, serving: bool = False) -> BrokerNode[None]:
-        """A node around ``core`` that tells the ledger of each copy it gives up: serving
-        already (the overlay starts built), or a restart (resynced by its neighbours; its
-        store, which survives it, says it had a predecessor)."""
-        return BrokerNode(
-            core,
-            CUSTODY_LIMIT,
-            on_undeliverable=self._given_up,
-            serving=serving,
-            predecessor=not serving,
-        )
-
-    def _given_up(self, notification: Notification) -> None:
-        self._undeliverable_keys.add(notification.key)
+    @property
+    def scot(self) -> Scot:
+        """The overlay's topology (its current version: :meth:`reshape` changes it)."""
+        return self.brokers.scot
 
     @property
     def undeliverable_keys(self) -> set[tuple[str, int]]:
         """Notifications some copy of which was counted undeliverable (with failures), or
         is still held for a neighbour that has not come back, or held by a broker that
         is not serving yet."""
-        held = {n.key for node in self.nodes.values() for n in node.held_notifications()}
-        return self._undeliverable_keys | held
+        return self.brokers.undeliverable_keys()
 
     # -- clients -------------------------------------------------------------------------
 
     def subscribe(self, subscriber: str, broker: str, subscription: Subscription) -> str:
         """``subscriber`` (attached to ``broker``) subscribes now; returns the sub_id."""
-        self._attach(subscriber, broker)
-        self.sessions[broker].room(subscriber, subscriber)
-        sub_id, actions = self.cores[broker].subscribe(subscriber, subscription, self.now)
-        self.sessions[broker].attach(subscriber, sub_id)
-        self.ledger.subscribed(subscriber, sub_id, subscription)
-        self.subscriptions_of.setdefault(subscriber, []).append(subscription)
-        self.first_subscribed.setdefault(subscriber, self.now)
-        self.subscriber_of[sub_id] = subscriber
+        sub_id = self.clients.subscribe(subscriber, broker, subscription)
         self.subscription_delay[sub_id] = 0.0
         self.subscription_depth[sub_id] = 0
-        self._dispatch_local(broker, actions)
         return sub_id
 
     def advertise(self, publisher: str, broker: str, advertisement: Subscription) -> str:
         """``publisher`` (attached to ``broker``) advertises now; returns the adv_id."""
-        self._attach(publisher, broker)
-        core = self.cores[broker]
-        if not isinstance(core, ClusteredBroker):
-            raise ValueError(f"{self.mode} routes without advertisements")
-        adv_id, actions = core.advertise(publisher, advertisement)
-        self.advertised.setdefault(publisher, {})[adv_id] = advertisement
-        self._dispatch_local(broker, actions)
-        return adv_id
-
-    def _advertise_again(self, broker: str) -> None:
-        """``broker`` restarted empty: its publishers advertise again there, as the SDK
-        does when its connection comes back."""
-        for publisher, adverts in list(self.advertised.items()):
-            if self._home.get(publisher) == broker:
-                self.advertised[publisher] = {}
-                for advertisement in adverts.values():
-                    self.advertise(publisher, broker, advertisement)
+        return self.clients.advertise(publisher, broker, advertisement)
 
     def unadvertise(self, publisher: str, adv_id: str) -> None:
         """``publisher`` withdraws its advertisement ``adv_id`` now (at its broker)."""
-        broker = self._home[publisher]
-        core = self.cores[broker]
-        assert isinstance(core, ClusteredBroker)
-        self.advertised.get(publisher, {}).pop(adv_id, None)
-        self._dispatch_local(broker, core.unadvertise(publisher, adv_id))
+        self.clients.unadvertise(publisher, adv_id)
 
     def unsubscribe(self, sub_id: str) -> None:
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
-        subscriber = self.subscriber_of.pop(sub_id)
-        broker = self._home[subscriber]
-        self.sessions[broker].detach(subscriber, sub_id)
-        self.subscriptions_of[subscriber].remove(self.ledger.subscription_of(sub_id))
-        self.ledger.unsubscribed(sub_id)
-        self._dispatch_local(broker, self.cores[broker].unsubscribe(subscriber, sub_id))
+        self.clients.unsubscribe(sub_id)
 
     def publish(
         self, publisher: str, broker: str, publication: Publication, seq: int | None = None
@@ -276,19 +213,15 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         where it was moved."""
         if broker not in self.cores or broker in self.retiring:
             broker = self._home.get(publisher, broker)
-        self._attach(publisher, broker)
-        if seq is None:
-            seq = self._next_seq[publisher] + 1
-        self._next_seq[publisher] = max(seq, self._next_seq[publisher])
+        self.clients.attach(publisher, broker)
+        seq = self.clients.sequence(publisher, seq)
         if self.failures is not None and broker in self.failures.dead:
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
         core = self.cores[broker]
         if self.advertisements and isinstance(core, ClusteredBroker):
             core.check_advertised(publisher, publication)
-        notification = Notification(
-            publisher, seq, self.now + self.clocks.get(publisher, 0), publication
-        )
+        notification = Notification(publisher, seq, self.clients.stamp(publisher), publication)
         if self.cpus is not None:  # no failures with a service model: always serving
             self.ledger.published(publisher, seq, publication)
             self.cpus.queue(broker, None, notification)
@@ -374,7 +307,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         before = _undeliverable(core.stats)
         actions = step(*args, view)
         if _undeliverable(core.stats) > before:
-            self._undeliverable_keys.add(message.key)  # type: ignore[attr-defined]
+            self.brokers.given_up.add(message.key)  # type: ignore[attr-defined]
         return actions
 
     def _view(self, broker: str) -> LinkView:
@@ -385,9 +318,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
 
     def report(self) -> dict[str, Any]:
         """Counts of the run: the keys ``octopis sim`` and ``octopis run`` share."""
-        stats: Counter[str] = Counter(self._retired)
-        for core in self.cores.values():
-            stats.update(core.counts())
+        stats = self.brokers.counts()
         report = run_report(
             self.mode,
             len(self.cores),
@@ -438,13 +369,6 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 yield {"subscriber": subscriber, "publisher": publisher, "seq": seq}
 
     # -- internals -----------------------------------------------------------------------
-
-    def _attach(self, client: str, broker: str) -> None:
-        if broker not in self.cores:
-            raise KeyError(f"no broker {broker!r} in topology {self.scot.name}")
-        home = self._home.setdefault(client, broker)
-        if home != broker:
-            raise ValueError(f"client {client} is attached to {home}, not {broker}")
 
     def _dispatch(self, broker: str, actions: list[Action]) -> None:
         """Carry out a core's actions now: a forwarded copy arrives after its departure
@@ -504,7 +428,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             if src in self.failures.dead and type(message) is Notification:
                 # Only the dead sender could have routed it again (custody died with it).
                 self.failure_counts["undeliverable.died_in_flight"] += 1
-                self._undeliverable_keys.add(message.key)
+                self.brokers.given_up.add(message.key)
             return
         if self.cpus is not None:
             self.cpus.queue(broker, src, message)

@@ -48,11 +48,9 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 
-from octopis.core import LinkView, Notification, make_broker
+from octopis.core import LinkView, Notification
 from octopis.core.node import HandedShare
-from octopis.core.resync import epoch_of
-from octopis.core.sessions import ClientTable
-from octopis.defaults import DOWN_AFTER, RETAIN, SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
 from octopis.sim.replaying import REPLAY_TYPES
 
@@ -225,12 +223,12 @@ class FailureEvents:
             for message in state.forget(broker):
                 if type(message) is Notification:
                     self.failure_counts["undeliverable.died_in_custody"] += 1
-                    self._undeliverable_keys.add(message.key)
+                    self.brokers.given_up.add(message.key)
             self.hosts_failed.add(broker)
-            self._retired.update(self.cores[broker].counts())
+            self.brokers.died(broker)
             lost, counts = self.nodes[broker].died()  # what it held dies with it
             self.failure_counts["undeliverable.died_held"] += len(lost)
-            self._undeliverable_keys.update(n.key for n in lost)
+            self.brokers.given_up.update(n.key for n in lost)
             self.failure_counts.update(counts)
             self.failure_counts["brokers_killed"] += 1
             self._hosts_died(broker)
@@ -325,7 +323,7 @@ class FailureEvents:
             self.failure_counts["brokers_restarted"] += 1
             self._start(broker)
             self._greet(broker)
-            self._advertise_again(broker)
+            self.clients.advertise_again(broker)
             return
         state.heal(failure)
         a, b = failure.ends
@@ -349,24 +347,9 @@ class FailureEvents:
         any silence."""
         state = self.failures
         assert state is not None
-        core = make_broker(
-            self.scot,
-            broker,
-            self.mode,
-            self._matcher_factory,
-            covering=self.covering,
-            advertisements=self.advertisements,
-        )
-        self._incarnations += 1
-        self.incarnation[broker] = self._incarnations
-        core.epoch = epoch_of(self._incarnations)
-        neighbours = sorted(self.scot.graph[broker])
-        self.cores[broker] = core
-        self.sessions[broker] = ClientTable(SUBSCRIPTIONS_PER_CLIENT)  # died with it
-        self.nodes[broker] = self._node(core)
-        self.nodes[broker].start(self.now, state.detection)
+        self.brokers.start(broker).start(self.now, state.detection)
         self.at(self.now + state.detection, self._check_serving, broker)
-        for neighbour in neighbours:
+        for neighbour in sorted(self.scot.graph[broker]):
             if state.severed(broker, neighbour):  # never greeted: detected like any silence
                 state.failed_at[(broker, neighbour)] = self.now
                 self.at(self.now + state.detection, self._detect, broker, neighbour)
@@ -390,12 +373,12 @@ class FailureEvents:
         hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`)."""
         for src, dst in ((a, b), (b, a)):
             node = self.nodes[src]
-            restarted = node.neighbours.met(dst, self.incarnation[dst])
+            restarted = node.neighbours.met(dst, self.brokers.incarnation[dst])
             if restarted is None:
                 continue
             node.neighbours.hello(dst, True)
             node.neighbours.heard(dst, self.now)
-            actions, handed = node.neighbour_met(dst, self.incarnation[dst], restarted)
+            actions, handed = node.neighbour_met(dst, self.brokers.incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
         for src, dst in ((a, b), (b, a)):
             if self.nodes[dst].serving:
@@ -406,7 +389,7 @@ class FailureEvents:
     def _met(self, a: str, b: str) -> bool:
         """Whether ``a`` has met ``b``'s current incarnation (their handshake went over
         the link)."""
-        return self.nodes[a].neighbours[b].incarnation == self.incarnation[b]
+        return self.nodes[a].neighbours[b].incarnation == self.brokers.incarnation[b]
 
     def _hear_word(self, src: str, dst: str) -> None:
         """``src`` hears that ``dst`` serves (its heartbeat): if that is news, it hands

@@ -79,8 +79,6 @@ class SubscriberFailover:
         self.stores: dict[str, deque[Notification]] = {}
         """Each broker's retention store: what its own publishers published."""
         self.replay_rounds: dict[str, ReplayRounds] = {}
-        self.subscriptions_of: dict[str, list[Subscription]] = {}
-        self.first_subscribed: dict[str, float] = {}
         self.failed_over: set[str] = set()
         """Subscribers that moved to another broker because theirs died."""
         self.first_home: dict[str, str] = {}
@@ -102,9 +100,6 @@ class SubscriberFailover:
         dead keeps trying while one is to come back)."""
         self.cut_clients: set[tuple[str, str]] = set()
         """(subscriber, broker) connections that failed: deliveries on them are lost."""
-        self.clocks: dict[str, float] = {}
-        """Each publisher's clock: how far its stamps (``published_at``) run ahead of the
-        simulated time (behind, if negative)."""
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
         self.records: dict[str, RecentDeliveries] = {}
@@ -143,7 +138,7 @@ class SubscriberFailover:
         replay rounds die with it (its store does not)."""
         self.replay_rounds.pop(broker, None)
         for subscriber, home in list(self._home.items()):
-            if home == broker and subscriber in self.subscriptions_of:
+            if home == broker and subscriber in self.clients.subscriptions_of:
                 self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, broker, self.now)
 
     def fail_client(self, subscriber: str, at: float) -> None:
@@ -156,7 +151,7 @@ class SubscriberFailover:
 
     def _client_cut(self, subscriber: str) -> None:
         host = self._home.get(subscriber)
-        if host is None or subscriber not in self.subscriptions_of:
+        if host is None or subscriber not in self.clients.subscriptions_of:
             return
         self.cut_clients.add((subscriber, host))
         self.failure_counts["clients_cut"] += 1
@@ -194,7 +189,7 @@ class SubscriberFailover:
         self.record_of(subscriber)
         self._end_seam(subscriber)  # a replay cut short by this fail-over: its part joins now
         self.failure_counts["subscribers_failed_over"] += 1
-        for subscription in self.subscriptions_of[subscriber]:
+        for subscription in self.clients.subscriptions_of[subscriber]:
             sub_id, actions = self.cores[new].subscribe(subscriber, subscription, self.now)
             self.sessions[new].attach(subscriber, sub_id)
             self.subscriber_of[sub_id] = subscriber
@@ -210,9 +205,9 @@ class SubscriberFailover:
         request = Replay(
             req_id,
             new,
-            tuple(s.to_text() for s in self.subscriptions_of[subscriber]),
+            tuple(s.to_text() for s in self.clients.subscriptions_of[subscriber]),
             tuple(sorted(seen.since())),
-            replay_after(self.first_subscribed[subscriber], died),
+            replay_after(self.clients.first_subscribed[subscriber], died),
             REPLAY_BUDGET,
         )
         self.replay_counts["requests"] += 1

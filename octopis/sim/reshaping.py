@@ -50,9 +50,7 @@ class Reshaping:
             raise ValueError(f"messages are in flight at {busy[0]}: let the overlay drain first")
         state = self._failure_state()
         for broker in removed:
-            self._retired.update(self.cores.pop(broker).counts())
-            node = self.nodes.pop(broker)
-            del self.sessions[broker]
+            node = self.brokers.remove(broker)
             self.failure_counts.update(node.counts())
             events.remove(broker)
             state.detected.pop(broker, None)
@@ -68,7 +66,7 @@ class Reshaping:
                     events.drop_link(broker, gone)
                     state.failed_at.pop((broker, gone), None)
                     state.detected.get(broker, set()).discard(gone)
-        self.scot = scot
+        self.brokers.scot = scot
         for broker in added:
             events.add(broker)
             self._start(broker)
