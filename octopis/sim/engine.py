@@ -49,7 +49,7 @@ from octopis.sim.brokers import Brokers
 from octopis.sim.clients import Clients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
-from octopis.sim.events import EventQueue
+from octopis.sim.events import EventQueue, Sampler
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import MOVE_LINGER, SubscriberMoves
 from octopis.sim.network import LatencyModel, Network
@@ -144,8 +144,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         """Each broker's CPU (with :attr:`service`)."""
         self.subscription_delay: dict[str, float] = {}
         self.subscription_depth: dict[str, int] = {}
-        self.timeline: list[tuple[float, int]] = []
-        """(seconds since publishing started, :meth:`queued`) samples of :meth:`replay`."""
+        self.sampler = Sampler(self.events, self.queued)
+        """:meth:`queued` every so often during :meth:`replay` (``sample_every``)."""
         self._on_forward = on_forward
         self.clients = Clients(self.brokers, self.ledger, self.events, self._dispatch_local)
         """Where each client is attached, what it subscribed and advertised."""
@@ -265,7 +265,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
     ) -> None:
         """Subscriptions at their times, settle, then publications at their times (and
         ``failures``, times counted from the start of publishing, the workload's time 0),
-        drain. With ``sample_every``, :attr:`timeline` gets ``(t, queued)`` from the start
+        drain. With ``sample_every``, :attr:`sampler`'s timeline gets ``(t, queued)`` from the start
         of publishing on, every that many seconds, until the last one is published and
         nothing is queued any more."""
         workload.check_topology(self.scot)
@@ -279,10 +279,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         for p in workload.publications:
             self.at(start + p.time, self.publish, p.publisher, p.broker, p.publication, p.seq)
         if sample_every is not None and workload.publications:
-            if sample_every <= 0:
-                raise ValueError(f"sample_every must be > 0, got {sample_every}")
             end = start + max(p.time for p in workload.publications)
-            self.at(start, self._sample, start, end, sample_every)
+            self.sampler.start(start, end, sample_every)
         self.run()
 
     def queued(self) -> int:
@@ -291,12 +289,6 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         their broker's CPU."""
         waiting = self.cpus.waiting_publications() if self.cpus is not None else 0
         return waiting + self.network.queued(self.now)
-
-    def _sample(self, start: float, end: float, every: float) -> None:
-        queued = self.queued()
-        self.timeline.append((self.now - start, queued))
-        if self.now < end or queued:
-            self.at(self.now + every, self._sample, start, end, every)
 
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
         """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of
@@ -346,8 +338,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             report["cpu_busy"] = cpu_busy
         if self.network.target_queue:
             report["target_queue_length"] = distribution(self.network.target_queue)
-        if self.timeline:
-            report["queue_timeline"] = [[round(t, 6), n] for t, n in self.timeline]
+        if self.sampler.timeline:
+            report["queue_timeline"] = [[round(t, 6), n] for t, n in self.sampler.timeline]
         if self.failures is not None:
             held = sum(1 for node in self.nodes.values() for _ in node.held_notifications())
             counts = self.failure_counts + sum(
@@ -386,16 +378,12 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 dst, message = action
                 if on_forward is not None:
                     on_forward(broker, dst, message)
-                if failures is not None:
-                    if failures.broken(broker, dst) and type(message) is not Notification:
-                        if type(message) is not HandedShare:  # a link frame: lost
-                            # it waits on the link for dst's return, as in the process
-                            self.nodes[broker].hold_undelivered(dst, [message])
-                        continue
-                    failures.sent(broker, dst, now, message)
-                    if failures.broken(broker, dst):
+                if failures is not None and not failures.departs(broker, dst, now, message):
+                    if type(message) is Notification:
                         self.failure_counts["lost_in_transit"] += 1
-                        continue
+                    elif type(message) is not HandedShare:  # waits for dst, as in the process
+                        self.nodes[broker].hold_undelivered(dst, [message])
+                    continue
                 arrival = arrival_of(broker, dst, now, message)
                 if failures is not None and failures.slow:
                     arrival += failures.slow.get((broker, dst), 0.0)

@@ -111,3 +111,27 @@ class EventQueue:
         if until != math.inf:
             self.now = max(self.now, until)
         self.wall += time.perf_counter() - started
+
+
+class Sampler:
+    """Reads ``measure()`` on ``events``' clock every so often (:meth:`start`) into
+    :attr:`timeline`."""
+
+    def __init__(self, events: EventQueue, measure: Callable[[], int]) -> None:
+        self._events = events
+        self._measure = measure
+        self.timeline: list[tuple[float, int]] = []
+        """(seconds since the sampling started, the measure) samples."""
+
+    def start(self, start: float, end: float, every: float) -> None:
+        """Sample every ``every`` seconds from ``start`` on, until ``end`` is reached and
+        the measure reads 0."""
+        if every <= 0:
+            raise ValueError(f"sample_every must be > 0, got {every}")
+        self._events.at(start, self._sample, start, end, every)
+
+    def _sample(self, start: float, end: float, every: float) -> None:
+        now, value = self._events.now, self._measure()
+        self.timeline.append((now - start, value))
+        if now < end or value:
+            self._events.at(now + every, self._sample, start, end, every)

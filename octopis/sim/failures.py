@@ -120,6 +120,16 @@ class FailureState:
         while window and window[0][0] < horizon:
             window.popleft()
 
+    def departs(self, src: str, dst: str, now: float, message: object) -> bool:
+        """Whether a copy ``src`` sends ``dst`` at ``now`` goes on the link: a
+        notification is kept in ``src``'s custody (:meth:`sent`) and goes unless the link
+        is broken (lost in transit); any other message goes only on a link that carries."""
+        broken = self.broken(src, dst)
+        if broken and type(message) is not Notification:
+            return False
+        self.sent(src, dst, now, message)
+        return not broken
+
     def take_back(self, src: str, dst: str) -> list[object]:
         """The copies ``src`` sent to ``dst`` since ``failure − retain``; custody emptied."""
         since = self.failed_at.get((src, dst), -math.inf) - self.retain
