@@ -304,7 +304,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
 
     def _view(self, broker: str) -> LinkView:
         view = self.network.view(broker, self.now)
-        return view if self.failures is None else self.failures.view(broker, view)
+        return view if self.failures is None else self.nodes[broker].neighbours.view(view)
 
     # -- report --------------------------------------------------------------------------
 

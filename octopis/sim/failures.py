@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 
-from octopis.core import LinkView, Notification
+from octopis.core import Notification
 from octopis.core.node import HandedShare
 from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
@@ -56,8 +56,9 @@ from octopis.sim.replaying import REPLAY_TYPES
 
 
 class FailureState:
-    """Which brokers are dead and which directed links are down, physically and as each
-    sender has detected; the custody window of every directed link."""
+    """Which brokers are dead and which directed links are cut; the custody window of
+    every directed link. Which links a broker routes through is its node's
+    (:meth:`~octopis.core.neighbours.Neighbours.routable`), as in the broker process."""
 
     def __init__(self, detection: float = DOWN_AFTER, retain: float = RETAIN):
         if detection < 0 or retain < 0:
@@ -71,8 +72,6 @@ class FailureState:
         self._cuts: Counter[tuple[str, str]] = Counter()
         """How many failures under way cut each directed link: it carries again when the
         last of them heals."""
-        self.detected: dict[str, set[str]] = {}
-        """Per broker, the neighbours it has detected as down."""
         self.failed_at: dict[tuple[str, str], float] = {}
         self.slow: dict[tuple[str, str], float] = {}
         """Directed links in a delay spike: the seconds each frame sent on it is late."""
@@ -137,7 +136,7 @@ class FailureState:
         return [message for when, message in window if when >= since]
 
     def forget(self, broker: str) -> list[object]:
-        """A dead broker's own custody and detections die with it; returns the copies it
+        """A dead broker's own custody dies with it; returns the copies it
         would have routed again at a detection it did not live to make: those sent on a
         link that had failed, or up to ``retain`` before (the neighbour may have died
         before passing them on), as :meth:`take_back` gives them."""
@@ -145,30 +144,7 @@ class FailureState:
         for link in [link for link in self._custody if link[0] == broker]:
             since = self.failed_at.get(link, math.inf) - self.retain
             lost += [message for when, message in self._custody.pop(link) if when >= since]
-        self.detected.pop(broker, None)
         return lost
-
-    def view(self, broker: str, inner: LinkView) -> LinkView:
-        """What ``broker`` sees: ``inner``'s loads, and its detected down links."""
-        down = self.detected.get(broker)
-        return _DetectedView(inner, down) if down else inner
-
-
-class _DetectedView:
-    __slots__ = ("_down", "_inner")
-
-    def __init__(self, inner: LinkView, down: set[str]) -> None:
-        self._inner = inner
-        self._down = down
-
-    def overloaded(self, link: str) -> bool:
-        return self._inner.overloaded(link)
-
-    def load(self, link: str) -> tuple[float, int]:
-        return self._inner.load(link)
-
-    def down(self, link: str) -> bool:
-        return link in self._down or self._inner.down(link)
 
 
 class FailureEvents:
@@ -303,10 +279,10 @@ class FailureEvents:
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:
             return
-        down = state.detected.setdefault(src, set())
-        if dst in down:
-            return
-        down.add(dst)
+        neighbours = self.nodes[src].neighbours
+        if not neighbours[dst].up:
+            return  # as in the process, only a neighbour that is up is declared down
+        neighbours.silent(dst, self.now)
         self.failure_counts["detections"] += 1
         core = self.cores[src]
         for message in state.take_back(src, dst):
@@ -314,7 +290,6 @@ class FailureEvents:
                 continue  # not in custody: the round hears dst is down
             self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
         self._replay_link_down(src, dst)
-        self.nodes[src].neighbours.silent(dst, self.now)
         self._check_serving(src)
 
     def _recover(self, failure: Failure) -> None:
@@ -348,7 +323,7 @@ class FailureEvents:
         for src, dst in links:
             self._undetect(src, dst)
             self._dispatch(src, self.nodes[src].link_back(dst))
-            self._hear_word(src, dst)
+            self._word(src, dst)
 
     def _start(self, broker: str) -> None:
         """``broker`` starts empty (a restart, or a broker added by a topology change):
@@ -365,9 +340,7 @@ class FailureEvents:
                 self.at(self.now + state.detection, self._detect, broker, neighbour)
             else:
                 state.failed_at.pop((broker, neighbour), None)
-                state.detected.get(broker, set()).discard(neighbour)
                 state.failed_at.setdefault((neighbour, broker), self.now)
-                state.detected.setdefault(neighbour, set()).add(broker)
 
     def _greet(self, broker: str) -> None:
         """``broker``, just started, meets each neighbour its links reach."""
@@ -379,32 +352,37 @@ class FailureEvents:
 
     def _meet(self, a: str, b: str) -> None:
         """The handshake of ``a`` and ``b`` over their link: each node meets the other's
-        incarnation (a new one for a neighbour that knew an earlier is a restart) and
-        hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`)."""
-        for src, dst in ((a, b), (b, a)):
+        incarnation (a new one for a neighbour that knew an earlier is a restart), hears
+        its HELLO (naming the incarnation it knows of us, :meth:`Neighbours.handshake`)
+        and hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`);
+        then each hears the other's first heartbeat (:meth:`_word`)."""
+        incarnation = self.brokers.incarnation
+        met = [
+            (src, dst, restarted)
+            for src, dst in ((a, b), (b, a))
+            if (restarted := self.nodes[src].neighbours.met(dst, incarnation[dst])) is not None
+        ]
+        for src, dst, restarted in met:
             node = self.nodes[src]
-            restarted = node.neighbours.met(dst, self.brokers.incarnation[dst])
-            if restarted is None:
-                continue
-            node.neighbours.hello(dst, True)
+            names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
+            node.neighbours.handshake(dst, names, incarnation[src])
             node.neighbours.heard(dst, self.now)
-            actions, handed = node.neighbour_met(dst, self.brokers.incarnation[dst], restarted)
+            actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
         for src, dst in ((a, b), (b, a)):
-            if self.nodes[dst].serving:
-                self._hear_word(src, dst)
-            else:
-                self.nodes[src].neighbours.said(dst, False)
+            self._word(src, dst)
 
     def _met(self, a: str, b: str) -> bool:
         """Whether ``a`` has met ``b``'s current incarnation (their handshake went over
         the link)."""
         return self.nodes[a].neighbours[b].incarnation == self.brokers.incarnation[b]
 
-    def _hear_word(self, src: str, dst: str) -> None:
-        """``src`` hears that ``dst`` serves (its heartbeat): if that is news, it hands
-        it what it held for it (:meth:`BrokerNode.neighbour_serving`)."""
-        if self.nodes[src].neighbours.said(dst, True):
+    def _word(self, src: str, dst: str) -> None:
+        """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its node
+        says, as the process's heartbeat carries it; :meth:`Neighbours.said`): if its
+        serving is news, ``src`` hands it what it held for it
+        (:meth:`BrokerNode.neighbour_serving`)."""
+        if self.nodes[src].neighbours.said(dst, self.nodes[dst].serving):
             self._dispatch(src, self.nodes[src].neighbour_serving(dst))
 
     def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
@@ -450,7 +428,7 @@ class FailureEvents:
         if state.broken(dst, src) or not self.nodes[dst].serving:
             return
         self._undetect(src, dst)
-        self._hear_word(src, dst)
+        self._word(src, dst)
 
     def _undetect(self, src: str, dst: str) -> None:
         """``src`` hears ``dst`` again; what it sends ``dst`` stays unacknowledged (in
@@ -459,5 +437,4 @@ class FailureEvents:
         assert state is not None
         if not state.broken(src, dst):
             state.failed_at.pop((src, dst), None)
-        state.detected.get(src, set()).discard(dst)
         self.nodes[src].neighbours.heard(dst, self.now)

@@ -119,8 +119,7 @@ class SubscriberFailover:
     def _replay_targets(
         self, broker: str, src: str | None, state: SubState
     ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
-        down = self.failures.detected.get(broker, set()) if self.failures else set()
-        return self.nodes[broker].replay_targets(src, state, down.__contains__)
+        return self.nodes[broker].replay_targets(src, state, self._view(broker).down)
 
     def keep(self, broker: str, notification: Notification) -> None:
         """``broker`` accepted ``notification`` from a local publisher: its store keeps it."""

@@ -53,7 +53,6 @@ class Reshaping:
             node = self.brokers.remove(broker)
             self.failure_counts.update(node.counts())
             events.remove(broker)
-            state.detected.pop(broker, None)
         for broker in scot.brokers:
             if broker in self.cores and (
                 scot.clusters != old.clusters or set(scot.graph[broker]) != set(old.graph[broker])
@@ -65,7 +64,6 @@ class Reshaping:
                 for gone in set(old.graph[broker]) - set(scot.graph[broker]):
                     events.drop_link(broker, gone)
                     state.failed_at.pop((broker, gone), None)
-                    state.detected.get(broker, set()).discard(gone)
         self.brokers.scot = scot
         for broker in added:
             events.add(broker)
