@@ -359,7 +359,7 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
         found += answer.page(7)
     sim = _sim("snr")
     sim.stores["c:0"] = notes
-    simulated, truncated = sim._store_answer("c:0", request)
+    simulated, truncated = sim.retention.answer("c:0", request)
     assert [n.key for n in found] == [n.key for n in simulated]
     assert answer.truncated == truncated == ("answer_max" in window)
     assert found, "the request matches something"

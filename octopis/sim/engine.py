@@ -234,7 +234,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             return publisher, seq
         self.ledger.published(publisher, seq, publication)
         if self.failures is not None:
-            self.keep(broker, notification)
+            self.retention.keep(broker, notification)
         if actions:
             self._dispatch(broker, actions)
         return publisher, seq

@@ -2,8 +2,8 @@
 (DESIGN §7, §11), in the simulator: the SDK's and the brokers' part, in simulated time.
 
 - Every broker keeps what its own publishers published (its store survives its death,
-  as the process's file does), from the first scheduled failure on (nothing else reads
-  it), up to :data:`STORE_LIMIT` each (the oldest go first, counted).
+  as the process's file does; :class:`~octopis.sim.stores.RetentionStores`), from the
+  first scheduled failure on (nothing else reads it).
 - A subscriber whose host dies notices it ``liveness`` seconds later (the SDK's
   silence), moves to the first broker of its fail-over list that is not dead (same
   cluster first), subscribes there again and asks for a replay: after the last
@@ -24,7 +24,7 @@
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -37,7 +37,6 @@ from octopis.client_policy import (
     replay_after,
 )
 from octopis.core import Forward, Notification, SubState
-from octopis.core.answer import AnswerSelection
 from octopis.core.replay import (
     QueryStore,
     Replay,
@@ -50,10 +49,9 @@ from octopis.core.replay import (
 )
 from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, HISTORIC_BUDGET, REPLAY_BUDGET
 from octopis.filters.language import Subscription, parse_subscription
+from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
-STORE_LIMIT = 1_000_000
-"""Publications each broker's store keeps in the simulator."""
 
 
 @dataclass
@@ -76,8 +74,9 @@ class SubscriberFailover:
     replays (a mixin beside its event loop and :class:`~octopis.sim.failures.FailureEvents`)."""
 
     def _init_failover(self) -> None:
-        self.stores: dict[str, deque[Notification]] = {}
-        """Each broker's retention store: what its own publishers published."""
+        self.retention = RetentionStores(self.failure_counts)
+        """Each broker's retention store."""
+        self.stores = self.retention.kept
         self.replay_rounds: dict[str, ReplayRounds] = {}
         self.failed_over: set[str] = set()
         """Subscribers that moved to another broker because theirs died."""
@@ -120,15 +119,6 @@ class SubscriberFailover:
         self, broker: str, src: str | None, state: SubState
     ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
         return self.nodes[broker].replay_targets(src, state, self._view(broker).down)
-
-    def keep(self, broker: str, notification: Notification) -> None:
-        """``broker`` accepted ``notification`` from a local publisher: its store keeps it."""
-        store = self.stores.get(broker)
-        if store is None:
-            store = self.stores[broker] = deque(maxlen=STORE_LIMIT)
-        if len(store) == STORE_LIMIT:
-            self.failure_counts["retention.trimmed"] += 1
-        store.append(notification)
 
     # -- events --------------------------------------------------------------------------
 
@@ -253,7 +243,7 @@ class SubscriberFailover:
             elif type(action) is QueryStore:
                 request = action.request
                 self.at(self.now + request.budget, self._replay_expire, broker)
-                found, truncated = self._store_answer(broker, request)
+                found, truncated = self.retention.answer(broker, request)
                 rounds = self._rounds(broker)
                 self._carry_out_replay(
                     broker, rounds.stored(request.req_id, found, [], truncated=truncated)
@@ -281,21 +271,6 @@ class SubscriberFailover:
                 gap.difference_update(action.echo.answered)
                 gap.update(action.echo.silent)  # a late part may be silent past itself
                 self.replay_counts["late" if action.late else "done"] += 1
-
-    def _store_answer(self, broker: str, request: Replay) -> tuple[list[Notification], bool]:
-        """What ``broker``'s store answers ``request``: its kept publications, in the
-        order kept, as the node's :class:`AnswerSelection` chooses them (the simulator
-        keeps no encoded bodies: answers are bounded by count, not bytes), and whether
-        the answer was cut."""
-        selection = AnswerSelection(request)
-        found = []
-        for n in self.stores.get(broker, ()):
-            taken = selection.take(n.publisher, n.session, n.seq, n.published_at, 0, lambda n=n: n)
-            if taken is not None:
-                found.append(taken)
-            elif selection.truncated:
-                break
-        return found, selection.truncated
 
     def record_of(self, subscriber: str) -> RecentDeliveries:
         """``subscriber``'s record of recent deliveries, begun (at a fail-over or a move)
