@@ -25,9 +25,7 @@ from octopis.accounting import (
     host_split,
     run_report,
 )
-from octopis.balance.policy import (
-    SubscriberLoads,
-)
+from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.core import (
     DEFAULT_COVERING,
     Action,
@@ -45,6 +43,7 @@ from octopis.core.table import MatcherFactory
 from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Publication, Subscription
+from octopis.sim.balancing import SimBalancer
 from octopis.sim.brokers import Brokers
 from octopis.sim.clients import Clients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
@@ -160,10 +159,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         ``withdrawn`` (across, done), ``absorbed`` (deliveries dropped as seen twice)."""
         self._moving: Counter[str] = Counter()
         """Subscribers with a move under way: subscriptions not yet released or withdrawn."""
-        self.balance_log: dict[str, Any] | None = None
-        """What :meth:`balance` decided and saw: ``decisions`` and ``timeline``."""
-        self._subscriber_loads = SubscriberLoads(0.0)
-        """The balancer's subscriber rates (:meth:`balance` sets its smoothing)."""
+        self.balancer = SimBalancer(self)
+        """The balancer's rounds (:meth:`balance`)."""
         self._overlap: Counter[str] = Counter()
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
         ends): each keeps the SDK's record of its deliveries (:attr:`records`) meanwhile."""
@@ -283,6 +280,16 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             self.sampler.start(start, end, sample_every)
         self.run()
 
+    def balance(
+        self,
+        options: BalanceOptions,
+        until: float,
+        capacity: float = 0.0,
+        elastic: Elasticity | None = None,
+    ) -> None:
+        """Run the balancer's rounds from now until ``until`` (:meth:`SimBalancer.start`)."""
+        self.balancer.start(options, until, capacity, elastic)
+
     def queued(self) -> int:
         """Messages waiting now: on the links' output queues (with a service model, the
         copies a receiver's CPU has not taken yet) and local publications waiting for
@@ -324,13 +331,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             report["covering"] = self.covering
         if self.moves:
             report["moves"] = dict(self.moves)
-        if self.balance_log is not None:
-            log = self.balance_log
-            report["balance"] = {
-                **log,
-                **{k: list(log[k]) for k in ("decisions", "timeline", "elastic")},
-                "decisions_dropped": log["decisions_made"] - len(log["decisions"]),
-            }
+        balance = self.balancer.report()
+        if balance is not None:
+            report["balance"] = balance
         report["sim_time"] = self.now
         report["wall_time"] = self.events.wall
         cpu_busy = self.cpus.report(self.now, len(self.cores)) if self.cpus else None
