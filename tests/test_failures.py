@@ -410,3 +410,24 @@ def test_a_broker_routes_through_a_neighbour_only_while_its_node_says_so(mode: s
     if mode != "bid":  # BID has no resync: c:1's restart loses its table (counted)
         assert report["host_alive"]["lost"] == 0
         assert report["host_alive"]["delivered"] == report["host_alive"]["expected_deliveries"]
+
+
+def test_a_broker_restarted_next_to_a_dead_neighbour_serves_and_holds_nothing_back() -> None:
+    """r0:1 dies for good while r0:0 crashes twice over (restarts at 1 s and at 2 s):
+    the restarted r0:0 declares its dead neighbour down when its detection is due and
+    serves on its live neighbour's share, rather than holding its publications until a
+    second restart drops them (a detection that skipped neighbours never heard lost
+    Pr0:0's second publication for 17 subscribers on live hosts, uncounted)."""
+    graph = nx.Graph()
+    graph.add_edge("r0", "r1")
+    scot = build_scot(graph, 2, name="pair")
+    failures = [
+        Failure(("r0:1",), 0.0, None),
+        Failure(("r0:0",), 0.0, 1.0),
+        Failure(("r0:0",), 0.0, 2.0),
+    ]
+    sim = _run(scot, "dnr", failures, seed=0, subscribers=30, publications=30)
+    report = _law(sim)
+    print(report["host_alive"])
+    assert report["host_alive"]["lost"] == report["host_alive"]["duplicates"] == 0
+    assert report["host_alive"]["delivered"] == report["host_alive"]["expected_deliveries"]

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -303,17 +304,21 @@ def node_state_reads(path: Path) -> list[str]:
     return found
 
 
+def _in_shells(check: Callable[[Path], list[str]]) -> list[str]:
+    """What ``check`` finds in every module of the shells."""
+    return [
+        hit
+        for shell in SHELLS
+        for path in sorted((PACKAGE / shell).glob("*.py"))
+        for hit in check(path)
+    ]
+
+
 def test_the_shells_hold_no_failure_decision() -> None:
     """transport/ and sim/ neither import the recovery bookkeeping nor touch the node's
     failure state: a broker process and a simulated broker decide alike because only the
     node decides (read from the AST: attribute and variable names, imports)."""
-    found = [
-        hit
-        for shell in SHELLS
-        for path in sorted((PACKAGE / shell).glob("*.py"))
-        for hit in node_state_reads(path)
-    ]
-    assert found == []
+    assert _in_shells(node_state_reads) == []
 
 
 def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
@@ -369,13 +374,7 @@ def shell_copies(path: Path) -> list[str]:
 def test_the_shells_keep_no_copy_of_the_handshake_or_the_routable_rule() -> None:
     """Both shells hear a HELLO and a heartbeat's word through the neighbour table with
     the frame's facts, and route by ``Neighbours.routable`` (read from the AST)."""
-    found = [
-        hit
-        for shell in SHELLS
-        for path in sorted((PACKAGE / shell).glob("*.py"))
-        for hit in shell_copies(path)
-    ]
-    assert found == []
+    assert _in_shells(shell_copies) == []
 
 
 def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:

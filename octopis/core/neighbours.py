@@ -233,6 +233,11 @@ class Neighbours:
         record.word = None
         record.down_since = now
 
+    def declared_down(self, name: str) -> bool:
+        """Whether ``name`` was declared down (:meth:`silent`) and not heard since."""
+        record = self.table[name]
+        return not record.up and record.down_since is not None
+
     def overdue(self, now: float, down_after: float) -> list[tuple[str, float]]:
         """The neighbours up but silent for more than ``down_after`` seconds at ``now``
         (to declare down, :meth:`silent`), with their silence."""

@@ -25,7 +25,6 @@ from octopis.accounting import (
     host_split,
     run_report,
 )
-from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.core import (
     DEFAULT_COVERING,
     Action,
@@ -160,7 +159,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         self._moving: Counter[str] = Counter()
         """Subscribers with a move under way: subscriptions not yet released or withdrawn."""
         self.balancer = SimBalancer(self)
-        """The balancer's rounds (:meth:`balance`)."""
+        self.balance = self.balancer.start
+        """Run the balancer's rounds from now on (:meth:`SimBalancer.start`)."""
         self._overlap: Counter[str] = Counter()
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
         ends): each keeps the SDK's record of its deliveries (:attr:`records`) meanwhile."""
@@ -279,16 +279,6 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             end = start + max(p.time for p in workload.publications)
             self.sampler.start(start, end, sample_every)
         self.run()
-
-    def balance(
-        self,
-        options: BalanceOptions,
-        until: float,
-        capacity: float = 0.0,
-        elastic: Elasticity | None = None,
-    ) -> None:
-        """Run the balancer's rounds from now until ``until`` (:meth:`SimBalancer.start`)."""
-        self.balancer.start(options, until, capacity, elastic)
 
     def queued(self) -> int:
         """Messages waiting now: on the links' output queues (with a service model, the

@@ -280,8 +280,8 @@ class FailureEvents:
         if src in state.dead or (src, dst) not in state.failed_at:
             return
         neighbours = self.nodes[src].neighbours
-        if not neighbours[dst].up:
-            return  # as in the process, only a neighbour that is up is declared down
+        if neighbours.declared_down(dst):
+            return
         neighbours.silent(dst, self.now)
         self.failure_counts["detections"] += 1
         core = self.cores[src]
