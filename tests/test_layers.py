@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -303,17 +304,21 @@ def node_state_reads(path: Path) -> list[str]:
     return found
 
 
+def _in_shells(check: Callable[[Path], list[str]]) -> list[str]:
+    """What ``check`` finds in every module of the shells."""
+    return [
+        hit
+        for shell in SHELLS
+        for path in sorted((PACKAGE / shell).glob("*.py"))
+        for hit in check(path)
+    ]
+
+
 def test_the_shells_hold_no_failure_decision() -> None:
     """transport/ and sim/ neither import the recovery bookkeeping nor touch the node's
     failure state: a broker process and a simulated broker decide alike because only the
     node decides (read from the AST: attribute and variable names, imports)."""
-    found = [
-        hit
-        for shell in SHELLS
-        for path in sorted((PACKAGE / shell).glob("*.py"))
-        for hit in node_state_reads(path)
-    ]
-    assert found == []
+    assert _in_shells(node_state_reads) == []
 
 
 def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
@@ -329,4 +334,61 @@ def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
         "shell.py:1 octopis.core.recovery",
         "shell.py:4 owed_shares",
         "shell.py:4 share_complete",
+    ]
+
+
+SHELL_COPIES = frozenset({"detected", "hello"})
+"""Rules the shells once kept copies of. Which links a broker routes through: a set of
+the simulator's own of the links each broker had detected down, where the broker
+process asks ``Neighbours.routable`` (its LST rows; the simulator now routes by
+``Neighbours.view``). A neighbour's HELLO: the simulator took every one as naming us,
+where the process compares the incarnation it names (both now call
+``Neighbours.handshake`` with that incarnation)."""
+
+WORD_QUESTIONS = frozenset({"said", "handshake"})
+"""The neighbour table's questions a shell asks with what a frame carries, never with a
+verdict of its own: a literal ``said(n, True)`` is a shell deciding the word."""
+
+
+def shell_copies(path: Path) -> list[str]:
+    """Every attribute or name of :data:`SHELL_COPIES` in ``path``'s code, and every call
+    of :data:`WORD_QUESTIONS` given a literal truth value: ``file:line name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+        if name in SHELL_COPIES:
+            found.append(f"{path.name}:{node.lineno} {name}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in WORD_QUESTIONS
+            and any(
+                isinstance(arg, ast.Constant) and isinstance(arg.value, bool)
+                for arg in [*node.args, *(k.value for k in node.keywords)]
+            )
+        ):
+            found.append(f"{path.name}:{node.lineno} {node.func.attr}(literal)")
+    return found
+
+
+def test_the_shells_keep_no_copy_of_the_handshake_or_the_routable_rule() -> None:
+    """Both shells hear a HELLO and a heartbeat's word through the neighbour table with
+    the frame's facts, and route by ``Neighbours.routable`` (read from the AST)."""
+    assert _in_shells(shell_copies) == []
+
+
+def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def meet(state, node, dst, serving):\n"
+        "    '''detected in a docstring is fine'''\n"
+        "    if dst in state.detected.get('a', ()):\n"
+        "        node.neighbours.hello(dst, True)\n"
+        "    node.neighbours.said(dst, serving=True)\n"
+        "    node.neighbours.said(dst, serving)\n"
+    )
+    assert sorted(shell_copies(path)) == [
+        "shell.py:3 detected",
+        "shell.py:4 hello",
+        "shell.py:5 said(literal)",
     ]

@@ -359,7 +359,7 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
         found += answer.page(7)
     sim = _sim("snr")
     sim.stores["c:0"] = notes
-    simulated, truncated = sim._store_answer("c:0", request)
+    simulated, truncated = sim.retention.answer("c:0", request)
     assert [n.key for n in found] == [n.key for n in simulated]
     assert answer.truncated == truncated == ("answer_max" in window)
     assert found, "the request matches something"
@@ -462,3 +462,19 @@ def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path, al
     finally:
         cluster.stop()
     assert (lost, got) == (1, 0)
+
+
+def test_a_hello_is_for_us_only_if_it_names_this_incarnation() -> None:
+    """``Neighbours.handshake``, which both shells call with a HELLO's facts: a HELLO
+    naming no incarnation of ours yet (0), or an earlier one, leaves the session
+    handshaking (its frames are not for us); one naming this incarnation starts it."""
+    table = Neighbours(["n"])
+    table.heard("n", 0.0)
+    assert table.met("n", 5) is False
+    for names in (0, 6):  # none yet; an earlier process of ours
+        table.handshake("n", names, 7)
+        assert table["n"].describe() == "handshaking" and not table.reachable("n")
+    table.handshake("n", 7, 7)
+    assert table["n"].describe() == "syncing" and table.reachable("n")
+    assert table.share("n") == (True, False) and not table.routable("n")  # no word yet
+    assert table.said("n", True) and table.routable("n")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from octopis.core.lst import LinkView
+
 
 class Phase(Enum):
     """A neighbour's session with this broker (see the module docstring)."""
@@ -189,6 +191,12 @@ class Neighbours:
         record = self.table[name]
         record.received = record.acked = 0
 
+    def handshake(self, name: str, names: int, incarnation: int) -> None:
+        """``name``'s HELLO, naming ``names`` as our incarnation (0: none yet), heard by
+        this broker running as ``incarnation``: :meth:`hello`, for us if it names this
+        one (both shells ask this; a HELLO's facts, never a verdict, come from them)."""
+        self.hello(name, names == incarnation)
+
     def share(self, name: str) -> ShareHeard:
         """``name`` says it handed its share: whether that share is for us (its handshake
         named us; one that is not changes nothing), and whether ``name`` serves now."""
@@ -225,6 +233,11 @@ class Neighbours:
         record.word = None
         record.down_since = now
 
+    def declared_down(self, name: str) -> bool:
+        """Whether ``name`` was declared down (:meth:`silent`) and not heard since."""
+        record = self.table[name]
+        return not record.up and record.down_since is not None
+
     def overdue(self, now: float, down_after: float) -> list[tuple[str, float]]:
         """The neighbours up but silent for more than ``down_after`` seconds at ``now``
         (to declare down, :meth:`silent`), with their silence."""
@@ -237,6 +250,11 @@ class Neighbours:
     def routable(self, name: str) -> bool:
         """Whether routing may go through ``name`` (its LST row up): it serves."""
         return self.table[name].serving
+
+    def view(self, inner: LinkView) -> LinkView:
+        """What this broker sees of its links: ``inner``'s loads, and each link down
+        unless :meth:`routable` (what the broker process writes into its LST's rows)."""
+        return _RoutableView(inner, self)
 
     def reachable(self, name: str) -> bool:
         """Whether a share may be handed to ``name``: up, and its handshake named us."""
@@ -258,3 +276,20 @@ class Neighbours:
     def settled(self) -> bool:
         """Every neighbour up, synced and serving (what ``ready`` reports to operators)."""
         return all(r.serving for r in self.table.values())
+
+
+class _RoutableView:
+    __slots__ = ("_inner", "_neighbours")
+
+    def __init__(self, inner: LinkView, neighbours: Neighbours) -> None:
+        self._inner = inner
+        self._neighbours = neighbours
+
+    def overloaded(self, link: str) -> bool:
+        return self._inner.overloaded(link)
+
+    def load(self, link: str) -> tuple[float, int]:
+        return self._inner.load(link)
+
+    def down(self, link: str) -> bool:
+        return not self._neighbours.routable(link) or self._inner.down(link)

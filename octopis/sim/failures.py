@@ -48,18 +48,17 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 
-from octopis.core import LinkView, Notification, make_broker
+from octopis.core import Notification
 from octopis.core.node import HandedShare
-from octopis.core.resync import epoch_of
-from octopis.core.sessions import ClientTable
-from octopis.defaults import DOWN_AFTER, RETAIN, SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
 from octopis.sim.replaying import REPLAY_TYPES
 
 
 class FailureState:
-    """Which brokers are dead and which directed links are down, physically and as each
-    sender has detected; the custody window of every directed link."""
+    """Which brokers are dead and which directed links are cut; the custody window of
+    every directed link. Which links a broker routes through is its node's
+    (:meth:`~octopis.core.neighbours.Neighbours.routable`), as in the broker process."""
 
     def __init__(self, detection: float = DOWN_AFTER, retain: float = RETAIN):
         if detection < 0 or retain < 0:
@@ -73,8 +72,6 @@ class FailureState:
         self._cuts: Counter[tuple[str, str]] = Counter()
         """How many failures under way cut each directed link: it carries again when the
         last of them heals."""
-        self.detected: dict[str, set[str]] = {}
-        """Per broker, the neighbours it has detected as down."""
         self.failed_at: dict[tuple[str, str], float] = {}
         self.slow: dict[tuple[str, str], float] = {}
         """Directed links in a delay spike: the seconds each frame sent on it is late."""
@@ -122,6 +119,16 @@ class FailureState:
         while window and window[0][0] < horizon:
             window.popleft()
 
+    def departs(self, src: str, dst: str, now: float, message: object) -> bool:
+        """Whether a copy ``src`` sends ``dst`` at ``now`` goes on the link: a
+        notification is kept in ``src``'s custody (:meth:`sent`) and goes unless the link
+        is broken (lost in transit); any other message goes only on a link that carries."""
+        broken = self.broken(src, dst)
+        if broken and type(message) is not Notification:
+            return False
+        self.sent(src, dst, now, message)
+        return not broken
+
     def take_back(self, src: str, dst: str) -> list[object]:
         """The copies ``src`` sent to ``dst`` since ``failure − retain``; custody emptied."""
         since = self.failed_at.get((src, dst), -math.inf) - self.retain
@@ -129,7 +136,7 @@ class FailureState:
         return [message for when, message in window if when >= since]
 
     def forget(self, broker: str) -> list[object]:
-        """A dead broker's own custody and detections die with it; returns the copies it
+        """A dead broker's own custody dies with it; returns the copies it
         would have routed again at a detection it did not live to make: those sent on a
         link that had failed, or up to ``retain`` before (the neighbour may have died
         before passing them on), as :meth:`take_back` gives them."""
@@ -137,30 +144,7 @@ class FailureState:
         for link in [link for link in self._custody if link[0] == broker]:
             since = self.failed_at.get(link, math.inf) - self.retain
             lost += [message for when, message in self._custody.pop(link) if when >= since]
-        self.detected.pop(broker, None)
         return lost
-
-    def view(self, broker: str, inner: LinkView) -> LinkView:
-        """What ``broker`` sees: ``inner``'s loads, and its detected down links."""
-        down = self.detected.get(broker)
-        return _DetectedView(inner, down) if down else inner
-
-
-class _DetectedView:
-    __slots__ = ("_down", "_inner")
-
-    def __init__(self, inner: LinkView, down: set[str]) -> None:
-        self._inner = inner
-        self._down = down
-
-    def overloaded(self, link: str) -> bool:
-        return self._inner.overloaded(link)
-
-    def load(self, link: str) -> tuple[float, int]:
-        return self._inner.load(link)
-
-    def down(self, link: str) -> bool:
-        return link in self._down or self._inner.down(link)
 
 
 class FailureEvents:
@@ -189,7 +173,7 @@ class FailureEvents:
             return
         if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
             raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
-        if self._taken is not None:  # a service model always has receiver-paced links
+        if self.network.receiver_paced:  # as a service model always has
             raise ValueError(
                 "failures are not simulated with a CPU service model or receiver-paced links"
             )
@@ -225,12 +209,12 @@ class FailureEvents:
             for message in state.forget(broker):
                 if type(message) is Notification:
                     self.failure_counts["undeliverable.died_in_custody"] += 1
-                    self._undeliverable_keys.add(message.key)
+                    self.brokers.given_up.add(message.key)
             self.hosts_failed.add(broker)
-            self._retired.update(self.cores[broker].counts())
+            self.brokers.died(broker)
             lost, counts = self.nodes[broker].died()  # what it held dies with it
             self.failure_counts["undeliverable.died_held"] += len(lost)
-            self._undeliverable_keys.update(n.key for n in lost)
+            self.brokers.given_up.update(n.key for n in lost)
             self.failure_counts.update(counts)
             self.failure_counts["brokers_killed"] += 1
             self._hosts_died(broker)
@@ -295,10 +279,10 @@ class FailureEvents:
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:
             return
-        down = state.detected.setdefault(src, set())
-        if dst in down:
+        neighbours = self.nodes[src].neighbours
+        if neighbours.declared_down(dst):
             return
-        down.add(dst)
+        neighbours.silent(dst, self.now)
         self.failure_counts["detections"] += 1
         core = self.cores[src]
         for message in state.take_back(src, dst):
@@ -306,7 +290,6 @@ class FailureEvents:
                 continue  # not in custody: the round hears dst is down
             self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
         self._replay_link_down(src, dst)
-        self.nodes[src].neighbours.silent(dst, self.now)
         self._check_serving(src)
 
     def _recover(self, failure: Failure) -> None:
@@ -325,7 +308,7 @@ class FailureEvents:
             self.failure_counts["brokers_restarted"] += 1
             self._start(broker)
             self._greet(broker)
-            self._advertise_again(broker)
+            self.clients.advertise_again(broker)
             return
         state.heal(failure)
         a, b = failure.ends
@@ -340,7 +323,7 @@ class FailureEvents:
         for src, dst in links:
             self._undetect(src, dst)
             self._dispatch(src, self.nodes[src].link_back(dst))
-            self._hear_word(src, dst)
+            self._word(src, dst)
 
     def _start(self, broker: str) -> None:
         """``broker`` starts empty (a restart, or a broker added by a topology change):
@@ -349,32 +332,15 @@ class FailureEvents:
         any silence."""
         state = self.failures
         assert state is not None
-        core = make_broker(
-            self.scot,
-            broker,
-            self.mode,
-            self._matcher_factory,
-            covering=self.covering,
-            advertisements=self.advertisements,
-        )
-        self._incarnations += 1
-        self.incarnation[broker] = self._incarnations
-        core.epoch = epoch_of(self._incarnations)
-        neighbours = sorted(self.scot.graph[broker])
-        self.cores[broker] = core
-        self.sessions[broker] = ClientTable(SUBSCRIPTIONS_PER_CLIENT)  # died with it
-        self.nodes[broker] = self._node(core)
-        self.nodes[broker].start(self.now, state.detection)
+        self.brokers.start(broker).start(self.now, state.detection)
         self.at(self.now + state.detection, self._check_serving, broker)
-        for neighbour in neighbours:
+        for neighbour in sorted(self.scot.graph[broker]):
             if state.severed(broker, neighbour):  # never greeted: detected like any silence
                 state.failed_at[(broker, neighbour)] = self.now
                 self.at(self.now + state.detection, self._detect, broker, neighbour)
             else:
                 state.failed_at.pop((broker, neighbour), None)
-                state.detected.get(broker, set()).discard(neighbour)
                 state.failed_at.setdefault((neighbour, broker), self.now)
-                state.detected.setdefault(neighbour, set()).add(broker)
 
     def _greet(self, broker: str) -> None:
         """``broker``, just started, meets each neighbour its links reach."""
@@ -386,32 +352,37 @@ class FailureEvents:
 
     def _meet(self, a: str, b: str) -> None:
         """The handshake of ``a`` and ``b`` over their link: each node meets the other's
-        incarnation (a new one for a neighbour that knew an earlier is a restart) and
-        hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`)."""
-        for src, dst in ((a, b), (b, a)):
+        incarnation (a new one for a neighbour that knew an earlier is a restart), hears
+        its HELLO (naming the incarnation it knows of us, :meth:`Neighbours.handshake`)
+        and hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`);
+        then each hears the other's first heartbeat (:meth:`_word`)."""
+        incarnation = self.brokers.incarnation
+        met = [
+            (src, dst, restarted)
+            for src, dst in ((a, b), (b, a))
+            if (restarted := self.nodes[src].neighbours.met(dst, incarnation[dst])) is not None
+        ]
+        for src, dst, restarted in met:
             node = self.nodes[src]
-            restarted = node.neighbours.met(dst, self.incarnation[dst])
-            if restarted is None:
-                continue
-            node.neighbours.hello(dst, True)
+            names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
+            node.neighbours.handshake(dst, names, incarnation[src])
             node.neighbours.heard(dst, self.now)
-            actions, handed = node.neighbour_met(dst, self.incarnation[dst], restarted)
+            actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
         for src, dst in ((a, b), (b, a)):
-            if self.nodes[dst].serving:
-                self._hear_word(src, dst)
-            else:
-                self.nodes[src].neighbours.said(dst, False)
+            self._word(src, dst)
 
     def _met(self, a: str, b: str) -> bool:
         """Whether ``a`` has met ``b``'s current incarnation (their handshake went over
         the link)."""
-        return self.nodes[a].neighbours[b].incarnation == self.incarnation[b]
+        return self.nodes[a].neighbours[b].incarnation == self.brokers.incarnation[b]
 
-    def _hear_word(self, src: str, dst: str) -> None:
-        """``src`` hears that ``dst`` serves (its heartbeat): if that is news, it hands
-        it what it held for it (:meth:`BrokerNode.neighbour_serving`)."""
-        if self.nodes[src].neighbours.said(dst, True):
+    def _word(self, src: str, dst: str) -> None:
+        """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its node
+        says, as the process's heartbeat carries it; :meth:`Neighbours.said`): if its
+        serving is news, ``src`` hands it what it held for it
+        (:meth:`BrokerNode.neighbour_serving`)."""
+        if self.nodes[src].neighbours.said(dst, self.nodes[dst].serving):
             self._dispatch(src, self.nodes[src].neighbour_serving(dst))
 
     def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
@@ -447,9 +418,7 @@ class FailureEvents:
         ``broker`` sent it, if their link carries."""
         if self.failures.broken(broker, neighbour):  # type: ignore[union-attr]
             return
-        queue = self._in_flight[broker].get(neighbour)
-        when = queue[-1][0] if queue else self.now
-        self.at(when, self._serving_heard, neighbour, broker)
+        self.at(self.events.last_arrival(broker, neighbour), self._serving_heard, neighbour, broker)
 
     def _serving_heard(self, src: str, dst: str) -> None:
         """``src`` hears that ``dst`` serves: it routes through it again and hands it what
@@ -459,7 +428,7 @@ class FailureEvents:
         if state.broken(dst, src) or not self.nodes[dst].serving:
             return
         self._undetect(src, dst)
-        self._hear_word(src, dst)
+        self._word(src, dst)
 
     def _undetect(self, src: str, dst: str) -> None:
         """``src`` hears ``dst`` again; what it sends ``dst`` stays unacknowledged (in
@@ -468,5 +437,4 @@ class FailureEvents:
         assert state is not None
         if not state.broken(src, dst):
             state.failed_at.pop((src, dst), None)
-        state.detected.get(src, set()).discard(dst)
         self.nodes[src].neighbours.heard(dst, self.now)

@@ -1,25 +1,15 @@
-"""Subscribers moving between brokers in the simulator (DESIGN §9), and the balancer's
-rounds that order moves on simulated load: a mixin of the
+"""Subscribers moving between brokers in the simulator (DESIGN §9): a mixin of the
 :class:`~octopis.sim.engine.Simulator`, beside its event loop (it reads the clients,
-cores and links the engine keeps)."""
+cores and links the engine keeps). The balancer that orders moves on simulated load is
+a part of its own (:class:`~octopis.sim.balancing.SimBalancer`)."""
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 
-from octopis.balance.plans import BrokerLoad, LoadState
-from octopis.balance.policy import (
-    HISTORY_LIMIT,
-    BalanceOptions,
-    Elasticity,
-    SubscriberLoads,
-    load_sample,
-    plan_round,
-)
 from octopis.core import Subscribe
 from octopis.core.clustered import ClusteredBroker
 from octopis.sim.reshaping import MOVE_POLL
-from octopis.topology_change import add_cluster, remove_cluster
 
 MOVE_LINGER = 1.0
 """Seconds a subscription moved across clusters stays after its successor is stored by every
@@ -27,7 +17,7 @@ broker, and the subscriber keeps dropping repeats after that (the SDK's ``linger
 
 
 class SubscriberMoves:
-    """Moves of subscribers and the balancer's rounds (see the module docstring)."""
+    """Moves of subscribers (see the module docstring)."""
 
     def move(
         self, subscriber: str, broker: str, *, poll: float = MOVE_POLL, linger: float = MOVE_LINGER
@@ -82,136 +72,6 @@ class SubscriberMoves:
             self.at(self.now + poll, self._spread, subscriber, old, sub_id, new_id, poll, linger)
         return moved
 
-    def balance(
-        self,
-        options: BalanceOptions,
-        until: float,
-        capacity: float = 0.0,
-        elastic: Elasticity | None = None,
-    ) -> None:
-        """Run the balancer's rounds on simulated load every ``options.interval`` seconds
-        from now until ``until``: the decisions of ``octopis balance`` (:func:`plan_round`,
-        one implementation), carried out by :meth:`move`. A broker's load is, per second
-        over the last interval, the deliveries to the subscribers attached to it, plus
-        the notification copies it sent when ``options.load_measure`` is ``output``; a
-        subscriber's, its deliveries per second;
-        ``capacity`` (messages/s) is every broker's, for the plans on load ratios. With
-        ``elastic`` (and a capacity) each round also asks it whether the mean load ratio
-        calls for a cluster more (:meth:`reshape`) or the last one fewer (:meth:`shrink`,
-        its subscribers moving to their region's least loaded broker elsewhere)."""
-        self.balance_log = {
-            "options": vars(options),
-            "decisions": deque(maxlen=HISTORY_LIMIT),
-            "decisions_made": 0,
-            "timeline": deque(maxlen=HISTORY_LIMIT),
-            "elastic": deque(maxlen=HISTORY_LIMIT),
-        }
-        self._subscriber_loads = SubscriberLoads(options.smoothing)
-        mark = self._load_counts()
-        self.at(
-            self.now + options.interval,
-            self._balance_round,
-            options,
-            until,
-            capacity,
-            mark,
-            elastic,
-        )
-
-    def _interests(self, subscribers: set[str]) -> dict[str, frozenset[str]]:
-        """Each subscriber's interests (``Subscription.interests``), as a broker's
-        ``clients`` RPC reports them to the balancer's SDM."""
-        held: dict[str, set[str]] = {s: set() for s in subscribers}
-        for sub_id, subscriber in self.subscriber_of.items():
-            entry = self.cores[self._home[subscriber]].table.entries.get(sub_id)
-            if entry is not None and subscriber in held:
-                held[subscriber] |= entry.subscription.interests()
-        return {s: frozenset(i) for s, i in held.items()}
-
-    def _load_counts(self) -> tuple[dict[str, int], Counter[str]]:
-        """Copies sent by each broker, deliveries to each subscriber, so far."""
-        copies = {b: c.notification_copies for b, c in self.cores.items()}
-        delivered: Counter[str] = Counter()
-        for (subscriber, _, _), n in self.ledger.received.items():
-            delivered[subscriber] += n
-        return copies, delivered
-
-    def _balance_round(
-        self,
-        options: BalanceOptions,
-        until: float,
-        capacity: float,
-        mark: tuple[dict[str, int], Counter[str]],
-        elastic: Elasticity | None = None,
-    ) -> None:
-        assert self.balance_log is not None
-        copies, delivered = counts = self._load_counts()
-        span = options.interval
-        subscribers = set(self.subscriber_of.values())
-        rate = {s: (delivered[s] - mark[1][s]) / span for s in subscribers}
-        deliveries = dict.fromkeys(self.cores, 0.0)
-        for subscriber, r in rate.items():
-            deliveries[self._home[subscriber]] += r
-        output = {b: (copies[b] - mark[0].get(b, 0)) / span + deliveries[b] for b in self.cores}
-        load = deliveries if options.load_measure == "deliveries" else output
-        brokers = {
-            b: BrokerLoad(load[b], capacity, self.scot.brokers[b].cluster)
-            for b in self.cores
-            if b not in self.retiring
-        }
-        state = LoadState(
-            brokers,
-            rate,
-            {s: self._home[s] for s in subscribers},
-            self._interests(subscribers) if options.plan == "sdm" else {},
-        )
-        log = self.balance_log
-        recent = {s for s in subscribers if self.moving(s)}
-        for decision in reversed(log["decisions"]):
-            if self.now - decision["t"] >= options.cooldown:
-                break
-            recent.add(decision["subscriber"])
-        self._subscriber_loads.update(state, self.now)
-        plan = plan_round(options, self._subscriber_loads.applied(state), recent)
-        for move in plan.moves if options.act else ():
-            self.move(move.subscriber, move.target)
-            log["decisions"].append({"t": self.now, **vars(move)})
-            log["decisions_made"] += 1
-        log["timeline"].append(
-            {
-                "t": self.now,
-                **load_sample(load, output),
-                "moves": len(plan.moves),
-                "clusters": self.scot.clusters,
-                "mean_ratio": sum(output.values()) / len(output) / capacity if capacity else 0.0,
-            }
-        )
-        if elastic is not None and capacity and not self.retiring:
-            self._elastic_round(elastic, log["timeline"][-1]["mean_ratio"], load)
-        if self.now + span <= until:
-            args = (options, until, capacity, counts, elastic)
-            self.at(self.now + span, self._balance_round, *args)
-
-    def _elastic_round(self, elastic: Elasticity, ratio: float, load: dict[str, float]) -> None:
-        """Grow or shrink by a cluster if ``elastic`` says so (Dynamoth, issue 18)."""
-        assert self.balance_log is not None
-        change = elastic.decide(self.now, ratio, self.scot.clusters)
-        if change is None:
-            return
-        self.balance_log["elastic"].append(
-            {"t": self.now, "change": change, "mean_ratio": ratio, "clusters": self.scot.clusters}
-        )
-        if change == "add-cluster":
-            self.reshape(add_cluster(self.scot))
-            return
-        last = self.scot.clusters - 1
-
-        def refuge(broker: str) -> str:
-            region = self.scot.brokers[broker].region
-            return min((f"{region}:{k}" for k in range(last)), key=lambda b: (load[b], b))
-
-        self.shrink(remove_cluster(self.scot, last), refuge)
-
     def moving(self, subscriber: str) -> bool:
         """Whether a move of ``subscriber`` has not finished yet."""
         return subscriber in self._moving
@@ -239,13 +99,7 @@ class SubscriberMoves:
         def names(message: object) -> bool:
             return type(message) is Subscribe and message.sub_id == sub_id  # type: ignore[attr-defined]
 
-        in_flight = any(
-            names(item[4])
-            for links in self._in_flight.values()
-            for q in links.values()
-            for item in q
-        )
-        return in_flight or any(
+        return any(map(names, self.events.messages())) or any(
             names(m) for node in self.nodes.values() for m in node.held_messages()
         )
 

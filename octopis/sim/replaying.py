@@ -2,8 +2,8 @@
 (DESIGN §7, §11), in the simulator: the SDK's and the brokers' part, in simulated time.
 
 - Every broker keeps what its own publishers published (its store survives its death,
-  as the process's file does), from the first scheduled failure on (nothing else reads
-  it), up to :data:`STORE_LIMIT` each (the oldest go first, counted).
+  as the process's file does; :class:`~octopis.sim.stores.RetentionStores`), from the
+  first scheduled failure on (nothing else reads it).
 - A subscriber whose host dies notices it ``liveness`` seconds later (the SDK's
   silence), moves to the first broker of its fail-over list that is not dead (same
   cluster first), subscribes there again and asks for a replay: after the last
@@ -24,7 +24,7 @@
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -37,7 +37,6 @@ from octopis.client_policy import (
     replay_after,
 )
 from octopis.core import Forward, Notification, SubState
-from octopis.core.answer import AnswerSelection
 from octopis.core.replay import (
     QueryStore,
     Replay,
@@ -50,10 +49,9 @@ from octopis.core.replay import (
 )
 from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, HISTORIC_BUDGET, REPLAY_BUDGET
 from octopis.filters.language import Subscription, parse_subscription
+from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
-STORE_LIMIT = 1_000_000
-"""Publications each broker's store keeps in the simulator."""
 
 
 @dataclass
@@ -76,11 +74,10 @@ class SubscriberFailover:
     replays (a mixin beside its event loop and :class:`~octopis.sim.failures.FailureEvents`)."""
 
     def _init_failover(self) -> None:
-        self.stores: dict[str, deque[Notification]] = {}
-        """Each broker's retention store: what its own publishers published."""
+        self.retention = RetentionStores(self.failure_counts)
+        """Each broker's retention store."""
+        self.stores = self.retention.kept
         self.replay_rounds: dict[str, ReplayRounds] = {}
-        self.subscriptions_of: dict[str, list[Subscription]] = {}
-        self.first_subscribed: dict[str, float] = {}
         self.failed_over: set[str] = set()
         """Subscribers that moved to another broker because theirs died."""
         self.first_home: dict[str, str] = {}
@@ -102,9 +99,6 @@ class SubscriberFailover:
         dead keeps trying while one is to come back)."""
         self.cut_clients: set[tuple[str, str]] = set()
         """(subscriber, broker) connections that failed: deliveries on them are lost."""
-        self.clocks: dict[str, float] = {}
-        """Each publisher's clock: how far its stamps (``published_at``) run ahead of the
-        simulated time (behind, if negative)."""
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
         self.records: dict[str, RecentDeliveries] = {}
@@ -124,17 +118,7 @@ class SubscriberFailover:
     def _replay_targets(
         self, broker: str, src: str | None, state: SubState
     ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
-        down = self.failures.detected.get(broker, set()) if self.failures else set()
-        return self.nodes[broker].replay_targets(src, state, down.__contains__)
-
-    def keep(self, broker: str, notification: Notification) -> None:
-        """``broker`` accepted ``notification`` from a local publisher: its store keeps it."""
-        store = self.stores.get(broker)
-        if store is None:
-            store = self.stores[broker] = deque(maxlen=STORE_LIMIT)
-        if len(store) == STORE_LIMIT:
-            self.failure_counts["retention.trimmed"] += 1
-        store.append(notification)
+        return self.nodes[broker].replay_targets(src, state, self._view(broker).down)
 
     # -- events --------------------------------------------------------------------------
 
@@ -143,7 +127,7 @@ class SubscriberFailover:
         replay rounds die with it (its store does not)."""
         self.replay_rounds.pop(broker, None)
         for subscriber, home in list(self._home.items()):
-            if home == broker and subscriber in self.subscriptions_of:
+            if home == broker and subscriber in self.clients.subscriptions_of:
                 self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, broker, self.now)
 
     def fail_client(self, subscriber: str, at: float) -> None:
@@ -156,7 +140,7 @@ class SubscriberFailover:
 
     def _client_cut(self, subscriber: str) -> None:
         host = self._home.get(subscriber)
-        if host is None or subscriber not in self.subscriptions_of:
+        if host is None or subscriber not in self.clients.subscriptions_of:
             return
         self.cut_clients.add((subscriber, host))
         self.failure_counts["clients_cut"] += 1
@@ -194,7 +178,7 @@ class SubscriberFailover:
         self.record_of(subscriber)
         self._end_seam(subscriber)  # a replay cut short by this fail-over: its part joins now
         self.failure_counts["subscribers_failed_over"] += 1
-        for subscription in self.subscriptions_of[subscriber]:
+        for subscription in self.clients.subscriptions_of[subscriber]:
             sub_id, actions = self.cores[new].subscribe(subscriber, subscription, self.now)
             self.sessions[new].attach(subscriber, sub_id)
             self.subscriber_of[sub_id] = subscriber
@@ -210,9 +194,9 @@ class SubscriberFailover:
         request = Replay(
             req_id,
             new,
-            tuple(s.to_text() for s in self.subscriptions_of[subscriber]),
+            tuple(s.to_text() for s in self.clients.subscriptions_of[subscriber]),
             tuple(sorted(seen.since())),
-            replay_after(self.first_subscribed[subscriber], died),
+            replay_after(self.clients.first_subscribed[subscriber], died),
             REPLAY_BUDGET,
         )
         self.replay_counts["requests"] += 1
@@ -259,7 +243,7 @@ class SubscriberFailover:
             elif type(action) is QueryStore:
                 request = action.request
                 self.at(self.now + request.budget, self._replay_expire, broker)
-                found, truncated = self._store_answer(broker, request)
+                found, truncated = self.retention.answer(broker, request)
                 rounds = self._rounds(broker)
                 self._carry_out_replay(
                     broker, rounds.stored(request.req_id, found, [], truncated=truncated)
@@ -287,21 +271,6 @@ class SubscriberFailover:
                 gap.difference_update(action.echo.answered)
                 gap.update(action.echo.silent)  # a late part may be silent past itself
                 self.replay_counts["late" if action.late else "done"] += 1
-
-    def _store_answer(self, broker: str, request: Replay) -> tuple[list[Notification], bool]:
-        """What ``broker``'s store answers ``request``: its kept publications, in the
-        order kept, as the node's :class:`AnswerSelection` chooses them (the simulator
-        keeps no encoded bodies: answers are bounded by count, not bytes), and whether
-        the answer was cut."""
-        selection = AnswerSelection(request)
-        found = []
-        for n in self.stores.get(broker, ()):
-            taken = selection.take(n.publisher, n.session, n.seq, n.published_at, 0, lambda n=n: n)
-            if taken is not None:
-                found.append(taken)
-            elif selection.truncated:
-                break
-        return found, selection.truncated
 
     def record_of(self, subscriber: str) -> RecentDeliveries:
         """``subscriber``'s record of recent deliveries, begun (at a fail-over or a move)

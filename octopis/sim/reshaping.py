@@ -42,19 +42,17 @@ class Reshaping:
         if hosted:
             raise ValueError(f"clients {', '.join(hosted[:3])} are still attached to a broker "
                              "that leaves: move them first")  # fmt: skip
-        busy = [b for b in removed if any(self._in_flight[b].values())] + [
-            b for b in old.brokers for d in removed if self._in_flight[b].get(d)
+        events = self.events
+        busy = [b for b in removed if events.carrying(b)] + [
+            b for b in old.brokers for d in removed if events.carrying(b, d)
         ]
         if busy:
             raise ValueError(f"messages are in flight at {busy[0]}: let the overlay drain first")
         state = self._failure_state()
         for broker in removed:
-            self._retired.update(self.cores.pop(broker).counts())
-            node = self.nodes.pop(broker)
-            del self.sessions[broker]
+            node = self.brokers.remove(broker)
             self.failure_counts.update(node.counts())
-            del self._in_flight[broker]
-            state.detected.pop(broker, None)
+            events.remove(broker)
         for broker in scot.brokers:
             if broker in self.cores and (
                 scot.clusters != old.clusters or set(scot.graph[broker]) != set(old.graph[broker])
@@ -64,12 +62,11 @@ class Reshaping:
                     scot.brokers[broker], scot.clusters, self.now
                 )
                 for gone in set(old.graph[broker]) - set(scot.graph[broker]):
-                    self._in_flight[broker].pop(gone, None)
+                    events.drop_link(broker, gone)
                     state.failed_at.pop((broker, gone), None)
-                    state.detected.get(broker, set()).discard(gone)
-        self.scot = scot
+        self.brokers.scot = scot
         for broker in added:
-            self._in_flight[broker] = {}
+            events.add(broker)
             self._start(broker)
         for broker in added:
             self._greet(broker)
@@ -100,8 +97,8 @@ class Reshaping:
             self.move(subscriber, refuge(self._home[subscriber]))
         busy = (
             any(self.moving(s) for s in self._home)
-            or any(self._in_flight[b].get(d) for b in self.cores for d in leaving)
-            or any(any(self._in_flight[b].values()) for b in leaving)
+            or any(self.events.carrying(b, d) for b in self.cores for d in leaving)
+            or any(self.events.carrying(b) for b in leaving)
         )
         if busy or late:
             self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)

@@ -116,7 +116,7 @@ class PeerLiveness:
             synced = self.events.neighbour_met(sender, message.incarnation, restarted)
             link.put(self.output.frame(synced, LINK), now)
         if type(message) is Hello:
-            self.neighbours.hello(sender, message.peer_incarnation == self.incarnation)
+            self.neighbours.handshake(sender, message.peer_incarnation, self.incarnation)
             return
         if message.acked_incarnation == self.incarnation:
             self.output.links[sender].acknowledge(message.acked, now)

@@ -1,0 +1,214 @@
+"""The balancer's rounds in the simulator (DESIGN §9): the decisions of ``octopis
+balance`` (:func:`~octopis.balance.policy.plan_round`, one implementation) on simulated
+load, carried out by the simulator's moves and topology changes."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from octopis.accounting import DeliveryLedger
+from octopis.balance.plans import BrokerLoad, LoadState
+from octopis.balance.policy import (
+    HISTORY_LIMIT,
+    BalanceOptions,
+    Elasticity,
+    SubscriberLoads,
+    load_sample,
+    plan_round,
+)
+from octopis.core import BrokerCore
+from octopis.sim.clients import Clients
+from octopis.topology import Scot
+from octopis.topology_change import add_cluster, remove_cluster
+
+
+class Balanced(Protocol):
+    """What the balancer reads of a simulator and asks it to do."""
+
+    scot: Scot
+    cores: dict[str, BrokerCore]
+    ledger: DeliveryLedger
+    clients: Clients
+    subscriber_of: dict[str, str]
+    retiring: set[str]
+
+    @property
+    def now(self) -> float:
+        """The simulated time."""
+
+    def at(self, when: float, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` at ``when``."""
+
+    def moving(self, subscriber: str) -> bool:
+        """Whether a move of ``subscriber`` is under way."""
+
+    def move(self, subscriber: str, broker: str) -> dict[str, str]:
+        """Move ``subscriber`` to ``broker`` now."""
+
+    def reshape(self, scot: Scot) -> None:
+        """Change the overlay to ``scot`` now."""
+
+    def shrink(self, scot: Scot, refuge: Callable[[str], str]) -> None:
+        """Remove the brokers ``scot`` lacks once their subscribers moved to ``refuge``."""
+
+
+class SimBalancer:
+    """The balancer of one simulated overlay (``sim``); :attr:`log` holds what it decided
+    and saw once started."""
+
+    def __init__(self, sim: Balanced) -> None:
+        self._sim = sim
+        self.log: dict[str, Any] | None = None
+        """What it decided and saw: ``decisions``, ``timeline``, ``elastic``."""
+        self._loads = SubscriberLoads(0.0)
+        """The subscriber rates (:meth:`start` sets its smoothing)."""
+
+    def start(
+        self,
+        options: BalanceOptions,
+        until: float,
+        capacity: float = 0.0,
+        elastic: Elasticity | None = None,
+    ) -> None:
+        """Run the balancer's rounds on simulated load every ``options.interval`` seconds
+        from now until ``until``: the decisions of ``octopis balance`` (:func:`plan_round`,
+        one implementation), carried out by the simulator's ``move``. A broker's load is, per second
+        over the last interval, the deliveries to the subscribers attached to it, plus
+        the notification copies it sent when ``options.load_measure`` is ``output``; a
+        subscriber's, its deliveries per second;
+        ``capacity`` (messages/s) is every broker's, for the plans on load ratios. With
+        ``elastic`` (and a capacity) each round also asks it whether the mean load ratio
+        calls for a cluster more (``reshape``) or the last one fewer (``shrink``,
+        its subscribers moving to their region's least loaded broker elsewhere)."""
+        self.log = {
+            "options": vars(options),
+            "decisions": deque(maxlen=HISTORY_LIMIT),
+            "decisions_made": 0,
+            "timeline": deque(maxlen=HISTORY_LIMIT),
+            "elastic": deque(maxlen=HISTORY_LIMIT),
+        }
+        self._loads = SubscriberLoads(options.smoothing)
+        mark = self._load_counts()
+        self._sim.at(
+            self._sim.now + options.interval,
+            self._balance_round,
+            options,
+            until,
+            capacity,
+            mark,
+            elastic,
+        )
+
+    def _interests(self, subscribers: set[str]) -> dict[str, frozenset[str]]:
+        """Each subscriber's interests (``Subscription.interests``), as a broker's
+        ``clients`` RPC reports them to the balancer's SDM."""
+        held: dict[str, set[str]] = {s: set() for s in subscribers}
+        for sub_id, subscriber in self._sim.subscriber_of.items():
+            entry = self._sim.cores[self._sim.clients.home[subscriber]].table.entries.get(sub_id)
+            if entry is not None and subscriber in held:
+                held[subscriber] |= entry.subscription.interests()
+        return {s: frozenset(i) for s, i in held.items()}
+
+    def _load_counts(self) -> tuple[dict[str, int], Counter[str]]:
+        """Copies sent by each broker, deliveries to each subscriber, so far."""
+        copies = {b: c.notification_copies for b, c in self._sim.cores.items()}
+        delivered: Counter[str] = Counter()
+        for (subscriber, _, _), n in self._sim.ledger.received.items():
+            delivered[subscriber] += n
+        return copies, delivered
+
+    def _balance_round(
+        self,
+        options: BalanceOptions,
+        until: float,
+        capacity: float,
+        mark: tuple[dict[str, int], Counter[str]],
+        elastic: Elasticity | None = None,
+    ) -> None:
+        assert self.log is not None
+        copies, delivered = counts = self._load_counts()
+        span = options.interval
+        subscribers = set(self._sim.subscriber_of.values())
+        rate = {s: (delivered[s] - mark[1][s]) / span for s in subscribers}
+        deliveries = dict.fromkeys(self._sim.cores, 0.0)
+        for subscriber, r in rate.items():
+            deliveries[self._sim.clients.home[subscriber]] += r
+        output = {
+            b: (copies[b] - mark[0].get(b, 0)) / span + deliveries[b] for b in self._sim.cores
+        }
+        load = deliveries if options.load_measure == "deliveries" else output
+        brokers = {
+            b: BrokerLoad(load[b], capacity, self._sim.scot.brokers[b].cluster)
+            for b in self._sim.cores
+            if b not in self._sim.retiring
+        }
+        state = LoadState(
+            brokers,
+            rate,
+            {s: self._sim.clients.home[s] for s in subscribers},
+            self._interests(subscribers) if options.plan == "sdm" else {},
+        )
+        log = self.log
+        recent = {s for s in subscribers if self._sim.moving(s)}
+        for decision in reversed(log["decisions"]):
+            if self._sim.now - decision["t"] >= options.cooldown:
+                break
+            recent.add(decision["subscriber"])
+        self._loads.update(state, self._sim.now)
+        plan = plan_round(options, self._loads.applied(state), recent)
+        for move in plan.moves if options.act else ():
+            self._sim.move(move.subscriber, move.target)
+            log["decisions"].append({"t": self._sim.now, **vars(move)})
+            log["decisions_made"] += 1
+        log["timeline"].append(
+            {
+                "t": self._sim.now,
+                **load_sample(load, output),
+                "moves": len(plan.moves),
+                "clusters": self._sim.scot.clusters,
+                "mean_ratio": sum(output.values()) / len(output) / capacity if capacity else 0.0,
+            }
+        )
+        if elastic is not None and capacity and not self._sim.retiring:
+            self._elastic_round(elastic, log["timeline"][-1]["mean_ratio"], load)
+        if self._sim.now + span <= until:
+            args = (options, until, capacity, counts, elastic)
+            self._sim.at(self._sim.now + span, self._balance_round, *args)
+
+    def _elastic_round(self, elastic: Elasticity, ratio: float, load: dict[str, float]) -> None:
+        """Grow or shrink by a cluster if ``elastic`` says so (Dynamoth, issue 18)."""
+        assert self.log is not None
+        change = elastic.decide(self._sim.now, ratio, self._sim.scot.clusters)
+        if change is None:
+            return
+        self.log["elastic"].append(
+            {
+                "t": self._sim.now,
+                "change": change,
+                "mean_ratio": ratio,
+                "clusters": self._sim.scot.clusters,
+            }
+        )
+        if change == "add-cluster":
+            self._sim.reshape(add_cluster(self._sim.scot))
+            return
+        last = self._sim.scot.clusters - 1
+
+        def refuge(broker: str) -> str:
+            region = self._sim.scot.brokers[broker].region
+            return min((f"{region}:{k}" for k in range(last)), key=lambda b: (load[b], b))
+
+        self._sim.shrink(remove_cluster(self._sim.scot, last), refuge)
+
+    def report(self) -> dict[str, Any] | None:
+        """What it decided and saw, for the run's report (None: never started)."""
+        log = self.log
+        if log is None:
+            return None
+        return {
+            **log,
+            **{k: list(log[k]) for k in ("decisions", "timeline", "elastic")},
+            "decisions_dropped": log["decisions_made"] - len(log["decisions"]),
+        }

@@ -1,0 +1,116 @@
+"""The brokers of a simulated run: each one's routing core, node, client sessions and
+incarnation, made as a broker process makes its own (DESIGN §2, §7)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from octopis.core import BrokerCore, Notification, make_broker
+from octopis.core.node import BrokerNode
+from octopis.core.resync import epoch_of
+from octopis.core.sessions import ClientTable
+from octopis.core.table import MatcherFactory
+from octopis.defaults import CUSTODY_LIMIT, SUBSCRIPTIONS_PER_CLIENT
+from octopis.topology import Scot
+
+
+class Brokers:
+    """Every broker of ``scot``, started in an overlay whose tables are built (serving,
+    each neighbour met and synced); :meth:`start` makes one anew (a restart, or a broker
+    a topology change added), :meth:`remove` takes one out."""
+
+    def __init__(
+        self,
+        scot: Scot,
+        mode: str,
+        matcher_factory: MatcherFactory | None,
+        *,
+        covering: str,
+        advertisements: bool,
+    ) -> None:
+        self.scot = scot
+        """The overlay's topology (its current version)."""
+        self.mode = mode
+        self.matcher_factory = matcher_factory
+        self.covering = covering
+        self.advertisements = advertisements
+        self.cores: dict[str, BrokerCore] = {b: self._core(scot, b) for b in scot.brokers}
+        self.sessions: dict[str, ClientTable] = {
+            b: ClientTable(SUBSCRIPTIONS_PER_CLIENT) for b in scot.brokers
+        }
+        """Each broker's client sessions (:class:`~octopis.core.sessions.ClientTable`, the
+        process's rules: limits, withdrawal of a client that is gone)."""
+        self.nodes: dict[str, BrokerNode[None]] = {}
+        """Each broker's node (:class:`~octopis.core.node.BrokerNode`, the broker process's
+        failure decisions: holds, shares, serving), around its core in :attr:`cores`."""
+        self.incarnation: dict[str, int] = {b: i for i, b in enumerate(scot.brokers, 1)}
+        """Each broker's incarnation (a restart draws the next)."""
+        self._incarnations = len(self.incarnation)
+        self.retired: Counter[str] = Counter()
+        """The counts of cores that died or left."""
+        self.given_up: set[tuple[str, int]] = set()
+        """Notifications some copy of which a node gave up (counted undeliverable)."""
+        for bid, core in self.cores.items():
+            node = self.nodes[bid] = self._node(core, serving=True)
+            for neighbour in scot.graph[bid]:
+                node.neighbours.built(neighbour, self.incarnation[neighbour], 0.0)
+
+    def start(self, broker: str) -> BrokerNode[None]:
+        """``broker`` starts empty, a new incarnation, not serving until its neighbours
+        have resynced it; its sessions died with its predecessor."""
+        core = self._core(self.scot, broker)
+        self._incarnations += 1
+        self.incarnation[broker] = self._incarnations
+        core.epoch = epoch_of(self._incarnations)
+        self.cores[broker] = core
+        self.sessions[broker] = ClientTable(SUBSCRIPTIONS_PER_CLIENT)
+        node = self.nodes[broker] = self._node(core)
+        return node
+
+    def died(self, broker: str) -> None:
+        """``broker``'s process died: its core's counts are kept."""
+        self.retired.update(self.cores[broker].counts())
+
+    def remove(self, broker: str) -> BrokerNode[None]:
+        """``broker`` leaves the overlay: its core's counts are kept; returns its node."""
+        self.retired.update(self.cores.pop(broker).counts())
+        del self.sessions[broker]
+        return self.nodes.pop(broker)
+
+    def counts(self) -> Counter[str]:
+        """The routing counts of every core, living, dead or gone."""
+        stats: Counter[str] = Counter(self.retired)
+        for core in self.cores.values():
+            stats.update(core.counts())
+        return stats
+
+    def undeliverable_keys(self) -> set[tuple[str, int]]:
+        """:attr:`given_up`, and what the nodes still hold (for a neighbour that has not
+        come back, or while not serving yet)."""
+        held = {n.key for node in self.nodes.values() for n in node.held_notifications()}
+        return self.given_up | held
+
+    def _core(self, scot: Scot, broker: str) -> BrokerCore:
+        return make_broker(
+            scot,
+            broker,
+            self.mode,
+            self.matcher_factory,
+            covering=self.covering,
+            advertisements=self.advertisements,
+        )
+
+    def _node(self, core: BrokerCore, *, serving: bool = False) -> BrokerNode[None]:
+        """A node around ``core`` that tells :attr:`given_up` of each copy it gives up:
+        serving already (the overlay starts built), or a restart (resynced by its
+        neighbours; its store, which survives it, says it had a predecessor)."""
+        return BrokerNode(
+            core,
+            CUSTODY_LIMIT,
+            on_undeliverable=self._given_up,
+            serving=serving,
+            predecessor=not serving,
+        )
+
+    def _given_up(self, notification: Notification) -> None:
+        self.given_up.add(notification.key)

@@ -1,0 +1,116 @@
+"""The clients' side of a simulated run: where each client is attached, what it subscribed
+or advertised, and the operations that do so at its broker (by its core's and its client
+sessions' rules, :class:`~octopis.core.sessions.ClientTable`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from octopis.accounting import DeliveryLedger
+from octopis.core import Action
+from octopis.core.clustered import ClusteredBroker
+from octopis.filters.language import Subscription
+from octopis.sim.brokers import Brokers
+from octopis.sim.events import EventQueue
+
+
+class Clients:
+    """The clients of the ``brokers``: subscriptions go to ``ledger``; the actions of an
+    operation at a broker go to ``submit(broker, actions)``."""
+
+    def __init__(
+        self,
+        brokers: Brokers,
+        ledger: DeliveryLedger,
+        events: EventQueue,
+        submit: Callable[[str, list[Action]], None],
+    ) -> None:
+        self._brokers = brokers
+        self._ledger = ledger
+        self._events = events
+        self._submit = submit
+        self.home: dict[str, str] = {}
+        """The broker each client is attached to."""
+        self.subscriber_of: dict[str, str] = {}
+        """Each live subscription's subscriber (by sub_id)."""
+        self.subscriptions_of: dict[str, list[Subscription]] = {}
+        self.first_subscribed: dict[str, float] = {}
+        self.advertised: dict[str, dict[str, Subscription]] = {}
+        """Each publisher's advertisements by id (made again where its broker restarts)."""
+        self.clocks: dict[str, float] = {}
+        """Each publisher's clock: how far its stamps (``published_at``) run ahead of the
+        simulated time (behind, if negative)."""
+        self._next_seq: Counter[str] = Counter()
+
+    def attach(self, client: str, broker: str) -> None:
+        """``client`` is attached to ``broker`` (KeyError: no such broker; ValueError:
+        attached to another)."""
+        if broker not in self._brokers.cores:
+            raise KeyError(f"no broker {broker!r} in topology {self._brokers.scot.name}")
+        home = self.home.setdefault(client, broker)
+        if home != broker:
+            raise ValueError(f"client {client} is attached to {home}, not {broker}")
+
+    def subscribe(self, subscriber: str, broker: str, subscription: Subscription) -> str:
+        """``subscriber`` (attached to ``broker``) subscribes now; returns the sub_id."""
+        self.attach(subscriber, broker)
+        sessions, now = self._brokers.sessions[broker], self._events.now
+        sessions.room(subscriber, subscriber)
+        sub_id, actions = self._brokers.cores[broker].subscribe(subscriber, subscription, now)
+        sessions.attach(subscriber, sub_id)
+        self._ledger.subscribed(subscriber, sub_id, subscription)
+        self.subscriptions_of.setdefault(subscriber, []).append(subscription)
+        self.first_subscribed.setdefault(subscriber, now)
+        self.subscriber_of[sub_id] = subscriber
+        self._submit(broker, actions)
+        return sub_id
+
+    def unsubscribe(self, sub_id: str) -> None:
+        """Withdraw ``sub_id`` now (from its subscriber's broker)."""
+        subscriber = self.subscriber_of.pop(sub_id)
+        broker = self.home[subscriber]
+        self._brokers.sessions[broker].detach(subscriber, sub_id)
+        self.subscriptions_of[subscriber].remove(self._ledger.subscription_of(sub_id))
+        self._ledger.unsubscribed(sub_id)
+        self._submit(broker, self._brokers.cores[broker].unsubscribe(subscriber, sub_id))
+
+    def advertise(self, publisher: str, broker: str, advertisement: Subscription) -> str:
+        """``publisher`` (attached to ``broker``) advertises now; returns the adv_id."""
+        self.attach(publisher, broker)
+        core = self._brokers.cores[broker]
+        if not isinstance(core, ClusteredBroker):
+            raise ValueError(f"{self._brokers.mode} routes without advertisements")
+        adv_id, actions = core.advertise(publisher, advertisement)
+        self.advertised.setdefault(publisher, {})[adv_id] = advertisement
+        self._submit(broker, actions)
+        return adv_id
+
+    def advertise_again(self, broker: str) -> None:
+        """``broker`` restarted empty: its publishers advertise again there, as the SDK
+        does when its connection comes back."""
+        for publisher, adverts in list(self.advertised.items()):
+            if self.home.get(publisher) == broker:
+                self.advertised[publisher] = {}
+                for advertisement in adverts.values():
+                    self.advertise(publisher, broker, advertisement)
+
+    def unadvertise(self, publisher: str, adv_id: str) -> None:
+        """``publisher`` withdraws its advertisement ``adv_id`` now (at its broker)."""
+        broker = self.home[publisher]
+        core = self._brokers.cores[broker]
+        assert isinstance(core, ClusteredBroker)
+        self.advertised.get(publisher, {}).pop(adv_id, None)
+        self._submit(broker, core.unadvertise(publisher, adv_id))
+
+    def sequence(self, publisher: str, seq: int | None) -> int:
+        """The sequence number of ``publisher``'s next publication: ``seq``, or the one
+        after the highest so far."""
+        if seq is None:
+            seq = self._next_seq[publisher] + 1
+        self._next_seq[publisher] = max(seq, self._next_seq[publisher])
+        return seq
+
+    def stamp(self, publisher: str) -> float:
+        """The time ``publisher``'s clock reads now (its ``published_at``)."""
+        return self._events.now + self.clocks.get(publisher, 0)

@@ -1,0 +1,91 @@
+"""The simulator's links (DESIGN §2): when a copy leaves its sender and arrives, and what
+each broker sees of its links.
+
+Every directed link is a FIFO channel whose per-message latency is drawn from a seeded
+:class:`LatencyModel`, so that BID's first-arrival trees differ from shortest ones
+(paper §2). A :class:`~octopis.sim.congestion.LinkModel` decides what brokers see of
+their links and when copies leave their output queues.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from octopis.core import LinkView, Notification
+from octopis.sim.congestion import FreeLinks, LinkModel
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Per-message link latency: ``base`` seconds plus exponential jitter of mean ``jitter``."""
+
+    base: float = 0.001
+    jitter: float = 0.001
+
+    def sample(self, rng: random.Random) -> float:
+        """One latency draw."""
+        return self.sampler(rng)()
+
+    def sampler(self, rng: random.Random) -> Callable[[], float]:
+        """A function drawing latencies from ``rng``, one per call: the draws of
+        ``rng.expovariate(1 / jitter)`` (the same numbers), without its call per message."""
+        base, jitter = self.base, self.jitter
+        if jitter <= 0:
+            return lambda: base
+        rate, draw = 1.0 / jitter, rng.random
+        return lambda: base - math.log(1.0 - draw()) / rate
+
+
+class Network:
+    """The links of one run: ``model`` (queues and what brokers see) and latencies drawn
+    from ``latency`` with ``rng``."""
+
+    def __init__(self, model: LinkModel, latency: LatencyModel, rng: random.Random) -> None:
+        self.model = model
+        self.latency = latency
+        self._sample_latency = latency.sampler(rng)
+        self._instant = type(model).transmit is FreeLinks.transmit and not model.measures_queues
+        """Whether copies leave at once (no output queue to ask)."""
+        self._fixed_view = model.view("", 0.0) if type(model) is FreeLinks else None
+        """What every broker sees of free links at any time (None: ask the link model)."""
+        self.receiver_paced = bool(getattr(model, "receiver_paced", False))
+        """Whether a copy stays in its sender's output queue until the receiver takes it
+        (:meth:`taken`)."""
+        self.target_queue: list[int] = []
+        """The queue ahead of each notification copy sent (links that measure queues)."""
+
+    def arrival(self, src: str, dst: str, now: float, message: Any) -> float:
+        """When a copy ``src`` sends ``dst`` at ``now`` arrives: its departure from the
+        link's output queue plus a latency draw (FIFO order is the event queue's)."""
+        if self._instant:
+            return now + self._sample_latency()
+        model = self.model
+        departure, ahead = model.transmit(src, dst, now)
+        if model.measures_queues and type(message) is Notification:
+            self.target_queue.append(ahead)
+        return departure + self._sample_latency()
+
+    def taken(self, src: str, dst: str, now: float) -> None:
+        """``dst``'s loop took a copy from ``src``: with receiver-paced links it leaves
+        ``src``'s output queue now (what ``src``'s LST sees)."""
+        if self.receiver_paced:
+            self.model.taken(src, dst, now)  # type: ignore[attr-defined]
+
+    def view(self, broker: str, now: float) -> LinkView:
+        """What ``broker`` sees of its links at ``now``."""
+        return self._fixed_view or self.model.view(broker, now)
+
+    def queued(self, now: float) -> int:
+        """Copies waiting on the links' output queues now (0 where queues are not real)."""
+        lst = getattr(self.model, "lst", None)
+        if lst is None:
+            return 0
+        waiting = 0
+        for broker, table in lst.items():
+            self.model.view(broker, now)
+            waiting += sum(row.queue_length for row in table.rows.values())
+        return waiting
