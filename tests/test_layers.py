@@ -337,13 +337,17 @@ def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
-SHELL_COPIES = frozenset({"detected", "hello"})
+SHELL_COPIES = frozenset({"detected"})
 """Rules the shells once kept copies of. Which links a broker routes through: a set of
 the simulator's own of the links each broker had detected down, where the broker
 process asks ``Neighbours.routable`` (its LST rows; the simulator now routes by
-``Neighbours.view``). A neighbour's HELLO: the simulator took every one as naming us,
-where the process compares the incarnation it names (both now call
-``Neighbours.handshake`` with that incarnation)."""
+``Neighbours.view``)."""
+
+NEIGHBOUR_COPIES = frozenset({"hello"})
+"""The neighbour table's calls that took a shell's verdict. A neighbour's HELLO: the
+simulator took every one as naming us (``neighbours.hello(dst, True)``), where the
+process compared the incarnation it names; both now call ``Neighbours.handshake`` with
+that incarnation (a shell's own ``hello``, the frame it sends, is no such call)."""
 
 WORD_QUESTIONS = frozenset({"said", "handshake"})
 """The neighbour table's questions a shell asks with what a frame carries, never with a
@@ -351,13 +355,21 @@ verdict of its own: a literal ``said(n, True)`` is a shell deciding the word."""
 
 
 def shell_copies(path: Path) -> list[str]:
-    """Every attribute or name of :data:`SHELL_COPIES` in ``path``'s code, and every call
-    of :data:`WORD_QUESTIONS` given a literal truth value: ``file:line name``."""
+    """Every attribute or name of :data:`SHELL_COPIES` in ``path``'s code, every
+    ``neighbours.<name>`` of :data:`NEIGHBOUR_COPIES`, and every call of
+    :data:`WORD_QUESTIONS` given a literal truth value: ``file:line name``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
         if name in SHELL_COPIES:
             found.append(f"{path.name}:{node.lineno} {name}")
+        if isinstance(node, ast.Attribute) and name in NEIGHBOUR_COPIES:
+            owner = node.value
+            owner_name = (
+                owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+            )
+            if owner_name == "neighbours":
+                found.append(f"{path.name}:{node.lineno} {name}")
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -386,6 +398,7 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "        node.neighbours.hello(dst, True)\n"
         "    node.neighbours.said(dst, serving=True)\n"
         "    node.neighbours.said(dst, serving)\n"
+        "    hello = output.hello(dst)\n"
     )
     assert sorted(shell_copies(path)) == [
         "shell.py:3 detected",
