@@ -6,6 +6,11 @@ from __future__ import annotations
 
 CLIENT_LIVENESS = 1.5
 """Seconds of its broker's silence after which an SDK connection fails over."""
+LINGER = 10.0
+"""Seconds an SDK connection keeps the session it left (a fail-over, a move across
+clusters) after its clients are subscribed at the new broker: copies routed by the old
+subscription still arrive meanwhile and are dropped as repeats (the simulator's clients
+alike)."""
 CLIENT_TIMEOUT = 10.0
 """Seconds of a client's silence after which its broker drops it and withdraws its
 subscriptions (``[clients] timeout``)."""

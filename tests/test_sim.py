@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from laws import scots
 
 from octopis.core import Notification, Subscribe
+from octopis.defaults import LINGER
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import InjectedCongestion, LatencyModel, Simulator, TimedLinks
@@ -294,7 +295,7 @@ def test_a_move_inside_a_cluster_turns_only_the_tree_path(scenario: tuple) -> No
         if not entry.local:
             assert (entry.host == entry.last_hop) == (entry.last_hop == target), broker
     assert sim.moves == Counter(inside=1, released=1)
-    sim.run(sim.now + 1.0)  # past the subscriber's linger
+    sim.run(sim.now + LINGER)  # past the subscriber's linger
     for broker, publication in pubs:
         sim.publish(f"P{broker}", broker, publication)
     sim.run()
@@ -581,8 +582,9 @@ def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -
     """fig2 (3 clusters) at 200 publications/s for 20 s, then 10/s for 40 s, brokers of
     100 messages/s: Dynamoth's elasticity adds clusters while the mean load ratio stays
     above 1 (LDM moves subscribers into them) and removes them, their subscribers moved
-    out first, once it stays under 0.3, down to the 3 it started with; every notification
-    reaches every subscriber exactly once throughout."""
+    out first (each move across clusters keeps the old subscription the SDK's ``linger``,
+    10 s, so the balancer watches 30 s more), once it stays under 0.3, down to the 3 it
+    started with; every notification reaches every subscriber exactly once throughout."""
     from octopis.balance.policy import BalanceOptions, Elasticity
     from octopis.topology import build_preset
 
@@ -603,7 +605,7 @@ def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -
         broker = brokers[i % 18]
         sim.at(start + 20 + i * 0.1, sim.publish, f"P{broker}", broker, {"x": i % 10})
     elastic = Elasticity(lr_high=1.0, lr_low=0.3, t_wait=4.0, min_clusters=3)
-    sim.balance(BalanceOptions(interval=2.0, beta=5.0, cooldown=4.0), start + 60, 100.0, elastic)
+    sim.balance(BalanceOptions(interval=2.0, beta=5.0, cooldown=4.0), start + 90, 100.0, elastic)
     sim.run()
     report = sim.report()
     _exactly_once({k: v for k, v in report.items() if k != "failures"})

@@ -24,7 +24,7 @@ from octopis.client.opening import OpeningDiagnosis
 from octopis.client.requests import Requests
 from octopis.client.served import NOTICES, ServedClients
 from octopis.client_policy import RecentDeliveries
-from octopis.defaults import CLIENT_LIVENESS, DELIVERIES_HORIZON, DELIVERIES_KNOWN
+from octopis.defaults import CLIENT_LIVENESS, DELIVERIES_HORIZON, DELIVERIES_KNOWN, LINGER
 from octopis.keys import DEFAULT_CLIENT, Keys
 from octopis.logs import RateLimitedLog
 from octopis.overlay import KeysChoice
@@ -150,7 +150,7 @@ class Connection:
         *,
         context: zmq.asyncio.Context | None = None,
         liveness: float = CLIENT_LIVENESS,
-        linger: float = 10.0,
+        linger: float = LINGER,
         max_pending: int = 1000,
         receive_buffer: int = 64,
         keys: KeysChoice = None,

@@ -39,7 +39,7 @@ from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
 from octopis.core.node import HandedShare, NotServing
 from octopis.core.table import MatcherFactory
-from octopis.defaults import DOWN_AFTER, RETAIN
+from octopis.defaults import DOWN_AFTER, LINGER, RETAIN
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Publication, Subscription
 from octopis.sim.balancing import SimBalancer
@@ -49,7 +49,7 @@ from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
 from octopis.sim.events import EventQueue, Sampler
 from octopis.sim.failures import FailureEvents, FailureState
-from octopis.sim.moving import MOVE_LINGER, SubscriberMoves
+from octopis.sim.moving import SubscriberMoves
 from octopis.sim.network import LatencyModel, Network
 from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover
 from octopis.sim.reshaping import Reshaping
@@ -164,7 +164,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         self._overlap: Counter[str] = Counter()
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
         ends): each keeps the SDK's record of its deliveries (:attr:`records`) meanwhile."""
-        self._linger = MOVE_LINGER
+        self._linger = LINGER
         self.retiring: set[str] = set()
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
         self._init_failover()

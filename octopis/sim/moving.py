@@ -9,18 +9,15 @@ from collections import Counter
 
 from octopis.core import Subscribe
 from octopis.core.clustered import ClusteredBroker
+from octopis.defaults import LINGER
 from octopis.sim.reshaping import MOVE_POLL
-
-MOVE_LINGER = 1.0
-"""Seconds a subscription moved across clusters stays after its successor is stored by every
-broker, and the subscriber keeps dropping repeats after that (the SDK's ``linger``)."""
 
 
 class SubscriberMoves:
     """Moves of subscribers (see the module docstring)."""
 
     def move(
-        self, subscriber: str, broker: str, *, poll: float = MOVE_POLL, linger: float = MOVE_LINGER
+        self, subscriber: str, broker: str, *, poll: float = MOVE_POLL, linger: float = LINGER
     ) -> dict[str, str]:
         """Move every subscription of ``subscriber`` to ``broker`` now (DESIGN §9);
         returns old id → the id it has at ``broker``. One move of a subscriber at a time.
