@@ -452,7 +452,7 @@ class Broker:
                 self.clients.sessions.released(action.subscriber, action.sub_id)
             elif type(action) is HandedShare:
                 synced = Synced(
-                    action.entries, action.complete, action.wants_share, predecessor=False
+                    action.entries, action.complete, action.wants_share, action.predecessor
                 )
                 self.peers.output.send_synced(action.link, synced, now)
         if deliveries:
