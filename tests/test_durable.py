@@ -59,6 +59,23 @@ def test_a_record_waits_while_its_client_is_away_and_is_handed_over_once() -> No
     assert not durables.ack("audit", "other", [], 141.0)
 
 
+def test_a_client_back_at_the_same_broker_is_owed_from_when_it_left() -> None:
+    """Its record stayed here: the claim hands it back from when the client was last
+    heard (less ``LOOKBACK``), not from the claim's time; a client away longer than
+    ``LOOKBACK`` lost what unknown publishers published in between (nemesis seed 2)."""
+    durables = Durables("b:0", keep=3600.0, limit=10)
+    durables.attach("audit", "d", "k1/audit", "s1", ("[x,>,1]",), 100.0)
+    assert durables.claim("audit", "d", "k1/audit", 100.0) is None
+    assert durables.detached("s1", heard=101.0)
+    durables.attach("audit", "d", "k2/audit", "s2", ("[x,>,1]",), 145.0)
+    record = durables.claim("audit", "d", "k2/audit", 145.0)
+    assert record is not None
+    assert record.claimed("b:0", 145.0).after == max(100.0, 101.0 - LOOKBACK) == 100.0
+    kept = durables.records[("audit", "d")]
+    assert kept.away is None and kept.key == "k2/audit"  # attached again, not abandoned
+    assert durables.expire(145.0 + 7200.0) == []
+
+
 def test_an_abandoned_record_is_withdrawn_after_keep_and_counted() -> None:
     durables = Durables("c:0", keep=60.0, limit=1)
     durables.attach("a", "d", "k/a", "s1", ("[x,>,1]",), 0.0)
