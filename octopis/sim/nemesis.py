@@ -607,8 +607,8 @@ def sweep(
         for key in totals:
             totals[key] += getattr(verdict, key)
         for kind, counts in verdict.kinds.items():
-            summed = table["kinds"].setdefault(kind, dict.fromkeys(COUNTS, 0))
-            for key in COUNTS:
-                summed[key] += counts[key]
+            summed = table["kinds"].setdefault(kind, {})
+            for key, n in counts.items():
+                summed[key] = summed.get(key, 0) + n
     table.update(totals)
     return table
