@@ -77,6 +77,9 @@ class DurableClient:
     """What the application took in this run (acknowledged)."""
     last_seen: LastSeen = field(default_factory=LastSeen)
     owed_after: float | None = None
+    claimed: LastSeen | None = None
+    """What the record this run claimed says was taken (the SDK drops a live delivery
+    it covers)."""
     since: float = 0.0
     """When this run first subscribed (a fail-over's replay starts no earlier)."""
     away: list[tuple[float, float]] = field(default_factory=list)
@@ -164,7 +167,7 @@ class DurableSimulator(Simulator):
         """A new process of ``c`` at ``broker``: it subscribes and claims its record."""
         c.run += 1
         c.record, c.taken, c.last_seen = RecentDeliveries(), LastSeen(), LastSeen()
-        c.owed_after, c.since = None, self.now
+        c.owed_after, c.since, c.claimed = None, self.now, None
         if c.left is not None:
             c.away.append((c.left, self.now))
             c.left = None
@@ -237,7 +240,12 @@ class DurableSimulator(Simulator):
             self._durable_took(c, n)
 
     def _durable_took(self, c: DurableClient, n: Notification) -> None:
-        """The application took ``n``: recorded, and acknowledged."""
+        """The application took ``n``: recorded, and acknowledged; unless the record
+        ``c`` claimed says an earlier run took it (the SDK drops it)."""
+        last = c.claimed.get((n.publisher, n.session)) if c.claimed is not None else None
+        if last is not None and n.seq <= last:
+            c.counts["covered"] += 1
+            return
         c.received[n.key] += 1
         if c.host is not None:
             c.taken_at.setdefault(n.key, (c.host, self.now))
@@ -378,6 +386,7 @@ class DurableSimulator(Simulator):
             return
         best, after = resume_from(echo.claimed)
         c.taken.saw_all(best.since)
+        c.claimed = LastSeen(((p, s), q) for p, s, q in best.since)
         c.owed_after = after
         c.counts["claimed"] += 1
         self._durable_ack(c, c.taken.since())
