@@ -325,6 +325,9 @@ class DurableSimulator(Simulator):
     def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
         """Claims are answered from ``broker``'s records, a durable client's answers go to
         it; the rest as :class:`Simulator` carries them out."""
+        if not self.durable_clients:
+            super()._carry_out_replay(broker, actions)
+            return
         for action in actions:
             if type(action) is QueryStore and action.request.claim:
                 self._durable_claim(broker, action.request)
