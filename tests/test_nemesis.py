@@ -18,6 +18,7 @@ from octopis.core.answer import AnswerSelection
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.node import BrokerNode
 from octopis.core.recovery import Recovery
+from octopis.defaults import LOOKBACK
 from octopis.failure_schedule import Failure
 from octopis.sim import nemesis
 from octopis.sim.nemesis import draw, run, shrink, simulate
@@ -218,6 +219,61 @@ def test_the_command_shrinks_a_failing_seed(
 def test_fault_kinds_are_all_drawn() -> None:
     kinds = {nemesis.fault_kind(f) for seed in range(40) for f in draw(seed).faults}
     assert kinds == set(nemesis.FAULT_KINDS)
+
+
+def test_durable_subscribers_are_drawn_and_hold_to_their_contract() -> None:
+    """Durable subscribers leave and come back (some past ``LOOKBACK``, some where they
+    left), fail over when their host dies, claim their records and replay: each gets
+    every publication of its filter once, or a gap it was told of."""
+    scenarios = [draw(seed) for seed in range(60)]
+    runs = [d for s in scenarios for d in s.durables]
+    assert len(runs) >= 20
+    assert any(d[3] is not None and d[4] > nemesis.DURATION + LOOKBACK for d in runs)
+    counts: dict[str, int] = {}
+    for scenario in scenarios:
+        if not scenario.durables:
+            continue
+        sim, withdrawn, asked = simulate(scenario)
+        problems, verdict = nemesis.check(sim, withdrawn, asked)
+        assert problems == [], (scenario.seed, problems)
+        for c in sim.durable_clients.values():
+            for key, n in c.counts.items():
+                counts[key] = counts.get(key, 0) + n
+        durable = verdict["kinds"]["durable"]
+        assert durable["delivered"] + durable["lost"] == durable["expected"]
+    assert counts["claimed"] >= 10 and counts["replayed"] > 0 and counts["failed_over"] >= 1
+
+
+DURABLES = {
+    2: (("D0", "b:0", 6, 1.180874, 43.931836, "b:0"), ("D1", "c:0", 1, 1.496455, 3.21961, "c:0")),
+    115: (("D0", "b:1", 7, 0.981522, 3.944099, "f:1"), ("D1", "b:1", 4, 0.885335, 3.650649, "c:2")),
+}
+"""Durable subscribers of seeds that found bugs, as drawn when they did (the draw has
+changed since: fewer durable subscribers per seed)."""
+
+
+@pytest.mark.parametrize(
+    ("seed", "found"),
+    [
+        (2, "a durable client back where it left after more than LOOKBACK was owed only the "
+            "last LOOKBACK of what publishers it had not heard from published"),
+        (85, "BID: a subscription withdrawn while a link was cut flooded again behind its "
+             "withdrawal for ever; and a claim resumed from a copy made at a fail-over, "
+             "which began then"),
+        (115, "overlapping crashes of one broker restarted it twice, the second time alive, "
+              "wiping a durable client's subscription unannounced"),
+        (265, "a copy held for a paused broker, released after a durable subscription was "
+              "made anew, came twice"),
+    ],
+)  # fmt: skip
+def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
+    scenario = draw(seed)
+    if seed in DURABLES:
+        scenario = replace(scenario, durables=DURABLES[seed])
+    assert scenario.durables
+    verdict = run(scenario)
+    assert verdict.passed, (found, verdict.problems)
+    assert verdict.kinds["durable"]["expected"] > 0
 
 
 @pytest.mark.parametrize(
