@@ -25,8 +25,8 @@ from octopis.client import Publisher, Subscriber
 from octopis.client.deliveries import Received
 from octopis.client.durable_acks import DurableAcks
 from octopis.client.replay import parse_time
-from octopis.client_policy import resume_from
 from octopis.client.streams import EndOfHistory
+from octopis.client_policy import resume_from
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core.durable import DurableError, Durables
 from octopis.core.messages import Notification

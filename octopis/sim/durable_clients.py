@@ -42,9 +42,14 @@ from octopis.client_policy import replay_after as failover_after
 from octopis.core import Notification
 from octopis.core.durable import Durables, claim_of, claimed_ident
 from octopis.core.replay import QueryStore, Replay, ReplayAction, ReplayDeliver, ReplayDone
-from octopis.defaults import CLIENT_LIVENESS, HISTORIC_BUDGET, REPLAY_BUDGET
+from octopis.defaults import (
+    CLIENT_LIVENESS,
+    DURABLE_KEEP,
+    DURABLE_MAX,
+    HISTORIC_BUDGET,
+    REPLAY_BUDGET,
+)
 from octopis.filters.language import Subscription
-from octopis.settings import Durable
 from octopis.sim.engine import Simulator
 from octopis.sim.replaying import Seam, publisher_order
 
@@ -105,11 +110,9 @@ class DurableSimulator(Simulator):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        settings = Durable()
-        self.durable_settings = settings
         self.durable_clients: dict[str, DurableClient] = {}
         self.durable_records: dict[str, Durables] = {
-            b: Durables(b, settings.keep, settings.max) for b in self.scot.brokers
+            b: Durables(b, DURABLE_KEEP, DURABLE_MAX) for b in self.scot.brokers
         }
         self._written: dict[str, list[Any]] = {b: [] for b in self.scot.brokers}
         """Each broker's records as last written (what a restart reads back)."""
@@ -253,7 +256,9 @@ class DurableSimulator(Simulator):
         c.taken.saw(n.publisher, n.session, n.seq)
         self._durable_ack(c, [(n.publisher, n.session, n.seq)])
 
-    def _durable_join(self, c: DurableClient, live: list[Notification], replayed: list[Notification]) -> None:
+    def _durable_join(
+        self, c: DurableClient, live: list[Notification], replayed: list[Notification]
+    ) -> None:
         def first_time(n: Notification) -> bool:
             return c.record.first_time((c.name, n.publisher, n.session, n.seq), self.now)
 
@@ -331,7 +336,9 @@ class DurableSimulator(Simulator):
         for action in actions:
             if type(action) is QueryStore and action.request.claim:
                 self._durable_claim(broker, action.request)
-            elif type(action) in (ReplayDeliver, ReplayDone) and action.req_id in self._durable_reqs:
+            elif (
+                type(action) in (ReplayDeliver, ReplayDone) and action.req_id in self._durable_reqs
+            ):
                 self._durable_answer(action)
             else:
                 super()._carry_out_replay(broker, [action])
@@ -343,19 +350,23 @@ class DurableSimulator(Simulator):
         owner = self._durable_reqs.get(request.req_id)
         c = self.durable_clients.get(owner[0]) if owner is not None else None
         key = c.key if c is not None and request.host == broker else None
-        record = self.durable_records[broker].claim(
-            *claimed_ident(request.claim), key, self.now
-        )
+        record = self.durable_records[broker].claim(*claimed_ident(request.claim), key, self.now)
         claimed = ()
         if record is not None:
             claimed = (record.claimed(broker, self.now),)
-            if record.key is not None and record.key != key and record.sub_id is not None:
-                if self.sessions[broker].detach(record.client, record.sub_id):
-                    self.subscriber_of.pop(record.sub_id, None)
-                    self._dispatch(broker, self.cores[broker].unsubscribe(record.client, record.sub_id))
+            held = record.sub_id
+            if record.key not in (None, key) and held is not None:  # another connection's
+                self._withdraw_held(broker, record.client, held)
             self._durable_write(broker)
         rounds = self._rounds(broker)
         self._carry_out_replay(broker, rounds.stored(request.req_id, [], [], claimed=claimed))
+
+    def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
+        """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its
+        record was claimed by the host its client came back at)."""
+        if self.sessions[broker].detach(client, sub_id):
+            self.subscriber_of.pop(sub_id, None)
+            self._dispatch(broker, self.cores[broker].unsubscribe(client, sub_id))
 
     def _durable_answer(self, action: ReplayDeliver | ReplayDone) -> None:
         client, run, claim = self._durable_reqs[action.req_id]
@@ -404,6 +415,7 @@ class DurableSimulator(Simulator):
         self._written_time[broker] = self.now
         self._written[broker] = copy.deepcopy(list(self.durable_records[broker].records.values()))
 
+
 COUNTS = ("expected", "delivered", "duplicated", "lost", "silent", "gaps")
 
 
@@ -424,8 +436,8 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
     clocks = sim.clocks
     kept = {n.key: n for ns in sim.stores.values() for n in ns}
     undeliverable = sim.undeliverable_keys
+    sent = {key: n.published_at - clocks.get(n.publisher, 0.0) for key, n in kept.items()}
     for name, c in sorted(sim.durable_clients.items()):
-        sent = {key: n.published_at - clocks.get(n.publisher, 0.0) for key, n in kept.items()}
         reference = {
             key for key, n in kept.items() if c.subscription.matches(n.publication)
             and sent[key] >= c.started
@@ -442,23 +454,34 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
         )
         if dups:
             problems.append(f"durable {name}: {len(dups)} duplicated: {dups[:3]}")
-        away = [*c.away, *([(c.left, float("inf"))] if c.left is not None else [])]
-
-        def accounted(key: tuple[str, int]) -> bool:
-            if c.gaps:
-                return True
-            if any(a <= sent[key] < b for a, b in away):
-                return kept[key].published_at < c.started
-            return key in undeliverable
-
         missing = reference - got
-        silent = sorted(key for key in missing if not accounted(key))
+        silent = sorted(
+            key for key in missing if not _accounted(c, key, sent[key], kept[key], undeliverable)
+        )
         if silent:
             problems.append(f"durable {name}: {len(silent)} lost without a count or a reported "
                             f"gap: {silent[:3]}")  # fmt: skip
+        redelivered = sum(c.received[k] - 1 for k in c.unwritten & got)
         for key, n in (("expected", len(reference)), ("delivered", len(got & reference)),
                        ("duplicated", duplicated), ("lost", len(missing)),
                        ("silent", len(silent)), ("gaps", int(bool(c.gaps))),
-                       ("redelivered", sum(c.received[k] - 1 for k in c.unwritten & got))):  # fmt: skip
+                       ("redelivered", redelivered)):  # fmt: skip
             counts[key] += n
     return problems, counts
+
+
+def _accounted(
+    c: DurableClient,
+    key: tuple[str, int],
+    sent: float,
+    n: Notification,
+    undeliverable: set[tuple[str, int]],
+) -> bool:
+    """Whether ``c`` missing ``key`` (sent at ``sent``, true time) is accounted for (see
+    :func:`check_durables`)."""
+    if c.gaps:
+        return True
+    away = [*c.away, *([(c.left, float("inf"))] if c.left is not None else [])]
+    if any(a <= sent < b for a, b in away):
+        return n.published_at < c.started
+    return key in undeliverable

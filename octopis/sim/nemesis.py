@@ -7,10 +7,12 @@ faults while they publish — brokers that crash and restart (empty, a new incar
 brokers paused (every link silent, the process alive: SIGSTOP as its neighbours see it;
 its clients still reach it, so it is also a broker cut off from all its neighbours),
 links partitioned both ways for a while, and subscribers whose connection dies (they
-fail over and replay), and historic queries asked after publishing of what was
-published in a window. The same seed gives the same events in the same order and the
-same verdict, so a failing seed is a reproducible bug; :func:`shrink` drops faults and
-subscribers while it still fails, to the shortest history that does.
+fail over and replay), historic queries asked after publishing of what was
+published in a window, and durable subscribers that leave and come back, at their broker
+or another, driving the brokers' own durable records (:mod:`octopis.sim.durable_clients`).
+The same seed gives the same events in the same order and the same verdict, so a
+failing seed is a reproducible bug; :func:`shrink` drops faults and subscribers while it
+still fails, to the shortest history that does.
 
 The checker (:func:`check`) holds every subscriber to exactly once: no duplicate, nothing
 it did not ask for, and every publication it should have had either delivered or
@@ -320,8 +322,9 @@ def _historics(
 
 def _durables(seed: int, brokers: list[str]) -> tuple[DurableRun, ...]:
     """0-2 durable subscribers (none in half the seeds, to keep a seed's cost), drawn
-    apart from the rest of the scenario (as :func:`_historics`): most leave while publishing and come back 0.1-3 s later at a
-    broker drawn (their own, one time in three); one in five stays away past
+    apart from the rest of the scenario (as :func:`_historics`): most leave while
+    publishing and come back 0.1-3 s later at a broker drawn (their own, one time in
+    three); one in five stays away past
     :data:`~octopis.defaults.LOOKBACK` and comes back where it left."""
     rng = random.Random(f"{seed}/durable")
     runs = []
@@ -496,7 +499,9 @@ def check(
         "failed over": _ledger_counts(sim, silent, sim.failed_over.__contains__),
         "historic": {
             **historic,
-            "gaps": sum(1 for s in {sim._requesters[r] for r in asked or {}} if sim.replay_gaps.get(s)),
+            "gaps": sum(
+                1 for s in {sim._requesters[r] for r in asked or {}} if sim.replay_gaps.get(s)
+            ),
         },
     }
     if isinstance(sim, DurableSimulator):
