@@ -225,7 +225,7 @@ def test_durable_subscribers_are_drawn_and_hold_to_their_contract() -> None:
     """Durable subscribers leave and come back (some past ``LOOKBACK``, some where they
     left), fail over when their host dies, claim their records and replay: each gets
     every publication of its filter once, or a gap it was told of."""
-    scenarios = [draw(seed) for seed in range(60)]
+    scenarios = [draw(seed) for seed in range(120)]
     runs = [d for s in scenarios for d in s.durables]
     assert len(runs) >= 20
     assert any(d[3] is not None and d[4] > nemesis.DURATION + LOOKBACK for d in runs)
@@ -241,12 +241,15 @@ def test_durable_subscribers_are_drawn_and_hold_to_their_contract() -> None:
                 counts[key] = counts.get(key, 0) + n
         durable = verdict["kinds"]["durable"]
         assert durable["delivered"] + durable["lost"] == durable["expected"]
-    assert counts["claimed"] >= 10 and counts["replayed"] > 0 and counts["failed_over"] >= 1
+    assert counts["claimed"] >= 10 and counts["replayed"] > 0
+    assert counts.get("failed_over", 0) >= 1
 
 
 DURABLES = {
     2: (("D0", "b:0", 6, 1.180874, 43.931836, "b:0"), ("D1", "c:0", 1, 1.496455, 3.21961, "c:0")),
     115: (("D0", "b:1", 7, 0.981522, 3.944099, "f:1"), ("D1", "b:1", 4, 0.885335, 3.650649, "c:2")),
+    85: (("D0", "b:0", 6, 2.737036, 3.505457, "c:0"), ("D1", "e:1", 6, 3.946953, 41.521295, "e:1")),
+    265: (("D0", "d:1", 7, 3.736057, 5.302052, "b:0"),),
 }
 """Durable subscribers of seeds that found bugs, as drawn when they did (the draw has
 changed since: fewer durable subscribers per seed)."""
@@ -268,9 +271,7 @@ changed since: fewer durable subscribers per seed)."""
 )  # fmt: skip
 def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
     scenario = draw(seed)
-    if seed in DURABLES:
-        scenario = replace(scenario, durables=DURABLES[seed])
-    assert scenario.durables
+    scenario = replace(scenario, durables=DURABLES[seed])
     verdict = run(scenario)
     assert verdict.passed, (found, verdict.problems)
     assert verdict.kinds["durable"]["expected"] > 0
