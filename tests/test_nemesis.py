@@ -16,6 +16,7 @@ from octopis.cli.main import main
 from octopis.client_policy import replay_after
 from octopis.core.answer import AnswerSelection
 from octopis.core.clustered import ClusteredBroker
+from octopis.core.durable import Durables
 from octopis.core.node import BrokerNode
 from octopis.core.recovery import Recovery
 from octopis.defaults import LOOKBACK
@@ -138,6 +139,23 @@ def test_a_share_never_paid_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     assert seed is not None
     print(f"caught by seed {seed}:\n{draw(seed).describe()}")
     assert any("resync share" in p for p in run(draw(seed)).problems)
+
+
+def test_a_durable_record_that_forgets_what_was_taken_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker whose durable record does not keep the last sequence number its client
+    took of each publisher: the claim replays what the client had taken, twice."""
+    ack = Durables.ack
+
+    def forgetful(self: Durables, client: str, name: str, since: list, *args: object) -> bool:
+        return ack(self, client, name, [], *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Durables, "ack", forgetful)
+    seed = _first_failing(range(SEEDS))
+    assert seed is not None
+    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
+    assert any(p.startswith("durable") and "duplicated" in p for p in run(draw(seed)).problems)
 
 
 def test_link_faults_and_clocks_are_drawn_and_pass() -> None:
