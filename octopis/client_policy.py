@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from octopis.defaults import (
     CLOCK_SKEW,
@@ -72,6 +72,32 @@ def replay_after(first: float | None, silent: float, skew: float = CLOCK_SKEW) -
     subscription earlier). A durable record's claim passes 0: it owes exactly what was
     published since its subscription, by the record's own start."""
     return max(first - skew if first is not None else silent, silent - LOOKBACK)
+
+
+class ClaimedCopy(Protocol):
+    """What :func:`resume_from` reads of a claimed durable record."""
+
+    @property
+    def after(self) -> float:
+        """From when any publisher's publications are owed."""
+
+    @property
+    def updated(self) -> float:
+        """When the record was last updated."""
+
+
+C = TypeVar("C", bound=ClaimedCopy)
+
+
+def resume_from(claimed: Sequence[C]) -> tuple[C, float]:
+    """Of the copies of a durable record a claim found (non-empty), the one to resume
+    from and from when any publisher's publications are owed: the freshest copy's
+    acknowledgements, from the earliest start of any. A copy made where the client
+    failed over began then; one its old host kept (written before it died) begins when
+    the subscription did, and what publishers the client never heard from published in
+    between is owed too."""
+    best = max(claimed, key=lambda c: c.updated)
+    return best, min(c.after for c in claimed)
 
 
 class LastSeen(OrderedDict[tuple[str, int], int]):

@@ -70,3 +70,7 @@ DELIVERIES_HORIZON = 30.0
 comes later through another connection is not recognised as a repeat)."""
 DELIVERIES_KNOWN = 262_144
 """Deliveries that record remembers at most (the oldest forgotten first, counted)."""
+DURABLE_KEEP = 3600.0
+"""Seconds a durable subscription's record waits for its client (``[durable] keep``)."""
+DURABLE_MAX = 10_000
+"""Durable subscription records one broker keeps (``[durable] max``)."""

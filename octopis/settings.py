@@ -42,6 +42,8 @@ from octopis.defaults import (
     COMPOSITE_LATENESS,
     CUSTODY_LIMIT,
     DOWN_AFTER,
+    DURABLE_KEEP,
+    DURABLE_MAX,
     HISTORIC_BUDGET,
     PUBLICATION_HOLD,
     REPLAY_BUDGET,
@@ -239,9 +241,9 @@ class Retention(Section):
 class Durable(Section):
     """``[durable]``: durable subscriptions' records (DESIGN §11)."""
 
-    keep: Annotated[float, _at_least(0.01)] = 3600.0
+    keep: Annotated[float, _at_least(0.01)] = DURABLE_KEEP
     """Seconds a durable subscription's record waits for its client (DESIGN §11)."""
-    max: Annotated[int, _at_least(1)] = 10_000
+    max: Annotated[int, _at_least(1)] = DURABLE_MAX
     """Durable subscription records one broker keeps."""
 
 

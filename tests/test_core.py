@@ -21,6 +21,7 @@ from octopis.core import (
 from octopis.core._records import new_pair
 from octopis.core.lst import LinkStatusTable, congestion_element
 from octopis.core.messages import forward_copy
+from octopis.failure_schedule import Failure
 from octopis.filters.language import parse_publication, parse_subscription
 from octopis.sim import FreeLinks, InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import build_preset
@@ -202,6 +203,43 @@ def test_bid_splits_destination_list_and_intermediates_do_not_match() -> None:
     # the publisher's host and the two remote destinations match; nobody else does
     assert report["matching_operations"] == 3
     assert report["sbp_messages"] == 3 * (2 * 33 - 17)
+
+
+def test_bid_drops_a_subscription_that_comes_after_its_withdrawal() -> None:
+    """Flooding sends a subscription and its withdrawal by paths of their own: a copy of
+    the subscription held for a link that was down comes after the withdrawal. Taken
+    again it would flood again, its withdrawal behind it, round the graph's cycles for
+    ever (nemesis seed 85, BID, a partition). The withdrawn id is remembered instead,
+    and a withdrawal that comes first still floods on."""
+    core = make_broker(FIG2, "c:0", "bid")
+    first, second = sorted(FIG2.graph["c:0"])[:2]
+    late = Subscribe("b:0#7", "b:0", ANY_STOCK, SubState.PRIMARY, None, 0.0)
+    onward = core.receive(first, Unsubscribe("b:0#7", SubState.PRIMARY), NoCongestion())
+    assert {a.link for a in onward} == set(FIG2.graph["c:0"]) - {first}
+    assert core.receive(second, late, NoCongestion()) == []
+    assert "b:0#7" not in core.table and core.stats["sbp_after_withdrawal"] == 1
+    assert core.receive(second, Unsubscribe("b:0#7", SubState.PRIMARY), NoCongestion()) == []
+    # taken before its withdrawal: removed by it, and a late copy is dropped as well
+    core.receive(first, Subscribe("b:0#8", "b:0", ANY_STOCK, SubState.PRIMARY, None, 0.0),
+                 NoCongestion())  # fmt: skip
+    core.receive(first, Unsubscribe("b:0#8", SubState.PRIMARY), NoCongestion())
+    again = Subscribe("b:0#8", "b:0", ANY_STOCK, SubState.PRIMARY, None, 0.0)
+    assert core.receive(second, again, NoCongestion()) == []
+    assert "b:0#8" not in core.table
+
+
+def test_bid_withdrawal_during_a_partition_ends() -> None:
+    """The same on the simulator: a subscription made and withdrawn while a link is cut
+    (its frames held for the link until it heals) floods once each way, and ends."""
+    sim = Simulator(FIG2, "bid", seed=3, latency=LatencyModel(0.001, 0.002))
+    sim.fail(Failure(("e:0", "f:0"), 0.0, 4.7), 0.0)
+    made: list[str] = []
+    sim.at(3.8, lambda: made.append(sim.subscribe("S", "c:1", ANY_STOCK)))
+    sim.at(3.9, lambda: sim.unsubscribe(made[0]))
+    sim.run(until=60.0)
+    assert not sim._events
+    assert all(made[0] not in core.table for core in sim.cores.values())
+    assert sum(core.stats["sbp_after_withdrawal"] for core in sim.cores.values()) >= 1
 
 
 def test_unsubscribe_takes_the_same_two_steps() -> None:

@@ -22,12 +22,15 @@ from conditions import accounting, closing_control, until
 from conftest import secure_fig2
 
 from octopis.client import Publisher, Subscriber
+from octopis.client.deliveries import Received
+from octopis.client.durable_acks import DurableAcks
 from octopis.client.replay import parse_time
 from octopis.client.streams import EndOfHistory
+from octopis.client_policy import resume_from
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core.durable import DurableError, Durables
 from octopis.core.messages import Notification
-from octopis.core.replay import Replay
+from octopis.core.replay import Claimed, Replay
 from octopis.defaults import LOOKBACK
 from octopis.filters.language import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
@@ -57,6 +60,61 @@ def test_a_record_waits_while_its_client_is_away_and_is_handed_over_once() -> No
     assert durables.ack("audit", "d", list(claimed.since), 141.0, after=claimed.after)
     assert durables.records[("audit", "d")].after == claimed.after
     assert not durables.ack("audit", "other", [], 141.0)
+
+
+def test_a_client_back_at_the_same_broker_is_owed_from_when_it_left() -> None:
+    """Its record stayed here: the claim hands it back from when the client was last
+    heard (less ``LOOKBACK``), not from the claim's time; a client away longer than
+    ``LOOKBACK`` lost what unknown publishers published in between (nemesis seed 2)."""
+    durables = Durables("b:0", keep=3600.0, limit=10)
+    durables.attach("audit", "d", "k1/audit", "s1", ("[x,>,1]",), 100.0)
+    assert durables.claim("audit", "d", "k1/audit", 100.0) is None
+    assert durables.detached("s1", heard=101.0)
+    durables.attach("audit", "d", "k2/audit", "s2", ("[x,>,1]",), 145.0)
+    record = durables.claim("audit", "d", "k2/audit", 145.0)
+    assert record is not None
+    assert record.claimed("b:0", 145.0).after == max(100.0, 101.0 - LOOKBACK) == 100.0
+    kept = durables.records[("audit", "d")]
+    assert kept.away is None and kept.key == "k2/audit"  # attached again, not abandoned
+    assert durables.expire(145.0 + 7200.0) == []
+
+
+class _Stream:
+    """A durable stream that keeps what it is offered."""
+
+    def __init__(self, durable: str | None) -> None:
+        self.durable = durable
+        self.got: list[tuple[str, int, int]] = []
+
+    def offer(self, received: Received, size: int) -> None:
+        self.got.append((received.publisher, received.session, received.seq))
+
+
+def test_a_claimed_record_keeps_out_late_copies_of_what_was_taken_before() -> None:
+    """A process that claimed its durable record drops a live delivery the record says
+    an earlier process took: a copy held for a link that was down, released after the
+    subscription was made anew (nemesis seed 265); others, and other streams, pass."""
+    acks = DurableAcks("audit", lambda message: None)
+    acks.claimed("d", [("P", 1, 2), ("Q", 1, 5)], after=10.0)
+    durable, plain = _Stream("d"), _Stream(None)
+
+    def received(publisher: str, seq: int) -> Received:
+        return Received("audit", publisher, seq, 0.0, 0.0, {"x": 1}, session=1)
+
+    for publisher, seq in (("P", 2), ("P", 3), ("Q", 4), ("R", 1)):
+        acks.offer(durable, received(publisher, seq), 10)
+        acks.offer(plain, received(publisher, seq), 10)
+    assert durable.got == [("P", 1, 3), ("R", 1, 1)] and acks.covered == 2
+    assert len(plain.got) == 4
+
+
+def test_a_claim_resumes_from_the_freshest_copy_and_the_earliest_start() -> None:
+    """Copies of one record: the freshest copy's acknowledgements, from the earliest
+    start (a copy made at a fail-over began then; nemesis seed 85)."""
+    kept = Claimed("e:1", ("[x,<,6]",), (("P", 0, 1),), 0.0, 32.0)
+    moved = Claimed("c:1", ("[x,<,6]",), (("P", 0, 3),), 33.8, 33.9)
+    assert resume_from([kept, moved]) == (moved, 0.0)
+    assert resume_from([moved]) == (moved, 33.8)
 
 
 def test_an_abandoned_record_is_withdrawn_after_keep_and_counted() -> None:

@@ -16,8 +16,10 @@ from octopis.cli.main import main
 from octopis.client_policy import replay_after
 from octopis.core.answer import AnswerSelection
 from octopis.core.clustered import ClusteredBroker
+from octopis.core.durable import Durables
 from octopis.core.node import BrokerNode
 from octopis.core.recovery import Recovery
+from octopis.defaults import LOOKBACK
 from octopis.failure_schedule import Failure
 from octopis.sim import nemesis
 from octopis.sim.nemesis import draw, run, shrink, simulate
@@ -139,6 +141,23 @@ def test_a_share_never_paid_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     assert any("resync share" in p for p in run(draw(seed)).problems)
 
 
+def test_a_durable_record_that_forgets_what_was_taken_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker whose durable record does not keep the last sequence number its client
+    took of each publisher: the claim replays what the client had taken, twice."""
+    ack = Durables.ack
+
+    def forgetful(self: Durables, client: str, name: str, since: list, *args: object) -> bool:
+        return ack(self, client, name, [], *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Durables, "ack", forgetful)
+    seed = _first_failing(range(SEEDS))
+    assert seed is not None
+    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
+    assert any(p.startswith("durable") and "duplicated" in p for p in run(draw(seed)).problems)
+
+
 def test_link_faults_and_clocks_are_drawn_and_pass() -> None:
     """One-way partitions, delay spikes and skewed clocks run on the node: frames late,
     a link silent one way, stamps off by up to ``SKEW``; every seed still passes."""
@@ -218,6 +237,62 @@ def test_the_command_shrinks_a_failing_seed(
 def test_fault_kinds_are_all_drawn() -> None:
     kinds = {nemesis.fault_kind(f) for seed in range(40) for f in draw(seed).faults}
     assert kinds == set(nemesis.FAULT_KINDS)
+
+
+def test_durable_subscribers_are_drawn_and_hold_to_their_contract() -> None:
+    """Durable subscribers leave and come back (some past ``LOOKBACK``, some where they
+    left), fail over when their host dies, claim their records and replay: each gets
+    every publication of its filter once, or a gap it was told of."""
+    scenarios = [draw(seed) for seed in range(120)]
+    runs = [d for s in scenarios for d in s.durables]
+    assert len(runs) >= 20
+    assert any(d[3] is not None and d[4] > nemesis.DURATION + LOOKBACK for d in runs)
+    counts: dict[str, int] = {}
+    for scenario in scenarios:
+        if not scenario.durables:
+            continue
+        sim, withdrawn, asked = simulate(scenario)
+        problems, verdict = nemesis.check(sim, withdrawn, asked)
+        assert problems == [], (scenario.seed, problems)
+        for c in sim.durable_clients.values():
+            for key, n in c.counts.items():
+                counts[key] = counts.get(key, 0) + n
+        durable = verdict["kinds"]["durable"]
+        assert durable["delivered"] + durable["lost"] == durable["expected"]
+    assert counts["claimed"] >= 10 and counts["replayed"] > 0
+    assert counts.get("failed_over", 0) >= 1
+
+
+DURABLES = {
+    2: (("D0", "b:0", 6, 1.180874, 43.931836, "b:0"), ("D1", "c:0", 1, 1.496455, 3.21961, "c:0")),
+    115: (("D0", "b:1", 7, 0.981522, 3.944099, "f:1"), ("D1", "b:1", 4, 0.885335, 3.650649, "c:2")),
+    85: (("D0", "b:0", 6, 2.737036, 3.505457, "c:0"), ("D1", "e:1", 6, 3.946953, 41.521295, "e:1")),
+    265: (("D0", "d:1", 7, 3.736057, 5.302052, "b:0"),),
+}
+"""Durable subscribers of seeds that found bugs, as drawn when they did (the draw has
+changed since: fewer durable subscribers per seed)."""
+
+
+@pytest.mark.parametrize(
+    ("seed", "found"),
+    [
+        (2, "a durable client back where it left after more than LOOKBACK was owed only the "
+            "last LOOKBACK of what publishers it had not heard from published"),
+        (85, "BID: a subscription withdrawn while a link was cut flooded again behind its "
+             "withdrawal for ever; and a claim resumed from a copy made at a fail-over, "
+             "which began then"),
+        (115, "overlapping crashes of one broker restarted it twice, the second time alive, "
+              "wiping a durable client's subscription unannounced"),
+        (265, "a copy held for a paused broker, released after a durable subscription was "
+              "made anew, came twice"),
+    ],
+)  # fmt: skip
+def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
+    scenario = draw(seed)
+    scenario = replace(scenario, durables=DURABLES[seed])
+    verdict = run(scenario)
+    assert verdict.passed, (found, verdict.problems)
+    assert verdict.kinds["durable"]["expected"] > 0
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from octopis.client.deliveries import Received
 from octopis.client_policy import LastSeen
+
+
+class DurableStream(Protocol):
+    """What :meth:`DurableAcks.offer` needs of a stream."""
+
+    durable: str | None
+
+    def offer(self, received: Received, size: int) -> None:
+        """Queue ``received`` for the application."""
 
 
 class DurableAcks:
@@ -25,6 +34,10 @@ class DurableAcks:
         (publisher, session), acknowledged to the broker."""
         self._unacked: dict[str, dict[tuple[str, int], int]] = {}
         """Per durable name: what was taken and not acknowledged yet."""
+        self._record: dict[str, LastSeen] = {}
+        """Per durable name claimed from a record: what the record says was taken."""
+        self.covered = 0
+        """Live deliveries dropped because a claimed record said they were taken."""
         self._owed_after: dict[str, float] = {}
         """Per durable name claimed from a record: the time from which other publishers'
         publications are owed (sent with the acknowledgements to the new record)."""
@@ -43,7 +56,21 @@ class DurableAcks:
         """``durable``'s record was found: what it says was taken (``since``), and the
         time from which other publishers' publications are owed."""
         self._taken.setdefault(durable, LastSeen()).saw_all(since)
+        self._record[durable] = LastSeen(((p, s), q) for p, s, q in since)
         self._owed_after[durable] = after
+
+    def offer(self, stream: DurableStream, received: Received, size: int) -> None:
+        """Hand ``received`` to ``stream``, unless ``stream`` is durable and the record it
+        claimed says a process before this one took it: a copy that came late (held for
+        a link that was down) to the subscription made anew (counted in
+        :attr:`covered`)."""
+        record = self._record.get(stream.durable) if stream.durable is not None else None
+        if record is not None:
+            last = record.get((received.publisher, received.session))
+            if last is not None and received.seq <= last:
+                self.covered += 1
+                return
+        stream.offer(received, size)
 
     def ack_all(self, durables: Iterable[str]) -> None:
         """Acknowledge each of ``durables``' whole record again (its new host keeps a

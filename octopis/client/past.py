@@ -18,6 +18,7 @@ from octopis.client.durable_acks import DurableAcks
 from octopis.client.errors import BrokerError
 from octopis.client.replay import History, ReplayGap, Seam
 from octopis.client.replay_log import ReplayLog
+from octopis.client_policy import resume_from
 from octopis.filters.language import Subscription
 from octopis.wire import claimed_records
 
@@ -83,9 +84,9 @@ class PastRequests:
                 self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
             log.info("%s: durable %s is new here (no record found)", name, durable)
             return history
-        best = max(claimed_records(claimed), key=lambda c: c.updated)
+        best, after = resume_from(claimed_records(claimed))
         record_since = list(best.since)
-        self.acks.claimed(durable, record_since, best.after)
+        self.acks.claimed(durable, record_since, after)
         self.acks.ack_all(self.client.durables())
         log.info(
             "%s: durable %s claimed from %s (%d publishers known)",
@@ -97,7 +98,7 @@ class PastRequests:
         message = {
             "filters": [subscription.to_text()],
             "since": [list(x) for x in record_since],
-            "after": best.after,
+            "after": after,
         }
         return await self.window(seam, message)
 

@@ -425,7 +425,7 @@ class Subscriber(NamedClient):
         publication = received.publication
         for stream in self._streams.values():  # a delivery for this client: to the streams
             if not isinstance(stream, CompositeStream) and stream.matches(publication):
-                stream.offer(received, size)
+                self.acks.offer(stream, received, size)
 
     def _dropped(self, reason: str) -> None:
         for stream in self._streams.values():

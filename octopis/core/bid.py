@@ -11,6 +11,8 @@ deliver. Intermediate brokers do not match (Algorithm 2).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from octopis.core.base import CoreBase
 from octopis.core.dedup import EdgeDedup
 from octopis.core.lst import LinkView
@@ -30,6 +32,9 @@ from octopis.filters.language import Subscription
 
 REMOTE_PART = "remote"
 """The table part of the entries of other brokers' subscribers."""
+WITHDRAWN_KEPT = 65_536
+"""Withdrawn subscription ids a broker remembers (the oldest forgotten first, counted in
+``withdrawn.forgotten``): a copy of a withdrawn subscription that comes late is dropped."""
 
 
 class BidBroker(CoreBase):
@@ -50,6 +55,12 @@ class BidBroker(CoreBase):
         )
         super().__init__(broker_id, neighbours, table, dedup)
         self.links = tuple(neighbours)
+        self.withdrawn: OrderedDict[str, None] = OrderedDict()
+        """Ids of the subscriptions withdrawn (at most :data:`WITHDRAWN_KEPT`). Flooding
+        sends each subscription and its withdrawal over every link, by paths of their own:
+        a copy of the subscription held for a link that was down, or slowed, can come
+        after its withdrawal; taken again, it would flood again, its withdrawal behind it,
+        round every cycle of the graph for ever."""
         self.table_lost = False
         """Set by the shell of a restarted broker: BID has no resync, so the table lacks
         every remote subscription made before the restart (DESIGN §7)."""
@@ -69,6 +80,9 @@ class BidBroker(CoreBase):
         if message.sub_id in self.table:
             self.stats["sbp_duplicates"] += 1
             return []
+        if message.sub_id in self.withdrawn:
+            self.stats["sbp_after_withdrawal"] += 1
+            return []
         self._store(message, src, local)
         onward = message.onward(message.state)
         out: list[Action] = [Forward(n, onward) for n in self.links if n != src]
@@ -76,11 +90,19 @@ class BidBroker(CoreBase):
         return out
 
     def withdraw_subscription(self, message: Unsubscribe, src: str) -> list[Action]:
-        """Remove the entry on first arrival and flood on; later copies are duplicates."""
-        if message.sub_id not in self.table:
+        """Remove the entry on first arrival, remember the id withdrawn (its subscription
+        may come after it by another path) and flood on, whether the entry was here yet or
+        not; later copies are duplicates."""
+        sub_id = message.sub_id
+        if sub_id in self.withdrawn:
             self.stats["unsubscribe_duplicates"] += 1
             return []
-        self.table.remove(message.sub_id)
+        self.withdrawn[sub_id] = None
+        if len(self.withdrawn) > WITHDRAWN_KEPT:
+            self.withdrawn.popitem(last=False)
+            self.stats["withdrawn.forgotten"] += 1
+        if sub_id in self.table:
+            self.table.remove(sub_id)
         out: list[Action] = [Forward(n, message) for n in self.links if n != src]
         self.stats["sent.unsubscribe"] += len(out)
         return out

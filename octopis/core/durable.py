@@ -13,7 +13,7 @@ drops it); a record left past ``keep`` is abandoned and counted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from octopis.client_policy import LastSeen, replay_after
 from octopis.core.replay import Claimed
@@ -168,8 +168,9 @@ class Durables:
     def claim(self, client: str, name: str, key: str | None, now: float) -> DurableRecord | None:
         """A claim of (``client``, ``name``) by its client at ``key`` on the host (None:
         passing through): the record kept here, handed over and forgotten — unless the
-        claimer holds it here itself (then kept, and returned if it is not the one its
-        attachment has just made)."""
+        claimer holds it here itself (then kept, attached again, and returned as it was
+        while its client was away, if it is not the one its attachment has just made:
+        what it owes runs from when its client was last heard, not from this claim)."""
         ident = (client, name)
         record = self.records.get(ident)
         if record is None:
@@ -178,8 +179,9 @@ class Durables:
             if record.new:
                 record.new = False
                 return None
+            owed = replace(record)
             record.away = None
-            return record
+            return owed
         del self.records[ident]
         if record.sub_id is not None:
             self.by_sub.pop(record.sub_id, None)

@@ -66,6 +66,9 @@ class FailureState:
         self.detection = detection
         self.retain = retain
         self.dead: set[str] = set()
+        self.crashes: Counter[str] = Counter()
+        """How many crashes under way each broker is in: overlapping ones keep it dead
+        from the first's start to the last's end (one death, one restart)."""
         self.cut: set[tuple[str, str]] = set()
         """Directed links failed as links (independent of dead brokers)."""
         self._cut_by: dict[Failure, set[tuple[str, str]]] = {}
@@ -205,6 +208,9 @@ class FailureEvents:
         assert state is not None
         if failure.is_broker:
             broker = failure.ends[0]
+            state.crashes[broker] += 1
+            if state.crashes[broker] > 1:
+                return  # dead already
             state.dead.add(broker)
             for message in state.forget(broker):
                 if type(message) is Notification:
@@ -298,6 +304,11 @@ class FailureEvents:
         (:meth:`_start`)."""
         state = self.failures
         assert state is not None
+        if failure.is_broker:
+            state.crashes[failure.ends[0]] -= 1
+            if state.crashes[failure.ends[0]]:  # another crash of it is under way
+                self.restarts_pending -= 1
+                return
         links = self._failed_links(failure)
         for src, dst in links:
             self._detect(src, dst)  # a restart is noticed at once by the new handshake

@@ -7,10 +7,12 @@ faults while they publish — brokers that crash and restart (empty, a new incar
 brokers paused (every link silent, the process alive: SIGSTOP as its neighbours see it;
 its clients still reach it, so it is also a broker cut off from all its neighbours),
 links partitioned both ways for a while, and subscribers whose connection dies (they
-fail over and replay), and historic queries asked after publishing of what was
-published in a window. The same seed gives the same events in the same order and the
-same verdict, so a failing seed is a reproducible bug; :func:`shrink` drops faults and
-subscribers while it still fails, to the shortest history that does.
+fail over and replay), historic queries asked after publishing of what was
+published in a window, and durable subscribers that leave and come back, at their broker
+or another, driving the brokers' own durable records (:mod:`octopis.sim.durable_clients`).
+The same seed gives the same events in the same order and the same verdict, so a
+failing seed is a reproducible bug; :func:`shrink` drops faults and subscribers while it
+still fails, to the shortest history that does.
 
 The checker (:func:`check`) holds every subscriber to exactly once: no duplicate, nothing
 it did not ask for, and every publication it should have had either delivered or
@@ -49,6 +51,7 @@ from typing import Any
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
+from octopis.sim.durable_clients import COUNTS, DurableSimulator, check_durables
 from octopis.sim.engine import LatencyModel, Simulator
 from octopis.topology import Scot, build_preset
 
@@ -95,6 +98,9 @@ class ClockSkew:
 Fault = Failure | ClientFault | DelaySpike | ClockSkew
 Historic = tuple[float, str, str, int, float, float]
 """A historic query: (time, asker, broker, k, after, until)."""
+DurableRun = tuple[str, str, int, float | None, float, str]
+"""A durable subscriber: (client, broker, k, leaves at (None: never), comes back at, at
+broker)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,9 @@ class Scenario:
     """(time, asker, broker, k, after, until): ``asker`` at ``broker`` asks for what was
     published in ``[after, until)`` matching ``[x,<,k]`` (times from the start of
     publishing)."""
+    durables: tuple[DurableRun, ...] = ()
+    """Durable subscribers (:mod:`octopis.sim.durable_clients`): each subscribes to
+    ``[x,<,k]`` at its broker before publishing, may leave, and comes back."""
 
     def describe(self) -> str:
         """The scenario as lines a person reads (the history a failing seed prints)."""
@@ -130,6 +139,11 @@ class Scenario:
         lines += [
             f"  historic {asker} at {broker} [x,<,{k}] in [{after:.3f}, {until:.3f}) @{at:.3f}"
             for at, asker, broker, k, after, until in self.historics
+        ]
+        lines += [
+            f"  durable {c} at {broker} [x,<,{k}]"
+            + ("" if leave is None else f" leaves @{leave:.3f}, back at {there} @{back:.3f}")
+            for c, broker, k, leave, back, there in self.durables
         ]
         return "\n".join(lines)
 
@@ -148,6 +162,8 @@ class Verdict:
     silent: int = 0
     """Of :attr:`lost`, those neither counted undeliverable nor in a reported gap."""
     gaps: int = 0
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The counts per subscriber kind: live, failed over, historic, durable."""
     faults: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -236,6 +252,7 @@ def draw(
         tuple(faults) + (_link_faults(seed, scot, publications) if links else ()),
         withdrawals,
         _historics(seed, brokers),
+        _durables(seed, brokers),
     )
 
 
@@ -303,6 +320,31 @@ def _historics(
     return tuple(queries)
 
 
+def _durables(seed: int, brokers: list[str]) -> tuple[DurableRun, ...]:
+    """0-2 durable subscribers (none in two seeds of three: each costs three rounds
+    across the overlay, a claim as it starts, a claim and a replay as it comes back), drawn
+    apart from the rest of the scenario (as :func:`_historics`): most leave while
+    publishing and come back 0.1-3 s later at a broker drawn (their own, one time in
+    three); one in five stays away past
+    :data:`~octopis.defaults.LOOKBACK` and comes back where it left."""
+    rng = random.Random(f"{seed}/durable")
+    runs = []
+    for i in range(rng.choice((0, 0, 0, 0, 1, 2))):
+        broker = rng.choice(brokers)
+        k = rng.randint(1, 9)
+        if rng.random() < 0.15:
+            runs.append((f"D{i}", broker, k, None, 0.0, broker))
+            continue
+        leave = round(rng.uniform(0, DURATION - 1), 6)
+        if rng.random() < 0.2:
+            runs.append((f"D{i}", broker, k, leave, round(DURATION + rng.uniform(30, 40), 6),
+                         broker))  # fmt: skip
+            continue
+        there = broker if rng.random() < 1 / 3 else rng.choice(brokers)
+        runs.append((f"D{i}", broker, k, leave, round(leave + rng.uniform(0.1, 3.0), 6), there))
+    return tuple(runs)
+
+
 _SCOTS: dict[str, Scot] = {}
 
 
@@ -317,12 +359,14 @@ Window = tuple[int, float, float]
 """A historic query's ``(k, after, until)``, in the simulator's time."""
 
 
-def simulate(scenario: Scenario) -> tuple[Simulator, dict[str, float], dict[str, Window]]:
+def simulate(
+    scenario: Scenario,
+) -> tuple[DurableSimulator, dict[str, float], dict[str, Window]]:
     """Run ``scenario`` to its end on a fresh simulator (deterministic: its seed draws the
     link latencies too); returns it, when each subscriber that withdrew did, and the
     historic queries asked (by req_id)."""
     scot = _scot(scenario.preset)
-    sim = Simulator(
+    sim = DurableSimulator(
         scot,
         scenario.mode,
         seed=scenario.seed,
@@ -337,8 +381,14 @@ def simulate(scenario: Scenario) -> tuple[Simulator, dict[str, float], dict[str,
             sim.advertise(f"P{broker}", broker, everything)
     for subscriber, broker, k in scenario.subscribers:
         sim.subscribe(subscriber, broker, Subscription((Predicate("x", "<", k),)))
+    for client, broker, k, *_ in scenario.durables:
+        sim.durable_subscribe(client, broker, Subscription((Predicate("x", "<", k),)))
     sim.run()
     start = sim.now
+    for client, _, _, leave, back, there in scenario.durables:
+        if leave is not None:
+            sim.at(start + leave, sim.durable_leave, client)
+            sim.at(start + back, sim.durable_return, client, there)
     for fault in scenario.faults:
         if isinstance(fault, ClientFault):
             sim.fail_client(fault.subscriber, start + fault.at)
@@ -443,16 +493,41 @@ def check(
         problems.append(f"{len(silent)} lost without a count or a reported gap: {silent[:3]}")
     historic = check_historic(sim, asked or {}, published)
     problems += historic.pop("problems")
-    counts = {
-        "expected": len(sim.ledger.expected) + historic["expected"],
-        "delivered": sum(1 for k in sim.ledger.received if k in sim.ledger.expected)
-        + historic["delivered"],
-        "duplicated": report["duplicates"] + historic["duplicated"],
-        "lost": len(missing) + historic["lost"],
-        "silent": len(silent) + historic["silent"],
-        "gaps": sum(1 for g in sim.replay_gaps.values() if g),
+    kinds = {
+        "live": _ledger_counts(
+            sim, silent, lambda s: s in sim.subscriptions_of and s not in sim.failed_over
+        ),
+        "failed over": _ledger_counts(sim, silent, sim.failed_over.__contains__),
+        "historic": {
+            **historic,
+            "gaps": sum(
+                1 for s in {sim._requesters[r] for r in asked or {}} if sim.replay_gaps.get(s)
+            ),
+        },
     }
+    if isinstance(sim, DurableSimulator):
+        durable_problems, kinds["durable"] = check_durables(sim)
+        problems += durable_problems
+    counts: dict[str, Any] = {key: sum(k[key] for k in kinds.values()) for key in COUNTS}
+    counts["kinds"] = kinds
     return problems, counts
+
+
+def _ledger_counts(
+    sim: Simulator, silent: list[tuple[str, str, int]], among: Callable[[str], bool]
+) -> dict[str, int]:
+    """The ledger's counts (:data:`COUNTS`) of the subscribers ``among`` accepts."""
+    ledger = sim.ledger
+    expected = {key for key in ledger.expected if among(key[0])}
+    received = {key: n for key, n in ledger.received.items() if among(key[0])}
+    return {
+        "expected": len(expected),
+        "delivered": len(expected & received.keys()),
+        "duplicated": sum(received.values()) - len(received),
+        "lost": len(expected - received.keys()),
+        "silent": sum(1 for key in silent if among(key[0])),
+        "gaps": sum(1 for s, g in sim.replay_gaps.items() if g and among(s)),
+    }
 
 
 def check_historic(
@@ -508,7 +583,7 @@ def shrink(scenario: Scenario, fails: Callable[[Scenario], bool] | None = None) 
     problem), as hypothesis shrinks an example; deterministic."""
     fails = fails or (lambda s: not run(s).passed)
     current = scenario
-    for name in ("faults", "subscribers", "publications"):
+    for name in ("faults", "subscribers", "durables", "publications"):
         i = 0
         while i < len(getattr(current, name)):
             items = getattr(current, name)
@@ -525,7 +600,7 @@ def sweep(
 ) -> dict[str, Any]:
     """Run every seed of ``seeds``: runs, passed, the failing seeds, faults injected by
     kind, and the summed counts."""
-    table: dict[str, Any] = {"runs": 0, "passed": 0, "failing": [], "faults": {}}
+    table: dict[str, Any] = {"runs": 0, "passed": 0, "failing": [], "faults": {}, "kinds": {}}
     totals = dict.fromkeys(("expected", "delivered", "duplicated", "lost", "silent", "gaps"), 0)
     for seed in seeds:
         verdict = run(draw(seed, presets=presets, max_faults=max_faults))
@@ -537,5 +612,9 @@ def sweep(
             table["faults"][kind] = table["faults"].get(kind, 0) + n
         for key in totals:
             totals[key] += getattr(verdict, key)
+        for kind, counts in verdict.kinds.items():
+            summed = table["kinds"].setdefault(kind, {})
+            for key, n in counts.items():
+                summed[key] = summed.get(key, 0) + n
     table.update(totals)
     return table

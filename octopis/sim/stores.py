@@ -38,9 +38,12 @@ class RetentionStores:
         order kept, as the node's :class:`AnswerSelection` chooses them (the simulator
         keeps no encoded bodies: answers are bounded by count, not bytes), and whether
         the answer was cut."""
+        store = self.kept.get(broker)
+        if not store:  # nothing to choose from: no selection to build
+            return [], False
         selection = AnswerSelection(request)
         found = []
-        for n in self.kept.get(broker, ()):
+        for n in store:
             taken = selection.take(n.publisher, n.session, n.seq, n.published_at, 0, lambda n=n: n)
             if taken is not None:
                 found.append(taken)

@@ -1,0 +1,487 @@
+"""Durable subscribers in the simulator (DESIGN §11): the SDK's part in simulated time,
+the brokers' part by each broker's own records (:class:`~octopis.core.durable.Durables`),
+called as the broker process's shell calls them.
+
+- A durable client connects to a broker and subscribes under its durable name: the
+  broker attaches a record (:meth:`Durables.attach`) and the client claims its record
+  across the overlay (a replay round with ``claim`` set, :mod:`octopis.core.replay`),
+  holding its live deliveries meanwhile. Each broker the claim reaches hands over what
+  it keeps (:meth:`Durables.claim`); if a record came, the client acknowledges it to
+  its new host and replays from it (of each known publisher what follows the last it
+  took, of any other what was published since the record began), joining the answer
+  and the live deliveries at the seam, each once, in publisher order.
+- Every delivery it takes is acknowledged to its host at once (:meth:`Durables.ack`).
+- It leaves (says bye): its host withdraws its subscription and its record waits
+  (:meth:`Durables.detached`). It comes back later at a broker, as a new process.
+- Its host dies under it: it fails over as the SDK does (subscribes again, durable, at
+  the next live broker of its list, acknowledges its whole record there, and replays
+  what it may have missed).
+- A broker writes its records at once when one is made, left, claimed or handed over,
+  and what acknowledgements changed within a second (``maintain``): a broker that dies
+  comes back with the records of its last write.
+
+The history each durable client leaves is a :class:`DurableClient`:
+:func:`check_durables` holds it to its contract.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from octopis.client_policy import (
+    LastSeen,
+    RecentDeliveries,
+    failover_order,
+    join_at_seam,
+    resume_from,
+)
+from octopis.client_policy import replay_after as failover_after
+from octopis.core import Notification
+from octopis.core.durable import Durables, claim_of, claimed_ident
+from octopis.core.replay import QueryStore, Replay, ReplayAction, ReplayDeliver, ReplayDone
+from octopis.defaults import (
+    CLIENT_LIVENESS,
+    DURABLE_KEEP,
+    DURABLE_MAX,
+    HISTORIC_BUDGET,
+    REPLAY_BUDGET,
+)
+from octopis.filters.language import Subscription
+from octopis.sim.engine import Simulator
+from octopis.sim.replaying import Seam, publisher_order
+
+NAME = "d"
+"""The durable name every simulated durable client subscribes under."""
+SAVE_EVERY = 1.0
+"""Seconds within which a broker writes what acknowledgements changed (``maintain``)."""
+
+
+@dataclass
+class DurableClient:
+    """A durable subscriber's history: where it is, and what it took."""
+
+    name: str
+    subscription: Subscription
+    started: float = 0.0
+    """When its record began (its first subscribe)."""
+    host: str | None = None
+    """The broker it is connected to (None: away)."""
+    run: int = 0
+    """Its process's run (a new one each time it comes back), and its connection."""
+    connection: int = 0
+    key: str = ""
+    sub_id: str | None = None
+    seam: Seam | None = None
+    claiming: bool = False
+    """The seam's request is a claim (not yet a replay)."""
+    record: RecentDeliveries = field(default_factory=RecentDeliveries)
+    taken: LastSeen = field(default_factory=LastSeen)
+    """What the application took in this run (acknowledged)."""
+    last_seen: LastSeen = field(default_factory=LastSeen)
+    owed_after: float | None = None
+    claimed: LastSeen | None = None
+    """What the record this run claimed says was taken (the SDK drops a live delivery
+    it covers)."""
+    since: float = 0.0
+    """When this run first subscribed (a fail-over's replay starts no earlier)."""
+    away: list[tuple[float, float]] = field(default_factory=list)
+    """(left or its host died, subscribed again): what was published in between only a
+    claim's or a fail-over's replay can give it."""
+    left: float | None = None
+    gaps: set[str] = field(default_factory=set)
+    """Brokers its claims and replays reported silent and never heard from, and why a
+    claim failed."""
+    received: Counter[tuple[str, int]] = field(default_factory=Counter)
+    taken_at: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
+    """Each delivery taken: the host that was told, and when."""
+    unwritten: set[tuple[str, int]] = field(default_factory=set)
+    """Deliveries whose acknowledgement died with its host before the host wrote it
+    (the client did not fail over to acknowledge them again elsewhere)."""
+    replayed: set[tuple[str, int]] = field(default_factory=set)
+    """Deliveries that came from a claimed record's replay."""
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+class DurableSimulator(Simulator):
+    """A :class:`Simulator` with durable clients (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.durable_clients: dict[str, DurableClient] = {}
+        self.durable_records: dict[str, Durables] = {
+            b: Durables(b, DURABLE_KEEP, DURABLE_MAX) for b in self.scot.brokers
+        }
+        self._written: dict[str, list[Any]] = {b: [] for b in self.scot.brokers}
+        """Each broker's records as last written (what a restart reads back)."""
+        self._writing: set[str] = set()
+        self._written_time: dict[str, float] = {}
+        self._durable_reqs: dict[str, tuple[str, int, bool]] = {}
+        """Requests of durable clients → (client, run, whether a claim)."""
+        self._died_at: dict[str, float] = {}
+        """When each broker last died."""
+
+    # -- the client's side -----------------------------------------------------------------
+
+    def durable_subscribe(self, client: str, broker: str, subscription: Subscription) -> None:
+        """``client`` starts now at ``broker`` with a durable subscription to
+        ``subscription`` (made, or claimed if its record is kept somewhere)."""
+        c = self.durable_clients.get(client)
+        if c is None:
+            c = self.durable_clients[client] = DurableClient(client, subscription, self.now)
+        self._durable_run(c, broker)
+
+    def durable_leave(self, client: str) -> None:
+        """``client`` closes its connection now (its record waits), if connected."""
+        c = self.durable_clients[client]
+        if c.host is None:
+            return
+        host, c.host, c.seam = c.host, None, None
+        c.left = self.now
+        self.records.pop(c.name, None)
+        if self.failures is not None and host in self.failures.dead:
+            c.left = self._died_at[host]  # its host died under it: nobody to tell
+            return
+        for sub_id in self.sessions[host].gone(c.name):
+            self.subscriber_of.pop(sub_id, None)
+            self._dispatch(host, self.cores[host].unsubscribe(c.name, sub_id))
+            self.durable_records[host].detached(sub_id, self.now)
+        self._durable_write(host)
+
+    def durable_return(self, client: str, broker: str) -> None:
+        """``client`` comes back now at ``broker`` (or the first live broker of its list,
+        ``broker``'s cluster first), as a new process; while every broker is dead it
+        tries again later."""
+        c = self.durable_clients[client]
+        if c.host is not None:
+            return
+        state = self.failures
+        order = [broker, *self.scot.failover_order(broker)]
+        live = next((b for b in order if state is None or b not in state.dead), None)
+        if live is None:
+            if self.restarts_pending:
+                self.at(self.now + CLIENT_LIVENESS, self.durable_return, client, broker)
+            return
+        self._durable_run(c, live)
+
+    def _durable_run(self, c: DurableClient, broker: str) -> None:
+        """A new process of ``c`` at ``broker``: it subscribes and claims its record."""
+        c.run += 1
+        c.record, c.taken, c.last_seen = RecentDeliveries(), LastSeen(), LastSeen()
+        c.owed_after, c.since, c.claimed = None, self.now, None
+        if c.left is not None:
+            c.away.append((c.left, self.now))
+            c.left = None
+        self._attach_durable(c, broker)
+        c.seam, c.claiming = Seam(""), True
+        claim = Replay("", broker, (), (), 0.0, HISTORIC_BUDGET, claim=claim_of(c.name, NAME))
+        self._durable_request(c, claim)
+
+    def _attach_durable(self, c: DurableClient, broker: str) -> None:
+        c.host = broker
+        c.connection += 1
+        c.key = f"{c.name}#{c.run}.{c.connection}"
+        self._home[c.name] = broker
+        self.records[c.name] = c.record
+        sessions = self.sessions[broker]
+        sessions.room(c.name, c.name)
+        sub_id, actions = self.cores[broker].subscribe(c.name, c.subscription, self.now)
+        sessions.attach(c.name, sub_id)
+        self.subscriber_of[sub_id] = c.name
+        c.sub_id = sub_id
+        self.durable_records[broker].attach(
+            c.name, NAME, c.key, sub_id, (c.subscription.to_text(),), self.now
+        )
+        self._durable_write(broker)
+        self._dispatch(broker, actions)
+
+    def _durable_request(self, c: DurableClient, request: Replay) -> None:
+        assert c.host is not None and c.seam is not None
+        self._replays += 1
+        req_id = f"{c.host}/{self._replays}"
+        request = Replay(
+            req_id,
+            c.host,
+            request.filters,
+            request.since,
+            request.after,
+            request.budget,
+            claim=request.claim,
+        )
+        self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
+        c.seam.req_id = req_id
+        c.counts["claims" if request.claim else "replays"] += 1
+        self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now))
+
+    def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]]) -> None:
+        """``c`` acknowledges to its host (at the loop's next pass: now)."""
+        host = c.host
+        if host is None or (self.failures is not None and host in self.failures.dead):
+            return
+        if not self.durable_records[host].ack(c.name, NAME, since, self.now, c.owed_after):
+            c.counts["acks_refused"] += 1
+        elif host not in self._writing:
+            self._writing.add(host)
+            self.at(self.now + SAVE_EVERY, self._durable_write, host)
+
+    def take(self, subscriber: str, n: Notification) -> None:
+        """A live delivery: a durable client's is its own (held while its seam is open),
+        any other subscriber's as :class:`Simulator` takes it."""
+        c = self.durable_clients.get(subscriber)
+        if c is None:
+            super().take(subscriber, n)
+            return
+        if not c.record.first_time((c.name, n.publisher, n.session, n.seq), self.now):
+            c.counts["repeats"] += 1
+            return
+        c.record.forget_old(self.now)
+        if c.seam is not None:
+            c.seam.live.append(n)
+        else:
+            self._durable_took(c, n)
+
+    def _durable_took(self, c: DurableClient, n: Notification) -> None:
+        """The application took ``n``: recorded, and acknowledged; unless the record
+        ``c`` claimed says an earlier run took it (the SDK drops it)."""
+        last = c.claimed.get((n.publisher, n.session)) if c.claimed is not None else None
+        if last is not None and n.seq <= last:
+            c.counts["covered"] += 1
+            return
+        c.received[n.key] += 1
+        if c.host is not None:
+            c.taken_at.setdefault(n.key, (c.host, self.now))
+        c.last_seen.saw(n.publisher, n.session, n.seq)
+        c.taken.saw(n.publisher, n.session, n.seq)
+        self._durable_ack(c, [(n.publisher, n.session, n.seq)])
+
+    def _durable_join(
+        self, c: DurableClient, live: list[Notification], replayed: list[Notification]
+    ) -> None:
+        def first_time(n: Notification) -> bool:
+            return c.record.first_time((c.name, n.publisher, n.session, n.seq), self.now)
+
+        joined, repeats = join_at_seam(live, replayed, publisher_order, first_time)
+        c.counts["repeats"] += repeats
+        from_replay = {n.key for n in replayed}
+        for n in joined:
+            if n.key in from_replay:
+                c.replayed.add(n.key)
+            self._durable_took(c, n)
+
+    def _end_durable_seam(self, c: DurableClient) -> None:
+        seam, c.seam = c.seam, None
+        if seam is not None:
+            self._durable_join(c, seam.live, seam.replayed)
+
+    # -- a host dies ----------------------------------------------------------------------
+
+    def _hosts_died(self, broker: str) -> None:
+        """``broker`` died: its records come back as last written when it restarts; its
+        durable clients notice after :data:`CLIENT_LIVENESS` and fail over."""
+        super()._hosts_died(broker)
+        self._died_at[broker] = self.now
+        records = self.durable_records[broker]
+        restored = Durables(broker, records.keep, records.limit)
+        restored.stats = records.stats
+        for record in copy.deepcopy(self._written[broker]):
+            record.away = record.away if record.away is not None else record.updated
+            restored.restore(record)
+        self.durable_records[broker] = restored
+        self._writing.discard(broker)
+        written = self._written_time.get(broker, -1.0)
+        for c in self.durable_clients.values():
+            c.unwritten.update(
+                key for key, (host, at) in c.taken_at.items() if host == broker and at > written
+            )
+            if c.host == broker:
+                self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, broker, c.run)
+
+    def _durable_fail_over(self, c: DurableClient, old: str, run: int) -> None:
+        """``c`` leaves silent ``old`` as the SDK does: a claim under way fails (a gap it
+        is told of), its subscription is made again, durable, at the next live broker of
+        its list, its whole record acknowledged there, and it replays what it missed."""
+        if c.host != old or c.run != run or self.failures is None:
+            return
+        died = self.now - CLIENT_LIVENESS
+        order = failover_order([old, *self.scot.failover_order(old)], old)
+        new = next((b for b in order if b not in self.failures.dead), None)
+        if new is None:
+            if self.restarts_pending:
+                self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, old, run)
+            return
+        if c.seam is not None and c.claiming:
+            c.gaps.add(f"claim failed: {old} died")
+        self._end_durable_seam(c)
+        c.away.append((died, self.now))
+        c.counts["failed_over"] += 1
+        self._attach_durable(c, new)
+        if c.taken or c.owed_after is not None:
+            self._durable_ack(c, c.taken.since())
+        c.seam, c.claiming = Seam(""), False
+        after = failover_after(c.since, died)
+        replay = Replay("", new, (c.subscription.to_text(),), tuple(c.last_seen.since()), after,
+                        REPLAY_BUDGET)  # fmt: skip
+        self._durable_request(c, replay)
+
+    # -- the brokers' side ----------------------------------------------------------------
+
+    def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
+        """Claims are answered from ``broker``'s records, a durable client's answers go to
+        it; the rest as :class:`Simulator` carries them out."""
+        if not self.durable_clients:
+            super()._carry_out_replay(broker, actions)
+            return
+        for action in actions:
+            if type(action) is QueryStore and action.request.claim:
+                self._durable_claim(broker, action.request)
+            elif (
+                type(action) in (ReplayDeliver, ReplayDone) and action.req_id in self._durable_reqs
+            ):
+                self._durable_answer(action)
+            else:
+                super()._carry_out_replay(broker, [action])
+
+    def _durable_claim(self, broker: str, request: Replay) -> None:
+        """The shell's ``_claim``: the record kept here handed over (a subscription of it
+        still attached here, for another connection, withdrawn)."""
+        self.at(self.now + request.budget, self._replay_expire, broker)
+        owner = self._durable_reqs.get(request.req_id)
+        c = self.durable_clients.get(owner[0]) if owner is not None else None
+        key = c.key if c is not None and request.host == broker else None
+        record = self.durable_records[broker].claim(*claimed_ident(request.claim), key, self.now)
+        claimed = ()
+        if record is not None:
+            claimed = (record.claimed(broker, self.now),)
+            held = record.sub_id
+            if record.key not in (None, key) and held is not None:  # another connection's
+                self._withdraw_held(broker, record.client, held)
+            self._durable_write(broker)
+        rounds = self._rounds(broker)
+        self._carry_out_replay(broker, rounds.stored(request.req_id, [], [], claimed=claimed))
+
+    def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
+        """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its
+        record was claimed by the host its client came back at)."""
+        if self.sessions[broker].detach(client, sub_id):
+            self.subscriber_of.pop(sub_id, None)
+            self._dispatch(broker, self.cores[broker].unsubscribe(client, sub_id))
+
+    def _durable_answer(self, action: ReplayDeliver | ReplayDone) -> None:
+        client, run, claim = self._durable_reqs[action.req_id]
+        c = self.durable_clients[client]
+        if c.run != run or c.host is None:
+            return  # that process is gone: nobody reads the answer
+        current = c.seam is not None and c.seam.req_id == action.req_id
+        if type(action) is ReplayDeliver:
+            c.counts["replayed"] += len(action.notifications)
+            if current:
+                c.seam.replayed += action.notifications  # type: ignore[union-attr]
+            else:  # a late part: joined at once
+                self._durable_join(c, [], list(action.notifications))
+            return
+        echo = action.echo
+        if claim:  # a claim's gap stays: a late answer is not read
+            c.counts["records_lost"] += 0 if current else len(echo.claimed)
+        else:  # a replay's gap shrinks as its silent parts answer late
+            c.gaps.difference_update(echo.answered)
+            c.gaps.update(echo.silent)
+        if not current:
+            return
+        if not c.claiming:
+            self._end_durable_seam(c)
+            return
+        c.claiming = False
+        if not echo.claimed:  # a new record (a silent broker may keep it: the gap says)
+            if echo.silent:
+                c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent")
+            self._end_durable_seam(c)
+            return
+        best, after = resume_from(echo.claimed)
+        c.taken.saw_all(best.since)
+        c.claimed = LastSeen(((p, s), q) for p, s, q in best.since)
+        c.owed_after = after
+        c.counts["claimed"] += 1
+        self._durable_ack(c, c.taken.since())
+        replay = Replay("", c.host, best.filters, best.since, after, HISTORIC_BUDGET)
+        self._durable_request(c, replay)
+
+    def _durable_write(self, broker: str) -> None:
+        """``broker`` writes its records (what a restart reads back)."""
+        self._writing.discard(broker)
+        if self.failures is not None and broker in self.failures.dead:
+            return
+        self._written_time[broker] = self.now
+        self._written[broker] = copy.deepcopy(list(self.durable_records[broker].records.values()))
+
+
+COUNTS = ("expected", "delivered", "duplicated", "lost", "silent", "gaps")
+
+
+def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
+    """Each durable client against its contract: every publication its filter matches,
+    published from its first subscribe on (while it was away too), once; nothing else.
+    One missing is accounted for by a gap reported to it; or, published while it was
+    away (only its record's replay could give it), by a stamp before its record began
+    (a publisher's clock behind: the record owes what was published since it began, by
+    the publishers' clocks); or, published while it was connected, by a broker's count
+    of a copy undeliverable. Anything else is a silent loss. A delivery comes twice only
+    if its acknowledgement died with its host before that host wrote it (a broker
+    writes acknowledgements within a second), counted ``redelivered``, or after a claim
+    that did not find its record (reported to it: its subscription started anew). Returns the
+    problems and the counts (:data:`COUNTS` and ``redelivered``)."""
+    problems: list[str] = []
+    counts = dict.fromkeys((*COUNTS, "redelivered"), 0)
+    clocks = sim.clocks
+    kept = {n.key: n for ns in sim.stores.values() for n in ns}
+    undeliverable = sim.undeliverable_keys
+    sent = {key: n.published_at - clocks.get(n.publisher, 0.0) for key, n in kept.items()}
+    for name, c in sorted(sim.durable_clients.items()):
+        reference = {
+            key for key, n in kept.items() if c.subscription.matches(n.publication)
+            and sent[key] >= c.started
+        }  # fmt: skip
+        got = set(c.received)
+        extra = sorted(got - reference)
+        if extra:
+            problems.append(f"durable {name}: {len(extra)} outside its filter or from before "
+                            f"its subscription: {extra[:3]}")  # fmt: skip
+        duplicated = sum(c.received.values()) - len(got)
+        lost_record = any(g.startswith("claim") for g in c.gaps)  # it was told: a new one
+        dups = sorted(
+            k for k, n in c.received.items() if n > 1 and k not in c.unwritten and not lost_record
+        )
+        if dups:
+            problems.append(f"durable {name}: {len(dups)} duplicated: {dups[:3]}")
+        missing = reference - got
+        silent = sorted(
+            key for key in missing if not _accounted(c, key, sent[key], kept[key], undeliverable)
+        )
+        if silent:
+            problems.append(f"durable {name}: {len(silent)} lost without a count or a reported "
+                            f"gap: {silent[:3]}")  # fmt: skip
+        redelivered = sum(c.received[k] - 1 for k in c.unwritten & got)
+        for key, n in (("expected", len(reference)), ("delivered", len(got & reference)),
+                       ("duplicated", duplicated), ("lost", len(missing)),
+                       ("silent", len(silent)), ("gaps", int(bool(c.gaps))),
+                       ("redelivered", redelivered)):  # fmt: skip
+            counts[key] += n
+    return problems, counts
+
+
+def _accounted(
+    c: DurableClient,
+    key: tuple[str, int],
+    sent: float,
+    n: Notification,
+    undeliverable: set[tuple[str, int]],
+) -> bool:
+    """Whether ``c`` missing ``key`` (sent at ``sent``, true time) is accounted for (see
+    :func:`check_durables`)."""
+    if c.gaps:
+        return True
+    away = [*c.away, *([(c.left, float("inf"))] if c.left is not None else [])]
+    if any(a <= sent < b for a, b in away):
+        return n.published_at < c.started
+    return key in undeliverable
