@@ -495,7 +495,7 @@ def check(
     problems += historic.pop("problems")
     kinds = {
         "live": _ledger_counts(
-            sim, silent, lambda s: s in sim.subscriptions_of and s not in sim.failed_over
+            sim, silent, lambda s: s in sim.clients.subscriptions_of and s not in sim.failed_over
         ),
         "failed over": _ledger_counts(sim, silent, sim.failed_over.__contains__),
         "historic": {
