@@ -28,6 +28,15 @@ CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 SEEDS = 2_000 if CI else 200
 """Seeds the suite runs: 2,000 in CI (``HYPOTHESIS_PROFILE=ci``), 200 while developing."""
 CHUNK = 100 if CI else 50
+OPEN = {
+    134: "BID, a durable subscriber's host c:2 crashed twice (0.96-1.47 s, 2.01-3.17 s) "
+    "while its link to c:0 was cut (0.80-4.90 s): 3-5 publications of 1.60-2.02 s lost "
+    "with no count and no gap; since the simulator declares a neighbour down once until "
+    "heard again, as the process does (the durable subscribers passed it before)",
+}
+"""Seeds that fail on a bug found and not yet fixed, with what the seed shows: left out
+of the sweep and of the mutation tests' search, and kept failing in
+:func:`test_the_seeds_still_open_fail` (strict: once fixed, that test says so)."""
 
 
 @pytest.mark.parametrize("first", range(0, SEEDS, CHUNK))
@@ -35,7 +44,7 @@ def test_the_seeds_pass(first: int) -> None:
     """Each seed of the chunk: exactly once for every subscriber, or the loss counted
     with its reason or reported to it as a gap; nothing held for a neighbour that is back."""
     failing = {}
-    for seed in range(first, first + CHUNK):
+    for seed in (s for s in range(first, first + CHUNK) if s not in OPEN):
         verdict = run(draw(seed, presets=("fig2", "paper75") if seed % 10 == 9 else ("fig2",)))
         assert verdict.expected > 0 or not verdict.scenario.publications
         if not verdict.passed:
@@ -61,8 +70,17 @@ def test_a_seed_replays_exactly() -> None:
     assert _outcome(41) == _outcome(41)
 
 
+@pytest.mark.xfail(strict=True, reason="an open bug; see OPEN")
+@pytest.mark.parametrize("seed", sorted(OPEN))
+def test_the_seeds_still_open_fail(seed: int) -> None:
+    """Each seed of :data:`OPEN` still fails as described (xfail, strict: it passes, and
+    this test fails, once its bug is fixed; then take it out of OPEN)."""
+    verdict = run(draw(seed, presets=("fig2", "paper75") if seed % 10 == 9 else ("fig2",)))
+    assert verdict.passed, verdict.problems
+
+
 def _first_failing(seeds: range) -> int | None:
-    return next((s for s in seeds if not run(draw(s)).passed), None)
+    return next((s for s in seeds if s not in OPEN and not run(draw(s)).passed), None)
 
 
 def test_releasing_no_held_copies_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
