@@ -77,6 +77,10 @@ class EventQueue:
         """The link ``src → dst`` is gone from the overlay (nothing is in flight on it)."""
         self.in_flight[src].pop(dst, None)
 
+    def pending(self) -> int:
+        """Events not yet taken: scheduled calls, and one per link carrying messages."""
+        return len(self._heap)
+
     def messages(self) -> Iterable[Any]:
         """Every message in flight."""
         return (item[4] for links in self.in_flight.values() for q in links.values() for item in q)
