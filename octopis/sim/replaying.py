@@ -86,7 +86,10 @@ class SubscriberFailover:
         """Per subscriber that failed over: (its host died, it had subscribed again) — what
         was published in between only a replay can give it."""
         self.replay_gaps: dict[str, set[str]] = {}
-        """Per subscriber, the brokers its replays reported silent and never heard from."""
+        """Per subscriber, the brokers its replays reported silent and never heard from
+        (the union of :attr:`_gaps_by_request`)."""
+        self._gaps_by_request: dict[str, dict[str, set[str]]] = {}
+        """Per subscriber and replay request, the brokers still silent for it."""
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
@@ -267,9 +270,13 @@ class SubscriberFailover:
                 seam = self.seams.get(subscriber)
                 if seam is not None and seam.req_id == action.req_id:
                     self._end_seam(subscriber)
-                gap = self.replay_gaps.setdefault(subscriber, set())
+                # Per request, as the SDK keeps them: only a late part of the same replay
+                # narrows its gap (another replay asks from elsewhere, for other ranges).
+                gaps = self._gaps_by_request.setdefault(subscriber, {})
+                gap = gaps.setdefault(action.req_id, set())
                 gap.difference_update(action.echo.answered)
                 gap.update(action.echo.silent)  # a late part may be silent past itself
+                self.replay_gaps[subscriber] = set().union(*gaps.values())
                 self.replay_counts["late" if action.late else "done"] += 1
 
     def record_of(self, subscriber: str) -> RecentDeliveries:
