@@ -92,8 +92,15 @@ class DurableClient:
     claim's or a fail-over's replay can give it."""
     left: float | None = None
     gaps: set[str] = field(default_factory=set)
-    """Brokers its claims and replays reported silent and never heard from, and why a
-    claim failed."""
+    """Brokers its claims reported silent, and why a claim failed."""
+    replay_gaps: dict[str, set[str]] = field(default_factory=dict)
+    """Per replay request, the brokers it reported silent and never heard from (only a
+    late part of the same replay narrows its gap, as the SDK's)."""
+
+    def told_gap(self) -> bool:
+        """Whether a gap is still reported to it."""
+        return bool(self.gaps) or any(self.replay_gaps.values())
+
     received: Counter[tuple[str, int]] = field(default_factory=Counter)
     taken_at: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
     """Each delivery taken: the host that was told, and when."""
@@ -384,9 +391,10 @@ class DurableSimulator(Simulator):
         echo = action.echo
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
-        else:  # a replay's gap shrinks as its silent parts answer late
-            c.gaps.difference_update(echo.answered)
-            c.gaps.update(echo.silent)
+        else:  # a replay's gap shrinks as its own silent parts answer late
+            gap = c.replay_gaps.setdefault(action.req_id, set())
+            gap.difference_update(echo.answered)
+            gap.update(echo.silent)
         if not current:
             return
         if not c.claiming:
@@ -464,7 +472,7 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
         redelivered = sum(c.received[k] - 1 for k in c.unwritten & got)
         for key, n in (("expected", len(reference)), ("delivered", len(got & reference)),
                        ("duplicated", duplicated), ("lost", len(missing)),
-                       ("silent", len(silent)), ("gaps", int(bool(c.gaps))),
+                       ("silent", len(silent)), ("gaps", int(c.told_gap())),
                        ("redelivered", redelivered)):  # fmt: skip
             counts[key] += n
     return problems, counts
@@ -479,7 +487,7 @@ def _accounted(
 ) -> bool:
     """Whether ``c`` missing ``key`` (sent at ``sent``, true time) is accounted for (see
     :func:`check_durables`)."""
-    if c.gaps:
+    if c.told_gap():
         return True
     away = [*c.away, *([(c.left, float("inf"))] if c.left is not None else [])]
     if any(a <= sent < b for a, b in away):
