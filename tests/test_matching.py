@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, rule
+from laws import PROFILE
 
 from octopis.filters.language import (
     NUMERIC_OPERATORS,
@@ -32,6 +33,9 @@ from octopis.shapes import SHAPES, selectivity
 
 # ---- property: compiled ≡ reference through churn ---------------------------------------
 
+SHAPE_EXAMPLES, MIXED_EXAMPLES = (5, 10) if PROFILE == "ci" else (2, 4)
+"""Examples per shape and of the mixed workload: CI's profile, and fewer while developing
+(they were half of the quick tier's time)."""
 ATTRS = ["a", "b", "c"]
 STRINGS = ["", "a", "ab", "abc", "b", "ba", "B", "é", "\ud800", "ab\x00"]
 NUMBERS = [-2, -1, 0, 1, 2, -0.0, 0.5, 1.0, 2.5, 1e-300, -1e300]
@@ -204,7 +208,7 @@ def _group(key: int) -> int:
 
 
 @pytest.mark.parametrize("shape", ["stock", *sorted(SHAPES)])
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=SHAPE_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**16), stride=st.integers(2, 7), first=st.integers(0, 2500))
 def test_every_shape_agrees_with_reference(shape: str, seed: int, stride: int, first: int) -> None:
     """On each shape at 2,500 subscriptions (many chunks of bitmaps), with adds and
@@ -367,7 +371,7 @@ def _mixed_publication(rng: random.Random) -> dict:
     return pub
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=MIXED_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32), batch=st.integers(200, 1500))
 def test_mixed_workload_agrees_with_reference(seed: int, batch: int) -> None:
     """Subscriptions of every kind added and removed in batches between matches (index
