@@ -176,6 +176,7 @@ async def _all_see_down(cluster: LocalCluster, dead: str) -> bool:
     return all(s["links"][dead]["state"] == "down" for s in stats.values())
 
 
+@pytest.mark.timeout(600)
 def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
     line_of: Callable[[BrokerSettings], LocalCluster],
 ) -> None:
@@ -215,7 +216,9 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
         await until(lambda: _table_holds(cluster, "a:0", 1000), "the flood starts", 30)
         paused_for = await _pause(cluster.processes["b:0"].pid, 0.4)
         await flood
-        await until(lambda: tables_hold(cluster, subscribers * each), "the flood spreads", 120)
+        # 30 s alone; five times that beside paper75 on a loaded CI run (how long is
+        # bench's question: here only that it spreads)
+        await until(lambda: tables_hold(cluster, subscribers * each), "the flood spreads", 300)
         pub = await Publisher.connect(scot.brokers["c:0"].client_endpoint, "feed")
         for _ in range(published):
             await pub.publish({"class": "STOCK", "symbol": "X", "price": 2.5})
