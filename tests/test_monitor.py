@@ -104,7 +104,9 @@ def _answers(url: str) -> bool:
 
 
 def _get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as response:
+    """A JSON answer of the monitor (30 s: at paper75 on a loaded CI run its /topology
+    took more than 5 s while it scraped 75 brokers)."""
+    with urllib.request.urlopen(url, timeout=30) as response:
         return json.loads(response.read())
 
 
