@@ -276,6 +276,8 @@ class SubscriberFailover:
                 gap = gaps.setdefault(action.req_id, set())
                 gap.difference_update(action.echo.answered)
                 gap.update(action.echo.silent)  # a late part may be silent past itself
+                if not gap:  # nothing missing: nothing to keep for this request
+                    del gaps[action.req_id]
                 self.replay_gaps[subscriber] = set().union(*gaps.values())
                 self.replay_counts["late" if action.late else "done"] += 1
 
