@@ -245,6 +245,10 @@ root's) or names a machine's own directories."""
 CITED = re.compile(r'<a href="([^"]*)architecture/#design-(\d+)">§(\d+)</a>')
 
 
+SITE = pytest.mark.xdist_group("site")
+"""The tests that read the built site share one worker, so that it is built once."""
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site as `mkdocs build --strict` builds it: a broken link, a missing page or a
@@ -267,6 +271,7 @@ def pages(site: Path) -> list[Path]:
     return sorted(site.rglob("index.html"))
 
 
+@SITE
 def test_the_site_builds_strictly(site: Path) -> None:
     """The generated references hold every command and every setting, the sitemap lists
     every page under the site's URL, and no page of the built site names an issue."""
@@ -291,6 +296,7 @@ def test_the_site_builds_strictly(site: Path) -> None:
     assert all(url.startswith(("http://", "https://")) for url in listed), listed[:3]
 
 
+@SITE
 def test_no_link_or_path_leaves_the_site(site: Path) -> None:
     """Every relative link and image of every page resolves to a file of the site, and no
     page's text names a path outside the repository (such as ``../shared/...``)."""
@@ -314,6 +320,7 @@ def test_no_link_or_path_leaves_the_site(site: Path) -> None:
     print(f"{checked} links of {len(pages(site))} pages checked")
 
 
+@SITE
 def test_every_design_citation_links_to_the_architecture_page(site: Path) -> None:
     """Each "DESIGN §N" the pages show (docstrings cite the architecture page so) is a
     link to section N of the architecture page, and that section exists."""
@@ -334,6 +341,7 @@ def test_every_design_citation_links_to_the_architecture_page(site: Path) -> Non
     assert linked >= 20 and not bare, "\n".join(bare)
 
 
+@SITE
 def test_no_code_block_is_wider_than_the_page(site: Path) -> None:
     """No line of a code block (command help, examples, signatures, benchmark commands)
     is wider than :data:`PAGE_COLUMNS`, so none scrolls sideways."""
