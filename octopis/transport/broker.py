@@ -39,6 +39,7 @@ from octopis.core import (
     Subscribe,
     make_broker,
 )
+from octopis.core.composite_hosting import HostedComposites
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
@@ -52,7 +53,6 @@ from octopis.topology import Scot
 from octopis.transport.clients import ClientError
 from octopis.transport.codec import Synced, encode_body
 from octopis.transport.collector import IdleCollector
-from octopis.transport.composites import Composites
 from octopis.transport.frames import (
     BODY,
     DATA,
@@ -148,7 +148,7 @@ class Broker:
             lambda key, sub_id: self.clients.sessions.withdraw(key, sub_id),
         )
         """The retention store and the replay rounds (DESIGN §11)."""
-        self.composites = Composites(
+        self.composites = HostedComposites(
             lambda key, subscription, now: self.core.subscribe(key, subscription, now),
             lambda key, sub_id: self.core.unsubscribe(key, sub_id),
             lambda key, message: self.clients.sessions.notify_client(key, message),
@@ -305,7 +305,7 @@ class Broker:
     ) -> tuple[str, list[Action]]:
         """A local subscription: the core starts SBP (for each part of a composite one)."""
         if isinstance(subscription, Composite):
-            return self.composites.subscribe(key, subscription)
+            return self.composites.subscribe(key, subscription, time.time())
         sub_id, actions = self.core.subscribe(key, subscription, time.time())
         self.subscription_delay[sub_id] = 0.0
         return sub_id, actions
@@ -315,8 +315,8 @@ class Broker:
         ``sub_id`` (DESIGN §9); BID has no clusters and refuses."""
         if not isinstance(self.core, ClusteredBroker):
             raise ClientError(f"{self.id} routes by BID: move by subscribing afresh")
-        if sub_id in self.composites.by_id:
-            raise ClientError(f"{sub_id} is a composite subscription: move by subscribing afresh")
+        if (problem := self.composites.movable_problem(sub_id)) is not None:
+            raise ClientError(problem)
         return self.core.adopt(key, sub_id)
 
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
@@ -438,7 +438,7 @@ class Broker:
             elif type(action) is Deliver:
                 client = self.clients.names.get(action.subscriber)
                 if client is None and self.composites.deliver(
-                    action.subscriber, action.notification
+                    action.subscriber, action.notification, time.time()
                 ):
                     continue
                 if client is None:  # gone, its subscription kept for a move (orphans)

@@ -1,25 +1,28 @@
-"""The composite subscriptions a broker hosts (DESIGN §12): their parts installed as
-ordinary local subscriptions, the publications delivered for them joined
-(:mod:`octopis.core.composite`), and each match sent to its client as one
-``composite`` notice.
+"""The composite subscriptions a broker hosts (DESIGN §12), sans-IO: their parts installed
+as ordinary local subscriptions, the publications delivered for them joined
+(:class:`~octopis.core.composite.CompositeJoin`), and what each client is told.
 
 The parts of one composite share one local subscriber key (``composite:<n>``, never a
 client's: those hold a ``/``), so the routing core delivers a publication once per
-composite however many of its parts it matches. The client sees one subscription id.
-A ``composite_dropped`` notice tells the client when its composite's join let
-publications go to stay within ``[composite] max_held`` (or cut an arrival's matches),
-at most once a second, with the totals; each ``composite`` notice carries them too.
+composite however many of its parts it matches. The client sees one subscription id
+(the first part's, with ``&``). Each match becomes one ``composite`` notice; a
+``composite_dropped`` notice tells the client when its composite's join let publications
+go to stay within ``max_held`` (or cut an arrival's matches), at most once every
+:data:`REPORT_INTERVAL` seconds, with the totals (each ``composite`` notice carries them
+too). A composite does not move between brokers: its client subscribes afresh.
+
+The process shell and the simulator both host composites through this class, with their
+own clock (``now``) and their own way of reaching the client.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from octopis.core import Action, Notification
 from octopis.core.composite import CompositeJoin, Match
+from octopis.core.messages import Action, Notification
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 
@@ -44,8 +47,11 @@ class Hosted:
     reported_at: float = float("-inf")
 
 
-class Composites:
-    """The composite subscriptions of one broker."""
+class HostedComposites:
+    """The composite subscriptions of one broker: ``subscribe`` and ``unsubscribe`` are
+    the routing core's local ones (key, subscription, time → id, actions; key, id →
+    actions), ``notify`` reaches a client (client key, notice → whether the client got
+    it), ``counters`` gets ``composite.*`` counts."""
 
     def __init__(
         self,
@@ -57,7 +63,6 @@ class Composites:
         counters: Counter[str],
     ) -> None:
         self._subscribe = subscribe
-        """The core's local subscribe: (subscriber key, subscription, time) → id, actions."""
         self._unsubscribe = unsubscribe
         self._notify = notify
         self.max_held = max_held
@@ -68,12 +73,11 @@ class Composites:
         self.by_id: dict[str, Hosted] = {}
         self._made = 0
 
-    def subscribe(self, client: str, composite: Composite) -> tuple[str, list[Action]]:
+    def subscribe(self, client: str, composite: Composite, now: float) -> tuple[str, list[Action]]:
         """Install ``composite`` for client key ``client``: each part as a local
         subscription (SBP spreads it); returns the composite's id and the actions."""
         self._made += 1
         key = f"composite:{self._made}"
-        now = time.time()
         part_ids: list[str] = []
         actions: list[Action] = []
         for part in composite.parts:
@@ -81,16 +85,24 @@ class Composites:
             part_ids.append(part_id)
             actions += more
         sub_id = f"{part_ids[0]}&"
-        join = CompositeJoin(composite, self.max_held, self.lateness)
-        hosted = Hosted(client, sub_id, key, part_ids, join)
+        hosted = Hosted(
+            client, sub_id, key, part_ids, CompositeJoin(composite, self.max_held, self.lateness)
+        )
         self.by_key[key] = hosted
         self.by_id[sub_id] = hosted
         self.counters["composite.subscriptions"] += 1
         return sub_id, actions
 
     def holds(self, client: str, sub_id: str) -> bool:
+        """Whether ``sub_id`` is a composite of ``client`` hosted here."""
         hosted = self.by_id.get(sub_id)
         return hosted is not None and hosted.client == client
+
+    def movable_problem(self, sub_id: str) -> str | None:
+        """Why subscription ``sub_id`` cannot move to another broker (None: it can)."""
+        if sub_id in self.by_id:
+            return f"{sub_id} is a composite subscription: move by subscribing afresh"
+        return None
 
     def unsubscribe(self, client: str, sub_id: str) -> list[Action]:
         """Withdraw composite ``sub_id`` of ``client``: every part (SBP withdraws them)."""
@@ -101,31 +113,30 @@ class Composites:
             actions += self._unsubscribe(hosted.key, part_id)
         return actions
 
-    def deliver(self, key: str, n: Notification) -> bool:
-        """A publication delivered to local subscriber ``key``: if that is a composite's,
-        join it and send the client each match it completes (True); else False."""
+    def deliver(self, key: str, n: Notification, now: float) -> bool:
+        """A publication delivered at time ``now`` to local subscriber ``key``: if that is
+        a composite's, join it and notify its client of each match it completes (one
+        ``composite`` notice each), then of what was dropped when a ``composite_dropped``
+        notice is due; True. False: ``key`` is no composite's."""
         hosted = self.by_key.get(key)
         if hosted is None:
             return False
         join = hosted.join
         counts = (join.dropped, join.late, join.cut)
-        now = time.time()
         matches = join.offer((n.publisher, n.session, n.seq), n.published_at, n.publication, now)
-        counters = self.counters
+        counters, notify = self.counters, self._notify
         counters["composite.parts"] += 1
         counters["composite.dropped"] += join.dropped - counts[0]
         counters["composite.late"] += join.late - counts[1]
         counters["composite.cut"] += join.cut - counts[2]
         for match in matches:
-            if self._notify(hosted.client, self._notice(hosted, match)):
-                counters["composite.matches"] += 1
-            else:
-                counters["undeliverable.client_gone"] += 1
+            got = notify(hosted.client, self._notice(hosted, match))
+            counters["composite.matches" if got else "undeliverable.client_gone"] += 1
         if (join.dropped, join.cut) != hosted.reported and (
             now - hosted.reported_at >= REPORT_INTERVAL
         ):
             hosted.reported, hosted.reported_at = (join.dropped, join.cut), now
-            self._notify(
+            notify(
                 hosted.client,
                 {
                     "op": "composite_dropped",
