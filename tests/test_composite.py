@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import re
@@ -43,6 +42,7 @@ from octopis.filters.language import FilterError, Predicate, parse_subscription
 from octopis.keys import KEYS_ENV
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.settings import BrokerSettings, settings_from_data
+from octopis.sim.composite_clients import brute_force_matches
 
 TRADES_AND_QUOTES = (
     "{[class,eq,'TRADE'],[symbol,eq,$S]} & "
@@ -228,42 +228,6 @@ Stream = list[tuple[tuple[str, int, int], float, dict[str, Any]]]
 """(key, published_at, publication) in publication order."""
 
 
-def reference(c: Composite, stream: Stream) -> dict[frozenset, dict[tuple, frozenset[int]]]:
-    """Every match over the whole ``stream`` by brute force, straight from the definition
-    (:class:`Composite`): each satisfying assignment of publications to parts, as the
-    set of its publications, with the parts each one fills."""
-    at = {key: t for key, t, _ in stream}
-
-    def satisfying(node: int | Join) -> Iterator[tuple[dict[int, tuple], dict[str, Any]]]:
-        if isinstance(node, int):
-            for key, _, pub in stream:
-                bound = c.parts[node].bind(pub)
-                if bound is not None:
-                    yield {node: key}, bound
-        elif node.op == "|":
-            for term in node.terms:
-                yield from satisfying(term)
-        else:
-            for combo in itertools.product(*(list(satisfying(t)) for t in node.terms)):
-                assigned: dict[int, tuple] = {}
-                bound: dict[str, Any] = {}
-                if all(bound.setdefault(v, x) == x for _, b in combo for v, x in b.items()):
-                    for a, _ in combo:
-                        assigned.update(a)
-                    yield assigned, bound
-
-    found: dict[frozenset, dict[tuple, set[int]]] = {}
-    for assigned, _ in satisfying(c.expression):
-        keys = frozenset(assigned.values())
-        times = [at[k] for k in keys]
-        if c.window is not None and max(times) - min(times) > c.window:
-            continue
-        roles = found.setdefault(keys, {})
-        for part, key in assigned.items():
-            roles.setdefault(key, set()).add(part)
-    return {k: {key: frozenset(parts) for key, parts in r.items()} for k, r in found.items()}
-
-
 def joined(
     join: CompositeJoin, stream: Stream, delays: list[float]
 ) -> list[tuple[frozenset, dict[tuple, frozenset[int]]]]:
@@ -310,7 +274,7 @@ def test_the_join_delivers_every_match_once_whatever_the_arrival_order(
     )
     join = CompositeJoin(c, max_held=1000, lateness=lateness)
     got = joined(join, stream, delays)
-    expected = reference(c, stream)
+    expected = brute_force_matches(c, stream)
     sets = [keys for keys, _ in got]
     assert len(sets) == len(set(sets)), "a match delivered twice"
     assert dict(got) == expected
@@ -332,7 +296,7 @@ def test_bounds_only_ever_lose_matches_and_say_so(
     )
     join = CompositeJoin(c, max_held=data.draw(st.integers(1, 3)), lateness=1.0)
     got = joined(join, stream, delays)
-    expected = reference(c, stream)
+    expected = brute_force_matches(c, stream)
     sets = [keys for keys, _ in got]
     assert len(sets) == len(set(sets))
     assert set(sets) <= set(expected)

@@ -45,6 +45,7 @@ from octopis.filters.language import Publication, Subscription
 from octopis.sim.balancing import SimBalancer
 from octopis.sim.brokers import Brokers
 from octopis.sim.clients import Clients
+from octopis.sim.composite_clients import CompositeClients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
 from octopis.sim.events import EventQueue, Sampler
@@ -147,6 +148,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         self._on_forward = on_forward
         self.clients = Clients(self.brokers, self.ledger, self.events, self._dispatch_local)
         """Where each client is attached, what it subscribed and advertised."""
+        self.composites = CompositeClients(self)
+        """The composite subscriptions hosted at the brokers (DESIGN §12)."""
         self._home, self.subscriber_of = self.clients.home, self.clients.subscriber_of
         self.clocks = self.clients.clocks
         self.failures: FailureState | None = None
@@ -390,6 +393,10 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 self._let_go(action.subscriber)
             else:
                 subscriber, notification = action
+                if self.composites.hosts and self.composites.deliver(
+                    broker, subscriber, notification
+                ):
+                    continue
                 if self.cut_clients and (subscriber, broker) in self.cut_clients:
                     self.failure_counts["deliveries_to_cut_clients"] += 1
                     continue

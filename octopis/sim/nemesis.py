@@ -8,8 +8,10 @@ brokers paused (every link silent, the process alive: SIGSTOP as its neighbours 
 its clients still reach it, so it is also a broker cut off from all its neighbours),
 links partitioned both ways for a while, and subscribers whose connection dies (they
 fail over and replay), historic queries asked after publishing of what was
-published in a window, and durable subscribers that leave and come back, at their broker
-or another, driving the brokers' own durable records (:mod:`octopis.sim.durable_clients`).
+published in a window, durable subscribers that leave and come back, at their broker
+or another, driving the brokers' own durable records (:mod:`octopis.sim.durable_clients`),
+and composite subscribers joined by the node's own composite hosting and held to a
+brute-force oracle (:mod:`octopis.sim.composite_clients`).
 The same seed gives the same events in the same order and the same verdict, so a
 failing seed is a reproducible bug; :func:`shrink` drops faults and subscribers while it
 still fails, to the shortest history that does.
@@ -49,8 +51,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from octopis.failure_schedule import Failure
+from octopis.filters.composite import parse_composite
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
+from octopis.sim.composite_clients import check_composites
 from octopis.sim.durable_clients import COUNTS, DurableSimulator, check_durables
 from octopis.sim.engine import LatencyModel, Simulator
 from octopis.topology import Scot, build_preset
@@ -126,6 +130,9 @@ class Scenario:
     durables: tuple[DurableRun, ...] = ()
     """Durable subscribers (:mod:`octopis.sim.durable_clients`): each subscribes to
     ``[x,<,k]`` at its broker before publishing, may leave, and comes back."""
+    composites: tuple[tuple[str, str, str], ...] = ()
+    """(client, broker, composite subscription's text): it subscribes at ``broker``
+    before publishing (:mod:`octopis.sim.composite_clients`)."""
 
     def describe(self) -> str:
         """The scenario as lines a person reads (the history a failing seed prints)."""
@@ -145,6 +152,7 @@ class Scenario:
             + ("" if leave is None else f" leaves @{leave:.3f}, back at {there} @{back:.3f}")
             for c, broker, k, leave, back, there in self.durables
         ]
+        lines += [f"  composite {c} at {broker} {text}" for c, broker, text in self.composites]
         return "\n".join(lines)
 
 
@@ -200,12 +208,19 @@ def fault_kind(fault: Fault) -> str:
 
 
 def draw(
-    seed: int, *, presets: tuple[str, ...] = ("fig2",), max_faults: int = 3, links: bool = True
+    seed: int,
+    *,
+    presets: tuple[str, ...] = ("fig2",),
+    max_faults: int = 3,
+    links: bool = True,
+    composites: bool = True,
 ) -> Scenario:
     """The scenario of ``seed``: a topology of ``presets``, a mode, covering and
     advertisements, 6-16 subscribers and 10-30 publications on random brokers, 1 to
-    ``max_faults`` crashes, pauses, partitions and client faults at random times, and
-    (``links``) 0 to 2 one-way partitions, delay spikes and skewed publisher clocks."""
+    ``max_faults`` crashes, pauses, partitions and client faults at random times,
+    (``links``) 0 to 2 one-way partitions, delay spikes and skewed publisher clocks, and
+    (``composites``) 0 to 2 composite subscribers (drawn last and apart: a seed kept
+    for a bug found before they were drawn replays without them)."""
     rng = random.Random(seed)
     preset = rng.choice(presets)
     scot = _scot(preset)
@@ -253,6 +268,7 @@ def draw(
         withdrawals,
         _historics(seed, brokers),
         _durables(seed, brokers),
+        _composites(seed, brokers) if composites else (),
     )
 
 
@@ -345,6 +361,24 @@ def _durables(seed: int, brokers: list[str]) -> tuple[DurableRun, ...]:
     return tuple(runs)
 
 
+def _composites(seed: int, brokers: list[str]) -> tuple[tuple[str, str, str], ...]:
+    """0-2 composite subscribers (none in one seed of two), drawn apart (as
+    :func:`_historics`): a pair of publications in a window, a pair of equal values in a
+    window (a variable; one publication can be a match alone), or either of two parts."""
+    rng = random.Random(f"{seed}/composite")
+    drawn = []
+    for i in range(rng.choice((0, 0, 1, 2))):
+        a, b = rng.randint(1, 6), rng.randint(3, 8)
+        window = round(rng.uniform(0.2, 2.0), 3)
+        text = rng.choice((
+            f"{{[x,<,{a}]}} & {{[x,>,{b}]}} within {window}s",
+            f"{{[x,<,{a}],[x,=,$I$v]}} & {{[x,>=,0],[x,=,$I$v]}} within {window}s",
+            f"{{[x,<,{a}]}} | {{[x,>,{b}]}}",
+        ))  # fmt: skip
+        drawn.append((f"C{i}", rng.choice(brokers), text))
+    return tuple(drawn)
+
+
 _SCOTS: dict[str, Scot] = {}
 
 
@@ -383,6 +417,8 @@ def simulate(
         sim.subscribe(subscriber, broker, Subscription((Predicate("x", "<", k),)))
     for client, broker, k, *_ in scenario.durables:
         sim.durable_subscribe(client, broker, Subscription((Predicate("x", "<", k),)))
+    for client, broker, text in scenario.composites:
+        sim.composites.subscribe(client, broker, parse_composite(text))
     sim.run()
     start = sim.now
     for client, _, _, leave, back, there in scenario.durables:
@@ -508,6 +544,9 @@ def check(
     if isinstance(sim, DurableSimulator):
         durable_problems, kinds["durable"] = check_durables(sim)
         problems += durable_problems
+    if sim.composites.clients:
+        composite_problems, kinds["composite"] = check_composites(sim)
+        problems += composite_problems
     counts: dict[str, Any] = {key: sum(k[key] for k in kinds.values()) for key in COUNTS}
     counts["kinds"] = kinds
     return problems, counts
@@ -583,7 +622,7 @@ def shrink(scenario: Scenario, fails: Callable[[Scenario], bool] | None = None) 
     problem), as hypothesis shrinks an example; deterministic."""
     fails = fails or (lambda s: not run(s).passed)
     current = scenario
-    for name in ("faults", "subscribers", "durables", "publications"):
+    for name in ("faults", "subscribers", "durables", "composites", "publications"):
         i = 0
         while i < len(getattr(current, name)):
             items = getattr(current, name)

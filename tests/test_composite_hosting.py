@@ -1,0 +1,63 @@
+"""The node's composite hosting (``octopis.core.composite_hosting``, DESIGN §12), on a real
+routing core: parts under one local key, one notice per match, drops told at most once
+per interval, no move, withdrawal of every part."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from octopis.core import Notification, make_broker
+from octopis.core.composite_hosting import REPORT_INTERVAL, HostedComposites
+from octopis.filters.composite import parse_composite
+from octopis.topology import build_preset
+
+
+def _hosting(max_held: int = 100) -> tuple[HostedComposites, list[tuple[str, dict]], Counter]:
+    core = make_broker(build_preset("fig2"), "a:0", "dnr")
+    told: list[tuple[str, dict]] = []
+    counts: Counter[str] = Counter()
+    hosted = HostedComposites(
+        core.subscribe,
+        core.unsubscribe,
+        lambda client, notice: told.append((client, notice)) is None,
+        max_held,
+        5.0,
+        counts,
+    )
+    return hosted, told, counts
+
+
+def test_a_composite_is_one_id_whose_parts_share_one_local_key() -> None:
+    hosted, told, counts = _hosting()
+    sub_id, actions = hosted.subscribe(
+        "c/1", parse_composite("{[x,<,3]} & {[x,>,6]} within 1s"), 0.0
+    )
+    assert actions and sub_id.endswith("&") and hosted.holds("c/1", sub_id)
+    assert not hosted.holds("c/2", sub_id)
+    key = hosted.by_id[sub_id].key
+    assert hosted.deliver("c/1", Notification("P", 1, 0.0, {"x": 1}), 0.1) is False
+    assert hosted.deliver(key, Notification("P", 1, 0.0, {"x": 1}), 0.1) is True
+    assert told == []
+    assert hosted.deliver(key, Notification("P", 2, 0.5, {"x": 9}), 0.6) is True
+    assert [n["op"] for _, n in told] == ["composite"] and told[0][0] == "c/1"
+    assert [part[:3] for part in told[0][1]["parts"]] == [["P", 0, 1], ["P", 0, 2]]
+    assert counts["composite.matches"] == 1 and counts["composite.parts"] == 2
+    assert hosted.movable_problem(sub_id) is not None and hosted.movable_problem("s1") is None
+    withdrawn = hosted.unsubscribe("c/1", sub_id)
+    assert withdrawn and sub_id not in hosted.by_id and key not in hosted.by_key
+
+
+@pytest.mark.parametrize("gap", [0.2, REPORT_INTERVAL])
+def test_drops_are_told_at_most_once_per_interval(gap: float) -> None:
+    """A join over ``max_held`` lets publications go; the client hears of it at once, then
+    not again within :data:`REPORT_INTERVAL`, with the totals each time."""
+    hosted, told, _ = _hosting(max_held=1)
+    sub_id, _ = hosted.subscribe("c/1", parse_composite("{[x,<,3]} & {[x,>,6]} within 9s"), 0.0)
+    key = hosted.by_id[sub_id].key
+    for seq in range(1, 4):  # three left parts: two let go
+        hosted.deliver(key, Notification("P", seq, 0.0, {"x": 1}), 0.0)
+    hosted.deliver(key, Notification("P", 4, 0.0, {"x": 1}), gap)
+    dropped = [n["dropped"] for _, n in told if n["op"] == "composite_dropped"]
+    assert dropped == ([1, 3] if gap >= REPORT_INTERVAL else [1])
