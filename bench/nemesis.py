@@ -6,9 +6,11 @@
 Each seed is drawn, run and checked by :mod:`octopis.sim.nemesis` (``octopis nemesis``
 runs one). The table counts the runs, those that passed, the faults injected by kind, and
 the deliveries: expected, delivered, duplicated, lost (counted with a reason or reported
-to the subscriber as a gap) and silent (lost with neither: the figure that must be 0),
-with the failing seeds to replay one by one. The table so far is written beside ``--out``
-(``nemesis.partial.json``) as each chunk of seeds comes in.
+to the subscriber as a gap) and silent (lost with neither: the figure that must be 0), in
+all and by kind of subscriber (live, failed over, historic, durable; for composite
+subscribers the counts are of matches), with the failing seeds to replay one by one.
+The table so far is written beside ``--out`` (``nemesis.partial.json``) as each chunk of
+seeds comes in.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def run(
     chunks = [
         (s, min(CHUNK, first + seeds - s), presets) for s in range(first, first + seeds, CHUNK)
     ]
-    table: dict[str, Any] = {"runs": 0, "passed": 0, "failing": [], "faults": {}}
+    table: dict[str, Any] = {"runs": 0, "passed": 0, "failing": [], "faults": {}, "kinds": {}}
     started = time.perf_counter()
     with ProcessPoolExecutor(workers) as pool:
         for part in pool.map(_chunk, chunks):
@@ -53,8 +55,10 @@ def run(
                 if key == "failing":
                     table["failing"] += value
                 elif key == "faults":
-                    for kind, n in value.items():
-                        table["faults"][kind] = table["faults"].get(kind, 0) + n
+                    _add(table["faults"], value)
+                elif key == "kinds":
+                    for kind, counts in value.items():
+                        _add(table["kinds"].setdefault(kind, {}), counts)
                 else:
                     table[key] = table.get(key, 0) + value
             if progress is not None:
@@ -67,6 +71,11 @@ def run(
     return table
 
 
+def _add(into: dict[str, int], counts: dict[str, int]) -> None:
+    for key, n in counts.items():
+        into[key] = into.get(key, 0) + n
+
+
 def markdown(table: dict[str, Any]) -> str:
     """The RESULTS table of one long run."""
     faults = ", ".join(f"{kind} {n:,}" for kind, n in table["faults"].items())
@@ -77,7 +86,15 @@ def markdown(table: dict[str, Any]) -> str:
         f"| {table['runs']:,} | {table['passed']:,} | {faults} | {table['expected']:,} | "
         f"{table['delivered']:,} | {table['duplicated']:,} | {table['lost']:,} | "
         f"{table['silent']:,} | {table['seconds']:,} |",
+        "",
+        "| subscribers | expected | delivered | duplicated | lost (accounted) | silent | gaps |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    for kind, c in table["kinds"].items():
+        rows.append(
+            f"| {kind} | {c['expected']:,} | {c['delivered']:,} | {c['duplicated']:,} | "
+            f"{c['lost']:,} | {c['silent']:,} | {c.get('gaps', 0):,} |"
+        )
     return "\n".join(rows)
 
 

@@ -9,6 +9,7 @@ import json
 import math
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -410,3 +411,20 @@ def test_a_join_that_ignores_its_window_is_caught(monkeypatch: pytest.MonkeyPatc
     assert seed is not None
     print(f"caught by seed {seed}:\n{draw(seed).describe()}")
     assert any("that are none" in p for p in run(draw(seed)).problems)
+
+
+def test_the_long_run_sums_its_chunks_by_kind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``bench.nemesis`` sums its chunks (here three of two seeds) into one table, in all
+    and by kind of subscriber, the same as one sweep of the same seeds."""
+    from bench import nemesis as long_run
+
+    monkeypatch.setattr(long_run, "CHUNK", 2)
+    out = tmp_path / "nemesis.json"
+    assert long_run.main(["--seeds", "6", "--workers", "1", "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    once = nemesis.sweep(range(6))
+    assert table["runs"] == 6 and table["kinds"] == once["kinds"]
+    assert table["expected"] == once["expected"] > 0
+    assert "| composite |" in capsys.readouterr().out or "composite" not in once["kinds"]
