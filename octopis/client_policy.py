@@ -6,6 +6,8 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 - :func:`replay_after`: from when a replay asks for what was missed (one
   :data:`~octopis.defaults.LOOKBACK`, and not before the subscription less the publishers'
   clock skew, :data:`~octopis.defaults.CLOCK_SKEW`);
+- :func:`owed_after_failover`: from when a durable record at a fail-over's new host owes
+  what its client has not taken (the fail-over replay's start);
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), the
   ``since`` of a replay request;
 - :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
@@ -72,6 +74,17 @@ def replay_after(first: float | None, silent: float, skew: float = CLOCK_SKEW) -
     subscription earlier). A durable record's claim passes 0: it owes exactly what was
     published since its subscription, by the record's own start."""
     return max(first - skew if first is not None else silent, silent - LOOKBACK)
+
+
+def owed_after_failover(owed: float | None, replay_start: float) -> float:
+    """From when a durable subscription's record at a fail-over's new host owes its
+    client any publisher's publications it has not taken: the start of the replay the
+    fail-over asks for (``replay_start``, :func:`replay_after`), or ``owed``, a claimed
+    record's start, if earlier. The new record itself begins at the fail-over; until the
+    replay is answered only the record keeps what it still owes, so a client that leaves
+    or dies before the answer claims it back from there (its old host's copy, which
+    begins earlier, may be silent to that claim)."""
+    return replay_start if owed is None else min(owed, replay_start)
 
 
 class ClaimedCopy(Protocol):

@@ -108,6 +108,33 @@ def test_a_claimed_record_keeps_out_late_copies_of_what_was_taken_before() -> No
     assert len(plain.got) == 4
 
 
+def test_a_record_made_at_a_failover_owes_from_the_replays_start() -> None:
+    """A durable subscriber fails over to c:1 at 40 s and replays from 30 s (when it
+    subscribed): its acknowledgements to c:1 carry that start, so that c:1's record owes
+    it even if the process ends before the replay is answered (its old host's copy may
+    be silent to the next claim; nemesis seed 134). An earlier start stays: a claimed
+    record's, or an earlier fail-over's."""
+    sent: list[dict] = []
+    acks = DurableAcks("audit", sent.append)
+    durables = Durables("c:1", keep=60.0, limit=10)
+
+    async def fail_over() -> None:
+        acks.claimed("e", [("P", 1, 2)], after=5.0)
+        acks.failed_over(["d", "e"], after=30.0)
+        acks.failed_over(["d"], after=34.0)  # a second fail-over, before the first's answer
+        durables.attach("audit", "d", "k2/audit", "s2", ("[x,>,1]",), 40.0)
+        acks.ack_all(["d", "e"])
+        await asyncio.sleep(0)
+
+    asyncio.run(fail_over())
+    assert {m["durable"]: m["after"] for m in sent} == {"d": 30.0, "e": 5.0}
+    message = next(m for m in sent if m["durable"] == "d")
+    assert durables.ack("audit", "d", message["since"], 40.0, message["after"])
+    assert durables.detached("s2", heard=40.5)
+    record = durables.claim("audit", "d", key=None, now=42.0)
+    assert record is not None and record.claimed("c:1", 42.0).after == 30.0
+
+
 def test_a_claim_resumes_from_the_freshest_copy_and_the_earliest_start() -> None:
     """Copies of one record: the freshest copy's acknowledgements, from the earliest
     start (a copy made at a fail-over began then; nemesis seed 85)."""

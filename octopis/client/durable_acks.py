@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from octopis.client.deliveries import Received
-from octopis.client_policy import LastSeen
+from octopis.client_policy import LastSeen, owed_after_failover
 
 
 class DurableStream(Protocol):
@@ -39,8 +39,9 @@ class DurableAcks:
         self.covered = 0
         """Live deliveries dropped because a claimed record said they were taken."""
         self._owed_after: dict[str, float] = {}
-        """Per durable name claimed from a record: the time from which other publishers'
-        publications are owed (sent with the acknowledgements to the new record)."""
+        """Per durable name claimed from a record or failed over: the time from which other
+        publishers' publications are owed (sent with the acknowledgements to the new
+        record)."""
         self._soon: asyncio.Handle | None = None
 
     def took(self, durable: str, received: Received) -> None:
@@ -58,6 +59,13 @@ class DurableAcks:
         self._taken.setdefault(durable, LastSeen()).saw_all(since)
         self._record[durable] = LastSeen(((p, s), q) for p, s, q in since)
         self._owed_after[durable] = after
+
+    def failed_over(self, durables: Iterable[str], after: float) -> None:
+        """The connection failed over and replays from ``after``: each of ``durables``'
+        record at the new host owes from then (:func:`owed_after_failover`), so that a
+        process that ends before the replay is answered is owed it by its next claim."""
+        for durable in durables:
+            self._owed_after[durable] = owed_after_failover(self._owed_after.get(durable), after)
 
     def offer(self, stream: DurableStream, received: Received, size: int) -> None:
         """Hand ``received`` to ``stream``, unless ``stream`` is durable and the record it

@@ -314,6 +314,7 @@ class Subscriber(NamedClient):
                 # Hold live deliveries from now: what the new broker delivers (detours
                 # included) must not move the point the replay asks from.
                 seam = self.past.open_seam()
+                self.acks.failed_over(self.durables(), self._replay_start())
             try:
                 await self.resubscribe()
             except BaseException:
@@ -332,8 +333,7 @@ class Subscriber(NamedClient):
         subscribed less :data:`~octopis.defaults.CLOCK_SKEW`) and deliver them with the
         live ones held meanwhile, each once, in publisher order; returns the gap left, if
         any (also reported)."""
-        silent = self.connection.silent_since or time.time()
-        after = replay_after(self.since, silent)
+        after = self._replay_start()
         if seam is None:
             seam = self.past.open_seam()
         message = {
@@ -345,6 +345,11 @@ class Subscriber(NamedClient):
         }
         gap, _ = await self.past.replayed(seam, message, timeout)
         return gap
+
+    def _replay_start(self) -> float:
+        """From when a replay after a fail-over asks (:func:`replay_after` of the time
+        this subscriber's broker went silent)."""
+        return replay_after(self.since, self.connection.silent_since or time.time())
 
     def _replayable(self) -> list[str]:
         """The texts of the subscriptions a replay asks for: the atomic ones (a composite

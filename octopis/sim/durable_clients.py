@@ -14,8 +14,8 @@ called as the broker process's shell calls them.
 - It leaves (says bye): its host withdraws its subscription and its record waits
   (:meth:`Durables.detached`). It comes back later at a broker, as a new process.
 - Its host dies under it: it fails over as the SDK does (subscribes again, durable, at
-  the next live broker of its list, acknowledges its whole record there, and replays
-  what it may have missed).
+  the next live broker of its list, acknowledges its whole record there, owing from
+  the start of its replay, and replays what it may have missed).
 - A broker writes its records at once when one is made, left, claimed or handed over,
   and what acknowledgements changed within a second (``maintain``): a broker that dies
   comes back with the records of its last write.
@@ -36,6 +36,7 @@ from octopis.client_policy import (
     RecentDeliveries,
     failover_order,
     join_at_seam,
+    owed_after_failover,
     resume_from,
 )
 from octopis.client_policy import replay_after as failover_after
@@ -308,7 +309,8 @@ class DurableSimulator(Simulator):
     def _durable_fail_over(self, c: DurableClient, old: str, run: int) -> None:
         """``c`` leaves silent ``old`` as the SDK does: a claim under way fails (a gap it
         is told of), its subscription is made again, durable, at the next live broker of
-        its list, its whole record acknowledged there, and it replays what it missed."""
+        its list, its whole record acknowledged there as owing from the replay's start
+        (:func:`owed_after_failover`), and it replays what it missed."""
         if c.host != old or c.run != run or self.failures is None:
             return
         died = self.now - CLIENT_LIVENESS
@@ -323,11 +325,11 @@ class DurableSimulator(Simulator):
         self._end_durable_seam(c)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
-        self._attach_durable(c, new)
-        if c.taken or c.owed_after is not None:
-            self._durable_ack(c, c.taken.since())
-        c.seam, c.claiming = Seam(""), False
         after = failover_after(c.since, died)
+        c.owed_after = owed_after_failover(c.owed_after, after)
+        self._attach_durable(c, new)
+        self._durable_ack(c, c.taken.since())
+        c.seam, c.claiming = Seam(""), False
         replay = Replay("", new, (c.subscription.to_text(),), tuple(c.last_seen.since()), after,
                         REPLAY_BUDGET)  # fmt: skip
         self._durable_request(c, replay)

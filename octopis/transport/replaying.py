@@ -476,7 +476,8 @@ class Replaying:
 
 def durable_list(durables: Durables, limit: int) -> list[dict[str, object]]:
     """The first ``limit`` durable records: client, name, whether attached, since when
-    the client is away (wall time), publishers it acknowledged."""
+    the client is away (wall time), publishers it acknowledged, and from when any other
+    publisher's publications are owed (wall time)."""
     return [
         {
             "client": r.client,
@@ -484,6 +485,7 @@ def durable_list(durables: Durables, limit: int) -> list[dict[str, object]]:
             "attached": r.key is not None,
             "away_since": r.away,
             "publishers": len(r.since),
+            "owed_since": r.after,
         }
         for r in itertools.islice(durables.records.values(), limit)
     ]
