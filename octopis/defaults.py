@@ -46,6 +46,13 @@ a longer one is refused."""
 SELECTOR_SUBSCRIPTIONS = 16
 """PADRES subscriptions one STOMP selector may become (``[stomp]
 selector_subscriptions``)."""
+ANSWER_MAX = 100_000
+"""Publications one retention store answers to one replay request at most (``[retention]
+answer_max``; the simulator's stores alike); past it the answer says it was cut."""
+ANSWER_BYTES = 64 * 2**20
+"""Encoded bytes one retention store answers to one replay request at most
+(``[retention] answer_bytes``; the simulator keeps no encoded bodies, so its stores are
+cut by :data:`ANSWER_MAX` only)."""
 REPLAY_BUDGET = 3.0
 """Seconds the host of a replay waits for every broker's answer (``[retention]
 replay_budget``)."""

@@ -36,6 +36,8 @@ from octopis.core import COVERING, DEFAULT_COVERING
 from octopis.core.dedup import DEFAULT_DEDUP_PUBLISHERS, DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
 from octopis.defaults import (
+    ANSWER_BYTES,
+    ANSWER_MAX,
     BODY_BYTES,
     CLIENT_TIMEOUT,
     COMPOSITE_HELD,
@@ -231,10 +233,10 @@ class Retention(Section):
     historic_budget: Annotated[float, _at_least(0.01)] = HISTORIC_BUDGET
     """Seconds the host of a historic, hybrid or durable subscription's answer waits for
     every broker's answer (stores answer page by page, so a large answer takes longer)."""
-    answer_max: Annotated[int, _at_least(1)] = 100_000
+    answer_max: Annotated[int, _at_least(1)] = ANSWER_MAX
     """Publications one store answers to one request at most (the answer says it was
     cut, and where to ask again from)."""
-    answer_bytes: Annotated[int, _at_least(1024)] = 64 * 2**20
+    answer_bytes: Annotated[int, _at_least(1024)] = ANSWER_BYTES
     """Encoded bytes one store answers to one request at most."""
 
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import aiozmq.rpc
@@ -19,13 +20,20 @@ from bitarray import frozenbitarray
 from conditions import until
 
 from octopis.cluster.launcher import broker_command, find_free_base_port
-from octopis.core import Notification, Subscribe, SubState
+from octopis.core import Notification, Subscribe, SubState, Unsubscribe
 from octopis.filters.language import parse_subscription
 from octopis.settings import BrokerSettings, Links, Lst
 from octopis.topology import Scot, build_preset
 from octopis.transport import serving
 from octopis.transport.broker import Broker
-from octopis.transport.codec import Heartbeat, Hello, Synced, encode_body, encode_peer
+from octopis.transport.codec import (
+    Heartbeat,
+    Hello,
+    Synced,
+    decode_body,
+    encode_body,
+    encode_peer,
+)
 from octopis.transport.serving import BrokerFailure
 from octopis.wire import NOTIFY_HEAD
 
@@ -290,3 +298,92 @@ def test_a_publication_refused_while_resyncing_is_neither_kept_nor_answered(
     with pytest.raises(BrokerFailure, match="refused ClientError, pending 0, copies 0"):
         asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
     assert not answered
+
+
+@pytest.mark.processes
+def test_what_waits_for_a_healed_link_leaves_in_the_order_it_was_sent(tmp_path: Path) -> None:
+    """b:0 (a process) with neighbours a:0 and c:0 played by this test; c:0's endpoint is
+    not bound, so what b:0 puts on its link to c:0 waits there. a:0's subscription s#1
+    waits; c:0 falls silent and is declared down (the subscription is taken back and held
+    for it); a:0 withdraws s#1 while c:0 is down; then c:0 binds its endpoint and is
+    heard again as the same process. c:0 gets the subscription, then its withdrawal: the
+    withdrawal put on the link during the outage does not overtake what was held."""
+    scot = build_preset("fig2", base_port=find_free_base_port(18))
+    path = tmp_path / "fig2.json"
+    path.write_text(json.dumps(scot.to_json()))
+    process = subprocess.Popen(broker_command(path, "b:0", "snr"), stdin=subprocess.DEVNULL)
+    try:
+        got = asyncio.run(_withdrawn_during_an_outage(scot))
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert got == [("Subscribe", "s#1"), ("Unsubscribe", "s#1")]
+
+
+async def _withdrawn_during_an_outage(scot: Scot) -> list[tuple[str, str]]:
+    """The scenario of the test above; returns the subscription messages c:0 gets from
+    b:0 after the heal, in order, once both came (or after 30 s)."""
+    ctx = zmq.asyncio.Context()
+    up = ctx.socket(zmq.PUSH)
+    up.connect(scot.brokers["b:0"].endpoint)
+    control = await aiozmq.rpc.connect_rpc(connect=scot.brokers["b:0"].control_endpoint, timeout=30)
+    alive = {"a:0", "c:0"}
+    beats: asyncio.Task | None = None
+    try:
+        incarnation = (await control.call.status())["incarnation"]
+
+        async def beat() -> None:  # the played neighbours' heartbeats (each 0.1 s)
+            while True:
+                for name in sorted(alive):
+                    await up.send_multipart(
+                        encode_peer(name, Heartbeat(PLAYED, incarnation, 0, True))
+                    )
+                await asyncio.sleep(0.1)
+
+        for neighbour in ("a:0", "c:0"):
+            await up.send_multipart(encode_peer(neighbour, Hello(PLAYED, incarnation)))
+            await up.send_multipart(encode_peer(neighbour, Heartbeat(PLAYED, incarnation, 0, True)))
+            await up.send_multipart(encode_peer(neighbour, Synced(0, True, False, False)))
+        beats = asyncio.create_task(beat())
+
+        async def link(name: str) -> dict:
+            return (await control.call.status())["links"][name]
+
+        async def serving() -> bool:
+            status = await control.call.status()
+            return status["serving"] and all(
+                status["links"][n]["state"] == "up" for n in ("a:0", "c:0")
+            )
+
+        async def table_size(size: int) -> bool:
+            return (await control.call.status())["routing_table_size"] == size
+
+        await until(serving, "b:0 serving, a:0 and c:0 up", 30)
+        stock = parse_subscription("[class,eq,'STOCK']")
+        subscribe = Subscribe("s#1", "a:0", stock, SubState.PRIMARY, frozenbitarray("100"), 0.0, 1)
+        await up.send_multipart(encode_peer("a:0", subscribe))
+        await until(partial(table_size, 1), "s#1 stored at b:0 (and put on the link to c:0)", 30)
+        alive.discard("c:0")
+
+        async def c0_down() -> bool:
+            return (await link("c:0"))["state"] == "down"
+
+        await until(c0_down, "c:0 declared down", 30)
+        await up.send_multipart(encode_peer("a:0", Unsubscribe("s#1", SubState.PRIMARY)))
+        await until(partial(table_size, 0), "s#1 withdrawn at b:0 (while c:0 is down)", 30)
+        down = ctx.socket(zmq.PULL)
+        down.bind(scot.brokers["c:0"].endpoint)
+        alive.add("c:0")
+        got: list[tuple[str, str]] = []
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(got) < 2 and await down.poll(_ms_until(deadline)):
+            for body in (await down.recv_multipart())[1:]:
+                message = decode_body("b:0", body)
+                if type(message) in (Subscribe, Unsubscribe):
+                    got.append((type(message).__name__, message.sub_id))
+        return got
+    finally:
+        if beats is not None:
+            beats.cancel()
+        control.close()
+        ctx.destroy(linger=0)

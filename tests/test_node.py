@@ -7,13 +7,15 @@ then the simulator running the same decisions: a publication made at a restarted
 while it resyncs is held and delivered exactly once (the simulator used to refuse it),
 a restarted BID broker counts what its lost table cannot reach (the processes never
 did), a replay's ``until`` and bounds cut the simulator's answer as they cut the SQLite
-store's (the simulator used to ignore both), and a second fail-over goes on along the
+store's (the simulator used to ignore both), both stores report what they trimmed as the
+same gaps (the simulator reported none), and a second fail-over goes on along the
 list of the first (the simulator used to recompute it).
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.settings import Retention
 from octopis.sim import LatencyModel, Simulator
+from octopis.sim.stores import RetentionStores
 from octopis.topology import build_preset
 from octopis.transport.codec import encode_body
 from octopis.transport.retention import RetentionStore, StoreAnswer
@@ -359,10 +362,58 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
         found += answer.page(7)
     sim = _sim("snr")
     sim.stores["c:0"] = notes
-    simulated, truncated = sim.retention.answer("c:0", request)
+    simulated, gaps, truncated = sim.retention.answer("c:0", request)
     assert [n.key for n in found] == [n.key for n in simulated]
+    assert answer.gaps == gaps == []
     assert answer.truncated == truncated == ("answer_max" in window)
     assert found, "the request matches something"
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("case", "expected_gaps"),
+    [
+        ({"trim": 20}, [("P0", 0, 1, 7), ("P1", 0, 1, 7), ("P2", 0, 1, 6)]),
+        ({"trim": 20, "since": (("P1", 0, 3), ("P2", 0, 6))}, [("P0", 0, 1, 7), ("P1", 0, 4, 7)]),
+        ({"trim": 20, "after": 118.5}, [("P1", 0, 1, 7)]),
+        ({"answer_max": 5}, []),
+        (
+            {"trim": 20, "answer_max": 4, "until": 150.0},
+            [("P0", 0, 1, 7), ("P1", 0, 1, 7), ("P2", 0, 1, 6)],
+        ),
+    ],
+)
+def test_both_stores_report_what_they_trimmed_and_cut_at_their_bounds(
+    tmp_path: Path, case: dict, expected_gaps: list
+) -> None:
+    """60 publications of one encoded size, of which the oldest ``trim`` are dropped (the
+    SQLite store past ``max_bytes``, the simulator's past its count); each store answers
+    with the brokers' bounds (``[retention] answer_max``): the same publications, the
+    same gaps (what was dropped that the request asks for) and the same cut."""
+    notes = _retained(60)
+    size = len(encode_body(notes[0]))
+    assert {len(encode_body(n)) for n in notes} == {size}
+    kept = len(notes) - case.get("trim", 0)
+    retention = Retention(max_bytes=kept * size, answer_max=case.get("answer_max", 100_000))
+    store = RetentionStore(tmp_path / "r.sqlite", retention, _decode)
+    stores = RetentionStores(Counter(), kept, retention.answer_max, retention.answer_bytes)
+    for n in notes:
+        store.add(n, encode_body(n), n.published_at)
+        store.commit(n.published_at)
+        stores.keep("c:0", n)
+    assert store.rows == len(stores.kept["c:0"]) == kept
+    request = Replay("r", "c:0", ("[x,<,4]",), case.get("since", ()), case.get("after", 0.0), 1.0,
+                     until=case.get("until", float("inf")))  # fmt: skip
+    answer = StoreAnswer(store, request, retention.answer_max, retention.answer_bytes)
+    found = []
+    while not answer.done:
+        found += answer.page(7)
+    simulated, gaps, truncated = stores.answer("c:0", request)
+    assert found, "the request matches something kept"
+    assert [n.key for n in found] == [n.key for n in simulated]
+    assert answer.gaps == gaps == expected_gaps
+    assert answer.truncated == truncated == ("answer_max" in case)
+    assert len(found) == case.get("answer_max", len(found))
     store.close()
 
 

@@ -7,18 +7,55 @@ session), matching one of the request's filters (the compiled matcher), each (pu
 session, seq) once, and no more than the request's bounds (``answer_max`` publications,
 ``answer_bytes`` encoded bytes; 0 in the request: the store's own bounds), past which the
 answer is ``truncated``.
+
+What a store dropped to stay within its own bounds (retention's, not the answer's) is
+remembered per (publisher, session) with :func:`note_trimmed`, and a request that reaches
+past it is told so by :func:`trimmed_gaps`: the same gaps from every store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from octopis.core.messages import Notification
-from octopis.core.replay import Replay
+from octopis.core.replay import Gap, Replay
 from octopis.filters.language import FilterError, parse_subscription
 from octopis.matching import Matcher
 
 UNBOUNDED = 1 << 62
+
+Trimmed = dict[tuple[str, int], tuple[int, float]]
+"""What a store dropped, per (publisher, session): the highest sequence number dropped
+and the latest publication time among those dropped."""
+
+
+def note_trimmed(trimmed: Trimmed, publisher: str, session: int, seq: int, at: float) -> None:
+    """The store dropped ``publisher``'s publication ``seq`` of ``session``, published
+    ``at``: ``trimmed`` remembers it."""
+    seen = trimmed.get((publisher, session))
+    if seen is None:
+        trimmed[publisher, session] = (seq, at)
+    else:
+        trimmed[publisher, session] = (max(seen[0], seq), max(seen[1], at))
+
+
+def trimmed_gaps(
+    request: Replay, trimmed: Mapping[tuple[str, int], tuple[int, float]]
+) -> list[Gap]:
+    """The ranges a store dropped (``trimmed``, see :data:`Trimmed`) that ``request``
+    asks for, by (publisher, session): past the request's ``since`` (from 1 without one)
+    up to the last dropped, unless everything dropped of that session was published
+    before ``after``. Filters cannot be checked on what is gone: a gap may hold nothing
+    the request would have taken."""
+    since = {(p, s): q for p, s, q in request.since}
+    gaps: list[Gap] = []
+    for (publisher, session), (last_seq, last_at) in trimmed.items():
+        if last_at < request.after:
+            continue
+        last = since.get((publisher, session), 0)
+        if last_seq > last:
+            gaps.append((publisher, session, last + 1, last_seq))
+    return sorted(gaps)
 
 
 class AnswerSelection:

@@ -246,10 +246,10 @@ class SubscriberFailover:
             elif type(action) is QueryStore:
                 request = action.request
                 self.at(self.now + request.budget, self._replay_expire, broker)
-                found, truncated = self.retention.answer(broker, request)
+                found, gaps, truncated = self.retention.answer(broker, request)
                 rounds = self._rounds(broker)
                 self._carry_out_replay(
-                    broker, rounds.stored(request.req_id, found, [], truncated=truncated)
+                    broker, rounds.stored(request.req_id, found, gaps, truncated=truncated)
                 )
             elif type(action) is ReplayDeliver:
                 subscriber = self._requesters[action.req_id]

@@ -285,7 +285,7 @@ class PeerInput:
         elif kind is Synced:
             self.liveness.synced(sender, message, now)
         if back:
-            self.liveness.came_back(sender, state)
+            self.liveness.came_back(sender, state, now)
         if kind is Heartbeat or kind is Hello or kind is Synced:
             return
         if state.reachable:

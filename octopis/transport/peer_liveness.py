@@ -136,13 +136,21 @@ class PeerLiveness:
             self.events.neighbour_serving(sender)
         self.check_serving(now)
 
-    def came_back(self, sender: str, state: Neighbour) -> None:
-        """``sender``, declared down, is heard again."""
-        self.route_through(sender)
+    def came_back(self, sender: str, state: Neighbour, now: float) -> None:
+        """``sender``, declared down, is heard again (at ``now``). The same incarnation:
+        its session goes on. The routing frames put on its link while it was down are
+        taken back first, as at the detection (:meth:`PeerEvents.link_down`: the node
+        holds them behind what it held then, as the simulator holds a message sent over a
+        broken link), so that the node's hand-over (:meth:`PeerEvents.link_back`) sends
+        them in the order they were sent instead of letting them overtake it."""
         link = self.output.links[sender]
         if state.incarnation and not link.greeted:
-            link.resume()  # the same incarnation: its session goes on
+            self.events.link_down(sender, link.take_back(now))  # still routed around
+            self.route_through(sender)
+            link.resume()
             self.events.link_back(sender)
+        else:
+            self.route_through(sender)
         if state.was_down:
             log.warning("%s: link to %s is up again after %.2f s", self.id, sender, state.was_down)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from octopis.core.answer import AnswerSelection
+from octopis.core.answer import AnswerSelection, Trimmed, note_trimmed, trimmed_gaps
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
 from octopis.settings import Retention
@@ -203,16 +203,12 @@ class RetentionStore:
                     break
                 end = max(end, rowid + 1)
                 excess -= size
-        last: dict[tuple[str, int], tuple[int, float]] = {}
+        last: Trimmed = {}
         count = 0
         for (records,) in self.db.execute("SELECT records FROM packed WHERE rowid < ?", (end,)):
             for publisher, session, seq, published_at, _, _ in unpack(records):
                 count += 1
-                seen = last.get((publisher, session))
-                if seen is None:
-                    last[publisher, session] = (seq, published_at)
-                else:
-                    last[publisher, session] = (max(seen[0], seq), max(seen[1], published_at))
+                note_trimmed(last, publisher, session, seq, published_at)
         if not count:
             return 0
         with self.db:
@@ -256,20 +252,12 @@ class RetentionStore:
         return found, answer.gaps
 
     def gaps(self, request: Replay) -> list[Gap]:
-        """The ranges retention dropped that ``request`` asks for."""
-        since = {(p, s): q for p, s, q in request.since}
-        gaps: list[Gap] = []
-        for publisher, session, last_seq, last_at in self.db.execute(
+        """The ranges retention dropped that ``request`` asks for (the node's
+        :func:`trimmed_gaps`)."""
+        rows = self.db.execute(
             "SELECT publisher, session, last_seq, last_published_at FROM trimmed"
-        ):
-            last = since.get((publisher, session))
-            if last_at < request.after:
-                continue
-            if last is None:
-                gaps.append((publisher, session, 1, last_seq))
-            elif last_seq > last:
-                gaps.append((publisher, session, last + 1, last_seq))
-        return gaps
+        )
+        return trimmed_gaps(request, {(p, s): (q, t) for p, s, q, t in rows})
 
     def oldest(self) -> float | None:
         """When the oldest kept publication was published (None: none kept)."""
