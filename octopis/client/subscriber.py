@@ -311,8 +311,7 @@ class Subscriber(NamedClient):
             replaying = self.replay_on_failover and bool(self._replayable())
             seam = None
             if replaying and self.since is not None:
-                # Hold live deliveries from now: what the new broker delivers (detours
-                # included) must not move the point the replay asks from.
+                # Hold live deliveries: the new broker's must not move the replay's start.
                 seam = self.past.open_seam()
                 self.acks.failed_over(self.durables(), self._replay_start())
             try:
@@ -328,12 +327,9 @@ class Subscriber(NamedClient):
         self, timeout: float = REPLAY_WAIT, *, seam: Seam | None = None
     ) -> ReplayGap | None:
         """Ask the overlay for the retained publications this subscriber may have missed
-        (after the last delivered of each publisher it knows, all of them published since
-        :data:`LOOKBACK` seconds before its broker went silent, and not before it first
-        subscribed less :data:`~octopis.defaults.CLOCK_SKEW`) and deliver them with the
-        live ones held meanwhile, each once, in publisher order; returns the gap left, if
-        any (also reported)."""
-        after = self._replay_start()
+        (after the last delivered of each publisher it knows, published since
+        :func:`~octopis.client_policy.replay_after`) and deliver them with the live ones
+        held meanwhile, each once, in publisher order; returns the gap left, if any."""
         if seam is None:
             seam = self.past.open_seam()
         message = {
@@ -341,14 +337,13 @@ class Subscriber(NamedClient):
             "client": self.name,
             "filters": self._replayable(),
             "since": self.last_seen.since(),
-            "after": after,
+            "after": self._replay_start(),
         }
         gap, _ = await self.past.replayed(seam, message, timeout)
         return gap
 
     def _replay_start(self) -> float:
-        """From when a replay after a fail-over asks (:func:`replay_after` of the time
-        this subscriber's broker went silent)."""
+        """From when a replay asks: :func:`replay_after` of when the broker went silent."""
         return replay_after(self.since, self.connection.silent_since or time.time())
 
     def _replayable(self) -> list[str]:
