@@ -55,7 +55,7 @@ class Clients:
     def subscribe(self, subscriber: str, broker: str, subscription: Subscription) -> str:
         """``subscriber`` (attached to ``broker``) subscribes now; returns the sub_id."""
         self.attach(subscriber, broker)
-        sessions, now = self._brokers.sessions[broker], self._events.now
+        sessions, now = self._brokers.nodes[broker].sessions, self._events.now
         sessions.room(subscriber, subscriber)
         sub_id, actions = self._brokers.cores[broker].subscribe(subscriber, subscription, now)
         sessions.attach(subscriber, sub_id)
@@ -70,7 +70,7 @@ class Clients:
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
         subscriber = self.subscriber_of.pop(sub_id)
         broker = self.home[subscriber]
-        self._brokers.sessions[broker].detach(subscriber, sub_id)
+        self._brokers.nodes[broker].sessions.detach(subscriber, sub_id)
         self.subscriptions_of[subscriber].remove(self._ledger.subscription_of(sub_id))
         self._ledger.unsubscribed(sub_id)
         self._submit(broker, self._brokers.cores[broker].unsubscribe(subscriber, sub_id))

@@ -151,10 +151,7 @@ class DurableSimulator(Simulator):
         if self.failures is not None and host in self.failures.dead:
             c.left = self._died_at[host]  # its host died under it: nobody to tell
             return
-        for sub_id in self.sessions[host].gone(c.name):
-            self.subscriber_of.pop(sub_id, None)
-            self._dispatch(host, self.cores[host].unsubscribe(c.name, sub_id))
-            self.durable_records[host].detached(sub_id, self.now)
+        self._client_gone(host, c.name, self.now)
         self._durable_write(host)
 
     def durable_return(self, client: str, broker: str) -> None:
@@ -192,7 +189,7 @@ class DurableSimulator(Simulator):
         c.key = f"{c.name}#{c.run}.{c.connection}"
         self._home[c.name] = broker
         self.records[c.name] = c.record
-        sessions = self.sessions[broker]
+        sessions = self.nodes[broker].sessions
         sessions.room(c.name, c.name)
         sub_id, actions = self.cores[broker].subscribe(c.name, c.subscription, self.now)
         sessions.attach(c.name, sub_id)
@@ -334,6 +331,9 @@ class DurableSimulator(Simulator):
 
     # -- the brokers' side ----------------------------------------------------------------
 
+    def _durables(self, broker: str) -> Durables:
+        return self.durable_records[broker]
+
     def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
         """Claims are answered from ``broker``'s records, a durable client's answers go to
         it; the rest as :class:`Simulator` carries them out."""
@@ -371,7 +371,7 @@ class DurableSimulator(Simulator):
     def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
         """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its
         record was claimed by the host its client came back at)."""
-        if self.sessions[broker].detach(client, sub_id):
+        if self.nodes[broker].sessions.detach(client, sub_id):
             self.subscriber_of.pop(sub_id, None)
             self._dispatch(broker, self.cores[broker].unsubscribe(client, sub_id))
 

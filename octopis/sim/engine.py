@@ -112,7 +112,6 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         """Each broker's core, node, client sessions and incarnation."""
         self.cores = self.brokers.cores
         self.nodes = self.brokers.nodes
-        self.sessions = self.brokers.sessions
         self.service = service
         """Each broker's CPU as one server (measured costs), or None: routing is free."""
         if service is not None:

@@ -58,8 +58,8 @@ class SubscriberMoves:
             if inside:
                 self.moves["inside"] += 1
                 moved[sub_id] = sub_id
-                self.sessions[old].detach(subscriber, sub_id)
-                self.sessions[broker].attach(subscriber, sub_id)
+                self.nodes[old].sessions.detach(subscriber, sub_id)
+                self.nodes[broker].sessions.attach(subscriber, sub_id)
                 self._dispatch_local(broker, core.adopt(subscriber, sub_id))
                 continue
             self.moves["across"] += 1
@@ -101,7 +101,7 @@ class SubscriberMoves:
         )
 
     def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
-        self.sessions[old].detach(subscriber, sub_id)
+        self.nodes[old].sessions.detach(subscriber, sub_id)
         self.ledger.unsubscribed(sub_id)
         self._dispatch_local(old, self.cores[old].unsubscribe(subscriber, sub_id))
         self.moves["withdrawn"] += 1

@@ -37,6 +37,7 @@ from octopis.client_policy import (
     replay_after,
 )
 from octopis.core import Forward, Notification, SubState
+from octopis.core.durable import Durables
 from octopis.core.replay import (
     QueryStore,
     Replay,
@@ -151,14 +152,24 @@ class SubscriberFailover:
         self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host)
 
     def _drop_client(self, subscriber: str, host: str) -> None:
-        """``host`` drops its silent client ``subscriber``: its subscriptions there go."""
+        """``host`` drops its silent client ``subscriber`` (last heard
+        :data:`CLIENT_TIMEOUT` ago): what the node withdraws goes."""
         if self.failures is not None and host in self.failures.dead:
             return  # they died with it (a restart withdraws them by epoch)
-        core = self.cores[host]
-        for sub_id in self.sessions[host].gone(subscriber):
-            self.subscriber_of.pop(sub_id, None)
-            self._dispatch(host, core.unsubscribe(subscriber, sub_id))
+        self._client_gone(host, subscriber, self.now - CLIENT_TIMEOUT)
         self.failure_counts["clients_dropped"] += 1
+
+    def _client_gone(self, host: str, client: str, heard: float) -> None:
+        """``host`` forgets its client ``client``, last heard at ``heard``: the node
+        decides what is withdrawn (:meth:`BrokerNode.client_gone`), as the process's."""
+        withdrawn, actions = self.nodes[host].client_gone(client, heard, self._durables(host))
+        for sub_id in withdrawn:
+            self.subscriber_of.pop(sub_id, None)
+        self._dispatch(host, actions)
+
+    def _durables(self, broker: str) -> Durables | None:
+        """``broker``'s durable records (None: this run keeps none)."""
+        return None
 
     def _fail_over(self, subscriber: str, old: str, died: float) -> None:
         """``subscriber`` leaves silent ``old`` for the first broker of its list that is
@@ -183,7 +194,7 @@ class SubscriberFailover:
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
             sub_id, actions = self.cores[new].subscribe(subscriber, subscription, self.now)
-            self.sessions[new].attach(subscriber, sub_id)
+            self.nodes[new].sessions.attach(subscriber, sub_id)
             self.subscriber_of[sub_id] = subscriber
             self._dispatch(new, actions)
         if not self.replay_on_failover:
