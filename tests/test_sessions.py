@@ -107,3 +107,28 @@ def test_the_node_withdraws_what_a_gone_client_held_for_both_shells() -> None:
     assert not set(withdrawn) & set(core.table.entries)
     assert {held[2], other} <= set(core.table.entries)
     assert node.sessions.subscriptions("T") == {other}
+
+
+def test_the_simulator_moves_by_the_session_rules_of_a_broker() -> None:
+    """A move inside the cluster: the old host's node is ordered to move the client's
+    subscriptions and lets each go when the move reaches it (``ClientTable.order_move``,
+    ``BrokerNode.released``); the new host takes them within the client's limit. A client
+    dropped at the old host meanwhile leaves orphans there, released quietly."""
+    sim = Simulator(FIG2, "snr", seed=1, covering="off")
+    subscription = Subscription((Predicate("x", "<", 5),))
+    held = {sim.subscribe("S", "c:0", subscription) for _ in range(2)}
+    sim.run()
+    old, new = sim.nodes["c:0"].sessions, sim.nodes["a:0"].sessions
+    sim.move("S", "a:0")
+    assert set(old.moving) == held and new.subscriptions("S") == held
+    sim._drop_client("S", "c:0")  # gone before the moves reached c:0
+    assert set(old.orphans) == held and old.subscriptions("S") == set()
+    sim.run()
+    assert old.counters["moves.ordered"] == 2 and old.counters["moves.released"] == 2
+    assert not old.orphans and not old.moving and old.counters["subscriptions_withdrawn"] == 0
+    assert held <= set(sim.cores["a:0"].table.entries) and sim.moves["released"] == 2
+    sim.publish("P", "b:1", {"x": 1})
+    sim.run()
+    report = sim.report()
+    assert report["expected_deliveries"] == report["delivered"] == 1
+    assert report["duplicates"] == report["lost"] == 0

@@ -189,11 +189,7 @@ class DurableSimulator(Simulator):
         c.key = f"{c.name}#{c.run}.{c.connection}"
         self._home[c.name] = broker
         self.records[c.name] = c.record
-        sessions = self.nodes[broker].sessions
-        sessions.room(c.name, c.name)
-        sub_id, actions = self.cores[broker].subscribe(c.name, c.subscription, self.now)
-        sessions.attach(c.name, sub_id)
-        self.subscriber_of[sub_id] = c.name
+        sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
         c.sub_id = sub_id
         self.durable_records[broker].attach(
             c.name, NAME, c.key, sub_id, (c.subscription.to_text(),), self.now

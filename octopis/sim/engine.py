@@ -384,7 +384,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 self.nodes[broker].hold(action)
             elif kind is HandedShare:
                 self._dispatch(broker, [Forward(action.link, action)])
-            elif kind is Released:
+            elif kind is Released:  # the move reached here: the node lets it go
+                subscriber, sub_id = action
+                self.nodes[broker].released(subscriber, sub_id, self._durables(broker))
                 self.moves["released"] += 1
                 self._let_go(action.subscriber)
             else:

@@ -193,10 +193,7 @@ class SubscriberFailover:
         self._end_seam(subscriber)  # a replay cut short by this fail-over: its part joins now
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
-            sub_id, actions = self.cores[new].subscribe(subscriber, subscription, self.now)
-            self.nodes[new].sessions.attach(subscriber, sub_id)
-            self.subscriber_of[sub_id] = subscriber
-            self._dispatch(new, actions)
+            self._dispatch(new, self.clients.session_subscribe(subscriber, new, subscription)[1])
         if not self.replay_on_failover:
             return
         seen = LastSeen()
