@@ -17,6 +17,7 @@ from laws import PROFILE, scots
 
 from octopis.cli.main import main
 from octopis.core import DEFAULT_COVERING
+from octopis.defaults import CLIENT_LIVENESS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
@@ -310,6 +311,22 @@ def test_subscribers_that_fail_over_get_what_was_published_while_they_were_away(
     sim.run()
     with pytest.raises(AssertionError, match="lost without a count or a reported gap"):
         _law(sim)
+
+
+def test_a_failing_over_subscriber_learns_a_broker_is_dead_only_by_its_silence() -> None:
+    """As the SDK does, a simulated subscriber tries its list in order: the next broker,
+    dead too, costs it a hello unanswered for the liveness, then it connects to the one
+    after. It knows nothing of which brokers are dead."""
+    sim = Simulator(FIG2, "snr", seed=3, covering="off")
+    sim.subscribe("S", "c:0", Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    first, second, third = "c:0", *FIG2.failover_order("c:0")[:2]
+    for broker in (first, second):
+        sim.fail(Failure((broker,), 1.0, 30.0), start)
+    sim.run()
+    assert sim.outages["S"] == [(start + 1.0, start + 1.0 + 2 * CLIENT_LIVENESS)]
+    assert sim.first_home["S"] == first and sim._home["S"] == third
 
 
 def test_no_failure_no_failure_report() -> None:

@@ -299,18 +299,20 @@ class DurableSimulator(Simulator):
                 self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, broker, c.run)
 
     def _durable_fail_over(self, c: DurableClient, old: str, run: int) -> None:
-        """``c`` leaves silent ``old`` as the SDK does: a claim under way fails (a gap it
-        is told of), its subscription is made again, durable, at the next live broker of
-        its list, its whole record acknowledged there, and it replays what it missed."""
+        """``c`` leaves silent ``old`` along its list as the SDK does (:meth:`_connect`)."""
         if c.host != old or c.run != run or self.failures is None:
             return
         died = self.now - CLIENT_LIVENESS
-        order = failover_order([old, *self.scot.failover_order(old)], old)
-        new = next((b for b in order if b not in self.failures.dead), None)
-        if new is None:
-            if self.restarts_pending:
-                self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, old, run)
-            return
+        self._connect(
+            failover_order([old, *self.scot.failover_order(old)], old),
+            lambda: c.host == old and c.run == run,
+            lambda new: self._durable_failed_over(c, old, new, died),
+        )
+
+    def _durable_failed_over(self, c: DurableClient, old: str, new: str, died: float) -> None:
+        """``c``, which left silent ``old``, is connected at ``new``: a claim under way
+        failed (a gap it is told of), its subscription is made again, durable, its whole
+        record acknowledged there, and it replays what it missed."""
         if c.seam is not None and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
         self._end_durable_seam(c)
