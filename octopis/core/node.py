@@ -316,11 +316,19 @@ class BrokerNode(Generic[Token]):
         the new neighbours and cluster count, a neighbour that joined is new (last heard
         ``now``), and what was held for or owed to a
         neighbour that left is dropped (returned: how many messages). Refused with
-        :class:`ValueError`, nothing changed, under BID (no resync fills a new broker) or
+        :class:`ValueError`, nothing changed, under BID (no resync fills a new broker),
+        under DNR with advertisements (a relink does not recompute where advertisements
+        draw the subscriptions made before it: those miss a new region's publishers) or
         while the core still routes over a leaving link (move its subscribers first)."""
         core = self.core
         if not isinstance(core, ClusteredBroker):
             raise ValueError(f"{core.id} routes by BID, which has no resync to fill a new broker")
+        if core.dynamic and core.advertising is not None:
+            raise ValueError(
+                f"{core.id} routes by DNR with advertisements, which a relink does not "
+                "recompute yet (subscriptions made before it would miss a new region's "
+                "publishers): route by SNR, or turn advertisements off"
+            )
         ids = [n.id for n in view.neighbours]
         gone = set(core.neighbour_ids) - set(ids)
         try:
