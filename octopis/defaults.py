@@ -14,6 +14,10 @@ alike)."""
 CLIENT_TIMEOUT = 10.0
 """Seconds of a client's silence after which its broker drops it and withdraws its
 subscriptions (``[clients] timeout``)."""
+MOVE_TIMEOUT = 30.0
+"""Seconds a client told to move its subscriptions away has to move them; the order
+lapses after that and the client stays subscribed at its broker (``[clients]
+move_timeout``)."""
 DOWN_AFTER = 1.0
 """Seconds of a neighbour's silence after which a broker takes it for down
 (``[links] down_after``; the simulator's failure detection)."""

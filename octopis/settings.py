@@ -47,6 +47,7 @@ from octopis.defaults import (
     DURABLE_KEEP,
     DURABLE_MAX,
     HISTORIC_BUDGET,
+    MOVE_TIMEOUT,
     PUBLICATION_HOLD,
     REPLAY_BUDGET,
     REPLAY_ROUNDS,
@@ -185,7 +186,7 @@ class Clients(Section):
     timeout: Annotated[float, _at_least(0.1)] = CLIENT_TIMEOUT
     """Seconds of silence after which a client connection is dropped and its
     subscriptions are withdrawn."""
-    move_timeout: Annotated[float, _at_least(0.1)] = 30.0
+    move_timeout: Annotated[float, _at_least(0.1)] = MOVE_TIMEOUT
     """Seconds a client told to move a subscription away has to move it; the order lapses
     after that and the client stays subscribed here."""
     hold_limit: Annotated[int, _at_least(0)] = PUBLICATION_HOLD

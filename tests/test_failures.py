@@ -17,6 +17,7 @@ from laws import PROFILE, scots
 
 from octopis.cli.main import main
 from octopis.core import DEFAULT_COVERING
+from octopis.defaults import CLIENT_LIVENESS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
@@ -261,12 +262,14 @@ def test_up_to_three_failures_while_publishing(
 
 
 def test_subscribers_whose_every_broker_died_keep_trying_until_one_is_back() -> None:
-    """One region, two clusters, both brokers killed at once, r0:0 back after 2 s and r0:1
-    after 3 s: every subscriber keeps trying its list (its own broker last) until one is
-    back, and replays what it missed there; nothing is lost silently. (Found by the law:
-    the simulator's subscribers gave up when every broker of their list was dead.)"""
+    """One region, two clusters, both brokers killed at once, r0:0 back after 4 s and r0:1
+    after 5 s: every subscriber tries its list (its own broker last; each dead one silent
+    for the liveness, 1.5 s), finds none back by the end of it (3 s), and keeps trying
+    until one is back, and replays what it missed there; nothing is lost silently.
+    (Found by the law: the simulator's subscribers gave up when every broker of their
+    list was dead.)"""
     scot = build_scot(nx.empty_graph(["r0"]), complete_factor(2), name="pair")
-    failures = [Failure(("r0:0",), 0.0, 2.0), Failure(("r0:1",), 0.0, 3.0)]
+    failures = [Failure(("r0:0",), 0.0, 4.0), Failure(("r0:1",), 0.0, 5.0)]
     sim = _run(scot, "dnr", failures, seed=0, subscribers=30, publications=30)
     report = _law(sim)
     assert report["replays"]["subscribers_failed_over"] == 30
@@ -310,6 +313,22 @@ def test_subscribers_that_fail_over_get_what_was_published_while_they_were_away(
     sim.run()
     with pytest.raises(AssertionError, match="lost without a count or a reported gap"):
         _law(sim)
+
+
+def test_a_failing_over_subscriber_learns_a_broker_is_dead_only_by_its_silence() -> None:
+    """As the SDK does, a simulated subscriber tries its list in order: the next broker,
+    dead too, costs it a hello unanswered for the liveness, then it connects to the one
+    after. It knows nothing of which brokers are dead."""
+    sim = Simulator(FIG2, "snr", seed=3, covering="off")
+    sim.subscribe("S", "c:0", Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    first, second, third = "c:0", *FIG2.failover_order("c:0")[:2]
+    for broker in (first, second):
+        sim.fail(Failure((broker,), 1.0, 30.0), start)
+    sim.run()
+    assert sim.outages["S"] == [(start + 1.0, start + 1.0 + 2 * CLIENT_LIVENESS)]
+    assert sim.first_home["S"] == first and sim._home["S"] == third
 
 
 def test_no_failure_no_failure_report() -> None:

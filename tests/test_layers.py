@@ -405,3 +405,67 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:4 hello",
         "shell.py:5 said(literal)",
     ]
+
+
+SESSION_RULES = frozenset({"gone"})
+"""The client sessions' rules a shell once applied itself: each called
+``ClientTable.gone`` and then withdrew the subscriptions in a loop of its own (and the
+two shells' loops differed: the simulator withdrew no advertisement and detached no
+durable record). Both now call ``BrokerNode.client_gone``."""
+
+WITHDRAWING = frozenset({"unsubscribe", "unadvertise", "detached"})
+"""Calls that withdraw what a client held: a shell's loop over a session rule's answer
+making them is a copy of the node's rule."""
+
+
+def session_copies(path: Path) -> list[str]:
+    """Every call of :data:`SESSION_RULES` in ``path``'s code, and every ``for`` loop over a
+    call's answer whose body calls one of :data:`WITHDRAWING`: ``file:line name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in SESSION_RULES
+        ):
+            found.append(f"{path.name}:{node.lineno} {node.func.attr}")
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call):
+            calls = {
+                inner.func.attr
+                for statement in node.body
+                for inner in ast.walk(statement)
+                if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute)
+            }
+            for name in sorted(calls & WITHDRAWING):
+                found.append(f"{path.name}:{node.lineno} for-{name}")
+    return found
+
+
+def test_the_shells_keep_no_copy_of_the_client_withdrawal() -> None:
+    """Neither shell asks the client table which subscriptions a client that is gone
+    loses and withdraws them itself: the node decides it (``BrokerNode.client_gone``:
+    subscriptions, advertisements, durable attachments), both shells carry it out."""
+    assert _in_shells(session_copies) == []
+
+
+def test_the_session_copies_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def drop(node, core, table, key):\n"
+        "    '''table.gone in a docstring is fine'''\n"
+        "    for sub_id in table.gone(key):\n"
+        "        core.unsubscribe(key, sub_id)\n"
+        "    for key, sub_id in table.expire(1.0):\n"
+        "        execute(core.unsubscribe(key, sub_id))\n"
+        "    for adv_id in core.advertisements_of(key):\n"
+        "        core.unadvertise(key, adv_id)\n"
+        "    for sub_id in sorted(held):\n"
+        "        print(sub_id)\n"
+        "    node.client_gone(key, 0.0, None)\n"
+    )
+    assert session_copies(path) == [
+        "shell.py:3 for-unsubscribe",
+        "shell.py:5 for-unsubscribe",
+        "shell.py:7 for-unadvertise",
+        "shell.py:3 gone",
+    ]

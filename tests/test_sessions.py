@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from octopis.core.durable import Durables
 from octopis.core.sessions import ClientTable, SessionRefused
 from octopis.filters.language import Predicate, Subscription
 from octopis.sim import Simulator
@@ -57,7 +58,7 @@ def test_an_expired_move_order_leaves_the_client_subscribed_here() -> None:
 
 def _subscribed_sim(limit: int) -> Simulator:
     sim = Simulator(FIG2, "snr", seed=1, covering="off")
-    sim.sessions["c:0"].limit = limit
+    sim.nodes["c:0"].sessions.limit = limit
     return sim
 
 
@@ -76,4 +77,58 @@ def test_the_simulator_refuses_and_withdraws_as_a_broker_does() -> None:
     sim.run()
     assert not set(kept) & set(sim.cores["c:0"].table.entries)
     assert other in sim.cores["c:0"].table.entries
-    assert sim.sessions["c:0"].counters["subscriptions_withdrawn"] == 2
+    assert sim.nodes["c:0"].sessions.counters["subscriptions_withdrawn"] == 2
+
+
+def test_the_node_withdraws_what_a_gone_client_held_for_both_shells() -> None:
+    """:meth:`BrokerNode.client_gone`, which both shells call: every subscription of the
+    client (but the one on its way elsewhere), its advertisements, and its durable
+    record left waiting; another client keeps what it holds."""
+    sim = Simulator(FIG2, "snr", seed=1, covering="off", advertisements=True)
+    node, core = sim.nodes["c:0"], sim.cores["c:0"]
+    subscription = Subscription((Predicate("x", "<", 5),))
+    held = [sim.subscribe("S", "c:0", subscription) for _ in range(3)]
+    other = sim.subscribe("T", "c:0", subscription)
+    adv_id = sim.advertise("S", "c:0", subscription)
+    durables = Durables("c:0", keep=60.0, limit=10)
+    durables.attach("S", "d", "S", held[0], (subscription.to_text(),), now=1.0)
+    node.sessions.order_move(["S"], deadline=9.0, inside=True)
+    node.sessions.moving.pop(held[0])
+    node.sessions.moving.pop(held[1])  # only held[2] is on its way elsewhere
+    sim.run()
+    assert all(adv_id in c.advertising.entries for c in sim.cores.values())
+    withdrawn, actions = node.client_gone("S", 5.0, durables)
+    assert withdrawn == sorted(held[:2]) and set(node.sessions.orphans) == {held[2]}
+    assert durables.records[("S", "d")].away == 5.0 and durables.records[("S", "d")].key is None
+    assert core.advertisements_of("S") == [] and actions
+    sim._dispatch("c:0", actions)
+    sim.run()
+    assert all(adv_id not in c.advertising.entries for c in sim.cores.values())
+    assert not set(withdrawn) & set(core.table.entries)
+    assert {held[2], other} <= set(core.table.entries)
+    assert node.sessions.subscriptions("T") == {other}
+
+
+def test_the_simulator_moves_by_the_session_rules_of_a_broker() -> None:
+    """A move inside the cluster: the old host's node is ordered to move the client's
+    subscriptions and lets each go when the move reaches it (``ClientTable.order_move``,
+    ``BrokerNode.released``); the new host takes them within the client's limit. A client
+    dropped at the old host meanwhile leaves orphans there, released quietly."""
+    sim = Simulator(FIG2, "snr", seed=1, covering="off")
+    subscription = Subscription((Predicate("x", "<", 5),))
+    held = {sim.subscribe("S", "c:0", subscription) for _ in range(2)}
+    sim.run()
+    old, new = sim.nodes["c:0"].sessions, sim.nodes["a:0"].sessions
+    sim.move("S", "a:0")
+    assert set(old.moving) == held and new.subscriptions("S") == held
+    sim._drop_client("S", "c:0")  # gone before the moves reached c:0
+    assert set(old.orphans) == held and old.subscriptions("S") == set()
+    sim.run()
+    assert old.counters["moves.ordered"] == 2 and old.counters["moves.released"] == 2
+    assert not old.orphans and not old.moving and old.counters["subscriptions_withdrawn"] == 0
+    assert held <= set(sim.cores["a:0"].table.entries) and sim.moves["released"] == 2
+    sim.publish("P", "b:1", {"x": 1})
+    sim.run()
+    report = sim.report()
+    assert report["expected_deliveries"] == report["delivered"] == 1
+    assert report["duplicates"] == report["lost"] == 0

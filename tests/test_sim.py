@@ -578,6 +578,57 @@ def test_publications_during_a_change_reach_everyone_exactly_once(
     )
 
 
+@pytest.mark.parametrize(
+    ("mode", "advertisements", "refusal"),
+    [
+        ("bid", False, "routes by BID, which has no resync to fill a new broker"),
+        ("dnr", True, "routes by DNR with advertisements, which a relink does not recompute"),
+        ("snr", True, None),
+    ],
+)
+def test_a_reshape_is_refused_by_the_nodes_own_relink_rule(
+    mode: str, advertisements: bool, refusal: str | None
+) -> None:
+    """The simulator asks each broker's node (``BrokerNode.relink``, the broker process's
+    rule) before it changes anything: refused as the process refuses, nothing changed;
+    SNR with advertisements grows, and the subscriptions made before the new region
+    joined get its publishers' publications exactly once."""
+    from octopis.topology import build_preset
+    from octopis.topology_change import add_region
+
+    fig2 = build_preset("fig2")
+    new = add_region(fig2, "new", "a")
+    sim = Simulator(
+        fig2, mode, seed=1, advertisements=advertisements, oracle_factory=ReferenceMatcher
+    )
+    every = Subscription((Predicate("x", "<", 10),))
+    for i, broker in enumerate(sorted(fig2.brokers)):
+        if advertisements:
+            sim.advertise(f"P{broker}", broker, every)
+        sim.subscribe(f"S{i}", broker, Subscription((Predicate("x", "<", 1 + i % 9),)))
+    sim.run()
+    if refusal is not None:
+        tables = {b: _table(sim, b) for b in fig2.brokers}
+        with pytest.raises(ValueError, match=refusal):
+            sim.reshape(new)
+        assert sim.scot == fig2 and sorted(sim.cores) == sorted(fig2.brokers)
+        assert sim.failures is None
+        assert {b: _table(sim, b) for b in fig2.brokers} == tables
+        return
+    sim.reshape(new)
+    sim.run()
+    added = sorted(set(new.brokers) - set(fig2.brokers))
+    for broker in added:
+        sim.advertise(f"P{broker}", broker, every)
+    sim.run()
+    for broker in added:
+        sim.publish(f"P{broker}", broker, {"x": 0})
+    sim.run()
+    report = sim.report()
+    assert report["delivered"] == report["expected_deliveries"] == 3 * len(fig2.brokers)
+    assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
+
+
 def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -> None:
     """fig2 (3 clusters) at 200 publications/s for 20 s, then 10/s for 40 s, brokers of
     100 messages/s: Dynamoth's elasticity adds clusters while the mean load ratio stays

@@ -29,6 +29,7 @@ from typing import Generic, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
+from octopis.core.durable import Durables
 from octopis.core.lst import LinkView
 from octopis.core.messages import (
     Action,
@@ -46,10 +47,14 @@ from octopis.core.neighbours import Neighbours
 from octopis.core.recovery import Recovery
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, sbp_targets
 from octopis.core.resync import epoch_of
+from octopis.core.sessions import ClientTable
 from octopis.core.view import BrokerView
-from octopis.defaults import PUBLICATION_HOLD
+from octopis.defaults import PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
 
 Token = TypeVar("Token")
+Withdraw = Callable[[str, str], list[Action]]
+"""How a shell withdraws a local subscription (client key, sub id) → the core's actions:
+the core's ``unsubscribe``, or the process's, which also ends a composite's parts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +98,9 @@ class BrokerNode(Generic[Token]):
     messages and copies each); ``publication_hold`` the local publications held while not
     serving. A publication's ``Token`` is the shell's (the process's publish receipt).
     ``predecessor``: the shell knows that an earlier process of this broker ran (its data
-    directory says so); a BID broker's table then lost what was subscribed before it."""
+    directory says so); a BID broker's table then lost what was subscribed before it.
+    ``client_limit``: the most subscriptions one client holds here (its
+    :attr:`sessions`)."""
 
     def __init__(
         self,
@@ -104,8 +111,13 @@ class BrokerNode(Generic[Token]):
         *,
         serving: bool = False,
         predecessor: bool = False,
+        client_limit: int = SUBSCRIPTIONS_PER_CLIENT,
     ) -> None:
         self.core = core
+        self.sessions = ClientTable(client_limit)
+        """Its clients' subscriptions here and the session rules (limits, moves); what a
+        client's going or a move's end withdraws is decided by :meth:`client_gone`,
+        :meth:`released` and :meth:`moves_expired`."""
         clustered = isinstance(core, ClusteredBroker)
         if predecessor and not clustered:  # no neighbour need tell it (it may meet none)
             core.table_lost = True
@@ -304,11 +316,19 @@ class BrokerNode(Generic[Token]):
         the new neighbours and cluster count, a neighbour that joined is new (last heard
         ``now``), and what was held for or owed to a
         neighbour that left is dropped (returned: how many messages). Refused with
-        :class:`ValueError`, nothing changed, under BID (no resync fills a new broker) or
+        :class:`ValueError`, nothing changed, under BID (no resync fills a new broker),
+        under DNR with advertisements (a relink does not recompute where advertisements
+        draw the subscriptions made before it: those miss a new region's publishers) or
         while the core still routes over a leaving link (move its subscribers first)."""
         core = self.core
         if not isinstance(core, ClusteredBroker):
             raise ValueError(f"{core.id} routes by BID, which has no resync to fill a new broker")
+        if core.dynamic and core.advertising is not None:
+            raise ValueError(
+                f"{core.id} routes by DNR with advertisements, which a relink does not "
+                "recompute yet (subscriptions made before it would miss a new region's "
+                "publishers): route by SNR, or turn advertisements off"
+            )
         ids = [n.id for n in view.neighbours]
         gone = set(core.neighbour_ids) - set(ids)
         try:
@@ -321,6 +341,44 @@ class BrokerNode(Generic[Token]):
             if self.neighbours.get(neighbour) is None:
                 self.neighbours.add(neighbour, now)
         return sum(self.recovery.forget(neighbour) for neighbour in sorted(gone))
+
+    # -- client sessions (DESIGN §7-§9) ---------------------------------------------------
+
+    def client_gone(
+        self, key: str, heard: float, durables: Durables | None, withdraw: Withdraw | None = None
+    ) -> tuple[list[str], list[Action]]:
+        """Client ``key`` is gone (silent past the client timeout, or it said bye; last
+        heard at wall time ``heard``): the sub ids withdrawn and the actions that withdraw
+        them (by ``withdraw``, default the core's) and its advertisements. Those under a
+        move order are kept as orphans (:meth:`ClientTable.gone`); a durable one's record
+        in ``durables`` waits for its client's return (:meth:`Durables.detached`)."""
+        withdraw = withdraw or self.core.unsubscribe
+        withdrawn, actions = self.sessions.gone(key), []
+        for sub_id in withdrawn:
+            actions += withdraw(key, sub_id)
+            if durables is not None:
+                durables.detached(sub_id, heard)
+        core = self.core
+        if isinstance(core, ClusteredBroker):
+            for adv_id in core.advertisements_of(key):
+                actions += core.unadvertise(key, adv_id)
+        return withdrawn, actions
+
+    def released(self, key: str, sub_id: str, durables: Durables | None) -> bool:
+        """A move of ``sub_id`` reached its new host and released it here (the core's
+        :class:`~octopis.core.messages.Released`): its durable record in ``durables``
+        went with it; whether its client ``key`` is to be told
+        (:meth:`ClientTable.released`)."""
+        if durables is not None:
+            durables.moved(sub_id)
+        return self.sessions.released(key, sub_id)
+
+    def moves_expired(self, now: float, withdraw: Withdraw | None = None) -> list[Action]:
+        """Move orders past their deadline at ``now`` are forgotten; what orphaned ones
+        kept is withdrawn (:meth:`ClientTable.expire`; by ``withdraw``, default the
+        core's): the actions."""
+        withdraw = withdraw or self.core.unsubscribe
+        return [a for key, sub_id in self.sessions.expire(now) for a in withdraw(key, sub_id)]
 
     # -- what it holds ---------------------------------------------------------------------
 

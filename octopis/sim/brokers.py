@@ -8,9 +8,8 @@ from collections import Counter
 from octopis.core import BrokerCore, Notification, make_broker
 from octopis.core.node import BrokerNode
 from octopis.core.resync import epoch_of
-from octopis.core.sessions import ClientTable
 from octopis.core.table import MatcherFactory
-from octopis.defaults import CUSTODY_LIMIT, SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import CUSTODY_LIMIT
 from octopis.topology import Scot
 
 
@@ -35,14 +34,10 @@ class Brokers:
         self.covering = covering
         self.advertisements = advertisements
         self.cores: dict[str, BrokerCore] = {b: self._core(scot, b) for b in scot.brokers}
-        self.sessions: dict[str, ClientTable] = {
-            b: ClientTable(SUBSCRIPTIONS_PER_CLIENT) for b in scot.brokers
-        }
-        """Each broker's client sessions (:class:`~octopis.core.sessions.ClientTable`, the
-        process's rules: limits, withdrawal of a client that is gone)."""
         self.nodes: dict[str, BrokerNode[None]] = {}
         """Each broker's node (:class:`~octopis.core.node.BrokerNode`, the broker process's
-        failure decisions: holds, shares, serving), around its core in :attr:`cores`."""
+        failure decisions: holds, shares, serving; its client sessions), around its core
+        in :attr:`cores`."""
         self.incarnation: dict[str, int] = {b: i for i, b in enumerate(scot.brokers, 1)}
         """Each broker's incarnation (a restart draws the next)."""
         self._incarnations = len(self.incarnation)
@@ -63,7 +58,6 @@ class Brokers:
         self.incarnation[broker] = self._incarnations
         core.epoch = epoch_of(self._incarnations)
         self.cores[broker] = core
-        self.sessions[broker] = ClientTable(SUBSCRIPTIONS_PER_CLIENT)
         node = self.nodes[broker] = self._node(core)
         return node
 
@@ -74,7 +68,6 @@ class Brokers:
     def remove(self, broker: str) -> BrokerNode[None]:
         """``broker`` leaves the overlay: its core's counts are kept; returns its node."""
         self.retired.update(self.cores.pop(broker).counts())
-        del self.sessions[broker]
         return self.nodes.pop(broker)
 
     def counts(self) -> Counter[str]:

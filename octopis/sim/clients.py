@@ -55,22 +55,46 @@ class Clients:
     def subscribe(self, subscriber: str, broker: str, subscription: Subscription) -> str:
         """``subscriber`` (attached to ``broker``) subscribes now; returns the sub_id."""
         self.attach(subscriber, broker)
-        sessions, now = self._brokers.sessions[broker], self._events.now
-        sessions.room(subscriber, subscriber)
-        sub_id, actions = self._brokers.cores[broker].subscribe(subscriber, subscription, now)
-        sessions.attach(subscriber, sub_id)
+        sub_id, actions = self.session_subscribe(subscriber, broker, subscription)
         self._ledger.subscribed(subscriber, sub_id, subscription)
         self.subscriptions_of.setdefault(subscriber, []).append(subscription)
-        self.first_subscribed.setdefault(subscriber, now)
-        self.subscriber_of[sub_id] = subscriber
+        self.first_subscribed.setdefault(subscriber, self._events.now)
         self._submit(broker, actions)
         return sub_id
+
+    def session_subscribe(
+        self, subscriber: str, broker: str, subscription: Subscription
+    ) -> tuple[str, list[Action]]:
+        """``broker`` takes a subscription of ``subscriber`` as a broker's client session
+        does (a first one, or one made again at a fail-over): refused past the client's
+        limit (:meth:`ClientTable.room`, :class:`SessionRefused`), else made by the core
+        and held for the client; returns its sub_id and the actions to carry out."""
+        sessions = self._brokers.nodes[broker].sessions
+        sessions.room(subscriber, subscriber)
+        sub_id, actions = self._brokers.cores[broker].subscribe(
+            subscriber, subscription, self._events.now
+        )
+        sessions.attach(subscriber, sub_id)
+        self.subscriber_of[sub_id] = subscriber
+        return sub_id, actions
+
+    def session_adopt(self, subscriber: str, broker: str, sub_id: str) -> list[Action]:
+        """``broker`` adopts ``subscriber``'s ``sub_id``, moving here inside its cluster,
+        as a broker's client session does (within the client's limit, as
+        :meth:`session_subscribe`); returns the actions."""
+        sessions = self._brokers.nodes[broker].sessions
+        sessions.room(subscriber, subscriber)
+        core = self._brokers.cores[broker]
+        assert isinstance(core, ClusteredBroker)
+        actions = core.adopt(subscriber, sub_id)
+        sessions.attach(subscriber, sub_id)
+        return actions
 
     def unsubscribe(self, sub_id: str) -> None:
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
         subscriber = self.subscriber_of.pop(sub_id)
         broker = self.home[subscriber]
-        self._brokers.sessions[broker].detach(subscriber, sub_id)
+        self._brokers.nodes[broker].sessions.detach(subscriber, sub_id)
         self.subscriptions_of[subscriber].remove(self._ledger.subscription_of(sub_id))
         self._ledger.unsubscribed(sub_id)
         self._submit(broker, self._brokers.cores[broker].unsubscribe(subscriber, sub_id))

@@ -152,10 +152,7 @@ class DurableSimulator(Simulator):
         if self.failures is not None and host in self.failures.dead:
             c.left = self._died_at[host]  # its host died under it: nobody to tell
             return
-        for sub_id in self.sessions[host].gone(c.name):
-            self.subscriber_of.pop(sub_id, None)
-            self._dispatch(host, self.cores[host].unsubscribe(c.name, sub_id))
-            self.durable_records[host].detached(sub_id, self.now)
+        self._client_gone(host, c.name, self.now)
         self._durable_write(host)
 
     def durable_return(self, client: str, broker: str) -> None:
@@ -193,11 +190,7 @@ class DurableSimulator(Simulator):
         c.key = f"{c.name}#{c.run}.{c.connection}"
         self._home[c.name] = broker
         self.records[c.name] = c.record
-        sessions = self.sessions[broker]
-        sessions.room(c.name, c.name)
-        sub_id, actions = self.cores[broker].subscribe(c.name, c.subscription, self.now)
-        sessions.attach(c.name, sub_id)
-        self.subscriber_of[sub_id] = c.name
+        sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
         c.sub_id = sub_id
         self.durable_records[broker].attach(
             c.name, NAME, c.key, sub_id, (c.subscription.to_text(),), self.now
@@ -307,19 +300,21 @@ class DurableSimulator(Simulator):
                 self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, broker, c.run)
 
     def _durable_fail_over(self, c: DurableClient, old: str, run: int) -> None:
-        """``c`` leaves silent ``old`` as the SDK does: a claim under way fails (a gap it
-        is told of), its subscription is made again, durable, at the next live broker of
-        its list, its whole record acknowledged there as owing from the replay's start
-        (:func:`owed_after_failover`), and it replays what it missed."""
+        """``c`` leaves silent ``old`` along its list as the SDK does (:meth:`_connect`)."""
         if c.host != old or c.run != run or self.failures is None:
             return
         died = self.now - CLIENT_LIVENESS
-        order = failover_order([old, *self.scot.failover_order(old)], old)
-        new = next((b for b in order if b not in self.failures.dead), None)
-        if new is None:
-            if self.restarts_pending:
-                self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, old, run)
-            return
+        self._connect(
+            failover_order([old, *self.scot.failover_order(old)], old),
+            lambda: c.host == old and c.run == run,
+            lambda new: self._durable_failed_over(c, old, new, died),
+        )
+
+    def _durable_failed_over(self, c: DurableClient, old: str, new: str, died: float) -> None:
+        """``c``, which left silent ``old``, is connected at ``new``: a claim under way
+        failed (a gap it is told of), its subscription is made again, durable, its whole
+        record acknowledged there as owing from the replay's start
+        (:func:`owed_after_failover`), and it replays what it missed."""
         if c.seam is not None and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
         self._end_durable_seam(c)
@@ -335,6 +330,9 @@ class DurableSimulator(Simulator):
         self._durable_request(c, replay)
 
     # -- the brokers' side ----------------------------------------------------------------
+
+    def _durables(self, broker: str) -> Durables:
+        return self.durable_records[broker]
 
     def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
         """Claims are answered from ``broker``'s records, a durable client's answers go to
@@ -373,7 +371,7 @@ class DurableSimulator(Simulator):
     def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
         """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its
         record was claimed by the host its client came back at)."""
-        if self.sessions[broker].detach(client, sub_id):
+        if self.nodes[broker].sessions.detach(client, sub_id):
             self.subscriber_of.pop(sub_id, None)
             self._dispatch(broker, self.cores[broker].unsubscribe(client, sub_id))
 

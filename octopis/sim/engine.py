@@ -113,7 +113,6 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         """Each broker's core, node, client sessions and incarnation."""
         self.cores = self.brokers.cores
         self.nodes = self.brokers.nodes
-        self.sessions = self.brokers.sessions
         self.service = service
         """Each broker's CPU as one server (measured costs), or None: routing is free."""
         if service is not None:
@@ -388,7 +387,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 self.nodes[broker].hold(action)
             elif kind is HandedShare:
                 self._dispatch(broker, [Forward(action.link, action)])
-            elif kind is Released:
+            elif kind is Released:  # the move reached here: the node lets it go
+                subscriber, sub_id = action
+                self.nodes[broker].released(subscriber, sub_id, self._durables(broker))
                 self.moves["released"] += 1
                 self._let_go(action.subscriber)
             else:

@@ -5,11 +5,12 @@ a part of its own (:class:`~octopis.sim.balancing.SimBalancer`)."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from octopis.core import Subscribe
 from octopis.core.clustered import ClusteredBroker
-from octopis.defaults import LINGER
+from octopis.defaults import LINGER, MOVE_TIMEOUT
 from octopis.sim.reshaping import MOVE_POLL
 
 
@@ -52,15 +53,17 @@ class SubscriberMoves:
         )
         self._linger = linger
         self.record_of(subscriber)
+        deadline = self.now + MOVE_TIMEOUT
+        self.nodes[old].sessions.order_move([subscriber], deadline, inside)
+        if inside:  # what the order kept for a client gone meanwhile goes after it
+            self.at(math.nextafter(deadline, math.inf), self._moves_expired, old)
         for sub_id in held:
             self._moving[subscriber] += 1
             self._overlap[subscriber] += 1
-            if inside:
+            if inside:  # the old host lets it go when the move reaches it (Released)
                 self.moves["inside"] += 1
                 moved[sub_id] = sub_id
-                self.sessions[old].detach(subscriber, sub_id)
-                self.sessions[broker].attach(subscriber, sub_id)
-                self._dispatch_local(broker, core.adopt(subscriber, sub_id))
+                self._dispatch_local(broker, self.clients.session_adopt(subscriber, broker, sub_id))
                 continue
             self.moves["across"] += 1
             subscription = self.cores[old].table.entries[sub_id].subscription
@@ -68,6 +71,13 @@ class SubscriberMoves:
             self.subscriber_of.pop(sub_id)
             self.at(self.now + poll, self._spread, subscriber, old, sub_id, new_id, poll, linger)
         return moved
+
+    def _moves_expired(self, broker: str) -> None:
+        """``broker``'s move orders past their deadline: its node withdraws what they
+        kept for clients gone meanwhile (:meth:`BrokerNode.moves_expired`), as the
+        process's tick does."""
+        if self.failures is None or broker not in self.failures.dead:
+            self._dispatch(broker, self.nodes[broker].moves_expired(self.now))
 
     def moving(self, subscriber: str) -> bool:
         """Whether a move of ``subscriber`` has not finished yet."""
@@ -101,7 +111,7 @@ class SubscriberMoves:
         )
 
     def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
-        self.sessions[old].detach(subscriber, sub_id)
+        self.nodes[old].sessions.detach(subscriber, sub_id)
         self.ledger.unsubscribed(sub_id)
         self._dispatch_local(old, self.cores[old].unsubscribe(subscriber, sub_id))
         self.moves["withdrawn"] += 1

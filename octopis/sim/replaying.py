@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -37,6 +38,7 @@ from octopis.client_policy import (
     replay_after,
 )
 from octopis.core import Forward, Notification, SubState
+from octopis.core.durable import Durables
 from octopis.core.replay import (
     QueryStore,
     Replay,
@@ -151,29 +153,66 @@ class SubscriberFailover:
         self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host)
 
     def _drop_client(self, subscriber: str, host: str) -> None:
-        """``host`` drops its silent client ``subscriber``: its subscriptions there go."""
+        """``host`` drops its silent client ``subscriber`` (last heard
+        :data:`CLIENT_TIMEOUT` ago): what the node withdraws goes."""
         if self.failures is not None and host in self.failures.dead:
             return  # they died with it (a restart withdraws them by epoch)
-        core = self.cores[host]
-        for sub_id in self.sessions[host].gone(subscriber):
-            self.subscriber_of.pop(sub_id, None)
-            self._dispatch(host, core.unsubscribe(subscriber, sub_id))
+        self._client_gone(host, subscriber, self.now - CLIENT_TIMEOUT)
         self.failure_counts["clients_dropped"] += 1
 
+    def _client_gone(self, host: str, client: str, heard: float) -> None:
+        """``host`` forgets its client ``client``, last heard at ``heard``: the node
+        decides what is withdrawn (:meth:`BrokerNode.client_gone`), as the process's."""
+        withdrawn, actions = self.nodes[host].client_gone(client, heard, self._durables(host))
+        for sub_id in withdrawn:
+            self.subscriber_of.pop(sub_id, None)
+        self._dispatch(host, actions)
+
+    def _durables(self, broker: str) -> Durables | None:
+        """``broker``'s durable records (None: this run keeps none)."""
+        return None
+
     def _fail_over(self, subscriber: str, old: str, died: float) -> None:
-        """``subscriber`` leaves silent ``old`` for the first broker of its list that is
-        not dead (``old`` itself last, restarted), subscribes again and asks for a replay
-        behind its subscriptions; with every broker dead it tries again later."""
+        """``subscriber`` leaves silent ``old`` along its list in the SDK's order
+        (:meth:`_connect`; the list begins at the broker it first subscribed at, and
+        ``old`` itself comes last, it may have restarted)."""
         if self._home.get(subscriber) != old or self.failures is None:
             return
         first = self.first_home.get(subscriber, old)
-        order = failover_order([first, *self.scot.failover_order(first)], old)
-        new = next((b for b in order if b not in self.failures.dead), None)
-        if new is None:  # every broker is dead: try again while one is to restart
+        self._connect(
+            failover_order([first, *self.scot.failover_order(first)], old),
+            lambda: self._home.get(subscriber) == old,
+            lambda new: self._failed_over(subscriber, old, new, died),
+        )
+
+    def _connect(
+        self,
+        order: list[str],
+        wanted: Callable[[], bool],
+        connected: Callable[[str], None],
+        at: int = 0,
+    ) -> None:
+        """A client fails over as the SDK does (``Failover.run``): it tries the brokers
+        of ``order`` from ``at`` on, and learns that one is dead only by its silence,
+        :data:`CLIENT_LIVENESS` after the hello; past the last it waits as long and
+        starts over, while a broker is to restart (else it gives up, counted). Nothing
+        happens once the client no longer ``wanted`` to; ``connected(broker)`` is called
+        at the first broker that answers."""
+        if not wanted():
+            return
+        if at == len(order):
             self.failure_counts["failover.no_live_broker"] += 1
             if self.restarts_pending:
-                self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, old, died)
+                self.at(self.now + CLIENT_LIVENESS, self._connect, order, wanted, connected)
             return
+        if self.failures is not None and order[at] in self.failures.dead:
+            self.at(self.now + CLIENT_LIVENESS, self._connect, order, wanted, connected, at + 1)
+            return
+        connected(order[at])
+
+    def _failed_over(self, subscriber: str, old: str, new: str, died: float) -> None:
+        """``subscriber``, which left silent ``old``, is connected at ``new``: it
+        subscribes again and asks for a replay behind its subscriptions."""
         self.first_home.setdefault(subscriber, old)
         self.outages.setdefault(subscriber, []).append((died, self.now))
         self._home[subscriber] = new
@@ -182,10 +221,7 @@ class SubscriberFailover:
         self._end_seam(subscriber)  # a replay cut short by this fail-over: its part joins now
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
-            sub_id, actions = self.cores[new].subscribe(subscriber, subscription, self.now)
-            self.sessions[new].attach(subscriber, sub_id)
-            self.subscriber_of[sub_id] = subscriber
-            self._dispatch(new, actions)
+            self._dispatch(new, self.clients.session_subscribe(subscriber, new, subscription)[1])
         if not self.replay_on_failover:
             return
         seen = LastSeen()

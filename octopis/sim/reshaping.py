@@ -25,14 +25,9 @@ class Reshaping:
         broker starts empty and is filled by resync, the state transfer a restarted
         broker gets (:meth:`_hand_share`), its neighbours routing around it until it has
         its shares. A broker that leaves must host no subscriber and have nothing in
-        flight (move its subscribers and drain first). SNR and DNR only: BID has no resync."""
-        if self.mode == "bid":
-            raise ValueError("BID has no resync to fill a new broker: reshape SNR or DNR")
-        if self.advertisements:
-            raise ValueError(
-                "reshaping is not simulated with advertisements on yet (a new broker's "
-                "resync does not hand it advertisements); turn them off"
-            )
+        flight (move its subscribers and drain first). Whether a broker may take the new
+        view is its node's decision (:meth:`BrokerNode.relink`: not under BID, which has
+        no resync, nor under DNR with advertisements), asked before anything changes."""
         if not isinstance(self.links, FreeLinks | InjectedCongestion):
             raise ValueError("reshape works on free or injected links, not timed ones")
         old = self.scot
@@ -48,22 +43,23 @@ class Reshaping:
         ]
         if busy:
             raise ValueError(f"messages are in flight at {busy[0]}: let the overlay drain first")
+        relinked = [
+            b
+            for b in scot.brokers
+            if b in self.cores
+            and (scot.clusters != old.clusters or set(scot.graph[b]) != set(old.graph[b]))
+        ]
+        dropped = [self.nodes[b].relink(scot.brokers[b], scot.clusters, self.now) for b in relinked]
         state = self._failure_state()
         for broker in removed:
             node = self.brokers.remove(broker)
             self.failure_counts.update(node.counts())
             events.remove(broker)
-        for broker in scot.brokers:
-            if broker in self.cores and (
-                scot.clusters != old.clusters or set(scot.graph[broker]) != set(old.graph[broker])
-            ):
-                node = self.nodes[broker]
-                self.failure_counts["relink.held_dropped"] += node.relink(
-                    scot.brokers[broker], scot.clusters, self.now
-                )
-                for gone in set(old.graph[broker]) - set(scot.graph[broker]):
-                    events.drop_link(broker, gone)
-                    state.failed_at.pop((broker, gone), None)
+        for broker, held in zip(relinked, dropped, strict=True):
+            self.failure_counts["relink.held_dropped"] += held
+            for gone in set(old.graph[broker]) - set(scot.graph[broker]):
+                events.drop_link(broker, gone)
+                state.failed_at.pop((broker, gone), None)
         self.brokers.scot = scot
         for broker in added:
             events.add(broker)

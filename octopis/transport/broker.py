@@ -119,6 +119,7 @@ class Broker:
             settings.links.custody_limit,
             settings.clients.hold_limit,
             predecessor=mark_running(data_dir, broker_id),
+            client_limit=settings.limits.subscriptions_per_client,
         )
         """The core with its failure decisions (DESIGN §7): holds, shares, serving."""
         self.counters: Counter[str] = Counter()
@@ -331,14 +332,6 @@ class Broker:
         if not isinstance(self.core, ClusteredBroker):
             raise ClientError(f"{self.id} routes by BID: no advertisements")
         return self.core.advertise(key, advertisement)
-
-    def unadvertise_all(self, key: str) -> list[Action]:
-        """A publisher left: withdraw its advertisements (the subscriptions they drew
-        stay where they went)."""
-        core = self.core
-        if not isinstance(core, ClusteredBroker):
-            return []
-        return [a for adv_id in core.advertisements_of(key) for a in core.unadvertise(key, adv_id)]
 
     def check_advertised(self, key: str, publication: dict) -> None:
         """With advertisements on, refuse a publication outside ``key``'s advertisements

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import zmq
 
 from octopis.core import ProtocolError, UnadvertisedPublication
-from octopis.core.sessions import ClientTable, SessionRefused
+from octopis.core.sessions import SessionRefused
 from octopis.filters.language import FilterError
 from octopis.logs import RateLimitedLog
 from octopis.settings import BrokerSettings, Clients
@@ -68,12 +68,11 @@ so nothing may still wait for it there."""
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
     """What a broker's client sessions read of its settings: the ``[clients]`` section,
-    ``limits.frame_bytes`` and ``limits.subscriptions_per_client``, and
-    ``logs.interval`` for their warnings."""
+    ``limits.frame_bytes``, and ``logs.interval`` for their warnings (the node keeps
+    ``limits.subscriptions_per_client``)."""
 
     clients: Clients
     frame_bytes: int
-    subscriptions_per_client: int
     log_interval: float
 
     @classmethod
@@ -82,7 +81,6 @@ class ClientSettings:
         return cls(
             settings.clients,
             settings.limits.frame_bytes,
-            settings.limits.subscriptions_per_client,
             settings.logs.interval,
         )
 
@@ -125,7 +123,6 @@ class ClientSessions:
         self.sessions = ClientConnections(
             broker_id,
             router,
-            ClientTable(settings.subscriptions_per_client),
             lambda identity, message: self.outbox.notify(identity, message),
             self.counters,
             timeout=clients.timeout,

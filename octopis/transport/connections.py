@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from octopis.core import Action, Notification
-from octopis.core.sessions import ClientTable
+from octopis.core.node import BrokerNode
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 from octopis.transport.links import InputWaiter, PublishReceipt
@@ -39,6 +39,8 @@ class Router(Protocol):
     """What client sessions ask of the broker: the routing core behind them."""
 
     welcome: dict[str, object]
+    node: BrokerNode[PublishReceipt]
+    """The broker's node: its client sessions' rules (:attr:`BrokerNode.sessions`)."""
 
     def subscribe(
         self, key: str, subscription: Subscription | Composite
@@ -57,9 +59,6 @@ class Router(Protocol):
 
     def advertise(self, key: str, advertisement: Subscription) -> tuple[str, list[Action]]:
         """Install client ``key``'s advertisement; returns its id and the SBP actions."""
-
-    def unadvertise_all(self, key: str) -> list[Action]:
-        """Withdraw every advertisement of client ``key`` (it left)."""
 
     def check_advertised(self, key: str, publication: dict) -> None:
         """Raise :class:`UnadvertisedPublication` if advertisements are on and client
@@ -109,14 +108,13 @@ class ClientSession:
 class ClientConnections:
     """The connections of one broker's client socket and the clients they carry (see the
     module docstring). ``timeout``: ``clients.timeout``; ``move_timeout``:
-    ``clients.move_timeout``; ``table``: the node's session rules; ``notify`` sends a
-    notice to a connection behind its deliveries."""
+    ``clients.move_timeout``; ``notify`` sends a notice to a connection behind its
+    deliveries."""
 
     def __init__(
         self,
         broker_id: str,
         router: Router,
-        table: ClientTable,
         notify: Callable[[bytes, dict], None],
         counters: Counter[str],
         *,
@@ -125,7 +123,7 @@ class ClientConnections:
     ) -> None:
         self.id = broker_id
         self.router = router
-        self.table = table
+        self.table = router.node.sessions
         """Each client's subscriptions here and the session rules: limits, withdrawal
         when gone, moves and their orphans (DESIGN §7-§9)."""
         self.notify = notify
@@ -187,15 +185,16 @@ class ClientConnections:
         if connection is None:
             return None
         heard = time.time() - (time.monotonic() - connection.last_seen)
-        withdrawn = 0
-        for key in sorted(connection.keys):
-            for sub_id in self.table.gone(key):
-                self.router.execute(self.router.unsubscribe(key, sub_id))
-                self.router.replaying.durable_detached(sub_id, heard)
-                withdrawn += 1
+        withdrawn, router = 0, self.router
+        for key in sorted(connection.keys):  # the node decides what goes (DESIGN §7)
+            gone, actions = router.node.client_gone(
+                key, heard, router.replaying.durables, router.unsubscribe
+            )
+            router.execute(actions)
+            withdrawn += len(gone)
             self.names.pop(key, None)
             self.publishers.discard(key)
-            self.router.execute(self.router.unadvertise_all(key))
+        router.replaying.save_durables()  # the records of its durable ones wait
         self.counters["clients_left" if left else "clients_dropped"] += 1
         log.log(
             logging.INFO if left else logging.WARNING,
@@ -238,16 +237,17 @@ class ClientConnections:
     def released(self, key: str, sub_id: str) -> None:
         """``sub_id`` moved on from this broker: tell its client, after everything this
         broker delivered to it before (its last delivery from here)."""
-        self.router.replaying.durable_moved(sub_id)
-        if self.table.released(key, sub_id):
+        replaying = self.router.replaying
+        tell = self.router.node.released(key, sub_id, replaying.durables)
+        replaying.save_durables()  # its record went with it
+        if tell:
             identity, name = self.names[key]
             self.notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
 
     def _expire_moves(self, now: float) -> None:
         """Withdraw what orphaned move orders kept past their deadline
-        (:meth:`ClientTable.expire`)."""
-        for key, sub_id in self.table.expire(now):
-            self.router.execute(self.router.unsubscribe(key, sub_id))
+        (:meth:`BrokerNode.moves_expired`)."""
+        self.router.execute(self.router.node.moves_expired(now, self.router.unsubscribe))
 
     def withdraw(self, key: str, sub_id: str) -> None:
         """End local subscription ``sub_id`` of client ``key``: its durable record was

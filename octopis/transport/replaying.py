@@ -272,7 +272,7 @@ class Replaying:
         if self._expiry is not None:
             self._expiry.cancel()
         if self.store is not None:
-            self._save_durables()
+            self.save_durables()
             self.store.close()
 
     # -- durable subscriptions (DESIGN §11) ---------------------------------------------
@@ -283,7 +283,7 @@ class Replaying:
         """``key`` holds durable ``name`` as ``sub_id`` here (raises ``DurableError`` at
         ``[durable] max``)."""
         self.durables.attach(client, name, key, sub_id, filters, time.time())
-        self._save_durables()
+        self.save_durables()
 
     def durable_ack(
         self, client: str, name: str, since: list[tuple[str, int, int]], after: float | None
@@ -291,15 +291,10 @@ class Replaying:
         """The client took deliveries up to ``since`` (written within a second)."""
         return self.durables.ack(client, name, since, time.time(), after)
 
-    def durable_detached(self, sub_id: str, heard: float) -> None:
-        """``sub_id``'s connection went away, last heard at wall time ``heard``."""
-        if self.durables.detached(sub_id, heard):
-            self._save_durables()
-
     def durable_moved(self, sub_id: str) -> None:
         """``sub_id`` moved to another broker with its durable record."""
         self.durables.moved(sub_id)
-        self._save_durables()
+        self.save_durables()
 
     def durable_ended(self, sub_id: str) -> bool:
         """``key`` unsubscribed ``sub_id``: a durable one ends here and, by a claim whose
@@ -307,7 +302,7 @@ class Replaying:
         ident = self.durables.end(sub_id)
         if ident is None:
             return False
-        self._save_durables()
+        self.save_durables()
         self.start(None, [], [], time.time(), claim=claim_of(*ident))
         return True
 
@@ -325,9 +320,10 @@ class Replaying:
                     record.client,
                     self.durable.keep,
                 )
-            self._save_durables()
+            self.save_durables()
 
-    def _save_durables(self) -> None:
+    def save_durables(self) -> None:
+        """Write the durable records changed since the last write (none: nothing)."""
         dirty, self.durables.dirty = self.durables.dirty, set()
         if self.store is None or not dirty:
             return
@@ -466,7 +462,7 @@ class Replaying:
             claimed = (record.claimed(self.id, now),)
             if record.key is not None and record.key != key and record.sub_id is not None:
                 self._withdraw(record.key, record.sub_id)
-            self._save_durables()
+            self.save_durables()
         self._carry_out(
             self.rounds.stored(
                 request.req_id, [], [], has_store=self.store is not None, claimed=claimed
