@@ -362,6 +362,13 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "restarted brokers took a replay request again from other parents, the parents "
             "formed a cycle, and a late echo went round it for ever (the run never ended)",
         ),
+        (
+            23071,
+            ("fig2",),
+            "with advertisements, an SNR copy for a down iCOL took the square the other way "
+            "round into a broker of that cluster that held no entry for it, and was lost",
+        ),
+        (24995, ("fig2",), "the same, another history"),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:
