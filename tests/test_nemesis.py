@@ -369,6 +369,12 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "round into a broker of that cluster that held no entry for it, and was lost",
         ),
         (24995, ("fig2",), "the same, another history"),
+        (
+            25913,
+            ("fig2",),
+            "with advertisements, an SNR copy for a down iCOL rode a CBV on a live aCOL into "
+            "another region's broker of that cluster, which held no entry for it",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

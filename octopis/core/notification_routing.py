@@ -35,6 +35,12 @@ class NotificationRouting(ClusterLinks):
     """SNR (``dynamic`` False) or DNR (True) over this broker's table, its links and the
     shares it still waits for (:class:`~octopis.core.cluster_links.ClusterLinks`)."""
 
+    @property
+    def advertising(self) -> object | None:
+        """Advertisements, when on (then a cluster's entries lie only towards publishers
+        that advertised, so a copy enters another cluster only in its own region)."""
+        return None
+
     def publish(self, notification: Notification, links: LinkView) -> list[Action]:
         """A local publisher publishes ``notification``."""
         return self.route(notification, None, links)
@@ -154,8 +160,9 @@ class NotificationRouting(ClusterLinks):
         the least-loaded live link of O (cluster k0), minus k0, or, every link of O down,
         on the least-loaded live target aCOL. A down link never carries anything
         (DESIGN §7): a target aCOL that is down gets a tunnel copy (:meth:`detour`); bits
-        no live target link can carry enter their clusters at this region's B(x,k)
-        itself, by a tunnel through the region (:meth:`_enter_region`, ``dnr_detour``). Without failures the CBV only goes on a target
+        no live target link can carry (or, with advertisements, that would ride an aCOL)
+        enter their clusters at this region's B(x,k) itself, by a tunnel through the
+        region (:meth:`_enter_region`, ``dnr_detour``). Without failures the CBV only goes on a target
         link and never holds the current cluster's bit.
         """
         down = links.down
@@ -187,8 +194,11 @@ class NotificationRouting(ClusterLinks):
                 case, carrier = "dnr_case_3", min(live_acols, key=_by_load(links))
             else:
                 case, carrier = "dnr_detour", None
-                entering = self._enter_region(n, carried, links)
-            if carrier is not None:
+            if carrier is None or (carrier in live_acols and self.advertising is not None):
+                dead = {k for k in carried if down(loaded[k])}
+                carried -= dead
+                entering = self._enter_region(n, dead, links) if dead else []
+            if carrier is not None and (carried or carrier not in copies):
                 copies[carrier] = n._replace(cbv=self._cbv(carried)) if carried else n
                 self.stats[case if self.dynamic else "snr.cbv_detour"] += 1
                 self.stats["dnr_kept_off"] += len(loaded) - (carrier in loaded.values())
