@@ -162,8 +162,8 @@ class NotificationRouting(ClusterLinks):
         (DESIGN §7): a target aCOL that is down gets a tunnel copy (:meth:`detour`); bits
         no live target link can carry (or, with advertisements, that would ride an aCOL)
         enter their clusters at this region's B(x,k) itself, by a tunnel through the
-        region (:meth:`_enter_region`, ``dnr_detour``). Without failures the CBV only goes on a target
-        link and never holds the current cluster's bit.
+        region (:meth:`_enter_region`, ``dnr_detour``). Without failures the CBV only goes
+        on a target link and never holds the current cluster's bit.
         """
         down = links.down
         unloaded: list[str] = []
