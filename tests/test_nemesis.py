@@ -375,6 +375,12 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "with advertisements, an SNR copy for a down iCOL rode a CBV on a live aCOL into "
             "another region's broker of that cluster, which held no entry for it",
         ),
+        (
+            24028,
+            ("fig2",),
+            "a share handed a restarted neighbour at its handshake was lost in flight when "
+            "the link was cut just after; after the heal it asked again and was never paid",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

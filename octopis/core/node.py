@@ -189,6 +189,7 @@ class BrokerNode(Generic[Token]):
         if neighbour in self.recovery.paid_late and isinstance(core, ClusteredBroker):
             wants = neighbour in core.missing_shares
             actions.append(HandedShare(neighbour, 0, True, wants))
+        self.recovery.asked_after_heal.add(neighbour)
         return actions
 
     def neighbour_met(
@@ -228,19 +229,27 @@ class BrokerNode(Generic[Token]):
     def synced(self, neighbour: str, handed: HandedShare) -> list:
         """``neighbour`` handed us its share (``handed`` as it told us): whole, we route by
         the table on its side and pay the shares this completed; if it wants none of ours,
-        we owe it nothing. A neighbour that knew our predecessor tells a BID broker that
-        its table lost what was subscribed before the restart."""
+        we owe it nothing; if it still wants ours after its link healed, we owe it again
+        (what we handed it was lost in flight). A neighbour that knew our predecessor
+        tells a BID broker that its table lost what was subscribed before the restart."""
+        recovery = self.recovery
+        healed = neighbour in recovery.asked_after_heal
+        recovery.asked_after_heal.discard(neighbour)
         if not handed.wants_share:
-            self.recovery.owed_shares.discard(neighbour)
+            recovery.owed_shares.discard(neighbour)
         core = self.core
         if isinstance(core, BidBroker):
             core.table_lost |= handed.predecessor
             return []
+        again = healed and handed.wants_share and neighbour not in recovery.owed_shares
+        if again:  # what we handed it before the link failed was lost in flight
+            recovery.owed_shares.add(neighbour)
+            self.counters["shares_asked_again"] += 1
         if handed.complete and neighbour in core.missing_shares:
             core.share_received(neighbour)
             self.counters["shares_received_late"] += self.serving
             return self.pay_owed_shares()
-        return []
+        return self.pay_owed_shares() if again else []
 
     def start(self, now: float, down_after: float) -> None:
         """This node's process starts at ``now``: a neighbour not heard within

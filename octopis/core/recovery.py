@@ -54,6 +54,11 @@ class Recovery(Generic[Item]):
         word that it was handed goes on the link as a link frame, which a link that
         fails before it is taken loses while the share's entries wait for the heal, so
         a heal says it again (:meth:`BrokerNode.link_back`)."""
+        self.asked_after_heal: set[str] = set()
+        """Neighbours whose link healed since we last heard their word: our share handed
+        them at their handshake (or late) may have been lost in flight, so a word from
+        one that still wants it gets it again (:meth:`BrokerNode.synced`); one that holds
+        an entry already ignores it."""
         self.unshared: set[str] = set()
         """Restarted neighbours not yet handed our share: what is held for one is
         handed as at its restart (:meth:`restarted`), since a withdrawal or a move can
@@ -160,6 +165,7 @@ class Recovery(Generic[Item]):
         self.withdraw_when_serving.pop(neighbour, None)
         self.owed_shares.discard(neighbour)
         self.paid_late.discard(neighbour)
+        self.asked_after_heal.discard(neighbour)
         self.unshared.discard(neighbour)
         return dropped
 
