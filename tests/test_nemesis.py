@@ -381,6 +381,12 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "a share handed a restarted neighbour at its handshake was lost in flight when "
             "the link was cut just after; after the heal it asked again and was never paid",
         ),
+        (
+            26786,
+            ("fig2",),
+            "the same, lost to a pause just after a heal's handshake: the neighbour missing "
+            "the share never asked for it again",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

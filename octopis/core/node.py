@@ -180,15 +180,19 @@ class BrokerNode(Generic[Token]):
         link before (one lost in flight would leave it without what covers others); the
         copies held for it; then the shares owed to neighbours that are ``up``; and, if
         our share was paid it late, the word that it was (lost if the link failed before
-        it was taken; said twice, it changes nothing)."""
+        it was taken; said twice, it changes nothing), else, if we still miss its share,
+        a word that asks for it again (:meth:`synced`)."""
         actions: list[Action | HandedShare] = self._hand_held_sbp(neighbour)[0]
         actions += self.core.refresh_link(neighbour)
         actions += self._released(neighbour, self.recovery.release_copies(neighbour))
         actions += self.pay_owed_shares()
         core = self.core
-        if neighbour in self.recovery.paid_late and isinstance(core, ClusteredBroker):
+        if isinstance(core, ClusteredBroker):
             wants = neighbour in core.missing_shares
-            actions.append(HandedShare(neighbour, 0, True, wants))
+            if neighbour in self.recovery.paid_late:
+                actions.append(HandedShare(neighbour, 0, True, wants))
+            elif wants:  # what it handed us may have been lost in flight: ask again
+                actions.append(HandedShare(neighbour, 0, False, True))
         self.recovery.asked_after_heal.add(neighbour)
         return actions
 
