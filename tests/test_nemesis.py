@@ -387,6 +387,13 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "the same, lost to a pause just after a heal's handshake: the neighbour missing "
             "the share never asked for it again",
         ),
+        (
+            27011,
+            ("fig2",),
+            "with covering, a restarted broker still missing a neighbour's share withdrew a "
+            "predecessor's subscription that covered one in that share: nothing took its "
+            "place downstream",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

@@ -234,7 +234,9 @@ class BrokerNode(Generic[Token]):
         """``neighbour`` handed us its share (``handed`` as it told us): whole, we route by
         the table on its side and pay the shares this completed; if it wants none of ours,
         we owe it nothing; if it still wants ours after its link healed, we owe it again
-        (what we handed it was lost in flight). A neighbour that knew our predecessor
+        (what we handed it was lost in flight). A share that completes our table lets the
+        withdrawals of predecessors' subscriptions deferred for it go
+        (:meth:`Recovery.withdraw_predecessor`). A neighbour that knew our predecessor
         tells a BID broker that its table lost what was subscribed before the restart."""
         recovery = self.recovery
         healed = neighbour in recovery.asked_after_heal
@@ -252,7 +254,13 @@ class BrokerNode(Generic[Token]):
         if handed.complete and neighbour in core.missing_shares:
             core.share_received(neighbour)
             self.counters["shares_received_late"] += self.serving
-            return self.pay_owed_shares()
+            deferred = [
+                action
+                for n in sorted(recovery.withdraw_when_serving)
+                if self.neighbours[n].serving
+                for action in recovery.withdraw_predecessor(core, n)
+            ]
+            return [*deferred, *self.pay_owed_shares()]
         return self.pay_owed_shares() if again else []
 
     def start(self, now: float, down_after: float) -> None:

@@ -148,15 +148,27 @@ class Recovery(Generic[Item]):
 
     def serving(self, core: object, neighbour: str) -> tuple[list[Item], list[Action]]:
         """``neighbour`` is serving: the copies held for it, and the withdrawal of its
-        predecessor's subscriptions if it restarted."""
-        released = self.release_copies(neighbour)
-        epoch = self.withdraw_when_serving.pop(neighbour, None)
+        predecessor's subscriptions if it restarted (:meth:`withdraw_predecessor`)."""
+        return self.release_copies(neighbour), self.withdraw_predecessor(core, neighbour)
+
+    def withdraw_predecessor(self, core: object, neighbour: str) -> list[Action]:
+        """The withdrawal of restarted ``neighbour``'s predecessor's subscriptions, once
+        it serves. With covering it waits while our table misses another primary
+        neighbour's share (counted ``predecessor_withdrawal_deferred``): a withdrawal
+        sends in its place what it covered, and some of that may be in the share; the
+        node asks again when a share comes in (:meth:`BrokerNode.synced`)."""
+        epoch = self.withdraw_when_serving.get(neighbour)
         if epoch is None or not isinstance(core, ClusteredBroker):
-            return released, []
+            self.withdraw_when_serving.pop(neighbour, None)
+            return []
+        if core.travel.covering is not None and not core.share_complete(neighbour):
+            self.counters["predecessor_withdrawal_deferred"] += 1
+            return []
+        del self.withdraw_when_serving[neighbour]
         stored = len(core.table)
         actions = withdraw_predecessor(core, neighbour, epoch)
         self.counters["predecessor_entries_withdrawn"] += stored - len(core.table)
-        return released, actions
+        return actions
 
     def forget(self, neighbour: str) -> int:
         """``neighbour`` left the overlay (a topology change): everything held for or
