@@ -397,6 +397,38 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "restarted brokers took a replay request again from other parents, the parents "
             "formed a cycle, and a late echo went round it for ever (the run never ended)",
         ),
+        (
+            23071,
+            ("fig2",),
+            "with advertisements, an SNR copy for a down iCOL took the square the other way "
+            "round into a broker of that cluster that held no entry for it, and was lost",
+        ),
+        (24995, ("fig2",), "the same, another history"),
+        (
+            25913,
+            ("fig2",),
+            "with advertisements, an SNR copy for a down iCOL rode a CBV on a live aCOL into "
+            "another region's broker of that cluster, which held no entry for it",
+        ),
+        (
+            24028,
+            ("fig2",),
+            "a share handed a restarted neighbour at its handshake was lost in flight when "
+            "the link was cut just after; after the heal it asked again and was never paid",
+        ),
+        (
+            26786,
+            ("fig2",),
+            "the same, lost to a pause just after a heal's handshake: the neighbour missing "
+            "the share never asked for it again",
+        ),
+        (
+            27011,
+            ("fig2",),
+            "with covering, a restarted broker still missing a neighbour's share withdrew a "
+            "predecessor's subscription that covered one in that share: nothing took its "
+            "place downstream",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

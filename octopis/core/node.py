@@ -192,15 +192,20 @@ class BrokerNode(Generic[Token]):
         link before (one lost in flight would leave it without what covers others); the
         copies held for it; then the shares owed to neighbours that are ``up``; and, if
         our share was paid it late, the word that it was (lost if the link failed before
-        it was taken; said twice, it changes nothing)."""
+        it was taken; said twice, it changes nothing), else, if we still miss its share,
+        a word that asks for it again (:meth:`synced`)."""
         actions: list[Action | HandedShare] = self._hand_held_sbp(neighbour)[0]
         actions += self.core.refresh_link(neighbour)
         actions += self._released(neighbour, self.recovery.release_copies(neighbour))
         actions += self.pay_owed_shares()
         core = self.core
-        if neighbour in self.recovery.paid_late and isinstance(core, ClusteredBroker):
+        if isinstance(core, ClusteredBroker):
             wants = neighbour in core.missing_shares
-            actions.append(HandedShare(neighbour, 0, True, wants))
+            if neighbour in self.recovery.paid_late:
+                actions.append(HandedShare(neighbour, 0, True, wants))
+            elif wants:  # what it handed us may have been lost in flight: ask again
+                actions.append(HandedShare(neighbour, 0, False, True))
+        self.recovery.asked_after_heal.add(neighbour)
         return actions
 
     def neighbour_met(
@@ -240,19 +245,35 @@ class BrokerNode(Generic[Token]):
     def synced(self, neighbour: str, handed: HandedShare) -> list:
         """``neighbour`` handed us its share (``handed`` as it told us): whole, we route by
         the table on its side and pay the shares this completed; if it wants none of ours,
-        we owe it nothing. A neighbour that knew our predecessor tells a BID broker that
-        its table lost what was subscribed before the restart."""
+        we owe it nothing; if it still wants ours after its link healed, we owe it again
+        (what we handed it was lost in flight). A share that completes our table lets the
+        withdrawals of predecessors' subscriptions deferred for it go
+        (:meth:`Recovery.withdraw_predecessor`). A neighbour that knew our predecessor
+        tells a BID broker that its table lost what was subscribed before the restart."""
+        recovery = self.recovery
+        healed = neighbour in recovery.asked_after_heal
+        recovery.asked_after_heal.discard(neighbour)
         if not handed.wants_share:
-            self.recovery.owed_shares.discard(neighbour)
+            recovery.owed_shares.discard(neighbour)
         core = self.core
         if isinstance(core, BidBroker):
             core.table_lost |= handed.predecessor
             return []
+        again = healed and handed.wants_share and neighbour not in recovery.owed_shares
+        if again:  # what we handed it before the link failed was lost in flight
+            recovery.owed_shares.add(neighbour)
+            self.counters["shares_asked_again"] += 1
         if handed.complete and neighbour in core.missing_shares:
             core.share_received(neighbour)
             self.counters["shares_received_late"] += self.serving
-            return self.pay_owed_shares()
-        return []
+            deferred = [
+                action
+                for n in sorted(recovery.withdraw_when_serving)
+                if self.neighbours[n].serving
+                for action in recovery.withdraw_predecessor(core, n)
+            ]
+            return [*deferred, *self.pay_owed_shares()]
+        return self.pay_owed_shares() if again else []
 
     def start(self, now: float, down_after: float) -> None:
         """This node's process starts at ``now``: a neighbour not heard within

@@ -35,6 +35,12 @@ class NotificationRouting(ClusterLinks):
     """SNR (``dynamic`` False) or DNR (True) over this broker's table, its links and the
     shares it still waits for (:class:`~octopis.core.cluster_links.ClusterLinks`)."""
 
+    @property
+    def advertising(self) -> object | None:
+        """Advertisements, when on (then a cluster's entries lie only towards publishers
+        that advertised, so a copy enters another cluster only in its own region)."""
+        return None
+
     def publish(self, notification: Notification, links: LinkView) -> list[Action]:
         """A local publisher publishes ``notification``."""
         return self.route(notification, None, links)
@@ -144,7 +150,7 @@ class NotificationRouting(ClusterLinks):
         acols: set[str],
         icols: Mapping[int, str],
         links: LinkView,
-    ) -> list[Forward]:
+    ) -> list[Action]:
         """DNR's copies of ``n`` (no CBV) for target ``acols`` and ``icols`` (by cluster).
 
         Plain copies go on every target aCOL and every unoverloaded target iCOL (U). If
@@ -154,10 +160,10 @@ class NotificationRouting(ClusterLinks):
         the least-loaded live link of O (cluster k0), minus k0, or, every link of O down,
         on the least-loaded live target aCOL. A down link never carries anything
         (DESIGN §7): a target aCOL that is down gets a tunnel copy (:meth:`detour`); bits
-        no live target link can carry take the square the other way round, on the
-        least-loaded live aCOL away from ``src`` (``dnr_detour``), or are counted
-        undeliverable when there is none. Without failures the CBV only goes on a target
-        link and never holds the current cluster's bit.
+        no live target link can carry (or, with advertisements, that would ride an aCOL)
+        enter their clusters at this region's B(x,k) itself, by a tunnel through the
+        region (:meth:`_enter_region`, ``dnr_detour``). Without failures the CBV only goes
+        on a target link and never holds the current cluster's bit.
         """
         down = links.down
         unloaded: list[str] = []
@@ -172,6 +178,7 @@ class NotificationRouting(ClusterLinks):
         for link in acols:
             (dead_acols if down(link) else live_acols).append(link)
         copies = dict.fromkeys((*live_acols, *unloaded), n)
+        entering: list[Action] = []
         if loaded:
             carried = set(loaded)
             free_acols = [link for link in live_acols if not links.overloaded(link)]
@@ -186,21 +193,37 @@ class NotificationRouting(ClusterLinks):
             elif live_acols:
                 case, carrier = "dnr_case_3", min(live_acols, key=_by_load(links))
             else:
-                away = [link for link in self.primary if link != src and not down(link)]
-                case, carrier = "dnr_detour", min(away, key=_by_load(links), default=None)
-            if carrier is None:
-                self.stats["undeliverable.no_live_link"] += len(carried)
-            else:
+                case, carrier = "dnr_detour", None
+            if carrier is None or (carrier in live_acols and self.advertising is not None):
+                dead = {k for k in carried if down(loaded[k])}
+                carried -= dead
+                entering = self._enter_region(n, dead, links) if dead else []
+            if carrier is not None and (carried or carrier not in copies):
                 copies[carrier] = n._replace(cbv=self._cbv(carried)) if carried else n
                 self.stats[case if self.dynamic else "snr.cbv_detour"] += 1
                 self.stats["dnr_kept_off"] += len(loaded) - (carrier in loaded.values())
-        out = [Forward(link, copy) for link, copy in copies.items()]
+        out: list[Action] = [Forward(link, copy) for link, copy in copies.items()]
+        out += entering
         for link in dead_acols:
             out += self.detour(n, link, links)
         self.notification_copies += len(out)
         return out
 
     # -- failures: detours along squares and custody (DESIGN §7) -------------------------
+
+    def _enter_region(self, n: Notification, clusters: set[int], links: LinkView) -> list[Action]:
+        """The copies of ``n`` for ``clusters`` whose iCOLs are down and no live target
+        link can carry: each is a tunnel to this region's B(x,k), crossing from another
+        cluster of the region, or, none reaching it, fanned out around it (:meth:`_cross`);
+        B(x,k) routes it as if from its iCOL. Entering cluster k at another region would
+        miss what advertisements routed only towards the publisher's region."""
+        self.stats["dnr_detour"] += 1
+        out: list[Action] = []
+        for k in sorted(clusters):
+            self.stats["tunnel.started"] += 1
+            tunnel = Tunnel(k, self.region, self.region, 1 << self.cluster)
+            out += self._cross(n._replace(tunnel=tunnel, cbv=None), links, None)
+        return out
 
     def detour(self, n: Notification, link: str, links: LinkView) -> list[Forward]:
         """The copy ``n`` for aCOL ``link`` (down) takes the square B(x,c) → B(x,k) →
@@ -227,7 +250,8 @@ class NotificationRouting(ClusterLinks):
         nowhere to go is counted undeliverable."""
         tunnel = n.tunnel
         if tunnel.cluster == self.cluster:
-            origin = self.primary_in.get(tunnel.origin)
+            inside = tunnel.origin == self.region and src in self.secondary.values()
+            origin = src if inside else self.primary_in.get(tunnel.origin)
             if tunnel.target != self.region or origin is None:
                 raise ProtocolError(
                     f"tunnel to {tunnel.target} from {tunnel.origin} in cluster "

@@ -54,6 +54,11 @@ class Recovery(Generic[Item]):
         word that it was handed goes on the link as a link frame, which a link that
         fails before it is taken loses while the share's entries wait for the heal, so
         a heal says it again (:meth:`BrokerNode.link_back`)."""
+        self.asked_after_heal: set[str] = set()
+        """Neighbours whose link healed since we last heard their word: our share handed
+        them at their handshake (or late) may have been lost in flight, so a word from
+        one that still wants it gets it again (:meth:`BrokerNode.synced`); one that holds
+        an entry already ignores it."""
         self.unshared: set[str] = set()
         """Restarted neighbours not yet handed our share: what is held for one is
         handed as at its restart (:meth:`restarted`), since a withdrawal or a move can
@@ -143,15 +148,27 @@ class Recovery(Generic[Item]):
 
     def serving(self, core: object, neighbour: str) -> tuple[list[Item], list[Action]]:
         """``neighbour`` is serving: the copies held for it, and the withdrawal of its
-        predecessor's subscriptions if it restarted."""
-        released = self.release_copies(neighbour)
-        epoch = self.withdraw_when_serving.pop(neighbour, None)
+        predecessor's subscriptions if it restarted (:meth:`withdraw_predecessor`)."""
+        return self.release_copies(neighbour), self.withdraw_predecessor(core, neighbour)
+
+    def withdraw_predecessor(self, core: object, neighbour: str) -> list[Action]:
+        """The withdrawal of restarted ``neighbour``'s predecessor's subscriptions, once
+        it serves. With covering it waits while our table misses another primary
+        neighbour's share (counted ``predecessor_withdrawal_deferred``): a withdrawal
+        sends in its place what it covered, and some of that may be in the share; the
+        node asks again when a share comes in (:meth:`BrokerNode.synced`)."""
+        epoch = self.withdraw_when_serving.get(neighbour)
         if epoch is None or not isinstance(core, ClusteredBroker):
-            return released, []
+            self.withdraw_when_serving.pop(neighbour, None)
+            return []
+        if core.travel.covering is not None and not core.share_complete(neighbour):
+            self.counters["predecessor_withdrawal_deferred"] += 1
+            return []
+        del self.withdraw_when_serving[neighbour]
         stored = len(core.table)
         actions = withdraw_predecessor(core, neighbour, epoch)
         self.counters["predecessor_entries_withdrawn"] += stored - len(core.table)
-        return released, actions
+        return actions
 
     def forget(self, neighbour: str) -> int:
         """``neighbour`` left the overlay (a topology change): everything held for or
@@ -160,6 +177,7 @@ class Recovery(Generic[Item]):
         self.withdraw_when_serving.pop(neighbour, None)
         self.owed_shares.discard(neighbour)
         self.paid_late.discard(neighbour)
+        self.asked_after_heal.discard(neighbour)
         self.unshared.discard(neighbour)
         return dropped
 
