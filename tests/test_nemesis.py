@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,6 +83,15 @@ def _first_failing(seeds: range) -> int | None:
     return next((s for s in seeds if s not in OPEN and not run(draw(s)).passed), None)
 
 
+def _caught(problem: Callable[[str], bool]) -> None:
+    """Some seed of the suite's fails with a problem ``problem`` accepts (the seed and its
+    history are printed)."""
+    seed = _first_failing(range(SEEDS))
+    assert seed is not None
+    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
+    assert any(problem(p) for p in run(draw(seed)).problems)
+
+
 def test_releasing_no_held_copies_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A node that never releases the copies it held for a neighbour when the link heals
     (nor when it serves again): the checker finds copies held for a neighbour that is
@@ -108,10 +118,7 @@ def test_a_withdrawal_that_does_not_unquench_is_caught(monkeypatch: pytest.Monke
         self.unquench = False
 
     monkeypatch.setattr(ClusteredBroker, "__init__", broken)
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
-    assert any("lost without a count" in p for p in run(draw(seed)).problems)
+    _caught(lambda p: "lost without a count" in p)
 
 
 def test_a_replay_without_lookback_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,10 +141,7 @@ def test_a_store_that_ignores_a_replays_until_is_caught(monkeypatch: pytest.Monk
         self.until = math.inf
 
     monkeypatch.setattr(AnswerSelection, "__init__", broken)
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
-    assert any("outside its window" in p for p in run(draw(seed)).problems)
+    _caught(lambda p: "outside its window" in p)
 
 
 def test_a_share_never_paid_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,10 +156,7 @@ def test_a_share_never_paid_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     ]
     assert late, "no seed pays an owed share late"
     monkeypatch.setattr(BrokerNode, "pay_owed_shares", lambda self: [])
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
-    assert any("resync share" in p for p in run(draw(seed)).problems)
+    _caught(lambda p: "resync share" in p)
 
 
 def test_a_durable_record_that_forgets_what_was_taken_is_caught(
@@ -169,10 +170,7 @@ def test_a_durable_record_that_forgets_what_was_taken_is_caught(
         return ack(self, client, name, [], *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Durables, "ack", forgetful)
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
-    assert any(p.startswith("durable") and "duplicated" in p for p in run(draw(seed)).problems)
+    _caught(lambda p: p.startswith("durable") and "duplicated" in p)
 
 
 def test_link_faults_and_clocks_are_drawn_and_pass() -> None:
@@ -465,19 +463,13 @@ def test_a_join_that_misses_a_match_is_caught(monkeypatch: pytest.MonkeyPatch) -
         return offer(self, *args, **kwargs)[1:]  # type: ignore[arg-type]
 
     monkeypatch.setattr(CompositeJoin, "offer", forgetful)
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
-    assert any("not delivered" in p for p in run(draw(seed)).problems)
+    _caught(lambda p: "not delivered" in p)
 
 
 def test_a_join_that_ignores_its_window_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A join that reads no window: publications further apart than it make matches."""
     monkeypatch.setattr(CompositeJoin, "window", property(lambda self: None))
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
-    assert any("that are none" in p for p in run(draw(seed)).problems)
+    _caught(lambda p: "that are none" in p)
 
 
 def test_the_long_run_sums_its_chunks_by_kind(
