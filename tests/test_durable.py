@@ -136,12 +136,15 @@ def test_a_record_made_at_a_failover_owes_from_the_replays_start() -> None:
 
 
 def test_a_claim_resumes_from_the_freshest_copy_and_the_earliest_start() -> None:
-    """Copies of one record: the freshest copy's acknowledgements, from the earliest
-    start (a copy made at a fail-over began then; nemesis seed 85)."""
-    kept = Claimed("e:1", ("[x,<,6]",), (("P", 0, 1),), 0.0, 32.0)
+    """Copies of one record: the freshest copy's filters, from the earliest start (a copy
+    made at a fail-over began then; nemesis seed 85), and of each publisher the highest
+    acknowledgement of any copy (the fail-over's host died before it wrote the whole
+    record acknowledged again there; nemesis seed 35232)."""
+    kept = Claimed("e:1", ("[x,<,6]",), (("P", 0, 1), ("Q", 0, 7)), 0.0, 32.0)
     moved = Claimed("c:1", ("[x,<,6]",), (("P", 0, 3),), 33.8, 33.9)
-    assert resume_from([kept, moved]) == (moved, 0.0)
-    assert resume_from([moved]) == (moved, 33.8)
+    best, since, after = resume_from([kept, moved])
+    assert (best, sorted(since), after) == (moved, [("P", 0, 3), ("Q", 0, 7)], 0.0)
+    assert resume_from([moved]) == (moved, [("P", 0, 3)], 33.8)
 
 
 def test_an_abandoned_record_is_withdrawn_after_keep_and_counted() -> None:

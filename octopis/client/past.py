@@ -84,8 +84,11 @@ class PastRequests:
                 self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
             log.info("%s: durable %s is new here (no record found)", name, durable)
             return history
-        best, after = resume_from(claimed_records(claimed))
-        record_since = list(best.since)
+        silent = tuple(summary.get("silent", ()))
+        if silent:
+            why = "a fresher copy of its record may be kept at a broker that did not answer"
+            self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
+        best, record_since, after = resume_from(claimed_records(claimed))
         self.acks.claimed(durable, record_since, after)
         self.acks.ack_all(self.client.durables())
         log.info(
