@@ -91,6 +91,10 @@ class ClaimedCopy(Protocol):
     """What :func:`resume_from` reads of a claimed durable record."""
 
     @property
+    def since(self) -> Sequence[tuple[str, int, int]]:
+        """The last sequence number acknowledged of each (publisher, session)."""
+
+    @property
     def after(self) -> float:
         """From when any publisher's publications are owed."""
 
@@ -102,15 +106,21 @@ class ClaimedCopy(Protocol):
 C = TypeVar("C", bound=ClaimedCopy)
 
 
-def resume_from(claimed: Sequence[C]) -> tuple[C, float]:
+def resume_from(claimed: Sequence[C]) -> tuple[C, list[tuple[str, int, int]], float]:
     """Of the copies of a durable record a claim found (non-empty), the one to resume
-    from and from when any publisher's publications are owed: the freshest copy's
-    acknowledgements, from the earliest start of any. A copy made where the client
+    from (the freshest: its filters), what was taken (of each publisher's session the
+    highest sequence number any copy acknowledges) and from when any publisher's
+    publications are owed (the earliest start of any). A copy made where the client
     failed over began then; one its old host kept (written before it died) begins when
     the subscription did, and what publishers the client never heard from published in
-    between is owed too."""
+    between is owed too. The freshest copy may lack acknowledgements an older one holds:
+    a fail-over acknowledges the whole record again at its new host, which may die
+    before it writes them."""
     best = max(claimed, key=lambda c: c.updated)
-    return best, min(c.after for c in claimed)
+    taken = LastSeen()
+    for copy in sorted(claimed, key=lambda c: c.updated):
+        taken.saw_all(copy.since)
+    return best, taken.since(), min(c.after for c in claimed)
 
 
 class LastSeen(OrderedDict[tuple[str, int], int]):

@@ -427,6 +427,23 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "predecessor's subscription that covered one in that share: nothing took its "
             "place downstream",
         ),
+        (
+            34673,
+            ("fig2",),
+            "a durable client that had failed over to b:2 came back at its first host, which "
+            "had restarted with the record's stale copy; b:2, cut off, kept the fresh one, "
+            "and the claim resumed from the stale one without a reported gap: its replay "
+            "repeated what b:2's copy had acknowledged",
+        ),
+        (29493, ("fig2",), "the same, another history"),
+        (30394, ("fig2",), "the same, the fresh copy's host dead at the claim"),
+        (
+            35232,
+            ("fig2",),
+            "a claim resumed from the freshest copy of a durable record, made at a fail-over "
+            "whose host died before writing the acknowledgements sent again there; the older "
+            "copy held them, and its replay repeated them",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

@@ -75,17 +75,19 @@ class PastRequests:
         error = await self.ask(seam, {"op": "claim", "client": name, "durable": durable})
         summary = seam.next_request() or {}
         claimed = summary.get("claimed", [])
+        silent = tuple(summary.get("silent", ()))
+        if silent or (error and not claimed):  # a silent broker may keep it, or a fresher copy
+            why = error or (
+                "a fresher copy of its record may be kept at a broker that did not answer"
+                if claimed
+                else "its record may be kept at a broker that did not answer"
+            )
+            self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
         if not claimed:
             self.let_go(seam)
-            silent = tuple(summary.get("silent", ()))
-            history = History(None, time.time(), None, 0, 0, silent=silent, error=error)
-            if silent or error:
-                why = error or "its record may be kept at a broker that did not answer"
-                self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
             log.info("%s: durable %s is new here (no record found)", name, durable)
-            return history
-        best, after = resume_from(claimed_records(claimed))
-        record_since = list(best.since)
+            return History(None, time.time(), None, 0, 0, silent=silent, error=error)
+        best, record_since, after = resume_from(claimed_records(claimed))
         self.acks.claimed(durable, record_since, after)
         self.acks.ack_all(self.client.durables())
         log.info(

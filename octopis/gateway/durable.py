@@ -8,9 +8,10 @@ client name ``stomp:<client-id>/<subscription name>`` and the durable names ``0`
 at whichever broker it comes back to. The steps, in order:
 
 1. subscribed: every disjunct is in place here (live deliveries wait from now on);
-2. claimed: each disjunct's record was looked for across the overlay; the most recently
-   updated one found says what the client took of each publisher (and since when
-   others' publications are owed), and is acknowledged to the records here;
+2. claimed: each disjunct's record was looked for across the overlay; the copies found
+   say what the client took of each publisher (the highest any acknowledges) and since
+   when others' publications are owed (the earliest start), as the SDK resumes
+   (:func:`~octopis.client_policy.resume_from`), acknowledged to the records here;
 3. replayed: the retained publications owed since then are delivered with the live
    ones that waited, each once, in publisher order; then live traffic.
 
@@ -29,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from octopis.client_policy import LastSeen
+from octopis.client_policy import LastSeen, resume_from
 from octopis.wire import (
     AckRequest,
     ClaimRequest,
@@ -127,15 +128,14 @@ class DurableSubscription:
         if not self.found:
             self.step = "live"
             return []
-        best = max(self.found, key=lambda c: c.updated)
-        self.taken.saw_all(best.since)
-        self.after = min(c.after for c in self.found)
+        _, since, self.after = resume_from(self.found)
+        self.taken.saw_all(since)
         self.step = "replaying"
         message = ReplayRequest(
             client=self.client,
             req=req,
             filters=self.filters,
-            since=[list(s) for s in best.since],
+            since=[list(s) for s in since],
             after=self.after,
             historic=True,
         )

@@ -401,18 +401,18 @@ class DurableSimulator(Simulator):
             self._end_durable_seam(c)
             return
         c.claiming = False
-        if not echo.claimed:  # a new record (a silent broker may keep it: the gap says)
-            if echo.silent:
-                c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent")
+        if echo.silent:  # its record, or a fresher copy than any found, may be kept there
+            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent")
+        if not echo.claimed:  # a new record
             self._end_durable_seam(c)
             return
-        best, after = resume_from(echo.claimed)
-        c.taken.saw_all(best.since)
-        c.claimed = LastSeen(((p, s), q) for p, s, q in best.since)
+        best, since, after = resume_from(echo.claimed)
+        c.taken.saw_all(since)
+        c.claimed = LastSeen(((p, s), q) for p, s, q in since)
         c.owed_after = after
         c.counts["claimed"] += 1
         self._durable_ack(c, c.taken.since())
-        replay = Replay("", c.host, best.filters, best.since, after, HISTORIC_BUDGET)
+        replay = Replay("", c.host, best.filters, tuple(since), after, HISTORIC_BUDGET)
         self._durable_request(c, replay)
 
     def _durable_write(self, broker: str) -> None:
@@ -437,7 +437,9 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
     of a copy undeliverable. Anything else is a silent loss. A delivery comes twice only
     if its acknowledgement died with its host before that host wrote it (a broker
     writes acknowledgements within a second), counted ``redelivered``, or after a claim
-    that did not find its record (reported to it: its subscription started anew). Returns the
+    that did not find its record or that a broker did not answer (reported to it: its
+    subscription started anew, or the copy it resumed from may not be the freshest).
+    Returns the
     problems and the counts (:data:`COUNTS` and ``redelivered``)."""
     problems: list[str] = []
     counts = dict.fromkeys((*COUNTS, "redelivered"), 0)
