@@ -429,6 +429,18 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "predecessor's subscription that covered one in that share: nothing took its "
             "place downstream",
         ),
+        (
+            31081,
+            ("fig2",),
+            "the simulator declared a restarted neighbour down at the liveness timeout of a "
+            "silence that its handshake had ended: the share it owed it was never paid",
+        ),
+        (
+            33356,
+            ("fig2",),
+            "the same, a detection timed from a crash firing after the restarted broker's "
+            "handshake (advertisements on)",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:
