@@ -441,6 +441,12 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "the same, a detection timed from a crash firing after the restarted broker's "
             "handshake (advertisements on)",
         ),
+        (
+            27806,
+            ("fig2",),
+            "a replay's answers passed up a link that was cut were dropped; the late echo "
+            "sent after the heal said their stores answered and withdrew the reported gap",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:
