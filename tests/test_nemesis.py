@@ -447,6 +447,13 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "a replay's answers passed up a link that was cut were dropped; the late echo "
             "sent after the heal said their stores answered and withdrew the reported gap",
         ),
+        (
+            27986,
+            ("fig2",),
+            "the simulator's subscriber, failing over again while its replay was under way, "
+            "asked from past what that replay's seam still held (the SDK asks before it "
+            "delivers them) and reported no gap for the replay never answered",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:
