@@ -444,6 +444,31 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "whose host died before writing the acknowledgements sent again there; the older "
             "copy held them, and its replay repeated them",
         ),
+        (
+            31081,
+            ("fig2",),
+            "the simulator declared a restarted neighbour down at the liveness timeout of a "
+            "silence that its handshake had ended: the share it owed it was never paid",
+        ),
+        (
+            33356,
+            ("fig2",),
+            "the same, a detection timed from a crash firing after the restarted broker's "
+            "handshake (advertisements on)",
+        ),
+        (
+            27806,
+            ("fig2",),
+            "a replay's answers passed up a link that was cut were dropped; the late echo "
+            "sent after the heal said their stores answered and withdrew the reported gap",
+        ),
+        (
+            27986,
+            ("fig2",),
+            "the simulator's subscriber, failing over again while its replay was under way, "
+            "asked from past what that replay's seam still held (the SDK asks before it "
+            "delivers them) and reported no gap for the replay never answered",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

@@ -149,6 +149,24 @@ def test_a_neighbour_that_dies_mid_round_or_stays_silent_is_reported() -> None:
     assert again == [Forward("c:0", ReplayEcho("a:0/1", seen=True))]
 
 
+def test_answers_sent_up_a_link_that_went_down_are_reported_silent_not_answered() -> None:
+    """Answers passed toward the host on a link that then goes down may have been dropped
+    with it (the parent reports this part silent): the echo sent after, and a late echo
+    passed on for a finished request, name those stores silent, never answered, so no
+    late echo withdraws a gap whose data was lost."""
+    rounds = ReplayRounds("b:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []))
+    rounds.receive("a:0", _request(2.0), 10.0)
+    rounds.stored("a:0/1", [], [])
+    page = ReplayData("a:0/1", (_notification("c:1", 1),))
+    assert rounds.receive("c:0", page, 10.1) == [Forward("a:0", page)]
+    assert rounds.link_down("a:0") == []
+    (echo,) = rounds.receive("c:0", ReplayEcho("a:0/1", answered=("c:0", "c:1")), 10.2)
+    assert echo.link == "a:0"
+    assert echo.message.answered == () and echo.message.silent == ("b:0", "c:0", "c:1")
+    late = rounds.receive("d:0", ReplayEcho("a:0/1", answered=("d:0",)), 10.3)
+    assert late == [Forward("a:0", ReplayEcho("a:0/1", silent=("d:0",)))]
+
+
 def test_a_part_still_sending_data_is_waited_for_from_its_last_page() -> None:
     """A large answer comes page by page: a child whose data keeps coming is waited for
     its budget from the last page (not reported silent at the request's deadline), and

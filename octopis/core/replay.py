@@ -186,6 +186,16 @@ class _Round:
     published: int = 0
     truncated: list[str] = field(default_factory=list)
     claimed: list[Claimed] = field(default_factory=list)
+    parent_lost: bool = False
+    """The link to ``parent`` went down while this round was open: answers sent up may
+    have been dropped with it (:meth:`ReplayRounds.link_down`)."""
+
+
+def _lost_up(echo: ReplayEcho) -> ReplayEcho:
+    """``echo`` from a part whose answers toward the host may have been dropped on a link
+    that went down: the stores it names as answered count as silent (a gap reported,
+    never a loss claimed answered)."""
+    return replace(echo, answered=(), silent=(*echo.answered, *echo.silent))
 
 
 class ReplayRounds:
@@ -204,6 +214,9 @@ class ReplayRounds:
         self.finished: OrderedDict[str, str | None] = OrderedDict()
         """Requests completed here → the neighbour they came from (None at the host):
         late answers of a part that was silent still find their way back."""
+        self.lost_up: set[str] = set()
+        """Finished requests (of :attr:`finished`) whose parent's link went down since:
+        late answers passed on may have been dropped with it."""
         self.stats: dict[str, int] = {"replay.rounds": 0, "replay.ended_early": 0}
         self.late_passed: OrderedDict[tuple, None] = OrderedDict()
         """Late answers passed on toward their host (at most ``16 × limit``): one that
@@ -268,6 +281,8 @@ class ReplayRounds:
             self.late_passed.popitem(last=False)
         self.stats["replay.late"] = self.stats.get("replay.late", 0) + 1
         parent = self.finished[message.req_id]
+        if type(message) is ReplayEcho and message.req_id in self.lost_up:
+            message = _lost_up(message)
         if parent is not None:
             return [Forward(parent, message)]
         if type(message) is ReplayData:
@@ -319,9 +334,17 @@ class ReplayRounds:
         return out + self._echo_if_complete(req_id, round_)
 
     def link_down(self, neighbour: str) -> list[ReplayAction]:
-        """``neighbour`` is down: no round waits for its echo any longer."""
+        """``neighbour`` is down: no round waits for its echo any longer. Answers sent
+        toward it may have been dropped with its link (the node drops replay answers
+        that do not reach a neighbour): a round or finished request whose parent it is
+        reports the stores below it silent, not answered, in the echoes it sends or
+        passes on after (:func:`_lost_up`); its parent has reported it silent, and a late
+        echo that said those stores answered would withdraw that gap."""
         out: list[ReplayAction] = []
+        self.lost_up.update(r for r, parent in self.finished.items() if parent == neighbour)
         for req_id, round_ in list(self.rounds.items()):
+            if round_.parent == neighbour:
+                round_.parent_lost = True
             if neighbour in round_.waiting:
                 round_.waiting.discard(neighbour)
                 round_.silent.append(neighbour)
@@ -370,8 +393,10 @@ class ReplayRounds:
             return []
         del self.rounds[req_id]
         self.finished[req_id] = round_.parent
+        if round_.parent_lost:
+            self.lost_up.add(req_id)
         while len(self.finished) > self.limit:
-            self.finished.popitem(last=False)
+            self.lost_up.discard(self.finished.popitem(last=False)[0])
         echo = ReplayEcho(
             req_id,
             answered=tuple(round_.answered),
@@ -386,4 +411,4 @@ class ReplayRounds:
             heard = set(echo.answered) | set(echo.unstored)
             silent = tuple(dict.fromkeys(b for b in echo.silent if b not in heard))
             return [ReplayDone(req_id, replace(echo, silent=silent))]
-        return [Forward(round_.parent, echo)]
+        return [Forward(round_.parent, _lost_up(echo) if round_.parent_lost else echo)]

@@ -218,14 +218,16 @@ class SubscriberFailover:
         self._home[subscriber] = new
         self.failed_over.add(subscriber)
         self.record_of(subscriber)
-        self._end_seam(subscriber)  # a replay cut short by this fail-over: its part joins now
+        # What the SDK has taken: not what a replay cut short still holds at its seam
+        # (it delivers that once the replay ends, after this one has asked).
+        seen = LastSeen()
+        seen.saw_all((p, 0, q) for s, p, q in self.ledger.received if s == subscriber)
+        self._cut_short(subscriber)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
             self._dispatch(new, self.clients.session_subscribe(subscriber, new, subscription)[1])
         if not self.replay_on_failover:
             return
-        seen = LastSeen()
-        seen.saw_all((p, 0, q) for s, p, q in self.ledger.received if s == subscriber)
         self._replays += 1
         req_id = f"{new}/{self._replays}"
         self._requesters[req_id] = subscriber
@@ -345,6 +347,19 @@ class SubscriberFailover:
             seam.live.append(n)
         else:
             self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+
+    def _cut_short(self, subscriber: str) -> None:
+        """A fail-over cuts ``subscriber``'s replay under way short: its part joins now,
+        and its answer never comes on this connection, which the SDK reports as a gap
+        (``Seam.gap``: no answer from the overlay), every store unheard until a late
+        echo of that request names those that answered."""
+        seam = self.seams.get(subscriber)
+        if seam is not None:
+            gaps = self._gaps_by_request.setdefault(subscriber, {})
+            gaps[seam.req_id] = set(self.scot.brokers)
+            self.replay_gaps[subscriber] = set().union(*gaps.values())
+            self.replay_counts["cut_short"] += 1
+        self._end_seam(subscriber)
 
     def _end_seam(self, subscriber: str) -> None:
         """``subscriber``'s replay ended (or was cut short): held and replayed deliveries
