@@ -64,6 +64,10 @@ MODES = ("snr", "dnr", "bid")
 FAULT_KINDS = ("crash", "pause", "partition", "client", "one-way", "delay", "skew")
 DURATION = 5.0
 """Seconds of publishing; faults fall in the first four and last up to three."""
+HORIZON = 300.0
+"""Simulated seconds after publishing begins by which a run must have ended (no event
+left): the last scheduled client action comes ~45 s in; one still busy at this horizon
+never ends (a message going round for ever), and the checker says so."""
 SKEW = 0.5
 """The bound on a publisher's clock skew (seconds ahead or behind)."""
 SPIKE = 0.6
@@ -443,7 +447,7 @@ def simulate(
     for at, asker, broker, k, after, until in scenario.historics:
         window = (k, start + after, start + until)
         sim.at(start + at, _ask, sim, asker, broker, window, asked)
-    sim.run()
+    sim.run(start + HORIZON)
     return sim, withdrawn, asked
 
 
@@ -492,6 +496,9 @@ def check(
     report = sim.report()
     failures = report.get("failures", {})
     problems = []
+    if sim.events.pending():
+        problems.append(f"the run did not end: {sim.events.pending()} events still pending "
+                        f"{HORIZON:.0f} s after publishing began")  # fmt: skip
     for group in ("host_alive", "host_dead"):
         counts = failures.get(group)
         if counts and (counts["duplicates"] or counts["unexpected"]):
