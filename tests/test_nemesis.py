@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -72,6 +74,34 @@ def test_a_seed_replays_exactly() -> None:
     """The same seed: the same scenario, the same deliveries, the same report."""
     assert draw(41) == draw(41) and draw(41) != draw(42)
     assert _outcome(41) == _outcome(41)
+
+
+_OUTCOMES = """
+import hashlib, json, sys
+from octopis.sim.nemesis import draw, simulate
+for seed in range(int(sys.argv[1]), int(sys.argv[2])):
+    sim, withdrawn, asked = simulate(draw(seed, presets=("fig2", "paper75")))
+    report = sim.report()
+    report.pop("wall_time")
+    text = json.dumps([sorted(sim.ledger.received.items()), report, withdrawn],
+                      sort_keys=True, default=str)
+    print(seed, hashlib.sha256(text.encode()).hexdigest()[:16])
+"""
+
+
+def test_a_seed_replays_exactly_in_any_process() -> None:
+    """Two processes with different string hashes (``PYTHONHASHSEED``, which orders sets)
+    run the same seeds to the same deliveries, latencies and report: a seed found failing
+    in one CI worker fails the same way when replayed anywhere."""
+    outcomes = []
+    for hash_seed in ("0", "1"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        args = [sys.executable, "-c", _OUTCOMES, "0", "24"]
+        done = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+        outcomes.append(done.stdout.splitlines())
+    assert len(outcomes[0]) == 24
+    differ = [a.split()[0] for a, b in zip(*outcomes, strict=True) if a != b]
+    assert not differ, f"seeds {differ} ran differently under another PYTHONHASHSEED"
 
 
 def test_a_run_that_never_ends_is_reported_not_waited_for() -> None:

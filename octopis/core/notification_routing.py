@@ -175,7 +175,7 @@ class NotificationRouting(ClusterLinks):
                 unloaded.append(link)
         live_acols: list[str] = []
         dead_acols: list[str] = []
-        for link in acols:
+        for link in sorted(acols):  # the same choices in any process (ties of min below)
             (dead_acols if down(link) else live_acols).append(link)
         copies = dict.fromkeys((*live_acols, *unloaded), n)
         entering: list[Action] = []

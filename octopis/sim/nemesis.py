@@ -12,8 +12,10 @@ published in a window, durable subscribers that leave and come back, at their br
 or another, driving the brokers' own durable records (:mod:`octopis.sim.durable_clients`),
 and composite subscribers joined by the node's own composite hosting and held to a
 brute-force oracle (:mod:`octopis.sim.composite_clients`).
-The same seed gives the same events in the same order and the same verdict, so a
-failing seed is a reproducible bug; :func:`shrink` drops faults and subscribers while it
+The same seed gives the same events in the same order and the same verdict, in any
+process (each link draws its latencies from a stream of its own, and the node's choices do
+not follow a set's order, which ``PYTHONHASHSEED`` changes), so a failing seed is a
+reproducible bug; :func:`shrink` drops faults and subscribers while it
 still fails, to the shortest history that does.
 
 The checker (:func:`check`) holds every subscriber to exactly once: no duplicate, nothing

@@ -3,7 +3,11 @@ each broker sees of its links.
 
 Every directed link is a FIFO channel whose per-message latency is drawn from a seeded
 :class:`LatencyModel`, so that BID's first-arrival trees differ from shortest ones
-(paper §2). A :class:`~octopis.sim.congestion.LinkModel` decides what brokers see of
+(paper §2). Each directed link draws from a stream of its own, seeded from the run's seed
+and the link's name: the latency of the k-th copy on a link does not depend on the order
+in which one pass sends copies to different links (a node may list its forwards in a
+set's order, which varies with ``PYTHONHASHSEED``), so a seed replays the same run in any
+process. A :class:`~octopis.sim.congestion.LinkModel` decides what brokers see of
 their links and when copies leave their output queues.
 """
 
@@ -11,7 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +29,38 @@ class LatencyModel:
     base: float = 0.001
     jitter: float = 0.001
 
-    def sample(self, rng: random.Random) -> float:
-        """One latency draw."""
-        return self.sampler(rng)()
+    def sample(self, uniform: float) -> float:
+        """The latency at the uniform draw ``uniform`` in [0, 1)."""
+        if self.jitter <= 0:
+            return self.base
+        return self.base - math.log(1.0 - uniform) * self.jitter
 
-    def sampler(self, rng: random.Random) -> Callable[[], float]:
-        """A function drawing latencies from ``rng``, one per call: the draws of
-        ``rng.expovariate(1 / jitter)`` (the same numbers), without its call per message."""
-        base, jitter = self.base, self.jitter
-        if jitter <= 0:
-            return lambda: base
-        rate, draw = 1.0 / jitter, rng.random
-        return lambda: base - math.log(1.0 - draw()) / rate
+
+_MULTIPLIER = 6364136223846793005
+_INCREMENT = 1442695040888963407
+_MASK = (1 << 64) - 1
+_UNIT = 1.0 / (1 << 53)
+
+
+class _LinkStreams:
+    """One pseudo-random stream per directed link (a 64-bit linear congruential generator,
+    its high 53 bits a uniform draw), started from the run's seed and the link's name."""
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed
+        self._state: dict[str, dict[str, int]] = {}
+
+    def uniform(self, src: str, dst: str) -> float:
+        """The next uniform draw in [0, 1) of the link ``src → dst``."""
+        states = self._state.get(src)
+        if states is None:
+            states = self._state[src] = {}
+        state = states.get(dst)
+        if state is None:
+            state = random.Random(f"{self._seed}:{src}>{dst}").getrandbits(64)
+        state = (state * _MULTIPLIER + _INCREMENT) & _MASK
+        states[dst] = state
+        return (state >> 11) * _UNIT
 
 
 class Network:
@@ -47,7 +70,8 @@ class Network:
     def __init__(self, model: LinkModel, latency: LatencyModel, rng: random.Random) -> None:
         self.model = model
         self.latency = latency
-        self._sample_latency = latency.sampler(rng)
+        self._streams = _LinkStreams(rng.getrandbits(64))
+        self._fixed_latency = latency.base if latency.jitter <= 0 else None
         self._instant = type(model).transmit is FreeLinks.transmit and not model.measures_queues
         """Whether copies leave at once (no output queue to ask)."""
         self._fixed_view = model.view("", 0.0) if type(model) is FreeLinks else None
@@ -62,12 +86,19 @@ class Network:
         """When a copy ``src`` sends ``dst`` at ``now`` arrives: its departure from the
         link's output queue plus a latency draw (FIFO order is the event queue's)."""
         if self._instant:
-            return now + self._sample_latency()
+            return now + self._latency(src, dst)
         model = self.model
         departure, ahead = model.transmit(src, dst, now)
         if model.measures_queues and type(message) is Notification:
             self.target_queue.append(ahead)
-        return departure + self._sample_latency()
+        return departure + self._latency(src, dst)
+
+    def _latency(self, src: str, dst: str) -> float:
+        """The next latency draw of the link ``src → dst``."""
+        fixed = self._fixed_latency
+        if fixed is not None:
+            return fixed
+        return self.latency.sample(self._streams.uniform(src, dst))
 
     def taken(self, src: str, dst: str, now: float) -> None:
         """``dst``'s loop took a copy from ``src``: with receiver-paced links it leaves
