@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,31 +37,24 @@ class LatencyModel:
         return self.base - math.log(1.0 - uniform) * self.jitter
 
 
-_MULTIPLIER = 6364136223846793005
-_INCREMENT = 1442695040888963407
-_MASK = (1 << 64) - 1
-_UNIT = 1.0 / (1 << 53)
-
-
 class _LinkStreams:
-    """One pseudo-random stream per directed link (a 64-bit linear congruential generator,
-    its high 53 bits a uniform draw), started from the run's seed and the link's name."""
+    """One pseudo-random stream per directed link, seeded by the run's seed and the
+    link's name (a Mersenne Twister each, ~2.5 KB: 40 MB for a 1,000-broker SCOT's
+    links)."""
 
     def __init__(self, seed: int) -> None:
         self._seed = seed
-        self._state: dict[str, dict[str, int]] = {}
+        self._draws: dict[str, dict[str, Callable[[], float]]] = {}
 
     def uniform(self, src: str, dst: str) -> float:
         """The next uniform draw in [0, 1) of the link ``src → dst``."""
-        states = self._state.get(src)
-        if states is None:
-            states = self._state[src] = {}
-        state = states.get(dst)
-        if state is None:
-            state = random.Random(f"{self._seed}:{src}>{dst}").getrandbits(64)
-        state = (state * _MULTIPLIER + _INCREMENT) & _MASK
-        states[dst] = state
-        return (state >> 11) * _UNIT
+        draws = self._draws.get(src)
+        if draws is None:
+            draws = self._draws[src] = {}
+        draw = draws.get(dst)
+        if draw is None:
+            draw = draws[dst] = random.Random(f"{self._seed}:{src}>{dst}").random
+        return draw()
 
 
 class Network:
