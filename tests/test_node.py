@@ -21,7 +21,15 @@ from pathlib import Path
 import pytest
 
 from octopis.client_policy import LastSeen, failover_order, replay_after
-from octopis.core import Forward, NoCongestion, Notification, Subscribe, SubState, make_broker
+from octopis.core import (
+    Forward,
+    NoCongestion,
+    Notification,
+    Subscribe,
+    SubState,
+    Unsubscribe,
+    make_broker,
+)
 from octopis.core.answer import AnswerSelection
 from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase
 from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
@@ -186,6 +194,34 @@ def test_a_bid_broker_whose_shell_knew_a_predecessor_counts_its_lost_table_alone
     clustered = _node("c:0", "snr").core
     BrokerNode(clustered, 16, predecessor=True)  # resync refills it: nothing is lost
     assert not hasattr(clustered, "table_lost")
+
+
+def test_a_bid_broker_drops_the_routes_through_a_restarted_neighbour() -> None:
+    """c:0 routes e:1's subscription through c:1 and a:0's through b:0; c:1 restarts.
+    Its new process lacks the entry (BID has no resync) and may take it again from a late
+    copy of the flood that came by way of c:0 (c:0 → c:2 → c:1): a notification for it
+    would then go round c:0 → c:1 → c:2 → c:0 for ever (nemesis seeds 37021, 54854 and
+    61031 never ended). The entry loses its route instead: a late copy does not make it
+    again, and a notification for it is counted undeliverable, not sent on."""
+    node = _node("c:0", "bid")
+    core = node.core
+    late = Subscribe("e:1#1", "e:1", Subscription((Predicate("x", "<", 5),)), SubState.PRIMARY,
+                     None, 0.0)  # fmt: skip
+    core.receive("c:1", late, NO_CONGESTION)
+    core.receive("b:0", _sub("a:0", 5), NO_CONGESTION)
+    node.neighbour_met("c:1", 9, restarted=True)
+    assert core.stats["routes_lost"] == 1 and core.table.entries["a:0#5"].last_hop == "b:0"
+    assert core.receive("c:2", late, NO_CONGESTION) == []
+    assert core.stats["sbp_duplicates"] == 1
+    listed = (("e:1", "e:1#1"), ("a:0", "a:0#5"))
+    onward = core.receive("d:0", Notification("P", 1, 0.0, {"x": 1}, destinations=listed),
+                          NO_CONGESTION)  # fmt: skip
+    assert [(a.link, a.message.destinations) for a in onward] == [("b:0", listed[1:])]
+    published = core.publish(Notification("P", 2, 0.0, {"x": 1}), NO_CONGESTION)
+    assert [(a.link, a.message.destinations) for a in published] == [("b:0", listed[1:])]
+    assert core.stats["undeliverable.route_lost"] == 2
+    core.receive("c:2", Unsubscribe("e:1#1", SubState.PRIMARY), NO_CONGESTION)
+    assert "e:1#1" not in core.table
 
 
 def test_a_broker_process_finds_the_mark_of_one_that_died(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ deliver. Intermediate brokers do not match (Algorithm 2).
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 from octopis.core.base import CoreBase
 from octopis.core.dedup import EdgeDedup
@@ -32,6 +33,9 @@ from octopis.filters.language import Subscription
 
 REMOTE_PART = "remote"
 """The table part of the entries of other brokers' subscribers."""
+ROUTE_LOST = "(route lost)"
+"""The last hop of a remote entry whose last hop restarted (:meth:`BidBroker.lose_routes_via`):
+it routes nowhere, and a notification for it is counted ``undeliverable.route_lost``."""
 WITHDRAWN_KEPT = 65_536
 """Withdrawn subscription ids a broker remembers (the oldest forgotten first, counted in
 ``withdrawn.forgotten``): a copy of a withdrawn subscription that comes late is dropped."""
@@ -51,7 +55,7 @@ class BidBroker(CoreBase):
             (LOCAL_PART, REMOTE_PART),
             matcher_factory,
             part_of=lambda e: LOCAL_PART if e.local else REMOTE_PART,
-            value_of=lambda e: e.last_hop if e.local else e.host,
+            value_of=lambda e: e.last_hop if e.local or e.last_hop == ROUTE_LOST else e.host,
         )
         super().__init__(broker_id, neighbours, table, dedup)
         self.links = tuple(neighbours)
@@ -88,6 +92,22 @@ class BidBroker(CoreBase):
         out: list[Action] = [Forward(n, onward) for n in self.links if n != src]
         self.stats["sent.subscribe"] += len(out)
         return out
+
+    def lose_routes_via(self, neighbour: str) -> int:
+        """``neighbour`` restarted: the remote entries whose last hop it was lose their
+        route (last hop :data:`ROUTE_LOST`; how many is returned, counted
+        ``routes_lost``). Its new process lacks them (BID has no resync), and it may take
+        one again from a late copy of the flood (one held for a link that was down) that
+        came by way of this broker: routed through it, a notification would go round that
+        cycle for ever. An entry that lost its route stays in the table, so that no late
+        copy makes it again here; its withdrawal removes it as any other. A chain of last
+        hops then always leads to entries stored earlier, never round a cycle."""
+        entries = self.table.entries
+        lost = [e for e in entries.values() if not e.local and e.last_hop == neighbour]
+        for entry in lost:
+            self.table.replace(replace(entry, last_hop=ROUTE_LOST))
+        self.stats["routes_lost"] += len(lost)
+        return len(lost)
 
     def withdraw_subscription(self, message: Unsubscribe, src: str) -> list[Action]:
         """Remove the entry on first arrival, remember the id withdrawn (its subscription
@@ -126,8 +146,9 @@ class BidBroker(CoreBase):
         remaining list by next hop and forward one copy per next hop. BID stays static
         under failures: the destinations behind a next hop that is down are counted
         undeliverable, and so is every local publication of a restarted broker, whose
-        table lost the remote subscriptions (DESIGN §7). A host delivers a
-        ``(publisher, seq)`` once (edge dedup).
+        table lost the remote subscriptions (DESIGN §7), and those whose last hop
+        restarted (:meth:`lose_routes_via`). A host delivers a ``(publisher, seq)`` once
+        (edge dedup).
         """
         subscribers: set[str] = set()
         if src is None:
@@ -150,6 +171,9 @@ class BidBroker(CoreBase):
             entry = self.table.entries.get(sub_id)
             if entry is None or entry.local:
                 self.stats["undeliverable.no_route"] += 1
+                continue
+            if entry.last_hop == ROUTE_LOST:
+                self.stats["undeliverable.route_lost"] += 1
                 continue
             by_hop.setdefault(entry.last_hop, []).append((broker, sub_id))
         for hop in [hop for hop in by_hop if links.down(hop)]:

@@ -219,7 +219,9 @@ class BrokerNode(Generic[Token]):
         handed first the subscription messages meant for its predecessor (it broadcasts
         them on), then what the two-step broadcast would have given it, if our own table
         is whole for it: while we are resyncing, or missing another neighbour's share, we
-        say so and owe it the share. BID, the static baseline, has no resync."""
+        say so and owe it the share. BID, the static baseline, has no resync: the
+        entries routed through a restarted neighbour lose their route
+        (:meth:`BidBroker.lose_routes_via`)."""
         clustered = self.clustered
         self.recovery.paid_late.discard(neighbour)  # a new process: its share comes below
         if restarted:
@@ -231,6 +233,8 @@ class BrokerNode(Generic[Token]):
         if not clustered:
             if restarted:
                 self.counters["restarts_without_resync"] += 1
+                assert isinstance(self.core, BidBroker)
+                self.core.lose_routes_via(neighbour)
             return [], HandedShare(neighbour, 0, predecessor=restarted)
         core = self.core
         assert isinstance(core, ClusteredBroker)
