@@ -8,8 +8,10 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
   clock skew, :data:`~octopis.defaults.CLOCK_SKEW`);
 - :func:`owed_after_failover`: from when a durable record at a fail-over's new host owes
   what its client has not taken (the fail-over replay's start);
-- :class:`LastSeen`: the last sequence number taken of each (publisher, session), the
-  ``since`` of a replay request;
+- :class:`LastSeen`: the last sequence number taken of each (publisher, session), what a
+  durable record says was taken;
+- :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
+  nothing earlier can still overtake, the ``since`` of a replay request;
 - :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
   came (the seam): each publication once, in publisher order;
 - :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from octopis.defaults import (
@@ -28,6 +31,7 @@ from octopis.defaults import (
     DELIVERIES_KNOWN,
     LOOKBACK,
     PUBLISHERS_KNOWN,
+    REORDER,
 )
 
 T = TypeVar("T")
@@ -147,6 +151,80 @@ class LastSeen(OrderedDict[tuple[str, int], int]):
     def since(self) -> list[tuple[str, int, int]]:
         """A replay request's ``since``: ``(publisher, session, seq)`` each."""
         return [(p, s, q) for (p, s), q in self.items()]
+
+
+@dataclass(slots=True)
+class _Spans:
+    """One (publisher, session)'s takes for :class:`FromPoints`: the from-point settled so
+    far, the older span's highest seq, the newer span's (each with its last take), and
+    when the newer span began."""
+
+    seq: int
+    at: float
+    began: float
+    older: tuple[int, float] | None = None
+    settled: tuple[int, float] | None = None
+
+
+class FromPoints:
+    """A subscriber's replay from-points (DESIGN §11): of each (publisher, session), the
+    last sequence number taken at least ``settle`` seconds before its broker went silent.
+
+    Through failures copies do not keep publisher order: one taken back from custody and
+    routed again arrives up to :data:`~octopis.defaults.REORDER` seconds late, after later
+    ones were taken, and a replay from the last one taken would skip it. What was published
+    before a publication taken at ``t`` arrives by ``t + settle``, so a from-point taken that
+    long before the silence has nothing earlier still in flight; what was taken since comes
+    again with the replay, and the record of recent deliveries drops it. Per pair it keeps
+    the from-point settled so far and two spans of takes of at least ``settle`` seconds
+    each; at most ``known`` pairs, the least recently heard forgotten first (a replay asks
+    for a forgotten one by time)."""
+
+    def __init__(self, settle: float = REORDER, known: int = PUBLISHERS_KNOWN) -> None:
+        if settle < 0 or known < 1:
+            raise ValueError("from-points need a settle time >= 0 and room for a publisher")
+        self.settle = settle
+        self.known = known
+        self._pairs: OrderedDict[tuple[str, int], _Spans] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __contains__(self, pair: object) -> bool:
+        return pair in self._pairs
+
+    def saw(self, publisher: str, session: int, seq: int, now: float) -> None:
+        """``seq`` of ``publisher``'s ``session`` was taken at ``now``."""
+        key = (publisher, session)
+        spans = self._pairs.get(key)
+        if spans is None:
+            self._pairs[key] = _Spans(seq, now, now)
+            if len(self._pairs) > self.known:
+                self._pairs.popitem(last=False)
+            return
+        self._pairs.move_to_end(key)
+        if now - spans.began >= self.settle:  # the newer span is long enough: a new one
+            older = spans.older
+            if older is not None and (spans.settled is None or older[0] > spans.settled[0]):
+                spans.settled = older
+            spans.older = (spans.seq, spans.at)
+            spans.seq, spans.began = seq, now
+        elif seq > spans.seq:
+            spans.seq = seq
+        spans.at = now
+
+    def since(self, silent: float) -> list[tuple[str, int, int]]:
+        """A replay request's ``since`` for a broker silent since ``silent``:
+        ``(publisher, session, seq)`` of each pair with a from-point taken by
+        ``silent - settle`` (a pair without one is asked for by time)."""
+        cutoff = silent - self.settle
+        points = []
+        for (publisher, session), spans in self._pairs.items():
+            taken = [p for p in (spans.settled, spans.older, (spans.seq, spans.at)) if p]
+            best = max((seq for seq, at in taken if at <= cutoff), default=None)
+            if best is not None:
+                points.append((publisher, session, best))
+        return points
 
 
 class RecentDeliveries:

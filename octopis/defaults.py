@@ -73,6 +73,12 @@ CLOCK_SKEW = 1.0
 the subscriber first subscribed (its clock) reaches this much earlier, since it is
 compared with the publishers' stamps; a publication published up to this long before the
 subscription may come with the replay."""
+REORDER = 2 * (DOWN_AFTER + RETAIN)
+"""Seconds a copy may arrive after later publications of its publisher were taken: one
+taken back from custody at a failure's detection is routed again up to ``retain`` +
+``down_after`` after it was sent, and this allows for one more detection on its detour.
+A replay asks, of each publisher, from the last publication taken this long before the
+broker went silent (:class:`~octopis.client_policy.FromPoints`)."""
 PUBLISHERS_KNOWN = 10_000
 """(publisher, session) pairs whose last sequence number a subscriber or a durable
 record remembers; a forgotten one is asked for by time instead."""

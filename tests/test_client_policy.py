@@ -1,9 +1,15 @@
 """The client policy's seam (DESIGN §11): a replay's answer joins the live deliveries
-held while it came, each publication once, in publisher order."""
+held while it came, each publication once, in publisher order; and a replay asks, of
+each publisher, from a publication nothing earlier can still overtake."""
 
 from __future__ import annotations
 
-from octopis.client_policy import join_at_seam
+import random
+
+import pytest
+
+from octopis.client_policy import FromPoints, join_at_seam
+from octopis.defaults import PUBLISHERS_KNOWN
 
 
 def test_the_seam_delivers_each_publication_once_in_publisher_order() -> None:
@@ -27,3 +33,50 @@ def test_the_seam_delivers_each_publication_once_in_publisher_order() -> None:
 def test_a_seam_with_nothing_replayed_keeps_the_live_deliveries_in_order() -> None:
     joined, repeats = join_at_seam([("b", 0, 2), ("a", 0, 9)], [], lambda i: i, lambda _: True)
     assert (joined, repeats) == ([("a", 0, 9), ("b", 0, 2)], 0)
+
+
+def test_a_replay_asks_from_a_publication_taken_before_anything_earlier_could_overtake() -> None:
+    """Seed 45344's history: seq 2 taken 0.63 s before the broker went silent, seq 1
+    still on a detour (it came after seq 2): the replay asks for that publisher by time,
+    so seq 1 comes with it. One taken ``settle`` before the silence is a from-point."""
+    points = FromPoints(settle=4.0)
+    points.saw("Pb:0", 0, 2, 1.57)
+    assert points.since(2.2) == []
+    points.saw("q", 1, 5, 3.0)
+    assert points.since(7.0) == [("Pb:0", 0, 2), ("q", 1, 5)]
+    assert points.since(6.5) == [("Pb:0", 0, 2)]
+
+
+def test_from_points_are_never_too_late_and_stay_close() -> None:
+    """Against every take remembered: the from-point was taken by ``silent - settle``
+    (nothing earlier still in flight), and is no lower than the last taken two settle
+    times before that (the two spans kept lose no more)."""
+    rng = random.Random(7)
+    for _ in range(300):
+        settle = rng.choice((0.5, 2.0, 4.0))
+        points, takes, now = FromPoints(settle=settle), [], 0.0
+        for _ in range(rng.randint(1, 60)):
+            now += rng.expovariate(3.0)
+            seq = rng.randint(1, 40)  # out of order, repeated
+            points.saw("p", 0, seq, now)
+            takes.append((now, seq))
+        silent = now + rng.uniform(0, 3 * settle)
+        since = dict(((p, s), q) for p, s, q in points.since(silent))
+        cutoff = silent - settle
+        usable = [seq for at, seq in takes if at <= cutoff]
+        if ("p", 0) in since:
+            assert since[("p", 0)] <= max(usable)
+        close = [seq for at, seq in takes if at <= cutoff - 2 * settle]
+        if close:
+            assert since[("p", 0)] >= max(close)
+
+
+def test_from_points_forget_the_least_recently_heard_past_their_bound() -> None:
+    points = FromPoints(settle=1.0, known=3)
+    for i, name in enumerate("abcd"):
+        points.saw(name, 0, 1, float(i))
+    assert ("a", 0) not in points and len(points) == 3
+    assert [p for p, _, _ in points.since(10.0)] == ["b", "c", "d"]
+    assert FromPoints().known == PUBLISHERS_KNOWN
+    with pytest.raises(ValueError, match="settle time"):
+        FromPoints(settle=-1.0)

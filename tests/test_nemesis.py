@@ -505,6 +505,23 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "sent after the heal said their stores answered and withdrew the reported gap",
         ),
         (
+            45344,
+            ("fig2",),
+            "a replay asked from the last sequence number taken of each publisher, but "
+            "copies do not keep publisher order through failures: Pb:0's seq 1, lost to "
+            "e:0's crash on a detour round paused e:1 and routed again from c:0's custody "
+            "at its detection, reached S7's host after seq 2 and after S7's connection "
+            "died; S7's replay asked for Pb:0 after seq 2",
+        ),
+        (
+            51538,
+            ("fig2",),
+            "with covering, a subscription's withdrawal passed a broker still missing a "
+            "primary neighbour's share (c:1, restarted, waiting for e:1's, itself waiting "
+            "for f:1's across a partition); the share held one it covered (S0 at f:1), "
+            "which went nowhere in its place, and b:0's publication found no entry for it",
+        ),
+        (
             27986,
             ("fig2",),
             "the simulator's subscriber, failing over again while its replay was under way, "

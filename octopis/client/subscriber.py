@@ -21,7 +21,7 @@ from octopis.client.past import PastRequests
 from octopis.client.replay import ReplayGap, Seam, parse_time
 from octopis.client.replay_log import ReplayLog
 from octopis.client.streams import CompositeStream, SubscriptionStream
-from octopis.client_policy import LastSeen, replay_after
+from octopis.client_policy import FromPoints, replay_after
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
 
@@ -59,8 +59,10 @@ class Subscriber(NamedClient):
     ) -> None:
         super().__init__(name, connection)
         self.replay_on_failover = replay
-        self.last_seen = LastSeen()
-        """The last sequence number delivered per (publisher, session)."""
+        self.last_seen = FromPoints()
+        """Per (publisher, session), the last sequence number delivered that nothing
+        earlier can still overtake by the time the broker goes silent: where a replay
+        asks from."""
         self.since: float | None = None
         """When this subscriber first subscribed: a replay asks for the publications of
         publishers it never heard from since then."""
@@ -336,7 +338,7 @@ class Subscriber(NamedClient):
             "op": "replay",
             "client": self.name,
             "filters": self._replayable(),
-            "since": self.last_seen.since(),
+            "since": self.last_seen.since(self._silent()),
             "after": self._replay_start(),
         }
         gap, _ = await self.past.replayed(seam, message, timeout)
@@ -344,7 +346,11 @@ class Subscriber(NamedClient):
 
     def _replay_start(self) -> float:
         """From when a replay asks: :func:`replay_after` of when the broker went silent."""
-        return replay_after(self.since, self.connection.silent_since or time.time())
+        return replay_after(self.since, self._silent())
+
+    def _silent(self) -> float:
+        """When the broker left at the last fail-over went silent (now, if none did)."""
+        return self.connection.silent_since or time.time()
 
     def _replayable(self) -> list[str]:
         """The texts of the subscriptions a replay asks for: the atomic ones (a composite
@@ -413,7 +419,7 @@ class Subscriber(NamedClient):
 
     def deliver(self, received: Received, size: int) -> None:
         """Hand ``received`` (of ``size`` encoded bytes) to the streams, or the callback."""
-        self.last_seen.saw(received.publisher, received.session, received.seq)
+        self.last_seen.saw(received.publisher, received.session, received.seq, received.received_at)
         if self.replay_log.awaiting_late:
             self.replay_log.delivered(received)
         if self._callback is not None:

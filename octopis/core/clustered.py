@@ -64,6 +64,10 @@ class ClusteredBroker(NotificationRouting):
         super().__init__(broker, clusters, matcher_factory, dynamic=dynamic, dedup=dedup)
         self.travel = travel_for(self, covering=covering, advertisements=advertisements)
         """How a subscription travels from here (:mod:`octopis.core.subscription_travel`)."""
+        self.withheld: dict[str, tuple[Unsubscribe, str]] = {}
+        """With covering, the withdrawals from neighbours waiting for another primary
+        neighbour's resync share, by sub_id (at most one per entry held):
+        :meth:`withdraw_subscription` defers them, :meth:`withdrawals_due` lets them go."""
 
     @property
     def covering(self) -> Covering | None:
@@ -159,6 +163,12 @@ class ClusteredBroker(NotificationRouting):
         covered there that go in its place (:meth:`Covering.withdraw`). A withdrawal of
         one not held, from a neighbour whose resync share this broker still misses, is
         ignored too: the share would have brought it, and will not now.
+
+        With covering, the withdrawal from a neighbour of a subscription of this cluster
+        waits while this broker misses another primary neighbour's resync share (counted
+        ``covering.withdrawal_deferred``; the entry stays meanwhile): it sends in its
+        place what it covered, and some of that may be in the share, which the
+        neighbours downstream would then hold neither of (:meth:`withdrawals_due`).
         """
         entry = self.table.entries.get(message.sub_id)
         travel = self.travel
@@ -172,10 +182,30 @@ class ClusteredBroker(NotificationRouting):
             raise ProtocolError(f"unsubscribe of {message.sub_id} from {src}: no such entry")
         if message.state is SBP_PRIMARY and not entry.local and src not in self.primary:
             raise ProtocolError(f"PRIMARY unsubscribe from non-primary neighbour {src}")
+        if (
+            entry.cluster == self.cluster
+            and not entry.local
+            and travel.covering is not None
+            and not self.share_complete(src)
+        ):
+            self.withheld[message.sub_id] = (message, src)
+            self.stats["covering.withdrawal_deferred"] += 1
+            return []
         self.table.remove(message.sub_id)
         if entry.cluster == self.cluster:
             return travel.withdraw(message, src)
         return travel.sbp_withdrawal(message, src)
+
+    def withdrawals_due(self) -> list[Action]:
+        """The withdrawals :meth:`withdraw_subscription` deferred whose shares are all in
+        now (a share came): each goes as it would have, preceded by what it covered."""
+        withheld = self.withheld
+        due = [sub_id for sub_id, (_, src) in withheld.items() if self.share_complete(src)]
+        out: list[Action] = []
+        for sub_id in due:
+            message, src = withheld.pop(sub_id)
+            out += self.withdraw_subscription(message, src)
+        return out
 
     def refresh_link(self, link: str) -> list[Action]:
         """With covering, the subscriptions sent over ``link``, sent again (a link back

@@ -251,8 +251,8 @@ class BrokerNode(Generic[Token]):
         the table on its side and pay the shares this completed; if it wants none of ours,
         we owe it nothing; if it still wants ours after its link healed, we owe it again
         (what we handed it was lost in flight). A share that completes our table lets the
-        withdrawals of predecessors' subscriptions deferred for it go
-        (:meth:`Recovery.withdraw_predecessor`). A neighbour that knew our predecessor
+        withdrawals deferred for it go (:meth:`ClusteredBroker.withdrawals_due`,
+        :meth:`Recovery.withdraw_predecessor`). A neighbour that knew our predecessor
         tells a BID broker that its table lost what was subscribed before the restart."""
         recovery = self.recovery
         healed = neighbour in recovery.asked_after_heal
@@ -270,7 +270,7 @@ class BrokerNode(Generic[Token]):
         if handed.complete and neighbour in core.missing_shares:
             core.share_received(neighbour)
             self.counters["shares_received_late"] += self.serving
-            deferred = [
+            deferred = core.withdrawals_due() + [
                 action
                 for n in sorted(recovery.withdraw_when_serving)
                 if self.neighbours[n].serving

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octopis.client_policy import (
+    FromPoints,
     LastSeen,
     RecentDeliveries,
     failover_order,
@@ -81,7 +82,7 @@ class DurableClient:
     record: RecentDeliveries = field(default_factory=RecentDeliveries)
     taken: LastSeen = field(default_factory=LastSeen)
     """What the application took in this run (acknowledged)."""
-    last_seen: LastSeen = field(default_factory=LastSeen)
+    last_seen: FromPoints = field(default_factory=FromPoints)
     owed_after: float | None = None
     claimed: LastSeen | None = None
     """What the record this run claimed says was taken (the SDK drops a live delivery
@@ -174,7 +175,7 @@ class DurableSimulator(Simulator):
     def _durable_run(self, c: DurableClient, broker: str) -> None:
         """A new process of ``c`` at ``broker``: it subscribes and claims its record."""
         c.run += 1
-        c.record, c.taken, c.last_seen = RecentDeliveries(), LastSeen(), LastSeen()
+        c.record, c.taken, c.last_seen = RecentDeliveries(), LastSeen(), FromPoints()
         c.owed_after, c.since, c.claimed = None, self.now, None
         if c.left is not None:
             c.away.append((c.left, self.now))
@@ -253,7 +254,7 @@ class DurableSimulator(Simulator):
         c.received[n.key] += 1
         if c.host is not None:
             c.taken_at.setdefault(n.key, (c.host, self.now))
-        c.last_seen.saw(n.publisher, n.session, n.seq)
+        c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
         c.taken.saw(n.publisher, n.session, n.seq)
         self._durable_ack(c, [(n.publisher, n.session, n.seq)])
 
@@ -325,7 +326,7 @@ class DurableSimulator(Simulator):
         self._attach_durable(c, new)
         self._durable_ack(c, c.taken.since())
         c.seam, c.claiming = Seam(""), False
-        replay = Replay("", new, (c.subscription.to_text(),), tuple(c.last_seen.since()), after,
+        replay = Replay("", new, (c.subscription.to_text(),), tuple(c.last_seen.since(died)), after,
                         REPLAY_BUDGET)  # fmt: skip
         self._durable_request(c, replay)
 

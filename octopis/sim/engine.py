@@ -410,6 +410,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                     notification.seq,
                     now - notification.published_at,
                 )
+                if failures is not None:
+                    self.saw(subscriber, notification)
 
     def _arrive(self, broker: str, src: str, message: Any) -> None:
         if self.failures is not None and self.failures.broken(src, broker):

@@ -31,7 +31,7 @@ from functools import lru_cache
 from typing import Any
 
 from octopis.client_policy import (
-    LastSeen,
+    FromPoints,
     RecentDeliveries,
     failover_order,
     join_at_seam,
@@ -111,6 +111,9 @@ class SubscriberFailover:
         moving: every delivery to it is checked against it."""
         self.seams: dict[str, Seam] = {}
         """Per subscriber whose replay is under way, its seam."""
+        self.from_points: dict[str, FromPoints] = {}
+        """Per subscriber, where its next replay asks from (the SDK's ``last_seen``),
+        kept from the first failure scheduled on (:meth:`saw`)."""
 
     def _rounds(self, broker: str) -> ReplayRounds:
         rounds = self.replay_rounds.get(broker)
@@ -220,8 +223,8 @@ class SubscriberFailover:
         self.record_of(subscriber)
         # What the SDK has taken: not what a replay cut short still holds at its seam
         # (it delivers that once the replay ends, after this one has asked).
-        seen = LastSeen()
-        seen.saw_all((p, 0, q) for s, p, q in self.ledger.received if s == subscriber)
+        points = self.from_points.get(subscriber)
+        since = [] if points is None else points.since(died)
         self._cut_short(subscriber)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
@@ -236,7 +239,7 @@ class SubscriberFailover:
             req_id,
             new,
             tuple(s.to_text() for s in self.clients.subscriptions_of[subscriber]),
-            tuple(sorted(seen.since())),
+            tuple(sorted(since)),
             replay_after(self.clients.first_subscribed[subscriber], died),
             REPLAY_BUDGET,
         )
@@ -319,6 +322,14 @@ class SubscriberFailover:
                 self.replay_gaps[subscriber] = set().union(*gaps.values())
                 self.replay_counts["late" if action.late else "done"] += 1
 
+    def saw(self, subscriber: str, n: Notification) -> None:
+        """``subscriber`` took ``n`` now: its from-points
+        (:class:`~octopis.client_policy.FromPoints`) note it."""
+        points = self.from_points.get(subscriber)
+        if points is None:
+            points = self.from_points[subscriber] = FromPoints()
+        points.saw(n.publisher, n.session, n.seq, self.now)
+
     def record_of(self, subscriber: str) -> RecentDeliveries:
         """``subscriber``'s record of recent deliveries, begun (at a fail-over or a move)
         with what it took so far (the ledger's; remembered from now on)."""
@@ -347,6 +358,7 @@ class SubscriberFailover:
             seam.live.append(n)
         else:
             self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+            self.saw(subscriber, n)
 
     def _cut_short(self, subscriber: str) -> None:
         """A fail-over cuts ``subscriber``'s replay under way short: its part joins now,
@@ -380,6 +392,7 @@ class SubscriberFailover:
         self.replay_counts["repeats"] += repeats
         for n in joined:
             self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+            self.saw(subscriber, n)
         record.forget_old(self.now)
 
     def replay_report(self) -> dict[str, Any]:
