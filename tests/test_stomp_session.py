@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from octopis.gateway.credentials import CREDENTIALS_FILE, Credentials, CredentialsError, add_user
-from octopis.gateway.frames import Frame
-from octopis.gateway.session import Effects, SessionLimits, StompSession
+from octopis.gateway.frames import Frame, encode
+from octopis.gateway.session import DeliveryCache, Effects, SessionLimits, StompSession
 from octopis.wire import decode_request, pack
 
 LIMITS = SessionLimits(subscriptions=4, selector_subscriptions=16, unacked=3, heart_beat=(0, 0))
@@ -173,3 +173,22 @@ def test_an_everywhere_receipt_waits_for_a_round_behind_the_subscriptions() -> N
     assert s.from_broker([pack({"op": "replaying", "req": probe.req, "id": "p"})]).frames == []
     done = s.from_broker([pack({"op": "replay_done", "id": "p", "silent": ["c:1"]})])
     assert done.frames == [Frame("RECEIPT", {"receipt-id": "r", "octopis-silent": "c:1"})]
+
+
+def test_connections_sharing_a_cache_get_each_notification_whole() -> None:
+    cache = DeliveryCache()
+    a, b = (StompSession(lambda login, passcode: None, 7, LIMITS, cache) for _ in range(2))
+    for s in (a, b):
+        s.received(Frame("CONNECT", {"accept-version": "1.2"}), 0.0)
+        s.received(Frame("SUBSCRIBE", {"id": "x", "destination": "/topic/T"}), 0.0)
+    bodies = [
+        pack([*NOTIFY[:4], {"class": "T", "k": k}, *NOTIFY[5:-1], b"b%d" % k]) for k in (1, 2)
+    ]
+    parts = [pack(["stomp/x"]), bodies[0], pack(["stomp/x"]), bodies[1]]
+    for s in (a, b):  # a send pass: each connection's deliveries in turn
+        frames = s.from_broker(parts).frames
+        assert [encode(f) for f in frames] == [
+            f"MESSAGE\nsubscription:x\nmessage-id:{n}\ndestination:/topic/T\nk:{n}\n"
+            f"content-length:2\n\nb{n}\0".encode()
+            for n in (1, 2)
+        ]

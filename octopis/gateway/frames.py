@@ -48,6 +48,8 @@ _ESCAPE_OUT = {
     "1.2": str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"}),
 }
 _ESCAPE = re.compile(r"\\(.?)", re.DOTALL)
+_TO_ESCAPE = re.compile(r"[\\\r\n:]")
+"""Characters some version escapes: text without them is written as it is."""
 
 
 class FrameError(ValueError):
@@ -76,6 +78,9 @@ class Frame:
     shared: str = ""
     """Header lines already escaped (:func:`header_lines`) that follow ``headers`` when
     the frame is written: those of a notification, made once for all its deliveries."""
+    tail: bytes = b""
+    """``encode_tail(shared, body)`` when made once for all the deliveries of a
+    notification (:func:`encode` then writes it as it is)."""
 
 
 class Decoder:
@@ -223,7 +228,10 @@ def header_lines(headers: dict[str, str], command: str, version: str) -> str:
         if name == "content-length":
             continue
         if table is not None:
-            name, value = name.translate(table), value.translate(table)
+            if _TO_ESCAPE.search(name) is not None:
+                name = name.translate(table)
+            if _TO_ESCAPE.search(value) is not None:
+                value = value.translate(table)
         elif "\n" in value or "\n" in name or ":" in name:
             raise FrameError(f"header {name[:40]!r} cannot be written in a {version} frame")
         lines.append(f"{name}:{value}\n")
@@ -234,10 +242,17 @@ def encode(frame: Frame, version: str = "1.2") -> bytes:
     """The bytes of ``frame`` under ``version``'s escaping (its :attr:`Frame.shared`
     lines after its own headers); a body gets ``content-length``."""
     head = frame.command + "\n" + header_lines(frame.headers, frame.command, version)
-    head += frame.shared
+    if frame.tail:
+        return head.encode("utf-8") + frame.tail
     if frame.body or frame.command in ("SEND", "MESSAGE", "ERROR"):
-        head += f"content-length:{len(frame.body)}\n"
-    return (head + "\n").encode("utf-8") + frame.body + b"\0"
+        return head.encode("utf-8") + encode_tail(frame.shared, frame.body)
+    return (head + frame.shared + "\n").encode("utf-8") + frame.body + b"\0"
+
+
+def encode_tail(shared: str, body: bytes) -> bytes:
+    """What ends a frame with header lines ``shared`` and ``body``: those lines, its
+    ``content-length``, the blank line, the body and the NUL."""
+    return f"{shared}content-length:{len(body)}\n\n".encode() + body + b"\0"
 
 
 def error_frame(message: str, receipt_id: str | None = None, detail: str = "") -> Frame:

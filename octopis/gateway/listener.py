@@ -49,7 +49,7 @@ class Connection:
     def __init__(
         self,
         listener: Listener,
-        write: Callable[[bytes], Awaitable[None]],
+        write: Callable[[list[bytes]], Awaitable[None]],
         close: Callable[[], Awaitable[None]],
         peer: str,
     ) -> None:
@@ -111,15 +111,18 @@ class Connection:
             self.registered = True
 
     async def writer(self) -> None:
-        """Write queued frames (and heart-beats), then close when asked to."""
+        """Write queued frames (and heart-beats), all that waits at once, then close when
+        asked to."""
+        out = self.out
         while True:
             await self.wake.wait()
             self.wake.clear()
-            while self.out:
-                data = self.out.popleft()
-                self.out_bytes -= len(data)
+            if out:
+                batch = list(out)
+                out.clear()
+                self.out_bytes = 0
                 try:
-                    await self._write(data)
+                    await self._write(batch)
                 except (ConnectionError, RuntimeError) as exc:  # the client went away
                     self.reason = f"connection lost: {exc}"
                     self.closing = True
@@ -239,8 +242,8 @@ class Listener:
                 task.cancel()
 
     async def _tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def write(data: bytes) -> None:
-            writer.write(data)
+        async def write(frames: list[bytes]) -> None:
+            writer.write(b"".join(frames))
             await writer.drain()
 
         async def close() -> None:
@@ -262,11 +265,12 @@ class Listener:
         )
         await ws.prepare(request)
 
-        async def write(data: bytes) -> None:
-            try:
-                await ws.send_str(data.decode("utf-8"))
-            except UnicodeDecodeError:
-                await ws.send_bytes(data)
+        async def write(frames: list[bytes]) -> None:
+            for data in frames:  # a WebSocket message per frame
+                try:
+                    await ws.send_str(data.decode("utf-8"))
+                except UnicodeDecodeError:
+                    await ws.send_bytes(data)
 
         async def close() -> None:
             await ws.close()

@@ -44,7 +44,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from octopis.gateway.durable import DurableRefusal, DurableSubscription, key_of
-from octopis.gateway.frames import Frame, FrameError, error_frame, header_lines, negotiate
+from octopis.gateway.frames import (
+    Frame,
+    FrameError,
+    encode_tail,
+    error_frame,
+    header_lines,
+    negotiate,
+)
 from octopis.gateway.headers import HeaderError, headers_of, publication_of, topic_of
 from octopis.gateway.selector import SelectorError, translate
 from octopis.wire import (
@@ -64,6 +71,8 @@ EVERYWHERE_HEADER = "octopis.everywhere"
 DURABLE_HEADERS = ("activemq.subscriptionName", "durable-subscription-name")
 """SUBSCRIBE headers naming a durable subscription (ActiveMQ's, and its older name)."""
 SERVER_NAME = "OctopiS"
+CACHED_NOTIFICATIONS = 4096
+"""Notifications whose MESSAGE parts :class:`DeliveryCache` keeps (a send pass's worth)."""
 
 
 @dataclass(frozen=True)
@@ -111,24 +120,28 @@ class _Subscription:
 
 
 class DeliveryCache:
-    """The header lines and opaque body of the last notification delivered, made once for
-    every STOMP connection of a broker it goes to (one asyncio loop: no locking)."""
+    """The header lines, opaque body and encoded tail of the notifications being delivered,
+    made once for every STOMP connection of a broker they go to (one asyncio loop: no
+    locking). A send pass hands each connection its deliveries in turn, so the last
+    :data:`CACHED_NOTIFICATIONS` notifications are kept (the oldest made room for)."""
 
     def __init__(self) -> None:
-        self._body: bytes | None = None
-        self._version = ""
-        self._lines = ""
-        self._opaque = b""
+        self._made: OrderedDict[tuple[bytes, str], tuple[str, bytes, bytes]] = OrderedDict()
 
-    def lines(self, body: bytes, version: str) -> tuple[str, bytes]:
-        """The escaped header lines of the NOTIFY ``body``'s publication, and its opaque
-        body."""
-        if body is not self._body or version != self._version:
+    def lines(self, body: bytes, version: str) -> tuple[str, bytes, bytes]:
+        """The escaped header lines of the NOTIFY ``body``'s publication, its opaque body,
+        and the bytes that end each MESSAGE of it (:attr:`Frame.tail`)."""
+        key = (body, version)
+        made = self._made.get(key)
+        if made is None:
             notification = read_notify(body)
-            self._lines = header_lines(headers_of(notification.publication), "MESSAGE", version)
-            self._opaque = notification.body
-            self._body, self._version = body, version
-        return self._lines, self._opaque
+            shared = header_lines(headers_of(notification.publication), "MESSAGE", version)
+            opaque = notification.body
+            made = (shared, opaque, encode_tail(shared, opaque))
+            self._made[key] = made
+            if len(self._made) > CACHED_NOTIFICATIONS:
+                self._made.popitem(last=False)
+        return made
 
 
 class StompSession:
@@ -374,7 +387,7 @@ class StompSession:
 
     def _message(self, sub: _Subscription, notify: bytes, out: Effects) -> None:
         """Send the NOTIFY body ``notify`` to ``sub`` as a MESSAGE."""
-        shared, body = self.cache.lines(notify, self.version or "1.0")
+        shared, body, tail = self.cache.lines(notify, self.version or "1.0")
         message_id = str(next(self._message_ids))
         headers = {"subscription": sub.id, "message-id": message_id}
         if sub.ack != "auto":
@@ -392,7 +405,7 @@ class StompSession:
                 headers["ack"] = message_id
         if sub.durable is not None:
             sub.durable.sent(notify, message_id, acked=sub.ack == "auto")
-        out.frames.append(Frame("MESSAGE", headers, body, shared=shared))
+        out.frames.append(Frame("MESSAGE", headers, body, shared=shared, tail=tail))
 
     def _reply(self, reply: dict[str, Any], out: Effects) -> None:
         op, req = reply.get("op"), reply.get("req")
