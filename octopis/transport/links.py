@@ -42,18 +42,6 @@ CONNECT_TIMEOUT_MS = 500
 """A peer link's connection attempt gives up after this long and is tried again
 (ZeroMQ's reconnect interval later): a SYN lost to a cut is not retried by the kernel's
 backoff (1, 2, 4 s)."""
-PING_INTERVAL_MS = 250
-"""A peer link's connection sends a ZMTP PING this often; the receiving end answers."""
-PING_TIMEOUT_MS = TCP_MAX_RETRANSMIT_MS
-"""A peer link's connection that has heard nothing back this long after a PING is closed
-and made again: the retransmission limit above, end to end, through whatever relays the
-bytes (a proxy's own TCP connection backs off unbounded)."""
-HANDSHAKE_TIMEOUT_MS = TCP_MAX_RETRANSMIT_MS
-"""A peer link's new connection whose ZMTP handshake is not done after this long is
-closed and tried again (ZeroMQ's default waits 30 s): through a relay the TCP connection
-is made at once, and the relay's own attempt may be a SYN the cut lost, which the
-kernel sends again after 1 s, then 3 s. Its three round trips fit in it up to a round
-trip of about 0.6 s."""
 
 FULL = -1
 """What :meth:`OutputLink._send_batch` returns when ZeroMQ's pipe is full."""
@@ -228,13 +216,9 @@ class OutputLink:
         # left alone, the first frame after the cut heals waits seconds. Abort it after
         # TCP_MAX_RETRANSMIT instead (custody has taken back what it carried, DESIGN §7),
         # and let each new connection attempt give up after CONNECT_TIMEOUT, so a healed
-        # link reconnects within a fraction of a second. ZMTP PINGs and a handshake
-        # timeout do the same end to end, when something between relays the bytes.
+        # link reconnects within a fraction of a second.
         self.socket.setsockopt(zmq.TCP_MAXRT, TCP_MAX_RETRANSMIT_MS)
         self.socket.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
-        self.socket.setsockopt(zmq.HEARTBEAT_IVL, PING_INTERVAL_MS)
-        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, PING_TIMEOUT_MS)
-        self.socket.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
         if curve is not None:
             curve.connect(self.socket, name)
         self.socket.connect(endpoint)
