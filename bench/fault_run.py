@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -330,13 +331,20 @@ async def scenario(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _counted(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
     """Links declared down and neighbours seen restarted, summed over the brokers, between
-    two ``stats`` answers (a restarted broker's own counters start again at zero)."""
+    two ``stats`` answers (a restarted broker's own counters start again at zero); and
+    the most times one broker declared one link down (``link_down_most``: 1 when no link
+    flapped), from the detections each broker lists."""
     counts = dict.fromkeys(("links_down", "peer_restarts"), 0)
+    per_link: Counter[tuple[str, str]] = Counter()
     for broker, s in after.items():
         same = before[broker]["incarnation"] == s["incarnation"]
         for key in counts:
             counts[key] += s["counters"].get(key, 0)
             counts[key] -= before[broker]["counters"].get(key, 0) if same else 0
+        earlier = before[broker]["detections"] if same else []
+        last = max((d["at"] for d in earlier), default=-math.inf)
+        per_link.update((broker, d["link"]) for d in s["detections"] if d["at"] > last)
+    counts["link_down_most"] = max(per_link.values(), default=0)
     return counts
 
 

@@ -58,6 +58,9 @@ def test_a_fault_loses_nothing_confirmed_and_delivers_once(overlay: Overlay, kin
     assert report["refused_delivered_unsaid"] == 0
     live = [r for r in report["subscribers"] if r["subscriber"].startswith("live")]
     assert all(r["lost"] == 0 for r in live), live
+    if kind in ("cut", "one-way"):  # each link cut once goes down once: no flapping heal
+        assert report["links_down"] > 0
+        assert report["link_down_most"] == 1, report["links_down"]
 
 
 def test_the_table_names_each_fault() -> None:

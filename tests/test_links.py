@@ -5,11 +5,17 @@ may not have passed on. Real ZeroMQ sockets on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import Counter
 
 import zmq
 import zmq.asyncio
 
 from octopis.core.lst import LinkStatusTable
+from octopis.core.neighbours import Neighbours
+from octopis.logs import RateLimitedLog
+from octopis.settings import Links
+from octopis.transport.frames import KIND
 from octopis.transport.links import (
     BATCH_FRAMES,
     Activity,
@@ -17,6 +23,8 @@ from octopis.transport.links import (
     PublishReceipt,
     SendPass,
 )
+from octopis.transport.peer_output import PeerOutput
+from octopis.transport.pressure import Backpressure
 from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK
 
 
@@ -282,3 +290,52 @@ def test_activity_wakes_the_lst_tick_on_the_first_put_after_it_looked() -> None:
         await asyncio.wait_for(again, 1.0)
 
     asyncio.run(_with_link(scenario))
+
+
+def test_a_link_holding_routing_frames_still_beats_once_a_heartbeat() -> None:
+    """A link whose queue is held (its neighbour declared down and not heard since, so
+    routing frames wait) still sends a heartbeat each interval, ahead of them, and never
+    queues a second while one waits: else a neighbour that hears us once after a heal
+    hears nothing more and declares us down again."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        ctx = zmq.asyncio.Context()
+        pull = ctx.socket(zmq.PULL)
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        counters: Counter[str] = Counter()
+        warn = RateLimitedLog(logging.getLogger("test"), 1.0)
+        output = PeerOutput(
+            "me",
+            1,
+            Links(),
+            ctx,
+            LinkStatusTable(["peer"]),
+            Neighbours(["peer"], loop.time()),
+            Backpressure("me", 1000, 1000, 64, counters, warn),
+            lambda: True,
+            lambda: 0,
+            counters,
+            Activity(),
+            SendPass(),
+        )
+        link = output.open("peer", f"tcp://127.0.0.1:{port}")
+        sender = asyncio.create_task(link.run())
+        try:
+            link.put([b"me", b"notification", KEPT], loop.time())  # never greeted: held
+            assert link.held()
+            output.beat_due(loop.time() + 1.0, 0.2)
+            assert not link.held()  # a heartbeat at the head
+            output.beat_due(loop.time() + 1.0, 0.2)
+            assert [f[KIND] for f in link.queue] == [LINK, KEPT]
+            assert len(await _drain(pull)) == 1  # the heartbeat left, the notification not
+            output.beat_due(loop.time() + 1.0, 0.2)
+            assert len(await _drain(pull)) == 1
+            assert [f[KIND] for f in link.queue] == [KEPT]
+        finally:
+            sender.cancel()
+            link.socket.close(0)
+            pull.close(0)
+            ctx.term()
+
+    asyncio.run(scenario())

@@ -419,16 +419,24 @@ class OutputLink:
         self.queue.clear()
         return frames
 
+    def held(self) -> bool:
+        """Routing frames at the head of the queue may not leave now: the neighbour is
+        not greeted (down, or before its handshake) or custody is full. Nothing leaves
+        such a link until then but what is put ahead of them (:meth:`put_link`)."""
+        queue = self.queue
+        return (
+            bool(queue)
+            and queue[0][KIND] >= DATA
+            and (not self.greeted or len(self.custody) >= self.custody_limit)
+        )
+
     async def run(self) -> None:
         """Send queued frames in order, each in a slot booked with the broker's and the
         link's senders (:func:`octopis.core.capacity.departure`)."""
         loop = asyncio.get_running_loop()
         booked = False
         while True:
-            if not self.queue or (
-                self.queue[0][KIND] >= DATA
-                and (len(self.custody) >= self.custody_limit or not self.greeted)
-            ):
+            if not self.queue or self.held():
                 if self.queue and self.greeted:
                     self.custody_full += 1
                 self._wake.clear()

@@ -210,10 +210,13 @@ class PeerOutput:
 
     def beat_due(self, now: float, heartbeat: float) -> None:
         """A heartbeat to each neighbour that has frames taken from it unacknowledged, or
-        whose link has sent nothing for ``heartbeat`` seconds and has nothing queued."""
+        whose link has sent nothing for ``heartbeat`` seconds and has nothing queued that
+        is about to leave: a queue held back (:meth:`OutputLink.held`, e.g. for a
+        neighbour not heard since it was declared down) must not silence the link, or
+        that neighbour, hearing us once, declares us down again."""
         for name, state in self.neighbours.items():
             link = self.links[name]
             if state.received != state.acked or (
-                not link.queue and now - link.last_sent >= heartbeat
+                now - link.last_sent >= heartbeat and (not link.queue or link.held())
             ):
                 self.beat(name, state, now)
