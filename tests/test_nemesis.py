@@ -96,14 +96,15 @@ def _first_failing(seeds: range) -> int | None:
     return next((s for s in seeds if s not in OPEN and not run(draw(s)).passed), None)
 
 
-def _caught(problem: Callable[[str], bool]) -> None:
+def _caught(problem: Callable[[str], bool]) -> int:
     """Some seed of the suite's fails with a problem ``problem`` accepts (the seed and its
-    history are printed)."""
+    history are printed); returns it."""
     seed = _first_failing(range(SEEDS))
     assert seed is not None
     problems = run(draw(seed)).problems
     print(f"caught by seed {seed}:\n{draw(seed).describe()}\nproblems: {problems}")
     assert any(problem(p) for p in problems)
+    return seed
 
 
 def test_releasing_no_held_copies_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,6 +278,16 @@ def test_the_command_runs_a_seed_and_a_sweep(capsys: pytest.CaptureFixture) -> N
     assert sum(table["faults"].values()) >= 5
     assert main(["nemesis", "0", "--seeds", "0"]) == 2
     assert "--seeds and --max-faults must be at least 1" in capsys.readouterr().err
+
+
+def test_the_command_names_a_stores_loss(capsys: pytest.CaptureFixture) -> None:
+    """Seed 13 draws a power failure of b:2, whose store runs with ``sync = "normal"``: the
+    verdict passes and names the store's loss and why."""
+    assert main(["nemesis", "13"]) == 0
+    out = capsys.readouterr().out
+    assert "power-loss b:2 @3.111 until 5.278 (sync normal, the last 1.814 s unsynced)" in out
+    assert ("store loss: 1 confirmed publications: b:2's retention store lost it: committed "
+            "within 1.814 s of a power failure, not yet on disk (sync normal)") in out  # fmt: skip
 
 
 def test_the_command_shrinks_a_failing_seed(
@@ -697,6 +708,11 @@ def test_a_store_that_loses_what_it_confirmed_is_caught(
 ) -> None:
     """A store that confirms publications it does not hold (a full disk's, or a tail not
     yet on disk that a power failure takes, without knowing it): the checker finds
-    confirmed publications gone with no loss said."""
+    confirmed publications gone with no loss said; the shortest failing history keeps
+    the store's fault."""
     broken(monkeypatch)
-    _caught(lambda p: "no loss said" in p)
+    seed = _caught(lambda p: "no loss said" in p)
+    smaller = shrink(draw(seed))
+    print(f"shrunk:\n{smaller.describe()}")
+    assert any(isinstance(f, DiskFull | PowerLoss) for f in smaller.faults)
+    assert len(smaller.faults) <= len(draw(seed).faults)

@@ -448,6 +448,7 @@ def simulate(
         covering=scenario.covering,
         advertisements=scenario.advertisements,
     )
+    sim._failure_state()  # the stores keep the history even if no fault is left (shrunk)
     if scenario.advertisements:
         everything = Subscription((Predicate("x", "<", 10),))
         for broker in sorted({b for _, b, _ in scenario.publications}):
@@ -637,12 +638,16 @@ def run(scenario: Scenario) -> Verdict:
 
 
 def shrink(scenario: Scenario, fails: Callable[[Scenario], bool] | None = None) -> Scenario:
-    """The smallest scenario found that still fails: faults, then subscribers, then
+    """The smallest scenario found that still fails: faults (store faults too), then
+    subscribers, durable and composite ones, withdrawals, historic queries and
     publications dropped one at a time while ``fails`` (default: :func:`run` finds a
     problem), as hypothesis shrinks an example; deterministic."""
     fails = fails or (lambda s: not run(s).passed)
     current = scenario
-    for name in ("faults", "subscribers", "durables", "composites", "publications"):
+    for name in (
+        "faults", "subscribers", "durables", "composites", "withdrawals", "historics",
+        "publications",
+    ):  # fmt: skip
         i = 0
         while i < len(getattr(current, name)):
             items = getattr(current, name)
