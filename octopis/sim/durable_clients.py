@@ -442,7 +442,9 @@ COUNTS = ("expected", "delivered", "duplicated", "lost", "silent", "gaps")
 def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
     """Each durable client against its contract: every publication its filter matches,
     published from its first subscribe on (while it was away too), once; nothing else.
-    One missing is accounted for by a gap reported to it; or, published while it was
+    One missing is accounted for by a gap reported to it (a broker silent, or a range a
+    store reported it no longer holds); one refused to its publisher (a full disk) is
+    counted refused, not lost; or, published while it was
     away (only its record's replay could give it), by a stamp before its record began
     (a publisher's clock behind: the record owes what was published since it began, by
     the publishers' clocks); or, published while it was connected, by a broker's count

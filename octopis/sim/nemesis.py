@@ -528,7 +528,9 @@ def check(
     asked: dict[str, Window] | None = None,
 ) -> tuple[list[str], dict[str, int]]:
     """The problems in ``sim``'s history (see the module docstring) and its counts:
-    expected, delivered, duplicated, lost, silent (lost and not accounted for), gaps. A
+    expected, delivered, duplicated, lost, silent (lost and not accounted for), gaps,
+    refused (not delivered, refused to their publishers: not lost), and the stores'
+    (:func:`~octopis.sim.store_faults.check_stores`: ``stores``, ``losses``). A
     subscriber that ``withdrew`` (at the time given) is owed nothing published before it
     that had not reached it by then; each historic query ``asked`` is held to its window
     (:func:`check_historic`)."""
