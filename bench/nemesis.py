@@ -6,9 +6,11 @@
 Each seed is drawn, run and checked by :mod:`octopis.sim.nemesis` (``octopis nemesis``
 runs one). The table counts the runs, those that passed, the faults injected by kind, and
 the deliveries: expected, delivered, duplicated, lost (counted with a reason or reported
-to the subscriber as a gap) and silent (lost with neither: the figure that must be 0), in
-all and by kind of subscriber (live, failed over, historic, durable; for composite
-subscribers the counts are of matches), with the failing seeds to replay one by one.
+to the subscriber as a gap), refused (their publishers were told: a full disk) and silent
+(lost with neither: the figure that must be 0), in all and by kind of subscriber (live,
+failed over, historic, durable; for composite subscribers the counts are of matches),
+with the failing seeds to replay one by one; and what the retention stores confirmed,
+refused and lost naming why.
 The table so far is written beside ``--out`` (``nemesis.partial.json``) as each chunk of
 seeds comes in.
 """
@@ -47,15 +49,17 @@ def run(
     chunks = [
         (s, min(CHUNK, first + seeds - s), presets) for s in range(first, first + seeds, CHUNK)
     ]
-    table: dict[str, Any] = {"runs": 0, "passed": 0, "failing": [], "faults": {}, "kinds": {}}
+    table: dict[str, Any] = {
+        "runs": 0, "passed": 0, "failing": [], "faults": {}, "kinds": {}, "stores": {}
+    }  # fmt: skip
     started = time.perf_counter()
     with ProcessPoolExecutor(workers) as pool:
         for part in pool.map(_chunk, chunks):
             for key, value in part.items():
                 if key == "failing":
                     table["failing"] += value
-                elif key == "faults":
-                    _add(table["faults"], value)
+                elif key in ("faults", "stores"):
+                    _add(table[key], value)
                 elif key == "kinds":
                     for kind, counts in value.items():
                         _add(table["kinds"].setdefault(kind, {}), counts)
@@ -81,20 +85,29 @@ def markdown(table: dict[str, Any]) -> str:
     faults = ", ".join(f"{kind} {n:,}" for kind, n in table["faults"].items())
     rows = [
         "| seeds | passed | faults injected | expected | delivered | duplicated "
-        "| lost (accounted) | silent | seconds |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| lost (accounted) | refused | silent | seconds |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         f"| {table['runs']:,} | {table['passed']:,} | {faults} | {table['expected']:,} | "
         f"{table['delivered']:,} | {table['duplicated']:,} | {table['lost']:,} | "
-        f"{table['silent']:,} | {table['seconds']:,} |",
+        f"{table.get('refused', 0):,} | {table['silent']:,} | {table['seconds']:,} |",
         "",
-        "| subscribers | expected | delivered | duplicated | lost (accounted) | silent | gaps |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| subscribers | expected | delivered | duplicated | lost (accounted) | refused | silent "
+        "| gaps |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for kind, c in table["kinds"].items():
         rows.append(
             f"| {kind} | {c['expected']:,} | {c['delivered']:,} | {c['duplicated']:,} | "
-            f"{c['lost']:,} | {c['silent']:,} | {c.get('gaps', 0):,} |"
+            f"{c['lost']:,} | {c.get('refused', 0):,} | {c['silent']:,} | {c.get('gaps', 0):,} |"
         )
+    stores = table.get("stores", {})
+    rows += [
+        "",
+        "| publications | confirmed | refused (publisher told) | lost by a store (named) |",
+        "|---|---:|---:|---:|",
+        f"| in all | {stores.get('confirmed', 0):,} | {stores.get('refused', 0):,} | "
+        f"{stores.get('store_lost', 0):,} |",
+    ]
     return "\n".join(rows)
 
 

@@ -24,6 +24,9 @@ DOWN_AFTER = 1.0
 RETAIN = 1.0
 """Seconds a broker keeps acknowledged notifications after sending them, for re-routing
 after a failure (``[links] retain``; the simulator's senders alike)."""
+REFUSE_FOR = 1.0
+"""Seconds a broker refuses new publications after its retention store's disk refused
+a commit (the simulator's stores alike)."""
 CUSTODY_LIMIT = 10_000
 """Messages a broker holds per neighbour, in custody or held for its return
 (``[links] custody_limit``)."""

@@ -19,7 +19,9 @@ def configure(command: str, p: argparse.ArgumentParser) -> None:
         f"subscribers, publications and faults: {', '.join(FAULT_KINDS)}), run it on the "
         "brokers' own nodes in the simulator and check the whole history: every subscriber "
         "gets each publication it asked for exactly once, or the loss is counted with its "
-        "reason or reported to it as a gap. The same seed replays the same run exactly. "
+        "reason or reported to it as a gap; each publication confirmed to its publisher "
+        "stays in its broker's store unless the store names the loss and why. The same "
+        "seed replays the same run exactly. "
         "Exit status 1 when a seed fails; with --shrink the shortest failing history is "
         "printed."
     )
@@ -69,7 +71,13 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"expected {table['expected']}, delivered {table['delivered']}, duplicated "
                 f"{table['duplicated']}, lost {table['lost']} (of them silent "
-                f"{table['silent']}), subscribers with a reported gap {table['gaps']}"
+                f"{table['silent']}), refused {table['refused']}, subscribers with a "
+                f"reported gap {table['gaps']}"
+            )
+            stores = table["stores"]
+            print(
+                f"stores: confirmed {stores.get('confirmed', 0)}, refused "
+                f"{stores.get('refused', 0)}, lost (named) {stores.get('store_lost', 0)}"
             )
             if table["failing"]:
                 print(f"failing seeds: {' '.join(map(str, table['failing'][:50]))}")
@@ -80,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             k: getattr(verdict, k)
-            for k in ("expected", "delivered", "duplicated", "lost", "silent", "gaps", "problems")
-        }
+            for k in ("expected", "delivered", "duplicated", "lost", "silent", "gaps", "refused",
+                      "stores", "losses", "problems")
+        }  # fmt: skip
         out |= {"seed": args.seed, "passed": verdict.passed, "history": scenario.describe()}
         if shrunk is not None:
             out["shrunk"] = shrunk.describe()
@@ -91,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{'PASS' if verdict.passed else 'FAIL'}  expected {verdict.expected}, delivered "
             f"{verdict.delivered}, duplicated {verdict.duplicated}, lost {verdict.lost} "
-            f"(silent {verdict.silent}), gaps reported {verdict.gaps}"
+            f"(silent {verdict.silent}), refused {verdict.refused}, gaps reported {verdict.gaps}"
         )
+        for loss in verdict.losses:
+            print(f"  store loss: {loss}")
         for problem in verdict.problems:
             print(f"  problem: {problem}", file=sys.stderr)
         if shrunk is not None:

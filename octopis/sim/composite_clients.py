@@ -157,7 +157,7 @@ def check_composites(sim: Simulator) -> tuple[list[str], dict[str, int]]:
     hosted: CompositeClients = sim.composites
     stream = [
         ((n.publisher, n.session, n.seq), n.published_at, n.publication)
-        for store in sim.stores.values()
+        for store in sim.published.values()
         for n in store
     ]
     undeliverable = sim.undeliverable_keys

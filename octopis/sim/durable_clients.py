@@ -43,7 +43,14 @@ from octopis.client_policy import (
 from octopis.client_policy import replay_after as failover_after
 from octopis.core import Notification
 from octopis.core.durable import Durables, claim_of, claimed_ident
-from octopis.core.replay import QueryStore, Replay, ReplayAction, ReplayDeliver, ReplayDone
+from octopis.core.replay import (
+    Gap,
+    QueryStore,
+    Replay,
+    ReplayAction,
+    ReplayDeliver,
+    ReplayDone,
+)
 from octopis.defaults import (
     CLIENT_LIVENESS,
     DURABLE_KEEP,
@@ -54,6 +61,7 @@ from octopis.defaults import (
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
 from octopis.sim.replaying import Seam, publisher_order
+from octopis.sim.stores import in_gaps
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
@@ -98,6 +106,9 @@ class DurableClient:
     replay_gaps: dict[str, set[str]] = field(default_factory=dict)
     """Per replay request, the brokers it reported silent and never heard from (only a
     late part of the same replay narrows its gap, as the SDK's)."""
+
+    store_gaps: set[Gap] = field(default_factory=set)
+    """Ranges its claims' and replays' stores reported they no longer hold."""
 
     def told_gap(self) -> bool:
         """Whether a gap is still reported to it."""
@@ -390,6 +401,7 @@ class DurableSimulator(Simulator):
                 self._durable_join(c, [], list(action.notifications))
             return
         echo = action.echo
+        c.store_gaps.update(echo.gaps)
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
         else:  # a replay's gap shrinks as its own silent parts answer late
@@ -431,7 +443,9 @@ COUNTS = ("expected", "delivered", "duplicated", "lost", "silent", "gaps")
 def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
     """Each durable client against its contract: every publication its filter matches,
     published from its first subscribe on (while it was away too), once; nothing else.
-    One missing is accounted for by a gap reported to it; or, published while it was
+    One missing is accounted for by a gap reported to it (a broker silent, or a range a
+    store reported it no longer holds); one refused to its publisher (a full disk) is
+    counted refused, not lost; or, published while it was
     away (only its record's replay could give it), by a stamp before its record began
     (a publisher's clock behind: the record owes what was published since it began, by
     the publishers' clocks); or, published while it was connected, by a broker's count
@@ -443,9 +457,10 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
     Returns the
     problems and the counts (:data:`COUNTS` and ``redelivered``)."""
     problems: list[str] = []
-    counts = dict.fromkeys((*COUNTS, "redelivered"), 0)
+    counts = dict.fromkeys((*COUNTS, "redelivered", "refused"), 0)
     clocks = sim.clocks
-    kept = {n.key: n for ns in sim.stores.values() for n in ns}
+    kept = {n.key: n for ns in sim.published.values() for n in ns}
+    refused = sim.retention.refused
     undeliverable = sim.undeliverable_keys
     sent = {key: n.published_at - clocks.get(n.publisher, 0.0) for key, n in kept.items()}
     for name, c in sorted(sim.durable_clients.items()):
@@ -465,7 +480,7 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
         )
         if dups:
             problems.append(f"durable {name}: {len(dups)} duplicated: {dups[:3]}")
-        missing = reference - got
+        missing = {key for key in reference - got if key not in refused}
         silent = sorted(
             key for key in missing if not _accounted(c, key, sent[key], kept[key], undeliverable)
         )
@@ -476,7 +491,8 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
         for key, n in (("expected", len(reference)), ("delivered", len(got & reference)),
                        ("duplicated", duplicated), ("lost", len(missing)),
                        ("silent", len(silent)), ("gaps", int(c.told_gap())),
-                       ("redelivered", redelivered)):  # fmt: skip
+                       ("redelivered", redelivered),
+                       ("refused", len(reference - got) - len(missing))):  # fmt: skip
             counts[key] += n
     return problems, counts
 
@@ -490,7 +506,7 @@ def _accounted(
 ) -> bool:
     """Whether ``c`` missing ``key`` (sent at ``sent``, true time) is accounted for (see
     :func:`check_durables`)."""
-    if c.told_gap():
+    if c.told_gap() or in_gaps(c.store_gaps, n):
         return True
     away = [*c.away, *([(c.left, float("inf"))] if c.left is not None else [])]
     if any(a <= sent < b for a, b in away):

@@ -226,6 +226,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             self.cpus.queue(broker, None, notification)
             return publisher, seq
         node = self.nodes[broker]
+        if self.failures is not None and self.retention.refusal(broker, self.now) is not None:
+            return publisher, seq  # its disk refused a commit just now: neither kept nor routed
         try:
             actions = self._watch(core, notification, node.publish, notification, None)
         except NotServing:
@@ -233,7 +235,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             return publisher, seq
         self.ledger.published(publisher, seq, publication)
         if self.failures is not None:
-            self.retention.keep(broker, notification)
+            self.retention.keep(broker, notification, self.now)
         if actions:
             self._dispatch(broker, actions)
         return publisher, seq

@@ -38,11 +38,20 @@ historic query's window compare). One draw in four adds a heal during another
 neighbour's resync: a broker restarts while its link to one neighbour is cut, another
 neighbour restarts meanwhile, and the share it is owed can be paid only after the heal.
 
+One seed in three adds a fault of a broker's retention store
+(:mod:`octopis.sim.store_faults`, drawn apart too): a disk full for a while (the store
+refuses its commits: publications routed and then refused, then refused before they are
+routed, each refusal told to the publisher; nothing committed before is touched), or a
+power failure (the broker dies; run with ``[retention] sync = "normal"`` its store loses
+the commits the operating system had not written yet, confirmed as they were; with
+``full`` nothing confirmed). The checker reads the stores too: each publication
+confirmed to its publisher is still in its store, or the verdict's :attr:`Verdict.losses`
+name the store that lost it and why; a refused one is counted refused, not lost; and a
+replay or historic query that asks a store for what it lost is told so as a gap.
+
 What TCP rules out is not injected: frames reordered, duplicated or lost one at a time
 on a live connection (a connection that resets loses what was in flight, which a
-partition models). What the simulator does not inject (the process tests do): full
-disks and a store that loses its unsynced tail (the retention store is the broker
-process's SQLite file, not the node's).
+partition models).
 """
 
 from __future__ import annotations
@@ -59,11 +68,26 @@ from octopis.matching import ReferenceMatcher
 from octopis.sim.composite_clients import check_composites
 from octopis.sim.durable_clients import COUNTS, DurableSimulator, check_durables
 from octopis.sim.engine import LatencyModel, Simulator
+from octopis.sim.historic_check import Window, check_historic
+from octopis.sim.store_faults import (
+    STORE_KINDS,
+    DiskFull,
+    PowerLoss,
+    StoreFault,
+    check_stores,
+    draw_store_faults,
+    schedule_store_fault,
+    store_fault_kind,
+    store_fault_text,
+)
+from octopis.sim.stores import in_gaps
 from octopis.topology import Scot, build_preset
 
 PRESETS = ("fig2", "paper75")
 MODES = ("snr", "dnr", "bid")
-FAULT_KINDS = ("crash", "pause", "partition", "client", "one-way", "delay", "skew")
+LINK_KINDS = ("one-way", "delay", "skew")
+"""The faults on links and clocks, drawn apart (:func:`_link_faults`)."""
+FAULT_KINDS = ("crash", "pause", "partition", "client", *LINK_KINDS, *STORE_KINDS)
 DURATION = 5.0
 """Seconds of publishing; faults fall in the first four and last up to three."""
 HORIZON = 300.0
@@ -105,7 +129,7 @@ class ClockSkew:
     offset: float
 
 
-Fault = Failure | ClientFault | DelaySpike | ClockSkew
+Fault = Failure | ClientFault | DelaySpike | ClockSkew | StoreFault
 Historic = tuple[float, str, str, int, float, float]
 """A historic query: (time, asker, broker, k, after, until)."""
 DurableRun = tuple[str, str, int, float | None, float, str]
@@ -176,9 +200,15 @@ class Verdict:
     silent: int = 0
     """Of :attr:`lost`, those neither counted undeliverable nor in a reported gap."""
     gaps: int = 0
+    refused: int = 0
+    """Expected and not delivered, refused to their publishers (a full disk): not lost."""
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)
     """The counts per subscriber kind: live, failed over, historic, durable."""
     faults: dict[str, int] = field(default_factory=dict)
+    stores: dict[str, int] = field(default_factory=dict)
+    """Publications the stores confirmed, refused, and lost saying why."""
+    losses: list[str] = field(default_factory=list)
+    """Each store's named losses of confirmed publications: how many, which, and why."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -188,6 +218,8 @@ class Verdict:
 
 
 def _fault_text(fault: Fault) -> str:
+    if isinstance(fault, DiskFull | PowerLoss):
+        return store_fault_text(fault)
     if isinstance(fault, ClientFault):
         return f"client {fault.subscriber} connection dies @{fault.at:.3f}"
     if isinstance(fault, DelaySpike):
@@ -202,6 +234,8 @@ def _fault_text(fault: Fault) -> str:
 
 def fault_kind(fault: Fault) -> str:
     """One of :data:`FAULT_KINDS`."""
+    if isinstance(fault, DiskFull | PowerLoss):
+        return store_fault_kind(fault)
     if isinstance(fault, ClientFault):
         return "client"
     if isinstance(fault, DelaySpike):
@@ -220,13 +254,15 @@ def draw(
     max_faults: int = 3,
     links: bool = True,
     composites: bool = True,
+    stores: bool = True,
 ) -> Scenario:
     """The scenario of ``seed``: a topology of ``presets``, a mode, covering and
     advertisements, 6-16 subscribers and 10-30 publications on random brokers, 1 to
     ``max_faults`` crashes, pauses, partitions and client faults at random times,
-    (``links``) 0 to 2 one-way partitions, delay spikes and skewed publisher clocks, and
-    (``composites``) 0 to 2 composite subscribers (drawn last and apart: a seed kept
-    for a bug found before they were drawn replays without them)."""
+    (``links``) 0 to 2 one-way partitions, delay spikes and skewed publisher clocks,
+    (``composites``) 0 to 2 composite subscribers and (``stores``) a store fault (drawn
+    last and apart: a seed kept for a bug found before they were drawn replays without
+    them)."""
     rng = random.Random(seed)
     preset = rng.choice(presets)
     scot = _scot(preset)
@@ -262,6 +298,11 @@ def draw(
         sorted((round(rng.uniform(0, DURATION), 6), rng.choice(subscribers)[0])
                for _ in range(rng.randint(0, 3)))
     )  # fmt: skip
+    faults += _link_faults(seed, scot, publications) if links else ()
+    if stores:
+        publishers = sorted({b for _, b, _ in publications})
+        busy = [f for f in faults if isinstance(f, Failure)]
+        faults += draw_store_faults(seed, publishers, DURATION, busy)
     return Scenario(
         seed,
         preset,
@@ -270,7 +311,7 @@ def draw(
         advertisements,
         subscribers,
         publications,
-        tuple(faults) + (_link_faults(seed, scot, publications) if links else ()),
+        tuple(faults),
         withdrawals,
         _historics(seed, brokers),
         _durables(seed, brokers),
@@ -289,7 +330,7 @@ def _link_faults(
     if rng.random() < 0.25:
         faults += _resync_race(rng, scot)
     for _ in range(rng.randint(0, 2)):
-        kind = rng.choice(FAULT_KINDS[4:])
+        kind = rng.choice(LINK_KINDS)
         at = round(rng.uniform(0, DURATION - 1), 6)
         a = rng.choice(brokers)
         b = rng.choice(sorted(scot.graph[a]))
@@ -395,10 +436,6 @@ def _scot(preset: str) -> Scot:
     return scot
 
 
-Window = tuple[int, float, float]
-"""A historic query's ``(k, after, until)``, in the simulator's time."""
-
-
 def simulate(
     scenario: Scenario,
 ) -> tuple[DurableSimulator, dict[str, float], dict[str, Window]]:
@@ -415,6 +452,7 @@ def simulate(
         covering=scenario.covering,
         advertisements=scenario.advertisements,
     )
+    sim._failure_state()  # the stores keep the history even if no fault is left (shrunk)
     if scenario.advertisements:
         everything = Subscription((Predicate("x", "<", 10),))
         for broker in sorted({b for _, b, _ in scenario.publications}):
@@ -438,6 +476,8 @@ def simulate(
             sim.slow_link(fault.src, fault.dst, start + fault.at, start + fault.until, fault.extra)
         elif isinstance(fault, ClockSkew):
             sim.clocks[fault.publisher] = fault.offset
+        elif isinstance(fault, DiskFull | PowerLoss):
+            schedule_store_fault(sim, fault, start)
         else:
             sim.fail(fault, start)
     for at, broker, x in scenario.publications:
@@ -490,7 +530,9 @@ def check(
     asked: dict[str, Window] | None = None,
 ) -> tuple[list[str], dict[str, int]]:
     """The problems in ``sim``'s history (see the module docstring) and its counts:
-    expected, delivered, duplicated, lost, silent (lost and not accounted for), gaps. A
+    expected, delivered, duplicated, lost, silent (lost and not accounted for), gaps,
+    refused (not delivered, refused to their publishers: not lost), and the stores'
+    (:func:`~octopis.sim.store_faults.check_stores`: ``stores``, ``losses``). A
     subscriber that ``withdrew`` (at the time given) is owed nothing published before it
     that had not reached it by then; each historic query ``asked`` is held to its window
     (:func:`check_historic`)."""
@@ -508,13 +550,14 @@ def check(
                             f"{counts['unexpected']} unexpected")  # fmt: skip
     if not failures and (report["duplicates"] or report["unexpected"]):
         problems.append(f"{report['duplicates']} duplicated, {report['unexpected']} unexpected")
-    published = {(n.publisher, n.seq): n.published_at for ns in sim.stores.values() for n in ns}
+    notes = {n.key: n for ns in sim.published.values() for n in ns}
+    published = {key: n.published_at for key, n in notes.items()}
     clocks = sim.clocks
     when_sent = {key: at - clocks.get(key[0], 0.0) for key, at in published.items()}
     undeliverable = sim.undeliverable_keys
 
     def accounted(s: str, p: str, q: int) -> bool:
-        if sim.replay_gaps.get(s):
+        if sim.replay_gaps.get(s) or in_gaps(sim.store_gaps.get(s, set()), notes[(p, q)]):
             return True
         when = when_sent.get((p, q))
         if s in withdrawn and when is not None and when <= withdrawn[s]:
@@ -532,11 +575,14 @@ def check(
             if state is not None and not state.severed(broker, neighbour):
                 problems.append(f"{broker} still misses {neighbour}'s resync share, though "
                                 "their link carries")  # fmt: skip
-    missing = sim.ledger.expected - set(sim.ledger.received)
+    refused = sim.retention.refused
+    missing = {
+        key for key in sim.ledger.expected - set(sim.ledger.received) if key[1:] not in refused
+    }
     silent = sorted(key for key in missing if not accounted(*key))
     if silent:
         problems.append(f"{len(silent)} lost without a count or a reported gap: {silent[:3]}")
-    historic = check_historic(sim, asked or {}, published)
+    historic = check_historic(sim, asked or {}, notes)
     problems += historic.pop("problems")
     kinds = {
         "live": _ledger_counts(
@@ -556,61 +602,33 @@ def check(
     if sim.composites.clients:
         composite_problems, kinds["composite"] = check_composites(sim)
         problems += composite_problems
-    counts: dict[str, Any] = {key: sum(k[key] for k in kinds.values()) for key in COUNTS}
+    counts: dict[str, Any] = {
+        key: sum(k.get(key, 0) for k in kinds.values()) for key in (*COUNTS, "refused")
+    }
     counts["kinds"] = kinds
+    store_problems, counts["stores"], counts["losses"] = check_stores(sim)
+    problems += store_problems
     return problems, counts
 
 
 def _ledger_counts(
     sim: Simulator, silent: list[tuple[str, str, int]], among: Callable[[str], bool]
 ) -> dict[str, int]:
-    """The ledger's counts (:data:`COUNTS`) of the subscribers ``among`` accepts."""
+    """The ledger's counts (:data:`COUNTS`, and ``refused``: not delivered, refused to
+    their publishers) of the subscribers ``among`` accepts."""
     ledger = sim.ledger
     expected = {key for key in ledger.expected if among(key[0])}
     received = {key: n for key, n in ledger.received.items() if among(key[0])}
+    refused = {key for key in expected - received.keys() if key[1:] in sim.retention.refused}
     return {
         "expected": len(expected),
         "delivered": len(expected & received.keys()),
         "duplicated": sum(received.values()) - len(received),
-        "lost": len(expected - received.keys()),
+        "lost": len(expected - received.keys() - refused),
+        "refused": len(refused),
         "silent": sum(1 for key in silent if among(key[0])),
         "gaps": sum(1 for s, g in sim.replay_gaps.items() if g and among(s)),
     }
-
-
-def check_historic(
-    sim: Simulator, asked: dict[str, Window], published: dict[tuple[str, int], float]
-) -> dict[str, Any]:
-    """Each historic query against the reference: every stored publication published in
-    its window whose ``x`` is below its ``k``, once; nothing else (a publication outside
-    the window or the filter is a problem); one missing is accounted for only by a gap
-    reported to the asker, or by a round its host never finished (it died under it)."""
-    problems: list[str] = []
-    counts = dict.fromkeys(("expected", "delivered", "duplicated", "lost", "silent"), 0)
-    xs = {(n.publisher, n.seq): n.publication["x"] for ns in sim.stores.values() for n in ns}
-    for req_id, (k, after, until) in sorted(asked.items()):
-        got = sim.historic_received[req_id]
-        reference = {
-            key for key, when in published.items() if after <= when < until and xs[key] < k
-        }
-        extra = sorted(set(got) - reference)
-        if extra:
-            problems.append(f"historic {req_id}: {len(extra)} outside its window or filter: "
-                            f"{extra[:3]}")  # fmt: skip
-        missing = reference - set(got)
-        asker = sim._requesters[req_id]
-        reported = bool(sim.replay_gaps.get(asker)) or req_id not in sim.historic_done
-        if missing and not reported:
-            problems.append(f"historic {req_id}: {len(missing)} missing, no gap reported: "
-                            f"{sorted(missing)[:3]}")  # fmt: skip
-        counts["expected"] += len(reference)
-        counts["delivered"] += len(set(got) & reference)
-        counts["duplicated"] += len(got) - len(set(got))
-        counts["lost"] += len(missing)
-        counts["silent"] += 0 if reported else len(missing)
-        if len(got) != len(set(got)):
-            problems.append(f"historic {req_id}: {len(got) - len(set(got))} duplicated")
-    return {"problems": problems, **counts}
 
 
 def run(scenario: Scenario) -> Verdict:
@@ -626,12 +644,16 @@ def run(scenario: Scenario) -> Verdict:
 
 
 def shrink(scenario: Scenario, fails: Callable[[Scenario], bool] | None = None) -> Scenario:
-    """The smallest scenario found that still fails: faults, then subscribers, then
+    """The smallest scenario found that still fails: faults (store faults too), then
+    subscribers, durable and composite ones, withdrawals, historic queries and
     publications dropped one at a time while ``fails`` (default: :func:`run` finds a
     problem), as hypothesis shrinks an example; deterministic."""
     fails = fails or (lambda s: not run(s).passed)
     current = scenario
-    for name in ("faults", "subscribers", "durables", "composites", "publications"):
+    for name in (
+        "faults", "subscribers", "durables", "composites", "withdrawals", "historics",
+        "publications",
+    ):  # fmt: skip
         i = 0
         while i < len(getattr(current, name)):
             items = getattr(current, name)
@@ -648,8 +670,12 @@ def sweep(
 ) -> dict[str, Any]:
     """Run every seed of ``seeds``: runs, passed, the failing seeds, faults injected by
     kind, and the summed counts."""
-    table: dict[str, Any] = {"runs": 0, "passed": 0, "failing": [], "faults": {}, "kinds": {}}
-    totals = dict.fromkeys(("expected", "delivered", "duplicated", "lost", "silent", "gaps"), 0)
+    table: dict[str, Any] = {
+        "runs": 0, "passed": 0, "failing": [], "faults": {}, "kinds": {}, "stores": {}
+    }  # fmt: skip
+    totals = dict.fromkeys(
+        ("expected", "delivered", "duplicated", "lost", "silent", "gaps", "refused"), 0
+    )
     for seed in seeds:
         verdict = run(draw(seed, presets=presets, max_faults=max_faults))
         table["runs"] += 1
@@ -658,6 +684,8 @@ def sweep(
             table["failing"].append(seed)
         for kind, n in verdict.faults.items():
             table["faults"][kind] = table["faults"].get(kind, 0) + n
+        for key, n in verdict.stores.items():
+            table["stores"][key] = table["stores"].get(key, 0) + n
         for key in totals:
             totals[key] += getattr(verdict, key)
         for kind, counts in verdict.kinds.items():

@@ -40,6 +40,7 @@ from octopis.client_policy import (
 from octopis.core import Forward, Notification, SubState
 from octopis.core.durable import Durables
 from octopis.core.replay import (
+    Gap,
     QueryStore,
     Replay,
     ReplayAction,
@@ -79,6 +80,11 @@ class SubscriberFailover:
         self.retention = RetentionStores(self.failure_counts)
         """Each broker's retention store."""
         self.stores = self.retention.kept
+        self.published = self.retention.published
+        """Each broker's publishers' publications it routed (kept by its store or not)."""
+        self.store_gaps: dict[str, set[Gap]] = {}
+        """Per client, the ranges its replays' stores reported they no longer hold (a
+        retention gap: trimmed, or lost at a power failure)."""
         self.replay_rounds: dict[str, ReplayRounds] = {}
         self.failed_over: set[str] = set()
         """Subscribers that moved to another broker because theirs died."""
@@ -320,6 +326,8 @@ class SubscriberFailover:
                 if not gap:  # nothing missing: nothing to keep for this request
                     del gaps[action.req_id]
                 self.replay_gaps[subscriber] = set().union(*gaps.values())
+                if action.echo.gaps:
+                    self.store_gaps.setdefault(subscriber, set()).update(action.echo.gaps)
                 self.replay_counts["late" if action.late else "done"] += 1
 
     def saw(self, subscriber: str, n: Notification) -> None:

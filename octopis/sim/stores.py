@@ -5,6 +5,24 @@ process's file does), and what a store answers a replay request: the node's
 and the ranges the store dropped as gaps (:func:`~octopis.core.answer.trimmed_gaps`), as
 the process's store answers.
 
+Two faults of the process's store are the simulator's too (:mod:`octopis.sim.nemesis`
+draws them):
+
+- **A full disk** (:meth:`RetentionStores.fill` until :meth:`~RetentionStores.free`): the
+  process routes a publication in the input pass that took it and commits it after; the
+  commit the disk refuses refuses the publications it held, routed already (their
+  publishers are told so, by name: they may have been delivered), and new publications
+  are refused before they are routed for :data:`~octopis.defaults.REFUSE_FOR` seconds,
+  after which the next commit tries again. Nothing committed before is touched.
+- **A power failure** (:meth:`RetentionStores.power_loss`): with ``[retention] sync =
+  "normal"`` a commit is in the operating system's cache, not on disk, and a confirm
+  does not wait for the disk: what was committed in the last ``unsynced`` seconds is
+  lost, confirmed as it was. The store remembers what it lost, names it with the reason
+  (:attr:`RetentionStores.lost`), and answers a request that reaches it with a gap, as
+  for what it trimmed. With ``sync = "full"`` a confirm waits for fsync, and nothing
+  confirmed is lost (what was not committed yet was never confirmed; a simulated
+  commit is at once).
+
 The simulator keeps no encoded bodies: a store is bounded by a count of publications
 (``limit``) rather than ``[retention] max_bytes``, and an answer by ``answer_max`` only
 (``answer_bytes`` is passed on but never reached: each publication counts 0 bytes)."""
@@ -16,7 +34,10 @@ from collections import Counter, deque
 from octopis.core import Notification
 from octopis.core.answer import AnswerSelection, Trimmed, note_trimmed, trimmed_gaps
 from octopis.core.replay import Gap, Replay
-from octopis.defaults import ANSWER_BYTES, ANSWER_MAX
+from octopis.defaults import ANSWER_BYTES, ANSWER_MAX, REFUSE_FOR
+
+Key = tuple[str, int]
+"""A publication: (publisher, seq)."""
 
 STORE_LIMIT = 1_000_000
 """Publications each broker's store keeps in the simulator (its memory's bound, in place
@@ -39,17 +60,71 @@ class RetentionStores:
         """Each broker's store: what its own publishers published, in order."""
         self.trimmed: dict[str, Trimmed] = {}
         """Each broker's record of what its store dropped."""
+        self.published: dict[str, list[Notification]] = {}
+        """Each broker's publishers' publications that it routed, in order, whether its
+        store kept them or not (the history a checker reads)."""
+        self.confirmed: dict[Key, str] = {}
+        """Publications confirmed to their publishers: the broker whose store committed
+        them."""
+        self.refused: dict[Key, str] = {}
+        """Publications routed and then refused to their publishers, with the reason they
+        were told (the commit that would have kept them failed)."""
+        self.lost: dict[Key, str] = {}
+        """Confirmed publications a store lost, each with the store and why."""
+        self.lost_ranges: dict[str, Trimmed] = {}
+        """Each broker's record of what its store lost (answered as gaps)."""
+        self._kept_at: dict[str, deque[float]] = {}
+        """When each kept publication was committed (beside :attr:`kept`)."""
+        self._full: Counter[str] = Counter()
+        """Brokers whose disk is full now (overlapping faults counted)."""
+        self._refused_at: dict[str, float] = {}
+        """When each broker's disk last refused a commit."""
         self._counts = counts
         self._limit = limit
         self._answer_max = answer_max
         self._answer_bytes = answer_bytes
 
-    def keep(self, broker: str, notification: Notification) -> None:
-        """``broker`` accepted ``notification`` from a local publisher: its store keeps it."""
+    def refusal(self, broker: str, now: float) -> str | None:
+        """Why ``broker`` refuses a new publication before routing it now (within
+        :data:`~octopis.defaults.REFUSE_FOR` of a commit its disk refused), or None."""
+        refused_at = self._refused_at.get(broker)
+        if refused_at is None or now - refused_at >= REFUSE_FOR:
+            return None
+        self._counts["publications_refused.store_full"] += 1
+        return (f"{broker}'s retention store cannot store publications (its disk refused a "
+                f"commit {now - refused_at:.1f} s ago); publish again later")  # fmt: skip
+
+    def fill(self, broker: str) -> None:
+        """``broker``'s disk is full from now on (until :meth:`free`)."""
+        self._full[broker] += 1
+
+    def free(self, broker: str) -> None:
+        """One fault that filled ``broker``'s disk ends."""
+        self._full[broker] -= 1
+        if not self._full[broker]:
+            del self._full[broker]
+
+    def keep(self, broker: str, notification: Notification, now: float = 0.0) -> bool:
+        """``broker`` routed ``notification`` of a local publisher: its store commits it and
+        it is confirmed (True), or the disk is full and it is refused, routed already
+        (False, the reason in :attr:`refused`)."""
+        self.published.setdefault(broker, []).append(notification)
+        key = (notification.publisher, notification.seq)
+        if broker in self._full:
+            self._refused_at[broker] = now
+            self._counts["publications_refused.store_full_routed"] += 1
+            self.refused[key] = (f"{broker}'s retention store cannot store it: its disk is "
+                                 "full (routed before the disk refused: it may have been "
+                                 "delivered)")  # fmt: skip
+            return False
+        self._refused_at.pop(broker, None)
         store = self.kept.get(broker)
         if store is None:
             store = self.kept[broker] = deque()
+            self._kept_at[broker] = deque()
+        kept_at = self._kept_at[broker]
         if len(store) >= self._limit:
+            kept_at.popleft()
             old = store.popleft()
             note_trimmed(
                 self.trimmed.setdefault(broker, {}),
@@ -59,13 +134,40 @@ class RetentionStores:
                 old.published_at,
             )
             self._counts["retention.trimmed"] += 1
+            if (old.publisher, old.seq) in self.confirmed:
+                self.lost[(old.publisher, old.seq)] = (
+                    f"{broker}'s retention store dropped it past its bound ({self._limit})"
+                )
         store.append(notification)
+        kept_at.append(now)
+        self.confirmed[key] = broker
+        return True
+
+    def power_loss(self, broker: str, now: float, sync: str, unsynced: float) -> None:
+        """``broker``'s machine loses power at ``now``: with ``sync`` ``normal`` its store
+        loses what it committed in the last ``unsynced`` seconds (confirmed, not yet on
+        disk), remembered in :attr:`lost` and answered as a gap; with ``full`` nothing."""
+        store = self.kept.get(broker)
+        if sync == "full" or not store:
+            return
+        kept_at = self._kept_at[broker]
+        ranges = self.lost_ranges.setdefault(broker, {})
+        reason = (f"{broker}'s retention store lost it: committed within {unsynced:.3f} s of "
+                  "a power failure, not yet on disk (sync normal)")  # fmt: skip
+        while kept_at and kept_at[-1] > now - unsynced:
+            kept_at.pop()
+            n = store.pop()
+            note_trimmed(ranges, n.publisher, n.session, n.seq, n.published_at)
+            self.lost[(n.publisher, n.seq)] = reason
+            self._counts["retention.lost_unsynced"] += 1
 
     def answer(self, broker: str, request: Replay) -> tuple[list[Notification], list[Gap], bool]:
         """What ``broker``'s store answers ``request``: its kept publications, in the
         order kept, as the node's :class:`AnswerSelection` chooses them, the ranges it
         dropped that the request asks for, and whether the answer was cut."""
         gaps = trimmed_gaps(request, self.trimmed.get(broker, {}))
+        lost = trimmed_gaps(request, self.lost_ranges.get(broker, {}))
+        gaps = sorted({*gaps, *lost})
         store = self.kept.get(broker)
         if not store:  # nothing to choose from: no selection to build
             return [], gaps, False
@@ -78,3 +180,10 @@ class RetentionStores:
             elif selection.truncated:
                 break
         return found, gaps, selection.truncated
+
+
+def in_gaps(gaps: set[Gap], n: Notification) -> bool:
+    """Whether ``n`` falls in one of the retention ``gaps`` a store reported."""
+    return any(
+        p == n.publisher and s == n.session and first <= n.seq <= last for p, s, first, last in gaps
+    )

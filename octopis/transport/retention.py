@@ -29,6 +29,7 @@ from pathlib import Path
 from octopis.core.answer import AnswerSelection, Trimmed, note_trimmed, trimmed_gaps
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
+from octopis.defaults import REFUSE_FOR
 from octopis.settings import Retention
 
 SCHEMA = """
@@ -95,9 +96,6 @@ def unpack(records: bytes) -> Iterator[Row]:
         )
         offset += body_length
 
-
-REFUSE_FOR = 1.0
-"""Seconds new publications are refused after the disk refused a commit."""
 
 CLOCK_SLACK = 60.0
 """Seconds a publisher's clock may run ahead of its broker's: the store finds rows by the
