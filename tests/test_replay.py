@@ -459,7 +459,8 @@ def test_a_full_disk_refuses_new_publications_and_keeps_what_was_committed(
     process test fills a real tmpfs): the commit that does not fit raises an error that
     names the file, nothing of it is written, everything committed before is answered as
     before, new publications are refused for a second, then tried again."""
-    from octopis.transport.retention import REFUSE_FOR, RetentionError
+    from octopis.defaults import REFUSE_FOR
+    from octopis.transport.retention import RetentionError
 
     store = _store(tmp_path)
     for seq in range(1, 4):

@@ -10,7 +10,8 @@ answer is ``truncated``.
 
 What a store dropped to stay within its own bounds (retention's, not the answer's) is
 remembered per (publisher, session) with :func:`note_trimmed`, and a request that reaches
-past it is told so by :func:`trimmed_gaps`: the same gaps from every store.
+past it is told so by :func:`trimmed_gaps`: the same gaps from every store. A store whose
+disk refused a commit refuses new publications for a while, by :func:`store_refusal`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping
 
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
+from octopis.defaults import REFUSE_FOR
 from octopis.filters.language import FilterError, parse_subscription
 from octopis.matching import Matcher
 
@@ -27,6 +29,18 @@ UNBOUNDED = 1 << 62
 Trimmed = dict[tuple[str, int], tuple[int, float]]
 """What a store dropped, per (publisher, session): the highest sequence number dropped
 and the latest publication time among those dropped."""
+
+
+def store_refusal(store: str, refused_at: float | None, now: float) -> str | None:
+    """Why ``store`` refuses a new publication before it is routed at ``now``: within
+    :data:`~octopis.defaults.REFUSE_FOR` seconds of the commit its disk refused at
+    ``refused_at`` (after that the next commit tries again); None: accepted."""
+    if refused_at is None or now - refused_at >= REFUSE_FOR:
+        return None
+    return (
+        f"{store} cannot store publications (its disk refused a commit "
+        f"{now - refused_at:.1f} s ago); publish again later"
+    )
 
 
 def note_trimmed(trimmed: Trimmed, publisher: str, session: int, seq: int, at: float) -> None:

@@ -32,9 +32,15 @@ from __future__ import annotations
 from collections import Counter, deque
 
 from octopis.core import Notification
-from octopis.core.answer import AnswerSelection, Trimmed, note_trimmed, trimmed_gaps
+from octopis.core.answer import (
+    AnswerSelection,
+    Trimmed,
+    note_trimmed,
+    store_refusal,
+    trimmed_gaps,
+)
 from octopis.core.replay import Gap, Replay
-from octopis.defaults import ANSWER_BYTES, ANSWER_MAX, REFUSE_FOR
+from octopis.defaults import ANSWER_BYTES, ANSWER_MAX
 
 Key = tuple[str, int]
 """A publication: (publisher, seq)."""
@@ -85,14 +91,12 @@ class RetentionStores:
         self._answer_bytes = answer_bytes
 
     def refusal(self, broker: str, now: float) -> str | None:
-        """Why ``broker`` refuses a new publication before routing it now (within
-        :data:`~octopis.defaults.REFUSE_FOR` of a commit its disk refused), or None."""
-        refused_at = self._refused_at.get(broker)
-        if refused_at is None or now - refused_at >= REFUSE_FOR:
-            return None
-        self._counts["publications_refused.store_full"] += 1
-        return (f"{broker}'s retention store cannot store publications (its disk refused a "
-                f"commit {now - refused_at:.1f} s ago); publish again later")  # fmt: skip
+        """Why ``broker`` refuses a new publication before routing it now
+        (:func:`~octopis.core.answer.store_refusal`, counted), or None."""
+        reason = store_refusal(f"{broker}'s retention store", self._refused_at.get(broker), now)
+        if reason is not None:
+            self._counts["publications_refused.store_full"] += 1
+        return reason
 
     def fill(self, broker: str) -> None:
         """``broker``'s disk is full from now on (until :meth:`free`)."""

@@ -26,10 +26,15 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-from octopis.core.answer import AnswerSelection, Trimmed, note_trimmed, trimmed_gaps
+from octopis.core.answer import (
+    AnswerSelection,
+    Trimmed,
+    note_trimmed,
+    store_refusal,
+    trimmed_gaps,
+)
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
-from octopis.defaults import REFUSE_FOR
 from octopis.settings import Retention
 
 SCHEMA = """
@@ -175,14 +180,9 @@ class RetentionStore:
         return len(rows)
 
     def refusal(self, now: float) -> str | None:
-        """Why a new publication is refused now: within :data:`REFUSE_FOR` seconds of a
-        commit the disk refused (after that the next one tries again); None: accepted."""
-        if self.refused_at is None or now - self.refused_at >= REFUSE_FOR:
-            return None
-        return (
-            f"the retention store {self.path.name} cannot store publications (its disk "
-            f"refused a commit {now - self.refused_at:.1f} s ago); publish again later"
-        )
+        """Why a new publication is refused now (:func:`~octopis.core.answer.store_refusal`);
+        None: accepted."""
+        return store_refusal(f"the retention store {self.path.name}", self.refused_at, now)
 
     def _aged(self, now: float) -> bool:
         """Whether the oldest row is past ``max_age`` (asked at most once a second)."""
