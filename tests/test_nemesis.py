@@ -588,6 +588,13 @@ def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
             "f:1, restarted meanwhile",
         ),
         (61031, ("fig2",), "the same, b:0's pause and b:2's restart"),
+        (
+            150823,
+            ("fig2",),
+            "SNR: b:2 restarted while cut from b:0, holding a:2#1 for it, and died again; "
+            "a:2's withdrawal, held for b:2, reached its next process, which passed it on "
+            "to b:0, which never had the subscription: a protocol error stopped the run",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

@@ -68,6 +68,9 @@ class ClusteredBroker(NotificationRouting):
         """With covering, the withdrawals from neighbours waiting for another primary
         neighbour's resync share, by sub_id (at most one per entry held):
         :meth:`withdraw_subscription` defers them, :meth:`withdrawals_due` lets them go."""
+        self.restarted_neighbours: set[str] = set()
+        """Neighbours met again in a new process (:meth:`neighbour_restarted`): what their
+        predecessors held for this broker died with them."""
 
     @property
     def covering(self) -> Covering | None:
@@ -162,7 +165,10 @@ class ClusteredBroker(NotificationRouting):
         one not held is ignored); with covering, each preceded by the subscriptions it
         covered there that go in its place (:meth:`Covering.withdraw`). A withdrawal of
         one not held, from a neighbour whose resync share this broker still misses, is
-        ignored too: the share would have brought it, and will not now.
+        ignored too: the share would have brought it, and will not now; and so is one from
+        a neighbour that restarted, whose predecessor may have died holding the
+        subscription for this broker (its new process passes on the withdrawals held for
+        the predecessor).
 
         With covering, the withdrawal from a neighbour of a subscription of this cluster
         waits while this broker misses another primary neighbour's resync share (counted
@@ -177,6 +183,9 @@ class ClusteredBroker(NotificationRouting):
             return []
         if entry is None and src in self.missing_shares:
             self.stats["resync.withdrawn_before_share"] += 1
+            return []
+        if entry is None and src in self.restarted_neighbours:
+            self.stats["resync.withdrawn_never_received"] += 1
             return []
         if entry is None or entry.last_hop != src:
             raise ProtocolError(f"unsubscribe of {message.sub_id} from {src}: no such entry")
@@ -195,6 +204,11 @@ class ClusteredBroker(NotificationRouting):
         if entry.cluster == self.cluster:
             return travel.withdraw(message, src)
         return travel.sbp_withdrawal(message, src)
+
+    def neighbour_restarted(self, neighbour: str) -> None:
+        """``neighbour`` runs a new process: a withdrawal it passes on may name a
+        subscription its predecessor never handed here (:meth:`withdraw_subscription`)."""
+        self.restarted_neighbours.add(neighbour)
 
     def withdrawals_due(self) -> list[Action]:
         """The withdrawals :meth:`withdraw_subscription` deferred whose shares are all in

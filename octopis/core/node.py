@@ -238,6 +238,8 @@ class BrokerNode(Generic[Token]):
             return [], HandedShare(neighbour, 0, predecessor=restarted)
         core = self.core
         assert isinstance(core, ClusteredBroker)
+        if restarted:
+            core.neighbour_restarted(neighbour)
         actions, carried = self._hand_held_sbp(neighbour)
         wants = neighbour in core.missing_shares
         if not self.serving or not core.share_complete(neighbour):
