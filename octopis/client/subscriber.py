@@ -60,33 +60,27 @@ class Subscriber(NamedClient):
         super().__init__(name, connection)
         self.replay_on_failover = replay
         self.last_seen = FromPoints()
-        """Per (publisher, session), the last sequence number delivered that nothing
-        earlier can still overtake by the time the broker goes silent: where a replay
-        asks from."""
+        """Where a replay asks from, per (publisher, session) (REORDER before the silence)."""
         self.since: float | None = None
-        """When this subscriber first subscribed: a replay asks for the publications of
-        publishers it never heard from since then."""
+        """When it first subscribed: a replay's start for publishers never heard from."""
         self.replay_log = ReplayLog(name, connection.group, self.deliver, on_gap, on_gap_filled)
         """What each replay delivered and left, and the late answers that narrow its gap."""
         if buffer < 1 or buffer_bytes < 1:
             raise ValueError("a subscriber's buffer and buffer_bytes must be positive")
         self.buffer = buffer
-        """Deliveries this subscriber's streams hold, not yet taken, before its connection
-        stops reading (the broker then queues, and its slow-consumer policy applies)."""
+        """Deliveries its streams hold, not yet taken, before the connection stops reading."""
         self.buffer_bytes = buffer_bytes
         """Encoded bytes of those deliveries before the connection stops reading."""
         self.held = 0
         """Deliveries held in the streams now (one per stream a delivery is queued on)."""
-        self.held_bytes = 0
-        """Their encoded bytes."""
+        self.held_bytes = 0  # their encoded bytes
         self.stalls = 0
         """Times a full buffer stopped the connection's reader."""
         self._room = asyncio.Event()
         self._room.set()
         self._streams: dict[str, SubscriptionStream] = {}
         self._subscriptions: dict[str, Subscription | Composite] = {}
-        self._durable_of: dict[str, str] = {}
-        """Sub id → the name of the durable subscription it is."""
+        self._durable_of: dict[str, str] = {}  # sub id -> its durable subscription's name
         self.acks = DurableAcks(name, lambda message: self.connection.send_soon(message))
         """What the application took of each durable subscription, acknowledged."""
         self.past = PastRequests(self, self.replay_log, self.acks)
