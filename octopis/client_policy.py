@@ -153,38 +153,54 @@ class LastSeen(OrderedDict[tuple[str, int], int]):
         return [(p, s, q) for (p, s), q in self.items()]
 
 
+SPANS_KEPT = 10
+"""Finished spans of takes :class:`FromPoints` keeps per (publisher, session)."""
+
+
 @dataclass(slots=True)
 class _Spans:
-    """One (publisher, session)'s takes for :class:`FromPoints`: the from-point settled so
-    far, the older span's highest seq, the newer span's (each with its last take), and
-    when the newer span began."""
+    """One (publisher, session)'s takes for :class:`FromPoints`: the newest span's highest
+    seq, its last take and when it began, and the finished spans before it as
+    ``(highest seq, last take)``, oldest first (at most :data:`SPANS_KEPT`)."""
 
     seq: int
     at: float
     began: float
-    older: tuple[int, float] | None = None
-    settled: tuple[int, float] | None = None
+    done: list[tuple[int, float]]
 
 
 class FromPoints:
     """A subscriber's replay from-points (DESIGN §11): of each (publisher, session), the
-    last sequence number taken at least ``settle`` seconds before its broker went silent.
+    highest sequence number taken at least ``settle`` seconds before its broker went
+    silent.
 
     Through failures copies do not keep publisher order: one taken back from custody and
     routed again arrives up to :data:`~octopis.defaults.REORDER` seconds late, after later
     ones were taken, and a replay from the last one taken would skip it. What was published
     before a publication taken at ``t`` arrives by ``t + settle``, so a from-point taken that
     long before the silence has nothing earlier still in flight; what was taken since comes
-    again with the replay, and the record of recent deliveries drops it. Per pair it keeps
-    the from-point settled so far and two spans of takes of at least ``settle`` seconds
-    each; at most ``known`` pairs, the least recently heard forgotten first (a replay asks
+    again with the replay, and the record of recent deliveries drops it.
+
+    Takes go on after the silence (from the broker left behind, or from a move's other
+    connection) until the replay is asked, so the points before it must outlive them: per
+    pair the takes are kept as spans of at least :attr:`span` seconds (``settle``, or
+    ``reach`` over :data:`SPANS_KEPT` less two if longer), each its highest seq and last
+    take, the last :data:`SPANS_KEPT` of them; a replay asked up to ``reach`` seconds after
+    the silence finds its from-point, no more than two spans before the last one it could
+    take. At most ``known`` pairs, the least recently heard forgotten first (a replay asks
     for a forgotten one by time)."""
 
-    def __init__(self, settle: float = REORDER, known: int = PUBLISHERS_KNOWN) -> None:
-        if settle < 0 or known < 1:
-            raise ValueError("from-points need a settle time >= 0 and room for a publisher")
+    def __init__(
+        self, settle: float = REORDER, known: int = PUBLISHERS_KNOWN, reach: float = LOOKBACK
+    ) -> None:
+        if settle < 0 or known < 1 or reach <= 0:
+            raise ValueError(
+                "from-points need a settle time >= 0, room for a publisher and a reach > 0"
+            )
         self.settle = settle
         self.known = known
+        self.span = max(settle, reach / (SPANS_KEPT - 2))
+        """Seconds a span of takes lasts at least."""
         self._pairs: OrderedDict[tuple[str, int], _Spans] = OrderedDict()
 
     def __len__(self) -> int:
@@ -198,16 +214,16 @@ class FromPoints:
         key = (publisher, session)
         spans = self._pairs.get(key)
         if spans is None:
-            self._pairs[key] = _Spans(seq, now, now)
+            self._pairs[key] = _Spans(seq, now, now, [])
             if len(self._pairs) > self.known:
                 self._pairs.popitem(last=False)
             return
         self._pairs.move_to_end(key)
-        if now - spans.began >= self.settle:  # the newer span is long enough: a new one
-            older = spans.older
-            if older is not None and (spans.settled is None or older[0] > spans.settled[0]):
-                spans.settled = older
-            spans.older = (spans.seq, spans.at)
+        if now - spans.began >= self.span:  # the newest span is long enough: a new one
+            done = spans.done
+            done.append((spans.seq, spans.at))
+            if len(done) > SPANS_KEPT:
+                del done[0]
             spans.seq, spans.began = seq, now
         elif seq > spans.seq:
             spans.seq = seq
@@ -220,8 +236,10 @@ class FromPoints:
         cutoff = silent - self.settle
         points = []
         for (publisher, session), spans in self._pairs.items():
-            taken = [p for p in (spans.settled, spans.older, (spans.seq, spans.at)) if p]
-            best = max((seq for seq, at in taken if at <= cutoff), default=None)
+            best = spans.seq if spans.at <= cutoff else None
+            for seq, at in spans.done:
+                if at <= cutoff and (best is None or seq > best):
+                    best = seq
             if best is not None:
                 points.append((publisher, session, best))
         return points

@@ -49,8 +49,8 @@ def test_a_replay_asks_from_a_publication_taken_before_anything_earlier_could_ov
 
 def test_from_points_are_never_too_late_and_stay_close() -> None:
     """Against every take remembered: the from-point was taken by ``silent - settle``
-    (nothing earlier still in flight), and is no lower than the last taken two settle
-    times before that (the two spans kept lose no more)."""
+    (nothing earlier still in flight), and is no lower than the last taken a span before
+    that (a span's points lose no more)."""
     rng = random.Random(7)
     for _ in range(300):
         settle = rng.choice((0.5, 2.0, 4.0))
@@ -66,9 +66,30 @@ def test_from_points_are_never_too_late_and_stay_close() -> None:
         usable = [seq for at, seq in takes if at <= cutoff]
         if ("p", 0) in since:
             assert since[("p", 0)] <= max(usable)
-        close = [seq for at, seq in takes if at <= cutoff - 2 * settle]
+        close = [seq for at, seq in takes if at <= cutoff - points.span]
         if close:
             assert since[("p", 0)] >= max(close)
+
+
+def test_from_points_outlive_the_takes_that_follow_the_silence() -> None:
+    """The process test's failure: takes went on for 6 s after the broker fell silent (a
+    move's other connection, the broker left behind), and the replay was asked then. The
+    from-point is still one taken ``settle`` before the silence, not none (a replay by
+    time, 30 s back, re-sent what the record of recent deliveries had forgotten), and it
+    stays so for a replay asked up to ``reach`` after the silence."""
+    points = FromPoints(settle=4.0, reach=30.0)
+    now, seq = 0.0, 0
+    while now < 106.0:
+        seq += 1
+        points.saw("p", 1, seq, now)
+        now += 0.25
+    silent = 100.0
+    point = dict(((p, s), q) for p, s, q in points.since(silent))[("p", 1)]
+    assert 4 * (silent - 4.0 - points.span) <= point <= 4 * (silent - 4.0) + 1
+    late = FromPoints(settle=4.0, reach=30.0)
+    for step in range(4 * 130):
+        late.saw("p", 1, step + 1, step / 4)
+    assert [q for _, _, q in late.since(100.0)] and late.since(100.0)[0][2] <= 4 * 96 + 1
 
 
 def test_from_points_forget_the_least_recently_heard_past_their_bound() -> None:
@@ -80,3 +101,5 @@ def test_from_points_forget_the_least_recently_heard_past_their_bound() -> None:
     assert FromPoints().known == PUBLISHERS_KNOWN
     with pytest.raises(ValueError, match="settle time"):
         FromPoints(settle=-1.0)
+    with pytest.raises(ValueError, match="reach"):
+        FromPoints(reach=0.0)
