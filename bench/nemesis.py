@@ -113,11 +113,27 @@ def markdown(table: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=100_000)
-    parser.add_argument("--first", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--preset", action="append", choices=PRESETS)
-    parser.add_argument("--out", type=Path, default=REPO / "bench/results/nemesis.json")
+    parser.add_argument(
+        "--seeds", type=int, default=100_000, help="how many seeds to run (default 100,000)"
+    )
+    parser.add_argument(
+        "--first", type=int, default=0, help="the first seed; the run takes consecutive ones"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="processes running seeds side by side"
+    )
+    parser.add_argument(
+        "--preset",
+        action="append",
+        choices=PRESETS,
+        help="topology of the runs; repeat it to let each seed draw among them (default fig2)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench/results/nemesis.json",
+        help="where the table goes as JSON (the partial table is written beside it)",
+    )
     args = parser.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_suffix(".partial.json")
