@@ -160,13 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--preset", default="fig2", help="shape of the processes (default fig2)")
     parser.add_argument("--sizes", default="200,600,1200", help="subscribers per size")
-    parser.add_argument("--publishers", type=int, default=10)
+    parser.add_argument("--publishers", type=int, default=10, help="publishers per size")
     parser.add_argument("--notifications", type=int, default=200, help="per publisher")
     parser.add_argument("--rate", type=float, default=80.0, help="publications/s in all")
     parser.add_argument(
         "--latency", type=float, default=0.0001, help="simulated seconds per hop besides CPU"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="directory of calibration.{json,md} and service.json (default bench/results)",
+    )
     parser.add_argument(
         "--model",
         type=Path,

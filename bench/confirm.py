@@ -299,7 +299,9 @@ def _bad(report: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=2000, help="publications per series")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds, each on a fresh fig2 per tree (default 3)"
+    )
     parser.add_argument("--cases", default="none,one,six", help="of: " + ", ".join(CASES))
     parser.add_argument("--baseline", type=Path, help="source tree to compare with")
     parser.add_argument("--out", type=Path, help="write the JSON report here")

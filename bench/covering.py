@@ -245,11 +245,28 @@ def row_cells(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--subscribers", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench" / "results",
+        help="directory of covering.{json,md} and the workload (default bench/results)",
+    )
+    parser.add_argument(
+        "--subscribers",
+        type=int,
+        default=10_000,
+        help="subscriptions per workload (default 10,000)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seed of the workloads and placements (default 1)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="matching-time rounds (default 5)")
-    parser.add_argument("--service", type=Path, default=SERVICE)
+    parser.add_argument(
+        "--service",
+        type=Path,
+        default=SERVICE,
+        help="the CPU cost model charged to the brokers (default bench/results/service.json)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     results = run(args.out / "covering", args.subscribers, args.seed, args.rounds, args.service)

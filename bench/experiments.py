@@ -562,15 +562,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "experiment",
         choices=sorted([*PROFILES, "balance", "balance-sim", "elastic", *SIMULATED]),
+        help="the experiment to run (see the list above)",
     )
     p.add_argument("--quick", action="store_true", help="the few-minute profile")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench" / "results",
+        help="directory of the reports, tables and plots (default bench/results)",
+    )
     p.add_argument(
         "--modes",
         default=",".join(RUNS),
         help=f"comma-separated among {', '.join(RUNS)} (default all the experiment has)",
     )
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="seed of the workload (default 1)")
     p.add_argument(
         "--plan",
         choices=("ldm", "sdm"),

@@ -239,10 +239,27 @@ def markdown(reports: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", action="append", choices=("snr", "dnr"))
-    parser.add_argument("--fault", action="append", choices=tuple(FAULTS))
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--out", type=Path, default=REPO / "bench/results/faults.json")
+    parser.add_argument(
+        "--mode",
+        action="append",
+        choices=("snr", "dnr"),
+        help="routing mode of the overlay; repeat it for several (default both)",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        choices=tuple(FAULTS),
+        help="scenario to run; repeat it for several (default all)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=4.0, help="seconds each fault lasts before it heals"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench/results/faults.json",
+        help="where the reports go as JSON",
+    )
     args = parser.parse_args(argv)
     reports = []
     with hosts() as ns, tempfile.TemporaryDirectory(prefix="octopis-faults-") as tmp:

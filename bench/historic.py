@@ -193,7 +193,9 @@ def table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--retained", type=int, default=100_000, help="publications kept")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="historic subscribers, one after another"
+    )
     parser.add_argument("--live-rate", type=float, default=200.0, help="live publications/s")
     parser.add_argument("--window", type=float, default=5.0, help="seconds of live alone")
     parser.add_argument("--out", type=Path, help="write the JSON report here")

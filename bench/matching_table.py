@@ -75,7 +75,13 @@ def main(argv: list[str]) -> None:
         print(table(json.loads(Path(argv[0]).read_text())))
         return
     parser = argparse.ArgumentParser(prog="python -m bench.matching_table")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[100_000, 1_000_000],
+        help="subscriptions in a table, one row per size (default 100,000 and 1,000,000)",
+    )
     parser.add_argument("--shapes", nargs="+", default=None, help="default: every shape")
     parser.add_argument("--baseline", type=Path, help="a checkout with its matcher built")
     parser.add_argument("--churn-size", type=int, default=100_000, help="0: no churn runs")

@@ -879,8 +879,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs", type=int, default=3, help="alternating runs per system and shape (default 3)"
     )
-    parser.add_argument("--subscribers", type=int, default=200)
-    parser.add_argument("--publishers", type=int, default=10)
+    parser.add_argument("--subscribers", type=int, default=200, help="in all (default 200)")
+    parser.add_argument("--publishers", type=int, default=10, help="in all (default 10)")
     parser.add_argument("--notifications", type=int, default=250, help="publications per publisher")
     parser.add_argument(
         "--rate", type=float, default=100.0, help="fixed phase: publications/s in all"
@@ -902,7 +902,12 @@ def main(argv: list[str] | None = None) -> int:
         default=5.0,
         help="a phase ends after this many seconds without a delivery",
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="directory of peers.{json,md} (default bench/results)",
+    )
     parser.add_argument(
         "--from",
         dest="source",

@@ -155,8 +155,12 @@ def _cpu_per_row(name: str, quotes: list[tuple[Notification, bytes]], batch: int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--count", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--count", type=int, default=20000, help="publications each store keeps per run"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="runs of every store; the table gives the median"
+    )
     args = parser.parse_args(argv)
     quotes = _quotes(args.count)
     names = list(FORMATS)

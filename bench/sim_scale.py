@@ -76,10 +76,31 @@ def markdown(rows: list[dict[str, Any]], target: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--subscribers", type=int, nargs="+", default=[1000, 2000, 4000])
-    parser.add_argument("--target", type=int, default=100_000)
-    parser.add_argument("--covering", choices=("off", "active"), action="append")
-    parser.add_argument("--out", type=Path, default=REPO / "bench/results/sim_scale.md")
+    parser.add_argument(
+        "--subscribers",
+        type=int,
+        nargs="+",
+        default=[1000, 2000, 4000],
+        help="subscriptions of each point, at least two different (default 1000 2000 4000)",
+    )
+    parser.add_argument(
+        "--target",
+        type=int,
+        default=100_000,
+        help="subscriptions the fitted line is carried to (default 100,000)",
+    )
+    parser.add_argument(
+        "--covering",
+        choices=("off", "active"),
+        action="append",
+        help="covering setting; repeat it for both (default both)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench/results/sim_scale.md",
+        help="where the Markdown table goes",
+    )
     args = parser.parse_args(argv)
     if len(set(args.subscribers)) < 2:
         parser.error("--subscribers needs at least two different counts to fit a line")

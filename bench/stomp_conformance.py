@@ -250,7 +250,9 @@ def _count(result: list[int] | str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quotes", type=int, default=300)
+    parser.add_argument(
+        "--quotes", type=int, default=300, help="real quotes published to each system"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         rows = compare(args.quotes, Path(work))

@@ -115,8 +115,10 @@ def fuzz(frames: int, seed: int = 0) -> FuzzReport:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=100_000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--frames", type=int, default=100_000, help="inputs fed to the decoders (default 100,000)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
     args = parser.parse_args()
     r = fuzz(args.frames, args.seed)
     print(

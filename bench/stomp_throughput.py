@@ -284,8 +284,10 @@ def _wait(check: Any, what: str, timeout: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--subscribers", type=int, default=1000)
-    parser.add_argument("--quotes", type=int, default=2000)
+    parser.add_argument(
+        "--subscribers", type=int, default=1000, help="subscribers, one selector each"
+    )
+    parser.add_argument("--quotes", type=int, default=2000, help="real quotes published")
     parser.add_argument(
         "--processes", type=int, default=4, help="subscriber processes (the same for both)"
     )

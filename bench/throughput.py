@@ -161,11 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the search for each mode (and baseline tree) and write the report."""
     p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__)
     p.add_argument("--modes", default="snr,dnr,bid", help="comma-separated (default all three)")
-    p.add_argument("--subscribers", type=int, default=1000)
-    p.add_argument("--publishers", type=int, default=20)
+    p.add_argument("--subscribers", type=int, default=1000, help="in all")
+    p.add_argument("--publishers", type=int, default=20, help="in all; they share the rate")
     p.add_argument("--seconds", type=float, default=10.0, help="publishing time of a run")
     p.add_argument("--start-rate", type=float, default=50.0, help="publications/s, first run")
-    p.add_argument("--max-rate", type=float, default=64_000.0)
+    p.add_argument(
+        "--max-rate", type=float, default=64_000.0, help="publications/s the doubling stops at"
+    )
     p.add_argument("--bisect", type=int, default=3, help="bisection steps after doubling")
     p.add_argument("--late", type=float, default=1.0, help="seconds a publication may be late")
     p.add_argument("--queue-bound", type=int, default=1000, help="longest output queue, frames")
@@ -178,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         help="processes the clients are spread over (default: one per core)",
     )
     p.add_argument("--baseline", type=Path, metavar="DIR", help="an earlier built checkout")
-    p.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS / "throughput.json",
+        help="where the report goes as JSON (its table beside it, .md)",
+    )
     args = p.parse_args(argv)
     trees = {"this": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     results: dict[str, dict[str, Any]] = {}

@@ -200,8 +200,20 @@ async def tell(control_port: int, command: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--control", type=int, required=True, metavar="PORT")
-    parser.add_argument("routes", nargs="+", type=parse_route, metavar="LISTEN=TARGET")
+    parser.add_argument(
+        "--control",
+        type=int,
+        required=True,
+        metavar="PORT",
+        help="the port on 127.0.0.1 that takes the commands",
+    )
+    parser.add_argument(
+        "routes",
+        nargs="+",
+        type=parse_route,
+        metavar="LISTEN=TARGET",
+        help="HOST:PORT to accept on, = the HOST:PORT to connect each connection to",
+    )
     args = parser.parse_args(argv)
     asyncio.run(run(args.control, args.routes))
 
