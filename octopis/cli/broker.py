@@ -85,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the topology; with --keys, CONNECT needs a login of <keys>/stomp-credentials.json "
         "(`octopis-topology stomp-user`)",
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging verbosity (default INFO)",
+    )
     p.add_argument(
         "--log-format",
         default="text",

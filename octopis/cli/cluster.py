@@ -213,7 +213,7 @@ def _restart(restart: argparse.ArgumentParser) -> None:
         "(stopping it first if it still runs) and wait until it is ready: its neighbours "
         "see a new incarnation and hand it their state."
     )
-    restart.add_argument("broker", metavar="ID")
+    restart.add_argument("broker", metavar="ID", help="the broker to restart")
     add_overlay_options(restart)
     _timeout_option(restart, 60.0, "give up if the broker is not ready by then")
     restart.set_defaults(func=cmd_restart)

@@ -57,7 +57,12 @@ def build_parser(configured: Collection[str] | None = None) -> argparse.Argument
         "publish and subscribe from a shell (pub, sub). Exit status 2 on bad input.",
         epilog=EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {__version__}",
+        help="print the version and exit",
+    )
     parser.add_argument(
         "--log-level",
         default="WARNING",

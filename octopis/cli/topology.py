@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the summary and per-cluster/per-region tables",
         description="Print a topology file's summary and tables.",
     )
-    show.add_argument("file", type=Path, metavar="FILE")
+    show.add_argument("file", type=Path, metavar="FILE", help="topology JSON")
     show.add_argument(
         "--endpoints",
         action="store_true",
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Draw clusters as rows and regions as columns; aCOLs solid, iCOLs "
         "dashed arcs; inner brokers as squares, edge brokers as circles.",
     )
-    draw.add_argument("file", type=Path, metavar="FILE")
+    draw.add_argument("file", type=Path, metavar="FILE", help="topology JSON")
     draw.add_argument(
         "-o",
         "--output",
@@ -170,7 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
         "keep admin/admin.key_secret where you run `octopis status`.",
     )
     keys.add_argument("file", type=Path, metavar="FILE", help="topology JSON")
-    keys.add_argument("-o", "--output", required=True, type=Path, metavar="DIR")
+    keys.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="directory the keys go into (made if missing; pairs already there are kept)",
+    )
     keys.add_argument(
         "--client",
         action="append",
@@ -188,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(one line; at least 8 characters). Brokers read the file when they start.",
     )
     user.add_argument("keys", type=Path, metavar="DIR", help="the keys directory")
-    user.add_argument("name", metavar="LOGIN")
+    user.add_argument("name", metavar="LOGIN", help="the login to add or replace")
     user.set_defaults(func=cmd_stomp_user)
 
     systemd = sub.add_parser(
@@ -203,7 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     systemd.add_argument("file", type=Path, metavar="FILE", help="topology JSON")
     systemd.add_argument("--host", required=True, metavar="NAME", help="the host's name")
-    systemd.add_argument("-o", "--output", required=True, type=Path, metavar="DIR")
+    systemd.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="directory the units go into",
+    )
     systemd.add_argument(
         "--topology-path",
         type=Path,
