@@ -7,6 +7,7 @@ what to do next; shell completion; and the commands one after another on an over
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -86,6 +87,29 @@ def test_help_names_no_issue_and_octopis_tells_its_version(
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"octopis {__version__}"
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """Each ``add_argument`` of the commands (``octopis``, ``octopis-broker``,
+    ``octopis-topology``), the benchmarks and the Spark jobs has a ``help``: ``--help``
+    explains every option, not only some."""
+    root = Path(__file__).resolve().parent.parent
+    files = [
+        *sorted((root / "octopis/cli").glob("*.py")),
+        *sorted((root / "bench").glob("*.py")),
+        *sorted((root / "spark_workloads").glob("*.py")),
+    ]
+    silent = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+                and not any(k.arg == "help" for k in node.keywords)
+            ):
+                silent.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert len(files) > 30 and not silent, silent
 
 
 @pytest.mark.parametrize("argv", [["status", "--help"], ["sub", "--help"], ["--help"]])
