@@ -34,8 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.covering import bands, matching_times, row_cells, stock
-from bench.profiles import REPO
+from bench.covering import bands, matching_times, row_cells, stock, workload_options
 from octopis.filters.language import Predicate, Subscription
 from octopis.sim import LatencyModel, Simulator
 from octopis.topology import Scot, build_preset
@@ -171,22 +170,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=REPO / "bench" / "results",
-        help="directory of advertisements.{json,md} and the workload (default bench/results)",
-    )
-    parser.add_argument(
-        "--subscribers",
-        type=int,
-        default=10_000,
-        help="subscriptions per workload (default 10,000)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=1, help="seed of the workloads and placements (default 1)"
-    )
-    parser.add_argument("--rounds", type=int, default=5, help="matching-time rounds (default 5)")
+    workload_options(parser, "advertisements")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     results = run(args.out / "advertisements", args.subscribers, args.seed, args.rounds)

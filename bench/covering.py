@@ -243,13 +243,15 @@ def row_cells(r: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def workload_options(parser: argparse.ArgumentParser, results: str) -> None:
+    """The options of a bench over stock workloads (this one, ``bench.advertisements``):
+    ``--out`` (the directory of ``results``.json and .md and the workload),
+    ``--subscribers``, ``--seed`` and ``--rounds``."""
     parser.add_argument(
         "--out",
         type=Path,
         default=REPO / "bench" / "results",
-        help="directory of covering.{json,md} and the workload (default bench/results)",
+        help=f"directory of {results}.{{json,md}} and the workload (default bench/results)",
     )
     parser.add_argument(
         "--subscribers",
@@ -261,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=int, default=1, help="seed of the workloads and placements (default 1)"
     )
     parser.add_argument("--rounds", type=int, default=5, help="matching-time rounds (default 5)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    workload_options(parser, "covering")
     parser.add_argument(
         "--service",
         type=Path,
