@@ -186,7 +186,7 @@ class FromPoints:
     pair the takes are kept as spans of at least :attr:`span` seconds (``settle``, or
     ``reach`` over :data:`SPANS_KEPT` less two if longer), each its highest seq and last
     take, the last :data:`SPANS_KEPT` of them; a replay asked up to ``reach`` seconds after
-    the silence finds its from-point, no more than two spans before the last one it could
+    the silence finds its from-point, no more than one span before the last one it could
     take. At most ``known`` pairs, the least recently heard forgotten first (a replay asks
     for a forgotten one by time)."""
 
