@@ -3,7 +3,7 @@
     python -m bench.nemesis [--seeds 100000] [--first 0] [--workers 2] [--preset fig2 ...]
                             [--out bench/results/nemesis.json]
 
-Each seed is drawn, run and checked by :mod:`octopis.sim.nemesis` (``octopis nemesis``
+Each seed is drawn, run and checked by :mod:`octopis.nemesis.scenarios` (``octopis nemesis``
 runs one). The table counts the runs, those that passed, the faults injected by kind, and
 the deliveries: expected, delivered, duplicated, lost (counted with a reason or reported
 to the subscriber as a gap), refused (their publishers were told: a full disk) and silent
@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from octopis.sim.nemesis import PRESETS, sweep
+from octopis.nemesis.scenarios import PRESETS, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 CHUNK = 100

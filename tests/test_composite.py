@@ -40,9 +40,9 @@ from octopis.filters.composite import (
 )
 from octopis.filters.language import FilterError, Predicate, parse_subscription
 from octopis.keys import KEYS_ENV
+from octopis.nemesis.checks import brute_force_matches
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.settings import BrokerSettings, settings_from_data
-from octopis.sim.composite_clients import brute_force_matches
 
 TRADES_AND_QUOTES = (
     "{[class,eq,'TRADE'],[symbol,eq,$S]} & "

@@ -61,6 +61,15 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.balance",
         "octopis.topology_change",
     },
+    "octopis.nemesis": {
+        *BASE,
+        *POLICY,
+        "octopis.core",
+        "octopis.sim",
+        "octopis.nemesis",
+        "octopis.failure_schedule",
+        "octopis.topology",
+    },
     "octopis.transport": {
         *BASE,
         *POLICY,
@@ -120,6 +129,7 @@ module has to be placed in a layer here."""
 FORBIDDEN_OUTSIDE: dict[str, set[str]] = {
     "octopis.core": {"zmq", "aiozmq", "asyncio", "networkx", "pyarrow", "matplotlib", "time"},
     "octopis.sim": {"zmq", "aiozmq", "asyncio", "pyarrow", "matplotlib"},
+    "octopis.nemesis": {"zmq", "aiozmq", "asyncio", "pyarrow", "matplotlib"},
     "octopis.client": {"networkx", "pyarrow", "matplotlib", "aiozmq"},
     "octopis.wire": {"zmq", "networkx", "pyarrow", "matplotlib"},
     "octopis.filters": {"zmq", "networkx", "pyarrow", "matplotlib"},

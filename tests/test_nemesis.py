@@ -1,4 +1,4 @@
-"""The seeded nemesis (``octopis.sim.nemesis``, DESIGN §7): every seed of the CI profile
+"""The seeded nemesis (``octopis.nemesis.scenarios``, DESIGN §7): every seed of the CI profile
 passes on the brokers' own nodes, a seed replays exactly, a failing seed shrinks to a
 shorter history, and the checker catches the bugs it exists for (each broken on purpose:
 the seed that catches it is printed)."""
@@ -28,9 +28,9 @@ from octopis.core.node import BrokerNode
 from octopis.core.recovery import Recovery
 from octopis.defaults import LOOKBACK
 from octopis.failure_schedule import Failure
-from octopis.sim import nemesis
-from octopis.sim.nemesis import draw, run, shrink, simulate
-from octopis.sim.store_faults import DiskFull, PowerLoss
+from octopis.nemesis import scenarios as nemesis
+from octopis.nemesis.scenarios import draw, run, shrink, simulate
+from octopis.nemesis.store_faults import DiskFull, PowerLoss
 from octopis.sim.stores import RetentionStores
 
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
@@ -78,7 +78,7 @@ def test_a_seed_replays_exactly() -> None:
 
 _OUTCOMES = """
 import hashlib, json, sys
-from octopis.sim.nemesis import draw, simulate
+from octopis.nemesis.scenarios import draw, simulate
 for seed in range(int(sys.argv[1]), int(sys.argv[2])):
     sim, withdrawn, asked = simulate(draw(seed, presets=("fig2", "paper75")))
     report = sim.report()
@@ -107,7 +107,7 @@ def test_a_seed_replays_exactly_in_any_process() -> None:
 def test_a_run_that_never_ends_is_reported_not_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A seed whose simulated world is still busy :data:`~octopis.sim.nemesis.HORIZON`
+    """A seed whose simulated world is still busy :data:`~octopis.nemesis.scenarios.HORIZON`
     seconds after publishing began fails with that problem instead of hanging the sweep:
     here seed 54854 on BID brokers that keep routing through a restarted neighbour (the
     bug it found: a notification goes round a cycle of last hops for ever)."""

@@ -1,5 +1,5 @@
 """``octopis nemesis``: seeded faults on the brokers' own nodes in the simulator, checked
-(``octopis.sim.nemesis``)."""
+(``octopis.nemesis.scenarios``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from octopis.cli.errors import UsageError
 
 def configure(command: str, p: argparse.ArgumentParser) -> None:
     """Give ``nemesis`` its description and arguments."""
-    from octopis.sim.nemesis import FAULT_KINDS, PRESETS
+    from octopis.nemesis.scenarios import FAULT_KINDS, PRESETS
 
     p.description = (
         "Draw a scenario from SEED (topology, routing mode, covering, advertisements, "
@@ -53,8 +53,8 @@ def configure(command: str, p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one seed (history, counts, problems) or a sweep (table); 1 if any failed."""
-    from octopis.sim.nemesis import draw, shrink, sweep
-    from octopis.sim.nemesis import run as run_scenario
+    from octopis.nemesis.scenarios import draw, shrink, sweep
+    from octopis.nemesis.scenarios import run as run_scenario
 
     if args.seeds < 1 or args.max_faults < 1:
         raise UsageError("--seeds and --max-faults must be at least 1")

@@ -21,7 +21,7 @@ called as the broker process's shell calls them.
   comes back with the records of its last write.
 
 The history each durable client leaves is a :class:`DurableClient`:
-:func:`check_durables` holds it to its contract.
+:func:`octopis.nemesis.checks.check_durables` holds it to its contract.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ from octopis.defaults import (
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
 from octopis.sim.replaying import Seam, publisher_order
-from octopis.sim.stores import in_gaps
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
@@ -435,80 +434,3 @@ class DurableSimulator(Simulator):
             return
         self._written_time[broker] = self.now
         self._written[broker] = copy.deepcopy(list(self.durable_records[broker].records.values()))
-
-
-COUNTS = ("expected", "delivered", "duplicated", "lost", "silent", "gaps")
-
-
-def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
-    """Each durable client against its contract: every publication its filter matches,
-    published from its first subscribe on (while it was away too), once; nothing else.
-    One missing is accounted for by a gap reported to it (a broker silent, or a range a
-    store reported it no longer holds); one refused to its publisher (a full disk) is
-    counted refused, not lost; or, published while it was
-    away (only its record's replay could give it), by a stamp before its record began
-    (a publisher's clock behind: the record owes what was published since it began, by
-    the publishers' clocks); or, published while it was connected, by a broker's count
-    of a copy undeliverable. Anything else is a silent loss. A delivery comes twice only
-    if its acknowledgement died with its host before that host wrote it (a broker
-    writes acknowledgements within a second), counted ``redelivered``, or after a claim
-    that did not find its record or that a broker did not answer (reported to it: its
-    subscription started anew, or the copy it resumed from may not be the freshest).
-    Returns the
-    problems and the counts (:data:`COUNTS` and ``redelivered``)."""
-    problems: list[str] = []
-    counts = dict.fromkeys((*COUNTS, "redelivered", "refused"), 0)
-    clocks = sim.clocks
-    kept = {n.key: n for ns in sim.published.values() for n in ns}
-    refused = sim.retention.refused
-    undeliverable = sim.undeliverable_keys
-    sent = {key: n.published_at - clocks.get(n.publisher, 0.0) for key, n in kept.items()}
-    for name, c in sorted(sim.durable_clients.items()):
-        reference = {
-            key for key, n in kept.items() if c.subscription.matches(n.publication)
-            and sent[key] >= c.started
-        }  # fmt: skip
-        got = set(c.received)
-        extra = sorted(got - reference)
-        if extra:
-            problems.append(f"durable {name}: {len(extra)} outside its filter or from before "
-                            f"its subscription: {extra[:3]}")  # fmt: skip
-        duplicated = sum(c.received.values()) - len(got)
-        lost_record = any(g.startswith("claim") for g in c.gaps)  # it was told: a new one
-        dups = sorted(
-            k for k, n in c.received.items() if n > 1 and k not in c.unwritten and not lost_record
-        )
-        if dups:
-            problems.append(f"durable {name}: {len(dups)} duplicated: {dups[:3]}")
-        missing = {key for key in reference - got if key not in refused}
-        silent = sorted(
-            key for key in missing if not _accounted(c, key, sent[key], kept[key], undeliverable)
-        )
-        if silent:
-            problems.append(f"durable {name}: {len(silent)} lost without a count or a reported "
-                            f"gap: {silent[:3]}")  # fmt: skip
-        redelivered = sum(c.received[k] - 1 for k in c.unwritten & got)
-        for key, n in (("expected", len(reference)), ("delivered", len(got & reference)),
-                       ("duplicated", duplicated), ("lost", len(missing)),
-                       ("silent", len(silent)), ("gaps", int(c.told_gap())),
-                       ("redelivered", redelivered),
-                       ("refused", len(reference - got) - len(missing))):  # fmt: skip
-            counts[key] += n
-    return problems, counts
-
-
-def _accounted(
-    c: DurableClient,
-    key: tuple[str, int],
-    sent: float,
-    n: Notification,
-    undeliverable: set[tuple[str, int]],
-) -> bool:
-    """Whether ``c`` missing ``key`` (sent at ``sent``, true time) is accounted for (see
-    :func:`check_durables`)."""
-    if c.told_gap() or in_gaps(c.store_gaps, n):
-        return True
-    away = [*c.away, *([(c.left, float("inf"))] if c.left is not None else [])]
-    if any(a <= sent < b for a, b in away):
-        return n.published_at < c.started
-    return key in undeliverable

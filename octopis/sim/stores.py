@@ -5,7 +5,7 @@ process's file does), and what a store answers a replay request: the node's
 and the ranges the store dropped as gaps (:func:`~octopis.core.answer.trimmed_gaps`), as
 the process's store answers.
 
-Two faults of the process's store are the simulator's too (:mod:`octopis.sim.nemesis`
+Two faults of the process's store are the simulator's too (:mod:`octopis.nemesis.scenarios`
 draws them):
 
 - **A full disk** (:meth:`RetentionStores.fill` until :meth:`~RetentionStores.free`): the

@@ -39,7 +39,7 @@ neighbour's resync: a broker restarts while its link to one neighbour is cut, an
 neighbour restarts meanwhile, and the share it is owed can be paid only after the heal.
 
 One seed in three adds a fault of a broker's retention store
-(:mod:`octopis.sim.store_faults`, drawn apart too): a disk full for a while (the store
+(:mod:`octopis.nemesis.store_faults`, drawn apart too): a disk full for a while (the store
 refuses its commits: publications routed and then refused, then refused before they are
 routed, each refusal told to the publisher; nothing committed before is touched), or a
 power failure (the broker dies; run with ``[retention] sync = "normal"`` its store loses
@@ -65,11 +65,8 @@ from octopis.failure_schedule import Failure
 from octopis.filters.composite import parse_composite
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
-from octopis.sim.composite_clients import check_composites
-from octopis.sim.durable_clients import COUNTS, DurableSimulator, check_durables
-from octopis.sim.engine import LatencyModel, Simulator
-from octopis.sim.historic_check import Window, check_historic
-from octopis.sim.store_faults import (
+from octopis.nemesis.checks import COUNTS, Window, check_composites, check_durables, check_historic
+from octopis.nemesis.store_faults import (
     STORE_KINDS,
     DiskFull,
     PowerLoss,
@@ -80,6 +77,8 @@ from octopis.sim.store_faults import (
     store_fault_kind,
     store_fault_text,
 )
+from octopis.sim.durable_clients import DurableSimulator
+from octopis.sim.engine import LatencyModel, Simulator
 from octopis.sim.stores import in_gaps
 from octopis.topology import Scot, build_preset
 
@@ -532,7 +531,7 @@ def check(
     """The problems in ``sim``'s history (see the module docstring) and its counts:
     expected, delivered, duplicated, lost, silent (lost and not accounted for), gaps,
     refused (not delivered, refused to their publishers: not lost), and the stores'
-    (:func:`~octopis.sim.store_faults.check_stores`: ``stores``, ``losses``). A
+    (:func:`~octopis.nemesis.store_faults.check_stores`: ``stores``, ``losses``). A
     subscriber that ``withdrew`` (at the time given) is owed nothing published before it
     that had not reached it by then; each historic query ``asked`` is held to its window
     (:func:`check_historic`)."""
