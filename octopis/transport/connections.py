@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from octopis.core import Action, Notification
+from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
@@ -167,8 +168,8 @@ class ClientConnections:
         while True:
             await asyncio.sleep(tick)
             now = loop.time()
-            late, woke = now - woke - tick, now
-            if late > tick:
+            late, woke = stall(now, woke, tick), now
+            if late:
                 for connection in self.connections.values():
                     connection.last_seen += late
             self._expire_moves(now)

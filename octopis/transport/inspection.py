@@ -46,7 +46,7 @@ class BrokerInspection:
             "owed_shares": broker.node.status()["owed_shares"],
             "pid": os.getpid(),
             "memory_rss": broker.process.memory_info().rss,
-            "memory_budget": broker.peers.pressure.memory.snapshot(),
+            "memory_budget": broker.peers.pressure.snapshot(),
             "cpu_seconds": sum(broker.process.cpu_times()[:2]),
         }
 
