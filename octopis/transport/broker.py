@@ -40,6 +40,7 @@ from octopis.core import (
     make_broker,
 )
 from octopis.core.composite_hosting import HostedComposites
+from octopis.core.load import LoadMeter
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
@@ -64,7 +65,6 @@ from octopis.transport.frames import (
 )
 from octopis.transport.inspection import BrokerInspection
 from octopis.transport.links import PublishReceipt
-from octopis.transport.load import LoadMeter
 from octopis.transport.process_mark import mark_running
 from octopis.transport.relink import relink
 from octopis.transport.replaying import Replaying

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Notification
+from octopis.core.load import LoadSample
 from octopis.logs import RateLimitedLog
 from octopis.transport.clients import ClientSessions, ClientSettings
 from octopis.transport.control import serve_control
 from octopis.transport.links import SendPass
-from octopis.transport.load import LoadSample
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks, PeerSettings
 from octopis.transport.process_mark import clear_running
