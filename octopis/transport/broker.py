@@ -381,7 +381,7 @@ class Broker:
         """Frames waiting on the link to ``neighbour`` (None: the client side's
         deliveries waiting for ``clients.capacity``)."""
         if neighbour is None:
-            return self.clients.outbox.paced_deliveries
+            return self.clients.outbox.flow.paced_deliveries
         link = self.links.get(neighbour)
         return len(link.queue) if link is not None else 0
 

@@ -153,7 +153,6 @@ class ClientSessions:
             self.sessions,
             self.outbox,
             self.counters,
-            body_bytes=clients.body_bytes,
         ).by_type
 
     async def serve(self) -> None:

@@ -68,7 +68,7 @@ async def serve(broker: Broker, gateway: Gateway | None = None) -> None:
         broker.incarnation,
         curve,
         send_pass,
-        lambda: broker.clients.outbox.paced_deliveries,
+        lambda: broker.clients.outbox.flow.paced_deliveries,
         idle,
     )
     broker.links = broker.peers.links
