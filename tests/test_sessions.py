@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from octopis.core.durable import Durables
-from octopis.core.sessions import ClientTable, SessionRefused
+from octopis.core.sessions import ClientTable, SessionRefused, silent
 from octopis.filters.language import Predicate, Subscription
 from octopis.sim import Simulator
 from octopis.topology import build_preset
@@ -25,6 +25,22 @@ def test_one_subscription_past_the_limit_is_refused_by_name_and_changes_nothing(
     assert table.subscriptions("k") == {"s1", "s2"}
     assert table.counters["subscriptions_refused.limit"] == 1
     table.room("other", "bob")  # the limit is per client
+
+
+def test_only_a_held_subscription_may_be_withdrawn_by_its_client() -> None:
+    table = ClientTable(limit=2)
+    table.attach("k", "s1")
+    table.owned("k", "alice", "s1")
+    with pytest.raises(SessionRefused, match="mallory holds no subscription s1"):
+        table.owned("m", "mallory", "s1")
+    assert table.subscriptions("k") == {"s1"}
+
+
+def test_a_client_silent_past_the_timeout_is_gone() -> None:
+    seen = {b"a": 10.0, b"b": 7.0, b"c": 5.0}
+    assert silent(seen, now=10.0, timeout=5.0) == []  # c exactly at it
+    assert silent(seen, now=10.5, timeout=5.0) == [b"c"]
+    assert silent(seen, now=12.5, timeout=5.0) == [b"b", b"c"]
 
 
 def test_a_gone_client_loses_its_subscriptions_but_not_those_on_their_way_elsewhere() -> None:

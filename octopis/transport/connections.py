@@ -5,9 +5,9 @@ A connection (one DEALER) may carry several named clients; a client's key in the
 core is ``<connection identity hex>/<name>``, so one connection cannot act for another's
 clients. Every request refreshes its connection's liveness; a connection silent for
 ``clients.timeout`` seconds is dropped and its subscriptions are withdrawn by the
-ordinary two-step unsubscribe; one that says ``bye`` is dropped so at once. Which
-subscriptions a going or moving client withdraws is the node's rule
-(:class:`~octopis.core.sessions.ClientTable`).
+ordinary two-step unsubscribe; one that says ``bye`` is dropped so at once. When a
+client is silent, and which subscriptions a going or moving client withdraws, are the
+node's rules (:mod:`octopis.core.sessions`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from octopis.core import Action, Notification
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
+from octopis.core.sessions import silent
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 from octopis.transport.links import InputWaiter, PublishReceipt
@@ -176,7 +177,8 @@ class ClientConnections:
             reading = waiter()
             if reading is None or reading.poke():
                 continue  # requests wait unread: they may be these connections' heartbeats
-            for identity in [i for i, c in self.connections.items() if now - c.last_seen > timeout]:
+            seen = {identity: c.last_seen for identity, c in self.connections.items()}
+            for identity in silent(seen, now, timeout):
                 self.drop(identity, f"silent for more than {timeout:g} s")
 
     def drop(self, identity: bytes, reason: str, *, left: bool = False) -> ClientSession | None:

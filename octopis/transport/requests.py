@@ -115,8 +115,7 @@ class RequestHandlers:
         self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        if request.sub_id not in self.table.subscriptions(key):
-            raise ClientError(f"{request.client} holds no subscription {request.sub_id}")
+        self.table.owned(key, request.client, request.sub_id)
         self.router.execute(self.router.unsubscribe(key, request.sub_id))
         self.table.detach(key, request.sub_id)
         if request.moved:
