@@ -6,25 +6,17 @@ slow consumer loses."""
 from __future__ import annotations
 
 from collections import Counter, deque
+from types import SimpleNamespace
 
 import pytest
 
 from octopis.core.client_flow import DROPPED_KEPT, ClientFlow
+from octopis.settings import Clients
 
 
-def _flow(counters: Counter[str], **settings: object) -> ClientFlow[str]:
-    limits: dict = {
-        "capacity": 0.0,
-        "queue_limit": 4,
-        "publish_window": 2,
-        "backlog_limit": 3,
-        "body_bytes": 10,
-        "slow_policy": "disconnect",
-        "timeout": 5.0,
-        "slack": 0.0,
-        **settings,
-    }
-    return ClientFlow("b:0", counters=counters, **limits)
+def _flow(counters: Counter[str], slack: float = 0.0, **settings: object) -> ClientFlow[str]:
+    limits = {"queue_limit": 4, "publish_window": 2, "backlog_limit": 3, "body_bytes": 10}
+    return ClientFlow("b:0", Clients(**{**limits, **settings}), slack, counters)
 
 
 def test_publications_are_refused_by_body_window_and_deliveries_waiting() -> None:
@@ -103,12 +95,14 @@ def test_disconnect_names_the_reason_counts_the_loss_and_remembers_a_bounded_few
 
 
 def test_a_dropped_connections_backlog_is_waited_for_only_until_the_timeout() -> None:
-    flow = _flow(Counter())
+    flow = _flow(Counter(), timeout=5.0)
     assert flow.keeps_waiting(connected=True, idle=60.0)
     assert flow.keeps_waiting(connected=False, idle=4.9)
     assert not flow.keeps_waiting(connected=False, idle=5.0)
 
 
 def test_an_unknown_slow_policy_is_refused() -> None:
+    limits = SimpleNamespace(**{f: getattr(Clients(), f) for f in Clients.__struct_fields__})
+    limits.slow_policy = "ignore"
     with pytest.raises(ValueError, match=r"clients\.slow_policy"):
-        _flow(Counter(), slow_policy="ignore")
+        ClientFlow("b:0", limits, 0.0, Counter())

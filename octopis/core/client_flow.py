@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from octopis.core.capacity import SendRate
 
@@ -48,38 +48,45 @@ class Overflow:
     reason: str | None
 
 
+class ClientLimits(Protocol):
+    """What the flow control reads of the ``[clients]`` settings (the section itself):
+    ``capacity`` (deliveries per second, 0: unpaced), ``queue_limit`` (deliveries waiting
+    for it beyond which publications are refused), ``publish_window`` (unanswered
+    publications per connection), ``backlog_limit`` (messages queued for a full pipe),
+    ``body_bytes`` (the longest publication body), ``slow_policy`` and ``timeout``
+    (seconds of silence after which a client is gone)."""
+
+    capacity: float
+    queue_limit: int
+    publish_window: int
+    backlog_limit: int
+    body_bytes: int
+    slow_policy: str
+    timeout: float
+
+
 class ClientFlow(Generic[T]):
     """The client side's flow control (see the module docstring), for messages of type
-    ``T`` (the process's: a connection and its parts). The limits are the ``[clients]``
+    ``T`` (the process's: a connection and its parts). ``limits``: the ``[clients]``
     settings; ``slack``: how early a booked slot may leave (the event loop's slack);
     ``counters`` is where refusals, pacing and drops are counted."""
 
     def __init__(
-        self,
-        broker_id: str,
-        *,
-        capacity: float,
-        queue_limit: int,
-        publish_window: int,
-        backlog_limit: int,
-        body_bytes: int,
-        slow_policy: str,
-        timeout: float,
-        slack: float,
-        counters: Counter[str],
+        self, broker_id: str, limits: ClientLimits, slack: float, counters: Counter[str]
     ) -> None:
+        slow_policy = limits.slow_policy
         if slow_policy not in SLOW_POLICIES:
             raise ValueError(
                 f"clients.slow_policy must be one of {SLOW_POLICIES}, not {slow_policy!r}"
             )
         self.broker_id = broker_id
-        self.capacity = capacity
-        self.queue_limit = queue_limit
-        self.publish_window = publish_window
-        self.backlog_limit = backlog_limit
-        self.body_bytes = body_bytes
+        self.capacity = capacity = limits.capacity
+        self.queue_limit = limits.queue_limit
+        self.publish_window = limits.publish_window
+        self.backlog_limit = limits.backlog_limit
+        self.body_bytes = limits.body_bytes
         self.slow_policy = slow_policy
-        self.timeout = timeout
+        self.timeout = limits.timeout
         self.counters = counters
         self.pacer = SendRate(capacity, slack) if capacity else None
         """``clients.capacity``: the slots deliveries leave in, when set."""

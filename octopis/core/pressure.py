@@ -105,7 +105,7 @@ class Backpressure:
         while it is held back (:meth:`holds`), the count last acknowledged (a withheld
         acknowledgement is counted)."""
         if self.holds(name):
-            self.counters["backpressure.acks_withheld"] += state.acked != state.received
+            self.counters["backpressure.acks_withheld"] += state.unacknowledged
             return state.acked
         state.acked = state.received
         return state.acked

@@ -69,16 +69,7 @@ class ClientOutbox:
         self._warn = warn
         self.drop = drop
         self.flow: ClientFlow[tuple[bytes, list[bytes]]] = ClientFlow(
-            broker_id,
-            capacity=settings.capacity,
-            queue_limit=settings.queue_limit,
-            publish_window=settings.publish_window,
-            backlog_limit=settings.backlog_limit,
-            body_bytes=settings.body_bytes,
-            slow_policy=settings.slow_policy,
-            timeout=settings.timeout,
-            slack=LOOP_SLACK,
-            counters=counters,
+            broker_id, settings, LOOP_SLACK, counters
         )
         """The client side's flow control: refusals, pacing, backlogs, slow consumers."""
         self.dropped = self.flow.dropped

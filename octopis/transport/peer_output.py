@@ -177,11 +177,7 @@ class PeerOutput:
         DESIGN §7) follows in a round trip rather than on the ack timer. Backpressure is
         looked at afresh first: a neighbour whose acknowledgement it withholds
         (:meth:`beat`) is left to the timer's heartbeat, which counts what it withholds."""
-        taken = [
-            (name, state)
-            for name, state in self.neighbours.items()
-            if state.received != state.acked
-        ]
+        taken = [(name, state) for name, state in self.neighbours.items() if state.unacknowledged]
         if not taken:
             return
         self.check_pressure(now)
