@@ -27,6 +27,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
+from octopis.defaults import MOVE_TIMEOUT
+
 K = TypeVar("K")
 
 
@@ -43,10 +45,12 @@ def silent(last_seen: Mapping[K, float], now: float, timeout: float) -> list[K]:
 
 class ClientTable:
     """Local subscriptions per client key and the move orders under way (see the module
-    docstring). ``limit``: the most subscriptions one client holds here."""
+    docstring). ``limit``: the most subscriptions one client holds here;
+    ``move_timeout``: seconds a move order may take to reach here."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, move_timeout: float = MOVE_TIMEOUT) -> None:
         self.limit = limit
+        self.move_timeout = move_timeout
         self.held: dict[str, set[str]] = {}
         """Client key → the ids of its local subscriptions here."""
         self.moving: dict[str, float] = {}
@@ -101,12 +105,15 @@ class ClientTable:
         self.counters["subscriptions_withdrawn"] += len(withdraw)
         return withdraw
 
-    def order_move(
-        self, keys: Iterable[str], deadline: float, inside: bool
-    ) -> dict[str, list[str]]:
-        """Clients ``keys`` are told to move: per key, the sub ids to name in the order
-        (keys holding none are left out); inside its cluster, each is marked moving until
-        ``deadline``."""
+    def deadline(self, now: float) -> float:
+        """When a move ordered at ``now`` must have reached here."""
+        return now + self.move_timeout
+
+    def order_move(self, keys: Iterable[str], now: float, inside: bool) -> dict[str, list[str]]:
+        """Clients ``keys`` are told to move at ``now``: per key, the sub ids to name in
+        the order (keys holding none are left out); inside its cluster, each is marked
+        moving until :meth:`deadline`."""
+        deadline = self.deadline(now)
         ordered = {key: sorted(self.held.get(key, ())) for key in keys}
         ordered = {key: sub_ids for key, sub_ids in ordered.items() if sub_ids}
         for sub_ids in ordered.values():

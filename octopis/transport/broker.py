@@ -120,6 +120,7 @@ class Broker:
             settings.clients.hold_limit,
             predecessor=mark_running(data_dir, broker_id),
             client_limit=settings.limits.subscriptions_per_client,
+            move_timeout=settings.clients.move_timeout,
         )
         """The core with its failure decisions (DESIGN §7): holds, shares, serving."""
         self.counters: Counter[str] = Counter()

@@ -126,7 +126,6 @@ class ClientSessions:
             lambda identity, message: self.outbox.notify(identity, message),
             self.counters,
             timeout=clients.timeout,
-            move_timeout=clients.move_timeout,
         )
         self.connections = self.sessions.connections
         self.names = self.sessions.names

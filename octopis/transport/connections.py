@@ -109,9 +109,8 @@ class ClientSession:
 
 class ClientConnections:
     """The connections of one broker's client socket and the clients they carry (see the
-    module docstring). ``timeout``: ``clients.timeout``; ``move_timeout``:
-    ``clients.move_timeout``; ``notify`` sends a notice to a connection behind its
-    deliveries."""
+    module docstring). ``timeout``: ``clients.timeout``; ``notify`` sends a notice to a
+    connection behind its deliveries."""
 
     def __init__(
         self,
@@ -121,7 +120,6 @@ class ClientConnections:
         counters: Counter[str],
         *,
         timeout: float,
-        move_timeout: float,
     ) -> None:
         self.id = broker_id
         self.router = router
@@ -131,7 +129,6 @@ class ClientConnections:
         self.notify = notify
         self.counters = counters
         self.timeout = timeout
-        self.move_timeout = move_timeout
         self.connections: dict[bytes, ClientSession] = {}
         self.names: dict[str, tuple[bytes, str]] = {}
         """Client key → (connection identity, client name): where deliveries go."""
@@ -226,9 +223,9 @@ class ClientConnections:
         ]
         if not keys:
             raise ClientError(f"{self.id} serves no client named {client!r}")
-        deadline = asyncio.get_running_loop().time() + self.move_timeout
+        now = asyncio.get_running_loop().time()
         moved: list[str] = []
-        for key, sub_ids in self.table.order_move(keys, deadline, inside).items():
+        for key, sub_ids in self.table.order_move(keys, now, inside).items():
             identity, _ = self.names[key]
             self.notify(
                 identity,
