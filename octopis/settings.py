@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from octopis.core import COVERING, DEFAULT_COVERING
+from octopis.core.client_flow import SLOW_POLICIES
 from octopis.core.dedup import DEFAULT_DEDUP_PUBLISHERS, DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
 from octopis.defaults import (
@@ -59,9 +60,6 @@ from octopis.filters.limits import InputLimits
 
 RETENTION_SYNC = ("normal", "full")
 """``[retention] sync``: SQLite's ``synchronous`` for the retention store."""
-
-SLOW_POLICIES = ("disconnect", "drop_oldest")
-"""What a broker does with a client connection whose backlog reaches its limit (DESIGN §8)."""
 
 SWITCH = ("off", "on")
 """A setting that is on or off."""

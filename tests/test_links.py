@@ -24,7 +24,7 @@ from octopis.transport.links import (
     SendPass,
 )
 from octopis.transport.peer_output import PeerOutput
-from octopis.transport.pressure import Backpressure
+from octopis.transport.pressure import PressureGauge
 from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK
 
 
@@ -312,7 +312,7 @@ def test_a_link_holding_routing_frames_still_beats_once_a_heartbeat() -> None:
             ctx,
             LinkStatusTable(["peer"]),
             Neighbours(["peer"], loop.time()),
-            Backpressure("me", 1000, 1000, 64, counters, warn),
+            PressureGauge("me", 1000, 1000, 64, counters, warn),
             lambda: True,
             lambda: 0,
             counters,

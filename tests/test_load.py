@@ -1,4 +1,4 @@
-"""Each broker's load analysis (``octopis.transport.load``, DESIGN §9): rates over a
+"""Each broker's load analysis (``octopis.core.load``, DESIGN §9): rates over a
 sliding window and the load ratio, from synthetic samples, and on a line of three broker
 processes counted against what the harness sent and received."""
 
@@ -13,8 +13,8 @@ from conditions import accounting, closing_control, reader_on, tables_hold, unti
 
 from octopis.client import Publisher
 from octopis.cluster.launcher import LocalCluster
+from octopis.core.load import LoadMeter, LoadSample, load_report
 from octopis.settings import BrokerSettings, Load, settings_from_data
-from octopis.transport.load import LoadMeter, LoadSample
 
 
 def _sample(at: float, n: int, cpu: float, **clients: int) -> LoadSample:
@@ -61,6 +61,18 @@ def test_deliveries_to_a_client_gone_meanwhile_still_count_as_output() -> None:
     assert report["deliveries_per_s"] == pytest.approx(50.0)
     assert report["load_ratio"] == pytest.approx(0.5)
     assert report["busiest_clients"] == {"stays": pytest.approx(20.0)}
+
+
+def test_a_report_between_two_samples_is_the_meters_rule() -> None:
+    """The simulator's balancer reads load between two samples with the meter's rule."""
+    first, last = _sample(0.0, 0, 0.0, a=0), _sample(2.0, 100, 0.0, a=300)
+    report = load_report(first, last, capacity=200.0)
+    assert report["output_per_s"] == pytest.approx(150.0 + 150.0)
+    assert report["load_ratio"] == pytest.approx(1.5)
+    meter = LoadMeter(window=10, capacity=200.0)
+    meter.sample(first)
+    meter.sample(last)
+    assert meter.report() == report
 
 
 def test_load_settings_are_checked() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from octopis.core.durable import Durables
-from octopis.core.sessions import ClientTable, SessionRefused
+from octopis.core.sessions import ClientTable, SessionRefused, silent
 from octopis.filters.language import Predicate, Subscription
 from octopis.sim import Simulator
 from octopis.topology import build_preset
@@ -27,13 +27,38 @@ def test_one_subscription_past_the_limit_is_refused_by_name_and_changes_nothing(
     table.room("other", "bob")  # the limit is per client
 
 
+def test_only_a_held_subscription_may_be_withdrawn_by_its_client() -> None:
+    table = ClientTable(limit=2)
+    table.attach("k", "s1")
+    table.owned("k", "alice", "s1")
+    with pytest.raises(SessionRefused, match="mallory holds no subscription s1"):
+        table.owned("m", "mallory", "s1")
+    assert table.subscriptions("k") == {"s1"}
+
+
+def test_a_client_silent_past_the_timeout_is_gone() -> None:
+    seen = {b"a": 10.0, b"b": 7.0, b"c": 5.0}
+    assert silent(seen, now=10.0, timeout=5.0) == []  # c exactly at it
+    assert silent(seen, now=10.5, timeout=5.0) == [b"c"]
+    assert silent(seen, now=12.5, timeout=5.0) == [b"b", b"c"]
+
+
 def test_a_gone_client_loses_its_subscriptions_but_not_those_on_their_way_elsewhere() -> None:
     """A subscription its client was told to move inside the cluster is an orphan: kept
     until the move arrives (released quietly) or its deadline passes (withdrawn then)."""
-    table = ClientTable(limit=10)
+    table = ClientTable(limit=10, move_timeout=5.0)
     for sub_id in ("s1", "s2", "s3"):
         table.attach("k", sub_id)
-    assert table.order_move(["k", "idle"], deadline=5.0, inside=True) == {"k": ["s1", "s2", "s3"]}
+    assert table.order_move(["k", "idle"], now=0.0, inside=True) == {"k": ["s1", "s2", "s3"]}
+    assert (
+        table.moving
+        == dict.fromkeys(["s1", "s2", "s3"], table.deadline(0.0))
+        == {
+            "s1": 5.0,
+            "s2": 5.0,
+            "s3": 5.0,
+        }
+    )
     table.detach("k", "s3")
     table.moving.pop("s3")  # its client withdrew it instead of moving it
     table.attach("k", "s4")
@@ -46,13 +71,13 @@ def test_a_gone_client_loses_its_subscriptions_but_not_those_on_their_way_elsewh
 
 
 def test_an_expired_move_order_leaves_the_client_subscribed_here() -> None:
-    table = ClientTable(limit=10)
+    table = ClientTable(limit=10, move_timeout=1.0)
     table.attach("k", "s1")
-    table.order_move(["k"], deadline=1.0, inside=True)
+    table.order_move(["k"], now=0.0, inside=True)
     assert table.expire(now=2.0) == [] and table.counters["moves.expired"] == 1
     assert table.gone("k") == ["s1"]  # no longer moving: withdrawn when it goes
     table.attach("j", "s2")
-    table.order_move(["j"], deadline=9.0, inside=False)  # across: it subscribes afresh
+    table.order_move(["j"], now=0.0, inside=False)  # across: it subscribes afresh
     assert not table.moving and table.released("j", "s2") is True
 
 
@@ -92,7 +117,7 @@ def test_the_node_withdraws_what_a_gone_client_held_for_both_shells() -> None:
     adv_id = sim.advertise("S", "c:0", subscription)
     durables = Durables("c:0", keep=60.0, limit=10)
     durables.attach("S", "d", "S", held[0], (subscription.to_text(),), now=1.0)
-    node.sessions.order_move(["S"], deadline=9.0, inside=True)
+    node.sessions.order_move(["S"], now=0.0, inside=True)
     node.sessions.moving.pop(held[0])
     node.sessions.moving.pop(held[1])  # only held[2] is on its way elsewhere
     sim.run()

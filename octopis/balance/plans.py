@@ -3,7 +3,7 @@
 Pure functions over a :class:`LoadState` (each broker's load and capacity, each
 subscriber's load and host), so that the ``octopis balance`` process and the simulator
 run the same decisions. Loads are output per second (notification copies plus
-deliveries, :mod:`octopis.transport.load`); a subscriber's load is its deliveries per
+deliveries, :mod:`octopis.core.load`); a subscriber's load is its deliveries per
 second, which moves with it.
 
 - :func:`dynamic_migration` — BAD pub/sub's Algorithm 1 (LDM and SDM): while the

@@ -114,6 +114,19 @@ class Neighbour:
             return self.phase.value
         return "serving" if self.word else "starting"
 
+    @property
+    def unacknowledged(self) -> bool:
+        """Data frames were taken from it since the count last acknowledged."""
+        return self.received != self.acked
+
+    def heartbeat_due(self, idle: float, heartbeat: float, leaving: bool) -> bool:
+        """Whether a heartbeat is due to it: frames taken from it are unacknowledged, or
+        the link to it has sent nothing for ``idle`` ≥ ``heartbeat`` seconds and has
+        nothing queued about to leave (``leaving``). A queue held back (for a neighbour
+        not heard since it was declared down) must not silence the link, or that
+        neighbour, hearing us once, declares us down again."""
+        return self.unacknowledged or (idle >= heartbeat and not leaving)
+
 
 class ShareHeard(NamedTuple):
     """A share announced: whether it is for us, and whether the neighbour now serves
@@ -238,6 +251,12 @@ class Neighbours:
         record = self.table[name]
         return not record.up and record.down_since is not None
 
+    def stalled(self, late: float) -> None:
+        """This process did not run for ``late`` seconds (:func:`stall`): that is no
+        neighbour's silence."""
+        for record in self.table.values():
+            record.last_heard += late
+
     def overdue(self, now: float, down_after: float) -> list[tuple[str, float]]:
         """The neighbours up but silent for more than ``down_after`` seconds at ``now``
         (to declare down, :meth:`silent`), with their silence."""
@@ -276,6 +295,14 @@ class Neighbours:
     def settled(self) -> bool:
         """Every neighbour up, synced and serving (what ``ready`` reports to operators)."""
         return all(r.serving for r in self.table.values())
+
+
+def stall(now: float, woke: float, tick: float) -> float:
+    """Seconds a timer of ``tick`` seconds, set at ``woke``, fired late at ``now`` beyond
+    one more tick (0: on time, or late by less than a tick): time this process spent not
+    running, which is nobody's silence (the broker's neighbours' and clients' alike)."""
+    late = now - woke - tick
+    return late if late > tick else 0.0
 
 
 class _RoutableView:

@@ -49,7 +49,7 @@ from octopis.core.replay import Replay, ReplayData, ReplayEcho, sbp_targets
 from octopis.core.resync import epoch_of
 from octopis.core.sessions import ClientTable
 from octopis.core.view import BrokerView
-from octopis.defaults import PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
 
 Token = TypeVar("Token")
 Withdraw = Callable[[str, str], list[Action]]
@@ -99,8 +99,8 @@ class BrokerNode(Generic[Token]):
     serving. A publication's ``Token`` is the shell's (the process's publish receipt).
     ``predecessor``: the shell knows that an earlier process of this broker ran (its data
     directory says so); a BID broker's table then lost what was subscribed before it.
-    ``client_limit``: the most subscriptions one client holds here (its
-    :attr:`sessions`)."""
+    ``client_limit``: the most subscriptions one client holds here, ``move_timeout``
+    the seconds a move order may take (its :attr:`sessions`)."""
 
     def __init__(
         self,
@@ -112,9 +112,10 @@ class BrokerNode(Generic[Token]):
         serving: bool = False,
         predecessor: bool = False,
         client_limit: int = SUBSCRIPTIONS_PER_CLIENT,
+        move_timeout: float = MOVE_TIMEOUT,
     ) -> None:
         self.core = core
-        self.sessions = ClientTable(client_limit)
+        self.sessions = ClientTable(client_limit, move_timeout)
         """Its clients' subscriptions here and the session rules (limits, moves); what a
         client's going or a move's end withdraws is decided by :meth:`client_gone`,
         :meth:`released` and :meth:`moves_expired`."""

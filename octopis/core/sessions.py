@@ -6,7 +6,9 @@ what a session's events mean for them:
 
 - a client holds at most ``limit`` subscriptions (``limits.subscriptions_per_client``):
   one more is refused with a message that names the limit, and counted;
-- a client that is gone (silent past the client timeout, or said bye) has every
+- a client is gone when it says bye or is silent for more than the client timeout
+  (:func:`silent`);
+- a client that is gone has every
   subscription withdrawn, except one it was told to move inside its cluster: that one
   is an *orphan*, kept until the move reaches this broker (the new host then withdraws
   it, if it must) or its deadline passes (then withdrawn here) — withdrawing it at once
@@ -22,19 +24,33 @@ carries out the withdrawals it returns through the routing core, and sends the n
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+from octopis.defaults import MOVE_TIMEOUT
+
+K = TypeVar("K")
 
 
 class SessionRefused(ValueError):
     """A client request refused by a session rule; the message names the rule."""
 
 
+def silent(last_seen: Mapping[K, float], now: float, timeout: float) -> list[K]:
+    """The clients (by the shell's key: the process's connections) last heard
+    (``last_seen``) more than ``timeout`` seconds before ``now``: gone, their subscriptions
+    withdrawn as :meth:`ClientTable.gone` says."""
+    return [key for key, seen in last_seen.items() if now - seen > timeout]
+
+
 class ClientTable:
     """Local subscriptions per client key and the move orders under way (see the module
-    docstring). ``limit``: the most subscriptions one client holds here."""
+    docstring). ``limit``: the most subscriptions one client holds here;
+    ``move_timeout``: seconds a move order may take to reach here."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, move_timeout: float = MOVE_TIMEOUT) -> None:
         self.limit = limit
+        self.move_timeout = move_timeout
         self.held: dict[str, set[str]] = {}
         """Client key → the ids of its local subscriptions here."""
         self.moving: dict[str, float] = {}
@@ -56,6 +72,12 @@ class ClientTable:
             raise SessionRefused(
                 f"{name} already holds {self.limit} subscriptions (limits.subscriptions_per_client)"
             )
+
+    def owned(self, key: str, name: str, sub_id: str) -> None:
+        """Whether client ``key`` (called ``name`` in the refusal) holds ``sub_id`` here,
+        as withdrawing it asks: :class:`SessionRefused` if not."""
+        if sub_id not in self.held.get(key, ()):
+            raise SessionRefused(f"{name} holds no subscription {sub_id}")
 
     def attach(self, key: str, sub_id: str) -> None:
         """Client ``key`` holds ``sub_id`` here (after :meth:`room`)."""
@@ -83,12 +105,15 @@ class ClientTable:
         self.counters["subscriptions_withdrawn"] += len(withdraw)
         return withdraw
 
-    def order_move(
-        self, keys: Iterable[str], deadline: float, inside: bool
-    ) -> dict[str, list[str]]:
-        """Clients ``keys`` are told to move: per key, the sub ids to name in the order
-        (keys holding none are left out); inside its cluster, each is marked moving until
-        ``deadline``."""
+    def deadline(self, now: float) -> float:
+        """When a move ordered at ``now`` must have reached here."""
+        return now + self.move_timeout
+
+    def order_move(self, keys: Iterable[str], now: float, inside: bool) -> dict[str, list[str]]:
+        """Clients ``keys`` are told to move at ``now``: per key, the sub ids to name in
+        the order (keys holding none are left out); inside its cluster, each is marked
+        moving until :meth:`deadline`."""
+        deadline = self.deadline(now)
         ordered = {key: sorted(self.held.get(key, ())) for key in keys}
         ordered = {key: sub_ids for key, sub_ids in ordered.items() if sub_ids}
         for sub_ids in ordered.values():

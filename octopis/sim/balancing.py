@@ -19,6 +19,7 @@ from octopis.balance.policy import (
     plan_round,
 )
 from octopis.core import BrokerCore
+from octopis.core.load import LoadSample, load_report
 from octopis.sim.clients import Clients
 from octopis.topology import Scot
 from octopis.topology_change import add_cluster, remove_cluster
@@ -119,6 +120,31 @@ class SimBalancer:
             delivered[subscriber] += n
         return copies, delivered
 
+    def _reports(
+        self,
+        mark: tuple[dict[str, int], Counter[str]],
+        counts: tuple[dict[str, int], Counter[str]],
+        span: float,
+        subscribers: set[str],
+    ) -> dict[str, dict[str, Any]]:
+        """Each broker's load report over the last ``span`` seconds, from the counts at
+        its start (``mark``) and now (``counts``), read by the brokers' own rule
+        (:func:`load_report`): a subscriber's deliveries count at the broker it is
+        attached to now."""
+        home = self._sim.clients.home
+        at: dict[str, list[str]] = {b: [] for b in self._sim.cores}
+        for subscriber in subscribers:
+            at[home[subscriber]].append(subscriber)
+        reports = {}
+        for broker, held in at.items():
+            samples = []
+            for when, (copies, delivered) in ((0.0, mark), (span, counts)):
+                per = Counter({s: delivered[s] for s in held})
+                total = sum(per.values())
+                samples.append(LoadSample(when, 0, 0, {"": copies.get(broker, 0)}, total, per))
+            reports[broker] = load_report(*samples, capacity=0.0, top=len(held))
+        return reports
+
     def _balance_round(
         self,
         options: BalanceOptions,
@@ -128,16 +154,13 @@ class SimBalancer:
         elastic: Elasticity | None = None,
     ) -> None:
         assert self.log is not None
-        copies, delivered = counts = self._load_counts()
+        counts = self._load_counts()
         span = options.interval
         subscribers = set(self._sim.subscriber_of.values())
-        rate = {s: (delivered[s] - mark[1][s]) / span for s in subscribers}
-        deliveries = dict.fromkeys(self._sim.cores, 0.0)
-        for subscriber, r in rate.items():
-            deliveries[self._sim.clients.home[subscriber]] += r
-        output = {
-            b: (copies[b] - mark[0].get(b, 0)) / span + deliveries[b] for b in self._sim.cores
-        }
+        reports = self._reports(mark, counts, span, subscribers)
+        rate = {s: r for report in reports.values() for s, r in report["busiest_clients"].items()}
+        deliveries = {b: report["deliveries_per_s"] for b, report in reports.items()}
+        output = {b: report["output_per_s"] for b, report in reports.items()}
         load = deliveries if options.load_measure == "deliveries" else output
         brokers = {
             b: BrokerLoad(load[b], capacity, self._sim.scot.brokers[b].cluster)

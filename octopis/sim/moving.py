@@ -10,7 +10,7 @@ from collections import Counter
 
 from octopis.core import Subscribe
 from octopis.core.clustered import ClusteredBroker
-from octopis.defaults import LINGER, MOVE_TIMEOUT
+from octopis.defaults import LINGER
 from octopis.sim.reshaping import MOVE_POLL
 
 
@@ -53,8 +53,9 @@ class SubscriberMoves:
         )
         self._linger = linger
         self.record_of(subscriber)
-        deadline = self.now + MOVE_TIMEOUT
-        self.nodes[old].sessions.order_move([subscriber], deadline, inside)
+        sessions = self.nodes[old].sessions
+        deadline = sessions.deadline(self.now)
+        sessions.order_move([subscriber], self.now, inside)
         if inside:  # what the order kept for a client gone meanwhile goes after it
             self.at(math.nextafter(deadline, math.inf), self._moves_expired, old)
         for sub_id in held:

@@ -40,6 +40,7 @@ from octopis.core import (
     make_broker,
 )
 from octopis.core.composite_hosting import HostedComposites
+from octopis.core.load import LoadMeter
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
@@ -64,7 +65,6 @@ from octopis.transport.frames import (
 )
 from octopis.transport.inspection import BrokerInspection
 from octopis.transport.links import PublishReceipt
-from octopis.transport.load import LoadMeter
 from octopis.transport.process_mark import mark_running
 from octopis.transport.relink import relink
 from octopis.transport.replaying import Replaying
@@ -120,6 +120,7 @@ class Broker:
             settings.clients.hold_limit,
             predecessor=mark_running(data_dir, broker_id),
             client_limit=settings.limits.subscriptions_per_client,
+            move_timeout=settings.clients.move_timeout,
         )
         """The core with its failure decisions (DESIGN §7): holds, shares, serving."""
         self.counters: Counter[str] = Counter()
@@ -381,7 +382,7 @@ class Broker:
         """Frames waiting on the link to ``neighbour`` (None: the client side's
         deliveries waiting for ``clients.capacity``)."""
         if neighbour is None:
-            return self.clients.outbox.paced_deliveries
+            return self.clients.outbox.flow.paced_deliveries
         link = self.links.get(neighbour)
         return len(link.queue) if link is not None else 0
 

@@ -19,8 +19,9 @@ answer (the publish credit backpressure reaches); more are refused.
 overwhelmed one on its client side (issue 17): deliveries then leave no faster than
 that, in the order they were made, queued in the broker meanwhile (notices keep their
 place behind them; replies to requests do not wait); more than ``clients.queue_limit``
-deliveries waiting hold the neighbours back as a full link does (DESIGN §8). What
-leaves the socket, and these bounds, are :mod:`octopis.transport.outbox`'s.
+deliveries waiting hold the neighbours back as a full link does (DESIGN §8). These
+bounds are the node's rules (:mod:`octopis.core.client_flow`); what leaves the socket is
+:mod:`octopis.transport.outbox`'s.
 """
 
 from __future__ import annotations
@@ -126,7 +127,6 @@ class ClientSessions:
             lambda identity, message: self.outbox.notify(identity, message),
             self.counters,
             timeout=clients.timeout,
-            move_timeout=clients.move_timeout,
         )
         self.connections = self.sessions.connections
         self.names = self.sessions.names
@@ -153,7 +153,6 @@ class ClientSessions:
             self.sessions,
             self.outbox,
             self.counters,
-            body_bytes=clients.body_bytes,
         ).by_type
 
     async def serve(self) -> None:

@@ -5,9 +5,9 @@ A connection (one DEALER) may carry several named clients; a client's key in the
 core is ``<connection identity hex>/<name>``, so one connection cannot act for another's
 clients. Every request refreshes its connection's liveness; a connection silent for
 ``clients.timeout`` seconds is dropped and its subscriptions are withdrawn by the
-ordinary two-step unsubscribe; one that says ``bye`` is dropped so at once. Which
-subscriptions a going or moving client withdraws is the node's rule
-(:class:`~octopis.core.sessions.ClientTable`).
+ordinary two-step unsubscribe; one that says ``bye`` is dropped so at once. When a
+client is silent, and which subscriptions a going or moving client withdraws, are the
+node's rules (:mod:`octopis.core.sessions`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from octopis.core import Action, Notification
+from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
+from octopis.core.sessions import silent
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 from octopis.transport.links import InputWaiter, PublishReceipt
@@ -107,9 +109,8 @@ class ClientSession:
 
 class ClientConnections:
     """The connections of one broker's client socket and the clients they carry (see the
-    module docstring). ``timeout``: ``clients.timeout``; ``move_timeout``:
-    ``clients.move_timeout``; ``notify`` sends a notice to a connection behind its
-    deliveries."""
+    module docstring). ``timeout``: ``clients.timeout``; ``notify`` sends a notice to a
+    connection behind its deliveries."""
 
     def __init__(
         self,
@@ -119,7 +120,6 @@ class ClientConnections:
         counters: Counter[str],
         *,
         timeout: float,
-        move_timeout: float,
     ) -> None:
         self.id = broker_id
         self.router = router
@@ -129,7 +129,6 @@ class ClientConnections:
         self.notify = notify
         self.counters = counters
         self.timeout = timeout
-        self.move_timeout = move_timeout
         self.connections: dict[bytes, ClientSession] = {}
         self.names: dict[str, tuple[bytes, str]] = {}
         """Client key → (connection identity, client name): where deliveries go."""
@@ -167,15 +166,16 @@ class ClientConnections:
         while True:
             await asyncio.sleep(tick)
             now = loop.time()
-            late, woke = now - woke - tick, now
-            if late > tick:
+            late, woke = stall(now, woke, tick), now
+            if late:
                 for connection in self.connections.values():
                     connection.last_seen += late
             self._expire_moves(now)
             reading = waiter()
             if reading is None or reading.poke():
                 continue  # requests wait unread: they may be these connections' heartbeats
-            for identity in [i for i, c in self.connections.items() if now - c.last_seen > timeout]:
+            seen = {identity: c.last_seen for identity, c in self.connections.items()}
+            for identity in silent(seen, now, timeout):
                 self.drop(identity, f"silent for more than {timeout:g} s")
 
     def drop(self, identity: bytes, reason: str, *, left: bool = False) -> ClientSession | None:
@@ -223,9 +223,9 @@ class ClientConnections:
         ]
         if not keys:
             raise ClientError(f"{self.id} serves no client named {client!r}")
-        deadline = asyncio.get_running_loop().time() + self.move_timeout
+        now = asyncio.get_running_loop().time()
         moved: list[str] = []
-        for key, sub_ids in self.table.order_move(keys, deadline, inside).items():
+        for key, sub_ids in self.table.order_move(keys, now, inside).items():
             identity, _ = self.names[key]
             self.notify(
                 identity,

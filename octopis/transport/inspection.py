@@ -46,7 +46,7 @@ class BrokerInspection:
             "owed_shares": broker.node.status()["owed_shares"],
             "pid": os.getpid(),
             "memory_rss": broker.process.memory_info().rss,
-            "memory_budget": broker.peers.pressure.memory.snapshot(),
+            "memory_budget": broker.peers.pressure.snapshot(),
             "cpu_seconds": sum(broker.process.cpu_times()[:2]),
         }
 
@@ -114,8 +114,8 @@ class BrokerInspection:
             "client_backlog": broker.clients.outbox.backlog(),
             "client_connections": len(connections),
             "stomp_connections": sum(c.startswith(STOMP_IDENTITY) for c in connections),
-            "deliveries_waiting": broker.clients.outbox.paced_deliveries,
-            "deliveries_waiting_max": broker.clients.outbox.paced_peak,
+            "deliveries_waiting": broker.clients.outbox.flow.paced_deliveries,
+            "deliveries_waiting_max": broker.clients.outbox.flow.paced_peak,
             "load": broker.load_meter.report(0),
             "custody": {
                 name: {

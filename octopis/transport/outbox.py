@@ -2,24 +2,24 @@
 per connection in order.
 
 Deliveries made during a send pass wait for its end and leave as one message per
-connection (at most :data:`DELIVERIES_PER_MESSAGE` each); with ``clients.capacity`` set
-they leave no faster than that, in order, queued meanwhile (notices keep their place
-behind them; replies do not wait). A connection whose pipe is full gets a backlog of up
-to ``clients.backlog_limit`` messages; one more applies ``clients.slow_policy`` (drop the
-connection, or its oldest delivery, counted and told).
+connection (at most :data:`DELIVERIES_PER_MESSAGE` each). What is refused, what waits
+for ``clients.capacity`` and when it leaves, what a connection whose pipe is full may
+queue and what a slow consumer loses are the node's rules
+(:class:`~octopis.core.client_flow.ClientFlow`); this module sends, sleeps and polls as
+they say, and logs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import zmq
 
-from octopis.core.capacity import SendRate
+from octopis.core.client_flow import ClientFlow
 from octopis.logs import RateLimitedLog
 from octopis.settings import Clients
 from octopis.transport.links import LOOP_SLACK, InputWaiter, SendPass
@@ -38,8 +38,6 @@ times as many deliveries in ZeroMQ."""
 PIPE_FULL = zmq.Again()
 """What :meth:`ClientOutbox._try_send` returns for a connection whose pipe is full (made
 once: pyzmq's exceptions cost microseconds to construct)."""
-DROPPED_KEPT = 1000
-"""Dropped connections remembered, so that their later requests are told why."""
 
 
 class ClientOutbox:
@@ -70,47 +68,22 @@ class ClientOutbox:
         self.counters = counters
         self._warn = warn
         self.drop = drop
-        self.dropped: OrderedDict[bytes, str] = OrderedDict()
-        """Connections dropped as slow consumers → the reason (the last :data:`DROPPED_KEPT`)."""
+        self.flow: ClientFlow[tuple[bytes, list[bytes]]] = ClientFlow(
+            broker_id, settings, LOOP_SLACK, counters
+        )
+        """The client side's flow control: refusals, pacing, backlogs, slow consumers."""
+        self.dropped = self.flow.dropped
+        """Connections dropped as slow consumers → the reason."""
         self.waiter: InputWaiter | None = None
         """The socket's input waiter, poked after each send (set when the input starts)."""
         self._held: dict[bytes, list[bytes]] = {}
         """Deliveries of the open send pass, per connection: ``[names, body, ...]``."""
         self._held_count: Counter[bytes] = Counter()
         """Per connection: the deliveries (client names) in :attr:`_held`, counted only
-        when :attr:`pacer` is set (nothing else reads them)."""
-        self.pacer = SendRate(settings.capacity, LOOP_SLACK) if settings.capacity else None
-        """``clients.capacity``: the slots deliveries leave in, when set."""
-        self.paced: deque[tuple[bytes, list[bytes], int, float | None]] = deque()
-        """Messages waiting for :attr:`pacer`, in order: (connection, parts, deliveries in
-        them, departure once booked)."""
-        self.paced_deliveries = 0
-        """Deliveries in :attr:`paced` (``clients.queue_limit`` applies to it)."""
-        self.paced_peak = 0
-        """The most deliveries :attr:`paced` has held at once."""
+        when deliveries are paced (nothing else reads them)."""
         self._pacing: asyncio.Task[None] | None = None
         self.bytes_out = 0
         """Bytes of notifications delivered (the load analysis reads it, DESIGN §9)."""
-
-    def refuse_publication(self, connection: ClientSession) -> str | None:
-        """Why a publication from ``connection`` cannot be taken now (counted), or None:
-        ``clients.publish_window`` of its publications are unanswered, or
-        ``clients.queue_limit`` deliveries wait for ``clients.capacity``."""
-        window = self.settings.publish_window
-        if connection.unanswered >= window:
-            self.counters["publications_refused.window"] += 1
-            return (
-                f"{connection.unanswered} publications of this connection are unanswered "
-                f"(clients.publish_window = {window}); wait for their answers"
-            )
-        if self.paced_deliveries >= self.settings.queue_limit:
-            self.counters["publications_refused.deliveries_waiting"] += 1
-            return (
-                f"{self.paced_deliveries} deliveries wait for this broker's capacity "
-                f"(clients.capacity = {self.settings.capacity:g}/s, clients.queue_limit "
-                f"= {self.settings.queue_limit}); publish again later"
-            )
-        return None
 
     def notify(self, identity: bytes, message: dict) -> None:
         """Send a notice to a connection behind the deliveries made before it: those held
@@ -119,8 +92,9 @@ class ClientOutbox:
         parts = self._held.pop(identity, None)
         if parts:
             self._out(identity, parts, self._held_count.pop(identity, 0))
-        if self.paced:
-            self._pace(identity, [pack(message)], 0, None)
+        if self.flow.paced:
+            self.flow.wait((identity, [pack(message)]), 0)
+            self._pace()
         else:
             self.send(identity, [pack(message)])
 
@@ -131,7 +105,7 @@ class ClientOutbox:
         body, ...]``."""
         send_pass = self.send_pass
         held = self._held
-        counted = self._held_count if self.pacer is not None else None
+        counted = self._held_count if self.flow.pacer is not None else None
         connections = self.connections
         self.bytes_out += len(body) * len(deliveries)
         for identity, names in deliveries.items():
@@ -166,45 +140,30 @@ class ClientOutbox:
         """Deliveries ``[names, body, ...]`` (``count`` client names in all) to a
         connection: at once, or, when ``clients.capacity`` has no slot for them now,
         queued for :meth:`_release_paced`."""
-        pacer = self.pacer
-        if pacer is None:
+        flow = self.flow
+        if flow.pacer is None or flow.admit(
+            (identity, parts), count, asyncio.get_running_loop().time()
+        ):
             self._flush(identity, parts)
-            return
-        leave = None
-        if not self.paced:
-            now = asyncio.get_running_loop().time()
-            leave = pacer.book(now, count)
-            if leave <= now:
-                self._flush(identity, parts)
-                return
-        self._pace(identity, parts, count, leave)
+        else:
+            self._pace()
 
-    def _pace(self, identity: bytes, parts: list[bytes], count: int, leave: float | None) -> None:
-        """Queue a message behind the deliveries waiting for ``clients.capacity``."""
-        self.paced.append((identity, parts, count, leave))
-        self.paced_deliveries += count
-        self.paced_peak = max(self.paced_peak, self.paced_deliveries)
-        self.counters["deliveries_paced"] += count
+    def _pace(self) -> None:
+        """Messages wait for ``clients.capacity``: release them as it says."""
         if self._pacing is None:
             self._pacing = asyncio.get_running_loop().create_task(self._release_paced())
 
     async def _release_paced(self) -> None:
-        """Send the queued messages in order, each once its slots of ``clients.capacity``
-        have passed (booked when it reaches the head of the queue)."""
+        """Send the queued messages in order, each once the flow control says its slots
+        of ``clients.capacity`` have passed."""
         loop = asyncio.get_running_loop()
-        paced, pacer = self.paced, self.pacer
-        assert pacer is not None
+        flow = self.flow
         try:
-            while paced:
-                identity, parts, count, leave = paced[0]
-                if leave is None and count:
-                    leave = pacer.book(loop.time(), count)
-                    paced[0] = (identity, parts, count, leave)
-                if leave is not None and leave > loop.time():
-                    await asyncio.sleep(leave - loop.time())
-                paced.popleft()
-                self.paced_deliveries -= count
-                self._flush(identity, parts)
+            while flow.paced:
+                wait = flow.due(loop.time())
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self._flush(*flow.release())
         finally:
             self._pacing = None
 
@@ -233,12 +192,8 @@ class ClientOutbox:
         """
         connection = self.connections.get(identity)
         if connection is not None and connection.backlog:
-            queued = len(connection.backlog)
-            limit = self.settings.backlog_limit
-            if queued < limit or (
-                len(parts) == 1 and queued < limit + self.settings.publish_window
-            ):
-                connection.backlog.append(parts)  # a reply may use the publish window too
+            if self.flow.backlog_takes(len(connection.backlog), parts):
+                connection.backlog.append(parts)
             else:
                 self._slow_consumer(identity, connection, parts)
             return
@@ -264,39 +219,25 @@ class ClientOutbox:
     def _slow_consumer(
         self, identity: bytes, connection: ClientSession, parts: list[bytes]
     ) -> None:
-        """``parts`` found the connection's backlog full: apply ``clients.slow_policy``."""
+        """``parts`` found the connection's backlog full: ``clients.slow_policy`` as the
+        flow control applies it (:meth:`ClientFlow.overflow`)."""
         backlog = connection.backlog
         assert backlog is not None
-        limit = self.settings.backlog_limit
-        if self.settings.slow_policy == "drop_oldest" and len(parts) > 1:
-            backlog.append(parts)
-            while len(oldest := backlog.popleft()) == 1:  # replies are kept: a request
-                backlog.append(oldest)  # must be answered; the new delivery ends the loop
-            connection.overflowed += len(oldest) // 2
-            self.counters["deliveries_dropped.slow_consumer"] += len(oldest) // 2
+        overflow = self.flow.overflow(identity, backlog, parts)
+        if overflow.reason is None:
+            connection.overflowed += overflow.dropped
             self._warn.warning(
                 "overflow",
                 "%s dropped the oldest delivery queued for slow client connection %s "
                 "(clients.backlog_limit = %d)",
                 self.broker_id,
                 identity.hex(),
-                limit,
+                self.flow.backlog_limit,
             )
             return
-        reason = (
-            f"slow consumer: {len(backlog)} messages queued at {self.broker_id} "
-            f"(clients.backlog_limit = {limit}, clients.slow_policy = disconnect)"
-        )
-        self.counters["slow_consumers_dropped"] += 1
-        self.counters["deliveries_dropped.slow_consumer"] += sum(
-            len(queued) // 2 for queued in (*backlog, parts)
-        )
-        self.drop(identity, reason)
-        self.dropped[identity] = reason
-        while len(self.dropped) > DROPPED_KEPT:
-            self.dropped.popitem(last=False)
+        self.drop(identity, overflow.reason)
         backlog.clear()
-        backlog.append([pack({"op": "dropped", "reason": reason})])
+        backlog.append([pack({"op": "dropped", "reason": overflow.reason})])
 
     def _try_send(self, identity: bytes, parts: list[bytes]) -> BaseException | None:
         """Send ``parts`` to a connection now: None, or why not (:data:`PIPE_FULL` when
@@ -333,8 +274,8 @@ class ClientOutbox:
                 if not backlog and connection.overflowed:
                     backlog.append([pack({"op": "overflow", "dropped": connection.overflowed})])
                     connection.overflowed = 0
-            elif problem is PIPE_FULL and (
-                identity in self.connections or loop.time() - progress < self.settings.timeout
+            elif problem is PIPE_FULL and self.flow.keeps_waiting(
+                identity in self.connections, loop.time() - progress
             ):
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.05)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from octopis.core import LinkStatusTable
-from octopis.core.neighbours import Neighbour
+from octopis.core.neighbours import Neighbour, stall
 from octopis.core.node import BrokerNode
 from octopis.transport.codec import Heartbeat, Hello, Synced
 from octopis.transport.frames import HANDSHAKE, LINK
@@ -177,13 +177,12 @@ class PeerLiveness:
         calm = self.heartbeat / 2
         woke = loop.time()
         while True:
-            tick = min(self.ack_interval, calm) if output.pressure.full else calm
+            tick = output.pressure.tick(calm, self.ack_interval)
             await asyncio.sleep(tick)
             now = loop.time()
-            late, woke = now - woke - tick, now
-            if late > tick:  # this process was not running: that is not their silence
-                for _, state in self.neighbours.items():
-                    state.last_heard += late
+            late, woke = stall(now, woke, tick), now
+            if late:  # this process was not running: that is not their silence
+                self.neighbours.stalled(late)
             output.check_pressure(now)
             output.beat_due(now, self.heartbeat)
             overdue = self.neighbours.overdue(now, self.down_after)

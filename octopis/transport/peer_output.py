@@ -1,13 +1,12 @@
 """The sending side of a broker's peer links (DESIGN §7, §8): one :class:`OutputLink` per
 neighbour, what the broker puts on them, and the acknowledgements its heartbeats carry.
 
-Backpressure (DESIGN §8). While :class:`Backpressure` holds a neighbour's neighbours back
-(a link to another neighbour has ``links.queue_limit`` frames waiting, too many
-deliveries wait for the client side's capacity, or the broker is over its memory budget),
-the acknowledgement a heartbeat carries repeats the last count instead of growing, so the
+Backpressure (DESIGN §8). While the node's rule
+(:class:`~octopis.core.pressure.Backpressure`) holds a neighbour back, the
+acknowledgement a heartbeat carries repeats the last count instead of growing, so the
 held neighbour's custody buffer fills and it stops sending us data (its heartbeats still
-come). The full link's own neighbour is still acknowledged: what it sends us never goes
-back to it, and withholding from it could lock two brokers that wait on each other.
+come). When a heartbeat is due is the node's rule too
+(:meth:`~octopis.core.neighbours.Neighbour.heartbeat_due`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from octopis.settings import Links
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
 from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
 from octopis.transport.links import LOOP_SLACK, Activity, OutputLink, PublishReceipt, SendPass
-from octopis.transport.pressure import Backpressure
+from octopis.transport.pressure import PressureGauge
 from octopis.transport.security import Curve
 
 
@@ -44,7 +43,7 @@ class PeerOutput:
         ctx: zmq.asyncio.Context,
         lst: LinkStatusTable,
         neighbours: Neighbours,
-        pressure: Backpressure,
+        pressure: PressureGauge,
         serving: Callable[[], bool],
         waiting_deliveries: Callable[[], int],
         counters: Counter[str],
@@ -58,8 +57,9 @@ class PeerOutput:
         self._ctx = ctx
         self.lst = lst
         self.neighbours = neighbours
-        self.pressure = pressure
+        self.pressure = pressure.rule
         """Which neighbours are held back, and why (checked every tick, DESIGN §8)."""
+        self._gauge = pressure
         self.serving = serving
         self.waiting_deliveries = waiting_deliveries
         self.counters = counters
@@ -92,7 +92,7 @@ class PeerOutput:
 
     def close(self, name: str) -> OutputLink:
         """Forget the link to ``name`` (a neighbour that left); returns it."""
-        self.pressure.full.discard(name)
+        self.pressure.forget(name)
         return self.links.pop(name)
 
     def _senders(self, neighbour: str) -> tuple[SendRate, ...]:
@@ -161,19 +161,15 @@ class PeerOutput:
         of queued data, or behind it: the first one saying *serving* must not overtake
         the subscriptions it forwarded meanwhile. ``at_once``: ahead of queued data and
         sent now, even during a send pass (:meth:`OutputLink.put_now`)."""
-        if self.pressure.holds(name):
-            acked = state.acked
-            self.counters["backpressure.acks_withheld"] += acked != state.received
-        else:
-            acked = state.acked = state.received
+        acked = self.pressure.acknowledge(name, state)
         beat = Heartbeat(self.incarnation, state.incarnation, acked, self.serving())
         link = self.links[name]
         put = link.put if behind_data else link.put_now if at_once else link.put_link
         put(self.frame(beat, LINK), now)
 
     def check_pressure(self, now: float) -> set[str]:
-        """Look at backpressure afresh: the neighbours held back (:class:`Backpressure`)."""
-        return self.pressure.check(now, self.links, self.waiting_deliveries())
+        """Look at backpressure afresh: the neighbours held back (:class:`PressureGauge`)."""
+        return self._gauge.check(now, self.links, self.waiting_deliveries())
 
     def acknowledge_pass(self, now: float) -> None:
         """At the end of an input pass: acknowledge to each neighbour the frames this pass
@@ -181,11 +177,7 @@ class PeerOutput:
         DESIGN §7) follows in a round trip rather than on the ack timer. Backpressure is
         looked at afresh first: a neighbour whose acknowledgement it withholds
         (:meth:`beat`) is left to the timer's heartbeat, which counts what it withholds."""
-        taken = [
-            (name, state)
-            for name, state in self.neighbours.items()
-            if state.received != state.acked
-        ]
+        taken = [(name, state) for name, state in self.neighbours.items() if state.unacknowledged]
         if not taken:
             return
         self.check_pressure(now)
@@ -209,14 +201,11 @@ class PeerOutput:
             self.beat(name, state, now, at_once=True)
 
     def beat_due(self, now: float, heartbeat: float) -> None:
-        """A heartbeat to each neighbour that has frames taken from it unacknowledged, or
-        whose link has sent nothing for ``heartbeat`` seconds and has nothing queued that
-        is about to leave: a queue held back (:meth:`OutputLink.held`, e.g. for a
-        neighbour not heard since it was declared down) must not silence the link, or
-        that neighbour, hearing us once, declares us down again."""
+        """A heartbeat to each neighbour the node says is due one
+        (:meth:`Neighbour.heartbeat_due`; a queue held back, :meth:`OutputLink.held`,
+        has nothing about to leave)."""
         for name, state in self.neighbours.items():
             link = self.links[name]
-            if state.received != state.acked or (
-                now - link.last_sent >= heartbeat and (not link.queue or link.held())
-            ):
+            leaving = bool(link.queue) and not link.held()
+            if state.heartbeat_due(now - link.last_sent, heartbeat, leaving):
                 self.beat(name, state, now)

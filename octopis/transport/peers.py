@@ -39,7 +39,7 @@ from octopis.transport.links import Activity, OutputLink, PublishReceipt, SendPa
 from octopis.transport.peer_input import PeerInput
 from octopis.transport.peer_liveness import PeerLiveness
 from octopis.transport.peer_output import PeerOutput
-from octopis.transport.pressure import Backpressure
+from octopis.transport.pressure import PressureGauge
 from octopis.transport.security import Curve
 
 log = logging.getLogger("octopis.broker.peers")
@@ -139,7 +139,7 @@ class PeerLinks:
         send_pass = send_pass or SendPass()
         warn = RateLimitedLog(log, settings.log_interval)
         links = settings.links
-        self.pressure = Backpressure(
+        self.pressure = PressureGauge(
             broker_id,
             links.queue_limit,
             settings.deliveries_limit,
@@ -240,7 +240,7 @@ class PeerLinks:
                 "restarts": s.restarts,
                 "queue_length": len(self.links[name].queue),
                 "custody": len(self.links[name].custody),
-                "full": name in self.pressure.full,
+                "full": name in self.pressure.rule.full,
             }
             for name, s in self.neighbours.items()
         }

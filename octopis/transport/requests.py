@@ -2,9 +2,9 @@
 request of :mod:`octopis.wire`, each returning the reply (None: it follows later).
 
 A publication's answer waits until every copy kept in a link's custody is acknowledged
-(DESIGN §7); a publication is refused, naming the limit, when its body is longer than
-``clients.body_bytes`` or when the client side's flow control has no room for it
-(:meth:`~octopis.transport.outbox.ClientOutbox.refuse_publication`).
+(DESIGN §7); a publication is refused, naming the limit, when the client side's flow
+control says so (:class:`~octopis.core.client_flow.ClientFlow`: its body's size, the
+publish window, the deliveries waiting).
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ Handler = Callable[[bytes, ClientSession, Request], "dict | None"]
 
 class RequestHandlers:
     """The handlers of one broker's client requests, by request type (:attr:`by_type`);
-    each takes the connection's identity, its session and the request. ``body_bytes``:
-    ``clients.body_bytes``."""
+    each takes the connection's identity, its session and the request."""
 
     def __init__(
         self,
@@ -55,8 +54,6 @@ class RequestHandlers:
         connections: ClientConnections,
         outbox: ClientOutbox,
         counters: Counter[str],
-        *,
-        body_bytes: int,
     ) -> None:
         self.id = broker_id
         self.router = router
@@ -64,7 +61,6 @@ class RequestHandlers:
         self.table = connections.table
         self.outbox = outbox
         self.counters = counters
-        self.body_bytes = body_bytes
         self.by_type: dict[type, Handler] = {
             HelloRequest: self._hello,
             HeartbeatRequest: self._heartbeat,
@@ -119,8 +115,7 @@ class RequestHandlers:
         self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        if request.sub_id not in self.table.subscriptions(key):
-            raise ClientError(f"{request.client} holds no subscription {request.sub_id}")
+        self.table.owned(key, request.client, request.sub_id)
         self.router.execute(self.router.unsubscribe(key, request.sub_id))
         self.table.detach(key, request.sub_id)
         if request.moved:
@@ -203,18 +198,14 @@ class RequestHandlers:
         problem = stamp_problem(request.seq, float(request.published_at))
         if problem is not None:
             raise ClientError(problem)
-        limit = self.body_bytes
-        if len(request.body) > limit:
-            self.counters["publications_refused.body_bytes"] += 1
-            raise ClientError(
-                f"a publication body of {len(request.body)} bytes is longer than "
-                f"clients.body_bytes = {limit}"
-            )
+        problem = self.outbox.flow.refuse_body(len(request.body))
+        if problem is not None:
+            raise ClientError(problem)
         text = request.publication
         publication = (
             parse_publication(text) if isinstance(text, str) else validate_publication(text)
         )
-        problem = self.outbox.refuse_publication(connection)
+        problem = self.outbox.flow.refuse_publication(connection.unanswered)
         if problem is not None:
             raise ClientError(problem)
         key = self._key(identity, connection, request)

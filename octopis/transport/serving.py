@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import zmq.asyncio
 
 from octopis.core import LinkStatusTable, Notification
+from octopis.core.load import LoadSample
 from octopis.logs import RateLimitedLog
 from octopis.transport.clients import ClientSessions, ClientSettings
 from octopis.transport.control import serve_control
 from octopis.transport.links import SendPass
-from octopis.transport.load import LoadSample
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks, PeerSettings
 from octopis.transport.process_mark import clear_running
@@ -68,7 +68,7 @@ async def serve(broker: Broker, gateway: Gateway | None = None) -> None:
         broker.incarnation,
         curve,
         send_pass,
-        lambda: broker.clients.outbox.paced_deliveries,
+        lambda: broker.clients.outbox.flow.paced_deliveries,
         idle,
     )
     broker.links = broker.peers.links

@@ -55,36 +55,43 @@ class LoadMeter:
         self._samples.append(sample)
 
     def report(self, top: int = TOP_CLIENTS) -> dict[str, Any]:
-        """Rates per second over the window, the output, the capacity and LR; the ``top``
-        clients by delivery rate. All rates 0 until two samples are in."""
+        """:func:`load_report` over the window; all rates 0 until two samples are in."""
         if len(self._samples) < 2:
-            return self._report(1.0, LoadSample(0.0, 0, 0, {}), LoadSample(0.0, 0, 0, {}), top)
-        first, last = self._samples[0], self._samples[-1]
-        return self._report(max(last.at - first.at, 1e-9), first, last, top)
+            empty = LoadSample(0.0, 0, 0, {})
+            return {**load_report(empty, empty, self.capacity, top), "window_s": 0.0}
+        return load_report(self._samples[0], self._samples[-1], self.capacity, top)
 
-    def _report(self, span: float, first: LoadSample, last: LoadSample, top: int) -> dict[str, Any]:
-        copies = {n: (c - first.copies_out.get(n, 0)) / span for n, c in last.copies_out.items()}
-        deliveries = Counter(
-            {c: (n - first.deliveries.get(c, 0)) / span for c, n in last.deliveries.items()}
-        )
-        delivered = (last.delivered - first.delivered) / span
-        output = sum(copies.values()) + delivered
-        cpu = (last.cpu_seconds - first.cpu_seconds) / span
-        if self.capacity:
-            capacity, source = self.capacity, "configured"
-        else:
-            capacity, source = (output / cpu if cpu > 0 else 0.0), "measured"
-        return {
-            "window_s": span if len(self._samples) > 1 else 0.0,
-            "publications_in_per_s": (last.publications - first.publications) / span,
-            "notifications_in_per_s": (last.notifications_in - first.notifications_in) / span,
-            "copies_out_per_s": copies,
-            "deliveries_per_s": delivered,
-            "busiest_clients": dict(deliveries.most_common(top)),
-            "output_per_s": output,
-            "bytes_out_per_s": (last.bytes_out - first.bytes_out) / span,
-            "cpu_utilisation": cpu,
-            "capacity_per_s": capacity,
-            "capacity_source": source,
-            "load_ratio": output / capacity if capacity else 0.0,
-        }
+
+def load_report(
+    first: LoadSample, last: LoadSample, capacity: float, top: int = TOP_CLIENTS
+) -> dict[str, Any]:
+    """Rates per second from ``first`` to ``last`` (at least a nanosecond apart), the
+    output (copies plus deliveries), the capacity (``capacity``, or 0: measured) and LR;
+    the ``top`` clients by delivery rate. The broker process's meter and the
+    simulator's balancer both read load this way."""
+    span = max(last.at - first.at, 1e-9)
+    copies = {n: (c - first.copies_out.get(n, 0)) / span for n, c in last.copies_out.items()}
+    deliveries = Counter(
+        {c: (n - first.deliveries.get(c, 0)) / span for c, n in last.deliveries.items()}
+    )
+    delivered = (last.delivered - first.delivered) / span
+    output = sum(copies.values()) + delivered
+    cpu = (last.cpu_seconds - first.cpu_seconds) / span
+    if capacity:
+        source = "configured"
+    else:
+        capacity, source = (output / cpu if cpu > 0 else 0.0), "measured"
+    return {
+        "window_s": span,
+        "publications_in_per_s": (last.publications - first.publications) / span,
+        "notifications_in_per_s": (last.notifications_in - first.notifications_in) / span,
+        "copies_out_per_s": copies,
+        "deliveries_per_s": delivered,
+        "busiest_clients": dict(deliveries.most_common(top)),
+        "output_per_s": output,
+        "bytes_out_per_s": (last.bytes_out - first.bytes_out) / span,
+        "cpu_utilisation": cpu,
+        "capacity_per_s": capacity,
+        "capacity_source": source,
+        "load_ratio": output / capacity if capacity else 0.0,
+    }
