@@ -42,10 +42,10 @@ from octopis.client_policy import (
 )
 from octopis.client_policy import replay_after as failover_after
 from octopis.core import Notification
-from octopis.core.durable import Durables, claim_of, claimed_ident
+from octopis.core.durable import SAVE_EVERY, Durables, claim_of
 from octopis.core.replay import (
+    ClaimRecord,
     Gap,
-    QueryStore,
     Replay,
     ReplayAction,
     ReplayDeliver,
@@ -64,8 +64,6 @@ from octopis.sim.replaying import Seam, publisher_order
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
-SAVE_EVERY = 1.0
-"""Seconds within which a broker writes what acknowledgements changed (``maintain``)."""
 
 
 @dataclass
@@ -352,7 +350,7 @@ class DurableSimulator(Simulator):
             super()._carry_out_replay(broker, actions)
             return
         for action in actions:
-            if type(action) is QueryStore and action.request.claim:
+            if type(action) is ClaimRecord:
                 self._durable_claim(broker, action.request)
             elif (
                 type(action) in (ReplayDeliver, ReplayDone) and action.req_id in self._durable_reqs
@@ -362,22 +360,18 @@ class DurableSimulator(Simulator):
                 super()._carry_out_replay(broker, [action])
 
     def _durable_claim(self, broker: str, request: Replay) -> None:
-        """The shell's ``_claim``: the record kept here handed over (a subscription of it
-        still attached here, for another connection, withdrawn)."""
-        self.at(self.now + request.budget, self._replay_expire, broker)
+        """The shell's ``_claim``: the node's answer
+        (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
         owner = self._durable_reqs.get(request.req_id)
         c = self.durable_clients.get(owner[0]) if owner is not None else None
-        key = c.key if c is not None and request.host == broker else None
-        record = self.durable_records[broker].claim(*claimed_ident(request.claim), key, self.now)
-        claimed = ()
-        if record is not None:
-            claimed = (record.claimed(broker, self.now),)
-            held = record.sub_id
-            if record.key not in (None, key) and held is not None:  # another connection's
-                self._withdraw_held(broker, record.client, held)
+        answer = self.durable_records[broker].answer_claim(
+            self._rounds(broker), request, c.key if c is not None else None, self.now
+        )
+        if answer.withdraw is not None:
+            self._withdraw_held(broker, answer.withdraw.client, answer.withdraw.sub_id)
+        if answer.save:
             self._durable_write(broker)
-        rounds = self._rounds(broker)
-        self._carry_out_replay(broker, rounds.stored(request.req_id, [], [], claimed=claimed))
+        self._carry_out_replay(broker, answer.actions)
 
     def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
         """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its

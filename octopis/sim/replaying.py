@@ -40,6 +40,7 @@ from octopis.client_policy import (
 from octopis.core import Forward, Notification, SubState
 from octopis.core.durable import Durables
 from octopis.core.replay import (
+    ExpireAt,
     Gap,
     QueryStore,
     Replay,
@@ -290,9 +291,10 @@ class SubscriberFailover:
         for action in actions:
             if type(action) is Forward:
                 self._dispatch(broker, [action])
+            elif type(action) is ExpireAt:
+                self.at(action.deadline, self._replay_expire, broker)
             elif type(action) is QueryStore:
                 request = action.request
-                self.at(self.now + request.budget, self._replay_expire, broker)
                 found, gaps, truncated = self.retention.answer(broker, request)
                 rounds = self._rounds(broker)
                 self._carry_out_replay(
