@@ -10,6 +10,8 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
   what its client has not taken (the fail-over replay's start);
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), what a
   durable record says was taken;
+- :class:`DurableProgress`: a durable subscription's progress at its client: what was
+  taken, what a claimed record covers, from when its host's record owes the rest;
 - :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
   nothing earlier can still overtake, the ``since`` of a replay request;
 - :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
@@ -153,6 +155,41 @@ class LastSeen(OrderedDict[tuple[str, int], int]):
         return [(p, s, q) for (p, s), q in self.items()]
 
 
+class DurableProgress:
+    """A durable subscription's progress at its client (DESIGN §11): what the application
+    took of each (publisher, session) (:attr:`taken`, acknowledged to the host), what the
+    record this process claimed says an earlier one took (:attr:`record`: a live delivery
+    it covers is dropped) and from when the record at the host owes any other publisher's
+    publications (:attr:`owed_after`, sent with the acknowledgements; None: from its own
+    start)."""
+
+    __slots__ = ("owed_after", "record", "taken")
+
+    def __init__(self) -> None:
+        self.taken = LastSeen()
+        self.record: LastSeen | None = None
+        self.owed_after: float | None = None
+
+    def claimed(self, since: Iterable[tuple[str, int, int]], after: float) -> None:
+        """The record was found (:func:`resume_from`): it says ``since`` was taken, and
+        other publishers' publications are owed from ``after``."""
+        since = list(since)
+        self.taken.saw_all(since)
+        self.record = LastSeen(((p, s), q) for p, s, q in since)
+        self.owed_after = after
+
+    def failed_over(self, replay_start: float) -> None:
+        """The client failed over and replays from ``replay_start``: the record at the
+        new host owes from then (:func:`owed_after_failover`)."""
+        self.owed_after = owed_after_failover(self.owed_after, replay_start)
+
+    def covers(self, publisher: str, session: int, seq: int) -> bool:
+        """Whether the claimed record says a process before this one took ``seq`` of
+        ``publisher``'s ``session`` (a late copy, dropped)."""
+        last = self.record.get((publisher, session)) if self.record is not None else None
+        return last is not None and seq <= last
+
+
 SPANS_KEPT = 10
 """Finished spans of takes :class:`FromPoints` keeps per (publisher, session)."""
 
@@ -287,3 +324,26 @@ class RecentDeliveries:
             if at >= oldest:
                 self.forgotten_early += 1
             self.seen.discard(old)
+
+    def join(
+        self,
+        client: str,
+        live: Iterable[T],
+        replayed: Iterable[T],
+        order: Callable[[T], tuple[str, int, int]],
+        now: float,
+        also: Callable[[tuple[str, int, int]], bool] = lambda _: True,
+    ) -> tuple[list[T], int]:
+        """Client ``client``'s seam (:func:`join_at_seam`) at ``now``: the ``live``
+        deliveries held, with the ``replayed`` ones this record has not seen (and that
+        ``also``, given publisher, session and sequence number, lets through), recorded
+        from now, in publisher order (``order``); and how many replayed ones were
+        repeats. What is past the horizon is forgotten after."""
+
+        def first_time(item: T) -> bool:
+            key = order(item)
+            return self.first_time((client, *key), now) & also(key)
+
+        joined = join_at_seam(live, replayed, order, first_time)
+        self.forget_old(now)
+        return joined

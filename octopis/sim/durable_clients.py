@@ -32,12 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octopis.client_policy import (
+    DurableProgress,
     FromPoints,
-    LastSeen,
     RecentDeliveries,
     failover_order,
-    join_at_seam,
-    owed_after_failover,
     resume_from,
 )
 from octopis.client_policy import replay_after as failover_after
@@ -85,13 +83,11 @@ class DurableClient:
     claiming: bool = False
     """The seam's request is a claim (not yet a replay)."""
     record: RecentDeliveries = field(default_factory=RecentDeliveries)
-    taken: LastSeen = field(default_factory=LastSeen)
-    """What the application took in this run (acknowledged)."""
+    progress: DurableProgress = field(default_factory=DurableProgress)
+    """What the application took in this run (acknowledged), what the record it claimed
+    says was taken (a live delivery it covers is dropped), from when its host's record
+    owes the rest: the SDK's."""
     last_seen: FromPoints = field(default_factory=FromPoints)
-    owed_after: float | None = None
-    claimed: LastSeen | None = None
-    """What the record this run claimed says was taken (the SDK drops a live delivery
-    it covers)."""
     since: float = 0.0
     """When this run first subscribed (a fail-over's replay starts no earlier)."""
     away: list[tuple[float, float]] = field(default_factory=list)
@@ -183,8 +179,8 @@ class DurableSimulator(Simulator):
     def _durable_run(self, c: DurableClient, broker: str) -> None:
         """A new process of ``c`` at ``broker``: it subscribes and claims its record."""
         c.run += 1
-        c.record, c.taken, c.last_seen = RecentDeliveries(), LastSeen(), FromPoints()
-        c.owed_after, c.since, c.claimed = None, self.now, None
+        c.record, c.progress, c.last_seen = RecentDeliveries(), DurableProgress(), FromPoints()
+        c.since = self.now
         if c.left is not None:
             c.away.append((c.left, self.now))
             c.left = None
@@ -227,10 +223,10 @@ class DurableSimulator(Simulator):
 
     def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]]) -> None:
         """``c`` acknowledges to its host (at the loop's next pass: now)."""
-        host = c.host
+        host, owed = c.host, c.progress.owed_after
         if host is None or (self.failures is not None and host in self.failures.dead):
             return
-        if not self.durable_records[host].ack(c.name, NAME, since, self.now, c.owed_after):
+        if not self.durable_records[host].ack(c.name, NAME, since, self.now, owed):
             c.counts["acks_refused"] += 1
         elif host not in self._writing:
             self._writing.add(host)
@@ -255,24 +251,20 @@ class DurableSimulator(Simulator):
     def _durable_took(self, c: DurableClient, n: Notification) -> None:
         """The application took ``n``: recorded, and acknowledged; unless the record
         ``c`` claimed says an earlier run took it (the SDK drops it)."""
-        last = c.claimed.get((n.publisher, n.session)) if c.claimed is not None else None
-        if last is not None and n.seq <= last:
+        if c.progress.covers(n.publisher, n.session, n.seq):
             c.counts["covered"] += 1
             return
         c.received[n.key] += 1
         if c.host is not None:
             c.taken_at.setdefault(n.key, (c.host, self.now))
         c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
-        c.taken.saw(n.publisher, n.session, n.seq)
+        c.progress.taken.saw(n.publisher, n.session, n.seq)
         self._durable_ack(c, [(n.publisher, n.session, n.seq)])
 
     def _durable_join(
         self, c: DurableClient, live: list[Notification], replayed: list[Notification]
     ) -> None:
-        def first_time(n: Notification) -> bool:
-            return c.record.first_time((c.name, n.publisher, n.session, n.seq), self.now)
-
-        joined, repeats = join_at_seam(live, replayed, publisher_order, first_time)
+        joined, repeats = c.record.join(c.name, live, replayed, publisher_order, self.now)
         c.counts["repeats"] += repeats
         from_replay = {n.key for n in replayed}
         for n in joined:
@@ -330,9 +322,9 @@ class DurableSimulator(Simulator):
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
         after = failover_after(c.since, died)
-        c.owed_after = owed_after_failover(c.owed_after, after)
+        c.progress.failed_over(after)
         self._attach_durable(c, new)
-        self._durable_ack(c, c.taken.since())
+        self._durable_ack(c, c.progress.taken.since())
         c.seam, c.claiming = Seam(""), False
         replay = Replay("", new, (c.subscription.to_text(),), tuple(c.last_seen.since(died)), after,
                         REPLAY_BUDGET)  # fmt: skip
@@ -413,11 +405,9 @@ class DurableSimulator(Simulator):
             self._end_durable_seam(c)
             return
         best, since, after = resume_from(echo.claimed)
-        c.taken.saw_all(since)
-        c.claimed = LastSeen(((p, s), q) for p, s, q in since)
-        c.owed_after = after
+        c.progress.claimed(since, after)
         c.counts["claimed"] += 1
-        self._durable_ack(c, c.taken.since())
+        self._durable_ack(c, c.progress.taken.since())
         replay = Replay("", c.host, best.filters, tuple(since), after, HISTORIC_BUDGET)
         self._durable_request(c, replay)
 

@@ -34,7 +34,6 @@ from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
     failover_order,
-    join_at_seam,
     replay_after,
 )
 from octopis.core import Forward, Notification, SubState
@@ -394,16 +393,11 @@ class SubscriberFailover:
         self, subscriber: str, live: list[Notification], replayed: list[Notification]
     ) -> None:
         record = self.records[subscriber]
-
-        def first_time(n: Notification) -> bool:
-            return record.first_time((subscriber, n.publisher, n.session, n.seq), self.now)
-
-        joined, repeats = join_at_seam(live, replayed, publisher_order, first_time)
+        joined, repeats = record.join(subscriber, live, replayed, publisher_order, self.now)
         self.replay_counts["repeats"] += repeats
         for n in joined:
             self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
             self.saw(subscriber, n)
-        record.forget_old(self.now)
 
     def replay_report(self) -> dict[str, Any]:
         """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""
