@@ -10,6 +10,7 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
   what its client has not taken (the fail-over replay's start);
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), what a
   durable record says was taken;
+- :func:`still_silent`: which brokers a replay's gap still names once a late part answers;
 - :class:`DurableProgress`: a durable subscription's progress at its client: what was
   taken, what a claimed record covers, from when its host's record owes the rest;
 - :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
@@ -153,6 +154,15 @@ class LastSeen(OrderedDict[tuple[str, int], int]):
     def since(self) -> list[tuple[str, int, int]]:
         """A replay request's ``since``: ``(publisher, session, seq)`` each."""
         return [(p, s, q) for (p, s), q in self.items()]
+
+
+def still_silent(outstanding: set[str], answered: Iterable[str], silent: Iterable[str]) -> None:
+    """A late answer to a replay whose brokers ``outstanding`` had stayed silent: those it
+    names ``answered`` are heard from, those it names ``silent`` (and not answered) are
+    missing too (a late part may be silent past itself)."""
+    heard = set(answered)
+    outstanding.difference_update(heard)
+    outstanding.update(set(silent) - heard)
 
 
 class DurableProgress:

@@ -243,7 +243,9 @@ class Durables:
 
     def restore(self, record: DurableRecord) -> None:
         """A record read back from disk at start: its client is away (since it was last
-        heard, or since the broker stopped)."""
+        heard, or, if it was attached when written, since the record was last updated)."""
+        if record.away is None:
+            record.away = record.updated
         record.key = record.sub_id = None
         record.new = False
         self.records[(record.client, record.name)] = record

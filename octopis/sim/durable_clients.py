@@ -35,8 +35,8 @@ from octopis.client_policy import (
     DurableProgress,
     FromPoints,
     RecentDeliveries,
-    failover_order,
     resume_from,
+    still_silent,
 )
 from octopis.client_policy import replay_after as failover_after
 from octopis.core import Notification
@@ -288,7 +288,6 @@ class DurableSimulator(Simulator):
         restored = Durables(broker, records.keep, records.limit)
         restored.stats = records.stats
         for record in copy.deepcopy(self._written[broker]):
-            record.away = record.away if record.away is not None else record.updated
             restored.restore(record)
         self.durable_records[broker] = restored
         self._writing.discard(broker)
@@ -306,7 +305,7 @@ class DurableSimulator(Simulator):
             return
         died = self.now - CLIENT_LIVENESS
         self._connect(
-            failover_order([old, *self.scot.failover_order(old)], old),
+            self._failover_list(old, old),
             lambda: c.host == old and c.run == run,
             lambda new: self._durable_failed_over(c, old, new, died),
         )
@@ -390,9 +389,7 @@ class DurableSimulator(Simulator):
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
         else:  # a replay's gap shrinks as its own silent parts answer late
-            gap = c.replay_gaps.setdefault(action.req_id, set())
-            gap.difference_update(echo.answered)
-            gap.update(echo.silent)
+            still_silent(c.replay_gaps.setdefault(action.req_id, set()), echo.answered, echo.silent)
         if not current:
             return
         if not c.claiming:

@@ -35,6 +35,7 @@ from octopis.client_policy import (
     RecentDeliveries,
     failover_order,
     replay_after,
+    still_silent,
 )
 from octopis.core import Forward, Notification, SubState
 from octopis.core.durable import Durables
@@ -189,10 +190,16 @@ class SubscriberFailover:
             return
         first = self.first_home.get(subscriber, old)
         self._connect(
-            failover_order([first, *self.scot.failover_order(first)], old),
+            self._failover_list(first, old),
             lambda: self._home.get(subscriber) == old,
             lambda new: self._failed_over(subscriber, old, new, died),
         )
+
+    def _failover_list(self, first: str, old: str) -> list[str]:
+        """The SDK's order (:func:`~octopis.client_policy.failover_order`) away from
+        ``old`` along the broker list of a client that began at ``first`` (the topology's
+        fail-over list of ``first``, after it)."""
+        return failover_order([first, *self.scot.failover_order(first)], old)
 
     def _connect(
         self,
@@ -322,8 +329,7 @@ class SubscriberFailover:
                 # narrows its gap (another replay asks from elsewhere, for other ranges).
                 gaps = self._gaps_by_request.setdefault(subscriber, {})
                 gap = gaps.setdefault(action.req_id, set())
-                gap.difference_update(action.echo.answered)
-                gap.update(action.echo.silent)  # a late part may be silent past itself
+                still_silent(gap, action.echo.answered, action.echo.silent)
                 if not gap:  # nothing missing: nothing to keep for this request
                     del gaps[action.req_id]
                 self.replay_gaps[subscriber] = set().union(*gaps.values())

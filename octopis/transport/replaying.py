@@ -125,7 +125,7 @@ class Replaying:
                         r.after,
                         r.updated,
                         LastSeen(((p, s), q) for p, s, q in r.since),
-                        away=r.away if r.away is not None else r.updated,
+                        away=r.away,
                     )
                 )
         self.rounds = ReplayRounds(
