@@ -10,6 +10,7 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
   what its client has not taken (the fail-over replay's start);
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), what a
   durable record says was taken;
+- :func:`claim_gap`: when a durable record's claim leaves a gap, and why;
 - :func:`still_silent`: which brokers a replay's gap still names once a late part answers;
 - :class:`DurableProgress`: a durable subscription's progress at its client: what was
   taken, what a claimed record covers, from when its host's record owes the rest;
@@ -154,6 +155,19 @@ class LastSeen(OrderedDict[tuple[str, int], int]):
     def since(self) -> list[tuple[str, int, int]]:
         """A replay request's ``since``: ``(publisher, session, seq)`` each."""
         return [(p, s, q) for (p, s), q in self.items()]
+
+
+def claim_gap(found: bool, silent: Sequence[str], error: str | None = None) -> str | None:
+    """Why a claim of a durable record leaves its client a gap (None: it does not): the
+    claim failed (``error``) and found nothing, or brokers stayed ``silent`` (one may keep
+    the record, or a fresher copy of the one ``found``)."""
+    if not silent and not (error and not found):
+        return None
+    return error or (
+        "a fresher copy of its record may be kept at a broker that did not answer"
+        if found
+        else "its record may be kept at a broker that did not answer"
+    )
 
 
 def still_silent(outstanding: set[str], answered: Iterable[str], silent: Iterable[str]) -> None:
@@ -322,6 +336,14 @@ class RecentDeliveries:
             return False
         self.seen.add(key)
         self.recent.append((now, key))
+        return True
+
+    def took(self, key: DeliveryKey, now: float) -> bool:
+        """A live delivery ``key`` at ``now``: whether it comes for the first time (then
+        remembered, and what is past the horizon forgotten); False for a repeat."""
+        if not self.first_time(key, now):
+            return False
+        self.forget_old(now)
         return True
 
     def forget_old(self, now: float) -> None:

@@ -35,6 +35,7 @@ from octopis.client_policy import (
     DurableProgress,
     FromPoints,
     RecentDeliveries,
+    claim_gap,
     resume_from,
     still_silent,
 )
@@ -239,10 +240,9 @@ class DurableSimulator(Simulator):
         if c is None:
             super().take(subscriber, n)
             return
-        if not c.record.first_time((c.name, n.publisher, n.session, n.seq), self.now):
+        if not c.record.took((c.name, *publisher_order(n)), self.now):
             c.counts["repeats"] += 1
             return
-        c.record.forget_old(self.now)
         if c.seam is not None:
             c.seam.live.append(n)
         else:
@@ -396,16 +396,19 @@ class DurableSimulator(Simulator):
             self._end_durable_seam(c)
             return
         c.claiming = False
-        if echo.silent:  # its record, or a fresher copy than any found, may be kept there
-            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent")
+        why = claim_gap(bool(echo.claimed), echo.silent)
+        if why is not None:
+            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {why}")
         if not echo.claimed:  # a new record
             self._end_durable_seam(c)
             return
-        best, since, after = resume_from(echo.claimed)
+        _, since, after = resume_from(echo.claimed)
         c.progress.claimed(since, after)
         c.counts["claimed"] += 1
         self._durable_ack(c, c.progress.taken.since())
-        replay = Replay("", c.host, best.filters, tuple(since), after, HISTORIC_BUDGET)
+        # as the SDK: its own subscription from what the record says was taken
+        filters = (c.subscription.to_text(),)
+        replay = Replay("", c.host, filters, tuple(since), after, HISTORIC_BUDGET)
         self._durable_request(c, replay)
 
     def _durable_write(self, broker: str) -> None:

@@ -360,14 +360,12 @@ class SubscriberFailover:
         """A live delivery to ``subscriber``, which keeps a record (it failed over or is
         moving): a repeat is dropped (counted ``replay.repeats`` after a fail-over,
         ``moves.absorbed`` otherwise), the rest held while a replay is under way."""
-        record = self.records[subscriber]
-        if not record.first_time((subscriber, n.publisher, n.session, n.seq), self.now):
+        if not self.records[subscriber].took((subscriber, *publisher_order(n)), self.now):
             if subscriber in self.failed_over:
                 self.replay_counts["repeats"] += 1
             else:
                 self.moves["absorbed"] += 1
             return
-        record.forget_old(self.now)
         seam = self.seams.get(subscriber)
         if seam is not None:
             seam.live.append(n)
