@@ -29,7 +29,11 @@ bytes; a store that cut its answer is named in the echo's ``truncated``), and, w
 broker holding it hands it over in its echo (``claimed``) and forgets it.
 
 Nothing here reads a clock or does I/O: the shell passes ``now`` and says which of the
-SBP targets are up (:data:`Targets`).
+SBP targets are up (:data:`Targets`). The rounds decide the rest: when the shell calls
+:meth:`ReplayRounds.expire` (:class:`ExpireAt`), whether it asks its store
+(:class:`QueryStore`) or its durable records (:class:`ClaimRecord`, answered by
+:meth:`octopis.core.durable.Durables.answer_claim`), and, on a broker without a store,
+the unstored answer itself.
 """
 
 from __future__ import annotations
