@@ -10,6 +10,10 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
   what its client has not taken (the fail-over replay's start);
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), what a
   durable record says was taken;
+- :func:`claim_gap`: when a durable record's claim leaves a gap, and why;
+- :func:`still_silent`: which brokers a replay's gap still names once a late part answers;
+- :class:`DurableProgress`: a durable subscription's progress at its client: what was
+  taken, what a claimed record covers, from when its host's record owes the rest;
 - :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
   nothing earlier can still overtake, the ``since`` of a replay request;
 - :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
@@ -153,6 +157,63 @@ class LastSeen(OrderedDict[tuple[str, int], int]):
         return [(p, s, q) for (p, s), q in self.items()]
 
 
+def claim_gap(found: bool, silent: Sequence[str], error: str | None = None) -> str | None:
+    """Why a claim of a durable record leaves its client a gap (None: it does not): the
+    claim failed (``error``) and found nothing, or brokers stayed ``silent`` (one may keep
+    the record, or a fresher copy of the one ``found``)."""
+    if not silent and not (error and not found):
+        return None
+    return error or (
+        "a fresher copy of its record may be kept at a broker that did not answer"
+        if found
+        else "its record may be kept at a broker that did not answer"
+    )
+
+
+def still_silent(outstanding: set[str], answered: Iterable[str], silent: Iterable[str]) -> None:
+    """A late answer to a replay whose brokers ``outstanding`` had stayed silent: those it
+    names ``answered`` are heard from, those it names ``silent`` (and not answered) are
+    missing too (a late part may be silent past itself)."""
+    heard = set(answered)
+    outstanding.difference_update(heard)
+    outstanding.update(set(silent) - heard)
+
+
+class DurableProgress:
+    """A durable subscription's progress at its client (DESIGN §11): what the application
+    took of each (publisher, session) (:attr:`taken`, acknowledged to the host), what the
+    record this process claimed says an earlier one took (:attr:`record`: a live delivery
+    it covers is dropped) and from when the record at the host owes any other publisher's
+    publications (:attr:`owed_after`, sent with the acknowledgements; None: from its own
+    start)."""
+
+    __slots__ = ("owed_after", "record", "taken")
+
+    def __init__(self) -> None:
+        self.taken = LastSeen()
+        self.record: LastSeen | None = None
+        self.owed_after: float | None = None
+
+    def claimed(self, since: Iterable[tuple[str, int, int]], after: float) -> None:
+        """The record was found (:func:`resume_from`): it says ``since`` was taken, and
+        other publishers' publications are owed from ``after``."""
+        since = list(since)
+        self.taken.saw_all(since)
+        self.record = LastSeen(((p, s), q) for p, s, q in since)
+        self.owed_after = after
+
+    def failed_over(self, replay_start: float) -> None:
+        """The client failed over and replays from ``replay_start``: the record at the
+        new host owes from then (:func:`owed_after_failover`)."""
+        self.owed_after = owed_after_failover(self.owed_after, replay_start)
+
+    def covers(self, publisher: str, session: int, seq: int) -> bool:
+        """Whether the claimed record says a process before this one took ``seq`` of
+        ``publisher``'s ``session`` (a late copy, dropped)."""
+        last = self.record.get((publisher, session)) if self.record is not None else None
+        return last is not None and seq <= last
+
+
 SPANS_KEPT = 10
 """Finished spans of takes :class:`FromPoints` keeps per (publisher, session)."""
 
@@ -277,6 +338,14 @@ class RecentDeliveries:
         self.recent.append((now, key))
         return True
 
+    def took(self, key: DeliveryKey, now: float) -> bool:
+        """A live delivery ``key`` at ``now``: whether it comes for the first time (then
+        remembered, and what is past the horizon forgotten); False for a repeat."""
+        if not self.first_time(key, now):
+            return False
+        self.forget_old(now)
+        return True
+
     def forget_old(self, now: float) -> None:
         """Forget the deliveries past the horizon at time ``now``, and the oldest beyond
         the limit."""
@@ -287,3 +356,26 @@ class RecentDeliveries:
             if at >= oldest:
                 self.forgotten_early += 1
             self.seen.discard(old)
+
+    def join(
+        self,
+        client: str,
+        live: Iterable[T],
+        replayed: Iterable[T],
+        order: Callable[[T], tuple[str, int, int]],
+        now: float,
+        also: Callable[[tuple[str, int, int]], bool] = lambda _: True,
+    ) -> tuple[list[T], int]:
+        """Client ``client``'s seam (:func:`join_at_seam`) at ``now``: the ``live``
+        deliveries held, with the ``replayed`` ones this record has not seen (and that
+        ``also``, given publisher, session and sequence number, lets through), recorded
+        from now, in publisher order (``order``); and how many replayed ones were
+        repeats. What is past the horizon is forgotten after."""
+
+        def first_time(item: T) -> bool:
+            key = order(item)
+            return self.first_time((client, *key), now) & also(key)
+
+        joined = join_at_seam(live, replayed, order, first_time)
+        self.forget_old(now)
+        return joined

@@ -8,7 +8,14 @@ import random
 
 import pytest
 
-from octopis.client_policy import FromPoints, join_at_seam
+from octopis.client_policy import (
+    DurableProgress,
+    FromPoints,
+    RecentDeliveries,
+    claim_gap,
+    join_at_seam,
+    still_silent,
+)
 from octopis.defaults import PUBLISHERS_KNOWN
 
 
@@ -103,3 +110,37 @@ def test_from_points_forget_the_least_recently_heard_past_their_bound() -> None:
         FromPoints(settle=-1.0)
     with pytest.raises(ValueError, match="reach"):
         FromPoints(reach=0.0)
+
+
+def test_the_record_of_recent_deliveries_joins_a_seam_and_drops_live_repeats() -> None:
+    """One rule for the SDK and the simulator's clients: a live delivery is taken once;
+    a replay's answer joins what was held, each once, in publisher order."""
+    record = RecentDeliveries(horizon=30.0)
+    assert record.took(("c", "p", 1, 1), 0.0) and not record.took(("c", "p", 1, 1), 1.0)
+    joined, repeats = record.join("c", [("q", 1, 1)], [("p", 1, 2), ("p", 1, 1)], lambda i: i, 2.0)
+    assert (joined, repeats) == ([("p", 1, 2), ("q", 1, 1)], 1)
+    assert not record.took(("c", "p", 1, 2), 3.0)  # recorded by the join
+
+
+def test_a_late_part_narrows_a_replays_gap_and_a_claim_names_its_own() -> None:
+    """A broker a late echo names answered leaves the gap, even if it names it silent
+    too; a claim leaves a gap when a broker stayed silent or it failed finding nothing."""
+    outstanding = {"b:0", "c:0"}
+    still_silent(outstanding, ("b:0",), ("b:0", "d:0"))
+    assert outstanding == {"c:0", "d:0"}
+    assert claim_gap(True, ()) is None and claim_gap(False, ()) is None
+    assert claim_gap(True, (), "claim failed: timeout") is None  # the record came anyway
+    assert claim_gap(False, (), "claim failed: timeout") == "claim failed: timeout"
+    assert "fresher copy" in (claim_gap(True, ("c:0",)) or "")
+
+
+def test_a_durable_progress_drops_what_its_claimed_record_covers() -> None:
+    """What a claimed record says was taken is taken, a late copy of it is covered, and a
+    fail-over owes from the earlier of the record's start and the replay's."""
+    progress = DurableProgress()
+    assert not progress.covers("P", 1, 1)
+    progress.claimed([("P", 1, 5)], after=10.0)
+    assert progress.covers("P", 1, 5) and not progress.covers("P", 1, 6)
+    assert progress.taken.since() == [("P", 1, 5)]
+    progress.failed_over(20.0)
+    assert progress.owed_after == 10.0

@@ -28,9 +28,9 @@ from octopis.client.replay import parse_time
 from octopis.client.streams import EndOfHistory
 from octopis.client_policy import resume_from
 from octopis.cluster.launcher import LocalCluster, prepare_topology
-from octopis.core.durable import DurableError, Durables
+from octopis.core.durable import DurableError, Durables, Withdraw, claim_of
 from octopis.core.messages import Notification
-from octopis.core.replay import Claimed, Replay
+from octopis.core.replay import Claimed, Replay, ReplayRounds
 from octopis.defaults import LOOKBACK
 from octopis.filters.language import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
@@ -77,6 +77,29 @@ def test_a_client_back_at_the_same_broker_is_owed_from_when_it_left() -> None:
     kept = durables.records[("audit", "d")]
     assert kept.away is None and kept.key == "k2/audit"  # attached again, not abandoned
     assert durables.expire(145.0 + 7200.0) == []
+
+
+def test_a_claim_is_answered_by_the_node_once_for_the_shell_and_the_simulator() -> None:
+    """:meth:`Durables.answer_claim` decides what a broker does with a claim: the record
+    kept here goes in the echo, written at once; a subscription of it still held here by
+    another connection is withdrawn; a claim that finds nothing changes nothing."""
+    durables = Durables("b:0", keep=60.0, limit=10)
+    rounds = ReplayRounds("b:0", lambda src, state: ([], []))
+    durables.attach("audit", "d", "k1/audit", "s1", ("[x,>,1]",), 100.0)
+    durables.ack("audit", "d", [("P", 1, 7)], 101.0)
+    claim = Replay("a:0/1", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
+    rounds.receive("a:0", claim, 0.0)
+    answer = durables.answer_claim(rounds, claim, "k9/audit", 130.0)  # not the host: passing
+    assert answer.withdraw == Withdraw("k1/audit", "audit", "s1") and answer.save
+    (echo,) = answer.actions
+    assert [c.since for c in echo.message.claimed] == [(("P", 1, 7),)]
+    assert durables.records == {}
+    again = Replay("a:0/2", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
+    rounds.receive("a:0", again, 0.0)
+    answer = durables.answer_claim(rounds, again, None, 131.0)
+    assert answer.withdraw is None and not answer.save
+    (echo,) = answer.actions
+    assert echo.message.claimed == () and echo.message.answered == ("b:0",)
 
 
 class _Stream:

@@ -24,10 +24,13 @@ from laws import scots
 
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import make_broker
+from octopis.core.durable import claim_of
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
     DATA_BATCH,
     Claimed,
+    ClaimRecord,
+    ExpireAt,
     QueryStore,
     Replay,
     ReplayData,
@@ -180,6 +183,23 @@ def test_a_part_still_sending_data_is_waited_for_from_its_last_page() -> None:
     assert rounds.expire(12.5) == [] and rounds.next_deadline() == 13.5
     (echo,) = rounds.expire(13.5)
     assert echo.message.silent == ("c:0",)
+
+
+def test_a_round_sets_its_timer_and_asks_a_store_only_where_there_is_one() -> None:
+    """Every round taken asks for :meth:`ReplayRounds.expire` at its deadline (now plus
+    its budget); a claim looks for a record, not publications; a broker without a store
+    answers at once, unstored, and a claim's echo names it unstored too."""
+    rounds = ReplayRounds("b:0", lambda src, state: ([], []))
+    actions = rounds.receive("a:0", _request(2.0), 10.0)
+    assert actions == [ExpireAt(12.0), QueryStore(_request(2.0))]
+    claim = Replay("a:0/2", "a:0", (), (), 0.0, 2.0, claim=claim_of("audit", "d"))
+    assert rounds.receive("a:0", claim, 10.0) == [ExpireAt(12.0), ClaimRecord(claim)]
+    unstored = ReplayRounds("b:0", lambda src, state: ([], []), has_store=False)
+    timer, echo = unstored.receive("a:0", _request(2.0), 10.0)
+    assert timer == ExpireAt(12.0) and echo.message.unstored == ("b:0",)
+    unstored.receive("a:0", claim, 10.0)
+    (echo,) = unstored.stored("a:0/2", [], [])
+    assert echo.message.unstored == ("b:0",) and echo.message.answered == ()
 
 
 def test_rounds_are_bounded() -> None:

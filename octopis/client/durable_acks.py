@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from octopis.client.deliveries import Received
-from octopis.client_policy import LastSeen, owed_after_failover
+from octopis.client_policy import DurableProgress
 
 
 class DurableStream(Protocol):
@@ -29,26 +29,21 @@ class DurableAcks:
     def __init__(self, name: str, send: Callable[[dict[str, Any]], None]) -> None:
         self.name = name
         self.send = send
-        self._taken: dict[str, LastSeen] = {}
-        """Per durable name: the last sequence number the application took of each
-        (publisher, session), acknowledged to the broker."""
+        self._progress: dict[str, DurableProgress] = {}
+        """Per durable name: what the application took (acknowledged to the broker), what
+        a claimed record says was taken, from when other publishers' publications are
+        owed (sent with the acknowledgements to the new record)."""
         self._unacked: dict[str, dict[tuple[str, int], int]] = {}
         """Per durable name: what was taken and not acknowledged yet."""
-        self._record: dict[str, LastSeen] = {}
-        """Per durable name claimed from a record: what the record says was taken."""
         self.covered = 0
         """Live deliveries dropped because a claimed record said they were taken."""
-        self._owed_after: dict[str, float] = {}
-        """Per durable name claimed from a record or failed over: the time from which other
-        publishers' publications are owed (sent with the acknowledgements to the new
-        record)."""
         self._soon: asyncio.Handle | None = None
 
     def took(self, durable: str, received: Received) -> None:
         """The application took ``received`` of durable subscription ``durable``: it is
         acknowledged at the loop's next pass (with what else was taken)."""
         key = (received.publisher, received.session)
-        taken = self._taken.setdefault(durable, LastSeen())
+        taken = self._progress.setdefault(durable, DurableProgress()).taken
         taken.saw(received.publisher, received.session, received.seq)
         self._unacked.setdefault(durable, {})[key] = taken[key]
         self._send_soon()
@@ -56,37 +51,35 @@ class DurableAcks:
     def claimed(self, durable: str, since: Iterable[tuple[str, int, int]], after: float) -> None:
         """``durable``'s record was found: what it says was taken (``since``), and the
         time from which other publishers' publications are owed."""
-        self._taken.setdefault(durable, LastSeen()).saw_all(since)
-        self._record[durable] = LastSeen(((p, s), q) for p, s, q in since)
-        self._owed_after[durable] = after
+        self._progress.setdefault(durable, DurableProgress()).claimed(since, after)
 
     def failed_over(self, durables: Iterable[str], after: float) -> None:
         """The connection failed over and replays from ``after``: each of ``durables``'
         record at the new host owes from then (:func:`owed_after_failover`), so that a
         process that ends before the replay is answered is owed it by its next claim."""
         for durable in durables:
-            self._owed_after[durable] = owed_after_failover(self._owed_after.get(durable), after)
+            self._progress.setdefault(durable, DurableProgress()).failed_over(after)
 
     def offer(self, stream: DurableStream, received: Received, size: int) -> None:
         """Hand ``received`` to ``stream``, unless ``stream`` is durable and the record it
         claimed says a process before this one took it: a copy that came late (held for
         a link that was down) to the subscription made anew (counted in
         :attr:`covered`)."""
-        record = self._record.get(stream.durable) if stream.durable is not None else None
-        if record is not None:
-            last = record.get((received.publisher, received.session))
-            if last is not None and received.seq <= last:
-                self.covered += 1
-                return
+        progress = self._progress.get(stream.durable) if stream.durable is not None else None
+        if progress is not None and progress.covers(
+            received.publisher, received.session, received.seq
+        ):
+            self.covered += 1
+            return
         stream.offer(received, size)
 
     def ack_all(self, durables: Iterable[str]) -> None:
         """Acknowledge each of ``durables``' whole record again (its new host keeps a
         record of its own after a fail-over or a move)."""
         for durable in set(durables):
-            taken = self._taken.get(durable)
-            if taken or durable in self._owed_after:
-                self._unacked.setdefault(durable, {}).update(taken or {})
+            progress = self._progress.get(durable)
+            if progress is not None and (progress.taken or progress.owed_after is not None):
+                self._unacked.setdefault(durable, {}).update(progress.taken)
         if self._unacked:
             self._send_soon()
 
@@ -104,6 +97,7 @@ class DurableAcks:
                 "durable": durable,
                 "since": [[p, s, q] for (p, s), q in taken.items()],
             }
-            if durable in self._owed_after:
-                message["after"] = self._owed_after[durable]
+            owed_after = self._progress[durable].owed_after
+            if owed_after is not None:
+                message["after"] = owed_after
             self.send(message)

@@ -18,7 +18,7 @@ from octopis.client.durable_acks import DurableAcks
 from octopis.client.errors import BrokerError
 from octopis.client.replay import History, ReplayGap, Seam
 from octopis.client.replay_log import ReplayLog
-from octopis.client_policy import resume_from
+from octopis.client_policy import claim_gap, resume_from
 from octopis.filters.language import Subscription
 from octopis.wire import claimed_records
 
@@ -76,12 +76,8 @@ class PastRequests:
         summary = seam.next_request() or {}
         claimed = summary.get("claimed", [])
         silent = tuple(summary.get("silent", ()))
-        if silent or (error and not claimed):  # a silent broker may keep it, or a fresher copy
-            why = error or (
-                "a fresher copy of its record may be kept at a broker that did not answer"
-                if claimed
-                else "its record may be kept at a broker that did not answer"
-            )
+        why = claim_gap(bool(claimed), silent, error)
+        if why is not None:
             self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
         if not claimed:
             self.let_go(seam)

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from octopis.client.deliveries import Received
-from octopis.client_policy import RecentDeliveries, join_at_seam
+from octopis.client_policy import RecentDeliveries
 from octopis.wire import delivery_fields
 
 
@@ -64,14 +64,7 @@ def join_replayed(
     record decides, and now records them; and ``also``, given publisher, session and
     sequence number), in publisher order; and how many replayed ones were repeats."""
     now = time.time()
-
-    def first_time(item: tuple[Received, int]) -> bool:
-        key = publisher_order(item)
-        return group.first_time((name, *key), now) & also(key)
-
-    joined = join_at_seam(live, replayed(name, bodies, now), publisher_order, first_time)
-    group.forget_old(now)
-    return joined
+    return group.join(name, live, replayed(name, bodies, now), publisher_order, now, also)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from octopis.client.deliveries import Received
 from octopis.client.replay import ReplayGap, Seam, join_replayed
-from octopis.client_policy import RecentDeliveries
+from octopis.client_policy import RecentDeliveries, still_silent
 
 log = logging.getLogger("octopis.client")
 
@@ -134,8 +134,7 @@ class ReplayLog:
             {k: message.get(k) for k in ("answered", "silent", "unstored", "gaps", "published")}
         )
         outstanding = record["outstanding"]
-        outstanding.difference_update(message.get("answered", ()))
-        outstanding.update(set(message.get("silent", ())) - set(message.get("answered", ())))
+        still_silent(outstanding, message.get("answered", ()), message.get("silent", ()))
         if not outstanding and record in self.awaiting_late:
             self.awaiting_late.remove(record)
             record["delivered"] = set()

@@ -14,9 +14,14 @@ drops it); a record left past ``keep`` is abandoned and counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from octopis.client_policy import LastSeen, replay_after
-from octopis.core.replay import Claimed
+from octopis.core.replay import Claimed, Replay, ReplayAction, ReplayRounds
+
+SAVE_EVERY = 1.0
+"""Seconds within which a broker writes the records acknowledgements changed (a record
+made, left, claimed, moved or ended is written at once)."""
 
 
 def claim_of(client: str, name: str) -> str:
@@ -28,6 +33,25 @@ def claimed_ident(claim: str) -> tuple[str, str]:
     """(client, durable name) of a replay request's ``claim``."""
     client, _, name = claim.partition("\x1f")
     return client, name
+
+
+class Withdraw(NamedTuple):
+    """End the subscription ``sub_id`` that client ``client`` (its connection ``key``)
+    holds here: its durable record was claimed by another connection."""
+
+    key: str
+    client: str
+    sub_id: str
+
+
+class ClaimAnswer(NamedTuple):
+    """What a broker does with a claim that reached it (:meth:`Durables.answer_claim`):
+    ``withdraw`` a subscription held here for another connection, ``save`` its records
+    at once (one was handed over), and carry out ``actions`` (its part of the round)."""
+
+    withdraw: Withdraw | None
+    save: bool
+    actions: list[ReplayAction]
 
 
 class DurableError(ValueError):
@@ -189,6 +213,24 @@ class Durables:
         self.stats["durable.claimed"] += 1
         return record
 
+    def answer_claim(
+        self, rounds: ReplayRounds, request: Replay, requester: str | None, now: float
+    ) -> ClaimAnswer:
+        """This broker's answer to a claim (a :class:`~octopis.core.replay.ClaimRecord`
+        of ``rounds``) at wall time ``now``: the record kept here is handed over in the
+        round's echo (:meth:`claim`; ``requester``, the connection key of the client that
+        asked at the host, counts only at the host); a subscription of it still held here
+        by another connection is withdrawn, and the records are written at once."""
+        key = requester if request.host == self.id else None
+        record = self.claim(*claimed_ident(request.claim), key, now)
+        if record is None:
+            return ClaimAnswer(None, False, rounds.stored(request.req_id, [], []))
+        withdraw = None
+        if record.key is not None and record.key != key and record.sub_id is not None:
+            withdraw = Withdraw(record.key, record.client, record.sub_id)
+        claimed = (record.claimed(self.id, now),)
+        return ClaimAnswer(withdraw, True, rounds.stored(request.req_id, [], [], claimed=claimed))
+
     def expire(self, now: float) -> list[DurableRecord]:
         """Records whose client has been away past ``keep``: abandoned, forgotten."""
         gone = [r for r in self.records.values() if r.away is not None and now - r.away > self.keep]
@@ -201,7 +243,9 @@ class Durables:
 
     def restore(self, record: DurableRecord) -> None:
         """A record read back from disk at start: its client is away (since it was last
-        heard, or since the broker stopped)."""
+        heard, or, if it was attached when written, since the record was last updated)."""
+        if record.away is None:
+            record.away = record.updated
         record.key = record.sub_id = None
         record.new = False
         self.records[(record.client, record.name)] = record

@@ -29,7 +29,11 @@ bytes; a store that cut its answer is named in the echo's ``truncated``), and, w
 broker holding it hands it over in its echo (``claimed``) and forgets it.
 
 Nothing here reads a clock or does I/O: the shell passes ``now`` and says which of the
-SBP targets are up (:data:`Targets`).
+SBP targets are up (:data:`Targets`). The rounds decide the rest: when the shell calls
+:meth:`ReplayRounds.expire` (:class:`ExpireAt`), whether it asks its store
+(:class:`QueryStore`) or its durable records (:class:`ClaimRecord`, answered by
+:meth:`octopis.core.durable.Durables.answer_claim`), and, on a broker without a store,
+the unstored answer itself.
 """
 
 from __future__ import annotations
@@ -126,8 +130,22 @@ class ReplayEcho:
 ReplayMessage = Replay | ReplayData | ReplayEcho
 
 
+class ExpireAt(NamedTuple):
+    """Call :meth:`ReplayRounds.expire` at ``deadline`` (the shell's clock; a round taken
+    waits its request's budget for its neighbours' echoes)."""
+
+    deadline: float
+
+
 class QueryStore(NamedTuple):
     """Ask this broker's store for ``request``; report with :meth:`ReplayRounds.stored`."""
+
+    request: Replay
+
+
+class ClaimRecord(NamedTuple):
+    """Look for the durable record ``request`` claims among this broker's records: the
+    shell has :meth:`octopis.core.durable.Durables.answer_claim` answer it."""
 
     request: Replay
 
@@ -150,7 +168,7 @@ class ReplayDone(NamedTuple):
     late: bool = False
 
 
-ReplayAction = Forward | QueryStore | ReplayDeliver | ReplayDone
+ReplayAction = Forward | ExpireAt | QueryStore | ClaimRecord | ReplayDeliver | ReplayDone
 
 Targets = Callable[
     [str | None, SubState], tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]
@@ -202,14 +220,19 @@ class ReplayRounds:
     """The replay requests one broker takes part in (at most ``limit`` at once; the oldest
     is ended early, its missing echoes reported as silent, past it) and those it finished
     (remembered, up to ``limit``, to answer a repeated copy with a seen echo).
-    ``targets`` says where a request goes on (:data:`Targets`)."""
+    ``targets`` says where a request goes on (:data:`Targets`); without a store
+    (``has_store`` False: retention is off here) a request is answered at once as
+    unstored, and a claim's echo names this broker unstored too."""
 
-    def __init__(self, broker_id: str, targets: Targets, limit: int = REPLAY_ROUNDS) -> None:
+    def __init__(
+        self, broker_id: str, targets: Targets, limit: int = REPLAY_ROUNDS, has_store: bool = True
+    ) -> None:
         if limit < 1:
             raise ValueError("replay rounds need a positive limit")
         self.id = broker_id
         self.targets = targets
         self.limit = limit
+        self.has_store = has_store
         self.rounds: OrderedDict[str, _Round] = OrderedDict()
         self.finished: OrderedDict[str, str | None] = OrderedDict()
         """Requests completed here → the neighbour they came from (None at the host):
@@ -313,20 +336,19 @@ class ReplayRounds:
         notifications: list[Notification],
         gaps: list[Gap],
         *,
-        has_store: bool = True,
         truncated: bool = False,
         claimed: tuple[Claimed, ...] = (),
     ) -> list[ReplayAction]:
         """This broker's store answered ``req_id`` with ``notifications`` (in publisher
-        order; the last page if :meth:`part` sent others) and ``gaps``; ``has_store``
-        False: retention is off here; ``truncated``: the answer stopped at the request's
-        bounds; ``claimed``: the durable record a claim found here."""
+        order; the last page if :meth:`part` sent others) and ``gaps`` (none, without a
+        store); ``truncated``: the answer stopped at the request's bounds; ``claimed``:
+        the durable record a claim found here."""
         round_ = self.rounds.get(req_id)
         if round_ is None:
             return []
         out = self.part(req_id, notifications)
         round_.stored = True
-        (round_.answered if has_store else round_.unstored).append(self.id)
+        (round_.answered if self.has_store else round_.unstored).append(self.id)
         round_.gaps += gaps
         if truncated:
             round_.truncated.append(self.id)
@@ -377,15 +399,22 @@ class ReplayRounds:
             out += self._echo_if_complete(old_id, old)
         self.stats["replay.rounds"] += 1
         live, down = self.targets(parent, request.state)
+        deadline = now + request.budget
         self.rounds[request.req_id] = _Round(
-            request, parent, {n for n, _ in live}, now + request.budget, silent=[n for n, _ in down]
+            request, parent, {n for n, _ in live}, deadline, silent=[n for n, _ in down]
         )
         budget = request.budget * BUDGET_SHRINK
         out += [Forward(n, replace(request, budget=budget, state=state)) for n, state in live]
         # A neighbour that is down is reported silent at once, but gets the request too:
         # it waits with the subscriptions held for it and is answered late, if ever.
         out += [Forward(n, replace(request, budget=budget, state=s)) for n, s in down]
-        out.append(QueryStore(request))
+        out.append(ExpireAt(deadline))
+        if request.claim:
+            out.append(ClaimRecord(request))
+        elif self.has_store:
+            out.append(QueryStore(request))
+        else:
+            out += self.stored(request.req_id, [], [])
         return out
 
     def _echo_if_complete(self, req_id: str, round_: _Round) -> list[ReplayAction]:

@@ -32,20 +32,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octopis.client_policy import (
+    DurableProgress,
     FromPoints,
-    LastSeen,
     RecentDeliveries,
-    failover_order,
-    join_at_seam,
-    owed_after_failover,
+    claim_gap,
     resume_from,
+    still_silent,
 )
 from octopis.client_policy import replay_after as failover_after
 from octopis.core import Notification
-from octopis.core.durable import Durables, claim_of, claimed_ident
+from octopis.core.durable import SAVE_EVERY, Durables, claim_of
 from octopis.core.replay import (
+    ClaimRecord,
     Gap,
-    QueryStore,
     Replay,
     ReplayAction,
     ReplayDeliver,
@@ -64,8 +63,6 @@ from octopis.sim.replaying import Seam, publisher_order
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
-SAVE_EVERY = 1.0
-"""Seconds within which a broker writes what acknowledgements changed (``maintain``)."""
 
 
 @dataclass
@@ -87,13 +84,11 @@ class DurableClient:
     claiming: bool = False
     """The seam's request is a claim (not yet a replay)."""
     record: RecentDeliveries = field(default_factory=RecentDeliveries)
-    taken: LastSeen = field(default_factory=LastSeen)
-    """What the application took in this run (acknowledged)."""
+    progress: DurableProgress = field(default_factory=DurableProgress)
+    """What the application took in this run (acknowledged), what the record it claimed
+    says was taken (a live delivery it covers is dropped), from when its host's record
+    owes the rest: the SDK's."""
     last_seen: FromPoints = field(default_factory=FromPoints)
-    owed_after: float | None = None
-    claimed: LastSeen | None = None
-    """What the record this run claimed says was taken (the SDK drops a live delivery
-    it covers)."""
     since: float = 0.0
     """When this run first subscribed (a fail-over's replay starts no earlier)."""
     away: list[tuple[float, float]] = field(default_factory=list)
@@ -185,8 +180,8 @@ class DurableSimulator(Simulator):
     def _durable_run(self, c: DurableClient, broker: str) -> None:
         """A new process of ``c`` at ``broker``: it subscribes and claims its record."""
         c.run += 1
-        c.record, c.taken, c.last_seen = RecentDeliveries(), LastSeen(), FromPoints()
-        c.owed_after, c.since, c.claimed = None, self.now, None
+        c.record, c.progress, c.last_seen = RecentDeliveries(), DurableProgress(), FromPoints()
+        c.since = self.now
         if c.left is not None:
             c.away.append((c.left, self.now))
             c.left = None
@@ -229,10 +224,10 @@ class DurableSimulator(Simulator):
 
     def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]]) -> None:
         """``c`` acknowledges to its host (at the loop's next pass: now)."""
-        host = c.host
+        host, owed = c.host, c.progress.owed_after
         if host is None or (self.failures is not None and host in self.failures.dead):
             return
-        if not self.durable_records[host].ack(c.name, NAME, since, self.now, c.owed_after):
+        if not self.durable_records[host].ack(c.name, NAME, since, self.now, owed):
             c.counts["acks_refused"] += 1
         elif host not in self._writing:
             self._writing.add(host)
@@ -245,10 +240,9 @@ class DurableSimulator(Simulator):
         if c is None:
             super().take(subscriber, n)
             return
-        if not c.record.first_time((c.name, n.publisher, n.session, n.seq), self.now):
+        if not c.record.took((c.name, *publisher_order(n)), self.now):
             c.counts["repeats"] += 1
             return
-        c.record.forget_old(self.now)
         if c.seam is not None:
             c.seam.live.append(n)
         else:
@@ -257,24 +251,20 @@ class DurableSimulator(Simulator):
     def _durable_took(self, c: DurableClient, n: Notification) -> None:
         """The application took ``n``: recorded, and acknowledged; unless the record
         ``c`` claimed says an earlier run took it (the SDK drops it)."""
-        last = c.claimed.get((n.publisher, n.session)) if c.claimed is not None else None
-        if last is not None and n.seq <= last:
+        if c.progress.covers(n.publisher, n.session, n.seq):
             c.counts["covered"] += 1
             return
         c.received[n.key] += 1
         if c.host is not None:
             c.taken_at.setdefault(n.key, (c.host, self.now))
         c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
-        c.taken.saw(n.publisher, n.session, n.seq)
+        c.progress.taken.saw(n.publisher, n.session, n.seq)
         self._durable_ack(c, [(n.publisher, n.session, n.seq)])
 
     def _durable_join(
         self, c: DurableClient, live: list[Notification], replayed: list[Notification]
     ) -> None:
-        def first_time(n: Notification) -> bool:
-            return c.record.first_time((c.name, n.publisher, n.session, n.seq), self.now)
-
-        joined, repeats = join_at_seam(live, replayed, publisher_order, first_time)
+        joined, repeats = c.record.join(c.name, live, replayed, publisher_order, self.now)
         c.counts["repeats"] += repeats
         from_replay = {n.key for n in replayed}
         for n in joined:
@@ -298,7 +288,6 @@ class DurableSimulator(Simulator):
         restored = Durables(broker, records.keep, records.limit)
         restored.stats = records.stats
         for record in copy.deepcopy(self._written[broker]):
-            record.away = record.away if record.away is not None else record.updated
             restored.restore(record)
         self.durable_records[broker] = restored
         self._writing.discard(broker)
@@ -316,7 +305,7 @@ class DurableSimulator(Simulator):
             return
         died = self.now - CLIENT_LIVENESS
         self._connect(
-            failover_order([old, *self.scot.failover_order(old)], old),
+            self._failover_list(old, old),
             lambda: c.host == old and c.run == run,
             lambda new: self._durable_failed_over(c, old, new, died),
         )
@@ -332,9 +321,9 @@ class DurableSimulator(Simulator):
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
         after = failover_after(c.since, died)
-        c.owed_after = owed_after_failover(c.owed_after, after)
+        c.progress.failed_over(after)
         self._attach_durable(c, new)
-        self._durable_ack(c, c.taken.since())
+        self._durable_ack(c, c.progress.taken.since())
         c.seam, c.claiming = Seam(""), False
         replay = Replay("", new, (c.subscription.to_text(),), tuple(c.last_seen.since(died)), after,
                         REPLAY_BUDGET)  # fmt: skip
@@ -352,7 +341,7 @@ class DurableSimulator(Simulator):
             super()._carry_out_replay(broker, actions)
             return
         for action in actions:
-            if type(action) is QueryStore and action.request.claim:
+            if type(action) is ClaimRecord:
                 self._durable_claim(broker, action.request)
             elif (
                 type(action) in (ReplayDeliver, ReplayDone) and action.req_id in self._durable_reqs
@@ -362,22 +351,18 @@ class DurableSimulator(Simulator):
                 super()._carry_out_replay(broker, [action])
 
     def _durable_claim(self, broker: str, request: Replay) -> None:
-        """The shell's ``_claim``: the record kept here handed over (a subscription of it
-        still attached here, for another connection, withdrawn)."""
-        self.at(self.now + request.budget, self._replay_expire, broker)
+        """The shell's ``_claim``: the node's answer
+        (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
         owner = self._durable_reqs.get(request.req_id)
         c = self.durable_clients.get(owner[0]) if owner is not None else None
-        key = c.key if c is not None and request.host == broker else None
-        record = self.durable_records[broker].claim(*claimed_ident(request.claim), key, self.now)
-        claimed = ()
-        if record is not None:
-            claimed = (record.claimed(broker, self.now),)
-            held = record.sub_id
-            if record.key not in (None, key) and held is not None:  # another connection's
-                self._withdraw_held(broker, record.client, held)
+        answer = self.durable_records[broker].answer_claim(
+            self._rounds(broker), request, c.key if c is not None else None, self.now
+        )
+        if answer.withdraw is not None:
+            self._withdraw_held(broker, answer.withdraw.client, answer.withdraw.sub_id)
+        if answer.save:
             self._durable_write(broker)
-        rounds = self._rounds(broker)
-        self._carry_out_replay(broker, rounds.stored(request.req_id, [], [], claimed=claimed))
+        self._carry_out_replay(broker, answer.actions)
 
     def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
         """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its
@@ -404,27 +389,26 @@ class DurableSimulator(Simulator):
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
         else:  # a replay's gap shrinks as its own silent parts answer late
-            gap = c.replay_gaps.setdefault(action.req_id, set())
-            gap.difference_update(echo.answered)
-            gap.update(echo.silent)
+            still_silent(c.replay_gaps.setdefault(action.req_id, set()), echo.answered, echo.silent)
         if not current:
             return
         if not c.claiming:
             self._end_durable_seam(c)
             return
         c.claiming = False
-        if echo.silent:  # its record, or a fresher copy than any found, may be kept there
-            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent")
+        why = claim_gap(bool(echo.claimed), echo.silent)
+        if why is not None:
+            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {why}")
         if not echo.claimed:  # a new record
             self._end_durable_seam(c)
             return
-        best, since, after = resume_from(echo.claimed)
-        c.taken.saw_all(since)
-        c.claimed = LastSeen(((p, s), q) for p, s, q in since)
-        c.owed_after = after
+        _, since, after = resume_from(echo.claimed)
+        c.progress.claimed(since, after)
         c.counts["claimed"] += 1
-        self._durable_ack(c, c.taken.since())
-        replay = Replay("", c.host, best.filters, tuple(since), after, HISTORIC_BUDGET)
+        self._durable_ack(c, c.progress.taken.since())
+        # as the SDK: its own subscription from what the record says was taken
+        filters = (c.subscription.to_text(),)
+        replay = Replay("", c.host, filters, tuple(since), after, HISTORIC_BUDGET)
         self._durable_request(c, replay)
 
     def _durable_write(self, broker: str) -> None:

@@ -34,12 +34,13 @@ from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
     failover_order,
-    join_at_seam,
     replay_after,
+    still_silent,
 )
 from octopis.core import Forward, Notification, SubState
 from octopis.core.durable import Durables
 from octopis.core.replay import (
+    ExpireAt,
     Gap,
     QueryStore,
     Replay,
@@ -189,10 +190,16 @@ class SubscriberFailover:
             return
         first = self.first_home.get(subscriber, old)
         self._connect(
-            failover_order([first, *self.scot.failover_order(first)], old),
+            self._failover_list(first, old),
             lambda: self._home.get(subscriber) == old,
             lambda new: self._failed_over(subscriber, old, new, died),
         )
+
+    def _failover_list(self, first: str, old: str) -> list[str]:
+        """The SDK's order (:func:`~octopis.client_policy.failover_order`) away from
+        ``old`` along the broker list of a client that began at ``first`` (the topology's
+        fail-over list of ``first``, after it)."""
+        return failover_order([first, *self.scot.failover_order(first)], old)
 
     def _connect(
         self,
@@ -290,9 +297,10 @@ class SubscriberFailover:
         for action in actions:
             if type(action) is Forward:
                 self._dispatch(broker, [action])
+            elif type(action) is ExpireAt:
+                self.at(action.deadline, self._replay_expire, broker)
             elif type(action) is QueryStore:
                 request = action.request
-                self.at(self.now + request.budget, self._replay_expire, broker)
                 found, gaps, truncated = self.retention.answer(broker, request)
                 rounds = self._rounds(broker)
                 self._carry_out_replay(
@@ -321,8 +329,7 @@ class SubscriberFailover:
                 # narrows its gap (another replay asks from elsewhere, for other ranges).
                 gaps = self._gaps_by_request.setdefault(subscriber, {})
                 gap = gaps.setdefault(action.req_id, set())
-                gap.difference_update(action.echo.answered)
-                gap.update(action.echo.silent)  # a late part may be silent past itself
+                still_silent(gap, action.echo.answered, action.echo.silent)
                 if not gap:  # nothing missing: nothing to keep for this request
                     del gaps[action.req_id]
                 self.replay_gaps[subscriber] = set().union(*gaps.values())
@@ -353,14 +360,12 @@ class SubscriberFailover:
         """A live delivery to ``subscriber``, which keeps a record (it failed over or is
         moving): a repeat is dropped (counted ``replay.repeats`` after a fail-over,
         ``moves.absorbed`` otherwise), the rest held while a replay is under way."""
-        record = self.records[subscriber]
-        if not record.first_time((subscriber, n.publisher, n.session, n.seq), self.now):
+        if not self.records[subscriber].took((subscriber, *publisher_order(n)), self.now):
             if subscriber in self.failed_over:
                 self.replay_counts["repeats"] += 1
             else:
                 self.moves["absorbed"] += 1
             return
-        record.forget_old(self.now)
         seam = self.seams.get(subscriber)
         if seam is not None:
             seam.live.append(n)
@@ -392,16 +397,11 @@ class SubscriberFailover:
         self, subscriber: str, live: list[Notification], replayed: list[Notification]
     ) -> None:
         record = self.records[subscriber]
-
-        def first_time(n: Notification) -> bool:
-            return record.first_time((subscriber, n.publisher, n.session, n.seq), self.now)
-
-        joined, repeats = join_at_seam(live, replayed, publisher_order, first_time)
+        joined, repeats = record.join(subscriber, live, replayed, publisher_order, self.now)
         self.replay_counts["repeats"] += repeats
         for n in joined:
             self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
             self.saw(subscriber, n)
-        record.forget_old(self.now)
 
     def replay_report(self) -> dict[str, Any]:
         """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""

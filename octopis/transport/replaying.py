@@ -25,9 +25,11 @@ from pathlib import Path
 import msgspec
 
 from octopis.client_policy import LastSeen
-from octopis.core.durable import DurableRecord, Durables, claim_of, claimed_ident
+from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
+    ClaimRecord,
+    ExpireAt,
     QueryStore,
     Replay,
     ReplayAction,
@@ -101,7 +103,6 @@ class Replaying:
         self.retention, self.durable = retention, durable
         """``[retention]`` and ``[durable]``."""
         self._warn = RateLimitedLog(log, log_interval)
-        self.rounds = ReplayRounds(broker_id, targets, retention.replay_rounds)
         self.durables = Durables(broker_id, durable.keep, durable.max)
         self._queued, self._withdraw = queued, withdraw
         """``queued(neighbour)``: frames waiting on the link toward it (None: the
@@ -124,9 +125,12 @@ class Replaying:
                         r.after,
                         r.updated,
                         LastSeen(((p, s), q) for p, s, q in r.since),
-                        away=r.away if r.away is not None else r.updated,
+                        away=r.away,
                     )
                 )
+        self.rounds = ReplayRounds(
+            broker_id, targets, retention.replay_rounds, has_store=self.store is not None
+        )
         self._send, self._notify = send, notify
         self._receipts: list[PublishReceipt] = []
         """Confirms that wait for the next commit."""
@@ -307,10 +311,11 @@ class Replaying:
         return True
 
     async def maintain(self) -> None:
-        """Every second: write the durable records acknowledgements changed, and abandon
-        those whose client has been away past ``[durable] keep``."""
+        """Every :data:`~octopis.core.durable.SAVE_EVERY` seconds: write the durable
+        records acknowledgements changed, and abandon those whose client has been away
+        past ``[durable] keep``."""
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(SAVE_EVERY)
             for record in self.durables.expire(time.time()):
                 log.warning(
                     "%s: durable subscription %s of %s abandoned: its client has been away "
@@ -359,9 +364,12 @@ class Replaying:
         for action in actions:
             if type(action) is Forward:
                 self._send(action.link, action.message)
+            elif type(action) is ExpireAt:
+                self._expire_at(action.deadline)
             elif type(action) is QueryStore:
-                self._expire_at(time.monotonic() + action.request.budget)
                 self._query(action.request)
+            elif type(action) is ClaimRecord:
+                self._claim(action.request)
             elif type(action) is ReplayDeliver:
                 key = self.requesters.get(action.req_id)
                 bodies = [encode_body(n) for n in action.notifications]
@@ -400,12 +408,7 @@ class Replaying:
                     )
 
     def _query(self, request: Replay) -> None:
-        if request.claim:
-            self._claim(request)
-            return
-        if self.store is None:
-            self._carry_out(self.rounds.stored(request.req_id, [], [], has_store=False))
-            return
+        assert self.store is not None  # the rounds ask only a broker that has one
         self.commit()
         retention = self.retention
         answer = StoreAnswer(self.store, request, retention.answer_max, retention.answer_bytes)
@@ -451,23 +454,16 @@ class Replaying:
         )
 
     def _claim(self, request: Replay) -> None:
-        """A claim of a durable record: handed over if kept here (its subscription here,
-        still held by a client that has not been dropped yet, is withdrawn)."""
-        client, name = claimed_ident(request.claim)
-        key = self.requesters.get(request.req_id) if request.host == self.id else None
-        now = time.time()
-        record = self.durables.claim(client, name, key, now)
-        claimed = ()
-        if record is not None:
-            claimed = (record.claimed(self.id, now),)
-            if record.key is not None and record.key != key and record.sub_id is not None:
-                self._withdraw(record.key, record.sub_id)
-            self.save_durables()
-        self._carry_out(
-            self.rounds.stored(
-                request.req_id, [], [], has_store=self.store is not None, claimed=claimed
-            )
+        """A claim of a durable record: the node's answer
+        (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
+        answer = self.durables.answer_claim(
+            self.rounds, request, self.requesters.get(request.req_id), time.time()
         )
+        if answer.withdraw is not None:
+            self._withdraw(answer.withdraw.key, answer.withdraw.sub_id)
+        if answer.save:
+            self.save_durables()
+        self._carry_out(answer.actions)
 
 
 def durable_list(durables: Durables, limit: int) -> list[dict[str, object]]:
