@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from laws import scots
+from laws import scots, sized
 from test_advertisements import ADVERTS, LATENCY, SETTLE, Op, replay
 from test_covering_laws import _subscription_text, churn_ops
 
@@ -131,7 +131,7 @@ def _sbp(sim: Simulator) -> int:
     return sim.report()["sbp_messages"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=sized(15, 60), deadline=None)
 @given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 2**16), st.booleans())
 def test_covering_with_advertisements_delivers_what_the_papers_sbp_delivers(
     scot: Scot, mode: str, seed: int, fail: bool
