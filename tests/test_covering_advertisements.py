@@ -152,9 +152,10 @@ def test_covering_with_advertisements_delivers_what_the_papers_sbp_delivers(
 def test_every_restart_of_fig2_with_covering_and_advertisements(mode: str) -> None:
     """Every broker of fig2 killed mid-churn and restarted: its neighbours hand it their
     advertisements and what the combined rule sends it, it passes its cluster's on, and
-    every subscriber gets what it gets with both off."""
+    every subscriber gets what it gets with both off. (At the quick size, ``sized``,
+    every third broker.)"""
     passed_on = 0
-    for victim in sorted(FIG2.brokers):
+    for victim in sorted(FIG2.brokers)[:: sized(3, 1)]:
         ops = scenario(FIG2, 5, victim=victim)
         neither = run(FIG2, mode, ops, covering=False, advertisements=False, victim=victim)
         both = run(FIG2, mode, ops, covering=True, advertisements=True, victim=victim)

@@ -49,13 +49,30 @@ open, pytest skips it for its empty parameter set). A fixed seed goes to
 :func:`test_the_seeds_that_found_bugs_pass`."""
 
 
+SWEPT = pytest.mark.xdist_group("nemesis-seeds")
+"""The sweep and the tests that look again at the verdicts of drawn seeds share one worker,
+and with it :func:`_verdict`'s verdicts."""
+_VERDICTS: dict[tuple[int, tuple[str, ...]], nemesis.Verdict] = {}
+
+
+def _verdict(seed: int, presets: tuple[str, ...] = ("fig2",)) -> nemesis.Verdict:
+    """``run(draw(seed, presets=presets))`` on the nodes as written, run once per worker (a
+    seed replays exactly: :func:`test_a_seed_replays_exactly`). Never under a
+    monkeypatch: the tests that break a node on purpose run their seeds afresh."""
+    key = (seed, presets)
+    if key not in _VERDICTS:
+        _VERDICTS[key] = run(draw(seed, presets=presets))
+    return _VERDICTS[key]
+
+
+@SWEPT
 @pytest.mark.parametrize("first", range(0, SEEDS, CHUNK))
 def test_the_seeds_pass(first: int) -> None:
     """Each seed of the chunk: exactly once for every subscriber, or the loss counted
     with its reason or reported to it as a gap; nothing held for a neighbour that is back."""
     failing = {}
     for seed in (s for s in range(first, first + CHUNK) if s not in OPEN):
-        verdict = run(draw(seed, presets=("fig2", "paper75") if seed % 10 == 9 else ("fig2",)))
+        verdict = _verdict(seed, ("fig2", "paper75") if seed % 10 == 9 else ("fig2",))
         assert verdict.expected > 0 or not verdict.scenario.publications
         if not verdict.passed:
             failing[seed] = verdict.problems
@@ -297,11 +314,12 @@ def test_a_publisher_clock_behind_loses_nothing() -> None:
     assert verdict.expected > 0 and verdict.silent == 0
 
 
+@SWEPT
 def test_historic_queries_are_drawn_and_answered() -> None:
     """The seeds ask historic queries, and their answers count in the verdicts."""
     scenarios = [draw(seed) for seed in range(40)]
     assert sum(len(s.historics) for s in scenarios) >= 20
-    verdicts = [run(s) for s in scenarios if s.historics]
+    verdicts = [_verdict(s.seed) for s in scenarios if s.historics]
     assert all(v.passed for v in verdicts)
     assert sum(v.expected for v in verdicts) > sum(v.lost for v in verdicts)
 
@@ -608,6 +626,7 @@ def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], fou
     assert verdict.passed, (found, verdict.problems)
 
 
+@SWEPT
 def test_composite_subscribers_are_drawn_and_hold_to_their_contract() -> None:
     """Composite subscribers of every form (a pair in a window, a pair of equal values,
     either of two parts) are drawn, hosted by the node's own composite hosting and held
@@ -619,7 +638,7 @@ def test_composite_subscribers_are_drawn_and_hold_to_their_contract() -> None:
     assert any("within" in t and "$" not in t for t in texts)
     totals = dict.fromkeys(("expected", "delivered", "duplicated", "lost", "silent"), 0)
     for scenario in scenarios:
-        verdict = run(scenario)
+        verdict = _verdict(scenario.seed)
         assert verdict.passed, (scenario.seed, verdict.problems)
         for key in totals:
             totals[key] += verdict.kinds["composite"][key]
@@ -677,6 +696,7 @@ def _store_seeds(seeds: range) -> dict[str, list[int]]:
     return drawn
 
 
+@SWEPT
 def test_store_faults_are_drawn_and_pass() -> None:
     """A disk full for a while and a power failure (its store run with ``sync`` normal,
     and full) are drawn, and every such seed passes: what a full disk refused is counted
@@ -689,7 +709,7 @@ def test_store_faults_are_drawn_and_pass() -> None:
     totals: dict[tuple[str, str], int] = {}
     for kind, seeds in drawn.items():
         for seed in seeds:
-            verdict = run(draw(seed))
+            verdict = _verdict(seed)
             assert verdict.passed, (seed, verdict.problems)
             for key in ("confirmed", "refused", "store_lost"):
                 totals[kind, key] = totals.get((kind, key), 0) + verdict.stores[key]
