@@ -35,7 +35,7 @@ from octopis.shapes import SHAPES, selectivity
 
 SHAPE_EXAMPLES, MIXED_EXAMPLES = sized((1, 3), (5, 10))
 """Examples per shape and of the mixed workload."""
-LARGE_PUBLICATIONS = sized(20, 60)
+LARGE_PUBLICATIONS = sized(10, 60)
 """Publications the large workload matches at each step (its 10,300 subscriptions stay)."""
 ATTRS = ["a", "b", "c"]
 STRINGS = ["", "a", "ab", "abc", "b", "ba", "B", "é", "\ud800", "ab\x00"]

@@ -219,12 +219,11 @@ def test_a_share_never_paid_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     share is whole (a heal during another neighbour's resync, drawn one seed in four):
     that neighbour goes on missing the share though their link carries. The draws make
     the situation: some seeds pay a share late."""
-    late = [
-        seed
+    late = any(
+        simulate(draw(seed))[0].report().get("failures", {}).get("shares_handed_late")
         for seed in range(100)
-        if simulate(draw(seed))[0].report().get("failures", {}).get("shares_handed_late")
-    ]
-    assert late, "no seed pays an owed share late"
+    )  # stops at the first such seed
+    assert late, "no seed of the first 100 pays an owed share late"
     monkeypatch.setattr(BrokerNode, "pay_owed_shares", lambda self: [])
     _caught(lambda p: "resync share" in p)
 
