@@ -4,8 +4,9 @@ and :func:`secure_fig2` (fig2's 18 broker processes with keys on), and the ``nam
 fixture (three hosts and a client host in network namespaces on one bridge).
 
 Tiers: a test that starts broker processes (or any OctopiS command as a process) is marked
-``processes``; one that runs Spark ``spark``, one that drives Chromium ``browser``; both of
-those count as ``processes`` too. ``pytest -m "not processes"`` is the quick tier. The
+``processes``; one that runs Spark ``spark``, one that drives Chromium ``browser``, one that
+reads the documentation site built by ``mkdocs build --strict`` ``site``; those count as
+``processes`` too. ``pytest -m "not processes"`` is the quick tier. The
 marks are kept honest by :func:`child_processes_follow_the_marks`: an unmarked test that
 starts such a process fails, naming the mark it needs."""
 
@@ -38,7 +39,7 @@ SERVER_WORDS: dict[str, tuple[str, ...]] = {
 }
 """A mark → words of a child process's command line that need it (``octopis`` covers the
 broker processes, the CLI and its commands run as processes)."""
-PROCESS_MARKS = ("spark", "browser")
+PROCESS_MARKS = ("spark", "browser", "site")
 """Marks that imply ``processes``: the quick tier leaves their tests out too."""
 
 
@@ -52,7 +53,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Spark and browser tests are process tests too; process tests run first (grouped
+    """Spark, browser and site tests are process tests too; process tests run first (grouped
     ones first of all), so the parallel workers start on the long ones and end on short
     ones (no lone long tail)."""
     for item in items:

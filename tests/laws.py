@@ -1,9 +1,16 @@
-"""Hypothesis profiles for the routing laws: ``dev`` (default, quick) and ``ci`` (what
-``.ci/run`` uses: more examples, larger SCOTs). Pick one with ``HYPOTHESIS_PROFILE``."""
+"""Hypothesis profiles for the routing laws, and the suite's one thoroughness knob.
+
+Two profiles: ``dev`` (the default: the quick tier and a developer's runs) and ``ci``
+(what ``.ci/run`` sets: the full suite). Pick one with ``HYPOTHESIS_PROFILE``. Every size
+of a test that is a matter of thoroughness — examples drawn, seeds swept, failures
+sampled, workload sizes — is written ``sized(quick, thorough)``: ``dev`` runs the quick
+size, ``ci`` the thorough one. Nothing else in the suite reads the profile, so
+``grep -n 'sized(' tests/`` lists everything the quick tier does less of."""
 
 from __future__ import annotations
 
 import os
+from typing import TypeVar
 
 import networkx as nx
 from hypothesis import HealthCheck, settings
@@ -12,8 +19,19 @@ from hypothesis import strategies as st
 from octopis.topology import Scot, build_scot
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
+THOROUGH = PROFILE == "ci"
+"""Whether this run is the full suite's (``ci``): the thorough sizes."""
+
+T = TypeVar("T")
+
+
+def sized(quick: T, thorough: T) -> T:
+    """A thoroughness knob: ``thorough`` under the ``ci`` profile, ``quick`` otherwise."""
+    return thorough if THOROUGH else quick
+
+
 settings.register_profile(
-    "dev", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile(
     "ci",
@@ -24,7 +42,7 @@ settings.register_profile(
 )
 settings.load_profile(PROFILE)
 
-MAX_REGIONS, MAX_CLUSTERS = (20, 6) if PROFILE == "ci" else (7, 4)
+MAX_REGIONS, MAX_CLUSTERS = sized((7, 4), (20, 6))
 """Largest SCOT the strategies draw: regions (tree vertices) × clusters."""
 
 

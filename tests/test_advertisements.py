@@ -19,7 +19,7 @@ from conditions import closing_control, until
 from conftest import secure_fig2
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from laws import scots
+from laws import scots, sized
 from test_covering import _values, subscriptions
 from test_covering_laws import Op
 
@@ -202,7 +202,7 @@ def _sent(sim: Simulator, kind: str) -> int:
     return sum(core.counts()[f"sent.{kind}"] for core in sim.cores.values())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=sized(25, 100), deadline=None)
 @given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 10**6), st.booleans())
 def test_advertisements_change_no_delivery(
     scot: Scot, mode: str, seed: int, congested: bool
@@ -304,7 +304,7 @@ def test_a_restarted_broker_gets_the_advertisements_and_subscriptions_it_needs(
         assert on.ledger.received == Counter(dict.fromkeys(off.ledger.expected, 1))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=sized(15, 60), deadline=None)
 @given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 10**6), st.booleans())
 def test_restarts_and_cuts_on_random_scots_change_no_delivery(
     scot: Scot, mode: str, seed: int, cut: bool

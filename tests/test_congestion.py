@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -49,7 +50,14 @@ def test_overload_schedule_windows() -> None:
             InjectedCongestion.from_schedule([bad], FIG2)
 
 
+BURST = pytest.mark.xdist_group("burst")
+"""The burst tests share one worker, and with it :func:`_burst`'s runs."""
+
+
+@functools.cache
 def _burst(mode: str, **limits: float) -> dict:
+    """The paper's burst on paper75 in ``mode`` with ``limits``: exactly once, its report
+    (run once per worker: the simulation is deterministic; callers only read it)."""
     workload = generate_workload(
         PAPER75,
         subscribers=1000,
@@ -66,6 +74,7 @@ def _burst(mode: str, **limits: float) -> dict:
     return report
 
 
+@BURST
 @pytest.mark.parametrize(
     "limits",
     [{"link_rate": 500.0}, {"broker_rate": 1500.0}],
@@ -81,6 +90,7 @@ def test_timed_burst_dnr_shortens_queues_and_delays(limits: dict[str, float]) ->
     assert dnr["dnr_kept_off"] > 500  # of 2,000 HRP notifications
 
 
+@BURST
 def test_timed_burst_with_bluedoves_order() -> None:
     """DNR with BlueDove's "least loaded" order (``TimedLinks(order=...)`` feeds every
     LST): still exactly once (checked in ``_burst``) and still keeping copies off the

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from laws import scots
+from laws import scots, sized
 from test_advertisements import ADVERTS, LATENCY, SETTLE, Op, replay
 from test_covering_laws import _subscription_text, churn_ops
 
@@ -131,7 +131,7 @@ def _sbp(sim: Simulator) -> int:
     return sim.report()["sbp_messages"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=sized(15, 60), deadline=None)
 @given(scots(), st.sampled_from(["snr", "dnr"]), st.integers(0, 2**16), st.booleans())
 def test_covering_with_advertisements_delivers_what_the_papers_sbp_delivers(
     scot: Scot, mode: str, seed: int, fail: bool
@@ -152,9 +152,10 @@ def test_covering_with_advertisements_delivers_what_the_papers_sbp_delivers(
 def test_every_restart_of_fig2_with_covering_and_advertisements(mode: str) -> None:
     """Every broker of fig2 killed mid-churn and restarted: its neighbours hand it their
     advertisements and what the combined rule sends it, it passes its cluster's on, and
-    every subscriber gets what it gets with both off."""
+    every subscriber gets what it gets with both off. (At the quick size, ``sized``,
+    every third broker.)"""
     passed_on = 0
-    for victim in sorted(FIG2.brokers):
+    for victim in sorted(FIG2.brokers)[:: sized(3, 1)]:
         ops = scenario(FIG2, 5, victim=victim)
         neither = run(FIG2, mode, ops, covering=False, advertisements=False, victim=victim)
         both = run(FIG2, mode, ops, covering=True, advertisements=True, victim=victim)

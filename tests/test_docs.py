@@ -245,8 +245,11 @@ root's) or names a machine's own directories."""
 CITED = re.compile(r'<a href="([^"]*)architecture/#design-(\d+)">§(\d+)</a>')
 
 
-SITE = pytest.mark.xdist_group("site")
-"""The tests that read the built site share one worker, so that it is built once."""
+def reads_the_site(test: Callable) -> Callable:
+    """A test of the built site: marked ``site`` (the build is a process of its own, the
+    quick tier's longest step, so the quick tier leaves these out) and in one xdist group,
+    so that the tests share one worker and the site is built once."""
+    return pytest.mark.site(pytest.mark.xdist_group("site")(test))
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +274,7 @@ def pages(site: Path) -> list[Path]:
     return sorted(site.rglob("index.html"))
 
 
-@SITE
+@reads_the_site
 def test_the_site_builds_strictly(site: Path) -> None:
     """The generated references hold every command and every setting, the sitemap lists
     every page under the site's URL, and no page of the built site names an issue."""
@@ -296,7 +299,7 @@ def test_the_site_builds_strictly(site: Path) -> None:
     assert all(url.startswith(("http://", "https://")) for url in listed), listed[:3]
 
 
-@SITE
+@reads_the_site
 def test_no_link_or_path_leaves_the_site(site: Path) -> None:
     """Every relative link and image of every page resolves to a file of the site, and no
     page's text names a path outside the repository (such as ``../shared/...``)."""
@@ -320,7 +323,7 @@ def test_no_link_or_path_leaves_the_site(site: Path) -> None:
     print(f"{checked} links of {len(pages(site))} pages checked")
 
 
-@SITE
+@reads_the_site
 def test_every_design_citation_links_to_the_architecture_page(site: Path) -> None:
     """Each "DESIGN §N" the pages show (docstrings cite the architecture page so) is a
     link to section N of the architecture page, and that section exists."""
@@ -341,7 +344,7 @@ def test_every_design_citation_links_to_the_architecture_page(site: Path) -> Non
     assert linked >= 20 and not bare, "\n".join(bare)
 
 
-@SITE
+@reads_the_site
 def test_no_code_block_is_wider_than_the_page(site: Path) -> None:
     """No line of a code block (command help, examples, signatures, benchmark commands)
     is wider than :data:`PAGE_COLUMNS`, so none scrolls sideways."""

@@ -313,7 +313,7 @@ def test_simulated_profiles_run_repeats_and_judge_the_claims(tmp_path: Path) -> 
     scaling = SimProfile(
         "small",
         "publishers",
-        tuple(SimPoint(f"{p} publishers", p, 150, p, 4, 120.0) for p in (4, 8)),
+        tuple(SimPoint(f"{p} publishers", p, 50, p, 4, 120.0) for p in (4, 8)),
         (("notification delay", "notification_delay", "snr", "bid", "notification_delay"),),
     )
     reports = run("sim-small", tmp_path, repeats=2, jobs=1, service=service, profile=scaling)

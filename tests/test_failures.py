@@ -13,7 +13,7 @@ import networkx as nx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from laws import PROFILE, scots
+from laws import scots, sized
 
 from octopis.cli.main import main
 from octopis.core import DEFAULT_COVERING
@@ -109,14 +109,12 @@ def test_every_single_failure_while_publishing_loses_nothing(scot: Scot, mode: s
     undeliverable but the copies held for the dead broker (dropped when it comes back as
     a new process: its own subscribers are gone); detours, custody and dedup do the
     work. (SNR on paper75 takes every third failure: fig2 has every kind of broker and
-    link, and SNR's detours are DNR's code, which paper75 checks in full. Outside the
-    ``ci`` profile paper75 takes every fifth failure in DNR and every ninth in SNR: the
-    quick tier's sample of the same law.)"""
+    link, and SNR's detours are DNR's code, which paper75 checks in full. At the quick
+    size, ``sized``, fig2 takes every second failure, paper75 every 15th in DNR and every
+    27th in SNR: a sample of the same law, brokers and links.)"""
     fired = {"tunnel.started": 0, "tunnel.fanout": 0, "custody.rerouted": 0}
     singles = _singles(scot)
-    stride = 1 if scot is not PAPER75 else (3 if mode == "snr" else 1)
-    if scot is PAPER75 and PROFILE != "ci":
-        stride = 9 if mode == "snr" else 5
+    stride = sized(2, 1) if scot is not PAPER75 else sized(27, 3) if mode == "snr" else sized(15, 1)
     for failure in singles[::stride]:
         report = _law(_run(scot, mode, [failure]))
         assert report["host_alive"]["lost"] == 0, failure
@@ -134,7 +132,7 @@ def test_bid_counts_what_a_failure_costs() -> None:
     counted, never silent. (Brokers stay dead: BID has no resync, so a restarted BID
     broker starts empty.)"""
     undeliverable = 0
-    for failure in _singles(FIG2, restart=None):
+    for failure in _singles(FIG2, restart=None)[:: sized(3, 1)]:
         report = _law(_run(FIG2, "bid", [failure]))
         undeliverable += sum(n for k, n in report.items() if k.startswith("undeliverable"))
     assert undeliverable > 0
@@ -163,7 +161,7 @@ def test_dnr_broker_cut_off_for_a_while_gets_what_it_missed(scot: Scot) -> None:
     sent on its return, so its subscribers get everything published elsewhere exactly
     once; what it published itself while cut off is counted, never silently lost."""
     released = 0
-    for broker in sorted(scot.brokers)[::3] if scot is PAPER75 else sorted(scot.brokers):
+    for broker in sorted(scot.brokers)[:: sized(9, 3) if scot is PAPER75 else 1]:
         sim = _run(scot, "dnr", [Failure((broker,), FAIL_AT, BACK_AT, stall=True)], seed=7)
         report = _law(sim)
         missed = [

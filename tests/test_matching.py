@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, rule
-from laws import PROFILE
+from laws import sized
 
 from octopis.filters.language import (
     NUMERIC_OPERATORS,
@@ -33,10 +33,9 @@ from octopis.shapes import SHAPES, selectivity
 
 # ---- property: compiled ≡ reference through churn ---------------------------------------
 
-SHAPE_EXAMPLES, MIXED_EXAMPLES = (5, 10) if PROFILE == "ci" else (2, 4)
-"""Examples per shape and of the mixed workload: CI's profile, and fewer while developing
-(they were half of the quick tier's time)."""
-LARGE_PUBLICATIONS = 60 if PROFILE == "ci" else 20
+SHAPE_EXAMPLES, MIXED_EXAMPLES = sized((1, 3), (5, 10))
+"""Examples per shape and of the mixed workload."""
+LARGE_PUBLICATIONS = sized(10, 60)
 """Publications the large workload matches at each step (its 10,300 subscriptions stay)."""
 ATTRS = ["a", "b", "c"]
 STRINGS = ["", "a", "ab", "abc", "b", "ba", "B", "é", "\ud800", "ab\x00"]
@@ -150,7 +149,7 @@ class Churn(RuleBasedStateMachine):
 
 TestChurn = Churn.TestCase
 TestChurn.settings = settings(
-    max_examples=150,
+    max_examples=sized(40, 150),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -24,6 +24,14 @@ from octopis.quotes import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+EVERY_QUOTE = pytest.mark.xdist_group("quotes")
+"""The tests that read every quote file share one worker, so that the files are parsed once."""
+
+
+@pytest.fixture(scope="module")
+def every_quote() -> list[dict]:
+    """Every quote of the quote directory, parsed (files by name)."""
+    return list(read_quote_dir())
 
 
 def test_attributes_in_paper_order() -> None:
@@ -42,7 +50,8 @@ def test_quotes_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert quotes_dir() == tmp_path
 
 
-def test_every_quote_parses() -> None:
+@EVERY_QUOTE
+def test_every_quote_parses(every_quote: list[dict]) -> None:
     """All quote files stream through the parser: 100 symbols, 245,190 quotes.
 
     The data README's 245,090 counts line terminators (``wc -l``); each file's last line
@@ -53,13 +62,8 @@ def test_every_quote_parses() -> None:
     assert len(files) == 100
     terminators = sum(p.read_bytes().count(b"\r\n") for p in files)
     assert terminators == 245_090
-    count = 0
-    symbols = set()
-    for quote in read_quote_dir(directory):
-        count += 1
-        symbols.add(quote["symbol"])
-    assert count == 245_190
-    assert len(symbols) == 100
+    assert len(every_quote) == 245_190
+    assert len({quote["symbol"] for quote in every_quote}) == 100
 
 
 def test_quote_file_contents() -> None:
@@ -123,12 +127,13 @@ def test_random_quotes() -> None:
 
 
 @pytest.fixture(scope="module")
-def real_sample() -> list[dict]:
+def real_sample(every_quote: list[dict]) -> list[dict]:
     rng = random.Random(11)
-    quotes = [enrich(q) for q in read_quote_dir()]
+    quotes = [enrich(q) for q in every_quote]
     return rng.sample(quotes, 8000)
 
 
+@EVERY_QUOTE
 def test_stock_subscriptions_hit_the_selectivity(real_sample: list[dict]) -> None:
     subs = stock_subscriptions(real_sample[:4000], 1500, seed=2)
     assert len(subs) == 1500
@@ -146,6 +151,7 @@ def test_stock_subscriptions_hit_the_selectivity(real_sample: list[dict]) -> Non
     assert 0.004 <= lower <= 0.006
 
 
+@EVERY_QUOTE
 def test_stock_subscription_shapes(real_sample: list[dict]) -> None:
     subs = stock_subscriptions(real_sample[:2000], 1000, seed=9)
     shapes = {"watch": 0, "band": 0, "volatility": 0, "mover": 0, "year": 0}

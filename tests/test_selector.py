@@ -9,6 +9,7 @@ import re
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from laws import sized
 
 from octopis.filters.language import parse_subscription
 from octopis.gateway.selector import (
@@ -218,7 +219,7 @@ selectors = st.recursive(
 )
 
 
-@settings(max_examples=600)
+@settings(max_examples=sized(150, 600))
 @given(selectors, st.lists(messages, min_size=1, max_size=25))
 def test_the_subscriptions_select_exactly_what_the_selector_selects(
     selector: str, batch: list[dict]
@@ -241,7 +242,7 @@ def test_most_random_selectors_have_an_exact_form() -> None:
     """The law above is not vacuous: most generated selectors are translated."""
     accepted = refused = 0
 
-    @settings(max_examples=400, database=None)
+    @settings(max_examples=sized(100, 400), database=None)
     @given(selectors)
     def count(selector: str) -> None:
         nonlocal accepted, refused

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from laws import sized
 
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
@@ -30,7 +31,7 @@ steps = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=sized(40, 150), deadline=None)
 @given(st.lists(subscriptions, min_size=10, max_size=10), steps)
 def test_parts_agree_with_a_reference_matcher_each(subs: list, steps: list) -> None:
     """Three parts hold overlapping keys (a key always with the same subscription, as a

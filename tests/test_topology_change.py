@@ -12,6 +12,7 @@ import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from laws import sized
 from test_topology import trees
 
 from octopis.cli.topology import main as topology_main
@@ -70,7 +71,7 @@ def labels(scot: Scot) -> dict[str, tuple]:
     return {b.id: (b.region, b.cluster, b.type, b.neighbours) for b in scot.brokers.values()}
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=sized(20, 80), deadline=None)
 @given(changes())
 def test_a_change_touches_only_the_brokers_it_adds_or_removes(
     case: tuple[Scot, list[tuple[str, str]]],

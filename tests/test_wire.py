@@ -14,6 +14,7 @@ import pytest
 from bitarray import frozenbitarray
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from laws import sized
 
 from octopis._match import plain_notification
 from octopis.core import (
@@ -300,7 +301,7 @@ def test_only_a_plain_notification_takes_the_compiled_path() -> None:
             decode_body("a:0", garbage)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=sized(150, 600), deadline=None)
 @given(
     fields=st.tuples(*VALID_FIELDS),
     broken=st.sampled_from([None, 0, 1, 2, 3, 4]),
