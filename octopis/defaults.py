@@ -27,6 +27,10 @@ after a failure (``[links] retain``; the simulator's senders alike)."""
 REFUSE_FOR = 1.0
 """Seconds a broker refuses new publications after its retention store's disk refused
 a commit (the simulator's stores alike)."""
+RETAIN_LIMIT = 10_000
+"""Acknowledged notifications a broker keeps per neighbour for :data:`RETAIN` seconds at
+most (``[links] retain_limit``; the simulator's senders alike); the oldest go first,
+counted."""
 CUSTODY_LIMIT = 10_000
 """Messages a broker holds per neighbour, in custody or held for its return
 (``[links] custody_limit``)."""

@@ -52,6 +52,7 @@ from octopis.defaults import (
     REPLAY_BUDGET,
     REPLAY_ROUNDS,
     RETAIN,
+    RETAIN_LIMIT,
     SELECTOR_SUBSCRIPTIONS,
     SUBSCRIPTIONS_PER_CLIENT,
 )
@@ -138,7 +139,7 @@ class Links(Section):
     retain: Annotated[float, _at_least(0.0)] = RETAIN
     """Seconds acknowledged notifications are kept after sending, in case the neighbour
     dies before passing them on; 0 = not kept."""
-    retain_limit: Annotated[int, _at_least(0)] = 10_000
+    retain_limit: Annotated[int, _at_least(0)] = RETAIN_LIMIT
     """Acknowledged notifications kept per link at most (the oldest go first, counted)."""
     queue_limit: Annotated[int, _at_least(1)] = 10_000
     """Frames waiting on one peer link; beyond it the broker withholds its

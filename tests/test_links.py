@@ -167,7 +167,7 @@ def test_a_batch_stops_where_custody_is_full_and_at_its_size() -> None:
         assert await _messages(pull) == [[b"n0", b"n1"]]  # custody holds 2
         link.acknowledge(2, loop.time())
         assert await _messages(pull) == [[b"n2"]]
-        link.custody_limit = 1000
+        link.custody.limit = 1000
         link.acknowledge(3, loop.time())
         send_pass.open = True
         for n in range(total):
@@ -191,8 +191,8 @@ def test_take_back_returns_retained_then_unacknowledged_then_queued() -> None:
         received = await _drain(pull)
         assert received == [b"greeting", b"n0", b"n1", b"n2", b"n3"]
         link.acknowledge(2, loop.time())
-        assert [f[1] for _, _, f in link.retained] == [b"n0", b"n1"]
-        assert [f[1] for _, _, f in link.custody] == [b"n2", b"n3"]
+        assert [f[1] for _, _, f in link.custody.retained] == [b"n0", b"n1"]
+        assert [f[1] for _, _, f in link.custody.unacked] == [b"n2", b"n3"]
         return link.take_back(loop.time())
 
     frames = asyncio.run(_with_link(scenario, retain=60.0))
@@ -212,15 +212,15 @@ def test_the_retained_window_keeps_its_limit_and_its_horizon() -> None:
             link.put([b"me", b"n%d" % n, KEPT], loop.time())
         assert len(await _drain(pull)) == 7
         link.acknowledge(4, loop.time())
-        assert [f[1] for _, _, f in link.retained] == [b"n1", b"n2", b"n3"]
-        assert [f[1] for _, _, f in link.custody] == [b"n4", b"n5"]
-        assert link.retain_evicted == 1
+        assert [f[1] for _, _, f in link.custody.retained] == [b"n1", b"n2", b"n3"]
+        assert [f[1] for _, _, f in link.custody.unacked] == [b"n4", b"n5"]
+        assert link.custody.evicted == 1
         link.acknowledge(4, loop.time())
-        assert len(link.retained) == 3 and len(link.custody) == 2
-        assert link.retain_evicted == 1
+        assert len(link.custody.retained) == 3 and len(link.custody) == 2
+        assert link.custody.evicted == 1
         link.acknowledge(6, loop.time() + 120.0)  # all of them sent long before
-        assert not link.retained and not link.custody
-        assert link.retain_evicted == 1
+        assert not link.custody.retained and not link.custody.unacked
+        assert link.custody.evicted == 1
 
     asyncio.run(_with_link(scenario, retain=60.0, retain_limit=3))
 
@@ -243,7 +243,7 @@ def test_a_publication_is_answered_once_the_neighbour_acknowledges_its_copy() ->
         assert answered == []  # sent is not held
         link.acknowledge(1, loop.time())
         assert answered == [b"p1"]
-        assert [len(f) for _, _, f in link.retained] == [3]
+        assert [len(f) for _, _, f in link.custody.retained] == [3]
         return link.take_back(loop.time())
 
     frames = asyncio.run(_with_link(scenario, retain=60.0))
@@ -261,7 +261,7 @@ def test_a_full_custody_buffer_stops_the_link_and_counts_it() -> None:
         for n in range(5):
             link.put([b"me", b"n%d" % n, KEPT], loop.time())
         assert await _drain(pull) == [b"greeting", b"n0", b"n1"]
-        assert len(link.queue) == 3 and link.custody_full >= 1
+        assert len(link.queue) == 3 and link.custody.stops >= 1
         link.acknowledge(2, loop.time())
         assert await _drain(pull) == [b"n2", b"n3"]
 

@@ -80,15 +80,16 @@ class Network:
         """When a copy ``src`` sends ``dst`` at ``now`` arrives: its departure from the
         link's output queue plus a latency draw (FIFO order is the event queue's)."""
         if self._instant:
-            return now + self._latency(src, dst)
+            return now + self.latency_draw(src, dst)
         model = self.model
         departure, ahead = model.transmit(src, dst, now)
         if model.measures_queues and type(message) is Notification:
             self.target_queue.append(ahead)
-        return departure + self._latency(src, dst)
+        return departure + self.latency_draw(src, dst)
 
-    def _latency(self, src: str, dst: str) -> float:
-        """The next latency draw of the link ``src → dst``."""
+    def latency_draw(self, src: str, dst: str) -> float:
+        """The next latency draw of the link ``src → dst`` (a link-level frame, such as
+        an acknowledgement, leaves ahead of the output queue and takes just this)."""
         fixed = self._fixed_latency
         if fixed is not None:
             return fixed

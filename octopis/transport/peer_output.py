@@ -20,6 +20,7 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate
+from octopis.core.custody import acknowledgement, owed
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.settings import Links
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
@@ -116,7 +117,7 @@ class PeerOutput:
         copy that the link keeps in custody carries ``receipt`` and counts in it (the
         publisher is answered once every such copy is acknowledged, DESIGN §7)."""
         link = self.links[name]
-        if receipt is not None and frame[KIND] == KEPT and link.keeps:
+        if receipt is not None and frame[KIND] == KEPT and link.custody.keeps:
             if len(frame) == RECEIPT:
                 frame.append(receipt)
             receipt.copies += 1
@@ -161,11 +162,10 @@ class PeerOutput:
         of queued data, or behind it: the first one saying *serving* must not overtake
         the subscriptions it forwarded meanwhile. ``at_once``: ahead of queued data and
         sent now, even during a send pass (:meth:`OutputLink.put_now`)."""
-        if self.pressure.holds(name):
-            acked = state.acked
-            self.counters["backpressure.acks_withheld"] += acked != state.received
-        else:
-            acked = state.acked = state.received
+        withheld = self.pressure.holds(name)
+        if withheld:
+            self.counters["backpressure.acks_withheld"] += owed(state)
+        acked = acknowledgement(state, withheld)
         beat = Heartbeat(self.incarnation, state.incarnation, acked, self.serving())
         link = self.links[name]
         put = link.put if behind_data else link.put_now if at_once else link.put_link
@@ -181,11 +181,7 @@ class PeerOutput:
         DESIGN §7) follows in a round trip rather than on the ack timer. Backpressure is
         looked at afresh first: a neighbour whose acknowledgement it withholds
         (:meth:`beat`) is left to the timer's heartbeat, which counts what it withholds."""
-        taken = [
-            (name, state)
-            for name, state in self.neighbours.items()
-            if state.received != state.acked
-        ]
+        taken = [(name, state) for name, state in self.neighbours.items() if owed(state)]
         if not taken:
             return
         self.check_pressure(now)
@@ -216,7 +212,7 @@ class PeerOutput:
         that neighbour, hearing us once, declares us down again."""
         for name, state in self.neighbours.items():
             link = self.links[name]
-            if state.received != state.acked or (
+            if owed(state) or (
                 now - link.last_sent >= heartbeat and (not link.queue or link.held())
             ):
                 self.beat(name, state, now)
