@@ -10,11 +10,15 @@ from collections import Counter
 
 import zmq
 import zmq.asyncio
+from conditions import until
 
+from octopis.core import Notification, SubState, Unsubscribe
+from octopis.core.custody import Custody
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbours
 from octopis.logs import RateLimitedLog
 from octopis.settings import Links
+from octopis.sim.custody import GOES, WAITS, LinkCustody
 from octopis.transport.frames import KIND
 from octopis.transport.links import (
     BATCH_FRAMES,
@@ -339,3 +343,89 @@ def test_a_link_holding_routing_frames_still_beats_once_a_heartbeat() -> None:
             ctx.term()
 
     asyncio.run(scenario())
+
+
+CUSTODY_SCRIPT = [
+    *(("send", name) for name in ("n0", "s1", "n2", "n3", "n4", "n5", "n6")),
+    ("ack", 3),
+    ("send", "n7"),
+    ("ack", 5),
+    ("ack", 5),
+    ("send", "s8"),
+    ("down", None),
+]
+"""Sends (``n…`` a notification, ``s…`` a subscription message), acknowledgements of a
+count, and the link going down, in this order."""
+
+
+def test_the_process_and_the_simulator_keep_and_take_back_the_same_copies() -> None:
+    """One script of sends, acknowledgements and a link down, played on a broker process's
+    output link (real ZeroMQ) and on the simulator's links: after every step both keep
+    the same copies unacknowledged, the same retained and the same waiting for room
+    (custody full at 3, 2 retained at most), and the link down gives back the same
+    copies in the same order (retained, unacknowledged, then what waited)."""
+
+    async def process(link: OutputLink, pull, lst: LinkStatusTable) -> list:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        seen = []
+        for step, arg in CUSTODY_SCRIPT:
+            if step == "send":
+                kind = KEPT if arg.startswith("n") else DATA
+                link.put([b"me", arg.encode(), kind], loop.time())
+            elif step == "ack":
+                link.acknowledge(arg, loop.time())
+            else:
+                seen.append([f[1].decode() for f in link.take_back(loop.time())])
+                return seen
+            await until(lambda: not link.queue or link.held(), "the link sent what it may", 10)
+            seen.append(_state(link.custody, [f[1].decode() for f in link.queue]))
+        return seen
+
+    processed = asyncio.run(_with_link(process, custody_limit=3, retain=60.0, retain_limit=2))
+
+    links = LinkCustody(retain=60.0, custody_limit=3, retain_limit=2)
+    simulated = []
+
+    def put(message: object, now: float) -> None:
+        assert links.departs("me", "peer", now, message, broken=False) in (GOES, WAITS)
+
+    for now, (step, arg) in enumerate(CUSTODY_SCRIPT):
+        if step == "send":
+            put(_message(arg), float(now))
+        elif step == "ack":
+            for message in links.acknowledge("me", "peer", arg, float(now)):
+                put(message, float(now))
+        else:
+            simulated.append([_name(m) for m in links.take_back("me", "peer")])
+            break
+        waiting = [_name(m) for m in links.waiting.get(("me", "peer"), ())]
+        simulated.append(_state(links.of("me", "peer"), waiting))
+
+    assert processed == simulated
+    assert processed[-1] == ["n3", "n4", "n5", "n6", "n7", "s8"]
+    assert processed[-2] == ([(6, "n5"), (7, "n6"), (8, "n7")], [(4, "n3"), (5, "n4")], ["s8"])
+
+
+def _message(name: str) -> Notification | Unsubscribe:
+    if name.startswith("n"):
+        return Notification("pub", int(name[1:]), 0.0, {})
+    return Unsubscribe(name, SubState.PRIMARY)
+
+
+def _name(message: object) -> str:
+    if type(message) is Notification:
+        return f"n{message.seq}"
+    return message.sub_id  # type: ignore[attr-defined]
+
+
+def _copy(copy: object) -> str:
+    """A kept copy's name: a process frame's body, a simulator message's."""
+    return copy[1].decode() if type(copy) is list else _name(copy)  # type: ignore[index]
+
+
+def _state(custody: Custody, waiting: list[str]) -> tuple[list, list, list[str]]:
+    """The entries unacknowledged and retained (number, name), and what waits for room."""
+    unacked = [(number, _copy(copy)) for number, _, copy in custody.unacked]
+    retained = [(number, _copy(copy)) for number, _, copy in custody.retained]
+    return unacked, retained, waiting
