@@ -46,6 +46,7 @@ from octopis.defaults import (
     DOWN_AFTER,
     DURABLE_KEEP,
     DURABLE_MAX,
+    HEARTBEAT,
     HISTORIC_BUDGET,
     MOVE_TIMEOUT,
     PUBLICATION_HOLD,
@@ -125,7 +126,7 @@ class Links(Section):
     sndhwm: Annotated[int, _at_least(1)] = 8
     """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
     output queue, which the LST measures, grows."""
-    heartbeat: Annotated[float, _at_least(0.01)] = 0.2
+    heartbeat: Annotated[float, _at_least(0.01)] = HEARTBEAT
     """Seconds of silence on a link before it carries a heartbeat."""
     down_after: Annotated[float, _at_least(0.05)] = DOWN_AFTER
     """T: a neighbour silent this long is down (more than two heartbeats)."""

@@ -169,6 +169,16 @@ def owed(record: Neighbour) -> bool:
     return record.received != record.acked
 
 
+def heartbeat_due(record: Neighbour, idle: float, heartbeat: float, sending: bool) -> bool:
+    """Whether a heartbeat, with its acknowledgement, goes to the neighbour of ``record``
+    now: what was taken from it is unacknowledged, or the link to it has sent nothing for
+    ``idle`` ≥ ``heartbeat`` seconds and nothing is about to leave on it (``sending``;
+    a queue held back must not silence the link). Each heartbeat that arrives settles
+    and prunes the neighbour's custody (:meth:`Custody.acknowledge`), so its retained
+    window keeps the last ``retain`` seconds even while the link is idle."""
+    return owed(record) or (idle >= heartbeat and not sending)
+
+
 def acknowledgement(record: Neighbour, withheld: bool) -> int:
     """The count an acknowledgement to the neighbour of ``record`` carries: all taken
     from it, unless backpressure ``withheld`` it (DESIGN §8), which repeats the count

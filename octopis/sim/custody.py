@@ -10,6 +10,11 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   (:class:`Acknowledged`, the process's heartbeat count) goes back on the reverse link,
   ahead of its output queue, after one latency draw; it is lost if that link is broken
   and ignored by a sender of another incarnation than the one it names.
+- A link that has sent nothing for ``[links] heartbeat`` seconds carries a heartbeat,
+  with the count again (:func:`~octopis.core.custody.heartbeat_due`): each one that
+  arrives prunes the sender's retained window, which thus keeps the last ``retain``
+  seconds even while the link is idle. Only those heartbeats are simulated (sign of life
+  is the failure model's): a receiver beats while its sender retains something for it.
 - With ``custody_limit`` notifications unacknowledged, a link stops: what its broker
   sends on it meanwhile waits, in order, until an acknowledgement makes room (the
   process's output queue), and each stop is counted (``custody.full``).
@@ -63,6 +68,11 @@ class LinkCustody:
         self.links: dict[Link, Custody] = {}
         self.waiting: dict[Link, deque[object]] = {}
         """Messages that wait for custody to have room, per link, in sending order."""
+        self.last_sent: dict[Link, float] = {}
+        """When each link last put a frame on the wire (a heartbeat is due after
+        ``[links] heartbeat`` seconds of silence)."""
+        self.beating: set[Link] = set()
+        """Links whose heartbeat timer runs."""
         self._gone: Counter[str] = Counter()
         """:meth:`counts` of the custody of links gone (a dead broker's, a link dropped)."""
 
@@ -93,9 +103,11 @@ class LinkCustody:
         kind = type(message)
         if kind is Notification:
             custody.sent(message, now, True)
+            self.last_sent[link] = now
             return LOST if broken else GOES
         if broken:
             return HELD
+        self.last_sent[link] = now
         if kind is not HandedShare:
             custody.sent(message, now, False)
         return GOES
@@ -132,6 +144,8 @@ class LinkCustody:
                 lost += custody.take_back()
         for link in [link for link in self.waiting if link[0] == broker]:
             lost += self.waiting.pop(link)
+        for link in [link for link in self.last_sent if link[0] == broker]:
+            del self.last_sent[link]
         return lost
 
     def drop(self, src: str, dst: str) -> None:
@@ -139,6 +153,7 @@ class LinkCustody:
         if (src, dst) in self.links:
             self._pop((src, dst))
         self.waiting.pop((src, dst), None)
+        self.last_sent.pop((src, dst), None)
 
     def _pop(self, link: Link) -> Custody:
         custody = self.links.pop(link)

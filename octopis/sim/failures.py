@@ -45,13 +45,14 @@ from the start of publishing).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from octopis.core import Notification
-from octopis.core.custody import acknowledgement, took
+from octopis.core.custody import acknowledgement, heartbeat_due, took
 from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
-from octopis.defaults import DOWN_AFTER, RETAIN
+from octopis.defaults import DOWN_AFTER, HEARTBEAT, RETAIN
 from octopis.failure_schedule import Failure
 from octopis.sim.custody import GOES, HELD, LOST, Acknowledged, LinkCustody
 
@@ -449,14 +450,39 @@ class FailureEvents:
 
     def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:
         """``broker`` acknowledges to ``src`` what it took from it: on the link back,
-        ahead of its queue (lost if the link is broken)."""
+        ahead of its queue (lost if the link is broken); its heartbeat timer runs."""
         state = self.failures
         assert state is not None
+        custody = state.custody
+        link = (broker, src)
         ack = Acknowledged(acknowledgement(record, False), record.incarnation)
-        if state.broken(broker, src):
+        custody.last_sent[link] = self.now
+        if not state.broken(broker, src):
+            late = self.network.latency_draw(broker, src) + state.slow.get(link, 0.0)
+            self.events.send(broker, src, self.now + late, ack)
+        if link not in custody.beating:
+            custody.beating.add(link)
+            self.at(self.now + HEARTBEAT / 2, self._heartbeat, broker, src)
+
+    def _heartbeat(self, broker: str, src: str) -> None:
+        """``broker``'s heartbeat timer on its link to ``src``, every half heartbeat
+        interval as the process's tick: a heartbeat, with the count, when one is due
+        (:func:`~octopis.core.custody.heartbeat_due`); the timer stops once ``src``
+        retains nothing for ``broker`` (a heartbeat would change nothing), or either is
+        gone."""
+        state = self.failures
+        assert state is not None
+        custody = state.custody
+        kept = custody.links.get((src, broker))
+        node = self.nodes.get(broker)
+        record = node.neighbours.get(src) if node is not None else None
+        if broker in state.dead or record is None or kept is None or not kept.retained:
+            custody.beating.discard((broker, src))
             return
-        late = self.network.latency_draw(broker, src) + state.slow.get((broker, src), 0.0)
-        self.events.send(broker, src, self.now + late, ack)
+        idle = self.now - custody.last_sent.get((broker, src), -math.inf)
+        if heartbeat_due(record, idle, HEARTBEAT, False):
+            self._acknowledge(broker, src, record)
+        self.at(self.now + HEARTBEAT / 2, self._heartbeat, broker, src)
 
     def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:
         """``src``'s acknowledgement reaches ``broker`` (unless the link broke meanwhile):

@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate
-from octopis.core.custody import acknowledgement, owed
+from octopis.core.custody import acknowledgement, heartbeat_due, owed
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.settings import Links
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
@@ -212,7 +212,6 @@ class PeerOutput:
         that neighbour, hearing us once, declares us down again."""
         for name, state in self.neighbours.items():
             link = self.links[name]
-            if owed(state) or (
-                now - link.last_sent >= heartbeat and (not link.queue or link.held())
-            ):
+            sending = bool(link.queue) and not link.held()
+            if heartbeat_due(state, now - link.last_sent, heartbeat, sending):
                 self.beat(name, state, now)
