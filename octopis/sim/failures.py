@@ -458,7 +458,7 @@ class FailureEvents:
         ack = Acknowledged(acknowledgement(record, False), record.incarnation)
         custody.last_sent[link] = self.now
         if not state.broken(broker, src):
-            late = self.network.latency_draw(broker, src) + state.slow.get(link, 0.0)
+            late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
             self.events.send(broker, src, self.now + late, ack)
         if link not in custody.beating:
             custody.beating.add(link)
