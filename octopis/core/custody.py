@@ -144,6 +144,16 @@ class Custody:
                 del retained[:drop]
         return was_full
 
+    def changes(self, count: int, at: float) -> bool:
+        """Whether an acknowledgement of ``count`` heard at ``at`` would change anything:
+        settle an entry, or prune the retained window (given what is kept now)."""
+        unacked, retained = self.unacked, self.retained
+        if unacked and unacked[0][0] <= count:
+            return True
+        return bool(retained) and (
+            retained[0][1] < at - self.retain or len(retained) > self.retain_limit
+        )
+
     def take_back(self) -> list[Any]:
         """Empty the retained window and the unacknowledged list; their copies, oldest
         first (retained, then unacknowledged)."""

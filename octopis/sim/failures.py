@@ -450,26 +450,30 @@ class FailureEvents:
 
     def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:
         """``broker`` acknowledges to ``src`` what it took from it: on the link back,
-        ahead of its queue (lost if the link is broken); its heartbeat timer runs."""
+        ahead of its queue (lost if the link is broken); its heartbeat timer runs. An
+        acknowledgement that would change nothing in ``src``'s custody when it arrives
+        (:meth:`Custody.changes`) is not simulated: only the time it was sent counts."""
         state = self.failures
         assert state is not None
         custody = state.custody
         link = (broker, src)
         ack = Acknowledged(acknowledgement(record, False), record.incarnation)
-        custody.last_sent[link] = self.now
-        if not state.broken(broker, src):
-            late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
-            self.events.send(broker, src, self.now + late, ack)
+        custody.last_sent[link] = now = self.now
+        kept = custody.links.get((src, broker))
+        if kept is not None and not state.broken(broker, src):
+            arrival = now + self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
+            if kept.changes(ack.count, arrival):
+                self.events.send(broker, src, arrival, ack)
         if link not in custody.beating:
             custody.beating.add(link)
-            self.at(self.now + HEARTBEAT / 2, self._heartbeat, broker, src)
+            self.at(now + HEARTBEAT, self._heartbeat, broker, src)
 
     def _heartbeat(self, broker: str, src: str) -> None:
-        """``broker``'s heartbeat timer on its link to ``src``, every half heartbeat
-        interval as the process's tick: a heartbeat, with the count, when one is due
-        (:func:`~octopis.core.custody.heartbeat_due`); the timer stops once ``src``
-        retains nothing for ``broker`` (a heartbeat would change nothing), or either is
-        gone."""
+        """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the
+        count, when one is due (:func:`~octopis.core.custody.heartbeat_due`). The timer
+        skips the ticks whose heartbeat would change nothing (the oldest copy ``src``
+        retains for ``broker`` is not yet ``retain`` seconds old) and stops once ``src``
+        retains nothing for it, or either is gone."""
         state = self.failures
         assert state is not None
         custody = state.custody
@@ -482,7 +486,11 @@ class FailureEvents:
         idle = self.now - custody.last_sent.get((broker, src), -math.inf)
         if heartbeat_due(record, idle, HEARTBEAT, False):
             self._acknowledge(broker, src, record)
-        self.at(self.now + HEARTBEAT / 2, self._heartbeat, broker, src)
+        last = custody.last_sent[(broker, src)]
+        expires = kept.retained[0][1] + kept.retain if kept.retained else self.now
+        beats = max(1, math.ceil((expires - last) / HEARTBEAT))  # heartbeats from the last
+        tick = max(last + beats * HEARTBEAT, self.now + HEARTBEAT / 2)
+        self.at(tick, self._heartbeat, broker, src)
 
     def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:
         """``src``'s acknowledgement reaches ``broker`` (unless the link broke meanwhile):
