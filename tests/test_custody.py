@@ -23,12 +23,12 @@ def test_notifications_are_kept_numbered_and_settled_into_the_retained_window() 
     for at, kept in ((0.0, True), (0.1, False), (0.2, True), (0.3, True), (0.4, True)):
         custody.sent(f"m{at}", at, kept)
     assert custody.numbered == 5 and _numbers(custody.unacked) == [1, 3, 4, 5]
-    assert not custody.changes(0, 0.5) and custody.changes(1, 0.5)
+    assert not custody.settles(0) and custody.settles(1) and not custody.prunes(0.5)
     custody.acknowledge(4, 0.5)
     assert _numbers(custody.unacked) == [5]
     assert _numbers(custody.retained) == [3, 4] and custody.evicted == 1
-    assert not custody.changes(4, 1.1)  # nothing to settle, nothing a second old yet
-    assert custody.changes(4, 1.25)  # m0.2 is older than a second then
+    assert not custody.settles(4) and not custody.prunes(1.1)  # none a second old yet
+    assert custody.prunes(1.25)  # m0.2 is older than a second then
     custody.acknowledge(4, 1.25)
     assert _numbers(custody.retained) == [4] and custody.evicted == 1
     assert custody.take_back() == ["m0.3", "m0.4"]

@@ -144,12 +144,15 @@ class Custody:
                 del retained[:drop]
         return was_full
 
-    def changes(self, count: int, at: float) -> bool:
-        """Whether an acknowledgement of ``count`` heard at ``at`` would change anything:
-        settle an entry, or prune the retained window (given what is kept now)."""
-        unacked, retained = self.unacked, self.retained
-        if unacked and unacked[0][0] <= count:
-            return True
+    def settles(self, count: int) -> bool:
+        """Whether an acknowledgement of ``count`` settles an entry kept now."""
+        unacked = self.unacked
+        return bool(unacked) and unacked[0][0] <= count
+
+    def prunes(self, at: float) -> bool:
+        """Whether an acknowledgement heard at ``at`` prunes the retained window as it is
+        now (an entry sent more than ``retain`` seconds before, or one over the limit)."""
+        retained = self.retained
         return bool(retained) and (
             retained[0][1] < at - self.retain or len(retained) > self.retain_limit
         )

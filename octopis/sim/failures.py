@@ -452,18 +452,19 @@ class FailureEvents:
         """``broker`` acknowledges to ``src`` what it took from it: on the link back,
         ahead of its queue (lost if the link is broken); its heartbeat timer runs. An
         acknowledgement that would change nothing in ``src``'s custody when it arrives
-        (:meth:`Custody.changes`) is not simulated: only the time it was sent counts."""
+        (:meth:`Custody.settles`, :meth:`Custody.prunes`) is not simulated: only the time
+        it was sent counts."""
         state = self.failures
         assert state is not None
         custody = state.custody
         link = (broker, src)
-        ack = Acknowledged(acknowledgement(record, False), record.incarnation)
+        count = acknowledgement(record, False)
         custody.last_sent[link] = now = self.now
         kept = custody.links.get((src, broker))
-        if kept is not None and not state.broken(broker, src):
-            arrival = now + self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
-            if kept.changes(ack.count, arrival):
-                self.events.send(broker, src, arrival, ack)
+        if kept is not None and (kept.retained or kept.settles(count)):
+            late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
+            if (kept.settles(count) or kept.prunes(now + late)) and not state.broken(*link):
+                self.events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
         if link not in custody.beating:
             custody.beating.add(link)
             self.at(now + HEARTBEAT, self._heartbeat, broker, src)
