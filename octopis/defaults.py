@@ -18,6 +18,10 @@ MOVE_TIMEOUT = 30.0
 """Seconds a client told to move its subscriptions away has to move them; the order
 lapses after that and the client stays subscribed at its broker (``[clients]
 move_timeout``)."""
+HEARTBEAT = 0.2
+"""Seconds of silence on a link before it carries a heartbeat, and with it the count of
+what its sender took from the receiver (``[links] heartbeat``; the simulator's links
+alike)."""
 DOWN_AFTER = 1.0
 """Seconds of a neighbour's silence after which a broker takes it for down
 (``[links] down_after``; the simulator's failure detection)."""
@@ -27,6 +31,10 @@ after a failure (``[links] retain``; the simulator's senders alike)."""
 REFUSE_FOR = 1.0
 """Seconds a broker refuses new publications after its retention store's disk refused
 a commit (the simulator's stores alike)."""
+RETAIN_LIMIT = 10_000
+"""Acknowledged notifications a broker keeps per neighbour for :data:`RETAIN` seconds at
+most (``[links] retain_limit``; the simulator's senders alike); the oldest go first,
+counted."""
 CUSTODY_LIMIT = 10_000
 """Messages a broker holds per neighbour, in custody or held for its return
 (``[links] custody_limit``)."""

@@ -47,12 +47,14 @@ from octopis.defaults import (
     DOWN_AFTER,
     DURABLE_KEEP,
     DURABLE_MAX,
+    HEARTBEAT,
     HISTORIC_BUDGET,
     MOVE_TIMEOUT,
     PUBLICATION_HOLD,
     REPLAY_BUDGET,
     REPLAY_ROUNDS,
     RETAIN,
+    RETAIN_LIMIT,
     SELECTOR_SUBSCRIPTIONS,
     SUBSCRIPTIONS_PER_CLIENT,
 )
@@ -122,7 +124,7 @@ class Links(Section):
     sndhwm: Annotated[int, _at_least(1)] = 8
     """ZeroMQ messages waiting per peer link (each a batch of up to 64 frames) before the
     output queue, which the LST measures, grows."""
-    heartbeat: Annotated[float, _at_least(0.01)] = 0.2
+    heartbeat: Annotated[float, _at_least(0.01)] = HEARTBEAT
     """Seconds of silence on a link before it carries a heartbeat."""
     down_after: Annotated[float, _at_least(0.05)] = DOWN_AFTER
     """T: a neighbour silent this long is down (more than two heartbeats)."""
@@ -136,7 +138,7 @@ class Links(Section):
     retain: Annotated[float, _at_least(0.0)] = RETAIN
     """Seconds acknowledged notifications are kept after sending, in case the neighbour
     dies before passing them on; 0 = not kept."""
-    retain_limit: Annotated[int, _at_least(0)] = 10_000
+    retain_limit: Annotated[int, _at_least(0)] = RETAIN_LIMIT
     """Acknowledged notifications kept per link at most (the oldest go first, counted)."""
     queue_limit: Annotated[int, _at_least(1)] = 10_000
     """Frames waiting on one peer link; beyond it the broker withholds its

@@ -5,6 +5,7 @@ that no live path could carry; with no failure none of it fires (see test_sim.py
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from laws import scots, sized
 
 from octopis.cli.main import main
-from octopis.core import DEFAULT_COVERING
+from octopis.core import DEFAULT_COVERING, Notification
 from octopis.defaults import CLIENT_LIVENESS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.filters.language import Predicate, Subscription
@@ -465,3 +466,43 @@ def test_a_replay_around_a_dead_broker_keeps_its_gap_until_its_own_parts_fill_it
     sim = _run(build_scot(tree, 2), "dnr", failures, seed=0, subscribers=30, publications=30)
     _law(sim)
     assert sim.replay_gaps["S11"] == {"r0:0"}
+
+
+def test_custody_keeps_what_the_receiver_has_not_acknowledged() -> None:
+    """The simulator's links keep what the process's keep: while ``A``'s frames to ``B``
+    are lost (a one-way cut), every notification ``A`` sent ``B`` since the cut stays
+    unacknowledged in ``A``'s custody, while every other link's receiver acknowledges
+    what it took within a round trip (each link's receiver has acknowledged at most the
+    count its sender numbered); at the detections what was kept is routed again, and the
+    run keeps the failure law."""
+    a, b = sorted(FIG2.graph.edges)[0]
+    sent_after_cut: list[object] = []
+    cut = math.inf
+
+    def forwarded(src: str, dst: str, message: object) -> None:
+        if (src, dst) == (a, b) and sim.now >= cut and type(message) is Notification:
+            sent_after_cut.append(message)
+
+    sim = Simulator(FIG2, "snr", seed=3, latency=LatencyModel(0.001, 0.002), on_forward=forwarded)
+    brokers = sorted(FIG2.brokers)
+    for i, broker in enumerate(brokers):
+        sim.subscribe(f"S{i}", broker, Subscription((Predicate("x", "<", 10),)))
+    sim.run()
+    start = sim.now
+    cut = start + FAIL_AT
+    sim.fail(Failure((a, b), FAIL_AT, BACK_AT, one_way=True), start)
+    for j in range(200):
+        broker = brokers[j % len(brokers)]
+        sim.at(start + 2.0 * j / 200, sim.publish, f"P{broker}", broker, {"x": j % 10})
+    sim.run(until=cut + 0.5)  # before anyone detects the cut
+    custody = sim.failures.custody
+    kept = [copy for _, sent, copy in custody.of(a, b).unacked if sent >= cut]
+    assert sent_after_cut and kept == sent_after_cut
+    for (src, dst), link in custody.links.items():
+        receiver = sim.nodes[dst].neighbours[src]
+        assert receiver.acked <= link.numbered
+        if {src, dst} != {a, b}:
+            assert all(sim.now - sent < 0.05 for _, sent, _ in link.unacked), (src, dst)
+    sim.run()
+    report = _law(sim)
+    assert report["custody.rerouted"] >= len(kept)

@@ -10,11 +10,15 @@ from collections import Counter
 
 import zmq
 import zmq.asyncio
+from conditions import until
 
+from octopis.core import Notification, SubState, Unsubscribe
+from octopis.core.custody import Custody
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbours
 from octopis.logs import RateLimitedLog
 from octopis.settings import Links
+from octopis.sim.custody import GOES, WAITS, LinkCustody
 from octopis.transport.frames import KIND
 from octopis.transport.links import (
     BATCH_FRAMES,
@@ -167,7 +171,7 @@ def test_a_batch_stops_where_custody_is_full_and_at_its_size() -> None:
         assert await _messages(pull) == [[b"n0", b"n1"]]  # custody holds 2
         link.acknowledge(2, loop.time())
         assert await _messages(pull) == [[b"n2"]]
-        link.custody_limit = 1000
+        link.custody.limit = 1000
         link.acknowledge(3, loop.time())
         send_pass.open = True
         for n in range(total):
@@ -191,8 +195,8 @@ def test_take_back_returns_retained_then_unacknowledged_then_queued() -> None:
         received = await _drain(pull)
         assert received == [b"greeting", b"n0", b"n1", b"n2", b"n3"]
         link.acknowledge(2, loop.time())
-        assert [f[1] for _, _, f in link.retained] == [b"n0", b"n1"]
-        assert [f[1] for _, _, f in link.custody] == [b"n2", b"n3"]
+        assert [f[1] for _, _, f in link.custody.retained] == [b"n0", b"n1"]
+        assert [f[1] for _, _, f in link.custody.unacked] == [b"n2", b"n3"]
         return link.take_back(loop.time())
 
     frames = asyncio.run(_with_link(scenario, retain=60.0))
@@ -212,15 +216,15 @@ def test_the_retained_window_keeps_its_limit_and_its_horizon() -> None:
             link.put([b"me", b"n%d" % n, KEPT], loop.time())
         assert len(await _drain(pull)) == 7
         link.acknowledge(4, loop.time())
-        assert [f[1] for _, _, f in link.retained] == [b"n1", b"n2", b"n3"]
-        assert [f[1] for _, _, f in link.custody] == [b"n4", b"n5"]
-        assert link.retain_evicted == 1
+        assert [f[1] for _, _, f in link.custody.retained] == [b"n1", b"n2", b"n3"]
+        assert [f[1] for _, _, f in link.custody.unacked] == [b"n4", b"n5"]
+        assert link.custody.evicted == 1
         link.acknowledge(4, loop.time())
-        assert len(link.retained) == 3 and len(link.custody) == 2
-        assert link.retain_evicted == 1
+        assert len(link.custody.retained) == 3 and len(link.custody) == 2
+        assert link.custody.evicted == 1
         link.acknowledge(6, loop.time() + 120.0)  # all of them sent long before
-        assert not link.retained and not link.custody
-        assert link.retain_evicted == 1
+        assert not link.custody.retained and not link.custody.unacked
+        assert link.custody.evicted == 1
 
     asyncio.run(_with_link(scenario, retain=60.0, retain_limit=3))
 
@@ -243,7 +247,7 @@ def test_a_publication_is_answered_once_the_neighbour_acknowledges_its_copy() ->
         assert answered == []  # sent is not held
         link.acknowledge(1, loop.time())
         assert answered == [b"p1"]
-        assert [len(f) for _, _, f in link.retained] == [3]
+        assert [len(f) for _, _, f in link.custody.retained] == [3]
         return link.take_back(loop.time())
 
     frames = asyncio.run(_with_link(scenario, retain=60.0))
@@ -261,7 +265,7 @@ def test_a_full_custody_buffer_stops_the_link_and_counts_it() -> None:
         for n in range(5):
             link.put([b"me", b"n%d" % n, KEPT], loop.time())
         assert await _drain(pull) == [b"greeting", b"n0", b"n1"]
-        assert len(link.queue) == 3 and link.custody_full >= 1
+        assert len(link.queue) == 3 and link.custody.stops >= 1
         link.acknowledge(2, loop.time())
         assert await _drain(pull) == [b"n2", b"n3"]
 
@@ -339,3 +343,89 @@ def test_a_link_holding_routing_frames_still_beats_once_a_heartbeat() -> None:
             ctx.term()
 
     asyncio.run(scenario())
+
+
+CUSTODY_SCRIPT = [
+    *(("send", name) for name in ("n0", "s1", "n2", "n3", "n4", "n5", "n6")),
+    ("ack", 3),
+    ("send", "n7"),
+    ("ack", 5),
+    ("ack", 5),
+    ("send", "s8"),
+    ("down", None),
+]
+"""Sends (``n…`` a notification, ``s…`` a subscription message), acknowledgements of a
+count, and the link going down, in this order."""
+
+
+def test_the_process_and_the_simulator_keep_and_take_back_the_same_copies() -> None:
+    """One script of sends, acknowledgements and a link down, played on a broker process's
+    output link (real ZeroMQ) and on the simulator's links: after every step both keep
+    the same copies unacknowledged, the same retained and the same waiting for room
+    (custody full at 3, 2 retained at most), and the link down gives back the same
+    copies in the same order (retained, unacknowledged, then what waited)."""
+
+    async def process(link: OutputLink, pull, lst: LinkStatusTable) -> list:
+        loop = asyncio.get_running_loop()
+        link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+        seen = []
+        for step, arg in CUSTODY_SCRIPT:
+            if step == "send":
+                kind = KEPT if arg.startswith("n") else DATA
+                link.put([b"me", arg.encode(), kind], loop.time())
+            elif step == "ack":
+                link.acknowledge(arg, loop.time())
+            else:
+                seen.append([f[1].decode() for f in link.take_back(loop.time())])
+                return seen
+            await until(lambda: not link.queue or link.held(), "the link sent what it may", 10)
+            seen.append(_state(link.custody, [f[1].decode() for f in link.queue]))
+        return seen
+
+    processed = asyncio.run(_with_link(process, custody_limit=3, retain=60.0, retain_limit=2))
+
+    links = LinkCustody(retain=60.0, custody_limit=3, retain_limit=2)
+    simulated = []
+
+    def put(message: object, now: float) -> None:
+        assert links.departs("me", "peer", now, message, broken=False) in (GOES, WAITS)
+
+    for now, (step, arg) in enumerate(CUSTODY_SCRIPT):
+        if step == "send":
+            put(_message(arg), float(now))
+        elif step == "ack":
+            for message in links.acknowledge("me", "peer", arg, float(now)):
+                put(message, float(now))
+        else:
+            simulated.append([_name(m) for m in links.take_back("me", "peer")])
+            break
+        waiting = [_name(m) for m in links.waiting.get(("me", "peer"), ())]
+        simulated.append(_state(links.of("me", "peer"), waiting))
+
+    assert processed == simulated
+    assert processed[-1] == ["n3", "n4", "n5", "n6", "n7", "s8"]
+    assert processed[-2] == ([(6, "n5"), (7, "n6"), (8, "n7")], [(4, "n3"), (5, "n4")], ["s8"])
+
+
+def _message(name: str) -> Notification | Unsubscribe:
+    if name.startswith("n"):
+        return Notification("pub", int(name[1:]), 0.0, {})
+    return Unsubscribe(name, SubState.PRIMARY)
+
+
+def _name(message: object) -> str:
+    if type(message) is Notification:
+        return f"n{message.seq}"
+    return message.sub_id  # type: ignore[attr-defined]
+
+
+def _copy(copy: object) -> str:
+    """A kept copy's name: a process frame's body, a simulator message's."""
+    return copy[1].decode() if type(copy) is list else _name(copy)  # type: ignore[index]
+
+
+def _state(custody: Custody, waiting: list[str]) -> tuple[list, list, list[str]]:
+    """The entries unacknowledged and retained (number, name), and what waits for room."""
+    unacked = [(number, _copy(copy)) for number, _, copy in custody.unacked]
+    retained = [(number, _copy(copy)) for number, _, copy in custody.retained]
+    return unacked, retained, waiting

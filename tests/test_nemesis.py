@@ -23,6 +23,7 @@ from octopis.core.answer import AnswerSelection
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.composite import CompositeJoin
+from octopis.core.custody import Custody, took
 from octopis.core.durable import Durables
 from octopis.core.messages import Notification
 from octopis.core.node import BrokerNode
@@ -160,6 +161,22 @@ def _caught(problem: Callable[[str], bool]) -> int:
     print(f"caught by seed {seed}:\n{draw(seed).describe()}\nproblems: {problems}")
     assert any(problem(p) for p in problems)
     return seed
+
+
+def test_acknowledging_what_was_not_taken_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Custody settles only what the receiver took: a receiver that acknowledges one
+    more than it took (and a sender whose link-down gives back no retained copy, which
+    would hide it) lets a failure lose a copy still on its way; the checker finds it
+    lost without a count."""
+    take_back = Custody.take_back
+
+    def without_retained(self: Custody) -> list:
+        self.retained.clear()
+        return take_back(self)
+
+    monkeypatch.setattr("octopis.sim.failures.took", lambda record, n: took(record, n + 1))
+    monkeypatch.setattr(Custody, "take_back", without_retained)
+    _caught(lambda p: "lost without a count" in p)
 
 
 def test_releasing_no_held_copies_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,7 @@ from octopis.core import (
     make_broker,
 )
 from octopis.core.answer import AnswerSelection
-from octopis.core.neighbours import TRANSITIONS, Event, Neighbour, Neighbours, Phase, stall
+from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase, stall
 from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
 from octopis.core.replay import Replay, ReplayData
 from octopis.defaults import CLOCK_SKEW, LOOKBACK, PUBLISHERS_KNOWN
@@ -293,16 +293,6 @@ def test_a_silent_neighbour_resumes_its_session_and_must_speak_again() -> None:
     assert table.said("n", True) and table.ready(waited=False)
     assert table.met("n", 5) is None and table.met("n", 6) is True
     assert table["n"].restarts == 1 and not table.reachable("n")
-
-
-def test_a_heartbeat_is_due_for_unacknowledged_frames_or_an_idle_link() -> None:
-    """Due when frames taken are unacknowledged, or the link has been idle a heartbeat
-    interval with nothing about to leave (a held queue does not silence it)."""
-    assert Neighbour(received=2, acked=1).heartbeat_due(0.0, 0.2, leaving=True)
-    idle = Neighbour(received=2, acked=2)
-    assert not idle.heartbeat_due(0.1, 0.2, leaving=False)
-    assert idle.heartbeat_due(0.2, 0.2, leaving=False)
-    assert not idle.heartbeat_due(0.3, 0.2, leaving=True)
 
 
 def test_time_not_running_is_nobodys_silence() -> None:

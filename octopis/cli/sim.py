@@ -83,8 +83,8 @@ def configure(command: str, p: argparse.ArgumentParser) -> None:
         type=float,
         default=RETAIN,
         metavar="SECONDS",
-        help="how long a sender keeps a copy it sent, for re-routing after a failure "
-        f"(default {RETAIN})",
+        help="how long a sender keeps a copy after its neighbour acknowledged it, for "
+        f"re-routing if the neighbour fails before passing it on (default {RETAIN})",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(

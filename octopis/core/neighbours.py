@@ -114,19 +114,6 @@ class Neighbour:
             return self.phase.value
         return "serving" if self.word else "starting"
 
-    @property
-    def unacknowledged(self) -> bool:
-        """Data frames were taken from it since the count last acknowledged."""
-        return self.received != self.acked
-
-    def heartbeat_due(self, idle: float, heartbeat: float, leaving: bool) -> bool:
-        """Whether a heartbeat is due to it: frames taken from it are unacknowledged, or
-        the link to it has sent nothing for ``idle`` ≥ ``heartbeat`` seconds and has
-        nothing queued about to leave (``leaving``). A queue held back (for a neighbour
-        not heard since it was declared down) must not silence the link, or that
-        neighbour, hearing us once, declares us down again."""
-        return self.unacknowledged or (idle >= heartbeat and not leaving)
-
 
 class ShareHeard(NamedTuple):
     """A share announced: whether it is for us, and whether the neighbour now serves

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from octopis.core.custody import acknowledgement, owed
 from octopis.core.neighbours import Neighbour
 
 CLIENTS = "(clients)"
@@ -104,11 +105,10 @@ class Backpressure:
         """The count a heartbeat to ``name`` acknowledges: what was taken from it, or,
         while it is held back (:meth:`holds`), the count last acknowledged (a withheld
         acknowledgement is counted)."""
-        if self.holds(name):
-            self.counters["backpressure.acks_withheld"] += state.unacknowledged
-            return state.acked
-        state.acked = state.received
-        return state.acked
+        withheld = self.holds(name)
+        if withheld:
+            self.counters["backpressure.acks_withheld"] += owed(state)
+        return acknowledgement(state, withheld)
 
     def forget(self, name: str) -> None:
         """Neighbour ``name`` left the overlay: its link no longer counts."""

@@ -48,6 +48,7 @@ from octopis.sim.clients import Clients
 from octopis.sim.composite_clients import CompositeClients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
+from octopis.sim.custody import Acknowledged
 from octopis.sim.events import EventQueue, Sampler
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import SubscriberMoves
@@ -342,6 +343,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             counts = self.failure_counts + sum(
                 (node.counts() for node in self.nodes.values()), Counter()
             )
+            counts.update(self.failures.custody.counts())
             report["failures"] = {
                 **counts,
                 **({"undeliverable.held_at_end": held} if held else {}),
@@ -375,16 +377,10 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 dst, message = action
                 if on_forward is not None:
                     on_forward(broker, dst, message)
-                if failures is not None and not failures.departs(broker, dst, now, message):
-                    if type(message) is Notification:
-                        self.failure_counts["lost_in_transit"] += 1
-                    elif type(message) is not HandedShare:  # waits for dst, as in the process
-                        self.nodes[broker].hold_undelivered(dst, [message])
+                if failures is not None:
+                    self._put(broker, dst, message)  # custody's: goes, lost, held or waits
                     continue
-                arrival = arrival_of(broker, dst, now, message)
-                if failures is not None and failures.slow:
-                    arrival += failures.slow.get((broker, dst), 0.0)
-                send(broker, dst, arrival, message)
+                send(broker, dst, arrival_of(broker, dst, now, message), message)
             elif kind is Hold:
                 self.nodes[broker].hold(action)
             elif kind is HandedShare:
@@ -416,13 +412,20 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                     self.saw(subscriber, notification)
 
     def _arrive(self, broker: str, src: str, message: Any) -> None:
-        if self.failures is not None and self.failures.broken(src, broker):
-            self.failure_counts["lost_in_transit"] += 1
-            if src in self.failures.dead and type(message) is Notification:
-                # Only the dead sender could have routed it again (custody died with it).
-                self.failure_counts["undeliverable.died_in_flight"] += 1
-                self.brokers.given_up.add(message.key)
-            return
+        failures = self.failures
+        if failures is not None:
+            if type(message) is Acknowledged:
+                self._acknowledged(broker, src, message)
+                return
+            if failures.broken(src, broker):
+                self.failure_counts["lost_in_transit"] += 1
+                if src in failures.dead and type(message) is Notification:
+                    # Only the dead sender could have routed it again (custody died with it).
+                    self.failure_counts["undeliverable.died_in_flight"] += 1
+                    self.brokers.given_up.add(message.key)
+                return
+            if type(message) is not HandedShare:
+                self._took(broker, src)  # acknowledged at once, before it is routed
         if self.cpus is not None:
             self.cpus.queue(broker, src, message)
             return

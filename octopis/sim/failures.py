@@ -6,10 +6,10 @@ The model is the transport's, in simulated time:
   broker, never arrive. A dead broker loses its state.
 - Each end of a failed link *detects* it ``detection`` seconds later (the transport's
   ``links.down_after``); only then does its core see the link as down and route around it.
-- Custody: a sender keeps every copy it sent on a link for ``retain`` seconds after
-  sending (the transport keeps acknowledged frames as long, in case the receiver dies
-  before passing them on). At detection, the copies sent since ``failure − retain`` go
-  back to the sender's core (``reroute``); edge dedup absorbs those that had arrived.
+- Custody is the broker process's own (:mod:`octopis.sim.custody`): a sender keeps each
+  notification it sent on a link until the receiver's acknowledgement comes back, and
+  ``retain`` seconds after that. At detection, what it kept goes back to its core
+  (``reroute``); edge dedup absorbs those that had arrived.
 - A broker that dies takes with it the copies still in flight from it
   (``undeliverable.died_in_flight``) and those it had sent on an already failed link
   before it detected the failure (``undeliverable.died_in_custody``): only it could have
@@ -29,7 +29,7 @@ The model is the transport's, in simulated time:
   nothing from ``A`` and declares it down ``detection`` seconds later; it then stops
   sending on the link (the process pauses a link it declared down), so ``A`` hears
   nothing either and declares ``B`` down ``detection`` seconds after that. Until then
-  ``A`` takes ``B``'s frames, but its acknowledgements do not come back: what ``B`` sent
+  ``A`` takes ``B``'s frames, but its acknowledgements are lost: what ``B`` sent
   since the failure stays in ``B``'s custody and is routed again at its detection (edge
   dedup absorbs what got through), and what ``A`` sent since the failure stays in
   ``A``'s custody until its own. The heal lets both directions carry again.
@@ -46,25 +46,28 @@ from the start of publishing).
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 
 from octopis.core import Notification
+from octopis.core.custody import acknowledgement, heartbeat_due, took
+from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
-from octopis.defaults import DOWN_AFTER, RETAIN
+from octopis.defaults import DOWN_AFTER, HEARTBEAT, RETAIN
 from octopis.failure_schedule import Failure
-from octopis.sim.replaying import REPLAY_TYPES
+from octopis.sim.custody import GOES, HELD, LOST, Acknowledged, LinkCustody
 
 
 class FailureState:
-    """Which brokers are dead and which directed links are cut; the custody window of
-    every directed link. Which links a broker routes through is its node's
+    """Which brokers are dead and which directed links are cut; the custody of every
+    directed link (:class:`~octopis.sim.custody.LinkCustody`, ``retain`` its retained
+    window). Which links a broker routes through is its node's
     (:meth:`~octopis.core.neighbours.Neighbours.routable`), as in the broker process."""
 
     def __init__(self, detection: float = DOWN_AFTER, retain: float = RETAIN):
         if detection < 0 or retain < 0:
             raise ValueError("detection and retain must not be negative")
         self.detection = detection
-        self.retain = retain
+        self.custody = LinkCustody(retain)
         self.dead: set[str] = set()
         self.crashes: Counter[str] = Counter()
         """How many crashes under way each broker is in: overlapping ones keep it dead
@@ -78,7 +81,6 @@ class FailureState:
         self.failed_at: dict[tuple[str, str], float] = {}
         self.slow: dict[tuple[str, str], float] = {}
         """Directed links in a delay spike: the seconds each frame sent on it is late."""
-        self._custody: dict[tuple[str, str], deque[tuple[float, object]]] = {}
 
     def broken(self, src: str, dst: str) -> bool:
         """Whether a copy on ``src → dst`` is lost (link cut or an end dead)."""
@@ -108,46 +110,6 @@ class FailureState:
     def severed(self, a: str, b: str) -> bool:
         """Whether the link of ``a`` and ``b`` fails either way (no handshake goes over)."""
         return self.broken(a, b) or self.broken(b, a)
-
-    def sent(self, src: str, dst: str, now: float, message: object) -> None:
-        """Keep ``message`` in ``src``'s custody for ``dst``."""
-        window = self._custody.get((src, dst))
-        if window is None:
-            window = self._custody[(src, dst)] = deque()
-        window.append((now, message))
-        horizon = now - self.retain - self.detection
-        failed = self.failed_at.get((src, dst))
-        if failed is not None:  # unacknowledged since: kept until the sender detects it
-            horizon = min(horizon, failed - self.retain)
-        while window and window[0][0] < horizon:
-            window.popleft()
-
-    def departs(self, src: str, dst: str, now: float, message: object) -> bool:
-        """Whether a copy ``src`` sends ``dst`` at ``now`` goes on the link: a
-        notification is kept in ``src``'s custody (:meth:`sent`) and goes unless the link
-        is broken (lost in transit); any other message goes only on a link that carries."""
-        broken = self.broken(src, dst)
-        if broken and type(message) is not Notification:
-            return False
-        self.sent(src, dst, now, message)
-        return not broken
-
-    def take_back(self, src: str, dst: str) -> list[object]:
-        """The copies ``src`` sent to ``dst`` since ``failure − retain``; custody emptied."""
-        since = self.failed_at.get((src, dst), -math.inf) - self.retain
-        window = self._custody.pop((src, dst), deque())
-        return [message for when, message in window if when >= since]
-
-    def forget(self, broker: str) -> list[object]:
-        """A dead broker's own custody dies with it; returns the copies it
-        would have routed again at a detection it did not live to make: those sent on a
-        link that had failed, or up to ``retain`` before (the neighbour may have died
-        before passing them on), as :meth:`take_back` gives them."""
-        lost: list[object] = []
-        for link in [link for link in self._custody if link[0] == broker]:
-            since = self.failed_at.get(link, math.inf) - self.retain
-            lost += [message for when, message in self._custody.pop(link) if when >= since]
-        return lost
 
 
 class FailureEvents:
@@ -212,7 +174,7 @@ class FailureEvents:
             if state.crashes[broker] > 1:
                 return  # dead already
             state.dead.add(broker)
-            for message in state.forget(broker):
+            for message in state.custody.forget(broker, state.failed_at):
                 if type(message) is Notification:
                     self.failure_counts["undeliverable.died_in_custody"] += 1
                     self.brokers.given_up.add(message.key)
@@ -286,9 +248,9 @@ class FailureEvents:
 
     def _detect(self, src: str, dst: str) -> None:
         """``src`` declares ``dst`` down and re-routes the notifications it kept in
-        custody for it. Subscription messages are not in the process's custody: those
-        sent are delivered or lost in flight; those sent on a link already broken wait
-        for ``dst``'s return (:meth:`BrokerNode.hold_undelivered`)."""
+        custody for it. Subscription messages are not in custody: those sent are
+        delivered or lost in flight; those that waited for room, or were sent on a link
+        already broken, wait for ``dst``'s return (:meth:`BrokerNode.hold_undelivered`)."""
         state = self.failures
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:
@@ -299,10 +261,11 @@ class FailureEvents:
         neighbours.silent(dst, self.now)
         self.failure_counts["detections"] += 1
         core = self.cores[src]
-        for message in state.take_back(src, dst):
-            if type(message) in REPLAY_TYPES or type(message) is HandedShare:
-                continue  # not in custody: the round hears dst is down
-            self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
+        for message in state.custody.take_back(src, dst):
+            if type(message) is Notification:
+                self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
+            elif type(message) is not HandedShare:  # waited for room: as if sent now
+                self.nodes[src].hold_undelivered(dst, [message])
         self._replay_link_down(src, dst)
         self._check_serving(src)
 
@@ -385,6 +348,7 @@ class FailureEvents:
             node = self.nodes[src]
             names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
             node.neighbours.handshake(dst, names, incarnation[src])
+            self.failures.custody.greeted(dst, src)  # type: ignore[union-attr]
             node.neighbours.heard(dst, self.now)
             actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
@@ -457,3 +421,85 @@ class FailureEvents:
         if not state.broken(src, dst):
             state.failed_at.pop((src, dst), None)
         self.nodes[src].neighbours.heard(dst, self.now)
+
+    # -- custody: sends, acknowledgements (see octopis.sim.custody) ---------------------
+
+    def _put(self, src: str, dst: str, message: object) -> None:
+        """``src`` puts ``message`` on its link to ``dst`` now: custody decides whether it
+        goes, is lost in transit, is held for ``dst``'s return or waits for room
+        (:meth:`LinkCustody.departs`); what goes arrives after its departure from the
+        link's queue, a latency draw and any delay spike."""
+        state = self.failures
+        assert state is not None
+        now = self.now
+        fate = state.custody.departs(src, dst, now, message, state.broken(src, dst))
+        if fate == GOES:
+            arrival = self.network.arrival(src, dst, now, message)
+            self.events.send(src, dst, arrival + state.slow.get((src, dst), 0.0), message)
+        elif fate == LOST:
+            self.failure_counts["lost_in_transit"] += 1
+        elif fate == HELD and type(message) is not HandedShare:  # as in the process
+            self.nodes[src].hold_undelivered(dst, [message])
+
+    def _took(self, broker: str, src: str) -> None:
+        """``broker`` takes a routing message from ``src``: the first since its last
+        acknowledgement is acknowledged at once (:func:`~octopis.core.custody.took`)."""
+        record = self.nodes[broker].neighbours[src]
+        if took(record, 1):
+            self._acknowledge(broker, src, record)
+
+    def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:
+        """``broker`` acknowledges to ``src`` what it took from it: on the link back,
+        ahead of its queue (lost if the link is broken); its heartbeat timer runs. An
+        acknowledgement that would change nothing in ``src``'s custody when it arrives
+        (:meth:`Custody.settles`, :meth:`Custody.prunes`) is not simulated: only the time
+        it was sent counts."""
+        state = self.failures
+        assert state is not None
+        custody = state.custody
+        link = (broker, src)
+        count = acknowledgement(record, False)
+        custody.last_sent[link] = now = self.now
+        kept = custody.links.get((src, broker))
+        if kept is not None and (kept.retained or kept.settles(count)):
+            late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
+            if (kept.settles(count) or kept.prunes(now + late)) and not state.broken(*link):
+                self.events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
+        if link not in custody.beating:
+            custody.beating.add(link)
+            self.at(now + HEARTBEAT, self._heartbeat, broker, src)
+
+    def _heartbeat(self, broker: str, src: str) -> None:
+        """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the
+        count, when one is due (:func:`~octopis.core.custody.heartbeat_due`). The timer
+        skips the ticks whose heartbeat would change nothing (the oldest copy ``src``
+        retains for ``broker`` is not yet ``retain`` seconds old) and stops once ``src``
+        retains nothing for it, or either is gone."""
+        state = self.failures
+        assert state is not None
+        custody = state.custody
+        kept = custody.links.get((src, broker))
+        node = self.nodes.get(broker)
+        record = node.neighbours.get(src) if node is not None else None
+        if broker in state.dead or record is None or kept is None or not kept.retained:
+            custody.beating.discard((broker, src))
+            return
+        idle = self.now - custody.last_sent.get((broker, src), -math.inf)
+        if heartbeat_due(record, idle, HEARTBEAT, False):
+            self._acknowledge(broker, src, record)
+        last = custody.last_sent[(broker, src)]
+        expires = kept.retained[0][1] + kept.retain if kept.retained else self.now
+        beats = max(1, math.ceil((expires - last) / HEARTBEAT))  # heartbeats from the last
+        tick = max(last + beats * HEARTBEAT, self.now + HEARTBEAT / 2)
+        self.at(tick, self._heartbeat, broker, src)
+
+    def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:
+        """``src``'s acknowledgement reaches ``broker`` (unless the link broke meanwhile):
+        for this incarnation of ``broker``, custody settles it, and what waited for room
+        goes on the link again, in order."""
+        state = self.failures
+        assert state is not None
+        if state.broken(src, broker) or ack.incarnation != self.brokers.incarnation[broker]:
+            return
+        for message in state.custody.acknowledge(broker, src, ack.count, self.now):
+            self._put(broker, src, message)

@@ -65,6 +65,9 @@ class Network:
         self.model = model
         self.latency = latency
         self._streams = _LinkStreams(rng.getrandbits(64))
+        self._link_frames = _LinkStreams(rng.getrandbits(64))
+        """The streams of link-level frames (acknowledgements): drawing them leaves the
+        latencies of the copies on each link as they were."""
         self._fixed_latency = latency.base if latency.jitter <= 0 else None
         self._instant = type(model).transmit is FreeLinks.transmit and not model.measures_queues
         """Whether copies leave at once (no output queue to ask)."""
@@ -88,11 +91,19 @@ class Network:
         return departure + self._latency(src, dst)
 
     def _latency(self, src: str, dst: str) -> float:
-        """The next latency draw of the link ``src → dst``."""
+        """The next latency draw of a copy on the link ``src → dst``."""
         fixed = self._fixed_latency
         if fixed is not None:
             return fixed
         return self.latency.sample(self._streams.uniform(src, dst))
+
+    def link_frame_latency(self, src: str, dst: str) -> float:
+        """The latency of a link-level frame (an acknowledgement) on ``src → dst``: it
+        leaves ahead of the output queue and takes just a draw, from a stream of its own."""
+        fixed = self._fixed_latency
+        if fixed is not None:
+            return fixed
+        return self.latency.sample(self._link_frames.uniform(src, dst))
 
     def taken(self, src: str, dst: str, now: float) -> None:
         """``dst``'s loop took a copy from ``src``: with receiver-paced links it leaves

@@ -55,10 +55,12 @@ class Reshaping:
             node = self.brokers.remove(broker)
             self.failure_counts.update(node.counts())
             events.remove(broker)
+            state.custody.forget(broker, {})  # nothing in flight: nothing kept nor waiting
         for broker, held in zip(relinked, dropped, strict=True):
             self.failure_counts["relink.held_dropped"] += held
             for gone in set(old.graph[broker]) - set(scot.graph[broker]):
                 events.drop_link(broker, gone)
+                state.custody.drop(broker, gone)
                 state.failed_at.pop((broker, gone), None)
         self.brokers.scot = scot
         for broker in added:

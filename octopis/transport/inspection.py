@@ -120,9 +120,9 @@ class BrokerInspection:
             "custody": {
                 name: {
                     "unacknowledged": len(link.custody),
-                    "retained": len(link.retained),
-                    "times_full": link.custody_full,
-                    "retain_evicted": link.retain_evicted,
+                    "retained": len(link.custody.retained),
+                    "times_full": link.custody.stops,
+                    "retain_evicted": link.custody.evicted,
                 }
                 for name, link in broker.links.items()
             },

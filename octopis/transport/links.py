@@ -12,18 +12,16 @@ one sender, handled by the receiver in order, as if each had come alone.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
 
 import zmq
 import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate, departure
+from octopis.core.custody import Custody, Entry
 from octopis.transport.frames import DATA, HANDSHAKE, KEPT, KIND, RECEIPT
 from octopis.transport.security import Curve
 from octopis.transport.zmqio import FastSocket, book_sent
@@ -51,9 +49,6 @@ BATCH_FRAMES = 64
 """Frames one message carries at most (DESIGN §5: a batch)."""
 BATCH_BYTES = 256 * 1024
 """Bytes of bodies after which a batch takes no further frame."""
-
-_NUMBER, _SENT_AT = itemgetter(0), itemgetter(1)
-"""The fields of a custody entry ``(number, sent at, frame)``."""
 
 
 class PublishReceipt:
@@ -183,8 +178,9 @@ class OutputLink:
     Frames are :mod:`~octopis.transport.frames`' ``[sender, body, kind]``. Routing frames
     sent after a handshake are numbered 1, 2, …; the receiver acknowledges the count it
     has taken (:meth:`acknowledge`), and until then the notifications among them stay in
-    a bounded custody buffer. When the custody buffer is full the link stops sending, so
-    the queue grows and the LST sees it.
+    the link's :class:`~octopis.core.custody.Custody` (the rule the simulator's links
+    keep too). When custody is full the link stops sending, so the queue grows and the
+    LST sees it.
     ``last_sent`` (loop time) tells the heartbeat whether the link has been idle.
     ZMQ_IMMEDIATE keeps ZeroMQ from queueing frames for a peer that is not connected, so
     while a neighbour is away its frames stay here, where :meth:`take_back` hands them
@@ -233,29 +229,14 @@ class OutputLink:
         """Notification copies sent (the link's share of the broker's load, DESIGN §9)."""
         self.bytes_sent = 0
         self.last_sent = 0.0
-        self.numbered = 0
-        """Routing frames sent since the last handshake."""
         self.greeted = False
         """A handshake naming the receiver's incarnation is queued (:meth:`greet`); until
         then routing frames wait, since the receiver drops what arrives before one."""
-        self.custody: list[tuple[int, float, list]] = []
-        """Notifications sent and not yet acknowledged, as ``(number, sent at, frame)``
-        in sending order."""
+        self.custody = Custody(custody_limit, retain, retain_limit, self._settle)
+        """Notifications sent and not yet acknowledged, and those acknowledged within
+        ``retain`` seconds, as ``(number, sent at, frame)`` entries (DESIGN §7)."""
         self._receipts = 0
         """Custody entries whose frame carries a :class:`PublishReceipt`."""
-        self.keeps = custody_limit > 0
-        """Custody on (a limit of 0 turns it off: a failure loses what was in flight)."""
-        self.custody_limit = custody_limit if self.keeps else math.inf
-        self.custody_full = 0
-        """Times the link stopped because its custody buffer was full."""
-        self.retained: list[tuple[int, float, list]] = []
-        """Acknowledged notifications sent less than ``retain`` seconds before the latest
-        acknowledgement, as their custody entries (number, sent at, frame): the receiver
-        may die before passing them on (DESIGN §7)."""
-        self.retain = retain
-        self.retain_limit = retain_limit
-        self.retain_evicted = 0
-        """Retained frames dropped early to stay within ``retain_limit``."""
         self._lst = lst
         self._wake = asyncio.Event()
         self._activity = activity
@@ -263,9 +244,11 @@ class OutputLink:
     def _sent(self, count: int, now: float) -> None:
         """Book-keeping of the ``count`` frames at the head of the queue, just handed to
         ZeroMQ: they leave the queue, routing frames are numbered and notifications go
-        into custody (:func:`~octopis.transport.zmqio.book_sent`)."""
-        self.numbered, size, copies, receipts = book_sent(
-            self.queue, count, self.custody if self.keeps else None, self.numbered, now
+        into custody (:func:`~octopis.transport.zmqio.book_sent`, :meth:`Custody.sent`
+        for a batch)."""
+        custody = self.custody
+        custody.numbered, size, copies, receipts = book_sent(
+            self.queue, count, custody.unacked if custody.keeps else None, custody.numbered, now
         )
         self._receipts += receipts
         self.copies += copies
@@ -277,34 +260,16 @@ class OutputLink:
 
     def acknowledge(self, count: int, now: float) -> None:
         """The receiver has taken the first ``count`` routing frames of this session (at
-        ``now``). Acknowledged notifications move from custody to the retained window,
-        which keeps those sent within ``retain`` seconds of ``now`` (at most
-        ``retain_limit``, oldest evicted first, counted); since only acknowledgements
-        prune it, a receiver that dies leaves its last ``retain`` seconds here. Both are
-        in sending order, so what leaves each is found by bisection and moved at once."""
-        custody = self.custody
-        was_full = len(custody) >= self.custody_limit
-        settled = bisect_right(custody, count, key=_NUMBER) if custody else 0
-        if settled:
-            entries = custody[:settled]
-            del custody[:settled]
-            if self._receipts:
-                self._settle(entries)
-            if self.retain > 0:
-                self.retained += entries
-        retained = self.retained
-        if retained:
-            expired = bisect_left(retained, now - self.retain, key=_SENT_AT)
-            drop = max(expired, len(retained) - self.retain_limit)
-            if drop > 0:
-                self.retain_evicted += drop - expired
-                del retained[:drop]
-        if was_full and self.queue:
+        ``now``): custody settles them (:meth:`Custody.acknowledge`); a link that had
+        stopped for full custody sends again."""
+        if self.custody.acknowledge(count, now) and self.queue:
             self._wake.set()
 
-    def _settle(self, entries: list[tuple[int, float, list]]) -> None:
+    def _settle(self, entries: list[Entry]) -> None:
         """Acknowledged custody entries: a local publication's receipt counts the copy
         as held, and the entry keeps its frame without it."""
+        if not self._receipts:
+            return
         for i, (number, sent_at, frame) in enumerate(entries):
             if len(frame) > RECEIPT:
                 frame[RECEIPT].held()
@@ -348,7 +313,7 @@ class OutputLink:
         one message (LINK and HANDSHAKE frames always; routing frames once greeted and
         while custody has room); returns how many (0: none may leave; :data:`FULL`: the
         pipe is full, nothing sent)."""
-        room = min(most, self.custody_limit - len(self.custody)) if self.greeted else 0
+        room = min(most, self.custody.room()) if self.greeted else 0
         count = self._fast.send_batch(self.queue, most, BATCH_BYTES, room)
         if count > 0:
             self._sent(count, now)
@@ -404,13 +369,11 @@ class OutputLink:
             self._wake.set()
 
     def take_back(self, now: float) -> list[list]:
-        """Empty the retained window, the custody buffer and the queue; returns their
-        routing frames, oldest first (queued frames leave the LST's queue length). Only
-        frames never acknowledged still carry a :class:`PublishReceipt`."""
-        frames = [frame for _, _, frame in self.retained]
-        frames += [frame for _, _, frame in self.custody]
-        self.retained.clear()
-        self.custody.clear()
+        """Empty custody (:meth:`Custody.take_back`: retained, then unacknowledged) and
+        the queue; returns their routing frames, oldest first (queued frames leave the
+        LST's queue length). Only frames never acknowledged still carry a
+        :class:`PublishReceipt`."""
+        frames = self.custody.take_back()
         self._receipts = 0
         for frame in self.queue:
             self._lst.sent(self.name, now)
@@ -424,11 +387,7 @@ class OutputLink:
         not greeted (down, or before its handshake) or custody is full. Nothing leaves
         such a link until then but what is put ahead of them (:meth:`put_link`)."""
         queue = self.queue
-        return (
-            bool(queue)
-            and queue[0][KIND] >= DATA
-            and (not self.greeted or len(self.custody) >= self.custody_limit)
-        )
+        return bool(queue) and queue[0][KIND] >= DATA and (not self.greeted or self.custody.full)
 
     async def run(self) -> None:
         """Send queued frames in order, each in a slot booked with the broker's and the
@@ -438,7 +397,7 @@ class OutputLink:
         while True:
             if not self.queue or self.held():
                 if self.queue and self.greeted:
-                    self.custody_full += 1
+                    self.custody.stopped()
                 self._wake.clear()
                 await self._wake.wait()
                 continue

@@ -23,6 +23,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.core import Message, Notification, ProtocolError
+from octopis.core.custody import took
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.logs import RateLimitedLog
 from octopis.transport.codec import (
@@ -237,9 +238,7 @@ class PeerInput:
         took any would repeat: the notifications left are then counted as internal
         errors and dropped."""
         state.last_heard = now
-        first = state.received == state.acked
-        state.received += len(run)
-        if first:
+        if took(state, len(run)):
             self.output.acknowledge_first(sender, state, now)
         pending = iter(run)
         while True:
@@ -289,7 +288,7 @@ class PeerInput:
         if kind is Heartbeat or kind is Hello or kind is Synced:
             return
         if state.reachable:
-            state.received += 1
+            took(state, 1)
         else:
             self.counters["stale_frames"] += 1
             self._warn.warning(

@@ -6,7 +6,7 @@ Backpressure (DESIGN §8). While the node's rule
 acknowledgement a heartbeat carries repeats the last count instead of growing, so the
 held neighbour's custody buffer fills and it stops sending us data (its heartbeats still
 come). When a heartbeat is due is the node's rule too
-(:meth:`~octopis.core.neighbours.Neighbour.heartbeat_due`).
+(:func:`~octopis.core.custody.heartbeat_due`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate
+from octopis.core.custody import heartbeat_due, owed
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.settings import Links
 from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
@@ -116,7 +117,7 @@ class PeerOutput:
         copy that the link keeps in custody carries ``receipt`` and counts in it (the
         publisher is answered once every such copy is acknowledged, DESIGN §7)."""
         link = self.links[name]
-        if receipt is not None and frame[KIND] == KEPT and link.keeps:
+        if receipt is not None and frame[KIND] == KEPT and link.custody.keeps:
             if len(frame) == RECEIPT:
                 frame.append(receipt)
             receipt.copies += 1
@@ -177,7 +178,7 @@ class PeerOutput:
         DESIGN §7) follows in a round trip rather than on the ack timer. Backpressure is
         looked at afresh first: a neighbour whose acknowledgement it withholds
         (:meth:`beat`) is left to the timer's heartbeat, which counts what it withholds."""
-        taken = [(name, state) for name, state in self.neighbours.items() if state.unacknowledged]
+        taken = [(name, state) for name, state in self.neighbours.items() if owed(state)]
         if not taken:
             return
         self.check_pressure(now)
@@ -202,10 +203,10 @@ class PeerOutput:
 
     def beat_due(self, now: float, heartbeat: float) -> None:
         """A heartbeat to each neighbour the node says is due one
-        (:meth:`Neighbour.heartbeat_due`; a queue held back, :meth:`OutputLink.held`,
+        (:func:`~octopis.core.custody.heartbeat_due`; a queue held back, :meth:`OutputLink.held`,
         has nothing about to leave)."""
         for name, state in self.neighbours.items():
             link = self.links[name]
-            leaving = bool(link.queue) and not link.held()
-            if state.heartbeat_due(now - link.last_sent, heartbeat, leaving):
+            sending = bool(link.queue) and not link.held()
+            if heartbeat_due(state, now - link.last_sent, heartbeat, sending):
                 self.beat(name, state, now)

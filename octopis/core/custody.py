@@ -1,0 +1,201 @@
+"""Custody of one directed peer link (DESIGN §7), sans-IO: what a sender keeps of what it
+sent, when the receiver's acknowledgement settles it, the limit, and what goes back to
+the sender's core when the link goes down. The broker process's output link and the
+simulator's links keep their copies in the very same :class:`Custody`; the receiver's
+side of the rule (what it acknowledges, and when) is :func:`took` and
+:func:`acknowledgement`.
+
+- Routing messages sent on a link after a handshake are numbered 1, 2, …; a handshake
+  starts the count again (:meth:`Custody.greeted`). Of them, notifications are *kept*:
+  ``(number, sent at, copy)``, in sending order (:meth:`Custody.sent`).
+- The receiver acknowledges the count of routing messages it has taken (cumulative). An
+  acknowledgement of ``count`` *settles* the kept entries numbered up to it: they leave
+  the unacknowledged list for the *retained* window, which keeps those sent less than
+  ``retain`` seconds before the acknowledgement (at most ``retain_limit``, the oldest
+  evicted first and counted): the receiver may die before passing them on. Only
+  acknowledgements prune the window, so a receiver that dies leaves the sender its last
+  ``retain`` seconds.
+- The limit: with ``limit`` entries unacknowledged the link has no :meth:`Custody.room`
+  and sends no routing message (they wait on the sender, in order) until an
+  acknowledgement makes room; each time a link stops for it is counted
+  (:meth:`Custody.stopped`). A limit of 0 turns custody off (nothing is kept: a failure
+  loses what was in flight).
+- Link down (or the receiver restarted): :meth:`Custody.take_back` empties the window
+  and the unacknowledged list and returns their copies, oldest first — retained, then
+  unacknowledged; the sender routes the notifications again with the link down
+  (:meth:`~octopis.core.notification_routing.NotificationRouting.reroute`), and edge
+  dedup absorbs those that had arrived.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from operator import itemgetter
+from typing import Any
+
+from octopis.core.neighbours import Neighbour
+
+Entry = tuple[int, float, Any]
+"""A kept copy: ``(number, sent at, copy)``."""
+
+_NUMBER, _SENT_AT = itemgetter(0), itemgetter(1)
+
+
+class Custody:
+    """The custody of one directed link (see the module docstring). ``limit``: entries
+    unacknowledged at most (0: custody off); ``retain``: seconds an acknowledged entry
+    stays retained; ``retain_limit``: retained entries at most; ``settle``: called with
+    the entries an acknowledgement settles, before they are retained (it may replace
+    them, e.g. without what the sender no longer needs of them)."""
+
+    __slots__ = (
+        "evicted",
+        "keeps",
+        "limit",
+        "numbered",
+        "retain",
+        "retain_limit",
+        "retained",
+        "settle",
+        "stops",
+        "unacked",
+    )
+
+    def __init__(
+        self,
+        limit: int,
+        retain: float = 0.0,
+        retain_limit: int = 0,
+        settle: Callable[[list[Entry]], None] | None = None,
+    ) -> None:
+        if limit < 0 or retain < 0 or retain_limit < 0:
+            raise ValueError("custody limit, retain and retain limit must not be negative")
+        self.keeps = limit > 0
+        """Custody on (a limit of 0 turns it off: a failure loses what was in flight)."""
+        self.limit: float = limit if self.keeps else math.inf
+        self.retain = retain
+        self.retain_limit = retain_limit
+        self.settle = settle
+        self.numbered = 0
+        """Routing messages sent since the last handshake (the last number given)."""
+        self.unacked: list[Entry] = []
+        """Notifications sent and not yet acknowledged, in sending order."""
+        self.retained: list[Entry] = []
+        """Acknowledged notifications sent less than ``retain`` seconds before the latest
+        acknowledgement, in sending order."""
+        self.evicted = 0
+        """Retained entries dropped early to stay within ``retain_limit``."""
+        self.stops = 0
+        """Times the link stopped sending because custody was full."""
+
+    def __len__(self) -> int:
+        """Entries unacknowledged."""
+        return len(self.unacked)
+
+    def greeted(self) -> None:
+        """A handshake went on the link: the numbering starts again."""
+        self.numbered = 0
+
+    def sent(self, copy: Any, now: float, kept: bool) -> None:
+        """A routing message went on the link at ``now``: numbered, and kept if ``kept``
+        (a notification) and custody is on. (The process's send path books whole batches
+        the same way, :func:`octopis.transport.zmqio.book_sent`.)"""
+        self.numbered += 1
+        if kept and self.keeps:
+            self.unacked.append((self.numbered, now, copy))
+
+    def room(self) -> float:
+        """Routing messages the link may send now (``inf`` with custody off)."""
+        return self.limit - len(self.unacked)
+
+    @property
+    def full(self) -> bool:
+        """No room: routing messages wait until an acknowledgement makes some."""
+        return len(self.unacked) >= self.limit
+
+    def stopped(self) -> None:
+        """The link stopped sending because custody is full (counted)."""
+        self.stops += 1
+
+    def acknowledge(self, count: int, now: float) -> bool:
+        """The receiver has taken the first ``count`` routing messages of this session
+        (heard at ``now``): settle the entries numbered up to ``count`` into the retained
+        window and prune it (see the module docstring). Both lists are in sending order,
+        so what leaves each is found by bisection. Returns whether custody was full
+        before (the link may send again)."""
+        unacked = self.unacked
+        was_full = len(unacked) >= self.limit
+        settled = bisect_right(unacked, count, key=_NUMBER) if unacked else 0
+        if settled:
+            entries = unacked[:settled]
+            del unacked[:settled]
+            if self.settle is not None:
+                self.settle(entries)
+            if self.retain > 0:
+                self.retained += entries
+        retained = self.retained
+        if retained:
+            expired = bisect_left(retained, now - self.retain, key=_SENT_AT)
+            drop = max(expired, len(retained) - self.retain_limit)
+            if drop > 0:
+                self.evicted += drop - expired
+                del retained[:drop]
+        return was_full
+
+    def settles(self, count: int) -> bool:
+        """Whether an acknowledgement of ``count`` settles an entry kept now."""
+        unacked = self.unacked
+        return bool(unacked) and unacked[0][0] <= count
+
+    def prunes(self, at: float) -> bool:
+        """Whether an acknowledgement heard at ``at`` prunes the retained window as it is
+        now (an entry sent more than ``retain`` seconds before, or one over the limit)."""
+        retained = self.retained
+        return bool(retained) and (
+            retained[0][1] < at - self.retain or len(retained) > self.retain_limit
+        )
+
+    def take_back(self) -> list[Any]:
+        """Empty the retained window and the unacknowledged list; their copies, oldest
+        first (retained, then unacknowledged)."""
+        copies = [copy for _, _, copy in self.retained]
+        copies += [copy for _, _, copy in self.unacked]
+        self.retained.clear()
+        self.unacked.clear()
+        return copies
+
+
+def took(record: Neighbour, count: int) -> bool:
+    """The receiver took ``count`` routing messages from the neighbour of ``record``;
+    returns whether they are the first since its last acknowledgement: those are
+    acknowledged at once (the copies are the receiver's from here), later ones at the
+    end of the pass that took them (or on the heartbeat timer)."""
+    first = record.received == record.acked
+    record.received += count
+    return first
+
+
+def owed(record: Neighbour) -> bool:
+    """Whether routing messages were taken from the neighbour and not acknowledged."""
+    return record.received != record.acked
+
+
+def heartbeat_due(record: Neighbour, idle: float, heartbeat: float, sending: bool) -> bool:
+    """Whether a heartbeat, with its acknowledgement, goes to the neighbour of ``record``
+    now: what was taken from it is unacknowledged, or the link to it has sent nothing for
+    ``idle`` ≥ ``heartbeat`` seconds and nothing is about to leave on it (``sending``;
+    a queue held back must not silence the link). Each heartbeat that arrives settles
+    and prunes the neighbour's custody (:meth:`Custody.acknowledge`), so its retained
+    window keeps the last ``retain`` seconds even while the link is idle."""
+    return owed(record) or (idle >= heartbeat and not sending)
+
+
+def acknowledgement(record: Neighbour, withheld: bool) -> int:
+    """The count an acknowledgement to the neighbour of ``record`` carries: all taken
+    from it, unless backpressure ``withheld`` it (DESIGN §8), which repeats the count
+    last acknowledged, so the neighbour's custody fills and it stops sending."""
+    if not withheld:
+        record.acked = record.received
+    return record.acked

@@ -1,0 +1,171 @@
+"""The simulator's custody (DESIGN §7): every directed link keeps what it sends in the
+brokers' own :class:`~octopis.core.custody.Custody`, as the broker process's output link
+does, and the receiver's acknowledgements travel back on the reverse link.
+
+- Routing messages a broker sends on a link are numbered; notifications are kept until
+  an acknowledgement settles them, then retained ``retain`` seconds (``[links] retain``).
+- The receiver acknowledges the count it has taken when it takes a message
+  (:func:`~octopis.core.custody.took`: the first run since its last acknowledgement is
+  acknowledged at once; each arrival is its own input pass here). The acknowledgement
+  (:class:`Acknowledged`, the process's heartbeat count) goes back on the reverse link,
+  ahead of its output queue, after one latency draw; it is lost if that link is broken
+  and ignored by a sender of another incarnation than the one it names.
+- A link that has sent nothing for ``[links] heartbeat`` seconds carries a heartbeat,
+  with the count again (:func:`~octopis.core.custody.heartbeat_due`): each one that
+  arrives prunes the sender's retained window, which thus keeps the last ``retain``
+  seconds even while the link is idle. Only those heartbeats are simulated (sign of life
+  is the failure model's): a receiver beats while its sender retains something for it.
+- With ``custody_limit`` notifications unacknowledged, a link stops: what its broker
+  sends on it meanwhile waits, in order, until an acknowledgement makes room (the
+  process's output queue), and each stop is counted (``custody.full``).
+- At a detection, the sender takes back its retained and unacknowledged copies, then what
+  waited (:meth:`LinkCustody.take_back`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import NamedTuple
+
+from octopis.core import Notification
+from octopis.core.custody import Custody
+from octopis.core.node import HandedShare
+from octopis.defaults import CUSTODY_LIMIT, RETAIN, RETAIN_LIMIT
+
+Link = tuple[str, str]
+
+GOES, LOST, HELD, WAITS = range(4)
+"""What becomes of a message a broker puts on a link (:meth:`LinkCustody.departs`): it
+goes; it is lost in transit (a notification on a broken link, kept in custody); it is
+held by its broker for the neighbour's return (another message on a broken link); it
+waits for custody to have room."""
+
+
+class Acknowledged(NamedTuple):
+    """A receiver's acknowledgement on its way back: the count of routing messages it took
+    from the sender (:func:`~octopis.core.custody.acknowledgement`), for the sender's
+    ``incarnation`` it knows."""
+
+    count: int
+    incarnation: int
+
+
+class LinkCustody:
+    """The custody of every directed link of a run, and what waits for room on each.
+    ``custody_limit``, ``retain`` and ``retain_limit`` are the ``[links]`` settings."""
+
+    def __init__(
+        self,
+        retain: float = RETAIN,
+        custody_limit: int = CUSTODY_LIMIT,
+        retain_limit: int = RETAIN_LIMIT,
+    ) -> None:
+        if custody_limit < 0 or retain < 0 or retain_limit < 0:
+            raise ValueError("custody limit, retain and retain limit must not be negative")
+        self.retain = retain
+        self.custody_limit = custody_limit
+        self.retain_limit = retain_limit
+        self.links: dict[Link, Custody] = {}
+        self.waiting: dict[Link, deque[object]] = {}
+        """Messages that wait for custody to have room, per link, in sending order."""
+        self.last_sent: dict[Link, float] = {}
+        """When each link last put a frame on the wire (a heartbeat is due after
+        ``[links] heartbeat`` seconds of silence)."""
+        self.beating: set[Link] = set()
+        """Links whose heartbeat timer runs."""
+        self._gone: Counter[str] = Counter()
+        """:meth:`counts` of the custody of links gone (a dead broker's, a link dropped)."""
+
+    def of(self, src: str, dst: str) -> Custody:
+        """The custody of ``src → dst`` (made on first use)."""
+        custody = self.links.get((src, dst))
+        if custody is None:
+            custody = Custody(self.custody_limit, self.retain, self.retain_limit)
+            self.links[(src, dst)] = custody
+        return custody
+
+    def departs(self, src: str, dst: str, now: float, message: object, broken: bool) -> int:
+        """What becomes of ``message`` put on ``src → dst`` at ``now`` (``broken``: the
+        link loses it): :data:`WAITS` behind what waits, or when custody is full (a
+        stop, counted); a notification is numbered and kept, and :data:`GOES` or is
+        :data:`LOST`; another message on a ``broken`` link is :data:`HELD`, else it is
+        numbered (a share is one message here: unnumbered) and goes."""
+        link = (src, dst)
+        waiting = self.waiting.get(link)
+        if waiting:
+            waiting.append(message)
+            return WAITS
+        custody = self.of(src, dst)
+        if custody.full:
+            custody.stopped()
+            self.waiting[link] = deque((message,))
+            return WAITS
+        kind = type(message)
+        if kind is Notification:
+            custody.sent(message, now, True)
+            self.last_sent[link] = now
+            return LOST if broken else GOES
+        if broken:
+            return HELD
+        self.last_sent[link] = now
+        if kind is not HandedShare:
+            custody.sent(message, now, False)
+        return GOES
+
+    def acknowledge(self, src: str, dst: str, count: int, now: float) -> list[object]:
+        """``dst`` acknowledged ``count`` to ``src`` (heard at ``now``); returns what
+        waited on the link if custody has room now, to be put on it again in order."""
+        custody = self.of(src, dst)
+        custody.acknowledge(count, now)
+        if custody.full or not self.waiting.get((src, dst)):
+            return []
+        return list(self.waiting.pop((src, dst)))
+
+    def greeted(self, src: str, dst: str) -> None:
+        """``src``'s handshake went to ``dst``: the link's numbering starts again."""
+        self.of(src, dst).greeted()
+
+    def take_back(self, src: str, dst: str) -> list[object]:
+        """``src`` detected ``dst`` down: its retained and unacknowledged copies, oldest
+        first, then what waited; custody emptied (its numbering goes on: the session
+        does, unless a handshake starts another)."""
+        custody = self.links.get((src, dst))
+        copies = custody.take_back() if custody is not None else []
+        return copies + list(self.waiting.pop((src, dst), ()))
+
+    def forget(self, broker: str, failed: set[Link] | dict[Link, float]) -> list[object]:
+        """A dead broker's custody dies with it; returns the copies only it could have
+        routed again: what it kept for a link that had ``failed`` (it did not live to
+        detect it), and what waited on any of its links."""
+        lost: list[object] = []
+        for link in [link for link in self.links if link[0] == broker]:
+            custody = self._pop(link)
+            if link in failed:
+                lost += custody.take_back()
+        for link in [link for link in self.waiting if link[0] == broker]:
+            lost += self.waiting.pop(link)
+        for link in [link for link in self.last_sent if link[0] == broker]:
+            del self.last_sent[link]
+        return lost
+
+    def drop(self, src: str, dst: str) -> None:
+        """The link ``src → dst`` left the overlay."""
+        if (src, dst) in self.links:
+            self._pop((src, dst))
+        self.waiting.pop((src, dst), None)
+        self.last_sent.pop((src, dst), None)
+
+    def _pop(self, link: Link) -> Custody:
+        custody = self.links.pop(link)
+        self._gone["custody.full"] += custody.stops
+        self._gone["custody.retain_evicted"] += custody.evicted
+        return custody
+
+    def counts(self) -> dict[str, int]:
+        """Times links stopped for full custody (``custody.full``) and retained copies
+        evicted early (``custody.retain_evicted``), those that happened."""
+        counts = Counter(self._gone)
+        for custody in self.links.values():
+            counts["custody.full"] += custody.stops
+            counts["custody.retain_evicted"] += custody.evicted
+        return {key: n for key, n in counts.items() if n}

@@ -1,0 +1,77 @@
+"""The custody rule of a peer link (``octopis.core.custody``, DESIGN §7), sans-IO: what is
+kept, what an acknowledgement settles and prunes, the limit, what a link-down gives back,
+and the receiver's side (what it acknowledges, and when a heartbeat is due). The broker
+process and the simulator play the same script in ``test_links.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from octopis.core.custody import Custody, acknowledgement, heartbeat_due, owed, took
+from octopis.core.neighbours import Neighbour
+
+
+def _numbers(entries: list) -> list[int]:
+    return [number for number, _, _ in entries]
+
+
+def test_notifications_are_kept_numbered_and_settled_into_the_retained_window() -> None:
+    """Routing messages are numbered, notifications kept; an acknowledgement settles what
+    it counts into the retained window, which keeps ``retain`` seconds (as of the latest
+    acknowledgement) and at most ``retain_limit``, the oldest evicted and counted."""
+    custody = Custody(limit=10, retain=1.0, retain_limit=2)
+    for at, kept in ((0.0, True), (0.1, False), (0.2, True), (0.3, True), (0.4, True)):
+        custody.sent(f"m{at}", at, kept)
+    assert custody.numbered == 5 and _numbers(custody.unacked) == [1, 3, 4, 5]
+    assert not custody.settles(0) and custody.settles(1) and not custody.prunes(0.5)
+    custody.acknowledge(4, 0.5)
+    assert _numbers(custody.unacked) == [5]
+    assert _numbers(custody.retained) == [3, 4] and custody.evicted == 1
+    assert not custody.settles(4) and not custody.prunes(1.1)  # none a second old yet
+    assert custody.prunes(1.25)  # m0.2 is older than a second then
+    custody.acknowledge(4, 1.25)
+    assert _numbers(custody.retained) == [4] and custody.evicted == 1
+    assert custody.take_back() == ["m0.3", "m0.4"]
+    assert not custody.unacked and not custody.retained and custody.numbered == 5
+    custody.greeted()
+    assert custody.numbered == 0
+
+
+def test_the_limit_stops_the_link_and_zero_turns_custody_off() -> None:
+    """With ``limit`` entries unacknowledged there is no room (the shell stops the link
+    and counts it); an acknowledgement that frees room says the link was full. A limit
+    of 0 keeps nothing and never stops."""
+    custody = Custody(limit=2)
+    custody.sent("a", 0.0, True)
+    custody.sent("b", 0.0, True)
+    assert custody.full and custody.room() == 0
+    custody.stopped()
+    assert custody.stops == 1
+    assert custody.acknowledge(1, 0.1) is True and custody.room() == 1
+    assert custody.acknowledge(1, 0.2) is False
+    assert custody.take_back() == ["b"]  # retain 0: the settled one is not retained
+    off = Custody(limit=0)
+    off.sent("a", 0.0, True)
+    assert not off.keeps and not off.unacked and not off.full and off.numbered == 1
+
+
+@pytest.mark.parametrize("settings", [(-1, 0.0, 0), (1, -0.5, 0), (1, 0.0, -1)])
+def test_negative_settings_are_refused(settings: tuple[int, float, int]) -> None:
+    with pytest.raises(ValueError, match="must not be negative"):
+        Custody(*settings)
+
+
+def test_the_receiver_acknowledges_the_first_run_at_once_unless_withheld() -> None:
+    """The first run taken since the last acknowledgement is acknowledged at once; a later
+    one waits for the pass's end; backpressure repeats the count last acknowledged; a
+    heartbeat is due with anything owed, or after a heartbeat interval of silence with
+    nothing about to leave."""
+    record = Neighbour()
+    assert took(record, 3) is True and owed(record)
+    assert took(record, 2) is False
+    assert acknowledgement(record, withheld=True) == 0 and owed(record)
+    assert acknowledgement(record, withheld=False) == 5 and not owed(record)
+    assert heartbeat_due(Neighbour(received=1), 0.0, 0.2, sending=True)
+    assert not heartbeat_due(record, 0.1, 0.2, sending=False)
+    assert not heartbeat_due(record, 0.3, 0.2, sending=True)
+    assert heartbeat_due(record, 0.3, 0.2, sending=False)
