@@ -479,3 +479,68 @@ def test_the_session_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:7 for-unadvertise",
         "shell.py:3 gone",
     ]
+
+
+ACK_COUNTS = frozenset({"received", "acked"})
+"""A neighbour's acknowledgement counts (:class:`~octopis.core.neighbours.Neighbour`):
+what was taken from it and what was acknowledged. Only the node's custody rule
+(:func:`~octopis.core.custody.took`, :func:`~octopis.core.custody.acknowledgement`)
+changes them; a shell that wrote them would hold its own acknowledgement rule."""
+
+
+def private_node_uses(path: Path) -> list[str]:
+    """What ``path`` takes from the node beyond its public API: an import of a name or a
+    module of ``octopis.core`` that begins with ``_``, and every write of a neighbour's
+    :data:`ACK_COUNTS` (an object's own counters, ``self.received``, are its own):
+    ``file:line name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("octopis.core"):
+            module = node.module or ""
+            if any(part.startswith("_") for part in module.split(".")):
+                found.append(f"{path.name}:{node.lineno} {module}")
+            found += [
+                f"{path.name}:{node.lineno} {alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_")
+            ]
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AugAssign | ast.AnnAssign)
+            else []
+        )
+        found += [
+            f"{path.name}:{node.lineno} {target.attr}="
+            for target in targets
+            if isinstance(target, ast.Attribute)
+            and target.attr in ACK_COUNTS
+            and not (isinstance(target.value, ast.Name) and target.value.id == "self")
+        ]
+    return found
+
+
+def test_the_shells_use_the_nodes_public_api_and_no_acknowledgement_rule() -> None:
+    """transport/ and sim/ import only public names of ``octopis.core`` (no ``_``-names,
+    no private module such as the records' Cython part) and never write a neighbour's
+    acknowledgement counts: the custody rule is the node's, for both (read from the AST)."""
+    assert _in_shells(private_node_uses) == []
+
+
+def test_the_public_api_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "from octopis.core.custody import _settle, owed\n"
+        "from octopis.core._records import Record\n"
+        "state.acked = state.received\n"
+        "state.received += 1\n"
+        "link.acked_count = 3\n"
+        "self.received = Counter()\n"
+    )
+    assert sorted(private_node_uses(path)) == [
+        "shell.py:1 _settle",
+        "shell.py:2 octopis.core._records",
+        "shell.py:3 acked=",
+        "shell.py:4 received=",
+    ]
