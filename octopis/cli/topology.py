@@ -478,9 +478,16 @@ def draw_topology(scot: Scot, output: Path) -> None:
         else:
             bend = 0.0 if length <= 1.3 else 2 * min(0.3, 0.08 * length) / length
             style = {"color": "#c55a11", "lw": 0.8, "ls": "--", "alpha": 0.8, "zorder": 0}
+        arc = f"arc3,rad={bend}"  # ends at the centres, under the markers: nothing to clip
         ax.add_patch(
             FancyArrowPatch(
-                (x1, y1), (x2, y2), arrowstyle="-", connectionstyle=f"arc3,rad={bend}", **style
+                (x1, y1),
+                (x2, y2),
+                arrowstyle="-",
+                connectionstyle=arc,
+                shrinkA=0,
+                shrinkB=0,
+                **style,
             )
         )
     for kind, shape, colour in ((INNER, "s", "#2e75b6"), ("edge", "o", "#a9d18e")):
