@@ -58,9 +58,9 @@ def _spread(test: Callable[..., None]) -> Callable[..., None]:
 SWEPT = sized(pytest.mark.xdist_group("nemesis-seeds"), _spread)
 """At the quick size the sweep and the tests that look again at the verdicts of drawn
 seeds share one worker, and with it :func:`_verdict`'s verdicts. At the full size (2,000
-seeds, about 20 minutes of one core) sharing would put the whole sweep on one worker
-(1,765 s for the suite on two, against 1,619 s when spread): there the chunks spread over
-the workers and the few tests that look again run their seeds afresh."""
+seeds, about 20 minutes of one core) sharing would put the whole sweep on one worker:
+there the chunks spread over the workers and the few tests that look again run their
+seeds afresh."""
 _VERDICTS: dict[tuple[int, tuple[str, ...]], nemesis.Verdict] = {}
 
 
