@@ -52,6 +52,7 @@ from octopis.core.view import BrokerView
 from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
 
 Token = TypeVar("Token")
+Item = TypeVar("Item")
 Withdraw = Callable[[str, str], list[Action]]
 """How a shell withdraws a local subscription (client key, sub id) → the core's actions:
 the core's ``unsubscribe``, or the process's, which also ends a composite's parts."""
@@ -172,20 +173,44 @@ class BrokerNode(Generic[Token]):
         return, bounded (what does not fit is counted undeliverable)."""
         self.recovery.hold_copy(action.link, action.message)
 
-    def hold_undelivered(self, neighbour: str, messages: Iterable[Message | Replay]) -> None:
-        """Routing messages that never reached ``neighbour`` (its link is down, or it
-        restarted), notifications aside: subscription, advertisement and replay requests
-        wait for its return, in order; replay answers are dropped and counted (the replay
-        round hears the part went silent)."""
-        kept = []
-        for message in messages:
+    def link_down(
+        self,
+        neighbour: str,
+        given_back: Iterable[Item],
+        read: Callable[[Item], object] | None = None,
+    ) -> list[Item]:
+        """What the link to ``neighbour`` gave back, oldest first: the copies in its
+        custody, then every routing message still waiting on it (DESIGN §7). A link gives
+        back when its neighbour is declared down, when it restarted (a new incarnation met
+        where an earlier one was known, before :meth:`neighbour_met`), and when it is
+        heard again after it was declared down (before :meth:`link_back`); until then
+        what is put on it waits there, in order (met first, it leaves behind the
+        handshake).
+        ``read`` gives an item's message (the process's items are frames; by default an
+        item is its message). One rule for both shells:
+
+        - notification copies are returned, in order: the shell routes each again with
+          the link down (:meth:`~octopis.core.notification_routing.NotificationRouting.reroute`);
+        - replay answers are dropped and counted (the replay round hears the part went
+          silent);
+        - the word that a share was handed (:class:`HandedShare`) is dropped: a heal says
+          it again (:meth:`link_back`);
+        - every other routing message (subscription, advertisement, replay request) is
+          held for the neighbour's return, in order, behind what was held before
+          (handed first by :meth:`link_back` or :meth:`neighbour_met`)."""
+        copies, kept = [], []
+        for item in given_back:
+            message = item if read is None else read(item)
             kind = type(message)
-            if kind is ReplayData or kind is ReplayEcho:
+            if kind is Notification:
+                copies.append(item)
+            elif kind is ReplayData or kind is ReplayEcho:
                 self.counters["replay_answers_dropped"] += 1
-            elif kind is not Notification:
+            elif kind is not HandedShare:
                 kept.append(message)
         if kept:
             self.recovery.hold_subscriptions(neighbour, kept)
+        return copies
 
     def link_back(self, neighbour: str) -> list[Action | HandedShare]:
         """A link that was down healed with the same process on the other side, in this
