@@ -181,11 +181,10 @@ class BrokerNode(Generic[Token]):
     ) -> list[Item]:
         """What the link to ``neighbour`` gave back, oldest first: the copies in its
         custody, then every routing message still waiting on it (DESIGN §7). A link gives
-        back when its neighbour is declared down, when it restarted (a new incarnation met
-        where an earlier one was known, before :meth:`neighbour_met`), and when it is
-        heard again after it was declared down (before :meth:`link_back`); until then
-        what is put on it waits there, in order (met first, it leaves behind the
-        handshake).
+        back when its neighbour is declared down, when a new incarnation of it is met
+        (restarted, or met first: before :meth:`neighbour_met`), and when it is heard
+        again after it was declared down (before :meth:`link_back`); until then what is
+        put on it waits there, in order.
         ``read`` gives an item's message (the process's items are frames; by default an
         item is its message). One rule for both shells:
 
@@ -242,11 +241,12 @@ class BrokerNode(Generic[Token]):
 
         What was held for a restarted neighbour's predecessor is undeliverable, and its
         subscriptions are withdrawn once it serves (:meth:`neighbour_serving`). It is
-        handed first the subscription messages meant for its predecessor (it broadcasts
-        them on), then what the two-step broadcast would have given it, if our own table
-        is whole for it: while we are resyncing, or missing another neighbour's share, we
-        say so and owe it the share. BID, the static baseline, has no resync: the
-        entries routed through a restarted neighbour lose their route
+        handed first the subscription messages held for it (what its link gave back,
+        :meth:`link_down`; it broadcasts them on), then what the two-step broadcast would
+        have given it, if our own table is whole for it: while we are resyncing, or
+        missing another neighbour's share, we say so and owe it the share. BID, the
+        static baseline, has no resync: it is handed only what was held, and the entries
+        routed through a restarted neighbour lose their route
         (:meth:`BidBroker.lose_routes_via`)."""
         clustered = self.clustered
         self.recovery.paid_late.discard(neighbour)  # a new process: its share comes below
@@ -261,7 +261,8 @@ class BrokerNode(Generic[Token]):
                 self.counters["restarts_without_resync"] += 1
                 assert isinstance(self.core, BidBroker)
                 self.core.lose_routes_via(neighbour)
-            return [], HandedShare(neighbour, 0, predecessor=restarted)
+            held = self._hand_held_sbp(neighbour)[0]
+            return held, HandedShare(neighbour, 0, predecessor=restarted)
         core = self.core
         assert isinstance(core, ClusteredBroker)
         if restarted:

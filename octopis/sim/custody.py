@@ -22,8 +22,8 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   the process's output queue.
 - The sender takes back its retained and unacknowledged copies, then what waited
   (:meth:`LinkCustody.take_back`), when the process's link gives them back: at a
-  detection, at a restart noticed, at a heal after a detection; its node decides what
-  becomes of each (:meth:`~octopis.core.node.BrokerNode.link_down`).
+  detection, at a handshake with a new incarnation, at a heal after a detection; its
+  node decides what becomes of each (:meth:`~octopis.core.node.BrokerNode.link_down`).
 """
 
 from __future__ import annotations
@@ -131,11 +131,6 @@ class LinkCustody:
     def greeted(self, src: str, dst: str) -> None:
         """``src``'s handshake went to ``dst``: the link's numbering starts again."""
         self.of(src, dst).greeted()
-
-    def resume(self, src: str, dst: str) -> list[object]:
-        """``src``'s link to ``dst`` carries again behind a handshake (a neighbour met
-        first): what waited on it, to be put on it again, in order."""
-        return list(self.waiting.pop((src, dst), ()))
 
     def take_back(self, src: str, dst: str) -> list[object]:
         """``src`` detected ``dst`` down: its retained and unacknowledged copies, oldest

@@ -356,11 +356,8 @@ class FailureEvents:
             names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
             node.neighbours.handshake(dst, names, incarnation[src])
             custody.greeted(dst, src)
-            if restarted:  # nothing queued for its predecessor reaches it
-                self._give_back(src, dst)
+            self._give_back(src, dst)  # what waited for the handshake: the node hands it
             node.neighbours.heard(dst, self.now)
-            for message in custody.resume(src, dst):  # met first: behind the handshake
-                self._put(src, dst, message)
             actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
         for src, dst in ((a, b), (b, a)):

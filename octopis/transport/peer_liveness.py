@@ -106,11 +106,13 @@ class PeerLiveness:
         neighbour serves."""
         restarted = self.neighbours.met(sender, message.incarnation)
         if restarted is not None:
+            link = self.output.links[sender]
             if restarted:
                 self._restarted(sender, now)
-            # Ahead of the routing frames waiting for it (a restart took back the rest);
-            # the resync state follows it.
-            link = self.output.links[sender]
+            else:  # met first: what waited for its handshake is the node's to hand on
+                self.events.link_down(sender, link.take_back(now))
+            # Ahead of what the node hands it (what it held first, in order); the resync
+            # state follows.
             hello = Hello(self.incarnation, message.incarnation)
             link.greet(self.output.frame(hello, HANDSHAKE), now)
             synced = self.events.neighbour_met(sender, message.incarnation, restarted)
