@@ -24,7 +24,7 @@ from octopis.settings import Links
 from octopis.sim import Simulator
 from octopis.sim.custody import GOES, WAITS, LinkCustody
 from octopis.topology import build_preset
-from octopis.transport.codec import encode_body
+from octopis.transport.codec import Hello, Synced, encode_body
 from octopis.transport.frames import KIND, message_of
 from octopis.transport.links import (
     BATCH_FRAMES,
@@ -575,3 +575,63 @@ def _held(node: BrokerNode, neighbour: str) -> list[str]:
 def _handed(actions: list, neighbour: str) -> list[str]:
     """The names of the subscriptions ``actions`` send ``neighbour``."""
     return [_name(a.message) for a in actions if type(a) is Forward and a.link == neighbour]
+
+
+def test_a_neighbour_met_first_gets_what_waited_for_it_in_the_order_it_was_sent() -> None:
+    """A neighbour never met is declared down (the subscription waiting for its handshake
+    is held), then a withdrawal of that subscription and another subscription wait on
+    its link; at its first handshake the link gives them back and the node hands them on
+    as a new process gets them (DESIGN §7): only the subscription no later message
+    withdraws. Sent as they waited, the withdrawal would reach it ahead of the held
+    subscription and leave that alive there."""
+    broker, peer = "c:0", FIG2.brokers["c:0"].neighbours[0].id
+
+    async def process(link: OutputLink, pull, lst: LinkStatusTable) -> list[str]:
+        loop = asyncio.get_running_loop()
+        counters: Counter[str] = Counter()
+        node = BrokerNode(make_broker(FIG2, broker, "snr", covering="off"), 100, serving=True)
+        output = PeerOutput(
+            broker,
+            1,
+            Links(),
+            link.socket.context,
+            lst,
+            node.neighbours,
+            PressureGauge(broker, 1000, 1000, 64, counters, RateLimitedLog(_LOG, 1.0)),
+            lambda: True,
+            lambda: 0,
+            counters,
+            Activity(),
+            SendPass(),
+        )
+        output.links[peer] = link
+
+        def put(message: object) -> None:
+            link.put([broker.encode(), encode_body(message), DATA], loop.time())
+
+        class Events:  # what Broker.link_down and neighbour_met ask of the node
+            def link_down(self, neighbour: str, queued: list[list]) -> None:
+                assert node.link_down(neighbour, queued, _read) == []
+
+            def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
+                actions, handed = node.neighbour_met(neighbour, incarnation, restarted)
+                for action in actions:
+                    put(action.message)
+                return Synced(handed.entries, handed.complete, False, handed.predecessor)
+
+        liveness = PeerLiveness(
+            broker, 1, node, lst, output, Events(), counters,  # type: ignore[arg-type]
+            heartbeat=0.2, down_after=1.0, ack_interval=0.05,
+        )  # fmt: skip
+        put(_routed("s1"))  # waits for the handshake
+        liveness._declare_down(peer, loop.time(), 1.0)
+        put(Unsubscribe("s1", SubState.PRIMARY))
+        put(_routed("s2"))
+        state = node.neighbours[peer]
+        node.neighbours.heard(peer, loop.time())
+        liveness.link_message(peer, state, Hello(9, 0), loop.time())
+        bodies = await _drain(pull)
+        messages = [message_of([broker.encode(), body]) for body in bodies]
+        return [_name(m) for m in messages if type(m) in (Subscribe, Unsubscribe)]
+
+    assert asyncio.run(_with_link(process)) == ["s2"]
