@@ -463,25 +463,9 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
 
     async def process(link: OutputLink, pull, lst: LinkStatusTable) -> list:
         loop = asyncio.get_running_loop()
-        counters: Counter[str] = Counter()
         node = BrokerNode(make_broker(FIG2, broker, "snr", covering="off"), 100, serving=True)
         for neighbour in node.neighbours:
             node.neighbours.built(neighbour, 7, 0.0)
-        output = PeerOutput(
-            broker,
-            1,
-            Links(),
-            link.socket.context,
-            lst,
-            node.neighbours,
-            PressureGauge(broker, 1000, 1000, 64, counters, RateLimitedLog(_LOG, 1.0)),
-            lambda: True,
-            lambda: 0,
-            counters,
-            Activity(),
-            SendPass(),
-        )
-        output.links[peer] = link
         seen: list = []
 
         class Events:  # what Broker.link_down and link_back ask of the node
@@ -492,10 +476,7 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
             def link_back(self, neighbour: str) -> None:
                 seen.append(["healed", _handed(node.link_back(neighbour), neighbour)])
 
-        liveness = PeerLiveness(
-            broker, 1, node, lst, output, Events(), counters,  # type: ignore[arg-type]
-            heartbeat=0.2, down_after=1.0, ack_interval=0.05,
-        )  # fmt: skip
+        liveness = _liveness(node, peer, link, lst, Events())
         link.greet([b"c:0", b"greeting", HANDSHAKE], loop.time())
         for step, arg in HOLDS_SCRIPT:
             if step == "send":
@@ -555,6 +536,32 @@ _LOG = logging.getLogger("test")
 FIG2 = build_preset("fig2")
 
 
+def _liveness(
+    node: BrokerNode, peer: str, link: OutputLink, lst: LinkStatusTable, events: object
+) -> PeerLiveness:
+    """The liveness of ``node``'s broker process, its link to ``peer`` being ``link``."""
+    broker, counters = node.core.id, Counter[str]()
+    output = PeerOutput(
+        broker,
+        1,
+        Links(),
+        link.socket.context,
+        lst,
+        node.neighbours,
+        PressureGauge(broker, 1000, 1000, 64, counters, RateLimitedLog(_LOG, 1.0)),
+        lambda: True,
+        lambda: 0,
+        counters,
+        Activity(),
+        SendPass(),
+    )
+    output.links[peer] = link
+    return PeerLiveness(
+        broker, 1, node, lst, output, events, counters,  # type: ignore[arg-type]
+        heartbeat=0.2, down_after=1.0, ack_interval=0.05,
+    )  # fmt: skip
+
+
 def _routed(name: str) -> Notification | Subscribe:
     """A routing message by name: ``n…`` a notification, ``s…`` a subscription."""
     if name.startswith("n"):
@@ -588,23 +595,7 @@ def test_a_neighbour_met_first_gets_what_waited_for_it_in_the_order_it_was_sent(
 
     async def process(link: OutputLink, pull, lst: LinkStatusTable) -> list[str]:
         loop = asyncio.get_running_loop()
-        counters: Counter[str] = Counter()
         node = BrokerNode(make_broker(FIG2, broker, "snr", covering="off"), 100, serving=True)
-        output = PeerOutput(
-            broker,
-            1,
-            Links(),
-            link.socket.context,
-            lst,
-            node.neighbours,
-            PressureGauge(broker, 1000, 1000, 64, counters, RateLimitedLog(_LOG, 1.0)),
-            lambda: True,
-            lambda: 0,
-            counters,
-            Activity(),
-            SendPass(),
-        )
-        output.links[peer] = link
 
         def put(message: object) -> None:
             link.put([broker.encode(), encode_body(message), DATA], loop.time())
@@ -619,10 +610,7 @@ def test_a_neighbour_met_first_gets_what_waited_for_it_in_the_order_it_was_sent(
                     put(action.message)
                 return Synced(handed.entries, handed.complete, False, handed.predecessor)
 
-        liveness = PeerLiveness(
-            broker, 1, node, lst, output, Events(), counters,  # type: ignore[arg-type]
-            heartbeat=0.2, down_after=1.0, ack_interval=0.05,
-        )  # fmt: skip
+        liveness = _liveness(node, peer, link, lst, Events())
         put(_routed("s1"))  # waits for the handshake
         liveness._declare_down(peer, loop.time(), 1.0)
         put(Unsubscribe("s1", SubState.PRIMARY))
