@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
@@ -174,31 +174,19 @@ class BrokerNode(Generic[Token]):
         self.recovery.hold_copy(action.link, action.message)
 
     def link_down(
-        self,
-        neighbour: str,
-        given_back: Iterable[Item],
-        read: Callable[[Item], object] | None = None,
+        self, neighbour: str, items: Iterable[Item], read: Callable[[Item], Any] | None = None
     ) -> list[Item]:
-        """What the link to ``neighbour`` gave back, oldest first: the copies in its
-        custody, then every routing message still waiting on it (DESIGN §7). A link gives
-        back when its neighbour is declared down, when a new incarnation of it is met
-        (restarted, or met first: before :meth:`neighbour_met`), and when it is heard
-        again after it was declared down (before :meth:`link_back`); until then what is
-        put on it waits there, in order.
-        ``read`` gives an item's message (the process's items are frames; by default an
-        item is its message). One rule for both shells:
-
-        - notification copies are returned, in order: the shell routes each again with
-          the link down (:meth:`~octopis.core.notification_routing.NotificationRouting.reroute`);
-        - replay answers are dropped and counted (the replay round hears the part went
-          silent);
-        - the word that a share was handed (:class:`HandedShare`) is dropped: a heal says
-          it again (:meth:`link_back`);
-        - every other routing message (subscription, advertisement, replay request) is
-          held for the neighbour's return, in order, behind what was held before
-          (handed first by :meth:`link_back` or :meth:`neighbour_met`)."""
+        """The ``items`` the link to ``neighbour`` gave back, oldest first: its custody's copies,
+        then the routing messages that waited on it (DESIGN §7); a link gives back when
+        its neighbour is declared down, when a new incarnation of it is met (before
+        :meth:`neighbour_met`) and when it is heard again after (before :meth:`link_back`).
+        ``read`` gives an item's message (default: the item). One rule for both shells:
+        the notification copies are returned in order, to be routed again with the link
+        down (``reroute``); replay answers are dropped and counted (the round hears that
+        part silent), so is the word that a share was handed (a heal says it again);
+        every other routing message is held for the neighbour's return, in order."""
         copies, kept = [], []
-        for item in given_back:
+        for item in items:
             message = item if read is None else read(item)
             kind = type(message)
             if kind is Notification:
