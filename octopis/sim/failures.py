@@ -9,7 +9,10 @@ The model is the transport's, in simulated time:
 - Custody is the broker process's own (:mod:`octopis.sim.custody`): a sender keeps each
   notification it sent on a link until the receiver's acknowledgement comes back, and
   ``retain`` seconds after that. At detection, what it kept goes back to its core
-  (``reroute``); edge dedup absorbs those that had arrived.
+  (``reroute``); edge dedup absorbs those that had arrived. Another message put on a
+  broken link waits on it, as in the process's output queue, until the link gives it
+  back with the copies: at the detection, at a handshake with a new incarnation, or at
+  a heal after the detection; the node holds it (:meth:`BrokerNode.link_down`).
 - A broker that dies takes with it the copies still in flight from it
   (``undeliverable.died_in_flight``) and those it had sent on an already failed link
   before it detected the failure (``undeliverable.died_in_custody``): only it could have
