@@ -12,14 +12,20 @@ import zmq
 import zmq.asyncio
 from conditions import until
 
-from octopis.core import Notification, SubState, Unsubscribe
+from octopis.core import Forward, Notification, Subscribe, SubState, Unsubscribe, make_broker
 from octopis.core.custody import Custody
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbours
+from octopis.core.node import BrokerNode
+from octopis.failure_schedule import Failure
+from octopis.filters.language import Predicate, Subscription
 from octopis.logs import RateLimitedLog
 from octopis.settings import Links
+from octopis.sim import Simulator
 from octopis.sim.custody import GOES, WAITS, LinkCustody
-from octopis.transport.frames import KIND
+from octopis.topology import build_preset
+from octopis.transport.codec import Hello, Synced, encode_body
+from octopis.transport.frames import KIND, message_of
 from octopis.transport.links import (
     BATCH_FRAMES,
     Activity,
@@ -27,6 +33,7 @@ from octopis.transport.links import (
     PublishReceipt,
     SendPass,
 )
+from octopis.transport.peer_liveness import PeerLiveness
 from octopis.transport.peer_output import PeerOutput
 from octopis.transport.pressure import PressureGauge
 from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK
@@ -429,3 +436,190 @@ def _state(custody: Custody, waiting: list[str]) -> tuple[list, list, list[str]]
     unacked = [(number, _copy(copy)) for number, _, copy in custody.unacked]
     retained = [(number, _copy(copy)) for number, _, copy in custody.retained]
     return unacked, retained, waiting
+
+
+HOLDS_SCRIPT = [
+    *(("send", name) for name in ("n0", "s1", "n2", "s3")),
+    ("cut", None),
+    ("down", None),
+    ("send", "s4"),
+    ("send", "n5"),
+    ("send", "s6"),
+    ("back", None),
+]
+"""Sends (``n…`` a notification, ``s…`` a subscription), the link cut (the process
+cannot tell), its sender declaring the neighbour down, and the neighbour heard again,
+in this order; custody is full at 2 copies."""
+
+
+def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions() -> None:
+    """One script played on a broker process's peer link (real ZeroMQ, its liveness's own
+    detection and return) and on the simulator's link (its failure events): after every
+    step both nodes hold the same subscription messages for the neighbour and the same
+    wait on the link; what waited is given back at the detection and at the return (not
+    when it was put), the copies come back in the same order, and the healed link hands
+    the same subscriptions in the order they were sent (DESIGN §7)."""
+    broker, peer = "c:0", FIG2.brokers["c:0"].neighbours[0].id
+
+    async def process(link: OutputLink, pull, lst: LinkStatusTable) -> list:
+        loop = asyncio.get_running_loop()
+        node = BrokerNode(make_broker(FIG2, broker, "snr", covering="off"), 100, serving=True)
+        for neighbour in node.neighbours:
+            node.neighbours.built(neighbour, 7, 0.0)
+        seen: list = []
+
+        class Events:  # what Broker.link_down and link_back ask of the node
+            def link_down(self, neighbour: str, queued: list[list]) -> None:
+                copies = node.link_down(neighbour, queued, _read)
+                seen.append(["given back", [_name(message_of(c)) for c in copies]])
+
+            def link_back(self, neighbour: str) -> None:
+                seen.append(["healed", _handed(node.link_back(neighbour), neighbour)])
+
+        liveness = _liveness(node, peer, link, lst, Events())
+        link.greet([b"c:0", b"greeting", HANDSHAKE], loop.time())
+        for step, arg in HOLDS_SCRIPT:
+            if step == "send":
+                kind = KEPT if arg.startswith("n") else DATA
+                link.put([broker.encode(), encode_body(_routed(arg)), kind], loop.time())
+            elif step == "down":
+                liveness._declare_down(peer, loop.time(), 1.0)
+            elif step == "back":
+                node.neighbours.heard(peer, loop.time())
+                liveness.came_back(peer, node.neighbours[peer], loop.time())
+            await until(lambda: not link.queue or link.held(), "the link sent what it may", 10)
+            waiting = [_name(message_of(f)) for f in link.queue if f[KIND] >= DATA]
+            seen.append([step, _held(node, peer), waiting])
+        return seen
+
+    processed = asyncio.run(_with_link(process, custody_limit=2))
+
+    sim = Simulator(FIG2, "snr", covering="off")
+    state = sim._failure_state()
+    state.custody = LinkCustody(retain=0.0, custody_limit=2)
+    node = sim.nodes[broker]
+    simulated: list = []
+    link_down, link_back = node.link_down, node.link_back
+
+    def given_back(neighbour: str, items: list) -> list:
+        copies = link_down(neighbour, items)
+        if neighbour == peer:
+            simulated.append(["given back", [_name(c) for c in copies]])
+        return copies
+
+    def healed(neighbour: str) -> list:
+        actions = link_back(neighbour)
+        if neighbour == peer:
+            simulated.append(["healed", _handed(actions, neighbour)])
+        return actions
+
+    node.link_down, node.link_back = given_back, healed  # type: ignore[method-assign]
+    cut = Failure((broker, peer), 0.0, 1.0)
+    for step, arg in HOLDS_SCRIPT:
+        if step == "send":
+            sim._put(broker, peer, _routed(arg))
+        elif step == "cut":
+            sim._fail(cut)
+        elif step == "down":
+            sim._detect(broker, peer)
+        elif step == "back":
+            sim._recover(cut)
+        waiting = [_name(m) for m in state.custody.waiting.get((broker, peer), ())]
+        simulated.append([step, _held(node, peer), waiting])
+
+    assert processed == simulated
+    assert ["given back", ["n0", "n2"]] in processed  # the copies in custody, at the detection
+    assert ["healed", ["s3", "s4", "s6"]] in processed
+
+
+_LOG = logging.getLogger("test")
+FIG2 = build_preset("fig2")
+
+
+def _liveness(
+    node: BrokerNode, peer: str, link: OutputLink, lst: LinkStatusTable, events: object
+) -> PeerLiveness:
+    """The liveness of ``node``'s broker process, its link to ``peer`` being ``link``."""
+    broker, counters = node.core.id, Counter[str]()
+    output = PeerOutput(
+        broker,
+        1,
+        Links(),
+        link.socket.context,
+        lst,
+        node.neighbours,
+        PressureGauge(broker, 1000, 1000, 64, counters, RateLimitedLog(_LOG, 1.0)),
+        lambda: True,
+        lambda: 0,
+        counters,
+        Activity(),
+        SendPass(),
+    )
+    output.links[peer] = link
+    return PeerLiveness(
+        broker, 1, node, lst, output, events, counters,  # type: ignore[arg-type]
+        heartbeat=0.2, down_after=1.0, ack_interval=0.05,
+    )  # fmt: skip
+
+
+def _routed(name: str) -> Notification | Subscribe:
+    """A routing message by name: ``n…`` a notification, ``s…`` a subscription."""
+    if name.startswith("n"):
+        return Notification("pub", int(name[1:]), 0.0, {"x": 1})
+    subscription = Subscription((Predicate("x", "<", 5),))
+    return Subscribe(name, "c:0", subscription, SubState.PRIMARY, None, 0.0)
+
+
+def _read(frame: list) -> object:
+    return message_of(frame)
+
+
+def _held(node: BrokerNode, neighbour: str) -> list[str]:
+    """The names of the subscription messages ``node`` holds for ``neighbour``."""
+    return [_name(m) for m in node.recovery.subscriptions.get(neighbour, ())]
+
+
+def _handed(actions: list, neighbour: str) -> list[str]:
+    """The names of the subscriptions ``actions`` send ``neighbour``."""
+    return [_name(a.message) for a in actions if type(a) is Forward and a.link == neighbour]
+
+
+def test_a_neighbour_met_first_gets_what_waited_for_it_in_the_order_it_was_sent() -> None:
+    """A neighbour never met is declared down (the subscription waiting for its handshake
+    is held), then a withdrawal of that subscription and another subscription wait on
+    its link; at its first handshake the link gives them back and the node hands them on
+    as a new process gets them (DESIGN §7): only the subscription no later message
+    withdraws. Sent as they waited, the withdrawal would reach it ahead of the held
+    subscription and leave that alive there."""
+    broker, peer = "c:0", FIG2.brokers["c:0"].neighbours[0].id
+
+    async def process(link: OutputLink, pull, lst: LinkStatusTable) -> list[str]:
+        loop = asyncio.get_running_loop()
+        node = BrokerNode(make_broker(FIG2, broker, "snr", covering="off"), 100, serving=True)
+
+        def put(message: object) -> None:
+            link.put([broker.encode(), encode_body(message), DATA], loop.time())
+
+        class Events:  # what Broker.link_down and neighbour_met ask of the node
+            def link_down(self, neighbour: str, queued: list[list]) -> None:
+                assert node.link_down(neighbour, queued, _read) == []
+
+            def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
+                actions, handed = node.neighbour_met(neighbour, incarnation, restarted)
+                for action in actions:
+                    put(action.message)
+                return Synced(handed.entries, handed.complete, False, handed.predecessor)
+
+        liveness = _liveness(node, peer, link, lst, Events())
+        put(_routed("s1"))  # waits for the handshake
+        liveness._declare_down(peer, loop.time(), 1.0)
+        put(Unsubscribe("s1", SubState.PRIMARY))
+        put(_routed("s2"))
+        state = node.neighbours[peer]
+        node.neighbours.heard(peer, loop.time())
+        liveness.link_message(peer, state, Hello(9, 0), loop.time())
+        bodies = await _drain(pull)
+        messages = [message_of([broker.encode(), body]) for body in bodies]
+        return [_name(m) for m in messages if type(m) in (Subscribe, Unsubscribe)]
+
+    assert asyncio.run(_with_link(process)) == ["s2"]

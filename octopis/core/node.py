@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
@@ -52,6 +52,7 @@ from octopis.core.view import BrokerView
 from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
 
 Token = TypeVar("Token")
+Item = TypeVar("Item")
 Withdraw = Callable[[str, str], list[Action]]
 """How a shell withdraws a local subscription (client key, sub id) → the core's actions:
 the core's ``unsubscribe``, or the process's, which also ends a composite's parts."""
@@ -172,20 +173,31 @@ class BrokerNode(Generic[Token]):
         return, bounded (what does not fit is counted undeliverable)."""
         self.recovery.hold_copy(action.link, action.message)
 
-    def hold_undelivered(self, neighbour: str, messages: Iterable[Message | Replay]) -> None:
-        """Routing messages that never reached ``neighbour`` (its link is down, or it
-        restarted), notifications aside: subscription, advertisement and replay requests
-        wait for its return, in order; replay answers are dropped and counted (the replay
-        round hears the part went silent)."""
-        kept = []
-        for message in messages:
+    def link_down(
+        self, neighbour: str, items: Iterable[Item], read: Callable[[Item], Any] | None = None
+    ) -> list[Item]:
+        """The ``items`` the link to ``neighbour`` gave back, oldest first: its custody's copies,
+        then the routing messages that waited on it (DESIGN §7); a link gives back when
+        its neighbour is declared down, when a new incarnation of it is met (before
+        :meth:`neighbour_met`) and when it is heard again after (before :meth:`link_back`).
+        ``read`` gives an item's message (default: the item). One rule for both shells:
+        the notification copies are returned in order, to be routed again with the link
+        down (``reroute``); replay answers are dropped and counted (the round hears that
+        part silent), so is the word that a share was handed (a heal says it again);
+        every other routing message is held for the neighbour's return, in order."""
+        copies, kept = [], []
+        for item in items:
+            message = item if read is None else read(item)
             kind = type(message)
-            if kind is ReplayData or kind is ReplayEcho:
+            if kind is Notification:
+                copies.append(item)
+            elif kind is ReplayData or kind is ReplayEcho:
                 self.counters["replay_answers_dropped"] += 1
-            elif kind is not Notification:
+            elif kind is not HandedShare:
                 kept.append(message)
         if kept:
             self.recovery.hold_subscriptions(neighbour, kept)
+        return copies
 
     def link_back(self, neighbour: str) -> list[Action | HandedShare]:
         """A link that was down healed with the same process on the other side, in this
@@ -217,11 +229,12 @@ class BrokerNode(Generic[Token]):
 
         What was held for a restarted neighbour's predecessor is undeliverable, and its
         subscriptions are withdrawn once it serves (:meth:`neighbour_serving`). It is
-        handed first the subscription messages meant for its predecessor (it broadcasts
-        them on), then what the two-step broadcast would have given it, if our own table
-        is whole for it: while we are resyncing, or missing another neighbour's share, we
-        say so and owe it the share. BID, the static baseline, has no resync: the
-        entries routed through a restarted neighbour lose their route
+        handed first the subscription messages held for it (what its link gave back,
+        :meth:`link_down`; it broadcasts them on), then what the two-step broadcast would
+        have given it, if our own table is whole for it: while we are resyncing, or
+        missing another neighbour's share, we say so and owe it the share. BID, the
+        static baseline, has no resync: it is handed only what was held, and the entries
+        routed through a restarted neighbour lose their route
         (:meth:`BidBroker.lose_routes_via`)."""
         clustered = self.clustered
         self.recovery.paid_late.discard(neighbour)  # a new process: its share comes below
@@ -236,7 +249,8 @@ class BrokerNode(Generic[Token]):
                 self.counters["restarts_without_resync"] += 1
                 assert isinstance(self.core, BidBroker)
                 self.core.lose_routes_via(neighbour)
-            return [], HandedShare(neighbour, 0, predecessor=restarted)
+            held = self._hand_held_sbp(neighbour)[0]
+            return held, HandedShare(neighbour, 0, predecessor=restarted)
         core = self.core
         assert isinstance(core, ClusteredBroker)
         if restarted:

@@ -18,8 +18,12 @@ does, and the receiver's acknowledgements travel back on the reverse link.
 - With ``custody_limit`` notifications unacknowledged, a link stops: what its broker
   sends on it meanwhile waits, in order, until an acknowledgement makes room (the
   process's output queue), and each stop is counted (``custody.full``).
-- At a detection, the sender takes back its retained and unacknowledged copies, then what
-  waited (:meth:`LinkCustody.take_back`).
+- A message other than a notification put on a broken link waits on it, in order, as in
+  the process's output queue.
+- The sender takes back its retained and unacknowledged copies, then what waited
+  (:meth:`LinkCustody.take_back`), when the process's link gives them back: at a
+  detection, at a handshake with a new incarnation, at a heal after a detection; its
+  node decides what becomes of each (:meth:`~octopis.core.node.BrokerNode.link_down`).
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ from octopis.defaults import CUSTODY_LIMIT, RETAIN, RETAIN_LIMIT
 
 Link = tuple[str, str]
 
-GOES, LOST, HELD, WAITS = range(4)
+GOES, LOST, WAITS = range(3)
 """What becomes of a message a broker puts on a link (:meth:`LinkCustody.departs`): it
-goes; it is lost in transit (a notification on a broken link, kept in custody); it is
-held by its broker for the neighbour's return (another message on a broken link); it
-waits for custody to have room."""
+goes; it is lost in transit (a notification on a broken link, kept in custody); it
+waits on the link, in order (for custody to have room, or, another message on a broken
+link, until the link gives it back, :meth:`LinkCustody.take_back`)."""
 
 
 class Acknowledged(NamedTuple):
@@ -88,8 +92,10 @@ class LinkCustody:
         """What becomes of ``message`` put on ``src → dst`` at ``now`` (``broken``: the
         link loses it): :data:`WAITS` behind what waits, or when custody is full (a
         stop, counted); a notification is numbered and kept, and :data:`GOES` or is
-        :data:`LOST`; another message on a ``broken`` link is :data:`HELD`, else it is
-        numbered (a share is one message here: unnumbered) and goes."""
+        :data:`LOST`; another message :data:`WAITS` on a ``broken`` link (the process's
+        output queue, which does not drain while its neighbour is away or declared
+        down), else it is numbered (a share is one message here: unnumbered) and
+        goes."""
         link = (src, dst)
         waiting = self.waiting.get(link)
         if waiting:
@@ -106,7 +112,8 @@ class LinkCustody:
             self.last_sent[link] = now
             return LOST if broken else GOES
         if broken:
-            return HELD
+            self.waiting[link] = deque((message,))
+            return WAITS
         self.last_sent[link] = now
         if kind is not HandedShare:
             custody.sent(message, now, False)

@@ -378,7 +378,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 if on_forward is not None:
                     on_forward(broker, dst, message)
                 if failures is not None:
-                    self._put(broker, dst, message)  # custody's: goes, lost, held or waits
+                    self._put(broker, dst, message)  # custody's: goes, lost or waits
                     continue
                 send(broker, dst, arrival_of(broker, dst, now, message), message)
             elif kind is Hold:

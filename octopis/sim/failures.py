@@ -9,7 +9,10 @@ The model is the transport's, in simulated time:
 - Custody is the broker process's own (:mod:`octopis.sim.custody`): a sender keeps each
   notification it sent on a link until the receiver's acknowledgement comes back, and
   ``retain`` seconds after that. At detection, what it kept goes back to its core
-  (``reroute``); edge dedup absorbs those that had arrived.
+  (``reroute``); edge dedup absorbs those that had arrived. Another message put on a
+  broken link waits on it, as in the process's output queue, until the link gives it
+  back with the copies: at the detection, at a handshake with a new incarnation, or at
+  a heal after the detection; the node holds it (:meth:`BrokerNode.link_down`).
 - A broker that dies takes with it the copies still in flight from it
   (``undeliverable.died_in_flight``) and those it had sent on an already failed link
   before it detected the failure (``undeliverable.died_in_custody``): only it could have
@@ -54,7 +57,7 @@ from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
 from octopis.defaults import DOWN_AFTER, HEARTBEAT, RETAIN
 from octopis.failure_schedule import Failure
-from octopis.sim.custody import GOES, HELD, LOST, Acknowledged, LinkCustody
+from octopis.sim.custody import GOES, LOST, Acknowledged, LinkCustody
 
 
 class FailureState:
@@ -247,10 +250,9 @@ class FailureEvents:
             self._detect(src, dst)
 
     def _detect(self, src: str, dst: str) -> None:
-        """``src`` declares ``dst`` down and re-routes the notifications it kept in
-        custody for it. Subscription messages are not in custody: those sent are
-        delivered or lost in flight; those that waited for room, or were sent on a link
-        already broken, wait for ``dst``'s return (:meth:`BrokerNode.hold_undelivered`)."""
+        """``src`` declares ``dst`` down; its link gives back what it kept and what waited
+        on it (:meth:`_give_back`). Subscription messages are not in custody: those sent
+        are delivered or lost in flight."""
         state = self.failures
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:
@@ -260,14 +262,19 @@ class FailureEvents:
             return
         neighbours.silent(dst, self.now)
         self.failure_counts["detections"] += 1
-        core = self.cores[src]
-        for message in state.custody.take_back(src, dst):
-            if type(message) is Notification:
-                self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
-            elif type(message) is not HandedShare:  # waited for room: as if sent now
-                self.nodes[src].hold_undelivered(dst, [message])
-        self._replay_link_down(src, dst)
+        self._give_back(src, dst)
         self._check_serving(src)
+
+    def _give_back(self, src: str, dst: str) -> None:
+        """``src``'s link to ``dst`` gives back its custody's copies and what waited on
+        it, as the process's does (:meth:`Broker.link_down`): the replay rounds stop
+        waiting for ``dst``, the node holds or drops each message, and the copies it
+        returns are routed again with the link down (:meth:`BrokerNode.link_down`)."""
+        self._replay_link_down(src, dst)
+        given_back = self.failures.custody.take_back(src, dst)  # type: ignore[union-attr]
+        core = self.cores[src]
+        for copy in self.nodes[src].link_down(dst, given_back):
+            self._dispatch(src, self._watch(core, copy, core.reroute, dst, copy))
 
     def _recover(self, failure: Failure) -> None:
         """A link comes back (the brokers at its ends meet if they had not, else their
@@ -303,6 +310,8 @@ class FailureEvents:
                     self._tell_serving(src, dst)
             return
         for src, dst in links:
+            if self.nodes[src].neighbours.declared_down(dst):  # what waited, first
+                self._give_back(src, dst)
             self._undetect(src, dst)
             self._dispatch(src, self.nodes[src].link_back(dst))
             self._word(src, dst)
@@ -344,11 +353,13 @@ class FailureEvents:
             for src, dst in ((a, b), (b, a))
             if (restarted := self.nodes[src].neighbours.met(dst, incarnation[dst])) is not None
         ]
+        custody = self.failures.custody  # type: ignore[union-attr]
         for src, dst, restarted in met:
             node = self.nodes[src]
             names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
             node.neighbours.handshake(dst, names, incarnation[src])
-            self.failures.custody.greeted(dst, src)  # type: ignore[union-attr]
+            custody.greeted(dst, src)
+            self._give_back(src, dst)  # what waited for the handshake: the node hands it
             node.neighbours.heard(dst, self.now)
             actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
@@ -426,7 +437,7 @@ class FailureEvents:
 
     def _put(self, src: str, dst: str, message: object) -> None:
         """``src`` puts ``message`` on its link to ``dst`` now: custody decides whether it
-        goes, is lost in transit, is held for ``dst``'s return or waits for room
+        goes, is lost in transit or waits on the link
         (:meth:`LinkCustody.departs`); what goes arrives after its departure from the
         link's queue, a latency draw and any delay spike."""
         state = self.failures
@@ -438,8 +449,6 @@ class FailureEvents:
             self.events.send(src, dst, arrival + state.slow.get((src, dst), 0.0), message)
         elif fate == LOST:
             self.failure_counts["lost_in_transit"] += 1
-        elif fate == HELD and type(message) is not HandedShare:  # as in the process
-            self.nodes[src].hold_undelivered(dst, [message])
 
     def _took(self, broker: str, src: str) -> None:
         """``broker`` takes a routing message from ``src``: the first since its last

@@ -58,7 +58,6 @@ from octopis.transport.frames import (
     BODY,
     DATA,
     KEPT,
-    KIND,
     frame_of,
     message_of,
     receipt_of,
@@ -246,15 +245,11 @@ class Broker:
                 self.counters["routed_while_resyncing"] += count
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
-        """Routing frames that never reached ``neighbour`` (down or restarted), were not
-        acknowledged, or were retained: the notifications among them go back to the core,
-        which routes them again with the link down (custody, DESIGN §7); the node holds
-        the rest for the neighbour's return (:meth:`BrokerNode.hold_undelivered`)."""
+        """The routing frames the link to ``neighbour`` gave back (custody's, then those
+        that never left): the node holds or drops each, and the notifications it returns
+        are routed again with the link down (:meth:`BrokerNode.link_down`, DESIGN §7)."""
         self.replaying.link_down(neighbour)
-        self.node.hold_undelivered(
-            neighbour, [message_of(frame) for frame in queued if frame[KIND] == DATA]
-        )
-        kept = [frame for frame in queued if frame[KIND] == KEPT]
+        kept = self.node.link_down(neighbour, queued, message_of)
         if not kept:
             return
         log.warning(

@@ -9,7 +9,9 @@ avoid it, and the frames queued for it go back to the broker
 
 Incarnations. HELLO carries the sender's incarnation and the receiver's as the sender
 knows it; a new incarnation seen in a HELLO or a heartbeat means the neighbour restarted:
-what was queued for it goes back to the broker, and the handshake starts again.
+what was queued for it goes back to the broker, and the handshake starts again. So does
+what waited for a neighbour's first handshake: the broker's node hands it on, in order
+(:meth:`~octopis.core.node.BrokerNode.link_down`).
 
 What these frames mean is not decided here: each moves the neighbour's state machine in
 the broker's node (:class:`~octopis.core.neighbours.Neighbours`), which says whether to
@@ -106,11 +108,13 @@ class PeerLiveness:
         neighbour serves."""
         restarted = self.neighbours.met(sender, message.incarnation)
         if restarted is not None:
+            link = self.output.links[sender]
             if restarted:
                 self._restarted(sender, now)
-            # Ahead of the routing frames waiting for it (a restart took back the rest);
-            # the resync state follows it.
-            link = self.output.links[sender]
+            else:  # met first: what waited for its handshake is the node's to hand on
+                self.events.link_down(sender, link.take_back(now))
+            # Ahead of what the node hands it (what it held first, in order); the resync
+            # state follows.
             hello = Hello(self.incarnation, message.incarnation)
             link.greet(self.output.frame(hello, HANDSHAKE), now)
             synced = self.events.neighbour_met(sender, message.incarnation, restarted)
@@ -140,9 +144,9 @@ class PeerLiveness:
         """``sender``, declared down, is heard again (at ``now``). The same incarnation:
         its session goes on. The routing frames put on its link while it was down are
         taken back first, as at the detection (:meth:`PeerEvents.link_down`: the node
-        holds them behind what it held then, as the simulator holds a message sent over a
-        broken link), so that the node's hand-over (:meth:`PeerEvents.link_back`) sends
-        them in the order they were sent instead of letting them overtake it."""
+        holds them behind what it held then; the simulator's links give back at the same
+        moments), so that the node's hand-over (:meth:`PeerEvents.link_back`) sends them
+        in the order they were sent instead of letting them overtake it."""
         link = self.output.links[sender]
         if state.incarnation and not link.greeted:
             self.events.link_down(sender, link.take_back(now))  # still routed around

@@ -88,7 +88,8 @@ class PeerEvents(Protocol):
     def link_down(self, neighbour: str, queued: list[list[bytes]]) -> None:
         """``neighbour`` went silent or restarted; ``queued`` frames never reached it.
         Also at a heal, before :meth:`link_back`, with the routing frames put on its link
-        while it was down (no replay round waits for a neighbour that is down)."""
+        while it was down (no replay round waits for a neighbour that is down), and at a
+        first handshake, before :meth:`neighbour_met`, with those that waited for it."""
 
     def link_back(self, neighbour: str) -> None:
         """``neighbour`` is heard again without having restarted (a cut link healed)."""
