@@ -62,6 +62,23 @@ def test_a_record_waits_while_its_client_is_away_and_is_handed_over_once() -> No
     assert not durables.ack("audit", "other", [], 141.0)
 
 
+def test_the_records_counts_and_listing_are_the_nodes() -> None:
+    """What an operator sees of the records (``octopis status``, the metrics): how many
+    are kept and how many clients are away, each record attached or since when away."""
+    durables = Durables("c:0", keep=60.0, limit=10)
+    durables.attach("audit", "d", "k1/audit", "s1", ("[x,>,1]",), 100.0)
+    durables.attach("audit", "e", "k1/audit", "s2", ("[x,>,1]",), 100.0)
+    durables.ack("audit", "d", [("P", 1, 7)], 101.0)
+    assert durables.detached("s1", heard=110.0)
+    counts = durables.counts()
+    assert (counts["durable.kept"], counts["durable.away"], counts["durable.made"]) == (2, 1, 2)
+    assert durables.listed(1) == [
+        {"client": "audit", "name": "d", "attached": False, "away_since": 110.0,
+         "publishers": 1, "owed_since": 100.0}
+    ]  # fmt: skip
+    assert [r["attached"] for r in durables.listed(5)] == [False, True]
+
+
 def test_a_client_back_at_the_same_broker_is_owed_from_when_it_left() -> None:
     """Its record stayed here: the claim hands it back from when the client was last
     heard (less ``LOOKBACK``), not from the claim's time; a client away longer than

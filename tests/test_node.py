@@ -352,6 +352,17 @@ def test_the_simulator_holds_publications_at_a_resyncing_broker(mode: str) -> No
     assert alive["delivered"] == alive["expected_deliveries"]
 
 
+def test_what_a_resyncing_node_routes_is_counted_by_the_node() -> None:
+    """Messages routed from neighbours before a node serves are counted by the node,
+    for the process and the simulator alike (the process counted them itself)."""
+    resyncing, serving = _node(), _node(serving=True)
+    resyncing.routed(3)
+    resyncing.routed()
+    serving.routed(5)
+    assert resyncing.counts()["routed_while_resyncing"] == 4
+    assert "routed_while_resyncing" not in serving.counts()
+
+
 @pytest.mark.parametrize("alone", [False, True])
 def test_the_simulator_counts_a_restarted_bid_brokers_lost_table(alone: bool) -> None:
     """c:0 restarts under BID, met by its neighbours or (``alone``) while they are all

@@ -13,6 +13,7 @@ drops it); a record left past ``keep`` is abandoned and counted.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -240,6 +241,28 @@ class Durables:
             self.dirty.add(ident)
         self.stats["durable.abandoned"] += len(gone)
         return gone
+
+    def counts(self) -> dict[str, int]:
+        """Its counters (:attr:`stats`), the records kept, and how many of their clients
+        are away."""
+        away = sum(r.away is not None for r in self.records.values())
+        return {**self.stats, "durable.kept": len(self.records), "durable.away": away}
+
+    def listed(self, limit: int) -> list[dict[str, object]]:
+        """The first ``limit`` records, as an operator sees them: client, name, whether
+        attached, since when the client is away (wall time), publishers it acknowledged,
+        and from when any other publisher's publications are owed (wall time)."""
+        return [
+            {
+                "client": r.client,
+                "name": r.name,
+                "attached": r.key is not None,
+                "away_since": r.away,
+                "publishers": len(r.since),
+                "owed_since": r.after,
+            }
+            for r in itertools.islice(self.records.values(), limit)
+        ]
 
     def restore(self, record: DurableRecord) -> None:
         """A record read back from disk at start: its client is away (since it was last

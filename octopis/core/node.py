@@ -165,6 +165,14 @@ class BrokerNode(Generic[Token]):
         self.counters["publications_held"] += 1
         return None
 
+    def routed(self, count: int = 1) -> None:
+        """``count`` messages from neighbours went to the core's routing (subscriptions
+        aside): those that came while this node was not serving yet are counted
+        (``routed_while_resyncing``: static modes send into a broker that is still
+        resyncing, and what its partial table cannot route is lost, DESIGN §7)."""
+        if not self.serving:
+            self.counters["routed_while_resyncing"] += count
+
     # -- a neighbour's link ----------------------------------------------------------------
 
     def hold(self, action: Hold) -> None:

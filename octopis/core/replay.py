@@ -383,6 +383,17 @@ class ReplayRounds:
                 out += self._echo_if_complete(req_id, round_)
         return out
 
+    def answering(self, req_id: str) -> bool:
+        """Whether this broker still takes part in ``req_id`` (a store answering page by
+        page stops once the round ended early: too many rounds at once)."""
+        return req_id in self.rounds
+
+    def toward(self, req_id: str) -> str | None:
+        """The neighbour the answers to ``req_id`` go to (None: this broker is its host,
+        or the round is over)."""
+        round_ = self.rounds.get(req_id)
+        return round_.parent if round_ is not None else None
+
     def next_deadline(self) -> float | None:
         """When the next round that waits for echoes runs out of budget (None: none
         waits): the shell calls :meth:`expire` then."""

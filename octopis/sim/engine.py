@@ -453,6 +453,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             if type(message) is HandedShare:
                 self._share_arrived(broker, src, message)
                 return []
+            self.nodes[broker].routed()
             return self._watch(core, message, core.receive, src, message)
         entries = core.table.entries
         stored = len(entries)

@@ -221,10 +221,7 @@ class Broker:
                 self.subscription_delay[message.sub_id] = time.time() - message.issued_at
             self.execute(actions, message, body, None, now)
             return
-        if not self.node.serving:
-            # Static modes send into a broker that is still resyncing; what its partial
-            # table cannot route is lost, so count what came (DESIGN §7).
-            self.counters["routed_while_resyncing"] += 1
+        self.node.routed()
         self.execute(self.core.receive(sender, message, self.lst), message, body, None, now)
 
     def peer_notifications(
@@ -242,8 +239,7 @@ class Broker:
                 execute(route(message, sender, lst), message, body, None, now)
         finally:
             self.received[Notification] += count
-            if not self.node.serving:
-                self.counters["routed_while_resyncing"] += count
+            self.node.routed(count)
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
         """Routing frames that never reached ``neighbour`` (down or restarted), were not

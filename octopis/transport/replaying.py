@@ -13,7 +13,6 @@ requester has room (:data:`PAGE_ROOM`).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import secrets
 import time
@@ -253,8 +252,7 @@ class Replaying:
         """Rounds past their budget echo without the silent neighbours; then wait for
         the next deadline (data that came through may have moved it)."""
         self._expiry = None
-        if self.rounds.rounds:
-            self._carry_out(self.rounds.expire(time.monotonic()))
+        self._carry_out(self.rounds.expire(time.monotonic()))
         self._expire_at(self.rounds.next_deadline())
 
     def _expire_at(self, deadline: float | None) -> None:
@@ -348,9 +346,7 @@ class Replaying:
         """Counters of the rounds, the store (rows and bytes kept, when the oldest was
         published) and the durable records (kept, how many of their clients are away)."""
         out: dict[str, float] = dict(self.rounds.stats)
-        out.update(self.durables.stats)
-        out["durable.kept"] = len(self.durables.records)
-        out["durable.away"] = sum(r.away is not None for r in self.durables.records.values())
+        out.update(self.durables.counts())
         out["replay.answering"] = len(self._answers)
         if self.store is not None:
             out.update(self.store.stats)
@@ -425,13 +421,12 @@ class Replaying:
         """The rest of a large answer, page by page: between pages the loop serves live
         traffic, and a page waits while the link toward the requester is full."""
         req_id = answer.request.req_id
-        round_ = self.rounds.rounds.get(req_id)
-        link = round_.parent if round_ is not None else None
+        link = self.rounds.toward(req_id)
         while True:
             await asyncio.sleep(0)
             while self._queued(link) > PAGE_ROOM:
                 await asyncio.sleep(PAGE_WAIT)
-            if req_id not in self.rounds.rounds:  # ended early (too many rounds at once)
+            if not self.rounds.answering(req_id):
                 return
             page = answer.page(PAGE_ROWS)
             if answer.done:
@@ -464,20 +459,3 @@ class Replaying:
         if answer.save:
             self.save_durables()
         self._carry_out(answer.actions)
-
-
-def durable_list(durables: Durables, limit: int) -> list[dict[str, object]]:
-    """The first ``limit`` durable records: client, name, whether attached, since when
-    the client is away (wall time), publishers it acknowledged, and from when any other
-    publisher's publications are owed (wall time)."""
-    return [
-        {
-            "client": r.client,
-            "name": r.name,
-            "attached": r.key is not None,
-            "away_since": r.away,
-            "publishers": len(r.since),
-            "owed_since": r.after,
-        }
-        for r in itertools.islice(durables.records.values(), limit)
-    ]
