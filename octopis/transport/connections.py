@@ -53,8 +53,9 @@ class Router(Protocol):
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """Withdraw a local subscription; returns the SBP actions."""
 
-    def adopt(self, key: str, sub_id: str) -> list[Action]:
-        """Take over a subscription moving here from another broker of the cluster."""
+    def adopt(self, key: str, name: str, sub_id: str) -> list[Action]:
+        """Client ``key`` (called ``name``) takes over a subscription moving here from
+        another broker of the cluster, held for it from now on."""
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """Route a local publication, its copies counting in ``receipt``."""

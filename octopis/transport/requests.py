@@ -93,7 +93,8 @@ class RequestHandlers:
     def _subscribe(
         self, identity: bytes, connection: ClientSession, request: SubscribeRequest
     ) -> dict:
-        key = self._room_for_one_more(identity, connection, request)
+        key = self._key(identity, connection, request)
+        self.table.room(key, request.client)
         subscription = as_filter(request.filter)
         if request.durable is not None and isinstance(subscription, Composite):
             raise ClientError("a composite subscription cannot be durable")
@@ -124,22 +125,13 @@ class RequestHandlers:
             self.counters["durable.ended"] += 1
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
-    def _room_for_one_more(
-        self, identity: bytes, connection: ClientSession, request: SubscribeRequest | AdoptRequest
-    ) -> str:
-        """The client's key, if it may hold one more subscription (else a refusal)."""
-        key = self._key(identity, connection, request)
-        self.table.room(key, request.client)
-        return key
-
     def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
-        key = self._room_for_one_more(identity, connection, request)
-        actions = self.router.adopt(key, request.sub_id)
+        key = self._key(identity, connection, request)
+        actions = self.router.adopt(key, request.client, request.sub_id)
         if request.durable is not None:
             self.router.replaying.durable_attach(
                 request.client, request.durable, key, request.sub_id, ()
             )
-        self.table.attach(key, request.sub_id)
         self.counters["moves.adopted"] += 1
         self.router.execute(actions)
         return {"op": "adopted", "sub_id": request.sub_id}
