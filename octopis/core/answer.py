@@ -14,7 +14,8 @@ Which rows a store drops to stay within its own bounds (retention's, not the ans
 :class:`RetentionBound`'s rule; what it dropped is remembered per (publisher, session)
 with :func:`note_trimmed`, and a request that reaches past it is told so by
 :func:`trimmed_gaps`: the same gaps from every store. A store whose disk refused a commit
-refuses new publications for a while, by :func:`store_refusal`.
+refuses new publications for a while, by :func:`store_refusal`; when it commits is
+:func:`commit_now`'s.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ CLOCK_SLACK = 60.0
 """Seconds a publisher's clock may run ahead of its broker's: a store finds rows by its
 time of storing, a replay asks by the publisher's time of publishing."""
 
+COMMIT_ROWS = 256
+"""Publications kept before a store commits at once, however busy the input."""
+COMMIT_DELAY = 0.002
+"""Seconds a busy store waits at most to commit what it kept (its confirms wait too)."""
+
 R = TypeVar("R")
 
 Trimmed = dict[tuple[str, int], tuple[int, float]]
@@ -51,6 +57,16 @@ def store_refusal(store: str, refused_at: float | None, now: float) -> str | Non
         f"{store} cannot store publications (its disk refused a commit "
         f"{now - refused_at:.1f} s ago); publish again later"
     )
+
+
+def commit_now(pending: int, idle: bool, awaited: bool) -> bool:
+    """Whether a store commits the ``pending`` publications it kept when an input pass
+    ends, rather than within :data:`COMMIT_DELAY`: when :data:`COMMIT_ROWS` wait, or when
+    the input ran dry (``idle``) and a publisher waits for its only unanswered publication
+    (``awaited``: an awaited publish is written at once). Under load, and for publishers
+    that pipeline, one transaction covers many passes (each costs 20-35 µs of CPU in the
+    process's store, whatever it holds)."""
+    return (idle and awaited) or pending >= COMMIT_ROWS
 
 
 def note_trimmed(trimmed: Trimmed, publisher: str, session: int, seq: int, at: float) -> None:

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from math import inf
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import msgspec
 
 from octopis.client_policy import LastSeen
+from octopis.core.answer import COMMIT_DELAY, commit_now
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
@@ -47,10 +47,6 @@ from octopis.wire import ClaimedRecord
 
 log = logging.getLogger("octopis.broker")
 
-COMMIT_ROWS = 256
-"""Publications kept before the store commits at once, however busy the input."""
-COMMIT_DELAY = 0.002
-"""Seconds a busy broker waits at most to commit what it kept (its confirms wait too)."""
 PAGE_ROWS = 512
 """Kept rows a store reads per page of an answer before the loop serves live traffic."""
 PAGE_ROOM = 64
@@ -137,8 +133,6 @@ class Replaying:
         self._awaited = False
         """A publication kept since the last commit is its publisher's only unanswered
         one (:attr:`PublishReceipt.alone`): the commit goes when the input is idle."""
-        self.requesters: OrderedDict[str, str] = OrderedDict()
-        """Requests started here → the client key that asked (as many as rounds)."""
 
     def kept(self, n: Notification, body: bytes, receipt: PublishReceipt | None) -> None:
         """A local publication (encoded as ``body``) was accepted: keep it. The store
@@ -152,16 +146,13 @@ class Replaying:
                 self._awaited = self._awaited or receipt.alone
 
     def pass_ended(self, idle: bool) -> None:
-        """A client input pass ended (``idle``: the input ran dry). The store commits
-        when :data:`COMMIT_ROWS` wait, or when the input is idle and a publisher waits
-        for its only unanswered publication (an awaited publish is written at once),
-        else within :data:`COMMIT_DELAY`: under load, and for publishers that pipeline,
-        one transaction covers many passes (each costs 20-35 µs of CPU, whatever it
-        holds)."""
+        """A client input pass ended (``idle``: the input ran dry): the store commits
+        now or within :data:`~octopis.core.answer.COMMIT_DELAY`, as the node's
+        :func:`~octopis.core.answer.commit_now` says."""
         store = self.store
         if store is None or not store.pending:
             return
-        if (idle and self._awaited) or len(store.pending) >= COMMIT_ROWS:
+        if commit_now(len(store.pending), idle, self._awaited):
             self.commit()
         elif self._commit_timer is None:
             loop = asyncio.get_running_loop()
@@ -212,10 +203,6 @@ class Replaying:
         the request's id. With ``key`` None nobody is answered (a claim that only
         ends copies of a record)."""
         req_id = f"{self.id}/{secrets.token_hex(6)}"
-        if key is not None:
-            self.requesters[req_id] = key
-            while len(self.requesters) > self.retention.replay_rounds:
-                self.requesters.popitem(last=False)
         budget = self.retention.historic_budget if historic else self.retention.replay_budget
         request = Replay(
             req_id,
@@ -237,7 +224,7 @@ class Replaying:
             key,
             len(filters),
         )
-        self._carry_out(self.rounds.start(request, time.monotonic()))
+        self._carry_out(self.rounds.start(request, time.monotonic(), key))
         return req_id
 
     def receive(self, sender: str, message: ReplayMessage) -> None:
@@ -367,12 +354,12 @@ class Replaying:
             elif type(action) is ClaimRecord:
                 self._claim(action.request)
             elif type(action) is ReplayDeliver:
-                key = self.requesters.get(action.req_id)
+                key = self.rounds.requester(action.req_id)
                 bodies = [encode_body(n) for n in action.notifications]
                 if key is not None:
                     self._notify(key, {"op": "replayed", "id": action.req_id, "bodies": bodies})
             elif type(action) is ReplayDone:
-                key = self.requesters.get(action.req_id)
+                key = self.rounds.requester(action.req_id)
                 echo = action.echo
                 log.info(
                     "%s: replay %s %s: %d publications from %d stores, %d without a "
@@ -452,7 +439,7 @@ class Replaying:
         """A claim of a durable record: the node's answer
         (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
         answer = self.durables.answer_claim(
-            self.rounds, request, self.requesters.get(request.req_id), time.time()
+            self.rounds, request, self.rounds.requester(request.req_id), time.time()
         )
         if answer.withdraw is not None:
             self._withdraw(answer.withdraw.key, answer.withdraw.sub_id)
