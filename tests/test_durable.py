@@ -206,6 +206,12 @@ def test_ending_a_durable_forgets_it_and_a_move_is_not_an_end() -> None:
     durables.moved("s2")
     assert durables.records == {}
     assert durables.stats["durable.ended"] == 1
+    durables.attach("a", "d", "k/a", "s3", ("[x,>,1]",), 0.0)
+    durables.attach("a", "e", "k/a", "s4", ("[x,>,1]",), 0.0)
+    assert durables.unsubscribed("s3", moved=False) == claim_of("a", "d")  # claim copies
+    assert durables.unsubscribed("s4", moved=True) is None and durables.records == {}
+    assert durables.unsubscribed("s5", moved=False) is None  # not durable
+    assert durables.stats["durable.ended"] == 2
 
 
 # -- the store's answers -----------------------------------------------------------------

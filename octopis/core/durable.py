@@ -190,6 +190,17 @@ class Durables:
         self.stats["durable.ended"] += 1
         return ident
 
+    def unsubscribed(self, sub_id: str, moved: bool) -> str | None:
+        """Its client withdrew ``sub_id``: ``moved`` to another broker, a durable one's
+        record went with it (:meth:`moved`); else a durable one ends (:meth:`end`) here
+        and, by the claim returned (its answer dropped), wherever a copy of its record
+        is left. None: nothing to claim."""
+        if moved:
+            self.moved(sub_id)
+            return None
+        ident = self.end(sub_id)
+        return claim_of(*ident) if ident is not None else None
+
     def claim(self, client: str, name: str, key: str | None, now: float) -> DurableRecord | None:
         """A claim of (``client``, ``name``) by its client at ``key`` on the host (None:
         passing through): the record kept here, handed over and forgotten — unless the

@@ -24,7 +24,7 @@ import msgspec
 
 from octopis.client_policy import LastSeen
 from octopis.core.answer import COMMIT_DELAY, commit_now
-from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
+from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
     ClaimRecord,
@@ -280,20 +280,14 @@ class Replaying:
         """The client took deliveries up to ``since`` (written within a second)."""
         return self.durables.ack(client, name, since, time.time(), after)
 
-    def durable_moved(self, sub_id: str) -> None:
-        """``sub_id`` moved to another broker with its durable record."""
-        self.durables.moved(sub_id)
+    def durable_unsubscribed(self, sub_id: str, moved: bool) -> None:
+        """A client withdrew ``sub_id`` (``moved``: to another broker): what becomes of a
+        durable one's record is :meth:`Durables.unsubscribed`'s; a claim it returns
+        starts, nobody answered."""
+        claim = self.durables.unsubscribed(sub_id, moved)
         self.save_durables()
-
-    def durable_ended(self, sub_id: str) -> bool:
-        """``key`` unsubscribed ``sub_id``: a durable one ends here and, by a claim whose
-        answer is dropped, wherever a copy of its record is left; True if it was durable."""
-        ident = self.durables.end(sub_id)
-        if ident is None:
-            return False
-        self.save_durables()
-        self.start(None, [], [], time.time(), claim=claim_of(*ident))
-        return True
+        if claim is not None:
+            self.start(None, [], [], time.time(), claim=claim)
 
     async def maintain(self) -> None:
         """Every :data:`~octopis.core.durable.SAVE_EVERY` seconds: write the durable

@@ -119,10 +119,7 @@ class RequestHandlers:
         self.table.owned(key, request.client, request.sub_id)
         self.router.execute(self.router.unsubscribe(key, request.sub_id))
         self.table.detach(key, request.sub_id)
-        if request.moved:
-            self.router.replaying.durable_moved(request.sub_id)
-        elif self.router.replaying.durable_ended(request.sub_id):
-            self.counters["durable.ended"] += 1
+        self.router.replaying.durable_unsubscribed(request.sub_id, request.moved)
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
     def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
