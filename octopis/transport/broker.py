@@ -459,5 +459,5 @@ class Broker:
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
         """Order client ``client`` to move its subscriptions (see ``ClientConnections.order_move``),
         by adoption as the node says (:func:`sessions.moves_by_adoption`)."""
-        adopts = sessions.moves_by_adoption(self.core, inside)
-        return self.clients.sessions.order_move(client, to, adopts)
+        by_adoption = sessions.moves_by_adoption(self.core, inside)
+        return self.clients.sessions.order_move(client, to, by_adoption)
