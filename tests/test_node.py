@@ -83,7 +83,7 @@ def test_a_healed_link_hands_held_subscriptions_then_refresh_then_copies_then_sh
     sub_id, actions = node.core.subscribe("S", Subscription((Predicate("x", "<", 3),)), 0.0)
     sent = [a for a in actions if type(a) is Forward and a.link == peer]
     assert sent, "the subscription goes over the link first"
-    node.hold_undelivered(peer, [_sub("b:0", 5)])
+    node.hold_undelivered(peer, [(_sub("b:0", 5), None)])
     copy = Notification("P", 1, 0.0, {"x": 1})
     node.recovery.hold_copy(peer, copy)
     node.recovery.owed_shares.add(peer)
@@ -158,7 +158,7 @@ def test_a_share_paid_late_is_said_again_when_its_link_heals() -> None:
     entries = [a.message for a in paid if type(a) is Forward and a.link == peer]
     assert [a for a in paid if type(a) is HandedShare] == [HandedShare(peer, len(entries))]
     node.neighbours.silent(peer, 1.0)
-    node.hold_undelivered(peer, entries)  # the link failed: the entries wait, SYNCED lost
+    node.hold_undelivered(peer, [(e, None) for e in entries])  # the entries wait, SYNCED lost
     healed = node.link_back(peer)
     assert [a.message for a in healed if type(a) is Forward] == entries
     assert healed[-1] == HandedShare(peer, 0, True, False)
@@ -240,10 +240,15 @@ def test_a_broker_process_finds_the_mark_of_one_that_died(tmp_path: Path) -> Non
 
 def test_held_messages_keep_requests_and_drop_answers() -> None:
     """What never reached a neighbour: subscriptions and replay requests wait for it;
-    replay answers are dropped and counted (the round reports that part silent)."""
+    replay answers are dropped and counted (the round reports that part silent); the
+    notifications go back, in order with their tokens, to be routed again (custody:
+    both shells reroute what the node hands back)."""
     node = _node()
     request = Replay("r1", "c:0", ("[x,<,3]",), (), 0.0, 1.0)
-    node.hold_undelivered("b:0", [_sub("c:0", 1), ReplayData("r1", ()), request])
+    first, second = Notification("P", 1, 0.0, {"x": 1}), Notification("P", 2, 0.0, {"x": 2})
+    taken = [first, _sub("c:0", 1), ReplayData("r1", ()), second, request]
+    again = node.hold_undelivered("b:0", zip(taken, ["t1", None, None, "t2", None], strict=True))
+    assert again == [(first, "t1"), (second, "t2")]
     assert node.recovery.subscriptions["b:0"] == [_sub("c:0", 1), request]
     assert node.counters["replay_answers_dropped"] == 1
     assert read_sbp(request) == ("replay r1", True)

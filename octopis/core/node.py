@@ -180,20 +180,26 @@ class BrokerNode(Generic[Token]):
         return, bounded (what does not fit is counted undeliverable)."""
         self.recovery.hold_copy(action.link, action.message)
 
-    def hold_undelivered(self, neighbour: str, messages: Iterable[Message | Replay]) -> None:
+    def hold_undelivered(
+        self, neighbour: str, taken: Iterable[tuple[Message | Replay, Token | None]]
+    ) -> list[tuple[Notification, Token | None]]:
         """Routing messages that never reached ``neighbour`` (its link is down, or it
-        restarted), notifications aside: subscription, advertisement and replay requests
-        wait for its return, in order; replay answers are dropped and counted (the replay
-        round hears the part went silent)."""
-        kept = []
-        for message in messages:
+        restarted), each with the shell's token of its publication: the notifications
+        are returned, to be routed again with the link down (custody); subscription,
+        advertisement and replay requests wait for its return, in order; replay answers
+        are dropped and counted (the replay round hears the part went silent)."""
+        kept, again = [], []
+        for message, token in taken:
             kind = type(message)
-            if kind is ReplayData or kind is ReplayEcho:
+            if kind is Notification:
+                again.append((message, token))
+            elif kind is ReplayData or kind is ReplayEcho:
                 self.counters["replay_answers_dropped"] += 1
-            elif kind is not Notification:
+            else:
                 kept.append(message)
         if kept:
             self.recovery.hold_subscriptions(neighbour, kept)
+        return again
 
     def link_back(self, neighbour: str) -> list[Action | HandedShare]:
         """A link that was down healed with the same process on the other side, in this

@@ -261,11 +261,9 @@ class FailureEvents:
         neighbours.silent(dst, self.now)
         self.failure_counts["detections"] += 1
         core = self.cores[src]
-        for message in state.custody.take_back(src, dst):
-            if type(message) is Notification:
-                self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
-            elif type(message) is not HandedShare:  # waited for room: as if sent now
-                self.nodes[src].hold_undelivered(dst, [message])
+        taken = [(m, None) for m in state.custody.take_back(src, dst) if type(m) is not HandedShare]
+        for message, _ in self.nodes[src].hold_undelivered(dst, taken):
+            self._dispatch(src, self._watch(core, message, core.reroute, dst, message))
         self._replay_link_down(src, dst)
         self._check_serving(src)
 
@@ -439,7 +437,7 @@ class FailureEvents:
         elif fate == LOST:
             self.failure_counts["lost_in_transit"] += 1
         elif fate == HELD and type(message) is not HandedShare:  # as in the process
-            self.nodes[src].hold_undelivered(dst, [message])
+            self.nodes[src].hold_undelivered(dst, [(message, None)])
 
     def _took(self, broker: str, src: str) -> None:
         """``broker`` takes a routing message from ``src``: the first since its last

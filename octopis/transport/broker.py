@@ -58,7 +58,6 @@ from octopis.transport.frames import (
     BODY,
     DATA,
     KEPT,
-    KIND,
     frame_of,
     message_of,
     receipt_of,
@@ -243,24 +242,22 @@ class Broker:
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
         """Routing frames that never reached ``neighbour`` (down or restarted), were not
-        acknowledged, or were retained: the notifications among them go back to the core,
-        which routes them again with the link down (custody, DESIGN §7); the node holds
-        the rest for the neighbour's return (:meth:`BrokerNode.hold_undelivered`)."""
+        acknowledged, or were retained: the node holds what waits for the neighbour's
+        return and hands back the notifications, routed again with the link down, each
+        with its publication's receipt (:meth:`BrokerNode.hold_undelivered`; custody,
+        DESIGN §7)."""
         self.replaying.link_down(neighbour)
-        self.node.hold_undelivered(
-            neighbour, [message_of(frame) for frame in queued if frame[KIND] == DATA]
-        )
-        kept = [frame for frame in queued if frame[KIND] == KEPT]
-        if not kept:
+        taken = [(message_of(frame), receipt_of(frame)) for frame in queued]
+        again = self.node.hold_undelivered(neighbour, taken)
+        if not again:
             return
         log.warning(
             "%s: routing %d notifications meant for %s again (link down)",
             self.id,
-            len(kept),
+            len(again),
             neighbour,
         )
-        for frame in kept:
-            message, receipt = message_of(frame), receipt_of(frame)
+        for message, receipt in again:
             self.execute(self.core.reroute(neighbour, message, self.lst), receipt=receipt)
             if receipt is not None:
                 receipt.held()  # the copy taken back; the rerouted ones now count
