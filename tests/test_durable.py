@@ -32,6 +32,7 @@ from octopis.core.durable import DurableError, Durables, Withdraw, claim_of
 from octopis.core.messages import Notification
 from octopis.core.replay import Claimed, Replay, ReplayRounds
 from octopis.defaults import LOOKBACK
+from octopis.filters.composite import parse_composite
 from octopis.filters.language import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.settings import BrokerSettings, Clients, Retention
@@ -60,6 +61,17 @@ def test_a_record_waits_while_its_client_is_away_and_is_handed_over_once() -> No
     assert durables.ack("audit", "d", list(claimed.since), 141.0, after=claimed.after)
     assert durables.records[("audit", "d")].after == claimed.after
     assert not durables.ack("audit", "other", [], 141.0)
+
+
+def test_a_composite_subscription_cannot_be_durable() -> None:
+    """Refused by name before anything is made (its joins are not replayed); a plain
+    one is taken, up to ``[durable] max``."""
+    durables = Durables("c:0", keep=60.0, limit=1)
+    joined = parse_composite("{[a,eq,'x']} || {[b,eq,'y']}")
+    with pytest.raises(DurableError, match="a composite subscription cannot be durable"):
+        durables.room("audit", "d", joined)
+    durables.room("audit", "d", parse_subscription("[x,>,1]"))
+    assert durables.records == {} and durables.stats["durable.refused"] == 0
 
 
 def test_the_records_counts_and_listing_are_the_nodes() -> None:

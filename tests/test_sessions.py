@@ -16,6 +16,7 @@ from octopis.core.sessions import (
     moves_by_adoption,
     silent,
 )
+from octopis.filters.composite import parse_composite
 from octopis.filters.language import Predicate, Subscription
 from octopis.sim import Simulator
 from octopis.topology import build_preset
@@ -194,6 +195,17 @@ def test_how_a_client_moves_is_the_nodes_rule_for_both_shells(
     with pytest.raises(SessionRefused, match="c:0 routes by BID: no advertisements"):
         advertise(core, "k", subscription)
     assert table.subscriptions("k") == set()
+
+
+def test_an_advertisement_is_one_atomic_filter() -> None:
+    """A composite filter is refused as an advertisement, by name, and nothing spreads."""
+    core = make_broker(FIG2, "c:0", "snr", covering="off", advertisements=True)
+    joined = parse_composite("{[a,eq,'x']} || {[b,eq,'y']}")
+    with pytest.raises(SessionRefused, match="an advertisement is one atomic filter"):
+        advertise(core, "k", joined)
+    assert core.advertisements_of("k") == []
+    adv_id, actions = advertise(core, "k", Subscription((Predicate("x", "<", 5),)))
+    assert core.advertisements_of("k") == [adv_id] and actions
 
 
 def test_an_adoption_is_held_for_its_client_within_its_limit() -> None:

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 from octopis.client_policy import LastSeen, replay_after
 from octopis.core.replay import Claimed, Replay, ReplayAction, ReplayRounds
+from octopis.filters.composite import Composite
+from octopis.filters.language import Subscription
 
 SAVE_EVERY = 1.0
 """Seconds within which a broker writes the records acknowledgements changed (a record
@@ -108,9 +110,14 @@ class Durables:
             "durable.refused": 0,
         }
 
-    def room(self, client: str, name: str) -> None:
-        """Raise :class:`DurableError` if durable ``name`` of ``client`` could not be
-        attached here (a new record past ``limit``)."""
+    def room(
+        self, client: str, name: str, subscription: Subscription | Composite | None = None
+    ) -> None:
+        """Raise :class:`DurableError` if durable ``name`` of ``client`` (for
+        ``subscription``) could not be attached here: a composite subscription (its
+        joins are not replayed), or a new record past ``limit``."""
+        if isinstance(subscription, Composite):
+            raise DurableError("a composite subscription cannot be durable")
         if (client, name) not in self.records and len(self.records) >= self.limit:
             self.stats["durable.refused"] += 1
             raise DurableError(

@@ -34,6 +34,7 @@ from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.messages import Action
 from octopis.defaults import MOVE_TIMEOUT
+from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 
 K = TypeVar("K")
@@ -176,10 +177,13 @@ def adopt(
 
 
 def advertise(
-    core: ClusteredBroker | BidBroker, key: str, advertisement: Subscription
+    core: ClusteredBroker | BidBroker, key: str, advertisement: Subscription | Composite
 ) -> tuple[str, list[Action]]:
     """Local publisher ``key`` advertises (DESIGN §12): its id and the core's actions.
-    :class:`SessionRefused` under BID, which routes without advertisements."""
+    :class:`SessionRefused` for a composite filter (an advertisement is one atomic
+    filter) and under BID, which routes without advertisements."""
+    if isinstance(advertisement, Composite):
+        raise SessionRefused("an advertisement is one atomic filter, not a composite one")
     if not isinstance(core, ClusteredBroker):
         raise SessionRefused(f"{core.id} routes by BID: no advertisements")
     return core.advertise(key, advertisement)

@@ -320,7 +320,9 @@ class Broker:
             return self.composites.unsubscribe(key, sub_id)
         return self.core.unsubscribe(key, sub_id)
 
-    def advertise(self, key: str, advertisement: Subscription) -> tuple[str, list[Action]]:
+    def advertise(
+        self, key: str, advertisement: Subscription | Composite
+    ) -> tuple[str, list[Action]]:
         """A local publisher's advertisement (DESIGN §12; :func:`sessions.advertise`)."""
         return sessions.advertise(self.core, key, advertisement)
 

@@ -60,8 +60,11 @@ class Router(Protocol):
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """Route a local publication, its copies counting in ``receipt``."""
 
-    def advertise(self, key: str, advertisement: Subscription) -> tuple[str, list[Action]]:
-        """Install client ``key``'s advertisement; returns its id and the SBP actions."""
+    def advertise(
+        self, key: str, advertisement: Subscription | Composite
+    ) -> tuple[str, list[Action]]:
+        """Install client ``key``'s advertisement (refused if composite, or under BID);
+        returns its id and the SBP actions."""
 
     def check_advertised(self, key: str, publication: dict) -> None:
         """Raise :class:`UnadvertisedPublication` if advertisements are on and client

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from octopis.core import Notification
 from octopis.core.durable import DurableError, claim_of
-from octopis.filters.composite import Composite, as_filter
+from octopis.filters.composite import as_filter
 from octopis.filters.language import (
     parse_publication,
     parse_subscription,
@@ -96,11 +96,9 @@ class RequestHandlers:
         key = self._key(identity, connection, request)
         self.table.room(key, request.client)
         subscription = as_filter(request.filter)
-        if request.durable is not None and isinstance(subscription, Composite):
-            raise ClientError("a composite subscription cannot be durable")
         if request.durable is not None:
             try:
-                self.router.replaying.durables.room(request.client, request.durable)
+                self.router.replaying.durables.room(request.client, request.durable, subscription)
             except DurableError as exc:
                 raise ClientError(str(exc)) from None
         sub_id, actions = self.router.subscribe(key, subscription)
@@ -139,10 +137,7 @@ class RequestHandlers:
         """An advertisement (DESIGN §12): it spreads, and the client may publish what it
         matches; it is withdrawn when the client's connection goes."""
         key = self._key(identity, connection, request)
-        advertisement = as_filter(request.filter)
-        if isinstance(advertisement, Composite):
-            raise ClientError("an advertisement is one atomic filter, not a composite one")
-        adv_id, actions = self.router.advertise(key, advertisement)
+        adv_id, actions = self.router.advertise(key, as_filter(request.filter))
         self.router.execute(actions)
         return {"op": "advertised", "adv_id": adv_id}
 
