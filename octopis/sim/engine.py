@@ -35,9 +35,9 @@ from octopis.core import (
     Released,
     Subscribe,
 )
-from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
 from octopis.core.node import HandedShare, NotServing
+from octopis.core.sessions import check_advertised
 from octopis.core.table import MatcherFactory
 from octopis.defaults import DOWN_AFTER, LINGER, RETAIN
 from octopis.failure_schedule import Failure
@@ -219,8 +219,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
         core = self.cores[broker]
-        if self.advertisements and isinstance(core, ClusteredBroker):
-            core.check_advertised(publisher, publication)
+        check_advertised(core, publisher, publication)
         notification = Notification(publisher, seq, self.clients.stamp(publisher), publication)
         if self.cpus is not None:  # no failures with a service model: always serving
             self.ledger.published(publisher, seq, publication)
@@ -453,6 +452,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             if type(message) is HandedShare:
                 self._share_arrived(broker, src, message)
                 return []
+            self.nodes[broker].routed()
             return self._watch(core, message, core.receive, src, message)
         entries = core.table.entries
         stored = len(entries)
