@@ -13,11 +13,13 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 - :func:`claim_gap`: when a durable record's claim leaves a gap, and why;
 - :func:`still_silent`: which brokers a replay's gap still names once a late part answers;
 - :class:`DurableProgress`: a durable subscription's progress at its client: what was
-  taken, what a claimed record covers, from when its host's record owes the rest;
+  taken, what a claimed record covers, from when its host's record owes the rest, what
+  is acknowledged;
 - :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
-  nothing earlier can still overtake, the ``since`` of a replay request;
+  nothing earlier can still overtake, the ``since`` of a replay request (and with
+  :func:`replay_after`, the whole of a fail-over's, :meth:`FromPoints.replay`);
 - :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
-  came (the seam): each publication once, in publisher order;
+  came (the seam): each publication once, in publisher order (:func:`publisher_order`);
 - :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
   delivery is checked (a repeat during a move or a fail-over is dropped).
 """
@@ -50,6 +52,28 @@ def failover_order(candidates: Sequence[T], current: T) -> list[T]:
     back)."""
     start = candidates.index(current)
     return [*candidates[start + 1 :], *candidates[: start + 1]]
+
+
+class Ordered(Protocol):
+    """What :func:`publisher_order` reads of a delivery."""
+
+    @property
+    def publisher(self) -> str:
+        """Its publisher."""
+
+    @property
+    def session(self) -> int:
+        """Its publisher's session."""
+
+    @property
+    def seq(self) -> int:
+        """Its sequence number in that session."""
+
+
+def publisher_order(n: Ordered) -> tuple[str, int, int]:
+    """A delivery's place in publisher order (DESIGN §11): publisher, session, sequence
+    number."""
+    return n.publisher, n.session, n.seq
 
 
 def join_at_seam(
@@ -202,6 +226,20 @@ class DurableProgress:
         self.record = LastSeen(((p, s), q) for p, s, q in since)
         self.owed_after = after
 
+    def took(self, publisher: str, session: int, seq: int) -> int:
+        """The application took ``seq`` of ``publisher``'s ``session``: the sequence
+        number to acknowledge for that pair (the highest taken)."""
+        self.taken.saw(publisher, session, seq)
+        return self.taken[(publisher, session)]
+
+    def whole(self) -> list[tuple[str, int, int]] | None:
+        """What to acknowledge again to a new host, which keeps a record of its own
+        after a fail-over, a move or a claim: everything taken (None: nothing to tell,
+        nothing taken and no start owed from)."""
+        if not self.taken and self.owed_after is None:
+            return None
+        return self.taken.since()
+
     def failed_over(self, replay_start: float) -> None:
         """The client failed over and replays from ``replay_start``: the record at the
         new host owes from then (:func:`owed_after_failover`)."""
@@ -289,6 +327,14 @@ class FromPoints:
         elif seq > spans.seq:
             spans.seq = seq
         spans.at = now
+
+    def replay(
+        self, first: float | None, silent: float
+    ) -> tuple[list[tuple[str, int, int]], float]:
+        """What a replay after a fail-over from a broker silent since ``silent`` asks for
+        (DESIGN §11): ``since``, these from-points (:meth:`since`), and ``after``,
+        :func:`replay_after` of when the subscriber first subscribed, ``first``."""
+        return self.since(silent), replay_after(first, silent)
 
     def since(self, silent: float) -> list[tuple[str, int, int]]:
         """A replay request's ``since`` for a broker silent since ``silent``:

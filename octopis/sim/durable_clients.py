@@ -36,10 +36,10 @@ from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
     claim_gap,
+    publisher_order,
     resume_from,
     still_silent,
 )
-from octopis.client_policy import replay_after as failover_after
 from octopis.core import Notification
 from octopis.core.durable import SAVE_EVERY, Durables, claim_of
 from octopis.core.replay import (
@@ -59,7 +59,7 @@ from octopis.defaults import (
 )
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
-from octopis.sim.replaying import Seam, publisher_order
+from octopis.sim.replaying import Seam
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
@@ -155,7 +155,7 @@ class DurableSimulator(Simulator):
         host, c.host, c.seam = c.host, None, None
         c.left = self.now
         self.records.pop(c.name, None)
-        if self.failures is not None and host in self.failures.dead:
+        if self._dead(host):
             c.left = self._died_at[host]  # its host died under it: nobody to tell
             return
         self._client_gone(host, c.name, self.now)
@@ -222,10 +222,11 @@ class DurableSimulator(Simulator):
         c.counts["claims" if request.claim else "replays"] += 1
         self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now))
 
-    def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]]) -> None:
-        """``c`` acknowledges to its host (at the loop's next pass: now)."""
+    def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]] | None) -> None:
+        """``c`` acknowledges ``since`` to its host (at the loop's next pass: now; None:
+        nothing to tell)."""
         host, owed = c.host, c.progress.owed_after
-        if host is None or (self.failures is not None and host in self.failures.dead):
+        if since is None or host is None or self._dead(host):
             return
         if not self.durable_records[host].ack(c.name, NAME, since, self.now, owed):
             c.counts["acks_refused"] += 1
@@ -258,8 +259,7 @@ class DurableSimulator(Simulator):
         if c.host is not None:
             c.taken_at.setdefault(n.key, (c.host, self.now))
         c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
-        c.progress.taken.saw(n.publisher, n.session, n.seq)
-        self._durable_ack(c, [(n.publisher, n.session, n.seq)])
+        self._durable_ack(c, [(n.publisher, n.session, c.progress.took(*publisher_order(n)))])
 
     def _durable_join(
         self, c: DurableClient, live: list[Notification], replayed: list[Notification]
@@ -320,13 +320,12 @@ class DurableSimulator(Simulator):
         self._end_durable_seam(c)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
-        after = failover_after(c.since, died)
+        since, after = c.last_seen.replay(c.since, died)
         c.progress.failed_over(after)
         self._attach_durable(c, new)
-        self._durable_ack(c, c.progress.taken.since())
+        self._durable_ack(c, c.progress.whole())
         c.seam, c.claiming = Seam(""), False
-        replay = Replay("", new, (c.subscription.to_text(),), tuple(c.last_seen.since(died)), after,
-                        REPLAY_BUDGET)  # fmt: skip
+        replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
         self._durable_request(c, replay)
 
     # -- the brokers' side ----------------------------------------------------------------
@@ -405,7 +404,7 @@ class DurableSimulator(Simulator):
         _, since, after = resume_from(echo.claimed)
         c.progress.claimed(since, after)
         c.counts["claimed"] += 1
-        self._durable_ack(c, c.progress.taken.since())
+        self._durable_ack(c, c.progress.whole())
         # as the SDK: its own subscription from what the record says was taken
         filters = (c.subscription.to_text(),)
         replay = Replay("", c.host, filters, tuple(since), after, HISTORIC_BUDGET)
@@ -414,7 +413,7 @@ class DurableSimulator(Simulator):
     def _durable_write(self, broker: str) -> None:
         """``broker`` writes its records (what a restart reads back)."""
         self._writing.discard(broker)
-        if self.failures is not None and broker in self.failures.dead:
+        if self._dead(broker):
             return
         self._written_time[broker] = self.now
         self._written[broker] = copy.deepcopy(list(self.durable_records[broker].records.values()))

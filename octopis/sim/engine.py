@@ -215,7 +215,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             broker = self._home.get(publisher, broker)
         self.clients.attach(publisher, broker)
         seq = self.clients.sequence(publisher, seq)
-        if self.failures is not None and broker in self.failures.dead:
+        if self._dead(broker):
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
         core = self.cores[broker]

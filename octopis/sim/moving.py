@@ -77,7 +77,7 @@ class SubscriberMoves:
         """``broker``'s move orders past their deadline: its node withdraws what they
         kept for clients gone meanwhile (:meth:`BrokerNode.moves_expired`), as the
         process's tick does."""
-        if self.failures is None or broker not in self.failures.dead:
+        if not self._dead(broker):
             self._dispatch(broker, self.nodes[broker].moves_expired(self.now))
 
     def moving(self, subscriber: str) -> bool:

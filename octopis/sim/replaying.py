@@ -34,7 +34,7 @@ from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
     failover_order,
-    replay_after,
+    publisher_order,
     still_silent,
 )
 from octopis.core import Forward, Notification, SubState
@@ -66,11 +66,6 @@ class Seam:
     req_id: str
     live: list[Notification] = field(default_factory=list)
     replayed: list[Notification] = field(default_factory=list)
-
-
-def publisher_order(n: Notification) -> tuple[str, int, int]:
-    """A delivery's place in publisher order: publisher, session, sequence number."""
-    return n.publisher, n.session, n.seq
 
 
 class SubscriberFailover:
@@ -165,7 +160,7 @@ class SubscriberFailover:
     def _drop_client(self, subscriber: str, host: str) -> None:
         """``host`` drops its silent client ``subscriber`` (last heard
         :data:`CLIENT_TIMEOUT` ago): what the node withdraws goes."""
-        if self.failures is not None and host in self.failures.dead:
+        if self._dead(host):
             return  # they died with it (a restart withdraws them by epoch)
         self._client_gone(host, subscriber, self.now - CLIENT_TIMEOUT)
         self.failure_counts["clients_dropped"] += 1
@@ -221,7 +216,7 @@ class SubscriberFailover:
             if self.restarts_pending:
                 self.at(self.now + CLIENT_LIVENESS, self._connect, order, wanted, connected)
             return
-        if self.failures is not None and order[at] in self.failures.dead:
+        if self._dead(order[at]):
             self.at(self.now + CLIENT_LIVENESS, self._connect, order, wanted, connected, at + 1)
             return
         connected(order[at])
@@ -236,8 +231,9 @@ class SubscriberFailover:
         self.record_of(subscriber)
         # What the SDK has taken: not what a replay cut short still holds at its seam
         # (it delivers that once the replay ends, after this one has asked).
-        points = self.from_points.get(subscriber)
-        since = [] if points is None else points.since(died)
+        since, after = self.from_points.get(subscriber, FromPoints()).replay(
+            self.clients.first_subscribed[subscriber], died
+        )
         self._cut_short(subscriber)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
@@ -253,7 +249,7 @@ class SubscriberFailover:
             new,
             tuple(s.to_text() for s in self.clients.subscriptions_of[subscriber]),
             tuple(sorted(since)),
-            replay_after(self.clients.first_subscribed[subscriber], died),
+            after,
             REPLAY_BUDGET,
         )
         self.replay_counts["requests"] += 1
@@ -287,7 +283,7 @@ class SubscriberFailover:
 
     def _replay_expire(self, broker: str) -> None:
         rounds = self.replay_rounds.get(broker)
-        if rounds is not None and self.failures is not None and broker not in self.failures.dead:
+        if rounds is not None and self.failures is not None and not self._dead(broker):
             self._carry_out_replay(broker, rounds.expire(self.now))
             deadline = rounds.next_deadline()
             if deadline is not None and deadline > self.now:  # data moved it
