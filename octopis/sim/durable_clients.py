@@ -154,7 +154,7 @@ class DurableSimulator(Simulator):
             return
         host, c.host, c.seam = c.host, None, None
         c.left = self.now
-        self.records.pop(c.name, None)
+        self.checked.discard(c.name)
         if self._dead(host):
             c.left = self._died_at[host]  # its host died under it: nobody to tell
             return
@@ -196,6 +196,7 @@ class DurableSimulator(Simulator):
         c.key = f"{c.name}#{c.run}.{c.connection}"
         self._home[c.name] = broker
         self.records[c.name] = c.record
+        self.checked.add(c.name)
         sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
         c.sub_id = sub_id
         self.durable_records[broker].attach(

@@ -129,7 +129,9 @@ class SubscriberMoves:
         that is the overlay's, counted by the ledger)."""
         self._moved(subscriber, self._overlap)
         if subscriber not in self._overlap and subscriber not in self.failed_over:
-            self.records.pop(subscriber, None)
+            self.checked.discard(subscriber)
+            if self.failures is None:  # no longer kept: the next move begins it again
+                del self.records[subscriber]
 
     @staticmethod
     def _moved(subscriber: str, moving: Counter[str]) -> None:

@@ -109,8 +109,13 @@ class SubscriberFailover:
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
         self.records: dict[str, RecentDeliveries] = {}
-        """The SDK's record of recent deliveries of each subscriber that failed over or is
-        moving: every delivery to it is checked against it."""
+        """Per subscriber, the SDK's record of recent deliveries (each at its time, in its
+        publisher's session, forgotten past the horizon), kept as its from-points are,
+        from the first failure scheduled on (:meth:`saw`), else from a move
+        (:meth:`record_of`) until it ends."""
+        self.checked: set[str] = set()
+        """Subscribers whose every delivery is checked against their record (they failed
+        over, are moving, or are durable), as the SDK checks each (:meth:`take`)."""
         self.seams: dict[str, Seam] = {}
         """Per subscriber whose replay is under way, its seam."""
         self.from_points: dict[str, FromPoints] = {}
@@ -335,15 +340,23 @@ class SubscriberFailover:
 
     def saw(self, subscriber: str, n: Notification) -> None:
         """``subscriber`` took ``n`` now: its from-points
-        (:class:`~octopis.client_policy.FromPoints`) note it."""
+        (:class:`~octopis.client_policy.FromPoints`) and its record of recent deliveries
+        (:class:`~octopis.client_policy.RecentDeliveries`) note it."""
         points = self.from_points.get(subscriber)
         if points is None:
             points = self.from_points[subscriber] = FromPoints()
         points.saw(n.publisher, n.session, n.seq, self.now)
+        record = self.records.get(subscriber)
+        if record is None:
+            record = self.records[subscriber] = RecentDeliveries()
+        record.took((subscriber, *publisher_order(n)), self.now)
 
     def record_of(self, subscriber: str) -> RecentDeliveries:
-        """``subscriber``'s record of recent deliveries, begun (at a fail-over or a move)
-        with what it took so far (the ledger's; remembered from now on)."""
+        """``subscriber``'s record of recent deliveries, against which each delivery to it
+        is checked from now on (it fails over or moves). One not kept yet (a run without
+        failures) begins with what it took so far, the ledger's, remembered from now (in
+        session 0, the simulated publishers' only one)."""
+        self.checked.add(subscriber)
         record = self.records.get(subscriber)
         if record is None:
             record = self.records[subscriber] = RecentDeliveries()
@@ -353,7 +366,7 @@ class SubscriberFailover:
         return record
 
     def take(self, subscriber: str, n: Notification) -> None:
-        """A live delivery to ``subscriber``, which keeps a record (it failed over or is
+        """A live delivery to ``subscriber``, which is checked (it failed over or is
         moving): a repeat is dropped (counted ``replay.repeats`` after a fail-over,
         ``moves.absorbed`` otherwise), the rest held while a replay is under way."""
         if not self.records[subscriber].took((subscriber, *publisher_order(n)), self.now):
