@@ -2,7 +2,8 @@
 a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable records
 (``octopis.core.durable``) and the simulator's clients (``octopis.sim``).
 
-- :func:`failover_order`: where a connection goes when its broker falls silent;
+- :func:`failover_order`: where a connection goes when its broker falls silent, and
+  :func:`failover_tries`, how it goes round that list until one answers;
 - :func:`replay_after`: from when a replay asks for what was missed (one
   :data:`~octopis.defaults.LOOKBACK`, and not before the subscription less the publishers'
   clock skew, :data:`~octopis.defaults.CLOCK_SKEW`);
@@ -27,7 +28,7 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -52,6 +53,16 @@ def failover_order(candidates: Sequence[T], current: T) -> list[T]:
     back)."""
     start = candidates.index(current)
     return [*candidates[start + 1 :], *candidates[: start + 1]]
+
+
+def failover_tries(candidates: Sequence[T], current: T) -> Iterator[T | None]:
+    """The brokers a connection leaving silent ``current`` tries in turn, one after the
+    other that did not answer (DESIGN §7): its list in :func:`failover_order`, then None
+    (none answered: it waits a liveness before it goes round again), endlessly."""
+    order = failover_order(candidates, current)
+    while True:
+        yield from order
+        yield None
 
 
 class Ordered(Protocol):

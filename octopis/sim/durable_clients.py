@@ -306,7 +306,7 @@ class DurableSimulator(Simulator):
             return
         died = self.now - CLIENT_LIVENESS
         self._connect(
-            self._failover_list(old, old),
+            self._failover_tries(old, old),
             lambda: c.host == old and c.run == run,
             lambda new: self._durable_failed_over(c, old, new, died),
         )

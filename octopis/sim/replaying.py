@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
-    failover_order,
+    failover_tries,
     publisher_order,
     still_silent,
 )
@@ -190,41 +190,40 @@ class SubscriberFailover:
             return
         first = self.first_home.get(subscriber, old)
         self._connect(
-            self._failover_list(first, old),
+            self._failover_tries(first, old),
             lambda: self._home.get(subscriber) == old,
             lambda new: self._failed_over(subscriber, old, new, died),
         )
 
-    def _failover_list(self, first: str, old: str) -> list[str]:
-        """The SDK's order (:func:`~octopis.client_policy.failover_order`) away from
+    def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
+        """The SDK's tries (:func:`~octopis.client_policy.failover_tries`) away from
         ``old`` along the broker list of a client that began at ``first`` (the topology's
         fail-over list of ``first``, after it)."""
-        return failover_order([first, *self.scot.failover_order(first)], old)
+        return failover_tries([first, *self.scot.failover_order(first)], old)
 
     def _connect(
         self,
-        order: list[str],
+        tries: Iterator[str | None],
         wanted: Callable[[], bool],
         connected: Callable[[str], None],
-        at: int = 0,
     ) -> None:
         """A client fails over as the SDK does (``Failover.run``): it tries the brokers
-        of ``order`` from ``at`` on, and learns that one is dead only by its silence,
+        ``tries`` gives, and learns that one is dead only by its silence,
         :data:`CLIENT_LIVENESS` after the hello; past the last it waits as long and
         starts over, while a broker is to restart (else it gives up, counted). Nothing
         happens once the client no longer ``wanted`` to; ``connected(broker)`` is called
         at the first broker that answers."""
         if not wanted():
             return
-        if at == len(order):
+        broker = next(tries)
+        if broker is None:  # none answered: round again while one is to restart
             self.failure_counts["failover.no_live_broker"] += 1
-            if self.restarts_pending:
-                self.at(self.now + CLIENT_LIVENESS, self._connect, order, wanted, connected)
+            if not self.restarts_pending:
+                return
+        elif not self._dead(broker):
+            connected(broker)
             return
-        if self._dead(order[at]):
-            self.at(self.now + CLIENT_LIVENESS, self._connect, order, wanted, connected, at + 1)
-            return
-        connected(order[at])
+        self.at(self.now + CLIENT_LIVENESS, self._connect, tries, wanted, connected)
 
     def _failed_over(self, subscriber: str, old: str, new: str, died: float) -> None:
         """``subscriber``, which left silent ``old``, is connected at ``new``: it
