@@ -38,7 +38,6 @@ from octopis.client_policy import (
     claim_gap,
     publisher_order,
     resume_from,
-    still_silent,
 )
 from octopis.core import Notification
 from octopis.core.durable import SAVE_EVERY, Durables, claim_of
@@ -59,7 +58,7 @@ from octopis.defaults import (
 )
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
-from octopis.sim.replaying import Seam
+from octopis.sim.replaying import ReplayGaps, Seam
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
@@ -97,16 +96,14 @@ class DurableClient:
     left: float | None = None
     gaps: set[str] = field(default_factory=set)
     """Brokers its claims reported silent, and why a claim failed."""
-    replay_gaps: dict[str, set[str]] = field(default_factory=dict)
-    """Per replay request, the brokers it reported silent and never heard from (only a
-    late part of the same replay narrows its gap, as the SDK's)."""
+    replay_gaps: ReplayGaps = field(default_factory=ReplayGaps)
 
     store_gaps: set[Gap] = field(default_factory=set)
     """Ranges its claims' and replays' stores reported they no longer hold."""
 
     def told_gap(self) -> bool:
         """Whether a gap is still reported to it."""
-        return bool(self.gaps) or any(self.replay_gaps.values())
+        return bool(self.gaps) or bool(self.replay_gaps)
 
     received: Counter[tuple[str, int]] = field(default_factory=Counter)
     taken_at: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
@@ -389,7 +386,7 @@ class DurableSimulator(Simulator):
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
         else:  # a replay's gap shrinks as its own silent parts answer late
-            still_silent(c.replay_gaps.setdefault(action.req_id, set()), echo.answered, echo.silent)
+            c.replay_gaps.answered(action.req_id, echo.answered, echo.silent)
         if not current:
             return
         if not c.claiming:

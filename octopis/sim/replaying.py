@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -56,6 +56,24 @@ from octopis.filters.language import Subscription, parse_subscription
 from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
+
+
+class ReplayGaps(dict[str, set[str]]):
+    """A subscriber's replay gaps, as the SDK keeps them: per request, the brokers its
+    answer named silent and not heard from since. Only a late part of the same request
+    narrows its gap (another replay asks from elsewhere, for other ranges)."""
+
+    def answered(self, req_id: str, answered: Iterable[str], silent: Iterable[str]) -> None:
+        """The end of request ``req_id``'s answer, or of a late part of it
+        (:func:`~octopis.client_policy.still_silent`)."""
+        gap = self.setdefault(req_id, set())
+        still_silent(gap, answered, silent)
+        if not gap:  # nothing missing: nothing to keep for this request
+            del self[req_id]
+
+    def silent(self) -> set[str]:
+        """The brokers some request is still missing."""
+        return set().union(*self.values())
 
 
 @dataclass
@@ -91,9 +109,8 @@ class SubscriberFailover:
         was published in between only a replay can give it."""
         self.replay_gaps: dict[str, set[str]] = {}
         """Per subscriber, the brokers its replays reported silent and never heard from
-        (the union of :attr:`_gaps_by_request`)."""
-        self._gaps_by_request: dict[str, dict[str, set[str]]] = {}
-        """Per subscriber and replay request, the brokers still silent for it."""
+        (:meth:`ReplayGaps.silent` of :attr:`_gaps_by_request`)."""
+        self._gaps_by_request: dict[str, ReplayGaps] = {}
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
@@ -325,14 +342,9 @@ class SubscriberFailover:
                 seam = self.seams.get(subscriber)
                 if seam is not None and seam.req_id == action.req_id:
                     self._end_seam(subscriber)
-                # Per request, as the SDK keeps them: only a late part of the same replay
-                # narrows its gap (another replay asks from elsewhere, for other ranges).
-                gaps = self._gaps_by_request.setdefault(subscriber, {})
-                gap = gaps.setdefault(action.req_id, set())
-                still_silent(gap, action.echo.answered, action.echo.silent)
-                if not gap:  # nothing missing: nothing to keep for this request
-                    del gaps[action.req_id]
-                self.replay_gaps[subscriber] = set().union(*gaps.values())
+                gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
+                gaps.answered(action.req_id, action.echo.answered, action.echo.silent)
+                self.replay_gaps[subscriber] = gaps.silent()
                 if action.echo.gaps:
                     self.store_gaps.setdefault(subscriber, set()).update(action.echo.gaps)
                 self.replay_counts["late" if action.late else "done"] += 1
@@ -388,9 +400,9 @@ class SubscriberFailover:
         echo of that request names those that answered."""
         seam = self.seams.get(subscriber)
         if seam is not None:
-            gaps = self._gaps_by_request.setdefault(subscriber, {})
+            gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
             gaps[seam.req_id] = set(self.scot.brokers)
-            self.replay_gaps[subscriber] = set().union(*gaps.values())
+            self.replay_gaps[subscriber] = gaps.silent()
             self.replay_counts["cut_short"] += 1
         self._end_seam(subscriber)
 
