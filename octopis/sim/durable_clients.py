@@ -79,7 +79,6 @@ class DurableClient:
     connection: int = 0
     key: str = ""
     sub_id: str | None = None
-    seam: Seam | None = None
     claiming: bool = False
     """The seam's request is a claim (not yet a replay)."""
     record: RecentDeliveries = field(default_factory=RecentDeliveries)
@@ -149,7 +148,8 @@ class DurableSimulator(Simulator):
         c = self.durable_clients[client]
         if c.host is None:
             return
-        host, c.host, c.seam = c.host, None, None
+        host, c.host = c.host, None
+        self.seams.pop(c.name, None)
         c.left = self.now
         self.checked.discard(c.name)
         if self._dead(host):
@@ -183,7 +183,7 @@ class DurableSimulator(Simulator):
             c.away.append((c.left, self.now))
             c.left = None
         self._attach_durable(c, broker)
-        c.seam, c.claiming = Seam(""), True
+        self.seams[c.name], c.claiming = Seam(""), True
         claim = Replay("", broker, (), (), 0.0, HISTORIC_BUDGET, claim=claim_of(c.name, NAME))
         self._durable_request(c, claim)
 
@@ -203,7 +203,7 @@ class DurableSimulator(Simulator):
         self._dispatch(broker, actions)
 
     def _durable_request(self, c: DurableClient, request: Replay) -> None:
-        assert c.host is not None and c.seam is not None
+        assert c.host is not None
         self._replays += 1
         req_id = f"{c.host}/{self._replays}"
         request = Replay(
@@ -216,7 +216,7 @@ class DurableSimulator(Simulator):
             claim=request.claim,
         )
         self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
-        c.seam.req_id = req_id
+        self.seams[c.name].req_id = req_id
         c.counts["claims" if request.claim else "replays"] += 1
         self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now))
 
@@ -232,20 +232,25 @@ class DurableSimulator(Simulator):
             self._writing.add(host)
             self.at(self.now + SAVE_EVERY, self._durable_write, host)
 
-    def take(self, subscriber: str, n: Notification) -> None:
-        """A live delivery: a durable client's is its own (held while its seam is open),
-        any other subscriber's as :class:`Simulator` takes it."""
+    def _repeated(self, subscriber: str, count: int, *, live: bool) -> None:
+        """A durable client counts its repeats its own; any other subscriber's as
+        :class:`Simulator` counts them."""
         c = self.durable_clients.get(subscriber)
         if c is None:
-            super().take(subscriber, n)
-            return
-        if not c.record.took((c.name, *publisher_order(n)), self.now):
-            c.counts["repeats"] += 1
-            return
-        if c.seam is not None:
-            c.seam.live.append(n)
+            super()._repeated(subscriber, count, live=live)
         else:
-            self._durable_took(c, n)
+            c.counts["repeats"] += count
+
+    def _taken(self, subscriber: str, n: Notification, *, replayed: bool) -> None:
+        """A durable client takes ``n`` its own way (:meth:`_durable_took`); any other
+        subscriber as :class:`Simulator` takes it."""
+        c = self.durable_clients.get(subscriber)
+        if c is None:
+            super()._taken(subscriber, n, replayed=replayed)
+            return
+        if replayed:
+            c.replayed.add(n.key)
+        self._durable_took(c, n)
 
     def _durable_took(self, c: DurableClient, n: Notification) -> None:
         """The application took ``n``: recorded, and acknowledged; unless the record
@@ -258,22 +263,6 @@ class DurableSimulator(Simulator):
             c.taken_at.setdefault(n.key, (c.host, self.now))
         c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
         self._durable_ack(c, [(n.publisher, n.session, c.progress.took(*publisher_order(n)))])
-
-    def _durable_join(
-        self, c: DurableClient, live: list[Notification], replayed: list[Notification]
-    ) -> None:
-        joined, repeats = c.record.join(c.name, live, replayed, publisher_order, self.now)
-        c.counts["repeats"] += repeats
-        from_replay = {n.key for n in replayed}
-        for n in joined:
-            if n.key in from_replay:
-                c.replayed.add(n.key)
-            self._durable_took(c, n)
-
-    def _end_durable_seam(self, c: DurableClient) -> None:
-        seam, c.seam = c.seam, None
-        if seam is not None:
-            self._durable_join(c, seam.live, seam.replayed)
 
     # -- a host dies ----------------------------------------------------------------------
 
@@ -313,16 +302,16 @@ class DurableSimulator(Simulator):
         failed (a gap it is told of), its subscription is made again, durable, its whole
         record acknowledged there as owing from the replay's start
         (:func:`owed_after_failover`), and it replays what it missed."""
-        if c.seam is not None and c.claiming:
+        if c.name in self.seams and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
-        self._end_durable_seam(c)
+        self._end_seam(c.name)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
         since, after = c.last_seen.replay(c.since, died)
         c.progress.failed_over(after)
         self._attach_durable(c, new)
         self._durable_ack(c, c.progress.whole())
-        c.seam, c.claiming = Seam(""), False
+        self.seams[c.name], c.claiming = Seam(""), False
         replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
         self._durable_request(c, replay)
 
@@ -373,13 +362,14 @@ class DurableSimulator(Simulator):
         c = self.durable_clients[client]
         if c.run != run or c.host is None:
             return  # that process is gone: nobody reads the answer
-        current = c.seam is not None and c.seam.req_id == action.req_id
+        seam = self.seams.get(c.name)
+        current = seam is not None and seam.req_id == action.req_id
         if type(action) is ReplayDeliver:
             c.counts["replayed"] += len(action.notifications)
-            if current:
-                c.seam.replayed += action.notifications  # type: ignore[union-attr]
+            if seam is not None and current:
+                seam.replayed += action.notifications
             else:  # a late part: joined at once
-                self._durable_join(c, [], list(action.notifications))
+                self._join(c.name, [], list(action.notifications))
             return
         echo = action.echo
         c.store_gaps.update(echo.gaps)
@@ -390,14 +380,14 @@ class DurableSimulator(Simulator):
         if not current:
             return
         if not c.claiming:
-            self._end_durable_seam(c)
+            self._end_seam(c.name)
             return
         c.claiming = False
         why = claim_gap(bool(echo.claimed), echo.silent)
         if why is not None:
             c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {why}")
         if not echo.claimed:  # a new record
-            self._end_durable_seam(c)
+            self._end_seam(c.name)
             return
         _, since, after = resume_from(echo.claimed)
         c.progress.claimed(since, after)

@@ -377,21 +377,28 @@ class SubscriberFailover:
         return record
 
     def take(self, subscriber: str, n: Notification) -> None:
-        """A live delivery to ``subscriber``, which is checked (it failed over or is
-        moving): a repeat is dropped (counted ``replay.repeats`` after a fail-over,
-        ``moves.absorbed`` otherwise), the rest held while a replay is under way."""
+        """A live delivery to ``subscriber``, which is checked (it failed over, is moving
+        or is durable): a repeat is dropped (:meth:`_repeated`), the rest held while a
+        replay is under way (its seam), else taken (:meth:`_taken`)."""
         if not self.records[subscriber].took((subscriber, *publisher_order(n)), self.now):
-            if subscriber in self.failed_over:
-                self.replay_counts["repeats"] += 1
-            else:
-                self.moves["absorbed"] += 1
-            return
-        seam = self.seams.get(subscriber)
-        if seam is not None:
+            self._repeated(subscriber, 1, live=True)
+        elif (seam := self.seams.get(subscriber)) is not None:
             seam.live.append(n)
         else:
-            self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
-            self.saw(subscriber, n)
+            self._taken(subscriber, n, replayed=False)
+
+    def _repeated(self, subscriber: str, count: int, *, live: bool) -> None:
+        """``count`` deliveries to ``subscriber`` were dropped as repeats: counted
+        ``moves.absorbed`` if ``live`` and it never failed over, else ``replay.repeats``."""
+        if live and subscriber not in self.failed_over:
+            self.moves["absorbed"] += count
+        else:
+            self.replay_counts["repeats"] += count
+
+    def _taken(self, subscriber: str, n: Notification, *, replayed: bool) -> None:
+        """``subscriber`` takes ``n`` now (``replayed``: from a replay's answer)."""
+        self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+        self.saw(subscriber, n)
 
     def _cut_short(self, subscriber: str) -> None:
         """A fail-over cuts ``subscriber``'s replay under way short: its part joins now,
@@ -416,12 +423,14 @@ class SubscriberFailover:
     def _join(
         self, subscriber: str, live: list[Notification], replayed: list[Notification]
     ) -> None:
+        """The seam (:meth:`~octopis.client_policy.RecentDeliveries.join`): ``live`` and
+        ``replayed`` deliveries to ``subscriber``, each once, in publisher order."""
         record = self.records[subscriber]
         joined, repeats = record.join(subscriber, live, replayed, publisher_order, self.now)
-        self.replay_counts["repeats"] += repeats
+        self._repeated(subscriber, repeats, live=False)
+        from_replay = {n.key for n in replayed}
         for n in joined:
-            self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
-            self.saw(subscriber, n)
+            self._taken(subscriber, n, replayed=n.key in from_replay)
 
     def replay_report(self) -> dict[str, Any]:
         """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""
