@@ -12,7 +12,8 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), what a
   durable record says was taken;
 - :func:`claim_gap`: when a durable record's claim leaves a gap, and why;
-- :func:`still_silent`: which brokers a replay's gap still names once a late part answers;
+- :func:`still_silent`: which brokers a replay's gap still names once a late part answers,
+  and :class:`ReplayGaps`, those of each replay request;
 - :class:`DurableProgress`: a durable subscription's progress at its client: what was
   taken, what a claimed record covers, from when its host's record owes the rest, what
   is acknowledged;
@@ -212,6 +213,31 @@ def still_silent(outstanding: set[str], answered: Iterable[str], silent: Iterabl
     heard = set(answered)
     outstanding.difference_update(heard)
     outstanding.update(set(silent) - heard)
+
+
+class ReplayGaps(dict[str, set[str]]):
+    """A subscriber's replay gaps (DESIGN §11): per request, the brokers its answer named
+    silent and not heard from since. Only a late part of the same request narrows its
+    gap (another replay asks from elsewhere, for other ranges)."""
+
+    def left(self, req_id: str, silent: Iterable[str]) -> None:
+        """Request ``req_id``'s answer ended (or never came) with ``silent`` missing."""
+        if missing := set(silent):
+            self[req_id] = missing
+        else:
+            self.pop(req_id, None)
+
+    def answered(self, req_id: str, answered: Iterable[str], silent: Iterable[str]) -> None:
+        """A part of request ``req_id``'s answer ended, late or not: its brokers
+        ``answered`` are heard from, those ``silent`` missing (:func:`still_silent`)."""
+        gap = self.setdefault(req_id, set())
+        still_silent(gap, answered, silent)
+        if not gap:  # nothing missing: nothing to keep for this request
+            del self[req_id]
+
+    def silent(self) -> set[str]:
+        """The brokers some request is still missing."""
+        return set().union(*self.values())
 
 
 class DurableProgress:

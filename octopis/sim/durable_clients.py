@@ -35,6 +35,7 @@ from octopis.client_policy import (
     DurableProgress,
     FromPoints,
     RecentDeliveries,
+    ReplayGaps,
     claim_gap,
     publisher_order,
     resume_from,
@@ -58,7 +59,7 @@ from octopis.defaults import (
 )
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
-from octopis.sim.replaying import ReplayGaps, Seam
+from octopis.sim.replaying import Seam
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""

@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -33,9 +33,9 @@ from typing import Any
 from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
+    ReplayGaps,
     failover_tries,
     publisher_order,
-    still_silent,
 )
 from octopis.core import Forward, Notification, SubState
 from octopis.core.durable import Durables
@@ -56,24 +56,6 @@ from octopis.filters.language import Subscription, parse_subscription
 from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
-
-
-class ReplayGaps(dict[str, set[str]]):
-    """A subscriber's replay gaps, as the SDK keeps them: per request, the brokers its
-    answer named silent and not heard from since. Only a late part of the same request
-    narrows its gap (another replay asks from elsewhere, for other ranges)."""
-
-    def answered(self, req_id: str, answered: Iterable[str], silent: Iterable[str]) -> None:
-        """The end of request ``req_id``'s answer, or of a late part of it
-        (:func:`~octopis.client_policy.still_silent`)."""
-        gap = self.setdefault(req_id, set())
-        still_silent(gap, answered, silent)
-        if not gap:  # nothing missing: nothing to keep for this request
-            del self[req_id]
-
-    def silent(self) -> set[str]:
-        """The brokers some request is still missing."""
-        return set().union(*self.values())
 
 
 @dataclass
@@ -408,7 +390,7 @@ class SubscriberFailover:
         seam = self.seams.get(subscriber)
         if seam is not None:
             gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
-            gaps[seam.req_id] = set(self.scot.brokers)
+            gaps.left(seam.req_id, self.scot.brokers)
             self.replay_gaps[subscriber] = gaps.silent()
             self.replay_counts["cut_short"] += 1
         self._end_seam(subscriber)
