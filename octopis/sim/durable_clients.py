@@ -90,6 +90,8 @@ class DurableClient:
     last_seen: FromPoints = field(default_factory=FromPoints)
     since: float = 0.0
     """When this run first subscribed (a fail-over's replay starts no earlier)."""
+    first: str = ""
+    """The broker this run's list begins at (the one it was started at)."""
     away: list[tuple[float, float]] = field(default_factory=list)
     """(left or its host died, subscribed again): what was published in between only a
     claim's or a fail-over's replay can give it."""
@@ -142,7 +144,7 @@ class DurableSimulator(Simulator):
         c = self.durable_clients.get(client)
         if c is None:
             c = self.durable_clients[client] = DurableClient(client, subscription, self.now)
-        self._durable_run(c, broker)
+        self._durable_run(c, broker, broker)
 
     def durable_leave(self, client: str) -> None:
         """``client`` closes its connection now (its record waits), if connected."""
@@ -173,11 +175,12 @@ class DurableSimulator(Simulator):
             if self.restarts_pending:
                 self.at(self.now + CLIENT_LIVENESS, self.durable_return, client, broker)
             return
-        self._durable_run(c, live)
+        self._durable_run(c, live, broker)
 
-    def _durable_run(self, c: DurableClient, broker: str) -> None:
-        """A new process of ``c`` at ``broker``: it subscribes and claims its record."""
-        c.run += 1
+    def _durable_run(self, c: DurableClient, broker: str, first: str) -> None:
+        """A new process of ``c`` at ``broker``, its list beginning at ``first``: it
+        subscribes and claims its record."""
+        c.run, c.first = c.run + 1, first
         c.record, c.progress, c.last_seen = RecentDeliveries(), DurableProgress(), FromPoints()
         c.since = self.now
         if c.left is not None:
@@ -288,12 +291,13 @@ class DurableSimulator(Simulator):
                 self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, broker, c.run)
 
     def _durable_fail_over(self, c: DurableClient, old: str, run: int) -> None:
-        """``c`` leaves silent ``old`` along its list as the SDK does (:meth:`_connect`)."""
+        """``c`` leaves silent ``old`` along its run's list as the SDK does (the list it
+        was started with, :meth:`_connect`)."""
         if c.host != old or c.run != run or self.failures is None:
             return
         died = self.now - CLIENT_LIVENESS
         self._connect(
-            self._failover_tries(old, old),
+            self._failover_tries(c.first, old),
             lambda: c.host == old and c.run == run,
             lambda new: self._durable_failed_over(c, old, new, died),
         )
