@@ -79,7 +79,6 @@ class DurableClient:
     """Its process's run (a new one each time it comes back), and its connection."""
     connection: int = 0
     key: str = ""
-    sub_id: str | None = None
     claiming: bool = False
     """The seam's request is a claim (not yet a replay)."""
     record: RecentDeliveries = field(default_factory=RecentDeliveries)
@@ -199,7 +198,6 @@ class DurableSimulator(Simulator):
         self.records[c.name] = c.record
         self.checked.add(c.name)
         sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
-        c.sub_id = sub_id
         self.durable_records[broker].attach(
             c.name, NAME, c.key, sub_id, (c.subscription.to_text(),), self.now
         )

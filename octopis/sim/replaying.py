@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from octopis.client_policy import (
@@ -52,7 +51,7 @@ from octopis.core.replay import (
     ReplayRounds,
 )
 from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, HISTORIC_BUDGET, REPLAY_BUDGET
-from octopis.filters.language import Subscription, parse_subscription
+from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
@@ -421,8 +420,3 @@ class SubscriberFailover:
             "subscribers_failed_over": len(self.failed_over),
             "gaps": sum(1 for g in self.replay_gaps.values() if g),
         }
-
-
-@lru_cache(maxsize=4096)
-def _parsed(text: str) -> Subscription:
-    return parse_subscription(text)
