@@ -483,10 +483,10 @@ def test_a_gap_filled_late_is_narrowed_then_withdrawn_and_the_application_told()
         "late_replayed": 0,
         "repeats": 0,
         "late_parts": [],
-        "outstanding": set(gap.silent),
         "delivered": set(),
     }
     sub.gaps.extend([other, gap])
+    sub.replay_log.outstanding.left("r1", gap.silent)
     sub.replay_log.awaiting_late.append(record)
     sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["b:0"], "published": 2})
     left = replace(gap, silent=("c:0",))

@@ -166,7 +166,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         """Run the balancer's rounds from now on (:meth:`SimBalancer.start`)."""
         self._overlap: Counter[str] = Counter()
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
-        ends): each keeps the SDK's record of its deliveries (:attr:`records`) meanwhile."""
+        ends): each checks its deliveries against the SDK's record (:attr:`records`) meanwhile."""
         self._linger = LINGER
         self.retiring: set[str] = set()
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
@@ -215,7 +215,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             broker = self._home.get(publisher, broker)
         self.clients.attach(publisher, broker)
         seq = self.clients.sequence(publisher, seq)
-        if self.failures is not None and broker in self.failures.dead:
+        if self._dead(broker):
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
         core = self.cores[broker]
@@ -398,7 +398,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 if self.cut_clients and (subscriber, broker) in self.cut_clients:
                     self.failure_counts["deliveries_to_cut_clients"] += 1
                     continue
-                if self.records and subscriber in self.records:
+                if self.checked and subscriber in self.checked:
                     self.take(subscriber, notification)
                     continue
                 self.ledger.delivered(

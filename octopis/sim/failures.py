@@ -159,6 +159,10 @@ class FailureEvents:
             self.failures = FailureState(detection, retain)
         return self.failures
 
+    def _dead(self, broker: str) -> bool:
+        """Whether ``broker`` is dead now."""
+        return self.failures is not None and broker in self.failures.dead
+
     def _failed_links(self, failure: Failure) -> list[tuple[str, str]]:
         if failure.is_broker:
             broker = failure.ends[0]

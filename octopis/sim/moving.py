@@ -75,7 +75,7 @@ class SubscriberMoves:
         """``broker``'s move orders past their deadline: its node withdraws what they
         kept for clients gone meanwhile (:meth:`BrokerNode.moves_expired`), as the
         process's tick does."""
-        if self.failures is None or broker not in self.failures.dead:
+        if not self._dead(broker):
             self._dispatch(broker, self.nodes[broker].moves_expired(self.now))
 
     def moving(self, subscriber: str) -> bool:
@@ -127,7 +127,9 @@ class SubscriberMoves:
         that is the overlay's, counted by the ledger)."""
         self._moved(subscriber, self._overlap)
         if subscriber not in self._overlap and subscriber not in self.failed_over:
-            self.records.pop(subscriber, None)
+            self.checked.discard(subscriber)
+            if self.failures is None:  # no longer kept: the next move begins it again
+                del self.records[subscriber]
 
     @staticmethod
     def _moved(subscriber: str, moving: Counter[str]) -> None:
