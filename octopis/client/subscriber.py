@@ -309,7 +309,7 @@ class Subscriber(NamedClient):
             if replaying and self.since is not None:
                 # Hold live deliveries: the new broker's must not move the replay's start.
                 seam = self.past.open_seam()
-                self.acks.failed_over(self.durables(), self._replay_start())
+                self.acks.failed_over(self.durables(), replay_after(self.since, self._silent()))
             try:
                 await self.resubscribe()
             except BaseException:
@@ -339,10 +339,6 @@ class Subscriber(NamedClient):
         }
         gap, _ = await self.past.replayed(seam, message, timeout)
         return gap
-
-    def _replay_start(self) -> float:
-        """From when a replay asks: :func:`replay_after` of when the broker went silent."""
-        return replay_after(self.since, self._silent())
 
     def _silent(self) -> float:
         """When the broker left at the last fail-over went silent (now, if none did)."""
