@@ -99,7 +99,7 @@ class RetentionStores:
         (:func:`~octopis.core.answer.store_refusal`, counted), or None."""
         reason = store_refusal(f"{broker}'s retention store", self._refused_at.get(broker), now)
         if reason is not None:
-            self._counts["publications_refused.store_full"] += 1
+            self._counts["publications_refused.not_kept"] += 1
         return reason
 
     def fill(self, broker: str) -> None:
@@ -120,7 +120,7 @@ class RetentionStores:
         key = (notification.publisher, notification.seq)
         if broker in self._full:
             self._refused_at[broker] = now
-            self._counts["publications_refused.store_full_routed"] += 1
+            self._counts["retention.refused"] += 1
             self.refused[key] = (f"{broker}'s retention store cannot store it: its disk is "
                                  "full (routed before the disk refused: it may have been "
                                  "delivered)")  # fmt: skip
