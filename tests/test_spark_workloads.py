@@ -448,14 +448,13 @@ def test_sim_and_run_deliver_a_built_workload_exactly_once(
     assert _build(out, topologies["fig2"], *options, "--seed", "3") == 0
     octopis = [sys.executable, "-m", "octopis.cli.main"]
     common = ["--topology", str(topologies["fig2"]), "--workload", str(out), "--json"]
-    # one mode: reading the files does not depend on it, and every mode's routing of any
-    # workload is a law of tests/test_sim.py (test_snr_laws, test_dnr_laws_*, test_bid_laws)
-    sim = _run([*octopis, "sim", "--mode", "dnr", *common])
-    assert sim.returncode == 0, sim.stderr[-2000:]
-    report = json.loads(sim.stdout)
-    assert report["subscriptions"] == 150 and report["notifications"] == 60
-    assert report["delivered"] == report["expected_deliveries"] > 0
-    assert report["duplicates"] == report["lost"] == 0
+    for mode in ("snr", "dnr", "bid"):
+        sim = _run([*octopis, "sim", "--mode", mode, *common])
+        assert sim.returncode == 0, sim.stderr[-2000:]
+        report = json.loads(sim.stdout)
+        assert report["subscriptions"] == 150 and report["notifications"] == 60
+        assert report["delivered"] == report["expected_deliveries"] > 0
+        assert report["duplicates"] == report["lost"] == 0
     run = _run(
         [
             *octopis,
