@@ -653,24 +653,16 @@ def fig2_stalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loc
     yield from secure_fig2(tmp_path, monkeypatch, settings)
 
 
-AMID = 400
-"""Publications of the moves-amid-stalls run (each confirmed, then 10 ms): still several
-stalls amid moves (one run at 400: 79 move orders, 64 moves made, 4 stalls, 4
-fail-overs; the test asserts a fail-over and a move)."""
-
-
 @pytest.mark.processes
 def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> None:
     """16 subscribers on 15 brokers of fig2 (connections with 0.6 s liveness) while c:2
-    publishes :data:`AMID` notifications: every 0.1 s one subscriber is told by its host
-    to move to a random broker (inside its cluster or across), and every 1–2.5 s one host
-    is stopped for 0.9 s, so its connection fails over in the middle of moves to, from
-    and through it. Guarantee: every subscriber gets every notification exactly once.
-    Many more moves amid publications, across and inside clusters, are a law on the
-    brokers' own node (tests/test_sim.py
-    ``test_publications_during_moves_reach_everyone_exactly_once``; pauses amid client
-    faults: tests/test_nemesis.py ``test_the_seeds_pass``); the processes show real
-    SIGSTOPs under the SDK's liveness, a few of them."""
+    publishes 400 notifications: every 0.1 s one subscriber is told by its host to move
+    to a random broker (inside its cluster or across), and every 1–2.5 s one host is
+    stopped for 0.9 s, so its connection fails over in the middle of moves to, from and
+    through it (one run: 79 move orders, 4 stalls). Guarantee: every subscriber gets every
+    notification exactly once. More moves amid publications are a law on the node
+    (tests/test_sim.py ``test_publications_during_moves_reach_everyone_exactly_once``;
+    pauses: tests/test_nemesis.py ``test_the_seeds_pass``)."""
     cluster = fig2_stalls
     scot = cluster.scot
     rng = random.Random(7)
@@ -703,12 +695,12 @@ def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> N
         sent: list[int] = []
 
         async def publish() -> None:
-            for _ in range(AMID):
+            for _ in range(400):
                 sent.append(await pub.publish({"class": "STOCK", "price": 1.0}))
                 await asyncio.sleep(0.01)
 
         async def move() -> None:
-            while len(sent) < AMID:
+            while len(sent) < 400:
                 await asyncio.sleep(0.1)
                 sub = rng.choice(subs)
                 host = by_endpoint[sub.connection.endpoint]
@@ -722,7 +714,7 @@ def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> N
                     happened["refused orders"] += 1
 
         async def stall() -> None:
-            while len(sent) < AMID:
+            while len(sent) < 400:
                 await asyncio.sleep(rng.uniform(1.0, 2.5))
                 victim = rng.choice(
                     sorted({by_endpoint[s.connection.endpoint] for s in subs} - {"c:2"})
