@@ -659,8 +659,8 @@ def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> N
     publishes 400 notifications: every 0.1 s one subscriber is told by its host to move
     to a random broker (inside its cluster or across), and every 1–2.5 s one host is
     stopped for 0.9 s, so its connection fails over in the middle of moves to, from and
-    through it (one run: 79 move orders, 4 stalls). Guarantee: every subscriber gets every
-    notification exactly once. More moves amid publications are a law on the node
+    through it (two runs: 70–79 move orders, 3–4 stalls). Guarantee: every subscriber gets
+    every notification exactly once. More moves amid publications are a law on the node
     (tests/test_sim.py ``test_publications_during_moves_reach_everyone_exactly_once``;
     pauses: tests/test_nemesis.py ``test_the_seeds_pass``)."""
     cluster = fig2_stalls
