@@ -2,6 +2,16 @@
 
 Every test that starts brokers stops them itself; the ``no_leftover_brokers`` fixture
 fails a test that leaves a broker process behind, passing or failing.
+
+What differs between routing modes is a routing law the simulator proves on the brokers'
+own node (tests/test_sim.py ``test_snr_laws``, ``test_dnr_laws_under_any_congestion``,
+``test_dnr_without_congestion_equals_snr``, ``test_bid_laws``; with failures,
+tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothing``
+[fig2|paper75 × snr|dnr], ``test_up_to_three_failures_while_publishing`` and
+``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``
+[snr|dnr]). So each process-level property here runs in one mode: BID on fig2 (DNR's run
+is :func:`test_fig2_with_the_clients_in_two_worker_processes`), SNR on paper75 (DNR's is
+the kill run), SNR for the killed hosts (the stall, adjacent and worker kills are DNR).
 """
 
 from __future__ import annotations
@@ -127,14 +137,15 @@ def _delay_split(report: dict) -> None:
     assert abs(overlay["mean"] + client["mean"] - total["mean"]) < 1e-6, (overlay, client, total)
 
 
-@pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
-def test_fig2_end_to_end(tmp_path: Path, mode: str) -> None:
-    report = _run(tmp_path, "fig2", mode, subscribers=120, publishers=6, notifications=15)
+def test_fig2_end_to_end_in_bid(tmp_path: Path) -> None:
+    """fig2's processes in BID, keys on: exactly once, the delay split, one flood each
+    (2|E| − (N − 1) messages; BID's first-arrival trees may be longer, the paper's issue
+    I3). SNR and DNR on fig2: :func:`test_fig2_with_the_clients_in_two_worker_processes`
+    runs DNR; SNR is DNR without congestion (``test_dnr_without_congestion_equals_snr``)."""
+    report = _run(tmp_path, "fig2", "bid", subscribers=120, publishers=6, notifications=15)
     _exactly_once(report)
     _delay_split(report)
-    assert_one_sbp_each(report, 17 if mode != "bid" else 2 * 33 - 17)
-    if mode != "bid":  # BID's first-arrival trees may be longer (the paper's issue I3)
-        assert report["max_subscription_tree_length"] <= 5
+    assert_one_sbp_each(report, 2 * 33 - 17)
 
 
 def test_fig2_with_the_clients_in_two_worker_processes(tmp_path: Path) -> None:
@@ -147,15 +158,19 @@ def test_fig2_with_the_clients_in_two_worker_processes(tmp_path: Path) -> None:
     _delay_split(report)
     assert report["subscriptions"] == 120
     assert_one_sbp_each(report, 17)
+    assert report["max_subscription_tree_length"] <= 5
 
 
 @PAPER75_GROUP
-@pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
-def test_paper75_end_to_end(tmp_path: Path, mode: str) -> None:
+def test_paper75_end_to_end(tmp_path: Path) -> None:
+    """75 broker processes in SNR: exactly once, one flood of N − 1 messages per
+    subscription. DNR on paper75's processes is the kill run
+    (:func:`test_kill_an_inner_host_broker_mid_stream`); BID's flood is ``test_bid_laws``
+    on the same node."""
     report = _run(
         tmp_path,
         "paper75",
-        mode,
+        "snr",
         settings=QUIET_LINKS,
         subscribers=300,
         publishers=10,
@@ -164,7 +179,7 @@ def test_paper75_end_to_end(tmp_path: Path, mode: str) -> None:
     _exactly_once(report)
     assert report["brokers"] == 75
     assert report["subscriptions"] == 300
-    assert_one_sbp_each(report, 74 if mode != "bid" else 2 * 220 - 74)
+    assert_one_sbp_each(report, 74)
 
 
 def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:
@@ -659,20 +674,23 @@ def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) 
     assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
 
 
-@pytest.mark.parametrize("mode", ["snr", "dnr"])
-def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path, mode: str) -> None:
-    """fig2, SNR and DNR: kill -9 of c:0 (an inner broker) 2 s into publishing and of f:1
+def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path) -> None:
+    """fig2, SNR: kill -9 of c:0 (an inner broker) 2 s into publishing and of f:1
     (an edge broker of another cluster) at 3 s, restarted at 6 s and 8 s; both host
     subscribers and publishers. The killed hosts' subscribers fail over along their
     broker list, subscribe again and replay what the overlay retained for them; the
     publishers fail over and send again what was not confirmed. Every subscriber, on a
-    live broker or a killed one, gets every matching publication exactly once."""
+    live broker or a killed one, gets every matching publication exactly once. The same
+    kills in DNR are a routing law on the node (tests/test_failures.py
+    ``test_every_single_failure_while_publishing_loses_nothing``,
+    ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``);
+    DNR's kills on processes are the stall, adjacent and worker runs below."""
     report, _, workload = _dnr_run_with_failures(
-        tmp_path / f"fig2-{mode}",
+        tmp_path / "fig2-snr",
         "fig2",
         [Failure(("c:0",), 2.0, 6.0), Failure(("f:1",), 3.0, 8.0)],
         set(),
-        mode=mode,
+        mode="snr",
         subscribers=150,
         publishers=12,
         notifications=100,
