@@ -31,7 +31,7 @@ def sized(quick: T, thorough: T) -> T:
 
 
 settings.register_profile(
-    "dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "dev", max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile(
     "ci",

@@ -35,9 +35,10 @@ from octopis.nemesis.scenarios import draw, run, shrink, simulate
 from octopis.nemesis.store_faults import DiskFull, PowerLoss
 from octopis.sim.stores import RetentionStores
 
-SEEDS = sized(200, 2_000)
-"""Seeds the suite runs: 2,000 in the full suite (``HYPOTHESIS_PROFILE=ci``), 200 at the
-quick size."""
+SEEDS = sized(100, 2_000)
+"""Seeds the suite runs: 2,000 in the full suite (``HYPOTHESIS_PROFILE=ci``), 100 at the
+quick size (the bugs the tests below plant were caught by seeds 0-42 when it was set;
+a search that finds none fails)."""
 CHUNK = sized(50, 100)
 REPLAYED = sized(8, 24)
 """Seeds (fig2 and paper75) run under two string hashes by
