@@ -379,16 +379,14 @@ def test_a_broker_id_is_found_through_a_run_directory_or_a_topology(
         locate("f:2", run_dir=tmp_path / "none")
 
 
-def test_a_connection_where_nothing_listens_says_so_within_three_seconds() -> None:
+def test_a_connection_where_nothing_listens_says_so_before_its_timeout() -> None:
+    """Named by the socket's monitor after ``DIAGNOSIS_WAIT`` (2 s) of refused
+    connections, not :class:`NoReply` at the open's timeout (10 s): the kind of error
+    says which came first, no clock is read."""
     port = find_free_base_port(1)  # reserved here, and nothing binds it
-
-    async def attempt() -> float:
-        started = time.monotonic()
-        with pytest.raises(NothingListening, match=f"nothing listens at tcp://127.0.0.1:{port}"):
-            await Publisher.connect(f"tcp://127.0.0.1:{port}", keys=False)
-        return time.monotonic() - started
-
-    assert asyncio.run(attempt()) < 3.0
+    refused = f"nothing listens at tcp://127.0.0.1:{port} \\(connection refused for 2 s\\)"
+    with pytest.raises(NothingListening, match=refused):
+        asyncio.run(Publisher.connect(f"tcp://127.0.0.1:{port}", keys=False))
 
 
 @pytest.mark.processes
@@ -399,7 +397,8 @@ def test_the_sdk_connects_by_broker_id_and_says_why_a_connection_fails(
     """On a secure fig2 recorded in its run directory: a subscriber connected by broker
     id and run directory (keys found there), and a blocking publisher the same way, one
     notification between them. A client without keys, and one pointed at a peer socket
-    (by endpoint alone, and with the run directory), each get a named error within 3 s."""
+    (by endpoint alone, and with the run directory), each get a named error from the
+    socket's monitor, not :class:`NoReply` at the open's timeout (times printed only)."""
     fig2, _ = shared_fig2
     fig2.write_state()
     run_dir = fig2.run_dir
@@ -438,7 +437,6 @@ def test_the_sdk_connects_by_broker_id_and_says_why_a_connection_fails(
     assert isinstance(peer, NotAClientSocket) and "peer socket" in str(peer)
     assert isinstance(named, NotAClientSocket) and "b:0's peer socket" in str(named)
     print(f"named errors after {keyless_s:.2f} s, {peer_s:.2f} s and {named_s:.2f} s")
-    assert max(keyless_s, peer_s, named_s) < 3.0
 
 
 @pytest.mark.processes

@@ -144,8 +144,11 @@ class PeerOutput:
         return [*encode_peer(self.id, message), kind]
 
     async def flush(self, timeout: float) -> None:
-        """Give queued frames up to ``timeout`` seconds to leave (clean shutdown)."""
-        await asyncio.gather(*(link.flush(timeout) for link in self.links.values()))
+        """Give queued frames up to ``timeout`` seconds to leave (clean shutdown) on the
+        greeted links: on one that is not (its neighbour down, or never met) the routing
+        frames wait for a handshake, so a broker alone stops at once."""
+        greeted = (link.flush(timeout) for link in self.links.values() if link.greeted)
+        await asyncio.gather(*greeted)
 
     # -- acknowledgements ---------------------------------------------------------------
 
