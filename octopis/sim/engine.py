@@ -49,7 +49,7 @@ from octopis.sim.composite_clients import CompositeClients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
 from octopis.sim.custody import Acknowledged
-from octopis.sim.events import EventQueue, Sampler
+from octopis.sim.events import EventQueue, Sampler, collector_paused
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import SubscriberMoves
 from octopis.sim.network import LatencyModel, Network
@@ -108,9 +108,10 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         if matcher_factory is None and mode != "bid":
             self.shared = SharedMatcher()
             matcher_factory = self.shared.part
-        self.brokers = Brokers(
-            scot, mode, matcher_factory, covering=covering, advertisements=advertisements
-        )
+        with collector_paused():
+            self.brokers = Brokers(
+                scot, mode, matcher_factory, covering=covering, advertisements=advertisements
+            )
         """Each broker's core, node, client sessions and incarnation."""
         self.cores = self.brokers.cores
         self.nodes = self.brokers.nodes
