@@ -305,7 +305,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         return actions
 
     def _view(self, broker: str) -> LinkView:
-        view = self.network.view(broker, self.now)
+        view = self.network.view(broker, self.events.now)
         return view if self.failures is None else self.nodes[broker].neighbours.view(view)
 
     # -- report --------------------------------------------------------------------------
@@ -367,7 +367,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         (FIFO links); held copies wait; deliveries go to the ledger."""
         if not actions:
             return
-        now = self.now
+        now = self.events.now
         failures = self.failures
         on_forward = self._on_forward
         arrival_of, send = self.network.arrival, self.events.send
@@ -439,7 +439,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         if src is None:
             core = self.cores[broker]
             return self._watch(core, message, core.publish, message)
-        self.network.taken(src, broker, self.now)
+        self.network.taken(src, broker, self.events.now)
         return self._receive(broker, src, message)
 
     def _receive(self, broker: str, src: str, message: Any) -> list[Action]:
@@ -460,7 +460,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         actions = core.receive(src, message, self._view(broker))
         if len(entries) > stored:
             sub_id = message.sub_id
-            delay = self.now - message.issued_at
+            delay = self.events.now - message.issued_at
             if delay > self.subscription_delay.get(sub_id, 0.0):
                 self.subscription_delay[sub_id] = delay
             if message.hops > self.subscription_depth.get(sub_id, 0):
