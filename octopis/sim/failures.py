@@ -479,7 +479,7 @@ class FailureEvents:
                 self.events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
         if link not in custody.beating:
             custody.beating.add(link)
-            self.at(now + HEARTBEAT, self._heartbeat, broker, src)
+            self.events.at(now + HEARTBEAT, self._heartbeat, broker, src)
 
     def _heartbeat(self, broker: str, src: str) -> None:
         """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the
@@ -503,7 +503,7 @@ class FailureEvents:
         expires = kept.retained[0][1] + kept.retain if kept.retained else self.events.now
         beats = max(1, math.ceil((expires - last) / HEARTBEAT))  # heartbeats from the last
         tick = max(last + beats * HEARTBEAT, self.events.now + HEARTBEAT / 2)
-        self.at(tick, self._heartbeat, broker, src)
+        self.events.at(tick, self._heartbeat, broker, src)
 
     def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:
         """``src``'s acknowledgement reaches ``broker`` (unless the link broke meanwhile):
