@@ -49,7 +49,7 @@ from octopis.sim.composite_clients import CompositeClients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
 from octopis.sim.custody import Acknowledged
-from octopis.sim.events import EventQueue, Sampler
+from octopis.sim.events import EventQueue, Sampler, collector_paused
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import SubscriberMoves
 from octopis.sim.network import LatencyModel, Network
@@ -108,9 +108,10 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         if matcher_factory is None and mode != "bid":
             self.shared = SharedMatcher()
             matcher_factory = self.shared.part
-        self.brokers = Brokers(
-            scot, mode, matcher_factory, covering=covering, advertisements=advertisements
-        )
+        with collector_paused():
+            self.brokers = Brokers(
+                scot, mode, matcher_factory, covering=covering, advertisements=advertisements
+            )
         """Each broker's core, node, client sessions and incarnation."""
         self.cores = self.brokers.cores
         self.nodes = self.brokers.nodes
@@ -304,7 +305,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         return actions
 
     def _view(self, broker: str) -> LinkView:
-        view = self.network.view(broker, self.now)
+        view = self.network.view(broker, self.events.now)
         return view if self.failures is None else self.nodes[broker].neighbours.view(view)
 
     # -- report --------------------------------------------------------------------------
@@ -366,7 +367,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         (FIFO links); held copies wait; deliveries go to the ledger."""
         if not actions:
             return
-        now = self.now
+        now = self.events.now
         failures = self.failures
         on_forward = self._on_forward
         arrival_of, send = self.network.arrival, self.events.send
@@ -438,7 +439,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         if src is None:
             core = self.cores[broker]
             return self._watch(core, message, core.publish, message)
-        self.network.taken(src, broker, self.now)
+        self.network.taken(src, broker, self.events.now)
         return self._receive(broker, src, message)
 
     def _receive(self, broker: str, src: str, message: Any) -> list[Action]:
@@ -459,7 +460,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         actions = core.receive(src, message, self._view(broker))
         if len(entries) > stored:
             sub_id = message.sub_id
-            delay = self.now - message.issued_at
+            delay = self.events.now - message.issued_at
             if delay > self.subscription_delay.get(sub_id, 0.0):
                 self.subscription_delay[sub_id] = delay
             if message.hops > self.subscription_depth.get(sub_id, 0):

@@ -445,7 +445,7 @@ class FailureEvents:
         link's queue, a latency draw and any delay spike."""
         state = self.failures
         assert state is not None
-        now = self.now
+        now = self.events.now
         fate = state.custody.departs(src, dst, now, message, state.broken(src, dst))
         if fate == GOES:
             arrival = self.network.arrival(src, dst, now, message)
@@ -471,7 +471,7 @@ class FailureEvents:
         custody = state.custody
         link = (broker, src)
         count = acknowledgement(record, False)
-        custody.last_sent[link] = now = self.now
+        custody.last_sent[link] = now = self.events.now
         kept = custody.links.get((src, broker))
         if kept is not None and (kept.retained or kept.settles(count)):
             late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
@@ -479,7 +479,7 @@ class FailureEvents:
                 self.events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
         if link not in custody.beating:
             custody.beating.add(link)
-            self.at(now + HEARTBEAT, self._heartbeat, broker, src)
+            self.events.at(now + HEARTBEAT, self._heartbeat, broker, src)
 
     def _heartbeat(self, broker: str, src: str) -> None:
         """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the
@@ -496,14 +496,14 @@ class FailureEvents:
         if broker in state.dead or record is None or kept is None or not kept.retained:
             custody.beating.discard((broker, src))
             return
-        idle = self.now - custody.last_sent.get((broker, src), -math.inf)
+        idle = self.events.now - custody.last_sent.get((broker, src), -math.inf)
         if heartbeat_due(record, idle, HEARTBEAT, False):
             self._acknowledge(broker, src, record)
         last = custody.last_sent[(broker, src)]
-        expires = kept.retained[0][1] + kept.retain if kept.retained else self.now
+        expires = kept.retained[0][1] + kept.retain if kept.retained else self.events.now
         beats = max(1, math.ceil((expires - last) / HEARTBEAT))  # heartbeats from the last
-        tick = max(last + beats * HEARTBEAT, self.now + HEARTBEAT / 2)
-        self.at(tick, self._heartbeat, broker, src)
+        tick = max(last + beats * HEARTBEAT, self.events.now + HEARTBEAT / 2)
+        self.events.at(tick, self._heartbeat, broker, src)
 
     def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:
         """``src``'s acknowledgement reaches ``broker`` (unless the link broke meanwhile):
@@ -513,5 +513,5 @@ class FailureEvents:
         assert state is not None
         if state.broken(src, broker) or ack.incarnation != self.brokers.incarnation[broker]:
             return
-        for message in state.custody.acknowledge(broker, src, ack.count, self.now):
+        for message in state.custody.acknowledge(broker, src, ack.count, self.events.now):
             self._put(broker, src, message)

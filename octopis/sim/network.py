@@ -40,21 +40,25 @@ class LatencyModel:
 class _LinkStreams:
     """One pseudo-random stream per directed link, seeded by the run's seed and the
     link's name (a Mersenne Twister each, ~2.5 KB: 40 MB for a 1,000-broker SCOT's
-    links)."""
+    links), and the latencies ``latency`` draws from them (none with a fixed latency)."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, latency: LatencyModel) -> None:
         self._seed = seed
+        self._sample = latency.sample
+        self._fixed = latency.base if latency.jitter <= 0 else None
         self._draws: dict[str, dict[str, Callable[[], float]]] = {}
 
-    def uniform(self, src: str, dst: str) -> float:
-        """The next uniform draw in [0, 1) of the link ``src → dst``."""
+    def latency(self, src: str, dst: str) -> float:
+        """The next latency draw of the link ``src → dst``."""
+        if self._fixed is not None:
+            return self._fixed
         draws = self._draws.get(src)
         if draws is None:
             draws = self._draws[src] = {}
         draw = draws.get(dst)
         if draw is None:
             draw = draws[dst] = random.Random(f"{self._seed}:{src}>{dst}").random
-        return draw()
+        return self._sample(draw())
 
 
 class Network:
@@ -64,11 +68,11 @@ class Network:
     def __init__(self, model: LinkModel, latency: LatencyModel, rng: random.Random) -> None:
         self.model = model
         self.latency = latency
-        self._streams = _LinkStreams(rng.getrandbits(64))
-        self._link_frames = _LinkStreams(rng.getrandbits(64))
+        self._latency = _LinkStreams(rng.getrandbits(64), latency).latency
+        """The next latency draw of a copy on a link."""
+        self._link_frames = _LinkStreams(rng.getrandbits(64), latency)
         """The streams of link-level frames (acknowledgements): drawing them leaves the
         latencies of the copies on each link as they were."""
-        self._fixed_latency = latency.base if latency.jitter <= 0 else None
         self._instant = type(model).transmit is FreeLinks.transmit and not model.measures_queues
         """Whether copies leave at once (no output queue to ask)."""
         self._fixed_view = model.view("", 0.0) if type(model) is FreeLinks else None
@@ -90,20 +94,10 @@ class Network:
             self.target_queue.append(ahead)
         return departure + self._latency(src, dst)
 
-    def _latency(self, src: str, dst: str) -> float:
-        """The next latency draw of a copy on the link ``src → dst``."""
-        fixed = self._fixed_latency
-        if fixed is not None:
-            return fixed
-        return self.latency.sample(self._streams.uniform(src, dst))
-
     def link_frame_latency(self, src: str, dst: str) -> float:
         """The latency of a link-level frame (an acknowledgement) on ``src → dst``: it
         leaves ahead of the output queue and takes just a draw, from a stream of its own."""
-        fixed = self._fixed_latency
-        if fixed is not None:
-            return fixed
-        return self.latency.sample(self._link_frames.uniform(src, dst))
+        return self._link_frames.latency(src, dst)
 
     def taken(self, src: str, dst: str, now: float) -> None:
         """``dst``'s loop took a copy from ``src``: with receiver-paced links it leaves

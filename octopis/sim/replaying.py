@@ -337,11 +337,11 @@ class SubscriberFailover:
         points = self.from_points.get(subscriber)
         if points is None:
             points = self.from_points[subscriber] = FromPoints()
-        points.saw(n.publisher, n.session, n.seq, self.now)
+        points.saw(n.publisher, n.session, n.seq, self.events.now)
         record = self.records.get(subscriber)
         if record is None:
             record = self.records[subscriber] = RecentDeliveries()
-        record.took((subscriber, *publisher_order(n)), self.now)
+        record.took((subscriber, *publisher_order(n)), self.events.now)
 
     def record_of(self, subscriber: str) -> RecentDeliveries:
         """``subscriber``'s record of recent deliveries, against which each delivery to it
