@@ -6,18 +6,13 @@ side of the rule (what it acknowledges, and when) is :func:`took` and
 :func:`acknowledgement`.
 
 - Routing messages sent on a link after a handshake are numbered 1, 2, …; a handshake
-  starts the count again (:meth:`Custody.greeted`). Each is *kept* until acknowledged:
-  ``(number, sent at, copy)``, in sending order (:meth:`Custody.sent`): notifications in
-  the unacknowledged list, the others (subscription messages, replay requests) in the
-  pending list. A routing message handed to a connection that is later aborted (a cut
-  that outlasts the sender's TCP timeout) never arrives, so it must come back at the
-  link-down, whatever its kind.
+  starts the count again (:meth:`Custody.greeted`). Of them, notifications are *kept*:
+  ``(number, sent at, copy)``, in sending order (:meth:`Custody.sent`).
 - The receiver acknowledges the count of routing messages it has taken (cumulative). An
-  acknowledgement of ``count`` *settles* the kept entries numbered up to it: pending ones
-  are dropped, unacknowledged ones leave that list for the *retained* window, which
-  keeps those sent less than ``retain`` seconds before the acknowledgement (at most
-  ``retain_limit``, the oldest evicted first and counted): the receiver may die before
-  passing them on. Only
+  acknowledgement of ``count`` *settles* the kept entries numbered up to it: they leave
+  the unacknowledged list for the *retained* window, which keeps those sent less than
+  ``retain`` seconds before the acknowledgement (at most ``retain_limit``, the oldest
+  evicted first and counted): the receiver may die before passing them on. Only
   acknowledgements prune the window, so a receiver that dies leaves the sender its last
   ``retain`` seconds.
 - The limit: with ``limit`` entries unacknowledged the link has no :meth:`Custody.room`
@@ -26,13 +21,10 @@ side of the rule (what it acknowledges, and when) is :func:`took` and
   (:meth:`Custody.stopped`). A limit of 0 turns custody off (nothing is kept: a failure
   loses what was in flight).
 - Link down (or the receiver restarted): :meth:`Custody.take_back` empties the window
-  and both lists and returns their copies — retained, then unacknowledged, then
-  pending, each oldest first; the sender's node routes the notifications again with the
-  link down (:meth:`~octopis.core.notification_routing.NotificationRouting.reroute`),
-  and edge dedup absorbs those that had arrived; it holds the other messages for the
-  neighbour's return, in order (:meth:`~octopis.core.node.BrokerNode.link_down`), where
-  one that had arrived is taken again as a neighbour's repeat (a subscription held
-  already, a withdrawal of one not held: ignored).
+  and the unacknowledged list and returns their copies, oldest first — retained, then
+  unacknowledged; the sender routes the notifications again with the link down
+  (:meth:`~octopis.core.notification_routing.NotificationRouting.reroute`), and edge
+  dedup absorbs those that had arrived.
 """
 
 from __future__ import annotations
@@ -63,7 +55,6 @@ class Custody:
         "keeps",
         "limit",
         "numbered",
-        "pending",
         "retain",
         "retain_limit",
         "retained",
@@ -91,9 +82,6 @@ class Custody:
         """Routing messages sent since the last handshake (the last number given)."""
         self.unacked: list[Entry] = []
         """Notifications sent and not yet acknowledged, in sending order."""
-        self.pending: list[Entry] = []
-        """Other routing messages sent and not yet acknowledged, in sending order (they
-        count toward no limit and are never retained)."""
         self.retained: list[Entry] = []
         """Acknowledged notifications sent less than ``retain`` seconds before the latest
         acknowledgement, in sending order."""
@@ -111,13 +99,12 @@ class Custody:
         self.numbered = 0
 
     def sent(self, copy: Any, now: float, kept: bool) -> None:
-        """A routing message went on the link at ``now``: numbered, and, if custody is on,
-        kept as unacknowledged if ``kept`` (a notification), else as pending. (The
-        process's send path books whole batches the same way,
-        :func:`octopis.transport.zmqio.book_sent`.)"""
+        """A routing message went on the link at ``now``: numbered, and kept if ``kept``
+        (a notification) and custody is on. (The process's send path books whole batches
+        the same way, :func:`octopis.transport.zmqio.book_sent`.)"""
         self.numbered += 1
-        if self.keeps:
-            (self.unacked if kept else self.pending).append((self.numbered, now, copy))
+        if kept and self.keeps:
+            self.unacked.append((self.numbered, now, copy))
 
     def room(self) -> float:
         """Routing messages the link may send now (``inf`` with custody off)."""
@@ -134,13 +121,10 @@ class Custody:
 
     def acknowledge(self, count: int, now: float) -> bool:
         """The receiver has taken the first ``count`` routing messages of this session
-        (heard at ``now``): drop the pending entries numbered up to ``count``, settle the
-        unacknowledged ones into the retained window and prune it (see the module
-        docstring). Every list is in sending order, so what leaves each is found by
-        bisection. Returns whether custody was full before (the link may send again)."""
-        pending = self.pending
-        if pending and pending[0][0] <= count:
-            del pending[: bisect_right(pending, count, key=_NUMBER)]
+        (heard at ``now``): settle the entries numbered up to ``count`` into the retained
+        window and prune it (see the module docstring). Both lists are in sending order,
+        so what leaves each is found by bisection. Returns whether custody was full
+        before (the link may send again)."""
         unacked = self.unacked
         was_full = len(unacked) >= self.limit
         settled = bisect_right(unacked, count, key=_NUMBER) if unacked else 0
@@ -162,7 +146,8 @@ class Custody:
 
     def settles(self, count: int) -> bool:
         """Whether an acknowledgement of ``count`` settles an entry kept now."""
-        return any(kept and kept[0][0] <= count for kept in (self.unacked, self.pending))
+        unacked = self.unacked
+        return bool(unacked) and unacked[0][0] <= count
 
     def prunes(self, at: float) -> bool:
         """Whether an acknowledgement heard at ``at`` prunes the retained window as it is
@@ -173,14 +158,12 @@ class Custody:
         )
 
     def take_back(self) -> list[Any]:
-        """Empty the retained window and both lists; their copies (retained, then
-        unacknowledged, then pending, each oldest first)."""
+        """Empty the retained window and the unacknowledged list; their copies, oldest
+        first (retained, then unacknowledged)."""
         copies = [copy for _, _, copy in self.retained]
         copies += [copy for _, _, copy in self.unacked]
-        copies += [copy for _, _, copy in self.pending]
         self.retained.clear()
         self.unacked.clear()
-        self.pending.clear()
         return copies
 
 

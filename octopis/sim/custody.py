@@ -2,10 +2,8 @@
 brokers' own :class:`~octopis.core.custody.Custody`, as the broker process's output link
 does, and the receiver's acknowledgements travel back on the reverse link.
 
-- Routing messages a broker sends on a link are numbered and kept until an
-  acknowledgement settles them; notifications are then retained ``retain`` seconds
-  (``[links] retain``). One in flight when its link breaks is lost in transit, as in a
-  TCP connection the cut aborts, and comes back from custody at the detection.
+- Routing messages a broker sends on a link are numbered; notifications are kept until
+  an acknowledgement settles them, then retained ``retain`` seconds (``[links] retain``).
 - The receiver acknowledges the count it has taken when it takes a message
   (:func:`~octopis.core.custody.took`: the first run since its last acknowledgement is
   acknowledged at once; each arrival is its own input pass here). The acknowledgement
@@ -22,7 +20,7 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   process's output queue), and each stop is counted (``custody.full``).
 - A message other than a notification put on a broken link waits on it, in order, as in
   the process's output queue.
-- The sender takes back its retained and unacknowledged messages, then what waited
+- The sender takes back its retained and unacknowledged copies, then what waited
   (:meth:`LinkCustody.take_back`), when the process's link gives them back: at a
   detection, at a handshake with a new incarnation, at a heal after a detection; its
   node decides what becomes of each (:meth:`~octopis.core.node.BrokerNode.link_down`).
@@ -135,8 +133,8 @@ class LinkCustody:
         self.of(src, dst).greeted()
 
     def take_back(self, src: str, dst: str) -> list[object]:
-        """``src`` detected ``dst`` down: its custody's messages (:meth:`Custody.take_back`),
-        then what waited; custody emptied (its numbering goes on: the session
+        """``src`` detected ``dst`` down: its retained and unacknowledged copies, oldest
+        first, then what waited; custody emptied (its numbering goes on: the session
         does, unless a handshake starts another)."""
         custody = self.links.get((src, dst))
         copies = custody.take_back() if custody is not None else []

@@ -7,11 +7,10 @@ The model is the transport's, in simulated time:
 - Each end of a failed link *detects* it ``detection`` seconds later (the transport's
   ``links.down_after``); only then does its core see the link as down and route around it.
 - Custody is the broker process's own (:mod:`octopis.sim.custody`): a sender keeps each
-  routing message it sent on a link until the receiver's acknowledgement comes back, and
-  a notification ``retain`` seconds after that. At detection, what it kept goes back to
-  its node: notifications are routed again (``reroute``; edge dedup absorbs those that
-  had arrived), the other messages are held for the neighbour. Another message put on
-  a broken link waits on it, as in the process's output queue, until the link gives it
+  notification it sent on a link until the receiver's acknowledgement comes back, and
+  ``retain`` seconds after that. At detection, what it kept goes back to its core
+  (``reroute``); edge dedup absorbs those that had arrived. Another message put on a
+  broken link waits on it, as in the process's output queue, until the link gives it
   back with the copies: at the detection, at a handshake with a new incarnation, or at
   a heal after the detection; the node holds it (:meth:`BrokerNode.link_down`).
 - A broker that dies takes with it the copies still in flight from it
@@ -251,9 +250,9 @@ class FailureEvents:
             self._detect(src, dst)
 
     def _detect(self, src: str, dst: str) -> None:
-        """``src`` declares ``dst`` down; its link gives back what it kept (every routing
-        message not acknowledged, :meth:`Custody.take_back`) and what waited on it
-        (:meth:`_give_back`)."""
+        """``src`` declares ``dst`` down; its link gives back what it kept and what waited
+        on it (:meth:`_give_back`). Subscription messages are not in custody: those sent
+        are delivered or lost in flight."""
         state = self.failures
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:

@@ -244,17 +244,11 @@ class OutputLink:
     def _sent(self, count: int, now: float) -> None:
         """Book-keeping of the ``count`` frames at the head of the queue, just handed to
         ZeroMQ: they leave the queue, routing frames are numbered and notifications go
-        into custody, the other routing frames into its pending list
-        (:func:`~octopis.transport.zmqio.book_sent`, :meth:`Custody.sent` for a batch)."""
+        into custody (:func:`~octopis.transport.zmqio.book_sent`, :meth:`Custody.sent`
+        for a batch)."""
         custody = self.custody
-        keeps = custody.keeps
         custody.numbered, size, copies, receipts = book_sent(
-            self.queue,
-            count,
-            custody.unacked if keeps else None,
-            custody.pending if keeps else None,
-            custody.numbered,
-            now,
+            self.queue, count, custody.unacked if custody.keeps else None, custody.numbered, now
         )
         self._receipts += receipts
         self.copies += copies

@@ -105,10 +105,10 @@ class PeerOutput:
 
     def carrying(self, name: str) -> int:
         """Routing frames (notifications and subscription messages) queued on the link to
-        ``name``, and those in its custody not yet acknowledged (a link may leave the
-        overlay only when this is 0)."""
+        ``name``, and notifications in its custody not yet acknowledged (a link may leave
+        the overlay only when this is 0)."""
         link = self.links[name]
-        return sum(map(is_routing, link.queue)) + len(link.custody) + len(link.custody.pending)
+        return sum(map(is_routing, link.queue)) + len(link.custody)
 
     # -- what the broker sends ----------------------------------------------------------
 
