@@ -2,7 +2,8 @@
 a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable records
 (``octopis.core.durable``) and the simulator's clients (``octopis.sim``).
 
-- :func:`failover_order`: where a connection goes when its broker falls silent;
+- :func:`failover_order`: where a connection goes when its broker falls silent, and
+  :func:`failover_tries`, how it goes round that list until one answers;
 - :func:`replay_after`: from when a replay asks for what was missed (one
   :data:`~octopis.defaults.LOOKBACK`, and not before the subscription less the publishers'
   clock skew, :data:`~octopis.defaults.CLOCK_SKEW`);
@@ -11,13 +12,16 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 - :class:`LastSeen`: the last sequence number taken of each (publisher, session), what a
   durable record says was taken;
 - :func:`claim_gap`: when a durable record's claim leaves a gap, and why;
-- :func:`still_silent`: which brokers a replay's gap still names once a late part answers;
+- :func:`still_silent`: which brokers a replay's gap still names once a late part answers,
+  and :class:`ReplayGaps`, those of each replay request;
 - :class:`DurableProgress`: a durable subscription's progress at its client: what was
-  taken, what a claimed record covers, from when its host's record owes the rest;
+  taken, what a claimed record covers, from when its host's record owes the rest, what
+  is acknowledged;
 - :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
-  nothing earlier can still overtake, the ``since`` of a replay request;
+  nothing earlier can still overtake, the ``since`` of a replay request (and with
+  :func:`replay_after`, the whole of a fail-over's, :meth:`FromPoints.replay`);
 - :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
-  came (the seam): each publication once, in publisher order;
+  came (the seam): each publication once, in publisher order (:func:`publisher_order`);
 - :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
   delivery is checked (a repeat during a move or a fail-over is dropped).
 """
@@ -25,7 +29,7 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -50,6 +54,38 @@ def failover_order(candidates: Sequence[T], current: T) -> list[T]:
     back)."""
     start = candidates.index(current)
     return [*candidates[start + 1 :], *candidates[: start + 1]]
+
+
+def failover_tries(candidates: Sequence[T], current: T) -> Iterator[T | None]:
+    """The brokers a connection leaving silent ``current`` tries in turn, one after the
+    other that did not answer (DESIGN §7): its list in :func:`failover_order`, then None
+    (none answered: it waits a liveness before it goes round again), endlessly."""
+    order = failover_order(candidates, current)
+    while True:
+        yield from order
+        yield None
+
+
+class Ordered(Protocol):
+    """What :func:`publisher_order` reads of a delivery."""
+
+    @property
+    def publisher(self) -> str:
+        """Its publisher."""
+
+    @property
+    def session(self) -> int:
+        """Its publisher's session."""
+
+    @property
+    def seq(self) -> int:
+        """Its sequence number in that session."""
+
+
+def publisher_order(n: Ordered) -> tuple[str, int, int]:
+    """A delivery's place in publisher order (DESIGN §11): publisher, session, sequence
+    number."""
+    return n.publisher, n.session, n.seq
 
 
 def join_at_seam(
@@ -179,6 +215,31 @@ def still_silent(outstanding: set[str], answered: Iterable[str], silent: Iterabl
     outstanding.update(set(silent) - heard)
 
 
+class ReplayGaps(dict[str, set[str]]):
+    """A subscriber's replay gaps (DESIGN §11): per request, the brokers its answer named
+    silent and not heard from since. Only a late part of the same request narrows its
+    gap (another replay asks from elsewhere, for other ranges)."""
+
+    def left(self, req_id: str, silent: Iterable[str]) -> None:
+        """Request ``req_id``'s answer ended (or never came) with ``silent`` missing."""
+        if missing := set(silent):
+            self[req_id] = missing
+        else:
+            self.pop(req_id, None)
+
+    def answered(self, req_id: str, answered: Iterable[str], silent: Iterable[str]) -> None:
+        """A part of request ``req_id``'s answer ended, late or not: its brokers
+        ``answered`` are heard from, those ``silent`` missing (:func:`still_silent`)."""
+        gap = self.setdefault(req_id, set())
+        still_silent(gap, answered, silent)
+        if not gap:  # nothing missing: nothing to keep for this request
+            del self[req_id]
+
+    def silent(self) -> set[str]:
+        """The brokers some request is still missing."""
+        return set().union(*self.values())
+
+
 class DurableProgress:
     """A durable subscription's progress at its client (DESIGN §11): what the application
     took of each (publisher, session) (:attr:`taken`, acknowledged to the host), what the
@@ -201,6 +262,20 @@ class DurableProgress:
         self.taken.saw_all(since)
         self.record = LastSeen(((p, s), q) for p, s, q in since)
         self.owed_after = after
+
+    def took(self, publisher: str, session: int, seq: int) -> int:
+        """The application took ``seq`` of ``publisher``'s ``session``: the sequence
+        number to acknowledge for that pair (the highest taken)."""
+        self.taken.saw(publisher, session, seq)
+        return self.taken[(publisher, session)]
+
+    def whole(self) -> list[tuple[str, int, int]] | None:
+        """What to acknowledge again to a new host, which keeps a record of its own
+        after a fail-over, a move or a claim: everything taken (None: nothing to tell,
+        nothing taken and no start owed from)."""
+        if not self.taken and self.owed_after is None:
+            return None
+        return self.taken.since()
 
     def failed_over(self, replay_start: float) -> None:
         """The client failed over and replays from ``replay_start``: the record at the
@@ -289,6 +364,14 @@ class FromPoints:
         elif seq > spans.seq:
             spans.seq = seq
         spans.at = now
+
+    def replay(
+        self, first: float | None, silent: float
+    ) -> tuple[list[tuple[str, int, int]], float]:
+        """What a replay after a fail-over from a broker silent since ``silent`` asks for
+        (DESIGN §11): ``since``, these from-points (:meth:`since`), and ``after``,
+        :func:`replay_after` of when the subscriber first subscribed, ``first``."""
+        return self.since(silent), replay_after(first, silent)
 
     def since(self, silent: float) -> list[tuple[str, int, int]]:
         """A replay request's ``since`` for a broker silent since ``silent``:

@@ -12,6 +12,7 @@ from octopis.client_policy import (
     DurableProgress,
     FromPoints,
     RecentDeliveries,
+    ReplayGaps,
     claim_gap,
     join_at_seam,
     still_silent,
@@ -132,6 +133,25 @@ def test_a_late_part_narrows_a_replays_gap_and_a_claim_names_its_own() -> None:
     assert claim_gap(True, (), "claim failed: timeout") is None  # the record came anyway
     assert claim_gap(False, (), "claim failed: timeout") == "claim failed: timeout"
     assert "fresher copy" in (claim_gap(True, ("c:0",)) or "")
+
+
+def test_only_a_late_part_of_the_same_request_narrows_its_gap() -> None:
+    """Each replay request keeps its own silent brokers: a late part of one does not
+    narrow another's, a request with nothing missing is forgotten, and a request answered
+    again under the same id starts afresh."""
+    gaps = ReplayGaps()
+    gaps.left("r1", ("b:0", "c:0"))
+    gaps.left("r2", ("b:0",))
+    gaps.left("r3", ())
+    assert gaps == {"r1": {"b:0", "c:0"}, "r2": {"b:0"}}
+    gaps.answered("r1", ("b:0",), ())
+    assert gaps == {"r1": {"c:0"}, "r2": {"b:0"}} and gaps.silent() == {"b:0", "c:0"}
+    gaps.answered("r2", ("b:0",), ("d:0",))
+    assert gaps == {"r1": {"c:0"}, "r2": {"d:0"}}
+    gaps.answered("r2", ("d:0",), ())
+    assert "r2" not in gaps and gaps.silent() == {"c:0"}
+    gaps.left("r1", ("e:0",))
+    assert gaps == {"r1": {"e:0"}}
 
 
 def test_a_durable_progress_drops_what_its_claimed_record_covers() -> None:

@@ -32,6 +32,7 @@ from octopis.core.durable import DurableError, Durables, Withdraw, claim_of
 from octopis.core.messages import Notification
 from octopis.core.replay import Claimed, Replay, ReplayRounds
 from octopis.defaults import LOOKBACK
+from octopis.filters.composite import parse_composite
 from octopis.filters.language import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.settings import BrokerSettings, Clients, Retention
@@ -60,6 +61,34 @@ def test_a_record_waits_while_its_client_is_away_and_is_handed_over_once() -> No
     assert durables.ack("audit", "d", list(claimed.since), 141.0, after=claimed.after)
     assert durables.records[("audit", "d")].after == claimed.after
     assert not durables.ack("audit", "other", [], 141.0)
+
+
+def test_a_composite_subscription_cannot_be_durable() -> None:
+    """Refused by name before anything is made (its joins are not replayed); a plain
+    one is taken, up to ``[durable] max``."""
+    durables = Durables("c:0", keep=60.0, limit=1)
+    joined = parse_composite("{[a,eq,'x']} || {[b,eq,'y']}")
+    with pytest.raises(DurableError, match="a composite subscription cannot be durable"):
+        durables.room("audit", "d", joined)
+    durables.room("audit", "d", parse_subscription("[x,>,1]"))
+    assert durables.records == {} and durables.stats["durable.refused"] == 0
+
+
+def test_the_records_counts_and_listing_are_the_nodes() -> None:
+    """What an operator sees of the records (``octopis status``, the metrics): how many
+    are kept and how many clients are away, each record attached or since when away."""
+    durables = Durables("c:0", keep=60.0, limit=10)
+    durables.attach("audit", "d", "k1/audit", "s1", ("[x,>,1]",), 100.0)
+    durables.attach("audit", "e", "k1/audit", "s2", ("[x,>,1]",), 100.0)
+    durables.ack("audit", "d", [("P", 1, 7)], 101.0)
+    assert durables.detached("s1", heard=110.0)
+    counts = durables.counts()
+    assert (counts["durable.kept"], counts["durable.away"], counts["durable.made"]) == (2, 1, 2)
+    assert durables.listed(1) == [
+        {"client": "audit", "name": "d", "attached": False, "away_since": 110.0,
+         "publishers": 1, "owed_since": 100.0}
+    ]  # fmt: skip
+    assert [r["attached"] for r in durables.listed(5)] == [False, True]
 
 
 def test_a_client_back_at_the_same_broker_is_owed_from_when_it_left() -> None:
@@ -189,6 +218,12 @@ def test_ending_a_durable_forgets_it_and_a_move_is_not_an_end() -> None:
     durables.moved("s2")
     assert durables.records == {}
     assert durables.stats["durable.ended"] == 1
+    durables.attach("a", "d", "k/a", "s3", ("[x,>,1]",), 0.0)
+    durables.attach("a", "e", "k/a", "s4", ("[x,>,1]",), 0.0)
+    assert durables.unsubscribed("s3", moved=False) == claim_of("a", "d")  # claim copies
+    assert durables.unsubscribed("s4", moved=True) is None and durables.records == {}
+    assert durables.unsubscribed("s5", moved=False) is None  # not durable
+    assert durables.stats["durable.ended"] == 2
 
 
 # -- the store's answers -----------------------------------------------------------------

@@ -23,6 +23,7 @@ from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, r
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import LatencyModel, Simulator
+from octopis.sim.durable_clients import DurableSimulator
 from octopis.topology import Scot, build_preset, build_scot, complete_factor
 
 FIG2 = build_preset("fig2")
@@ -330,6 +331,25 @@ def test_a_failing_over_subscriber_learns_a_broker_is_dead_only_by_its_silence()
     sim.run()
     assert sim.outages["S"] == [(start + 1.0, start + 1.0 + 2 * CLIENT_LIVENESS)]
     assert sim.first_home["S"] == first and sim._home["S"] == third
+
+
+def test_a_durable_subscriber_fails_over_twice_along_the_list_it_began_with() -> None:
+    """As the SDK's connection keeps the endpoint list it was made with, a durable
+    subscriber that failed over from c:0 to the next broker and loses that one too goes
+    on along c:0's list (the broker after it there), as a plain subscriber does, not
+    along the list of the broker it is at."""
+    sim = DurableSimulator(FIG2, "snr", seed=3, covering="off")
+    sim.durable_subscribe("D", "c:0", Subscription((Predicate("x", "<", 5),)))
+    sim.subscribe("S", "c:0", Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    first, second, third = "c:0", *FIG2.failover_order("c:0")[:2]
+    assert FIG2.failover_order(second)[0] != third  # the two lists part here
+    sim.fail(Failure((first,), 1.0, 60.0), start)
+    sim.fail(Failure((second,), 10.0, 60.0), start)
+    sim.run()
+    assert sim.durable_clients["D"].counts["failed_over"] == 2
+    assert sim.durable_clients["D"].host == sim._home["S"] == third
 
 
 def test_no_failure_no_failure_report() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from octopis.cluster import launcher
-from octopis.cluster.launcher import PORT_BLOCK, ClusterError, find_free_base_port
+from octopis.cluster.launcher import PORT_BLOCK, ClusterError, find_free_base_port, release_ports
 
 FIRST_BLOCK = -(-launcher._LOWEST_PORT // PORT_BLOCK)
 BLOCKS = 8
@@ -41,6 +41,7 @@ sys.stdin.read()
 def lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(launcher, "PORT_LOCK_DIR", tmp_path / "ports")
     monkeypatch.setattr(launcher, "_RESERVED", {})
+    monkeypatch.setattr(launcher, "_RELEASED", set())
     monkeypatch.setattr(launcher, "_ephemeral_start", lambda: WINDOW_END)
     monkeypatch.setattr(launcher, "_port_free", lambda host, port: True)
     return tmp_path / "ports"
@@ -118,3 +119,32 @@ def test_a_range_with_a_busy_port_is_skipped_and_not_kept(
     assert bases == ALL_BASES - {min(ALL_BASES)}
     monkeypatch.setattr(launcher, "_port_free", lambda host, port: True)
     assert find_free_base_port(18, attempts=1000) == min(ALL_BASES)
+
+
+def test_a_released_range_goes_to_its_own_process_again_and_to_no_other(
+    lock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped cluster's blocks (:func:`release_ports`) are handed out again by the
+    process that holds them, before any other and only while every port binds; another
+    process still cannot lock them; ports this process never reserved change nothing."""
+    bases = [find_free_base_port(18, attempts=1000) for _ in range(BLOCKS)]
+    release_ports([70000 - 1])  # held by nobody here: nothing to hand out
+    with pytest.raises(ClusterError):
+        find_free_base_port(18)
+    released, busy_one = bases[3], bases[5]
+    release_ports(range(released, released + 72))
+    release_ports([busy_one + 1])
+    monkeypatch.setattr(launcher, "_port_free", lambda host, port: port != busy_one + 7)
+    other = subprocess.run(
+        [sys.executable, "-c", HOLDER, str(lock_dir), str(WINDOW_END), "1"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert other.returncode != 0 and "found no 72 consecutive free ports" in other.stderr
+    assert find_free_base_port(18) == released
+    with pytest.raises(ClusterError):
+        find_free_base_port(18)  # the other released range has a busy port
+    monkeypatch.setattr(launcher, "_port_free", lambda host, port: True)
+    assert find_free_base_port(18) == busy_one

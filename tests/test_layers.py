@@ -347,11 +347,17 @@ def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
-SHELL_COPIES = frozenset({"detected"})
+SHELL_COPIES = frozenset({"detected", "adopts", "requesters", "CLOCK_SLACK", "COMMIT_ROWS"})
 """Rules the shells once kept copies of. Which links a broker routes through: a set of
 the simulator's own of the links each broker had detected down, where the broker
 process asks ``Neighbours.routable`` (its LST rows; the simulator now routes by
-``Neighbours.view``)."""
+``Neighbours.view``). Whether a move goes by adoption: both shells read
+``ClusteredBroker.adopts`` (the process with the order's ``inside``, the simulator with
+the new host's cluster); both now ask ``sessions.moves_by_adoption``. Who asked for a
+replay: the process kept its own map, bounded as the rounds are; the rounds now say
+(``ReplayRounds.requester``). Which stored rows a replay reads (``CLOCK_SLACK``, the
+process's store only) and when a store commits (``COMMIT_ROWS``): now
+``core.answer``'s ``AnswerSelection`` and ``commit_now``."""
 
 NEIGHBOUR_COPIES = frozenset({"hello"})
 """The neighbour table's calls that took a shell's verdict. A neighbour's HELLO: the
@@ -409,11 +415,20 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "    node.neighbours.said(dst, serving=True)\n"
         "    node.neighbours.said(dst, serving)\n"
         "    hello = output.hello(dst)\n"
+        "    inside = inside and node.core.adopts\n"
+        "    key = self.requesters.get(req_id)\n"
+        "CLOCK_SLACK = 60.0\n"
+        "if len(store.pending) >= COMMIT_ROWS:\n"
+        "    commit()\n"
     )
     assert sorted(shell_copies(path)) == [
+        "shell.py:10 CLOCK_SLACK",
+        "shell.py:11 COMMIT_ROWS",
         "shell.py:3 detected",
         "shell.py:4 hello",
         "shell.py:5 said(literal)",
+        "shell.py:8 adopts",
+        "shell.py:9 requesters",
     ]
 
 

@@ -219,7 +219,7 @@ def test_a_withdrawal_that_does_not_unquench_is_caught(monkeypatch: pytest.Monke
 def test_a_replay_without_lookback_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """A subscriber whose connection dies asks for a replay from the moment its broker
     went silent, not ``LOOKBACK`` before: what was in flight then is lost to it."""
-    monkeypatch.setattr("octopis.sim.replaying.replay_after", lambda first, silent: silent)
+    monkeypatch.setattr("octopis.client_policy.replay_after", lambda first, silent: silent)
     assert replay_after(0.0, 100.0) < 100.0  # the policy's own start is earlier
     seed = _first_failing(range(SEEDS))
     assert seed is not None
@@ -763,7 +763,7 @@ def test_a_full_disk_refuses_by_name_and_the_broker_keeps_serving() -> None:
     assert problems == []
     retention = sim.retention
     assert retention.refused and all("disk is full" in r for r in retention.refused.values())
-    before = sim.failure_counts["publications_refused.store_full"]
+    before = sim.failure_counts["publications_refused.not_kept"]
     assert before > 0
     confirmed = sorted(seq for (_, seq) in retention.confirmed)
     assert confirmed[-1] == 39 and len(confirmed) + len(retention.refused) + before == 39

@@ -30,7 +30,7 @@ from octopis.core import (
     Unsubscribe,
     make_broker,
 )
-from octopis.core.answer import AnswerSelection
+from octopis.core.answer import CLOCK_SLACK, AnswerSelection, RetentionBound
 from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase, stall
 from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
 from octopis.core.replay import Replay, ReplayData
@@ -357,6 +357,17 @@ def test_the_simulator_holds_publications_at_a_resyncing_broker(mode: str) -> No
     assert alive["delivered"] == alive["expected_deliveries"]
 
 
+def test_what_a_resyncing_node_routes_is_counted_by_the_node() -> None:
+    """Messages routed from neighbours before a node serves are counted by the node,
+    for the process and the simulator alike (the process counted them itself)."""
+    resyncing, serving = _node(), _node(serving=True)
+    resyncing.routed(3)
+    resyncing.routed()
+    serving.routed(5)
+    assert resyncing.counts()["routed_while_resyncing"] == 4
+    assert "routed_while_resyncing" not in serving.counts()
+
+
 @pytest.mark.parametrize("alone", [False, True])
 def test_the_simulator_counts_a_restarted_bid_brokers_lost_table(alone: bool) -> None:
     """c:0 restarts under BID, met by its neighbours or (``alone``) while they are all
@@ -411,7 +422,8 @@ def test_the_simulator_answers_a_replay_as_the_process_store_does(
     while not answer.done:
         found += answer.page(7)
     sim = _sim("snr")
-    sim.stores["c:0"] = notes
+    for n in notes:  # stored when published, as the process's store was told
+        sim.retention.keep("c:0", n, n.published_at)
     simulated, gaps, truncated = sim.retention.answer("c:0", request)
     assert [n.key for n in found] == [n.key for n in simulated]
     assert answer.gaps == gaps == []
@@ -450,7 +462,7 @@ def test_both_stores_report_what_they_trimmed_and_cut_at_their_bounds(
     for n in notes:
         store.add(n, encode_body(n), n.published_at)
         store.commit(n.published_at)
-        stores.keep("c:0", n)
+        stores.keep("c:0", n, n.published_at)
     assert store.rows == len(stores.kept["c:0"]) == kept
     request = Replay("r", "c:0", ("[x,<,4]",), case.get("since", ()), case.get("after", 0.0), 1.0,
                      until=case.get("until", float("inf")))  # fmt: skip
@@ -467,6 +479,57 @@ def test_both_stores_report_what_they_trimmed_and_cut_at_their_bounds(
     store.close()
 
 
+def test_the_retention_bound_drops_the_aged_then_the_oldest_and_reads_no_further() -> None:
+    """What a store drops (its own bounds, DESIGN §11), once for both stores: every row
+    stored wholly before ``max_age``, then the oldest while the store holds more than
+    ``max_total``; the rows after the first it keeps are not read."""
+    rows = [(1, 10, 100.0), (2, 10, 200.0), (3, 10, 300.0), (4, 10, 400.0)]
+    aged = RetentionBound(25, max_age=150.0)
+    assert aged.over(40, 100.0, 390.0) and not aged.over(20, 300.0, 390.0)
+    assert aged.over(20, 200.0, 390.0)  # within max_total, its oldest past max_age
+    rest = iter(rows)
+    assert aged.cut(rest, 40, 390.0) == [1, 2]
+    assert next(rest) == rows[3]  # row 3 ended the reading: row 4 was never read
+    assert RetentionBound(15).cut(rows, 40, 390.0) == [1, 2, 3]  # no age bound
+    assert RetentionBound(40, max_age=1000.0).cut(rows, 40, 390.0) == []
+
+
+def test_both_stores_read_a_replay_window_by_their_own_time_of_storing(tmp_path: Path) -> None:
+    """A store reads by its time of storing, a request asks by the publisher's clock:
+    rows stored more than :data:`CLOCK_SLACK` before ``after`` answer nothing, and the
+    first stored that long past ``until`` ends the reading, in both stores. A publisher
+    whose clock runs 100 s ahead of its broker (past the slack) is missed by both."""
+    ahead = [n._replace(published_at=n.published_at + 100.0) for n in _retained(60)]
+    request = Replay("r", "c:0", ("[x,<,9]",), (), 205.0, 1.0)
+    selection = AnswerSelection(request)
+    assert selection.start_at == 205.0 - CLOCK_SLACK
+    taken = [
+        n
+        for n in ahead
+        if selection.take(n.publisher, 0, n.seq, n.published_at, n.published_at - 100.0, 0,
+                          lambda n=n: n) is not None
+    ]  # fmt: skip
+    stored_late_enough = [n for n in ahead if n.published_at - 100.0 >= 205.0 - CLOCK_SLACK]
+    assert taken == stored_late_enough
+    assert len(taken) < sum(n.published_at >= 205.0 for n in ahead)  # the clock's miss
+    stores = RetentionStores(Counter())
+    for n in ahead:
+        stores.keep("c:0", n, n.published_at - 100.0)  # stored by the broker's clock
+    simulated, _, _ = stores.answer("c:0", request)
+    store = RetentionStore(tmp_path / "r.sqlite", Retention(max_bytes=1 << 20), _decode)
+    for n in ahead:
+        store.add(n, encode_body(n), n.published_at - 100.0)
+    store.commit(300.0)
+    assert simulated == taken
+    assert [n.key for n in store.answer(request)[0]] == [n.key for n in taken]
+    store.close()
+    late = AnswerSelection(Replay("r", "c:0", ("[x,<,9]",), (), 0.0, 1.0, until=100.0))
+    assert late.take("P0", 0, 1, 50.0, 100.0 + CLOCK_SLACK, 0, lambda: ahead[0]) is not None
+    assert not late.ended
+    assert late.take("P0", 0, 2, 50.0, 101.0 + CLOCK_SLACK, 0, lambda: ahead[0]) is None
+    assert late.ended  # stored past the window: the store reads no further
+
+
 def _decode(body: bytes) -> Notification:
     from octopis.transport.codec import decode_body
 
@@ -478,7 +541,8 @@ def test_answer_selection_cuts_at_bytes() -> None:
     selection = AnswerSelection(request)
     notes = _retained(5)
     taken = [
-        selection.take(n.publisher, 0, n.seq, n.published_at, 10, lambda n=n: n) for n in notes
+        selection.take(n.publisher, 0, n.seq, n.published_at, n.published_at, 10, lambda n=n: n)
+        for n in notes
     ]
     assert taken[:2] == notes[:2] and taken[2] is None and selection.truncated
 

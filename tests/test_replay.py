@@ -24,6 +24,7 @@ from laws import scots
 
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import make_broker
+from octopis.core.answer import COMMIT_ROWS, commit_now
 from octopis.core.durable import claim_of
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
@@ -208,6 +209,31 @@ def test_rounds_are_bounded() -> None:
     for i in range(3):
         rounds.receive("a:0", Replay(f"r{i}", "a:0", ("[x,>,1]",), (), 0.0, 3.0), 0.0)
     assert list(rounds.rounds) == ["r1", "r2"] and rounds.stats["replay.ended_early"] == 1
+
+
+def test_a_host_names_the_requester_of_its_latest_rounds_and_where_answers_go() -> None:
+    """The host remembers who asked for each of its latest ``limit`` requests (late
+    answers still find them), a round that ended early is no longer answered, and a
+    round's answers go to the neighbour it came from (the shell asks, DESIGN §11)."""
+    rounds = ReplayRounds("a:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []), limit=2)
+    for i in range(3):
+        rounds.start(Replay(f"r{i}", "a:0", ("[x,>,1]",), (), 0.0, 3.0), 0.0, f"client{i}")
+    assert [rounds.requester(f"r{i}") for i in range(3)] == [None, "client1", "client2"]
+    assert not rounds.answering("r0") and rounds.answering("r2")
+    assert rounds.toward("r2") is None  # the host's own: answered here
+    rounds.receive("b:0", Replay("r9", "b:0", ("[x,>,1]",), (), 0.0, 3.0), 0.0)
+    assert rounds.toward("r9") == "b:0" and rounds.requester("r9") is None
+
+
+def test_a_store_commits_at_once_when_awaited_or_full_else_within_the_delay() -> None:
+    """When a store commits (the node's rule; the shell keeps the timer): an awaited
+    publication once the input ran dry, :data:`COMMIT_ROWS` kept whatever the input,
+    anything else within ``COMMIT_DELAY``."""
+    assert commit_now(1, idle=True, awaited=True)
+    assert not commit_now(1, idle=True, awaited=False)  # pipelined: within the delay
+    assert not commit_now(1, idle=False, awaited=True)  # the input is busy
+    assert commit_now(COMMIT_ROWS, idle=False, awaited=False)
+    assert not commit_now(COMMIT_ROWS - 1, idle=False, awaited=False)
 
 
 @given(scots(), st.data())
@@ -457,10 +483,10 @@ def test_a_gap_filled_late_is_narrowed_then_withdrawn_and_the_application_told()
         "late_replayed": 0,
         "repeats": 0,
         "late_parts": [],
-        "outstanding": set(gap.silent),
         "delivered": set(),
     }
     sub.gaps.extend([other, gap])
+    sub.replay_log.outstanding.left("r1", gap.silent)
     sub.replay_log.awaiting_late.append(record)
     sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["b:0"], "published": 2})
     left = replace(gap, silent=("c:0",))

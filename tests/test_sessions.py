@@ -6,8 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from octopis.core import make_broker
 from octopis.core.durable import Durables
-from octopis.core.sessions import ClientTable, SessionRefused, silent
+from octopis.core.sessions import (
+    ClientTable,
+    SessionRefused,
+    adopt,
+    advertise,
+    moves_by_adoption,
+    silent,
+)
+from octopis.filters.composite import parse_composite
 from octopis.filters.language import Predicate, Subscription
 from octopis.sim import Simulator
 from octopis.topology import build_preset
@@ -157,3 +166,57 @@ def test_the_simulator_moves_by_the_session_rules_of_a_broker() -> None:
     report = sim.report()
     assert report["expected_deliveries"] == report["delivered"] == 1
     assert report["duplicates"] == report["lost"] == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "covering", "inside", "adopts"),
+    [
+        ("snr", "off", True, True),
+        ("dnr", "off", True, True),
+        ("snr", "off", False, False),  # another cluster: subscribed afresh
+        ("snr", "active", True, False),  # covering: subscribed afresh
+        ("bid", "off", True, False),
+    ],
+)
+def test_how_a_client_moves_is_the_nodes_rule_for_both_shells(
+    mode: str, covering: str, inside: bool, adopts: bool
+) -> None:
+    """By adoption inside the cluster where the core adopts, else afresh (the process's
+    ``move_client`` and the simulator's ``move`` both ask :func:`moves_by_adoption`);
+    BID refuses an adoption and an advertisement by name."""
+    core = make_broker(FIG2, "c:0", mode, covering=covering)
+    assert moves_by_adoption(core, inside) is adopts
+    if mode != "bid":
+        return
+    subscription = Subscription((Predicate("x", "<", 5),))
+    table = ClientTable(limit=2)
+    with pytest.raises(SessionRefused, match="c:0 routes by BID: move by subscribing afresh"):
+        adopt(core, table, "k", "alice", "s1")
+    with pytest.raises(SessionRefused, match="c:0 routes by BID: no advertisements"):
+        advertise(core, "k", subscription)
+    assert table.subscriptions("k") == set()
+
+
+def test_an_advertisement_is_one_atomic_filter() -> None:
+    """A composite filter is refused as an advertisement, by name, and nothing spreads."""
+    core = make_broker(FIG2, "c:0", "snr", covering="off", advertisements=True)
+    joined = parse_composite("{[a,eq,'x']} || {[b,eq,'y']}")
+    with pytest.raises(SessionRefused, match="an advertisement is one atomic filter"):
+        advertise(core, "k", joined)
+    assert core.advertisements_of("k") == []
+    adv_id, actions = advertise(core, "k", Subscription((Predicate("x", "<", 5),)))
+    assert core.advertisements_of("k") == [adv_id] and actions
+
+
+def test_an_adoption_is_held_for_its_client_within_its_limit() -> None:
+    """The new host takes a moving subscription over for its client (held in its table),
+    and refuses one past the client's limit, changing nothing."""
+    sim = Simulator(FIG2, "snr", seed=1, covering="off")
+    sub_id = sim.subscribe("S", "c:0", Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    table = ClientTable(limit=1)
+    assert adopt(sim.cores["a:0"], table, "k", "alice", sub_id)
+    assert table.subscriptions("k") == {sub_id}
+    with pytest.raises(SessionRefused, match="alice already holds 1 subscriptions"):
+        adopt(sim.cores["a:0"], table, "k", "alice", "other")
+    assert table.subscriptions("k") == {sub_id}

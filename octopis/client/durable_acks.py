@@ -42,10 +42,9 @@ class DurableAcks:
     def took(self, durable: str, received: Received) -> None:
         """The application took ``received`` of durable subscription ``durable``: it is
         acknowledged at the loop's next pass (with what else was taken)."""
+        progress = self._progress.setdefault(durable, DurableProgress())
         key = (received.publisher, received.session)
-        taken = self._progress.setdefault(durable, DurableProgress()).taken
-        taken.saw(received.publisher, received.session, received.seq)
-        self._unacked.setdefault(durable, {})[key] = taken[key]
+        self._unacked.setdefault(durable, {})[key] = progress.took(*key, received.seq)
         self._send_soon()
 
     def claimed(self, durable: str, since: Iterable[tuple[str, int, int]], after: float) -> None:
@@ -78,8 +77,9 @@ class DurableAcks:
         record of its own after a fail-over or a move)."""
         for durable in set(durables):
             progress = self._progress.get(durable)
-            if progress is not None and (progress.taken or progress.owed_after is not None):
-                self._unacked.setdefault(durable, {}).update(progress.taken)
+            whole = progress.whole() if progress is not None else None
+            if whole is not None:
+                self._unacked.setdefault(durable, {}).update(((p, s), q) for p, s, q in whole)
         if self._unacked:
             self._send_soon()
 

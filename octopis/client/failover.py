@@ -1,5 +1,5 @@
 """How a connection leaves a broker that fell silent (DESIGN §7): along its broker list in
-the client policy's order (:func:`~octopis.client_policy.failover_order`), the session at
+the client policy's order (:func:`~octopis.client_policy.failover_tries`), the session at
 the broker left kept for a while (:class:`~.left_session.LeftSession`), what waits for an
 answer sent again, the clients resumed, and the outage recorded."""
 
@@ -17,7 +17,7 @@ import zmq.asyncio
 from octopis.client.left_session import LeftSession
 from octopis.client.link import BrokerLink
 from octopis.client.requests import Requests
-from octopis.client_policy import failover_order
+from octopis.client_policy import failover_tries
 from octopis.wire import pack
 
 log = logging.getLogger("octopis.client")
@@ -68,17 +68,13 @@ class Failover:
         away_from = self.link.endpoint
         started = time.time() - (time.monotonic() - t0)
         log.warning("broker at %s silent for %.1f s; failing over", away_from, self.liveness)
-        order = failover_order(self.endpoints, away_from)
         settled = asyncio.Event()
         left = self._leave(settled)
-        while True:
-            for endpoint in order:
-                if (welcome := await self._switch(endpoint, left)) is not None:
-                    break
-            else:
+        for endpoint in failover_tries(self.endpoints, away_from):
+            if endpoint is None:
                 await asyncio.sleep(self.liveness)
-                continue
-            break
+            elif (welcome := await self._switch(endpoint, left)) is not None:
+                break
         for payload in [*self.first, *self.requests.unanswered()]:
             await self.link.socket.send(payload)
         record = {"from": away_from, "to": self.link.endpoint, "started": started}

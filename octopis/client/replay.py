@@ -22,6 +22,7 @@ from typing import Any
 
 from octopis.client.deliveries import Received
 from octopis.client_policy import RecentDeliveries
+from octopis.client_policy import publisher_order as policy_order
 from octopis.wire import delivery_fields
 
 
@@ -47,9 +48,9 @@ def replayed(name: str, bodies: Iterable[bytes], now: float) -> list[tuple[Recei
 
 
 def publisher_order(item: tuple[Received, int]) -> tuple[str, int, int]:
-    """A delivery's place in publisher order: publisher, session, sequence number."""
-    received = item[0]
-    return received.publisher, received.session, received.seq
+    """A delivery of ``(received, size)``'s place in publisher order
+    (:func:`~octopis.client_policy.publisher_order`)."""
+    return policy_order(item[0])
 
 
 def join_replayed(
@@ -147,7 +148,7 @@ class Seam:
         once, in publisher order."""
         found: dict[tuple[str, int, int], Received] = {}
         for received, _ in replayed(name, self.answers.get(self.replay or "", ()), time.time()):
-            found.setdefault(publisher_order((received, 0)), received)
+            found.setdefault(policy_order(received), received)
         return [found[key] for key in sorted(found)]
 
     def gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:

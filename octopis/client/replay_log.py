@@ -13,7 +13,7 @@ from typing import Any
 
 from octopis.client.deliveries import Received
 from octopis.client.replay import ReplayGap, Seam, join_replayed
-from octopis.client_policy import RecentDeliveries, still_silent
+from octopis.client_policy import RecentDeliveries, ReplayGaps
 
 log = logging.getLogger("octopis.client")
 
@@ -52,6 +52,8 @@ class ReplayLog:
         """One record per replay (the last 1,000): id, replayed, repeats, seconds, gap."""
         self.awaiting_late: list[dict[str, Any]] = []
         """Replay records with silent parts not yet answered late."""
+        self.outstanding = ReplayGaps()
+        """Per replay of :attr:`_records`, the silent brokers not yet answered late."""
         self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         """The records of :attr:`replays` by request id: late answers are added to them."""
 
@@ -73,14 +75,15 @@ class ReplayLog:
             "gap": gap,
             "late_replayed": 0,
             "late_parts": [],
-            "outstanding": set(gap.silent) if gap is not None else set(),
             "delivered": {(r.publisher, r.session, r.seq) for r, _ in items},
         }
-        """``outstanding``: the silent brokers not yet answered late; while any is,
+        """While a silent broker of the replay has not answered late (:attr:`outstanding`),
         ``delivered`` keeps what was delivered since the fail-over (at most
         :data:`LATE_KEPT`), so that a late answer, however late, repeats none of it."""
         self.replays.append(record)
-        if record["outstanding"]:
+        if seam.replay is not None:
+            self.outstanding.left(seam.replay, gap.silent if gap is not None else ())
+        if seam.replay in self.outstanding:
             self.awaiting_late.append(record)
             while len(self.awaiting_late) > LATE_WAITING:
                 self.awaiting_late.pop(0)["delivered"] = set()  # its late answers may repeat
@@ -89,7 +92,7 @@ class ReplayLog:
         if seam.replay is not None:
             self._records[seam.replay] = record
             while len(self._records) > self.replays.maxlen:  # type: ignore[operator]
-                self._records.popitem(last=False)
+                self.outstanding.pop(self._records.popitem(last=False)[0], None)
         log.info("%s replayed %d publications (%d repeats)", self.name, replayed, repeats)
         if gap is not None:
             self.report(gap)
@@ -133,9 +136,10 @@ class ReplayLog:
         record["late_parts"].append(
             {k: message.get(k) for k in ("answered", "silent", "unstored", "gaps", "published")}
         )
-        outstanding = record["outstanding"]
-        still_silent(outstanding, message.get("answered", ()), message.get("silent", ()))
-        if not outstanding and record in self.awaiting_late:
+        self.outstanding.answered(
+            record["id"], message.get("answered", ()), message.get("silent", ())
+        )
+        if record["id"] not in self.outstanding and record in self.awaiting_late:
             self.awaiting_late.remove(record)
             record["delivered"] = set()
         self._narrow(record)
@@ -154,7 +158,8 @@ class ReplayLog:
         gap = record["gap"]
         if gap is None:
             return
-        silent = tuple(b for b in gap.silent if b in record["outstanding"])
+        outstanding = self.outstanding.get(record["id"], ())
+        silent = tuple(b for b in gap.silent if b in outstanding)
         if silent == gap.silent:
             return
         left = replace(gap, silent=silent)

@@ -309,7 +309,7 @@ class Subscriber(NamedClient):
             if replaying and self.since is not None:
                 # Hold live deliveries: the new broker's must not move the replay's start.
                 seam = self.past.open_seam()
-                self.acks.failed_over(self.durables(), self._replay_start())
+                self.acks.failed_over(self.durables(), replay_after(self.since, self._silent()))
             try:
                 await self.resubscribe()
             except BaseException:
@@ -323,24 +323,22 @@ class Subscriber(NamedClient):
         self, timeout: float = REPLAY_WAIT, *, seam: Seam | None = None
     ) -> ReplayGap | None:
         """Ask the overlay for the retained publications this subscriber may have missed
-        (after the last delivered of each publisher it knows, published since
-        :func:`~octopis.client_policy.replay_after`) and deliver them with the live ones
-        held meanwhile, each once, in publisher order; returns the gap left, if any."""
+        (:meth:`~octopis.client_policy.FromPoints.replay`: after the last delivered of
+        each publisher it knows, published since ``replay_after``) and deliver them with
+        the live ones held meanwhile, each once, in publisher order; returns the gap left,
+        if any."""
         if seam is None:
             seam = self.past.open_seam()
+        since, after = self.last_seen.replay(self.since, self._silent())
         message = {
             "op": "replay",
             "client": self.name,
             "filters": self._replayable(),
-            "since": self.last_seen.since(self._silent()),
-            "after": self._replay_start(),
+            "since": since,
+            "after": after,
         }
         gap, _ = await self.past.replayed(seam, message, timeout)
         return gap
-
-    def _replay_start(self) -> float:
-        """From when a replay asks: :func:`replay_after` of when the broker went silent."""
-        return replay_after(self.since, self._silent())
 
     def _silent(self) -> float:
         """When the broker left at the last fail-over went silent (now, if none did)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -40,6 +42,9 @@ PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "octopis-ports"
 """One lock file per port block; a process holds the ``flock`` of the blocks it was given."""
 _LOWEST_PORT = 10000
 _RESERVED: dict[Path, IO[bytes]] = {}
+_RELEASED: set[int] = set()
+"""Blocks this process still holds whose cluster stopped (:func:`release_ports`): handed
+out again by this process before any new block is locked."""
 
 
 class ClusterError(RuntimeError):
@@ -54,7 +59,8 @@ def find_free_base_port(brokers: int, host: str = "127.0.0.1", attempts: int = 5
     connections cannot take a port another broker is about to bind. The range is made of
     aligned blocks of :data:`PORT_BLOCK` ports, each reserved by an exclusive ``flock`` on
     its file in :data:`PORT_LOCK_DIR`, so OctopiS processes on this machine never get
-    overlapping ranges; other programs are caught by binding every port.
+    overlapping ranges; other programs are caught by binding every port. Blocks this
+    process holds whose cluster stopped (:func:`release_ports`) are handed out first.
     """
     span = PORTS_PER_BROKER * brokers
     count = -(-span // PORT_BLOCK)
@@ -62,9 +68,17 @@ def find_free_base_port(brokers: int, host: str = "127.0.0.1", attempts: int = 5
     last = (_ephemeral_start() - span) // PORT_BLOCK
     if last < first:
         raise ClusterError(f"no room for {span} ports below the ephemeral port range")
-    rng = random.Random()
-    for _ in range(attempts):
-        blocks = range(start := rng.randint(first, last), start + count)
+    for start in sorted(_RELEASED):
+        blocks = range(start, start + count)
+        if _RELEASED.issuperset(blocks) and all(
+            _port_free(host, port) for port in range(start * PORT_BLOCK, start * PORT_BLOCK + span)
+        ):
+            _RELEASED.difference_update(blocks)
+            return start * PORT_BLOCK
+    starts = list(range(first, last + 1))
+    random.Random().shuffle(starts)
+    for start in starts[:attempts]:
+        blocks = range(start, start + count)
         if not _reserve(blocks):
             continue
         base = start * PORT_BLOCK
@@ -73,6 +87,16 @@ def find_free_base_port(brokers: int, host: str = "127.0.0.1", attempts: int = 5
         for block in blocks:
             _RESERVED.pop(_block_path(block)).close()
     raise ClusterError(f"found no {span} consecutive free ports on {host}")
+
+
+def release_ports(ports: Iterable[int]) -> None:
+    """The ranges holding ``ports`` are free again for this process (their brokers
+    stopped): it keeps the blocks' locks, so no other process takes them, and hands them
+    out again before it locks new ones. A worker running many clusters in turn thus holds
+    the blocks of its largest overlays, not of every overlay it ever ran."""
+    for block in {port // PORT_BLOCK for port in ports}:
+        if _block_path(block) in _RESERVED:
+            _RELEASED.add(block)
 
 
 def _block_path(block: int) -> Path:
@@ -316,11 +340,19 @@ class LocalCluster:
         }
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Terminate every process started here; kill those still alive after ``timeout``."""
+        """Terminate every process started here; kill those still alive after ``timeout``.
+        The brokers' port blocks, if this process reserved them, are handed out again
+        (:func:`release_ports`)."""
         stop_pids(
             {b: p.pid for b, p in self.processes.items()},
             timeout,
             reap={p.pid: p for p in self.processes.values()},
+        )
+        release_ports(
+            urlsplit(endpoint).port or 0
+            for info in self.scot.brokers.values()
+            for endpoint in dataclasses.astuple(info)
+            if isinstance(endpoint, str) and "://" in endpoint
         )
 
     # -- control RPC ---------------------------------------------------------------------

@@ -13,11 +13,14 @@ drops it); a record left past ``keep`` is abandoned and counted.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from octopis.client_policy import LastSeen, replay_after
 from octopis.core.replay import Claimed, Replay, ReplayAction, ReplayRounds
+from octopis.filters.composite import Composite
+from octopis.filters.language import Subscription
 
 SAVE_EVERY = 1.0
 """Seconds within which a broker writes the records acknowledgements changed (a record
@@ -107,9 +110,14 @@ class Durables:
             "durable.refused": 0,
         }
 
-    def room(self, client: str, name: str) -> None:
-        """Raise :class:`DurableError` if durable ``name`` of ``client`` could not be
-        attached here (a new record past ``limit``)."""
+    def room(
+        self, client: str, name: str, subscription: Subscription | Composite | None = None
+    ) -> None:
+        """Raise :class:`DurableError` if durable ``name`` of ``client`` (for
+        ``subscription``) could not be attached here: a composite subscription (its
+        joins are not replayed), or a new record past ``limit``."""
+        if isinstance(subscription, Composite):
+            raise DurableError("a composite subscription cannot be durable")
         if (client, name) not in self.records and len(self.records) >= self.limit:
             self.stats["durable.refused"] += 1
             raise DurableError(
@@ -189,6 +197,17 @@ class Durables:
         self.stats["durable.ended"] += 1
         return ident
 
+    def unsubscribed(self, sub_id: str, moved: bool) -> str | None:
+        """Its client withdrew ``sub_id``: ``moved`` to another broker, a durable one's
+        record went with it (:meth:`moved`); else a durable one ends (:meth:`end`) here
+        and, by the claim returned (its answer dropped), wherever a copy of its record
+        is left. None: nothing to claim."""
+        if moved:
+            self.moved(sub_id)
+            return None
+        ident = self.end(sub_id)
+        return claim_of(*ident) if ident is not None else None
+
     def claim(self, client: str, name: str, key: str | None, now: float) -> DurableRecord | None:
         """A claim of (``client``, ``name``) by its client at ``key`` on the host (None:
         passing through): the record kept here, handed over and forgotten — unless the
@@ -240,6 +259,28 @@ class Durables:
             self.dirty.add(ident)
         self.stats["durable.abandoned"] += len(gone)
         return gone
+
+    def counts(self) -> dict[str, int]:
+        """Its counters (:attr:`stats`), the records kept, and how many of their clients
+        are away."""
+        away = sum(r.away is not None for r in self.records.values())
+        return {**self.stats, "durable.kept": len(self.records), "durable.away": away}
+
+    def listed(self, limit: int) -> list[dict[str, object]]:
+        """The first ``limit`` records, as an operator sees them: client, name, whether
+        attached, since when the client is away (wall time), publishers it acknowledged,
+        and from when any other publisher's publications are owed (wall time)."""
+        return [
+            {
+                "client": r.client,
+                "name": r.name,
+                "attached": r.key is not None,
+                "away_since": r.away,
+                "publishers": len(r.since),
+                "owed_since": r.after,
+            }
+            for r in itertools.islice(self.records.values(), limit)
+        ]
 
     def restore(self, record: DurableRecord) -> None:
         """A record read back from disk at start: its client is away (since it was last

@@ -166,6 +166,14 @@ class BrokerNode(Generic[Token]):
         self.counters["publications_held"] += 1
         return None
 
+    def routed(self, count: int = 1) -> None:
+        """``count`` messages from neighbours went to the core's routing (subscriptions
+        aside): those that came while this node was not serving yet are counted
+        (``routed_while_resyncing``: static modes send into a broker that is still
+        resyncing, and what its partial table cannot route is lost, DESIGN §7)."""
+        if not self.serving:
+            self.counters["routed_while_resyncing"] += count
+
     # -- a neighbour's link ----------------------------------------------------------------
 
     def hold(self, action: Hold) -> None:
@@ -185,16 +193,9 @@ class BrokerNode(Generic[Token]):
         down (``reroute``); replay answers are dropped and counted (the round hears that
         part silent), so is the word that a share was handed (a heal says it again);
         every other routing message is held for the neighbour's return, in order."""
-        copies, kept = [], []
-        for item in items:
-            message = item if read is None else read(item)
-            kind = type(message)
-            if kind is Notification:
-                copies.append(item)
-            elif kind is ReplayData or kind is ReplayEcho:
-                self.counters["replay_answers_dropped"] += 1
-            elif kind is not HandedShare:
-                kept.append(message)
+        copies, kept, answers = sort_given_back(items, read)
+        if answers:
+            self.counters["replay_answers_dropped"] += answers
         if kept:
             self.recovery.hold_subscriptions(neighbour, kept)
         return copies
@@ -489,3 +490,22 @@ class BrokerNode(Generic[Token]):
     @staticmethod
     def _released(neighbour: str, copies: list[Message]) -> list[Action]:
         return [Forward(neighbour, m) for m in copies]
+
+
+def sort_given_back(
+    items: Iterable[Item], read: Callable[[Item], Any] | None = None
+) -> tuple[list[Item], list[Any], int]:
+    """What a link gave back (:meth:`BrokerNode.link_down`), sorted: the notification
+    copies (items, in order), the other routing messages to hold (messages, in order, the
+    word that a share was handed left out), and how many replay answers are dropped."""
+    copies, kept, answers = [], [], 0
+    for item in items:
+        message = item if read is None else read(item)
+        kind = type(message)
+        if kind is Notification:
+            copies.append(item)
+        elif kind is ReplayData or kind is ReplayEcho:
+            answers += 1
+        elif kind is not HandedShare:
+            kept.append(message)
+    return copies, kept, answers

@@ -241,16 +241,29 @@ class ReplayRounds:
         """Finished requests (of :attr:`finished`) whose parent's link went down since:
         late answers passed on may have been dropped with it."""
         self.stats: dict[str, int] = {"replay.rounds": 0, "replay.ended_early": 0}
+        self.requesters: OrderedDict[str, str] = OrderedDict()
+        """Requests started here → who asked (the shell's key), the latest ``limit``."""
         self.late_passed: OrderedDict[tuple, None] = OrderedDict()
         """Late answers passed on toward their host (at most ``16 × limit``): one that
         comes round again is dropped. Parents can form a cycle: a broker that restarted
         takes a request handed to it again from another neighbour than its predecessor's
         parent, and a late answer would go round that cycle for ever."""
 
-    def start(self, request: Replay, now: float) -> list[ReplayAction]:
+    def start(
+        self, request: Replay, now: float, requester: str | None = None
+    ) -> list[ReplayAction]:
         """The host starts ``request`` (a new ``req_id``; sent behind the subscriptions
-        it has just made)."""
+        it has just made) for ``requester`` (the shell's key of the client that asked,
+        named by :meth:`requester` until ``limit`` later requests started here)."""
+        if requester is not None:
+            self.requesters[request.req_id] = requester
+            while len(self.requesters) > self.limit:
+                self.requesters.popitem(last=False)
         return self._take(request, None, now)
+
+    def requester(self, req_id: str) -> str | None:
+        """Who asked for ``req_id`` at this host (None: nobody, or forgotten)."""
+        return self.requesters.get(req_id)
 
     def receive(self, src: str, message: ReplayMessage, now: float) -> list[ReplayAction]:
         """A replay message from neighbour ``src``."""
@@ -382,6 +395,17 @@ class ReplayRounds:
                 round_.waiting.clear()
                 out += self._echo_if_complete(req_id, round_)
         return out
+
+    def answering(self, req_id: str) -> bool:
+        """Whether this broker still takes part in ``req_id`` (a store answering page by
+        page stops once the round ended early: too many rounds at once)."""
+        return req_id in self.rounds
+
+    def toward(self, req_id: str) -> str | None:
+        """The neighbour the answers to ``req_id`` go to (None: this broker is its host,
+        or the round is over)."""
+        round_ = self.rounds.get(req_id)
+        return round_.parent if round_ is not None else None
 
     def next_deadline(self) -> float | None:
         """When the next round that waits for echoes runs out of budget (None: none

@@ -15,7 +15,10 @@ what a session's events mean for them:
   would cross the move on its path;
 - a move order marks the client's subscriptions; a move that reached here releases one
   (its client, if still here, is told, behind its last delivery from here); an order
-  past its deadline is forgotten and the client stays subscribed here.
+  past its deadline is forgotten and the client stays subscribed here;
+- a move inside the cluster goes by adoption where the core adopts
+  (:func:`moves_by_adoption`), else by subscribing afresh; BID adopts nothing and takes
+  no advertisement (:func:`adopt`, :func:`advertise`).
 
 It is sans-IO: the shell keys clients as it likes (the process: connection and name),
 carries out the withdrawals it returns through the routing core, and sends the notices.
@@ -27,7 +30,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
+from octopis.core.bid import BidBroker
+from octopis.core.clustered import ClusteredBroker
+from octopis.core.messages import Action
 from octopis.defaults import MOVE_TIMEOUT
+from octopis.filters.composite import Composite
+from octopis.filters.language import Subscription
 
 K = TypeVar("K")
 
@@ -142,3 +150,48 @@ class ClientTable:
             del self.orphans[sub_id]
         self.counters["subscriptions_withdrawn"] += len(late)
         return late
+
+
+def moves_by_adoption(core: ClusteredBroker | BidBroker, inside: bool) -> bool:
+    """Whether a client told to move to a broker ``inside`` this one's cluster (or not)
+    moves its subscriptions by adoption (same ids; the path turns without losing a copy):
+    inside, with a core that adopts (SNR, DNR without covering or advertisements,
+    :attr:`ClusteredBroker.adopts`). Otherwise it subscribes afresh at its new host and
+    the old subscription is withdrawn after (DESIGN §9)."""
+    return inside and isinstance(core, ClusteredBroker) and core.adopts
+
+
+def adopt(
+    core: ClusteredBroker | BidBroker, table: ClientTable, key: str, name: str, sub_id: str
+) -> list[Action]:
+    """Client ``key`` (``name`` in a refusal), moving here from another broker of this
+    cluster, takes over ``sub_id`` (DESIGN §9): within its limit (:meth:`ClientTable.room`),
+    held for it in ``table``; returns the core's actions. :class:`SessionRefused` under
+    BID, which has no clusters (the client subscribes afresh)."""
+    if not isinstance(core, ClusteredBroker):
+        raise SessionRefused(f"{core.id} routes by BID: move by subscribing afresh")
+    table.room(key, name)
+    actions = core.adopt(key, sub_id)
+    table.attach(key, sub_id)
+    return actions
+
+
+def advertise(
+    core: ClusteredBroker | BidBroker, key: str, advertisement: Subscription | Composite
+) -> tuple[str, list[Action]]:
+    """Local publisher ``key`` advertises (DESIGN §12): its id and the core's actions.
+    :class:`SessionRefused` for a composite filter (an advertisement is one atomic
+    filter) and under BID, which routes without advertisements."""
+    if isinstance(advertisement, Composite):
+        raise SessionRefused("an advertisement is one atomic filter, not a composite one")
+    if not isinstance(core, ClusteredBroker):
+        raise SessionRefused(f"{core.id} routes by BID: no advertisements")
+    return core.advertise(key, advertisement)
+
+
+def check_advertised(core: ClusteredBroker | BidBroker, key: str, publication: dict) -> None:
+    """With advertisements on, raise
+    :class:`~octopis.core.messages.UnadvertisedPublication` unless ``key`` advertised a
+    filter ``publication`` matches (BID has none: nothing to check)."""
+    if isinstance(core, ClusteredBroker):
+        core.check_advertised(key, publication)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from octopis.accounting import DeliveryLedger
 from octopis.core import Action
 from octopis.core.clustered import ClusteredBroker
+from octopis.core.sessions import adopt, advertise
 from octopis.filters.language import Subscription
 from octopis.sim.brokers import Brokers
 from octopis.sim.events import EventQueue
@@ -83,12 +84,7 @@ class Clients:
         as a broker's client session does (within the client's limit, as
         :meth:`session_subscribe`); returns the actions."""
         sessions = self._brokers.nodes[broker].sessions
-        sessions.room(subscriber, subscriber)
-        core = self._brokers.cores[broker]
-        assert isinstance(core, ClusteredBroker)
-        actions = core.adopt(subscriber, sub_id)
-        sessions.attach(subscriber, sub_id)
-        return actions
+        return adopt(self._brokers.cores[broker], sessions, subscriber, subscriber, sub_id)
 
     def unsubscribe(self, sub_id: str) -> None:
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
@@ -102,10 +98,7 @@ class Clients:
     def advertise(self, publisher: str, broker: str, advertisement: Subscription) -> str:
         """``publisher`` (attached to ``broker``) advertises now; returns the adv_id."""
         self.attach(publisher, broker)
-        core = self._brokers.cores[broker]
-        if not isinstance(core, ClusteredBroker):
-            raise ValueError(f"{self._brokers.mode} routes without advertisements")
-        adv_id, actions = core.advertise(publisher, advertisement)
+        adv_id, actions = advertise(self._brokers.cores[broker], publisher, advertisement)
         self.advertised.setdefault(publisher, {})[adv_id] = advertisement
         self._submit(broker, actions)
         return adv_id

@@ -35,11 +35,11 @@ from octopis.client_policy import (
     DurableProgress,
     FromPoints,
     RecentDeliveries,
+    ReplayGaps,
     claim_gap,
+    publisher_order,
     resume_from,
-    still_silent,
 )
-from octopis.client_policy import replay_after as failover_after
 from octopis.core import Notification
 from octopis.core.durable import SAVE_EVERY, Durables, claim_of
 from octopis.core.replay import (
@@ -59,7 +59,7 @@ from octopis.defaults import (
 )
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
-from octopis.sim.replaying import Seam, publisher_order
+from octopis.sim.replaying import Seam
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
@@ -79,8 +79,6 @@ class DurableClient:
     """Its process's run (a new one each time it comes back), and its connection."""
     connection: int = 0
     key: str = ""
-    sub_id: str | None = None
-    seam: Seam | None = None
     claiming: bool = False
     """The seam's request is a claim (not yet a replay)."""
     record: RecentDeliveries = field(default_factory=RecentDeliveries)
@@ -91,22 +89,22 @@ class DurableClient:
     last_seen: FromPoints = field(default_factory=FromPoints)
     since: float = 0.0
     """When this run first subscribed (a fail-over's replay starts no earlier)."""
+    first: str = ""
+    """The broker this run's list begins at (the one it was started at)."""
     away: list[tuple[float, float]] = field(default_factory=list)
     """(left or its host died, subscribed again): what was published in between only a
     claim's or a fail-over's replay can give it."""
     left: float | None = None
     gaps: set[str] = field(default_factory=set)
     """Brokers its claims reported silent, and why a claim failed."""
-    replay_gaps: dict[str, set[str]] = field(default_factory=dict)
-    """Per replay request, the brokers it reported silent and never heard from (only a
-    late part of the same replay narrows its gap, as the SDK's)."""
+    replay_gaps: ReplayGaps = field(default_factory=ReplayGaps)
 
     store_gaps: set[Gap] = field(default_factory=set)
     """Ranges its claims' and replays' stores reported they no longer hold."""
 
     def told_gap(self) -> bool:
         """Whether a gap is still reported to it."""
-        return bool(self.gaps) or any(self.replay_gaps.values())
+        return bool(self.gaps) or bool(self.replay_gaps)
 
     received: Counter[tuple[str, int]] = field(default_factory=Counter)
     taken_at: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
@@ -145,17 +143,18 @@ class DurableSimulator(Simulator):
         c = self.durable_clients.get(client)
         if c is None:
             c = self.durable_clients[client] = DurableClient(client, subscription, self.now)
-        self._durable_run(c, broker)
+        self._durable_run(c, broker, broker)
 
     def durable_leave(self, client: str) -> None:
         """``client`` closes its connection now (its record waits), if connected."""
         c = self.durable_clients[client]
         if c.host is None:
             return
-        host, c.host, c.seam = c.host, None, None
+        host, c.host = c.host, None
+        self.seams.pop(c.name, None)
         c.left = self.now
-        self.records.pop(c.name, None)
-        if self.failures is not None and host in self.failures.dead:
+        self.checked.discard(c.name)
+        if self._dead(host):
             c.left = self._died_at[host]  # its host died under it: nobody to tell
             return
         self._client_gone(host, c.name, self.now)
@@ -175,18 +174,19 @@ class DurableSimulator(Simulator):
             if self.restarts_pending:
                 self.at(self.now + CLIENT_LIVENESS, self.durable_return, client, broker)
             return
-        self._durable_run(c, live)
+        self._durable_run(c, live, broker)
 
-    def _durable_run(self, c: DurableClient, broker: str) -> None:
-        """A new process of ``c`` at ``broker``: it subscribes and claims its record."""
-        c.run += 1
+    def _durable_run(self, c: DurableClient, broker: str, first: str) -> None:
+        """A new process of ``c`` at ``broker``, its list beginning at ``first``: it
+        subscribes and claims its record."""
+        c.run, c.first = c.run + 1, first
         c.record, c.progress, c.last_seen = RecentDeliveries(), DurableProgress(), FromPoints()
         c.since = self.now
         if c.left is not None:
             c.away.append((c.left, self.now))
             c.left = None
         self._attach_durable(c, broker)
-        c.seam, c.claiming = Seam(""), True
+        self.seams[c.name], c.claiming = Seam(""), True
         claim = Replay("", broker, (), (), 0.0, HISTORIC_BUDGET, claim=claim_of(c.name, NAME))
         self._durable_request(c, claim)
 
@@ -196,8 +196,8 @@ class DurableSimulator(Simulator):
         c.key = f"{c.name}#{c.run}.{c.connection}"
         self._home[c.name] = broker
         self.records[c.name] = c.record
+        self.checked.add(c.name)
         sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
-        c.sub_id = sub_id
         self.durable_records[broker].attach(
             c.name, NAME, c.key, sub_id, (c.subscription.to_text(),), self.now
         )
@@ -205,7 +205,7 @@ class DurableSimulator(Simulator):
         self._dispatch(broker, actions)
 
     def _durable_request(self, c: DurableClient, request: Replay) -> None:
-        assert c.host is not None and c.seam is not None
+        assert c.host is not None
         self._replays += 1
         req_id = f"{c.host}/{self._replays}"
         request = Replay(
@@ -218,14 +218,15 @@ class DurableSimulator(Simulator):
             claim=request.claim,
         )
         self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
-        c.seam.req_id = req_id
+        self.seams[c.name].req_id = req_id
         c.counts["claims" if request.claim else "replays"] += 1
         self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now))
 
-    def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]]) -> None:
-        """``c`` acknowledges to its host (at the loop's next pass: now)."""
+    def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]] | None) -> None:
+        """``c`` acknowledges ``since`` to its host (at the loop's next pass: now; None:
+        nothing to tell)."""
         host, owed = c.host, c.progress.owed_after
-        if host is None or (self.failures is not None and host in self.failures.dead):
+        if since is None or host is None or self._dead(host):
             return
         if not self.durable_records[host].ack(c.name, NAME, since, self.now, owed):
             c.counts["acks_refused"] += 1
@@ -233,20 +234,25 @@ class DurableSimulator(Simulator):
             self._writing.add(host)
             self.at(self.now + SAVE_EVERY, self._durable_write, host)
 
-    def take(self, subscriber: str, n: Notification) -> None:
-        """A live delivery: a durable client's is its own (held while its seam is open),
-        any other subscriber's as :class:`Simulator` takes it."""
+    def _repeated(self, subscriber: str, count: int, *, live: bool) -> None:
+        """A durable client counts its repeats its own; any other subscriber's as
+        :class:`Simulator` counts them."""
         c = self.durable_clients.get(subscriber)
         if c is None:
-            super().take(subscriber, n)
-            return
-        if not c.record.took((c.name, *publisher_order(n)), self.now):
-            c.counts["repeats"] += 1
-            return
-        if c.seam is not None:
-            c.seam.live.append(n)
+            super()._repeated(subscriber, count, live=live)
         else:
-            self._durable_took(c, n)
+            c.counts["repeats"] += count
+
+    def _taken(self, subscriber: str, n: Notification, *, replayed: bool) -> None:
+        """A durable client takes ``n`` its own way (:meth:`_durable_took`); any other
+        subscriber as :class:`Simulator` takes it."""
+        c = self.durable_clients.get(subscriber)
+        if c is None:
+            super()._taken(subscriber, n, replayed=replayed)
+            return
+        if replayed:
+            c.replayed.add(n.key)
+        self._durable_took(c, n)
 
     def _durable_took(self, c: DurableClient, n: Notification) -> None:
         """The application took ``n``: recorded, and acknowledged; unless the record
@@ -258,24 +264,7 @@ class DurableSimulator(Simulator):
         if c.host is not None:
             c.taken_at.setdefault(n.key, (c.host, self.now))
         c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
-        c.progress.taken.saw(n.publisher, n.session, n.seq)
-        self._durable_ack(c, [(n.publisher, n.session, n.seq)])
-
-    def _durable_join(
-        self, c: DurableClient, live: list[Notification], replayed: list[Notification]
-    ) -> None:
-        joined, repeats = c.record.join(c.name, live, replayed, publisher_order, self.now)
-        c.counts["repeats"] += repeats
-        from_replay = {n.key for n in replayed}
-        for n in joined:
-            if n.key in from_replay:
-                c.replayed.add(n.key)
-            self._durable_took(c, n)
-
-    def _end_durable_seam(self, c: DurableClient) -> None:
-        seam, c.seam = c.seam, None
-        if seam is not None:
-            self._durable_join(c, seam.live, seam.replayed)
+        self._durable_ack(c, [(n.publisher, n.session, c.progress.took(*publisher_order(n)))])
 
     # -- a host dies ----------------------------------------------------------------------
 
@@ -300,12 +289,13 @@ class DurableSimulator(Simulator):
                 self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, broker, c.run)
 
     def _durable_fail_over(self, c: DurableClient, old: str, run: int) -> None:
-        """``c`` leaves silent ``old`` along its list as the SDK does (:meth:`_connect`)."""
+        """``c`` leaves silent ``old`` along its run's list as the SDK does (the list it
+        was started with, :meth:`_connect`)."""
         if c.host != old or c.run != run or self.failures is None:
             return
         died = self.now - CLIENT_LIVENESS
         self._connect(
-            self._failover_list(old, old),
+            self._failover_tries(c.first, old),
             lambda: c.host == old and c.run == run,
             lambda new: self._durable_failed_over(c, old, new, died),
         )
@@ -315,18 +305,17 @@ class DurableSimulator(Simulator):
         failed (a gap it is told of), its subscription is made again, durable, its whole
         record acknowledged there as owing from the replay's start
         (:func:`owed_after_failover`), and it replays what it missed."""
-        if c.seam is not None and c.claiming:
+        if c.name in self.seams and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
-        self._end_durable_seam(c)
+        self._end_seam(c.name)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
-        after = failover_after(c.since, died)
+        since, after = c.last_seen.replay(c.since, died)
         c.progress.failed_over(after)
         self._attach_durable(c, new)
-        self._durable_ack(c, c.progress.taken.since())
-        c.seam, c.claiming = Seam(""), False
-        replay = Replay("", new, (c.subscription.to_text(),), tuple(c.last_seen.since(died)), after,
-                        REPLAY_BUDGET)  # fmt: skip
+        self._durable_ack(c, c.progress.whole())
+        self.seams[c.name], c.claiming = Seam(""), False
+        replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
         self._durable_request(c, replay)
 
     # -- the brokers' side ----------------------------------------------------------------
@@ -376,36 +365,37 @@ class DurableSimulator(Simulator):
         c = self.durable_clients[client]
         if c.run != run or c.host is None:
             return  # that process is gone: nobody reads the answer
-        current = c.seam is not None and c.seam.req_id == action.req_id
+        seam = self.seams.get(c.name)
+        current = seam is not None and seam.req_id == action.req_id
         if type(action) is ReplayDeliver:
             c.counts["replayed"] += len(action.notifications)
-            if current:
-                c.seam.replayed += action.notifications  # type: ignore[union-attr]
+            if seam is not None and current:
+                seam.replayed += action.notifications
             else:  # a late part: joined at once
-                self._durable_join(c, [], list(action.notifications))
+                self._join(c.name, [], list(action.notifications))
             return
         echo = action.echo
         c.store_gaps.update(echo.gaps)
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
         else:  # a replay's gap shrinks as its own silent parts answer late
-            still_silent(c.replay_gaps.setdefault(action.req_id, set()), echo.answered, echo.silent)
+            c.replay_gaps.answered(action.req_id, echo.answered, echo.silent)
         if not current:
             return
         if not c.claiming:
-            self._end_durable_seam(c)
+            self._end_seam(c.name)
             return
         c.claiming = False
         why = claim_gap(bool(echo.claimed), echo.silent)
         if why is not None:
             c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {why}")
         if not echo.claimed:  # a new record
-            self._end_durable_seam(c)
+            self._end_seam(c.name)
             return
         _, since, after = resume_from(echo.claimed)
         c.progress.claimed(since, after)
         c.counts["claimed"] += 1
-        self._durable_ack(c, c.progress.taken.since())
+        self._durable_ack(c, c.progress.whole())
         # as the SDK: its own subscription from what the record says was taken
         filters = (c.subscription.to_text(),)
         replay = Replay("", c.host, filters, tuple(since), after, HISTORIC_BUDGET)
@@ -414,7 +404,7 @@ class DurableSimulator(Simulator):
     def _durable_write(self, broker: str) -> None:
         """``broker`` writes its records (what a restart reads back)."""
         self._writing.discard(broker)
-        if self.failures is not None and broker in self.failures.dead:
+        if self._dead(broker):
             return
         self._written_time[broker] = self.now
         self._written[broker] = copy.deepcopy(list(self.durable_records[broker].records.values()))

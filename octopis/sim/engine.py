@@ -35,9 +35,9 @@ from octopis.core import (
     Released,
     Subscribe,
 )
-from octopis.core.clustered import ClusteredBroker
 from octopis.core.lst import LinkView
 from octopis.core.node import HandedShare, NotServing
+from octopis.core.sessions import check_advertised
 from octopis.core.table import MatcherFactory
 from octopis.defaults import DOWN_AFTER, LINGER, RETAIN
 from octopis.failure_schedule import Failure
@@ -166,7 +166,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         """Run the balancer's rounds from now on (:meth:`SimBalancer.start`)."""
         self._overlap: Counter[str] = Counter()
         """Subscribers served by two hosts (a move under way, until ``linger`` after it
-        ends): each keeps the SDK's record of its deliveries (:attr:`records`) meanwhile."""
+        ends): each checks its deliveries against the SDK's record (:attr:`records`) meanwhile."""
         self._linger = LINGER
         self.retiring: set[str] = set()
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
@@ -215,12 +215,11 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             broker = self._home.get(publisher, broker)
         self.clients.attach(publisher, broker)
         seq = self.clients.sequence(publisher, seq)
-        if self.failures is not None and broker in self.failures.dead:
+        if self._dead(broker):
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
         core = self.cores[broker]
-        if self.advertisements and isinstance(core, ClusteredBroker):
-            core.check_advertised(publisher, publication)
+        check_advertised(core, publisher, publication)
         notification = Notification(publisher, seq, self.clients.stamp(publisher), publication)
         if self.cpus is not None:  # no failures with a service model: always serving
             self.ledger.published(publisher, seq, publication)
@@ -399,7 +398,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 if self.cut_clients and (subscriber, broker) in self.cut_clients:
                     self.failure_counts["deliveries_to_cut_clients"] += 1
                     continue
-                if self.records and subscriber in self.records:
+                if self.checked and subscriber in self.checked:
                     self.take(subscriber, notification)
                     continue
                 self.ledger.delivered(
@@ -453,6 +452,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             if type(message) is HandedShare:
                 self._share_arrived(broker, src, message)
                 return []
+            self.nodes[broker].routed()
             return self._watch(core, message, core.receive, src, message)
         entries = core.table.entries
         stored = len(entries)

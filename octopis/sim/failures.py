@@ -159,6 +159,10 @@ class FailureEvents:
             self.failures = FailureState(detection, retain)
         return self.failures
 
+    def _dead(self, broker: str) -> bool:
+        """Whether ``broker`` is dead now."""
+        return self.failures is not None and broker in self.failures.dead
+
     def _failed_links(self, failure: Failure) -> list[tuple[str, str]]:
         if failure.is_broker:
             broker = failure.ends[0]
@@ -267,9 +271,8 @@ class FailureEvents:
 
     def _give_back(self, src: str, dst: str) -> None:
         """``src``'s link to ``dst`` gives back its custody's copies and what waited on
-        it, as the process's does (:meth:`Broker.link_down`): the replay rounds stop
-        waiting for ``dst``, the node holds or drops each message, and the copies it
-        returns are routed again with the link down (:meth:`BrokerNode.link_down`)."""
+        it, as the process's (:meth:`Broker.link_down`): the replay rounds stop waiting
+        for ``dst``; the node keeps or drops each, the copies go again with the link down."""
         self._replay_link_down(src, dst)
         given_back = self.failures.custody.take_back(src, dst)  # type: ignore[union-attr]
         core = self.cores[src]

@@ -9,7 +9,7 @@ import math
 from collections import Counter
 
 from octopis.core import Subscribe
-from octopis.core.clustered import ClusteredBroker
+from octopis.core.sessions import moves_by_adoption
 from octopis.defaults import LINGER
 from octopis.sim.reshaping import MOVE_POLL
 
@@ -23,8 +23,9 @@ class SubscriberMoves:
         """Move every subscription of ``subscriber`` to ``broker`` now (DESIGN §9);
         returns old id → the id it has at ``broker``. One move of a subscriber at a time.
 
-        Inside the subscriber's cluster (SNR, DNR without covering) the new host adopts
-        each subscription (:meth:`ClusteredBroker.adopt`): same id, and the path turns
+        Inside the subscriber's cluster (SNR, DNR without covering: the node's
+        :func:`~octopis.core.sessions.moves_by_adoption`) the new host adopts each
+        subscription (:func:`~octopis.core.sessions.adopt`): same id, and the path turns
         without losing a copy. Otherwise (another cluster, covering, or BID) it subscribes
         afresh at ``broker``; once every live broker stores the new subscription, or with
         covering once no message of its broadcast is on its way or held (checked every
@@ -45,12 +46,9 @@ class SubscriberMoves:
             raise ValueError(f"a move of {subscriber} is under way; one at a time")
         held = [sub_id for sub_id, owner in self.subscriber_of.items() if owner == subscriber]
         self._home[subscriber] = broker
-        core, moved = self.cores[broker], {}
-        inside = (
-            isinstance(core, ClusteredBroker)
-            and core.adopts
-            and core.cluster == self.cores[old].cluster
-        )
+        moved: dict[str, str] = {}
+        same_cluster = self.scot.brokers[broker].cluster == self.scot.brokers[old].cluster
+        inside = moves_by_adoption(self.cores[old], same_cluster)
         self._linger = linger
         self.record_of(subscriber)
         sessions = self.nodes[old].sessions
@@ -77,7 +75,7 @@ class SubscriberMoves:
         """``broker``'s move orders past their deadline: its node withdraws what they
         kept for clients gone meanwhile (:meth:`BrokerNode.moves_expired`), as the
         process's tick does."""
-        if self.failures is None or broker not in self.failures.dead:
+        if not self._dead(broker):
             self._dispatch(broker, self.nodes[broker].moves_expired(self.now))
 
     def moving(self, subscriber: str) -> bool:
@@ -129,7 +127,9 @@ class SubscriberMoves:
         that is the overlay's, counted by the ledger)."""
         self._moved(subscriber, self._overlap)
         if subscriber not in self._overlap and subscriber not in self.failed_over:
-            self.records.pop(subscriber, None)
+            self.checked.discard(subscriber)
+            if self.failures is None:  # no longer kept: the next move begins it again
+                del self.records[subscriber]
 
     @staticmethod
     def _moved(subscriber: str, moving: Counter[str]) -> None:

@@ -25,17 +25,16 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
-    failover_order,
-    replay_after,
-    still_silent,
+    ReplayGaps,
+    failover_tries,
+    publisher_order,
 )
 from octopis.core import Forward, Notification, SubState
 from octopis.core.durable import Durables
@@ -52,7 +51,7 @@ from octopis.core.replay import (
     ReplayRounds,
 )
 from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, HISTORIC_BUDGET, REPLAY_BUDGET
-from octopis.filters.language import Subscription, parse_subscription
+from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
@@ -66,11 +65,6 @@ class Seam:
     req_id: str
     live: list[Notification] = field(default_factory=list)
     replayed: list[Notification] = field(default_factory=list)
-
-
-def publisher_order(n: Notification) -> tuple[str, int, int]:
-    """A delivery's place in publisher order: publisher, session, sequence number."""
-    return n.publisher, n.session, n.seq
 
 
 class SubscriberFailover:
@@ -96,9 +90,8 @@ class SubscriberFailover:
         was published in between only a replay can give it."""
         self.replay_gaps: dict[str, set[str]] = {}
         """Per subscriber, the brokers its replays reported silent and never heard from
-        (the union of :attr:`_gaps_by_request`)."""
-        self._gaps_by_request: dict[str, dict[str, set[str]]] = {}
-        """Per subscriber and replay request, the brokers still silent for it."""
+        (:meth:`ReplayGaps.silent` of :attr:`_gaps_by_request`)."""
+        self._gaps_by_request: dict[str, ReplayGaps] = {}
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
@@ -114,8 +107,13 @@ class SubscriberFailover:
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
         self.records: dict[str, RecentDeliveries] = {}
-        """The SDK's record of recent deliveries of each subscriber that failed over or is
-        moving: every delivery to it is checked against it."""
+        """Per subscriber, the SDK's record of recent deliveries (each at its time, in its
+        publisher's session, forgotten past the horizon), kept as its from-points are,
+        from the first failure scheduled on (:meth:`saw`), else from a move
+        (:meth:`record_of`) until it ends."""
+        self.checked: set[str] = set()
+        """Subscribers whose every delivery is checked against their record (they failed
+        over, are moving, or are durable), as the SDK checks each (:meth:`take`)."""
         self.seams: dict[str, Seam] = {}
         """Per subscriber whose replay is under way, its seam."""
         self.from_points: dict[str, FromPoints] = {}
@@ -165,7 +163,7 @@ class SubscriberFailover:
     def _drop_client(self, subscriber: str, host: str) -> None:
         """``host`` drops its silent client ``subscriber`` (last heard
         :data:`CLIENT_TIMEOUT` ago): what the node withdraws goes."""
-        if self.failures is not None and host in self.failures.dead:
+        if self._dead(host):
             return  # they died with it (a restart withdraws them by epoch)
         self._client_gone(host, subscriber, self.now - CLIENT_TIMEOUT)
         self.failure_counts["clients_dropped"] += 1
@@ -190,41 +188,40 @@ class SubscriberFailover:
             return
         first = self.first_home.get(subscriber, old)
         self._connect(
-            self._failover_list(first, old),
+            self._failover_tries(first, old),
             lambda: self._home.get(subscriber) == old,
             lambda new: self._failed_over(subscriber, old, new, died),
         )
 
-    def _failover_list(self, first: str, old: str) -> list[str]:
-        """The SDK's order (:func:`~octopis.client_policy.failover_order`) away from
+    def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
+        """The SDK's tries (:func:`~octopis.client_policy.failover_tries`) away from
         ``old`` along the broker list of a client that began at ``first`` (the topology's
         fail-over list of ``first``, after it)."""
-        return failover_order([first, *self.scot.failover_order(first)], old)
+        return failover_tries([first, *self.scot.failover_order(first)], old)
 
     def _connect(
         self,
-        order: list[str],
+        tries: Iterator[str | None],
         wanted: Callable[[], bool],
         connected: Callable[[str], None],
-        at: int = 0,
     ) -> None:
         """A client fails over as the SDK does (``Failover.run``): it tries the brokers
-        of ``order`` from ``at`` on, and learns that one is dead only by its silence,
+        ``tries`` gives, and learns that one is dead only by its silence,
         :data:`CLIENT_LIVENESS` after the hello; past the last it waits as long and
         starts over, while a broker is to restart (else it gives up, counted). Nothing
         happens once the client no longer ``wanted`` to; ``connected(broker)`` is called
         at the first broker that answers."""
         if not wanted():
             return
-        if at == len(order):
+        broker = next(tries)
+        if broker is None:  # none answered: round again while one is to restart
             self.failure_counts["failover.no_live_broker"] += 1
-            if self.restarts_pending:
-                self.at(self.now + CLIENT_LIVENESS, self._connect, order, wanted, connected)
+            if not self.restarts_pending:
+                return
+        elif not self._dead(broker):
+            connected(broker)
             return
-        if self.failures is not None and order[at] in self.failures.dead:
-            self.at(self.now + CLIENT_LIVENESS, self._connect, order, wanted, connected, at + 1)
-            return
-        connected(order[at])
+        self.at(self.now + CLIENT_LIVENESS, self._connect, tries, wanted, connected)
 
     def _failed_over(self, subscriber: str, old: str, new: str, died: float) -> None:
         """``subscriber``, which left silent ``old``, is connected at ``new``: it
@@ -236,8 +233,9 @@ class SubscriberFailover:
         self.record_of(subscriber)
         # What the SDK has taken: not what a replay cut short still holds at its seam
         # (it delivers that once the replay ends, after this one has asked).
-        points = self.from_points.get(subscriber)
-        since = [] if points is None else points.since(died)
+        since, after = self.from_points.get(subscriber, FromPoints()).replay(
+            self.clients.first_subscribed[subscriber], died
+        )
         self._cut_short(subscriber)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
@@ -253,7 +251,7 @@ class SubscriberFailover:
             new,
             tuple(s.to_text() for s in self.clients.subscriptions_of[subscriber]),
             tuple(sorted(since)),
-            replay_after(self.clients.first_subscribed[subscriber], died),
+            after,
             REPLAY_BUDGET,
         )
         self.replay_counts["requests"] += 1
@@ -287,7 +285,7 @@ class SubscriberFailover:
 
     def _replay_expire(self, broker: str) -> None:
         rounds = self.replay_rounds.get(broker)
-        if rounds is not None and self.failures is not None and broker not in self.failures.dead:
+        if rounds is not None and self.failures is not None and not self._dead(broker):
             self._carry_out_replay(broker, rounds.expire(self.now))
             deadline = rounds.next_deadline()
             if deadline is not None and deadline > self.now:  # data moved it
@@ -325,29 +323,32 @@ class SubscriberFailover:
                 seam = self.seams.get(subscriber)
                 if seam is not None and seam.req_id == action.req_id:
                     self._end_seam(subscriber)
-                # Per request, as the SDK keeps them: only a late part of the same replay
-                # narrows its gap (another replay asks from elsewhere, for other ranges).
-                gaps = self._gaps_by_request.setdefault(subscriber, {})
-                gap = gaps.setdefault(action.req_id, set())
-                still_silent(gap, action.echo.answered, action.echo.silent)
-                if not gap:  # nothing missing: nothing to keep for this request
-                    del gaps[action.req_id]
-                self.replay_gaps[subscriber] = set().union(*gaps.values())
+                gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
+                gaps.answered(action.req_id, action.echo.answered, action.echo.silent)
+                self.replay_gaps[subscriber] = gaps.silent()
                 if action.echo.gaps:
                     self.store_gaps.setdefault(subscriber, set()).update(action.echo.gaps)
                 self.replay_counts["late" if action.late else "done"] += 1
 
     def saw(self, subscriber: str, n: Notification) -> None:
         """``subscriber`` took ``n`` now: its from-points
-        (:class:`~octopis.client_policy.FromPoints`) note it."""
+        (:class:`~octopis.client_policy.FromPoints`) and its record of recent deliveries
+        (:class:`~octopis.client_policy.RecentDeliveries`) note it."""
         points = self.from_points.get(subscriber)
         if points is None:
             points = self.from_points[subscriber] = FromPoints()
         points.saw(n.publisher, n.session, n.seq, self.now)
+        record = self.records.get(subscriber)
+        if record is None:
+            record = self.records[subscriber] = RecentDeliveries()
+        record.took((subscriber, *publisher_order(n)), self.now)
 
     def record_of(self, subscriber: str) -> RecentDeliveries:
-        """``subscriber``'s record of recent deliveries, begun (at a fail-over or a move)
-        with what it took so far (the ledger's; remembered from now on)."""
+        """``subscriber``'s record of recent deliveries, against which each delivery to it
+        is checked from now on (it fails over or moves). One not kept yet (a run without
+        failures) begins with what it took so far, the ledger's, remembered from now (in
+        session 0, the simulated publishers' only one)."""
+        self.checked.add(subscriber)
         record = self.records.get(subscriber)
         if record is None:
             record = self.records[subscriber] = RecentDeliveries()
@@ -357,21 +358,28 @@ class SubscriberFailover:
         return record
 
     def take(self, subscriber: str, n: Notification) -> None:
-        """A live delivery to ``subscriber``, which keeps a record (it failed over or is
-        moving): a repeat is dropped (counted ``replay.repeats`` after a fail-over,
-        ``moves.absorbed`` otherwise), the rest held while a replay is under way."""
+        """A live delivery to ``subscriber``, which is checked (it failed over, is moving
+        or is durable): a repeat is dropped (:meth:`_repeated`), the rest held while a
+        replay is under way (its seam), else taken (:meth:`_taken`)."""
         if not self.records[subscriber].took((subscriber, *publisher_order(n)), self.now):
-            if subscriber in self.failed_over:
-                self.replay_counts["repeats"] += 1
-            else:
-                self.moves["absorbed"] += 1
-            return
-        seam = self.seams.get(subscriber)
-        if seam is not None:
+            self._repeated(subscriber, 1, live=True)
+        elif (seam := self.seams.get(subscriber)) is not None:
             seam.live.append(n)
         else:
-            self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
-            self.saw(subscriber, n)
+            self._taken(subscriber, n, replayed=False)
+
+    def _repeated(self, subscriber: str, count: int, *, live: bool) -> None:
+        """``count`` deliveries to ``subscriber`` were dropped as repeats: counted
+        ``moves.absorbed`` if ``live`` and it never failed over, else ``replay.repeats``."""
+        if live and subscriber not in self.failed_over:
+            self.moves["absorbed"] += count
+        else:
+            self.replay_counts["repeats"] += count
+
+    def _taken(self, subscriber: str, n: Notification, *, replayed: bool) -> None:
+        """``subscriber`` takes ``n`` now (``replayed``: from a replay's answer)."""
+        self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
+        self.saw(subscriber, n)
 
     def _cut_short(self, subscriber: str) -> None:
         """A fail-over cuts ``subscriber``'s replay under way short: its part joins now,
@@ -380,9 +388,9 @@ class SubscriberFailover:
         echo of that request names those that answered."""
         seam = self.seams.get(subscriber)
         if seam is not None:
-            gaps = self._gaps_by_request.setdefault(subscriber, {})
-            gaps[seam.req_id] = set(self.scot.brokers)
-            self.replay_gaps[subscriber] = set().union(*gaps.values())
+            gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
+            gaps.left(seam.req_id, self.scot.brokers)
+            self.replay_gaps[subscriber] = gaps.silent()
             self.replay_counts["cut_short"] += 1
         self._end_seam(subscriber)
 
@@ -396,12 +404,14 @@ class SubscriberFailover:
     def _join(
         self, subscriber: str, live: list[Notification], replayed: list[Notification]
     ) -> None:
+        """The seam (:meth:`~octopis.client_policy.RecentDeliveries.join`): ``live`` and
+        ``replayed`` deliveries to ``subscriber``, each once, in publisher order."""
         record = self.records[subscriber]
         joined, repeats = record.join(subscriber, live, replayed, publisher_order, self.now)
-        self.replay_counts["repeats"] += repeats
+        self._repeated(subscriber, repeats, live=False)
+        from_replay = {n.key for n in replayed}
         for n in joined:
-            self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
-            self.saw(subscriber, n)
+            self._taken(subscriber, n, replayed=n.key in from_replay)
 
     def replay_report(self) -> dict[str, Any]:
         """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""
@@ -410,8 +420,3 @@ class SubscriberFailover:
             "subscribers_failed_over": len(self.failed_over),
             "gaps": sum(1 for g in self.replay_gaps.values() if g),
         }
-
-
-@lru_cache(maxsize=4096)
-def _parsed(text: str) -> Subscription:
-    return parse_subscription(text)

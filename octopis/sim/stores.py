@@ -34,6 +34,7 @@ from collections import Counter, deque
 from octopis.core import Notification
 from octopis.core.answer import (
     AnswerSelection,
+    RetentionBound,
     Trimmed,
     note_trimmed,
     store_refusal,
@@ -51,8 +52,9 @@ of the process's ``[retention] max_bytes``)."""
 
 
 class RetentionStores:
-    """Each broker's store, up to ``limit`` publications (the oldest go first, counted
-    ``retention.trimmed`` in ``counts`` and remembered for the gaps), answering at most
+    """Each broker's store, up to ``limit`` publications (the oldest go first, by the
+    node's :class:`~octopis.core.answer.RetentionBound`, counted ``retention.trimmed`` in
+    ``counts`` and remembered for the gaps), answering at most
     ``answer_max`` publications (``answer_bytes`` bytes) to one request."""
 
     def __init__(
@@ -87,6 +89,8 @@ class RetentionStores:
         """When each broker's disk last refused a commit."""
         self._counts = counts
         self._limit = limit
+        self._bound = RetentionBound(limit)
+        """The node's rule of what a store drops, over a count of publications."""
         self._answer_max = answer_max
         self._answer_bytes = answer_bytes
 
@@ -95,7 +99,7 @@ class RetentionStores:
         (:func:`~octopis.core.answer.store_refusal`, counted), or None."""
         reason = store_refusal(f"{broker}'s retention store", self._refused_at.get(broker), now)
         if reason is not None:
-            self._counts["publications_refused.store_full"] += 1
+            self._counts["publications_refused.not_kept"] += 1
         return reason
 
     def fill(self, broker: str) -> None:
@@ -116,7 +120,7 @@ class RetentionStores:
         key = (notification.publisher, notification.seq)
         if broker in self._full:
             self._refused_at[broker] = now
-            self._counts["publications_refused.store_full_routed"] += 1
+            self._counts["retention.refused"] += 1
             self.refused[key] = (f"{broker}'s retention store cannot store it: its disk is "
                                  "full (routed before the disk refused: it may have been "
                                  "delivered)")  # fmt: skip
@@ -127,7 +131,10 @@ class RetentionStores:
             store = self.kept[broker] = deque()
             self._kept_at[broker] = deque()
         kept_at = self._kept_at[broker]
-        if len(store) >= self._limit:
+        store.append(notification)
+        kept_at.append(now)
+        self.confirmed[key] = broker
+        for _ in self._bound.cut(((None, 1, at) for at in kept_at), len(store), now):
             kept_at.popleft()
             old = store.popleft()
             note_trimmed(
@@ -142,9 +149,6 @@ class RetentionStores:
                 self.lost[(old.publisher, old.seq)] = (
                     f"{broker}'s retention store dropped it past its bound ({self._limit})"
                 )
-        store.append(notification)
-        kept_at.append(now)
-        self.confirmed[key] = broker
         return True
 
     def power_loss(self, broker: str, now: float, sync: str, unsynced: float) -> None:
@@ -177,11 +181,13 @@ class RetentionStores:
             return [], gaps, False
         selection = AnswerSelection(request, self._answer_max, self._answer_bytes)
         found = []
-        for n in store:
-            taken = selection.take(n.publisher, n.session, n.seq, n.published_at, 0, lambda n=n: n)
+        for n, at in zip(store, self._kept_at[broker], strict=True):
+            taken = selection.take(
+                n.publisher, n.session, n.seq, n.published_at, at, 0, lambda n=n: n
+            )
             if taken is not None:
                 found.append(taken)
-            elif selection.truncated:
+            elif selection.ended:
                 break
         return found, gaps, selection.truncated
 

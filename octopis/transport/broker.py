@@ -27,7 +27,6 @@ import psutil
 
 from octopis.core import (
     Action,
-    ClusteredBroker,
     Counts,
     Deliver,
     EdgeDedup,
@@ -38,6 +37,7 @@ from octopis.core import (
     Released,
     Subscribe,
     make_broker,
+    sessions,
 )
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.load import LoadMeter
@@ -220,10 +220,7 @@ class Broker:
                 self.subscription_delay[message.sub_id] = time.time() - message.issued_at
             self.execute(actions, message, body, None, now)
             return
-        if not self.node.serving:
-            # Static modes send into a broker that is still resyncing; what its partial
-            # table cannot route is lost, so count what came (DESIGN §7).
-            self.counters["routed_while_resyncing"] += 1
+        self.node.routed()
         self.execute(self.core.receive(sender, message, self.lst), message, body, None, now)
 
     def peer_notifications(
@@ -241,8 +238,7 @@ class Broker:
                 execute(route(message, sender, lst), message, body, None, now)
         finally:
             self.received[Notification] += count
-            if not self.node.serving:
-                self.counters["routed_while_resyncing"] += count
+            self.node.routed(count)
 
     def link_down(self, neighbour: str, queued: list[list]) -> None:
         """The routing frames the link to ``neighbour`` gave back (custody's, then those
@@ -307,14 +303,13 @@ class Broker:
         self.subscription_delay[sub_id] = 0.0
         return sub_id, actions
 
-    def adopt(self, key: str, sub_id: str) -> list[Action]:
-        """A subscriber moving here from another broker of this cluster takes over
-        ``sub_id`` (DESIGN §9); BID has no clusters and refuses."""
-        if not isinstance(self.core, ClusteredBroker):
-            raise ClientError(f"{self.id} routes by BID: move by subscribing afresh")
+    def adopt(self, key: str, name: str, sub_id: str) -> list[Action]:
+        """Client ``key`` (called ``name``), moving here from another broker of this
+        cluster, takes over ``sub_id`` (the node's rule, :func:`sessions.adopt`); a
+        composite's part does not move."""
         if (problem := self.composites.movable_problem(sub_id)) is not None:
             raise ClientError(problem)
-        return self.core.adopt(key, sub_id)
+        return sessions.adopt(self.core, self.node.sessions, key, name, sub_id)
 
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """A local withdrawal: the core starts the two-step unsubscribe."""
@@ -323,17 +318,16 @@ class Broker:
             return self.composites.unsubscribe(key, sub_id)
         return self.core.unsubscribe(key, sub_id)
 
-    def advertise(self, key: str, advertisement: Subscription) -> tuple[str, list[Action]]:
-        """A local publisher's advertisement (DESIGN §12): the core spreads it."""
-        if not isinstance(self.core, ClusteredBroker):
-            raise ClientError(f"{self.id} routes by BID: no advertisements")
-        return self.core.advertise(key, advertisement)
+    def advertise(
+        self, key: str, advertisement: Subscription | Composite
+    ) -> tuple[str, list[Action]]:
+        """A local publisher's advertisement (DESIGN §12; :func:`sessions.advertise`)."""
+        return sessions.advertise(self.core, key, advertisement)
 
     def check_advertised(self, key: str, publication: dict) -> None:
         """With advertisements on, refuse a publication outside ``key``'s advertisements
-        (:class:`UnadvertisedPublication`)."""
-        if isinstance(self.core, ClusteredBroker):
-            self.core.check_advertised(key, publication)
+        (:func:`sessions.check_advertised`)."""
+        sessions.check_advertised(self.core, key, publication)
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """A local publication: the node takes it (routes it, its copies carrying
@@ -460,7 +454,7 @@ class Broker:
         return relink(self, data)
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
-        """Order client ``client`` to move its subscriptions (see ``ClientConnections.order_move``);
-        by adoption only where the core adopts (not with covering or advertisements)."""
-        adopts = isinstance(self.core, ClusteredBroker) and self.core.adopts
-        return self.clients.sessions.order_move(client, to, inside and adopts)
+        """Order client ``client`` to move its subscriptions (see ``ClientConnections.order_move``),
+        by adoption as the node says (:func:`sessions.moves_by_adoption`)."""
+        by_adoption = sessions.moves_by_adoption(self.core, inside)
+        return self.clients.sessions.order_move(client, to, by_adoption)

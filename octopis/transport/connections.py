@@ -53,14 +53,18 @@ class Router(Protocol):
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """Withdraw a local subscription; returns the SBP actions."""
 
-    def adopt(self, key: str, sub_id: str) -> list[Action]:
-        """Take over a subscription moving here from another broker of the cluster."""
+    def adopt(self, key: str, name: str, sub_id: str) -> list[Action]:
+        """Client ``key`` (called ``name``) takes over a subscription moving here from
+        another broker of the cluster, held for it from now on."""
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """Route a local publication, its copies counting in ``receipt``."""
 
-    def advertise(self, key: str, advertisement: Subscription) -> tuple[str, list[Action]]:
-        """Install client ``key``'s advertisement; returns its id and the SBP actions."""
+    def advertise(
+        self, key: str, advertisement: Subscription | Composite
+    ) -> tuple[str, list[Action]]:
+        """Install client ``key``'s advertisement (refused if composite, or under BID);
+        returns its id and the SBP actions."""
 
     def check_advertised(self, key: str, publication: dict) -> None:
         """Raise :class:`UnadvertisedPublication` if advertisements are on and client

@@ -14,7 +14,6 @@ from typing import Any
 from octopis.core import ClusteredBroker
 from octopis.core.resync import resync_messages
 from octopis.transport.clients import STOMP_IDENTITY
-from octopis.transport.replaying import durable_list
 
 DURABLES_LISTED = 100
 """Durable subscription records a stats snapshot lists (their count is in ``retention``)."""
@@ -104,7 +103,7 @@ class BrokerInspection:
             "received": {kind.__name__.lower(): n for kind, n in broker.received.items()},
             "core": core,
             "retention": broker.replaying.stats,
-            "durables": durable_list(broker.replaying.durables, DURABLES_LISTED),
+            "durables": broker.replaying.durables.listed(DURABLES_LISTED),
             "lst": broker.lst.snapshot(),
             "queue_lengths": {name: len(link.queue) for name, link in broker.links.items()},
             "batches": {

@@ -13,11 +13,9 @@ requester has room (:data:`PAGE_ROOM`).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from math import inf
 from pathlib import Path
@@ -25,7 +23,8 @@ from pathlib import Path
 import msgspec
 
 from octopis.client_policy import LastSeen
-from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
+from octopis.core.answer import COMMIT_DELAY, commit_now
+from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
     ClaimRecord,
@@ -48,10 +47,6 @@ from octopis.wire import ClaimedRecord
 
 log = logging.getLogger("octopis.broker")
 
-COMMIT_ROWS = 256
-"""Publications kept before the store commits at once, however busy the input."""
-COMMIT_DELAY = 0.002
-"""Seconds a busy broker waits at most to commit what it kept (its confirms wait too)."""
 PAGE_ROWS = 512
 """Kept rows a store reads per page of an answer before the loop serves live traffic."""
 PAGE_ROOM = 64
@@ -138,8 +133,6 @@ class Replaying:
         self._awaited = False
         """A publication kept since the last commit is its publisher's only unanswered
         one (:attr:`PublishReceipt.alone`): the commit goes when the input is idle."""
-        self.requesters: OrderedDict[str, str] = OrderedDict()
-        """Requests started here → the client key that asked (as many as rounds)."""
 
     def kept(self, n: Notification, body: bytes, receipt: PublishReceipt | None) -> None:
         """A local publication (encoded as ``body``) was accepted: keep it. The store
@@ -153,16 +146,13 @@ class Replaying:
                 self._awaited = self._awaited or receipt.alone
 
     def pass_ended(self, idle: bool) -> None:
-        """A client input pass ended (``idle``: the input ran dry). The store commits
-        when :data:`COMMIT_ROWS` wait, or when the input is idle and a publisher waits
-        for its only unanswered publication (an awaited publish is written at once),
-        else within :data:`COMMIT_DELAY`: under load, and for publishers that pipeline,
-        one transaction covers many passes (each costs 20-35 µs of CPU, whatever it
-        holds)."""
+        """A client input pass ended (``idle``: the input ran dry): the store commits
+        now or within :data:`~octopis.core.answer.COMMIT_DELAY`, as the node's
+        :func:`~octopis.core.answer.commit_now` says."""
         store = self.store
         if store is None or not store.pending:
             return
-        if (idle and self._awaited) or len(store.pending) >= COMMIT_ROWS:
+        if commit_now(len(store.pending), idle, self._awaited):
             self.commit()
         elif self._commit_timer is None:
             loop = asyncio.get_running_loop()
@@ -213,10 +203,6 @@ class Replaying:
         the request's id. With ``key`` None nobody is answered (a claim that only
         ends copies of a record)."""
         req_id = f"{self.id}/{secrets.token_hex(6)}"
-        if key is not None:
-            self.requesters[req_id] = key
-            while len(self.requesters) > self.retention.replay_rounds:
-                self.requesters.popitem(last=False)
         budget = self.retention.historic_budget if historic else self.retention.replay_budget
         request = Replay(
             req_id,
@@ -238,7 +224,7 @@ class Replaying:
             key,
             len(filters),
         )
-        self._carry_out(self.rounds.start(request, time.monotonic()))
+        self._carry_out(self.rounds.start(request, time.monotonic(), key))
         return req_id
 
     def receive(self, sender: str, message: ReplayMessage) -> None:
@@ -253,8 +239,7 @@ class Replaying:
         """Rounds past their budget echo without the silent neighbours; then wait for
         the next deadline (data that came through may have moved it)."""
         self._expiry = None
-        if self.rounds.rounds:
-            self._carry_out(self.rounds.expire(time.monotonic()))
+        self._carry_out(self.rounds.expire(time.monotonic()))
         self._expire_at(self.rounds.next_deadline())
 
     def _expire_at(self, deadline: float | None) -> None:
@@ -295,20 +280,14 @@ class Replaying:
         """The client took deliveries up to ``since`` (written within a second)."""
         return self.durables.ack(client, name, since, time.time(), after)
 
-    def durable_moved(self, sub_id: str) -> None:
-        """``sub_id`` moved to another broker with its durable record."""
-        self.durables.moved(sub_id)
+    def durable_unsubscribed(self, sub_id: str, moved: bool) -> None:
+        """A client withdrew ``sub_id`` (``moved``: to another broker): what becomes of a
+        durable one's record is :meth:`Durables.unsubscribed`'s; a claim it returns
+        starts, nobody answered."""
+        claim = self.durables.unsubscribed(sub_id, moved)
         self.save_durables()
-
-    def durable_ended(self, sub_id: str) -> bool:
-        """``key`` unsubscribed ``sub_id``: a durable one ends here and, by a claim whose
-        answer is dropped, wherever a copy of its record is left; True if it was durable."""
-        ident = self.durables.end(sub_id)
-        if ident is None:
-            return False
-        self.save_durables()
-        self.start(None, [], [], time.time(), claim=claim_of(*ident))
-        return True
+        if claim is not None:
+            self.start(None, [], [], time.time(), claim=claim)
 
     async def maintain(self) -> None:
         """Every :data:`~octopis.core.durable.SAVE_EVERY` seconds: write the durable
@@ -348,9 +327,7 @@ class Replaying:
         """Counters of the rounds, the store (rows and bytes kept, when the oldest was
         published) and the durable records (kept, how many of their clients are away)."""
         out: dict[str, float] = dict(self.rounds.stats)
-        out.update(self.durables.stats)
-        out["durable.kept"] = len(self.durables.records)
-        out["durable.away"] = sum(r.away is not None for r in self.durables.records.values())
+        out.update(self.durables.counts())
         out["replay.answering"] = len(self._answers)
         if self.store is not None:
             out.update(self.store.stats)
@@ -371,12 +348,12 @@ class Replaying:
             elif type(action) is ClaimRecord:
                 self._claim(action.request)
             elif type(action) is ReplayDeliver:
-                key = self.requesters.get(action.req_id)
+                key = self.rounds.requester(action.req_id)
                 bodies = [encode_body(n) for n in action.notifications]
                 if key is not None:
                     self._notify(key, {"op": "replayed", "id": action.req_id, "bodies": bodies})
             elif type(action) is ReplayDone:
-                key = self.requesters.get(action.req_id)
+                key = self.rounds.requester(action.req_id)
                 echo = action.echo
                 log.info(
                     "%s: replay %s %s: %d publications from %d stores, %d without a "
@@ -425,13 +402,12 @@ class Replaying:
         """The rest of a large answer, page by page: between pages the loop serves live
         traffic, and a page waits while the link toward the requester is full."""
         req_id = answer.request.req_id
-        round_ = self.rounds.rounds.get(req_id)
-        link = round_.parent if round_ is not None else None
+        link = self.rounds.toward(req_id)
         while True:
             await asyncio.sleep(0)
             while self._queued(link) > PAGE_ROOM:
                 await asyncio.sleep(PAGE_WAIT)
-            if req_id not in self.rounds.rounds:  # ended early (too many rounds at once)
+            if not self.rounds.answering(req_id):
                 return
             page = answer.page(PAGE_ROWS)
             if answer.done:
@@ -457,27 +433,10 @@ class Replaying:
         """A claim of a durable record: the node's answer
         (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
         answer = self.durables.answer_claim(
-            self.rounds, request, self.requesters.get(request.req_id), time.time()
+            self.rounds, request, self.rounds.requester(request.req_id), time.time()
         )
         if answer.withdraw is not None:
             self._withdraw(answer.withdraw.key, answer.withdraw.sub_id)
         if answer.save:
             self.save_durables()
         self._carry_out(answer.actions)
-
-
-def durable_list(durables: Durables, limit: int) -> list[dict[str, object]]:
-    """The first ``limit`` durable records: client, name, whether attached, since when
-    the client is away (wall time), publishers it acknowledged, and from when any other
-    publisher's publications are owed (wall time)."""
-    return [
-        {
-            "client": r.client,
-            "name": r.name,
-            "attached": r.key is not None,
-            "away_since": r.away,
-            "publishers": len(r.since),
-            "owed_since": r.after,
-        }
-        for r in itertools.islice(durables.records.values(), limit)
-    ]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from octopis.core import Notification
 from octopis.core.durable import DurableError, claim_of
-from octopis.filters.composite import Composite, as_filter
+from octopis.filters.composite import as_filter
 from octopis.filters.language import (
     parse_publication,
     parse_subscription,
@@ -93,13 +93,12 @@ class RequestHandlers:
     def _subscribe(
         self, identity: bytes, connection: ClientSession, request: SubscribeRequest
     ) -> dict:
-        key = self._room_for_one_more(identity, connection, request)
+        key = self._key(identity, connection, request)
+        self.table.room(key, request.client)
         subscription = as_filter(request.filter)
-        if request.durable is not None and isinstance(subscription, Composite):
-            raise ClientError("a composite subscription cannot be durable")
         if request.durable is not None:
             try:
-                self.router.replaying.durables.room(request.client, request.durable)
+                self.router.replaying.durables.room(request.client, request.durable, subscription)
             except DurableError as exc:
                 raise ClientError(str(exc)) from None
         sub_id, actions = self.router.subscribe(key, subscription)
@@ -118,28 +117,16 @@ class RequestHandlers:
         self.table.owned(key, request.client, request.sub_id)
         self.router.execute(self.router.unsubscribe(key, request.sub_id))
         self.table.detach(key, request.sub_id)
-        if request.moved:
-            self.router.replaying.durable_moved(request.sub_id)
-        elif self.router.replaying.durable_ended(request.sub_id):
-            self.counters["durable.ended"] += 1
+        self.router.replaying.durable_unsubscribed(request.sub_id, request.moved)
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
-    def _room_for_one_more(
-        self, identity: bytes, connection: ClientSession, request: SubscribeRequest | AdoptRequest
-    ) -> str:
-        """The client's key, if it may hold one more subscription (else a refusal)."""
-        key = self._key(identity, connection, request)
-        self.table.room(key, request.client)
-        return key
-
     def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
-        key = self._room_for_one_more(identity, connection, request)
-        actions = self.router.adopt(key, request.sub_id)
+        key = self._key(identity, connection, request)
+        actions = self.router.adopt(key, request.client, request.sub_id)
         if request.durable is not None:
             self.router.replaying.durable_attach(
                 request.client, request.durable, key, request.sub_id, ()
             )
-        self.table.attach(key, request.sub_id)
         self.counters["moves.adopted"] += 1
         self.router.execute(actions)
         return {"op": "adopted", "sub_id": request.sub_id}
@@ -150,10 +137,7 @@ class RequestHandlers:
         """An advertisement (DESIGN §12): it spreads, and the client may publish what it
         matches; it is withdrawn when the client's connection goes."""
         key = self._key(identity, connection, request)
-        advertisement = as_filter(request.filter)
-        if isinstance(advertisement, Composite):
-            raise ClientError("an advertisement is one atomic filter, not a composite one")
-        adv_id, actions = self.router.advertise(key, advertisement)
+        adv_id, actions = self.router.advertise(key, as_filter(request.filter))
         self.router.execute(actions)
         return {"op": "advertised", "adv_id": adv_id}
 

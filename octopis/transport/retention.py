@@ -4,9 +4,11 @@ SQLite in WAL mode, one file per broker (``<data dir>/<broker>.retention.sqlite`
 server to run, and a transaction committed before a publication is confirmed survives a
 ``kill -9`` of the broker (WAL with ``synchronous=NORMAL`` loses only what the operating
 system had not written when the *machine* failed). Bounded by ``[retention] max_bytes``
-and ``max_age``: the oldest rows go first, and what was trimmed is remembered per
+and ``max_age``: the oldest rows go first (the node's rule,
+:class:`~octopis.core.answer.RetentionBound`), and what was trimmed is remembered per
 (publisher, session) so that a replay reaching past it reports a gap instead of
-skipping it silently.
+skipping it silently. Which rows answer a replay is the node's
+:class:`~octopis.core.answer.AnswerSelection`'s; this module reads and writes.
 
 The kept publications are a plain log in the order they were stored: one row per commit
 (SQLite's rowid), its publications packed in one blob with their stored times' range
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from octopis.core.answer import (
     AnswerSelection,
+    RetentionBound,
     Trimmed,
     note_trimmed,
     store_refusal,
@@ -102,9 +105,8 @@ def unpack(records: bytes) -> Iterator[Row]:
         offset += body_length
 
 
-CLOCK_SLACK = 60.0
-"""Seconds a publisher's clock may run ahead of its broker's: the store finds rows by the
-broker's time of storing, a replay asks by the publisher's time of publishing."""
+AGE_EVERY = 1.0
+"""Seconds between two looks at the oldest row's age after a commit (a query each)."""
 
 
 class RetentionError(RuntimeError):
@@ -126,8 +128,8 @@ class RetentionStore:
         """``settings.sync``: ``normal`` (a commit is safe from a crash of the process) or
         ``full`` (from a power failure too: fsync per commit)."""
         self.path = path
-        self.max_bytes = settings.max_bytes
-        self.max_age = settings.max_age
+        self.bound = RetentionBound(settings.max_bytes, settings.max_age)
+        """``[retention]``'s ``max_bytes`` and ``max_age``: the node's rule of what goes."""
         self._decode = decode
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +177,10 @@ class RetentionStore:
             self.bytes += size
             self.stats["retention.stored"] += len(rows)
             self.stats["retention.commits"] += 1
-        if self.bytes > self.max_bytes or (now >= self._age_checked + 1.0 and self._aged(now)):
+        oldest = float("inf")
+        if now >= self._age_checked + AGE_EVERY:
+            self._age_checked, oldest = now, self._oldest()
+        if self.bound.over(self.bytes, oldest, now):
             self.trim(now)
         return len(rows)
 
@@ -184,23 +189,14 @@ class RetentionStore:
         None: accepted."""
         return store_refusal(f"the retention store {self.path.name}", self.refused_at, now)
 
-    def _aged(self, now: float) -> bool:
-        """Whether the oldest row is past ``max_age`` (asked at most once a second)."""
-        self._age_checked = now
-        return bool(self.rows) and self._oldest() < now - self.max_age
-
     def trim(self, now: float) -> int:
-        """Drop the rows older than ``max_age`` and, oldest first, those over
-        ``max_bytes`` (a commit's publications go together); remember the last (seq,
-        time) dropped of each (publisher, session)."""
-        end = self._first_rowid_stored(now - self.max_age)
-        excess = self.bytes - self.max_bytes
-        if excess > 0:
-            for rowid, size in self.db.execute("SELECT rowid, bytes FROM packed ORDER BY rowid"):
-                if excess <= 0:
-                    break
-                end = max(end, rowid + 1)
-                excess -= size
+        """Drop the packed rows :meth:`RetentionBound.cut` says go (a commit's
+        publications go together); remember the last (seq, time) dropped of each
+        (publisher, session)."""
+        rows = self.db.execute("SELECT rowid, bytes, last_at FROM packed ORDER BY rowid")
+        dropped = self.bound.cut(rows, self.bytes, now)
+        rows.close()  # read no further than the rule did
+        end = dropped[-1] + 1 if dropped else 0
         last: Trimmed = {}
         count = 0
         for (records,) in self.db.execute("SELECT records FROM packed WHERE rowid < ?", (end,)):
@@ -222,7 +218,7 @@ class RetentionStore:
         self._recount()
         return count
 
-    def _first_rowid_stored(self, at: float) -> int:
+    def first_rowid_stored(self, at: float) -> int:
         """The first packed row with a publication stored at or after ``at`` (one past
         the last if none): a binary search, stored times growing with rowids."""
         low, high = self.db.execute("SELECT MIN(rowid), MAX(rowid) FROM packed").fetchone()
@@ -343,11 +339,9 @@ class StoreAnswer:
         self.store = store
         self.request = request
         self.selection = AnswerSelection(request, answer_max, answer_bytes)
-        self.start_at = request.after - CLOCK_SLACK
-        self.next_rowid = store._first_rowid_stored(self.start_at)
+        self.next_rowid = store.first_rowid_stored(self.selection.start_at)
         self.skip = 0
         """Publications of the packed row ``next_rowid`` read by earlier pages."""
-        self.stop_at = request.until + CLOCK_SLACK
         self.done = False
         self.gaps: list[Gap] = []
 
@@ -366,7 +360,8 @@ class StoreAnswer:
         return found
 
     def _read(self, rows: int, found: list[Notification]) -> None:
-        take, decode, db = self.selection.take, self.store._decode, self.store.db
+        selection, decode, db = self.selection, self.store._decode, self.store.db
+        take = selection.take
         read = 0
         while True:
             row = db.execute(
@@ -381,19 +376,18 @@ class StoreAnswer:
             for index, kept in enumerate(unpack(records)):
                 if index < self.skip:
                     continue
-                publisher, session, seq, published_at, stored_at, body = kept
-                if stored_at < self.start_at:
-                    continue
                 if read == rows:
                     self.skip = index
                     return None
                 read += 1
-                if stored_at > self.stop_at:
-                    return self._finish()
-                n = take(publisher, session, seq, published_at, len(body), partial(decode, body))
+                publisher, session, seq, published_at, stored_at, body = kept
+                n = take(
+                    publisher, session, seq, published_at, stored_at, len(body),
+                    partial(decode, body),
+                )  # fmt: skip
                 if n is not None:
                     found.append(n)
-                elif self.selection.truncated:
+                elif selection.ended:
                     return self._finish()
             self.next_rowid, self.skip = rowid + 1, 0
 
