@@ -469,8 +469,8 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
         seen: list = []
 
         class Events:  # what Broker.link_down and link_back ask of the node
-            def link_down(self, neighbour: str, queued: list[list]) -> None:
-                copies = node.link_down(neighbour, queued, _read)
+            def link_down(self, neighbour: str, queued: list[list], sent=()) -> None:
+                copies = node.link_down(neighbour, queued, _read, sent)
                 seen.append(["given back", [_name(message_of(c)) for c in copies]])
 
             def link_back(self, neighbour: str) -> None:
@@ -501,8 +501,8 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
     simulated: list = []
     link_down, link_back = node.link_down, node.link_back
 
-    def given_back(neighbour: str, items: list) -> list:
-        copies = link_down(neighbour, items)
+    def given_back(neighbour: str, items: list, sent=()) -> list:
+        copies = link_down(neighbour, items, sent=sent)
         if neighbour == peer:
             simulated.append(["given back", [_name(c) for c in copies]])
         return copies
@@ -601,8 +601,8 @@ def test_a_neighbour_met_first_gets_what_waited_for_it_in_the_order_it_was_sent(
             link.put([broker.encode(), encode_body(message), DATA], loop.time())
 
         class Events:  # what Broker.link_down and neighbour_met ask of the node
-            def link_down(self, neighbour: str, queued: list[list]) -> None:
-                assert node.link_down(neighbour, queued, _read) == []
+            def link_down(self, neighbour: str, queued: list[list], sent=()) -> None:
+                assert node.link_down(neighbour, queued, _read, sent) == []
 
             def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
                 actions, handed = node.neighbour_met(neighbour, incarnation, restarted)

@@ -88,6 +88,7 @@ class PeerOutput:
             settings.retain_limit,
             self._curve,
             self.send_pass,
+            settings.down_after,
         )
         return link
 
