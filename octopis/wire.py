@@ -40,6 +40,8 @@ REPLAY, REPLAY_DATA, REPLAY_ECHO = 8, 9, 10
 """Peer body kinds of a replay (DESIGN §11): the request, publications answered, an echo."""
 ADVERTISE, UNADVERTISE = 11, 12
 """Peer body kinds of advertisements (DESIGN §12): one spreading, one withdrawn."""
+RESENT = 13
+"""Peer body kind of the routing messages a healed link sends again (DESIGN §7)."""
 
 pack = msgspec.msgpack.Encoder().encode
 """MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""
@@ -117,7 +119,17 @@ class Synced(PeerBody, tag=SYNCED):
     predecessor: bool
 
 
-Control = Hello | Heartbeat | Synced
+class Resent(PeerBody, tag=RESENT):
+    """A link healed with the same incarnation on both sides (DESIGN §7, custody): the
+    sender numbered ``numbered`` routing messages since the handshake, and sends again
+    those it has no acknowledgement for, as ``(number, body)``; the receiver takes the
+    ones numbered past what it had taken (:func:`~octopis.core.custody.resent`)."""
+
+    numbered: Count
+    messages: tuple[tuple[Count, bytes], ...]
+
+
+Control = Hello | Heartbeat | Synced | Resent
 """Link-level messages (the bodies are the messages): never routed, never queued behind
 data for long."""
 
@@ -275,6 +287,7 @@ BODIES: tuple[type[PeerBody], ...] = (
     ReplayEchoBody,
     AdvertiseBody,
     UnadvertiseBody,
+    Resent,
 )
 """Every peer body, in the order of its kind."""
 PeerBodies = (
@@ -291,6 +304,7 @@ PeerBodies = (
     | ReplayEchoBody
     | AdvertiseBody
     | UnadvertiseBody
+    | Resent
 )
 """What a peer body may be (the decoder's type)."""
 

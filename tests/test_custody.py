@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from octopis.core.custody import Custody, acknowledgement, heartbeat_due, owed, took
+from octopis.core.custody import Custody, acknowledgement, heartbeat_due, owed, resent, took
+from octopis.core.messages import ProtocolError
 from octopis.core.neighbours import Neighbour
 
 
@@ -35,6 +36,47 @@ def test_notifications_are_kept_numbered_and_settled_into_the_retained_window() 
     assert not custody.unacked and not custody.retained and custody.numbered == 5
     custody.greeted()
     assert custody.numbered == 0
+
+
+def test_other_routing_messages_are_pending_until_acknowledged_and_sent_again() -> None:
+    """Routing messages other than notifications are pending until an acknowledgement
+    counts them, never retained; a link-down gives back only notifications, a heal
+    sends the pending ones again (they stay pending), and the receiver takes those past
+    its count and ends with the sender's; a restarted receiver's are given up to the
+    node. With custody off nothing is pending."""
+    custody = Custody(limit=10, retain=5.0, retain_limit=10)
+    for name, kept in (("n1", True), ("s2", False), ("s3", False), ("n4", True), ("s5", False)):
+        custody.sent(name, 0.0, kept)
+    assert custody.pending == [(2, "s2"), (3, "s3"), (5, "s5")]
+    assert custody.settles(2) and not custody.settles(0)
+    custody.acknowledge(2, 0.1)
+    assert custody.pending == [(3, "s3"), (5, "s5")] and _numbers(custody.retained) == [1]
+    assert custody.take_back() == ["n1", "n4"]  # the detection: notifications only
+    assert custody.resend() == (5, [(3, "s3"), (5, "s5")]) and len(custody.pending) == 2
+    record = Neighbour(received=3)  # s3 arrived before the connection died
+    assert resent(record, 5, [3, 5]) == [False, True] and record.received == 5
+    custody.acknowledge(5, 0.2)
+    assert not custody.pending and not custody.retained
+    custody.sent("s6", 0.3, False)
+    assert custody.give_up() == ["s6"] and not custody.pending
+    off = Custody(limit=0)
+    off.sent("s1", 0.0, False)
+    assert not off.pending and off.resend() == (1, [])
+
+
+@pytest.mark.parametrize(
+    ("received", "numbered", "numbers"),
+    [(4, 3, []), (0, 5, [3, 2]), (0, 5, [3, 3]), (0, 5, [6]), (0, 5, [0])],
+)
+def test_a_resend_that_goes_back_or_past_its_count_is_refused(
+    received: int, numbered: int, numbers: list[int]
+) -> None:
+    """A RESENT whose count is below what the receiver took, or whose numbers do not
+    rise from 1 to at most the count, breaks the protocol (nothing is taken)."""
+    record = Neighbour(received=received)
+    with pytest.raises(ProtocolError):
+        resent(record, numbered, numbers)
+    assert record.received == received
 
 
 def test_the_limit_stops_the_link_and_zero_turns_custody_off() -> None:

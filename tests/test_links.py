@@ -469,8 +469,8 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
         seen: list = []
 
         class Events:  # what Broker.link_down and link_back ask of the node
-            def link_down(self, neighbour: str, queued: list[list]) -> None:
-                copies = node.link_down(neighbour, queued, _read)
+            def link_down(self, neighbour: str, queued: list[list], sent=()) -> None:
+                copies = node.link_down(neighbour, queued, _read, sent)
                 seen.append(["given back", [_name(message_of(c)) for c in copies]])
 
             def link_back(self, neighbour: str) -> None:
@@ -501,8 +501,8 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
     simulated: list = []
     link_down, link_back = node.link_down, node.link_back
 
-    def given_back(neighbour: str, items: list) -> list:
-        copies = link_down(neighbour, items)
+    def given_back(neighbour: str, items: list, sent=()) -> list:
+        copies = link_down(neighbour, items, sent=sent)
         if neighbour == peer:
             simulated.append(["given back", [_name(c) for c in copies]])
         return copies
@@ -601,8 +601,8 @@ def test_a_neighbour_met_first_gets_what_waited_for_it_in_the_order_it_was_sent(
             link.put([broker.encode(), encode_body(message), DATA], loop.time())
 
         class Events:  # what Broker.link_down and neighbour_met ask of the node
-            def link_down(self, neighbour: str, queued: list[list]) -> None:
-                assert node.link_down(neighbour, queued, _read) == []
+            def link_down(self, neighbour: str, queued: list[list], sent=()) -> None:
+                assert node.link_down(neighbour, queued, _read, sent) == []
 
             def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
                 actions, handed = node.neighbour_met(neighbour, incarnation, restarted)
@@ -623,3 +623,25 @@ def test_a_neighbour_met_first_gets_what_waited_for_it_in_the_order_it_was_sent(
         return [_name(m) for m in messages if type(m) in (Subscribe, Unsubscribe)]
 
     assert asyncio.run(_with_link(process)) == ["s2"]
+
+
+def test_a_link_s_tcp_connection_is_aborted_only_after_the_detection() -> None:
+    """A peer link's TCP connection with data unacknowledged is aborted (``TCP_MAXRT``)
+    twice ``links.down_after`` after, whatever that is set to: the neighbour is declared
+    down, and custody's notifications given back, before frames die with a connection
+    (DESIGN §7); the rest are sent again at the heal."""
+
+    async def maxrt(down_after: float) -> int:
+        ctx = zmq.asyncio.Context()
+        lst = LinkStatusTable(["peer"])
+        link = OutputLink(
+            "peer", "tcp://127.0.0.1:1", ctx, lst, 8, (), Activity(), 100, down_after=down_after
+        )
+        try:
+            return link.socket.getsockopt(zmq.TCP_MAXRT)
+        finally:
+            link.socket.close(0)
+            ctx.term()
+
+    for down_after in (Links().down_after, 3.0, 0.25):
+        assert asyncio.run(maxrt(down_after)) == round(2000 * down_after)

@@ -140,10 +140,12 @@ def test_a_run_that_never_ends_is_reported_not_waited_for(
 ) -> None:
     """A seed whose simulated world is still busy :data:`~octopis.nemesis.scenarios.HORIZON`
     seconds after publishing began fails with that problem instead of hanging the sweep:
-    here seed 54854 on BID brokers that keep routing through a restarted neighbour (the
-    bug it found: a notification goes round a cycle of last hops for ever)."""
+    here seed 3521 on BID brokers that keep routing through a restarted neighbour (the
+    bug seed 54854 found: a notification goes round a cycle of last hops for ever; since
+    subscription messages a restarted neighbour may not have taken are handed to its new
+    process, DESIGN §7, 54854's cycle no longer forms)."""
     monkeypatch.setattr(BidBroker, "lose_routes_via", lambda self, neighbour: 0)
-    assert any("did not end" in p for p in run(draw(54854, stores=False)).problems)
+    assert any("did not end" in p for p in run(draw(3521, stores=False)).problems)
 
 
 @pytest.mark.xfail(strict=True, reason="an open bug; see OPEN")
@@ -176,16 +178,17 @@ def test_acknowledging_what_was_not_taken_is_caught(monkeypatch: pytest.MonkeyPa
     """Custody settles only what the receiver took: a receiver that acknowledges one
     more than it took (and a sender whose link-down gives back no retained copy, which
     would hide it) lets a failure lose a copy still on its way; the checker finds it
-    lost without a count."""
+    lost without a count, or the heal finds the receiver's count past the sender's
+    (:func:`~octopis.core.custody.resent` refuses it)."""
     take_back = Custody.take_back
 
     def without_retained(self: Custody) -> list:
         self.retained.clear()
         return take_back(self)
 
-    monkeypatch.setattr("octopis.sim.failures.took", lambda record, n: took(record, n + 1))
+    monkeypatch.setattr("octopis.sim.custody.took", lambda record, n: took(record, n + 1))
     monkeypatch.setattr(Custody, "take_back", without_retained)
-    _caught(lambda p: "lost without a count" in p)
+    _caught(lambda p: "lost without a count" in p or "resent messages numbered" in p)
 
 
 def test_releasing_no_held_copies_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -214,7 +217,7 @@ def test_a_withdrawal_that_does_not_unquench_is_caught(monkeypatch: pytest.Monke
         self.unquench = False
 
     monkeypatch.setattr(ClusteredBroker, "__init__", broken)
-    _caught(lambda p: "lost without a count" in p)
+    _caught(lambda p: "lost without a count" in p or "resent messages numbered" in p)
 
 
 def test_a_replay_without_lookback_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

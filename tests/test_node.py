@@ -581,12 +581,13 @@ def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path, al
     table lacks (BID has no resync). b:0 tells a:0 it knew its predecessor, or
     (``alone``: b:0 killed first) the mark a:0's predecessor left in the data directory
     does; either way a:0 counts ``undeliverable.table_lost`` instead of losing it
-    silently."""
+    silently. a:0 is killed once b:0 knows it took the subscription: one it had not
+    acknowledged b:0 would hand its new process (DESIGN §7, custody)."""
     import asyncio
     import json
 
     import networkx as nx
-    from conditions import closing_control
+    from conditions import closing_control, until
 
     from octopis.client import Publisher, Subscriber
     from octopis.cluster.launcher import LocalCluster, find_free_base_port
@@ -604,6 +605,14 @@ def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path, al
         await cluster.wait_ready(60)
         sub = await Subscriber.connect(scot.brokers["c:0"].client_endpoint, "s")
         stream = await sub.subscribe("[class,eq,'Q']")
+
+        async def taken() -> bool:
+            links = (await cluster.call("b:0", "stats"))["custody"]
+            return (await cluster.call("a:0", "stats"))["routing_table_size"] == 1 and not (
+                links["a:0"]["pending"]
+            )
+
+        await until(taken, "a:0 took the subscription and b:0 heard so", 30)
         if alone:
             cluster.kill("b:0")
         cluster.kill("a:0")

@@ -47,6 +47,17 @@ def test_holds_are_bounded_and_what_does_not_fit_is_counted() -> None:
     assert recovery.owed_shares == set() and recovery.held_copies() == 0
 
 
+def test_what_was_sent_before_goes_ahead_of_what_is_held() -> None:
+    """Subscription messages sent to a neighbour's predecessor and never acknowledged
+    (``ahead``) are held before those held already, which were sent after them; the
+    bound drops the newest."""
+    recovery: Recovery[str] = Recovery(limit=3)
+    recovery.hold_subscriptions("b:0", ["unsub:1", "sub:3"])
+    recovery.hold_subscriptions("b:0", ["sub:4"], ahead=["sub:1", "sub:2"])
+    assert recovery.subscriptions["b:0"] == ["sub:1", "sub:2", "unsub:1"]
+    assert recovery.counters == {"sbp_dropped.hold_full": 2}
+
+
 def test_a_restart_makes_held_copies_undeliverable_and_withdraws_the_predecessor() -> None:
     """The copies held for b:0's predecessor are dropped and counted; once b:0 is
     serving, a:0 withdraws what the predecessor hosted (sub ids of another epoch), and

@@ -364,6 +364,7 @@ def test_every_kind_has_one_declaration_in_the_order_of_kinds() -> None:
         "REPLAY_ECHO",
         "ADVERTISE",
         "UNADVERTISE",
+        "RESENT",
     ]
 
 

@@ -165,8 +165,9 @@ def test_a_batch_takes_what_may_leave(pair) -> None:
 
 def test_book_sent_numbers_routing_frames_and_keeps_notifications() -> None:
     """Routing frames are numbered on, a handshake starts again at 0, notifications go
-    into custody with their number and send time, receipts are counted, and the frames
-    leave the queue (what was not sent stays)."""
+    into custody with their number and send time, the other routing frames are pending
+    with their number, receipts are counted, and the frames leave the queue (what was
+    not sent stays)."""
     receipt = object()
     frames = [
         [b"a", b"n1", KEPT],
@@ -178,9 +179,11 @@ def test_book_sent_numbers_routing_frames_and_keeps_notifications() -> None:
     ]
     queue = deque(frames)
     custody: list = []
-    numbered, size, kept, receipts = book_sent(queue, 5, custody, 7, 1.5)
+    pending: list = []
+    numbered, size, kept, receipts = book_sent(queue, 5, custody, pending, 7, 1.5)
     assert (numbered, size, kept, receipts) == (1, 2 + 2 + 2 + 5 + 2, 2, 1)
     assert custody == [(8, 1.5, frames[0]), (1, 1.5, frames[4])]
+    assert pending == [(9, frames[2])]
     assert list(queue) == [frames[5]]
-    assert book_sent(queue, 1, None, 0, 2.0) == (1, 4, 1, 0)  # custody off: counted only
+    assert book_sent(queue, 1, None, None, 0, 2.0) == (1, 4, 1, 0)  # custody off: counted only
     assert not queue

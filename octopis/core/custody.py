@@ -25,6 +25,18 @@ side of the rule (what it acknowledges, and when) is :func:`took` and
   unacknowledged; the sender routes the notifications again with the link down
   (:meth:`~octopis.core.notification_routing.NotificationRouting.reroute`), and edge
   dedup absorbs those that had arrived.
+- The other routing messages (subscription, advertisement, move and replay messages)
+  are *pending* until acknowledged (never retained): a cut that outlasts TCP's timeout
+  aborts the connection, and what was in it — always the tail of what was sent — is
+  lost. When the link heals with the same incarnation on the other side, the sender
+  first says how many it numbered and sends its pending messages again with their
+  numbers (:meth:`Custody.resend`, a RESENT link frame); the receiver takes those it
+  had not taken and ends with the sender's count (:func:`resent`), so nothing is lost,
+  nothing arrives twice, and the counts agree again. A new incarnation of the receiver
+  ends the session: the pending messages go back to the sender's node
+  (:meth:`Custody.give_up`), which hands them to the new process ahead of what it held.
+  Notifications need none of this: they were given back at the detection, which comes
+  first (``links.down_after`` is below TCP's timeout).
 """
 
 from __future__ import annotations
@@ -35,10 +47,14 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
+from octopis.core.messages import ProtocolError
 from octopis.core.neighbours import Neighbour
 
 Entry = tuple[int, float, Any]
 """A kept copy: ``(number, sent at, copy)``."""
+Pending = tuple[int, Any]
+"""A routing message other than a notification, sent and not acknowledged:
+``(number, copy)``."""
 
 _NUMBER, _SENT_AT = itemgetter(0), itemgetter(1)
 
@@ -55,6 +71,7 @@ class Custody:
         "keeps",
         "limit",
         "numbered",
+        "pending",
         "retain",
         "retain_limit",
         "retained",
@@ -82,6 +99,8 @@ class Custody:
         """Routing messages sent since the last handshake (the last number given)."""
         self.unacked: list[Entry] = []
         """Notifications sent and not yet acknowledged, in sending order."""
+        self.pending: list[Pending] = []
+        """The other routing messages sent and not yet acknowledged, in sending order."""
         self.retained: list[Entry] = []
         """Acknowledged notifications sent less than ``retain`` seconds before the latest
         acknowledgement, in sending order."""
@@ -99,12 +118,15 @@ class Custody:
         self.numbered = 0
 
     def sent(self, copy: Any, now: float, kept: bool) -> None:
-        """A routing message went on the link at ``now``: numbered, and kept if ``kept``
-        (a notification) and custody is on. (The process's send path books whole batches
-        the same way, :func:`octopis.transport.zmqio.book_sent`.)"""
+        """A routing message went on the link at ``now``: numbered, and, with custody on,
+        kept if ``kept`` (a notification), else pending. (The process's send path books
+        whole batches the same way, :func:`octopis.transport.zmqio.book_sent`.)"""
         self.numbered += 1
-        if kept and self.keeps:
-            self.unacked.append((self.numbered, now, copy))
+        if self.keeps:
+            if kept:
+                self.unacked.append((self.numbered, now, copy))
+            else:
+                self.pending.append((self.numbered, copy))
 
     def room(self) -> float:
         """Routing messages the link may send now (``inf`` with custody off)."""
@@ -122,9 +144,13 @@ class Custody:
     def acknowledge(self, count: int, now: float) -> bool:
         """The receiver has taken the first ``count`` routing messages of this session
         (heard at ``now``): settle the entries numbered up to ``count`` into the retained
-        window and prune it (see the module docstring). Both lists are in sending order,
-        so what leaves each is found by bisection. Returns whether custody was full
-        before (the link may send again)."""
+        window and prune it, and drop the pending messages numbered up to it (see the
+        module docstring). The lists are in sending order, so what leaves each is found
+        by bisection. Returns whether custody was full before (the link may send
+        again)."""
+        pending = self.pending
+        if pending and pending[0][0] <= count:
+            del pending[: bisect_right(pending, count, key=_NUMBER)]
         unacked = self.unacked
         was_full = len(unacked) >= self.limit
         settled = bisect_right(unacked, count, key=_NUMBER) if unacked else 0
@@ -145,9 +171,12 @@ class Custody:
         return was_full
 
     def settles(self, count: int) -> bool:
-        """Whether an acknowledgement of ``count`` settles an entry kept now."""
-        unacked = self.unacked
-        return bool(unacked) and unacked[0][0] <= count
+        """Whether an acknowledgement of ``count`` settles an entry kept now (or drops a
+        pending message)."""
+        unacked, pending = self.unacked, self.pending
+        return (bool(unacked) and unacked[0][0] <= count) or (
+            bool(pending) and pending[0][0] <= count
+        )
 
     def prunes(self, at: float) -> bool:
         """Whether an acknowledgement heard at ``at`` prunes the retained window as it is
@@ -166,6 +195,19 @@ class Custody:
         self.unacked.clear()
         return copies
 
+    def resend(self) -> tuple[int, list[Pending]]:
+        """The link healed with the same incarnation on the other side: the count of
+        routing messages numbered and the pending ones, to send again (they stay
+        pending until acknowledged)."""
+        return self.numbered, list(self.pending)
+
+    def give_up(self) -> list[Any]:
+        """The receiver restarted (its session is over): the pending copies, oldest
+        first; none stays pending."""
+        copies = [copy for _, copy in self.pending]
+        self.pending.clear()
+        return copies
+
 
 def took(record: Neighbour, count: int) -> bool:
     """The receiver took ``count`` routing messages from the neighbour of ``record``;
@@ -175,6 +217,22 @@ def took(record: Neighbour, count: int) -> bool:
     first = record.received == record.acked
     record.received += count
     return first
+
+
+def resent(record: Neighbour, numbered: int, numbers: list[int]) -> list[bool]:
+    """The neighbour of ``record`` sent again, after a heal, the routing messages
+    ``numbers`` (increasing) and says it numbered ``numbered`` (:meth:`Custody.resend`):
+    whether to take each (one numbered past what was taken from it; the others arrived
+    before the connection died). What was taken becomes ``numbered``: the numbers in
+    between were notifications, which the sender gave back at its detection.
+    :class:`ProtocolError` if the numbers go back or past ``numbered``, or ``numbered``
+    is below what was taken."""
+    taken = record.received
+    ordered = all(a < b for a, b in zip([0, *numbers], [*numbers, numbered + 1], strict=True))
+    if numbered < taken or not ordered:
+        raise ProtocolError(f"resent messages numbered {numbers} of {numbered}, {taken} taken")
+    record.received = numbered
+    return [number > taken for number in numbers]
 
 
 def owed(record: Neighbour) -> bool:

@@ -53,6 +53,10 @@ from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_C
 
 Token = TypeVar("Token")
 Item = TypeVar("Item")
+Read = Callable[[Item], Any]
+"""What gives a given-back item's message (:meth:`BrokerNode.link_down`)."""
+Given = Iterable[Item]
+"""What a link gives back (:meth:`BrokerNode.link_down`)."""
 Withdraw = Callable[[str, str], list[Action]]
 """How a shell withdraws a local subscription (client key, sub id) → the core's actions:
 the core's ``unsubscribe``, or the process's, which also ends a composite's parts."""
@@ -182,22 +186,22 @@ class BrokerNode(Generic[Token]):
         self.recovery.hold_copy(action.link, action.message)
 
     def link_down(
-        self, neighbour: str, items: Iterable[Item], read: Callable[[Item], Any] | None = None
+        self, neighbour: str, items: Given, read: Read | None = None, sent: Given = ()
     ) -> list[Item]:
         """The ``items`` the link to ``neighbour`` gave back, oldest first: its custody's copies,
         then the routing messages that waited on it (DESIGN §7); a link gives back when
         its neighbour is declared down, when a new incarnation of it is met (before
-        :meth:`neighbour_met`) and when it is heard again after (before :meth:`link_back`).
-        ``read`` gives an item's message (default: the item). One rule for both shells:
-        the notification copies are returned in order, to be routed again with the link
-        down (``reroute``); replay answers are dropped and counted (the round hears that
-        part silent), so is the word that a share was handed (a heal says it again);
-        every other routing message is held for the neighbour's return, in order."""
+        :meth:`neighbour_met`, with ``sent``: what its predecessor was sent and did not
+        acknowledge, :meth:`Custody.give_up`) and when it is heard again after (before
+        :meth:`link_back`). ``read`` gives an item's message (default: the item). The
+        notification copies are returned in order, to be routed again (``reroute``);
+        replay answers are dropped and counted, so is the word that a share was handed;
+        every other routing message is held for the neighbour, in order, ``sent`` first."""
         copies, kept, answers = sort_given_back(items, read)
-        if answers:
-            self.counters["replay_answers_dropped"] += answers
-        if kept:
-            self.recovery.hold_subscriptions(neighbour, kept)
+        first, dropped = sort_given_back(sent, read)[1:]
+        if answers + dropped:
+            self.counters["replay_answers_dropped"] += answers + dropped
+        self.recovery.hold_subscriptions(neighbour, kept, first)
         return copies
 
     def link_back(self, neighbour: str) -> list[Action | HandedShare]:

@@ -67,13 +67,19 @@ class Recovery(Generic[Item]):
 
     # -- holding -------------------------------------------------------------------------
 
-    def hold_subscriptions(self, neighbour: str, items: Iterable[Item]) -> None:
-        """Subscription messages that never reached ``neighbour``: kept for it, in order."""
+    def hold_subscriptions(
+        self, neighbour: str, items: Iterable[Item], ahead: Iterable[Item] = ()
+    ) -> None:
+        """Subscription messages that never reached ``neighbour``: kept for it, in order,
+        and ``ahead`` (sent before those held already) before what it holds."""
+        items, ahead = list(items), list(ahead)
+        if not items and not ahead:
+            return
         held = self.subscriptions.setdefault(neighbour, [])
-        items = list(items)
-        room = max(self.limit - len(held), 0)
-        held += items[:room]
-        self.counters["sbp_dropped.hold_full"] += max(len(items) - room, 0)
+        held[:0] = ahead
+        held += items
+        self.counters["sbp_dropped.hold_full"] += max(len(held) - self.limit, 0)
+        del held[self.limit :]
 
     def hold_copy(self, neighbour: str, item: Item) -> None:
         """A notification copy the core holds for ``neighbour`` (down)."""

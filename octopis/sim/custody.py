@@ -24,17 +24,25 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   (:meth:`LinkCustody.take_back`), when the process's link gives them back: at a
   detection, at a handshake with a new incarnation, at a heal after a detection; its
   node decides what becomes of each (:meth:`~octopis.core.node.BrokerNode.link_down`).
+- The other routing messages are pending until acknowledged: a cut loses what is in
+  flight (as an aborted TCP connection does), and at a heal after a detection the link
+  sends them again first (:class:`Resent`, :meth:`LinkCustody.resend`); the receiver
+  takes those it had not (:func:`~octopis.core.custody.resent`). A new incarnation of
+  the receiver gets them from the node, ahead of what it held
+  (:meth:`LinkCustody.give_up`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from typing import NamedTuple
 
 from octopis.core import Notification
-from octopis.core.custody import Custody
+from octopis.core.custody import Custody, acknowledgement, heartbeat_due, owed, resent, took
+from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
-from octopis.defaults import CUSTODY_LIMIT, RETAIN, RETAIN_LIMIT
+from octopis.defaults import CUSTODY_LIMIT, HEARTBEAT, RETAIN, RETAIN_LIMIT
 
 Link = tuple[str, str]
 
@@ -52,6 +60,19 @@ class Acknowledged(NamedTuple):
 
     count: int
     incarnation: int
+
+
+class Resent(NamedTuple):
+    """What a healed link sends again ahead of anything else (the process's RESENT
+    frame, :meth:`~octopis.core.custody.Custody.resend`): the count of routing messages
+    the sender numbered, and the pending ones as ``(number, message)``."""
+
+    numbered: int
+    messages: list[tuple[int, object]]
+
+
+LINK_FRAMES = (Acknowledged, Resent)
+"""What a link carries besides routing messages (the failure events take them)."""
 
 
 class LinkCustody:
@@ -140,6 +161,16 @@ class LinkCustody:
         copies = custody.take_back() if custody is not None else []
         return copies + list(self.waiting.pop((src, dst), ()))
 
+    def resend(self, src: str, dst: str) -> Resent:
+        """What ``src → dst`` sends again after a heal (:meth:`Custody.resend`)."""
+        return Resent(*self.of(src, dst).resend())
+
+    def give_up(self, src: str, dst: str) -> list[object]:
+        """``dst`` restarted: what ``src`` sent it and is pending
+        (:meth:`Custody.give_up`)."""
+        custody = self.links.get((src, dst))
+        return custody.give_up() if custody is not None else []
+
     def forget(self, broker: str, failed: set[Link] | dict[Link, float]) -> list[object]:
         """A dead broker's custody dies with it; returns the copies only it could have
         routed again: what it kept for a link that had ``failed`` (it did not live to
@@ -176,3 +207,118 @@ class LinkCustody:
             counts["custody.full"] += custody.stops
             counts["custody.retain_evicted"] += custody.evicted
         return {key: n for key, n in counts.items() if n}
+
+
+class CustodyEvents:
+    """The :class:`~octopis.sim.engine.Simulator`'s links under custody (a mixin of its
+    failure events, :class:`~octopis.sim.failures.FailureEvents`): sends, what a
+    receiver acknowledges and when, heartbeats, and what a healed link sends again."""
+
+    def _link_frame(self, broker: str, src: str, message: Acknowledged | Resent) -> None:
+        """A link-level frame from ``src`` reaches ``broker``."""
+        if type(message) is Acknowledged:
+            self._acknowledged(broker, src, message)
+        else:
+            self._resent(broker, src, message)
+
+    def _resend(self, src: str, dst: str) -> None:
+        """``src``'s link to ``dst`` healed after its detection: ahead of anything else it
+        sends again what it has no acknowledgement for (:meth:`LinkCustody.resend`), a
+        link-level frame, so it takes one latency draw of link frames."""
+        state = self.failures
+        late = self.network.link_frame_latency(src, dst) + state.slow.get((src, dst), 0.0)
+        self.events.send(src, dst, self.events.now + late, state.custody.resend(src, dst))
+
+    def _resent(self, broker: str, src: str, message: Resent) -> None:
+        """``src``'s link sent again what it had no acknowledgement for: ``broker`` takes
+        the messages it had not taken (:func:`~octopis.core.custody.resent`; the others
+        are counted, ``links.resent_dropped``) and acknowledges. Lost if the link broke
+        again meanwhile (the next heal sends it again)."""
+        if self.failures.broken(src, broker):
+            return
+        record = self.nodes[broker].neighbours[src]
+        takes = resent(record, message.numbered, [number for number, _ in message.messages])
+        self.failure_counts["links.resent_dropped"] += takes.count(False)
+        for (_, copy), take in zip(message.messages, takes, strict=True):
+            if take:
+                self._dispatch(broker, self._take(broker, src, copy))
+        if owed(record):
+            self._acknowledge(broker, src, record)
+
+    def _put(self, src: str, dst: str, message: object) -> None:
+        """``src`` puts ``message`` on its link to ``dst`` now: custody decides whether it
+        goes, is lost in transit or waits on the link
+        (:meth:`LinkCustody.departs`); what goes arrives after its departure from the
+        link's queue, a latency draw and any delay spike."""
+        state = self.failures
+        assert state is not None
+        now = self.events.now
+        fate = state.custody.departs(src, dst, now, message, state.broken(src, dst))
+        if fate == GOES:
+            arrival = self.network.arrival(src, dst, now, message)
+            self.events.send(src, dst, arrival + state.slow.get((src, dst), 0.0), message)
+        elif fate == LOST:
+            self.failure_counts["lost_in_transit"] += 1
+
+    def _took(self, broker: str, src: str) -> None:
+        """``broker`` takes a routing message from ``src``: the first since its last
+        acknowledgement is acknowledged at once (:func:`~octopis.core.custody.took`)."""
+        record = self.nodes[broker].neighbours[src]
+        if took(record, 1):
+            self._acknowledge(broker, src, record)
+
+    def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:
+        """``broker`` acknowledges to ``src`` what it took from it: on the link back,
+        ahead of its queue (lost if the link is broken); its heartbeat timer runs. An
+        acknowledgement that would change nothing in ``src``'s custody when it arrives
+        (:meth:`Custody.settles`, :meth:`Custody.prunes`) is not simulated: only the time
+        it was sent counts."""
+        state = self.failures
+        assert state is not None
+        custody = state.custody
+        link = (broker, src)
+        count = acknowledgement(record, False)
+        custody.last_sent[link] = now = self.events.now
+        kept = custody.links.get((src, broker))
+        if kept is not None and (kept.retained or kept.settles(count)):
+            late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
+            if (kept.settles(count) or kept.prunes(now + late)) and not state.broken(*link):
+                self.events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
+        if link not in custody.beating:
+            custody.beating.add(link)
+            self.events.at(now + HEARTBEAT, self._heartbeat, broker, src)
+
+    def _heartbeat(self, broker: str, src: str) -> None:
+        """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the
+        count, when one is due (:func:`~octopis.core.custody.heartbeat_due`). The timer
+        skips the ticks whose heartbeat would change nothing (the oldest copy ``src``
+        retains for ``broker`` is not yet ``retain`` seconds old) and stops once ``src``
+        retains nothing for it, or either is gone."""
+        state = self.failures
+        assert state is not None
+        custody = state.custody
+        kept = custody.links.get((src, broker))
+        node = self.nodes.get(broker)
+        record = node.neighbours.get(src) if node is not None else None
+        if broker in state.dead or record is None or kept is None or not kept.retained:
+            custody.beating.discard((broker, src))
+            return
+        idle = self.events.now - custody.last_sent.get((broker, src), -math.inf)
+        if heartbeat_due(record, idle, HEARTBEAT, False):
+            self._acknowledge(broker, src, record)
+        last = custody.last_sent[(broker, src)]
+        expires = kept.retained[0][1] + kept.retain if kept.retained else self.events.now
+        beats = max(1, math.ceil((expires - last) / HEARTBEAT))  # heartbeats from the last
+        tick = max(last + beats * HEARTBEAT, self.events.now + HEARTBEAT / 2)
+        self.events.at(tick, self._heartbeat, broker, src)
+
+    def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:
+        """``src``'s acknowledgement reaches ``broker`` (unless the link broke meanwhile):
+        for this incarnation of ``broker``, custody settles it, and what waited for room
+        goes on the link again, in order."""
+        state = self.failures
+        assert state is not None
+        if state.broken(src, broker) or ack.incarnation != self.brokers.incarnation[broker]:
+            return
+        for message in state.custody.acknowledge(broker, src, ack.count, self.events.now):
+            self._put(broker, src, message)

@@ -48,7 +48,7 @@ from octopis.sim.clients import Clients
 from octopis.sim.composite_clients import CompositeClients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
-from octopis.sim.custody import Acknowledged
+from octopis.sim.custody import LINK_FRAMES
 from octopis.sim.events import EventQueue, Sampler, collector_paused
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import SubscriberMoves
@@ -414,8 +414,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
     def _arrive(self, broker: str, src: str, message: Any) -> None:
         failures = self.failures
         if failures is not None:
-            if type(message) is Acknowledged:
-                self._acknowledged(broker, src, message)
+            if type(message) in LINK_FRAMES:  # an acknowledgement, or what a heal resends
+                self._link_frame(broker, src, message)
                 return
             if failures.broken(src, broker):
                 self.failure_counts["lost_in_transit"] += 1

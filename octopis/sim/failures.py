@@ -12,7 +12,9 @@ The model is the transport's, in simulated time:
   (``reroute``); edge dedup absorbs those that had arrived. Another message put on a
   broken link waits on it, as in the process's output queue, until the link gives it
   back with the copies: at the detection, at a handshake with a new incarnation, or at
-  a heal after the detection; the node holds it (:meth:`BrokerNode.link_down`).
+  a heal after the detection; the node holds it (:meth:`BrokerNode.link_down`). One
+  that went is pending until acknowledged: lost in flight, it is sent again when the
+  link heals (:mod:`octopis.sim.custody`), as the process's link does.
 - A broker that dies takes with it the copies still in flight from it
   (``undeliverable.died_in_flight``) and those it had sent on an already failed link
   before it detected the failure (``undeliverable.died_in_custody``): only it could have
@@ -48,16 +50,13 @@ from the start of publishing).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from octopis.core import Notification
-from octopis.core.custody import acknowledgement, heartbeat_due, took
-from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
-from octopis.defaults import DOWN_AFTER, HEARTBEAT, RETAIN
+from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
-from octopis.sim.custody import GOES, LOST, Acknowledged, LinkCustody
+from octopis.sim.custody import CustodyEvents, LinkCustody
 
 
 class FailureState:
@@ -115,7 +114,7 @@ class FailureState:
         return self.broken(a, b) or self.broken(b, a)
 
 
-class FailureEvents:
+class FailureEvents(CustodyEvents):
     """The :class:`~octopis.sim.engine.Simulator`'s failures (a mixin beside its event
     loop): scheduling them, detection, custody taken back, restarts and handshakes. What
     a broker decides about them is its :class:`~octopis.core.node.BrokerNode`'s."""
@@ -255,8 +254,8 @@ class FailureEvents:
 
     def _detect(self, src: str, dst: str) -> None:
         """``src`` declares ``dst`` down; its link gives back what it kept and what waited
-        on it (:meth:`_give_back`). Subscription messages are not in custody: those sent
-        are delivered or lost in flight."""
+        on it (:meth:`_give_back`). Subscription messages sent stay pending: one lost in
+        flight is sent again at the heal (:meth:`_resend`)."""
         state = self.failures
         assert state is not None
         if src in state.dead or (src, dst) not in state.failed_at:
@@ -269,14 +268,16 @@ class FailureEvents:
         self._give_back(src, dst)
         self._check_serving(src)
 
-    def _give_back(self, src: str, dst: str) -> None:
+    def _give_back(self, src: str, dst: str, met: bool = False) -> None:
         """``src``'s link to ``dst`` gives back its custody's copies and what waited on
-        it, as the process's (:meth:`Broker.link_down`): the replay rounds stop waiting
+        it, as the process's (:meth:`Broker.link_down`), and, ``met`` a new incarnation,
+        what is pending (:meth:`LinkCustody.give_up`): the replay rounds stop waiting
         for ``dst``; the node keeps or drops each, the copies go again with the link down."""
         self._replay_link_down(src, dst)
-        given_back = self.failures.custody.take_back(src, dst)  # type: ignore[union-attr]
+        custody = self.failures.custody  # type: ignore[union-attr]
+        given_back, sent = custody.take_back(src, dst), custody.give_up(src, dst) if met else []
         core = self.cores[src]
-        for copy in self.nodes[src].link_down(dst, given_back):
+        for copy in self.nodes[src].link_down(dst, given_back, sent=sent):
             self._dispatch(src, self._watch(core, copy, core.reroute, dst, copy))
 
     def _recover(self, failure: Failure) -> None:
@@ -315,6 +316,7 @@ class FailureEvents:
         for src, dst in links:
             if self.nodes[src].neighbours.declared_down(dst):  # what waited, first
                 self._give_back(src, dst)
+                self._resend(src, dst)  # ahead of all, what the cut may have lost
             self._undetect(src, dst)
             self._dispatch(src, self.nodes[src].link_back(dst))
             self._word(src, dst)
@@ -349,7 +351,9 @@ class FailureEvents:
         incarnation (a new one for a neighbour that knew an earlier is a restart), hears
         its HELLO (naming the incarnation it knows of us, :meth:`Neighbours.handshake`)
         and hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`);
-        then each hears the other's first heartbeat (:meth:`_word`)."""
+        then each hears the other's first heartbeat (:meth:`_word`). Both HELLOs go over
+        before either hands anything: each starts its link's numbering again, which the
+        messages handed after it take up (the process's HELLO leads its link's queue)."""
         incarnation = self.brokers.incarnation
         met = [
             (src, dst, restarted)
@@ -357,12 +361,13 @@ class FailureEvents:
             if (restarted := self.nodes[src].neighbours.met(dst, incarnation[dst])) is not None
         ]
         custody = self.failures.custody  # type: ignore[union-attr]
+        for src, dst, _ in met:
+            names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
+            self.nodes[src].neighbours.handshake(dst, names, incarnation[src])
+            custody.greeted(dst, src)
         for src, dst, restarted in met:
             node = self.nodes[src]
-            names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
-            node.neighbours.handshake(dst, names, incarnation[src])
-            custody.greeted(dst, src)
-            self._give_back(src, dst)  # what waited for the handshake: the node hands it
+            self._give_back(src, dst, met=True)  # what waited for it: the node hands it
             node.neighbours.heard(dst, self.now)
             actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
@@ -435,83 +440,3 @@ class FailureEvents:
         if not state.broken(src, dst):
             state.failed_at.pop((src, dst), None)
         self.nodes[src].neighbours.heard(dst, self.now)
-
-    # -- custody: sends, acknowledgements (see octopis.sim.custody) ---------------------
-
-    def _put(self, src: str, dst: str, message: object) -> None:
-        """``src`` puts ``message`` on its link to ``dst`` now: custody decides whether it
-        goes, is lost in transit or waits on the link
-        (:meth:`LinkCustody.departs`); what goes arrives after its departure from the
-        link's queue, a latency draw and any delay spike."""
-        state = self.failures
-        assert state is not None
-        now = self.events.now
-        fate = state.custody.departs(src, dst, now, message, state.broken(src, dst))
-        if fate == GOES:
-            arrival = self.network.arrival(src, dst, now, message)
-            self.events.send(src, dst, arrival + state.slow.get((src, dst), 0.0), message)
-        elif fate == LOST:
-            self.failure_counts["lost_in_transit"] += 1
-
-    def _took(self, broker: str, src: str) -> None:
-        """``broker`` takes a routing message from ``src``: the first since its last
-        acknowledgement is acknowledged at once (:func:`~octopis.core.custody.took`)."""
-        record = self.nodes[broker].neighbours[src]
-        if took(record, 1):
-            self._acknowledge(broker, src, record)
-
-    def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:
-        """``broker`` acknowledges to ``src`` what it took from it: on the link back,
-        ahead of its queue (lost if the link is broken); its heartbeat timer runs. An
-        acknowledgement that would change nothing in ``src``'s custody when it arrives
-        (:meth:`Custody.settles`, :meth:`Custody.prunes`) is not simulated: only the time
-        it was sent counts."""
-        state = self.failures
-        assert state is not None
-        custody = state.custody
-        link = (broker, src)
-        count = acknowledgement(record, False)
-        custody.last_sent[link] = now = self.events.now
-        kept = custody.links.get((src, broker))
-        if kept is not None and (kept.retained or kept.settles(count)):
-            late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
-            if (kept.settles(count) or kept.prunes(now + late)) and not state.broken(*link):
-                self.events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
-        if link not in custody.beating:
-            custody.beating.add(link)
-            self.events.at(now + HEARTBEAT, self._heartbeat, broker, src)
-
-    def _heartbeat(self, broker: str, src: str) -> None:
-        """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the
-        count, when one is due (:func:`~octopis.core.custody.heartbeat_due`). The timer
-        skips the ticks whose heartbeat would change nothing (the oldest copy ``src``
-        retains for ``broker`` is not yet ``retain`` seconds old) and stops once ``src``
-        retains nothing for it, or either is gone."""
-        state = self.failures
-        assert state is not None
-        custody = state.custody
-        kept = custody.links.get((src, broker))
-        node = self.nodes.get(broker)
-        record = node.neighbours.get(src) if node is not None else None
-        if broker in state.dead or record is None or kept is None or not kept.retained:
-            custody.beating.discard((broker, src))
-            return
-        idle = self.events.now - custody.last_sent.get((broker, src), -math.inf)
-        if heartbeat_due(record, idle, HEARTBEAT, False):
-            self._acknowledge(broker, src, record)
-        last = custody.last_sent[(broker, src)]
-        expires = kept.retained[0][1] + kept.retain if kept.retained else self.events.now
-        beats = max(1, math.ceil((expires - last) / HEARTBEAT))  # heartbeats from the last
-        tick = max(last + beats * HEARTBEAT, self.events.now + HEARTBEAT / 2)
-        self.events.at(tick, self._heartbeat, broker, src)
-
-    def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:
-        """``src``'s acknowledgement reaches ``broker`` (unless the link broke meanwhile):
-        for this incarnation of ``broker``, custody settles it, and what waited for room
-        goes on the link again, in order."""
-        state = self.failures
-        assert state is not None
-        if state.broken(src, broker) or ack.incarnation != self.brokers.incarnation[broker]:
-            return
-        for message in state.custody.acknowledge(broker, src, ack.count, self.events.now):
-            self._put(broker, src, message)

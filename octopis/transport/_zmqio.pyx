@@ -216,13 +216,14 @@ def send_batch(
     return count
 
 
-def book_sent(queue, Py_ssize_t count, list custody, Py_ssize_t numbered, now) -> tuple:
+def book_sent(queue, Py_ssize_t count, list custody, list pending, Py_ssize_t numbered, now) -> tuple:
     """Take the ``count`` frames just sent off the head of ``queue``: routing frames are
-    numbered on from ``numbered`` (a handshake starts the count again at 0), and each
-    notification (:data:`KEPT`) goes into ``custody`` (None: custody is off) as ``(number,
-    now, frame)``. Returns ``(numbered, size, kept, receipts)``: the last number given,
-    the bytes of the bodies, the notifications taken and how many of those that went into
-    custody carry a fourth item (a publication's receipt)."""
+    numbered on from ``numbered`` (a handshake starts the count again at 0); each
+    notification (:data:`KEPT`) goes into ``custody`` as ``(number, now, frame)`` and each
+    other routing frame into ``pending`` as ``(number, frame)`` (both None: custody is
+    off). Returns ``(numbered, size, kept, receipts)``: the last number given, the bytes
+    of the bodies, the notifications taken and how many of those that went into custody
+    carry a fourth item (a publication's receipt)."""
     popleft = queue.popleft
     cdef list frame
     cdef long kind
@@ -238,6 +239,8 @@ def book_sent(queue, Py_ssize_t count, list custody, Py_ssize_t numbered, now) -
                 if custody is not None:
                     custody.append((numbered, now, frame))
                     receipts += len(frame) > 3
+            elif pending is not None:
+                pending.append((numbered, frame))
         elif kind == KIND_HANDSHAKE:
             numbered = 0
     return numbered, size, kept, receipts

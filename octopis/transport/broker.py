@@ -18,7 +18,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -240,12 +240,13 @@ class Broker:
             self.received[Notification] += count
             self.node.routed(count)
 
-    def link_down(self, neighbour: str, queued: list[list]) -> None:
+    def link_down(self, neighbour: str, queued: list[list], sent: Sequence[list] = ()) -> None:
         """The routing frames the link to ``neighbour`` gave back (custody's, then those
-        that never left): the node holds or drops each, and the notifications it returns
-        are routed again with the link down (:meth:`BrokerNode.link_down`, DESIGN §7)."""
+        that never left; ``sent``: those pending for a predecessor of it): the node holds
+        or drops each, and the notifications it returns are routed again with the link
+        down (:meth:`BrokerNode.link_down`, DESIGN §7)."""
         self.replaying.link_down(neighbour)
-        kept = self.node.link_down(neighbour, queued, message_of)
+        kept = self.node.link_down(neighbour, queued, message_of, sent)
         if not kept:
             return
         log.warning(

@@ -57,6 +57,7 @@ from octopis.wire import (
     ReplayBody,
     ReplayDataBody,
     ReplayEchoBody,
+    Resent,
     Route,
     SubscribeBody,
     Synced,
@@ -73,6 +74,7 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "PeerMessage",
+    "Resent",
     "Synced",
     "WireError",
     "decode_body",
@@ -299,6 +301,7 @@ _TO_BODY: dict[type, Callable[[Any], PeerBody]] = {
     Hello: lambda m: m,
     Heartbeat: lambda m: m,
     Synced: lambda m: m,
+    Resent: lambda m: m,
 }
 _TO_MESSAGE: dict[type, Callable[[Any, str], Any]] = {NotifyBody: _notification}
 for _message, _body in (

@@ -119,6 +119,7 @@ class BrokerInspection:
             "custody": {
                 name: {
                     "unacknowledged": len(link.custody),
+                    "pending": len(link.custody.pending),
                     "retained": len(link.custody.retained),
                     "times_full": link.custody.stops,
                     "retain_evicted": link.custody.evicted,

@@ -22,9 +22,11 @@ import zmq.asyncio
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate, departure
 from octopis.core.custody import Custody, Entry
-from octopis.transport.frames import DATA, HANDSHAKE, KEPT, KIND, RECEIPT
+from octopis.defaults import DOWN_AFTER
+from octopis.transport.frames import BODY, DATA, HANDSHAKE, KEPT, KIND, RECEIPT
 from octopis.transport.security import Curve
 from octopis.transport.zmqio import FastSocket, book_sent
+from octopis.wire import Resent
 
 YIELDS_BEFORE_POLL = 4
 """Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
@@ -32,14 +34,23 @@ YIELDS_BEFORE_POLL = 4
 EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 LOOP_SLACK = 0.01
 """Seconds a paced sender may catch up after the event loop woke it late."""
-TCP_MAX_RETRANSMIT_MS = 2000
-"""A peer link's TCP connection with data unacknowledged this long is aborted and made
-again (``TCP_USER_TIMEOUT``): twice the default liveness timeout, so the link is
-declared down, and its frames taken back, first."""
+TCP_ABORT_AFTER = 2.0
+"""A peer link's TCP connection with data unacknowledged for this many times
+``links.down_after`` (2 s by default) is aborted and made again (``TCP_MAXRT``,
+:func:`tcp_abort_ms`): the neighbour is declared down, and the notifications in custody
+taken back, before a connection dies with frames in it (DESIGN §7); the other routing
+frames it carried are sent again at the heal (:meth:`OutputLink.resent`)."""
 CONNECT_TIMEOUT_MS = 500
 """A peer link's connection attempt gives up after this long and is tried again
 (ZeroMQ's reconnect interval later): a SYN lost to a cut is not retried by the kernel's
 backoff (1, 2, 4 s)."""
+
+
+def tcp_abort_ms(down_after: float) -> int:
+    """Milliseconds of unacknowledged data after which a peer link's TCP connection is
+    aborted (:data:`TCP_ABORT_AFTER` times ``down_after`` seconds)."""
+    return round(TCP_ABORT_AFTER * down_after * 1000)
+
 
 FULL = -1
 """What :meth:`OutputLink._send_batch` returns when ZeroMQ's pipe is full."""
@@ -178,9 +189,9 @@ class OutputLink:
     Frames are :mod:`~octopis.transport.frames`' ``[sender, body, kind]``. Routing frames
     sent after a handshake are numbered 1, 2, …; the receiver acknowledges the count it
     has taken (:meth:`acknowledge`), and until then the notifications among them stay in
-    the link's :class:`~octopis.core.custody.Custody` (the rule the simulator's links
-    keep too). When custody is full the link stops sending, so the queue grows and the
-    LST sees it.
+    the link's :class:`~octopis.core.custody.Custody`, the others pending there (the
+    rule the simulator's links keep too; :meth:`resent` after a heal). When custody is
+    full the link stops sending, so the queue grows and the LST sees it.
     ``last_sent`` (loop time) tells the heartbeat whether the link has been idle.
     ZMQ_IMMEDIATE keeps ZeroMQ from queueing frames for a peer that is not connected, so
     while a neighbour is away its frames stay here, where :meth:`take_back` hands them
@@ -201,6 +212,7 @@ class OutputLink:
         retain_limit: int = 0,
         curve: Curve | None = None,
         send_pass: SendPass | None = None,
+        down_after: float = DOWN_AFTER,
     ) -> None:
         self.name = name
         self._pass = send_pass
@@ -210,10 +222,10 @@ class OutputLink:
         self.socket.setsockopt(zmq.LINGER, 1000)
         # A cut link's TCP connection backs off its retransmissions (0.2, 0.4, ... 3.2 s):
         # left alone, the first frame after the cut heals waits seconds. Abort it after
-        # TCP_MAX_RETRANSMIT instead (custody has taken back what it carried, DESIGN §7),
-        # and let each new connection attempt give up after CONNECT_TIMEOUT, so a healed
-        # link reconnects within a fraction of a second.
-        self.socket.setsockopt(zmq.TCP_MAXRT, TCP_MAX_RETRANSMIT_MS)
+        # TCP_ABORT_AFTER down_after instead (custody has taken back what it carried,
+        # DESIGN §7), and let each new connection attempt give up after CONNECT_TIMEOUT,
+        # so a healed link reconnects within a fraction of a second.
+        self.socket.setsockopt(zmq.TCP_MAXRT, tcp_abort_ms(down_after))
         self.socket.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
         if curve is not None:
             curve.connect(self.socket, name)
@@ -243,12 +255,18 @@ class OutputLink:
 
     def _sent(self, count: int, now: float) -> None:
         """Book-keeping of the ``count`` frames at the head of the queue, just handed to
-        ZeroMQ: they leave the queue, routing frames are numbered and notifications go
-        into custody (:func:`~octopis.transport.zmqio.book_sent`, :meth:`Custody.sent`
-        for a batch)."""
+        ZeroMQ: they leave the queue, routing frames are numbered, notifications go into
+        custody and the others are pending (:func:`~octopis.transport.zmqio.book_sent`,
+        :meth:`Custody.sent` for a batch)."""
         custody = self.custody
+        keeps = custody.keeps
         custody.numbered, size, copies, receipts = book_sent(
-            self.queue, count, custody.unacked if custody.keeps else None, custody.numbered, now
+            self.queue,
+            count,
+            custody.unacked if keeps else None,
+            custody.pending if keeps else None,
+            custody.numbered,
+            now,
         )
         self._receipts += receipts
         self.copies += copies
@@ -381,6 +399,18 @@ class OutputLink:
                 frames.append(frame)
         self.queue.clear()
         return frames
+
+    def resent(self) -> Resent:
+        """The link healed with the same incarnation on the other side: the RESENT body
+        that goes ahead of anything else, with the pending frames' bodies
+        (:meth:`Custody.resend`)."""
+        numbered, pending = self.custody.resend()
+        return Resent(numbered, tuple((number, frame[BODY]) for number, frame in pending))
+
+    def give_up(self) -> list[list]:
+        """The receiver restarted: the pending routing frames, oldest first
+        (:meth:`Custody.give_up`)."""
+        return self.custody.give_up()
 
     def held(self) -> bool:
         """Routing frames at the head of the queue may not leave now: the neighbour is

@@ -6,7 +6,8 @@ current incarnation (:attr:`~octopis.core.neighbours.Neighbour.reachable`), so f
 queued for an earlier process are dropped (counted) rather than replayed into an empty
 table. Link-level bodies (HELLO, heartbeat, SYNCED) go to
 :class:`~octopis.transport.peer_liveness.PeerLiveness`; routing bodies to the broker
-(:class:`~octopis.transport.peers.PeerEvents`).
+(:class:`~octopis.transport.peers.PeerEvents`), as do those a RESENT body carries that
+were not taken before (:func:`~octopis.core.custody.resent`).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import zmq
 import zmq.asyncio
 
 from octopis.core import Message, Notification, ProtocolError
-from octopis.core.custody import took
+from octopis.core.custody import resent, took
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.logs import RateLimitedLog
 from octopis.transport.codec import (
     Control,
     Heartbeat,
     Hello,
+    Resent,
     Synced,
     WireError,
     decode_body_in_full,
@@ -287,6 +289,9 @@ class PeerInput:
             self.liveness.came_back(sender, state, now)
         if kind is Heartbeat or kind is Hello or kind is Synced:
             return
+        if kind is Resent:
+            self._resent(sender, state, message, now)  # type: ignore[arg-type]
+            return
         if state.reachable:
             took(state, 1)
         else:
@@ -299,6 +304,23 @@ class PeerInput:
             )
             return
         self.events.peer_message(sender, message, body, now)
+
+    def _resent(self, sender: str, state: Neighbour, message: Resent, now: float) -> None:
+        """``sender``'s link healed and sends again what it has no acknowledgement for:
+        the bodies not taken before go to the broker, in order, the others are dropped
+        (``links.resent_dropped``), and what was taken becomes the sender's count
+        (:func:`~octopis.core.custody.resent`). From an unreachable sender, all stale."""
+        if not state.reachable:
+            self.counters["stale_frames"] += len(message.messages)
+            return
+        takes = resent(state, message.numbered, [number for number, _ in message.messages])
+        self.counters["links.resent_dropped"] += takes.count(False)
+        for (_, body), take in zip(message.messages, takes, strict=True):
+            if take:
+                try:
+                    self.events.peer_message(sender, decode_body_in_full(sender, body), body, now)
+                except Exception as exc:
+                    self._failed(exc)
 
     def _malformed(self, problem: str) -> None:
         self.counters["wire_errors"] += 1

@@ -112,7 +112,7 @@ class PeerLiveness:
             if restarted:
                 self._restarted(sender, now)
             else:  # met first: what waited for its handshake is the node's to hand on
-                self.events.link_down(sender, link.take_back(now))
+                self.events.link_down(sender, link.take_back(now), link.give_up())
             # Ahead of what the node hands it (what it held first, in order); the resync
             # state follows.
             hello = Hello(self.incarnation, message.incarnation)
@@ -146,11 +146,14 @@ class PeerLiveness:
         taken back first, as at the detection (:meth:`PeerEvents.link_down`: the node
         holds them behind what it held then; the simulator's links give back at the same
         moments), so that the node's hand-over (:meth:`PeerEvents.link_back`) sends them
-        in the order they were sent instead of letting them overtake it."""
+        in the order they were sent instead of letting them overtake it. Ahead of all,
+        the link sends again what it has no acknowledgement for (:meth:`OutputLink.resent`,
+        DESIGN §7): the cut may have aborted the connection with them in it."""
         link = self.output.links[sender]
         if state.incarnation and not link.greeted:
             self.events.link_down(sender, link.take_back(now))  # still routed around
             self.route_through(sender)
+            link.put_link(self.output.frame(link.resent(), LINK), now)
             link.resume()
             self.events.link_back(sender)
         else:
@@ -163,7 +166,8 @@ class PeerLiveness:
         self.route_through(sender)
         self.counters["peer_restarts"] += 1
         log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
-        self.events.link_down(sender, self.output.links[sender].take_back(now))
+        link = self.output.links[sender]
+        self.events.link_down(sender, link.take_back(now), link.give_up())
 
     # -- silence -------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from octopis.core.capacity import SendRate
 from octopis.core.custody import heartbeat_due, owed
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.settings import Links
-from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
+from octopis.transport.codec import Control, Heartbeat, Hello, Synced, encode_peer
 from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
 from octopis.transport.links import LOOP_SLACK, Activity, OutputLink, PublishReceipt, SendPass
 from octopis.transport.pressure import PressureGauge
@@ -88,6 +88,7 @@ class PeerOutput:
             settings.retain_limit,
             self._curve,
             self.send_pass,
+            settings.down_after,
         )
         return link
 
@@ -139,7 +140,7 @@ class PeerOutput:
         """Tell ``neighbour`` a share was put on its link (behind the share's frames)."""
         self.links[neighbour].put(self.frame(synced, LINK), now)
 
-    def frame(self, message: Hello | Heartbeat | Synced, kind: int) -> list:
+    def frame(self, message: Control, kind: int) -> list:
         """A link-level ``message`` from this broker as a frame of ``kind``."""
         return [*encode_peer(self.id, message), kind]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,11 +85,14 @@ class PeerEvents(Protocol):
         once. An exception leaves ``run`` just past the message that raised it, so the
         caller can count it and hand over the rest."""
 
-    def link_down(self, neighbour: str, queued: list[list[bytes]]) -> None:
+    def link_down(
+        self, neighbour: str, queued: list[list[bytes]], sent: Sequence[list[bytes]] = ()
+    ) -> None:
         """``neighbour`` went silent or restarted; ``queued`` frames never reached it.
         Also at a heal, before :meth:`link_back`, with the routing frames put on its link
         while it was down (no replay round waits for a neighbour that is down), and at a
-        first handshake, before :meth:`neighbour_met`, with those that waited for it."""
+        handshake, before :meth:`neighbour_met`, with those that waited for it and the
+        ones ``sent`` to its predecessor without an acknowledgement."""
 
     def link_back(self, neighbour: str) -> None:
         """``neighbour`` is heard again without having restarted (a cut link healed)."""
