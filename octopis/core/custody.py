@@ -110,8 +110,8 @@ class Custody:
         """Times the link stopped sending because custody was full."""
 
     def __len__(self) -> int:
-        """Entries unacknowledged."""
-        return len(self.unacked)
+        """Routing messages unacknowledged: notifications kept and messages pending."""
+        return len(self.unacked) + len(self.pending)
 
     def greeted(self) -> None:
         """A handshake went on the link: the numbering starts again."""
