@@ -97,6 +97,20 @@ def test_the_limit_stops_the_link_and_zero_turns_custody_off() -> None:
     assert not off.keeps and not off.unacked and not off.full and off.numbered == 1
 
 
+def test_pending_messages_count_toward_the_limit() -> None:
+    """Subscription messages pending (sent, not yet acknowledged) take room as kept
+    notifications do: a receiver that withholds its acknowledgements stops the link at
+    ``limit`` whatever the link sends, and the relink check sees them carried."""
+    custody = Custody(limit=3)
+    custody.sent("s1", 0.0, False)
+    custody.sent("n2", 0.0, True)
+    assert custody.room() == 1 and not custody.full and len(custody) == 2
+    custody.sent("s3", 0.0, False)
+    assert custody.full and custody.room() == 0 and len(custody) == 3
+    assert custody.acknowledge(1, 0.1) is True and custody.room() == 1  # s1 settled
+    assert [copy for _, copy in custody.pending] == ["s3"]
+
+
 @pytest.mark.parametrize("settings", [(-1, 0.0, 0), (1, -0.5, 0), (1, 0.0, -1)])
 def test_negative_settings_are_refused(settings: tuple[int, float, int]) -> None:
     with pytest.raises(ValueError, match="must not be negative"):

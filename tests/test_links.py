@@ -474,7 +474,10 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
                 seen.append(["given back", [_name(message_of(c)) for c in copies]])
 
             def link_back(self, neighbour: str) -> None:
-                seen.append(["healed", _handed(node.link_back(neighbour), neighbour)])
+                handed = _handed(node.link_back(neighbour), neighbour)
+                seen.append(["healed", handed])
+                for name in handed:  # on the link, as Broker.execute puts them
+                    link.put([broker.encode(), encode_body(_routed(name)), DATA], loop.time())
 
         liveness = _liveness(node, peer, link, lst, Events())
         link.greet([b"c:0", b"greeting", HANDSHAKE], loop.time())

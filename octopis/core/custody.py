@@ -15,9 +15,9 @@ side of the rule (what it acknowledges, and when) is :func:`took` and
   evicted first and counted): the receiver may die before passing them on. Only
   acknowledgements prune the window, so a receiver that dies leaves the sender its last
   ``retain`` seconds.
-- The limit: with ``limit`` entries unacknowledged the link has no :meth:`Custody.room`
-  and sends no routing message (they wait on the sender, in order) until an
-  acknowledgement makes room; each time a link stops for it is counted
+- The limit: with ``limit`` entries unacknowledged (kept and pending) the link has no
+  :meth:`Custody.room` and sends no routing message (they wait on the sender, in
+  order) until an acknowledgement makes room; each time a link stops for it is counted
   (:meth:`Custody.stopped`). A limit of 0 turns custody off (nothing is kept: a failure
   loses what was in flight).
 - Link down (or the receiver restarted): :meth:`Custody.take_back` empties the window
@@ -129,13 +129,14 @@ class Custody:
                 self.pending.append((self.numbered, copy))
 
     def room(self) -> float:
-        """Routing messages the link may send now (``inf`` with custody off)."""
-        return self.limit - len(self.unacked)
+        """Routing messages the link may send now (``inf`` with custody off): the limit
+        bounds the notifications kept and the messages pending together."""
+        return self.limit - len(self.unacked) - len(self.pending)
 
     @property
     def full(self) -> bool:
         """No room: routing messages wait until an acknowledgement makes some."""
-        return len(self.unacked) >= self.limit
+        return len(self.unacked) + len(self.pending) >= self.limit
 
     def stopped(self) -> None:
         """The link stopped sending because custody is full (counted)."""
@@ -148,11 +149,11 @@ class Custody:
         module docstring). The lists are in sending order, so what leaves each is found
         by bisection. Returns whether custody was full before (the link may send
         again)."""
+        was_full = self.full
         pending = self.pending
         if pending and pending[0][0] <= count:
             del pending[: bisect_right(pending, count, key=_NUMBER)]
         unacked = self.unacked
-        was_full = len(unacked) >= self.limit
         settled = bisect_right(unacked, count, key=_NUMBER) if unacked else 0
         if settled:
             entries = unacked[:settled]
