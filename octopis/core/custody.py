@@ -43,12 +43,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from octopis.core.messages import ProtocolError
 from octopis.core.neighbours import Neighbour
+
+T = TypeVar("T")
 
 Entry = tuple[int, float, Any]
 """A kept copy: ``(number, sent at, copy)``."""
@@ -234,6 +236,17 @@ def resent(record: Neighbour, numbered: int, numbers: list[int]) -> list[bool]:
         raise ProtocolError(f"resent messages numbered {numbers} of {numbered}, {taken} taken")
     record.received = numbered
     return [number > taken for number in numbers]
+
+
+def resent_taken(
+    record: Neighbour, numbered: int, messages: Sequence[tuple[int, T]]
+) -> tuple[list[T], int]:
+    """The messages of a RESENT (``(number, message)`` pairs, :func:`resent`) that the
+    receiver takes, in order, and how many it drops (``links.resent_dropped``): the rule
+    both shells carry out."""
+    takes = resent(record, numbered, [number for number, _ in messages])
+    taken = [message for (_, message), take in zip(messages, takes, strict=True) if take]
+    return taken, len(messages) - len(taken)
 
 
 def owed(record: Neighbour) -> bool:

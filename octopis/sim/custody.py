@@ -39,7 +39,7 @@ from collections import Counter, deque
 from typing import NamedTuple
 
 from octopis.core import Notification
-from octopis.core.custody import Custody, acknowledgement, heartbeat_due, owed, resent, took
+from octopis.core.custody import Custody, acknowledgement, heartbeat_due, owed, resent_taken, took
 from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
 from octopis.defaults import CUSTODY_LIMIT, HEARTBEAT, RETAIN, RETAIN_LIMIT
@@ -237,11 +237,10 @@ class CustodyEvents:
         if self.failures.broken(src, broker):
             return
         record = self.nodes[broker].neighbours[src]
-        takes = resent(record, message.numbered, [number for number, _ in message.messages])
-        self.failure_counts["links.resent_dropped"] += takes.count(False)
-        for (_, copy), take in zip(message.messages, takes, strict=True):
-            if take:
-                self._dispatch(broker, self._take(broker, src, copy))
+        taken, dropped = resent_taken(record, message.numbered, message.messages)
+        self.failure_counts["links.resent_dropped"] += dropped
+        for copy in taken:
+            self._dispatch(broker, self._take(broker, src, copy))
         if owed(record):
             self._acknowledge(broker, src, record)
 

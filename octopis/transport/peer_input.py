@@ -24,7 +24,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.core import Message, Notification, ProtocolError
-from octopis.core.custody import resent, took
+from octopis.core.custody import resent_taken, took
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.logs import RateLimitedLog
 from octopis.transport.codec import (
@@ -313,14 +313,13 @@ class PeerInput:
         if not state.reachable:
             self.counters["stale_frames"] += len(message.messages)
             return
-        takes = resent(state, message.numbered, [number for number, _ in message.messages])
-        self.counters["links.resent_dropped"] += takes.count(False)
-        for (_, body), take in zip(message.messages, takes, strict=True):
-            if take:
-                try:
-                    self.events.peer_message(sender, decode_body_in_full(sender, body), body, now)
-                except Exception as exc:
-                    self._failed(exc)
+        taken, dropped = resent_taken(state, message.numbered, message.messages)
+        self.counters["links.resent_dropped"] += dropped
+        for body in taken:
+            try:
+                self.events.peer_message(sender, decode_body_in_full(sender, body), body, now)
+            except Exception as exc:
+                self._failed(exc)
 
     def _malformed(self, problem: str) -> None:
         self.counters["wire_errors"] += 1
