@@ -347,13 +347,17 @@ def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
-SHELL_COPIES = frozenset({"detected", "adopts", "requesters", "CLOCK_SLACK", "COMMIT_ROWS"})
+SHELL_COPIES = frozenset(
+    {"detected", "adopts", "moves_by_adoption", "requesters", "CLOCK_SLACK", "COMMIT_ROWS"}
+)
 """Rules the shells once kept copies of. Which links a broker routes through: a set of
 the simulator's own of the links each broker had detected down, where the broker
 process asks ``Neighbours.routable`` (its LST rows; the simulator now routes by
 ``Neighbours.view``). Whether a move goes by adoption: both shells read
 ``ClusteredBroker.adopts`` (the process with the order's ``inside``, the simulator with
-the new host's cluster); both now ask ``sessions.moves_by_adoption``. Who asked for a
+the new host's cluster), then both asked ``sessions.moves_by_adoption`` and handed its
+answer to the order themselves; both now call ``sessions.order_move``, which asks it and
+marks the order. Who asked for a
 replay: the process kept its own map, bounded as the rounds are; the rounds now say
 (``ReplayRounds.requester``). Which stored rows a replay reads (``CLOCK_SLACK``, the
 process's store only) and when a store commits (``COMMIT_ROWS``): now
@@ -416,19 +420,21 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "    node.neighbours.said(dst, serving)\n"
         "    hello = output.hello(dst)\n"
         "    inside = inside and node.core.adopts\n"
+        "    inside = moves_by_adoption(core, inside)\n"
         "    key = self.requesters.get(req_id)\n"
         "CLOCK_SLACK = 60.0\n"
         "if len(store.pending) >= COMMIT_ROWS:\n"
         "    commit()\n"
     )
     assert sorted(shell_copies(path)) == [
-        "shell.py:10 CLOCK_SLACK",
-        "shell.py:11 COMMIT_ROWS",
+        "shell.py:10 requesters",
+        "shell.py:11 CLOCK_SLACK",
+        "shell.py:12 COMMIT_ROWS",
         "shell.py:3 detected",
         "shell.py:4 hello",
         "shell.py:5 said(literal)",
         "shell.py:8 adopts",
-        "shell.py:9 requesters",
+        "shell.py:9 moves_by_adoption",
     ]
 
 
@@ -438,14 +444,27 @@ SESSION_RULES = frozenset({"gone"})
 two shells' loops differed: the simulator withdrew no advertisement and detached no
 durable record). Both now call ``BrokerNode.client_gone``."""
 
+TABLE_STEPS = frozenset({"room", "attach", "detach", "owned"})
+"""The client table's single steps. A shell that called them kept its own copy of what a
+client's request does with the table: the process checked the limit, subscribed and
+held the subscription, the simulator the same in its own code (and its composite
+clients skipped the table); the process checked ownership, withdrew and then forgot,
+the simulator forgot and withdrew, each withdrawal for a client counted by the
+process only. Both now call ``ClientTable.subscribe``, ``unsubscribe`` and
+``withdraw`` (and :func:`~octopis.core.sessions.adopt`)."""
+
+CLIENT_TABLES = frozenset({"sessions", "table"})
+"""What a shell calls its client table (``node.sessions``; the process's ``self.table``)."""
+
 WITHDRAWING = frozenset({"unsubscribe", "unadvertise", "detached"})
 """Calls that withdraw what a client held: a shell's loop over a session rule's answer
 making them is a copy of the node's rule."""
 
 
 def session_copies(path: Path) -> list[str]:
-    """Every call of :data:`SESSION_RULES` in ``path``'s code, and every ``for`` loop over a
-    call's answer whose body calls one of :data:`WITHDRAWING`: ``file:line name``."""
+    """Every call of :data:`SESSION_RULES` in ``path``'s code, every call of
+    :data:`TABLE_STEPS` on a client table (:data:`CLIENT_TABLES`), and every ``for`` loop
+    over a call's answer whose body calls one of :data:`WITHDRAWING`: ``file:line name``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if (
@@ -454,6 +473,17 @@ def session_copies(path: Path) -> list[str]:
             and node.func.attr in SESSION_RULES
         ):
             found.append(f"{path.name}:{node.lineno} {node.func.attr}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in TABLE_STEPS
+        ):
+            owner = node.func.value
+            owner_name = (
+                owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+            )
+            if owner_name in CLIENT_TABLES:
+                found.append(f"{path.name}:{node.lineno} {owner_name}.{node.func.attr}")
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call):
             calls = {
                 inner.func.attr
@@ -487,12 +517,23 @@ def test_the_session_copies_check_can_fail(tmp_path: Path) -> None:
         "    for sub_id in sorted(held):\n"
         "        print(sub_id)\n"
         "    node.client_gone(key, 0.0, None)\n"
+        "    node.sessions.room(key, key)\n"
+        "    self.table.attach(key, 's1')\n"
+        "    if sessions.detach(key, 's1'):\n"
+        "        self.table.owned(key, key, 's1')\n"
+        "    durables.attach('a', 'd', key, 's1', (), 0.0)\n"
+        "    self.durable_records[b].attach('a', 'd', key, 's1', (), 0.0)\n"
+        "    node.sessions.subscribe(key, key, make)\n"
     )
     assert session_copies(path) == [
         "shell.py:3 for-unsubscribe",
         "shell.py:5 for-unsubscribe",
         "shell.py:7 for-unadvertise",
         "shell.py:3 gone",
+        "shell.py:12 sessions.room",
+        "shell.py:13 table.attach",
+        "shell.py:14 sessions.detach",
+        "shell.py:15 table.owned",
     ]
 
 

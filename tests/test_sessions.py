@@ -4,6 +4,8 @@ withdrawal of a client that is gone, the orphans of a move under way."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from octopis.core import make_broker
@@ -14,6 +16,7 @@ from octopis.core.sessions import (
     adopt,
     advertise,
     moves_by_adoption,
+    order_move,
     silent,
 )
 from octopis.filters.composite import parse_composite
@@ -24,25 +27,73 @@ from octopis.topology import build_preset
 FIG2 = build_preset("fig2")
 
 
+def _made(made: list[str], sub_id: str) -> Callable[[], tuple[str, list]]:
+    """A shell's ``make``: records that it ran and makes ``sub_id`` (no actions)."""
+
+    def make() -> tuple[str, list]:
+        made.append(sub_id)
+        return sub_id, []
+
+    return make
+
+
 def test_one_subscription_past_the_limit_is_refused_by_name_and_changes_nothing() -> None:
-    table = ClientTable(limit=2)
+    """:meth:`ClientTable.subscribe`, which both shells call: within the limit the
+    subscription is made and held; past it nothing is made (the core is not asked)."""
+    table, made = ClientTable(limit=2), []
     for sub_id in ("s1", "s2"):
-        table.room("k", "alice")
-        table.attach("k", sub_id)
+        assert table.subscribe("k", "alice", _made(made, sub_id)) == (sub_id, [])
     with pytest.raises(SessionRefused, match=r"alice already holds 2 subscriptions \(limits"):
-        table.room("k", "alice")
-    assert table.subscriptions("k") == {"s1", "s2"}
+        table.subscribe("k", "alice", _made(made, "s3"))
+    assert table.subscriptions("k") == {"s1", "s2"} and made == ["s1", "s2"]
     assert table.counters["subscriptions_refused.limit"] == 1
-    table.room("other", "bob")  # the limit is per client
+    table.subscribe("other", "bob", _made(made, "s4"))  # the limit is per client
+    assert table.subscriptions("other") == {"s4"}
 
 
 def test_only_a_held_subscription_may_be_withdrawn_by_its_client() -> None:
-    table = ClientTable(limit=2)
-    table.attach("k", "s1")
-    table.owned("k", "alice", "s1")
+    """:meth:`ClientTable.unsubscribe`: another client's is refused by name and nothing is
+    withdrawn; its own is forgotten, then withdrawn (uncounted: the client asked)."""
+    table, withdrawn = ClientTable(limit=2), []
+
+    def withdraw(key: str, sub_id: str) -> list:
+        withdrawn.append((key, sub_id, set(table.subscriptions(key))))
+        return [sub_id]
+
+    table.subscribe("k", "alice", _made([], "s1"))
     with pytest.raises(SessionRefused, match="mallory holds no subscription s1"):
-        table.owned("m", "mallory", "s1")
-    assert table.subscriptions("k") == {"s1"}
+        table.unsubscribe("m", "mallory", "s1", withdraw)
+    assert table.subscriptions("k") == {"s1"} and withdrawn == []
+    assert table.unsubscribe("k", "alice", "s1", withdraw) == ["s1"]
+    assert withdrawn == [("k", "s1", set())] and table.subscriptions("k") == set()
+    with pytest.raises(SessionRefused, match="alice holds no subscription s1"):
+        table.unsubscribe("k", "alice", "s1", withdraw)  # not twice
+    assert table.counters["subscriptions_withdrawn"] == 0
+
+
+def test_a_subscription_withdrawn_for_its_client_is_counted_once() -> None:
+    """:meth:`ClientTable.withdraw` (a durable record claimed where its client came back;
+    the process's ``ClientConnections.withdraw`` and the simulator's durable clients):
+    a held one is forgotten, withdrawn and counted; one no longer held changes nothing."""
+    table = ClientTable(limit=2)
+    table.subscribe("k", "alice", _made([], "s1"))
+    assert table.withdraw("k", "s1", lambda key, sub_id: [(key, sub_id)]) == [("k", "s1")]
+    assert table.withdraw("k", "s1", lambda key, sub_id: [(key, sub_id)]) is None
+    assert table.subscriptions("k") == set()
+    assert table.counters["subscriptions_withdrawn"] == 1
+
+
+def test_both_shells_order_a_move_by_the_nodes_rule() -> None:
+    """:func:`order_move` says how clients move and marks their subscriptions: by
+    adoption (marked moving) only where :func:`moves_by_adoption` says so."""
+    for mode, covering, adopts in (("snr", "off", True), ("snr", "active", False)):
+        core = make_broker(FIG2, "c:0", mode, covering=covering)
+        table = ClientTable(limit=2)
+        table.subscribe("k", "alice", _made([], "s1"))
+        assert order_move(core, table, ["k"], 0.0, inside=True) == (adopts, {"k": ["s1"]})
+        assert set(table.moving) == ({"s1"} if adopts else set())
+    core = make_broker(FIG2, "c:0", "snr", covering="off")
+    assert order_move(core, table, ["k"], 0.0, inside=False) == (False, {"k": ["s1"]})
 
 
 def test_a_client_silent_past_the_timeout_is_gone() -> None:

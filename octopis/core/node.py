@@ -47,7 +47,7 @@ from octopis.core.neighbours import Neighbours
 from octopis.core.recovery import Recovery
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, sbp_targets
 from octopis.core.resync import epoch_of
-from octopis.core.sessions import ClientTable
+from octopis.core.sessions import ClientTable, Withdraw
 from octopis.core.view import BrokerView
 from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
 
@@ -57,9 +57,6 @@ Read = Callable[[Item], Any]
 """What gives a given-back item's message (:meth:`BrokerNode.link_down`)."""
 Given = Iterable[Item]
 """What a link gives back (:meth:`BrokerNode.link_down`)."""
-Withdraw = Callable[[str, str], list[Action]]
-"""How a shell withdraws a local subscription (client key, sub id) → the core's actions:
-the core's ``unsubscribe``, or the process's, which also ends a composite's parts."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,11 @@ broker process and the simulator.
 what a session's events mean for them:
 
 - a client holds at most ``limit`` subscriptions (``limits.subscriptions_per_client``):
-  one more is refused with a message that names the limit, and counted;
+  one more is refused with a message that names the limit, and counted
+  (:meth:`ClientTable.subscribe`, :func:`adopt`);
+- a client withdraws only a subscription it holds here, which the table then forgets
+  before the core withdraws it (:meth:`ClientTable.unsubscribe`); one withdrawn for its
+  client (its durable record claimed elsewhere) is counted (:meth:`ClientTable.withdraw`);
 - a client is gone when it says bye or is silent for more than the client timeout
   (:func:`silent`);
 - a client that is gone has every
@@ -13,7 +17,8 @@ what a session's events mean for them:
   is an *orphan*, kept until the move reaches this broker (the new host then withdraws
   it, if it must) or its deadline passes (then withdrawn here) — withdrawing it at once
   would cross the move on its path;
-- a move order marks the client's subscriptions; a move that reached here releases one
+- a move order (:func:`order_move`) marks the client's subscriptions; a move that
+  reached here releases one
   (its client, if still here, is told, behind its last delivery from here); an order
   past its deadline is forgotten and the client stays subscribed here;
 - a move inside the cluster goes by adoption where the core adopts
@@ -27,7 +32,7 @@ carries out the withdrawals it returns through the routing core, and sends the n
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from octopis.core.bid import BidBroker
@@ -38,6 +43,12 @@ from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 
 K = TypeVar("K")
+Make = Callable[[], tuple[str, list[Action]]]
+"""How a shell makes a client's subscription → its id and the core's actions: the
+core's ``subscribe`` (the process's also hosts a composite one's parts)."""
+Withdraw = Callable[[str, str], list[Action]]
+"""How a shell withdraws a local subscription (client key, sub id) → the core's actions:
+the core's ``unsubscribe``, or the process's, which also ends a composite's parts."""
 
 
 class SessionRefused(ValueError):
@@ -81,15 +92,35 @@ class ClientTable:
                 f"{name} already holds {self.limit} subscriptions (limits.subscriptions_per_client)"
             )
 
-    def owned(self, key: str, name: str, sub_id: str) -> None:
-        """Whether client ``key`` (called ``name`` in the refusal) holds ``sub_id`` here,
-        as withdrawing it asks: :class:`SessionRefused` if not."""
-        if sub_id not in self.held.get(key, ()):
-            raise SessionRefused(f"{name} holds no subscription {sub_id}")
-
     def attach(self, key: str, sub_id: str) -> None:
         """Client ``key`` holds ``sub_id`` here (after :meth:`room`)."""
         self.held.setdefault(key, set()).add(sub_id)
+
+    def subscribe(self, key: str, name: str, make: Make) -> tuple[str, list[Action]]:
+        """Client ``key`` (``name`` in a refusal) subscribes here: within its limit
+        (:meth:`room`, nothing made past it), made by ``make``, then held for it; returns
+        the sub id and the core's actions."""
+        self.room(key, name)
+        sub_id, actions = make()
+        self.attach(key, sub_id)
+        return sub_id, actions
+
+    def unsubscribe(self, key: str, name: str, sub_id: str, withdraw: Withdraw) -> list[Action]:
+        """Client ``key`` (``name`` in a refusal) withdraws ``sub_id``: only one it holds
+        here (:class:`SessionRefused` if not, nothing changed), forgotten, then withdrawn
+        by ``withdraw``; returns the core's actions."""
+        if not self.detach(key, sub_id):
+            raise SessionRefused(f"{name} holds no subscription {sub_id}")
+        return withdraw(key, sub_id)
+
+    def withdraw(self, key: str, sub_id: str, withdraw: Withdraw) -> list[Action] | None:
+        """``sub_id`` of client ``key`` ends here for its client (its durable record was
+        claimed by the host it came back at): if held, forgotten, withdrawn by
+        ``withdraw`` and counted (the actions); None if ``key`` no longer holds it."""
+        if not self.detach(key, sub_id):
+            return None
+        self.counters["subscriptions_withdrawn"] += 1
+        return withdraw(key, sub_id)
 
     def detach(self, key: str, sub_id: str) -> bool:
         """Client ``key`` no longer holds ``sub_id`` (it withdrew it, or it was withdrawn
@@ -161,6 +192,22 @@ def moves_by_adoption(core: ClusteredBroker | BidBroker, inside: bool) -> bool:
     return inside and isinstance(core, ClusteredBroker) and core.adopts
 
 
+def order_move(
+    core: ClusteredBroker | BidBroker,
+    table: ClientTable,
+    keys: Iterable[str],
+    now: float,
+    inside: bool,
+) -> tuple[bool, dict[str, list[str]]]:
+    """Clients ``keys`` are told at ``now`` to move to a broker ``inside`` this one's
+    cluster (or not): whether they move by adoption (:func:`moves_by_adoption`), and per
+    key the sub ids to name in the order (:meth:`ClientTable.order_move`: by adoption,
+    each is marked moving, kept as an orphan if its client goes before the move
+    arrives)."""
+    by_adoption = moves_by_adoption(core, inside)
+    return by_adoption, table.order_move(keys, now, by_adoption)
+
+
 def adopt(
     core: ClusteredBroker | BidBroker, table: ClientTable, key: str, name: str, sub_id: str
 ) -> list[Action]:
@@ -170,10 +217,7 @@ def adopt(
     BID, which has no clusters (the client subscribes afresh)."""
     if not isinstance(core, ClusteredBroker):
         raise SessionRefused(f"{core.id} routes by BID: move by subscribing afresh")
-    table.room(key, name)
-    actions = core.adopt(key, sub_id)
-    table.attach(key, sub_id)
-    return actions
+    return table.subscribe(key, name, lambda: (sub_id, core.adopt(key, sub_id)))[1]
 
 
 def advertise(

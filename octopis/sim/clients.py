@@ -68,14 +68,12 @@ class Clients:
     ) -> tuple[str, list[Action]]:
         """``broker`` takes a subscription of ``subscriber`` as a broker's client session
         does (a first one, or one made again at a fail-over): refused past the client's
-        limit (:meth:`ClientTable.room`, :class:`SessionRefused`), else made by the core
-        and held for the client; returns its sub_id and the actions to carry out."""
-        sessions = self._brokers.nodes[broker].sessions
-        sessions.room(subscriber, subscriber)
-        sub_id, actions = self._brokers.cores[broker].subscribe(
-            subscriber, subscription, self._events.now
+        limit (:meth:`ClientTable.subscribe`, :class:`SessionRefused`), else made by the
+        core and held for the client; returns its sub_id and the actions to carry out."""
+        core, now = self._brokers.cores[broker], self._events.now
+        sub_id, actions = self._brokers.nodes[broker].sessions.subscribe(
+            subscriber, subscriber, lambda: core.subscribe(subscriber, subscription, now)
         )
-        sessions.attach(subscriber, sub_id)
         self.subscriber_of[sub_id] = subscriber
         return sub_id, actions
 
@@ -90,10 +88,18 @@ class Clients:
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
         subscriber = self.subscriber_of.pop(sub_id)
         broker = self.home[subscriber]
-        self._brokers.nodes[broker].sessions.detach(subscriber, sub_id)
+        actions = self.session_unsubscribe(subscriber, broker, sub_id)
         self.subscriptions_of[subscriber].remove(self._ledger.subscription_of(sub_id))
         self._ledger.unsubscribed(sub_id)
-        self._submit(broker, self._brokers.cores[broker].unsubscribe(subscriber, sub_id))
+        self._submit(broker, actions)
+
+    def session_unsubscribe(self, subscriber: str, broker: str, sub_id: str) -> list[Action]:
+        """``subscriber`` withdraws ``sub_id`` at ``broker`` as a broker's client session
+        takes it (:meth:`ClientTable.unsubscribe`); returns the actions."""
+        sessions = self._brokers.nodes[broker].sessions
+        return sessions.unsubscribe(
+            subscriber, subscriber, sub_id, self._brokers.cores[broker].unsubscribe
+        )
 
     def advertise(self, publisher: str, broker: str, advertisement: Subscription) -> str:
         """``publisher`` (attached to ``broker``) advertises now; returns the adv_id."""

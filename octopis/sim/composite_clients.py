@@ -48,7 +48,9 @@ class CompositeClients:
         self.counts: Counter[str] = Counter()
 
     def subscribe(self, client: str, broker: str, composite: Composite) -> str:
-        """``client`` subscribes ``composite`` at ``broker`` now; returns its sub_id."""
+        """``client`` subscribes ``composite`` at ``broker`` now, held for it by the
+        broker's client sessions as a broker process holds it
+        (:meth:`~octopis.core.sessions.ClientTable.subscribe`); returns its sub_id."""
         sim = self._sim
         node = sim.nodes[broker]
         host = self.hosts.get(broker)
@@ -63,7 +65,10 @@ class CompositeClients:
                 self.counts,
             )
             host = self.hosts[broker] = (node, hosted)
-        sub_id, actions = host[1].subscribe(client, composite, sim.now)
+        hosted = host[1]
+        sub_id, actions = node.sessions.subscribe(  # within the client's limit, as a broker's
+            client, client, lambda: hosted.subscribe(client, composite, sim.now)
+        )
         self.clients[client] = (broker, sub_id, composite)
         self.matches[client] = []
         self.offered[client] = set()

@@ -356,9 +356,11 @@ class DurableSimulator(Simulator):
     def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
         """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its
         record was claimed by the host its client came back at)."""
-        if self.nodes[broker].sessions.detach(client, sub_id):
+        unsubscribe = self.cores[broker].unsubscribe
+        actions = self.nodes[broker].sessions.withdraw(client, sub_id, unsubscribe)
+        if actions is not None:
             self.subscriber_of.pop(sub_id, None)
-            self._dispatch(broker, self.cores[broker].unsubscribe(client, sub_id))
+            self._dispatch(broker, actions)
 
     def _durable_answer(self, action: ReplayDeliver | ReplayDone) -> None:
         client, run, claim = self._durable_reqs[action.req_id]

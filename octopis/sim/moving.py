@@ -9,7 +9,7 @@ import math
 from collections import Counter
 
 from octopis.core import Subscribe
-from octopis.core.sessions import moves_by_adoption
+from octopis.core.sessions import order_move
 from octopis.defaults import LINGER
 from octopis.sim.reshaping import MOVE_POLL
 
@@ -24,7 +24,7 @@ class SubscriberMoves:
         returns old id → the id it has at ``broker``. One move of a subscriber at a time.
 
         Inside the subscriber's cluster (SNR, DNR without covering: the node's
-        :func:`~octopis.core.sessions.moves_by_adoption`) the new host adopts each
+        :func:`~octopis.core.sessions.order_move`) the new host adopts each
         subscription (:func:`~octopis.core.sessions.adopt`): same id, and the path turns
         without losing a copy. Otherwise (another cluster, covering, or BID) it subscribes
         afresh at ``broker``; once every live broker stores the new subscription, or with
@@ -48,12 +48,11 @@ class SubscriberMoves:
         self._home[subscriber] = broker
         moved: dict[str, str] = {}
         same_cluster = self.scot.brokers[broker].cluster == self.scot.brokers[old].cluster
-        inside = moves_by_adoption(self.cores[old], same_cluster)
         self._linger = linger
         self.record_of(subscriber)
         sessions = self.nodes[old].sessions
         deadline = sessions.deadline(self.now)
-        sessions.order_move([subscriber], self.now, inside)
+        inside = order_move(self.cores[old], sessions, [subscriber], self.now, same_cluster)[0]
         if inside:  # what the order kept for a client gone meanwhile goes after it
             self.at(math.nextafter(deadline, math.inf), self._moves_expired, old)
         for sub_id in held:
@@ -110,9 +109,9 @@ class SubscriberMoves:
         )
 
     def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
-        self.nodes[old].sessions.detach(subscriber, sub_id)
+        actions = self.clients.session_unsubscribe(subscriber, old, sub_id)
         self.ledger.unsubscribed(sub_id)
-        self._dispatch_local(old, self.cores[old].unsubscribe(subscriber, sub_id))
+        self._dispatch_local(old, actions)
         self.moves["withdrawn"] += 1
         self._let_go(subscriber)
 

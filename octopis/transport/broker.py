@@ -455,7 +455,5 @@ class Broker:
         return relink(self, data)
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
-        """Order client ``client`` to move its subscriptions (see ``ClientConnections.order_move``),
-        by adoption as the node says (:func:`sessions.moves_by_adoption`)."""
-        by_adoption = sessions.moves_by_adoption(self.core, inside)
-        return self.clients.sessions.order_move(client, to, by_adoption)
+        """Order client ``client`` to move its subscriptions (``ClientConnections.order_move``)."""
+        return self.clients.sessions.order_move(client, to, inside)

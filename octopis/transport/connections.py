@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from octopis.core import Action, Notification
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
-from octopis.core.sessions import silent
+from octopis.core.sessions import order_move, silent
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 from octopis.transport.links import InputWaiter, PublishReceipt
@@ -216,9 +216,9 @@ class ClientConnections:
     def order_move(self, client: str, to: str, inside: bool) -> list[str]:
         """Tell every connection holding a client named ``client`` (or ``name@conn``, as
         the load analysis names one: ``conn`` starts its connection's identity in hex)
-        to move its subscriptions to the broker at client endpoint ``to``: inside this
-        cluster by adopting them there, else by subscribing there afresh; returns the
-        sub ids."""
+        to move its subscriptions to the broker at client endpoint ``to``, ``inside`` this
+        cluster or not: by adoption or afresh, as the node says
+        (:func:`~octopis.core.sessions.order_move`); returns the sub ids."""
         client, _, conn = client.partition("@")
         keys = [
             key
@@ -229,11 +229,12 @@ class ClientConnections:
             raise ClientError(f"{self.id} serves no client named {client!r}")
         now = asyncio.get_running_loop().time()
         moved: list[str] = []
-        for key, sub_ids in self.table.order_move(keys, now, inside).items():
+        adopt, ordered = order_move(self.router.node.core, self.table, keys, now, inside)
+        for key, sub_ids in ordered.items():
             identity, _ = self.names[key]
             self.notify(
                 identity,
-                {"op": "move", "client": client, "to": to, "inside": inside, "sub_ids": sub_ids},
+                {"op": "move", "client": client, "to": to, "inside": adopt, "sub_ids": sub_ids},
             )
             moved += sub_ids
         return moved
@@ -258,10 +259,12 @@ class ClientConnections:
         claimed by the host its client came back at (the old connection is not dropped
         yet). The client, if still there, is told ``withdrawn``."""
         client = self.names.get(key)
-        if client is None or not self.table.detach(key, sub_id):
+        if client is None:
             return
-        self.router.execute(self.router.unsubscribe(key, sub_id))
-        self.counters["subscriptions_withdrawn"] += 1
+        actions = self.table.withdraw(key, sub_id, self.router.unsubscribe)
+        if actions is None:
+            return
+        self.router.execute(actions)
         self.notify(client[0], {"op": "withdrawn", "client": client[1], "sub_id": sub_id})
 
     def notify_client(self, key: str, message: dict) -> bool:

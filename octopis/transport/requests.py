@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from octopis.core import Notification
+from octopis.core import Action, Notification
 from octopis.core.durable import DurableError, claim_of
 from octopis.filters.composite import as_filter
 from octopis.filters.language import (
@@ -94,19 +94,23 @@ class RequestHandlers:
         self, identity: bytes, connection: ClientSession, request: SubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        self.table.room(key, request.client)
         subscription = as_filter(request.filter)
-        if request.durable is not None:
-            try:
-                self.router.replaying.durables.room(request.client, request.durable, subscription)
-            except DurableError as exc:
-                raise ClientError(str(exc)) from None
-        sub_id, actions = self.router.subscribe(key, subscription)
+
+        def make() -> tuple[str, list[Action]]:
+            if request.durable is not None:
+                try:
+                    self.router.replaying.durables.room(
+                        request.client, request.durable, subscription
+                    )
+                except DurableError as exc:
+                    raise ClientError(str(exc)) from None
+            return self.router.subscribe(key, subscription)
+
+        sub_id, actions = self.table.subscribe(key, request.client, make)
         if request.durable is not None:
             self.router.replaying.durable_attach(
                 request.client, request.durable, key, sub_id, (subscription.to_text(),)
             )
-        self.table.attach(key, sub_id)
         self.router.execute(actions)
         return {"op": "subscribed", "sub_id": sub_id}
 
@@ -114,9 +118,8 @@ class RequestHandlers:
         self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        self.table.owned(key, request.client, request.sub_id)
-        self.router.execute(self.router.unsubscribe(key, request.sub_id))
-        self.table.detach(key, request.sub_id)
+        withdraw = self.router.unsubscribe
+        self.router.execute(self.table.unsubscribe(key, request.client, request.sub_id, withdraw))
         self.router.replaying.durable_unsubscribed(request.sub_id, request.moved)
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
