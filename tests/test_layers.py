@@ -454,7 +454,10 @@ process only. Both now call ``ClientTable.subscribe``, ``unsubscribe`` and
 ``withdraw`` (and :func:`~octopis.core.sessions.adopt`)."""
 
 CLIENT_TABLES = frozenset({"sessions", "table"})
-"""What a shell calls its client table (``node.sessions``; the process's ``self.table``)."""
+"""What a shell calls its client table (``node.sessions``; the process's ``self.table``).
+A shell that reads a subscription's ``interests()`` itself keeps a copy of what a
+client's interests are: the process's ``clients`` RPC and the simulator's balancer each
+gathered them their own way; both now call ``sessions.interests``."""
 
 WITHDRAWING = frozenset({"unsubscribe", "unadvertise", "detached"})
 """Calls that withdraw what a client held: a shell's loop over a session rule's answer
@@ -484,6 +487,14 @@ def session_copies(path: Path) -> list[str]:
             )
             if owner_name in CLIENT_TABLES:
                 found.append(f"{path.name}:{node.lineno} {owner_name}.{node.func.attr}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "interests"
+            and isinstance(node.func.value, ast.Attribute)
+            and node.func.value.attr == "subscription"
+        ):
+            found.append(f"{path.name}:{node.lineno} subscription.interests")
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call):
             calls = {
                 inner.func.attr
@@ -524,6 +535,7 @@ def test_the_session_copies_check_can_fail(tmp_path: Path) -> None:
         "    durables.attach('a', 'd', key, 's1', (), 0.0)\n"
         "    self.durable_records[b].attach('a', 'd', key, 's1', (), 0.0)\n"
         "    node.sessions.subscribe(key, key, make)\n"
+        "    seen = entry.subscription.interests() | interests(core, table, key)\n"
     )
     assert session_copies(path) == [
         "shell.py:3 for-unsubscribe",
@@ -534,6 +546,7 @@ def test_the_session_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:13 table.attach",
         "shell.py:14 sessions.detach",
         "shell.py:15 table.owned",
+        "shell.py:19 subscription.interests",
     ]
 
 

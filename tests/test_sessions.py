@@ -15,6 +15,7 @@ from octopis.core.sessions import (
     SessionRefused,
     adopt,
     advertise,
+    interests,
     moves_by_adoption,
     order_move,
     silent,
@@ -271,3 +272,25 @@ def test_an_adoption_is_held_for_its_client_within_its_limit() -> None:
     with pytest.raises(SessionRefused, match="alice already holds 1 subscriptions"):
         adopt(sim.cores["a:0"], table, "k", "alice", "other")
     assert table.subscriptions("k") == {sub_id}
+
+
+def test_a_clients_interests_are_those_of_the_subscriptions_it_holds_here() -> None:
+    """:func:`interests` (a broker's ``clients`` RPC and the simulator's balancer read it
+    for the SDM plan): the union over the client's own subscriptions that the routing
+    table stores; another client's, and one it no longer holds, do not count."""
+    sim = Simulator(FIG2, "snr", seed=1, covering="off")
+    node, core = sim.nodes["c:0"], sim.cores["c:0"]
+    ibm = Subscription((Predicate("symbol", "eq", "IBM"), Predicate("x", "<", 5)))
+    sun = Subscription((Predicate("symbol", "eq", "SUN"),))
+    kept = sim.subscribe("S", "c:0", ibm)
+    dropped = sim.subscribe("S", "c:0", sun)
+    sim.subscribe("T", "c:0", Subscription((Predicate("symbol", "eq", "HP"),)))
+    sim.run()
+    assert interests(core, node.sessions, "S") == {"symbol='IBM'", "symbol='SUN'"}
+    sim.unsubscribe(dropped)
+    sim.run()
+    assert interests(core, node.sessions, "S") == ibm.interests() == {"symbol='IBM'"}
+    assert interests(core, node.sessions, "nobody") == frozenset()
+    assert kept in core.table.entries
+    balancer_view = sim.balancer._interests({"S", "T"})
+    assert balancer_view == {"S": {"symbol='IBM'"}, "T": {"symbol='HP'"}}

@@ -183,6 +183,15 @@ class ClientTable:
         return late
 
 
+def interests(core: ClusteredBroker | BidBroker, table: ClientTable, key: str) -> frozenset[str]:
+    """What client ``key``'s subscriptions here ask for by equality
+    (:meth:`Subscription.interests`; the balancer's SDM reads it, DESIGN §9): the union
+    over the subscriptions it holds in ``table`` that ``core``'s routing table stores."""
+    entries = core.table.entries
+    held = (entries.get(sub_id) for sub_id in table.subscriptions(key))
+    return frozenset().union(*(e.subscription.interests() for e in held if e is not None))
+
+
 def moves_by_adoption(core: ClusteredBroker | BidBroker, inside: bool) -> bool:
     """Whether a client told to move to a broker ``inside`` this one's cluster (or not)
     moves its subscriptions by adoption (same ids; the path turns without losing a copy):

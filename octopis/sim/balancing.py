@@ -20,6 +20,8 @@ from octopis.balance.policy import (
 )
 from octopis.core import BrokerCore
 from octopis.core.load import LoadSample, load_report
+from octopis.core.node import BrokerNode
+from octopis.core.sessions import interests
 from octopis.sim.clients import Clients
 from octopis.topology import Scot
 from octopis.topology_change import add_cluster, remove_cluster
@@ -30,6 +32,7 @@ class Balanced(Protocol):
 
     scot: Scot
     cores: dict[str, BrokerCore]
+    nodes: dict[str, BrokerNode]
     ledger: DeliveryLedger
     clients: Clients
     subscriber_of: dict[str, str]
@@ -103,14 +106,13 @@ class SimBalancer:
         )
 
     def _interests(self, subscribers: set[str]) -> dict[str, frozenset[str]]:
-        """Each subscriber's interests (``Subscription.interests``), as a broker's
-        ``clients`` RPC reports them to the balancer's SDM."""
-        held: dict[str, set[str]] = {s: set() for s in subscribers}
-        for sub_id, subscriber in self._sim.subscriber_of.items():
-            entry = self._sim.cores[self._sim.clients.home[subscriber]].table.entries.get(sub_id)
-            if entry is not None and subscriber in held:
-                held[subscriber] |= entry.subscription.interests()
-        return {s: frozenset(i) for s, i in held.items()}
+        """Each subscriber's interests at the broker it is attached to, by the rule a
+        broker's ``clients`` RPC reports them to the balancer's SDM
+        (:func:`~octopis.core.sessions.interests`)."""
+        sim, home = self._sim, self._sim.clients.home
+        return {
+            s: interests(sim.cores[home[s]], sim.nodes[home[s]].sessions, s) for s in subscribers
+        }
 
     def _load_counts(self) -> tuple[dict[str, int], Counter[str]]:
         """Copies sent by each broker, deliveries to each subscriber, so far."""

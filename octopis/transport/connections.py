@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from octopis.core import Action, Notification
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
-from octopis.core.sessions import order_move, silent
+from octopis.core.sessions import interests, order_move, silent
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 from octopis.transport.links import InputWaiter, PublishReceipt
@@ -289,20 +289,18 @@ class ClientConnections:
             }
         )
 
-    def attached(
-        self, interests: Callable[[str], frozenset[str]]
-    ) -> dict[str, dict[str, int | bool | list[str]]]:
+    def attached(self) -> dict[str, dict[str, int | bool | list[str]]]:
         """Every named client of a live connection, as ``name@connection`` (as
         :meth:`delivered` names it): the number of its subscriptions here, whether it
-        has published here, and the ``interests`` of its subscriptions (by sub id)."""
+        has published here, and their interests (:func:`~octopis.core.sessions.interests`)."""
         attached: dict[str, dict[str, int | bool | list[str]]] = {}
+        core = self.router.node.core
         for key, (identity, name) in self.names.items():
             if name == "-" or identity not in self.connections:
                 continue
-            sub_ids = self.table.subscriptions(key)
             attached[f"{name}@{identity.hex()[:8]}"] = {
-                "subscriptions": len(sub_ids),
+                "subscriptions": len(self.table.subscriptions(key)),
                 "publisher": key in self.publishers,
-                "interests": sorted(set().union(*map(interests, sub_ids))),
+                "interests": sorted(interests(core, self.table, key)),
             }
         return attached

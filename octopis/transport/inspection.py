@@ -160,10 +160,4 @@ class BrokerInspection:
         """The clients attached here (``name@connection``): how many subscriptions each
         holds here, whether it has published here, and what its subscriptions ask for by
         equality (``Subscription.interests``, for the balancer's SDM)."""
-        entries = self.broker.core.table.entries
-
-        def interests(sub_id: str) -> frozenset[str]:
-            entry = entries.get(sub_id)
-            return entry.subscription.interests() if entry is not None else frozenset()
-
-        return self.broker.clients.sessions.attached(interests)
+        return self.broker.clients.sessions.attached()
