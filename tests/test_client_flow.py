@@ -78,6 +78,9 @@ def test_drop_oldest_drops_the_oldest_delivery_and_keeps_replies() -> None:
     assert (overflow.dropped, overflow.reason) == (2, None)
     assert list(backlog) == [[b"n", b"mid"], [b"n", b"new"], [b"reply"]]
     assert counters["deliveries_dropped.slow_consumer"] == 2 and not flow.dropped
+    assert overflow.notice is None  # told once its backlog drains, with the count
+    assert flow.drained(overflow.dropped) == {"op": "overflow", "dropped": 2}
+    assert flow.drained(0) is None and flow.refusal(b"\x01") is None
 
 
 def test_disconnect_names_the_reason_counts_the_loss_and_remembers_a_bounded_few() -> None:
@@ -86,9 +89,14 @@ def test_disconnect_names_the_reason_counts_the_loss_and_remembers_a_bounded_few
     backlog = deque([[b"reply"], [b"n", b"a", b"n", b"b"]])
     overflow = flow.overflow(b"\x01", backlog, [b"n", b"c"])
     assert overflow.dropped == 3 and "clients.backlog_limit = 3" in (overflow.reason or "")
-    assert flow.dropped[b"\x01"] == overflow.reason and len(backlog) == 2  # caller's
+    assert flow.dropped[b"\x01"] == overflow.reason and not backlog  # lost with it
+    assert overflow.notice == {"op": "dropped", "reason": overflow.reason}
     assert counters["slow_consumers_dropped"] == 1
     assert counters["deliveries_dropped.slow_consumer"] == 3
+    assert flow.refusal(b"\x02") is None and counters["requests_refused.dropped"] == 0
+    for _ in range(2):  # each later request is told again
+        assert flow.refusal(b"\x01") == overflow.notice
+    assert counters["requests_refused.dropped"] == 2
     for i in range(DROPPED_KEPT + 5):
         flow.overflow(i.to_bytes(4, "big"), deque(), [b"reply"])  # a reply: disconnect
     assert len(flow.dropped) == DROPPED_KEPT and b"\x01" not in flow.dropped

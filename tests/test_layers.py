@@ -459,6 +459,11 @@ A shell that reads a subscription's ``interests()`` itself keeps a copy of what 
 client's interests are: the process's ``clients`` RPC and the simulator's balancer each
 gathered them their own way; both now call ``sessions.interests``."""
 
+FLOW_NOTICES = frozenset({"dropped", "overflow"})
+"""What a slow consumer is told (``core.client_flow``): a shell that wrote such a notice
+decided itself when it is due (the process's outbox and request loop did:
+``ClientFlow.overflow``, ``refusal`` and ``drained`` say so now)."""
+
 WITHDRAWING = frozenset({"unsubscribe", "unadvertise", "detached"})
 """Calls that withdraw what a client held: a shell's loop over a session rule's answer
 making them is a copy of the node's rule."""
@@ -466,8 +471,9 @@ making them is a copy of the node's rule."""
 
 def session_copies(path: Path) -> list[str]:
     """Every call of :data:`SESSION_RULES` in ``path``'s code, every call of
-    :data:`TABLE_STEPS` on a client table (:data:`CLIENT_TABLES`), and every ``for`` loop
-    over a call's answer whose body calls one of :data:`WITHDRAWING`: ``file:line name``."""
+    :data:`TABLE_STEPS` on a client table (:data:`CLIENT_TABLES`), every notice of
+    :data:`FLOW_NOTICES` written, and every ``for`` loop over a call's answer whose body
+    calls one of :data:`WITHDRAWING`: ``file:line name``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if (
@@ -495,6 +501,15 @@ def session_copies(path: Path) -> list[str]:
             and node.func.value.attr == "subscription"
         ):
             found.append(f"{path.name}:{node.lineno} subscription.interests")
+        if isinstance(node, ast.Dict):
+            found += [
+                f"{path.name}:{node.lineno} op={value.value}"
+                for key, value in zip(node.keys, node.values, strict=True)
+                if isinstance(key, ast.Constant)
+                and key.value == "op"
+                and isinstance(value, ast.Constant)
+                and value.value in FLOW_NOTICES
+            ]
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call):
             calls = {
                 inner.func.attr
@@ -536,6 +551,7 @@ def test_the_session_copies_check_can_fail(tmp_path: Path) -> None:
         "    self.durable_records[b].attach('a', 'd', key, 's1', (), 0.0)\n"
         "    node.sessions.subscribe(key, key, make)\n"
         "    seen = entry.subscription.interests() | interests(core, table, key)\n"
+        "    backlog.append([pack({'op': 'overflow', 'dropped': n}), {'op': 'bye'}])\n"
     )
     assert session_copies(path) == [
         "shell.py:3 for-unsubscribe",
@@ -547,6 +563,7 @@ def test_the_session_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:14 sessions.detach",
         "shell.py:15 table.owned",
         "shell.py:19 subscription.interests",
+        "shell.py:20 op=overflow",
     ]
 
 

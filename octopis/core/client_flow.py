@@ -13,8 +13,10 @@ connection whose pipe is full may queue, and what a slow consumer loses.
 - A connection whose pipe is full gets a backlog of up to ``clients.backlog_limit``
   messages (a reply may use the publish window beyond it); one more applies
   ``clients.slow_policy``: ``drop_oldest`` drops its oldest queued delivery (replies
-  are kept: a request must be answered), ``disconnect`` drops the connection, with a
-  reason it is told (the last :data:`DROPPED_KEPT` are remembered).
+  are kept: a request must be answered; the count is told once its backlog drains),
+  ``disconnect`` drops the connection and everything queued for it, with a reason it
+  is told then and with every later request (the last :data:`DROPPED_KEPT` are
+  remembered).
 
 A message is a list of parts: one part is a reply or a notice, more are deliveries
 (``names, body`` pairs). The process sends, sleeps and polls; every limit, order and
@@ -46,6 +48,12 @@ class Overflow:
 
     dropped: int
     reason: str | None
+
+    @property
+    def notice(self) -> dict | None:
+        """What the connection is told, queued where its backlog was (None: nothing
+        now, its drops are told once it drains, :meth:`ClientFlow.drained`)."""
+        return None if self.reason is None else {"op": "dropped", "reason": self.reason}
 
 
 class ClientLimits(Protocol):
@@ -180,6 +188,21 @@ class ClientFlow(Generic[T]):
         limit = self.backlog_limit
         return queued < limit or (len(parts) == 1 and queued < limit + self.publish_window)
 
+    def refusal(self, identity: bytes) -> dict | None:
+        """The answer to a request from connection ``identity`` if it was dropped as a slow
+        consumer (counted): told why again, whether or not its notice got out. None: it
+        was not."""
+        reason = self.dropped.get(identity)
+        if reason is None:
+            return None
+        self.counters["requests_refused.dropped"] += 1
+        return {"op": "dropped", "reason": reason}
+
+    def drained(self, overflowed: int) -> dict | None:
+        """The notice a connection whose backlog drained is sent: how many of its
+        deliveries the drop-oldest policy dropped meanwhile (``overflowed``; None: none)."""
+        return {"op": "overflow", "dropped": overflowed} if overflowed else None
+
     def keeps_waiting(self, connected: bool, idle: float) -> bool:
         """Whether a backlog whose pipe is full is still waited for: its connection is
         live (the slow-consumer policy bounds its backlog), or, dropped, it took
@@ -192,7 +215,8 @@ class ClientFlow(Generic[T]):
     ) -> Overflow:
         """``parts`` found connection ``identity``'s ``backlog`` full: apply
         ``clients.slow_policy`` (drop-oldest takes ``parts`` and drops from ``backlog``;
-        disconnect leaves both to the caller, who drops the connection), counted."""
+        disconnect empties ``backlog``, ``parts`` not taken: the caller drops the
+        connection and queues :attr:`Overflow.notice`), counted."""
         if self.slow_policy == "drop_oldest" and len(parts) > 1:
             backlog.append(parts)
             while len(oldest := backlog.popleft()) == 1:  # replies are kept: a request
@@ -210,4 +234,5 @@ class ClientFlow(Generic[T]):
         self.dropped[identity] = reason
         while len(self.dropped) > DROPPED_KEPT:
             self.dropped.popitem(last=False)
+        backlog.clear()
         return Overflow(dropped, reason)

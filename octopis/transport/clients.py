@@ -217,9 +217,9 @@ class ClientSessions:
                 req = request_number(payload)
                 raise
             req = request.req
-            if identity in self.dropped:  # told again, whether or not the notice got out
-                self.counters["requests_refused.dropped"] += 1
-                return {"op": "dropped", "reason": self.dropped[identity], "req": req}
+            refusal = self.outbox.flow.refusal(identity)
+            if refusal is not None:
+                return {**refusal, "req": req}
             connection = self.sessions.heard(identity, now)
             reply = self._handlers[type(request)](identity, connection, request)
         except UnadvertisedPublication as exc:

@@ -224,7 +224,8 @@ class ClientOutbox:
         backlog = connection.backlog
         assert backlog is not None
         overflow = self.flow.overflow(identity, backlog, parts)
-        if overflow.reason is None:
+        notice = overflow.notice
+        if notice is None:
             connection.overflowed += overflow.dropped
             self._warn.warning(
                 "overflow",
@@ -235,9 +236,8 @@ class ClientOutbox:
                 self.flow.backlog_limit,
             )
             return
-        self.drop(identity, overflow.reason)
-        backlog.clear()
-        backlog.append([pack({"op": "dropped", "reason": overflow.reason})])
+        self.drop(identity, notice["reason"])
+        backlog.append([pack(notice)])
 
     def _try_send(self, identity: bytes, parts: list[bytes]) -> BaseException | None:
         """Send ``parts`` to a connection now: None, or why not (:data:`PIPE_FULL` when
@@ -271,8 +271,8 @@ class ClientOutbox:
             if problem is None:
                 backlog.popleft()
                 progress, pause = loop.time(), 0.001
-                if not backlog and connection.overflowed:
-                    backlog.append([pack({"op": "overflow", "dropped": connection.overflowed})])
+                if not backlog and (notice := self.flow.drained(connection.overflowed)):
+                    backlog.append([pack(notice)])
                     connection.overflowed = 0
             elif problem is PIPE_FULL and self.flow.keeps_waiting(
                 identity in self.connections, loop.time() - progress
