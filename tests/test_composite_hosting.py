@@ -8,8 +8,9 @@ from collections import Counter
 
 import pytest
 
-from octopis.core import Notification, make_broker
+from octopis.core import Notification, ProtocolError, make_broker
 from octopis.core.composite_hosting import REPORT_INTERVAL, HostedComposites
+from octopis.core.sessions import ClientTable, SessionRefused, adopt
 from octopis.filters.composite import parse_composite
 from octopis.topology import build_preset
 
@@ -61,3 +62,18 @@ def test_drops_are_told_at_most_once_per_interval(gap: float) -> None:
     hosted.deliver(key, Notification("P", 4, 0.0, {"x": 1}), gap)
     dropped = [n["dropped"] for _, n in told if n["op"] == "composite_dropped"]
     assert dropped == ([1, 3] if gap >= REPORT_INTERVAL else [1])
+
+
+def test_a_hosted_composite_is_refused_an_adoption_by_the_session_rule() -> None:
+    """:func:`~octopis.core.sessions.adopt` (a broker process's adopt request) refuses a
+    composite its broker hosts by name and holds nothing for the client; without the
+    hosted composites the id reaches the core (which knows no such subscription)."""
+    hosted, _, _ = _hosting()
+    core = make_broker(build_preset("fig2"), "a:0", "snr", covering="off")
+    sub_id, _ = hosted.subscribe("c/1", parse_composite("{[x,<,3]} & {[x,>,6]} within 1s"), 0.0)
+    table = ClientTable(limit=5)
+    with pytest.raises(SessionRefused, match=f"{sub_id} is a composite subscription"):
+        adopt(core, table, "c/2", "bob", sub_id, hosted)
+    with pytest.raises(ProtocolError):
+        adopt(core, table, "c/2", "bob", sub_id)
+    assert table.subscriptions("c/2") == set()

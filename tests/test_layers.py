@@ -348,7 +348,15 @@ def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
 
 
 SHELL_COPIES = frozenset(
-    {"detected", "adopts", "moves_by_adoption", "requesters", "CLOCK_SLACK", "COMMIT_ROWS"}
+    {
+        "detected",
+        "adopts",
+        "moves_by_adoption",
+        "movable_problem",
+        "requesters",
+        "CLOCK_SLACK",
+        "COMMIT_ROWS",
+    }
 )
 """Rules the shells once kept copies of. Which links a broker routes through: a set of
 the simulator's own of the links each broker had detected down, where the broker
@@ -357,7 +365,8 @@ process asks ``Neighbours.routable`` (its LST rows; the simulator now routes by
 ``ClusteredBroker.adopts`` (the process with the order's ``inside``, the simulator with
 the new host's cluster), then both asked ``sessions.moves_by_adoption`` and handed its
 answer to the order themselves; both now call ``sessions.order_move``, which asks it and
-marks the order. Who asked for a
+marks the order; and the process refused a hosted composite's adoption itself
+(``movable_problem``), which ``sessions.adopt`` now does. Who asked for a
 replay: the process kept its own map, bounded as the rounds are; the rounds now say
 (``ReplayRounds.requester``). Which stored rows a replay reads (``CLOCK_SLACK``, the
 process's store only) and when a store commits (``COMMIT_ROWS``): now
@@ -420,7 +429,7 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "    node.neighbours.said(dst, serving)\n"
         "    hello = output.hello(dst)\n"
         "    inside = inside and node.core.adopts\n"
-        "    inside = moves_by_adoption(core, inside)\n"
+        "    inside = moves_by_adoption(core, inside) and not node.movable_problem(s)\n"
         "    key = self.requesters.get(req_id)\n"
         "CLOCK_SLACK = 60.0\n"
         "if len(store.pending) >= COMMIT_ROWS:\n"
@@ -434,6 +443,7 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:4 hello",
         "shell.py:5 said(literal)",
         "shell.py:8 adopts",
+        "shell.py:9 movable_problem",
         "shell.py:9 moves_by_adoption",
     ]
 

@@ -37,6 +37,7 @@ from typing import TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
+from octopis.core.composite_hosting import HostedComposites
 from octopis.core.messages import Action
 from octopis.defaults import MOVE_TIMEOUT
 from octopis.filters.composite import Composite
@@ -218,14 +219,22 @@ def order_move(
 
 
 def adopt(
-    core: ClusteredBroker | BidBroker, table: ClientTable, key: str, name: str, sub_id: str
+    core: ClusteredBroker | BidBroker,
+    table: ClientTable,
+    key: str,
+    name: str,
+    sub_id: str,
+    composites: HostedComposites | None = None,
 ) -> list[Action]:
     """Client ``key`` (``name`` in a refusal), moving here from another broker of this
     cluster, takes over ``sub_id`` (DESIGN §9): within its limit (:meth:`ClientTable.room`),
     held for it in ``table``; returns the core's actions. :class:`SessionRefused` under
-    BID, which has no clusters (the client subscribes afresh)."""
+    BID, which has no clusters, and for a composite the broker hosts (``composites``,
+    :meth:`HostedComposites.movable_problem`): the client subscribes afresh."""
     if not isinstance(core, ClusteredBroker):
         raise SessionRefused(f"{core.id} routes by BID: move by subscribing afresh")
+    if composites is not None and (problem := composites.movable_problem(sub_id)) is not None:
+        raise SessionRefused(problem)
     return table.subscribe(key, name, lambda: (sub_id, core.adopt(key, sub_id)))[1]
 
 

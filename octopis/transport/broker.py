@@ -306,11 +306,8 @@ class Broker:
 
     def adopt(self, key: str, name: str, sub_id: str) -> list[Action]:
         """Client ``key`` (called ``name``), moving here from another broker of this
-        cluster, takes over ``sub_id`` (the node's rule, :func:`sessions.adopt`); a
-        composite's part does not move."""
-        if (problem := self.composites.movable_problem(sub_id)) is not None:
-            raise ClientError(problem)
-        return sessions.adopt(self.core, self.node.sessions, key, name, sub_id)
+        cluster, takes over ``sub_id`` (the node's rule, :func:`sessions.adopt`)."""
+        return sessions.adopt(self.core, self.node.sessions, key, name, sub_id, self.composites)
 
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """A local withdrawal: the core starts the two-step unsubscribe."""
