@@ -37,7 +37,6 @@ from octopis.core import (
     Released,
     Subscribe,
     make_broker,
-    sessions,
 )
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.load import LoadMeter
@@ -304,28 +303,12 @@ class Broker:
         self.subscription_delay[sub_id] = 0.0
         return sub_id, actions
 
-    def adopt(self, key: str, name: str, sub_id: str) -> list[Action]:
-        """Client ``key`` (called ``name``), moving here from another broker of this
-        cluster, takes over ``sub_id`` (the node's rule, :func:`sessions.adopt`)."""
-        return sessions.adopt(self.core, self.node.sessions, key, name, sub_id, self.composites)
-
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """A local withdrawal: the core starts the two-step unsubscribe."""
         self.subscription_delay.pop(sub_id, None)
         if self.composites.holds(key, sub_id):
             return self.composites.unsubscribe(key, sub_id)
         return self.core.unsubscribe(key, sub_id)
-
-    def advertise(
-        self, key: str, advertisement: Subscription | Composite
-    ) -> tuple[str, list[Action]]:
-        """A local publisher's advertisement (DESIGN §12; :func:`sessions.advertise`)."""
-        return sessions.advertise(self.core, key, advertisement)
-
-    def check_advertised(self, key: str, publication: dict) -> None:
-        """With advertisements on, refuse a publication outside ``key``'s advertisements
-        (:func:`sessions.check_advertised`)."""
-        sessions.check_advertised(self.core, key, publication)
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """A local publication: the node takes it (routes it, its copies carrying

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from octopis.core import Action, Notification
+from octopis.core.composite_hosting import HostedComposites
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
 from octopis.core.sessions import interests, order_move, silent
@@ -42,7 +43,10 @@ class Router(Protocol):
 
     welcome: dict[str, object]
     node: BrokerNode[PublishReceipt]
-    """The broker's node: its client sessions' rules (:attr:`BrokerNode.sessions`)."""
+    """The broker's node: its core and its client sessions' rules
+    (:attr:`BrokerNode.sessions`; :mod:`octopis.core.sessions`)."""
+    composites: HostedComposites
+    """The composite subscriptions hosted here (DESIGN §12)."""
 
     def subscribe(
         self, key: str, subscription: Subscription | Composite
@@ -53,22 +57,8 @@ class Router(Protocol):
     def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         """Withdraw a local subscription; returns the SBP actions."""
 
-    def adopt(self, key: str, name: str, sub_id: str) -> list[Action]:
-        """Client ``key`` (called ``name``) takes over a subscription moving here from
-        another broker of the cluster, held for it from now on."""
-
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """Route a local publication, its copies counting in ``receipt``."""
-
-    def advertise(
-        self, key: str, advertisement: Subscription | Composite
-    ) -> tuple[str, list[Action]]:
-        """Install client ``key``'s advertisement (refused if composite, or under BID);
-        returns its id and the SBP actions."""
-
-    def check_advertised(self, key: str, publication: dict) -> None:
-        """Raise :class:`UnadvertisedPublication` if advertisements are on and client
-        ``key`` advertised nothing ``publication`` matches."""
 
     def execute(self, actions: list[Action], received: object = None, body: bytes = b"") -> None:
         """Carry out routing actions."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from octopis.core import Action, Notification
 from octopis.core.durable import DurableError, claim_of
+from octopis.core.sessions import adopt, advertise, check_advertised
 from octopis.filters.composite import as_filter
 from octopis.filters.language import (
     parse_publication,
@@ -125,7 +126,8 @@ class RequestHandlers:
 
     def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
         key = self._key(identity, connection, request)
-        actions = self.router.adopt(key, request.client, request.sub_id)
+        core, composites = self.router.node.core, self.router.composites
+        actions = adopt(core, self.table, key, request.client, request.sub_id, composites)
         if request.durable is not None:
             self.router.replaying.durable_attach(
                 request.client, request.durable, key, request.sub_id, ()
@@ -140,7 +142,7 @@ class RequestHandlers:
         """An advertisement (DESIGN §12): it spreads, and the client may publish what it
         matches; it is withdrawn when the client's connection goes."""
         key = self._key(identity, connection, request)
-        adv_id, actions = self.router.advertise(key, as_filter(request.filter))
+        adv_id, actions = advertise(self.router.node.core, key, as_filter(request.filter))
         self.router.execute(actions)
         return {"op": "advertised", "adv_id": adv_id}
 
@@ -196,7 +198,7 @@ class RequestHandlers:
         if problem is not None:
             raise ClientError(problem)
         key = self._key(identity, connection, request)
-        self.router.check_advertised(key, publication)
+        check_advertised(self.router.node.core, key, publication)
         self.connections.publishers.add(key)
         n = Notification(
             request.client,
