@@ -20,6 +20,7 @@ from octopis.core.sessions import (
     order_move,
     silent,
 )
+from octopis.defaults import CLIENT_LIVENESS
 from octopis.filters.composite import parse_composite
 from octopis.filters.language import Predicate, Subscription
 from octopis.sim import Simulator
@@ -294,3 +295,21 @@ def test_a_clients_interests_are_those_of_the_subscriptions_it_holds_here() -> N
     assert kept in core.table.entries
     balancer_view = sim.balancer._interests({"S", "T"})
     assert balancer_view == {"S": {"symbol='IBM'"}, "T": {"symbol='HP'"}}
+
+
+def test_a_move_names_what_the_client_holds_at_its_host_not_what_it_held_elsewhere() -> None:
+    """The simulator's move names the subscriptions its host's client table holds for
+    the subscriber (:func:`order_move`, as a broker process orders one): after a
+    fail-over, the ones its old host has not dropped yet are not its host's to move."""
+    sim = Simulator(FIG2, "snr", seed=1, covering="off")
+    subscription = Subscription((Predicate("x", "<", 5),))
+    stale = {sim.subscribe("S", "c:0", subscription) for _ in range(2)}
+    sim.run()
+    sim.fail_client("S", at=sim.now)
+    sim.run(until=sim.now + CLIENT_LIVENESS + 1.0)  # failed over, not yet dropped at c:0
+    host = sim.clients.home["S"]
+    held = sim.nodes[host].sessions.subscriptions("S")
+    assert host != "c:0" and len(held) == 2 and not held & stale
+    assert stale <= sim.nodes["c:0"].sessions.subscriptions("S")
+    target = next(b for b in FIG2.brokers if b not in (host, "c:0"))
+    assert set(sim.move("S", target)) == held

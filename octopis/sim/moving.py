@@ -44,7 +44,6 @@ class SubscriberMoves:
             raise ValueError(f"{subscriber} is attached to {broker} already")
         if self.moving(subscriber):
             raise ValueError(f"a move of {subscriber} is under way; one at a time")
-        held = [sub_id for sub_id, owner in self.subscriber_of.items() if owner == subscriber]
         self._home[subscriber] = broker
         moved: dict[str, str] = {}
         same_cluster = self.scot.brokers[broker].cluster == self.scot.brokers[old].cluster
@@ -52,10 +51,11 @@ class SubscriberMoves:
         self.record_of(subscriber)
         sessions = self.nodes[old].sessions
         deadline = sessions.deadline(self.now)
-        inside = order_move(self.cores[old], sessions, [subscriber], self.now, same_cluster)[0]
+        core, now = self.cores[old], self.now
+        inside, ordered = order_move(core, sessions, [subscriber], now, same_cluster)
         if inside:  # what the order kept for a client gone meanwhile goes after it
             self.at(math.nextafter(deadline, math.inf), self._moves_expired, old)
-        for sub_id in held:
+        for sub_id in ordered.get(subscriber, ()):  # what it holds at its host, as ordered
             self._moving[subscriber] += 1
             self._overlap[subscriber] += 1
             if inside:  # the old host lets it go when the move reaches it (Released)
