@@ -38,7 +38,13 @@ from octopis.balance.plans import (
     shared_interest,
     shuffle,
 )
-from octopis.balance.policy import BalanceOptions, Elasticity, SubscriberLoads, make_plan
+from octopis.balance.policy import (
+    BalanceOptions,
+    Elasticity,
+    SubscriberLoads,
+    make_plan,
+    recently_moved,
+)
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.settings import BrokerSettings, Load, Routing
@@ -348,6 +354,21 @@ def test_subscriber_loads_average_the_noise_and_follow_a_move_at_once() -> None:
     as_read.update(noisy, 0.0)
     assert as_read.applied(noisy).loads == noisy.loads
     assert as_read.applied(noisy).brokers == noisy.brokers
+
+
+def test_a_subscriber_moved_within_the_cooldown_is_recent_unless_its_order_failed() -> None:
+    """:func:`recently_moved`, which ``octopis balance`` and the simulator's balancer both
+    hand :func:`plan_round`: moves less than ``cooldown`` before now, failed orders
+    aside (the simulator's decisions carry no error)."""
+    moves = [
+        {"subscriber": "old", "t": 0.0, "error": ""},
+        {"subscriber": "edge", "t": 10.0},
+        {"subscriber": "failed", "t": 35.0, "error": "the client left"},
+        {"subscriber": "new", "t": 39.0, "error": ""},
+    ]
+    assert recently_moved(moves, now=40.0, cooldown=30.0) == {"new"}
+    assert recently_moved(moves, now=39.9, cooldown=30.0) == {"edge", "new"}
+    assert recently_moved(moves, now=40.0, cooldown=0.0) == set()
 
 
 def test_the_load_measure_is_deliveries_for_bads_plans_and_output_for_load_ratios() -> None:

@@ -30,6 +30,7 @@ from octopis.balance.policy import (
     coefficient_of_variation,
     load_sample,
     plan_round,
+    recently_moved,
 )
 from octopis.topology import Scot
 
@@ -122,11 +123,7 @@ class Balancer:
         now = time.monotonic() - self._started
         if await self._elastic_change(now):
             return Plan(note="the overlay changed shape this round")
-        recent = {
-            m["subscriber"]
-            for m in self.moves
-            if not m["error"] and now - m["t"] < self.options.cooldown
-        }
+        recent = recently_moved(self.moves, now, self.options.cooldown)
         planned = self.subscriber_loads.applied(state)
         plan = plan_round(self.options, planned, recent)
         cov, mean = self.timeline[-1]["cov"], self.timeline[-1]["mean"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,6 +254,13 @@ def make_plan(options: BalanceOptions, state: LoadState) -> Plan:
     if options.plan == "high-load":
         return high_load_plan(state, options.lr_high, options.lr_safe)
     return low_load_plan(state, options.lr_low, options.lr_safe)
+
+
+def recently_moved(moves: Iterable[Mapping[str, Any]], now: float, cooldown: float) -> set[str]:
+    """The subscribers that ``moves`` (records with ``subscriber``, ``t`` and, for an
+    order that failed, a true ``error``) moved less than ``cooldown`` seconds before
+    ``now``: :func:`plan_round` leaves them where they went (a failed order moved none)."""
+    return {m["subscriber"] for m in moves if not m.get("error") and now - m["t"] < cooldown}
 
 
 def plan_round(options: BalanceOptions, state: LoadState, recent: set[str]) -> Plan:

@@ -17,6 +17,7 @@ from octopis.balance.policy import (
     SubscriberLoads,
     load_sample,
     plan_round,
+    recently_moved,
 )
 from octopis.core import BrokerCore
 from octopis.core.load import LoadSample, load_report
@@ -176,11 +177,8 @@ class SimBalancer:
             self._interests(subscribers) if options.plan == "sdm" else {},
         )
         log = self.log
-        recent = {s for s in subscribers if self._sim.moving(s)}
-        for decision in reversed(log["decisions"]):
-            if self._sim.now - decision["t"] >= options.cooldown:
-                break
-            recent.add(decision["subscriber"])
+        recent = {s for s in subscribers if self._sim.moving(s)}  # still under way, too
+        recent |= recently_moved(log["decisions"], self._sim.now, options.cooldown)
         self._loads.update(state, self._sim.now)
         plan = plan_round(options, self._loads.applied(state), recent)
         for move in plan.moves if options.act else ():
