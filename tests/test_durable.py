@@ -118,17 +118,28 @@ def test_a_claim_is_answered_by_the_node_once_for_the_shell_and_the_simulator() 
     durables.ack("audit", "d", [("P", 1, 7)], 101.0)
     claim = Replay("a:0/1", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
     rounds.receive("a:0", claim, 0.0)
-    answer = durables.answer_claim(rounds, claim, "k9/audit", 130.0)  # not the host: passing
+    answer = durables.answer_claim(rounds, claim, 130.0)  # not the host: passing
     assert answer.withdraw == Withdraw("k1/audit", "audit", "s1") and answer.save
     (echo,) = answer.actions
     assert [c.since for c in echo.message.claimed] == [(("P", 1, 7),)]
     assert durables.records == {}
     again = Replay("a:0/2", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
     rounds.receive("a:0", again, 0.0)
-    answer = durables.answer_claim(rounds, again, None, 131.0)
+    answer = durables.answer_claim(rounds, again, 131.0)
     assert answer.withdraw is None and not answer.save
     (echo,) = answer.actions
     assert echo.message.claimed == () and echo.message.answered == ("b:0",)
+    # At the host the rounds name who asked: a record its own attachment has just made
+    # is not handed over (the node reads the requester; the shells pass none).
+    host, host_rounds = (
+        Durables("a:0", keep=60.0, limit=10),
+        ReplayRounds("a:0", lambda *_: ([], [])),
+    )
+    host.attach("audit", "d", "k2/audit", "s2", ("[x,>,1]",), 140.0)
+    mine = Replay("a:0/3", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
+    host_rounds.start(mine, 0.0, "k2/audit")
+    answer = host.answer_claim(host_rounds, mine, 141.0)
+    assert answer.withdraw is None and not answer.save and ("audit", "d") in host.records
 
 
 class _Stream:

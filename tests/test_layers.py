@@ -347,7 +347,9 @@ def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
-SHELL_COPIES = frozenset({"detected", "adopts", "requesters", "CLOCK_SLACK", "COMMIT_ROWS"})
+SHELL_COPIES = frozenset(
+    {"detected", "adopts", "requesters", "CLOCK_SLACK", "COMMIT_ROWS", "next_deadline"}
+)
 """Rules the shells once kept copies of. Which links a broker routes through: a set of
 the simulator's own of the links each broker had detected down, where the broker
 process asks ``Neighbours.routable`` (its LST rows; the simulator now routes by
@@ -357,7 +359,9 @@ the new host's cluster); both now ask ``sessions.moves_by_adoption``. Who asked 
 replay: the process kept its own map, bounded as the rounds are; the rounds now say
 (``ReplayRounds.requester``). Which stored rows a replay reads (``CLOCK_SLACK``, the
 process's store only) and when a store commits (``COMMIT_ROWS``): now
-``core.answer``'s ``AnswerSelection`` and ``commit_now``."""
+``core.answer``'s ``AnswerSelection`` and ``commit_now``. When replay rounds expire next:
+each shell asked ``ReplayRounds.next_deadline`` after an expiry and set its own timer (the
+simulator only if later than now); ``ReplayRounds.expire`` now asks with an ``ExpireAt``."""
 
 NEIGHBOUR_COPIES = frozenset({"hello"})
 """The neighbour table's calls that took a shell's verdict. A neighbour's HELLO: the
@@ -420,15 +424,66 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "CLOCK_SLACK = 60.0\n"
         "if len(store.pending) >= COMMIT_ROWS:\n"
         "    commit()\n"
+        "timer(rounds.next_deadline())\n"
     )
     assert sorted(shell_copies(path)) == [
         "shell.py:10 CLOCK_SLACK",
         "shell.py:11 COMMIT_ROWS",
+        "shell.py:13 next_deadline",
         "shell.py:3 detected",
         "shell.py:4 hello",
         "shell.py:5 said(literal)",
         "shell.py:8 adopts",
         "shell.py:9 requesters",
+    ]
+
+
+def requester_lookups(path: Path) -> list[str]:
+    """Every call of a ``requester`` method and every read of a map whose name ends in
+    ``requesters`` (``x[req_id]``, ``x.get(req_id)``) in ``path``'s code: a shell looking
+    up itself which client asked for a replay. The replay rounds name the client in
+    ``ReplayDeliver`` and ``ReplayDone`` (``action.requester``, an attribute read, is
+    fine) and ``Durables.answer_claim`` reads it from the rounds; a map a shell keeps as
+    its history of requests may be written: ``file:line name``."""
+
+    def named(node: ast.AST) -> str:
+        return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and named(node.func) == "requester":
+            found.append(f"{path.name}:{node.lineno} requester()")
+        read = ""
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            read = f"{named(node.value)}[]"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            read = f"{named(node.func.value)}.{node.func.attr}"
+        if read.endswith(("requesters[]", "requesters.get")):
+            found.append(f"{path.name}:{node.lineno} {read}")
+    return found
+
+
+def test_the_shells_look_up_no_replay_requester() -> None:
+    """Whom a replay's answers go to is the rounds' rule (the latest ``limit`` requests
+    of a host are remembered): both shells hand each answer to the requester the action
+    names (read from the AST)."""
+    assert _in_shells(requester_lookups) == []
+
+
+def test_the_requester_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def answer(self, rounds, action, req_id, subscriber):\n"
+        "    '''rounds.requester(req_id) in a docstring is fine'''\n"
+        "    key = rounds.requester(action.req_id)\n"
+        "    who = self._requesters[action.req_id]\n"
+        "    self._requesters[req_id] = subscriber\n"
+        "    notify(action.requester, who or self._requesters.get(req_id))\n"
+    )
+    assert sorted(requester_lookups(path)) == [
+        "shell.py:3 requester()",
+        "shell.py:4 _requesters[]",
+        "shell.py:6 _requesters.get",
     ]
 
 

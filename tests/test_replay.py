@@ -145,8 +145,8 @@ def test_a_neighbour_that_dies_mid_round_or_stays_silent_is_reported() -> None:
     assert rounds.stored("a:0/1", [], []) == []
     assert rounds.receive("b:1", ReplayEcho("a:0/1", seen=True), 10.1) == []
     assert rounds.link_down("c:0") == []
-    assert rounds.expire(11.9) == []
-    (echo,) = rounds.expire(12.0)
+    assert rounds.expire(11.9) == [ExpireAt(12.0)]  # not yet: asked for again
+    (echo,) = rounds.expire(12.0)  # nothing waits: no timer asked for
     assert echo.link == "a:0"
     assert echo.message.silent == ("c:0", "b:2") and echo.message.answered == ("b:0",)
     again = rounds.receive("c:0", _request(), 12.1)
@@ -173,15 +173,18 @@ def test_answers_sent_up_a_link_that_went_down_are_reported_silent_not_answered(
 
 def test_a_part_still_sending_data_is_waited_for_from_its_last_page() -> None:
     """A large answer comes page by page: a child whose data keeps coming is waited for
-    its budget from the last page (not reported silent at the request's deadline), and
-    once it stops, its budget later, it is."""
+    its budget from the last page (not reported silent at the request's deadline, and
+    the expiry asks to be called again then), and once it stops, its budget later, it
+    is."""
     rounds = ReplayRounds("b:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []))
-    rounds.receive("a:0", _request(2.0), 10.0)
+    assert rounds.receive("a:0", _request(2.0), 10.0)[-2:] == [
+        ExpireAt(12.0),
+        QueryStore(_request(2.0)),
+    ]
     rounds.stored("a:0/1", [], [])
-    assert rounds.next_deadline() == 12.0
     page = ReplayData("a:0/1", (_notification("c:0", 5),))
     assert rounds.receive("c:0", page, 11.5) == [Forward("a:0", page)]
-    assert rounds.expire(12.5) == [] and rounds.next_deadline() == 13.5
+    assert rounds.expire(12.5) == [ExpireAt(13.5)]
     (echo,) = rounds.expire(13.5)
     assert echo.message.silent == ("c:0",)
 
@@ -213,8 +216,9 @@ def test_rounds_are_bounded() -> None:
 
 def test_a_host_names_the_requester_of_its_latest_rounds_and_where_answers_go() -> None:
     """The host remembers who asked for each of its latest ``limit`` requests (late
-    answers still find them), a round that ended early is no longer answered, and a
-    round's answers go to the neighbour it came from (the shell asks, DESIGN §11)."""
+    answers still find them: the rounds name the requester in what they hand over, the
+    shells only hand it), a round that ended early is no longer answered, and a round's
+    answers go to the neighbour it came from (the shell asks, DESIGN §11)."""
     rounds = ReplayRounds("a:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []), limit=2)
     for i in range(3):
         rounds.start(Replay(f"r{i}", "a:0", ("[x,>,1]",), (), 0.0, 3.0), 0.0, f"client{i}")
@@ -223,6 +227,12 @@ def test_a_host_names_the_requester_of_its_latest_rounds_and_where_answers_go() 
     assert rounds.toward("r2") is None  # the host's own: answered here
     rounds.receive("b:0", Replay("r9", "b:0", ("[x,>,1]",), (), 0.0, 3.0), 0.0)
     assert rounds.toward("r9") == "b:0" and rounds.requester("r9") is None
+    n = _notification("c:0", 5)
+    (deliver,) = rounds.receive("c:0", ReplayData("r2", (n,)), 0.1)
+    assert deliver == ReplayDeliver("r2", (n,), "client2")
+    assert rounds.stored("r2", [], []) == []  # c:0 has not echoed yet
+    (done,) = rounds.receive("c:0", ReplayEcho("r2", answered=("c:0",)), 0.2)
+    assert done.requester == "client2" and done.echo.answered == ("a:0", "c:0")
 
 
 def test_a_store_commits_at_once_when_awaited_or_full_else_within_the_delay() -> None:

@@ -232,15 +232,14 @@ class Durables:
         self.stats["durable.claimed"] += 1
         return record
 
-    def answer_claim(
-        self, rounds: ReplayRounds, request: Replay, requester: str | None, now: float
-    ) -> ClaimAnswer:
+    def answer_claim(self, rounds: ReplayRounds, request: Replay, now: float) -> ClaimAnswer:
         """This broker's answer to a claim (a :class:`~octopis.core.replay.ClaimRecord`
         of ``rounds``) at wall time ``now``: the record kept here is handed over in the
-        round's echo (:meth:`claim`; ``requester``, the connection key of the client that
-        asked at the host, counts only at the host); a subscription of it still held here
-        by another connection is withdrawn, and the records are written at once."""
-        key = requester if request.host == self.id else None
+        round's echo (:meth:`claim`; the connection key of the client that asked,
+        :meth:`ReplayRounds.requester`, counts only at the host); a subscription of it
+        still held here by another connection is withdrawn, and the records are written
+        at once."""
+        key = rounds.requester(request.req_id) if request.host == self.id else None
         record = self.claim(*claimed_ident(request.claim), key, now)
         if record is None:
             return ClaimAnswer(None, False, rounds.stored(request.req_id, [], []))

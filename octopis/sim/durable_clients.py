@@ -220,7 +220,7 @@ class DurableSimulator(Simulator):
         self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
         self.seams[c.name].req_id = req_id
         c.counts["claims" if request.claim else "replays"] += 1
-        self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now))
+        self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now, c.key))
 
     def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]] | None) -> None:
         """``c`` acknowledges ``since`` to its host (at the loop's next pass: now; None:
@@ -342,11 +342,7 @@ class DurableSimulator(Simulator):
     def _durable_claim(self, broker: str, request: Replay) -> None:
         """The shell's ``_claim``: the node's answer
         (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
-        owner = self._durable_reqs.get(request.req_id)
-        c = self.durable_clients.get(owner[0]) if owner is not None else None
-        answer = self.durable_records[broker].answer_claim(
-            self._rounds(broker), request, c.key if c is not None else None, self.now
-        )
+        answer = self.durable_records[broker].answer_claim(self._rounds(broker), request, self.now)
         if answer.withdraw is not None:
             self._withdraw_held(broker, answer.withdraw.client, answer.withdraw.sub_id)
         if answer.save:

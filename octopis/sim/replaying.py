@@ -255,7 +255,7 @@ class SubscriberFailover:
             REPLAY_BUDGET,
         )
         self.replay_counts["requests"] += 1
-        self._carry_out_replay(new, self._rounds(new).start(request, self.now))
+        self._carry_out_replay(new, self._rounds(new).start(request, self.now, subscriber))
 
     def historic(
         self, asker: str, broker: str, subscription: Subscription, after: float, until: float
@@ -272,7 +272,7 @@ class SubscriberFailover:
             req_id, broker, (subscription.to_text(),), (), after, HISTORIC_BUDGET, until=until
         )
         self.replay_counts["historic"] += 1
-        self._carry_out_replay(broker, self._rounds(broker).start(request, self.now))
+        self._carry_out_replay(broker, self._rounds(broker).start(request, self.now, asker))
         return req_id
 
     def _replay_message(self, broker: str, src: str, message: Any) -> None:
@@ -287,12 +287,11 @@ class SubscriberFailover:
         rounds = self.replay_rounds.get(broker)
         if rounds is not None and self.failures is not None and not self._dead(broker):
             self._carry_out_replay(broker, rounds.expire(self.now))
-            deadline = rounds.next_deadline()
-            if deadline is not None and deadline > self.now:  # data moved it
-                self.at(deadline, self._replay_expire, broker)
 
     def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
         for action in actions:
+            if type(action) in (ReplayDeliver, ReplayDone) and action.requester is None:
+                continue  # nobody to answer (the rounds forgot who asked)
             if type(action) is Forward:
                 self._dispatch(broker, [action])
             elif type(action) is ExpireAt:
@@ -305,7 +304,7 @@ class SubscriberFailover:
                     broker, rounds.stored(request.req_id, found, gaps, truncated=truncated)
                 )
             elif type(action) is ReplayDeliver:
-                subscriber = self._requesters[action.req_id]
+                subscriber = action.requester
                 historic = self.historic_received.get(action.req_id)
                 if historic is not None:
                     historic += [(n.publisher, n.seq) for n in action.notifications]
@@ -317,7 +316,7 @@ class SubscriberFailover:
                 else:  # a late part: joined at once
                     self._join(subscriber, [], action.notifications)
             elif type(action) is ReplayDone:
-                subscriber = self._requesters[action.req_id]
+                subscriber = action.requester
                 if action.req_id in self.historic_received:
                     self.historic_done.add(action.req_id)
                 seam = self.seams.get(subscriber)

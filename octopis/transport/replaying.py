@@ -236,16 +236,13 @@ class Replaying:
         self._carry_out(self.rounds.link_down(neighbour))
 
     def expire(self) -> None:
-        """Rounds past their budget echo without the silent neighbours; then wait for
-        the next deadline (data that came through may have moved it)."""
+        """Rounds past their budget echo without the silent neighbours (the rounds ask
+        for the next deadline)."""
         self._expiry = None
         self._carry_out(self.rounds.expire(time.monotonic()))
-        self._expire_at(self.rounds.next_deadline())
 
-    def _expire_at(self, deadline: float | None) -> None:
+    def _expire_at(self, deadline: float) -> None:
         """Have :meth:`expire` run at monotonic time ``deadline`` (or earlier)."""
-        if deadline is None:
-            return
         if self._expiry is not None:
             if self._expiry.when() <= deadline:
                 return
@@ -348,12 +345,11 @@ class Replaying:
             elif type(action) is ClaimRecord:
                 self._claim(action.request)
             elif type(action) is ReplayDeliver:
-                key = self.rounds.requester(action.req_id)
-                bodies = [encode_body(n) for n in action.notifications]
-                if key is not None:
-                    self._notify(key, {"op": "replayed", "id": action.req_id, "bodies": bodies})
+                if action.requester is not None:
+                    bodies = [encode_body(n) for n in action.notifications]
+                    message = {"op": "replayed", "id": action.req_id, "bodies": bodies}
+                    self._notify(action.requester, message)
             elif type(action) is ReplayDone:
-                key = self.rounds.requester(action.req_id)
                 echo = action.echo
                 log.info(
                     "%s: replay %s %s: %d publications from %d stores, %d without a "
@@ -367,9 +363,9 @@ class Replaying:
                     list(echo.silent),
                     len(echo.gaps),
                 )
-                if key is not None:
+                if action.requester is not None:
                     self._notify(
-                        key,
+                        action.requester,
                         {
                             "op": "replay_done",
                             "id": action.req_id,
@@ -432,9 +428,7 @@ class Replaying:
     def _claim(self, request: Replay) -> None:
         """A claim of a durable record: the node's answer
         (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
-        answer = self.durables.answer_claim(
-            self.rounds, request, self.rounds.requester(request.req_id), time.time()
-        )
+        answer = self.durables.answer_claim(self.rounds, request, time.time())
         if answer.withdraw is not None:
             self._withdraw(answer.withdraw.key, answer.withdraw.sub_id)
         if answer.save:
