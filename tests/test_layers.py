@@ -487,6 +487,39 @@ def test_the_requester_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
+def selection_loops(path: Path) -> list[str]:
+    """Every ``<...selection>.take`` in ``path``'s code: a store offering its rows one by
+    one to an ``AnswerSelection`` and deciding itself when to stop reading. Both stores
+    once wrote that loop; both now hand their rows to ``AnswerSelection.choose``:
+    ``file:line name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr == "take":
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name.endswith("selection"):
+                found.append(f"{path.name}:{node.lineno} {name}.take")
+    return found
+
+
+def test_the_stores_read_by_the_nodes_selection_loop() -> None:
+    """Neither store offers rows to the answer's selection one by one (read from the
+    AST): what a page holds and when the reading stops are the node's."""
+    assert _in_shells(selection_loops) == []
+
+
+def test_the_selection_loop_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def read(self, selection, rows):\n"
+        "    take = self.selection.take\n"
+        "    found = [selection.take(*row) for row in rows]\n"
+        "    self.take(rows)\n"
+        "    return selection.choose(rows)\n"
+    )
+    assert selection_loops(path) == ["shell.py:2 selection.take", "shell.py:3 selection.take"]
+
+
 SESSION_RULES = frozenset({"gone"})
 """The client sessions' rules a shell once applied itself: each called
 ``ClientTable.gone`` and then withdrew the subscriptions in a loop of its own (and the

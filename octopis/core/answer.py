@@ -1,8 +1,9 @@
 """Which retained publications answer a replay request (DESIGN §11), once for every store.
 
 A store (the broker process's SQLite file, the simulator's memory) reads what it kept in
-the order it stored it, from :attr:`AnswerSelection.start_at`, and offers each row to an
-:class:`AnswerSelection`, which decides: stored within :data:`CLOCK_SLACK` of the
+the order it stored it, from :attr:`AnswerSelection.start_at`, and hands the rows to an
+:class:`AnswerSelection` (:meth:`~AnswerSelection.choose`, a page of them at a time if it
+likes), which decides: stored within :data:`CLOCK_SLACK` of the
 request's window (past it the store stops reading: :attr:`~AnswerSelection.ended`),
 published in ``[after, until)``, past the ``since`` sequence number of its (publisher,
 session), matching one of the request's filters (the compiled matcher), each (publisher,
@@ -41,6 +42,10 @@ COMMIT_DELAY = 0.002
 """Seconds a busy store waits at most to commit what it kept (its confirms wait too)."""
 
 R = TypeVar("R")
+
+Kept = tuple[str, int, int, float, float, int, Callable[[], Notification]]
+"""A kept publication as a store offers it to :meth:`AnswerSelection.take`: publisher,
+session, seq, published at, stored at, its encoded size, and how to read it."""
 
 Trimmed = dict[tuple[str, int], tuple[int, float]]
 """What a store dropped, per (publisher, session): the highest sequence number dropped
@@ -209,3 +214,17 @@ class AnswerSelection:
         self.count += 1
         self.bytes += size
         return n
+
+    def choose(self, rows: Iterable[Kept]) -> list[Notification]:
+        """What the answer takes of ``rows`` (kept publications in the order stored,
+        :data:`Kept`), each offered to :meth:`take`: read until they run out or the
+        selection :attr:`ended` (the rest are not read)."""
+        found: list[Notification] = []
+        take = self.take
+        for row in rows:
+            n = take(*row)
+            if n is not None:
+                found.append(n)
+            elif self.ended:
+                break
+        return found

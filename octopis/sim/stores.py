@@ -180,15 +180,10 @@ class RetentionStores:
         if not store:  # nothing to choose from: no selection to build
             return [], gaps, False
         selection = AnswerSelection(request, self._answer_max, self._answer_bytes)
-        found = []
-        for n, at in zip(store, self._kept_at[broker], strict=True):
-            taken = selection.take(
-                n.publisher, n.session, n.seq, n.published_at, at, 0, lambda n=n: n
-            )
-            if taken is not None:
-                found.append(taken)
-            elif selection.ended:
-                break
+        found = selection.choose(
+            (n.publisher, n.session, n.seq, n.published_at, at, 0, lambda n=n: n)
+            for n, at in zip(store, self._kept_at[broker], strict=True)
+        )
         return found, gaps, selection.truncated
 
 
