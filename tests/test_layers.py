@@ -520,6 +520,48 @@ def test_the_selection_loop_check_can_fail(tmp_path: Path) -> None:
     assert selection_loops(path) == ["shell.py:2 selection.take", "shell.py:3 selection.take"]
 
 
+SHELL_TEXTS = ("routed before the disk refused",)
+"""Words the node says and the shells once wrote each: what the publisher of a
+publication whose commit failed is told (now ``core.answer.commit_refused``)."""
+
+
+def shell_texts(path: Path) -> list[str]:
+    """Every string in ``path``'s code (docstrings aside) holding one of
+    :data:`SHELL_TEXTS`: ``file:line text``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, documented) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        f"{path.name}:{node.lineno} {text}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+        for text in SHELL_TEXTS
+        if text in node.value
+    ]
+
+
+def test_the_shells_write_none_of_the_nodes_words() -> None:
+    """What a publisher is told of a failed commit is the node's sentence, in both
+    shells (read from the AST)."""
+    assert _in_shells(shell_texts) == []
+
+
+def test_the_shell_texts_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "'''routed before the disk refused, in a docstring, is fine'''\n"
+        "def refuse(receipt, exc):\n"
+        "    '''and here: routed before the disk refused'''\n"
+        "    receipt.refuse(f'{exc} (routed before the disk refused: it may be delivered)')\n"
+    )
+    assert shell_texts(path) == ["shell.py:4 routed before the disk refused"]
+
+
 SESSION_RULES = frozenset({"gone"})
 """The client sessions' rules a shell once applied itself: each called
 ``ClientTable.gone`` and then withdrew the subscriptions in a loop of its own (and the

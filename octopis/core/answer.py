@@ -15,7 +15,8 @@ Which rows a store drops to stay within its own bounds (retention's, not the ans
 :class:`RetentionBound`'s rule; what it dropped is remembered per (publisher, session)
 with :func:`note_trimmed`, and a request that reaches past it is told so by
 :func:`trimmed_gaps`: the same gaps from every store. A store whose disk refused a commit
-refuses new publications for a while, by :func:`store_refusal`; when it commits is
+refuses new publications for a while, by :func:`store_refusal`, and tells the publishers
+of those the commit held what :func:`commit_refused` says; when it commits is
 :func:`commit_now`'s.
 """
 
@@ -62,6 +63,13 @@ def store_refusal(store: str, refused_at: float | None, now: float) -> str | Non
         f"{store} cannot store publications (its disk refused a commit "
         f"{now - refused_at:.1f} s ago); publish again later"
     )
+
+
+def commit_refused(why: str) -> str:
+    """What a publisher is told of its publication when the commit that was to keep it
+    failed (``why``): it was routed in the input pass that took it, before the commit,
+    so it may have been delivered (it is not "not published")."""
+    return f"{why} (routed before the disk refused: it may have been delivered)"
 
 
 def commit_now(pending: int, idle: bool, awaited: bool) -> bool:

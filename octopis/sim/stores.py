@@ -36,6 +36,7 @@ from octopis.core.answer import (
     AnswerSelection,
     RetentionBound,
     Trimmed,
+    commit_refused,
     note_trimmed,
     store_refusal,
     trimmed_gaps,
@@ -121,9 +122,8 @@ class RetentionStores:
         if broker in self._full:
             self._refused_at[broker] = now
             self._counts["retention.refused"] += 1
-            self.refused[key] = (f"{broker}'s retention store cannot store it: its disk is "
-                                 "full (routed before the disk refused: it may have been "
-                                 "delivered)")  # fmt: skip
+            why = f"{broker}'s retention store cannot store it: its disk is full"
+            self.refused[key] = commit_refused(why)
             return False
         self._refused_at.pop(broker, None)
         store = self.kept.get(broker)

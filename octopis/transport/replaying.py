@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from octopis.client_policy import LastSeen
-from octopis.core.answer import COMMIT_DELAY, commit_now
+from octopis.core.answer import COMMIT_DELAY, commit_now, commit_refused
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
@@ -171,10 +171,8 @@ class Replaying:
             self.store.commit(time.time())
         except RetentionError as exc:
             self._warn.warning("retention", "%s: %s", self.id, exc)
-            # routed in the pass that took them, before this commit: not "not published"
-            reason = f"{exc} (routed before the disk refused: it may have been delivered)"
             for receipt in receipts:
-                receipt.refuse(reason)
+                receipt.refuse(commit_refused(str(exc)))
             return
         for receipt in receipts:
             receipt.held()
