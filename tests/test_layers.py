@@ -438,13 +438,15 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
-def requester_lookups(path: Path) -> list[str]:
-    """Every call of a ``requester`` method and every read of a map whose name ends in
-    ``requesters`` (``x[req_id]``, ``x.get(req_id)``) in ``path``'s code: a shell looking
-    up itself which client asked for a replay. The replay rounds name the client in
-    ``ReplayDeliver`` and ``ReplayDone`` (``action.requester``, an attribute read, is
-    fine) and ``Durables.answer_claim`` reads it from the rounds; a map a shell keeps as
-    its history of requests may be written: ``file:line name``."""
+def replay_copies(path: Path) -> list[str]:
+    """In ``path``'s code: every call of a ``requester`` method and every read of a map
+    whose name ends in ``requesters`` (``x[req_id]``, ``x.get(req_id)``), a shell looking
+    up itself which client asked for a replay (the rounds name it in ``ReplayDeliver``
+    and ``ReplayDone``: ``action.requester``, an attribute read, is fine; a map a shell
+    keeps as its history of requests may be written); and every ``<...selection>.take``,
+    a store offering its rows one by one to an ``AnswerSelection`` and deciding itself
+    when to stop reading (both stores once wrote that loop; both now hand their rows to
+    ``AnswerSelection.choose``): ``file:line name``."""
 
     def named(node: ast.AST) -> str:
         return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
@@ -456,68 +458,33 @@ def requester_lookups(path: Path) -> list[str]:
         read = ""
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
             read = f"{named(node.value)}[]"
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            read = f"{named(node.func.value)}.{node.func.attr}"
-        if read.endswith(("requesters[]", "requesters.get")):
+        elif isinstance(node, ast.Attribute):
+            read = f"{named(node.value)}.{node.attr}"
+        if read.endswith(("requesters[]", "requesters.get", "selection.take")):
             found.append(f"{path.name}:{node.lineno} {read}")
     return found
 
 
-def test_the_shells_look_up_no_replay_requester() -> None:
-    """Whom a replay's answers go to is the rounds' rule (the latest ``limit`` requests
-    of a host are remembered): both shells hand each answer to the requester the action
-    names (read from the AST)."""
-    assert _in_shells(requester_lookups) == []
-
-
-def test_the_requester_check_can_fail(tmp_path: Path) -> None:
+def test_the_replay_copies_check_can_fail(tmp_path: Path) -> None:
     path = tmp_path / "shell.py"
     path.write_text(
-        "def answer(self, rounds, action, req_id, subscriber):\n"
+        "def answer(self, rounds, action, req_id, subscriber, selection):\n"
         "    '''rounds.requester(req_id) in a docstring is fine'''\n"
         "    key = rounds.requester(action.req_id)\n"
         "    who = self._requesters[action.req_id]\n"
         "    self._requesters[req_id] = subscriber\n"
         "    notify(action.requester, who or self._requesters.get(req_id))\n"
+        "    take = self.selection.take\n"
+        "    found = [selection.take(*row) for row in rows] + selection.choose(rows)\n"
+        "    self.take(rows)\n"
     )
-    assert sorted(requester_lookups(path)) == [
+    assert sorted(replay_copies(path)) == [
         "shell.py:3 requester()",
         "shell.py:4 _requesters[]",
         "shell.py:6 _requesters.get",
+        "shell.py:7 selection.take",
+        "shell.py:8 selection.take",
     ]
-
-
-def selection_loops(path: Path) -> list[str]:
-    """Every ``<...selection>.take`` in ``path``'s code: a store offering its rows one by
-    one to an ``AnswerSelection`` and deciding itself when to stop reading. Both stores
-    once wrote that loop; both now hand their rows to ``AnswerSelection.choose``:
-    ``file:line name``."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Attribute) and node.attr == "take":
-            owner = node.value
-            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
-            if name.endswith("selection"):
-                found.append(f"{path.name}:{node.lineno} {name}.take")
-    return found
-
-
-def test_the_stores_read_by_the_nodes_selection_loop() -> None:
-    """Neither store offers rows to the answer's selection one by one (read from the
-    AST): what a page holds and when the reading stops are the node's."""
-    assert _in_shells(selection_loops) == []
-
-
-def test_the_selection_loop_check_can_fail(tmp_path: Path) -> None:
-    path = tmp_path / "shell.py"
-    path.write_text(
-        "def read(self, selection, rows):\n"
-        "    take = self.selection.take\n"
-        "    found = [selection.take(*row) for row in rows]\n"
-        "    self.take(rows)\n"
-        "    return selection.choose(rows)\n"
-    )
-    assert selection_loops(path) == ["shell.py:2 selection.take", "shell.py:3 selection.take"]
 
 
 SHELL_TEXTS = ("routed before the disk refused",)
@@ -543,12 +510,6 @@ def shell_texts(path: Path) -> list[str]:
         for text in SHELL_TEXTS
         if text in node.value
     ]
-
-
-def test_the_shells_write_none_of_the_nodes_words() -> None:
-    """What a publisher is told of a failed commit is the node's sentence, in both
-    shells (read from the AST)."""
-    assert _in_shells(shell_texts) == []
 
 
 def test_the_shell_texts_check_can_fail(tmp_path: Path) -> None:
@@ -689,3 +650,15 @@ def test_the_public_api_check_can_fail(tmp_path: Path) -> None:
         "shell.py:3 acked=",
         "shell.py:4 received=",
     ]
+
+
+@pytest.mark.parametrize("check", [replay_copies, shell_texts])
+def test_the_shells_keep_no_copy_of_the_replay_and_retention_rules(
+    check: Callable[[Path], list[str]],
+) -> None:
+    """Read from the AST, neither shell looks up whom a replay's answers go to (the
+    rounds name the requester, the latest ``limit`` requests of a host remembered), nor
+    offers a store's rows to the answer's selection one by one (what a page holds and
+    when the reading stops are ``AnswerSelection.choose``'s), nor writes what the
+    publisher of a failed commit is told (``commit_refused``)."""
+    assert _in_shells(check) == []
