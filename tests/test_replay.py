@@ -45,7 +45,7 @@ from octopis.settings import BrokerSettings, Retention
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
 from octopis.transport.links import PublishReceipt
-from octopis.transport.replaying import Replaying, _decode_kept
+from octopis.transport.replaying import PAGE_ROOM, PAGE_ROWS, PAGE_WAIT, Replaying, _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
 from octopis.wire import REPLAY, REPLAY_ECHO, pack
 
@@ -404,6 +404,51 @@ def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_dela
         assert answered == [1, 2, 3] and not replaying.store.pending
         assert replaying.store.stats["retention.commits"] == 2
         replaying.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_process_answers_a_large_replay_page_by_page_to_the_requester_named(
+    tmp_path: Path,
+) -> None:
+    """The process's shell answers a request larger than :data:`PAGE_ROWS`: the first
+    page at once, the rest while the link toward the requester has room (none while it
+    is full), each publication once and in order, to the client the rounds name, then
+    ``replay_done``; the rounds' timer is set (:class:`ExpireAt`) and fires harmlessly."""
+    told: list[tuple[str, dict]] = []
+    room = {"queued": PAGE_ROOM + 1}  # full until the first page has gone
+
+    async def scenario() -> None:
+        settings = BrokerSettings()
+        replaying = Replaying(
+            "a:0",
+            settings.retention,
+            settings.durable,
+            1.0,
+            tmp_path,
+            lambda neighbour, message: None,
+            lambda src, state: ([], []),
+            lambda key, message: told.append((key, message)) is None,
+            lambda link: room["queued"],
+        )
+        count = 2 * PAGE_ROWS + 7
+        for seq in range(1, count + 1):
+            n = _notification("P", seq, time.time())
+            replaying.kept(n, encode_body(n), None)
+        req_id = replaying.start("k1", ["[class,eq,'STOCK']"], [], 0.0, historic=True)
+        await asyncio.sleep(10 * PAGE_WAIT)  # the task looks at the full link meanwhile
+        seqs = [_decode_kept(b).seq for _, m in told for b in m["bodies"]]
+        assert seqs == list(range(1, PAGE_ROWS + 1))  # the first page, nothing more
+        room["queued"] = 0
+        await until(lambda: told[-1][1]["op"] == "replay_done", "the last page", 10)
+        replayed = [m for key, m in told if key == "k1" and m["op"] == "replayed"]
+        seqs = [_decode_kept(b).seq for m in replayed for b in m["bodies"]]
+        assert seqs == list(range(1, count + 1))
+        assert {m["id"] for _, m in told} == {req_id} and {k for k, _ in told} == {"k1"}
+        assert told[-1][1]["published"] == count and told[-1][1]["answered"] == ["a:0"]
+        replaying.expire()  # the round is over: nothing more is told
+        assert told[-1][1]["op"] == "replay_done" and len(told) == len(replayed) + 1
+        replaying.close()
 
     asyncio.run(scenario())
 

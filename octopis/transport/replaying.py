@@ -383,14 +383,10 @@ class Replaying:
         self.commit()
         retention = self.retention
         answer = StoreAnswer(self.store, request, retention.answer_max, retention.answer_bytes)
-        first = answer.page(PAGE_ROWS)
-        if answer.done:
-            self._finish(answer, first)
-            return
-        self._carry_out(self.rounds.part(request.req_id, first))
-        task = asyncio.get_running_loop().create_task(self._answer(answer))
-        self._answers.add(task)
-        task.add_done_callback(self._answers.discard)
+        if not self._page(answer):
+            task = asyncio.get_running_loop().create_task(self._answer(answer))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
 
     async def _answer(self, answer: StoreAnswer) -> None:
         """The rest of a large answer, page by page: between pages the loop serves live
@@ -401,16 +397,17 @@ class Replaying:
             await asyncio.sleep(0)
             while self._queued(link) > PAGE_ROOM:
                 await asyncio.sleep(PAGE_WAIT)
-            if not self.rounds.answering(req_id):
+            if not self.rounds.answering(req_id) or self._page(answer):
                 return
-            page = answer.page(PAGE_ROWS)
-            if answer.done:
-                self._finish(answer, page)
-                return
-            self._carry_out(self.rounds.part(req_id, page))
 
-    def _finish(self, answer: StoreAnswer, last: list[Notification]) -> None:
+    def _page(self, answer: StoreAnswer) -> bool:
+        """The next page of ``answer`` read and handed to the rounds: a part, or the
+        last (True) with the gaps and the cut."""
         request = answer.request
+        page = answer.page(PAGE_ROWS)
+        if not answer.done:
+            self._carry_out(self.rounds.part(request.req_id, page))
+            return False
         if answer.truncated:
             log.info(
                 "%s: answer to %s cut at %d publications, %d bytes",
@@ -420,8 +417,9 @@ class Replaying:
                 answer.selection.bytes,
             )
         self._carry_out(
-            self.rounds.stored(request.req_id, last, answer.gaps, truncated=answer.truncated)
+            self.rounds.stored(request.req_id, page, answer.gaps, truncated=answer.truncated)
         )
+        return True
 
     def _claim(self, request: Replay) -> None:
         """A claim of a durable record: the node's answer
