@@ -36,7 +36,7 @@ from octopis.client_policy import (
     failover_tries,
     publisher_order,
 )
-from octopis.core import Forward, Notification, SubState
+from octopis.core import Forward, Notification
 from octopis.core.durable import Durables
 from octopis.core.replay import (
     ExpireAt,
@@ -121,17 +121,17 @@ class SubscriberFailover:
         kept from the first failure scheduled on (:meth:`saw`)."""
 
     def _rounds(self, broker: str) -> ReplayRounds:
+        """``broker``'s replay rounds (made at its first request), whose requests go on
+        where the node says (:meth:`BrokerNode.replay_targets`, by its view of links)."""
         rounds = self.replay_rounds.get(broker)
         if rounds is None:
             rounds = self.replay_rounds[broker] = ReplayRounds(
-                broker, lambda src, state: self._replay_targets(broker, src, state)
+                broker,
+                lambda src, state: self.nodes[broker].replay_targets(
+                    src, state, self._view(broker).down
+                ),
             )
         return rounds
-
-    def _replay_targets(
-        self, broker: str, src: str | None, state: SubState
-    ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
-        return self.nodes[broker].replay_targets(src, state, self._view(broker).down)
 
     # -- events --------------------------------------------------------------------------
 
