@@ -142,6 +142,28 @@ def test_a_claim_is_answered_by_the_node_once_for_the_shell_and_the_simulator() 
     assert answer.withdraw is None and not answer.save and ("audit", "d") in host.records
 
 
+def test_the_records_written_are_those_changed_since_the_last_write() -> None:
+    """:meth:`Durables.written`, what both shells write (the process's store, the
+    simulator's copy a restart reads back): every record changed since the last write,
+    one gone as None, once; a record its own client claimed back here is written
+    attached again (else a restart would read it away since its client last left)."""
+    durables = Durables("b:0", keep=60.0, limit=10)
+    durables.attach("audit", "d", "k1/audit", "s1", ("[x,>,1]",), 100.0)
+    durables.attach("desk", "d", "k2/desk", "s2", ("[x,>,1]",), 100.0)
+    assert list(durables.written()) == [("audit", "d"), ("desk", "d")]
+    assert durables.written() == {}
+    durables.ack("audit", "d", [("P", 1, 7)], 101.0)
+    durables.end("s2")
+    audit = durables.records[("audit", "d")]
+    assert durables.written() == {("audit", "d"): audit, ("desk", "d"): None}
+    durables.detached("s1", 102.0)
+    durables.attach("audit", "d", "k3/audit", "s3", (), 110.0)  # back here: still away
+    assert durables.written() == {("audit", "d"): audit} and audit.away == 102.0
+    owed = durables.claim("audit", "d", "k3/audit", 111.0)
+    assert owed is not None and owed.away == 102.0  # owed from when it left
+    assert durables.written() == {("audit", "d"): audit} and audit.away is None
+
+
 class _Stream:
     """A durable stream that keeps what it is offered."""
 

@@ -348,7 +348,7 @@ def test_the_node_state_check_can_fail(tmp_path: Path) -> None:
 
 
 SHELL_COPIES = frozenset(
-    {"detected", "adopts", "requesters", "CLOCK_SLACK", "COMMIT_ROWS", "next_deadline"}
+    {"detected", "adopts", "requesters", "CLOCK_SLACK", "COMMIT_ROWS", "next_deadline", "dirty"}
 )
 """Rules the shells once kept copies of. Which links a broker routes through: a set of
 the simulator's own of the links each broker had detected down, where the broker
@@ -361,7 +361,9 @@ replay: the process kept its own map, bounded as the rounds are; the rounds now 
 process's store only) and when a store commits (``COMMIT_ROWS``): now
 ``core.answer``'s ``AnswerSelection`` and ``commit_now``. When replay rounds expire next:
 each shell asked ``ReplayRounds.next_deadline`` after an expiry and set its own timer (the
-simulator only if later than now); ``ReplayRounds.expire`` now asks with an ``ExpireAt``."""
+simulator only if later than now); ``ReplayRounds.expire`` now asks with an ``ExpireAt``.
+What a write of the durable records holds: the process took ``Durables.dirty`` itself, the
+simulator copied every record; both now write ``Durables.written``."""
 
 NEIGHBOUR_COPIES = frozenset({"hello"})
 """The neighbour table's calls that took a shell's verdict. A neighbour's HELLO: the
@@ -425,11 +427,14 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "if len(store.pending) >= COMMIT_ROWS:\n"
         "    commit()\n"
         "timer(rounds.next_deadline())\n"
+        "changed, durables.dirty = durables.dirty, set()\n"
     )
     assert sorted(shell_copies(path)) == [
         "shell.py:10 CLOCK_SLACK",
         "shell.py:11 COMMIT_ROWS",
         "shell.py:13 next_deadline",
+        "shell.py:14 dirty",
+        "shell.py:14 dirty",
         "shell.py:3 detected",
         "shell.py:4 hello",
         "shell.py:5 said(literal)",

@@ -224,6 +224,7 @@ class Durables:
                 return None
             owed = replace(record)
             record.away = None
+            self.dirty.add(ident)  # written attached: a restart reads it away since updated
             return owed
         del self.records[ident]
         if record.sub_id is not None:
@@ -248,6 +249,13 @@ class Durables:
             withdraw = Withdraw(record.key, record.client, record.sub_id)
         claimed = (record.claimed(self.id, now),)
         return ClaimAnswer(withdraw, True, rounds.stored(request.req_id, [], [], claimed=claimed))
+
+    def written(self) -> dict[tuple[str, str], DurableRecord | None]:
+        """What the shell writes now: each record changed since the last call (one gone:
+        None), in the order of their identities; from then on they count as written
+        (:attr:`dirty` is emptied)."""
+        dirty, self.dirty = self.dirty, set()
+        return {ident: self.records.get(ident) for ident in sorted(dirty)}
 
     def expire(self, now: float) -> list[DurableRecord]:
         """Records whose client has been away past ``keep``: abandoned, forgotten."""

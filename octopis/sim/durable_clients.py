@@ -41,7 +41,7 @@ from octopis.client_policy import (
     resume_from,
 )
 from octopis.core import Notification
-from octopis.core.durable import SAVE_EVERY, Durables, claim_of
+from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
 from octopis.core.replay import (
     ClaimRecord,
     Gap,
@@ -126,8 +126,10 @@ class DurableSimulator(Simulator):
         self.durable_records: dict[str, Durables] = {
             b: Durables(b, DURABLE_KEEP, DURABLE_MAX) for b in self.scot.brokers
         }
-        self._written: dict[str, list[Any]] = {b: [] for b in self.scot.brokers}
-        """Each broker's records as last written (what a restart reads back)."""
+        self._written: dict[str, dict[tuple[str, str], DurableRecord]] = {
+            b: {} for b in self.scot.brokers
+        }
+        """Each broker's records as written (what a restart reads back)."""
         self._writing: set[str] = set()
         self._written_time: dict[str, float] = {}
         self._durable_reqs: dict[str, tuple[str, int, bool]] = {}
@@ -276,7 +278,7 @@ class DurableSimulator(Simulator):
         records = self.durable_records[broker]
         restored = Durables(broker, records.keep, records.limit)
         restored.stats = records.stats
-        for record in copy.deepcopy(self._written[broker]):
+        for record in copy.deepcopy(list(self._written[broker].values())):
             restored.restore(record)
         self.durable_records[broker] = restored
         self._writing.discard(broker)
@@ -398,9 +400,15 @@ class DurableSimulator(Simulator):
         self._durable_request(c, replay)
 
     def _durable_write(self, broker: str) -> None:
-        """``broker`` writes its records (what a restart reads back)."""
+        """``broker`` writes its records changed since its last write, as the process
+        writes them (:meth:`Durables.written`; what a restart reads back)."""
         self._writing.discard(broker)
         if self._dead(broker):
             return
         self._written_time[broker] = self.now
-        self._written[broker] = copy.deepcopy(list(self.durable_records[broker].records.values()))
+        written = self._written[broker]
+        for ident, record in self.durable_records[broker].written().items():
+            if record is None:
+                written.pop(ident, None)
+            else:
+                written[ident] = copy.deepcopy(record)

@@ -69,6 +69,13 @@ _encode_record = msgspec.msgpack.Encoder().encode
 _decode_record = msgspec.msgpack.Decoder(_Record).decode
 
 
+def _encoded(r: DurableRecord | None) -> bytes | None:
+    """Durable record ``r`` as written to the store (None: deleted)."""
+    if r is None:
+        return None
+    return _encode_record(_Record(list(r.filters), r.since.since(), r.after, r.updated, r.away))
+
+
 def _decode_kept(body: bytes) -> Notification:
     message = decode_body("store", body)
     if type(message) is not Notification:
@@ -302,20 +309,12 @@ class Replaying:
             self.save_durables()
 
     def save_durables(self) -> None:
-        """Write the durable records changed since the last write (none: nothing)."""
-        dirty, self.durables.dirty = self.durables.dirty, set()
-        if self.store is None or not dirty:
+        """Write the durable records changed since the last write
+        (:meth:`~octopis.core.durable.Durables.written`; a record gone is deleted)."""
+        changed = self.durables.written()
+        if self.store is None or not changed:
             return
-        records = self.durables.records
-        out: dict[tuple[str, str], bytes | None] = {}
-        for ident in dirty:  # a record gone is deleted (None)
-            r = records.get(ident)
-            if r is None:
-                out[ident] = None
-                continue
-            kept = _Record(list(r.filters), r.since.since(), r.after, r.updated, r.away)
-            out[ident] = _encode_record(kept)
-        self.store.save_durables(out)
+        self.store.save_durables({ident: _encoded(r) for ident, r in changed.items()})
 
     @property
     def stats(self) -> dict[str, float]:
