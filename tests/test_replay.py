@@ -371,6 +371,27 @@ def test_a_store_kept_a_row_per_publication_is_packed_when_opened(tmp_path: Path
     assert not store.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'kept'").fetchone()
 
 
+def _replaying(
+    data: Path,
+    notify: Callable[[str, dict], bool],
+    queued: Callable[[str | None], int] = lambda link: 0,
+) -> Replaying:
+    """Broker a:0's retention and replay (the process's shell) with the default
+    settings, its store in ``data``, alone (no neighbour to ask)."""
+    settings = BrokerSettings()
+    return Replaying(
+        "a:0",
+        settings.retention,
+        settings.durable,
+        1.0,
+        data,
+        lambda neighbour, message: None,
+        lambda src, state: ([], []),
+        notify,
+        queued,
+    )
+
+
 def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_delay(
     tmp_path: Path,
 ) -> None:
@@ -381,17 +402,7 @@ def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_dela
     answered: list[int] = []
 
     async def scenario() -> None:
-        settings = BrokerSettings()
-        replaying = Replaying(
-            "a:0",
-            settings.retention,
-            settings.durable,
-            1.0,
-            tmp_path,
-            lambda neighbour, message: None,
-            lambda src, state: ([], []),
-            lambda key, message: True,
-        )
+        replaying = _replaying(tmp_path, lambda key, message: True)
         for seq, alone in ((1, True), (2, False), (3, False)):
             receipt = PublishReceipt(partial(answered.append, seq), alone=alone)
             n = _notification("P", seq)
@@ -418,19 +429,12 @@ def test_the_process_answers_a_large_replay_page_by_page_to_the_requester_named(
     told: list[tuple[str, dict]] = []
     room = {"queued": PAGE_ROOM + 1}  # full until the first page has gone
 
+    def notify(key: str, message: dict) -> bool:
+        told.append((key, message))
+        return True
+
     async def scenario() -> None:
-        settings = BrokerSettings()
-        replaying = Replaying(
-            "a:0",
-            settings.retention,
-            settings.durable,
-            1.0,
-            tmp_path,
-            lambda neighbour, message: None,
-            lambda src, state: ([], []),
-            lambda key, message: told.append((key, message)) is None,
-            lambda link: room["queued"],
-        )
+        replaying = _replaying(tmp_path, notify, lambda link: room["queued"])
         count = 2 * PAGE_ROWS + 7
         for seq in range(1, count + 1):
             n = _notification("P", seq, time.time())
