@@ -31,18 +31,11 @@ from octopis.core import (
     Unsubscribe,
     make_broker,
 )
-from octopis.core.answer import (
-    CLOCK_SLACK,
-    AnswerSelection,
-    Kept,
-    RetentionBound,
-    commit_refused,
-    store_refusal,
-)
+from octopis.core.answer import CLOCK_SLACK, AnswerSelection, Kept, RetentionBound
 from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase, stall
 from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
 from octopis.core.replay import Replay, ReplayData
-from octopis.defaults import CLOCK_SKEW, LOOKBACK, PUBLISHERS_KNOWN, REFUSE_FOR
+from octopis.defaults import CLOCK_SKEW, LOOKBACK, PUBLISHERS_KNOWN
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
@@ -574,27 +567,6 @@ def test_answer_selection_chooses_rows_until_it_ends_and_reads_no_further() -> N
     whole = AnswerSelection(Replay("r", "c:0", ("[x,<,9]",), (("P0", 0, 2),), 0.0, 1.0))
     assert whole.choose(rows()) == [n for n in notes if n.publisher != "P0" or n.seq > 2]
     assert not whole.ended and len(read) == len(notes)
-
-
-def test_a_full_disk_refuses_what_its_commit_held_and_new_publications_for_a_while() -> None:
-    """The simulator's store with a full disk: the publication routed in the pass is
-    refused with the node's words (:func:`commit_refused`: it may have been delivered),
-    and new ones are refused before routing for ``REFUSE_FOR`` seconds
-    (:func:`store_refusal`), as the process's store refuses them."""
-    counts: Counter[str] = Counter()
-    stores = RetentionStores(counts)
-    n = _retained(1)[0]
-    stores.fill("c:0")
-    assert not stores.keep("c:0", n, 10.0)
-    why = "c:0's retention store cannot store it: its disk is full"
-    assert stores.refused[(n.publisher, n.seq)] == commit_refused(why)
-    assert "it may have been delivered" in commit_refused(why)
-    stores.free("c:0")
-    assert stores.refusal("c:0", 10.0 + REFUSE_FOR / 2) == store_refusal(
-        "c:0's retention store", 10.0, 10.0 + REFUSE_FOR / 2
-    )
-    assert stores.refusal("c:0", 10.0 + REFUSE_FOR) is None
-    assert counts["publications_refused.not_kept"] == 1 and counts["retention.refused"] == 1
 
 
 def test_a_second_fail_over_goes_on_along_the_first_list() -> None:

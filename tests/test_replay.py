@@ -24,7 +24,7 @@ from laws import scots
 
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import make_broker
-from octopis.core.answer import COMMIT_ROWS, commit_now
+from octopis.core.answer import COMMIT_ROWS, commit_now, commit_refused, store_refusal
 from octopis.core.durable import claim_of
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
@@ -41,7 +41,9 @@ from octopis.core.replay import (
     ReplayRounds,
     sbp_targets,
 )
+from octopis.defaults import REFUSE_FOR
 from octopis.settings import BrokerSettings, Retention
+from octopis.sim.stores import RetentionStores
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
 from octopis.transport.links import PublishReceipt
@@ -455,6 +457,27 @@ def test_the_process_answers_a_large_replay_page_by_page_to_the_requester_named(
         replaying.close()
 
     asyncio.run(scenario())
+
+
+def test_a_full_disk_refuses_what_its_commit_held_and_new_publications_for_a_while() -> None:
+    """The simulator's store with a full disk: the publication routed in the pass is
+    refused with the node's words (:func:`commit_refused`: it may have been delivered),
+    and new ones are refused before routing for ``REFUSE_FOR`` seconds
+    (:func:`store_refusal`), as the process's store refuses them."""
+    counts: Counter[str] = Counter()
+    stores = RetentionStores(counts)
+    n = _notification("P", 1)
+    stores.fill("c:0")
+    assert not stores.keep("c:0", n, 10.0)
+    why = "c:0's retention store cannot store it: its disk is full"
+    assert stores.refused[(n.publisher, n.seq)] == commit_refused(why)
+    assert "it may have been delivered" in commit_refused(why)
+    stores.free("c:0")
+    assert stores.refusal("c:0", 10.0 + REFUSE_FOR / 2) == store_refusal(
+        "c:0's retention store", 10.0, 10.0 + REFUSE_FOR / 2
+    )
+    assert stores.refusal("c:0", 10.0 + REFUSE_FOR) is None
+    assert counts["publications_refused.not_kept"] == 1 and counts["retention.refused"] == 1
 
 
 def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:
