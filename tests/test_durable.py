@@ -118,17 +118,50 @@ def test_a_claim_is_answered_by_the_node_once_for_the_shell_and_the_simulator() 
     durables.ack("audit", "d", [("P", 1, 7)], 101.0)
     claim = Replay("a:0/1", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
     rounds.receive("a:0", claim, 0.0)
-    answer = durables.answer_claim(rounds, claim, "k9/audit", 130.0)  # not the host: passing
+    answer = durables.answer_claim(rounds, claim, 130.0)  # not the host: passing
     assert answer.withdraw == Withdraw("k1/audit", "audit", "s1") and answer.save
     (echo,) = answer.actions
     assert [c.since for c in echo.message.claimed] == [(("P", 1, 7),)]
     assert durables.records == {}
     again = Replay("a:0/2", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
     rounds.receive("a:0", again, 0.0)
-    answer = durables.answer_claim(rounds, again, None, 131.0)
+    answer = durables.answer_claim(rounds, again, 131.0)
     assert answer.withdraw is None and not answer.save
     (echo,) = answer.actions
     assert echo.message.claimed == () and echo.message.answered == ("b:0",)
+    # At the host the rounds name who asked: a record its own attachment has just made
+    # is not handed over (the node reads the requester; the shells pass none).
+    host, host_rounds = (
+        Durables("a:0", keep=60.0, limit=10),
+        ReplayRounds("a:0", lambda *_: ([], [])),
+    )
+    host.attach("audit", "d", "k2/audit", "s2", ("[x,>,1]",), 140.0)
+    mine = Replay("a:0/3", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
+    host_rounds.start(mine, 0.0, "k2/audit")
+    answer = host.answer_claim(host_rounds, mine, 141.0)
+    assert answer.withdraw is None and not answer.save and ("audit", "d") in host.records
+
+
+def test_the_records_written_are_those_changed_since_the_last_write() -> None:
+    """:meth:`Durables.written`, what both shells write (the process's store, the
+    simulator's copy a restart reads back): every record changed since the last write,
+    one gone as None, once; a record its own client claimed back here is written
+    attached again (else a restart would read it away since its client last left)."""
+    durables = Durables("b:0", keep=60.0, limit=10)
+    durables.attach("audit", "d", "k1/audit", "s1", ("[x,>,1]",), 100.0)
+    durables.attach("desk", "d", "k2/desk", "s2", ("[x,>,1]",), 100.0)
+    assert list(durables.written()) == [("audit", "d"), ("desk", "d")]
+    assert durables.written() == {}
+    durables.ack("audit", "d", [("P", 1, 7)], 101.0)
+    durables.end("s2")
+    audit = durables.records[("audit", "d")]
+    assert durables.written() == {("audit", "d"): audit, ("desk", "d"): None}
+    durables.detached("s1", 102.0)
+    durables.attach("audit", "d", "k3/audit", "s3", (), 110.0)  # back here: still away
+    assert durables.written() == {("audit", "d"): audit} and audit.away == 102.0
+    owed = durables.claim("audit", "d", "k3/audit", 111.0)
+    assert owed is not None and owed.away == 102.0  # owed from when it left
+    assert durables.written() == {("audit", "d"): audit} and audit.away is None
 
 
 class _Stream:

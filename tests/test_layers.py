@@ -356,6 +356,8 @@ SHELL_COPIES = frozenset(
         "requesters",
         "CLOCK_SLACK",
         "COMMIT_ROWS",
+        "next_deadline",
+        "dirty",
     }
 )
 """Rules the shells once kept copies of. Which links a broker routes through: a set of
@@ -370,7 +372,11 @@ marks the order; and the process refused a hosted composite's adoption itself
 replay: the process kept its own map, bounded as the rounds are; the rounds now say
 (``ReplayRounds.requester``). Which stored rows a replay reads (``CLOCK_SLACK``, the
 process's store only) and when a store commits (``COMMIT_ROWS``): now
-``core.answer``'s ``AnswerSelection`` and ``commit_now``."""
+``core.answer``'s ``AnswerSelection`` and ``commit_now``. When replay rounds expire next:
+each shell asked ``ReplayRounds.next_deadline`` after an expiry and set its own timer (the
+simulator only if later than now); ``ReplayRounds.expire`` now asks with an ``ExpireAt``.
+What a write of the durable records holds: the process took ``Durables.dirty`` itself, the
+simulator copied every record; both now write ``Durables.written``."""
 
 NEIGHBOUR_COPIES = frozenset({"hello"})
 """The neighbour table's calls that took a shell's verdict. A neighbour's HELLO: the
@@ -434,11 +440,16 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "CLOCK_SLACK = 60.0\n"
         "if len(store.pending) >= COMMIT_ROWS:\n"
         "    commit()\n"
+        "timer(rounds.next_deadline())\n"
+        "changed, durables.dirty = durables.dirty, set()\n"
     )
     assert sorted(shell_copies(path)) == [
         "shell.py:10 requesters",
         "shell.py:11 CLOCK_SLACK",
         "shell.py:12 COMMIT_ROWS",
+        "shell.py:14 next_deadline",
+        "shell.py:15 dirty",
+        "shell.py:15 dirty",
         "shell.py:3 detected",
         "shell.py:4 hello",
         "shell.py:5 said(literal)",
@@ -446,6 +457,91 @@ def test_the_shell_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:9 movable_problem",
         "shell.py:9 moves_by_adoption",
     ]
+
+
+def replay_copies(path: Path) -> list[str]:
+    """In ``path``'s code: every call of a ``requester`` method and every read of a map
+    whose name ends in ``requesters`` (``x[req_id]``, ``x.get(req_id)``), a shell looking
+    up itself which client asked for a replay (the rounds name it in ``ReplayDeliver``
+    and ``ReplayDone``: ``action.requester``, an attribute read, is fine; a map a shell
+    keeps as its history of requests may be written); and every ``<...selection>.take``,
+    a store offering its rows one by one to an ``AnswerSelection`` and deciding itself
+    when to stop reading (both stores once wrote that loop; both now hand their rows to
+    ``AnswerSelection.choose``): ``file:line name``."""
+
+    def named(node: ast.AST) -> str:
+        return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and named(node.func) == "requester":
+            found.append(f"{path.name}:{node.lineno} requester()")
+        read = ""
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            read = f"{named(node.value)}[]"
+        elif isinstance(node, ast.Attribute):
+            read = f"{named(node.value)}.{node.attr}"
+        if read.endswith(("requesters[]", "requesters.get", "selection.take")):
+            found.append(f"{path.name}:{node.lineno} {read}")
+    return found
+
+
+def test_the_replay_copies_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def answer(self, rounds, action, req_id, subscriber, selection):\n"
+        "    '''rounds.requester(req_id) in a docstring is fine'''\n"
+        "    key = rounds.requester(action.req_id)\n"
+        "    who = self._requesters[action.req_id]\n"
+        "    self._requesters[req_id] = subscriber\n"
+        "    notify(action.requester, who or self._requesters.get(req_id))\n"
+        "    take = self.selection.take\n"
+        "    found = [selection.take(*row) for row in rows] + selection.choose(rows)\n"
+        "    self.take(rows)\n"
+    )
+    assert sorted(replay_copies(path)) == [
+        "shell.py:3 requester()",
+        "shell.py:4 _requesters[]",
+        "shell.py:6 _requesters.get",
+        "shell.py:7 selection.take",
+        "shell.py:8 selection.take",
+    ]
+
+
+SHELL_TEXTS = ("routed before the disk refused",)
+"""Words the node says and the shells once wrote each: what the publisher of a
+publication whose commit failed is told (now ``core.answer.commit_refused``)."""
+
+
+def shell_texts(path: Path) -> list[str]:
+    """Every string in ``path``'s code (docstrings aside) holding one of
+    :data:`SHELL_TEXTS`: ``file:line text``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, documented) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        f"{path.name}:{node.lineno} {text}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+        for text in SHELL_TEXTS
+        if text in node.value
+    ]
+
+
+def test_the_shell_texts_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "'''routed before the disk refused, in a docstring, is fine'''\n"
+        "def refuse(receipt, exc):\n"
+        "    '''and here: routed before the disk refused'''\n"
+        "    receipt.refuse(f'{exc} (routed before the disk refused: it may be delivered)')\n"
+    )
+    assert shell_texts(path) == ["shell.py:4 routed before the disk refused"]
 
 
 SESSION_RULES = frozenset({"gone"})
@@ -640,3 +736,15 @@ def test_the_public_api_check_can_fail(tmp_path: Path) -> None:
         "shell.py:3 acked=",
         "shell.py:4 received=",
     ]
+
+
+@pytest.mark.parametrize("check", [replay_copies, shell_texts])
+def test_the_shells_keep_no_copy_of_the_replay_and_retention_rules(
+    check: Callable[[Path], list[str]],
+) -> None:
+    """Read from the AST, neither shell looks up whom a replay's answers go to (the
+    rounds name the requester, the latest ``limit`` requests of a host remembered), nor
+    offers a store's rows to the answer's selection one by one (what a page holds and
+    when the reading stops are ``AnswerSelection.choose``'s), nor writes what the
+    publisher of a failed commit is told (``commit_refused``)."""
+    assert _in_shells(check) == []

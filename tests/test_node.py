@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from octopis.core import (
     Unsubscribe,
     make_broker,
 )
-from octopis.core.answer import CLOCK_SLACK, AnswerSelection, RetentionBound
+from octopis.core.answer import CLOCK_SLACK, AnswerSelection, Kept, RetentionBound
 from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase, stall
 from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
 from octopis.core.replay import Replay, ReplayData
@@ -545,6 +546,27 @@ def test_answer_selection_cuts_at_bytes() -> None:
         for n in notes
     ]
     assert taken[:2] == notes[:2] and taken[2] is None and selection.truncated
+
+
+def test_answer_selection_chooses_rows_until_it_ends_and_reads_no_further() -> None:
+    """:meth:`AnswerSelection.choose`, the loop both stores read with: what it takes of
+    the rows in order, past the cut nothing more, and no row after the one that ended it
+    is read (a store stops reading)."""
+    notes = _retained(8)
+    read: list[int] = []
+
+    def rows() -> Iterator[Kept]:
+        for n in notes:
+            read.append(n.seq)
+            yield n.publisher, 0, n.seq, n.published_at, n.published_at, 10, lambda n=n: n
+
+    cut = AnswerSelection(Replay("r", "c:0", ("[x,<,9]",), (), 0.0, 1.0, answer_max=3))
+    assert cut.choose(rows()) == notes[:3] and cut.truncated
+    assert read == [n.seq for n in notes[:4]]  # the fourth ended it
+    read.clear()
+    whole = AnswerSelection(Replay("r", "c:0", ("[x,<,9]",), (("P0", 0, 2),), 0.0, 1.0))
+    assert whole.choose(rows()) == [n for n in notes if n.publisher != "P0" or n.seq > 2]
+    assert not whole.ended and len(read) == len(notes)
 
 
 def test_a_second_fail_over_goes_on_along_the_first_list() -> None:

@@ -24,7 +24,7 @@ from laws import scots
 
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import make_broker
-from octopis.core.answer import COMMIT_ROWS, commit_now
+from octopis.core.answer import COMMIT_ROWS, commit_now, commit_refused, store_refusal
 from octopis.core.durable import claim_of
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
@@ -41,11 +41,13 @@ from octopis.core.replay import (
     ReplayRounds,
     sbp_targets,
 )
+from octopis.defaults import REFUSE_FOR
 from octopis.settings import BrokerSettings, Retention
+from octopis.sim.stores import RetentionStores
 from octopis.topology import Scot, build_preset
 from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
 from octopis.transport.links import PublishReceipt
-from octopis.transport.replaying import Replaying, _decode_kept
+from octopis.transport.replaying import PAGE_ROOM, PAGE_ROWS, PAGE_WAIT, Replaying, _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
 from octopis.wire import REPLAY, REPLAY_ECHO, pack
 
@@ -145,8 +147,8 @@ def test_a_neighbour_that_dies_mid_round_or_stays_silent_is_reported() -> None:
     assert rounds.stored("a:0/1", [], []) == []
     assert rounds.receive("b:1", ReplayEcho("a:0/1", seen=True), 10.1) == []
     assert rounds.link_down("c:0") == []
-    assert rounds.expire(11.9) == []
-    (echo,) = rounds.expire(12.0)
+    assert rounds.expire(11.9) == [ExpireAt(12.0)]  # not yet: asked for again
+    (echo,) = rounds.expire(12.0)  # nothing waits: no timer asked for
     assert echo.link == "a:0"
     assert echo.message.silent == ("c:0", "b:2") and echo.message.answered == ("b:0",)
     again = rounds.receive("c:0", _request(), 12.1)
@@ -173,15 +175,18 @@ def test_answers_sent_up_a_link_that_went_down_are_reported_silent_not_answered(
 
 def test_a_part_still_sending_data_is_waited_for_from_its_last_page() -> None:
     """A large answer comes page by page: a child whose data keeps coming is waited for
-    its budget from the last page (not reported silent at the request's deadline), and
-    once it stops, its budget later, it is."""
+    its budget from the last page (not reported silent at the request's deadline, and
+    the expiry asks to be called again then), and once it stops, its budget later, it
+    is."""
     rounds = ReplayRounds("b:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []))
-    rounds.receive("a:0", _request(2.0), 10.0)
+    assert rounds.receive("a:0", _request(2.0), 10.0)[-2:] == [
+        ExpireAt(12.0),
+        QueryStore(_request(2.0)),
+    ]
     rounds.stored("a:0/1", [], [])
-    assert rounds.next_deadline() == 12.0
     page = ReplayData("a:0/1", (_notification("c:0", 5),))
     assert rounds.receive("c:0", page, 11.5) == [Forward("a:0", page)]
-    assert rounds.expire(12.5) == [] and rounds.next_deadline() == 13.5
+    assert rounds.expire(12.5) == [ExpireAt(13.5)]
     (echo,) = rounds.expire(13.5)
     assert echo.message.silent == ("c:0",)
 
@@ -213,8 +218,9 @@ def test_rounds_are_bounded() -> None:
 
 def test_a_host_names_the_requester_of_its_latest_rounds_and_where_answers_go() -> None:
     """The host remembers who asked for each of its latest ``limit`` requests (late
-    answers still find them), a round that ended early is no longer answered, and a
-    round's answers go to the neighbour it came from (the shell asks, DESIGN §11)."""
+    answers still find them: the rounds name the requester in what they hand over, the
+    shells only hand it), a round that ended early is no longer answered, and a round's
+    answers go to the neighbour it came from (the shell asks, DESIGN §11)."""
     rounds = ReplayRounds("a:0", lambda src, state: ([("c:0", SubState.PRIMARY)], []), limit=2)
     for i in range(3):
         rounds.start(Replay(f"r{i}", "a:0", ("[x,>,1]",), (), 0.0, 3.0), 0.0, f"client{i}")
@@ -223,6 +229,12 @@ def test_a_host_names_the_requester_of_its_latest_rounds_and_where_answers_go() 
     assert rounds.toward("r2") is None  # the host's own: answered here
     rounds.receive("b:0", Replay("r9", "b:0", ("[x,>,1]",), (), 0.0, 3.0), 0.0)
     assert rounds.toward("r9") == "b:0" and rounds.requester("r9") is None
+    n = _notification("c:0", 5)
+    (deliver,) = rounds.receive("c:0", ReplayData("r2", (n,)), 0.1)
+    assert deliver == ReplayDeliver("r2", (n,), "client2")
+    assert rounds.stored("r2", [], []) == []  # c:0 has not echoed yet
+    (done,) = rounds.receive("c:0", ReplayEcho("r2", answered=("c:0",)), 0.2)
+    assert done.requester == "client2" and done.echo.answered == ("a:0", "c:0")
 
 
 def test_a_store_commits_at_once_when_awaited_or_full_else_within_the_delay() -> None:
@@ -361,6 +373,27 @@ def test_a_store_kept_a_row_per_publication_is_packed_when_opened(tmp_path: Path
     assert not store.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'kept'").fetchone()
 
 
+def _replaying(
+    data: Path,
+    notify: Callable[[str, dict], bool],
+    queued: Callable[[str | None], int] = lambda link: 0,
+) -> Replaying:
+    """Broker a:0's retention and replay (the process's shell) with the default
+    settings, its store in ``data``, alone (no neighbour to ask)."""
+    settings = BrokerSettings()
+    return Replaying(
+        "a:0",
+        settings.retention,
+        settings.durable,
+        1.0,
+        data,
+        lambda neighbour, message: None,
+        lambda src, state: ([], []),
+        notify,
+        queued,
+    )
+
+
 def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_delay(
     tmp_path: Path,
 ) -> None:
@@ -371,17 +404,7 @@ def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_dela
     answered: list[int] = []
 
     async def scenario() -> None:
-        settings = BrokerSettings()
-        replaying = Replaying(
-            "a:0",
-            settings.retention,
-            settings.durable,
-            1.0,
-            tmp_path,
-            lambda neighbour, message: None,
-            lambda src, state: ([], []),
-            lambda key, message: True,
-        )
+        replaying = _replaying(tmp_path, lambda key, message: True)
         for seq, alone in ((1, True), (2, False), (3, False)):
             receipt = PublishReceipt(partial(answered.append, seq), alone=alone)
             n = _notification("P", seq)
@@ -396,6 +419,65 @@ def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_dela
         replaying.store.close()
 
     asyncio.run(scenario())
+
+
+def test_the_process_answers_a_large_replay_page_by_page_to_the_requester_named(
+    tmp_path: Path,
+) -> None:
+    """The process's shell answers a request larger than :data:`PAGE_ROWS`: the first
+    page at once, the rest while the link toward the requester has room (none while it
+    is full), each publication once and in order, to the client the rounds name, then
+    ``replay_done``; the rounds' timer is set (:class:`ExpireAt`) and fires harmlessly."""
+    told: list[tuple[str, dict]] = []
+    room = {"queued": PAGE_ROOM + 1}  # full until the first page has gone
+
+    def notify(key: str, message: dict) -> bool:
+        told.append((key, message))
+        return True
+
+    async def scenario() -> None:
+        replaying = _replaying(tmp_path, notify, lambda link: room["queued"])
+        count = 2 * PAGE_ROWS + 7
+        for seq in range(1, count + 1):
+            n = _notification("P", seq, time.time())
+            replaying.kept(n, encode_body(n), None)
+        req_id = replaying.start("k1", ["[class,eq,'STOCK']"], [], 0.0, historic=True)
+        await asyncio.sleep(10 * PAGE_WAIT)  # the task looks at the full link meanwhile
+        seqs = [_decode_kept(b).seq for _, m in told for b in m["bodies"]]
+        assert seqs == list(range(1, PAGE_ROWS + 1))  # the first page, nothing more
+        room["queued"] = 0
+        await until(lambda: told[-1][1]["op"] == "replay_done", "the last page", 10)
+        replayed = [m for key, m in told if key == "k1" and m["op"] == "replayed"]
+        seqs = [_decode_kept(b).seq for m in replayed for b in m["bodies"]]
+        assert seqs == list(range(1, count + 1))
+        assert {m["id"] for _, m in told} == {req_id} and {k for k, _ in told} == {"k1"}
+        assert told[-1][1]["published"] == count and told[-1][1]["answered"] == ["a:0"]
+        replaying.expire()  # the round is over: nothing more is told
+        assert told[-1][1]["op"] == "replay_done" and len(told) == len(replayed) + 1
+        replaying.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_full_disk_refuses_what_its_commit_held_and_new_publications_for_a_while() -> None:
+    """The simulator's store with a full disk: the publication routed in the pass is
+    refused with the node's words (:func:`commit_refused`: it may have been delivered),
+    and new ones are refused before routing for ``REFUSE_FOR`` seconds
+    (:func:`store_refusal`), as the process's store refuses them."""
+    counts: Counter[str] = Counter()
+    stores = RetentionStores(counts)
+    n = _notification("P", 1)
+    stores.fill("c:0")
+    assert not stores.keep("c:0", n, 10.0)
+    why = "c:0's retention store cannot store it: its disk is full"
+    assert stores.refused[(n.publisher, n.seq)] == commit_refused(why)
+    assert "it may have been delivered" in commit_refused(why)
+    stores.free("c:0")
+    assert stores.refusal("c:0", 10.0 + REFUSE_FOR / 2) == store_refusal(
+        "c:0's retention store", 10.0, 10.0 + REFUSE_FOR / 2
+    )
+    assert stores.refusal("c:0", 10.0 + REFUSE_FOR) is None
+    assert counts["publications_refused.not_kept"] == 1 and counts["retention.refused"] == 1
 
 
 def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:

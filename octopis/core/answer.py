@@ -1,8 +1,9 @@
 """Which retained publications answer a replay request (DESIGN §11), once for every store.
 
 A store (the broker process's SQLite file, the simulator's memory) reads what it kept in
-the order it stored it, from :attr:`AnswerSelection.start_at`, and offers each row to an
-:class:`AnswerSelection`, which decides: stored within :data:`CLOCK_SLACK` of the
+the order it stored it, from :attr:`AnswerSelection.start_at`, and hands the rows to an
+:class:`AnswerSelection` (:meth:`~AnswerSelection.choose`, a page of them at a time if it
+likes), which decides: stored within :data:`CLOCK_SLACK` of the
 request's window (past it the store stops reading: :attr:`~AnswerSelection.ended`),
 published in ``[after, until)``, past the ``since`` sequence number of its (publisher,
 session), matching one of the request's filters (the compiled matcher), each (publisher,
@@ -14,7 +15,8 @@ Which rows a store drops to stay within its own bounds (retention's, not the ans
 :class:`RetentionBound`'s rule; what it dropped is remembered per (publisher, session)
 with :func:`note_trimmed`, and a request that reaches past it is told so by
 :func:`trimmed_gaps`: the same gaps from every store. A store whose disk refused a commit
-refuses new publications for a while, by :func:`store_refusal`; when it commits is
+refuses new publications for a while, by :func:`store_refusal`, and tells the publishers
+of those the commit held what :func:`commit_refused` says; when it commits is
 :func:`commit_now`'s.
 """
 
@@ -42,6 +44,10 @@ COMMIT_DELAY = 0.002
 
 R = TypeVar("R")
 
+Kept = tuple[str, int, int, float, float, int, Callable[[], Notification]]
+"""A kept publication as a store offers it to :meth:`AnswerSelection.take`: publisher,
+session, seq, published at, stored at, its encoded size, and how to read it."""
+
 Trimmed = dict[tuple[str, int], tuple[int, float]]
 """What a store dropped, per (publisher, session): the highest sequence number dropped
 and the latest publication time among those dropped."""
@@ -57,6 +63,13 @@ def store_refusal(store: str, refused_at: float | None, now: float) -> str | Non
         f"{store} cannot store publications (its disk refused a commit "
         f"{now - refused_at:.1f} s ago); publish again later"
     )
+
+
+def commit_refused(why: str) -> str:
+    """What a publisher is told of its publication when the commit that was to keep it
+    failed (``why``): it was routed in the input pass that took it, before the commit,
+    so it may have been delivered (it is not "not published")."""
+    return f"{why} (routed before the disk refused: it may have been delivered)"
 
 
 def commit_now(pending: int, idle: bool, awaited: bool) -> bool:
@@ -209,3 +222,17 @@ class AnswerSelection:
         self.count += 1
         self.bytes += size
         return n
+
+    def choose(self, rows: Iterable[Kept]) -> list[Notification]:
+        """What the answer takes of ``rows`` (kept publications in the order stored,
+        :data:`Kept`), each offered to :meth:`take`: read until they run out or the
+        selection :attr:`ended` (the rest are not read)."""
+        found: list[Notification] = []
+        take = self.take
+        for row in rows:
+            n = take(*row)
+            if n is not None:
+                found.append(n)
+            elif self.ended:
+                break
+        return found

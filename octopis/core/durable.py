@@ -224,6 +224,7 @@ class Durables:
                 return None
             owed = replace(record)
             record.away = None
+            self.dirty.add(ident)  # written attached: a restart reads it away since updated
             return owed
         del self.records[ident]
         if record.sub_id is not None:
@@ -232,15 +233,14 @@ class Durables:
         self.stats["durable.claimed"] += 1
         return record
 
-    def answer_claim(
-        self, rounds: ReplayRounds, request: Replay, requester: str | None, now: float
-    ) -> ClaimAnswer:
+    def answer_claim(self, rounds: ReplayRounds, request: Replay, now: float) -> ClaimAnswer:
         """This broker's answer to a claim (a :class:`~octopis.core.replay.ClaimRecord`
         of ``rounds``) at wall time ``now``: the record kept here is handed over in the
-        round's echo (:meth:`claim`; ``requester``, the connection key of the client that
-        asked at the host, counts only at the host); a subscription of it still held here
-        by another connection is withdrawn, and the records are written at once."""
-        key = requester if request.host == self.id else None
+        round's echo (:meth:`claim`; the connection key of the client that asked,
+        :meth:`ReplayRounds.requester`, counts only at the host); a subscription of it
+        still held here by another connection is withdrawn, and the records are written
+        at once."""
+        key = rounds.requester(request.req_id) if request.host == self.id else None
         record = self.claim(*claimed_ident(request.claim), key, now)
         if record is None:
             return ClaimAnswer(None, False, rounds.stored(request.req_id, [], []))
@@ -249,6 +249,13 @@ class Durables:
             withdraw = Withdraw(record.key, record.client, record.sub_id)
         claimed = (record.claimed(self.id, now),)
         return ClaimAnswer(withdraw, True, rounds.stored(request.req_id, [], [], claimed=claimed))
+
+    def written(self) -> dict[tuple[str, str], DurableRecord | None]:
+        """What the shell writes now: each record changed since the last call (one gone:
+        None), in the order of their identities; from then on they count as written
+        (:attr:`dirty` is emptied)."""
+        dirty, self.dirty = self.dirty, set()
+        return {ident: self.records.get(ident) for ident in sorted(dirty)}
 
     def expire(self, now: float) -> list[DurableRecord]:
         """Records whose client has been away past ``keep``: abandoned, forgotten."""

@@ -32,8 +32,9 @@ Nothing here reads a clock or does I/O: the shell passes ``now`` and says which 
 SBP targets are up (:data:`Targets`). The rounds decide the rest: when the shell calls
 :meth:`ReplayRounds.expire` (:class:`ExpireAt`), whether it asks its store
 (:class:`QueryStore`) or its durable records (:class:`ClaimRecord`, answered by
-:meth:`octopis.core.durable.Durables.answer_claim`), and, on a broker without a store,
-the unstored answer itself.
+:meth:`octopis.core.durable.Durables.answer_claim`), on a broker without a store the
+unstored answer itself, and at the host which client the answers go to (the
+``requester`` of :class:`ReplayDeliver` and :class:`ReplayDone`).
 """
 
 from __future__ import annotations
@@ -151,21 +152,26 @@ class ClaimRecord(NamedTuple):
 
 
 class ReplayDeliver(NamedTuple):
-    """At the host: hand ``notifications`` answered for ``req_id`` to its requester."""
+    """At the host: hand ``notifications`` answered for ``req_id`` to ``requester`` (the
+    shell's key of the client that asked, :meth:`ReplayRounds.requester`; None: nobody
+    is answered, it is forgotten or nobody asked)."""
 
     req_id: str
     notifications: tuple[Notification, ...]
+    requester: str | None = None
 
 
 class ReplayDone(NamedTuple):
     """At the host: request ``req_id`` is complete; ``echo`` sums up the whole overlay.
     ``late``: an echo of a part that was silent when the request completed and answered
     once it was reachable again (a neighbour restarted and took the request with the
-    subscriptions held for it); its data came as late :class:`ReplayDeliver` ones."""
+    subscriptions held for it); its data came as late :class:`ReplayDeliver` ones. The
+    summary goes to ``requester``, as :class:`ReplayDeliver`'s answers do."""
 
     req_id: str
     echo: ReplayEcho
     late: bool = False
+    requester: str | None = None
 
 
 ReplayAction = Forward | ExpireAt | QueryStore | ClaimRecord | ReplayDeliver | ReplayDone
@@ -279,7 +285,7 @@ class ReplayRounds:
             # waited for its budget from its last page, not from the request.
             round_.deadline = max(round_.deadline, now + round_.request.budget)
             if round_.parent is None:
-                return [ReplayDeliver(message.req_id, message.notifications)]
+                return [self._deliver(message.req_id, message.notifications)]
             return [Forward(round_.parent, message)]
         if src in round_.silent and not message.seen:  # reported silent, answered after all
             round_.silent.remove(src)
@@ -322,10 +328,10 @@ class ReplayRounds:
         if parent is not None:
             return [Forward(parent, message)]
         if type(message) is ReplayData:
-            return [ReplayDeliver(message.req_id, message.notifications)]
+            return [self._deliver(message.req_id, message.notifications)]
         if message.seen:
             return []
-        return [ReplayDone(message.req_id, message, late=True)]
+        return [ReplayDone(message.req_id, message, True, self.requester(message.req_id))]
 
     def part(self, req_id: str, notifications: list[Notification]) -> list[ReplayAction]:
         """A page of this broker's answer to ``req_id`` (its store answers page by page,
@@ -338,7 +344,7 @@ class ReplayRounds:
         for i in range(0, len(notifications), DATA_BATCH):
             batch = tuple(notifications[i : i + DATA_BATCH])
             if round_.parent is None:
-                out.append(ReplayDeliver(req_id, batch))
+                out.append(self._deliver(req_id, batch))
             else:
                 out.append(Forward(round_.parent, ReplayData(req_id, batch)))
         return out
@@ -387,13 +393,19 @@ class ReplayRounds:
         return out
 
     def expire(self, now: float) -> list[ReplayAction]:
-        """Rounds past their budget echo with the neighbours still missing as silent."""
+        """Rounds past their budget echo with the neighbours still missing as silent;
+        then, if a round still waits for echoes, :meth:`expire` is asked for again when
+        the next one runs out of budget (:class:`ExpireAt`, last: data that came through
+        may have moved that deadline past the one this call was asked for)."""
         out: list[ReplayAction] = []
         for req_id, round_ in list(self.rounds.items()):
             if now >= round_.deadline and round_.stored:
                 round_.silent += sorted(round_.waiting)
                 round_.waiting.clear()
                 out += self._echo_if_complete(req_id, round_)
+        deadline = min((r.deadline for r in self.rounds.values() if r.stored), default=None)
+        if deadline is not None:
+            out.append(ExpireAt(deadline))
         return out
 
     def answering(self, req_id: str) -> bool:
@@ -407,10 +419,9 @@ class ReplayRounds:
         round_ = self.rounds.get(req_id)
         return round_.parent if round_ is not None else None
 
-    def next_deadline(self) -> float | None:
-        """When the next round that waits for echoes runs out of budget (None: none
-        waits): the shell calls :meth:`expire` then."""
-        return min((r.deadline for r in self.rounds.values() if r.stored), default=None)
+    def _deliver(self, req_id: str, notifications: tuple[Notification, ...]) -> ReplayDeliver:
+        """At the host: ``notifications`` for ``req_id``, to its requester."""
+        return ReplayDeliver(req_id, notifications, self.requester(req_id))
 
     def _take(self, request: Replay, parent: str | None, now: float) -> list[ReplayAction]:
         out: list[ReplayAction] = []
@@ -463,5 +474,5 @@ class ReplayRounds:
         if round_.parent is None:
             heard = set(echo.answered) | set(echo.unstored)
             silent = tuple(dict.fromkeys(b for b in echo.silent if b not in heard))
-            return [ReplayDone(req_id, replace(echo, silent=silent))]
+            return [ReplayDone(req_id, replace(echo, silent=silent), False, self.requester(req_id))]
         return [Forward(round_.parent, _lost_up(echo) if round_.parent_lost else echo)]

@@ -41,7 +41,7 @@ from octopis.client_policy import (
     resume_from,
 )
 from octopis.core import Notification
-from octopis.core.durable import SAVE_EVERY, Durables, claim_of
+from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
 from octopis.core.replay import (
     ClaimRecord,
     Gap,
@@ -126,8 +126,10 @@ class DurableSimulator(Simulator):
         self.durable_records: dict[str, Durables] = {
             b: Durables(b, DURABLE_KEEP, DURABLE_MAX) for b in self.scot.brokers
         }
-        self._written: dict[str, list[Any]] = {b: [] for b in self.scot.brokers}
-        """Each broker's records as last written (what a restart reads back)."""
+        self._written: dict[str, dict[tuple[str, str], DurableRecord]] = {
+            b: {} for b in self.scot.brokers
+        }
+        """Each broker's records as written (what a restart reads back)."""
         self._writing: set[str] = set()
         self._written_time: dict[str, float] = {}
         self._durable_reqs: dict[str, tuple[str, int, bool]] = {}
@@ -220,7 +222,7 @@ class DurableSimulator(Simulator):
         self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
         self.seams[c.name].req_id = req_id
         c.counts["claims" if request.claim else "replays"] += 1
-        self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now))
+        self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now, c.key))
 
     def _durable_ack(self, c: DurableClient, since: list[tuple[str, int, int]] | None) -> None:
         """``c`` acknowledges ``since`` to its host (at the loop's next pass: now; None:
@@ -276,7 +278,7 @@ class DurableSimulator(Simulator):
         records = self.durable_records[broker]
         restored = Durables(broker, records.keep, records.limit)
         restored.stats = records.stats
-        for record in copy.deepcopy(self._written[broker]):
+        for record in copy.deepcopy(list(self._written[broker].values())):
             restored.restore(record)
         self.durable_records[broker] = restored
         self._writing.discard(broker)
@@ -342,11 +344,7 @@ class DurableSimulator(Simulator):
     def _durable_claim(self, broker: str, request: Replay) -> None:
         """The shell's ``_claim``: the node's answer
         (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
-        owner = self._durable_reqs.get(request.req_id)
-        c = self.durable_clients.get(owner[0]) if owner is not None else None
-        answer = self.durable_records[broker].answer_claim(
-            self._rounds(broker), request, c.key if c is not None else None, self.now
-        )
+        answer = self.durable_records[broker].answer_claim(self._rounds(broker), request, self.now)
         if answer.withdraw is not None:
             self._withdraw_held(broker, answer.withdraw.client, answer.withdraw.sub_id)
         if answer.save:
@@ -404,9 +402,15 @@ class DurableSimulator(Simulator):
         self._durable_request(c, replay)
 
     def _durable_write(self, broker: str) -> None:
-        """``broker`` writes its records (what a restart reads back)."""
+        """``broker`` writes its records changed since its last write, as the process
+        writes them (:meth:`Durables.written`; what a restart reads back)."""
         self._writing.discard(broker)
         if self._dead(broker):
             return
         self._written_time[broker] = self.now
-        self._written[broker] = copy.deepcopy(list(self.durable_records[broker].records.values()))
+        written = self._written[broker]
+        for ident, record in self.durable_records[broker].written().items():
+            if record is None:
+                written.pop(ident, None)
+            else:
+                written[ident] = copy.deepcopy(record)

@@ -36,7 +36,7 @@ from octopis.client_policy import (
     failover_tries,
     publisher_order,
 )
-from octopis.core import Forward, Notification, SubState
+from octopis.core import Forward, Notification
 from octopis.core.durable import Durables
 from octopis.core.replay import (
     ExpireAt,
@@ -121,17 +121,17 @@ class SubscriberFailover:
         kept from the first failure scheduled on (:meth:`saw`)."""
 
     def _rounds(self, broker: str) -> ReplayRounds:
+        """``broker``'s replay rounds (made at its first request), whose requests go on
+        where the node says (:meth:`BrokerNode.replay_targets`, by its view of links)."""
         rounds = self.replay_rounds.get(broker)
         if rounds is None:
             rounds = self.replay_rounds[broker] = ReplayRounds(
-                broker, lambda src, state: self._replay_targets(broker, src, state)
+                broker,
+                lambda src, state: self.nodes[broker].replay_targets(
+                    src, state, self._view(broker).down
+                ),
             )
         return rounds
-
-    def _replay_targets(
-        self, broker: str, src: str | None, state: SubState
-    ) -> tuple[list[tuple[str, SubState]], list[tuple[str, SubState]]]:
-        return self.nodes[broker].replay_targets(src, state, self._view(broker).down)
 
     # -- events --------------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ class SubscriberFailover:
             REPLAY_BUDGET,
         )
         self.replay_counts["requests"] += 1
-        self._carry_out_replay(new, self._rounds(new).start(request, self.now))
+        self._carry_out_replay(new, self._rounds(new).start(request, self.now, subscriber))
 
     def historic(
         self, asker: str, broker: str, subscription: Subscription, after: float, until: float
@@ -272,7 +272,7 @@ class SubscriberFailover:
             req_id, broker, (subscription.to_text(),), (), after, HISTORIC_BUDGET, until=until
         )
         self.replay_counts["historic"] += 1
-        self._carry_out_replay(broker, self._rounds(broker).start(request, self.now))
+        self._carry_out_replay(broker, self._rounds(broker).start(request, self.now, asker))
         return req_id
 
     def _replay_message(self, broker: str, src: str, message: Any) -> None:
@@ -287,12 +287,11 @@ class SubscriberFailover:
         rounds = self.replay_rounds.get(broker)
         if rounds is not None and self.failures is not None and not self._dead(broker):
             self._carry_out_replay(broker, rounds.expire(self.now))
-            deadline = rounds.next_deadline()
-            if deadline is not None and deadline > self.now:  # data moved it
-                self.at(deadline, self._replay_expire, broker)
 
     def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
         for action in actions:
+            if type(action) in (ReplayDeliver, ReplayDone) and action.requester is None:
+                continue  # nobody to answer (the rounds forgot who asked)
             if type(action) is Forward:
                 self._dispatch(broker, [action])
             elif type(action) is ExpireAt:
@@ -305,7 +304,7 @@ class SubscriberFailover:
                     broker, rounds.stored(request.req_id, found, gaps, truncated=truncated)
                 )
             elif type(action) is ReplayDeliver:
-                subscriber = self._requesters[action.req_id]
+                subscriber = action.requester
                 historic = self.historic_received.get(action.req_id)
                 if historic is not None:
                     historic += [(n.publisher, n.seq) for n in action.notifications]
@@ -317,7 +316,7 @@ class SubscriberFailover:
                 else:  # a late part: joined at once
                     self._join(subscriber, [], action.notifications)
             elif type(action) is ReplayDone:
-                subscriber = self._requesters[action.req_id]
+                subscriber = action.requester
                 if action.req_id in self.historic_received:
                     self.historic_done.add(action.req_id)
                 seam = self.seams.get(subscriber)

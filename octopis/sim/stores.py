@@ -36,6 +36,7 @@ from octopis.core.answer import (
     AnswerSelection,
     RetentionBound,
     Trimmed,
+    commit_refused,
     note_trimmed,
     store_refusal,
     trimmed_gaps,
@@ -121,9 +122,8 @@ class RetentionStores:
         if broker in self._full:
             self._refused_at[broker] = now
             self._counts["retention.refused"] += 1
-            self.refused[key] = (f"{broker}'s retention store cannot store it: its disk is "
-                                 "full (routed before the disk refused: it may have been "
-                                 "delivered)")  # fmt: skip
+            why = f"{broker}'s retention store cannot store it: its disk is full"
+            self.refused[key] = commit_refused(why)
             return False
         self._refused_at.pop(broker, None)
         store = self.kept.get(broker)
@@ -180,15 +180,10 @@ class RetentionStores:
         if not store:  # nothing to choose from: no selection to build
             return [], gaps, False
         selection = AnswerSelection(request, self._answer_max, self._answer_bytes)
-        found = []
-        for n, at in zip(store, self._kept_at[broker], strict=True):
-            taken = selection.take(
-                n.publisher, n.session, n.seq, n.published_at, at, 0, lambda n=n: n
-            )
-            if taken is not None:
-                found.append(taken)
-            elif selection.ended:
-                break
+        found = selection.choose(
+            (n.publisher, n.session, n.seq, n.published_at, at, 0, lambda n=n: n)
+            for n, at in zip(store, self._kept_at[broker], strict=True)
+        )
         return found, gaps, selection.truncated
 
 

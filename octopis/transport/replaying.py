@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from octopis.client_policy import LastSeen
-from octopis.core.answer import COMMIT_DELAY, commit_now
+from octopis.core.answer import COMMIT_DELAY, commit_now, commit_refused
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
@@ -67,6 +67,13 @@ class _Record(msgspec.Struct, array_like=True):
 
 _encode_record = msgspec.msgpack.Encoder().encode
 _decode_record = msgspec.msgpack.Decoder(_Record).decode
+
+
+def _encoded(r: DurableRecord | None) -> bytes | None:
+    """Durable record ``r`` as written to the store (None: deleted)."""
+    if r is None:
+        return None
+    return _encode_record(_Record(list(r.filters), r.since.since(), r.after, r.updated, r.away))
 
 
 def _decode_kept(body: bytes) -> Notification:
@@ -171,10 +178,8 @@ class Replaying:
             self.store.commit(time.time())
         except RetentionError as exc:
             self._warn.warning("retention", "%s: %s", self.id, exc)
-            # routed in the pass that took them, before this commit: not "not published"
-            reason = f"{exc} (routed before the disk refused: it may have been delivered)"
             for receipt in receipts:
-                receipt.refuse(reason)
+                receipt.refuse(commit_refused(str(exc)))
             return
         for receipt in receipts:
             receipt.held()
@@ -236,16 +241,13 @@ class Replaying:
         self._carry_out(self.rounds.link_down(neighbour))
 
     def expire(self) -> None:
-        """Rounds past their budget echo without the silent neighbours; then wait for
-        the next deadline (data that came through may have moved it)."""
+        """Rounds past their budget echo without the silent neighbours (the rounds ask
+        for the next deadline)."""
         self._expiry = None
         self._carry_out(self.rounds.expire(time.monotonic()))
-        self._expire_at(self.rounds.next_deadline())
 
-    def _expire_at(self, deadline: float | None) -> None:
+    def _expire_at(self, deadline: float) -> None:
         """Have :meth:`expire` run at monotonic time ``deadline`` (or earlier)."""
-        if deadline is None:
-            return
         if self._expiry is not None:
             if self._expiry.when() <= deadline:
                 return
@@ -307,20 +309,12 @@ class Replaying:
             self.save_durables()
 
     def save_durables(self) -> None:
-        """Write the durable records changed since the last write (none: nothing)."""
-        dirty, self.durables.dirty = self.durables.dirty, set()
-        if self.store is None or not dirty:
+        """Write the durable records changed since the last write
+        (:meth:`~octopis.core.durable.Durables.written`; a record gone is deleted)."""
+        changed = self.durables.written()
+        if self.store is None or not changed:
             return
-        records = self.durables.records
-        out: dict[tuple[str, str], bytes | None] = {}
-        for ident in dirty:  # a record gone is deleted (None)
-            r = records.get(ident)
-            if r is None:
-                out[ident] = None
-                continue
-            kept = _Record(list(r.filters), r.since.since(), r.after, r.updated, r.away)
-            out[ident] = _encode_record(kept)
-        self.store.save_durables(out)
+        self.store.save_durables({ident: _encoded(r) for ident, r in changed.items()})
 
     @property
     def stats(self) -> dict[str, float]:
@@ -348,12 +342,11 @@ class Replaying:
             elif type(action) is ClaimRecord:
                 self._claim(action.request)
             elif type(action) is ReplayDeliver:
-                key = self.rounds.requester(action.req_id)
-                bodies = [encode_body(n) for n in action.notifications]
-                if key is not None:
-                    self._notify(key, {"op": "replayed", "id": action.req_id, "bodies": bodies})
+                if action.requester is not None:
+                    bodies = [encode_body(n) for n in action.notifications]
+                    message = {"op": "replayed", "id": action.req_id, "bodies": bodies}
+                    self._notify(action.requester, message)
             elif type(action) is ReplayDone:
-                key = self.rounds.requester(action.req_id)
                 echo = action.echo
                 log.info(
                     "%s: replay %s %s: %d publications from %d stores, %d without a "
@@ -367,9 +360,9 @@ class Replaying:
                     list(echo.silent),
                     len(echo.gaps),
                 )
-                if key is not None:
+                if action.requester is not None:
                     self._notify(
-                        key,
+                        action.requester,
                         {
                             "op": "replay_done",
                             "id": action.req_id,
@@ -389,14 +382,10 @@ class Replaying:
         self.commit()
         retention = self.retention
         answer = StoreAnswer(self.store, request, retention.answer_max, retention.answer_bytes)
-        first = answer.page(PAGE_ROWS)
-        if answer.done:
-            self._finish(answer, first)
-            return
-        self._carry_out(self.rounds.part(request.req_id, first))
-        task = asyncio.get_running_loop().create_task(self._answer(answer))
-        self._answers.add(task)
-        task.add_done_callback(self._answers.discard)
+        if not self._page(answer):
+            task = asyncio.get_running_loop().create_task(self._answer(answer))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
 
     async def _answer(self, answer: StoreAnswer) -> None:
         """The rest of a large answer, page by page: between pages the loop serves live
@@ -407,16 +396,17 @@ class Replaying:
             await asyncio.sleep(0)
             while self._queued(link) > PAGE_ROOM:
                 await asyncio.sleep(PAGE_WAIT)
-            if not self.rounds.answering(req_id):
+            if not self.rounds.answering(req_id) or self._page(answer):
                 return
-            page = answer.page(PAGE_ROWS)
-            if answer.done:
-                self._finish(answer, page)
-                return
-            self._carry_out(self.rounds.part(req_id, page))
 
-    def _finish(self, answer: StoreAnswer, last: list[Notification]) -> None:
+    def _page(self, answer: StoreAnswer) -> bool:
+        """The next page of ``answer`` read and handed to the rounds: a part, or the
+        last (True) with the gaps and the cut."""
         request = answer.request
+        page = answer.page(PAGE_ROWS)
+        if not answer.done:
+            self._carry_out(self.rounds.part(request.req_id, page))
+            return False
         if answer.truncated:
             log.info(
                 "%s: answer to %s cut at %d publications, %d bytes",
@@ -426,15 +416,14 @@ class Replaying:
                 answer.selection.bytes,
             )
         self._carry_out(
-            self.rounds.stored(request.req_id, last, answer.gaps, truncated=answer.truncated)
+            self.rounds.stored(request.req_id, page, answer.gaps, truncated=answer.truncated)
         )
+        return True
 
     def _claim(self, request: Replay) -> None:
         """A claim of a durable record: the node's answer
         (:meth:`~octopis.core.durable.Durables.answer_claim`) carried out."""
-        answer = self.durables.answer_claim(
-            self.rounds, request, self.rounds.requester(request.req_id), time.time()
-        )
+        answer = self.durables.answer_claim(self.rounds, request, time.time())
         if answer.withdraw is not None:
             self._withdraw(answer.withdraw.key, answer.withdraw.sub_id)
         if answer.save:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from octopis.core.answer import (
     AnswerSelection,
+    Kept,
     RetentionBound,
     Trimmed,
     note_trimmed,
@@ -327,9 +328,9 @@ class RetentionStore:
 class StoreAnswer:
     """One store's answer to ``request``, read page by page so that a large one does not
     hold the broker's loop: the kept publications in the order they were stored, from
-    where ``after`` starts, each offered to the node's :class:`AnswerSelection` (which
-    decides what answers, and when the answer is cut: ``truncated``). Rows trimmed between
-    pages are reported with the gaps."""
+    where ``after`` starts, handed to the node's :class:`AnswerSelection` (which decides
+    what answers, when the store stops reading, and when the answer is cut:
+    ``truncated``). Rows trimmed between pages are reported with the gaps."""
 
     def __init__(
         self, store: RetentionStore, request: Replay, answer_max: int, answer_bytes: int
@@ -342,6 +343,8 @@ class StoreAnswer:
         self.next_rowid = store.first_rowid_stored(self.selection.start_at)
         self.skip = 0
         """Publications of the packed row ``next_rowid`` read by earlier pages."""
+        self.read_all = False
+        """Every kept row was read (the last page ended with the store's)."""
         self.done = False
         self.gaps: list[Gap] = []
 
@@ -353,15 +356,18 @@ class StoreAnswer:
     def page(self, rows: int) -> list[Notification]:
         """The publications the selection takes among the next ``rows`` kept ones; sets
         ``done`` (and ``gaps``) after the last."""
-        found: list[Notification] = []
-        if not self.done:
-            self._read(rows, found)
+        if self.done:
+            return []
+        found = self.selection.choose(self._rows(rows))
+        if self.read_all or self.selection.ended:
+            self._finish()
         self.store.stats["retention.replayed"] += len(found)
         return found
 
-    def _read(self, rows: int, found: list[Notification]) -> None:
-        selection, decode, db = self.selection, self.store._decode, self.store.db
-        take = selection.take
+    def _rows(self, rows: int) -> Iterator[Kept]:
+        """The next ``rows`` kept publications (:data:`Kept`) from where the last page
+        stopped, as the selection reads them; :attr:`read_all` once none is left."""
+        decode, db = self.store._decode, self.store.db
         read = 0
         while True:
             row = db.execute(
@@ -369,7 +375,8 @@ class StoreAnswer:
                 (self.next_rowid,),
             ).fetchone()
             if row is None:
-                return self._finish()
+                self.read_all = True
+                return
             rowid, records = row
             if rowid != self.next_rowid:  # trimmed meanwhile: the gaps say so
                 self.next_rowid, self.skip = rowid, 0
@@ -378,17 +385,11 @@ class StoreAnswer:
                     continue
                 if read == rows:
                     self.skip = index
-                    return None
+                    return
                 read += 1
                 publisher, session, seq, published_at, stored_at, body = kept
-                n = take(
-                    publisher, session, seq, published_at, stored_at, len(body),
-                    partial(decode, body),
-                )  # fmt: skip
-                if n is not None:
-                    found.append(n)
-                elif selection.ended:
-                    return self._finish()
+                yield (publisher, session, seq, published_at, stored_at, len(body),
+                       partial(decode, body))  # fmt: skip
             self.next_rowid, self.skip = rowid + 1, 0
 
     def _finish(self) -> None:
