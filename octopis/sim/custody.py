@@ -231,14 +231,15 @@ class CustodyEvents:
 
     def _resent(self, broker: str, src: str, message: Resent) -> None:
         """``src``'s link sent again what it had no acknowledgement for: ``broker`` takes
-        the messages it had not taken (:func:`~octopis.core.custody.resent`; the others
-        are counted, ``links.resent_dropped``) and acknowledges. Lost if the link broke
-        again meanwhile (the next heal sends it again)."""
+        what the node's rule takes (:func:`~octopis.core.custody.resent_taken`; the
+        others are counted, taken before or stale) and acknowledges. Lost if the link
+        broke again meanwhile (the next heal sends it again)."""
         if self.failures.broken(src, broker):
             return
         record = self.nodes[broker].neighbours[src]
-        taken, dropped = resent_taken(record, message.numbered, message.messages)
+        taken, dropped, stale = resent_taken(record, message.numbered, message.messages)
         self.failure_counts["links.resent_dropped"] += dropped
+        self.failure_counts["stale_frames"] += stale
         for copy in taken:
             self._dispatch(broker, self._take(broker, src, copy))
         if owed(record):
