@@ -255,6 +255,28 @@ def test_what_a_link_gives_back_is_held_dropped_or_routed_again_in_order() -> No
     assert read_sbp(_sub("c:0", 1)) == ("c:0#1", True)
 
 
+def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_drained() -> None:
+    """Both shells relink through the node with what each link still carries (the
+    process's queue and custody, the simulator's links in flight and custody): a link
+    that leaves while it carries anything refuses the whole view, naming it, and nothing
+    changes; a link that stays may carry; once the leaving one drained, the view is
+    taken."""
+    from octopis.core.relinking import leaving_busy
+    from octopis.topology_change import remove_region
+
+    smaller = remove_region(FIG2, "f")  # fig2's f is a leaf next to e
+    node = _node("e:0")
+    view, clusters = smaller.brokers["e:0"], smaller.clusters
+    carried = {"f:0": 2, "c:0": 5}
+    assert leaving_busy({"f:0"}, lambda n: carried.get(n, 0)) == {"f:0": 2}
+    with pytest.raises(ValueError, match="the links to f:0 still carry 2 unacknowledged"):
+        node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0))
+    assert "f:0" in node.neighbours and "f:0" in node.core.neighbour_ids
+    carried["f:0"] = 0
+    assert node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0)) == 0
+    assert "f:0" not in node.neighbours and "f:0" not in node.core.neighbour_ids
+
+
 def test_the_session_table_covers_every_phase_and_event() -> None:
     """One transition per (phase, event): the table is total, a new incarnation or a
     handshake restarts the session from anywhere, a share counts only after a handshake
