@@ -322,6 +322,25 @@ def test_a_silent_neighbour_resumes_its_session_and_must_speak_again() -> None:
     assert table["n"].restarts == 1 and not table.reachable("n")
 
 
+def test_a_heal_resumes_the_session_once_unless_a_new_incarnation_came_or_none_was_met() -> None:
+    """Both shells ask the table whether a neighbour heard again resumes its session
+    (its link then gives back, resends and hands over, ``BrokerNode.link_back``): once
+    per silence, not when a new incarnation was met instead, and never for a neighbour
+    that was declared down before it was ever met."""
+    table = Neighbours(["n", "m", "never"])
+    table.built("n", 5, 0.0)
+    table.built("m", 7, 0.0)
+    assert not table.resumed("n")  # never silent
+    for name in ("n", "m", "never"):
+        table.silent(name, 3.0)
+    table.heard("n", 4.0)
+    assert table.resumed("n") and not table.resumed("n")  # once per silence
+    table.heard("m", 4.0)
+    assert table.met("m", 8) is True and not table.resumed("m")  # a restart: a handshake
+    table.heard("never", 4.0)
+    assert not table.resumed("never")
+
+
 def test_time_not_running_is_nobodys_silence() -> None:
     """A tick late by more than a tick credits the lateness to every neighbour."""
     assert stall(now=10.15, woke=10.0, tick=0.1) == 0.0  # late by half a tick: on time

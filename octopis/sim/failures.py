@@ -314,11 +314,12 @@ class FailureEvents(CustodyEvents):
                     self._tell_serving(src, dst)
             return
         for src, dst in links:
-            if self.nodes[src].neighbours.declared_down(dst):  # what waited, first
-                self._give_back(src, dst)
-                self._resend(src, dst)  # ahead of all, what the cut may have lost
+            resumes = self.nodes[src].neighbours.resumed(dst)
             self._undetect(src, dst)
-            self._dispatch(src, self.nodes[src].link_back(dst))
+            if resumes:  # as the process's link when it hears its neighbour again
+                self._give_back(src, dst)  # what waited, first
+                self._resend(src, dst)  # ahead of all, what the cut may have lost
+                self._dispatch(src, self.nodes[src].link_back(dst))
             self._word(src, dst)
 
     def _start(self, broker: str) -> None:

@@ -141,16 +141,17 @@ class PeerLiveness:
         self.check_serving(now)
 
     def came_back(self, sender: str, state: Neighbour, now: float) -> None:
-        """``sender``, declared down, is heard again (at ``now``). The same incarnation:
-        its session goes on. The routing frames put on its link while it was down are
-        taken back first, as at the detection (:meth:`PeerEvents.link_down`: the node
-        holds them behind what it held then; the simulator's links give back at the same
-        moments), so that the node's hand-over (:meth:`PeerEvents.link_back`) sends them
-        in the order they were sent instead of letting them overtake it. Ahead of all,
-        the link sends again what it has no acknowledgement for (:meth:`OutputLink.resent`,
-        DESIGN §7): the cut may have aborted the connection with them in it."""
+        """``sender``, declared down, is heard again (at ``now``). If the node's table says
+        its session goes on (:meth:`Neighbours.resumed`, which the simulator's heal asks
+        too), the routing frames put on its link while it was down are taken back first,
+        as at the detection (:meth:`PeerEvents.link_down`: the node holds them behind
+        what it held then), so that the node's hand-over (:meth:`PeerEvents.link_back`)
+        sends them in the order they were sent instead of letting them overtake it.
+        Ahead of all, the link sends again what it has no acknowledgement for
+        (:meth:`OutputLink.resent`, DESIGN §7): the cut may have aborted the connection
+        with them in it."""
         link = self.output.links[sender]
-        if state.incarnation and not link.greeted:
+        if self.neighbours.resumed(sender):
             self.events.link_down(sender, link.take_back(now))  # still routed around
             self.route_through(sender)
             link.put_link(self.output.frame(link.resent(), LINK), now)
