@@ -310,8 +310,7 @@ class FailureEvents(CustodyEvents):
         if not self._met(a, b) or not self._met(b, a):
             self._meet(a, b)
             for src, dst in links:
-                if self.nodes[src].serving:
-                    self._tell_serving(src, dst)
+                self._beat(src, dst)
             return
         for src, dst in links:
             resumes = self.nodes[src].neighbours.resumed(dst)
@@ -381,11 +380,15 @@ class FailureEvents(CustodyEvents):
         return self.nodes[a].neighbours[b].incarnation == self.brokers.incarnation[b]
 
     def _word(self, src: str, dst: str) -> None:
-        """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its node
-        says, as the process's heartbeat carries it; :meth:`Neighbours.said`): if its
-        serving is news, ``src`` hands it what it held for it
+        """``src`` hears ``dst``'s heartbeat now (:meth:`_heard`)."""
+        self._heard(src, dst, self.nodes[dst].serving)
+
+    def _heard(self, src: str, dst: str, serving: bool) -> None:
+        """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its
+        node's word, as the process's heartbeat carries it; :meth:`Neighbours.said`):
+        if its serving is news, ``src`` hands it what it held for it
         (:meth:`BrokerNode.neighbour_serving`)."""
-        if self.nodes[src].neighbours.said(dst, self.nodes[dst].serving):
+        if self.nodes[src].neighbours.said(dst, serving):
             self._dispatch(src, self.nodes[src].neighbour_serving(dst))
 
     def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
@@ -414,24 +417,28 @@ class FailureEvents(CustodyEvents):
             self._dispatch(broker, self._watch(core, notification, core.publish, notification))
         self._dispatch(broker, actions)
         for n in self.scot.graph[broker]:
-            self._tell_serving(broker, n)
+            self._beat(broker, n)
 
-    def _tell_serving(self, broker: str, neighbour: str) -> None:
-        """``neighbour`` hears that ``broker`` serves (its heartbeat), behind what
-        ``broker`` sent it, if their link carries."""
+    def _beat(self, broker: str, neighbour: str) -> None:
+        """``broker``'s heartbeat to ``neighbour``, with its word, behind what it sent it
+        (the process's first heartbeat after a handshake or after it starts serving), if
+        their link carries (:meth:`_beat_heard`)."""
         if self.failures.broken(broker, neighbour):  # type: ignore[union-attr]
             return
-        self.at(self.events.last_arrival(broker, neighbour), self._serving_heard, neighbour, broker)
+        word = (self.brokers.incarnation[broker], self.nodes[broker].serving)
+        self.at(
+            self.events.last_arrival(broker, neighbour), self._beat_heard, neighbour, broker, *word
+        )
 
-    def _serving_heard(self, src: str, dst: str) -> None:
-        """``src`` hears that ``dst`` serves: it routes through it again and hands it what
-        it held for it (:meth:`BrokerNode.neighbour_serving`)."""
+    def _beat_heard(self, src: str, dst: str, incarnation: int, serving: bool) -> None:
+        """``src`` hears ``dst``'s heartbeat (:meth:`_heard`), a sign of life: lost if
+        their link broke meanwhile or ``dst`` runs as another process since."""
         state = self.failures
         assert state is not None
-        if state.broken(dst, src) or not self.nodes[dst].serving:
+        if state.broken(dst, src) or self.brokers.incarnation.get(dst) != incarnation:
             return
         self._undetect(src, dst)
-        self._word(src, dst)
+        self._heard(src, dst, serving)
 
     def _undetect(self, src: str, dst: str) -> None:
         """``src`` hears ``dst`` again; what it sends ``dst`` stays unacknowledged (in

@@ -124,11 +124,10 @@ class PeerLiveness:
             return
         if message.acked_incarnation == self.incarnation:
             self.output.links[sender].acknowledge(message.acked, now)
-        if self.neighbours.said(sender, message.serving):
-            self.route_through(sender)
+        now_serving = self.neighbours.said(sender, message.serving)
+        self.route_through(sender)
+        if now_serving:
             self.events.neighbour_serving(sender)
-        elif not message.serving:
-            self.route_through(sender)
 
     def synced(self, sender: str, message: Synced, now: float) -> None:
         """``sender`` says it handed us its share."""
