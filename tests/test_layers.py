@@ -281,6 +281,7 @@ NODE_STATE = frozenset(
         "phase",
         "word",
         "down_since",
+        "interrupted",
         "accepting",
         "TRANSITIONS",
         "orphans",
@@ -559,3 +560,71 @@ def test_the_public_api_check_can_fail(tmp_path: Path) -> None:
         "shell.py:3 acked=",
         "shell.py:4 received=",
     ]
+
+
+LINK_RULES = frozenset({"resent_taken", "resumed", "relink"})
+"""The neighbour lifecycle's rules each shell once wrote its own way, now asked of the
+node by both: what a RESENT's receiver takes, stale from a sender that is not reachable
+(the process alone checked that); whether a neighbour heard again resumes its session
+(the process read its link's greeting, the simulator ``declared_down``); whether a
+relink may drop a link that still carries (each shell refused with its own data)."""
+
+REFUSAL_WORDS = ("still carry",)
+"""Words of the node's relink refusal (``octopis.core.relinking``): a shell that writes
+them refuses on its own."""
+
+
+def link_rule_calls(path: Path) -> set[str]:
+    """The :data:`LINK_RULES` that ``path`` calls as ``x.rule(...)``, or as ``rule(...)``
+    but for ``relink`` (the broker process's RPC of that name is its own)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in LINK_RULES and (isinstance(func, ast.Attribute) or name != "relink"):
+            found.add(name)
+    return found
+
+
+def refusal_copies(path: Path) -> list[str]:
+    """Every string in ``path``'s code (docstrings aside) with :data:`REFUSAL_WORDS`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    scopes = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, scopes) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        f"{path.name}:{node.lineno} {word}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+        for word in REFUSAL_WORDS
+        if word in node.value
+    ]
+
+
+def test_both_shells_take_the_link_rules_from_the_node() -> None:
+    """Each shell calls every rule of :data:`LINK_RULES` and words no relink refusal of
+    its own (read from the AST)."""
+    for shell in SHELLS:
+        calls = set().union(*map(link_rule_calls, (PACKAGE / shell).glob("*.py")))
+        assert calls == LINK_RULES, shell
+    assert _in_shells(refusal_copies) == []
+
+
+def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def heal(table, link, broker, data):\n"
+        '    """a link that still carries, in a docstring, is fine"""\n'
+        "    if link.incarnation and not link.greeted:\n"
+        "        table.resumed('n')\n"
+        "    relink(broker, data)\n"
+        "    raise ValueError(f'{broker}: the links still carry {data}')\n"
+    )
+    assert link_rule_calls(path) == {"resumed"}
+    assert refusal_copies(path) == ["shell.py:6 still carry"]

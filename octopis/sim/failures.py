@@ -425,10 +425,9 @@ class FailureEvents(CustodyEvents):
         their link carries (:meth:`_beat_heard`)."""
         if self.failures.broken(broker, neighbour):  # type: ignore[union-attr]
             return
-        word = (self.brokers.incarnation[broker], self.nodes[broker].serving)
-        self.at(
-            self.events.last_arrival(broker, neighbour), self._beat_heard, neighbour, broker, *word
-        )
+        incarnation, serving = self.brokers.incarnation[broker], self.nodes[broker].serving
+        arrival = self.events.last_arrival(broker, neighbour)
+        self.at(arrival, self._beat_heard, neighbour, broker, incarnation, serving)
 
     def _beat_heard(self, src: str, dst: str, incarnation: int, serving: bool) -> None:
         """``src`` hears ``dst``'s heartbeat (:meth:`_heard`), a sign of life: lost if
