@@ -110,9 +110,10 @@ class PeerLiveness:
         if restarted is not None:
             link = self.output.links[sender]
             if restarted:
-                self._restarted(sender, now)
-            else:  # met first: what waited for its handshake is the node's to hand on
-                self.events.link_down(sender, link.take_back(now), link.give_up())
+                self._restarted(sender)
+            # What waited for its handshake, and what was sent to a predecessor and not
+            # acknowledged, is the node's to hand on (met first: none was).
+            self.events.link_down(sender, link.take_back(now), link.give_up())
             # Ahead of what the node hands it (what it held first, in order); the resync
             # state follows.
             hello = Hello(self.incarnation, message.incarnation)
@@ -161,13 +162,12 @@ class PeerLiveness:
         if state.was_down:
             log.warning("%s: link to %s is up again after %.2f s", self.id, sender, state.was_down)
 
-    def _restarted(self, sender: str, now: float) -> None:
-        """``sender`` runs as a new process: nothing queued for the old one reaches it."""
+    def _restarted(self, sender: str) -> None:
+        """``sender`` runs as a new process: nothing queued for the old one reaches it
+        (its link gives it back, :meth:`link_message`), and it is routed around."""
         self.route_through(sender)
         self.counters["peer_restarts"] += 1
         log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
-        link = self.output.links[sender]
-        self.events.link_down(sender, link.take_back(now), link.give_up())
 
     # -- silence -------------------------------------------------------------------------
 
