@@ -319,7 +319,7 @@ class FailureEvents(CustodyEvents):
                 self._give_back(src, dst)  # what waited, first
                 self._resend(src, dst)  # ahead of all, what the cut may have lost
                 self._dispatch(src, self.nodes[src].link_back(dst))
-            self._word(src, dst)
+            self._heard(src, dst, self.nodes[dst].serving)
 
     def _start(self, broker: str) -> None:
         """``broker`` starts empty (a restart, or a broker added by a topology change):
@@ -351,7 +351,7 @@ class FailureEvents(CustodyEvents):
         incarnation (a new one for a neighbour that knew an earlier is a restart), hears
         its HELLO (naming the incarnation it knows of us, :meth:`Neighbours.handshake`)
         and hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`);
-        then each hears the other's first heartbeat (:meth:`_word`). Both HELLOs go over
+        then each hears the other's first heartbeat (:meth:`_heard`). Both HELLOs go over
         before either hands anything: each starts its link's numbering again, which the
         messages handed after it take up (the process's HELLO leads its link's queue)."""
         incarnation = self.brokers.incarnation
@@ -372,16 +372,12 @@ class FailureEvents(CustodyEvents):
             actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
         for src, dst in ((a, b), (b, a)):
-            self._word(src, dst)
+            self._heard(src, dst, self.nodes[dst].serving)
 
     def _met(self, a: str, b: str) -> bool:
         """Whether ``a`` has met ``b``'s current incarnation (their handshake went over
         the link)."""
         return self.nodes[a].neighbours[b].incarnation == self.brokers.incarnation[b]
-
-    def _word(self, src: str, dst: str) -> None:
-        """``src`` hears ``dst``'s heartbeat now (:meth:`_heard`)."""
-        self._heard(src, dst, self.nodes[dst].serving)
 
     def _heard(self, src: str, dst: str, serving: bool) -> None:
         """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its

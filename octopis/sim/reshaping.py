@@ -106,16 +106,16 @@ class Reshaping:
         self.retiring -= leaving
 
     def _links_leaving(self, scot: Scot) -> dict[str, set[str]]:
-        """Each broker of the overlay whose links change in ``scot`` (its neighbours, or
-        the cluster count: it is relinked), with the neighbours it loses; a broker that
-        leaves loses them all."""
+        """Each broker of the overlay whose neighbours change in ``scot`` (it is relinked;
+        a new cluster count changes every broker's), with the neighbours it loses; a
+        broker that leaves loses them all."""
         old = self.scot
-        changed = {}
-        for broker in old.brokers:
-            now = set(scot.graph[broker]) if broker in scot.brokers else None
-            if now is None or now != set(old.graph[broker]) or scot.clusters != old.clusters:
-                changed[broker] = set(old.graph[broker]) - (now or set())
-        return changed
+        kept = {b: set(scot.graph[b]) for b in scot.brokers if b in old.brokers}
+        return {
+            broker: set(old.graph[broker]) - kept.get(broker, set())
+            for broker in old.brokers
+            if kept.get(broker) != set(old.graph[broker])
+        }
 
     def _carrying(self, src: str, dst: str) -> int:
         """What ``src``'s link to ``dst`` carries (:data:`~octopis.core.relinking.Carrying`):
