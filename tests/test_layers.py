@@ -628,3 +628,49 @@ def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
     )
     assert link_rule_calls(path) == {"resumed"}
     assert refusal_copies(path) == ["shell.py:6 still carry"]
+
+
+def serving_conditions(path: Path) -> list[str]:
+    """Every condition (``if``, ``while``, a conditional expression or a comprehension's
+    ``if``) in ``path`` that reads an attribute ``serving``: whether a broker serves, or
+    what a heartbeat says of it, is for the node to weigh (``serve_if_ready``,
+    ``Neighbours.said``); a shell carries the word, never branches on it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.If | ast.While | ast.IfExp):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = node.ifs
+        else:
+            continue
+        found += [
+            f"{path.name}:{inner.lineno} serving"
+            for test in tests
+            for inner in ast.walk(test)
+            if isinstance(inner, ast.Attribute) and inner.attr == "serving"
+        ]
+    return found
+
+
+def test_the_shells_never_branch_on_serving() -> None:
+    """The simulator sent a heartbeat after a heal only if the broker served and dropped
+    one on arrival unless it still served; the process rewrote its LST row only if a
+    heartbeat said it did not serve. Now both carry the word and the node decides."""
+    assert _in_shells(serving_conditions) == []
+
+
+def test_the_serving_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def heal(nodes, src, dst, message):\n"
+        "    if nodes[src].serving:\n"
+        "        tell(src, dst)\n"
+        "    word = nodes[dst].serving\n"
+        "    beat = [n for n in nodes if not n.serving]\n"
+        "    return 1 if message.serving else 0\n"
+    )
+    assert sorted(serving_conditions(path)) == [
+        "shell.py:2 serving",
+        "shell.py:5 serving",
+        "shell.py:6 serving",
+    ]
