@@ -255,28 +255,6 @@ def test_what_a_link_gives_back_is_held_dropped_or_routed_again_in_order() -> No
     assert read_sbp(_sub("c:0", 1)) == ("c:0#1", True)
 
 
-def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_drained() -> None:
-    """Both shells relink through the node with what each link still carries (the
-    process's queue and custody, the simulator's links in flight and custody): a link
-    that leaves while it carries anything refuses the whole view, naming it, and nothing
-    changes; a link that stays may carry; once the leaving one drained, the view is
-    taken."""
-    from octopis.core.relinking import leaving_busy
-    from octopis.topology_change import remove_region
-
-    smaller = remove_region(FIG2, "f")  # fig2's f is a leaf next to e
-    node = _node("e:0")
-    view, clusters = smaller.brokers["e:0"], smaller.clusters
-    carried = {"f:0": 2, "c:0": 5}
-    assert leaving_busy({"f:0"}, lambda n: carried.get(n, 0)) == {"f:0": 2}
-    with pytest.raises(ValueError, match="the links to f:0 still carry 2 unacknowledged"):
-        node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0))
-    assert "f:0" in node.neighbours and "f:0" in node.core.neighbour_ids
-    carried["f:0"] = 0
-    assert node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0)) == 0
-    assert "f:0" not in node.neighbours and "f:0" not in node.core.neighbour_ids
-
-
 def test_the_session_table_covers_every_phase_and_event() -> None:
     """One transition per (phase, event): the table is total, a new incarnation or a
     handshake restarts the session from anywhere, a share counts only after a handshake
@@ -320,25 +298,6 @@ def test_a_silent_neighbour_resumes_its_session_and_must_speak_again() -> None:
     assert table.said("n", True) and table.ready(waited=False)
     assert table.met("n", 5) is None and table.met("n", 6) is True
     assert table["n"].restarts == 1 and not table.reachable("n")
-
-
-def test_a_heal_resumes_the_session_once_unless_a_new_incarnation_came_or_none_was_met() -> None:
-    """Both shells ask the table whether a neighbour heard again resumes its session
-    (its link then gives back, resends and hands over, ``BrokerNode.link_back``): once
-    per silence, not when a new incarnation was met instead, and never for a neighbour
-    that was declared down before it was ever met."""
-    table = Neighbours(["n", "m", "never"])
-    table.built("n", 5, 0.0)
-    table.built("m", 7, 0.0)
-    assert not table.resumed("n")  # never silent
-    for name in ("n", "m", "never"):
-        table.silent(name, 3.0)
-    table.heard("n", 4.0)
-    assert table.resumed("n") and not table.resumed("n")  # once per silence
-    table.heard("m", 4.0)
-    assert table.met("m", 8) is True and not table.resumed("m")  # a restart: a handshake
-    table.heard("never", 4.0)
-    assert not table.resumed("never")
 
 
 def test_time_not_running_is_nobodys_silence() -> None:
