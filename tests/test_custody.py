@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from octopis.core.custody import Custody, acknowledgement, heartbeat_due, owed, resent, took
+from octopis.core.custody import (
+    Custody,
+    acknowledgement,
+    heartbeat_due,
+    owed,
+    resent,
+    resent_taken,
+    took,
+)
 from octopis.core.messages import ProtocolError
-from octopis.core.neighbours import Neighbour
+from octopis.core.neighbours import Neighbour, Phase
 
 
 def _numbers(entries: list) -> list[int]:
@@ -62,6 +70,32 @@ def test_other_routing_messages_are_pending_until_acknowledged_and_sent_again() 
     off = Custody(limit=0)
     off.sent("s1", 0.0, False)
     assert not off.pending and off.resend() == (1, [])
+
+
+TAKEN = ((["s5"], 1, 0), 5)
+STALE = (([], 0, 2), 3)
+
+
+@pytest.mark.parametrize(
+    ("phase", "up", "expected"),
+    [
+        (Phase.SYNCED, True, TAKEN),
+        (Phase.SYNCING, True, TAKEN),
+        (Phase.SYNCED, False, STALE),
+        (Phase.HANDSHAKING, True, STALE),
+        (Phase.NEW, False, STALE),
+    ],
+)
+def test_a_resent_from_a_sender_that_is_not_reachable_is_stale(
+    phase: Phase, up: bool, expected: tuple[tuple[list[str], int, int], int]
+) -> None:
+    """Both shells take a RESENT through ``resent_taken``: from a reachable sender (up,
+    its handshake named us) the messages past the count are taken and the rest counted
+    dropped; from any other (down, or of a session not with us), all are stale and the
+    count stays."""
+    record = Neighbour(phase=phase, up=up, received=3)
+    got = resent_taken(record, 5, [(3, "s3"), (5, "s5")])
+    assert (got, record.received) == expected
 
 
 @pytest.mark.parametrize(

@@ -281,6 +281,7 @@ NODE_STATE = frozenset(
         "phase",
         "word",
         "down_since",
+        "interrupted",
         "accepting",
         "TRANSITIONS",
         "orphans",

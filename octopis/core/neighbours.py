@@ -84,6 +84,9 @@ class Neighbour:
     """Seconds it was down before it was last heard again (0: never declared down)."""
     last_heard: float = 0.0
     restarts: int = 0
+    interrupted: bool = False
+    """Declared down in a session a heal may resume: its incarnation was known, and no
+    new one has been met since (:meth:`Neighbours.resumed`)."""
     received: int = 0
     """Data frames taken from it since its handshake (what the process acknowledges)."""
     acked: int = 0
@@ -181,6 +184,7 @@ class Neighbours:
         record.incarnation = incarnation
         record.restarts += restarted
         record.word = None
+        record.interrupted = False
         self.event(name, Event.MET)
         return restarted
 
@@ -232,6 +236,18 @@ class Neighbours:
         record.up = False
         record.word = None
         record.down_since = now
+        record.interrupted = bool(record.incarnation)
+
+    def resumed(self, name: str) -> bool:
+        """Whether ``name``, heard again, resumes the session its silence interrupted (the
+        incarnation it had, none met since): its link then gives back what it held,
+        sends again what it has no acknowledgement for, and the node hands it what it
+        held (:meth:`~octopis.core.node.BrokerNode.link_back`). True once per silence;
+        a new incarnation met instead starts a session with a handshake, and a
+        neighbour never met has none to resume."""
+        record = self.table[name]
+        resumes, record.interrupted = record.interrupted, False
+        return resumes
 
     def declared_down(self, name: str) -> bool:
         """Whether ``name`` was declared down (:meth:`silent`) and not heard since."""

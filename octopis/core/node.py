@@ -45,6 +45,7 @@ from octopis.core.messages import (
 )
 from octopis.core.neighbours import Neighbours
 from octopis.core.recovery import Recovery
+from octopis.core.relinking import Carrying, refuse_relink
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, sbp_targets
 from octopis.core.resync import epoch_of
 from octopis.core.sessions import ClientTable, Withdraw
@@ -355,26 +356,19 @@ class BrokerNode(Generic[Token]):
             targets = sbp_targets(core.links, [], src, state)
         return [t for t in targets if not down(t[0])], [t for t in targets if down(t[0])]
 
-    def relink(self, view: BrokerView, clusters: int, now: float = 0.0) -> int:
+    def relink(self, view: BrokerView, clusters: int, now: float, carrying: Carrying) -> int:
         """Take this broker's view in a new topology version (DESIGN §9): the core takes
         the new neighbours and cluster count, a neighbour that joined is new (last heard
-        ``now``), and what was held for or owed to a
-        neighbour that left is dropped (returned: how many messages). Refused with
-        :class:`ValueError`, nothing changed, under BID (no resync fills a new broker),
-        under DNR with advertisements (a relink does not recompute where advertisements
-        draw the subscriptions made before it: those miss a new region's publishers) or
-        while the core still routes over a leaving link (move its subscribers first)."""
+        ``now``), and what was held for or owed to a neighbour that left is dropped
+        (returned: how many messages). Refused with :class:`ValueError`, nothing changed,
+        when :func:`~octopis.core.relinking.refuse_relink` refuses (BID, DNR with
+        advertisements, a leaving link that still ``carrying`` something) or while the
+        core still routes over a leaving link (move its subscribers first)."""
         core = self.core
-        if not isinstance(core, ClusteredBroker):
-            raise ValueError(f"{core.id} routes by BID, which has no resync to fill a new broker")
-        if core.dynamic and core.advertising is not None:
-            raise ValueError(
-                f"{core.id} routes by DNR with advertisements, which a relink does not "
-                "recompute yet (subscriptions made before it would miss a new region's "
-                "publishers): route by SNR, or turn advertisements off"
-            )
         ids = [n.id for n in view.neighbours]
-        gone = set(core.neighbour_ids) - set(ids)
+        gone = set(self.neighbours) - set(ids)
+        refuse_relink(core, gone, carrying)
+        assert isinstance(core, ClusteredBroker)
         try:
             core.relink(view, clusters)
         except ProtocolError as exc:

@@ -149,6 +149,12 @@ class LinkCustody:
             return []
         return list(self.waiting.pop((src, dst)))
 
+    def carrying(self, src: str, dst: str) -> int:
+        """Messages waiting on ``src → dst`` or sent and unacknowledged (a link may leave
+        the overlay only once none is, :func:`~octopis.core.relinking.leaving_busy`)."""
+        custody = self.links.get((src, dst))
+        return len(self.waiting.get((src, dst), ())) + (len(custody) if custody else 0)
+
     def greeted(self, src: str, dst: str) -> None:
         """``src``'s handshake went to ``dst``: the link's numbering starts again."""
         self.of(src, dst).greeted()
@@ -231,14 +237,15 @@ class CustodyEvents:
 
     def _resent(self, broker: str, src: str, message: Resent) -> None:
         """``src``'s link sent again what it had no acknowledgement for: ``broker`` takes
-        the messages it had not taken (:func:`~octopis.core.custody.resent`; the others
-        are counted, ``links.resent_dropped``) and acknowledges. Lost if the link broke
-        again meanwhile (the next heal sends it again)."""
+        what the node's rule takes (:func:`~octopis.core.custody.resent_taken`; the
+        others are counted, taken before or stale) and acknowledges. Lost if the link
+        broke again meanwhile (the next heal sends it again)."""
         if self.failures.broken(src, broker):
             return
         record = self.nodes[broker].neighbours[src]
-        taken, dropped = resent_taken(record, message.numbered, message.messages)
+        taken, dropped, stale = resent_taken(record, message.numbered, message.messages)
         self.failure_counts["links.resent_dropped"] += dropped
+        self.failure_counts["stale_frames"] += stale
         for copy in taken:
             self._dispatch(broker, self._take(broker, src, copy))
         if owed(record):

@@ -77,10 +77,9 @@ class EventQueue:
         queue = self.in_flight[src].get(dst)
         return queue[-1][0] if queue else self.now
 
-    def carrying(self, src: str, dst: str | None = None) -> bool:
-        """Whether anything is in flight from ``src`` (to ``dst``, or to anyone)."""
-        links = self.in_flight[src]
-        return bool(links.get(dst)) if dst is not None else any(links.values())
+    def carrying(self, src: str, dst: str) -> int:
+        """How many messages are in flight on ``src → dst``."""
+        return len(self.in_flight[src].get(dst, ()))
 
     def add(self, broker: str) -> None:
         """``broker`` joined the overlay: its links carry nothing yet."""

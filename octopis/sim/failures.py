@@ -310,16 +310,16 @@ class FailureEvents(CustodyEvents):
         if not self._met(a, b) or not self._met(b, a):
             self._meet(a, b)
             for src, dst in links:
-                if self.nodes[src].serving:
-                    self._tell_serving(src, dst)
+                self._beat(src, dst)
             return
         for src, dst in links:
-            if self.nodes[src].neighbours.declared_down(dst):  # what waited, first
-                self._give_back(src, dst)
-                self._resend(src, dst)  # ahead of all, what the cut may have lost
+            resumes = self.nodes[src].neighbours.resumed(dst)
             self._undetect(src, dst)
-            self._dispatch(src, self.nodes[src].link_back(dst))
-            self._word(src, dst)
+            if resumes:  # as the process's link when it hears its neighbour again
+                self._give_back(src, dst)  # what waited, first
+                self._resend(src, dst)  # ahead of all, what the cut may have lost
+                self._dispatch(src, self.nodes[src].link_back(dst))
+            self._heard(src, dst, self.nodes[dst].serving)
 
     def _start(self, broker: str) -> None:
         """``broker`` starts empty (a restart, or a broker added by a topology change):
@@ -351,7 +351,7 @@ class FailureEvents(CustodyEvents):
         incarnation (a new one for a neighbour that knew an earlier is a restart), hears
         its HELLO (naming the incarnation it knows of us, :meth:`Neighbours.handshake`)
         and hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`);
-        then each hears the other's first heartbeat (:meth:`_word`). Both HELLOs go over
+        then each hears the other's first heartbeat (:meth:`_heard`). Both HELLOs go over
         before either hands anything: each starts its link's numbering again, which the
         messages handed after it take up (the process's HELLO leads its link's queue)."""
         incarnation = self.brokers.incarnation
@@ -372,19 +372,19 @@ class FailureEvents(CustodyEvents):
             actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
             self._dispatch(src, [*actions, handed])
         for src, dst in ((a, b), (b, a)):
-            self._word(src, dst)
+            self._heard(src, dst, self.nodes[dst].serving)
 
     def _met(self, a: str, b: str) -> bool:
         """Whether ``a`` has met ``b``'s current incarnation (their handshake went over
         the link)."""
         return self.nodes[a].neighbours[b].incarnation == self.brokers.incarnation[b]
 
-    def _word(self, src: str, dst: str) -> None:
-        """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its node
-        says, as the process's heartbeat carries it; :meth:`Neighbours.said`): if its
-        serving is news, ``src`` hands it what it held for it
+    def _heard(self, src: str, dst: str, serving: bool) -> None:
+        """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its
+        node's word, as the process's heartbeat carries it; :meth:`Neighbours.said`):
+        if its serving is news, ``src`` hands it what it held for it
         (:meth:`BrokerNode.neighbour_serving`)."""
-        if self.nodes[src].neighbours.said(dst, self.nodes[dst].serving):
+        if self.nodes[src].neighbours.said(dst, serving):
             self._dispatch(src, self.nodes[src].neighbour_serving(dst))
 
     def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
@@ -413,24 +413,27 @@ class FailureEvents(CustodyEvents):
             self._dispatch(broker, self._watch(core, notification, core.publish, notification))
         self._dispatch(broker, actions)
         for n in self.scot.graph[broker]:
-            self._tell_serving(broker, n)
+            self._beat(broker, n)
 
-    def _tell_serving(self, broker: str, neighbour: str) -> None:
-        """``neighbour`` hears that ``broker`` serves (its heartbeat), behind what
-        ``broker`` sent it, if their link carries."""
+    def _beat(self, broker: str, neighbour: str) -> None:
+        """``broker``'s heartbeat to ``neighbour``, with its word, behind what it sent it
+        (the process's first heartbeat after a handshake or after it starts serving), if
+        their link carries (:meth:`_beat_heard`)."""
         if self.failures.broken(broker, neighbour):  # type: ignore[union-attr]
             return
-        self.at(self.events.last_arrival(broker, neighbour), self._serving_heard, neighbour, broker)
+        incarnation, serving = self.brokers.incarnation[broker], self.nodes[broker].serving
+        arrival = self.events.last_arrival(broker, neighbour)
+        self.at(arrival, self._beat_heard, neighbour, broker, incarnation, serving)
 
-    def _serving_heard(self, src: str, dst: str) -> None:
-        """``src`` hears that ``dst`` serves: it routes through it again and hands it what
-        it held for it (:meth:`BrokerNode.neighbour_serving`)."""
+    def _beat_heard(self, src: str, dst: str, incarnation: int, serving: bool) -> None:
+        """``src`` hears ``dst``'s heartbeat (:meth:`_heard`), a sign of life: lost if
+        their link broke meanwhile or ``dst`` runs as another process since."""
         state = self.failures
         assert state is not None
-        if state.broken(dst, src) or not self.nodes[dst].serving:
+        if state.broken(dst, src) or self.brokers.incarnation.get(dst) != incarnation:
             return
         self._undetect(src, dst)
-        self._word(src, dst)
+        self._heard(src, dst, serving)
 
     def _undetect(self, src: str, dst: str) -> None:
         """``src`` hears ``dst`` again; what it sends ``dst`` stays unacknowledged (in

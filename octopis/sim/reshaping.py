@@ -4,7 +4,9 @@ restart resync) or removed (after their subscribers moved and their links draine
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
+from octopis.core.relinking import leaving_busy, refuse_relink
 from octopis.sim.congestion import FreeLinks, InjectedCongestion
 from octopis.topology import Scot
 
@@ -24,10 +26,12 @@ class Reshaping:
         it (:meth:`ClusteredBroker.relink`: links added or removed, CBV width); a new
         broker starts empty and is filled by resync, the state transfer a restarted
         broker gets (:meth:`_hand_share`), its neighbours routing around it until it has
-        its shares. A broker that leaves must host no subscriber and have nothing in
-        flight (move its subscribers and drain first). Whether a broker may take the new
-        view is its node's decision (:meth:`BrokerNode.relink`: not under BID, which has
-        no resync, nor under DNR with advertisements), asked before anything changes."""
+        its shares. A broker that leaves must host no subscriber (move them first).
+        Whether a broker may take the new view is its node's rule
+        (:func:`~octopis.core.relinking.refuse_relink`: not under BID, which has no
+        resync, nor under DNR with advertisements, nor while a link that leaves still
+        carries something: let it drain), asked of every broker whose links change, the
+        leaving ones included, before anything changes."""
         if not isinstance(self.links, FreeLinks | InjectedCongestion):
             raise ValueError("reshape works on free or injected links, not timed ones")
         old = self.scot
@@ -37,19 +41,17 @@ class Reshaping:
         if hosted:
             raise ValueError(f"clients {', '.join(hosted[:3])} are still attached to a broker "
                              "that leaves: move them first")  # fmt: skip
+        leaving = self._links_leaving(scot)
+        for broker, gone in leaving.items():  # asked of every broker before any changes
+            refuse_relink(self.cores[broker], gone, partial(self._carrying, broker))
+        relinked = [b for b in scot.brokers if b in leaving]
+        dropped = [
+            self.nodes[b].relink(
+                scot.brokers[b], scot.clusters, self.now, partial(self._carrying, b)
+            )
+            for b in relinked
+        ]
         events = self.events
-        busy = [b for b in removed if events.carrying(b)] + [
-            b for b in old.brokers for d in removed if events.carrying(b, d)
-        ]
-        if busy:
-            raise ValueError(f"messages are in flight at {busy[0]}: let the overlay drain first")
-        relinked = [
-            b
-            for b in scot.brokers
-            if b in self.cores
-            and (scot.clusters != old.clusters or set(scot.graph[b]) != set(old.graph[b]))
-        ]
-        dropped = [self.nodes[b].relink(scot.brokers[b], scot.clusters, self.now) for b in relinked]
         state = self._failure_state()
         for broker in removed:
             node = self.brokers.remove(broker)
@@ -93,13 +95,31 @@ class Reshaping:
         late = [s for s, b in self._home.items() if b in leaving and not self.moving(s)]
         for subscriber in late:  # moved there meanwhile, or its move was queued
             self.move(subscriber, refuge(self._home[subscriber]))
-        busy = (
-            any(self.moving(s) for s in self._home)
-            or any(self.events.carrying(b, d) for b in self.cores for d in leaving)
-            or any(self.events.carrying(b) for b in leaving)
+        busy = any(self.moving(s) for s in self._home) or any(
+            leaving_busy(gone, partial(self._carrying, broker))
+            for broker, gone in self._links_leaving(scot).items()
         )
         if busy or late:
             self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
             return
         self.reshape(scot)
         self.retiring -= leaving
+
+    def _links_leaving(self, scot: Scot) -> dict[str, set[str]]:
+        """Each broker of the overlay whose neighbours change in ``scot`` (it is relinked;
+        a new cluster count changes every broker's), with the neighbours it loses; a
+        broker that leaves loses them all."""
+        old = self.scot
+        kept = {b: set(scot.graph[b]) for b in scot.brokers if b in old.brokers}
+        return {
+            broker: set(old.graph[broker]) - kept.get(broker, set())
+            for broker in old.brokers
+            if kept.get(broker) != set(old.graph[broker])
+        }
+
+    def _carrying(self, src: str, dst: str) -> int:
+        """What ``src``'s link to ``dst`` carries (:data:`~octopis.core.relinking.Carrying`):
+        the messages in flight on it, and those waiting on it or unacknowledged."""
+        state = self.failures
+        held = state.custody.carrying(src, dst) if state is not None else 0
+        return self.events.carrying(src, dst) + held

@@ -307,14 +307,12 @@ class PeerInput:
 
     def _resent(self, sender: str, state: Neighbour, message: Resent, now: float) -> None:
         """``sender``'s link healed and sends again what it has no acknowledgement for:
-        the bodies not taken before go to the broker, in order, the others are dropped
-        (``links.resent_dropped``), and what was taken becomes the sender's count
-        (:func:`~octopis.core.custody.resent`). From an unreachable sender, all stale."""
-        if not state.reachable:
-            self.counters["stale_frames"] += len(message.messages)
-            return
-        taken, dropped = resent_taken(state, message.numbered, message.messages)
+        the bodies the node's rule takes go to the broker, in order; the others are
+        counted, taken before (``links.resent_dropped``) or stale
+        (:func:`~octopis.core.custody.resent_taken`)."""
+        taken, dropped, stale = resent_taken(state, message.numbered, message.messages)
         self.counters["links.resent_dropped"] += dropped
+        self.counters["stale_frames"] += stale
         for body in taken:
             try:
                 self.events.peer_message(sender, decode_body_in_full(sender, body), body, now)

@@ -110,9 +110,10 @@ class PeerLiveness:
         if restarted is not None:
             link = self.output.links[sender]
             if restarted:
-                self._restarted(sender, now)
-            else:  # met first: what waited for its handshake is the node's to hand on
-                self.events.link_down(sender, link.take_back(now), link.give_up())
+                self._restarted(sender)
+            # What waited for its handshake, and what was sent to a predecessor and not
+            # acknowledged, is the node's to hand on (met first: none was).
+            self.events.link_down(sender, link.take_back(now), link.give_up())
             # Ahead of what the node hands it (what it held first, in order); the resync
             # state follows.
             hello = Hello(self.incarnation, message.incarnation)
@@ -124,11 +125,10 @@ class PeerLiveness:
             return
         if message.acked_incarnation == self.incarnation:
             self.output.links[sender].acknowledge(message.acked, now)
-        if self.neighbours.said(sender, message.serving):
-            self.route_through(sender)
+        now_serving = self.neighbours.said(sender, message.serving)
+        self.route_through(sender)
+        if now_serving:
             self.events.neighbour_serving(sender)
-        elif not message.serving:
-            self.route_through(sender)
 
     def synced(self, sender: str, message: Synced, now: float) -> None:
         """``sender`` says it handed us its share."""
@@ -141,16 +141,17 @@ class PeerLiveness:
         self.check_serving(now)
 
     def came_back(self, sender: str, state: Neighbour, now: float) -> None:
-        """``sender``, declared down, is heard again (at ``now``). The same incarnation:
-        its session goes on. The routing frames put on its link while it was down are
-        taken back first, as at the detection (:meth:`PeerEvents.link_down`: the node
-        holds them behind what it held then; the simulator's links give back at the same
-        moments), so that the node's hand-over (:meth:`PeerEvents.link_back`) sends them
-        in the order they were sent instead of letting them overtake it. Ahead of all,
-        the link sends again what it has no acknowledgement for (:meth:`OutputLink.resent`,
-        DESIGN §7): the cut may have aborted the connection with them in it."""
+        """``sender``, declared down, is heard again (at ``now``). If the node's table says
+        its session goes on (:meth:`Neighbours.resumed`, which the simulator's heal asks
+        too), the routing frames put on its link while it was down are taken back first,
+        as at the detection (:meth:`PeerEvents.link_down`: the node holds them behind
+        what it held then), so that the node's hand-over (:meth:`PeerEvents.link_back`)
+        sends them in the order they were sent instead of letting them overtake it.
+        Ahead of all, the link sends again what it has no acknowledgement for
+        (:meth:`OutputLink.resent`, DESIGN §7): the cut may have aborted the connection
+        with them in it."""
         link = self.output.links[sender]
-        if state.incarnation and not link.greeted:
+        if self.neighbours.resumed(sender):
             self.events.link_down(sender, link.take_back(now))  # still routed around
             self.route_through(sender)
             link.put_link(self.output.frame(link.resent(), LINK), now)
@@ -161,13 +162,12 @@ class PeerLiveness:
         if state.was_down:
             log.warning("%s: link to %s is up again after %.2f s", self.id, sender, state.was_down)
 
-    def _restarted(self, sender: str, now: float) -> None:
-        """``sender`` runs as a new process: nothing queued for the old one reaches it."""
+    def _restarted(self, sender: str) -> None:
+        """``sender`` runs as a new process: nothing queued for the old one reaches it
+        (its link gives it back, :meth:`link_message`), and it is routed around."""
         self.route_through(sender)
         self.counters["peer_restarts"] += 1
         log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
-        link = self.output.links[sender]
-        self.events.link_down(sender, link.take_back(now), link.give_up())
 
     # -- silence -------------------------------------------------------------------------
 

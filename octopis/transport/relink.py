@@ -86,22 +86,16 @@ def relink(broker: Broker, data: object) -> dict[str, Any]:
     joined open (down until their handshake; a new broker is filled by resync as a
     restarted one is), links to neighbours that leave close, and the core takes the new
     neighbours and cluster count. Refused with :class:`ValueError`, nothing changed,
-    if the view is malformed, if a leaving link still carries routing frames
-    (:meth:`PeerOutput.carrying`: retry once drained), or if the core still routes over
-    it (``ProtocolError``: move the subscribers first); BID is not relinked."""
+    if the view is malformed, or if the node refuses it (:meth:`BrokerNode.relink`: BID,
+    a leaving link that still carries routing frames, :meth:`PeerOutput.carrying`, or
+    a core that still routes over one)."""
     view = decode_view(data, secure=broker.curve is not None)
     info = replace(broker.info, neighbours=tuple(n.neighbour for n in view.neighbours))
     old = {n.id for n in broker.info.neighbours}
     added = [n for n in view.neighbours if n.neighbour.id not in old]
     removed = sorted(old - {n.id for n in info.neighbours})
-    busy = {n: c for n in removed if (c := broker.peers.output.carrying(n))}
-    if busy:
-        raise ValueError(
-            f"{broker.id}: the links to {', '.join(busy)} still carry "
-            f"{sum(busy.values())} unacknowledged messages: retry once they drain"
-        )
     now = broker.loop.time()
-    dropped = broker.node.relink(info, view.clusters, now)
+    dropped = broker.node.relink(info, view.clusters, now, broker.peers.output.carrying)
     if dropped:  # held while a leaving neighbour was down: a failure during the change
         broker.counters["relink.held_dropped"] += dropped
         log.warning("%s: %d messages held for neighbours that left dropped", broker.id, dropped)

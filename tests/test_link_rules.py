@@ -1,0 +1,176 @@
+"""The neighbour lifecycle's rules that both shells ask of the node (DESIGN §7, §9), and
+the checks, read from the shells' AST as ``test_layers.py`` reads the others, that
+neither keeps a copy: whether a neighbour heard again resumes its session
+(``Neighbours.resumed``), what a RESENT's receiver takes (``resent_taken``, tested in
+``test_custody.py``), whether a relink may drop a link that still carries
+(``core.relinking``), and that no shell branches on a broker's or a heartbeat's word
+that it serves."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from test_layers import PACKAGE, SHELLS, _in_shells
+
+from octopis.core import make_broker
+from octopis.core.neighbours import Neighbours
+from octopis.core.node import BrokerNode
+from octopis.core.relinking import leaving_busy
+from octopis.topology import build_preset
+from octopis.topology_change import remove_region
+
+FIG2 = build_preset("fig2")
+
+
+def test_a_heal_resumes_the_session_once_unless_a_new_incarnation_came_or_none_was_met() -> None:
+    """Both shells ask the table whether a neighbour heard again resumes its session
+    (its link then gives back, resends and hands over, ``BrokerNode.link_back``): once
+    per silence, not when a new incarnation was met instead, and never for a neighbour
+    that was declared down before it was ever met."""
+    table = Neighbours(["n", "m", "never"])
+    table.built("n", 5, 0.0)
+    table.built("m", 7, 0.0)
+    assert not table.resumed("n")  # never silent
+    for name in ("n", "m", "never"):
+        table.silent(name, 3.0)
+    table.heard("n", 4.0)
+    assert table.resumed("n") and not table.resumed("n")  # once per silence
+    table.heard("m", 4.0)
+    assert table.met("m", 8) is True and not table.resumed("m")  # a restart: a handshake
+    table.heard("never", 4.0)
+    assert not table.resumed("never")
+
+
+def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_drained() -> None:
+    """Both shells relink through the node with what each link still carries (the
+    process's queue and custody, the simulator's links in flight and custody): a link
+    that leaves while it carries anything refuses the whole view, naming it, and nothing
+    changes; a link that stays may carry; once the leaving one drained, the view is
+    taken."""
+    smaller = remove_region(FIG2, "f")  # fig2's f is a leaf next to e
+    node = BrokerNode(make_broker(FIG2, "e:0", "snr", covering="off"), 100)
+    view, clusters = smaller.brokers["e:0"], smaller.clusters
+    carried = {"f:0": 2, "c:0": 5}
+    assert leaving_busy({"f:0"}, lambda n: carried.get(n, 0)) == {"f:0": 2}
+    with pytest.raises(ValueError, match="the links to f:0 still carry 2 unacknowledged"):
+        node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0))
+    assert "f:0" in node.neighbours and "f:0" in node.core.neighbour_ids
+    carried["f:0"] = 0
+    assert node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0)) == 0
+    assert "f:0" not in node.neighbours and "f:0" not in node.core.neighbour_ids
+
+
+LINK_RULES = frozenset({"resent_taken", "resumed", "relink"})
+"""The neighbour lifecycle's rules each shell once wrote its own way, now asked of the
+node by both: what a RESENT's receiver takes, stale from a sender that is not reachable
+(the process alone checked that); whether a neighbour heard again resumes its session
+(the process read its link's greeting, the simulator ``declared_down``); whether a
+relink may drop a link that still carries (each shell refused with its own data)."""
+
+REFUSAL_WORDS = ("still carry",)
+"""Words of the node's relink refusal (``octopis.core.relinking``): a shell that writes
+them refuses on its own."""
+
+
+def link_rule_calls(path: Path) -> set[str]:
+    """The :data:`LINK_RULES` that ``path`` calls as ``x.rule(...)``, or as ``rule(...)``
+    but for ``relink`` (the broker process's RPC of that name is its own)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in LINK_RULES and (isinstance(func, ast.Attribute) or name != "relink"):
+            found.add(name)
+    return found
+
+
+def refusal_copies(path: Path) -> list[str]:
+    """Every string in ``path``'s code (docstrings aside) with :data:`REFUSAL_WORDS`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    scopes = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, scopes) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        f"{path.name}:{node.lineno} {word}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+        for word in REFUSAL_WORDS
+        if word in node.value
+    ]
+
+
+def test_both_shells_take_the_link_rules_from_the_node() -> None:
+    """Each shell calls every rule of :data:`LINK_RULES` and words no relink refusal of
+    its own (read from the AST)."""
+    for shell in SHELLS:
+        calls = set().union(*map(link_rule_calls, (PACKAGE / shell).glob("*.py")))
+        assert calls == LINK_RULES, shell
+    assert _in_shells(refusal_copies) == []
+
+
+def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def heal(table, link, broker, data):\n"
+        '    """a link that still carries, in a docstring, is fine"""\n'
+        "    if link.incarnation and not link.greeted:\n"
+        "        table.resumed('n')\n"
+        "    relink(broker, data)\n"
+        "    raise ValueError(f'{broker}: the links still carry {data}')\n"
+    )
+    assert link_rule_calls(path) == {"resumed"}
+    assert refusal_copies(path) == ["shell.py:6 still carry"]
+
+
+def serving_conditions(path: Path) -> list[str]:
+    """Every condition (``if``, ``while``, a conditional expression or a comprehension's
+    ``if``) in ``path`` that reads an attribute ``serving``: whether a broker serves, or
+    what a heartbeat says of it, is for the node to weigh (``serve_if_ready``,
+    ``Neighbours.said``); a shell carries the word, never branches on it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.If | ast.While | ast.IfExp):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = node.ifs
+        else:
+            continue
+        found += [
+            f"{path.name}:{inner.lineno} serving"
+            for test in tests
+            for inner in ast.walk(test)
+            if isinstance(inner, ast.Attribute) and inner.attr == "serving"
+        ]
+    return found
+
+
+def test_the_shells_never_branch_on_serving() -> None:
+    """The simulator sent a heartbeat after a heal only if the broker served and dropped
+    one on arrival unless it still served; the process rewrote its LST row only if a
+    heartbeat said it did not serve. Now both carry the word and the node decides."""
+    assert _in_shells(serving_conditions) == []
+
+
+def test_the_serving_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def heal(nodes, src, dst, message):\n"
+        "    if nodes[src].serving:\n"
+        "        tell(src, dst)\n"
+        "    word = nodes[dst].serving\n"
+        "    beat = [n for n in nodes if not n.serving]\n"
+        "    return 1 if message.serving else 0\n"
+    )
+    assert sorted(serving_conditions(path)) == [
+        "shell.py:2 serving",
+        "shell.py:5 serving",
+        "shell.py:6 serving",
+    ]
