@@ -34,7 +34,7 @@ from octopis.transport.codec import (
     encode_body,
     encode_peer,
 )
-from octopis.transport.serving import BrokerFailure
+from octopis.transport.serving import BrokerFailure, serve
 from octopis.wire import NOTIFY_HEAD
 
 
@@ -50,7 +50,7 @@ def test_a_failed_serving_loop_shuts_the_broker_down_with_an_error(
 
     monkeypatch.setattr(serving, "tick_lst", lambda _: broken_tick_loop())
     with pytest.raises(BrokerFailure, match="task 'lst' ended: RuntimeError"):
-        asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+        asyncio.run(asyncio.wait_for(serve(broker), timeout=30))
     assert "LST sampling broke" in caplog.text
 
 
@@ -68,7 +68,7 @@ def test_the_brokers_lst_orders_as_its_settings_say(
 
     monkeypatch.setattr(serving, "tick_lst", lambda _: report_the_order())
     with pytest.raises(BrokerFailure, match="task 'lst' ended: RuntimeError"):
-        asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+        asyncio.run(asyncio.wait_for(serve(broker), timeout=30))
     assert "LST order bluedove" in caplog.text
 
 
@@ -102,7 +102,7 @@ def test_routing_that_fails_before_taking_a_run_drops_it_counted(
 
     monkeypatch.setattr(serving, "tick_lst", lambda _: feed_a_run())
     with pytest.raises(BrokerFailure, match="internal_errors 3, serving a:0 True, received 2"):
-        asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+        asyncio.run(asyncio.wait_for(serve(broker), timeout=30))
     assert "routing broke" in caplog.text
 
 
@@ -144,7 +144,7 @@ def test_a_pass_past_its_deadline_leaves_the_rest_of_a_run_for_the_next(
         await asyncio.Event().wait()
 
     monkeypatch.setattr(serving, "tick_lst", lambda _: feed_a_run())
-    asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+    asyncio.run(asyncio.wait_for(serve(broker), timeout=30))
     assert passes == [4, 3, 2]
     assert routed == [[1, 2], [3], [4]]
     assert taken == [4] and broker.peers.counters["wire_errors"] == 1
@@ -296,7 +296,7 @@ def test_a_publication_refused_while_resyncing_is_neither_kept_nor_answered(
 
     monkeypatch.setattr(serving, "tick_lst", lambda _: publish_while_resyncing())
     with pytest.raises(BrokerFailure, match="refused ClientError, pending 0, copies 0"):
-        asyncio.run(asyncio.wait_for(broker.serve(), timeout=30))
+        asyncio.run(asyncio.wait_for(serve(broker), timeout=30))
     assert not answered
 
 

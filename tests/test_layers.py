@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "octopis"
@@ -200,6 +201,59 @@ def test_every_module_imports_only_downward() -> None:
     assert len(modules) > 30, "the checker found too few modules to be looking at octopis/"
     problems = [v for path, module in modules for v in violations(path, module)]
     assert problems == []
+
+
+def import_edges(modules: list[tuple[Path, str]]) -> dict[str, set[str]]:
+    """Module → the modules of ``modules`` it imports (every ``import``, those under
+    ``TYPE_CHECKING`` and in functions included; ``from pkg import mod`` names ``mod``).
+    A package's ``__init__`` is its face, not a room of its own: importing a name from it
+    is no edge, so the graph is the one ``farm-studio look`` draws."""
+    packages = {m for path, m in modules if path.name == "__init__.py"}
+    rooms = {m for path, m in modules if path.suffix == ".py"} - packages
+    edges: dict[str, set[str]] = {}
+    for path, module in modules:
+        if module not in rooms:
+            continue
+        found = edges.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names} & rooms
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = module.split(".")[: -node.level]
+                    base = ".".join([*parent, base]) if base else ".".join(parent)
+                found |= ({base} | {f"{base}.{a.name}" for a in node.names}) & rooms
+        found.discard(module)
+    return edges
+
+
+def import_circles(modules: list[tuple[Path, str]]) -> list[list[str]]:
+    """The import circles among ``modules``: each a sorted list of the modules whose
+    imports lead back to one another (strongly connected, more than one module)."""
+    graph = nx.DiGraph(import_edges(modules))
+    return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    """DESIGN §2: the layers are a stack, and inside a layer the modules are one too; a
+    type named only for checking counts, as it ties the two rooms just the same."""
+    assert import_circles(_modules()) == []
+
+
+def test_the_circle_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from pkg.a import A\n")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg import b\nA = 1\n")
+    (tmp_path / "pkg" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n"
+    )
+    (tmp_path / "pkg" / "c.py").write_text("from pkg import A\n")
+    modules = [
+        (tmp_path / "pkg" / "__init__.py", "pkg"),
+        *((tmp_path / "pkg" / f"{m}.py", f"pkg.{m}") for m in "abc"),
+    ]
+    assert import_circles(modules) == [["pkg.a", "pkg.b"]]
 
 
 @pytest.mark.parametrize(

@@ -155,6 +155,7 @@ async def run_broker(
     allocations, and what exists once the broker is built (modules, topology) is frozen
     out of its passes."""
     from octopis.transport.broker import Broker
+    from octopis.transport.serving import serve
 
     gc.set_threshold(settings.memory.gc_young, *gc.get_threshold()[1:])
     broker = Broker(scot, broker_id, mode, settings, keys, data_dir)
@@ -162,7 +163,7 @@ async def run_broker(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stop)
-    await broker.serve(gateway)
+    await serve(broker, gateway)
 
 
 if __name__ == "__main__":

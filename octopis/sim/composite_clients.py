@@ -15,6 +15,7 @@ The nemesis holds each client to the brute-force oracle
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from octopis.core.composite import PartKey
@@ -24,8 +25,10 @@ from octopis.defaults import COMPOSITE_HELD, COMPOSITE_LATENESS
 from octopis.filters.composite import Composite
 
 if TYPE_CHECKING:
+    from octopis.core import Action
     from octopis.core.node import BrokerNode
-    from octopis.sim.engine import Simulator
+    from octopis.sim.brokers import Brokers
+    from octopis.sim.events import EventQueue
 
 
 class CompositeClients:
@@ -33,9 +36,16 @@ class CompositeClients:
     (the join's bounds: ``max_held`` and ``lateness``, the process's defaults)."""
 
     def __init__(
-        self, sim: Simulator, max_held: int = COMPOSITE_HELD, lateness: float = COMPOSITE_LATENESS
+        self,
+        brokers: Brokers,
+        events: EventQueue,
+        submit: Callable[[str, list[Action]], None],
+        dead: Callable[[str], bool],
+        max_held: int = COMPOSITE_HELD,
+        lateness: float = COMPOSITE_LATENESS,
     ) -> None:
-        self._sim = sim
+        self._brokers, self._events = brokers, events
+        self._submit, self._dead = submit, dead
         self._max_held, self._lateness = max_held, lateness
         self.hosts: dict[str, tuple[BrokerNode, HostedComposites]] = {}
         """Each hosting broker: the node (incarnation) its composites live in, and them."""
@@ -51,11 +61,10 @@ class CompositeClients:
         """``client`` subscribes ``composite`` at ``broker`` now, held for it by the
         broker's client sessions as a broker process holds it
         (:meth:`~octopis.core.sessions.ClientTable.subscribe`); returns its sub_id."""
-        sim = self._sim
-        node = sim.nodes[broker]
+        node = self._brokers.nodes[broker]
         host = self.hosts.get(broker)
         if host is None or host[0] is not node:
-            core = sim.cores[broker]
+            core = self._brokers.cores[broker]
             hosted = HostedComposites(
                 core.subscribe,
                 core.unsubscribe,
@@ -67,12 +76,12 @@ class CompositeClients:
             host = self.hosts[broker] = (node, hosted)
         hosted = host[1]
         sub_id, actions = node.sessions.subscribe(  # within the client's limit, as a broker's
-            client, client, lambda: hosted.subscribe(client, composite, sim.now)
+            client, client, lambda: hosted.subscribe(client, composite, self._events.now)
         )
         self.clients[client] = (broker, sub_id, composite)
         self.matches[client] = []
         self.offered[client] = set()
-        sim._dispatch_local(broker, actions)
+        self._submit(broker, actions)
         return sub_id
 
     def deliver(self, broker: str, key: str, notification: Notification) -> bool:
@@ -83,11 +92,11 @@ class CompositeClients:
             return False
         node, hosted = host
         composite = hosted.by_key.get(key)
-        if composite is None or node is not self._sim.nodes[broker]:
+        if composite is None or node is not self._brokers.nodes[broker]:
             return False
         n = notification
         self.offered[composite.client].add((n.publisher, n.session, n.seq))
-        return hosted.deliver(key, n, self._sim.now)
+        return hosted.deliver(key, n, self._events.now)
 
     def _notify(self, client: str, notice: dict) -> bool:
         if notice["op"] == "composite":
@@ -102,6 +111,4 @@ class CompositeClients:
     def host_crashed(self, client: str) -> bool:
         """Whether ``client``'s host died after it subscribed (its composite went with it)."""
         broker = self.clients[client][0]
-        state = self._sim.failures
-        dead = state is not None and broker in state.dead
-        return dead or self.hosts[broker][0] is not self._sim.nodes[broker]
+        return self._dead(broker) or self.hosts[broker][0] is not self._brokers.nodes[broker]

@@ -149,7 +149,9 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         self._on_forward = on_forward
         self.clients = Clients(self.brokers, self.ledger, self.events, self._dispatch_local)
         """Where each client is attached, what it subscribed and advertised."""
-        self.composites = CompositeClients(self)
+        self.composites = CompositeClients(
+            self.brokers, self.events, self._dispatch_local, self._dead
+        )
         """The composite subscriptions hosted at the brokers (DESIGN §12)."""
         self._home, self.subscriber_of = self.clients.home, self.clients.subscriber_of
         self.clocks = self.clients.clocks

@@ -9,6 +9,8 @@ control plane (DESIGN §2, §4, §7).
 It carries out what the node decides (every routing and failure rule is in
 :mod:`octopis.core`). A bad frame from a peer or a client is counted, logged (rate-limited)
 and answered with an error where there is someone to answer; the broker goes on serving.
+:func:`~octopis.transport.serving.serve` runs it; :func:`~octopis.transport.relink.relink`
+gives it a new topology version.
 """
 
 from __future__ import annotations
@@ -64,9 +66,7 @@ from octopis.transport.frames import (
 from octopis.transport.inspection import BrokerInspection
 from octopis.transport.links import PublishReceipt
 from octopis.transport.process_mark import mark_running
-from octopis.transport.relink import relink
 from octopis.transport.replaying import Replaying
-from octopis.transport.serving import serve
 
 log = logging.getLogger("octopis.broker")
 Gateway = Callable[["Broker"], list[tuple[str, Coroutine[Any, Any, None]]]]
@@ -168,11 +168,6 @@ class Broker:
         }
 
     # -- lifecycle -----------------------------------------------------------------------
-
-    async def serve(self, gateway: Gateway | None = None) -> None:
-        """Bind, connect, run until :meth:`stop`, then flush and close; ``gateway`` adds
-        the tasks of other client protocols (:func:`~octopis.transport.serving.serve`)."""
-        await serve(self, gateway)
 
     def start_task(self, name: str, work: Coroutine[None, None, None]) -> None:
         task = self.tasks[name] = asyncio.create_task(work, name=name)
@@ -428,11 +423,6 @@ class Broker:
             self.clients.outbox.deliver(deliveries, payload)
 
     # -- control -------------------------------------------------------------------------
-
-    def relink(self, data: object) -> dict[str, Any]:
-        """Take this broker's view in a new topology version
-        (:func:`~octopis.transport.relink.relink`)."""
-        return relink(self, data)
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]:
         """Order client ``client`` to move its subscriptions (``ClientConnections.order_move``)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import aiozmq.rpc
@@ -29,7 +30,6 @@ class Operable(Protocol):
     """What the control RPC asks a broker for or to do."""
 
     def move_client(self, client: str, to: str, inside: bool) -> list[str]: ...
-    def relink(self, data: object) -> dict[str, Any]: ...
     def stop(self) -> None: ...
 
 
@@ -37,9 +37,15 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
     """``status``, ``stats``, ``subscriptions``, ``table``, ``resync_view``, ``load``,
     ``move``, ``clients``, ``relink`` and ``shutdown``."""
 
-    def __init__(self, broker: Operable, inspection: Inspectable) -> None:
+    def __init__(
+        self,
+        broker: Operable,
+        inspection: Inspectable,
+        relink: Callable[[object], dict[str, Any]],
+    ) -> None:
         self._broker = broker
         self._inspection = inspection
+        self._relink = relink
 
     @aiozmq.rpc.method
     def status(self) -> dict:
@@ -94,7 +100,7 @@ class ControlHandler(aiozmq.rpc.AttrHandler):
         """Take this broker's view in a new topology version: its neighbours (labels, peer
         endpoint, public key) and the number of clusters; returns the neighbours added
         and removed (DESIGN §9)."""
-        return self._broker.relink(view)
+        return self._relink(view)
 
     @aiozmq.rpc.method
     def shutdown(self) -> bool:
@@ -110,15 +116,17 @@ async def serve_control(
     frame_bytes: int,
     curve: Curve | None,
     log_interval: float,
+    relink: Callable[[object], dict[str, Any]],
 ) -> aiozmq.rpc.Service:
     """Start the control RPC of ``broker`` (read through ``inspection``) at ``endpoint``;
     a caller sending a message over ``frame_bytes`` is disconnected (ZMQ_MAXMSGSIZE).
     With ``curve``, only the admin key gets in (ZAP domain ``control``). What aiozmq logs
-    about undecodable calls is written at most once per ``log_interval`` seconds."""
+    about undecodable calls is written at most once per ``log_interval`` seconds. A
+    ``relink`` call takes the broker's view in a new topology version."""
     rpc_log = logging.getLogger("aiozmq.rpc")
     if not any(isinstance(f, FloodFilter) for f in rpc_log.filters):
         rpc_log.addFilter(FloodFilter(log_interval))
-    service = await aiozmq.rpc.serve_rpc(ControlHandler(broker, inspection))
+    service = await aiozmq.rpc.serve_rpc(ControlHandler(broker, inspection, relink))
     sock = service.transport.get_extra_info("zmq_socket")
     sock.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
     if curve is not None:

@@ -6,7 +6,7 @@ current incarnation (:attr:`~octopis.core.neighbours.Neighbour.reachable`), so f
 queued for an earlier process are dropped (counted) rather than replayed into an empty
 table. Link-level bodies (HELLO, heartbeat, SYNCED) go to
 :class:`~octopis.transport.peer_liveness.PeerLiveness`; routing bodies to the broker
-(:class:`~octopis.transport.peers.PeerEvents`), as do those a RESENT body carries that
+(:class:`~octopis.transport.peer_events.PeerEvents`), as do those a RESENT body carries that
 were not taken before (:func:`~octopis.core.custody.resent`).
 """
 
@@ -45,7 +45,7 @@ from octopis.transport.security import Curve
 from octopis.transport.zmqio import FastSocket
 
 if TYPE_CHECKING:
-    from octopis.transport.peers import PeerEvents
+    from octopis.transport.peer_events import PeerEvents
 
 PEER_BATCH = 256
 """Bodies handled before yielding to the event loop, so senders keep draining (~1 ms

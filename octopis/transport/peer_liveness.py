@@ -5,7 +5,7 @@ Liveness. Every directed link carries a heartbeat when it has sent nothing for
 ``links.heartbeat`` seconds; any frame counts as a sign of life. A neighbour silent for
 ``links.down_after`` seconds (T, default 1 s) is *down*: its LST row says so, DNR's cases
 avoid it, and the frames queued for it go back to the broker
-(:meth:`~octopis.transport.peers.PeerEvents.link_down`).
+(:meth:`~octopis.transport.peer_events.PeerEvents.link_down`).
 
 Incarnations. HELLO carries the sender's incarnation and the receiver's as the sender
 knows it; a new incarnation seen in a HELLO or a heartbeat means the neighbour restarted:
@@ -35,7 +35,7 @@ from octopis.transport.frames import HANDSHAKE, LINK
 from octopis.transport.peer_output import PeerOutput
 
 if TYPE_CHECKING:
-    from octopis.transport.peers import PeerEvents
+    from octopis.transport.peer_events import PeerEvents
 
 log = logging.getLogger("octopis.broker.peers")
 

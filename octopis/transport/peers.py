@@ -24,18 +24,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol
 
 import zmq.asyncio
 
-from octopis.core import LinkStatusTable, Message, Notification
+from octopis.core import LinkStatusTable
 from octopis.core.node import BrokerNode
 from octopis.logs import RateLimitedLog
 from octopis.settings import BrokerSettings, Links
-from octopis.transport.codec import Synced
-from octopis.transport.links import Activity, OutputLink, PublishReceipt, SendPass
+from octopis.transport.links import Activity, OutputLink, SendPass
+from octopis.transport.peer_events import PeerEvents
 from octopis.transport.peer_input import PeerInput
 from octopis.transport.peer_liveness import PeerLiveness
 from octopis.transport.peer_output import PeerOutput
@@ -68,50 +67,6 @@ class PeerSettings:
             settings.memory.budget_mb,
             settings.logs.interval,
         )
-
-
-class PeerEvents(Protocol):
-    """What the broker does with what arrives on its peer links."""
-
-    def peer_message(self, sender: str, message: Message, body: bytes, now: float) -> None:
-        """A routing message from neighbour ``sender`` (``body`` as received, at loop
-        time ``now``)."""
-
-    def peer_notifications(
-        self, sender: str, run: Iterator[tuple[Notification, bytes]], now: float
-    ) -> None:
-        """Consecutive notifications from neighbour ``sender``, each with its body as
-        received: :meth:`peer_message` for each, in order, with the per-message work done
-        once. An exception leaves ``run`` just past the message that raised it, so the
-        caller can count it and hand over the rest."""
-
-    def link_down(
-        self, neighbour: str, queued: list[list[bytes]], sent: Sequence[list[bytes]] = ()
-    ) -> None:
-        """``neighbour`` went silent or restarted; ``queued`` frames never reached it.
-        Also at a heal, before :meth:`link_back`, with the routing frames put on its link
-        while it was down (no replay round waits for a neighbour that is down), and at a
-        handshake, before :meth:`neighbour_met`, with those that waited for it and the
-        ones ``sent`` to its predecessor without an acknowledgement."""
-
-    def link_back(self, neighbour: str) -> None:
-        """``neighbour`` is heard again without having restarted (a cut link healed)."""
-
-    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
-        """A new incarnation of ``neighbour`` (its first, or a restart): hand it our state
-        (queued behind the handshake); returns what to tell it we handed over."""
-
-    def synced(self, neighbour: str, synced: Synced) -> None:
-        """``neighbour`` has handed us its share (whole or not) and says whether it
-        wants ours (DESIGN §7)."""
-
-    def now_serving(self, held: list[tuple[Notification, PublishReceipt]], actions: list) -> None:
-        """This broker has its resync state from every live neighbour (DESIGN §7): route
-        the local publications ``held`` meanwhile, and carry out the node's ``actions``
-        (:meth:`BrokerNode.serve_if_ready`)."""
-
-    def neighbour_serving(self, neighbour: str) -> None:
-        """``neighbour`` says it is serving (after its start or restart)."""
 
 
 class PeerLinks:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
@@ -19,6 +20,7 @@ from octopis.transport.links import SendPass
 from octopis.transport.metrics import serve_metrics
 from octopis.transport.peers import PeerLinks, PeerSettings
 from octopis.transport.process_mark import clear_running
+from octopis.transport.relink import relink
 from octopis.transport.security import count_failed_handshakes, start_guards
 
 if TYPE_CHECKING:
@@ -89,6 +91,7 @@ async def serve(broker: Broker, gateway: Gateway | None = None) -> None:
         broker.settings.limits.frame_bytes,
         curve,
         broker.settings.logs.interval,
+        partial(relink, broker),
     )
     stop_metrics = None
     if broker.info.metrics_endpoint is not None:
