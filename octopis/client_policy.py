@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from octopis.defaults import (
     CLOCK_SKEW,
@@ -240,6 +240,19 @@ class ReplayGaps(dict[str, set[str]]):
         return set().union(*self.values())
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimAnswer(Generic[C]):
+    """What a durable subscription's claim decides (:meth:`DurableProgress.claim_answered`):
+    ``gap``, why it leaves one (None: it does not); the copy resumed from (None: no record
+    was found, nothing to replay); and the replay to ask: of each (publisher, session)
+    what follows ``since``, of any other publisher what was published from ``after``."""
+
+    gap: str | None
+    resumed: C | None = None
+    since: list[tuple[str, int, int]] = field(default_factory=list)
+    after: float = 0.0
+
+
 class DurableProgress:
     """A durable subscription's progress at its client (DESIGN §11): what the application
     took of each (publisher, session) (:attr:`taken`, acknowledged to the host), what the
@@ -282,11 +295,42 @@ class DurableProgress:
         new host owes from then (:func:`owed_after_failover`)."""
         self.owed_after = owed_after_failover(self.owed_after, replay_start)
 
+    def claim_answered(
+        self, claimed: Sequence[C], silent: Sequence[str], error: str | None = None
+    ) -> ClaimAnswer[C]:
+        """The claim of this subscription's record ended (DESIGN §11) with the copies
+        ``claimed`` (empty: none found, a new record), the brokers ``silent`` and the
+        failure ``error`` (None: it was answered): the gap it leaves (:func:`claim_gap`)
+        and, if a copy came, what it says (:func:`resume_from`, taken as
+        :meth:`claimed`): the replay the client asks for next, from what the record
+        says was taken; the client then acknowledges :meth:`whole` to its host."""
+        gap = claim_gap(bool(claimed), silent, error)
+        if not claimed:
+            return ClaimAnswer(gap)
+        best, since, after = resume_from(claimed)
+        self.claimed(since, after)
+        return ClaimAnswer(gap, best, since, after)
+
     def covers(self, publisher: str, session: int, seq: int) -> bool:
         """Whether the claimed record says a process before this one took ``seq`` of
         ``publisher``'s ``session`` (a late copy, dropped)."""
         last = self.record.get((publisher, session)) if self.record is not None else None
         return last is not None and seq <= last
+
+
+def failover_replay(
+    points: FromPoints, first: float | None, silent: float, durables: Iterable[DurableProgress] = ()
+) -> tuple[list[tuple[str, int, int]], float]:
+    """What a subscriber that first subscribed at ``first`` asks for once it has failed
+    over from a broker silent since ``silent`` (DESIGN §7, §11): the replay's ``since``
+    and ``after`` (:meth:`FromPoints.replay` of its from-``points``); the record of each
+    of its ``durables`` at the new host owes from that start
+    (:meth:`DurableProgress.failed_over`), so that a process ending before the answer is
+    owed it by its next claim."""
+    since, after = points.replay(first, silent)
+    for progress in durables:
+        progress.failed_over(after)
+    return since, after
 
 
 SPANS_KEPT = 10

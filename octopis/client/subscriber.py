@@ -21,7 +21,7 @@ from octopis.client.past import PastRequests
 from octopis.client.replay import ReplayGap, Seam, parse_time
 from octopis.client.replay_log import ReplayLog
 from octopis.client.streams import CompositeStream, SubscriptionStream
-from octopis.client_policy import FromPoints, replay_after
+from octopis.client_policy import FromPoints, failover_replay
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
 
@@ -309,7 +309,9 @@ class Subscriber(NamedClient):
             if replaying and self.since is not None:
                 # Hold live deliveries: the new broker's must not move the replay's start.
                 seam = self.past.open_seam()
-                self.acks.failed_over(self.durables(), replay_after(self.since, self._silent()))
+                since, after = failover_replay(
+                    self.last_seen, self.since, self._silent(), self.acks.progress(self.durables())
+                )
             try:
                 await self.resubscribe()
             except BaseException:
@@ -317,7 +319,7 @@ class Subscriber(NamedClient):
                     self.past.let_go(seam)
                 raise
             if seam is not None:
-                await self.replay(seam=seam)
+                await self._replay(seam, since, after, REPLAY_WAIT)
 
     async def replay(
         self, timeout: float = REPLAY_WAIT, *, seam: Seam | None = None
@@ -329,7 +331,12 @@ class Subscriber(NamedClient):
         if any."""
         if seam is None:
             seam = self.past.open_seam()
-        since, after = self.last_seen.replay(self.since, self._silent())
+        return await self._replay(seam, *self.last_seen.replay(self.since, self._silent()), timeout)
+
+    async def _replay(
+        self, seam: Seam, since: list[tuple[str, int, int]], after: float, timeout: float
+    ) -> ReplayGap | None:
+        """Ask for the replay of ``since`` and ``after`` through ``seam``; the gap left."""
         message = {
             "op": "replay",
             "client": self.name,

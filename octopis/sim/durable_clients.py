@@ -36,9 +36,8 @@ from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
     ReplayGaps,
-    claim_gap,
+    failover_replay,
     publisher_order,
-    resume_from,
 )
 from octopis.core import Notification
 from octopis.core.durable import SAVE_EVERY, Durables, claim_of
@@ -304,14 +303,13 @@ class DurableSimulator(Simulator):
         """``c``, which left silent ``old``, is connected at ``new``: a claim under way
         failed (a gap it is told of), its subscription is made again, durable, its whole
         record acknowledged there as owing from the replay's start
-        (:func:`owed_after_failover`), and it replays what it missed."""
+        (:func:`~octopis.client_policy.failover_replay`), and it replays what it missed."""
         if c.name in self.seams and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
         self._end_seam(c.name)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
-        since, after = c.last_seen.replay(c.since, died)
-        c.progress.failed_over(after)
+        since, after = failover_replay(c.last_seen, c.since, died, [c.progress])
         self._attach_durable(c, new)
         self._durable_ack(c, c.progress.whole())
         self.seams[c.name], c.claiming = Seam(""), False
@@ -386,19 +384,17 @@ class DurableSimulator(Simulator):
             self._end_seam(c.name)
             return
         c.claiming = False
-        why = claim_gap(bool(echo.claimed), echo.silent)
-        if why is not None:
-            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {why}")
-        if not echo.claimed:  # a new record
+        answer = c.progress.claim_answered(echo.claimed, echo.silent)
+        if answer.gap is not None:
+            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {answer.gap}")
+        if answer.resumed is None:  # a new record
             self._end_seam(c.name)
             return
-        _, since, after = resume_from(echo.claimed)
-        c.progress.claimed(since, after)
         c.counts["claimed"] += 1
         self._durable_ack(c, c.progress.whole())
         # as the SDK: its own subscription from what the record says was taken
         filters = (c.subscription.to_text(),)
-        replay = Replay("", c.host, filters, tuple(since), after, HISTORIC_BUDGET)
+        replay = Replay("", c.host, filters, tuple(answer.since), answer.after, HISTORIC_BUDGET)
         self._durable_request(c, replay)
 
     def _durable_write(self, broker: str) -> None:

@@ -33,6 +33,7 @@ from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
     ReplayGaps,
+    failover_replay,
     failover_tries,
     publisher_order,
 )
@@ -233,9 +234,8 @@ class SubscriberFailover:
         self.record_of(subscriber)
         # What the SDK has taken: not what a replay cut short still holds at its seam
         # (it delivers that once the replay ends, after this one has asked).
-        since, after = self.from_points.get(subscriber, FromPoints()).replay(
-            self.clients.first_subscribed[subscriber], died
-        )
+        points = self.from_points.get(subscriber, FromPoints())
+        since, after = failover_replay(points, self.clients.first_subscribed[subscriber], died)
         self._cut_short(subscriber)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
