@@ -433,6 +433,82 @@ class FromPoints:
         return points
 
 
+BUFFER = 10_000
+"""Deliveries a subscriber holds before it stops reading (the SDK's default ``buffer``),
+and a seam holds live while its answer comes."""
+
+L = TypeVar("L")
+R = TypeVar("R")
+S = TypeVar("S")
+
+
+class Seam(Generic[L, R, S]):
+    """A subscriber's request for the past under way (DESIGN §11): a fail-over's replay,
+    a hybrid subscription's window, a durable claim and the replay from its record. Live
+    deliveries wait in :attr:`live` while it is under way (if ``hold_live``; at most
+    ``limit``, past which the seam has :attr:`overflowed` and a delivery goes through),
+    beside the parts of the answers by request id (one may come before the request is
+    named) and the summaries their ends carry; once the request's end is in, both join
+    (:meth:`RecentDeliveries.join`)."""
+
+    def __init__(
+        self, limit: int = BUFFER, *, hold_live: bool = True, replay: str | None = None
+    ) -> None:
+        self.limit = limit
+        self.hold_live = hold_live
+        self.replay = replay
+        """The request whose answer the seam waits for (None: not named yet)."""
+        self.live: list[L] = []
+        self.overflowed = False
+        self.answers: dict[str, list[R]] = {}
+        self.done: dict[str, S] = {}
+        self.progress = 0
+        """Parts of answers taken (a large answer is waited for while they come)."""
+
+    def hold(self, item: L) -> bool:
+        """Whether live ``item`` waits here: not past ``limit`` (then it goes through,
+        and the seam has overflowed: a gap), nor if live deliveries do not wait."""
+        if not self.hold_live:
+            return False
+        if len(self.live) >= self.limit:
+            self.overflowed = True
+            return False
+        self.live.append(item)
+        return True
+
+    def part(self, req_id: str, items: Iterable[R]) -> None:
+        """A part of request ``req_id``'s answer came."""
+        self.answers.setdefault(req_id, []).extend(items)
+        self.progress += 1
+
+    def end(self, req_id: str, summary: S) -> bool:
+        """Request ``req_id``'s answer ended with ``summary``: whether the seam's is in."""
+        self.done[req_id] = summary
+        return self.named(self.replay)
+
+    def named(self, replay: str | None) -> bool:
+        """The seam waits for request ``replay``: whether its answer is in."""
+        self.replay = replay
+        return replay is not None and replay in self.done
+
+    def next_request(self) -> S | None:
+        """The summary of the request waited for (a claim's), and wait for the next one
+        (its replay) with the same live deliveries held."""
+        summary = self.summary
+        self.replay = None
+        return summary
+
+    @property
+    def summary(self) -> S | None:
+        """The end of the request waited for (None: not in)."""
+        return self.done.get(self.replay or "")
+
+    @property
+    def answer(self) -> list[R]:
+        """The parts of the answer to the request waited for come so far."""
+        return self.answers.get(self.replay or "", [])
+
+
 class RecentDeliveries:
     """The deliveries of the last ``horizon`` seconds to the clients of one application,
     so that a client served by two connections during a move (or a fail-over) can drop

@@ -132,7 +132,7 @@ class PastRequests:
         seam, error = await self.alone(self.window_of(subscription, now, now))
         if error is not None:
             raise TimeoutError(f"{self.client.name}: no answer from every broker ({error})")
-        return tuple(seam.done.get(seam.replay or "", {}).get("silent", ()))
+        return tuple((seam.summary or {}).get("silent", ()))
 
     async def historic(
         self,
@@ -179,7 +179,7 @@ class PastRequests:
     ) -> History:
         """The end of the answer ``seam`` waited for: what was delivered and what is
         missing."""
-        summary = seam.done.get(seam.replay or "")
+        summary = seam.summary
         if summary is None:
             return History(seam.replay, after, until, 0, delivered, error=error or "no answer")
         return History(

@@ -21,7 +21,7 @@ from octopis.client.past import PastRequests
 from octopis.client.replay import ReplayGap, Seam, parse_time
 from octopis.client.replay_log import ReplayLog
 from octopis.client.streams import CompositeStream, SubscriptionStream
-from octopis.client_policy import FromPoints, failover_replay
+from octopis.client_policy import BUFFER, FromPoints, failover_replay
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
 
@@ -50,7 +50,7 @@ class Subscriber(NamedClient):
         name: str,
         connection: Connection,
         on_notification: Callable[[Received], None] | None = None,
-        buffer: int = 10_000,
+        buffer: int = BUFFER,
         buffer_bytes: int = 64 * 2**20,
         *,
         replay: bool = True,
@@ -412,7 +412,7 @@ class Subscriber(NamedClient):
             body=body,
         )
         seam = self.past.seam
-        if seam is not None and seam.hold_live and seam.hold(received, size):
+        if seam is not None and seam.hold((received, size)):
             return
         self.deliver(received, size)
 

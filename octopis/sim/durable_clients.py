@@ -36,6 +36,7 @@ from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
     ReplayGaps,
+    Seam,
     failover_replay,
     publisher_order,
 )
@@ -58,7 +59,6 @@ from octopis.defaults import (
 )
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
-from octopis.sim.replaying import Seam
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
@@ -185,7 +185,7 @@ class DurableSimulator(Simulator):
             c.away.append((c.left, self.now))
             c.left = None
         self._attach_durable(c, broker)
-        self.seams[c.name], c.claiming = Seam(""), True
+        self.seams[c.name], c.claiming = Seam(), True
         claim = Replay("", broker, (), (), 0.0, HISTORIC_BUDGET, claim=claim_of(c.name, NAME))
         self._durable_request(c, claim)
 
@@ -217,7 +217,7 @@ class DurableSimulator(Simulator):
             claim=request.claim,
         )
         self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
-        self.seams[c.name].req_id = req_id
+        self.seams[c.name].named(req_id)
         c.counts["claims" if request.claim else "replays"] += 1
         self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now))
 
@@ -312,7 +312,7 @@ class DurableSimulator(Simulator):
         since, after = failover_replay(c.last_seen, c.since, died, [c.progress])
         self._attach_durable(c, new)
         self._durable_ack(c, c.progress.whole())
-        self.seams[c.name], c.claiming = Seam(""), False
+        self.seams[c.name], c.claiming = Seam(), False
         replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
         self._durable_request(c, replay)
 
@@ -364,11 +364,11 @@ class DurableSimulator(Simulator):
         if c.run != run or c.host is None:
             return  # that process is gone: nobody reads the answer
         seam = self.seams.get(c.name)
-        current = seam is not None and seam.req_id == action.req_id
+        current = seam is not None and seam.replay == action.req_id
         if type(action) is ReplayDeliver:
             c.counts["replayed"] += len(action.notifications)
             if seam is not None and current:
-                seam.replayed += action.notifications
+                seam.part(action.req_id, action.notifications)
             else:  # a late part: joined at once
                 self._join(c.name, [], list(action.notifications))
             return

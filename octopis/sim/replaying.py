@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from octopis.client_policy import (
     FromPoints,
     RecentDeliveries,
     ReplayGaps,
+    Seam,
     failover_replay,
     failover_tries,
     publisher_order,
@@ -56,16 +56,6 @@ from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
-
-
-@dataclass
-class Seam:
-    """A subscriber's replay under way (the SDK's seam): its request, the live deliveries
-    held meanwhile and the replayed ones come so far."""
-
-    req_id: str
-    live: list[Notification] = field(default_factory=list)
-    replayed: list[Notification] = field(default_factory=list)
 
 
 class SubscriberFailover:
@@ -115,8 +105,9 @@ class SubscriberFailover:
         self.checked: set[str] = set()
         """Subscribers whose every delivery is checked against their record (they failed
         over, are moving, or are durable), as the SDK checks each (:meth:`take`)."""
-        self.seams: dict[str, Seam] = {}
-        """Per subscriber whose replay is under way, its seam."""
+        self.seams: dict[str, Seam[Notification, Notification, ReplayEcho]] = {}
+        """Per subscriber whose replay is under way, its seam (the SDK's,
+        :class:`~octopis.client_policy.Seam`)."""
         self.from_points: dict[str, FromPoints] = {}
         """Per subscriber, where its next replay asks from (the SDK's ``last_seen``),
         kept from the first failure scheduled on (:meth:`saw`)."""
@@ -245,7 +236,7 @@ class SubscriberFailover:
         self._replays += 1
         req_id = f"{new}/{self._replays}"
         self._requesters[req_id] = subscriber
-        self.seams[subscriber] = Seam(req_id)
+        self.seams[subscriber] = Seam(replay=req_id)
         request = Replay(
             req_id,
             new,
@@ -312,8 +303,8 @@ class SubscriberFailover:
                     continue
                 self.replay_counts["replayed"] += len(action.notifications)
                 seam = self.seams.get(subscriber)
-                if seam is not None and seam.req_id == action.req_id:
-                    seam.replayed += action.notifications
+                if seam is not None and seam.replay == action.req_id:
+                    seam.part(action.req_id, action.notifications)
                 else:  # a late part: joined at once
                     self._join(subscriber, [], action.notifications)
             elif type(action) is ReplayDone:
@@ -321,7 +312,7 @@ class SubscriberFailover:
                 if action.req_id in self.historic_received:
                     self.historic_done.add(action.req_id)
                 seam = self.seams.get(subscriber)
-                if seam is not None and seam.req_id == action.req_id:
+                if seam is not None and seam.end(action.req_id, action.echo):
                     self._end_seam(subscriber)
                 gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
                 gaps.answered(action.req_id, action.echo.answered, action.echo.silent)
@@ -360,12 +351,12 @@ class SubscriberFailover:
     def take(self, subscriber: str, n: Notification) -> None:
         """A live delivery to ``subscriber``, which is checked (it failed over, is moving
         or is durable): a repeat is dropped (:meth:`_repeated`), the rest held while a
-        replay is under way (its seam), else taken (:meth:`_taken`)."""
+        replay is under way (if its seam holds it, :meth:`Seam.hold`), else taken
+        (:meth:`_taken`)."""
+        seam = self.seams.get(subscriber)
         if not self.records[subscriber].took((subscriber, *publisher_order(n)), self.now):
             self._repeated(subscriber, 1, live=True)
-        elif (seam := self.seams.get(subscriber)) is not None:
-            seam.live.append(n)
-        else:
+        elif seam is None or not seam.hold(n):
             self._taken(subscriber, n, replayed=False)
 
     def _repeated(self, subscriber: str, count: int, *, live: bool) -> None:
@@ -389,7 +380,7 @@ class SubscriberFailover:
         seam = self.seams.get(subscriber)
         if seam is not None:
             gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
-            gaps.left(seam.req_id, self.scot.brokers)
+            gaps.left(seam.replay or "", self.scot.brokers)
             self.replay_gaps[subscriber] = gaps.silent()
             self.replay_counts["cut_short"] += 1
         self._end_seam(subscriber)
@@ -399,7 +390,9 @@ class SubscriberFailover:
         join at the seam."""
         seam = self.seams.pop(subscriber, None)
         if seam is not None:
-            self._join(subscriber, seam.live, seam.replayed)
+            if seam.overflowed:  # the SDK reports it as a gap (the seam's error)
+                self.replay_counts["seam_overflowed"] += 1
+            self._join(subscriber, seam.live, seam.answer)
 
     def _join(
         self, subscriber: str, live: list[Notification], replayed: list[Notification]
