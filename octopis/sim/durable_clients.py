@@ -254,15 +254,16 @@ class DurableSimulator(Simulator):
         self._durable_took(c, n)
 
     def _durable_took(self, c: DurableClient, n: Notification) -> None:
-        """The application took ``n``: recorded, and acknowledged; unless the record
-        ``c`` claimed says an earlier run took it (the SDK drops it)."""
+        """``n`` is delivered: its from-point noted (as the SDK's ``deliver`` does), and
+        the application takes it, recorded and acknowledged; unless the record ``c``
+        claimed says an earlier run took it (the SDK's stream drops it)."""
+        c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
         if c.progress.covers(n.publisher, n.session, n.seq):
             c.counts["covered"] += 1
             return
         c.received[n.key] += 1
         if c.host is not None:
             c.taken_at.setdefault(n.key, (c.host, self.now))
-        c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
         self._durable_ack(c, [(n.publisher, n.session, c.progress.took(*publisher_order(n)))])
 
     # -- a host dies ----------------------------------------------------------------------
