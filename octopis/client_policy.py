@@ -253,6 +253,69 @@ class ClaimAnswer(Generic[C]):
     after: float = 0.0
 
 
+LATE_KEPT = 10_000
+"""Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
+the record of recent deliveries still drops repeats)."""
+LATE_WAITING = 16
+"""Replays of one subscriber that wait for late answers with their memory of
+deliveries; an older one forgets it."""
+Key = tuple[str, int, int]
+"""(publisher, session, seq): one publication."""
+
+
+class LateAnswers:
+    """A subscriber's replays that ended with brokers silent (DESIGN §11): per request,
+    those not heard from since (:attr:`outstanding`); and while one is, what was
+    delivered since its replay began (at most ``kept``, for the last ``waiting``
+    replays, an older one forgets it), so that a late part of its answer, however late,
+    repeats none of it (:meth:`fresh`)."""
+
+    def __init__(self, kept: int = LATE_KEPT, waiting: int = LATE_WAITING) -> None:
+        self.kept = kept
+        self.waiting = waiting
+        self.outstanding = ReplayGaps()
+        self._delivered: OrderedDict[str, set[Key]] = OrderedDict()
+
+    @property
+    def awaiting(self) -> bool:
+        """Whether a replay waits for late answers with its memory of deliveries."""
+        return bool(self._delivered)
+
+    def ended(self, req_id: str, delivered: Iterable[Key], silent: Iterable[str]) -> None:
+        """Request ``req_id``'s replay ended, having ``delivered`` (with the live ones
+        held), with the brokers ``silent`` missing (every one, if it was cut short)."""
+        self.outstanding.left(req_id, silent)
+        if req_id in self.outstanding:
+            self._delivered[req_id] = set(delivered)
+            while len(self._delivered) > self.waiting:
+                self._delivered.popitem(last=False)  # its late answers may repeat
+
+    def delivered(self, key: Key) -> None:
+        """``key`` was delivered: a late answer to a waiting replay must not repeat it."""
+        for delivered in self._delivered.values():
+            if len(delivered) < self.kept:
+                delivered.add(key)
+
+    def fresh(self, req_id: str) -> Callable[[Key], bool]:
+        """Whether a publication of a late part of request ``req_id``'s answer was not
+        delivered since its replay (the record of recent deliveries decides the rest)."""
+        delivered = self._delivered.get(req_id, set())
+        return lambda key: key not in delivered
+
+    def answered(self, req_id: str, answered: Iterable[str], silent: Iterable[str]) -> None:
+        """A part of request ``req_id``'s answer ended late (or a request the seam did
+        not wait for): :meth:`ReplayGaps.answered`; once nothing is missing the memory
+        of deliveries goes."""
+        self.outstanding.answered(req_id, answered, silent)
+        if req_id not in self.outstanding:
+            self._delivered.pop(req_id, None)
+
+    def forget(self, req_id: str) -> None:
+        """Request ``req_id`` is no longer followed: its late answers are not awaited."""
+        self.outstanding.pop(req_id, None)
+        self._delivered.pop(req_id, None)
+
+
 class DurableProgress:
     """A durable subscription's progress at its client (DESIGN §11): what the application
     took of each (publisher, session) (:attr:`taken`, acknowledged to the host), what the

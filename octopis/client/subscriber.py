@@ -419,8 +419,8 @@ class Subscriber(NamedClient):
     def deliver(self, received: Received, size: int) -> None:
         """Hand ``received`` (of ``size`` encoded bytes) to the streams, or the callback."""
         self.last_seen.saw(received.publisher, received.session, received.seq, received.received_at)
-        if self.replay_log.awaiting_late:
-            self.replay_log.delivered(received)
+        if self.replay_log.late.awaiting:
+            self.replay_log.late.delivered((received.publisher, received.session, received.seq))
         if self._callback is not None:
             self._callback(received)  # taken once the callback returns
             if self._durable_of:

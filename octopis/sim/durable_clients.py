@@ -34,8 +34,8 @@ from typing import Any
 from octopis.client_policy import (
     DurableProgress,
     FromPoints,
+    LateAnswers,
     RecentDeliveries,
-    ReplayGaps,
     Seam,
     failover_replay,
     publisher_order,
@@ -96,14 +96,16 @@ class DurableClient:
     left: float | None = None
     gaps: set[str] = field(default_factory=set)
     """Brokers its claims reported silent, and why a claim failed."""
-    replay_gaps: ReplayGaps = field(default_factory=ReplayGaps)
+    late: LateAnswers = field(default_factory=LateAnswers)
+    """Its replays' silent brokers not heard from since, and what was delivered since
+    (the SDK's ``ReplayLog.late``)."""
 
     store_gaps: set[Gap] = field(default_factory=set)
     """Ranges its claims' and replays' stores reported they no longer hold."""
 
     def told_gap(self) -> bool:
         """Whether a gap is still reported to it."""
-        return bool(self.gaps) or bool(self.replay_gaps)
+        return bool(self.gaps) or bool(self.late.outstanding)
 
     received: Counter[tuple[str, int]] = field(default_factory=Counter)
     taken_at: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
@@ -195,6 +197,7 @@ class DurableSimulator(Simulator):
         c.key = f"{c.name}#{c.run}.{c.connection}"
         self._home[c.name] = broker
         self.records[c.name] = c.record
+        self.late_answers[c.name] = c.late
         self.checked.add(c.name)
         sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
         self.durable_records[broker].attach(
@@ -258,6 +261,8 @@ class DurableSimulator(Simulator):
         the application takes it, recorded and acknowledged; unless the record ``c``
         claimed says an earlier run took it (the SDK's stream drops it)."""
         c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
+        if c.late.awaiting:
+            c.late.delivered(publisher_order(n))
         if c.progress.covers(n.publisher, n.session, n.seq):
             c.counts["covered"] += 1
             return
@@ -307,7 +312,7 @@ class DurableSimulator(Simulator):
         (:func:`~octopis.client_policy.failover_replay`), and it replays what it missed."""
         if c.name in self.seams and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
-        self._end_seam(c.name)
+        self._end_seam(c.name, None)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
         since, after = failover_replay(c.last_seen, c.since, died, [c.progress])
@@ -368,28 +373,25 @@ class DurableSimulator(Simulator):
         current = seam is not None and seam.replay == action.req_id
         if type(action) is ReplayDeliver:
             c.counts["replayed"] += len(action.notifications)
-            if seam is not None and current:
-                seam.part(action.req_id, action.notifications)
-            else:  # a late part: joined at once
-                self._join(c.name, [], list(action.notifications))
+            self._replayed(c.name, action.req_id, list(action.notifications))
             return
         echo = action.echo
         c.store_gaps.update(echo.gaps)
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
-        else:  # a replay's gap shrinks as its own silent parts answer late
-            c.replay_gaps.answered(action.req_id, echo.answered, echo.silent)
+        elif not current:  # a replay's gap shrinks as its own silent parts answer late
+            c.late.answered(action.req_id, echo.answered, echo.silent)
         if not current:
             return
         if not c.claiming:
-            self._end_seam(c.name)
+            self._end_seam(c.name, echo.silent)
             return
         c.claiming = False
         answer = c.progress.claim_answered(echo.claimed, echo.silent)
         if answer.gap is not None:
             c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {answer.gap}")
         if answer.resumed is None:  # a new record
-            self._end_seam(c.name)
+            self._end_seam(c.name, None)
             return
         c.counts["claimed"] += 1
         self._durable_ack(c, c.progress.whole())

@@ -25,13 +25,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from octopis.client_policy import (
     FromPoints,
+    LateAnswers,
     RecentDeliveries,
-    ReplayGaps,
     Seam,
     failover_replay,
     failover_tries,
@@ -81,8 +81,10 @@ class SubscriberFailover:
         was published in between only a replay can give it."""
         self.replay_gaps: dict[str, set[str]] = {}
         """Per subscriber, the brokers its replays reported silent and never heard from
-        (:meth:`ReplayGaps.silent` of :attr:`_gaps_by_request`)."""
-        self._gaps_by_request: dict[str, ReplayGaps] = {}
+        (of its :attr:`late_answers`)."""
+        self.late_answers: dict[str, LateAnswers] = {}
+        """Per subscriber, its replays that wait for late answers (the SDK's
+        ``ReplayLog.late``): their silent brokers, what was delivered since."""
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
@@ -302,33 +304,28 @@ class SubscriberFailover:
                     historic += [(n.publisher, n.seq) for n in action.notifications]
                     continue
                 self.replay_counts["replayed"] += len(action.notifications)
-                seam = self.seams.get(subscriber)
-                if seam is not None and seam.replay == action.req_id:
-                    seam.part(action.req_id, action.notifications)
-                else:  # a late part: joined at once
-                    self._join(subscriber, [], action.notifications)
+                self._replayed(subscriber, action.req_id, action.notifications)
             elif type(action) is ReplayDone:
                 subscriber = self._requesters[action.req_id]
                 if action.req_id in self.historic_received:
                     self.historic_done.add(action.req_id)
-                seam = self.seams.get(subscriber)
-                if seam is not None and seam.end(action.req_id, action.echo):
-                    self._end_seam(subscriber)
-                gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
-                gaps.answered(action.req_id, action.echo.answered, action.echo.silent)
-                self.replay_gaps[subscriber] = gaps.silent()
+                self._replay_ended(subscriber, action.req_id, action.echo)
                 if action.echo.gaps:
                     self.store_gaps.setdefault(subscriber, set()).update(action.echo.gaps)
                 self.replay_counts["late" if action.late else "done"] += 1
 
     def saw(self, subscriber: str, n: Notification) -> None:
         """``subscriber`` took ``n`` now: its from-points
-        (:class:`~octopis.client_policy.FromPoints`) and its record of recent deliveries
+        (:class:`~octopis.client_policy.FromPoints`), its replays waiting for late
+        answers and its record of recent deliveries
         (:class:`~octopis.client_policy.RecentDeliveries`) note it."""
         points = self.from_points.get(subscriber)
         if points is None:
             points = self.from_points[subscriber] = FromPoints()
         points.saw(n.publisher, n.session, n.seq, self.events.now)
+        late = self.late_answers.get(subscriber)
+        if late is not None and late.awaiting:
+            late.delivered(publisher_order(n))
         record = self.records.get(subscriber)
         if record is None:
             record = self.records[subscriber] = RecentDeliveries()
@@ -377,34 +374,72 @@ class SubscriberFailover:
         and its answer never comes on this connection, which the SDK reports as a gap
         (``Seam.gap``: no answer from the overlay), every store unheard until a late
         echo of that request names those that answered."""
-        seam = self.seams.get(subscriber)
-        if seam is not None:
-            gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
-            gaps.left(seam.replay or "", self.scot.brokers)
-            self.replay_gaps[subscriber] = gaps.silent()
+        if subscriber in self.seams:
             self.replay_counts["cut_short"] += 1
-        self._end_seam(subscriber)
+        self._end_seam(subscriber, self.scot.brokers)
 
-    def _end_seam(self, subscriber: str) -> None:
-        """``subscriber``'s replay ended (or was cut short): held and replayed deliveries
-        join at the seam."""
+    def _replayed(self, subscriber: str, req_id: str, notifications: list[Notification]) -> None:
+        """A part of request ``req_id``'s answer came to ``subscriber``: its seam's, held
+        there, or a late part, joined at once (as the SDK's ``ReplayLog.late_answer``:
+        what was delivered since its replay is not delivered again,
+        :meth:`~octopis.client_policy.LateAnswers.fresh`)."""
+        seam = self.seams.get(subscriber)
+        if seam is not None and seam.replay == req_id:
+            seam.part(req_id, notifications)
+        else:
+            self._join(subscriber, [], notifications, self._late_of(subscriber).fresh(req_id))
+
+    def _replay_ended(self, subscriber: str, req_id: str, echo: ReplayEcho) -> None:
+        """Request ``req_id``'s answer to ``subscriber`` ended with ``echo``: its seam's
+        (:meth:`_end_seam`), or a late part's or a request's that no seam waited for,
+        which narrows the gap (:meth:`~octopis.client_policy.LateAnswers.answered`)."""
+        late = self._late_of(subscriber)
+        seam = self.seams.get(subscriber)
+        if seam is not None and seam.end(req_id, echo):
+            self._end_seam(subscriber, echo.silent)
+        else:
+            late.answered(req_id, echo.answered, echo.silent)
+        self.replay_gaps[subscriber] = late.outstanding.silent()
+
+    def _late_of(self, subscriber: str) -> LateAnswers:
+        late = self.late_answers.get(subscriber)
+        if late is None:
+            late = self.late_answers[subscriber] = LateAnswers()
+        return late
+
+    def _end_seam(self, subscriber: str, silent: Iterable[str] | None) -> None:
+        """``subscriber``'s request under way ended (or was cut short): held and replayed
+        deliveries join at the seam. A replay's (``silent``: the brokers missing, every
+        one if cut short; None: it was a claim) waits for late answers if one is
+        (:meth:`~octopis.client_policy.LateAnswers.ended`)."""
         seam = self.seams.pop(subscriber, None)
-        if seam is not None:
-            if seam.overflowed:  # the SDK reports it as a gap (the seam's error)
-                self.replay_counts["seam_overflowed"] += 1
-            self._join(subscriber, seam.live, seam.answer)
+        if seam is None:
+            return
+        if seam.overflowed:  # the SDK reports it as a gap (the seam's error)
+            self.replay_counts["seam_overflowed"] += 1
+        joined = self._join(subscriber, seam.live, seam.answer)
+        if silent is not None and seam.replay is not None:
+            late = self._late_of(subscriber)
+            late.ended(seam.replay, map(publisher_order, joined), silent)
+            self.replay_gaps[subscriber] = late.outstanding.silent()
 
     def _join(
-        self, subscriber: str, live: list[Notification], replayed: list[Notification]
-    ) -> None:
+        self,
+        subscriber: str,
+        live: list[Notification],
+        replayed: list[Notification],
+        also: Callable[[tuple[str, int, int]], bool] = lambda _: True,
+    ) -> list[Notification]:
         """The seam (:meth:`~octopis.client_policy.RecentDeliveries.join`): ``live`` and
-        ``replayed`` deliveries to ``subscriber``, each once, in publisher order."""
+        ``replayed`` deliveries to ``subscriber`` (those ``also`` lets through), each
+        once, in publisher order; returns them."""
         record = self.records[subscriber]
-        joined, repeats = record.join(subscriber, live, replayed, publisher_order, self.now)
+        joined, repeats = record.join(subscriber, live, replayed, publisher_order, self.now, also)
         self._repeated(subscriber, repeats, live=False)
         from_replay = {n.key for n in replayed}
         for n in joined:
             self._taken(subscriber, n, replayed=n.key in from_replay)
+        return joined
 
     def replay_report(self) -> dict[str, Any]:
         """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""
