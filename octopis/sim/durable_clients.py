@@ -312,7 +312,7 @@ class DurableSimulator(Simulator):
         (:func:`~octopis.client_policy.failover_replay`), and it replays what it missed."""
         if c.name in self.seams and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
-        self._end_seam(c.name, None)
+        self._end_seam(c.name, None if c.claiming else self.scot.brokers)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
         since, after = failover_replay(c.last_seen, c.since, died, [c.progress])
