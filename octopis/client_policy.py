@@ -1,6 +1,7 @@
 """The client policy (DESIGN §2, §7, §11), sans-IO: the rules a subscriber follows across
 a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable records
-(``octopis.core.durable``) and the simulator's clients (``octopis.sim``).
+(``octopis.core.durable``) and the simulator's clients (``octopis.sim``): both clients
+feed it what happens and perform its answers.
 
 - :func:`failover_order`: where a connection goes when its broker falls silent, and
   :func:`failover_tries`, how it goes round that list until one answers;
@@ -13,15 +14,19 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
   durable record says was taken;
 - :func:`claim_gap`: when a durable record's claim leaves a gap, and why;
 - :func:`still_silent`: which brokers a replay's gap still names once a late part answers,
-  and :class:`ReplayGaps`, those of each replay request;
+  and :class:`ReplayGaps`, those of each replay request; :class:`LateAnswers`, those of
+  a subscriber's replays, and what was delivered since (a late part repeats none of it);
 - :class:`DurableProgress`: a durable subscription's progress at its client: what was
   taken, what a claimed record covers, from when its host's record owes the rest, what
-  is acknowledged;
+  is acknowledged, and what a claim's answer decides
+  (:meth:`~DurableProgress.claim_answered`, :class:`ClaimAnswer`);
 - :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
   nothing earlier can still overtake, the ``since`` of a replay request (and with
-  :func:`replay_after`, the whole of a fail-over's, :meth:`FromPoints.replay`);
-- :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
-  came (the seam): each publication once, in publisher order (:func:`publisher_order`);
+  :func:`replay_after`, the whole of a fail-over's, :meth:`FromPoints.replay`;
+  :func:`failover_replay`, with the start its durable records owe from);
+- :class:`Seam`: a request for the past under way, the live deliveries held meanwhile
+  (up to :data:`BUFFER`) and its answer; :func:`join_at_seam`: how they join, each
+  publication once, in publisher order (:func:`publisher_order`);
 - :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
   delivery is checked (a repeat during a move or a fail-over is dropped).
 """

@@ -11,10 +11,12 @@
 - The replay runs by :mod:`octopis.core.replay`'s rules, the broker process's: it goes
   on SBP's paths behind the new subscriptions, each store answers, a part behind a
   neighbour that is down is reported silent and answers late if that neighbour comes
-  back. While the answer comes, the subscriber holds its live deliveries, and joins
-  both at the seam as the SDK does (:func:`~octopis.client_policy.join_at_seam`): what
-  its record of recent deliveries (:class:`~octopis.client_policy.RecentDeliveries`) has
-  seen is dropped, the rest delivered in publisher order.
+  back. While the answer comes, the subscriber holds its live deliveries at the SDK's
+  seam (:class:`~octopis.client_policy.Seam`), and joins both there as the SDK does
+  (:func:`~octopis.client_policy.join_at_seam`): what its record of recent deliveries
+  (:class:`~octopis.client_policy.RecentDeliveries`) has seen is dropped, the rest
+  delivered in publisher order; a late part drops too what was delivered since its
+  replay (:class:`~octopis.client_policy.LateAnswers`).
 - A subscriber's own connection may fail (:meth:`SubscriberFailover.fail_client`): its
   host lives on and delivers into the void until it drops the silent client
   (``CLIENT_TIMEOUT``) and withdraws its subscriptions; the subscriber fails over and
