@@ -389,25 +389,20 @@ class SubscriberFailover:
         if seam is not None and seam.replay == req_id:
             seam.part(req_id, notifications)
         else:
-            self._join(subscriber, [], notifications, self._late_of(subscriber).fresh(req_id))
+            late = self.late_answers.setdefault(subscriber, LateAnswers())
+            self._join(subscriber, [], notifications, late.fresh(req_id))
 
     def _replay_ended(self, subscriber: str, req_id: str, echo: ReplayEcho) -> None:
         """Request ``req_id``'s answer to ``subscriber`` ended with ``echo``: its seam's
         (:meth:`_end_seam`), or a late part's or a request's that no seam waited for,
         which narrows the gap (:meth:`~octopis.client_policy.LateAnswers.answered`)."""
-        late = self._late_of(subscriber)
+        late = self.late_answers.setdefault(subscriber, LateAnswers())
         seam = self.seams.get(subscriber)
         if seam is not None and seam.end(req_id, echo):
             self._end_seam(subscriber, echo.silent)
         else:
             late.answered(req_id, echo.answered, echo.silent)
         self.replay_gaps[subscriber] = late.outstanding.silent()
-
-    def _late_of(self, subscriber: str) -> LateAnswers:
-        late = self.late_answers.get(subscriber)
-        if late is None:
-            late = self.late_answers[subscriber] = LateAnswers()
-        return late
 
     def _end_seam(self, subscriber: str, silent: Iterable[str] | None) -> None:
         """``subscriber``'s request under way ended (or was cut short): held and replayed
@@ -421,7 +416,7 @@ class SubscriberFailover:
             self.replay_counts["seam_overflowed"] += 1
         joined = self._join(subscriber, seam.live, seam.answer)
         if silent is not None and seam.replay is not None:
-            late = self._late_of(subscriber)
+            late = self.late_answers.setdefault(subscriber, LateAnswers())
             late.ended(seam.replay, map(publisher_order, joined), silent)
             self.replay_gaps[subscriber] = late.outstanding.silent()
 
