@@ -386,6 +386,8 @@ class SubscriberFailover:
         what was delivered since its replay is not delivered again,
         :meth:`~octopis.client_policy.LateAnswers.fresh`)."""
         seam = self.seams.get(subscriber)
+        if self._answer_lost(subscriber, req_id):
+            return
         if seam is not None and seam.replay == req_id:
             seam.part(req_id, notifications)
         else:
@@ -396,6 +398,8 @@ class SubscriberFailover:
         """Request ``req_id``'s answer to ``subscriber`` ended with ``echo``: its seam's
         (:meth:`_end_seam`), or a late part's or a request's that no seam waited for,
         which narrows the gap (:meth:`~octopis.client_policy.LateAnswers.answered`)."""
+        if req_id not in self.historic_received and self._answer_lost(subscriber, req_id):
+            return
         late = self.late_answers.setdefault(subscriber, LateAnswers())
         seam = self.seams.get(subscriber)
         if seam is not None and seam.end(req_id, echo):
@@ -403,6 +407,15 @@ class SubscriberFailover:
         else:
             late.answered(req_id, echo.answered, echo.silent)
         self.replay_gaps[subscriber] = late.outstanding.silent()
+
+    def _answer_lost(self, subscriber: str, req_id: str) -> bool:
+        """Whether the answer to request ``req_id`` is lost: it comes over a connection of
+        ``subscriber``'s that failed (to the request's host, which names it ``host/n``),
+        as a delivery on it is; the SDK never reads it, its replay stays a gap."""
+        if not self.cut_clients or (subscriber, req_id.partition("/")[0]) not in self.cut_clients:
+            return False
+        self.failure_counts["answers_to_cut_clients"] += 1
+        return True
 
     def _end_seam(self, subscriber: str, silent: Iterable[str] | None) -> None:
         """``subscriber``'s request under way ended (or was cut short): held and replayed
