@@ -22,8 +22,9 @@ feed it what happens and perform its answers.
   (:meth:`~DurableProgress.claim_answered`, :class:`ClaimAnswer`);
 - :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
   nothing earlier can still overtake, the ``since`` of a replay request (and with
-  :func:`replay_after`, the whole of a fail-over's, :meth:`FromPoints.replay`;
-  :func:`failover_replay`, with the start its durable records owe from);
+  :func:`replay_after`, the whole of a fail-over's, :meth:`FromPoints.replay`);
+  :class:`SubscriberReplays`, a subscriber's from-points, late answers and the replay
+  it asks for after a fail-over, with the start its durable records owe from;
 - :class:`Seam`: a request for the past under way, the live deliveries held meanwhile
   (up to :data:`BUFFER`) and its answer; :func:`join_at_seam`: how they join, each
   publication once, in publisher order (:func:`publisher_order`);
@@ -386,21 +387,6 @@ class DurableProgress:
         return last is not None and seq <= last
 
 
-def failover_replay(
-    points: FromPoints, first: float | None, silent: float, durables: Iterable[DurableProgress] = ()
-) -> tuple[list[tuple[str, int, int]], float]:
-    """What a subscriber that first subscribed at ``first`` asks for once it has failed
-    over from a broker silent since ``silent`` (DESIGN §7, §11): the replay's ``since``
-    and ``after`` (:meth:`FromPoints.replay` of its from-``points``); the record of each
-    of its ``durables`` at the new host owes from that start
-    (:meth:`DurableProgress.failed_over`), so that a process ending before the answer is
-    owed it by its next claim."""
-    since, after = points.replay(first, silent)
-    for progress in durables:
-        progress.failed_over(after)
-    return since, after
-
-
 SPANS_KEPT = 10
 """Finished spans of takes :class:`FromPoints` keeps per (publisher, session)."""
 
@@ -499,6 +485,49 @@ class FromPoints:
             if best is not None:
                 points.append((publisher, session, best))
         return points
+
+
+class SubscriberReplays:
+    """A subscriber's side of its replays (DESIGN §11), which the SDK and the simulator's
+    subscribers each keep: when it first subscribed (:attr:`first`), where its next
+    replay asks from (:attr:`last_seen`, :class:`FromPoints`) and its replays waiting for
+    late answers (:attr:`late`, :class:`LateAnswers`, a new process's may carry on an
+    earlier one's). Every delivery notes both (:meth:`delivered`)."""
+
+    __slots__ = ("first", "last_seen", "late")
+
+    def __init__(self, first: float | None = None, late: LateAnswers | None = None) -> None:
+        self.first = first
+        self.last_seen = FromPoints()
+        self.late = late if late is not None else LateAnswers()
+
+    def subscribed(self, now: float) -> None:
+        """It subscribed at ``now`` (the first time counts)."""
+        if self.first is None:
+            self.first = now
+
+    def delivered(self, publisher: str, session: int, seq: int, now: float) -> None:
+        """``seq`` of ``publisher``'s ``session`` was delivered at ``now``."""
+        self.last_seen.saw(publisher, session, seq, now)
+        if self.late.awaiting:
+            self.late.delivered((publisher, session, seq))
+
+    def replay(self, silent: float) -> tuple[list[tuple[str, int, int]], float]:
+        """What a replay for a broker silent since ``silent`` asks for
+        (:meth:`FromPoints.replay`)."""
+        return self.last_seen.replay(self.first, silent)
+
+    def failed_over(
+        self, silent: float, durables: Iterable[DurableProgress] = ()
+    ) -> tuple[list[tuple[str, int, int]], float]:
+        """It failed over from a broker silent since ``silent`` (DESIGN §7, §11): what its
+        replay asks for (:meth:`replay`); the record of each of its ``durables`` at the
+        new host owes from that start (:meth:`DurableProgress.failed_over`), so that a
+        process ending before the answer is owed it by its next claim."""
+        since, after = self.replay(silent)
+        for progress in durables:
+            progress.failed_over(after)
+        return since, after
 
 
 BUFFER = 10_000

@@ -12,11 +12,12 @@ from octopis.client_policy import (
     ClaimAnswer,
     DurableProgress,
     FromPoints,
+    LateAnswers,
     RecentDeliveries,
     ReplayGaps,
     Seam,
+    SubscriberReplays,
     claim_gap,
-    failover_replay,
     join_at_seam,
     still_silent,
 )
@@ -189,14 +190,23 @@ def test_a_claims_answer_says_the_gap_and_the_replay_from_the_record() -> None:
     assert new.record is None and new.whole() is None
 
 
-def test_a_failover_replay_asks_from_the_points_and_moves_each_durables_start() -> None:
-    points = FromPoints(settle=2.0)
-    points.saw("P", 0, 4, 10.0)
+def test_a_subscribers_replays_note_each_delivery_and_ask_from_it_after_a_failover() -> None:
+    """A delivery moves the from-points and, while a replay waits for late answers, is
+    kept from them; a fail-over's replay asks from the points, by time from the first
+    subscription less the skew, and each durable record owes from that start."""
+    replaying = SubscriberReplays(late=LateAnswers())
+    replaying.subscribed(50.0)
+    replaying.subscribed(55.0)  # the first time counts
+    replaying.late.ended("r1", [], ["b:0"])
+    replaying.delivered("P", 0, 4, 10.0)
+    assert not replaying.late.fresh("r1")(("P", 0, 4))
     one, other = DurableProgress(), DurableProgress()
     other.claimed([], after=3.0)
-    since, after = failover_replay(points, 50.0, 60.0, [one, other])
-    assert since == [("P", 0, 4)] and after == 49.0  # first subscribed less the skew
+    since, after = replaying.failed_over(60.0, [one, other])
+    assert since == [("P", 0, 4)] and after == 49.0
     assert (one.owed_after, other.owed_after) == (49.0, 3.0)
+    replaying.late.answered("r1", ["b:0"], [])
+    assert not replaying.late.awaiting
 
 
 def test_a_seam_holds_live_deliveries_up_to_its_limit_and_waits_for_its_request() -> None:

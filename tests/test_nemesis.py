@@ -855,5 +855,5 @@ def test_a_replay_answered_over_a_cut_connection_is_never_read_and_stays_a_gap()
     sim = simulate(draw(80))[0]
     assert ("S12", "c:1") in sim.cut_clients
     assert sim.failure_counts["answers_to_cut_clients"] > 0
-    assert set(sim.late_answers["S12"].outstanding["c:1/3"]) == set(sim.scot.brokers)
+    assert set(sim.replaying["S12"].late.outstanding["c:1/3"]) == set(sim.scot.brokers)
     assert sim.replay_gaps["S12"]

@@ -21,7 +21,7 @@ from octopis.client.past import PastRequests
 from octopis.client.replay import ReplayGap, Seam, parse_time
 from octopis.client.replay_log import ReplayLog
 from octopis.client.streams import CompositeStream, SubscriptionStream
-from octopis.client_policy import BUFFER, FromPoints, failover_replay
+from octopis.client_policy import BUFFER, SubscriberReplays
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
 
@@ -59,11 +59,12 @@ class Subscriber(NamedClient):
     ) -> None:
         super().__init__(name, connection)
         self.replay_on_failover = replay
-        self.last_seen = FromPoints()
-        """Where a replay asks from, per (publisher, session) (REORDER before the silence)."""
-        self.since: float | None = None
-        """When it first subscribed: a replay's start for publishers never heard from."""
-        self.replay_log = ReplayLog(name, connection.group, self.deliver, on_gap, on_gap_filled)
+        self.replaying = SubscriberReplays()
+        """When it first subscribed, where a replay asks from, and its replays waiting for
+        late answers (the client policy's, :class:`~octopis.client_policy.SubscriberReplays`)."""
+        self.replay_log = ReplayLog(
+            name, connection.group, self.deliver, self.replaying.late, on_gap, on_gap_filled
+        )
         """What each replay delivered and left, and the late answers that narrow its gap."""
         if buffer < 1 or buffer_bytes < 1:
             raise ValueError("a subscriber's buffer and buffer_bytes must be positive")
@@ -113,6 +114,11 @@ class Subscriber(NamedClient):
         """The application took ``received`` of durable subscription ``durable``: it is
         acknowledged to the broker at the loop's next pass (with what else was taken)."""
         self.acks.took(durable, received)
+
+    @property
+    def since(self) -> float | None:
+        """When it first subscribed: a replay's start for publishers never heard from."""
+        return self.replaying.first
 
     @property
     def gaps(self) -> deque[ReplayGap]:
@@ -235,8 +241,7 @@ class Subscriber(NamedClient):
             stream = self._streams[sub_id] = CompositeStream(self, sub_id, subscription)
             return stream
         after, end = past_window(durable, since, until)
-        if self.since is None:
-            self.since = time.time()
+        self.replaying.subscribed(time.time())
         if end is not None:
             stream = SubscriptionStream(self, f"history:{after}:{end}", subscription)
             stream.end_history(
@@ -309,8 +314,8 @@ class Subscriber(NamedClient):
             if replaying and self.since is not None:
                 # Hold live deliveries: the new broker's must not move the replay's start.
                 seam = self.past.open_seam()
-                since, after = failover_replay(
-                    self.last_seen, self.since, self._silent(), self.acks.progress(self.durables())
+                since, after = self.replaying.failed_over(
+                    self._silent(), self.acks.progress(self.durables())
                 )
             try:
                 await self.resubscribe()
@@ -331,7 +336,7 @@ class Subscriber(NamedClient):
         if any."""
         if seam is None:
             seam = self.past.open_seam()
-        return await self._replay(seam, *self.last_seen.replay(self.since, self._silent()), timeout)
+        return await self._replay(seam, *self.replaying.replay(self._silent()), timeout)
 
     async def _replay(
         self, seam: Seam, since: list[tuple[str, int, int]], after: float, timeout: float
@@ -418,9 +423,9 @@ class Subscriber(NamedClient):
 
     def deliver(self, received: Received, size: int) -> None:
         """Hand ``received`` (of ``size`` encoded bytes) to the streams, or the callback."""
-        self.last_seen.saw(received.publisher, received.session, received.seq, received.received_at)
-        if self.replay_log.late.awaiting:
-            self.replay_log.late.delivered((received.publisher, received.session, received.seq))
+        self.replaying.delivered(
+            received.publisher, received.session, received.seq, received.received_at
+        )
         if self._callback is not None:
             self._callback(received)  # taken once the callback returns
             if self._durable_of:

@@ -33,11 +33,9 @@ from typing import Any
 
 from octopis.client_policy import (
     DurableProgress,
-    FromPoints,
-    LateAnswers,
     RecentDeliveries,
     Seam,
-    failover_replay,
+    SubscriberReplays,
     publisher_order,
 )
 from octopis.core import Notification
@@ -85,9 +83,10 @@ class DurableClient:
     """What the application took in this run (acknowledged), what the record it claimed
     says was taken (a live delivery it covers is dropped), from when its host's record
     owes the rest: the SDK's."""
-    last_seen: FromPoints = field(default_factory=FromPoints)
-    since: float = 0.0
-    """When this run first subscribed (a fail-over's replay starts no earlier)."""
+    replaying: SubscriberReplays = field(default_factory=SubscriberReplays)
+    """The SDK's side of its replays: when this run first subscribed (a fail-over's
+    replay starts no earlier), where its next replay asks from, and its replays' silent
+    brokers not heard from since (those of every run: its gaps)."""
     first: str = ""
     """The broker this run's list begins at (the one it was started at)."""
     away: list[tuple[float, float]] = field(default_factory=list)
@@ -96,16 +95,13 @@ class DurableClient:
     left: float | None = None
     gaps: set[str] = field(default_factory=set)
     """Brokers its claims reported silent, and why a claim failed."""
-    late: LateAnswers = field(default_factory=LateAnswers)
-    """Its replays' silent brokers not heard from since, and what was delivered since
-    (the SDK's ``ReplayLog.late``)."""
 
     store_gaps: set[Gap] = field(default_factory=set)
     """Ranges its claims' and replays' stores reported they no longer hold."""
 
     def told_gap(self) -> bool:
         """Whether a gap is still reported to it."""
-        return bool(self.gaps) or bool(self.late.outstanding)
+        return bool(self.gaps) or bool(self.replaying.late.outstanding)
 
     received: Counter[tuple[str, int]] = field(default_factory=Counter)
     taken_at: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
@@ -181,8 +177,8 @@ class DurableSimulator(Simulator):
         """A new process of ``c`` at ``broker``, its list beginning at ``first``: it
         subscribes and claims its record."""
         c.run, c.first = c.run + 1, first
-        c.record, c.progress, c.last_seen = RecentDeliveries(), DurableProgress(), FromPoints()
-        c.since = self.now
+        c.record, c.progress = RecentDeliveries(), DurableProgress()
+        c.replaying = SubscriberReplays(self.now, c.replaying.late)
         if c.left is not None:
             c.away.append((c.left, self.now))
             c.left = None
@@ -197,7 +193,7 @@ class DurableSimulator(Simulator):
         c.key = f"{c.name}#{c.run}.{c.connection}"
         self._home[c.name] = broker
         self.records[c.name] = c.record
-        self.late_answers[c.name] = c.late
+        self.replaying[c.name] = c.replaying
         self.checked.add(c.name)
         sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
         self.durable_records[broker].attach(
@@ -260,9 +256,7 @@ class DurableSimulator(Simulator):
         """``n`` is delivered: its from-point noted (as the SDK's ``deliver`` does), and
         the application takes it, recorded and acknowledged; unless the record ``c``
         claimed says an earlier run took it (the SDK's stream drops it)."""
-        c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
-        if c.late.awaiting:
-            c.late.delivered(publisher_order(n))
+        c.replaying.delivered(n.publisher, n.session, n.seq, self.now)
         if c.progress.covers(n.publisher, n.session, n.seq):
             c.counts["covered"] += 1
             return
@@ -309,13 +303,14 @@ class DurableSimulator(Simulator):
         """``c``, which left silent ``old``, is connected at ``new``: a claim under way
         failed (a gap it is told of), its subscription is made again, durable, its whole
         record acknowledged there as owing from the replay's start
-        (:func:`~octopis.client_policy.failover_replay`), and it replays what it missed."""
+        (:meth:`~octopis.client_policy.SubscriberReplays.failed_over`), and it replays
+        what it missed."""
         if c.name in self.seams and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
         self._end_seam(c.name, None if c.claiming else self.scot.brokers)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
-        since, after = failover_replay(c.last_seen, c.since, died, [c.progress])
+        since, after = c.replaying.failed_over(died, [c.progress])
         self._attach_durable(c, new)
         self._durable_ack(c, c.progress.whole())
         self.seams[c.name], c.claiming = Seam(), False
@@ -380,7 +375,7 @@ class DurableSimulator(Simulator):
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
         elif not current:  # a replay's gap shrinks as its own silent parts answer late
-            c.late.answered(action.req_id, echo.answered, echo.silent)
+            c.replaying.late.answered(action.req_id, echo.answered, echo.silent)
         if not current:
             return
         if not c.claiming:

@@ -31,11 +31,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from octopis.client_policy import (
-    FromPoints,
-    LateAnswers,
     RecentDeliveries,
     Seam,
-    failover_replay,
+    SubscriberReplays,
     failover_tries,
     publisher_order,
 )
@@ -83,10 +81,7 @@ class SubscriberFailover:
         was published in between only a replay can give it."""
         self.replay_gaps: dict[str, set[str]] = {}
         """Per subscriber, the brokers its replays reported silent and never heard from
-        (of its :attr:`late_answers`)."""
-        self.late_answers: dict[str, LateAnswers] = {}
-        """Per subscriber, its replays that wait for late answers (the SDK's
-        ``ReplayLog.late``): their silent brokers, what was delivered since."""
+        (of its :attr:`replaying`)."""
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
@@ -112,9 +107,10 @@ class SubscriberFailover:
         self.seams: dict[str, Seam[Notification, Notification, ReplayEcho]] = {}
         """Per subscriber whose replay is under way, its seam (the SDK's,
         :class:`~octopis.client_policy.Seam`)."""
-        self.from_points: dict[str, FromPoints] = {}
-        """Per subscriber, where its next replay asks from (the SDK's ``last_seen``),
-        kept from the first failure scheduled on (:meth:`saw`)."""
+        self.replaying: dict[str, SubscriberReplays] = {}
+        """Per subscriber, the SDK's side of its replays: where the next asks from, kept
+        from the first failure scheduled on (:meth:`saw`), and those waiting for late
+        answers (:meth:`_replaying`)."""
 
     def _rounds(self, broker: str) -> ReplayRounds:
         rounds = self.replay_rounds.get(broker)
@@ -229,8 +225,9 @@ class SubscriberFailover:
         self.record_of(subscriber)
         # What the SDK has taken: not what a replay cut short still holds at its seam
         # (it delivers that once the replay ends, after this one has asked).
-        points = self.from_points.get(subscriber, FromPoints())
-        since, after = failover_replay(points, self.clients.first_subscribed[subscriber], died)
+        replaying = self._replaying(subscriber)
+        replaying.subscribed(self.clients.first_subscribed[subscriber])
+        since, after = replaying.failed_over(died)
         self._cut_short(subscriber)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
@@ -317,17 +314,10 @@ class SubscriberFailover:
                 self.replay_counts["late" if action.late else "done"] += 1
 
     def saw(self, subscriber: str, n: Notification) -> None:
-        """``subscriber`` took ``n`` now: its from-points
-        (:class:`~octopis.client_policy.FromPoints`), its replays waiting for late
-        answers and its record of recent deliveries
-        (:class:`~octopis.client_policy.RecentDeliveries`) note it."""
-        points = self.from_points.get(subscriber)
-        if points is None:
-            points = self.from_points[subscriber] = FromPoints()
-        points.saw(n.publisher, n.session, n.seq, self.events.now)
-        late = self.late_answers.get(subscriber)
-        if late is not None and late.awaiting:
-            late.delivered(publisher_order(n))
+        """``subscriber`` took ``n`` now: its side of its replays
+        (:meth:`~octopis.client_policy.SubscriberReplays.delivered`) and its record of
+        recent deliveries (:class:`~octopis.client_policy.RecentDeliveries`) note it."""
+        self._replaying(subscriber).delivered(n.publisher, n.session, n.seq, self.events.now)
         record = self.records.get(subscriber)
         if record is None:
             record = self.records[subscriber] = RecentDeliveries()
@@ -391,7 +381,7 @@ class SubscriberFailover:
         if seam is not None and seam.replay == req_id:
             seam.part(req_id, notifications)
         else:
-            late = self.late_answers.setdefault(subscriber, LateAnswers())
+            late = self._replaying(subscriber).late
             self._join(subscriber, [], notifications, late.fresh(req_id))
 
     def _replay_ended(self, subscriber: str, req_id: str, echo: ReplayEcho) -> None:
@@ -400,13 +390,22 @@ class SubscriberFailover:
         which narrows the gap (:meth:`~octopis.client_policy.LateAnswers.answered`)."""
         if req_id not in self.historic_received and self._answer_lost(subscriber, req_id):
             return
-        late = self.late_answers.setdefault(subscriber, LateAnswers())
+        late = self._replaying(subscriber).late
         seam = self.seams.get(subscriber)
         if seam is not None and seam.end(req_id, echo):
             self._end_seam(subscriber, echo.silent)
         else:
             late.answered(req_id, echo.answered, echo.silent)
         self.replay_gaps[subscriber] = late.outstanding.silent()
+
+    def _replaying(self, subscriber: str) -> SubscriberReplays:
+        """``subscriber``'s side of its replays, made when first needed (it first
+        subscribed when the simulated clients say)."""
+        replaying = self.replaying.get(subscriber)
+        if replaying is None:
+            first = self.clients.first_subscribed.get(subscriber)
+            replaying = self.replaying[subscriber] = SubscriberReplays(first)
+        return replaying
 
     def _answer_lost(self, subscriber: str, req_id: str) -> bool:
         """Whether the answer to request ``req_id`` is lost: it comes over a connection of
@@ -429,7 +428,7 @@ class SubscriberFailover:
             self.replay_counts["seam_overflowed"] += 1
         joined = self._join(subscriber, seam.live, seam.answer)
         if silent is not None and seam.replay is not None:
-            late = self.late_answers.setdefault(subscriber, LateAnswers())
+            late = self._replaying(subscriber).late
             late.ended(seam.replay, map(publisher_order, joined), silent)
             self.replay_gaps[subscriber] = late.outstanding.silent()
 
