@@ -580,7 +580,7 @@ CLIENT_RULE_PARTS = frozenset(
 """Parts of client rules the SDK and the simulator each once put together: a durable
 claim's answer (its gap, the copy to resume from, where the record then owes from; now
 ``DurableProgress.claim_answered``), a fail-over's replay and the start its durables'
-records owe from (``failover_replay``), and a replay's late answers (its silent brokers,
+records owe from (``SubscriberReplays.failed_over``), and a replay's late answers (its silent brokers,
 what was delivered since; ``LateAnswers``)."""
 
 
