@@ -580,8 +580,8 @@ CLIENT_RULE_PARTS = frozenset(
 """Parts of client rules the SDK and the simulator each once put together: a durable
 claim's answer (its gap, the copy to resume from, where the record then owes from; now
 ``DurableProgress.claim_answered``), a fail-over's replay and the start its durables'
-records owe from (``SubscriberReplays.failed_over``), and a replay's late answers (its silent brokers,
-what was delivered since; ``LateAnswers``)."""
+records owe from (``SubscriberReplays.failed_over``), and a replay's late answers (its
+silent brokers, what was delivered since; ``LateAnswers``)."""
 
 
 def client_rule_copies(path: Path) -> list[str]:
