@@ -20,8 +20,7 @@ log = logging.getLogger("octopis.client")
 
 class ReplayLog:
     """The replays of client ``name``: ``recent`` is its connection group's record of
-    deliveries, ``deliver`` hands a late answer's publication to the client, ``late``
-    follows the replays left with brokers silent (the client's own); a gap goes
+    deliveries, ``deliver`` hands a late answer's publication to the client; a gap goes
     to ``on_gap``, and ``on_gap_filled`` is told ``(gap, left)`` when brokers a gap named
     silent answered later and their publications were delivered (``left``: what is still
     missing, None: nothing)."""
@@ -31,7 +30,6 @@ class ReplayLog:
         name: str,
         recent: RecentDeliveries,
         deliver: Callable[[Received, int], None],
-        late: LateAnswers,
         on_gap: Callable[[ReplayGap], None] | None = None,
         on_gap_filled: Callable[[ReplayGap, ReplayGap | None], None] | None = None,
     ) -> None:
@@ -45,7 +43,7 @@ class ReplayLog:
         whose silent brokers answer later is narrowed, or withdrawn once filled."""
         self.replays: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per replay (the last 1,000): id, replayed, repeats, seconds, gap."""
-        self.late = late
+        self.late = LateAnswers()
         """Per replay of :attr:`_records`, the silent brokers not yet answered late, and
         what was delivered since (a late answer repeats none of it)."""
         self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()

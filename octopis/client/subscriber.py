@@ -59,13 +59,10 @@ class Subscriber(NamedClient):
     ) -> None:
         super().__init__(name, connection)
         self.replay_on_failover = replay
-        self.replaying = SubscriberReplays()
-        """When it first subscribed, where a replay asks from, and its replays waiting for
-        late answers (the client policy's, :class:`~octopis.client_policy.SubscriberReplays`)."""
-        self.replay_log = ReplayLog(
-            name, connection.group, self.deliver, self.replaying.late, on_gap, on_gap_filled
-        )
+        self.replay_log = ReplayLog(name, connection.group, self.deliver, on_gap, on_gap_filled)
         """What each replay delivered and left, and the late answers that narrow its gap."""
+        self.replaying = SubscriberReplays(late=self.replay_log.late)
+        """When it first subscribed, where a replay asks from, its replays' late answers."""
         if buffer < 1 or buffer_bytes < 1:
             raise ValueError("a subscriber's buffer and buffer_bytes must be positive")
         self.buffer = buffer
@@ -314,9 +311,7 @@ class Subscriber(NamedClient):
             if replaying and self.since is not None:
                 # Hold live deliveries: the new broker's must not move the replay's start.
                 seam = self.past.open_seam()
-                since, after = self.replaying.failed_over(
-                    self._silent(), self.acks.progress(self.durables())
-                )
+                self.replaying.failed_over(self._silent(), self.acks.progress(self.durables()))
             try:
                 await self.resubscribe()
             except BaseException:
@@ -324,7 +319,7 @@ class Subscriber(NamedClient):
                     self.past.let_go(seam)
                 raise
             if seam is not None:
-                await self._replay(seam, since, after, REPLAY_WAIT)
+                await self.replay(seam=seam)
 
     async def replay(
         self, timeout: float = REPLAY_WAIT, *, seam: Seam | None = None
@@ -336,12 +331,7 @@ class Subscriber(NamedClient):
         if any."""
         if seam is None:
             seam = self.past.open_seam()
-        return await self._replay(seam, *self.replaying.replay(self._silent()), timeout)
-
-    async def _replay(
-        self, seam: Seam, since: list[tuple[str, int, int]], after: float, timeout: float
-    ) -> ReplayGap | None:
-        """Ask for the replay of ``since`` and ``after`` through ``seam``; the gap left."""
+        since, after = self.replaying.replay(self._silent())
         message = {
             "op": "replay",
             "client": self.name,
