@@ -309,8 +309,6 @@ class SubscriberFailover:
                 if action.req_id in self.historic_received:
                     self.historic_done.add(action.req_id)
                 self._replay_ended(subscriber, action.req_id, action.echo)
-                if action.echo.gaps:
-                    self.store_gaps.setdefault(subscriber, set()).update(action.echo.gaps)
                 self.replay_counts["late" if action.late else "done"] += 1
 
     def saw(self, subscriber: str, n: Notification) -> None:
@@ -387,9 +385,12 @@ class SubscriberFailover:
     def _replay_ended(self, subscriber: str, req_id: str, echo: ReplayEcho) -> None:
         """Request ``req_id``'s answer to ``subscriber`` ended with ``echo``: its seam's
         (:meth:`_end_seam`), or a late part's or a request's that no seam waited for,
-        which narrows the gap (:meth:`~octopis.client_policy.LateAnswers.answered`)."""
+        which narrows the gap (:meth:`~octopis.client_policy.LateAnswers.answered`); the
+        ranges its stores no longer hold are reported to it too."""
         if req_id not in self.historic_received and self._answer_lost(subscriber, req_id):
             return
+        if echo.gaps:
+            self.store_gaps.setdefault(subscriber, set()).update(echo.gaps)
         late = self._replaying(subscriber).late
         seam = self.seams.get(subscriber)
         if seam is not None and seam.end(req_id, echo):
