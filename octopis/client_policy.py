@@ -1,6 +1,7 @@
 """The client policy (DESIGN §2, §7, §11), sans-IO: the rules a subscriber follows across
 a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable records
-(``octopis.core.durable``) and the simulator's clients (``octopis.sim``).
+(``octopis.core.durable``) and the simulator's clients (``octopis.sim``): both clients
+feed it what happens and perform its answers.
 
 - :func:`failover_order`: where a connection goes when its broker falls silent, and
   :func:`failover_tries`, how it goes round that list until one answers;
@@ -13,15 +14,20 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
   durable record says was taken;
 - :func:`claim_gap`: when a durable record's claim leaves a gap, and why;
 - :func:`still_silent`: which brokers a replay's gap still names once a late part answers,
-  and :class:`ReplayGaps`, those of each replay request;
+  and :class:`ReplayGaps`, those of each replay request; :class:`LateAnswers`, those of
+  a subscriber's replays, and what was delivered since (a late part repeats none of it);
 - :class:`DurableProgress`: a durable subscription's progress at its client: what was
   taken, what a claimed record covers, from when its host's record owes the rest, what
-  is acknowledged;
+  is acknowledged, and what a claim's answer decides
+  (:meth:`~DurableProgress.claim_answered`, :class:`ClaimAnswer`);
 - :class:`FromPoints`: of each (publisher, session), the last sequence number taken that
   nothing earlier can still overtake, the ``since`` of a replay request (and with
   :func:`replay_after`, the whole of a fail-over's, :meth:`FromPoints.replay`);
-- :func:`join_at_seam`: how a replay's answer joins the live deliveries held while it
-  came (the seam): each publication once, in publisher order (:func:`publisher_order`);
+  :class:`SubscriberReplays`, a subscriber's from-points, late answers and the replay
+  it asks for after a fail-over, with the start its durable records owe from;
+- :class:`Seam`: a request for the past under way, the live deliveries held meanwhile
+  (up to :data:`BUFFER`) and its answer; :func:`join_at_seam`: how they join, each
+  publication once, in publisher order (:func:`publisher_order`);
 - :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
   delivery is checked (a repeat during a move or a fail-over is dropped).
 """
@@ -30,8 +36,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from octopis.defaults import (
     CLOCK_SKEW,
@@ -240,6 +246,82 @@ class ReplayGaps(dict[str, set[str]]):
         return set().union(*self.values())
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimAnswer(Generic[C]):
+    """What a durable subscription's claim decides (:meth:`DurableProgress.claim_answered`):
+    ``gap``, why it leaves one (None: it does not); the copy resumed from (None: no record
+    was found, nothing to replay); and the replay to ask: of each (publisher, session)
+    what follows ``since``, of any other publisher what was published from ``after``."""
+
+    gap: str | None
+    resumed: C | None = None
+    since: list[tuple[str, int, int]] = field(default_factory=list)
+    after: float = 0.0
+
+
+LATE_KEPT = 10_000
+"""Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
+the record of recent deliveries still drops repeats)."""
+LATE_WAITING = 16
+"""Replays of one subscriber that wait for late answers with their memory of
+deliveries; an older one forgets it."""
+Key = tuple[str, int, int]
+"""(publisher, session, seq): one publication."""
+
+
+class LateAnswers:
+    """A subscriber's replays that ended with brokers silent (DESIGN §11): per request,
+    those not heard from since (:attr:`outstanding`); and while one is, what was
+    delivered since its replay began (at most ``kept``, for the last ``waiting``
+    replays, an older one forgets it), so that a late part of its answer, however late,
+    repeats none of it (:meth:`fresh`)."""
+
+    def __init__(self, kept: int = LATE_KEPT, waiting: int = LATE_WAITING) -> None:
+        self.kept = kept
+        self.waiting = waiting
+        self.outstanding = ReplayGaps()
+        self._delivered: OrderedDict[str, set[Key]] = OrderedDict()
+
+    @property
+    def awaiting(self) -> bool:
+        """Whether a replay waits for late answers with its memory of deliveries."""
+        return bool(self._delivered)
+
+    def ended(self, req_id: str, delivered: Iterable[Key], silent: Iterable[str]) -> None:
+        """Request ``req_id``'s replay ended, having ``delivered`` (with the live ones
+        held), with the brokers ``silent`` missing (every one, if it was cut short)."""
+        self.outstanding.left(req_id, silent)
+        if req_id in self.outstanding:
+            self._delivered[req_id] = set(delivered)
+            while len(self._delivered) > self.waiting:
+                self._delivered.popitem(last=False)  # its late answers may repeat
+
+    def delivered(self, key: Key) -> None:
+        """``key`` was delivered: a late answer to a waiting replay must not repeat it."""
+        for delivered in self._delivered.values():
+            if len(delivered) < self.kept:
+                delivered.add(key)
+
+    def fresh(self, req_id: str) -> Callable[[Key], bool]:
+        """Whether a publication of a late part of request ``req_id``'s answer was not
+        delivered since its replay (the record of recent deliveries decides the rest)."""
+        delivered = self._delivered.get(req_id, set())
+        return lambda key: key not in delivered
+
+    def answered(self, req_id: str, answered: Iterable[str], silent: Iterable[str]) -> None:
+        """A part of request ``req_id``'s answer ended late (or a request the seam did
+        not wait for): :meth:`ReplayGaps.answered`; once nothing is missing the memory
+        of deliveries goes."""
+        self.outstanding.answered(req_id, answered, silent)
+        if req_id not in self.outstanding:
+            self._delivered.pop(req_id, None)
+
+    def forget(self, req_id: str) -> None:
+        """Request ``req_id`` is no longer followed: its late answers are not awaited."""
+        self.outstanding.pop(req_id, None)
+        self._delivered.pop(req_id, None)
+
+
 class DurableProgress:
     """A durable subscription's progress at its client (DESIGN §11): what the application
     took of each (publisher, session) (:attr:`taken`, acknowledged to the host), what the
@@ -281,6 +363,22 @@ class DurableProgress:
         """The client failed over and replays from ``replay_start``: the record at the
         new host owes from then (:func:`owed_after_failover`)."""
         self.owed_after = owed_after_failover(self.owed_after, replay_start)
+
+    def claim_answered(
+        self, claimed: Sequence[C], silent: Sequence[str], error: str | None = None
+    ) -> ClaimAnswer[C]:
+        """The claim of this subscription's record ended (DESIGN §11) with the copies
+        ``claimed`` (empty: none found, a new record), the brokers ``silent`` and the
+        failure ``error`` (None: it was answered): the gap it leaves (:func:`claim_gap`)
+        and, if a copy came, what it says (:func:`resume_from`, taken as
+        :meth:`claimed`): the replay the client asks for next, from what the record
+        says was taken; the client then acknowledges :meth:`whole` to its host."""
+        gap = claim_gap(bool(claimed), silent, error)
+        if not claimed:
+            return ClaimAnswer(gap)
+        best, since, after = resume_from(claimed)
+        self.claimed(since, after)
+        return ClaimAnswer(gap, best, since, after)
 
     def covers(self, publisher: str, session: int, seq: int) -> bool:
         """Whether the claimed record says a process before this one took ``seq`` of
@@ -387,6 +485,125 @@ class FromPoints:
             if best is not None:
                 points.append((publisher, session, best))
         return points
+
+
+class SubscriberReplays:
+    """A subscriber's side of its replays (DESIGN §11), which the SDK and the simulator's
+    subscribers each keep: when it first subscribed (:attr:`first`), where its next
+    replay asks from (:attr:`last_seen`, :class:`FromPoints`) and its replays waiting for
+    late answers (:attr:`late`, :class:`LateAnswers`, a new process's may carry on an
+    earlier one's). Every delivery notes both (:meth:`delivered`)."""
+
+    __slots__ = ("first", "last_seen", "late")
+
+    def __init__(self, first: float | None = None, late: LateAnswers | None = None) -> None:
+        self.first = first
+        self.last_seen = FromPoints()
+        self.late = late if late is not None else LateAnswers()
+
+    def subscribed(self, now: float) -> None:
+        """It subscribed at ``now`` (the first time counts)."""
+        if self.first is None:
+            self.first = now
+
+    def delivered(self, publisher: str, session: int, seq: int, now: float) -> None:
+        """``seq`` of ``publisher``'s ``session`` was delivered at ``now``."""
+        self.last_seen.saw(publisher, session, seq, now)
+        if self.late.awaiting:
+            self.late.delivered((publisher, session, seq))
+
+    def replay(self, silent: float) -> tuple[list[tuple[str, int, int]], float]:
+        """What a replay for a broker silent since ``silent`` asks for
+        (:meth:`FromPoints.replay`)."""
+        return self.last_seen.replay(self.first, silent)
+
+    def failed_over(
+        self, silent: float, durables: Iterable[DurableProgress] = ()
+    ) -> tuple[list[tuple[str, int, int]], float]:
+        """It failed over from a broker silent since ``silent`` (DESIGN §7, §11): what its
+        replay asks for (:meth:`replay`); the record of each of its ``durables`` at the
+        new host owes from that start (:meth:`DurableProgress.failed_over`), so that a
+        process ending before the answer is owed it by its next claim."""
+        since, after = self.replay(silent)
+        for progress in durables:
+            progress.failed_over(after)
+        return since, after
+
+
+BUFFER = 10_000
+"""Deliveries a subscriber holds before it stops reading (the SDK's default ``buffer``),
+and a seam holds live while its answer comes."""
+
+L = TypeVar("L")
+R = TypeVar("R")
+S = TypeVar("S")
+
+
+class Seam(Generic[L, R, S]):
+    """A subscriber's request for the past under way (DESIGN §11): a fail-over's replay,
+    a hybrid subscription's window, a durable claim and the replay from its record. Live
+    deliveries wait in :attr:`live` while it is under way (if ``hold_live``; at most
+    ``limit``, past which the seam has :attr:`overflowed` and a delivery goes through),
+    beside the parts of the answers by request id (one may come before the request is
+    named) and the summaries their ends carry; once the request's end is in, both join
+    (:meth:`RecentDeliveries.join`)."""
+
+    def __init__(
+        self, limit: int = BUFFER, *, hold_live: bool = True, replay: str | None = None
+    ) -> None:
+        self.limit = limit
+        self.hold_live = hold_live
+        self.replay = replay
+        """The request whose answer the seam waits for (None: not named yet)."""
+        self.live: list[L] = []
+        self.overflowed = False
+        self.answers: dict[str, list[R]] = {}
+        self.done: dict[str, S] = {}
+        self.progress = 0
+        """Parts of answers taken (a large answer is waited for while they come)."""
+
+    def hold(self, item: L) -> bool:
+        """Whether live ``item`` waits here: not past ``limit`` (then it goes through,
+        and the seam has overflowed: a gap), nor if live deliveries do not wait."""
+        if not self.hold_live:
+            return False
+        if len(self.live) >= self.limit:
+            self.overflowed = True
+            return False
+        self.live.append(item)
+        return True
+
+    def part(self, req_id: str, items: Iterable[R]) -> None:
+        """A part of request ``req_id``'s answer came."""
+        self.answers.setdefault(req_id, []).extend(items)
+        self.progress += 1
+
+    def end(self, req_id: str, summary: S) -> bool:
+        """Request ``req_id``'s answer ended with ``summary``: whether the seam's is in."""
+        self.done[req_id] = summary
+        return self.named(self.replay)
+
+    def named(self, replay: str | None) -> bool:
+        """The seam waits for request ``replay``: whether its answer is in."""
+        self.replay = replay
+        return replay is not None and replay in self.done
+
+    def next_request(self) -> S | None:
+        """The summary of the request waited for (a claim's), and wait for the next one
+        (its replay) with the same live deliveries held."""
+        summary = self.summary
+        self.replay = None
+        return summary
+
+    @property
+    def summary(self) -> S | None:
+        """The end of the request waited for (None: not in)."""
+        return self.done.get(self.replay or "")
+
+    @property
+    def answer(self) -> list[R]:
+        """The parts of the answer to the request waited for come so far."""
+        return self.answers.get(self.replay or "", [])
 
 
 class RecentDeliveries:

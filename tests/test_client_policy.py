@@ -9,14 +9,19 @@ import random
 import pytest
 
 from octopis.client_policy import (
+    ClaimAnswer,
     DurableProgress,
     FromPoints,
+    LateAnswers,
     RecentDeliveries,
     ReplayGaps,
+    Seam,
+    SubscriberReplays,
     claim_gap,
     join_at_seam,
     still_silent,
 )
+from octopis.core.replay import Claimed
 from octopis.defaults import PUBLISHERS_KNOWN
 
 
@@ -164,3 +169,56 @@ def test_a_durable_progress_drops_what_its_claimed_record_covers() -> None:
     assert progress.taken.since() == [("P", 1, 5)]
     progress.failed_over(20.0)
     assert progress.owed_after == 10.0
+
+
+def test_a_claims_answer_says_the_gap_and_the_replay_from_the_record() -> None:
+    """A claim that found copies resumes from the freshest, of each publisher after the
+    highest acknowledged, of others from the earliest start; one that found none asks
+    for nothing, and is a gap only if brokers stayed silent or it failed."""
+    kept = Claimed("e:1", ("[x,<,6]",), (("P", 0, 1), ("Q", 0, 7)), 2.0, 32.0)
+    moved = Claimed("c:1", ("[x,<,6]",), (("P", 0, 3),), 33.8, 33.9)
+    progress = DurableProgress()
+    answer = progress.claim_answered([kept, moved], silent=("d:0",))
+    assert answer.resumed is moved and answer.after == 2.0
+    assert sorted(answer.since) == [("P", 0, 3), ("Q", 0, 7)]
+    assert answer.gap is not None and "fresher copy" in answer.gap
+    assert progress.covers("Q", 0, 7) and progress.owed_after == 2.0
+    new = DurableProgress()
+    assert new.claim_answered([], silent=()) == ClaimAnswer(None)
+    failed = new.claim_answered([], silent=(), error="claim failed: timeout")
+    assert failed.gap == "claim failed: timeout" and failed.resumed is None
+    assert new.record is None and new.whole() is None
+
+
+def test_a_subscribers_replays_note_each_delivery_and_ask_from_it_after_a_failover() -> None:
+    """A delivery moves the from-points and, while a replay waits for late answers, is
+    kept from them; a fail-over's replay asks from the points, by time from the first
+    subscription less the skew, and each durable record owes from that start."""
+    replaying = SubscriberReplays(late=LateAnswers())
+    replaying.subscribed(50.0)
+    replaying.subscribed(55.0)  # the first time counts
+    replaying.late.ended("r1", [], ["b:0"])
+    replaying.delivered("P", 0, 4, 10.0)
+    assert not replaying.late.fresh("r1")(("P", 0, 4))
+    one, other = DurableProgress(), DurableProgress()
+    other.claimed([], after=3.0)
+    since, after = replaying.failed_over(60.0, [one, other])
+    assert since == [("P", 0, 4)] and after == 49.0
+    assert (one.owed_after, other.owed_after) == (49.0, 3.0)
+    replaying.late.answered("r1", ["b:0"], [])
+    assert not replaying.late.awaiting
+
+
+def test_a_seam_holds_live_deliveries_up_to_its_limit_and_waits_for_its_request() -> None:
+    seam: Seam[str, str, str] = Seam(limit=2)
+    assert seam.hold("a") and seam.hold("b") and not seam.overflowed
+    assert not seam.hold("c") and seam.overflowed and seam.live == ["a", "b"]
+    seam.part("r2", ["x"])  # before the request is named: kept by id
+    assert not seam.end("r1", "claim done") and seam.answer == []
+    assert seam.named("r1") and seam.next_request() == "claim done"
+    assert seam.replay is None and not seam.named("r2")
+    seam.part("r2", ["y"])
+    assert seam.answer == ["x", "y"] and seam.progress == 2
+    assert seam.end("r2", "done") and seam.summary == "done"
+    unheld: Seam[str, str, str] = Seam(hold_live=False)
+    assert not unheld.hold("a") and not unheld.overflowed

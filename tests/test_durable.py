@@ -180,7 +180,9 @@ def test_a_claimed_record_keeps_out_late_copies_of_what_was_taken_before() -> No
     an earlier process took: a copy held for a link that was down, released after the
     subscription was made anew (nemesis seed 265); others, and other streams, pass."""
     acks = DurableAcks("audit", lambda message: None)
-    acks.claimed("d", [("P", 1, 2), ("Q", 1, 5)], after=10.0)
+    copy = Claimed("b:0", ("[x,>,1]",), (("P", 1, 2), ("Q", 1, 5)), 10.0, 11.0)
+    answer = acks.claim_answered("d", [copy], silent=(), error=None)
+    assert (answer.gap, answer.resumed, answer.after) == (None, copy, 10.0)
     durable, plain = _Stream("d"), _Stream(None)
 
     def received(publisher: str, seq: int) -> Received:
@@ -204,9 +206,10 @@ def test_a_record_made_at_a_failover_owes_from_the_replays_start() -> None:
     durables = Durables("c:1", keep=60.0, limit=10)
 
     async def fail_over() -> None:
-        acks.claimed("e", [("P", 1, 2)], after=5.0)
-        acks.failed_over(["d", "e"], after=30.0)
-        acks.failed_over(["d"], after=34.0)  # a second fail-over, before the first's answer
+        acks.claim_answered("e", [Claimed("b:0", (), (("P", 1, 2),), 5.0, 6.0)], (), None)
+        for progress in acks.progress(["d", "e"]):
+            progress.failed_over(30.0)
+        acks.progress(["d"])[0].failed_over(34.0)  # a second fail-over, before the answer
         durables.attach("audit", "d", "k2/audit", "s2", ("[x,>,1]",), 40.0)
         acks.ack_all(["d", "e"])
         await asyncio.sleep(0)

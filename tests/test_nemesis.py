@@ -844,3 +844,16 @@ def test_a_store_that_loses_what_it_confirmed_is_caught(
     print(f"shrunk:\n{smaller.describe()}")
     assert any(isinstance(f, DiskFull | PowerLoss) for f in smaller.faults)
     assert len(smaller.faults) <= len(draw(seed).faults)
+
+
+def test_a_replay_answered_over_a_cut_connection_is_never_read_and_stays_a_gap() -> None:
+    """Seed 80: S12 failed over to c:1 and asked for a replay (c:1/3); its connection to
+    c:1 was then cut, and it failed over again before the answer came. What c:1 answered
+    went over the cut connection, which the SDK never reads (as a live delivery on it is
+    lost): the replay stays in S12's gap, every store unheard (the simulator used to
+    hand it the answer and narrow the gap by it)."""
+    sim = simulate(draw(80))[0]
+    assert ("S12", "c:1") in sim.cut_clients
+    assert sim.failure_counts["answers_to_cut_clients"] > 0
+    assert set(sim.replaying["S12"].late.outstanding["c:1/3"]) == set(sim.scot.brokers)
+    assert sim.replay_gaps["S12"]

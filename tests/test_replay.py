@@ -565,17 +565,16 @@ def test_a_gap_filled_late_is_narrowed_then_withdrawn_and_the_application_told()
         "late_replayed": 0,
         "repeats": 0,
         "late_parts": [],
-        "delivered": set(),
     }
     sub.gaps.extend([other, gap])
-    sub.replay_log.outstanding.left("r1", gap.silent)
-    sub.replay_log.awaiting_late.append(record)
+    sub.replay_log.late.ended("r1", [], gap.silent)
+    assert sub.replay_log.late.awaiting
     sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["b:0"], "published": 2})
     left = replace(gap, silent=("c:0",))
     assert list(sub.gaps) == [other, left] and told == [(gap, left)]
     sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["c:0"], "published": 0})
     assert list(sub.gaps) == [other] and told[-1] == (left, None)
-    assert record["gap"] is None and not sub.replay_log.awaiting_late
+    assert record["gap"] is None and not sub.replay_log.late.awaiting
     sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["c:0"]})
     assert len(told) == 2  # nothing left to fill: told once per step
 

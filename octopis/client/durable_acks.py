@@ -6,11 +6,11 @@ after a fail-over, a move or a claim."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from octopis.client.deliveries import Received
-from octopis.client_policy import DurableProgress
+from octopis.client_policy import C, ClaimAnswer, DurableProgress
 
 
 class DurableStream(Protocol):
@@ -47,17 +47,19 @@ class DurableAcks:
         self._unacked.setdefault(durable, {})[key] = progress.took(*key, received.seq)
         self._send_soon()
 
-    def claimed(self, durable: str, since: Iterable[tuple[str, int, int]], after: float) -> None:
-        """``durable``'s record was found: what it says was taken (``since``), and the
-        time from which other publishers' publications are owed."""
-        self._progress.setdefault(durable, DurableProgress()).claimed(since, after)
+    def claim_answered(
+        self, durable: str, claimed: Sequence[C], silent: Sequence[str], error: str | None
+    ) -> ClaimAnswer[C]:
+        """``durable``'s claim ended with the copies ``claimed``, the brokers ``silent``
+        and ``error``: what the client policy decides
+        (:meth:`~octopis.client_policy.DurableProgress.claim_answered`)."""
+        progress = self._progress.setdefault(durable, DurableProgress())
+        return progress.claim_answered(claimed, silent, error)
 
-    def failed_over(self, durables: Iterable[str], after: float) -> None:
-        """The connection failed over and replays from ``after``: each of ``durables``'
-        record at the new host owes from then (:func:`owed_after_failover`), so that a
-        process that ends before the replay is answered is owed it by its next claim."""
-        for durable in durables:
-            self._progress.setdefault(durable, DurableProgress()).failed_over(after)
+    def progress(self, durables: Iterable[str]) -> list[DurableProgress]:
+        """The progress of each of ``durables`` (a fail-over moves where their records
+        owe from, :func:`~octopis.client_policy.failover_replay`)."""
+        return [self._progress.setdefault(d, DurableProgress()) for d in durables]
 
     def offer(self, stream: DurableStream, received: Received, size: int) -> None:
         """Hand ``received`` to ``stream``, unless ``stream`` is durable and the record it

@@ -18,7 +18,6 @@ from octopis.client.durable_acks import DurableAcks
 from octopis.client.errors import BrokerError
 from octopis.client.replay import History, ReplayGap, Seam
 from octopis.client.replay_log import ReplayLog
-from octopis.client_policy import claim_gap, resume_from
 from octopis.filters.language import Subscription
 from octopis.wire import claimed_records
 
@@ -74,29 +73,28 @@ class PastRequests:
         name = self.client.name
         error = await self.ask(seam, {"op": "claim", "client": name, "durable": durable})
         summary = seam.next_request() or {}
-        claimed = summary.get("claimed", [])
         silent = tuple(summary.get("silent", ()))
-        why = claim_gap(bool(claimed), silent, error)
-        if why is not None:
-            self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=why))
-        if not claimed:
+        answer = self.acks.claim_answered(
+            durable, claimed_records(summary.get("claimed", [])), silent, error
+        )
+        if answer.gap is not None:
+            self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=answer.gap))
+        if answer.resumed is None:
             self.let_go(seam)
             log.info("%s: durable %s is new here (no record found)", name, durable)
             return History(None, time.time(), None, 0, 0, silent=silent, error=error)
-        best, record_since, after = resume_from(claimed_records(claimed))
-        self.acks.claimed(durable, record_since, after)
         self.acks.ack_all(self.client.durables())
         log.info(
             "%s: durable %s claimed from %s (%d publishers known)",
             name,
             durable,
-            best.broker,
-            len(record_since),
+            answer.resumed.broker,
+            len(answer.since),
         )
         message = {
             "filters": [subscription.to_text()],
-            "since": [list(x) for x in record_since],
-            "after": after,
+            "since": [list(x) for x in answer.since],
+            "after": answer.after,
         }
         return await self.window(seam, message)
 
@@ -134,7 +132,7 @@ class PastRequests:
         seam, error = await self.alone(self.window_of(subscription, now, now))
         if error is not None:
             raise TimeoutError(f"{self.client.name}: no answer from every broker ({error})")
-        return tuple(seam.done.get(seam.replay or "", {}).get("silent", ()))
+        return tuple((seam.summary or {}).get("silent", ()))
 
     async def historic(
         self,
@@ -181,7 +179,7 @@ class PastRequests:
     ) -> History:
         """The end of the answer ``seam`` waited for: what was delivered and what is
         missing."""
-        summary = seam.done.get(seam.replay or "")
+        summary = seam.summary
         if summary is None:
             return History(seam.replay, after, until, 0, delivered, error=error or "no answer")
         return History(

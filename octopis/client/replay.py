@@ -16,12 +16,13 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from octopis.client.deliveries import Received
 from octopis.client_policy import RecentDeliveries
+from octopis.client_policy import Seam as PolicySeam
 from octopis.client_policy import publisher_order as policy_order
 from octopis.wire import delivery_fields
 
@@ -86,74 +87,54 @@ class ReplayGap:
     error: str | None = None
 
 
-@dataclass
-class Seam:
-    """One replay under way: the answers (by request id, as notices may come before the
-    request's reply) and the live deliveries held meanwhile (at most ``limit``)."""
+class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
+    """One request for the past under way (:class:`~octopis.client_policy.Seam`) read
+    from the broker's notices: the live deliveries held are ``(received, size)``, the
+    answers NOTIFY bodies, the ends ``replay_done`` notices; :attr:`finished` is set once
+    the end of :attr:`replay` is in."""
 
-    limit: int
-    hold_live: bool = True
-    """Whether live deliveries wait for the answer (not for a historic subscription's:
-    its answer goes to its own stream)."""
-    replay: str | None = None
-    answers: dict[str, list[bytes]] = field(default_factory=dict)
-    done: dict[str, dict[str, Any]] = field(default_factory=dict)
-    live: list[tuple[Received, int]] = field(default_factory=list)
-    overflowed: bool = False
-    progress: int = 0
-    """``replayed`` notices taken (a large answer is waited for while they come)."""
-    started: float = field(default_factory=time.monotonic)
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once the ``replay_done`` of :attr:`replay` is in."""
+    def __init__(self, limit: int, *, hold_live: bool = True) -> None:
+        super().__init__(limit, hold_live=hold_live)
+        self.started = time.monotonic()
+        self.finished = asyncio.Event()
 
     def notice(self, message: dict[str, Any]) -> None:
         """Take a ``replayed`` or ``replay_done`` notice."""
         req = str(message.get("id"))
         if message["op"] == "replayed":
-            self.answers.setdefault(req, []).extend(message.get("bodies", ()))
-            self.progress += 1
+            self.part(req, message.get("bodies", ()))
         else:
-            self.done[req] = message
-        self.named(self.replay)
+            self.end(req, message)
 
-    def named(self, replay: str | None) -> None:
-        """The request's reply named it ``replay``."""
-        self.replay = replay
-        if replay is not None and replay in self.done:
+    def named(self, replay: str | None) -> bool:
+        """The request's reply named it ``replay``: whether its answer is in."""
+        if super().named(replay):
             self.finished.set()
+            return True
+        return False
 
     def next_request(self) -> dict[str, Any] | None:
         """The summary of the request this seam waited for (a claim), and wait for the
         next one (its replay) with the same live deliveries held."""
-        summary = self.done.get(self.replay or "")
-        self.replay = None
         self.finished = asyncio.Event()
-        return summary
-
-    def hold(self, received: Received, size: int) -> bool:
-        """Hold a live delivery; False when the seam is full (the caller ends it)."""
-        if len(self.live) >= self.limit:
-            self.overflowed = True
-            return False
-        self.live.append((received, size))
-        return True
+        return super().next_request()
 
     def joined(self, name: str, group: RecentDeliveries) -> tuple[list[tuple[Received, int]], int]:
         """The replayed publications not delivered before, with the held live ones, in
         publisher order; and how many replayed ones were repeats."""
-        return join_replayed(name, group, self.live, self.answers.get(self.replay or "", ()))
+        return join_replayed(name, group, self.live, self.answer)
 
     def answered(self, name: str) -> list[Received]:
         """The answer alone (a historic subscription's), each (publisher, session, seq)
         once, in publisher order."""
         found: dict[tuple[str, int, int], Received] = {}
-        for received, _ in replayed(name, self.answers.get(self.replay or "", ()), time.time()):
+        for received, _ in replayed(name, self.answer, time.time()):
             found.setdefault(policy_order(received), received)
         return [found[key] for key in sorted(found)]
 
     def gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
         """The gap this replay leaves, if any."""
-        summary = self.done.get(self.replay or "")
+        summary = self.summary
         if summary is None:
             return ReplayGap(name, self.replay, after, error=error or "no answer from the overlay")
         silent = tuple(summary.get("silent", ()))

@@ -13,16 +13,9 @@ from typing import Any
 
 from octopis.client.deliveries import Received
 from octopis.client.replay import ReplayGap, Seam, join_replayed
-from octopis.client_policy import RecentDeliveries, ReplayGaps
+from octopis.client_policy import LateAnswers, RecentDeliveries
 
 log = logging.getLogger("octopis.client")
-
-LATE_KEPT = 10_000
-"""Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
-the connection group's record of the last 30 s still drops repeats)."""
-LATE_WAITING = 16
-"""Replays of one subscriber that wait for late answers with their memory of
-deliveries; an older one forgets it."""
 
 
 class ReplayLog:
@@ -50,10 +43,9 @@ class ReplayLog:
         whose silent brokers answer later is narrowed, or withdrawn once filled."""
         self.replays: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per replay (the last 1,000): id, replayed, repeats, seconds, gap."""
-        self.awaiting_late: list[dict[str, Any]] = []
-        """Replay records with silent parts not yet answered late."""
-        self.outstanding = ReplayGaps()
-        """Per replay of :attr:`_records`, the silent brokers not yet answered late."""
+        self.late = LateAnswers()
+        """Per replay of :attr:`_records`, the silent brokers not yet answered late, and
+        what was delivered since (a late answer repeats none of it)."""
         self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         """The records of :attr:`replays` by request id: late answers are added to them."""
 
@@ -75,24 +67,14 @@ class ReplayLog:
             "gap": gap,
             "late_replayed": 0,
             "late_parts": [],
-            "delivered": {(r.publisher, r.session, r.seq) for r, _ in items},
         }
-        """While a silent broker of the replay has not answered late (:attr:`outstanding`),
-        ``delivered`` keeps what was delivered since the fail-over (at most
-        :data:`LATE_KEPT`), so that a late answer, however late, repeats none of it."""
         self.replays.append(record)
         if seam.replay is not None:
-            self.outstanding.left(seam.replay, gap.silent if gap is not None else ())
-        if seam.replay in self.outstanding:
-            self.awaiting_late.append(record)
-            while len(self.awaiting_late) > LATE_WAITING:
-                self.awaiting_late.pop(0)["delivered"] = set()  # its late answers may repeat
-        else:
-            record["delivered"] = set()
-        if seam.replay is not None:
+            delivered = [(r.publisher, r.session, r.seq) for r, _ in items]
+            self.late.ended(seam.replay, delivered, gap.silent if gap is not None else ())
             self._records[seam.replay] = record
             while len(self._records) > self.replays.maxlen:  # type: ignore[operator]
-                self.outstanding.pop(self._records.popitem(last=False)[0], None)
+                self.late.forget(self._records.popitem(last=False)[0])
         log.info("%s replayed %d publications (%d repeats)", self.name, replayed, repeats)
         if gap is not None:
             self.report(gap)
@@ -107,26 +89,18 @@ class ReplayLog:
         self.late_answer(record, message)
         return True
 
-    def delivered(self, received: Received) -> None:
-        """``received`` was delivered: a late answer to a waiting replay must not repeat it."""
-        key = (received.publisher, received.session, received.seq)
-        for record in self.awaiting_late:
-            if len(record["delivered"]) < LATE_KEPT:
-                record["delivered"].add(key)
-
     def late_answer(self, record: dict[str, Any], message: dict[str, Any]) -> None:
         """An answer to a finished replay from a part that was silent then (a broker
         that restarted and took the request with the subscriptions held for it): its
         publications not delivered before are delivered now (after the live ones that
         came meanwhile), and the part is noted in the replay's record."""
         if message["op"] == "replayed":
-            delivered = record["delivered"]
             fresh, repeats = join_replayed(
                 self.name,
                 self.recent,
                 [],
                 message.get("bodies", ()),
-                also=lambda key: key not in delivered,
+                also=self.late.fresh(record["id"]),
             )
             for received, size in fresh:
                 self.deliver(received, size)
@@ -136,12 +110,7 @@ class ReplayLog:
         record["late_parts"].append(
             {k: message.get(k) for k in ("answered", "silent", "unstored", "gaps", "published")}
         )
-        self.outstanding.answered(
-            record["id"], message.get("answered", ()), message.get("silent", ())
-        )
-        if record["id"] not in self.outstanding and record in self.awaiting_late:
-            self.awaiting_late.remove(record)
-            record["delivered"] = set()
+        self.late.answered(record["id"], message.get("answered", ()), message.get("silent", ()))
         self._narrow(record)
         log.info(
             "%s: replay %s answered late by %s (%d publications)",
@@ -158,7 +127,7 @@ class ReplayLog:
         gap = record["gap"]
         if gap is None:
             return
-        outstanding = self.outstanding.get(record["id"], ())
+        outstanding = self.late.outstanding.get(record["id"], ())
         silent = tuple(b for b in gap.silent if b in outstanding)
         if silent == gap.silent:
             return

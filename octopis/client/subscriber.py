@@ -21,7 +21,7 @@ from octopis.client.past import PastRequests
 from octopis.client.replay import ReplayGap, Seam, parse_time
 from octopis.client.replay_log import ReplayLog
 from octopis.client.streams import CompositeStream, SubscriptionStream
-from octopis.client_policy import FromPoints, replay_after
+from octopis.client_policy import BUFFER, SubscriberReplays
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
 
@@ -50,7 +50,7 @@ class Subscriber(NamedClient):
         name: str,
         connection: Connection,
         on_notification: Callable[[Received], None] | None = None,
-        buffer: int = 10_000,
+        buffer: int = BUFFER,
         buffer_bytes: int = 64 * 2**20,
         *,
         replay: bool = True,
@@ -59,12 +59,10 @@ class Subscriber(NamedClient):
     ) -> None:
         super().__init__(name, connection)
         self.replay_on_failover = replay
-        self.last_seen = FromPoints()
-        """Where a replay asks from, per (publisher, session) (REORDER before the silence)."""
-        self.since: float | None = None
-        """When it first subscribed: a replay's start for publishers never heard from."""
         self.replay_log = ReplayLog(name, connection.group, self.deliver, on_gap, on_gap_filled)
         """What each replay delivered and left, and the late answers that narrow its gap."""
+        self.replaying = SubscriberReplays(late=self.replay_log.late)
+        """When it first subscribed, where a replay asks from, its replays' late answers."""
         if buffer < 1 or buffer_bytes < 1:
             raise ValueError("a subscriber's buffer and buffer_bytes must be positive")
         self.buffer = buffer
@@ -113,6 +111,11 @@ class Subscriber(NamedClient):
         """The application took ``received`` of durable subscription ``durable``: it is
         acknowledged to the broker at the loop's next pass (with what else was taken)."""
         self.acks.took(durable, received)
+
+    @property
+    def since(self) -> float | None:
+        """When it first subscribed: a replay's start for publishers never heard from."""
+        return self.replaying.first
 
     @property
     def gaps(self) -> deque[ReplayGap]:
@@ -235,8 +238,7 @@ class Subscriber(NamedClient):
             stream = self._streams[sub_id] = CompositeStream(self, sub_id, subscription)
             return stream
         after, end = past_window(durable, since, until)
-        if self.since is None:
-            self.since = time.time()
+        self.replaying.subscribed(time.time())
         if end is not None:
             stream = SubscriptionStream(self, f"history:{after}:{end}", subscription)
             stream.end_history(
@@ -309,7 +311,7 @@ class Subscriber(NamedClient):
             if replaying and self.since is not None:
                 # Hold live deliveries: the new broker's must not move the replay's start.
                 seam = self.past.open_seam()
-                self.acks.failed_over(self.durables(), replay_after(self.since, self._silent()))
+                self.replaying.failed_over(self._silent(), self.acks.progress(self.durables()))
             try:
                 await self.resubscribe()
             except BaseException:
@@ -329,7 +331,7 @@ class Subscriber(NamedClient):
         if any."""
         if seam is None:
             seam = self.past.open_seam()
-        since, after = self.last_seen.replay(self.since, self._silent())
+        since, after = self.replaying.replay(self._silent())
         message = {
             "op": "replay",
             "client": self.name,
@@ -405,15 +407,15 @@ class Subscriber(NamedClient):
             body=body,
         )
         seam = self.past.seam
-        if seam is not None and seam.hold_live and seam.hold(received, size):
+        if seam is not None and seam.hold((received, size)):
             return
         self.deliver(received, size)
 
     def deliver(self, received: Received, size: int) -> None:
         """Hand ``received`` (of ``size`` encoded bytes) to the streams, or the callback."""
-        self.last_seen.saw(received.publisher, received.session, received.seq, received.received_at)
-        if self.replay_log.awaiting_late:
-            self.replay_log.delivered(received)
+        self.replaying.delivered(
+            received.publisher, received.session, received.seq, received.received_at
+        )
         if self._callback is not None:
             self._callback(received)  # taken once the callback returns
             if self._durable_of:

@@ -33,12 +33,10 @@ from typing import Any
 
 from octopis.client_policy import (
     DurableProgress,
-    FromPoints,
     RecentDeliveries,
-    ReplayGaps,
-    claim_gap,
+    Seam,
+    SubscriberReplays,
     publisher_order,
-    resume_from,
 )
 from octopis.core import Notification
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
@@ -59,7 +57,6 @@ from octopis.defaults import (
 )
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
-from octopis.sim.replaying import Seam
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
@@ -86,9 +83,10 @@ class DurableClient:
     """What the application took in this run (acknowledged), what the record it claimed
     says was taken (a live delivery it covers is dropped), from when its host's record
     owes the rest: the SDK's."""
-    last_seen: FromPoints = field(default_factory=FromPoints)
-    since: float = 0.0
-    """When this run first subscribed (a fail-over's replay starts no earlier)."""
+    replaying: SubscriberReplays = field(default_factory=SubscriberReplays)
+    """The SDK's side of its replays: when this run first subscribed (a fail-over's
+    replay starts no earlier), where its next replay asks from, and its replays' silent
+    brokers not heard from since (those of every run: its gaps)."""
     first: str = ""
     """The broker this run's list begins at (the one it was started at)."""
     away: list[tuple[float, float]] = field(default_factory=list)
@@ -97,14 +95,13 @@ class DurableClient:
     left: float | None = None
     gaps: set[str] = field(default_factory=set)
     """Brokers its claims reported silent, and why a claim failed."""
-    replay_gaps: ReplayGaps = field(default_factory=ReplayGaps)
 
     store_gaps: set[Gap] = field(default_factory=set)
     """Ranges its claims' and replays' stores reported they no longer hold."""
 
     def told_gap(self) -> bool:
         """Whether a gap is still reported to it."""
-        return bool(self.gaps) or bool(self.replay_gaps)
+        return bool(self.gaps) or bool(self.replaying.late.outstanding)
 
     received: Counter[tuple[str, int]] = field(default_factory=Counter)
     taken_at: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
@@ -182,13 +179,13 @@ class DurableSimulator(Simulator):
         """A new process of ``c`` at ``broker``, its list beginning at ``first``: it
         subscribes and claims its record."""
         c.run, c.first = c.run + 1, first
-        c.record, c.progress, c.last_seen = RecentDeliveries(), DurableProgress(), FromPoints()
-        c.since = self.now
+        c.record, c.progress = RecentDeliveries(), DurableProgress()
+        c.replaying = SubscriberReplays(self.now, c.replaying.late)
         if c.left is not None:
             c.away.append((c.left, self.now))
             c.left = None
         self._attach_durable(c, broker)
-        self.seams[c.name], c.claiming = Seam(""), True
+        self.seams[c.name], c.claiming = Seam(), True
         claim = Replay("", broker, (), (), 0.0, HISTORIC_BUDGET, claim=claim_of(c.name, NAME))
         self._durable_request(c, claim)
 
@@ -198,6 +195,7 @@ class DurableSimulator(Simulator):
         c.key = f"{c.name}#{c.run}.{c.connection}"
         self._home[c.name] = broker
         self.records[c.name] = c.record
+        self.replaying[c.name] = c.replaying
         self.checked.add(c.name)
         sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
         self.durable_records[broker].attach(
@@ -220,7 +218,7 @@ class DurableSimulator(Simulator):
             claim=request.claim,
         )
         self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
-        self.seams[c.name].req_id = req_id
+        self.seams[c.name].named(req_id)
         c.counts["claims" if request.claim else "replays"] += 1
         self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now, c.key))
 
@@ -257,15 +255,16 @@ class DurableSimulator(Simulator):
         self._durable_took(c, n)
 
     def _durable_took(self, c: DurableClient, n: Notification) -> None:
-        """The application took ``n``: recorded, and acknowledged; unless the record
-        ``c`` claimed says an earlier run took it (the SDK drops it)."""
+        """``n`` is delivered: its from-point noted (as the SDK's ``deliver`` does), and
+        the application takes it, recorded and acknowledged; unless the record ``c``
+        claimed says an earlier run took it (the SDK's stream drops it)."""
+        c.replaying.delivered(n.publisher, n.session, n.seq, self.now)
         if c.progress.covers(n.publisher, n.session, n.seq):
             c.counts["covered"] += 1
             return
         c.received[n.key] += 1
         if c.host is not None:
             c.taken_at.setdefault(n.key, (c.host, self.now))
-        c.last_seen.saw(n.publisher, n.session, n.seq, self.now)
         self._durable_ack(c, [(n.publisher, n.session, c.progress.took(*publisher_order(n)))])
 
     # -- a host dies ----------------------------------------------------------------------
@@ -306,17 +305,17 @@ class DurableSimulator(Simulator):
         """``c``, which left silent ``old``, is connected at ``new``: a claim under way
         failed (a gap it is told of), its subscription is made again, durable, its whole
         record acknowledged there as owing from the replay's start
-        (:func:`owed_after_failover`), and it replays what it missed."""
+        (:meth:`~octopis.client_policy.SubscriberReplays.failed_over`), and it replays
+        what it missed."""
         if c.name in self.seams and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
-        self._end_seam(c.name)
+        self._end_seam(c.name, None if c.claiming else self.scot.brokers)
         c.away.append((died, self.now))
         c.counts["failed_over"] += 1
-        since, after = c.last_seen.replay(c.since, died)
-        c.progress.failed_over(after)
+        since, after = c.replaying.failed_over(died, [c.progress])
         self._attach_durable(c, new)
         self._durable_ack(c, c.progress.whole())
-        self.seams[c.name], c.claiming = Seam(""), False
+        self.seams[c.name], c.claiming = Seam(), False
         replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
         self._durable_request(c, replay)
 
@@ -366,39 +365,34 @@ class DurableSimulator(Simulator):
         if c.run != run or c.host is None:
             return  # that process is gone: nobody reads the answer
         seam = self.seams.get(c.name)
-        current = seam is not None and seam.req_id == action.req_id
+        current = seam is not None and seam.replay == action.req_id
         if type(action) is ReplayDeliver:
             c.counts["replayed"] += len(action.notifications)
-            if seam is not None and current:
-                seam.replayed += action.notifications
-            else:  # a late part: joined at once
-                self._join(c.name, [], list(action.notifications))
+            self._replayed(c.name, action.req_id, list(action.notifications))
             return
         echo = action.echo
         c.store_gaps.update(echo.gaps)
         if claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
-        else:  # a replay's gap shrinks as its own silent parts answer late
-            c.replay_gaps.answered(action.req_id, echo.answered, echo.silent)
+        elif not current:  # a replay's gap shrinks as its own silent parts answer late
+            c.replaying.late.answered(action.req_id, echo.answered, echo.silent)
         if not current:
             return
         if not c.claiming:
-            self._end_seam(c.name)
+            self._end_seam(c.name, echo.silent)
             return
         c.claiming = False
-        why = claim_gap(bool(echo.claimed), echo.silent)
-        if why is not None:
-            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {why}")
-        if not echo.claimed:  # a new record
-            self._end_seam(c.name)
+        answer = c.progress.claim_answered(echo.claimed, echo.silent)
+        if answer.gap is not None:
+            c.gaps.add(f"claim: {', '.join(sorted(echo.silent))} silent: {answer.gap}")
+        if answer.resumed is None:  # a new record
+            self._end_seam(c.name, None)
             return
-        _, since, after = resume_from(echo.claimed)
-        c.progress.claimed(since, after)
         c.counts["claimed"] += 1
         self._durable_ack(c, c.progress.whole())
         # as the SDK: its own subscription from what the record says was taken
         filters = (c.subscription.to_text(),)
-        replay = Replay("", c.host, filters, tuple(since), after, HISTORIC_BUDGET)
+        replay = Replay("", c.host, filters, tuple(answer.since), answer.after, HISTORIC_BUDGET)
         self._durable_request(c, replay)
 
     def _durable_write(self, broker: str) -> None:

@@ -11,10 +11,12 @@
 - The replay runs by :mod:`octopis.core.replay`'s rules, the broker process's: it goes
   on SBP's paths behind the new subscriptions, each store answers, a part behind a
   neighbour that is down is reported silent and answers late if that neighbour comes
-  back. While the answer comes, the subscriber holds its live deliveries, and joins
-  both at the seam as the SDK does (:func:`~octopis.client_policy.join_at_seam`): what
-  its record of recent deliveries (:class:`~octopis.client_policy.RecentDeliveries`) has
-  seen is dropped, the rest delivered in publisher order.
+  back. While the answer comes, the subscriber holds its live deliveries at the SDK's
+  seam (:class:`~octopis.client_policy.Seam`), and joins both there as the SDK does
+  (:func:`~octopis.client_policy.join_at_seam`): what its record of recent deliveries
+  (:class:`~octopis.client_policy.RecentDeliveries`) has seen is dropped, the rest
+  delivered in publisher order; a late part drops too what was delivered since its
+  replay (:class:`~octopis.client_policy.LateAnswers`).
 - A subscriber's own connection may fail (:meth:`SubscriberFailover.fail_client`): its
   host lives on and delivers into the void until it drops the silent client
   (``CLIENT_TIMEOUT``) and withdraws its subscriptions; the subscriber fails over and
@@ -25,14 +27,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from octopis.client_policy import (
-    FromPoints,
     RecentDeliveries,
-    ReplayGaps,
+    Seam,
+    SubscriberReplays,
     failover_tries,
     publisher_order,
 )
@@ -55,16 +56,6 @@ from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
-
-
-@dataclass
-class Seam:
-    """A subscriber's replay under way (the SDK's seam): its request, the live deliveries
-    held meanwhile and the replayed ones come so far."""
-
-    req_id: str
-    live: list[Notification] = field(default_factory=list)
-    replayed: list[Notification] = field(default_factory=list)
 
 
 class SubscriberFailover:
@@ -90,8 +81,7 @@ class SubscriberFailover:
         was published in between only a replay can give it."""
         self.replay_gaps: dict[str, set[str]] = {}
         """Per subscriber, the brokers its replays reported silent and never heard from
-        (:meth:`ReplayGaps.silent` of :attr:`_gaps_by_request`)."""
-        self._gaps_by_request: dict[str, ReplayGaps] = {}
+        (of its :attr:`replaying`)."""
         self.replay_counts: Counter[str] = Counter()
         self._requesters: dict[str, str] = {}
         self._replays = 0
@@ -114,11 +104,13 @@ class SubscriberFailover:
         self.checked: set[str] = set()
         """Subscribers whose every delivery is checked against their record (they failed
         over, are moving, or are durable), as the SDK checks each (:meth:`take`)."""
-        self.seams: dict[str, Seam] = {}
-        """Per subscriber whose replay is under way, its seam."""
-        self.from_points: dict[str, FromPoints] = {}
-        """Per subscriber, where its next replay asks from (the SDK's ``last_seen``),
-        kept from the first failure scheduled on (:meth:`saw`)."""
+        self.seams: dict[str, Seam[Notification, Notification, ReplayEcho]] = {}
+        """Per subscriber whose replay is under way, its seam (the SDK's,
+        :class:`~octopis.client_policy.Seam`)."""
+        self.replaying: dict[str, SubscriberReplays] = {}
+        """Per subscriber, the SDK's side of its replays: where the next asks from, kept
+        from the first failure scheduled on (:meth:`saw`), and those waiting for late
+        answers (:meth:`_replaying`)."""
 
     def _rounds(self, broker: str) -> ReplayRounds:
         """``broker``'s replay rounds (made at its first request), whose requests go on
@@ -233,9 +225,9 @@ class SubscriberFailover:
         self.record_of(subscriber)
         # What the SDK has taken: not what a replay cut short still holds at its seam
         # (it delivers that once the replay ends, after this one has asked).
-        since, after = self.from_points.get(subscriber, FromPoints()).replay(
-            self.clients.first_subscribed[subscriber], died
-        )
+        replaying = self._replaying(subscriber)
+        replaying.subscribed(self.clients.first_subscribed[subscriber])
+        since, after = replaying.failed_over(died)
         self._cut_short(subscriber)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
@@ -245,7 +237,7 @@ class SubscriberFailover:
         self._replays += 1
         req_id = f"{new}/{self._replays}"
         self._requesters[req_id] = subscriber
-        self.seams[subscriber] = Seam(req_id)
+        self.seams[subscriber] = Seam(replay=req_id)
         request = Replay(
             req_id,
             new,
@@ -310,33 +302,19 @@ class SubscriberFailover:
                     historic += [(n.publisher, n.seq) for n in action.notifications]
                     continue
                 self.replay_counts["replayed"] += len(action.notifications)
-                seam = self.seams.get(subscriber)
-                if seam is not None and seam.req_id == action.req_id:
-                    seam.replayed += action.notifications
-                else:  # a late part: joined at once
-                    self._join(subscriber, [], action.notifications)
+                self._replayed(subscriber, action.req_id, action.notifications)
             elif type(action) is ReplayDone:
                 subscriber = action.requester
                 if action.req_id in self.historic_received:
                     self.historic_done.add(action.req_id)
-                seam = self.seams.get(subscriber)
-                if seam is not None and seam.req_id == action.req_id:
-                    self._end_seam(subscriber)
-                gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
-                gaps.answered(action.req_id, action.echo.answered, action.echo.silent)
-                self.replay_gaps[subscriber] = gaps.silent()
-                if action.echo.gaps:
-                    self.store_gaps.setdefault(subscriber, set()).update(action.echo.gaps)
+                self._replay_ended(subscriber, action.req_id, action.echo)
                 self.replay_counts["late" if action.late else "done"] += 1
 
     def saw(self, subscriber: str, n: Notification) -> None:
-        """``subscriber`` took ``n`` now: its from-points
-        (:class:`~octopis.client_policy.FromPoints`) and its record of recent deliveries
-        (:class:`~octopis.client_policy.RecentDeliveries`) note it."""
-        points = self.from_points.get(subscriber)
-        if points is None:
-            points = self.from_points[subscriber] = FromPoints()
-        points.saw(n.publisher, n.session, n.seq, self.events.now)
+        """``subscriber`` took ``n`` now: its side of its replays
+        (:meth:`~octopis.client_policy.SubscriberReplays.delivered`) and its record of
+        recent deliveries (:class:`~octopis.client_policy.RecentDeliveries`) note it."""
+        self._replaying(subscriber).delivered(n.publisher, n.session, n.seq, self.events.now)
         record = self.records.get(subscriber)
         if record is None:
             record = self.records[subscriber] = RecentDeliveries()
@@ -359,12 +337,12 @@ class SubscriberFailover:
     def take(self, subscriber: str, n: Notification) -> None:
         """A live delivery to ``subscriber``, which is checked (it failed over, is moving
         or is durable): a repeat is dropped (:meth:`_repeated`), the rest held while a
-        replay is under way (its seam), else taken (:meth:`_taken`)."""
+        replay is under way (if its seam holds it, :meth:`Seam.hold`), else taken
+        (:meth:`_taken`)."""
+        seam = self.seams.get(subscriber)
         if not self.records[subscriber].took((subscriber, *publisher_order(n)), self.now):
             self._repeated(subscriber, 1, live=True)
-        elif (seam := self.seams.get(subscriber)) is not None:
-            seam.live.append(n)
-        else:
+        elif seam is None or not seam.hold(n):
             self._taken(subscriber, n, replayed=False)
 
     def _repeated(self, subscriber: str, count: int, *, live: bool) -> None:
@@ -385,32 +363,92 @@ class SubscriberFailover:
         and its answer never comes on this connection, which the SDK reports as a gap
         (``Seam.gap``: no answer from the overlay), every store unheard until a late
         echo of that request names those that answered."""
-        seam = self.seams.get(subscriber)
-        if seam is not None:
-            gaps = self._gaps_by_request.setdefault(subscriber, ReplayGaps())
-            gaps.left(seam.req_id, self.scot.brokers)
-            self.replay_gaps[subscriber] = gaps.silent()
+        if subscriber in self.seams:
             self.replay_counts["cut_short"] += 1
-        self._end_seam(subscriber)
+        self._end_seam(subscriber, self.scot.brokers)
 
-    def _end_seam(self, subscriber: str) -> None:
-        """``subscriber``'s replay ended (or was cut short): held and replayed deliveries
-        join at the seam."""
+    def _replayed(self, subscriber: str, req_id: str, notifications: list[Notification]) -> None:
+        """A part of request ``req_id``'s answer came to ``subscriber``: its seam's, held
+        there, or a late part, joined at once (as the SDK's ``ReplayLog.late_answer``:
+        what was delivered since its replay is not delivered again,
+        :meth:`~octopis.client_policy.LateAnswers.fresh`)."""
+        seam = self.seams.get(subscriber)
+        if self._answer_lost(subscriber, req_id):
+            return
+        if seam is not None and seam.replay == req_id:
+            seam.part(req_id, notifications)
+        else:
+            late = self._replaying(subscriber).late
+            self._join(subscriber, [], notifications, late.fresh(req_id))
+
+    def _replay_ended(self, subscriber: str, req_id: str, echo: ReplayEcho) -> None:
+        """Request ``req_id``'s answer to ``subscriber`` ended with ``echo``: its seam's
+        (:meth:`_end_seam`), or a late part's or a request's that no seam waited for,
+        which narrows the gap (:meth:`~octopis.client_policy.LateAnswers.answered`); the
+        ranges its stores no longer hold are reported to it too."""
+        if req_id not in self.historic_received and self._answer_lost(subscriber, req_id):
+            return
+        if echo.gaps:
+            self.store_gaps.setdefault(subscriber, set()).update(echo.gaps)
+        late = self._replaying(subscriber).late
+        seam = self.seams.get(subscriber)
+        if seam is not None and seam.end(req_id, echo):
+            self._end_seam(subscriber, echo.silent)
+        else:
+            late.answered(req_id, echo.answered, echo.silent)
+        self.replay_gaps[subscriber] = late.outstanding.silent()
+
+    def _replaying(self, subscriber: str) -> SubscriberReplays:
+        """``subscriber``'s side of its replays, made when first needed (it first
+        subscribed when the simulated clients say)."""
+        replaying = self.replaying.get(subscriber)
+        if replaying is None:
+            first = self.clients.first_subscribed.get(subscriber)
+            replaying = self.replaying[subscriber] = SubscriberReplays(first)
+        return replaying
+
+    def _answer_lost(self, subscriber: str, req_id: str) -> bool:
+        """Whether the answer to request ``req_id`` is lost: it comes over a connection of
+        ``subscriber``'s that failed (to the request's host, which names it ``host/n``),
+        as a delivery on it is; the SDK never reads it, its replay stays a gap."""
+        if not self.cut_clients or (subscriber, req_id.partition("/")[0]) not in self.cut_clients:
+            return False
+        self.failure_counts["answers_to_cut_clients"] += 1
+        return True
+
+    def _end_seam(self, subscriber: str, silent: Iterable[str] | None) -> None:
+        """``subscriber``'s request under way ended (or was cut short): held and replayed
+        deliveries join at the seam. A replay's (``silent``: the brokers missing, every
+        one if cut short; None: it was a claim) waits for late answers if one is
+        (:meth:`~octopis.client_policy.LateAnswers.ended`)."""
         seam = self.seams.pop(subscriber, None)
-        if seam is not None:
-            self._join(subscriber, seam.live, seam.replayed)
+        if seam is None:
+            return
+        if seam.overflowed:  # the SDK reports it as a gap (the seam's error)
+            self.replay_counts["seam_overflowed"] += 1
+        joined = self._join(subscriber, seam.live, seam.answer)
+        if silent is not None and seam.replay is not None:
+            late = self._replaying(subscriber).late
+            late.ended(seam.replay, map(publisher_order, joined), silent)
+            self.replay_gaps[subscriber] = late.outstanding.silent()
 
     def _join(
-        self, subscriber: str, live: list[Notification], replayed: list[Notification]
-    ) -> None:
+        self,
+        subscriber: str,
+        live: list[Notification],
+        replayed: list[Notification],
+        also: Callable[[tuple[str, int, int]], bool] = lambda _: True,
+    ) -> list[Notification]:
         """The seam (:meth:`~octopis.client_policy.RecentDeliveries.join`): ``live`` and
-        ``replayed`` deliveries to ``subscriber``, each once, in publisher order."""
+        ``replayed`` deliveries to ``subscriber`` (those ``also`` lets through), each
+        once, in publisher order; returns them."""
         record = self.records[subscriber]
-        joined, repeats = record.join(subscriber, live, replayed, publisher_order, self.now)
+        joined, repeats = record.join(subscriber, live, replayed, publisher_order, self.now, also)
         self._repeated(subscriber, repeats, live=False)
         from_replay = {n.key for n in replayed}
         for n in joined:
             self._taken(subscriber, n, replayed=n.key in from_replay)
+        return joined
 
     def replay_report(self) -> dict[str, Any]:
         """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""

@@ -1,0 +1,83 @@
+"""The client policy's rules that the SDK and the simulator's subscribers both drive
+(DESIGN §2: "the sans-IO client policy (fail-over order, replay start, last-seen record,
+seam) used by the SDK and the simulator alike"), and the check, read from their AST as
+``test_layers.py`` reads the shells, that neither puts one together again from its
+parts. The rules themselves are tested in ``test_client_policy.py``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_layers import PACKAGE
+
+CLIENTS = ("client", "sim")
+"""The two drivers of the client policy (DESIGN §2): the SDK and the simulator."""
+
+CLIENT_RULE_PARTS = frozenset(
+    {
+        "claim_gap",
+        "resume_from",
+        "replay_after",
+        "owed_after_failover",
+        "ReplayGaps",
+        "still_silent",
+        "awaiting_late",
+        "LATE_KEPT",
+        "LATE_WAITING",
+    }
+)
+"""Parts of client rules the SDK and the simulator each once put together: a durable
+claim's answer (its gap, the copy to resume from, where the record then owes from; now
+``DurableProgress.claim_answered``), a fail-over's replay and the start its durables'
+records owe from (``SubscriberReplays.failed_over``), and a replay's late answers (its
+silent brokers, what was delivered since; ``LateAnswers``)."""
+
+
+def client_rule_copies(path: Path) -> list[str]:
+    """Every name of :data:`CLIENT_RULE_PARTS` in ``path``'s code, and every class
+    ``Seam`` of no base (the client policy's ``Seam`` is the one seam): ``file:line
+    name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+        if name in CLIENT_RULE_PARTS:
+            found.append(f"{path.name}:{node.lineno} {name}")
+        if isinstance(node, ast.alias) and node.name in CLIENT_RULE_PARTS:
+            found.append(f"{path.name}:{node.lineno} import {node.name}")
+        if isinstance(node, ast.ClassDef) and node.name == "Seam" and not node.bases:
+            found.append(f"{path.name}:{node.lineno} class Seam")
+    return found
+
+
+def test_the_sdk_and_the_simulator_keep_no_copy_of_the_client_policy() -> None:
+    """client/ and sim/ drive the client policy's claim answer, fail-over replay, seam
+    and late answers, and put none of them together from its parts (read from the AST)."""
+    assert [
+        hit
+        for driver in CLIENTS
+        for path in sorted((PACKAGE / driver).glob("*.py"))
+        for hit in client_rule_copies(path)
+    ] == []
+
+
+def test_the_client_policy_copies_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "client.py"
+    path.write_text(
+        "from octopis.client_policy import claim_gap, Seam as PolicySeam\n"
+        "@dataclass\n"
+        "class Seam:\n"
+        "    req_id: str\n"
+        "class Held(PolicySeam):\n"
+        "    pass\n"
+        "why = policy.claim_gap(found, silent)\n"
+        "after = replay_after(first, silent)\n"
+        "self.awaiting_late.append(record)\n"
+    )
+    assert sorted(client_rule_copies(path)) == [
+        "client.py:1 import claim_gap",
+        "client.py:3 class Seam",
+        "client.py:7 claim_gap",
+        "client.py:8 replay_after",
+        "client.py:9 awaiting_late",
+    ]
