@@ -21,8 +21,6 @@ from typing import Any, Protocol
 from octopis.accounting import (
     DeliveryLedger,
     distribution,
-    failure_counts,
-    host_split,
     run_report,
 )
 from octopis.core import (
@@ -341,18 +339,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         if self.sampler.timeline:
             report["queue_timeline"] = [[round(t, 6), n] for t, n in self.sampler.timeline]
         if self.failures is not None:
-            held = sum(1 for node in self.nodes.values() for _ in node.held_notifications())
-            counts = self.failure_counts + sum(
-                (node.counts() for node in self.nodes.values()), Counter()
-            )
-            counts.update(self.failures.custody.counts())
-            report["failures"] = {
-                **counts,
-                **({"undeliverable.held_at_end": held} if held else {}),
-                **failure_counts(stats),
-                **host_split(self.ledger, {**self._home, **self.first_home}, self.hosts_failed),
-                "replays": self.replay_report(),
-            }
+            report["failures"] = self._failure_report(stats)
         return report
 
     def deliveries(self) -> Iterator[dict[str, Any]]:

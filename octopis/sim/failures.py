@@ -51,7 +51,9 @@ from the start of publishing).
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
+from octopis.accounting import failure_counts, host_split
 from octopis.core import Notification
 from octopis.core.node import HandedShare
 from octopis.defaults import DOWN_AFTER, RETAIN
@@ -157,6 +159,22 @@ class FailureEvents(CustodyEvents):
         if self.failures is None:
             self.failures = FailureState(detection, retain)
         return self.failures
+
+    def _failure_report(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """The ``failures`` part of a run's report: the nodes' and links' counts, what is
+        still held at the end, the hosts' split and the replays (``stats``: the cores')."""
+        held = sum(1 for node in self.nodes.values() for _ in node.held_notifications())
+        counts = self.failure_counts + sum(
+            (node.counts() for node in self.nodes.values()), Counter()
+        )
+        counts.update(self.failures.custody.counts())
+        return {
+            **counts,
+            **({"undeliverable.held_at_end": held} if held else {}),
+            **failure_counts(stats),
+            **host_split(self.ledger, {**self._home, **self.first_home}, self.hosts_failed),
+            "replays": self.replay_report(),
+        }
 
     def _dead(self, broker: str) -> bool:
         """Whether ``broker`` is dead now."""
