@@ -11,8 +11,9 @@ from pathlib import Path
 
 from test_layers import PACKAGE
 
-CLIENTS = ("client", "sim")
-"""The two drivers of the client policy (DESIGN §2): the SDK and the simulator."""
+CLIENTS = ("client", "sim", "gateway")
+"""The drivers of the client policy (DESIGN §2): the SDK, the simulator and the STOMP
+gateway's durable subscriptions (which make the SDK's durable requests)."""
 
 CLIENT_RULE_PARTS = frozenset(
     {
@@ -27,11 +28,11 @@ CLIENT_RULE_PARTS = frozenset(
         "LATE_WAITING",
     }
 )
-"""Parts of client rules the SDK and the simulator each once put together: a durable
-claim's answer (its gap, the copy to resume from, where the record then owes from; now
-``DurableProgress.claim_answered``), a fail-over's replay and the start its durables'
-records owe from (``SubscriberReplays.failed_over``), and a replay's late answers (its
-silent brokers, what was delivered since; ``LateAnswers``)."""
+"""Parts of client rules the SDK, the simulator and the STOMP gateway each once put
+together: a durable claim's answer (its gap, the copy to resume from, where the record
+then owes from; now ``DurableProgress.claim_answered``), a fail-over's replay and the
+start its durables' records owe from (``SubscriberReplays.failed_over``), and a replay's
+late answers (its silent brokers, what was delivered since; ``LateAnswers``)."""
 
 
 def client_rule_copies(path: Path) -> list[str]:
@@ -50,9 +51,10 @@ def client_rule_copies(path: Path) -> list[str]:
     return found
 
 
-def test_the_sdk_and_the_simulator_keep_no_copy_of_the_client_policy() -> None:
-    """client/ and sim/ drive the client policy's claim answer, fail-over replay, seam
-    and late answers, and put none of them together from its parts (read from the AST)."""
+def test_the_sdk_the_simulator_and_the_gateway_keep_no_copy_of_the_client_policy() -> None:
+    """client/, sim/ and gateway/ drive the client policy's claim answer, fail-over
+    replay, seam and late answers, and put none of them together from its parts (read
+    from the AST)."""
     assert [
         hit
         for driver in CLIENTS
@@ -80,4 +82,20 @@ def test_the_client_policy_copies_check_can_fail(tmp_path: Path) -> None:
         "client.py:7 claim_gap",
         "client.py:8 replay_after",
         "client.py:9 awaiting_late",
+    ]
+
+
+def test_the_copies_check_fails_on_a_gateway_that_resumes_a_claim_itself(tmp_path: Path) -> None:
+    """The STOMP gateway's durable subscription as it was: it resumed from the claimed
+    copies itself instead of asking ``DurableProgress.claim_answered``."""
+    path = tmp_path / "durable.py"
+    path.write_text(
+        "from octopis.client_policy import LastSeen, resume_from\n"
+        "def claim_done(self, notice, req):\n"
+        "    _, since, self.after = resume_from(self.found)\n"
+        "    self.taken.saw_all(since)\n"
+    )
+    assert client_rule_copies(path) == [
+        "durable.py:1 import resume_from",
+        "durable.py:3 resume_from",
     ]

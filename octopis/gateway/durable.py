@@ -9,9 +9,10 @@ at whichever broker it comes back to. The steps, in order:
 
 1. subscribed: every disjunct is in place here (live deliveries wait from now on);
 2. claimed: each disjunct's record was looked for across the overlay; the copies found
-   say what the client took of each publisher (the highest any acknowledges) and since
-   when others' publications are owed (the earliest start), as the SDK resumes
-   (:func:`~octopis.client_policy.resume_from`), acknowledged to the records here;
+   say what the client took of each publisher and since when others' publications are
+   owed, as the SDK's claim decides
+   (:meth:`~octopis.client_policy.DurableProgress.claim_answered`), acknowledged to the
+   records here;
 3. replayed: the retained publications owed since then are delivered with the live
    ones that waited, each once, in publisher order; then live traffic.
 
@@ -25,12 +26,13 @@ too).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from octopis.client_policy import LastSeen, resume_from
+from octopis.client_policy import DurableProgress, LastSeen
 from octopis.wire import (
     AckRequest,
     ClaimRequest,
@@ -42,6 +44,8 @@ from octopis.wire import (
 
 Key = tuple[str, int, int]
 """(publisher, session, seq): one publication."""
+
+log = logging.getLogger("octopis.broker.stomp")
 
 
 class DurableRefusal(ValueError):
@@ -75,11 +79,13 @@ class DurableSubscription:
     claims_left: int = 0
     found: list[Any] = field(default_factory=list)
     """Records found by the claims."""
-    taken: LastSeen = field(default_factory=LastSeen)
-    """Acknowledged to the record: the last publication before the first unacknowledged
-    one, per (publisher, session)."""
-    after: float | None = None
-    """The claimed record's start for other publishers (carried to the records here)."""
+    silent: list[str] = field(default_factory=list)
+    """Brokers silent to the claims."""
+    progress: DurableProgress = field(default_factory=DurableProgress)
+    """The client policy's progress: acknowledged to the record (its ``taken``: the last
+    publication before the first unacknowledged one, per (publisher, session)) and the
+    claimed record's start for other publishers (its ``owed_after``, carried to the
+    records here)."""
     outstanding: dict[tuple[str, int], set[int]] = field(default_factory=dict)
     """Delivered and not acknowledged yet, per (publisher, session)."""
     delivered: LastSeen = field(default_factory=LastSeen)
@@ -122,30 +128,33 @@ class DurableSubscription:
         that follow: acknowledgements and the replay (numbered ``req``), or none (a new
         durable subscription goes live at once)."""
         self.found += claimed_records(notice.get("claimed", []))
+        self.silent += notice.get("silent", [])
         self.claims_left -= 1
         if self.claims_left > 0:
             return []
-        if not self.found:
+        answer = self.progress.claim_answered(self.found, self.silent)
+        if answer.gap is not None:
+            log.warning("durable %s: %s", self.client, answer.gap)
+        if answer.resumed is None:
             self.step = "live"
             return []
-        _, since, self.after = resume_from(self.found)
-        self.taken.saw_all(since)
         self.step = "replaying"
         message = ReplayRequest(
             client=self.client,
             req=req,
             filters=self.filters,
-            since=[list(s) for s in since],
-            after=self.after,
+            since=[list(s) for s in answer.since],
+            after=answer.after,
             historic=True,
         )
         return [*self.acks(), pack(message)]
 
     def acks(self) -> list[bytes]:
         """What was taken, acknowledged to each disjunct's record here."""
-        since = [list(s) for s in self.taken.since()]
+        since = [list(s) for s in self.progress.taken.since()]
+        after = self.progress.owed_after
         return [
-            pack(AckRequest(client=self.client, durable=name, since=since, after=self.after))
+            pack(AckRequest(client=self.client, durable=name, since=since, after=after))
             for name in self.names
         ]
 
@@ -196,8 +205,8 @@ class DurableSubscription:
         for (publisher, session), last in list(self.delivered.items()):
             open_ = self.outstanding.get((publisher, session))
             upto = min(open_) - 1 if open_ else last
-            if upto > self.taken.get((publisher, session), 0):
-                self.taken.saw(publisher, session, upto)
+            if upto > self.progress.taken.get((publisher, session), 0):
+                self.progress.took(publisher, session, upto)
                 changed = True
             if not open_:
                 self.outstanding.pop((publisher, session), None)
