@@ -28,7 +28,7 @@ from octopis.client.replay import parse_time
 from octopis.client.streams import EndOfHistory
 from octopis.client_policy import resume_from
 from octopis.cluster.launcher import LocalCluster, prepare_topology
-from octopis.core.durable import DurableError, Durables, Withdraw, claim_of
+from octopis.core.durable import SAVE_EVERY, DurableError, Durables, Withdraw, claim_of
 from octopis.core.messages import Notification
 from octopis.core.replay import Claimed, Replay, ReplayRounds
 from octopis.defaults import LOOKBACK
@@ -36,6 +36,8 @@ from octopis.filters.composite import parse_composite
 from octopis.filters.language import Publication, parse_subscription
 from octopis.quotes import quotes_dir, read_quote_file
 from octopis.settings import BrokerSettings, Clients, Retention
+from octopis.sim.durable_clients import DurableSimulator
+from octopis.topology import build_preset
 from octopis.transport.codec import encode_body
 from octopis.transport.replaying import _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
@@ -244,6 +246,27 @@ def test_an_abandoned_record_is_withdrawn_after_keep_and_counted() -> None:
     assert durables.expire(69.0) == [] and len(durables.records) == 1
     assert [r.client for r in durables.expire(71.0)] == ["a"]
     assert durables.records == {} and durables.stats["durable.abandoned"] == 1
+
+
+def test_the_simulators_brokers_abandon_a_record_past_keep_as_the_process_does() -> None:
+    """A simulated broker runs the process's expiry (``maintain``, every ``SAVE_EVERY``):
+    a record whose client has been away past ``keep`` is abandoned, counted and written,
+    and the client coming back after that finds no record to claim."""
+    sim = DurableSimulator(build_preset("fig2"), "snr", seed=3, covering="off", durable_keep=5.0)
+    sim.durable_subscribe("D", "c:0", parse_subscription("[x,<,5]"))
+    sim.run()
+    sim.durable_leave("D")
+    left = sim.now
+    sim.run()  # the expiry timer keeps no run going
+    assert sim.now < left + 5.0 and len(sim.durable_records["c:0"].records) == 1
+    sim.run(left + 5.0 + SAVE_EVERY)  # a run past keep
+    records = sim.durable_records["c:0"]
+    assert records.records == {} and records.stats["durable.abandoned"] == 1
+    assert sim._written["c:0"] == {}
+    sim.durable_return("D", "c:0")
+    sim.run()
+    assert sim.durable_clients["D"].counts["claims"] == 2
+    assert sim.durable_clients["D"].counts["claimed"] == 0  # nothing left to claim
 
 
 def test_ending_a_durable_forgets_it_and_a_move_is_not_an_end() -> None:

@@ -18,6 +18,7 @@ from octopis.defaults import LINGER
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import InjectedCongestion, LatencyModel, Simulator, TimedLinks
+from octopis.sim.events import EventQueue
 from octopis.sim.service import ServiceModel
 from octopis.topology import Scot, build_scot
 
@@ -786,3 +787,20 @@ def test_a_service_model_file_is_checked(tmp_path: Path) -> None:
     good = ServiceModel(0.0001, 1e-8, 2e-5, 3e-5, idle=0.01, source={"commit": "x"})
     path.write_text(json.dumps(good.to_json()))
     assert ServiceModel.load(path) == good
+
+
+def test_a_background_timer_keeps_no_run_going_but_fires_in_a_run_that_reaches_it() -> None:
+    """A broker's maintenance timer (:meth:`EventQueue.background`) is neither pending nor
+    waited for by a run without ``until``; a run that reaches its time takes it in order."""
+    events, taken = EventQueue(["a"]), []
+    events.background(10.0, taken.append, "maintain")
+    events.at(2.0, taken.append, "call")
+    assert events.pending() == 1
+    events.run(lambda dst, src, message: None)
+    assert taken == ["call"] and events.now == 2.0 and events.pending() == 0
+    events.at(12.0, taken.append, "later")
+    events.run(lambda dst, src, message: None)
+    assert taken == ["call", "maintain", "later"] and events.pending() == 0
+    events.background(20.0, taken.append, "again")
+    events.run(lambda dst, src, message: None, until=25.0)
+    assert taken[-1] == "again" and events.now == 25.0

@@ -24,7 +24,8 @@ from octopis.filters.language import Subscription
 
 SAVE_EVERY = 1.0
 """Seconds within which a broker writes the records acknowledgements changed (a record
-made, left, claimed, moved or ended is written at once)."""
+made, left, claimed, moved or ended is written at once); every so often it also abandons
+the records whose client has been away past ``keep`` (:meth:`Durables.expire`)."""
 
 
 def claim_of(client: str, name: str) -> str:
@@ -258,7 +259,8 @@ class Durables:
         return {ident: self.records.get(ident) for ident in sorted(dirty)}
 
     def expire(self, now: float) -> list[DurableRecord]:
-        """Records whose client has been away past ``keep``: abandoned, forgotten."""
+        """Records whose client has been away past ``keep`` at ``now``: abandoned,
+        forgotten (run every :data:`SAVE_EVERY` seconds)."""
         gone = [r for r in self.records.values() if r.away is not None and now - r.away > self.keep]
         for record in gone:
             ident = (record.client, record.name)
@@ -266,6 +268,13 @@ class Durables:
             self.dirty.add(ident)
         self.stats["durable.abandoned"] += len(gone)
         return gone
+
+    def expiry_due(self) -> float | None:
+        """From when :meth:`expire` abandons a record kept now (the first whose client
+        has been away longest, ``keep`` after it went; it goes at the first run after
+        that time); None: no client is away."""
+        away = [r.away for r in self.records.values() if r.away is not None]
+        return min(away) + self.keep if away else None
 
     def counts(self) -> dict[str, int]:
         """Its counters (:attr:`stats`), the records kept, and how many of their clients

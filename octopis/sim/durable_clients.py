@@ -18,7 +18,10 @@ called as the broker process's shell calls them.
   the start of its replay, and replays what it may have missed).
 - A broker writes its records at once when one is made, left, claimed or handed over,
   and what acknowledgements changed within a second (``maintain``): a broker that dies
-  comes back with the records of its last write.
+  comes back with the records of its last write. As ``maintain`` does every
+  :data:`~octopis.core.durable.SAVE_EVERY` seconds, a live broker abandons the records
+  whose client has been away past ``keep`` (:meth:`Durables.expire`), at the first such
+  tick (of the simulated clock) after it is due.
 
 The history each durable client leaves is a :class:`DurableClient`:
 :func:`octopis.nemesis.checks.check_durables` holds it to its contract.
@@ -27,6 +30,7 @@ The history each durable client leaves is a :class:`DurableClient`:
 from __future__ import annotations
 
 import copy
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,11 +121,12 @@ class DurableClient:
 class DurableSimulator(Simulator):
     """A :class:`Simulator` with durable clients (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, durable_keep: float = DURABLE_KEEP, **kwargs: Any) -> None:
+        """``durable_keep``: seconds a record waits for its client (``[durable] keep``)."""
         super().__init__(*args, **kwargs)
         self.durable_clients: dict[str, DurableClient] = {}
         self.durable_records: dict[str, Durables] = {
-            b: Durables(b, DURABLE_KEEP, DURABLE_MAX) for b in self.scot.brokers
+            b: Durables(b, durable_keep, DURABLE_MAX) for b in self.scot.brokers
         }
         self._written: dict[str, dict[tuple[str, str], DurableRecord]] = {
             b: {} for b in self.scot.brokers
@@ -129,6 +134,8 @@ class DurableSimulator(Simulator):
         """Each broker's records as written (what a restart reads back)."""
         self._writing: set[str] = set()
         self._written_time: dict[str, float] = {}
+        self._expiring: dict[str, float] = {}
+        """The tick each broker's records are next checked for expiry at."""
         self._durable_reqs: dict[str, tuple[str, int, bool]] = {}
         """Requests of durable clients → (client, run, whether a claim)."""
         self._died_at: dict[str, float] = {}
@@ -281,6 +288,7 @@ class DurableSimulator(Simulator):
             restored.restore(record)
         self.durable_records[broker] = restored
         self._writing.discard(broker)
+        self._durable_expiry(broker)
         written = self._written_time.get(broker, -1.0)
         for c in self.durable_clients.values():
             c.unwritten.update(
@@ -397,7 +405,8 @@ class DurableSimulator(Simulator):
 
     def _durable_write(self, broker: str) -> None:
         """``broker`` writes its records changed since its last write, as the process
-        writes them (:meth:`Durables.written`; what a restart reads back)."""
+        writes them (:meth:`Durables.written`; what a restart reads back), and their next
+        expiry check is set (:meth:`_durable_expiry`)."""
         self._writing.discard(broker)
         if self._dead(broker):
             return
@@ -408,3 +417,36 @@ class DurableSimulator(Simulator):
                 written.pop(ident, None)
             else:
                 written[ident] = copy.deepcopy(record)
+        self._durable_expiry(broker)
+
+    def _durable_expiry(self, broker: str) -> None:
+        """Have ``broker``'s records checked for expiry at the first
+        :data:`~octopis.core.durable.SAVE_EVERY` tick after one is due
+        (:meth:`Durables.expiry_due`), unless a check comes first."""
+        due = self.durable_records[broker].expiry_due()
+        if due is None:
+            return
+        tick = (math.floor(due / SAVE_EVERY) + 1) * SAVE_EVERY
+        if self._expiring.get(broker, math.inf) <= tick:
+            return
+        self._expiring[broker] = tick
+        self.events.background(tick, self._durable_expire, broker, tick)
+
+    def _durable_expire(self, broker: str, tick: float) -> None:
+        """``broker``'s tick of ``maintain``: the records whose client has been away past
+        ``keep`` are abandoned and the change written; a dead broker's records are checked
+        again at the next tick (as it restarts, if it does)."""
+        if self._expiring.get(broker) != tick:
+            return  # an earlier check took its place
+        del self._expiring[broker]
+        if self._dead(broker):
+            if self.restarts_pending:
+                self._expiring[broker] = tick + SAVE_EVERY
+                self.events.background(
+                    tick + SAVE_EVERY, self._durable_expire, broker, tick + SAVE_EVERY
+                )
+            return
+        if self.durable_records[broker].expire(self.now):
+            self._durable_write(broker)  # schedules the next check
+        else:
+            self._durable_expiry(broker)

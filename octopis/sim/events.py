@@ -8,7 +8,8 @@ only its first is in the heap, which therefore holds at most one entry per link 
 the scheduled calls, however many messages are in flight (3,000 subscriptions issued at
 once put 337,000 on the links). A message in flight is one tuple ``(arrival, seq,
 destination, source, message, queue)``; a scheduled call is ``(time, seq, None, function,
-arguments, None)``.
+arguments, None)``, a background one (a broker's maintenance timer, which keeps no run
+going: :meth:`EventQueue.background`) ``(time, seq, None, function, arguments, True)``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class EventQueue:
         """Seconds of real time spent in :meth:`run`."""
         self._heap: list[tuple] = []
         self._seq = 0
+        self._background = 0
+        """Background calls in the heap."""
         self.in_flight: dict[str, dict[str, deque[tuple]]] = {b: {} for b in brokers}
         """Per sender and receiver (a directed link), its messages in flight in arrival
         order (the first one is also in the heap)."""
@@ -57,6 +60,14 @@ class EventQueue:
         """Call ``fn(*args)`` at simulated time ``when`` (not before now)."""
         self._seq += 1
         heapq.heappush(self._heap, (max(when, self.now), self._seq, None, fn, args, None))
+
+    def background(self, when: float, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` at simulated time ``when`` (not before now) if the run gets
+        there: a timer a broker process keeps running while idle (its maintenance), which
+        a run without ``until`` does not wait for and :meth:`pending` does not count."""
+        self._seq += 1
+        self._background += 1
+        heapq.heappush(self._heap, (max(when, self.now), self._seq, None, fn, args, True))
 
     def send(self, src: str, dst: str, arrival: float, message: Any) -> None:
         """Put ``message`` on the link ``src → dst``, to arrive at ``arrival`` but never
@@ -94,25 +105,31 @@ class EventQueue:
         self.in_flight[src].pop(dst, None)
 
     def pending(self) -> int:
-        """Events not yet taken: scheduled calls, and one per link carrying messages."""
-        return len(self._heap)
+        """Events not yet taken: scheduled calls (not background ones), and one per link
+        carrying messages."""
+        return len(self._heap) - self._background
 
     def messages(self) -> Iterable[Any]:
         """Every message in flight."""
         return (item[4] for links in self.in_flight.values() for q in links.values() for item in q)
 
     def run(self, arrive: Callable[[str, str, Any], None], until: float = math.inf) -> None:
-        """Take events in time order until none is left (or ``until`` is reached): call
-        the scheduled functions, and ``arrive(destination, source, message)`` for each
-        message that arrives; the cyclic garbage collector is paused meanwhile
-        (:func:`collector_paused`)."""
+        """Take events in time order until none is left but background calls (or
+        ``until`` is reached, background ones taken too): call the scheduled functions,
+        and ``arrive(destination, source, message)`` for each message that arrives; the
+        cyclic garbage collector is paused meanwhile (:func:`collector_paused`)."""
         started = time.perf_counter()
         events = self._heap
         pop, push = heapq.heappop, heapq.heappush
+        endless = until == math.inf
         with collector_paused():
             while events and events[0][0] <= until:
+                if endless and len(events) == self._background:
+                    break
                 self.now, _, dst, a, b, queue = pop(events)
                 if dst is None:
+                    if queue:
+                        self._background -= 1
                     a(*b)
                     continue
                 queue.popleft()
