@@ -6,7 +6,10 @@ acknowledge left in the record."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import pytest
 
 from octopis.gateway.frames import Frame
 from octopis.gateway.session import Effects, SessionLimits, StompSession
@@ -92,6 +95,22 @@ def test_a_new_durable_subscription_goes_live_with_what_waited() -> None:
     done = _reply(s, op="replay_done", id="c0", claimed=[])
     assert _ns(done) == [1]
     assert [a.since for a in _requests(done)] == [[("pub", 7, 1)]]
+
+
+def test_a_claim_left_with_silent_brokers_is_the_client_policys_gap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The claims' answers are the client policy's to judge
+    (``DurableProgress.claim_answered``), as the SDK's: brokers silent to any disjunct's
+    claim leave a gap, logged; the subscription goes live all the same."""
+    s, _ = _durable("auto")
+    _reply(s, op="replay_done", id="c0", claimed=[], silent=["b:1"])
+    with caplog.at_level(logging.WARNING, logger="octopis.broker.stomp"):
+        assert _requests(_reply(s, op="replay_done", id="c1", claimed=[], silent=[])) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        f"durable {CLIENT}: its record may be kept at a broker that did not answer"
+    ]
+    assert _ns(s.from_broker([pack([CLIENT]), _notify(1)])) == [1]  # live
 
 
 def test_the_record_keeps_what_comes_before_the_first_unacknowledged_message() -> None:
