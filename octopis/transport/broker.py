@@ -149,8 +149,8 @@ class Broker:
         )
         """The retention store and the replay rounds (DESIGN §11)."""
         self.composites = HostedComposites(
-            lambda key, subscription, now: self.core.subscribe(key, subscription, now),
-            lambda key, sub_id: self.core.unsubscribe(key, sub_id),
+            self._core_subscribe,
+            self._core_unsubscribe,
             lambda key, message: self.clients.sessions.notify_client(key, message),
             settings.composite.max_held,
             settings.composite.lateness,
@@ -291,18 +291,24 @@ class Broker:
     def subscribe(
         self, key: str, subscription: Subscription | Composite
     ) -> tuple[str, list[Action]]:
-        """A local subscription: the core starts SBP (for each part of a composite one)."""
-        if isinstance(subscription, Composite):
-            return self.composites.subscribe(key, subscription, time.time())
-        sub_id, actions = self.core.subscribe(key, subscription, time.time())
+        """A local subscription: a composite is hosted here, any other taken by the core
+        (:meth:`HostedComposites.local_subscribe`); the core starts SBP for each."""
+        return self.composites.local_subscribe(key, subscription, time.time())
+
+    def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
+        """A local withdrawal (:meth:`HostedComposites.local_unsubscribe`): the core starts
+        the two-step unsubscribe of each subscription it withdraws."""
+        return self.composites.local_unsubscribe(key, sub_id)
+
+    def _core_subscribe(
+        self, key: str, subscription: Subscription, now: float
+    ) -> tuple[str, list[Action]]:
+        sub_id, actions = self.core.subscribe(key, subscription, now)
         self.subscription_delay[sub_id] = 0.0
         return sub_id, actions
 
-    def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
-        """A local withdrawal: the core starts the two-step unsubscribe."""
+    def _core_unsubscribe(self, key: str, sub_id: str) -> list[Action]:
         self.subscription_delay.pop(sub_id, None)
-        if self.composites.holds(key, sub_id):
-            return self.composites.unsubscribe(key, sub_id)
         return self.core.unsubscribe(key, sub_id)
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:

@@ -1,0 +1,59 @@
+"""Checks, read from the shells' AST as ``test_layers.py`` reads the others, that neither
+shell keeps a copy of a client-session rule the node now decides (DESIGN §2, §7, §8,
+§12): which of a client's subscriptions the composite host takes
+(:meth:`~octopis.core.composite_hosting.HostedComposites.local_subscribe`). Each check
+is shown to fail on a copy of the code it replaced."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_layers import _in_shells
+
+
+def composite_dispatch(path: Path) -> list[str]:
+    """Every ``isinstance(…, Composite)`` and every ``….composites.holds(…)`` in ``path``:
+    a shell choosing between the composite host and the routing core itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if (
+            isinstance(func, ast.Name)
+            and func.id == "isinstance"
+            and len(node.args) == 2
+            and "Composite" in ast.unparse(node.args[1])
+        ):
+            found.append(f"{path.name}:{node.lineno} isinstance Composite")
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "holds"
+            and "composites" in ast.unparse(func.value)
+        ):
+            found.append(f"{path.name}:{node.lineno} composites.holds")
+    return found
+
+
+def test_the_shells_leave_the_composite_dispatch_to_the_host() -> None:
+    """Neither shell decides whether a subscription is the composite host's or the core's:
+    both ask :meth:`HostedComposites.local_subscribe` / ``local_unsubscribe``."""
+    assert _in_shells(composite_dispatch) == []
+
+
+def test_the_composite_dispatch_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "broker.py"
+    path.write_text(
+        "def subscribe(self, key, subscription):\n"
+        "    '''isinstance(s, Composite) in a docstring is fine'''\n"
+        "    if isinstance(subscription, Composite):\n"
+        "        return self.composites.subscribe(key, subscription, 0.0)\n"
+        "    if self.composites.holds(key, 's1&'):\n"
+        "        return []\n"
+        "    return isinstance(subscription, Subscription) and table.holds(key)\n"
+    )
+    assert composite_dispatch(path) == [
+        "broker.py:3 isinstance Composite",
+        "broker.py:5 composites.holds",
+    ]
