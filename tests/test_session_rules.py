@@ -1,8 +1,10 @@
 """Checks, read from the shells' AST as ``test_layers.py`` reads the others, that neither
 shell keeps a copy of a client-session rule the node now decides (DESIGN §2, §7, §8,
 §12): which of a client's subscriptions the composite host takes
-(:meth:`~octopis.core.composite_hosting.HostedComposites.local_subscribe`). Each check
-is shown to fail on a copy of the code it replaced."""
+(:meth:`~octopis.core.composite_hosting.HostedComposites.local_subscribe`), and when a
+client is silent, its requests read and the broker's stalls excused
+(:class:`~octopis.core.sessions.Liveness`). Each check is shown to fail on a copy of the
+code it replaced."""
 
 from __future__ import annotations
 
@@ -56,4 +58,40 @@ def test_the_composite_dispatch_check_can_fail(tmp_path: Path) -> None:
     assert composite_dispatch(path) == [
         "broker.py:3 isinstance Composite",
         "broker.py:5 composites.holds",
+    ]
+
+
+def liveness_copies(path: Path) -> list[str]:
+    """Every ``….last_seen`` not read through a :class:`Liveness` (named ``liveness``) in
+    ``path``: a shell keeping, excusing or judging a client's silence itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "last_seen"
+            and not ast.unparse(node.value).endswith("liveness")
+        ):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_shells_leave_client_silence_to_the_node() -> None:
+    """Neither shell keeps when its clients were last heard, excuses its own stall or
+    judges silence itself: :class:`~octopis.core.sessions.Liveness` does."""
+    assert _in_shells(liveness_copies) == []
+
+
+def test_the_liveness_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "connections.py"
+    path.write_text(
+        "def expire(self, now, late):\n"
+        "    '''connection.last_seen in a docstring is fine'''\n"
+        "    for connection in self.connections.values():\n"
+        "        connection.last_seen += late\n"
+        "    seen = {i: c.last_seen for i, c in self.connections.items()}\n"
+        "    return self.liveness.last_seen, seen\n"
+    )
+    assert liveness_copies(path) == [
+        "connections.py:4 connection.last_seen",
+        "connections.py:5 c.last_seen",
     ]
