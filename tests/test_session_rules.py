@@ -95,3 +95,46 @@ def test_the_liveness_check_can_fail(tmp_path: Path) -> None:
         "connections.py:4 connection.last_seen",
         "connections.py:5 c.last_seen",
     ]
+
+
+CLIENT_LIMITS = frozenset({"publish_window", "body_bytes", "backlog_limit"})
+"""The client-side limits only :class:`~octopis.core.client_flow.ClientFlow` applies
+(DESIGN §8): how many publications of a connection may await their answer, how long a
+body may be, how many messages a full pipe's backlog takes."""
+
+
+def client_limit_reads(path: Path) -> list[str]:
+    """Every one of :data:`CLIENT_LIMITS` compared or reckoned with in ``path`` (a shell
+    applying the publish window, the body limit or the backlog limit itself; naming one
+    in a log message is no rule)."""
+    found = {
+        (node.lineno, node.col_offset, node.attr)
+        for test in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(test, ast.Compare | ast.BinOp)
+        for node in ast.walk(test)
+        if isinstance(node, ast.Attribute) and node.attr in CLIENT_LIMITS
+    }
+    return [f"{path.name}:{line} {attr}" for line, _, attr in sorted(found)]
+
+
+def test_the_shells_leave_the_publish_window_to_the_client_flow() -> None:
+    """Neither shell compares a connection's unanswered publications with the window
+    (or a body, a backlog with theirs): it asks ``ClientFlow.refuse_publication``,
+    ``refuse_body``, ``backlog_takes`` and only counts what it has not answered yet."""
+    assert _in_shells(client_limit_reads) == []
+
+
+def test_the_client_limits_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "requests.py"
+    path.write_text(
+        "def publish(self, connection, request):\n"
+        "    '''connection.unanswered >= flow.publish_window, in a docstring'''\n"
+        "    if connection.unanswered >= self.settings.publish_window:\n"
+        "        raise ClientError('window')\n"
+        "    log.warning('backlog_limit = %d', flow.backlog_limit)\n"
+        "    return len(request.body) > limits.body_bytes\n"
+    )
+    assert client_limit_reads(path) == [
+        "requests.py:3 publish_window",
+        "requests.py:6 body_bytes",
+    ]
