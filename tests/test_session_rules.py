@@ -3,7 +3,9 @@ shell keeps a copy of a client-session rule the node now decides (DESIGN §2, §
 §12): which of a client's subscriptions the composite host takes
 (:meth:`~octopis.core.composite_hosting.HostedComposites.local_subscribe`), and when a
 client is silent, its requests read and the broker's stalls excused
-(:class:`~octopis.core.sessions.Liveness`). Each check is shown to fail on a copy of the
+(:class:`~octopis.core.sessions.Liveness`); nor of the client flow's limits
+(:class:`~octopis.core.client_flow.ClientFlow`) or of the wire's order of replies
+(:data:`~octopis.wire.AFTER_DELIVERIES`). Each check is shown to fail on a copy of the
 code it replaced."""
 
 from __future__ import annotations
@@ -137,4 +139,50 @@ def test_the_client_limits_check_can_fail(tmp_path: Path) -> None:
     assert client_limit_reads(path) == [
         "requests.py:3 publish_window",
         "requests.py:6 body_bytes",
+    ]
+
+
+ORDERED_REPLIES = frozenset({"unsubscribed", "bye"})
+"""The reply ops :data:`~octopis.wire.AFTER_DELIVERIES` names."""
+
+
+def reply_order_copies(path: Path) -> list[str]:
+    """Every set, list or tuple of ``path`` that lists one of :data:`ORDERED_REPLIES`, and
+    every name ``AFTER_DELIVERIES`` it assigns: a shell declaring which replies follow
+    the deliveries before them (the wire's rule, :data:`octopis.wire.AFTER_DELIVERIES`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Set | ast.List | ast.Tuple) and any(
+            isinstance(e, ast.Constant) and e.value in ORDERED_REPLIES for e in node.elts
+        ):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [
+                f"{path.name}:{node.lineno} {t.id} ="
+                for t in targets
+                if isinstance(t, ast.Name) and t.id == "AFTER_DELIVERIES"
+            ]
+    return found
+
+
+def test_the_shells_take_the_reply_order_from_the_wire() -> None:
+    """Which replies wait for the deliveries before them is a protocol rule the client
+    relies on (it lets a connection go on them): declared once, in ``octopis.wire``."""
+    assert _in_shells(reply_order_copies) == []
+
+
+def test_the_reply_order_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "clients.py"
+    path.write_text(
+        "AFTER_DELIVERIES = frozenset({'unsubscribed', 'bye'})\n"
+        "'''{'bye'} in a docstring is fine'''\n"
+        "notice = {'op': 'bye'}\n"
+        "if reply['op'] in ('unsubscribed',):\n"
+        "    pass\n"
+    )
+    assert reply_order_copies(path) == [
+        "clients.py:1 AFTER_DELIVERIES =",
+        "clients.py:1 {'unsubscribed', 'bye'}",
+        "clients.py:4 ('unsubscribed',)",
     ]
