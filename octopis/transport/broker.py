@@ -45,7 +45,6 @@ from octopis.core.load import LoadMeter
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
-from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 from octopis.filters.limits import set_limits
 from octopis.keys import Keys
@@ -288,26 +287,17 @@ class Broker:
 
     # -- what client sessions ask ----------------------------------------------------------
 
-    def subscribe(
-        self, key: str, subscription: Subscription | Composite
-    ) -> tuple[str, list[Action]]:
-        """A local subscription: a composite is hosted here, any other taken by the core
-        (:meth:`HostedComposites.local_subscribe`); the core starts SBP for each."""
-        return self.composites.local_subscribe(key, subscription, time.time())
-
-    def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
-        """A local withdrawal (:meth:`HostedComposites.local_unsubscribe`): the core starts
-        the two-step unsubscribe of each subscription it withdraws."""
-        return self.composites.local_unsubscribe(key, sub_id)
-
     def _core_subscribe(
         self, key: str, subscription: Subscription, now: float
     ) -> tuple[str, list[Action]]:
+        """A local subscription the core takes (client sessions reach it through
+        :meth:`HostedComposites.local_subscribe`): SBP starts, its delay is 0."""
         sub_id, actions = self.core.subscribe(key, subscription, now)
         self.subscription_delay[sub_id] = 0.0
         return sub_id, actions
 
     def _core_unsubscribe(self, key: str, sub_id: str) -> list[Action]:
+        """A local withdrawal the core takes: the two-step unsubscribe starts."""
         self.subscription_delay.pop(sub_id, None)
         return self.core.unsubscribe(key, sub_id)
 

@@ -24,8 +24,6 @@ from octopis.core.composite_hosting import HostedComposites
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
 from octopis.core.sessions import Liveness, interests, order_move
-from octopis.filters.composite import Composite
-from octopis.filters.language import Subscription
 from octopis.transport.links import InputWaiter, PublishReceipt
 
 if TYPE_CHECKING:
@@ -46,16 +44,8 @@ class Router(Protocol):
     """The broker's node: its core and its client sessions' rules
     (:attr:`BrokerNode.sessions`; :mod:`octopis.core.sessions`)."""
     composites: HostedComposites
-    """The composite subscriptions hosted here (DESIGN §12)."""
-
-    def subscribe(
-        self, key: str, subscription: Subscription | Composite
-    ) -> tuple[str, list[Action]]:
-        """Install a local subscription (a composite one: its parts); returns its id and
-        the SBP actions."""
-
-    def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
-        """Withdraw a local subscription; returns the SBP actions."""
+    """The composite subscriptions hosted here (DESIGN §12), and which of a client's
+    subscriptions they take and which the core (local subscribe and unsubscribe)."""
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """Route a local publication, its copies counting in ``receipt``."""
@@ -179,7 +169,7 @@ class ClientConnections:
         withdrawn, router = 0, self.router
         for key in sorted(connection.keys):  # the node decides what goes (DESIGN §7)
             gone, actions = router.node.client_gone(
-                key, heard, router.replaying.durables, router.unsubscribe
+                key, heard, router.replaying.durables, router.composites.local_unsubscribe
             )
             router.execute(actions)
             withdrawn += len(gone)
@@ -239,7 +229,8 @@ class ClientConnections:
     def _expire_moves(self, now: float) -> None:
         """Withdraw what orphaned move orders kept past their deadline
         (:meth:`BrokerNode.moves_expired`)."""
-        self.router.execute(self.router.node.moves_expired(now, self.router.unsubscribe))
+        router = self.router
+        router.execute(router.node.moves_expired(now, router.composites.local_unsubscribe))
 
     def withdraw(self, key: str, sub_id: str) -> None:
         """End local subscription ``sub_id`` of client ``key``: its durable record was
@@ -248,7 +239,7 @@ class ClientConnections:
         client = self.names.get(key)
         if client is None:
             return
-        actions = self.table.withdraw(key, sub_id, self.router.unsubscribe)
+        actions = self.table.withdraw(key, sub_id, self.router.composites.local_unsubscribe)
         if actions is None:
             return
         self.router.execute(actions)
