@@ -517,6 +517,13 @@ ClientRequest = (
 _request_decoder = msgspec.msgpack.Decoder(ClientRequest)
 OPS = tuple(msgspec.inspect.type_info(r).tag for r in ClientRequest.__args__)
 
+AFTER_DELIVERIES = frozenset({"unsubscribed", "bye"})
+"""Replies (by ``op``) that follow every delivery the broker made to their connection
+before them, as notices do (DESIGN §4, §7, §9): a client lets a connection go once the
+broker has answered its withdrawal (a subscription moved across clusters) or its bye
+(the connection left at a fail-over), so nothing may still wait for it there. Any
+other reply does not wait for deliveries."""
+
 
 class RequestError(ValueError):
     """A client request that is not well-formed; the message names the problem."""

@@ -12,6 +12,7 @@ from octopis.core import Notification, ProtocolError, make_broker
 from octopis.core.composite_hosting import REPORT_INTERVAL, HostedComposites
 from octopis.core.sessions import ClientTable, SessionRefused, adopt
 from octopis.filters.composite import parse_composite
+from octopis.filters.language import parse_subscription
 from octopis.topology import build_preset
 
 
@@ -77,3 +78,20 @@ def test_a_hosted_composite_is_refused_an_adoption_by_the_session_rule() -> None
     with pytest.raises(ProtocolError):
         adopt(core, table, "c/2", "bob", sub_id)
     assert table.subscriptions("c/2") == set()
+
+
+def test_a_client_subscription_goes_to_the_host_only_when_composite() -> None:
+    """:meth:`HostedComposites.local_subscribe` hosts a composite and hands any other
+    subscription to the routing core as it is; :meth:`local_unsubscribe` withdraws each
+    from where it went (another client's composite id is not its to withdraw)."""
+    hosted, _, counts = _hosting()
+    plain, actions = hosted.local_subscribe("c/1", parse_subscription("[x,<,3]"), 0.0)
+    assert actions and not plain.endswith("&") and not hosted.by_id
+    composite, _ = hosted.local_subscribe(
+        "c/1", parse_composite("{[x,<,3]} & {[x,>,6]} within 1s"), 0.0
+    )
+    assert hosted.holds("c/1", composite) and counts["composite.subscriptions"] == 1
+    with pytest.raises(ProtocolError):  # the core knows no subscription by that id
+        hosted.local_unsubscribe("c/2", composite)
+    assert hosted.local_unsubscribe("c/1", composite) and not hosted.by_id
+    assert hosted.local_unsubscribe("c/1", plain)

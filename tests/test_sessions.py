@@ -12,13 +12,13 @@ from octopis.core import make_broker
 from octopis.core.durable import Durables
 from octopis.core.sessions import (
     ClientTable,
+    Liveness,
     SessionRefused,
     adopt,
     advertise,
     interests,
     moves_by_adoption,
     order_move,
-    silent,
 )
 from octopis.defaults import CLIENT_LIVENESS
 from octopis.filters.composite import parse_composite
@@ -99,10 +99,27 @@ def test_both_shells_order_a_move_by_the_nodes_rule() -> None:
 
 
 def test_a_client_silent_past_the_timeout_is_gone() -> None:
-    seen = {b"a": 10.0, b"b": 7.0, b"c": 5.0}
-    assert silent(seen, now=10.0, timeout=5.0) == []  # c exactly at it
-    assert silent(seen, now=10.5, timeout=5.0) == [b"c"]
-    assert silent(seen, now=12.5, timeout=5.0) == [b"b", b"c"]
+    liveness: Liveness[bytes] = Liveness()
+    for key, seen in ((b"a", 10.0), (b"b", 7.0), (b"c", 5.0)):
+        liveness.heard(key, seen)
+    assert liveness.silent(10.0, 5.0, caught_up=True) == []  # c exactly at it
+    assert liveness.silent(10.5, 5.0, caught_up=True) == [b"c"]
+    assert liveness.silent(12.5, 5.0, caught_up=True) == [b"b", b"c"]
+
+
+def test_silence_is_judged_with_requests_read_and_the_brokers_stall_excused() -> None:
+    """A request still unread may be a heartbeat: nobody is silent then. A stall of the
+    broker moves every client's last hearing on by as long; one heard again is alive."""
+    liveness: Liveness[bytes] = Liveness()
+    liveness.heard(b"a", 0.0)
+    liveness.heard(b"b", 4.0)
+    assert liveness.silent(20.0, 5.0, caught_up=False) == []
+    liveness.stalled(3.0)
+    assert liveness.silent(7.5, 5.0, caught_up=True) == []
+    assert liveness.silent(8.5, 5.0, caught_up=True) == [b"a"]
+    liveness.heard(b"a", 8.5)
+    assert liveness.silent(12.5, 5.0, caught_up=True) == [b"b"]
+    assert liveness.forget(b"b") == 7.0 and liveness.silent(30.0, 5.0, caught_up=True) == [b"a"]
 
 
 def test_a_gone_client_loses_its_subscriptions_but_not_those_on_their_way_elsewhere() -> None:

@@ -12,7 +12,9 @@ go to stay within ``max_held`` (or cut an arrival's matches), at most once every
 too). A composite does not move between brokers: its client subscribes afresh.
 
 The process shell and the simulator both host composites through this class, with their
-own clock (``now``) and their own way of reaching the client.
+own clock (``now``) and their own way of reaching the client; which of a client's
+subscriptions it hosts and which the routing core takes is its rule
+(:meth:`HostedComposites.local_subscribe`), not theirs.
 """
 
 from __future__ import annotations
@@ -92,6 +94,23 @@ class HostedComposites:
         self.by_id[sub_id] = hosted
         self.counters["composite.subscriptions"] += 1
         return sub_id, actions
+
+    def local_subscribe(
+        self, client: str, subscription: Subscription | Composite, now: float
+    ) -> tuple[str, list[Action]]:
+        """Client ``client`` subscribes ``subscription`` here: a composite is hosted here
+        (:meth:`subscribe`), any other goes to the routing core as it is (DESIGN §12);
+        returns its id and the actions."""
+        if isinstance(subscription, Composite):
+            return self.subscribe(client, subscription, now)
+        return self._subscribe(client, subscription, now)
+
+    def local_unsubscribe(self, client: str, sub_id: str) -> list[Action]:
+        """Client ``client`` withdraws ``sub_id``: its composite hosted here
+        (:meth:`unsubscribe`), else the routing core's subscription; the actions."""
+        if self.holds(client, sub_id):
+            return self.unsubscribe(client, sub_id)
+        return self._unsubscribe(client, sub_id)
 
     def holds(self, client: str, sub_id: str) -> bool:
         """Whether ``sub_id`` is a composite of ``client`` hosted here."""

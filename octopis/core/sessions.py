@@ -11,7 +11,7 @@ what a session's events mean for them:
   before the core withdraws it (:meth:`ClientTable.unsubscribe`); one withdrawn for its
   client (its durable record claimed elsewhere) is counted (:meth:`ClientTable.withdraw`);
 - a client is gone when it says bye or is silent for more than the client timeout
-  (:func:`silent`);
+  (:class:`Liveness`: judged with its requests read, the broker's own stalls excused);
 - a client that is gone has every
   subscription withdrawn, except one it was told to move inside its cluster: that one
   is an *orphan*, kept until the move reaches this broker (the new host then withdraws
@@ -32,8 +32,8 @@ carries out the withdrawals it returns through the routing core, and sends the n
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
@@ -56,11 +56,38 @@ class SessionRefused(ValueError):
     """A client request refused by a session rule; the message names the rule."""
 
 
-def silent(last_seen: Mapping[K, float], now: float, timeout: float) -> list[K]:
-    """The clients (by the shell's key: the process's connections) last heard
-    (``last_seen``) more than ``timeout`` seconds before ``now``: gone, their subscriptions
-    withdrawn as :meth:`ClientTable.gone` says."""
-    return [key for key, seen in last_seen.items() if now - seen > timeout]
+class Liveness(Generic[K]):
+    """When each client (by the shell's key: the process's connections) was last heard,
+    and which are gone for their silence (DESIGN §7, §8): silent for more than the
+    client timeout, judged only with every request that reached the broker read (one
+    still unread may be a heartbeat), time the broker spent not running excused
+    (:func:`~octopis.core.neighbours.stall`: nobody's silence). A client gone has its
+    subscriptions withdrawn as :meth:`ClientTable.gone` says."""
+
+    __slots__ = ("last_seen",)
+
+    def __init__(self) -> None:
+        self.last_seen: dict[K, float] = {}
+
+    def heard(self, key: K, now: float) -> None:
+        """Client ``key`` was heard at ``now``."""
+        self.last_seen[key] = now
+
+    def forget(self, key: K) -> float:
+        """``key`` has gone (dropped, or it said bye); when it was last heard."""
+        return self.last_seen.pop(key)
+
+    def stalled(self, late: float) -> None:
+        """The broker did not run for ``late`` seconds: that is no client's silence."""
+        for key in self.last_seen:
+            self.last_seen[key] += late
+
+    def silent(self, now: float, timeout: float, *, caught_up: bool) -> list[K]:
+        """The clients last heard more than ``timeout`` seconds before ``now``, if the
+        broker has read every request that reached it (``caught_up``), else none."""
+        if not caught_up:
+            return []
+        return [key for key, seen in self.last_seen.items() if now - seen > timeout]
 
 
 class ClientTable:

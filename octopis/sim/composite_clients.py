@@ -76,7 +76,7 @@ class CompositeClients:
             host = self.hosts[broker] = (node, hosted)
         hosted = host[1]
         sub_id, actions = node.sessions.subscribe(  # within the client's limit, as a broker's
-            client, client, lambda: hosted.subscribe(client, composite, self._events.now)
+            client, client, lambda: hosted.local_subscribe(client, composite, self._events.now)
         )
         self.clients[client] = (broker, sub_id, composite)
         self.matches[client] = []

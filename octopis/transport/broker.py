@@ -45,7 +45,6 @@ from octopis.core.load import LoadMeter
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
-from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
 from octopis.filters.limits import set_limits
 from octopis.keys import Keys
@@ -149,8 +148,8 @@ class Broker:
         )
         """The retention store and the replay rounds (DESIGN §11)."""
         self.composites = HostedComposites(
-            lambda key, subscription, now: self.core.subscribe(key, subscription, now),
-            lambda key, sub_id: self.core.unsubscribe(key, sub_id),
+            self._core_subscribe,
+            self._core_unsubscribe,
             lambda key, message: self.clients.sessions.notify_client(key, message),
             settings.composite.max_held,
             settings.composite.lateness,
@@ -288,21 +287,18 @@ class Broker:
 
     # -- what client sessions ask ----------------------------------------------------------
 
-    def subscribe(
-        self, key: str, subscription: Subscription | Composite
+    def _core_subscribe(
+        self, key: str, subscription: Subscription, now: float
     ) -> tuple[str, list[Action]]:
-        """A local subscription: the core starts SBP (for each part of a composite one)."""
-        if isinstance(subscription, Composite):
-            return self.composites.subscribe(key, subscription, time.time())
-        sub_id, actions = self.core.subscribe(key, subscription, time.time())
+        """A local subscription the core takes (client sessions reach it through
+        :meth:`HostedComposites.local_subscribe`): SBP starts, its delay is 0."""
+        sub_id, actions = self.core.subscribe(key, subscription, now)
         self.subscription_delay[sub_id] = 0.0
         return sub_id, actions
 
-    def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
-        """A local withdrawal: the core starts the two-step unsubscribe."""
+    def _core_unsubscribe(self, key: str, sub_id: str) -> list[Action]:
+        """A local withdrawal the core takes: the two-step unsubscribe starts."""
         self.subscription_delay.pop(sub_id, None)
-        if self.composites.holds(key, sub_id):
-            return self.composites.unsubscribe(key, sub_id)
         return self.core.unsubscribe(key, sub_id)
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:

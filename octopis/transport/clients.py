@@ -50,7 +50,7 @@ from octopis.transport.outbox import ClientOutbox
 from octopis.transport.requests import RequestHandlers
 from octopis.transport.security import Curve
 from octopis.transport.zmqio import FastSocket
-from octopis.wire import RequestError, decode_request, pack, request_number
+from octopis.wire import AFTER_DELIVERIES, RequestError, decode_request, pack, request_number
 
 log = logging.getLogger("octopis.broker.clients")
 
@@ -59,11 +59,6 @@ STOMP_IDENTITY = b"stomp-"
 """How the identity of a STOMP gateway's connection begins (``octopis status`` counts them)."""
 CLIENT_BATCH = 64
 """Requests one pass handles before the pass ends and other tasks run."""
-AFTER_DELIVERIES = frozenset({"unsubscribed", "bye"})
-"""Replies that follow every delivery made to their connection before them (as notices
-do): a client lets a connection go once the broker has answered its withdrawal (a
-subscription moved across clusters) or its bye (the connection left at a fail-over),
-so nothing may still wait for it there."""
 
 
 @dataclass(frozen=True, slots=True)

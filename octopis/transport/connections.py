@@ -23,9 +23,7 @@ from octopis.core import Action, Notification
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
-from octopis.core.sessions import interests, order_move, silent
-from octopis.filters.composite import Composite
-from octopis.filters.language import Subscription
+from octopis.core.sessions import Liveness, interests, order_move
 from octopis.transport.links import InputWaiter, PublishReceipt
 
 if TYPE_CHECKING:
@@ -46,16 +44,8 @@ class Router(Protocol):
     """The broker's node: its core and its client sessions' rules
     (:attr:`BrokerNode.sessions`; :mod:`octopis.core.sessions`)."""
     composites: HostedComposites
-    """The composite subscriptions hosted here (DESIGN §12)."""
-
-    def subscribe(
-        self, key: str, subscription: Subscription | Composite
-    ) -> tuple[str, list[Action]]:
-        """Install a local subscription (a composite one: its parts); returns its id and
-        the SBP actions."""
-
-    def unsubscribe(self, key: str, sub_id: str) -> list[Action]:
-        """Withdraw a local subscription; returns the SBP actions."""
+    """The composite subscriptions hosted here (DESIGN §12), and which of a client's
+    subscriptions they take and which the core (local subscribe and unsubscribe)."""
 
     def publish(self, notification: Notification, receipt: PublishReceipt) -> None:
         """Route a local publication, its copies counting in ``receipt``."""
@@ -84,14 +74,13 @@ class Router(Protocol):
 
 class ClientSession:
     """One client session (a DEALER connection as the broker sees it): its clients and
-    their subscriptions, liveness, backlog."""
+    their subscriptions, backlog."""
 
-    __slots__ = ("backlog", "delivered", "keys", "last_seen", "overflowed", "unanswered")
+    __slots__ = ("backlog", "delivered", "keys", "overflowed", "unanswered")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self) -> None:
         self.keys: set[str] = set()
         """Its clients' keys (their subscriptions: :class:`ClientTable`)."""
-        self.last_seen = now
         self.backlog: deque[list[bytes]] | None = None
         self.overflowed = 0
         """Deliveries dropped (drop-oldest policy) and not yet reported to the client."""
@@ -124,6 +113,8 @@ class ClientConnections:
         self.counters = counters
         self.timeout = timeout
         self.connections: dict[bytes, ClientSession] = {}
+        self.liveness: Liveness[bytes] = Liveness()
+        """When each connection was last heard; which are silent (the node's rule)."""
         self.names: dict[str, tuple[bytes, str]] = {}
         """Client key → (connection identity, client name): where deliveries go."""
         self.publishers: set[str] = set()
@@ -134,8 +125,8 @@ class ClientConnections:
         not known), alive."""
         connection = self.connections.get(identity)
         if connection is None:
-            connection = self.connections[identity] = ClientSession(now)
-        connection.last_seen = now
+            connection = self.connections[identity] = ClientSession()
+        self.liveness.heard(identity, now)
         return connection
 
     def key(self, identity: bytes, connection: ClientSession, client: str) -> str:
@@ -149,10 +140,10 @@ class ClientConnections:
     # -- liveness ------------------------------------------------------------------------
 
     async def expire(self, waiter: Callable[[], InputWaiter | None]) -> None:
-        """Drop connections silent past the timeout, withdrawing their subscriptions.
-        Silence is judged only with every request that reached us read (``waiter``: the
-        socket's, once its input started), and time this process spent not running (a
-        tick that comes late, a stall) is nobody's silence."""
+        """Drop connections silent past the timeout, withdrawing their subscriptions, as
+        :class:`~octopis.core.sessions.Liveness` judges them: with every request that
+        reached us read (``waiter``: the socket's, once its input started), the time this
+        process spent not running (a tick that comes late, a stall) excused."""
         loop = asyncio.get_running_loop()
         timeout = self.timeout
         tick = timeout / 4
@@ -160,16 +151,12 @@ class ClientConnections:
         while True:
             await asyncio.sleep(tick)
             now = loop.time()
-            late, woke = stall(now, woke, tick), now
-            if late:
-                for connection in self.connections.values():
-                    connection.last_seen += late
+            self.liveness.stalled(stall(now, woke, tick))
+            woke = now
             self._expire_moves(now)
             reading = waiter()
-            if reading is None or reading.poke():
-                continue  # requests wait unread: they may be these connections' heartbeats
-            seen = {identity: c.last_seen for identity, c in self.connections.items()}
-            for identity in silent(seen, now, timeout):
+            read = reading is not None and not reading.poke()  # no request waits unread
+            for identity in self.liveness.silent(now, timeout, caught_up=read):
                 self.drop(identity, f"silent for more than {timeout:g} s")
 
     def drop(self, identity: bytes, reason: str, *, left: bool = False) -> ClientSession | None:
@@ -178,11 +165,11 @@ class ClientConnections:
         connection = self.connections.pop(identity, None)
         if connection is None:
             return None
-        heard = time.time() - (time.monotonic() - connection.last_seen)
+        heard = time.time() - (time.monotonic() - self.liveness.forget(identity))
         withdrawn, router = 0, self.router
         for key in sorted(connection.keys):  # the node decides what goes (DESIGN §7)
             gone, actions = router.node.client_gone(
-                key, heard, router.replaying.durables, router.unsubscribe
+                key, heard, router.replaying.durables, router.composites.local_unsubscribe
             )
             router.execute(actions)
             withdrawn += len(gone)
@@ -242,7 +229,8 @@ class ClientConnections:
     def _expire_moves(self, now: float) -> None:
         """Withdraw what orphaned move orders kept past their deadline
         (:meth:`BrokerNode.moves_expired`)."""
-        self.router.execute(self.router.node.moves_expired(now, self.router.unsubscribe))
+        router = self.router
+        router.execute(router.node.moves_expired(now, router.composites.local_unsubscribe))
 
     def withdraw(self, key: str, sub_id: str) -> None:
         """End local subscription ``sub_id`` of client ``key``: its durable record was
@@ -251,7 +239,7 @@ class ClientConnections:
         client = self.names.get(key)
         if client is None:
             return
-        actions = self.table.withdraw(key, sub_id, self.router.unsubscribe)
+        actions = self.table.withdraw(key, sub_id, self.router.composites.local_unsubscribe)
         if actions is None:
             return
         self.router.execute(actions)

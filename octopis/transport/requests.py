@@ -9,6 +9,7 @@ publish window, the deliveries waiting).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -105,7 +106,7 @@ class RequestHandlers:
                     )
                 except DurableError as exc:
                     raise ClientError(str(exc)) from None
-            return self.router.subscribe(key, subscription)
+            return self.router.composites.local_subscribe(key, subscription, time.time())
 
         sub_id, actions = self.table.subscribe(key, request.client, make)
         if request.durable is not None:
@@ -119,7 +120,7 @@ class RequestHandlers:
         self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        withdraw = self.router.unsubscribe
+        withdraw = self.router.composites.local_unsubscribe
         self.router.execute(self.table.unsubscribe(key, request.client, request.sub_id, withdraw))
         self.router.replaying.durable_unsubscribed(request.sub_id, request.moved)
         return {"op": "unsubscribed", "sub_id": request.sub_id}

@@ -1,0 +1,188 @@
+"""Checks, read from the shells' AST as ``test_layers.py`` reads the others, that neither
+shell keeps a copy of a client-session rule the node now decides (DESIGN §2, §7, §8,
+§12): which of a client's subscriptions the composite host takes
+(:meth:`~octopis.core.composite_hosting.HostedComposites.local_subscribe`), and when a
+client is silent, its requests read and the broker's stalls excused
+(:class:`~octopis.core.sessions.Liveness`); nor of the client flow's limits
+(:class:`~octopis.core.client_flow.ClientFlow`) or of the wire's order of replies
+(:data:`~octopis.wire.AFTER_DELIVERIES`). Each check is shown to fail on a copy of the
+code it replaced."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_layers import _in_shells
+
+
+def composite_dispatch(path: Path) -> list[str]:
+    """Every ``isinstance(…, Composite)`` and every ``….composites.holds(…)`` in ``path``:
+    a shell choosing between the composite host and the routing core itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if (
+            isinstance(func, ast.Name)
+            and func.id == "isinstance"
+            and len(node.args) == 2
+            and "Composite" in ast.unparse(node.args[1])
+        ):
+            found.append(f"{path.name}:{node.lineno} isinstance Composite")
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "holds"
+            and "composites" in ast.unparse(func.value)
+        ):
+            found.append(f"{path.name}:{node.lineno} composites.holds")
+    return found
+
+
+def test_the_shells_leave_the_composite_dispatch_to_the_host() -> None:
+    """Neither shell decides whether a subscription is the composite host's or the core's:
+    both ask :meth:`HostedComposites.local_subscribe` / ``local_unsubscribe``."""
+    assert _in_shells(composite_dispatch) == []
+
+
+def test_the_composite_dispatch_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "broker.py"
+    path.write_text(
+        "def subscribe(self, key, subscription):\n"
+        "    '''isinstance(s, Composite) in a docstring is fine'''\n"
+        "    if isinstance(subscription, Composite):\n"
+        "        return self.composites.subscribe(key, subscription, 0.0)\n"
+        "    if self.composites.holds(key, 's1&'):\n"
+        "        return []\n"
+        "    return isinstance(subscription, Subscription) and table.holds(key)\n"
+    )
+    assert composite_dispatch(path) == [
+        "broker.py:3 isinstance Composite",
+        "broker.py:5 composites.holds",
+    ]
+
+
+def liveness_copies(path: Path) -> list[str]:
+    """Every ``….last_seen`` not read through a :class:`Liveness` (named ``liveness``) in
+    ``path``: a shell keeping, excusing or judging a client's silence itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "last_seen"
+            and not ast.unparse(node.value).endswith("liveness")
+        ):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_shells_leave_client_silence_to_the_node() -> None:
+    """Neither shell keeps when its clients were last heard, excuses its own stall or
+    judges silence itself: :class:`~octopis.core.sessions.Liveness` does."""
+    assert _in_shells(liveness_copies) == []
+
+
+def test_the_liveness_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "connections.py"
+    path.write_text(
+        "def expire(self, now, late):\n"
+        "    '''connection.last_seen in a docstring is fine'''\n"
+        "    for connection in self.connections.values():\n"
+        "        connection.last_seen += late\n"
+        "    seen = {i: c.last_seen for i, c in self.connections.items()}\n"
+        "    return self.liveness.last_seen, seen\n"
+    )
+    assert liveness_copies(path) == [
+        "connections.py:4 connection.last_seen",
+        "connections.py:5 c.last_seen",
+    ]
+
+
+CLIENT_LIMITS = frozenset({"publish_window", "body_bytes", "backlog_limit"})
+"""The client-side limits only :class:`~octopis.core.client_flow.ClientFlow` applies
+(DESIGN §8): how many publications of a connection may await their answer, how long a
+body may be, how many messages a full pipe's backlog takes."""
+
+
+def client_limit_reads(path: Path) -> list[str]:
+    """Every one of :data:`CLIENT_LIMITS` compared or reckoned with in ``path`` (a shell
+    applying the publish window, the body limit or the backlog limit itself; naming one
+    in a log message is no rule)."""
+    found = {
+        (node.lineno, node.col_offset, node.attr)
+        for test in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(test, ast.Compare | ast.BinOp)
+        for node in ast.walk(test)
+        if isinstance(node, ast.Attribute) and node.attr in CLIENT_LIMITS
+    }
+    return [f"{path.name}:{line} {attr}" for line, _, attr in sorted(found)]
+
+
+def test_the_shells_leave_the_publish_window_to_the_client_flow() -> None:
+    """Neither shell compares a connection's unanswered publications with the window
+    (or a body, a backlog with theirs): it asks ``ClientFlow.refuse_publication``,
+    ``refuse_body``, ``backlog_takes`` and only counts what it has not answered yet."""
+    assert _in_shells(client_limit_reads) == []
+
+
+def test_the_client_limits_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "requests.py"
+    path.write_text(
+        "def publish(self, connection, request):\n"
+        "    '''connection.unanswered >= flow.publish_window, in a docstring'''\n"
+        "    if connection.unanswered >= self.settings.publish_window:\n"
+        "        raise ClientError('window')\n"
+        "    log.warning('backlog_limit = %d', flow.backlog_limit)\n"
+        "    return len(request.body) > limits.body_bytes\n"
+    )
+    assert client_limit_reads(path) == [
+        "requests.py:3 publish_window",
+        "requests.py:6 body_bytes",
+    ]
+
+
+ORDERED_REPLIES = frozenset({"unsubscribed", "bye"})
+"""The reply ops :data:`~octopis.wire.AFTER_DELIVERIES` names."""
+
+
+def reply_order_copies(path: Path) -> list[str]:
+    """Every set, list or tuple of ``path`` that lists one of :data:`ORDERED_REPLIES`, and
+    every name ``AFTER_DELIVERIES`` it assigns: a shell declaring which replies follow
+    the deliveries before them (the wire's rule, :data:`octopis.wire.AFTER_DELIVERIES`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Set | ast.List | ast.Tuple) and any(
+            isinstance(e, ast.Constant) and e.value in ORDERED_REPLIES for e in node.elts
+        ):
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [
+                f"{path.name}:{node.lineno} {t.id} ="
+                for t in targets
+                if isinstance(t, ast.Name) and t.id == "AFTER_DELIVERIES"
+            ]
+    return found
+
+
+def test_the_shells_take_the_reply_order_from_the_wire() -> None:
+    """Which replies wait for the deliveries before them is a protocol rule the client
+    relies on (it lets a connection go on them): declared once, in ``octopis.wire``."""
+    assert _in_shells(reply_order_copies) == []
+
+
+def test_the_reply_order_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "clients.py"
+    path.write_text(
+        "AFTER_DELIVERIES = frozenset({'unsubscribed', 'bye'})\n"
+        "'''{'bye'} in a docstring is fine'''\n"
+        "notice = {'op': 'bye'}\n"
+        "if reply['op'] in ('unsubscribed',):\n"
+        "    pass\n"
+    )
+    assert reply_order_copies(path) == [
+        "clients.py:1 AFTER_DELIVERIES =",
+        "clients.py:1 {'unsubscribed', 'bye'}",
+        "clients.py:4 ('unsubscribed',)",
+    ]
