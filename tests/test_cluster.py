@@ -11,7 +11,12 @@ tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothin
 ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``
 [snr|dnr]). So each process-level property here runs in one mode: BID on fig2 (DNR's run
 is :func:`test_fig2_with_the_clients_in_two_worker_processes`), SNR on paper75 (DNR's is
-the kill run), SNR for the killed hosts (the stall, adjacent and worker kills are DNR).
+the kill run), SNR for the killed hosts (their clients in worker processes; the stall is
+DNR). Adjacent brokers killed and restarted one by one (a restart beside a dead neighbour)
+is a recovery law on the node (tests/test_failures.py
+``test_adjacent_restarts_end_with_every_share`` [tree-line, in SNR and DNR]); kill -9 and
+a restarted process's table checked against its neighbours' view through the control RPC
+are the kill runs here.
 """
 
 from __future__ import annotations
@@ -262,6 +267,12 @@ def test_octopis_run_command(tmp_path: Path) -> None:
         assert max(counts) - min(counts) <= 1, (cluster, counts)
 
 
+FIG2_UP = pytest.mark.xdist_group("fig2-up")
+"""The tests on :func:`fig2_cluster` run on one worker, one after the other, so that the
+module's fig2 starts once (between other modules' tests pytest would stop it and start
+it again)."""
+
+
 @pytest.fixture(scope="module")
 def fig2_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """fig2 with keys off: the tests on it speak raw ZeroMQ to its sockets."""
@@ -299,6 +310,7 @@ TRANSIT = 0.2
 """Seconds a notification may take from a:0 to f:2 on an idle fig2 (measured: ~10 ms)."""
 
 
+@FIG2_UP
 def test_join_and_leave_mid_stream(fig2_cluster: LocalCluster) -> None:
     """A subscriber gets exactly the matching notifications published while it is
     subscribed (after its broadcast settled, and more than a transit time before its
@@ -358,6 +370,7 @@ def test_join_and_leave_mid_stream(fig2_cluster: LocalCluster) -> None:
     asyncio.run(scenario())
 
 
+@FIG2_UP
 def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
     fig2_cluster: LocalCluster,
 ) -> None:
@@ -648,48 +661,25 @@ def test_kill_an_inner_host_broker_mid_stream(tmp_path: Path) -> None:
     assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
 
 
-def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) -> None:
-    """fig2 with the clients in two worker processes; c:0 is killed 2 s into publishing
-    and restarted 5 s later: subscribers elsewhere lose nothing, c:0's fail over from
-    inside their worker, and the outage they report reaches the run's failure report."""
-    report, _, _ = _dnr_run_with_failures(
-        tmp_path / "fig2-kill-workers",
-        "fig2",
-        [Failure(("c:0",), 2.0, 7.0)],
-        set(),
-        client_workers=2,
-        subscribers=150,
-        publishers=6,
-        notifications=90,
-        rate_per_minute=600,
-        seed=3,
-    )
-    failures = report["failures"]
-    _check_survivors(report, {"c:0"}, 350)
-    away = failures.get("failover.c:0.away_s")
-    assert away is not None, "c:0's subscribers never failed over"
-    print(f"subscribers away {away:.2f} s")
-    back = failures["host_dead_after_back"]
-    assert back["expected_deliveries"] > 0
-    assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
-
-
 def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path) -> None:
-    """fig2, SNR: kill -9 of c:0 (an inner broker) 2 s into publishing and of f:1
-    (an edge broker of another cluster) at 3 s, restarted at 6 s and 8 s; both host
-    subscribers and publishers. The killed hosts' subscribers fail over along their
-    broker list, subscribe again and replay what the overlay retained for them; the
-    publishers fail over and send again what was not confirmed. Every subscriber, on a
-    live broker or a killed one, gets every matching publication exactly once. The same
-    kills in DNR are a routing law on the node (tests/test_failures.py
-    ``test_every_single_failure_while_publishing_loses_nothing``,
+    """fig2, SNR, the clients in two worker processes (by broker): kill -9 of c:0 (an inner
+    broker) 2 s into publishing and of f:1 (an edge broker of another cluster) at 3 s,
+    restarted at 6 s and 8 s; both host subscribers and publishers. The killed hosts'
+    subscribers fail over along their broker list from inside their worker, subscribe
+    again and replay what the overlay retained for them; the publishers fail over and
+    send again what was not confirmed. Every subscriber, on a live broker or a killed one,
+    gets every matching publication exactly once; the outage the workers' subscribers
+    report reaches the run's failure report; each restarted broker's table is its
+    neighbours' view of it. The same kills in DNR are a routing law on the node
+    (tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothing``,
     ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``);
-    DNR's kills on processes are the stall, adjacent and worker runs below."""
+    DNR's kills on processes are the paper75 kill run above and the stall below."""
     report, _, workload = _dnr_run_with_failures(
         tmp_path / "fig2-snr",
         "fig2",
         [Failure(("c:0",), 2.0, 6.0), Failure(("f:1",), 3.0, 8.0)],
         set(),
+        client_workers=2,
         mode="snr",
         subscribers=150,
         publishers=12,
@@ -711,6 +701,9 @@ def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path) -> None:
             failures["replays"],
         )
     assert failures["replays"]["requests"] > 0
+    for broker in ("c:0", "f:1"):
+        assert failures.get(f"failover.{broker}.away_s") is not None, broker
+    _check_survivors(report, {"c:0", "f:1"}, 350)
 
 
 def test_stalled_broker_and_its_clients_lose_nothing(tmp_path: Path) -> None:
@@ -745,24 +738,3 @@ def test_stalled_broker_and_its_clients_lose_nothing(tmp_path: Path) -> None:
     assert_one_sbp_each(report, 17)
     line = f"clients: fail-overs from a silent broker {report['sdk_failovers']}, "
     assert f"{line}subscriptions made again at another broker {again} " in summarize(report)
-
-
-def test_adjacent_brokers_killed_and_restarted_one_by_one(tmp_path: Path) -> None:
-    """fig2, DNR: e:0 then its tree neighbour c:0 are killed; c:0 restarts while e:0 is
-    still dead (it routes toward e:0's side until e:0, restarted in turn, hands it that
-    share). Subscribers on live brokers lose nothing and see no duplicate; in the end both
-    tables equal their neighbours' view."""
-    dead = {"c:0", "e:0"}
-    report, _, _ = _dnr_run_with_failures(
-        tmp_path / "fig2-adjacent",
-        "fig2",
-        [Failure(("e:0",), 2.0, 9.0), Failure(("c:0",), 3.5, 6.0)],
-        dead,
-        subscribers=300,
-        publishers=10,
-        notifications=130,
-        rate_per_minute=600,
-        selectivity=0.01,
-        seed=11,
-    )
-    _check_survivors(report, dead, 1_000)
