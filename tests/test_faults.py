@@ -46,9 +46,10 @@ queue growing (a pause, a cut, a one-way drop, a stalled link), where its detour
 act."""
 ONE_WORKER = pytest.mark.xdist_group("faults")
 """The faults run on one worker, one after another, so that each mode's overlay (module
-scope) is set up once for its faults: spread over two workers between other modules'
-tests, pytest tore it down and set it up again for every fault (8 setups of ~5 s and
-teardowns of ~3 s instead of 2)."""
+scope, its parameter too) is set up once for its faults: pytest tore it down and set it
+up again for every fault (8 setups of ~5 s and teardowns of ~3 s instead of 2), as the
+parametrization's direct ``kind`` made the overlay's parameter function-scoped, and
+between other modules' tests on a worker it would again."""
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,7 @@ def overlay(
     ("overlay", "kind"),
     [(mode, k) for mode in ("snr", "dnr") for k in FAULTS if MODE_OF[k] == mode],
     indirect=["overlay"],
+    scope="module",  # else a direct argument makes the overlay's parameter per test
 )
 def test_a_fault_loses_nothing_confirmed_and_delivers_once(overlay: Overlay, kind: str) -> None:
     report = overlay.run(kind, SECONDS, count=COUNT)
