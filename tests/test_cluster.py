@@ -10,13 +10,14 @@ tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothin
 [fig2|paper75 × snr|dnr], ``test_up_to_three_failures_while_publishing`` and
 ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``
 [snr|dnr]). So each process-level property here runs in one mode: BID on fig2 (DNR's run
-is :func:`test_fig2_with_the_clients_in_two_worker_processes`), SNR on paper75 (DNR's is
-the kill run), SNR for the killed hosts (their clients in worker processes; the stall is
-DNR). Adjacent brokers killed and restarted one by one (a restart beside a dead neighbour)
-is a recovery law on the node (tests/test_failures.py
-``test_adjacent_restarts_end_with_every_share`` [tree-line, in SNR and DNR]); kill -9 and
-a restarted process's table checked against its neighbours' view through the control RPC
-are the kill runs here.
+is :func:`test_fig2_with_the_clients_in_two_worker_processes`), DNR on paper75 (the kill
+run: 75 processes, exactly once for every subscriber on a live broker; SNR's flood of
+N − 1 messages a subscription is ``test_snr_laws``), SNR for the killed hosts (their
+clients in worker processes; the stall is DNR). Adjacent brokers killed and restarted one
+by one (a restart beside a dead neighbour) is a recovery law on the node
+(tests/test_failures.py ``test_adjacent_restarts_end_with_every_share`` [tree-line, in
+SNR and DNR]); kill -9 and a restarted process's table checked against its neighbours'
+view through the control RPC are the kill runs here.
 """
 
 from __future__ import annotations
@@ -81,13 +82,6 @@ def no_leftover_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     while (left := _broker_pids(marker) - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"broker processes left behind: {sorted(left)}"
-
-
-QUIET_LINKS = BrokerSettings(links=Links(heartbeat=0.5, down_after=2.5))
-"""Heartbeats every 0.5 s instead of 0.2 s, for runs in which no broker fails: on 75 idle
-brokers the heartbeats of the default cost half a core (0.86 → 0.39 cores measured), and
-failure detection is not what those runs check (it is, at the defaults, in the kill run
-below and in tests/test_failures.py and tests/test_peers.py)."""
 
 
 def _run(
@@ -164,27 +158,6 @@ def test_fig2_with_the_clients_in_two_worker_processes(tmp_path: Path) -> None:
     assert report["subscriptions"] == 120
     assert_one_sbp_each(report, 17)
     assert report["max_subscription_tree_length"] <= 5
-
-
-@PAPER75_GROUP
-def test_paper75_end_to_end(tmp_path: Path) -> None:
-    """75 broker processes in SNR: exactly once, one flood of N − 1 messages per
-    subscription. DNR on paper75's processes is the kill run
-    (:func:`test_kill_an_inner_host_broker_mid_stream`); BID's flood is ``test_bid_laws``
-    on the same node."""
-    report = _run(
-        tmp_path,
-        "paper75",
-        "snr",
-        settings=QUIET_LINKS,
-        subscribers=300,
-        publishers=10,
-        notifications=5,
-    )
-    _exactly_once(report)
-    assert report["brokers"] == 75
-    assert report["subscriptions"] == 300
-    assert_one_sbp_each(report, 74)
 
 
 def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:
