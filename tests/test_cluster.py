@@ -9,8 +9,9 @@ own node (tests/test_sim.py ``test_snr_laws``, ``test_dnr_laws_under_any_congest
 tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothing``
 [fig2|paper75 × snr|dnr], ``test_up_to_three_failures_while_publishing`` and
 ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``
-[snr|dnr]). So each process-level property here runs in one mode: BID on fig2 (DNR's run
-is :func:`test_fig2_with_the_clients_in_two_worker_processes`), DNR on paper75 (the kill
+[snr|dnr]). So each process-level property here runs in one mode: BID on fig2 (DNR's runs
+are :func:`test_octopis_run_command` and :func:`test_dnr_reacts_to_real_output_queues`;
+clients in worker processes are the killed hosts' run), DNR on paper75 (the kill
 run: 75 processes, exactly once for every subscriber on a live broker; SNR's flood of
 N − 1 messages a subscription is ``test_snr_laws``), SNR for the killed hosts (their
 clients in worker processes; the stall is DNR). Adjacent brokers killed and restarted one
@@ -88,8 +89,6 @@ def _run(
     tmp_path: Path,
     preset: str,
     mode: str,
-    client_workers: int = 0,
-    settings: BrokerSettings | None = None,
     **sizes: int,
 ) -> dict:
     """A generated workload (publishers starting within the first second) on ``preset``'s
@@ -100,11 +99,10 @@ def _run(
     options = RunOptions(
         mode=mode,
         run_dir=run_dir,
-        settings=settings or BrokerSettings(),
+        settings=BrokerSettings(),
         progress=False,
         drain_timeout=20,
         secure=_affordable_curve(scot),
-        client_workers=client_workers,
     )
     return WorkloadRun(scot, path, workload, options).run()
 
@@ -139,25 +137,12 @@ def _delay_split(report: dict) -> None:
 def test_fig2_end_to_end_in_bid(tmp_path: Path) -> None:
     """fig2's processes in BID, keys on: exactly once, the delay split, one flood each
     (2|E| − (N − 1) messages; BID's first-arrival trees may be longer, the paper's issue
-    I3). SNR and DNR on fig2: :func:`test_fig2_with_the_clients_in_two_worker_processes`
-    runs DNR; SNR is DNR without congestion (``test_dnr_without_congestion_equals_snr``)."""
+    I3). DNR on fig2's processes: :func:`test_octopis_run_command`; SNR is DNR without
+    congestion (``test_dnr_without_congestion_equals_snr``)."""
     report = _run(tmp_path, "fig2", "bid", subscribers=120, publishers=6, notifications=15)
     _exactly_once(report)
     _delay_split(report)
     assert_one_sbp_each(report, 2 * 33 - 17)
-
-
-def test_fig2_with_the_clients_in_two_worker_processes(tmp_path: Path) -> None:
-    """The same run with its clients spread over two processes (by broker): every
-    subscription id, publication and delivery comes back to the run's ledger."""
-    report = _run(
-        tmp_path, "fig2", "dnr", client_workers=2, subscribers=120, publishers=6, notifications=15
-    )
-    _exactly_once(report)
-    _delay_split(report)
-    assert report["subscriptions"] == 120
-    assert_one_sbp_each(report, 17)
-    assert report["max_subscription_tree_length"] <= 5
 
 
 def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:

@@ -1,12 +1,14 @@
-"""Covering (``[routing] covering = "active"``) on broker processes: the setting reaches
-every broker's core, SBP sends fewer messages, and every subscriber still gets every
-matching notification exactly once, also when a broker is killed and restarted (its
-neighbours hand it their covering share, and it passes that on), with advertisements
-on too.
+"""Covering (``[routing] covering = "active"``, the default) with advertisements on broker
+processes: a broker killed (kill -9) and restarted mid-stream is handed its neighbours'
+covering share and passes it on, and every subscriber gets every matching notification
+exactly once.
 
-That a killed host's subscribers fail over, replay and lose nothing under covering is a
-law on the brokers' own node (tests/test_covering_laws.py
-``test_covering_delivers_what_flooding_delivers_with_failures``: brokers killed and
+The other process tests run with covering active too (the default). That covering
+delivers what flooding delivers, with fewer subscription messages, is a law on the
+brokers' own node (tests/test_covering_laws.py
+``test_covering_delivers_what_flooding_delivers_under_churn``); that a killed host's
+subscribers fail over, replay and lose nothing under covering too
+(``test_covering_delivers_what_flooding_delivers_with_failures``: brokers killed and
 restarted and clients' connections failed; ``test_every_restart_of_fig2_under_covering``);
 the SDK's fail-over from a killed process is tests/test_cluster.py's kill runs."""
 
@@ -23,8 +25,6 @@ import pytest
 from conditions import closing_control, until
 from conftest import secure_fig2
 from test_cluster import (
-    _exactly_once,
-    _run,
     no_leftover_brokers,  # noqa: F401 (autouse: no broker left behind)
 )
 
@@ -34,21 +34,6 @@ from octopis.filters.language import parse_subscription
 from octopis.settings import BrokerSettings, Routing
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
-COVERING = BrokerSettings(routing=Routing(covering="active"))
-
-
-def test_fig2_with_covering(tmp_path: Path) -> None:
-    """Stock subscriptions that cover one another, SNR: fewer SBP messages than N − 1
-    each, and every delivery exactly once. DNR with covering on processes is the restart
-    below (kill -9 and restart with advertisements on too); that covering delivers what
-    flooding delivers in either mode is a law on the brokers' own node
-    (tests/test_covering_laws.py
-    ``test_covering_delivers_what_flooding_delivers_under_churn``)."""
-    report = _run(
-        tmp_path, "fig2", "snr", settings=COVERING, subscribers=150, publishers=6, notifications=15
-    )
-    _exactly_once(report)
-    assert report["sbp_messages"] < 0.9 * 17 * report["subscriptions_made"], report
 
 
 BOTH = BrokerSettings(routing=Routing(covering="active", advertisements="on"))
