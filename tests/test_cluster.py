@@ -9,9 +9,16 @@ own node (tests/test_sim.py ``test_snr_laws``, ``test_dnr_laws_under_any_congest
 tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothing``
 [fig2|paper75 × snr|dnr], ``test_up_to_three_failures_while_publishing`` and
 ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``
-[snr|dnr]). So each process-level property here runs in one mode: BID on fig2 (DNR's run
-is :func:`test_fig2_with_the_clients_in_two_worker_processes`), SNR on paper75 (DNR's is
-the kill run), SNR for the killed hosts (the stall, adjacent and worker kills are DNR).
+[snr|dnr]). So each process-level property here runs in one mode: BID on fig2 (DNR's runs
+are :func:`test_octopis_run_command` and :func:`test_dnr_reacts_to_real_output_queues`;
+clients in worker processes are the killed hosts' run), DNR on paper75 (the kill
+run: 75 processes, exactly once for every subscriber on a live broker; SNR's flood of
+N − 1 messages a subscription is ``test_snr_laws``), SNR for the killed hosts (their
+clients in worker processes; the stall is DNR). Adjacent brokers killed and restarted one
+by one (a restart beside a dead neighbour) is a recovery law on the node
+(tests/test_failures.py ``test_adjacent_restarts_end_with_every_share`` [tree-line, in
+SNR and DNR]); kill -9 and a restarted process's table checked against its neighbours'
+view through the control RPC are the kill runs here.
 """
 
 from __future__ import annotations
@@ -78,19 +85,10 @@ def no_leftover_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     assert not left, f"broker processes left behind: {sorted(left)}"
 
 
-QUIET_LINKS = BrokerSettings(links=Links(heartbeat=0.5, down_after=2.5))
-"""Heartbeats every 0.5 s instead of 0.2 s, for runs in which no broker fails: on 75 idle
-brokers the heartbeats of the default cost half a core (0.86 → 0.39 cores measured), and
-failure detection is not what those runs check (it is, at the defaults, in the kill run
-below and in tests/test_failures.py and tests/test_peers.py)."""
-
-
 def _run(
     tmp_path: Path,
     preset: str,
     mode: str,
-    client_workers: int = 0,
-    settings: BrokerSettings | None = None,
     **sizes: int,
 ) -> dict:
     """A generated workload (publishers starting within the first second) on ``preset``'s
@@ -101,11 +99,10 @@ def _run(
     options = RunOptions(
         mode=mode,
         run_dir=run_dir,
-        settings=settings or BrokerSettings(),
+        settings=BrokerSettings(),
         progress=False,
         drain_timeout=20,
         secure=_affordable_curve(scot),
-        client_workers=client_workers,
     )
     return WorkloadRun(scot, path, workload, options).run()
 
@@ -140,46 +137,12 @@ def _delay_split(report: dict) -> None:
 def test_fig2_end_to_end_in_bid(tmp_path: Path) -> None:
     """fig2's processes in BID, keys on: exactly once, the delay split, one flood each
     (2|E| − (N − 1) messages; BID's first-arrival trees may be longer, the paper's issue
-    I3). SNR and DNR on fig2: :func:`test_fig2_with_the_clients_in_two_worker_processes`
-    runs DNR; SNR is DNR without congestion (``test_dnr_without_congestion_equals_snr``)."""
+    I3). DNR on fig2's processes: :func:`test_octopis_run_command`; SNR is DNR without
+    congestion (``test_dnr_without_congestion_equals_snr``)."""
     report = _run(tmp_path, "fig2", "bid", subscribers=120, publishers=6, notifications=15)
     _exactly_once(report)
     _delay_split(report)
     assert_one_sbp_each(report, 2 * 33 - 17)
-
-
-def test_fig2_with_the_clients_in_two_worker_processes(tmp_path: Path) -> None:
-    """The same run with its clients spread over two processes (by broker): every
-    subscription id, publication and delivery comes back to the run's ledger."""
-    report = _run(
-        tmp_path, "fig2", "dnr", client_workers=2, subscribers=120, publishers=6, notifications=15
-    )
-    _exactly_once(report)
-    _delay_split(report)
-    assert report["subscriptions"] == 120
-    assert_one_sbp_each(report, 17)
-    assert report["max_subscription_tree_length"] <= 5
-
-
-@PAPER75_GROUP
-def test_paper75_end_to_end(tmp_path: Path) -> None:
-    """75 broker processes in SNR: exactly once, one flood of N − 1 messages per
-    subscription. DNR on paper75's processes is the kill run
-    (:func:`test_kill_an_inner_host_broker_mid_stream`); BID's flood is ``test_bid_laws``
-    on the same node."""
-    report = _run(
-        tmp_path,
-        "paper75",
-        "snr",
-        settings=QUIET_LINKS,
-        subscribers=300,
-        publishers=10,
-        notifications=5,
-    )
-    _exactly_once(report)
-    assert report["brokers"] == 75
-    assert report["subscriptions"] == 300
-    assert_one_sbp_each(report, 74)
 
 
 def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:
@@ -262,6 +225,12 @@ def test_octopis_run_command(tmp_path: Path) -> None:
         assert max(counts) - min(counts) <= 1, (cluster, counts)
 
 
+FIG2_UP = pytest.mark.xdist_group("fig2-up")
+"""The tests on :func:`fig2_cluster` run on one worker, one after the other, so that the
+module's fig2 starts once (between other modules' tests pytest would stop it and start
+it again)."""
+
+
 @pytest.fixture(scope="module")
 def fig2_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """fig2 with keys off: the tests on it speak raw ZeroMQ to its sockets."""
@@ -299,6 +268,7 @@ TRANSIT = 0.2
 """Seconds a notification may take from a:0 to f:2 on an idle fig2 (measured: ~10 ms)."""
 
 
+@FIG2_UP
 def test_join_and_leave_mid_stream(fig2_cluster: LocalCluster) -> None:
     """A subscriber gets exactly the matching notifications published while it is
     subscribed (after its broadcast settled, and more than a transit time before its
@@ -358,6 +328,7 @@ def test_join_and_leave_mid_stream(fig2_cluster: LocalCluster) -> None:
     asyncio.run(scenario())
 
 
+@FIG2_UP
 def test_bad_filter_and_frames_are_rejected_and_broker_keeps_serving(
     fig2_cluster: LocalCluster,
 ) -> None:
@@ -648,48 +619,25 @@ def test_kill_an_inner_host_broker_mid_stream(tmp_path: Path) -> None:
     assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
 
 
-def test_a_killed_hosts_clients_fail_over_from_a_worker_process(tmp_path: Path) -> None:
-    """fig2 with the clients in two worker processes; c:0 is killed 2 s into publishing
-    and restarted 5 s later: subscribers elsewhere lose nothing, c:0's fail over from
-    inside their worker, and the outage they report reaches the run's failure report."""
-    report, _, _ = _dnr_run_with_failures(
-        tmp_path / "fig2-kill-workers",
-        "fig2",
-        [Failure(("c:0",), 2.0, 7.0)],
-        set(),
-        client_workers=2,
-        subscribers=150,
-        publishers=6,
-        notifications=90,
-        rate_per_minute=600,
-        seed=3,
-    )
-    failures = report["failures"]
-    _check_survivors(report, {"c:0"}, 350)
-    away = failures.get("failover.c:0.away_s")
-    assert away is not None, "c:0's subscribers never failed over"
-    print(f"subscribers away {away:.2f} s")
-    back = failures["host_dead_after_back"]
-    assert back["expected_deliveries"] > 0
-    assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
-
-
 def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path) -> None:
-    """fig2, SNR: kill -9 of c:0 (an inner broker) 2 s into publishing and of f:1
-    (an edge broker of another cluster) at 3 s, restarted at 6 s and 8 s; both host
-    subscribers and publishers. The killed hosts' subscribers fail over along their
-    broker list, subscribe again and replay what the overlay retained for them; the
-    publishers fail over and send again what was not confirmed. Every subscriber, on a
-    live broker or a killed one, gets every matching publication exactly once. The same
-    kills in DNR are a routing law on the node (tests/test_failures.py
-    ``test_every_single_failure_while_publishing_loses_nothing``,
+    """fig2, SNR, the clients in two worker processes (by broker): kill -9 of c:0 (an inner
+    broker) 2 s into publishing and of f:1 (an edge broker of another cluster) at 3 s,
+    restarted at 6 s and 8 s; both host subscribers and publishers. The killed hosts'
+    subscribers fail over along their broker list from inside their worker, subscribe
+    again and replay what the overlay retained for them; the publishers fail over and
+    send again what was not confirmed. Every subscriber, on a live broker or a killed one,
+    gets every matching publication exactly once; the outage the workers' subscribers
+    report reaches the run's failure report; each restarted broker's table is its
+    neighbours' view of it. The same kills in DNR are a routing law on the node
+    (tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothing``,
     ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``);
-    DNR's kills on processes are the stall, adjacent and worker runs below."""
+    DNR's kills on processes are the paper75 kill run above and the stall below."""
     report, _, workload = _dnr_run_with_failures(
         tmp_path / "fig2-snr",
         "fig2",
         [Failure(("c:0",), 2.0, 6.0), Failure(("f:1",), 3.0, 8.0)],
         set(),
+        client_workers=2,
         mode="snr",
         subscribers=150,
         publishers=12,
@@ -711,6 +659,9 @@ def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path) -> None:
             failures["replays"],
         )
     assert failures["replays"]["requests"] > 0
+    for broker in ("c:0", "f:1"):
+        assert failures.get(f"failover.{broker}.away_s") is not None, broker
+    _check_survivors(report, {"c:0", "f:1"}, 350)
 
 
 def test_stalled_broker_and_its_clients_lose_nothing(tmp_path: Path) -> None:
@@ -745,24 +696,3 @@ def test_stalled_broker_and_its_clients_lose_nothing(tmp_path: Path) -> None:
     assert_one_sbp_each(report, 17)
     line = f"clients: fail-overs from a silent broker {report['sdk_failovers']}, "
     assert f"{line}subscriptions made again at another broker {again} " in summarize(report)
-
-
-def test_adjacent_brokers_killed_and_restarted_one_by_one(tmp_path: Path) -> None:
-    """fig2, DNR: e:0 then its tree neighbour c:0 are killed; c:0 restarts while e:0 is
-    still dead (it routes toward e:0's side until e:0, restarted in turn, hands it that
-    share). Subscribers on live brokers lose nothing and see no duplicate; in the end both
-    tables equal their neighbours' view."""
-    dead = {"c:0", "e:0"}
-    report, _, _ = _dnr_run_with_failures(
-        tmp_path / "fig2-adjacent",
-        "fig2",
-        [Failure(("e:0",), 2.0, 9.0), Failure(("c:0",), 3.5, 6.0)],
-        dead,
-        subscribers=300,
-        publishers=10,
-        notifications=130,
-        rate_per_minute=600,
-        selectivity=0.01,
-        seed=11,
-    )
-    _check_survivors(report, dead, 1_000)

@@ -1,13 +1,20 @@
-"""Covering (``[routing] covering = "active"``) on broker processes: the setting reaches
-every broker's core, SBP sends fewer messages, and every subscriber still gets every
-matching notification exactly once, also when a broker is killed and restarted (its
-neighbours hand it their covering share, and it passes that on), with advertisements
-on too."""
+"""Covering (``[routing] covering = "active"``, the default) with advertisements on broker
+processes: a broker killed (kill -9) and restarted mid-stream is handed its neighbours'
+covering share and passes it on, and every subscriber gets every matching notification
+exactly once.
+
+The other process tests run with covering active too (the default). That covering
+delivers what flooding delivers, with fewer subscription messages, is a law on the
+brokers' own node (tests/test_covering_laws.py
+``test_covering_delivers_what_flooding_delivers_under_churn``); that a killed host's
+subscribers fail over, replay and lose nothing under covering too
+(``test_covering_delivers_what_flooding_delivers_with_failures``: brokers killed and
+restarted and clients' connections failed; ``test_every_restart_of_fig2_under_covering``);
+the SDK's fail-over from a killed process is tests/test_cluster.py's kill runs."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -18,61 +25,15 @@ import pytest
 from conditions import closing_control, until
 from conftest import secure_fig2
 from test_cluster import (
-    _dnr_run_with_failures,
-    _exactly_once,
-    _run,
     no_leftover_brokers,  # noqa: F401 (autouse: no broker left behind)
 )
 
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
-from octopis.failure_schedule import Failure
 from octopis.filters.language import parse_subscription
 from octopis.settings import BrokerSettings, Routing
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
-COVERING = BrokerSettings(routing=Routing(covering="active"))
-
-
-def test_fig2_with_covering(tmp_path: Path) -> None:
-    """Stock subscriptions that cover one another, SNR: fewer SBP messages than N − 1
-    each, and every delivery exactly once. DNR with covering on processes is the restart
-    below; that covering delivers what flooding delivers in either mode is a law on the
-    brokers' own node (tests/test_covering_laws.py
-    ``test_covering_delivers_what_flooding_delivers_under_churn``)."""
-    report = _run(
-        tmp_path, "fig2", "snr", settings=COVERING, subscribers=150, publishers=6, notifications=15
-    )
-    _exactly_once(report)
-    assert report["sbp_messages"] < 0.9 * 17 * report["subscriptions_made"], report
-
-
-def test_a_restarted_broker_under_covering_loses_no_subscriber_anything(tmp_path: Path) -> None:
-    """fig2, DNR with covering: c:0 (an inner broker hosting subscribers and a publisher)
-    is killed 2 s into publishing and restarted at 6 s. Subscribers on live brokers, and
-    the killed host's after they fail over and replay, get everything exactly once."""
-    report, _, _ = _dnr_run_with_failures(
-        tmp_path / "fig2-covering",
-        "fig2",
-        [Failure(("c:0",), 2.0, 6.0)],
-        set(),
-        settings=COVERING,
-        subscribers=150,
-        publishers=12,
-        notifications=100,
-        rate_per_minute=600,
-        seed=4,
-    )
-    failures = report["failures"]
-    print(json.dumps(failures["replays"], indent=1))
-    assert failures["host_alive"]["expected_deliveries"] > 300
-    for group in ("host_alive", "host_dead"):
-        counts = failures[group]
-        assert counts["lost"] == counts["duplicates"] == counts["unexpected"] == 0, (
-            group,
-            counts,
-            failures[f"{group}_lost_samples"],
-        )
 
 
 BOTH = BrokerSettings(routing=Routing(covering="active", advertisements="on"))

@@ -44,6 +44,12 @@ MODE_OF = {
 """The mode each fault runs in on processes: DNR takes the faults that leave a link's
 queue growing (a pause, a cut, a one-way drop, a stalled link), where its detours
 act."""
+ONE_WORKER = pytest.mark.xdist_group("faults")
+"""The faults run on one worker, one after another, so that each mode's overlay (module
+scope, its parameter too) is set up once for its faults: pytest tore it down and set it
+up again for every fault (8 setups of ~5 s and teardowns of ~3 s instead of 2), as the
+parametrization's direct ``kind`` made the overlay's parameter function-scoped, and
+between other modules' tests on a worker it would again."""
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +61,14 @@ def overlay(
         yield up
 
 
+@ONE_WORKER
 @pytest.mark.processes
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
     ("overlay", "kind"),
     [(mode, k) for mode in ("snr", "dnr") for k in FAULTS if MODE_OF[k] == mode],
     indirect=["overlay"],
+    scope="module",  # else a direct argument makes the overlay's parameter per test
 )
 def test_a_fault_loses_nothing_confirmed_and_delivers_once(overlay: Overlay, kind: str) -> None:
     report = overlay.run(kind, SECONDS, count=COUNT)

@@ -21,7 +21,9 @@ from conditions import assert_one_sbp_each
 from octopis.cluster.netns import HOSTS, Namespaces
 from octopis.topology import load_topology
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.xdist_group("multihost")]
+"""One worker runs the module, so the overlay (module scope) is brought up on the
+namespaces once: between other modules' tests pytest would tear it down and up again."""
 
 OCTOPIS = [sys.executable, "-m", "octopis.cli.main"]
 

@@ -31,16 +31,18 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
 
 
 def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
-    """Subscribers on five brokers (none on c:0), kill -9 of inner broker c:0: each of its
-    neighbours declares it down after T and no sooner; restarted, it is handed back
-    exactly the table it had (entry by entry, and as its neighbours' ``resync_view``
-    says), is ready, and routes again: notifications
-    from a:0 through c:0 reach d:0 and f:0 exactly once."""
+    """Subscribers on five brokers and one on c:0, kill -9 of inner broker c:0 (its
+    subscriber dies with it): each of its neighbours declares it down after T and no
+    sooner; restarted, it is handed back exactly the table it had less its dead
+    subscriber's entry (entry by entry, and as its neighbours' ``resync_view`` says), each
+    neighbour withdraws the predecessor's subscription so that no broker keeps it, c:0
+    is ready, and routes again: notifications from a:0 through c:0 reach d:0 and f:0
+    exactly once."""
     scot = fig2.scot
     hosts = ("a:0", "d:0", "f:0", "b:1", "e:2")
     got: Counter[tuple[str, int]] = Counter()
 
-    async def scenario() -> tuple[dict, dict, list[float], dict]:
+    async def scenario() -> tuple[dict, dict, list[float], dict[str, dict]]:
         subs = []
         for host in hosts:
             sub = await Subscriber.connect(
@@ -50,16 +52,21 @@ def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
             )
             await sub.subscribe("[class,eq,'STOCK']")
             subs.append(sub)
-        await until(lambda: _all_equal(fig2, "routing_table_size", len(hosts)), "SBP settles", 20)
+        gone = await Subscriber.connect(scot.brokers["c:0"].client_endpoint, "gone")
+        await gone.subscribe("[class,eq,'STOCK']")
+        everyone = len(hosts) + 1
+        await until(lambda: _all_equal(fig2, "routing_table_size", everyone), "SBP settles", 20)
         before = (await fig2.ask(["c:0"], "table", 5))["c:0"]
 
         os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
+        await gone.close()  # the client goes down with its broker: its bye finds no one
         await until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
         stats = await fig2.ask(list(NEIGHBOURS_OF_C0), "stats", 5)
         silences = [d["silent"] for s in stats.values() for d in s["detections"]]
 
         fig2.spawn_one("c:0")
         await fig2.wait_ready(60, ["c:0"])
+        await until(lambda: _all_equal(fig2, "routing_table_size", len(hosts)), "withdrawal", 20)
         after = (await fig2.ask(["c:0"], "table", 5))["c:0"]
         views = await fig2.ask(list(NEIGHBOURS_OF_C0), "resync_view", 5, "c:0")
         view = {sub_id: n for n, ids in views.items() for sub_id in ids}
@@ -70,44 +77,23 @@ def test_kill_detect_restart_resync_and_route_again(fig2: LocalCluster) -> None:
             await pub.publish({"class": "STOCK", "price": 2.0})
         expected = {(f"s-{h}", seq) for h in hosts for seq in range(1, 51)}
         await until(lambda: expected <= got.keys(), "deliveries after restart", 20)
-        restarted_stats = (await fig2.ask(["c:0"], "stats", 5))["c:0"]
+        stats = await fig2.ask(list(scot.brokers), "stats", 5)
         for client in (*subs, pub):
             await client.close()
-        return before, after, silences, restarted_stats
+        return before, after, silences, stats
 
-    before, after, silences, restarted = asyncio.run(closing_control(fig2, scenario()))
+    before, after, silences, stats = asyncio.run(closing_control(fig2, scenario()))
     print(f"detection: silent {min(silences):.2f}-{max(silences):.2f} s at the neighbours")
     assert len(silences) == len(NEIGHBOURS_OF_C0)
     assert min(silences) >= BrokerSettings().links.down_after
-    assert len(before) == len(hosts) and after == before
+    kept = {sub_id: e for sub_id, e in before.items() if not e["local"]}
+    assert len(before) == len(hosts) + 1 and len(kept) == len(hosts) and after == kept
+    restarted = stats["c:0"]
     assert restarted["ready"] and restarted["routing_table_size"] == len(hosts)
-    assert [k for k, n in got.items() if n != 1] == []
-
-
-def test_a_restarted_host_withdraws_its_predecessors_subscriptions(fig2: LocalCluster) -> None:
-    """A subscriber on c:0 dies with it; after the restart no broker keeps its entry."""
-    scot = fig2.scot
-
-    async def scenario() -> tuple[set, set]:
-        sub = await Subscriber.connect(scot.brokers["c:0"].client_endpoint, "gone")
-        await sub.subscribe("[class,eq,'STOCK']")
-        await until(lambda: _all_equal(fig2, "routing_table_size", 1), "SBP settles", 20)
-        os.kill(fig2.processes["c:0"].pid, signal.SIGKILL)
-        await sub.close()  # the client goes down with its broker: its bye finds no one
-        await until(lambda: _all_see_down(fig2, "c:0"), "detection", 10)
-        fig2.spawn_one("c:0")
-        await fig2.wait_ready(60, ["c:0"])
-        await until(lambda: _all_equal(fig2, "routing_table_size", 0), "withdrawal", 20)
-        stats = await fig2.ask(list(scot.brokers), "stats", 5)
-        withdrawn = {
-            b for b, s in stats.items() if s["counters"].get("predecessor_entries_withdrawn")
-        }
-        sizes = {s["routing_table_size"] for s in stats.values()}
-        return withdrawn, sizes
-
-    withdrawn, sizes = asyncio.run(closing_control(fig2, scenario()))
+    withdrawn = {b for b, s in stats.items() if s["counters"].get("predecessor_entries_withdrawn")}
     assert withdrawn == set(NEIGHBOURS_OF_C0)
-    assert sizes == {0}
+    assert {s["routing_table_size"] for s in stats.values()} == {len(hosts)}
+    assert [k for k, n in got.items() if n != 1] == []
 
 
 def test_a_paused_broker_comes_back_as_itself_and_gets_what_it_missed(

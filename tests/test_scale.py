@@ -1,6 +1,17 @@
 """A running overlay grown and shrunk by a cluster and a region (issue 18, DESIGN §9):
 ``octopis.cluster.scale`` on fig2's broker processes while notifications flow, and the
-broker's ``relink`` refusing what it must."""
+broker's ``relink`` refusing what it must.
+
+The elastic balancer's decisions under load (a cluster added while the mean load ratio
+stays above LR_high, LDM moving subscribers into it, the cluster removed below LR_low
+with its subscribers moved out first, every notification exactly once) are a law on the
+brokers' own node (tests/test_sim.py
+``test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss``); on
+processes, a cluster added and removed while notifications flow is
+:func:`test_fig2_grows_a_cluster_and_a_region_and_shrinks_back_while_notifications_flow`,
+``balance run --elastic`` removing one
+:func:`test_octopis_scale_grows_an_overlay_that_octopis_up_started`, and the brokers'
+load counts tests/test_load.py."""
 
 from __future__ import annotations
 
@@ -23,7 +34,7 @@ from octopis.client import Connection, ConnectionGroup, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.cluster.scale import change_overlay, relink_view
 from octopis.keys import Keys
-from octopis.settings import BrokerSettings, Links, Load, Routing
+from octopis.settings import BrokerSettings, Links, Routing
 from octopis.topology import Scot, build_preset
 from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
 
@@ -40,20 +51,6 @@ RATE = 200.0
 def fig2_roomy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     # the paper's SBP (covering off): a new broker's table is checked to hold every subscription
     settings = BrokerSettings(links=Links(down_after=3.0), routing=Routing(covering="off"))
-    yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
-
-
-@pytest.fixture
-def fig2_short_of_capacity(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[LocalCluster]:
-    """fig2 whose brokers each count 60 messages/s as their capacity (load ratios over
-    a 2 s window)."""
-    settings = BrokerSettings(
-        links=Links(down_after=3.0),
-        load=Load(window=2, capacity=60.0),
-        routing=Routing(covering="off"),
-    )
     yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
 
 
@@ -294,85 +291,6 @@ def test_octopis_scale_grows_an_overlay_that_octopis_up_started(tmp_path: Path) 
     finally:
         down = octopis("down", "--run-dir", str(run_dir))
     assert down.returncode == 0 and "stopped 21 brokers" in down.stdout, down.stdout + down.stderr
-
-
-@pytest.mark.processes
-def test_the_elastic_balancer_adds_a_cluster_under_load_and_removes_it_after(
-    fig2_short_of_capacity: LocalCluster,
-) -> None:
-    """48 subscribers of every STOCK notification on fig2 (brokers counting 60 messages/s
-    as capacity), a stream from c:0 at 30/s: the mean load ratio stays above LR_high
-    (1.0), so the balancer (elastic, T_wait 3 s) adds a fourth cluster and LDM moves
-    subscribers into it; the stream then drops to 1/s, the ratio stays below LR_low
-    (0.2), and the balancer removes that cluster again, its subscribers moving out
-    first. Guarantee: every subscriber gets every notification exactly once."""
-    from octopis.balance.policy import BalanceOptions, Elasticity
-    from octopis.cluster.scale import elastic_balancer
-
-    cluster = fig2_short_of_capacity
-    group = ConnectionGroup()
-    got: dict[str, Counter[int]] = {}
-    options = BalanceOptions(interval=2.0, sample=0.5, beta=1.0, cooldown=4.0, max_moves=8)
-    elastic = Elasticity(t_wait=3.0, min_clusters=3, max_clusters=4)
-    balancer = elastic_balancer(cluster, options, elastic, timeout=90)
-
-    async def scenario() -> tuple[list[int], list[Subscriber], list[Connection]]:
-        connections = {
-            b: Connection(cluster.scot.client_endpoints(b), linger=2.0, group=group)
-            for b in sorted(cluster.scot.brokers)
-        }
-        subscribers = []
-        for i in range(48):
-            connection = connections[sorted(connections)[i % len(connections)]]
-            got[f"s{i}"] = counts = Counter()
-            sub = Subscriber(f"s{i}", connection, lambda n, c=counts: c.update([n.seq]))
-            subscribers.append(sub)
-        for connection in connections.values():
-            await connection.open()
-        for sub in subscribers:
-            await sub.subscribe("[class,eq,'STOCK']")
-        await until(lambda: _held(cluster, 48), "subscriptions everywhere", 60)
-        pub = await Publisher.connect(cluster.scot.client_endpoints("c:0"), "p")
-        sent: list[int] = []
-        running = asyncio.create_task(balancer.run())
-
-        async def stream(rate: float, until_change: int, then: float) -> None:
-            ends = None
-            while ends is None or time.monotonic() < ends:
-                sent.append(await pub.publish({"class": "STOCK", "price": 1.0}, wait=False))
-                await asyncio.sleep(1 / rate)
-                if ends is None and len(balancer.changes) >= until_change:
-                    ends = time.monotonic() + then
-                if running.done():
-                    raise AssertionError(f"the balancer stopped: {running.exception()!r}")
-
-        await asyncio.wait_for(stream(30.0, 1, 8.0), 120)
-        await asyncio.wait_for(stream(1.0, 2, 2.0), 120)
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await pub.flush()
-        assert not pub.refused, list(pub.refused)[:3]
-        await pub.close()
-        await until(lambda: all(set(sent) <= set(c) for c in got.values()), "deliveries", 60)
-        family = [c for connection in connections.values() for c in connection.family]
-        await until(
-            lambda: not any(c.reading_left_sessions for c in family), "left sessions ended", 30
-        )
-        for connection in connections.values():
-            await connection.close()
-        return sent, subscribers, family
-
-    sent, subscribers, _ = asyncio.run(closing_control(cluster, scenario()))
-    total: Counter[str] = Counter()
-    for name, counts in got.items():
-        total.update(accounting(name, len(sent), counts))
-    changes = [(c["change"], c["clusters"], round(c["seconds"], 1)) for c in balancer.changes]
-    into_new = sum(m["target"].endswith(":3") and not m["error"] for m in balancer.moves)
-    moved = sum(len(s.moves) for s in subscribers)
-    print(f"changes {changes}; {into_new} moves into cluster 3; {moved} made; {dict(total)}")
-    assert total["lost"] == total["duplicates"] == 0, total
-    assert [c[0] for c in changes] == ["add-cluster", "remove-cluster"]
-    assert into_new > 0 and cluster.scot.clusters == 3
 
 
 @pytest.mark.processes

@@ -121,31 +121,48 @@ async def _outsiders(cluster: LocalCluster) -> dict:
         return all(s is not None and s["routing_table_size"] == 1 for s in sizes.values())
 
     await until(spread, "the subscription crosses the overlay", 30)
-    came: dict = {"client_answers": [], "control_answers": []}
-    sockets = []
-    try:
-        for pair in (None, stranger):  # in the clear, and with a key nobody allowed
-            peer = _socket(zmq.PUSH, target.endpoint, keys, pair)
+    sockets: list[zmq.Socket] = []
+
+    async def attacks(pair: KeyPair | None) -> tuple[list[bytes | None], object]:
+        """A peer, a client and a control caller with ``pair`` (or in the clear), each
+        on its own socket at once: each refused one waits out :data:`SILENCE`."""
+        peer = _socket(zmq.PUSH, target.endpoint, keys, pair)
+        client = _socket(zmq.DEALER, target.client_endpoint, keys, pair)
+        sockets.extend((peer, client))
+
+        async def as_peer() -> None:
             hello = Hello(secrets.randbits(63) | 1, status["incarnation"])
             forged = Notification("forger", 1, time.time(), parse_publication(QUOTE))
             for message in (hello, forged):
                 await _send(peer, encode_peer(IMPERSONATED, message))
-            client = _socket(zmq.DEALER, target.client_endpoint, keys, pair)
-            sockets += [peer, client]
-            for request in (
-                {"op": "subscribe", "client": "intruder", "filter": FILTER},
-                {"op": "unsubscribe", "client": "legit", "sub_id": stream.sub_id},
-            ):
-                came["client_answers"].append(await _answer(client, request))
+
+        async def as_client() -> list[bytes | None]:
+            return [
+                await _answer(client, request)
+                for request in (
+                    {"op": "subscribe", "client": "intruder", "filter": FILTER},
+                    {"op": "unsubscribe", "client": "legit", "sub_id": stream.sub_id},
+                )
+            ]
+
+        async def as_controller() -> object:
             control = await _control(target.control_endpoint, keys, pair)
             try:
-                came["control_answers"].append(
-                    await asyncio.wait_for(control.call.status(), SILENCE)
-                )
+                return await asyncio.wait_for(control.call.status(), SILENCE)
             except TimeoutError:
-                came["control_answers"].append(None)
+                return None
             finally:
                 control.close()
+
+        _, answers, answer = await asyncio.gather(as_peer(), as_client(), as_controller())
+        return answers, answer
+
+    came: dict = {"client_answers": [], "control_answers": []}
+    try:
+        # in the clear, and with a key nobody allowed, at once
+        for answers, answer in await asyncio.gather(attacks(None), attacks(stranger)):
+            came["client_answers"] += answers
+            came["control_answers"].append(answer)
         pub = await Publisher.connect(scot.brokers["a:0"].client_endpoint, "legit-pub")
         await pub.publish(QUOTE)
         await pub.close()
