@@ -476,11 +476,18 @@ def test_subscribers_move_inside_and_across_clusters_mid_stream(
                 moved_at = len(sent)
             assert i < 5000, "the moves were not done within 4,850 notifications"
             await asyncio.sleep(0.01)
-        await until(
-            lambda: all(len(got[n]) >= sum(s % 3 in wanted[n] for s in sent) for n in got),
-            "deliveries",
-            20,
-        )
+        try:
+            await until(
+                lambda: all(len(got[n]) >= sum(s % 3 in wanted[n] for s in sent) for n in got),
+                "deliveries",
+                20,
+            )
+        except AssertionError as late:
+            missing = {
+                n: sorted({s for s in sent if s % 3 in wanted[n]} - got[n].keys()) for n in got
+            }
+            moves = [list(s.moves) for s in subs[:2]]
+            raise AssertionError(f"{late}; missing {missing}; moves {moves}") from None
         tables = await cluster.call_all("table")
         counters = Counter((await cluster.call("a:0", "stats"))["counters"]) - before["a:0"]
         moves = {s.name: s.moves[0] for s in subs[:2]}

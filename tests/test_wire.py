@@ -7,6 +7,7 @@ error that names the problem."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import msgpack
 import msgspec
@@ -30,6 +31,7 @@ from octopis.core import (
 )
 from octopis.core.replay import Claimed, Replay, ReplayData, ReplayEcho
 from octopis.filters.language import parse_subscription
+from octopis.filters.limits import VALID_ATTRIBUTES
 from octopis.transport.codec import (
     Heartbeat,
     Hello,
@@ -122,12 +124,30 @@ def test_link_messages_round_trip(message: Hello | Heartbeat | Synced) -> None:
     assert type(decoded) is type(message)
 
 
-def test_a_delivery_reads_the_notify_body_it_carries() -> None:
+@pytest.fixture
+def names_known() -> Iterator[set[str]]:
+    """The process's cache of attribute names already validated
+    (:data:`~octopis.filters.limits.VALID_ATTRIBUTES`, which the compiled path reads), as
+    it was before the test, whatever earlier tests in this worker left in it: a test may
+    add names or take them out, and gets the cache back as it found it."""
+    saved = set(VALID_ATTRIBUTES)
+    try:
+        yield VALID_ATTRIBUTES
+    finally:
+        VALID_ATTRIBUTES.clear()
+        VALID_ATTRIBUTES.update(saved)
+
+
+def test_a_delivery_reads_the_notify_body_it_carries(names_known: set[str]) -> None:
     n = Notification("P", 8, 12.5, QUOTE, cbv=frozenbitarray("0110"))
     assert delivery_fields(encode_body(n)) == ("P", 8, 12.5, QUOTE, 0, b"")
     with_body = encode_body(n._replace(cbv=None, body=b"\x00\xffbytes"))
     assert delivery_fields(with_body) == ("P", 8, 12.5, QUOTE, 0, b"\x00\xffbytes")
+    names_known.update(QUOTE)
     assert decode_plain_notification(with_body).body == b"\x00\xffbytes"
+    names_known.discard("volume")  # a name not validated yet: the full decoding decides
+    assert decode_plain_notification(with_body) is None
+    assert decode_body("a:0", with_body).body == b"\x00\xffbytes"
 
 
 def test_a_client_request_decodes_into_its_kind() -> None:
@@ -278,7 +298,7 @@ VALID_FIELDS = (
 EDGES = st.sampled_from([-1, 2**63, 2**64 - 1, 1.0000001e12, -2e12, math.nan, math.inf, 2**53 + 1])
 
 
-def test_only_a_plain_notification_takes_the_compiled_path() -> None:
+def test_only_a_plain_notification_takes_the_compiled_path(names_known: set[str]) -> None:
     """The compiled path gives the plain notification (once the full decoding has
     checked its attribute names) as the full decoding does, and None (never an error)
     for anything else: a CBV-carrying copy, another kind, bytes
@@ -288,6 +308,7 @@ def test_only_a_plain_notification_takes_the_compiled_path() -> None:
     subscribe = Subscribe(
         "s#1", "a:0", parse_subscription("[x,>,1]"), SubState.PRIMARY, frozenbitarray("100"), 0.0, 1
     )
+    names_known.clear()  # a cache that another test filled to its bound takes no more
     assert decode_body("a:0", encode_body(plain)) == plain  # its names are now known
     assert decode_plain_notification(encode_body(plain)) == plain
     assert decode_body_in_full("a:0", encode_body(plain)) == plain
