@@ -568,9 +568,9 @@ SHELL_TEXTS = ("routed before the disk refused",)
 publication whose commit failed is told (now ``core.answer.commit_refused``)."""
 
 
-def shell_texts(path: Path) -> list[str]:
-    """Every string in ``path``'s code (docstrings aside) holding one of
-    :data:`SHELL_TEXTS`: ``file:line text``."""
+def strings_holding(path: Path, words: tuple[str, ...]) -> list[str]:
+    """Every string in ``path``'s code (docstrings aside) holding one of ``words``:
+    ``file:line word``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     docstrings = {
@@ -579,13 +579,19 @@ def shell_texts(path: Path) -> list[str]:
         if isinstance(node, documented) and node.body and isinstance(node.body[0], ast.Expr)
     }
     return [
-        f"{path.name}:{node.lineno} {text}"
+        f"{path.name}:{node.lineno} {word}"
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
         if id(node) not in docstrings
-        for text in SHELL_TEXTS
-        if text in node.value
+        for word in words
+        if word in node.value
     ]
+
+
+def shell_texts(path: Path) -> list[str]:
+    """Every string in ``path``'s code (docstrings aside) holding one of
+    :data:`SHELL_TEXTS`: ``file:line text``."""
+    return strings_holding(path, SHELL_TEXTS)
 
 
 def test_the_shell_texts_check_can_fail(tmp_path: Path) -> None:

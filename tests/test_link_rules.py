@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from test_layers import PACKAGE, SHELLS, _in_shells
+from test_layers import PACKAGE, SHELLS, _in_shells, strings_holding
 
 from octopis.core import make_broker
 from octopis.core.neighbours import Neighbours
@@ -90,21 +90,7 @@ def link_rule_calls(path: Path) -> set[str]:
 
 def refusal_copies(path: Path) -> list[str]:
     """Every string in ``path``'s code (docstrings aside) with :data:`REFUSAL_WORDS`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    scopes = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
-    docstrings = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, scopes) and node.body and isinstance(node.body[0], ast.Expr)
-    }
-    return [
-        f"{path.name}:{node.lineno} {word}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        if id(node) not in docstrings
-        for word in REFUSAL_WORDS
-        if word in node.value
-    ]
+    return strings_holding(path, REFUSAL_WORDS)
 
 
 def test_both_shells_take_the_link_rules_from_the_node() -> None:
