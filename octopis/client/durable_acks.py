@@ -58,7 +58,7 @@ class DurableAcks:
 
     def progress(self, durables: Iterable[str]) -> list[DurableProgress]:
         """The progress of each of ``durables`` (a fail-over moves where their records
-        owe from, :func:`~octopis.client_policy.failover_replay`)."""
+        owe from: :meth:`~octopis.client_policy.SubscriberReplays.failed_over`)."""
         return [self._progress.setdefault(d, DurableProgress()) for d in durables]
 
     def offer(self, stream: DurableStream, received: Received, size: int) -> None:

@@ -196,7 +196,7 @@ class ClientFlow(Generic[T]):
         if reason is None:
             return None
         self.counters["requests_refused.dropped"] += 1
-        return {"op": "dropped", "reason": reason}
+        return Overflow(0, reason).notice
 
     def drained(self, overflowed: int) -> dict | None:
         """The notice a connection whose backlog drained is sent: how many of its

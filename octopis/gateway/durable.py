@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from octopis.client_policy import DurableProgress, LastSeen
+from octopis.client_policy import DurableProgress, Key, LastSeen
 from octopis.wire import (
     AckRequest,
     ClaimRequest,
@@ -41,9 +41,6 @@ from octopis.wire import (
     pack,
     read_notify,
 )
-
-Key = tuple[str, int, int]
-"""(publisher, session, seq): one publication."""
 
 log = logging.getLogger("octopis.broker.stomp")
 

@@ -86,9 +86,10 @@ def relink(broker: Broker, data: object) -> dict[str, Any]:
     joined open (down until their handshake; a new broker is filled by resync as a
     restarted one is), links to neighbours that leave close, and the core takes the new
     neighbours and cluster count. Refused with :class:`ValueError`, nothing changed,
-    if the view is malformed, or if the node refuses it (:meth:`BrokerNode.relink`: BID,
-    a leaving link that still carries routing frames, :meth:`PeerOutput.carrying`, or
-    a core that still routes over one)."""
+    if the view is malformed, or if the node refuses it (:meth:`BrokerNode.relink`,
+    :func:`~octopis.core.relinking.refuse_relink`: BID, DNR with advertisements, a
+    leaving link that still carries routing frames, :meth:`PeerOutput.carrying`, or a
+    core that still routes over one)."""
     view = decode_view(data, secure=broker.curve is not None)
     info = replace(broker.info, neighbours=tuple(n.neighbour for n in view.neighbours))
     old = {n.id for n in broker.info.neighbours}
