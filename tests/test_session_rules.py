@@ -186,3 +186,112 @@ def test_the_reply_order_check_can_fail(tmp_path: Path) -> None:
         "clients.py:1 {'unsubscribed', 'bye'}",
         "clients.py:4 ('unsubscribed',)",
     ]
+
+
+REQUEST_PARSERS = frozenset({"as_filter", "parse_publication"})
+"""How a request's filter or publication is read: a shell parsing one itself decides when
+a malformed one is refused (``client_requests.subscribe``, ``advertise`` and
+``admit_publication`` do, before anything changes)."""
+
+DURABLE_STEPS = frozenset({"room", "attach", "ack", "unsubscribed"})
+"""The durable records' single steps a client's request takes: the process checked room,
+subscribed, then attached (and wrote an unacknowledged ack's refusal itself), the
+simulator subscribed, then attached (room checked after the subscription was made).
+Both now call ``client_requests.subscribe``, ``adopt``, ``unsubscribe`` and
+``acknowledge``."""
+
+TABLE_REQUESTS = frozenset({"subscribe", "unsubscribe"})
+"""A client table's answers to a request: a shell calling one itself skips the request's
+other rules (its parse, a durable record's room, attachment and end)."""
+
+SESSION_REQUESTS = frozenset({"adopt", "advertise"})
+"""``octopis.core.sessions``' rules that ``client_requests.adopt`` and ``advertise`` wrap
+with the request's other rules (a durable record's room and attachment, the parse)."""
+
+REQUEST_ERRORS = frozenset({"not_kept", "unadvertised"})
+"""The error codes of the replies the node's request rules write
+(``client_requests.published``, ``refusal``)."""
+
+
+def request_rule_copies(path: Path) -> list[str]:
+    """Every call in ``path`` of :data:`REQUEST_PARSERS`, of :data:`TABLE_REQUESTS` on a
+    client table (``sessions``, ``table``), of :data:`DURABLE_STEPS` on durable records
+    (an owner whose name holds ``durable``), every import of :data:`SESSION_REQUESTS`
+    from ``octopis.core.sessions``, and every dict that writes an ``error`` of
+    :data:`REQUEST_ERRORS`: ``file:line name``, by line."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "octopis.core.sessions":
+            found += [
+                (node.lineno, f"import {alias.name}")
+                for alias in node.names
+                if alias.name in SESSION_REQUESTS
+            ]
+        if isinstance(node, ast.Dict):
+            found += [
+                (node.lineno, f"error={value.value}")
+                for key, value in zip(node.keys, node.values, strict=True)
+                if isinstance(key, ast.Constant)
+                and key.value == "error"
+                and isinstance(value, ast.Constant)
+                and value.value in REQUEST_ERRORS
+            ]
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in REQUEST_PARSERS:
+            found.append((node.lineno, name))
+        if not isinstance(func, ast.Attribute):
+            continue
+        owner = ast.unparse(func.value)
+        if name in TABLE_REQUESTS and owner.split(".")[-1] in ("sessions", "table"):
+            found.append((node.lineno, f"{owner}.{name}"))
+        if name in DURABLE_STEPS and "durable" in owner:
+            found.append((node.lineno, f"{owner}.{name}"))
+    return [f"{path.name}:{line} {what}" for line, what in sorted(found)]
+
+
+def test_the_shells_leave_the_client_requests_rules_to_the_node() -> None:
+    """Neither shell parses a request's filter or publication, makes a subscription past
+    the request's rules, takes a durable record's steps for a request, or writes the
+    errors a publication is answered with: :mod:`octopis.core.client_requests` does, for
+    both."""
+    assert _in_shells(request_rule_copies) == []
+
+
+def test_the_request_rules_check_can_fail(tmp_path: Path) -> None:
+    """The process's subscribe, ack and publish answer, and the simulator's subscribers,
+    as they were."""
+    path = tmp_path / "requests.py"
+    path.write_text(
+        "def subscribe(self, key, request):\n"
+        "    '''as_filter(request.filter) in a docstring is fine'''\n"
+        "    subscription = as_filter(request.filter)\n"
+        "    def make():\n"
+        "        self.router.replaying.durables.room(request.client, request.durable, s)\n"
+        "        return self.router.composites.local_subscribe(key, subscription, now)\n"
+        "    sub_id, actions = self.table.subscribe(key, request.client, make)\n"
+        "    sub_id, actions = self._brokers.nodes[b].sessions.subscribe(c, c, make)\n"
+        "    self.durable_records[broker].attach(c.name, NAME, c.key, sub_id, (), now)\n"
+        "    if not self.durable_records[host].ack(c.name, NAME, since, now, owed):\n"
+        "        refused = {'op': 'error', 'message': m, 'error': 'not_kept'}\n"
+        "    p = parse_publication(text) if isinstance(text, str) else text\n"
+        "    return self.core.subscribe(key, subscription, now), self.rules.subscribe(t)\n"
+        "from octopis.core.sessions import adopt, advertise, order_move\n"
+        "actions = sessions.unsubscribe(c, c, sub_id, core.unsubscribe)\n"
+        "self.table.withdraw(key, sub_id, unsubscribe)\n"
+    )
+    assert request_rule_copies(path) == [
+        "requests.py:3 as_filter",
+        "requests.py:5 self.router.replaying.durables.room",
+        "requests.py:7 self.table.subscribe",
+        "requests.py:8 self._brokers.nodes[b].sessions.subscribe",
+        "requests.py:9 self.durable_records[broker].attach",
+        "requests.py:10 self.durable_records[host].ack",
+        "requests.py:11 error=not_kept",
+        "requests.py:12 parse_publication",
+        "requests.py:14 import adopt",
+        "requests.py:14 import advertise",
+        "requests.py:15 sessions.unsubscribe",
+    ]

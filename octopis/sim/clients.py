@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 from octopis.accounting import DeliveryLedger
 from octopis.core import Action
+from octopis.core import client_requests as rules
+from octopis.core.client_requests import Durable
 from octopis.core.clustered import ClusteredBroker
-from octopis.core.sessions import adopt, advertise
 from octopis.filters.language import Subscription
 from octopis.sim.brokers import Brokers
 from octopis.sim.events import EventQueue
@@ -64,15 +65,26 @@ class Clients:
         return sub_id
 
     def session_subscribe(
-        self, subscriber: str, broker: str, subscription: Subscription
+        self,
+        subscriber: str,
+        broker: str,
+        subscription: Subscription,
+        durable: Durable | None = None,
     ) -> tuple[str, list[Action]]:
-        """``broker`` takes a subscription of ``subscriber`` as a broker's client session
-        does (a first one, or one made again at a fail-over): refused past the client's
-        limit (:meth:`ClientTable.subscribe`, :class:`SessionRefused`), else made by the
-        core and held for the client; returns its sub_id and the actions to carry out."""
-        core, now = self._brokers.cores[broker], self._events.now
-        sub_id, actions = self._brokers.nodes[broker].sessions.subscribe(
-            subscriber, subscriber, lambda: core.subscribe(subscriber, subscription, now)
+        """``broker`` takes a subscription of ``subscriber`` (``durable``, if it is) as a
+        broker's client session does (a first one, or one made again at a fail-over), by
+        the node's rules (:func:`~octopis.core.client_requests.subscribe`: refused past
+        the client's limit or ``durable.max``, else made by the core, held for the client,
+        a durable one's record attached); returns its sub_id and the actions."""
+        sessions, core = self._brokers.nodes[broker].sessions, self._brokers.cores[broker]
+        sub_id, actions = rules.subscribe(
+            sessions,
+            subscriber,
+            subscriber,
+            subscription,
+            core.subscribe,
+            self._events.now,
+            durable,
         )
         self.subscriber_of[sub_id] = subscriber
         return sub_id, actions
@@ -82,7 +94,7 @@ class Clients:
         as a broker's client session does (within the client's limit, as
         :meth:`session_subscribe`); returns the actions."""
         sessions = self._brokers.nodes[broker].sessions
-        return adopt(self._brokers.cores[broker], sessions, subscriber, subscriber, sub_id)
+        return rules.adopt(self._brokers.cores[broker], sessions, subscriber, subscriber, sub_id)
 
     def unsubscribe(self, sub_id: str) -> None:
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
@@ -95,16 +107,16 @@ class Clients:
 
     def session_unsubscribe(self, subscriber: str, broker: str, sub_id: str) -> list[Action]:
         """``subscriber`` withdraws ``sub_id`` at ``broker`` as a broker's client session
-        takes it (:meth:`ClientTable.unsubscribe`); returns the actions."""
-        sessions = self._brokers.nodes[broker].sessions
-        return sessions.unsubscribe(
-            subscriber, subscriber, sub_id, self._brokers.cores[broker].unsubscribe
-        )
+        takes it (:func:`~octopis.core.client_requests.unsubscribe`; no durable records:
+        the simulated durable subscribers leave, they do not unsubscribe); returns the
+        actions."""
+        sessions, core = self._brokers.nodes[broker].sessions, self._brokers.cores[broker]
+        return rules.unsubscribe(sessions, subscriber, subscriber, sub_id, core.unsubscribe)[0]
 
     def advertise(self, publisher: str, broker: str, advertisement: Subscription) -> str:
         """``publisher`` (attached to ``broker``) advertises now; returns the adv_id."""
         self.attach(publisher, broker)
-        adv_id, actions = advertise(self._brokers.cores[broker], publisher, advertisement)
+        adv_id, actions = rules.advertise(self._brokers.cores[broker], publisher, advertisement)
         self.advertised.setdefault(publisher, {})[adv_id] = advertisement
         self._submit(broker, actions)
         return adv_id

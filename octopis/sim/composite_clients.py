@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from octopis.core import client_requests as rules
 from octopis.core.composite import PartKey
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.messages import Notification
@@ -60,7 +61,7 @@ class CompositeClients:
     def subscribe(self, client: str, broker: str, composite: Composite) -> str:
         """``client`` subscribes ``composite`` at ``broker`` now, held for it by the
         broker's client sessions as a broker process holds it
-        (:meth:`~octopis.core.sessions.ClientTable.subscribe`); returns its sub_id."""
+        (:func:`~octopis.core.client_requests.subscribe`); returns its sub_id."""
         node = self._brokers.nodes[broker]
         host = self.hosts.get(broker)
         if host is None or host[0] is not node:
@@ -75,8 +76,8 @@ class CompositeClients:
             )
             host = self.hosts[broker] = (node, hosted)
         hosted = host[1]
-        sub_id, actions = node.sessions.subscribe(  # within the client's limit, as a broker's
-            client, client, lambda: hosted.local_subscribe(client, composite, self._events.now)
+        sub_id, actions = rules.subscribe(  # by the rules a broker's client session keeps
+            node.sessions, client, client, composite, hosted.local_subscribe, self._events.now
         )
         self.clients[client] = (broker, sub_id, composite)
         self.matches[client] = []

@@ -43,6 +43,7 @@ from octopis.client_policy import (
     publisher_order,
 )
 from octopis.core import Notification
+from octopis.core.client_requests import Durable, RequestRefused, acknowledge
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
 from octopis.core.replay import (
     ClaimRecord,
@@ -204,10 +205,8 @@ class DurableSimulator(Simulator):
         self.records[c.name] = c.record
         self.replaying[c.name] = c.replaying
         self.checked.add(c.name)
-        sub_id, actions = self.clients.session_subscribe(c.name, broker, c.subscription)
-        self.durable_records[broker].attach(
-            c.name, NAME, c.key, sub_id, (c.subscription.to_text(),), self.now
-        )
+        durable = Durable(self.durable_records[broker], NAME, c.key)
+        actions = self.clients.session_subscribe(c.name, broker, c.subscription, durable)[1]
         self._durable_write(broker)
         self._dispatch(broker, actions)
 
@@ -235,9 +234,12 @@ class DurableSimulator(Simulator):
         host, owed = c.host, c.progress.owed_after
         if since is None or host is None or self._dead(host):
             return
-        if not self.durable_records[host].ack(c.name, NAME, since, self.now, owed):
+        try:
+            acknowledge(self.durable_records[host], c.name, NAME, since, self.now, owed)
+        except RequestRefused:
             c.counts["acks_refused"] += 1
-        elif host not in self._writing:
+            return
+        if host not in self._writing:
             self._writing.add(host)
             self.at(self.now + SAVE_EVERY, self._durable_write, host)
 

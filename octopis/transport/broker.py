@@ -51,9 +51,9 @@ from octopis.keys import Keys
 from octopis.matching import MatchClock, Matcher
 from octopis.settings import BrokerSettings
 from octopis.topology import Scot
-from octopis.transport.clients import ClientError
 from octopis.transport.codec import Synced, encode_body
 from octopis.transport.collector import IdleCollector
+from octopis.transport.connections import ClientError
 from octopis.transport.frames import (
     BODY,
     DATA,

@@ -3,7 +3,8 @@ protocol itself is :mod:`octopis.wire`. Three parts with one job each serve it:
 
 - :class:`~octopis.transport.connections.ClientConnections`: the connections, the
   clients they carry, their liveness, what their going or moving withdraws;
-- :class:`~octopis.transport.requests.RequestHandlers`: what each request does;
+- :class:`~octopis.transport.requests.RequestHandlers`: carries out each request by the
+  node's rules (:mod:`octopis.core.client_requests`);
 - :class:`~octopis.transport.outbox.ClientOutbox`: deliveries, replies and notices, and
   the flow control below.
 
@@ -34,17 +35,11 @@ from dataclasses import dataclass
 
 import zmq
 
-from octopis.core import ProtocolError, UnadvertisedPublication
-from octopis.core.sessions import SessionRefused
-from octopis.filters.language import FilterError
+from octopis.core.client_requests import RequestRefused
+from octopis.core.client_requests import refusal as client_refusal
 from octopis.logs import RateLimitedLog
 from octopis.settings import BrokerSettings, Clients
-from octopis.transport.connections import (
-    ClientConnections,
-    ClientError,
-    ClientSession,
-    Router,
-)
+from octopis.transport.connections import ClientConnections, ClientSession, Router
 from octopis.transport.links import InputWaiter, SendPass
 from octopis.transport.outbox import ClientOutbox
 from octopis.transport.requests import RequestHandlers
@@ -208,26 +203,25 @@ class ClientSessions:
         try:
             try:
                 request = decode_request(payload)
-            except RequestError:
+            except RequestError as exc:
                 req = request_number(payload)
-                raise
+                raise RequestRefused(str(exc)) from None
             req = request.req
             refusal = self.outbox.flow.refusal(identity)
             if refusal is not None:
                 return {**refusal, "req": req}
             connection = self.sessions.heard(identity, now)
             reply = self._handlers[type(request)](identity, connection, request)
-        except UnadvertisedPublication as exc:
-            self.counters["publications_refused.unadvertised"] += 1
-            return {"op": "error", "req": req, "message": str(exc), "error": "unadvertised"}
-        except (ClientError, SessionRefused, RequestError, FilterError, ProtocolError) as exc:
-            self.counters["client_errors"] += 1
-            self._warn.warning("refused", "%s refused a client request: %s", self.id, exc)
-            return {"op": "error", "req": req, "message": str(exc)}
         except Exception as exc:
-            self.counters["internal_errors"] += 1
-            self._warn.exception("internal", "%s failed on a client request", self.id)
-            return {"op": "error", "req": req, "message": f"internal error: {exc}"}
+            refused = client_refusal(exc)
+            if refused is None:
+                self.counters["internal_errors"] += 1
+                self._warn.exception("internal", "%s failed on a client request", self.id)
+                return {"op": "error", "req": req, "message": f"internal error: {exc}"}
+            self.counters[refused.counter] += 1
+            if refused.warn:
+                self._warn.warning("refused", "%s refused a client request: %s", self.id, exc)
+            return {**refused.reply, "req": req}
         if reply is not None and req is not None:
             reply["req"] = req
             return reply

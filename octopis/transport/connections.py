@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from octopis.core import Action, Notification
+from octopis.core.client_requests import RequestRefused
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
@@ -32,8 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("octopis.broker.clients")
 
 
-class ClientError(ValueError):
-    """A client request the broker cannot serve; answered with an error reply."""
+class ClientError(RequestRefused):
+    """A client request the broker process cannot serve (a publication its disk or its
+    resync hold refuses, a move order for no client here); answered with an error reply
+    as the node's refusals are (:func:`~octopis.core.client_requests.refusal`)."""
 
 
 class Router(Protocol):

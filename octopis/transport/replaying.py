@@ -268,29 +268,6 @@ class Replaying:
 
     # -- durable subscriptions (DESIGN §11) ---------------------------------------------
 
-    def durable_attach(
-        self, client: str, name: str, key: str, sub_id: str, filters: tuple[str, ...]
-    ) -> None:
-        """``key`` holds durable ``name`` as ``sub_id`` here (raises ``DurableError`` at
-        ``[durable] max``)."""
-        self.durables.attach(client, name, key, sub_id, filters, time.time())
-        self.save_durables()
-
-    def durable_ack(
-        self, client: str, name: str, since: list[tuple[str, int, int]], after: float | None
-    ) -> bool:
-        """The client took deliveries up to ``since`` (written within a second)."""
-        return self.durables.ack(client, name, since, time.time(), after)
-
-    def durable_unsubscribed(self, sub_id: str, moved: bool) -> None:
-        """A client withdrew ``sub_id`` (``moved``: to another broker): what becomes of a
-        durable one's record is :meth:`Durables.unsubscribed`'s; a claim it returns
-        starts, nobody answered."""
-        claim = self.durables.unsubscribed(sub_id, moved)
-        self.save_durables()
-        if claim is not None:
-            self.start(None, [], [], time.time(), claim=claim)
-
     async def maintain(self) -> None:
         """Every :data:`~octopis.core.durable.SAVE_EVERY` seconds: write the durable
         records acknowledgements changed, and abandon those whose client has been away

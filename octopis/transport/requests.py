@@ -1,10 +1,9 @@
-"""What a broker does with each client request (DESIGN §4, §11, §12): one handler per
-request of :mod:`octopis.wire`, each returning the reply (None: it follows later).
-
-A publication's answer waits until every copy kept in a link's custody is acknowledged
-(DESIGN §7); a publication is refused, naming the limit, when the client side's flow
-control says so (:class:`~octopis.core.client_flow.ClientFlow`: its body's size, the
-publish window, the deliveries waiting).
+"""The client requests of a broker process (DESIGN §4, §11, §12): one handler per request
+of :mod:`octopis.wire`, each returning the reply (None: it follows later). What each
+request may do, what is refused and what the client is told are the node's rules
+(:mod:`octopis.core.client_requests`); a handler decodes, asks them, and carries out
+what they say: the actions, the durable records written, a replay started, a
+publication's receipt.
 """
 
 from __future__ import annotations
@@ -13,15 +12,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from octopis.core import Action, Notification
-from octopis.core.durable import DurableError, claim_of
-from octopis.core.sessions import adopt, advertise, check_advertised
-from octopis.filters.composite import as_filter
-from octopis.filters.language import (
-    parse_publication,
-    parse_subscription,
-    validate_publication,
-)
+from octopis.core import Notification
+from octopis.core import client_requests as rules
+from octopis.core.client_requests import Durable
+from octopis.core.durable import claim_of
+from octopis.core.sessions import check_advertised
 from octopis.transport.connections import ClientConnections, ClientError, ClientSession, Router
 from octopis.transport.links import PublishReceipt
 from octopis.transport.outbox import ClientOutbox
@@ -90,29 +85,22 @@ class RequestHandlers:
         self.connections.drop(identity, "it said bye", left=True)
         return {"op": "bye"}
 
-    # -- subscriptions ---------------------------------------------------------------------
+    # -- subscriptions (the rules: octopis.core.client_requests) ----------------------------
+
+    def _durable(self, key: str, name: str | None) -> Durable | None:
+        return None if name is None else Durable(self.router.replaying.durables, name, key)
 
     def _subscribe(
         self, identity: bytes, connection: ClientSession, request: SubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        subscription = as_filter(request.filter)
-
-        def make() -> tuple[str, list[Action]]:
-            if request.durable is not None:
-                try:
-                    self.router.replaying.durables.room(
-                        request.client, request.durable, subscription
-                    )
-                except DurableError as exc:
-                    raise ClientError(str(exc)) from None
-            return self.router.composites.local_subscribe(key, subscription, time.time())
-
-        sub_id, actions = self.table.subscribe(key, request.client, make)
-        if request.durable is not None:
-            self.router.replaying.durable_attach(
-                request.client, request.durable, key, sub_id, (subscription.to_text(),)
-            )
+        durable = self._durable(key, request.durable)
+        local_subscribe = self.router.composites.local_subscribe
+        sub_id, actions = rules.subscribe(
+            self.table, key, request.client, request.filter, local_subscribe, time.time(), durable
+        )
+        if durable is not None:
+            self.router.replaying.save_durables()
         self.router.execute(actions)
         return {"op": "subscribed", "sub_id": sub_id}
 
@@ -120,19 +108,31 @@ class RequestHandlers:
         self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        withdraw = self.router.composites.local_unsubscribe
-        self.router.execute(self.table.unsubscribe(key, request.client, request.sub_id, withdraw))
-        self.router.replaying.durable_unsubscribed(request.sub_id, request.moved)
+        withdraw, replaying = self.router.composites.local_unsubscribe, self.router.replaying
+        actions, claim = rules.unsubscribe(
+            self.table,
+            key,
+            request.client,
+            request.sub_id,
+            withdraw,
+            replaying.durables,
+            request.moved,
+        )
+        self.router.execute(actions)
+        replaying.save_durables()
+        if claim is not None:  # another copy of its record is claimed, nobody answered
+            replaying.start(None, [], [], time.time(), claim=claim)
         return {"op": "unsubscribed", "sub_id": request.sub_id}
 
     def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
         key = self._key(identity, connection, request)
         core, composites = self.router.node.core, self.router.composites
-        actions = adopt(core, self.table, key, request.client, request.sub_id, composites)
-        if request.durable is not None:
-            self.router.replaying.durable_attach(
-                request.client, request.durable, key, request.sub_id, ()
-            )
+        durable = self._durable(key, request.durable)
+        actions = rules.adopt(
+            core, self.table, key, request.client, request.sub_id, composites, durable, time.time()
+        )
+        if durable is not None:
+            self.router.replaying.save_durables()
         self.counters["moves.adopted"] += 1
         self.router.execute(actions)
         return {"op": "adopted", "sub_id": request.sub_id}
@@ -143,15 +143,14 @@ class RequestHandlers:
         """An advertisement (DESIGN §12): it spreads, and the client may publish what it
         matches; it is withdrawn when the client's connection goes."""
         key = self._key(identity, connection, request)
-        adv_id, actions = advertise(self.router.node.core, key, as_filter(request.filter))
+        adv_id, actions = rules.advertise(self.router.node.core, key, request.filter)
         self.router.execute(actions)
         return {"op": "advertised", "adv_id": adv_id}
 
     # -- replays and durable records (DESIGN §11) ---------------------------------------------
 
     def _replay(self, identity: bytes, connection: ClientSession, request: ReplayRequest) -> dict:
-        for text in request.filters:
-            parse_subscription(text)  # a FilterError names the problem; nothing starts
+        rules.check_replay(request.filters)
         key = self._key(identity, connection, request)
         req_id = self.router.replay(
             key,
@@ -173,11 +172,10 @@ class RequestHandlers:
         return {"op": "claiming", "id": req_id}
 
     def _ack(self, identity: bytes, connection: ClientSession, request: AckRequest) -> dict:
-        acked = self.router.replaying.durable_ack(
-            request.client, request.durable, request.since, request.after
+        records = self.router.replaying.durables
+        rules.acknowledge(
+            records, request.client, request.durable, request.since, time.time(), request.after
         )
-        if not acked:
-            raise ClientError(f"{self.id} keeps no durable subscription {request.durable!r}")
         return {"op": "acked"}
 
     # -- publications --------------------------------------------------------------------
@@ -186,18 +184,12 @@ class RequestHandlers:
         self, identity: bytes, connection: ClientSession, request: PublishRequest
     ) -> dict | None:
         problem = stamp_problem(request.seq, float(request.published_at))
-        if problem is not None:
+        if problem is not None:  # the wire's bounds (decoding)
             raise ClientError(problem)
-        problem = self.outbox.flow.refuse_body(len(request.body))
-        if problem is not None:
-            raise ClientError(problem)
-        text = request.publication
-        publication = (
-            parse_publication(text) if isinstance(text, str) else validate_publication(text)
+        flow, publication = self.outbox.flow, request.publication
+        publication = rules.admit_publication(
+            flow, publication, len(request.body), connection.unanswered
         )
-        problem = self.outbox.flow.refuse_publication(connection.unanswered)
-        if problem is not None:
-            raise ClientError(problem)
         key = self._key(identity, connection, request)
         check_advertised(self.router.node.core, key, publication)
         self.connections.publishers.add(key)
@@ -210,20 +202,15 @@ class RequestHandlers:
             body=request.body,
         )
         self.counters["publications"] += 1
-        reply = {"op": "published", "seq": request.seq}
-        answer = pack({**reply, "req": request.req})
 
         def answered() -> None:
             connection.unanswered -= 1
-            if receipt.refusal is not None:
-                refused = {"op": "error", "req": request.req, "message": receipt.refusal}
-                self.outbox.send(identity, [pack({**refused, "error": "not_kept"})])
-                return
-            self.outbox.send(identity, [answer])
+            answer = rules.published(request.seq, receipt.refusal)
+            self.outbox.send(identity, [pack({**answer, "req": request.req})])
 
         receipt = PublishReceipt(answered, alone=connection.unanswered == 0)
         self.router.publish(n, receipt)
         if receipt.copies == 0:
-            return reply
+            return rules.published(request.seq)
         connection.unanswered += 1
         return None
