@@ -21,12 +21,7 @@ from conditions import until
 
 from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState, Unsubscribe
-from octopis.filters.language import parse_subscription
-from octopis.settings import BrokerSettings, Links, Lst
-from octopis.topology import Scot, build_preset
-from octopis.transport import serving
-from octopis.transport.broker import Broker
-from octopis.transport.codec import (
+from octopis.core.codec import (
     Heartbeat,
     Hello,
     Synced,
@@ -34,6 +29,11 @@ from octopis.transport.codec import (
     encode_body,
     encode_peer,
 )
+from octopis.filters.language import parse_subscription
+from octopis.settings import BrokerSettings, Links, Lst
+from octopis.topology import Scot, build_preset
+from octopis.transport import serving
+from octopis.transport.broker import Broker
 from octopis.transport.serving import BrokerFailure, serve
 from octopis.wire import NOTIFY_HEAD
 

@@ -24,10 +24,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.core import Message, Notification, ProtocolError
-from octopis.core.custody import resent_taken, took
-from octopis.core.neighbours import Neighbour, Neighbours
-from octopis.logs import RateLimitedLog
-from octopis.transport.codec import (
+from octopis.core.codec import (
     Control,
     Heartbeat,
     Hello,
@@ -38,6 +35,9 @@ from octopis.transport.codec import (
     decode_plain_notification,
     decode_sender,
 )
+from octopis.core.custody import resent_taken, took
+from octopis.core.neighbours import Neighbour, Neighbours
+from octopis.logs import RateLimitedLog
 from octopis.transport.links import InputWaiter, SendPass
 from octopis.transport.peer_liveness import PeerLiveness
 from octopis.transport.peer_output import PeerOutput

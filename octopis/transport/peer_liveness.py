@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from octopis.core import LinkStatusTable
+from octopis.core.codec import Heartbeat, Hello, Synced
 from octopis.core.neighbours import Neighbour, stall
 from octopis.core.node import BrokerNode
-from octopis.transport.codec import Heartbeat, Hello, Synced
 from octopis.transport.frames import HANDSHAKE, LINK
 from octopis.transport.peer_output import PeerOutput
 
