@@ -842,17 +842,15 @@ def codec_copies(path: Path) -> list[str]:
     attribute (``x.took`` aside, a client's record of what it took): ``file:line name``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if node.name in CODEC:
-                found.append(f"{path.name}:{node.lineno} def {node.name}")
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            found += [
-                f"{path.name}:{node.lineno} {t.id}="
-                for t in targets
-                if isinstance(t, ast.Name) and t.id in CODEC
-            ]
-        elif isinstance(node, ast.Name) and node.id in TAKING:
+        defined = (
+            [node.name]
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            else [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if isinstance(node, ast.Assign)
+            else []
+        )
+        found += [f"{path.name}:{node.lineno} def {name}" for name in defined if name in CODEC]
+        if isinstance(node, ast.Name) and node.id in TAKING:
             found.append(f"{path.name}:{node.lineno} {node.id}")
         elif isinstance(node, ast.Attribute) and node.attr in TAKING - {"took"}:
             found.append(f"{path.name}:{node.lineno} .{node.attr}")
@@ -893,7 +891,7 @@ def test_the_codec_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:2 import decode_peer_body",
         "shell.py:3 def decode_body",
         "shell.py:5 decode_peer_body",
-        "shell.py:6 encode_body=",
+        "shell.py:6 def encode_body",
         "shell.py:8 .reachable",
         "shell.py:9 took",
     ]
