@@ -13,6 +13,7 @@ from octopis.core.custody import (
     TAKEN,
     Custody,
     acknowledgement,
+    counts_for,
     heartbeat_due,
     owed,
     resent,
@@ -129,6 +130,14 @@ def test_routing_messages_from_a_reachable_sender_are_taken_the_first_run_at_onc
     assert take(record, 1) == TAKEN and record.received == 3
     acknowledgement(record, withheld=False)
     assert take(record, 1) == FIRST and record.received == 4
+
+
+def test_an_acknowledgement_counts_only_for_the_incarnation_it_names() -> None:
+    """Both shells ask ``counts_for`` whether an acknowledgement settles a sender's
+    custody: only one naming the process that runs now (an earlier one's count numbered
+    frames of a session that ended)."""
+    assert counts_for(7, 7)
+    assert not counts_for(6, 7) and not counts_for(0, 7)
 
 
 @pytest.mark.parametrize(

@@ -836,12 +836,35 @@ the wire's ``decode_peer_body`` or the compiled ``plain_notification`` (a body d
 without the codec's conversions and checks)."""
 
 
+ACKNOWLEDGEMENTS = frozenset({"ack", "message"})
+"""What the shells call an acknowledgement they hear (the simulator's ``Acknowledged``, the
+process's heartbeat): a shell comparing the incarnation it names itself decides which
+acknowledgements are stale (both did; ``core.custody.counts_for`` now)."""
+
+
+def _names_an_incarnation(node: ast.expr) -> bool:
+    """``node`` reads the incarnation an acknowledgement names."""
+    return isinstance(node, ast.Attribute) and (
+        node.attr == "acked_incarnation"
+        or (
+            node.attr == "incarnation"
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ACKNOWLEDGEMENTS
+        )
+    )
+
+
 def codec_copies(path: Path) -> list[str]:
     """Every definition (function, class or assignment) of a :data:`CODEC` name in
-    ``path``'s code, and every use of a :data:`TAKING` name: a variable, an import, or an
-    attribute (``x.took`` aside, a client's record of what it took): ``file:line name``."""
+    ``path``'s code, every use of a :data:`TAKING` name (a variable, an import, or an
+    attribute: ``x.took`` aside, a client's record of what it took), and every comparison
+    of the incarnation an acknowledgement names: ``file:line name``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare) and any(
+            _names_an_incarnation(side) for side in [node.left, *node.comparators]
+        ):
+            found.append(f"{path.name}:{node.lineno} incarnation compared")
         defined = (
             [node.name]
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
@@ -866,8 +889,8 @@ def codec_copies(path: Path) -> list[str]:
 def test_the_shells_keep_no_copy_of_the_codec_or_of_which_frames_are_stale() -> None:
     """The node takes a peer frame as its event (DESIGN §2): neither shell defines the
     codec's conversions, decodes a body past it, or decides itself which routing bodies
-    from a neighbour are stale (``core.custody.take`` does, for both; read from the
-    AST)."""
+    or acknowledgements from a neighbour are stale (``core.custody.take`` and
+    ``counts_for`` do, for both; read from the AST)."""
     assert _in_shells(codec_copies) == []
 
 
@@ -884,10 +907,14 @@ def test_the_codec_copies_check_can_fail(tmp_path: Path) -> None:
         "    if state.reachable:\n"
         "        took(state, 1)\n"
         "    c.progress.took(1)\n"
+        "    if ack.incarnation != me or message.acked_incarnation == me:\n"
+        "        counts_for(ack.incarnation, me) and state.incarnation == me\n"
         "    return decode_sender(c)\n"
     )
     assert sorted(codec_copies(path)) == [
         "shell.py:1 import took",
+        "shell.py:11 incarnation compared",
+        "shell.py:11 incarnation compared",
         "shell.py:2 import decode_peer_body",
         "shell.py:3 def decode_body",
         "shell.py:5 decode_peer_body",

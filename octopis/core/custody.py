@@ -280,6 +280,14 @@ def resent_taken(
     return ResentTaken(taken, len(messages) - len(taken), 0)
 
 
+def counts_for(names: int, incarnation: int) -> bool:
+    """Whether an acknowledgement that names the sender's incarnation ``names`` (a
+    heartbeat's count, :func:`acknowledgement`) settles the custody of the sender running
+    as ``incarnation``: one meant for an earlier process of it counted frames numbered in
+    a session that ended, and settles nothing. The rule both shells follow (DESIGN §7)."""
+    return names == incarnation
+
+
 def owed(record: Neighbour) -> bool:
     """Whether routing messages were taken from the neighbour and not acknowledged."""
     return record.received != record.acked

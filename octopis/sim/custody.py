@@ -45,6 +45,7 @@ from octopis.core.custody import (
     STALE,
     Custody,
     acknowledgement,
+    counts_for,
     heartbeat_due,
     owed,
     resent_taken,
@@ -339,7 +340,8 @@ class CustodyEvents:
         goes on the link again, in order."""
         state = self.failures
         assert state is not None
-        if state.broken(src, broker) or ack.incarnation != self.brokers.incarnation[broker]:
+        named = ack.incarnation
+        if state.broken(src, broker) or not counts_for(named, self.brokers.incarnation[broker]):
             return
         for message in state.custody.acknowledge(broker, src, ack.count, self.events.now):
             self._put(broker, src, message)
