@@ -16,7 +16,7 @@ import pytest
 
 from octopis.client import Connection, ConnectionGroup
 from octopis.core import Notification
-from octopis.transport.codec import encode_body
+from octopis.core.codec import encode_body
 from octopis.wire import LEFT_AT, delivery_fields, pack, unpack
 
 DELIVERIES = 200_000

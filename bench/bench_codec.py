@@ -19,9 +19,9 @@ import pytest
 from bitarray import frozenbitarray
 
 from octopis.core import Notification, Subscribe, SubState
+from octopis.core.codec import Heartbeat, decode_body, encode_body
 from octopis.filters.language import parse_subscription
 from octopis.quotes import random_quotes
-from octopis.transport.codec import Heartbeat, decode_body, encode_body
 
 BODIES = 20_000
 ROUNDS = 7

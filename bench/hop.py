@@ -48,11 +48,11 @@ from bitarray import frozenbitarray
 
 from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState
+from octopis.core.codec import Heartbeat, Hello, Synced, encode_peer
 from octopis.keys import Keys, connect_securely, make_keys
 from octopis.quotes import random_quotes, stock_subscriptions
 from octopis.settings import BrokerSettings, Links
 from octopis.topology import build_preset
-from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
 from octopis.transport.peer_input import PEER_BATCH
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import NOTIFY_HEAD

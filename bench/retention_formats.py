@@ -39,9 +39,9 @@ from pathlib import Path
 
 import lmdb
 
+from octopis.core.codec import decode_body_in_full, encode_body
 from octopis.core.messages import Notification
 from octopis.settings import Retention
-from octopis.transport.codec import decode_body_in_full, encode_body
 from octopis.transport.retention import RetentionStore, pack
 
 BATCHES = (1, 16, 64, 256)

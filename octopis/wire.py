@@ -20,7 +20,7 @@ and a body, and every body is one of the array-like tagged structs below
 (:data:`PeerBody`), encoded as ``[kind, ...fields]``. Their fields are the only names
 and positions of the peer protocol: :func:`decode_peer_body` checks a body against them
 (raising :class:`WireError` naming the kind and field), the codec between bodies and
-routing messages (:mod:`octopis.transport.codec`) converts by name, and the compiled
+routing messages (:mod:`octopis.core.codec`) converts by name, and the compiled
 NOTIFY path takes its positions from :class:`NotifyBody` (:data:`PLAIN_NOTIFY`).
 """
 

@@ -21,12 +21,7 @@ from conditions import until
 
 from octopis.cluster.launcher import broker_command, find_free_base_port
 from octopis.core import Notification, Subscribe, SubState, Unsubscribe
-from octopis.filters.language import parse_subscription
-from octopis.settings import BrokerSettings, Links, Lst
-from octopis.topology import Scot, build_preset
-from octopis.transport import serving
-from octopis.transport.broker import Broker
-from octopis.transport.codec import (
+from octopis.core.codec import (
     Heartbeat,
     Hello,
     Synced,
@@ -34,6 +29,11 @@ from octopis.transport.codec import (
     encode_body,
     encode_peer,
 )
+from octopis.filters.language import parse_subscription
+from octopis.settings import BrokerSettings, Links, Lst
+from octopis.topology import Scot, build_preset
+from octopis.transport import serving
+from octopis.transport.broker import Broker
 from octopis.transport.serving import BrokerFailure, serve
 from octopis.wire import NOTIFY_HEAD
 
@@ -148,6 +148,52 @@ def test_a_pass_past_its_deadline_leaves_the_rest_of_a_run_for_the_next(
     assert passes == [4, 3, 2]
     assert routed == [[1, 2], [3], [4]]
     assert taken == [4] and broker.peers.counters["wire_errors"] == 1
+
+
+def test_routing_bodies_sent_before_the_handshake_named_us_are_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From a neighbour that is up but whose HELLO has not named this incarnation of ours
+    (frames queued for an earlier process), the peer input takes no routing body: the
+    node's rule (``core.custody.take``) drops a run of notifications and a subscription
+    message alike, each counted in ``stale_frames``, none taken. Once the handshake names
+    us, the same bodies are taken and routed."""
+    scot = build_preset("fig2", base_port=find_free_base_port(18))
+    broker = Broker(scot, "b:0", "snr", BrokerSettings(links=Links(down_after=3600.0)), keys=None)
+    handed: list[object] = []
+    seen: list[tuple[int, int]] = []
+
+    def routing(sender: str, run: Iterator[tuple[Notification, bytes]], now: float) -> None:
+        handed.append([message.seq for message, _ in run])
+
+    def message(sender: str, message: object, body: bytes, now: float) -> None:
+        handed.append(type(message).__name__)
+
+    async def feed() -> None:
+        peers = broker.peers
+        table = peers.neighbours
+        table.heard("a:0", 0.0)
+        table.met("a:0", PLAYED)
+        state = table["a:0"]
+        monkeypatch.setattr(broker, "peer_notifications", routing)
+        monkeypatch.setattr(broker, "peer_message", message)
+        subscription = parse_subscription("[class,eq,'STOCK']")
+        subscribe = encode_body(
+            Subscribe("a:0#1", "a:0", subscription, SubState.PRIMARY, frozenbitarray("100"), 0.0)
+        )
+        frame = [b"a:0", _quote(1), _quote(2), subscribe]
+        peers.receiver.on_message(frame, 0.0)
+        seen.append((peers.counters["stale_frames"], state.received))
+        table.hello("a:0", names_us=True)
+        peers.receiver.on_message(frame, 0.0)
+        seen.append((peers.counters["stale_frames"], state.received))
+        broker.stop()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(serving, "tick_lst", lambda _: feed())
+    asyncio.run(asyncio.wait_for(serve(broker), timeout=30))
+    assert seen == [(3, 0), (3, 3)]
+    assert handed == [[1, 2], "Subscribe"]
 
 
 @pytest.mark.processes

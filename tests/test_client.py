@@ -45,12 +45,12 @@ from octopis.client import (
 from octopis.client.streams import SubscriptionStream
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.core import Notification
+from octopis.core.codec import encode_body
 from octopis.filters.language import as_subscription
 from octopis.keys import KEYS_ENV
 from octopis.overlay import STATE_FILE
 from octopis.settings import BrokerSettings, Clients, Links, Routing
 from octopis.topology import build_preset
-from octopis.transport.codec import encode_body
 from octopis.wire import LEFT_AT, pack
 
 pytestmark = pytest.mark.timeout(300)

@@ -46,11 +46,11 @@ from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, broker_command, prepare_topology
 from octopis.cluster.runner import RunOptions, WorkloadRun
 from octopis.core import Notification
+from octopis.core.codec import encode_peer
 from octopis.failure_schedule import Failure
 from octopis.filters.language import parse_subscription
 from octopis.settings import BrokerSettings, Links
 from octopis.topology import Scot, build_preset
-from octopis.transport.codec import encode_peer
 from octopis.workload import HighRatePublisher, Workload, generate_workload
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]

@@ -19,13 +19,13 @@ from octopis.core import (
     make_broker,
 )
 from octopis.core._records import new_pair
+from octopis.core.codec import decode_peer, encode_peer
 from octopis.core.lst import LinkStatusTable, congestion_element
 from octopis.core.messages import forward_copy
 from octopis.failure_schedule import Failure
 from octopis.filters.language import parse_publication, parse_subscription
 from octopis.sim import FreeLinks, InjectedCongestion, LatencyModel, Simulator
 from octopis.topology import build_preset
-from octopis.transport.codec import decode_peer, encode_peer
 
 FIG2 = build_preset("fig2")
 ANY_STOCK = parse_subscription("[class,eq,'STOCK']")

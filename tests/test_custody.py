@@ -8,12 +8,17 @@ from __future__ import annotations
 import pytest
 
 from octopis.core.custody import (
+    FIRST,
+    STALE,
+    TAKEN,
     Custody,
     acknowledgement,
+    counts_for,
     heartbeat_due,
     owed,
     resent,
     resent_taken,
+    take,
     took,
 )
 from octopis.core.messages import ProtocolError
@@ -72,18 +77,18 @@ def test_other_routing_messages_are_pending_until_acknowledged_and_sent_again() 
     assert not off.pending and off.resend() == (1, [])
 
 
-TAKEN = ((["s5"], 1, 0), 5)
-STALE = (([], 0, 2), 3)
+RESENT_TAKEN = ((["s5"], 1, 0), 5)
+RESENT_STALE = (([], 0, 2), 3)
 
 
 @pytest.mark.parametrize(
     ("phase", "up", "expected"),
     [
-        (Phase.SYNCED, True, TAKEN),
-        (Phase.SYNCING, True, TAKEN),
-        (Phase.SYNCED, False, STALE),
-        (Phase.HANDSHAKING, True, STALE),
-        (Phase.NEW, False, STALE),
+        (Phase.SYNCED, True, RESENT_TAKEN),
+        (Phase.SYNCING, True, RESENT_TAKEN),
+        (Phase.SYNCED, False, RESENT_STALE),
+        (Phase.HANDSHAKING, True, RESENT_STALE),
+        (Phase.NEW, False, RESENT_STALE),
     ],
 )
 def test_a_resent_from_a_sender_that_is_not_reachable_is_stale(
@@ -96,6 +101,43 @@ def test_a_resent_from_a_sender_that_is_not_reachable_is_stale(
     record = Neighbour(phase=phase, up=up, received=3)
     got = resent_taken(record, 5, [(3, "s3"), (5, "s5")])
     assert (got, record.received) == expected
+
+
+@pytest.mark.parametrize(
+    ("phase", "up"),
+    [(Phase.SYNCED, False), (Phase.HANDSHAKING, True), (Phase.NEW, True), (Phase.NEW, False)],
+)
+def test_routing_messages_from_a_sender_that_is_not_reachable_are_stale(
+    phase: Phase, up: bool
+) -> None:
+    """Both shells take routing messages through ``take``: from a sender that is down, or
+    whose handshake has not named us (frames queued for an earlier process of ours), they
+    are stale and change no count."""
+    record = Neighbour(phase=phase, up=up, received=3, acked=3)
+    assert take(record, 2) == STALE
+    assert (record.received, record.acked) == (3, 3)
+
+
+@pytest.mark.parametrize("phase", [Phase.SYNCING, Phase.SYNCED])
+def test_routing_messages_from_a_reachable_sender_are_taken_the_first_run_at_once(
+    phase: Phase,
+) -> None:
+    """From a reachable sender they are taken and counted; the first since the last
+    acknowledgement says so (acknowledged at once), later ones do not, until the count
+    is acknowledged again."""
+    record = Neighbour(phase=phase, up=True)
+    assert take(record, 2) == FIRST and record.received == 2
+    assert take(record, 1) == TAKEN and record.received == 3
+    acknowledgement(record, withheld=False)
+    assert take(record, 1) == FIRST and record.received == 4
+
+
+def test_an_acknowledgement_counts_only_for_the_incarnation_it_names() -> None:
+    """Both shells ask ``counts_for`` whether an acknowledgement settles a sender's
+    custody: only one naming the process that runs now (an earlier one's count numbered
+    frames of a session that ended)."""
+    assert counts_for(7, 7)
+    assert not counts_for(6, 7) and not counts_for(0, 7)
 
 
 @pytest.mark.parametrize(

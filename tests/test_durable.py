@@ -28,6 +28,7 @@ from octopis.client.replay import parse_time
 from octopis.client.streams import EndOfHistory
 from octopis.client_policy import resume_from
 from octopis.cluster.launcher import LocalCluster, prepare_topology
+from octopis.core.codec import encode_body
 from octopis.core.durable import SAVE_EVERY, DurableError, Durables, Withdraw, claim_of
 from octopis.core.messages import Notification
 from octopis.core.replay import Claimed, Replay, ReplayRounds
@@ -38,7 +39,6 @@ from octopis.quotes import quotes_dir, read_quote_file
 from octopis.settings import BrokerSettings, Clients, Retention
 from octopis.sim.durable_clients import DurableSimulator
 from octopis.topology import build_preset
-from octopis.transport.codec import encode_body
 from octopis.transport.replaying import _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
 

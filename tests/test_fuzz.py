@@ -27,9 +27,9 @@ from conditions import accounting, closing_control, until
 from octopis.client import BrokerError, Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import Notification, Subscribe, SubState, Unsubscribe
+from octopis.core.codec import Heartbeat, Hello, Synced, encode_peer
 from octopis.filters.language import parse_subscription
 from octopis.settings import BrokerSettings, Limits
-from octopis.transport.codec import Heartbeat, Hello, Synced, encode_peer
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
 

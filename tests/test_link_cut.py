@@ -19,6 +19,7 @@ from conditions import until
 from test_links import FIG2, _liveness, _name, _read, _routed
 
 from octopis.core import Forward, Notification, Subscribe, make_broker
+from octopis.core.codec import Hello, Resent, Synced, decode_body, encode_body
 from octopis.core.custody import resent, took
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbour
@@ -26,7 +27,6 @@ from octopis.core.node import BrokerNode
 from octopis.failure_schedule import Failure
 from octopis.sim import Simulator
 from octopis.sim.custody import LinkCustody
-from octopis.transport.codec import Hello, Resent, Synced, decode_body, encode_body
 from octopis.transport.links import Activity, OutputLink
 from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT
 

@@ -13,6 +13,7 @@ import zmq.asyncio
 from conditions import until
 
 from octopis.core import Forward, Notification, Subscribe, SubState, Unsubscribe, make_broker
+from octopis.core.codec import Hello, Synced, encode_body
 from octopis.core.custody import Custody
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbours
@@ -24,7 +25,6 @@ from octopis.settings import Links
 from octopis.sim import Simulator
 from octopis.sim.custody import GOES, WAITS, LinkCustody
 from octopis.topology import build_preset
-from octopis.transport.codec import Hello, Synced, encode_body
 from octopis.transport.frames import KIND, message_of
 from octopis.transport.links import (
     BATCH_FRAMES,

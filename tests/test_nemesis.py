@@ -23,7 +23,7 @@ from octopis.core.answer import AnswerSelection
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.composite import CompositeJoin
-from octopis.core.custody import Custody, took
+from octopis.core.custody import Custody, take
 from octopis.core.durable import Durables
 from octopis.core.messages import Notification
 from octopis.core.node import BrokerNode
@@ -186,7 +186,7 @@ def test_acknowledging_what_was_not_taken_is_caught(monkeypatch: pytest.MonkeyPa
         self.retained.clear()
         return take_back(self)
 
-    monkeypatch.setattr("octopis.sim.custody.took", lambda record, n: took(record, n + 1))
+    monkeypatch.setattr("octopis.sim.custody.take", lambda record, n: take(record, n + 1))
     monkeypatch.setattr(Custody, "take_back", without_retained)
     _caught(lambda p: "lost without a count" in p or "resent messages numbered" in p)
 

@@ -32,6 +32,7 @@ from octopis.core import (
     make_broker,
 )
 from octopis.core.answer import CLOCK_SLACK, AnswerSelection, Kept, RetentionBound
+from octopis.core.codec import encode_body
 from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase, stall
 from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
 from octopis.core.replay import Replay, ReplayData
@@ -43,7 +44,6 @@ from octopis.settings import Retention
 from octopis.sim import LatencyModel, Simulator
 from octopis.sim.stores import RetentionStores
 from octopis.topology import build_preset
-from octopis.transport.codec import encode_body
 from octopis.transport.retention import RetentionStore, StoreAnswer
 
 FIG2 = build_preset("fig2")
@@ -532,7 +532,7 @@ def test_both_stores_read_a_replay_window_by_their_own_time_of_storing(tmp_path:
 
 
 def _decode(body: bytes) -> Notification:
-    from octopis.transport.codec import decode_body
+    from octopis.core.codec import decode_body
 
     return decode_body("c:0", body)
 

@@ -25,6 +25,7 @@ from laws import scots
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import make_broker
 from octopis.core.answer import COMMIT_ROWS, commit_now, commit_refused, store_refusal
+from octopis.core.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
 from octopis.core.durable import claim_of
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
@@ -45,7 +46,6 @@ from octopis.defaults import REFUSE_FOR
 from octopis.settings import BrokerSettings, Retention
 from octopis.sim.stores import RetentionStores
 from octopis.topology import Scot, build_preset
-from octopis.transport.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
 from octopis.transport.links import PublishReceipt
 from octopis.transport.replaying import PAGE_ROOM, PAGE_ROWS, PAGE_WAIT, Replaying, _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
@@ -488,7 +488,7 @@ def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:
         import os, signal
         from pathlib import Path
         from octopis.core.messages import Notification
-        from octopis.transport.codec import encode_body
+        from octopis.core.codec import encode_body
         from octopis.transport.replaying import _decode_kept
         from octopis.settings import Retention
         from octopis.transport.retention import RetentionStore

@@ -22,10 +22,10 @@ from conditions import closing_control, until
 from octopis.client import Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core import Notification
+from octopis.core.codec import Hello, encode_peer
 from octopis.filters.language import parse_publication
 from octopis.keys import KEYS_ENV, KeyPair, Keys, connect_securely
 from octopis.settings import BrokerSettings
-from octopis.transport.codec import Hello, encode_peer
 from octopis.wire import pack
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]

@@ -1,4 +1,4 @@
-"""Peer-link frames (declared in octopis.wire, converted by octopis.transport.codec,
+"""Peer-link frames (declared in octopis.wire, converted by octopis.core.codec,
 DESIGN §2, §4, §7) and client requests (octopis.wire): every message kind survives the
 round trip with the bytes it always had, the routing messages and the compiled NOTIFY
 path agree with the declarations, and every malformed frame or request is refused with an
@@ -29,10 +29,7 @@ from octopis.core import (
     Unadvertise,
     Unsubscribe,
 )
-from octopis.core.replay import Claimed, Replay, ReplayData, ReplayEcho
-from octopis.filters.language import parse_subscription
-from octopis.filters.limits import VALID_ATTRIBUTES
-from octopis.transport.codec import (
+from octopis.core.codec import (
     Heartbeat,
     Hello,
     Synced,
@@ -45,6 +42,9 @@ from octopis.transport.codec import (
     encode_body,
     encode_peer,
 )
+from octopis.core.replay import Claimed, Replay, ReplayData, ReplayEcho
+from octopis.filters.language import parse_subscription
+from octopis.filters.limits import VALID_ATTRIBUTES
 from octopis.wire import (
     BODIES,
     HEARTBEAT,

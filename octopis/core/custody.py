@@ -2,7 +2,7 @@
 sent, when the receiver's acknowledgement settles it, the limit, and what goes back to
 the sender's core when the link goes down. The broker process's output link and the
 simulator's links keep their copies in the very same :class:`Custody`; the receiver's
-side of the rule (what it acknowledges, and when) is :func:`took` and
+side of the rule (what it takes, what it acknowledges, and when) is :func:`take` and
 :func:`acknowledgement`.
 
 - Routing messages sent on a link after a handshake are numbered 1, 2, …; a handshake
@@ -212,6 +212,24 @@ class Custody:
         return copies
 
 
+STALE, TAKEN, FIRST = range(3)
+"""What a receiver makes of routing messages from a neighbour (:func:`take`): dropped as
+stale; taken; taken, the first since the last acknowledgement."""
+
+
+def take(record: Neighbour, count: int) -> int:
+    """The receiver's rule for ``count`` routing messages from the neighbour of ``record``,
+    the one both shells carry out (DESIGN §7): :data:`STALE` unless the neighbour is
+    :attr:`~Neighbour.reachable` (down, or its handshake has not named this incarnation of
+    ours: they were meant for an earlier process, and are dropped and counted as
+    ``stale_frames`` rather than replayed into an empty table); else they are taken
+    (:func:`took`), :data:`FIRST` when they are the first since the last acknowledgement
+    (acknowledged at once), :data:`TAKEN` otherwise."""
+    if not record.reachable:
+        return STALE
+    return FIRST if took(record, count) else TAKEN
+
+
 def took(record: Neighbour, count: int) -> bool:
     """The receiver took ``count`` routing messages from the neighbour of ``record``;
     returns whether they are the first since its last acknowledgement: those are
@@ -260,6 +278,14 @@ def resent_taken(
     takes = resent(record, numbered, [number for number, _ in messages])
     taken = [message for (_, message), take in zip(messages, takes, strict=True) if take]
     return ResentTaken(taken, len(messages) - len(taken), 0)
+
+
+def counts_for(names: int, incarnation: int) -> bool:
+    """Whether an acknowledgement that names the sender's incarnation ``names`` (a
+    heartbeat's count, :func:`acknowledgement`) settles the custody of the sender running
+    as ``incarnation``: one meant for an earlier process of it counted frames numbered in
+    a session that ended, and settles nothing. The rule both shells follow (DESIGN §7)."""
+    return names == incarnation
 
 
 def owed(record: Neighbour) -> bool:

@@ -5,7 +5,8 @@ does, and the receiver's acknowledgements travel back on the reverse link.
 - Routing messages a broker sends on a link are numbered; notifications are kept until
   an acknowledgement settles them, then retained ``retain`` seconds (``[links] retain``).
 - The receiver acknowledges the count it has taken when it takes a message
-  (:func:`~octopis.core.custody.took`: the first run since its last acknowledgement is
+  (:func:`~octopis.core.custody.take`, which drops one from a neighbour whose handshake
+  has not named it as stale: the first run since its last acknowledgement is
   acknowledged at once; each arrival is its own input pass here). The acknowledgement
   (:class:`Acknowledged`, the process's heartbeat count) goes back on the reverse link,
   ahead of its output queue, after one latency draw; it is lost if that link is broken
@@ -39,7 +40,17 @@ from collections import Counter, deque
 from typing import NamedTuple
 
 from octopis.core import Notification
-from octopis.core.custody import Custody, acknowledgement, heartbeat_due, owed, resent_taken, took
+from octopis.core.custody import (
+    FIRST,
+    STALE,
+    Custody,
+    acknowledgement,
+    counts_for,
+    heartbeat_due,
+    owed,
+    resent_taken,
+    take,
+)
 from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
 from octopis.defaults import CUSTODY_LIMIT, HEARTBEAT, RETAIN, RETAIN_LIMIT
@@ -266,12 +277,17 @@ class CustodyEvents:
         elif fate == LOST:
             self.failure_counts["lost_in_transit"] += 1
 
-    def _took(self, broker: str, src: str) -> None:
-        """``broker`` takes a routing message from ``src``: the first since its last
-        acknowledgement is acknowledged at once (:func:`~octopis.core.custody.took`)."""
+    def _takes(self, broker: str, src: str) -> bool:
+        """Whether ``broker`` takes a routing message from ``src``, as the node's rule says
+        (:func:`~octopis.core.custody.take`): a stale one is counted; the first since its
+        last acknowledgement is acknowledged at once."""
         record = self.nodes[broker].neighbours[src]
-        if took(record, 1):
+        verdict = take(record, 1)
+        if verdict == STALE:
+            self.failure_counts["stale_frames"] += 1
+        elif verdict == FIRST:
             self._acknowledge(broker, src, record)
+        return verdict != STALE
 
     def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:
         """``broker`` acknowledges to ``src`` what it took from it: on the link back,
@@ -324,7 +340,8 @@ class CustodyEvents:
         goes on the link again, in order."""
         state = self.failures
         assert state is not None
-        if state.broken(src, broker) or ack.incarnation != self.brokers.incarnation[broker]:
+        named = ack.incarnation
+        if state.broken(src, broker) or not counts_for(named, self.brokers.incarnation[broker]):
             return
         for message in state.custody.acknowledge(broker, src, ack.count, self.events.now):
             self._put(broker, src, message)

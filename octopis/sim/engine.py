@@ -413,8 +413,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                     self.failure_counts["undeliverable.died_in_flight"] += 1
                     self.brokers.given_up.add(message.key)
                 return
-            if type(message) is not HandedShare:
-                self._took(broker, src)  # acknowledged at once, before it is routed
+            if type(message) is not HandedShare and not self._takes(broker, src):
+                return  # stale: sent before its sender's handshake named this broker
         if self.cpus is not None:
             self.cpus.queue(broker, src, message)
             return

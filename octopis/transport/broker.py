@@ -40,6 +40,7 @@ from octopis.core import (
     Subscribe,
     make_broker,
 )
+from octopis.core.codec import Synced, encode_body
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.load import LoadMeter
 from octopis.core.node import BrokerNode, HandedShare, NotServing
@@ -51,7 +52,6 @@ from octopis.keys import Keys
 from octopis.matching import MatchClock, Matcher
 from octopis.settings import BrokerSettings
 from octopis.topology import Scot
-from octopis.transport.codec import Synced, encode_body
 from octopis.transport.collector import IdleCollector
 from octopis.transport.connections import ClientError
 from octopis.transport.frames import (

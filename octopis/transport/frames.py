@@ -12,8 +12,8 @@ the same positions; every Python module reads a frame through this one.
 
 from __future__ import annotations
 
+from octopis.core.codec import Control, decode_peer
 from octopis.core.messages import Message
-from octopis.transport.codec import Control, decode_peer
 from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK
 
 __all__ = ["BODY", "DATA", "HANDSHAKE", "KEPT", "KIND", "LINK", "RECEIPT", "SENDER"]

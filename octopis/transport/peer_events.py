@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from octopis.core import Message, Notification
-from octopis.transport.codec import Synced
+from octopis.core.codec import Synced
 from octopis.transport.links import PublishReceipt
 
 

@@ -1,10 +1,10 @@
 """The receiving side of a broker's peer links (DESIGN §7): one PULL for every
 neighbour's frames, read in passes, each body handed where it belongs.
 
-Incarnations. A receiver takes data from a neighbour only after a HELLO that names its
-current incarnation (:attr:`~octopis.core.neighbours.Neighbour.reachable`), so frames
-queued for an earlier process are dropped (counted) rather than replayed into an empty
-table. Link-level bodies (HELLO, heartbeat, SYNCED) go to
+Incarnations. Which routing bodies a receiver takes is the node's rule
+(:func:`~octopis.core.custody.take`): only after a HELLO that names its current
+incarnation, so frames queued for an earlier process are dropped (counted) rather than
+replayed into an empty table. Link-level bodies (HELLO, heartbeat, SYNCED) go to
 :class:`~octopis.transport.peer_liveness.PeerLiveness`; routing bodies to the broker
 (:class:`~octopis.transport.peer_events.PeerEvents`), as do those a RESENT body carries that
 were not taken before (:func:`~octopis.core.custody.resent`).
@@ -24,10 +24,7 @@ import zmq
 import zmq.asyncio
 
 from octopis.core import Message, Notification, ProtocolError
-from octopis.core.custody import resent_taken, took
-from octopis.core.neighbours import Neighbour, Neighbours
-from octopis.logs import RateLimitedLog
-from octopis.transport.codec import (
+from octopis.core.codec import (
     Control,
     Heartbeat,
     Hello,
@@ -38,6 +35,9 @@ from octopis.transport.codec import (
     decode_plain_notification,
     decode_sender,
 )
+from octopis.core.custody import FIRST, STALE, resent_taken, take
+from octopis.core.neighbours import Neighbour, Neighbours
+from octopis.logs import RateLimitedLog
 from octopis.transport.links import InputWaiter, SendPass
 from octopis.transport.peer_liveness import PeerLiveness
 from octopis.transport.peer_output import PeerOutput
@@ -188,8 +188,8 @@ class PeerInput:
         """The bodies of ``frame`` (``[sender, body, ...]``, a batch or a run of messages
         from one neighbour) in order, until the monotonic clock passes ``deadline`` after
         a body that is not a notification. The sender and its state are looked up once;
-        notifications from a neighbour that is up and accepting go to routing as one run
-        (:meth:`PeerEvents.peer_notifications`), any other body through :meth:`_on_body`
+        notifications from a neighbour that is up go to the node's rule and routing as one
+        run (:meth:`_route_run`), any other body through :meth:`_on_body`
         once the run before it is handled. A malformed body, or one that breaks the
         protocol, is counted, logged and dropped; the bodies after it are still handled.
         Returns the index in ``frame`` of the first body left for the next pass
@@ -202,7 +202,7 @@ class PeerInput:
                 self._malformed(str(exc))
             return len(frame)
         state = self.neighbours.get(sender)
-        routing = state is not None and state.reachable
+        live = state is not None and state.up
         decode_plain = decode_plain_notification
         clock = time.monotonic
         run: list[tuple[Notification, bytes]] = []
@@ -210,7 +210,7 @@ class PeerInput:
         for body in bodies:
             try:
                 message = decode_plain(body) or decode_body_in_full(sender, body)
-                if routing and type(message) is Notification:
+                if live and type(message) is Notification:
                     run.append((message, body))
                     continue
                 if run:
@@ -219,7 +219,7 @@ class PeerInput:
                 self._on_body(sender, message, body, now)
             except Exception as exc:
                 self._failed(exc)
-            routing = state is not None and state.reachable
+            live = state is not None and state.up
             if clock() >= deadline:
                 if run:  # a body that failed to decode ended it
                     self._route_run(sender, state, run, now)
@@ -235,12 +235,17 @@ class PeerInput:
         run: list[tuple[Notification, bytes]],
         now: float,
     ) -> None:
-        """Hand ``run`` (notifications from ``sender``, up and accepting) to routing; one
-        that fails is counted and the rest are still routed. A failure before routing
-        took any would repeat: the notifications left are then counted as internal
-        errors and dropped."""
+        """Hand ``run`` (notifications from ``sender``, up: no sign of life is news) to
+        routing if the node's rule takes them (:func:`~octopis.core.custody.take`; else
+        they are stale); one that fails is counted and the rest are still routed. A
+        failure before routing took any would repeat: the notifications left are then
+        counted as internal errors and dropped."""
         state.last_heard = now
-        if took(state, len(run)):
+        verdict = take(state, len(run))
+        if verdict == STALE:
+            self._stale(sender, len(run))
+            return
+        if verdict == FIRST:
             self.output.acknowledge_first(sender, state, now)
         pending = iter(run)
         while True:
@@ -270,9 +275,10 @@ class PeerInput:
 
     def _on_body(self, sender: str, message: Message | Control, body: bytes, now: float) -> None:
         """One decoded routing or link-level ``message`` from ``sender``: link-level ones
-        move its state (:class:`PeerLiveness`); a routing one from a neighbour whose
-        handshake has not named us is stale. :class:`ProtocolError` if ``sender`` is not
-        a neighbour."""
+        move its state (:class:`PeerLiveness`); a routing one goes to the broker if the
+        node's rule takes it (:func:`~octopis.core.custody.take`; acknowledged with the
+        pass), else it is stale. :class:`ProtocolError` if ``sender`` is not a
+        neighbour."""
         state = self.neighbours.get(sender)
         if state is None and sender in self.departed:
             self.counters["frames_from_departed"] += 1  # it stops once all let it go
@@ -292,18 +298,18 @@ class PeerInput:
         if kind is Resent:
             self._resent(sender, state, message, now)  # type: ignore[arg-type]
             return
-        if state.reachable:
-            took(state, 1)
-        else:
-            self.counters["stale_frames"] += 1
-            self._warn.warning(
-                "stale",
-                "%s dropped a frame from %s sent before its handshake with us",
-                self.id,
-                sender,
-            )
+        if take(state, 1) == STALE:
+            self._stale(sender, 1)
             return
         self.events.peer_message(sender, message, body, now)
+
+    def _stale(self, sender: str, count: int) -> None:
+        """Count and log ``count`` routing bodies from ``sender`` the node's rule dropped
+        as stale."""
+        self.counters["stale_frames"] += count
+        self._warn.warning(
+            "stale", "%s dropped a frame from %s sent before its handshake with us", self.id, sender
+        )
 
     def _resent(self, sender: str, state: Neighbour, message: Resent, now: float) -> None:
         """``sender``'s link healed and sends again what it has no acknowledgement for:

@@ -28,9 +28,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from octopis.core import LinkStatusTable
+from octopis.core.codec import Heartbeat, Hello, Synced
+from octopis.core.custody import counts_for
 from octopis.core.neighbours import Neighbour, stall
 from octopis.core.node import BrokerNode
-from octopis.transport.codec import Heartbeat, Hello, Synced
 from octopis.transport.frames import HANDSHAKE, LINK
 from octopis.transport.peer_output import PeerOutput
 
@@ -123,7 +124,7 @@ class PeerLiveness:
         if type(message) is Hello:
             self.neighbours.handshake(sender, message.peer_incarnation, self.incarnation)
             return
-        if message.acked_incarnation == self.incarnation:
+        if counts_for(message.acked_incarnation, self.incarnation):
             self.output.links[sender].acknowledge(message.acked, now)
         now_serving = self.neighbours.said(sender, message.serving)
         self.route_through(sender)

@@ -19,10 +19,10 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate
+from octopis.core.codec import Control, Heartbeat, Hello, Synced, encode_peer
 from octopis.core.custody import heartbeat_due, owed
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.settings import Links
-from octopis.transport.codec import Control, Heartbeat, Hello, Synced, encode_peer
 from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
 from octopis.transport.links import LOOP_SLACK, Activity, OutputLink, PublishReceipt, SendPass
 from octopis.transport.pressure import PressureGauge

@@ -24,6 +24,7 @@ import msgspec
 
 from octopis.client_policy import LastSeen
 from octopis.core.answer import COMMIT_DELAY, commit_now, commit_refused
+from octopis.core.codec import decode_body, encode_body
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
@@ -40,7 +41,6 @@ from octopis.core.replay import (
 )
 from octopis.logs import RateLimitedLog
 from octopis.settings import Durable, Retention
-from octopis.transport.codec import decode_body, encode_body
 from octopis.transport.links import PublishReceipt
 from octopis.transport.retention import RetentionError, RetentionStore, StoreAnswer
 from octopis.wire import ClaimedRecord

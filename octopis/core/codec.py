@@ -10,6 +10,10 @@ no ``until`` as nil, replayed notifications as NOTIFY bodies. The link-level mes
 broker forward an unchanged notification with the very bytes it received.
 :func:`decode_peer` validates everything it reads and raises :class:`WireError` naming
 the problem; a broker drops such a frame and keeps serving.
+
+This is the node's (DESIGN §2: its input is a frame from a neighbour): sans-IO, it turns
+the bytes a shell moved into the messages the node takes, and both the broker process
+and every tool that reads peer frames decode through it alone.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import msgspec
 from bitarray import bitarray, frozenbitarray
 
 from octopis._match import is_plain_publication, plain_notification
-from octopis.core import (
+from octopis.core.messages import (
     Advertise,
     Message,
     Move,
