@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from laws import scots, sized
 
 from octopis.cli.main import main
+from octopis.client_policy import BUFFER, SEAM_FILLED
 from octopis.core import DEFAULT_COVERING, Notification
 from octopis.defaults import CLIENT_LIVENESS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
@@ -42,6 +43,7 @@ def _run(
     publications: int = 50,
     clients: Sequence[tuple[str, float]] = (),
     covering: str = DEFAULT_COVERING,
+    seam_limit: int = BUFFER,
 ) -> Simulator:
     """Random ``[x,<,k]`` subscribers everywhere, then publications from random brokers
     spread over five seconds, with ``failures`` and the subscribers' connection failures
@@ -55,6 +57,7 @@ def _run(
         oracle_factory=ReferenceMatcher,
         covering=covering,
     )
+    sim.seam_limit = seam_limit
     brokers = sorted(scot.brokers)
     for i in range(subscribers):
         bound = rng.randint(1, 9)
@@ -288,6 +291,20 @@ def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:
     assert report["replays"]["subscribers_failed_over"] == 5
     assert report["deliveries_to_cut_clients"] > 0 and report["replays"]["replayed"] > 0
     assert sim.ledger.summary()["lost"] == 0
+
+
+def test_a_replaying_subscriber_is_told_the_gap_of_a_seam_that_overflowed() -> None:
+    """The SDK's seam rule (``Seam.gap``) in the simulator: with no room for live
+    deliveries while a replay is under way, each goes through and the subscriber is told
+    the seam fell short, as the SDK tells it; nothing is lost."""
+    clients = [(f"S{i}", 1.0 + 0.3 * i) for i in range(5)]
+    sim = _run(FIG2, "dnr", [], seed=5, clients=clients)
+    assert not sim.seam_gaps and "seam_overflowed" not in sim.replay_counts
+    full = _run(FIG2, "dnr", [], seed=5, clients=clients, seam_limit=0)
+    assert full.replay_counts["seam_overflowed"] >= len(full.seam_gaps) > 0
+    assert _law(full)["replays"]["seam_gaps"] == len(full.seam_gaps)
+    assert all(told == {SEAM_FILLED} for told in full.seam_gaps.values())
+    assert full.ledger.summary()["lost"] == 0
 
 
 @pytest.mark.parametrize("mode", ["dnr", "snr"])

@@ -206,6 +206,6 @@ class PastRequests:
         items, repeats = seam.joined(self.client.name, self.client.connection.group)
         for received, size in items:
             self.client.deliver(received, size)
-        gap = seam.gap(self.client.name, after, error)
+        gap = seam.replay_gap(self.client.name, after, error)
         replayed = self.replay_log.add(seam, items, repeats, gap)
         return gap, self.history(seam, after, message.get("until"), replayed, error)

@@ -132,22 +132,20 @@ class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
             found.setdefault(policy_order(received), received)
         return [found[key] for key in sorted(found)]
 
-    def gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
-        """The gap this replay leaves, if any."""
-        summary = self.summary
-        if summary is None:
-            return ReplayGap(name, self.replay, after, error=error or "no answer from the overlay")
-        silent = tuple(summary.get("silent", ()))
-        unstored = tuple(summary.get("unstored", ()))
-        trimmed = tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ()))
-        truncated = tuple(summary.get("truncated", ()))
-        if truncated and error is None:
-            error = f"stores cut their answer at its bounds: {', '.join(truncated)}"
-        if error is None and not (silent or unstored or trimmed or self.overflowed):
+    def replay_gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
+        """The gap this replay leaves client ``name``, if any (the client policy's rule,
+        :meth:`~octopis.client_policy.Seam.gap`, of the ``replay_done`` notice)."""
+        summary = self.summary or {}
+        gap = self.gap(
+            error,
+            silent=summary.get("silent", ()),
+            unstored=summary.get("unstored", ()),
+            trimmed=[(str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ())],
+            truncated=tuple(summary.get("truncated", ())),
+        )
+        if gap is None:
             return None
-        if self.overflowed:
-            error = error or "live deliveries filled the seam before the answer came"
-        return ReplayGap(name, self.replay, after, silent, unstored, trimmed, error)
+        return ReplayGap(name, self.replay, after, gap.silent, gap.unstored, gap.trimmed, gap.error)
 
 
 @dataclass(frozen=True)

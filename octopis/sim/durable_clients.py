@@ -192,7 +192,7 @@ class DurableSimulator(Simulator):
             c.away.append((c.left, self.now))
             c.left = None
         self._attach_durable(c, broker)
-        self.seams[c.name], c.claiming = Seam(), True
+        self.seams[c.name], c.claiming = Seam(self.seam_limit), True
         claim = Replay("", broker, (), (), 0.0, HISTORIC_BUDGET, claim=claim_of(c.name, NAME))
         self._durable_request(c, claim)
 
@@ -323,7 +323,7 @@ class DurableSimulator(Simulator):
         since, after = c.replaying.failed_over(died, [c.progress])
         self._attach_durable(c, new)
         self._durable_ack(c, c.progress.whole())
-        self.seams[c.name], c.claiming = Seam(), False
+        self.seams[c.name], c.claiming = Seam(self.seam_limit), False
         replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
         self._durable_request(c, replay)
 

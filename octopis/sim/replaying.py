@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from octopis.client_policy import (
+    BUFFER,
     RecentDeliveries,
     Seam,
     SubscriberReplays,
@@ -107,6 +108,12 @@ class SubscriberFailover:
         self.seams: dict[str, Seam[Notification, Notification, ReplayEcho]] = {}
         """Per subscriber whose replay is under way, its seam (the SDK's,
         :class:`~octopis.client_policy.Seam`)."""
+        self.seam_limit = BUFFER
+        """Live deliveries a seam holds (the SDK's ``buffer``)."""
+        self.seam_gaps: dict[str, set[str]] = {}
+        """Per subscriber, why its replays fell short as a whole, as the SDK tells it
+        (:meth:`~octopis.client_policy.Seam.gap`'s error: an answer cut at its bounds, a
+        seam that overflowed) and the brokers without a store that its replays asked."""
         self.replaying: dict[str, SubscriberReplays] = {}
         """Per subscriber, the SDK's side of its replays: where the next asks from, kept
         from the first failure scheduled on (:meth:`saw`), and those waiting for late
@@ -237,7 +244,7 @@ class SubscriberFailover:
         self._replays += 1
         req_id = f"{new}/{self._replays}"
         self._requesters[req_id] = subscriber
-        self.seams[subscriber] = Seam(replay=req_id)
+        self.seams[subscriber] = Seam(self.seam_limit, replay=req_id)
         request = Replay(
             req_id,
             new,
@@ -424,13 +431,35 @@ class SubscriberFailover:
         seam = self.seams.pop(subscriber, None)
         if seam is None:
             return
-        if seam.overflowed:  # the SDK reports it as a gap (the seam's error)
+        if seam.overflowed:
             self.replay_counts["seam_overflowed"] += 1
         joined = self._join(subscriber, seam.live, seam.answer)
         if silent is not None and seam.replay is not None:
             late = self._replaying(subscriber).late
             late.ended(seam.replay, map(publisher_order, joined), silent)
             self.replay_gaps[subscriber] = late.outstanding.silent()
+        if silent is not None and (echo := seam.summary) is not None:
+            self._seam_gap(subscriber, seam, echo)
+
+    def _seam_gap(
+        self, subscriber: str, seam: Seam[Any, Any, ReplayEcho], echo: ReplayEcho
+    ) -> None:
+        """The gap a replay answered with ``echo`` leaves ``subscriber``, by the SDK's
+        rule (:meth:`~octopis.client_policy.Seam.gap`): its silent brokers are its
+        :attr:`replay_gaps` (narrowed by late parts), its trimmed ranges its
+        :attr:`store_gaps`; what falls short as a whole, and the brokers without a store,
+        are told in :attr:`seam_gaps`. (A replay cut short is the SDK's "no answer": the
+        simulator keeps every broker silent for it, narrowed by late parts.)"""
+        gap = seam.gap(
+            silent=echo.silent, unstored=echo.unstored, trimmed=echo.gaps, truncated=echo.truncated
+        )
+        if gap is None:
+            return
+        told = {f"unstored: {b}" for b in gap.unstored}
+        if gap.error is not None:
+            told.add(gap.error)
+        if told:
+            self.seam_gaps.setdefault(subscriber, set()).update(told)
 
     def _join(
         self,
@@ -456,4 +485,5 @@ class SubscriberFailover:
             **self.replay_counts,
             "subscribers_failed_over": len(self.failed_over),
             "gaps": sum(1 for g in self.replay_gaps.values() if g),
+            "seam_gaps": sum(1 for g in self.seam_gaps.values() if g),
         }
