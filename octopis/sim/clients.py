@@ -96,10 +96,8 @@ class Clients:
     def session_unsubscribe(self, subscriber: str, broker: str, sub_id: str) -> list[Action]:
         """``subscriber`` withdraws ``sub_id`` at ``broker`` as a broker's client session
         takes it (:meth:`ClientTable.unsubscribe`); returns the actions."""
-        sessions = self._brokers.nodes[broker].sessions
-        return sessions.unsubscribe(
-            subscriber, subscriber, sub_id, self._brokers.cores[broker].unsubscribe
-        )
+        node = self._brokers.nodes[broker]
+        return node.sessions.unsubscribe(subscriber, subscriber, sub_id, node.withdraw)
 
     def advertise(self, publisher: str, broker: str, advertisement: Subscription) -> str:
         """``publisher`` (attached to ``broker``) advertises now; returns the adv_id."""

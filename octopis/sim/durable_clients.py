@@ -361,8 +361,8 @@ class DurableSimulator(Simulator):
     def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
         """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its
         record was claimed by the host its client came back at)."""
-        unsubscribe = self.cores[broker].unsubscribe
-        actions = self.nodes[broker].sessions.withdraw(client, sub_id, unsubscribe)
+        node = self.nodes[broker]
+        actions = node.sessions.withdraw(client, sub_id, node.withdraw)
         if actions is not None:
             self.subscriber_of.pop(sub_id, None)
             self._dispatch(broker, actions)
