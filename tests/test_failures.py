@@ -507,6 +507,32 @@ def test_a_replay_around_a_dead_broker_keeps_its_gap_until_its_own_parts_fill_it
     assert sim.replay_gaps["S11"] == {"r0:0"}
 
 
+def test_a_link_that_heals_after_a_restart_hears_the_first_heartbeat_once() -> None:
+    """A broker restarts while its link to a neighbour is cut; when the link heals the two
+    meet (the handshake), and each hears the other's first heartbeat once, as on a
+    process link (the simulator heard it at the handshake and again behind it)."""
+    sim = Simulator(FIG2, "snr", seed=3, latency=LatencyModel(0.001, 0.002), covering="off")
+    a, b = sorted(FIG2.graph.edges)[0]
+    sim.subscribe("S", a, Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    heard: Counter[tuple[str, str]] = Counter()
+    hear = sim._heard
+
+    def counted(src: str, dst: str, serving: bool) -> None:
+        if sim.now >= start + 5.0:
+            heard[(src, dst)] += 1
+        hear(src, dst, serving)
+
+    sim._heard = counted  # type: ignore[method-assign]
+    sim.fail(Failure((a, b), 1.0, 5.0), start)
+    sim.fail(Failure((a,), 2.0, 3.0), start)
+    sim.run()
+    assert heard == {(a, b): 1, (b, a): 1}
+    assert sim.nodes[a].neighbours.routable(b) and sim.nodes[b].neighbours.routable(a)
+    assert (a, b) not in sim.failures.failed_at and (b, a) not in sim.failures.failed_at
+
+
 def test_custody_keeps_what_the_receiver_has_not_acknowledged() -> None:
     """The simulator's links keep what the process's keep: while ``A``'s frames to ``B``
     are lost (a one-way cut), every notification ``A`` sent ``B`` since the cut stays
