@@ -26,7 +26,7 @@ feed it what happens and perform its answers.
   :class:`SubscriberReplays`, a subscriber's from-points, late answers and the replay
   it asks for after a fail-over, with the start its durable records owe from;
 - :class:`Seam`: a request for the past under way, the live deliveries held meanwhile
-  (up to :data:`BUFFER`), its answer and the gap it leaves (:meth:`Seam.gap`,
+  (up to :data:`~octopis.defaults.BUFFER`), its answer and the gap it leaves (:meth:`Seam.gap`,
   :class:`SeamGap`); :func:`join_at_seam`: how they join, each
   publication once, in publisher order (:func:`publisher_order`);
 - :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
@@ -41,9 +41,12 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from octopis.defaults import (
+    BUFFER,
     CLOCK_SKEW,
     DELIVERIES_HORIZON,
     DELIVERIES_KNOWN,
+    LATE_KEPT,
+    LATE_WAITING,
     LOOKBACK,
     PUBLISHERS_KNOWN,
     REORDER,
@@ -260,12 +263,6 @@ class ClaimAnswer(Generic[C]):
     after: float = 0.0
 
 
-LATE_KEPT = 10_000
-"""Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
-the record of recent deliveries still drops repeats)."""
-LATE_WAITING = 16
-"""Replays of one subscriber that wait for late answers with their memory of
-deliveries; an older one forgets it."""
 Key = tuple[str, int, int]
 """(publisher, session, seq): one publication."""
 
@@ -530,10 +527,6 @@ class SubscriberReplays:
             progress.failed_over(after)
         return since, after
 
-
-BUFFER = 10_000
-"""Deliveries a subscriber holds before it stops reading (the SDK's default ``buffer``),
-and a seam holds live while its answer comes."""
 
 L = TypeVar("L")
 R = TypeVar("R")

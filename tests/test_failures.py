@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from laws import scots, sized
 
 from octopis.cli.main import main
-from octopis.client_policy import BUFFER, SEAM_FILLED
+from octopis.client_policy import SEAM_FILLED
 from octopis.core import DEFAULT_COVERING, Notification
-from octopis.defaults import CLIENT_LIVENESS
+from octopis.defaults import BUFFER, CLIENT_LIVENESS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher

@@ -21,7 +21,8 @@ from octopis.client.past import PastRequests
 from octopis.client.replay import ReplayGap, Seam, parse_time
 from octopis.client.replay_log import ReplayLog
 from octopis.client.streams import CompositeStream, SubscriptionStream
-from octopis.client_policy import BUFFER, SubscriberReplays
+from octopis.client_policy import SubscriberReplays
+from octopis.defaults import BUFFER
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
 

@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from octopis.client_policy import (
-    BUFFER,
     RecentDeliveries,
     Seam,
     SubscriberReplays,
@@ -52,7 +51,13 @@ from octopis.core.replay import (
     ReplayEcho,
     ReplayRounds,
 )
-from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, HISTORIC_BUDGET, REPLAY_BUDGET
+from octopis.defaults import (
+    BUFFER,
+    CLIENT_LIVENESS,
+    CLIENT_TIMEOUT,
+    HISTORIC_BUDGET,
+    REPLAY_BUDGET,
+)
 from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
 
