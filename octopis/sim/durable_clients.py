@@ -136,8 +136,9 @@ class DurableSimulator(Simulator):
         self._written_time: dict[str, float] = {}
         self._expiring: dict[str, float] = {}
         """The tick each broker's records are next checked for expiry at."""
-        self._durable_reqs: dict[str, tuple[str, int, bool]] = {}
-        """Requests of durable clients → (client, run, whether a claim)."""
+        self._connections: dict[str, DurableClient] = {}
+        """Each connection a durable client made, by its key (the requester the nodes
+        name in their answers, as a broker's client sessions know their connections)."""
         self._died_at: dict[str, float] = {}
         """When each broker last died."""
 
@@ -200,6 +201,7 @@ class DurableSimulator(Simulator):
         c.host = broker
         c.connection += 1
         c.key = f"{c.name}#{c.run}.{c.connection}"
+        self._connections[c.key] = c
         self._home[c.name] = broker
         self.records[c.name] = c.record
         self.replaying[c.name] = c.replaying
@@ -224,7 +226,6 @@ class DurableSimulator(Simulator):
             request.budget,
             claim=request.claim,
         )
-        self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
         self.seams[c.name].named(req_id)
         c.counts["claims" if request.claim else "replays"] += 1
         self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now, c.key))
@@ -342,9 +343,10 @@ class DurableSimulator(Simulator):
             if type(action) is ClaimRecord:
                 self._durable_claim(broker, action.request)
             elif (
-                type(action) in (ReplayDeliver, ReplayDone) and action.req_id in self._durable_reqs
+                type(action) in (ReplayDeliver, ReplayDone)
+                and action.requester in self._connections
             ):
-                self._durable_answer(action)
+                self._durable_answer(self._connections[action.requester], action)
             else:
                 super()._carry_out_replay(broker, [action])
 
@@ -367,11 +369,12 @@ class DurableSimulator(Simulator):
             self.subscriber_of.pop(sub_id, None)
             self._dispatch(broker, actions)
 
-    def _durable_answer(self, action: ReplayDeliver | ReplayDone) -> None:
-        client, run, claim = self._durable_reqs[action.req_id]
-        c = self.durable_clients[client]
-        if c.run != run or c.host is None:
-            return  # that process is gone: nobody reads the answer
+    def _durable_answer(self, c: DurableClient, action: ReplayDeliver | ReplayDone) -> None:
+        """An answer to ``c``'s connection that asked (``action.claim``: a claim's):
+        read only if that connection is ``c``'s current one (one left behind, or of a
+        process gone, is read by nobody)."""
+        if action.requester != c.key or c.host is None:
+            return
         seam = self.seams.get(c.name)
         current = seam is not None and seam.replay == action.req_id
         if type(action) is ReplayDeliver:
@@ -380,7 +383,7 @@ class DurableSimulator(Simulator):
             return
         echo = action.echo
         c.store_gaps.update(echo.gaps)
-        if claim:  # a claim's gap stays: a late answer is not read
+        if action.claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
         elif not current:  # a replay's gap shrinks as its own silent parts answer late
             c.replaying.late.answered(action.req_id, echo.answered, echo.silent)

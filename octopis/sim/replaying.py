@@ -89,7 +89,6 @@ class SubscriberFailover:
         """Per subscriber, the brokers its replays reported silent and never heard from
         (of its :attr:`replaying`)."""
         self.replay_counts: Counter[str] = Counter()
-        self._requesters: dict[str, str] = {}
         self._replays = 0
         self.historic_received: dict[str, list[tuple[str, int]]] = {}
         """Per historic query (its req_id), the publications answered to it, in order."""
@@ -248,7 +247,6 @@ class SubscriberFailover:
             return
         self._replays += 1
         req_id = f"{new}/{self._replays}"
-        self._requesters[req_id] = subscriber
         self.seams[subscriber] = Seam(self.seam_limit, replay=req_id)
         request = Replay(
             req_id,
@@ -270,7 +268,6 @@ class SubscriberFailover:
         stays silent is reported to ``asker`` (:attr:`replay_gaps`)."""
         self._replays += 1
         req_id = f"{broker}/{self._replays}"
-        self._requesters[req_id] = asker
         self.historic_received[req_id] = []
         request = Replay(
             req_id, broker, (subscription.to_text(),), (), after, HISTORIC_BUDGET, until=until
