@@ -26,8 +26,8 @@ feed it what happens and perform its answers.
   :class:`SubscriberReplays`, a subscriber's from-points, late answers and the replay
   it asks for after a fail-over, with the start its durable records owe from;
 - :class:`Seam`: a request for the past under way, the live deliveries held meanwhile
-  (up to :data:`~octopis.defaults.BUFFER`), its answer and the gap it leaves (:meth:`Seam.gap`,
-  :class:`SeamGap`); :func:`join_at_seam`: how they join, each
+  (up to :data:`~octopis.defaults.BUFFER`), its answer and why it falls short
+  (:meth:`Seam.shortfall`); :func:`join_at_seam`: how they join, each
   publication once, in publisher order (:func:`publisher_order`);
 - :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
   delivery is checked (a repeat during a move or a fail-over is dropped).
@@ -538,20 +538,6 @@ SEAM_FILLED = "live deliveries filled the seam before the answer came"
 """Why a seam that overflowed leaves a gap (live deliveries went through unordered)."""
 
 
-@dataclass(frozen=True, slots=True)
-class SeamGap:
-    """What a request for the past joined at a :class:`Seam` leaves its client
-    (:meth:`Seam.gap`, DESIGN §11): brokers ``silent`` (down, or past the budget),
-    ``unstored`` (no retention), ranges ``trimmed`` from the stores, and ``error``, why
-    the request as a whole falls short (no answer, an answer cut at its bounds, the seam
-    overflowed, or the shell's own failure)."""
-
-    silent: tuple[str, ...] = ()
-    unstored: tuple[str, ...] = ()
-    trimmed: tuple[tuple[str, int, int, int], ...] = ()
-    error: str | None = None
-
-
 class Seam(Generic[L, R, S]):
     """A subscriber's request for the past under way (DESIGN §11): a fail-over's replay,
     a hybrid subscription's window, a durable claim and the replay from its record. Live
@@ -608,30 +594,19 @@ class Seam(Generic[L, R, S]):
         self.replay = None
         return summary
 
-    def gap(
-        self,
-        error: str | None = None,
-        *,
-        silent: Iterable[str] = (),
-        unstored: Iterable[str] = (),
-        trimmed: Iterable[tuple[str, int, int, int]] = (),
-        truncated: Sequence[str] = (),
-    ) -> SeamGap | None:
-        """The gap the request waited for leaves its client (None: none), its end's
-        ``silent``, ``unstored``, ``trimmed`` and ``truncated`` read by the shell from
-        :attr:`summary`; ``error``, the shell's own reason (a failed request). No end
-        is :data:`NO_ANSWER`; an answer cut at its bounds or a seam that
-        :attr:`overflowed` (:data:`SEAM_FILLED`) is a gap too."""
+    def shortfall(self, error: str | None = None, truncated: Sequence[str] = ()) -> str | None:
+        """Why the request waited for falls short as a whole, a gap whatever its end says
+        of silent, unstored and trimmed parts (None: it does not): the shell's own
+        ``error``, no end (:data:`NO_ANSWER`), stores that cut their answer at its
+        bounds (``truncated``, read from :attr:`summary`), or live deliveries that
+        :attr:`overflowed` the seam (:data:`SEAM_FILLED`)."""
+        if error is not None:
+            return error
         if self.summary is None:
-            return SeamGap(error=error or NO_ANSWER)
-        if truncated and error is None:
-            error = f"stores cut their answer at its bounds: {', '.join(truncated)}"
-        if self.overflowed and error is None:
-            error = SEAM_FILLED
-        gap = SeamGap(tuple(silent), tuple(unstored), tuple(trimmed), error)
-        if error is None and not (gap.silent or gap.unstored or gap.trimmed):
-            return None
-        return gap
+            return NO_ANSWER
+        if truncated:
+            return f"stores cut their answer at its bounds: {', '.join(truncated)}"
+        return SEAM_FILLED if self.overflowed else None
 
     @property
     def summary(self) -> S | None:

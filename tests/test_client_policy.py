@@ -18,7 +18,6 @@ from octopis.client_policy import (
     RecentDeliveries,
     ReplayGaps,
     Seam,
-    SeamGap,
     SubscriberReplays,
     claim_gap,
     join_at_seam,
@@ -227,17 +226,15 @@ def test_a_seam_holds_live_deliveries_up_to_its_limit_and_waits_for_its_request(
     assert not unheld.hold("a") and not unheld.overflowed
 
 
-def test_a_seam_tells_the_gap_its_answer_leaves() -> None:
-    """One rule for the SDK and the simulator's subscribers: no end is no answer; an
-    answer cut at its bounds, or a seam that overflowed, falls short as a whole; silent,
-    unstored and trimmed parts are a gap; a full answer through a seam that held every
-    live delivery is none."""
+def test_a_seam_tells_why_its_request_falls_short() -> None:
+    """One rule for the SDK and the simulator's subscribers: the shell's own error; no
+    end is no answer; an answer cut at its bounds, or a seam that overflowed, falls
+    short as a whole; a full answer through a seam that held every live delivery does
+    not (what its end says of silent, unstored and trimmed parts is a gap apart)."""
     seam: Seam[str, str, str] = Seam(limit=1, replay="r")
-    assert seam.gap() == SeamGap(error=NO_ANSWER)
-    assert seam.gap("refused") == SeamGap(error="refused")
+    assert seam.shortfall() == NO_ANSWER and seam.shortfall("refused") == "refused"
     seam.end("r", "done")
-    assert seam.hold("a") and seam.gap() is None
-    assert seam.gap(silent=["b:0"]) == SeamGap(silent=("b:0",))
-    assert seam.gap(truncated=["b:1"]).error == "stores cut their answer at its bounds: b:1"
-    assert not seam.hold("b") and seam.gap() == SeamGap(error=SEAM_FILLED)
-    assert seam.gap(unstored=["b:2"]) == SeamGap(unstored=("b:2",), error=SEAM_FILLED)
+    assert seam.hold("a") and seam.shortfall() is None
+    assert seam.shortfall(truncated=["b:1"]) == "stores cut their answer at its bounds: b:1"
+    assert not seam.hold("b") and seam.shortfall() == SEAM_FILLED
+    assert seam.shortfall("refused") == "refused"

@@ -294,7 +294,7 @@ def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:
 
 
 def test_a_replaying_subscriber_is_told_the_gap_of_a_seam_that_overflowed() -> None:
-    """The SDK's seam rule (``Seam.gap``) in the simulator: with no room for live
+    """The SDK's seam rule (``Seam.shortfall``) in the simulator: with no room for live
     deliveries while a replay is under way, each goes through and the subscriber is told
     the seam fell short, as the SDK tells it; nothing is lost."""
     clients = [(f"S{i}", 1.0 + 0.3 * i) for i in range(5)]

@@ -133,19 +133,17 @@ class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
         return [found[key] for key in sorted(found)]
 
     def replay_gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
-        """The gap this replay leaves client ``name``, if any (the client policy's rule,
-        :meth:`~octopis.client_policy.Seam.gap`, of the ``replay_done`` notice)."""
+        """The gap this replay leaves client ``name``, if any: what its ``replay_done``
+        notice says is missing, and why it falls short as a whole (the client policy's
+        :meth:`~octopis.client_policy.Seam.shortfall`)."""
         summary = self.summary or {}
-        gap = self.gap(
-            error,
-            silent=summary.get("silent", ()),
-            unstored=summary.get("unstored", ()),
-            trimmed=[(str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ())],
-            truncated=tuple(summary.get("truncated", ())),
-        )
-        if gap is None:
+        error = self.shortfall(error, tuple(summary.get("truncated", ())))
+        silent = tuple(summary.get("silent", ()))
+        unstored = tuple(summary.get("unstored", ()))
+        trimmed = tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ()))
+        if error is None and not (silent or unstored or trimmed):
             return None
-        return ReplayGap(name, self.replay, after, gap.silent, gap.unstored, gap.trimmed, gap.error)
+        return ReplayGap(name, self.replay, after, silent, unstored, trimmed, error)
 
 
 @dataclass(frozen=True)

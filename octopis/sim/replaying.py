@@ -116,7 +116,7 @@ class SubscriberFailover:
         """Live deliveries a seam holds (the SDK's ``buffer``)."""
         self.seam_gaps: dict[str, set[str]] = {}
         """Per subscriber, why its replays fell short as a whole, as the SDK tells it
-        (:meth:`~octopis.client_policy.Seam.gap`'s error: an answer cut at its bounds, a
+        (:meth:`~octopis.client_policy.Seam.shortfall`: an answer cut at its bounds, a
         seam that overflowed) and the brokers without a store that its replays asked."""
         self.replaying: dict[str, SubscriberReplays] = {}
         """Per subscriber, the SDK's side of its replays: where the next asks from, kept
@@ -370,7 +370,7 @@ class SubscriberFailover:
     def _cut_short(self, subscriber: str) -> None:
         """A fail-over cuts ``subscriber``'s replay under way short: its part joins now,
         and its answer never comes on this connection, which the SDK reports as a gap
-        (``Seam.gap``: no answer from the overlay), every store unheard until a late
+        (``Seam.shortfall``: no answer from the overlay), every store unheard until a late
         echo of that request names those that answered."""
         if subscriber in self.seams:
             self.replay_counts["cut_short"] += 1
@@ -446,20 +446,15 @@ class SubscriberFailover:
     def _seam_gap(
         self, subscriber: str, seam: Seam[Any, Any, ReplayEcho], echo: ReplayEcho
     ) -> None:
-        """The gap a replay answered with ``echo`` leaves ``subscriber``, by the SDK's
-        rule (:meth:`~octopis.client_policy.Seam.gap`): its silent brokers are its
-        :attr:`replay_gaps` (narrowed by late parts), its trimmed ranges its
-        :attr:`store_gaps`; what falls short as a whole, and the brokers without a store,
-        are told in :attr:`seam_gaps`. (A replay cut short is the SDK's "no answer": the
+        """What a replay answered with ``echo`` leaves ``subscriber``, as the SDK tells it:
+        its silent brokers are its :attr:`replay_gaps` (narrowed by late parts), its
+        trimmed ranges its :attr:`store_gaps`; why it falls short as a whole
+        (:meth:`~octopis.client_policy.Seam.shortfall`) and the brokers without a store are
+        told in :attr:`seam_gaps`. (A replay cut short is the SDK's "no answer": the
         simulator keeps every broker silent for it, narrowed by late parts.)"""
-        gap = seam.gap(
-            silent=echo.silent, unstored=echo.unstored, trimmed=echo.gaps, truncated=echo.truncated
-        )
-        if gap is None:
-            return
-        told = {f"unstored: {b}" for b in gap.unstored}
-        if gap.error is not None:
-            told.add(gap.error)
+        told = {f"unstored: {b}" for b in echo.unstored}
+        if (why := seam.shortfall(truncated=echo.truncated)) is not None:
+            told.add(why)
         if told:
             self.seam_gaps.setdefault(subscriber, set()).update(told)
 
