@@ -195,6 +195,28 @@ class PastRequests:
             error,
         )
 
+    async def replay(
+        self,
+        seam: Seam,
+        filters: list[str],
+        since: list[tuple[str, int, int]],
+        after: float,
+        timeout: float,
+    ) -> ReplayGap | None:
+        """Ask the overlay for what a subscriber of ``filters`` may have missed (of each
+        publisher's session what follows ``since``, of any other publisher what was
+        published from ``after``), its answer joined at ``seam`` (:meth:`replayed`); the
+        gap it leaves, if any."""
+        message = {
+            "op": "replay",
+            "client": self.client.name,
+            "filters": filters,
+            "since": since,
+            "after": after,
+        }
+        gap, _ = await self.replayed(seam, message, timeout)
+        return gap
+
     async def replayed(
         self, seam: Seam, message: dict[str, Any], timeout: float
     ) -> tuple[ReplayGap | None, History]:

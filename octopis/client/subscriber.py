@@ -18,7 +18,7 @@ from octopis.client.errors import DroppedError
 from octopis.client.moving import Mover
 from octopis.client.named import NamedClient
 from octopis.client.past import PastRequests
-from octopis.client.replay import ReplayGap, Seam, parse_time
+from octopis.client.replay import ReplayGap, parse_time
 from octopis.client.replay_log import ReplayLog
 from octopis.client.streams import CompositeStream, SubscriptionStream
 from octopis.client_policy import SubscriberReplays
@@ -323,7 +323,7 @@ class Subscriber(NamedClient):
                 if self.past.seam is seam:  # no replay: let go of the seam
                     self.past.let_go(seam)
                 raise
-            await self._replay(seam, since, after, REPLAY_WAIT)
+            await self.past.replay(seam, self._replayable(), since, after, REPLAY_WAIT)
 
     async def replay(self, timeout: float = REPLAY_WAIT) -> ReplayGap | None:
         """Ask the overlay for the retained publications this subscriber may have missed
@@ -332,22 +332,8 @@ class Subscriber(NamedClient):
         the live ones held meanwhile, each once, in publisher order; returns the gap left,
         if any."""
         seam = self.past.open_seam()
-        return await self._replay(seam, *self.replaying.replay(self._silent()), timeout)
-
-    async def _replay(
-        self, seam: Seam, since: list[tuple[str, int, int]], after: float, timeout: float
-    ) -> ReplayGap | None:
-        """Send the replay request of ``since`` and ``after``, its answer joined at
-        ``seam``; the gap it leaves, if any."""
-        message = {
-            "op": "replay",
-            "client": self.name,
-            "filters": self._replayable(),
-            "since": since,
-            "after": after,
-        }
-        gap, _ = await self.past.replayed(seam, message, timeout)
-        return gap
+        since, after = self.replaying.replay(self._silent())
+        return await self.past.replay(seam, self._replayable(), since, after, timeout)
 
     def _silent(self) -> float:
         """When the broker left at the last fail-over went silent (now, if none did)."""

@@ -29,12 +29,10 @@ from octopis.sim.durable_clients import DurableClient, DurableSimulator
 from octopis.sim.engine import Simulator
 from octopis.sim.stores import in_gaps
 
-Window = tuple[int, float, float]
-"""A historic query's ``(k, after, until)``, in the simulator's time."""
-
 
 class Query(NamedTuple):
-    """A historic query asked: who asked, and its window (:data:`Window`)."""
+    """A historic query: who asked it, for the publications whose ``x`` is below ``k``
+    published in ``[after, until)`` (the simulator's time)."""
 
     asker: str
     k: int

@@ -65,14 +65,7 @@ from octopis.failure_schedule import Failure
 from octopis.filters.composite import parse_composite
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
-from octopis.nemesis.checks import (
-    COUNTS,
-    Query,
-    Window,
-    check_composites,
-    check_durables,
-    check_historic,
-)
+from octopis.nemesis.checks import COUNTS, Query, check_composites, check_durables, check_historic
 from octopis.nemesis.store_faults import (
     STORE_KINDS,
     DiskFull,
@@ -493,21 +486,21 @@ def simulate(
         sim.at(start + at, _withdraw, sim, subscriber, withdrawn)
     asked: dict[str, Query] = {}
     for at, asker, broker, k, after, until in scenario.historics:
-        window = (k, start + after, start + until)
-        sim.at(start + at, _ask, sim, asker, broker, window, asked)
+        query = Query(asker, k, start + after, start + until)
+        sim.at(start + at, _ask, sim, broker, query, asked)
     sim.run(start + HORIZON)
     return sim, withdrawn, asked
 
 
-def _ask(sim: Simulator, asker: str, broker: str, window: Window, asked: dict[str, Query]) -> None:
-    """``asker`` asks ``broker`` its historic query now, if that broker is alive (a client
+def _ask(sim: Simulator, broker: str, query: Query, asked: dict[str, Query]) -> None:
+    """``query``'s asker asks it of ``broker`` now, if that broker is alive (a client
     cannot connect to a dead one)."""
     state = sim.failures
     if state is not None and broker in state.dead:
         return
-    k, after, until = window
+    asker, k, after, until = query
     req_id = sim.historic(asker, broker, Subscription((Predicate("x", "<", k),)), after, until)
-    asked[req_id] = Query(asker, *window)
+    asked[req_id] = query
 
 
 def _withdraw(sim: Simulator, subscriber: str, withdrawn: dict[str, float]) -> None:

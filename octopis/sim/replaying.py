@@ -64,6 +64,22 @@ from octopis.sim.stores import RetentionStores
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
 
 
+def told_at_seam(seam: Seam[Notification, Notification, ReplayEcho]) -> set[str]:
+    """What the replay ``seam`` waited for tells its subscriber once answered, as the
+    SDK tells it, besides its silent brokers (its replay gaps, narrowed by late parts)
+    and the ranges its stores no longer hold (its store gaps): why it falls short as a
+    whole (:meth:`~octopis.client_policy.Seam.shortfall`) and the brokers without a
+    store. (A replay cut short is the SDK's "no answer": the simulator keeps every
+    broker silent for it, narrowed by late parts.)"""
+    echo = seam.summary
+    if echo is None:
+        return set()
+    told = {f"unstored: {b}" for b in echo.unstored}
+    if (why := seam.shortfall(truncated=echo.truncated)) is not None:
+        told.add(why)
+    return told
+
+
 class SubscriberFailover:
     """The :class:`~octopis.sim.engine.Simulator`'s subscribers failing over and their
     replays (a mixin beside its event loop and :class:`~octopis.sim.failures.FailureEvents`)."""
@@ -115,9 +131,8 @@ class SubscriberFailover:
         self.seam_limit = BUFFER
         """Live deliveries a seam holds (the SDK's ``buffer``)."""
         self.seam_gaps: dict[str, set[str]] = {}
-        """Per subscriber, why its replays fell short as a whole, as the SDK tells it
-        (:meth:`~octopis.client_policy.Seam.shortfall`: an answer cut at its bounds, a
-        seam that overflowed) and the brokers without a store that its replays asked."""
+        """Per subscriber, what its replays told it besides its replay and store gaps
+        (:func:`told_at_seam`)."""
         self.replaying: dict[str, SubscriberReplays] = {}
         """Per subscriber, the SDK's side of its replays: where the next asks from, kept
         from the first failure scheduled on (:meth:`saw`), and those waiting for late
@@ -239,7 +254,11 @@ class SubscriberFailover:
         replaying = self._replaying(subscriber)
         replaying.subscribed(self.clients.first_subscribed[subscriber])
         since, after = replaying.failed_over(died)
-        self._cut_short(subscriber)
+        # A replay under way is cut short: its part joins now, its answer never comes here
+        # (the SDK's "no answer"; a late echo names the stores that answered).
+        if subscriber in self.seams:
+            self.replay_counts["cut_short"] += 1
+        self._end_seam(subscriber, self.scot.brokers)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
             self._dispatch(new, self.clients.session_subscribe(subscriber, new, subscription)[1])
@@ -367,15 +386,6 @@ class SubscriberFailover:
         self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
         self.saw(subscriber, n)
 
-    def _cut_short(self, subscriber: str) -> None:
-        """A fail-over cuts ``subscriber``'s replay under way short: its part joins now,
-        and its answer never comes on this connection, which the SDK reports as a gap
-        (``Seam.shortfall``: no answer from the overlay), every store unheard until a late
-        echo of that request names those that answered."""
-        if subscriber in self.seams:
-            self.replay_counts["cut_short"] += 1
-        self._end_seam(subscriber, self.scot.brokers)
-
     def _replayed(self, subscriber: str, req_id: str, notifications: list[Notification]) -> None:
         """A part of request ``req_id``'s answer came to ``subscriber``: its seam's, held
         there, or a late part, joined at once (as the SDK's ``ReplayLog.late_answer``:
@@ -440,22 +450,7 @@ class SubscriberFailover:
             late = self._replaying(subscriber).late
             late.ended(seam.replay, map(publisher_order, joined), silent)
             self.replay_gaps[subscriber] = late.outstanding.silent()
-        if silent is not None and (echo := seam.summary) is not None:
-            self._seam_gap(subscriber, seam, echo)
-
-    def _seam_gap(
-        self, subscriber: str, seam: Seam[Any, Any, ReplayEcho], echo: ReplayEcho
-    ) -> None:
-        """What a replay answered with ``echo`` leaves ``subscriber``, as the SDK tells it:
-        its silent brokers are its :attr:`replay_gaps` (narrowed by late parts), its
-        trimmed ranges its :attr:`store_gaps`; why it falls short as a whole
-        (:meth:`~octopis.client_policy.Seam.shortfall`) and the brokers without a store are
-        told in :attr:`seam_gaps`. (A replay cut short is the SDK's "no answer": the
-        simulator keeps every broker silent for it, narrowed by late parts.)"""
-        told = {f"unstored: {b}" for b in echo.unstored}
-        if (why := seam.shortfall(truncated=echo.truncated)) is not None:
-            told.add(why)
-        if told:
+        if silent is not None and (told := told_at_seam(seam)):
             self.seam_gaps.setdefault(subscriber, set()).update(told)
 
     def _join(
