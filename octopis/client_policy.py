@@ -26,7 +26,8 @@ feed it what happens and perform its answers.
   :class:`SubscriberReplays`, a subscriber's from-points, late answers and the replay
   it asks for after a fail-over, with the start its durable records owe from;
 - :class:`Seam`: a request for the past under way, the live deliveries held meanwhile
-  (up to :data:`BUFFER`) and its answer; :func:`join_at_seam`: how they join, each
+  (up to :data:`~octopis.defaults.BUFFER`), its answer and why it falls short
+  (:meth:`Seam.shortfall`); :func:`join_at_seam`: how they join, each
   publication once, in publisher order (:func:`publisher_order`);
 - :class:`RecentDeliveries`: the deliveries of the last seconds, against which every
   delivery is checked (a repeat during a move or a fail-over is dropped).
@@ -40,9 +41,12 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from octopis.defaults import (
+    BUFFER,
     CLOCK_SKEW,
     DELIVERIES_HORIZON,
     DELIVERIES_KNOWN,
+    LATE_KEPT,
+    LATE_WAITING,
     LOOKBACK,
     PUBLISHERS_KNOWN,
     REORDER,
@@ -259,12 +263,6 @@ class ClaimAnswer(Generic[C]):
     after: float = 0.0
 
 
-LATE_KEPT = 10_000
-"""Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
-the record of recent deliveries still drops repeats)."""
-LATE_WAITING = 16
-"""Replays of one subscriber that wait for late answers with their memory of
-deliveries; an older one forgets it."""
 Key = tuple[str, int, int]
 """(publisher, session, seq): one publication."""
 
@@ -530,13 +528,14 @@ class SubscriberReplays:
         return since, after
 
 
-BUFFER = 10_000
-"""Deliveries a subscriber holds before it stops reading (the SDK's default ``buffer``),
-and a seam holds live while its answer comes."""
-
 L = TypeVar("L")
 R = TypeVar("R")
 S = TypeVar("S")
+
+NO_ANSWER = "no answer from the overlay"
+"""Why a seam whose request's answer never ended leaves a gap."""
+SEAM_FILLED = "live deliveries filled the seam before the answer came"
+"""Why a seam that overflowed leaves a gap (live deliveries went through unordered)."""
 
 
 class Seam(Generic[L, R, S]):
@@ -594,6 +593,20 @@ class Seam(Generic[L, R, S]):
         summary = self.summary
         self.replay = None
         return summary
+
+    def shortfall(self, error: str | None = None, truncated: Sequence[str] = ()) -> str | None:
+        """Why the request waited for falls short as a whole, a gap whatever its end says
+        of silent, unstored and trimmed parts (None: it does not): the shell's own
+        ``error``, no end (:data:`NO_ANSWER`), stores that cut their answer at its
+        bounds (``truncated``, read from :attr:`summary`), or live deliveries that
+        :attr:`overflowed` the seam (:data:`SEAM_FILLED`)."""
+        if error is not None:
+            return error
+        if self.summary is None:
+            return NO_ANSWER
+        if truncated:
+            return f"stores cut their answer at its bounds: {', '.join(truncated)}"
+        return SEAM_FILLED if self.overflowed else None
 
     @property
     def summary(self) -> S | None:

@@ -102,3 +102,12 @@ DURABLE_KEEP = 3600.0
 """Seconds a durable subscription's record waits for its client (``[durable] keep``)."""
 DURABLE_MAX = 10_000
 """Durable subscription records one broker keeps (``[durable] max``)."""
+BUFFER = 10_000
+"""Deliveries a subscriber holds before it stops reading (the SDK's ``buffer``), and a
+seam holds live while its replay's answer comes (the simulator's subscribers alike)."""
+LATE_KEPT = 10_000
+"""Deliveries a subscriber remembers per replay that waits for late answers (beyond it,
+the record of recent deliveries still drops repeats)."""
+LATE_WAITING = 16
+"""Replays of one subscriber that wait for late answers with their memory of
+deliveries; an older one forgets it."""

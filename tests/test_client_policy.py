@@ -9,6 +9,8 @@ import random
 import pytest
 
 from octopis.client_policy import (
+    NO_ANSWER,
+    SEAM_FILLED,
     ClaimAnswer,
     DurableProgress,
     FromPoints,
@@ -222,3 +224,17 @@ def test_a_seam_holds_live_deliveries_up_to_its_limit_and_waits_for_its_request(
     assert seam.end("r2", "done") and seam.summary == "done"
     unheld: Seam[str, str, str] = Seam(hold_live=False)
     assert not unheld.hold("a") and not unheld.overflowed
+
+
+def test_a_seam_tells_why_its_request_falls_short() -> None:
+    """One rule for the SDK and the simulator's subscribers: the shell's own error; no
+    end is no answer; an answer cut at its bounds, or a seam that overflowed, falls
+    short as a whole; a full answer through a seam that held every live delivery does
+    not (what its end says of silent, unstored and trimmed parts is a gap apart)."""
+    seam: Seam[str, str, str] = Seam(limit=1, replay="r")
+    assert seam.shortfall() == NO_ANSWER and seam.shortfall("refused") == "refused"
+    seam.end("r", "done")
+    assert seam.hold("a") and seam.shortfall() is None
+    assert seam.shortfall(truncated=["b:1"]) == "stores cut their answer at its bounds: b:1"
+    assert not seam.hold("b") and seam.shortfall() == SEAM_FILLED
+    assert seam.shortfall("refused") == "refused"

@@ -7,9 +7,16 @@ parts. The rules themselves are tested in ``test_client_policy.py``."""
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from test_layers import PACKAGE
+
+from octopis.client import Subscriber
+from octopis.client_policy import RecentDeliveries
+from octopis.filters.language import parse_subscription
 
 CLIENTS = ("client", "sim", "gateway")
 """The drivers of the client policy (DESIGN §2): the SDK, the simulator and the STOMP
@@ -99,3 +106,39 @@ def test_the_copies_check_fails_on_a_gateway_that_resumes_a_claim_itself(tmp_pat
         "durable.py:1 import resume_from",
         "durable.py:3 resume_from",
     ]
+
+
+def test_the_sdk_asks_its_failovers_replay_from_the_policy_once() -> None:
+    """At a fail-over the SDK's subscriber takes its replay's ``since`` and start from
+    ``SubscriberReplays.failed_over`` (the start its durables' records owe from) and
+    asks exactly that: the from-points are read once, not again for the request."""
+    connection = SimpleNamespace(
+        group=RecentDeliveries(),
+        silent_since=100.0,
+        register=lambda *a: None,
+        on_notice=lambda *a: None,
+        on_failover=lambda *a: None,
+        on_dropped=lambda *a: None,
+    )
+    sub = Subscriber("s", connection)  # type: ignore[arg-type]
+    sub._subscriptions["s#1"] = parse_subscription("[x,<,3]")
+    sub.replaying.subscribed(10.0)
+    for seq, at in ((1, 50.0), (2, 99.0)):
+        sub.replaying.delivered("P", 0, seq, at)
+    read: list[float] = []
+    since = sub.replaying.last_seen.since
+    sub.replaying.last_seen.since = lambda silent: read.append(silent) or since(silent)  # type: ignore[method-assign]
+    asked: list[dict[str, Any]] = []
+
+    async def resubscribe() -> None:
+        pass
+
+    async def replayed(seam: object, message: dict[str, Any], timeout: float) -> tuple:
+        asked.append(message)
+        return None, None
+
+    sub.resubscribe = resubscribe  # type: ignore[method-assign]
+    sub.past.replayed = replayed  # type: ignore[method-assign]
+    asyncio.run(sub._resume_after_failover(connection))  # type: ignore[arg-type]
+    assert read == [100.0]
+    assert [(m["since"], m["after"]) for m in asked] == [([("P", 0, 1)], 70.0)]

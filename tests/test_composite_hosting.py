@@ -13,6 +13,7 @@ from octopis.core.composite_hosting import REPORT_INTERVAL, HostedComposites
 from octopis.core.sessions import ClientTable, SessionRefused, adopt
 from octopis.filters.composite import parse_composite
 from octopis.filters.language import parse_subscription
+from octopis.sim import Simulator
 from octopis.topology import build_preset
 
 
@@ -95,3 +96,22 @@ def test_a_client_subscription_goes_to_the_host_only_when_composite() -> None:
         hosted.local_unsubscribe("c/2", composite)
     assert hosted.local_unsubscribe("c/1", composite) and not hosted.by_id
     assert hosted.local_unsubscribe("c/1", plain)
+
+
+def test_a_simulated_broker_withdraws_a_gone_clients_composite_through_its_hosting() -> None:
+    """The simulator's node withdraws as the process's does (``local_unsubscribe``, given
+    at its construction): a composite client gone takes every part out of the routing
+    table, everywhere, and the composite out of its host."""
+    sim = Simulator(build_preset("fig2"), "snr", seed=1, covering="off")
+    sub_id = sim.composites.subscribe(
+        "C", "a:0", parse_composite("{[x,<,3]} & {[x,>,6]} within 1s")
+    )
+    sim.run()
+    hosted = sim.brokers.composites["a:0"]
+    parts = hosted.by_id[sub_id].part_ids
+    assert all(p in core.table.entries for core in sim.cores.values() for p in parts)
+    withdrawn, actions = sim.nodes["a:0"].client_gone("C", sim.now, None)
+    assert withdrawn == [sub_id] and actions and not hosted.holds("C", sub_id)
+    sim._dispatch("a:0", actions)
+    sim.run()
+    assert not any(p in core.table.entries for core in sim.cores.values() for p in parts)

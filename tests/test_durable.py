@@ -31,7 +31,7 @@ from octopis.cluster.launcher import LocalCluster, prepare_topology
 from octopis.core.codec import encode_body
 from octopis.core.durable import SAVE_EVERY, DurableError, Durables, Withdraw, claim_of
 from octopis.core.messages import Notification
-from octopis.core.replay import Claimed, Replay, ReplayRounds
+from octopis.core.replay import Claimed, Replay, ReplayDone, ReplayRounds
 from octopis.defaults import LOOKBACK
 from octopis.filters.composite import parse_composite
 from octopis.filters.language import Publication, parse_subscription
@@ -684,3 +684,20 @@ def test_the_pages_examples_do_what_the_page_says(tmp_path: Path) -> None:
         assert done.stdout.splitlines() == ["missed 81.0 True", "past [80.5, 81.0] True"]
     finally:
         sh("octopis down")
+
+
+def test_the_hosts_answers_name_who_asked_and_whether_a_claim() -> None:
+    """A shell routes a replay's answers by what the rounds' actions carry, the requester
+    and whether it asked a claim (a durable client's process reads a claim's answer
+    otherwise than its replay's), and keeps no table of its requests of its own."""
+    durables = Durables("a:0", keep=60.0, limit=10)
+    rounds = ReplayRounds("a:0", lambda *_: ([], []))
+    claim = Replay("a:0/1", "a:0", (), (), 0.0, 3.0, claim=claim_of("audit", "d"))
+    rounds.start(claim, 0.0, "k1/audit")
+    replay = Replay("a:0/2", "a:0", ("[x,>,1]",), (), 0.0, 3.0)
+    rounds.start(replay, 0.0, "k1/audit")
+    (done,) = rounds.stored("a:0/2", [], [])
+    assert (done.requester, done.claim) == ("k1/audit", False)
+    (*_, claimed) = durables.answer_claim(rounds, claim, 1.0).actions
+    assert type(claimed) is ReplayDone and (claimed.requester, claimed.claim) == ("k1/audit", True)
+    assert rounds.requester("a:0/1") == "k1/audit"

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from laws import scots, sized
 
 from octopis.cli.main import main
+from octopis.client_policy import SEAM_FILLED
 from octopis.core import DEFAULT_COVERING, Notification
-from octopis.defaults import CLIENT_LIVENESS
+from octopis.defaults import BUFFER, CLIENT_LIVENESS
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
@@ -42,6 +43,7 @@ def _run(
     publications: int = 50,
     clients: Sequence[tuple[str, float]] = (),
     covering: str = DEFAULT_COVERING,
+    seam_limit: int = BUFFER,
 ) -> Simulator:
     """Random ``[x,<,k]`` subscribers everywhere, then publications from random brokers
     spread over five seconds, with ``failures`` and the subscribers' connection failures
@@ -55,6 +57,7 @@ def _run(
         oracle_factory=ReferenceMatcher,
         covering=covering,
     )
+    sim.seam_limit = seam_limit
     brokers = sorted(scot.brokers)
     for i in range(subscribers):
         bound = rng.randint(1, 9)
@@ -290,6 +293,20 @@ def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:
     assert sim.ledger.summary()["lost"] == 0
 
 
+def test_a_replaying_subscriber_is_told_the_gap_of_a_seam_that_overflowed() -> None:
+    """The SDK's seam rule (``Seam.shortfall``) in the simulator: with no room for live
+    deliveries while a replay is under way, each goes through and the subscriber is told
+    the seam fell short, as the SDK tells it; nothing is lost."""
+    clients = [(f"S{i}", 1.0 + 0.3 * i) for i in range(5)]
+    sim = _run(FIG2, "dnr", [], seed=5, clients=clients)
+    assert not sim.seam_gaps and "seam_overflowed" not in sim.replay_counts
+    full = _run(FIG2, "dnr", [], seed=5, clients=clients, seam_limit=0)
+    assert full.replay_counts["seam_overflowed"] >= len(full.seam_gaps) > 0
+    assert _law(full)["replays"]["seam_gaps"] == len(full.seam_gaps)
+    assert all(told == {SEAM_FILLED} for told in full.seam_gaps.values())
+    assert full.ledger.summary()["lost"] == 0
+
+
 @pytest.mark.parametrize("mode", ["dnr", "snr"])
 def test_subscribers_that_fail_over_get_what_was_published_while_they_were_away(
     mode: str,
@@ -488,6 +505,32 @@ def test_a_replay_around_a_dead_broker_keeps_its_gap_until_its_own_parts_fill_it
     sim = _run(build_scot(tree, 2), "dnr", failures, seed=0, subscribers=30, publications=30)
     _law(sim)
     assert sim.replay_gaps["S11"] == {"r0:0"}
+
+
+def test_a_link_that_heals_after_a_restart_hears_the_first_heartbeat_once() -> None:
+    """A broker restarts while its link to a neighbour is cut; when the link heals the two
+    meet (the handshake), and each hears the other's first heartbeat once, as on a
+    process link (the simulator heard it at the handshake and again behind it)."""
+    sim = Simulator(FIG2, "snr", seed=3, latency=LatencyModel(0.001, 0.002), covering="off")
+    a, b = sorted(FIG2.graph.edges)[0]
+    sim.subscribe("S", a, Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    heard: Counter[tuple[str, str]] = Counter()
+    hear = sim._heard
+
+    def counted(src: str, dst: str, serving: bool) -> None:
+        if sim.now >= start + 5.0:
+            heard[(src, dst)] += 1
+        hear(src, dst, serving)
+
+    sim._heard = counted  # type: ignore[method-assign]
+    sim.fail(Failure((a, b), 1.0, 5.0), start)
+    sim.fail(Failure((a,), 2.0, 3.0), start)
+    sim.run()
+    assert heard == {(a, b): 1, (b, a): 1}
+    assert sim.nodes[a].neighbours.routable(b) and sim.nodes[b].neighbours.routable(a)
+    assert (a, b) not in sim.failures.failed_at and (b, a) not in sim.failures.failed_at
 
 
 def test_custody_keeps_what_the_receiver_has_not_acknowledged() -> None:

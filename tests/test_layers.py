@@ -519,8 +519,10 @@ def replay_copies(path: Path) -> list[str]:
     """In ``path``'s code: every call of a ``requester`` method and every read of a map
     whose name ends in ``requesters`` (``x[req_id]``, ``x.get(req_id)``), a shell looking
     up itself which client asked for a replay (the rounds name it in ``ReplayDeliver``
-    and ``ReplayDone``: ``action.requester``, an attribute read, is fine; a map a shell
-    keeps as its history of requests may be written); and every ``<...selection>.take``,
+    and ``ReplayDone``, with whether it was a claim: ``action.requester``, an attribute
+    read, is fine); every write of such a map, or of one named ``<...>_reqs``, a shell's
+    own table of its requests to route their answers by (the simulator kept two, once);
+    and every ``<...selection>.take``,
     a store offering its rows one by one to an ``AnswerSelection`` and deciding itself
     when to stop reading (both stores once wrote that loop; both now hand their rows to
     ``AnswerSelection.choose``): ``file:line name``."""
@@ -539,6 +541,10 @@ def replay_copies(path: Path) -> list[str]:
             read = f"{named(node.value)}.{node.attr}"
         if read.endswith(("requesters[]", "requesters.get", "selection.take")):
             found.append(f"{path.name}:{node.lineno} {read}")
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            table = named(node.value)
+            if table.endswith(("requesters", "_reqs")):
+                found.append(f"{path.name}:{node.lineno} {table}[] =")
     return found
 
 
@@ -554,10 +560,14 @@ def test_the_replay_copies_check_can_fail(tmp_path: Path) -> None:
         "    take = self.selection.take\n"
         "    found = [selection.take(*row) for row in rows] + selection.choose(rows)\n"
         "    self.take(rows)\n"
+        "    self._durable_reqs[req_id] = (client, run, bool(request.claim))\n"
+        "    self.seams[client] = action.claim\n"
     )
     assert sorted(replay_copies(path)) == [
+        "shell.py:10 _durable_reqs[] =",
         "shell.py:3 requester()",
         "shell.py:4 _requesters[]",
+        "shell.py:5 _requesters[] =",
         "shell.py:6 _requesters.get",
         "shell.py:7 selection.take",
         "shell.py:8 selection.take",

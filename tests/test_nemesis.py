@@ -799,7 +799,7 @@ def test_a_power_failure_loses_only_what_sync_allows_and_says_so(sync: str) -> N
     ]
     assert historic["lost"] == 4 and historic["silent"] == 0
     sim, _, asked = simulate(scenario)
-    (asker,) = {sim._requesters[r] for r in asked}
+    (asker,) = {q.asker for q in asked.values()}
     assert any(p == "Pc:0" and first <= 16 and last >= 19 for p, _, first, last in
                sim.store_gaps[asker])  # fmt: skip
 

@@ -7,12 +7,17 @@ acknowledge left in the record."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from types import SimpleNamespace
 from typing import Any
+from unittest.mock import AsyncMock
 
 import pytest
 
 from octopis.gateway.frames import Frame
+from octopis.gateway.listener import Connection, Listener
 from octopis.gateway.session import Effects, SessionLimits, StompSession
+from octopis.settings import Clients, Stomp
 from octopis.wire import (
     AckRequest,
     ClaimedRecord,
@@ -102,15 +107,28 @@ def test_a_claim_left_with_silent_brokers_is_the_client_policys_gap(
 ) -> None:
     """The claims' answers are the client policy's to judge
     (``DurableProgress.claim_answered``), as the SDK's: brokers silent to any disjunct's
-    claim leave a gap, logged; the subscription goes live all the same."""
+    claim leave a gap, which the session hands the listener to log (at most one line
+    per log interval, however many subscriptions tell one); the subscription goes live
+    all the same."""
     s, _ = _durable("auto")
     _reply(s, op="replay_done", id="c0", claimed=[], silent=["b:1"])
-    with caplog.at_level(logging.WARNING, logger="octopis.broker.stomp"):
-        assert _requests(_reply(s, op="replay_done", id="c1", claimed=[], silent=[])) == []
-    assert [r.getMessage() for r in caplog.records] == [
-        f"durable {CLIENT}: its record may be kept at a broker that did not answer"
-    ]
+    done = _reply(s, op="replay_done", id="c1", claimed=[], silent=[])
+    assert _requests(done) == []
+    why = "its record may be kept at a broker that did not answer"
+    assert done.gaps == [(CLIENT, why)]
     assert _ns(s.from_broker([pack([CLIENT]), _notify(1)])) == [1]  # live
+    listener = Listener(
+        SimpleNamespace(counters=Counter()),  # type: ignore[arg-type]
+        Stomp(),
+        Clients(),
+        None,
+        log_interval=60.0,
+    )
+    connection = Connection(listener, AsyncMock(), AsyncMock(), "test")
+    with caplog.at_level(logging.WARNING, logger="octopis.broker.stomp"):
+        for _ in range(3):
+            connection.apply(Effects(gaps=done.gaps))
+    assert [r.getMessage() for r in caplog.records] == [f"durable {CLIENT}: {why}"]
 
 
 def test_the_record_keeps_what_comes_before_the_first_unacknowledged_message() -> None:

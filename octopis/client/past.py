@@ -195,6 +195,28 @@ class PastRequests:
             error,
         )
 
+    async def replay(
+        self,
+        seam: Seam,
+        filters: list[str],
+        since: list[tuple[str, int, int]],
+        after: float,
+        timeout: float,
+    ) -> ReplayGap | None:
+        """Ask the overlay for what a subscriber of ``filters`` may have missed (of each
+        publisher's session what follows ``since``, of any other publisher what was
+        published from ``after``), its answer joined at ``seam`` (:meth:`replayed`); the
+        gap it leaves, if any."""
+        message = {
+            "op": "replay",
+            "client": self.client.name,
+            "filters": filters,
+            "since": since,
+            "after": after,
+        }
+        gap, _ = await self.replayed(seam, message, timeout)
+        return gap
+
     async def replayed(
         self, seam: Seam, message: dict[str, Any], timeout: float
     ) -> tuple[ReplayGap | None, History]:
@@ -206,6 +228,6 @@ class PastRequests:
         items, repeats = seam.joined(self.client.name, self.client.connection.group)
         for received, size in items:
             self.client.deliver(received, size)
-        gap = seam.gap(self.client.name, after, error)
+        gap = seam.replay_gap(self.client.name, after, error)
         replayed = self.replay_log.add(seam, items, repeats, gap)
         return gap, self.history(seam, after, message.get("until"), replayed, error)

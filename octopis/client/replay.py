@@ -132,21 +132,17 @@ class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
             found.setdefault(policy_order(received), received)
         return [found[key] for key in sorted(found)]
 
-    def gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
-        """The gap this replay leaves, if any."""
-        summary = self.summary
-        if summary is None:
-            return ReplayGap(name, self.replay, after, error=error or "no answer from the overlay")
+    def replay_gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
+        """The gap this replay leaves client ``name``, if any: what its ``replay_done``
+        notice says is missing, and why it falls short as a whole (the client policy's
+        :meth:`~octopis.client_policy.Seam.shortfall`)."""
+        summary = self.summary or {}
+        error = self.shortfall(error, tuple(summary.get("truncated", ())))
         silent = tuple(summary.get("silent", ()))
         unstored = tuple(summary.get("unstored", ()))
         trimmed = tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ()))
-        truncated = tuple(summary.get("truncated", ()))
-        if truncated and error is None:
-            error = f"stores cut their answer at its bounds: {', '.join(truncated)}"
-        if error is None and not (silent or unstored or trimmed or self.overflowed):
+        if error is None and not (silent or unstored or trimmed):
             return None
-        if self.overflowed:
-            error = error or "live deliveries filled the seam before the answer came"
         return ReplayGap(name, self.replay, after, silent, unstored, trimmed, error)
 
 

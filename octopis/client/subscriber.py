@@ -18,10 +18,11 @@ from octopis.client.errors import DroppedError
 from octopis.client.moving import Mover
 from octopis.client.named import NamedClient
 from octopis.client.past import PastRequests
-from octopis.client.replay import ReplayGap, Seam, parse_time
+from octopis.client.replay import ReplayGap, parse_time
 from octopis.client.replay_log import ReplayLog
 from octopis.client.streams import CompositeStream, SubscriptionStream
-from octopis.client_policy import BUFFER, SubscriberReplays
+from octopis.client_policy import SubscriberReplays
+from octopis.defaults import BUFFER
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
 
@@ -307,40 +308,32 @@ class Subscriber(NamedClient):
         at the new host before the session left behind ends)."""
         if connection is self.connection:
             replaying = self.replay_on_failover and bool(self._replayable())
-            seam = None
-            if replaying and self.since is not None:
-                # Hold live deliveries: the new broker's must not move the replay's start.
-                seam = self.past.open_seam()
-                self.replaying.failed_over(self._silent(), self.acks.progress(self.durables()))
+            if not (replaying and self.since is not None):
+                await self.resubscribe()
+                return
+            # Hold live deliveries: the new broker's must not move the replay's start. The
+            # replay asks what its durables' records owe from (one since list, one start).
+            seam = self.past.open_seam()
+            since, after = self.replaying.failed_over(
+                self._silent(), self.acks.progress(self.durables())
+            )
             try:
                 await self.resubscribe()
             except BaseException:
-                if seam is not None and self.past.seam is seam:  # no replay: let go of the seam
+                if self.past.seam is seam:  # no replay: let go of the seam
                     self.past.let_go(seam)
                 raise
-            if seam is not None:
-                await self.replay(seam=seam)
+            await self.past.replay(seam, self._replayable(), since, after, REPLAY_WAIT)
 
-    async def replay(
-        self, timeout: float = REPLAY_WAIT, *, seam: Seam | None = None
-    ) -> ReplayGap | None:
+    async def replay(self, timeout: float = REPLAY_WAIT) -> ReplayGap | None:
         """Ask the overlay for the retained publications this subscriber may have missed
         (:meth:`~octopis.client_policy.FromPoints.replay`: after the last delivered of
         each publisher it knows, published since ``replay_after``) and deliver them with
         the live ones held meanwhile, each once, in publisher order; returns the gap left,
         if any."""
-        if seam is None:
-            seam = self.past.open_seam()
+        seam = self.past.open_seam()
         since, after = self.replaying.replay(self._silent())
-        message = {
-            "op": "replay",
-            "client": self.name,
-            "filters": self._replayable(),
-            "since": since,
-            "after": after,
-        }
-        gap, _ = await self.past.replayed(seam, message, timeout)
-        return gap
+        return await self.past.replay(seam, self._replayable(), since, after, timeout)
 
     def _silent(self) -> float:
         """When the broker left at the last fail-over went silent (now, if none did)."""

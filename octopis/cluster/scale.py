@@ -53,7 +53,7 @@ POLL = 0.2
 TRANSIENT = ("still carry", "still routes", "still holds")
 """What a relink refusal says when it only has to wait (a link draining, a withdrawal on
 its way); any other refusal is final."""
-REORDER = 15.0
+MOVE_AGAIN = 15.0
 """Seconds after which a subscriber still on a leaving broker is told to move again (a
 move across clusters takes the SDK's linger, 10 s by default, to end)."""
 
@@ -115,7 +115,7 @@ async def _move_off(
     """Tell every subscriber of a leaving broker to move to one of its refuges (in turn)
     and wait until no leaving broker holds a subscription of a client of its own; one
     that arrives meanwhile (a move ordered before) is told too, and one still there
-    :data:`REORDER` seconds after its order is told again. Returns the moves ordered
+    :data:`MOVE_AGAIN` seconds after its order is told again. Returns the moves ordered
     inside and across clusters."""
     scot = cluster.scot
     _no_publishers({b: await cluster.call(b, "clients") for b in leaving})
@@ -131,7 +131,7 @@ async def _move_off(
             (b, c) for b, clients in held.items() for c, a in clients.items() if a["subscriptions"]
         ]
         for broker, client in waiting:
-            if now - ordered.get((broker, client), -math.inf) < REORDER:
+            if now - ordered.get((broker, client), -math.inf) < MOVE_AGAIN:
                 continue
             target = next(targets[broker])
             inside = scot.brokers[target].cluster == scot.brokers[broker].cluster

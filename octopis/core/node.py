@@ -116,8 +116,12 @@ class BrokerNode(Generic[Token]):
         predecessor: bool = False,
         client_limit: int = SUBSCRIPTIONS_PER_CLIENT,
         move_timeout: float = MOVE_TIMEOUT,
+        withdraw: Withdraw | None = None,
     ) -> None:
         self.core = core
+        self.withdraw: Withdraw = withdraw or core.unsubscribe
+        """How a client's subscription is withdrawn here (the composites' hosting's
+        ``local_unsubscribe``: a composite's parts, else the core's; default the core's)."""
         self.sessions = ClientTable(client_limit, move_timeout)
         """Its clients' subscriptions here and the session rules (limits, moves); what a
         client's going or a move's end withdraws is decided by :meth:`client_gone`,
@@ -387,10 +391,10 @@ class BrokerNode(Generic[Token]):
     ) -> tuple[list[str], list[Action]]:
         """Client ``key`` is gone (silent past the client timeout, or it said bye; last
         heard at wall time ``heard``): the sub ids withdrawn and the actions that withdraw
-        them (by ``withdraw``, default the core's) and its advertisements. Those under a
+        them (by ``withdraw``, default :attr:`withdraw`) and its advertisements. Those under a
         move order are kept as orphans (:meth:`ClientTable.gone`); a durable one's record
         in ``durables`` waits for its client's return (:meth:`Durables.detached`)."""
-        withdraw = withdraw or self.core.unsubscribe
+        withdraw = withdraw or self.withdraw
         withdrawn, actions = self.sessions.gone(key), []
         for sub_id in withdrawn:
             actions += withdraw(key, sub_id)
@@ -413,9 +417,9 @@ class BrokerNode(Generic[Token]):
 
     def moves_expired(self, now: float, withdraw: Withdraw | None = None) -> list[Action]:
         """Move orders past their deadline at ``now`` are forgotten; what orphaned ones
-        kept is withdrawn (:meth:`ClientTable.expire`; by ``withdraw``, default the
-        core's): the actions."""
-        withdraw = withdraw or self.core.unsubscribe
+        kept is withdrawn (:meth:`ClientTable.expire`; by ``withdraw``, default
+        :attr:`withdraw`): the actions."""
+        withdraw = withdraw or self.withdraw
         return [a for key, sub_id in self.sessions.expire(now) for a in withdraw(key, sub_id)]
 
     # -- what it holds ---------------------------------------------------------------------

@@ -154,11 +154,13 @@ class ClaimRecord(NamedTuple):
 class ReplayDeliver(NamedTuple):
     """At the host: hand ``notifications`` answered for ``req_id`` to ``requester`` (the
     shell's key of the client that asked, :meth:`ReplayRounds.requester`; None: nobody
-    is answered, it is forgotten or nobody asked)."""
+    is answered, it is forgotten or nobody asked); ``claim``: the request looked for a
+    durable record (its client's process reads the answer as a claim's)."""
 
     req_id: str
     notifications: tuple[Notification, ...]
     requester: str | None = None
+    claim: bool = False
 
 
 class ReplayDone(NamedTuple):
@@ -166,12 +168,14 @@ class ReplayDone(NamedTuple):
     ``late``: an echo of a part that was silent when the request completed and answered
     once it was reachable again (a neighbour restarted and took the request with the
     subscriptions held for it); its data came as late :class:`ReplayDeliver` ones. The
-    summary goes to ``requester``, as :class:`ReplayDeliver`'s answers do."""
+    summary goes to ``requester``, as :class:`ReplayDeliver`'s answers do (``claim``
+    alike)."""
 
     req_id: str
     echo: ReplayEcho
     late: bool = False
     requester: str | None = None
+    claim: bool = False
 
 
 ReplayAction = Forward | ExpireAt | QueryStore | ClaimRecord | ReplayDeliver | ReplayDone
@@ -247,8 +251,9 @@ class ReplayRounds:
         """Finished requests (of :attr:`finished`) whose parent's link went down since:
         late answers passed on may have been dropped with it."""
         self.stats: dict[str, int] = {"replay.rounds": 0, "replay.ended_early": 0}
-        self.requesters: OrderedDict[str, str] = OrderedDict()
-        """Requests started here → who asked (the shell's key), the latest ``limit``."""
+        self.requesters: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        """Requests started here → who asked (the shell's key) and whether a claim, the
+        latest ``limit``."""
         self.late_passed: OrderedDict[tuple, None] = OrderedDict()
         """Late answers passed on toward their host (at most ``16 × limit``): one that
         comes round again is dropped. Parents can form a cycle: a broker that restarted
@@ -262,14 +267,20 @@ class ReplayRounds:
         it has just made) for ``requester`` (the shell's key of the client that asked,
         named by :meth:`requester` until ``limit`` later requests started here)."""
         if requester is not None:
-            self.requesters[request.req_id] = requester
+            self.requesters[request.req_id] = (requester, bool(request.claim))
             while len(self.requesters) > self.limit:
                 self.requesters.popitem(last=False)
         return self._take(request, None, now)
 
     def requester(self, req_id: str) -> str | None:
         """Who asked for ``req_id`` at this host (None: nobody, or forgotten)."""
-        return self.requesters.get(req_id)
+        asked = self.requesters.get(req_id)
+        return asked[0] if asked is not None else None
+
+    def _answer(self, req_id: str) -> tuple[str | None, bool]:
+        """The requester of ``req_id`` and whether it asked a claim (None, False: nobody,
+        or forgotten)."""
+        return self.requesters.get(req_id, (None, False))
 
     def receive(self, src: str, message: ReplayMessage, now: float) -> list[ReplayAction]:
         """A replay message from neighbour ``src``."""
@@ -331,7 +342,7 @@ class ReplayRounds:
             return [self._deliver(message.req_id, message.notifications)]
         if message.seen:
             return []
-        return [ReplayDone(message.req_id, message, True, self.requester(message.req_id))]
+        return [ReplayDone(message.req_id, message, True, *self._answer(message.req_id))]
 
     def part(self, req_id: str, notifications: list[Notification]) -> list[ReplayAction]:
         """A page of this broker's answer to ``req_id`` (its store answers page by page,
@@ -421,7 +432,7 @@ class ReplayRounds:
 
     def _deliver(self, req_id: str, notifications: tuple[Notification, ...]) -> ReplayDeliver:
         """At the host: ``notifications`` for ``req_id``, to its requester."""
-        return ReplayDeliver(req_id, notifications, self.requester(req_id))
+        return ReplayDeliver(req_id, notifications, *self._answer(req_id))
 
     def _take(self, request: Replay, parent: str | None, now: float) -> list[ReplayAction]:
         out: list[ReplayAction] = []
@@ -474,5 +485,6 @@ class ReplayRounds:
         if round_.parent is None:
             heard = set(echo.answered) | set(echo.unstored)
             silent = tuple(dict.fromkeys(b for b in echo.silent if b not in heard))
-            return [ReplayDone(req_id, replace(echo, silent=silent), False, self.requester(req_id))]
+            done = ReplayDone(req_id, replace(echo, silent=silent), False, *self._answer(req_id))
+            return [done]
         return [Forward(round_.parent, _lost_up(echo) if round_.parent_lost else echo)]

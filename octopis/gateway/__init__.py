@@ -41,7 +41,9 @@ def stomp_gateway(info: BrokerInfo, keys_dir: Path | None) -> Gateway:
 
     def tasks(broker: Broker) -> list[tuple[str, Coroutine[Any, Any, None]]]:
         settings = broker.settings
-        listener = Listener(broker.clients, settings.stomp, settings.clients, credentials)
+        listener = Listener(
+            broker.clients, settings.stomp, settings.clients, credentials, settings.logs.interval
+        )
         return [("stomp", listener.serve(tcp, ws, tls))]
 
     return tasks

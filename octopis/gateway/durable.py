@@ -26,7 +26,6 @@ too).
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,8 +40,6 @@ from octopis.wire import (
     pack,
     read_notify,
 )
-
-log = logging.getLogger("octopis.broker.stomp")
 
 
 class DurableRefusal(ValueError):
@@ -91,6 +88,10 @@ class DurableSubscription:
     """Message id → the publication it carried (until acknowledged)."""
     recent: deque[Key] = field(default_factory=deque)
     recent_set: set[Key] = field(default_factory=set)
+    gap: str | None = None
+    """Why its claims left a gap (the client policy's
+    :meth:`~octopis.client_policy.DurableProgress.claim_answered`; None: none), for the
+    listener's rate-limited log."""
 
     @property
     def names(self) -> list[str]:
@@ -130,8 +131,7 @@ class DurableSubscription:
         if self.claims_left > 0:
             return []
         answer = self.progress.claim_answered(self.found, self.silent)
-        if answer.gap is not None:
-            log.warning("durable %s: %s", self.client, answer.gap)
+        self.gap = answer.gap
         if answer.resumed is None:
             self.step = "live"
             return []

@@ -31,6 +31,7 @@ from aiohttp import WSMsgType, web
 from octopis.gateway.credentials import Credentials
 from octopis.gateway.frames import Decoder, FrameError, FrameLimits, encode, error_frame
 from octopis.gateway.session import DeliveryCache, Effects, SessionLimits, StompSession
+from octopis.logs import RateLimitedLog
 from octopis.settings import Clients, Stomp
 from octopis.transport.clients import STOMP_IDENTITY, ClientSessions
 from octopis.wire import HeartbeatRequest, pack
@@ -85,7 +86,10 @@ class Connection:
         return True
 
     def apply(self, effects: Effects) -> None:
-        """Queue the frames, pass the requests on (after the current pass), close."""
+        """Queue the frames, pass the requests on (after the current pass), close; log
+        the durable subscriptions' gaps (at most one line per log interval)."""
+        for client, gap in effects.gaps:
+            self.listener.warn.warning("durable gap", "durable %s: %s", client, gap)
         version = self.session.version or "1.0"
         for frame in effects.frames:
             data = encode(frame, version)
@@ -195,8 +199,10 @@ class Listener:
         stomp: Stomp,
         client_settings: Clients,
         credentials: Credentials | None,
+        log_interval: float,
     ) -> None:
-        """``stomp`` and ``client_settings``: the ``[stomp]`` and ``[clients]`` sections."""
+        """``stomp`` and ``client_settings``: the ``[stomp]`` and ``[clients]`` sections;
+        ``log_interval``, ``[logs] interval``: seconds between two lines of a kind."""
         self.clients = clients
         self.stomp = stomp
         self.client_settings = client_settings
@@ -212,6 +218,7 @@ class Listener:
         self.connections: set[Connection] = set()
         self.counters = clients.counters
         self.cache = DeliveryCache()
+        self.warn = RateLimitedLog(log, log_interval)
 
     def authenticate(self, login: str | None, passcode: str | None) -> str | None:
         """None when a CONNECT with these headers may proceed, else why not."""

@@ -104,6 +104,8 @@ class Effects:
     """Requests for the broker's client sessions, in order."""
     close: bool = False
     """Close the connection once the frames are out."""
+    gaps: list[tuple[str, str]] = field(default_factory=list)
+    """Durable subscriptions' gaps to log: (client, why)."""
 
 
 @dataclass
@@ -470,6 +472,8 @@ class StompSession:
         if durable.step == "claiming":
             req = next(self._req)
             out.requests += durable.claim_done(notice, req)
+            if durable.gap is not None:
+                out.gaps.append((durable.client, durable.gap))
             if durable.step == "replaying":
                 self._durable_reqs[req] = sub
             if durable.step != "live":

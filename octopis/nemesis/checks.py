@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from octopis.core import Notification
 from octopis.core.composite import PartKey
@@ -29,12 +29,19 @@ from octopis.sim.durable_clients import DurableClient, DurableSimulator
 from octopis.sim.engine import Simulator
 from octopis.sim.stores import in_gaps
 
-Window = tuple[int, float, float]
-"""A historic query's ``(k, after, until)``, in the simulator's time."""
+
+class Query(NamedTuple):
+    """A historic query: who asked it, for the publications whose ``x`` is below ``k``
+    published in ``[after, until)`` (the simulator's time)."""
+
+    asker: str
+    k: int
+    after: float
+    until: float
 
 
 def check_historic(
-    sim: Simulator, asked: dict[str, Window], notes: dict[tuple[str, int], Notification]
+    sim: Simulator, asked: dict[str, Query], notes: dict[tuple[str, int], Notification]
 ) -> dict[str, Any]:
     """Each historic query against the reference: every publication routed (``notes``)
     published in its window whose ``x`` is below its ``k``, once; nothing else (a
@@ -44,7 +51,7 @@ def check_historic(
     store refused (a full disk) is counted refused."""
     problems: list[str] = []
     counts = dict.fromkeys(("expected", "delivered", "duplicated", "lost", "silent", "refused"), 0)
-    for req_id, (k, after, until) in sorted(asked.items()):
+    for req_id, (asker, k, after, until) in sorted(asked.items()):
         got = sim.historic_received[req_id]
         reference = {
             key
@@ -57,7 +64,6 @@ def check_historic(
                             f"{extra[:3]}")  # fmt: skip
         refused = {key for key in reference - set(got) if key in sim.retention.refused}
         missing = reference - set(got) - refused
-        asker = sim._requesters[req_id]
         if sim.replay_gaps.get(asker) or req_id not in sim.historic_done:
             silent = set()
         else:

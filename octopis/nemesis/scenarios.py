@@ -65,7 +65,7 @@ from octopis.failure_schedule import Failure
 from octopis.filters.composite import parse_composite
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
-from octopis.nemesis.checks import COUNTS, Window, check_composites, check_durables, check_historic
+from octopis.nemesis.checks import COUNTS, Query, check_composites, check_durables, check_historic
 from octopis.nemesis.store_faults import (
     STORE_KINDS,
     DiskFull,
@@ -437,7 +437,7 @@ def _scot(preset: str) -> Scot:
 
 def simulate(
     scenario: Scenario,
-) -> tuple[DurableSimulator, dict[str, float], dict[str, Window]]:
+) -> tuple[DurableSimulator, dict[str, float], dict[str, Query]]:
     """Run ``scenario`` to its end on a fresh simulator (deterministic: its seed draws the
     link latencies too); returns it, when each subscriber that withdrew did, and the
     historic queries asked (by req_id)."""
@@ -484,23 +484,23 @@ def simulate(
     withdrawn: dict[str, float] = {}
     for at, subscriber in scenario.withdrawals:
         sim.at(start + at, _withdraw, sim, subscriber, withdrawn)
-    asked: dict[str, Window] = {}
+    asked: dict[str, Query] = {}
     for at, asker, broker, k, after, until in scenario.historics:
-        window = (k, start + after, start + until)
-        sim.at(start + at, _ask, sim, asker, broker, window, asked)
+        query = Query(asker, k, start + after, start + until)
+        sim.at(start + at, _ask, sim, broker, query, asked)
     sim.run(start + HORIZON)
     return sim, withdrawn, asked
 
 
-def _ask(sim: Simulator, asker: str, broker: str, window: Window, asked: dict[str, Window]) -> None:
-    """``asker`` asks ``broker`` its historic query now, if that broker is alive (a client
+def _ask(sim: Simulator, broker: str, query: Query, asked: dict[str, Query]) -> None:
+    """``query``'s asker asks it of ``broker`` now, if that broker is alive (a client
     cannot connect to a dead one)."""
     state = sim.failures
     if state is not None and broker in state.dead:
         return
-    k, after, until = window
+    asker, k, after, until = query
     req_id = sim.historic(asker, broker, Subscription((Predicate("x", "<", k),)), after, until)
-    asked[req_id] = window
+    asked[req_id] = query
 
 
 def _withdraw(sim: Simulator, subscriber: str, withdrawn: dict[str, float]) -> None:
@@ -526,7 +526,7 @@ def _withdraw(sim: Simulator, subscriber: str, withdrawn: dict[str, float]) -> N
 def check(
     sim: Simulator,
     withdrawn: dict[str, float] | None = None,
-    asked: dict[str, Window] | None = None,
+    asked: dict[str, Query] | None = None,
 ) -> tuple[list[str], dict[str, int]]:
     """The problems in ``sim``'s history (see the module docstring) and its counts:
     expected, delivered, duplicated, lost, silent (lost and not accounted for), gaps,
@@ -591,7 +591,7 @@ def check(
         "historic": {
             **historic,
             "gaps": sum(
-                1 for s in {sim._requesters[r] for r in asked or {}} if sim.replay_gaps.get(s)
+                1 for s in {q.asker for q in (asked or {}).values()} if sim.replay_gaps.get(s)
             ),
         },
     }

@@ -1,22 +1,25 @@
-"""The brokers of a simulated run: each one's routing core, node, client sessions and
-incarnation, made as a broker process makes its own (DESIGN §2, §7)."""
+"""The brokers of a simulated run: each one's routing core, node, client sessions, hosted
+composites and incarnation, made as a broker process makes its own (DESIGN §2, §7, §12)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from octopis.core import BrokerCore, Notification, make_broker
+from octopis.core.composite_hosting import HostedComposites
 from octopis.core.node import BrokerNode
 from octopis.core.resync import epoch_of
 from octopis.core.table import MatcherFactory
-from octopis.defaults import CUSTODY_LIMIT
+from octopis.defaults import COMPOSITE_HELD, COMPOSITE_LATENESS, CUSTODY_LIMIT
 from octopis.topology import Scot
 
 
 class Brokers:
     """Every broker of ``scot``, started in an overlay whose tables are built (serving,
     each neighbour met and synced); :meth:`start` makes one anew (a restart, or a broker
-    a topology change added), :meth:`remove` takes one out."""
+    a topology change added), :meth:`remove` takes one out. A broker's composites'
+    ``composite`` notices go to ``notify`` (client, notice → whether it got it)."""
 
     def __init__(
         self,
@@ -26,6 +29,7 @@ class Brokers:
         *,
         covering: str,
         advertisements: bool,
+        notify: Callable[[str, dict], bool] = lambda client, notice: True,
     ) -> None:
         self.scot = scot
         """The overlay's topology (its current version)."""
@@ -33,6 +37,13 @@ class Brokers:
         self.matcher_factory = matcher_factory
         self.covering = covering
         self.advertisements = advertisements
+        self._notify = notify
+        self.composite_counts: Counter[str] = Counter()
+        """The ``composite.*`` counts of every broker's hosted composites."""
+        self.composites: dict[str, HostedComposites] = {}
+        """Each broker's composite subscriptions (:class:`HostedComposites`, the process's,
+        at its default bounds), made with its node: they die with it, and its node
+        withdraws a client's subscriptions through them."""
         self.cores: dict[str, BrokerCore] = {b: self._core(scot, b) for b in scot.brokers}
         self.nodes: dict[str, BrokerNode[None]] = {}
         """Each broker's node (:class:`~octopis.core.node.BrokerNode`, the broker process's
@@ -68,6 +79,7 @@ class Brokers:
     def remove(self, broker: str) -> BrokerNode[None]:
         """``broker`` leaves the overlay: its core's counts are kept; returns its node."""
         self.retired.update(self.cores.pop(broker).counts())
+        del self.composites[broker]
         return self.nodes.pop(broker)
 
     def counts(self) -> Counter[str]:
@@ -96,13 +108,23 @@ class Brokers:
     def _node(self, core: BrokerCore, *, serving: bool = False) -> BrokerNode[None]:
         """A node around ``core`` that tells :attr:`given_up` of each copy it gives up:
         serving already (the overlay starts built), or a restart (resynced by its
-        neighbours; its store, which survives it, says it had a predecessor)."""
+        neighbours; its store, which survives it, says it had a predecessor); its
+        composites hosted anew (:attr:`composites`), through which it withdraws."""
+        hosted = self.composites[core.id] = HostedComposites(
+            core.subscribe,
+            core.unsubscribe,
+            self._notify,
+            COMPOSITE_HELD,
+            COMPOSITE_LATENESS,
+            self.composite_counts,
+        )
         return BrokerNode(
             core,
             CUSTODY_LIMIT,
             on_undeliverable=self._given_up,
             serving=serving,
             predecessor=not serving,
+            withdraw=hosted.local_unsubscribe,
         )
 
     def _given_up(self, notification: Notification) -> None:

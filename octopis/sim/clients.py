@@ -107,11 +107,11 @@ class Clients:
 
     def session_unsubscribe(self, subscriber: str, broker: str, sub_id: str) -> list[Action]:
         """``subscriber`` withdraws ``sub_id`` at ``broker`` as a broker's client session
-        takes it (:func:`~octopis.core.client_requests.unsubscribe`; no durable records:
-        the simulated durable subscribers leave, they do not unsubscribe); returns the
-        actions."""
-        sessions, core = self._brokers.nodes[broker].sessions, self._brokers.cores[broker]
-        return rules.unsubscribe(sessions, subscriber, subscriber, sub_id, core.unsubscribe)[0]
+        takes it (:func:`~octopis.core.client_requests.unsubscribe`, through the node's
+        withdraw; no durable records: the simulated durable subscribers leave, they do
+        not unsubscribe); returns the actions."""
+        node = self._brokers.nodes[broker]
+        return rules.unsubscribe(node.sessions, subscriber, subscriber, sub_id, node.withdraw)[0]
 
     def advertise(self, publisher: str, broker: str, advertisement: Subscription) -> str:
         """``publisher`` (attached to ``broker``) advertises now; returns the adv_id."""

@@ -14,7 +14,6 @@ The nemesis holds each client to the brute-force oracle
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,19 +21,18 @@ from octopis.core import client_requests as rules
 from octopis.core.composite import PartKey
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.messages import Notification
-from octopis.defaults import COMPOSITE_HELD, COMPOSITE_LATENESS
 from octopis.filters.composite import Composite
 
 if TYPE_CHECKING:
     from octopis.core import Action
-    from octopis.core.node import BrokerNode
     from octopis.sim.brokers import Brokers
     from octopis.sim.events import EventQueue
 
 
 class CompositeClients:
-    """The composite subscriptions the simulated brokers host, and what their clients got
-    (the join's bounds: ``max_held`` and ``lateness``, the process's defaults)."""
+    """The composite subscriptions the simulated brokers host (each broker's
+    :class:`HostedComposites`, made with its node, :attr:`Brokers.composites`), and
+    what their clients got."""
 
     def __init__(
         self,
@@ -42,40 +40,26 @@ class CompositeClients:
         events: EventQueue,
         submit: Callable[[str, list[Action]], None],
         dead: Callable[[str], bool],
-        max_held: int = COMPOSITE_HELD,
-        lateness: float = COMPOSITE_LATENESS,
     ) -> None:
         self._brokers, self._events = brokers, events
         self._submit, self._dead = submit, dead
-        self._max_held, self._lateness = max_held, lateness
-        self.hosts: dict[str, tuple[BrokerNode, HostedComposites]] = {}
-        """Each hosting broker: the node (incarnation) its composites live in, and them."""
+        self.hosts: dict[str, HostedComposites] = {}
+        """Each hosting broker's composites (those of the incarnation its clients
+        subscribed at)."""
+        self.counts = brokers.composite_counts
         self.clients: dict[str, tuple[str, str, Composite]] = {}
         """Each composite client: (its broker, its sub_id, its composite)."""
         self.matches: dict[str, list[frozenset[PartKey]]] = {}
         """Each client's matches as delivered, in order (repeats kept)."""
         self.offered: dict[str, set[PartKey]] = {}
         """The part publications each client's join was offered."""
-        self.counts: Counter[str] = Counter()
 
     def subscribe(self, client: str, broker: str, composite: Composite) -> str:
         """``client`` subscribes ``composite`` at ``broker`` now, held for it by the
         broker's client sessions as a broker process holds it
         (:func:`~octopis.core.client_requests.subscribe`); returns its sub_id."""
         node = self._brokers.nodes[broker]
-        host = self.hosts.get(broker)
-        if host is None or host[0] is not node:
-            core = self._brokers.cores[broker]
-            hosted = HostedComposites(
-                core.subscribe,
-                core.unsubscribe,
-                self._notify,
-                self._max_held,
-                self._lateness,
-                self.counts,
-            )
-            host = self.hosts[broker] = (node, hosted)
-        hosted = host[1]
+        hosted = self.hosts[broker] = self._brokers.composites[broker]
         sub_id, actions = rules.subscribe(  # by the rules a broker's client session keeps
             node.sessions, client, client, composite, hosted.local_subscribe, self._events.now
         )
@@ -88,18 +72,17 @@ class CompositeClients:
     def deliver(self, broker: str, key: str, notification: Notification) -> bool:
         """``broker`` delivered ``notification`` to local subscriber ``key``: True if
         that is a composite's (joined now), else False."""
-        host = self.hosts.get(broker)
-        if host is None:
-            return False
-        node, hosted = host
-        composite = hosted.by_key.get(key)
-        if composite is None or node is not self._brokers.nodes[broker]:
+        hosted = self._brokers.composites.get(broker)
+        composite = hosted.by_key.get(key) if hosted is not None else None
+        if composite is None:
             return False
         n = notification
         self.offered[composite.client].add((n.publisher, n.session, n.seq))
         return hosted.deliver(key, n, self._events.now)
 
-    def _notify(self, client: str, notice: dict) -> bool:
+    def notify(self, client: str, notice: dict) -> bool:
+        """A broker's notice to composite client ``client`` (a ``composite`` one is a
+        match); whether it got it."""
         if notice["op"] == "composite":
             self.matches[client].append(frozenset(tuple(p[:3]) for p in notice["parts"]))
         return True
@@ -107,9 +90,9 @@ class CompositeClients:
     def join_of(self, client: str) -> Any:
         """``client``'s join (its counts: late, dropped, cut)."""
         broker, sub_id, _ = self.clients[client]
-        return self.hosts[broker][1].by_id[sub_id].join
+        return self.hosts[broker].by_id[sub_id].join
 
     def host_crashed(self, client: str) -> bool:
         """Whether ``client``'s host died after it subscribed (its composite went with it)."""
         broker = self.clients[client][0]
-        return self._dead(broker) or self.hosts[broker][0] is not self._brokers.nodes[broker]
+        return self._dead(broker) or self.hosts[broker] is not self._brokers.composites.get(broker)

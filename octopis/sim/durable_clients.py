@@ -137,8 +137,9 @@ class DurableSimulator(Simulator):
         self._written_time: dict[str, float] = {}
         self._expiring: dict[str, float] = {}
         """The tick each broker's records are next checked for expiry at."""
-        self._durable_reqs: dict[str, tuple[str, int, bool]] = {}
-        """Requests of durable clients → (client, run, whether a claim)."""
+        self._connections: dict[str, DurableClient] = {}
+        """Each connection a durable client made, by its key (the requester the nodes
+        name in their answers, as a broker's client sessions know their connections)."""
         self._died_at: dict[str, float] = {}
         """When each broker last died."""
 
@@ -193,7 +194,7 @@ class DurableSimulator(Simulator):
             c.away.append((c.left, self.now))
             c.left = None
         self._attach_durable(c, broker)
-        self.seams[c.name], c.claiming = Seam(), True
+        self.seams[c.name], c.claiming = Seam(self.seam_limit), True
         claim = Replay("", broker, (), (), 0.0, HISTORIC_BUDGET, claim=claim_of(c.name, NAME))
         self._durable_request(c, claim)
 
@@ -201,6 +202,7 @@ class DurableSimulator(Simulator):
         c.host = broker
         c.connection += 1
         c.key = f"{c.name}#{c.run}.{c.connection}"
+        self._connections[c.key] = c
         self._home[c.name] = broker
         self.records[c.name] = c.record
         self.replaying[c.name] = c.replaying
@@ -223,7 +225,6 @@ class DurableSimulator(Simulator):
             request.budget,
             claim=request.claim,
         )
-        self._durable_reqs[req_id] = (c.name, c.run, bool(request.claim))
         self.seams[c.name].named(req_id)
         c.counts["claims" if request.claim else "replays"] += 1
         self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now, c.key))
@@ -325,7 +326,7 @@ class DurableSimulator(Simulator):
         since, after = c.replaying.failed_over(died, [c.progress])
         self._attach_durable(c, new)
         self._durable_ack(c, c.progress.whole())
-        self.seams[c.name], c.claiming = Seam(), False
+        self.seams[c.name], c.claiming = Seam(self.seam_limit), False
         replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
         self._durable_request(c, replay)
 
@@ -344,9 +345,10 @@ class DurableSimulator(Simulator):
             if type(action) is ClaimRecord:
                 self._durable_claim(broker, action.request)
             elif (
-                type(action) in (ReplayDeliver, ReplayDone) and action.req_id in self._durable_reqs
+                type(action) in (ReplayDeliver, ReplayDone)
+                and action.requester in self._connections
             ):
-                self._durable_answer(action)
+                self._durable_answer(self._connections[action.requester], action)
             else:
                 super()._carry_out_replay(broker, [action])
 
@@ -363,17 +365,18 @@ class DurableSimulator(Simulator):
     def _withdraw_held(self, broker: str, client: str, sub_id: str) -> None:
         """The shell's ``withdraw``: end ``client``'s subscription ``sub_id`` here (its
         record was claimed by the host its client came back at)."""
-        unsubscribe = self.cores[broker].unsubscribe
-        actions = self.nodes[broker].sessions.withdraw(client, sub_id, unsubscribe)
+        node = self.nodes[broker]
+        actions = node.sessions.withdraw(client, sub_id, node.withdraw)
         if actions is not None:
             self.subscriber_of.pop(sub_id, None)
             self._dispatch(broker, actions)
 
-    def _durable_answer(self, action: ReplayDeliver | ReplayDone) -> None:
-        client, run, claim = self._durable_reqs[action.req_id]
-        c = self.durable_clients[client]
-        if c.run != run or c.host is None:
-            return  # that process is gone: nobody reads the answer
+    def _durable_answer(self, c: DurableClient, action: ReplayDeliver | ReplayDone) -> None:
+        """An answer to ``c``'s connection that asked (``action.claim``: a claim's):
+        read only if that connection is ``c``'s current one (one left behind, or of a
+        process gone, is read by nobody)."""
+        if action.requester != c.key or c.host is None:
+            return
         seam = self.seams.get(c.name)
         current = seam is not None and seam.replay == action.req_id
         if type(action) is ReplayDeliver:
@@ -382,7 +385,7 @@ class DurableSimulator(Simulator):
             return
         echo = action.echo
         c.store_gaps.update(echo.gaps)
-        if claim:  # a claim's gap stays: a late answer is not read
+        if action.claim:  # a claim's gap stays: a late answer is not read
             c.counts["records_lost"] += 0 if current else len(echo.claimed)
         elif not current:  # a replay's gap shrinks as its own silent parts answer late
             c.replaying.late.answered(action.req_id, echo.answered, echo.silent)

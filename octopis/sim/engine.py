@@ -108,7 +108,12 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             matcher_factory = self.shared.part
         with collector_paused():
             self.brokers = Brokers(
-                scot, mode, matcher_factory, covering=covering, advertisements=advertisements
+                scot,
+                mode,
+                matcher_factory,
+                covering=covering,
+                advertisements=advertisements,
+                notify=lambda client, notice: self.composites.notify(client, notice),
             )
         """Each broker's core, node, client sessions and incarnation."""
         self.cores = self.brokers.cores

@@ -326,9 +326,9 @@ class FailureEvents(CustodyEvents):
         if state.severed(a, b):
             return
         if not self._met(a, b) or not self._met(b, a):
-            self._meet(a, b)
+            self._meet(a, b)  # each hears the other's first heartbeat there, once
             for src, dst in links:
-                self._beat(src, dst)
+                self._undetect(src, dst)
             return
         for src, dst in links:
             resumes = self.nodes[src].neighbours.resumed(dst)

@@ -51,11 +51,33 @@ from octopis.core.replay import (
     ReplayEcho,
     ReplayRounds,
 )
-from octopis.defaults import CLIENT_LIVENESS, CLIENT_TIMEOUT, HISTORIC_BUDGET, REPLAY_BUDGET
+from octopis.defaults import (
+    BUFFER,
+    CLIENT_LIVENESS,
+    CLIENT_TIMEOUT,
+    HISTORIC_BUDGET,
+    REPLAY_BUDGET,
+)
 from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
 
 REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
+
+
+def told_at_seam(seam: Seam[Notification, Notification, ReplayEcho]) -> set[str]:
+    """What the replay ``seam`` waited for tells its subscriber once answered, as the
+    SDK tells it, besides its silent brokers (its replay gaps, narrowed by late parts)
+    and the ranges its stores no longer hold (its store gaps): why it falls short as a
+    whole (:meth:`~octopis.client_policy.Seam.shortfall`) and the brokers without a
+    store. (A replay cut short is the SDK's "no answer": the simulator keeps every
+    broker silent for it, narrowed by late parts.)"""
+    echo = seam.summary
+    if echo is None:
+        return set()
+    told = {f"unstored: {b}" for b in echo.unstored}
+    if (why := seam.shortfall(truncated=echo.truncated)) is not None:
+        told.add(why)
+    return told
 
 
 class SubscriberFailover:
@@ -83,7 +105,6 @@ class SubscriberFailover:
         """Per subscriber, the brokers its replays reported silent and never heard from
         (of its :attr:`replaying`)."""
         self.replay_counts: Counter[str] = Counter()
-        self._requesters: dict[str, str] = {}
         self._replays = 0
         self.historic_received: dict[str, list[tuple[str, int]]] = {}
         """Per historic query (its req_id), the publications answered to it, in order."""
@@ -107,6 +128,11 @@ class SubscriberFailover:
         self.seams: dict[str, Seam[Notification, Notification, ReplayEcho]] = {}
         """Per subscriber whose replay is under way, its seam (the SDK's,
         :class:`~octopis.client_policy.Seam`)."""
+        self.seam_limit = BUFFER
+        """Live deliveries a seam holds (the SDK's ``buffer``)."""
+        self.seam_gaps: dict[str, set[str]] = {}
+        """Per subscriber, what its replays told it besides its replay and store gaps
+        (:func:`told_at_seam`)."""
         self.replaying: dict[str, SubscriberReplays] = {}
         """Per subscriber, the SDK's side of its replays: where the next asks from, kept
         from the first failure scheduled on (:meth:`saw`), and those waiting for late
@@ -228,7 +254,11 @@ class SubscriberFailover:
         replaying = self._replaying(subscriber)
         replaying.subscribed(self.clients.first_subscribed[subscriber])
         since, after = replaying.failed_over(died)
-        self._cut_short(subscriber)
+        # A replay under way is cut short: its part joins now, its answer never comes here
+        # (the SDK's "no answer"; a late echo names the stores that answered).
+        if subscriber in self.seams:
+            self.replay_counts["cut_short"] += 1
+        self._end_seam(subscriber, self.scot.brokers)
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
             self._dispatch(new, self.clients.session_subscribe(subscriber, new, subscription)[1])
@@ -236,8 +266,7 @@ class SubscriberFailover:
             return
         self._replays += 1
         req_id = f"{new}/{self._replays}"
-        self._requesters[req_id] = subscriber
-        self.seams[subscriber] = Seam(replay=req_id)
+        self.seams[subscriber] = Seam(self.seam_limit, replay=req_id)
         request = Replay(
             req_id,
             new,
@@ -258,7 +287,6 @@ class SubscriberFailover:
         stays silent is reported to ``asker`` (:attr:`replay_gaps`)."""
         self._replays += 1
         req_id = f"{broker}/{self._replays}"
-        self._requesters[req_id] = asker
         self.historic_received[req_id] = []
         request = Replay(
             req_id, broker, (subscription.to_text(),), (), after, HISTORIC_BUDGET, until=until
@@ -358,15 +386,6 @@ class SubscriberFailover:
         self.ledger.delivered(subscriber, n.publisher, n.seq, self.now - n.published_at)
         self.saw(subscriber, n)
 
-    def _cut_short(self, subscriber: str) -> None:
-        """A fail-over cuts ``subscriber``'s replay under way short: its part joins now,
-        and its answer never comes on this connection, which the SDK reports as a gap
-        (``Seam.gap``: no answer from the overlay), every store unheard until a late
-        echo of that request names those that answered."""
-        if subscriber in self.seams:
-            self.replay_counts["cut_short"] += 1
-        self._end_seam(subscriber, self.scot.brokers)
-
     def _replayed(self, subscriber: str, req_id: str, notifications: list[Notification]) -> None:
         """A part of request ``req_id``'s answer came to ``subscriber``: its seam's, held
         there, or a late part, joined at once (as the SDK's ``ReplayLog.late_answer``:
@@ -424,13 +443,15 @@ class SubscriberFailover:
         seam = self.seams.pop(subscriber, None)
         if seam is None:
             return
-        if seam.overflowed:  # the SDK reports it as a gap (the seam's error)
+        if seam.overflowed:
             self.replay_counts["seam_overflowed"] += 1
         joined = self._join(subscriber, seam.live, seam.answer)
         if silent is not None and seam.replay is not None:
             late = self._replaying(subscriber).late
             late.ended(seam.replay, map(publisher_order, joined), silent)
             self.replay_gaps[subscriber] = late.outstanding.silent()
+        if silent is not None and (told := told_at_seam(seam)):
+            self.seam_gaps.setdefault(subscriber, set()).update(told)
 
     def _join(
         self,
@@ -456,4 +477,5 @@ class SubscriberFailover:
             **self.replay_counts,
             "subscribers_failed_over": len(self.failed_over),
             "gaps": sum(1 for g in self.replay_gaps.values() if g),
+            "seam_gaps": sum(1 for g in self.seam_gaps.values() if g),
         }
