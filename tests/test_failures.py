@@ -280,6 +280,22 @@ def test_subscribers_whose_every_broker_died_keep_trying_until_one_is_back() -> 
     assert report["failover.no_live_broker"] > 0
 
 
+def test_subscribers_go_round_again_when_a_broker_came_back_during_their_round() -> None:
+    """One region, two clusters, both brokers killed at once, r0:0 back after 2 s and r0:1
+    after 4 s: r0:1's subscribers try r0:0 while it is still dead (1.5 s), then r0:1, dead
+    too, and end their round at 4.5 s, when neither restart is pending any more; r0:0 has
+    been back since 2 s, so they go round again, find it and replay. (Found by the law:
+    the simulator's subscribers gave up at the end of a round once no restart was
+    pending, though a broker of their list was alive.)"""
+    scot = build_scot(nx.empty_graph(["r0"]), complete_factor(2), name="pair")
+    failures = [Failure(("r0:0",), 0.0, 2.0), Failure(("r0:1",), 0.0, 4.0)]
+    sim = _run(scot, "dnr", failures, seed=0, subscribers=30, publications=30)
+    report = _law(sim)
+    assert report["replays"]["subscribers_failed_over"] == 30
+    assert report["failover.no_live_broker"] > 0
+    assert sim.ledger.summary()["lost"] == 0
+
+
 def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:
     """Five subscribers' connections to their (live) brokers fail mid-stream: each fails
     over, subscribes again elsewhere and replays; its old broker delivers into the void

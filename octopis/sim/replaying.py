@@ -226,15 +226,16 @@ class SubscriberFailover:
         """A client fails over as the SDK does (``Failover.run``): it tries the brokers
         ``tries`` gives, and learns that one is dead only by its silence,
         :data:`CLIENT_LIVENESS` after the hello; past the last it waits as long and
-        starts over, while a broker is to restart (else it gives up, counted). Nothing
+        starts over while a broker is alive or to restart (one may have come back
+        during the round: it gives up only when every broker is dead for good). Nothing
         happens once the client no longer ``wanted`` to; ``connected(broker)`` is called
         at the first broker that answers."""
         if not wanted():
             return
         broker = next(tries)
-        if broker is None:  # none answered: round again while one is to restart
+        if broker is None:  # none answered: round again while one is alive or to restart
             self.failure_counts["failover.no_live_broker"] += 1
-            if not self.restarts_pending:
+            if not self.restarts_pending and all(map(self._dead, self.cores)):
                 return
         elif not self._dead(broker):
             connected(broker)
