@@ -57,6 +57,8 @@ pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
 PAPER75_GROUP = pytest.mark.xdist_group("heavy")
 """The 75-process runs take both cores each: they run one after another on one worker
 (``--dist loadgroup``), with the Spark builds, beside the lighter tests on the others."""
+RAMP = 1.0
+"""Seconds every generated publisher starts within (default 5): a failure meets them all."""
 
 
 def _broker_pids(marker: bytes) -> set[int]:
@@ -95,7 +97,7 @@ def _run(
     processes in ``mode``; the run's report."""
     run_dir = tmp_path / f"{preset}-{mode}"
     scot, path = prepare_topology(run_dir, preset=preset)
-    workload = generate_workload(scot, seed=11, rate_per_minute=600, start_window=1.0, **sizes)
+    workload = generate_workload(scot, seed=11, rate_per_minute=600, start_window=RAMP, **sizes)
     options = RunOptions(
         mode=mode,
         run_dir=run_dir,
@@ -539,7 +541,7 @@ def _dnr_run_with_failures(
     ``settings``) with ``failures``, no client on the brokers of ``spare``; prints the
     failure report."""
     scot, path = prepare_topology(run_dir, preset=preset)
-    workload = generate_workload(scot, **sizes)
+    workload = generate_workload(scot, start_window=RAMP, **sizes)
     workload.subscriptions = [s for s in workload.subscriptions if s.broker not in spare]
     workload.publications = [p for p in workload.publications if p.broker not in spare]
     options = RunOptions(

