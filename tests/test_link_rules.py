@@ -3,8 +3,9 @@ the checks, read from the shells' AST as ``test_layers.py`` reads the others, th
 neither keeps a copy: whether a neighbour heard again resumes its session
 (``Neighbours.resumed``), what a RESENT's receiver takes (``resent_taken``, tested in
 ``test_custody.py``), whether a relink may drop a link that still carries
-(``core.relinking``), and that no shell branches on a broker's or a heartbeat's word
-that it serves."""
+(``core.relinking``), when a local publication's confirm is answered
+(``core.custody.PublishReceipt``), and that no shell branches on a broker's or a
+heartbeat's word that it serves."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from test_layers import PACKAGE, SHELLS, _in_shells, strings_holding
 
 from octopis.core import make_broker
+from octopis.core.custody import Custody, PublishReceipt
 from octopis.core.neighbours import Neighbours
 from octopis.core.node import BrokerNode
 from octopis.core.relinking import leaving_busy
@@ -159,4 +161,94 @@ def test_the_serving_check_can_fail(tmp_path: Path) -> None:
         "shell.py:2 serving",
         "shell.py:5 serving",
         "shell.py:6 serving",
+    ]
+
+
+def test_a_confirm_waits_for_every_kept_copy_and_the_store_and_says_its_refusal() -> None:
+    """A publication with no copy kept is answered at once (the shell's reply); with
+    copies kept — one in each link's custody, the store's — the answer goes when the last
+    is held: an acknowledgement settles a link's copy (``Custody``'s ``settle``), the
+    commit the store's; a store that refuses it still lets the answer go, as an error."""
+    answers: list[str] = []
+    now = PublishReceipt(lambda: answers.append("now"))
+    assert not now.waits and answers == []
+    receipt = PublishReceipt(lambda: answers.append(f"answered {receipt.refusal}"))
+    links = {
+        name: Custody(8, settle=lambda entries: [copy.held() for _, _, copy in entries])
+        for name in ("n", "m")
+    }
+    for custody in links.values():
+        receipt.keep()
+        custody.sent(receipt, 1.0, kept=True)
+    receipt.keep()  # the store's copy, held at its commit
+    assert receipt.waits and receipt.copies == 3
+    links["n"].acknowledge(1, 2.0)
+    receipt.refuse("the disk is full")  # the commit failed: not kept for replay
+    assert answers == [] and receipt.waits  # m's neighbour holds no copy yet
+    links["m"].acknowledge(1, 3.0)
+    assert answers == ["answered the disk is full"] and not receipt.waits
+    links["n"].acknowledge(1, 4.0)  # an acknowledgement repeated settles nothing again
+    assert answers == ["answered the disk is full"]
+
+
+RECEIPT = frozenset({"PublishReceipt"})
+"""The confirm's rule (``core.custody.PublishReceipt``), which the broker process kept in
+``transport/links.py``: a shell that defines it keeps a copy."""
+
+
+def receipt_copies(path: Path) -> list[str]:
+    """In ``path``'s code: every definition (class, function or assignment) of a
+    :data:`RECEIPT` name, every ``copies`` of something named ``…receipt`` (a shell
+    counting a confirm's copies itself, where the receipt's ``keep`` and ``waits``
+    decide), and every ``x.copies -= …`` (a shell counting a copy as held)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        else:
+            names = []
+        found += [f"{path.name}:{node.lineno} def {name}" for name in names if name in RECEIPT]
+        if isinstance(node, ast.Attribute) and node.attr == "copies":
+            owner = node.value
+            owner_name = (
+                owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            )
+            if owner_name.lower().endswith("receipt"):
+                found.append(f"{path.name}:{node.lineno} {owner_name}.copies")
+        if (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.op, ast.Sub)
+            and isinstance(node.target, ast.Attribute)
+            and node.target.attr == "copies"
+        ):
+            found.append(f"{path.name}:{node.lineno} copies -=")
+    return found
+
+
+def test_the_shells_keep_no_copy_of_the_confirm_rule() -> None:
+    """Neither shell defines the confirm's receipt or counts its copies itself (read
+    from the AST): both keep and hold through ``core.custody.PublishReceipt``."""
+    assert _in_shells(receipt_copies) == []
+
+
+def test_the_receipt_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "class PublishReceipt:\n"
+        '    """copies of a receipt, in a docstring, are fine"""\n'
+        "    def held(self):\n"
+        "        self.copies -= 1\n"
+        "def publish(router, n, receipt, link):\n"
+        "    router.publish(n, receipt)\n"
+        "    if receipt.copies == 0:\n"
+        "        self.receipt.copies += 1\n"
+        "    return link.copies\n"
+    )
+    assert sorted(receipt_copies(path)) == [
+        "shell.py:1 def PublishReceipt",
+        "shell.py:4 copies -=",
+        "shell.py:7 receipt.copies",
+        "shell.py:8 receipt.copies",
     ]
