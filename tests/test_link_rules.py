@@ -3,7 +3,8 @@ the checks, read from the shells' AST as ``test_layers.py`` reads the others, th
 neither keeps a copy: whether a neighbour heard again resumes its session
 (``Neighbours.resumed``), what a RESENT's receiver takes (``resent_taken``, tested in
 ``test_custody.py``), whether a relink may drop a link that still carries
-(``core.relinking``), when a local publication's confirm is answered
+(``core.relinking``), when a silent neighbour is declared down
+(``Neighbours.overdue``), when a local publication's confirm is answered
 (``core.custody.PublishReceipt``), and that no shell branches on a broker's or a
 heartbeat's word that it serves."""
 
@@ -252,3 +253,73 @@ def test_the_receipt_check_can_fail(tmp_path: Path) -> None:
         "shell.py:7 receipt.copies",
         "shell.py:8 receipt.copies",
     ]
+
+
+def test_a_neighbour_is_overdue_past_down_after_only_with_the_input_read() -> None:
+    """Silent for more than ``down_after`` (not at it exactly), up, and only once the
+    broker has read what reached it: a backlog of its own is no neighbour's silence;
+    whether it has is asked only when one is silent that long. A stall excuses."""
+    table = Neighbours(["n", "m", "gone"])
+    for name, heard in (("n", 1.0), ("m", 2.0), ("gone", 0.0)):
+        table.built(name, 5, 0.0)
+        table.heard(name, heard)
+    table.silent("gone", 0.5)
+    asked: list[float] = []
+
+    def read(now: float, caught_up: bool = True) -> list[tuple[str, float]]:
+        def ask() -> bool:
+            asked.append(now)
+            return caught_up
+
+        return table.overdue(now, 1.0, ask)
+
+    assert read(2.0) == [] and asked == []  # n silent exactly down_after: not past it
+    assert read(2.5) == [("n", 1.5)] and asked == [2.5]
+    assert read(3.5, caught_up=False) == []  # its own input unread: nobody is declared
+    assert read(3.5) == [("n", 2.5), ("m", 1.5)]
+    table.stalled(2.0)  # this process did not run for 2 s
+    assert read(3.5) == []
+
+
+def liveness_branches(path: Path) -> list[str]:
+    """Every condition (``if``, ``while``, a conditional expression or a comprehension's
+    ``if``) in ``path`` that reads or calls :data:`LIVENESS_FACTS`: a shell weighing
+    itself whether a neighbour's silence counts, where ``Neighbours.overdue`` does."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.If | ast.While | ast.IfExp):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = node.ifs
+        else:
+            continue
+        for test in tests:
+            for inner in ast.walk(test):
+                name = inner.attr if isinstance(inner, ast.Attribute) else getattr(inner, "id", "")
+                if name in LIVENESS_FACTS:
+                    found.append(f"{path.name}:{inner.lineno} {name}")
+    return found
+
+
+LIVENESS_FACTS = frozenset({"caught_up", "overdue"})
+"""What the broker process once branched on before declaring a neighbour down
+(``if overdue and caught_up()``)."""
+
+
+def test_the_shells_leave_a_neighbours_silence_to_the_node() -> None:
+    """Neither shell decides itself whether a silence counts (read from the AST)."""
+    assert _in_shells(liveness_branches) == []
+
+
+def test_the_liveness_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def tick(table, now, caught_up):\n"
+        '    """if overdue and caught_up, in a docstring, is fine"""\n'
+        "    overdue = table.overdue(now, 1.0)\n"
+        "    if overdue and caught_up():\n"
+        "        declare(overdue)\n"
+        "    for name, silent in table.overdue(now, 1.0, caught_up):\n"
+        "        declare(name)\n"
+    )
+    assert sorted(liveness_branches(path)) == ["shell.py:4 caught_up", "shell.py:4 overdue"]
