@@ -178,8 +178,11 @@ def test_a_confirm_waits_for_every_kept_copy_and_the_store_and_says_its_refusal(
         name: Custody(8, settle=lambda entries: [copy.held() for _, _, copy in entries])
         for name in ("n", "m")
     }
+    off = Custody(0)  # custody off: no acknowledgement to wait for
+    assert not receipt.goes(off, notification=True)
+    assert not receipt.goes(links["n"], notification=False)  # not the notification itself
     for custody in links.values():
-        receipt.keep()
+        assert receipt.goes(custody, notification=True)
         custody.sent(receipt, 1.0, kept=True)
     receipt.keep()  # the store's copy, held at its commit
     assert receipt.waits and receipt.copies == 3
@@ -201,7 +204,9 @@ def receipt_copies(path: Path) -> list[str]:
     """In ``path``'s code: every definition (class, function or assignment) of a
     :data:`RECEIPT` name, every ``copies`` of something named ``…receipt`` (a shell
     counting a confirm's copies itself, where the receipt's ``keep`` and ``waits``
-    decide), and every ``x.copies -= …`` (a shell counting a copy as held)."""
+    decide), every condition weighing a receipt with a custody's ``keeps`` (whether a
+    link's copy is waited for: ``PublishReceipt.goes``), and every ``x.copies -= …`` (a
+    shell counting a copy as held)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -218,6 +223,14 @@ def receipt_copies(path: Path) -> list[str]:
             )
             if owner_name.lower().endswith("receipt"):
                 found.append(f"{path.name}:{node.lineno} {owner_name}.copies")
+        if isinstance(node, ast.If | ast.IfExp | ast.BoolOp):
+            names = {
+                inner.attr if isinstance(inner, ast.Attribute) else inner.id
+                for inner in ast.walk(node)
+                if isinstance(inner, ast.Attribute | ast.Name)
+            }
+            if "keeps" in names and any(n.lower().endswith("receipt") for n in names):
+                found.append(f"{path.name}:{node.lineno} receipt and keeps")
         if (
             isinstance(node, ast.AugAssign)
             and isinstance(node.op, ast.Sub)
@@ -245,6 +258,8 @@ def test_the_receipt_check_can_fail(tmp_path: Path) -> None:
         "    router.publish(n, receipt)\n"
         "    if receipt.copies == 0:\n"
         "        self.receipt.copies += 1\n"
+        "    if receipt and frame[2] == KEPT and link.custody.keeps:\n"
+        "        frame.append(receipt)\n"
         "    return link.copies\n"
     )
     assert sorted(receipt_copies(path)) == [
@@ -252,6 +267,8 @@ def test_the_receipt_check_can_fail(tmp_path: Path) -> None:
         "shell.py:4 copies -=",
         "shell.py:7 receipt.copies",
         "shell.py:8 receipt.copies",
+        "shell.py:9 receipt and keeps",
+        "shell.py:9 receipt and keeps",
     ]
 
 

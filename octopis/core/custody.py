@@ -94,6 +94,16 @@ class PublishReceipt:
         """One more copy is kept on its way: the answer waits for it (:meth:`held`)."""
         self.copies += 1
 
+    def goes(self, custody: Custody, notification: bool) -> bool:
+        """A copy goes on a link with ``custody``: kept, and waited for (:meth:`keep`),
+        if it is the ``notification`` itself and the link keeps custody; a link without
+        custody (its limit 0) gives no acknowledgement to wait for. Returns whether the
+        copy is kept (the link then hands its entry to :meth:`held` when settled)."""
+        if notification and custody.keeps:
+            self.keep()
+            return True
+        return False
+
     def refuse(self, reason: str) -> None:
         """The retention store could not keep the publication: answered with ``reason``
         (its copies still travel; the publisher is told it is not kept for replay)."""

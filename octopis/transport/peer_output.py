@@ -115,13 +115,13 @@ class PeerOutput:
 
     def forward(self, name: str, frame: list, now: float, receipt: PublishReceipt | None) -> None:
         """Put one routing ``frame`` on neighbour ``name``'s link. A local publication's
-        copy that the link keeps in custody carries ``receipt`` and counts in it (the
-        publisher is answered once every such copy is acknowledged, DESIGN §7)."""
+        copy that the link keeps in custody carries ``receipt`` and counts in it, as
+        :meth:`PublishReceipt.goes` says (the publisher is answered once every such copy
+        is acknowledged, DESIGN §7)."""
         link = self.links[name]
-        if receipt is not None and frame[KIND] == KEPT and link.custody.keeps:
-            if len(frame) == RECEIPT:
-                frame.append(receipt)
-            receipt.keep()
+        kept = receipt is not None and receipt.goes(link.custody, frame[KIND] == KEPT)
+        if kept and len(frame) == RECEIPT:
+            frame.append(receipt)
         link.put(frame, now)
 
     def put(self, name: str, frames: list[list], now: float) -> None:
