@@ -11,6 +11,7 @@ heartbeat's word that it serves."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -119,12 +120,9 @@ def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
     assert refusal_copies(path) == ["shell.py:6 still carry"]
 
 
-def serving_conditions(path: Path) -> list[str]:
-    """Every condition (``if``, ``while``, a conditional expression or a comprehension's
-    ``if``) in ``path`` that reads an attribute ``serving``: whether a broker serves, or
-    what a heartbeat says of it, is for the node to weigh (``serve_if_ready``,
-    ``Neighbours.said``); a shell carries the word, never branches on it."""
-    found = []
+def condition_reads(path: Path) -> Iterator[ast.AST]:
+    """Every node inside a condition (``if``, ``while``, a conditional expression or a
+    comprehension's ``if``) of ``path``'s code."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.If | ast.While | ast.IfExp):
             tests = [node.test]
@@ -132,13 +130,20 @@ def serving_conditions(path: Path) -> list[str]:
             tests = node.ifs
         else:
             continue
-        found += [
-            f"{path.name}:{inner.lineno} serving"
-            for test in tests
-            for inner in ast.walk(test)
-            if isinstance(inner, ast.Attribute) and inner.attr == "serving"
-        ]
-    return found
+        for test in tests:
+            yield from ast.walk(test)
+
+
+def serving_conditions(path: Path) -> list[str]:
+    """Every condition in ``path`` (:func:`condition_reads`) that reads an attribute
+    ``serving``: whether a broker serves, or what a heartbeat says of it, is for the node
+    to weigh (``serve_if_ready``, ``Neighbours.said``); a shell carries the word, never
+    branches on it."""
+    return [
+        f"{path.name}:{inner.lineno} serving"
+        for inner in condition_reads(path)
+        if isinstance(inner, ast.Attribute) and inner.attr == "serving"
+    ]
 
 
 def test_the_shells_never_branch_on_serving() -> None:
@@ -299,22 +304,14 @@ def test_a_neighbour_is_overdue_past_down_after_only_with_the_input_read() -> No
 
 
 def liveness_branches(path: Path) -> list[str]:
-    """Every condition (``if``, ``while``, a conditional expression or a comprehension's
-    ``if``) in ``path`` that reads or calls :data:`LIVENESS_FACTS`: a shell weighing
-    itself whether a neighbour's silence counts, where ``Neighbours.overdue`` does."""
+    """Every condition in ``path`` (:func:`condition_reads`) that reads or calls
+    :data:`LIVENESS_FACTS`: a shell weighing itself whether a neighbour's silence counts,
+    where ``Neighbours.overdue`` does."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.If | ast.While | ast.IfExp):
-            tests = [node.test]
-        elif isinstance(node, ast.comprehension):
-            tests = node.ifs
-        else:
-            continue
-        for test in tests:
-            for inner in ast.walk(test):
-                name = inner.attr if isinstance(inner, ast.Attribute) else getattr(inner, "id", "")
-                if name in LIVENESS_FACTS:
-                    found.append(f"{path.name}:{inner.lineno} {name}")
+    for inner in condition_reads(path):
+        name = inner.attr if isinstance(inner, ast.Attribute) else getattr(inner, "id", "")
+        if name in LIVENESS_FACTS:
+            found.append(f"{path.name}:{inner.lineno} {name}")
     return found
 
 
