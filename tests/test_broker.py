@@ -321,7 +321,7 @@ def test_a_publication_refused_while_resyncing_is_neither_kept_nor_answered(
     publication with an error: its retention store does not keep it (a replay could
     otherwise give what the publisher was told was refused) and its receipt is never
     answered (the error is the one answer)."""
-    from octopis.transport.links import PublishReceipt
+    from octopis.core.custody import PublishReceipt
 
     scot = build_preset("fig2", base_port=find_free_base_port(18))
     broker = Broker(scot, "b:0", "snr", BrokerSettings(), keys=None, data_dir=tmp_path)

@@ -3,18 +3,22 @@ the checks, read from the shells' AST as ``test_layers.py`` reads the others, th
 neither keeps a copy: whether a neighbour heard again resumes its session
 (``Neighbours.resumed``), what a RESENT's receiver takes (``resent_taken``, tested in
 ``test_custody.py``), whether a relink may drop a link that still carries
-(``core.relinking``), and that no shell branches on a broker's or a heartbeat's word
-that it serves."""
+(``core.relinking``), when a silent neighbour is declared down
+(``Neighbours.overdue``), when a local publication's confirm is answered
+(``core.custody.PublishReceipt``), and that no shell branches on a broker's or a
+heartbeat's word that it serves."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_layers import PACKAGE, SHELLS, _in_shells, strings_holding
 
 from octopis.core import make_broker
+from octopis.core.custody import Custody, PublishReceipt
 from octopis.core.neighbours import Neighbours
 from octopis.core.node import BrokerNode
 from octopis.core.relinking import leaving_busy
@@ -116,12 +120,9 @@ def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
     assert refusal_copies(path) == ["shell.py:6 still carry"]
 
 
-def serving_conditions(path: Path) -> list[str]:
-    """Every condition (``if``, ``while``, a conditional expression or a comprehension's
-    ``if``) in ``path`` that reads an attribute ``serving``: whether a broker serves, or
-    what a heartbeat says of it, is for the node to weigh (``serve_if_ready``,
-    ``Neighbours.said``); a shell carries the word, never branches on it."""
-    found = []
+def condition_reads(path: Path) -> Iterator[ast.AST]:
+    """Every node inside a condition (``if``, ``while``, a conditional expression or a
+    comprehension's ``if``) of ``path``'s code."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.If | ast.While | ast.IfExp):
             tests = [node.test]
@@ -129,13 +130,20 @@ def serving_conditions(path: Path) -> list[str]:
             tests = node.ifs
         else:
             continue
-        found += [
-            f"{path.name}:{inner.lineno} serving"
-            for test in tests
-            for inner in ast.walk(test)
-            if isinstance(inner, ast.Attribute) and inner.attr == "serving"
-        ]
-    return found
+        for test in tests:
+            yield from ast.walk(test)
+
+
+def serving_conditions(path: Path) -> list[str]:
+    """Every condition in ``path`` (:func:`condition_reads`) that reads an attribute
+    ``serving``: whether a broker serves, or what a heartbeat says of it, is for the node
+    to weigh (``serve_if_ready``, ``Neighbours.said``); a shell carries the word, never
+    branches on it."""
+    return [
+        f"{path.name}:{inner.lineno} serving"
+        for inner in condition_reads(path)
+        if isinstance(inner, ast.Attribute) and inner.attr == "serving"
+    ]
 
 
 def test_the_shells_never_branch_on_serving() -> None:
@@ -160,3 +168,172 @@ def test_the_serving_check_can_fail(tmp_path: Path) -> None:
         "shell.py:5 serving",
         "shell.py:6 serving",
     ]
+
+
+def test_a_confirm_waits_for_every_kept_copy_and_the_store_and_says_its_refusal() -> None:
+    """A publication with no copy kept is answered at once (the shell's reply); with
+    copies kept — one in each link's custody, the store's — the answer goes when the last
+    is held: an acknowledgement settles a link's copy (``Custody``'s ``settle``), the
+    commit the store's; a store that refuses it still lets the answer go, as an error."""
+    answers: list[str] = []
+    now = PublishReceipt(lambda: answers.append("now"))
+    assert not now.waits and answers == []
+    receipt = PublishReceipt(lambda: answers.append(f"answered {receipt.refusal}"))
+    links = {
+        name: Custody(8, settle=lambda entries: [copy.held() for _, _, copy in entries])
+        for name in ("n", "m")
+    }
+    off = Custody(0)  # custody off: no acknowledgement to wait for
+    assert not receipt.goes(off, notification=True)
+    assert not receipt.goes(links["n"], notification=False)  # not the notification itself
+    for custody in links.values():
+        assert receipt.goes(custody, notification=True)
+        custody.sent(receipt, 1.0, kept=True)
+    receipt.keep()  # the store's copy, held at its commit
+    assert receipt.waits and receipt.copies == 3
+    links["n"].acknowledge(1, 2.0)
+    receipt.refuse("the disk is full")  # the commit failed: not kept for replay
+    assert answers == [] and receipt.waits  # m's neighbour holds no copy yet
+    links["m"].acknowledge(1, 3.0)
+    assert answers == ["answered the disk is full"] and not receipt.waits
+    links["n"].acknowledge(1, 4.0)  # an acknowledgement repeated settles nothing again
+    assert answers == ["answered the disk is full"]
+
+
+RECEIPT = frozenset({"PublishReceipt"})
+"""The confirm's rule (``core.custody.PublishReceipt``), which the broker process kept in
+``transport/links.py``: a shell that defines it keeps a copy."""
+
+
+def receipt_copies(path: Path) -> list[str]:
+    """In ``path``'s code: every definition (class, function or assignment) of a
+    :data:`RECEIPT` name, every ``copies`` of something named ``…receipt`` (a shell
+    counting a confirm's copies itself, where the receipt's ``keep`` and ``waits``
+    decide), every condition weighing a receipt with a custody's ``keeps`` (whether a
+    link's copy is waited for: ``PublishReceipt.goes``), and every ``x.copies -= …`` (a
+    shell counting a copy as held)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        else:
+            names = []
+        found += [f"{path.name}:{node.lineno} def {name}" for name in names if name in RECEIPT]
+        if isinstance(node, ast.Attribute) and node.attr == "copies":
+            owner = node.value
+            owner_name = (
+                owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            )
+            if owner_name.lower().endswith("receipt"):
+                found.append(f"{path.name}:{node.lineno} {owner_name}.copies")
+        if isinstance(node, ast.If | ast.IfExp | ast.BoolOp):
+            names = {
+                inner.attr if isinstance(inner, ast.Attribute) else inner.id
+                for inner in ast.walk(node)
+                if isinstance(inner, ast.Attribute | ast.Name)
+            }
+            if "keeps" in names and any(n.lower().endswith("receipt") for n in names):
+                found.append(f"{path.name}:{node.lineno} receipt and keeps")
+        if (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.op, ast.Sub)
+            and isinstance(node.target, ast.Attribute)
+            and node.target.attr == "copies"
+        ):
+            found.append(f"{path.name}:{node.lineno} copies -=")
+    return found
+
+
+def test_the_shells_keep_no_copy_of_the_confirm_rule() -> None:
+    """Neither shell defines the confirm's receipt or counts its copies itself (read
+    from the AST): both keep and hold through ``core.custody.PublishReceipt``."""
+    assert _in_shells(receipt_copies) == []
+
+
+def test_the_receipt_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "class PublishReceipt:\n"
+        '    """copies of a receipt, in a docstring, are fine"""\n'
+        "    def held(self):\n"
+        "        self.copies -= 1\n"
+        "def publish(router, n, receipt, link):\n"
+        "    router.publish(n, receipt)\n"
+        "    if receipt.copies == 0:\n"
+        "        self.receipt.copies += 1\n"
+        "    if receipt and frame[2] == KEPT and link.custody.keeps:\n"
+        "        frame.append(receipt)\n"
+        "    return link.copies\n"
+    )
+    assert sorted(receipt_copies(path)) == [
+        "shell.py:1 def PublishReceipt",
+        "shell.py:4 copies -=",
+        "shell.py:7 receipt.copies",
+        "shell.py:8 receipt.copies",
+        "shell.py:9 receipt and keeps",
+        "shell.py:9 receipt and keeps",
+    ]
+
+
+def test_a_neighbour_is_overdue_past_down_after_only_with_the_input_read() -> None:
+    """Silent for more than ``down_after`` (not at it exactly), up, and only once the
+    broker has read what reached it: a backlog of its own is no neighbour's silence;
+    whether it has is asked only when one is silent that long. A stall excuses."""
+    table = Neighbours(["n", "m", "gone"])
+    for name, heard in (("n", 1.0), ("m", 2.0), ("gone", 0.0)):
+        table.built(name, 5, 0.0)
+        table.heard(name, heard)
+    table.silent("gone", 0.5)
+    asked: list[float] = []
+
+    def read(now: float, caught_up: bool = True) -> list[tuple[str, float]]:
+        def ask() -> bool:
+            asked.append(now)
+            return caught_up
+
+        return table.overdue(now, 1.0, ask)
+
+    assert read(2.0) == [] and asked == []  # n silent exactly down_after: not past it
+    assert read(2.5) == [("n", 1.5)] and asked == [2.5]
+    assert read(3.5, caught_up=False) == []  # its own input unread: nobody is declared
+    assert read(3.5) == [("n", 2.5), ("m", 1.5)]
+    table.stalled(2.0)  # this process did not run for 2 s
+    assert read(3.5) == []
+
+
+def liveness_branches(path: Path) -> list[str]:
+    """Every condition in ``path`` (:func:`condition_reads`) that reads or calls
+    :data:`LIVENESS_FACTS`: a shell weighing itself whether a neighbour's silence counts,
+    where ``Neighbours.overdue`` does."""
+    found = []
+    for inner in condition_reads(path):
+        name = inner.attr if isinstance(inner, ast.Attribute) else getattr(inner, "id", "")
+        if name in LIVENESS_FACTS:
+            found.append(f"{path.name}:{inner.lineno} {name}")
+    return found
+
+
+LIVENESS_FACTS = frozenset({"caught_up", "overdue"})
+"""What the broker process once branched on before declaring a neighbour down
+(``if overdue and caught_up()``)."""
+
+
+def test_the_shells_leave_a_neighbours_silence_to_the_node() -> None:
+    """Neither shell decides itself whether a silence counts (read from the AST)."""
+    assert _in_shells(liveness_branches) == []
+
+
+def test_the_liveness_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def tick(table, now, caught_up):\n"
+        '    """if overdue and caught_up, in a docstring, is fine"""\n'
+        "    overdue = table.overdue(now, 1.0)\n"
+        "    if overdue and caught_up():\n"
+        "        declare(overdue)\n"
+        "    for name, silent in table.overdue(now, 1.0, caught_up):\n"
+        "        declare(name)\n"
+    )
+    assert sorted(liveness_branches(path)) == ["shell.py:4 caught_up", "shell.py:4 overdue"]

@@ -14,7 +14,7 @@ from conditions import until
 
 from octopis.core import Forward, Notification, Subscribe, SubState, Unsubscribe, make_broker
 from octopis.core.codec import Hello, Synced, encode_body
-from octopis.core.custody import Custody
+from octopis.core.custody import Custody, PublishReceipt
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbours
 from octopis.core.node import BrokerNode
@@ -30,7 +30,6 @@ from octopis.transport.links import (
     BATCH_FRAMES,
     Activity,
     OutputLink,
-    PublishReceipt,
     SendPass,
 )
 from octopis.transport.peer_liveness import PeerLiveness
@@ -248,7 +247,7 @@ def test_a_publication_is_answered_once_the_neighbour_acknowledges_its_copy() ->
         link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
         for name in (b"p1", b"p2"):
             receipt = PublishReceipt(lambda name=name: answered.append(name))
-            receipt.copies = 1
+            receipt.keep()
             link.put([b"me", name, KEPT, receipt], loop.time())
         assert await _drain(pull) == [b"greeting", b"p1", b"p2"]
         assert answered == []  # sent is not held

@@ -37,6 +37,10 @@ side of the rule (what it takes, what it acknowledges, and when) is :func:`take`
   (:meth:`Custody.give_up`), which hands them to the new process ahead of what it held.
   Notifications need none of this: they were given back at the detection, which comes
   first (``links.down_after`` is below TCP's timeout).
+- A local publication's confirm (:class:`PublishReceipt`) waits for every copy of it
+  kept on its way: each copy a link keeps in custody until the neighbour acknowledges
+  it, the retention store's copy until its commit, and the node's hold until it routes;
+  with none kept it is answered at once, and a store that refuses its copy says why.
 """
 
 from __future__ import annotations
@@ -59,6 +63,59 @@ Pending = tuple[int, Any]
 ``(number, copy)``."""
 
 _NUMBER, _SENT_AT = itemgetter(0), itemgetter(1)
+
+
+class PublishReceipt:
+    """The answer owed to a local publisher (DESIGN §7): given once every copy of its
+    publication kept on its way is held — a copy in a link's custody once the neighbour
+    acknowledges it, the retention store's once it commits, the node's hold once it
+    routes — so from then on the neighbours and the store hold it and the host may die
+    without losing it. With no copy kept (:attr:`waits` False after routing) the shell
+    answers at once; ``answer`` is called when the last kept copy is held."""
+
+    __slots__ = ("_answer", "alone", "copies", "refusal")
+
+    def __init__(self, answer: Callable[[], None], alone: bool = True) -> None:
+        self.copies = 0
+        """Copies kept and not yet held."""
+        self._answer = answer
+        self.alone = alone
+        """No other publication of its connection awaits an answer (an awaited publish):
+        the store commits it as soon as the input is idle, not within a delay."""
+        self.refusal: str | None = None
+        """Why the publication could not be kept as promised (the answer is an error)."""
+
+    @property
+    def waits(self) -> bool:
+        """Whether the answer waits for a kept copy to be held (else: answer now)."""
+        return self.copies > 0
+
+    def keep(self) -> None:
+        """One more copy is kept on its way: the answer waits for it (:meth:`held`)."""
+        self.copies += 1
+
+    def goes(self, custody: Custody, notification: bool) -> bool:
+        """A copy goes on a link with ``custody``: kept, and waited for (:meth:`keep`),
+        if it is the ``notification`` itself and the link keeps custody; a link without
+        custody (its limit 0) gives no acknowledgement to wait for. Returns whether the
+        copy is kept (the link then hands its entry to :meth:`held` when settled)."""
+        if notification and custody.keeps:
+            self.keep()
+            return True
+        return False
+
+    def refuse(self, reason: str) -> None:
+        """The retention store could not keep the publication: answered with ``reason``
+        (its copies still travel; the publisher is told it is not kept for replay)."""
+        self.refusal = reason
+        self.held()
+
+    def held(self) -> None:
+        """One kept copy is held (in a neighbour's custody, committed, routed, or gone
+        for good, counted elsewhere); the last one answers."""
+        self.copies -= 1
+        if self.copies == 0:
+            self._answer()
 
 
 class Custody:

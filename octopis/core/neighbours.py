@@ -24,7 +24,7 @@ through a neighbour (:meth:`Neighbours.routable`), may it hand a share to one
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -260,14 +260,21 @@ class Neighbours:
         for record in self.table.values():
             record.last_heard += late
 
-    def overdue(self, now: float, down_after: float) -> list[tuple[str, float]]:
+    def overdue(
+        self, now: float, down_after: float, caught_up: Callable[[], bool]
+    ) -> list[tuple[str, float]]:
         """The neighbours up but silent for more than ``down_after`` seconds at ``now``
-        (to declare down, :meth:`silent`), with their silence."""
-        return [
+        (to declare down, :meth:`silent`), with their silence; none unless the broker has
+        read every frame that reached it (``caught_up``, asked only when one is silent
+        that long): a backlog of its own, or a starved event loop, is no neighbour's
+        silence (DESIGN §7), as a client's is judged
+        (:meth:`~octopis.core.sessions.Liveness.silent`)."""
+        silent = [
             (name, now - r.last_heard)
             for name, r in self.table.items()
             if r.up and now - r.last_heard > down_after
         ]
+        return silent if silent and caught_up() else []
 
     def routable(self, name: str) -> bool:
         """Whether routing may go through ``name`` (its LST row up): it serves."""

@@ -42,6 +42,7 @@ from octopis.core import (
 )
 from octopis.core.codec import Synced, encode_body
 from octopis.core.composite_hosting import HostedComposites
+from octopis.core.custody import PublishReceipt
 from octopis.core.load import LoadMeter
 from octopis.core.node import BrokerNode, HandedShare, NotServing
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
@@ -63,7 +64,6 @@ from octopis.transport.frames import (
     receipt_of,
 )
 from octopis.transport.inspection import BrokerInspection
-from octopis.transport.links import PublishReceipt
 from octopis.transport.process_mark import mark_running
 from octopis.transport.replaying import Replaying
 
@@ -317,7 +317,7 @@ class Broker:
         body = encode_body(notification)
         self.replaying.kept(notification, body, receipt)
         if actions is None:  # held: answered once routed (:meth:`now_serving`)
-            receipt.copies += 1
+            receipt.keep()
         else:
             self.execute(actions, notification, body, receipt)
 

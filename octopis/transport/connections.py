@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from octopis.core import Action, Notification
 from octopis.core.client_requests import RequestRefused
 from octopis.core.composite_hosting import HostedComposites
+from octopis.core.custody import PublishReceipt
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
 from octopis.core.sessions import Liveness, interests, order_move
-from octopis.transport.links import InputWaiter, PublishReceipt
+from octopis.transport.links import InputWaiter
 
 if TYPE_CHECKING:
     from octopis.transport.replaying import Replaying

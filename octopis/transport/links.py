@@ -62,36 +62,6 @@ BATCH_BYTES = 256 * 1024
 """Bytes of bodies after which a batch takes no further frame."""
 
 
-class PublishReceipt:
-    """The answer owed to a publisher, given once every copy of its publication that went
-    onto a link with custody is acknowledged by the neighbour: from then on the
-    neighbours hold it (custody, retain), so the host may die without losing it
-    (DESIGN §7). A frame carrying one is ``[sender, body, KEPT, receipt]``."""
-
-    __slots__ = ("_answer", "alone", "copies", "refusal")
-
-    def __init__(self, answer: Callable[[], None], alone: bool = True) -> None:
-        self.copies = 0
-        self._answer = answer
-        self.alone = alone
-        """No other publication of its connection awaits an answer (an awaited publish):
-        the store commits it as soon as the input is idle, not within a delay."""
-        self.refusal: str | None = None
-        """Why the publication could not be kept as promised (the answer is an error)."""
-
-    def refuse(self, reason: str) -> None:
-        """The retention store could not keep the publication: answered with ``reason``
-        (its copies still travel; the publisher is told it is not kept for replay)."""
-        self.refusal = reason
-        self.held()
-
-    def held(self) -> None:
-        """One copy is in a neighbour's custody (or gone for good, counted elsewhere)."""
-        self.copies -= 1
-        if self.copies == 0:
-            self._answer()
-
-
 class SendPass:
     """One synchronous pass over a broker's input (DESIGN §5, batching): while it is open,
     what the pass puts on a link or hands to a client waits; when it ends, each of them
@@ -248,7 +218,8 @@ class OutputLink:
         """Notifications sent and not yet acknowledged, and those acknowledged within
         ``retain`` seconds, as ``(number, sent at, frame)`` entries (DESIGN §7)."""
         self._receipts = 0
-        """Custody entries whose frame carries a :class:`PublishReceipt`."""
+        """Custody entries whose frame carries a receipt
+        (:class:`~octopis.core.custody.PublishReceipt`)."""
         self._lst = lst
         self._wake = asyncio.Event()
         self._activity = activity
@@ -284,8 +255,9 @@ class OutputLink:
             self._wake.set()
 
     def _settle(self, entries: list[Entry]) -> None:
-        """Acknowledged custody entries: a local publication's receipt counts the copy
-        as held, and the entry keeps its frame without it."""
+        """Acknowledged custody entries: a local publication's receipt
+        (:class:`~octopis.core.custody.PublishReceipt`) counts the copy as held, and the
+        entry keeps its frame without it."""
         if not self._receipts:
             return
         for i, (number, sent_at, frame) in enumerate(entries):
@@ -390,7 +362,7 @@ class OutputLink:
         """Empty custody (:meth:`Custody.take_back`: retained, then unacknowledged) and
         the queue; returns their routing frames, oldest first (queued frames leave the
         LST's queue length). Only frames never acknowledged still carry a
-        :class:`PublishReceipt`."""
+        :class:`~octopis.core.custody.PublishReceipt`."""
         frames = self.custody.take_back()
         self._receipts = 0
         for frame in self.queue:

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from octopis.core import Message, Notification
 from octopis.core.codec import Synced
-from octopis.transport.links import PublishReceipt
+from octopis.core.custody import PublishReceipt
 
 
 class PeerEvents(Protocol):

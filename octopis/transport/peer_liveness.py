@@ -175,8 +175,10 @@ class PeerLiveness:
     async def run(self, loop: asyncio.AbstractEventLoop, caught_up: Callable[[], bool]) -> None:
         """Each tick: acknowledge what was taken from each neighbour since the last
         acknowledgement; a heartbeat on each link idle for a heartbeat interval; declare
-        neighbours silent past T down, if the input is ``caught_up``. Time this process
-        spent not running (a tick that comes late) is not counted as anyone's silence.
+        down the neighbours silent past T, as the node judges them
+        (:meth:`~octopis.core.neighbours.Neighbours.overdue`, asking whether the input is
+        ``caught_up``). Time this process spent not running (a tick that comes late) is
+        not counted as anyone's silence.
 
         Input passes acknowledge what they took (:meth:`PeerOutput.acknowledge_pass`), so
         the tick is every ack interval only while backpressure withholds
@@ -189,15 +191,12 @@ class PeerLiveness:
             tick = output.pressure.tick(calm, self.ack_interval)
             await asyncio.sleep(tick)
             now = loop.time()
-            late, woke = stall(now, woke, tick), now
-            if late:  # this process was not running: that is not their silence
-                self.neighbours.stalled(late)
+            self.neighbours.stalled(stall(now, woke, tick))  # not running: not their silence
+            woke = now
             output.check_pressure(now)
             output.beat_due(now, self.heartbeat)
-            overdue = self.neighbours.overdue(now, self.down_after)
-            if overdue and caught_up():
-                for name, silent in overdue:
-                    self._declare_down(name, now, silent)
+            for name, silent in self.neighbours.overdue(now, self.down_after, caught_up):
+                self._declare_down(name, now, silent)
             self.check_serving(now)
 
     def _declare_down(self, name: str, now: float, silent: float) -> None:

@@ -20,11 +20,11 @@ import zmq.asyncio
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate
 from octopis.core.codec import Control, Heartbeat, Hello, Synced, encode_peer
-from octopis.core.custody import heartbeat_due, owed
+from octopis.core.custody import PublishReceipt, heartbeat_due, owed
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.settings import Links
 from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
-from octopis.transport.links import LOOP_SLACK, Activity, OutputLink, PublishReceipt, SendPass
+from octopis.transport.links import LOOP_SLACK, Activity, OutputLink, SendPass
 from octopis.transport.pressure import PressureGauge
 from octopis.transport.security import Curve
 
@@ -115,13 +115,13 @@ class PeerOutput:
 
     def forward(self, name: str, frame: list, now: float, receipt: PublishReceipt | None) -> None:
         """Put one routing ``frame`` on neighbour ``name``'s link. A local publication's
-        copy that the link keeps in custody carries ``receipt`` and counts in it (the
-        publisher is answered once every such copy is acknowledged, DESIGN §7)."""
+        copy that the link keeps in custody carries ``receipt`` and counts in it, as
+        :meth:`PublishReceipt.goes` says (the publisher is answered once every such copy
+        is acknowledged, DESIGN §7)."""
         link = self.links[name]
-        if receipt is not None and frame[KIND] == KEPT and link.custody.keeps:
-            if len(frame) == RECEIPT:
-                frame.append(receipt)
-            receipt.copies += 1
+        kept = receipt is not None and receipt.goes(link.custody, frame[KIND] == KEPT)
+        if kept and len(frame) == RECEIPT:
+            frame.append(receipt)
         link.put(frame, now)
 
     def put(self, name: str, frames: list[list], now: float) -> None:

@@ -25,6 +25,7 @@ import msgspec
 from octopis.client_policy import LastSeen
 from octopis.core.answer import COMMIT_DELAY, commit_now, commit_refused
 from octopis.core.codec import decode_body, encode_body
+from octopis.core.custody import PublishReceipt
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
@@ -41,7 +42,6 @@ from octopis.core.replay import (
 )
 from octopis.logs import RateLimitedLog
 from octopis.settings import Durable, Retention
-from octopis.transport.links import PublishReceipt
 from octopis.transport.retention import RetentionError, RetentionStore, StoreAnswer
 from octopis.wire import ClaimedRecord
 
@@ -148,7 +148,7 @@ class Replaying:
         if self.store is not None:
             self.store.add(n, body, time.time())
             if receipt is not None:
-                receipt.copies += 1
+                receipt.keep()
                 self._receipts.append(receipt)
                 self._awaited = self._awaited or receipt.alone
 

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from octopis.core import Notification
 from octopis.core import client_requests as rules
 from octopis.core.client_requests import Durable
+from octopis.core.custody import PublishReceipt
 from octopis.core.durable import claim_of
 from octopis.core.sessions import check_advertised
 from octopis.transport.connections import ClientConnections, ClientError, ClientSession, Router
-from octopis.transport.links import PublishReceipt
 from octopis.transport.outbox import ClientOutbox
 from octopis.wire import (
     AckRequest,
@@ -210,7 +210,7 @@ class RequestHandlers:
 
         receipt = PublishReceipt(answered, alone=connection.unanswered == 0)
         self.router.publish(n, receipt)
-        if receipt.copies == 0:
+        if not receipt.waits:
             return rules.published(request.seq)
         connection.unanswered += 1
         return None
