@@ -26,6 +26,7 @@ from octopis.cluster.launcher import LocalCluster
 from octopis.core import make_broker
 from octopis.core.answer import COMMIT_ROWS, commit_now, commit_refused, store_refusal
 from octopis.core.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
+from octopis.core.custody import PublishReceipt
 from octopis.core.durable import claim_of
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
@@ -46,7 +47,6 @@ from octopis.defaults import REFUSE_FOR
 from octopis.settings import BrokerSettings, Retention
 from octopis.sim.stores import RetentionStores
 from octopis.topology import Scot, build_preset
-from octopis.transport.links import PublishReceipt
 from octopis.transport.replaying import PAGE_ROOM, PAGE_ROWS, PAGE_WAIT, Replaying, _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
 from octopis.wire import REPLAY, REPLAY_ECHO, pack
