@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_layers import PACKAGE, SHELLS, _in_shells, strings_holding
+from test_layers import PACKAGE
+from test_shell_rules import SHELLS, _in_shells, strings_holding
 
 from octopis.core import make_broker
 from octopis.core.custody import Custody, PublishReceipt

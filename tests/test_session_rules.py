@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_layers import _in_shells
+from test_shell_rules import _in_shells
 
 
 def composite_dispatch(path: Path) -> list[str]:
