@@ -1,13 +1,13 @@
 """The peer frame: what a broker puts on an output link's queue (DESIGN §5, §7).
 
 A frame is the list ``[sender, body, kind]``: the sending broker's name (bytes), one
-encoded message (``codec``) and its kind, one of :data:`LINK` (heartbeats, SYNCED),
-:data:`HANDSHAKE` (HELLO), :data:`DATA` (subscription messages) or :data:`KEPT`
-(notifications, kept in custody until acknowledged). A local publication's copy carries
-its :class:`~octopis.transport.links.PublishReceipt` as a fourth element, dropped once the
-copy is acknowledged. Kinds order: ``kind >= DATA`` is a routing frame (numbered per
-link, DESIGN §7). The Cython sender (``_zmqio.pyx``) reads the first three elements at
-the same positions; every Python module reads a frame through this one.
+encoded message (:mod:`octopis.core.codec`) and its kind, one of :data:`LINK`
+(heartbeats, SYNCED), :data:`HANDSHAKE` (HELLO), :data:`DATA` (subscription messages) or
+:data:`KEPT` (notifications, kept in custody until acknowledged). A local publication's
+copy carries its :class:`~octopis.core.custody.PublishReceipt` as a fourth element,
+dropped once the copy is acknowledged. Kinds order: ``kind >= DATA`` is a routing frame
+(numbered per link, DESIGN §7). The Cython sender (``_zmqio.pyx``) reads the first three
+elements at the same positions; every Python module reads a frame through this one.
 """
 
 from __future__ import annotations
