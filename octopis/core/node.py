@@ -387,17 +387,16 @@ class BrokerNode(Generic[Token]):
     # -- client sessions (DESIGN §7-§9) ---------------------------------------------------
 
     def client_gone(
-        self, key: str, heard: float, durables: Durables | None, withdraw: Withdraw | None = None
+        self, key: str, heard: float, durables: Durables | None
     ) -> tuple[list[str], list[Action]]:
         """Client ``key`` is gone (silent past the client timeout, or it said bye; last
         heard at wall time ``heard``): the sub ids withdrawn and the actions that withdraw
-        them (by ``withdraw``, default :attr:`withdraw`) and its advertisements. Those under a
+        them (by :attr:`withdraw`) and its advertisements. Those under a
         move order are kept as orphans (:meth:`ClientTable.gone`); a durable one's record
         in ``durables`` waits for its client's return (:meth:`Durables.detached`)."""
-        withdraw = withdraw or self.withdraw
         withdrawn, actions = self.sessions.gone(key), []
         for sub_id in withdrawn:
-            actions += withdraw(key, sub_id)
+            actions += self.withdraw(key, sub_id)
             if durables is not None:
                 durables.detached(sub_id, heard)
         core = self.core
@@ -415,11 +414,10 @@ class BrokerNode(Generic[Token]):
             durables.moved(sub_id)
         return self.sessions.released(key, sub_id)
 
-    def moves_expired(self, now: float, withdraw: Withdraw | None = None) -> list[Action]:
+    def moves_expired(self, now: float) -> list[Action]:
         """Move orders past their deadline at ``now`` are forgotten; what orphaned ones
-        kept is withdrawn (:meth:`ClientTable.expire`; by ``withdraw``, default
-        :attr:`withdraw`): the actions."""
-        withdraw = withdraw or self.withdraw
+        kept is withdrawn (:meth:`ClientTable.expire`; by :attr:`withdraw`): the actions."""
+        withdraw = self.withdraw
         return [a for key, sub_id in self.sessions.expire(now) for a in withdraw(key, sub_id)]
 
     # -- what it holds ---------------------------------------------------------------------

@@ -156,6 +156,7 @@ class Broker:
             self.counters,
         )
         """The composite subscriptions hosted here and their joins (DESIGN §12)."""
+        self.node.withdraw = self.composites.local_unsubscribe
         self.load_meter = LoadMeter(settings.load.window, settings.load.capacity)
         self.collector = IdleCollector(settings.memory.gc_idle)
         self.welcome: dict[str, object] = {

@@ -172,9 +172,7 @@ class ClientConnections:
         heard = time.time() - (time.monotonic() - self.liveness.forget(identity))
         withdrawn, router = 0, self.router
         for key in sorted(connection.keys):  # the node decides what goes (DESIGN §7)
-            gone, actions = router.node.client_gone(
-                key, heard, router.replaying.durables, router.composites.local_unsubscribe
-            )
+            gone, actions = router.node.client_gone(key, heard, router.replaying.durables)
             router.execute(actions)
             withdrawn += len(gone)
             self.names.pop(key, None)
@@ -234,7 +232,7 @@ class ClientConnections:
         """Withdraw what orphaned move orders kept past their deadline
         (:meth:`BrokerNode.moves_expired`)."""
         router = self.router
-        router.execute(router.node.moves_expired(now, router.composites.local_unsubscribe))
+        router.execute(router.node.moves_expired(now))
 
     def withdraw(self, key: str, sub_id: str) -> None:
         """End local subscription ``sub_id`` of client ``key``: its durable record was
@@ -243,7 +241,7 @@ class ClientConnections:
         client = self.names.get(key)
         if client is None:
             return
-        actions = self.table.withdraw(key, sub_id, self.router.composites.local_unsubscribe)
+        actions = self.table.withdraw(key, sub_id, self.router.node.withdraw)
         if actions is None:
             return
         self.router.execute(actions)

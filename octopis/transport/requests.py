@@ -108,7 +108,7 @@ class RequestHandlers:
         self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
     ) -> dict:
         key = self._key(identity, connection, request)
-        withdraw, replaying = self.router.composites.local_unsubscribe, self.router.replaying
+        withdraw, replaying = self.router.node.withdraw, self.router.replaying
         actions, claim = rules.unsubscribe(
             self.table,
             key,
