@@ -24,6 +24,7 @@ from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, r
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import LatencyModel, Simulator
+from octopis.sim.custody import message_of
 from octopis.sim.durable_clients import DurableSimulator
 from octopis.topology import Scot, build_preset, build_scot, complete_factor
 
@@ -573,7 +574,7 @@ def test_custody_keeps_what_the_receiver_has_not_acknowledged() -> None:
         sim.at(start + 2.0 * j / 200, sim.publish, f"P{broker}", broker, {"x": j % 10})
     sim.run(until=cut + 0.5)  # before anyone detects the cut
     custody = sim.failures.custody
-    kept = [copy for _, sent, copy in custody.of(a, b).unacked if sent >= cut]
+    kept = [message_of(copy) for _, sent, copy in custody.of(a, b).unacked if sent >= cut]
     assert sent_after_cut and kept == sent_after_cut
     for (src, dst), link in custody.links.items():
         receiver = sim.nodes[dst].neighbours[src]

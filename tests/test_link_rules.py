@@ -5,8 +5,8 @@ neither keeps a copy: whether a neighbour heard again resumes its session
 ``test_custody.py``), whether a relink may drop a link that still carries
 (``core.relinking``), when a silent neighbour is declared down
 (``Neighbours.overdue``), when a local publication's confirm is answered
-(``core.custody.PublishReceipt``), and that no shell branches on a broker's or a
-heartbeat's word that it serves."""
+(``core.custody.PublishReceipt``, through which the simulator's stores confirm too),
+and that no shell branches on a broker's or a heartbeat's word that it serves."""
 
 from __future__ import annotations
 
@@ -275,6 +275,93 @@ def test_the_receipt_check_can_fail(tmp_path: Path) -> None:
         "shell.py:8 receipt.copies",
         "shell.py:9 receipt and keeps",
         "shell.py:9 receipt and keeps",
+    ]
+
+
+CONFIRMS = frozenset({"confirmed"})
+"""Where a shell records a publisher's confirm (the simulator's stores'
+``confirmed``): written only by a receipt's answer, or the shell confirms by a rule
+of its own (the simulator confirmed at its store's commit, without custody)."""
+
+
+def confirm_rules(path: Path) -> list[str]:
+    """In ``path``'s code: every write into a :data:`CONFIRMS` record (an item set,
+    deleted or augmented; an ``add``, ``update``, ``setdefault`` or ``append`` on it)
+    outside the answer given to a ``PublishReceipt(...)`` in the same module (the
+    function named, or the lambda, passed as its first argument)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    answers: set[str] = set()
+    lambdas: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and _named(node.func) == "PublishReceipt":
+            answer = node.args[0]
+            if isinstance(answer, ast.Lambda):
+                lambdas.add(answer)
+            else:
+                answers.add(_named(answer))
+    found: list[str] = []
+
+    def visit(node: ast.AST, answering: bool) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            answering = node.name in answers
+        elif isinstance(node, ast.Lambda):
+            answering = node in lambdas
+        written = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store | ast.Del):
+            written = node.value
+        elif isinstance(node, ast.AugAssign):
+            written = node.target
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("add", "update", "setdefault", "append")
+        ):
+            written = node.func.value
+        if written is not None and _named(written) in CONFIRMS and not answering:
+            found.append(f"{path.name}:{node.lineno} {_named(written)} written")
+        for child in ast.iter_child_nodes(node):
+            visit(child, answering)
+
+    visit(tree, False)
+    return found
+
+
+def _named(node: ast.AST) -> str:
+    """The name an expression ends with (``a.b.c``: ``c``), or ``""``."""
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def test_the_shells_confirm_only_through_the_receipts_answer() -> None:
+    """Neither shell records a publisher's confirm by a rule of its own (read from the
+    AST): the simulator's stores confirm in the answer of the process's own
+    ``PublishReceipt`` (``RetentionStores.receipt``), so custody and the store's commit
+    decide when, as on the process."""
+    assert _in_shells(confirm_rules) == []
+
+
+def test_the_confirm_check_can_fail(tmp_path: Path) -> None:
+    """The simulator's store before the receipt (confirmed at its commit) is caught, and
+    so are the other writes; the receipt's answer, named or a lambda, is not."""
+    path = tmp_path / "stores.py"
+    path.write_text(
+        "class RetentionStores:\n"
+        "    def keep(self, broker, notification, now):\n"
+        "        key = (notification.publisher, notification.seq)\n"
+        "        self.confirmed[key] = broker\n"
+        "        return True\n"
+        "    def confirm_all(self, keys, broker):\n"
+        "        self.confirmed.update(dict.fromkeys(keys, broker))\n"
+        "        confirmed.add(keys[0])\n"
+        "    def receipt(self, broker, key):\n"
+        "        def answered():\n"
+        "            self.confirmed[key] = broker\n"
+        "        other = PublishReceipt(lambda: self.confirmed.setdefault(key, broker))\n"
+        "        return PublishReceipt(answered)\n"
+    )
+    assert confirm_rules(path) == [
+        "stores.py:4 confirmed written",
+        "stores.py:7 confirmed written",
+        "stores.py:8 confirmed written",
     ]
 
 

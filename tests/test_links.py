@@ -503,8 +503,8 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
     simulated: list = []
     link_down, link_back = node.link_down, node.link_back
 
-    def given_back(neighbour: str, items: list, sent=()) -> list:
-        copies = link_down(neighbour, items, sent=sent)
+    def given_back(neighbour: str, items: list, read=None, sent=()) -> list:
+        copies = link_down(neighbour, items, read, sent)
         if neighbour == peer:
             simulated.append(["given back", [_name(c) for c in copies]])
         return copies

@@ -808,11 +808,11 @@ def _confirms_while_full(monkeypatch: pytest.MonkeyPatch) -> None:
     """A store that acknowledges what its full disk did not take."""
     keep = RetentionStores.keep
 
-    def confirming(self: RetentionStores, broker: str, n: Notification, now: float = 0.0) -> bool:
-        if not keep(self, broker, n, now):
-            del self.refused[n.key]
-            self.confirmed[n.key] = broker
-        return True
+    def confirming(
+        self: RetentionStores, broker: str, n: Notification, now: float = 0.0
+    ) -> str | None:
+        keep(self, broker, n, now)
+        return None  # committed, says the store, whatever its disk did
 
     monkeypatch.setattr(RetentionStores, "keep", confirming)
 

@@ -33,6 +33,7 @@ from octopis.core import (
 )
 from octopis.core.answer import CLOCK_SLACK, AnswerSelection, Kept, RetentionBound
 from octopis.core.codec import encode_body
+from octopis.core.custody import PublishReceipt
 from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase, stall
 from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
 from octopis.core.replay import Replay, ReplayData
@@ -107,20 +108,27 @@ def test_a_healed_link_hands_held_subscriptions_then_refresh_then_copies_then_sh
 
 
 def test_local_publications_wait_for_serving_up_to_the_hold() -> None:
-    """Not serving: a publication is held (no action), in order, up to the hold; past
-    it the publisher is refused with a message that says why; serving hands them back."""
+    """Not serving: a publication is held (no action), in order, up to the hold, and its
+    receipt waits for the hold's copy; past it the publisher is refused with a message
+    that says why (its receipt keeps nothing); serving hands them back."""
     node = _node(publication_hold=2)
     notes = [Notification("P", i, 0.0, {"x": 1}) for i in (1, 2, 3)]
-    assert node.publish(notes[0], "r1", NO_CONGESTION) is None
-    assert node.publish(notes[1], "r2", NO_CONGESTION) is None
+    answered: list[int] = []
+    r1, r2, r3 = (PublishReceipt(lambda i=i: answered.append(i)) for i in (1, 2, 3))
+    assert node.publish(notes[0], r1, NO_CONGESTION) is None
+    assert node.publish(notes[1], r2, NO_CONGESTION) is None
     with pytest.raises(NotServing, match="resyncing after its start and already holds 2"):
-        node.publish(notes[2], "r3", NO_CONGESTION)
+        node.publish(notes[2], r3, NO_CONGESTION)
     assert node.counters["publications_refused.hold_full"] == 1
+    assert r1.waits and r2.waits and not r3.waits and answered == []
     node.start(0.0, down_after=1.0)
     assert node.serve_if_ready(0.5) is None  # no neighbour heard yet: wait for T
     held, _ = node.serve_if_ready(1.0)
-    assert held == [(notes[0], "r1"), (notes[1], "r2")] and node.held == []
-    assert node.publish(notes[2], "r3", NO_CONGESTION) is not None  # routed now
+    assert held == [(notes[0], r1), (notes[1], r2)] and node.held == []
+    r2.held()  # the shell routed it: nothing else kept, answered
+    assert answered == [2] and r1.waits
+    assert node.publish(notes[2], r3, NO_CONGESTION) is not None  # routed now
+    assert not r3.waits
 
 
 def test_a_share_is_owed_until_serving_and_whole_then_paid_once() -> None:

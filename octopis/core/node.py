@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
+from octopis.core.custody import PublishReceipt
 from octopis.core.durable import Durables
 from octopis.core.lst import LinkView
 from octopis.core.messages import (
@@ -52,7 +53,7 @@ from octopis.core.sessions import ClientTable, Withdraw
 from octopis.core.view import BrokerView
 from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
 
-Token = TypeVar("Token")
+Token = TypeVar("Token", bound="PublishReceipt | None")
 Item = TypeVar("Item")
 Read = Callable[[Item], Any]
 """What gives a given-back item's message (:meth:`BrokerNode.link_down`)."""
@@ -99,7 +100,8 @@ class BrokerNode(Generic[Token]):
     ``serving``: it starts in an overlay whose
     tables are built. ``hold_limit`` bounds what is held per neighbour (subscription
     messages and copies each); ``publication_hold`` the local publications held while not
-    serving. A publication's ``Token`` is the shell's (the process's publish receipt).
+    serving. A publication's ``Token`` is its :class:`~octopis.core.custody.PublishReceipt`
+    (None where nothing is confirmed: the simulator without failures).
     ``predecessor``: the shell knows that an earlier process of this broker ran (its data
     directory says so); a BID broker's table then lost what was subscribed before it.
     ``client_limit``: the most subscriptions one client holds here, ``move_timeout``
@@ -158,8 +160,10 @@ class BrokerNode(Generic[Token]):
         self, notification: Notification, token: Token, view: LinkView
     ) -> list[Action] | None:
         """A local publication: routed now if serving; else held with ``token`` until
-        :meth:`now_serving` hands it back (None now). :class:`NotServing` when the hold
-        is full: the publisher keeps it and retries."""
+        :meth:`serve_if_ready` hands it back (None now): the hold keeps a copy of it,
+        which its receipt waits for (:meth:`PublishReceipt.keep`) until the shell has
+        routed it. :class:`NotServing` when the hold is full: the publisher keeps it and
+        retries."""
         if self.serving:
             return self.core.publish(notification, view)
         if len(self.held) >= self.publication_hold:
@@ -169,6 +173,8 @@ class BrokerNode(Generic[Token]):
                 f"{len(self.held)} publications; retry later"
             )
         self.held.append((notification, token))
+        if token is not None:
+            token.keep()
         self.counters["publications_held"] += 1
         return None
 
@@ -316,8 +322,9 @@ class BrokerNode(Generic[Token]):
         """Start serving if this node has its share from every live neighbour
         (:meth:`Neighbours.ready`, the liveness timeout past :meth:`start` counting for
         those never heard): the local publications held meanwhile, to publish now in
-        order with their tokens, and the shares owed that are whole now. None: serving
-        already, or not yet."""
+        order with their tokens (each token's hold copy is held once its publication is
+        routed: :meth:`PublishReceipt.held`), and the shares owed that are whole now.
+        None: serving already, or not yet."""
         if self.serving:
             return None
         if not self.neighbours.ready(now - self.started_at >= self.down_after):

@@ -8,11 +8,16 @@ from collections.abc import Callable
 
 from octopis.core import BrokerCore, Notification, make_broker
 from octopis.core.composite_hosting import HostedComposites
+from octopis.core.custody import PublishReceipt
 from octopis.core.node import BrokerNode
 from octopis.core.resync import epoch_of
 from octopis.core.table import MatcherFactory
 from octopis.defaults import COMPOSITE_HELD, COMPOSITE_LATENESS, CUSTODY_LIMIT
 from octopis.topology import Scot
+
+Receipt = PublishReceipt | None
+"""A node's publication token: the publisher's receipt (with failures, when the stores
+keep and confirm; else none, nothing is confirmed)."""
 
 
 class Brokers:
@@ -45,7 +50,7 @@ class Brokers:
         at its default bounds), made with its node: they die with it, and its node
         withdraws a client's subscriptions through them."""
         self.cores: dict[str, BrokerCore] = {b: self._core(scot, b) for b in scot.brokers}
-        self.nodes: dict[str, BrokerNode[None]] = {}
+        self.nodes: dict[str, BrokerNode[Receipt]] = {}
         """Each broker's node (:class:`~octopis.core.node.BrokerNode`, the broker process's
         failure decisions: holds, shares, serving; its client sessions), around its core
         in :attr:`cores`."""
@@ -61,7 +66,7 @@ class Brokers:
             for neighbour in scot.graph[bid]:
                 node.neighbours.built(neighbour, self.incarnation[neighbour], 0.0)
 
-    def start(self, broker: str) -> BrokerNode[None]:
+    def start(self, broker: str) -> BrokerNode[Receipt]:
         """``broker`` starts empty, a new incarnation, not serving until its neighbours
         have resynced it; its sessions died with its predecessor."""
         core = self._core(self.scot, broker)
@@ -76,7 +81,7 @@ class Brokers:
         """``broker``'s process died: its core's counts are kept."""
         self.retired.update(self.cores[broker].counts())
 
-    def remove(self, broker: str) -> BrokerNode[None]:
+    def remove(self, broker: str) -> BrokerNode[Receipt]:
         """``broker`` leaves the overlay: its core's counts are kept; returns its node."""
         self.retired.update(self.cores.pop(broker).counts())
         del self.composites[broker]
@@ -105,7 +110,7 @@ class Brokers:
             advertisements=self.advertisements,
         )
 
-    def _node(self, core: BrokerCore, *, serving: bool = False) -> BrokerNode[None]:
+    def _node(self, core: BrokerCore, *, serving: bool = False) -> BrokerNode[Receipt]:
         """A node around ``core`` that tells :attr:`given_up` of each copy it gives up:
         serving already (the overlay starts built), or a restart (resynced by its
         neighbours; its store, which survives it, says it had a predecessor); its

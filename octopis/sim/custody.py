@@ -31,6 +31,12 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   takes those it had not (:func:`~octopis.core.custody.resent`). A new incarnation of
   the receiver gets them from the node, ahead of what it held
   (:meth:`LinkCustody.give_up`).
+- A local publication's copy kept in custody carries its publisher's
+  :class:`~octopis.core.custody.PublishReceipt` (:class:`Receipted`, the process's frame
+  with the receipt appended), counted in it as :meth:`PublishReceipt.goes` says; the
+  acknowledgement that settles the copy holds it (the entry keeps the bare
+  notification), and a copy taken back still carries it, to be routed again in the same
+  receipt. The publisher's confirm is the receipt's answer, as on the process.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from octopis.core.custody import (
     FIRST,
     STALE,
     Custody,
+    Entry,
+    PublishReceipt,
     acknowledgement,
     counts_for,
     heartbeat_due,
@@ -62,6 +70,29 @@ GOES, LOST, WAITS = range(3)
 goes; it is lost in transit (a notification on a broken link, kept in custody); it
 waits on the link, in order (for custody to have room, or, another message on a broken
 link, until the link gives it back, :meth:`LinkCustody.take_back`)."""
+
+
+class Receipted(NamedTuple):
+    """A local publication's copy that a link keeps in custody, with its publisher's
+    receipt (until the acknowledgement that settles it, :func:`settle`)."""
+
+    notification: Notification
+    receipt: PublishReceipt
+
+
+def message_of(copy: object) -> object:
+    """The message a copy on a link carries (a :class:`Receipted` one's notification)."""
+    return copy.notification if type(copy) is Receipted else copy  # type: ignore[attr-defined]
+
+
+def settle(entries: list[Entry]) -> None:
+    """Acknowledged custody entries: a :class:`Receipted` copy's receipt counts it as held
+    (:meth:`PublishReceipt.held`), and the entry keeps the bare notification (as the
+    process's link drops the receipt from its frame)."""
+    for i, (number, sent_at, copy) in enumerate(entries):
+        if type(copy) is Receipted:
+            copy.receipt.held()
+            entries[i] = (number, sent_at, copy.notification)
 
 
 class Acknowledged(NamedTuple):
@@ -116,30 +147,41 @@ class LinkCustody:
         """The custody of ``src → dst`` (made on first use)."""
         custody = self.links.get((src, dst))
         if custody is None:
-            custody = Custody(self.custody_limit, self.retain, self.retain_limit)
+            custody = Custody(self.custody_limit, self.retain, self.retain_limit, settle)
             self.links[(src, dst)] = custody
         return custody
 
-    def departs(self, src: str, dst: str, now: float, message: object, broken: bool) -> int:
+    def departs(
+        self,
+        src: str,
+        dst: str,
+        now: float,
+        message: object,
+        broken: bool,
+        receipt: PublishReceipt | None = None,
+    ) -> int:
         """What becomes of ``message`` put on ``src → dst`` at ``now`` (``broken``: the
         link loses it): :data:`WAITS` behind what waits, or when custody is full (a
         stop, counted); a notification is numbered and kept, and :data:`GOES` or is
         :data:`LOST`; another message :data:`WAITS` on a ``broken`` link (the process's
         output queue, which does not drain while its neighbour is away or declared
         down), else it is numbered (a share is one message here: unnumbered) and
-        goes."""
+        goes. A local publication's copy that the link keeps carries ``receipt`` from
+        here on, waiting or kept (:class:`Receipted`, :meth:`PublishReceipt.goes`)."""
         link = (src, dst)
+        custody = self.of(src, dst)
+        if receipt is not None and receipt.goes(custody, type(message) is Notification):
+            message = Receipted(message, receipt)  # type: ignore[arg-type]
         waiting = self.waiting.get(link)
         if waiting:
             waiting.append(message)
             return WAITS
-        custody = self.of(src, dst)
         if custody.full:
             custody.stopped()
             self.waiting[link] = deque((message,))
             return WAITS
         kind = type(message)
-        if kind is Notification:
+        if kind is Notification or kind is Receipted:
             custody.sent(message, now, True)
             self.last_sent[link] = now
             return LOST if broken else GOES
@@ -191,7 +233,8 @@ class LinkCustody:
     def forget(self, broker: str, failed: set[Link] | dict[Link, float]) -> list[object]:
         """A dead broker's custody dies with it; returns the copies only it could have
         routed again: what it kept for a link that had ``failed`` (it did not live to
-        detect it), and what waited on any of its links."""
+        detect it), and what waited on any of its links (their messages: the receipts
+        they carried die unanswered, as the process's do)."""
         lost: list[object] = []
         for link in [link for link in self.links if link[0] == broker]:
             custody = self._pop(link)
@@ -201,7 +244,7 @@ class LinkCustody:
             lost += self.waiting.pop(link)
         for link in [link for link in self.last_sent if link[0] == broker]:
             del self.last_sent[link]
-        return lost
+        return [message_of(copy) for copy in lost]
 
     def drop(self, src: str, dst: str) -> None:
         """The link ``src → dst`` left the overlay."""
@@ -262,16 +305,19 @@ class CustodyEvents:
         if owed(record):
             self._acknowledge(broker, src, record)
 
-    def _put(self, src: str, dst: str, message: object) -> None:
-        """``src`` puts ``message`` on its link to ``dst`` now: custody decides whether it
-        goes, is lost in transit or waits on the link
-        (:meth:`LinkCustody.departs`); what goes arrives after its departure from the
-        link's queue, a latency draw and any delay spike."""
+    def _put(
+        self, src: str, dst: str, message: object, receipt: PublishReceipt | None = None
+    ) -> None:
+        """``src`` puts ``message`` (a local publication's copy: with its ``receipt``) on
+        its link to ``dst`` now: custody decides whether it goes, is lost in transit or
+        waits on the link (:meth:`LinkCustody.departs`); what goes arrives after its
+        departure from the link's queue, a latency draw and any delay spike."""
         state = self.failures
         assert state is not None
         now = self.events.now
-        fate = state.custody.departs(src, dst, now, message, state.broken(src, dst))
+        fate = state.custody.departs(src, dst, now, message, state.broken(src, dst), receipt)
         if fate == GOES:
+            message = message_of(message)
             arrival = self.network.arrival(src, dst, now, message)
             self.events.send(src, dst, arrival + state.slow.get((src, dst), 0.0), message)
         elif fate == LOST:

@@ -33,6 +33,7 @@ from octopis.core import (
     Released,
     Subscribe,
 )
+from octopis.core.custody import PublishReceipt
 from octopis.core.lst import LinkView
 from octopis.core.node import HandedShare, NotServing
 from octopis.core.sessions import check_advertised
@@ -232,18 +233,29 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             self.cpus.queue(broker, None, notification)
             return publisher, seq
         node = self.nodes[broker]
-        if self.failures is not None and self.retention.refusal(broker, self.now) is not None:
-            return publisher, seq  # its disk refused a commit just now: neither kept nor routed
+        receipt = None
+        if self.failures is not None:  # the stores keep, and confirm through a receipt
+            if self.retention.refusal(broker, self.now) is not None:
+                return publisher, seq  # its disk refused a commit just now: neither kept nor routed
+            receipt = self.retention.receipt(broker, notification.key)
         try:
-            actions = self._watch(core, notification, node.publish, notification, None)
+            actions = self._watch(core, notification, node.publish, notification, receipt)
         except NotServing:
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
         self.ledger.published(publisher, seq, publication)
-        if self.failures is not None:
-            self.retention.keep(broker, notification, self.now)
-        if actions:
-            self._dispatch(broker, actions)
+        if receipt is None:
+            if actions:
+                self._dispatch(broker, actions)
+            return publisher, seq
+        refusal = self.retention.keep(broker, notification, self.now)
+        receipt.keep()  # the store's copy, held at its commit (below: a simulated one is at once)
+        if actions is not None:  # else held: answered once routed (:meth:`_check_serving`)
+            self._dispatch(broker, actions, receipt)
+        if refusal is None:
+            receipt.held()
+        else:
+            receipt.refuse(refusal)
         return publisher, seq
 
     # -- time ----------------------------------------------------------------------------
@@ -355,10 +367,13 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _dispatch(self, broker: str, actions: list[Action]) -> None:
+    def _dispatch(
+        self, broker: str, actions: list[Action], receipt: PublishReceipt | None = None
+    ) -> None:
         """Carry out a core's actions now: a forwarded copy arrives after its departure
         from the link's queue plus a latency draw, never before the copy sent ahead of it
-        (FIFO links); held copies wait; deliveries go to the ledger."""
+        (FIFO links); held copies wait; deliveries go to the ledger. A local
+        publication's copies kept in custody carry its ``receipt`` and count in it."""
         if not actions:
             return
         now = self.events.now
@@ -372,7 +387,7 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 if on_forward is not None:
                     on_forward(broker, dst, message)
                 if failures is not None:
-                    self._put(broker, dst, message)  # custody's: goes, lost or waits
+                    self._put(broker, dst, message, receipt)  # custody's: goes, lost or waits
                     continue
                 send(broker, dst, arrival_of(broker, dst, now, message), message)
             elif kind is Hold:

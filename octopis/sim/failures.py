@@ -58,7 +58,7 @@ from octopis.core import Notification
 from octopis.core.node import HandedShare
 from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
-from octopis.sim.custody import CustodyEvents, LinkCustody
+from octopis.sim.custody import CustodyEvents, LinkCustody, Receipted, message_of
 
 
 class FailureState:
@@ -295,8 +295,12 @@ class FailureEvents(CustodyEvents):
         custody = self.failures.custody  # type: ignore[union-attr]
         given_back, sent = custody.take_back(src, dst), custody.give_up(src, dst) if met else []
         core = self.cores[src]
-        for copy in self.nodes[src].link_down(dst, given_back, sent=sent):
-            self._dispatch(src, self._watch(core, copy, core.reroute, dst, copy))
+        for copy in self.nodes[src].link_down(dst, given_back, message_of, sent):
+            n = message_of(copy)
+            receipt = copy.receipt if type(copy) is Receipted else None
+            self._dispatch(src, self._watch(core, n, core.reroute, dst, n), receipt)
+            if receipt is not None:
+                receipt.held()  # the copy taken back; the rerouted ones now count
 
     def _recover(self, failure: Failure) -> None:
         """A link comes back (the brokers at its ends meet if they had not, else their
@@ -427,8 +431,11 @@ class FailureEvents(CustodyEvents):
             return
         held, actions = served
         core = node.core
-        for notification, _ in held:  # what it counts undeliverable goes to the ledger
-            self._dispatch(broker, self._watch(core, notification, core.publish, notification))
+        for notification, receipt in held:  # what it counts undeliverable goes to the ledger
+            publish = self._watch(core, notification, core.publish, notification)
+            self._dispatch(broker, publish, receipt)
+            if receipt is not None:
+                receipt.held()  # out of the hold
         self._dispatch(broker, actions)
         for n in self.scot.graph[broker]:
             self._beat(broker, n)

@@ -23,6 +23,11 @@ draws them):
   confirmed is lost (what was not committed yet was never confirmed; a simulated
   commit is at once).
 
+A publication is confirmed to its publisher when its
+:class:`~octopis.core.custody.PublishReceipt` answers (:meth:`RetentionStores.receipt`),
+the rule the process's confirm follows: once its store's copy is committed and every
+copy a link keeps in custody is acknowledged.
+
 The simulator keeps no encoded bodies: a store is bounded by a count of publications
 (``limit``) rather than ``[retention] max_bytes``, and an answer by ``answer_max`` only
 (``answer_bytes`` is passed on but never reached: each publication counts 0 bytes)."""
@@ -41,6 +46,7 @@ from octopis.core.answer import (
     store_refusal,
     trimmed_gaps,
 )
+from octopis.core.custody import PublishReceipt
 from octopis.core.replay import Gap, Replay
 from octopis.defaults import ANSWER_BYTES, ANSWER_MAX
 
@@ -73,11 +79,11 @@ class RetentionStores:
         """Each broker's publishers' publications that it routed, in order, whether its
         store kept them or not (the history a checker reads)."""
         self.confirmed: dict[Key, str] = {}
-        """Publications confirmed to their publishers: the broker whose store committed
-        them."""
+        """Publications confirmed to their publishers (their receipt's answer,
+        :meth:`receipt`): the broker they were published at."""
         self.refused: dict[Key, str] = {}
         """Publications routed and then refused to their publishers, with the reason they
-        were told (the commit that would have kept them failed)."""
+        were told (the commit that would have kept them failed; told with the answer)."""
         self.lost: dict[Key, str] = {}
         """Confirmed publications a store lost, each with the store and why."""
         self.lost_ranges: dict[str, Trimmed] = {}
@@ -113,18 +119,30 @@ class RetentionStores:
         if not self._full[broker]:
             del self._full[broker]
 
-    def keep(self, broker: str, notification: Notification, now: float = 0.0) -> bool:
-        """``broker`` routed ``notification`` of a local publisher: its store commits it and
-        it is confirmed (True), or the disk is full and it is refused, routed already
-        (False, the reason in :attr:`refused`)."""
+    def receipt(self, broker: str, key: Key) -> PublishReceipt:
+        """The receipt of publication ``key`` published at ``broker``
+        (:class:`~octopis.core.custody.PublishReceipt`, the process's own): its answer
+        confirms it (:attr:`confirmed`) or, the store's commit refused, refuses it
+        (:attr:`refused`), when the receipt's rule says, as the process answers."""
+
+        def answered() -> None:
+            if receipt.refusal is None:
+                self.confirmed[key] = broker
+            else:
+                self.refused[key] = receipt.refusal
+
+        receipt = PublishReceipt(answered)
+        return receipt
+
+    def keep(self, broker: str, notification: Notification, now: float = 0.0) -> str | None:
+        """``broker`` routed ``notification`` of a local publisher: its store commits it
+        (None), or the disk is full and the commit refuses it, routed already (returns
+        what its publisher is told, :func:`~octopis.core.answer.commit_refused`)."""
         self.published.setdefault(broker, []).append(notification)
-        key = (notification.publisher, notification.seq)
         if broker in self._full:
             self._refused_at[broker] = now
             self._counts["retention.refused"] += 1
-            why = f"{broker}'s retention store cannot store it: its disk is full"
-            self.refused[key] = commit_refused(why)
-            return False
+            return commit_refused(f"{broker}'s retention store cannot store it: its disk is full")
         self._refused_at.pop(broker, None)
         store = self.kept.get(broker)
         if store is None:
@@ -133,7 +151,6 @@ class RetentionStores:
         kept_at = self._kept_at[broker]
         store.append(notification)
         kept_at.append(now)
-        self.confirmed[key] = broker
         for _ in self._bound.cut(((None, 1, at) for at in kept_at), len(store), now):
             kept_at.popleft()
             old = store.popleft()
@@ -149,12 +166,14 @@ class RetentionStores:
                 self.lost[(old.publisher, old.seq)] = (
                     f"{broker}'s retention store dropped it past its bound ({self._limit})"
                 )
-        return True
+        return None
 
     def power_loss(self, broker: str, now: float, sync: str, unsynced: float) -> None:
         """``broker``'s machine loses power at ``now``: with ``sync`` ``normal`` its store
         loses what it committed in the last ``unsynced`` seconds (confirmed, not yet on
-        disk), remembered in :attr:`lost` and answered as a gap; with ``full`` nothing."""
+        disk), answered as a gap, and the confirmed among them remembered in :attr:`lost`
+        (the others were never confirmed: the broker dies with their receipts); with
+        ``full`` nothing."""
         store = self.kept.get(broker)
         if sync == "full" or not store:
             return
@@ -166,7 +185,8 @@ class RetentionStores:
             kept_at.pop()
             n = store.pop()
             note_trimmed(ranges, n.publisher, n.session, n.seq, n.published_at)
-            self.lost[(n.publisher, n.seq)] = reason
+            if n.key in self.confirmed:
+                self.lost[n.key] = reason
             self._counts["retention.lost_unsynced"] += 1
 
     def answer(self, broker: str, request: Replay) -> tuple[list[Notification], list[Gap], bool]:

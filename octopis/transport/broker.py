@@ -317,9 +317,7 @@ class Broker:
             raise ClientError(str(exc)) from None
         body = encode_body(notification)
         self.replaying.kept(notification, body, receipt)
-        if actions is None:  # held: answered once routed (:meth:`now_serving`)
-            receipt.keep()
-        else:
+        if actions is not None:  # else held: answered once routed (:meth:`now_serving`)
             self.execute(actions, notification, body, receipt)
 
     def pass_ended(self, idle: bool) -> None:
