@@ -632,3 +632,35 @@ def test_the_codec_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:8 .reachable",
         "shell.py:9 took",
     ]
+
+
+def silence_copies(path: Path) -> list[str]:
+    """Every comparison in ``path``'s code that reads a ``last_heard``: a shell weighing
+    itself whether a neighbour's silence has lasted the liveness timeout, where
+    ``Neighbour.silent_past`` does (the simulator once compared ``last_heard <= since``
+    at its timer, a bound of its own beside the process's ``Neighbours.overdue``)."""
+    return [
+        f"{path.name}:{node.lineno} last_heard"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Compare)
+        for inner in ast.walk(node)
+        if isinstance(inner, ast.Attribute) and inner.attr == "last_heard"
+    ]
+
+
+def test_the_shells_leave_the_silence_boundary_to_the_node() -> None:
+    """Both shells ask ``Neighbour.silent_past`` whether a silence has lasted
+    ``links.down_after`` (read from the AST: no comparison reads ``last_heard``)."""
+    assert _in_shells(silence_copies) == []
+
+
+def test_the_silence_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def silent_past(node, dst, since, now):\n"
+        "    '''last_heard <= since, in a docstring, is fine'''\n"
+        "    silent = now - node.neighbours[dst].last_heard\n"
+        "    if node.neighbours[dst].last_heard <= since:\n"
+        "        return now - node.neighbours[dst].last_heard > 1.0\n"
+    )
+    assert silence_copies(path) == ["shell.py:4 last_heard", "shell.py:5 last_heard"]
