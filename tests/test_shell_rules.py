@@ -664,3 +664,40 @@ def test_the_silence_check_can_fail(tmp_path: Path) -> None:
         "        return now - node.neighbours[dst].last_heard > 1.0\n"
     )
     assert silence_copies(path) == ["shell.py:4 last_heard", "shell.py:5 last_heard"]
+
+
+def give_up_copies(path: Path) -> list[str]:
+    """Every ``all(...)`` or ``any(...)`` in ``path``'s code that reads ``_dead``: a
+    shell weighing itself whether every broker is dead, where a simulated client's
+    fail-over ends as the SDK's tries say (``client_policy.failover_tries``, over the
+    client's own list; the simulator once gave up when ``all(map(self._dead,
+    self.cores))``, every broker of the run)."""
+    return [
+        f"{path.name}:{node.lineno} {node.func.id}(_dead)"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("all", "any")
+        and any(
+            getattr(inner, "attr", getattr(inner, "id", None)) == "_dead"
+            for arg in node.args
+            for inner in ast.walk(arg)
+        )
+    ]
+
+
+def test_the_simulated_clients_give_up_as_the_sdks_tries_say() -> None:
+    """No shell asks itself whether every broker is dead (read from the AST)."""
+    assert _in_shells(give_up_copies) == []
+
+
+def test_the_give_up_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def connect(self, tries, dead):\n"
+        "    '''all(map(self._dead, self.cores)) in a docstring is fine'''\n"
+        "    if not self.restarts_pending and all(map(self._dead, self.cores)):\n"
+        "        return any(self._dead(b) for b in self.cores)\n"
+        "    return all(b in dead for b in self.cores)\n"
+    )
+    assert give_up_copies(path) == ["shell.py:3 all(_dead)", "shell.py:4 any(_dead)"]
