@@ -701,3 +701,47 @@ def test_the_give_up_check_can_fail(tmp_path: Path) -> None:
         "    return all(b in dead for b in self.cores)\n"
     )
     assert give_up_copies(path) == ["shell.py:3 all(_dead)", "shell.py:4 any(_dead)"]
+
+
+def unpressed_acknowledgements(path: Path) -> list[str]:
+    """Every import or call of ``acknowledgement`` in ``path``'s code: a shell counting an
+    acknowledgement itself, with no word from the backpressure rule
+    (``Backpressure.acknowledge`` asks it with its verdict; the simulator once called
+    ``acknowledgement(record, False)``, never withholding)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            found += [
+                f"{path.name}:{node.lineno} import acknowledgement"
+                for alias in node.names
+                if alias.name == "acknowledgement"
+            ]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name == "acknowledgement":
+                found.append(f"{path.name}:{node.lineno} acknowledgement()")
+    return found
+
+
+def test_the_shells_acknowledge_through_the_backpressure_rule() -> None:
+    """Both shells take the count an acknowledgement carries from
+    ``Backpressure.acknowledge`` (read from the AST)."""
+    assert _in_shells(unpressed_acknowledgements) == []
+
+
+def test_the_acknowledgement_check_can_fail(tmp_path: Path) -> None:
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "from octopis.core.custody import acknowledgement, owed\n"
+        "def ack(record, custody, pressure):\n"
+        "    '''acknowledgement(record, False) in a docstring is fine'''\n"
+        "    count = acknowledgement(record, False)\n"
+        "    custody.acknowledgement(record, True)\n"
+        "    return pressure.acknowledge('b:0', record)\n"
+    )
+    assert sorted(unpressed_acknowledgements(path)) == [
+        "shell.py:1 import acknowledgement",
+        "shell.py:4 acknowledgement()",
+        "shell.py:5 acknowledgement()",
+    ]
