@@ -1,7 +1,9 @@
 """The shells hold no decision (issue 55, DESIGN §2): ``octopis/transport/`` and
 ``octopis/sim/`` read none of the node's failure state, use the node's public API only,
 and keep no copy of the rules that moved into the node (the handshake and the routable
-rule, replay and retention, client sessions, the peer codec and which frames are stale).
+rule, replay and retention, client sessions, the peer codec and which frames are stale,
+the silence boundary, backpressure's acknowledgements) or into the client policy (when a
+fail-over's tries end).
 
 Each check reads the shells' modules as source (AST) and lists what it finds; each has a
 check of the checker that shows it failing on a module written with the copy.
@@ -648,24 +650,6 @@ def silence_copies(path: Path) -> list[str]:
     ]
 
 
-def test_the_shells_leave_the_silence_boundary_to_the_node() -> None:
-    """Both shells ask ``Neighbour.silent_past`` whether a silence has lasted
-    ``links.down_after`` (read from the AST: no comparison reads ``last_heard``)."""
-    assert _in_shells(silence_copies) == []
-
-
-def test_the_silence_check_can_fail(tmp_path: Path) -> None:
-    path = tmp_path / "shell.py"
-    path.write_text(
-        "def silent_past(node, dst, since, now):\n"
-        "    '''last_heard <= since, in a docstring, is fine'''\n"
-        "    silent = now - node.neighbours[dst].last_heard\n"
-        "    if node.neighbours[dst].last_heard <= since:\n"
-        "        return now - node.neighbours[dst].last_heard > 1.0\n"
-    )
-    assert silence_copies(path) == ["shell.py:4 last_heard", "shell.py:5 last_heard"]
-
-
 def give_up_copies(path: Path) -> list[str]:
     """Every ``all(...)`` or ``any(...)`` in ``path``'s code that reads ``_dead``: a
     shell weighing itself whether every broker is dead, where a simulated client's
@@ -684,23 +668,6 @@ def give_up_copies(path: Path) -> list[str]:
             for inner in ast.walk(arg)
         )
     ]
-
-
-def test_the_simulated_clients_give_up_as_the_sdks_tries_say() -> None:
-    """No shell asks itself whether every broker is dead (read from the AST)."""
-    assert _in_shells(give_up_copies) == []
-
-
-def test_the_give_up_check_can_fail(tmp_path: Path) -> None:
-    path = tmp_path / "shell.py"
-    path.write_text(
-        "def connect(self, tries, dead):\n"
-        "    '''all(map(self._dead, self.cores)) in a docstring is fine'''\n"
-        "    if not self.restarts_pending and all(map(self._dead, self.cores)):\n"
-        "        return any(self._dead(b) for b in self.cores)\n"
-        "    return all(b in dead for b in self.cores)\n"
-    )
-    assert give_up_copies(path) == ["shell.py:3 all(_dead)", "shell.py:4 any(_dead)"]
 
 
 def unpressed_acknowledgements(path: Path) -> list[str]:
@@ -724,24 +691,59 @@ def unpressed_acknowledgements(path: Path) -> list[str]:
     return found
 
 
-def test_the_shells_acknowledge_through_the_backpressure_rule() -> None:
-    """Both shells take the count an acknowledgement carries from
-    ``Backpressure.acknowledge`` (read from the AST)."""
-    assert _in_shells(unpressed_acknowledgements) == []
+DRIFT_CHECKS = (silence_copies, give_up_copies, unpressed_acknowledgements)
+"""The checks of three rules the shells once each wrote apart: when a silence is past
+``links.down_after``, when a simulated client's fail-over ends, and what count an
+acknowledgement carries under backpressure."""
 
 
-def test_the_acknowledgement_check_can_fail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("check", DRIFT_CHECKS)
+def test_the_shells_leave_silence_give_up_and_withholding_to_the_rules(
+    check: Callable[[Path], list[str]],
+) -> None:
+    """Both shells ask ``Neighbour.silent_past`` whether a silence has lasted
+    ``links.down_after``; the simulator's clients end their fail-over when
+    ``client_policy.failover_tries`` ends, never asking whether every broker is dead; both
+    shells take an acknowledgement's count from ``Backpressure.acknowledge`` (read from
+    the AST)."""
+    assert _in_shells(check) == []
+
+
+DRIFT_COPIES = (
+    "from octopis.core.custody import acknowledgement, owed\n"
+    "def step(self, node, dst, since, now, record, custody, dead):\n"
+    '    """last_heard <= since, all(map(self._dead, self.cores)) and\n'
+    '    acknowledgement(record, False) in a docstring are fine"""\n'
+    "    silent = now - node.neighbours[dst].last_heard\n"
+    "    if node.neighbours[dst].last_heard <= since:\n"
+    "        return now - node.neighbours[dst].last_heard > 1.0\n"
+    "    if not self.restarts_pending and all(map(self._dead, self.cores)):\n"
+    "        return any(self._dead(b) for b in self.cores)\n"
+    "    if all(b in dead for b in self.cores):\n"
+    "        return acknowledgement(record, False)\n"
+    "    return custody.acknowledgement(record, True) + self.pressure.acknowledge(dst, record)\n"
+)
+"""A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
+
+
+@pytest.mark.parametrize(
+    ("check", "found"),
+    [
+        (silence_copies, ["shell.py:6 last_heard", "shell.py:7 last_heard"]),
+        (give_up_copies, ["shell.py:8 all(_dead)", "shell.py:9 any(_dead)"]),
+        (
+            unpressed_acknowledgements,
+            [
+                "shell.py:1 import acknowledgement",
+                "shell.py:11 acknowledgement()",
+                "shell.py:12 acknowledgement()",
+            ],
+        ),
+    ],
+)
+def test_the_drift_checks_can_fail(
+    tmp_path: Path, check: Callable[[Path], list[str]], found: list[str]
+) -> None:
     path = tmp_path / "shell.py"
-    path.write_text(
-        "from octopis.core.custody import acknowledgement, owed\n"
-        "def ack(record, custody, pressure):\n"
-        "    '''acknowledgement(record, False) in a docstring is fine'''\n"
-        "    count = acknowledgement(record, False)\n"
-        "    custody.acknowledgement(record, True)\n"
-        "    return pressure.acknowledge('b:0', record)\n"
-    )
-    assert sorted(unpressed_acknowledgements(path)) == [
-        "shell.py:1 import acknowledgement",
-        "shell.py:4 acknowledgement()",
-        "shell.py:5 acknowledgement()",
-    ]
+    path.write_text(DRIFT_COPIES)
+    assert sorted(check(path)) == found
