@@ -66,13 +66,19 @@ def failover_order(candidates: Sequence[T], current: T) -> list[T]:
     return [*candidates[start + 1 :], *candidates[: start + 1]]
 
 
-def failover_tries(candidates: Sequence[T], current: T) -> Iterator[T | None]:
+def failover_tries(
+    candidates: Sequence[T], current: T, gone: Callable[[T], bool] = lambda _: False
+) -> Iterator[T | None]:
     """The brokers a connection leaving silent ``current`` tries in turn, one after the
     other that did not answer (DESIGN §7): its list in :func:`failover_order`, then None
-    (none answered: it waits a liveness before it goes round again), endlessly."""
+    (none answered: it waits a liveness before it goes round again), endlessly; the
+    tries end instead of the None once every broker of its list is ``gone`` for good,
+    which a process never knows (one may restart) and a simulator does."""
     order = failover_order(candidates, current)
     while True:
         yield from order
+        if all(map(gone, order)):
+            return
         yield None
 
 

@@ -38,6 +38,18 @@ counted."""
 CUSTODY_LIMIT = 10_000
 """Messages a broker holds per neighbour, in custody or held for its return
 (``[links] custody_limit``)."""
+QUEUE_LIMIT = 10_000
+"""Frames waiting on one link to a neighbour past which a broker withholds its
+acknowledgements from its other neighbours (``[links] queue_limit``; the simulator's
+brokers alike, :class:`~octopis.core.pressure.Backpressure`)."""
+ACK_INTERVAL = 0.05
+"""Seconds between a broker's looks at the acknowledgements backpressure withholds
+(``[links] ack_interval``; the simulator's brokers alike)."""
+DELIVERIES_LIMIT = 10_000
+"""Deliveries waiting for ``[clients] capacity`` past which a broker holds back every
+neighbour and refuses local publications (``[clients] queue_limit``)."""
+MEMORY_BUDGET_MB = 256
+"""RSS, in MB, past which a broker holds its neighbours back (``[memory] budget_mb``)."""
 PUBLICATION_HOLD = 10_000
 """Local publications a broker holds while it resyncs after its start
 (``[clients] hold_limit``); past it publishers are refused."""

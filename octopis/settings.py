@@ -37,6 +37,7 @@ from octopis.core.client_flow import SLOW_POLICIES
 from octopis.core.dedup import DEFAULT_DEDUP_PUBLISHERS, DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
 from octopis.defaults import (
+    ACK_INTERVAL,
     ANSWER_BYTES,
     ANSWER_MAX,
     BODY_BYTES,
@@ -44,13 +45,16 @@ from octopis.defaults import (
     COMPOSITE_HELD,
     COMPOSITE_LATENESS,
     CUSTODY_LIMIT,
+    DELIVERIES_LIMIT,
     DOWN_AFTER,
     DURABLE_KEEP,
     DURABLE_MAX,
     HEARTBEAT,
     HISTORIC_BUDGET,
+    MEMORY_BUDGET_MB,
     MOVE_TIMEOUT,
     PUBLICATION_HOLD,
+    QUEUE_LIMIT,
     REPLAY_BUDGET,
     REPLAY_ROUNDS,
     RETAIN,
@@ -128,7 +132,7 @@ class Links(Section):
     """Seconds of silence on a link before it carries a heartbeat."""
     down_after: Annotated[float, _at_least(0.05)] = DOWN_AFTER
     """T: a neighbour silent this long is down (more than two heartbeats)."""
-    ack_interval: Annotated[float, _at_least(0.001)] = 0.05
+    ack_interval: Annotated[float, _at_least(0.001)] = ACK_INTERVAL
     """Seconds between looks at acknowledgements withheld by backpressure; frames taken
     are acknowledged as they are taken or at the end of each input pass."""
     custody_limit: Annotated[int, _at_least(0)] = CUSTODY_LIMIT
@@ -140,7 +144,7 @@ class Links(Section):
     dies before passing them on; 0 = not kept."""
     retain_limit: Annotated[int, _at_least(0)] = RETAIN_LIMIT
     """Acknowledged notifications kept per link at most (the oldest go first, counted)."""
-    queue_limit: Annotated[int, _at_least(1)] = 10_000
+    queue_limit: Annotated[int, _at_least(1)] = QUEUE_LIMIT
     """Frames waiting on one peer link; beyond it the broker withholds its
     acknowledgements from its other neighbours (hop-by-hop backpressure)."""
     capacity: Annotated[float, _at_least(0.0)] = 0.0
@@ -194,7 +198,7 @@ class Clients(Section):
     refused."""
     capacity: Annotated[float, _at_least(0.0)] = 0.0
     """Deliveries per second to all of the broker's clients together; 0 = unlimited."""
-    queue_limit: Annotated[int, _at_least(1)] = 10_000
+    queue_limit: Annotated[int, _at_least(1)] = DELIVERIES_LIMIT
     """Deliveries waiting for ``capacity``; beyond it the broker holds its neighbours
     back, as for a full link, and refuses local publications."""
     body_bytes: Annotated[int, _at_least(0)] = BODY_BYTES
@@ -286,7 +290,7 @@ class Limits(InputLimits, frozen=True, kw_only=True, forbid_unknown_fields=True)
 class Memory(Section):
     """``[memory]``: the broker's memory and Python's collector."""
 
-    budget_mb: Annotated[int, _at_least(1)] = 256
+    budget_mb: Annotated[int, _at_least(1)] = MEMORY_BUDGET_MB
     """RSS, in MB, above which the broker holds its neighbours back (75 brokers of 256 MB
     fit a 24 GiB machine; an idle broker uses about 45 MB)."""
     gc_young: Annotated[int, _at_least(1)] = 100_000

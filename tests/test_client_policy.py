@@ -1,6 +1,7 @@
 """The client policy's seam (DESIGN §11): a replay's answer joins the live deliveries
 held while it came, each publication once, in publisher order; and a replay asks, of
-each publisher, from a publication nothing earlier can still overtake."""
+each publisher, from a publication nothing earlier can still overtake. And when a
+connection's fail-over tries end (DESIGN §7)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from octopis.client_policy import (
     Seam,
     SubscriberReplays,
     claim_gap,
+    failover_tries,
     join_at_seam,
     still_silent,
 )
@@ -238,3 +240,24 @@ def test_a_seam_tells_why_its_request_falls_short() -> None:
     assert seam.shortfall(truncated=["b:1"]) == "stores cut their answer at its bounds: b:1"
     assert not seam.hold("b") and seam.shortfall() == SEAM_FILLED
     assert seam.shortfall("refused") == "refused"
+
+
+def test_the_failover_tries_end_only_once_every_broker_of_the_list_is_gone() -> None:
+    """The SDK goes round its list endlessly (it cannot know a broker will not restart);
+    told which are gone for good (the simulator), the tries end instead of the None of
+    a round after which none of the client's own list may answer, whatever brokers off
+    that list do."""
+    endless = failover_tries(["a", "b", "c"], "a")
+    assert [next(endless) for _ in range(8)] == ["b", "c", "a", None, "b", "c", "a", None]
+    gone = {"a", "b"}
+    asked: set[str] = set()
+
+    def gone_for_good(broker: str) -> bool:
+        asked.add(broker)
+        return broker in gone
+
+    tries = failover_tries(["a", "b", "c"], "b", gone_for_good)
+    assert [next(tries) for _ in range(4)] == ["c", "a", "b", None]  # c may come back
+    gone.add("c")
+    assert list(tries) == ["c", "a", "b"]
+    assert asked == {"a", "b", "c"}  # its list only: "d", alive or not, is never asked

@@ -293,6 +293,18 @@ def test_subscribers_whose_every_broker_died_keep_trying_until_one_is_back(
     assert sim.ledger.summary()["lost"] == 0
 
 
+def test_subscribers_whose_every_broker_is_gone_for_good_stop_after_one_round() -> None:
+    """Both brokers of the pair killed for good: each subscriber tries its list once (the
+    other broker, then its own), and its tries end there, as the client policy says once
+    every broker of its list is gone for good (``failover_tries``); the run ends."""
+    scot = build_scot(nx.empty_graph(["r0"]), complete_factor(2), name="pair")
+    failures = [Failure(("r0:0",), 0.0), Failure(("r0:1",), 0.0)]
+    sim = _run(scot, "dnr", failures, seed=0, subscribers=10, publications=10)
+    report = sim.report()["failures"]
+    assert report["failover.no_live_broker"] == 10
+    assert report["replays"]["subscribers_failed_over"] == 0
+
+
 def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:
     """Five subscribers' connections to their (live) brokers fail mid-stream: each fails
     over, subscribes again elsewhere and replays; its old broker delivers into the void

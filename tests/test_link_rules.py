@@ -365,10 +365,28 @@ def test_the_confirm_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
-def test_a_neighbour_is_overdue_past_down_after_only_with_the_input_read() -> None:
-    """Silent for more than ``down_after`` (not at it exactly), up, and only once the
-    broker has read what reached it: a backlog of its own is no neighbour's silence;
-    whether it has is asked only when one is silent that long. A stall excuses."""
+def test_a_neighbour_is_silent_past_down_after_from_that_moment_on() -> None:
+    """The one boundary both shells ask (``Neighbour.silent_past``, DESIGN §7: silent for
+    T is down): reached at ``last_heard + down_after`` itself, not before; a timer set
+    then for one last heard at its start sees it though ``(t + d) - t < d`` in floating
+    point, and one heard after the silence began is not past."""
+    table = Neighbours(["n"], now=0.1)
+    record = table["n"]
+    assert not record.silent_past(1.0999, 1.0)
+    assert record.silent_past(0.1 + 1.0, 1.0) and record.silent_past(2.0, 1.0)
+    began, down_after = 43.277, 0.3
+    assert (began + down_after) - began < down_after  # the silence rounds below the bound
+    table.heard("n", began)
+    assert record.silent_past(began + down_after, down_after)
+    table.heard("n", began + 0.001)  # heard since: a timer set at the silence's start
+    assert not record.silent_past(began + down_after, down_after)
+
+
+def test_a_neighbour_is_overdue_at_down_after_only_with_the_input_read() -> None:
+    """Silent for ``down_after`` (at it exactly, as the simulator's timer sees it), up,
+    and only once the broker has read what reached it: a backlog of its own is no
+    neighbour's silence; whether it has is asked only when one is silent that long. A
+    stall excuses."""
     table = Neighbours(["n", "m", "gone"])
     for name, heard in (("n", 1.0), ("m", 2.0), ("gone", 0.0)):
         table.built(name, 5, 0.0)
@@ -383,8 +401,9 @@ def test_a_neighbour_is_overdue_past_down_after_only_with_the_input_read() -> No
 
         return table.overdue(now, 1.0, ask)
 
-    assert read(2.0) == [] and asked == []  # n silent exactly down_after: not past it
-    assert read(2.5) == [("n", 1.5)] and asked == [2.5]
+    assert read(1.5) == [] and asked == []
+    assert read(2.0) == [("n", 1.0)] and asked == [2.0]  # n silent exactly down_after
+    assert read(2.5) == [("n", 1.5)] and asked == [2.0, 2.5]
     assert read(3.5, caught_up=False) == []  # its own input unread: nobody is declared
     assert read(3.5) == [("n", 2.5), ("m", 1.5)]
     table.stalled(2.0)  # this process did not run for 2 s

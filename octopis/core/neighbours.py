@@ -92,6 +92,14 @@ class Neighbour:
     acked: int = 0
     """The count last acknowledged."""
 
+    def silent_past(self, now: float, down_after: float) -> bool:
+        """Whether it has been silent for the liveness timeout ``down_after`` at ``now``
+        (DESIGN §7: a neighbour silent for T is down): from ``last_heard + down_after``
+        on, that moment included, so a timer set for it (the simulator's) sees it. The
+        sum is compared, not the silence: a timer set at ``t + down_after`` for a
+        neighbour last heard at ``t`` or before sees it past, in floating point too."""
+        return self.last_heard + down_after <= now
+
     @property
     def accepting(self) -> bool:
         """Its handshake named this incarnation of ours: its frames are for us."""
@@ -263,16 +271,16 @@ class Neighbours:
     def overdue(
         self, now: float, down_after: float, caught_up: Callable[[], bool]
     ) -> list[tuple[str, float]]:
-        """The neighbours up but silent for more than ``down_after`` seconds at ``now``
-        (to declare down, :meth:`silent`), with their silence; none unless the broker has
-        read every frame that reached it (``caught_up``, asked only when one is silent
-        that long): a backlog of its own, or a starved event loop, is no neighbour's
-        silence (DESIGN §7), as a client's is judged
-        (:meth:`~octopis.core.sessions.Liveness.silent`)."""
+        """The neighbours up and silent for ``down_after`` seconds at ``now``
+        (:meth:`Neighbour.silent_past`; to declare down, :meth:`silent`), with their
+        silence; none unless the broker has read every frame that reached it
+        (``caught_up``, asked only when one is silent that long): a backlog of its own,
+        or a starved event loop, is no neighbour's silence (DESIGN §7), as a client's is
+        judged (:meth:`~octopis.core.sessions.Liveness.silent`)."""
         silent = [
             (name, now - r.last_heard)
             for name, r in self.table.items()
-            if r.up and now - r.last_heard > down_after
+            if r.up and r.silent_past(now, down_after)
         ]
         return silent if silent and caught_up() else []
 

@@ -13,6 +13,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from itertools import takewhile
 from typing import Any, Protocol
 
 from octopis.core import LinkStatusTable, LinkView, NoCongestion
@@ -235,6 +236,16 @@ class TimedLinks:
         if not self.receiver_paced:
             self._pending[src].setdefault(dst, deque()).append(leaves)
         return leaves, ahead
+
+    def waiting(self, broker: str, now: float) -> dict[str, int]:
+        """Copies in each of ``broker``'s output queues at ``now``: those its LST counts,
+        less those whose departure time has come (read only: the LST is brought up to
+        date where the broker routes, :meth:`view`, and nowhere else)."""
+        pending = self._pending[broker]
+        return {
+            dst: row.queue_length - sum(1 for _ in takewhile(now.__ge__, pending.get(dst, ())))
+            for dst, row in self.lst[broker].rows.items()
+        }
 
     def taken(self, src: str, dst: str, now: float) -> None:
         """``dst``'s event loop takes the oldest copy from ``src`` at ``now`` (receiver

@@ -21,6 +21,15 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   process's output queue), and each stop is counted (``custody.full``).
 - A message other than a notification put on a broken link waits on it, in order, as in
   the process's output queue.
+- Backpressure (DESIGN §8) is the node's rule (:class:`~octopis.core.pressure.Backpressure`),
+  looked at before each acknowledgement as the process's is, fed each link's waiting
+  frames: what waits on it here, and the copies in its output queue where links measure
+  queues (:meth:`~octopis.sim.network.Network.waiting`). While a link holds
+  ``queue_limit`` frames, the acknowledgements to the broker's other neighbours repeat
+  the last count, so their custody fills and they stop; the broker looks again an
+  ``[links] ack_interval`` later, as the process's tick does. No delivery waits for a
+  client's capacity and no memory is measured here (neither is simulated): the rule is
+  fed 0 of each.
 - The sender takes back its retained and unacknowledged copies, then what waited
   (:meth:`LinkCustody.take_back`), when the process's link gives them back: at a
   detection, at a handshake with a new incarnation, at a heal after a detection; its
@@ -52,7 +61,6 @@ from octopis.core.custody import (
     Custody,
     Entry,
     PublishReceipt,
-    acknowledgement,
     counts_for,
     heartbeat_due,
     owed,
@@ -61,7 +69,17 @@ from octopis.core.custody import (
 )
 from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
-from octopis.defaults import CUSTODY_LIMIT, HEARTBEAT, RETAIN, RETAIN_LIMIT
+from octopis.core.pressure import Backpressure
+from octopis.defaults import (
+    ACK_INTERVAL,
+    CUSTODY_LIMIT,
+    DELIVERIES_LIMIT,
+    HEARTBEAT,
+    MEMORY_BUDGET_MB,
+    QUEUE_LIMIT,
+    RETAIN,
+    RETAIN_LIMIT,
+)
 
 Link = tuple[str, str]
 
@@ -118,20 +136,29 @@ LINK_FRAMES = (Acknowledged, Resent)
 
 
 class LinkCustody:
-    """The custody of every directed link of a run, and what waits for room on each.
-    ``custody_limit``, ``retain`` and ``retain_limit`` are the ``[links]`` settings."""
+    """The custody of every directed link of a run, what waits for room on each, and each
+    broker's backpressure. ``custody_limit``, ``retain``, ``retain_limit`` and
+    ``queue_limit`` are the ``[links]`` settings."""
 
     def __init__(
         self,
         retain: float = RETAIN,
         custody_limit: int = CUSTODY_LIMIT,
         retain_limit: int = RETAIN_LIMIT,
+        queue_limit: int = QUEUE_LIMIT,
     ) -> None:
         if custody_limit < 0 or retain < 0 or retain_limit < 0:
             raise ValueError("custody limit, retain and retain limit must not be negative")
         self.retain = retain
         self.custody_limit = custody_limit
         self.retain_limit = retain_limit
+        self.queue_limit = queue_limit
+        self.pressure: dict[str, Backpressure] = {}
+        """Each broker's backpressure rule (made on first use, :meth:`pressure_of`)."""
+        self.pressure_counts: Counter[str] = Counter()
+        """The rules' counts (episodes, acknowledgements withheld), all brokers'."""
+        self.looking: set[Link] = set()
+        """Links whose broker will look again at the acknowledgement it withholds."""
         self.links: dict[Link, Custody] = {}
         self.waiting: dict[Link, deque[object]] = {}
         """Messages that wait for custody to have room, per link, in sending order."""
@@ -202,6 +229,17 @@ class LinkCustody:
             return []
         return list(self.waiting.pop((src, dst)))
 
+    def pressure_of(self, broker: str) -> Backpressure:
+        """``broker``'s backpressure rule (made on first use, a new one after its death,
+        as a new process has)."""
+        rule = self.pressure.get(broker)
+        if rule is None:
+            rule = Backpressure(
+                self.queue_limit, DELIVERIES_LIMIT, MEMORY_BUDGET_MB, self.pressure_counts
+            )
+            self.pressure[broker] = rule
+        return rule
+
     def carrying(self, src: str, dst: str) -> int:
         """Messages waiting on ``src → dst`` or sent and unacknowledged (a link may leave
         the overlay only once none is, :func:`~octopis.core.relinking.leaving_busy`)."""
@@ -236,6 +274,7 @@ class LinkCustody:
         detect it), and what waited on any of its links (their messages: the receipts
         they carried die unanswered, as the process's do)."""
         lost: list[object] = []
+        self.pressure.pop(broker, None)
         for link in [link for link in self.links if link[0] == broker]:
             custody = self._pop(link)
             if link in failed:
@@ -247,7 +286,10 @@ class LinkCustody:
         return [message_of(copy) for copy in lost]
 
     def drop(self, src: str, dst: str) -> None:
-        """The link ``src → dst`` left the overlay."""
+        """The link ``src → dst`` left the overlay (it no longer counts for ``src``'s
+        backpressure)."""
+        if src in self.pressure:
+            self.pressure[src].forget(dst)
         if (src, dst) in self.links:
             self._pop((src, dst))
         self.waiting.pop((src, dst), None)
@@ -260,9 +302,10 @@ class LinkCustody:
         return custody
 
     def counts(self) -> dict[str, int]:
-        """Times links stopped for full custody (``custody.full``) and retained copies
-        evicted early (``custody.retain_evicted``), those that happened."""
-        counts = Counter(self._gone)
+        """Times links stopped for full custody (``custody.full``), retained copies
+        evicted early (``custody.retain_evicted``) and the backpressure counts, those
+        that happened."""
+        counts = self._gone + self.pressure_counts
         for custody in self.links.values():
             counts["custody.full"] += custody.stops
             counts["custody.retain_evicted"] += custody.evicted
@@ -345,8 +388,13 @@ class CustodyEvents:
         assert state is not None
         custody = state.custody
         link = (broker, src)
-        count = acknowledgement(record, False)
-        custody.last_sent[link] = now = self.events.now
+        now = self.events.now
+        pressure = self._pressure(broker, now)
+        count = pressure.acknowledge(src, record)
+        if pressure.holds(src) and link not in custody.looking:
+            custody.looking.add(link)
+            self.events.at(now + ACK_INTERVAL, self._look_again, broker, src)
+        custody.last_sent[link] = now
         kept = custody.links.get((src, broker))
         if kept is not None and (kept.retained or kept.settles(count)):
             late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
@@ -355,6 +403,31 @@ class CustodyEvents:
         if link not in custody.beating:
             custody.beating.add(link)
             self.events.at(now + HEARTBEAT, self._heartbeat, broker, src)
+
+    def _pressure(self, broker: str, now: float) -> Backpressure:
+        """``broker``'s backpressure rule looked at afresh (:meth:`Backpressure.check`)
+        with the frames waiting on each of its links now (see the module docstring; a
+        link missing from what it is fed has none waiting)."""
+        custody = self.failures.custody  # type: ignore[union-attr]
+        queues = self.network.waiting(broker, now)
+        for (src, dst), waiting in custody.waiting.items():
+            if src == broker:
+                queues[dst] = queues.get(dst, 0) + len(waiting)
+        pressure = custody.pressure_of(broker)
+        pressure.check(queues, 0, 0)
+        return pressure
+
+    def _look_again(self, broker: str, src: str) -> None:
+        """``broker`` looks again at what it withholds from ``src`` an ack interval
+        later (the process's tick while backpressure holds a neighbour back): what is
+        still owed is acknowledged afresh, withheld again while ``src`` is held back."""
+        state = self.failures
+        assert state is not None
+        state.custody.looking.discard((broker, src))
+        node = self.nodes.get(broker)
+        record = node.neighbours.get(src) if node is not None else None
+        if broker not in state.dead and record is not None and owed(record):
+            self._acknowledge(broker, src, record)
 
     def _heartbeat(self, broker: str, src: str) -> None:
         """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the

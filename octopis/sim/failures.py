@@ -225,7 +225,7 @@ class FailureEvents(CustodyEvents):
         for src, dst in self._failed_links(failure):
             if src not in state.dead and (src, dst) not in state.failed_at:
                 state.failed_at[(src, dst)] = self.now
-                self.at(self.now + state.detection, self._silent_past, src, dst, self.now)
+                self.at(self.now + state.detection, self._silent_past, src, dst)
 
     def _one_way_silent(self, failure: Failure) -> None:
         """The listener (``failure.ends[1]``) has heard nothing from the talker for the
@@ -241,7 +241,7 @@ class FailureEvents(CustodyEvents):
         state.cut_by(failure, [(listener, talker)])
         if listener not in state.dead:
             state.failed_at.setdefault((listener, talker), self.now)
-        self.at(self.now + state.detection, self._silent_past, talker, listener, self.now)
+        self.at(self.now + state.detection, self._silent_past, talker, listener)
 
     def slow_link(self, src: str, dst: str, at: float, until: float, extra: float) -> None:
         """From ``at`` to ``until`` every frame ``src`` sends ``dst`` arrives ``extra``
@@ -262,12 +262,12 @@ class FailureEvents(CustodyEvents):
         else:
             slow.pop((src, dst), None)
 
-    def _silent_past(self, src: str, dst: str, since: float) -> None:
-        """The liveness timeout of a silence that began at ``since``: ``src`` declares
-        ``dst`` down (:meth:`_detect`) unless it heard it after ``since`` (a handshake or
-        a heal), as the process declares down only a neighbour silent for
-        ``links.down_after`` (:meth:`Neighbours.overdue`)."""
-        if self.nodes[src].neighbours[dst].last_heard <= since:
+    def _silent_past(self, src: str, dst: str) -> None:
+        """A detection time after a silence began: ``src`` declares ``dst`` down
+        (:meth:`_detect`) unless it heard it since (a handshake, a heal), as the node's
+        rule says (:meth:`Neighbour.silent_past`, the process's too)."""
+        detection = self.failures.detection  # type: ignore[union-attr]
+        if self.nodes[src].neighbours[dst].silent_past(self.now, detection):
             self._detect(src, dst)
 
     def _detect(self, src: str, dst: str) -> None:
@@ -355,7 +355,7 @@ class FailureEvents(CustodyEvents):
         for neighbour in sorted(self.scot.graph[broker]):
             if state.severed(broker, neighbour):  # never greeted: detected like any silence
                 state.failed_at[(broker, neighbour)] = self.now
-                self.at(self.now + state.detection, self._silent_past, broker, neighbour, self.now)
+                self.at(self.now + state.detection, self._silent_past, broker, neighbour)
             else:
                 state.failed_at.pop((broker, neighbour), None)
                 state.failed_at.setdefault((neighbour, broker), self.now)

@@ -105,6 +105,12 @@ class Network:
         if self.receiver_paced:
             self.model.taken(src, dst, now)  # type: ignore[attr-defined]
 
+    def waiting(self, broker: str, now: float) -> dict[str, int]:
+        """Copies in each of ``broker``'s output queues at ``now`` (none where queues are
+        not real: every copy leaves at once)."""
+        model = self.model
+        return model.waiting(broker, now) if model.measures_queues else {}  # type: ignore[attr-defined]
+
     def view(self, broker: str, now: float) -> LinkView:
         """What ``broker`` sees of its links at ``now``."""
         return self._fixed_view or self.model.view(broker, now)

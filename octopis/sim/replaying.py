@@ -214,8 +214,13 @@ class SubscriberFailover:
     def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
         """The SDK's tries (:func:`~octopis.client_policy.failover_tries`) away from
         ``old`` along the broker list of a client that began at ``first`` (the topology's
-        fail-over list of ``first``, after it)."""
-        return failover_tries([first, *self.scot.failover_order(first)], old)
+        fail-over list of ``first``, after it); they end once every broker of that list
+        is gone for good: dead, and no restart is to come."""
+        return failover_tries(
+            [first, *self.scot.failover_order(first)],
+            old,
+            lambda broker: self._dead(broker) and not self.restarts_pending,
+        )
 
     def _connect(
         self,
@@ -226,16 +231,16 @@ class SubscriberFailover:
         """A client fails over as the SDK does (``Failover.run``): it tries the brokers
         ``tries`` gives, and learns that one is dead only by its silence,
         :data:`CLIENT_LIVENESS` after the hello; past the last it waits as long and
-        starts over while a broker is alive or to restart (one may have come back
-        during the round: it gives up only when every broker is dead for good). Nothing
+        starts over (one may have come back during the round), until the tries end
+        (every broker of its list gone for good, :meth:`_failover_tries`). Nothing
         happens once the client no longer ``wanted`` to; ``connected(broker)`` is called
         at the first broker that answers."""
         if not wanted():
             return
-        broker = next(tries)
-        if broker is None:  # none answered: round again while one is alive or to restart
+        broker = next(tries, "")  # "": the tries ended
+        if not broker:  # none answered: round again, unless the tries ended
             self.failure_counts["failover.no_live_broker"] += 1
-            if not self.restarts_pending and all(map(self._dead, self.cores)):
+            if broker == "":
                 return
         elif not self._dead(broker):
             connected(broker)
