@@ -1,12 +1,12 @@
 """The seeded nemesis (``octopis.nemesis.scenarios``, DESIGN §7): every seed of the CI profile
-passes on the brokers' own nodes, a seed replays exactly, a failing seed shrinks to a
-shorter history, and the checker catches the bugs it exists for (each broken on purpose:
-the seed that catches it is printed)."""
+passes on the brokers' own nodes, a seed replays exactly, the seeds that found bugs pass,
+every kind of fault and subscriber is drawn, and the command runs a seed and a sweep. The
+checker catching bugs planted on purpose: tests/test_nemesis_mutations.py; durable
+subscribers: tests/test_nemesis_durable.py; store faults: tests/test_nemesis_stores.py."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -16,39 +16,19 @@ from pathlib import Path
 
 import pytest
 from laws import sized
+from nemesis_seeds import OPEN, SEEDS
 
 from octopis.cli.main import main
-from octopis.client_policy import replay_after
-from octopis.core.answer import AnswerSelection
 from octopis.core.bid import BidBroker
-from octopis.core.clustered import ClusteredBroker
-from octopis.core.composite import CompositeJoin
-from octopis.core.custody import Custody, take
-from octopis.core.durable import Durables
-from octopis.core.messages import Notification
-from octopis.core.node import BrokerNode
-from octopis.core.recovery import Recovery
-from octopis.defaults import LOOKBACK
 from octopis.failure_schedule import Failure
 from octopis.nemesis import scenarios as nemesis
-from octopis.nemesis.scenarios import draw, run, shrink, simulate
+from octopis.nemesis.scenarios import draw, run, simulate
 from octopis.nemesis.store_faults import DiskFull, PowerLoss
-from octopis.sim.stores import RetentionStores
 
-SEEDS = sized(100, 2_000)
-"""Seeds the suite runs: 2,000 in the full suite (``HYPOTHESIS_PROFILE=ci``), 100 at the
-quick size (the bugs the tests below plant were caught by seeds 0-42 when it was set;
-a search that finds none fails)."""
 CHUNK = sized(50, 100)
 REPLAYED = sized(8, 24)
 """Seeds (fig2 and paper75) run under two string hashes by
 :func:`test_a_seed_replays_exactly_in_any_process`."""
-OPEN: dict[int, str] = {}
-"""Seeds that fail on a bug found and not yet fixed, with what the seed shows: left out
-of the sweep and of the mutation tests' search, and kept failing in
-:func:`test_the_seeds_still_open_fail` (strict: once fixed, that test says so; with none
-open, pytest skips it for its empty parameter set). A fixed seed goes to
-:func:`test_the_seeds_that_found_bugs_pass`."""
 
 
 def _spread(test: Callable[..., None]) -> Callable[..., None]:
@@ -159,146 +139,6 @@ def test_the_seeds_still_open_fail(seed: int) -> None:
     assert verdict.passed, verdict.problems
 
 
-def _first_failing(seeds: range) -> int | None:
-    return next((s for s in seeds if s not in OPEN and not run(draw(s)).passed), None)
-
-
-def _caught(problem: Callable[[str], bool]) -> int:
-    """Some seed of the suite's fails with a problem ``problem`` accepts (the seed and its
-    history are printed); returns it."""
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    problems = run(draw(seed)).problems
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}\nproblems: {problems}")
-    assert any(problem(p) for p in problems)
-    return seed
-
-
-def test_acknowledging_what_was_not_taken_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Custody settles only what the receiver took: a receiver that acknowledges one
-    more than it took (and a sender whose link-down gives back no retained copy, which
-    would hide it) lets a failure lose a copy still on its way; the checker finds it
-    lost without a count, or the heal finds the receiver's count past the sender's
-    (:func:`~octopis.core.custody.resent` refuses it)."""
-    take_back = Custody.take_back
-
-    def without_retained(self: Custody) -> list:
-        self.retained.clear()
-        return take_back(self)
-
-    monkeypatch.setattr("octopis.sim.custody.take", lambda record, n: take(record, n + 1))
-    monkeypatch.setattr(Custody, "take_back", without_retained)
-    _caught(lambda p: "lost without a count" in p or "resent messages numbered" in p)
-
-
-def test_releasing_no_held_copies_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A node that never releases the copies it held for a neighbour when the link heals
-    (nor when it serves again): the checker finds copies held for a neighbour that is
-    back, and the shrunk history still fails with fewer faults."""
-    monkeypatch.setattr(Recovery, "release_copies", lambda self, neighbour: [])
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
-    verdict = run(draw(seed))
-    assert any("copies for" in p for p in verdict.problems)
-    smaller = shrink(draw(seed))
-    assert not run(smaller).passed
-    assert len(smaller.faults) <= len(draw(seed).faults)
-    print(f"shrunk:\n{smaller.describe()}")
-
-
-def test_a_withdrawal_that_does_not_unquench_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Covering on: a withdrawn covering subscription that does not send the ones it
-    covered in its place leaves their subscribers without what they asked for."""
-    init = ClusteredBroker.__init__
-
-    def broken(self: ClusteredBroker, *args: object, **kwargs: object) -> None:
-        init(self, *args, **kwargs)
-        self.unquench = False
-
-    monkeypatch.setattr(ClusteredBroker, "__init__", broken)
-    _caught(lambda p: "lost without a count" in p or "resent messages numbered" in p)
-
-
-def test_a_replay_without_lookback_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A subscriber whose connection dies asks for a replay from the moment its broker
-    went silent, not ``LOOKBACK`` before: what was in flight then is lost to it."""
-    monkeypatch.setattr("octopis.client_policy.replay_after", lambda first, silent: silent)
-    assert replay_after(0.0, 100.0) < 100.0  # the policy's own start is earlier
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    print(f"caught by seed {seed}:\n{draw(seed).describe()}")
-
-
-def test_a_store_that_ignores_a_replays_until_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Historic queries ask for a window ``[after, until)``: a store answer that does not
-    stop at ``until`` hands the asker publications it did not ask for."""
-    init = AnswerSelection.__init__
-
-    def broken(self: AnswerSelection, *args: object, **kwargs: object) -> None:
-        init(self, *args, **kwargs)
-        self.until = math.inf
-
-    monkeypatch.setattr(AnswerSelection, "__init__", broken)
-    _caught(lambda p: "outside its window" in p)
-
-
-def test_a_share_never_paid_late_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A node that owes a restarted neighbour its resync share and never pays it once the
-    share is whole (a heal during another neighbour's resync, drawn one seed in four):
-    that neighbour goes on missing the share though their link carries. The draws make
-    the situation: some seeds pay a share late."""
-    late = any(
-        simulate(draw(seed))[0].report().get("failures", {}).get("shares_handed_late")
-        for seed in range(100)
-    )  # stops at the first such seed
-    assert late, "no seed of the first 100 pays an owed share late"
-    monkeypatch.setattr(BrokerNode, "pay_owed_shares", lambda self: [])
-    _caught(lambda p: "resync share" in p)
-
-
-def test_a_share_paid_before_it_is_whole_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A node that pays a restarted neighbour its resync share at once, at the handshake
-    or the first chance after, though its own table still misses another neighbour's
-    share (that neighbour, cut off, has not served it yet): the restarted neighbour
-    takes the share for whole and serves without what lies behind the silent one, and a
-    publication it routes there is lost without a count. The draws make the situation
-    (a heal during another neighbour's resync, one seed in four)."""
-    complete = ClusteredBroker.share_complete
-    meeting: list[str] = []
-    monkeypatch.setattr(
-        ClusteredBroker, "share_complete", lambda self, n: bool(meeting) or complete(self, n)
-    )
-    met = BrokerNode.neighbour_met
-
-    def at_once(self: BrokerNode, neighbour: str, *args: object) -> object:
-        meeting.append(neighbour)
-        try:
-            return met(self, neighbour, *args)  # type: ignore[arg-type]
-        finally:
-            meeting.pop()
-
-    monkeypatch.setattr(BrokerNode, "neighbour_met", at_once)
-    monkeypatch.setattr(
-        Recovery, "payable", lambda self, core, up: [n for n in sorted(self.owed_shares) if up(n)]
-    )
-    _caught(lambda p: "lost without a count" in p or "never reached its join" in p)
-
-
-def test_a_durable_record_that_forgets_what_was_taken_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A broker whose durable record does not keep the last sequence number its client
-    took of each publisher: the claim replays what the client had taken, twice."""
-    ack = Durables.ack
-
-    def forgetful(self: Durables, client: str, name: str, since: list, *args: object) -> bool:
-        return ack(self, client, name, [], *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Durables, "ack", forgetful)
-    _caught(lambda p: p.startswith("durable") and "duplicated" in p)
-
-
 def test_link_faults_and_clocks_are_drawn_and_pass() -> None:
     """One-way partitions, delay spikes and skewed clocks run on the node: frames late,
     a link silent one way, stamps off by up to ``SKEW``; every seed still passes."""
@@ -374,107 +214,9 @@ def test_the_command_names_a_stores_loss(capsys: pytest.CaptureFixture) -> None:
             "within 1.814 s of a power failure, not yet on disk (sync normal)") in out  # fmt: skip
 
 
-def test_the_command_shrinks_a_failing_seed(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    monkeypatch.setattr(Recovery, "release_copies", lambda self, neighbour: [])
-    seed = _first_failing(range(SEEDS))
-    assert seed is not None
-    assert main(["nemesis", str(seed), "--shrink"]) == 1
-    captured = capsys.readouterr()
-    assert "FAIL  expected" in captured.out and "shortest failing history:" in captured.out
-    assert "still holds" in captured.err
-
-
 def test_fault_kinds_are_all_drawn() -> None:
     kinds = {nemesis.fault_kind(f) for seed in range(40) for f in draw(seed).faults}
     assert kinds == set(nemesis.FAULT_KINDS)
-
-
-def test_durable_subscribers_are_drawn_and_hold_to_their_contract() -> None:
-    """Durable subscribers leave and come back (some past ``LOOKBACK``, some where they
-    left), fail over when their host dies, claim their records and replay: each gets
-    every publication of its filter once, or a gap it was told of."""
-    scenarios = [draw(seed) for seed in range(120)]
-    runs = [d for s in scenarios for d in s.durables]
-    assert len(runs) >= 20
-    assert any(d[3] is not None and d[4] > nemesis.DURATION + LOOKBACK for d in runs)
-    counts: dict[str, int] = {}
-    for scenario in scenarios:
-        if not scenario.durables:
-            continue
-        sim, withdrawn, asked = simulate(scenario)
-        problems, verdict = nemesis.check(sim, withdrawn, asked)
-        assert problems == [], (scenario.seed, problems)
-        for c in sim.durable_clients.values():
-            for key, n in c.counts.items():
-                counts[key] = counts.get(key, 0) + n
-        durable = verdict["kinds"]["durable"]
-        assert durable["delivered"] + durable["lost"] + durable["refused"] == durable["expected"]
-    assert counts["claimed"] >= 10 and counts["replayed"] > 0
-    assert counts.get("failed_over", 0) >= 1
-
-
-@pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
-def test_a_durable_client_that_leaves_during_its_failover_replay_is_owed_it(mode: str) -> None:
-    """D0's host c:2 dies at 1.0 s, restarts at 1.5 s and dies again at 2.2 s, for good;
-    D0 fails over at 2.5 s to b:2, whose replay round waits for c:2 (dead, not yet
-    declared down), and leaves at 2.7 s before the answer. Back at a:1 at 3.5 s, its claim
-    finds b:2's copy of its record; c:2, which keeps the copy that began with the
-    subscription, is silent. What Pa:0 published at 1.2-2.0 s is owed from b:2's copy
-    itself: it owes from the fail-over replay's start, not from the fail-over (SNR and
-    DNR lost the three without a count or a gap, BID with a gap, nemesis seed 134)."""
-    scenario = nemesis.Scenario(
-        0,
-        "fig2",
-        mode,
-        "off",
-        False,
-        (("S0", "a:0", 5),),
-        ((1.2, "a:0", 1), (1.5, "a:0", 2), (2.0, "a:0", 3), (4.0, "a:0", 4)),
-        (Failure(("c:2",), 1.0, 1.5), Failure(("c:2",), 2.2, 6.0)),
-        durables=(("D0", "c:2", 9, 2.7, 3.5, "a:1"),),
-    )
-    sim, withdrawn, asked = simulate(scenario)
-    problems, verdict = nemesis.check(sim, withdrawn, asked)
-    assert problems == []
-    durable = verdict["kinds"]["durable"]
-    assert durable["expected"] == durable["delivered"] == 4, durable
-    assert durable["duplicated"] == 0
-    counts = sim.durable_clients["D0"].counts
-    assert counts["failed_over"] == counts["claimed"] == 1
-
-
-DURABLES = {
-    2: (("D0", "b:0", 6, 1.180874, 43.931836, "b:0"), ("D1", "c:0", 1, 1.496455, 3.21961, "c:0")),
-    115: (("D0", "b:1", 7, 0.981522, 3.944099, "f:1"), ("D1", "b:1", 4, 0.885335, 3.650649, "c:2")),
-    85: (("D0", "b:0", 6, 2.737036, 3.505457, "c:0"), ("D1", "e:1", 6, 3.946953, 41.521295, "e:1")),
-    265: (("D0", "d:1", 7, 3.736057, 5.302052, "b:0"),),
-}
-"""Durable subscribers of seeds that found bugs, as drawn when they did (the draw has
-changed since: fewer durable subscribers per seed)."""
-
-
-@pytest.mark.parametrize(
-    ("seed", "found"),
-    [
-        (2, "a durable client back where it left after more than LOOKBACK was owed only the "
-            "last LOOKBACK of what publishers it had not heard from published"),
-        (85, "BID: a subscription withdrawn while a link was cut flooded again behind its "
-             "withdrawal for ever; and a claim resumed from a copy made at a fail-over, "
-             "which began then"),
-        (115, "overlapping crashes of one broker restarted it twice, the second time alive, "
-              "wiping a durable client's subscription unannounced"),
-        (265, "a copy held for a paused broker, released after a durable subscription was "
-              "made anew, came twice"),
-    ],
-)  # fmt: skip
-def test_the_durable_seeds_that_found_bugs_pass(seed: int, found: str) -> None:
-    scenario = draw(seed, composites=False, stores=False)
-    scenario = replace(scenario, durables=DURABLES[seed])
-    verdict = run(scenario)
-    assert verdict.passed, (found, verdict.problems)
-    assert verdict.kinds["durable"]["expected"] > 0
 
 
 @pytest.mark.parametrize(
@@ -674,23 +416,6 @@ def test_composite_subscribers_are_drawn_and_hold_to_their_contract() -> None:
     assert totals["delivered"] > 100 and totals["duplicated"] == totals["silent"] == 0
 
 
-def test_a_join_that_misses_a_match_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A join that returns all but the first match an arrival completes."""
-    offer = CompositeJoin.offer
-
-    def forgetful(self: CompositeJoin, *args: object, **kwargs: object) -> list:
-        return offer(self, *args, **kwargs)[1:]  # type: ignore[arg-type]
-
-    monkeypatch.setattr(CompositeJoin, "offer", forgetful)
-    _caught(lambda p: "not delivered" in p)
-
-
-def test_a_join_that_ignores_its_window_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A join that reads no window: publications further apart than it make matches."""
-    monkeypatch.setattr(CompositeJoin, "window", property(lambda self: None))
-    _caught(lambda p: "that are none" in p)
-
-
 def test_the_long_run_sums_its_chunks_by_kind(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -746,104 +471,6 @@ def test_store_faults_are_drawn_and_pass() -> None:
     assert totals["disk-full", "refused"] > 0 and totals["disk-full", "store_lost"] == 0
     assert totals["normal", "store_lost"] > 0 and totals["normal", "losses"] > 0
     assert totals["full", "store_lost"] == 0 and totals["full", "confirmed"] > 0
-
-
-def _one_publisher(faults: tuple, historics: tuple = ()) -> nemesis.Scenario:
-    """Pc:0 publishes every 0.1 s from 0.1 to 3.9 s; S0 at a:0 takes everything."""
-    publications = tuple((round(0.1 * i, 6), "c:0", i % 9) for i in range(1, 40))
-    return nemesis.Scenario(
-        0, "fig2", "snr", "off", False, (("S0", "a:0", 9),), publications, faults,
-        historics=historics,
-    )  # fmt: skip
-
-
-def test_a_full_disk_refuses_by_name_and_the_broker_keeps_serving() -> None:
-    """c:0's disk is full from 1.0 to 2.0 s: the publication whose commit fails was routed
-    already (S0 may get it) and is refused to its publisher; the next ones are refused
-    before routing for ``REFUSE_FOR``; once the disk has room again c:0 confirms again. S0
-    gets every publication confirmed, the refused ones count refused, nothing is lost."""
-    sim, withdrawn, asked = simulate(_one_publisher((DiskFull("c:0", 1.0, 2.0),)))
-    problems, counts = nemesis.check(sim, withdrawn, asked)
-    assert problems == []
-    retention = sim.retention
-    assert retention.refused and all("disk is full" in r for r in retention.refused.values())
-    before = sim.failure_counts["publications_refused.not_kept"]
-    assert before > 0
-    confirmed = sorted(seq for (_, seq) in retention.confirmed)
-    assert confirmed[-1] == 39 and len(confirmed) + len(retention.refused) + before == 39
-    assert sim.nodes["c:0"].serving
-    assert counts["stores"]["refused"] == len(retention.refused) + before
-    assert counts["lost"] == counts["silent"] == 0 and counts["stores"]["store_lost"] == 0
-
-
-@pytest.mark.parametrize("sync", ["normal", "full"])
-def test_a_power_failure_loses_only_what_sync_allows_and_says_so(sync: str) -> None:
-    """c:0's machine loses power at 2.0 s and starts again at 3.0 s; H0 asks a:0 at 6 s for
-    what was published in [0, 5). With ``sync = "normal"`` c:0's store loses the commits
-    of the last 0.45 s (1.6-1.9 s, confirmed): the verdict names the store and why, and H0
-    is told the gap; with ``full`` nothing confirmed is lost and H0 gets all of it."""
-    scenario = _one_publisher(
-        (PowerLoss("c:0", 2.0, 3.0, sync, 0.45),), ((6.0, "H0", "a:0", 9, 0.0, 5.0),)
-    )
-    verdict = run(scenario)
-    assert verdict.passed, verdict.problems
-    historic = verdict.kinds["historic"]
-    if sync == "full":
-        assert verdict.stores["store_lost"] == 0 and verdict.losses == []
-        assert historic["lost"] == 0 and historic["delivered"] > 0
-        return
-    assert verdict.stores["store_lost"] == 4
-    assert verdict.losses == [
-        "4 confirmed publications: c:0's retention store lost it: committed within 0.450 s "
-        "of a power failure, not yet on disk (sync normal)"
-    ]
-    assert historic["lost"] == 4 and historic["silent"] == 0
-    sim, _, asked = simulate(scenario)
-    (asker,) = {q.asker for q in asked.values()}
-    assert any(p == "Pc:0" and first <= 16 and last >= 19 for p, _, first, last in
-               sim.store_gaps[asker])  # fmt: skip
-
-
-def _confirms_while_full(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A store that acknowledges what its full disk did not take."""
-    keep = RetentionStores.keep
-
-    def confirming(
-        self: RetentionStores, broker: str, n: Notification, now: float = 0.0
-    ) -> str | None:
-        keep(self, broker, n, now)
-        return None  # committed, says the store, whatever its disk did
-
-    monkeypatch.setattr(RetentionStores, "keep", confirming)
-
-
-def _confirms_before_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A store whose confirm does not wait for the disk whatever its ``sync``, and which
-    does not know what a power failure took."""
-
-    def forgetful(self: RetentionStores, broker: str, now: float, sync: str, tail: float) -> None:
-        store, kept_at = self.kept.get(broker), self._kept_at.get(broker)
-        while store and kept_at and kept_at[-1] > now - tail:
-            store.pop()
-            kept_at.pop()
-
-    monkeypatch.setattr(RetentionStores, "power_loss", forgetful)
-
-
-@pytest.mark.parametrize("broken", [_confirms_while_full, _confirms_before_fsync])
-def test_a_store_that_loses_what_it_confirmed_is_caught(
-    monkeypatch: pytest.MonkeyPatch, broken: Callable[[pytest.MonkeyPatch], None]
-) -> None:
-    """A store that confirms publications it does not hold (a full disk's, or a tail not
-    yet on disk that a power failure takes, without knowing it): the checker finds
-    confirmed publications gone with no loss said; the shortest failing history keeps
-    the store's fault."""
-    broken(monkeypatch)
-    seed = _caught(lambda p: "no loss said" in p)
-    smaller = shrink(draw(seed))
-    print(f"shrunk:\n{smaller.describe()}")
-    assert any(isinstance(f, DiskFull | PowerLoss) for f in smaller.faults)
-    assert len(smaller.faults) <= len(draw(seed).faults)
 
 
 def test_a_replay_answered_over_a_cut_connection_is_never_read_and_stays_a_gap() -> None:
