@@ -13,8 +13,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 from laws import scots, sized
+from sim_scenarios import changed_scot
 from test_failures import _failures
-from test_sim import _changed
 
 from octopis.core import ProtocolError, Subscribe, make_broker
 from octopis.failure_schedule import Failure
@@ -442,7 +442,7 @@ def test_moves_and_topology_changes_under_covering(
     with covering as without."""
     seed = data.draw(st.integers(0, 2**16))
     ops = scenario(scot, seed, churn=0)
-    kind, new, refuge = _changed(scot, data)
+    kind, new, refuge = changed_scot(scot, data)
     staying = sorted(b for b in scot.brokers if b in new.brokers)
     ops = [op for op in ops if op.broker in staying]
     moves = data.draw(

@@ -5,7 +5,7 @@ broker's ``relink`` refusing what it must.
 The elastic balancer's decisions under load (a cluster added while the mean load ratio
 stays above LR_high, LDM moving subscribers into it, the cluster removed below LR_low
 with its subscribers moved out first, every notification exactly once) are a law on the
-brokers' own node (tests/test_sim.py
+brokers' own node (tests/test_sim_topology_change.py
 ``test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss``); on
 processes, a cluster added and removed while notifications flow is
 :func:`test_fig2_grows_a_cluster_and_a_region_and_shrinks_back_while_notifications_flow`,
@@ -42,7 +42,7 @@ SYMBOLS = 30
 SUBSCRIBERS = 90
 """Three per symbol: enough for every broker of fig2 to host subscribers while the overlay
 changes; that many more subscribers, and publications during changes, reach everyone
-exactly once is a law on the brokers' own node (tests/test_sim.py
+exactly once is a law on the brokers' own node (tests/test_sim_topology_change.py
 ``test_publications_during_a_change_reach_everyone_exactly_once``)."""
 RATE = 200.0
 
@@ -302,7 +302,7 @@ def test_a_new_broker_killed_while_it_fills_is_restarted_and_the_change_complete
     again 0.5 s later; the stream goes on for 300 notifications after the change. Guarantee:
     the change completes once it is back (its neighbours resync it as a restarted
     broker), and every subscriber gets every notification exactly once. Longer streams
-    through changed overlays are a law on the brokers' own node (tests/test_sim.py
+    through changed overlays are a law on the brokers' own node (tests/test_sim_topology_change.py
     ``test_publications_during_a_change_reach_everyone_exactly_once``)."""
     cluster = fig2_roomy
     group = ConnectionGroup()

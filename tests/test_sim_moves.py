@@ -1,0 +1,262 @@
+"""Subscriber moves in the simulator (DESIGN §9): inside a cluster only the tree path turns,
+across clusters a move costs an unsubscribe plus a subscribe, publications during moves
+reach everyone exactly once, and the balancers' moves even out the load."""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import pairwise
+
+import networkx as nx
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from sim_scenarios import exactly_once, scenarios, simulate
+
+from octopis.defaults import LINGER
+from octopis.filters.language import Predicate, Subscription
+from octopis.matching import ReferenceMatcher
+from octopis.sim import LatencyModel, Simulator
+
+
+def _entries(sim: Simulator, sub_id: str) -> dict[str, tuple]:
+    """Per broker: what routing reads of ``sub_id``'s entry (last hop, local, CBV)."""
+    return {
+        b: (e.last_hop, e.local, e.cbv)
+        for b, core in sim.cores.items()
+        if (e := core.table.entries.get(sub_id)) is not None
+    }
+
+
+@st.composite
+def inside_moves(draw: st.DrawFn) -> tuple:
+    """A scenario with a subscriber S0 and another broker of its cluster to move it to."""
+    scot, subs, pubs, seed = draw(scenarios())
+    assume(len(scot.acyclic) > 1)
+    home = draw(st.sampled_from(sorted(scot.brokers)))
+    cluster = scot.brokers[home].cluster
+    target = draw(
+        st.sampled_from(
+            sorted(b for b, v in scot.brokers.items() if v.cluster == cluster and b != home)
+        )
+    )
+    subs[0] = (home, subs[0][1])
+    return scot, subs, pubs, seed, target, draw(st.sampled_from(["snr", "dnr"]))
+
+
+@given(inside_moves())
+def test_a_move_inside_a_cluster_turns_only_the_tree_path(scenario: tuple) -> None:
+    """Moving S0 inside its cluster sends MOVE only along the cluster-tree path from the
+    new host to the old, REHOST only from the two hosts to their other neighbours, no SBP
+    message; it changes entries on that path only (never a secondary one), and leaves
+    every table as a subscription made at the new host would have; later publications
+    reach everyone exactly once, with nothing left for the subscriber to drop."""
+    scot, subs, pubs, seed, target, mode = scenario
+    sent: list[tuple[str, str, str]] = []
+    sim = simulate(
+        scot,
+        mode,
+        subs,
+        pubs,
+        seed,
+        on_forward=lambda s, d, m: sent.append((s, d, type(m).__name__)),
+    )
+    sub_id = next(s for s, owner in sim.subscriber_of.items() if owner == "S0")
+    home = subs[0][0]
+    before = _entries(sim, sub_id)
+    sent.clear()
+    assert sim.move("S0", target) == {sub_id: sub_id}
+    sim.run()
+    path = nx.shortest_path(
+        scot.graph.subgraph(
+            [b for b, v in scot.brokers.items() if v.cluster == scot.brokers[home].cluster]
+        ),
+        target,
+        home,
+    )
+    assert [(s, d) for s, d, kind in sent if kind == "Move"] == list(pairwise(path))
+    assert {s for s, _, kind in sent if kind == "Rehost"} <= {home, target}
+    assert Counter(kind for _, _, kind in sent) == Counter(
+        {"Move": len(path) - 1, "Rehost": len(scot.graph[home]) + len(scot.graph[target]) - 2}
+    )
+    after = _entries(sim, sub_id)
+    assert {b for b in after if after[b] != before[b]} == set(path)
+    fresh = Simulator(scot, mode, seed=seed, covering="off")
+    fresh.subscribe("S0", target, subs[0][1])
+    fresh.run()
+    fresh_id = next(iter(fresh.subscriber_of))
+    assert after == {
+        b: ("S0" if local else hop, local, cbv)
+        for b, (hop, local, cbv) in _entries(fresh, fresh_id).items()
+    }
+    for broker, core in sim.cores.items():
+        entry = core.table.entries[sub_id]
+        if not entry.local:
+            assert (entry.host == entry.last_hop) == (entry.last_hop == target), broker
+    assert sim.moves == Counter(inside=1, released=1)
+    sim.run(sim.now + LINGER)  # past the subscriber's linger
+    for broker, publication in pubs:
+        sim.publish(f"P{broker}", broker, publication)
+    sim.run()
+    exactly_once(sim.report())
+    assert "absorbed" not in sim.moves
+
+
+@given(scenarios(), st.sampled_from(["snr", "dnr", "bid"]), st.data())
+def test_publications_during_moves_reach_everyone_exactly_once(
+    scenario: tuple, mode: str, data: st.DataObject
+) -> None:
+    """Moves inside and across clusters at random times among the publications: every
+    notification reaches every interested subscriber exactly once (across clusters after
+    the subscriber drops the overlap), and the moved subscriptions end where they went."""
+    scot, subs, pubs, seed = scenario
+    sim = Simulator(
+        scot,
+        mode,
+        seed=seed,
+        latency=LatencyModel(0.001, 0.004),
+        oracle_factory=ReferenceMatcher,
+        covering="off",
+    )
+    for i, (broker, subscription) in enumerate(subs):
+        sim.subscribe(f"S{i}", broker, subscription)
+    sim.run()
+    brokers = sorted(scot.brokers)
+    moved = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, len(subs) - 1), st.sampled_from(brokers), st.floats(0.0, 0.05)
+            ),
+            max_size=4,
+        )
+    )
+    for i, broker in enumerate(brokers * 3):
+        sim.at(sim.now + i * 0.002, sim.publish, f"P{broker}", broker, pubs[i % len(pubs)][1])
+    for subscriber, broker, at in moved:
+        sim.at(sim.now + at, _move_unless_there, sim, f"S{subscriber}", broker)
+    sim.run()
+    report = sim.report()
+    exactly_once(report)
+    assert sim.moves["inside"] == sim.moves["released"]
+    assert sim.moves["across"] == sim.moves["withdrawn"]
+    for sub_id, subscriber in sim.subscriber_of.items():
+        hosts = [b for b, c in sim.cores.items() if (e := c.table.entries.get(sub_id)) and e.local]
+        assert hosts == [sim._home[subscriber]]
+    assert sum(len(c.table) for c in sim.cores.values()) == len(subs) * len(scot.brokers)
+
+
+def _move_unless_there(sim: Simulator, subscriber: str, broker: str) -> None:
+    if sim._home[subscriber] != broker and not sim.moving(subscriber):
+        sim.move(subscriber, broker)
+
+
+@given(scenarios(), st.sampled_from(["snr", "dnr", "bid"]), st.data())
+def test_a_move_across_clusters_costs_an_unsubscribe_plus_a_subscribe(
+    scenario: tuple, mode: str, data: st.DataObject
+) -> None:
+    scot, subs, pubs, seed = scenario
+    home = subs[0][0]
+    others = sorted(
+        b
+        for b, v in scot.brokers.items()
+        if mode == "bid" or v.cluster != scot.brokers[home].cluster
+    )
+    target = data.draw(st.sampled_from(others))
+    assume(target != home)
+    kinds: Counter[str] = Counter()
+    sim = simulate(
+        scot,
+        mode,
+        subs[:1],
+        pubs,
+        seed,
+        on_forward=lambda s, d, m: kinds.update([type(m).__name__]),
+    )
+    kinds.clear()
+    sim.move("S0", target)
+    sim.run()
+    alone: Counter[str] = Counter()
+    fresh = simulate(
+        scot,
+        mode,
+        [(target, subs[0][1])],
+        [],
+        seed,
+        on_forward=lambda s, d, m: alone.update([type(m).__name__]),
+    )
+    fresh.unsubscribe(next(iter(fresh.subscriber_of)))
+    fresh.run()
+    assert kinds == alone
+    assert sim.moves == Counter(across=1, withdrawn=1)
+
+
+def test_the_balancer_evens_out_a_skewed_placement_in_the_simulator() -> None:
+    """fig2 with 40 of 48 subscribers on a:0 and e:1, publications from every broker at a
+    steady rate: the balancer's rounds (the same decisions as ``octopis balance``) move
+    subscribers off the hot brokers, inside their cluster first; the spread of load
+    falls, and every notification still reaches every subscriber exactly once."""
+    from octopis.balance.policy import BalanceOptions
+    from octopis.topology import build_preset
+
+    scot = build_preset("fig2")
+    sim = Simulator(scot, "dnr", seed=3, latency=LatencyModel(0.001, 0.004))
+    brokers = sorted(scot.brokers)
+    for i in range(48):
+        broker = ("a:0", "e:1")[i % 2] if i < 40 else brokers[i % len(brokers)]
+        sim.subscribe(f"S{i}", broker, Subscription((Predicate("x", "<", 5 + i % 5),)))
+    sim.run()
+    for step in range(3000):
+        broker = brokers[step % len(brokers)]
+        sim.at(sim.now + step * 0.01, sim.publish, f"P{broker}", broker, {"x": step % 10})
+    options = BalanceOptions(interval=3.0, beta=1.0, cooldown=6.0)
+    sim.balance(options, until=sim.now + 24)
+    sim.run()
+    report = sim.report()
+    exactly_once(report)
+    timeline = report["balance"]["timeline"]
+    decisions = report["balance"]["decisions"]
+    print(
+        f"cov {timeline[0]['cov']:.2f} -> {timeline[-1]['cov']:.2f}; {len(decisions)} moves "
+        f"({sum(d['inside_cluster'] for d in decisions)} inside), moves {report['moves']}"
+    )
+    assert decisions and timeline[-1]["cov"] < timeline[0]["cov"] / 2
+    assert decisions[0]["source"] in ("a:0", "e:1") and decisions[0]["inside_cluster"]
+    # adopted inside the cluster, or (covering on: always) subscribed afresh
+    moves = report["moves"]
+    assert moves.get("inside", 0) + moves.get("across", 0) == len(decisions)
+
+
+def test_sdm_moves_hot_subscribers_to_brokers_that_share_their_interest() -> None:
+    """fig2 with 24 subscribers of symbol A or B on a:0, one more of A on c:1 and of B on
+    f:2: SDM (the balancer's rounds, ``plan="sdm"``) moves the first hot subscriber of
+    each symbol to the broker under the mean load that already holds that symbol (across
+    clusters: similarity decides, not the cluster), the spread falls, and every
+    notification reaches every subscriber exactly once."""
+    from octopis.balance.policy import BalanceOptions
+    from octopis.topology import build_preset
+
+    scot = build_preset("fig2")
+    sim = Simulator(scot, "dnr", seed=5, latency=LatencyModel(0.001, 0.004))
+    placed = [(f"S{i}", "a:0", "AB"[i % 2]) for i in range(24)]
+    placed += [("anchorA", "c:1", "A"), ("anchorB", "f:2", "B")]
+    for name, broker, symbol in placed:
+        subscription = Subscription((Predicate("sym", "eq", symbol), Predicate("x", "<", 8)))
+        sim.subscribe(name, broker, subscription)
+    sim.run()
+    brokers = sorted(scot.brokers)
+    for step in range(2400):
+        broker = brokers[step % len(brokers)]
+        publication = {"sym": "AB"[step % 2], "x": step % 10}
+        sim.at(sim.now + step * 0.01, sim.publish, f"P{broker}", broker, publication)
+    sim.balance(BalanceOptions("sdm", interval=3.0, beta=1.0, cooldown=6.0), until=sim.now + 18)
+    sim.run()
+    report = sim.report()
+    exactly_once(report)
+    timeline, decisions = report["balance"]["timeline"], report["balance"]["decisions"]
+    symbol = {name: sym for name, _, sym in placed}
+    first = {}
+    for d in decisions:
+        first.setdefault(symbol[d["subscriber"]], d)
+    print(f"cov {timeline[0]['cov']:.2f} -> {timeline[-1]['cov']:.2f}; {len(decisions)} moves")
+    assert first["A"]["target"] == "c:1" and first["B"]["target"] == "f:2"
+    assert "most similar" in first["A"]["reason"]
+    assert timeline[-1]["cov"] < timeline[0]["cov"] / 2

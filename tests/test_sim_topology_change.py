@@ -1,0 +1,198 @@
+"""A new topology version in the simulator (issue 18): after a cluster or a region is added
+or removed every table equals a fresh SCOT's of the new shape, publications during the
+change reach everyone exactly once, a reshape is refused by the node's own relink rule,
+and the elastic balancer grows and shrinks the overlay without loss."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from laws import sized
+from sim_scenarios import changed_scot, exactly_once, scenarios
+
+from octopis.filters.language import Predicate, Subscription
+from octopis.matching import ReferenceMatcher
+from octopis.sim import LatencyModel, Simulator
+
+
+def _table(sim: Simulator, broker: str) -> dict[str, tuple]:
+    return {
+        e.sub_id: (e.last_hop, e.cbv, e.cluster, e.local, e.host, e.hops)
+        for e in sim.cores[broker].table.entries.values()
+    }
+
+
+@given(scenarios(), st.sampled_from(["snr", "dnr"]), st.data())
+def test_after_a_change_every_table_equals_a_fresh_scot_of_the_new_shape(
+    scenario: tuple, mode: str, data: st.DataObject
+) -> None:
+    """Subscriptions on the brokers that stay; a cluster or a region added or removed; the
+    new brokers filled by resync: every broker's table equals, entry by entry, the one a
+    fresh SCOT of the new shape has after the same subscriptions. A subscription made
+    afterwards costs N' − 1 SBP messages on the new size."""
+    scot, subs, _, seed = scenario
+    kind, new, _ = changed_scot(scot, data)
+    subs = [(b, s) for b, s in subs if b in new.brokers]
+    assume(subs)
+    sims = []
+    for shape in (scot, new):
+        sim = Simulator(shape, mode, seed=seed, latency=LatencyModel(0.001, 0.004), covering="off")
+        for i, (broker, subscription) in enumerate(subs):
+            sim.subscribe(f"S{i}", broker, subscription)
+        sim.run()
+        sims.append(sim)
+    changed, fresh = sims
+    changed.reshape(new)
+    changed.run()
+    assert sorted(changed.cores) == sorted(fresh.cores)
+    for broker in new.brokers:
+        assert _table(changed, broker) == _table(fresh, broker), (kind, broker)
+    before = changed.report()["sbp_messages"]
+    broker = data.draw(st.sampled_from(sorted(new.brokers)))
+    changed.subscribe("late", broker, subs[0][1])
+    changed.run()
+    assert changed.report()["sbp_messages"] - before == len(new.brokers) - 1
+
+
+@given(scenarios(), st.sampled_from(["snr", "dnr"]), st.data())
+def test_publications_during_a_change_reach_everyone_exactly_once(
+    scenario: tuple, mode: str, data: st.DataObject
+) -> None:
+    """Publications flow from every staying broker for 1.5 s while the overlay changes:
+    for a removal the leaving brokers' subscribers move first (to cluster 0, or to the
+    leaf's tree neighbour) and the brokers go once the moves are done and their links
+    are empty; an addition happens at once. Every notification reaches every subscriber
+    exactly once; afterwards a subscriber at a new broker (or at a refuge) gets what
+    every broker publishes."""
+    scot, subs, pubs, seed = scenario
+    kind, new, refuge = changed_scot(scot, data)
+    sim = Simulator(
+        scot, mode, seed=seed, latency=LatencyModel(0.001, 0.004), oracle_factory=ReferenceMatcher
+    )
+    for i, (broker, subscription) in enumerate(subs):
+        sim.subscribe(f"S{i}", broker, subscription)
+    sim.run()
+    staying = sorted(b for b in scot.brokers if b in new.brokers)
+    for i in range(150):
+        broker = staying[i % len(staying)]
+        sim.at(sim.now + i * 0.01, sim.publish, f"P{broker}", broker, pubs[i % len(pubs)][1])
+
+    def refuge_of(broker: str) -> str:
+        region, cluster = broker.split(":")
+        return f"{region}:0" if refuge == "cluster 0" else f"{refuge}:{cluster}"
+
+    if kind.startswith("add"):
+        sim.at(sim.now + 0.02, sim.reshape, new)
+    else:
+        sim.at(sim.now + 0.01, sim.shrink, new, refuge_of)
+    sim.run()
+    report = sim.report()
+    assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
+    assert report["delivered"] == report["expected_deliveries"]
+    assert report["failures"]["brokers_added" if kind.startswith("add") else "brokers_removed"]
+    assert sorted(sim.cores) == sorted(new.brokers)
+    joined = sorted(set(new.brokers) - set(scot.brokers)) or staying
+    sim.subscribe("newcomer", joined[0], Subscription((Predicate("sym", "eq", "Z"),)))
+    sim.run()
+    for broker in sorted(new.brokers):
+        sim.publish(f"P{broker}", broker, {"x": 0, "sym": "Z"})
+    sim.run()
+    report = sim.report()
+    assert report["delivered"] == report["expected_deliveries"]
+    assert sum(n for (s, _, _), n in sim.ledger.received.items() if s == "newcomer") == len(
+        new.brokers
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "advertisements", "refusal"),
+    [
+        ("bid", False, "routes by BID, which has no resync to fill a new broker"),
+        ("dnr", True, "routes by DNR with advertisements, which a relink does not recompute"),
+        ("snr", True, None),
+    ],
+)
+def test_a_reshape_is_refused_by_the_nodes_own_relink_rule(
+    mode: str, advertisements: bool, refusal: str | None
+) -> None:
+    """The simulator asks each broker's node (``BrokerNode.relink``, the broker process's
+    rule) before it changes anything: refused as the process refuses, nothing changed;
+    SNR with advertisements grows, and the subscriptions made before the new region
+    joined get its publishers' publications exactly once."""
+    from octopis.topology import build_preset
+    from octopis.topology_change import add_region
+
+    fig2 = build_preset("fig2")
+    new = add_region(fig2, "new", "a")
+    sim = Simulator(
+        fig2, mode, seed=1, advertisements=advertisements, oracle_factory=ReferenceMatcher
+    )
+    every = Subscription((Predicate("x", "<", 10),))
+    for i, broker in enumerate(sorted(fig2.brokers)):
+        if advertisements:
+            sim.advertise(f"P{broker}", broker, every)
+        sim.subscribe(f"S{i}", broker, Subscription((Predicate("x", "<", 1 + i % 9),)))
+    sim.run()
+    if refusal is not None:
+        tables = {b: _table(sim, b) for b in fig2.brokers}
+        with pytest.raises(ValueError, match=refusal):
+            sim.reshape(new)
+        assert sim.scot == fig2 and sorted(sim.cores) == sorted(fig2.brokers)
+        assert sim.failures is None
+        assert {b: _table(sim, b) for b in fig2.brokers} == tables
+        return
+    sim.reshape(new)
+    sim.run()
+    added = sorted(set(new.brokers) - set(fig2.brokers))
+    for broker in added:
+        sim.advertise(f"P{broker}", broker, every)
+    sim.run()
+    for broker in added:
+        sim.publish(f"P{broker}", broker, {"x": 0})
+    sim.run()
+    report = sim.report()
+    assert report["delivered"] == report["expected_deliveries"] == 3 * len(fig2.brokers)
+    assert report["duplicates"] == report["lost"] == report["unexpected"] == 0
+
+
+def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -> None:
+    """fig2 (3 clusters) at 200 publications/s for 20 s (10 s at the quick size, which
+    grows by one cluster instead of three), then 10/s for 40 s, brokers of 100 messages/s:
+    Dynamoth's elasticity adds clusters while the mean load ratio stays above 1 (LDM
+    moves subscribers into them) and removes them, their subscribers moved out first
+    (each move across clusters keeps the old subscription the SDK's ``linger``, 10 s, so
+    the balancer watches 30 s more), once it stays under 0.3, down to the 3 it started
+    with; every notification reaches every subscriber exactly once throughout."""
+    from octopis.balance.policy import BalanceOptions, Elasticity
+    from octopis.topology import build_preset
+
+    scot = build_preset("fig2")
+    sim = Simulator(
+        scot, "dnr", seed=1, latency=LatencyModel(0.001, 0.004), oracle_factory=ReferenceMatcher
+    )
+    brokers = sorted(scot.brokers)
+    for i in range(36):
+        sim.subscribe(f"S{i}", brokers[i % 18], Subscription((Predicate("x", "<", 3 + i % 5),)))
+    sim.run()
+    start = sim.now
+    loaded = sized(10, 20)
+    for i in range(loaded * 200):
+        sim.at(
+            start + i * 0.005, sim.publish, f"P{brokers[i % 18]}", brokers[i % 18], {"x": i % 10}
+        )
+    for i in range(400):
+        broker = brokers[i % 18]
+        sim.at(start + loaded + i * 0.1, sim.publish, f"P{broker}", broker, {"x": i % 10})
+    elastic = Elasticity(lr_high=1.0, lr_low=0.3, t_wait=4.0, min_clusters=3)
+    sim.balance(BalanceOptions(interval=2.0, beta=5.0, cooldown=4.0), start + 90, 100.0, elastic)
+    sim.run()
+    report = sim.report()
+    exactly_once({k: v for k, v in report.items() if k != "failures"})
+    changes = [c["change"] for c in report["balance"]["elastic"]]
+    print(changes, [t["clusters"] for t in report["balance"]["timeline"]])
+    grown = changes.count("add-cluster")
+    assert grown >= 1 and changes == ["add-cluster"] * grown + ["remove-cluster"] * grown
+    assert sim.scot.clusters == 3 and sorted(sim.cores) == brokers
+    moved_in = [d for d in report["balance"]["decisions"] if int(d["target"][-1]) >= 3]
+    assert moved_in  # the balancer used the new clusters while they were there
