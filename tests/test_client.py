@@ -1,5 +1,6 @@
 """The SDK against real broker processes on 127.0.0.1 (DESIGN §7): fail-over when the
-host broker is killed, and a killed client's subscriptions withdrawn everywhere.
+host broker is killed, a killed client's subscriptions withdrawn everywhere, sessions at a
+stalled broker, and moves. The SDK without brokers: tests/test_client_sdk.py.
 
 From where a durable subscriber's new host owes it after a fail-over (its replay's start,
 not the fail-over) is a rule of the node and the SDK's client policy, run by the
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import re
@@ -35,23 +35,12 @@ from octopis.client import (
     ConnectionGroup,
     HandshakeFailed,
     NotAClientSocket,
-    NothingListening,
-    OverlayError,
     Publisher,
-    Received,
     Subscriber,
-    locate,
 )
-from octopis.client.streams import SubscriptionStream
-from octopis.cluster.launcher import LocalCluster, find_free_base_port
-from octopis.core import Notification
-from octopis.core.codec import encode_body
-from octopis.filters.language import as_subscription
+from octopis.cluster.launcher import LocalCluster
 from octopis.keys import KEYS_ENV
-from octopis.overlay import STATE_FILE
 from octopis.settings import BrokerSettings, Clients, Links, Routing
-from octopis.topology import build_preset
-from octopis.wire import LEFT_AT, pack
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -291,52 +280,6 @@ def test_a_subscriber_keeps_its_session_at_a_stalled_broker_it_left(fig2: LocalC
     records = [{k: v for k, v in r.items() if k != "delivered"} for r in sub.replays]
     assert counts["lost"] == counts["duplicates"] == 0, (missing, records, connection.outages)
     assert set(received) == set(published)
-
-
-def test_a_connection_needs_an_endpoint() -> None:
-    with pytest.raises(ValueError, match="at least one broker endpoint"):
-        Connection([])
-
-
-def test_a_broker_id_is_found_through_a_run_directory_or_a_topology(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What ``connect`` would use, without connecting: a broker id gives its client
-    endpoint and fail-over list (its cluster first) and the overlay's keys; an endpoint
-    the topology places elsewhere is refused at once; no overlay or no such broker says
-    what to do."""
-    monkeypatch.delenv(KEYS_ENV, raising=False)
-    scot = build_preset("fig2")
-    topology = tmp_path / "fig2.json"
-    topology.write_text(json.dumps(scot.to_json()))
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / STATE_FILE).write_text(json.dumps({"topology": str(topology), "secure": True}))
-    endpoints, keys = locate("f:2", run_dir=run_dir)
-    assert endpoints == scot.client_endpoints("f:2") and keys == run_dir / "keys"
-    assert {scot.brokers[b].cluster for b in ("f:2", "e:2")} == {2}
-    assert endpoints[1] == scot.brokers["e:2"].client_endpoint  # its cluster, nearest first
-    assert locate("f:2", topology=topology) == (endpoints, False)  # no $OCTOPIS_KEYS: clear
-    raw = scot.brokers["a:0"].client_endpoint
-    assert locate(raw) == ([raw], None)  # as given: keys from $OCTOPIS_KEYS, if set
-    assert locate(raw, topology=topology)[0] == scot.client_endpoints("a:0")
-    peer = scot.brokers["b:0"].endpoint
-    with pytest.raises(NotAClientSocket, match=re.escape(f"{peer} is b:0's peer socket")):
-        locate(peer, run_dir=run_dir)
-    with pytest.raises(OverlayError, match="no broker 'zz:9'; it has a:0, b:0, c:0"):
-        locate("zz:9", run_dir=run_dir)
-    with pytest.raises(OverlayError, match=r"no overlay in .*: start one with `octopis up "):
-        locate("f:2", run_dir=tmp_path / "none")
-
-
-def test_a_connection_where_nothing_listens_says_so_before_its_timeout() -> None:
-    """Named by the socket's monitor after ``DIAGNOSIS_WAIT`` (2 s) of refused
-    connections, not :class:`NoReply` at the open's timeout (10 s): the kind of error
-    says which came first, no clock is read."""
-    port = find_free_base_port(1)  # reserved here, and nothing binds it
-    refused = f"nothing listens at tcp://127.0.0.1:{port} \\(connection refused for 2 s\\)"
-    with pytest.raises(NothingListening, match=refused):
-        asyncio.run(Publisher.connect(f"tcp://127.0.0.1:{port}", keys=False))
 
 
 @pytest.mark.processes
@@ -627,7 +570,7 @@ def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> N
     stopped for 0.9 s, so its connection fails over in the middle of moves to, from and
     through it (two runs: 70–79 move orders, 3–4 stalls). Guarantee: every subscriber gets
     every notification exactly once. More moves amid publications are a law on the node
-    (tests/test_sim.py ``test_publications_during_moves_reach_everyone_exactly_once``;
+    (tests/test_sim_moves.py ``test_publications_during_moves_reach_everyone_exactly_once``;
     pauses: tests/test_nemesis.py ``test_the_seeds_pass``)."""
     cluster = fig2_stalls
     scot = cluster.scot
@@ -714,58 +657,3 @@ def test_moves_amid_false_failovers_lose_nothing(fig2_stalls: LocalCluster) -> N
         total.update(accounting(name, len(sent), Counter({s: counts[s] for s in sent})))
     assert total["lost"] == total["duplicates"] == 0, total
     assert all(set(counts) == set(sent) for counts in got.values())
-
-
-@pytest.mark.parametrize("limit", ["count", "bytes"])
-def test_a_subscriber_that_does_not_read_holds_at_most_its_buffer(limit: str) -> None:
-    """Deliveries queue in the subscriber's streams until ``buffer`` of them, or
-    ``buffer_bytes`` of their encoded size, are held; then the connection's reader stops
-    (one stall) and resumes once the application takes one. A withdrawn stream gives back
-    what it held."""
-    bodies = [
-        encode_body(Notification("p", seq, 0.0, {"class": "STOCK", "pad": "x" * 500}, session=1))
-        for seq in range(1, 31)
-    ]
-    size = len(bodies[0])
-    options = {"buffer": 10} if limit == "count" else {"buffer_bytes": 10 * size}
-
-    async def scenario() -> None:
-        connection = Connection("tcp://127.0.0.1:1", group=ConnectionGroup())
-        sub = Subscriber("s", connection, **options)
-        stream = SubscriptionStream(sub, "s#1", as_subscription("[class,eq,'STOCK']"))
-        sub._streams["s#1"] = stream
-        for body in bodies[:9]:
-            connection._on_frame([pack(["s"]), body, LEFT_AT.pack(0.0)])
-        assert (sub.held, sub.stalls, connection.link._stalls) == (9, 0, [])
-        connection._on_frame([pack(["s"]), bodies[9], LEFT_AT.pack(0.0)])
-        assert (sub.held, sub.held_bytes, sub.stalls) == (10, 10 * size, 1)
-        (room,) = connection.link._stalls
-        assert not room.is_set()
-        assert (await stream.get()).seq == 1
-        assert room.is_set() and (sub.held, sub.held_bytes) == (9, 9 * size)
-        stream.release()
-        assert (sub.held, sub.held_bytes) == (0, 0)
-        connection.socket.close()
-
-    asyncio.run(scenario())
-
-
-def test_a_delivery_hands_over_its_body_and_a_body_must_be_bytes() -> None:
-    """``Received.body`` is the publication's opaque body as it was published; a
-    publisher's body that is not bytes is refused before anything is sent."""
-    body = b"\x00report\xff"
-    notification = Notification("p", 1, 0.0, {"class": "STOCK"}, session=1, body=body)
-
-    async def scenario() -> None:
-        connection = Connection("tcp://127.0.0.1:1", group=ConnectionGroup())
-        got: list[Received] = []
-        sub = Subscriber("s", connection, on_notification=got.append)
-        connection._on_frame([pack(["s"]), encode_body(notification), LEFT_AT.pack(0.0)])
-        assert [(r.seq, r.body) for r in got] == [(1, body)]
-        pub = Publisher("p", connection)
-        with pytest.raises(TypeError, match="a publication body is bytes, not str"):
-            await pub.publish({"class": "STOCK"}, body="text")  # type: ignore[arg-type]
-        assert pub.seq == 0 and sub.name == "s"
-        connection.socket.close()
-
-    asyncio.run(scenario())
