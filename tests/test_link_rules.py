@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from shell_checks import SHELLS, in_shells, strings_holding
 from test_layers import PACKAGE
-from test_shell_rules import SHELLS, _in_shells, strings_holding
 
 from octopis.core import make_broker
 from octopis.core.custody import Custody, PublishReceipt
@@ -104,7 +104,7 @@ def test_both_shells_take_the_link_rules_from_the_node() -> None:
     for shell in SHELLS:
         calls = set().union(*map(link_rule_calls, (PACKAGE / shell).glob("*.py")))
         assert calls == LINK_RULES, shell
-    assert _in_shells(refusal_copies) == []
+    assert in_shells(refusal_copies) == []
 
 
 def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_the_shells_never_branch_on_serving() -> None:
     """The simulator sent a heartbeat after a heal only if the broker served and dropped
     one on arrival unless it still served; the process rewrote its LST row only if a
     heartbeat said it did not serve. Now both carry the word and the node decides."""
-    assert _in_shells(serving_conditions) == []
+    assert in_shells(serving_conditions) == []
 
 
 def test_the_serving_check_can_fail(tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def receipt_copies(path: Path) -> list[str]:
 def test_the_shells_keep_no_copy_of_the_confirm_rule() -> None:
     """Neither shell defines the confirm's receipt or counts its copies itself (read
     from the AST): both keep and hold through ``core.custody.PublishReceipt``."""
-    assert _in_shells(receipt_copies) == []
+    assert in_shells(receipt_copies) == []
 
 
 def test_the_receipt_check_can_fail(tmp_path: Path) -> None:
@@ -336,7 +336,7 @@ def test_the_shells_confirm_only_through_the_receipts_answer() -> None:
     AST): the simulator's stores confirm in the answer of the process's own
     ``PublishReceipt`` (``RetentionStores.receipt``), so custody and the store's commit
     decide when, as on the process."""
-    assert _in_shells(confirm_rules) == []
+    assert in_shells(confirm_rules) == []
 
 
 def test_the_confirm_check_can_fail(tmp_path: Path) -> None:
@@ -429,7 +429,7 @@ LIVENESS_FACTS = frozenset({"caught_up", "overdue"})
 
 def test_the_shells_leave_a_neighbours_silence_to_the_node() -> None:
     """Neither shell decides itself whether a silence counts (read from the AST)."""
-    assert _in_shells(liveness_branches) == []
+    assert in_shells(liveness_branches) == []
 
 
 def test_the_liveness_check_can_fail(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_shell_rules import _in_shells
+from shell_checks import in_shells
 
 
 def composite_dispatch(path: Path) -> list[str]:
@@ -43,7 +43,7 @@ def composite_dispatch(path: Path) -> list[str]:
 def test_the_shells_leave_the_composite_dispatch_to_the_host() -> None:
     """Neither shell decides whether a subscription is the composite host's or the core's:
     both ask :meth:`HostedComposites.local_subscribe` / ``local_unsubscribe``."""
-    assert _in_shells(composite_dispatch) == []
+    assert in_shells(composite_dispatch) == []
 
 
 def test_the_composite_dispatch_check_can_fail(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def liveness_copies(path: Path) -> list[str]:
 def test_the_shells_leave_client_silence_to_the_node() -> None:
     """Neither shell keeps when its clients were last heard, excuses its own stall or
     judges silence itself: :class:`~octopis.core.sessions.Liveness` does."""
-    assert _in_shells(liveness_copies) == []
+    assert in_shells(liveness_copies) == []
 
 
 def test_the_liveness_check_can_fail(tmp_path: Path) -> None:
@@ -123,7 +123,7 @@ def test_the_shells_leave_the_publish_window_to_the_client_flow() -> None:
     """Neither shell compares a connection's unanswered publications with the window
     (or a body, a backlog with theirs): it asks ``ClientFlow.refuse_publication``,
     ``refuse_body``, ``backlog_takes`` and only counts what it has not answered yet."""
-    assert _in_shells(client_limit_reads) == []
+    assert in_shells(client_limit_reads) == []
 
 
 def test_the_client_limits_check_can_fail(tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def reply_order_copies(path: Path) -> list[str]:
 def test_the_shells_take_the_reply_order_from_the_wire() -> None:
     """Which replies wait for the deliveries before them is a protocol rule the client
     relies on (it lets a connection go on them): declared once, in ``octopis.wire``."""
-    assert _in_shells(reply_order_copies) == []
+    assert in_shells(reply_order_copies) == []
 
 
 def test_the_reply_order_check_can_fail(tmp_path: Path) -> None:
@@ -257,7 +257,7 @@ def test_the_shells_leave_the_client_requests_rules_to_the_node() -> None:
     the request's rules, takes a durable record's steps for a request, or writes the
     errors a publication is answered with: :mod:`octopis.core.client_requests` does, for
     both."""
-    assert _in_shells(request_rule_copies) == []
+    assert in_shells(request_rule_copies) == []
 
 
 def test_the_request_rules_check_can_fail(tmp_path: Path) -> None:
