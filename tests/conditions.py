@@ -1,11 +1,13 @@
 """Process-level test helpers: waiting on conditions (never a bare sleep, DESIGN §5), a
 scenario that closes the cluster's control clients in its own loop, the exactly-once
-accounting of one subscriber, and the ``octopis`` command line as a process."""
+accounting of one subscriber, the ``octopis`` command line as a process, and real quotes
+to publish."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import subprocess
 import sys
 import time
@@ -16,6 +18,8 @@ from typing import Any, TypeVar
 
 from octopis.client import Subscriber
 from octopis.cluster.launcher import LocalCluster
+from octopis.filters.language import Publication
+from octopis.quotes import quotes_dir, read_quote_file
 
 T = TypeVar("T")
 
@@ -107,3 +111,10 @@ def run_octopis(
         timeout=timeout,
         check=False,
     )
+
+
+def mixed_quotes(symbols: tuple[str, ...], count: int) -> list[Publication]:
+    """``count`` real quotes, the symbols' files interleaved."""
+    files = [read_quote_file(quotes_dir() / s) for s in symbols]
+    mixed = (q for group in itertools.zip_longest(*files) for q in group if q is not None)
+    return list(itertools.islice(mixed, count))
