@@ -14,7 +14,7 @@ import pytest
 from octopis.core import ProtocolError, UnadvertisedPublication, make_broker
 from octopis.core.client_flow import ClientFlow
 from octopis.core.client_requests import (
-    Durable,
+    DurableRequest,
     RequestRefused,
     acknowledge,
     admit_publication,
@@ -65,7 +65,7 @@ def test_a_malformed_subscription_is_refused_naming_the_problem_and_changes_noth
     record), and the refusal names what is wrong."""
     table, made, records = ClientTable(limit=5), Made(), Durables("b:0", 60.0, 5)
     with pytest.raises(FilterError, match=problem):
-        subscribe(table, "k", "alice", text, made, 1.0, Durable(records, "d", "k"))
+        subscribe(table, "k", "alice", text, made, 1.0, DurableRequest(records, "d", "k"))
     assert made.made == [] and table.subscriptions("k") == set()
     assert records.records == {} and not records.dirty
 
@@ -73,7 +73,7 @@ def test_a_malformed_subscription_is_refused_naming_the_problem_and_changes_noth
 def test_a_subscription_is_parsed_made_held_and_its_durable_record_attached() -> None:
     table, made, records = ClientTable(limit=5), Made(), Durables("b:0", 60.0, 5)
     sub_id, actions = subscribe(
-        table, "k", "alice", "[x,<,5]", made, 2.0, Durable(records, "d", "conn")
+        table, "k", "alice", "[x,<,5]", made, 2.0, DurableRequest(records, "d", "conn")
     )
     assert (sub_id, actions) == ("s1", []) and table.subscriptions("k") == {"s1"}
     assert [(key, s.to_text(), now) for key, s, now in made.made] == [("k", "[x,<,5]", 2.0)]
@@ -85,7 +85,7 @@ def test_past_the_limits_a_subscription_is_refused_by_name_before_it_is_made() -
     """The client's limit (``limits.subscriptions_per_client``), then a durable one's:
     a composite cannot be durable, nor a new record past ``durable.max``."""
     table, made, records = ClientTable(limit=1), Made(), Durables("b:0", 60.0, 1)
-    subscribe(table, "k", "alice", "[x,<,5]", made, 0.0, Durable(records, "d", "k"))
+    subscribe(table, "k", "alice", "[x,<,5]", made, 0.0, DurableRequest(records, "d", "k"))
     with pytest.raises(SessionRefused, match=r"alice already holds 1 subscriptions"):
         subscribe(table, "k", "alice", "[x,<,6]", made, 0.0)
     table.limit = 5
@@ -97,10 +97,10 @@ def test_past_the_limits_a_subscription_is_refused_by_name_before_it_is_made() -
             "{[a,eq,'x']} || {[b,eq,'y']}",
             made,
             0.0,
-            Durable(records, "e", "k"),
+            DurableRequest(records, "e", "k"),
         )
     with pytest.raises(DurableError, match=r"b:0 keeps 1 durable subscriptions already"):
-        subscribe(table, "k", "alice", "[x,<,6]", made, 0.0, Durable(records, "e", "k"))
+        subscribe(table, "k", "alice", "[x,<,6]", made, 0.0, DurableRequest(records, "e", "k"))
     assert len(made.made) == 1 and table.subscriptions("k") == {"s1"}
     assert list(records.records) == [("alice", "d")]
 
@@ -116,7 +116,7 @@ def test_an_unsubscription_ends_a_durable_record_unless_it_moved() -> None:
         return []
 
     for name in ("d", "e"):
-        subscribe(table, "k", "alice", "[x,<,5]", made, 0.0, Durable(records, name, "k"))
+        subscribe(table, "k", "alice", "[x,<,5]", made, 0.0, DurableRequest(records, name, "k"))
     with pytest.raises(SessionRefused, match="bob holds no subscription s1"):
         unsubscribe(table, "other", "bob", "s1", withdraw, records)
     assert withdrawn == [] and len(records.records) == 2
@@ -133,7 +133,7 @@ def test_a_durable_adoption_past_durable_max_is_refused_before_anything_is_adopt
     table, records = ClientTable(limit=5), Durables("c:0", 60.0, 1)
     records.attach("bob", "kept", "other", "c:0/1", ("[x,<,5]",), 0.0)
     with pytest.raises(DurableError, match=r"keeps 1 durable subscriptions already"):
-        adopt(core, table, "k", "alice", "c:1/1", durable=Durable(records, "d", "k"))
+        adopt(core, table, "k", "alice", "c:1/1", durable=DurableRequest(records, "d", "k"))
     assert table.subscriptions("k") == set() and list(records.records) == [("bob", "kept")]
     with pytest.raises(ProtocolError, match="c:1/1 is not a subscription"):
         adopt(core, table, "k", "alice", "c:1/1")

@@ -62,7 +62,7 @@ class RequestRefused(ValueError):
     """A client request refused by a rule here; the message names the problem."""
 
 
-class Durable(NamedTuple):
+class DurableRequest(NamedTuple):
     """A durable subscription as a request names it: the broker's ``records``, its
     ``name``, and the ``key`` of the connection holding it (a claim by that connection
     keeps the record, DESIGN §11)."""
@@ -104,7 +104,7 @@ def subscribe(
     subscription: Filter,
     local_subscribe: LocalSubscribe,
     now: float,
-    durable: Durable | None = None,
+    durable: DurableRequest | None = None,
 ) -> tuple[str, list[Action]]:
     """Client ``key`` (named ``name``) subscribes ``subscription`` at ``now``: parsed,
     within its limit, ``durable`` if it may be (see the module docstring; each refusal
@@ -148,7 +148,7 @@ def adopt(
     name: str,
     sub_id: str,
     composites: HostedComposites | None = None,
-    durable: Durable | None = None,
+    durable: DurableRequest | None = None,
     now: float = 0.0,
 ) -> list[Action]:
     """Client ``key`` (``name``) moving here takes over ``sub_id``

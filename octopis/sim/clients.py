@@ -10,7 +10,7 @@ from collections.abc import Callable
 from octopis.accounting import DeliveryLedger
 from octopis.core import Action
 from octopis.core import client_requests as rules
-from octopis.core.client_requests import Durable
+from octopis.core.client_requests import DurableRequest
 from octopis.core.clustered import ClusteredBroker
 from octopis.filters.language import Subscription
 from octopis.sim.brokers import Brokers
@@ -69,7 +69,7 @@ class Clients:
         subscriber: str,
         broker: str,
         subscription: Subscription,
-        durable: Durable | None = None,
+        durable: DurableRequest | None = None,
     ) -> tuple[str, list[Action]]:
         """``broker`` takes a subscription of ``subscriber`` (``durable``, if it is) as a
         broker's client session does (a first one, or one made again at a fail-over), by

@@ -43,7 +43,7 @@ from octopis.client_policy import (
     publisher_order,
 )
 from octopis.core import Notification
-from octopis.core.client_requests import Durable, RequestRefused, acknowledge
+from octopis.core.client_requests import DurableRequest, RequestRefused, acknowledge
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
 from octopis.core.replay import (
     ClaimRecord,
@@ -207,7 +207,7 @@ class DurableSimulator(Simulator):
         self.records[c.name] = c.record
         self.replaying[c.name] = c.replaying
         self.checked.add(c.name)
-        durable = Durable(self.durable_records[broker], NAME, c.key)
+        durable = DurableRequest(self.durable_records[broker], NAME, c.key)
         actions = self.clients.session_subscribe(c.name, broker, c.subscription, durable)[1]
         self._durable_write(broker)
         self._dispatch(broker, actions)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from octopis.core import Notification
 from octopis.core import client_requests as rules
-from octopis.core.client_requests import Durable
+from octopis.core.client_requests import DurableRequest
 from octopis.core.custody import PublishReceipt
 from octopis.core.durable import claim_of
 from octopis.core.sessions import check_advertised
@@ -87,8 +87,8 @@ class RequestHandlers:
 
     # -- subscriptions (the rules: octopis.core.client_requests) ----------------------------
 
-    def _durable(self, key: str, name: str | None) -> Durable | None:
-        return None if name is None else Durable(self.router.replaying.durables, name, key)
+    def _durable(self, key: str, name: str | None) -> DurableRequest | None:
+        return None if name is None else DurableRequest(self.router.replaying.durables, name, key)
 
     def _subscribe(
         self, identity: bytes, connection: ClientSession, request: SubscribeRequest
