@@ -20,17 +20,19 @@ from octopis.core.client_requests import (
     admit_publication,
     adopt,
     advertise,
-    check_replay,
     published,
     refusal,
     subscribe,
     unsubscribe,
 )
+from octopis.core.codec import decode_body, encode_body
 from octopis.core.durable import DurableError, Durables
+from octopis.core.replay import Replay, check_replay_filters
 from octopis.core.sessions import ClientTable, SessionRefused
 from octopis.filters.language import FilterError
 from octopis.settings import Clients
 from octopis.topology import build_preset
+from octopis.wire import WireError
 
 FIG2 = build_preset("fig2")
 
@@ -146,9 +148,29 @@ def test_a_malformed_advertisement_or_replay_filter_is_refused_by_name() -> None
     assert core.advertisements_of("k") == []
     adv_id, actions = advertise(core, "k", "[x,<,5]")
     assert core.advertisements_of("k") == [adv_id] and actions
-    check_replay(["[x,<,5]", "[y,eq,'a']"])
+    check_replay_filters(["[x,<,5]", "[y,eq,'a']"])
     with pytest.raises(FilterError, match="position"):
-        check_replay(["[x,<,5]", "[y,="])
+        check_replay_filters(["[x,<,5]", "[y,="])
+
+
+def test_a_bad_replay_filter_is_refused_with_one_message_from_a_client_and_a_neighbour() -> None:
+    """A replay whose second filter does not parse: a client's request is refused with the
+    parser's message (what the broker process replies), and a neighbour's REPLAY frame is
+    refused naming its sender and the same message; both by one rule,
+    :func:`~octopis.core.replay.check_replay_filters`. A claim's empty list passes, and a
+    REPLAY whose filters parse decodes to what was sent."""
+    filters = ("[x,<,5]", "[y,=")
+    with pytest.raises(FilterError) as bad:
+        check_replay_filters(list(filters))
+    told = refusal(bad.value)
+    assert told is not None and told.reply == {"op": "error", "message": str(bad.value)}
+    assert "position 5" in str(bad.value)
+    with pytest.raises(WireError) as refused:
+        decode_body("b:0", encode_body(Replay("b:0/1", "b:0", filters, (), 0.0, 3.0)))
+    assert str(refused.value) == f"bad content from b:0: {bad.value}"
+    assert check_replay_filters([]) == ()
+    good = Replay("b:0/2", "b:0", filters[:1], (), 0.0, 3.0)
+    assert decode_body("b:0", encode_body(good)) == good
 
 
 def test_an_acknowledgement_names_a_durable_subscription_kept_here() -> None:

@@ -5,7 +5,8 @@ and what the client is told.
 
 - a filter (a subscription's, an advertisement's, a replay's) that does not parse is
   refused (:class:`~octopis.filters.language.FilterError` naming the position) before
-  anything is made (:func:`subscribe`, :func:`advertise`, :func:`check_replay`);
+  anything is made (:func:`subscribe`, :func:`advertise`; a replay's:
+  :func:`~octopis.core.replay.check_replay_filters`, the rule a neighbour's REPLAY meets too);
 - a subscription is refused past its client's limit (:meth:`ClientTable.subscribe`),
   and a durable one that cannot be (a composite, or a new record past ``durable.max``:
   :meth:`Durables.room`); else it is made, held for the client, and a durable one's
@@ -47,7 +48,6 @@ from octopis.filters.language import (
     Publication,
     Subscription,
     parse_publication,
-    parse_subscription,
     validate_publication,
 )
 
@@ -169,13 +169,6 @@ def advertise(
     """Local publisher ``key`` advertises (DESIGN §12): parsed, then as
     :func:`~octopis.core.sessions.advertise` says; its id and the core's actions."""
     return advertise_here(core, key, as_filter(advertisement))
-
-
-def check_replay(filters: list[str]) -> None:
-    """A replay's ``filters`` parse, or :class:`FilterError` names the problem (nothing
-    starts)."""
-    for text in filters:
-        parse_subscription(text)
 
 
 def acknowledge(

@@ -41,7 +41,14 @@ from octopis.core.messages import (
     Unadvertise,
     Unsubscribe,
 )
-from octopis.core.replay import Claimed, Replay, ReplayData, ReplayEcho, ReplayMessage
+from octopis.core.replay import (
+    Claimed,
+    Replay,
+    ReplayData,
+    ReplayEcho,
+    ReplayMessage,
+    check_replay_filters,
+)
 from octopis.filters.language import FilterError, parse_subscription, validate_publication
 from octopis.filters.limits import VALID_ATTRIBUTES
 from octopis.wire import (
@@ -221,12 +228,6 @@ def _cbv_in(cbv: Cbv | None) -> frozenbitarray | None:
     return frozenbitarray(bits[: cbv.nbits])
 
 
-def _filters_in(filters: tuple[str, ...]) -> tuple[str, ...]:
-    for text in filters:
-        parse_subscription(text)  # raises FilterError, naming the problem
-    return filters
-
-
 def _replayed(bodies: list[bytes], sender: str) -> tuple[Notification, ...]:
     notifications = tuple(decode_body(sender, b) for b in bodies)
     if not all(type(n) is Notification for n in notifications):
@@ -249,7 +250,7 @@ _IN: dict[str, Callable[[Any, str], Any]] = {
     "state": lambda state, _: SubState(state),
     "cbv": lambda cbv, _: _cbv_in(cbv),
     "until": lambda until, _: inf if until is None else until,
-    "filters": lambda filters, _: _filters_in(filters),
+    "filters": lambda filters, _: check_replay_filters(filters),
     "notifications": _replayed,
     "claimed": lambda claimed, _: tuple(Claimed(*astuple(c)) for c in claimed),
 }

@@ -40,19 +40,33 @@ unstored answer itself, and at the host which client the answers go to (the
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from math import inf
 from typing import NamedTuple
 
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.defaults import REPLAY_ROUNDS
+from octopis.filters.language import parse_subscription
 
 BUDGET_SHRINK = 0.75
 """A broker passes the request on with this share of its own budget, so that a child
 gives up on a silent neighbour (and echoes) before its parent gives up on the child."""
 DATA_BATCH = 64
 """Publications per :class:`ReplayData` message."""
+
+
+def check_replay_filters(filters: Iterable[str]) -> tuple[str, ...]:
+    """A replay's ``filters`` (DESIGN §11), each parsed in turn: returned as a tuple, or
+    :class:`~octopis.filters.language.FilterError` names the first that does not parse
+    and nothing starts. The one rule for a client's replay request (the broker process
+    refuses it with that message) and a neighbour's REPLAY (:mod:`octopis.core.codec`
+    refuses the frame, naming the sender and the same message). How many filters each may
+    carry is its wire declaration's: a client names at least one, a claim none."""
+    filters = tuple(filters)
+    for text in filters:
+        parse_subscription(text)
+    return filters
 
 
 @dataclass(frozen=True, slots=True)

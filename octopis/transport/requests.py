@@ -17,6 +17,7 @@ from octopis.core import client_requests as rules
 from octopis.core.client_requests import DurableRequest
 from octopis.core.custody import PublishReceipt
 from octopis.core.durable import claim_of
+from octopis.core.replay import check_replay_filters
 from octopis.core.sessions import check_advertised
 from octopis.transport.connections import ClientConnections, ClientError, ClientSession, Router
 from octopis.transport.outbox import ClientOutbox
@@ -150,7 +151,7 @@ class RequestHandlers:
     # -- replays and durable records (DESIGN §11) ---------------------------------------------
 
     def _replay(self, identity: bytes, connection: ClientSession, request: ReplayRequest) -> dict:
-        rules.check_replay(request.filters)
+        check_replay_filters(request.filters)
         key = self._key(identity, connection, request)
         req_id = self.router.replay(
             key,
