@@ -5,6 +5,7 @@ connection's fail-over tries end (DESIGN §7)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -24,7 +25,7 @@ from octopis.client_policy import (
     join_at_seam,
     still_silent,
 )
-from octopis.client_policy.failover import failover_tries
+from octopis.client_policy.failover import connect_tries, failover_tries
 from octopis.client_policy.moves import Linger, Resubscribe, Withdraw, move_across
 from octopis.core.replay import Claimed
 from octopis.defaults import LINGER, PUBLISHERS_KNOWN
@@ -278,3 +279,11 @@ def test_a_move_across_subscribes_anew_lingers_then_withdraws() -> None:
         Linger(0.5),
         Withdraw(("s1",)),
     ]
+
+
+def test_a_new_connection_tries_its_list_from_the_first() -> None:
+    """A client connecting anew (a durable subscriber back as a new process) tries its
+    list from its first broker, then goes round it as a fail-over does, the tries ending
+    once every broker of it is gone for good."""
+    assert list(itertools.islice(connect_tries(["a", "b"]), 5)) == ["a", "b", None, "a", "b"]
+    assert list(connect_tries(["a", "b"], lambda broker: True)) == ["a", "b"]

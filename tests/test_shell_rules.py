@@ -674,6 +674,27 @@ def _all_or_any(path: Path, what: str, reads: Callable[[ast.AST], bool]) -> list
     ]
 
 
+def live_picks(path: Path) -> list[str]:
+    """Every ``next(...)`` in ``path``'s code that reads ``dead`` or ``_dead``: a
+    simulated client picking the first live broker, which no client can see, where it
+    tries its list and learns a broker is dead by its silence
+    (``client_policy.failover.connect_tries`` through the simulator's ``_connect``; a
+    durable client coming back once took ``next(b for b in order if b not in
+    state.dead)``)."""
+    return [
+        f"{path.name}:{node.lineno} next(dead)"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "next"
+        and any(
+            getattr(inner, "attr", getattr(inner, "id", None)) in ("dead", "_dead")
+            for arg in node.args
+            for inner in ast.walk(arg)
+        )
+    ]
+
+
 def unpressed_acknowledgements(path: Path) -> list[str]:
     """Every import or call of ``acknowledgement`` in ``path``'s code: a shell counting an
     acknowledgement itself, with no word from the backpressure rule
@@ -716,11 +737,17 @@ def spread_waits(path: Path) -> list[str]:
     return _all_or_any(path, "spread", overlay_wide)
 
 
-DRIFT_CHECKS = (silence_copies, give_up_copies, unpressed_acknowledgements, spread_waits)
-"""The checks of four rules the shells once each wrote apart: when a silence is past
-``links.down_after``, when a simulated client's fail-over ends, what count an
-acknowledgement carries under backpressure, and when a move withdraws the old
-subscription."""
+DRIFT_CHECKS = (
+    silence_copies,
+    give_up_copies,
+    live_picks,
+    unpressed_acknowledgements,
+    spread_waits,
+)
+"""The checks of five rules the shells once each wrote apart: when a silence is past
+``links.down_after``, when a simulated client's fail-over ends, where a client coming
+back starts, what count an acknowledgement carries under backpressure, and when a move
+withdraws the old subscription."""
 
 
 @pytest.mark.parametrize("check", DRIFT_CHECKS)
@@ -732,7 +759,9 @@ def test_the_shells_leave_silence_give_up_and_withholding_to_the_rules(
     ``client_policy.failover_tries`` ends, never asking whether every broker is dead; both
     shells take an acknowledgement's count from ``Backpressure.acknowledge``; the
     simulator's moves withdraw as ``client_policy.moves.move_across`` says, never asking
-    whether the new subscription has spread (read from the AST)."""
+    whether the new subscription has spread, and its durable clients come back along
+    ``client_policy.failover.connect_tries``, never picking a broker by reading which
+    are dead (read from the AST)."""
     assert _in_shells(check) == []
 
 
@@ -753,6 +782,9 @@ DRIFT_COPIES = (
     "    if new_id in self.cores[self.home].table:\n"
     "        return any(new_id not in c.table for c in self.cores.values())\n"
     "    return any(map(self.names, (m for n in self.nodes for m in n.held_messages())))\n"
+    "def back(self, order, state):\n"
+    "    live = next((b for b in order if state is None or b not in state.dead), None)\n"
+    "    return next(filter(lambda b: not self._dead(b), order), live)\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -771,6 +803,7 @@ DRIFT_COPIES = (
             ],
         ),
         (spread_waits, ["shell.py:15 any(spread)", "shell.py:16 any(spread)"]),
+        (live_picks, ["shell.py:18 next(dead)", "shell.py:19 next(dead)"]),
     ],
 )
 def test_the_drift_checks_can_fail(

@@ -215,12 +215,13 @@ class SubscriberFailover:
         """The SDK's tries (:func:`~octopis.client_policy.failover.failover_tries`) away from
         ``old`` along the broker list of a client that began at ``first`` (the topology's
         fail-over list of ``first``, after it); they end once every broker of that list
-        is gone for good: dead, and no restart is to come."""
-        return failover_tries(
-            [first, *self.scot.failover_order(first)],
-            old,
-            lambda broker: self._dead(broker) and not self.restarts_pending,
-        )
+        is :meth:`_gone_for_good`."""
+        return failover_tries([first, *self.scot.failover_order(first)], old, self._gone_for_good)
+
+    def _gone_for_good(self, broker: str) -> bool:
+        """Whether ``broker`` is dead and no restart is to come (what a process never
+        knows, and a simulated client's tries end on)."""
+        return self._dead(broker) and not self.restarts_pending
 
     def _connect(
         self,
