@@ -804,37 +804,3 @@ def test_a_background_timer_keeps_no_run_going_but_fires_in_a_run_that_reaches_i
     events.background(20.0, taken.append, "again")
     events.run(lambda dst, src, message: None, until=25.0)
     assert taken[-1] == "again" and events.now == 25.0
-
-
-@pytest.mark.parametrize(("linger", "lost"), [(0.0, True), (0.004, True), (LINGER, False)])
-def test_a_move_across_clusters_withdraws_after_linger_spread_or_not(
-    linger: float, lost: bool
-) -> None:
-    """A simulated subscriber moves across clusters as the SDK does
-    (``client_policy.moves.move_across``): it withdraws its old subscription ``linger``
-    seconds after subscribing at the new broker, whether or not the new one has spread
-    (no client can tell). On fig2 with 1 ms links, the new subscription at a:1 takes
-    5 ms to reach the publisher's broker f:0; with a shorter ``linger`` the publications
-    of that window are lost (the simulator once waited until every broker held the new
-    subscription, hiding this); with the default, none is lost and none repeated."""
-    from octopis.topology import build_preset
-
-    sim = Simulator(
-        build_preset("fig2"),
-        "snr",
-        seed=1,
-        latency=LatencyModel(0.001, 0.0),
-        oracle_factory=ReferenceMatcher,
-        covering="off",
-    )
-    sim.subscribe("S", "f:0", Subscription((Predicate("x", "<", 10),)))
-    sim.run()
-    sim.move("S", "a:1", linger=linger)
-    for i in range(10):
-        sim.at(sim.now + i * 0.001, sim.publish, "P", "f:0", {"x": 1})
-    sim.run()
-    report = sim.report()
-    assert (report["lost"] > 0) == lost
-    assert report["delivered"] + report["lost"] == 10
-    assert report.get("duplicated", 0) == 0
-    assert sim.moves["across"] == sim.moves["withdrawn"] == 1
