@@ -5,6 +5,7 @@ connection's fail-over tries end (DESIGN §7)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -21,12 +22,13 @@ from octopis.client_policy import (
     Seam,
     SubscriberReplays,
     claim_gap,
-    failover_tries,
     join_at_seam,
     still_silent,
 )
+from octopis.client_policy.failover import connect_tries, failover_tries
+from octopis.client_policy.moves import Linger, Resubscribe, Withdraw, move_across
 from octopis.core.replay import Claimed
-from octopis.defaults import PUBLISHERS_KNOWN
+from octopis.defaults import LINGER, PUBLISHERS_KNOWN
 
 
 def test_the_seam_delivers_each_publication_once_in_publisher_order() -> None:
@@ -261,3 +263,27 @@ def test_the_failover_tries_end_only_once_every_broker_of_the_list_is_gone() -> 
     gone.add("c")
     assert list(tries) == ["c", "a", "b"]
     assert asked == {"a", "b", "c"}  # its list only: "d", alive or not, is never asked
+
+
+def test_a_move_across_subscribes_anew_lingers_then_withdraws() -> None:
+    """Make before break (DESIGN §9): the new subscriptions first, the old ones kept
+    ``linger`` seconds (the one default, ``defaults.LINGER``, unless given), then
+    withdrawn; nothing waits for a sign that the new ones have spread."""
+    assert move_across(["s1", "s2"]) == [
+        Resubscribe(("s1", "s2")),
+        Linger(LINGER),
+        Withdraw(("s1", "s2")),
+    ]
+    assert move_across(iter(["s1"]), 0.5) == [
+        Resubscribe(("s1",)),
+        Linger(0.5),
+        Withdraw(("s1",)),
+    ]
+
+
+def test_a_new_connection_tries_its_list_from_the_first() -> None:
+    """A client connecting anew (a durable subscriber back as a new process) tries its
+    list from its first broker, then goes round it as a fail-over does, the tries ending
+    once every broker of it is gone for good."""
+    assert list(itertools.islice(connect_tries(["a", "b"]), 5)) == ["a", "b", None, "a", "b"]
+    assert list(connect_tries(["a", "b"], lambda broker: True)) == ["a", "b"]

@@ -16,7 +16,8 @@ from octopis.client.durable_acks import DurableAcks
 from octopis.client_policy import resume_from
 from octopis.core.durable import SAVE_EVERY, DurableError, Durables, Withdraw, claim_of
 from octopis.core.replay import Claimed, Replay, ReplayDone, ReplayRounds
-from octopis.defaults import LOOKBACK
+from octopis.defaults import CLIENT_LIVENESS, LOOKBACK
+from octopis.failure_schedule import Failure
 from octopis.filters.composite import parse_composite
 from octopis.filters.language import parse_subscription
 from octopis.sim.durable_clients import DurableSimulator
@@ -245,6 +246,29 @@ def test_the_simulators_brokers_abandon_a_record_past_keep_as_the_process_does()
     sim.run()
     assert sim.durable_clients["D"].counts["claims"] == 2
     assert sim.durable_clients["D"].counts["claimed"] == 0  # nothing left to claim
+
+
+def test_a_durable_client_back_at_a_dead_broker_tries_its_list_as_a_connection_does() -> None:
+    """A durable client comes back as a new process at c:0, dead since it left: it
+    learns so only by c:0's silence, :data:`CLIENT_LIVENESS` after its hello
+    (``client_policy.failover.connect_tries``, as a fail-over goes), and starts at the
+    next broker of c:0's list; the simulator once chose the first live broker at once,
+    reading which were dead."""
+    scot = build_preset("fig2")
+    sim = DurableSimulator(scot, "snr", seed=3, covering="off")
+    sim.durable_subscribe("D", "c:0", parse_subscription("[x,<,5]"))
+    sim.run()
+    sim.durable_leave("D")
+    sim.fail(Failure(("c:0",), 0.0, 30.0), sim.now)
+    sim.run(sim.now + 1.0)
+    back = sim.now
+    sim.durable_return("D", "c:0")
+    client = sim.durable_clients["D"]
+    assert client.host is None and client.run == 1  # no answer yet
+    sim.run(back + CLIENT_LIVENESS)
+    assert client.host == scot.failover_order("c:0")[0] and client.run == 2
+    assert client.away[-1][1] == back + CLIENT_LIVENESS
+    assert sim.failure_counts["failover.no_live_broker"] == 0
 
 
 def test_ending_a_durable_forgets_it_and_a_move_is_not_an_end() -> None:

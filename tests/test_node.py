@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from octopis.client_policy import LastSeen, failover_order, replay_after
+from octopis.client_policy import LastSeen, replay_after
+from octopis.client_policy.failover import failover_order
 from octopis.core import (
     Forward,
     NoCongestion,

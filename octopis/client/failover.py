@@ -1,5 +1,5 @@
 """How a connection leaves a broker that fell silent (DESIGN §7): along its broker list in
-the client policy's order (:func:`~octopis.client_policy.failover_tries`), the session at
+the client policy's order (:func:`~octopis.client_policy.failover.failover_tries`), the session at
 the broker left kept for a while (:class:`~.left_session.LeftSession`), what waits for an
 answer sent again, the clients resumed, and the outage recorded."""
 
@@ -17,7 +17,7 @@ import zmq.asyncio
 from octopis.client.left_session import LeftSession
 from octopis.client.link import BrokerLink
 from octopis.client.requests import Requests
-from octopis.client_policy import failover_tries
+from octopis.client_policy.failover import failover_tries
 from octopis.wire import pack
 
 log = logging.getLogger("octopis.client")

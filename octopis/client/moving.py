@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from octopis.client.connection import Connection
 from octopis.client.errors import BrokerError
+from octopis.client_policy.moves import Linger, Resubscribe, move_across
 
 log = logging.getLogger("octopis.client")
 
@@ -111,8 +112,9 @@ class Mover:
     async def _move(self, to: str, inside: bool, sub_ids: list[str]) -> None:
         """Move to the broker at ``to`` as its current broker told (DESIGN §9), make before
         break: inside the cluster each subscription is adopted there and the old broker
-        releases it once the path has turned; else each is made again there and the
-        old one withdrawn ``linger`` seconds later. Both brokers deliver meanwhile, and
+        releases it once the path has turned; else it follows the client policy's
+        :func:`~octopis.client_policy.moves.move_across`: each is made again there and
+        the old one withdrawn ``linger`` seconds later. Both brokers deliver meanwhile, and
         a delivery had twice is dropped (the group's record, counted in
         ``Connection.duplicates_absorbed``). A move ordered meanwhile starts when this
         one is done."""
@@ -143,21 +145,13 @@ class Mover:
                     old.endpoint,
                     sum(not e.is_set() for e in self._releases.values()),
                 )
-            if across:
-                await client.resubscribe(across)
-                await asyncio.sleep(old.linger)  # the new subscriptions spread meanwhile
-                for sub_id in across:
-                    try:
-                        await old.request(
-                            {
-                                "op": "unsubscribe",
-                                "client": self.client.name,
-                                "sub_id": sub_id,
-                                "moved": True,
-                            }
-                        )
-                    except BrokerError as exc:  # withdrawn there already (a fail-over)
-                        log.warning("%s: %s", self.client.name, exc)
+            for step in move_across(across, old.linger) if across else ():
+                if isinstance(step, Resubscribe):
+                    await client.resubscribe(list(step.sub_ids))
+                elif isinstance(step, Linger):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    await self._withdraw(old, step.sub_ids)
             if let_go:
                 client.let_go(old)
             self.moves.append(
@@ -174,6 +168,15 @@ class Mover:
         finally:
             self._releases.clear()
             self._after()
+
+    async def _withdraw(self, old: Connection, sub_ids: Sequence[str]) -> None:
+        """Withdraw ``sub_ids`` at the broker ``old`` left behind by a move."""
+        for sub_id in sub_ids:
+            message = {"op": "unsubscribe", "client": self.client.name, "sub_id": sub_id}
+            try:
+                await old.request({**message, "moved": True})
+            except BrokerError as exc:  # withdrawn there already (a fail-over)
+                log.warning("%s: %s", self.client.name, exc)
 
     def _after(self) -> None:
         """Start the move ordered while one was under way, if any."""

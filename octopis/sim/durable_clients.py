@@ -42,6 +42,7 @@ from octopis.client_policy import (
     SubscriberReplays,
     publisher_order,
 )
+from octopis.client_policy.failover import connect_tries
 from octopis.core import Notification
 from octopis.core.client_requests import DurableRequest, RequestRefused, acknowledge
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
@@ -169,20 +170,20 @@ class DurableSimulator(Simulator):
         self._durable_write(host)
 
     def durable_return(self, client: str, broker: str) -> None:
-        """``client`` comes back now at ``broker`` (or the first live broker of its list,
-        ``broker``'s cluster first), as a new process; while every broker is dead it
-        tries again later."""
+        """``client`` comes back now as a new process with ``broker``'s list (``broker``,
+        then its fail-over list): it tries them in turn as a connection does
+        (:func:`~octopis.client_policy.failover.connect_tries`, :meth:`_connect`: a dead
+        one known by its silence, :data:`CLIENT_LIVENESS` later) and starts at the first
+        that answers."""
         c = self.durable_clients[client]
         if c.host is not None:
             return
-        state = self.failures
-        order = [broker, *self.scot.failover_order(broker)]
-        live = next((b for b in order if state is None or b not in state.dead), None)
-        if live is None:
-            if self.restarts_pending:
-                self.at(self.now + CLIENT_LIVENESS, self.durable_return, client, broker)
-            return
-        self._durable_run(c, live, broker)
+        run = c.run
+        self._connect(
+            connect_tries([broker, *self.scot.failover_order(broker)], self._gone_for_good),
+            lambda: c.host is None and c.run == run,
+            lambda live: self._durable_run(c, live, broker),
+        )
 
     def _durable_run(self, c: DurableClient, broker: str, first: str) -> None:
         """A new process of ``c`` at ``broker``, its list beginning at ``first``: it

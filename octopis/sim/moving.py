@@ -7,30 +7,28 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 
-from octopis.core import Subscribe
+from octopis.client_policy.moves import Linger, MoveStep, Resubscribe, move_across
 from octopis.core.sessions import order_move
 from octopis.defaults import LINGER
-from octopis.sim.reshaping import MOVE_POLL
 
 
 class SubscriberMoves:
     """Moves of subscribers (see the module docstring)."""
 
-    def move(
-        self, subscriber: str, broker: str, *, poll: float = MOVE_POLL, linger: float = LINGER
-    ) -> dict[str, str]:
+    def move(self, subscriber: str, broker: str, *, linger: float = LINGER) -> dict[str, str]:
         """Move every subscription of ``subscriber`` to ``broker`` now (DESIGN §9);
         returns old id → the id it has at ``broker``. One move of a subscriber at a time.
 
         Inside the subscriber's cluster (SNR, DNR without covering: the node's
         :func:`~octopis.core.sessions.order_move`) the new host adopts each
         subscription (:func:`~octopis.core.sessions.adopt`): same id, and the path turns
-        without losing a copy. Otherwise (another cluster, covering, or BID) it subscribes
-        afresh at ``broker``; once every live broker stores the new subscription, or with
-        covering once no message of its broadcast is on its way or held (checked every
-        ``poll`` seconds), the old one stays ``linger`` seconds more, for copies routed by
-        it before, and is then withdrawn. Either way both hosts deliver for a while (a
+        without losing a copy. Otherwise (another cluster, covering, or BID) it takes the
+        client policy's steps (:func:`~octopis.client_policy.moves.move_across`), as the
+        SDK does: it subscribes afresh at ``broker``, keeps the old subscription
+        ``linger`` seconds more, and then withdraws it (no client can tell when the new
+        one has spread). Either way both hosts deliver for a while (a
         copy that reaches the new host for another subscriber's sake is delivered there
         too), so the subscriber drops a delivery it has had already from the start until
         ``linger`` seconds after the old host let go (``moves.absorbed``), as the SDK
@@ -48,6 +46,7 @@ class SubscriberMoves:
         moved: dict[str, str] = {}
         same_cluster = self.scot.brokers[broker].cluster == self.scot.brokers[old].cluster
         self._linger = linger
+        across: list[str] = []
         self.record_of(subscriber)
         sessions = self.nodes[old].sessions
         deadline = sessions.deadline(self.now)
@@ -64,11 +63,35 @@ class SubscriberMoves:
                 self._dispatch_local(broker, self.clients.session_adopt(subscriber, broker, sub_id))
                 continue
             self.moves["across"] += 1
-            subscription = self.cores[old].table.entries[sub_id].subscription
-            moved[sub_id] = new_id = self.subscribe(subscriber, broker, subscription)
-            self.subscriber_of.pop(sub_id)
-            self.at(self.now + poll, self._spread, subscriber, old, sub_id, new_id, poll, linger)
+            across.append(sub_id)
+        steps = iter(move_across(across, linger) if across else ())
+        self._move_steps(subscriber, old, broker, steps, moved)
         return moved
+
+    def _move_steps(
+        self,
+        subscriber: str,
+        old: str,
+        broker: str,
+        steps: Iterator[MoveStep],
+        moved: dict[str, str],
+    ) -> None:
+        """Take the steps of a move from ``old`` to ``broker`` in turn, as the SDK does
+        (``MoveOrders._move``); ``moved`` gets the new id of each subscription made
+        again."""
+        for step in steps:
+            if isinstance(step, Resubscribe):
+                for sub_id in step.sub_ids:
+                    subscription = self.cores[old].table.entries[sub_id].subscription
+                    moved[sub_id] = self.subscribe(subscriber, broker, subscription)
+                    self.subscriber_of.pop(sub_id)
+            elif isinstance(step, Linger):
+                args = (subscriber, old, broker, steps, moved)
+                self.at(self.now + step.seconds, self._move_steps, *args)
+                return
+            else:
+                for sub_id in step.sub_ids:
+                    self._withdraw_moved(subscriber, old, sub_id)
 
     def _moves_expired(self, broker: str) -> None:
         """``broker``'s move orders past their deadline: its node withdraws what they
@@ -81,34 +104,7 @@ class SubscriberMoves:
         """Whether a move of ``subscriber`` has not finished yet."""
         return subscriber in self._moving
 
-    def _spread(
-        self, subscriber: str, old: str, sub_id: str, new_id: str, poll: float, linger: float
-    ) -> None:
-        """Once every live broker stores ``new_id`` (with covering: once its broadcast is
-        over), withdraw ``sub_id`` ``linger`` later."""
-        dead = self.failures.dead if self.failures is not None else ()
-        if (
-            self._broadcasting(new_id)
-            if self.covering == "active"
-            else any(new_id not in c.table for b, c in self.cores.items() if b not in dead)
-        ):
-            args = (subscriber, old, sub_id, new_id, poll, linger)
-            self.at(self.now + poll, self._spread, *args)
-            return
-        self.at(self.now + linger, self._withdraw_moved, subscriber, old, sub_id, linger)
-
-    def _broadcasting(self, sub_id: str) -> bool:
-        """Whether a subscription message of ``sub_id`` is on its way or held for a
-        neighbour (with covering, the broadcast is over once none is)."""
-
-        def names(message: object) -> bool:
-            return type(message) is Subscribe and message.sub_id == sub_id  # type: ignore[attr-defined]
-
-        return any(map(names, self.events.messages())) or any(
-            names(m) for node in self.nodes.values() for m in node.held_messages()
-        )
-
-    def _withdraw_moved(self, subscriber: str, old: str, sub_id: str, linger: float) -> None:
+    def _withdraw_moved(self, subscriber: str, old: str, sub_id: str) -> None:
         actions = self.clients.session_unsubscribe(subscriber, old, sub_id)
         self.ledger.unsubscribed(sub_id)
         self._dispatch_local(old, actions)

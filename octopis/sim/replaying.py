@@ -34,9 +34,9 @@ from octopis.client_policy import (
     RecentDeliveries,
     Seam,
     SubscriberReplays,
-    failover_tries,
     publisher_order,
 )
+from octopis.client_policy.failover import failover_tries
 from octopis.core import Forward, Notification
 from octopis.core.durable import Durables
 from octopis.core.replay import (
@@ -212,15 +212,16 @@ class SubscriberFailover:
         )
 
     def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
-        """The SDK's tries (:func:`~octopis.client_policy.failover_tries`) away from
+        """The SDK's tries (:func:`~octopis.client_policy.failover.failover_tries`) away from
         ``old`` along the broker list of a client that began at ``first`` (the topology's
         fail-over list of ``first``, after it); they end once every broker of that list
-        is gone for good: dead, and no restart is to come."""
-        return failover_tries(
-            [first, *self.scot.failover_order(first)],
-            old,
-            lambda broker: self._dead(broker) and not self.restarts_pending,
-        )
+        is :meth:`_gone_for_good`."""
+        return failover_tries([first, *self.scot.failover_order(first)], old, self._gone_for_good)
+
+    def _gone_for_good(self, broker: str) -> bool:
+        """Whether ``broker`` is dead and no restart is to come (what a process never
+        knows, and a simulated client's tries end on)."""
+        return self._dead(broker) and not self.restarts_pending
 
     def _connect(
         self,

@@ -3,8 +3,10 @@ a fail-over, used alike by the SDK (``octopis.client``), the brokers' durable re
 (``octopis.core.durable``) and the simulator's clients (``octopis.sim``): both clients
 feed it what happens and perform its answers.
 
-- :func:`failover_order`: where a connection goes when its broker falls silent, and
-  :func:`failover_tries`, how it goes round that list until one answers;
+- :mod:`~octopis.client_policy.failover`: where a connection goes when its broker falls
+  silent, and how it goes round its list until one answers;
+- :mod:`~octopis.client_policy.moves`: how a subscriber moves to a broker of another
+  cluster (make before break, ``linger`` seconds of overlap);
 - :func:`replay_after`: from when a replay asks for what was missed (one
   :data:`~octopis.defaults.LOOKBACK`, and not before the subscription less the publishers'
   clock skew, :data:`~octopis.defaults.CLOCK_SKEW`);
@@ -36,7 +38,7 @@ feed it what happens and perform its answers.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -55,31 +57,6 @@ from octopis.defaults import (
 T = TypeVar("T")
 DeliveryKey = tuple[str, str, int, int]
 """(client, publisher, publisher session, seq): one delivery."""
-
-
-def failover_order(candidates: Sequence[T], current: T) -> list[T]:
-    """The order a connection at ``current`` tries the others of its list
-    ``candidates`` (the topology's order: the rest of its cluster first, DESIGN §7):
-    those after ``current``, then those before it, ``current`` itself last (it may come
-    back)."""
-    start = candidates.index(current)
-    return [*candidates[start + 1 :], *candidates[: start + 1]]
-
-
-def failover_tries(
-    candidates: Sequence[T], current: T, gone: Callable[[T], bool] = lambda _: False
-) -> Iterator[T | None]:
-    """The brokers a connection leaving silent ``current`` tries in turn, one after the
-    other that did not answer (DESIGN §7): its list in :func:`failover_order`, then None
-    (none answered: it waits a liveness before it goes round again), endlessly; the
-    tries end instead of the None once every broker of its list is ``gone`` for good,
-    which a process never knows (one may restart) and a simulator does."""
-    order = failover_order(candidates, current)
-    while True:
-        yield from order
-        if all(map(gone, order)):
-            return
-        yield None
 
 
 class Ordered(Protocol):
