@@ -596,3 +596,21 @@ def test_custody_keeps_what_the_receiver_has_not_acknowledged() -> None:
     sim.run()
     report = _law(sim)
     assert report["custody.rerouted"] >= len(kept)
+
+
+@pytest.mark.parametrize("mode", ["dnr", "snr"])
+def test_a_cut_shorter_than_down_after_is_noticed_by_no_one_and_loses_nothing(mode: str) -> None:
+    """A link cut for less than ``down_after`` (the simulator's ``detection``) is, as
+    over TCP, seen by neither end: no detection, nothing routed around it, and what it
+    carried meanwhile arrives after the heal, in order; every subscriber gets every
+    publication exactly once. (The process's link is aborted, and what it carried lost,
+    only after ``TCP_ABORT_AFTER`` times ``down_after``: ``transport.links.tcp_abort_ms``.)
+    A cut a little longer than ``down_after`` is detected at both ends."""
+    a, b = sorted(FIG2.graph.edges)[0]
+    short = _run(FIG2, mode, [Failure((a, b), FAIL_AT, FAIL_AT + 0.8)], seed=5)
+    report = _law(short)
+    assert "detections" not in report and "lost_in_transit" not in report, report
+    assert short.ledger.expected == set(short.ledger.received)
+    assert not short.failures.stuck and not short.failures.cut_since
+    longer = _run(FIG2, mode, [Failure((a, b), FAIL_AT, FAIL_AT + 1.2)], seed=5)
+    assert _law(longer)["detections"] == 2

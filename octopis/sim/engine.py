@@ -423,15 +423,12 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
     def _arrive(self, broker: str, src: str, message: Any) -> None:
         failures = self.failures
         if failures is not None:
+            if failures.broken(src, broker):  # kept by a cut link until it heals, or lost
+                if not self._carried(src, broker, message):
+                    self._lose(broker, src, message)
+                return
             if type(message) in LINK_FRAMES:  # an acknowledgement, or what a heal resends
                 self._link_frame(broker, src, message)
-                return
-            if failures.broken(src, broker):
-                self.failure_counts["lost_in_transit"] += 1
-                if src in failures.dead and type(message) is Notification:
-                    # Only the dead sender could have routed it again (custody died with it).
-                    self.failure_counts["undeliverable.died_in_flight"] += 1
-                    self.brokers.given_up.add(message.key)
                 return
             if type(message) is not HandedShare and not self._takes(broker, src):
                 return  # stale: sent before its sender's handshake named this broker

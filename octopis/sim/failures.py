@@ -2,10 +2,15 @@
 
 The model is the transport's, in simulated time:
 
-- A failure takes effect at once: copies in flight on a failed link, or to or from a dead
-  broker, never arrive. A dead broker loses its state.
+- A failure takes effect at once: copies in flight to or from a dead broker never arrive,
+  and a dead broker loses its state. A cut link keeps what it carries, as TCP does, and
+  delivers it, in order, when it heals; only a cut that lasts :data:`TCP_ABORT_AFTER`
+  detection times aborts the connection and loses what it carried (the process's
+  ``TCP_MAXRT``, :func:`octopis.transport.links.tcp_abort_ms`).
 - Each end of a failed link *detects* it ``detection`` seconds later (the transport's
-  ``links.down_after``); only then does its core see the link as down and route around it.
+  ``links.down_after``), if it has heard nothing since (:meth:`Neighbour.silent_past`:
+  a cut that heals sooner is seen by no one); only then does its core see the link as
+  down and route around it.
 - Custody is the broker process's own (:mod:`octopis.sim.custody`): a sender keeps each
   notification it sent on a link until the receiver's acknowledgement comes back, and
   ``retain`` seconds after that. At detection, what it kept goes back to its core
@@ -56,9 +61,15 @@ from typing import Any
 from octopis.accounting import failure_counts, host_split
 from octopis.core import Notification
 from octopis.core.node import HandedShare
-from octopis.defaults import DOWN_AFTER, RETAIN
+from octopis.defaults import DOWN_AFTER, RETAIN, TCP_ABORT_AFTER
 from octopis.failure_schedule import Failure
-from octopis.sim.custody import CustodyEvents, LinkCustody, Receipted, message_of
+from octopis.sim.custody import (
+    LINK_FRAMES,
+    CustodyEvents,
+    LinkCustody,
+    Receipted,
+    message_of,
+)
 
 
 class FailureState:
@@ -71,6 +82,8 @@ class FailureState:
         if detection < 0 or retain < 0:
             raise ValueError("detection and retain must not be negative")
         self.detection = detection
+        self.abort = TCP_ABORT_AFTER * detection
+        """Seconds after which a cut link's connection is aborted, losing what it carries."""
         self.custody = LinkCustody(retain)
         self.dead: set[str] = set()
         self.crashes: Counter[str] = Counter()
@@ -82,6 +95,11 @@ class FailureState:
         self._cuts: Counter[tuple[str, str]] = Counter()
         """How many failures under way cut each directed link: it carries again when the
         last of them heals."""
+        self.cut_since: dict[tuple[str, str], float] = {}
+        """When each cut directed link was cut (the first of the failures cutting it)."""
+        self.stuck: dict[tuple[str, str], list[Any]] = {}
+        """What each cut directed link carries: it arrives at the heal, unless the cut
+        lasts past :attr:`abort`."""
         self.failed_at: dict[tuple[str, str], float] = {}
         self.slow: dict[tuple[str, str], float] = {}
         """Directed links in a delay spike: the seconds each frame sent on it is late."""
@@ -90,14 +108,22 @@ class FailureState:
         """Whether a copy on ``src → dst`` is lost (link cut or an end dead)."""
         return src in self.dead or dst in self.dead or (src, dst) in self.cut
 
-    def cut_by(self, failure: Failure, links: list[tuple[str, str]]) -> None:
-        """``failure`` cuts the directed ``links`` (until :meth:`heal`)."""
+    def cut_by(
+        self, failure: Failure, links: list[tuple[str, str]], now: float
+    ) -> list[tuple[str, str]]:
+        """``failure`` cuts the directed ``links`` at ``now`` (until :meth:`heal`);
+        returns those it cut that carried until now."""
         mine = self._cut_by.setdefault(failure, set())
+        newly = []
         for link in links:
             if link not in mine:
                 mine.add(link)
                 self._cuts[link] += 1
-                self.cut.add(link)
+                if link not in self.cut:
+                    self.cut.add(link)
+                    self.cut_since[link] = now
+                    newly.append(link)
+        return newly
 
     def cutting(self, failure: Failure) -> bool:
         """Whether ``failure`` cuts links now (it has not healed)."""
@@ -110,6 +136,14 @@ class FailureState:
             if not self._cuts[link]:
                 del self._cuts[link]
                 self.cut.discard(link)
+                del self.cut_since[link]
+
+    def holds(self, src: str, dst: str, now: float) -> bool:
+        """Whether the link ``src → dst``, cut, keeps what it carries now (its connection
+        not yet aborted, both ends alive): TCP delivers it at the heal."""
+        since = self.cut_since.get((src, dst))
+        live = src not in self.dead and dst not in self.dead
+        return live and since is not None and since + self.abort > now
 
     def severed(self, a: str, b: str) -> bool:
         """Whether the link of ``a`` and ``b`` fails either way (no handshake goes over)."""
@@ -198,6 +232,8 @@ class FailureEvents(CustodyEvents):
             if state.crashes[broker] > 1:
                 return  # dead already
             state.dead.add(broker)
+            for link in [link for link in state.stuck if broker in link]:
+                self._drop_stuck(*link)
             for message in state.custody.forget(broker, state.failed_at):
                 if type(message) is Notification:
                     self.failure_counts["undeliverable.died_in_custody"] += 1
@@ -212,7 +248,7 @@ class FailureEvents(CustodyEvents):
             self._hosts_died(broker)
         elif failure.one_way:
             talker, listener = failure.ends
-            state.cut_by(failure, [(talker, listener)])
+            self._cut(failure, [(talker, listener)])
             self.failure_counts["links_cut_one_way"] += 1
             for link in ((talker, listener), (listener, talker)):  # lost, or unacknowledged
                 if link[0] not in state.dead:
@@ -220,12 +256,84 @@ class FailureEvents(CustodyEvents):
             self.at(self.now + state.detection, self._one_way_silent, failure)
             return
         else:
-            state.cut_by(failure, self._failed_links(failure))
+            self._cut(failure, self._failed_links(failure))
             self.failure_counts["links_cut"] += 1
         for src, dst in self._failed_links(failure):
             if src not in state.dead and (src, dst) not in state.failed_at:
-                state.failed_at[(src, dst)] = self.now
-                self.at(self.now + state.detection, self._silent_past, src, dst)
+                self._silence(src, dst)
+
+    def _silence(self, src: str, dst: str) -> None:
+        """``src`` hears ``dst`` no more from now (a live link is heard to its failure):
+        it declares it down a detection time later if it has heard nothing since
+        (:meth:`_silent_past`)."""
+        state = self.failures
+        assert state is not None
+        state.failed_at[(src, dst)] = self.now
+        if self.nodes[src].neighbours[dst].up:
+            self.nodes[src].neighbours.heard(dst, self.now)
+        self.at(self.now + state.detection, self._silent_past, src, dst)
+
+    def _cut(self, failure: Failure, links: list[tuple[str, str]]) -> None:
+        """``failure`` cuts ``links`` now: each that carried until now aborts its
+        connection :attr:`FailureState.abort` later unless it heals first (:meth:`_abort`)."""
+        state = self.failures
+        assert state is not None
+        for src, dst in state.cut_by(failure, links, self.now):
+            self.at(self.now + state.abort, self._abort, src, dst)
+
+    def _abort(self, src: str, dst: str) -> None:
+        """The connection of ``src → dst``, cut since :attr:`FailureState.abort` ago, is
+        aborted: what it carried is lost (:meth:`_lose`)."""
+        state = self.failures
+        assert state is not None
+        if not state.holds(src, dst, self.now):
+            self._drop_stuck(src, dst)
+
+    def _drop_stuck(self, src: str, dst: str) -> None:
+        """What the cut link ``src → dst`` carried is lost (:meth:`_lose`)."""
+        for message in self.failures.stuck.pop((src, dst), ()):  # type: ignore[union-attr]
+            self._lose(dst, src, message)
+
+    def _lose(self, broker: str, src: str, message: Any) -> None:
+        """``message`` from ``src`` never reaches ``broker``: counted lost in transit
+        (a link frame is not), and undeliverable if its dead sender's custody died with
+        it: only it could have routed it again."""
+        if type(message) in LINK_FRAMES:
+            return
+        self.failure_counts["lost_in_transit"] += 1
+        if src in self.failures.dead and type(message) is Notification:  # type: ignore[union-attr]
+            self.failure_counts["undeliverable.died_in_flight"] += 1
+            self.brokers.given_up.add(message.key)
+
+    def _loses(self, src: str, dst: str) -> bool:
+        """Whether what ``src`` puts on its link to ``dst`` now does not go: an end is
+        dead, or the link is cut and its connection aborted, or paused since ``src``
+        declared ``dst`` down (what else it sends goes into the connection, which keeps
+        it until the heal: :meth:`_carried`)."""
+        state = self.failures
+        assert state is not None
+        if not state.broken(src, dst):
+            return False
+        return not state.holds(src, dst, self.now) or self.nodes[src].neighbours.declared_down(dst)
+
+    def _carried(self, src: str, dst: str, message: Any) -> bool:
+        """Whether ``message``, on the cut link ``src → dst``, is kept by it to arrive at
+        the heal (:meth:`FailureState.holds`)."""
+        state = self.failures
+        assert state is not None
+        if not state.holds(src, dst, self.now):
+            return False
+        state.stuck.setdefault((src, dst), []).append(message)
+        return True
+
+    def _retransmit(self, src: str, dst: str) -> None:
+        """The link ``src → dst`` carries again: what it kept arrives first, in order, a
+        link frame's latency later (TCP sends it again)."""
+        state = self.failures
+        assert state is not None
+        for message in state.stuck.pop((src, dst), ()):
+            late = self.network.link_frame_latency(src, dst) + state.slow.get((src, dst), 0.0)
+            self.events.send(src, dst, self.now + late, message)
 
     def _one_way_silent(self, failure: Failure) -> None:
         """The listener (``failure.ends[1]``) has heard nothing from the talker for the
@@ -238,9 +346,11 @@ class FailureEvents(CustodyEvents):
             return
         talker, listener = failure.ends
         self._detect(listener, talker)
-        state.cut_by(failure, [(listener, talker)])
+        self._cut(failure, [(listener, talker)])
         if listener not in state.dead:
             state.failed_at.setdefault((listener, talker), self.now)
+        if self.nodes[talker].neighbours[listener].up:  # heard up to now
+            self.nodes[talker].neighbours.heard(listener, self.now)
         self.at(self.now + state.detection, self._silent_past, talker, listener)
 
     def slow_link(self, src: str, dst: str, at: float, until: float, extra: float) -> None:
@@ -315,7 +425,10 @@ class FailureEvents(CustodyEvents):
                 return
         links = self._failed_links(failure)
         for src, dst in links:
-            self._detect(src, dst)  # a restart is noticed at once by the new handshake
+            if failure.is_broker:
+                self._detect(src, dst)  # a restart is noticed at once by the new handshake
+            else:  # a cut shorter than the detection time is noticed by no one
+                self._silent_past(src, dst)
         if failure.is_broker:
             broker = failure.ends[0]
             state.dead.discard(broker)
@@ -326,6 +439,9 @@ class FailureEvents(CustodyEvents):
             self.clients.advertise_again(broker)
             return
         state.heal(failure)
+        for src, dst in links:
+            if not state.broken(src, dst):
+                self._retransmit(src, dst)
         a, b = failure.ends
         if state.severed(a, b):
             return
