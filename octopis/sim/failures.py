@@ -63,13 +63,8 @@ from octopis.core import Notification
 from octopis.core.node import HandedShare
 from octopis.defaults import DOWN_AFTER, RETAIN, TCP_ABORT_AFTER
 from octopis.failure_schedule import Failure
-from octopis.sim.custody import (
-    LINK_FRAMES,
-    CustodyEvents,
-    LinkCustody,
-    Receipted,
-    message_of,
-)
+from octopis.sim.custody import CustodyEvents, LinkCustody, Receipted, message_of
+from octopis.sim.cuts import CutLinks
 
 
 class FailureState:
@@ -150,7 +145,7 @@ class FailureState:
         return self.broken(a, b) or self.broken(b, a)
 
 
-class FailureEvents(CustodyEvents):
+class FailureEvents(CutLinks, CustodyEvents):
     """The :class:`~octopis.sim.engine.Simulator`'s failures (a mixin beside its event
     loop): scheduling them, detection, custody taken back, restarts and handshakes. What
     a broker decides about them is its :class:`~octopis.core.node.BrokerNode`'s."""
@@ -272,68 +267,6 @@ class FailureEvents(CustodyEvents):
         if self.nodes[src].neighbours[dst].up:
             self.nodes[src].neighbours.heard(dst, self.now)
         self.at(self.now + state.detection, self._silent_past, src, dst)
-
-    def _cut(self, failure: Failure, links: list[tuple[str, str]]) -> None:
-        """``failure`` cuts ``links`` now: each that carried until now aborts its
-        connection :attr:`FailureState.abort` later unless it heals first (:meth:`_abort`)."""
-        state = self.failures
-        assert state is not None
-        for src, dst in state.cut_by(failure, links, self.now):
-            self.at(self.now + state.abort, self._abort, src, dst)
-
-    def _abort(self, src: str, dst: str) -> None:
-        """The connection of ``src → dst``, cut since :attr:`FailureState.abort` ago, is
-        aborted: what it carried is lost (:meth:`_lose`)."""
-        state = self.failures
-        assert state is not None
-        if not state.holds(src, dst, self.now):
-            self._drop_stuck(src, dst)
-
-    def _drop_stuck(self, src: str, dst: str) -> None:
-        """What the cut link ``src → dst`` carried is lost (:meth:`_lose`)."""
-        for message in self.failures.stuck.pop((src, dst), ()):  # type: ignore[union-attr]
-            self._lose(dst, src, message)
-
-    def _lose(self, broker: str, src: str, message: Any) -> None:
-        """``message`` from ``src`` never reaches ``broker``: counted lost in transit
-        (a link frame is not), and undeliverable if its dead sender's custody died with
-        it: only it could have routed it again."""
-        if type(message) in LINK_FRAMES:
-            return
-        self.failure_counts["lost_in_transit"] += 1
-        if src in self.failures.dead and type(message) is Notification:  # type: ignore[union-attr]
-            self.failure_counts["undeliverable.died_in_flight"] += 1
-            self.brokers.given_up.add(message.key)
-
-    def _loses(self, src: str, dst: str) -> bool:
-        """Whether what ``src`` puts on its link to ``dst`` now does not go: an end is
-        dead, or the link is cut and its connection aborted, or paused since ``src``
-        declared ``dst`` down (what else it sends goes into the connection, which keeps
-        it until the heal: :meth:`_carried`)."""
-        state = self.failures
-        assert state is not None
-        if not state.broken(src, dst):
-            return False
-        return not state.holds(src, dst, self.now) or self.nodes[src].neighbours.declared_down(dst)
-
-    def _carried(self, src: str, dst: str, message: Any) -> bool:
-        """Whether ``message``, on the cut link ``src → dst``, is kept by it to arrive at
-        the heal (:meth:`FailureState.holds`)."""
-        state = self.failures
-        assert state is not None
-        if not state.holds(src, dst, self.now):
-            return False
-        state.stuck.setdefault((src, dst), []).append(message)
-        return True
-
-    def _retransmit(self, src: str, dst: str) -> None:
-        """The link ``src → dst`` carries again: what it kept arrives first, in order, a
-        link frame's latency later (TCP sends it again)."""
-        state = self.failures
-        assert state is not None
-        for message in state.stuck.pop((src, dst), ()):
-            late = self.network.link_frame_latency(src, dst) + state.slow.get((src, dst), 0.0)
-            self.events.send(src, dst, self.now + late, message)
 
     def _one_way_silent(self, failure: Failure) -> None:
         """The listener (``failure.ends[1]``) has heard nothing from the talker for the
