@@ -424,6 +424,8 @@ class CustodyEvents:
         still owed is acknowledged afresh, withheld again while ``src`` is held back."""
         state = self.failures
         assert state is not None
+        if self._asleep(broker, self._look_again, broker, src):
+            return
         state.custody.looking.discard((broker, src))
         node = self.nodes.get(broker)
         record = node.neighbours.get(src) if node is not None else None
@@ -438,6 +440,8 @@ class CustodyEvents:
         retains nothing for it, or either is gone."""
         state = self.failures
         assert state is not None
+        if self._asleep(broker, self._heartbeat, broker, src):
+            return
         custody = state.custody
         kept = custody.links.get((src, broker))
         node = self.nodes.get(broker)

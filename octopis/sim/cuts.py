@@ -60,9 +60,9 @@ class CutLinks:
         it until the heal: :meth:`_carried`)."""
         state = self.failures
         assert state is not None
-        if not state.broken(src, dst):
-            return False
-        return not state.holds(src, dst, self.now) or self.nodes[src].neighbours.declared_down(dst)
+        if self.nodes[src].neighbours.declared_down(dst):
+            return True  # the process pauses a link it declared down
+        return state.broken(src, dst) and not state.holds(src, dst, self.now)
 
     def _carried(self, src: str, dst: str, message: Any) -> bool:
         """Whether ``message``, on the cut link ``src → dst``, is kept by it to arrive at

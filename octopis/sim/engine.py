@@ -52,6 +52,7 @@ from octopis.sim.events import EventQueue, Sampler, collector_paused
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import SubscriberMoves
 from octopis.sim.network import LatencyModel, Network
+from octopis.sim.pauses import PausedBrokers
 from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover
 from octopis.sim.reshaping import Reshaping
 from octopis.sim.service import ServiceModel
@@ -72,7 +73,7 @@ class ReplayableWorkload(Protocol):
         """Raise if a client sits on a broker ``scot`` lacks."""
 
 
-class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
+class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, SubscriberMoves):
     """N routing cores, in-memory FIFO links, message counts and delivery accounting."""
 
     def __init__(
@@ -222,6 +223,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             broker = self._home.get(publisher, broker)
         self.clients.attach(publisher, broker)
         seq = self.clients.sequence(publisher, seq)
+        if self._asleep(broker, self.publish, publisher, broker, publication, seq):
+            return publisher, seq  # the request waits in its socket: taken at the resume
         if self._dead(broker):
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
@@ -427,6 +430,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 if not self._carried(src, broker, message):
                     self._lose(broker, src, message)
                 return
+            if failures.paused and self._asleep(broker, self._arrive, broker, src, message):
+                return  # in its socket's buffer until it runs again
             if type(message) in LINK_FRAMES:  # an acknowledgement, or what a heal resends
                 self._link_frame(broker, src, message)
                 return

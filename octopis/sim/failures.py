@@ -96,6 +96,10 @@ class FailureState:
         """What each cut directed link carries: it arrives at the heal, unless the cut
         lasts past :attr:`abort`."""
         self.failed_at: dict[tuple[str, str], float] = {}
+        self.paused: dict[str, tuple[float, float]] = {}
+        """Paused brokers: since when, and when they resume (:mod:`octopis.sim.pauses`)."""
+        self.asleep: dict[str, list[tuple[float, Any, tuple]]] = {}
+        """Per paused broker, what waits for its resume: (when, function, arguments)."""
         self.slow: dict[tuple[str, str], float] = {}
         """Directed links in a delay spike: the seconds each frame sent on it is late."""
 
@@ -163,12 +167,6 @@ class FailureEvents(CutLinks, CustodyEvents):
         for end in failure.ends:
             if end not in self.cores:
                 raise KeyError(f"no broker {end!r} in topology {self.scot.name}")
-        if failure.stall:  # the neighbours' view of a stopped process: every link silent
-            broker = failure.ends[0]
-            for neighbour in sorted(self.scot.graph[broker]):
-                link = Failure((broker, neighbour), failure.at, failure.until)
-                self.fail(link, start, detection=detection, retain=retain)
-            return
         if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
             raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
         if self.network.receiver_paced:  # as a service model always has
@@ -178,6 +176,12 @@ class FailureEvents(CutLinks, CustodyEvents):
         if failure.one_way and len(failure.ends) != 2:
             raise ValueError("a one-way failure names a link A-B")
         self._failure_state(detection, retain)
+        if failure.stall:  # a process stopped and resumed (:mod:`octopis.sim.pauses`)
+            assert failure.until is not None  # a stall names when it resumes
+            until = start + failure.until
+            self.at(start + failure.at, self._pause, failure.ends[0], until)
+            self.at(until, self._resume, failure.ends[0])
+            return
         self.at(start + failure.at, self._fail, failure)
         if failure.until is not None:
             self.at(start + failure.until, self._recover, failure)
@@ -227,6 +231,7 @@ class FailureEvents(CutLinks, CustodyEvents):
             if state.crashes[broker] > 1:
                 return  # dead already
             state.dead.add(broker)
+            self._paused_dies(broker)
             for link in [link for link in state.stuck if broker in link]:
                 self._drop_stuck(*link)
             for message in state.custody.forget(broker, state.failed_at):
@@ -275,7 +280,9 @@ class FailureEvents(CutLinks, CustodyEvents):
         the module docstring). Nothing, if the link healed meanwhile."""
         state = self.failures
         assert state is not None
-        if not state.cutting(failure):
+        if not state.cutting(failure) or self._asleep(
+            failure.ends[1], self._one_way_silent, failure
+        ):
             return
         talker, listener = failure.ends
         self._detect(listener, talker)
@@ -310,6 +317,8 @@ class FailureEvents(CutLinks, CustodyEvents):
         (:meth:`_detect`) unless it heard it since (a handshake, a heal), as the node's
         rule says (:meth:`Neighbour.silent_past`, the process's too)."""
         detection = self.failures.detection  # type: ignore[union-attr]
+        if self._asleep(src, self._silent_past, src, dst):
+            return
         if self.nodes[src].neighbours[dst].silent_past(self.now, detection):
             self._detect(src, dst)
 
@@ -351,6 +360,10 @@ class FailureEvents(CutLinks, CustodyEvents):
         (:meth:`_start`)."""
         state = self.failures
         assert state is not None
+        if not failure.is_broker and any(
+            self._asleep(e, self._recover, failure) for e in failure.ends
+        ):
+            return  # heard again once the paused end runs
         if failure.is_broker:
             state.crashes[failure.ends[0]] -= 1
             if state.crashes[failure.ends[0]]:  # another crash of it is under way
@@ -472,7 +485,7 @@ class FailureEvents(CutLinks, CustodyEvents):
         """A starting ``broker`` serves once its node says so
         (:meth:`BrokerNode.serve_if_ready`): it publishes what it held, pays what it
         owes, and its neighbours learn it serves behind what it sent them."""
-        if broker in self.failures.dead:  # type: ignore[union-attr]
+        if self._dead(broker) or self._asleep(broker, self._check_serving, broker):
             return
         node = self.nodes[broker]
         served = node.serve_if_ready(self.now)
@@ -505,6 +518,8 @@ class FailureEvents(CutLinks, CustodyEvents):
         state = self.failures
         assert state is not None
         if state.broken(dst, src) or self.brokers.incarnation.get(dst) != incarnation:
+            return
+        if self._asleep(src, self._beat_heard, src, dst, incarnation, serving):
             return
         self._undetect(src, dst)
         self._heard(src, dst, serving)
