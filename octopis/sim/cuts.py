@@ -82,3 +82,22 @@ class CutLinks:
         for message in state.stuck.pop((src, dst), ()):
             late = self.network.link_frame_latency(src, dst) + state.slow.get((src, dst), 0.0)
             self.events.send(src, dst, self.now + late, message)
+
+    def _connections_reset(self, broker: str) -> None:
+        """``broker`` died: the connections of its cut links are gone, with what they
+        carried (:meth:`_lose`); none is made until the heal, so nothing is carried."""
+        state = self.failures
+        assert state is not None
+        for link in [link for link in state.cut_since if broker in link]:
+            del state.cut_since[link]
+            self._drop_stuck(*link)
+
+    def _sending_again(self, broker: str) -> None:
+        """``broker`` runs again after a pause, in which it sent nothing: on each of its
+        cut links data goes unacknowledged from now, so the abort comes
+        :attr:`FailureState.abort` from now (:meth:`_abort`)."""
+        state = self.failures
+        assert state is not None
+        for link in [link for link in state.cut_since if link[0] == broker]:
+            state.cut_since[link] = self.now
+            self.at(self.now + state.abort, self._abort, *link)

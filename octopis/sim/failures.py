@@ -91,7 +91,9 @@ class FailureState:
         """How many failures under way cut each directed link: it carries again when the
         last of them heals."""
         self.cut_since: dict[tuple[str, str], float] = {}
-        """When each cut directed link was cut (the first of the failures cutting it)."""
+        """Since when each cut directed link's connection has had data unacknowledged:
+        its cut (a live sender heartbeats), or its paused sender's resume; none once an
+        end died (that connection is gone, and no other is made until the heal)."""
         self.stuck: dict[tuple[str, str], list[Any]] = {}
         """What each cut directed link carries: it arrives at the heal, unless the cut
         lasts past :attr:`abort`."""
@@ -135,7 +137,7 @@ class FailureState:
             if not self._cuts[link]:
                 del self._cuts[link]
                 self.cut.discard(link)
-                del self.cut_since[link]
+                self.cut_since.pop(link, None)
 
     def holds(self, src: str, dst: str, now: float) -> bool:
         """Whether the link ``src → dst``, cut, keeps what it carries now (its connection
@@ -232,8 +234,7 @@ class FailureEvents(CutLinks, CustodyEvents):
                 return  # dead already
             state.dead.add(broker)
             self._paused_dies(broker)
-            for link in [link for link in state.stuck if broker in link]:
-                self._drop_stuck(*link)
+            self._connections_reset(broker)
             for message in state.custody.forget(broker, state.failed_at):
                 if type(message) is Notification:
                     self.failure_counts["undeliverable.died_in_custody"] += 1
@@ -268,6 +269,8 @@ class FailureEvents(CutLinks, CustodyEvents):
         (:meth:`_silent_past`)."""
         state = self.failures
         assert state is not None
+        if self._asleep(src, self._silence, src, dst):
+            return  # paused: what it heard last waits in its buffer, read at its resume
         state.failed_at[(src, dst)] = self.now
         if self.nodes[src].neighbours[dst].up:
             self.nodes[src].neighbours.heard(dst, self.now)
@@ -360,10 +363,6 @@ class FailureEvents(CutLinks, CustodyEvents):
         (:meth:`_start`)."""
         state = self.failures
         assert state is not None
-        if not failure.is_broker and any(
-            self._asleep(e, self._recover, failure) for e in failure.ends
-        ):
-            return  # heard again once the paused end runs
         if failure.is_broker:
             state.crashes[failure.ends[0]] -= 1
             if state.crashes[failure.ends[0]]:  # another crash of it is under way
@@ -389,8 +388,8 @@ class FailureEvents(CutLinks, CustodyEvents):
             if not state.broken(src, dst):
                 self._retransmit(src, dst)
         a, b = failure.ends
-        if state.severed(a, b):
-            return
+        if state.severed(a, b) or any(self._asleep(e, self._recover, failure) for e in (a, b)):
+            return  # a paused end hears (and is heard) once it runs: then again
         if not self._met(a, b) or not self._met(b, a):
             self._meet(a, b)  # each hears the other's first heartbeat there, once
             for src, dst in links:

@@ -76,6 +76,7 @@ class PausedBrokers:
         since = paused[0]
         late = self.now - since
         self.nodes[broker].neighbours.stalled(late)
+        self._sending_again(broker)
         silences = (self._silent_past, self._one_way_silent, self._drop_client)
         for when, fn, args in state.asleep.pop(broker, []):
             if fn in silences:
