@@ -664,3 +664,21 @@ def test_the_subscribers_of_a_paused_broker_fail_over_after_the_sdks_liveness(
         assert back - away == pytest.approx(CLIENT_LIVENESS)
     assert report["clients_left"] == len(homed)
     assert not any(sim.nodes[broker].sessions.subscriptions(s) for s in homed)
+
+
+def test_a_paused_broker_excuses_its_stall_by_its_nodes_rule() -> None:
+    """c:0's link to b:0 is cut 0.5 s before c:0 is paused for 2 s and heals 0.1 s after
+    it resumes: b:0 heard nothing from c:0 for 2.6 s and declares it down, but c:0 ran
+    for only 0.6 s of that silence, less than ``down_after``: on resume it excuses its
+    stall (``Neighbours.stalled``, the process's rule too: ``peer_liveness``) and
+    declares no one down. Without the excuse it would declare b:0 down at the heal."""
+    broker, cut = "c:0", "b:0"
+    failures = [
+        Failure((broker, cut), FAIL_AT, FAIL_AT + 2.6),
+        Failure((broker,), FAIL_AT + 0.5, FAIL_AT + 2.5, stall=True),
+    ]
+    sim = _run(FIG2, "dnr", failures, seed=7)
+    report = _law(sim)
+    assert report["detections"] == len(FIG2.graph[broker]), report
+    assert sim.nodes[cut].neighbours[broker].was_down > 0
+    assert all(sim.nodes[broker].neighbours[n].was_down == 0 for n in FIG2.graph[broker])
