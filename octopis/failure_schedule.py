@@ -4,7 +4,7 @@ Given as ``BROKER@T[:RESTART_T]``, ``A-B@T[:UP_T]`` and ``BROKER@T:RESUME_T`` (a
 the process is stopped, SIGSTOP, and resumed as the same process, as a long GC pause or a
 VM hiccup would), times in seconds from the first publication, or as a schedule file with
 one such item per line, prefixed ``broker``, ``link`` or ``stall`` (``#`` starts a
-comment). The simulator (``octopis sim``, a stall as every link of the broker cut) and
+comment). The simulator (``octopis sim``, a stall as :mod:`octopis.sim.pauses` says) and
 the process runner (``octopis run``: brokers and stalls) read the same schedules.
 """
 

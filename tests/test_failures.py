@@ -162,11 +162,12 @@ def test_restarted_broker_is_resynced_to_its_neighbours_view() -> None:
 
 @pytest.mark.parametrize("scot", [FIG2, PAPER75], ids=["fig2", "paper75"])
 def test_dnr_broker_cut_off_for_a_while_gets_what_it_missed(scot: Scot) -> None:
-    """Every broker in turn stalls (the simulator cuts every link of it) and comes
-    back: the copies a fan-out could not give it are held by its region's brokers and
-    sent on its return, so its subscribers get everything published elsewhere exactly
-    once; what it published itself while cut off is counted, never silently lost. (At
-    the quick size, ``sized``, fig2 stalls every second broker, paper75 every ninth.)"""
+    """Every broker in turn stalls (paused: it runs nothing, its neighbours hear nothing
+    from it, :mod:`octopis.sim.pauses`) and comes back: the copies a fan-out could not
+    give it are held by its region's brokers and sent on its return, so its subscribers
+    get everything published elsewhere exactly once; what it published itself while
+    stalled is counted, never silently lost. (At the quick size, ``sized``, fig2 stalls
+    every second broker, paper75 every ninth.)"""
     released = 0
     for broker in sorted(scot.brokers)[:: sized(9, 3) if scot is PAPER75 else sized(2, 1)]:
         sim = _run(scot, "dnr", [Failure((broker,), FAIL_AT, BACK_AT, stall=True)], seed=7)
@@ -442,7 +443,8 @@ def test_sim_cli_reports_failures(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["host_alive"]["lost"] == report["host_alive"]["duplicates"] == 0
     assert main([*args, "--stall", "c:0@0.5:2"]) == 0
     report = json.loads(capsys.readouterr().out)["failures"]
-    assert report["links_cut"] == len(FIG2.brokers["c:0"].neighbours)
+    assert report["brokers_paused"] == 1 and "links_cut" not in report
+    assert report["detections"] == len(FIG2.brokers["c:0"].neighbours)
     assert main([*args, "--fail", "zz:9@1"]) == 2
     assert "not a broker of fig2" in capsys.readouterr().err
 
@@ -596,3 +598,87 @@ def test_custody_keeps_what_the_receiver_has_not_acknowledged() -> None:
     sim.run()
     report = _law(sim)
     assert report["custody.rerouted"] >= len(kept)
+
+
+@pytest.mark.parametrize("mode", ["dnr", "snr"])
+def test_a_cut_shorter_than_down_after_is_noticed_by_no_one_and_loses_nothing(mode: str) -> None:
+    """A link cut for less than ``down_after`` (the simulator's ``detection``) is, as
+    over TCP, seen by neither end: no detection, nothing routed around it, and what it
+    carried meanwhile arrives after the heal, in order; every subscriber gets every
+    publication exactly once. (The process's link is aborted, and what it carried lost,
+    only after ``TCP_ABORT_AFTER`` times ``down_after``: ``transport.links.tcp_abort_ms``.)
+    A cut a little longer than ``down_after`` is detected at both ends."""
+    a, b = sorted(FIG2.graph.edges)[0]
+    short = _run(FIG2, mode, [Failure((a, b), FAIL_AT, FAIL_AT + 0.8)], seed=5)
+    report = _law(short)
+    assert "detections" not in report and "lost_in_transit" not in report, report
+    assert short.ledger.expected == set(short.ledger.received)
+    assert not short.failures.stuck and not short.failures.cut_since
+    longer = _run(FIG2, mode, [Failure((a, b), FAIL_AT, FAIL_AT + 1.2)], seed=5)
+    assert _law(longer)["detections"] == 2
+
+
+@pytest.mark.parametrize("mode", ["dnr", "snr"])
+def test_a_paused_broker_is_declared_down_by_its_neighbours_and_declares_no_one(mode: str) -> None:
+    """c:0 is paused (SIGSTOP) for two seconds: it runs nothing meanwhile, so each of its
+    neighbours declares it down once (a detection each) and routes around it; on resume
+    it excuses its own stall by its node's rule (``Neighbours.stalled``) and declares no
+    one down; what reached it and what was published at it meanwhile waits, in order,
+    and is taken at the resume; everyone gets everything exactly once. The process
+    test ``test_cluster.test_stalled_broker_and_its_clients_lose_nothing`` shows the
+    same (``declared_down_by`` is the number of its neighbours)."""
+    broker = "c:0"
+    sim = _run(FIG2, mode, [Failure((broker,), FAIL_AT, BACK_AT, stall=True)], seed=7)
+    report = _law(sim)
+    neighbours = sorted(FIG2.graph[broker])
+    assert report["detections"] == len(neighbours), report
+    assert all(sim.nodes[n].neighbours[broker].was_down > 0 for n in neighbours)
+    assert all(sim.nodes[broker].neighbours[n].was_down == 0 for n in neighbours)
+    assert "publications_refused" not in report
+    assert any(p == f"P{broker}" for _, p, _ in sim.ledger.expected)
+    assert sim.ledger.expected == set(sim.ledger.received)
+
+
+@pytest.mark.parametrize("paused", [1.0, 2.5])
+def test_the_subscribers_of_a_paused_broker_fail_over_after_the_sdks_liveness(
+    paused: float,
+) -> None:
+    """A paused broker's subscribers hear nothing from it: past the SDK's liveness
+    (``CLIENT_LIVENESS``) each fails over, and keeps the session it left until the SDK's
+    linger is over, then says bye (counted ``clients_left``); the broker withdraws
+    those subscriptions then, not before. A pause shorter than the liveness moves no
+    one. Nothing is lost or duplicated either way. (Processes:
+    ``test_client.test_a_subscriber_keeps_its_session_at_a_stalled_broker_it_left``.)"""
+    broker = "c:0"
+    failure = Failure((broker,), FAIL_AT, FAIL_AT + paused, stall=True)
+    sim = _run(FIG2, "dnr", [failure], seed=7)
+    report = _law(sim)
+    homed = {s for s, home in sim.first_home.items() if home == broker}
+    assert sim.ledger.expected == set(sim.ledger.received)
+    if paused < CLIENT_LIVENESS:
+        assert not sim.failed_over and "clients_left" not in report
+        return
+    assert homed and sim.failed_over == homed
+    for s in homed:
+        ((away, back),) = sim.outages[s]
+        assert back - away == pytest.approx(CLIENT_LIVENESS)
+    assert report["clients_left"] == len(homed)
+    assert not any(sim.nodes[broker].sessions.subscriptions(s) for s in homed)
+
+
+def test_a_paused_broker_excuses_its_stall_by_its_nodes_rule() -> None:
+    """c:0's link to b:0 is cut 0.5 s before c:0 is paused for 2 s and heals 0.1 s after
+    it resumes: b:0 heard nothing from c:0 for 2.6 s and declares it down, but c:0 ran
+    for only 0.6 s of that silence, less than ``down_after``: on resume it excuses its
+    stall (``Neighbours.stalled``, the process's rule too: ``peer_liveness``) and
+    declares no one down. Without the excuse it would declare b:0 down at the heal."""
+    broker, cut = "c:0", "b:0"
+    failures = [
+        Failure((broker, cut), FAIL_AT, FAIL_AT + 2.6),
+        Failure((broker,), FAIL_AT + 0.5, FAIL_AT + 2.5, stall=True),
+    ]
+    sim = _run(FIG2, "dnr", failures, seed=7)
+    report = _law(sim)
+    assert report["detections"] == len(FIG2.graph[broker]), report
+    assert sim.nodes[cut].neighbours[broker].was_down > 0
+    assert all(sim.nodes[broker].neighbours[n].was_down == 0 for n in FIG2.graph[broker])

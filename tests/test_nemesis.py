@@ -387,6 +387,27 @@ def test_fault_kinds_are_all_drawn() -> None:
             "a:2's withdrawal, held for b:2, reached its next process, which passed it on "
             "to b:0, which never had the subscription: a protocol error stopped the run",
         ),
+        (
+            302,
+            ("fig2",),
+            "the simulator's cut link kept carrying frames after c:2 died and came back as a "
+            "new process: what the new c:2 sent before their handshake arrived after it, and "
+            "e:2#1 was stored twice (a protocol error); a dead end's connection is gone",
+        ),
+        (
+            505,
+            ("fig2",),
+            "the simulator deferred a whole heal of a:0-a:2 to paused a:0's resume, so the "
+            "link counted as cut past the abort time and lost what it carried; the network "
+            "heals at once, the paused end hears and is heard at its resume",
+        ),
+        (
+            515,
+            ("fig2",),
+            "the simulator timed the abort of c:1-c:0, cut during c:1's pause, from the cut: "
+            "c:1's first publication after its resume was lost with the connection; a paused "
+            "process sends nothing, so its data goes unacknowledged from its resume",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

@@ -265,7 +265,7 @@ def add_failure_options(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="BROKER@T:RESUME_T",
         help="stop BROKER's process at T and resume it at RESUME_T, as a long GC pause or "
-        "VM hiccup would (the simulator cuts every link of BROKER meanwhile); repeatable",
+        "VM hiccup would (in the simulator it runs nothing meanwhile); repeatable",
     )
     group.add_argument(
         "--fail-schedule",

@@ -4,8 +4,8 @@ the simulator, and a checker that reads the whole history.
 A seed decides everything: the topology (fig2 or paper75), the routing mode (SNR, DNR,
 BID), covering and advertisements, the subscribers and publishers, and a schedule of
 faults while they publish — brokers that crash and restart (empty, a new incarnation),
-brokers paused (every link silent, the process alive: SIGSTOP as its neighbours see it;
-its clients still reach it, so it is also a broker cut off from all its neighbours),
+brokers paused (SIGSTOP: the process runs nothing until it resumes, its neighbours and
+its subscribers hear nothing from it meanwhile, :mod:`octopis.sim.pauses`),
 links partitioned both ways for a while, and subscribers whose connection dies (they
 fail over and replay), historic queries asked after publishing of what was
 published in a window, durable subscribers that leave and come back, at their broker
@@ -505,8 +505,11 @@ def _ask(sim: Simulator, broker: str, query: Query, asked: dict[str, Query]) -> 
 
 def _withdraw(sim: Simulator, subscriber: str, withdrawn: dict[str, float]) -> None:
     """``subscriber`` withdraws its oldest subscription at its broker now, if that broker
-    is alive and it is still connected there (the SDK's ``unsubscribe`` fails otherwise)."""
+    is alive and it is still connected there (the SDK's ``unsubscribe`` fails otherwise);
+    a paused broker takes the request when it resumes."""
     home = sim._home.get(subscriber)
+    if home is not None and sim._asleep(home, _withdraw, sim, subscriber, withdrawn):
+        return
     state = sim.failures
     if home is None or (state is not None and (home in state.dead or not sim.nodes[home].serving)):
         return

@@ -34,8 +34,9 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   (:meth:`LinkCustody.take_back`), when the process's link gives them back: at a
   detection, at a handshake with a new incarnation, at a heal after a detection; its
   node decides what becomes of each (:meth:`~octopis.core.node.BrokerNode.link_down`).
-- The other routing messages are pending until acknowledged: a cut loses what is in
-  flight (as an aborted TCP connection does), and at a heal after a detection the link
+- The other routing messages are pending until acknowledged: a cut keeps what is in
+  flight until it heals, as TCP does, or loses it once the connection is aborted
+  (:mod:`octopis.sim.failures`), and at a heal after a detection the link
   sends them again first (:class:`Resent`, :meth:`LinkCustody.resend`); the receiver
   takes those it had not (:func:`~octopis.core.custody.resent`). A new incarnation of
   the receiver gets them from the node, ahead of what it held
@@ -358,7 +359,7 @@ class CustodyEvents:
         state = self.failures
         assert state is not None
         now = self.events.now
-        fate = state.custody.departs(src, dst, now, message, state.broken(src, dst), receipt)
+        fate = state.custody.departs(src, dst, now, message, self._loses(src, dst), receipt)
         if fate == GOES:
             message = message_of(message)
             arrival = self.network.arrival(src, dst, now, message)
@@ -423,6 +424,8 @@ class CustodyEvents:
         still owed is acknowledged afresh, withheld again while ``src`` is held back."""
         state = self.failures
         assert state is not None
+        if self._asleep(broker, self._look_again, broker, src):
+            return
         state.custody.looking.discard((broker, src))
         node = self.nodes.get(broker)
         record = node.neighbours.get(src) if node is not None else None
@@ -437,6 +440,8 @@ class CustodyEvents:
         retains nothing for it, or either is gone."""
         state = self.failures
         assert state is not None
+        if self._asleep(broker, self._heartbeat, broker, src):
+            return
         custody = state.custody
         kept = custody.links.get((src, broker))
         node = self.nodes.get(broker)

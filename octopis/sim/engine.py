@@ -52,6 +52,7 @@ from octopis.sim.events import EventQueue, Sampler, collector_paused
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import SubscriberMoves
 from octopis.sim.network import LatencyModel, Network
+from octopis.sim.pauses import PausedBrokers
 from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover
 from octopis.sim.reshaping import Reshaping
 from octopis.sim.service import ServiceModel
@@ -72,7 +73,7 @@ class ReplayableWorkload(Protocol):
         """Raise if a client sits on a broker ``scot`` lacks."""
 
 
-class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
+class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, SubscriberMoves):
     """N routing cores, in-memory FIFO links, message counts and delivery accounting."""
 
     def __init__(
@@ -222,6 +223,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             broker = self._home.get(publisher, broker)
         self.clients.attach(publisher, broker)
         seq = self.clients.sequence(publisher, seq)
+        if self._asleep(broker, self.publish, publisher, broker, publication, seq):
+            return publisher, seq  # the request waits in its socket: taken at the resume
         if self._dead(broker):
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
@@ -423,15 +426,14 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
     def _arrive(self, broker: str, src: str, message: Any) -> None:
         failures = self.failures
         if failures is not None:
+            if failures.broken(src, broker):  # kept by a cut link until it heals, or lost
+                if not self._carried(src, broker, message):
+                    self._lose(broker, src, message)
+                return
+            if failures.paused and self._asleep(broker, self._arrive, broker, src, message):
+                return  # in its socket's buffer until it runs again
             if type(message) in LINK_FRAMES:  # an acknowledgement, or what a heal resends
                 self._link_frame(broker, src, message)
-                return
-            if failures.broken(src, broker):
-                self.failure_counts["lost_in_transit"] += 1
-                if src in failures.dead and type(message) is Notification:
-                    # Only the dead sender could have routed it again (custody died with it).
-                    self.failure_counts["undeliverable.died_in_flight"] += 1
-                    self.brokers.given_up.add(message.key)
                 return
             if type(message) is not HandedShare and not self._takes(broker, src):
                 return  # stale: sent before its sender's handshake named this broker

@@ -2,10 +2,15 @@
 
 The model is the transport's, in simulated time:
 
-- A failure takes effect at once: copies in flight on a failed link, or to or from a dead
-  broker, never arrive. A dead broker loses its state.
+- A failure takes effect at once: copies in flight to or from a dead broker never arrive,
+  and a dead broker loses its state. A cut link keeps what it carries, as TCP does, and
+  delivers it, in order, when it heals; only a cut that lasts :data:`TCP_ABORT_AFTER`
+  detection times aborts the connection and loses what it carried (the process's
+  ``TCP_MAXRT``, :func:`octopis.transport.links.tcp_abort_ms`).
 - Each end of a failed link *detects* it ``detection`` seconds later (the transport's
-  ``links.down_after``); only then does its core see the link as down and route around it.
+  ``links.down_after``), if it has heard nothing since (:meth:`Neighbour.silent_past`:
+  a cut that heals sooner is seen by no one); only then does its core see the link as
+  down and route around it.
 - Custody is the broker process's own (:mod:`octopis.sim.custody`): a sender keeps each
   notification it sent on a link until the receiver's acknowledgement comes back, and
   ``retain`` seconds after that. At detection, what it kept goes back to its core
@@ -56,9 +61,10 @@ from typing import Any
 from octopis.accounting import failure_counts, host_split
 from octopis.core import Notification
 from octopis.core.node import HandedShare
-from octopis.defaults import DOWN_AFTER, RETAIN
+from octopis.defaults import DOWN_AFTER, RETAIN, TCP_ABORT_AFTER
 from octopis.failure_schedule import Failure
 from octopis.sim.custody import CustodyEvents, LinkCustody, Receipted, message_of
+from octopis.sim.cuts import CutLinks
 
 
 class FailureState:
@@ -71,6 +77,8 @@ class FailureState:
         if detection < 0 or retain < 0:
             raise ValueError("detection and retain must not be negative")
         self.detection = detection
+        self.abort = TCP_ABORT_AFTER * detection
+        """Seconds after which a cut link's connection is aborted, losing what it carries."""
         self.custody = LinkCustody(retain)
         self.dead: set[str] = set()
         self.crashes: Counter[str] = Counter()
@@ -82,7 +90,18 @@ class FailureState:
         self._cuts: Counter[tuple[str, str]] = Counter()
         """How many failures under way cut each directed link: it carries again when the
         last of them heals."""
+        self.cut_since: dict[tuple[str, str], float] = {}
+        """Since when each cut directed link's connection has had data unacknowledged:
+        its cut (a live sender heartbeats), or its paused sender's resume; none once an
+        end died (that connection is gone, and no other is made until the heal)."""
+        self.stuck: dict[tuple[str, str], list[Any]] = {}
+        """What each cut directed link carries: it arrives at the heal, unless the cut
+        lasts past :attr:`abort`."""
         self.failed_at: dict[tuple[str, str], float] = {}
+        self.paused: dict[str, tuple[float, float]] = {}
+        """Paused brokers: since when, and when they resume (:mod:`octopis.sim.pauses`)."""
+        self.asleep: dict[str, list[tuple[float, Any, tuple]]] = {}
+        """Per paused broker, what waits for its resume: (when, function, arguments)."""
         self.slow: dict[tuple[str, str], float] = {}
         """Directed links in a delay spike: the seconds each frame sent on it is late."""
 
@@ -90,14 +109,22 @@ class FailureState:
         """Whether a copy on ``src → dst`` is lost (link cut or an end dead)."""
         return src in self.dead or dst in self.dead or (src, dst) in self.cut
 
-    def cut_by(self, failure: Failure, links: list[tuple[str, str]]) -> None:
-        """``failure`` cuts the directed ``links`` (until :meth:`heal`)."""
+    def cut_by(
+        self, failure: Failure, links: list[tuple[str, str]], now: float
+    ) -> list[tuple[str, str]]:
+        """``failure`` cuts the directed ``links`` at ``now`` (until :meth:`heal`);
+        returns those it cut that carried until now."""
         mine = self._cut_by.setdefault(failure, set())
+        newly = []
         for link in links:
             if link not in mine:
                 mine.add(link)
                 self._cuts[link] += 1
-                self.cut.add(link)
+                if link not in self.cut:
+                    self.cut.add(link)
+                    self.cut_since[link] = now
+                    newly.append(link)
+        return newly
 
     def cutting(self, failure: Failure) -> bool:
         """Whether ``failure`` cuts links now (it has not healed)."""
@@ -110,13 +137,21 @@ class FailureState:
             if not self._cuts[link]:
                 del self._cuts[link]
                 self.cut.discard(link)
+                self.cut_since.pop(link, None)
+
+    def holds(self, src: str, dst: str, now: float) -> bool:
+        """Whether the link ``src → dst``, cut, keeps what it carries now (its connection
+        not yet aborted, both ends alive): TCP delivers it at the heal."""
+        since = self.cut_since.get((src, dst))
+        live = src not in self.dead and dst not in self.dead
+        return live and since is not None and since + self.abort > now
 
     def severed(self, a: str, b: str) -> bool:
         """Whether the link of ``a`` and ``b`` fails either way (no handshake goes over)."""
         return self.broken(a, b) or self.broken(b, a)
 
 
-class FailureEvents(CustodyEvents):
+class FailureEvents(CutLinks, CustodyEvents):
     """The :class:`~octopis.sim.engine.Simulator`'s failures (a mixin beside its event
     loop): scheduling them, detection, custody taken back, restarts and handshakes. What
     a broker decides about them is its :class:`~octopis.core.node.BrokerNode`'s."""
@@ -134,12 +169,6 @@ class FailureEvents(CustodyEvents):
         for end in failure.ends:
             if end not in self.cores:
                 raise KeyError(f"no broker {end!r} in topology {self.scot.name}")
-        if failure.stall:  # the neighbours' view of a stopped process: every link silent
-            broker = failure.ends[0]
-            for neighbour in sorted(self.scot.graph[broker]):
-                link = Failure((broker, neighbour), failure.at, failure.until)
-                self.fail(link, start, detection=detection, retain=retain)
-            return
         if len(failure.ends) == 2 and failure.ends[1] not in self.scot.graph[failure.ends[0]]:
             raise KeyError(f"{failure.ends[0]} and {failure.ends[1]} are not neighbours")
         if self.network.receiver_paced:  # as a service model always has
@@ -149,6 +178,12 @@ class FailureEvents(CustodyEvents):
         if failure.one_way and len(failure.ends) != 2:
             raise ValueError("a one-way failure names a link A-B")
         self._failure_state(detection, retain)
+        if failure.stall:  # a process stopped and resumed (:mod:`octopis.sim.pauses`)
+            assert failure.until is not None  # a stall names when it resumes
+            until = start + failure.until
+            self.at(start + failure.at, self._pause, failure.ends[0], until)
+            self.at(until, self._resume, failure.ends[0])
+            return
         self.at(start + failure.at, self._fail, failure)
         if failure.until is not None:
             self.at(start + failure.until, self._recover, failure)
@@ -198,6 +233,8 @@ class FailureEvents(CustodyEvents):
             if state.crashes[broker] > 1:
                 return  # dead already
             state.dead.add(broker)
+            self._paused_dies(broker)
+            self._connections_reset(broker)
             for message in state.custody.forget(broker, state.failed_at):
                 if type(message) is Notification:
                     self.failure_counts["undeliverable.died_in_custody"] += 1
@@ -212,7 +249,7 @@ class FailureEvents(CustodyEvents):
             self._hosts_died(broker)
         elif failure.one_way:
             talker, listener = failure.ends
-            state.cut_by(failure, [(talker, listener)])
+            self._cut(failure, [(talker, listener)])
             self.failure_counts["links_cut_one_way"] += 1
             for link in ((talker, listener), (listener, talker)):  # lost, or unacknowledged
                 if link[0] not in state.dead:
@@ -220,12 +257,24 @@ class FailureEvents(CustodyEvents):
             self.at(self.now + state.detection, self._one_way_silent, failure)
             return
         else:
-            state.cut_by(failure, self._failed_links(failure))
+            self._cut(failure, self._failed_links(failure))
             self.failure_counts["links_cut"] += 1
         for src, dst in self._failed_links(failure):
             if src not in state.dead and (src, dst) not in state.failed_at:
-                state.failed_at[(src, dst)] = self.now
-                self.at(self.now + state.detection, self._silent_past, src, dst)
+                self._silence(src, dst)
+
+    def _silence(self, src: str, dst: str) -> None:
+        """``src`` hears ``dst`` no more from now (a live link is heard to its failure):
+        it declares it down a detection time later if it has heard nothing since
+        (:meth:`_silent_past`)."""
+        state = self.failures
+        assert state is not None
+        if self._asleep(src, self._silence, src, dst):
+            return  # paused: what it heard last waits in its buffer, read at its resume
+        state.failed_at[(src, dst)] = self.now
+        if self.nodes[src].neighbours[dst].up:
+            self.nodes[src].neighbours.heard(dst, self.now)
+        self.at(self.now + state.detection, self._silent_past, src, dst)
 
     def _one_way_silent(self, failure: Failure) -> None:
         """The listener (``failure.ends[1]``) has heard nothing from the talker for the
@@ -234,13 +283,17 @@ class FailureEvents(CustodyEvents):
         the module docstring). Nothing, if the link healed meanwhile."""
         state = self.failures
         assert state is not None
-        if not state.cutting(failure):
+        if not state.cutting(failure) or self._asleep(
+            failure.ends[1], self._one_way_silent, failure
+        ):
             return
         talker, listener = failure.ends
         self._detect(listener, talker)
-        state.cut_by(failure, [(listener, talker)])
+        self._cut(failure, [(listener, talker)])
         if listener not in state.dead:
             state.failed_at.setdefault((listener, talker), self.now)
+        if self.nodes[talker].neighbours[listener].up:  # heard up to now
+            self.nodes[talker].neighbours.heard(listener, self.now)
         self.at(self.now + state.detection, self._silent_past, talker, listener)
 
     def slow_link(self, src: str, dst: str, at: float, until: float, extra: float) -> None:
@@ -267,6 +320,8 @@ class FailureEvents(CustodyEvents):
         (:meth:`_detect`) unless it heard it since (a handshake, a heal), as the node's
         rule says (:meth:`Neighbour.silent_past`, the process's too)."""
         detection = self.failures.detection  # type: ignore[union-attr]
+        if self._asleep(src, self._silent_past, src, dst):
+            return
         if self.nodes[src].neighbours[dst].silent_past(self.now, detection):
             self._detect(src, dst)
 
@@ -315,7 +370,10 @@ class FailureEvents(CustodyEvents):
                 return
         links = self._failed_links(failure)
         for src, dst in links:
-            self._detect(src, dst)  # a restart is noticed at once by the new handshake
+            if failure.is_broker:
+                self._detect(src, dst)  # a restart is noticed at once by the new handshake
+            else:  # a cut shorter than the detection time is noticed by no one
+                self._silent_past(src, dst)
         if failure.is_broker:
             broker = failure.ends[0]
             state.dead.discard(broker)
@@ -326,9 +384,12 @@ class FailureEvents(CustodyEvents):
             self.clients.advertise_again(broker)
             return
         state.heal(failure)
+        for src, dst in links:
+            if not state.broken(src, dst):
+                self._retransmit(src, dst)
         a, b = failure.ends
-        if state.severed(a, b):
-            return
+        if state.severed(a, b) or any(self._asleep(e, self._recover, failure) for e in (a, b)):
+            return  # a paused end hears (and is heard) once it runs: then again
         if not self._met(a, b) or not self._met(b, a):
             self._meet(a, b)  # each hears the other's first heartbeat there, once
             for src, dst in links:
@@ -423,7 +484,7 @@ class FailureEvents(CustodyEvents):
         """A starting ``broker`` serves once its node says so
         (:meth:`BrokerNode.serve_if_ready`): it publishes what it held, pays what it
         owes, and its neighbours learn it serves behind what it sent them."""
-        if broker in self.failures.dead:  # type: ignore[union-attr]
+        if self._dead(broker) or self._asleep(broker, self._check_serving, broker):
             return
         node = self.nodes[broker]
         served = node.serve_if_ready(self.now)
@@ -456,6 +517,8 @@ class FailureEvents(CustodyEvents):
         state = self.failures
         assert state is not None
         if state.broken(dst, src) or self.brokers.incarnation.get(dst) != incarnation:
+            return
+        if self._asleep(src, self._beat_heard, src, dst, incarnation, serving):
             return
         self._undetect(src, dst)
         self._heard(src, dst, serving)

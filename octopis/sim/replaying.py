@@ -157,9 +157,14 @@ class SubscriberFailover:
         """``broker`` died: its subscribers notice after :data:`CLIENT_LIVENESS`; its
         replay rounds die with it (its store does not)."""
         self.replay_rounds.pop(broker, None)
+        self._hosts_silent(broker, self._fail_over)
+
+    def _hosts_silent(self, broker: str, notice: Callable[[str, str, float], None]) -> None:
+        """``broker`` falls silent now: each of its subscribers notices :data:`CLIENT_LIVENESS`
+        later (the SDK's silence), ``notice(subscriber, broker, since)``."""
         for subscriber, home in list(self._home.items()):
             if home == broker and subscriber in self.clients.subscriptions_of:
-                self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, broker, self.now)
+                self.at(self.now + CLIENT_LIVENESS, notice, subscriber, broker, self.now)
 
     def fail_client(self, subscriber: str, at: float) -> None:
         """At ``at``, ``subscriber``'s connection to its broker fails for good: the broker
@@ -181,8 +186,8 @@ class SubscriberFailover:
     def _drop_client(self, subscriber: str, host: str) -> None:
         """``host`` drops its silent client ``subscriber`` (last heard
         :data:`CLIENT_TIMEOUT` ago): what the node withdraws goes."""
-        if self._dead(host):
-            return  # they died with it (a restart withdraws them by epoch)
+        if self._dead(host) or self._asleep(host, self._drop_client, subscriber, host):
+            return  # dead: they died with it (a restart withdraws them by epoch)
         self._client_gone(host, subscriber, self.now - CLIENT_TIMEOUT)
         self.failure_counts["clients_dropped"] += 1
 
@@ -231,7 +236,8 @@ class SubscriberFailover:
     ) -> None:
         """A client fails over as the SDK does (``Failover.run``): it tries the brokers
         ``tries`` gives, and learns that one is dead only by its silence,
-        :data:`CLIENT_LIVENESS` after the hello; past the last it waits as long and
+        :data:`CLIENT_LIVENESS` after the hello (a paused one may answer at its resume,
+        :meth:`_hello`); past the last it waits as long and
         starts over (one may have come back during the round), until the tries end
         (every broker of its list gone for good, :meth:`_failover_tries`). Nothing
         happens once the client no longer ``wanted`` to; ``connected(broker)`` is called
@@ -243,8 +249,7 @@ class SubscriberFailover:
             self.failure_counts["failover.no_live_broker"] += 1
             if broker == "":
                 return
-        elif not self._dead(broker):
-            connected(broker)
+        elif not self._dead(broker) and self._hello(broker, tries, wanted, connected):
             return
         self.at(self.now + CLIENT_LIVENESS, self._connect, tries, wanted, connected)
 
@@ -269,6 +274,7 @@ class SubscriberFailover:
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
             self._dispatch(new, self.clients.session_subscribe(subscriber, new, subscription)[1])
+        self._left(subscriber, old)  # the SDK keeps the session it left for its linger
         if not self.replay_on_failover:
             return
         self._replays += 1
@@ -312,8 +318,9 @@ class SubscriberFailover:
 
     def _replay_expire(self, broker: str) -> None:
         rounds = self.replay_rounds.get(broker)
-        if rounds is not None and self.failures is not None and not self._dead(broker):
-            self._carry_out_replay(broker, rounds.expire(self.now))
+        live = rounds is not None and self.failures is not None and not self._dead(broker)
+        if live and not self._asleep(broker, self._replay_expire, broker):
+            self._carry_out_replay(broker, rounds.expire(self.now))  # type: ignore[union-attr]
 
     def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
         for action in actions:

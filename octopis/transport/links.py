@@ -22,7 +22,7 @@ import zmq.asyncio
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate, departure
 from octopis.core.custody import Custody, Entry
-from octopis.defaults import DOWN_AFTER
+from octopis.defaults import DOWN_AFTER, TCP_ABORT_AFTER
 from octopis.transport.frames import BODY, DATA, HANDSHAKE, KEPT, KIND, RECEIPT
 from octopis.transport.security import Curve
 from octopis.transport.zmqio import FastSocket, book_sent
@@ -34,12 +34,6 @@ YIELDS_BEFORE_POLL = 4
 EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 LOOP_SLACK = 0.01
 """Seconds a paced sender may catch up after the event loop woke it late."""
-TCP_ABORT_AFTER = 2.0
-"""A peer link's TCP connection with data unacknowledged for this many times
-``links.down_after`` (2 s by default) is aborted and made again (``TCP_MAXRT``,
-:func:`tcp_abort_ms`): the neighbour is declared down, and the notifications in custody
-taken back, before a connection dies with frames in it (DESIGN §7); the other routing
-frames it carried are sent again at the heal (:meth:`OutputLink.resent`)."""
 CONNECT_TIMEOUT_MS = 500
 """A peer link's connection attempt gives up after this long and is tried again
 (ZeroMQ's reconnect interval later): a SYN lost to a cut is not retried by the kernel's
