@@ -691,10 +691,40 @@ def unpressed_acknowledgements(path: Path) -> list[str]:
     return found
 
 
-DRIFT_CHECKS = (silence_copies, give_up_copies, unpressed_acknowledgements)
-"""The checks of three rules the shells once each wrote apart: when a silence is past
-``links.down_after``, when a simulated client's fail-over ends, and what count an
-acknowledgement carries under backpressure."""
+NEIGHBOUR_RECORD = frozenset({"last_heard", "up", "down_since", "was_down", "received", "acked"})
+"""A neighbour's liveness and counts (:class:`~octopis.core.neighbours.Neighbour`), moved
+only by the node's rules (``Neighbours.heard``, ``silent``, ``stalled``; the custody's
+``take`` and acknowledgements)."""
+
+
+def record_writes(path: Path) -> list[str]:
+    """Every assignment in ``path``'s code to a :data:`NEIGHBOUR_RECORD` attribute of
+    anything but ``self``: a shell moving a neighbour's record past the node's rules (the
+    process once wrote ``state.last_heard = now`` on a run of notifications, beside
+    ``Neighbours.heard``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+            else []
+        )
+        found += [
+            f"{path.name}:{node.lineno} {target.attr}"
+            for target in targets
+            if isinstance(target, ast.Attribute)
+            and target.attr in NEIGHBOUR_RECORD
+            and not (isinstance(target.value, ast.Name) and target.value.id == "self")
+        ]
+    return found
+
+
+DRIFT_CHECKS = (silence_copies, give_up_copies, unpressed_acknowledgements, record_writes)
+"""The checks of four rules the shells once each wrote apart: when a silence is past
+``links.down_after``, when a simulated client's fail-over ends, what count an
+acknowledgement carries under backpressure, and who moves a neighbour's record."""
 
 
 @pytest.mark.parametrize("check", DRIFT_CHECKS)
@@ -722,6 +752,10 @@ DRIFT_COPIES = (
     "    if all(b in dead for b in self.cores):\n"
     "        return acknowledgement(record, False)\n"
     "    return custody.acknowledgement(record, True) + self.pressure.acknowledge(dst, record)\n"
+    "def heard(self, state, now):\n"
+    "    self.up = True\n"
+    "    state.last_heard = now\n"
+    "    state.received += 1\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -739,6 +773,7 @@ DRIFT_COPIES = (
                 "shell.py:12 acknowledgement()",
             ],
         ),
+        (record_writes, ["shell.py:15 last_heard", "shell.py:16 received"]),
     ],
 )
 def test_the_drift_checks_can_fail(

@@ -240,7 +240,7 @@ class PeerInput:
         they are stale); one that fails is counted and the rest are still routed. A
         failure before routing took any would repeat: the notifications left are then
         counted as internal errors and dropped."""
-        state.last_heard = now
+        self.neighbours.heard(sender, now)  # a sign of life (up: no news)
         verdict = take(state, len(run))
         if verdict == STALE:
             self._stale(sender, len(run))
