@@ -470,21 +470,27 @@ def private_node_uses(path: Path) -> list[str]:
                 for alias in node.names
                 if alias.name.startswith("_")
             ]
-        targets = (
-            node.targets
-            if isinstance(node, ast.Assign)
-            else [node.target]
-            if isinstance(node, ast.AugAssign | ast.AnnAssign)
-            else []
-        )
-        found += [
-            f"{path.name}:{node.lineno} {target.attr}="
-            for target in targets
-            if isinstance(target, ast.Attribute)
-            and target.attr in ACK_COUNTS
-            and not (isinstance(target.value, ast.Name) and target.value.id == "self")
-        ]
+        found += [f"{path.name}:{node.lineno} {name}=" for name in writes(node, ACK_COUNTS)]
     return found
+
+
+def writes(node: ast.AST, names: frozenset[str]) -> list[str]:
+    """The attributes in ``names`` that ``node`` assigns, on anything but ``self`` (an
+    object's own counters are its own)."""
+    targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, ast.AugAssign | ast.AnnAssign)
+        else []
+    )
+    return [
+        target.attr
+        for target in targets
+        if isinstance(target, ast.Attribute)
+        and target.attr in names
+        and not (isinstance(target.value, ast.Name) and target.value.id == "self")
+    ]
 
 
 def test_the_shells_use_the_nodes_public_api_and_no_acknowledgement_rule() -> None:
@@ -691,10 +697,10 @@ def unpressed_acknowledgements(path: Path) -> list[str]:
     return found
 
 
-NEIGHBOUR_RECORD = frozenset({"last_heard", "up", "down_since", "was_down", "received", "acked"})
-"""A neighbour's liveness and counts (:class:`~octopis.core.neighbours.Neighbour`), moved
-only by the node's rules (``Neighbours.heard``, ``silent``, ``stalled``; the custody's
-``take`` and acknowledgements)."""
+NEIGHBOUR_RECORD = frozenset({"last_heard", "up", "down_since", "was_down"})
+"""A neighbour's liveness (:class:`~octopis.core.neighbours.Neighbour`), moved only by the
+node's rules (``Neighbours.heard``, ``silent``, ``stalled``); its counts are
+:data:`ACK_COUNTS`."""
 
 
 def record_writes(path: Path) -> list[str]:
@@ -702,29 +708,44 @@ def record_writes(path: Path) -> list[str]:
     anything but ``self``: a shell moving a neighbour's record past the node's rules (the
     process once wrote ``state.last_heard = now`` on a run of notifications, beside
     ``Neighbours.heard``)."""
+    return [
+        f"{path.name}:{node.lineno} {name}"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for name in writes(node, NEIGHBOUR_RECORD)
+    ]
+
+
+def routed_then_held(path: Path) -> list[str]:
+    """Every loop in ``path``'s code that names a core's routing step (``reroute``,
+    ``publish``) and calls ``held()``: a shell routing again what a link gave back, or
+    what was held while not serving, and counting its receipt itself, where the node's
+    steps do (:meth:`BrokerNode.route_again`, :meth:`BrokerNode.serve_if_ready`; both
+    shells once wrote both loops)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        targets = (
-            node.targets
-            if isinstance(node, ast.Assign)
-            else [node.target]
-            if isinstance(node, (ast.AugAssign, ast.AnnAssign))
-            else []
+        if not isinstance(node, ast.For):
+            continue
+        inner = [n for statement in node.body for n in ast.walk(statement)]
+        steps = {n.attr for n in inner if isinstance(n, ast.Attribute)} & {"reroute", "publish"}
+        held = any(
+            isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "held" for n in inner
         )
-        found += [
-            f"{path.name}:{node.lineno} {target.attr}"
-            for target in targets
-            if isinstance(target, ast.Attribute)
-            and target.attr in NEIGHBOUR_RECORD
-            and not (isinstance(target.value, ast.Name) and target.value.id == "self")
-        ]
+        if steps and held:
+            found.append(f"{path.name}:{node.lineno} {'+'.join(sorted(steps))}, held()")
     return found
 
 
-DRIFT_CHECKS = (silence_copies, give_up_copies, unpressed_acknowledgements, record_writes)
-"""The checks of four rules the shells once each wrote apart: when a silence is past
+DRIFT_CHECKS = (
+    silence_copies,
+    give_up_copies,
+    unpressed_acknowledgements,
+    record_writes,
+    routed_then_held,
+)
+"""The checks of five rules the shells once each wrote apart: when a silence is past
 ``links.down_after``, when a simulated client's fail-over ends, what count an
-acknowledgement carries under backpressure, and who moves a neighbour's record."""
+acknowledgement carries under backpressure, who moves a neighbour's record, and how a
+copy given back or a publication held is routed and its receipt counted."""
 
 
 @pytest.mark.parametrize("check", DRIFT_CHECKS)
@@ -755,7 +776,12 @@ DRIFT_COPIES = (
     "def heard(self, state, now):\n"
     "    self.up = True\n"
     "    state.last_heard = now\n"
-    "    state.received += 1\n"
+    "    state.down_since += 1\n"
+    "    for copy in node.link_down(dst, given_back):\n"
+    "        self.execute(self.core.reroute(dst, copy), receipt=copy.receipt)\n"
+    "        copy.receipt.held()\n"
+    "    for copy, receipt in settled:\n"
+    "        receipt.held()\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -773,7 +799,8 @@ DRIFT_COPIES = (
                 "shell.py:12 acknowledgement()",
             ],
         ),
-        (record_writes, ["shell.py:15 last_heard", "shell.py:16 received"]),
+        (record_writes, ["shell.py:15 last_heard", "shell.py:16 down_since"]),
+        (routed_then_held, ["shell.py:17 reroute, held()"]),
     ],
 )
 def test_the_drift_checks_can_fail(

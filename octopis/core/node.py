@@ -76,6 +76,11 @@ class HandedShare:
     predecessor: bool = False
 
 
+Step = tuple[list[Action | HandedShare], PublishReceipt | None]
+"""Actions to carry out with the receipt their copies carry
+(:meth:`BrokerNode.route_again`, :meth:`BrokerNode.serve_if_ready`)."""
+
+
 class NotServing(RuntimeError):
     """A local publication refused: this broker is still resyncing and its hold is full
     (the message says how many it holds)."""
@@ -212,6 +217,28 @@ class BrokerNode(Generic[Token]):
         self.recovery.hold_subscriptions(neighbour, kept, first)
         return copies
 
+    def route_again(
+        self,
+        neighbour: str,
+        copies: Iterable[Item],
+        view: LinkView,
+        read: Read | None = None,
+        receipt_of: Read | None = None,
+    ) -> Iterator[Step]:
+        """The notification ``copies`` :meth:`link_down` returned, routed again with the
+        link to ``neighbour`` down (the core's ``reroute`` by ``view``), one step each:
+        the shell carries out its actions with its receipt (``receipt_of`` the item;
+        default none), and when it asks for the next step the receipt counts the copy
+        taken back as held (:meth:`PublishReceipt.held`: the rerouted copies count now).
+        A copy the core gives up is told to :attr:`on_undeliverable`."""
+        core = self.core
+        for copy in copies:
+            message = copy if read is None else read(copy)
+            receipt = None if receipt_of is None else receipt_of(copy)
+            yield self.watched(message, core.reroute, neighbour, message, view), receipt
+            if receipt is not None:
+                receipt.held()
+
     def link_back(self, neighbour: str) -> list[Action | HandedShare]:
         """A link that was down healed with the same process on the other side, in this
         order: the subscription messages held for it; with covering, what went over the
@@ -316,22 +343,33 @@ class BrokerNode(Generic[Token]):
         for _, record in self.neighbours.items():
             record.last_heard = now
 
-    def serve_if_ready(
-        self, now: float
-    ) -> tuple[list[tuple[Notification, Token]], list[Action | HandedShare]] | None:
+    def serve_if_ready(self, now: float, view: LinkView) -> Iterator[Step] | None:
         """Start serving if this node has its share from every live neighbour
         (:meth:`Neighbours.ready`, the liveness timeout past :meth:`start` counting for
-        those never heard): the local publications held meanwhile, to publish now in
-        order with their tokens (each token's hold copy is held once its publication is
-        routed: :meth:`PublishReceipt.held`), and the shares owed that are whole now.
-        None: serving already, or not yet."""
+        those never heard): the steps to carry out, in order: each local publication held
+        meanwhile, published now by ``view`` with its token (whose hold copy is held when
+        the shell asks for the next step, :meth:`PublishReceipt.held`), then the shares
+        owed that are whole now. None: serving already, or not yet."""
         if self.serving:
             return None
         if not self.neighbours.ready(now - self.started_at >= self.down_after):
             return None
         self.serving = True
         held, self.held = self.held, []
-        return held, self.pay_owed_shares()
+        return self._serve(held, self.pay_owed_shares(), view)
+
+    def _serve(
+        self,
+        held: list[tuple[Notification, Token]],
+        shares: list[Action | HandedShare],
+        view: LinkView,
+    ) -> Iterator[Step]:
+        publish = self.core.publish
+        for notification, token in held:
+            yield self.watched(notification, publish, notification, view), token
+            if token is not None:
+                token.held()  # out of the hold
+        yield shares, None
 
     def neighbour_serving(self, neighbour: str) -> list[Action]:
         """``neighbour`` is serving: the copies held for it and, if it restarted, the
@@ -491,9 +529,25 @@ class BrokerNode(Generic[Token]):
         assert isinstance(core, ClusteredBroker)
         return [Forward(neighbour, m) for m in self.recovery.share(core, neighbour, carried)]
 
+    def watched(self, message: Any, step: Callable[..., list[Action]], *args: Any) -> list[Action]:
+        """``step(*args)``, a step of the core's: ``message``, a notification, is told to
+        :attr:`on_undeliverable` if the core counted a copy of it undeliverable."""
+        if type(message) is not Notification:
+            return step(*args)
+        before = undeliverable(self.core.stats)
+        actions = step(*args)
+        if undeliverable(self.core.stats) > before:
+            self.on_undeliverable(message)
+        return actions
+
     @staticmethod
     def _released(neighbour: str, copies: list[Message]) -> list[Action]:
         return [Forward(neighbour, m) for m in copies]
+
+
+def undeliverable(stats: Counter[str]) -> int:
+    """The copies a core's ``stats`` count undeliverable, every reason together."""
+    return sum(n for key, n in stats.items() if key.startswith("undeliverable."))
 
 
 def sort_given_back(

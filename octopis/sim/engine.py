@@ -310,16 +310,13 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         return waiting + self.network.queued(self.now)
 
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
-        """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of
-        which a copy was counted undeliverable."""
+        """Run ``step(*args, view)`` on ``core``; with failures, through its node, which
+        tells the ledger of a notification of which a copy was counted undeliverable
+        (:meth:`BrokerNode.watched`)."""
         view = self._view(core.id)
-        if self.failures is None or type(message) is not Notification:
+        if self.failures is None:
             return step(*args, view)
-        before = _undeliverable(core.stats)
-        actions = step(*args, view)
-        if _undeliverable(core.stats) > before:
-            self.brokers.given_up.add(message.key)  # type: ignore[attr-defined]
-        return actions
+        return self.nodes[core.id].watched(message, step, *args, view)
 
     def _view(self, broker: str) -> LinkView:
         view = self.network.view(broker, self.events.now)
@@ -482,7 +479,3 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         else now."""
         if self.cpus is None or not self.cpus.behind(broker, actions):
             self._dispatch(broker, actions)
-
-
-def _undeliverable(stats: Counter[str]) -> int:
-    return sum(n for key, n in stats.items() if key.startswith("undeliverable."))

@@ -58,7 +58,7 @@ from octopis.core import Notification
 from octopis.core.node import HandedShare
 from octopis.defaults import DOWN_AFTER, RETAIN
 from octopis.failure_schedule import Failure
-from octopis.sim.custody import CustodyEvents, LinkCustody, Receipted, message_of
+from octopis.sim.custody import CustodyEvents, LinkCustody, message_of, receipt_of
 
 
 class FailureState:
@@ -294,13 +294,12 @@ class FailureEvents(CustodyEvents):
         self._replay_link_down(src, dst)
         custody = self.failures.custody  # type: ignore[union-attr]
         given_back, sent = custody.take_back(src, dst), custody.give_up(src, dst) if met else []
-        core = self.cores[src]
-        for copy in self.nodes[src].link_down(dst, given_back, message_of, sent):
-            n = message_of(copy)
-            receipt = copy.receipt if type(copy) is Receipted else None
-            self._dispatch(src, self._watch(core, n, core.reroute, dst, n), receipt)
-            if receipt is not None:
-                receipt.held()  # the copy taken back; the rerouted ones now count
+        node = self.nodes[src]
+        copies = node.link_down(dst, given_back, message_of, sent)
+        for actions, receipt in node.route_again(
+            dst, copies, self._view(src), message_of, receipt_of
+        ):
+            self._dispatch(src, actions, receipt)
 
     def _recover(self, failure: Failure) -> None:
         """A link comes back (the brokers at its ends meet if they had not, else their
@@ -425,18 +424,11 @@ class FailureEvents(CustodyEvents):
         owes, and its neighbours learn it serves behind what it sent them."""
         if broker in self.failures.dead:  # type: ignore[union-attr]
             return
-        node = self.nodes[broker]
-        served = node.serve_if_ready(self.now)
+        served = self.nodes[broker].serve_if_ready(self.now, self._view(broker))
         if served is None:
             return
-        held, actions = served
-        core = node.core
-        for notification, receipt in held:  # what it counts undeliverable goes to the ledger
-            publish = self._watch(core, notification, core.publish, notification)
-            self._dispatch(broker, publish, receipt)
-            if receipt is not None:
-                receipt.held()  # out of the hold
-        self._dispatch(broker, actions)
+        for actions, receipt in served:
+            self._dispatch(broker, actions, receipt)
         for n in self.scot.graph[broker]:
             self._beat(broker, n)
 

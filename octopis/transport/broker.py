@@ -44,7 +44,7 @@ from octopis.core.codec import Synced, encode_body
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.custody import PublishReceipt
 from octopis.core.load import LoadMeter
-from octopis.core.node import BrokerNode, HandedShare, NotServing
+from octopis.core.node import BrokerNode, HandedShare, NotServing, Step
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
 from octopis.filters.language import Subscription
@@ -249,11 +249,10 @@ class Broker:
             len(kept),
             neighbour,
         )
-        for frame in kept:
-            message, receipt = message_of(frame), receipt_of(frame)
-            self.execute(self.core.reroute(neighbour, message, self.lst), receipt=receipt)
-            if receipt is not None:
-                receipt.held()  # the copy taken back; the rerouted ones now count
+        for actions, receipt in self.node.route_again(
+            neighbour, kept, self.lst, message_of, receipt_of
+        ):
+            self.execute(actions, receipt=receipt)
 
     def link_back(self, neighbour: str) -> None:
         """A link that was down healed with the same incarnation on the other side: the
@@ -264,13 +263,12 @@ class Broker:
         """A neighbour is serving (:meth:`BrokerNode.neighbour_serving`)."""
         self.execute(self.node.neighbour_serving(neighbour))
 
-    def now_serving(self, held: list[tuple[Notification, PublishReceipt]], actions: list) -> None:
-        """Route the local publications ``held`` while this broker was resyncing; hand
-        the shares we owe that are whole now (:meth:`BrokerNode.serve_if_ready`)."""
-        for notification, receipt in held:
-            self.execute(self.core.publish(notification, self.lst), receipt=receipt)
-            receipt.held()  # out of the hold
-        self.execute(actions)
+    def now_serving(self, steps: Iterator[Step]) -> None:
+        """Route the local publications held while this broker was resyncing; hand the
+        shares we owe that are whole now (the node's steps,
+        :meth:`BrokerNode.serve_if_ready`)."""
+        for actions, receipt in steps:
+            self.execute(actions, receipt=receipt)
 
     def synced(self, neighbour: str, synced: Synced) -> None:
         """``neighbour`` handed its share (:meth:`BrokerNode.synced`)."""

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from octopis.core import Message, Notification
 from octopis.core.codec import Synced
-from octopis.core.custody import PublishReceipt
+from octopis.core.node import Step
 
 
 class PeerEvents(Protocol):
@@ -46,10 +46,10 @@ class PeerEvents(Protocol):
         """``neighbour`` has handed us its share (whole or not) and says whether it
         wants ours (DESIGN §7)."""
 
-    def now_serving(self, held: list[tuple[Notification, PublishReceipt]], actions: list) -> None:
-        """This broker has its resync state from every live neighbour (DESIGN §7): route
-        the local publications ``held`` meanwhile, and carry out the node's ``actions``
-        (:meth:`BrokerNode.serve_if_ready`)."""
+    def now_serving(self, steps: Iterator[Step]) -> None:
+        """This broker has its resync state from every live neighbour (DESIGN §7): carry
+        out the node's ``steps``, the local publications held meanwhile, then the shares
+        owed (:meth:`BrokerNode.serve_if_ready`)."""
 
     def neighbour_serving(self, neighbour: str) -> None:
         """``neighbour`` says it is serving (after its start or restart)."""

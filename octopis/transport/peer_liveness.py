@@ -92,13 +92,13 @@ class PeerLiveness:
     def check_serving(self, now: float) -> None:
         """Start serving when the node says so (:meth:`BrokerNode.serve_if_ready`), then
         tell every neighbour at once, behind what was sent it meanwhile."""
-        served = self.node.serve_if_ready(now)
+        served = self.node.serve_if_ready(now, self.lst)
         if served is None:
             return
         log.info("%s is serving (resynced from every live neighbour)", self.id)
         for name, state in self.neighbours.items():
             self.output.beat(name, state, now, behind_data=True)
-        self.events.now_serving(*served)
+        self.events.now_serving(served)
 
     # -- frames heard ----------------------------------------------------------------------
 
