@@ -735,17 +735,38 @@ def routed_then_held(path: Path) -> list[str]:
     return found
 
 
+HEAL_STEPS = frozenset({"said", "resumed", "link_back"})
+"""The steps of a heal that only :meth:`BrokerNode.heard` orders: whether the neighbour
+resumes its session, the hand-over, and its word. The process once heard the word
+first (a heartbeat, the usual first frame) and released the held copies before the
+hand-over; the simulator handed over first."""
+
+
+def heal_steps(path: Path) -> list[str]:
+    """Every call in ``path``'s code of a :data:`HEAL_STEPS` step: a shell ordering a
+    heal itself."""
+    return [
+        f"{path.name}:{node.lineno} {node.func.attr}()"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in HEAL_STEPS
+    ]
+
+
 DRIFT_CHECKS = (
     silence_copies,
     give_up_copies,
     unpressed_acknowledgements,
     record_writes,
     routed_then_held,
+    heal_steps,
 )
-"""The checks of five rules the shells once each wrote apart: when a silence is past
+"""The checks of six rules the shells once each wrote apart: when a silence is past
 ``links.down_after``, when a simulated client's fail-over ends, what count an
-acknowledgement carries under backpressure, who moves a neighbour's record, and how a
-copy given back or a publication held is routed and its receipt counted."""
+acknowledgement carries under backpressure, who moves a neighbour's record, how a copy
+given back or a publication held is routed and its receipt counted, and the order of a
+heal."""
 
 
 @pytest.mark.parametrize("check", DRIFT_CHECKS)
@@ -782,6 +803,8 @@ DRIFT_COPIES = (
     "        copy.receipt.held()\n"
     "    for copy, receipt in settled:\n"
     "        receipt.held()\n"
+    "    if node.neighbours.said(dst, word) and node.neighbours.resumed(dst):\n"
+    "        self.execute(node.link_back(dst))\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -801,6 +824,7 @@ DRIFT_COPIES = (
         ),
         (record_writes, ["shell.py:15 last_heard", "shell.py:16 down_since"]),
         (routed_then_held, ["shell.py:17 reroute, held()"]),
+        (heal_steps, ["shell.py:22 resumed()", "shell.py:22 said()", "shell.py:23 link_back()"]),
     ],
 )
 def test_the_drift_checks_can_fail(

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
@@ -79,6 +79,23 @@ class HandedShare:
 Step = tuple[list[Action | HandedShare], PublishReceipt | None]
 """Actions to carry out with the receipt their copies carry
 (:meth:`BrokerNode.route_again`, :meth:`BrokerNode.serve_if_ready`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """The link to ``link`` healed: it sends again, ahead of all, what it has no
+    acknowledgement for (the cut may have lost it in flight, DESIGN §7), and carries
+    again (the process's link paused while its neighbour was down)."""
+
+    link: str
+
+
+class Heard(NamedTuple):
+    """What a sign of life from a neighbour does (:meth:`BrokerNode.heard`): ``back``,
+    it was down; the ``actions`` to carry out, in order."""
+
+    back: bool
+    actions: list[Action | HandedShare | Resend]
 
 
 class NotServing(RuntimeError):
@@ -216,6 +233,35 @@ class BrokerNode(Generic[Token]):
             self.counters["replay_answers_dropped"] += answers + dropped
         self.recovery.hold_subscriptions(neighbour, kept, first)
         return copies
+
+    def heard(
+        self,
+        neighbour: str,
+        now: float,
+        word: bool | None = None,
+        give_back: Callable[[], object] = lambda: None,
+    ) -> Heard:
+        """A frame from ``neighbour`` at ``now``, whatever it is (a heartbeat, the usual
+        first one after a cut since a paused link still beats; data; RESENT): a sign of
+        life (:meth:`Neighbours.heard`), and ``word``, what a heartbeat says of its
+        serving (None: no heartbeat). Both shells call this for every frame they take
+        from a neighbour; it orders a heal (DESIGN §7). Back from a silence that its
+        session outlived (:meth:`Neighbours.resumed`): first the shell's ``give_back``
+        runs (its link gives back what was put on it while down: :meth:`link_down`,
+        then :meth:`route_again`, routed around the neighbour, whose word the silence
+        reset), then the actions: :class:`Resend`, and the hand-over of
+        :meth:`link_back` (held subscriptions, ``refresh_link``, held copies, shares).
+        Only then is its word heard (:meth:`Neighbours.said`): serving news hands it
+        what is still held for it (:meth:`neighbour_serving`), which the hand-over
+        already gave it after a heal."""
+        back = self.neighbours.heard(neighbour, now)
+        actions: list[Action | HandedShare | Resend] = []
+        if back and self.neighbours.resumed(neighbour):
+            give_back()
+            actions += [Resend(neighbour), *self.link_back(neighbour)]
+        if word is not None and self.neighbours.said(neighbour, word):
+            actions += self.neighbour_serving(neighbour)
+        return Heard(back, actions)
 
     def route_again(
         self,

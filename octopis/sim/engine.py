@@ -35,7 +35,7 @@ from octopis.core import (
 )
 from octopis.core.custody import PublishReceipt
 from octopis.core.lst import LinkView
-from octopis.core.node import HandedShare, NotServing
+from octopis.core.node import HandedShare, NotServing, Resend
 from octopis.core.sessions import check_advertised
 from octopis.core.table import MatcherFactory
 from octopis.defaults import DOWN_AFTER, LINGER, RETAIN
@@ -391,6 +391,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
                 self.nodes[broker].hold(action)
             elif kind is HandedShare:
                 self._dispatch(broker, [Forward(action.link, action)])
+            elif kind is Resend:  # a heal's (:meth:`BrokerNode.heard`)
+                self._resend(broker, action.link)
             elif kind is Released:  # the move reached here: the node lets it go
                 subscriber, sub_id = action
                 self.nodes[broker].released(subscriber, sub_id, self._durables(broker))

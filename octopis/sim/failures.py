@@ -302,8 +302,9 @@ class FailureEvents(CustodyEvents):
             self._dispatch(src, actions, receipt)
 
     def _recover(self, failure: Failure) -> None:
-        """A link comes back (the brokers at its ends meet if they had not, else their
-        nodes' :meth:`~BrokerNode.link_back`), or a broker restarts empty
+        """A link comes back (the brokers at its ends meet if they had not, else each
+        hears the other's heartbeat and its node heals, :meth:`~BrokerNode.heard`), or a
+        broker restarts empty
         (:meth:`_start`)."""
         state = self.failures
         assert state is not None
@@ -333,13 +334,8 @@ class FailureEvents(CustodyEvents):
             for src, dst in links:
                 self._undetect(src, dst)
             return
-        for src, dst in links:
-            resumes = self.nodes[src].neighbours.resumed(dst)
+        for src, dst in links:  # each hears the other's heartbeat, the node's heal
             self._undetect(src, dst)
-            if resumes:  # as the process's link when it hears its neighbour again
-                self._give_back(src, dst)  # what waited, first
-                self._resend(src, dst)  # ahead of all, what the cut may have lost
-                self._dispatch(src, self.nodes[src].link_back(dst))
             self._heard(src, dst, self.nodes[dst].serving)
 
     def _start(self, broker: str) -> None:
@@ -402,11 +398,12 @@ class FailureEvents(CustodyEvents):
 
     def _heard(self, src: str, dst: str, serving: bool) -> None:
         """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its
-        node's word, as the process's heartbeat carries it; :meth:`Neighbours.said`):
-        if its serving is news, ``src`` hands it what it held for it
-        (:meth:`BrokerNode.neighbour_serving`)."""
-        if self.nodes[src].neighbours.said(dst, serving):
-            self._dispatch(src, self.nodes[src].neighbour_serving(dst))
+        node's word, as the process's heartbeat carries it): the node's steps, in its
+        order (:meth:`BrokerNode.heard`, the process's too); if it heals, ``src``'s link
+        gives back first what waited on it (:meth:`_give_back`), and the node's
+        :class:`Resend` sends again what the cut may have lost (:meth:`_resend`)."""
+        heard = self.nodes[src].heard(dst, self.now, serving, lambda: self._give_back(src, dst))
+        self._dispatch(src, heard.actions)
 
     def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
         """``src``'s SYNCED reached ``broker``, behind the share it announces."""
@@ -453,10 +450,10 @@ class FailureEvents(CustodyEvents):
         self._heard(src, dst, serving)
 
     def _undetect(self, src: str, dst: str) -> None:
-        """``src`` hears ``dst`` again; what it sends ``dst`` stays unacknowledged (in
-        custody, its failure time kept) while that direction is cut (one way)."""
+        """``src`` hears ``dst`` again (:meth:`_heard`, or a handshake); what it sends
+        ``dst`` stays unacknowledged (in custody, its failure time kept) while that
+        direction is cut (one way)."""
         state = self.failures
         assert state is not None
         if not state.broken(src, dst):
             state.failed_at.pop((src, dst), None)
-        self.nodes[src].neighbours.heard(dst, self.now)

@@ -44,7 +44,7 @@ from octopis.core.codec import Synced, encode_body
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.custody import PublishReceipt
 from octopis.core.load import LoadMeter
-from octopis.core.node import BrokerNode, HandedShare, NotServing, Step
+from octopis.core.node import BrokerNode, HandedShare, NotServing, Resend, Step
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
 from octopis.filters.language import Subscription
@@ -254,11 +254,6 @@ class Broker:
         ):
             self.execute(actions, receipt=receipt)
 
-    def link_back(self, neighbour: str) -> None:
-        """A link that was down healed with the same incarnation on the other side: the
-        node's hand-over, in its order (:meth:`BrokerNode.link_back`)."""
-        self.execute(self.node.link_back(neighbour))
-
     def neighbour_serving(self, neighbour: str) -> None:
         """A neighbour is serving (:meth:`BrokerNode.neighbour_serving`)."""
         self.execute(self.node.neighbour_serving(neighbour))
@@ -402,6 +397,8 @@ class Broker:
                 delivered = action.notification
             elif type(action) is Released:
                 self.clients.sessions.released(action.subscriber, action.sub_id)
+            elif type(action) is Resend:
+                self.peers.output.resend(action.link, now)
             elif type(action) is HandedShare:
                 synced = Synced(
                     action.entries, action.complete, action.wants_share, action.predecessor
