@@ -35,7 +35,7 @@ from octopis.core.answer import CLOCK_SLACK, AnswerSelection, Kept, RetentionBou
 from octopis.core.codec import encode_body
 from octopis.core.custody import PublishReceipt
 from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase, stall
-from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
+from octopis.core.node import BrokerNode, HandedShare, NotKept, NotServing, Refused, read_sbp
 from octopis.core.replay import Replay, ReplayData
 from octopis.defaults import CLOCK_SKEW, LOOKBACK, PUBLISHERS_KNOWN
 from octopis.failure_schedule import Failure
@@ -131,6 +131,21 @@ def test_local_publications_wait_for_serving_up_to_the_hold() -> None:
     assert next(steps) == ([], None) and answered == [1, 2]  # then the shares: none owed
     assert node.publish(notes[2], r3, NO_CONGESTION) is not None  # routed now
     assert not r3.waits
+
+
+def test_a_publication_its_store_refuses_is_refused_before_routing_and_counted() -> None:
+    """The store's refusal, handed to the publish step, refuses the publication before the
+    node takes it (neither held nor routed, its receipt keeps nothing), counted once by
+    the node for both shells; without one it is taken."""
+    node = _node()
+    note = Notification("P", 1, 0.0, {"x": 1})
+    receipt = PublishReceipt(lambda: None)
+    with pytest.raises(NotKept, match="the disk refused"):
+        node.publish(note, receipt, NO_CONGESTION, "the disk refused a commit")
+    assert node.counters["publications_refused.not_kept"] == 1
+    assert node.held == [] and not receipt.waits
+    assert node.publish(note, receipt, NO_CONGESTION) is None  # taken: held (not serving)
+    assert node.held == [(note, receipt)] and issubclass(NotKept, Refused)
 
 
 def test_copies_given_back_are_routed_again_then_their_receipts_count_them_held() -> None:

@@ -98,9 +98,19 @@ class Heard(NamedTuple):
     actions: list[Action | HandedShare | Resend]
 
 
-class NotServing(RuntimeError):
-    """A local publication refused: this broker is still resyncing and its hold is full
-    (the message says how many it holds)."""
+class Refused(RuntimeError):
+    """A local publication refused before routing: neither kept nor routed here (the
+    publisher keeps it and retries; the message says why)."""
+
+
+class NotServing(Refused):
+    """Refused: this broker is still resyncing and its hold is full (the message says how
+    many it holds)."""
+
+
+class NotKept(Refused):
+    """Refused: its retention store cannot keep it now (its disk refused a commit moments
+    ago; the message is the store's, :func:`~octopis.core.answer.store_refusal`)."""
 
 
 def read_sbp(message: Message | Replay) -> tuple[str, bool]:
@@ -179,13 +189,20 @@ class BrokerNode(Generic[Token]):
     # -- local publications ----------------------------------------------------------------
 
     def publish(
-        self, notification: Notification, token: Token, view: LinkView
+        self, notification: Notification, token: Token, view: LinkView, refusal: str | None = None
     ) -> list[Action] | None:
-        """A local publication: routed now if serving; else held with ``token`` until
-        :meth:`serve_if_ready` hands it back (None now): the hold keeps a copy of it,
-        which its receipt waits for (:meth:`PublishReceipt.keep`) until the shell has
-        routed it. :class:`NotServing` when the hold is full: the publisher keeps it and
-        retries."""
+        """A local publication, the step both shells take (DESIGN §7, §11): refused if its
+        store refuses now (``refusal``, the store's word: counted
+        ``publications_refused.not_kept``, :class:`NotKept`); else routed now if serving,
+        or held with ``token`` until :meth:`serve_if_ready` hands it back (None now): the
+        hold keeps a copy of it, which its receipt waits for
+        (:meth:`PublishReceipt.keep`) until the shell has routed it; :class:`NotServing`
+        when the hold is full. Refused, the publisher keeps it and retries. Taken, the
+        shell's store keeps it (its receipt waits for the commit too) before the shell
+        carries out the actions."""
+        if refusal is not None:
+            self.counters["publications_refused.not_kept"] += 1
+            raise NotKept(refusal)
         if self.serving:
             return self.core.publish(notification, view)
         if len(self.held) >= self.publication_hold:

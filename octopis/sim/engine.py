@@ -16,6 +16,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from octopis.accounting import (
@@ -35,7 +36,7 @@ from octopis.core import (
 )
 from octopis.core.custody import PublishReceipt
 from octopis.core.lst import LinkView
-from octopis.core.node import HandedShare, NotServing, Resend
+from octopis.core.node import HandedShare, NotKept, NotServing, Resend
 from octopis.core.sessions import check_advertised
 from octopis.core.table import MatcherFactory
 from octopis.defaults import DOWN_AFTER, LINGER, RETAIN
@@ -233,13 +234,16 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             self.cpus.queue(broker, None, notification)
             return publisher, seq
         node = self.nodes[broker]
-        receipt = None
+        receipt = refusal = None
         if self.failures is not None:  # the stores keep, and confirm through a receipt
-            if self.retention.refusal(broker, self.now) is not None:
-                return publisher, seq  # its disk refused a commit just now: neither kept nor routed
+            refusal = self.retention.refusal(broker, self.now)
             receipt = self.retention.receipt(broker, notification.key)
         try:
-            actions = self._watch(core, notification, node.publish, notification, receipt)
+            actions = self._watch(
+                core, notification, node.publish, notification, receipt, refusal=refusal
+            )
+        except NotKept:  # its disk refused a commit just now: neither kept nor routed
+            return publisher, seq
         except NotServing:
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
@@ -309,14 +313,16 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         waiting = self.cpus.waiting_publications() if self.cpus is not None else 0
         return waiting + self.network.queued(self.now)
 
-    def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
-        """Run ``step(*args, view)`` on ``core``; with failures, through its node, which
-        tells the ledger of a notification of which a copy was counted undeliverable
-        (:meth:`BrokerNode.watched`)."""
+    def _watch(
+        self, core: BrokerCore, message: object, step: Callable, *args: Any, **kw: Any
+    ) -> list:
+        """Run ``step(*args, view, **kw)`` on ``core``; with failures, through its node,
+        which tells the ledger of a notification of which a copy was counted
+        undeliverable (:meth:`BrokerNode.watched`)."""
         view = self._view(core.id)
         if self.failures is None:
-            return step(*args, view)
-        return self.nodes[core.id].watched(message, step, *args, view)
+            return step(*args, view, **kw)
+        return self.nodes[core.id].watched(message, partial(step, **kw), *args, view)
 
     def _view(self, broker: str) -> LinkView:
         view = self.network.view(broker, self.events.now)

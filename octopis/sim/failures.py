@@ -164,9 +164,7 @@ class FailureEvents(CustodyEvents):
         """The ``failures`` part of a run's report: the nodes' and links' counts, what is
         still held at the end, the hosts' split and the replays (``stats``: the cores')."""
         held = sum(1 for node in self.nodes.values() for _ in node.held_notifications())
-        counts = self.failure_counts + sum(
-            (node.counts() for node in self.nodes.values()), Counter()
-        )
+        counts = self.failure_totals()
         counts.update(self.failures.custody.counts())
         return {
             **counts,
@@ -175,6 +173,11 @@ class FailureEvents(CustodyEvents):
             **host_split(self.ledger, {**self._home, **self.first_home}, self.hosts_failed),
             "replays": self.replay_report(),
         }
+
+    def failure_totals(self) -> Counter[str]:
+        """What the run counted of failures: the simulator's counts and every node's (a
+        dead node's were added to the simulator's at its death)."""
+        return self.failure_counts + sum((node.counts() for node in self.nodes.values()), Counter())
 
     def _dead(self, broker: str) -> bool:
         """Whether ``broker`` is dead now."""

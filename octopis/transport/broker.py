@@ -44,7 +44,7 @@ from octopis.core.codec import Synced, encode_body
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.custody import PublishReceipt
 from octopis.core.load import LoadMeter
-from octopis.core.node import BrokerNode, HandedShare, NotServing, Resend, Step
+from octopis.core.node import BrokerNode, HandedShare, Refused, Resend, Step
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
 from octopis.filters.language import Subscription
@@ -300,13 +300,9 @@ class Broker:
         ``receipt``, or holds it while resyncing), then it is kept for replay (committed
         before its confirm can leave); a full hold raises :class:`ClientError` (the
         client keeps the publication, neither kept nor routed here)."""
-        refusal = self.replaying.refusal()
-        if refusal is not None:
-            self.counters["publications_refused.not_kept"] += 1
-            raise ClientError(refusal)
         try:
-            actions = self.node.publish(notification, receipt, self.lst)
-        except NotServing as exc:  # refused: neither kept nor routed
+            actions = self.node.publish(notification, receipt, self.lst, self.replaying.refusal())
+        except Refused as exc:  # neither kept nor routed
             raise ClientError(str(exc)) from None
         body = encode_body(notification)
         self.replaying.kept(notification, body, receipt)
