@@ -761,6 +761,22 @@ def heal_steps(path: Path) -> list[str]:
     ]
 
 
+def unanswered_checks(path: Path) -> list[str]:
+    """Every comparison in ``path``'s code of a ``requester`` with None: a shell weighing
+    itself whether a replay's answer goes to anyone, where the rounds make no
+    ``ReplayDeliver`` or ``ReplayDone`` for a request nobody at the host is answered for
+    (both shells once skipped those with ``requester is None``)."""
+    return [
+        f"{path.name}:{node.lineno} requester is None"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Compare)
+        and any(getattr(n, "attr", None) == "requester" for n in (node.left, *node.comparators))
+        and any(
+            isinstance(n, ast.Constant) and n.value is None for n in (node.left, *node.comparators)
+        )
+    ]
+
+
 DRIFT_CHECKS = (
     silence_copies,
     give_up_copies,
@@ -768,12 +784,13 @@ DRIFT_CHECKS = (
     record_writes,
     routed_then_held,
     heal_steps,
+    unanswered_checks,
 )
-"""The checks of six rules the shells once each wrote apart: when a silence is past
+"""The checks of seven rules the shells once each wrote apart: when a silence is past
 ``links.down_after``, when a simulated client's fail-over ends, what count an
 acknowledgement carries under backpressure, who moves a neighbour's record, how a copy
-given back or a publication held is routed and its receipt counted, and the order of a
-heal."""
+given back or a publication held is routed and its receipt counted, the order of a
+heal, and whether a replay's answer goes to anyone."""
 
 
 @pytest.mark.parametrize("check", DRIFT_CHECKS)
@@ -812,6 +829,8 @@ DRIFT_COPIES = (
     "        receipt.held()\n"
     "    if node.neighbours.said(dst, word) and node.neighbours.resumed(dst):\n"
     "        self.execute(node.link_back(dst))\n"
+    "    if action.requester is not None and action.requester in clients:\n"
+    "        return None is action.requester\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -832,6 +851,7 @@ DRIFT_COPIES = (
         (record_writes, ["shell.py:15 last_heard", "shell.py:16 down_since"]),
         (routed_then_held, ["shell.py:17 reroute, held()"]),
         (heal_steps, ["shell.py:22 resumed()", "shell.py:22 said()", "shell.py:23 link_back()"]),
+        (unanswered_checks, ["shell.py:24 requester is None", "shell.py:25 requester is None"]),
     ],
 )
 def test_the_drift_checks_can_fail(
