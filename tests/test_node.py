@@ -24,6 +24,7 @@ import pytest
 from octopis.client_policy import LastSeen, failover_order, replay_after
 from octopis.core import (
     Forward,
+    Hold,
     NoCongestion,
     Notification,
     Subscribe,
@@ -207,6 +208,25 @@ def test_a_share_paid_late_is_said_again_when_its_link_heals() -> None:
     assert healed[-1] == HandedShare(peer, 0, True, False)
     node.neighbour_met(peer, 8, restarted=True)  # a new process gets a share of its own
     assert HandedShare(peer, 0, True, False) not in node.link_back(peer)
+
+
+def test_a_share_heard_is_taken_then_a_neighbour_now_serving_gets_what_was_held() -> None:
+    """A SYNCED from a neighbour that already said it serves: its share counts, is taken
+    (our table is whole for it), and then the copy held for it is handed, in one step; a
+    SYNCED before its handshake named us changes nothing."""
+    node = _node()
+    node.core.expect_shares({n.id for n in FIG2.brokers["c:0"].neighbours})
+    peer = "b:0"
+    note = Notification("P", 1, 0.0, {"x": 1})
+    assert node.share_heard(peer, HandedShare("c:0", 0)) == []  # not met yet
+    node.neighbours.met(peer, 7)
+    node.neighbours.handshake(peer, 0, 0)  # names us (incarnation 0 here)
+    node.neighbours.heard(peer, 1.0)
+    node.neighbours.said(peer, True)
+    node.hold(Hold(peer, note))
+    actions = node.share_heard(peer, HandedShare("c:0", 0))
+    assert peer not in node.core.missing_shares
+    assert actions[-1:] == [Forward(peer, note)] and node.neighbours[peer].serving
 
 
 def test_a_bid_broker_learns_its_table_was_lost_from_a_neighbour_that_knew_it() -> None:

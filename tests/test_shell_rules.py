@@ -742,11 +742,13 @@ def routed_then_held(path: Path) -> list[str]:
     return found
 
 
-HEAL_STEPS = frozenset({"said", "resumed", "link_back"})
+HEAL_STEPS = frozenset({"said", "resumed", "link_back", "share", "neighbour_serving"})
 """The steps of a heal that only :meth:`BrokerNode.heard` orders: whether the neighbour
 resumes its session, the hand-over, and its word. The process once heard the word
 first (a heartbeat, the usual first frame) and released the held copies before the
-hand-over; the simulator handed over first."""
+hand-over; the simulator handed over first. And the steps of a share heard, which
+:meth:`BrokerNode.share_heard` orders (both shells once asked ``Neighbours.share``,
+then ``synced``, then ``neighbour_serving`` themselves)."""
 
 
 def heal_steps(path: Path) -> list[str]:
@@ -831,6 +833,8 @@ DRIFT_COPIES = (
     "        self.execute(node.link_back(dst))\n"
     "    if action.requester is not None and action.requester in clients:\n"
     "        return None is action.requester\n"
+    "    if node.neighbours.share(src).now_serving:\n"
+    "        self.execute(node.neighbour_serving(src))\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -850,7 +854,16 @@ DRIFT_COPIES = (
         ),
         (record_writes, ["shell.py:15 last_heard", "shell.py:16 down_since"]),
         (routed_then_held, ["shell.py:17 reroute, held()"]),
-        (heal_steps, ["shell.py:22 resumed()", "shell.py:22 said()", "shell.py:23 link_back()"]),
+        (
+            heal_steps,
+            [
+                "shell.py:22 resumed()",
+                "shell.py:22 said()",
+                "shell.py:23 link_back()",
+                "shell.py:26 share()",
+                "shell.py:27 neighbour_serving()",
+            ],
+        ),
         (unanswered_checks, ["shell.py:24 requester is None", "shell.py:25 requester is None"]),
     ],
 )

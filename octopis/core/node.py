@@ -366,6 +366,18 @@ class BrokerNode(Generic[Token]):
         share = self._share(neighbour, carried)
         return actions + share, HandedShare(neighbour, len(share), True, wants, restarted)
 
+    def share_heard(self, neighbour: str, handed: HandedShare) -> list[Action | HandedShare]:
+        """``neighbour`` says it handed its share (its SYNCED, ``handed``; the step both
+        shells take): its session counts it (:meth:`Neighbours.share`); a share for us
+        is taken (:meth:`synced`), then, if the neighbour serves now (it had said so
+        before its share came in), it is handed what is held for it
+        (:meth:`neighbour_serving`). The shell then asks :meth:`serve_if_ready`."""
+        heard = self.neighbours.share(neighbour)
+        actions = self.synced(neighbour, handed) if heard.for_us else []
+        if heard.now_serving:
+            actions += self.neighbour_serving(neighbour)
+        return actions
+
     def synced(self, neighbour: str, handed: HandedShare) -> list:
         """``neighbour`` handed us its share (``handed`` as it told us): whole, we route by
         the table on its side and pay the shares this completed; if it wants none of ours,

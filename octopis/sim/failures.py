@@ -409,13 +409,9 @@ class FailureEvents(CustodyEvents):
         self._dispatch(src, heard.actions)
 
     def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
-        """``src``'s SYNCED reached ``broker``, behind the share it announces."""
-        node = self.nodes[broker]
-        heard = node.neighbours.share(src)
-        if heard.for_us:
-            self._dispatch(broker, node.synced(src, handed))
-        if heard.now_serving:
-            self._dispatch(broker, node.neighbour_serving(src))
+        """``src``'s SYNCED reached ``broker``, behind the share it announces: the node's
+        step (:meth:`BrokerNode.share_heard`); then ``broker`` may serve."""
+        self._dispatch(broker, self.nodes[broker].share_heard(src, handed))
         self._check_serving(broker)
 
     def _check_serving(self, broker: str) -> None:

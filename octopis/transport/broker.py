@@ -254,10 +254,6 @@ class Broker:
         ):
             self.execute(actions, receipt=receipt)
 
-    def neighbour_serving(self, neighbour: str) -> None:
-        """A neighbour is serving (:meth:`BrokerNode.neighbour_serving`)."""
-        self.execute(self.node.neighbour_serving(neighbour))
-
     def now_serving(self, steps: Iterator[Step]) -> None:
         """Route the local publications held while this broker was resyncing; hand the
         shares we owe that are whole now (the node's steps,
@@ -266,11 +262,11 @@ class Broker:
             self.execute(actions, receipt=receipt)
 
     def synced(self, neighbour: str, synced: Synced) -> None:
-        """``neighbour`` handed its share (:meth:`BrokerNode.synced`)."""
+        """``neighbour`` handed its share (:meth:`BrokerNode.share_heard`)."""
         handed = HandedShare(
             neighbour, synced.entries, synced.complete, synced.wants_share, synced.predecessor
         )
-        self.execute(self.node.synced(neighbour, handed))
+        self.execute(self.node.share_heard(neighbour, handed))
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
         """Resync (DESIGN §7): the node's hand-over to a new incarnation of ``neighbour``

@@ -45,12 +45,9 @@ class PeerEvents(Protocol):
 
     def synced(self, neighbour: str, synced: Synced) -> None:
         """``neighbour`` has handed us its share (whole or not) and says whether it
-        wants ours (DESIGN §7)."""
+        wants ours (DESIGN §7): the node's step (:meth:`BrokerNode.share_heard`)."""
 
     def now_serving(self, steps: Iterator[Step]) -> None:
         """This broker has its resync state from every live neighbour (DESIGN §7): carry
         out the node's ``steps``, the local publications held meanwhile, then the shares
         owed (:meth:`BrokerNode.serve_if_ready`)."""
-
-    def neighbour_serving(self, neighbour: str) -> None:
-        """``neighbour`` says it is serving (after its start or restart)."""

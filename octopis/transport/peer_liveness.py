@@ -128,13 +128,11 @@ class PeerLiveness:
             self.output.links[sender].acknowledge(message.acked, now)
 
     def synced(self, sender: str, message: Synced, now: float) -> None:
-        """``sender`` says it handed us its share."""
-        heard = self.neighbours.share(sender)
-        if heard.for_us:
-            self.events.synced(sender, message)
-        if heard.now_serving:
-            self.route_through(sender)
-            self.events.neighbour_serving(sender)
+        """``sender`` says it handed us its share: the node's step
+        (:meth:`BrokerNode.share_heard`); the LST row follows the node's table; then this
+        broker may serve."""
+        self.events.synced(sender, message)
+        self.route_through(sender)
         self.check_serving(now)
 
     def heard(self, sender: str, state: Neighbour, serving: bool | None, now: float) -> None:
