@@ -239,9 +239,8 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
             refusal = self.retention.refusal(broker, self.now)
             receipt = self.retention.receipt(broker, notification.key)
         try:
-            actions = self._watch(
-                core, notification, node.publish, notification, receipt, refusal=refusal
-            )
+            publish = partial(node.publish, refusal=refusal)
+            actions = self._watch(core, notification, publish, notification, receipt)
         except NotKept:  # its disk refused a commit just now: neither kept nor routed
             return publisher, seq
         except NotServing:
@@ -313,16 +312,13 @@ class Simulator(FailureEvents, SubscriberFailover, Reshaping, SubscriberMoves):
         waiting = self.cpus.waiting_publications() if self.cpus is not None else 0
         return waiting + self.network.queued(self.now)
 
-    def _watch(
-        self, core: BrokerCore, message: object, step: Callable, *args: Any, **kw: Any
-    ) -> list:
-        """Run ``step(*args, view, **kw)`` on ``core``; with failures, through its node,
-        which tells the ledger of a notification of which a copy was counted
-        undeliverable (:meth:`BrokerNode.watched`)."""
+    def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
+        """Run ``step(*args, view)`` on ``core``; with failures, through its node, which
+        tells the ledger of a copy given up (:meth:`BrokerNode.watched`)."""
         view = self._view(core.id)
         if self.failures is None:
-            return step(*args, view, **kw)
-        return self.nodes[core.id].watched(message, partial(step, **kw), *args, view)
+            return step(*args, view)
+        return self.nodes[core.id].watched(message, step, *args, view)
 
     def _view(self, broker: str) -> LinkView:
         view = self.network.view(broker, self.events.now)
