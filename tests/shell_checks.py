@@ -1,6 +1,7 @@
 """What the shell-rule checks share (tests/test_shell_rules*.py, test_link_rules.py,
 test_session_rules.py): the shells' packages, a check run over every module of them, and
-the string constants of a module that hold given words."""
+the string constants of a module that hold given words, and the attributes a statement
+assigns on anything but ``self``."""
 
 from __future__ import annotations
 
@@ -40,4 +41,23 @@ def strings_holding(path: Path, words: tuple[str, ...]) -> list[str]:
         if id(node) not in docstrings
         for word in words
         if word in node.value
+    ]
+
+
+def writes(node: ast.AST, names: frozenset[str]) -> list[str]:
+    """The attributes in ``names`` that ``node`` assigns, on anything but ``self`` (an
+    object's own counters are its own)."""
+    targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, ast.AugAssign | ast.AnnAssign)
+        else []
+    )
+    return [
+        target.attr
+        for target in targets
+        if isinstance(target, ast.Attribute)
+        and target.attr in names
+        and not (isinstance(target.value, ast.Name) and target.value.id == "self")
     ]

@@ -23,7 +23,7 @@ from octopis.core.codec import Hello, Resent, Synced, decode_body, encode_body
 from octopis.core.custody import resent, took
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbour
-from octopis.core.node import BrokerNode
+from octopis.core.node import BrokerNode, Resend
 from octopis.failure_schedule import Failure
 from octopis.sim import Simulator
 from octopis.sim.custody import LinkCustody
@@ -153,9 +153,11 @@ def _process(end: str, acknowledged: int) -> tuple[list[str], int, int, int]:
             def link_down(self, neighbour: str, queued: list[list], sent=()) -> None:
                 node.link_down(neighbour, queued, _read, sent)  # n3: routed again
 
-            def link_back(self, neighbour: str) -> None:
-                for action in node.link_back(neighbour):
-                    if type(action) is Forward:
+            def execute(self, actions: list) -> None:  # a heal's (BrokerNode.heard)
+                for action in actions:
+                    if type(action) is Resend:
+                        liveness.output.resend(action.link, loop.time())
+                    elif type(action) is Forward:
                         put(action.message)
 
             def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
@@ -191,9 +193,8 @@ def _process(end: str, acknowledged: int) -> tuple[list[str], int, int, int]:
                     relay.abort()  # the cut outlasts TCP's timeout
                     await until(lambda: relay.accepted == 2, "ZeroMQ reconnects", 10)
             state = node.neighbours[PEER]
-            if end == "back":
-                node.neighbours.heard(PEER, loop.time())
-                liveness.came_back(PEER, state, loop.time())
+            if end == "back":  # a data frame heard: no word
+                liveness.heard(PEER, state, None, loop.time())
             else:
                 node.neighbours.heard(PEER, loop.time())
                 liveness.link_message(PEER, state, Hello(9, 1), loop.time())

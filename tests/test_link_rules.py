@@ -1,9 +1,10 @@
 """The neighbour lifecycle's rules that both shells ask of the node (DESIGN §7, §9), and
 the checks, read from the shells' AST as ``test_layers.py`` reads the others, that
 neither keeps a copy: whether a neighbour heard again resumes its session
-(``Neighbours.resumed``), what a RESENT's receiver takes (``resent_taken``, tested in
-``test_custody.py``), whether a relink may drop a link that still carries
-(``core.relinking``), when a silent neighbour is declared down
+(``Neighbours.resumed``, asked by ``BrokerNode.heard``, which both shells call; neither
+asks it, ``test_shell_rules.heal_steps``), what a RESENT's receiver takes
+(``resent_taken``, tested in ``test_custody.py``), whether a relink may drop a link that
+still carries (``core.relinking``), when a silent neighbour is declared down
 (``Neighbours.overdue``), when a local publication's confirm is answered
 (``core.custody.PublishReceipt``, through which the simulator's stores confirm too),
 and that no shell branches on a broker's or a heartbeat's word that it serves."""
@@ -30,8 +31,8 @@ FIG2 = build_preset("fig2")
 
 
 def test_a_heal_resumes_the_session_once_unless_a_new_incarnation_came_or_none_was_met() -> None:
-    """Both shells ask the table whether a neighbour heard again resumes its session
-    (its link then gives back, resends and hands over, ``BrokerNode.link_back``): once
+    """The node asks the table whether a neighbour heard again resumes its session
+    (``BrokerNode.heard``: its link then gives back, resends and hands over): once
     per silence, not when a new incarnation was met instead, and never for a neighbour
     that was declared down before it was ever met."""
     table = Neighbours(["n", "m", "never"])
@@ -67,12 +68,13 @@ def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_dra
     assert "f:0" not in node.neighbours and "f:0" not in node.core.neighbour_ids
 
 
-LINK_RULES = frozenset({"resent_taken", "resumed", "relink"})
+LINK_RULES = frozenset({"resent_taken", "relink"})
 """The neighbour lifecycle's rules each shell once wrote its own way, now asked of the
 node by both: what a RESENT's receiver takes, stale from a sender that is not reachable
-(the process alone checked that); whether a neighbour heard again resumes its session
-(the process read its link's greeting, the simulator ``declared_down``); whether a
-relink may drop a link that still carries (each shell refused with its own data)."""
+(the process alone checked that); whether a relink may drop a link that still carries
+(each shell refused with its own data). Whether a neighbour heard again resumes its
+session (the process once read its link's greeting, the simulator ``declared_down``) is
+now asked by the node's heal itself (``BrokerNode.heard``)."""
 
 REFUSAL_WORDS = ("still carry",)
 """Words of the node's relink refusal (``octopis.core.relinking``): a shell that writes
@@ -113,11 +115,11 @@ def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
         "def heal(table, link, broker, data):\n"
         '    """a link that still carries, in a docstring, is fine"""\n'
         "    if link.incarnation and not link.greeted:\n"
-        "        table.resumed('n')\n"
+        "        resent_taken(table, 'n')\n"
         "    relink(broker, data)\n"
         "    raise ValueError(f'{broker}: the links still carry {data}')\n"
     )
-    assert link_rule_calls(path) == {"resumed"}
+    assert link_rule_calls(path) == {"resent_taken"}
     assert refusal_copies(path) == ["shell.py:6 still carry"]
 
 

@@ -24,6 +24,7 @@ from octopis.logs import RateLimitedLog
 from octopis.settings import Links
 from octopis.sim import Simulator
 from octopis.sim.custody import GOES, WAITS, LinkCustody
+from octopis.sim.failures import FailureState
 from octopis.topology import build_preset
 from octopis.transport.frames import KIND, message_of
 from octopis.transport.links import (
@@ -467,14 +468,15 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
             node.neighbours.built(neighbour, 7, 0.0)
         seen: list = []
 
-        class Events:  # what Broker.link_down and link_back ask of the node
+        class Events:  # what Broker.link_down and execute ask of the node
             def link_down(self, neighbour: str, queued: list[list], sent=()) -> None:
                 copies = node.link_down(neighbour, queued, _read, sent)
                 seen.append(["given back", [_name(message_of(c)) for c in copies]])
 
-            def link_back(self, neighbour: str) -> None:
-                handed = _handed(node.link_back(neighbour), neighbour)
+            def execute(self, actions: list) -> None:  # a heal's (BrokerNode.heard)
+                handed = _handed(actions, peer)
                 seen.append(["healed", handed])
+                liveness.output.resend(peer, loop.time())  # its Resend, first
                 for name in handed:  # on the link, as Broker.execute puts them
                     link.put([broker.encode(), encode_body(_routed(name)), DATA], loop.time())
 
@@ -486,9 +488,8 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
                 link.put([broker.encode(), encode_body(_routed(arg)), kind], loop.time())
             elif step == "down":
                 liveness._declare_down(peer, loop.time(), 1.0)
-            elif step == "back":
-                node.neighbours.heard(peer, loop.time())
-                liveness.came_back(peer, node.neighbours[peer], loop.time())
+            elif step == "back":  # a data frame heard: no word
+                liveness.heard(peer, node.neighbours[peer], None, loop.time())
             await until(lambda: not link.queue or link.held(), "the link sent what it may", 10)
             waiting = [_name(message_of(f)) for f in link.queue if f[KIND] >= DATA]
             seen.append([step, _held(node, peer), waiting])
@@ -496,18 +497,9 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
 
     processed = asyncio.run(_with_link(process, custody_limit=2))
 
-    sim = Simulator(FIG2, "snr", covering="off")
-    state = sim._failure_state()
-    state.custody = LinkCustody(retain=0.0, custody_limit=2)
-    node = sim.nodes[broker]
     simulated: list = []
-    link_down, link_back = node.link_down, node.link_back
-
-    def given_back(neighbour: str, items: list, read=None, sent=()) -> list:
-        copies = link_down(neighbour, items, read, sent)
-        if neighbour == peer:
-            simulated.append(["given back", [_name(c) for c in copies]])
-        return copies
+    sim, state, node = _recording_simulator(broker, peer, simulated)
+    link_back = node.link_back
 
     def healed(neighbour: str) -> list:
         actions = link_back(neighbour)
@@ -515,7 +507,7 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
             simulated.append(["healed", _handed(actions, neighbour)])
         return actions
 
-    node.link_down, node.link_back = given_back, healed  # type: ignore[method-assign]
+    node.link_back = healed  # type: ignore[method-assign]
     cut = Failure((broker, peer), 0.0, 1.0)
     for step, arg in HOLDS_SCRIPT:
         if step == "send":
@@ -532,6 +524,27 @@ def test_the_process_and_the_simulator_hold_and_hand_back_the_same_subscriptions
     assert processed == simulated
     assert ["given back", ["n0", "n2"]] in processed  # the copies in custody, at the detection
     assert ["healed", ["s3", "s4", "s6"]] in processed
+
+
+def _recording_simulator(
+    broker: str, peer: str, seen: list
+) -> tuple[Simulator, FailureState, BrokerNode]:
+    """A simulator of fig2 (SNR), custody full at 2 copies, whose node of ``broker``
+    records in ``seen`` what each link to ``peer`` gives back (the copies' names)."""
+    sim = Simulator(FIG2, "snr", covering="off")
+    state = sim._failure_state()
+    state.custody = LinkCustody(retain=0.0, custody_limit=2)
+    node = sim.nodes[broker]
+    link_down = node.link_down
+
+    def given_back(neighbour: str, items: list, read=None, sent=()) -> list:
+        copies = link_down(neighbour, items, read, sent)
+        if neighbour == peer:
+            seen.append(["given back", [_name(c) for c in copies]])
+        return copies
+
+    node.link_down = given_back  # type: ignore[method-assign]
+    return sim, state, node
 
 
 _LOG = logging.getLogger("test")

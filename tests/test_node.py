@@ -25,6 +25,7 @@ from octopis.client_policy import LastSeen, replay_after
 from octopis.client_policy.failover import failover_order
 from octopis.core import (
     Forward,
+    Hold,
     NoCongestion,
     Notification,
     Subscribe,
@@ -36,7 +37,7 @@ from octopis.core.answer import CLOCK_SLACK, AnswerSelection, Kept, RetentionBou
 from octopis.core.codec import encode_body
 from octopis.core.custody import PublishReceipt
 from octopis.core.neighbours import TRANSITIONS, Event, Neighbours, Phase, stall
-from octopis.core.node import BrokerNode, HandedShare, NotServing, read_sbp
+from octopis.core.node import BrokerNode, HandedShare, NotKept, NotServing, Refused, read_sbp
 from octopis.core.replay import Replay, ReplayData
 from octopis.defaults import CLOCK_SKEW, LOOKBACK, PUBLISHERS_KNOWN
 from octopis.failure_schedule import Failure
@@ -123,13 +124,47 @@ def test_local_publications_wait_for_serving_up_to_the_hold() -> None:
     assert node.counters["publications_refused.hold_full"] == 1
     assert r1.waits and r2.waits and not r3.waits and answered == []
     node.start(0.0, down_after=1.0)
-    assert node.serve_if_ready(0.5) is None  # no neighbour heard yet: wait for T
-    held, _ = node.serve_if_ready(1.0)
-    assert held == [(notes[0], r1), (notes[1], r2)] and node.held == []
-    r2.held()  # the shell routed it: nothing else kept, answered
-    assert answered == [2] and r1.waits
+    assert node.serve_if_ready(0.5, NO_CONGESTION) is None  # no neighbour heard: wait for T
+    steps = node.serve_if_ready(1.0, NO_CONGESTION)
+    assert steps is not None and node.held == []
+    assert next(steps)[1] is r1  # the first held, published: its actions carry r1
+    assert r1.waits and answered == []  # its hold copy is held once the shell routed it
+    assert next(steps)[1] is r2 and answered == [1]
+    assert next(steps) == ([], None) and answered == [1, 2]  # then the shares: none owed
     assert node.publish(notes[2], r3, NO_CONGESTION) is not None  # routed now
     assert not r3.waits
+
+
+def test_a_publication_its_store_refuses_is_refused_before_routing_and_counted() -> None:
+    """The store's refusal, handed to the publish step, refuses the publication before the
+    node takes it (neither held nor routed, its receipt keeps nothing), counted once by
+    the node for both shells; without one it is taken."""
+    node = _node()
+    note = Notification("P", 1, 0.0, {"x": 1})
+    receipt = PublishReceipt(lambda: None)
+    with pytest.raises(NotKept, match="the disk refused"):
+        node.publish(note, receipt, NO_CONGESTION, "the disk refused a commit")
+    assert node.counters["publications_refused.not_kept"] == 1
+    assert node.held == [] and not receipt.waits
+    assert node.publish(note, receipt, NO_CONGESTION) is None  # taken: held (not serving)
+    assert node.held == [(note, receipt)] and issubclass(NotKept, Refused)
+
+
+def test_copies_given_back_are_routed_again_then_their_receipts_count_them_held() -> None:
+    """What a link gave back goes again one step per copy, routed with the link down
+    and carrying its receipt; the copy taken back counts as held once the shell asks for
+    the next step (after it carried out the rerouted copies, which the receipt keeps)."""
+    node = _settled(_node(), down=("b:0",))
+    note = Notification("P", 1, 0.0, {"x": 1})
+    answered: list[int] = []
+    receipt = PublishReceipt(lambda: answered.append(1))
+    receipt.keep()  # the copy the link kept
+    copies = node.link_down("b:0", [(note, receipt)], read=lambda c: c[0])
+    view = node.neighbours.view(NO_CONGESTION)
+    steps = node.route_again("b:0", copies, view, lambda c: c[0], lambda c: c[1])
+    assert next(steps)[1] is receipt and answered == []
+    assert next(steps, None) is None and answered == [1]
+    assert node.core.stats["custody.rerouted"] == 1
 
 
 def test_a_share_is_owed_until_serving_and_whole_then_paid_once() -> None:
@@ -145,7 +180,7 @@ def test_a_share_is_owed_until_serving_and_whole_then_paid_once() -> None:
     for n in FIG2.brokers["c:0"].neighbours:  # the peer wants ours; the others do not
         node.synced(n.id, HandedShare("c:0", 0, wants_share=n.id == peer))
     _settled(node, down=(peer,))
-    _, paid = node.serve_if_ready(0.0)  # the peer is not up: still owed
+    ((paid, _),) = node.serve_if_ready(0.0, NO_CONGESTION)  # the peer is not up: still owed
     assert not [a for a in paid if type(a) is HandedShare and a.link == peer]
     node.neighbours.heard(peer, 2.0)
     paid = node.pay_owed_shares()
@@ -164,7 +199,7 @@ def test_a_share_paid_late_is_said_again_when_its_link_heals() -> None:
     for n in FIG2.brokers["c:0"].neighbours:
         node.synced(n.id, HandedShare("c:0", 0, wants_share=n.id == peer))
     _settled(node)
-    _, paid = node.serve_if_ready(0.0)
+    ((paid, _),) = node.serve_if_ready(0.0, NO_CONGESTION)
     entries = [a.message for a in paid if type(a) is Forward and a.link == peer]
     assert [a for a in paid if type(a) is HandedShare] == [HandedShare(peer, len(entries))]
     node.neighbours.silent(peer, 1.0)
@@ -174,6 +209,25 @@ def test_a_share_paid_late_is_said_again_when_its_link_heals() -> None:
     assert healed[-1] == HandedShare(peer, 0, True, False)
     node.neighbour_met(peer, 8, restarted=True)  # a new process gets a share of its own
     assert HandedShare(peer, 0, True, False) not in node.link_back(peer)
+
+
+def test_a_share_heard_is_taken_then_a_neighbour_now_serving_gets_what_was_held() -> None:
+    """A SYNCED from a neighbour that already said it serves: its share counts, is taken
+    (our table is whole for it), and then the copy held for it is handed, in one step; a
+    SYNCED before its handshake named us changes nothing."""
+    node = _node()
+    node.core.expect_shares({n.id for n in FIG2.brokers["c:0"].neighbours})
+    peer = "b:0"
+    note = Notification("P", 1, 0.0, {"x": 1})
+    assert node.share_heard(peer, HandedShare("c:0", 0)) == []  # not met yet
+    node.neighbours.met(peer, 7)
+    node.neighbours.handshake(peer, 0, 0)  # names us (incarnation 0 here)
+    node.neighbours.heard(peer, 1.0)
+    node.neighbours.said(peer, True)
+    node.hold(Hold(peer, note))
+    actions = node.share_heard(peer, HandedShare("c:0", 0))
+    assert peer not in node.core.missing_shares
+    assert actions[-1:] == [Forward(peer, note)] and node.neighbours[peer].serving
 
 
 def test_a_bid_broker_learns_its_table_was_lost_from_a_neighbour_that_knew_it() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from shell_checks import in_shells
+from shell_checks import in_shells, writes
 
 NODE_STATE = frozenset(
     {
@@ -228,20 +228,7 @@ def private_node_uses(path: Path) -> list[str]:
                 for alias in node.names
                 if alias.name.startswith("_")
             ]
-        targets = (
-            node.targets
-            if isinstance(node, ast.Assign)
-            else [node.target]
-            if isinstance(node, ast.AugAssign | ast.AnnAssign)
-            else []
-        )
-        found += [
-            f"{path.name}:{node.lineno} {target.attr}="
-            for target in targets
-            if isinstance(target, ast.Attribute)
-            and target.attr in ACK_COUNTS
-            and not (isinstance(target.value, ast.Name) and target.value.id == "self")
-        ]
+        found += [f"{path.name}:{node.lineno} {name}=" for name in writes(node, ACK_COUNTS)]
     return found
 
 

@@ -1,8 +1,10 @@
-"""Three rules the shells once each wrote apart and that drifted (issue 55, DESIGN §2): when a
-neighbour's silence is past the liveness timeout (``Neighbour.silent_past``), when a
-client's fail-over gives up (``client_policy.failover_tries``), and which acknowledgements
-backpressure withholds. Read from the AST, with a shell written with all three copies to
-show each check failing."""
+"""Seven rules the shells once each wrote apart (issue 55, DESIGN §2): when a neighbour's
+silence is past the liveness timeout (``Neighbour.silent_past``), when a client's
+fail-over gives up (``client_policy.failover_tries``), which acknowledgements
+backpressure withholds, who moves a neighbour's record, how a copy given back or a
+publication held is routed again, the order of a heal, and whether a replay's answer
+goes to anyone. Read from the AST, with a shell written with a copy of each to show each
+check failing."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from shell_checks import in_shells
+from shell_checks import in_shells, writes
 
 
 def silence_copies(path: Path) -> list[str]:
@@ -69,10 +71,95 @@ def unpressed_acknowledgements(path: Path) -> list[str]:
     return found
 
 
-DRIFT_CHECKS = (silence_copies, give_up_copies, unpressed_acknowledgements)
-"""The checks of three rules the shells once each wrote apart: when a silence is past
-``links.down_after``, when a simulated client's fail-over ends, and what count an
-acknowledgement carries under backpressure."""
+NEIGHBOUR_RECORD = frozenset({"last_heard", "up", "down_since", "was_down"})
+"""A neighbour's liveness (:class:`~octopis.core.neighbours.Neighbour`), moved only by the
+node's rules (``Neighbours.heard``, ``silent``, ``stalled``); its counts are
+:data:`ACK_COUNTS`."""
+
+
+def record_writes(path: Path) -> list[str]:
+    """Every assignment in ``path``'s code to a :data:`NEIGHBOUR_RECORD` attribute of
+    anything but ``self``: a shell moving a neighbour's record past the node's rules (the
+    process once wrote ``state.last_heard = now`` on a run of notifications, beside
+    ``Neighbours.heard``)."""
+    return [
+        f"{path.name}:{node.lineno} {name}"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for name in writes(node, NEIGHBOUR_RECORD)
+    ]
+
+
+def routed_then_held(path: Path) -> list[str]:
+    """Every loop in ``path``'s code that names a core's routing step (``reroute``,
+    ``publish``) and calls ``held()``: a shell routing again what a link gave back, or
+    what was held while not serving, and counting its receipt itself, where the node's
+    steps do (:meth:`BrokerNode.route_again`, :meth:`BrokerNode.serve_if_ready`; both
+    shells once wrote both loops)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.For):
+            continue
+        inner = [n for statement in node.body for n in ast.walk(statement)]
+        steps = {n.attr for n in inner if isinstance(n, ast.Attribute)} & {"reroute", "publish"}
+        held = any(
+            isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "held" for n in inner
+        )
+        if steps and held:
+            found.append(f"{path.name}:{node.lineno} {'+'.join(sorted(steps))}, held()")
+    return found
+
+
+HEAL_STEPS = frozenset({"said", "resumed", "link_back", "share", "neighbour_serving"})
+"""The steps of a heal that only :meth:`BrokerNode.heard` orders: whether the neighbour
+resumes its session, the hand-over, and its word. The process once heard the word
+first (a heartbeat, the usual first frame) and released the held copies before the
+hand-over; the simulator handed over first. And the steps of a share heard, which
+:meth:`BrokerNode.share_heard` orders (both shells once asked ``Neighbours.share``,
+then ``synced``, then ``neighbour_serving`` themselves)."""
+
+
+def heal_steps(path: Path) -> list[str]:
+    """Every call in ``path``'s code of a :data:`HEAL_STEPS` step: a shell ordering a
+    heal itself."""
+    return [
+        f"{path.name}:{node.lineno} {node.func.attr}()"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in HEAL_STEPS
+    ]
+
+
+def unanswered_checks(path: Path) -> list[str]:
+    """Every comparison in ``path``'s code of a ``requester`` with None: a shell weighing
+    itself whether a replay's answer goes to anyone, where the rounds make no
+    ``ReplayDeliver`` or ``ReplayDone`` for a request nobody at the host is answered for
+    (both shells once skipped those with ``requester is None``)."""
+    return [
+        f"{path.name}:{node.lineno} requester is None"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Compare)
+        and any(getattr(n, "attr", None) == "requester" for n in (node.left, *node.comparators))
+        and any(
+            isinstance(n, ast.Constant) and n.value is None for n in (node.left, *node.comparators)
+        )
+    ]
+
+
+DRIFT_CHECKS = (
+    silence_copies,
+    give_up_copies,
+    unpressed_acknowledgements,
+    record_writes,
+    routed_then_held,
+    heal_steps,
+    unanswered_checks,
+)
+"""The checks of seven rules the shells once each wrote apart: when a silence is past
+``links.down_after``, when a simulated client's fail-over ends, what count an
+acknowledgement carries under backpressure, who moves a neighbour's record, how a copy
+given back or a publication held is routed and its receipt counted, the order of a
+heal, and whether a replay's answer goes to anyone."""
 
 
 @pytest.mark.parametrize("check", DRIFT_CHECKS)
@@ -100,6 +187,21 @@ DRIFT_COPIES = (
     "    if all(b in dead for b in self.cores):\n"
     "        return acknowledgement(record, False)\n"
     "    return custody.acknowledgement(record, True) + self.pressure.acknowledge(dst, record)\n"
+    "def heard(self, state, now):\n"
+    "    self.up = True\n"
+    "    state.last_heard = now\n"
+    "    state.down_since += 1\n"
+    "    for copy in node.link_down(dst, given_back):\n"
+    "        self.execute(self.core.reroute(dst, copy), receipt=copy.receipt)\n"
+    "        copy.receipt.held()\n"
+    "    for copy, receipt in settled:\n"
+    "        receipt.held()\n"
+    "    if node.neighbours.said(dst, word) and node.neighbours.resumed(dst):\n"
+    "        self.execute(node.link_back(dst))\n"
+    "    if action.requester is not None and action.requester in clients:\n"
+    "        return None is action.requester\n"
+    "    if node.neighbours.share(src).now_serving:\n"
+    "        self.execute(node.neighbour_serving(src))\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -117,6 +219,19 @@ DRIFT_COPIES = (
                 "shell.py:12 acknowledgement()",
             ],
         ),
+        (record_writes, ["shell.py:15 last_heard", "shell.py:16 down_since"]),
+        (routed_then_held, ["shell.py:17 reroute, held()"]),
+        (
+            heal_steps,
+            [
+                "shell.py:22 resumed()",
+                "shell.py:22 said()",
+                "shell.py:23 link_back()",
+                "shell.py:26 share()",
+                "shell.py:27 neighbour_serving()",
+            ],
+        ),
+        (unanswered_checks, ["shell.py:24 requester is None", "shell.py:25 requester is None"]),
     ],
 )
 def test_the_drift_checks_can_fail(

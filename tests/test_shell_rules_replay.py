@@ -71,9 +71,12 @@ def test_the_replay_copies_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
-SHELL_TEXTS = ("routed before the disk refused",)
+SHELL_TEXTS = ("routed before the disk refused", "publications_refused.not_kept")
 """Words the node says and the shells once wrote each: what the publisher of a
-publication whose commit failed is told (now ``core.answer.commit_refused``)."""
+publication whose commit failed is told (now ``core.answer.commit_refused``); the count
+of publications refused before routing because their store refuses now (the process's
+``Broker.publish`` and the simulator's ``RetentionStores.refusal`` each counted it; now
+``BrokerNode.publish``, which both call with the store's refusal)."""
 
 
 def shell_texts(path: Path) -> list[str]:
@@ -89,8 +92,12 @@ def test_the_shell_texts_check_can_fail(tmp_path: Path) -> None:
         "def refuse(receipt, exc):\n"
         "    '''and here: routed before the disk refused'''\n"
         "    receipt.refuse(f'{exc} (routed before the disk refused: it may be delivered)')\n"
+        "    counters['publications_refused.not_kept'] += 1\n"
     )
-    assert shell_texts(path) == ["shell.py:4 routed before the disk refused"]
+    assert sorted(shell_texts(path)) == [
+        "shell.py:4 routed before the disk refused",
+        "shell.py:5 publications_refused.not_kept",
+    ]
 
 
 @pytest.mark.parametrize("check", [replay_copies, shell_texts])

@@ -250,7 +250,7 @@ class Neighbours:
         """Whether ``name``, heard again, resumes the session its silence interrupted (the
         incarnation it had, none met since): its link then gives back what it held,
         sends again what it has no acknowledgement for, and the node hands it what it
-        held (:meth:`~octopis.core.node.BrokerNode.link_back`). True once per silence;
+        held (:meth:`~octopis.core.node.BrokerNode.heard`). True once per silence;
         a new incarnation met instead starts a session with a handshake, and a
         neighbour never met has none to resume."""
         record = self.table[name]

@@ -1,20 +1,12 @@
-"""The broker node's failure decisions (DESIGN §7), once for the broker process and the
-simulator.
+"""The broker node (DESIGN §7-§9), once for the broker process and the simulator.
 
-:class:`BrokerNode` wraps one broker's routing core with everything it decides about its
-neighbours' failures and its own resync: what it holds for a neighbour that is down,
-in which order it hands things over when a link heals, when it owes or pays a resync
-share, when it starts serving, what it does with a local publication while it is not
-serving yet, and what a restarted BID broker knows of its lost table. It keeps what it knows of each
-neighbour in :class:`~octopis.core.neighbours.Neighbours` (one state machine each),
-which the shell feeds from what it hears. It is sans-IO: a shell reports events (a link
-down or back, a neighbour met, a share arrived, a neighbour serving, its own start) and
-carries out the actions that come back, in order:
-
-- the core's actions (:data:`~octopis.core.messages.Action`: a ``Forward`` is encoded
-  and put on its link like any routing message);
-- :class:`HandedShare`: tell the neighbour, behind what went before on its link, that a
-  share was handed (the process's SYNCED frame; the simulator's arrival event).
+:class:`BrokerNode` wraps one broker's routing core with everything it decides: about its
+neighbours' links (:class:`~octopis.core.node_links.NeighbourLinks`: what it holds for a
+neighbour that is down, the order of a heal, handshakes and resync shares), when it
+starts serving, what it does with a local publication (refused, routed, or held while it
+is not serving yet), what a restarted BID broker knows of its lost table, its clients'
+sessions and its relinks. It is sans-IO: a shell reports events and carries out the
+actions that come back, in order.
 
 The broker process (``transport/broker.py``) and the simulator (``sim/failures.py``)
 differ only in how bytes move and how time passes: neither decides any of this.
@@ -23,79 +15,55 @@ differ only in how bytes move and how time passes: neither decides any of this.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.custody import PublishReceipt
 from octopis.core.durable import Durables
 from octopis.core.lst import LinkView
-from octopis.core.messages import (
-    Action,
-    Advertise,
-    Forward,
-    Hold,
-    Message,
-    Notification,
-    ProtocolError,
-    Subscribe,
-    SubState,
-    Unadvertise,
-)
-from octopis.core.neighbours import Neighbours
+from octopis.core.messages import Action, Message, Notification, ProtocolError, SubState
+from octopis.core.node_links import HandedShare, NeighbourLinks, Resend, Step, read_sbp
 from octopis.core.recovery import Recovery
 from octopis.core.relinking import Carrying, refuse_relink
-from octopis.core.replay import Replay, ReplayData, ReplayEcho, sbp_targets
-from octopis.core.resync import epoch_of
+from octopis.core.replay import sbp_targets
 from octopis.core.sessions import ClientTable, Withdraw
 from octopis.core.view import BrokerView
 from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
 
+__all__ = [
+    "BrokerNode",
+    "HandedShare",
+    "NotKept",
+    "NotServing",
+    "Refused",
+    "Resend",
+    "Step",
+    "read_sbp",
+]
+
 Token = TypeVar("Token", bound="PublishReceipt | None")
-Item = TypeVar("Item")
-Read = Callable[[Item], Any]
-"""What gives a given-back item's message (:meth:`BrokerNode.link_down`)."""
-Given = Iterable[Item]
-"""What a link gives back (:meth:`BrokerNode.link_down`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class HandedShare:
-    """Tell ``link`` that our resync share went out ahead of this (``entries``
-    subscriptions): ``complete`` false means our own table is not whole for it yet and
-    the share follows later (it routes toward us as if our side matched meanwhile);
-    ``wants_share`` asks for its share; ``predecessor``: we knew an earlier incarnation
-    of it (it restarted)."""
-
-    link: str
-    entries: int
-    complete: bool = True
-    wants_share: bool = False
-    predecessor: bool = False
+class Refused(RuntimeError):
+    """A local publication refused before routing: neither kept nor routed here (the
+    publisher keeps it and retries; the message says why)."""
 
 
-class NotServing(RuntimeError):
-    """A local publication refused: this broker is still resyncing and its hold is full
-    (the message says how many it holds)."""
+class NotServing(Refused):
+    """Refused: this broker is still resyncing and its hold is full (the message says how
+    many it holds)."""
 
 
-def read_sbp(message: Message | Replay) -> tuple[str, bool]:
-    """The id a held routing message names, and whether it makes something (subscribe,
-    advertise) rather than withdraws it; a replay request held with them (it travels
-    behind the subscriptions, DESIGN §11) is handed like a subscription no later message
-    names."""
-    kind = type(message)
-    if kind is Replay:
-        return f"replay {message.req_id}", True
-    if kind is Advertise or kind is Unadvertise:
-        return f"advertisement {message.adv_id}", kind is Advertise
-    return message.sub_id, kind is Subscribe
+class NotKept(Refused):
+    """Refused: its retention store cannot keep it now (its disk refused a commit moments
+    ago; the message is the store's, :func:`~octopis.core.answer.store_refusal`)."""
 
 
-class BrokerNode(Generic[Token]):
-    """One broker's routing core and its failure decisions (see the module docstring).
+class BrokerNode(NeighbourLinks, Generic[Token]):
+    """One broker's routing core and its decisions (see the module docstring); those
+    about its neighbours' links are :class:`NeighbourLinks`'s.
 
     ``serving``: it starts in an overlay whose
     tables are built. ``hold_limit`` bounds what is held per neighbour (subscription
@@ -120,7 +88,9 @@ class BrokerNode(Generic[Token]):
         move_timeout: float = MOVE_TIMEOUT,
         withdraw: Withdraw | None = None,
     ) -> None:
-        self.core = core
+        super().__init__(
+            core, hold_limit, on_undeliverable, serving=serving, predecessor=predecessor
+        )
         self.withdraw: Withdraw = withdraw or core.unsubscribe
         """How a client's subscription is withdrawn here (the composites' hosting's
         ``local_unsubscribe``: a composite's parts, else the core's; default the core's)."""
@@ -128,42 +98,26 @@ class BrokerNode(Generic[Token]):
         """Its clients' subscriptions here and the session rules (limits, moves); what a
         client's going or a move's end withdraws is decided by :meth:`client_gone`,
         :meth:`released` and :meth:`moves_expired`."""
-        clustered = isinstance(core, ClusteredBroker)
-        if predecessor and not clustered:  # no neighbour need tell it (it may meet none)
-            core.table_lost = True
-        neighbours = sorted(core.neighbour_ids if clustered else core.links)
-        self.neighbours = Neighbours(neighbours)
-        """What it knows of each neighbour's session, liveness and word."""
         self.started_at, self.down_after = 0.0, 0.0
-        self.recovery: Recovery[Message] = Recovery(hold_limit)
         self.publication_hold = publication_hold
-        self.serving = serving
-        """Resynced from every live neighbour since this node started (or started in an
-        overlay whose tables are built, ``serving``); until then local publications wait
-        in :attr:`held` (DESIGN §7)."""
-        if not serving and clustered:
-            core.expect_shares(set(neighbours))
         self.held: list[tuple[Notification, Token]] = []
         """Local publications waiting for :attr:`serving`, with their shell tokens."""
-        self.counters: Counter[str] = Counter()
-        self.on_undeliverable = on_undeliverable
-        """Told of each notification copy this node gives up (the simulator's ledger)."""
-
-    @property
-    def clustered(self) -> bool:
-        """Whether the core resyncs (SNR, DNR); BID has no resync (DESIGN §7)."""
-        return isinstance(self.core, ClusteredBroker)
-
-    # -- local publications ----------------------------------------------------------------
 
     def publish(
-        self, notification: Notification, token: Token, view: LinkView
+        self, notification: Notification, token: Token, view: LinkView, refusal: str | None = None
     ) -> list[Action] | None:
-        """A local publication: routed now if serving; else held with ``token`` until
-        :meth:`serve_if_ready` hands it back (None now): the hold keeps a copy of it,
-        which its receipt waits for (:meth:`PublishReceipt.keep`) until the shell has
-        routed it. :class:`NotServing` when the hold is full: the publisher keeps it and
-        retries."""
+        """A local publication, the step both shells take (DESIGN §7, §11): refused if its
+        store refuses now (``refusal``, the store's word: counted
+        ``publications_refused.not_kept``, :class:`NotKept`); else routed now if serving,
+        or held with ``token`` until :meth:`serve_if_ready` hands it back (None now): the
+        hold keeps a copy of it, which its receipt waits for
+        (:meth:`PublishReceipt.keep`) until the shell has routed it; :class:`NotServing`
+        when the hold is full. Refused, the publisher keeps it and retries. Taken, the
+        shell's store keeps it (its receipt waits for the commit too) before the shell
+        carries out the actions."""
+        if refusal is not None:
+            self.counters["publications_refused.not_kept"] += 1
+            raise NotKept(refusal)
         if self.serving:
             return self.core.publish(notification, view)
         if len(self.held) >= self.publication_hold:
@@ -186,129 +140,6 @@ class BrokerNode(Generic[Token]):
         if not self.serving:
             self.counters["routed_while_resyncing"] += count
 
-    # -- a neighbour's link ----------------------------------------------------------------
-
-    def hold(self, action: Hold) -> None:
-        """The core holds a copy for a neighbour that is down (DESIGN §7): kept for its
-        return, bounded (what does not fit is counted undeliverable)."""
-        self.recovery.hold_copy(action.link, action.message)
-
-    def link_down(
-        self, neighbour: str, items: Given, read: Read | None = None, sent: Given = ()
-    ) -> list[Item]:
-        """The ``items`` the link to ``neighbour`` gave back, oldest first: its custody's copies,
-        then the routing messages that waited on it (DESIGN §7); a link gives back when
-        its neighbour is declared down, when a new incarnation of it is met (before
-        :meth:`neighbour_met`, with ``sent``: what its predecessor was sent and did not
-        acknowledge, :meth:`Custody.give_up`) and when it is heard again after (before
-        :meth:`link_back`). ``read`` gives an item's message (default: the item). The
-        notification copies are returned in order, to be routed again (``reroute``);
-        replay answers are dropped and counted, so is the word that a share was handed;
-        every other routing message is held for the neighbour, in order, ``sent`` first."""
-        copies, kept, answers = sort_given_back(items, read)
-        first, dropped = sort_given_back(sent, read)[1:]
-        if answers + dropped:
-            self.counters["replay_answers_dropped"] += answers + dropped
-        self.recovery.hold_subscriptions(neighbour, kept, first)
-        return copies
-
-    def link_back(self, neighbour: str) -> list[Action | HandedShare]:
-        """A link that was down healed with the same process on the other side, in this
-        order: the subscription messages held for it; with covering, what went over the
-        link before (one lost in flight would leave it without what covers others); the
-        copies held for it; then the shares owed to neighbours that are ``up``; and, if
-        our share was paid it late, the word that it was (lost if the link failed before
-        it was taken; said twice, it changes nothing), else, if we still miss its share,
-        a word that asks for it again (:meth:`synced`)."""
-        actions: list[Action | HandedShare] = self._hand_held_sbp(neighbour)[0]
-        actions += self.core.refresh_link(neighbour)
-        actions += self._released(neighbour, self.recovery.release_copies(neighbour))
-        actions += self.pay_owed_shares()
-        core = self.core
-        if isinstance(core, ClusteredBroker):
-            wants = neighbour in core.missing_shares
-            if neighbour in self.recovery.paid_late:
-                actions.append(HandedShare(neighbour, 0, True, wants))
-            elif wants:  # what it handed us may have been lost in flight: ask again
-                actions.append(HandedShare(neighbour, 0, False, True))
-        self.recovery.asked_after_heal.add(neighbour)
-        return actions
-
-    def neighbour_met(
-        self, neighbour: str, incarnation: int, restarted: bool
-    ) -> tuple[list[Action], HandedShare]:
-        """A new incarnation of ``neighbour`` (its first, or a restart): the actions that
-        hand it our state, and what to tell it after them.
-
-        What was held for a restarted neighbour's predecessor is undeliverable, and its
-        subscriptions are withdrawn once it serves (:meth:`neighbour_serving`). It is
-        handed first the subscription messages held for it (what its link gave back,
-        :meth:`link_down`; it broadcasts them on), then what the two-step broadcast would
-        have given it, if our own table is whole for it: while we are resyncing, or
-        missing another neighbour's share, we say so and owe it the share. BID, the
-        static baseline, has no resync: it is handed only what was held, and the entries
-        routed through a restarted neighbour lose their route
-        (:meth:`BidBroker.lose_routes_via`)."""
-        clustered = self.clustered
-        self.recovery.paid_late.discard(neighbour)  # a new process: its share comes below
-        if restarted:
-            epoch = epoch_of(incarnation) if clustered else None
-            for copy in self.recovery.restarted(neighbour, epoch, read_sbp):
-                self.on_undeliverable(copy)
-        else:  # met first: nothing this process sent reached it, so withdrawals name nothing
-            self.recovery.keep_for_new_process(neighbour, read_sbp)
-        if not clustered:
-            if restarted:
-                self.counters["restarts_without_resync"] += 1
-                assert isinstance(self.core, BidBroker)
-                self.core.lose_routes_via(neighbour)
-            held = self._hand_held_sbp(neighbour)[0]
-            return held, HandedShare(neighbour, 0, predecessor=restarted)
-        core = self.core
-        assert isinstance(core, ClusteredBroker)
-        if restarted:
-            core.neighbour_restarted(neighbour)
-        actions, carried = self._hand_held_sbp(neighbour)
-        wants = neighbour in core.missing_shares
-        if not self.serving or not core.share_complete(neighbour):
-            self.recovery.owed_shares.add(neighbour)  # until it says it wants none
-            return actions, HandedShare(neighbour, 0, False, wants, restarted)
-        share = self._share(neighbour, carried)
-        return actions + share, HandedShare(neighbour, len(share), True, wants, restarted)
-
-    def synced(self, neighbour: str, handed: HandedShare) -> list:
-        """``neighbour`` handed us its share (``handed`` as it told us): whole, we route by
-        the table on its side and pay the shares this completed; if it wants none of ours,
-        we owe it nothing; if it still wants ours after its link healed, we owe it again
-        (what we handed it was lost in flight). A share that completes our table lets the
-        withdrawals deferred for it go (:meth:`ClusteredBroker.withdrawals_due`,
-        :meth:`Recovery.withdraw_predecessor`). A neighbour that knew our predecessor
-        tells a BID broker that its table lost what was subscribed before the restart."""
-        recovery = self.recovery
-        healed = neighbour in recovery.asked_after_heal
-        recovery.asked_after_heal.discard(neighbour)
-        if not handed.wants_share:
-            recovery.owed_shares.discard(neighbour)
-        core = self.core
-        if isinstance(core, BidBroker):
-            core.table_lost |= handed.predecessor
-            return []
-        again = healed and handed.wants_share and neighbour not in recovery.owed_shares
-        if again:  # what we handed it before the link failed was lost in flight
-            recovery.owed_shares.add(neighbour)
-            self.counters["shares_asked_again"] += 1
-        if handed.complete and neighbour in core.missing_shares:
-            core.share_received(neighbour)
-            self.counters["shares_received_late"] += self.serving
-            deferred = core.withdrawals_due() + [
-                action
-                for n in sorted(recovery.withdraw_when_serving)
-                if self.neighbours[n].serving
-                for action in recovery.withdraw_predecessor(core, n)
-            ]
-            return [*deferred, *self.pay_owed_shares()]
-        return self.pay_owed_shares() if again else []
-
     def start(self, now: float, down_after: float) -> None:
         """This node's process starts at ``now``: a neighbour not heard within
         ``down_after`` (the liveness timeout) does not hold back its serving."""
@@ -316,43 +147,33 @@ class BrokerNode(Generic[Token]):
         for _, record in self.neighbours.items():
             record.last_heard = now
 
-    def serve_if_ready(
-        self, now: float
-    ) -> tuple[list[tuple[Notification, Token]], list[Action | HandedShare]] | None:
+    def serve_if_ready(self, now: float, view: LinkView) -> Iterator[Step] | None:
         """Start serving if this node has its share from every live neighbour
         (:meth:`Neighbours.ready`, the liveness timeout past :meth:`start` counting for
-        those never heard): the local publications held meanwhile, to publish now in
-        order with their tokens (each token's hold copy is held once its publication is
-        routed: :meth:`PublishReceipt.held`), and the shares owed that are whole now.
-        None: serving already, or not yet."""
+        those never heard): the steps to carry out, in order: each local publication held
+        meanwhile, published now by ``view`` with its token (whose hold copy is held when
+        the shell asks for the next step, :meth:`PublishReceipt.held`), then the shares
+        owed that are whole now. None: serving already, or not yet."""
         if self.serving:
             return None
         if not self.neighbours.ready(now - self.started_at >= self.down_after):
             return None
         self.serving = True
         held, self.held = self.held, []
-        return held, self.pay_owed_shares()
+        return self._serve(held, self.pay_owed_shares(), view)
 
-    def neighbour_serving(self, neighbour: str) -> list[Action]:
-        """``neighbour`` is serving: the copies held for it and, if it restarted, the
-        withdrawal of its predecessor's subscriptions."""
-        held, withdrawals = self.recovery.serving(self.core, neighbour)
-        return [*self._released(neighbour, held), *withdrawals]
-
-    def pay_owed_shares(self) -> list[Action | HandedShare]:
-        """Every owed share that is whole now, to a neighbour that is reachable
-        (:meth:`Neighbours.reachable`); nothing while this node is not serving itself."""
-        core = self.core
-        if not self.serving or not isinstance(core, ClusteredBroker):
-            return []
-        actions: list[Action | HandedShare] = []
-        for neighbour in self.recovery.payable(core, self.neighbours.reachable):
-            share = self._share(neighbour, set())
-            wants = neighbour in core.missing_shares
-            actions += [*share, HandedShare(neighbour, len(share), True, wants)]
-            self.recovery.paid_late.add(neighbour)
-            self.counters["shares_handed_late"] += 1
-        return actions
+    def _serve(
+        self,
+        held: list[tuple[Notification, Token]],
+        shares: list[Action | HandedShare],
+        view: LinkView,
+    ) -> Iterator[Step]:
+        publish = self.core.publish
+        for notification, token in held:
+            yield self.watched(notification, publish, notification, view), token
+            if token is not None:
+                token.held()  # out of the hold
+        yield shares, None
 
     def replay_targets(
         self, src: str | None, state: SubState, down: Callable[[str], bool]
@@ -391,8 +212,6 @@ class BrokerNode(Generic[Token]):
                 self.neighbours.add(neighbour, now)
         return sum(self.recovery.forget(neighbour) for neighbour in sorted(gone))
 
-    # -- client sessions (DESIGN §7-§9) ---------------------------------------------------
-
     def client_gone(
         self, key: str, heard: float, durables: Durables | None
     ) -> tuple[list[str], list[Action]]:
@@ -426,8 +245,6 @@ class BrokerNode(Generic[Token]):
         kept is withdrawn (:meth:`ClientTable.expire`; by :attr:`withdraw`): the actions."""
         withdraw = self.withdraw
         return [a for key, sub_id in self.sessions.expire(now) for a in withdraw(key, sub_id)]
-
-    # -- what it holds ---------------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
@@ -479,37 +296,3 @@ class BrokerNode(Generic[Token]):
                 "notifications": self.recovery.held_copies(),
             },
         }
-
-    # -- internals -------------------------------------------------------------------------
-
-    def _hand_held_sbp(self, neighbour: str) -> tuple[list[Action], set[str]]:
-        held, carried = self.recovery.take_subscriptions(neighbour, read_sbp)
-        return [Forward(neighbour, m) for m in held], carried
-
-    def _share(self, neighbour: str, carried: set[str]) -> list[Action]:
-        core = self.core
-        assert isinstance(core, ClusteredBroker)
-        return [Forward(neighbour, m) for m in self.recovery.share(core, neighbour, carried)]
-
-    @staticmethod
-    def _released(neighbour: str, copies: list[Message]) -> list[Action]:
-        return [Forward(neighbour, m) for m in copies]
-
-
-def sort_given_back(
-    items: Iterable[Item], read: Callable[[Item], Any] | None = None
-) -> tuple[list[Item], list[Any], int]:
-    """What a link gave back (:meth:`BrokerNode.link_down`), sorted: the notification
-    copies (items, in order), the other routing messages to hold (messages, in order, the
-    word that a share was handed left out), and how many replay answers are dropped."""
-    copies, kept, answers = [], [], 0
-    for item in items:
-        message = item if read is None else read(item)
-        kind = type(message)
-        if kind is Notification:
-            copies.append(item)
-        elif kind is ReplayData or kind is ReplayEcho:
-            answers += 1
-        elif kind is not HandedShare:
-            kept.append(message)
-    return copies, kept, answers

@@ -34,7 +34,8 @@ SBP targets are up (:data:`Targets`). The rounds decide the rest: when the shell
 (:class:`QueryStore`) or its durable records (:class:`ClaimRecord`, answered by
 :meth:`octopis.core.durable.Durables.answer_claim`), on a broker without a store the
 unstored answer itself, and at the host which client the answers go to (the
-``requester`` of :class:`ReplayDeliver` and :class:`ReplayDone`).
+``requester`` of :class:`ReplayDeliver` and :class:`ReplayDone`; none is made for a
+request nobody at this host is answered for: none asked, or it was forgotten).
 """
 
 from __future__ import annotations
@@ -167,13 +168,13 @@ class ClaimRecord(NamedTuple):
 
 class ReplayDeliver(NamedTuple):
     """At the host: hand ``notifications`` answered for ``req_id`` to ``requester`` (the
-    shell's key of the client that asked, :meth:`ReplayRounds.requester`; None: nobody
-    is answered, it is forgotten or nobody asked); ``claim``: the request looked for a
-    durable record (its client's process reads the answer as a claim's)."""
+    shell's key of the client that asked, :meth:`ReplayRounds.requester`); ``claim``:
+    the request looked for a durable record (its client's process reads the answer as a
+    claim's)."""
 
     req_id: str
     notifications: tuple[Notification, ...]
-    requester: str | None = None
+    requester: str
     claim: bool = False
 
 
@@ -187,8 +188,8 @@ class ReplayDone(NamedTuple):
 
     req_id: str
     echo: ReplayEcho
+    requester: str
     late: bool = False
-    requester: str | None = None
     claim: bool = False
 
 
@@ -291,11 +292,6 @@ class ReplayRounds:
         asked = self.requesters.get(req_id)
         return asked[0] if asked is not None else None
 
-    def _answer(self, req_id: str) -> tuple[str | None, bool]:
-        """The requester of ``req_id`` and whether it asked a claim (None, False: nobody,
-        or forgotten)."""
-        return self.requesters.get(req_id, (None, False))
-
     def receive(self, src: str, message: ReplayMessage, now: float) -> list[ReplayAction]:
         """A replay message from neighbour ``src``."""
         if type(message) is Replay:
@@ -310,7 +306,7 @@ class ReplayRounds:
             # waited for its budget from its last page, not from the request.
             round_.deadline = max(round_.deadline, now + round_.request.budget)
             if round_.parent is None:
-                return [self._deliver(message.req_id, message.notifications)]
+                return self._deliver(message.req_id, message.notifications)
             return [Forward(round_.parent, message)]
         if src in round_.silent and not message.seen:  # reported silent, answered after all
             round_.silent.remove(src)
@@ -353,10 +349,10 @@ class ReplayRounds:
         if parent is not None:
             return [Forward(parent, message)]
         if type(message) is ReplayData:
-            return [self._deliver(message.req_id, message.notifications)]
+            return self._deliver(message.req_id, message.notifications)
         if message.seen:
             return []
-        return [ReplayDone(message.req_id, message, True, *self._answer(message.req_id))]
+        return self._done(message.req_id, message, True)
 
     def part(self, req_id: str, notifications: list[Notification]) -> list[ReplayAction]:
         """A page of this broker's answer to ``req_id`` (its store answers page by page,
@@ -369,7 +365,7 @@ class ReplayRounds:
         for i in range(0, len(notifications), DATA_BATCH):
             batch = tuple(notifications[i : i + DATA_BATCH])
             if round_.parent is None:
-                out.append(self._deliver(req_id, batch))
+                out += self._deliver(req_id, batch)
             else:
                 out.append(Forward(round_.parent, ReplayData(req_id, batch)))
         return out
@@ -444,9 +440,17 @@ class ReplayRounds:
         round_ = self.rounds.get(req_id)
         return round_.parent if round_ is not None else None
 
-    def _deliver(self, req_id: str, notifications: tuple[Notification, ...]) -> ReplayDeliver:
-        """At the host: ``notifications`` for ``req_id``, to its requester."""
-        return ReplayDeliver(req_id, notifications, *self._answer(req_id))
+    def _deliver(self, req_id: str, notifications: tuple[Notification, ...]) -> list[ReplayAction]:
+        """At the host: ``notifications`` for ``req_id``, to its requester (none: nobody
+        is answered, none asked or it is forgotten)."""
+        asked = self.requesters.get(req_id)
+        return [] if asked is None else [ReplayDeliver(req_id, notifications, *asked)]
+
+    def _done(self, req_id: str, echo: ReplayEcho, late: bool) -> list[ReplayAction]:
+        """At the host: ``req_id`` is complete (``late``: an echo after it was), to its
+        requester (none: nobody is answered)."""
+        asked = self.requesters.get(req_id)
+        return [] if asked is None else [ReplayDone(req_id, echo, asked[0], late, asked[1])]
 
     def _take(self, request: Replay, parent: str | None, now: float) -> list[ReplayAction]:
         out: list[ReplayAction] = []
@@ -499,6 +503,5 @@ class ReplayRounds:
         if round_.parent is None:
             heard = set(echo.answered) | set(echo.unstored)
             silent = tuple(dict.fromkeys(b for b in echo.silent if b not in heard))
-            done = ReplayDone(req_id, replace(echo, silent=silent), False, *self._answer(req_id))
-            return [done]
+            return self._done(req_id, replace(echo, silent=silent), False)
         return [Forward(round_.parent, _lost_up(echo) if round_.parent_lost else echo)]

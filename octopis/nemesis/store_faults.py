@@ -134,7 +134,7 @@ def check_stores(sim: Simulator) -> tuple[list[str], dict[str, int], list[str]]:
               for reason, n in sorted(Counter(retention.lost.values()).items())]  # fmt: skip
     counts: dict[str, Any] = {
         "confirmed": len(retention.confirmed),
-        "refused": len(retention.refused) + sim.failure_counts["publications_refused.not_kept"],
+        "refused": len(retention.refused) + sim.failure_totals()["publications_refused.not_kept"],
         "store_lost": len(retention.lost),
     }
     return problems, counts, losses

@@ -104,6 +104,11 @@ def message_of(copy: object) -> object:
     return copy.notification if type(copy) is Receipted else copy  # type: ignore[attr-defined]
 
 
+def receipt_of(copy: object) -> PublishReceipt | None:
+    """The publisher's receipt a copy on a link carries (a :class:`Receipted` one's)."""
+    return copy.receipt if type(copy) is Receipted else None  # type: ignore[attr-defined]
+
+
 def settle(entries: list[Entry]) -> None:
     """Acknowledged custody entries: a :class:`Receipted` copy's receipt counts it as held
     (:meth:`PublishReceipt.held`), and the entry keeps the bare notification (as the

@@ -16,6 +16,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from octopis.accounting import (
@@ -35,7 +36,7 @@ from octopis.core import (
 )
 from octopis.core.custody import PublishReceipt
 from octopis.core.lst import LinkView
-from octopis.core.node import HandedShare, NotServing
+from octopis.core.node import HandedShare, NotKept, NotServing, Resend
 from octopis.core.sessions import check_advertised
 from octopis.core.table import MatcherFactory
 from octopis.defaults import DOWN_AFTER, LINGER, RETAIN
@@ -236,13 +237,15 @@ class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, Sub
             self.cpus.queue(broker, None, notification)
             return publisher, seq
         node = self.nodes[broker]
-        receipt = None
+        receipt = refusal = None
         if self.failures is not None:  # the stores keep, and confirm through a receipt
-            if self.retention.refusal(broker, self.now) is not None:
-                return publisher, seq  # its disk refused a commit just now: neither kept nor routed
+            refusal = self.retention.refusal(broker, self.now)
             receipt = self.retention.receipt(broker, notification.key)
         try:
-            actions = self._watch(core, notification, node.publish, notification, receipt)
+            publish = partial(node.publish, refusal=refusal)
+            actions = self._watch(core, notification, publish, notification, receipt)
+        except NotKept:  # its disk refused a commit just now: neither kept nor routed
+            return publisher, seq
         except NotServing:
             self.failure_counts["publications_refused"] += 1
             return publisher, seq
@@ -313,16 +316,12 @@ class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, Sub
         return waiting + self.network.queued(self.now)
 
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
-        """Run ``step(*args, view)`` on ``core``; with failures, remember notifications of
-        which a copy was counted undeliverable."""
+        """Run ``step(*args, view)`` on ``core``; with failures, through its node, which
+        tells the ledger of a copy given up (:meth:`BrokerNode.watched`)."""
         view = self._view(core.id)
-        if self.failures is None or type(message) is not Notification:
+        if self.failures is None:
             return step(*args, view)
-        before = _undeliverable(core.stats)
-        actions = step(*args, view)
-        if _undeliverable(core.stats) > before:
-            self.brokers.given_up.add(message.key)  # type: ignore[attr-defined]
-        return actions
+        return self.nodes[core.id].watched(message, step, *args, view)
 
     def _view(self, broker: str) -> LinkView:
         view = self.network.view(broker, self.events.now)
@@ -397,6 +396,8 @@ class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, Sub
                 self.nodes[broker].hold(action)
             elif kind is HandedShare:
                 self._dispatch(broker, [Forward(action.link, action)])
+            elif kind is Resend:  # a heal's (:meth:`BrokerNode.heard`)
+                self._resend(broker, action.link)
             elif kind is Released:  # the move reached here: the node lets it go
                 subscriber, sub_id = action
                 self.nodes[broker].released(subscriber, sub_id, self._durables(broker))
@@ -484,7 +485,3 @@ class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, Sub
         else now."""
         if self.cpus is None or not self.cpus.behind(broker, actions):
             self._dispatch(broker, actions)
-
-
-def _undeliverable(stats: Counter[str]) -> int:
-    return sum(n for key, n in stats.items() if key.startswith("undeliverable."))

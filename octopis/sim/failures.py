@@ -63,7 +63,7 @@ from octopis.core import Notification
 from octopis.core.node import HandedShare
 from octopis.defaults import DOWN_AFTER, RETAIN, TCP_ABORT_AFTER
 from octopis.failure_schedule import Failure
-from octopis.sim.custody import CustodyEvents, LinkCustody, Receipted, message_of
+from octopis.sim.custody import CustodyEvents, LinkCustody, message_of, receipt_of
 from octopis.sim.cuts import CutLinks
 
 
@@ -199,9 +199,7 @@ class FailureEvents(CutLinks, CustodyEvents):
         """The ``failures`` part of a run's report: the nodes' and links' counts, what is
         still held at the end, the hosts' split and the replays (``stats``: the cores')."""
         held = sum(1 for node in self.nodes.values() for _ in node.held_notifications())
-        counts = self.failure_counts + sum(
-            (node.counts() for node in self.nodes.values()), Counter()
-        )
+        counts = self.failure_totals()
         counts.update(self.failures.custody.counts())
         return {
             **counts,
@@ -210,6 +208,11 @@ class FailureEvents(CutLinks, CustodyEvents):
             **host_split(self.ledger, {**self._home, **self.first_home}, self.hosts_failed),
             "replays": self.replay_report(),
         }
+
+    def failure_totals(self) -> Counter[str]:
+        """What the run counted of failures: the simulator's counts and every node's (a
+        dead node's were added to the simulator's at its death)."""
+        return self.failure_counts + sum((node.counts() for node in self.nodes.values()), Counter())
 
     def _dead(self, broker: str) -> bool:
         """Whether ``broker`` is dead now."""
@@ -349,17 +352,17 @@ class FailureEvents(CutLinks, CustodyEvents):
         self._replay_link_down(src, dst)
         custody = self.failures.custody  # type: ignore[union-attr]
         given_back, sent = custody.take_back(src, dst), custody.give_up(src, dst) if met else []
-        core = self.cores[src]
-        for copy in self.nodes[src].link_down(dst, given_back, message_of, sent):
-            n = message_of(copy)
-            receipt = copy.receipt if type(copy) is Receipted else None
-            self._dispatch(src, self._watch(core, n, core.reroute, dst, n), receipt)
-            if receipt is not None:
-                receipt.held()  # the copy taken back; the rerouted ones now count
+        node = self.nodes[src]
+        copies = node.link_down(dst, given_back, message_of, sent)
+        for actions, receipt in node.route_again(
+            dst, copies, self._view(src), message_of, receipt_of
+        ):
+            self._dispatch(src, actions, receipt)
 
     def _recover(self, failure: Failure) -> None:
-        """A link comes back (the brokers at its ends meet if they had not, else their
-        nodes' :meth:`~BrokerNode.link_back`), or a broker restarts empty
+        """A link comes back (the brokers at its ends meet if they had not, else each
+        hears the other's heartbeat and its node heals, :meth:`~BrokerNode.heard`), or a
+        broker restarts empty
         (:meth:`_start`)."""
         state = self.failures
         assert state is not None
@@ -395,13 +398,8 @@ class FailureEvents(CutLinks, CustodyEvents):
             for src, dst in links:
                 self._undetect(src, dst)
             return
-        for src, dst in links:
-            resumes = self.nodes[src].neighbours.resumed(dst)
+        for src, dst in links:  # each hears the other's heartbeat, the node's heal
             self._undetect(src, dst)
-            if resumes:  # as the process's link when it hears its neighbour again
-                self._give_back(src, dst)  # what waited, first
-                self._resend(src, dst)  # ahead of all, what the cut may have lost
-                self._dispatch(src, self.nodes[src].link_back(dst))
             self._heard(src, dst, self.nodes[dst].serving)
 
     def _start(self, broker: str) -> None:
@@ -464,20 +462,17 @@ class FailureEvents(CutLinks, CustodyEvents):
 
     def _heard(self, src: str, dst: str, serving: bool) -> None:
         """``src`` hears ``dst``'s heartbeat, which says whether ``dst`` serves (its
-        node's word, as the process's heartbeat carries it; :meth:`Neighbours.said`):
-        if its serving is news, ``src`` hands it what it held for it
-        (:meth:`BrokerNode.neighbour_serving`)."""
-        if self.nodes[src].neighbours.said(dst, serving):
-            self._dispatch(src, self.nodes[src].neighbour_serving(dst))
+        node's word, as the process's heartbeat carries it): the node's steps, in its
+        order (:meth:`BrokerNode.heard`, the process's too); if it heals, ``src``'s link
+        gives back first what waited on it (:meth:`_give_back`), and the node's
+        :class:`Resend` sends again what the cut may have lost (:meth:`_resend`)."""
+        heard = self.nodes[src].heard(dst, self.now, serving, lambda: self._give_back(src, dst))
+        self._dispatch(src, heard.actions)
 
     def _share_arrived(self, broker: str, src: str, handed: HandedShare) -> None:
-        """``src``'s SYNCED reached ``broker``, behind the share it announces."""
-        node = self.nodes[broker]
-        heard = node.neighbours.share(src)
-        if heard.for_us:
-            self._dispatch(broker, node.synced(src, handed))
-        if heard.now_serving:
-            self._dispatch(broker, node.neighbour_serving(src))
+        """``src``'s SYNCED reached ``broker``, behind the share it announces: the node's
+        step (:meth:`BrokerNode.share_heard`); then ``broker`` may serve."""
+        self._dispatch(broker, self.nodes[broker].share_heard(src, handed))
         self._check_serving(broker)
 
     def _check_serving(self, broker: str) -> None:
@@ -486,18 +481,11 @@ class FailureEvents(CutLinks, CustodyEvents):
         owes, and its neighbours learn it serves behind what it sent them."""
         if self._dead(broker) or self._asleep(broker, self._check_serving, broker):
             return
-        node = self.nodes[broker]
-        served = node.serve_if_ready(self.now)
+        served = self.nodes[broker].serve_if_ready(self.now, self._view(broker))
         if served is None:
             return
-        held, actions = served
-        core = node.core
-        for notification, receipt in held:  # what it counts undeliverable goes to the ledger
-            publish = self._watch(core, notification, core.publish, notification)
-            self._dispatch(broker, publish, receipt)
-            if receipt is not None:
-                receipt.held()  # out of the hold
-        self._dispatch(broker, actions)
+        for actions, receipt in served:
+            self._dispatch(broker, actions, receipt)
         for n in self.scot.graph[broker]:
             self._beat(broker, n)
 
@@ -524,10 +512,10 @@ class FailureEvents(CutLinks, CustodyEvents):
         self._heard(src, dst, serving)
 
     def _undetect(self, src: str, dst: str) -> None:
-        """``src`` hears ``dst`` again; what it sends ``dst`` stays unacknowledged (in
-        custody, its failure time kept) while that direction is cut (one way)."""
+        """``src`` hears ``dst`` again (:meth:`_heard`, or a handshake); what it sends
+        ``dst`` stays unacknowledged (in custody, its failure time kept) while that
+        direction is cut (one way)."""
         state = self.failures
         assert state is not None
         if not state.broken(src, dst):
             state.failed_at.pop((src, dst), None)
-        self.nodes[src].neighbours.heard(dst, self.now)

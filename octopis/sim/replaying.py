@@ -324,8 +324,6 @@ class SubscriberFailover:
 
     def _carry_out_replay(self, broker: str, actions: list[ReplayAction]) -> None:
         for action in actions:
-            if type(action) in (ReplayDeliver, ReplayDone) and action.requester is None:
-                continue  # nobody to answer (the rounds forgot who asked)
             if type(action) is Forward:
                 self._dispatch(broker, [action])
             elif type(action) is ExpireAt:

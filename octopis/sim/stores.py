@@ -102,12 +102,10 @@ class RetentionStores:
         self._answer_bytes = answer_bytes
 
     def refusal(self, broker: str, now: float) -> str | None:
-        """Why ``broker`` refuses a new publication before routing it now
-        (:func:`~octopis.core.answer.store_refusal`, counted), or None."""
-        reason = store_refusal(f"{broker}'s retention store", self._refused_at.get(broker), now)
-        if reason is not None:
-            self._counts["publications_refused.not_kept"] += 1
-        return reason
+        """Why ``broker``'s store refuses a new publication before routing it now
+        (:func:`~octopis.core.answer.store_refusal`; its node counts the refusal,
+        :meth:`BrokerNode.publish`), or None."""
+        return store_refusal(f"{broker}'s retention store", self._refused_at.get(broker), now)
 
     def fill(self, broker: str) -> None:
         """``broker``'s disk is full from now on (until :meth:`free`)."""

@@ -44,7 +44,7 @@ from octopis.core.codec import Synced, encode_body
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.custody import PublishReceipt
 from octopis.core.load import LoadMeter
-from octopis.core.node import BrokerNode, HandedShare, NotServing
+from octopis.core.node import BrokerNode, HandedShare, Refused, Resend, Step
 from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
 from octopis.core.resync import epoch_of
 from octopis.filters.language import Subscription
@@ -249,35 +249,24 @@ class Broker:
             len(kept),
             neighbour,
         )
-        for frame in kept:
-            message, receipt = message_of(frame), receipt_of(frame)
-            self.execute(self.core.reroute(neighbour, message, self.lst), receipt=receipt)
-            if receipt is not None:
-                receipt.held()  # the copy taken back; the rerouted ones now count
+        for actions, receipt in self.node.route_again(
+            neighbour, kept, self.lst, message_of, receipt_of
+        ):
+            self.execute(actions, receipt=receipt)
 
-    def link_back(self, neighbour: str) -> None:
-        """A link that was down healed with the same incarnation on the other side: the
-        node's hand-over, in its order (:meth:`BrokerNode.link_back`)."""
-        self.execute(self.node.link_back(neighbour))
-
-    def neighbour_serving(self, neighbour: str) -> None:
-        """A neighbour is serving (:meth:`BrokerNode.neighbour_serving`)."""
-        self.execute(self.node.neighbour_serving(neighbour))
-
-    def now_serving(self, held: list[tuple[Notification, PublishReceipt]], actions: list) -> None:
-        """Route the local publications ``held`` while this broker was resyncing; hand
-        the shares we owe that are whole now (:meth:`BrokerNode.serve_if_ready`)."""
-        for notification, receipt in held:
-            self.execute(self.core.publish(notification, self.lst), receipt=receipt)
-            receipt.held()  # out of the hold
-        self.execute(actions)
+    def now_serving(self, steps: Iterator[Step]) -> None:
+        """Route the local publications held while this broker was resyncing; hand the
+        shares we owe that are whole now (the node's steps,
+        :meth:`BrokerNode.serve_if_ready`)."""
+        for actions, receipt in steps:
+            self.execute(actions, receipt=receipt)
 
     def synced(self, neighbour: str, synced: Synced) -> None:
-        """``neighbour`` handed its share (:meth:`BrokerNode.synced`)."""
+        """``neighbour`` handed its share (:meth:`BrokerNode.share_heard`)."""
         handed = HandedShare(
             neighbour, synced.entries, synced.complete, synced.wants_share, synced.predecessor
         )
-        self.execute(self.node.synced(neighbour, handed))
+        self.execute(self.node.share_heard(neighbour, handed))
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
         """Resync (DESIGN §7): the node's hand-over to a new incarnation of ``neighbour``
@@ -307,13 +296,9 @@ class Broker:
         ``receipt``, or holds it while resyncing), then it is kept for replay (committed
         before its confirm can leave); a full hold raises :class:`ClientError` (the
         client keeps the publication, neither kept nor routed here)."""
-        refusal = self.replaying.refusal()
-        if refusal is not None:
-            self.counters["publications_refused.not_kept"] += 1
-            raise ClientError(refusal)
         try:
-            actions = self.node.publish(notification, receipt, self.lst)
-        except NotServing as exc:  # refused: neither kept nor routed
+            actions = self.node.publish(notification, receipt, self.lst, self.replaying.refusal())
+        except Refused as exc:  # neither kept nor routed
             raise ClientError(str(exc)) from None
         body = encode_body(notification)
         self.replaying.kept(notification, body, receipt)
@@ -404,6 +389,8 @@ class Broker:
                 delivered = action.notification
             elif type(action) is Released:
                 self.clients.sessions.released(action.subscriber, action.sub_id)
+            elif type(action) is Resend:
+                self.peers.output.resend(action.link, now)
             elif type(action) is HandedShare:
                 synced = Synced(
                     action.entries, action.complete, action.wants_share, action.predecessor

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from octopis.core import Message, Notification
 from octopis.core.codec import Synced
-from octopis.core.custody import PublishReceipt
+from octopis.core.node import Step
 
 
 class PeerEvents(Protocol):
@@ -30,13 +30,14 @@ class PeerEvents(Protocol):
         self, neighbour: str, queued: list[list[bytes]], sent: Sequence[list[bytes]] = ()
     ) -> None:
         """``neighbour`` went silent or restarted; ``queued`` frames never reached it.
-        Also at a heal, before :meth:`link_back`, with the routing frames put on its link
-        while it was down (no replay round waits for a neighbour that is down), and at a
-        handshake, before :meth:`neighbour_met`, with those that waited for it and the
-        ones ``sent`` to its predecessor without an acknowledgement."""
+        Also at a heal, before the node's hand-over (:meth:`BrokerNode.heard`), with the
+        routing frames put on its link while it was down (no replay round waits for a
+        neighbour that is down), and at a handshake, before :meth:`neighbour_met`, with
+        those that waited for it and the ones ``sent`` to its predecessor without an
+        acknowledgement."""
 
-    def link_back(self, neighbour: str) -> None:
-        """``neighbour`` is heard again without having restarted (a cut link healed)."""
+    def execute(self, actions: list[Any]) -> None:
+        """Carry out the node's ``actions`` (a frame heard: :meth:`BrokerNode.heard`)."""
 
     def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
         """A new incarnation of ``neighbour`` (its first, or a restart): hand it our state
@@ -44,12 +45,9 @@ class PeerEvents(Protocol):
 
     def synced(self, neighbour: str, synced: Synced) -> None:
         """``neighbour`` has handed us its share (whole or not) and says whether it
-        wants ours (DESIGN §7)."""
+        wants ours (DESIGN §7): the node's step (:meth:`BrokerNode.share_heard`)."""
 
-    def now_serving(self, held: list[tuple[Notification, PublishReceipt]], actions: list) -> None:
-        """This broker has its resync state from every live neighbour (DESIGN §7): route
-        the local publications ``held`` meanwhile, and carry out the node's ``actions``
-        (:meth:`BrokerNode.serve_if_ready`)."""
-
-    def neighbour_serving(self, neighbour: str) -> None:
-        """``neighbour`` says it is serving (after its start or restart)."""
+    def now_serving(self, steps: Iterator[Step]) -> None:
+        """This broker has its resync state from every live neighbour (DESIGN §7): carry
+        out the node's ``steps``, the local publications held meanwhile, then the shares
+        owed (:meth:`BrokerNode.serve_if_ready`)."""

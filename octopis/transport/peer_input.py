@@ -240,7 +240,7 @@ class PeerInput:
         they are stale); one that fails is counted and the rest are still routed. A
         failure before routing took any would repeat: the notifications left are then
         counted as internal errors and dropped."""
-        state.last_heard = now
+        self.neighbours.heard(sender, now)  # a sign of life (up: no news)
         verdict = take(state, len(run))
         if verdict == STALE:
             self._stale(sender, len(run))
@@ -285,14 +285,14 @@ class PeerInput:
             return
         if state is None:
             raise ProtocolError(f"frame from {sender}, which is not a neighbour")
-        back = self.neighbours.heard(sender, now)
         kind = type(message)
+        serving = None
         if kind is Heartbeat or kind is Hello:
             self.liveness.link_message(sender, state, message, now)
-        elif kind is Synced:
+            serving = message.serving if kind is Heartbeat else None  # type: ignore[union-attr]
+        self.liveness.heard(sender, state, serving, now)
+        if kind is Synced:
             self.liveness.synced(sender, message, now)
-        if back:
-            self.liveness.came_back(sender, state, now)
         if kind is Heartbeat or kind is Hello or kind is Synced:
             return
         if kind is Resent:

@@ -92,13 +92,13 @@ class PeerLiveness:
     def check_serving(self, now: float) -> None:
         """Start serving when the node says so (:meth:`BrokerNode.serve_if_ready`), then
         tell every neighbour at once, behind what was sent it meanwhile."""
-        served = self.node.serve_if_ready(now)
+        served = self.node.serve_if_ready(now, self.lst)
         if served is None:
             return
         log.info("%s is serving (resynced from every live neighbour)", self.id)
         for name, state in self.neighbours.items():
             self.output.beat(name, state, now, behind_data=True)
-        self.events.now_serving(*served)
+        self.events.now_serving(served)
 
     # -- frames heard ----------------------------------------------------------------------
 
@@ -126,41 +126,30 @@ class PeerLiveness:
             return
         if counts_for(message.acked_incarnation, self.incarnation):
             self.output.links[sender].acknowledge(message.acked, now)
-        now_serving = self.neighbours.said(sender, message.serving)
-        self.route_through(sender)
-        if now_serving:
-            self.events.neighbour_serving(sender)
 
     def synced(self, sender: str, message: Synced, now: float) -> None:
-        """``sender`` says it handed us its share."""
-        heard = self.neighbours.share(sender)
-        if heard.for_us:
-            self.events.synced(sender, message)
-        if heard.now_serving:
-            self.route_through(sender)
-            self.events.neighbour_serving(sender)
+        """``sender`` says it handed us its share: the node's step
+        (:meth:`BrokerNode.share_heard`); the LST row follows the node's table; then this
+        broker may serve."""
+        self.events.synced(sender, message)
+        self.route_through(sender)
         self.check_serving(now)
 
-    def came_back(self, sender: str, state: Neighbour, now: float) -> None:
-        """``sender``, declared down, is heard again (at ``now``). If the node's table says
-        its session goes on (:meth:`Neighbours.resumed`, which the simulator's heal asks
-        too), the routing frames put on its link while it was down are taken back first,
-        as at the detection (:meth:`PeerEvents.link_down`: the node holds them behind
-        what it held then), so that the node's hand-over (:meth:`PeerEvents.link_back`)
-        sends them in the order they were sent instead of letting them overtake it.
-        Ahead of all, the link sends again what it has no acknowledgement for
-        (:meth:`OutputLink.resent`, DESIGN §7): the cut may have aborted the connection
-        with them in it."""
+    def heard(self, sender: str, state: Neighbour, serving: bool | None, now: float) -> None:
+        """A frame from ``sender`` at ``now`` (``serving``: what a heartbeat says of it,
+        None: not a heartbeat), after what its handshake or heartbeat says of
+        incarnations (:meth:`link_message`): the node's steps, in its order
+        (:meth:`BrokerNode.heard`); if it heals, the link gives back first what was put
+        on it while ``sender`` was down (the node holds it behind what it held then,
+        :meth:`PeerEvents.link_down`, so that the hand-over sends it in the order it was
+        sent). The LST row follows the node's table."""
         link = self.output.links[sender]
-        if self.neighbours.resumed(sender):
-            self.events.link_down(sender, link.take_back(now))  # still routed around
-            self.route_through(sender)
-            link.put_link(self.output.frame(link.resent(), LINK), now)
-            link.resume()
-            self.events.link_back(sender)
-        else:
-            self.route_through(sender)
-        if state.was_down:
+        heard = self.node.heard(
+            sender, now, serving, lambda: self.events.link_down(sender, link.take_back(now))
+        )
+        self.route_through(sender)
+        self.events.execute(heard.actions)
+        if heard.back and state.was_down:
             log.warning("%s: link to %s is up again after %.2f s", self.id, sender, state.was_down)
 
     def _restarted(self, sender: str) -> None:

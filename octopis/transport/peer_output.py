@@ -140,6 +140,14 @@ class PeerOutput:
         """Tell ``neighbour`` a share was put on its link (behind the share's frames)."""
         self.links[neighbour].put(self.frame(synced, LINK), now)
 
+    def resend(self, name: str, now: float) -> None:
+        """The link to ``name`` healed (:class:`~octopis.core.node.Resend`): it sends again,
+        ahead of all, what it has no acknowledgement for (:meth:`OutputLink.resent`), and
+        carries again what waits (:meth:`OutputLink.resume`)."""
+        link = self.links[name]
+        link.put_link(self.frame(link.resent(), LINK), now)
+        link.resume()
+
     def frame(self, message: Control, kind: int) -> list:
         """A link-level ``message`` from this broker as a frame of ``kind``."""
         return [*encode_peer(self.id, message), kind]

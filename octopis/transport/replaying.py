@@ -319,10 +319,9 @@ class Replaying:
             elif type(action) is ClaimRecord:
                 self._claim(action.request)
             elif type(action) is ReplayDeliver:
-                if action.requester is not None:
-                    bodies = [encode_body(n) for n in action.notifications]
-                    message = {"op": "replayed", "id": action.req_id, "bodies": bodies}
-                    self._notify(action.requester, message)
+                bodies = [encode_body(n) for n in action.notifications]
+                message = {"op": "replayed", "id": action.req_id, "bodies": bodies}
+                self._notify(action.requester, message)
             elif type(action) is ReplayDone:
                 echo = action.echo
                 log.info(
@@ -337,22 +336,21 @@ class Replaying:
                     list(echo.silent),
                     len(echo.gaps),
                 )
-                if action.requester is not None:
-                    self._notify(
-                        action.requester,
-                        {
-                            "op": "replay_done",
-                            "id": action.req_id,
-                            "answered": list(echo.answered),
-                            "unstored": list(echo.unstored),
-                            "silent": list(echo.silent),
-                            "gaps": [list(g) for g in echo.gaps],
-                            "published": echo.published,
-                            "late": action.late,
-                            "truncated": list(echo.truncated),
-                            "claimed": [ClaimedRecord(*c) for c in echo.claimed],
-                        },
-                    )
+                self._notify(
+                    action.requester,
+                    {
+                        "op": "replay_done",
+                        "id": action.req_id,
+                        "answered": list(echo.answered),
+                        "unstored": list(echo.unstored),
+                        "silent": list(echo.silent),
+                        "gaps": [list(g) for g in echo.gaps],
+                        "published": echo.published,
+                        "late": action.late,
+                        "truncated": list(echo.truncated),
+                        "claimed": [ClaimedRecord(*c) for c in echo.claimed],
+                    },
+                )
 
     def _query(self, request: Replay) -> None:
         assert self.store is not None  # the rounds ask only a broker that has one
