@@ -7,7 +7,11 @@ broker sees of its links), :class:`~octopis.sim.cpu.BrokerCpus` (each broker's C
 a service model) and :class:`~octopis.sim.failures.FailureState` (dead brokers, cut
 links, custody). In SNR and DNR every core's routing table is a part of one
 :class:`~octopis.sim.shared.SharedMatcher` unless a matcher is given: each subscription
-is compiled once, not once per broker.
+is compiled once, not once per broker. What it does is in mixins with one job each, the
+parts above their state: the brokers' loops (:class:`~octopis.sim.dispatch.ActionDispatch`),
+failures, pauses, subscribers failing over and their replays
+(:class:`~octopis.sim.replaying.SubscriberFailover`), the subscribers' seams
+(:class:`~octopis.sim.seams.ReplaySeams`), reshaping and moves.
 """
 
 from __future__ import annotations
@@ -24,19 +28,8 @@ from octopis.accounting import (
     distribution,
     run_report,
 )
-from octopis.core import (
-    DEFAULT_COVERING,
-    Action,
-    BrokerCore,
-    Forward,
-    Hold,
-    Notification,
-    Released,
-    Subscribe,
-)
-from octopis.core.custody import PublishReceipt
-from octopis.core.lst import LinkView
-from octopis.core.node import HandedShare, NotKept, NotServing, Resend
+from octopis.core import DEFAULT_COVERING, Notification
+from octopis.core.node import NotKept, NotServing
 from octopis.core.sessions import check_advertised
 from octopis.core.table import MatcherFactory
 from octopis.defaults import DOWN_AFTER, LINGER, RETAIN
@@ -48,14 +41,15 @@ from octopis.sim.clients import Clients
 from octopis.sim.composite_clients import CompositeClients
 from octopis.sim.congestion import FreeLinks, LinkModel, TimedLinks
 from octopis.sim.cpu import BrokerCpus
-from octopis.sim.custody import LINK_FRAMES
+from octopis.sim.dispatch import ActionDispatch
 from octopis.sim.events import EventQueue, Sampler, collector_paused
 from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import SubscriberMoves
 from octopis.sim.network import LatencyModel, Network
 from octopis.sim.pauses import PausedBrokers
-from octopis.sim.replaying import REPLAY_TYPES, SubscriberFailover
+from octopis.sim.replaying import SubscriberFailover
 from octopis.sim.reshaping import Reshaping
+from octopis.sim.seams import ReplaySeams
 from octopis.sim.service import ServiceModel
 from octopis.sim.shared import SharedMatcher
 from octopis.topology import Scot
@@ -74,7 +68,15 @@ class ReplayableWorkload(Protocol):
         """Raise if a client sits on a broker ``scot`` lacks."""
 
 
-class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, SubscriberMoves):
+class Simulator(
+    ActionDispatch,
+    FailureEvents,
+    PausedBrokers,
+    SubscriberFailover,
+    ReplaySeams,
+    Reshaping,
+    SubscriberMoves,
+):
     """N routing cores, in-memory FIFO links, message counts and delivery accounting."""
 
     def __init__(
@@ -180,6 +182,7 @@ class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, Sub
         self.retiring: set[str] = set()
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
         self._init_failover()
+        self._init_seams()
 
     @property
     def scot(self) -> Scot:
@@ -315,18 +318,6 @@ class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, Sub
         waiting = self.cpus.waiting_publications() if self.cpus is not None else 0
         return waiting + self.network.queued(self.now)
 
-    def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
-        """Run ``step(*args, view)`` on ``core``; with failures, through its node, which
-        tells the ledger of a copy given up (:meth:`BrokerNode.watched`)."""
-        view = self._view(core.id)
-        if self.failures is None:
-            return step(*args, view)
-        return self.nodes[core.id].watched(message, step, *args, view)
-
-    def _view(self, broker: str) -> LinkView:
-        view = self.network.view(broker, self.events.now)
-        return view if self.failures is None else self.nodes[broker].neighbours.view(view)
-
     # -- report --------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
@@ -366,122 +357,3 @@ class Simulator(FailureEvents, PausedBrokers, SubscriberFailover, Reshaping, Sub
         for (subscriber, publisher, seq), count in sorted(self.ledger.received.items()):
             for _ in range(count):
                 yield {"subscriber": subscriber, "publisher": publisher, "seq": seq}
-
-    # -- internals -----------------------------------------------------------------------
-
-    def _dispatch(
-        self, broker: str, actions: list[Action], receipt: PublishReceipt | None = None
-    ) -> None:
-        """Carry out a core's actions now: a forwarded copy arrives after its departure
-        from the link's queue plus a latency draw, never before the copy sent ahead of it
-        (FIFO links); held copies wait; deliveries go to the ledger. A local
-        publication's copies kept in custody carry its ``receipt`` and count in it."""
-        if not actions:
-            return
-        now = self.events.now
-        failures = self.failures
-        on_forward = self._on_forward
-        arrival_of, send = self.network.arrival, self.events.send
-        for action in actions:
-            kind = type(action)
-            if kind is Forward:
-                dst, message = action
-                if on_forward is not None:
-                    on_forward(broker, dst, message)
-                if failures is not None:
-                    self._put(broker, dst, message, receipt)  # custody's: goes, lost or waits
-                    continue
-                send(broker, dst, arrival_of(broker, dst, now, message), message)
-            elif kind is Hold:
-                self.nodes[broker].hold(action)
-            elif kind is HandedShare:
-                self._dispatch(broker, [Forward(action.link, action)])
-            elif kind is Resend:  # a heal's (:meth:`BrokerNode.heard`)
-                self._resend(broker, action.link)
-            elif kind is Released:  # the move reached here: the node lets it go
-                subscriber, sub_id = action
-                self.nodes[broker].released(subscriber, sub_id, self._durables(broker))
-                self.moves["released"] += 1
-                self._let_go(action.subscriber)
-            else:
-                subscriber, notification = action
-                if self.composites.hosts and self.composites.deliver(
-                    broker, subscriber, notification
-                ):
-                    continue
-                if self.cut_clients and (subscriber, broker) in self.cut_clients:
-                    self.failure_counts["deliveries_to_cut_clients"] += 1
-                    continue
-                if self.checked and subscriber in self.checked:
-                    self.take(subscriber, notification)
-                    continue
-                self.ledger.delivered(
-                    subscriber,
-                    notification.publisher,
-                    notification.seq,
-                    now - notification.published_at,
-                )
-                if failures is not None:
-                    self.saw(subscriber, notification)
-
-    def _arrive(self, broker: str, src: str, message: Any) -> None:
-        failures = self.failures
-        if failures is not None:
-            if failures.broken(src, broker):  # kept by a cut link until it heals, or lost
-                if not self._carried(src, broker, message):
-                    self._lose(broker, src, message)
-                return
-            if failures.paused and self._asleep(broker, self._arrive, broker, src, message):
-                return  # in its socket's buffer until it runs again
-            if type(message) in LINK_FRAMES:  # an acknowledgement, or what a heal resends
-                self._link_frame(broker, src, message)
-                return
-            if type(message) is not HandedShare and not self._takes(broker, src):
-                return  # stale: sent before its sender's handshake named this broker
-        if self.cpus is not None:
-            self.cpus.queue(broker, src, message)
-            return
-        actions = self._take(broker, src, message)
-        if actions:
-            self._dispatch(broker, actions)
-
-    def _take(self, broker: str, src: str | None, message: Any) -> list[Action]:
-        """``broker``'s loop takes ``message``: a local publication (``src`` None), or
-        one from neighbour ``src`` (which leaves ``src``'s output queue now)."""
-        if src is None:
-            core = self.cores[broker]
-            return self._watch(core, message, core.publish, message)
-        self.network.taken(src, broker, self.events.now)
-        return self._receive(broker, src, message)
-
-    def _receive(self, broker: str, src: str, message: Any) -> list[Action]:
-        """``broker``'s core takes ``message`` from neighbour ``src`` now; a subscription
-        that stored an entry updates its delay and depth."""
-        core = self.cores[broker]
-        if type(message) is not Subscribe:
-            if type(message) in REPLAY_TYPES:
-                self._replay_message(broker, src, message)
-                return []
-            if type(message) is HandedShare:
-                self._share_arrived(broker, src, message)
-                return []
-            self.nodes[broker].routed()
-            return self._watch(core, message, core.receive, src, message)
-        entries = core.table.entries
-        stored = len(entries)
-        actions = core.receive(src, message, self._view(broker))
-        if len(entries) > stored:
-            sub_id = message.sub_id
-            delay = self.events.now - message.issued_at
-            if delay > self.subscription_delay.get(sub_id, 0.0):
-                self.subscription_delay[sub_id] = delay
-            if message.hops > self.subscription_depth.get(sub_id, 0):
-                self.subscription_depth[sub_id] = message.hops
-        return actions
-
-    def _dispatch_local(self, broker: str, actions: list[Action]) -> None:
-        """Actions of a client's operation at ``broker`` (subscribe, move, ...): with a
-        service model they go out behind what its loop holds (:meth:`BrokerCpus.behind`);
-        else now."""
-        if self.cpus is None or not self.cpus.behind(broker, actions):
-            self._dispatch(broker, actions)
