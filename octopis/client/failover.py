@@ -75,7 +75,7 @@ class Failover:
                 await asyncio.sleep(self.liveness)
             elif (welcome := await self._switch(endpoint, left)) is not None:
                 break
-        for payload in [*self.first, *self.requests.unanswered()]:
+        for payload in self.requests.resend(self.first):
             await self.link.socket.send(payload)
         record = {"from": away_from, "to": self.link.endpoint, "started": started}
         self.silent_since = started

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from octopis.client.deliveries import Received
-from octopis.client_policy import RecentDeliveries
+from octopis.client_policy import RecentDeliveries, each_once
 from octopis.client_policy import Seam as PolicySeam
 from octopis.client_policy import publisher_order as policy_order
 from octopis.wire import delivery_fields
@@ -127,10 +127,8 @@ class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
     def answered(self, name: str) -> list[Received]:
         """The answer alone (a historic subscription's), each (publisher, session, seq)
         once, in publisher order."""
-        found: dict[tuple[str, int, int], Received] = {}
-        for received, _ in replayed(name, self.answer, time.time()):
-            found.setdefault(policy_order(received), received)
-        return [found[key] for key in sorted(found)]
+        answer = (received for received, _ in replayed(name, self.answer, time.time()))
+        return each_once(answer, policy_order)
 
     def replay_gap(self, name: str, after: float, error: str | None = None) -> ReplayGap | None:
         """The gap this replay leaves client ``name``, if any: what its ``replay_done``

@@ -1,7 +1,8 @@
 """Requests a connection sent that await the broker's reply (DESIGN §4, §8): at most a
 given number at a time, so that a publisher waiting for room is slowed by the broker's
 backpressure (the publish credit), never silently dropped; each keeps its encoded form,
-sent again after a fail-over."""
+sent again after a fail-over, as the client policy says
+(:class:`~octopis.client_policy.failover.Unanswered`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import itertools
 from typing import Any
 
 from octopis.client.errors import BrokerError, UnadvertisedError
+from octopis.client_policy.failover import Unanswered
 from octopis.wire import pack
 
 
@@ -18,7 +20,9 @@ class Requests:
 
     def __init__(self, limit: int) -> None:
         self._reqs = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future, bytes]] = {}
+        self._pending: dict[int, asyncio.Future] = {}
+        self._sent: Unanswered[int, bytes] = Unanswered()
+        """The encoded form of each request awaiting its reply, sent again at a fail-over."""
         self._room = asyncio.Semaphore(limit)
 
     def __len__(self) -> int:
@@ -44,11 +48,13 @@ class Requests:
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
         payload = pack({**message, "req": req})
-        self._pending[req] = (future, payload)
+        self._pending[req] = future
+        self._sent.sent(req, payload)
         future.add_done_callback(lambda _: self._answered(req))
         return future, payload
 
     def _answered(self, req: int) -> None:
+        self._sent.answered(req)
         if self._pending.pop(req, None) is not None:
             self._room.release()
 
@@ -57,7 +63,7 @@ class Requests:
         hello, never sent again); :meth:`drop` it once done."""
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
-        self._pending[req] = (future, b"")
+        self._pending[req] = future
         return req, future
 
     def drop(self, req: int) -> None:
@@ -67,8 +73,7 @@ class Requests:
     def answer(self, data: dict[str, Any]) -> bool:
         """Hand a reply to its request; False for a refusal nobody awaits (a request sent
         without a number, or one given up)."""
-        pending = self._pending.get(data.get("req"))
-        future = pending[0] if pending is not None else None
+        future = self._pending.get(data.get("req"))
         if data.get("op") == "error":
             if future is None or future.done():
                 return False
@@ -78,17 +83,18 @@ class Requests:
             future.set_result(data)
         return True
 
-    def unanswered(self) -> list[bytes]:
-        """The encoded requests still awaiting a reply, to send again."""
-        return [payload for _, payload in self._pending.values()]
+    def resend(self, first: list[bytes]) -> list[bytes]:
+        """What a fail-over sends again (:meth:`Unanswered.resend`): ``first``, then the
+        encoded requests still awaiting a reply, in the order sent."""
+        return self._sent.resend(first)
 
     def fail(self, error: BaseException) -> None:
         """Fail every request still waiting with ``error``."""
-        for future, _ in list(self._pending.values()):
+        for future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(error)
 
     def cancel(self) -> None:
         """Cancel every request still waiting."""
-        for future, _ in list(self._pending.values()):
+        for future in list(self._pending.values()):
             future.cancel()

@@ -27,6 +27,8 @@ feed it what happens and perform its answers.
   :func:`replay_after`, the whole of a fail-over's, :meth:`FromPoints.replay`);
   :class:`SubscriberReplays`, a subscriber's from-points, late answers and the replay
   it asks for after a fail-over, with the start its durable records owe from;
+- :func:`each_once`: a historic answer, each publication once (two stores may keep one
+  its publisher sent again after a fail-over);
 - :class:`Seam`: a request for the past under way, the live deliveries held meanwhile
   (up to :data:`~octopis.defaults.BUFFER`), its answer and why it falls short
   (:meth:`Seam.shortfall`); :func:`join_at_seam`: how they join, each
@@ -101,6 +103,17 @@ def join_at_seam(
     joined = [*live, *fresh]
     joined.sort(key=order)
     return joined, repeats
+
+
+def each_once(items: Iterable[T], order: Callable[[T], tuple]) -> list[T]:
+    """A historic subscription's answer as its subscriber takes it (DESIGN §11): each
+    publication once, in publisher order (``order``: an item's publisher, session and
+    sequence number). Two stores may both keep one: its publisher sent it again at
+    another broker after a fail-over (DESIGN §7), and each broker's store kept its copy."""
+    found: dict[tuple, T] = {}
+    for item in items:
+        found.setdefault(order(item), item)
+    return [found[key] for key in sorted(found)]
 
 
 def replay_after(first: float | None, silent: float, skew: float = CLOCK_SKEW) -> float:

@@ -1,12 +1,14 @@
 """Where a client's connection goes (DESIGN §7), sans-IO: the order it tries the brokers
 of its list, when it leaves a silent one (:func:`failover_tries`) and when it connects
-anew (:func:`connect_tries`, a durable subscriber coming back as a new process). The
-SDK (``octopis.client.failover``) and the simulator's clients both walk these tries."""
+anew (:func:`connect_tries`, a durable subscriber coming back as a new process), and what
+it sends again at the broker it reaches (:class:`Unanswered`). The SDK
+(``octopis.client.failover``) and the simulator's clients both walk these tries and
+send again what these requests say."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -41,3 +43,50 @@ def failover_tries(
     """The brokers a connection leaving silent ``current`` tries in turn: its list in
     :func:`failover_order`, as :func:`connect_tries` goes round it."""
     return connect_tries(failover_order(candidates, current), gone)
+
+
+K = TypeVar("K")
+
+
+class Unanswered(Generic[K, T]):
+    """A connection's requests that await the broker's answer (DESIGN §4, §7), by key in
+    the order first sent: a publication stays here until the broker confirms it (its
+    neighbours and its store hold it) or refuses it. At a fail-over the connection sends
+    again, at the next broker of its list, what :meth:`resend` gives: the requests its
+    publications need there first (a publisher's advertisements), then every one still
+    unanswered, each as first sent (a publication with its session and sequence number,
+    which the brokers' dedup keeps once). A publisher that waited for an answer past its
+    publish timeout gave it up (:meth:`answered`): never sent again. The SDK's
+    ``Requests`` and the simulator's publishers keep theirs here."""
+
+    __slots__ = ("_waiting",)
+
+    def __init__(self) -> None:
+        self._waiting: dict[K, T] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._waiting
+
+    def get(self, key: K) -> T | None:
+        """Request ``key``, if it awaits its answer."""
+        return self._waiting.get(key)
+
+    def sent(self, key: K, request: T) -> None:
+        """``request`` was sent under ``key``; sent again, it keeps its first place."""
+        self._waiting.setdefault(key, request)
+
+    def answered(self, key: K) -> T | None:
+        """Request ``key`` was answered (or given up): returns it, if it awaited one."""
+        return self._waiting.pop(key, None)
+
+    def waiting(self) -> list[T]:
+        """The requests awaiting their answer, in the order first sent."""
+        return list(self._waiting.values())
+
+    def resend(self, first: Iterable[T] = ()) -> list[T]:
+        """What a fail-over sends again at the new broker, in order: ``first``, then every
+        request still unanswered (:meth:`waiting`)."""
+        return [*first, *self._waiting.values()]

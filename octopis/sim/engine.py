@@ -47,6 +47,7 @@ from octopis.sim.failures import FailureEvents, FailureState
 from octopis.sim.moving import SubscriberMoves
 from octopis.sim.network import LatencyModel, Network
 from octopis.sim.pauses import PausedBrokers
+from octopis.sim.publishers import PublisherFailover
 from octopis.sim.replaying import SubscriberFailover
 from octopis.sim.reshaping import Reshaping
 from octopis.sim.seams import ReplaySeams
@@ -183,6 +184,8 @@ class Simulator(
         """Brokers on their way out (:meth:`shrink`): no move or placement targets them."""
         self._init_failover()
         self._init_seams()
+        self.publishers = PublisherFailover(self)
+        """What each publisher sent and had no answer to, and its fail-overs (DESIGN §7)."""
 
     @property
     def scot(self) -> Scot:
@@ -222,19 +225,26 @@ class Simulator(
     ) -> tuple[str, int]:
         """``publisher`` (attached to ``broker``) publishes now; returns (publisher, seq).
         A publisher whose broker left, or is leaving (:meth:`shrink` moved it), publishes
-        where it was moved."""
+        where it was moved; one that failed over, where it is connected
+        (:class:`~octopis.sim.publishers.PublisherFailover`, which sends again what a dead
+        broker did not answer)."""
         if broker not in self.cores or broker in self.retiring:
             broker = self._home.get(publisher, broker)
+        broker = self.publishers.broker_of(publisher, broker)
         self.clients.attach(publisher, broker)
         seq = self.clients.sequence(publisher, seq)
+        if self.publishers.sent(publisher, seq, publication):
+            return publisher, seq  # its publisher is failing over: sent where it gets
         if self._asleep(broker, self.publish, publisher, broker, publication, seq):
             return publisher, seq  # the request waits in its socket: taken at the resume
-        if self._dead(broker):
-            self.failure_counts["publications_refused"] += 1
+        if self._dead(broker):  # unanswered: sent again once its publisher fails over
+            if not self.publishers.silent(publisher, broker):
+                self.failure_counts["publications_refused"] += 1
             return publisher, seq
         core = self.cores[broker]
         check_advertised(core, publisher, publication)
-        notification = Notification(publisher, seq, self.clients.stamp(publisher), publication)
+        stamp = self.publishers.published_at(publisher, seq)
+        notification = Notification(publisher, seq, stamp, publication)
         if self.cpus is not None:  # no failures with a service model: always serving
             self.ledger.published(publisher, seq, publication)
             self.cpus.queue(broker, None, notification)
@@ -248,11 +258,13 @@ class Simulator(
             publish = partial(node.publish, refusal=refusal)
             actions = self._watch(core, notification, publish, notification, receipt)
         except NotKept:  # its disk refused a commit just now: neither kept nor routed
+            self.publishers.answered(notification.key)
             return publisher, seq
         except NotServing:
             self.failure_counts["publications_refused"] += 1
+            self.publishers.answered(notification.key)
             return publisher, seq
-        self.ledger.published(publisher, seq, publication)
+        self.publishers.accepted(publisher, seq, publication)
         if receipt is None:
             if actions:
                 self._dispatch(broker, actions)

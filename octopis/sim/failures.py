@@ -250,6 +250,7 @@ class FailureEvents(CutLinks, CustodyEvents):
             self.failure_counts.update(counts)
             self.failure_counts["brokers_killed"] += 1
             self._hosts_died(broker)
+            self.publishers.died(broker)
         elif failure.one_way:
             talker, listener = failure.ends
             self._cut(failure, [(talker, listener)])

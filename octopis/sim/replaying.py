@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from octopis.client_policy import Seam
+from octopis.client_policy import Seam, each_once
 from octopis.client_policy.failover import failover_tries
 from octopis.core import Forward
 from octopis.core.durable import Durables
@@ -291,8 +291,9 @@ class SubscriberFailover:
             elif type(action) is ReplayDeliver:
                 subscriber = action.requester
                 historic = self.historic_received.get(action.req_id)
-                if historic is not None:
-                    historic += [(n.publisher, n.seq) for n in action.notifications]
+                if historic is not None:  # taken as the SDK takes it
+                    answer = [*historic, *((n.publisher, n.seq) for n in action.notifications)]
+                    historic[:] = each_once(answer, lambda key: key)
                     continue
                 self.replay_counts["replayed"] += len(action.notifications)
                 self._replayed(subscriber, action.req_id, action.notifications)

@@ -35,6 +35,7 @@ The simulator keeps no encoded bodies: a store is bounded by a count of publicat
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 
 from octopis.core import Notification
 from octopis.core.answer import (
@@ -100,6 +101,8 @@ class RetentionStores:
         """The node's rule of what a store drops, over a count of publications."""
         self._answer_max = answer_max
         self._answer_bytes = answer_bytes
+        self.on_answer: Callable[[Key], None] = lambda key: None
+        """Told of each publication confirmed or refused (its publisher's answer)."""
 
     def refusal(self, broker: str, now: float) -> str | None:
         """Why ``broker``'s store refuses a new publication before routing it now
@@ -128,6 +131,7 @@ class RetentionStores:
                 self.confirmed[key] = broker
             else:
                 self.refused[key] = receipt.refusal
+            self.on_answer(key)
 
         receipt = PublishReceipt(answered)
         return receipt

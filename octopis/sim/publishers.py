@@ -1,0 +1,145 @@
+"""The simulator's publishers failing over as the SDK's do (DESIGN §4, §7).
+
+A publication is unanswered from when its publisher sends it until its broker confirms it
+(its :class:`~octopis.core.custody.PublishReceipt` answers: the store's copy committed and
+every copy kept in custody acknowledged, :meth:`RetentionStores.receipt`) or refuses it.
+When its broker dies, the publisher hears it no more: :data:`CLIENT_LIVENESS` later it
+leaves it along its list in the client policy's order
+(:func:`~octopis.client_policy.failover.failover_tries`, the simulator's subscribers'
+:meth:`~octopis.sim.replaying.SubscriberFailover._connect`), and at the first broker that
+answers it sends again every publication still unanswered, in the order first sent,
+with its sequence number and stamp (the SDK's rule,
+:class:`~octopis.client_policy.failover.Unanswered`); what it publishes meanwhile waits
+with them. A publication sent to a dead broker is unanswered too, never lost for that. The brokers' edge dedup
+(:mod:`octopis.core.dedup`) keeps once what reached a subscriber's host before the death
+and again after the resend; the ledger expects each publication once, when a broker first
+accepts it (:meth:`PublisherFailover.accepted`).
+
+With advertisements on, publishers do not fail over (:attr:`PublisherFailover.follows`).
+
+The simulated publishers publish without waiting (the SDK's ``wait=False``, flushed):
+no publish timeout gives a publication up. A paused broker's publishers wait for its
+resume (:mod:`octopis.sim.pauses`): they do not fail over on its silence.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from octopis.client_policy.failover import Unanswered
+from octopis.defaults import CLIENT_LIVENESS
+from octopis.filters.language import Publication
+
+if TYPE_CHECKING:
+    from octopis.sim.engine import Simulator
+
+
+class PublisherFailover:
+    """The publishers of ``sim``: what each has sent and not had answered, where it is
+    connected since it failed over, and its fail-overs. Publications are tracked once
+    ``sim`` has failures (before, every one is answered at once)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.unanswered: dict[str, Unanswered[int, tuple[int, Publication, float]]] = {}
+        """Per publisher, its publications sent and not answered, by sequence number:
+        each with its publisher's stamp when first sent (sent again, it keeps it)."""
+        self.accepted_keys: set[tuple[str, int]] = set()
+        """Unanswered publications some broker accepted (the ledger expects them)."""
+        self.first: dict[str, str] = {}
+        """The broker each publisher that failed over first published at (its list's)."""
+        self.connected: dict[str, str] = {}
+        """Where each publisher that failed over is connected now."""
+        self.leaving: dict[str, str] = {}
+        """Publishers failing over, each with the broker it leaves: what they publish
+        waits for the broker they reach."""
+        sim.retention.on_answer = self.answered
+
+    def broker_of(self, publisher: str, broker: str) -> str:
+        """Where ``publisher``, which publishes at ``broker``, sends: the broker it
+        failed over to, if it did."""
+        return self.connected.get(publisher, broker)
+
+    def sent(self, publisher: str, seq: int, publication: Publication) -> bool:
+        """``publisher`` sends publication ``seq`` now: it is unanswered until its broker
+        answers (tracked with failures). Returns whether it waits instead, its publisher
+        failing over (sent with the rest at the broker it reaches). Tracked only with
+        failures, and without advertisements: see :attr:`follows`."""
+        if not self.follows:
+            return False
+        stamp = self.sim.clients.stamp(publisher)
+        self.unanswered.setdefault(publisher, Unanswered()).sent(seq, (seq, publication, stamp))
+        return publisher in self.leaving
+
+    @property
+    def follows(self) -> bool:
+        """Whether the publishers fail over and send again (with failures, and without
+        advertisements: a publication sent again at a broker that the subscriptions its
+        publisher's new advertisement draws have not reached yet goes to no one, on
+        processes too, so publishers fail over only where that cannot happen)."""
+        return self.sim.failures is not None and not self.sim.advertisements
+
+    def published_at(self, publisher: str, seq: int) -> float:
+        """The stamp of ``publisher``'s publication ``seq``: the one it was first sent
+        with, if unanswered (the SDK sends the same request again), else its clock now."""
+        waiting = self.unanswered.get(publisher)
+        first = waiting.get(seq) if waiting is not None else None
+        return first[2] if first is not None else self.sim.clients.stamp(publisher)
+
+    def answered(self, key: tuple[str, int]) -> None:
+        """Publication ``key`` was confirmed or refused to its publisher."""
+        waiting = self.unanswered.get(key[0])
+        if waiting is not None and waiting.answered(key[1]) is not None:
+            self.accepted_keys.discard(key)
+
+    def accepted(self, publisher: str, seq: int, publication: Publication) -> None:
+        """A broker accepted publication ``seq``: the ledger expects it, the first time
+        only (a publication sent again after a fail-over was accepted before, perhaps)."""
+        key = (publisher, seq)
+        if key in self.accepted_keys:
+            return
+        if seq in self.unanswered.get(publisher, ()):
+            self.accepted_keys.add(key)
+        self.sim.ledger.published(publisher, seq, publication)
+
+    def died(self, broker: str) -> None:
+        """``broker`` died now: each publisher connected to it hears it no more and
+        fails over :data:`CLIENT_LIVENESS` later."""
+        home = self.sim.clients.home
+        for publisher in sorted(self.unanswered):
+            if home.get(publisher) == broker:
+                self.silent(publisher, broker)
+
+    def silent(self, publisher: str, broker: str) -> bool:
+        """``publisher`` sent to ``broker``, dead: unless it is failing over already, it
+        leaves ``broker`` :data:`CLIENT_LIVENESS` from now (:meth:`_leave`). False if it
+        does not (the publishers do not fail over, :attr:`follows`)."""
+        if not self.follows:
+            return False
+        if publisher not in self.leaving:
+            self.leaving[publisher] = broker
+            self.sim.at(self.sim.now + CLIENT_LIVENESS, self._leave, publisher, broker)
+        return True
+
+    def _leave(self, publisher: str, old: str) -> None:
+        """``publisher`` heard nothing from ``old`` for its liveness: it tries its list as
+        the SDK does (the list of the broker it first published at)."""
+        sim = self.sim
+        first = self.first.get(publisher, old)
+        sim._connect(
+            sim._failover_tries(first, old),
+            lambda: self.leaving.get(publisher) == old,
+            lambda new: self._failed_over(publisher, old, new),
+        )
+
+    def _failed_over(self, publisher: str, old: str, new: str) -> None:
+        """``publisher`` is connected at ``new``: it sends again what is unanswered
+        (:meth:`Unanswered.resend`), each with its sequence number and stamp."""
+        sim = self.sim
+        del self.leaving[publisher]
+        self.first.setdefault(publisher, old)
+        sim.clients.home[publisher] = self.connected[publisher] = new
+        sim.failure_counts["publishers_failed_over"] += 1
+        for seq, publication, _ in self.unanswered[publisher].resend():
+            sim.failure_counts["publications_resent"] += 1
+            sim.publish(publisher, new, publication, seq)
