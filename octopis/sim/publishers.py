@@ -10,10 +10,10 @@ leaves it along its list in the client policy's order
 answers it sends again every publication still unanswered, in the order first sent,
 with its sequence number and stamp (the SDK's rule,
 :class:`~octopis.client_policy.failover.Unanswered`); what it publishes meanwhile waits
-with them. A publication sent to a dead broker is unanswered too, never lost for that. The brokers' edge dedup
-(:mod:`octopis.core.dedup`) keeps once what reached a subscriber's host before the death
-and again after the resend; the ledger expects each publication once, when a broker first
-accepts it (:meth:`PublisherFailover.accepted`).
+with them. A publication sent to a dead broker is unanswered too, never lost for that.
+The brokers' edge dedup (:mod:`octopis.core.dedup`) keeps once what reached a
+subscriber's host before the death and again after the resend; the ledger expects each
+publication once, when a broker first accepts it (:meth:`PublisherFailover.accepted`).
 
 With advertisements on, publishers do not fail over (:attr:`PublisherFailover.follows`).
 
