@@ -1,7 +1,7 @@
 """The client policy's seam (DESIGN §11): a replay's answer joins the live deliveries
 held while it came, each publication once, in publisher order; and a replay asks, of
 each publisher, from a publication nothing earlier can still overtake. And when a
-connection's fail-over tries end (DESIGN §7)."""
+connection's fail-over tries end, and what it sends again (DESIGN §7)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from octopis.client_policy import (
     Seam,
     SubscriberReplays,
     claim_gap,
+    each_once,
     join_at_seam,
     still_silent,
 )
-from octopis.client_policy.failover import connect_tries, failover_tries
+from octopis.client_policy.failover import Unanswered, connect_tries, failover_tries
 from octopis.client_policy.moves import Linger, Resubscribe, Withdraw, move_across
 from octopis.core.replay import Claimed
 from octopis.defaults import LINGER, PUBLISHERS_KNOWN
@@ -287,3 +288,34 @@ def test_a_new_connection_tries_its_list_from_the_first() -> None:
     once every broker of it is gone for good."""
     assert list(itertools.islice(connect_tries(["a", "b"]), 5)) == ["a", "b", None, "a", "b"]
     assert list(connect_tries(["a", "b"], lambda broker: True)) == ["a", "b"]
+
+
+def test_a_fail_over_sends_again_what_is_unanswered_in_the_order_first_sent() -> None:
+    """What a connection sends again at the broker it fails over to: what its
+    publications need there first (a publisher's advertisements), then each request not
+    answered (confirmed, refused or given up), in the order first sent; one sent again
+    keeps its place and its first form (a publication, its sequence number and stamp)."""
+    waiting: Unanswered[int, str] = Unanswered()
+    for seq in (1, 2, 3, 4):
+        waiting.sent(seq, f"p{seq}")
+    assert waiting.answered(2) == "p2"  # confirmed
+    assert waiting.answered(2) is None  # answered once
+    waiting.sent(1, "p1 again")  # sent again at a fail-over: keeps its place and form
+    waiting.sent(5, "p5")
+    assert waiting.resend(["advertise"]) == ["advertise", "p1", "p3", "p4", "p5"]
+    assert (len(waiting), 3 in waiting, 2 in waiting, waiting.get(4)) == (4, True, False, "p4")
+    for seq in (1, 3, 4, 5):
+        waiting.answered(seq)
+    assert waiting.resend(["advertise"]) == ["advertise"] and not waiting.waiting()
+
+
+def test_a_historic_answer_holds_each_publication_once_in_publisher_order() -> None:
+    """Two stores may both keep a publication its publisher sent again after a
+    fail-over: the historic answer its subscriber takes holds it once, the first copy,
+    in publisher order."""
+    answer = [("q", 1, 2, "a"), ("p", 1, 5, "a"), ("q", 1, 2, "b"), ("p", 1, 1, "b")]
+    assert each_once(answer, lambda item: item[:3]) == [
+        ("p", 1, 1, "b"),
+        ("p", 1, 5, "a"),
+        ("q", 1, 2, "a"),
+    ]
