@@ -295,15 +295,19 @@ def test_subscribers_whose_every_broker_died_keep_trying_until_one_is_back(
 
 
 def test_subscribers_whose_every_broker_is_gone_for_good_stop_after_one_round() -> None:
-    """Both brokers of the pair killed for good: each subscriber tries its list once (the
-    other broker, then its own), and its tries end there, as the client policy says once
-    every broker of its list is gone for good (``failover_tries``); the run ends."""
+    """Both brokers of the pair killed for good: each subscriber, and each publisher that
+    sent to its dead broker, tries its list once (the other broker, then its own), and its
+    tries end there, as the client policy says once every broker of its list is gone for
+    good (``failover_tries``); the run ends."""
     scot = build_scot(nx.empty_graph(["r0"]), complete_factor(2), name="pair")
     failures = [Failure(("r0:0",), 0.0), Failure(("r0:1",), 0.0)]
     sim = _run(scot, "dnr", failures, seed=0, subscribers=10, publications=10)
     report = sim.report()["failures"]
-    assert report["failover.no_live_broker"] == 10
+    publishers = sim.publishers.leaving  # still leaving: their tries ended
+    assert len(publishers) == 2
+    assert report["failover.no_live_broker"] == 10 + len(publishers)
     assert report["replays"]["subscribers_failed_over"] == 0
+    assert "publishers_failed_over" not in report
 
 
 def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:

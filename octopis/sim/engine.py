@@ -253,7 +253,7 @@ class Simulator(
         receipt = refusal = None
         if self.failures is not None:  # the stores keep, and confirm through a receipt
             refusal = self.retention.refusal(broker, self.now)
-            receipt = self.retention.receipt(broker, notification.key)
+            receipt = self.retention.receipt(broker, notification.key, self.publishers.answered)
         try:
             publish = partial(node.publish, refusal=refusal)
             actions = self._watch(core, notification, publish, notification, receipt)

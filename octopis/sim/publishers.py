@@ -24,14 +24,49 @@ resume (:mod:`octopis.sim.pauses`): they do not fail over on its silence.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
+from octopis.accounting import DeliveryLedger
 from octopis.client_policy.failover import Unanswered
 from octopis.defaults import CLIENT_LIVENESS
 from octopis.filters.language import Publication
+from octopis.sim.clients import Clients
+from octopis.sim.failures import FailureState
 
-if TYPE_CHECKING:
-    from octopis.sim.engine import Simulator
+
+class Publishing(Protocol):
+    """What the publishers read of a simulator and ask it to do."""
+
+    failures: FailureState | None
+    advertisements: bool
+    clients: Clients
+    ledger: DeliveryLedger
+    failure_counts: Counter[str]
+
+    @property
+    def now(self) -> float:
+        """The simulated time."""
+
+    def at(self, when: float, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` at ``when``."""
+
+    def publish(
+        self, publisher: str, broker: str, publication: Publication, seq: int | None = None
+    ) -> tuple[str, int]:
+        """``publisher`` publishes at ``broker`` now."""
+
+    def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
+        """The brokers a client that began at ``first`` tries away from ``old``."""
+
+    def _connect(
+        self,
+        tries: Iterator[str | None],
+        wanted: Callable[[], bool],
+        connected: Callable[[str], None],
+    ) -> None:
+        """Try ``tries`` as the SDK does; ``connected`` at the first that answers."""
 
 
 class PublisherFailover:
@@ -39,7 +74,7 @@ class PublisherFailover:
     connected since it failed over, and its fail-overs. Publications are tracked once
     ``sim`` has failures (before, every one is answered at once)."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: Publishing) -> None:
         self.sim = sim
         self.unanswered: dict[str, Unanswered[int, tuple[int, Publication, float]]] = {}
         """Per publisher, its publications sent and not answered, by sequence number:
@@ -53,7 +88,6 @@ class PublisherFailover:
         self.leaving: dict[str, str] = {}
         """Publishers failing over, each with the broker it leaves: what they publish
         waits for the broker they reach."""
-        sim.retention.on_answer = self.answered
 
     def broker_of(self, publisher: str, broker: str) -> str:
         """Where ``publisher``, which publishes at ``broker``, sends: the broker it
@@ -87,7 +121,8 @@ class PublisherFailover:
         return first[2] if first is not None else self.sim.clients.stamp(publisher)
 
     def answered(self, key: tuple[str, int]) -> None:
-        """Publication ``key`` was confirmed or refused to its publisher."""
+        """Publication ``key`` was confirmed or refused to its publisher (its receipt
+        answered, :meth:`RetentionStores.receipt`, or its broker refused it at once)."""
         waiting = self.unanswered.get(key[0])
         if waiting is not None and waiting.answered(key[1]) is not None:
             self.accepted_keys.discard(key)

@@ -101,8 +101,6 @@ class RetentionStores:
         """The node's rule of what a store drops, over a count of publications."""
         self._answer_max = answer_max
         self._answer_bytes = answer_bytes
-        self.on_answer: Callable[[Key], None] = lambda key: None
-        """Told of each publication confirmed or refused (its publisher's answer)."""
 
     def refusal(self, broker: str, now: float) -> str | None:
         """Why ``broker``'s store refuses a new publication before routing it now
@@ -120,18 +118,21 @@ class RetentionStores:
         if not self._full[broker]:
             del self._full[broker]
 
-    def receipt(self, broker: str, key: Key) -> PublishReceipt:
+    def receipt(
+        self, broker: str, key: Key, told: Callable[[Key], None] = lambda key: None
+    ) -> PublishReceipt:
         """The receipt of publication ``key`` published at ``broker``
         (:class:`~octopis.core.custody.PublishReceipt`, the process's own): its answer
         confirms it (:attr:`confirmed`) or, the store's commit refused, refuses it
-        (:attr:`refused`), when the receipt's rule says, as the process answers."""
+        (:attr:`refused`), when the receipt's rule says, as the process answers; its
+        publisher is ``told`` either way."""
 
         def answered() -> None:
             if receipt.refusal is None:
                 self.confirmed[key] = broker
             else:
                 self.refused[key] = receipt.refusal
-            self.on_answer(key)
+            told(key)
 
         receipt = PublishReceipt(answered)
         return receipt
