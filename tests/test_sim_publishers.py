@@ -67,6 +67,8 @@ def test_a_publisher_whose_broker_dies_sends_what_it_did_not_confirm_again(
     assert {retention.confirmed[(PUBLISHER, q)] for q in resent} == {new}
     routed_at_killed = {n.seq for n in sim.published[KILLED]}
     assert routed_at_killed - at_killed  # accepted there, unconfirmed, sent again
+    sent_to_the_dead = {q for p, q in sim.publishers.entered}  # entered the overlay late
+    assert sent_to_the_dead == resent - routed_at_killed and sent_to_the_dead
     assert not sim.publishers.unanswered[PUBLISHER]
     assert "publications_refused" not in counts
     stamps = {n.seq: n.published_at for n in sim.published[KILLED]}

@@ -556,6 +556,7 @@ def check(
     published = {key: n.published_at for key, n in notes.items()}
     clocks = sim.clocks
     when_sent = {key: at - clocks.get(key[0], 0.0) for key, at in published.items()}
+    when_sent.update(sim.publishers.entered)  # sent again after a fail-over: entered then
     undeliverable = sim.undeliverable_keys
 
     def accounted(s: str, p: str, q: int) -> bool:

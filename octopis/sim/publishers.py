@@ -81,6 +81,10 @@ class PublisherFailover:
         each with its publisher's stamp when first sent (sent again, it keeps it)."""
         self.accepted_keys: set[tuple[str, int]] = set()
         """Unanswered publications some broker accepted (the ledger expects them)."""
+        self.entered: dict[tuple[str, int], float] = {}
+        """Publications first accepted when sent again after a fail-over, each with when:
+        they entered the overlay then, not when stamped (a subscriber that failed over
+        meanwhile gets them live, not from its replay)."""
         self.first: dict[str, str] = {}
         """The broker each publisher that failed over first published at (its list's)."""
         self.connected: dict[str, str] = {}
@@ -101,8 +105,8 @@ class PublisherFailover:
         failures, and without advertisements: see :attr:`follows`."""
         if not self.follows:
             return False
-        stamp = self.sim.clients.stamp(publisher)
-        self.unanswered.setdefault(publisher, Unanswered()).sent(seq, (seq, publication, stamp))
+        first = (seq, publication, self.sim.clients.stamp(publisher))
+        self.unanswered.setdefault(publisher, Unanswered()).sent(seq, first)
         return publisher in self.leaving
 
     @property
@@ -175,6 +179,10 @@ class PublisherFailover:
         self.first.setdefault(publisher, old)
         sim.clients.home[publisher] = self.connected[publisher] = new
         sim.failure_counts["publishers_failed_over"] += 1
+        ledger = sim.ledger
         for seq, publication, _ in self.unanswered[publisher].resend():
             sim.failure_counts["publications_resent"] += 1
+            first_time = ledger.notifications
             sim.publish(publisher, new, publication, seq)
+            if ledger.notifications > first_time:  # no broker had accepted it before
+                self.entered[(publisher, seq)] = sim.now
