@@ -57,16 +57,11 @@ class Publishing(Protocol):
     ) -> tuple[str, int]:
         """``publisher`` publishes at ``broker`` now."""
 
-    def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
-        """The brokers a client that began at ``first`` tries away from ``old``."""
-
-    def _connect(
-        self,
-        tries: Iterator[str | None],
-        wanted: Callable[[], bool],
-        connected: Callable[[str], None],
-    ) -> None:
-        """Try ``tries`` as the SDK does; ``connected`` at the first that answers."""
+    _failover_tries: Callable[[str, str], Iterator[str | None]]
+    """The brokers a client that began at the first broker tries away from the second."""
+    _connect: Callable[[Iterator[str | None], Callable[[], bool], Callable[[str], None]], None]
+    """Try the brokers as the SDK does while wanted; connected at the first that answers
+    (:meth:`SubscriberFailover._connect`)."""
 
 
 class PublisherFailover:
