@@ -2,9 +2,12 @@
 across clusters withdraws as the client policy's steps say
 (``client_policy.moves.move_across``: subscribe, linger, withdraw), never once every
 broker's table holds the new subscription; a durable client coming back walks its list
-(``client_policy.failover.connect_tries``), never picking the first live broker. Read
-from the AST of every module of ``octopis/sim/``, with a module written with both
-copies to show each check failing."""
+(``client_policy.failover.connect_tries``), never picking the first live broker. The
+SDK and the simulator's publishers send again, at a fail-over, what the client policy
+says in its order (``client_policy.failover.Unanswered.resend``), and a historic answer
+is taken each publication once by its rule (``client_policy.each_once``). Read from the
+AST of every module of ``octopis/sim/`` (and ``octopis/client/``), with a module written
+with a copy of each to show each check failing."""
 
 from __future__ import annotations
 
@@ -62,7 +65,47 @@ def live_picks(path: Path) -> list[str]:
     )
 
 
+def resend_orders(path: Path) -> list[str]:
+    """Every list display of two or more starred parts, one of them ``first``: what a
+    fail-over sends again put in order outside the client policy
+    (``client_policy.failover.Unanswered.resend``; the SDK once sent ``[*self.first,
+    *self.requests.unanswered()]``)."""
+    return [
+        f"{path.name}:{node.lineno} resend order"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.List)
+        and sum(isinstance(e, ast.Starred) for e in node.elts) >= 2
+        and any(
+            getattr(e.value, "attr", None) == "first"
+            for e in node.elts
+            if isinstance(e, ast.Starred)
+        )
+    ]
+
+
+def answer_dedups(path: Path) -> list[str]:
+    """Every ``setdefault(...)`` keyed by a publisher order: a historic answer taken each
+    publication once outside the client policy (``client_policy.each_once``; the SDK
+    once kept ``found.setdefault(policy_order(received), received)``)."""
+    return _calls_reading_methods(path, "setdefault", ("publisher_order", "policy_order"))
+
+
+def _calls_reading_methods(path: Path, method: str, keys: tuple[str, ...]) -> list[str]:
+    """Every ``x.method(...)`` whose first argument calls one of ``keys``."""
+    return [
+        f"{path.name}:{call.lineno} {method}(order)"
+        for call in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "attr", None) == method
+        and call.args
+        and isinstance(call.args[0], ast.Call)
+        and getattr(call.args[0].func, "id", None) in keys
+    ]
+
+
 CHECKS = (spread_waits, live_picks)
+CLIENT_CHECKS = (resend_orders, answer_dedups)
+"""Checks of the SDK (``octopis/client/``) and the simulator's clients alike."""
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -70,6 +113,14 @@ def test_the_simulators_clients_move_and_come_back_by_the_client_policy(
     check: Callable[[Path], list[str]],
 ) -> None:
     assert [hit for path in sorted((PACKAGE / "sim").glob("*.py")) for hit in check(path)] == []
+
+
+@pytest.mark.parametrize("check", CLIENT_CHECKS)
+def test_the_sdk_and_the_simulator_send_again_and_take_answers_by_the_client_policy(
+    check: Callable[[Path], list[str]],
+) -> None:
+    paths = [*(PACKAGE / "client").glob("*.py"), *(PACKAGE / "sim").glob("*.py")]
+    assert [hit for path in sorted(paths) for hit in check(path)] == []
 
 
 COPIES = (
@@ -80,6 +131,8 @@ COPIES = (
     "    if any(map(self.names, (m for n in self.nodes for m in n.held_messages()))):\n"
     "        return next((b for b in order if state is None or b not in state.dead), None)\n"
     "    return next(filter(lambda b: not self._dead(b), order), next(iter(order)))\n"
+    "for payload in [*self.first, *self.requests.unanswered()]:\n"
+    "    found.setdefault(policy_order(received), received)\n"
 )
 """A simulator module with a copy of each: the checks of :data:`CHECKS` find them."""
 
@@ -89,6 +142,8 @@ COPIES = (
     [
         (spread_waits, ["sim.py:4 any(spread)", "sim.py:5 any(spread)"]),
         (live_picks, ["sim.py:6 next(dead)", "sim.py:7 next(dead)"]),
+        (resend_orders, ["sim.py:8 resend order"]),
+        (answer_dedups, ["sim.py:9 setdefault(order)"]),
     ],
 )
 def test_the_client_checks_can_fail(
