@@ -76,13 +76,13 @@ class Clients:
         the node's rules (:func:`~octopis.core.client_requests.subscribe`: refused past
         the client's limit or ``durable.max``, else made by the core, held for the client,
         a durable one's record attached); returns its sub_id and the actions."""
-        sessions, core = self._brokers.nodes[broker].sessions, self._brokers.cores[broker]
+        sessions, hosted = self._brokers.nodes[broker].sessions, self._brokers.composites[broker]
         sub_id, actions = rules.subscribe(
             sessions,
             subscriber,
             subscriber,
             subscription,
-            core.subscribe,
+            hosted.local_subscribe,
             self._events.now,
             durable,
         )
@@ -93,8 +93,9 @@ class Clients:
         """``broker`` adopts ``subscriber``'s ``sub_id``, moving here inside its cluster,
         as a broker's client session does (within the client's limit, as
         :meth:`session_subscribe`); returns the actions."""
-        sessions = self._brokers.nodes[broker].sessions
-        return rules.adopt(self._brokers.cores[broker], sessions, subscriber, subscriber, sub_id)
+        sessions, hosted = self._brokers.nodes[broker].sessions, self._brokers.composites[broker]
+        core = self._brokers.cores[broker]
+        return rules.adopt(core, sessions, subscriber, subscriber, sub_id, hosted)
 
     def unsubscribe(self, sub_id: str) -> None:
         """Withdraw ``sub_id`` now (from its subscriber's broker)."""
