@@ -27,7 +27,7 @@ from octopis.client_policy import (
     still_silent,
 )
 from octopis.client_policy.failover import Unanswered, connect_tries, failover_tries
-from octopis.client_policy.moves import Linger, Resubscribe, Withdraw, move_across
+from octopis.client_policy.moves import Linger, Resubscribe, WithdrawOld, move_across
 from octopis.core.replay import Claimed
 from octopis.defaults import LINGER, PUBLISHERS_KNOWN
 
@@ -273,12 +273,12 @@ def test_a_move_across_subscribes_anew_lingers_then_withdraws() -> None:
     assert move_across(["s1", "s2"]) == [
         Resubscribe(("s1", "s2")),
         Linger(LINGER),
-        Withdraw(("s1", "s2")),
+        WithdrawOld(("s1", "s2")),
     ]
     assert move_across(iter(["s1"]), 0.5) == [
         Resubscribe(("s1",)),
         Linger(0.5),
-        Withdraw(("s1",)),
+        WithdrawOld(("s1",)),
     ]
 
 

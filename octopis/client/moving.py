@@ -9,11 +9,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 from octopis.client.connection import Connection
 from octopis.client.errors import BrokerError
-from octopis.client_policy.moves import Linger, Resubscribe, move_across
+from octopis.client_policy.moves import Linger, Resubscribe, WithdrawOld, move_across
 
 log = logging.getLogger("octopis.client")
 
@@ -150,8 +150,10 @@ class Mover:
                     await client.resubscribe(list(step.sub_ids))
                 elif isinstance(step, Linger):
                     await asyncio.sleep(step.seconds)
-                else:
+                elif isinstance(step, WithdrawOld):
                     await self._withdraw(old, step.sub_ids)
+                else:
+                    assert_never(step)
             if let_go:
                 client.let_go(old)
             self.moves.append(

@@ -30,18 +30,19 @@ class Linger:
 
 
 @dataclass(frozen=True)
-class Withdraw:
-    """Withdraw ``sub_ids`` at the old broker."""
+class WithdrawOld:
+    """Withdraw ``sub_ids`` at the old broker (a move's step; not
+    :data:`octopis.core.sessions.Withdraw`, the node's withdraw function)."""
 
     sub_ids: tuple[str, ...]
 
 
-MoveStep = Resubscribe | Linger | Withdraw
+MoveStep = Resubscribe | Linger | WithdrawOld
 
 
 def move_across(sub_ids: Iterable[str], linger: float = LINGER) -> list[MoveStep]:
     """The steps of moving ``sub_ids`` to a broker that cannot adopt them (another
     cluster, covering, BID), in order: :class:`Resubscribe`, :class:`Linger` for
-    ``linger`` seconds, :class:`Withdraw`."""
+    ``linger`` seconds, :class:`WithdrawOld`."""
     moved = tuple(sub_ids)
-    return [Resubscribe(moved), Linger(linger), Withdraw(moved)]
+    return [Resubscribe(moved), Linger(linger), WithdrawOld(moved)]

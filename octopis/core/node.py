@@ -23,7 +23,7 @@ from octopis.core.clustered import ClusteredBroker
 from octopis.core.custody import PublishReceipt
 from octopis.core.durable import Durables
 from octopis.core.lst import LinkView
-from octopis.core.messages import Action, Message, Notification, ProtocolError, SubState
+from octopis.core.messages import Action, Notification, ProtocolError, SubState
 from octopis.core.node_links import HandedShare, NeighbourLinks, Resend, Step, read_sbp
 from octopis.core.recovery import Recovery
 from octopis.core.relinking import Carrying, refuse_relink
@@ -265,11 +265,6 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
     def holding(self) -> dict[str, int]:
         """Notification copies held per neighbour that was down (those with any)."""
         return {n: len(copies) for n, copies in self.recovery.copies.items() if copies}
-
-    def held_messages(self) -> Iterator[Message]:
-        """The subscription messages (and replay requests) held for neighbours."""
-        for messages in self.recovery.subscriptions.values():
-            yield from messages
 
     def died(self) -> tuple[list[Notification], Counter[str]]:
         """The process died: what it held is gone (returned, for the count of what was

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterator
+from typing import assert_never
 
-from octopis.client_policy.moves import Linger, MoveStep, Resubscribe, move_across
+from octopis.client_policy.moves import Linger, MoveStep, Resubscribe, WithdrawOld, move_across
 from octopis.core.sessions import order_move
 from octopis.defaults import LINGER
 
@@ -89,9 +90,11 @@ class SubscriberMoves:
                 args = (subscriber, old, broker, steps, moved)
                 self.at(self.now + step.seconds, self._move_steps, *args)
                 return
-            else:
+            elif isinstance(step, WithdrawOld):
                 for sub_id in step.sub_ids:
                     self._withdraw_moved(subscriber, old, sub_id)
+            else:
+                assert_never(step)
 
     def _moves_expired(self, broker: str) -> None:
         """``broker``'s move orders past their deadline: its node withdraws what they

@@ -40,7 +40,7 @@ class PausedBrokers:
 
     def _pause(self, broker: str, until: float) -> None:
         """``broker`` stops now, to resume at ``until`` (:meth:`_resume`); its neighbours
-        hear it no more, its subscribers neither (:meth:`_host_paused`)."""
+        hear it no more, its subscribers neither (:meth:`_host_silent`)."""
         state = self.failures
         if broker in state.dead or broker in state.paused:
             return  # a dead process is not paused, nor a paused one twice
