@@ -513,7 +513,14 @@ def test_a_publisher_that_fails_over_advertises_again(fig2_advertising: LocalClu
         for _ in range(40):
             published.append(await pub.publish({"class": "STOCK", "price": 2.0}, timeout=30))
             await asyncio.sleep(0.02)
-        await until(lambda: all(received[s] for s in published), "every delivery", 30)
+        try:
+            await until(lambda: all(received[s] for s in published), "every delivery", 30)
+        except AssertionError as missed:
+            missing = [s for s in published if not received[s]]
+            raise AssertionError(
+                f"{missed}: {len(missing)} of {len(published)} never came, seqs {missing} "
+                f"(received {sorted(received)}; publisher's outages {pub.connection.outages})"
+            ) from None
         await sub.close()
         await pub.close()
         return published, pub
