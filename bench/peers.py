@@ -89,7 +89,10 @@ WINDOW = 10
 PROBE = "probe"
 """Attribute of the probe publications and subscriptions that show a shape is settled."""
 SHAPES = ("single", "fig2")
-SYSTEMS = ("octopis", "activemq", "activemq-tree")
+SYSTEMS = ("octopis", "octopis-plain", "activemq", "activemq-tree")
+PLAIN = {"retention": {"max_age": 0.0}, "routing": {"covering": "off"}}
+"""``octopis-plain``: the same brokers with retention and covering off (what a broker
+was before they became the defaults), to measure what they cost side by side."""
 
 
 class PeersError(RuntimeError):
@@ -393,11 +396,13 @@ class _OctopisPub:
 
 
 class OctopisSystem:
-    """The shape as OctopiS broker processes in ``mode``, in the clear."""
+    """The shape as OctopiS broker processes in ``mode``, in the clear, with the default
+    settings or, ``plain``, with retention and covering off (:data:`PLAIN`)."""
 
-    def __init__(self, mode: str) -> None:
-        self.name = f"OctopiS ({mode.upper()})"
+    def __init__(self, mode: str, plain: bool = False) -> None:
+        self.name = f"OctopiS ({mode.upper()}{', retention and covering off' if plain else ''})"
         self.mode = mode
+        self.settings = BrokerSettings().changed(PLAIN) if plain else BrokerSettings()
         self.cluster: LocalCluster | None = None
         self.group = ConnectionGroup()
         self._deliver: Deliver = lambda *a: None
@@ -407,7 +412,7 @@ class OctopisSystem:
         path.write_text(json.dumps(scot.to_json()))
         self.scot = scot
         self.cluster = LocalCluster(
-            scot, path, self.mode, work, BrokerSettings(), "WARNING", secure=False
+            scot, path, self.mode, work, self.settings, "WARNING", secure=False
         )
         self.cluster.spawn()
 
@@ -832,11 +837,14 @@ def table(report: dict[str, Any]) -> str:
         for name, s in systems.items():
             cells = [fmt.format(s[key]) for _, key, fmt in COLUMNS]
             lines.append(f"| {shape} | {name} | " + " | ".join(cells) + " |")
-        octopis = [s for n, s in systems.items() if n.startswith("OctopiS")]
+        defaults = [
+            (n, s) for n, s in systems.items() if n.startswith("OctopiS") and "off" not in n
+        ]
         for name, m in systems.items():
-            if octopis and not name.startswith("OctopiS"):
-                cells = [f"{octopis[0][k] / m[k]:.3g}" if m[k] else "–" for _, k, _ in COLUMNS]
-                lines.append(f"| {shape} | OctopiS / {name} | " + " | ".join(cells) + " |")
+            if defaults and name != defaults[0][0]:
+                base = defaults[0][1]
+                cells = [f"{base[k] / m[k]:.3g}" if m[k] else "–" for _, k, _ in COLUMNS]
+                lines.append(f"| {shape} | {defaults[0][0]} / {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Exactly once, summed over the runs "
@@ -873,8 +881,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--systems",
         default=",".join(SYSTEMS),
-        help="comma-separated: octopis; activemq (brokers linked along every SCOT edge); "
-        "activemq-tree (along a spanning tree of it; not on single). Default: all three",
+        help="comma-separated: octopis; octopis-plain (retention and covering off); activemq "
+        "(brokers linked along every SCOT edge); activemq-tree (along a spanning tree of it; "
+        "not on single). Default: all four",
     )
     parser.add_argument(
         "--runs", type=int, default=3, help="alternating runs per system and shape (default 3)"
@@ -950,8 +959,8 @@ def main(argv: list[str] | None = None) -> int:
                 quotes_from=quotes_dir(),
             )
             order = [
-                OctopisSystem(args.mode)
-                if name == "octopis"
+                OctopisSystem(args.mode, plain=name == "octopis-plain")
+                if name.startswith("octopis")
                 else ActiveMQSystem(args.heap, "tree" if name == "activemq-tree" else "scot")
                 for name in systems
                 if not (name == "activemq-tree" and shape == "single")  # the same as activemq

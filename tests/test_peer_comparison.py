@@ -46,9 +46,10 @@ def test_a_publication_becomes_properties_under_the_same_names() -> None:
 
 @pytest.mark.processes
 def test_octopis_and_activemq_carry_the_same_workload_exactly_once(tmp_path: Path) -> None:
-    """One broker of each, 30 subscribers of real quotes (selectors of every operator the
-    stock workload uses), three publishers: both phases exactly once on both systems
-    against the same oracle, and the table holds both and their ratio."""
+    """One broker of each (OctopiS with its defaults and with retention and covering
+    off), 30 subscribers of real quotes (selectors of every operator the stock workload
+    uses), three publishers: both phases exactly once on every system against the same
+    oracle, and the table holds each and the defaults' ratios to the others."""
     if not (ACTIVEMQ_HOME / "bin" / "activemq.jar").is_file() or not shutil.which("java"):
         if os.environ.get("OCTOPIS_REQUIRE_ACTIVEMQ"):
             pytest.fail("ActiveMQ missing although CI installs it (.ci/setup)")
@@ -69,7 +70,8 @@ def test_octopis_and_activemq_carry_the_same_workload_exactly_once(tmp_path: Pat
     assert main(argv) == 0
     report = json.loads((tmp_path / "peers.json").read_text())
     systems = report["shapes"]["single"]
-    assert sorted(systems) == ["ActiveMQ 5.17", "OctopiS (DNR)"]
+    plain = "OctopiS (DNR, retention and covering off)"
+    assert sorted(systems) == ["ActiveMQ 5.17", "OctopiS (DNR)", plain]
     for name, figures in systems.items():
         for phase in ("fixed", "flood"):
             counts = figures[phase]
@@ -78,4 +80,5 @@ def test_octopis_and_activemq_carry_the_same_workload_exactly_once(tmp_path: Pat
             assert counts["duplicates"] == counts["lost"] == counts["unexpected"] == 0, counts
         assert figures["p99_ms"] >= figures["p50_ms"] > 0
     table = (tmp_path / "peers.md").read_text()
-    assert "| single | OctopiS / ActiveMQ 5.17 |" in table
+    assert "| single | OctopiS (DNR) / ActiveMQ 5.17 |" in table
+    assert f"| single | OctopiS (DNR) / {plain} |" in table
