@@ -888,6 +888,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs", type=int, default=3, help="alternating runs per system and shape (default 3)"
     )
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated workload seeds, one per run (default 0, 1, …): a seed whose "
+        "publishers' symbols hold fewer quotes than --notifications is refused",
+    )
     parser.add_argument("--subscribers", type=int, default=200, help="in all (default 200)")
     parser.add_argument("--publishers", type=int, default=10, help="in all (default 10)")
     parser.add_argument("--notifications", type=int, default=250, help="publications per publisher")
@@ -936,6 +941,12 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown shape(s) or system(s) {unknown}" if unknown else "--runs must be ≥ 1"
         )
     try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(range(args.runs))
+    except ValueError:
+        parser.error(f"--seeds must be integers separated by commas, not {args.seeds!r}")
+    if len(seeds) != args.runs:
+        parser.error(f"--seeds names {len(seeds)} seeds for {args.runs} runs")
+    try:
         activemq_jar()
         import stomp  # noqa: F401
     except (PeersError, ImportError) as problem:
@@ -955,7 +966,7 @@ def main(argv: list[str] | None = None) -> int:
                 subscribers=args.subscribers,
                 publishers=args.publishers,
                 notifications=args.notifications,
-                seed=run,
+                seed=seeds[run],
                 quotes_from=quotes_dir(),
             )
             order = [
@@ -967,7 +978,15 @@ def main(argv: list[str] | None = None) -> int:
             ]
             for system in order[run % len(order) :] + order[: run % len(order)]:
                 result = run_system(system, scot, workload, args)
-                report["runs"].append({"shape": shape, "run": run, "system": system.name, **result})
+                report["runs"].append(
+                    {
+                        "shape": shape,
+                        "run": run,
+                        "seed": seeds[run],
+                        "system": system.name,
+                        **result,
+                    }
+                )
                 print(_progress(shape, run, system.name, result), flush=True)
     return _write(report, args.out)
 

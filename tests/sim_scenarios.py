@@ -1,8 +1,11 @@
 """The simulator laws' scenarios (random SCOTs, subscriptions, publications and a seed), the
 laws' simulation of one, its exactly-once check, and a drawn topology change: shared by
-tests/test_sim*.py and tests/test_covering_laws.py."""
+tests/test_sim*.py and tests/test_covering_laws.py; and fig2 settled with forty
+subscriptions, which tests/test_node*.py drive."""
 
 from __future__ import annotations
+
+import random
 
 from hypothesis import strategies as st
 from laws import scots
@@ -10,7 +13,7 @@ from laws import scots
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
 from octopis.sim import LatencyModel, Simulator
-from octopis.topology import Scot
+from octopis.topology import Scot, build_preset
 
 predicates = st.one_of(
     st.builds(
@@ -102,3 +105,24 @@ def changed_scot(scot: Scot, data: st.DataObject) -> tuple[str, Scot, str]:
         return kind, remove_cluster(scot, scot.clusters - 1), "cluster 0"
     leaf = data.draw(st.sampled_from(leaves))
     return kind, remove_region(scot, leaf), next(iter(scot.acyclic[leaf]))
+
+
+def fig2_settled(mode: str, seed: int = 3) -> Simulator:
+    """fig2 in ``mode`` (covering off) with forty subscribers of ``[x,<,9]`` at brokers
+    drawn with ``seed``, run until their subscriptions have spread."""
+    scot = build_preset("fig2")
+    sim = Simulator(
+        scot,
+        mode,
+        seed=seed,
+        latency=LatencyModel(0.001, 0.002),
+        oracle_factory=ReferenceMatcher,
+        covering="off",
+    )
+    rng = random.Random(seed)
+    for i in range(40):
+        sim.subscribe(
+            f"S{i}", rng.choice(sorted(scot.brokers)), Subscription((Predicate("x", "<", 9),))
+        )
+    sim.run()
+    return sim
