@@ -1,10 +1,10 @@
-"""Seven rules the shells once each wrote apart (issue 55, DESIGN §2): when a neighbour's
+"""Eight rules the shells once each wrote apart (issue 55, DESIGN §2): when a neighbour's
 silence is past the liveness timeout (``Neighbour.silent_past``), when a client's
 fail-over gives up (``client_policy.failover_tries``), which acknowledgements
 backpressure withholds, who moves a neighbour's record, how a copy given back or a
-publication held is routed again, the order of a heal, and whether a replay's answer
-goes to anyone. Read from the AST, with a shell written with a copy of each to show each
-check failing."""
+publication held is routed again, the order of a heal, whether a replay's answer goes to
+anyone, and when a broker that starts serving tells its neighbours. Read from the AST,
+with a shell written with a copy of each to show each check failing."""
 
 from __future__ import annotations
 
@@ -146,6 +146,36 @@ def unanswered_checks(path: Path) -> list[str]:
     ]
 
 
+SERVING_STEPS = ("now_serving", "_dispatch")
+"""How each shell carries out the steps :meth:`BrokerNode.serve_if_ready` returns."""
+
+
+def serving_told_first(path: Path) -> list[str]:
+    """Every heartbeat call (``beat``, ``_beat``) in a function of ``path`` that asks
+    ``serve_if_ready``, made before that function carries out the node's steps
+    (:data:`SERVING_STEPS`): the node's contract is that neighbours hear a broker serves
+    behind the held publications and shares it sends them (the process once beat first,
+    the simulator after)."""
+    found = []
+    for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        calls = [
+            (node.lineno, getattr(node.func, "attr", getattr(node.func, "id", "")))
+            for node in ast.walk(function)
+            if isinstance(node, ast.Call)
+        ]
+        if not any(name == "serve_if_ready" for _, name in calls):
+            continue
+        steps = [line for line, name in calls if name in SERVING_STEPS]
+        found += [
+            f"{path.name}:{line} {name}() before its steps"
+            for line, name in calls
+            if name in ("beat", "_beat") and (not steps or line < max(steps))
+        ]
+    return found
+
+
 DRIFT_CHECKS = (
     silence_copies,
     give_up_copies,
@@ -154,12 +184,14 @@ DRIFT_CHECKS = (
     routed_then_held,
     heal_steps,
     unanswered_checks,
+    serving_told_first,
 )
-"""The checks of seven rules the shells once each wrote apart: when a silence is past
+"""The checks of eight rules the shells once each wrote apart: when a silence is past
 ``links.down_after``, when a simulated client's fail-over ends, what count an
 acknowledgement carries under backpressure, who moves a neighbour's record, how a copy
 given back or a publication held is routed and its receipt counted, the order of a
-heal, and whether a replay's answer goes to anyone."""
+heal, whether a replay's answer goes to anyone, and when neighbours hear a broker
+serves."""
 
 
 @pytest.mark.parametrize("check", DRIFT_CHECKS)
@@ -169,8 +201,9 @@ def test_the_shells_leave_silence_give_up_and_withholding_to_the_rules(
     """Both shells ask ``Neighbour.silent_past`` whether a silence has lasted
     ``links.down_after``; the simulator's clients end their fail-over when
     ``client_policy.failover_tries`` ends, never asking whether every broker is dead; both
-    shells take an acknowledgement's count from ``Backpressure.acknowledge`` (read from
-    the AST)."""
+    shells take an acknowledgement's count from ``Backpressure.acknowledge``; both tell
+    their neighbours a broker serves after carrying out the node's steps (read from the
+    AST)."""
     assert in_shells(check) == []
 
 
@@ -202,6 +235,11 @@ DRIFT_COPIES = (
     "        return None is action.requester\n"
     "    if node.neighbours.share(src).now_serving:\n"
     "        self.execute(node.neighbour_serving(src))\n"
+    "def check_serving(self, now):\n"
+    "    served = self.node.serve_if_ready(now, self.lst)\n"
+    "    for name, state in self.neighbours.items():\n"
+    "        self.output.beat(name, state, now, behind_data=True)\n"
+    "    self.events.now_serving(served)\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -232,6 +270,7 @@ DRIFT_COPIES = (
             ],
         ),
         (unanswered_checks, ["shell.py:24 requester is None", "shell.py:25 requester is None"]),
+        (serving_told_first, ["shell.py:31 beat() before its steps"]),
     ],
 )
 def test_the_drift_checks_can_fail(

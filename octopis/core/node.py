@@ -153,7 +153,9 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         those never heard): the steps to carry out, in order: each local publication held
         meanwhile, published now by ``view`` with its token (whose hold copy is held when
         the shell asks for the next step, :meth:`PublishReceipt.held`), then the shares
-        owed that are whole now. None: serving already, or not yet."""
+        owed that are whole now; once it has carried out every step, the shell tells each
+        neighbour that this broker serves, behind what the steps sent it. None: serving
+        already, or not yet."""
         if self.serving:
             return None
         if not self.neighbours.ready(now - self.started_at >= self.down_after):

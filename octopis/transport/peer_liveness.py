@@ -90,15 +90,15 @@ class PeerLiveness:
         self.lst.set_down(name, not self.neighbours.routable(name))
 
     def check_serving(self, now: float) -> None:
-        """Start serving when the node says so (:meth:`BrokerNode.serve_if_ready`), then
-        tell every neighbour at once, behind what was sent it meanwhile."""
+        """Start serving when the node says so (:meth:`BrokerNode.serve_if_ready`): carry
+        out its steps, then tell every neighbour at once, behind what they sent it."""
         served = self.node.serve_if_ready(now, self.lst)
         if served is None:
             return
         log.info("%s is serving (resynced from every live neighbour)", self.id)
+        self.events.now_serving(served)
         for name, state in self.neighbours.items():
             self.output.beat(name, state, now, behind_data=True)
-        self.events.now_serving(served)
 
     # -- frames heard ----------------------------------------------------------------------
 
