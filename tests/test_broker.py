@@ -336,9 +336,7 @@ def test_a_publication_refused_while_resyncing_is_neither_kept_nor_answered(
         except ValueError as exc:  # a ClientError: the client's answer
             refused = type(exc).__name__
         store = broker.replaying.store
-        raise RuntimeError(
-            f"refused {refused}, pending {len(store.pending)}, copies {receipt.copies}"
-        )
+        raise RuntimeError(f"refused {refused}, pending {store.pending}, copies {receipt.copies}")
 
     monkeypatch.setattr(serving, "tick_lst", lambda _: publish_while_resyncing())
     with pytest.raises(BrokerFailure, match="refused ClientError, pending 0, copies 0"):

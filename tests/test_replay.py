@@ -423,7 +423,7 @@ def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_dela
             replaying.pass_ended(True)
             if seq == 1:
                 assert answered == [1]  # committed at once
-        assert answered == [1] and len(replaying.store.pending) == 2
+        assert answered == [1] and replaying.store.pending == 2
         await until(lambda: len(answered) == 3, "the delayed commit", 10)
         assert answered == [1, 2, 3] and not replaying.store.pending
         assert replaying.store.stats["retention.commits"] == 2

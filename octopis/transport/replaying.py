@@ -159,7 +159,7 @@ class Replaying:
         store = self.store
         if store is None or not store.pending:
             return
-        if commit_now(len(store.pending), idle, self._awaited):
+        if commit_now(store.pending, idle, self._awaited):
             self.commit()
         elif self._commit_timer is None:
             loop = asyncio.get_running_loop()
