@@ -44,9 +44,10 @@ COMMIT_DELAY = 0.002
 (the confirm waits too)."""
 PIPELINE_DELAY = 0.005
 """Seconds a store waits at most to commit what publishers that pipeline published (their
-confirms wait too, within their window of unanswered publications): at 20,000
-publications/s one transaction holds ~100 of them instead of the ~40 of
-:data:`COMMIT_DELAY`, and its 10-30 µs of CPU are shared by as many."""
+confirms wait too, within their window of unanswered publications), so that one
+transaction's 10-30 µs of CPU are shared by many: ~75 a commit for ``bench.retention``'s
+publisher at ~10,000/s, where its first publication of each burst taken for an awaited one
+had made them ~40 (bench/RESULTS.md, "Retention")."""
 
 R = TypeVar("R")
 
