@@ -5,7 +5,7 @@ side in one process (DESIGN §11):
 
 Each store keeps ``count`` real-sized publications (the quote bodies the broker encodes)
 in commits of 1, 16, 64 and 256 rows (an awaited publish on an idle broker commits one;
-a busy one, what arrived within ``COMMIT_DELAY``), each row carrying what a replay, a
+a busy one, what arrived within ``PIPELINE_DELAY``), each row carrying what a replay, a
 historic answer and a trim need: publisher, session, seq, published and stored times,
 body. Every commit reaches the operating system before it returns (it survives a
 ``kill -9`` of the process, as ``synchronous = NORMAL`` promises). The stores:

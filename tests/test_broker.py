@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import aiozmq.rpc
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
@@ -35,7 +37,7 @@ from octopis.topology import Scot, build_preset
 from octopis.transport import serving
 from octopis.transport.broker import Broker
 from octopis.transport.serving import BrokerFailure, serve
-from octopis.wire import NOTIFY_HEAD
+from octopis.wire import NOTIFY_HEAD, PublishRequest
 
 
 def test_a_failed_serving_loop_shuts_the_broker_down_with_an_error(
@@ -336,14 +338,42 @@ def test_a_publication_refused_while_resyncing_is_neither_kept_nor_answered(
         except ValueError as exc:  # a ClientError: the client's answer
             refused = type(exc).__name__
         store = broker.replaying.store
-        raise RuntimeError(
-            f"refused {refused}, pending {len(store.pending)}, copies {receipt.copies}"
-        )
+        raise RuntimeError(f"refused {refused}, pending {store.pending}, copies {receipt.copies}")
 
     monkeypatch.setattr(serving, "tick_lst", lambda _: publish_while_resyncing())
     with pytest.raises(BrokerFailure, match="refused ClientError, pending 0, copies 0"):
         asyncio.run(asyncio.wait_for(serve(broker), timeout=30))
     assert not answered
+
+
+def test_a_publication_its_publisher_did_not_wait_for_is_committed_with_the_next(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A publication taken while its connection has none unanswered, and alone in its
+    pass, is awaited: the store commits it as the idle pass ends. One followed in the same
+    pass by another of its connection (its publisher pipelines) is not: the shell clears
+    its ``alone``, and both wait for the commit timer."""
+    scot = build_preset("fig2", base_port=find_free_base_port(18))
+    broker = Broker(scot, "b:0", "snr", BrokerSettings(), keys=None, data_dir=tmp_path)
+
+    def publish(seq: int) -> bytes:
+        request = PublishRequest(
+            client="p", req=seq, seq=seq, published_at=time.time(), publication={"x": 1}
+        )
+        return msgspec.msgpack.encode(request)
+
+    async def two_passes() -> None:
+        store = broker.replaying.store
+        assert store is not None
+        broker.clients.requests(b"awaits", [publish(1)])
+        awaited = (store.pending, store.stats["retention.commits"])
+        broker.clients.requests(b"pipelines", [publish(1), publish(2)])
+        pipelined = (store.pending, store.stats["retention.commits"])
+        raise RuntimeError(f"awaited {awaited}, pipelined {pipelined}")
+
+    monkeypatch.setattr(serving, "tick_lst", lambda _: two_passes())
+    with pytest.raises(BrokerFailure, match=r"awaited \(0, 1\), pipelined \(2, 1\)"):
+        asyncio.run(asyncio.wait_for(serve(broker), timeout=30))
 
 
 @pytest.mark.processes

@@ -24,7 +24,14 @@ from laws import scots
 
 from octopis.cluster.launcher import LocalCluster
 from octopis.core import make_broker
-from octopis.core.answer import COMMIT_ROWS, commit_now, commit_refused, store_refusal
+from octopis.core.answer import (
+    COMMIT_DELAY,
+    COMMIT_ROWS,
+    PIPELINE_DELAY,
+    commit_delay,
+    commit_refused,
+    store_refusal,
+)
 from octopis.core.codec import WireError, decode_body, decode_peer, encode_body, encode_peer
 from octopis.core.custody import PublishReceipt
 from octopis.core.durable import claim_of
@@ -250,13 +257,15 @@ def test_a_host_names_the_requester_of_its_latest_rounds_and_where_answers_go() 
 
 def test_a_store_commits_at_once_when_awaited_or_full_else_within_the_delay() -> None:
     """When a store commits (the node's rule; the shell keeps the timer): an awaited
-    publication once the input ran dry, :data:`COMMIT_ROWS` kept whatever the input,
-    anything else within ``COMMIT_DELAY``."""
-    assert commit_now(1, idle=True, awaited=True)
-    assert not commit_now(1, idle=True, awaited=False)  # pipelined: within the delay
-    assert not commit_now(1, idle=False, awaited=True)  # the input is busy
-    assert commit_now(COMMIT_ROWS, idle=False, awaited=False)
-    assert not commit_now(COMMIT_ROWS - 1, idle=False, awaited=False)
+    publication once the input ran dry, :data:`COMMIT_ROWS` kept whatever the input, an
+    awaited one on a busy input within ``COMMIT_DELAY``, pipelined ones within the longer
+    ``PIPELINE_DELAY``."""
+    assert commit_delay(1, idle=True, awaited=True) == 0
+    assert commit_delay(1, idle=True, awaited=False) == PIPELINE_DELAY  # pipelined
+    assert commit_delay(1, idle=False, awaited=True) == COMMIT_DELAY  # the input is busy
+    assert commit_delay(COMMIT_ROWS, idle=False, awaited=False) == 0
+    assert commit_delay(COMMIT_ROWS - 1, idle=False, awaited=False) == PIPELINE_DELAY
+    assert 0 < COMMIT_DELAY < PIPELINE_DELAY
 
 
 @given(scots(), st.data())
@@ -410,11 +419,13 @@ def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_dela
 ) -> None:
     """At the end of an idle pass the store commits at once if a publisher waits for its
     only unanswered publication; publications from a connection with others unanswered
-    wait for the commit timer (``COMMIT_DELAY``) and are committed together; each
-    confirm follows its commit."""
+    wait for the commit timer (``PIPELINE_DELAY``) and are committed together; an awaited
+    one kept on a busy input brings that timer forward to ``COMMIT_DELAY``; each confirm
+    follows its commit."""
     answered: list[int] = []
 
     async def scenario() -> None:
+        loop = asyncio.get_running_loop()
         replaying = _replaying(tmp_path, lambda key, message: True)
         for seq, alone in ((1, True), (2, False), (3, False)):
             receipt = PublishReceipt(partial(answered.append, seq), alone=alone)
@@ -423,9 +434,16 @@ def test_an_awaited_publish_is_committed_at_once_a_pipelined_one_within_the_dela
             replaying.pass_ended(True)
             if seq == 1:
                 assert answered == [1]  # committed at once
-        assert answered == [1] and len(replaying.store.pending) == 2
-        await until(lambda: len(answered) == 3, "the delayed commit", 10)
-        assert answered == [1, 2, 3] and not replaying.store.pending
+        timer = replaying._commit_timer
+        assert timer is not None and timer.when() > loop.time() + COMMIT_DELAY
+        assert answered == [1] and replaying.store.pending == 2
+        n = _notification("P", 4)
+        replaying.kept(n, encode_body(n), PublishReceipt(partial(answered.append, 4)))
+        replaying.pass_ended(False)  # awaited, the input busy: within COMMIT_DELAY
+        timer = replaying._commit_timer
+        assert timer is not None and timer.when() <= loop.time() + COMMIT_DELAY
+        await until(lambda: len(answered) == 4, "the delayed commit", 10)
+        assert answered == [1, 2, 3, 4] and not replaying.store.pending
         assert replaying.store.stats["retention.commits"] == 2
         replaying.store.close()
 

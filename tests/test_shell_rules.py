@@ -118,7 +118,7 @@ marks the order; and the process refused a hosted composite's adoption itself
 replay: the process kept its own map, bounded as the rounds are; the rounds now say
 (``ReplayRounds.requester``). Which stored rows a replay reads (``CLOCK_SLACK``, the
 process's store only) and when a store commits (``COMMIT_ROWS``): now
-``core.answer``'s ``AnswerSelection`` and ``commit_now``. When replay rounds expire next:
+``core.answer``'s ``AnswerSelection`` and ``commit_delay``. When replay rounds expire next:
 each shell asked ``ReplayRounds.next_deadline`` after an expiry and set its own timer (the
 simulator only if later than now); ``ReplayRounds.expire`` now asks with an ``ExpireAt``.
 What a write of the durable records holds: the process took ``Durables.dirty`` itself, the

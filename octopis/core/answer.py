@@ -17,7 +17,7 @@ with :func:`note_trimmed`, and a request that reaches past it is told so by
 :func:`trimmed_gaps`: the same gaps from every store. A store whose disk refused a commit
 refuses new publications for a while, by :func:`store_refusal`, and tells the publishers
 of those the commit held what :func:`commit_refused` says; when it commits is
-:func:`commit_now`'s.
+:func:`commit_delay`'s.
 """
 
 from __future__ import annotations
@@ -40,7 +40,14 @@ time of storing, a replay asks by the publisher's time of publishing."""
 COMMIT_ROWS = 256
 """Publications kept before a store commits at once, however busy the input."""
 COMMIT_DELAY = 0.002
-"""Seconds a busy store waits at most to commit what it kept (its confirms wait too)."""
+"""Seconds a store waits at most to commit an awaited publication when its input is busy
+(the confirm waits too)."""
+PIPELINE_DELAY = 0.005
+"""Seconds a store waits at most to commit what publishers that pipeline published (their
+confirms wait too, within their window of unanswered publications), so that one
+transaction's 10-30 µs of CPU are shared by many: ~75 a commit for ``bench.retention``'s
+publisher at ~10,000/s, where its first publication of each burst taken for an awaited one
+had made them ~40 (bench/RESULTS.md, "Retention")."""
 
 R = TypeVar("R")
 
@@ -72,14 +79,18 @@ def commit_refused(why: str) -> str:
     return f"{why} (routed before the disk refused: it may have been delivered)"
 
 
-def commit_now(pending: int, idle: bool, awaited: bool) -> bool:
-    """Whether a store commits the ``pending`` publications it kept when an input pass
-    ends, rather than within :data:`COMMIT_DELAY`: when :data:`COMMIT_ROWS` wait, or when
-    the input ran dry (``idle``) and a publisher waits for its only unanswered publication
-    (``awaited``: an awaited publish is written at once). Under load, and for publishers
-    that pipeline, one transaction covers many passes (each costs 20-35 µs of CPU in the
-    process's store, whatever it holds)."""
-    return (idle and awaited) or pending >= COMMIT_ROWS
+def commit_delay(pending: int, idle: bool, awaited: bool) -> float:
+    """Within how many seconds a store commits the ``pending`` publications it kept, as an
+    input pass ends (0: now). Now when :data:`COMMIT_ROWS` wait, or when the input ran dry
+    (``idle``) and a publisher waits for its only unanswered publication (``awaited``: an
+    awaited publish is written at once); an awaited one on a busy input within
+    :data:`COMMIT_DELAY`; what publishers that pipeline published within
+    :data:`PIPELINE_DELAY`. So under load and for publishers that pipeline one
+    transaction covers many passes (each costs 10-30 µs of CPU in the process's store,
+    whatever it holds, and ~0.3 µs more per publication it holds)."""
+    if (idle and awaited) or pending >= COMMIT_ROWS:
+        return 0.0
+    return COMMIT_DELAY if awaited else PIPELINE_DELAY
 
 
 def note_trimmed(trimmed: Trimmed, publisher: str, session: int, seq: int, at: float) -> None:

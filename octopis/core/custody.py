@@ -80,7 +80,8 @@ class PublishReceipt:
         """Copies kept and not yet held."""
         self._answer = answer
         self.alone = alone
-        """No other publication of its connection awaits an answer (an awaited publish):
+        """No other publication of its connection awaits an answer, nor came after it
+        before its answer (an awaited publish; the shell clears it when another comes):
         the store commits it as soon as the input is idle, not within a delay."""
         self.refusal: str | None = None
         """Why the publication could not be kept as promised (the answer is an error)."""

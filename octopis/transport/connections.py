@@ -80,7 +80,7 @@ class ClientSession:
     """One client session (a DEALER connection as the broker sees it): its clients and
     their subscriptions, backlog."""
 
-    __slots__ = ("backlog", "delivered", "keys", "overflowed", "unanswered")
+    __slots__ = ("backlog", "delivered", "keys", "last_receipt", "overflowed", "unanswered")
 
     def __init__(self) -> None:
         self.keys: set[str] = set()
@@ -90,6 +90,9 @@ class ClientSession:
         """Deliveries dropped (drop-oldest policy) and not yet reported to the client."""
         self.unanswered = 0
         """Publications accepted and not yet answered (their copies not yet held)."""
+        self.last_receipt = PublishReceipt(lambda: None)
+        """The receipt of the last publication that waited for its answer: the next one
+        taken before that answer says its publisher pipelines (it was not ``alone``)."""
         self.delivered: Counter[str] = Counter()
         """Client name → notifications delivered to it (its share of the load)."""
 

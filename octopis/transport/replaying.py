@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from octopis.client_policy import LastSeen
-from octopis.core.answer import COMMIT_DELAY, commit_now, commit_refused
+from octopis.core.answer import commit_delay, commit_refused
 from octopis.core.codec import decode_body, encode_body
 from octopis.core.custody import PublishReceipt
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
@@ -137,9 +137,11 @@ class Replaying:
         self._receipts: list[PublishReceipt] = []
         """Confirms that wait for the next commit."""
         self._commit_timer: asyncio.TimerHandle | None = None
-        self._awaited = False
-        """A publication kept since the last commit is its publisher's only unanswered
-        one (:attr:`PublishReceipt.alone`): the commit goes when the input is idle."""
+        self._alone: list[PublishReceipt] = []
+        """Receipts kept since the last commit that were their publisher's only unanswered
+        publication when taken; one still :attr:`~PublishReceipt.alone` as a pass ends
+        (none of its connection came after it) is awaited: the commit goes when the input
+        is idle."""
 
     def kept(self, n: Notification, body: bytes, receipt: PublishReceipt | None) -> None:
         """A local publication (encoded as ``body``) was accepted: keep it. The store
@@ -150,20 +152,27 @@ class Replaying:
             if receipt is not None:
                 receipt.keep()
                 self._receipts.append(receipt)
-                self._awaited = self._awaited or receipt.alone
+                if receipt.alone:
+                    self._alone.append(receipt)
 
     def pass_ended(self, idle: bool) -> None:
         """A client input pass ended (``idle``: the input ran dry): the store commits
-        now or within :data:`~octopis.core.answer.COMMIT_DELAY`, as the node's
-        :func:`~octopis.core.answer.commit_now` says."""
+        now or within the delay the node's :func:`~octopis.core.answer.commit_delay`
+        says (an awaited publication brings a later commit forward)."""
         store = self.store
         if store is None or not store.pending:
             return
-        if commit_now(len(store.pending), idle, self._awaited):
+        awaited = any(receipt.alone for receipt in self._alone)
+        delay = commit_delay(store.pending, idle, awaited)
+        if not delay:
             self.commit()
-        elif self._commit_timer is None:
-            loop = asyncio.get_running_loop()
-            self._commit_timer = loop.call_later(COMMIT_DELAY, self.commit)
+            return
+        loop = asyncio.get_running_loop()
+        due, timer = loop.time() + delay, self._commit_timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            self._commit_timer = loop.call_at(due, self.commit)
 
     def commit(self) -> None:
         """Write what was kept in one transaction, then confirm what waited for it."""
@@ -173,7 +182,7 @@ class Replaying:
         if self.store is None or not self.store.pending:
             return
         receipts, self._receipts = self._receipts, []
-        self._awaited = False
+        self._alone = []
         try:
             self.store.commit(time.time())
         except RetentionError as exc:

@@ -209,9 +209,12 @@ class RequestHandlers:
             answer = rules.published(request.seq, receipt.refusal)
             self.outbox.send(identity, [pack({**answer, "req": request.req})])
 
+        if connection.unanswered:  # its publisher did not wait for the last one's answer
+            connection.last_receipt.alone = False
         receipt = PublishReceipt(answered, alone=connection.unanswered == 0)
         self.router.publish(n, receipt)
         if not receipt.waits:
             return rules.published(request.seq)
         connection.unanswered += 1
+        connection.last_receipt = receipt
         return None

@@ -26,6 +26,7 @@ import sqlite3
 import struct
 from collections.abc import Callable, Iterator
 from functools import partial
+from math import inf
 from pathlib import Path
 
 from octopis.core.answer import (
@@ -68,6 +69,7 @@ CREATE TABLE IF NOT EXISTS trimmed (
 RECORD = struct.Struct("<qqddII")
 """A packed publication's header: session, seq, published at, stored at, the lengths of
 the publisher's name and of the body; the name (UTF-8) and the body follow."""
+_pack_record = RECORD.pack
 
 PACK_ROWS = 256
 """Publications per packed row when a store kept a row per publication is packed."""
@@ -142,8 +144,13 @@ class RetentionStore:
             self._recount()
         except (OSError, sqlite3.Error) as exc:
             raise RetentionError(f"cannot open the retention store {path}: {exc}") from None
-        self.pending: list[Row] = []
-        self._age_checked = -float("inf")
+        self.pending = 0
+        """Publications :meth:`add` queued for the next :meth:`commit`."""
+        self._queued = bytearray()
+        """Their records (:data:`RECORD`), packed as they come."""
+        self._queued_bytes = 0
+        self._first_at, self._last_at = inf, -inf
+        self._age_checked = -inf
         self.refused_at: float | None = None
         """When the disk last refused a commit (None: the last one went through)."""
         self.stats: dict[str, int] = {
@@ -155,39 +162,57 @@ class RetentionStore:
         }
 
     def add(self, n: Notification, body: bytes, now: float) -> None:
-        """Queue ``n`` (encoded as ``body``) to be kept from ``now`` (wall time)."""
-        self.pending.append((n.publisher, n.session, n.seq, n.published_at, now, body))
+        """Queue ``n`` (encoded as ``body``) to be kept from ``now`` (wall time): its
+        record goes onto the next commit's blob at once (no row kept to pack at the
+        commit: ~0.1 µs less per publication, ``bench/retention.py``'s edge broker pays
+        this per notification)."""
+        name = n.publisher.encode()
+        queued = self._queued
+        queued += _pack_record(n.session, n.seq, n.published_at, now, len(name), len(body))
+        queued += name
+        queued += body
+        self.pending += 1
+        self._queued_bytes += len(body)
+        if now < self._first_at:
+            self._first_at = now
+        if now > self._last_at:
+            self._last_at = now
 
     def commit(self, now: float) -> int:
         """Write what :meth:`add` queued in one transaction, then trim to the bounds;
         returns how many were written. :class:`RetentionError` if the disk refuses (full,
         or failing): none of them is written, what was committed before stays, and
         :attr:`refused_at` says when (publications are refused for a while)."""
-        rows, self.pending = self.pending, []
+        rows, size, records = self.pending, self._queued_bytes, self._queued
+        first_at, last_at = self._first_at, self._last_at
+        self.pending, self._queued_bytes, self._queued = 0, 0, bytearray()
+        self._first_at, self._last_at = inf, -inf
         if rows:
-            try:
-                size = self._insert_packed(rows)  # one statement: its own transaction
+            try:  # one statement: its own transaction
+                self._insert(first_at, last_at, rows, size, records)
             except sqlite3.Error as exc:
                 self.refused_at = now
-                self.stats["retention.refused"] += len(rows)
+                self.stats["retention.refused"] += rows
                 raise RetentionError(
-                    f"the retention store {self.path} cannot store {len(rows)} publications: {exc}"
+                    f"the retention store {self.path} cannot store {rows} publications: {exc}"
                 ) from None
             self.refused_at = None
-            self.rows += len(rows)
+            self.rows += rows
             self.bytes += size
-            self.stats["retention.stored"] += len(rows)
+            self.stats["retention.stored"] += rows
             self.stats["retention.commits"] += 1
-        oldest = float("inf")
+        oldest = inf
         if now >= self._age_checked + AGE_EVERY:
             self._age_checked, oldest = now, self._oldest()
         if self.bound.over(self.bytes, oldest, now):
             self.trim(now)
-        return len(rows)
+        return rows
 
     def refusal(self, now: float) -> str | None:
         """Why a new publication is refused now (:func:`~octopis.core.answer.store_refusal`);
-        None: accepted."""
+        None: accepted (at once while the last commit went through: asked per publication)."""
+        if self.refused_at is None:
+            return None
         return store_refusal(f"the retention store {self.path.name}", self.refused_at, now)
 
     def trim(self, now: float) -> int:
@@ -287,7 +312,7 @@ class RetentionStore:
 
     def _oldest(self) -> float:
         row = self.db.execute("SELECT first_at FROM packed ORDER BY rowid LIMIT 1").fetchone()
-        return row[0] if row is not None else float("inf")
+        return row[0] if row is not None else inf
 
     def _recount(self) -> None:
         self.bytes, self.rows = self.db.execute(
@@ -314,15 +339,20 @@ class RetentionStore:
                 self._insert_packed(rows)
             self.db.execute("DROP TABLE kept")
 
-    def _insert_packed(self, rows: list[Row]) -> int:
-        """Insert ``rows`` as one packed row; returns their bodies' bytes."""
+    def _insert_packed(self, rows: list[Row]) -> None:
+        """Insert ``rows`` as one packed row."""
         times = [r[4] for r in rows]
         size = sum(len(r[5]) for r in rows)
+        self._insert(min(times), max(times), len(rows), size, pack(rows))
+
+    def _insert(
+        self, first_at: float, last_at: float, rows: int, size: int, records: bytes | bytearray
+    ) -> None:
+        """Insert one packed row: ``rows`` publications stored from ``first_at`` to
+        ``last_at``, ``size`` bytes of bodies, their ``records``."""
         self.db.execute(
-            "INSERT INTO packed VALUES (?, ?, ?, ?, ?)",
-            (min(times), max(times), len(rows), size, pack(rows)),
+            "INSERT INTO packed VALUES (?, ?, ?, ?, ?)", (first_at, last_at, rows, size, records)
         )
-        return size
 
 
 class StoreAnswer:
