@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from octopis.client import Subscriber
 from octopis.cluster.launcher import LocalCluster
+from octopis.core.messages import Notification
 from octopis.filters.language import Publication
 from octopis.quotes import quotes_dir, read_quote_file
 
@@ -118,3 +119,11 @@ def mixed_quotes(symbols: tuple[str, ...], count: int) -> list[Publication]:
     files = [read_quote_file(quotes_dir() / s) for s in symbols]
     mixed = (q for group in itertools.zip_longest(*files) for q in group if q is not None)
     return list(itertools.islice(mixed, count))
+
+
+def stock_notification(
+    publisher: str, seq: int, at: float = 200.0, price: float = 1.0
+) -> Notification:
+    """A notification of ``publisher``'s session 1, published ``at``, of class STOCK at
+    ``price``: what the replay and store tests keep and answer."""
+    return Notification(publisher, seq, at, {"class": "STOCK", "price": price}, session=1)
