@@ -490,7 +490,7 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
 
 
 cdef enum:
-    AHEAD = 32  # keys between fetching a key and taking its reference
+    AHEAD = 32  # keys between asking for a key and taking its reference
 
 
 cdef list _match_one(Matcher m, dict publication):
@@ -499,7 +499,6 @@ cdef list _match_one(Matcher m, dict publication):
     cdef list keep = []
     cdef list result
     cdef PyObject** items
-    cdef PyObject*** where
     cdef const int* hit_w
     cdef const uint64_t* hit_bits
     cdef PyObject** slot_key
@@ -509,29 +508,24 @@ cdef list _match_one(Matcher m, dict publication):
     slot_key = m.slot_key
     result = PyList_New(n_out)
     items = _list_items(result)
-    # First where each key is (its entry in slot_key), then the keys themselves, two
-    # stages ahead: the entry of key i + 2·AHEAD and the key of i + AHEAD are fetched while
-    # key i is taken, so neither read waits on memory (with a large index neither is in
-    # the cache; no Python code runs while the list holds entries instead of keys).
-    where = <PyObject***>items
+    # First every key from slot_key (read in slot order, independent loads), asking for
+    # each key's own line as it comes (into the larger caches: there may be thousands),
+    # then a reference to each, its line asked into the nearest cache AHEAD keys before
+    # (no Python code runs while the list holds borrowed keys).
     for t in range(m.n_hit):
         base = hit_w[t] << 6
         bits = hit_bits[t]
         while bits:
-            where[j] = slot_key + base + _ctz(bits)
+            items[j] = slot_key[base + _ctz(bits)]
+            _prefetch(items[j], 1, 2)
             j += 1
             bits &= bits - 1
     n_index = j
-    for i in range(min(n_index, 2 * AHEAD)):
-        _prefetch(where[i], 0, 3)
     for i in range(min(n_index, AHEAD)):
-        _prefetch(where[i][0], 1, 3)
+        _prefetch(items[i], 1, 3)
     for i in range(n_index):
-        if i + 2 * AHEAD < n_index:
-            _prefetch(where[i + 2 * AHEAD], 0, 3)
         if i + AHEAD < n_index:
-            _prefetch(where[i + AHEAD][0], 1, 3)
-        items[i] = where[i][0]
+            _prefetch(items[i + AHEAD], 1, 3)
         _incref(items[i])
     for i in range(n_out - n_index):
         items[n_index + i] = _list_item(m._keys, m.out[i])
