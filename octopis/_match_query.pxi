@@ -300,11 +300,12 @@ cdef inline bint _outside(const Hot* h, int c) noexcept:
     return a >= 0 and not (h.chunk_lo[c] <= h.val[2 * a] <= h.chunk_hi[c])
 
 
-cdef inline void _prefetch_chunk(const Hot* h, int c, bint edges) noexcept:
+cdef inline void _prefetch_chunk(const Hot* h, int c) noexcept:
     """Ask the cache for what chunk c will read of the publication's buckets: the sure
-    words and the first edge of each piece, or with ``edges`` false (the chunk is next),
-    where the edge index says it is (with a large index they come from memory, and each
-    chunk reads a few lines of each column only)."""
+    words of each piece, and its first edge where the column's cursor is, else the entry
+    of the edge index that says where it is (with a large index they come from memory,
+    and each chunk reads a few lines of each column only). Reading that entry here to ask
+    for the edge itself waited on memory: it was slower."""
     cdef int j, k
     cdef const Piece* piece
     for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
@@ -313,8 +314,6 @@ cdef inline void _prefetch_chunk(const Hot* h, int c, bint edges) noexcept:
             _prefetch(h.cur_sure[piece.attr] + k, 0, 3)
         if piece.pk == h.cur_pk[piece.attr] + 1:
             _prefetch(h.cur_edge[piece.attr], 0, 3)
-        elif edges:
-            _prefetch(h.columns[piece.attr].edges + h.cur_at[piece.attr][piece.pk], 0, 3)
         else:
             _prefetch(h.cur_at[piece.attr] + piece.pk, 0, 3)
 
@@ -339,9 +338,9 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
             continue
         if h.prefetch:
             if ahead != c and n >= CHUNK // 4:  # what this chunk reads is not on its way
-                _prefetch_chunk(h, c, False)
+                _prefetch_chunk(h, c)
             if end <= last and not _outside(h, c + 1):
-                _prefetch_chunk(h, c + 1, ahead == c)
+                _prefetch_chunk(h, c + 1)
                 ahead = c + 1
         for i in range(n):
             acc[i] = h.live[w + i]
