@@ -187,9 +187,9 @@ cdef inline void _aim(Matcher m, int a, int b) noexcept:
 
 cdef inline bint _edge_holds(Matcher m, const Edge* e, int a) noexcept:
     """Whether the predicates on attribute a of the live subscription of edge ``e`` (not
-    an EDGE_RANGE, which the scan checks inline) hold for the loaded publication."""
+    an EDGE_GE or EDGE_LE, which the scan checks inline) hold for the loaded publication."""
     if e.how == EDGE_SID:
-        return e.lo == m.val[2 * a + 1]
+        return e.bound == m.val[2 * a + 1]
     return _holds_on(m, m.slot_sub[e.slot], a)
 
 
@@ -240,7 +240,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     cdef const Edge* e = h.cur_edge[a]
     cdef const Edge* at
     cdef const Edge* first
-    cdef double x
+    cdef double x[2]
     cdef bint tested = 0
     while k < k1 and words[k] < w:  # a scan that starts or ends inside the chunk
         k += 1
@@ -256,12 +256,13 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         tested = 1
         memset(passed, 0, n * sizeof(uint64_t))
         first = e
-        x = m.val[2 * a]
+        x[EDGE_GE] = m.val[2 * a]
+        x[EDGE_LE] = -x[EDGE_GE]
         while e.slot < lim:
             i = (e.slot >> 6) - w
             bit = acc[i] & ((<uint64_t>1) << (e.slot & 63))
-            if e.how == EDGE_RANGE:
-                passed[i] |= bit & -<uint64_t>((e.lo <= x) & (x <= e.hi))
+            if e.how <= EDGE_LE:
+                passed[i] |= bit & -<uint64_t>(e.bound <= x[e.how])
             elif bit and _edge_holds(m, e, a):
                 passed[i] |= bit
             e += 1
