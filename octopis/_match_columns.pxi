@@ -333,8 +333,11 @@ cdef void _runs_to_bits(Column* c) noexcept:
 cdef inline void _put(Column* c, int b, int k, int slot, bint may, bint sure, int how,
                       double lo, double hi, int* cursor) noexcept:
     """Bucket b of a subscription: with ``cursor`` NULL, set its sure bit (word k) if
-    ``sure``, count an edge if only ``may``; else write that edge at ``cursor[b]``."""
+    ``sure``, count an edge if only ``may``; else write that edge at ``cursor[b]``. A
+    range alone (EDGE_RANGE, only in numeric buckets) is written as the test of the end
+    that lies in the bucket (EDGE_GE ``lo``, EDGE_LE ``-hi``), or EDGE_PROGRAM if both do."""
     cdef Edge* e
+    cdef bint below, above
     if cursor == NULL:
         if sure:
             c.sure[<Py_ssize_t>b * c.nw + k] |= (<uint64_t>1) << (slot & 63)
@@ -345,7 +348,12 @@ cdef inline void _put(Column* c, int b, int k, int slot, bint may, bint sure, in
         return
     e = &c.edges[cursor[b]]
     cursor[b] += 1
-    e.lo = lo
-    e.hi = hi
+    e.bound = lo
     e.slot = slot
     e.how = how
+    if how == EDGE_RANGE:  # bucket b is [split[b - 1], split[b]), the outer ones open-ended
+        below = lo > (c.split[b - 1] if b > 0 else -INF)
+        above = hi < (nextafter(c.split[b], -INF) if b < c.n_num - 1 else INF)
+        e.how = EDGE_PROGRAM if below and above else EDGE_LE if above else EDGE_GE
+        if e.how == EDGE_LE:
+            e.bound = -hi

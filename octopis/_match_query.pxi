@@ -187,9 +187,9 @@ cdef inline void _aim(Matcher m, int a, int b) noexcept:
 
 cdef inline bint _edge_holds(Matcher m, const Edge* e, int a) noexcept:
     """Whether the predicates on attribute a of the live subscription of edge ``e`` (not
-    an EDGE_RANGE, which the scan checks inline) hold for the loaded publication."""
+    an EDGE_GE or EDGE_LE, which the scan checks inline) hold for the loaded publication."""
     if e.how == EDGE_SID:
-        return e.lo == m.val[2 * a + 1]
+        return e.bound == m.val[2 * a + 1]
     return _holds_on(m, m.slot_sub[e.slot], a)
 
 
@@ -240,7 +240,7 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
     cdef const Edge* e = h.cur_edge[a]
     cdef const Edge* at
     cdef const Edge* first
-    cdef double x
+    cdef double x[2]
     cdef bint tested = 0
     while k < k1 and words[k] < w:  # a scan that starts or ends inside the chunk
         k += 1
@@ -256,12 +256,13 @@ cdef inline uint64_t _and_piece(Matcher m, Hot* h, const Piece* piece, int w, in
         tested = 1
         memset(passed, 0, n * sizeof(uint64_t))
         first = e
-        x = m.val[2 * a]
+        x[EDGE_GE] = m.val[2 * a]
+        x[EDGE_LE] = -x[EDGE_GE]
         while e.slot < lim:
             i = (e.slot >> 6) - w
             bit = acc[i] & ((<uint64_t>1) << (e.slot & 63))
-            if e.how == EDGE_RANGE:
-                passed[i] |= bit & -<uint64_t>((e.lo <= x) & (x <= e.hi))
+            if e.how <= EDGE_LE:
+                passed[i] |= bit & -<uint64_t>(e.bound <= x[e.how])
             elif bit and _edge_holds(m, e, a):
                 passed[i] |= bit
             e += 1
@@ -300,11 +301,12 @@ cdef inline bint _outside(const Hot* h, int c) noexcept:
     return a >= 0 and not (h.chunk_lo[c] <= h.val[2 * a] <= h.chunk_hi[c])
 
 
-cdef inline void _prefetch_chunk(const Hot* h, int c, bint edges) noexcept:
+cdef inline void _prefetch_chunk(const Hot* h, int c) noexcept:
     """Ask the cache for what chunk c will read of the publication's buckets: the sure
-    words and the first edge of each piece, or with ``edges`` false (the chunk is next),
-    where the edge index says it is (with a large index they come from memory, and each
-    chunk reads a few lines of each column only)."""
+    words of each piece, and its first edge where the column's cursor is, else the entry
+    of the edge index that says where it is (with a large index they come from memory,
+    and each chunk reads a few lines of each column only). Reading that entry here to ask
+    for the edge itself waited on memory: it was slower."""
     cdef int j, k
     cdef const Piece* piece
     for j in range(h.chunk_off[c], h.chunk_off[c + 1]):
@@ -313,8 +315,6 @@ cdef inline void _prefetch_chunk(const Hot* h, int c, bint edges) noexcept:
             _prefetch(h.cur_sure[piece.attr] + k, 0, 3)
         if piece.pk == h.cur_pk[piece.attr] + 1:
             _prefetch(h.cur_edge[piece.attr], 0, 3)
-        elif edges:
-            _prefetch(h.columns[piece.attr].edges + h.cur_at[piece.attr][piece.pk], 0, 3)
         else:
             _prefetch(h.cur_at[piece.attr] + piece.pk, 0, 3)
 
@@ -339,9 +339,9 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
             continue
         if h.prefetch:
             if ahead != c and n >= CHUNK // 4:  # what this chunk reads is not on its way
-                _prefetch_chunk(h, c, False)
+                _prefetch_chunk(h, c)
             if end <= last and not _outside(h, c + 1):
-                _prefetch_chunk(h, c + 1, ahead == c)
+                _prefetch_chunk(h, c + 1)
                 ahead = c + 1
         for i in range(n):
             acc[i] = h.live[w + i]
@@ -490,7 +490,7 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
 
 
 cdef enum:
-    AHEAD = 32  # keys between fetching a key and taking its reference
+    LAG = 48  # keys between asking for a key's line and taking its reference
 
 
 cdef list _match_one(Matcher m, dict publication):
@@ -499,7 +499,6 @@ cdef list _match_one(Matcher m, dict publication):
     cdef list keep = []
     cdef list result
     cdef PyObject** items
-    cdef PyObject*** where
     cdef const int* hit_w
     cdef const uint64_t* hit_bits
     cdef PyObject** slot_key
@@ -509,29 +508,23 @@ cdef list _match_one(Matcher m, dict publication):
     slot_key = m.slot_key
     result = PyList_New(n_out)
     items = _list_items(result)
-    # First where each key is (its entry in slot_key), then the keys themselves, two
-    # stages ahead: the entry of key i + 2·AHEAD and the key of i + AHEAD are fetched while
-    # key i is taken, so neither read waits on memory (with a large index neither is in
-    # the cache; no Python code runs while the list holds entries instead of keys).
-    where = <PyObject***>items
+    # Every key from slot_key (read in slot order, independent loads), asking for its line
+    # as it comes and taking the reference to the key read LAG keys before, whose line has
+    # had time to come and is still in the nearest cache (no Python code runs while the
+    # list holds borrowed keys). A first pass reading every key, then a second taking
+    # every reference, was slower: with thousands of keys their lines had left that cache.
     for t in range(m.n_hit):
         base = hit_w[t] << 6
         bits = hit_bits[t]
         while bits:
-            where[j] = slot_key + base + _ctz(bits)
+            items[j] = slot_key[base + _ctz(bits)]
+            _prefetch(items[j], 1, 3)
+            if j >= LAG:
+                _incref(items[j - LAG])
             j += 1
             bits &= bits - 1
     n_index = j
-    for i in range(min(n_index, 2 * AHEAD)):
-        _prefetch(where[i], 0, 3)
-    for i in range(min(n_index, AHEAD)):
-        _prefetch(where[i][0], 1, 3)
-    for i in range(n_index):
-        if i + 2 * AHEAD < n_index:
-            _prefetch(where[i + 2 * AHEAD], 0, 3)
-        if i + AHEAD < n_index:
-            _prefetch(where[i + AHEAD][0], 1, 3)
-        items[i] = where[i][0]
+    for i in range(max(0, n_index - LAG), n_index):
         _incref(items[i])
     for i in range(n_out - n_index):
         items[n_index + i] = _list_item(m._keys, m.out[i])

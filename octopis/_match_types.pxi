@@ -62,11 +62,13 @@ cdef enum:
 cdef enum:
     REBUILD_WORK = 64
 
-# How an edge is decided (see Edge).
+# How an edge is decided (see Edge); EDGE_GE and EDGE_LE index the scan's (x, -x).
 cdef enum:
-    EDGE_RANGE = 0
-    EDGE_SID = 1
-    EDGE_PROGRAM = 2
+    EDGE_GE = 0
+    EDGE_LE = 1
+    EDGE_SID = 2
+    EDGE_PROGRAM = 3
+    EDGE_RANGE = 4  # _judge's: a range alone, which _put writes as EDGE_GE or EDGE_LE
 
 _OPCODES = {
     "=": NUM_RANGE, "<": NUM_RANGE, "<=": NUM_RANGE, ">": NUM_RANGE, ">=": NUM_RANGE,
@@ -114,10 +116,11 @@ cdef struct Cell:
 
 cdef struct Edge:
     # a subscription whose predicates on a column's attribute hold for some values of a
-    # bucket but not all, and how to decide it: EDGE_RANGE ``lo <= number <= hi``,
-    # EDGE_SID ``string id == lo``, EDGE_PROGRAM its predicates on the attribute
-    double lo
-    double hi
+    # bucket but not all, and how to decide it: EDGE_GE ``bound <= number``, EDGE_LE
+    # ``bound <= -number`` (a range's one end that lies in the bucket, its upper end
+    # negated), EDGE_SID ``string id == bound``, EDGE_PROGRAM its predicates on the
+    # attribute (16 bytes: four to a cache line)
+    double bound
     int slot
     int how
 
