@@ -18,7 +18,7 @@ what it has no acknowledgement for).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -133,6 +133,8 @@ class NeighbourLinks:
         self.counters: Counter[str] = Counter()
         self.on_undeliverable = on_undeliverable
         """Told of each notification copy this node gives up (the simulator's ledger)."""
+        self._undeliverable: tuple[object, int, tuple[str, ...]] = (None, 0, ())
+        """The core's stats, their size and their undeliverable keys, when last read."""
 
     @property
     def clustered(self) -> bool:
@@ -359,20 +361,29 @@ class NeighbourLinks:
         :attr:`on_undeliverable` if the core counted a copy of it undeliverable."""
         if type(message) is not Notification:
             return step(*args)
-        before = undeliverable(self.core.stats)
+        stats = self.core.stats
+        keys = self._undeliverable_keys(stats)
+        size, before = len(stats), sum(stats[key] for key in keys)
         actions = step(*args)
-        if undeliverable(self.core.stats) > before:
+        if len(stats) != size:  # a count appeared: perhaps of a reason not counted before
+            keys = self._undeliverable_keys(stats)
+        if sum(stats[key] for key in keys) > before:
             self.on_undeliverable(message)
         return actions
+
+    def _undeliverable_keys(self, stats: Mapping[Any, int]) -> tuple[str, ...]:
+        """The keys of the core's ``stats`` that count copies undeliverable, every reason
+        (read again only when a key was added: a count is never removed; :meth:`watched`
+        runs on every notification step)."""
+        known = self._undeliverable
+        if known[0] is not stats or known[1] != len(stats):
+            keys = tuple(key for key in stats if key.startswith("undeliverable."))
+            self._undeliverable = known = (stats, len(stats), keys)
+        return known[2]
 
     @staticmethod
     def _released(neighbour: str, copies: list[Message]) -> list[Action]:
         return [Forward(neighbour, m) for m in copies]
-
-
-def undeliverable(stats: Counter[str]) -> int:
-    """The copies a core's ``stats`` count undeliverable, every reason together."""
-    return sum(n for key, n in stats.items() if key.startswith("undeliverable."))
 
 
 def sort_given_back(

@@ -71,6 +71,11 @@ class Backpressure:
         the memory budget, the link with the longest queue counts as full (if anything
         waits on it): the broker takes in no faster than it sends out until it is back
         under."""
+        if not queues and waiting < self.deliveries_limit:  # the common case: nothing waits
+            self.pressing = False
+            if self.full:
+                self.full = set()
+            return None
         full = {n for n, queued in queues.items() if queued >= self.queue_limit}
         if waiting >= self.deliveries_limit:
             full.add(CLIENTS)

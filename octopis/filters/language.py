@@ -56,6 +56,7 @@ import operator
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, TypeAlias, TypeVar
 
 from octopis.filters.limits import (
@@ -348,10 +349,22 @@ def read_predicate(
     return Predicate(attr, op, value)
 
 
+PARSED = 4096
+"""Subscription texts whose parse is remembered (the ones parsed last): a
+:class:`Subscription` is immutable, so a text parsed again is the same object."""
+
+
 def parse_subscription(text: str) -> Subscription:
-    """Parse ``[attr,op,value],...``; raises :class:`FilterError` naming the position."""
+    """Parse ``[attr,op,value],...``; raises :class:`FilterError` naming the position.
+    The same text gives an equal (here: the same) subscription: the last :data:`PARSED`
+    texts are not parsed again."""
     if not isinstance(text, str):
         raise FilterError(f"a subscription text must be a str, got {type(text).__name__}")
+    return _parse_subscription(text)
+
+
+@lru_cache(maxsize=PARSED)
+def _parse_subscription(text: str) -> Subscription:
     sc = Scanner(text)
 
     def predicate() -> Predicate:

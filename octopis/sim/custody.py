@@ -402,9 +402,10 @@ class CustodyEvents:
             self.events.at(now + ACK_INTERVAL, self._look_again, broker, src)
         custody.last_sent[link] = now
         kept = custody.links.get((src, broker))
-        if kept is not None and (kept.retained or kept.settles(count)):
+        settles = kept is not None and kept.settles(count)
+        if settles or (kept is not None and kept.retained):
             late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
-            if (kept.settles(count) or kept.prunes(now + late)) and not state.broken(*link):
+            if (settles or kept.prunes(now + late)) and not state.broken(*link):  # type: ignore[union-attr]
                 self.events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
         if link not in custody.beating:
             custody.beating.add(link)
@@ -416,9 +417,10 @@ class CustodyEvents:
         link missing from what it is fed has none waiting)."""
         custody = self.failures.custody  # type: ignore[union-attr]
         queues = self.network.waiting(broker, now)
-        for (src, dst), waiting in custody.waiting.items():
-            if src == broker:
-                queues[dst] = queues.get(dst, 0) + len(waiting)
+        if custody.waiting:
+            for (src, dst), waiting in custody.waiting.items():
+                if src == broker:
+                    queues[dst] = queues.get(dst, 0) + len(waiting)
         pressure = custody.pressure_of(broker)
         pressure.check(queues, 0, 0)
         return pressure
