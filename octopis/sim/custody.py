@@ -417,10 +417,9 @@ class CustodyEvents:
         link missing from what it is fed has none waiting)."""
         custody = self.failures.custody  # type: ignore[union-attr]
         queues = self.network.waiting(broker, now)
-        if custody.waiting:
-            for (src, dst), waiting in custody.waiting.items():
-                if src == broker:
-                    queues[dst] = queues.get(dst, 0) + len(waiting)
+        for (src, dst), waiting in custody.waiting.items():
+            if src == broker:
+                queues[dst] = queues.get(dst, 0) + len(waiting)
         pressure = custody.pressure_of(broker)
         pressure.check(queues, 0, 0)
         return pressure
