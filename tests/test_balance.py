@@ -485,10 +485,16 @@ def fig2_quick_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
 def test_octopis_balance_run_moves_subscribers_while_notifications_flow(
     fig2_quick_load: LocalCluster, tmp_path: Path
 ) -> None:
-    """Twelve busy subscribers on a:0, one on d:2, a stream from f:1 at ~150/s: `octopis
-    balance run` (three rounds, 3 s apart) orders moves off a:0 from the brokers' own
-    load analysis; the subscribers follow them while the stream goes on, every
-    notification reaches every subscriber exactly once, and the spread of load falls."""
+    """Twelve busy subscribers on a:0, one on d:2, a stream from f:1 at ~150/s: once
+    a:0's and d:2's load analyses report the stream's deliveries, `octopis balance run`
+    (three rounds, 3 s apart) orders moves off a:0 from the brokers' own load analysis;
+    the subscribers follow them while the stream goes on, every notification reaches
+    every subscriber exactly once, and the spread of load falls from the balancer's
+    first sample, which is one of the stream's load (its mean above 0), to its last.
+
+    The balancer used to start with the stream, and its first sample (0.5 s on) once
+    came before any broker's window had a delivery in it: an idle overlay, mean 0 and
+    cov 0 (``coefficient_of_variation`` of loads all 0), which no later cov is below."""
     cluster = fig2_quick_load
     got: Counter[tuple[str, int]] = Counter()
     names = [*(f"hot{i}" for i in range(12)), "cool"]
@@ -510,6 +516,24 @@ def test_octopis_balance_run_moves_subscribers_while_notifications_flow(
             subscribers.append(sub)
         await until(lambda: tables_hold(cluster, len(names)), "the subscriptions spread", 30)
         pub = await Publisher.connect(cluster.scot.brokers["f:1"].client_endpoint, "feed")
+        balancer: asyncio.Task | None = None
+        sent = 0
+
+        async def stream() -> None:  # until the balancer is done and its moves made
+            nonlocal sent
+            while (
+                balancer is None
+                or not balancer.done()
+                or sent < 1500
+                or any(s.moving for s in subscribers)
+            ):
+                await pub.publish({"class": "STOCK", "close": float(sent)}, wait=False)
+                sent += 1
+                if sent % 15 == 0:
+                    await asyncio.sleep(0.1)
+
+        flowing = asyncio.create_task(stream())
+        await until(lambda: _measured(cluster, ("a:0", "d:2")), "the stream's load measured", 30)
         balancer = asyncio.create_task(
             asyncio.to_thread(
                 subprocess.run,
@@ -540,12 +564,7 @@ def test_octopis_balance_run_moves_subscribers_while_notifications_flow(
                 check=True,
             )
         )
-        sent = 0
-        while not balancer.done() or sent < 1500 or any(s.moving for s in subscribers):
-            await pub.publish({"class": "STOCK", "close": float(sent)}, wait=False)
-            sent += 1
-            if sent % 15 == 0:
-                await asyncio.sleep(0.1)
+        await flowing
         await balancer
         await pub.flush(60)
         await until(lambda: len(got) >= len(names) * sent, "every delivery", 60)
@@ -572,7 +591,16 @@ def test_octopis_balance_run_moves_subscribers_while_notifications_flow(
     assert report["moves"] > 0 and report["moves_failed"] == 0
     assert len(made) == report["moves"]
     assert all(m["inside"] for m in made if m["to"].endswith(":0"))
-    assert report["timeline"][-1]["cov"] < report["timeline"][0]["cov"]
+    first, last = report["timeline"][0], report["timeline"][-1]
+    assert first["mean"] > 0, first  # a sample of the stream's load, not of an idle overlay
+    assert last["cov"] < first["cov"]
+
+
+async def _measured(cluster: LocalCluster, brokers: tuple[str, ...]) -> bool:
+    """Each of ``brokers``' load analysis reports deliveries (for :func:`until`): its
+    window has seen the stream."""
+    reports = await cluster.ask(list(brokers), "load", 5, 0)
+    return all(r is not None and r["deliveries_per_s"] > 0 for r in reports.values())
 
 
 @pytest.mark.processes
