@@ -167,18 +167,25 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
     line_of: Callable[[BrokerSettings], LocalCluster],
 ) -> None:
     """20,000 subscriptions made at once on a:0 of the line a:0 – b:0 – c:0 reach b:0 and
-    c:0 as batches of up to 64 bodies. b:0 is paused (SIGSTOP) for 0.4 s amid the flood,
-    so it comes back to a backlog of thousands of bodies, which one receive would take
-    whole. Its input passes end at ``PASS_SECONDS`` (counted), so heartbeats and
-    acknowledgements leave at once: no neighbour is declared down (T = 1 s); every table
-    holds every subscription, and notifications published at c:0 right after reach every
-    matching subscription on a:0 exactly once. Every broker took the collector's passes
-    over the flood's objects while its input was dry (``memory.gc_idle``).
+    c:0 as batches of up to 64 bodies. Amid the flood b:0 is stopped (SIGSTOP) until a:0
+    has taken :data:`BACKLOG` more subscriptions (at most :data:`STOPPED_AT_MOST` s),
+    and then works through that backlog starved (:func:`_starve`): a pass under way when
+    one of the stalls begins lasts past ``PASS_SECONDS``, and must be cut at its next
+    body (counted, ``input_passes_cut``) so that heartbeats and acknowledgements leave at
+    once: no neighbour is declared down (T = 1 s; b:0 is silent for the first stop and
+    the stalls, about 0.55 s at most); every table holds every subscription, and
+    notifications published at c:0 right after reach every matching subscription on a:0
+    exactly once. Every broker took the collector's passes over the flood's objects
+    while its input was dry (``memory.gc_idle``).
 
-    The pause is timed by a process of its own (:func:`_pause`), not by this test's: on a
-    loaded machine its event loop woke from a 0.4 s sleep up to 0.45 s late and its
-    collector's passes over the flood's 20,000 requests took up to 0.5 s (2 s once), so
-    b:0's silence was then mostly the test's own."""
+    A backlog alone does not make a pass reach ``PASS_SECONDS``: a pass takes at most
+    ``PEER_BATCH`` (256) bodies and the rest of its last message, and a full pass of the
+    flood's subscriptions took ~6 ms of CPU here. Only time b:0 does not run in the
+    middle of a pass does. With a single 0.4 s
+    stop the cuts came from the stop landing inside a pass or from the other processes'
+    contention for the machine's 2 cores (passes of 2-9 ms of CPU over 20-60 ms), and
+    b:0 had none in 1 run of 3 on a loaded machine. Logged pass by pass, each of 8
+    stalls over 2 runs began inside a pass, which was then cut."""
     cluster = line_of(
         BrokerSettings(routing=Routing(covering="off"))
     )  # the flood reaches every table
@@ -186,7 +193,7 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
     subscribers, each, published = 4, 5000, 10
     got: Counter[tuple[str, int]] = Counter()
 
-    async def scenario() -> dict[str, dict]:
+    async def scenario() -> tuple[dict[str, dict], tuple[float, int]]:
         await cluster.wait_ready(60)
         subs = [
             await Subscriber.connect(
@@ -200,7 +207,7 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
             *(s.subscribe(f"[class,eq,'STOCK'],[price,>,{i}]") for s in subs for i in range(each))
         )
         await until(lambda: _table_holds(cluster, "a:0", 1000), "the flood starts", 30)
-        paused_for = await _pause(cluster.processes["b:0"].pid, 0.4)
+        paused = await _starve(cluster, "b:0", "a:0")
         await flood
         # 30 s alone; five times that beside paper75 on a loaded CI run (how long is
         # bench's question: here only that it spreads)
@@ -212,16 +219,19 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
         stats = await cluster.call_all("stats")
         for client in (pub, *subs):
             await client.close()
-        return stats, paused_for
+        return stats, paused
 
-    stats, paused_for = asyncio.run(closing_control(cluster, scenario()))
+    stats, (paused_for, backlog) = asyncio.run(closing_control(cluster, scenario()))
     cut = {b: s["counters"].get("input_passes_cut", 0) for b, s in stats.items()}
     idle = {b: s["gc"]["idle_passes"] for b, s in stats.items()}
-    print(f"b:0 paused {paused_for:.3f} s; passes cut short: {cut}; idle collector: {idle}")
+    print(
+        f"b:0 stopped {paused_for:.3f} s while a:0 took at least {backlog} subscriptions; "
+        f"passes cut short: {cut}; idle collector: {idle}"
+    )
     assert cut["b:0"] > 0
     assert all(sum(passes) > 0 for passes in idle.values()), idle
     assert not any(s["detections"] for s in stats.values()), (
-        f"b:0 paused {paused_for:.3f} s",
+        f"b:0 stopped {paused_for:.3f} s, then {STALLS} x {STALL_SECONDS} s",
         {b: s["detections"] for b, s in stats.items()},
     )
     counts = accounting("subscribers on a:0", subscribers * published, got)
@@ -229,30 +239,81 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
     assert counts["duplicates"] == counts["lost"] == 0
 
 
-PAUSE = """import os, signal, sys, time
-pid, seconds = int(sys.argv[1]), float(sys.argv[2])
+BACKLOG = 1000
+"""Subscriptions a:0 takes while b:0 is stopped: ~4 passes of PEER_BATCH bodies, ~23 ms
+of b:0's work here (a full pass of flood subscriptions took 6 ms of CPU), more than the
+STALLS run slices give it, so that b:0 is inside a pass when each stall begins."""
+STOPPED_AT_MOST = 0.4
+"""Seconds b:0 is stopped for the backlog at most: with the stalls after it, b:0's
+silence stays well under T = 1 s (``links.down_after``)."""
+STALLS, RUN_SECONDS, STALL_SECONDS = 4, 0.003, 0.03
+"""Then b:0 works through its backlog in slices: it runs RUN_SECONDS (under the CPU time
+of a full pass) and is stopped for STALL_SECONDS (over PASS_SECONDS, 0.02), STALLS
+times: the pass under way when a stall begins lasts past PASS_SECONDS, as on a starved
+machine, and must be cut at its next body."""
+
+STARVE = """import os, select, signal, sys, time
+pid, most, stalls, run, stall = int(sys.argv[1]), *map(float, sys.argv[2:])
 started = time.monotonic()
 os.kill(pid, signal.SIGSTOP)
 try:
-    time.sleep(seconds)
+    print("stopped", flush=True)
+    select.select([sys.stdin], [], [], most)
+    print(time.monotonic() - started, flush=True)
+    for _ in range(int(stalls)):
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(run)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(stall)
 finally:
     os.kill(pid, signal.SIGCONT)
-print(time.monotonic() - started)
 """
-"""What :func:`_pause` runs in a process of its own."""
+"""What :func:`_starve` runs in a process of its own: stop ``pid`` until its stdin is
+readable (a line or its end) or ``most`` seconds have passed (printing how long), then
+``stalls`` times let it run ``run`` seconds and stop it ``stall`` seconds; let it go
+on."""
 
 
-async def _pause(pid: int, seconds: float) -> float:
-    """Stop process ``pid`` (SIGSTOP) for ``seconds`` and let it go on (SIGCONT); returns
-    how long it was stopped. Timed by a process of its own, so that neither this test's
-    event loop nor its collector's passes (which a thread would wait out for the GIL)
-    stretch the pause."""
+async def _starve(cluster: LocalCluster, starved: str, sender: str) -> tuple[float, int]:
+    """Stop ``starved`` (SIGSTOP) until ``sender``'s routing table has grown by
+    :data:`BACKLOG` subscriptions (read over its kept control connection), at most
+    :data:`STOPPED_AT_MOST` seconds; then let it work through that backlog in
+    :data:`STALLS` slices. Returns how long it was stopped first and how many
+    subscriptions ``sender`` took meanwhile, at least: amid the flood a:0 answered its
+    control RPC ~0.2 s late here, so on a loaded machine the stop runs to its bound, and
+    a reading that may have come after ``starved`` went on is left out. Timed and
+    signalled by a process of its own, so that neither this test's event loop nor its
+    collector's passes (which a thread would wait out for the GIL) stretch the stops: on
+    a loaded machine the loop woke from a 0.4 s sleep up to 0.45 s late, and the
+    collector's passes over the flood's 20,000 requests took up to 0.5 s (2 s once)."""
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", PAUSE, str(pid), str(seconds), stdout=asyncio.subprocess.PIPE
+        sys.executable,
+        "-c",
+        STARVE,
+        str(cluster.processes[starved].pid),
+        *map(str, (STOPPED_AT_MOST, STALLS, RUN_SECONDS, STALL_SECONDS)),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
     )
-    out, _ = await child.communicate()
-    assert child.returncode == 0, f"pausing process {pid} failed (exit {child.returncode})"
-    return float(out)
+    assert child.stdin is not None and child.stdout is not None
+    assert await child.stdout.readline() == b"stopped\n"
+    released = asyncio.ensure_future(child.stdout.readline())
+    first = took = await _table_size(cluster, sender)
+    while took - first < BACKLOG:
+        await asyncio.sleep(0.01)
+        size = await _table_size(cluster, sender)
+        if released.done():  # read after b:0 went on, perhaps
+            break
+        took = size
+    child.stdin.close()
+    stopped = await released
+    await child.wait()
+    assert child.returncode == 0, f"stopping {starved} failed (exit {child.returncode})"
+    return float(stopped), took - first
+
+
+async def _table_size(cluster: LocalCluster, broker: str) -> int:
+    return (await cluster.call(broker, "status"))["routing_table_size"]
 
 
 async def _table_holds(cluster: LocalCluster, broker: str, at_least: int) -> bool:
