@@ -180,12 +180,13 @@ def test_a_subscription_flood_cuts_passes_short_and_no_link_goes_silent(
 
     A backlog alone does not make a pass reach ``PASS_SECONDS``: a pass takes at most
     ``PEER_BATCH`` (256) bodies and the rest of its last message, and a full pass of the
-    flood's subscriptions took ~6 ms of CPU here. Only time b:0 does not run in the
-    middle of a pass does. With a single 0.4 s
-    stop the cuts came from the stop landing inside a pass or from the other processes'
-    contention for the machine's 2 cores (passes of 2-9 ms of CPU over 20-60 ms), and
-    b:0 had none in 1 run of 3 on a loaded machine. Logged pass by pass, each of 8
-    stalls over 2 runs began inside a pass, which was then cut."""
+    flood's subscriptions took ~6 ms of CPU here; only time b:0 does not run in the
+    middle of a pass does. With a single 0.4 s stop the cuts came from the stop landing
+    inside a pass or from the other processes' contention for the machine's 2 cores
+    (passes of 2-9 ms of CPU over 20-60 ms), and b:0 had none in 1 run of 3 on a loaded
+    machine. A stall cuts nothing only if it begins between two passes (0.1-0.5 ms
+    between passes of ~6 ms, logged); logged pass by pass, each of 8 stalls over 2 runs
+    began inside a pass, which was then cut."""
     cluster = line_of(
         BrokerSettings(routing=Routing(covering="off"))
     )  # the flood reaches every table
