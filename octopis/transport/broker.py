@@ -268,13 +268,6 @@ class Broker:
         )
         self.execute(self.node.share_heard(neighbour, handed))
 
-    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
-        """Resync (DESIGN §7): the node's hand-over to a new incarnation of ``neighbour``
-        (:meth:`BrokerNode.neighbour_met`), and what to tell it after."""
-        actions, handed = self.node.neighbour_met(neighbour, incarnation, restarted)
-        self.execute(actions)
-        return Synced(handed.entries, handed.complete, handed.wants_share, handed.predecessor)
-
     # -- what client sessions ask ----------------------------------------------------------
 
     def _core_subscribe(
