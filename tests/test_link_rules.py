@@ -20,7 +20,8 @@ from shell_checks import SHELLS, in_shells, strings_holding
 from test_layers import PACKAGE
 
 from octopis.core import make_broker
-from octopis.core.custody import Custody, PublishReceipt
+from octopis.core.answer import COMMIT_DELAY, PIPELINE_DELAY, CommitWaits, commit_refused
+from octopis.core.custody import Custody, PublishReceipt, Unanswered
 from octopis.core.neighbours import Neighbours
 from octopis.core.node import BrokerNode
 from octopis.core.relinking import leaving_busy
@@ -171,6 +172,31 @@ def test_the_serving_check_can_fail(tmp_path: Path) -> None:
         "shell.py:5 serving",
         "shell.py:6 serving",
     ]
+
+
+def test_a_publication_is_awaited_only_while_its_connection_waits_for_no_other() -> None:
+    """A connection's publication taken while none of it is unanswered is alone (awaited)
+    until another comes before its answer (its publisher pipelines); one that keeps no
+    copy is answered at once and never unanswered. The store commits at once, at an idle
+    pass's end, only while an awaited one waits (``CommitWaits.delay``), and its commit
+    settles every receipt that waited for it, refused if the disk refused."""
+    answers: list[int] = []
+    unanswered, waits = Unanswered(), CommitWaits()
+    first = unanswered.receipt(lambda: answers.append(0))
+    assert first.alone and not unanswered.waits(first) and unanswered.count == 0
+    first = unanswered.receipt(lambda: answers.append(1))
+    waits.kept(first)
+    assert unanswered.waits(first) and unanswered.count == 1
+    assert waits.delay(1, idle=True) == 0.0 and waits.delay(1, idle=False) == COMMIT_DELAY
+    second = unanswered.receipt(lambda: answers.append(2))
+    waits.kept(second)
+    assert unanswered.waits(second) and unanswered.count == 2
+    assert not first.alone and not second.alone
+    assert waits.delay(2, idle=True) == PIPELINE_DELAY
+    waits.committed("the disk is full")
+    assert answers == [1, 2] and unanswered.count == 0
+    assert second.refusal == commit_refused("the disk is full")
+    assert unanswered.receipt(lambda: None).alone
 
 
 def test_a_confirm_waits_for_every_kept_copy_and_the_store_and_says_its_refusal() -> None:

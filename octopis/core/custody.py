@@ -118,6 +118,48 @@ class PublishReceipt:
         if self.copies == 0:
             self._answer()
 
+    def committed(self, refusal: str | None) -> None:
+        """The store's commit that was to keep it ended: its copy is held, or, the disk
+        refused (``refusal``, what the publisher is told), :meth:`refuse`."""
+        if refusal is None:
+            self.held()
+        else:
+            self.refuse(refusal)
+
+
+class Unanswered:
+    """A client connection's publications taken and not yet answered (DESIGN §7): how
+    many (:attr:`count`, what ``clients.publish_window`` bounds), and whether a new one
+    is :attr:`~PublishReceipt.alone`. A publication taken while none is unanswered is
+    alone; one taken while another waits makes that one not alone (its publisher
+    pipelines), so the store need not commit at once for it."""
+
+    __slots__ = ("_last", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._last: PublishReceipt | None = None
+
+    def receipt(self, answer: Callable[[], None]) -> PublishReceipt:
+        """The receipt of a publication taken now, whose ``answer`` is sent when it is
+        held (then it is no longer unanswered)."""
+        if self._last is not None and self.count:
+            self._last.alone = False
+
+        def answered() -> None:
+            self.count -= 1
+            answer()
+
+        return PublishReceipt(answered, alone=not self.count)
+
+    def waits(self, receipt: PublishReceipt) -> bool:
+        """Whether ``receipt``, its publication routed, waits for its answer (it is
+        unanswered until then); else the shell answers at once."""
+        if receipt.waits:
+            self.count += 1
+            self._last = receipt
+        return receipt.waits
+
 
 class Custody:
     """The custody of one directed link (see the module docstring). ``limit``: entries
