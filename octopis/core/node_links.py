@@ -203,6 +203,17 @@ class NeighbourLinks:
             actions += self.neighbour_serving(neighbour)
         return Heard(back, actions)
 
+    def given_back(
+        self, neighbour: str, items: Given, sent: Given, view: LinkView, read: Read, receipts: Read
+    ) -> Iterator[Step]:
+        """What the link to ``neighbour`` gave back (``items`` and ``sent``, as
+        :meth:`link_down` takes them, ``read`` giving an item's message), the step both
+        shells take: held or dropped now, then the copies routed again around
+        ``neighbour`` by ``view``, one step each, as the shell asks, with the receipt
+        ``receipts`` gives (:meth:`route_again`)."""
+        copies = self.link_down(neighbour, items, read, sent)
+        return self.route_again(neighbour, copies, view, read, receipts)
+
     def route_again(
         self,
         neighbour: str,

@@ -354,10 +354,8 @@ class FailureEvents(CutLinks, CustodyEvents):
         self._replay_link_down(src, dst)
         custody = self.failures.custody  # type: ignore[union-attr]
         given_back, sent = custody.take_back(src, dst), custody.give_up(src, dst) if met else []
-        node = self.nodes[src]
-        copies = node.link_down(dst, given_back, message_of, sent)
-        for actions, receipt in node.route_again(
-            dst, copies, self._view(src), message_of, receipt_of
+        for actions, receipt in self.nodes[src].given_back(
+            dst, given_back, sent, self._view(src), message_of, receipt_of
         ):
             self._dispatch(src, actions, receipt)
 
