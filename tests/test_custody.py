@@ -5,6 +5,8 @@ process and the simulator play the same script in ``test_links.py``."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from octopis.core.custody import (
@@ -78,6 +80,8 @@ def test_other_routing_messages_are_pending_until_acknowledged_and_sent_again() 
 
 
 RESENT_TAKEN = ((["s5"], 1, 0), 5)
+"""(taken, counted ``links.resent_dropped``, counted ``stale_frames``), then the count
+of what was taken from the sender."""
 RESENT_STALE = (([], 0, 2), 3)
 
 
@@ -98,8 +102,9 @@ def test_a_resent_from_a_sender_that_is_not_reachable_is_stale(
     its handshake named us) the messages past the count are taken and the rest counted
     dropped; from any other (down, or of a session not with us), all are stale and the
     count stays."""
-    record = Neighbour(phase=phase, up=up, received=3)
-    got = resent_taken(record, 5, [(3, "s3"), (5, "s5")])
+    record, counts = Neighbour(phase=phase, up=up, received=3), Counter({"stale_frames": 1})
+    taken = resent_taken(record, 5, [(3, "s3"), (5, "s5")], counts)
+    got = (taken, counts["links.resent_dropped"], counts["stale_frames"] - 1)
     assert (got, record.received) == expected
 
 

@@ -77,9 +77,11 @@ node by both: what a RESENT's receiver takes, stale from a sender that is not re
 session (the process once read its link's greeting, the simulator ``declared_down``) is
 now asked by the node's heal itself (``BrokerNode.heard``)."""
 
-REFUSAL_WORDS = ("still carry",)
+REFUSAL_WORDS = ("still carry", "links.resent_dropped")
 """Words of the node's relink refusal (``octopis.core.relinking``): a shell that writes
-them refuses on its own."""
+them refuses on its own; and the count of a RESENT's messages taken before, which
+``resent_taken`` keeps (both shells once counted it, and ``stale_frames``, from its
+verdict)."""
 
 
 def link_rule_calls(path: Path) -> set[str]:
@@ -102,8 +104,8 @@ def refusal_copies(path: Path) -> list[str]:
 
 
 def test_both_shells_take_the_link_rules_from_the_node() -> None:
-    """Each shell calls every rule of :data:`LINK_RULES` and words no relink refusal of
-    its own (read from the AST)."""
+    """Each shell calls every rule of :data:`LINK_RULES`, words no relink refusal of its
+    own and counts no RESENT's messages itself (read from the AST)."""
     for shell in SHELLS:
         calls = set().union(*map(link_rule_calls, (PACKAGE / shell).glob("*.py")))
         assert calls == LINK_RULES, shell
@@ -119,9 +121,13 @@ def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
         "        resent_taken(table, 'n')\n"
         "    relink(broker, data)\n"
         "    raise ValueError(f'{broker}: the links still carry {data}')\n"
+        "    counts['links.resent_dropped'] += dropped\n"
     )
     assert link_rule_calls(path) == {"resent_taken"}
-    assert refusal_copies(path) == ["shell.py:6 still carry"]
+    assert sorted(refusal_copies(path)) == [
+        "shell.py:6 still carry",
+        "shell.py:7 links.resent_dropped",
+    ]
 
 
 def condition_reads(path: Path) -> Iterator[ast.AST]:

@@ -47,9 +47,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Callable, Sequence
 from operator import itemgetter
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from octopis.core.messages import ProtocolError
 from octopis.core.neighbours import Neighbour
@@ -356,28 +357,23 @@ def resent(record: Neighbour, numbered: int, numbers: list[int]) -> list[bool]:
     return [number > taken for number in numbers]
 
 
-class ResentTaken(NamedTuple, Generic[T]):
-    """What a receiver makes of a RESENT (:func:`resent_taken`): the messages it takes, in
-    order; those it had taken before (``links.resent_dropped``); and those it drops as
-    stale, all of them when the sender is not :attr:`~Neighbour.reachable` (down, or its
-    handshake has not named us: they were meant for an earlier session, ``stale_frames``)."""
-
-    taken: list[T]
-    dropped: int
-    stale: int
-
-
 def resent_taken(
-    record: Neighbour, numbered: int, messages: Sequence[tuple[int, T]]
-) -> ResentTaken[T]:
+    record: Neighbour, numbered: int, messages: Sequence[tuple[int, T]], counts: Counter[str]
+) -> list[T]:
     """The messages of a RESENT (``(number, message)`` pairs, :func:`resent`) that the
-    receiver takes, in order, and how many it drops: the rule both shells carry out.
-    From a sender that is not reachable, none is taken and the counts stay as they were."""
-    if not record.reachable:
-        return ResentTaken([], 0, len(messages))
-    takes = resent(record, numbered, [number for number, _ in messages])
-    taken = [message for (_, message), take in zip(messages, takes, strict=True) if take]
-    return ResentTaken(taken, len(messages) - len(taken), 0)
+    receiver takes, in order: the rule both shells carry out. Those it drops are counted
+    in ``counts``: taken before (``links.resent_dropped``), or stale, all of them, when
+    the sender is not :attr:`~Neighbour.reachable` (down, or its handshake has not named
+    us: they were meant for an earlier session, ``stale_frames``; the count of what was
+    taken from it stays as it was)."""
+    taken: list[T] = []
+    if record.reachable:
+        takes = resent(record, numbered, [number for number, _ in messages])
+        taken = [message for (_, message), take in zip(messages, takes, strict=True) if take]
+    stale = 0 if record.reachable else len(messages)
+    counts["links.resent_dropped"] += len(messages) - len(taken) - stale
+    counts["stale_frames"] += stale
+    return taken
 
 
 def counts_for(names: int, incarnation: int) -> bool:

@@ -346,9 +346,7 @@ class CustodyEvents:
         if self.failures.broken(src, broker):
             return
         record = self.nodes[broker].neighbours[src]
-        taken, dropped, stale = resent_taken(record, message.numbered, message.messages)
-        self.failure_counts["links.resent_dropped"] += dropped
-        self.failure_counts["stale_frames"] += stale
+        taken = resent_taken(record, message.numbered, message.messages, self.failure_counts)
         for copy in taken:
             self._dispatch(broker, self._take(broker, src, copy))
         if owed(record):

@@ -316,10 +316,7 @@ class PeerInput:
         the bodies the node's rule takes go to the broker, in order; the others are
         counted, taken before (``links.resent_dropped``) or stale
         (:func:`~octopis.core.custody.resent_taken`)."""
-        taken, dropped, stale = resent_taken(state, message.numbered, message.messages)
-        self.counters["links.resent_dropped"] += dropped
-        self.counters["stale_frames"] += stale
-        for body in taken:
+        for body in resent_taken(state, message.numbered, message.messages, self.counters):
             try:
                 self.events.peer_message(sender, decode_body_in_full(sender, body), body, now)
             except Exception as exc:
