@@ -77,11 +77,11 @@ node by both: what a RESENT's receiver takes, stale from a sender that is not re
 session (the process once read its link's greeting, the simulator ``declared_down``) is
 now asked by the node's heal itself (``BrokerNode.heard``)."""
 
-REFUSAL_WORDS = ("still carry", "links.resent_dropped")
+REFUSAL_WORDS = ("still carry", "links.resent_dropped", "stale_frames")
 """Words of the node's relink refusal (``octopis.core.relinking``): a shell that writes
-them refuses on its own; and the count of a RESENT's messages taken before, which
-``resent_taken`` keeps (both shells once counted it, and ``stale_frames``, from its
-verdict)."""
+them refuses on its own; and the counts of routing messages dropped as taken before or
+stale, which ``resent_taken`` and ``take`` keep (both shells once counted them from the
+rules' verdicts)."""
 
 
 def link_rule_calls(path: Path) -> set[str]:
@@ -105,7 +105,7 @@ def refusal_copies(path: Path) -> list[str]:
 
 def test_both_shells_take_the_link_rules_from_the_node() -> None:
     """Each shell calls every rule of :data:`LINK_RULES`, words no relink refusal of its
-    own and counts no RESENT's messages itself (read from the AST)."""
+    own and counts no stale or resent messages itself (read from the AST)."""
     for shell in SHELLS:
         calls = set().union(*map(link_rule_calls, (PACKAGE / shell).glob("*.py")))
         assert calls == LINK_RULES, shell
@@ -122,11 +122,13 @@ def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
         "    relink(broker, data)\n"
         "    raise ValueError(f'{broker}: the links still carry {data}')\n"
         "    counts['links.resent_dropped'] += dropped\n"
+        "    self.failure_counts['stale_frames'] += 1\n"
     )
     assert link_rule_calls(path) == {"resent_taken"}
     assert sorted(refusal_copies(path)) == [
         "shell.py:6 still carry",
         "shell.py:7 links.resent_dropped",
+        "shell.py:8 stale_frames",
     ]
 
 

@@ -318,15 +318,16 @@ STALE, TAKEN, FIRST = range(3)
 stale; taken; taken, the first since the last acknowledgement."""
 
 
-def take(record: Neighbour, count: int) -> int:
+def take(record: Neighbour, count: int, counts: Counter[str]) -> int:
     """The receiver's rule for ``count`` routing messages from the neighbour of ``record``,
     the one both shells carry out (DESIGN §7): :data:`STALE` unless the neighbour is
     :attr:`~Neighbour.reachable` (down, or its handshake has not named this incarnation of
-    ours: they were meant for an earlier process, and are dropped and counted as
-    ``stale_frames`` rather than replayed into an empty table); else they are taken
-    (:func:`took`), :data:`FIRST` when they are the first since the last acknowledgement
-    (acknowledged at once), :data:`TAKEN` otherwise."""
+    ours: they were meant for an earlier process, and are dropped and counted in
+    ``counts`` as ``stale_frames`` rather than replayed into an empty table); else they
+    are taken (:func:`took`), :data:`FIRST` when they are the first since the last
+    acknowledgement (acknowledged at once), :data:`TAKEN` otherwise."""
     if not record.reachable:
+        counts["stale_frames"] += count
         return STALE
     return FIRST if took(record, count) else TAKEN
 
