@@ -19,7 +19,7 @@ import pytest
 from shell_checks import SHELLS, in_shells, strings_holding
 from test_layers import PACKAGE
 
-from octopis.core import make_broker
+from octopis.core import SubState, Unsubscribe, make_broker
 from octopis.core.answer import COMMIT_DELAY, PIPELINE_DELAY, CommitWaits, commit_refused
 from octopis.core.custody import Custody, PublishReceipt, Unanswered
 from octopis.core.neighbours import Neighbours
@@ -55,7 +55,7 @@ def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_dra
     process's queue and custody, the simulator's links in flight and custody): a link
     that leaves while it carries anything refuses the whole view, naming it, and nothing
     changes; a link that stays may carry; once the leaving one drained, the view is
-    taken."""
+    taken, and what was held for the neighbour that left is dropped and counted."""
     smaller = remove_region(FIG2, "f")  # fig2's f is a leaf next to e
     node = BrokerNode(make_broker(FIG2, "e:0", "snr", covering="off"), 100)
     view, clusters = smaller.brokers["e:0"], smaller.clusters
@@ -65,7 +65,9 @@ def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_dra
         node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0))
     assert "f:0" in node.neighbours and "f:0" in node.core.neighbour_ids
     carried["f:0"] = 0
-    assert node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0)) == 0
+    node.link_down("f:0", [Unsubscribe("s#1", SubState.PRIMARY)])  # held while it was down
+    assert node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0)) == 1
+    assert node.counts()["relink.held_dropped"] == 1
     assert "f:0" not in node.neighbours and "f:0" not in node.core.neighbour_ids
 
 
@@ -77,11 +79,11 @@ node by both: what a RESENT's receiver takes, stale from a sender that is not re
 session (the process once read its link's greeting, the simulator ``declared_down``) is
 now asked by the node's heal itself (``BrokerNode.heard``)."""
 
-REFUSAL_WORDS = ("still carry", "links.resent_dropped", "stale_frames")
+REFUSAL_WORDS = ("still carry", "links.resent_dropped", "stale_frames", "relink.held_dropped")
 """Words of the node's relink refusal (``octopis.core.relinking``): a shell that writes
 them refuses on its own; and the counts of routing messages dropped as taken before or
-stale, which ``resent_taken`` and ``take`` keep (both shells once counted them from the
-rules' verdicts)."""
+stale, which ``resent_taken`` and ``take`` keep, and of those a relink drops, which
+``BrokerNode.relink`` keeps (both shells once counted them from the rules' verdicts)."""
 
 
 def link_rule_calls(path: Path) -> set[str]:
@@ -123,12 +125,14 @@ def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
         "    raise ValueError(f'{broker}: the links still carry {data}')\n"
         "    counts['links.resent_dropped'] += dropped\n"
         "    self.failure_counts['stale_frames'] += 1\n"
+        "    broker.counters['relink.held_dropped'] += dropped\n"
     )
     assert link_rule_calls(path) == {"resent_taken"}
     assert sorted(refusal_copies(path)) == [
         "shell.py:6 still carry",
         "shell.py:7 links.resent_dropped",
         "shell.py:8 stale_frames",
+        "shell.py:9 relink.held_dropped",
     ]
 
 
