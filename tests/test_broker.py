@@ -351,8 +351,8 @@ def test_a_publication_its_publisher_did_not_wait_for_is_committed_with_the_next
 ) -> None:
     """A publication taken while its connection has none unanswered, and alone in its
     pass, is awaited: the store commits it as the idle pass ends. One followed in the same
-    pass by another of its connection (its publisher pipelines) is not: the shell clears
-    its ``alone``, and both wait for the commit timer."""
+    pass by another of its connection (its publisher pipelines) is not: its connection's
+    ``Unanswered`` clears its ``alone``, and both wait for the commit timer."""
     scot = build_preset("fig2", base_port=find_free_base_port(18))
     broker = Broker(scot, "b:0", "snr", BrokerSettings(), keys=None, data_dir=tmp_path)
 

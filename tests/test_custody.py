@@ -5,6 +5,8 @@ process and the simulator play the same script in ``test_links.py``."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from octopis.core.custody import (
@@ -78,6 +80,8 @@ def test_other_routing_messages_are_pending_until_acknowledged_and_sent_again() 
 
 
 RESENT_TAKEN = ((["s5"], 1, 0), 5)
+"""(taken, counted ``links.resent_dropped``, counted ``stale_frames``), then the count
+of what was taken from the sender."""
 RESENT_STALE = (([], 0, 2), 3)
 
 
@@ -98,8 +102,9 @@ def test_a_resent_from_a_sender_that_is_not_reachable_is_stale(
     its handshake named us) the messages past the count are taken and the rest counted
     dropped; from any other (down, or of a session not with us), all are stale and the
     count stays."""
-    record = Neighbour(phase=phase, up=up, received=3)
-    got = resent_taken(record, 5, [(3, "s3"), (5, "s5")])
+    record, counts = Neighbour(phase=phase, up=up, received=3), Counter({"stale_frames": 1})
+    taken = resent_taken(record, 5, [(3, "s3"), (5, "s5")], counts)
+    got = (taken, counts["links.resent_dropped"], counts["stale_frames"] - 1)
     assert (got, record.received) == expected
 
 
@@ -112,10 +117,10 @@ def test_routing_messages_from_a_sender_that_is_not_reachable_are_stale(
 ) -> None:
     """Both shells take routing messages through ``take``: from a sender that is down, or
     whose handshake has not named us (frames queued for an earlier process of ours), they
-    are stale and change no count."""
-    record = Neighbour(phase=phase, up=up, received=3, acked=3)
-    assert take(record, 2) == STALE
-    assert (record.received, record.acked) == (3, 3)
+    are stale, counted ``stale_frames``, and change no count of what was taken."""
+    record, counts = Neighbour(phase=phase, up=up, received=3, acked=3), Counter[str]()
+    assert take(record, 2, counts) == STALE
+    assert (record.received, record.acked, counts) == (3, 3, {"stale_frames": 2})
 
 
 @pytest.mark.parametrize("phase", [Phase.SYNCING, Phase.SYNCED])
@@ -125,11 +130,11 @@ def test_routing_messages_from_a_reachable_sender_are_taken_the_first_run_at_onc
     """From a reachable sender they are taken and counted; the first since the last
     acknowledgement says so (acknowledged at once), later ones do not, until the count
     is acknowledged again."""
-    record = Neighbour(phase=phase, up=True)
-    assert take(record, 2) == FIRST and record.received == 2
-    assert take(record, 1) == TAKEN and record.received == 3
+    record, counts = Neighbour(phase=phase, up=True), Counter[str]()
+    assert take(record, 2, counts) == FIRST and record.received == 2
+    assert take(record, 1, counts) == TAKEN and record.received == 3
     acknowledgement(record, withheld=False)
-    assert take(record, 1) == FIRST and record.received == 4
+    assert take(record, 1, counts) == FIRST and record.received == 4 and not counts
 
 
 def test_an_acknowledgement_counts_only_for_the_incarnation_it_names() -> None:

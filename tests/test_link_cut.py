@@ -23,7 +23,7 @@ from octopis.core.codec import Hello, Resent, Synced, decode_body, encode_body
 from octopis.core.custody import resent, took
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbour
-from octopis.core.node import BrokerNode, Resend
+from octopis.core.node import BrokerNode, HandedShare, Resend
 from octopis.failure_schedule import Failure
 from octopis.sim import Simulator
 from octopis.sim.custody import LinkCustody
@@ -159,12 +159,9 @@ def _process(end: str, acknowledged: int) -> tuple[list[str], int, int, int]:
                         liveness.output.resend(action.link, loop.time())
                     elif type(action) is Forward:
                         put(action.message)
-
-            def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
-                actions, handed = node.neighbour_met(neighbour, incarnation, restarted)
-                for action in actions:
-                    put(action.message)
-                return Synced(handed.entries, handed.complete, False, handed.predecessor)
+                    elif type(action) is HandedShare:  # a neighbour met (BrokerNode.meet)
+                        synced = Synced(action.entries, action.complete, False, False)
+                        liveness.output.send_synced(action.link, synced, loop.time())
 
         async def took(count: int) -> bool:
             while await pull.poll(0):

@@ -19,8 +19,9 @@ import pytest
 from shell_checks import SHELLS, in_shells, strings_holding
 from test_layers import PACKAGE
 
-from octopis.core import make_broker
-from octopis.core.custody import Custody, PublishReceipt
+from octopis.core import SubState, Unsubscribe, make_broker
+from octopis.core.answer import COMMIT_DELAY, PIPELINE_DELAY, CommitWaits, commit_refused
+from octopis.core.custody import Custody, PublishReceipt, Unanswered
 from octopis.core.neighbours import Neighbours
 from octopis.core.node import BrokerNode
 from octopis.core.relinking import leaving_busy
@@ -54,7 +55,7 @@ def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_dra
     process's queue and custody, the simulator's links in flight and custody): a link
     that leaves while it carries anything refuses the whole view, naming it, and nothing
     changes; a link that stays may carry; once the leaving one drained, the view is
-    taken."""
+    taken, and what was held for the neighbour that left is dropped and counted."""
     smaller = remove_region(FIG2, "f")  # fig2's f is a leaf next to e
     node = BrokerNode(make_broker(FIG2, "e:0", "snr", covering="off"), 100)
     view, clusters = smaller.brokers["e:0"], smaller.clusters
@@ -64,7 +65,9 @@ def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_dra
         node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0))
     assert "f:0" in node.neighbours and "f:0" in node.core.neighbour_ids
     carried["f:0"] = 0
-    assert node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0)) == 0
+    node.link_down("f:0", [Unsubscribe("s#1", SubState.PRIMARY)])  # held while it was down
+    assert node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0)) == 1
+    assert node.counts()["relink.held_dropped"] == 1
     assert "f:0" not in node.neighbours and "f:0" not in node.core.neighbour_ids
 
 
@@ -76,9 +79,11 @@ node by both: what a RESENT's receiver takes, stale from a sender that is not re
 session (the process once read its link's greeting, the simulator ``declared_down``) is
 now asked by the node's heal itself (``BrokerNode.heard``)."""
 
-REFUSAL_WORDS = ("still carry",)
+REFUSAL_WORDS = ("still carry", "links.resent_dropped", "stale_frames", "relink.held_dropped")
 """Words of the node's relink refusal (``octopis.core.relinking``): a shell that writes
-them refuses on its own."""
+them refuses on its own; and the counts of routing messages dropped as taken before or
+stale, which ``resent_taken`` and ``take`` keep, and of those a relink drops, which
+``BrokerNode.relink`` keeps (both shells once counted them from the rules' verdicts)."""
 
 
 def link_rule_calls(path: Path) -> set[str]:
@@ -101,8 +106,8 @@ def refusal_copies(path: Path) -> list[str]:
 
 
 def test_both_shells_take_the_link_rules_from_the_node() -> None:
-    """Each shell calls every rule of :data:`LINK_RULES` and words no relink refusal of
-    its own (read from the AST)."""
+    """Each shell calls every rule of :data:`LINK_RULES`, words no relink refusal of its
+    own and counts no stale or resent messages itself (read from the AST)."""
     for shell in SHELLS:
         calls = set().union(*map(link_rule_calls, (PACKAGE / shell).glob("*.py")))
         assert calls == LINK_RULES, shell
@@ -118,9 +123,17 @@ def test_the_link_rule_checks_can_fail(tmp_path: Path) -> None:
         "        resent_taken(table, 'n')\n"
         "    relink(broker, data)\n"
         "    raise ValueError(f'{broker}: the links still carry {data}')\n"
+        "    counts['links.resent_dropped'] += dropped\n"
+        "    self.failure_counts['stale_frames'] += 1\n"
+        "    broker.counters['relink.held_dropped'] += dropped\n"
     )
     assert link_rule_calls(path) == {"resent_taken"}
-    assert refusal_copies(path) == ["shell.py:6 still carry"]
+    assert sorted(refusal_copies(path)) == [
+        "shell.py:6 still carry",
+        "shell.py:7 links.resent_dropped",
+        "shell.py:8 stale_frames",
+        "shell.py:9 relink.held_dropped",
+    ]
 
 
 def condition_reads(path: Path) -> Iterator[ast.AST]:
@@ -171,6 +184,31 @@ def test_the_serving_check_can_fail(tmp_path: Path) -> None:
         "shell.py:5 serving",
         "shell.py:6 serving",
     ]
+
+
+def test_a_publication_is_awaited_only_while_its_connection_waits_for_no_other() -> None:
+    """A connection's publication taken while none of it is unanswered is alone (awaited)
+    until another comes before its answer (its publisher pipelines); one that keeps no
+    copy is answered at once and never unanswered. The store commits at once, at an idle
+    pass's end, only while an awaited one waits (``CommitWaits.delay``), and its commit
+    settles every receipt that waited for it, refused if the disk refused."""
+    answers: list[int] = []
+    unanswered, waits = Unanswered(), CommitWaits()
+    first = unanswered.receipt(lambda: answers.append(0))
+    assert first.alone and not unanswered.waits(first) and unanswered.count == 0
+    first = unanswered.receipt(lambda: answers.append(1))
+    waits.kept(first)
+    assert unanswered.waits(first) and unanswered.count == 1
+    assert waits.delay(1, idle=True) == 0.0 and waits.delay(1, idle=False) == COMMIT_DELAY
+    second = unanswered.receipt(lambda: answers.append(2))
+    waits.kept(second)
+    assert unanswered.waits(second) and unanswered.count == 2
+    assert not first.alone and not second.alone
+    assert waits.delay(2, idle=True) == PIPELINE_DELAY
+    waits.committed("the disk is full")
+    assert answers == [1, 2] and unanswered.count == 0
+    assert second.refusal == commit_refused("the disk is full")
+    assert unanswered.receipt(lambda: None).alone
 
 
 def test_a_confirm_waits_for_every_kept_copy_and_the_store_and_says_its_refusal() -> None:

@@ -17,7 +17,7 @@ from octopis.core.codec import Hello, Synced, encode_body
 from octopis.core.custody import Custody, PublishReceipt
 from octopis.core.lst import LinkStatusTable
 from octopis.core.neighbours import Neighbours
-from octopis.core.node import BrokerNode
+from octopis.core.node import BrokerNode, HandedShare
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Predicate, Subscription
 from octopis.logs import RateLimitedLog
@@ -615,15 +615,17 @@ def test_a_neighbour_met_first_gets_what_waited_for_it_in_the_order_it_was_sent(
         def put(message: object) -> None:
             link.put([broker.encode(), encode_body(message), DATA], loop.time())
 
-        class Events:  # what Broker.link_down and neighbour_met ask of the node
+        class Events:  # what Broker.link_down and execute ask of the node
             def link_down(self, neighbour: str, queued: list[list], sent=()) -> None:
                 assert node.link_down(neighbour, queued, _read, sent) == []
 
-            def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
-                actions, handed = node.neighbour_met(neighbour, incarnation, restarted)
+            def execute(self, actions: list) -> None:  # the hand-over (BrokerNode.meet)
                 for action in actions:
-                    put(action.message)
-                return Synced(handed.entries, handed.complete, False, handed.predecessor)
+                    if type(action) is HandedShare:
+                        synced = Synced(action.entries, action.complete, False, False)
+                        liveness.output.send_synced(action.link, synced, loop.time())
+                    else:
+                        put(action.message)
 
         liveness = _liveness(node, peer, link, lst, Events())
         put(_routed("s1"))  # waits for the handshake

@@ -1,10 +1,11 @@
-"""Eight rules the shells once each wrote apart (issue 55, DESIGN §2): when a neighbour's
+"""Ten rules the shells once each wrote apart (issue 55, DESIGN §2): when a neighbour's
 silence is past the liveness timeout (``Neighbour.silent_past``), when a client's
 fail-over gives up (``client_policy.failover_tries``), which acknowledgements
 backpressure withholds, who moves a neighbour's record, how a copy given back or a
 publication held is routed again, the order of a heal, whether a replay's answer goes to
-anyone, and when a broker that starts serving tells its neighbours. Read from the AST,
-with a shell written with a copy of each to show each check failing."""
+anyone, when a broker that starts serving tells its neighbours, how a new incarnation is
+met, and what becomes of what a link gave back. Read from the AST, with a shell written
+with a copy of each to show each check failing."""
 
 from __future__ import annotations
 
@@ -118,16 +119,21 @@ hand-over; the simulator handed over first. And the steps of a share heard, whic
 then ``synced``, then ``neighbour_serving`` themselves)."""
 
 
-def heal_steps(path: Path) -> list[str]:
-    """Every call in ``path``'s code of a :data:`HEAL_STEPS` step: a shell ordering a
-    heal itself."""
+def _steps_called(path: Path, steps: frozenset[str]) -> list[str]:
+    """Every call in ``path``'s code of a method named in ``steps``."""
     return [
         f"{path.name}:{node.lineno} {node.func.attr}()"
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
-        and node.func.attr in HEAL_STEPS
+        and node.func.attr in steps
     ]
+
+
+def heal_steps(path: Path) -> list[str]:
+    """Every call in ``path``'s code of a :data:`HEAL_STEPS` step: a shell ordering a
+    heal itself."""
+    return _steps_called(path, HEAL_STEPS)
 
 
 def unanswered_checks(path: Path) -> list[str]:
@@ -176,6 +182,44 @@ def serving_told_first(path: Path) -> list[str]:
     return found
 
 
+MEETING_STEPS = frozenset({"met", "neighbour_met"})
+"""The steps of a new incarnation met that only :meth:`BrokerNode.meet` orders: its
+session starts again, its link gives back (the shell's part), then the hand-over. Both
+shells once asked ``Neighbours.met`` and then ``neighbour_met`` themselves, the process
+around its HELLO, the simulator around its handshake."""
+
+
+def meeting_steps(path: Path) -> list[str]:
+    """Every call in ``path``'s code of a :data:`MEETING_STEPS` step: a shell ordering a
+    handshake with a new incarnation itself."""
+    return _steps_called(path, MEETING_STEPS)
+
+
+def given_back_steps(path: Path) -> list[str]:
+    """Every call in ``path``'s code of ``route_again``, or of ``link_down`` on a node
+    (``node``, ``x.node``, ``nodes[...]``): a shell ordering itself what a link gave back,
+    where :meth:`BrokerNode.given_back` holds it and routes the copies again (both shells
+    once called ``link_down``, then ``route_again`` on what it returned). A replay
+    round's or a broker's own ``link_down`` is not the node's."""
+
+    def node(expr: ast.AST) -> bool:
+        if isinstance(expr, ast.Subscript):
+            expr = expr.value
+        name = expr.attr if isinstance(expr, ast.Attribute) else getattr(expr, "id", "")
+        return name in ("node", "nodes")
+
+    return [
+        f"{path.name}:{call.lineno} {call.func.attr}()"
+        for call in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and (
+            call.func.attr == "route_again"
+            or (call.func.attr == "link_down" and node(call.func.value))
+        )
+    ]
+
+
 DRIFT_CHECKS = (
     silence_copies,
     give_up_copies,
@@ -185,13 +229,15 @@ DRIFT_CHECKS = (
     heal_steps,
     unanswered_checks,
     serving_told_first,
+    meeting_steps,
+    given_back_steps,
 )
-"""The checks of eight rules the shells once each wrote apart: when a silence is past
+"""The checks of ten rules the shells once each wrote apart: when a silence is past
 ``links.down_after``, when a simulated client's fail-over ends, what count an
 acknowledgement carries under backpressure, who moves a neighbour's record, how a copy
 given back or a publication held is routed and its receipt counted, the order of a
-heal, whether a replay's answer goes to anyone, and when neighbours hear a broker
-serves."""
+heal, whether a replay's answer goes to anyone, when neighbours hear a broker
+serves, the steps of meeting a new incarnation and of what a link gave back."""
 
 
 @pytest.mark.parametrize("check", DRIFT_CHECKS)
@@ -240,6 +286,10 @@ DRIFT_COPIES = (
     "    for name, state in self.neighbours.items():\n"
     "        self.output.beat(name, state, now, behind_data=True)\n"
     "    self.events.now_serving(served)\n"
+    "    if (restarted := node.neighbours.met(dst, incarnation)) is not None:\n"
+    "        actions, handed = node.neighbour_met(dst, incarnation, restarted)\n"
+    "    copies = self.nodes[src].link_down(dst, given_back, message_of, sent)\n"
+    "    steps = self.node.route_again(dst, copies, view) + rounds.link_down(dst)\n"
 )
 """A shell with a copy of each: the checks of :data:`DRIFT_CHECKS` find them."""
 
@@ -271,6 +321,11 @@ DRIFT_COPIES = (
         ),
         (unanswered_checks, ["shell.py:24 requester is None", "shell.py:25 requester is None"]),
         (serving_told_first, ["shell.py:31 beat() before its steps"]),
+        (meeting_steps, ["shell.py:33 met()", "shell.py:34 neighbour_met()"]),
+        (
+            given_back_steps,
+            ["shell.py:17 link_down()", "shell.py:35 link_down()", "shell.py:36 route_again()"],
+        ),
     ],
 )
 def test_the_drift_checks_can_fail(

@@ -1,6 +1,7 @@
 """The shells keep no copy of the replay and retention rules (issue 55, DESIGN §2): neither
 looks up whom a replay's answers go to, nor writes what the publisher of a failed commit
-is told; each check read from the AST, with a check of the checker that shows it failing."""
+is told, nor decides when a confirm is awaited or how a commit settles it; each check
+read from the AST, with a check of the checker that shows it failing."""
 
 from __future__ import annotations
 
@@ -100,7 +101,46 @@ def test_the_shell_texts_check_can_fail(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize("check", [replay_copies, shell_texts])
+AWAITED_RULES = frozenset({"alone", "commit_delay", "refuse"})
+"""When a publication is awaited (``PublishReceipt.alone``, which a connection's
+``Unanswered`` sets and clears), when a store commits for it (``commit_delay``, asked by
+``CommitWaits.delay``) and what a commit does to the receipts that waited
+(``PublishReceipt.committed``): the process once marked and read ``alone`` and asked
+``commit_delay`` itself, and both shells chose between ``held`` and ``refuse``."""
+
+
+def awaited_rules(path: Path) -> list[str]:
+    """Every name, attribute or keyword in ``path``'s code that is one of
+    :data:`AWAITED_RULES`: a shell deciding itself when a confirm is awaited or how a
+    commit settles it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        name = getattr(node, "attr", getattr(node, "id", getattr(node, "arg", None)))
+        if name in AWAITED_RULES:
+            found.append(f"{path.name}:{node.lineno} {name}")
+    return found
+
+
+AWAITED_COPY = (
+    "def publish(self, connection, receipt, store, idle, refusal):\n"
+    "    '''connection.last_receipt.alone = False, in a docstring, is fine'''\n"
+    "    if connection.unanswered:\n"
+    "        connection.last_receipt.alone = False\n"
+    "    receipt = PublishReceipt(answered, alone=not connection.unanswered)\n"
+    "    delay = commit_delay(store.pending, idle, any(r.alone for r in self._alone))\n"
+    "    receipt.held() if refusal is None else receipt.refuse(refusal)\n"
+)
+"""A shell with the process's old copy of the awaited rule, and the shells' old choice
+between ``held`` and ``refuse`` at a commit."""
+
+
+def test_the_awaited_rules_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "shell.py").write_text(AWAITED_COPY)
+    found = ["4 alone", "5 alone", "6 alone", "6 commit_delay", "7 refuse"]
+    assert sorted(awaited_rules(tmp_path / "shell.py")) == [f"shell.py:{f}" for f in found]
+
+
+@pytest.mark.parametrize("check", [replay_copies, shell_texts, awaited_rules])
 def test_the_shells_keep_no_copy_of_the_replay_and_retention_rules(
     check: Callable[[Path], list[str]],
 ) -> None:
@@ -108,5 +148,6 @@ def test_the_shells_keep_no_copy_of_the_replay_and_retention_rules(
     rounds name the requester, the latest ``limit`` requests of a host remembered), nor
     offers a store's rows to the answer's selection one by one (what a page holds and
     when the reading stops are ``AnswerSelection.choose``'s), nor writes what the
-    publisher of a failed commit is told (``commit_refused``)."""
+    publisher of a failed commit is told (``commit_refused``), nor when a confirm is
+    awaited, when the store commits for it and how its commit settles it."""
     assert in_shells(check) == []

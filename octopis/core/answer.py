@@ -17,7 +17,7 @@ with :func:`note_trimmed`, and a request that reaches past it is told so by
 :func:`trimmed_gaps`: the same gaps from every store. A store whose disk refused a commit
 refuses new publications for a while, by :func:`store_refusal`, and tells the publishers
 of those the commit held what :func:`commit_refused` says; when it commits is
-:func:`commit_delay`'s.
+:func:`commit_delay`'s, over the confirms that wait for it (:class:`CommitWaits`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from math import inf
 from typing import TypeVar
 
+from octopis.core.custody import PublishReceipt
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
 from octopis.defaults import REFUSE_FOR
@@ -91,6 +92,41 @@ def commit_delay(pending: int, idle: bool, awaited: bool) -> float:
     if (idle and awaited) or pending >= COMMIT_ROWS:
         return 0.0
     return COMMIT_DELAY if awaited else PIPELINE_DELAY
+
+
+class CommitWaits:
+    """The confirms that wait for a store's next commit (DESIGN §7, §11): each kept
+    publication's :class:`~octopis.core.custody.PublishReceipt`, and whether one is
+    awaited (its publisher's only unanswered publication, and none of its connection
+    came after it: :attr:`~PublishReceipt.alone`), which brings the commit forward
+    (:func:`commit_delay`)."""
+
+    __slots__ = ("_alone", "_receipts")
+
+    def __init__(self) -> None:
+        self._receipts: list[PublishReceipt] = []
+        self._alone: list[PublishReceipt] = []
+
+    def kept(self, receipt: PublishReceipt) -> None:
+        """The store keeps the publication of ``receipt``: its answer waits for the
+        commit (:meth:`PublishReceipt.keep`)."""
+        receipt.keep()
+        self._receipts.append(receipt)
+        if receipt.alone:
+            self._alone.append(receipt)
+
+    def delay(self, pending: int, idle: bool) -> float:
+        """Within how many seconds the store commits its ``pending`` publications as an
+        input pass ends (``idle``: the input ran dry; :func:`commit_delay`)."""
+        return commit_delay(pending, idle, any(receipt.alone for receipt in self._alone))
+
+    def committed(self, refusal: str | None) -> None:
+        """The commit ended (``refusal``: the disk refused it, why): every receipt that
+        waited for it is held or refused (:meth:`PublishReceipt.committed`)."""
+        receipts, self._receipts, self._alone = self._receipts, [], []
+        reason = None if refusal is None else commit_refused(refusal)
+        for receipt in receipts:
+            receipt.committed(reason)
 
 
 def note_trimmed(trimmed: Trimmed, publisher: str, session: int, seq: int, at: float) -> None:

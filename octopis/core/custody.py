@@ -47,9 +47,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Callable, Sequence
 from operator import itemgetter
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from octopis.core.messages import ProtocolError
 from octopis.core.neighbours import Neighbour
@@ -117,6 +118,48 @@ class PublishReceipt:
         self.copies -= 1
         if self.copies == 0:
             self._answer()
+
+    def committed(self, refusal: str | None) -> None:
+        """The store's commit that was to keep it ended: its copy is held, or, the disk
+        refused (``refusal``, what the publisher is told), :meth:`refuse`."""
+        if refusal is None:
+            self.held()
+        else:
+            self.refuse(refusal)
+
+
+class Unanswered:
+    """A client connection's publications taken and not yet answered (DESIGN §7): how
+    many (:attr:`count`, what ``clients.publish_window`` bounds), and whether a new one
+    is :attr:`~PublishReceipt.alone`. A publication taken while none is unanswered is
+    alone; one taken while another waits makes that one not alone (its publisher
+    pipelines), so the store need not commit at once for it."""
+
+    __slots__ = ("_last", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._last: PublishReceipt | None = None
+
+    def receipt(self, answer: Callable[[], None]) -> PublishReceipt:
+        """The receipt of a publication taken now, whose ``answer`` is sent when it is
+        held (then it is no longer unanswered)."""
+        if self._last is not None and self.count:
+            self._last.alone = False
+
+        def answered() -> None:
+            self.count -= 1
+            answer()
+
+        return PublishReceipt(answered, alone=not self.count)
+
+    def waits(self, receipt: PublishReceipt) -> bool:
+        """Whether ``receipt``, its publication routed, waits for its answer (it is
+        unanswered until then); else the shell answers at once."""
+        if receipt.waits:
+            self.count += 1
+            self._last = receipt
+        return receipt.waits
 
 
 class Custody:
@@ -275,15 +318,16 @@ STALE, TAKEN, FIRST = range(3)
 stale; taken; taken, the first since the last acknowledgement."""
 
 
-def take(record: Neighbour, count: int) -> int:
+def take(record: Neighbour, count: int, counts: Counter[str]) -> int:
     """The receiver's rule for ``count`` routing messages from the neighbour of ``record``,
     the one both shells carry out (DESIGN §7): :data:`STALE` unless the neighbour is
     :attr:`~Neighbour.reachable` (down, or its handshake has not named this incarnation of
-    ours: they were meant for an earlier process, and are dropped and counted as
-    ``stale_frames`` rather than replayed into an empty table); else they are taken
-    (:func:`took`), :data:`FIRST` when they are the first since the last acknowledgement
-    (acknowledged at once), :data:`TAKEN` otherwise."""
+    ours: they were meant for an earlier process, and are dropped and counted in
+    ``counts`` as ``stale_frames`` rather than replayed into an empty table); else they
+    are taken (:func:`took`), :data:`FIRST` when they are the first since the last
+    acknowledgement (acknowledged at once), :data:`TAKEN` otherwise."""
     if not record.reachable:
+        counts["stale_frames"] += count
         return STALE
     return FIRST if took(record, count) else TAKEN
 
@@ -314,28 +358,23 @@ def resent(record: Neighbour, numbered: int, numbers: list[int]) -> list[bool]:
     return [number > taken for number in numbers]
 
 
-class ResentTaken(NamedTuple, Generic[T]):
-    """What a receiver makes of a RESENT (:func:`resent_taken`): the messages it takes, in
-    order; those it had taken before (``links.resent_dropped``); and those it drops as
-    stale, all of them when the sender is not :attr:`~Neighbour.reachable` (down, or its
-    handshake has not named us: they were meant for an earlier session, ``stale_frames``)."""
-
-    taken: list[T]
-    dropped: int
-    stale: int
-
-
 def resent_taken(
-    record: Neighbour, numbered: int, messages: Sequence[tuple[int, T]]
-) -> ResentTaken[T]:
+    record: Neighbour, numbered: int, messages: Sequence[tuple[int, T]], counts: Counter[str]
+) -> list[T]:
     """The messages of a RESENT (``(number, message)`` pairs, :func:`resent`) that the
-    receiver takes, in order, and how many it drops: the rule both shells carry out.
-    From a sender that is not reachable, none is taken and the counts stay as they were."""
-    if not record.reachable:
-        return ResentTaken([], 0, len(messages))
-    takes = resent(record, numbered, [number for number, _ in messages])
-    taken = [message for (_, message), take in zip(messages, takes, strict=True) if take]
-    return ResentTaken(taken, len(messages) - len(taken), 0)
+    receiver takes, in order: the rule both shells carry out. Those it drops are counted
+    in ``counts``: taken before (``links.resent_dropped``), or stale, all of them, when
+    the sender is not :attr:`~Neighbour.reachable` (down, or its handshake has not named
+    us: they were meant for an earlier session, ``stale_frames``; the count of what was
+    taken from it stays as it was)."""
+    taken: list[T] = []
+    if record.reachable:
+        takes = resent(record, numbered, [number for number, _ in messages])
+        taken = [message for (_, message), take in zip(messages, takes, strict=True) if take]
+    stale = 0 if record.reachable else len(messages)
+    counts["links.resent_dropped"] += len(messages) - len(taken) - stale
+    counts["stale_frames"] += stale
+    return taken
 
 
 def counts_for(names: int, incarnation: int) -> bool:

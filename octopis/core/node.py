@@ -194,8 +194,9 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         """Take this broker's view in a new topology version (DESIGN §9): the core takes
         the new neighbours and cluster count, a neighbour that joined is new (last heard
         ``now``), and what was held for or owed to a neighbour that left is dropped
-        (returned: how many messages). Refused with :class:`ValueError`, nothing changed,
-        when :func:`~octopis.core.relinking.refuse_relink` refuses (BID, DNR with
+        (returned: how many messages, counted ``relink.held_dropped``). Refused with
+        :class:`ValueError`, nothing changed, when
+        :func:`~octopis.core.relinking.refuse_relink` refuses (BID, DNR with
         advertisements, a leaving link that still ``carrying`` something) or while the
         core still routes over a leaving link (move its subscribers first)."""
         core = self.core
@@ -212,7 +213,9 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         for neighbour in ids:
             if self.neighbours.get(neighbour) is None:
                 self.neighbours.add(neighbour, now)
-        return sum(self.recovery.forget(neighbour) for neighbour in sorted(gone))
+        dropped = sum(self.recovery.forget(neighbour) for neighbour in sorted(gone))
+        self.counters["relink.held_dropped"] += dropped
+        return dropped
 
     def client_gone(
         self, key: str, heard: float, durables: Durables | None

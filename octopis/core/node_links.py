@@ -77,6 +77,15 @@ class Resend:
     link: str
 
 
+class Met(NamedTuple):
+    """A new incarnation of a neighbour met (:meth:`NeighbourLinks.meet`): whether it
+    restarted (an earlier one was known); the ``actions`` that hand it our state, the
+    :class:`HandedShare` (its SYNCED) last."""
+
+    restarted: bool
+    actions: list[Action | HandedShare]
+
+
 class Heard(NamedTuple):
     """What a sign of life from a neighbour does (:meth:`NeighbourLinks.heard`): ``back``,
     it was down; the ``actions`` to carry out, in order."""
@@ -194,6 +203,17 @@ class NeighbourLinks:
             actions += self.neighbour_serving(neighbour)
         return Heard(back, actions)
 
+    def given_back(
+        self, neighbour: str, items: Given, sent: Given, view: LinkView, read: Read, receipts: Read
+    ) -> Iterator[Step]:
+        """What the link to ``neighbour`` gave back (``items`` and ``sent``, as
+        :meth:`link_down` takes them, ``read`` giving an item's message), the step both
+        shells take: held or dropped now, then the copies routed again around
+        ``neighbour`` by ``view``, one step each, as the shell asks, with the receipt
+        ``receipts`` gives (:meth:`route_again`)."""
+        copies = self.link_down(neighbour, items, read, sent)
+        return self.route_again(neighbour, copies, view, read, receipts)
+
     def route_again(
         self,
         neighbour: str,
@@ -237,6 +257,21 @@ class NeighbourLinks:
                 actions.append(HandedShare(neighbour, 0, False, True))
         self.recovery.asked_after_heal.add(neighbour)
         return actions
+
+    def meet(self, neighbour: str, incarnation: int, give_back: Callable[[], object]) -> Met | None:
+        """A handshake or heartbeat from ``neighbour`` carrying ``incarnation``, the step
+        both shells take (DESIGN §7): None if that incarnation is known. Else a new one
+        (its first, or a restart; :meth:`Neighbours.met` starts its session again): first
+        the shell's ``give_back`` runs (its link gives back what waited for the handshake
+        and what the predecessor was sent and did not acknowledge, :meth:`link_down` with
+        ``sent``, then :meth:`route_again`; the process then queues its HELLO ahead of
+        all), then the shell carries out the hand-over of :meth:`neighbour_met`."""
+        restarted = self.neighbours.met(neighbour, incarnation)
+        if restarted is None:
+            return None
+        give_back()
+        actions, handed = self.neighbour_met(neighbour, incarnation, restarted)
+        return Met(restarted, [*actions, handed])
 
     def neighbour_met(
         self, neighbour: str, incarnation: int, restarted: bool

@@ -346,9 +346,7 @@ class CustodyEvents:
         if self.failures.broken(src, broker):
             return
         record = self.nodes[broker].neighbours[src]
-        taken, dropped, stale = resent_taken(record, message.numbered, message.messages)
-        self.failure_counts["links.resent_dropped"] += dropped
-        self.failure_counts["stale_frames"] += stale
+        taken = resent_taken(record, message.numbered, message.messages, self.failure_counts)
         for copy in taken:
             self._dispatch(broker, self._take(broker, src, copy))
         if owed(record):
@@ -374,13 +372,11 @@ class CustodyEvents:
 
     def _takes(self, broker: str, src: str) -> bool:
         """Whether ``broker`` takes a routing message from ``src``, as the node's rule says
-        (:func:`~octopis.core.custody.take`): a stale one is counted; the first since its
-        last acknowledgement is acknowledged at once."""
+        (:func:`~octopis.core.custody.take`, which counts a stale one); the first since
+        its last acknowledgement is acknowledged at once."""
         record = self.nodes[broker].neighbours[src]
-        verdict = take(record, 1)
-        if verdict == STALE:
-            self.failure_counts["stale_frames"] += 1
-        elif verdict == FIRST:
+        verdict = take(record, 1, self.failure_counts)
+        if verdict == FIRST:
             self._acknowledge(broker, src, record)
         return verdict != STALE
 

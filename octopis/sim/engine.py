@@ -273,10 +273,7 @@ class Simulator(
         receipt.keep()  # the store's copy, held at its commit (below: a simulated one is at once)
         if actions is not None:  # else held: answered once routed (:meth:`_check_serving`)
             self._dispatch(broker, actions, receipt)
-        if refusal is None:
-            receipt.held()
-        else:
-            receipt.refuse(refusal)
+        receipt.committed(refusal)
         return publisher, seq
 
     # -- time ----------------------------------------------------------------------------

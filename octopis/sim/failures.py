@@ -56,6 +56,7 @@ from the start of publishing).
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from typing import Any
 
 from octopis.accounting import failure_counts, host_split
@@ -353,10 +354,8 @@ class FailureEvents(CutLinks, CustodyEvents):
         self._replay_link_down(src, dst)
         custody = self.failures.custody  # type: ignore[union-attr]
         given_back, sent = custody.take_back(src, dst), custody.give_up(src, dst) if met else []
-        node = self.nodes[src]
-        copies = node.link_down(dst, given_back, message_of, sent)
-        for actions, receipt in node.route_again(
-            dst, copies, self._view(src), message_of, receipt_of
+        for actions, receipt in self.nodes[src].given_back(
+            dst, given_back, sent, self._view(src), message_of, receipt_of
         ):
             self._dispatch(src, actions, receipt)
 
@@ -430,30 +429,32 @@ class FailureEvents(CutLinks, CustodyEvents):
 
     def _meet(self, a: str, b: str) -> None:
         """The handshake of ``a`` and ``b`` over their link: each node meets the other's
-        incarnation (a new one for a neighbour that knew an earlier is a restart), hears
-        its HELLO (naming the incarnation it knows of us, :meth:`Neighbours.handshake`)
-        and hands it its state, its SYNCED behind (:meth:`BrokerNode.neighbour_met`);
-        then each hears the other's first heartbeat (:meth:`_heard`). Both HELLOs go over
-        before either hands anything: each starts its link's numbering again, which the
-        messages handed after it take up (the process's HELLO leads its link's queue)."""
-        incarnation = self.brokers.incarnation
-        met = [
-            (src, dst, restarted)
-            for src, dst in ((a, b), (b, a))
-            if (restarted := self.nodes[src].neighbours.met(dst, incarnation[dst])) is not None
-        ]
+        incarnation (:meth:`BrokerNode.meet`: a new one for a neighbour that knew an
+        earlier is a restart; its link gives back first, :meth:`_give_back`); each that
+        met a new one hears its HELLO (naming the incarnation it knows of us,
+        :meth:`Neighbours.handshake`), then carries out the node's hand-over, its SYNCED
+        behind; then each hears the other's first heartbeat (:meth:`_heard`). Both HELLOs
+        go over before either hands anything: each starts its link's numbering again,
+        which the messages handed after it take up (the process's HELLO leads its link's
+        queue)."""
+        incarnation, pairs = self.brokers.incarnation, ((a, b), (b, a))
+        met = {
+            src: self.nodes[src].meet(
+                dst, incarnation[dst], partial(self._give_back, src, dst, True)
+            )
+            for src, dst in pairs
+        }
         custody = self.failures.custody  # type: ignore[union-attr]
-        for src, dst, _ in met:
-            names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
-            self.nodes[src].neighbours.handshake(dst, names, incarnation[src])
-            custody.greeted(dst, src)
-        for src, dst, restarted in met:
-            node = self.nodes[src]
-            self._give_back(src, dst, met=True)  # what waited for it: the node hands it
-            node.neighbours.heard(dst, self.now)
-            actions, handed = node.neighbour_met(dst, incarnation[dst], restarted)
-            self._dispatch(src, [*actions, handed])
-        for src, dst in ((a, b), (b, a)):
+        for src, dst in pairs:
+            if met[src] is not None:
+                names = self.nodes[dst].neighbours[src].incarnation  # what dst's HELLO says
+                self.nodes[src].neighbours.handshake(dst, names, incarnation[src])
+                custody.greeted(dst, src)
+        for src, dst in pairs:
+            if (step := met[src]) is not None:
+                self.nodes[src].neighbours.heard(dst, self.now)
+                self._dispatch(src, step.actions)
+        for src, dst in pairs:
             self._heard(src, dst, self.nodes[dst].serving)
 
     def _met(self, a: str, b: str) -> bool:

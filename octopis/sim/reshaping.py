@@ -45,12 +45,10 @@ class Reshaping:
         for broker, gone in leaving.items():  # asked of every broker before any changes
             refuse_relink(self.cores[broker], gone, partial(self._carrying, broker))
         relinked = [b for b in scot.brokers if b in leaving]
-        dropped = [
+        for b in relinked:
             self.nodes[b].relink(
                 scot.brokers[b], scot.clusters, self.now, partial(self._carrying, b)
             )
-            for b in relinked
-        ]
         events = self.events
         state = self._failure_state()
         for broker in removed:
@@ -58,8 +56,7 @@ class Reshaping:
             self.failure_counts.update(node.counts())
             events.remove(broker)
             state.custody.forget(broker, {})  # nothing in flight: nothing kept nor waiting
-        for broker, held in zip(relinked, dropped, strict=True):
-            self.failure_counts["relink.held_dropped"] += held
+        for broker in relinked:
             for gone in set(old.graph[broker]) - set(scot.graph[broker]):
                 events.drop_link(broker, gone)
                 state.custody.drop(broker, gone)

@@ -238,21 +238,20 @@ class Broker:
         """The routing frames the link to ``neighbour`` gave back (custody's, then those
         that never left; ``sent``: those pending for a predecessor of it): the node holds
         or drops each, and the notifications it returns are routed again with the link
-        down (:meth:`BrokerNode.link_down`, DESIGN §7)."""
+        down (:meth:`BrokerNode.given_back`, DESIGN §7)."""
         self.replaying.link_down(neighbour)
-        kept = self.node.link_down(neighbour, queued, message_of, sent)
-        if not kept:
-            return
-        log.warning(
-            "%s: routing %d notifications meant for %s again (link down)",
-            self.id,
-            len(kept),
-            neighbour,
-        )
-        for actions, receipt in self.node.route_again(
-            neighbour, kept, self.lst, message_of, receipt_of
-        ):
+        routed = 0
+        given_back = self.node.given_back(neighbour, queued, sent, self.lst, message_of, receipt_of)
+        for actions, receipt in given_back:
             self.execute(actions, receipt=receipt)
+            routed += 1
+        if routed:
+            log.warning(
+                "%s: routed %d notifications meant for %s again (link down)",
+                self.id,
+                routed,
+                neighbour,
+            )
 
     def now_serving(self, steps: Iterator[Step]) -> None:
         """Route the local publications held while this broker was resyncing; hand the
@@ -267,13 +266,6 @@ class Broker:
             neighbour, synced.entries, synced.complete, synced.wants_share, synced.predecessor
         )
         self.execute(self.node.share_heard(neighbour, handed))
-
-    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
-        """Resync (DESIGN §7): the node's hand-over to a new incarnation of ``neighbour``
-        (:meth:`BrokerNode.neighbour_met`), and what to tell it after."""
-        actions, handed = self.node.neighbour_met(neighbour, incarnation, restarted)
-        self.execute(actions)
-        return Synced(handed.entries, handed.complete, handed.wants_share, handed.predecessor)
 
     # -- what client sessions ask ----------------------------------------------------------
 

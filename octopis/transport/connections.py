@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from octopis.core import Action, Notification
 from octopis.core.client_requests import RequestRefused
 from octopis.core.composite_hosting import HostedComposites
-from octopis.core.custody import PublishReceipt
+from octopis.core.custody import PublishReceipt, Unanswered
 from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
 from octopis.core.sessions import Liveness, interests, order_move
@@ -80,7 +80,7 @@ class ClientSession:
     """One client session (a DEALER connection as the broker sees it): its clients and
     their subscriptions, backlog."""
 
-    __slots__ = ("backlog", "delivered", "keys", "last_receipt", "overflowed", "unanswered")
+    __slots__ = ("backlog", "delivered", "keys", "overflowed", "unanswered")
 
     def __init__(self) -> None:
         self.keys: set[str] = set()
@@ -88,11 +88,8 @@ class ClientSession:
         self.backlog: deque[list[bytes]] | None = None
         self.overflowed = 0
         """Deliveries dropped (drop-oldest policy) and not yet reported to the client."""
-        self.unanswered = 0
+        self.unanswered = Unanswered()
         """Publications accepted and not yet answered (their copies not yet held)."""
-        self.last_receipt = PublishReceipt(lambda: None)
-        """The receipt of the last publication that waited for its answer: the next one
-        taken before that answer says its publisher pipelines (it was not ``alone``)."""
         self.delivered: Counter[str] = Counter()
         """Client name → notifications delivered to it (its share of the load)."""
 

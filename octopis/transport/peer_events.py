@@ -32,16 +32,13 @@ class PeerEvents(Protocol):
         """``neighbour`` went silent or restarted; ``queued`` frames never reached it.
         Also at a heal, before the node's hand-over (:meth:`BrokerNode.heard`), with the
         routing frames put on its link while it was down (no replay round waits for a
-        neighbour that is down), and at a handshake, before :meth:`neighbour_met`, with
-        those that waited for it and the ones ``sent`` to its predecessor without an
-        acknowledgement."""
+        neighbour that is down), and at a handshake with a new incarnation
+        (:meth:`BrokerNode.meet`), with those that waited for it and the ones ``sent`` to
+        its predecessor without an acknowledgement."""
 
     def execute(self, actions: list[Any]) -> None:
-        """Carry out the node's ``actions`` (a frame heard: :meth:`BrokerNode.heard`)."""
-
-    def neighbour_met(self, neighbour: str, incarnation: int, restarted: bool) -> Synced:
-        """A new incarnation of ``neighbour`` (its first, or a restart): hand it our state
-        (queued behind the handshake); returns what to tell it we handed over."""
+        """Carry out the node's ``actions`` (a frame heard: :meth:`BrokerNode.heard`; a
+        neighbour met: :meth:`BrokerNode.meet`)."""
 
     def synced(self, neighbour: str, synced: Synced) -> None:
         """``neighbour`` has handed us its share (whole or not) and says whether it

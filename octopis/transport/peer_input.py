@@ -241,9 +241,9 @@ class PeerInput:
         failure before routing took any would repeat: the notifications left are then
         counted as internal errors and dropped."""
         self.neighbours.heard(sender, now)  # a sign of life (up: no news)
-        verdict = take(state, len(run))
+        verdict = take(state, len(run), self.counters)
         if verdict == STALE:
-            self._stale(sender, len(run))
+            self._stale(sender)
             return
         if verdict == FIRST:
             self.output.acknowledge_first(sender, state, now)
@@ -298,15 +298,14 @@ class PeerInput:
         if kind is Resent:
             self._resent(sender, state, message, now)  # type: ignore[arg-type]
             return
-        if take(state, 1) == STALE:
-            self._stale(sender, 1)
+        if take(state, 1, self.counters) == STALE:
+            self._stale(sender)
             return
         self.events.peer_message(sender, message, body, now)
 
-    def _stale(self, sender: str, count: int) -> None:
-        """Count and log ``count`` routing bodies from ``sender`` the node's rule dropped
-        as stale."""
-        self.counters["stale_frames"] += count
+    def _stale(self, sender: str) -> None:
+        """Log routing bodies from ``sender`` the node's rule dropped (and counted) as
+        stale."""
         self._warn.warning(
             "stale", "%s dropped a frame from %s sent before its handshake with us", self.id, sender
         )
@@ -316,10 +315,7 @@ class PeerInput:
         the bodies the node's rule takes go to the broker, in order; the others are
         counted, taken before (``links.resent_dropped``) or stale
         (:func:`~octopis.core.custody.resent_taken`)."""
-        taken, dropped, stale = resent_taken(state, message.numbered, message.messages)
-        self.counters["links.resent_dropped"] += dropped
-        self.counters["stale_frames"] += stale
-        for body in taken:
+        for body in resent_taken(state, message.numbered, message.messages, self.counters):
             try:
                 self.events.peer_message(sender, decode_body_in_full(sender, body), body, now)
             except Exception as exc:

@@ -32,7 +32,7 @@ from octopis.core.codec import Heartbeat, Hello, Synced
 from octopis.core.custody import counts_for
 from octopis.core.neighbours import Neighbour, stall
 from octopis.core.node import BrokerNode
-from octopis.transport.frames import HANDSHAKE, LINK
+from octopis.transport.frames import HANDSHAKE
 from octopis.transport.peer_output import PeerOutput
 
 if TYPE_CHECKING:
@@ -105,22 +105,22 @@ class PeerLiveness:
     def link_message(
         self, sender: str, state: Neighbour, message: Hello | Heartbeat, now: float
     ) -> None:
-        """Handshake and heartbeat: learn incarnations, notice restarts, hear whether the
-        neighbour serves."""
-        restarted = self.neighbours.met(sender, message.incarnation)
-        if restarted is not None:
-            link = self.output.links[sender]
-            if restarted:
-                self._restarted(sender)
-            # What waited for its handshake, and what was sent to a predecessor and not
-            # acknowledged, is the node's to hand on (met first: none was).
+        """Handshake and heartbeat: a new incarnation is the node's step
+        (:meth:`BrokerNode.meet`: its link gives back, our HELLO goes ahead of the
+        hand-over), a HELLO says whether it names us, a heartbeat acknowledges."""
+        link = self.output.links[sender]
+
+        def give_back() -> None:  # routed around it, then our HELLO ahead of the hand-over
+            self.route_through(sender)
             self.events.link_down(sender, link.take_back(now), link.give_up())
-            # Ahead of what the node hands it (what it held first, in order); the resync
-            # state follows.
             hello = Hello(self.incarnation, message.incarnation)
             link.greet(self.output.frame(hello, HANDSHAKE), now)
-            synced = self.events.neighbour_met(sender, message.incarnation, restarted)
-            link.put(self.output.frame(synced, LINK), now)
+
+        met = self.node.meet(sender, message.incarnation, give_back)
+        if met is not None:
+            if met.restarted:
+                self._restarted(sender)
+            self.events.execute(met.actions)
         if type(message) is Hello:
             self.neighbours.handshake(sender, message.peer_incarnation, self.incarnation)
             return
@@ -153,9 +153,8 @@ class PeerLiveness:
             log.warning("%s: link to %s is up again after %.2f s", self.id, sender, state.was_down)
 
     def _restarted(self, sender: str) -> None:
-        """``sender`` runs as a new process: nothing queued for the old one reaches it
-        (its link gives it back, :meth:`link_message`), and it is routed around."""
-        self.route_through(sender)
+        """``sender`` runs as a new process: nothing queued for the old one reached it
+        (its link gave it back, :meth:`link_message`)."""
         self.counters["peer_restarts"] += 1
         log.warning("%s: neighbour %s restarted (new incarnation)", self.id, sender)
 

@@ -98,7 +98,6 @@ def relink(broker: Broker, data: object) -> dict[str, Any]:
     now = broker.loop.time()
     dropped = broker.node.relink(info, view.clusters, now, broker.peers.output.carrying)
     if dropped:  # held while a leaving neighbour was down: a failure during the change
-        broker.counters["relink.held_dropped"] += dropped
         log.warning("%s: %d messages held for neighbours that left dropped", broker.id, dropped)
     broker.info = info
     for neighbour in removed:

@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from octopis.client_policy import LastSeen
-from octopis.core.answer import commit_delay, commit_refused
+from octopis.core.answer import CommitWaits
 from octopis.core.codec import decode_body, encode_body
 from octopis.core.custody import PublishReceipt
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
@@ -134,14 +134,9 @@ class Replaying:
             broker_id, targets, retention.replay_rounds, has_store=self.store is not None
         )
         self._send, self._notify = send, notify
-        self._receipts: list[PublishReceipt] = []
-        """Confirms that wait for the next commit."""
+        self._waits = CommitWaits()
+        """Confirms that wait for the next commit, and when it goes."""
         self._commit_timer: asyncio.TimerHandle | None = None
-        self._alone: list[PublishReceipt] = []
-        """Receipts kept since the last commit that were their publisher's only unanswered
-        publication when taken; one still :attr:`~PublishReceipt.alone` as a pass ends
-        (none of its connection came after it) is awaited: the commit goes when the input
-        is idle."""
 
     def kept(self, n: Notification, body: bytes, receipt: PublishReceipt | None) -> None:
         """A local publication (encoded as ``body``) was accepted: keep it. The store
@@ -150,20 +145,15 @@ class Replaying:
         if self.store is not None:
             self.store.add(n, body, time.time())
             if receipt is not None:
-                receipt.keep()
-                self._receipts.append(receipt)
-                if receipt.alone:
-                    self._alone.append(receipt)
+                self._waits.kept(receipt)
 
     def pass_ended(self, idle: bool) -> None:
         """A client input pass ended (``idle``: the input ran dry): the store commits
-        now or within the delay the node's :func:`~octopis.core.answer.commit_delay`
-        says (an awaited publication brings a later commit forward)."""
+        now or within the delay the node's rule says (:meth:`CommitWaits.delay`)."""
         store = self.store
         if store is None or not store.pending:
             return
-        awaited = any(receipt.alone for receipt in self._alone)
-        delay = commit_delay(store.pending, idle, awaited)
+        delay = self._waits.delay(store.pending, idle)
         if not delay:
             self.commit()
             return
@@ -181,17 +171,13 @@ class Replaying:
             self._commit_timer = None
         if self.store is None or not self.store.pending:
             return
-        receipts, self._receipts = self._receipts, []
-        self._alone = []
+        refusal = None
         try:
             self.store.commit(time.time())
         except RetentionError as exc:
             self._warn.warning("retention", "%s: %s", self.id, exc)
-            for receipt in receipts:
-                receipt.refuse(commit_refused(str(exc)))
-            return
-        for receipt in receipts:
-            receipt.held()
+            refusal = str(exc)
+        self._waits.committed(refusal)
 
     def refusal(self) -> str | None:
         """Why a local publication is refused now (the store's disk refused a commit

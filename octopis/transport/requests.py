@@ -15,7 +15,6 @@ from collections.abc import Callable
 from octopis.core import Notification
 from octopis.core import client_requests as rules
 from octopis.core.client_requests import DurableRequest
-from octopis.core.custody import PublishReceipt
 from octopis.core.durable import claim_of
 from octopis.core.replay import check_replay_filters
 from octopis.core.sessions import check_advertised
@@ -187,9 +186,9 @@ class RequestHandlers:
         problem = stamp_problem(request.seq, float(request.published_at))
         if problem is not None:  # the wire's bounds (decoding)
             raise ClientError(problem)
-        flow, publication = self.outbox.flow, request.publication
+        flow, publication, unanswered = self.outbox.flow, request.publication, connection.unanswered
         publication = rules.admit_publication(
-            flow, publication, len(request.body), connection.unanswered
+            flow, publication, len(request.body), unanswered.count
         )
         key = self._key(identity, connection, request)
         check_advertised(self.router.node.core, key, publication)
@@ -205,16 +204,9 @@ class RequestHandlers:
         self.counters["publications"] += 1
 
         def answered() -> None:
-            connection.unanswered -= 1
             answer = rules.published(request.seq, receipt.refusal)
             self.outbox.send(identity, [pack({**answer, "req": request.req})])
 
-        if connection.unanswered:  # its publisher did not wait for the last one's answer
-            connection.last_receipt.alone = False
-        receipt = PublishReceipt(answered, alone=connection.unanswered == 0)
+        receipt = unanswered.receipt(answered)
         self.router.publish(n, receipt)
-        if not receipt.waits:
-            return rules.published(request.seq)
-        connection.unanswered += 1
-        connection.last_receipt = receipt
-        return None
+        return None if unanswered.waits(receipt) else rules.published(request.seq)
