@@ -445,30 +445,6 @@ async def _wait_serving(endpoint: str) -> None:
         await connection.close()
 
 
-def test_up_and_down_commands(tmp_path: Path) -> None:
-    _, path = prepare_topology(tmp_path / "t", preset="fig2")
-    run_dir = tmp_path / "cluster"
-    up = _octopis(["up", str(path), "--run-dir", str(run_dir)], timeout=180)
-    try:
-        assert up.returncode == 0, up.stderr
-        assert "18 brokers of fig2 up" in up.stdout
-        state = json.loads((run_dir / "cluster.json").read_text())
-        assert len(state["pids"]) == 18
-        again = _octopis(["up", str(path), "--run-dir", str(run_dir)], timeout=60)
-        assert again.returncode == 2 and "exists" in again.stderr
-        status = _octopis(["status", "--run-dir", str(run_dir)], timeout=60)
-        assert status.returncode == 0, status.stderr
-        rows = [line.split() for line in status.stdout.splitlines()[1:]]
-        assert sorted(row[0] for row in rows) == sorted(state["pids"])
-        assert all(row[2] == "yes" and float(row[6]) > 1 for row in rows), status.stdout
-        plan = _octopis(["balance", "plan", "--run-dir", str(run_dir)], timeout=60)
-        assert plan.returncode == 0, plan.stderr
-        assert "plan ldm: 0 moves" in plan.stdout and len(plan.stdout.splitlines()) == 21
-    finally:
-        down = _octopis(["down", "--run-dir", str(run_dir)], timeout=60)
-    assert down.returncode == 0 and "stopped 18 brokers" in down.stdout
-
-
 def test_overlay_commands_on_several_hosts_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     """`up --host` needs the deployment's shared keys and a topology that names hosts;
     `run --attach` needs the overlay's topology. Each refusal says why and starts nothing."""
