@@ -18,13 +18,12 @@ from collections.abc import Iterator
 
 import pytest
 from conditions import accounting, closing_control, mixed_quotes, until
-from conftest import secure_fig2
+from conftest import ready_again, shared_secure_fig2
 
 from octopis.client import Publisher, Subscriber
 from octopis.client.streams import EndOfHistory
 from octopis.cluster.launcher import LocalCluster
 from octopis.filters.language import Publication, parse_subscription
-from octopis.keys import KEYS_ENV
 from octopis.settings import BrokerSettings, Clients
 
 DURABLE_SUBSCRIBER = textwrap.dedent(
@@ -62,24 +61,16 @@ def shared_overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
     every mode); the processes show the stores' SQLite files, the killed client process
     and the killed store's broker, once. Each test names its own clients and durable
     subscriptions and restarts or resumes what it killed or stopped."""
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        settings = BrokerSettings(clients=Clients(timeout=2.0))
-        started = secure_fig2(tmp_path_factory.mktemp("durable-fig2"), monkeypatch, settings)
-        cluster = next(started)
-        monkeypatch.delenv(KEYS_ENV)
-        try:
-            yield cluster
-        finally:
-            started.close()
+    settings = BrokerSettings(clients=Clients(timeout=2.0))
+    yield from shared_secure_fig2(tmp_path_factory, "durable-fig2", settings)
 
 
 @pytest.fixture
 def overlay(shared_overlay: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> LocalCluster:
     """The module's fig2 once every broker is ready again (an earlier test restarted or
-    resumed one), its keys reaching the SDK and the processes it starts ($OCTOPIS_KEYS)."""
-    monkeypatch.setenv(KEYS_ENV, str(shared_overlay.keys_dir))
-    asyncio.run(closing_control(shared_overlay, shared_overlay.wait_ready(60)))
-    return shared_overlay
+    resumed one), its keys reaching the SDK and the processes it starts ($OCTOPIS_KEYS).
+    A durable subscription an earlier test left may still be in the tables."""
+    return ready_again(shared_overlay, monkeypatch, empty=False)
 
 
 class DurableProcess:

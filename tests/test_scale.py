@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 from conditions import accounting, closing_control, until
-from conftest import secure_fig2
+from conftest import ready_again, shared_secure_fig2
 
 from octopis.client import Connection, ConnectionGroup, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
 from octopis.cluster.scale import change_overlay, relink_view
-from octopis.keys import KEYS_ENV, Keys
+from octopis.keys import Keys
 from octopis.settings import BrokerSettings, Links, Routing
 from octopis.topology import Scot, build_preset
 from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
@@ -59,14 +59,7 @@ def shared_roomy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
     SBP (covering off: a new broker's table is checked to hold every subscription); for
     the module."""
     settings = BrokerSettings(links=Links(down_after=3.0), routing=Routing(covering="off"))
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        started = secure_fig2(tmp_path_factory.mktemp("scale-fig2"), monkeypatch, settings, room=10)
-        cluster = next(started)
-        monkeypatch.delenv(KEYS_ENV)
-        try:
-            yield cluster
-        finally:
-            started.close()
+    yield from shared_secure_fig2(tmp_path_factory, "scale-fig2", settings, room=10)
 
 
 @pytest.fixture
@@ -76,14 +69,7 @@ def fig2_roomy(shared_roomy: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> L
     reach the SDK ($OCTOPIS_KEYS)."""
     fig2 = sorted(build_preset("fig2").brokers)
     assert sorted(shared_roomy.scot.brokers) == fig2, "an earlier test left the overlay changed"
-    monkeypatch.setenv(KEYS_ENV, str(shared_roomy.keys_dir))
-
-    async def settled() -> None:
-        await shared_roomy.wait_ready(60)
-        await until(lambda: _held(shared_roomy, 0), "empty tables", 30)
-
-    asyncio.run(closing_control(shared_roomy, settled()))
-    return shared_roomy
+    return ready_again(shared_roomy, monkeypatch)
 
 
 LAST_SIZES: dict[str, object] = {}
