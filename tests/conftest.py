@@ -1,6 +1,7 @@
 """Suite-wide setup: the hypothesis profile (``HYPOTHESIS_PROFILE``, see ``laws.py``), the
 test tiers, the ``line_of`` fixture (three broker processes a:0 – b:0 – c:0 in the clear)
-and :func:`secure_fig2` (fig2's 18 broker processes with keys on), and the ``namespaces``
+and :func:`secure_fig2` (fig2's 18 broker processes with keys on; one a module's tests
+share: :func:`shared_secure_fig2`, :func:`ready_again`), and the ``namespaces``
 fixture (three hosts and a client host in network namespaces on one bridge).
 
 Tiers: a test that starts broker processes (or any OctopiS command as a process) is marked
@@ -23,7 +24,7 @@ from pathlib import Path
 import laws  # noqa: F401  (registers and loads the profile)
 import networkx as nx
 import pytest
-from conditions import closing_control
+from conditions import closing_control, tables_hold, until
 
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
 from octopis.cluster.netns import HOSTS, Namespaces, why_no_namespaces
@@ -116,6 +117,47 @@ def secure_fig2(
         yield cluster
     finally:
         cluster.stop()
+
+
+def shared_secure_fig2(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    settings: BrokerSettings,
+    room: int = 0,
+) -> Iterator[LocalCluster]:
+    """For a module-scoped fixture to yield from: :func:`secure_fig2` (DNR) in a folder
+    ``name`` of its own, shared by the module's tests that take it (in one
+    ``xdist_group``); $OCTOPIS_KEYS stays unset outside them (:func:`ready_again` sets
+    it for a test). Stopped when the module ends."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        started = secure_fig2(tmp_path_factory.mktemp(name), monkeypatch, settings, room=room)
+        cluster = next(started)
+        monkeypatch.delenv(KEYS_ENV)
+        try:
+            yield cluster
+        finally:
+            started.close()
+
+
+def ready_again(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, *, empty: bool = True
+) -> LocalCluster:
+    """A shared fig2 (:func:`shared_secure_fig2`) made ready for the next test: its keys
+    reach the SDK ($OCTOPIS_KEYS), a broker an earlier test killed is started again, and
+    it is returned once every broker is ready and (``empty``) no table holds a
+    subscription of an earlier test."""
+    monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
+    for broker, process in cluster.processes.items():
+        if process.poll() is not None:
+            cluster.spawn_one(broker)
+
+    async def ready() -> None:
+        await cluster.wait_ready(60)
+        if empty:
+            await until(lambda: tables_hold(cluster, 0), "empty tables", 30)
+
+    asyncio.run(closing_control(cluster, ready()))
+    return cluster
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conditions import accounting, closing_control, tables_hold, until
-from conftest import secure_fig2
+from conftest import ready_again, secure_fig2, shared_secure_fig2
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -396,14 +396,27 @@ def test_a_skewed_cluster_balances_inside_itself_first() -> None:
         dynamic_migration(LoadState(brokers, loads, hosts), scheme="sdm")
 
 
+SHARED = pytest.mark.xdist_group("balance-fig2")
+"""The plan of a skewed overlay and the stale move order share one fig2
+(:func:`shared_fig2`) on one worker."""
+
+
+@pytest.fixture(scope="module")
+def shared_fig2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """fig2 with a 30 s load window; moves by adoption inside a cluster: the paper's SBP
+    (covering off). For the module."""
+    settings = BrokerSettings(load=Load(window=30), routing=Routing(covering="off"))
+    yield from shared_secure_fig2(tmp_path_factory, "balance-fig2", settings)
+
+
 @pytest.fixture
-def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    # moves by adoption inside a cluster: the paper's SBP (covering off)
-    yield from secure_fig2(
-        tmp_path, monkeypatch, BrokerSettings(load=Load(window=30), routing=Routing(covering="off"))
-    )
+def fig2(shared_fig2: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> LocalCluster:
+    """:func:`shared_fig2` once every broker is ready and no table holds a subscription
+    of an earlier test."""
+    return ready_again(shared_fig2, monkeypatch)
 
 
+@SHARED
 @pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_a_plan_for_a_skewed_overlay_moves_the_hot_brokers_subscribers_inside_its_cluster(
@@ -603,6 +616,7 @@ async def _measured(cluster: LocalCluster, brokers: tuple[str, ...]) -> bool:
     return all(r is not None and r["deliveries_per_s"] > 0 for r in reports.values())
 
 
+@SHARED
 @pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_a_stale_move_order_is_ignored_and_the_subscriber_keeps_its_subscription(

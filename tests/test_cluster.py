@@ -9,16 +9,21 @@ own node (tests/test_sim.py ``test_snr_laws``, ``test_dnr_laws_under_any_congest
 tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothing``
 [fig2|paper75 × snr|dnr], ``test_up_to_three_failures_while_publishing`` and
 ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``
-[snr|dnr]). So each process-level property here runs in one mode: BID on fig2 (DNR's runs
-are :func:`test_octopis_run_command` and :func:`test_dnr_reacts_to_real_output_queues`;
-clients in worker processes are the killed hosts' run), DNR on paper75 (the kill
-run: 75 processes, exactly once for every subscriber on a live broker; SNR's flood of
-N − 1 messages a subscription is ``test_snr_laws``), SNR for the killed hosts (their
-clients in worker processes; the stall is DNR). Adjacent brokers killed and restarted one
-by one (a restart beside a dead neighbour) is a recovery law on the node
-(tests/test_failures.py ``test_adjacent_restarts_end_with_every_share`` [tree-line, in
-SNR and DNR]); kill -9 and a restarted process's table checked against its neighbours'
-view through the control RPC are the kill runs here.
+[snr|dnr]). So each process-level property here runs in one mode, and a run that only
+scales one up is a law: DNR on fig2 (:func:`test_octopis_run_command`, keys on, with
+the delay split and one SBP each, and :func:`test_dnr_reacts_to_real_output_queues`);
+BID's flood is ``test_generated_workload_json_report`` (tests/test_cli_sim.py) and BID's
+exactly once ``test_bid_laws``; SNR for the killed hosts (their clients in worker
+processes; the stall is DNR). A kill -9 on paper75's 75 processes is not run here: every
+broker of paper75 killed and restarted mid-stream in DNR, viii:2 among them, is
+``test_every_single_failure_while_publishing_loses_nothing[paper75-dnr]``, the restarted
+table against its neighbours' view ``test_restarted_broker_is_resynced_to_its_neighbours_view``
+(paper75, DNR), and what kill -9 itself does to processes (sockets gone, a new incarnation
+resynced through the control RPC, clients failing over) the killed hosts' run here,
+tests/test_client.py ``test_a_subscriber_fails_over_when_its_broker_is_killed`` (DNR) and
+tests/test_faults.py ``[snr-crash]``. Adjacent brokers killed and restarted one by one (a
+restart beside a dead neighbour) is a recovery law on the node (tests/test_failures.py
+``test_adjacent_restarts_end_with_every_share`` [tree-line, in SNR and DNR]).
 """
 
 from __future__ import annotations
@@ -54,9 +59,6 @@ from octopis.topology import Scot, build_preset
 from octopis.workload import HighRatePublisher, Workload, generate_workload
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
-PAPER75_GROUP = pytest.mark.xdist_group("heavy")
-"""The 75-process runs take both cores each: they run one after another on one worker
-(``--dist loadgroup``), with the Spark builds, beside the lighter tests on the others."""
 RAMP = 1.0
 """Seconds every generated publisher starts within (default 5): a failure meets them all."""
 
@@ -87,36 +89,6 @@ def no_leftover_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     assert not left, f"broker processes left behind: {sorted(left)}"
 
 
-def _run(
-    tmp_path: Path,
-    preset: str,
-    mode: str,
-    **sizes: int,
-) -> dict:
-    """A generated workload (publishers starting within the first second) on ``preset``'s
-    processes in ``mode``; the run's report."""
-    run_dir = tmp_path / f"{preset}-{mode}"
-    scot, path = prepare_topology(run_dir, preset=preset)
-    workload = generate_workload(scot, seed=11, rate_per_minute=600, start_window=RAMP, **sizes)
-    options = RunOptions(
-        mode=mode,
-        run_dir=run_dir,
-        settings=BrokerSettings(),
-        progress=False,
-        drain_timeout=20,
-        secure=_affordable_curve(scot),
-    )
-    return WorkloadRun(scot, path, workload, options).run()
-
-
-def _affordable_curve(scot: Scot) -> bool:
-    """CurveZMQ on for fig2-sized overlays; 75 encrypting broker processes on this 2-core
-    machine starved the harness of CPU (clients dropped at their timeout), so the paper75
-    routing and failure tests run in the clear until that cost is measured and met
-    (security itself is tested on fig2, tests/test_security.py)."""
-    return len(scot.brokers) <= 18
-
-
 def _exactly_once(report: dict) -> None:
     assert report["expected_deliveries"] > 0
     assert report["delivered"] == report["expected_deliveries"]
@@ -134,17 +106,6 @@ def _delay_split(report: dict) -> None:
     assert overlay["p50"] > 0 and client["p50"] >= 0
     assert overlay["max"] <= total["max"]
     assert abs(overlay["mean"] + client["mean"] - total["mean"]) < 1e-6, (overlay, client, total)
-
-
-def test_fig2_end_to_end_in_bid(tmp_path: Path) -> None:
-    """fig2's processes in BID, keys on: exactly once, the delay split, one flood each
-    (2|E| − (N − 1) messages; BID's first-arrival trees may be longer, the paper's issue
-    I3). DNR on fig2's processes: :func:`test_octopis_run_command`; SNR is DNR without
-    congestion (``test_dnr_without_congestion_equals_snr``)."""
-    report = _run(tmp_path, "fig2", "bid", subscribers=120, publishers=6, notifications=15)
-    _exactly_once(report)
-    _delay_split(report)
-    assert_one_sbp_each(report, 2 * 33 - 17)
 
 
 def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:
@@ -180,9 +141,12 @@ def test_dnr_reacts_to_real_output_queues(tmp_path: Path) -> None:
 
 
 def test_octopis_run_command(tmp_path: Path) -> None:
-    """A generated workload on fig2's processes, its subscribers placed least loaded
-    inside their cluster (BAD §5.1): every broker of a cluster gets as many newcomers as
-    any other, give or take one; every delivery exactly once, each written out."""
+    """A generated workload on fig2's processes (DNR, keys on), its subscribers placed
+    least loaded inside their cluster (BAD §5.1): every broker of a cluster gets as many
+    newcomers as any other, give or take one; every delivery exactly once, each written
+    out; every delivery's delay split at the broker's stamp; one SBP of N − 1 messages a
+    subscription. (BID's flood of 2|E| − (N − 1) is a routing law:
+    tests/test_cli_sim.py ``test_sim_runs_a_workload_in_every_mode`` counts it.)"""
     out = tmp_path / "deliveries.jsonl"
     done = subprocess.run(
         [
@@ -218,6 +182,8 @@ def test_octopis_run_command(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     _exactly_once(report)
+    _delay_split(report)
+    assert_one_sbp_each(report, 17)
     assert len(out.read_text().splitlines()) == report["delivered"]
     assert (tmp_path / "run" / "report.json").is_file()
     placement = report["placement"]
@@ -479,30 +445,6 @@ async def _wait_serving(endpoint: str) -> None:
         await connection.close()
 
 
-def test_up_and_down_commands(tmp_path: Path) -> None:
-    _, path = prepare_topology(tmp_path / "t", preset="fig2")
-    run_dir = tmp_path / "cluster"
-    up = _octopis(["up", str(path), "--run-dir", str(run_dir)], timeout=180)
-    try:
-        assert up.returncode == 0, up.stderr
-        assert "18 brokers of fig2 up" in up.stdout
-        state = json.loads((run_dir / "cluster.json").read_text())
-        assert len(state["pids"]) == 18
-        again = _octopis(["up", str(path), "--run-dir", str(run_dir)], timeout=60)
-        assert again.returncode == 2 and "exists" in again.stderr
-        status = _octopis(["status", "--run-dir", str(run_dir)], timeout=60)
-        assert status.returncode == 0, status.stderr
-        rows = [line.split() for line in status.stdout.splitlines()[1:]]
-        assert sorted(row[0] for row in rows) == sorted(state["pids"])
-        assert all(row[2] == "yes" and float(row[6]) > 1 for row in rows), status.stdout
-        plan = _octopis(["balance", "plan", "--run-dir", str(run_dir)], timeout=60)
-        assert plan.returncode == 0, plan.stderr
-        assert "plan ldm: 0 moves" in plan.stdout and len(plan.stdout.splitlines()) == 21
-    finally:
-        down = _octopis(["down", "--run-dir", str(run_dir)], timeout=60)
-    assert down.returncode == 0 and "stopped 18 brokers" in down.stdout
-
-
 def test_overlay_commands_on_several_hosts_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     """`up --host` needs the deployment's shared keys and a topology that names hosts;
     `run --attach` needs the overlay's topology. Each refusal says why and starts nothing."""
@@ -521,10 +463,6 @@ def test_overlay_commands_on_several_hosts_refuse_what_they_cannot_do(tmp_path: 
         assert refused.returncode == 2, (args, refused.stderr)
         assert message in refused.stderr, (args, refused.stderr)
     assert not (tmp_path / "run").exists()
-
-
-VICTIM = "viii:2"
-"""An inner broker of paper75 (five regions on its tree path)."""
 
 
 def _dnr_run_with_failures(
@@ -551,7 +489,6 @@ def _dnr_run_with_failures(
         progress=False,
         drain_timeout=20,
         failures=failures,
-        secure=_affordable_curve(scot),
         client_workers=client_workers,
     )
     report = WorkloadRun(scot, path, workload, options).run()
@@ -582,45 +519,6 @@ def _check_survivors(report: dict, restarted: set[str], minimum: int) -> None:
             assert restart["extra"] == 0, broker
 
 
-@PAPER75_GROUP
-def test_kill_an_inner_host_broker_mid_stream(tmp_path: Path) -> None:
-    """paper75, DNR, 500 subscribers, 10 publishers at 150 notifications/s for 15 s;
-    ``kill -9`` of :data:`VICTIM` (an inner broker hosting subscribers) 3 s into
-    publishing, restarted 6 s later. Subscribers on live brokers lose nothing and see no
-    duplicate; every neighbour detects the death (how fast is measured in bench/); traffic
-    goes around the dead broker; the restarted broker's table equals its neighbours' view
-    of it (entry by entry, through the control RPC). The victim's subscribers fail over to
-    another broker; everything published after they are back
-    reaches them exactly once. How long they are away is a measurement, not a check here:
-    the failure experiment reports it (bench/RESULTS.md); this test prints it."""
-    report, scot, workload = _dnr_run_with_failures(
-        tmp_path / "paper75-kill",
-        "paper75",
-        [Failure((VICTIM,), 3.0, 9.0)],
-        set(),
-        subscribers=500,
-        publishers=10,
-        notifications=225,
-        rate_per_minute=900,
-        selectivity=0.002,
-        seed=5,
-    )
-    failures = report["failures"]
-    assert len(workload.subscriptions) >= 450
-    assert report["notifications"] >= 150 * 14
-    detection = failures[f"detection.{VICTIM}"]
-    assert detection["neighbours"] == len(scot.brokers[VICTIM].neighbours)
-    _check_survivors(report, {VICTIM}, 1_500)
-    assert failures["tunnel.started"] > 0
-    away = failures.get(f"failover.{VICTIM}.away_s")
-    assert away is not None, "the victim's subscribers never failed over"
-    print(f"subscribers away {away:.2f} s")
-    assert failures["host_dead"]["duplicates"] == 0
-    back = failures["host_dead_after_back"]
-    assert back["expected_deliveries"] > 0
-    assert back["lost"] == back["duplicates"] == back["unexpected"] == 0
-
-
 def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path) -> None:
     """fig2, SNR, the clients in two worker processes (by broker): kill -9 of c:0 (an inner
     broker) 2 s into publishing and of f:1 (an edge broker of another cluster) at 3 s,
@@ -633,7 +531,8 @@ def test_killed_hosts_lose_no_subscriber_anything(tmp_path: Path) -> None:
     neighbours' view of it. The same kills in DNR are a routing law on the node
     (tests/test_failures.py ``test_every_single_failure_while_publishing_loses_nothing``,
     ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``);
-    DNR's kills on processes are the paper75 kill run above and the stall below."""
+    DNR's kill on processes is tests/test_client.py
+    ``test_a_subscriber_fails_over_when_its_broker_is_killed``; DNR's stall is below."""
     report, _, workload = _dnr_run_with_failures(
         tmp_path / "fig2-snr",
         "fig2",

@@ -15,11 +15,10 @@ import textwrap
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from conditions import accounting, closing_control, mixed_quotes, until
-from conftest import secure_fig2
+from conftest import ready_again, shared_secure_fig2
 
 from octopis.client import Publisher, Subscriber
 from octopis.client.streams import EndOfHistory
@@ -47,19 +46,31 @@ KILLED_FOR = 30.0
 """Seconds the durable subscriber stays dead (the acceptance's figure)."""
 
 
-@pytest.fixture
-def overlay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    """fig2 in DNR with keys on. What a durable, historic or hybrid subscription gets does
-    not depend on the routing mode beyond the routing laws, which the simulator checks on
-    the brokers' own node in SNR and DNR (tests/test_failures.py
+SHARED = pytest.mark.xdist_group("durable-fig2")
+"""The module's two tests share one overlay (:func:`shared_overlay`) on one worker."""
+
+
+@pytest.fixture(scope="module")
+def shared_overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """fig2 in DNR with keys on, for the module. What a durable, historic or hybrid
+    subscription gets does not depend on the routing mode beyond the routing laws, which
+    the simulator checks on the brokers' own node in SNR and DNR (tests/test_failures.py
     ``test_a_durable_subscriber_fails_over_twice_along_the_list_it_began_with``,
     ``test_subscribers_that_fail_over_get_what_was_published_while_they_were_away``;
     tests/test_nemesis.py ``test_the_seeds_pass``: durable and historic subscribers in
     every mode); the processes show the stores' SQLite files, the killed client process
-    and the killed store's broker, once."""
-    yield from secure_fig2(
-        tmp_path, monkeypatch, BrokerSettings(clients=Clients(timeout=2.0)), "dnr"
-    )
+    and the killed store's broker, once. Each test names its own clients and durable
+    subscriptions and restarts or resumes what it killed or stopped."""
+    settings = BrokerSettings(clients=Clients(timeout=2.0))
+    yield from shared_secure_fig2(tmp_path_factory, "durable-fig2", settings)
+
+
+@pytest.fixture
+def overlay(shared_overlay: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> LocalCluster:
+    """The module's fig2 once every broker is ready again (an earlier test restarted or
+    resumed one), its keys reaching the SDK and the processes it starts ($OCTOPIS_KEYS).
+    A durable subscription an earlier test left may still be in the tables."""
+    return ready_again(shared_overlay, monkeypatch, empty=False)
 
 
 class DurableProcess:
@@ -89,6 +100,7 @@ class DurableProcess:
         self.process.wait(10)
 
 
+@SHARED
 @pytest.mark.processes
 @pytest.mark.timeout(240)
 def test_historic_hybrid_and_durable_subscriptions_get_exactly_their_publications(
@@ -217,15 +229,11 @@ def test_historic_hybrid_and_durable_subscriptions_get_exactly_their_publication
         assert counts["delivered"] == counts["expected"] > 0, (name, counts)
 
 
-@pytest.fixture
-def snr_fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    yield from secure_fig2(tmp_path, monkeypatch, BrokerSettings(clients=Clients(timeout=2.0)))
-
-
+@SHARED
 @pytest.mark.processes
 @pytest.mark.timeout(240)
 def test_a_claim_a_broker_keeping_a_fresher_copy_did_not_answer_is_a_reported_gap(
-    snr_fig2: LocalCluster,
+    overlay: LocalCluster,
 ) -> None:
     """A durable subscriber at c:0 fails over (along its list) when c:0 is killed and takes
     publications there; it leaves (its record waits there), c:0 restarts with the copy
@@ -234,7 +242,7 @@ def test_a_claim_a_broker_keeping_a_fresher_copy_did_not_answer_is_a_reported_ga
     copy, and the SDK reports the gap (that host silent) instead of replaying as if that
     copy were the record (nemesis seed 34673). Counted: nothing lost, and what comes
     again comes in the second run only, as the gap says it may."""
-    cluster = snr_fig2
+    cluster = overlay
     scot = cluster.scot
     got: list[Counter[int]] = [Counter(), Counter()]
     text = "[class,eq,'STOCK']"

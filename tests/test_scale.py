@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from conditions import accounting, closing_control, until
-from conftest import secure_fig2
+from conftest import ready_again, shared_secure_fig2
 
 from octopis.client import Connection, ConnectionGroup, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
@@ -47,11 +47,29 @@ exactly once is a law on the brokers' own node (tests/test_sim_topology_change.p
 RATE = 200.0
 
 
-@pytest.fixture
-def fig2_roomy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
-    # the paper's SBP (covering off): a new broker's table is checked to hold every subscription
+SHARED = pytest.mark.xdist_group("scale-fig2")
+"""The tests that change a running overlay through the control RPC share one fig2
+(:func:`shared_roomy`) on one worker, in the module's order: the one that grows it and
+leaves it grown (a new broker killed while it fills) comes last."""
+
+
+@pytest.fixture(scope="module")
+def shared_roomy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """fig2 (keys on) with ports for ten brokers more, links down after 3 s, the paper's
+    SBP (covering off: a new broker's table is checked to hold every subscription); for
+    the module."""
     settings = BrokerSettings(links=Links(down_after=3.0), routing=Routing(covering="off"))
-    yield from secure_fig2(tmp_path, monkeypatch, settings, room=10)
+    yield from shared_secure_fig2(tmp_path_factory, "scale-fig2", settings, room=10)
+
+
+@pytest.fixture
+def fig2_roomy(shared_roomy: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> LocalCluster:
+    """The module's fig2, as fig2 (an earlier test that changed it changed it back), once
+    every broker is ready and no table holds a subscription of an earlier test; its keys
+    reach the SDK ($OCTOPIS_KEYS)."""
+    fig2 = sorted(build_preset("fig2").brokers)
+    assert sorted(shared_roomy.scot.brokers) == fig2, "an earlier test left the overlay changed"
+    return ready_again(shared_roomy, monkeypatch)
 
 
 LAST_SIZES: dict[str, object] = {}
@@ -75,6 +93,7 @@ async def _table_sizes(cluster: LocalCluster) -> set[int]:
     return {a["routing_table_size"] if isinstance(a, dict) else -1 for a in answers}
 
 
+@SHARED
 @pytest.mark.processes
 def test_fig2_grows_a_cluster_and_a_region_and_shrinks_back_while_notifications_flow(
     fig2_roomy: LocalCluster,
@@ -202,6 +221,7 @@ def test_fig2_grows_a_cluster_and_a_region_and_shrinks_back_while_notifications_
     assert sorted(cluster.scot.brokers) == sorted(build_preset("fig2").brokers)
 
 
+@SHARED
 @pytest.mark.processes
 def test_a_relink_is_refused_while_the_core_routes_over_a_leaving_link(
     fig2_roomy: LocalCluster,
@@ -293,6 +313,7 @@ def test_octopis_scale_grows_an_overlay_that_octopis_up_started(tmp_path: Path) 
     assert down.returncode == 0 and "stopped 21 brokers" in down.stdout, down.stdout + down.stderr
 
 
+@SHARED
 @pytest.mark.processes
 def test_a_new_broker_killed_while_it_fills_is_restarted_and_the_change_completes(
     fig2_roomy: LocalCluster,

@@ -65,11 +65,26 @@ def test_down_then_up_on_the_same_ports_ten_times_in_a_row(tmp_path: Path) -> No
 @pytest.mark.timeout(300)
 def test_down_kills_and_names_a_broker_that_does_not_stop(tmp_path: Path) -> None:
     """A stopped (SIGSTOP) broker cannot act on SIGTERM: `down --timeout 1` kills it
-    after a second, says so, and still returns only once it is gone."""
+    after a second, says so, and still returns only once it is gone. Before that, with
+    every broker running: a second `up` on the run directory is refused (status 2),
+    `status` has a row for each of the 18 brokers, ready and its memory (MB) reported, and
+    `balance plan` on the idle overlay plans no move."""
     _, path = prepare_topology(tmp_path, preset="fig2")
     up = run_octopis(["up", str(path)], 180, tmp_path)
     assert up.returncode == 0, up.stderr
+    assert "18 brokers of fig2 up" in up.stdout
     pids = _pids(tmp_path)
+    assert len(pids) == 18
+    again = run_octopis(["up", str(path)], 60, tmp_path)
+    assert again.returncode == 2 and "exists" in again.stderr
+    status = run_octopis(["status"], 60, tmp_path)
+    assert status.returncode == 0, status.stderr
+    rows = [line.split() for line in status.stdout.splitlines()[1:]]
+    assert sorted(row[0] for row in rows) == sorted(pids)
+    assert all(row[2] == "yes" and float(row[6]) > 1 for row in rows), status.stdout
+    plan = run_octopis(["balance", "plan"], 60, tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "plan ldm: 0 moves" in plan.stdout and len(plan.stdout.splitlines()) == 21
     os.kill(pids["c:1"], signal.SIGSTOP)
     down = run_octopis(["down", "--timeout", "1"], 180, tmp_path)
     assert down.returncode == 0, down.stderr
