@@ -137,11 +137,11 @@ class SubscriberFailover:
         host = self._home.get(subscriber)
         if host is None or subscriber not in self.clients.subscriptions_of:
             return
-        self.cut_clients[(subscriber, host)] = self.now
+        cut = self.cut_clients.setdefault((subscriber, host), self.now)  # failed already?
         self.lost_answers[(subscriber, host)] = self._replays
         self.failure_counts["clients_cut"] += 1
         self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, host, self.now)
-        self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host, self.now)
+        self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host, cut)
 
     def _drop_client(self, subscriber: str, host: str, cut: float | None = None) -> None:
         """``host`` drops its silent client ``subscriber`` (last heard
