@@ -176,10 +176,25 @@ class SubscriberFailover:
             return
         first = self.first_home.get(subscriber, old)
         self._connect(
-            self._failover_tries(first, old),
+            self._then(self._failover_tries(first, old), lambda: self._stranded(subscriber)),
             lambda: self._home.get(subscriber) == old,
             lambda new: self._failed_over(subscriber, old, new, died),
         )
+
+    @staticmethod
+    def _then(tries: Iterator[str | None], ended: Callable[[], None]) -> Iterator[str | None]:
+        """``tries``, and ``ended()`` once they end."""
+        yield from tries
+        ended()
+
+    def _stranded(self, subscriber: str) -> None:
+        """``subscriber``'s tries ended (every broker of its list gone for good): the
+        replay it waits for, if any, is never answered (its host is among them), so its
+        wait ends as the SDK's does past its timeout, with no answer: what its seam held
+        is delivered, and every broker is in its gap (:meth:`_end_seam`)."""
+        if subscriber in self.seams:
+            self.replay_counts["cut_short"] += 1
+            self._end_seam(subscriber, self.scot.brokers)
 
     def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
         """The SDK's tries (:func:`~octopis.client_policy.failover.failover_tries`) away from
