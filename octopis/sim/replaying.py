@@ -86,8 +86,14 @@ class SubscriberFailover:
         self.restarts_pending = 0
         """Broker restarts scheduled and not yet come (a subscriber with every broker
         dead keeps trying while one is to come back)."""
-        self.cut_clients: set[tuple[str, str]] = set()
-        """(subscriber, broker) connections that failed: deliveries on them are lost."""
+        self.cut_clients: dict[tuple[str, str], float] = {}
+        """(subscriber, broker) connections that failed → when: deliveries on them are
+        lost. One is forgotten when its subscriber connects to that broker anew (a new
+        connection, as a process's client key is: :meth:`_failed_over`)."""
+        self.lost_answers: dict[tuple[str, str], int] = {}
+        """Per (subscriber, broker) whose connection failed: the replay requests asked by
+        its last failure (``broker/n``, ``n`` up to this), whose answers go over the
+        failed connection (:meth:`~octopis.sim.seams.ReplaySeams._answer_lost`)."""
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
 
@@ -131,15 +137,21 @@ class SubscriberFailover:
         host = self._home.get(subscriber)
         if host is None or subscriber not in self.clients.subscriptions_of:
             return
-        self.cut_clients.add((subscriber, host))
+        cut = self.cut_clients.setdefault((subscriber, host), self.now)  # failed already?
+        self.lost_answers[(subscriber, host)] = self._replays
         self.failure_counts["clients_cut"] += 1
         self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, host, self.now)
-        self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host)
+        self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host, cut)
 
-    def _drop_client(self, subscriber: str, host: str) -> None:
+    def _drop_client(self, subscriber: str, host: str, cut: float | None = None) -> None:
         """``host`` drops its silent client ``subscriber`` (last heard
-        :data:`CLIENT_TIMEOUT` ago): what the node withdraws goes."""
-        if self._dead(host) or self._asleep(host, self._drop_client, subscriber, host):
+        :data:`CLIENT_TIMEOUT` ago): what the node withdraws goes. ``cut``: when its
+        connection there failed; nothing then if the subscriber has since connected there
+        anew (its one session here is the new connection's, as after a bye it never
+        said: :meth:`_said_bye`)."""
+        if cut is not None and self.cut_clients.get((subscriber, host)) != cut:
+            return
+        if self._dead(host) or self._asleep(host, self._drop_client, subscriber, host, cut):
             return  # dead: they died with it (a restart withdraws them by epoch)
         self._client_gone(host, subscriber, self.now - CLIENT_TIMEOUT)
         self.failure_counts["clients_dropped"] += 1
@@ -164,10 +176,25 @@ class SubscriberFailover:
             return
         first = self.first_home.get(subscriber, old)
         self._connect(
-            self._failover_tries(first, old),
+            self._then(self._failover_tries(first, old), lambda: self._stranded(subscriber)),
             lambda: self._home.get(subscriber) == old,
             lambda new: self._failed_over(subscriber, old, new, died),
         )
+
+    @staticmethod
+    def _then(tries: Iterator[str | None], ended: Callable[[], None]) -> Iterator[str | None]:
+        """``tries``, and ``ended()`` once they end."""
+        yield from tries
+        ended()
+
+    def _stranded(self, subscriber: str) -> None:
+        """``subscriber``'s tries ended (every broker of its list gone for good): the
+        replay it waits for, if any, is never answered (its host is among them), so its
+        wait ends as the SDK's does past its timeout, with no answer: what its seam held
+        is delivered, and every broker is in its gap (:meth:`_end_seam`)."""
+        if subscriber in self.seams:
+            self.replay_counts["cut_short"] += 1
+            self._end_seam(subscriber, self.scot.brokers)
 
     def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
         """The SDK's tries (:func:`~octopis.client_policy.failover.failover_tries`) away from
@@ -212,6 +239,7 @@ class SubscriberFailover:
         self.first_home.setdefault(subscriber, old)
         self.outages.setdefault(subscriber, []).append((died, self.now))
         self._home[subscriber] = new
+        self.cut_clients.pop((subscriber, new), None)  # a new connection, not the failed one
         self.failed_over.add(subscriber)
         self.record_of(subscriber)
         # What the SDK has taken: not what a replay cut short still holds at its seam

@@ -45,7 +45,7 @@ class ReplaySeams:
     It keeps the state :meth:`_init_seams` makes and nothing else; of its host it reads
     the clock (``now``, ``events``), the ``ledger`` (its deliveries), ``clients``
     (when each first subscribed), the counters ``replay_counts``, ``moves`` and
-    ``failure_counts``, and the fail-over's ``failed_over``, ``cut_clients`` and
+    ``failure_counts``, and the fail-over's ``failed_over``, ``lost_answers`` and
     ``historic_received``. A host may override :meth:`_taken` and :meth:`_repeated`
     (durable clients do) to see each delivery taken or dropped."""
 
@@ -168,9 +168,15 @@ class ReplaySeams:
 
     def _answer_lost(self, subscriber: str, req_id: str) -> bool:
         """Whether the answer to request ``req_id`` is lost: it comes over a connection of
-        ``subscriber``'s that failed (to the request's host, which names it ``host/n``),
-        as a delivery on it is; the SDK never reads it, its replay stays a gap."""
-        if not self.cut_clients or (subscriber, req_id.partition("/")[0]) not in self.cut_clients:
+        ``subscriber``'s that failed (to the request's host, which names it ``host/n``;
+        asked by the failure, ``lost_answers``), as a delivery on it is; the SDK never
+        reads it, its replay stays a gap. A request asked on a new connection there
+        since is answered on that one."""
+        if not self.lost_answers:
+            return False
+        host, _, number = req_id.partition("/")
+        asked = self.lost_answers.get((subscriber, host))
+        if asked is None or int(number) > asked:
             return False
         self.failure_counts["answers_to_cut_clients"] += 1
         return True
