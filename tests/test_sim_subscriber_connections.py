@@ -2,7 +2,8 @@
 one whose connection failed may connect to that same broker again (its own broker comes
 last on its fail-over list), and the new connection is a new one, as a broker process
 keys each (``<connection>/<name>``), not the failed one; one whose tries end (every
-broker of its list gone for good) stops waiting for the replay it asked, with a gap."""
+broker of its list gone for good) stops waiting for the replay it asked, with a gap, and
+one cut off for good without a replay under way ends the run with every broker in its gap."""
 
 from __future__ import annotations
 
@@ -67,5 +68,29 @@ def test_a_subscriber_whose_tries_end_is_told_the_replay_it_waited_for() -> None
     assert sim.first_home["S13"] == "r0:0" and sim._home["S13"] == "r0:1"
     assert sim.replay_gaps["S13"] == set(scot.brokers)
     replays = report["replays"]
-    assert replays["cut_short"] == replays["requests"] == replays["gaps"] > 0
+    assert replays["cut_short"] == replays["requests"] > 0
+    assert replays["gaps"] == report["subscribers_stranded"] == 30  # the rest: no replay
     assert not sim.seams
+
+
+def test_a_subscriber_cut_off_for_good_ends_the_run_knowing_it() -> None:
+    """The pair r0:0, r0:1: S0's connection to its broker fails at 1 s, and both brokers
+    die for good at 2 s, before S0's fail-over begins (the liveness, 1.5 s after the
+    cut). S0 tries both, silent, and its tries end; it never subscribes again.
+
+    Lost before (found by hunting with ``test_up_to_three_failures_while_publishing``'s
+    schedules): what its broker delivered on the failed connection between 1 s and 2 s
+    (Pr0:0's seq 6) had no count and no gap; S0 had no replay under way, so only a
+    subscriber waiting for one was told anything when its tries ended.
+
+    Now every subscriber whose tries end is counted (``subscribers_stranded``) and ends
+    the run with every broker in its gap: it is cut off since its connection failed and
+    knows it, and only its lost brokers held what was published since."""
+    scot = build_scot(nx.empty_graph(["r0"]), complete_factor(2), name="pair")
+    failures = [Failure(("r0:0",), 2.0, None), Failure(("r0:1",), 2.0, None)]
+    clients = [("S0", 1.0)]
+    sim = _run(scot, "dnr", failures, seed=0, subscribers=30, publications=30, clients=clients)
+    report = _law(sim)
+    assert report["deliveries_to_cut_clients"] > 0
+    assert report["subscribers_stranded"] == 30 == len(sim.stranded)
+    assert "S0" not in sim.outages and sim.replay_gaps["S0"] == set(scot.brokers)

@@ -94,6 +94,8 @@ class SubscriberFailover:
         """Per (subscriber, broker) whose connection failed: the replay requests asked by
         its last failure (``broker/n``, ``n`` up to this), whose answers go over the
         failed connection (:meth:`~octopis.sim.seams.ReplaySeams._answer_lost`)."""
+        self.stranded: set[str] = set()
+        """Subscribers whose fail-over tries ended (:meth:`_stranded`)."""
         self.replay_on_failover = True
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
 
@@ -191,10 +193,18 @@ class SubscriberFailover:
         """``subscriber``'s tries ended (every broker of its list gone for good): the
         replay it waits for, if any, is never answered (its host is among them), so its
         wait ends as the SDK's does past its timeout, with no answer: what its seam held
-        is delivered, and every broker is in its gap (:meth:`_end_seam`)."""
+        is delivered, and every broker is in its gap (:meth:`_end_seam`). Without one it
+        ends the run cut off since its connection failed, and knows it: what was published
+        since, its lost brokers alone could give it, so every broker is its gap
+        (``subscribers_stranded``)."""
+        if subscriber not in self.stranded:
+            self.stranded.add(subscriber)
+            self.failure_counts["subscribers_stranded"] += 1
         if subscriber in self.seams:
             self.replay_counts["cut_short"] += 1
             self._end_seam(subscriber, self.scot.brokers)
+        else:
+            self.replay_gaps[subscriber] = set(self.scot.brokers)
 
     def _failover_tries(self, first: str, old: str) -> Iterator[str | None]:
         """The SDK's tries (:func:`~octopis.client_policy.failover.failover_tries`) away from
