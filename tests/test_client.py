@@ -59,24 +59,15 @@ SHARED = pytest.mark.xdist_group("client-fig2")
 one worker; each starts once every table is empty again."""
 
 
-BROKEN = pytest.mark.xdist_group("client-fig2-broken")
-"""The tests that kill or stop a broker of theirs share another fig2
-(:func:`broken_overlay`) on one worker; each starts with every broker running and ready."""
-
-
-@pytest.fixture(scope="module")
-def broken_overlay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """The fig2 (client timeout :data:`CLIENT_TIMEOUT`) of the tests that kill or stop a
-    broker, for the module."""
-    settings = BrokerSettings(clients=Clients(timeout=CLIENT_TIMEOUT))
-    yield from shared_secure_fig2(tmp_path_factory, "client-broken", settings)
-
-
 @pytest.fixture
-def fig2(broken_overlay: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> LocalCluster:
-    """:func:`broken_overlay` with a broker an earlier test killed started again, once
-    every broker is ready and no table holds a subscription of an earlier test."""
-    return ready_again(broken_overlay, monkeypatch)
+def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """A fig2 of the test's own (client timeout :data:`CLIENT_TIMEOUT`), for the tests
+    that kill or stop a broker. (On one fig2 shared with the kill -9 fail-over test, the
+    stall test once saw 12 repeated sequence numbers, cause not found; each has its own
+    again, as when neither ever failed in soak runs.)"""
+    yield from secure_fig2(
+        tmp_path, monkeypatch, BrokerSettings(clients=Clients(timeout=CLIENT_TIMEOUT))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +94,6 @@ def shared_fig2(
     yield cluster, asyncio.run(closing_control(cluster, counters()))
 
 
-@BROKEN
 @pytest.mark.processes
 def test_a_subscriber_fails_over_when_its_broker_is_killed(fig2: LocalCluster) -> None:
     """c:0 hosts the subscriber; a:0 the publisher (path a–b–c), publishing at 50/s.
@@ -226,7 +216,6 @@ def test_a_gone_clients_subscriptions_leave_every_table(
     assert counters["subscriptions_withdrawn"] == 5
 
 
-@BROKEN
 @pytest.mark.processes
 def test_a_subscriber_keeps_its_session_at_a_stalled_broker_it_left(fig2: LocalCluster) -> None:
     """c:0, the subscriber's broker, is stopped (SIGSTOP) past the SDK's liveness and
