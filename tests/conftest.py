@@ -44,19 +44,34 @@ PROCESS_MARKS = ("spark", "browser", "site")
 """Marks that imply ``processes``: the quick tier leaves their tests out too."""
 
 
+QUICK_GROUP = "quick"
+"""The xdist group the quick tier's tests join in a run that has process tests too."""
+
+
+def _with_process_tier(config: pytest.Config) -> bool:
+    """Whether the run may hold process tests: ``-m`` does not leave them out."""
+    return "not processes" not in (config.getoption("markexpr") or "")
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker per core. With one more (three on 2 cores: 464 s against
-    517 s when the process tier was lighter), the paper75 runs, ActiveMQ's JVM, Chromium
-    and the up/down cycles beside one another drove the load to 45–67 and nine process
-    tests past their timeouts in one fresh-clone run; a worker per core keeps them
-    apart."""
-    return len(os.sched_getaffinity(0))
+    """``-n auto``: a worker per core, and one more for the quick tier's group when the
+    process tests run too (:func:`pytest_collection_modifyitems`)."""
+    return len(os.sched_getaffinity(0)) + _with_process_tier(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Spark, browser and site tests are process tests too; process tests run first (grouped
     ones first of all), so the parallel workers start on the long ones and end on short
-    ones (no lone long tail)."""
+    ones (no lone long tail).
+
+    Beside process tests, the quick tier's tests join one xdist group, :data:`QUICK_GROUP`,
+    taken by the extra worker from the start: process tests wait on sockets, timers and
+    child processes (a fifth to a half of two cores idle with two workers), and the
+    simulator's laws fill that time. Tests marked ``spread`` (a sweep's chunks) stay out
+    of the group and go to whichever worker is free, which evens out the ends. The group
+    keeps the heavy process runs at two side by side (three process workers put the
+    paper75 runs, ActiveMQ's JVM, Chromium and the up/down cycles beside one another:
+    loads of 45–67 and nine process tests past their timeouts in one run)."""
     for item in items:
         if any(item.get_closest_marker(m) for m in PROCESS_MARKS):
             item.add_marker(pytest.mark.processes)
@@ -66,6 +81,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.get_closest_marker("xdist_group") is None,
         )
     )
+    if not (_with_process_tier(config) and items and items[0].get_closest_marker("processes")):
+        return
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in ("processes", "xdist_group", "spread")):
+            item.add_marker(pytest.mark.xdist_group(QUICK_GROUP))
 
 
 def _mark_needed(args: object) -> str | None:

@@ -3,9 +3,10 @@
     python tests/soak.py --runs 5 --out bench/results/soak.md
     python tests/soak.py --runs 3 -- -m "not spark"      # pytest options after --
 
-Each run is ``python -m pytest -n 2`` (plus the options given after ``--``) with a JUnit
-XML report of its own; the table lists every test that failed or errored in any run
-with the runs it failed in, then one line per run (passed, failed, skipped, wall time).
+Each run is ``python -m pytest -n auto`` (as CI runs it; plus the options given after
+``--``) with a JUnit XML report of its own; the table lists every test that failed or
+errored in any run with the runs it failed in, then one line per run (passed, failed,
+skipped, wall time).
 The exit code is 0 only when every run passed with no failure and no error, so a CI job
 or a helper can run it unattended. The XML reports stay in ``--keep`` (default a
 temporary folder) for a closer look at a failure.
@@ -78,7 +79,7 @@ def run_once(number: int, keep: Path, workers: str, extra: list[str]) -> RunResu
     return result
 
 
-def table(results: list[RunResult], extra: list[str], workers: str = "2") -> str:
+def table(results: list[RunResult], extra: list[str], workers: str = "auto") -> str:
     """The soak report in Markdown."""
     failed_in: dict[str, list[int]] = defaultdict(list)
     first: dict[str, str] = {}
@@ -121,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Options after -- go to pytest as they are.",
     )
     parser.add_argument("--runs", type=int, default=5, help="how many runs (default 5)")
-    parser.add_argument("--workers", default="2", help="pytest-xdist workers (default 2)")
+    parser.add_argument(
+        "--workers", default="auto", help="pytest-xdist workers (default auto, as CI)"
+    )
     parser.add_argument("--out", type=Path, help="write the Markdown table here too")
     parser.add_argument("--keep", type=Path, help="keep each run's JUnit XML here")
     parser.add_argument("--stop-on-failure", action="store_true", help="stop after a failed run")

@@ -106,6 +106,7 @@ def _singles(scot: Scot, restart: float | None = BACK_AT) -> list[Failure]:
     return brokers + [Failure((u, v), FAIL_AT, BACK_AT) for u, v in sorted(scot.graph.edges)]
 
 
+@pytest.mark.spread
 @pytest.mark.parametrize("mode", ["dnr", "snr"])
 @pytest.mark.parametrize("scot", [FIG2, PAPER75], ids=["fig2", "paper75"])
 def test_every_single_failure_while_publishing_loses_nothing(scot: Scot, mode: str) -> None:

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,12 +30,7 @@ REPLAYED = sized(8, 24)
 :func:`test_a_seed_replays_exactly_in_any_process`."""
 
 
-def _spread(test: Callable[..., None]) -> Callable[..., None]:
-    """No group: xdist spreads the test over the workers like any other."""
-    return test
-
-
-SWEPT = sized(pytest.mark.xdist_group("nemesis-seeds"), _spread)
+SWEPT = sized(pytest.mark.xdist_group("nemesis-seeds"), pytest.mark.spread)
 """At the quick size the sweep and the tests that look again at the verdicts of drawn
 seeds share one worker, and with it :func:`_verdict`'s verdicts. At the full size (2,000
 seeds, about 20 minutes of one core) sharing would put the whole sweep on one worker:

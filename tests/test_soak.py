@@ -42,7 +42,7 @@ def test_the_table_lists_each_failing_test_with_its_runs_most_frequent_first() -
         RunResult(3, 405.0, 1, 600, 1, 0, {"t::flaky": "timeout again"}),
     ]
     text = table(runs, ["-m", "processes"])
-    assert "3 runs of `python -m pytest -n 2 -m processes`" in text
+    assert "3 runs of `python -m pytest -n auto -m processes`" in text
     assert "| 2 | 0 | 601 | 0 | 0 | 410 |" in text
     assert "Tests that failed in any run: 2." in text
     rows = [line for line in text.splitlines() if line.startswith("| `t::")]
