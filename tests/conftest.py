@@ -54,9 +54,11 @@ def _with_process_tier(config: pytest.Config) -> bool:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker per core, and one more for the quick tier's group when the
-    process tests run too (:func:`pytest_collection_modifyitems`)."""
-    return len(os.sched_getaffinity(0)) + _with_process_tier(config)
+    """``-n auto``: a worker per core, and one more for the quick tier's group in a run
+    of the whole suite (:func:`pytest_collection_modifyitems`); a run of chosen modules
+    may hold process tests alone, which three workers on two cores would overload."""
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    return len(os.sched_getaffinity(0)) + (whole and _with_process_tier(config))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
