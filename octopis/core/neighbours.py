@@ -139,6 +139,8 @@ class Neighbours:
 
     def __init__(self, names: Iterable[str] = (), now: float = 0.0) -> None:
         self.table = {name: Neighbour(last_heard=now) for name in names}
+        self._view: _RoutableView | None = None
+        """The last :meth:`view` made (the shell asks for one at every step)."""
 
     def __getitem__(self, name: str) -> Neighbour:
         return self.table[name]
@@ -290,8 +292,12 @@ class Neighbours:
 
     def view(self, inner: LinkView) -> LinkView:
         """What this broker sees of its links: ``inner``'s loads, and each link down
-        unless :meth:`routable` (what the broker process writes into its LST's rows)."""
-        return _RoutableView(inner, self)
+        unless :meth:`routable` (what the broker process writes into its LST's rows).
+        The view of the last ``inner`` is kept: it reads the table as it is when asked."""
+        view = self._view
+        if view is None or view._inner is not inner:
+            view = self._view = _RoutableView(inner, self.table)
+        return view
 
     def reachable(self, name: str) -> bool:
         """Whether a share may be handed to ``name``: up, and its handshake named us."""
@@ -324,11 +330,15 @@ def stall(now: float, woke: float, tick: float) -> float:
 
 
 class _RoutableView:
-    __slots__ = ("_inner", "_neighbours")
+    """``inner`` with each link down unless its record in ``table`` serves
+    (:meth:`Neighbours.routable`; the table, not the :class:`Neighbours` that keeps this
+    view, so that the two make no reference cycle)."""
 
-    def __init__(self, inner: LinkView, neighbours: Neighbours) -> None:
+    __slots__ = ("_inner", "_table")
+
+    def __init__(self, inner: LinkView, table: dict[str, Neighbour]) -> None:
         self._inner = inner
-        self._neighbours = neighbours
+        self._table = table
 
     def overloaded(self, link: str) -> bool:
         return self._inner.overloaded(link)
@@ -337,4 +347,4 @@ class _RoutableView:
         return self._inner.load(link)
 
     def down(self, link: str) -> bool:
-        return not self._neighbours.routable(link) or self._inner.down(link)
+        return not self._table[link].serving or self._inner.down(link)

@@ -231,9 +231,11 @@ class LinkCustody:
         waited on the link if custody has room now, to be put on it again in order."""
         custody = self.of(src, dst)
         custody.acknowledge(count, now)
-        if custody.full or not self.waiting.get((src, dst)):
+        waiting = self.waiting.get((src, dst))
+        if not waiting or custody.full:
             return []
-        return list(self.waiting.pop((src, dst)))
+        del self.waiting[(src, dst)]
+        return list(waiting)
 
     def pressure_of(self, broker: str) -> Backpressure:
         """``broker``'s backpressure rule (made on first use, a new one after its death,
@@ -324,7 +326,9 @@ class CustodyEvents:
     receiver acknowledges and when, heartbeats, and what a healed link sends again."""
 
     def _link_frame(self, broker: str, src: str, message: Acknowledged | Resent) -> None:
-        """A link-level frame from ``src`` reaches ``broker``."""
+        """A link-level frame from ``src`` reaches ``broker`` over a link that is not
+        broken (:meth:`_arrive` loses one that reaches a broken link: a lost RESENT is
+        sent again at the next heal)."""
         if type(message) is Acknowledged:
             self._acknowledged(broker, src, message)
         else:
@@ -341,10 +345,7 @@ class CustodyEvents:
     def _resent(self, broker: str, src: str, message: Resent) -> None:
         """``src``'s link sent again what it had no acknowledgement for: ``broker`` takes
         what the node's rule takes (:func:`~octopis.core.custody.resent_taken`; the
-        others are counted, taken before or stale) and acknowledges. Lost if the link
-        broke again meanwhile (the next heal sends it again)."""
-        if self.failures.broken(src, broker):
-            return
+        others are counted, taken before or stale) and acknowledges."""
         record = self.nodes[broker].neighbours[src]
         taken = resent_taken(record, message.numbered, message.messages, self.failure_counts)
         for copy in taken:
@@ -388,24 +389,25 @@ class CustodyEvents:
         it was sent counts."""
         state = self.failures
         assert state is not None
-        custody = state.custody
+        custody, events = state.custody, self.events
         link = (broker, src)
-        now = self.events.now
+        now = events.now
         pressure = self._pressure(broker, now)
         count = pressure.acknowledge(src, record)
         if pressure.holds(src) and link not in custody.looking:
             custody.looking.add(link)
-            self.events.at(now + ACK_INTERVAL, self._look_again, broker, src)
+            events.at(now + ACK_INTERVAL, self._look_again, broker, src)
         custody.last_sent[link] = now
         kept = custody.links.get((src, broker))
-        settles = kept is not None and kept.settles(count)
-        if settles or (kept is not None and kept.retained):
-            late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
-            if (settles or kept.prunes(now + late)) and not state.broken(*link):  # type: ignore[union-attr]
-                self.events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
+        if kept is not None:
+            settles = kept.settles(count)
+            if settles or kept.retained:
+                late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
+                if (settles or kept.prunes(now + late)) and not state.broken(broker, src):
+                    events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
         if link not in custody.beating:
             custody.beating.add(link)
-            self.events.at(now + HEARTBEAT, self._heartbeat, broker, src)
+            events.at(now + HEARTBEAT, self._heartbeat, broker, src)
 
     def _pressure(self, broker: str, now: float) -> Backpressure:
         """``broker``'s backpressure rule looked at afresh (:meth:`Backpressure.check`)
@@ -442,7 +444,7 @@ class CustodyEvents:
         retains nothing for it, or either is gone."""
         state = self.failures
         assert state is not None
-        if self._asleep(broker, self._heartbeat, broker, src):
+        if state.paused and self._asleep(broker, self._heartbeat, broker, src):
             return
         custody = state.custody
         kept = custody.links.get((src, broker))
@@ -461,13 +463,12 @@ class CustodyEvents:
         self.events.at(tick, self._heartbeat, broker, src)
 
     def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:
-        """``src``'s acknowledgement reaches ``broker`` (unless the link broke meanwhile):
-        for this incarnation of ``broker``, custody settles it, and what waited for room
-        goes on the link again, in order."""
+        """``src``'s acknowledgement reaches ``broker``: for this incarnation of
+        ``broker``, custody settles it, and what waited for room goes on the link again,
+        in order."""
         state = self.failures
         assert state is not None
-        named = ack.incarnation
-        if state.broken(src, broker) or not counts_for(named, self.brokers.incarnation[broker]):
+        if not counts_for(ack.incarnation, self.brokers.incarnation[broker]):
             return
         for message in state.custody.acknowledge(broker, src, ack.count, self.events.now):
             self._put(broker, src, message)
