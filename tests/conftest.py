@@ -26,6 +26,7 @@ import networkx as nx
 import pytest
 from conditions import closing_control, tables_hold, until
 
+from octopis.cluster.forked import Zygote
 from octopis.cluster.launcher import LocalCluster, find_free_base_port, prepare_topology
 from octopis.cluster.netns import HOSTS, Namespaces, why_no_namespaces
 from octopis.cluster.netns import namespaces as made_namespaces
@@ -119,6 +120,11 @@ def child_processes_follow_the_marks(
 
     monkeypatch.setattr(subprocess.Popen, "__init__", checked_init)
 
+    def checked_fork(self: Zygote, argv: list[str], log_path: Path) -> int:
+        pytest.fail(f"{request.node.nodeid} forks a broker ({argv!r}): mark it processes", False)
+
+    monkeypatch.setattr(Zygote, "fork", checked_fork)
+
 
 def secure_fig2(
     tmp_path: Path,
@@ -131,7 +137,7 @@ def secure_fig2(
     (on ports with room for ``room`` brokers more: the overlay may grow); the SDK finds
     the keys through $OCTOPIS_KEYS. Stopped when the fixture ends."""
     scot, path = prepare_topology(tmp_path, preset="fig2", room=room)
-    cluster = LocalCluster(scot, path, mode, tmp_path, settings)
+    cluster = LocalCluster(scot, path, mode, tmp_path, settings, forked=True)
     cluster.spawn()
     monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))
     try:
@@ -206,7 +212,7 @@ def line_of(tmp_path: Path) -> Iterator[Callable[[BrokerSettings], LocalCluster]
         scot = build_scot(line, complete_factor(1), name="line", base_port=find_free_base_port(3))
         path = tmp_path / "line.json"
         path.write_text(json.dumps(scot.to_json()))
-        cluster = LocalCluster(scot, path, "snr", tmp_path, settings, secure=False)
+        cluster = LocalCluster(scot, path, "snr", tmp_path, settings, secure=False, forked=True)
         started.append(cluster)
         cluster.spawn()
         return cluster

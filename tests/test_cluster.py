@@ -29,7 +29,9 @@ restart beside a dead neighbour) is a recovery law on the node (tests/test_failu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,17 +66,20 @@ RAMP = 1.0
 
 
 def _broker_pids(marker: bytes) -> set[int]:
-    """Live broker processes whose command line names ``marker`` (this run's temporary
-    folder), so that brokers of another test run beside this one are not counted."""
+    """Live broker processes that write to a broker log under ``marker`` (this run's
+    temporary folder: brokers of another test run beside this one are not counted), be
+    they executed (``python -m octopis.cli.broker``) or forked from a zygote."""
     pids = set()
-    for process in psutil.process_iter(["cmdline", "status"]):
-        cmdline = " ".join(process.info["cmdline"] or ()).encode()
-        if (
-            b"octopis.cli.broker" in cmdline
-            and marker in cmdline
-            and process.info["status"] != psutil.STATUS_ZOMBIE
-        ):
-            pids.add(process.pid)
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(OSError):
+            out = os.readlink(f"/proc/{process.pid}/fd/1").encode()
+            if (
+                marker in out
+                and b"/logs/" in out
+                and out.endswith(b".log")
+                and process.info["status"] != psutil.STATUS_ZOMBIE
+            ):
+                pids.add(process.pid)
     return pids
 
 
@@ -204,7 +209,7 @@ def fig2_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
     """fig2 with keys off: the tests on it speak raw ZeroMQ to its sockets."""
     run_dir = tmp_path_factory.mktemp("fig2-up")
     scot, path = prepare_topology(run_dir, preset="fig2")
-    cluster = LocalCluster(scot, path, "snr", run_dir, secure=False)
+    cluster = LocalCluster(scot, path, "snr", run_dir, secure=False, forked=True)
     cluster.spawn()
     try:
         asyncio.run(_ready(cluster))

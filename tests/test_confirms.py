@@ -95,7 +95,7 @@ def test_processes_and_the_simulator_confirm_at_the_same_steps(tmp_path: Path) -
     path = tmp_path / "line.json"
     path.write_text(json.dumps(scot.to_json()))
     settings = BrokerSettings(links=Links(down_after=DOWN_AFTER))
-    cluster = LocalCluster(scot, path, "snr", tmp_path, settings, secure=False)
+    cluster = LocalCluster(scot, path, "snr", tmp_path, settings, secure=False, forked=True)
     cluster.spawn()
 
     def stat(broker: str, *keys: str) -> Callable[[], object]:

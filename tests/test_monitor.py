@@ -67,7 +67,7 @@ def paper75(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             heartbeat=0.5, down_after=2.5, capacities={f"{SLOW_LINK[0]}>{SLOW_LINK[1]}": 30}
         )
     )
-    cluster = LocalCluster(scot, path, "dnr", run_dir, settings, secure=False)
+    cluster = LocalCluster(scot, path, "dnr", run_dir, settings, secure=False, forked=True)
     cluster.spawn()
     try:
         yield cluster

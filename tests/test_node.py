@@ -470,7 +470,7 @@ def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path, al
     scot = build_scot(line, complete_factor(1), name="line", base_port=find_free_base_port(3))
     path = tmp_path / "line.json"
     path.write_text(json.dumps(scot.to_json()))
-    cluster = LocalCluster(scot, path, "bid", tmp_path, BrokerSettings(), secure=False)
+    cluster = LocalCluster(scot, path, "bid", tmp_path, BrokerSettings(), secure=False, forked=True)
     cluster.spawn()
 
     async def scenario() -> tuple[int, int]:

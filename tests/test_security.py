@@ -45,7 +45,9 @@ def fig2(
 ) -> Iterator[LocalCluster]:
     """fig2 in DNR mode, with keys (the SDK finds them through $OCTOPIS_KEYS) or without."""
     scot, path = prepare_topology(tmp_path, preset="fig2")
-    cluster = LocalCluster(scot, path, "dnr", tmp_path, BrokerSettings(), secure=request.param)
+    cluster = LocalCluster(
+        scot, path, "dnr", tmp_path, BrokerSettings(), secure=request.param, forked=True
+    )
     cluster.spawn()
     if cluster.keys_dir is not None:
         monkeypatch.setenv(KEYS_ENV, str(cluster.keys_dir))

@@ -91,7 +91,9 @@ def fig2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClust
     keys = make_keys(tmp_path / "keys", scot.endpoints_by_broker())
     add_user(keys, USER, PASSCODE)
     settings = BrokerSettings(routing=Routing(covering="off"))
-    cluster = LocalCluster(scot, path, "dnr", tmp_path, settings, keys=keys, stomp=True)
+    cluster = LocalCluster(
+        scot, path, "dnr", tmp_path, settings, keys=keys, stomp=True, forked=True
+    )
     cluster.spawn()
     monkeypatch.setenv(KEYS_ENV, str(keys))
     try:
@@ -403,7 +405,9 @@ def line(tmp_path: Path) -> Iterator[LocalCluster]:
     settings = BrokerSettings(
         stomp=Stomp(heartbeat=500), clients=Clients(timeout=0.5), routing=Routing(covering="off")
     )
-    cluster = LocalCluster(scot, path, "snr", tmp_path, settings, secure=False, stomp=True)
+    cluster = LocalCluster(
+        scot, path, "snr", tmp_path, settings, secure=False, stomp=True, forked=True
+    )
     cluster.spawn()
     try:
         asyncio.run(closing_control(cluster, cluster.wait_ready(60)))
@@ -558,7 +562,9 @@ def one_tls(tmp_path: Path) -> Iterator[LocalCluster]:
         timeout=60,
     )
     (keys / TLS_KEY).chmod(0o600)
-    cluster = LocalCluster(scot, path, "snr", tmp_path, BrokerSettings(), keys=keys, stomp=True)
+    cluster = LocalCluster(
+        scot, path, "snr", tmp_path, BrokerSettings(), keys=keys, stomp=True, forked=True
+    )
     cluster.spawn()
     try:
         asyncio.run(closing_control(cluster, cluster.wait_ready(60)))

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import aiozmq.rpc
 import psutil
 
+from octopis.cluster.forked import ForkedBroker, fork_broker
 from octopis.keys import Keys, connect_securely, make_keys
 from octopis.overlay import STATE_FILE, read_state
 from octopis.settings import BrokerSettings, load_settings
@@ -216,6 +217,7 @@ class LocalCluster:
         keys: Path | None = None,
         host: str | None = None,
         stomp: bool = False,
+        forked: bool = False,
     ) -> None:
         if keys is not None and not secure:
             raise ClusterError("a keys directory and insecure brokers exclude each other")
@@ -228,6 +230,10 @@ class LocalCluster:
         self.host = host
         self.stomp = stomp
         """The brokers serve STOMP clients too (their topology entries' endpoints)."""
+        self.forked = forked
+        """Brokers are forked from a forkserver that imported them once
+        (:mod:`octopis.cluster.forked`), not executed afresh: for a launcher that stops
+        them before it exits (they are its daemons)."""
         self.local = scot.brokers_on(host) if host is not None else list(scot.brokers)
         """The brokers :meth:`spawn` starts: all, or those placed on ``host``."""
         self.topology_path = topology_path
@@ -236,7 +242,7 @@ class LocalCluster:
         self.settings = settings or BrokerSettings()
         self.log_level = log_level
         self.log_format = log_format
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, subprocess.Popen | ForkedBroker] = {}
         self.killed: set[str] = set()
         self._rpc: dict[str, Any] = {}
         self._rpc_loop: asyncio.AbstractEventLoop | None = None
@@ -253,28 +259,33 @@ class LocalCluster:
         for broker_id in self.local:
             self.spawn_one(broker_id)
 
-    def spawn_one(self, broker_id: str) -> subprocess.Popen:
+    def spawn_one(self, broker_id: str) -> subprocess.Popen | ForkedBroker:
         """Start broker ``broker_id`` with the run's settings, appending to its log."""
         self.killed.discard(broker_id)
         log_path = self.run_dir / "logs" / f"{broker_id.replace(':', '_')}.log"
-        with open(log_path, "ab") as log_file:
-            process = self.processes[broker_id] = subprocess.Popen(
-                broker_command(
-                    self.topology_path,
-                    broker_id,
-                    self.mode,
-                    self.run_dir / "broker.toml",
-                    self.log_level,
-                    self.keys_dir,
-                    self.log_format,
-                    data_dir=self.run_dir / "data",
-                    stomp=self.stomp,
-                ),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        command = broker_command(
+            self.topology_path,
+            broker_id,
+            self.mode,
+            self.run_dir / "broker.toml",
+            self.log_level,
+            self.keys_dir,
+            self.log_format,
+            data_dir=self.run_dir / "data",
+            stomp=self.stomp,
+        )
+        if self.forked:
+            process: subprocess.Popen | ForkedBroker = fork_broker(command, log_path)
+        else:
+            with open(log_path, "ab") as log_file:
+                process = subprocess.Popen(
+                    command,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        self.processes[broker_id] = process
         return process
 
     @classmethod
@@ -462,7 +473,9 @@ class LocalCluster:
 
 
 def stop_pids(
-    pids: dict[str, int], timeout: float = 10.0, reap: dict[int, subprocess.Popen] | None = None
+    pids: dict[str, int],
+    timeout: float = 10.0,
+    reap: dict[int, subprocess.Popen | ForkedBroker] | None = None,
 ) -> list[str]:
     """SIGTERM every live pid, wait up to ``timeout``, SIGKILL the rest; returns killed ids."""
     reap = reap or {}
@@ -536,7 +549,7 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def _alive(pid: int, process: subprocess.Popen | None, wait: float = 0.0) -> bool:
+def _alive(pid: int, process: subprocess.Popen | ForkedBroker | None, wait: float = 0.0) -> bool:
     if process is not None:
         try:
             process.wait(timeout=wait or 0.001)

@@ -124,6 +124,7 @@ class WorkloadRun:
             secure=options.secure,
             log_format=options.log_format,
             keys=options.keys,
+            forked=True,
         )
         self.baseline: dict[str, dict[str, Any]] = {}
         """Each broker's stats before the first subscription (subtracted in the report)."""
