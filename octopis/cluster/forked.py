@@ -23,11 +23,15 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 BROKER_MODULE = "octopis.cli.broker"
 ZYGOTE_MODULE = "octopis.cli.zygote"
+FORK_TIMEOUT = 30.0
+"""Seconds a fork may take before the zygote is taken for stuck."""
 
 
 class ZygoteError(RuntimeError):
@@ -40,6 +44,13 @@ class Zygote:
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
         self._buffer = b""
+        self._answers: deque[tuple[str, str]] = deque()
+        """The zygote's answers (``pid``/``error``) to forks, in order."""
+        self._forking = threading.Lock()
+        """One fork at a time: a request, then its answer."""
+        self._lock = threading.Lock()
+        """Held while the zygote is started, and while its output is read and parsed
+        (threads may wait on brokers, :func:`~octopis.cluster.launcher.stop_pids`)."""
         self.ended: dict[int, int] = {}
         """Child pid → exit status, as the zygote reported them."""
 
@@ -51,56 +62,61 @@ class Zygote:
                 stdout=subprocess.PIPE,
                 start_new_session=True,
             )
+            assert self._process.stdout is not None
+            os.set_blocking(self._process.stdout.fileno(), False)
             self._buffer = b""
         return self._process
 
     def fork(self, argv: list[str], log_path: Path) -> int:
         """Fork a broker running ``argv`` (its arguments after ``-m octopis.cli.broker``)
         with this process's environment, its output appended to ``log_path``: its pid."""
-        process = self._started()
         request = {"argv": argv, "log": str(log_path), "env": dict(os.environ), "cwd": os.getcwd()}
-        assert process.stdin is not None
-        try:
-            process.stdin.write(json.dumps(request).encode() + b"\n")
-            process.stdin.flush()
-        except BrokenPipeError as exc:
-            raise ZygoteError("the zygote is gone") from exc
-        while True:
-            for word, rest in self._lines(None):
-                if word == "pid":
-                    return int(rest)
-                if word == "error":
-                    raise ZygoteError(rest)
+        with self._forking:
+            with self._lock:
+                process = self._started()
+            assert process.stdin is not None
+            try:
+                process.stdin.write(json.dumps(request).encode() + b"\n")
+                process.stdin.flush()
+            except BrokenPipeError as exc:
+                raise ZygoteError("the zygote is gone") from exc
+            deadline = time.monotonic() + FORK_TIMEOUT
+            while not self._answers:  # another thread may take the answer in: look again
+                if time.monotonic() > deadline:
+                    raise ZygoteError(f"the zygote did not answer in {FORK_TIMEOUT:g} s")
+                self.collect(0.1)
+            word, rest = self._answers.popleft()
+        if word == "error":
+            raise ZygoteError(rest)
+        return int(rest)
 
     def collect(self, timeout: float | None = 0.0) -> None:
-        """Take the zygote's reports of ended children waiting now (or within
-        ``timeout`` seconds, None: until one comes)."""
-        for _ in self._lines(timeout):
-            pass
-
-    def _lines(self, timeout: float | None) -> list[tuple[str, str]]:
-        """The zygote's lines that arrived within ``timeout``; ``exit`` lines are
-        recorded in :attr:`ended` (and returned too)."""
+        """Take the zygote's lines that arrived (or arrive within ``timeout`` seconds,
+        None: until one comes): an ended child goes to :attr:`ended`, the answer to a
+        fork to the forking thread."""
         process = self._process
         if process is None or process.stdout is None:
-            return []
+            return
         fd = process.stdout.fileno()
         ready, _, _ = select.select([fd], [], [], timeout)
         if not ready:
-            return []
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            raise ZygoteError(f"the zygote exited (status {process.wait()})")
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        out = []
-        for line in lines:
-            word, _, rest = line.decode().partition(" ")
-            if word == "exit":
-                pid, status = rest.split()
-                self.ended[int(pid)] = int(status)
-            out.append((word, rest))
-        return out
+            return
+        with self._lock:  # another thread may have read it meanwhile: the fd never blocks
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                raise ZygoteError(f"the zygote exited (status {process.wait()})")
+            self._buffer += chunk
+            *lines, self._buffer = self._buffer.split(b"\n")
+            for line in lines:
+                word, _, rest = line.decode().partition(" ")
+                if word == "exit":
+                    pid, status = rest.split()
+                    self.ended[int(pid)] = int(status)
+                else:
+                    self._answers.append((word, rest))
 
 
 _zygote = Zygote()
