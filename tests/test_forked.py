@@ -108,6 +108,5 @@ def test_a_zygote_refuses_what_is_not_this_interpreters_broker(tmp_path: Path) -
     command = broker_command(tmp_path / "missing.json", "a:0")
     pid = zygote.fork(command[3:], tmp_path / "x.log")
     broker = ForkedBroker(pid, command, zygote)
-    deadline = time.monotonic() + 30
-    assert broker.wait(30) == 2 and time.monotonic() < deadline
+    assert broker.wait(30) == 2
     assert "missing.json" in (tmp_path / "x.log").read_text()

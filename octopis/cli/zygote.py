@@ -61,8 +61,10 @@ def main() -> int:
             say(f"error cannot fork: {exc}")
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     for pid in children:
-        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     return 0
 
 
