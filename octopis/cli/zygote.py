@@ -29,7 +29,8 @@ def main() -> int:
     children: set[int] = set()
 
     def say(text: str) -> None:
-        os.write(out, f"{text}\n".encode())
+        with contextlib.suppress(BrokenPipeError):  # the launcher is gone: stdin ends next
+            os.write(out, f"{text}\n".encode())
 
     def reap(_signum: int, _frame: Any) -> None:
         while True:
