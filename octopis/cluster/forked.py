@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -159,11 +160,11 @@ class ForkedBroker:
 
     def kill(self) -> None:
         """SIGKILL, as :meth:`subprocess.Popen.kill`."""
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
         """SIGTERM, as :meth:`subprocess.Popen.terminate`."""
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
 
 def fork_broker(command: list[str], log_path: Path) -> ForkedBroker:

@@ -1,10 +1,12 @@
 """Start one broker process per SCOT node on this machine, and stop them all (DESIGN §2).
 
-Every broker is a separate OS process (``python -m octopis.cli.broker``) in its own
-session, logging to ``<run_dir>/logs/<id>.log``. :class:`LocalCluster` waits until every
-broker has handshaken all its inbound links, talks to them over the control RPC, and
-on :meth:`stop` (also on errors and Ctrl-C through the context manager) terminates
-every process it started, killing any that do not exit in time.
+Every broker is a separate OS process in its own session, logging to
+``<run_dir>/logs/<id>.log``: executed (``python -m octopis.cli.broker``), or forked from
+a zygote that imported it once (``forked``, :mod:`octopis.cluster.forked`).
+:class:`LocalCluster` waits until every broker has handshaken all its inbound links,
+talks to them over the control RPC, and on :meth:`stop` (also on errors and Ctrl-C
+through the context manager) terminates every process it started, killing any that do
+not exit in time.
 """
 
 from __future__ import annotations
@@ -231,9 +233,9 @@ class LocalCluster:
         self.stomp = stomp
         """The brokers serve STOMP clients too (their topology entries' endpoints)."""
         self.forked = forked
-        """Brokers are forked from a forkserver that imported them once
+        """Brokers are forked from a zygote that imported them once
         (:mod:`octopis.cluster.forked`), not executed afresh: for a launcher that stops
-        them before it exits (they are its daemons)."""
+        them before it exits (the zygote stops them when the launcher is gone)."""
         self.local = scot.brokers_on(host) if host is not None else list(scot.brokers)
         """The brokers :meth:`spawn` starts: all, or those placed on ``host``."""
         self.topology_path = topology_path
