@@ -5,6 +5,7 @@ sees them (status, log, kill -9, pause, stop), and that do not outlive their lau
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -109,4 +110,25 @@ def test_a_zygote_refuses_what_is_not_this_interpreters_broker(tmp_path: Path) -
     pid = zygote.fork(command[3:], tmp_path / "x.log")
     broker = ForkedBroker(pid, command, zygote)
     assert broker.wait(30) == 2
+    assert "missing.json" in (tmp_path / "x.log").read_text()
+
+
+def test_the_zygote_answers_a_malformed_request_and_goes_on(tmp_path: Path) -> None:
+    zygote = subprocess.Popen(
+        [sys.executable, "-m", "octopis.cli.zygote"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert zygote.stdin is not None and zygote.stdout is not None
+    command = broker_command(tmp_path / "missing.json", "a:0")
+    request = {"argv": command[3:], "log": str(tmp_path / "x.log"), "env": {}, "cwd": "/"}
+    zygote.stdin.write('{"argv": []}\nnot json\n' + json.dumps(request) + "\n")
+    zygote.stdin.flush()
+    lines = [zygote.stdout.readline().split() for _ in range(4)]
+    assert [line[0] for line in lines] == ["error", "error", "pid", "exit"]
+    assert lines[1][1:3] == ["malformed", "request:"]
+    assert lines[3][1:] == [lines[2][1], "2"]  # the child it forked, with its status
+    zygote.stdin.close()
+    assert zygote.wait(30) == 0
     assert "missing.json" in (tmp_path / "x.log").read_text()
