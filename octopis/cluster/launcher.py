@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import aiozmq.rpc
 import psutil
 
-from octopis.cluster.forked import ForkedBroker, fork_broker
+from octopis.cluster.forked import BROKER_MODULE, ForkedBroker, fork_broker
 from octopis.keys import Keys, connect_securely, make_keys
 from octopis.overlay import STATE_FILE, read_state
 from octopis.settings import BrokerSettings, load_settings
@@ -170,7 +170,7 @@ def broker_command(
     (``octopis-broker`` through the interpreter ``python``, this one by default); unset
     options keep the CLI's defaults; without ``keys`` the broker runs ``--insecure``;
     ``stomp`` turns its STOMP listener on (DESIGN §13)."""
-    command = [python, "-m", "octopis.cli.broker", "--topology", str(topology)]
+    command = [python, "-m", BROKER_MODULE, "--topology", str(topology)]
     command += ["--id", broker_id]
     command += ["--keys", str(keys)] if keys is not None else ["--insecure"]
     for option, value in (
