@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from octopis.client import (
     Connection,
@@ -22,6 +24,7 @@ from octopis.client import (
     Subscriber,
     locate,
 )
+from octopis.client.link import READ_BATCH, BrokerLink
 from octopis.client.streams import SubscriptionStream
 from octopis.cluster.launcher import find_free_base_port
 from octopis.core import Notification
@@ -132,5 +135,56 @@ def test_a_delivery_hands_over_its_body_and_a_body_must_be_bytes() -> None:
             await pub.publish({"class": "STOCK"}, body="text")  # type: ignore[arg-type]
         assert pub.seq == 0 and sub.name == "s"
         connection.socket.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_link_reads_every_message_in_order_pauses_while_a_stream_is_full_and_stops() -> None:
+    """:class:`BrokerLink` drains its socket from a reader on the event FD: 200 messages
+    (over three batches of ``READ_BATCH``) reach ``on_frame`` in order; a stream full
+    after the 10th stops reading until there is room, then it reads on; stopping takes
+    the reader off the FD; sends reach the broker without waiting."""
+
+    async def scenario() -> None:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        got: list[bytes] = []
+        room = asyncio.Event()
+
+        def on_frame(parts: list[bytes]) -> None:
+            got.append(parts[0])
+            if len(got) == 10:
+                link.stall_until(room)
+
+        link = BrokerLink(
+            ctx, f"tcp://127.0.0.1:{port}", receive_buffer=1000, curve=None, on_frame=on_frame
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            link.connect()
+            link.start_reading()
+            link.send(b"hello")
+            identity, hello = await asyncio.wait_for(router.recv_multipart(), 10)
+            assert hello == b"hello"
+            for i in range(200):
+                await router.send_multipart([identity, str(i).encode()])
+            await asyncio.sleep(0.3)
+            assert len(got) == 10 and link.reading_paused
+            assert link.unread()
+            room.set()
+            for _ in range(100):
+                if len(got) == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert got == [str(i).encode() for i in range(200)]
+            assert not link.reading_paused and READ_BATCH < 200
+            fd = link.socket.getsockopt(zmq.FD)
+            assert fd in loop._selector.get_map()
+            assert link.stop_reading() is None and not link.reading
+            assert fd not in loop._selector.get_map()
+        finally:
+            link.socket.close()
+            ctx.destroy(linger=0)
 
     asyncio.run(scenario())

@@ -5,12 +5,15 @@ message behind, and a sent batch is numbered and kept in custody."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 
 import pytest
 import zmq
+import zmq.asyncio
 
 from octopis.transport import _zmqio
+from octopis.transport.links import writable
 from octopis.transport.zmqio import DATA, HANDSHAKE, KEPT, LINK, FastSocket, book_sent
 
 
@@ -133,9 +136,54 @@ def test_a_closed_socket_is_refused(pair) -> None:
     _, pull = pair
     fast = FastSocket(pull)
     pull.close()
-    with pytest.raises(zmq.ZMQError) as caught:
-        fast.receive(1)
-    assert caught.value.errno == zmq.ENOTSOCK
+    for call in (lambda: fast.receive(1), fast.events):
+        with pytest.raises(zmq.ZMQError) as caught:
+            call()
+        assert caught.value.errno == zmq.ENOTSOCK
+
+
+def test_events_are_what_pyzmq_reads(pair) -> None:
+    """``events`` is ``ZMQ_EVENTS``: POLLOUT on a connected PUSH, POLLIN on a PULL only
+    while a message waits."""
+    push, pull = pair
+    assert FastSocket(push).events() == int(push.getsockopt(zmq.EVENTS)) == zmq.POLLOUT
+    assert FastSocket(pull).events() == 0
+    push.send(b"x")
+    assert FastSocket(pull).events() == int(pull.getsockopt(zmq.EVENTS)) == zmq.POLLIN
+    pull.recv()
+    assert FastSocket(pull).events() == 0
+
+
+def test_a_blocked_link_waits_for_room_without_leaving_a_reader() -> None:
+    """:func:`writable` returns once a PUSH that had no peer (``IMMEDIATE``: nothing may
+    leave) gets one, and takes its reader off the event FD: pyzmq's own ``poll`` would
+    leave one there for the socket's life, run on every later event."""
+
+    async def scenario() -> None:
+        ctx = zmq.asyncio.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.IMMEDIATE, 1)
+        port = push.bind_to_random_port("tcp://127.0.0.1")
+        fast = FastSocket(push)
+        loop = asyncio.get_running_loop()
+        fd = push.getsockopt(zmq.FD)
+        try:
+            assert fast.events() & zmq.POLLOUT == 0
+            waiting = asyncio.ensure_future(writable(fast))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            assert fd in loop._selector.get_map()  # watched while it waits
+            pull = ctx.socket(zmq.PULL)
+            pull.connect(f"tcp://127.0.0.1:{port}")
+            await asyncio.wait_for(waiting, 10)
+            assert fast.events() & zmq.POLLOUT
+            assert fd not in loop._selector.get_map()
+            assert fast.send_parts([b"now"])
+            assert await asyncio.wait_for(pull.recv(), 10) == b"now"
+        finally:
+            ctx.destroy(linger=0)
+
+    asyncio.run(scenario())
 
 
 def test_binding_names_what_is_missing() -> None:

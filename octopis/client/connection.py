@@ -369,7 +369,7 @@ class Connection:
         if self.dropped is not None:
             raise DroppedError(self.dropped)
         future, payload = await self._requests.add(message, timeout, self.endpoint)
-        await self.socket.send(payload)
+        self.link.send(payload)
         await asyncio.sleep(0)
         return future
 
@@ -388,13 +388,13 @@ class Connection:
 
     async def send(self, message: dict[str, Any]) -> None:
         """Send without asking for a reply (refusals land in :attr:`errors`)."""
-        await self.socket.send(pack(message))
+        self.link.send(pack(message))
 
     def send_soon(self, message: dict[str, Any]) -> None:
         """Queue ``message`` for sending without waiting or asking for a reply (ZeroMQ
         sends it from its own thread; refusals land in :attr:`errors`)."""
         if self.dropped is None:
-            self.socket.send(pack(message))
+            self.link.send(pack(message))
 
     async def close(self) -> None:
         """Say bye to the broker (it withdraws this connection's subscriptions at once,

@@ -76,7 +76,7 @@ class Failover:
             elif (welcome := await self._switch(endpoint, left)) is not None:
                 break
         for payload in self.requests.resend(self.first):
-            await self.link.socket.send(payload)
+            self.link.send(payload)
         record = {"from": away_from, "to": self.link.endpoint, "started": started}
         self.silent_since = started
         self.in_background(self._resume(record, t0, settled))
@@ -121,7 +121,7 @@ class Failover:
         await self.link.switch(endpoint, left)
         req, future = self.requests.expect()
         try:
-            await self.link.socket.send(pack({"op": "hello", "client": "-", "req": req}))
+            self.link.send(pack({"op": "hello", "client": "-", "req": req}))
             for _ in range(3):  # an answer waiting unread is not silence: wait for it
                 done, _ = await asyncio.wait([future], timeout=self.liveness)
                 if done or not self.link.unread():

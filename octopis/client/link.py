@@ -1,6 +1,11 @@
 """A connection's socket to the broker it uses now (DESIGN §4, §7): a DEALER socket read
 into the connection's frame handler (pausing while a stream is full), heartbeats, and
-the judgement that the broker fell silent."""
+the judgement that the broker fell silent.
+
+The socket is read by a reader on its event FD that drains what waits, and written
+without waiting (:meth:`BrokerLink.send`): pyzmq's asyncio ``recv`` costs a future, an
+exception and a turn of the loop per message, ~60% of a subscriber process's CPU at a
+few hundred deliveries a second."""
 
 from __future__ import annotations
 
@@ -43,7 +48,13 @@ class BrokerLink:
         self.on_frame = on_frame
         self.endpoint = endpoint
         self.socket = self.new_socket(endpoint)
-        self._reader: asyncio.Task | None = None
+        self._sync = zmq.Socket.shadow(self.socket.underlying)
+        self._fd: int | None = None
+        """The event FD watched while the socket is read."""
+        self._waiting: asyncio.Task | None = None
+        """The wait for room in a full stream, while one is under way."""
+        self._drain_soon = False
+        """A drain is due on the loop's next turn."""
         self.heard = time.monotonic()
         """When the broker was last heard (monotonic time)."""
         self._stalls: list[asyncio.Event] = []
@@ -68,29 +79,57 @@ class BrokerLink:
     @property
     def reading(self) -> bool:
         """Whether the socket is read."""
-        return self._reader is not None
+        return self._fd is not None
 
     def start_reading(self) -> None:
-        """Read the socket (if not already)."""
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read())
+        """Read the socket (if not already): a reader on its event FD drains it."""
+        if self._fd is None:
+            loop = asyncio.get_running_loop()
+            self._fd = self.socket.getsockopt(zmq.FD)
+            loop.add_reader(self._fd, self._drain)
+            self._drain_soon = True
+            loop.call_soon(self._drain)  # the FD signals edges: input may wait already
 
     def stop_reading(self) -> asyncio.Task | None:
-        """Stop reading; returns the reader's task (cancelled) to await, if one ran."""
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-        return reader
+        """Stop reading; returns the wait for a full stream (cancelled) to await, if
+        one was under way."""
+        if self._fd is not None:
+            asyncio.get_running_loop().remove_reader(self._fd)
+            self._fd = None
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.cancel()
+        return waiting
+
+    def send(self, payload: bytes) -> None:
+        """Send ``payload`` to the broker. ZeroMQ queues it for its I/O thread (the
+        socket's send high-water mark is 0: no limit), so this never waits; sending
+        through pyzmq's asyncio methods would leave pyzmq's own reader on the event FD
+        in this link's place. A send may consume the FD's signal of input that arrived
+        meanwhile, so it looks for input afterwards (:meth:`unread`)."""
+        self._sync.send(payload, zmq.NOBLOCK)
+        self.unread()
+
+    def unread(self) -> bool:
+        """Whether something from the broker waits unread in the socket. Asking resets
+        ZeroMQ's FD signal, as any operation on the socket may, so input found waiting
+        is drained on the loop's next turn."""
+        waiting = bool(self._sync.get(zmq.EVENTS) & zmq.POLLIN)
+        if waiting and self._fd is not None and not self._drain_soon:
+            self._drain_soon = True
+            asyncio.get_running_loop().call_soon(self._drain)
+        return waiting
 
     async def switch(self, endpoint: str, left: zmq.asyncio.Socket | None) -> None:
         """Read a new socket to ``endpoint``; the current one is closed unless it is
         ``left`` (a session kept at the broker left, read elsewhere)."""
-        reader = self.stop_reading()
-        if reader is not None:
-            await asyncio.gather(reader, return_exceptions=True)
+        waiting = self.stop_reading()
+        if waiting is not None:
+            await asyncio.gather(waiting, return_exceptions=True)
         if self.socket is not left:
             self.socket.close()
         self.socket = self.new_socket(endpoint)
+        self._sync = zmq.Socket.shadow(self.socket.underlying)
         self.socket.connect(endpoint)
         self.endpoint = endpoint
         self.start_reading()
@@ -99,27 +138,45 @@ class BrokerLink:
         """Stop reading after the current message until ``room`` is set (a full stream)."""
         self._stalls.append(room)
 
-    async def _read(self) -> None:
-        """Hand every frame to ``on_frame``, yielding every :data:`READ_BATCH`, and wait
-        while a stream is full (:meth:`stall_until`)."""
-        handled = 0
-        while True:
-            parts = await self.socket.recv_multipart()
+    def _drain(self) -> None:
+        """Hand every message waiting to ``on_frame`` (called by the event loop when the
+        FD signals); after :data:`READ_BATCH` messages the rest waits for the next turn
+        of the loop, so the application's tasks run between batches. A full stream
+        (:meth:`stall_until`) stops it until there is room."""
+        self._drain_soon = False
+        if self._fd is None or self._waiting is not None:
+            return
+        recv = self._sync.recv_multipart
+        for _ in range(READ_BATCH):
+            try:
+                parts = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # the socket was closed under this reader
+                self.stop_reading()
+                return
             self.heard = time.monotonic()
             try:
                 self.on_frame(parts)
             except Exception:
                 log.exception("client of %s dropped a frame it could not handle", self.endpoint)
-            handled += 1
             if self._stalls:
-                self.reading_paused = True
-                while self._stalls:
-                    await self._stalls.pop().wait()
-                self.reading_paused = False
-                self.heard = time.monotonic()
-            elif handled >= READ_BATCH:
-                handled = 0
-                await asyncio.sleep(0)
+                self._waiting = asyncio.create_task(self._wait_for_room())
+                return
+        self._drain_soon = True
+        asyncio.get_running_loop().call_soon(self._drain)
+
+    async def _wait_for_room(self) -> None:
+        """Wait while a stream is full, then read on."""
+        self.reading_paused = True
+        try:
+            while self._stalls:
+                await self._stalls.pop().wait()
+        finally:
+            self.reading_paused = False
+        self.heard = time.monotonic()
+        self._waiting = None
+        self._drain()
 
     async def heartbeat(
         self, interval: float, liveness: float, silent: Callable[[], Awaitable[None]]
@@ -147,10 +204,6 @@ class BrokerLink:
                     await silent()
                     first_unanswered, missed = None, 0
                     continue
-            await self.socket.send(pack({"op": "heartbeat", "client": "-", "req": next(beats)}))
+            self.send(pack({"op": "heartbeat", "client": "-", "req": next(beats)}))
             if first_unanswered is None:
                 first_unanswered = time.monotonic()
-
-    def unread(self) -> bool:
-        """Whether something from the broker waits unread in the socket."""
-        return bool(self.socket.get(zmq.EVENTS) & zmq.POLLIN)

@@ -35,6 +35,7 @@ ctypedef int (*msg_more_f)(const zmq_msg_t*) noexcept nogil
 ctypedef int (*msg_close_f)(zmq_msg_t*) noexcept nogil
 ctypedef int (*send_f)(void*, const void*, size_t, int) noexcept nogil
 ctypedef int (*errno_f)() noexcept nogil
+ctypedef int (*getsockopt_f)(void*, int, void*, size_t*) noexcept nogil
 
 cdef msg_init_f z_msg_init = NULL
 cdef msg_recv_f z_msg_recv = NULL
@@ -44,12 +45,14 @@ cdef msg_more_f z_msg_more = NULL
 cdef msg_close_f z_msg_close = NULL
 cdef send_f z_send = NULL
 cdef errno_f z_errno = NULL
+cdef getsockopt_f z_getsockopt = NULL
 
 cdef enum:
     DONTWAIT = 1
     SNDMORE = 2
     EINTR = 4
     EAGAIN = 11
+    ZMQ_EVENTS = 15
 
 FUNCTIONS = (
     "zmq_msg_init",
@@ -60,6 +63,7 @@ FUNCTIONS = (
     "zmq_msg_close",
     "zmq_send",
     "zmq_errno",
+    "zmq_getsockopt",
 )
 """The libzmq functions :func:`bind` needs, by name."""
 
@@ -68,7 +72,7 @@ def bind(dict addresses) -> None:
     """Use the libzmq functions at ``addresses`` (name → address, every name of
     :data:`FUNCTIONS`)."""
     global z_msg_init, z_msg_recv, z_msg_data, z_msg_size, z_msg_more, z_msg_close
-    global z_send, z_errno
+    global z_send, z_errno, z_getsockopt
     missing = [name for name in FUNCTIONS if not addresses.get(name)]
     if missing:
         raise ValueError(f"libzmq functions missing: {', '.join(missing)}")
@@ -80,6 +84,7 @@ def bind(dict addresses) -> None:
     z_msg_close = <msg_close_f><uintptr_t>addresses["zmq_msg_close"]
     z_send = <send_f><uintptr_t>addresses["zmq_send"]
     z_errno = <errno_f><uintptr_t>addresses["zmq_errno"]
+    z_getsockopt = <getsockopt_f><uintptr_t>addresses["zmq_getsockopt"]
 
 
 cdef inline object _part(void* sock, zmq_msg_t* msg, int flags, int* more, bytes same=None):
@@ -263,3 +268,16 @@ def send_parts(uintptr_t handle, list parts) -> bool:
     for i in range(1, last + 1):
         _send(sock, parts[i], 0 if i == last else SNDMORE)
     return True
+
+
+def events(uintptr_t handle) -> int:
+    """Socket ``handle``'s ``ZMQ_EVENTS`` (POLLIN 1, POLLOUT 2) as a plain int; reading it
+    also resets ZeroMQ's edge-triggered FD signal, as pyzmq's ``getsockopt`` does, without
+    its flag enum (~2 µs a call)."""
+    if z_getsockopt == NULL:
+        raise RuntimeError("octopis.transport._zmqio is not bound to libzmq")
+    cdef int value = 0
+    cdef size_t size = sizeof(int)
+    if z_getsockopt(<void*>handle, ZMQ_EVENTS, &value, &size) < 0:
+        raise ZMQError(z_errno())
+    return value

@@ -107,7 +107,6 @@ class ClientSessions:
         if curve is not None:
             curve.serve(self.socket, "client")
         self.socket.bind(bind)
-        self._sync = zmq.Socket.shadow(self.socket.underlying)
         self._fast = FastSocket(self.socket)
         self._waiter: InputWaiter | None = None
         self._warn = RateLimitedLog(log, settings.log_interval)
@@ -149,7 +148,7 @@ class ClientSessions:
         """Read requests until cancelled, in passes of up to :data:`CLIENT_BATCH`: what a
         pass sends leaves in batches when it ends, and other tasks run between passes."""
         loop = asyncio.get_running_loop()
-        self._waiter = self.outbox.waiter = InputWaiter(self._sync, loop)
+        self._waiter = self.outbox.waiter = InputWaiter(self._fast, loop)
         receive = self._fast.receive
         send_pass = self.send_pass
         handled = 0

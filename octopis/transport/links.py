@@ -29,9 +29,9 @@ from octopis.transport.zmqio import FastSocket, book_sent
 from octopis.wire import Resent
 
 YIELDS_BEFORE_POLL = 4
-"""Loop turns a blocked sender waits for ZeroMQ's pipe before an asyncio poll."""
+"""Loop turns a blocked sender waits for ZeroMQ's pipe before it watches the FD."""
 
-EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
+POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 LOOP_SLACK = 0.01
 """Seconds a paced sender may catch up after the event loop woke it late."""
 CONNECT_TIMEOUT_MS = 500
@@ -116,17 +116,17 @@ class InputWaiter:
     afterwards, so input that arrived meanwhile is never left unnoticed.
     """
 
-    def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop) -> None:
-        self._sock = sock
+    def __init__(self, sock: FastSocket, loop: asyncio.AbstractEventLoop) -> None:
+        self._events = sock.events
         self._ready = asyncio.Event()
-        self._fd = sock.getsockopt(zmq.FD)
+        self._fd = sock.socket.getsockopt(zmq.FD)
         self._loop = loop
         loop.add_reader(self._fd, self.poke)
 
     def poke(self) -> bool:
         """Mark input ready if there is some (also resets ZeroMQ's FD signal); returns
         whether there is."""
-        if self._sock.getsockopt(EVENTS) & POLLIN:
+        if self._events() & POLLIN:
             self._ready.set()
             return True
         return False
@@ -140,6 +140,26 @@ class InputWaiter:
     def close(self) -> None:
         """Stop watching the FD."""
         self._loop.remove_reader(self._fd)
+
+
+async def writable(sock: FastSocket) -> None:
+    """Return once ``sock`` takes a message again, watching its event FD only while
+    waiting: pyzmq's own ``poll`` leaves its reader on the FD for the socket's life, and
+    it then runs on every later event of the socket (~1 per message sent)."""
+    loop = asyncio.get_running_loop()
+    fd = sock.socket.getsockopt(zmq.FD)
+    ready = loop.create_future()
+
+    def check() -> None:
+        if not ready.done() and sock.events() & POLLOUT:
+            ready.set_result(None)
+
+    loop.add_reader(fd, check)
+    try:
+        check()
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 class OutputLink:
@@ -194,7 +214,6 @@ class OutputLink:
         if curve is not None:
             curve.connect(self.socket, name)
         self.socket.connect(endpoint)
-        self._sync = zmq.Socket.shadow(self.socket.underlying)
         self._fast = FastSocket(self.socket)
         self.queue: deque[list] = deque()
         self.senders = senders
@@ -413,12 +432,12 @@ class OutputLink:
     async def _writable(self) -> None:
         """Wait until the socket takes frames again. ZeroMQ's I/O thread usually drains
         the pipe within microseconds, so yield to the loop a few times before paying for
-        an asyncio poll registration (which matters with a low high-water mark)."""
+        a reader on the FD (which matters with a low high-water mark)."""
         for _ in range(YIELDS_BEFORE_POLL):
             await asyncio.sleep(0)
-            if self._sync.getsockopt(EVENTS) & POLLOUT:
+            if self._fast.events() & POLLOUT:
                 return
-        await self.socket.poll(None, zmq.POLLOUT)
+        await writable(self._fast)
 
     async def flush(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the queue to empty."""

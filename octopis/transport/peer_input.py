@@ -105,7 +105,7 @@ class PeerInput:
         if curve is not None:
             curve.serve(self.socket, "peer")
         self.socket.bind(bind)
-        self._sync = zmq.Socket.shadow(self.socket.underlying)
+        self._fast = FastSocket(self.socket)
         self._waiter: InputWaiter | None = None
         self._reading = False
         """The input loop is working through a backlog (not waiting for input)."""
@@ -125,8 +125,8 @@ class PeerInput:
         :data:`PASS_SECONDS`, whichever ends first (bodies received and not yet handled
         open the next pass); a message carrying several bodies is handled body by body;
         what a pass sends leaves in batches when it ends (:class:`SendPass`)."""
-        waiter = self._waiter = InputWaiter(self._sync, loop)
-        receive = FastSocket(self.socket).receive
+        waiter = self._waiter = InputWaiter(self._fast, loop)
+        receive = self._fast.receive
         send_pass = self.send_pass
         on_message = self.on_message
         idle = self.idle

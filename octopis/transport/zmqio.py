@@ -4,7 +4,8 @@ pyzmq loaded.
 
 :class:`FastSocket` wraps one pyzmq socket: :meth:`~FastSocket.receive` drains the
 messages waiting, :meth:`~FastSocket.send_batch` and :meth:`~FastSocket.send_parts` send
-one message; :func:`book_sent` takes a sent batch off a link's queue. None of them
+one message, :meth:`~FastSocket.events` reads ``ZMQ_EVENTS``; :func:`book_sent` takes a
+sent batch off a link's queue. None of them
 blocks, none raises ``zmq.Again`` (pyzmq's exception costs ~7 µs to construct): an empty
 drain is ``[]`` and a full pipe is ``False`` or -1. The socket stays pyzmq's: options,
 polling and closing go through it as before.
@@ -105,6 +106,10 @@ class FastSocket:
         ``room`` lasts; at most ``most``, about ``max_bytes``) as one message: how many
         were sent, 0 if none may leave, -1 if the pipe is full (nothing sent)."""
         return _zmqio.send_batch(self._open(), queue, most, max_bytes, room)
+
+    def events(self) -> int:
+        """``ZMQ_EVENTS`` as an int (POLLIN 1, POLLOUT 2); it resets the FD's signal."""
+        return _zmqio.events(self._open())
 
     def send_parts(self, parts: list[bytes]) -> bool:
         """``parts`` as one message; False (nothing sent) if the pipe is full."""
