@@ -52,6 +52,13 @@ brokers alike, :class:`~octopis.core.pressure.Backpressure`)."""
 ACK_INTERVAL = 0.05
 """Seconds between a broker's looks at the acknowledgements backpressure withholds
 (``[links] ack_interval``; the simulator's brokers alike)."""
+ACK_DELAY = 0.01
+"""Seconds within which a broker acknowledges routing frames whose sender asked for no
+acknowledgement at once (``[links] ack_delay``; the simulator's brokers alike)."""
+ACK_EVERY = 64
+"""Routing frames a broker takes from one neighbour past which it acknowledges them at
+once rather than within :data:`ACK_DELAY` (``[links] ack_every``; the simulator's
+brokers alike; 1: every run at once)."""
 DELIVERIES_LIMIT = 10_000
 """Deliveries waiting for ``[clients] capacity`` past which a broker holds back every
 neighbour and refuses local publications (``[clients] queue_limit``)."""

@@ -37,6 +37,8 @@ from octopis.core.client_flow import SLOW_POLICIES
 from octopis.core.dedup import DEFAULT_DEDUP_PUBLISHERS, DEFAULT_DEDUP_WINDOW
 from octopis.core.lst import DEFAULT_LST_WINDOW, DEFAULT_ORDER, DEFAULT_QUEUE_THRESHOLD, ORDERS
 from octopis.defaults import (
+    ACK_DELAY,
+    ACK_EVERY,
     ACK_INTERVAL,
     ANSWER_BYTES,
     ANSWER_MAX,
@@ -133,8 +135,15 @@ class Links(Section):
     down_after: Annotated[float, _at_least(0.05)] = DOWN_AFTER
     """T: a neighbour silent this long is down (more than two heartbeats)."""
     ack_interval: Annotated[float, _at_least(0.001)] = ACK_INTERVAL
-    """Seconds between looks at acknowledgements withheld by backpressure; frames taken
-    are acknowledged as they are taken or at the end of each input pass."""
+    """Seconds between looks at acknowledgements withheld by backpressure."""
+    ack_delay: Annotated[float, _at_least(0.001)] = ACK_DELAY
+    """Seconds within which frames taken from a neighbour are acknowledged when it asked
+    for no acknowledgement at once (one covers all it sent meanwhile); a neighbour asks
+    ahead of a copy a publisher's confirm waits for, which is acknowledged before it is
+    routed."""
+    ack_every: Annotated[int, _at_least(1)] = ACK_EVERY
+    """Frames taken from a neighbour past which they are acknowledged at once, not
+    within ``ack_delay`` (1: every run at once, as each arrives)."""
     custody_limit: Annotated[int, _at_least(0)] = CUSTODY_LIMIT
     """Unacknowledged notifications kept per link for a neighbour that may fail; full,
     the link waits. 0 = no custody (a failure loses what was in flight, and there is no

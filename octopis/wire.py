@@ -42,6 +42,8 @@ ADVERTISE, UNADVERTISE = 11, 12
 """Peer body kinds of advertisements (DESIGN §12): one spreading, one withdrawn."""
 RESENT = 13
 """Peer body kind of the routing messages a healed link sends again (DESIGN §7)."""
+ASK = 14
+"""Peer body kind of a sender's request for an acknowledgement at once (DESIGN §7)."""
 
 pack = msgspec.msgpack.Encoder().encode
 """MessagePack encoding (msgspec: about half msgpack-python's time on our bodies)."""
@@ -129,7 +131,13 @@ class Resent(PeerBody, tag=RESENT):
     messages: tuple[tuple[Count, bytes], ...]
 
 
-Control = Hello | Heartbeat | Synced | Resent
+class Ask(PeerBody, tag=ASK):
+    """The routing frames that follow hold a copy its publisher's confirm waits for: the
+    receiver acknowledges them at once, before routing them, rather than within ``[links]
+    ack_delay`` (DESIGN §7, custody; :func:`~octopis.core.custody.take`)."""
+
+
+Control = Hello | Heartbeat | Synced | Resent | Ask
 """Link-level messages (the bodies are the messages): never routed, never queued behind
 data for long."""
 
@@ -288,6 +296,7 @@ BODIES: tuple[type[PeerBody], ...] = (
     AdvertiseBody,
     UnadvertiseBody,
     Resent,
+    Ask,
 )
 """Every peer body, in the order of its kind."""
 PeerBodies = (
@@ -305,6 +314,7 @@ PeerBodies = (
     | AdvertiseBody
     | UnadvertiseBody
     | Resent
+    | Ask
 )
 """What a peer body may be (the decoder's type)."""
 

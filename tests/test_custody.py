@@ -11,6 +11,7 @@ import pytest
 
 from octopis.core.custody import (
     FIRST,
+    NOW,
     STALE,
     TAKEN,
     Custody,
@@ -124,17 +125,26 @@ def test_routing_messages_from_a_sender_that_is_not_reachable_are_stale(
 
 
 @pytest.mark.parametrize("phase", [Phase.SYNCING, Phase.SYNCED])
-def test_routing_messages_from_a_reachable_sender_are_taken_the_first_run_at_once(
+def test_routing_messages_from_a_reachable_sender_are_acknowledged_later_unless_asked(
     phase: Phase,
 ) -> None:
-    """From a reachable sender they are taken and counted; the first since the last
-    acknowledgement says so (acknowledged at once), later ones do not, until the count
-    is acknowledged again."""
+    """From a reachable sender they are taken and counted. Nobody waits on them: the
+    first since the last acknowledgement says so (acknowledged within ``ack_delay``),
+    later ones do not, until the count is acknowledged again. Asked (an ASK came ahead),
+    or with ``every`` owed, they are acknowledged at once, and the ask is answered."""
     record, counts = Neighbour(phase=phase, up=True), Counter[str]()
-    assert take(record, 2, counts) == FIRST and record.received == 2
-    assert take(record, 1, counts) == TAKEN and record.received == 3
+    assert take(record, 2, counts, every=8) == FIRST and record.received == 2
+    assert take(record, 1, counts, every=8) == TAKEN and record.received == 3
+    record.asked = True
+    assert take(record, 1, counts, every=8) == NOW and not record.asked
     acknowledgement(record, withheld=False)
-    assert take(record, 1, counts) == FIRST and record.received == 4 and not counts
+    assert take(record, 1, counts, every=8) == FIRST and record.received == 5
+    assert take(record, 6, counts, every=8) == TAKEN
+    assert take(record, 1, counts, every=8) == NOW and record.received == 12
+    acknowledgement(record, withheld=False)
+    assert take(record, 8, counts, every=8) == NOW and not counts
+    acknowledgement(record, withheld=False)
+    assert take(record, 1, counts, every=1) == NOW  # every run at once
 
 
 def test_an_acknowledgement_counts_only_for_the_incarnation_it_names() -> None:
@@ -198,11 +208,10 @@ def test_negative_settings_are_refused(settings: tuple[int, float, int]) -> None
         Custody(*settings)
 
 
-def test_the_receiver_acknowledges_the_first_run_at_once_unless_withheld() -> None:
-    """The first run taken since the last acknowledgement is acknowledged at once; a later
-    one waits for the pass's end; backpressure repeats the count last acknowledged; a
-    heartbeat is due with anything owed, or after a heartbeat interval of silence with
-    nothing about to leave."""
+def test_the_receiver_counts_what_it_owes_unless_withheld() -> None:
+    """``took`` says whether a run is the first since the last acknowledgement;
+    backpressure repeats the count last acknowledged; a heartbeat is due with anything
+    owed, or after a heartbeat interval of silence with nothing about to leave."""
     record = Neighbour()
     assert took(record, 3) is True and owed(record)
     assert took(record, 2) is False

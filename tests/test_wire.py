@@ -386,6 +386,7 @@ def test_every_kind_has_one_declaration_in_the_order_of_kinds() -> None:
         "ADVERTISE",
         "UNADVERTISE",
         "RESENT",
+        "ASK",
     ]
 
 

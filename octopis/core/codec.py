@@ -56,6 +56,7 @@ from octopis.wire import (
     NOTIFY_HEAD,
     PLAIN_NOTIFY,
     AdvertiseBody,
+    Ask,
     Cbv,
     ClaimedRecord,
     Control,
@@ -81,6 +82,7 @@ from octopis.wire import (
 )
 
 __all__ = [
+    "Ask",
     "Control",
     "Heartbeat",
     "Hello",
@@ -307,6 +309,7 @@ _TO_BODY: dict[type, Callable[[Any], PeerBody]] = {
     Heartbeat: lambda m: m,
     Synced: lambda m: m,
     Resent: lambda m: m,
+    Ask: lambda m: m,
 }
 _TO_MESSAGE: dict[type, Callable[[Any, str], Any]] = {NotifyBody: _notification}
 for _message, _body in (

@@ -8,7 +8,9 @@ side of the rule (what it takes, what it acknowledges, and when) is :func:`take`
 - Routing messages sent on a link after a handshake are numbered 1, 2, …; a handshake
   starts the count again (:meth:`Custody.greeted`). Of them, notifications are *kept*:
   ``(number, sent at, copy)``, in sending order (:meth:`Custody.sent`).
-- The receiver acknowledges the count of routing messages it has taken (cumulative). An
+- The receiver acknowledges the count of routing messages it has taken (cumulative):
+  at once when the sender asks (an ASK frame ahead of a copy a publisher's confirm waits
+  for) or ``ack_every`` are owed, else within ``ack_delay`` (:func:`take`). An
   acknowledgement of ``count`` *settles* the kept entries numbered up to it: they leave
   the unacknowledged list for the *retained* window, which keeps those sent less than
   ``retain`` seconds before the acknowledgement (at most ``retain_limit``, the oldest
@@ -54,6 +56,7 @@ from typing import Any, TypeVar
 
 from octopis.core.messages import ProtocolError
 from octopis.core.neighbours import Neighbour
+from octopis.defaults import ACK_EVERY
 
 T = TypeVar("T")
 
@@ -313,30 +316,41 @@ class Custody:
         return copies
 
 
-STALE, TAKEN, FIRST = range(3)
+STALE, TAKEN, FIRST, NOW = range(4)
 """What a receiver makes of routing messages from a neighbour (:func:`take`): dropped as
-stale; taken; taken, the first since the last acknowledgement."""
+stale; taken, an acknowledgement already due; taken, the first since the last
+acknowledgement (acknowledged within ``ack_delay``); taken and acknowledged at once."""
 
 
-def take(record: Neighbour, count: int, counts: Counter[str]) -> int:
+def take(record: Neighbour, count: int, counts: Counter[str], every: int = ACK_EVERY) -> int:
     """The receiver's rule for ``count`` routing messages from the neighbour of ``record``,
     the one both shells carry out (DESIGN §7): :data:`STALE` unless the neighbour is
     :attr:`~Neighbour.reachable` (down, or its handshake has not named this incarnation of
     ours: they were meant for an earlier process, and are dropped and counted in
     ``counts`` as ``stale_frames`` rather than replayed into an empty table); else they
-    are taken (:func:`took`), :data:`FIRST` when they are the first since the last
-    acknowledgement (acknowledged at once), :data:`TAKEN` otherwise."""
+    are taken (:func:`took`) and acknowledged:
+
+    - :data:`NOW`, before they are routed, when the sender asked (:attr:`~Neighbour.asked`:
+      a copy its publisher's confirm waits for is among them, so the confirm costs a round
+      trip, never a timer), or when ``every`` or more are owed;
+    - else within ``ack_delay`` seconds: :data:`FIRST` when they are the first since the
+      last acknowledgement (the shell starts that wait), :data:`TAKEN` otherwise. Nobody
+      waits on these, and one acknowledgement then covers what a hop took meanwhile: an
+      acknowledgement per run wakes the sender once per notification at low rates."""
     if not record.reachable:
         counts["stale_frames"] += count
         return STALE
-    return FIRST if took(record, count) else TAKEN
+    first = took(record, count)
+    if record.asked or record.received - record.acked >= every:
+        record.asked = False
+        return NOW
+    return FIRST if first else TAKEN
 
 
 def took(record: Neighbour, count: int) -> bool:
     """The receiver took ``count`` routing messages from the neighbour of ``record``;
-    returns whether they are the first since its last acknowledgement: those are
-    acknowledged at once (the copies are the receiver's from here), later ones at the
-    end of the pass that took them (or on the heartbeat timer)."""
+    returns whether they are the first since its last acknowledgement (:func:`take` says
+    when they are acknowledged)."""
     first = record.received == record.acked
     record.received += count
     return first

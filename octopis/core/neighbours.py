@@ -91,6 +91,9 @@ class Neighbour:
     """Data frames taken from it since its handshake (what the process acknowledges)."""
     acked: int = 0
     """The count last acknowledged."""
+    asked: bool = False
+    """It asked for an acknowledgement at once (an ASK frame: a copy its publisher
+    awaits follows); :func:`~octopis.core.custody.take` answers it."""
 
     def silent_past(self, now: float, down_after: float) -> bool:
         """Whether it has been silent for the liveness timeout ``down_after`` at ``now``
@@ -204,6 +207,7 @@ class Neighbours:
         self.event(name, Event.HELLO_FOR_US if names_us else Event.HELLO_NOT_FOR_US)
         record = self.table[name]
         record.received = record.acked = 0
+        record.asked = False
 
     def handshake(self, name: str, names: int, incarnation: int) -> None:
         """``name``'s HELLO, naming ``names`` as our incarnation (0: none yet), heard by

@@ -4,10 +4,13 @@ does, and the receiver's acknowledgements travel back on the reverse link.
 
 - Routing messages a broker sends on a link are numbered; notifications are kept until
   an acknowledgement settles them, then retained ``retain`` seconds (``[links] retain``).
-- The receiver acknowledges the count it has taken when it takes a message
+- The receiver acknowledges the count it has taken as the node's rule says
   (:func:`~octopis.core.custody.take`, which drops one from a neighbour whose handshake
-  has not named it as stale: the first run since its last acknowledgement is
-  acknowledged at once; each arrival is its own input pass here). The acknowledgement
+  has not named it as stale; each arrival is its own input pass here): at once when the
+  sender asked (an :class:`~octopis.core.codec.Ask` ahead of a copy its publisher's confirm
+  waits for, the :data:`ASKS` fate) or ``[links] ack_every`` are owed, else
+  ``[links] ack_delay`` after the first since its last acknowledgement, as the process's
+  timer does. The acknowledgement
   (:class:`Acknowledged`, the process's heartbeat count) goes back on the reverse link,
   ahead of its output queue, after one latency draw; it is lost if that link is broken
   and ignored by a sender of another incarnation than the one it names.
@@ -56,8 +59,10 @@ from collections import Counter, deque
 from typing import NamedTuple
 
 from octopis.core import Notification
+from octopis.core.codec import Ask
 from octopis.core.custody import (
     FIRST,
+    NOW,
     STALE,
     Custody,
     Entry,
@@ -72,6 +77,7 @@ from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
 from octopis.core.pressure import Backpressure
 from octopis.defaults import (
+    ACK_DELAY,
     ACK_INTERVAL,
     CUSTODY_LIMIT,
     DELIVERIES_LIMIT,
@@ -84,11 +90,14 @@ from octopis.defaults import (
 
 Link = tuple[str, str]
 
-GOES, LOST, WAITS = range(3)
+GOES, LOST, WAITS, ASKS = range(4)
 """What becomes of a message a broker puts on a link (:meth:`LinkCustody.departs`): it
 goes; it is lost in transit (a notification on a broken link, kept in custody); it
 waits on the link, in order (for custody to have room, or, another message on a broken
-link, until the link gives it back, :meth:`LinkCustody.take_back`)."""
+link, until the link gives it back, :meth:`LinkCustody.take_back`); it goes behind an
+:data:`ASK` (a copy its publisher's confirm waits for)."""
+ASK = Ask()
+"""The process's ASK frame: the receiver acknowledges what follows at once."""
 
 
 class Receipted(NamedTuple):
@@ -137,7 +146,7 @@ class Resent(NamedTuple):
     messages: list[tuple[int, object]]
 
 
-LINK_FRAMES = (Acknowledged, Resent)
+LINK_FRAMES = (Acknowledged, Resent, Ask)
 """What a link carries besides routing messages (the failure events take them)."""
 
 
@@ -195,12 +204,13 @@ class LinkCustody:
     ) -> int:
         """What becomes of ``message`` put on ``src → dst`` at ``now`` (``broken``: the
         link loses it): :data:`WAITS` behind what waits, or when custody is full (a
-        stop, counted); a notification is numbered and kept, and :data:`GOES` or is
-        :data:`LOST`; another message :data:`WAITS` on a ``broken`` link (the process's
-        output queue, which does not drain while its neighbour is away or declared
-        down), else it is numbered (a share is one message here: unnumbered) and
-        goes. A local publication's copy that the link keeps carries ``receipt`` from
-        here on, waiting or kept (:class:`Receipted`, :meth:`PublishReceipt.goes`)."""
+        stop, counted); a notification is numbered and kept, and :data:`GOES` (a
+        :class:`Receipted` one :data:`ASKS`) or is :data:`LOST`; another message
+        :data:`WAITS` on a ``broken`` link (the process's output queue, which does not
+        drain while its neighbour is away or declared down), else it is numbered (a
+        share is one message here: unnumbered) and goes. A local publication's copy
+        that the link keeps carries ``receipt`` from here on, waiting or kept
+        (:class:`Receipted`, :meth:`PublishReceipt.goes`)."""
         link = (src, dst)
         custody = self.of(src, dst)
         if receipt is not None and receipt.goes(custody, type(message) is Notification):
@@ -217,7 +227,7 @@ class LinkCustody:
         if kind is Notification or kind is Receipted:
             custody.sent(message, now, True)
             self.last_sent[link] = now
-            return LOST if broken else GOES
+            return LOST if broken else ASKS if kind is Receipted else GOES
         if broken:
             self.waiting[link] = deque((message,))
             return WAITS
@@ -325,12 +335,15 @@ class CustodyEvents:
     failure events, :class:`~octopis.sim.failures.FailureEvents`): sends, what a
     receiver acknowledges and when, heartbeats, and what a healed link sends again."""
 
-    def _link_frame(self, broker: str, src: str, message: Acknowledged | Resent) -> None:
+    def _link_frame(self, broker: str, src: str, message: Acknowledged | Resent | Ask) -> None:
         """A link-level frame from ``src`` reaches ``broker`` over a link that is not
         broken (:meth:`_arrive` loses one that reaches a broken link: a lost RESENT is
         sent again at the next heal)."""
-        if type(message) is Acknowledged:
+        kind = type(message)
+        if kind is Acknowledged:
             self._acknowledged(broker, src, message)
+        elif kind is Ask:
+            self.nodes[broker].neighbours[src].asked = True
         else:
             self._resent(broker, src, message)
 
@@ -364,22 +377,39 @@ class CustodyEvents:
         assert state is not None
         now = self.events.now
         fate = state.custody.departs(src, dst, now, message, self._loses(src, dst), receipt)
-        if fate == GOES:
+        if fate in (GOES, ASKS):
             message = message_of(message)
             arrival = self.network.arrival(src, dst, now, message)
-            self.events.send(src, dst, arrival + state.slow.get((src, dst), 0.0), message)
+            arrival += state.slow.get((src, dst), 0.0)
+            if fate == ASKS:
+                self.events.send(src, dst, arrival, ASK)
+            self.events.send(src, dst, arrival, message)
         elif fate == LOST:
             self.failure_counts["lost_in_transit"] += 1
 
     def _takes(self, broker: str, src: str) -> bool:
         """Whether ``broker`` takes a routing message from ``src``, as the node's rule says
-        (:func:`~octopis.core.custody.take`, which counts a stale one); the first since
-        its last acknowledgement is acknowledged at once."""
+        (:func:`~octopis.core.custody.take`, which counts a stale one) and when it is
+        acknowledged: at once, or ``ack_delay`` after the first since the last one."""
         record = self.nodes[broker].neighbours[src]
         verdict = take(record, 1, self.failure_counts)
-        if verdict == FIRST:
+        if verdict == NOW:
             self._acknowledge(broker, src, record)
+        elif verdict == FIRST:
+            self.events.at(self.events.now + ACK_DELAY, self._acknowledge_due, broker, src)
         return verdict != STALE
+
+    def _acknowledge_due(self, broker: str, src: str) -> None:
+        """``ack_delay`` after the first message ``broker`` took from ``src`` since its
+        last acknowledgement (the process's timer): what is still owed is acknowledged."""
+        state = self.failures
+        assert state is not None
+        if self._asleep(broker, self._acknowledge_due, broker, src):
+            return
+        node = self.nodes.get(broker)
+        record = node.neighbours.get(src) if node is not None else None
+        if broker not in state.dead and record is not None and owed(record):
+            self._acknowledge(broker, src, record)
 
     def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:
         """``broker`` acknowledges to ``src`` what it took from it: on the link back,

@@ -216,6 +216,8 @@ class OutputLink:
         self.socket.connect(endpoint)
         self._fast = FastSocket(self.socket)
         self.queue: deque[list] = deque()
+        self._asking = False
+        """An ASK waits in the queue (:meth:`ask`)."""
         self.senders = senders
         self.sent = 0
         self.messages = 0
@@ -242,6 +244,7 @@ class OutputLink:
         ZeroMQ: they leave the queue, routing frames are numbered, notifications go into
         custody and the others are pending (:func:`~octopis.transport.zmqio.book_sent`,
         :meth:`Custody.sent` for a batch)."""
+        self._asking = False
         custody = self.custody
         keeps = custody.keeps
         custody.numbered, size, copies, receipts = book_sent(
@@ -278,6 +281,14 @@ class OutputLink:
                 frame[RECEIPT].held()
                 entries[i] = (number, sent_at, frame[:RECEIPT])
                 self._receipts -= 1
+
+    def ask(self, frame: list, now: float) -> None:
+        """Enqueue the ASK ``frame`` ahead of the next routing frame, unless one already
+        waits to leave: the receiver acknowledges what follows at once (a copy a
+        publisher's confirm waits for, DESIGN §7)."""
+        if not self._asking:
+            self._asking = True
+            self.put(frame, now)
 
     def put(self, frame: list, now: float) -> None:
         """Enqueue one frame (counted as n_in). During a send pass it waits for the pass
@@ -383,6 +394,7 @@ class OutputLink:
             if frame[KIND] >= DATA:
                 frames.append(frame)
         self.queue.clear()
+        self._asking = False
         return frames
 
     def resent(self) -> Resent:

@@ -25,6 +25,7 @@ import zmq.asyncio
 
 from octopis.core import Message, Notification, ProtocolError
 from octopis.core.codec import (
+    Ask,
     Control,
     Heartbeat,
     Hello,
@@ -35,7 +36,7 @@ from octopis.core.codec import (
     decode_plain_notification,
     decode_sender,
 )
-from octopis.core.custody import FIRST, STALE, resent_taken, take
+from octopis.core.custody import FIRST, NOW, STALE, owed, resent_taken, take
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.logs import RateLimitedLog
 from octopis.transport.links import InputWaiter, SendPass
@@ -130,7 +131,6 @@ class PeerInput:
         send_pass = self.send_pass
         on_message = self.on_message
         idle = self.idle
-        acknowledge = self.output.acknowledge_pass
         clock = time.monotonic
         handled = 0
         left: list[list[bytes]] = []
@@ -140,7 +140,6 @@ class PeerInput:
                 messages = left or receive(PEER_BATCH - handled, True)
                 left = []
                 if not messages:
-                    acknowledge(now)
                     send_pass.end(now)
                     handled = 0
                     self._reading = False
@@ -166,7 +165,6 @@ class PeerInput:
                         handled = PEER_BATCH
                         break
                 if handled >= PEER_BATCH:
-                    acknowledge(now)
                     send_pass.end(now)
                     handled = 0
                     await asyncio.sleep(0)
@@ -241,12 +239,8 @@ class PeerInput:
         failure before routing took any would repeat: the notifications left are then
         counted as internal errors and dropped."""
         self.neighbours.heard(sender, now)  # a sign of life (up: no news)
-        verdict = take(state, len(run), self.counters)
-        if verdict == STALE:
-            self._stale(sender)
+        if not self._taken(sender, state, len(run), now):
             return
-        if verdict == FIRST:
-            self.output.acknowledge_first(sender, state, now)
         pending = iter(run)
         while True:
             left = length_hint(pending)
@@ -258,6 +252,20 @@ class PeerInput:
                 if length_hint(pending) == left:
                     self.counters["internal_errors"] += left
                     return
+
+    def _taken(self, sender: str, state: Neighbour, count: int, now: float) -> bool:
+        """Whether ``count`` routing bodies from ``sender`` are taken, as the node's rule
+        says (:func:`~octopis.core.custody.take`; the stale ones are logged), and their
+        acknowledgement: at once, before they are routed, or within ``ack_delay``."""
+        verdict = take(state, count, self.counters, self.output.settings.ack_every)
+        if verdict == STALE:
+            self._stale(sender)
+            return False
+        if verdict == NOW:
+            self.output.acknowledge_now(sender, state, now)
+        elif verdict == FIRST:
+            self.output.acknowledge_soon()
+        return True
 
     def _failed(self, exc: Exception) -> None:
         """Count and log a body that could not be handled (called while handling ``exc``,
@@ -276,9 +284,9 @@ class PeerInput:
     def _on_body(self, sender: str, message: Message | Control, body: bytes, now: float) -> None:
         """One decoded routing or link-level ``message`` from ``sender``: link-level ones
         move its state (:class:`PeerLiveness`); a routing one goes to the broker if the
-        node's rule takes it (:func:`~octopis.core.custody.take`; acknowledged with the
-        pass), else it is stale. :class:`ProtocolError` if ``sender`` is not a
-        neighbour."""
+        node's rule takes it (:meth:`_taken`), else it is stale; an ASK marks what
+        follows for an acknowledgement at once. :class:`ProtocolError` if ``sender`` is
+        not a neighbour."""
         state = self.neighbours.get(sender)
         if state is None and sender in self.departed:
             self.counters["frames_from_departed"] += 1  # it stops once all let it go
@@ -295,13 +303,14 @@ class PeerInput:
             self.liveness.synced(sender, message, now)
         if kind is Heartbeat or kind is Hello or kind is Synced:
             return
+        if kind is Ask:
+            state.asked = True  # what follows is acknowledged at once (:func:`take`)
+            return
         if kind is Resent:
             self._resent(sender, state, message, now)  # type: ignore[arg-type]
             return
-        if take(state, 1, self.counters) == STALE:
-            self._stale(sender)
-            return
-        self.events.peer_message(sender, message, body, now)
+        if self._taken(sender, state, 1, now):
+            self.events.peer_message(sender, message, body, now)
 
     def _stale(self, sender: str) -> None:
         """Log routing bodies from ``sender`` the node's rule dropped (and counted) as
@@ -320,6 +329,8 @@ class PeerInput:
                 self.events.peer_message(sender, decode_body_in_full(sender, body), body, now)
             except Exception as exc:
                 self._failed(exc)
+        if owed(state):
+            self.output.acknowledge_now(sender, state, now)
 
     def _malformed(self, problem: str) -> None:
         self.counters["wire_errors"] += 1

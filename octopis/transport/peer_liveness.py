@@ -168,10 +168,11 @@ class PeerLiveness:
         ``caught_up``). Time this process spent not running (a tick that comes late) is
         not counted as anyone's silence.
 
-        Input passes acknowledge what they took (:meth:`PeerOutput.acknowledge_pass`), so
-        the tick is every ack interval only while backpressure withholds
-        acknowledgements (they are released here), else every half heartbeat interval:
-        an idle broker wakes ten times a second, not twenty."""
+        What input passes take is acknowledged at once or within ``ack_delay``
+        (:meth:`PeerOutput.acknowledge_now`, :meth:`PeerOutput.acknowledge_soon`), so the
+        tick is every ack interval only while backpressure withholds acknowledgements
+        (they are released here), else every half heartbeat interval: an idle broker
+        wakes ten times a second, not twenty."""
         output = self.output
         calm = self.heartbeat / 2
         woke = loop.time()

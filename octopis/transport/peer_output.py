@@ -19,7 +19,7 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate
-from octopis.core.codec import Control, Heartbeat, Hello, Synced, encode_peer
+from octopis.core.codec import Ask, Control, Heartbeat, Hello, Synced, encode_peer
 from octopis.core.custody import PublishReceipt, heartbeat_due, owed
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.settings import Links
@@ -71,6 +71,9 @@ class PeerOutput:
             SendRate(links.broker_capacity, LOOP_SLACK) if links.broker_capacity else None
         )
         self.links: dict[str, OutputLink] = {}
+        self._ask = self.frame(Ask(), LINK)
+        self._ack_timer: asyncio.TimerHandle | None = None
+        """Acknowledges within ``ack_delay`` what is owed (:meth:`acknowledge_soon`)."""
 
     def open(self, name: str, endpoint: str) -> OutputLink:
         """A link to neighbour ``name`` at ``endpoint``, kept in :attr:`links`."""
@@ -117,11 +120,12 @@ class PeerOutput:
         """Put one routing ``frame`` on neighbour ``name``'s link. A local publication's
         copy that the link keeps in custody carries ``receipt`` and counts in it, as
         :meth:`PublishReceipt.goes` says (the publisher is answered once every such copy
-        is acknowledged, DESIGN §7)."""
+        is acknowledged, DESIGN §7), behind an ASK: the neighbour acknowledges it at once."""
         link = self.links[name]
-        kept = receipt is not None and receipt.goes(link.custody, frame[KIND] == KEPT)
-        if kept and len(frame) == RECEIPT:
-            frame.append(receipt)
+        if receipt is not None and receipt.goes(link.custody, frame[KIND] == KEPT):
+            if len(frame) == RECEIPT:
+                frame.append(receipt)
+            link.ask(self._ask, now)
         link.put(frame, now)
 
     def put(self, name: str, frames: list[list], now: float) -> None:
@@ -184,34 +188,43 @@ class PeerOutput:
         """Look at backpressure afresh: the neighbours held back (:class:`PressureGauge`)."""
         return self._gauge.check(now, self.links, self.waiting_deliveries())
 
-    def acknowledge_pass(self, now: float) -> None:
-        """At the end of an input pass: acknowledge to each neighbour the frames this pass
-        took from it, in the pass's own batch, so a publisher's confirm (custody held,
-        DESIGN §7) follows in a round trip rather than on the ack timer. Backpressure is
-        looked at afresh first: a neighbour whose acknowledgement it withholds
-        (:meth:`beat`) is left to the timer's heartbeat, which counts what it withholds."""
-        taken = [(name, state) for name, state in self.neighbours.items() if owed(state)]
-        if not taken:
-            return
-        self.check_pressure(now)
-        for name, state in taken:
-            if not self.pressure.holds(name):
-                self.beat(name, state, now)
-
-    def acknowledge_first(self, name: str, state: Neighbour, now: float) -> None:
-        """The first run of notifications taken from ``name`` since its last
-        acknowledgement: acknowledge it at once, before routing it, outside the pass's
-        batch. The copies are this process's from here (routed in this same synchronous
-        pass), so a publisher's confirm need not wait for the fan-out behind them; more
-        runs from ``name`` in the pass are acknowledged at its end, so a busy pass adds
-        one acknowledgement per neighbour. Only with no delivery waiting for the client
-        side's capacity: the run about to be routed may add to that backlog, which only
-        the pass's end sees (:meth:`acknowledge_pass` then looks at backpressure)."""
+    def acknowledge_now(self, name: str, state: Neighbour, now: float) -> None:
+        """Routing frames taken from ``name`` that the node's rule acknowledges at once
+        (:func:`~octopis.core.custody.take`: it asked, or ``ack_every`` are owed): before
+        routing them, outside the pass's batch. The copies are this process's from here
+        (routed in this same synchronous pass), so a publisher's confirm need not wait for
+        the fan-out behind them. Only with no delivery waiting for the client side's
+        capacity: the run about to be routed may add to that backlog, which the
+        acknowledgement within ``ack_delay`` sees (:meth:`acknowledge_soon`)."""
         if self.waiting_deliveries():
+            self.acknowledge_soon()
             return
         self.check_pressure(now)
         if not self.pressure.holds(name):
             self.beat(name, state, now, at_once=True)
+
+    def acknowledge_soon(self) -> None:
+        """Acknowledge within ``ack_delay`` seconds what is owed to every neighbour then
+        (:func:`~octopis.core.custody.take` said :data:`~octopis.core.custody.FIRST`): one
+        acknowledgement covers what a neighbour sent meanwhile."""
+        if self._ack_timer is None:
+            loop = asyncio.get_running_loop()
+            self._ack_timer = loop.call_later(self.settings.ack_delay, self._acknowledge_owed)
+
+    def _acknowledge_owed(self) -> None:
+        """The ``ack_delay`` timer: acknowledge to each neighbour the frames taken from it
+        since its last acknowledgement. Backpressure is looked at afresh first: a neighbour
+        whose acknowledgement it withholds (:meth:`beat`) is left to the tick's heartbeat,
+        which counts what it withholds."""
+        self._ack_timer = None
+        taken = [(name, state) for name, state in self.neighbours.items() if owed(state)]
+        if not taken:
+            return
+        now = asyncio.get_running_loop().time()
+        self.check_pressure(now)
+        for name, state in taken:
+            if not self.pressure.holds(name):
+                self.beat(name, state, now)
 
     def beat_due(self, now: float, heartbeat: float) -> None:
         """A heartbeat to each neighbour the node says is due one
