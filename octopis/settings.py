@@ -143,7 +143,8 @@ class Links(Section):
     routed."""
     ack_every: Annotated[int, _at_least(1)] = ACK_EVERY
     """Frames taken from a neighbour past which they are acknowledged at once, not
-    within ``ack_delay`` (1: every run at once, as each arrives)."""
+    within ``ack_delay`` (1: every run at once, as each arrives); at most half of
+    ``custody_limit``, so a neighbour never stops for room only to wait out the delay."""
     custody_limit: Annotated[int, _at_least(0)] = CUSTODY_LIMIT
     """Unacknowledged notifications kept per link for a neighbour that may fail; full,
     the link waits. 0 = no custody (a failure loses what was in flight, and there is no

@@ -15,6 +15,7 @@ from octopis.core.custody import (
     STALE,
     TAKEN,
     Custody,
+    acknowledge_every,
     acknowledgement,
     counts_for,
     heartbeat_due,
@@ -145,6 +146,19 @@ def test_routing_messages_from_a_reachable_sender_are_acknowledged_later_unless_
     assert take(record, 8, counts, every=8) == NOW and not counts
     acknowledgement(record, withheld=False)
     assert take(record, 1, counts, every=1) == NOW  # every run at once
+
+
+@pytest.mark.parametrize(
+    ("every", "custody_limit", "expected"),
+    [(64, 10_000, 64), (64, 50, 25), (64, 3, 1), (64, 1, 1), (8, 0, 8), (1, 100, 1)],
+)
+def test_a_receiver_acknowledges_at_once_before_a_sender_runs_out_of_room(
+    every: int, custody_limit: int, expected: int
+) -> None:
+    """Both shells ask ``acknowledge_every``: ``ack_every``, but at most half the custody
+    limit (a sender with room for 50 would otherwise stop and wait out ``ack_delay``);
+    without custody, ``ack_every`` itself."""
+    assert acknowledge_every(every, custody_limit) == expected
 
 
 def test_an_acknowledgement_counts_only_for_the_incarnation_it_names() -> None:

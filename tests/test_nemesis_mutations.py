@@ -53,7 +53,8 @@ def test_acknowledging_what_was_not_taken_is_caught(monkeypatch: pytest.MonkeyPa
         return take_back(self)
 
     monkeypatch.setattr(
-        "octopis.sim.custody.take", lambda record, n, counts: take(record, n + 1, counts)
+        "octopis.sim.custody.take",
+        lambda record, n, counts, every: take(record, n + 1, counts, every),
     )
     monkeypatch.setattr(Custody, "take_back", without_retained)
     _caught(lambda p: "lost without a count" in p or "resent messages numbered" in p)

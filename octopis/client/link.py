@@ -160,14 +160,15 @@ class BrokerLink:
                 self.on_frame(parts)
             except Exception:
                 log.exception("client of %s dropped a frame it could not handle", self.endpoint)
-            if self._stalls:
+            if self._stalls:  # unwatched meanwhile: the FD stays readable until read
+                asyncio.get_running_loop().remove_reader(self._fd)
                 self._waiting = asyncio.create_task(self._wait_for_room())
                 return
         self._drain_soon = True
         asyncio.get_running_loop().call_soon(self._drain)
 
     async def _wait_for_room(self) -> None:
-        """Wait while a stream is full, then read on."""
+        """Wait while a stream is full, then watch the FD again and read on."""
         self.reading_paused = True
         try:
             while self._stalls:
@@ -176,7 +177,9 @@ class BrokerLink:
             self.reading_paused = False
         self.heard = time.monotonic()
         self._waiting = None
-        self._drain()
+        if self._fd is not None:
+            asyncio.get_running_loop().add_reader(self._fd, self._drain)
+            self._drain()
 
     async def heartbeat(
         self, interval: float, liveness: float, silent: Callable[[], Awaitable[None]]

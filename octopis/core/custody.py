@@ -332,7 +332,7 @@ def take(record: Neighbour, count: int, counts: Counter[str], every: int = ACK_E
 
     - :data:`NOW`, before they are routed, when the sender asked (:attr:`~Neighbour.asked`:
       a copy its publisher's confirm waits for is among them, so the confirm costs a round
-      trip, never a timer), or when ``every`` or more are owed;
+      trip, never a timer), or when ``every`` or more are owed (:func:`acknowledge_every`);
     - else within ``ack_delay`` seconds: :data:`FIRST` when they are the first since the
       last acknowledgement (the shell starts that wait), :data:`TAKEN` otherwise. Nobody
       waits on these, and one acknowledgement then covers what a hop took meanwhile: an
@@ -345,6 +345,13 @@ def take(record: Neighbour, count: int, counts: Counter[str], every: int = ACK_E
         record.asked = False
         return NOW
     return FIRST if first else TAKEN
+
+
+def acknowledge_every(every: int, custody_limit: int) -> int:
+    """How many routing messages owed make a receiver acknowledge at once (:func:`take`):
+    ``every`` (``[links] ack_every``), but at most half of ``custody_limit`` (set alike on
+    every broker), so a sender never stops for room only to wait out ``ack_delay``."""
+    return max(1, min(every, custody_limit // 2)) if custody_limit > 0 else every
 
 
 def took(record: Neighbour, count: int) -> bool:

@@ -67,6 +67,7 @@ from octopis.core.custody import (
     Custody,
     Entry,
     PublishReceipt,
+    acknowledge_every,
     counts_for,
     heartbeat_due,
     owed,
@@ -78,6 +79,7 @@ from octopis.core.node import HandedShare
 from octopis.core.pressure import Backpressure
 from octopis.defaults import (
     ACK_DELAY,
+    ACK_EVERY,
     ACK_INTERVAL,
     CUSTODY_LIMIT,
     DELIVERIES_LIMIT,
@@ -166,6 +168,8 @@ class LinkCustody:
             raise ValueError("custody limit, retain and retain limit must not be negative")
         self.retain = retain
         self.custody_limit = custody_limit
+        self.every = acknowledge_every(ACK_EVERY, custody_limit)
+        """Messages owed past which a receiver acknowledges at once."""
         self.retain_limit = retain_limit
         self.queue_limit = queue_limit
         self.pressure: dict[str, Backpressure] = {}
@@ -392,7 +396,9 @@ class CustodyEvents:
         (:func:`~octopis.core.custody.take`, which counts a stale one) and when it is
         acknowledged: at once, or ``ack_delay`` after the first since the last one."""
         record = self.nodes[broker].neighbours[src]
-        verdict = take(record, 1, self.failure_counts)
+        state = self.failures
+        assert state is not None
+        verdict = take(record, 1, self.failure_counts, state.custody.every)
         if verdict == NOW:
             self._acknowledge(broker, src, record)
         elif verdict == FIRST:

@@ -36,7 +36,15 @@ from octopis.core.codec import (
     decode_plain_notification,
     decode_sender,
 )
-from octopis.core.custody import FIRST, NOW, STALE, owed, resent_taken, take
+from octopis.core.custody import (
+    FIRST,
+    NOW,
+    STALE,
+    acknowledge_every,
+    owed,
+    resent_taken,
+    take,
+)
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.logs import RateLimitedLog
 from octopis.transport.links import InputWaiter, SendPass
@@ -89,6 +97,8 @@ class PeerInput:
         self.events = events
         self.liveness = liveness
         self.output = output
+        self._every = acknowledge_every(output.settings.ack_every, output.settings.custody_limit)
+        """Routing frames owed past which they are acknowledged at once."""
         self.counters = counters
         self._warn = warn
         self.send_pass = send_pass
@@ -257,7 +267,7 @@ class PeerInput:
         """Whether ``count`` routing bodies from ``sender`` are taken, as the node's rule
         says (:func:`~octopis.core.custody.take`; the stale ones are logged), and their
         acknowledgement: at once, before they are routed, or within ``ack_delay``."""
-        verdict = take(state, count, self.counters, self.output.settings.ack_every)
+        verdict = take(state, count, self.counters, self._every)
         if verdict == STALE:
             self._stale(sender)
             return False
