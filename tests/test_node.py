@@ -479,10 +479,12 @@ def test_a_restarted_bid_broker_process_counts_its_lost_table(tmp_path: Path, al
         stream = await sub.subscribe("[class,eq,'Q']")
 
         async def taken() -> bool:
-            links = (await cluster.call("b:0", "stats"))["custody"]
-            return (await cluster.call("a:0", "stats"))["routing_table_size"] == 1 and not (
-                links["a:0"]["pending"]
-            )
+            # a:0 first: b:0's SUBSCRIBE is pending from its send until a:0's acknowledgement,
+            # so b:0 seen without it afterwards means acknowledged (read the other way round,
+            # b:0 may not have sent it yet, and a:0 take it before acknowledging)
+            if (await cluster.call("a:0", "stats"))["routing_table_size"] != 1:
+                return False
+            return not (await cluster.call("b:0", "stats"))["custody"]["a:0"]["pending"]
 
         await until(taken, "a:0 took the subscription and b:0 heard so", 30)
         if alone:
