@@ -132,7 +132,8 @@ def test_routing_messages_from_a_reachable_sender_are_acknowledged_later_unless_
     """From a reachable sender they are taken and counted. Nobody waits on them: the
     first since the last acknowledgement says so (acknowledged within ``ack_delay``),
     later ones do not, until the count is acknowledged again. Asked (an ASK came ahead),
-    or with ``every`` owed, they are acknowledged at once, and the ask is answered."""
+    or with ``every`` owed, they are acknowledged at once, and the ask is answered; so is
+    every routing message that is not a notification."""
     record, counts = Neighbour(phase=phase, up=True), Counter[str]()
     assert take(record, 2, counts, every=8) == FIRST and record.received == 2
     assert take(record, 1, counts, every=8) == TAKEN and record.received == 3
@@ -146,6 +147,8 @@ def test_routing_messages_from_a_reachable_sender_are_acknowledged_later_unless_
     assert take(record, 8, counts, every=8) == NOW and not counts
     acknowledgement(record, withheld=False)
     assert take(record, 1, counts, every=1) == NOW  # every run at once
+    acknowledgement(record, withheld=False)
+    assert take(record, 1, counts, every=8, notifications=False) == NOW  # a subscription
 
 
 @pytest.mark.parametrize(

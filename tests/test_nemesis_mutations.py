@@ -54,7 +54,7 @@ def test_acknowledging_what_was_not_taken_is_caught(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(
         "octopis.sim.custody.take",
-        lambda record, n, counts, every: take(record, n + 1, counts, every),
+        lambda record, n, counts, every, **kind: take(record, n + 1, counts, every, **kind),
     )
     monkeypatch.setattr(Custody, "take_back", without_retained)
     _caught(lambda p: "lost without a count" in p or "resent messages numbered" in p)

@@ -322,7 +322,14 @@ stale; taken, an acknowledgement already due; taken, the first since the last
 acknowledgement (acknowledged within ``ack_delay``); taken and acknowledged at once."""
 
 
-def take(record: Neighbour, count: int, counts: Counter[str], every: int = ACK_EVERY) -> int:
+def take(
+    record: Neighbour,
+    count: int,
+    counts: Counter[str],
+    every: int = ACK_EVERY,
+    *,
+    notifications: bool = True,
+) -> int:
     """The receiver's rule for ``count`` routing messages from the neighbour of ``record``,
     the one both shells carry out (DESIGN §7): :data:`STALE` unless the neighbour is
     :attr:`~Neighbour.reachable` (down, or its handshake has not named this incarnation of
@@ -332,7 +339,11 @@ def take(record: Neighbour, count: int, counts: Counter[str], every: int = ACK_E
 
     - :data:`NOW`, before they are routed, when the sender asked (:attr:`~Neighbour.asked`:
       a copy its publisher's confirm waits for is among them, so the confirm costs a round
-      trip, never a timer), or when ``every`` or more are owed (:func:`acknowledge_every`);
+      trip, never a timer), when ``every`` or more are owed (:func:`acknowledge_every`), or
+      when they are not ``notifications`` (subscription, advertisement, move and replay
+      messages: one the receiver passed on and died before acknowledging is handed again
+      to its next process, which passes it on a second time; at once, that window is a
+      round trip, as it was for every message);
     - else within ``ack_delay`` seconds: :data:`FIRST` when they are the first since the
       last acknowledgement (the shell starts that wait), :data:`TAKEN` otherwise. Nobody
       waits on these, and one acknowledgement then covers what a hop took meanwhile: an
@@ -341,7 +352,7 @@ def take(record: Neighbour, count: int, counts: Counter[str], every: int = ACK_E
         counts["stale_frames"] += count
         return STALE
     first = took(record, count)
-    if record.asked or record.received - record.acked >= every:
+    if not notifications or record.asked or record.received - record.acked >= every:
         record.asked = False
         return NOW
     return FIRST if first else TAKEN

@@ -391,14 +391,17 @@ class CustodyEvents:
         elif fate == LOST:
             self.failure_counts["lost_in_transit"] += 1
 
-    def _takes(self, broker: str, src: str) -> bool:
-        """Whether ``broker`` takes a routing message from ``src``, as the node's rule says
-        (:func:`~octopis.core.custody.take`, which counts a stale one) and when it is
-        acknowledged: at once, or ``ack_delay`` after the first since the last one."""
+    def _takes(self, broker: str, src: str, message: object) -> bool:
+        """Whether ``broker`` takes the routing ``message`` from ``src``, as the node's
+        rule says (:func:`~octopis.core.custody.take`, which counts a stale one) and when
+        it is acknowledged: at once, or ``ack_delay`` after the first since the last one."""
         record = self.nodes[broker].neighbours[src]
         state = self.failures
         assert state is not None
-        verdict = take(record, 1, self.failure_counts, state.custody.every)
+        notification = type(message) is Notification
+        verdict = take(
+            record, 1, self.failure_counts, state.custody.every, notifications=notification
+        )
         if verdict == NOW:
             self._acknowledge(broker, src, record)
         elif verdict == FIRST:

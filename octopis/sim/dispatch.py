@@ -117,7 +117,7 @@ class ActionDispatch:
             if type(message) in LINK_FRAMES:  # an acknowledgement, or what a heal resends
                 self._link_frame(broker, src, message)
                 return
-            if type(message) is not HandedShare and not self._takes(broker, src):
+            if type(message) is not HandedShare and not self._takes(broker, src, message):
                 return  # stale: sent before its sender's handshake named this broker
         if self.cpus is not None:
             self.cpus.queue(broker, src, message)

@@ -263,11 +263,14 @@ class PeerInput:
                     self.counters["internal_errors"] += left
                     return
 
-    def _taken(self, sender: str, state: Neighbour, count: int, now: float) -> bool:
-        """Whether ``count`` routing bodies from ``sender`` are taken, as the node's rule
-        says (:func:`~octopis.core.custody.take`; the stale ones are logged), and their
+    def _taken(
+        self, sender: str, state: Neighbour, count: int, now: float, notifications: bool = True
+    ) -> bool:
+        """Whether ``count`` routing bodies from ``sender`` (``notifications``, or another
+        routing message) are taken, as the node's rule says
+        (:func:`~octopis.core.custody.take`; the stale ones are logged), and their
         acknowledgement: at once, before they are routed, or within ``ack_delay``."""
-        verdict = take(state, count, self.counters, self._every)
+        verdict = take(state, count, self.counters, self._every, notifications=notifications)
         if verdict == STALE:
             self._stale(sender)
             return False
@@ -319,7 +322,7 @@ class PeerInput:
         if kind is Resent:
             self._resent(sender, state, message, now)  # type: ignore[arg-type]
             return
-        if self._taken(sender, state, 1, now):
+        if self._taken(sender, state, 1, now, kind is Notification):
             self.events.peer_message(sender, message, body, now)
 
     def _stale(self, sender: str) -> None:
