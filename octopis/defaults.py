@@ -53,7 +53,7 @@ ACK_INTERVAL = 0.05
 """Seconds between a broker's looks at the acknowledgements backpressure withholds
 (``[links] ack_interval``; the simulator's brokers alike)."""
 ACK_DELAY = 0.01
-"""Seconds within which a broker acknowledges routing frames whose sender asked for no
+"""Seconds within which a broker acknowledges notifications whose sender asked for no
 acknowledgement at once (``[links] ack_delay``; the simulator's brokers alike)."""
 ACK_EVERY = 64
 """Routing frames a broker takes from one neighbour past which it acknowledges them at

@@ -137,10 +137,10 @@ class Links(Section):
     ack_interval: Annotated[float, _at_least(0.001)] = ACK_INTERVAL
     """Seconds between looks at acknowledgements withheld by backpressure."""
     ack_delay: Annotated[float, _at_least(0.001)] = ACK_DELAY
-    """Seconds within which frames taken from a neighbour are acknowledged when it asked
-    for no acknowledgement at once (one covers all it sent meanwhile); a neighbour asks
-    ahead of a copy a publisher's confirm waits for, which is acknowledged before it is
-    routed."""
+    """Seconds within which notifications taken from a neighbour are acknowledged when it
+    asked for no acknowledgement at once (one covers all it sent meanwhile); a neighbour
+    asks ahead of a copy a publisher's confirm waits for, which is acknowledged before it
+    is routed, and other routing messages are acknowledged at once."""
     ack_every: Annotated[int, _at_least(1)] = ACK_EVERY
     """Frames taken from a neighbour past which they are acknowledged at once, not
     within ``ack_delay`` (1: every run at once, as each arrives); at most half of
