@@ -10,7 +10,8 @@ side of the rule (what it takes, what it acknowledges, and when) is :func:`take`
   ``(number, sent at, copy)``, in sending order (:meth:`Custody.sent`).
 - The receiver acknowledges the count of routing messages it has taken (cumulative):
   at once when the sender asks (an ASK frame ahead of a copy a publisher's confirm waits
-  for) or ``ack_every`` are owed, else within ``ack_delay`` (:func:`take`). An
+  for), when ``ack_every`` are owed or for any other routing message than a
+  notification, else within ``ack_delay`` (:func:`take`). An
   acknowledgement of ``count`` *settles* the kept entries numbered up to it: they leave
   the unacknowledged list for the *retained* window, which keeps those sent less than
   ``retain`` seconds before the acknowledgement (at most ``retain_limit``, the oldest

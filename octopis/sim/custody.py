@@ -8,9 +8,9 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   (:func:`~octopis.core.custody.take`, which drops one from a neighbour whose handshake
   has not named it as stale; each arrival is its own input pass here): at once when the
   sender asked (an :class:`~octopis.core.codec.Ask` ahead of a copy its publisher's confirm
-  waits for, the :data:`ASKS` fate) or ``[links] ack_every`` are owed, else
-  ``[links] ack_delay`` after the first since its last acknowledgement, as the process's
-  timer does. The acknowledgement
+  waits for, the :data:`ASKS` fate), when ``[links] ack_every`` are owed or for a
+  message other than a notification, else ``[links] ack_delay`` after the first since
+  its last acknowledgement, as the process's timer does. The acknowledgement
   (:class:`Acknowledged`, the process's heartbeat count) goes back on the reverse link,
   ahead of its output queue, after one latency draw; it is lost if that link is broken
   and ignored by a sender of another incarnation than the one it names.
