@@ -190,3 +190,36 @@ def test_a_link_reads_every_message_in_order_pauses_while_a_stream_is_full_and_s
             ctx.destroy(linger=0)
 
     asyncio.run(scenario())
+
+
+def test_a_link_keeps_what_its_socket_cannot_take_yet_and_sends_it_once_connected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A socket with no connection takes no message (ZeroMQ says ``EAGAIN``): the link
+    keeps them in order, up to ``UNSENT_LIMIT`` (one more is refused, naming the
+    endpoint), and its reader sends them once the socket is connected."""
+    monkeypatch.setattr("octopis.client.link.UNSENT_LIMIT", 3)
+
+    async def scenario() -> None:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        endpoint = f"tcp://127.0.0.1:{port}"
+        link = BrokerLink(ctx, endpoint, receive_buffer=10, curve=None, on_frame=print)
+        try:
+            link.start_reading()
+            for payload in (b"one", b"two", b"three"):
+                link.send(payload)  # not connected yet: no pipe takes them
+            with pytest.raises(BufferError, match=f"3 messages wait for the socket to {endpoint}"):
+                link.send(b"four")
+            link.connect()
+            got = [(await asyncio.wait_for(router.recv_multipart(), 10))[1] for _ in range(3)]
+            assert got == [b"one", b"two", b"three"]
+            link.send(b"five")  # connected: straight to ZeroMQ
+            assert (await asyncio.wait_for(router.recv_multipart(), 10))[1] == b"five"
+            link.stop_reading()
+        finally:
+            link.socket.close()
+            ctx.destroy(linger=0)
+
+    asyncio.run(scenario())

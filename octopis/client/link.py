@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import zmq
@@ -25,6 +26,9 @@ log = logging.getLogger("octopis.client")
 
 READ_BATCH = 64
 """Deliveries the reader handles before it yields to the application's tasks."""
+UNSENT_LIMIT = 10_000
+"""Messages a link keeps while its socket has no connection to take them (a broker that
+refused the handshake, or is away); one more is refused with :class:`BufferError`."""
 
 
 class BrokerLink:
@@ -55,6 +59,9 @@ class BrokerLink:
         """The wait for room in a full stream, while one is under way."""
         self._drain_soon = False
         """A drain is due on the loop's next turn."""
+        self._unsent: deque[bytes] = deque()
+        """What ZeroMQ did not take (no connection: its pipe is gone), in order; sent by
+        the next drain, dropped by a switch to another broker (:meth:`switch`)."""
         self.heard = time.monotonic()
         """When the broker was last heard (monotonic time)."""
         self._stalls: list[asyncio.Event] = []
@@ -102,13 +109,29 @@ class BrokerLink:
         return waiting
 
     def send(self, payload: bytes) -> None:
-        """Send ``payload`` to the broker. ZeroMQ queues it for its I/O thread (the
-        socket's send high-water mark is 0: no limit), so this never waits; sending
-        through pyzmq's asyncio methods would leave pyzmq's own reader on the event FD
-        in this link's place. A send may consume the FD's signal of input that arrived
-        meanwhile, so it looks for input afterwards (:meth:`unread`)."""
-        self._sync.send(payload, zmq.NOBLOCK)
+        """Send ``payload`` to the broker without waiting. ZeroMQ queues it for its I/O
+        thread (the socket's send high-water mark is 0: no limit) while the socket has a
+        connection; while it has none (a handshake refused, a broker away) the link keeps
+        it, up to :data:`UNSENT_LIMIT`, and the reader sends it once the socket takes
+        messages again. Sending through pyzmq's asyncio methods would leave pyzmq's own
+        reader on the event FD in this link's place. A send may consume the FD's signal
+        of input that arrived meanwhile, so it looks for input afterwards
+        (:meth:`unread`)."""
+        if self._unsent or not self._send_now(payload):
+            if len(self._unsent) >= UNSENT_LIMIT:
+                raise BufferError(
+                    f"{UNSENT_LIMIT} messages wait for the socket to {self.endpoint} to take them"
+                )
+            self._unsent.append(payload)
         self.unread()
+
+    def _send_now(self, payload: bytes) -> bool:
+        """Hand ``payload`` to ZeroMQ if it takes it now."""
+        try:
+            self._sync.send(payload, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def unread(self) -> bool:
         """Whether something from the broker waits unread in the socket. Asking resets
@@ -128,6 +151,7 @@ class BrokerLink:
             await asyncio.gather(waiting, return_exceptions=True)
         if self.socket is not left:
             self.socket.close()
+        self._unsent.clear()  # meant for the broker left (fail-over sends its requests again)
         self.socket = self.new_socket(endpoint)
         self._sync = zmq.Socket.shadow(self.socket.underlying)
         self.socket.connect(endpoint)
@@ -144,7 +168,12 @@ class BrokerLink:
         of the loop, so the application's tasks run between batches. A full stream
         (:meth:`stall_until`) stops it until there is room."""
         self._drain_soon = False
-        if self._fd is None or self._waiting is not None:
+        if self._fd is None:
+            return
+        unsent = self._unsent
+        while unsent and self._send_now(unsent[0]):
+            unsent.popleft()
+        if self._waiting is not None:
             return
         recv = self._sync.recv_multipart
         for _ in range(READ_BATCH):
