@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 import zmq.asyncio
+from conditions import until
 
 from octopis.client import (
     Connection,
@@ -169,17 +170,14 @@ def test_a_link_reads_every_message_in_order_pauses_while_a_stream_is_full_and_s
             assert hello == b"hello"
             for i in range(200):
                 await router.send_multipart([identity, str(i).encode()])
-            await asyncio.sleep(0.3)
+            await until(link.unread, "the messages after the 10th waiting unread", 10)
             fd = link.socket.getsockopt(zmq.FD)
             assert len(got) == 10 and link.reading_paused and link.reading
             # paused, the FD (readable until read) is not watched, or the loop would spin
             assert fd not in loop._selector.get_map()
             assert link.unread()
             room.set()
-            for _ in range(100):
-                if len(got) == 200:
-                    break
-                await asyncio.sleep(0.05)
+            await until(lambda: len(got) == 200, "the other 190 read after the pause", 10)
             assert got == [str(i).encode() for i in range(200)]
             assert not link.reading_paused and READ_BATCH < 200
             assert fd in loop._selector.get_map()
