@@ -170,7 +170,9 @@ def test_a_link_reads_every_message_in_order_pauses_while_a_stream_is_full_and_s
             assert hello == b"hello"
             for i in range(200):
                 await router.send_multipart([identity, str(i).encode()])
-            await until(link.unread, "the messages after the 10th waiting unread", 10)
+            await until(
+                lambda: len(got) == 10 and link.unread(), "10 read, the rest waiting unread", 10
+            )
             fd = link.socket.getsockopt(zmq.FD)
             assert len(got) == 10 and link.reading_paused and link.reading
             # paused, the FD (readable until read) is not watched, or the loop would spin
