@@ -17,6 +17,7 @@ from octopis.core.custody import (
     Custody,
     acknowledge_every,
     acknowledgement,
+    ask,
     counts_for,
     heartbeat_due,
     owed,
@@ -137,7 +138,7 @@ def test_routing_messages_from_a_reachable_sender_are_acknowledged_later_unless_
     record, counts = Neighbour(phase=phase, up=True), Counter[str]()
     assert take(record, 2, counts, every=8) == FIRST and record.received == 2
     assert take(record, 1, counts, every=8) == TAKEN and record.received == 3
-    record.asked = True
+    ask(record)
     assert take(record, 1, counts, every=8) == NOW and not record.asked
     acknowledgement(record, withheld=False)
     assert take(record, 1, counts, every=8) == FIRST and record.received == 5

@@ -359,6 +359,13 @@ def take(
     return FIRST if first else TAKEN
 
 
+def ask(record: Neighbour) -> None:
+    """The neighbour of ``record`` sent an ASK: the routing messages that follow hold a
+    copy its publisher's confirm waits for, and :func:`take` acknowledges them at once
+    (both shells call this for an ASK)."""
+    record.asked = True
+
+
 def acknowledge_every(every: int, custody_limit: int) -> int:
     """How many routing messages owed make a receiver acknowledge at once (:func:`take`):
     ``every`` (``[links] ack_every``), but at most half of ``custody_limit`` (set alike on

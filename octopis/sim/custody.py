@@ -68,6 +68,7 @@ from octopis.core.custody import (
     Entry,
     PublishReceipt,
     acknowledge_every,
+    ask,
     counts_for,
     heartbeat_due,
     owed,
@@ -347,7 +348,7 @@ class CustodyEvents:
         if kind is Acknowledged:
             self._acknowledged(broker, src, message)
         elif kind is Ask:
-            self.nodes[broker].neighbours[src].asked = True
+            ask(self.nodes[broker].neighbours[src])
         else:
             self._resent(broker, src, message)
 

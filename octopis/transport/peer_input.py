@@ -41,6 +41,7 @@ from octopis.core.custody import (
     NOW,
     STALE,
     acknowledge_every,
+    ask,
     owed,
     resent_taken,
     take,
@@ -317,7 +318,7 @@ class PeerInput:
         if kind is Heartbeat or kind is Hello or kind is Synced:
             return
         if kind is Ask:
-            state.asked = True  # what follows is acknowledged at once (:func:`take`)
+            ask(state)
             return
         if kind is Resent:
             self._resent(sender, state, message, now)  # type: ignore[arg-type]
