@@ -69,6 +69,9 @@ def test_forked_brokers_serve_die_pause_and_stop_as_executed_ones(tmp_path: Path
     finally:
         cluster.stop()
     assert {p.returncode for p in cluster.processes.values()} == {0}
+    zygote = next(iter(cluster.processes.values()))._zygote  # type: ignore[attr-defined]
+    seen = {p.pid for p in cluster.processes.values()}
+    assert not seen & set(zygote.ended)  # a status read is not kept twice
     for pid in cluster.processes.values():
         assert not psutil.pid_exists(pid.pid) or psutil.Process(pid.pid).status() == "zombie"
 

@@ -53,7 +53,9 @@ class Zygote:
         """Held while the zygote is started, and while its output is read and parsed
         (threads may wait on brokers, :func:`~octopis.cluster.launcher.stop_pids`)."""
         self.ended: dict[int, int] = {}
-        """Child pid → exit status, as the zygote reported them."""
+        """Child pid → exit status, as the zygote reported them, until its
+        :class:`ForkedBroker` reads it (:meth:`take_status`): at most one entry per
+        child forked and not yet seen to end."""
 
     def _started(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None:
@@ -120,6 +122,12 @@ class Zygote:
                     self._answers.append((word, rest))
 
 
+    def take_status(self, pid: int) -> int | None:
+        """The exit status of child ``pid`` if it has ended (then forgotten here: the
+        caller keeps it), else None."""
+        return self.ended.pop(pid, None)
+
+
 _zygote = Zygote()
 
 
@@ -131,11 +139,14 @@ class ForkedBroker:
         self.pid = pid
         self.args = args
         self._zygote = zygote
+        self._status: int | None = None
 
     @property
     def returncode(self) -> int | None:
         """The exit status (minus the signal that ended it), None while it runs."""
-        return self._zygote.ended.get(self.pid)
+        if self._status is None:
+            self._status = self._zygote.take_status(self.pid)
+        return self._status
 
     def poll(self) -> int | None:
         """The exit status if the process has ended, else None."""
