@@ -121,7 +121,6 @@ class Zygote:
                 else:
                     self._answers.append((word, rest))
 
-
     def take_status(self, pid: int) -> int | None:
         """The exit status of child ``pid`` if it has ended (then forgotten here: the
         caller keeps it), else None."""
