@@ -106,9 +106,18 @@ def test_a_resent_from_a_sender_that_is_not_reachable_is_stale(
     dropped; from any other (down, or of a session not with us), all are stale and the
     count stays."""
     record, counts = Neighbour(phase=phase, up=up, received=3), Counter({"stale_frames": 1})
-    taken = resent_taken(record, 5, [(3, "s3"), (5, "s5")], counts)
+    taken, _ = resent_taken(record, 5, [(3, "s3"), (5, "s5")], counts)
     got = (taken, counts["links.resent_dropped"], counts["stale_frames"] - 1)
     assert (got, record.received) == expected
+
+
+def test_a_resent_is_acknowledged_at_once_only_when_something_is_owed() -> None:
+    """After a RESENT the receiver acknowledges at once when anything is owed (its count
+    settles what the cut left unacknowledged on the sender), and not when the RESENT
+    only repeats what it took and acknowledged."""
+    record = Neighbour(phase=Phase.SYNCED, up=True, received=3, acked=3)
+    assert resent_taken(record, 3, [(3, "s3")], Counter()) == ([], False)
+    assert resent_taken(record, 5, [(5, "s5")], Counter()) == (["s5"], True)
 
 
 @pytest.mark.parametrize(

@@ -71,10 +71,13 @@ def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_dra
     assert "f:0" not in node.neighbours and "f:0" not in node.core.neighbour_ids
 
 
-LINK_RULES = frozenset({"resent_taken", "relink"})
+LINK_RULES = frozenset({"resent_taken", "relink", "owed_neighbours"})
 """The neighbour lifecycle's rules each shell once wrote its own way, now asked of the
 node by both: what a RESENT's receiver takes, stale from a sender that is not reachable
-(the process alone checked that); whether a relink may drop a link that still carries
+(the process alone checked that), and whether it acknowledges at once (each shell
+tested ``owed`` itself); whom a broker's acknowledgement timer acknowledges (one timer
+per broker, every neighbour owed: the simulator once armed one per link and
+acknowledged that link alone); whether a relink may drop a link that still carries
 (each shell refused with its own data). Whether a neighbour heard again resumes its
 session (the process once read its link's greeting, the simulator ``declared_down``) is
 now asked by the node's heal itself (``BrokerNode.heard``)."""

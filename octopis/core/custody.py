@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from typing import Any, TypeVar
 
@@ -400,13 +400,16 @@ def resent(record: Neighbour, numbered: int, numbers: list[int]) -> list[bool]:
 
 def resent_taken(
     record: Neighbour, numbered: int, messages: Sequence[tuple[int, T]], counts: Counter[str]
-) -> list[T]:
+) -> tuple[list[T], bool]:
     """The messages of a RESENT (``(number, message)`` pairs, :func:`resent`) that the
-    receiver takes, in order: the rule both shells carry out. Those it drops are counted
-    in ``counts``: taken before (``links.resent_dropped``), or stale, all of them, when
-    the sender is not :attr:`~Neighbour.reachable` (down, or its handshake has not named
-    us: they were meant for an earlier session, ``stale_frames``; the count of what was
-    taken from it stays as it was)."""
+    receiver takes, in order, and whether it acknowledges at once, after routing them:
+    the rule both shells carry out. Those it drops are counted in ``counts``: taken
+    before (``links.resent_dropped``), or stale, all of them, when the sender is not
+    :attr:`~Neighbour.reachable` (down, or its handshake has not named us: they were
+    meant for an earlier session, ``stale_frames``; the count of what was taken from it
+    stays as it was). A RESENT is acknowledged at once when anything is owed: what it
+    carries is pending on the sender (subscription, move and replay messages), and its
+    count settles what the cut left unacknowledged."""
     taken: list[T] = []
     if record.reachable:
         takes = resent(record, numbered, [number for number, _ in messages])
@@ -414,7 +417,7 @@ def resent_taken(
     stale = 0 if record.reachable else len(messages)
     counts["links.resent_dropped"] += len(messages) - len(taken) - stale
     counts["stale_frames"] += stale
-    return taken
+    return taken, owed(record)
 
 
 def counts_for(names: int, incarnation: int) -> bool:
@@ -428,6 +431,14 @@ def counts_for(names: int, incarnation: int) -> bool:
 def owed(record: Neighbour) -> bool:
     """Whether routing messages were taken from the neighbour and not acknowledged."""
     return record.received != record.acked
+
+
+def owed_neighbours(records: Iterable[tuple[str, Neighbour]]) -> list[tuple[str, Neighbour]]:
+    """The neighbours a broker's acknowledgement timer acknowledges when it fires
+    (``ack_delay`` after a :data:`FIRST`, one timer per broker, not per link): every one
+    owed anything then (:func:`owed`), so one timer covers what every neighbour sent
+    meanwhile. Both shells arm it and carry it out."""
+    return [(name, record) for name, record in records if owed(record)]
 
 
 def heartbeat_due(record: Neighbour, idle: float, heartbeat: float, sending: bool) -> bool:

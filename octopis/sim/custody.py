@@ -9,8 +9,10 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   has not named it as stale; each arrival is its own input pass here): at once when the
   sender asked (an :class:`~octopis.core.codec.Ask` ahead of a copy its publisher's confirm
   waits for, the :data:`ASKS` fate), when ``[links] ack_every`` are owed or for a
-  message other than a notification, else ``[links] ack_delay`` after the first since
-  its last acknowledgement, as the process's timer does. The acknowledgement
+  message other than a notification, else when the broker's timer fires, ``[links]
+  ack_delay`` after a first since a neighbour's last acknowledgement: one timer per
+  broker, which acknowledges every neighbour owed then, as the process's does
+  (:func:`~octopis.core.custody.owed_neighbours`). The acknowledgement
   (:class:`Acknowledged`, the process's heartbeat count) goes back on the reverse link,
   ahead of its output queue, after one latency draw; it is lost if that link is broken
   and ignored by a sender of another incarnation than the one it names.
@@ -72,6 +74,7 @@ from octopis.core.custody import (
     counts_for,
     heartbeat_due,
     owed,
+    owed_neighbours,
     resent_taken,
     take,
 )
@@ -177,6 +180,8 @@ class LinkCustody:
         """Each broker's backpressure rule (made on first use, :meth:`pressure_of`)."""
         self.pressure_counts: Counter[str] = Counter()
         """The rules' counts (episodes, acknowledgements withheld), all brokers'."""
+        self.acknowledging: set[str] = set()
+        """Brokers whose acknowledgement timer runs (``[links] ack_delay``)."""
         self.looking: set[Link] = set()
         """Links whose broker will look again at the acknowledgement it withholds."""
         self.links: dict[Link, Custody] = {}
@@ -365,10 +370,12 @@ class CustodyEvents:
         what the node's rule takes (:func:`~octopis.core.custody.resent_taken`; the
         others are counted, taken before or stale) and acknowledges."""
         record = self.nodes[broker].neighbours[src]
-        taken = resent_taken(record, message.numbered, message.messages, self.failure_counts)
+        taken, at_once = resent_taken(
+            record, message.numbered, message.messages, self.failure_counts
+        )
         for copy in taken:
             self._dispatch(broker, self._take(broker, src, copy))
-        if owed(record):
+        if at_once:
             self._acknowledge(broker, src, record)
 
     def _put(
@@ -405,20 +412,24 @@ class CustodyEvents:
         )
         if verdict == NOW:
             self._acknowledge(broker, src, record)
-        elif verdict == FIRST:
-            self.events.at(self.events.now + ACK_DELAY, self._acknowledge_due, broker, src)
+        elif verdict == FIRST and broker not in state.custody.acknowledging:
+            state.custody.acknowledging.add(broker)
+            self.events.at(self.events.now + ACK_DELAY, self._acknowledge_owed, broker)
         return verdict != STALE
 
-    def _acknowledge_due(self, broker: str, src: str) -> None:
-        """``ack_delay`` after the first message ``broker`` took from ``src`` since its
-        last acknowledgement (the process's timer): what is still owed is acknowledged."""
+    def _acknowledge_owed(self, broker: str) -> None:
+        """``broker``'s acknowledgement timer, ``ack_delay`` after a first message taken
+        since a neighbour's last acknowledgement (one per broker, as the process's): every
+        neighbour owed then is acknowledged (:func:`~octopis.core.custody.owed_neighbours`)."""
         state = self.failures
         assert state is not None
-        if self._asleep(broker, self._acknowledge_due, broker, src):
+        if self._asleep(broker, self._acknowledge_owed, broker):
             return
+        state.custody.acknowledging.discard(broker)
         node = self.nodes.get(broker)
-        record = node.neighbours.get(src) if node is not None else None
-        if broker not in state.dead and record is not None and owed(record):
+        if broker in state.dead or node is None:
+            return
+        for src, record in owed_neighbours(node.neighbours.items()):
             self._acknowledge(broker, src, record)
 
     def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:

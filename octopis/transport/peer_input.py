@@ -42,7 +42,6 @@ from octopis.core.custody import (
     STALE,
     acknowledge_every,
     ask,
-    owed,
     resent_taken,
     take,
 )
@@ -338,12 +337,13 @@ class PeerInput:
         the bodies the node's rule takes go to the broker, in order; the others are
         counted, taken before (``links.resent_dropped``) or stale
         (:func:`~octopis.core.custody.resent_taken`)."""
-        for body in resent_taken(state, message.numbered, message.messages, self.counters):
+        taken, at_once = resent_taken(state, message.numbered, message.messages, self.counters)
+        for body in taken:
             try:
                 self.events.peer_message(sender, decode_body_in_full(sender, body), body, now)
             except Exception as exc:
                 self._failed(exc)
-        if owed(state):
+        if at_once:
             self.output.acknowledge_now(sender, state, now)
 
     def _malformed(self, problem: str) -> None:

@@ -20,7 +20,7 @@ import zmq.asyncio
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate
 from octopis.core.codec import Ask, Control, Heartbeat, Hello, Synced, encode_peer
-from octopis.core.custody import PublishReceipt, heartbeat_due, owed
+from octopis.core.custody import PublishReceipt, heartbeat_due, owed_neighbours
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.settings import Links
 from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
@@ -217,7 +217,7 @@ class PeerOutput:
         whose acknowledgement it withholds (:meth:`beat`) is left to the tick's heartbeat,
         which counts what it withholds."""
         self._ack_timer = None
-        taken = [(name, state) for name, state in self.neighbours.items() if owed(state)]
+        taken = owed_neighbours(self.neighbours.items())
         if not taken:
             return
         now = asyncio.get_running_loop().time()
