@@ -28,6 +28,10 @@ CLIENTS = "(clients)"
 held back."""
 
 
+SEND, LATER, HELD = range(3)
+"""What :meth:`Backpressure.acknowledging` says of an acknowledgement wanted at once."""
+
+
 @dataclass(frozen=True)
 class Pressed:
     """What a check started, for the broker's log: ``memory``: over the memory budget
@@ -105,6 +109,26 @@ class Backpressure:
         last said): something other than its own link is full."""
         full = self.full
         return bool(full) and (len(full) > 1 or name not in full)
+
+    def acknowledging(self, name: str, deliveries_waiting: int) -> int:
+        """What becomes of an acknowledgement to ``name`` the node's rule wants at once
+        (:func:`~octopis.core.custody.take` said ``NOW``, or a RESENT was taken), once
+        the shell has refreshed the rule (:meth:`check`) unless deliveries wait: :data:`SEND`
+        it now; :data:`LATER`, with the broker's acknowledgement timer, while
+        ``deliveries_waiting`` wait for the clients' capacity (the run about to be routed
+        may add to that backlog, which the timer's check then sees); :data:`HELD` while
+        ``name`` is held back (:meth:`holds`): the broker's look again (every
+        ``ack_interval``, :meth:`tick`) acknowledges it, withheld and counted
+        (:meth:`acknowledge`). Both shells carry this out."""
+        if deliveries_waiting:
+            return LATER
+        return HELD if self.holds(name) else SEND
+
+    def released(self, owed: list[tuple[str, Neighbour]]) -> list[tuple[str, Neighbour]]:
+        """Of the ``owed`` neighbours (:func:`~octopis.core.custody.owed_neighbours`) the
+        broker's acknowledgement timer acknowledges, those not held back; the others are
+        left to the look again, which counts what it withholds (both shells)."""
+        return [(name, record) for name, record in owed if not self.holds(name)]
 
     def acknowledge(self, name: str, state: Neighbour) -> int:
         """The count a heartbeat to ``name`` acknowledges: what was taken from it, or,

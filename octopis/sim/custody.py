@@ -30,9 +30,12 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   looked at before each acknowledgement as the process's is, fed each link's waiting
   frames: what waits on it here, and the copies in its output queue where links measure
   queues (:meth:`~octopis.sim.network.Network.waiting`). While a link holds
-  ``queue_limit`` frames, the acknowledgements to the broker's other neighbours repeat
-  the last count, so their custody fills and they stop; the broker looks again an
-  ``[links] ack_interval`` later, as the process's tick does. No delivery waits for a
+  ``queue_limit`` frames the broker's other neighbours are held back: what they send
+  is not acknowledged at once nor by the timer (:meth:`Backpressure.acknowledging`,
+  :meth:`Backpressure.released`, as on the process), and the broker looks again every
+  ``[links] ack_interval`` (the process's tick), acknowledging each neighbour owed with
+  the last count while it is held back, counted withheld, so their custody fills and
+  they stop. No delivery waits for a
   client's capacity and no memory is measured here (neither is simulated): the rule is
   fed 0 of each.
 - The sender takes back its retained and unacknowledged copies, then what waited
@@ -73,14 +76,13 @@ from octopis.core.custody import (
     ask,
     counts_for,
     heartbeat_due,
-    owed,
     owed_neighbours,
     resent_taken,
     take,
 )
 from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
-from octopis.core.pressure import Backpressure
+from octopis.core.pressure import SEND, Backpressure
 from octopis.defaults import (
     ACK_DELAY,
     ACK_EVERY,
@@ -182,8 +184,8 @@ class LinkCustody:
         """The rules' counts (episodes, acknowledgements withheld), all brokers'."""
         self.acknowledging: set[str] = set()
         """Brokers whose acknowledgement timer runs (``[links] ack_delay``)."""
-        self.looking: set[Link] = set()
-        """Links whose broker will look again at the acknowledgement it withholds."""
+        self.looking: set[str] = set()
+        """Brokers that will look again at the acknowledgements they withhold."""
         self.links: dict[Link, Custody] = {}
         self.waiting: dict[Link, deque[object]] = {}
         """Messages that wait for custody to have room, per link, in sending order."""
@@ -376,7 +378,7 @@ class CustodyEvents:
         for copy in taken:
             self._dispatch(broker, self._take(broker, src, copy))
         if at_once:
-            self._acknowledge(broker, src, record)
+            self._acknowledge_at_once(broker, src, record)
 
     def _put(
         self, src: str, dst: str, message: object, receipt: PublishReceipt | None = None
@@ -411,7 +413,7 @@ class CustodyEvents:
             record, 1, self.failure_counts, state.custody.every, notifications=notification
         )
         if verdict == NOW:
-            self._acknowledge(broker, src, record)
+            self._acknowledge_at_once(broker, src, record)
         elif verdict == FIRST and broker not in state.custody.acknowledging:
             state.custody.acknowledging.add(broker)
             self.events.at(self.events.now + ACK_DELAY, self._acknowledge_owed, broker)
@@ -420,7 +422,9 @@ class CustodyEvents:
     def _acknowledge_owed(self, broker: str) -> None:
         """``broker``'s acknowledgement timer, ``ack_delay`` after a first message taken
         since a neighbour's last acknowledgement (one per broker, as the process's): every
-        neighbour owed then is acknowledged (:func:`~octopis.core.custody.owed_neighbours`)."""
+        neighbour owed then and not held back is acknowledged
+        (:func:`~octopis.core.custody.owed_neighbours`, :meth:`Backpressure.released`);
+        the others are left to the look again (:meth:`_look_again`)."""
         state = self.failures
         assert state is not None
         if self._asleep(broker, self._acknowledge_owed, broker):
@@ -429,25 +433,39 @@ class CustodyEvents:
         node = self.nodes.get(broker)
         if broker in state.dead or node is None:
             return
-        for src, record in owed_neighbours(node.neighbours.items()):
-            self._acknowledge(broker, src, record)
+        taken = owed_neighbours(node.neighbours.items())
+        pressure = self._pressure(broker, self.events.now)
+        released = pressure.released(taken)
+        for src, record in released:
+            self._acknowledge(broker, src, record, pressure)
+        if len(released) < len(taken):
+            self._look_again_later(broker)
 
-    def _acknowledge(self, broker: str, src: str, record: Neighbour) -> None:
-        """``broker`` acknowledges to ``src`` what it took from it: on the link back,
-        ahead of its queue (lost if the link is broken); its heartbeat timer runs. An
-        acknowledgement that would change nothing in ``src``'s custody when it arrives
-        (:meth:`Custody.settles`, :meth:`Custody.prunes`) is not simulated: only the time
-        it was sent counts."""
+    def _acknowledge_at_once(self, broker: str, src: str, record: Neighbour) -> None:
+        """What ``broker`` took from ``src`` is acknowledged at once, unless backpressure
+        holds ``src`` back (:meth:`Backpressure.acknowledging`; no delivery waits for a
+        client's capacity here): then the look again acknowledges it, withheld."""
+        pressure = self._pressure(broker, self.events.now)
+        if pressure.acknowledging(src, 0) == SEND:
+            self._acknowledge(broker, src, record, pressure)
+        else:
+            self._look_again_later(broker)
+
+    def _acknowledge(
+        self, broker: str, src: str, record: Neighbour, pressure: Backpressure
+    ) -> None:
+        """``broker`` acknowledges to ``src`` what it took from it, or the count last
+        acknowledged while ``pressure`` holds ``src`` back (:meth:`Backpressure.acknowledge`):
+        on the link back, ahead of its queue (lost if the link is broken); its heartbeat
+        timer runs. An acknowledgement that would change nothing in ``src``'s custody when
+        it arrives (:meth:`Custody.settles`, :meth:`Custody.prunes`) is not simulated: only
+        the time it was sent counts."""
         state = self.failures
         assert state is not None
         custody, events = state.custody, self.events
         link = (broker, src)
         now = events.now
-        pressure = self._pressure(broker, now)
         count = pressure.acknowledge(src, record)
-        if pressure.holds(src) and link not in custody.looking:
-            custody.looking.add(link)
-            events.at(now + ACK_INTERVAL, self._look_again, broker, src)
         custody.last_sent[link] = now
         kept = custody.links.get((src, broker))
         if kept is not None:
@@ -473,19 +491,32 @@ class CustodyEvents:
         pressure.check(queues, 0, 0)
         return pressure
 
-    def _look_again(self, broker: str, src: str) -> None:
-        """``broker`` looks again at what it withholds from ``src`` an ack interval
-        later (the process's tick while backpressure holds a neighbour back): what is
-        still owed is acknowledged afresh, withheld again while ``src`` is held back."""
+    def _look_again_later(self, broker: str) -> None:
+        """``broker`` holds a neighbour back: it looks again an ack interval later (the
+        process's tick while backpressure holds), unless it already will."""
+        looking = self.failures.custody.looking  # type: ignore[union-attr]
+        if broker not in looking:
+            looking.add(broker)
+            self.at(self.events.now + ACK_INTERVAL, self._look_again, broker)
+
+    def _look_again(self, broker: str) -> None:
+        """``broker`` looks again at backpressure (the process's tick while it holds a
+        neighbour back): every neighbour still owed is acknowledged, withheld and counted
+        while held back (:meth:`Backpressure.acknowledge`); again later while one is."""
         state = self.failures
         assert state is not None
-        if self._asleep(broker, self._look_again, broker, src):
+        if self._asleep(broker, self._look_again, broker):
             return
-        state.custody.looking.discard((broker, src))
+        state.custody.looking.discard(broker)
         node = self.nodes.get(broker)
-        record = node.neighbours.get(src) if node is not None else None
-        if broker not in state.dead and record is not None and owed(record):
-            self._acknowledge(broker, src, record)
+        if broker in state.dead or node is None:
+            return
+        pressure = self._pressure(broker, self.events.now)
+        taken = owed_neighbours(node.neighbours.items())
+        for src, record in taken:
+            self._acknowledge(broker, src, record, pressure)
+        if any(pressure.holds(src) for src, _ in taken):
+            self._look_again_later(broker)
 
     def _heartbeat(self, broker: str, src: str) -> None:
         """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the
@@ -506,7 +537,7 @@ class CustodyEvents:
             return
         idle = self.events.now - custody.last_sent.get((broker, src), -math.inf)
         if heartbeat_due(record, idle, HEARTBEAT, False):
-            self._acknowledge(broker, src, record)
+            self._acknowledge(broker, src, record, self._pressure(broker, self.events.now))
         last = custody.last_sent[(broker, src)]
         expires = kept.retained[0][1] + kept.retain if kept.retained else self.events.now
         beats = max(1, math.ceil((expires - last) / HEARTBEAT))  # heartbeats from the last

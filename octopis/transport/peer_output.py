@@ -22,6 +22,7 @@ from octopis.core.capacity import SendRate
 from octopis.core.codec import Ask, Control, Heartbeat, Hello, Synced, encode_peer
 from octopis.core.custody import PublishReceipt, heartbeat_due, owed_neighbours
 from octopis.core.neighbours import Neighbour, Neighbours
+from octopis.core.pressure import LATER, SEND
 from octopis.settings import Links
 from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
 from octopis.transport.links import LOOP_SLACK, Activity, OutputLink, SendPass
@@ -196,12 +197,14 @@ class PeerOutput:
         the fan-out behind them. Only with no delivery waiting for the client side's
         capacity: the run about to be routed may add to that backlog, which the
         acknowledgement within ``ack_delay`` sees (:meth:`acknowledge_soon`)."""
-        if self.waiting_deliveries():
-            self.acknowledge_soon()
-            return
-        self.check_pressure(now)
-        if not self.pressure.holds(name):
+        waiting = self.waiting_deliveries()
+        if not waiting:
+            self.check_pressure(now)
+        fate = self.pressure.acknowledging(name, waiting)
+        if fate == SEND:
             self.beat(name, state, now, at_once=True)
+        elif fate == LATER:
+            self.acknowledge_soon()
 
     def acknowledge_soon(self) -> None:
         """Acknowledge within ``ack_delay`` seconds what is owed to every neighbour then
@@ -222,9 +225,8 @@ class PeerOutput:
             return
         now = asyncio.get_running_loop().time()
         self.check_pressure(now)
-        for name, state in taken:
-            if not self.pressure.holds(name):
-                self.beat(name, state, now)
+        for name, state in self.pressure.released(taken):
+            self.beat(name, state, now)
 
     def beat_due(self, now: float, heartbeat: float) -> None:
         """A heartbeat to each neighbour the node says is due one
