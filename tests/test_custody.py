@@ -206,10 +206,14 @@ def test_the_limit_stops_the_link_and_zero_turns_custody_off() -> None:
     custody.sent("b", 0.0, True)
     assert custody.full and custody.room() == 0
     custody.stopped()
+    custody.stopped()  # the link waits on: the same stop
     assert custody.stops == 1
     assert custody.acknowledge(1, 0.1) is True and custody.room() == 1
     assert custody.acknowledge(1, 0.2) is False
-    assert custody.take_back() == ["b"]  # retain 0: the settled one is not retained
+    custody.sent("c", 0.3, True)
+    custody.stopped()  # full again after sending: a new stop
+    assert custody.stops == 2
+    assert custody.take_back() == ["b", "c"]  # retain 0: the settled one is not retained
     off = Custody(limit=0)
     off.sent("a", 0.0, True)
     assert not off.keeps and not off.unacked and not off.full and off.numbered == 1

@@ -272,7 +272,9 @@ def test_a_full_custody_buffer_stops_the_link_and_counts_it() -> None:
         for n in range(5):
             link.put([b"me", b"n%d" % n, KEPT], loop.time())
         assert await _drain(pull) == [b"greeting", b"n0", b"n1"]
-        assert len(link.queue) == 3 and link.custody.stops >= 1
+        link.put([b"me", b"n5", KEPT], loop.time())  # wakes the sender: the same stop
+        await asyncio.sleep(0.01)
+        assert len(link.queue) == 4 and link.custody.stops == 1
         link.acknowledge(2, loop.time())
         assert await _drain(pull) == [b"n2", b"n3"]
 

@@ -183,6 +183,7 @@ class Custody:
         "retain_limit",
         "retained",
         "settle",
+        "stopped_at",
         "stops",
         "unacked",
     )
@@ -215,6 +216,8 @@ class Custody:
         """Retained entries dropped early to stay within ``retain_limit``."""
         self.stops = 0
         """Times the link stopped sending because custody was full."""
+        self.stopped_at = -1
+        """The number last sent when the last stop was counted (:meth:`stopped`)."""
 
     def __len__(self) -> int:
         """Routing messages unacknowledged: notifications kept and messages pending."""
@@ -223,6 +226,7 @@ class Custody:
     def greeted(self) -> None:
         """A handshake went on the link: the numbering starts again."""
         self.numbered = 0
+        self.stopped_at = -1
 
     def sent(self, copy: Any, now: float, kept: bool) -> None:
         """A routing message went on the link at ``now``: numbered, and, with custody on,
@@ -246,8 +250,13 @@ class Custody:
         return len(self.unacked) + len(self.pending) >= self.limit
 
     def stopped(self) -> None:
-        """The link stopped sending because custody is full (counted)."""
-        self.stops += 1
+        """The link stopped sending because custody is full: counted once per stop, not
+        again while it waits for room (nothing was sent since the stop last counted), so
+        a shell may say so each time it finds the link held (the process's sender wakes
+        on every put and acknowledgement) or only once (the simulator)."""
+        if self.numbered != self.stopped_at:
+            self.stopped_at = self.numbered
+            self.stops += 1
 
     def acknowledge(self, count: int, now: float) -> bool:
         """The receiver has taken the first ``count`` routing messages of this session
