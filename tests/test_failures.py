@@ -19,7 +19,8 @@ from laws import scots, sized
 from octopis.cli.main import main
 from octopis.client_policy import SEAM_FILLED
 from octopis.core import DEFAULT_COVERING, Notification
-from octopis.defaults import BUFFER, CLIENT_LIVENESS
+from octopis.core.neighbours import Neighbours, liveness_tick, stall
+from octopis.defaults import BUFFER, CLIENT_LIVENESS, HEARTBEAT
 from octopis.failure_schedule import Failure, FailureSpecError, parse_failure, read_schedule
 from octopis.filters.language import Predicate, Subscription
 from octopis.matching import ReferenceMatcher
@@ -669,6 +670,22 @@ def test_the_subscribers_of_a_paused_broker_fail_over_after_the_sdks_liveness(
         assert back - away == pytest.approx(CLIENT_LIVENESS)
     assert report["clients_left"] == len(homed)
     assert not any(sim.nodes[broker].sessions.subscriptions(s) for s in homed)
+
+
+@pytest.mark.parametrize("pause", [0.15, 2.0])
+def test_a_paused_broker_excuses_what_the_process_excuses(
+    pause: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On resume a simulated broker excuses the time it did not run as the process's
+    liveness tick does (``stall`` against ``liveness_tick``): a pause shorter than two
+    ticks, which the process's tick cannot tell from its own lateness, excuses nothing;
+    a longer one its length less a tick (the simulator once excused the whole pause)."""
+    excused: list[float] = []
+    monkeypatch.setattr(Neighbours, "stalled", lambda self, late: excused.append(late))
+    _run(FIG2, "snr", [Failure(("c:0",), FAIL_AT, FAIL_AT + pause, stall=True)])
+    tick = liveness_tick(HEARTBEAT)
+    assert excused == [pytest.approx(stall(FAIL_AT + pause, FAIL_AT, tick))]
+    assert excused[0] == (0.0 if pause < 2 * tick else pytest.approx(pause - tick))
 
 
 def test_a_paused_broker_excuses_its_stall_by_its_nodes_rule() -> None:

@@ -325,6 +325,14 @@ class Neighbours:
         return all(r.serving for r in self.table.values())
 
 
+def liveness_tick(heartbeat: float) -> float:
+    """Seconds between a broker's looks at its neighbours' liveness when no backpressure
+    holds (:meth:`~octopis.core.pressure.Backpressure.tick` shortens them): half a
+    ``heartbeat``, so a silence is judged within half a heartbeat of its due time; what a
+    pause is measured against (:func:`stall`), on processes and in the simulator."""
+    return heartbeat / 2
+
+
 def stall(now: float, woke: float, tick: float) -> float:
     """Seconds a timer of ``tick`` seconds, set at ``woke``, fired late at ``now`` beyond
     one more tick (0: on time, or late by less than a tick): time this process spent not

@@ -8,9 +8,11 @@ pause, a VM hiccup) and resumed, as the broker process lives through it.
   after the pause began, as any silence (:meth:`Neighbour.silent_past`), routing around
   it and taking back what they kept for it.
 - On resume it excuses its own stall by its node's rule
-  (:meth:`~octopis.core.neighbours.Neighbours.stalled`, the process's tick calls the
-  same): it declares no one down for the time it did not run (a silence judgement it
-  owed meanwhile runs as much later). It takes what waited, in order; then its
+  (:meth:`~octopis.core.neighbours.Neighbours.stalled`), measured as the process's
+  liveness tick measures it (:func:`~octopis.core.neighbours.stall` against
+  :func:`~octopis.core.neighbours.liveness_tick`: the pause less a tick, nothing for one
+  under two ticks): it declares no one down for the time it did not run (a silence
+  judgement it owed meanwhile runs as much later). It takes what waited, in order; then its
   neighbours hear it again, as at a heal: one that declared it down gives back what it
   held for it and sends again what it has no acknowledgement for.
 - Its subscribers notice its silence after the SDK's liveness (``defaults.CLIENT_LIVENESS``)
@@ -30,7 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from octopis.defaults import CLIENT_LIVENESS
+from octopis.core.neighbours import liveness_tick, stall
+from octopis.defaults import CLIENT_LIVENESS, HEARTBEAT
 from octopis.failure_schedule import Failure
 
 
@@ -75,7 +78,7 @@ class PausedBrokers:
             return  # it died meanwhile
         since = paused[0]
         late = self.now - since
-        self.nodes[broker].neighbours.stalled(late)
+        self.nodes[broker].neighbours.stalled(stall(self.now, since, liveness_tick(HEARTBEAT)))
         self._sending_again(broker)
         silences = (self._silent_past, self._one_way_silent, self._drop_client)
         for when, fn, args in state.asleep.pop(broker, []):

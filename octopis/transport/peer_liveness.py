@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from octopis.core import LinkStatusTable
 from octopis.core.codec import Heartbeat, Hello, Synced
 from octopis.core.custody import counts_for
-from octopis.core.neighbours import Neighbour, stall
+from octopis.core.neighbours import Neighbour, liveness_tick, stall
 from octopis.core.node import BrokerNode
 from octopis.transport.frames import HANDSHAKE
 from octopis.transport.peer_output import PeerOutput
@@ -174,7 +174,7 @@ class PeerLiveness:
         (they are released here), else every half heartbeat interval: an idle broker
         wakes ten times a second, not twenty."""
         output = self.output
-        calm = self.heartbeat / 2
+        calm = liveness_tick(self.heartbeat)
         woke = loop.time()
         while True:
             tick = output.pressure.tick(calm, self.ack_interval)
