@@ -19,12 +19,14 @@ import pytest
 from shell_checks import SHELLS, in_shells, strings_holding
 from test_layers import PACKAGE
 
-from octopis.core import SubState, Unsubscribe, make_broker
+from octopis.core import Notification, SubState, Unsubscribe, make_broker
 from octopis.core.answer import COMMIT_DELAY, PIPELINE_DELAY, CommitWaits, commit_refused
 from octopis.core.custody import Custody, PublishReceipt, Unanswered
 from octopis.core.neighbours import Neighbours
 from octopis.core.node import BrokerNode
-from octopis.core.relinking import leaving_busy
+from octopis.core.relinking import carried, leaving_busy
+from octopis.sim import Simulator
+from octopis.sim.custody import Acknowledged
 from octopis.topology import build_preset
 from octopis.topology_change import remove_region
 
@@ -69,6 +71,21 @@ def test_a_relink_is_refused_while_a_leaving_link_carries_then_taken_once_it_dra
     assert node.relink(view, clusters, 1.0, lambda n: carried.get(n, 0)) == 1
     assert node.counts()["relink.held_dropped"] == 1
     assert "f:0" not in node.neighbours and "f:0" not in node.core.neighbour_ids
+
+
+def test_both_shells_count_what_a_link_carries_alike() -> None:
+    """The simulator counts what a link carries as the process does
+    (``relinking.carried``: routing messages waiting, and custody's unacknowledged): an
+    acknowledgement in flight carries nothing, and a kept copy in flight counts once
+    (the simulator refused a relink for the one and counted the other twice)."""
+    sim = Simulator(FIG2, "snr", seed=1)
+    custody = sim._failure_state().custody.of("a:0", "b:0")
+    sim.events.send("a:0", "b:0", 1.0, Acknowledged(3, 1))
+    assert sim._carrying("a:0", "b:0") == 0
+    copy = Notification("P", 1, 0.0, {"x": 1})
+    custody.sent(copy, 0.0, True)
+    sim.events.send("a:0", "b:0", 1.0, copy)
+    assert sim._carrying("a:0", "b:0") == carried(0, custody) == 1
 
 
 LINK_RULES = frozenset({"resent_taken", "relink", "owed_neighbours"})

@@ -10,11 +10,20 @@ from collections.abc import Callable, Iterable
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
+from octopis.core.custody import Custody
 
 Carrying = Callable[[str], int]
 """What the link to a neighbour still carries: the routing messages queued on it or sent
 and unacknowledged (:mod:`~octopis.core.custody`), as the shell that holds the link
 counts them."""
+
+
+def carried(queued: int, custody: Custody | None) -> int:
+    """What a link carries (:data:`Carrying`), as both shells count it: the ``queued``
+    routing messages waiting to leave on it, and those sent and not acknowledged, kept
+    or pending in its ``custody`` (a copy in flight is one of those: counted once). Link
+    frames (acknowledgements, heartbeats, a RESENT) carry nothing a relink would lose."""
+    return queued + (len(custody) if custody is not None else 0)
 
 
 def leaving_busy(leaving: Iterable[str], carrying: Carrying) -> dict[str, int]:

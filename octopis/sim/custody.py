@@ -270,12 +270,6 @@ class LinkCustody:
             self.pressure[broker] = rule
         return rule
 
-    def carrying(self, src: str, dst: str) -> int:
-        """Messages waiting on ``src → dst`` or sent and unacknowledged (a link may leave
-        the overlay only once none is, :func:`~octopis.core.relinking.leaving_busy`)."""
-        custody = self.links.get((src, dst))
-        return len(self.waiting.get((src, dst), ())) + (len(custody) if custody else 0)
-
     def greeted(self, src: str, dst: str) -> None:
         """``src``'s handshake went to ``dst``: the link's numbering starts again."""
         self.of(src, dst).greeted()

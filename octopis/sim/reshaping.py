@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from octopis.core.relinking import leaving_busy, refuse_relink
+from octopis.core.node import HandedShare
+from octopis.core.relinking import carried, leaving_busy, refuse_relink
 from octopis.sim.congestion import FreeLinks, InjectedCongestion
 from octopis.topology import Scot
 
@@ -115,8 +116,15 @@ class Reshaping:
         }
 
     def _carrying(self, src: str, dst: str) -> int:
-        """What ``src``'s link to ``dst`` carries (:data:`~octopis.core.relinking.Carrying`):
-        the messages in flight on it, and those waiting on it or unacknowledged."""
+        """What ``src``'s link to ``dst`` carries, as the process counts it
+        (:func:`~octopis.core.relinking.carried`): what waits on it, and what its custody
+        holds unacknowledged; a share in flight counts as pending (the process's share
+        frames are until acknowledged; the simulator's share is one unnumbered message).
+        Without custody (no failure scheduled) what is in flight is all it carries."""
         state = self.failures
-        held = state.custody.carrying(src, dst) if state is not None else 0
-        return self.events.carrying(src, dst) + held
+        if state is None:
+            return self.events.carrying(src, dst)
+        custody, link = state.custody, (src, dst)
+        in_flight = self.events.in_flight[src].get(dst, ())
+        shares = sum(type(flight[4]) is HandedShare for flight in in_flight)
+        return carried(len(custody.waiting.get(link, ())) + shares, custody.links.get(link))

@@ -23,6 +23,7 @@ from octopis.core.codec import Ask, Control, Heartbeat, Hello, Synced, encode_pe
 from octopis.core.custody import PublishReceipt, heartbeat_due, owed_neighbours
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.core.pressure import LATER, SEND
+from octopis.core.relinking import carried
 from octopis.settings import Links
 from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
 from octopis.transport.links import LOOP_SLACK, Activity, OutputLink, SendPass
@@ -113,7 +114,7 @@ class PeerOutput:
         ``name``, and notifications in its custody not yet acknowledged (a link may leave
         the overlay only when this is 0)."""
         link = self.links[name]
-        return sum(map(is_routing, link.queue)) + len(link.custody)
+        return carried(sum(map(is_routing, link.queue)), link.custody)
 
     # -- what the broker sends ----------------------------------------------------------
 
