@@ -201,9 +201,10 @@ def test_the_node_withdraws_what_a_gone_client_held_for_both_shells() -> None:
     node.sessions.moving.pop(held[1])  # only held[2] is on its way elsewhere
     sim.run()
     assert all(adv_id in c.advertising.entries for c in sim.cores.values())
-    withdrawn, actions = node.client_gone("S", 5.0, durables)
+    withdrawn, actions, save = node.client_gone("S", 5.0, durables)
     assert withdrawn == sorted(held[:2]) and set(node.sessions.orphans) == {held[2]}
     assert durables.records[("S", "d")].away == 5.0 and durables.records[("S", "d")].key is None
+    assert save  # its record waits: written now, by both shells
     assert core.advertisements_of("S") == [] and actions
     sim._dispatch("c:0", actions)
     sim.run()
@@ -211,6 +212,24 @@ def test_the_node_withdraws_what_a_gone_client_held_for_both_shells() -> None:
     assert not set(withdrawn) & set(core.table.entries)
     assert {held[2], other} <= set(core.table.entries)
     assert node.sessions.subscriptions("T") == {other}
+
+
+def test_the_node_says_when_a_going_or_a_release_writes_the_durable_records() -> None:
+    """Both shells write the records at once when the node's answer says ``save``
+    (:meth:`BrokerNode.client_gone`, :meth:`BrokerNode.released`): a durable record left
+    waiting or gone with a move; nothing changed, nothing to write (the process once
+    wrote at every drop and release, the simulator at neither)."""
+    sim = Simulator(FIG2, "snr", seed=1, covering="off")
+    node, subscription = sim.nodes["c:0"], Subscription((Predicate("x", "<", 5),))
+    held = {c: sim.subscribe(c, "c:0", subscription) for c in ("S", "T", "U", "V")}
+    durables = Durables("c:0", keep=60.0, limit=10)
+    for client in ("S", "U"):
+        durables.attach(client, "d", client, held[client], (subscription.to_text(),), 1.0)
+    assert node.client_gone("T", 2.0, durables).save is False
+    assert node.client_gone("S", 2.0, durables).save is True
+    assert node.released("V", held["V"], durables) == (True, False)  # (tell, save)
+    assert node.released("U", held["U"], durables) == (True, True)
+    assert set(durables.records) == {("S", "d")}
 
 
 def test_the_simulator_moves_by_the_session_rules_of_a_broker() -> None:

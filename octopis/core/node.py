@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
@@ -34,10 +34,12 @@ from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_C
 
 __all__ = [
     "BrokerNode",
+    "ClientGone",
     "HandedShare",
     "NotKept",
     "NotServing",
     "Refused",
+    "Release",
     "Resend",
     "Step",
     "read_sbp",
@@ -59,6 +61,23 @@ class NotServing(Refused):
 class NotKept(Refused):
     """Refused: its retention store cannot keep it now (its disk refused a commit moments
     ago; the message is the store's, :func:`~octopis.core.answer.store_refusal`)."""
+
+
+class ClientGone(NamedTuple):
+    """What a client's going withdraws (:meth:`BrokerNode.client_gone`): its sub ids and
+    the actions; ``save``: write the durable records now (one waits for its client)."""
+
+    withdrawn: list[str]
+    actions: list[Action]
+    save: bool
+
+
+class Release(NamedTuple):
+    """A move's release here (:meth:`BrokerNode.released`): ``tell`` its client; ``save``:
+    write the durable records now (one went with the move)."""
+
+    tell: bool
+    save: bool
 
 
 class BrokerNode(NeighbourLinks, Generic[Token]):
@@ -217,33 +236,31 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         self.counters["relink.held_dropped"] += dropped
         return dropped
 
-    def client_gone(
-        self, key: str, heard: float, durables: Durables | None
-    ) -> tuple[list[str], list[Action]]:
+    def client_gone(self, key: str, heard: float, durables: Durables | None) -> ClientGone:
         """Client ``key`` is gone (silent past the client timeout, or it said bye; last
         heard at wall time ``heard``): the sub ids withdrawn and the actions that withdraw
         them (by :attr:`withdraw`) and its advertisements. Those under a
         move order are kept as orphans (:meth:`ClientTable.gone`); a durable one's record
-        in ``durables`` waits for its client's return (:meth:`Durables.detached`)."""
-        withdrawn, actions = self.sessions.gone(key), []
+        in ``durables`` waits for its client's return (:meth:`Durables.detached`), and
+        the records are then to be written at once (``save``)."""
+        withdrawn, actions, save = self.sessions.gone(key), [], False
         for sub_id in withdrawn:
             actions += self.withdraw(key, sub_id)
             if durables is not None:
-                durables.detached(sub_id, heard)
+                save = durables.detached(sub_id, heard) or save
         core = self.core
         if isinstance(core, ClusteredBroker):
             for adv_id in core.advertisements_of(key):
                 actions += core.unadvertise(key, adv_id)
-        return withdrawn, actions
+        return ClientGone(withdrawn, actions, save)
 
-    def released(self, key: str, sub_id: str, durables: Durables | None) -> bool:
+    def released(self, key: str, sub_id: str, durables: Durables | None) -> Release:
         """A move of ``sub_id`` reached its new host and released it here (the core's
-        :class:`~octopis.core.messages.Released`): its durable record in ``durables``
-        went with it; whether its client ``key`` is to be told
-        (:meth:`ClientTable.released`)."""
-        if durables is not None:
-            durables.moved(sub_id)
-        return self.sessions.released(key, sub_id)
+        :class:`~octopis.core.messages.Released`): whether its client ``key`` is to be
+        told (:meth:`ClientTable.released`); its durable record in ``durables`` went
+        with it, and the records are then to be written at once (``save``)."""
+        save = durables is not None and durables.moved(sub_id)
+        return Release(self.sessions.released(key, sub_id), save)
 
     def moves_expired(self, now: float) -> list[Action]:
         """Move orders past their deadline at ``now`` are forgotten; what orphaned ones

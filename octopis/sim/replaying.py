@@ -160,15 +160,21 @@ class SubscriberFailover:
 
     def _client_gone(self, host: str, client: str, heard: float) -> None:
         """``host`` forgets its client ``client``, last heard at ``heard``: the node
-        decides what is withdrawn (:meth:`BrokerNode.client_gone`), as the process's."""
-        withdrawn, actions = self.nodes[host].client_gone(client, heard, self._durables(host))
-        for sub_id in withdrawn:
+        decides what is withdrawn (:meth:`BrokerNode.client_gone`) and whether its
+        durable records are written at once, as the process's."""
+        gone = self.nodes[host].client_gone(client, heard, self._durables(host))
+        for sub_id in gone.withdrawn:
             self.subscriber_of.pop(sub_id, None)
-        self._dispatch(host, actions)
+        if gone.save:
+            self._durable_write(host)
+        self._dispatch(host, gone.actions)
 
     def _durables(self, broker: str) -> Durables | None:
         """``broker``'s durable records (None: this run keeps none)."""
         return None
+
+    def _durable_write(self, broker: str) -> None:
+        """``broker`` writes its durable records (this run keeps none)."""
 
     def _fail_over(self, subscriber: str, old: str, died: float) -> None:
         """``subscriber`` leaves silent ``old`` along its list in the SDK's order

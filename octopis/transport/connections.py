@@ -170,14 +170,15 @@ class ClientConnections:
         if connection is None:
             return None
         heard = time.time() - (time.monotonic() - self.liveness.forget(identity))
-        withdrawn, router = 0, self.router
+        withdrawn, save, router = 0, False, self.router
         for key in sorted(connection.keys):  # the node decides what goes (DESIGN §7)
-            gone, actions = router.node.client_gone(key, heard, router.replaying.durables)
-            router.execute(actions)
-            withdrawn += len(gone)
+            gone = router.node.client_gone(key, heard, router.replaying.durables)
+            router.execute(gone.actions)
+            withdrawn, save = withdrawn + len(gone.withdrawn), save or gone.save
             self.names.pop(key, None)
             self.publishers.discard(key)
-        router.replaying.save_durables()  # the records of its durable ones wait
+        if save:  # the records of its durable ones wait
+            router.replaying.save_durables()
         self.counters["clients_left" if left else "clients_dropped"] += 1
         log.log(
             logging.INFO if left else logging.WARNING,
@@ -222,9 +223,10 @@ class ClientConnections:
         """``sub_id`` moved on from this broker: tell its client, after everything this
         broker delivered to it before (its last delivery from here)."""
         replaying = self.router.replaying
-        tell = self.router.node.released(key, sub_id, replaying.durables)
-        replaying.save_durables()  # its record went with it
-        if tell:
+        release = self.router.node.released(key, sub_id, replaying.durables)
+        if release.save:  # its record went with it
+            replaying.save_durables()
+        if release.tell:
             identity, name = self.names[key]
             self.notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
 
