@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
@@ -28,9 +28,14 @@ from octopis.core.node_links import HandedShare, NeighbourLinks, Resend, Step, r
 from octopis.core.recovery import Recovery
 from octopis.core.relinking import Carrying, refuse_relink
 from octopis.core.replay import sbp_targets
-from octopis.core.sessions import ClientTable, Withdraw
+from octopis.core.sessions import ClientTable, Liveness, Withdraw
 from octopis.core.view import BrokerView
-from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import (
+    CLIENT_TIMEOUT,
+    MOVE_TIMEOUT,
+    PUBLICATION_HOLD,
+    SUBSCRIPTIONS_PER_CLIENT,
+)
 
 __all__ = [
     "BrokerNode",
@@ -92,7 +97,8 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
     ``predecessor``: the shell knows that an earlier process of this broker ran (its data
     directory says so); a BID broker's table then lost what was subscribed before it.
     ``client_limit``: the most subscriptions one client holds here, ``move_timeout``
-    the seconds a move order may take (its :attr:`sessions`)."""
+    the seconds a move order may take (its :attr:`sessions`); ``client_timeout``: the
+    seconds of silence that drop a client (its :attr:`client_liveness`)."""
 
     def __init__(
         self,
@@ -105,6 +111,7 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         predecessor: bool = False,
         client_limit: int = SUBSCRIPTIONS_PER_CLIENT,
         move_timeout: float = MOVE_TIMEOUT,
+        client_timeout: float = CLIENT_TIMEOUT,
         withdraw: Withdraw | None = None,
     ) -> None:
         super().__init__(
@@ -117,6 +124,8 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         """Its clients' subscriptions here and the session rules (limits, moves); what a
         client's going or a move's end withdraws is decided by :meth:`client_gone`,
         :meth:`released` and :meth:`moves_expired`."""
+        self.client_liveness: Liveness[Any] = Liveness(client_timeout)
+        """When its clients (by the shell's key) were last heard; which are silent."""
         self.started_at, self.down_after = 0.0, 0.0
         self.publication_hold = publication_hold
         self.held: list[tuple[Notification, Token]] = []

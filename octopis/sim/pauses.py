@@ -10,7 +10,8 @@ pause, a VM hiccup) and resumed, as the broker process lives through it.
 - On resume it excuses its own stall by its node's rule
   (:meth:`~octopis.core.neighbours.Neighbours.stalled`, the process's tick calls the
   same): it declares no one down for the time it did not run (a silence judgement it
-  owed meanwhile runs as much later). It takes what waited, in order; then its
+  owed meanwhile runs as much later), and its clients' tick due meanwhile runs late at
+  once (:meth:`Liveness.after_pause`). It takes what waited, in order; then its
   neighbours hear it again, as at a heal: one that declared it down gives back what it
   held for it and sends again what it has no acknowledgement for.
 - Its subscribers notice its silence after the SDK's liveness (``defaults.CLIENT_LIVENESS``)
@@ -75,9 +76,11 @@ class PausedBrokers:
             return  # it died meanwhile
         since = paused[0]
         late = self.now - since
-        self.nodes[broker].neighbours.stalled(late)
+        node = self.nodes[broker]
+        node.neighbours.stalled(late)
+        self._drop_silent(broker, node.client_liveness.after_pause(since, self.now, caught_up=True))
         self._sending_again(broker)
-        silences = (self._silent_past, self._one_way_silent, self._drop_client)
+        silences = (self._silent_past, self._one_way_silent)
         for when, fn, args in state.asleep.pop(broker, []):
             if fn in silences:
                 self.at(when + late, fn, *args)
