@@ -110,7 +110,7 @@ def test_a_simulated_broker_withdraws_a_gone_clients_composite_through_its_hosti
     hosted = sim.brokers.composites["a:0"]
     parts = hosted.by_id[sub_id].part_ids
     assert all(p in core.table.entries for core in sim.cores.values() for p in parts)
-    withdrawn, actions = sim.nodes["a:0"].client_gone("C", sim.now, None)
+    withdrawn, actions, _ = sim.nodes["a:0"].client_gone("C", sim.now, None)
     assert withdrawn == [sub_id] and actions and not hosted.holds("C", sub_id)
     sim._dispatch("a:0", actions)
     sim.run()

@@ -248,6 +248,23 @@ def test_the_simulators_brokers_abandon_a_record_past_keep_as_the_process_does()
     assert sim.durable_clients["D"].counts["claimed"] == 0  # nothing left to claim
 
 
+def test_a_simulated_broker_writes_a_record_a_move_took_away_at_once() -> None:
+    """A durable client moved inside its cluster: its old host lets the subscription go
+    and, as the node's answer says (``Release.save``), writes its records at once, as the
+    process does; dying then, it comes back without the record (the simulator once
+    wrote nothing on a release, and a restart read the record back)."""
+    sim = DurableSimulator(build_preset("fig2"), "snr", seed=3, covering="off")
+    sim.durable_subscribe("D", "c:0", parse_subscription("[x,<,5]"))
+    sim.run()
+    assert set(sim.durable_records["c:0"].records) == {("D", "d")}
+    sim.move("D", "a:0")
+    sim.run()
+    assert sim.moves["released"] == 1 and sim.durable_records["c:0"].records == {}
+    sim.fail(Failure(("c:0",), sim.now + 0.1, sim.now + 1.0))
+    sim.run()
+    assert sim.durable_records["c:0"].records == {}
+
+
 def test_a_durable_client_back_at_a_dead_broker_tries_its_list_as_a_connection_does() -> None:
     """A durable client comes back as a new process at c:0, dead since it left: it
     learns so only by c:0's silence, :data:`CLIENT_LIVENESS` after its hello

@@ -64,38 +64,50 @@ def test_the_composite_dispatch_check_can_fail(tmp_path: Path) -> None:
 
 
 def liveness_copies(path: Path) -> list[str]:
-    """Every ``….last_seen`` not read through a :class:`Liveness` (named ``liveness``) in
-    ``path``: a shell keeping, excusing or judging a client's silence itself."""
-    found = []
+    """Every ``….last_seen`` in ``path`` (a shell keeping, excusing or judging a client's
+    silence itself), every ``CLIENT_TIMEOUT`` it reads and every timeout it divides (a
+    shell reckoning when a silent client is dropped, or its tick: the simulator dropped
+    one at ``cut + CLIENT_TIMEOUT``, the process ticked every ``timeout / 4``), and every
+    ``stalled`` of a client liveness (a shell excusing a stall for its clients)."""
+    found: list[tuple[int, int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if (
-            isinstance(node, ast.Attribute)
-            and node.attr == "last_seen"
-            and not ast.unparse(node.value).endswith("liveness")
-        ):
-            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
-    return found
+        name = getattr(node, "attr", getattr(node, "id", None))
+        client_stall = name == "stalled" and ast.unparse(node.value).endswith("liveness")
+        div = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+        divided = getattr(node.left, "attr", getattr(node.left, "id", "")) if div else ""
+        if name in ("last_seen", "CLIENT_TIMEOUT") or client_stall or divided.endswith("timeout"):
+            found.append((node.lineno, node.col_offset, ast.unparse(node)))
+    return [f"{path.name}:{line} {text}" for line, _, text in sorted(found)]
 
 
 def test_the_shells_leave_client_silence_to_the_node() -> None:
-    """Neither shell keeps when its clients were last heard, excuses its own stall or
-    judges silence itself: :class:`~octopis.core.sessions.Liveness` does."""
+    """Neither shell keeps when its clients were last heard, reckons when one is dropped
+    or its tick, excuses its own stall or judges silence itself:
+    :class:`~octopis.core.sessions.Liveness` does, at the ticks it sets."""
     assert in_shells(liveness_copies) == []
 
 
 def test_the_liveness_check_can_fail(tmp_path: Path) -> None:
+    """The process's tick and the simulator's drop, as they were."""
     path = tmp_path / "connections.py"
     path.write_text(
         "def expire(self, now, late):\n"
-        "    '''connection.last_seen in a docstring is fine'''\n"
+        "    '''connection.last_seen, CLIENT_TIMEOUT / 4 in a docstring are fine'''\n"
         "    for connection in self.connections.values():\n"
         "        connection.last_seen += late\n"
         "    seen = {i: c.last_seen for i, c in self.connections.items()}\n"
-        "    return self.liveness.last_seen, seen\n"
+        "    tick = self.timeout / 4\n"
+        "    self.liveness.stalled(stall(now, woke, tick))\n"
+        "    self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host)\n"
+        "    return self.liveness.last_seen, seen, self.neighbours.stalled(late)\n"
     )
     assert liveness_copies(path) == [
         "connections.py:4 connection.last_seen",
         "connections.py:5 c.last_seen",
+        "connections.py:6 self.timeout / 4",
+        "connections.py:7 self.liveness.stalled",
+        "connections.py:8 CLIENT_TIMEOUT",
+        "connections.py:9 self.liveness.last_seen",
     ]
 
 

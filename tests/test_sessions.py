@@ -99,27 +99,28 @@ def test_both_shells_order_a_move_by_the_nodes_rule() -> None:
 
 
 def test_a_client_silent_past_the_timeout_is_gone() -> None:
-    liveness: Liveness[bytes] = Liveness()
+    liveness: Liveness[bytes] = Liveness(timeout=5.0)
     for key, seen in ((b"a", 10.0), (b"b", 7.0), (b"c", 5.0)):
         liveness.heard(key, seen)
-    assert liveness.silent(10.0, 5.0, caught_up=True) == []  # c exactly at it
-    assert liveness.silent(10.5, 5.0, caught_up=True) == [b"c"]
-    assert liveness.silent(12.5, 5.0, caught_up=True) == [b"b", b"c"]
+    assert liveness.silent(10.0, caught_up=True) == []  # c exactly at it
+    assert liveness.silent(10.5, caught_up=True) == [b"c"]
+    assert liveness.silent(12.5, caught_up=True) == [b"b", b"c"]
 
 
 def test_silence_is_judged_with_requests_read_and_the_brokers_stall_excused() -> None:
-    """A request still unread may be a heartbeat: nobody is silent then. A stall of the
-    broker moves every client's last hearing on by as long; one heard again is alive."""
-    liveness: Liveness[bytes] = Liveness()
+    """A request still unread may be a heartbeat: nobody is silent then. A tick late by
+    more than a tick moves every client's last hearing on by its lateness; one heard
+    again is alive."""
+    liveness: Liveness[bytes] = Liveness(timeout=4.0)  # a tick every second
     liveness.heard(b"a", 0.0)
     liveness.heard(b"b", 4.0)
-    assert liveness.silent(20.0, 5.0, caught_up=False) == []
-    liveness.stalled(3.0)
-    assert liveness.silent(7.5, 5.0, caught_up=True) == []
-    assert liveness.silent(8.5, 5.0, caught_up=True) == [b"a"]
-    liveness.heard(b"a", 8.5)
-    assert liveness.silent(12.5, 5.0, caught_up=True) == [b"b"]
-    assert liveness.forget(b"b") == 7.0 and liveness.silent(30.0, 5.0, caught_up=True) == [b"a"]
+    assert liveness.ticked(20.0, caught_up=False) == []  # 19 s late: a stall
+    assert liveness.last_seen == {b"a": 19.0, b"b": 23.0}
+    assert liveness.ticked(21.5, caught_up=True) == []  # half a tick late: no stall
+    assert liveness.silent(23.5, caught_up=True) == [b"a"]
+    liveness.heard(b"a", 23.5)
+    assert liveness.silent(27.5, caught_up=True) == [b"b"]
+    assert liveness.forget(b"b") == 23.0 and liveness.silent(30.0, caught_up=True) == [b"a"]
 
 
 def test_a_gone_client_loses_its_subscriptions_but_not_those_on_their_way_elsewhere() -> None:
@@ -177,7 +178,7 @@ def test_the_simulator_refuses_and_withdraws_as_a_broker_does() -> None:
     other = sim.subscribe("T", "c:0", subscription)
     sim.run()
     assert set(kept) | {other} <= set(sim.cores["c:0"].table.entries)
-    sim._drop_client("S", "c:0")
+    sim._client_gone("c:0", "S", sim.now)
     sim.run()
     assert not set(kept) & set(sim.cores["c:0"].table.entries)
     assert other in sim.cores["c:0"].table.entries
@@ -201,9 +202,10 @@ def test_the_node_withdraws_what_a_gone_client_held_for_both_shells() -> None:
     node.sessions.moving.pop(held[1])  # only held[2] is on its way elsewhere
     sim.run()
     assert all(adv_id in c.advertising.entries for c in sim.cores.values())
-    withdrawn, actions = node.client_gone("S", 5.0, durables)
+    withdrawn, actions, save = node.client_gone("S", 5.0, durables)
     assert withdrawn == sorted(held[:2]) and set(node.sessions.orphans) == {held[2]}
     assert durables.records[("S", "d")].away == 5.0 and durables.records[("S", "d")].key is None
+    assert save  # its record waits: written now, by both shells
     assert core.advertisements_of("S") == [] and actions
     sim._dispatch("c:0", actions)
     sim.run()
@@ -211,6 +213,24 @@ def test_the_node_withdraws_what_a_gone_client_held_for_both_shells() -> None:
     assert not set(withdrawn) & set(core.table.entries)
     assert {held[2], other} <= set(core.table.entries)
     assert node.sessions.subscriptions("T") == {other}
+
+
+def test_the_node_says_when_a_going_or_a_release_writes_the_durable_records() -> None:
+    """Both shells write the records at once when the node's answer says ``save``
+    (:meth:`BrokerNode.client_gone`, :meth:`BrokerNode.released`): a durable record left
+    waiting or gone with a move; nothing changed, nothing to write (the process once
+    wrote at every drop and release, the simulator at neither)."""
+    sim = Simulator(FIG2, "snr", seed=1, covering="off")
+    node, subscription = sim.nodes["c:0"], Subscription((Predicate("x", "<", 5),))
+    held = {c: sim.subscribe(c, "c:0", subscription) for c in ("S", "T", "U", "V")}
+    durables = Durables("c:0", keep=60.0, limit=10)
+    for client in ("S", "U"):
+        durables.attach(client, "d", client, held[client], (subscription.to_text(),), 1.0)
+    assert node.client_gone("T", 2.0, durables).save is False
+    assert node.client_gone("S", 2.0, durables).save is True
+    assert node.released("V", held["V"], durables) == (True, False)  # (tell, save)
+    assert node.released("U", held["U"], durables) == (True, True)
+    assert set(durables.records) == {("S", "d")}
 
 
 def test_the_simulator_moves_by_the_session_rules_of_a_broker() -> None:
@@ -225,7 +245,7 @@ def test_the_simulator_moves_by_the_session_rules_of_a_broker() -> None:
     old, new = sim.nodes["c:0"].sessions, sim.nodes["a:0"].sessions
     sim.move("S", "a:0")
     assert set(old.moving) == held and new.subscriptions("S") == held
-    sim._drop_client("S", "c:0")  # gone before the moves reached c:0
+    sim._client_gone("c:0", "S", sim.now)  # gone before the moves reached c:0
     assert set(old.orphans) == held and old.subscriptions("S") == set()
     sim.run()
     assert old.counters["moves.ordered"] == 2 and old.counters["moves.released"] == 2

@@ -1,6 +1,8 @@
 """The shells keep no copy of the client sessions' rules (issue 55, DESIGN §2): no shell
-withdraws what a gone client held by itself, steps the client table, or writes a slow
-consumer's notice; read from the AST, with a check of the checker that shows it failing."""
+withdraws what a gone client held by itself, steps the client table, writes a slow
+consumer's notice, or decides itself whether a client's going or a move's release writes
+the durable records; read from the AST, with a check of the checker that shows it
+failing."""
 
 from __future__ import annotations
 
@@ -135,4 +137,91 @@ def test_the_session_copies_check_can_fail(tmp_path: Path) -> None:
         "shell.py:15 table.owned",
         "shell.py:19 subscription.interests",
         "shell.py:20 op=overflow",
+    ]
+
+
+NODE_ANSWERS = frozenset({"client_gone", "released"})
+"""The node's answers to a client's going and a move's release, which say whether the
+durable records are written at once (``save``, as ``Durables.answer_claim``'s does)."""
+
+RECORD_WRITES = frozenset({"save_durables", "_durable_write"})
+"""How each shell writes its durable records now (the process's store, the simulator's
+copy a restart reads back)."""
+
+
+def _reads_save(tree: ast.AST) -> bool:
+    """Whether ``tree`` reads a name or an attribute ``save``."""
+    return any(getattr(n, "attr", getattr(n, "id", None)) == "save" for n in ast.walk(tree))
+
+
+def unasked_writes(path: Path) -> list[str]:
+    """Every function of ``path`` that asks a node (an owner named ``node`` or
+    ``nodes[…]``) one of :data:`NODE_ANSWERS` and never reads a ``save``, and every
+    write of :data:`RECORD_WRITES` in such a function outside an ``if`` on a ``save``: a
+    shell deciding itself whether a going or a release writes the records (the process
+    wrote at every one, the simulator at none but a durable client's leaving)."""
+    found: list[tuple[int, str]] = []
+    for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        asked = [
+            node
+            for node in ast.walk(function)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in NODE_ANSWERS
+            and ast.unparse(node.func.value).split(".")[-1].startswith(("node", "nodes["))
+        ]
+        if not asked:
+            continue
+        if not _reads_save(function):
+            found.append((asked[0].lineno, f"{function.name} reads no save"))
+        guarded = {
+            id(inner)
+            for test in ast.walk(function)
+            if isinstance(test, ast.If) and _reads_save(test.test)
+            for statement in test.body
+            for inner in ast.walk(statement)
+        }
+        found += [
+            (node.lineno, node.func.attr)
+            for node in ast.walk(function)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in RECORD_WRITES
+            and id(node) not in guarded
+        ]
+    return [f"{path.name}:{line} {what}" for line, what in sorted(found)]
+
+
+def test_the_shells_write_the_durable_records_when_the_node_says() -> None:
+    """Both shells write the records after a client's going or a move's release exactly
+    when the node's answer says ``save`` (``BrokerNode.client_gone``, ``released``)."""
+    assert in_shells(unasked_writes) == []
+
+
+def test_the_unasked_writes_check_can_fail(tmp_path: Path) -> None:
+    """The process's drop and release and the simulator's release, as they were."""
+    path = tmp_path / "shell.py"
+    path.write_text(
+        "def drop(self, key, heard, router):\n"
+        "    gone, actions = router.node.client_gone(key, heard, durables)\n"
+        "    router.replaying.save_durables()\n"
+        "def released(self, key, sub_id, replaying):\n"
+        "    tell = self.router.node.released(key, sub_id, replaying.durables)\n"
+        "    replaying.save_durables()\n"
+        "def dispatch(self, broker, subscriber, sub_id):\n"
+        "    self.nodes[broker].released(subscriber, sub_id, self._durables(broker))\n"
+        "def release(self, key, sub_id):\n"
+        "    if self.nodes[broker].released(key, sub_id, None).save:\n"
+        "        self._durable_write(broker)\n"
+        "def told(self, key, sub_id):\n"
+        "    self.clients.sessions.released(key, sub_id)\n"
+    )
+    assert unasked_writes(path) == [
+        "shell.py:2 drop reads no save",
+        "shell.py:3 save_durables",
+        "shell.py:5 released reads no save",
+        "shell.py:6 save_durables",
+        "shell.py:8 dispatch reads no save",
     ]

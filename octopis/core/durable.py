@@ -179,13 +179,16 @@ class Durables:
         self.dirty.add(ident)
         return True
 
-    def moved(self, sub_id: str) -> None:
+    def moved(self, sub_id: str) -> bool:
         """``sub_id`` moved to another broker (the balancer): its record goes with it (the
-        new host made its own), so this one is forgotten uncounted."""
+        new host made its own), so this one is forgotten uncounted; False if ``sub_id`` is
+        not durable."""
         ident = self.by_sub.pop(sub_id, None)
-        if ident is not None:
-            del self.records[ident]
-            self.dirty.add(ident)
+        if ident is None:
+            return False
+        del self.records[ident]
+        self.dirty.add(ident)
+        return True
 
     def end(self, sub_id: str) -> tuple[str, str] | None:
         """The client unsubscribed ``sub_id``: if durable, its record ends; returns its

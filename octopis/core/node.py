@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
@@ -28,16 +28,23 @@ from octopis.core.node_links import HandedShare, NeighbourLinks, Resend, Step, r
 from octopis.core.recovery import Recovery
 from octopis.core.relinking import Carrying, refuse_relink
 from octopis.core.replay import sbp_targets
-from octopis.core.sessions import ClientTable, Withdraw
+from octopis.core.sessions import ClientTable, Liveness, Withdraw
 from octopis.core.view import BrokerView
-from octopis.defaults import MOVE_TIMEOUT, PUBLICATION_HOLD, SUBSCRIPTIONS_PER_CLIENT
+from octopis.defaults import (
+    CLIENT_TIMEOUT,
+    MOVE_TIMEOUT,
+    PUBLICATION_HOLD,
+    SUBSCRIPTIONS_PER_CLIENT,
+)
 
 __all__ = [
     "BrokerNode",
+    "ClientGone",
     "HandedShare",
     "NotKept",
     "NotServing",
     "Refused",
+    "Release",
     "Resend",
     "Step",
     "read_sbp",
@@ -61,6 +68,23 @@ class NotKept(Refused):
     ago; the message is the store's, :func:`~octopis.core.answer.store_refusal`)."""
 
 
+class ClientGone(NamedTuple):
+    """What a client's going withdraws (:meth:`BrokerNode.client_gone`): its sub ids and
+    the actions; ``save``: write the durable records now (one waits for its client)."""
+
+    withdrawn: list[str]
+    actions: list[Action]
+    save: bool
+
+
+class Release(NamedTuple):
+    """A move's release here (:meth:`BrokerNode.released`): ``tell`` its client; ``save``:
+    write the durable records now (one went with the move)."""
+
+    tell: bool
+    save: bool
+
+
 class BrokerNode(NeighbourLinks, Generic[Token]):
     """One broker's routing core and its decisions (see the module docstring); those
     about its neighbours' links are :class:`NeighbourLinks`'s.
@@ -73,7 +97,8 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
     ``predecessor``: the shell knows that an earlier process of this broker ran (its data
     directory says so); a BID broker's table then lost what was subscribed before it.
     ``client_limit``: the most subscriptions one client holds here, ``move_timeout``
-    the seconds a move order may take (its :attr:`sessions`)."""
+    the seconds a move order may take (its :attr:`sessions`); ``client_timeout``: the
+    seconds of silence that drop a client (its :attr:`client_liveness`)."""
 
     def __init__(
         self,
@@ -86,6 +111,7 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         predecessor: bool = False,
         client_limit: int = SUBSCRIPTIONS_PER_CLIENT,
         move_timeout: float = MOVE_TIMEOUT,
+        client_timeout: float = CLIENT_TIMEOUT,
         withdraw: Withdraw | None = None,
     ) -> None:
         super().__init__(
@@ -98,6 +124,8 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         """Its clients' subscriptions here and the session rules (limits, moves); what a
         client's going or a move's end withdraws is decided by :meth:`client_gone`,
         :meth:`released` and :meth:`moves_expired`."""
+        self.client_liveness: Liveness[Any] = Liveness(client_timeout)
+        """When its clients (by the shell's key) were last heard; which are silent."""
         self.started_at, self.down_after = 0.0, 0.0
         self.publication_hold = publication_hold
         self.held: list[tuple[Notification, Token]] = []
@@ -217,33 +245,31 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         self.counters["relink.held_dropped"] += dropped
         return dropped
 
-    def client_gone(
-        self, key: str, heard: float, durables: Durables | None
-    ) -> tuple[list[str], list[Action]]:
+    def client_gone(self, key: str, heard: float, durables: Durables | None) -> ClientGone:
         """Client ``key`` is gone (silent past the client timeout, or it said bye; last
         heard at wall time ``heard``): the sub ids withdrawn and the actions that withdraw
         them (by :attr:`withdraw`) and its advertisements. Those under a
         move order are kept as orphans (:meth:`ClientTable.gone`); a durable one's record
-        in ``durables`` waits for its client's return (:meth:`Durables.detached`)."""
-        withdrawn, actions = self.sessions.gone(key), []
+        in ``durables`` waits for its client's return (:meth:`Durables.detached`), and
+        the records are then to be written at once (``save``)."""
+        withdrawn, actions, save = self.sessions.gone(key), [], False
         for sub_id in withdrawn:
             actions += self.withdraw(key, sub_id)
             if durables is not None:
-                durables.detached(sub_id, heard)
+                save = durables.detached(sub_id, heard) or save
         core = self.core
         if isinstance(core, ClusteredBroker):
             for adv_id in core.advertisements_of(key):
                 actions += core.unadvertise(key, adv_id)
-        return withdrawn, actions
+        return ClientGone(withdrawn, actions, save)
 
-    def released(self, key: str, sub_id: str, durables: Durables | None) -> bool:
+    def released(self, key: str, sub_id: str, durables: Durables | None) -> Release:
         """A move of ``sub_id`` reached its new host and released it here (the core's
-        :class:`~octopis.core.messages.Released`): its durable record in ``durables``
-        went with it; whether its client ``key`` is to be told
-        (:meth:`ClientTable.released`)."""
-        if durables is not None:
-            durables.moved(sub_id)
-        return self.sessions.released(key, sub_id)
+        :class:`~octopis.core.messages.Released`): whether its client ``key`` is to be
+        told (:meth:`ClientTable.released`); its durable record in ``durables`` went
+        with it, and the records are then to be written at once (``save``)."""
+        save = durables is not None and durables.moved(sub_id)
+        return Release(self.sessions.released(key, sub_id), save)
 
     def moves_expired(self, now: float) -> list[Action]:
         """Move orders past their deadline at ``now`` are forgotten; what orphaned ones

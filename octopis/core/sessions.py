@@ -11,7 +11,8 @@ what a session's events mean for them:
   before the core withdraws it (:meth:`ClientTable.unsubscribe`); one withdrawn for its
   client (its durable record claimed elsewhere) is counted (:meth:`ClientTable.withdraw`);
 - a client is gone when it says bye or is silent for more than the client timeout
-  (:class:`Liveness`: judged with its requests read, the broker's own stalls excused);
+  (:class:`Liveness`: judged at ticks a quarter timeout apart, with its requests read,
+  the broker's own stalls excused);
 - a client that is gone has every
   subscription withdrawn, except one it was told to move inside its cluster: that one
   is an *orphan*, kept until the move reaches this broker (the new host then withdraws
@@ -39,6 +40,7 @@ from octopis.core.bid import BidBroker
 from octopis.core.clustered import ClusteredBroker
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.messages import Action
+from octopis.core.neighbours import stall
 from octopis.defaults import MOVE_TIMEOUT
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
@@ -52,22 +54,40 @@ Withdraw = Callable[[str, str], list[Action]]
 the core's ``unsubscribe``, or the process's, which also ends a composite's parts."""
 
 
+TICKS_PER_TIMEOUT = 4
+"""How many times per client timeout a broker judges its clients' silence: a client
+silent for the timeout is dropped within a quarter of it more (if the broker runs)."""
+
+
 class SessionRefused(ValueError):
     """A client request refused by a session rule; the message names the rule."""
 
 
 class Liveness(Generic[K]):
     """When each client (by the shell's key: the process's connections) was last heard,
-    and which are gone for their silence (DESIGN §7, §8): silent for more than the
-    client timeout, judged only with every request that reached the broker read (one
-    still unread may be a heartbeat), time the broker spent not running excused
-    (:func:`~octopis.core.neighbours.stall`: nobody's silence). A client gone has its
-    subscriptions withdrawn as :meth:`ClientTable.gone` says."""
+    and which are gone for their silence (DESIGN §7, §8), judged at the broker's ticks,
+    one every :attr:`tick` (:data:`TICKS_PER_TIMEOUT` per ``timeout``): silent for more
+    than the client timeout, judged only with every request that reached the broker read
+    (one still unread may be a heartbeat); time the broker spent not running (a tick
+    late past a tick, :func:`~octopis.core.neighbours.stall`) is nobody's silence. A
+    client gone has its subscriptions withdrawn as :meth:`BrokerNode.client_gone` says.
 
-    __slots__ = ("last_seen",)
+    The broker process calls :meth:`ticked` at each tick. The simulator, which runs no
+    timer while none is due, judges (:meth:`silent`) at the tick :meth:`due` names and
+    reports a pause at its end (:meth:`after_pause`: the late tick, as the process's)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("last_seen", "tick", "timeout", "woke")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.tick = timeout / TICKS_PER_TIMEOUT
+        self.woke = 0.0
+        """When its last tick ran: the next runs a tick later, if the broker runs."""
         self.last_seen: dict[K, float] = {}
+
+    def start(self, now: float) -> None:
+        """Its ticks begin at ``now`` (else at time 0)."""
+        self.woke = now
 
     def heard(self, key: K, now: float) -> None:
         """Client ``key`` was heard at ``now``."""
@@ -77,17 +97,40 @@ class Liveness(Generic[K]):
         """``key`` has gone (dropped, or it said bye); when it was last heard."""
         return self.last_seen.pop(key)
 
-    def stalled(self, late: float) -> None:
-        """The broker did not run for ``late`` seconds: that is no client's silence."""
+    def ticked(self, now: float, *, caught_up: bool) -> list[K]:
+        """A tick runs at ``now``: the time the broker did not run since its last one is
+        excused (:func:`~octopis.core.neighbours.stall`), then the clients silent past
+        the timeout (:meth:`silent`)."""
+        late = stall(now, self.woke, self.tick)
         for key in self.last_seen:
             self.last_seen[key] += late
+        self.woke = now
+        return self.silent(now, caught_up=caught_up)
 
-    def silent(self, now: float, timeout: float, *, caught_up: bool) -> list[K]:
-        """The clients last heard more than ``timeout`` seconds before ``now``, if the
-        broker has read every request that reached it (``caught_up``), else none."""
+    def after_pause(self, since: float, now: float, *, caught_up: bool) -> list[K]:
+        """The broker did not run from ``since`` to ``now`` (a pause; its ticks before
+        ran on time): the tick that fell due meanwhile, if one did, runs now, late
+        (:meth:`ticked`); the clients it finds silent."""
+        self.woke += (since - self.woke) // self.tick * self.tick  # its last before
+        if self.woke + self.tick > now:
+            return []  # its next tick comes on time
+        return self.ticked(now, caught_up=caught_up)
+
+    def silent(self, now: float, *, caught_up: bool) -> list[K]:
+        """The clients last heard more than the timeout before ``now``, if the broker has
+        read every request that reached it (``caught_up``), else none."""
         if not caught_up:
             return []
-        return [key for key, seen in self.last_seen.items() if now - seen > timeout]
+        return [key for key, seen in self.last_seen.items() if now - seen > self.timeout]
+
+    def due(self) -> float | None:
+        """When the first tick runs that finds a client silent (:meth:`silent`), if the
+        broker runs on time from its last tick and hears none again; None: none known."""
+        if not self.last_seen:
+            return None
+        seen = min(self.last_seen.values())
+        due = self.woke + (max(seen + self.timeout - self.woke, 0.0) // self.tick + 1) * self.tick
+        return due if due - seen > self.timeout else due + self.tick
 
 
 class ClientTable:

@@ -36,7 +36,7 @@ class ActionDispatch:
     ``_resend``, ``_carried``, ``_lose``, ``_asleep``, ``_link_frame``, ``_takes``,
     ``_share_arrived``), the replay rounds (``_replay_message``), the subscriber's side
     (``cut_clients``, ``checked``, ``take``, ``saw``) and the moves (``_let_go``,
-    ``_durables``)."""
+    ``_durables``, ``_durable_write``)."""
 
     def _watch(self, core: BrokerCore, message: object, step: Callable, *args: Any) -> list:
         """Run ``step(*args, view)`` on ``core``; with failures, through its node, which
@@ -80,8 +80,8 @@ class ActionDispatch:
             elif kind is Resend:  # a heal's (:meth:`BrokerNode.heard`)
                 self._resend(broker, action.link)
             elif kind is Released:  # the move reached here: the node lets it go
-                subscriber, sub_id = action
-                self.nodes[broker].released(subscriber, sub_id, self._durables(broker))
+                if self.nodes[broker].released(*action, self._durables(broker)).save:
+                    self._durable_write(broker)
                 self.moves["released"] += 1
                 self._let_go(action.subscriber)
             else:

@@ -16,8 +16,9 @@ called as the broker process's shell calls them.
 - Its host dies under it: it fails over as the SDK does (subscribes again, durable, at
   the next live broker of its list, acknowledges its whole record there, owing from
   the start of its replay, and replays what it may have missed).
-- A broker writes its records at once when one is made, left, claimed or handed over,
-  and what acknowledgements changed within a second (``maintain``): a broker that dies
+- A broker writes its records at once when one is made, claimed or handed over, and when
+  one is left or moved away (as its node's answer says: ``save``), and what
+  acknowledgements changed within a second (``maintain``): a broker that dies
   comes back with the records of its last write. As ``maintain`` does every
   :data:`~octopis.core.durable.SAVE_EVERY` seconds, a live broker abandons the records
   whose client has been away past ``keep`` (:meth:`Durables.expire`), at the first such
@@ -167,7 +168,6 @@ class DurableSimulator(Simulator):
             c.left = self._died_at[host]  # its host died under it: nobody to tell
             return
         self._client_gone(host, c.name, self.now)
-        self._durable_write(host)
 
     def durable_return(self, client: str, broker: str) -> None:
         """``client`` comes back now as a new process with ``broker``'s list (``broker``,

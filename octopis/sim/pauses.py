@@ -12,7 +12,8 @@ pause, a VM hiccup) and resumed, as the broker process lives through it.
   liveness tick measures it (:func:`~octopis.core.neighbours.stall` against
   :func:`~octopis.core.neighbours.liveness_tick`: the pause less a tick, nothing for one
   under two ticks): it declares no one down for the time it did not run (a silence
-  judgement it owed meanwhile runs as much later). It takes what waited, in order; then its
+  judgement it owed meanwhile runs as much later), and its clients' tick due meanwhile
+  runs late at once (:meth:`Liveness.after_pause`). It takes what waited, in order; then its
   neighbours hear it again, as at a heal: one that declared it down gives back what it
   held for it and sends again what it has no acknowledgement for.
 - Its subscribers notice its silence after the SDK's liveness (``defaults.CLIENT_LIVENESS``)
@@ -78,9 +79,11 @@ class PausedBrokers:
             return  # it died meanwhile
         since = paused[0]
         late = self.now - since
-        self.nodes[broker].neighbours.stalled(stall(self.now, since, liveness_tick(HEARTBEAT)))
+        node = self.nodes[broker]
+        node.neighbours.stalled(stall(self.now, since, liveness_tick(HEARTBEAT)))
+        self._drop_silent(broker, node.client_liveness.after_pause(since, self.now, caught_up=True))
         self._sending_again(broker)
-        silences = (self._silent_past, self._one_way_silent, self._drop_client)
+        silences = (self._silent_past, self._one_way_silent)
         for when, fn, args in state.asleep.pop(broker, []):
             if fn in silences:
                 self.at(when + late, fn, *args)

@@ -19,9 +19,9 @@
   replay (:class:`~octopis.client_policy.LateAnswers`). That side of the subscriber,
   its record and its seam, is :class:`~octopis.sim.seams.ReplaySeams`.
 - A subscriber's own connection may fail (:meth:`SubscriberFailover.fail_client`): its
-  host lives on and delivers into the void until it drops the silent client
-  (``CLIENT_TIMEOUT``) and withdraws its subscriptions; the subscriber fails over and
-  replays as above.
+  host lives on and delivers into the void until it drops the silent client at the tick
+  its node's rule names (:class:`~octopis.core.sessions.Liveness`, the process's) and
+  withdraws its subscriptions; the subscriber fails over and replays as above.
 - What a subscriber's replays left silent and never answered is its reported gap.
 """
 
@@ -35,6 +35,7 @@ from octopis.client_policy import Seam, each_once
 from octopis.client_policy.failover import failover_tries
 from octopis.core import Forward
 from octopis.core.durable import Durables
+from octopis.core.node import BrokerNode
 from octopis.core.replay import (
     ExpireAt,
     QueryStore,
@@ -46,12 +47,7 @@ from octopis.core.replay import (
     ReplayEcho,
     ReplayRounds,
 )
-from octopis.defaults import (
-    CLIENT_LIVENESS,
-    CLIENT_TIMEOUT,
-    HISTORIC_BUDGET,
-    REPLAY_BUDGET,
-)
+from octopis.defaults import CLIENT_LIVENESS, HISTORIC_BUDGET, REPLAY_BUDGET
 from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
 
@@ -129,9 +125,9 @@ class SubscriberFailover:
 
     def fail_client(self, subscriber: str, at: float) -> None:
         """At ``at``, ``subscriber``'s connection to its broker fails for good: the broker
-        delivers into the void until it drops the client after :data:`CLIENT_TIMEOUT`
-        and withdraws its subscriptions; the subscriber fails over after
-        :data:`CLIENT_LIVENESS` and replays."""
+        delivers into the void until it drops the client, silent past its timeout
+        (:meth:`_clients_silent`), and withdraws its subscriptions; the subscriber fails
+        over after :data:`CLIENT_LIVENESS` and replays."""
         self._failure_state()
         self.at(at, self._client_cut, subscriber)
 
@@ -143,32 +139,53 @@ class SubscriberFailover:
         self.lost_answers[(subscriber, host)] = self._replays
         self.failure_counts["clients_cut"] += 1
         self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, host, self.now)
-        self.at(self.now + CLIENT_TIMEOUT, self._drop_client, subscriber, host, cut)
+        self.nodes[host].client_liveness.heard(subscriber, cut)  # and never again
+        self._watch_clients(host)
 
-    def _drop_client(self, subscriber: str, host: str, cut: float | None = None) -> None:
-        """``host`` drops its silent client ``subscriber`` (last heard
-        :data:`CLIENT_TIMEOUT` ago): what the node withdraws goes. ``cut``: when its
-        connection there failed; nothing then if the subscriber has since connected there
-        anew (its one session here is the new connection's, as after a bye it never
-        said: :meth:`_said_bye`)."""
-        if cut is not None and self.cut_clients.get((subscriber, host)) != cut:
+    def _watch_clients(self, host: str) -> None:
+        """``host`` judges its clients' silence at the tick one falls due (:meth:`Liveness.due`)."""
+        node = self.nodes[host]
+        due = node.client_liveness.due()
+        if due is not None:
+            self.at(due, self._clients_silent, host, node, due)
+
+    def _clients_silent(self, host: str, node: BrokerNode, due: float) -> None:
+        """``host``'s tick at ``due`` drops whom its ``node`` finds silent; nothing if that
+        node died (its clients with it) or another tick is due (a resume's, a drop's)."""
+        liveness = node.client_liveness
+        if self._dead(host) or self.nodes[host] is not node or liveness.due() != due:
             return
-        if self._dead(host) or self._asleep(host, self._drop_client, subscriber, host, cut):
-            return  # dead: they died with it (a restart withdraws them by epoch)
-        self._client_gone(host, subscriber, self.now - CLIENT_TIMEOUT)
-        self.failure_counts["clients_dropped"] += 1
+        if not self._asleep(host, self._clients_silent, host, node, due):
+            self._drop_silent(host, liveness.silent(self.now, caught_up=True))
+
+    def _drop_silent(self, host: str, silent: list[str]) -> None:
+        """``host`` drops its ``silent`` clients (what the node withdraws goes; nothing of
+        one connected here anew since, as :meth:`_said_bye`), then watches the others."""
+        liveness = self.nodes[host].client_liveness
+        for subscriber in silent:
+            heard = liveness.forget(subscriber)
+            if (subscriber, host) in self.cut_clients:
+                self._client_gone(host, subscriber, heard)
+                self.failure_counts["clients_dropped"] += 1
+        self._watch_clients(host)
 
     def _client_gone(self, host: str, client: str, heard: float) -> None:
         """``host`` forgets its client ``client``, last heard at ``heard``: the node
-        decides what is withdrawn (:meth:`BrokerNode.client_gone`), as the process's."""
-        withdrawn, actions = self.nodes[host].client_gone(client, heard, self._durables(host))
-        for sub_id in withdrawn:
+        decides what is withdrawn (:meth:`BrokerNode.client_gone`) and whether its
+        durable records are written at once, as the process's."""
+        gone = self.nodes[host].client_gone(client, heard, self._durables(host))
+        for sub_id in gone.withdrawn:
             self.subscriber_of.pop(sub_id, None)
-        self._dispatch(host, actions)
+        if gone.save:
+            self._durable_write(host)
+        self._dispatch(host, gone.actions)
 
     def _durables(self, broker: str) -> Durables | None:
         """``broker``'s durable records (None: this run keeps none)."""
         return None
+
+    def _durable_write(self, broker: str) -> None:
+        """``broker`` writes its durable records (this run keeps none)."""
 
     def _fail_over(self, subscriber: str, old: str, died: float) -> None:
         """``subscriber`` leaves silent ``old`` along its list in the SDK's order

@@ -118,6 +118,7 @@ class Broker:
             predecessor=mark_running(data_dir, broker_id),
             client_limit=settings.limits.subscriptions_per_client,
             move_timeout=settings.clients.move_timeout,
+            client_timeout=settings.clients.timeout,
         )
         """The core with its failure decisions (DESIGN §7): holds, shares, serving."""
         self.counters: Counter[str] = Counter()

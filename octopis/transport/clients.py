@@ -115,7 +115,6 @@ class ClientSessions:
             router,
             lambda identity, message: self.outbox.notify(identity, message),
             self.counters,
-            timeout=clients.timeout,
         )
         self.connections = self.sessions.connections
         self.names = self.sessions.names

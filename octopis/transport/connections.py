@@ -23,7 +23,6 @@ from octopis.core import Action, Notification
 from octopis.core.client_requests import RequestRefused
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.custody import PublishReceipt, Unanswered
-from octopis.core.neighbours import stall
 from octopis.core.node import BrokerNode
 from octopis.core.sessions import Liveness, interests, order_move
 from octopis.transport.links import InputWaiter
@@ -96,8 +95,7 @@ class ClientSession:
 
 class ClientConnections:
     """The connections of one broker's client socket and the clients they carry (see the
-    module docstring). ``timeout``: ``clients.timeout``; ``notify`` sends a notice to a
-    connection behind its deliveries."""
+    module docstring). ``notify`` sends a notice to a connection behind its deliveries."""
 
     def __init__(
         self,
@@ -105,8 +103,6 @@ class ClientConnections:
         router: Router,
         notify: Callable[[bytes, dict], None],
         counters: Counter[str],
-        *,
-        timeout: float,
     ) -> None:
         self.id = broker_id
         self.router = router
@@ -115,9 +111,8 @@ class ClientConnections:
         when gone, moves and their orphans (DESIGN §7-§9)."""
         self.notify = notify
         self.counters = counters
-        self.timeout = timeout
         self.connections: dict[bytes, ClientSession] = {}
-        self.liveness: Liveness[bytes] = Liveness()
+        self.liveness: Liveness[bytes] = router.node.client_liveness
         """When each connection was last heard; which are silent (the node's rule)."""
         self.names: dict[str, tuple[bytes, str]] = {}
         """Client key → (connection identity, client name): where deliveries go."""
@@ -144,24 +139,21 @@ class ClientConnections:
     # -- liveness ------------------------------------------------------------------------
 
     async def expire(self, waiter: Callable[[], InputWaiter | None]) -> None:
-        """Drop connections silent past the timeout, withdrawing their subscriptions, as
-        :class:`~octopis.core.sessions.Liveness` judges them: with every request that
-        reached us read (``waiter``: the socket's, once its input started), the time this
-        process spent not running (a tick that comes late, a stall) excused."""
-        loop = asyncio.get_running_loop()
-        timeout = self.timeout
-        tick = timeout / 4
-        woke = loop.time()
+        """Drop connections silent past the timeout, withdrawing their subscriptions, at
+        the ticks of :class:`~octopis.core.sessions.Liveness`, as it judges them: with
+        every request that reached us read (``waiter``: the socket's, once its input
+        started), the time this process spent not running (a tick that comes late)
+        excused."""
+        loop, liveness = asyncio.get_running_loop(), self.liveness
+        liveness.start(loop.time())
         while True:
-            await asyncio.sleep(tick)
+            await asyncio.sleep(liveness.tick)
             now = loop.time()
-            self.liveness.stalled(stall(now, woke, tick))
-            woke = now
             self._expire_moves(now)
             reading = waiter()
             read = reading is not None and not reading.poke()  # no request waits unread
-            for identity in self.liveness.silent(now, timeout, caught_up=read):
-                self.drop(identity, f"silent for more than {timeout:g} s")
+            for identity in liveness.ticked(now, caught_up=read):
+                self.drop(identity, f"silent for more than {liveness.timeout:g} s")
 
     def drop(self, identity: bytes, reason: str, *, left: bool = False) -> ClientSession | None:
         """Forget a connection: withdraw every subscription of its clients. ``left``: it
@@ -170,14 +162,15 @@ class ClientConnections:
         if connection is None:
             return None
         heard = time.time() - (time.monotonic() - self.liveness.forget(identity))
-        withdrawn, router = 0, self.router
+        withdrawn, save, router = 0, False, self.router
         for key in sorted(connection.keys):  # the node decides what goes (DESIGN §7)
-            gone, actions = router.node.client_gone(key, heard, router.replaying.durables)
-            router.execute(actions)
-            withdrawn += len(gone)
+            gone = router.node.client_gone(key, heard, router.replaying.durables)
+            router.execute(gone.actions)
+            withdrawn, save = withdrawn + len(gone.withdrawn), save or gone.save
             self.names.pop(key, None)
             self.publishers.discard(key)
-        router.replaying.save_durables()  # the records of its durable ones wait
+        if save:  # the records of its durable ones wait
+            router.replaying.save_durables()
         self.counters["clients_left" if left else "clients_dropped"] += 1
         log.log(
             logging.INFO if left else logging.WARNING,
@@ -222,9 +215,10 @@ class ClientConnections:
         """``sub_id`` moved on from this broker: tell its client, after everything this
         broker delivered to it before (its last delivery from here)."""
         replaying = self.router.replaying
-        tell = self.router.node.released(key, sub_id, replaying.durables)
-        replaying.save_durables()  # its record went with it
-        if tell:
+        release = self.router.node.released(key, sub_id, replaying.durables)
+        if release.save:  # its record went with it
+            replaying.save_durables()
+        if release.tell:
             identity, name = self.names[key]
             self.notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
 
