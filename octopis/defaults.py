@@ -25,11 +25,14 @@ alike)."""
 DOWN_AFTER = 1.0
 """Seconds of a neighbour's silence after which a broker takes it for down
 (``[links] down_after``; the simulator's failure detection)."""
-TCP_ABORT_AFTER = 2.0
+TCP_ABORT_AFTER = 3.0
 """A peer link's TCP connection with data unacknowledged for this many times
-``links.down_after`` (2 s by default) is aborted and made again (``TCP_MAXRT``,
+``links.down_after`` (3 s by default) is aborted and made again (``TCP_MAXRT``,
 ``transport.links.tcp_abort_ms``): the neighbour is declared down, and the notifications
-in custody taken back, before a connection dies with frames in it (DESIGN §7); the other
+in custody taken back, before a connection dies with frames in it (DESIGN §7), even when
+the cut is one way: the talker then hears its neighbour fall silent only once that one
+has declared it down, and declares it down ~2 ``down_after`` and two liveness ticks
+after the cut (at 2 ``down_after`` the abort came first, nemesis seed 1512); the other
 routing frames it carried are sent again at the heal (``OutputLink.resent``). Until
 then TCP keeps what it carries, and the simulator's cut links too."""
 RETAIN = 1.0

@@ -402,6 +402,16 @@ def test_fault_kinds_are_all_drawn() -> None:
             "c:1's first publication after its resume was lost with the connection; a paused "
             "process sends nothing, so its data goes unacknowledged from its resume",
         ),
+        (
+            1512,
+            ("fig2",),
+            "a one-way cut d:0->d:2: d:2 declared d:0 down a detection time and a tick after "
+            "it, d:0 declared d:2 down a detection time and a tick after that, later than "
+            "TCP's abort of d:0->d:2 (2 down_after) and than the heal; Pc:0's copy, lost "
+            "with the connection, stayed in d:0's custody and never reached S7 (the "
+            "simulator had judged silences at their exact due time, not at the process's "
+            "ticks, and so detected first; the abort now waits 3 down_after)",
+        ),
     ],
 )
 def test_the_seeds_that_found_bugs_pass(seed: int, presets: tuple[str, ...], found: str) -> None:

@@ -24,6 +24,7 @@ through a neighbour (:meth:`Neighbours.routable`), may it hand a share to one
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -331,6 +332,13 @@ def liveness_tick(heartbeat: float) -> float:
     ``heartbeat``, so a silence is judged within half a heartbeat of its due time; what a
     pause is measured against (:func:`stall`), on processes and in the simulator."""
     return heartbeat / 2
+
+
+def first_look(due: float, tick: float) -> float:
+    """When a silence due at ``due`` is judged: at the first of the broker's looks (every
+    ``tick`` seconds, :func:`liveness_tick`) at or after it, as a process's tick finds it
+    (the simulator's brokers look at multiples of ``tick`` from time 0)."""
+    return math.ceil(round(due / tick, 9)) * tick
 
 
 def stall(now: float, woke: float, tick: float) -> float:

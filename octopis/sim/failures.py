@@ -61,8 +61,9 @@ from typing import Any
 
 from octopis.accounting import failure_counts, host_split
 from octopis.core import Notification
+from octopis.core.neighbours import first_look, liveness_tick
 from octopis.core.node import HandedShare
-from octopis.defaults import DOWN_AFTER, RETAIN, TCP_ABORT_AFTER
+from octopis.defaults import DOWN_AFTER, HEARTBEAT, RETAIN, TCP_ABORT_AFTER
 from octopis.failure_schedule import Failure
 from octopis.sim.custody import CustodyEvents, LinkCustody, message_of, receipt_of
 from octopis.sim.cuts import CutLinks
@@ -114,7 +115,9 @@ class FailureState:
         self, failure: Failure, links: list[tuple[str, str]], now: float
     ) -> list[tuple[str, str]]:
         """``failure`` cuts the directed ``links`` at ``now`` (until :meth:`heal`);
-        returns those it cut that carried until now."""
+        returns those it cut that carried until now (a link with a dead end has no
+        connection to keep anything: its end's next process makes none across the cut,
+        as :meth:`~octopis.sim.cuts.CutLinks._connections_reset` says of one cut first)."""
         mine = self._cut_by.setdefault(failure, set())
         newly = []
         for link in links:
@@ -123,8 +126,9 @@ class FailureState:
                 self._cuts[link] += 1
                 if link not in self.cut:
                     self.cut.add(link)
-                    self.cut_since[link] = now
-                    newly.append(link)
+                    if link[0] not in self.dead and link[1] not in self.dead:
+                        self.cut_since[link] = now  # else no connection: none carries
+                        newly.append(link)
         return newly
 
     def cutting(self, failure: Failure) -> bool:
@@ -215,6 +219,12 @@ class FailureEvents(CutLinks, CustodyEvents):
         dead node's were added to the simulator's at its death)."""
         return self.failure_counts + sum((node.counts() for node in self.nodes.values()), Counter())
 
+    @staticmethod
+    def _look(due: float) -> float:
+        """When a broker judges a silence due at ``due``: at its first liveness look at or
+        after it (:func:`~octopis.core.neighbours.first_look`, the process's tick)."""
+        return first_look(due, liveness_tick(HEARTBEAT))
+
     def _dead(self, broker: str) -> bool:
         """Whether ``broker`` is dead now."""
         return self.failures is not None and broker in self.failures.dead
@@ -259,7 +269,7 @@ class FailureEvents(CutLinks, CustodyEvents):
             for link in ((talker, listener), (listener, talker)):  # lost, or unacknowledged
                 if link[0] not in state.dead:
                     state.failed_at.setdefault(link, self.now)
-            self.at(self.now + state.detection, self._one_way_silent, failure)
+            self.at(self._look(self.now + state.detection), self._one_way_silent, failure)
             return
         else:
             self._cut(failure, self._failed_links(failure))
@@ -279,7 +289,7 @@ class FailureEvents(CutLinks, CustodyEvents):
         state.failed_at[(src, dst)] = self.now
         if self.nodes[src].neighbours[dst].up:
             self.nodes[src].neighbours.heard(dst, self.now)
-        self.at(self.now + state.detection, self._silent_past, src, dst)
+        self.at(self._look(self.now + state.detection), self._silent_past, src, dst)
 
     def _one_way_silent(self, failure: Failure) -> None:
         """The listener (``failure.ends[1]``) has heard nothing from the talker for the
@@ -299,7 +309,7 @@ class FailureEvents(CutLinks, CustodyEvents):
             state.failed_at.setdefault((listener, talker), self.now)
         if self.nodes[talker].neighbours[listener].up:  # heard up to now
             self.nodes[talker].neighbours.heard(listener, self.now)
-        self.at(self.now + state.detection, self._silent_past, talker, listener)
+        self.at(self._look(self.now + state.detection), self._silent_past, talker, listener)
 
     def slow_link(self, src: str, dst: str, at: float, until: float, extra: float) -> None:
         """From ``at`` to ``until`` every frame ``src`` sends ``dst`` arrives ``extra``
@@ -414,7 +424,8 @@ class FailureEvents(CutLinks, CustodyEvents):
         for neighbour in sorted(self.scot.graph[broker]):
             if state.severed(broker, neighbour):  # never greeted: detected like any silence
                 state.failed_at[(broker, neighbour)] = self.now
-                self.at(self.now + state.detection, self._silent_past, broker, neighbour)
+                due = self._look(self.now + state.detection)
+                self.at(due, self._silent_past, broker, neighbour)
             else:
                 state.failed_at.pop((broker, neighbour), None)
                 state.failed_at.setdefault((neighbour, broker), self.now)
