@@ -506,7 +506,7 @@ cdef list _match_one(Matcher m, dict publication):
     hit_w = m.hit_w
     hit_bits = m.hit_bits
     slot_key = m.slot_key
-    result = PyList_New(n_out)
+    result = _list_unfilled(n_out)  # every item is stored below, before any Python code
     items = _list_items(result)
     # Every key from slot_key (read in slot order, independent loads), asking for its line
     # as it comes and taking the reference to the key read LAG keys before, whose line has

@@ -10,6 +10,28 @@ cdef extern from "Python.h":
     void _prefetch "__builtin_prefetch"(const void*, int, int)
     int _ctz "__builtin_ctzll"(uint64_t)
 
+cdef extern from *:
+    """
+    /* A list of n items whose array is allocated but not filled (PyList_New zero-fills
+       it): the caller must store all n items before any Python code runs. */
+    static PyObject* octopis_list_unfilled(Py_ssize_t n) {
+        PyObject* list = PyList_New(0);
+        PyObject** items;
+        if (list == NULL || n <= 0)
+            return list;
+        items = (PyObject**)PyMem_Malloc((size_t)n * sizeof(PyObject*));
+        if (items == NULL) {
+            Py_DECREF(list);
+            return PyErr_NoMemory();
+        }
+        ((PyListObject*)list)->ob_item = items;
+        ((PyListObject*)list)->allocated = n;
+        Py_SET_SIZE(list, n);
+        return list;
+    }
+    """
+    list _list_unfilled "octopis_list_unfilled"(Py_ssize_t)
+
 cdef double INF = float("inf")
 cdef long long MAX_INTEGER = 2 ** 53  # octopis.filters.limits.MAX_INTEGER
 
