@@ -353,12 +353,11 @@ cdef int _scan(Matcher m, Hot* h, int s0, int s1, int n_out) noexcept:
             if not _and_piece(m, h, &h.pieces[j], w, n, lim, acc):
                 break
         if not h.groups:  # written whether or not they hold a match, kept if they do
-            j = h.n_hit
+            j = h.n_hit  # (match() counts their bits once the scans are done)
             for i in range(n):
                 h.hit_w[j] = w + i
                 h.hit_bits[j] = acc[i]
                 j += acc[i] != 0
-                n_out += _popcount(acc[i])
             h.n_hit = j
             w = end
             continue
@@ -413,10 +412,10 @@ cdef int _affix_lookups(Matcher m, int a, int* n_visit) except -1:
 
 
 cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1:
-    """The matching subscriptions; returns how many. The indexed ones are left as words
-    of slots in ``m.hit_w`` and ``m.hit_bits`` (``m.n_hit`` of them), the pending ones
-    as internal ids in ``m.out``, after the others. ``keep`` holds the publication's
-    values alive while the results are in use.
+    """The matching subscriptions. The indexed ones are left as words of slots in
+    ``m.hit_w`` and ``m.hit_bits`` (``m.n_hit`` of them), the pending ones as internal
+    ids in ``m.out``; returns how many pending ones match (the bits are counted by the
+    caller). ``keep`` holds the publication's values alive while the results are in use.
 
     With ``groups``, ``out`` gets one matching subscription per group instead (and
     ``out_grp`` its group, marked in ``seen``), and the search stops as soon as every
@@ -479,7 +478,7 @@ cdef int _collect(Matcher m, dict publication, list keep, bint groups) except -1
             if _holds(m, m.prog[i], m.prog_len[i]):
                 m.out[j] = i
                 j += 1
-        return n_out + j
+        return j  # the scans counted nothing: no early stop without groups
     t = 0
     while t < m.n_pending and n_out < h.stop:
         i = m.pending[t]
@@ -494,7 +493,7 @@ cdef enum:
 
 
 cdef list _match_one(Matcher m, dict publication):
-    cdef int i, j = 0, t, base, n_out, n_index
+    cdef int i, j = 0, t, base, n_out, n_index, n_pending
     cdef uint64_t bits
     cdef list keep = []
     cdef list result
@@ -502,11 +501,12 @@ cdef list _match_one(Matcher m, dict publication):
     cdef const int* hit_w
     cdef const uint64_t* hit_bits
     cdef PyObject** slot_key
-    n_out = _collect(m, publication, keep, False)
+    n_pending = _collect(m, publication, keep, False)
     hit_w = m.hit_w
     hit_bits = m.hit_bits
     slot_key = m.slot_key
-    result = PyList_New(n_out)
+    n_out = <int>_count_bits(hit_bits, m.n_hit) + n_pending
+    result = _list_unfilled(n_out)  # every item is stored below, before any Python code
     items = _list_items(result)
     # Every key from slot_key (read in slot order, independent loads), asking for its line
     # as it comes and taking the reference to the key read LAG keys before, whose line has

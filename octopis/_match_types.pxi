@@ -10,6 +10,28 @@ cdef extern from "Python.h":
     void _prefetch "__builtin_prefetch"(const void*, int, int)
     int _ctz "__builtin_ctzll"(uint64_t)
 
+cdef extern from *:
+    """
+    /* A list of n items whose array is allocated but not filled (PyList_New zero-fills
+       it): the caller must store all n items before any Python code runs. */
+    static PyObject* octopis_list_unfilled(Py_ssize_t n) {
+        PyObject* list = PyList_New(0);
+        PyObject** items;
+        if (list == NULL || n <= 0)
+            return list;
+        items = (PyObject**)PyMem_Malloc((size_t)n * sizeof(PyObject*));
+        if (items == NULL) {
+            Py_DECREF(list);
+            return PyErr_NoMemory();
+        }
+        ((PyListObject*)list)->ob_item = items;
+        ((PyListObject*)list)->allocated = n;
+        Py_SET_SIZE(list, n);
+        return list;
+    }
+    """
+    list _list_unfilled "octopis_list_unfilled"(Py_ssize_t)
+
 cdef double INF = float("inf")
 cdef long long MAX_INTEGER = 2 ** 53  # octopis.filters.limits.MAX_INTEGER
 
@@ -195,13 +217,47 @@ cdef struct Hot:
     bint groups
 
 
-cdef inline int _popcount(uint64_t x) noexcept nogil:
-    """The bits set in x (by halves, quarters…: the build targets CPUs without a popcount
-    instruction, where __builtin_popcountll is a library call)."""
-    x -= (x >> 1) & 0x5555555555555555ULL
-    x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL)
-    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL
-    return <int>((x * 0x0101010101010101ULL) >> 56)
+cdef extern from *:
+    """
+    /* The bits set in the n words at w, with the CPU's popcount instruction where it has
+       one: the build targets x86-64 CPUs without it (where __builtin_popcountll is a
+       library call), so the instruction is chosen at run time. */
+    static Py_ssize_t octopis_bits_soft(const uint64_t* w, Py_ssize_t n) {
+        Py_ssize_t total = 0, i;
+        uint64_t x;
+        for (i = 0; i < n; i++) {
+            x = w[i];
+            x -= (x >> 1) & 0x5555555555555555ULL;
+            x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+            x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+            total += (Py_ssize_t)((x * 0x0101010101010101ULL) >> 56);
+        }
+        return total;
+    }
+    #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__POPCNT__)
+    __attribute__((target("popcnt")))
+    static Py_ssize_t octopis_bits_hard(const uint64_t* w, Py_ssize_t n) {
+        Py_ssize_t total = 0, i;
+        for (i = 0; i < n; i++)
+            total += __builtin_popcountll(w[i]);
+        return total;
+    }
+    static Py_ssize_t octopis_count_bits(const uint64_t* w, Py_ssize_t n) {
+        return __builtin_cpu_supports("popcnt") ? octopis_bits_hard(w, n)
+                                                : octopis_bits_soft(w, n);
+    }
+    #elif defined(__GNUC__)
+    static Py_ssize_t octopis_count_bits(const uint64_t* w, Py_ssize_t n) {
+        Py_ssize_t total = 0, i;
+        for (i = 0; i < n; i++)
+            total += __builtin_popcountll(w[i]);
+        return total;
+    }
+    #else
+    #define octopis_count_bits octopis_bits_soft
+    #endif
+    """
+    Py_ssize_t _count_bits "octopis_count_bits"(const uint64_t*, Py_ssize_t) noexcept nogil
 
 
 cdef void* _alloc(void* p, size_t n) except NULL:
