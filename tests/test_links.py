@@ -273,7 +273,8 @@ def test_a_full_custody_buffer_stops_the_link_and_counts_it() -> None:
             link.put([b"me", b"n%d" % n, KEPT], loop.time())
         assert await _drain(pull) == [b"greeting", b"n0", b"n1"]
         link.put([b"me", b"n5", KEPT], loop.time())  # wakes the sender: the same stop
-        await asyncio.sleep(0.01)
+        for _ in range(3):  # loop turns, not time: the woken sender runs in the next one
+            await asyncio.sleep(0)
         assert len(link.queue) == 4 and link.custody.stops == 1
         link.acknowledge(2, loop.time())
         assert await _drain(pull) == [b"n2", b"n3"]
