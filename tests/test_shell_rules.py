@@ -39,7 +39,6 @@ NODE_STATE = frozenset(
         "word",
         "down_since",
         "interrupted",
-        "accepting",
         "TRANSITIONS",
         "orphans",
     }

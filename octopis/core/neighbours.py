@@ -105,11 +105,6 @@ class Neighbour:
         return self.last_heard + down_after <= now
 
     @property
-    def accepting(self) -> bool:
-        """Its handshake named this incarnation of ours: its frames are for us."""
-        return self.phase is Phase.SYNCING or self.phase is Phase.SYNCED
-
-    @property
     def reachable(self) -> bool:
         """Up, and its handshake named us: its data frames are taken, a share may go."""
         return self.up and (self.phase is Phase.SYNCING or self.phase is Phase.SYNCED)
