@@ -428,6 +428,8 @@ class CustodyEvents:
         if broker in state.dead or node is None:
             return
         taken = owed_neighbours(node.neighbours.items())
+        if not taken:
+            return
         pressure = self._pressure(broker, self.events.now)
         released = pressure.released(taken)
         for src, record in released:
