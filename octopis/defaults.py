@@ -97,6 +97,10 @@ ANSWER_BYTES = 64 * 2**20
 """Encoded bytes one retention store answers to one replay request at most
 (``[retention] answer_bytes``; the simulator keeps no encoded bodies, so its stores are
 cut by :data:`ANSWER_MAX` only)."""
+PAGE_ROWS = 512
+"""Kept rows a retention store reads per page of a replay answer; each page goes toward
+the requester at once (:meth:`~octopis.core.replay.ReplayRounds.part`), and the
+process's loop serves live traffic between pages (the simulator's stores page alike)."""
 REPLAY_BUDGET = 3.0
 """Seconds the host of a replay waits for every broker's answer (``[retention]
 replay_budget``)."""

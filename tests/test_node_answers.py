@@ -21,6 +21,7 @@ from octopis.core import (
 from octopis.core.answer import CLOCK_SLACK, AnswerSelection, Kept, RetentionBound
 from octopis.core.codec import encode_body
 from octopis.core.replay import Replay
+from octopis.defaults import PAGE_ROWS
 from octopis.settings import Retention
 from octopis.sim.stores import RetentionStores
 from octopis.topology import build_preset
@@ -211,3 +212,27 @@ def test_answer_selection_chooses_rows_until_it_ends_and_reads_no_further() -> N
     whole = AnswerSelection(Replay("r", "c:0", ("[x,<,9]",), (("P0", 0, 2),), 0.0, 1.0))
     assert whole.choose(rows()) == [n for n in notes if n.publisher != "P0" or n.seq > 2]
     assert not whole.ended and len(read) == len(notes)
+
+
+def test_both_stores_answer_a_large_request_in_the_same_pages(tmp_path: Path) -> None:
+    """A request larger than a page: the process's store and the simulator's both read
+    :data:`~octopis.defaults.PAGE_ROWS` kept rows a page from where the window starts,
+    and hand the node the same pages (each sent on at once,
+    :meth:`~octopis.core.replay.ReplayRounds.part`), the last with the answer's end."""
+    notes = _retained(3 * PAGE_ROWS + 40)
+    store = RetentionStore(tmp_path / "r.sqlite", Retention(max_bytes=1 << 24), _decode)
+    stores = RetentionStores(Counter())
+    for n in notes:
+        store.add(n, encode_body(n), n.published_at)
+        stores.keep("c:0", n, n.published_at)
+    store.commit(2000.0)
+    request = Replay("r", "c:0", ("[x,<,4]",), (), 0.0, 1.0)
+    answer = StoreAnswer(store, request, 0, 0)
+    pages = []
+    while not answer.done:
+        pages.append([n.key for n in answer.page(PAGE_ROWS)])
+    simulated, gaps, truncated = stores.pages("c:0", request)
+    assert [[n.key for n in page] for page in simulated] == pages
+    assert len(pages) >= 4 and all(pages[:-1]), "several full pages, the last with the end"
+    assert answer.gaps == gaps == [] and not answer.truncated and not truncated
+    store.close()

@@ -39,7 +39,8 @@ from octopis.defaults import REFUSE_FOR
 from octopis.settings import BrokerSettings, Retention
 from octopis.sim.stores import RetentionStores
 from octopis.topology import build_preset
-from octopis.transport.replaying import PAGE_ROOM, PAGE_ROWS, PAGE_WAIT, Replaying, _decode_kept
+from octopis.defaults import PAGE_ROWS
+from octopis.transport.replaying import PAGE_ROOM, PAGE_WAIT, Replaying, _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
 
 FIG2 = build_preset("fig2")

@@ -338,10 +338,12 @@ class SubscriberFailover:
                 self.at(action.deadline, self._replay_expire, broker)
             elif type(action) is QueryStore:
                 request = action.request
-                found, gaps, truncated = self.retention.answer(broker, request)
+                pages, gaps, truncated = self.retention.pages(broker, request)
                 rounds = self._rounds(broker)
+                for page in pages[:-1]:
+                    self._carry_out_replay(broker, rounds.part(request.req_id, page))
                 self._carry_out_replay(
-                    broker, rounds.stored(request.req_id, found, gaps, truncated=truncated)
+                    broker, rounds.stored(request.req_id, pages[-1], gaps, truncated=truncated)
                 )
             elif type(action) is ReplayDeliver:
                 subscriber = action.requester

@@ -34,8 +34,10 @@ The simulator keeps no encoded bodies: a store is bounded by a count of publicat
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable
+from itertools import islice
 
 from octopis.core import Notification
 from octopis.core.answer import (
@@ -49,7 +51,7 @@ from octopis.core.answer import (
 )
 from octopis.core.custody import PublishReceipt
 from octopis.core.replay import Gap, Replay
-from octopis.defaults import ANSWER_BYTES, ANSWER_MAX
+from octopis.defaults import ANSWER_BYTES, ANSWER_MAX, PAGE_ROWS
 
 Key = tuple[str, int]
 """A publication: (publisher, seq)."""
@@ -193,21 +195,38 @@ class RetentionStores:
             self._counts["retention.lost_unsynced"] += 1
 
     def answer(self, broker: str, request: Replay) -> tuple[list[Notification], list[Gap], bool]:
-        """What ``broker``'s store answers ``request``: its kept publications, in the
-        order kept, as the node's :class:`AnswerSelection` chooses them, the ranges it
-        dropped that the request asks for, and whether the answer was cut."""
+        """What ``broker``'s store answers ``request`` in one piece (:meth:`pages`
+        joined)."""
+        pages, gaps, truncated = self.pages(broker, request)
+        return [n for page in pages for n in page], gaps, truncated
+
+    def pages(
+        self, broker: str, request: Replay
+    ) -> tuple[list[list[Notification]], list[Gap], bool]:
+        """What ``broker``'s store answers ``request``, page by page as the process's
+        store reads it (:data:`~octopis.defaults.PAGE_ROWS` kept rows a page, in the
+        order kept, as the node's :class:`AnswerSelection` chooses them, until it
+        ends): the pages (at least one), the ranges it dropped that the request asks
+        for, and whether the answer was cut."""
         gaps = trimmed_gaps(request, self.trimmed.get(broker, {}))
         lost = trimmed_gaps(request, self.lost_ranges.get(broker, {}))
         gaps = sorted({*gaps, *lost})
         store = self.kept.get(broker)
         if not store:  # nothing to choose from: no selection to build
-            return [], gaps, False
+            return [[]], gaps, False
         selection = AnswerSelection(request, self._answer_max, self._answer_bytes)
-        found = selection.choose(
+        kept_at = self._kept_at[broker]
+        start = bisect_left(kept_at, selection.start_at)  # where the process's read starts
+        rows = [
             (n.publisher, n.session, n.seq, n.published_at, at, 0, lambda n=n: n)
-            for n, at in zip(store, self._kept_at[broker], strict=True)
-        )
-        return found, gaps, selection.truncated
+            for n, at in islice(zip(store, kept_at, strict=True), start, None)
+        ]
+        pages = []
+        for first in range(0, len(rows), PAGE_ROWS):
+            pages.append(selection.choose(rows[first : first + PAGE_ROWS]))
+            if selection.ended:
+                break
+        return pages, gaps, selection.truncated
 
 
 def in_gaps(gaps: set[Gap], n: Notification) -> bool:

@@ -5,7 +5,7 @@ The rules are :mod:`octopis.core.replay`'s and :mod:`octopis.core.durable`'s; th
 keeps the store (:mod:`octopis.transport.retention`, durable records in the same file),
 carries the rounds' actions out over the peer links, and answers the requesting client:
 ``replayed`` notices with the publications, then ``replay_done`` with the summary of the
-whole overlay. A store answers page by page (:data:`PAGE_ROWS` rows read at a time),
+whole overlay. A store answers page by page (:data:`~octopis.defaults.PAGE_ROWS` rows read at a time),
 yielding to live traffic between pages and sending a page only while the link toward the
 requester has room (:data:`PAGE_ROOM`).
 """
@@ -40,6 +40,7 @@ from octopis.core.replay import (
     ReplayRounds,
     Targets,
 )
+from octopis.defaults import PAGE_ROWS
 from octopis.logs import RateLimitedLog
 from octopis.settings import Durable, Retention
 from octopis.transport.retention import RetentionError, RetentionStore, StoreAnswer
@@ -47,8 +48,6 @@ from octopis.wire import ClaimedRecord
 
 log = logging.getLogger("octopis.broker")
 
-PAGE_ROWS = 512
-"""Kept rows a store reads per page of an answer before the loop serves live traffic."""
 PAGE_ROOM = 64
 """Frames queued toward the requester above which a store waits before its next page."""
 PAGE_WAIT = 0.005
