@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from octopis.core import make_broker
 from octopis.core.durable import Durables
@@ -159,6 +161,35 @@ def test_an_expired_move_order_leaves_the_client_subscribed_here() -> None:
     table.attach("j", "s2")
     table.order_move(["j"], now=0.0, inside=False)  # across: it subscribes afresh
     assert not table.moving and table.released("j", "s2") is True
+
+
+@given(
+    woke=st.floats(0.0, 50.0),
+    ordered=st.floats(0.0, 100.0),
+    move_timeout=st.floats(0.1, 40.0),
+    timeout=st.floats(0.4, 20.0),
+)
+def test_a_move_order_expires_at_the_tick_the_simulator_waits_for(
+    woke: float, ordered: float, move_timeout: float, timeout: float
+) -> None:
+    """A broker process expires move orders at its client ticks (``ClientTable.expire``
+    on each :class:`Liveness` tick); the simulator, which runs no timer while none is
+    due, looks once, at :meth:`Liveness.tick_after` the order's deadline. Stepped tick
+    by tick as the process does, the order is found late at exactly that tick."""
+    liveness, table = Liveness(timeout), ClientTable(limit=10, move_timeout=move_timeout)
+    liveness.start(woke)
+    table.attach("k", "s1")
+    table.order_move(["k"], now=ordered, inside=True)
+    deadline = table.moving["s1"]
+    looks = 0
+    while True:
+        looks += 1
+        tick = woke + looks * liveness.tick
+        table.expire(now=tick)
+        if not table.moving:
+            break
+    assert tick == pytest.approx(liveness.tick_after(deadline), abs=1e-9)
+    assert liveness.tick_after(deadline) > deadline
 
 
 def _subscribed_sim(limit: int) -> Simulator:

@@ -123,6 +123,13 @@ class Liveness(Generic[K]):
             return []
         return [key for key, seen in self.last_seen.items() if now - seen > self.timeout]
 
+    def tick_after(self, moment: float) -> float:
+        """When the first tick after ``moment`` runs, if the broker runs on time from its
+        last tick: what finds a move order past its deadline (the process expires them at
+        its ticks, :meth:`ClientTable.expire`; the simulator's brokers alike)."""
+        first = self.woke + (max(moment - self.woke, 0.0) // self.tick + 1) * self.tick
+        return first if first > moment else first + self.tick  # rounded onto ``moment``
+
     def due(self) -> float | None:
         """When the first tick runs that finds a client silent (:meth:`silent`), if the
         broker runs on time from its last tick and hears none again; None: none known."""

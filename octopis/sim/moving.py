@@ -5,7 +5,6 @@ a part of its own (:class:`~octopis.sim.balancing.SimBalancer`)."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterator
 from typing import assert_never
@@ -54,7 +53,8 @@ class SubscriberMoves:
         core, now = self.cores[old], self.now
         inside, ordered = order_move(core, sessions, [subscriber], now, same_cluster)
         if inside:  # what the order kept for a client gone meanwhile goes after it
-            self.at(math.nextafter(deadline, math.inf), self._moves_expired, old)
+            looks = self.nodes[old].client_liveness  # at the tick that finds it late
+            self.at(looks.tick_after(deadline), self._moves_expired, old)
         for sub_id in ordered.get(subscriber, ()):  # what it holds at its host, as ordered
             self._moving[subscriber] += 1
             self._overlap[subscriber] += 1
