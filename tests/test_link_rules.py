@@ -504,3 +504,33 @@ def test_the_liveness_check_can_fail(tmp_path: Path) -> None:
         "        declare(name)\n"
     )
     assert sorted(liveness_branches(path)) == ["shell.py:4 caught_up", "shell.py:4 overdue"]
+
+
+def heartbeat_calls(path: Path) -> list[str]:
+    """Every call of ``heartbeat_due`` in ``path`` whose ``sending`` (its last argument)
+    is a constant: a shell that passes one decides for the node whether something is
+    about to leave on the link. ``file:line value``."""
+    return [
+        f"{path.name}:{node.lineno} {node.args[-1].value!r}"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "heartbeat_due"
+        and len(node.args) == 4
+        and isinstance(node.args[-1], ast.Constant)
+    ]
+
+
+def test_both_shells_tell_the_heartbeat_rule_what_is_about_to_leave(tmp_path: Path) -> None:
+    """A heartbeat is due on an idle link only when nothing is about to leave on it
+    (:func:`~octopis.core.custody.heartbeat_due`): the process reads its output queue
+    (not held back), the simulator its link's output queue where links measure queues.
+    The simulator used to pass ``False``, beating behind a queue still draining, which
+    the process does not; the checker is shown that old call."""
+    assert not in_shells(heartbeat_calls)
+    calls = [path for shell in SHELLS for path in (PACKAGE / shell).glob("*.py")
+             if "heartbeat_due(" in path.read_text(encoding="utf-8")]  # fmt: skip
+    assert {path.parent.name for path in calls} == set(SHELLS), "both shells ask the rule"
+    old = "heartbeat_due(record, idle, HEARTBEAT, False)\n"
+    probe = tmp_path / "custody.py"
+    probe.write_text(old, encoding="utf-8")
+    assert heartbeat_calls(probe) == ["custody.py:1 False"]

@@ -35,11 +35,10 @@ from octopis.core.custody import PublishReceipt
 from octopis.core.replay import (
     Replay,
 )
-from octopis.defaults import REFUSE_FOR
+from octopis.defaults import PAGE_ROWS, REFUSE_FOR
 from octopis.settings import BrokerSettings, Retention
 from octopis.sim.stores import RetentionStores
 from octopis.topology import build_preset
-from octopis.defaults import PAGE_ROWS
 from octopis.transport.replaying import PAGE_ROOM, PAGE_WAIT, Replaying, _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
 

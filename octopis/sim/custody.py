@@ -516,7 +516,9 @@ class CustodyEvents:
 
     def _heartbeat(self, broker: str, src: str) -> None:
         """``broker``'s heartbeat timer on its link to ``src``: a heartbeat, with the
-        count, when one is due (:func:`~octopis.core.custody.heartbeat_due`). The timer
+        count, when one is due (:func:`~octopis.core.custody.heartbeat_due`; copies in
+        the link's output queue, where links measure queues, are about to leave, as the
+        process's queue not held back is). The timer
         skips the ticks whose heartbeat would change nothing (the oldest copy ``src``
         retains for ``broker`` is not yet ``retain`` seconds old) and stops once ``src``
         retains nothing for it, or either is gone."""
@@ -531,8 +533,10 @@ class CustodyEvents:
         if broker in state.dead or record is None or kept is None or not kept.retained:
             custody.beating.discard((broker, src))
             return
-        idle = self.events.now - custody.last_sent.get((broker, src), -math.inf)
-        if heartbeat_due(record, idle, HEARTBEAT, False):
+        now = self.events.now
+        idle = now - custody.last_sent.get((broker, src), -math.inf)
+        sending = self.network.waiting(broker, now).get(src, 0) > 0  # its output queue
+        if heartbeat_due(record, idle, HEARTBEAT, sending):
             self._acknowledge(broker, src, record, self._pressure(broker, self.events.now))
         last = custody.last_sent[(broker, src)]
         expires = kept.retained[0][1] + kept.retain if kept.retained else self.events.now

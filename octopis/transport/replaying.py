@@ -5,9 +5,9 @@ The rules are :mod:`octopis.core.replay`'s and :mod:`octopis.core.durable`'s; th
 keeps the store (:mod:`octopis.transport.retention`, durable records in the same file),
 carries the rounds' actions out over the peer links, and answers the requesting client:
 ``replayed`` notices with the publications, then ``replay_done`` with the summary of the
-whole overlay. A store answers page by page (:data:`~octopis.defaults.PAGE_ROWS` rows read at a time),
-yielding to live traffic between pages and sending a page only while the link toward the
-requester has room (:data:`PAGE_ROOM`).
+whole overlay. A store answers page by page (:data:`~octopis.defaults.PAGE_ROWS` rows
+read at a time), yielding to live traffic between pages and sending a page only while the
+link toward the requester has room (:data:`PAGE_ROOM`).
 """
 
 from __future__ import annotations
