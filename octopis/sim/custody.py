@@ -537,11 +537,11 @@ class CustodyEvents:
         idle = now - custody.last_sent.get((broker, src), -math.inf)
         sending = self.network.waiting(broker, now).get(src, 0) > 0  # its output queue
         if heartbeat_due(record, idle, HEARTBEAT, sending):
-            self._acknowledge(broker, src, record, self._pressure(broker, self.events.now))
+            self._acknowledge(broker, src, record, self._pressure(broker, now))
         last = custody.last_sent[(broker, src)]
-        expires = kept.retained[0][1] + kept.retain if kept.retained else self.events.now
+        expires = kept.retained[0][1] + kept.retain if kept.retained else now
         beats = max(1, math.ceil((expires - last) / HEARTBEAT))  # heartbeats from the last
-        tick = max(last + beats * HEARTBEAT, self.events.now + HEARTBEAT / 2)
+        tick = max(last + beats * HEARTBEAT, now + HEARTBEAT / 2)
         self.events.at(tick, self._heartbeat, broker, src)
 
     def _acknowledged(self, broker: str, src: str, ack: Acknowledged) -> None:

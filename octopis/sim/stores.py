@@ -217,13 +217,13 @@ class RetentionStores:
         selection = AnswerSelection(request, self._answer_max, self._answer_bytes)
         kept_at = self._kept_at[broker]
         start = bisect_left(kept_at, selection.start_at)  # where the process's read starts
-        rows = [
+        rows = (
             (n.publisher, n.session, n.seq, n.published_at, at, 0, lambda n=n: n)
             for n, at in islice(zip(store, kept_at, strict=True), start, None)
-        ]
+        )
         pages = []
-        for first in range(0, len(rows), PAGE_ROWS):
-            pages.append(selection.choose(rows[first : first + PAGE_ROWS]))
+        for _ in range(max(1, -(-(len(store) - start) // PAGE_ROWS))):  # read as needed
+            pages.append(selection.choose(islice(rows, PAGE_ROWS)))
             if selection.ended:
                 break
         return pages, gaps, selection.truncated
