@@ -88,7 +88,9 @@ def test_down_kills_and_names_a_broker_that_does_not_stop(tmp_path: Path) -> Non
     os.kill(pids["c:1"], signal.SIGSTOP)
     down = run_octopis(["down", "--timeout", "1"], 180, tmp_path)
     assert down.returncode == 0, down.stderr
-    assert "c:1 did not exit within 1 s of SIGTERM: killed" in down.stderr
+    killed = [line.split(" did not exit within 1 s of SIGTERM: killed")[0].split(", ")
+              for line in down.stderr.splitlines() if "of SIGTERM: killed" in line]  # fmt: skip
+    assert any("c:1" in names for names in killed), down.stderr  # others may be slow too
     assert "stopped 18 brokers" in down.stdout
     assert _running(list(pids.values())) == []
 
