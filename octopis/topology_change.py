@@ -16,6 +16,8 @@ region joins as a leaf, and only a leaf can leave.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import replace
 from urllib.parse import urlsplit
 
@@ -90,6 +92,39 @@ def changed_brokers(old: Scot, new: Scot) -> tuple[list[str], list[str], list[st
         b for b in new.brokers if b in old.brokers and set(new.graph[b]) != set(old.graph[b])
     ]
     return added, removed, relinked
+
+
+def refuges(old: Scot, new: Scot) -> dict[str, list[str]]:
+    """For each broker ``new`` lacks, where its subscribers go: the brokers of its region
+    in the remaining clusters (a cluster leaves), or the broker of the same cluster in
+    the region it is attached to (a region leaves: a leaf has one tree neighbour).
+    :class:`TopologyError` if a leaving broker has none."""
+    found: dict[str, list[str]] = {}
+    for broker_id in (b for b in old.brokers if b not in new.brokers):
+        broker = old.brokers[broker_id]
+        if broker.region in new.acyclic:
+            found[broker_id] = [
+                b.id
+                for b in new.brokers.values()
+                if b.region == broker.region and b.cluster != broker.cluster
+            ]
+        else:
+            parent = next(iter(old.acyclic[broker.region]))
+            found[broker_id] = [
+                b.id
+                for b in new.brokers.values()
+                if (b.region, b.cluster) == (parent, broker.cluster)
+            ]
+        if not found[broker_id]:
+            raise TopologyError(f"no broker of {new.name} can take {broker_id}'s subscribers")
+    return found
+
+
+def refuge_turns(old: Scot, new: Scot) -> Callable[[str], str]:
+    """``refuge(broker)``: where the next subscriber of a broker ``new`` lacks moves, its
+    :func:`refuges` in turn (one rule for ``octopis scale`` and the simulator's shrink)."""
+    turns = {b: itertools.cycle(found) for b, found in refuges(old, new).items()}
+    return lambda broker: next(turns[broker])
 
 
 def _reshape(old: Scot, acyclic: nx.Graph, clusters: int) -> Scot:

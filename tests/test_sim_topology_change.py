@@ -196,3 +196,31 @@ def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -
     assert sim.scot.clusters == 3 and sorted(sim.cores) == brokers
     moved_in = [d for d in report["balance"]["decisions"] if int(d["target"][-1]) >= 3]
     assert moved_in  # the balancer used the new clusters while they were there
+
+
+def test_the_elastic_shrink_sends_a_leaving_brokers_subscribers_where_octopis_scale_does() -> None:
+    """fig2 grown to four clusters, three subscribers on each broker of the last; no load,
+    so the elasticity rule removes that cluster after ``t_wait``: each leaving broker's
+    subscribers move to its region's brokers of clusters 0, 1 and 2, one each, in the
+    order :func:`~octopis.topology_change.refuge_turns` gives ``octopis scale``."""
+    from octopis.balance.policy import BalanceOptions, Elasticity
+    from octopis.topology import build_preset
+    from octopis.topology_change import add_cluster, refuge_turns, remove_cluster
+
+    scot = add_cluster(build_preset("fig2"))
+    sim = Simulator(scot, "dnr", seed=1, latency=LatencyModel(0.001, 0.004))
+    leaving = sorted(b for b in scot.brokers if scot.brokers[b].cluster == 3)
+    homes = {f"S{b}-{k}": b for b in leaving for k in range(3)}
+    for subscriber, broker in homes.items():
+        sim.subscribe(subscriber, broker, Subscription((Predicate("x", "<", 3),)))
+    sim.run()
+    refuge = refuge_turns(scot, remove_cluster(scot, 3))
+    expected = {s: refuge(b) for s, b in homes.items()}  # in the order the shrink moves them
+    elastic = Elasticity(lr_high=1.0, lr_low=0.3, t_wait=1.0, min_clusters=3)
+    sim.balance(BalanceOptions(interval=1.0, cooldown=60.0), sim.now + 30, 100.0, elastic)
+    sim.run()
+    report = sim.report()
+    assert [c["change"] for c in report["balance"]["elastic"]] == ["remove-cluster"]
+    assert sim.scot.clusters == 3
+    assert {s: sim._home[s] for s in homes} == expected
+    assert len(set(expected.values())) == 3 * len(build_preset("fig2").regions)

@@ -21,6 +21,8 @@ from octopis.topology_change import (
     add_cluster,
     add_region,
     changed_brokers,
+    refuge_turns,
+    refuges,
     remove_cluster,
     remove_region,
 )
@@ -108,6 +110,36 @@ def test_a_change_touches_only_the_brokers_it_adds_or_removes(
         assert labels(topology_from_json(json.loads(json.dumps(new.to_json())))) == labels(new)
         scot = new
 
+
+
+@settings(max_examples=sized(20, 80), deadline=None)
+@given(changes())
+def test_a_leaving_brokers_subscribers_go_to_its_refuges_in_turn(
+    case: tuple[Scot, list[tuple[str, str]]],
+) -> None:
+    """Where a removed broker's subscribers go (``octopis scale`` and the simulator's
+    shrink both ask :func:`refuge_turns`): a cluster leaves, its region's brokers of the
+    other clusters; a region leaves, its tree neighbour's broker of the same cluster;
+    taken in turn, so the subscribers of one broker spread over all of them."""
+    scot, steps = case
+    for kind, arg in steps:
+        new = apply(scot, kind, arg)
+        found = refuges(scot, new)
+        assert sorted(found) == sorted(changed_brokers(scot, new)[1])
+        refuge = refuge_turns(scot, new)
+        for broker, places in found.items():
+            leaving = scot.brokers[broker]
+            for b in places:
+                assert b in new.brokers
+                if kind == "remove-cluster":
+                    assert new.brokers[b].region == leaving.region
+                    assert new.brokers[b].cluster != leaving.cluster
+                else:
+                    assert new.brokers[b].cluster == leaving.cluster
+                    assert scot.acyclic.has_edge(new.brokers[b].region, leaving.region)
+            assert len(places) == (new.clusters if kind == "remove-cluster" else 1)
+            assert [refuge(broker) for _ in range(2 * len(places))] == places * 2
+        scot = new
 
 def _on(graph: nx.Graph, other: nx.Graph) -> nx.Graph:
     """``graph`` over the union of both graphs' nodes (for a symmetric difference)."""

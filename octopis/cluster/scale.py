@@ -29,7 +29,6 @@ clients find the new brokers' public keys.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import math
@@ -44,7 +43,7 @@ from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.cluster.launcher import ClusterError, LocalCluster, stop_pids
 from octopis.keys import Keys, make_keys
 from octopis.topology import Scot
-from octopis.topology_change import add_cluster, changed_brokers, remove_cluster
+from octopis.topology_change import add_cluster, changed_brokers, refuge_turns, remove_cluster
 
 log = logging.getLogger("octopis.scale")
 
@@ -74,31 +73,6 @@ def relink_view(scot: Scot, broker_id: str, keys: Keys | None) -> dict[str, Any]
     }
 
 
-def refuges(old: Scot, new: Scot) -> dict[str, list[str]]:
-    """For each broker ``new`` lacks, where its subscribers go: the brokers of its region
-    in the remaining clusters (a cluster leaves), or the broker of the same cluster in
-    the region it is attached to (a region leaves: a leaf has one tree neighbour)."""
-    found: dict[str, list[str]] = {}
-    for broker_id in (b for b in old.brokers if b not in new.brokers):
-        broker = old.brokers[broker_id]
-        if broker.region in new.acyclic:
-            found[broker_id] = [
-                b.id
-                for b in new.brokers.values()
-                if b.region == broker.region and b.cluster != broker.cluster
-            ]
-        else:
-            parent = next(iter(old.acyclic[broker.region]))
-            found[broker_id] = [
-                b.id
-                for b in new.brokers.values()
-                if (b.region, b.cluster) == (parent, broker.cluster)
-            ]
-        if not found[broker_id]:
-            raise ClusterError(f"no broker of {new.name} can take {broker_id}'s subscribers")
-    return found
-
-
 async def _until(check: Any, what: str, timeout: float) -> None:
     """Await ``check()`` every :data:`POLL` seconds until it is true; ClusterError naming
     ``what`` after ``timeout`` seconds."""
@@ -110,9 +84,10 @@ async def _until(check: Any, what: str, timeout: float) -> None:
 
 
 async def _move_off(
-    cluster: LocalCluster, leaving: dict[str, list[str]], timeout: float
+    cluster: LocalCluster, new: Scot, leaving: list[str], timeout: float
 ) -> dict[str, int]:
-    """Tell every subscriber of a leaving broker to move to one of its refuges (in turn)
+    """Tell every subscriber of a ``leaving`` broker to move to one of its refuges in
+    ``new``, in turn (:func:`~octopis.topology_change.refuge_turns`)
     and wait until no leaving broker holds a subscription of a client of its own; one
     that arrives meanwhile (a move ordered before) is told too, and one still there
     :data:`MOVE_AGAIN` seconds after its order is told again. Returns the moves ordered
@@ -121,7 +96,7 @@ async def _move_off(
     _no_publishers({b: await cluster.call(b, "clients") for b in leaving})
     counts = {"inside": 0, "across": 0}
     ordered: dict[tuple[str, str], float] = {}
-    targets = {b: itertools.cycle(refuges) for b, refuges in leaving.items()}
+    refuge = refuge_turns(scot, new)
 
     async def emptied() -> bool:
         now = time.monotonic()
@@ -133,7 +108,7 @@ async def _move_off(
         for broker, client in waiting:
             if now - ordered.get((broker, client), -math.inf) < MOVE_AGAIN:
                 continue
-            target = next(targets[broker])
+            target = refuge(broker)
             inside = scot.brokers[target].cluster == scot.brokers[broker].cluster
             try:
                 await cluster.call(
@@ -209,7 +184,7 @@ async def change_overlay(
     added, removed, relinked = changed_brokers(old, new)
     if new.clusters != old.clusters:
         relinked = [b for b in new.brokers if b in old.brokers]
-    moves = await _move_off(cluster, refuges(old, new), timeout) if removed else {}
+    moves = await _move_off(cluster, new, removed, timeout) if removed else {}
     if cluster.keys_dir is not None and added:
         make_keys(cluster.keys_dir, new.endpoints_by_broker())
     retries = await _relink(cluster, new, relinked, timeout)

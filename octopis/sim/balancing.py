@@ -25,7 +25,7 @@ from octopis.core.node import BrokerNode
 from octopis.core.sessions import interests
 from octopis.sim.clients import Clients
 from octopis.topology import Scot
-from octopis.topology_change import add_cluster, remove_cluster
+from octopis.topology_change import add_cluster, refuge_turns, remove_cluster
 
 
 class Balanced(Protocol):
@@ -86,7 +86,8 @@ class SimBalancer:
         ``capacity`` (messages/s) is every broker's, for the plans on load ratios. With
         ``elastic`` (and a capacity) each round also asks it whether the mean load ratio
         calls for a cluster more (``reshape``) or the last one fewer (``shrink``,
-        its subscribers moving to their region's least loaded broker elsewhere)."""
+        its subscribers moving to their refuges in turn, as ``octopis scale``'s do:
+        :func:`~octopis.topology_change.refuge_turns`)."""
         self.log = {
             "options": vars(options),
             "decisions": deque(maxlen=HISTORY_LIMIT),
@@ -195,13 +196,14 @@ class SimBalancer:
             }
         )
         if elastic is not None and capacity and not self._sim.retiring:
-            self._elastic_round(elastic, log["timeline"][-1]["mean_ratio"], load)
+            self._elastic_round(elastic, log["timeline"][-1]["mean_ratio"])
         if self._sim.now + span <= until:
             args = (options, until, capacity, counts, elastic)
             self._sim.at(self._sim.now + span, self._balance_round, *args)
 
-    def _elastic_round(self, elastic: Elasticity, ratio: float, load: dict[str, float]) -> None:
-        """Grow or shrink by a cluster if ``elastic`` says so (Dynamoth, issue 18)."""
+    def _elastic_round(self, elastic: Elasticity, ratio: float) -> None:
+        """Grow or shrink by a cluster if ``elastic`` says so (Dynamoth, issue 18); a
+        leaving broker's subscribers go to its refuges in turn, as ``octopis scale``'s do."""
         assert self.log is not None
         change = elastic.decide(self._sim.now, ratio, self._sim.scot.clusters)
         if change is None:
@@ -217,13 +219,8 @@ class SimBalancer:
         if change == "add-cluster":
             self._sim.reshape(add_cluster(self._sim.scot))
             return
-        last = self._sim.scot.clusters - 1
-
-        def refuge(broker: str) -> str:
-            region = self._sim.scot.brokers[broker].region
-            return min((f"{region}:{k}" for k in range(last)), key=lambda b: (load[b], b))
-
-        self._sim.shrink(remove_cluster(self._sim.scot, last), refuge)
+        shrunk = remove_cluster(self._sim.scot, self._sim.scot.clusters - 1)
+        self._sim.shrink(shrunk, refuge_turns(self._sim.scot, shrunk))
 
     def report(self) -> dict[str, Any] | None:
         """What it decided and saw, for the run's report (None: never started)."""
