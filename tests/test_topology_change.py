@@ -111,7 +111,6 @@ def test_a_change_touches_only_the_brokers_it_adds_or_removes(
         scot = new
 
 
-
 @settings(max_examples=sized(20, 80), deadline=None)
 @given(changes())
 def test_a_leaving_brokers_subscribers_go_to_its_refuges_in_turn(
@@ -140,6 +139,7 @@ def test_a_leaving_brokers_subscribers_go_to_its_refuges_in_turn(
             assert len(places) == (new.clusters if kind == "remove-cluster" else 1)
             assert [refuge(broker) for _ in range(2 * len(places))] == places * 2
         scot = new
+
 
 def _on(graph: nx.Graph, other: nx.Graph) -> nx.Graph:
     """``graph`` over the union of both graphs' nodes (for a symmetric difference)."""
