@@ -12,6 +12,11 @@ The index property of paper §3.2 labels the clusters 0..n−1 (a DNR cluster bi
 a bit per cluster), so a cluster joins as n and only the last one, n−1, can leave: any
 other would rename a whole cluster of running brokers. Likewise the tree stays a tree: a
 region joins as a leaf, and only a leaf can leave.
+
+A running broker learns a new version through its own view of it alone
+(:class:`RelinkView`, what ``octopis scale`` sends and the control RPC's ``relink``
+takes: one declaration for both ends); a leaving broker's subscribers go to its
+:func:`refuges` in turn.
 """
 
 from __future__ import annotations
@@ -21,9 +26,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from urllib.parse import urlsplit
 
+import msgspec
 import networkx as nx
 
-from octopis.topology import PORTS_PER_BROKER, BrokerInfo, Scot, TopologyError, build_scot
+from octopis.topology import (
+    PORTS_PER_BROKER,
+    BrokerInfo,
+    Neighbour,
+    Scot,
+    TopologyError,
+    build_scot,
+)
 
 
 def add_cluster(scot: Scot) -> Scot:
@@ -182,4 +195,78 @@ def _placed(broker: BrokerInfo, beside: BrokerInfo, port: int) -> BrokerInfo:
         control_endpoint=f"tcp://{address}:{port + 2}",
         metrics_endpoint=f"http://{address}:{port + 3}/metrics",
         host=beside.host,
+    )
+
+
+class NeighbourLink(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One neighbour in a new view: its labels (as in a topology file), the endpoint of
+    its peer input and its CurveZMQ public key (Z85; empty when the overlay runs
+    insecure)."""
+
+    neighbour: Neighbour
+    endpoint: str
+    key: str = ""
+
+
+class RelinkView(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A broker's view in a new topology version."""
+
+    clusters: int
+    neighbours: list[NeighbourLink]
+
+
+def decode_view(data: object, secure: bool) -> RelinkView:
+    """``data`` (the RPC's argument) as a :class:`RelinkView`; :class:`ValueError` naming
+    the problem if it is not one: a missing or mistyped field, no cluster, no neighbour,
+    a neighbour named twice, an endpoint that is not ``tcp://HOST:PORT``, or
+    (``secure``) a neighbour without a Z85 public key. Once it passes, opening the
+    links cannot fail on it."""
+    try:
+        view = msgspec.convert(data, RelinkView)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"not a relink view: {exc}") from None
+    if view.clusters < 1:
+        raise ValueError(f"a relink view needs at least one cluster, not {view.clusters}")
+    if not view.neighbours:
+        raise ValueError("a relink view names no neighbour: a broker of a SCOT keeps one")
+    ids = [n.neighbour.id for n in view.neighbours]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ValueError(f"a relink view names {', '.join(twice)} twice")
+    for link in view.neighbours:
+        n = link.neighbour
+        address = urlsplit(link.endpoint)
+        try:
+            port = address.port
+        except ValueError:
+            port = None
+        if address.scheme != "tcp" or not address.hostname or port is None or port < 1:
+            raise ValueError(f"neighbour {n.id}: endpoint {link.endpoint!r} is not tcp://HOST:PORT")
+        if not 0 <= n.cluster < view.clusters:
+            raise ValueError(f"neighbour {n.id}: no cluster {n.cluster} of {view.clusters}")
+        if secure and not _z85_key(link.key):
+            raise ValueError(f"neighbour {n.id}: a secure overlay needs its Z85 public key")
+    return view
+
+
+def _z85_key(text: str) -> bool:
+    """Whether ``text`` is a CurveZMQ public key in Z85 (40 characters, 32 bytes)."""
+    from zmq.utils import z85  # only a broker decodes a view: the simulator needs no zmq
+
+    try:
+        return len(text) == 40 and len(z85.decode(text.encode())) == 32
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def relink_view(scot: Scot, broker_id: str, keys: Callable[[str], str] | None) -> RelinkView:
+    """Broker ``broker_id``'s view in ``scot`` as ``relink`` takes it: the cluster count
+    and each neighbour's labels, peer endpoint and public key (``keys(broker)``, Z85;
+    empty when insecure)."""
+    return RelinkView(
+        scot.clusters,
+        [
+            NeighbourLink(n, scot.brokers[n.id].endpoint, keys(n.id) if keys is not None else "")
+            for n in scot.brokers[broker_id].neighbours
+        ],
     )

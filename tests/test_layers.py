@@ -77,6 +77,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.transport",
         "octopis.settings",
         "octopis.topology",
+        "octopis.topology_change",
         "octopis.wire",
         "octopis.keys",
         "octopis.logs",

@@ -26,17 +26,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conditions import accounting, closing_control, until
 from conftest import ready_again, shared_secure_fig2
 
 from octopis.client import Connection, ConnectionGroup, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster, find_free_base_port
-from octopis.cluster.scale import change_overlay, relink_view
+from octopis.cluster.scale import change_overlay
 from octopis.keys import Keys
 from octopis.settings import BrokerSettings, Links, Routing
 from octopis.topology import Scot, build_preset
-from octopis.topology_change import add_cluster, add_region, remove_cluster, remove_region
+from octopis.topology_change import (
+    add_cluster,
+    add_region,
+    decode_view,
+    relink_view,
+    remove_cluster,
+    remove_region,
+)
 
 SYMBOLS = 30
 SUBSCRIBERS = 90
@@ -234,16 +242,21 @@ def test_a_relink_is_refused_while_the_core_routes_over_a_leaving_link(
     smaller = remove_cluster(scot, 2)
     keys = Keys(cluster.keys_dir)
 
+    def view(shape: Scot) -> dict[str, Any]:
+        """a:0's view in ``shape``, as ``octopis scale`` sends it."""
+        view = relink_view(shape, "a:0", lambda b: keys.broker_public(b).decode())
+        return msgspec.to_builtins(view)
+
     async def scenario() -> None:
         received: list[int] = []
         sub = await Subscriber.connect(scot.client_endpoints("a:2"), "s")
         stream = await sub.subscribe("[class,eq,'STOCK']")
         await until(lambda: _held(cluster, 1), "subscription everywhere", 30)
         with pytest.raises(Exception, match="still routes subscriptions over a:2"):
-            await cluster.call("a:0", "relink", relink_view(smaller, "a:0", keys))
+            await cluster.call("a:0", "relink", view(smaller))
         with pytest.raises(Exception, match="not a relink view"):
             await cluster.call("a:0", "relink", {"clusters": 3})
-        bad = relink_view(scot, "a:0", keys)
+        bad = view(scot)
         bad["neighbours"][0]["endpoint"] = "udp://x"
         with pytest.raises(Exception, match="is not tcp://"):
             await cluster.call("a:0", "relink", bad)
@@ -391,13 +404,9 @@ def test_a_relink_view_is_checked_before_anything_changes() -> None:
     """A view whose endpoint lacks a host or port, whose key is not Z85, that names a
     neighbour twice, a cluster it does not have or no neighbour is refused, naming the problem; a
     well-formed one passes (so opening its links cannot fail halfway)."""
-    from octopis.transport.relink import decode_view
-
     scot = build_preset("fig2")
-    good = relink_view(scot, "c:0", None)
     key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
-    for n in good["neighbours"]:
-        n["key"] = key
+    good = msgspec.to_builtins(relink_view(scot, "c:0", lambda _: key))
     assert len(decode_view(good, secure=True).neighbours) == len(scot.brokers["c:0"].neighbours)
     cases = {
         "is not tcp://HOST:PORT": ("endpoint", "tcp://127.0.0.1"),

@@ -34,16 +34,23 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from octopis.balance.loop import Balancer
 from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.cluster.launcher import ClusterError, LocalCluster, stop_pids
 from octopis.keys import Keys, make_keys
 from octopis.topology import Scot
-from octopis.topology_change import add_cluster, changed_brokers, refuge_turns, remove_cluster
+from octopis.topology_change import (
+    add_cluster,
+    changed_brokers,
+    refuge_turns,
+    relink_view,
+    remove_cluster,
+)
 
 log = logging.getLogger("octopis.scale")
 
@@ -55,22 +62,6 @@ its way); any other refusal is final."""
 MOVE_AGAIN = 15.0
 """Seconds after which a subscriber still on a leaving broker is told to move again (a
 move across clusters takes the SDK's linger, 10 s by default, to end)."""
-
-
-def relink_view(scot: Scot, broker_id: str, keys: Keys | None) -> dict[str, Any]:
-    """Broker ``broker_id``'s view in ``scot`` as ``relink`` takes it: the cluster count
-    and each neighbour's labels, peer endpoint and public key (empty when insecure)."""
-    return {
-        "clusters": scot.clusters,
-        "neighbours": [
-            {
-                "neighbour": asdict(n),
-                "endpoint": scot.brokers[n.id].endpoint,
-                "key": keys.broker_public(n.id).decode() if keys is not None else "",
-            }
-            for n in scot.brokers[broker_id].neighbours
-        ],
-    }
 
 
 async def _until(check: Any, what: str, timeout: float) -> None:
@@ -142,11 +133,12 @@ async def _relink(cluster: LocalCluster, new: Scot, ids: list[str], timeout: flo
     """Relink each broker of ``ids`` to its view in ``new``, retrying a refusal that only
     has to wait (:data:`TRANSIENT`) until ``timeout``; returns retries."""
     keys = Keys(cluster.keys_dir) if cluster.keys_dir is not None else None
+    public = (lambda b: keys.broker_public(b).decode()) if keys is not None else None
     retries = 0
 
     async def one(broker_id: str) -> None:
         nonlocal retries
-        view = relink_view(new, broker_id, keys)
+        view = msgspec.to_builtins(relink_view(new, broker_id, public))
         deadline = time.monotonic() + timeout
         while True:
             try:
