@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 from laws import sized
 
 from octopis.filters.language import Predicate, Subscription
-from octopis.matching import ReferenceMatcher
-from octopis.sim.shared import SharedMatcher
+from octopis.matching import ReferenceMatcher, SharedMatcher
 
 predicates = st.one_of(
     st.builds(Predicate, st.sampled_from("xy"), st.sampled_from(["<", ">=", "="]),

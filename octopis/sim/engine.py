@@ -6,7 +6,7 @@ messages in flight), :class:`~octopis.sim.network.Network` (when a copy arrives,
 broker sees of its links), :class:`~octopis.sim.cpu.BrokerCpus` (each broker's CPU, with
 a service model) and :class:`~octopis.sim.failures.FailureState` (dead brokers, cut
 links, custody). In SNR and DNR every core's routing table is a part of one
-:class:`~octopis.sim.shared.SharedMatcher` unless a matcher is given: each subscription
+:class:`~octopis.matching.SharedMatcher` unless a matcher is given: each subscription
 is compiled once, not once per broker. What it does is in mixins with one job each, the
 parts above their state: the brokers' loops (:class:`~octopis.sim.dispatch.ActionDispatch`),
 failures, pauses, subscribers failing over and their replays
@@ -35,6 +35,7 @@ from octopis.core.table import MatcherFactory
 from octopis.defaults import DOWN_AFTER, LINGER, RETAIN
 from octopis.failure_schedule import Failure
 from octopis.filters.language import Publication, Subscription
+from octopis.matching import SharedMatcher
 from octopis.sim.balancing import SimBalancer
 from octopis.sim.brokers import Brokers
 from octopis.sim.clients import Clients
@@ -52,7 +53,6 @@ from octopis.sim.replaying import SubscriberFailover
 from octopis.sim.reshaping import Reshaping
 from octopis.sim.seams import ReplaySeams
 from octopis.sim.service import ServiceModel
-from octopis.sim.shared import SharedMatcher
 from octopis.topology import Scot
 
 
