@@ -74,3 +74,51 @@ def test_a_publisher_whose_broker_dies_sends_what_it_did_not_confirm_again(
     stamps = {n.seq: n.published_at for n in sim.published[KILLED]}
     again = {n.seq: n.published_at for n in sim.published[new] if n.seq in stamps}
     assert again and all(stamps[q] == at for q, at in again.items())  # the same stamp
+
+
+@pytest.mark.parametrize(
+    ("mode", "seed", "pause"), [("snr", 3, 3.0), ("dnr", 4, 3.0), ("snr", 5, 1.0)]
+)
+def test_a_publisher_whose_broker_pauses_past_its_liveness_fails_over_and_both_take_it(
+    mode: str, seed: int, pause: float
+) -> None:
+    """``KILLED`` is paused (SIGSTOP) mid-stream for ``pause`` seconds. Past the SDK's
+    liveness (1.5 s) the publisher hears it no more and fails over, sending again what it
+    had no answer for, first stamps kept; what waited in the paused broker's socket is
+    taken there at its resume too, so those publications enter the overlay at both
+    brokers, each with its one stamp. A shorter pause is waited out: no fail-over, nothing
+    sent twice. Either way every subscriber gets each of the COUNT publications once."""
+    sim = Simulator(FIG2, mode, seed=seed)
+    everything = Subscription((Predicate("x", ">=", 0),))
+    for i, broker in enumerate(b for b in FIG2.brokers if b != KILLED):
+        sim.subscribe(f"S{i}", broker, everything)
+    sim.run()
+    start = sim.now
+    sim.fail(Failure((KILLED,), DIES, DIES + pause, stall=True), start)
+    for seq in range(1, COUNT + 1):
+        sim.at(start + seq * EVERY, sim.publish, PUBLISHER, KILLED, {"x": seq}, seq)
+    sim.run(start + 30.0)
+    counts = sim.failure_totals()
+    subscribers = {s for s, _, _ in sim.ledger.expected}
+    everything_once = {(s, PUBLISHER, q) for s in subscribers for q in range(1, COUNT + 1)}
+    assert len(subscribers) == len(FIG2.brokers) - 1
+    assert sim.ledger.expected == set(sim.ledger.received) == everything_once
+    assert set(sim.ledger.received.values()) == {1}  # none twice
+    assert not sim.publishers.unanswered[PUBLISHER]
+    stamps: dict[int, set[float]] = {}
+    for copies in sim.published.values():
+        for n in copies:
+            stamps.setdefault(n.seq, set()).add(n.published_at)
+    assert all(len(at) == 1 for at in stamps.values())  # one stamp per publication
+    twice = {
+        q for q in stamps if sum(q in {n.seq for n in ns} for ns in sim.published.values()) > 1
+    }
+    if pause < 1.5:
+        assert "publishers_failed_over" not in counts and not twice
+        assert sim.clients.home[PUBLISHER] == KILLED
+        return
+    new = sim.clients.home[PUBLISHER]
+    assert new != KILLED and counts["publishers_failed_over"] == 1
+    assert counts["publications_resent"] > 0
+    waited = {n.seq for n in sim.published[KILLED] if n.published_at >= start + DIES}
+    assert waited and waited <= twice  # taken by the paused broker at its resume, and by new

@@ -233,22 +233,29 @@ class Simulator(
         broker = self.publishers.broker_of(publisher, broker)
         self.clients.attach(publisher, broker)
         seq = self.clients.sequence(publisher, seq)
-        if self.publishers.sent(publisher, seq, publication):
-            return publisher, seq  # its publisher is failing over: sent where it gets
-        if self._asleep(broker, self.publish, publisher, broker, publication, seq):
-            return publisher, seq  # the request waits in its socket: taken at the resume
-        if self._dead(broker):  # unanswered: sent again once its publisher fails over
+        if not self.publishers.sent(publisher, seq, publication):  # else it fails over:
+            stamp = self.publishers.published_at(publisher, seq)  # sent where it gets
+            self._take_publication(broker, Notification(publisher, seq, stamp, publication))
+        return publisher, seq
+
+    def _take_publication(self, broker: str, notification: Notification) -> None:
+        """``broker`` takes a publisher's request to publish ``notification`` now: a paused
+        one at its resume (the request waits in its socket, and that broker takes it even
+        if its publisher failed over meanwhile, as a process does); a dead one never (the
+        publication is unanswered, and sent again once its publisher fails over)."""
+        if self._asleep(broker, self._take_publication, broker, notification):
+            return
+        publisher, seq, _, publication = notification[:4]
+        if self._dead(broker):
             if not self.publishers.silent(publisher, broker):
                 self.failure_counts["publications_refused"] += 1
-            return publisher, seq
+            return
         core = self.cores[broker]
         check_advertised(core, publisher, publication)
-        stamp = self.publishers.published_at(publisher, seq)
-        notification = Notification(publisher, seq, stamp, publication)
         if self.cpus is not None:  # no failures with a service model: always serving
             self.ledger.published(publisher, seq, publication)
             self.cpus.queue(broker, None, notification)
-            return publisher, seq
+            return
         node = self.nodes[broker]
         receipt = refusal = None
         if self.failures is not None:  # the stores keep, and confirm through a receipt
@@ -259,22 +266,21 @@ class Simulator(
             actions = self._watch(core, notification, publish, notification, receipt)
         except NotKept:  # its disk refused a commit just now: neither kept nor routed
             self.publishers.answered(notification.key)
-            return publisher, seq
+            return
         except NotServing:
             self.failure_counts["publications_refused"] += 1
             self.publishers.answered(notification.key)
-            return publisher, seq
+            return
         self.publishers.accepted(publisher, seq, publication)
         if receipt is None:
             if actions:
                 self._dispatch(broker, actions)
-            return publisher, seq
+            return
         refusal = self.retention.keep(broker, notification, self.now)
         receipt.keep()  # the store's copy, held at its commit (below: a simulated one is at once)
         if actions is not None:  # else held: answered once routed (:meth:`_check_serving`)
             self._dispatch(broker, actions, receipt)
         receipt.committed(refusal)
-        return publisher, seq
 
     # -- time ----------------------------------------------------------------------------
 

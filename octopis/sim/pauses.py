@@ -24,8 +24,10 @@ pause, a VM hiccup) and resumed, as the broker process lives through it.
   deliveries absorbs when seen twice, and then withdraws the subscriptions. A client's
   hello to a paused broker is answered at its resume if that comes within the liveness.
 - What its publishers and subscribers ask of it waits, as in its socket, until it
-  resumes (a publication is taken then; the SDK's publish timeout, 10 s, is longer than
-  any pause the nemesis draws).
+  resumes, and it takes it then. Its publishers notice its silence as its subscribers do
+  and fail over, sending again what it has not answered
+  (:class:`~octopis.sim.publishers.PublisherFailover`): what waited in its socket may
+  then enter the overlay at both brokers, once at each, as on processes.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class PausedBrokers:
             if neighbour not in state.dead and (neighbour, broker) not in state.failed_at:
                 self._silence(neighbour, broker)
         self._hosts_silent(broker, self._host_silent)
+        for publisher in self.publishers.connected_to(broker):
+            heard = self.now + CLIENT_LIVENESS
+            self.at(heard, self._publisher_unheard, publisher, broker, self.now)
 
     def _asleep(self, broker: str, fn: Callable[..., Any], *args: Any) -> bool:
         """Whether ``broker`` is paused: then ``fn(*args)``, its event (a frame reaching
@@ -105,12 +110,23 @@ class PausedBrokers:
             elif fn == self._recover:
                 fn(*args)
 
+    def _paused_since(self, broker: str, since: float) -> bool:
+        """Whether ``broker`` has not run since ``since`` (paused still)."""
+        paused = self.failures.paused.get(broker)
+        return paused is not None and paused[0] <= since
+
     def _host_silent(self, subscriber: str, broker: str, since: float) -> None:
         """``subscriber``'s SDK heard nothing from ``broker`` since ``since``, its
         liveness ago: it fails over, if ``broker`` has not run since (paused still)."""
-        paused = self.failures.paused.get(broker)
-        if paused is not None and paused[0] <= since:
+        if self._paused_since(broker, since):
             self._fail_over(subscriber, broker, since)
+
+    def _publisher_unheard(self, publisher: str, broker: str, since: float) -> None:
+        """``publisher``'s SDK heard nothing from ``broker`` since ``since``, its
+        liveness ago: it fails over (:meth:`PublisherFailover.unheard`), if ``broker`` has
+        not run since and it is still connected there."""
+        if self._paused_since(broker, since) and self.clients.home.get(publisher) == broker:
+            self.publishers.unheard(publisher, broker)
 
     def _hello(
         self,

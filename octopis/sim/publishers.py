@@ -17,9 +17,13 @@ publication once, when a broker first accepts it (:meth:`PublisherFailover.accep
 
 With advertisements on, publishers do not fail over (:attr:`PublisherFailover.follows`).
 
+A paused broker's publishers hear it no more either: one still paused
+:data:`CLIENT_LIVENESS` after it stopped is left the same way (:meth:`PublisherFailover.unheard`),
+while what its publishers sent it waits in its socket and is taken at its resume
+(:mod:`octopis.sim.pauses`), so a publication may enter at both brokers, as on processes.
+
 The simulated publishers publish without waiting (the SDK's ``wait=False``, flushed):
-no publish timeout gives a publication up. A paused broker's publishers wait for its
-resume (:mod:`octopis.sim.pauses`): they do not fail over on its silence.
+no publish timeout gives a publication up.
 """
 
 from __future__ import annotations
@@ -136,13 +140,23 @@ class PublisherFailover:
             self.accepted_keys.add(key)
         self.sim.ledger.published(publisher, seq, publication)
 
+    def connected_to(self, broker: str) -> list[str]:
+        """The publishers (those tracked, :attr:`unanswered`) connected to ``broker``."""
+        home = self.sim.clients.home
+        return [p for p in sorted(self.unanswered) if home.get(p) == broker]
+
     def died(self, broker: str) -> None:
         """``broker`` died now: each publisher connected to it hears it no more and
         fails over :data:`CLIENT_LIVENESS` later."""
-        home = self.sim.clients.home
-        for publisher in sorted(self.unanswered):
-            if home.get(publisher) == broker:
-                self.silent(publisher, broker)
+        for publisher in self.connected_to(broker):
+            self.silent(publisher, broker)
+
+    def unheard(self, publisher: str, broker: str) -> None:
+        """``publisher`` has heard nothing from ``broker`` (paused) for its liveness: it
+        leaves it now (:meth:`_leave`), unless it is failing over already."""
+        if self.follows and publisher not in self.leaving:
+            self.leaving[publisher] = broker
+            self._leave(publisher, broker)
 
     def silent(self, publisher: str, broker: str) -> bool:
         """``publisher`` sent to ``broker``, dead: unless it is failing over already, it
