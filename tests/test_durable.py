@@ -319,3 +319,36 @@ def test_the_hosts_answers_name_who_asked_and_whether_a_claim() -> None:
     (*_, claimed) = durables.answer_claim(rounds, claim, 1.0).actions
     assert type(claimed) is ReplayDone and (claimed.requester, claimed.claim) == ("k1/audit", True)
     assert rounds.requester("a:0/1") == "k1/audit"
+
+
+@pytest.mark.parametrize(("pause", "fails_over"), [(4.0, True), (1.0, False)])
+def test_a_durable_client_fails_over_from_a_broker_paused_past_its_liveness(
+    pause: float, fails_over: bool
+) -> None:
+    """c:0, a durable client's host, is paused (SIGSTOP) while publications flow from
+    a:0: past the SDK's liveness the client hears it no more and fails over as from a
+    dead host (its subscription made again, durable, at the next broker of its list, its
+    record acknowledged there, what it missed replayed), while c:0 keeps its own copy of
+    the record, and, at its resume, drops the silent client; a shorter pause is waited
+    out. Either way the client holds to its contract (``check_durables``): each
+    publication its filter matches, once, nothing lost silently."""
+    from octopis.nemesis.checks import check_durables
+
+    scot = build_preset("fig2")
+    sim = DurableSimulator(scot, "snr", seed=7, covering="off")
+    sim.durable_subscribe("D", "c:0", parse_subscription("[x,<,5]"))
+    sim.run()
+    start = sim.now
+    sim.fail(Failure(("c:0",), 1.0, 1.0 + pause, stall=True), start)
+    for i in range(200):
+        sim.at(start + i * 0.05, sim.publish, "Pa:0", "a:0", {"x": i % 10})
+    sim.run()
+    client = sim.durable_clients["D"]
+    problems, counts = check_durables(sim)
+    assert problems == [] and counts["silent"] == counts["duplicated"] == 0, counts
+    assert counts["delivered"] == counts["expected"] == 100
+    if fails_over:
+        assert client.counts["failed_over"] == 1
+        assert client.host == scot.failover_order("c:0")[0]
+    else:
+        assert client.counts["failed_over"] == 0 and client.host == "c:0"

@@ -301,6 +301,19 @@ class DurableSimulator(Simulator):
             if c.host == broker:
                 self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, broker, c.run)
 
+    def _clients_hear_nothing(self, broker: str) -> None:
+        """``broker`` stopped now (paused): its durable clients notice its silence after
+        :data:`CLIENT_LIVENESS` too, and fail over if it has not run since."""
+        super()._clients_hear_nothing(broker)
+        for c in self.durable_clients.values():
+            if c.host == broker:
+                heard = self.now + CLIENT_LIVENESS
+                self.at(heard, self._durable_unheard, c, broker, c.run, self.now)
+
+    def _durable_unheard(self, c: DurableClient, broker: str, run: int, since: float) -> None:
+        if self._paused_since(broker, since):
+            self._durable_fail_over(c, broker, run)
+
     def _durable_fail_over(self, c: DurableClient, old: str, run: int) -> None:
         """``c`` leaves silent ``old`` along its run's list as the SDK does (the list it
         was started with, :meth:`_connect`)."""

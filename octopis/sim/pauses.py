@@ -46,7 +46,7 @@ class PausedBrokers:
 
     def _pause(self, broker: str, until: float) -> None:
         """``broker`` stops now, to resume at ``until`` (:meth:`_resume`); its neighbours
-        hear it no more, its subscribers neither (:meth:`_host_silent`)."""
+        hear it no more, its clients neither (:meth:`_clients_hear_nothing`)."""
         state = self.failures
         if broker in state.dead or broker in state.paused:
             return  # a dead process is not paused, nor a paused one twice
@@ -55,6 +55,11 @@ class PausedBrokers:
         for neighbour in sorted(self.scot.graph[broker]):
             if neighbour not in state.dead and (neighbour, broker) not in state.failed_at:
                 self._silence(neighbour, broker)
+        self._clients_hear_nothing(broker)
+
+    def _clients_hear_nothing(self, broker: str) -> None:
+        """``broker`` stopped now: each of its subscribers and publishers notices its
+        silence :data:`CLIENT_LIVENESS` later, and fails over if it has not run since."""
         self._hosts_silent(broker, self._host_silent)
         for publisher in self.publishers.connected_to(broker):
             heard = self.now + CLIENT_LIVENESS
