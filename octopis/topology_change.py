@@ -22,7 +22,7 @@ takes: one declaration for both ends); a leaving broker's subscribers go to its
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from urllib.parse import urlsplit
 
@@ -131,6 +131,19 @@ def refuges(old: Scot, new: Scot) -> dict[str, list[str]]:
         if not found[broker_id]:
             raise TopologyError(f"no broker of {new.name} can take {broker_id}'s subscribers")
     return found
+
+
+def refuse_stranded_publishers(attached: Iterable[tuple[str, str]]) -> None:
+    """:class:`TopologyError` naming the publishers of ``attached`` (``(publisher,
+    broker)`` pairs at leaving brokers), if any: a publisher cannot be told to move, so
+    a change that would strand one is refused before anything moves (``octopis scale``
+    and the simulator's shrink)."""
+    publishers = sorted(f"{c} at {b}" for c, b in attached)
+    if publishers:
+        raise TopologyError(
+            f"publishers are attached to leaving brokers: {', '.join(publishers[:5])}; a "
+            "publisher cannot be told to move: connect it to a broker that stays first"
+        )
 
 
 def refuge_turns(old: Scot, new: Scot) -> Callable[[str], str]:

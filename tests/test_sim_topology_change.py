@@ -224,3 +224,35 @@ def test_the_elastic_shrink_sends_a_leaving_brokers_subscribers_where_octopis_sc
     assert sim.scot.clusters == 3
     assert {s: sim._home[s] for s in homes} == expected
     assert len(set(expected.values())) == 3 * len(build_preset("fig2").regions)
+
+
+def test_a_shrink_that_would_strand_a_publisher_is_refused_and_the_balancer_logs_it() -> None:
+    """A publisher attached to a broker of the last cluster: the simulator's shrink
+    refuses before anything moves, naming it, as ``octopis scale`` does
+    (``refuse_stranded_publishers``); the elasticity rule's shrink is logged with that
+    error and the overlay keeps its shape. A dry run (``act`` off) changes nothing."""
+    from octopis.balance.policy import BalanceOptions, Elasticity
+    from octopis.topology import TopologyError, build_preset
+    from octopis.topology_change import add_cluster, remove_cluster
+
+    scot = add_cluster(build_preset("fig2"))
+    for act in (True, False):
+        sim = Simulator(scot, "dnr", seed=1, latency=LatencyModel(0.001, 0.004))
+        sim.subscribe("S", "a:3", Subscription((Predicate("x", "<", 3),)))
+        sim.run()
+        sim.publish("Pb:3", "b:3", {"x": 1})
+        sim.run()
+        with pytest.raises(TopologyError, match="Pb:3 at b:3"):
+            sim.shrink(remove_cluster(scot, 3), lambda b: b)
+        assert not sim.retiring and not sim.moving("S")
+        elastic = Elasticity(lr_high=1.0, lr_low=0.3, t_wait=1.0, min_clusters=3)
+        options = BalanceOptions(interval=1.0, cooldown=60.0, act=act)
+        sim.balance(options, sim.now + 5, 100.0, elastic)
+        sim.run()
+        changes = sim.report()["balance"]["elastic"]
+        assert sim.scot.clusters == 4 and sim._home["S"] == "a:3"
+        if act:
+            assert changes and all(c["change"] == "remove-cluster" for c in changes)
+            assert all("Pb:3 at b:3" in c["error"] for c in changes)
+        else:
+            assert not changes

@@ -43,11 +43,12 @@ from octopis.balance.loop import Balancer
 from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.cluster.launcher import ClusterError, LocalCluster, stop_pids
 from octopis.keys import Keys, make_keys
-from octopis.topology import Scot
+from octopis.topology import Scot, TopologyError
 from octopis.topology_change import (
     add_cluster,
     changed_brokers,
     refuge_turns,
+    refuse_stranded_publishers,
     relink_view,
     remove_cluster,
 )
@@ -117,16 +118,14 @@ async def _move_off(
 
 
 def _no_publishers(attached: dict[str, dict[str, dict[str, Any]]]) -> None:
-    """ClusterError naming the publishers among the leaving brokers' clients, if any: a
-    publisher cannot be told to move."""
-    publishers = sorted(
-        f"{c} at {b}" for b, cs in attached.items() for c, a in cs.items() if a["publisher"]
-    )
-    if publishers:
-        raise ClusterError(
-            f"publishers are attached to leaving brokers: {', '.join(publishers[:5])}; a "
-            "publisher cannot be told to move: connect it to a broker that stays first"
+    """ClusterError naming the publishers among the leaving brokers' clients, if any
+    (:func:`~octopis.topology_change.refuse_stranded_publishers`)."""
+    try:
+        refuse_stranded_publishers(
+            (c, b) for b, cs in attached.items() for c, a in cs.items() if a["publisher"]
         )
+    except TopologyError as exc:
+        raise ClusterError(str(exc)) from None
 
 
 async def _relink(cluster: LocalCluster, new: Scot, ids: list[str], timeout: float) -> int:

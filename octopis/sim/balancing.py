@@ -24,7 +24,7 @@ from octopis.core.load import LoadSample, load_report
 from octopis.core.node import BrokerNode
 from octopis.core.sessions import interests
 from octopis.sim.clients import Clients
-from octopis.topology import Scot
+from octopis.topology import Scot, TopologyError
 from octopis.topology_change import add_cluster, refuge_turns, remove_cluster
 
 
@@ -157,20 +157,27 @@ class SimBalancer:
         mark: tuple[dict[str, int], Counter[str]],
         elastic: Elasticity | None = None,
     ) -> None:
+        """One round, as ``octopis balance``'s (:meth:`~octopis.balance.loop.Balancer.round`):
+        the loads over the last interval sampled; with ``elastic`` (and ``act``) the
+        elasticity rule asked first, and a round that changes the shape moves no one;
+        else the plan's moves ordered (only with ``act``). While a shrink is under way
+        no round runs: the process's balancer awaits the change."""
         assert self.log is not None
         counts = self._load_counts()
         span = options.interval
+        if self._sim.now + span <= until:
+            args = (options, until, capacity, counts, elastic)
+            self._sim.at(self._sim.now + span, self._balance_round, *args)
+        if self._sim.retiring:
+            return
         subscribers = set(self._sim.subscriber_of.values())
         reports = self._reports(mark, counts, span, subscribers)
         rate = {s: r for report in reports.values() for s, r in report["busiest_clients"].items()}
         deliveries = {b: report["deliveries_per_s"] for b, report in reports.items()}
         output = {b: report["output_per_s"] for b, report in reports.items()}
         load = deliveries if options.load_measure == "deliveries" else output
-        brokers = {
-            b: BrokerLoad(load[b], capacity, self._sim.scot.brokers[b].cluster)
-            for b in self._sim.cores
-            if b not in self._sim.retiring
-        }
+        cluster = {b: self._sim.scot.brokers[b].cluster for b in load}
+        brokers = {b: BrokerLoad(load[b], capacity, cluster[b]) for b in load}
         state = LoadState(
             brokers,
             rate,
@@ -178,49 +185,44 @@ class SimBalancer:
             self._interests(subscribers) if options.plan == "sdm" else {},
         )
         log = self.log
+        ratio = sum(output.values()) / len(output) / capacity if capacity else 0.0
+        sample = {"t": self._sim.now, **load_sample(load, output), "moves": 0}
+        log["timeline"].append({**sample, "clusters": self._sim.scot.clusters, "mean_ratio": ratio})
+        self._loads.update(state, self._sim.now)
+        if elastic is not None and capacity and options.act and self._elastic_round(elastic, ratio):
+            return
         recent = {s for s in subscribers if self._sim.moving(s)}  # still under way, too
         recent |= recently_moved(log["decisions"], self._sim.now, options.cooldown)
-        self._loads.update(state, self._sim.now)
         plan = plan_round(options, self._loads.applied(state), recent)
+        log["timeline"][-1]["moves"] = len(plan.moves)
         for move in plan.moves if options.act else ():
             self._sim.move(move.subscriber, move.target)
             log["decisions"].append({"t": self._sim.now, **vars(move)})
             log["decisions_made"] += 1
-        log["timeline"].append(
-            {
-                "t": self._sim.now,
-                **load_sample(load, output),
-                "moves": len(plan.moves),
-                "clusters": self._sim.scot.clusters,
-                "mean_ratio": sum(output.values()) / len(output) / capacity if capacity else 0.0,
-            }
-        )
-        if elastic is not None and capacity and not self._sim.retiring:
-            self._elastic_round(elastic, log["timeline"][-1]["mean_ratio"])
-        if self._sim.now + span <= until:
-            args = (options, until, capacity, counts, elastic)
-            self._sim.at(self._sim.now + span, self._balance_round, *args)
 
-    def _elastic_round(self, elastic: Elasticity, ratio: float) -> None:
+    def _elastic_round(self, elastic: Elasticity, ratio: float) -> bool:
         """Grow or shrink by a cluster if ``elastic`` says so (Dynamoth, issue 18); a
-        leaving broker's subscribers go to its refuges in turn, as ``octopis scale``'s do."""
+        leaving broker's subscribers go to its refuges in turn, as ``octopis scale``'s do.
+        Returns whether the shape changed; a change refused (a publisher on a leaving
+        broker) is logged with its error, and the rule asks again after ``t_wait``."""
         assert self.log is not None
-        change = elastic.decide(self._sim.now, ratio, self._sim.scot.clusters)
+        sim = self._sim
+        change = elastic.decide(sim.now, ratio, sim.scot.clusters)
         if change is None:
-            return
-        self.log["elastic"].append(
-            {
-                "t": self._sim.now,
-                "change": change,
-                "mean_ratio": ratio,
-                "clusters": self._sim.scot.clusters,
-            }
-        )
-        if change == "add-cluster":
-            self._sim.reshape(add_cluster(self._sim.scot))
-            return
-        shrunk = remove_cluster(self._sim.scot, self._sim.scot.clusters - 1)
-        self._sim.shrink(shrunk, refuge_turns(self._sim.scot, shrunk))
+            return False
+        done: dict[str, Any] = {"t": sim.now, "change": change, "mean_ratio": ratio}
+        try:
+            if change == "add-cluster":
+                new = add_cluster(sim.scot)
+                sim.reshape(new)
+            else:
+                new = remove_cluster(sim.scot, sim.scot.clusters - 1)
+                sim.shrink(new, refuge_turns(sim.scot, new))  # done once the moves are
+        except TopologyError as exc:
+            self.log["elastic"].append({**done, "error": str(exc)})
+            return False
+        self.log["elastic"].append({**done, "clusters": new.clusters})
+        return True
 
     def report(self) -> dict[str, Any] | None:
         """What it decided and saw, for the run's report (None: never started)."""

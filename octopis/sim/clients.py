@@ -54,6 +54,16 @@ class Clients:
         if home != broker:
             raise ValueError(f"client {client} is attached to {home}, not {broker}")
 
+    def publishers_at(self, brokers: set[str]) -> list[tuple[str, str]]:
+        """The publishers (clients that published or advertised) attached to one of
+        ``brokers``, each with its broker."""
+        published = self._next_seq
+        return [
+            (c, b)
+            for c, b in self.home.items()
+            if b in brokers and (c in published or c in self.advertised)
+        ]
+
     def subscribe(self, subscriber: str, broker: str, subscription: Subscription) -> str:
         """``subscriber`` (attached to ``broker``) subscribes now; returns the sub_id."""
         self.attach(subscriber, broker)

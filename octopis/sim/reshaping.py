@@ -10,6 +10,7 @@ from octopis.core.node import HandedShare
 from octopis.core.relinking import carried, leaving_busy, refuse_relink
 from octopis.sim.congestion import FreeLinks, InjectedCongestion
 from octopis.topology import Scot
+from octopis.topology_change import refuse_stranded_publishers
 
 MOVE_POLL = 0.01
 """Seconds between checks whether a subscription moved across clusters is stored by every
@@ -75,10 +76,14 @@ class Reshaping:
         """Remove the brokers ``scot`` lacks, without loss: every subscriber attached to
         one moves now to ``refuge(its broker)`` (make-before-break, :meth:`move`), and
         once no move is under way and nothing is on the leaving brokers' links (checked
-        every ``poll`` seconds) the overlay becomes ``scot`` (:meth:`reshape`)."""
+        every ``poll`` seconds) the overlay becomes ``scot`` (:meth:`reshape`).
+        :class:`TopologyError` before anything moves if a publisher is attached to a
+        leaving broker (:func:`~octopis.topology_change.refuse_stranded_publishers`, as
+        ``octopis scale`` refuses)."""
         leaving = set(self.scot.brokers) - set(scot.brokers)
         if not leaving:
             raise ValueError(f"{scot.name} removes no broker: use reshape")
+        refuse_stranded_publishers(self.clients.publishers_at(leaving))
         movers = sorted(s for s, b in self._home.items() if b in leaving)
         for subscriber in movers:
             if not self.moving(subscriber):
