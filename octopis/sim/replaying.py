@@ -93,6 +93,10 @@ class SubscriberFailover:
         self.stranded: set[str] = set()
         """Subscribers whose fail-over tries ended (:meth:`_stranded`)."""
         self.replay_on_failover = True
+        self.left_at_replay: dict[str, str] = {}
+        """Per subscriber whose fail-over's replay is under way, the broker it left: the
+        SDK keeps that session until its linger after the replay ends
+        (:meth:`~octopis.sim.pauses.PausedBrokers._left`, from :meth:`_end_seam`)."""
         """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
 
     def _rounds(self, broker: str) -> ReplayRounds:
@@ -282,9 +286,10 @@ class SubscriberFailover:
         self.failure_counts["subscribers_failed_over"] += 1
         for subscription in self.clients.subscriptions_of[subscriber]:
             self._dispatch(new, self.clients.session_subscribe(subscriber, new, subscription)[1])
-        self._left(subscriber, old)  # the SDK keeps the session it left for its linger
         if not self.replay_on_failover:
+            self._left(subscriber, old)  # the SDK keeps the session it left for its linger
             return
+        self.left_at_replay[subscriber] = old  # ... from when its replay ends
         self._replays += 1
         req_id = f"{new}/{self._replays}"
         self.seams[subscriber] = Seam(self.seam_limit, replay=req_id)

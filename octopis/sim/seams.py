@@ -45,8 +45,9 @@ class ReplaySeams:
     It keeps the state :meth:`_init_seams` makes and nothing else; of its host it reads
     the clock (``now``, ``events``), the ``ledger`` (its deliveries), ``clients``
     (when each first subscribed), the counters ``replay_counts``, ``moves`` and
-    ``failure_counts``, and the fail-over's ``failed_over``, ``lost_answers`` and
-    ``historic_received``. A host may override :meth:`_taken` and :meth:`_repeated`
+    ``failure_counts``, and the fail-over's ``failed_over``, ``lost_answers``,
+    ``historic_received`` and ``left_at_replay`` (whose session left behind it lets go,
+    ``_left``, once the replay ends). A host may override :meth:`_taken` and :meth:`_repeated`
     (durable clients do) to see each delivery taken or dropped."""
 
     def _init_seams(self) -> None:
@@ -187,6 +188,8 @@ class ReplaySeams:
         one if cut short; None: it was a claim) waits for late answers if one is
         (:meth:`~octopis.client_policy.LateAnswers.ended`)."""
         seam = self.seams.pop(subscriber, None)
+        if (left := self.left_at_replay.pop(subscriber, None)) is not None:
+            self._left(subscriber, left)  # the SDK's resume ends: its linger starts
         if seam is None:
             return
         if seam.overflowed:
