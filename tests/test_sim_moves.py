@@ -260,3 +260,32 @@ def test_sdm_moves_hot_subscribers_to_brokers_that_share_their_interest() -> Non
     assert first["A"]["target"] == "c:1" and first["B"]["target"] == "f:2"
     assert "most similar" in first["A"]["reason"]
     assert timeline[-1]["cov"] < timeline[0]["cov"] / 2
+
+
+def test_a_move_inside_a_cluster_whose_old_host_dies_ends_after_the_sdks_wait() -> None:
+    """S moves from c:0 to a:0 (cluster 0: by adoption) and c:0 dies before the move
+    reaches it, so no release ever comes: as the SDK does, the move ends
+    ``release_wait`` later without it (``moves.release_overdue``), so S may move again,
+    and nothing published meanwhile is lost or repeated."""
+    from octopis.client_policy.moves import release_wait
+    from octopis.failure_schedule import Failure
+    from octopis.topology import build_preset
+
+    sim = Simulator(build_preset("fig2"), "snr", seed=2, covering="off")
+    sim.subscribe("S", "c:0", Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    sim.move("S", "a:0")
+    sim.fail(Failure(("c:0",), 0.0001, 60.0), start)
+    for i in range(100):
+        sim.at(start + 0.01 + i * 0.05, sim.publish, "Pb:0", "b:0", {"x": i % 10})
+    sim.run(start + release_wait() - 0.5)
+    assert sim.moving("S") and "released" not in sim.moves
+    sim.run(start + release_wait() + 0.5)
+    assert not sim.moving("S") and sim.moves["release_overdue"] == 1
+    sim.move("S", "b:0")
+    sim.run()
+    assert not sim.moving("S")
+    report = sim.report()
+    assert report["delivered"] == report["expected_deliveries"] == 50
+    assert report["lost"] == report["duplicates"] == 0

@@ -13,7 +13,13 @@ from typing import Any, Protocol, assert_never
 
 from octopis.client.connection import Connection
 from octopis.client.errors import BrokerError
-from octopis.client_policy.moves import Linger, Resubscribe, WithdrawOld, move_across
+from octopis.client_policy.moves import (
+    Linger,
+    Resubscribe,
+    WithdrawOld,
+    move_across,
+    release_wait,
+)
 
 log = logging.getLogger("octopis.client")
 
@@ -135,8 +141,9 @@ class Mover:
             client.serve_on(new)
             across = [sub_id for sub_id in sub_ids if not inside or not await self._adopt(sub_id)]
             waits = [self._releases[s].wait() for s in sub_ids if s in self._releases]
+            waited = release_wait(old.linger, old.liveness)
             try:
-                await asyncio.wait_for(asyncio.gather(*waits), old.linger + old.liveness * 4)
+                await asyncio.wait_for(asyncio.gather(*waits), waited)
             except TimeoutError:
                 let_go = False  # it may still deliver: keep reading it, repeats dropped
                 log.warning(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from octopis.defaults import LINGER
+from octopis.defaults import CLIENT_LIVENESS, LINGER
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,10 @@ def move_across(sub_ids: Iterable[str], linger: float = LINGER) -> list[MoveStep
     ``linger`` seconds, :class:`WithdrawOld`."""
     moved = tuple(sub_ids)
     return [Resubscribe(moved), Linger(linger), WithdrawOld(moved)]
+
+
+def release_wait(linger: float = LINGER, liveness: float = CLIENT_LIVENESS) -> float:
+    """Seconds a move inside a cluster waits for the old broker to release what the new
+    one adopted: past that the move ends without it, and the client goes on reading both
+    brokers (a repeat is dropped) rather than lose what the old one may still deliver."""
+    return linger + 4 * liveness

@@ -83,7 +83,7 @@ class ActionDispatch:
                 if self.nodes[broker].released(*action, self._durables(broker)).save:
                     self._durable_write(broker)
                 self.moves["released"] += 1
-                self._let_go(action.subscriber)
+                self._released(action.subscriber, broker, action.sub_id)
             else:
                 subscriber, notification = action
                 if self.composites.hosts and self.composites.deliver(

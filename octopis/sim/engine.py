@@ -170,9 +170,13 @@ class Simulator(
         self.hosts_failed: set[str] = set()
         self.moves: Counter[str] = Counter()
         """Subscriber moves: ``inside`` / ``across`` started, ``released`` (inside, done),
-        ``withdrawn`` (across, done), ``absorbed`` (deliveries dropped as seen twice)."""
+        ``withdrawn`` (across, done), ``absorbed`` (deliveries dropped as seen twice),
+        ``release_overdue`` (inside, ended without the old host's release)."""
         self._moving: Counter[str] = Counter()
         """Subscribers with a move under way: subscriptions not yet released or withdrawn."""
+        self._awaiting_release: dict[str, set[tuple[str, str]]] = {}
+        """Per subscriber moving inside a cluster, the (old host, sub_id) adopted and not
+        yet released, until the SDK's wait for them ends (:meth:`_release_overdue`)."""
         self.balancer = SimBalancer(self)
         self.balance = self.balancer.start
         """Run the balancer's rounds from now on (:meth:`SimBalancer.start`)."""

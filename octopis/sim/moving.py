@@ -9,7 +9,14 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import assert_never
 
-from octopis.client_policy.moves import Linger, MoveStep, Resubscribe, WithdrawOld, move_across
+from octopis.client_policy.moves import (
+    Linger,
+    MoveStep,
+    Resubscribe,
+    WithdrawOld,
+    move_across,
+    release_wait,
+)
 from octopis.core.sessions import order_move
 from octopis.defaults import LINGER
 
@@ -55,16 +62,21 @@ class SubscriberMoves:
         if inside:  # what the order kept for a client gone meanwhile goes after it
             looks = self.nodes[old].client_liveness  # at the tick that finds it late
             self.at(looks.tick_after(deadline), self._moves_expired, old)
+        adopted: set[tuple[str, str]] = set()
         for sub_id in ordered.get(subscriber, ()):  # what it holds at its host, as ordered
             self._moving[subscriber] += 1
             self._overlap[subscriber] += 1
             if inside:  # the old host lets it go when the move reaches it (Released)
                 self.moves["inside"] += 1
                 moved[sub_id] = sub_id
+                adopted.add((old, sub_id))
                 self._dispatch_local(broker, self.clients.session_adopt(subscriber, broker, sub_id))
                 continue
             self.moves["across"] += 1
             across.append(sub_id)
+        if adopted:
+            self._awaiting_release[subscriber] = adopted
+            self.at(self.now + release_wait(linger), self._release_overdue, subscriber, adopted)
         steps = iter(move_across(across, linger) if across else ())
         self._move_steps(subscriber, old, broker, steps, moved)
         return moved
@@ -102,6 +114,28 @@ class SubscriberMoves:
         process's tick does."""
         if not self._dead(broker):
             self._dispatch(broker, self.nodes[broker].moves_expired(self.now))
+
+    def _released(self, subscriber: str, old: str, sub_id: str) -> None:
+        """``old`` released ``subscriber``'s adopted ``sub_id`` (the move reached it): it
+        delivers no more of it. One past the move's wait (:meth:`_release_overdue`) is
+        the overlay's late news: the move ended without it."""
+        awaiting = self._awaiting_release.get(subscriber, set())
+        if (old, sub_id) in awaiting:
+            awaiting.discard((old, sub_id))
+            self._let_go(subscriber)
+
+    def _release_overdue(self, subscriber: str, adopted: set[tuple[str, str]]) -> None:
+        """The SDK's wait for the releases of a move inside a cluster ended
+        (:func:`~octopis.client_policy.moves.release_wait`): the move ends without those
+        still missing (its old host died or is cut off), and the subscriber goes on
+        checking every delivery, as the SDK goes on reading both brokers."""
+        awaiting = self._awaiting_release.get(subscriber)
+        if awaiting is not adopted:
+            return
+        del self._awaiting_release[subscriber]
+        for _ in awaiting:
+            self.moves["release_overdue"] += 1
+            self._moved(subscriber, self._moving)
 
     def moving(self, subscriber: str) -> bool:
         """Whether a move of ``subscriber`` has not finished yet."""
