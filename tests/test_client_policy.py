@@ -319,3 +319,44 @@ def test_a_historic_answer_holds_each_publication_once_in_publisher_order() -> N
         ("p", 1, 5, "a"),
         ("q", 1, 2, "a"),
     ]
+
+
+def test_a_silent_broker_is_noticed_three_unanswered_heartbeats_and_the_liveness_later() -> None:
+    """The SDK's heartbeat watch (``client_policy.silence``), as its connections tick it
+    and as the simulator's clients run it: a broker that answers nothing from ``t`` on
+    is judged silent at the first tick ``liveness`` after the first heartbeat it left
+    unanswered (one sent as it was last heard counts as answered), more than
+    ``liveness`` and at most ``liveness`` plus one interval after ``t``,
+    wherever the connection's ticks fall. Input heard, or waiting unread, starts it
+    again; so does a stall of the client's own process, which ticks late rather than
+    often: three heartbeats must go unanswered, however long they take."""
+    from octopis.client_policy.silence import (
+        SilenceWatch,
+        heartbeat_interval,
+        phase_of,
+        silence_noticed,
+    )
+    from octopis.defaults import CLIENT_LIVENESS
+
+    interval = heartbeat_interval()
+    assert interval == CLIENT_LIVENESS / 3 and heartbeat_interval(1.0, 1.5) == 0.25
+    rng = random.Random(4)
+    for _ in range(200):
+        t = rng.uniform(0, 100)
+        phase = phase_of(f"c{rng.random()}", 7, interval)
+        assert 0 <= phase < interval
+        noticed = silence_noticed(t, phase, interval)
+        assert CLIENT_LIVENESS < noticed - t <= CLIENT_LIVENESS + interval + 1e-9
+        assert (noticed - phase) / interval == pytest.approx(round((noticed - phase) / interval))
+    assert silence_noticed(1.0, 0.0, 0.5) == pytest.approx(3.0)  # heard at that tick
+    assert silence_noticed(1.01, 0.0, 0.5) == pytest.approx(3.0)
+    watch = SilenceWatch(1.5)
+    assert [watch.tick(t, heard=0.0) for t in (0.5, 1.0, 1.5)] == [False] * 3
+    assert not watch.tick(2.0, heard=1.8)  # heard after the first unanswered: again
+    assert [watch.tick(t, heard=1.8) for t in (2.5, 3.0)] == [False, False]
+    assert not watch.tick(3.5, heard=1.8, answered=True)  # waiting unread: it answered
+    assert [watch.tick(t, heard=1.8) for t in (4.0, 4.5)] == [False, False]
+    assert watch.tick(5.0, heard=1.8) and watch.first_unanswered is None  # 3.5's beat
+    stalled = SilenceWatch(1.5)
+    assert [stalled.tick(t, heard=0.0) for t in (0.5, 10.0, 20.0)] == [False] * 3
+    assert stalled.tick(20.5, heard=0.0)  # the third unanswered, long past the liveness

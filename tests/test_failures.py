@@ -328,11 +328,12 @@ def test_a_subscriber_whose_connection_fails_replays_what_it_missed() -> None:
 def test_a_replaying_subscriber_is_told_the_gap_of_a_seam_that_overflowed() -> None:
     """The SDK's seam rule (``Seam.shortfall``) in the simulator: with no room for live
     deliveries while a replay is under way, each goes through and the subscriber is told
-    the seam fell short, as the SDK tells it; nothing is lost."""
+    the seam fell short, as the SDK tells it; nothing is lost. (Publications every 10 ms,
+    so that live deliveries come while the replays are under way.)"""
     clients = [(f"S{i}", 1.0 + 0.3 * i) for i in range(5)]
-    sim = _run(FIG2, "dnr", [], seed=5, clients=clients)
+    sim = _run(FIG2, "dnr", [], seed=5, clients=clients, publications=500)
     assert not sim.seam_gaps and "seam_overflowed" not in sim.replay_counts
-    full = _run(FIG2, "dnr", [], seed=5, clients=clients, seam_limit=0)
+    full = _run(FIG2, "dnr", [], seed=5, clients=clients, seam_limit=0, publications=500)
     assert full.replay_counts["seam_overflowed"] >= len(full.seam_gaps) > 0
     assert _law(full)["replays"]["seam_gaps"] == len(full.seam_gaps)
     assert all(told == {SEAM_FILLED} for told in full.seam_gaps.values())
@@ -367,9 +368,11 @@ def test_subscribers_that_fail_over_get_what_was_published_while_they_were_away(
 
 
 def test_a_failing_over_subscriber_learns_a_broker_is_dead_only_by_its_silence() -> None:
-    """As the SDK does, a simulated subscriber tries its list in order: the next broker,
-    dead too, costs it a hello unanswered for the liveness, then it connects to the one
-    after. It knows nothing of which brokers are dead."""
+    """As the SDK does, a simulated subscriber notices its host's death by its heartbeat
+    watch (``client_policy.silence``: the liveness, and up to a heartbeat interval
+    more), then tries its list in order: the next broker, dead too, costs it a hello
+    unanswered for the liveness, then it connects to the one after. It knows nothing of
+    which brokers are dead."""
     sim = Simulator(FIG2, "snr", seed=3, covering="off")
     sim.subscribe("S", "c:0", Subscription((Predicate("x", "<", 5),)))
     sim.run()
@@ -378,7 +381,9 @@ def test_a_failing_over_subscriber_learns_a_broker_is_dead_only_by_its_silence()
     for broker in (first, second):
         sim.fail(Failure((broker,), 1.0, 30.0), start)
     sim.run()
-    assert sim.outages["S"] == [(start + 1.0, start + 1.0 + 2 * CLIENT_LIVENESS)]
+    noticed = sim._noticed("S", first, start + 1.0)
+    assert start + 1.0 + CLIENT_LIVENESS < noticed <= start + 1.0 + CLIENT_LIVENESS + 0.5
+    assert sim.outages["S"] == [(start + 1.0, noticed + CLIENT_LIVENESS)]
     assert sim.first_home["S"] == first and sim._home["S"] == third
 
 
@@ -649,8 +654,9 @@ def test_a_paused_broker_is_declared_down_by_its_neighbours_and_declares_no_one(
 def test_the_subscribers_of_a_paused_broker_fail_over_after_the_sdks_liveness(
     paused: float,
 ) -> None:
-    """A paused broker's subscribers hear nothing from it: past the SDK's liveness
-    (``CLIENT_LIVENESS``) each fails over, and keeps the session it left until the SDK's
+    """A paused broker's subscribers hear nothing from it: once its heartbeat watch
+    judges it silent (``CLIENT_LIVENESS`` and up to a heartbeat interval more) each fails
+    over, and keeps the session it left until the SDK's
     linger is over, then says bye (counted ``clients_left``); the broker withdraws
     those subscriptions then, not before. A pause shorter than the liveness moves no
     one. Nothing is lost or duplicated either way. (Processes:
@@ -665,9 +671,10 @@ def test_the_subscribers_of_a_paused_broker_fail_over_after_the_sdks_liveness(
         assert not sim.failed_over and "clients_left" not in report
         return
     assert homed and sim.failed_over == homed
-    for s in homed:
+    for s in homed:  # when each one's heartbeat watch judged it silent
         ((away, back),) = sim.outages[s]
-        assert back - away == pytest.approx(CLIENT_LIVENESS)
+        assert back == pytest.approx(sim._noticed(s, broker, away))
+        assert CLIENT_LIVENESS < back - away <= CLIENT_LIVENESS + 0.5
     assert report["clients_left"] == len(homed)
     assert not any(sim.nodes[broker].sessions.subscriptions(s) for s in homed)
 

@@ -114,12 +114,12 @@ def test_a_run_that_never_ends_is_reported_not_waited_for(
 ) -> None:
     """A seed whose simulated world is still busy :data:`~octopis.nemesis.scenarios.HORIZON`
     seconds after publishing began fails with that problem instead of hanging the sweep:
-    here seed 3521 on BID brokers that keep routing through a restarted neighbour (the
+    here seed 2372 on BID brokers that keep routing through a restarted neighbour (the
     bug seed 54854 found: a notification goes round a cycle of last hops for ever; since
     subscription messages a restarted neighbour may not have taken are handed to its new
     process, DESIGN §7, 54854's cycle no longer forms)."""
     monkeypatch.setattr(BidBroker, "lose_routes_via", lambda self, neighbour: 0)
-    assert any("did not end" in p for p in run(draw(3521, stores=False)).problems)
+    assert any("did not end" in p for p in run(draw(2372, stores=False)).problems)
 
 
 @pytest.mark.xfail(strict=True, reason="an open bug; see OPEN")
@@ -499,7 +499,7 @@ def test_store_faults_are_drawn_and_pass() -> None:
 
 
 def test_a_replay_answered_over_a_cut_connection_is_never_read_and_stays_a_gap() -> None:
-    """Seed 80: S12 failed over to c:1 and asked for a replay (c:1/3); its connection to
+    """Seed 80: S12 failed over to c:1 and asked for a replay (c:1/n); its connection to
     c:1 was then cut, and it failed over again before the answer came. What c:1 answered
     went over the cut connection, which the SDK never reads (as a live delivery on it is
     lost): the replay stays in S12's gap, every store unheard (the simulator used to
@@ -507,5 +507,7 @@ def test_a_replay_answered_over_a_cut_connection_is_never_read_and_stays_a_gap()
     sim = simulate(draw(80))[0]
     assert ("S12", "c:1") in sim.cut_clients
     assert sim.failure_counts["answers_to_cut_clients"] > 0
-    assert set(sim.replaying["S12"].late.outstanding["c:1/3"]) == set(sim.scot.brokers)
+    outstanding = sim.replaying["S12"].late.outstanding
+    (asked,) = [req for req in outstanding if req.startswith("c:1/")]
+    assert set(outstanding[asked]) == set(sim.scot.brokers)
     assert sim.replay_gaps["S12"]

@@ -40,8 +40,9 @@ def test_durable_subscribers_are_drawn_and_hold_to_their_contract() -> None:
 @pytest.mark.parametrize("mode", ["snr", "dnr", "bid"])
 def test_a_durable_client_that_leaves_during_its_failover_replay_is_owed_it(mode: str) -> None:
     """D0's host c:2 dies at 1.0 s, restarts at 1.5 s and dies again at 2.2 s, for good;
-    D0 fails over at 2.5 s to b:2, whose replay round waits for c:2 (dead, not yet
-    declared down), and leaves at 2.7 s before the answer. Back at a:1 at 3.5 s, its claim
+    D0 fails over when its heartbeat watch judges c:2 silent (2.5-3.0 s) to b:2, whose
+    replay round waits for c:2 (dead, not yet declared down), and leaves at 3.1 s before
+    the answer. Back at a:1 at 3.5 s, its claim
     finds b:2's copy of its record; c:2, which keeps the copy that began with the
     subscription, is silent. What Pa:0 published at 1.2-2.0 s is owed from b:2's copy
     itself: it owes from the fail-over replay's start, not from the fail-over (SNR and
@@ -55,7 +56,7 @@ def test_a_durable_client_that_leaves_during_its_failover_replay_is_owed_it(mode
         (("S0", "a:0", 5),),
         ((1.2, "a:0", 1), (1.5, "a:0", 2), (2.0, "a:0", 3), (4.0, "a:0", 4)),
         (Failure(("c:2",), 1.0, 1.5), Failure(("c:2",), 2.2, 6.0)),
-        durables=(("D0", "c:2", 9, 2.7, 3.5, "a:1"),),
+        durables=(("D0", "c:2", 9, 3.1, 3.5, "a:1"),),
     )
     sim, withdrawn, asked = simulate(scenario)
     problems, verdict = nemesis.check(sim, withdrawn, asked)

@@ -24,7 +24,14 @@ from octopis.client.opening import OpeningDiagnosis
 from octopis.client.requests import Requests
 from octopis.client.served import NOTICES, ServedClients
 from octopis.client_policy import RecentDeliveries
-from octopis.defaults import CLIENT_LIVENESS, DELIVERIES_HORIZON, DELIVERIES_KNOWN, LINGER
+from octopis.client_policy.silence import heartbeat_interval
+from octopis.defaults import (
+    CLIENT_LIVENESS,
+    CLIENT_TIMEOUT,
+    DELIVERIES_HORIZON,
+    DELIVERIES_KNOWN,
+    LINGER,
+)
 from octopis.keys import DEFAULT_CLIENT, Keys
 from octopis.logs import RateLimitedLog
 from octopis.overlay import KeysChoice
@@ -237,7 +244,8 @@ class Connection:
         finally:
             self._opening.stop()
         if self._heartbeat is None:
-            interval = min(float(self.broker.get("timeout", 10.0)) / 4, self.liveness / 3)
+            timeout = float(self.broker.get("timeout", CLIENT_TIMEOUT))
+            interval = heartbeat_interval(timeout, self.liveness)
             beats = self.link.heartbeat(interval, self.liveness, self._fail_over)
             self._heartbeat = asyncio.create_task(beats)
         return self.broker

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 import zmq
 import zmq.asyncio
 
+from octopis.client_policy.silence import SilenceWatch
 from octopis.keys import KeyPair, connect_securely
 from octopis.wire import pack
 
@@ -214,28 +215,19 @@ class BrokerLink:
         self, interval: float, liveness: float, silent: Callable[[], Awaitable[None]]
     ) -> None:
         """Heartbeat the broker every ``interval`` seconds; await ``silent()`` (a
-        fail-over) once three heartbeats in a row, the first sent ``liveness`` seconds ago
-        or more, were followed by nothing at all from it. Counting
-        heartbeats rather than seconds, and counting input that waits unread as an
-        answer, keeps a stall of this process (a busy or starved event loop) from reading
-        as the broker's silence."""
+        fail-over) when the client policy's watch judges it silent
+        (:class:`~octopis.client_policy.silence.SilenceWatch`: three heartbeats in a row,
+        the first sent ``liveness`` seconds ago or more, followed by nothing at all from
+        it). Input that waits unread, or whose reading is paused behind deliveries,
+        counts as an answer: a stall of this process does not read as the broker's
+        silence."""
         beats = itertools.count(-1, -1)  # negative numbers: replies nobody waits for
-        first_unanswered: float | None = None
-        missed = 0
+        watch = SilenceWatch(liveness)
         while True:
             await asyncio.sleep(interval)
-            if self.reading_paused:  # replies wait unread behind deliveries: not silence
-                first_unanswered, missed = None, 0
-            if first_unanswered is not None and self.heard >= first_unanswered:
-                first_unanswered, missed = None, 0
-            if first_unanswered is not None and self.unread():
-                first_unanswered, missed = None, 0  # it did answer: this process is behind
-            if first_unanswered is not None:
-                missed += 1
-                if missed >= 3 and time.monotonic() - first_unanswered >= liveness:
-                    await silent()
-                    first_unanswered, missed = None, 0
-                    continue
+            waiting = watch.first_unanswered is not None
+            answered = self.reading_paused or (waiting and self.unread())
+            if watch.tick(time.monotonic(), self.heard, answered):
+                await silent()
+                continue
             self.send(pack({"op": "heartbeat", "client": "-", "req": next(beats)}))
-            if first_unanswered is None:
-                first_unanswered = time.monotonic()

@@ -56,7 +56,6 @@ from octopis.core.replay import (
     ReplayDone,
 )
 from octopis.defaults import (
-    CLIENT_LIVENESS,
     DURABLE_KEEP,
     DURABLE_MAX,
     HISTORIC_BUDGET,
@@ -164,6 +163,7 @@ class DurableSimulator(Simulator):
         self.seams.pop(c.name, None)
         c.left = self.now
         self.checked.discard(c.name)
+        self._sessions_abandoned(c.name)
         if self._dead(host):
             c.left = self._died_at[host]  # its host died under it: nobody to tell
             return
@@ -282,7 +282,7 @@ class DurableSimulator(Simulator):
 
     def _hosts_died(self, broker: str) -> None:
         """``broker`` died: its records come back as last written when it restarts; its
-        durable clients notice after :data:`CLIENT_LIVENESS` and fail over."""
+        durable clients notice by their heartbeat watch (:meth:`_noticed`) and fail over."""
         super()._hosts_died(broker)
         self._died_at[broker] = self.now
         records = self.durable_records[broker]
@@ -299,27 +299,27 @@ class DurableSimulator(Simulator):
                 key for key, (host, at) in c.taken_at.items() if host == broker and at > written
             )
             if c.host == broker:
-                self.at(self.now + CLIENT_LIVENESS, self._durable_fail_over, c, broker, c.run)
+                noticed = self._noticed(c.key, broker, self.now)
+                self.at(noticed, self._durable_fail_over, c, broker, c.run, self.now)
 
     def _clients_hear_nothing(self, broker: str) -> None:
-        """``broker`` stopped now (paused): its durable clients notice its silence after
-        :data:`CLIENT_LIVENESS` too, and fail over if it has not run since."""
+        """``broker`` stopped now (paused): its durable clients notice its silence by
+        their heartbeat watch too, and fail over if it has not run since."""
         super()._clients_hear_nothing(broker)
         for c in self.durable_clients.values():
             if c.host == broker:
-                heard = self.now + CLIENT_LIVENESS
-                self.at(heard, self._durable_unheard, c, broker, c.run, self.now)
+                noticed = self._noticed(c.key, broker, self.now)
+                self.at(noticed, self._durable_unheard, c, broker, c.run, self.now)
 
     def _durable_unheard(self, c: DurableClient, broker: str, run: int, since: float) -> None:
         if self._paused_since(broker, since):
-            self._durable_fail_over(c, broker, run)
+            self._durable_fail_over(c, broker, run, since)
 
-    def _durable_fail_over(self, c: DurableClient, old: str, run: int) -> None:
-        """``c`` leaves silent ``old`` along its run's list as the SDK does (the list it
-        was started with, :meth:`_connect`)."""
+    def _durable_fail_over(self, c: DurableClient, old: str, run: int, died: float) -> None:
+        """``c`` leaves ``old``, silent since ``died``, along its run's list as the SDK
+        does (the list it was started with, :meth:`_connect`)."""
         if c.host != old or c.run != run or self.failures is None:
             return
-        died = self.now - CLIENT_LIVENESS
         self._connect(
             self._failover_tries(c.first, old),
             lambda: c.host == old and c.run == run,
@@ -331,7 +331,9 @@ class DurableSimulator(Simulator):
         failed (a gap it is told of), its subscription is made again, durable, its whole
         record acknowledged there as owing from the replay's start
         (:meth:`~octopis.client_policy.SubscriberReplays.failed_over`), and it replays
-        what it missed."""
+        what it missed. A session at ``old``, which lives (it was paused), is kept for
+        the SDK's linger after that replay, then left with a bye, as a plain
+        subscriber's is (:meth:`~octopis.sim.pauses.PausedBrokers._left`)."""
         if c.name in self.seams and c.claiming:
             c.gaps.add(f"claim failed: {old} died")
         self._end_seam(c.name, None if c.claiming else self.scot.brokers)
@@ -341,6 +343,7 @@ class DurableSimulator(Simulator):
         self._attach_durable(c, new)
         self._durable_ack(c, c.progress.whole())
         self.seams[c.name], c.claiming = Seam(self.seam_limit), False
+        self.left_at_replay[c.name] = old
         replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
         self._durable_request(c, replay)
 

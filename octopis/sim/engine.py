@@ -98,6 +98,7 @@ class Simulator(
         if not scot.brokers:
             raise ValueError("the topology has no brokers")
         self.mode = mode
+        self.seed = seed
         self.covering = covering
         """``off`` or ``active`` (DESIGN §12), every core's, restarted and added ones too."""
         self.advertisements = advertisements

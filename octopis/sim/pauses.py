@@ -16,13 +16,14 @@ pause, a VM hiccup) and resumed, as the broker process lives through it.
   runs late at once (:meth:`Liveness.after_pause`). It takes what waited, in order; then its
   neighbours hear it again, as at a heal: one that declared it down gives back what it
   held for it and sends again what it has no acknowledgement for.
-- Its subscribers notice its silence after the SDK's liveness (``defaults.CLIENT_LIVENESS``)
-  and fail over, as a connection does (``client.connection.Connection``); each keeps the
-  session it left, heartbeating it, until the SDK's linger (``defaults.LINGER``) after
-  it re-subscribed, then says bye (``client.left_session.LeftSession``): the broker
-  delivers to it meanwhile what it routed late, which the subscriber's record of recent
-  deliveries absorbs when seen twice, and then withdraws the subscriptions. A client's
-  hello to a paused broker is answered at its resume if that comes within the liveness.
+- Its subscribers notice its silence by the SDK's heartbeat watch
+  (:mod:`octopis.client_policy.silence`) and fail over, as a connection does
+  (``client.connection.Connection``); each keeps the session it left, heartbeating it,
+  until the SDK's linger (``defaults.LINGER``) after its replay ended, then says bye
+  (``client.left_session.LeftSession``): the broker delivers to it meanwhile what it
+  routed late, which the subscriber's record of recent deliveries absorbs when seen
+  twice, and then withdraws the subscriptions. A client's hello to a paused broker is
+  answered at its resume if that comes within the liveness.
 - What its publishers and subscribers ask of it waits, as in its socket, until it
   resumes, and it takes it then. Its publishers notice its silence as its subscribers do
   and fail over, sending again what it has not answered
@@ -59,11 +60,12 @@ class PausedBrokers:
 
     def _clients_hear_nothing(self, broker: str) -> None:
         """``broker`` stopped now: each of its subscribers and publishers notices its
-        silence :data:`CLIENT_LIVENESS` later, and fails over if it has not run since."""
+        silence when its heartbeat watch does (:meth:`_noticed`), and fails over if it
+        has not run since."""
         self._hosts_silent(broker, self._host_silent)
         for publisher in self.publishers.connected_to(broker):
-            heard = self.now + CLIENT_LIVENESS
-            self.at(heard, self._publisher_unheard, publisher, broker, self.now)
+            noticed = self._noticed(publisher, broker, self.now)
+            self.at(noticed, self._publisher_unheard, publisher, broker, self.now)
 
     def _asleep(self, broker: str, fn: Callable[..., Any], *args: Any) -> bool:
         """Whether ``broker`` is paused: then ``fn(*args)``, its event (a frame reaching
@@ -174,14 +176,35 @@ class PausedBrokers:
         connection does, the SDK keeps that session for its linger, then says bye
         (:meth:`_said_bye`)."""
         if not self._dead(old) and (subscriber, old) not in self.cut_clients:
+            self.lingering.add((subscriber, old))
             self.at(self.now + self._linger, self._said_bye, subscriber, old)
+
+    def _sessions_abandoned(self, client: str) -> None:
+        """``client``'s process ended now: the sessions it kept at brokers it left (and
+        the one its replay under way would have let linger) are closed unsaid, as a
+        connection cut (:meth:`_client_gone` once each broker finds it silent); what
+        they deliver meanwhile goes into the void."""
+        left = {old for c, old in self.lingering if c == client}
+        if (pending := self.left_at_replay.pop(client, None)) is not None:
+            left.add(pending)
+        for old in sorted(left):
+            self.lingering.discard((client, old))
+            if self._dead(old) or self._home.get(client) == old:
+                continue
+            self.cut_clients.setdefault((client, old), self.now)
+            self.nodes[old].client_liveness.heard(client, self.now)  # and never again
+            self._watch_clients(old)
 
     def _said_bye(self, subscriber: str, old: str) -> None:
         """``subscriber``'s bye reaches ``old``: what the node withdraws goes
-        (:meth:`_client_gone`), unless it is back at ``old`` or ``old`` died."""
+        (:meth:`_client_gone`), unless it is back at ``old``, ``old`` died, or the
+        client's process ended first (:meth:`_sessions_abandoned`)."""
         if self._asleep(old, self._said_bye, subscriber, old):
             return
+        self.lingering.discard((subscriber, old))
         if self._home.get(subscriber) == old or self._dead(old):
+            return
+        if (subscriber, old) in self.cut_clients:
             return
         self._client_gone(old, subscriber, self.now)
         self.failure_counts["clients_left"] += 1

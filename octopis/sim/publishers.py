@@ -3,7 +3,8 @@
 A publication is unanswered from when its publisher sends it until its broker confirms it
 (its :class:`~octopis.core.custody.PublishReceipt` answers: the store's copy committed and
 every copy kept in custody acknowledged, :meth:`RetentionStores.receipt`) or refuses it.
-When its broker dies, the publisher hears it no more: :data:`CLIENT_LIVENESS` later it
+When its broker dies, the publisher hears it no more: once the SDK's heartbeat watch
+judges it silent (:func:`~octopis.client_policy.silence.silence_noticed`) it
 leaves it along its list in the client policy's order
 (:func:`~octopis.client_policy.failover.failover_tries`, the simulator's subscribers'
 :meth:`~octopis.sim.replaying.SubscriberFailover._connect`), and at the first broker that
@@ -18,7 +19,7 @@ publication once, when a broker first accepts it (:meth:`PublisherFailover.accep
 With advertisements on, publishers do not fail over (:attr:`PublisherFailover.follows`).
 
 A paused broker's publishers hear it no more either: one still paused
-:data:`CLIENT_LIVENESS` after it stopped is left the same way (:meth:`PublisherFailover.unheard`),
+when its watch says is left the same way (:meth:`PublisherFailover.unheard`),
 while what its publishers sent it waits in its socket and is taken at its resume
 (:mod:`octopis.sim.pauses`), so a publication may enter at both brokers, as on processes.
 
@@ -34,7 +35,6 @@ from typing import Any, Protocol
 
 from octopis.accounting import DeliveryLedger
 from octopis.client_policy.failover import Unanswered
-from octopis.defaults import CLIENT_LIVENESS
 from octopis.filters.language import Publication
 from octopis.sim.clients import Clients
 from octopis.sim.failures import FailureState
@@ -66,6 +66,8 @@ class Publishing(Protocol):
     _connect: Callable[[Iterator[str | None], Callable[[], bool], Callable[[str], None]], None]
     """Try the brokers as the SDK does while wanted; connected at the first that answers
     (:meth:`SubscriberFailover._connect`)."""
+    _noticed: Callable[[str, str, float], float]
+    """When a client's connection to a broker silent since then judges it silent."""
 
 
 class PublisherFailover:
@@ -147,7 +149,7 @@ class PublisherFailover:
 
     def died(self, broker: str) -> None:
         """``broker`` died now: each publisher connected to it hears it no more and
-        fails over :data:`CLIENT_LIVENESS` later."""
+        fails over once its watch judges the broker silent."""
         for publisher in self.connected_to(broker):
             self.silent(publisher, broker)
 
@@ -160,13 +162,15 @@ class PublisherFailover:
 
     def silent(self, publisher: str, broker: str) -> bool:
         """``publisher`` sent to ``broker``, dead: unless it is failing over already, it
-        leaves ``broker`` :data:`CLIENT_LIVENESS` from now (:meth:`_leave`). False if it
-        does not (the publishers do not fail over, :attr:`follows`)."""
+        leaves ``broker`` when the SDK's watch judges it silent from now
+        (:meth:`~octopis.sim.replaying.SubscriberFailover._noticed`, :meth:`_leave`).
+        False if it does not (the publishers do not fail over, :attr:`follows`)."""
         if not self.follows:
             return False
         if publisher not in self.leaving:
             self.leaving[publisher] = broker
-            self.sim.at(self.sim.now + CLIENT_LIVENESS, self._leave, publisher, broker)
+            noticed = self.sim._noticed(publisher, broker, self.sim.now)
+            self.sim.at(noticed, self._leave, publisher, broker)
         return True
 
     def _leave(self, publisher: str, old: str) -> None:

@@ -4,10 +4,12 @@
 - Every broker keeps what its own publishers published (its store survives its death,
   as the process's file does; :class:`~octopis.sim.stores.RetentionStores`), from the
   first scheduled failure on (nothing else reads it).
-- A subscriber whose host dies notices it ``liveness`` seconds later (the SDK's
-  silence), moves to the first broker of its fail-over list that is not dead (same
-  cluster first), subscribes there again and asks for a replay: after the last
-  publication it got from each publisher, or since it first subscribed.
+- A subscriber whose host dies notices it when its connection's heartbeat watch does
+  (the SDK's, :mod:`octopis.client_policy.silence`: ``liveness`` and up to a heartbeat
+  interval later, at the connection's own ticks), moves to the first broker of its
+  fail-over list that is not dead (same cluster first), subscribes there again and asks
+  for a replay: after the last publication it got from each publisher, or since it first
+  subscribed.
 - The replay runs by :mod:`octopis.core.replay`'s rules, the broker process's: it goes
   on SBP's paths behind the new subscriptions, each store answers, a part behind a
   neighbour that is down is reported silent and answers late if that neighbour comes
@@ -33,6 +35,7 @@ from typing import Any
 
 from octopis.client_policy import Seam, each_once
 from octopis.client_policy.failover import failover_tries
+from octopis.client_policy.silence import heartbeat_interval, phase_of, silence_noticed
 from octopis.core import Forward
 from octopis.core.durable import Durables
 from octopis.core.node import BrokerNode
@@ -93,6 +96,9 @@ class SubscriberFailover:
         self.stranded: set[str] = set()
         """Subscribers whose fail-over tries ended (:meth:`_stranded`)."""
         self.replay_on_failover = True
+        self.lingering: set[tuple[str, str]] = set()
+        """(client, broker) sessions a client left at a fail-over and keeps for its linger
+        (:meth:`~octopis.sim.pauses.PausedBrokers._left`), until its bye."""
         self.left_at_replay: dict[str, str] = {}
         """Per subscriber whose fail-over's replay is under way, the broker it left: the
         SDK keeps that session until its linger after the replay ends
@@ -114,24 +120,34 @@ class SubscriberFailover:
 
     # -- events --------------------------------------------------------------------------
 
+    def _noticed(self, client: str, broker: str, silent_from: float) -> float:
+        """When ``client``'s connection to ``broker``, which has answered nothing since
+        ``silent_from``, judges it silent: the SDK's heartbeat watch
+        (:func:`~octopis.client_policy.silence.silence_noticed`), its ticks at the
+        connection's own phase (:func:`~octopis.client_policy.silence.phase_of`)."""
+        interval = heartbeat_interval()
+        ticks_at = phase_of(f"{client}@{broker}", self.seed, interval)
+        return silence_noticed(silent_from, ticks_at, interval)
+
     def _hosts_died(self, broker: str) -> None:
-        """``broker`` died: its subscribers notice after :data:`CLIENT_LIVENESS`; its
-        replay rounds die with it (its store does not)."""
+        """``broker`` died: its subscribers notice by the SDK's watch (:meth:`_noticed`);
+        its replay rounds die with it (its store does not)."""
         self.replay_rounds.pop(broker, None)
         self._hosts_silent(broker, self._fail_over)
 
     def _hosts_silent(self, broker: str, notice: Callable[[str, str, float], None]) -> None:
-        """``broker`` falls silent now: each of its subscribers notices :data:`CLIENT_LIVENESS`
-        later (the SDK's silence), ``notice(subscriber, broker, since)``."""
+        """``broker`` falls silent now: each of its subscribers notices it when the SDK's
+        watch says (:meth:`_noticed`), ``notice(subscriber, broker, since)``."""
         for subscriber, home in list(self._home.items()):
             if home == broker and subscriber in self.clients.subscriptions_of:
-                self.at(self.now + CLIENT_LIVENESS, notice, subscriber, broker, self.now)
+                noticed = self._noticed(subscriber, broker, self.now)
+                self.at(noticed, notice, subscriber, broker, self.now)
 
     def fail_client(self, subscriber: str, at: float) -> None:
         """At ``at``, ``subscriber``'s connection to its broker fails for good: the broker
         delivers into the void until it drops the client, silent past its timeout
         (:meth:`_clients_silent`), and withdraws its subscriptions; the subscriber fails
-        over after :data:`CLIENT_LIVENESS` and replays."""
+        over when the SDK's watch judges the broker silent (:meth:`_noticed`) and replays."""
         self._failure_state()
         self.at(at, self._client_cut, subscriber)
 
@@ -142,7 +158,8 @@ class SubscriberFailover:
         cut = self.cut_clients.setdefault((subscriber, host), self.now)  # failed already?
         self.lost_answers[(subscriber, host)] = self._replays
         self.failure_counts["clients_cut"] += 1
-        self.at(self.now + CLIENT_LIVENESS, self._fail_over, subscriber, host, self.now)
+        noticed = self._noticed(subscriber, host, self.now)
+        self.at(noticed, self._fail_over, subscriber, host, self.now)
         self.nodes[host].client_liveness.heard(subscriber, cut)  # and never again
         self._watch_clients(host)
 
