@@ -123,15 +123,17 @@ class PausedBrokers:
         return paused is not None and paused[0] <= since
 
     def _host_silent(self, subscriber: str, broker: str, since: float) -> None:
-        """``subscriber``'s SDK heard nothing from ``broker`` since ``since``, its
-        liveness ago: it fails over, if ``broker`` has not run since (paused still)."""
+        """``subscriber``'s SDK has heard nothing from ``broker`` since ``since`` and its
+        heartbeat watch judges it silent now: it fails over, if ``broker`` has not run
+        since (paused still)."""
         if self._paused_since(broker, since):
             self._fail_over(subscriber, broker, since)
 
     def _publisher_unheard(self, publisher: str, broker: str, since: float) -> None:
-        """``publisher``'s SDK heard nothing from ``broker`` since ``since``, its
-        liveness ago: it fails over (:meth:`PublisherFailover.unheard`), if ``broker`` has
-        not run since and it is still connected there."""
+        """``publisher``'s SDK has heard nothing from ``broker`` since ``since`` and its
+        heartbeat watch judges it silent now: it fails over
+        (:meth:`PublisherFailover.unheard`), if ``broker`` has not run since and it is
+        still connected there."""
         if self._paused_since(broker, since) and self.clients.home.get(publisher) == broker:
             self.publishers.unheard(publisher, broker)
 

@@ -18,9 +18,9 @@ publication once, when a broker first accepts it (:meth:`PublisherFailover.accep
 
 With advertisements on, publishers do not fail over (:attr:`PublisherFailover.follows`).
 
-A paused broker's publishers hear it no more either: one still paused
-when its watch says is left the same way (:meth:`PublisherFailover.unheard`),
-while what its publishers sent it waits in its socket and is taken at its resume
+A paused broker's publishers hear it no more either: one still paused when a publisher's
+watch judges it silent is left the same way (:meth:`PublisherFailover.unheard`), while
+what its publishers sent it waits in its socket and is taken at its resume
 (:mod:`octopis.sim.pauses`), so a publication may enter at both brokers, as on processes.
 
 The simulated publishers publish without waiting (the SDK's ``wait=False``, flushed):
@@ -154,8 +154,8 @@ class PublisherFailover:
             self.silent(publisher, broker)
 
     def unheard(self, publisher: str, broker: str) -> None:
-        """``publisher`` has heard nothing from ``broker`` (paused) for its liveness: it
-        leaves it now (:meth:`_leave`), unless it is failing over already."""
+        """``publisher``'s watch judges ``broker`` (paused) silent: it leaves it now
+        (:meth:`_leave`), unless it is failing over already."""
         if self.follows and publisher not in self.leaving:
             self.leaving[publisher] = broker
             self._leave(publisher, broker)

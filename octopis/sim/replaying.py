@@ -96,6 +96,7 @@ class SubscriberFailover:
         self.stranded: set[str] = set()
         """Subscribers whose fail-over tries ended (:meth:`_stranded`)."""
         self.replay_on_failover = True
+        """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
         self.lingering: set[tuple[str, str]] = set()
         """(client, broker) sessions a client left at a fail-over and keeps for its linger
         (:meth:`~octopis.sim.pauses.PausedBrokers._left`), until its bye."""
@@ -103,7 +104,6 @@ class SubscriberFailover:
         """Per subscriber whose fail-over's replay is under way, the broker it left: the
         SDK keeps that session until its linger after the replay ends
         (:meth:`~octopis.sim.pauses.PausedBrokers._left`, from :meth:`_end_seam`)."""
-        """Whether a subscriber that failed over asks for a replay (the SDK's default)."""
 
     def _rounds(self, broker: str) -> ReplayRounds:
         """``broker``'s replay rounds (made at its first request), whose requests go on
