@@ -352,3 +352,27 @@ def test_a_durable_client_fails_over_from_a_broker_paused_past_its_liveness(
         assert client.host == scot.failover_order("c:0")[0]
     else:
         assert client.counts["failed_over"] == 0 and client.host == "c:0"
+
+
+def test_a_simulated_broker_whose_disk_is_full_writes_its_durable_records_later() -> None:
+    """As the process's shell does (``Replaying.save_durables``): while c:0's disk is full
+    the durable records a client's acknowledgements changed are not written (counted
+    ``durable.writes_refused``, kept as changed, tried again every ``SAVE_EVERY``); once
+    it has room they are, and a restart reads them back."""
+    sim = DurableSimulator(build_preset("fig2"), "snr", seed=3, covering="off")
+    sim.durable_subscribe("D", "c:0", parse_subscription("[x,<,5]"))
+    sim.run()
+    written = dict(sim._written["c:0"])
+    start = sim.now
+    sim.retention.fill("c:0")
+    for i in range(20):
+        sim.at(start + i * 0.1, sim.publish, "Pa:0", "a:0", {"x": i % 10})
+    sim.run(start + 5.0)
+    assert sim.failure_counts["durable.writes_refused"] > 0
+    assert sim._written["c:0"] == written and sim.durable_records["c:0"].dirty
+    sim.retention.free("c:0")
+    sim.run(start + 5.0 + 2 * SAVE_EVERY)
+    assert not sim.durable_records["c:0"].dirty
+    ((ident, record),) = sim._written["c:0"].items()
+    assert ident == ("D", "d") and record.since  # what it acknowledged, written
+    assert sim.durable_clients["D"].received and len(sim.durable_clients["D"].received) == 10

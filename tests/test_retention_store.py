@@ -26,6 +26,7 @@ from octopis.core.answer import (
     COMMIT_DELAY,
     COMMIT_ROWS,
     PIPELINE_DELAY,
+    RetentionBound,
     commit_delay,
     commit_refused,
     store_refusal,
@@ -338,6 +339,47 @@ def test_a_full_disk_refuses_new_publications_and_keeps_what_was_committed(
     assert store.commit(1003.0) == 1 and store.refused_at is None
 
 
+def test_a_full_disk_refusing_durable_records_is_counted_and_written_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Durable records share the store's file: when the disk refuses their write (the
+    page limit stands in for a full disk), the shell logs and counts it
+    (``durable.writes_refused``), raises nothing (its ``maintain`` task, which writes
+    them every second, would have ended and stopped the broker), keeps them as changed,
+    and writes them once the disk has room; a restart then reads them back. A trim the
+    disk refuses is counted (``retention.trims_refused``) and leaves what was kept."""
+    replaying = _replaying(tmp_path, lambda key, message: True)
+    store = replaying.store
+    assert store is not None
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    store.db.execute(f"PRAGMA max_page_count = {pages}")
+    for i in range(60):
+        filters = (f"[class,eq,'STOCK'],[symbol,eq,'{'S' * 200}{i}']",)
+        replaying.durables.attach(f"c{i}", "d", f"k{i}", f"s{i}", filters, 1000.0)
+    replaying.save_durables()  # refused: logged and counted, nothing raised
+    assert replaying.stats["durable.writes_refused"] == 60
+    assert store.durables() == [] and len(replaying.durables.dirty) == 60
+    store.db.execute("PRAGMA max_page_count = 1000000")
+    replaying.save_durables()
+    assert len(store.durables()) == 60 and not replaying.durables.dirty
+    replaying.close()
+    again = _replaying(tmp_path, lambda key, message: True)
+    assert len(again.durables.records) == 60
+    kept = again.store
+    assert kept is not None
+
+    def refused(now: float) -> int:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    kept.bound = RetentionBound(0)  # a trim due at every commit
+    monkeypatch.setattr(kept, "trim", refused)
+    n = stock_notification("P", 1)
+    kept.add(n, encode_body(n), 1000.0)
+    assert kept.commit(1000.0) == 1 and kept.rows == 1  # kept; the trim waits
+    assert again.stats["retention.trims_refused"] == 1
+    again.close()
+
+
 @pytest.mark.processes
 @pytest.mark.timeout(240)
 def test_a_broker_whose_disk_fills_refuses_by_name_and_loses_nothing_confirmed(
@@ -346,9 +388,11 @@ def test_a_broker_whose_disk_fills_refuses_by_name_and_loses_nothing_confirmed(
     """The line a:0 – b:0 – c:0 with its data directory on a 1 MB tmpfs (a ballast file
     takes a third of it): a publisher at a:0 publishes large quotes until a publish is
     answered with a named refusal (the retention store cannot store). A subscriber at
-    c:0 gets every confirmed one exactly once; a:0 keeps serving: once the ballast is
-    deleted, it accepts publications again and they arrive; a historic subscription at
-    a:0 answers every confirmed publication, none twice."""
+    c:0 gets every confirmed one exactly once; a:0 keeps serving: a durable subscription
+    made at a:0 on the full disk is made (its record's write refused, counted, written
+    later), and once the ballast is deleted a:0 accepts publications again and they
+    arrive; a historic subscription at a:0 answers every confirmed publication, none
+    twice."""
     data = tmp_path / "data"
     data.mkdir()
     mounted = subprocess.run(
@@ -365,8 +409,9 @@ def test_a_broker_whose_disk_fills_refuses_by_name_and_loses_nothing_confirmed(
     finally:
         cluster.stop()
         subprocess.run(["umount", "-l", str(data)], check=False)
-    confirmed, refusal, got, far, history = outcome
+    confirmed, refusal, got, far, history, refused_writes = outcome
     print(f"{len(confirmed)} confirmed before the refusal: {refusal}")
+    assert refused_writes >= 1  # a durable subscribe on the full disk: served, written later
     assert len(confirmed) > 50
     assert "a:0.retention.sqlite" in refusal and "full" in refusal
     assert {seq for seq, n in got.items() if n > 1} == set()
@@ -377,7 +422,7 @@ def test_a_broker_whose_disk_fills_refuses_by_name_and_loses_nothing_confirmed(
 
 async def _fill_the_disk(
     cluster: LocalCluster, a: str, c: str, data: Path
-) -> tuple[list[int], str, Counter[int], int, list[int]]:
+) -> tuple[list[int], str, Counter[int], int, list[int], int]:
     from octopis.client import BrokerError, Publisher, Subscriber
 
     await cluster.wait_ready(60)
@@ -399,6 +444,9 @@ async def _fill_the_disk(
             refusal = str(exc)
             break
         confirmed.append(i)
+    keeper = await Subscriber.connect(a, "keeper")  # its durable record cannot be written
+    kept = await keeper.subscribe("[class,eq,'FAR']", durable="far")
+    refused_writes = (await cluster.call("a:0", "stats"))["retention"]["durable.writes_refused"]
     (data / "ballast").unlink()
     other = await Publisher.connect(a, "other")
     for _ in range(50):  # refused for a second after the disk refused, then tried again
@@ -408,6 +456,7 @@ async def _fill_the_disk(
         except BrokerError:
             await asyncio.sleep(0.2)
     far_got = [(await far.get(timeout=10)).seq]
+    assert (await kept.get(timeout=10)).seq == far_got[0]
     got: Counter[int] = Counter()
     while True:
         try:
@@ -417,6 +466,6 @@ async def _fill_the_disk(
     historian = await Subscriber.connect(a, "historian")
     past = await historian.subscribe("[class,eq,'Q']", since="all", until=time.time())
     history = [n.seq async for n in past]
-    for client in (historian, other, pub, sub):
+    for client in (historian, other, pub, sub, keeper):
         await client.close()
-    return confirmed, refusal, got, len(far_got), history
+    return confirmed, refusal, got, len(far_got), history, refused_writes

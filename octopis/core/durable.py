@@ -14,6 +14,7 @@ drops it); a record left past ``keep`` is abandoned and counted.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -260,6 +261,11 @@ class Durables:
         (:attr:`dirty` is emptied)."""
         dirty, self.dirty = self.dirty, set()
         return {ident: self.records.get(ident) for ident in sorted(dirty)}
+
+    def not_written(self, idents: Iterable[tuple[str, str]]) -> None:
+        """The shell could not write what :meth:`written` gave it (its disk refused):
+        those records count as changed again, to be written at the next write."""
+        self.dirty.update(idents)
 
     def expire(self, now: float) -> list[DurableRecord]:
         """Records whose client has been away past ``keep`` at ``now``: abandoned,

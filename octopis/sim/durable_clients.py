@@ -428,9 +428,21 @@ class DurableSimulator(Simulator):
     def _durable_write(self, broker: str) -> None:
         """``broker`` writes its records changed since its last write, as the process
         writes them (:meth:`Durables.written`; what a restart reads back), and their next
-        expiry check is set (:meth:`_durable_expiry`)."""
+        expiry check is set (:meth:`_durable_expiry`). Its disk full, the write is
+        refused, counted (``durable.writes_refused``) and tried again a
+        :data:`~octopis.core.durable.SAVE_EVERY` later, the records kept as changed
+        (:meth:`Durables.not_written`), as the process's shell does."""
         self._writing.discard(broker)
         if self._dead(broker):
+            return
+        if self.retention.full(broker):
+            refused = self.durable_records[broker].written()
+            if refused:
+                self.durable_records[broker].not_written(refused)
+                self.failure_counts["durable.writes_refused"] += len(refused)
+                self._writing.add(broker)
+                self.at(self.now + SAVE_EVERY, self._durable_write, broker)
+            self._durable_expiry(broker)
             return
         self._written_time[broker] = self.now
         written = self._written[broker]

@@ -114,6 +114,10 @@ class RetentionStores:
         """``broker``'s disk is full from now on (until :meth:`free`)."""
         self._full[broker] += 1
 
+    def full(self, broker: str) -> bool:
+        """Whether ``broker``'s disk is full now (every write to its store refused)."""
+        return broker in self._full
+
     def free(self, broker: str) -> None:
         """One fault that filled ``broker``'s disk ends."""
         self._full[broker] -= 1

@@ -159,6 +159,8 @@ class RetentionStore:
             "retention.trimmed": 0,
             "retention.commits": 0,
             "retention.replayed": 0,
+            "retention.trims_refused": 0,
+            "durable.writes_refused": 0,
         }
 
     def add(self, n: Notification, body: bytes, now: float) -> None:
@@ -205,7 +207,10 @@ class RetentionStore:
         if now >= self._age_checked + AGE_EVERY:
             self._age_checked, oldest = now, self._oldest()
         if self.bound.over(self.bytes, oldest, now):
-            self.trim(now)
+            try:
+                self.trim(now)
+            except sqlite3.Error:  # what was written stays; trimmed at a later commit
+                self.stats["retention.trims_refused"] += 1
         return rows
 
     def refusal(self, now: float) -> str | None:
@@ -285,18 +290,28 @@ class RetentionStore:
         return RECORD.unpack_from(row[0])[2] if row is not None else None
 
     def save_durables(self, records: dict[tuple[str, str], bytes | None]) -> None:
-        """Write durable records (encoded) and delete those given as None."""
-        with self.db:
-            self.db.execute("BEGIN")
-            for (client, name), record in records.items():
-                if record is None:
-                    self.db.execute(
-                        "DELETE FROM durable WHERE client = ? AND name = ?", (client, name)
-                    )
-                else:
-                    self.db.execute(
-                        "INSERT OR REPLACE INTO durable VALUES (?, ?, ?)", (client, name, record)
-                    )
+        """Write durable records (encoded) and delete those given as None, in one
+        transaction. :class:`RetentionError` if the disk refuses (full, or failing):
+        none of them is written, what was written before stays."""
+        try:
+            with self.db:
+                self.db.execute("BEGIN")
+                for (client, name), record in records.items():
+                    if record is None:
+                        self.db.execute(
+                            "DELETE FROM durable WHERE client = ? AND name = ?", (client, name)
+                        )
+                    else:
+                        self.db.execute(
+                            "INSERT OR REPLACE INTO durable VALUES (?, ?, ?)",
+                            (client, name, record),
+                        )
+        except sqlite3.Error as exc:
+            self.stats["durable.writes_refused"] += len(records)
+            raise RetentionError(
+                f"the retention store {self.path} cannot write {len(records)} durable "
+                f"records: {exc}"
+            ) from None
 
     def durables(self) -> list[tuple[str, str, bytes]]:
         """The durable records written: (client, durable name, encoded record)."""
