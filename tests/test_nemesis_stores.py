@@ -43,8 +43,10 @@ def test_a_full_disk_refuses_by_name_and_the_broker_keeps_serving() -> None:
 def test_a_power_failure_loses_only_what_sync_allows_and_says_so(sync: str) -> None:
     """c:0's machine loses power at 2.0 s and starts again at 3.0 s; H0 asks a:0 at 6 s for
     what was published in [0, 5). With ``sync = "normal"`` c:0's store loses the commits
-    of the last 0.45 s (1.6-1.9 s, confirmed): the verdict names the store and why, and H0
-    is told the gap; with ``full`` nothing confirmed is lost and H0 gets all of it."""
+    of the last 0.45 s (1.6-1.9 s, confirmed): the verdict names the store and why; H0 is
+    told no gap for them, since no store can tell what a power failure took (the
+    process's SQLite file cannot, and the simulator's store answers as it does); with
+    ``full`` nothing confirmed is lost and H0 gets all of it."""
     scenario = _one_publisher(
         (PowerLoss("c:0", 2.0, 3.0, sync, 0.45),), ((6.0, "H0", "a:0", 9, 0.0, 5.0),)
     )
@@ -63,5 +65,4 @@ def test_a_power_failure_loses_only_what_sync_allows_and_says_so(sync: str) -> N
     assert historic["lost"] == 4 and historic["silent"] == 0
     sim, _, asked = simulate(scenario)
     (asker,) = {q.asker for q in asked.values()}
-    assert any(p == "Pc:0" and first <= 16 and last >= 19 for p, _, first, last in
-               sim.store_gaps[asker])  # fmt: skip
+    assert not any(p == "Pc:0" for p, _, _, _ in sim.store_gaps.get(asker, ()))

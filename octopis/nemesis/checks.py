@@ -47,8 +47,9 @@ def check_historic(
     published in its window whose ``x`` is below its ``k``, once; nothing else (a
     publication outside the window or the filter is a problem); one missing is accounted
     for only by a gap reported to the asker (a store silent, or a store's range it no
-    longer holds), or by a round its host never finished (it died under it); one its
-    store refused (a full disk) is counted refused."""
+    longer holds), by a round its host never finished (it died under it), or by its
+    store's loss at a power failure (named by the store check: no store can tell it); one
+    its store refused (a full disk) is counted refused."""
     problems: list[str] = []
     counts = dict.fromkeys(("expected", "delivered", "duplicated", "lost", "silent", "refused"), 0)
     for req_id, (asker, k, after, until) in sorted(asked.items()):
@@ -67,8 +68,8 @@ def check_historic(
         if sim.replay_gaps.get(asker) or req_id not in sim.historic_done:
             silent = set()
         else:
-            told = sim.store_gaps.get(asker, set())
-            silent = {key for key in missing if not in_gaps(told, notes[key])}
+            told, lost = sim.store_gaps.get(asker, set()), sim.retention.lost
+            silent = {k for k in missing if not in_gaps(told, notes[k]) and k not in lost}
         if silent:
             problems.append(f"historic {req_id}: {len(silent)} missing, no gap reported: "
                             f"{sorted(silent)[:3]}")  # fmt: skip
@@ -91,7 +92,9 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
     published from its first subscribe on (while it was away too), once; nothing else.
     One missing is accounted for by a gap reported to it (a broker silent, or a range a
     store reported it no longer holds); one refused to its publisher (a full disk) is
-    counted refused, not lost; or, published while it was
+    counted refused, not lost; one a store lost at a power failure (``sync = "normal"``:
+    no store can tell what it lost, so no gap is reported) by the verdict's store check,
+    which names it; or, published while it was
     away (only its record's replay could give it), by a stamp before its record began
     (a publisher's clock behind: the record owes what was published since it began, by
     the publishers' clocks); or, published while it was connected, by a broker's count
@@ -106,7 +109,7 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
     counts = dict.fromkeys((*COUNTS, "redelivered", "refused"), 0)
     clocks = sim.clocks
     kept = {n.key: n for ns in sim.published.values() for n in ns}
-    refused = sim.retention.refused
+    refused, lost = sim.retention.refused, sim.retention.lost
     undeliverable = sim.undeliverable_keys
     sent = {key: n.published_at - clocks.get(n.publisher, 0.0) for key, n in kept.items()}
     for name, c in sorted(sim.durable_clients.items()):
@@ -128,7 +131,9 @@ def check_durables(sim: DurableSimulator) -> tuple[list[str], dict[str, int]]:
             problems.append(f"durable {name}: {len(dups)} duplicated: {dups[:3]}")
         missing = {key for key in reference - got if key not in refused}
         silent = sorted(
-            key for key in missing if not _accounted(c, key, sent[key], kept[key], undeliverable)
+            key
+            for key in missing
+            if key not in lost and not _accounted(c, key, sent[key], kept[key], undeliverable)
         )
         if silent:
             problems.append(f"durable {name}: {len(silent)} lost without a count or a reported "

@@ -44,10 +44,10 @@ refuses its commits: publications routed and then refused, then refused before t
 routed, each refusal told to the publisher; nothing committed before is touched), or a
 power failure (the broker dies; run with ``[retention] sync = "normal"`` its store loses
 the commits the operating system had not written yet, confirmed as they were; with
-``full`` nothing confirmed). The checker reads the stores too: each publication
-confirmed to its publisher is still in its store, or the verdict's :attr:`Verdict.losses`
-name the store that lost it and why; a refused one is counted refused, not lost; and a
-replay or historic query that asks a store for what it lost is told so as a gap.
+``full`` nothing confirmed). The checker reads the stores: a publication confirmed to its
+publisher is still in its store, or :attr:`Verdict.losses` name the store that lost it
+and why (a replay is told no gap for it: no store can tell what a power failure took); a
+refused one is counted refused; a replay is told what a store trimmed as a gap.
 
 What TCP rules out is not injected: frames reordered, duplicated or lost one at a time
 on a live connection (a connection that resets loses what was in flight, which a
@@ -560,7 +560,8 @@ def check(
     undeliverable = sim.undeliverable_keys
 
     def accounted(s: str, p: str, q: int) -> bool:
-        if sim.replay_gaps.get(s) or in_gaps(sim.store_gaps.get(s, set()), notes[(p, q)]):
+        told = in_gaps(sim.store_gaps.get(s, set()), notes[(p, q)])
+        if sim.replay_gaps.get(s) or told or (p, q) in sim.retention.lost:  # lost: named
             return True
         when = when_sent.get((p, q))
         if s in withdrawn and when is not None and when <= withdrawn[s]:

@@ -89,8 +89,6 @@ class RetentionStores:
         were told (the commit that would have kept them failed; told with the answer)."""
         self.lost: dict[Key, str] = {}
         """Confirmed publications a store lost, each with the store and why."""
-        self.lost_ranges: dict[str, Trimmed] = {}
-        """Each broker's record of what its store lost (answered as gaps)."""
         self._kept_at: dict[str, deque[float]] = {}
         """When each kept publication was committed (beside :attr:`kept`)."""
         self._full: Counter[str] = Counter()
@@ -180,20 +178,19 @@ class RetentionStores:
     def power_loss(self, broker: str, now: float, sync: str, unsynced: float) -> None:
         """``broker``'s machine loses power at ``now``: with ``sync`` ``normal`` its store
         loses what it committed in the last ``unsynced`` seconds (confirmed, not yet on
-        disk), answered as a gap, and the confirmed among them remembered in :attr:`lost`
-        (the others were never confirmed: the broker dies with their receipts); with
-        ``full`` nothing."""
+        disk), and the confirmed among them are remembered in :attr:`lost` (the others
+        were never confirmed: the broker dies with their receipts); with ``full``
+        nothing. The store itself cannot tell what it lost, no more than the process's
+        SQLite file can: a replay or historic answer has no gap for it."""
         store = self.kept.get(broker)
         if sync == "full" or not store:
             return
         kept_at = self._kept_at[broker]
-        ranges = self.lost_ranges.setdefault(broker, {})
         reason = (f"{broker}'s retention store lost it: committed within {unsynced:.3f} s of "
                   "a power failure, not yet on disk (sync normal)")  # fmt: skip
         while kept_at and kept_at[-1] > now - unsynced:
             kept_at.pop()
             n = store.pop()
-            note_trimmed(ranges, n.publisher, n.session, n.seq, n.published_at)
             if n.key in self.confirmed:
                 self.lost[n.key] = reason
             self._counts["retention.lost_unsynced"] += 1
@@ -213,8 +210,6 @@ class RetentionStores:
         ends): the pages (at least one), the ranges it dropped that the request asks
         for, and whether the answer was cut."""
         gaps = trimmed_gaps(request, self.trimmed.get(broker, {}))
-        lost = trimmed_gaps(request, self.lost_ranges.get(broker, {}))
-        gaps = sorted({*gaps, *lost})
         store = self.kept.get(broker)
         if not store:  # nothing to choose from: no selection to build
             return [[]], gaps, False
