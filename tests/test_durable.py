@@ -8,6 +8,7 @@ tests/test_durable_page.py."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 
@@ -376,3 +377,31 @@ def test_a_simulated_broker_whose_disk_is_full_writes_its_durable_records_later(
     ((ident, record),) = sim._written["c:0"].items()
     assert ident == ("D", "d") and record.since  # what it acknowledged, written
     assert sim.durable_clients["D"].received and len(sim.durable_clients["D"].received) == 10
+
+
+def test_a_power_failure_rolls_a_simulated_brokers_durable_records_back_as_sqlite_does() -> None:
+    """c:0, D's host, loses power with ``sync = "normal"`` and the last 1.5 s unsynced: as
+    the process's SQLite file rolls back every write of that tail, the records the
+    restart reads back are those written before it, not the last written; what D took
+    at c:0 since then counts as unwritten (a repeat of it is allowed). With ``full``
+    the last write stands."""
+    unwritten = {}
+    for sync in ("normal", "full"):
+        sim = DurableSimulator(build_preset("fig2"), "snr", seed=3, covering="off")
+        sim.durable_subscribe("D", "c:0", parse_subscription("[x,<,5]"))
+        sim.run()
+        start = sim.now
+        for i in range(40):
+            sim.at(start + i * 0.1, sim.publish, "Pa:0", "a:0", {"x": i % 10})
+        sim.fail(Failure(("c:0",), 4.0, 5.0), start)
+        sim.at(start + 4.0, sim.power_loss, "c:0", sync, 1.5)
+        sim.run(start + 3.99)
+        last = copy.deepcopy(sim._written["c:0"])
+        before = [s for at, s in sim._writes["c:0"] if at <= start + 2.5][-1]
+        sim.run(start + 4.5)
+        restored = {ident: r.since for ident, r in sim.durable_records["c:0"].records.items()}
+        kept = before if sync == "normal" else last
+        assert restored == {ident: r.since for ident, r in kept.items()}
+        assert before[("D", "d")].since != last[("D", "d")].since  # acknowledged since
+        unwritten[sync] = sim.durable_clients["D"].unwritten
+    assert unwritten["full"] < unwritten["normal"]  # the tail's acknowledgements too

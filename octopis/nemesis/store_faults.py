@@ -112,8 +112,7 @@ def schedule_store_fault(sim: Simulator, fault: StoreFault, start: float) -> Non
 
 
 def _power_loss(sim: Simulator, fault: PowerLoss) -> None:
-    sim.failure_counts["power_losses"] += 1
-    sim.retention.power_loss(fault.broker, sim.now, fault.sync, fault.unsynced)
+    sim.power_loss(fault.broker, fault.sync, fault.unsynced)
 
 
 def check_stores(sim: Simulator) -> tuple[list[str], dict[str, int], list[str]]:

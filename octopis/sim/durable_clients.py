@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,9 @@ from octopis.sim.engine import Simulator
 
 NAME = "d"
 """The durable name every simulated durable client subscribes under."""
+WRITES_KEPT = 10.0
+"""Seconds of a broker's durable writes kept for a power failure to roll back: more
+than the unsynced tail any power failure loses (the nemesis draws up to 2 s)."""
 
 
 @dataclass
@@ -134,6 +137,12 @@ class DurableSimulator(Simulator):
             b: {} for b in self.scot.brokers
         }
         """Each broker's records as written (what a restart reads back)."""
+        self._writes: dict[str, deque[tuple[float, dict[tuple[str, str], DurableRecord]]]] = {
+            b: deque() for b in self.scot.brokers
+        }
+        """Each broker's writes of the last :data:`WRITES_KEPT` seconds (and the one before
+        them): when, and its records as then written, for a power failure to roll back
+        what was not on disk yet (:meth:`power_loss`)."""
         self._writing: set[str] = set()
         self._written_time: dict[str, float] = {}
         self._expiring: dict[str, float] = {}
@@ -285,22 +294,43 @@ class DurableSimulator(Simulator):
         durable clients notice by their heartbeat watch (:meth:`_noticed`) and fail over."""
         super()._hosts_died(broker)
         self._died_at[broker] = self.now
+        self._restore_written(broker)
+        self._writing.discard(broker)
+        for c in self.durable_clients.values():
+            if c.host == broker:
+                noticed = self._noticed(c.key, broker, self.now)
+                self.at(noticed, self._durable_fail_over, c, broker, c.run, self.now)
+
+    def _restore_written(self, broker: str) -> None:
+        """``broker`` starts again with its records as last written; what its durable
+        clients took there since is not in them (``unwritten``: a repeat is allowed)."""
         records = self.durable_records[broker]
         restored = Durables(broker, records.keep, records.limit)
         restored.stats = records.stats
         for record in copy.deepcopy(list(self._written[broker].values())):
             restored.restore(record)
         self.durable_records[broker] = restored
-        self._writing.discard(broker)
         self._durable_expiry(broker)
         written = self._written_time.get(broker, -1.0)
         for c in self.durable_clients.values():
             c.unwritten.update(
                 key for key, (host, at) in c.taken_at.items() if host == broker and at > written
             )
-            if c.host == broker:
-                noticed = self._noticed(c.key, broker, self.now)
-                self.at(noticed, self._durable_fail_over, c, broker, c.run, self.now)
+
+    def power_loss(self, broker: str, sync: str, unsynced: float) -> None:
+        """``broker``'s machine loses power now (it died at this instant): with ``sync``
+        ``normal`` what its store wrote in the last ``unsynced`` seconds is gone, its
+        durable records' writes too, as the process's SQLite file rolls back both; they
+        come back as written before then."""
+        super().power_loss(broker, sync, unsynced)
+        if sync == "full":
+            return
+        before, snapshot, at = self.now - unsynced, {}, -1.0
+        for when, written in self._writes[broker]:
+            if when <= before:
+                snapshot, at = written, when
+        self._written[broker], self._written_time[broker] = dict(snapshot), at
+        self._restore_written(broker)
 
     def _clients_hear_nothing(self, broker: str) -> None:
         """``broker`` stopped now (paused): its durable clients notice its silence by
@@ -451,6 +481,10 @@ class DurableSimulator(Simulator):
                 written.pop(ident, None)
             else:
                 written[ident] = copy.deepcopy(record)
+        writes = self._writes[broker]
+        writes.append((self.now, dict(written)))
+        while len(writes) > 1 and writes[1][0] <= self.now - WRITES_KEPT:
+            writes.popleft()
         self._durable_expiry(broker)
 
     def _durable_expiry(self, broker: str) -> None:

@@ -287,6 +287,14 @@ class Simulator(
             self._dispatch(broker, actions, receipt)
         receipt.committed(refusal)
 
+    def power_loss(self, broker: str, sync: str, unsynced: float) -> None:
+        """``broker``'s machine loses power now (it dies at this instant, a failure of its
+        own): its store, run with ``sync``, loses what it committed in the last
+        ``unsynced`` seconds unless ``sync`` is ``full``
+        (:meth:`~octopis.sim.stores.RetentionStores.power_loss`)."""
+        self.failure_counts["power_losses"] += 1
+        self.retention.power_loss(broker, self.now, sync, unsynced)
+
     # -- time ----------------------------------------------------------------------------
 
     @property
