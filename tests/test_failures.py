@@ -711,3 +711,25 @@ def test_a_paused_broker_excuses_its_stall_by_its_nodes_rule() -> None:
     assert report["detections"] == len(FIG2.graph[broker]), report
     assert sim.nodes[cut].neighbours[broker].was_down > 0
     assert all(sim.nodes[broker].neighbours[n].was_down == 0 for n in FIG2.graph[broker])
+
+
+def test_an_acknowledgement_sent_over_a_cut_link_arrives_at_the_heal() -> None:
+    """What b:0 sends a:0 is cut for 0.5 s (one way, shorter than detection), just as a:0
+    publishes five publications to b:0's subscriber: b:0 takes them and acknowledges at
+    once (the ASK ahead of a confirmed copy), over the cut link. As TCP carries the
+    process's heartbeat, the link carries those acknowledgements to the heal: a:0's
+    custody settles and the publisher has its five confirms (the simulator once dropped
+    an acknowledgement sent over a cut link, and with nothing more published the
+    confirms never came)."""
+    sim = Simulator(FIG2, "snr", seed=1)
+    sim.subscribe("S", "b:0", Subscription((Predicate("x", ">=", 0),)))
+    sim.run()
+    start = sim.now
+    sim.fail(Failure(("b:0", "a:0"), 0.0, 0.5, one_way=True), start)
+    for i in range(5):
+        sim.at(start + 0.01 + i * 0.01, sim.publish, "Pa:0", "a:0", {"x": i})
+    sim.run()
+    assert sim.report()["delivered"] == 5 and "detections" not in sim.failure_counts
+    assert not sim.publishers.unanswered["Pa:0"]  # all five confirmed
+    kept = sim.failures.custody.links.get(("a:0", "b:0"))
+    assert kept is None or not kept.unacked

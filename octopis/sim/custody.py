@@ -14,13 +14,17 @@ does, and the receiver's acknowledgements travel back on the reverse link.
   broker, which acknowledges every neighbour owed then, as the process's does
   (:func:`~octopis.core.custody.owed_neighbours`). The acknowledgement
   (:class:`Acknowledged`, the process's heartbeat count) goes back on the reverse link,
-  ahead of its output queue, after one latency draw; it is lost if that link is broken
-  and ignored by a sender of another incarnation than the one it names.
+  ahead of its output queue, after one latency draw; a cut link carries it to the heal
+  while its connection holds, as TCP carries the process's heartbeat (lost once the
+  connection aborts), and a sender of another incarnation than the one it names
+  ignores it.
 - A link that has sent nothing for ``[links] heartbeat`` seconds carries a heartbeat,
   with the count again (:func:`~octopis.core.custody.heartbeat_due`): each one that
   arrives prunes the sender's retained window, which thus keeps the last ``retain``
   seconds even while the link is idle. Only those heartbeats are simulated (sign of life
-  is the failure model's): a receiver beats while its sender retains something for it.
+  is the failure model's): a receiver beats while its sender keeps something for it
+  that a heartbeat would settle or prune (retained, or unacknowledged and taken: a
+  heartbeat repeats the count, as the process's does).
 - With ``custody_limit`` notifications unacknowledged, a link stops: what its broker
   sends on it meanwhile waits, in order, until an acknowledgement makes room (the
   process's output queue), and each stop is counted (``custody.full``).
@@ -343,8 +347,9 @@ class CustodyEvents:
 
     def _link_frame(self, broker: str, src: str, message: Acknowledged | Resent | Ask) -> None:
         """A link-level frame from ``src`` reaches ``broker`` over a link that is not
-        broken (:meth:`_arrive` loses one that reaches a broken link: a lost RESENT is
-        sent again at the next heal)."""
+        broken (:meth:`_arrive` keeps one that reaches a cut link until the heal while
+        its connection holds, else loses it: a lost RESENT is sent again at the next
+        heal)."""
         kind = type(message)
         if kind is Acknowledged:
             self._acknowledged(broker, src, message)
@@ -452,10 +457,10 @@ class CustodyEvents:
     ) -> None:
         """``broker`` acknowledges to ``src`` what it took from it, or the count last
         acknowledged while ``pressure`` holds ``src`` back (:meth:`Backpressure.acknowledge`):
-        on the link back, ahead of its queue (lost if the link is broken); its heartbeat
-        timer runs. An acknowledgement that would change nothing in ``src``'s custody when
-        it arrives (:meth:`Custody.settles`, :meth:`Custody.prunes`) is not simulated: only
-        the time it was sent counts."""
+        on the link back, ahead of its queue (a cut link carries it to the heal, as any
+        frame, :meth:`_arrive`); its heartbeat timer runs. An acknowledgement that would
+        change nothing in ``src``'s custody when it arrives (:meth:`Custody.settles`,
+        :meth:`Custody.prunes`) is not simulated: only the time it was sent counts."""
         state = self.failures
         assert state is not None
         custody, events = state.custody, self.events
@@ -468,7 +473,7 @@ class CustodyEvents:
             settles = kept.settles(count)
             if settles or kept.retained:
                 late = self.network.link_frame_latency(broker, src) + state.slow.get(link, 0.0)
-                if (settles or kept.prunes(now + late)) and not state.broken(broker, src):
+                if settles or kept.prunes(now + late):  # a cut link carries it to the heal
                     events.send(broker, src, now + late, Acknowledged(count, record.incarnation))
         if link not in custody.beating:
             custody.beating.add(link)
@@ -521,7 +526,7 @@ class CustodyEvents:
         process's queue not held back is). The timer
         skips the ticks whose heartbeat would change nothing (the oldest copy ``src``
         retains for ``broker`` is not yet ``retain`` seconds old) and stops once ``src``
-        retains nothing for it, or either is gone."""
+        keeps nothing for it that a heartbeat would settle or prune, or either is gone."""
         state = self.failures
         assert state is not None
         if state.paused and self._asleep(broker, self._heartbeat, broker, src):
@@ -530,7 +535,12 @@ class CustodyEvents:
         kept = custody.links.get((src, broker))
         node = self.nodes.get(broker)
         record = node.neighbours.get(src) if node is not None else None
-        if broker in state.dead or record is None or kept is None or not kept.retained:
+        if (
+            broker in state.dead
+            or record is None
+            or kept is None
+            or not (kept.retained or kept.settles(record.received))
+        ):
             custody.beating.discard((broker, src))
             return
         now = self.events.now
