@@ -274,6 +274,12 @@ def test_a_full_disk_refuses_what_its_commit_held_and_new_publications_for_a_whi
     )
     assert stores.refusal("c:0", 10.0 + REFUSE_FOR) is None
     assert counts["retention.refused"] == 1  # a refusal before routing: the node's count
+    stores.fill("c:0")
+    stores.keep("c:0", stock_notification("P", 2), 20.0)
+    stores.free("c:0")
+    assert stores.refusal("c:0", 20.0 + REFUSE_FOR / 2) is not None
+    stores.restarted("c:0")  # a new process refuses nothing until a commit of its own fails
+    assert stores.refusal("c:0", 20.0 + REFUSE_FOR / 2) is None
 
 
 def test_what_was_committed_survives_a_kill_9(tmp_path: Path) -> None:

@@ -420,6 +420,7 @@ class FailureEvents(CutLinks, CustodyEvents):
         state = self.failures
         assert state is not None
         self.brokers.start(broker).start(self.now, state.detection)
+        self.retention.restarted(broker)
         self.at(self.now + state.detection, self._check_serving, broker)
         for neighbour in sorted(self.scot.graph[broker]):
             if state.severed(broker, neighbour):  # never greeted: detected like any silence

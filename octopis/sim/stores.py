@@ -112,6 +112,11 @@ class RetentionStores:
         """``broker``'s disk is full from now on (until :meth:`free`)."""
         self._full[broker] += 1
 
+    def restarted(self, broker: str) -> None:
+        """``broker`` starts again: a new process, whose store refuses nothing until a
+        commit of its own fails (the process's ``refused_at`` starts empty)."""
+        self._refused_at.pop(broker, None)
+
     def full(self, broker: str) -> bool:
         """Whether ``broker``'s disk is full now (every write to its store refused)."""
         return broker in self._full
