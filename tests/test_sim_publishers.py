@@ -24,20 +24,21 @@ DIES = 0.3005
 """Seconds into publishing when ``KILLED`` dies (and stays dead)."""
 
 
-def _run(mode: str, seed: int) -> Simulator:
+def _run(mode: str, seed: int, failure: Failure | None = None) -> tuple[Simulator, float]:
     """Subscribers to everything at every broker but ``KILLED``; ``PUBLISHER`` at
-    ``KILLED`` publishes COUNT times, ``KILLED`` dying in the middle of it."""
+    ``KILLED`` publishes COUNT times, ``KILLED`` failing in the middle of it (``failure``,
+    by default dying at ``DIES`` for good); the run, and when publishing began."""
     sim = Simulator(FIG2, mode, seed=seed)
     everything = Subscription((Predicate("x", ">=", 0),))
     for i, broker in enumerate(b for b in FIG2.brokers if b != KILLED):
         sim.subscribe(f"S{i}", broker, everything)
     sim.run()
     start = sim.now
-    sim.fail(Failure((KILLED,), DIES, 60.0), start)
+    sim.fail(failure or Failure((KILLED,), DIES, 60.0), start)
     for seq in range(1, COUNT + 1):
         sim.at(start + seq * EVERY, sim.publish, PUBLISHER, KILLED, {"x": seq}, seq)
     sim.run(start + 30.0)
-    return sim
+    return sim, start
 
 
 @pytest.mark.parametrize(("mode", "seed"), [("snr", 1), ("dnr", 2)])
@@ -49,7 +50,7 @@ def test_a_publisher_whose_broker_dies_sends_what_it_did_not_confirm_again(
     the publisher hears it no more (``CLIENT_LIVENESS``), with their first stamps; those
     it confirmed are not.
     Every subscriber gets each of the COUNT publications once, expected once."""
-    sim = _run(mode, seed)
+    sim, _ = _run(mode, seed)
     counts = sim.failure_totals()
     retention = sim.retention
     subscribers = {s for s, _, _ in sim.ledger.expected}
@@ -88,16 +89,7 @@ def test_a_publisher_whose_broker_pauses_past_its_liveness_fails_over_and_both_t
     taken there at its resume too, so those publications enter the overlay at both
     brokers, each with its one stamp. A shorter pause is waited out: no fail-over, nothing
     sent twice. Either way every subscriber gets each of the COUNT publications once."""
-    sim = Simulator(FIG2, mode, seed=seed)
-    everything = Subscription((Predicate("x", ">=", 0),))
-    for i, broker in enumerate(b for b in FIG2.brokers if b != KILLED):
-        sim.subscribe(f"S{i}", broker, everything)
-    sim.run()
-    start = sim.now
-    sim.fail(Failure((KILLED,), DIES, DIES + pause, stall=True), start)
-    for seq in range(1, COUNT + 1):
-        sim.at(start + seq * EVERY, sim.publish, PUBLISHER, KILLED, {"x": seq}, seq)
-    sim.run(start + 30.0)
+    sim, start = _run(mode, seed, Failure((KILLED,), DIES, DIES + pause, stall=True))
     counts = sim.failure_totals()
     subscribers = {s for s, _, _ in sim.ledger.expected}
     everything_once = {(s, PUBLISHER, q) for s in subscribers for q in range(1, COUNT + 1)}
