@@ -369,7 +369,7 @@ def test_a_simulated_broker_whose_disk_is_full_writes_its_durable_records_later(
     for i in range(20):
         sim.at(start + i * 0.1, sim.publish, "Pa:0", "a:0", {"x": i % 10})
     sim.run(start + 5.0)
-    assert sim.failure_counts["durable.writes_refused"] > 0
+    assert sim.durable_records["c:0"].stats["durable.writes_refused"] > 0
     assert sim._written["c:0"] == written and sim.durable_records["c:0"].dirty
     sim.retention.free("c:0")
     sim.run(start + 5.0 + 2 * SAVE_EVERY)

@@ -14,7 +14,7 @@ drops it); a record left past ``keep`` is abandoned and counted.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -61,6 +61,15 @@ class ClaimAnswer(NamedTuple):
 
 class DurableError(ValueError):
     """A durable subscription that cannot be made (the message names the limit)."""
+
+
+Written = dict[tuple[str, str], "DurableRecord | None"]
+"""Durable records to write, by (client, durable name); None: one gone, to delete."""
+
+
+class WriteRefused(RuntimeError):
+    """A store refused to write durable records (:meth:`Durables.write`): its disk is
+    full or failing (the message names the store and why)."""
 
 
 @dataclass(slots=True)
@@ -110,6 +119,7 @@ class Durables:
             "durable.ended": 0,
             "durable.abandoned": 0,
             "durable.refused": 0,
+            "durable.writes_refused": 0,
         }
 
     def room(
@@ -255,17 +265,31 @@ class Durables:
         claimed = (record.claimed(self.id, now),)
         return ClaimAnswer(withdraw, True, rounds.stored(request.req_id, [], [], claimed=claimed))
 
-    def written(self) -> dict[tuple[str, str], DurableRecord | None]:
+    def written(self) -> Written:
         """What the shell writes now: each record changed since the last call (one gone:
         None), in the order of their identities; from then on they count as written
         (:attr:`dirty` is emptied)."""
         dirty, self.dirty = self.dirty, set()
         return {ident: self.records.get(ident) for ident in sorted(dirty)}
 
-    def not_written(self, idents: Iterable[tuple[str, str]]) -> None:
-        """The shell could not write what :meth:`written` gave it (its disk refused):
-        those records count as changed again, to be written at the next write."""
-        self.dirty.update(idents)
+    def write(
+        self, save: Callable[[dict[tuple[str, str], DurableRecord | None]], None]
+    ) -> str | None:
+        """Hand what changed since the last write (:meth:`written`) to ``save``, the
+        shell's store (both shells write this way). If the store refuses (``save`` raises
+        :class:`WriteRefused`: its disk full or failing), those records count as changed
+        again, to be written at the next write, the refusal is counted
+        (``durable.writes_refused``) and returned; None: written, or nothing to write."""
+        changed = self.written()
+        if not changed:
+            return None
+        try:
+            save(changed)
+        except WriteRefused as exc:
+            self.dirty.update(changed)
+            self.stats["durable.writes_refused"] += len(changed)
+            return str(exc)
+        return None
 
     def expire(self, now: float) -> list[DurableRecord]:
         """Records whose client has been away past ``keep`` at ``now``: abandoned,

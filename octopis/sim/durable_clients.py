@@ -46,7 +46,7 @@ from octopis.client_policy import (
 from octopis.client_policy.failover import connect_tries
 from octopis.core import Notification
 from octopis.core.client_requests import DurableRequest, RequestRefused, acknowledge
-from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, claim_of
+from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables, WriteRefused, claim_of
 from octopis.core.replay import (
     ClaimRecord,
     Gap,
@@ -458,29 +458,30 @@ class DurableSimulator(Simulator):
     def _durable_write(self, broker: str) -> None:
         """``broker`` writes its records changed since its last write, as the process
         writes them (:meth:`Durables.written`; what a restart reads back), and their next
-        expiry check is set (:meth:`_durable_expiry`). Its disk full, the write is
-        refused, counted (``durable.writes_refused``) and tried again a
-        :data:`~octopis.core.durable.SAVE_EVERY` later, the records kept as changed
-        (:meth:`Durables.not_written`), as the process's shell does."""
+        expiry check is set (:meth:`_durable_expiry`). Its disk full, the store refuses
+        the write (:meth:`Durables.write`: counted, the records kept as changed) and it
+        is tried again a :data:`~octopis.core.durable.SAVE_EVERY` later, as the
+        process's ``maintain`` tries."""
         self._writing.discard(broker)
         if self._dead(broker):
             return
-        if self.retention.full(broker):
-            refused = self.durable_records[broker].written()
-            if refused:
-                self.durable_records[broker].not_written(refused)
-                self.failure_counts["durable.writes_refused"] += len(refused)
-                self._writing.add(broker)
-                self.at(self.now + SAVE_EVERY, self._durable_write, broker)
+        written = self._written[broker]
+
+        def save(changed: dict[tuple[str, str], DurableRecord | None]) -> None:
+            if self.retention.full(broker):
+                raise WriteRefused(f"{broker}'s retention store: its disk is full")
+            for ident, record in changed.items():
+                if record is None:
+                    written.pop(ident, None)
+                else:
+                    written[ident] = copy.deepcopy(record)
+
+        if self.durable_records[broker].write(save) is not None:
+            self._writing.add(broker)
+            self.at(self.now + SAVE_EVERY, self._durable_write, broker)
             self._durable_expiry(broker)
             return
         self._written_time[broker] = self.now
-        written = self._written[broker]
-        for ident, record in self.durable_records[broker].written().items():
-            if record is None:
-                written.pop(ident, None)
-            else:
-                written[ident] = copy.deepcopy(record)
         writes = self._writes[broker]
         writes.append((self.now, dict(written)))
         while len(writes) > 1 and writes[1][0] <= self.now - WRITES_KEPT:

@@ -281,19 +281,20 @@ class Replaying:
 
     def save_durables(self) -> None:
         """Write the durable records changed since the last write
-        (:meth:`~octopis.core.durable.Durables.written`; a record gone is deleted). A
-        write the disk refuses is logged and counted (``durable.writes_refused``), and
-        its records are written at the next try (:meth:`maintain`'s, every
+        (:meth:`~octopis.core.durable.Durables.write`; a record gone is deleted). A
+        write the disk refuses is logged (the node counts it and keeps the records
+        changed), and written at the next try (:meth:`maintain`'s, every
         :data:`~octopis.core.durable.SAVE_EVERY` seconds): the broker serves on."""
-        changed = self.durables.written()
-        if self.store is None or not changed:
-            return
-        try:
-            self.store.save_durables({ident: _encoded(r) for ident, r in changed.items()})
-        except RetentionError as exc:
-            self.durables.not_written(changed)
+        store = self.store
+
+        def save(changed: dict[tuple[str, str], DurableRecord | None]) -> None:
+            if store is not None:
+                store.save_durables({ident: _encoded(r) for ident, r in changed.items()})
+
+        refused = self.durables.write(save)
+        if refused is not None:
             self._warn.warning(
-                "durable", "%s: %s; tried again within %g s", self.id, exc, SAVE_EVERY
+                "durable", "%s: %s; tried again within %g s", self.id, refused, SAVE_EVERY
             )
 
     @property

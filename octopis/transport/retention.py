@@ -38,6 +38,7 @@ from octopis.core.answer import (
     store_refusal,
     trimmed_gaps,
 )
+from octopis.core.durable import WriteRefused
 from octopis.core.messages import Notification
 from octopis.core.replay import Gap, Replay
 from octopis.settings import Retention
@@ -160,7 +161,6 @@ class RetentionStore:
             "retention.commits": 0,
             "retention.replayed": 0,
             "retention.trims_refused": 0,
-            "durable.writes_refused": 0,
         }
 
     def add(self, n: Notification, body: bytes, now: float) -> None:
@@ -291,8 +291,8 @@ class RetentionStore:
 
     def save_durables(self, records: dict[tuple[str, str], bytes | None]) -> None:
         """Write durable records (encoded) and delete those given as None, in one
-        transaction. :class:`RetentionError` if the disk refuses (full, or failing):
-        none of them is written, what was written before stays."""
+        transaction. :class:`~octopis.core.durable.WriteRefused` if the disk refuses
+        (full, or failing): none of them is written, what was written before stays."""
         try:
             with self.db:
                 self.db.execute("BEGIN")
@@ -307,8 +307,7 @@ class RetentionStore:
                             (client, name, record),
                         )
         except sqlite3.Error as exc:
-            self.stats["durable.writes_refused"] += len(records)
-            raise RetentionError(
+            raise WriteRefused(
                 f"the retention store {self.path} cannot write {len(records)} durable "
                 f"records: {exc}"
             ) from None
