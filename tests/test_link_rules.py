@@ -88,13 +88,16 @@ def test_both_shells_count_what_a_link_carries_alike() -> None:
     assert sim._carrying("a:0", "b:0") == carried(0, custody) == 1
 
 
-LINK_RULES = frozenset({"resent_taken", "relink", "owed_neighbours"})
+LINK_RULES = frozenset({"resent_taken", "relink", "at_once", "timer_fired"})
 """The neighbour lifecycle's rules each shell once wrote its own way, now asked of the
 node by both: what a RESENT's receiver takes, stale from a sender that is not reachable
 (the process alone checked that), and whether it acknowledges at once (each shell
-tested ``owed`` itself); whom a broker's acknowledgement timer acknowledges (one timer
-per broker, every neighbour owed: the simulator once armed one per link and
-acknowledged that link alone); whether a relink may drop a link that still carries
+tested ``owed`` itself); what becomes of an acknowledgement wanted at once (sent, left
+to the timer while deliveries wait, or to the look again while backpressure holds the
+neighbour back: each shell once asked backpressure in its own steps) and whom a broker's
+acknowledgement timer acknowledges (one timer per broker, every neighbour owed and not
+held back: the simulator once armed one per link and acknowledged that link alone),
+both :class:`~octopis.core.acknowledging.Acknowledgements`'; whether a relink may drop a link that still carries
 (each shell refused with its own data). Whether a neighbour heard again resumes its
 session (the process once read its link's greeting, the simulator ``declared_down``) is
 now asked by the node's heal itself (``BrokerNode.heard``)."""

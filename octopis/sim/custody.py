@@ -65,14 +65,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from functools import partial
 from typing import NamedTuple
 
 from octopis.core import Notification
+from octopis.core.acknowledging import ARM, HELD, SEND, Acknowledgements
 from octopis.core.codec import Ask
 from octopis.core.custody import (
-    FIRST,
-    NOW,
-    STALE,
     Custody,
     Entry,
     PublishReceipt,
@@ -82,11 +81,10 @@ from octopis.core.custody import (
     heartbeat_due,
     owed_neighbours,
     resent_taken,
-    take,
 )
 from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
-from octopis.core.pressure import SEND, Backpressure
+from octopis.core.pressure import Backpressure
 from octopis.defaults import (
     ACK_DELAY,
     ACK_EVERY,
@@ -186,8 +184,9 @@ class LinkCustody:
         """Each broker's backpressure rule (made on first use, :meth:`pressure_of`)."""
         self.pressure_counts: Counter[str] = Counter()
         """The rules' counts (episodes, acknowledgements withheld), all brokers'."""
-        self.acknowledging: set[str] = set()
-        """Brokers whose acknowledgement timer runs (``[links] ack_delay``)."""
+        self.acks: dict[str, Acknowledgements] = {}
+        """Each broker's acknowledgements (made on first use, :meth:`acks_of`), whose
+        timer is ``[links] ack_delay``."""
         self.looking: set[str] = set()
         """Brokers that will look again at the acknowledgements they withhold."""
         self.links: dict[Link, Custody] = {}
@@ -274,6 +273,15 @@ class LinkCustody:
             self.pressure[broker] = rule
         return rule
 
+    def acks_of(self, broker: str, counts: Counter[str]) -> Acknowledgements:
+        """``broker``'s acknowledgements, by its backpressure rule (:meth:`pressure_of`;
+        made on first use, new after its death), stale messages counted in ``counts``."""
+        acks = self.acks.get(broker)
+        if acks is None:
+            acks = Acknowledgements(self.pressure_of(broker), self.every, counts)
+            self.acks[broker] = acks
+        return acks
+
     def greeted(self, src: str, dst: str) -> None:
         """``src``'s handshake went to ``dst``: the link's numbering starts again."""
         self.of(src, dst).greeted()
@@ -303,6 +311,7 @@ class LinkCustody:
         they carried die unanswered, as the process's do)."""
         lost: list[object] = []
         self.pressure.pop(broker, None)
+        self.acks.pop(broker, None)
         for link in [link for link in self.links if link[0] == broker]:
             custody = self._pop(link)
             if link in failed:
@@ -377,7 +386,9 @@ class CustodyEvents:
         for copy in taken:
             self._dispatch(broker, self._take(broker, src, copy))
         if at_once:
-            self._acknowledge_at_once(broker, src, record)
+            acks = self._acks(broker)
+            refresh = partial(self._pressure, broker, self.events.now)
+            self._acknowledgement(broker, src, record, acks, acks.at_once(src, refresh))
 
     def _put(
         self, src: str, dst: str, message: object, receipt: PublishReceipt | None = None
@@ -402,54 +413,50 @@ class CustodyEvents:
 
     def _takes(self, broker: str, src: str, message: object) -> bool:
         """Whether ``broker`` takes the routing ``message`` from ``src``, as the node's
-        rule says (:func:`~octopis.core.custody.take`, which counts a stale one) and when
-        it is acknowledged: at once, or ``ack_delay`` after the first since the last one."""
+        rule says (:meth:`Acknowledgements.taken`, which counts a stale one), and its
+        acknowledgement as the rule says (:meth:`_acknowledgement`)."""
         record = self.nodes[broker].neighbours[src]
-        state = self.failures
-        assert state is not None
+        acks = self._acks(broker)
         notification = type(message) is Notification
-        verdict = take(
-            record, 1, self.failure_counts, state.custody.every, notifications=notification
-        )
-        if verdict == NOW:
-            self._acknowledge_at_once(broker, src, record)
-        elif verdict == FIRST and broker not in state.custody.acknowledging:
-            state.custody.acknowledging.add(broker)
-            self.events.at(self.events.now + ACK_DELAY, self._acknowledge_owed, broker)
-        return verdict != STALE
+        refresh = partial(self._pressure, broker, self.events.now)
+        fate = acks.taken(src, record, 1, refresh, notifications=notification)
+        if fate is None:
+            return False
+        self._acknowledgement(broker, src, record, acks, fate)
+        return True
 
-    def _acknowledge_owed(self, broker: str) -> None:
-        """``broker``'s acknowledgement timer, ``ack_delay`` after a first message taken
-        since a neighbour's last acknowledgement (one per broker, as the process's): every
-        neighbour owed then and not held back is acknowledged
-        (:func:`~octopis.core.custody.owed_neighbours`, :meth:`Backpressure.released`);
-        the others are left to the look again (:meth:`_look_again`)."""
-        state = self.failures
-        assert state is not None
-        if self._asleep(broker, self._acknowledge_owed, broker):
-            return
-        state.custody.acknowledging.discard(broker)
-        node = self.nodes.get(broker)
-        if broker in state.dead or node is None:
-            return
-        taken = owed_neighbours(node.neighbours.items())
-        if not taken:
-            return
-        pressure = self._pressure(broker, self.events.now)
-        released = pressure.released(taken)
-        for src, record in released:
-            self._acknowledge(broker, src, record, pressure)
-        if len(released) < len(taken):
+    def _acks(self, broker: str) -> Acknowledgements:
+        """``broker``'s acknowledgements (:meth:`LinkCustody.acks_of`)."""
+        return self.failures.custody.acks_of(broker, self.failure_counts)  # type: ignore[union-attr]
+
+    def _acknowledgement(
+        self, broker: str, src: str, record: Neighbour, acks: Acknowledgements, fate: int
+    ) -> None:
+        """Carry out what becomes of ``broker``'s acknowledgement to ``src``: sent now,
+        the timer armed (``ack_delay``, one per broker, as the process's), or left to the
+        look again while backpressure holds ``src`` back (:meth:`_look_again_later`)."""
+        if fate == SEND:
+            self._acknowledge(broker, src, record, acks.pressure)
+        elif fate == ARM:
+            self.events.at(self.events.now + ACK_DELAY, self._acknowledge_owed, broker, acks)
+        elif fate == HELD:
             self._look_again_later(broker)
 
-    def _acknowledge_at_once(self, broker: str, src: str, record: Neighbour) -> None:
-        """What ``broker`` took from ``src`` is acknowledged at once, unless backpressure
-        holds ``src`` back (:meth:`Backpressure.acknowledging`; no delivery waits for a
-        client's capacity here): then the look again acknowledges it, withheld."""
-        pressure = self._pressure(broker, self.events.now)
-        if pressure.acknowledging(src, 0) == SEND:
-            self._acknowledge(broker, src, record, pressure)
-        else:
+    def _acknowledge_owed(self, broker: str, acks: Acknowledgements) -> None:
+        """``broker``'s acknowledgement timer (:meth:`Acknowledgements.timer_fired`): the
+        neighbours it releases are acknowledged, the others left to the look again. A
+        timer of a process that died dies with it."""
+        if self._asleep(broker, self._acknowledge_owed, broker, acks):
+            return
+        custody = self.failures.custody  # type: ignore[union-attr]
+        node = self.nodes.get(broker)
+        if custody.acks.get(broker) is not acks or node is None:
+            return
+        refresh = partial(self._pressure, broker, self.events.now)
+        released, held = acks.timer_fired(node.neighbours.items(), refresh)
+        for src, record in released:
+            self._acknowledge(broker, src, record, acks.pressure)
+        if held:
             self._look_again_later(broker)
 
     def _acknowledge(

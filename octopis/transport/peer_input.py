@@ -36,15 +36,7 @@ from octopis.core.codec import (
     decode_plain_notification,
     decode_sender,
 )
-from octopis.core.custody import (
-    FIRST,
-    NOW,
-    STALE,
-    acknowledge_every,
-    ask,
-    resent_taken,
-    take,
-)
+from octopis.core.custody import ask, resent_taken
 from octopis.core.neighbours import Neighbour, Neighbours
 from octopis.logs import RateLimitedLog
 from octopis.transport.links import InputWaiter, SendPass
@@ -97,8 +89,6 @@ class PeerInput:
         self.events = events
         self.liveness = liveness
         self.output = output
-        self._every = acknowledge_every(output.settings.ack_every, output.settings.custody_limit)
-        """Routing frames owed past which they are acknowledged at once."""
         self.counters = counters
         self._warn = warn
         self.send_pass = send_pass
@@ -267,18 +257,12 @@ class PeerInput:
         self, sender: str, state: Neighbour, count: int, now: float, notifications: bool = True
     ) -> bool:
         """Whether ``count`` routing bodies from ``sender`` (``notifications``, or another
-        routing message) are taken, as the node's rule says
-        (:func:`~octopis.core.custody.take`; the stale ones are logged), and their
-        acknowledgement: at once, before they are routed, or within ``ack_delay``."""
-        verdict = take(state, count, self.counters, self._every, notifications=notifications)
-        if verdict == STALE:
-            self._stale(sender)
-            return False
-        if verdict == NOW:
-            self.output.acknowledge_now(sender, state, now)
-        elif verdict == FIRST:
-            self.output.acknowledge_soon()
-        return True
+        routing message) are taken, as the node's rule says (:meth:`PeerOutput.taken`,
+        which acknowledges them); the stale ones are logged."""
+        if self.output.taken(sender, state, count, now, notifications):
+            return True
+        self._stale(sender)
+        return False
 
     def _failed(self, exc: Exception) -> None:
         """Count and log a body that could not be handled (called while handling ``exc``,

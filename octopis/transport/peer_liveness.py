@@ -169,7 +169,7 @@ class PeerLiveness:
         not counted as anyone's silence.
 
         What input passes take is acknowledged at once or within ``ack_delay``
-        (:meth:`PeerOutput.acknowledge_now`, :meth:`PeerOutput.acknowledge_soon`), so the
+        (:meth:`PeerOutput.taken`, :class:`~octopis.core.acknowledging.Acknowledgements`), so the
         tick is every ack interval only while backpressure withholds acknowledgements
         (they are released here), else every half heartbeat interval: an idle broker
         wakes ten times a second, not twenty."""

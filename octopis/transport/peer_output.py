@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 
 import zmq.asyncio
 
 from octopis.core import LinkStatusTable
+from octopis.core.acknowledging import ARM, SEND, Acknowledgements
 from octopis.core.capacity import SendRate
 from octopis.core.codec import Ask, Control, Heartbeat, Hello, Synced, encode_peer
-from octopis.core.custody import PublishReceipt, heartbeat_due, owed_neighbours
+from octopis.core.custody import PublishReceipt, acknowledge_every, heartbeat_due
 from octopis.core.neighbours import Neighbour, Neighbours
-from octopis.core.pressure import LATER, SEND
 from octopis.core.relinking import carried
 from octopis.settings import Links
 from octopis.transport.frames import HANDSHAKE, KEPT, KIND, LINK, RECEIPT, is_routing
@@ -74,8 +75,9 @@ class PeerOutput:
         )
         self.links: dict[str, OutputLink] = {}
         self._ask = self.frame(Ask(), LINK)
-        self._ack_timer: asyncio.TimerHandle | None = None
-        """Acknowledges within ``ack_delay`` what is owed (:meth:`acknowledge_soon`)."""
+        every = acknowledge_every(links.ack_every, links.custody_limit)
+        self.acks = Acknowledgements(self.pressure, every, counters)
+        """When what the broker takes from its neighbours is acknowledged (DESIGN §7)."""
 
     def open(self, name: str, endpoint: str) -> OutputLink:
         """A link to neighbour ``name`` at ``endpoint``, kept in :attr:`links`."""
@@ -190,43 +192,53 @@ class PeerOutput:
         """Look at backpressure afresh: the neighbours held back (:class:`PressureGauge`)."""
         return self._gauge.check(now, self.links, self.waiting_deliveries())
 
+    def taken(
+        self, name: str, state: Neighbour, count: int, now: float, notifications: bool = True
+    ) -> bool:
+        """Whether ``count`` routing frames from ``name`` (``notifications``, or another
+        routing message) are taken, as the node's rule says (stale ones are counted,
+        :meth:`Acknowledgements.taken`), and their acknowledgement carried out
+        (:meth:`_acknowledgement`)."""
+        refresh = partial(self.check_pressure, now)
+        fate = self.acks.taken(
+            name,
+            state,
+            count,
+            refresh,
+            notifications=notifications,
+            deliveries_waiting=self.waiting_deliveries(),
+        )
+        if fate is None:
+            return False
+        self._acknowledgement(name, state, now, fate)
+        return True
+
     def acknowledge_now(self, name: str, state: Neighbour, now: float) -> None:
-        """Routing frames taken from ``name`` that the node's rule acknowledges at once
-        (:func:`~octopis.core.custody.take`: it asked, or ``ack_every`` are owed): before
-        routing them, outside the pass's batch. The copies are this process's from here
-        (routed in this same synchronous pass), so a publisher's confirm need not wait for
-        the fan-out behind them. Only with no delivery waiting for the client side's
-        capacity: the run about to be routed may add to that backlog, which the
-        acknowledgement within ``ack_delay`` sees (:meth:`acknowledge_soon`)."""
-        waiting = self.waiting_deliveries()
-        if not waiting:
-            self.check_pressure(now)
-        fate = self.pressure.acknowledging(name, waiting)
+        """An acknowledgement to ``name`` the node's rule wants at once (a RESENT taken
+        with something owed, :meth:`Acknowledgements.at_once`), carried out."""
+        fate = self.acks.at_once(name, partial(self.check_pressure, now), self.waiting_deliveries())
+        self._acknowledgement(name, state, now, fate)
+
+    def _acknowledgement(self, name: str, state: Neighbour, now: float, fate: int) -> None:
+        """Carry out what becomes of an acknowledgement to ``name``: sent now, before the
+        frames taken are routed and outside the pass's batch (the copies are this
+        process's from here, so a publisher's confirm need not wait for the fan-out
+        behind them), or within ``ack_delay`` by the timer; one held back is the tick's
+        (:meth:`PeerLiveness.run` looks again every ``ack_interval`` meanwhile)."""
         if fate == SEND:
             self.beat(name, state, now, at_once=True)
-        elif fate == LATER:
-            self.acknowledge_soon()
-
-    def acknowledge_soon(self) -> None:
-        """Acknowledge within ``ack_delay`` seconds what is owed to every neighbour then
-        (:func:`~octopis.core.custody.take` said :data:`~octopis.core.custody.FIRST`): one
-        acknowledgement covers what a neighbour sent meanwhile."""
-        if self._ack_timer is None:
-            loop = asyncio.get_running_loop()
-            self._ack_timer = loop.call_later(self.settings.ack_delay, self._acknowledge_owed)
+        elif fate == ARM:
+            asyncio.get_running_loop().call_later(self.settings.ack_delay, self._acknowledge_owed)
 
     def _acknowledge_owed(self) -> None:
-        """The ``ack_delay`` timer: acknowledge to each neighbour the frames taken from it
-        since its last acknowledgement. Backpressure is looked at afresh first: a neighbour
-        whose acknowledgement it withholds (:meth:`beat`) is left to the tick's heartbeat,
-        which counts what it withholds."""
-        self._ack_timer = None
-        taken = owed_neighbours(self.neighbours.items())
-        if not taken:
-            return
+        """The ``ack_delay`` timer (:meth:`Acknowledgements.timer_fired`): each neighbour it
+        releases is acknowledged; one held back is left to the tick's heartbeat, which
+        counts what it withholds."""
         now = asyncio.get_running_loop().time()
-        self.check_pressure(now)
-        for name, state in self.pressure.released(taken):
+        released, _ = self.acks.timer_fired(
+            self.neighbours.items(), partial(self.check_pressure, now)
+        )
+        for name, state in released:
             self.beat(name, state, now)
 
     def beat_due(self, now: float, heartbeat: float) -> None:
