@@ -25,6 +25,7 @@ from octopis.core.custody import Custody, PublishReceipt, Unanswered
 from octopis.core.neighbours import Neighbours
 from octopis.core.node import BrokerNode
 from octopis.core.relinking import carried, leaving_busy
+from octopis.defaults import HEARTBEAT
 from octopis.sim import Simulator
 from octopis.sim.custody import Acknowledged
 from octopis.topology import build_preset
@@ -88,6 +89,28 @@ def test_both_shells_count_what_a_link_carries_alike() -> None:
     assert sim._carrying("a:0", "b:0") == carried(0, custody) == 1
 
 
+def test_a_receiver_beats_while_its_count_would_settle_what_its_sender_keeps() -> None:
+    """A receiver whose acknowledgement was lost (its connection aborted) while its
+    sender retains nothing (``retain`` 0) heartbeats the count again, as the process's
+    heartbeat does, so the sender's custody settles: the simulator's heartbeat timer runs
+    while the sender keeps anything a heartbeat would settle, not only while it retains
+    (with only the latter, the copy stayed unacknowledged and its confirm never came)."""
+    sim = Simulator(FIG2, "snr", seed=1)
+    state = sim._failure_state(retain=0.0)
+    sim.run(until=1.0)
+    custody = state.custody.of("a:0", "b:0")
+    record = sim.nodes["b:0"].neighbours["a:0"]
+    custody.sent(Notification("P", 1, 0.0, {"x": 1}), sim.now, True)
+    record.received += 1
+    record.acked = record.received  # acknowledged, and the acknowledgement lost
+    state.custody.last_sent[("b:0", "a:0")] = sim.now
+    state.custody.beating.add(("b:0", "a:0"))
+    sim.at(sim.now + HEARTBEAT, sim._heartbeat, "b:0", "a:0")
+    assert len(custody) == 1
+    sim.run(until=sim.now + 3 * HEARTBEAT)
+    assert len(custody) == 0 and not custody.retained
+
+
 LINK_RULES = frozenset({"resent_taken", "relink", "at_once", "timer_fired"})
 """The neighbour lifecycle's rules each shell once wrote its own way, now asked of the
 node by both: what a RESENT's receiver takes, stale from a sender that is not reachable
@@ -97,10 +120,11 @@ to the timer while deliveries wait, or to the look again while backpressure hold
 neighbour back: each shell once asked backpressure in its own steps) and whom a broker's
 acknowledgement timer acknowledges (one timer per broker, every neighbour owed and not
 held back: the simulator once armed one per link and acknowledged that link alone),
-both :class:`~octopis.core.acknowledging.Acknowledgements`'; whether a relink may drop a link that still carries
-(each shell refused with its own data). Whether a neighbour heard again resumes its
-session (the process once read its link's greeting, the simulator ``declared_down``) is
-now asked by the node's heal itself (``BrokerNode.heard``)."""
+both :class:`~octopis.core.acknowledging.Acknowledgements`'; whether a relink may drop
+a link that still carries (each shell refused with its own data). Whether a neighbour
+heard again resumes its session (the process once read its link's greeting, the
+simulator ``declared_down``) is now asked by the node's heal itself
+(``BrokerNode.heard``)."""
 
 REFUSAL_WORDS = ("still carry", "links.resent_dropped", "stale_frames", "relink.held_dropped")
 """Words of the node's relink refusal (``octopis.core.relinking``): a shell that writes
