@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from octopis.filters.language import Publication, Subscription
@@ -103,6 +103,12 @@ class DeliveryLedger:
         """Notification delay in seconds: mean, p50, p99, max, share under 1 s."""
         return delay_distribution(self.delays)
 
+    def deliveries(self) -> Iterator[dict[str, Any]]:
+        """One record per delivery (duplicates repeated): subscriber, publisher, seq."""
+        for (subscriber, publisher, seq), count in sorted(self.received.items()):
+            for _ in range(count):
+                yield {"subscriber": subscriber, "publisher": publisher, "seq": seq}
+
 
 def distribution(values: Iterable[float]) -> dict[str, float]:
     """Mean, p50, p99 and max of ``values`` (NaN when empty)."""
@@ -190,6 +196,98 @@ def host_split(
         "host_alive": ledger.summary(lambda key: host_of[key[0]] not in failed),
         "host_dead": ledger.summary(lambda key: host_of[key[0]] in failed),
     }
+
+
+def replay_summary(
+    counts: Mapping[str, int],
+    failed_over: Collection[str],
+    gaps: Mapping[str, Collection[str]],
+    seam_gaps: Mapping[str, Collection[str]],
+) -> dict[str, Any]:
+    """The ``replays`` of a simulated run's failure report: the replays' ``counts``
+    (requests, what they delivered, repeats dropped), the subscribers that failed over,
+    and how many subscribers are left with a replay gap or a seam gap (``gaps`` and
+    ``seam_gaps``: each subscriber's brokers still missing)."""
+    return {
+        **counts,
+        "subscribers_failed_over": len(failed_over),
+        "gaps": sum(1 for g in gaps.values() if g),
+        "seam_gaps": sum(1 for g in seam_gaps.values() if g),
+    }
+
+
+def failure_report(
+    counts: Mapping[str, int],
+    held: int,
+    core: Mapping[str, int],
+    split: Mapping[str, dict[str, int]],
+    replays: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``failures`` part of a simulated run's report: the run's failure ``counts``
+    (the simulator's, the nodes' and the links'), the copies still ``held`` at the end
+    (if any), the cores' failure counters (``core``, :func:`failure_counts`), the
+    deliveries ``split`` by host (:func:`host_split`) and the ``replays``
+    (:func:`replay_summary`)."""
+    return {
+        **counts,
+        **({"undeliverable.held_at_end": held} if held else {}),
+        **failure_counts(core),
+        **split,
+        "replays": replays,
+    }
+
+
+def cpu_shares(
+    busy: Mapping[str, float], end: float, brokers: int, idle: float
+) -> dict[str, Any] | None:
+    """The busiest of ``brokers`` CPUs (``busy``: seconds each was charged) and its share
+    of the run (``end`` seconds), the mean share, and the ``idle`` share of a second the
+    service model does not charge (None: nothing ran)."""
+    if end <= 0:
+        return None
+    busiest = max(busy, key=busy.__getitem__, default=None)
+    return {
+        "busiest": busiest,
+        "busiest_share": busy[busiest] / end if busiest else 0.0,
+        "mean_share": sum(busy.values()) / brokers / end,
+        "idle_not_charged": idle,
+    }
+
+
+def simulation_report(
+    run: dict[str, Any],
+    *,
+    covering: str,
+    moves: Mapping[str, int],
+    balance: dict[str, Any] | None,
+    times: tuple[float, float],
+    cpu_busy: dict[str, Any] | None,
+    target_queue: Collection[float],
+    timeline: Sequence[tuple[float, int]],
+    failures: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A simulated run's report: :func:`run_report`'s ``run`` and what only the simulator
+    reports, each when there is something to: the ``covering`` mode (not under BID), the
+    subscriber ``moves``, the balancer's rounds (``balance``), the simulated and the wall
+    time (``times``), the CPUs' shares (:func:`cpu_shares`), the lengths of the target
+    queues, the queue ``timeline`` sampled, and the ``failures`` (:func:`failure_report`)."""
+    report = dict(run)
+    if run["mode"] != "bid":
+        report["covering"] = covering
+    if moves:
+        report["moves"] = dict(moves)
+    if balance is not None:
+        report["balance"] = balance
+    report["sim_time"], report["wall_time"] = times
+    if cpu_busy is not None:
+        report["cpu_busy"] = cpu_busy
+    if target_queue:
+        report["target_queue_length"] = distribution(target_queue)
+    if timeline:
+        report["queue_timeline"] = [[round(t, 6), n] for t, n in timeline]
+    if failures is not None:
+        report["failures"] = failures
+    return report
 
 
 _EMPTY_BIN = {"published": 0, "delivered": 0, "lost": 0, "delay_mean": 0.0, "delay_max": 0.0}

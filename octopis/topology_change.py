@@ -101,10 +101,20 @@ def changed_brokers(old: Scot, new: Scot) -> tuple[list[str], list[str], list[st
     brokers of both whose neighbours changed (they must be told of their new links)."""
     added = [b for b in new.brokers if b not in old.brokers]
     removed = [b for b in old.brokers if b not in new.brokers]
-    relinked = [
-        b for b in new.brokers if b in old.brokers and set(new.graph[b]) != set(old.graph[b])
-    ]
-    return added, removed, relinked
+    lost = changed_links(old, new)
+    return added, removed, [b for b in new.brokers if b in lost]
+
+
+def changed_links(old: Scot, new: Scot) -> dict[str, set[str]]:
+    """Each broker of ``old`` whose neighbours change in ``new`` (one that stays is
+    relinked; a new cluster count changes every broker's), with the neighbours it loses:
+    a broker that leaves loses them all."""
+    kept = {b: set(new.graph[b]) for b in new.brokers if b in old.brokers}
+    return {
+        broker: set(old.graph[broker]) - kept.get(broker, set())
+        for broker in old.brokers
+        if kept.get(broker) != set(old.graph[broker])
+    }
 
 
 def refuges(old: Scot, new: Scot) -> dict[str, list[str]]:

@@ -1,8 +1,16 @@
-"""The delivery ledger and the series the experiments plot (``octopis.accounting``)."""
+"""The delivery ledger, the series the experiments plot and the parts of a simulated run's
+report (``octopis.accounting``)."""
 
 from __future__ import annotations
 
-from octopis.accounting import DeliveryLedger, delivery_series
+from octopis.accounting import (
+    DeliveryLedger,
+    cpu_shares,
+    delivery_series,
+    failure_report,
+    replay_summary,
+    simulation_report,
+)
 from octopis.filters.language import parse_publication, parse_subscription
 
 
@@ -40,3 +48,77 @@ def test_delivery_series_bins_by_time_and_counts_losses_at_publication() -> None
     assert [b["lost"] for b in series] == [1, 0, 0, 0]
     assert abs(series[3]["delay_mean"] - 0.3) < 1e-9
     assert series[3]["delay_max"] == 0.4
+
+
+def test_the_ledger_lists_each_delivery_in_order_duplicates_repeated() -> None:
+    ledger = DeliveryLedger()
+    for key in (("s2", "p", 1), ("s1", "p", 2), ("s1", "p", 2)):
+        ledger.delivered(*key)
+    assert [tuple(r.values()) for r in ledger.deliveries()] == [
+        ("s1", "p", 2),
+        ("s1", "p", 2),
+        ("s2", "p", 1),
+    ]
+    assert list(next(ledger.deliveries())) == ["subscriber", "publisher", "seq"]
+
+
+def _simulated(run: dict, **parts: object) -> dict:
+    nothing: dict = {
+        "covering": "active",
+        "moves": {},
+        "balance": None,
+        "times": (2.5, 0.1),
+        "cpu_busy": None,
+        "target_queue": [],
+        "timeline": [],
+        "failures": None,
+    }
+    return simulation_report(run, **{**nothing, **parts})
+
+
+def test_a_simulated_report_adds_only_what_there_is_in_a_fixed_order() -> None:
+    assert _simulated({"mode": "bid"}) == {"mode": "bid", "sim_time": 2.5, "wall_time": 0.1}
+    report = _simulated(
+        {"mode": "snr"},
+        moves={"inside": 1},
+        balance={"rounds": 2},
+        cpu_busy={"busiest": "a"},
+        target_queue=[0, 2],
+        timeline=[(0.1234567, 3)],
+        failures={"detections": 1},
+    )
+    assert list(report) == [
+        "mode",
+        "covering",
+        "moves",
+        "balance",
+        "sim_time",
+        "wall_time",
+        "cpu_busy",
+        "target_queue_length",
+        "queue_timeline",
+        "failures",
+    ]
+    assert report["target_queue_length"]["max"] == 2
+    assert report["queue_timeline"] == [[0.123457, 3]]
+
+
+def test_cpu_shares_name_the_busiest_cpu_and_the_mean() -> None:
+    assert cpu_shares({}, 0.0, 2, 0.0) is None
+    shares = cpu_shares({"a": 1.0, "b": 3.0}, 4.0, 2, 0.05)
+    assert shares == {
+        "busiest": "b",
+        "busiest_share": 0.75,
+        "mean_share": 0.5,
+        "idle_not_charged": 0.05,
+    }
+
+
+def test_a_failure_report_holds_the_counts_the_split_and_the_replays() -> None:
+    replays = replay_summary({"requests": 2}, {"s1"}, {"s1": {"a"}, "s2": set()}, {})
+    assert replays == {"requests": 2, "subscribers_failed_over": 1, "gaps": 1, "seam_gaps": 0}
+    split = {"host_alive": {"lost": 0}, "host_dead": {"lost": 1}}
+    core = {"held.x": 1, "sent.notification": 9}
+    report = failure_report({"detections": 1}, 0, core, split, replays)
+    assert report == {"detections": 1, "held.x": 1, **split, "replays": replays}
+    assert failure_report({}, 3, {}, split, replays)["undeliverable.held_at_end"] == 3

@@ -53,7 +53,7 @@ def test_acknowledging_what_was_not_taken_is_caught(monkeypatch: pytest.MonkeyPa
         return take_back(self)
 
     monkeypatch.setattr(
-        "octopis.sim.custody.take",
+        "octopis.core.acknowledging.take",
         lambda record, n, counts, every, **kind: take(record, n + 1, counts, every, **kind),
     )
     monkeypatch.setattr(Custody, "take_back", without_retained)

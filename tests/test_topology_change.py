@@ -21,6 +21,7 @@ from octopis.topology_change import (
     add_cluster,
     add_region,
     changed_brokers,
+    changed_links,
     refuge_turns,
     refuges,
     remove_cluster,
@@ -101,6 +102,10 @@ def test_a_change_touches_only_the_brokers_it_adds_or_removes(
         ).edges:
             assert u in changed or v in changed
         assert all(set(new.graph[b]) & changed or set(scot.graph[b]) & changed for b in relinked)
+        lost = changed_links(scot, new)
+        assert sorted(lost) == sorted([*removed, *relinked])
+        assert all(lost[b] == set(scot.graph[b]) for b in removed)
+        assert all(b in changed or gone <= changed for b, gone in lost.items())
         endpoints = [
             e
             for b in new.brokers.values()

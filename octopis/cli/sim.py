@@ -420,7 +420,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     report["run_time"] = time.perf_counter() - started
     report["peak_memory"] = peak_memory()
     if args.deliveries is not None:
-        write_deliveries(args.deliveries, sim.deliveries())
+        write_deliveries(args.deliveries, sim.ledger.deliveries())
     print(render_report(report, as_json=args.json, details=args.details))
     return 0
 

@@ -73,19 +73,6 @@ class BrokerCpus:
             if src is None and type(message) is Notification
         )
 
-    def report(self, now: float, brokers: int) -> dict[str, Any] | None:
-        """The busiest CPU and its share of the run, the mean share (None: nothing ran)."""
-        end = max(now, self.charged_until)
-        if end <= 0:
-            return None
-        busiest = max(self.busy_time, key=self.busy_time.__getitem__, default=None)
-        return {
-            "busiest": busiest,
-            "busiest_share": self.busy_time[busiest] / end if busiest else 0.0,
-            "mean_share": sum(self.busy_time.values()) / brokers / end,
-            "idle_not_charged": self.service.idle,
-        }
-
     def _serve(self, broker: str) -> None:
         """``broker``'s event loop takes its oldest messages now, in order: each is
         handled with the link status of now; other messages cost nothing, and the first

@@ -19,15 +19,11 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
-from octopis.accounting import (
-    DeliveryLedger,
-    distribution,
-    run_report,
-)
+from octopis.accounting import DeliveryLedger, cpu_shares, run_report, simulation_report
 from octopis.core import DEFAULT_COVERING, Notification
 from octopis.core.node import NotKept, NotServing
 from octopis.core.sessions import check_advertised
@@ -349,39 +345,23 @@ class Simulator(
     # -- report --------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        """Counts of the run: the keys ``octopis sim`` and ``octopis run`` share."""
+        """Counts of the run: the keys ``octopis sim`` and ``octopis run`` share, and the
+        simulator's own (:func:`~octopis.accounting.simulation_report`)."""
         stats = self.brokers.counts()
-        report = run_report(
-            self.mode,
-            len(self.cores),
-            len(self.subscription_depth),
-            self.ledger,
-            stats,
-            list(self.subscription_depth.values()),
-            self.subscription_delay.values(),
+        depths = list(self.subscription_depth.values())
+        delays = self.subscription_delay.values()
+        cpu_busy, cpus = None, self.cpus
+        if cpus is not None:
+            end = max(self.now, cpus.charged_until)
+            cpu_busy = cpu_shares(cpus.busy_time, end, len(self.cores), cpus.service.idle)
+        return simulation_report(
+            run_report(self.mode, len(self.cores), len(depths), self.ledger, stats, depths, delays),
+            covering=self.covering,
+            moves=self.moves,
+            balance=self.balancer.report(),
+            times=(self.now, self.events.wall),
+            cpu_busy=cpu_busy,
+            target_queue=self.network.target_queue,
+            timeline=self.sampler.timeline,
+            failures=None if self.failures is None else self._failure_report(stats),
         )
-        if self.mode != "bid":
-            report["covering"] = self.covering
-        if self.moves:
-            report["moves"] = dict(self.moves)
-        balance = self.balancer.report()
-        if balance is not None:
-            report["balance"] = balance
-        report["sim_time"] = self.now
-        report["wall_time"] = self.events.wall
-        cpu_busy = self.cpus.report(self.now, len(self.cores)) if self.cpus else None
-        if cpu_busy is not None:
-            report["cpu_busy"] = cpu_busy
-        if self.network.target_queue:
-            report["target_queue_length"] = distribution(self.network.target_queue)
-        if self.sampler.timeline:
-            report["queue_timeline"] = [[round(t, 6), n] for t, n in self.sampler.timeline]
-        if self.failures is not None:
-            report["failures"] = self._failure_report(stats)
-        return report
-
-    def deliveries(self) -> Iterator[dict[str, Any]]:
-        """One record per delivery (duplicates repeated): subscriber, publisher, seq."""
-        for (subscriber, publisher, seq), count in sorted(self.ledger.received.items()):
-            for _ in range(count):
-                yield {"subscriber": subscriber, "publisher": publisher, "seq": seq}

@@ -59,7 +59,7 @@ from collections import Counter
 from functools import partial
 from typing import Any
 
-from octopis.accounting import failure_counts, host_split
+from octopis.accounting import failure_report, host_split, replay_summary
 from octopis.core import Notification
 from octopis.core.neighbours import first_look, liveness_tick
 from octopis.core.node import HandedShare
@@ -201,18 +201,18 @@ class FailureEvents(CutLinks, CustodyEvents):
         return self.failures
 
     def _failure_report(self, stats: dict[str, Any]) -> dict[str, Any]:
-        """The ``failures`` part of a run's report: the nodes' and links' counts, what is
-        still held at the end, the hosts' split and the replays (``stats``: the cores')."""
-        held = sum(1 for node in self.nodes.values() for _ in node.held_notifications())
+        """The ``failures`` part of a run's report (:func:`~octopis.accounting.failure_report`)
+        from the run's failure counts, the copies still held at the end, the hosts' split
+        and the replays (``stats``: the cores' counts)."""
         counts = self.failure_totals()
         counts.update(self.failures.custody.counts())
-        return {
-            **counts,
-            **({"undeliverable.held_at_end": held} if held else {}),
-            **failure_counts(stats),
-            **host_split(self.ledger, {**self._home, **self.first_home}, self.hosts_failed),
-            "replays": self.replay_report(),
-        }
+        return failure_report(
+            counts,
+            sum(1 for node in self.nodes.values() for _ in node.held_notifications()),
+            stats,
+            host_split(self.ledger, {**self._home, **self.first_home}, self.hosts_failed),
+            replay_summary(self.replay_counts, self.failed_over, self.replay_gaps, self.seam_gaps),
+        )
 
     def failure_totals(self) -> Counter[str]:
         """What the run counted of failures: the simulator's counts and every node's (a

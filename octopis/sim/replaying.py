@@ -382,12 +382,3 @@ class SubscriberFailover:
                     self.historic_done.add(action.req_id)
                 self._replay_ended(subscriber, action.req_id, action.echo)
                 self.replay_counts["late" if action.late else "done"] += 1
-
-    def replay_report(self) -> dict[str, Any]:
-        """Fail-overs, replays, what they delivered, repeats dropped, gaps left."""
-        return {
-            **self.replay_counts,
-            "subscribers_failed_over": len(self.failed_over),
-            "gaps": sum(1 for g in self.replay_gaps.values() if g),
-            "seam_gaps": sum(1 for g in self.seam_gaps.values() if g),
-        }

@@ -10,7 +10,7 @@ from octopis.core.node import HandedShare
 from octopis.core.relinking import carried, leaving_busy, refuse_relink
 from octopis.sim.congestion import FreeLinks, InjectedCongestion
 from octopis.topology import Scot
-from octopis.topology_change import refuse_stranded_publishers
+from octopis.topology_change import changed_brokers, changed_links, refuse_stranded_publishers
 
 MOVE_POLL = 0.01
 """Seconds between checks whether a subscription moved across clusters is stored by every
@@ -37,16 +37,14 @@ class Reshaping:
         if not isinstance(self.links, FreeLinks | InjectedCongestion):
             raise ValueError("reshape works on free or injected links, not timed ones")
         old = self.scot
-        added = [b for b in scot.brokers if b not in old.brokers]
-        removed = [b for b in old.brokers if b not in scot.brokers]
+        added, removed, relinked = changed_brokers(old, scot)
         hosted = sorted(c for c, b in self._home.items() if b in removed)
         if hosted:
             raise ValueError(f"clients {', '.join(hosted[:3])} are still attached to a broker "
                              "that leaves: move them first")  # fmt: skip
-        leaving = self._links_leaving(scot)
+        leaving = changed_links(old, scot)
         for broker, gone in leaving.items():  # asked of every broker before any changes
             refuse_relink(self.cores[broker], gone, partial(self._carrying, broker))
-        relinked = [b for b in scot.brokers if b in leaving]
         for b in relinked:
             self.nodes[b].relink(
                 scot.brokers[b], scot.clusters, self.now, partial(self._carrying, b)
@@ -59,7 +57,7 @@ class Reshaping:
             events.remove(broker)
             state.custody.forget(broker, {})  # nothing in flight: nothing kept nor waiting
         for broker in relinked:
-            for gone in set(old.graph[broker]) - set(scot.graph[broker]):
+            for gone in leaving[broker]:
                 events.drop_link(broker, gone)
                 state.custody.drop(broker, gone)
                 state.failed_at.pop((broker, gone), None)
@@ -100,25 +98,13 @@ class Reshaping:
             self.move(subscriber, refuge(self._home[subscriber]))
         busy = any(self.moving(s) for s in self._home) or any(
             leaving_busy(gone, partial(self._carrying, broker))
-            for broker, gone in self._links_leaving(scot).items()
+            for broker, gone in changed_links(self.scot, scot).items()
         )
         if busy or late:
             self.at(self.now + poll, self._shrink_when_ready, scot, refuge, poll)
             return
         self.reshape(scot)
         self.retiring -= leaving
-
-    def _links_leaving(self, scot: Scot) -> dict[str, set[str]]:
-        """Each broker of the overlay whose neighbours change in ``scot`` (it is relinked;
-        a new cluster count changes every broker's), with the neighbours it loses; a
-        broker that leaves loses them all."""
-        old = self.scot
-        kept = {b: set(scot.graph[b]) for b in scot.brokers if b in old.brokers}
-        return {
-            broker: set(old.graph[broker]) - kept.get(broker, set())
-            for broker in old.brokers
-            if kept.get(broker) != set(old.graph[broker])
-        }
 
     def _carrying(self, src: str, dst: str) -> int:
         """What ``src``'s link to ``dst`` carries, as the process counts it
