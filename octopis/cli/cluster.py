@@ -358,14 +358,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"topology": scot.name, **run.run()}
     (run_dir / "report.json").write_text(json.dumps(report, indent=1))
     if args.deliveries is not None:
-        write_deliveries(
-            args.deliveries,
-            (
-                {"subscriber": s, "publisher": p, "seq": q}
-                for (s, p, q), count in sorted(run.ledger.received.items())
-                for _ in range(count)
-            ),
-        )
+        write_deliveries(args.deliveries, run.ledger.deliveries())
     print(render_report(report, as_json=args.json, details=args.details))
     verdict = report["failures"].get("host_alive", report)
     return 0 if verdict["lost"] == verdict["duplicates"] == 0 else 1
