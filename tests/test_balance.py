@@ -23,6 +23,7 @@ from conftest import ready_again, secure_fig2, shared_secure_fig2
 from hypothesis import given
 from hypothesis import strategies as st
 
+from octopis.balance import rounds as rounds_module
 from octopis.balance.loop import Balancer
 from octopis.balance.plans import (
     BrokerLoad,
@@ -45,10 +46,12 @@ from octopis.balance.policy import (
     make_plan,
     recently_moved,
 )
+from octopis.balance.rounds import RESHAPED, BalanceRounds
 from octopis.client import Connection, Publisher, Subscriber
 from octopis.cluster.launcher import LocalCluster
 from octopis.settings import BrokerSettings, Load, Routing
-from octopis.topology import build_preset
+from octopis.topology import Scot, TopologyError, build_preset
+from octopis.topology_change import add_cluster
 
 
 @st.composite
@@ -682,3 +685,140 @@ def test_a_balancer_skips_a_round_whose_load_reports_do_not_all_come() -> None:
     report = balancer.report()
     assert report["rounds"] == 3 and report["reads_failed"] == 2
     assert report["timeline"] and all(t["cov"] == 0.0 for t in report["timeline"])
+
+
+def _skewed() -> LoadState:
+    """Six subscribers of 20/s, all on a:0 (brokers a:0, b:0, c:1): LDM moves some."""
+    loads = {f"s{i}@1@a:0": 20.0 for i in range(6)}
+    return _read(loads, dict.fromkeys(loads, "a:0"))
+
+
+def _sampled(rounds: BalanceRounds, now: float, ratio: float) -> None:
+    """A round of ``rounds`` at ``now`` on the skewed state, at mean load ratio ``ratio``."""
+    rounds.new_round()
+    state = _skewed()
+    rounds.sampled(now, state, {b: v.load for b, v in state.brokers.items()}, ratio, 2)
+
+
+def test_a_round_that_changes_shape_plans_no_moves_and_one_refused_plans_as_usual() -> None:
+    """:class:`BalanceRounds`, the rounds of ``octopis balance`` and of the simulator:
+    the elasticity rule is asked first; a change made leaves that round without a plan
+    (the next one sees the new shape), a change refused is kept with its error and
+    counted, and the round plans its moves as usual."""
+    elastic = Elasticity(lr_high=1.0, lr_low=0.2, t_wait=0.0)
+    rounds = BalanceRounds(BalanceOptions(beta=1.0), elastic)
+    _sampled(rounds, 0.0, 1.5)
+    assert rounds.elastic_change(0.0, 2) == "add-cluster"
+    rounds.changed(0.0, "add-cluster", clusters=3, seconds=4.0)
+    plan = rounds.plan(0.0)
+    assert not plan.moves and plan.note == RESHAPED
+    assert "planned" not in rounds.timeline[-1]
+    _sampled(rounds, 1.0, 1.5)
+    assert rounds.elastic_change(1.0, 3) == "add-cluster"
+    rounds.changed(1.0, "add-cluster", error="a publisher on a leaving broker")
+    plan = rounds.plan(1.0)
+    assert plan.moves and all(m.source == "a:0" for m in plan.moves)
+    assert rounds.timeline[-1]["planned"] == len(plan.moves)
+    assert rounds.orders(plan) == plan.moves
+    report = rounds.report()
+    assert report["changes"] == [
+        {"round": 1, "t": 0.0, "change": "add-cluster", "mean_ratio": 1.5, "clusters": 3,
+         "seconds": 4.0},
+        {"round": 2, "t": 1.0, "change": "add-cluster", "mean_ratio": 1.5,
+         "error": "a publisher on a leaving broker"},
+    ]  # fmt: skip
+    assert report["changes_failed"] == 1 and report["rounds"] == 2
+
+
+def test_without_act_the_rounds_ask_for_no_change_and_order_no_move() -> None:
+    """A dry run (``act`` off) plans and keeps the plan's size in the timeline, but the
+    elasticity rule is not asked and no move is to be ordered."""
+    elastic = Elasticity(lr_high=1.0, lr_low=0.2, t_wait=0.0)
+    rounds = BalanceRounds(BalanceOptions(beta=1.0, act=False), elastic)
+    _sampled(rounds, 0.0, 1.5)
+    assert rounds.elastic_change(0.0, 2) is None
+    assert elastic.decide(0.0, 1.5, 2) == "add-cluster"  # the rule was left as it was
+    plan = rounds.plan(0.0)
+    assert plan.moves and rounds.timeline[-1]["planned"] == len(plan.moves)
+    assert rounds.orders(plan) == []
+    assert not rounds.report()["changes"] and not rounds.report()["decisions"]
+
+
+def test_the_rounds_count_every_order_and_say_how_many_decisions_the_log_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Orders are counted inside a cluster, across, or failed, all of them, while the
+    decision log keeps the last ``HISTORY_LIMIT`` and the report says how many it
+    dropped; the next plan leaves out subscribers moved within the cooldown (not those
+    whose order failed) and those still moving."""
+    monkeypatch.setattr(rounds_module, "HISTORY_LIMIT", 3)
+    rounds = BalanceRounds(BalanceOptions(beta=1.0, cooldown=30.0))
+    _sampled(rounds, 0.0, 0.5)
+    made = [
+        PlannedMove("s0@1@a:0", "a:0", "b:0", True, "test"),
+        PlannedMove("s1@1@a:0", "a:0", "c:1", False, "test"),
+        PlannedMove("s2@1@a:0", "a:0", "b:0", True, "test"),
+        PlannedMove("s3@1@a:0", "a:0", "c:1", False, "test"),
+    ]
+    for move in made:
+        rounds.ordered(move, 0.0, [f"{move.subscriber}#1"], wall=100.0)
+    failed = PlannedMove("s4@1@a:0", "a:0", "b:0", True, "test")
+    rounds.ordered(failed, 0.0, error="the client left")
+    report = rounds.report()
+    assert (report["moves"], report["moves_inside"], report["moves_across"]) == (4, 2, 2)
+    assert report["moves_failed"] == 1
+    assert len(report["decisions"]) == 3 and report["decisions_dropped"] == 2
+    assert report["decisions"][-1]["error"] == "the client left"
+    assert report["decisions"][0] == {
+        "round": 1, "t": 0.0, "wall": 100.0, "subscriber": "s2@1@a:0", "source": "a:0",
+        "target": "b:0", "inside_cluster": True, "reason": "test",
+        "sub_ids": ["s2@1@a:0#1"], "error": "",
+    }  # fmt: skip
+    _sampled(rounds, 1.0, 0.5)
+    planned = {m.subscriber for m in rounds.plan(1.0, moving={"s0@1@a:0"}).moves}
+    assert planned == {"s1@1@a:0", "s4@1@a:0", "s5@1@a:0"}  # s1: no longer in the log
+
+
+def test_the_process_balancer_carries_out_what_its_rounds_decide() -> None:
+    """:class:`Balancer` on answers made up for fig2, all six clients on a:0 at a mean
+    load ratio of 2 (the elasticity rule, ``t_wait`` 0, asks for a cluster more every
+    round): the first round's change is refused, kept with its error, and the round
+    orders the plan's moves; the second round's is made, and it orders none."""
+    scot = build_preset("fig2")
+    clients = {f"s{i}@1": 20.0 for i in range(6)}
+    asked: Counter[str] = Counter()
+
+    async def ask(brokers: list[str], method: str, timeout: float, *args: object) -> dict:
+        asked[method] += 1
+        if method == "move":
+            return {b: [f"{args[0]}#1"] for b in brokers}
+        return {
+            b: {
+                "capacity_per_s": 100.0,
+                "deliveries_per_s": 120.0 if b == "a:0" else 0.0,
+                "output_per_s": 200.0,
+                "load_ratio": 2.0,
+                "busiest_clients": clients if b == "a:0" else {},
+            }
+            for b in brokers
+        }
+
+    refusals = [TopologyError("not now")]
+
+    async def reshape(change: str) -> Scot:
+        if refusals:
+            raise refusals.pop()
+        return add_cluster(scot)
+
+    options = BalanceOptions(beta=1.0, interval=0.02, sample=1.0, rounds=2)
+    elastic = Elasticity(lr_high=1.0, lr_low=0.2, t_wait=0.0)
+    balancer = Balancer(scot, ask, options, timeout=1.0, elastic=elastic, reshape=reshape)
+    asyncio.run(asyncio.wait_for(balancer.run(), 10))
+    report = balancer.report()
+    assert [c.get("error") for c in report["changes"]] == ["not now", None]
+    assert report["changes"][1]["clusters"] == scot.clusters + 1 == balancer.scot.clusters
+    assert report["moves"] == asked["move"] > 0
+    assert {d["round"] for d in report["decisions"]} == {1}
+    assert all(
+        d["sub_ids"] == [d["subscriber"].rsplit("@", 1)[0] + "#1"] for d in report["decisions"]
+    )
