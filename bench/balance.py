@@ -358,6 +358,7 @@ def simulate(out: Path, seed: int) -> str:
     floor of the output spread. Writes ``balance-sim.md`` (``out`` made if missing);
     returns the table."""
     from octopis.sim import LatencyModel, Simulator
+    from octopis.sim.balancing import LOAD_WINDOW
     from octopis.topology import build_preset
     from octopis.workload import generate_workload
 
@@ -370,7 +371,9 @@ def simulate(out: Path, seed: int) -> str:
         "",
         "Coefficient of variation of per-broker load over the last 60 s of publishing, as "
         "deliveries to each broker's own subscribers and as output (copies to neighbours "
-        "too): the mean of the balancer's samples, and of each broker's mean load over the "
+        "too): the mean of the balancer's samples (one every "
+        f"{template.sample:g} s, each broker's load over its {LOAD_WINDOW:g} s load window, "
+        "as `octopis balance` reads it), and of each broker's mean load over the "
         f"60 s; LDM (α {template.alpha:g}, target {template.target:g}, β {template.beta:g}/s, "
         f"rounds every {template.interval:g} s, cooldown {template.cooldown:g} s).",
         "",

@@ -8,6 +8,7 @@ from collections import Counter
 from itertools import pairwise
 
 import networkx as nx
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from sim_scenarios import exactly_once, scenarios, simulate
@@ -223,6 +224,82 @@ def test_the_balancer_evens_out_a_skewed_placement_in_the_simulator() -> None:
     # adopted inside the cluster, or (covering on: always) subscribed afresh
     moves = report["moves"]
     assert moves.get("inside", 0) + moves.get("across", 0) == len(decisions)
+
+
+def test_the_simulated_balancer_samples_as_octopis_balance_does() -> None:
+    """One subscriber on a:0 gets 10 deliveries/s for 5 s. The simulator's balancer
+    observes as ``octopis balance`` does (DESIGN §9): a sample every ``sample`` second
+    between rounds (the round at every ``interval``, planning on a sample of its own);
+    each broker's load per second over the brokers' load window (10 s: less while the
+    run is younger), read by their own rule; and the subscriber's rate the plans take
+    is averaged over every sample, not only the rounds'."""
+    from octopis.balance.plans import BrokerLoad, LoadState
+    from octopis.balance.policy import BalanceOptions, SubscriberLoads
+    from octopis.settings import Load
+    from octopis.sim.balancing import LOAD_WINDOW
+    from octopis.topology import build_preset
+
+    assert LOAD_WINDOW == Load().window == 10  # the window a broker process keeps
+    sim = Simulator(build_preset("fig2"), "dnr", seed=1, latency=LatencyModel(0.001, 0.004))
+    sim.subscribe("S", "a:0", Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    for i in range(50):
+        sim.at(start + 0.05 + i * 0.1, sim.publish, "P", "a:0", {"x": 1})
+    options = BalanceOptions(interval=3.0, sample=1.0, smoothing=4.0, act=False)
+    sim.balance(options, until=start + 12)
+    sim.run()
+    timeline = sim.report()["balance"]["timeline"]
+    assert [round(t["t"] - start, 6) for t in timeline] == list(range(1, 13))
+    assert [round(t["t"] - start, 6) for t in timeline if "planned" in t] == [3, 6, 9, 12]
+    delivered = [min(50, 10 * k) for k in range(13)]  # by each second
+    expected = [(delivered[k] - delivered[max(0, k - 10)]) / min(k, 10) for k in range(1, 13)]
+    assert [t["loads"]["a:0"] for t in timeline] == pytest.approx(expected)
+    probe = LoadState({"a:0": BrokerLoad(0.0, 0.0, 0)}, {"S": 0.0}, {"S": "a:0"})
+
+    def averaged(samples: list[dict]) -> float:
+        """S's rate (a:0's load) averaged over ``samples``, as the balancer folds it."""
+        loads = SubscriberLoads(options.smoothing)
+        for t in samples:
+            loads.update(LoadState({}, {"S": t["loads"]["a:0"]}, {"S": "a:0"}), t["t"])
+        return loads.applied(probe).loads["S"]
+
+    rounds = sim.balancer.rounds
+    assert rounds is not None and rounds.count == 4
+    planned = rounds.subscriber_loads.applied(probe).loads["S"]
+    assert planned == pytest.approx(averaged(timeline))  # 5.71/s
+    assert planned != pytest.approx(averaged([t for t in timeline if "planned" in t]))  # 5.00
+
+
+def test_the_simulated_brokers_load_windows_follow_a_moving_subscriber() -> None:
+    """S, 10 deliveries/s, moves from a:0 to b:0 at 4.5 s and back at 8.5 s (a linger of
+    1 s). Each broker's load over its 10 s window keeps what it delivered before S left
+    (deliveries since the last sample count where S is attached at a sample); S's own
+    rate is listed only where it is, counted from when it came back, as a broker counts
+    a new session (DESIGN §9): what it got there before is not taken off."""
+    from octopis.balance.policy import BalanceOptions
+    from octopis.topology import build_preset
+
+    sim = Simulator(build_preset("fig2"), "dnr", seed=1, latency=LatencyModel(0.001, 0.004))
+    sim.subscribe("S", "a:0", Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    for i in range(150):
+        sim.at(start + 0.05 + i * 0.1, sim.publish, "P", "c:0", {"x": 1})
+    for when, broker in ((4.5, "b:0"), (8.5, "a:0")):
+        sim.at(start + when, lambda broker=broker: sim.move("S", broker, linger=1.0))
+    sim.balance(BalanceOptions(interval=3.0, act=False), until=start + 12)
+    sim.run()
+    exactly_once(sim.report())
+    timeline = sim.report()["balance"]["timeline"]
+    at = {"a:0": [10 * min(k, 4) + 10 * max(0, k - 8) for k in range(13)]}
+    at["b:0"] = [10 * min(max(k - 4, 0), 4) for k in range(13)]
+    for broker, d in at.items():
+        expected = [(d[k] - d[max(0, k - 10)]) / min(k, 10) for k in range(1, 13)]
+        assert [t["loads"][broker] for t in timeline] == pytest.approx(expected), broker
+    reports = sim.balancer._reports()  # at 12 s: 40 since S came back, over 10 s
+    assert reports["a:0"]["busiest_clients"] == {"S": pytest.approx(4.0)}
+    assert reports["b:0"]["busiest_clients"] == {}
 
 
 def test_sdm_moves_hot_subscribers_to_brokers_that_share_their_interest() -> None:

@@ -4,11 +4,13 @@ simulated load, carried out by the simulator's moves and topology changes."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any, Protocol
 
 from octopis.accounting import DeliveryLedger
+from octopis.balance.observe import CLIENTS_READ, MEASURED
 from octopis.balance.plans import BrokerLoad, LoadState
 from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.balance.rounds import BalanceRounds
@@ -19,6 +21,13 @@ from octopis.core.sessions import interests
 from octopis.sim.clients import Clients
 from octopis.topology import Scot, TopologyError
 from octopis.topology_change import add_cluster, refuge_turns, remove_cluster
+
+LOAD_WINDOW: float = 10.0
+"""Seconds a broker's load report covers by default: ``[load] window``'s default
+(``octopis.settings.Load``, which the simulator may not import), the window a broker
+process keeps its :class:`LoadSample` over (DESIGN §9)."""
+
+_EMPTY = LoadSample(0.0, 0, 0, {})
 
 
 class Balanced(Protocol):
@@ -52,16 +61,47 @@ class Balanced(Protocol):
         """Remove the brokers ``scot`` lacks once their subscribers moved to ``refuge``."""
 
 
+class _Meter:
+    """One broker's load analysis as the simulator keeps it for the balancer (DESIGN §9):
+    its cumulative counts, and the :class:`LoadSample` of them taken at each of the
+    balancer's samples over the last load window (``bound`` of them at most)."""
+
+    __slots__ = ("clients", "delivered", "samples")
+
+    def __init__(self, bound: int) -> None:
+        self.delivered = 0
+        """Deliveries to subscribers attached here, those gone since included."""
+        self.clients: Counter[str] = Counter()
+        """Per subscriber attached here now: deliveries since it attached."""
+        self.samples: deque[LoadSample] = deque(maxlen=bound)
+
+
 class SimBalancer:
     """The balancer of one simulated overlay (``sim``): feeds :attr:`rounds`
     (:class:`~octopis.balance.rounds.BalanceRounds`, the decisions of ``octopis balance``,
     one implementation) the simulated load and carries out its decisions by the
-    simulator's moves and topology changes."""
+    simulator's moves and topology changes. It observes as ``octopis balance`` does
+    (DESIGN §9): a sample every ``options.sample`` seconds between rounds, each broker's
+    load report over the brokers' load window by the brokers' own rule, and a round
+    planning on a sample of its own."""
 
     def __init__(self, sim: Balanced) -> None:
         self._sim = sim
         self.rounds: BalanceRounds | None = None
         """What it saw and did once started (:meth:`start`)."""
+        self.window = LOAD_WINDOW
+        """Seconds each broker's load report covers (:meth:`start`'s ``window``)."""
+        self._capacity = 0.0
+        self._until = 0.0
+        self._meters: dict[str, _Meter] = {}
+        self._counted: Counter[str] = Counter()
+        """Deliveries to each subscriber read from the ledger so far."""
+        self._keys = self._total = 0
+        """The ledger's keys and deliveries when last read."""
+        self._taken: dict[str, int] = {}
+        """Each subscriber's deliveries at the last load sample."""
+        self._held: dict[str, str] = {}
+        """The broker each subscriber was attached to at the last load sample."""
 
     def start(
         self,
@@ -69,22 +109,42 @@ class SimBalancer:
         until: float,
         capacity: float = 0.0,
         elastic: Elasticity | None = None,
+        window: float = LOAD_WINDOW,
     ) -> None:
         """Run the balancer's rounds on simulated load every ``options.interval`` seconds
-        from now until ``until``, carried out by the simulator's ``move``. A broker's load
-        is, per second over the last interval, the deliveries to the subscribers attached
-        to it, plus the notification copies it sent when ``options.load_measure`` is
-        ``output``; a subscriber's, its deliveries per second; ``capacity`` (messages/s)
-        is every broker's, for the plans on load ratios. With ``elastic`` (and a
-        capacity) each round also asks it whether the mean load ratio calls for a cluster
-        more (``reshape``) or the last one fewer (``shrink``, its subscribers moving to
-        their refuges in turn, as ``octopis scale``'s do:
-        :func:`~octopis.topology_change.refuge_turns`)."""
+        from now until ``until``, carried out by the simulator's ``move``, sampling the
+        load every ``options.sample`` seconds in between, as ``octopis balance`` does
+        (:meth:`~octopis.balance.loop.Balancer.run`). A broker's load is, per second over
+        its last ``window`` seconds (``[load] window``; less while the run is younger),
+        the deliveries to the subscribers attached to it, plus the notification copies it
+        sent when ``options.load_measure`` is ``output``; a subscriber's, its deliveries
+        per second there since it attached; ``capacity`` (messages/s) is every broker's,
+        for the plans on load ratios. With ``elastic`` (and a capacity) each round also
+        asks it whether the mean load ratio calls for a cluster more (``reshape``) or the
+        last one fewer (``shrink``, its subscribers moving to their refuges in turn, as
+        ``octopis scale``'s do: :func:`~octopis.topology_change.refuge_turns`)."""
+        if window <= 0:
+            raise ValueError("the load window must be > 0 seconds")
         self.rounds = BalanceRounds(options, elastic if capacity else None)
-        mark = self._load_counts()
-        self._sim.at(self._sim.now + options.interval, self._balance_round, until, capacity, mark)
+        self.window, self._capacity, self._until = window, capacity, until
+        self._meters, self._taken, self._held = {}, {}, {}
+        self._take_samples()
+        self._cycle(self._sim.now)
 
-    def _interests(self, subscribers: set[str]) -> dict[str, frozenset[str]]:
+    def _cycle(self, begun: float) -> None:
+        """The samples and the round of the cycle ``begun`` then, as
+        :meth:`~octopis.balance.loop.Balancer.run` paces them: one every
+        ``options.sample`` seconds while before the round, the round ``options.interval``
+        seconds on."""
+        assert self.rounds is not None
+        options, sim = self.rounds.options, self._sim
+        k = 1
+        while k * options.sample < options.interval:
+            sim.at(begun + k * options.sample, self._sample)
+            k += 1
+        sim.at(begun + options.interval, self._balance_round)
+
+    def _interests(self, subscribers: Iterable[str]) -> dict[str, frozenset[str]]:
         """Each subscriber's interests at the broker it is attached to, by the rule a
         broker's ``clients`` RPC reports them to the balancer's SDM
         (:func:`~octopis.core.sessions.interests`)."""
@@ -93,75 +153,124 @@ class SimBalancer:
             s: interests(sim.cores[home[s]], sim.nodes[home[s]].sessions, s) for s in subscribers
         }
 
-    def _load_counts(self) -> tuple[dict[str, int], Counter[str]]:
-        """Copies sent by each broker, deliveries to each subscriber, so far."""
-        copies = {b: c.notification_copies for b, c in self._sim.cores.items()}
-        delivered: Counter[str] = Counter()
-        for (subscriber, _, _), n in self._sim.ledger.received.items():
-            delivered[subscriber] += n
-        return copies, delivered
+    def _delivered(self) -> Counter[str]:
+        """Deliveries to each subscriber so far, read from the ledger: the keys it gained
+        since the last read (its keys only come, in order), or all of them again when an
+        older key's count grew too (a duplicate)."""
+        received = self._sim.ledger.received
+        total = sum(received.values())
+        fresh: Counter[str] = Counter()
+        for (subscriber, _, _), n in islice(received.items(), self._keys, None):
+            fresh[subscriber] += n
+        if fresh.total() == total - self._total:
+            self._counted.update(fresh)
+        else:
+            self._counted = Counter()
+            for (subscriber, _, _), n in received.items():
+                self._counted[subscriber] += n
+        self._keys, self._total = len(received), total
+        return self._counted
 
-    def _reports(
-        self,
-        mark: tuple[dict[str, int], Counter[str]],
-        counts: tuple[dict[str, int], Counter[str]],
-        span: float,
-        subscribers: set[str],
-    ) -> dict[str, dict[str, Any]]:
-        """Each broker's load report over the last ``span`` seconds, from the counts at
-        its start (``mark``) and now (``counts``), read by the brokers' own rule
-        (:func:`load_report`): a subscriber's deliveries count at the broker it is
-        attached to now."""
-        home = self._sim.clients.home
-        at: dict[str, list[str]] = {b: [] for b in self._sim.cores}
+    def _take_samples(self) -> None:
+        """Each broker's meter takes a :class:`LoadSample` of its counts now and keeps
+        the last ``window`` seconds of them (DESIGN §9): the copies it sent, deliveries
+        in all and to each subscriber attached to it. A subscriber's deliveries since
+        the last sample count at the broker it is attached to now; one attached anew
+        starts from none there (a new session: what an earlier one there got is
+        forgotten) and one gone is no longer listed, as a broker lists the clients of its
+        live connections."""
+        sim, now = self._sim, self._sim.now
+        assert self.rounds is not None
+        options = self.rounds.options
+        bound = int(self.window // options.sample) + int(self.window // options.interval) + 3
+        meters = {b: self._meters.get(b) or _Meter(bound) for b in sim.cores}
+        counts, home = self._delivered(), sim.clients.home
+        subscribers = dict.fromkeys(sim.subscriber_of.values())
+        for gone in self._held.keys() - subscribers.keys():
+            if (was := self._held.pop(gone)) in meters:
+                meters[was].clients.pop(gone, None)
         for subscriber in subscribers:
-            at[home[subscriber]].append(subscriber)
+            meter = meters[home[subscriber]]
+            was = self._held.get(subscriber)
+            if was != home[subscriber]:  # a new session: its count starts here
+                if was in meters:
+                    meters[was].clients.pop(subscriber, None)
+                for sample in meter.samples:  # an earlier one here is another session
+                    sample.deliveries.pop(subscriber, None)
+                meter.clients[subscriber] = 0
+                self._held[subscriber] = home[subscriber]
+            n = counts[subscriber] - self._taken.get(subscriber, 0)
+            self._taken[subscriber] = counts[subscriber]
+            meter.clients[subscriber] += n
+            meter.delivered += n
+        for broker, meter in meters.items():
+            copies = {"": sim.cores[broker].notification_copies}
+            samples = meter.samples
+            samples.append(LoadSample(now, 0, 0, copies, meter.delivered, Counter(meter.clients)))
+            while samples[0].at < now - self.window - 1e-9:
+                samples.popleft()
+        self._meters = meters
+
+    def _reports(self) -> dict[str, dict[str, Any]]:
+        """Each broker's load report now, by the brokers' own rule (:func:`load_report`
+        over its meter's samples, as :meth:`~octopis.core.load.LoadMeter.report`: all
+        rates 0 until two are in), listing as many clients as the balancer reads."""
         reports = {}
-        for broker, held in at.items():
-            samples = []
-            for when, (copies, delivered) in ((0.0, mark), (span, counts)):
-                per = Counter({s: delivered[s] for s in held})
-                total = sum(per.values())
-                samples.append(LoadSample(when, 0, 0, {"": copies.get(broker, 0)}, total, per))
-            reports[broker] = load_report(*samples, capacity=0.0, top=len(held))
+        for broker, meter in self._meters.items():
+            samples = meter.samples
+            first, last = (samples[0], samples[-1]) if len(samples) > 1 else (_EMPTY, _EMPTY)
+            reports[broker] = load_report(first, last, self._capacity, CLIENTS_READ)
         return reports
 
-    def _balance_round(
-        self, until: float, capacity: float, mark: tuple[dict[str, int], Counter[str]]
-    ) -> None:
-        """One round, as ``octopis balance``'s (:meth:`~octopis.balance.loop.Balancer.round`):
-        the loads over the last interval read, then what :attr:`rounds` decides carried
-        out (a change of shape, or the plan's moves, subscribers whose move is still
-        under way left out). While a shrink is under way no round runs: the process's
-        balancer awaits the change."""
+    def _observe(self, round_: bool) -> None:
+        """Hand :attr:`rounds` the loads read now (:meth:`~BalanceRounds.sampled`, the
+        timeline and the subscribers' averaged rates), as ``octopis balance``'s samples
+        (:func:`~octopis.balance.observe.observe`) take them from the load reports; a
+        ``round_``'s with the subscribers' interests for SDM."""
         rounds, sim = self.rounds, self._sim
         assert rounds is not None
         options = rounds.options
-        counts = self._load_counts()
-        span = options.interval
-        if sim.now + span <= until:
-            sim.at(sim.now + span, self._balance_round, until, capacity, counts)
+        reports = self._reports()
+        measured = MEASURED[options.load_measure]
+        brokers, loads, hosts = {}, {}, {}
+        for broker, report in reports.items():
+            cluster = sim.scot.brokers[broker].cluster
+            brokers[broker] = BrokerLoad(report[measured], report["capacity_per_s"], cluster)
+            for subscriber, rate in report["busiest_clients"].items():
+                loads[subscriber] = rate
+                hosts[subscriber] = broker
+        held = self._interests(hosts) if round_ and options.plan == "sdm" else {}
+        state = LoadState(brokers, loads, hosts, held)
+        output = {b: report["output_per_s"] for b, report in reports.items()}
+        ratio = sum(r["load_ratio"] for r in reports.values()) / len(reports)
+        rounds.sampled(sim.now, state, output, ratio, sim.scot.clusters)
+
+    def _sample(self) -> None:
+        """A sample between rounds: the brokers' meters sample; the loads go to
+        :attr:`rounds` unless a shrink is under way (the process's balancer awaits it)."""
+        self._take_samples()
+        if not self._sim.retiring:
+            self._observe(round_=False)
+
+    def _balance_round(self) -> None:
+        """One round, as ``octopis balance``'s (:meth:`~octopis.balance.loop.Balancer.round`):
+        a sample of its own, then what :attr:`rounds` decides on it carried out (a change
+        of shape, or the plan's moves, subscribers whose move is still under way left
+        out). While a shrink is under way no round runs: the process's balancer awaits
+        the change."""
+        rounds, sim = self.rounds, self._sim
+        assert rounds is not None
+        if sim.now + rounds.options.interval <= self._until:
+            self._cycle(sim.now)
+        self._take_samples()
         if sim.retiring:
             return
         rounds.new_round()
-        subscribers = set(sim.subscriber_of.values())
-        reports = self._reports(mark, counts, span, subscribers)
-        rate = {s: r for report in reports.values() for s, r in report["busiest_clients"].items()}
-        deliveries = {b: report["deliveries_per_s"] for b, report in reports.items()}
-        output = {b: report["output_per_s"] for b, report in reports.items()}
-        load = deliveries if options.load_measure == "deliveries" else output
-        brokers = {b: BrokerLoad(load[b], capacity, sim.scot.brokers[b].cluster) for b in load}
-        state = LoadState(
-            brokers,
-            rate,
-            {s: sim.clients.home[s] for s in subscribers},
-            self._interests(subscribers) if options.plan == "sdm" else {},
-        )
-        ratio = sum(output.values()) / len(output) / capacity if capacity else 0.0
-        rounds.sampled(sim.now, state, output, ratio, sim.scot.clusters)
+        self._observe(round_=True)
         change = rounds.elastic_change(sim.now, sim.scot.clusters)
         if change is not None:
             self._reshape(rounds, change)
+        subscribers = set(sim.subscriber_of.values())
         plan = rounds.plan(sim.now, moving={s for s in subscribers if sim.moving(s)})
         for move in rounds.orders(plan):
             rounds.ordered(move, sim.now, sim.move(move.subscriber, move.target))
