@@ -226,6 +226,20 @@ def test_the_balancer_evens_out_a_skewed_placement_in_the_simulator() -> None:
     assert moves.get("inside", 0) + moves.get("across", 0) == len(decisions)
 
 
+def _ten_a_second(publisher_at: str, count: int) -> tuple[Simulator, float]:
+    """Subscriber S on a:0 of fig2 (DNR), and ``count`` publications it takes from P at
+    ``publisher_at``, ten a second from the returned start."""
+    from octopis.topology import build_preset
+
+    sim = Simulator(build_preset("fig2"), "dnr", seed=1, latency=LatencyModel(0.001, 0.004))
+    sim.subscribe("S", "a:0", Subscription((Predicate("x", "<", 5),)))
+    sim.run()
+    start = sim.now
+    for i in range(count):
+        sim.at(start + 0.05 + i * 0.1, sim.publish, "P", publisher_at, {"x": 1})
+    return sim, start
+
+
 def test_the_simulated_balancer_samples_as_octopis_balance_does() -> None:
     """One subscriber on a:0 gets 10 deliveries/s for 5 s. The simulator's balancer
     observes as ``octopis balance`` does (DESIGN §9): a sample every ``sample`` second
@@ -237,15 +251,9 @@ def test_the_simulated_balancer_samples_as_octopis_balance_does() -> None:
     from octopis.balance.policy import BalanceOptions, SubscriberLoads
     from octopis.settings import Load
     from octopis.sim.balancing import LOAD_WINDOW
-    from octopis.topology import build_preset
 
     assert LOAD_WINDOW == Load().window == 10  # the window a broker process keeps
-    sim = Simulator(build_preset("fig2"), "dnr", seed=1, latency=LatencyModel(0.001, 0.004))
-    sim.subscribe("S", "a:0", Subscription((Predicate("x", "<", 5),)))
-    sim.run()
-    start = sim.now
-    for i in range(50):
-        sim.at(start + 0.05 + i * 0.1, sim.publish, "P", "a:0", {"x": 1})
+    sim, start = _ten_a_second("a:0", 50)
     options = BalanceOptions(interval=3.0, sample=1.0, smoothing=4.0, act=False)
     sim.balance(options, until=start + 12)
     sim.run()
@@ -278,14 +286,8 @@ def test_the_simulated_brokers_load_windows_follow_a_moving_subscriber() -> None
     rate is listed only where it is, counted from when it came back, as a broker counts
     a new session (DESIGN §9): what it got there before is not taken off."""
     from octopis.balance.policy import BalanceOptions
-    from octopis.topology import build_preset
 
-    sim = Simulator(build_preset("fig2"), "dnr", seed=1, latency=LatencyModel(0.001, 0.004))
-    sim.subscribe("S", "a:0", Subscription((Predicate("x", "<", 5),)))
-    sim.run()
-    start = sim.now
-    for i in range(150):
-        sim.at(start + 0.05 + i * 0.1, sim.publish, "P", "c:0", {"x": 1})
+    sim, start = _ten_a_second("c:0", 150)
     for when, broker in ((4.5, "b:0"), (8.5, "a:0")):
         sim.at(start + when, lambda broker=broker: sim.move("S", broker, linger=1.0))
     sim.balance(BalanceOptions(interval=3.0, act=False), until=start + 12)
