@@ -185,7 +185,7 @@ def test_the_elastic_balancer_grows_under_load_and_shrinks_back_without_loss() -
         broker = brokers[i % 18]
         sim.at(start + loaded + i * 0.1, sim.publish, f"P{broker}", broker, {"x": i % 10})
     elastic = Elasticity(lr_high=1.0, lr_low=0.3, t_wait=4.0, min_clusters=3)
-    sim.balance(BalanceOptions(interval=2.0, beta=5.0, cooldown=4.0), start + 90, 100.0, elastic)
+    sim.balance(BalanceOptions(interval=2.0, beta=5.0, cooldown=4.0), start + 130, 100.0, elastic)
     sim.run()
     report = sim.report()
     exactly_once({k: v for k, v in report.items() if k != "failures"})
