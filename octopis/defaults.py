@@ -131,6 +131,9 @@ DELIVERIES_HORIZON = 30.0
 comes later through another connection is not recognised as a repeat)."""
 DELIVERIES_KNOWN = 262_144
 """Deliveries that record remembers at most (the oldest forgotten first, counted)."""
+LOAD_WINDOW = 10
+"""Seconds of a broker's load analysis's sliding window (``[load] window``): the window
+its load report covers, in a process and in the simulator's balancer (DESIGN §9)."""
 DURABLE_KEEP = 3600.0
 """Seconds a durable subscription's record waits for its client (``[durable] keep``)."""
 DURABLE_MAX = 10_000

@@ -53,6 +53,7 @@ from octopis.defaults import (
     DURABLE_MAX,
     HEARTBEAT,
     HISTORIC_BUDGET,
+    LOAD_WINDOW,
     MEMORY_BUDGET_MB,
     MOVE_TIMEOUT,
     PUBLICATION_HOLD,
@@ -319,7 +320,7 @@ class Memory(Section):
 class Load(Section):
     """``[load]``: the load analysis (DESIGN §9)."""
 
-    window: Annotated[int, _at_least(1)] = 10
+    window: Annotated[int, _at_least(1)] = LOAD_WINDOW
     """Seconds of the load analysis's sliding window."""
     capacity: Annotated[float, _at_least(0.0)] = 0.0
     """Output (copies + deliveries) per second the broker can carry, the denominator of

@@ -249,8 +249,8 @@ def test_the_simulated_balancer_samples_as_octopis_balance_does() -> None:
     is averaged over every sample, not only the rounds'."""
     from octopis.balance.plans import BrokerLoad, LoadState
     from octopis.balance.policy import BalanceOptions, SubscriberLoads
+    from octopis.defaults import LOAD_WINDOW
     from octopis.settings import Load
-    from octopis.sim.balancing import LOAD_WINDOW
 
     assert LOAD_WINDOW == Load().window == 10  # the window a broker process keeps
     sim, start = _ten_a_second("a:0", 50)

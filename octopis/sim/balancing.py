@@ -18,14 +18,10 @@ from octopis.core import BrokerCore
 from octopis.core.load import LoadSample, load_report
 from octopis.core.node import BrokerNode
 from octopis.core.sessions import interests
+from octopis.defaults import LOAD_WINDOW
 from octopis.sim.clients import Clients
 from octopis.topology import Scot, TopologyError
 from octopis.topology_change import add_cluster, refuge_turns, remove_cluster
-
-LOAD_WINDOW: float = 10.0
-"""Seconds a broker's load report covers by default: ``[load] window``'s default
-(``octopis.settings.Load``, which the simulator may not import), the window a broker
-process keeps its :class:`LoadSample` over (DESIGN §9)."""
 
 _EMPTY = LoadSample(0.0, 0, 0, {})
 
