@@ -52,6 +52,7 @@ from octopis.cluster.launcher import LocalCluster
 from octopis.settings import BrokerSettings, Load, Routing
 from octopis.topology import Scot, TopologyError, build_preset
 from octopis.topology_change import add_cluster
+from octopis.wire.client import MoveNotice
 
 
 @st.composite
@@ -640,9 +641,11 @@ def test_a_stale_move_order_is_ignored_and_the_subscriber_keeps_its_subscription
         stream = await sub.subscribe("[class,eq,'STOCK']")
         elsewhere = Connection([endpoints["b:0"].client_endpoint])
         await elsewhere.open()
-        order = {"op": "move", "client": "s", "to": endpoints["c:0"].client_endpoint}
-        sub._on_notice({**order, "inside": True, "sub_ids": [stream.sub_id]}, elsewhere)
-        sub._on_notice({**order, "inside": False, "sub_ids": ["a:0#gone"]}, sub.connection)
+        to = endpoints["c:0"].client_endpoint
+        order = MoveNotice(client="s", to=to, inside=True, sub_ids=[stream.sub_id])
+        sub._on_notice(order, elsewhere)
+        order = MoveNotice(client="s", to=to, inside=False, sub_ids=["a:0#gone"])
+        sub._on_notice(order, sub.connection)
         assert not sub.moving
         await until(lambda: tables_hold(fig2, 1), "the subscription spreads", 30)
         pub = await Publisher.connect(endpoints["f:1"].client_endpoint, "feed")

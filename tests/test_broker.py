@@ -37,7 +37,8 @@ from octopis.topology import Scot, build_preset
 from octopis.transport import serving
 from octopis.transport.broker import Broker
 from octopis.transport.serving import BrokerFailure, serve
-from octopis.wire import NOTIFY_HEAD, PublishRequest
+from octopis.wire import NOTIFY_HEAD
+from octopis.wire.client import PublishRequest
 
 
 def test_a_failed_serving_loop_shuts_the_broker_down_with_an_error(

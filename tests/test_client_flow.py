@@ -12,6 +12,7 @@ import pytest
 
 from octopis.core.client_flow import DROPPED_KEPT, ClientFlow
 from octopis.settings import Clients
+from octopis.wire.client import DroppedNotice, OverflowNotice
 
 
 def _flow(counters: Counter[str], slack: float = 0.0, **settings: object) -> ClientFlow[str]:
@@ -79,7 +80,7 @@ def test_drop_oldest_drops_the_oldest_delivery_and_keeps_replies() -> None:
     assert list(backlog) == [[b"n", b"mid"], [b"n", b"new"], [b"reply"]]
     assert counters["deliveries_dropped.slow_consumer"] == 2 and not flow.dropped
     assert overflow.notice is None  # told once its backlog drains, with the count
-    assert flow.drained(overflow.dropped) == {"op": "overflow", "dropped": 2}
+    assert flow.drained(overflow.dropped) == OverflowNotice(dropped=2)
     assert flow.drained(0) is None and flow.refusal(b"\x01") is None
 
 
@@ -90,7 +91,7 @@ def test_disconnect_names_the_reason_counts_the_loss_and_remembers_a_bounded_few
     overflow = flow.overflow(b"\x01", backlog, [b"n", b"c"])
     assert overflow.dropped == 3 and "clients.backlog_limit = 3" in (overflow.reason or "")
     assert flow.dropped[b"\x01"] == overflow.reason and not backlog  # lost with it
-    assert overflow.notice == {"op": "dropped", "reason": overflow.reason}
+    assert overflow.notice == DroppedNotice(reason=overflow.reason)
     assert counters["slow_consumers_dropped"] == 1
     assert counters["deliveries_dropped.slow_consumer"] == 3
     assert flow.refusal(b"\x02") is None and counters["requests_refused.dropped"] == 0

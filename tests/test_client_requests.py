@@ -33,6 +33,7 @@ from octopis.filters.language import FilterError
 from octopis.settings import Clients
 from octopis.topology import build_preset
 from octopis.wire import WireError
+from octopis.wire.client import ErrorReply, PublishedReply
 
 FIG2 = build_preset("fig2")
 
@@ -163,7 +164,7 @@ def test_a_bad_replay_filter_is_refused_with_one_message_from_a_client_and_a_nei
     with pytest.raises(FilterError) as bad:
         check_replay_filters(list(filters))
     told = refusal(bad.value)
-    assert told is not None and told.reply == {"op": "error", "message": str(bad.value)}
+    assert told is not None and told.reply == ErrorReply(message=str(bad.value))
     assert "position 5" in str(bad.value)
     with pytest.raises(WireError) as refused:
         decode_body("b:0", encode_body(Replay("b:0/1", "b:0", filters, (), 0.0, 3.0)))
@@ -219,12 +220,10 @@ def test_a_publication_is_refused_for_its_body_then_its_form_then_the_window() -
 
 
 def test_a_publication_is_answered_taken_or_not_kept() -> None:
-    assert published(7) == {"op": "published", "seq": 7}
-    assert published(7, "the disk is full") == {
-        "op": "error",
-        "message": "the disk is full",
-        "error": "not_kept",
-    }
+    assert published(7) == PublishedReply(seq=7)
+    assert published(7, "the disk is full") == ErrorReply(
+        message="the disk is full", error="not_kept"
+    )
 
 
 def test_the_client_is_refused_for_its_own_failures_only() -> None:
@@ -232,11 +231,7 @@ def test_the_client_is_refused_for_its_own_failures_only() -> None:
     rules' refusals are the client's errors; anything else is the broker's (None)."""
     unadvertised = refusal(UnadvertisedPublication("p advertised nothing"))
     assert unadvertised is not None
-    assert unadvertised.reply == {
-        "op": "error",
-        "message": "p advertised nothing",
-        "error": "unadvertised",
-    }
+    assert unadvertised.reply == ErrorReply(message="p advertised nothing", error="unadvertised")
     assert (unadvertised.counter, unadvertised.warn) == ("publications_refused.unadvertised", False)
     for exc in (
         RequestRefused("r"),
@@ -247,6 +242,6 @@ def test_the_client_is_refused_for_its_own_failures_only() -> None:
     ):
         refused = refusal(exc)
         assert refused is not None
-        assert refused == ({"op": "error", "message": str(exc)}, "client_errors", True)
+        assert refused == (ErrorReply(message=str(exc)), "client_errors", True)
     assert refusal(RuntimeError("bug")) is None
     assert refusal(KeyError("k")) is None

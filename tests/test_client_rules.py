@@ -10,13 +10,13 @@ import ast
 import asyncio
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 from test_layers import PACKAGE
 
 from octopis.client import Subscriber
 from octopis.client_policy import RecentDeliveries
 from octopis.filters.language import parse_subscription
+from octopis.wire.client import ReplayRequest
 
 CLIENTS = ("client", "sim", "gateway")
 """The drivers of the client policy (DESIGN §2): the SDK, the simulator and the STOMP
@@ -128,12 +128,12 @@ def test_the_sdk_asks_its_failovers_replay_from_the_policy_once() -> None:
     read: list[float] = []
     since = sub.replaying.last_seen.since
     sub.replaying.last_seen.since = lambda silent: read.append(silent) or since(silent)  # type: ignore[method-assign]
-    asked: list[dict[str, Any]] = []
+    asked: list[ReplayRequest] = []
 
     async def resubscribe() -> None:
         pass
 
-    async def replayed(seam: object, message: dict[str, Any], timeout: float) -> tuple:
+    async def replayed(seam: object, message: ReplayRequest, timeout: float) -> tuple:
         asked.append(message)
         return None, None
 
@@ -141,4 +141,4 @@ def test_the_sdk_asks_its_failovers_replay_from_the_policy_once() -> None:
     sub.past.replayed = replayed  # type: ignore[method-assign]
     asyncio.run(sub._resume_after_failover(connection))  # type: ignore[arg-type]
     assert read == [100.0]
-    assert [(m["since"], m["after"]) for m in asked] == [([("P", 0, 1)], 70.0)]
+    assert [(m.since, m.after) for m in asked] == [([("P", 0, 1)], 70.0)]

@@ -445,7 +445,7 @@ async def _wait_serving(endpoint: str) -> None:
     connection = Connection(endpoint)
     try:
         welcome = await connection.open(timeout=20)
-        assert welcome["broker"] == "a:0" and welcome["mode"] == "snr"
+        assert welcome.broker == "a:0" and welcome.mode == "snr"
     finally:
         await connection.close()
 

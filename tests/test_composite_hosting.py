@@ -15,11 +15,12 @@ from octopis.filters.composite import parse_composite
 from octopis.filters.language import parse_subscription
 from octopis.sim import Simulator
 from octopis.topology import build_preset
+from octopis.wire.client import CompositeDroppedNotice, CompositeNotice, Notice
 
 
-def _hosting(max_held: int = 100) -> tuple[HostedComposites, list[tuple[str, dict]], Counter]:
+def _hosting(max_held: int = 100) -> tuple[HostedComposites, list[tuple[str, Notice]], Counter]:
     core = make_broker(build_preset("fig2"), "a:0", "dnr")
-    told: list[tuple[str, dict]] = []
+    told: list[tuple[str, Notice]] = []
     counts: Counter[str] = Counter()
     hosted = HostedComposites(
         core.subscribe,
@@ -44,8 +45,8 @@ def test_a_composite_is_one_id_whose_parts_share_one_local_key() -> None:
     assert hosted.deliver(key, Notification("P", 1, 0.0, {"x": 1}), 0.1) is True
     assert told == []
     assert hosted.deliver(key, Notification("P", 2, 0.5, {"x": 9}), 0.6) is True
-    assert [n["op"] for _, n in told] == ["composite"] and told[0][0] == "c/1"
-    assert [part[:3] for part in told[0][1]["parts"]] == [["P", 0, 1], ["P", 0, 2]]
+    assert [type(n) for _, n in told] == [CompositeNotice] and told[0][0] == "c/1"
+    assert [part[:3] for part in told[0][1].parts] == [("P", 0, 1), ("P", 0, 2)]
     assert counts["composite.matches"] == 1 and counts["composite.parts"] == 2
     assert hosted.movable_problem(sub_id) is not None and hosted.movable_problem("s1") is None
     withdrawn = hosted.unsubscribe("c/1", sub_id)
@@ -62,7 +63,7 @@ def test_drops_are_told_at_most_once_per_interval(gap: float) -> None:
     for seq in range(1, 4):  # three left parts: two let go
         hosted.deliver(key, Notification("P", seq, 0.0, {"x": 1}), 0.0)
     hosted.deliver(key, Notification("P", 4, 0.0, {"x": 1}), gap)
-    dropped = [n["dropped"] for _, n in told if n["op"] == "composite_dropped"]
+    dropped = [n.dropped for _, n in told if type(n) is CompositeDroppedNotice]
     assert dropped == ([1, 3] if gap >= REPORT_INTERVAL else [1])
 
 

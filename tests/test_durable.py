@@ -23,6 +23,7 @@ from octopis.filters.composite import parse_composite
 from octopis.filters.language import parse_subscription
 from octopis.sim.durable_clients import DurableSimulator
 from octopis.topology import build_preset
+from octopis.wire.client import AckRequest
 
 
 def test_a_record_waits_while_its_client_is_away_and_is_handed_over_once() -> None:
@@ -183,7 +184,7 @@ def test_a_record_made_at_a_failover_owes_from_the_replays_start() -> None:
     it even if the process ends before the replay is answered (its old host's copy may
     be silent to the next claim; nemesis seed 134). An earlier start stays: a claimed
     record's, or an earlier fail-over's."""
-    sent: list[dict] = []
+    sent: list[AckRequest] = []
     acks = DurableAcks("audit", sent.append)
     durables = Durables("c:1", keep=60.0, limit=10)
 
@@ -197,9 +198,9 @@ def test_a_record_made_at_a_failover_owes_from_the_replays_start() -> None:
         await asyncio.sleep(0)
 
     asyncio.run(fail_over())
-    assert {m["durable"]: m["after"] for m in sent} == {"d": 30.0, "e": 5.0}
-    message = next(m for m in sent if m["durable"] == "d")
-    assert durables.ack("audit", "d", message["since"], 40.0, message["after"])
+    assert {m.durable: m.after for m in sent} == {"d": 30.0, "e": 5.0}
+    message = next(m for m in sent if m.durable == "d")
+    assert durables.ack("audit", "d", message.since, 40.0, message.after)
     assert durables.detached("s2", heard=40.5)
     record = durables.claim("audit", "d", key=None, now=42.0)
     assert record is not None and record.claimed("c:1", 42.0).after == 30.0

@@ -60,6 +60,7 @@ ALLOWED: dict[str, set[str]] = {
         "octopis.failure_schedule",
         "octopis.balance",
         "octopis.topology_change",
+        "octopis.wire",
     },
     "octopis.nemesis": {
         *BASE,

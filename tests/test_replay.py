@@ -33,6 +33,7 @@ from octopis.core.replay import (
 )
 from octopis.topology import Scot, build_preset
 from octopis.wire import REPLAY, REPLAY_ECHO, pack
+from octopis.wire.client import ReplayDoneNotice
 
 FIG2 = build_preset("fig2")
 
@@ -316,11 +317,26 @@ def test_a_gap_filled_late_is_narrowed_then_withdrawn_and_the_application_told()
     sub.gaps.extend([other, gap])
     sub.replay_log.late.ended("r1", [], gap.silent)
     assert sub.replay_log.late.awaiting
-    sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["b:0"], "published": 2})
+    sub.replay_log.late_answer(record, _done(["b:0"], published=2))
     left = replace(gap, silent=("c:0",))
     assert list(sub.gaps) == [other, left] and told == [(gap, left)]
-    sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["c:0"], "published": 0})
+    sub.replay_log.late_answer(record, _done(["c:0"]))
     assert list(sub.gaps) == [other] and told[-1] == (left, None)
     assert record["gap"] is None and not sub.replay_log.late.awaiting
-    sub.replay_log.late_answer(record, {"op": "replay_done", "answered": ["c:0"]})
+    sub.replay_log.late_answer(record, _done(["c:0"]))
     assert len(told) == 2  # nothing left to fill: told once per step
+
+
+def _done(answered: list[str], published: int = 0) -> ReplayDoneNotice:
+    """A late part's ``replay_done`` notice: ``answered`` brokers, ``published`` found."""
+    return ReplayDoneNotice(
+        id="r1",
+        answered=answered,
+        unstored=[],
+        silent=[],
+        gaps=[],
+        published=published,
+        late=True,
+        truncated=[],
+        claimed=[],
+    )

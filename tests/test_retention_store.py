@@ -42,6 +42,7 @@ from octopis.sim.stores import RetentionStores
 from octopis.topology import build_preset
 from octopis.transport.replaying import PAGE_ROOM, PAGE_WAIT, Replaying, _decode_kept
 from octopis.transport.retention import RetentionStore, StoreAnswer
+from octopis.wire.client import Notice, ReplayDoneNotice, ReplayedNotice
 
 FIG2 = build_preset("fig2")
 
@@ -157,7 +158,7 @@ def test_a_store_kept_a_row_per_publication_is_packed_when_opened(tmp_path: Path
 
 def _replaying(
     data: Path,
-    notify: Callable[[str, dict], bool],
+    notify: Callable[[str, Notice], bool],
     queued: Callable[[str | None], int] = lambda link: 0,
 ) -> Replaying:
     """Broker a:0's retention and replay (the process's shell) with the default
@@ -220,10 +221,10 @@ def test_the_process_answers_a_large_replay_page_by_page_to_the_requester_named(
     page at once, the rest while the link toward the requester has room (none while it
     is full), each publication once and in order, to the client the rounds name, then
     ``replay_done``; the rounds' timer is set (:class:`ExpireAt`) and fires harmlessly."""
-    told: list[tuple[str, dict]] = []
+    told: list[tuple[str, Notice]] = []
     room = {"queued": PAGE_ROOM + 1}  # full until the first page has gone
 
-    def notify(key: str, message: dict) -> bool:
+    def notify(key: str, message: Notice) -> bool:
         told.append((key, message))
         return True
 
@@ -235,17 +236,17 @@ def test_the_process_answers_a_large_replay_page_by_page_to_the_requester_named(
             replaying.kept(n, encode_body(n), None)
         req_id = replaying.start("k1", ["[class,eq,'STOCK']"], [], 0.0, historic=True)
         await asyncio.sleep(10 * PAGE_WAIT)  # the task looks at the full link meanwhile
-        seqs = [_decode_kept(b).seq for _, m in told for b in m["bodies"]]
+        seqs = [_decode_kept(b).seq for _, m in told for b in m.bodies]
         assert seqs == list(range(1, PAGE_ROWS + 1))  # the first page, nothing more
         room["queued"] = 0
-        await until(lambda: told[-1][1]["op"] == "replay_done", "the last page", 10)
-        replayed = [m for key, m in told if key == "k1" and m["op"] == "replayed"]
-        seqs = [_decode_kept(b).seq for m in replayed for b in m["bodies"]]
+        await until(lambda: type(told[-1][1]) is ReplayDoneNotice, "the last page", 10)
+        replayed = [m for key, m in told if key == "k1" and type(m) is ReplayedNotice]
+        seqs = [_decode_kept(b).seq for m in replayed for b in m.bodies]
         assert seqs == list(range(1, count + 1))
-        assert {m["id"] for _, m in told} == {req_id} and {k for k, _ in told} == {"k1"}
-        assert told[-1][1]["published"] == count and told[-1][1]["answered"] == ["a:0"]
+        assert {m.id for _, m in told} == {req_id} and {k for k, _ in told} == {"k1"}
+        assert told[-1][1].published == count and told[-1][1].answered == ["a:0"]
         replaying.expire()  # the round is over: nothing more is told
-        assert told[-1][1]["op"] == "replay_done" and len(told) == len(replayed) + 1
+        assert type(told[-1][1]) is ReplayDoneNotice and len(told) == len(replayed) + 1
         replaying.close()
 
     asyncio.run(scenario())

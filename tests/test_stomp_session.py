@@ -11,7 +11,8 @@ import pytest
 from octopis.gateway.credentials import CREDENTIALS_FILE, Credentials, CredentialsError, add_user
 from octopis.gateway.frames import Frame, encode
 from octopis.gateway.session import DeliveryCache, Effects, SessionLimits, StompSession
-from octopis.wire import decode_request, pack
+from octopis.wire import pack
+from octopis.wire.client import ReplayDoneNotice, UnsubscribedReply, decode_request
 
 LIMITS = SessionLimits(subscriptions=4, selector_subscriptions=16, unacked=3, heart_beat=(0, 0))
 NOTIFY = [3, "pub", 1, 0.0, {"class": "T", "k": 1}, None, None, None, 7, b""]
@@ -57,8 +58,8 @@ def test_subscribe_receipt_waits_for_every_disjunct() -> None:
     out = s.received(Frame("UNSUBSCRIBE", {"id": "a", "receipt": "u"}), 0.0)
     unsubs = [decode_request(r) for r in out.requests]
     assert sorted(u.sub_id for u in unsubs) == ["1", "2"] and out.frames == []
-    s.from_broker([pack({"op": "unsubscribed", "req": unsubs[0].req})])
-    done = s.from_broker([pack({"op": "unsubscribed", "req": unsubs[1].req})])
+    s.from_broker([pack(UnsubscribedReply(req=unsubs[0].req, sub_id=unsubs[0].sub_id))])
+    done = s.from_broker([pack(UnsubscribedReply(req=unsubs[1].req, sub_id=unsubs[1].sub_id))])
     assert done.frames == [Frame("RECEIPT", {"receipt-id": "u"})]
 
 
@@ -171,7 +172,9 @@ def test_an_everywhere_receipt_waits_for_a_round_behind_the_subscriptions() -> N
     assert probe.filters == [r.filter for r in subscribes]
     assert probe.since == [] and probe.after == probe.until == 30.0  # an empty window
     assert s.from_broker([pack({"op": "replaying", "req": probe.req, "id": "p"})]).frames == []
-    done = s.from_broker([pack({"op": "replay_done", "id": "p", "silent": ["c:1"]})])
+    echo = {"answered": [], "unstored": [], "gaps": [], "published": 0, "truncated": []}
+    notice = ReplayDoneNotice(id="p", silent=["c:1"], late=False, claimed=[], **echo)
+    done = s.from_broker([pack(notice)])
     assert done.frames == [Frame("RECEIPT", {"receipt-id": "r", "octopis-silent": "c:1"})]
 
 

@@ -54,14 +54,16 @@ from octopis.wire import (
     PLAIN_NOTIFY,
     SYNCED,
     NotifyBody,
-    PublishRequest,
-    RequestError,
     SubscribeBody,
     body_positions,
-    decode_request,
-    delivery_fields,
     kind_name,
     pack,
+)
+from octopis.wire.client import (
+    PublishRequest,
+    RequestError,
+    decode_request,
+    delivery_fields,
     read_notify,
 )
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from octopis.client.deliveries import Received
+from octopis.wire.client import CompositeNotice
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +41,12 @@ class CompositeNotification:
 
 
 def composite_notification(
-    subscriber: str, message: dict[str, Any], received_at: float
+    subscriber: str, message: CompositeNotice, received_at: float
 ) -> CompositeNotification:
     """The notification a broker's ``composite`` notice carries."""
     parts = []
     roles = []
-    for publisher, session, seq, published_at, publication, filled in message["parts"]:
+    for publisher, session, seq, published_at, publication, filled in message.parts:
         parts.append(
             Received(
                 subscriber,
@@ -61,11 +62,11 @@ def composite_notification(
         roles.append(tuple(filled))
     return CompositeNotification(
         subscriber,
-        str(message["sub_id"]),
+        message.sub_id,
         tuple(parts),
         tuple(roles),
         received_at,
-        int(message.get("dropped", 0)),
-        int(message.get("late", 0)),
-        int(message.get("cut", 0)),
+        message.dropped,
+        message.late,
+        message.cut,
     )

@@ -22,12 +22,11 @@ from octopis.client.failover import Failover
 from octopis.client.link import BrokerLink
 from octopis.client.opening import OpeningDiagnosis
 from octopis.client.requests import Requests
-from octopis.client.served import NOTICES, ServedClients
+from octopis.client.served import ServedClients
 from octopis.client_policy import RecentDeliveries
 from octopis.client_policy.silence import heartbeat_interval
 from octopis.defaults import (
     CLIENT_LIVENESS,
-    CLIENT_TIMEOUT,
     DELIVERIES_HORIZON,
     DELIVERIES_KNOWN,
     LINGER,
@@ -35,7 +34,21 @@ from octopis.defaults import (
 from octopis.keys import DEFAULT_CLIENT, Keys
 from octopis.logs import RateLimitedLog
 from octopis.overlay import KeysChoice
-from octopis.wire import pack, unpack
+from octopis.wire import pack
+from octopis.wire.client import (
+    ByeRequest,
+    DroppedNotice,
+    ErrorReply,
+    HelloRequest,
+    Notice,
+    OverflowNotice,
+    Reply,
+    ReplyError,
+    Request,
+    WelcomeReply,
+    decode_reply,
+    op_of,
+)
 
 log = logging.getLogger("octopis.client")
 
@@ -224,9 +237,10 @@ class Connection:
         """Deliveries the broker dropped for this connection under the drop-oldest policy."""
         self.errors: deque[str] = deque(maxlen=1000)
         """Refusals of requests nobody awaited (the last 1,000)."""
-        self.broker: dict[str, Any] = {}
+        self.broker: WelcomeReply | None = None
+        """The welcome of the broker this connection is open to (None: not yet)."""
 
-    async def open(self, timeout: float = 10.0) -> dict[str, Any]:
+    async def open(self, timeout: float = 10.0) -> WelcomeReply:
         """Start reading and handshake; returns the broker's welcome.
 
         If the broker does not answer, a :class:`ConnectError` says why as soon as that
@@ -236,7 +250,7 @@ class Connection:
         connection is then closed."""
         self.link.start_reading()
         try:
-            hello = asyncio.ensure_future(self.request({"op": "hello", "client": "-"}, None))
+            hello = asyncio.ensure_future(self.request(HelloRequest(client="-"), None))
             self.broker = await self._opening.welcome(hello, timeout)
         except BaseException:
             await self._abandon()
@@ -244,7 +258,7 @@ class Connection:
         finally:
             self._opening.stop()
         if self._heartbeat is None:
-            timeout = float(self.broker.get("timeout", CLIENT_TIMEOUT))
+            timeout = self.broker.timeout
             interval = heartbeat_interval(timeout, self.liveness)
             beats = self.link.heartbeat(interval, self.liveness, self._fail_over)
             self._heartbeat = asyncio.create_task(beats)
@@ -270,7 +284,7 @@ class Connection:
         subscriptions)."""
         self._resumers.append(resume)
 
-    def resend_first(self, message: dict[str, Any]) -> None:
+    def resend_first(self, message: Request) -> None:
         """Send ``message`` (without a ``req``: no answer is awaited) at every fail-over,
         before the unanswered requests are sent again."""
         self.failover.first.append(pack(message))
@@ -279,7 +293,7 @@ class Connection:
         """Call ``notify(reason)`` if the broker drops this connection."""
         self.clients.on_dropped(notify)
 
-    def on_notice(self, name: str, notice: Callable[[dict[str, Any]], None]) -> None:
+    def on_notice(self, name: str, notice: Callable[[Notice], None]) -> None:
         """Call ``notice(message)`` with what the broker tells client ``name`` unasked
         (:data:`NOTICES`): ``move`` (go to another broker) and ``released`` (a moved
         subscription is no longer delivered here), DESIGN §9; ``replayed`` and
@@ -366,10 +380,13 @@ class Connection:
         """Stop reading after the current message until ``room`` is set (a full stream)."""
         self.link.stall_until(room)
 
-    async def submit(self, message: dict[str, Any], timeout: float | None = None) -> asyncio.Future:
-        """Send a request; returns the future of its reply (waits while ``max_pending``
-        requests are unanswered, raising ``TimeoutError`` after ``timeout`` seconds). A
-        refusal sets :class:`BrokerError` on the future.
+    async def submit(
+        self, message: Request | dict[str, Any], timeout: float | None = None
+    ) -> asyncio.Future:
+        """Send a request (a declared :class:`~octopis.wire.client.Request`, or a raw
+        map this SDK does not declare); returns the future of its reply (waits while
+        ``max_pending`` requests are unanswered, raising ``TimeoutError`` after
+        ``timeout`` seconds). A refusal sets :class:`BrokerError` on the future.
 
         Always yields to the event loop once: a send that ZeroMQ takes at once completes
         without yielding, so a tight loop of ``publish(wait=False)`` would otherwise keep
@@ -382,23 +399,24 @@ class Connection:
         return future
 
     async def request(
-        self, message: dict[str, Any], timeout: float | None = 10.0
-    ) -> dict[str, Any]:
-        """Send a request and wait for its reply (``timeout`` None: however long);
+        self, message: Request | dict[str, Any], timeout: float | None = 10.0
+    ) -> Reply:
+        """Send a request and wait for its reply, of the kind the request asks for
+        (``timeout`` None: however long);
         :class:`BrokerError` on refusal."""
         future = await self.submit(message)
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise TimeoutError(
-                f"no reply from {self.endpoint} to {message['op']} within {timeout} s"
+                f"no reply from {self.endpoint} to {op_of(message)} within {timeout} s"
             ) from None
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Request) -> None:
         """Send without asking for a reply (refusals land in :attr:`errors`)."""
         self.link.send(pack(message))
 
-    def send_soon(self, message: dict[str, Any]) -> None:
+    def send_soon(self, message: Request) -> None:
         """Queue ``message`` for sending without waiting or asking for a reply (ZeroMQ
         sends it from its own thread; refusals land in :attr:`errors`)."""
         if self.dropped is None:
@@ -409,7 +427,7 @@ class Connection:
         not at its client timeout), stop reading and heartbeats, and close the socket."""
         if self.dropped is None and self.link.reading:
             with contextlib.suppress(TimeoutError, BrokerError):
-                await self.request({"op": "bye", "client": "-"}, self.liveness)
+                await self.request(ByeRequest(client="-"), self.liveness)
         for sibling in self.siblings:
             await sibling.close()
         reader = self.link.stop_reading()
@@ -458,27 +476,30 @@ class Connection:
         if len(parts) > 1:
             self.clients.deliver(parts)
             return
-        data = unpack(parts[0])
-        op = data.get("op")
-        if op == "dropped" and left_behind:
-            return  # the broker we left let us go: not this connection's state
-        if op == "dropped":
-            self._dropped(str(data.get("reason", "no reason given")))
+        try:
+            data = decode_reply(parts[0])
+        except ReplyError as exc:
+            self.errors.append(str(exc))
+            log.error("broker at %s sent a message this client cannot read: %s", self.endpoint, exc)
             return
-        if op in NOTICES:
-            self.clients.notice(data, self.endpoint)
+        kind = type(data)
+        if kind is DroppedNotice:
+            if not left_behind:  # else the broker we left let us go: not this connection's
+                self._dropped(data.reason)
             return
-        if op == "overflow":
-            self.overflowed += int(data.get("dropped", 0))
+        if kind is OverflowNotice:
+            self.overflowed += data.dropped
             log.warning(
                 "broker at %s dropped %d deliveries to this slow connection (%d in all)",
                 self.endpoint,
-                data.get("dropped", 0),
+                data.dropped,
                 self.overflowed,
             )
             return
-        if not self._requests.answer(data):
-            self.errors.append(data.get("message", "error"))
+        if isinstance(data, Notice):
+            self.clients.notice(data, self.endpoint)
+        elif not self._requests.answer(data):
+            self.errors.append(data.message if kind is ErrorReply else f"unawaited {kind.__name__}")
 
     def _dropped(self, reason: str) -> None:
         """The broker dropped us: fail what waits, stop heartbeats, tell the clients."""

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from octopis.client.deliveries import Received
 from octopis.client_policy import C, ClaimAnswer, DurableProgress
+from octopis.wire.client import AckRequest
 
 
 class DurableStream(Protocol):
@@ -93,13 +94,6 @@ class DurableAcks:
         self._soon = None
         unacked, self._unacked = self._unacked, {}
         for durable, taken in unacked.items():
-            message = {
-                "op": "ack",
-                "client": self.name,
-                "durable": durable,
-                "since": [[p, s, q] for (p, s), q in taken.items()],
-            }
-            owed_after = self._progress[durable].owed_after
-            if owed_after is not None:
-                message["after"] = owed_after
-            self.send(message)
+            since = [(p, s, q) for (p, s), q in taken.items()]
+            after = self._progress[durable].owed_after
+            self.send(AckRequest(client=self.name, durable=durable, since=since, after=after))

@@ -19,6 +19,7 @@ from octopis.client.link import BrokerLink
 from octopis.client.requests import Requests
 from octopis.client_policy.failover import failover_tries
 from octopis.wire import pack
+from octopis.wire.client import HelloRequest, WelcomeReply
 
 log = logging.getLogger("octopis.client")
 
@@ -60,7 +61,7 @@ class Failover:
         """One record per fail-over (the last 1,000): from, to, started (wall time),
         seconds away."""
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> WelcomeReply:
         """Move to the next broker that answers and re-send what is unanswered; the
         clients resume there in the background (heartbeats go on meanwhile). Returns
         the new broker's welcome."""
@@ -112,16 +113,14 @@ class Failover:
         session.add_done_callback(self.left_sessions.discard)
         return old
 
-    async def _switch(
-        self, endpoint: str, left: zmq.asyncio.Socket | None
-    ) -> dict[str, Any] | None:
+    async def _switch(self, endpoint: str, left: zmq.asyncio.Socket | None) -> WelcomeReply | None:
         """Connect to ``endpoint`` and handshake; its welcome, or None if it does not
         answer in time. The current socket is closed unless it is ``left`` (read
         elsewhere)."""
         await self.link.switch(endpoint, left)
         req, future = self.requests.expect()
         try:
-            self.link.send(pack({"op": "hello", "client": "-", "req": req}))
+            self.link.send(pack(HelloRequest(client="-", req=req)))
             for _ in range(3):  # an answer waiting unread is not silence: wait for it
                 done, _ = await asyncio.wait([future], timeout=self.liveness)
                 if done or not self.link.unread():

@@ -10,17 +10,17 @@ import itertools
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from octopis.wire import pack, unpack
+from octopis.wire import pack
+from octopis.wire.client import ByeReply, ByeRequest, HeartbeatRequest, Reply, Request, is_reply
 
 log = logging.getLogger("octopis.client")
 
 
-def _send_nowait(socket: zmq.asyncio.Socket, message: dict[str, Any]) -> None:
+def _send_nowait(socket: zmq.asyncio.Socket, message: Request) -> None:
     """Send if ZeroMQ takes it now (a broker left behind may be gone: nothing waits)."""
     with contextlib.suppress(zmq.Again):
         zmq.Socket.shadow(socket.underlying).send(pack(message), zmq.NOBLOCK)
@@ -60,18 +60,18 @@ class LeftSession:
             while loop.time() < deadline:
                 if deadline == math.inf and settled.is_set():
                     deadline = loop.time() + self.linger
-                _send_nowait(self.socket, {"op": "heartbeat", "client": "-", "req": next(beats)})
+                _send_nowait(self.socket, HeartbeatRequest(client="-", req=next(beats)))
                 late += await self._read(min(deadline, loop.time() + interval))
-            _send_nowait(self.socket, {"op": "bye", "client": "-", "req": next(beats)})
-            late += await self._read(loop.time() + self.liveness, until_op="bye")
+            _send_nowait(self.socket, ByeRequest(client="-", req=next(beats)))
+            late += await self._read(loop.time() + self.liveness, until_reply=ByeReply)
         finally:
             self.socket.close()
             if late:
                 log.warning("%d deliveries came from %s after leaving it", late, self.endpoint)
 
-    async def _read(self, until: float, *, until_op: str | None = None) -> int:
+    async def _read(self, until: float, *, until_reply: type[Reply] | None = None) -> int:
         """Handle what arrives on a socket left at a fail-over until loop time ``until``,
-        or until a reply ``until_op``: that one follows every delivery the broker had
+        or until a reply of kind ``until_reply``: that one follows every delivery the broker had
         queued for this connection (a broker short of capacity may hold many, DESIGN §8),
         so the wait goes on while they keep coming. Returns the number of deliveries."""
         loop = asyncio.get_running_loop()
@@ -82,12 +82,12 @@ class LeftSession:
             except TimeoutError:
                 break
             deliveries += len(parts) // 2
-            if until_op is not None:
+            if until_reply is not None:
                 until = max(until, loop.time() + self.liveness)
             try:
                 self.on_frame(parts)
             except Exception:
                 log.exception("client dropped a frame it could not handle")
-            if until_op is not None and len(parts) == 1 and unpack(parts[0]).get("op") == until_op:
+            if until_reply is not None and len(parts) == 1 and is_reply(parts[0], until_reply):
                 break
         return deliveries

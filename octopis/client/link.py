@@ -22,6 +22,7 @@ import zmq.asyncio
 from octopis.client_policy.silence import SilenceWatch
 from octopis.keys import KeyPair, connect_securely
 from octopis.wire import pack
+from octopis.wire.client import HeartbeatRequest
 
 log = logging.getLogger("octopis.client")
 
@@ -230,4 +231,4 @@ class BrokerLink:
             if watch.tick(time.monotonic(), self.heard, answered):
                 await silent()
                 continue
-            self.send(pack({"op": "heartbeat", "client": "-", "req": next(beats)}))
+            self.send(pack(HeartbeatRequest(client="-", req=next(beats))))

@@ -20,6 +20,7 @@ from octopis.client_policy.moves import (
     move_across,
     release_wait,
 )
+from octopis.wire.client import AdoptRequest, MoveNotice, UnsubscribeRequest
 
 log = logging.getLogger("octopis.client")
 
@@ -54,7 +55,7 @@ class Mover:
         self.client = client
         self._releases: dict[str, asyncio.Event] = {}
         self._moving: asyncio.Task | None = None
-        self._next: dict[str, Any] | None = None
+        self._next: tuple[MoveNotice, Connection] | None = None
         self.moves: deque[dict[str, Any]] = deque(maxlen=1000)
         """One record per move (the last 1,000): from, to, inside, sub ids, seconds."""
         self.stale_moves = 0
@@ -72,22 +73,22 @@ class Mover:
         if event is not None:
             event.set()
 
-    def ordered(self, message: dict[str, Any], connection: Connection) -> None:
+    def ordered(self, message: MoveNotice, connection: Connection) -> None:
         """A ``move`` notice came on ``connection``: move now, or after the move under
         way."""
-        message = {**message, "connection": connection}
         if self._moving is not None and not self._moving.done():
             log.info("%s is told to move while moving: it moves again after", self.client.name)
-            self._next = message
+            self._next = (message, connection)
             return
-        self._start(message)
+        self._start(message, connection)
 
-    def _start(self, message: dict[str, Any]) -> None:
-        """Move as ``message`` says, unless it is stale (:meth:`_stale`)."""
-        sub_ids = list(message["sub_ids"])
-        stale = self._stale(message["connection"], str(message["to"]), sub_ids)
+    def _start(self, message: MoveNotice, connection: Connection) -> None:
+        """Move as ``message``, which came on ``connection``, says, unless it is stale
+        (:meth:`_stale`)."""
+        sub_ids = message.sub_ids
+        stale = self._stale(connection, message.to, sub_ids)
         if stale is None:
-            work = self._move(str(message["to"]), bool(message["inside"]), sub_ids)
+            work = self._move(message.to, message.inside, sub_ids)
             self._moving = asyncio.get_running_loop().create_task(work)
             return
         self.stale_moves += 1
@@ -95,8 +96,8 @@ class Mover:
             "stale move order",
             "%s ignores a move order from %s to %s for %s: %s",
             self.client.name,
-            message["connection"].endpoint,
-            message["to"],
+            connection.endpoint,
+            message.to,
             ", ".join(sub_ids),
             stale,
         )
@@ -181,25 +182,24 @@ class Mover:
     async def _withdraw(self, old: Connection, sub_ids: Sequence[str]) -> None:
         """Withdraw ``sub_ids`` at the broker ``old`` left behind by a move."""
         for sub_id in sub_ids:
-            message = {"op": "unsubscribe", "client": self.client.name, "sub_id": sub_id}
+            message = UnsubscribeRequest(client=self.client.name, sub_id=sub_id, moved=True)
             try:
-                await old.request({**message, "moved": True})
+                await old.request(message)
             except BrokerError as exc:  # withdrawn there already (a fail-over)
                 log.warning("%s: %s", self.client.name, exc)
 
     def _after(self) -> None:
         """Start the move ordered while one was under way, if any."""
         if self._next is not None:
-            message, self._next = self._next, None
-            asyncio.get_running_loop().call_soon(self._start, message)
+            (message, connection), self._next = self._next, None
+            asyncio.get_running_loop().call_soon(self._start, message, connection)
 
     async def _adopt(self, sub_id: str) -> bool:
         """Ask the new broker to take ``sub_id`` over; False if it cannot (not there yet)."""
         self._releases[sub_id] = asyncio.Event()
         try:
-            message = {"op": "adopt", "client": self.client.name, "sub_id": sub_id}
-            if (durable := self.client.durable_of(sub_id)) is not None:
-                message["durable"] = durable
+            durable = self.client.durable_of(sub_id)
+            message = AdoptRequest(client=self.client.name, sub_id=sub_id, durable=durable)
             await self.client.connection.request(message)
         except BrokerError as exc:
             log.warning(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -22,6 +21,7 @@ from octopis.client.errors import (
     NothingListening,
 )
 from octopis.keys import KeyPair, Keys, connect_securely
+from octopis.wire.client import WelcomeReply
 
 DIAGNOSIS_WAIT = 2.0
 """Seconds :meth:`octopis.client.Connection.open` waits for a first TCP connection before it reports
@@ -64,7 +64,7 @@ class OpeningDiagnosis:
         self.monitor: zmq.asyncio.Socket | None = socket.get_monitor_socket(WATCHED)
         """The socket's monitor (call before the socket connects), until :meth:`stop`."""
 
-    async def welcome(self, reply: asyncio.Future, timeout: float) -> dict[str, Any]:
+    async def welcome(self, reply: asyncio.Future, timeout: float) -> WelcomeReply:
         """The broker's welcome, ``reply``, awaited up to ``timeout`` seconds while the
         socket's monitor is read: a failure it shows is raised as soon as it is known,
         :class:`NoReply` at the timeout (``reply`` is then cancelled)."""

@@ -19,7 +19,7 @@ from octopis.client.errors import BrokerError
 from octopis.client.replay import History, ReplayGap, Seam
 from octopis.client.replay_log import ReplayLog
 from octopis.filters.language import Subscription
-from octopis.wire import claimed_records
+from octopis.wire.client import ClaimRequest, ReplayRequest, op_of
 
 log = logging.getLogger("octopis.client")
 
@@ -71,12 +71,11 @@ class PastRequests:
         """Find durable ``durable``'s record (wherever its last host kept it) and replay
         from what this client acknowledged last; a new durable has none."""
         name = self.client.name
-        error = await self.ask(seam, {"op": "claim", "client": name, "durable": durable})
-        summary = seam.next_request() or {}
-        silent = tuple(summary.get("silent", ()))
-        answer = self.acks.claim_answered(
-            durable, claimed_records(summary.get("claimed", [])), silent, error
-        )
+        error = await self.ask(seam, ClaimRequest(client=name, durable=durable))
+        summary = seam.next_request()
+        silent = tuple(summary.silent) if summary is not None else ()
+        claimed = summary.claimed if summary is not None else []
+        answer = self.acks.claim_answered(durable, claimed, silent, error)
         if answer.gap is not None:
             self.replay_log.report(ReplayGap(name, None, time.time(), silent, error=answer.gap))
         if answer.resumed is None:
@@ -91,22 +90,18 @@ class PastRequests:
             answer.resumed.broker,
             len(answer.since),
         )
-        message = {
-            "filters": [subscription.to_text()],
-            "since": [list(x) for x in answer.since],
-            "after": answer.after,
-        }
-        return await self.window(seam, message)
+        fields = {"filters": [subscription.to_text()], "since": answer.since, "after": answer.after}
+        return await self.window(seam, fields)
 
     async def ask(
-        self, seam: Seam, message: dict[str, Any], timeout: float = HISTORIC_WAIT
+        self, seam: Seam, message: ReplayRequest | ClaimRequest, timeout: float = HISTORIC_WAIT
     ) -> str | None:
         """Send a replay or claim request and wait for its ``replay_done`` (at most
         ``timeout`` seconds from the request or from the last answer that came); returns
         why it failed, if it did."""
         try:
             reply = await self.client.connection.request(message, timeout)
-            seam.named(str(reply["id"]))
+            seam.named(reply.id)
             while True:  # waited for ``timeout`` from the request or the last answer
                 progress = seam.progress
                 try:
@@ -116,12 +111,12 @@ class PastRequests:
                     if seam.progress == progress:
                         raise
         except (TimeoutError, BrokerError) as exc:
-            return f"{message['op']} failed: {exc or type(exc).__name__}"
+            return f"{op_of(message)} failed: {exc or type(exc).__name__}"
         return None
 
     async def window(self, seam: Seam, fields: dict[str, Any]) -> History:
         """A window of the past into the live streams (a hybrid or durable subscription)."""
-        message = {"op": "replay", "client": self.client.name, "historic": True, **fields}
+        message = ReplayRequest(client=self.client.name, historic=True, **fields)
         return (await self.replayed(seam, message, HISTORIC_WAIT))[1]
 
     async def everywhere(self, subscription: Subscription, now: float) -> tuple[str, ...]:
@@ -132,7 +127,7 @@ class PastRequests:
         seam, error = await self.alone(self.window_of(subscription, now, now))
         if error is not None:
             raise TimeoutError(f"{self.client.name}: no answer from every broker ({error})")
-        return tuple((seam.summary or {}).get("silent", ()))
+        return tuple(seam.summary.silent) if seam.summary is not None else ()
 
     async def historic(
         self,
@@ -144,26 +139,28 @@ class PastRequests:
     ) -> tuple[list[Received], History]:
         """A historic subscription's answer alone, in publisher order, each publication
         once, and its end."""
-        message = self.window_of(subscription, after, until)
         limits = {"answer_max": answer_max, "answer_bytes": answer_bytes}
-        seam, error = await self.alone({**message, "historic": True, **limits})
+        message = self.window_of(subscription, after, until, historic=True, **limits)
+        seam, error = await self.alone(message)
         items = seam.answered(self.client.name)
         return items, self.history(seam, after or 0.0, until, len(items), error)
 
     def window_of(
-        self, subscription: Subscription, after: float | None, until: float
-    ) -> dict[str, Any]:
-        """A replay request for what ``subscription`` matches of ``[after, until)``."""
-        return {
-            "op": "replay",
-            "client": self.client.name,
-            "filters": [subscription.to_text()],
-            "since": [],
-            "after": after,
-            "until": until,
-        }
+        self,
+        subscription: Subscription,
+        after: float | None,
+        until: float,
+        **limits: int,
+    ) -> ReplayRequest:
+        """A replay request for what ``subscription`` matches of ``[after, until)``;
+        ``limits``: ``historic`` and the answer's bounds (``answer_max``,
+        ``answer_bytes``)."""
+        filters = [subscription.to_text()]
+        return ReplayRequest(
+            client=self.client.name, filters=filters, since=[], after=after, until=until, **limits
+        )
 
-    async def alone(self, message: dict[str, Any]) -> tuple[Seam, str | None]:
+    async def alone(self, message: ReplayRequest) -> tuple[Seam, str | None]:
         """Send replay request ``message`` and wait for its answer, taken alone (live
         deliveries do not wait for it); its seam, and why it failed if it did."""
         async with self.lock:
@@ -186,12 +183,12 @@ class PastRequests:
             seam.replay,
             after,
             until,
-            int(summary.get("published", 0)),
+            summary.published,
             delivered,
-            tuple(summary.get("silent", ())),
-            tuple(summary.get("unstored", ())),
-            tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ())),
-            tuple(summary.get("truncated", ())),
+            tuple(summary.silent),
+            tuple(summary.unstored),
+            tuple(summary.gaps),
+            tuple(summary.truncated),
             error,
         )
 
@@ -207,22 +204,16 @@ class PastRequests:
         publisher's session what follows ``since``, of any other publisher what was
         published from ``after``), its answer joined at ``seam`` (:meth:`replayed`); the
         gap it leaves, if any."""
-        message = {
-            "op": "replay",
-            "client": self.client.name,
-            "filters": filters,
-            "since": since,
-            "after": after,
-        }
+        message = ReplayRequest(client=self.client.name, filters=filters, since=since, after=after)
         gap, _ = await self.replayed(seam, message, timeout)
         return gap
 
     async def replayed(
-        self, seam: Seam, message: dict[str, Any], timeout: float
+        self, seam: Seam, message: ReplayRequest, timeout: float
     ) -> tuple[ReplayGap | None, History]:
         """Send replay request ``message``, deliver its answer with the live deliveries
         ``seam`` held, each once, in publisher order; record and report what it left."""
-        after = float(message["after"])
+        after = message.after
         error = await self.ask(seam, message, timeout)
         self.seam = None
         items, repeats = seam.joined(self.client.name, self.client.connection.group)
@@ -230,4 +221,4 @@ class PastRequests:
             self.client.deliver(received, size)
         gap = seam.replay_gap(self.client.name, after, error)
         replayed = self.replay_log.add(seam, items, repeats, gap)
-        return gap, self.history(seam, after, message.get("until"), replayed, error)
+        return gap, self.history(seam, after, message.until, replayed, error)

@@ -13,6 +13,7 @@ from octopis.client.connection import Connection
 from octopis.client.named import NamedClient
 from octopis.filters.composite import as_filter
 from octopis.filters.language import Publication, Subscription
+from octopis.wire.client import AdvertiseRequest, PublishRequest
 
 
 class Publisher(NamedClient):
@@ -44,9 +45,9 @@ class Publisher(NamedClient):
         advertisement = as_filter(spec)
         if not isinstance(advertisement, Subscription):
             raise ValueError("an advertisement is one atomic filter, not a composite one")
-        message = {"op": "advertise", "client": self.name, "filter": advertisement.to_text()}
+        message = AdvertiseRequest(client=self.name, filter=advertisement.to_text())
         reply = await self.connection.request(message, timeout)
-        adv_id = reply["adv_id"]
+        adv_id = reply.adv_id
         self.advertisements[adv_id] = advertisement
         self.connection.resend_first(message)
         return adv_id
@@ -76,16 +77,14 @@ class Publisher(NamedClient):
         if not isinstance(body, bytes):
             raise TypeError(f"a publication body is bytes, not {type(body).__name__}")
         self.seq = seq if seq is not None else self.seq + 1
-        message = {
-            "op": "publish",
-            "client": self.name,
-            "seq": self.seq,
-            "session": self.session,
-            "published_at": time.time(),
-            "publication": publication,
-        }
-        if body:
-            message["body"] = body
+        message = PublishRequest(
+            client=self.name,
+            seq=self.seq,
+            session=self.session,
+            published_at=time.time(),
+            publication=publication,
+            body=body,
+        )
         future = await self.connection.submit(message, timeout)
         if wait:
             await asyncio.wait_for(future, timeout)

@@ -18,13 +18,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from octopis.client.deliveries import Received
 from octopis.client_policy import RecentDeliveries, each_once
 from octopis.client_policy import Seam as PolicySeam
 from octopis.client_policy import publisher_order as policy_order
-from octopis.wire import delivery_fields
+from octopis.wire.client import ReplayDoneNotice, ReplayedNotice, delivery_fields
 
 
 def replayed(name: str, bodies: Iterable[bytes], now: float) -> list[tuple[Received, int]]:
@@ -87,7 +86,7 @@ class ReplayGap:
     error: str | None = None
 
 
-class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
+class Seam(PolicySeam[tuple[Received, int], bytes, ReplayDoneNotice]):
     """One request for the past under way (:class:`~octopis.client_policy.Seam`) read
     from the broker's notices: the live deliveries held are ``(received, size)``, the
     answers NOTIFY bodies, the ends ``replay_done`` notices; :attr:`finished` is set once
@@ -98,13 +97,12 @@ class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
         self.started = time.monotonic()
         self.finished = asyncio.Event()
 
-    def notice(self, message: dict[str, Any]) -> None:
+    def notice(self, message: ReplayedNotice | ReplayDoneNotice) -> None:
         """Take a ``replayed`` or ``replay_done`` notice."""
-        req = str(message.get("id"))
-        if message["op"] == "replayed":
-            self.part(req, message.get("bodies", ()))
+        if type(message) is ReplayedNotice:
+            self.part(message.id, message.bodies)
         else:
-            self.end(req, message)
+            self.end(message.id, message)
 
     def named(self, replay: str | None) -> bool:
         """The request's reply named it ``replay``: whether its answer is in."""
@@ -113,7 +111,7 @@ class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
             return True
         return False
 
-    def next_request(self) -> dict[str, Any] | None:
+    def next_request(self) -> ReplayDoneNotice | None:
         """The summary of the request this seam waited for (a claim), and wait for the
         next one (its replay) with the same live deliveries held."""
         self.finished = asyncio.Event()
@@ -134,11 +132,13 @@ class Seam(PolicySeam[tuple[Received, int], bytes, dict[str, Any]]):
         """The gap this replay leaves client ``name``, if any: what its ``replay_done``
         notice says is missing, and why it falls short as a whole (the client policy's
         :meth:`~octopis.client_policy.Seam.shortfall`)."""
-        summary = self.summary or {}
-        error = self.shortfall(error, tuple(summary.get("truncated", ())))
-        silent = tuple(summary.get("silent", ()))
-        unstored = tuple(summary.get("unstored", ()))
-        trimmed = tuple((str(p), int(s), int(a), int(b)) for p, s, a, b in summary.get("gaps", ()))
+        summary = self.summary
+        if summary is None:
+            error, silent, unstored, trimmed = self.shortfall(error), (), (), ()
+        else:
+            error = self.shortfall(error, tuple(summary.truncated))
+            silent, unstored = tuple(summary.silent), tuple(summary.unstored)
+            trimmed = tuple(summary.gaps)
         if error is None and not (silent or unstored or trimmed):
             return None
         return ReplayGap(name, self.replay, after, silent, unstored, trimmed, error)

@@ -14,6 +14,7 @@ from typing import Any
 from octopis.client.deliveries import Received
 from octopis.client.replay import ReplayGap, Seam, join_replayed
 from octopis.client_policy import LateAnswers, RecentDeliveries
+from octopis.wire.client import ReplayDoneNotice, ReplayedNotice
 
 log = logging.getLogger("octopis.client")
 
@@ -80,26 +81,28 @@ class ReplayLog:
             self.report(gap)
         return replayed
 
-    def answer(self, message: dict[str, Any]) -> bool:
+    def answer(self, message: ReplayedNotice | ReplayDoneNotice) -> bool:
         """A ``replayed`` or ``replay_done`` notice: False unless it answers a replay
         already finished (:meth:`late_answer`)."""
-        record = self._records.get(str(message.get("id")))
+        record = self._records.get(message.id)
         if record is None:
             return False
         self.late_answer(record, message)
         return True
 
-    def late_answer(self, record: dict[str, Any], message: dict[str, Any]) -> None:
+    def late_answer(
+        self, record: dict[str, Any], message: ReplayedNotice | ReplayDoneNotice
+    ) -> None:
         """An answer to a finished replay from a part that was silent then (a broker
         that restarted and took the request with the subscriptions held for it): its
         publications not delivered before are delivered now (after the live ones that
         came meanwhile), and the part is noted in the replay's record."""
-        if message["op"] == "replayed":
+        if type(message) is ReplayedNotice:
             fresh, repeats = join_replayed(
                 self.name,
                 self.recent,
                 [],
-                message.get("bodies", ()),
+                message.bodies,
                 also=self.late.fresh(record["id"]),
             )
             for received, size in fresh:
@@ -108,16 +111,19 @@ class ReplayLog:
             record["repeats"] += repeats
             return
         record["late_parts"].append(
-            {k: message.get(k) for k in ("answered", "silent", "unstored", "gaps", "published")}
+            {
+                k: getattr(message, k)
+                for k in ("answered", "silent", "unstored", "gaps", "published")
+            }
         )
-        self.late.answered(record["id"], message.get("answered", ()), message.get("silent", ()))
+        self.late.answered(record["id"], message.answered, message.silent)
         self._narrow(record)
         log.info(
             "%s: replay %s answered late by %s (%d publications)",
             self.name,
             record["id"],
-            message.get("answered"),
-            message.get("published", 0),
+            message.answered,
+            message.published,
         )
 
     def _narrow(self, record: dict[str, Any]) -> None:

@@ -10,9 +10,12 @@ import asyncio
 import itertools
 from typing import Any
 
+from msgspec.structs import replace
+
 from octopis.client.errors import BrokerError, UnadvertisedError
 from octopis.client_policy.failover import Unanswered
 from octopis.wire import pack
+from octopis.wire.client import ErrorReply, Reply, Request
 
 
 class Requests:
@@ -29,7 +32,7 @@ class Requests:
         return len(self._pending)
 
     async def add(
-        self, message: dict[str, Any], timeout: float | None, endpoint: str
+        self, message: Request | dict[str, Any], timeout: float | None, endpoint: str
     ) -> tuple[asyncio.Future, bytes]:
         """Number ``message`` and await its reply: its future and its encoded form. Waits
         while ``limit`` requests are unanswered, raising ``TimeoutError`` after
@@ -47,7 +50,8 @@ class Requests:
             await self._room.acquire()
         req = next(self._reqs)
         future = asyncio.get_running_loop().create_future()
-        payload = pack({**message, "req": req})
+        raw = not isinstance(message, Request)  # a map this SDK does not declare
+        payload = pack({**message, "req": req} if raw else replace(message, req=req))
         self._pending[req] = future
         self._sent.sent(req, payload)
         future.add_done_callback(lambda _: self._answered(req))
@@ -70,15 +74,15 @@ class Requests:
         """Stop awaiting the reply to :meth:`expect`'s ``req``."""
         self._pending.pop(req, None)
 
-    def answer(self, data: dict[str, Any]) -> bool:
+    def answer(self, data: Reply) -> bool:
         """Hand a reply to its request; False for a refusal nobody awaits (a request sent
         without a number, or one given up)."""
-        future = self._pending.get(data.get("req"))
-        if data.get("op") == "error":
+        future = self._pending.get(data.req)
+        if type(data) is ErrorReply:
             if future is None or future.done():
                 return False
-            error = UnadvertisedError if data.get("error") == "unadvertised" else BrokerError
-            future.set_exception(error(data.get("message", "error")))
+            error = UnadvertisedError if data.error == "unadvertised" else BrokerError
+            future.set_exception(error(data.message))
         elif future is not None and not future.done():
             future.set_result(data)
         return True

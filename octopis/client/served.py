@@ -7,17 +7,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 from octopis.client.deliveries import NotificationHandler
 from octopis.client_policy import RecentDeliveries
 from octopis.logs import RateLimitedLog
-from octopis.wire import LEFT_AT, delivery_fields, unpack
-
-NOTICES = frozenset(
-    {"move", "released", "replayed", "replay_done", "withdrawn", "composite", "composite_dropped"}
-)
-"""What a broker tells a client unasked."""
+from octopis.wire import LEFT_AT, unpack
+from octopis.wire.client import Notice, delivery_fields
 
 
 class ServedClients:
@@ -30,7 +25,7 @@ class ServedClients:
         self.warn = warn
         self.handlers: dict[str, NotificationHandler] = {}
         """Client name → where its deliveries go."""
-        self._notices: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self._notices: dict[str, Callable[[Notice], None]] = {}
         self._on_drop: list[Callable[[str], None]] = []
         self.duplicates_absorbed = 0
         """Deliveries dropped as already seen during a fail-over or move."""
@@ -38,7 +33,7 @@ class ServedClients:
         """Deliveries for a client not served here (one that moved on while the broker
         still named it here)."""
 
-    def on_notice(self, name: str, notice: Callable[[dict[str, Any]], None]) -> None:
+    def on_notice(self, name: str, notice: Callable[[Notice], None]) -> None:
         """Call ``notice(message)`` with what the broker tells client ``name`` unasked."""
         self._notices[name] = notice
 
@@ -92,15 +87,15 @@ class ServedClients:
                 )
         recent.forget_old(now)
 
-    def notice(self, data: dict[str, Any], endpoint: str) -> None:
-        """Hand a notice (:data:`NOTICES`) from the broker at ``endpoint`` to its client."""
-        notice = self._notices.get(data.get("client"))
+    def notice(self, data: Notice, endpoint: str) -> None:
+        """Hand a notice from the broker at ``endpoint`` to its client."""
+        notice = self._notices.get(data.client)
         if notice is None:
             self.warn.warning(
                 "unknown-client notice",
-                "a %s notice for client %r, unknown at %s",
-                data.get("op"),
-                data.get("client"),
+                "a %s for client %r, unknown at %s",
+                type(data).__name__,
+                data.client,
                 endpoint,
             )
         else:

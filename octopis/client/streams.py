@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from octopis.client.composite import composite_notification
 from octopis.client.deliveries import Received
@@ -16,6 +16,7 @@ from octopis.client.replay import History
 from octopis.filters.composite import Composite
 from octopis.filters.language import Publication, Subscription
 from octopis.wire import pack
+from octopis.wire.client import CompositeDroppedNotice, CompositeNotice
 
 
 class StreamOwner(Protocol):
@@ -134,11 +135,11 @@ class CompositeStream(SubscriptionStream):
     late = 0
     cut = 0
 
-    def notice(self, message: dict[str, Any]) -> None:
+    def notice(self, message: CompositeNotice | CompositeDroppedNotice) -> None:
         """A ``composite`` or ``composite_dropped`` notice for this subscription."""
-        self.dropped = max(self.dropped, int(message.get("dropped", 0)))
-        self.late = max(self.late, int(message.get("late", 0)))
-        self.cut = max(self.cut, int(message.get("cut", 0)))
-        if message["op"] == "composite":
+        self.dropped = max(self.dropped, message.dropped)
+        self.late = max(self.late, message.late)
+        self.cut = max(self.cut, message.cut)
+        if type(message) is CompositeNotice:
             match = composite_notification(self.owner.name, message, time.time())
             self.offer(match, len(pack(message)))  # type: ignore[arg-type]

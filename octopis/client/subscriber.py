@@ -25,6 +25,17 @@ from octopis.client_policy import SubscriberReplays
 from octopis.defaults import BUFFER
 from octopis.filters.composite import Composite, as_filter
 from octopis.filters.language import Publication, Subscription
+from octopis.wire.client import (
+    CompositeDroppedNotice,
+    CompositeNotice,
+    MoveNotice,
+    Notice,
+    ReleasedNotice,
+    ReplayDoneNotice,
+    ReplayedNotice,
+    SubscribeRequest,
+    WithdrawnNotice,
+)
 
 REPLAY_WAIT = 10.0
 """Seconds a subscriber waits for a replay's answer before it reports the gap as unknown
@@ -170,24 +181,22 @@ class Subscriber(NamedClient):
         """Stop being served by ``old`` (a move away from it is complete)."""
         old.forget(self.name, self._resume_after_failover, self._dropped)
 
-    def _on_notice(self, message: dict[str, Any], connection: Connection) -> None:
+    def _on_notice(self, message: Notice, connection: Connection) -> None:
         """``released`` ends a move's wait; ``move`` starts one, or queues it behind the
         move under way, if it comes from the current connection."""
-        if message["op"] == "withdrawn":
-            self._withdrawn(str(message.get("sub_id")), connection)
-            return
-        if message["op"] in ("composite", "composite_dropped"):
-            stream = self._streams.get(str(message.get("sub_id")))
+        kind = type(message)
+        if kind is WithdrawnNotice:
+            self._withdrawn(message.sub_id, connection)
+        elif kind is CompositeNotice or kind is CompositeDroppedNotice:
+            stream = self._streams.get(message.sub_id)
             if isinstance(stream, CompositeStream):
                 stream.notice(message)
-            return
-        if message["op"] in ("replayed", "replay_done"):
+        elif kind is ReplayedNotice or kind is ReplayDoneNotice:
             if not self.replay_log.answer(message) and self.past.seam is not None:
                 self.past.seam.notice(message)
-            return
-        if message["op"] == "released":
-            self.mover.released(str(message.get("sub_id")))
-        else:
+        elif kind is ReleasedNotice:
+            self.mover.released(message.sub_id)
+        elif kind is MoveNotice:
             self.mover.ordered(message, connection)
 
     async def subscribe(
@@ -276,14 +285,12 @@ class Subscriber(NamedClient):
         timeout: float | None,
         durable: str | None = None,
     ) -> str:
-        message = {"op": "subscribe", "client": self.name, "filter": subscription.to_text()}
+        message = SubscribeRequest(client=self.name, filter=subscription.to_text(), durable=durable)
+        sub_id = (await self.connection.request(message, timeout)).sub_id
+        self._subscriptions[sub_id] = subscription
         if durable is not None:
-            message["durable"] = durable
-        reply = await self.connection.request(message, timeout)
-        self._subscriptions[reply["sub_id"]] = subscription
-        if durable is not None:
-            self._durable_of[reply["sub_id"]] = durable
-        return reply["sub_id"]
+            self._durable_of[sub_id] = durable
+        return sub_id
 
     def _withdrawn(self, sub_id: str, connection: Connection) -> None:
         """The broker withdrew ``sub_id``: this durable subscription was claimed by the

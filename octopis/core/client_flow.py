@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from octopis.core.capacity import SendRate
+from octopis.wire.client import DroppedNotice, OverflowNotice
 
 DROPPED_KEPT = 1000
 """Dropped connections remembered, so that their later requests are told why."""
@@ -50,10 +51,10 @@ class Overflow:
     reason: str | None
 
     @property
-    def notice(self) -> dict | None:
+    def notice(self) -> DroppedNotice | None:
         """What the connection is told, queued where its backlog was (None: nothing
         now, its drops are told once it drains, :meth:`ClientFlow.drained`)."""
-        return None if self.reason is None else {"op": "dropped", "reason": self.reason}
+        return None if self.reason is None else DroppedNotice(reason=self.reason)
 
 
 class ClientLimits(Protocol):
@@ -188,7 +189,7 @@ class ClientFlow(Generic[T]):
         limit = self.backlog_limit
         return queued < limit or (len(parts) == 1 and queued < limit + self.publish_window)
 
-    def refusal(self, identity: bytes) -> dict | None:
+    def refusal(self, identity: bytes) -> DroppedNotice | None:
         """The answer to a request from connection ``identity`` if it was dropped as a slow
         consumer (counted): told why again, whether or not its notice got out. None: it
         was not."""
@@ -198,10 +199,10 @@ class ClientFlow(Generic[T]):
         self.counters["requests_refused.dropped"] += 1
         return Overflow(0, reason).notice
 
-    def drained(self, overflowed: int) -> dict | None:
+    def drained(self, overflowed: int) -> OverflowNotice | None:
         """The notice a connection whose backlog drained is sent: how many of its
         deliveries the drop-oldest policy dropped meanwhile (``overflowed``; None: none)."""
-        return {"op": "overflow", "dropped": overflowed} if overflowed else None
+        return OverflowNotice(dropped=overflowed) if overflowed else None
 
     def keeps_waiting(self, connected: bool, idle: float) -> bool:
         """Whether a backlog whose pipe is full is still waited for: its connection is

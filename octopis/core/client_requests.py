@@ -50,6 +50,7 @@ from octopis.filters.language import (
     parse_publication,
     validate_publication,
 )
+from octopis.wire.client import ErrorReply, PublishedReply
 
 Filter = str | Mapping[str, Any] | Subscription | Composite
 """A filter as a request carries it (PADRES text or the dict form) or as parsed."""
@@ -76,7 +77,7 @@ class Refusal(NamedTuple):
     """A request refused: the error reply (without its ``req``), the counter it counts
     in, and whether the broker warns of it."""
 
-    reply: dict
+    reply: ErrorReply
     counter: str
     warn: bool
 
@@ -90,10 +91,10 @@ def refusal(exc: Exception) -> Refusal | None:
     advertisements is ``unadvertised``; :data:`REFUSALS` are refused with their message;
     None: the failure is the broker's own."""
     if isinstance(exc, UnadvertisedPublication):
-        reply = {"op": "error", "message": str(exc), "error": "unadvertised"}
+        reply = ErrorReply(message=str(exc), error="unadvertised")
         return Refusal(reply, "publications_refused.unadvertised", False)
     if isinstance(exc, REFUSALS):
-        return Refusal({"op": "error", "message": str(exc)}, "client_errors", True)
+        return Refusal(ErrorReply(message=str(exc)), "client_errors", True)
     return None
 
 
@@ -206,9 +207,9 @@ def admit_publication(
     return parsed
 
 
-def published(seq: int, refused: str | None = None) -> dict:
+def published(seq: int, refused: str | None = None) -> PublishedReply | ErrorReply:
     """The answer to publication ``seq`` once its copies are kept (DESIGN §7): taken, or
     ``not_kept`` naming why (``refused``: the disk refused its commit)."""
     if refused is not None:
-        return {"op": "error", "message": refused, "error": "not_kept"}
-    return {"op": "published", "seq": seq}
+        return ErrorReply(message=refused, error="not_kept")
+    return PublishedReply(seq=seq)

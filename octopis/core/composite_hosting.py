@@ -27,6 +27,7 @@ from octopis.core.composite import CompositeJoin, Match
 from octopis.core.messages import Action, Notification
 from octopis.filters.composite import Composite
 from octopis.filters.language import Subscription
+from octopis.wire.client import CompositeDroppedNotice, CompositeNotice, Notice
 
 REPORT_INTERVAL = 1.0
 """Seconds between two ``composite_dropped`` notices of one composite."""
@@ -59,7 +60,7 @@ class HostedComposites:
         self,
         subscribe: Callable[[str, Subscription, float], tuple[str, list[Action]]],
         unsubscribe: Callable[[str, str], list[Action]],
-        notify: Callable[[str, dict], bool],
+        notify: Callable[[str, Notice], bool],
         max_held: int,
         lateness: float,
         counters: Counter[str],
@@ -157,27 +158,19 @@ class HostedComposites:
             hosted.reported, hosted.reported_at = (join.dropped, join.cut), now
             notify(
                 hosted.client,
-                {
-                    "op": "composite_dropped",
-                    "sub_id": hosted.sub_id,
-                    "dropped": join.dropped,
-                    "late": join.late,
-                    "cut": join.cut,
-                },
+                CompositeDroppedNotice(
+                    sub_id=hosted.sub_id, dropped=join.dropped, late=join.late, cut=join.cut
+                ),
             )
         return True
 
     @staticmethod
-    def _notice(hosted: Hosted, match: Match) -> dict:
+    def _notice(hosted: Hosted, match: Match) -> CompositeNotice:
         join = hosted.join
-        return {
-            "op": "composite",
-            "sub_id": hosted.sub_id,
-            "parts": [
-                [*held.key, held.published_at, held.publication, list(parts)]
-                for held, parts in match.parts
-            ],
-            "dropped": join.dropped,
-            "late": join.late,
-            "cut": join.cut,
-        }
+        parts = [
+            (*held.key, held.published_at, held.publication, list(parts))
+            for held, parts in match.parts
+        ]
+        return CompositeNotice(
+            sub_id=hosted.sub_id, parts=parts, dropped=join.dropped, late=join.late, cut=join.cut
+        )

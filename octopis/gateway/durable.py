@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octopis.client_policy import DurableProgress, Key, LastSeen
-from octopis.wire import (
+from octopis.wire import pack
+from octopis.wire.client import (
     AckRequest,
     ClaimRequest,
+    ReplayDoneNotice,
     ReplayRequest,
-    claimed_records,
-    pack,
     read_notify,
 )
 
@@ -121,12 +121,12 @@ class DurableSubscription:
             for req, name in zip(next_req, self.names, strict=False)
         ]
 
-    def claim_done(self, notice: dict[str, Any], req: int) -> list[bytes]:
+    def claim_done(self, notice: ReplayDoneNotice, req: int) -> list[bytes]:
         """One claim answered (its ``replay_done`` notice); once all are, the requests
         that follow: acknowledgements and the replay (numbered ``req``), or none (a new
         durable subscription goes live at once)."""
-        self.found += claimed_records(notice.get("claimed", []))
-        self.silent += notice.get("silent", [])
+        self.found += notice.claimed
+        self.silent += notice.silent
         self.claims_left -= 1
         if self.claims_left > 0:
             return []

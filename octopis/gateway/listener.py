@@ -34,7 +34,8 @@ from octopis.gateway.session import DeliveryCache, Effects, SessionLimits, Stomp
 from octopis.logs import RateLimitedLog
 from octopis.settings import Clients, Stomp
 from octopis.transport.clients import STOMP_IDENTITY, ClientSessions
-from octopis.wire import HeartbeatRequest, pack
+from octopis.wire import pack
+from octopis.wire.client import HeartbeatRequest
 
 log = logging.getLogger("octopis.broker.stomp")
 

@@ -41,7 +41,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from octopis.gateway.durable import DurableRefusal, DurableSubscription, key_of
 from octopis.gateway.frames import (
@@ -54,15 +54,25 @@ from octopis.gateway.frames import (
 )
 from octopis.gateway.headers import HeaderError, headers_of, publication_of, topic_of
 from octopis.gateway.selector import SelectorError, translate
-from octopis.wire import (
-    MAX_CLIENT_NAME,
+from octopis.wire import MAX_CLIENT_NAME, pack, unpack
+from octopis.wire.client import (
+    BrokerMessage,
+    ClaimingReply,
+    DroppedNotice,
+    ErrorReply,
+    PublishedReply,
     PublishRequest,
+    ReplayDoneNotice,
+    ReplayedNotice,
+    ReplayingReply,
     ReplayRequest,
+    SubscribedReply,
     SubscribeRequest,
+    UnsubscribedReply,
     UnsubscribeRequest,
-    pack,
+    WithdrawnNotice,
+    decode_reply,
     read_notify,
-    unpack,
 )
 
 ACK_MODES = ("auto", "client", "client-individual")
@@ -365,7 +375,7 @@ class StompSession:
         out = Effects()
         try:
             if len(parts) == 1:
-                self._reply(unpack(parts[0]), out)
+                self._reply(decode_reply(parts[0]), out)
                 return out
             touched: set[DurableSubscription] = set()
             for i in range(0, len(parts) - 1, 2):
@@ -409,66 +419,69 @@ class StompSession:
             sub.durable.sent(notify, message_id, acked=sub.ack == "auto")
         out.frames.append(Frame("MESSAGE", headers, body, shared=shared, tail=tail))
 
-    def _reply(self, reply: dict[str, Any], out: Effects) -> None:
-        op, req = reply.get("op"), reply.get("req")
-        if op == "published" and req in self._publish_receipts:
+    def _reply(self, reply: BrokerMessage, out: Effects) -> None:
+        kind, req = type(reply), getattr(reply, "req", None)
+        if kind is PublishedReply and req in self._publish_receipts:
             self.unanswered -= 1
             receipt = self._publish_receipts.pop(req)
             if receipt is not None:
                 out.frames.append(Frame("RECEIPT", {"receipt-id": receipt}))
-        elif op == "subscribed" and req in self._subscribing:
-            sub = self._subscribing.pop(req)
-            sub.waiting -= 1
-            if self.subscriptions.get(sub.id) is sub:
-                sub.sub_ids.append(reply["sub_id"])
-            else:  # unsubscribed before the broker answered: withdraw it now
-                unsub = UnsubscribeRequest(client=sub.name, sub_id=reply["sub_id"])
-                out.requests.append(pack(unsub))
-            if sub.waiting == 0 and sub.everywhere is not None:
-                self._probe(sub, out)
-            elif sub.waiting == 0 and sub.receipt is not None:
-                out.frames.append(Frame("RECEIPT", {"receipt-id": sub.receipt}))
-            if sub.waiting == 0 and sub.durable is not None and sub.durable.step == "subscribing":
-                for claim_req, claim in sub.durable.claims(self._req):
-                    self._durable_reqs[claim_req] = sub
-                    out.requests.append(claim)
-        elif op == "replaying" and req in self._probes:
-            self._probes[str(reply["id"])] = self._probes.pop(req)
-        elif op == "replay_done" and str(reply.get("id")) in self._probes:
-            sub = self._probes.pop(str(reply["id"]))
+        elif kind is SubscribedReply and req in self._subscribing:
+            self._subscribed(self._subscribing.pop(req), reply.sub_id, out)
+        elif kind is ReplayingReply and req in self._probes:
+            self._probes[reply.id] = self._probes.pop(req)
+        elif kind is ReplayDoneNotice and reply.id in self._probes:
+            sub = self._probes.pop(reply.id)
             if sub.receipt is not None:
                 headers = {"receipt-id": sub.receipt}
-                if reply.get("silent"):  # brokers past which it may not have reached
-                    headers["octopis-silent"] = ",".join(map(str, reply["silent"]))
+                if reply.silent:  # brokers past which it may not have reached
+                    headers["octopis-silent"] = ",".join(reply.silent)
                 out.frames.append(Frame("RECEIPT", headers))
-        elif op in ("claiming", "replaying") and req in self._durable_reqs:
-            self._durable_ids[str(reply["id"])] = self._durable_reqs.pop(req)
-        elif op in ("replayed", "replay_done") and str(reply.get("id")) in self._durable_ids:
-            self._durable_notice(op, reply, out)
-        elif op == "withdrawn" and reply.get("client") in self._by_name:
+        elif kind in (ClaimingReply, ReplayingReply) and req in self._durable_reqs:
+            self._durable_ids[reply.id] = self._durable_reqs.pop(req)
+        elif kind in (ReplayedNotice, ReplayDoneNotice) and reply.id in self._durable_ids:
+            self._durable_notice(reply, out)
+        elif kind is WithdrawnNotice and reply.client in self._by_name:
             out.frames.append(
                 error_frame("this durable subscription was claimed by another connection")
             )
             out.close = True
-        elif op == "unsubscribed" and req in self._unsubscribing:
+        elif kind is UnsubscribedReply and req in self._unsubscribing:
             _, waiting = self._unsubscribing.pop(req)
             if not self._unsubscribing_of(waiting) and waiting[0] is not None:
                 out.frames.append(Frame("RECEIPT", {"receipt-id": waiting[0]}))
-        elif op in ("error", "dropped"):
+        elif kind is ErrorReply or kind is DroppedNotice:
             receipt = self._publish_receipts.get(req) if req is not None else None
-            message = reply.get("message") or reply.get("reason") or "refused by the broker"
-            out.frames.append(error_frame(str(message), receipt))
+            message = reply.message if kind is ErrorReply else reply.reason
+            out.frames.append(error_frame(message or "refused by the broker", receipt))
             out.close = True
 
-    def _durable_notice(self, op: str, notice: dict[str, Any], out: Effects) -> None:
+    def _subscribed(self, sub: _Subscription, sub_id: str, out: Effects) -> None:
+        """The broker made one of ``sub``'s subscriptions, as ``sub_id``."""
+        sub.waiting -= 1
+        if self.subscriptions.get(sub.id) is sub:
+            sub.sub_ids.append(sub_id)
+        else:  # unsubscribed before the broker answered: withdraw it now
+            unsub = UnsubscribeRequest(client=sub.name, sub_id=sub_id)
+            out.requests.append(pack(unsub))
+        if sub.waiting == 0 and sub.everywhere is not None:
+            self._probe(sub, out)
+        elif sub.waiting == 0 and sub.receipt is not None:
+            out.frames.append(Frame("RECEIPT", {"receipt-id": sub.receipt}))
+        if sub.waiting == 0 and sub.durable is not None and sub.durable.step == "subscribing":
+            for claim_req, claim in sub.durable.claims(self._req):
+                self._durable_reqs[claim_req] = sub
+                out.requests.append(claim)
+
+    def _durable_notice(self, notice: ReplayedNotice | ReplayDoneNotice, out: Effects) -> None:
         """A claim's or a replay's answer for a durable subscription."""
-        sub = self._durable_ids[str(notice["id"])]
+        sub = self._durable_ids[notice.id]
         durable = sub.durable
         assert durable is not None
-        if op == "replayed":
-            durable.replayed += notice.get("bodies", [])
+        if type(notice) is ReplayedNotice:
+            durable.replayed += notice.bodies
             return
-        del self._durable_ids[str(notice["id"])]
+        del self._durable_ids[notice.id]
         if durable.step == "claiming":
             req = next(self._req)
             out.requests += durable.claim_done(notice, req)

@@ -22,6 +22,7 @@ from octopis.core.composite import PartKey
 from octopis.core.composite_hosting import HostedComposites
 from octopis.core.messages import Notification
 from octopis.filters.composite import Composite
+from octopis.wire.client import CompositeNotice, Notice
 
 if TYPE_CHECKING:
     from octopis.core import Action
@@ -80,11 +81,11 @@ class CompositeClients:
         self.offered[composite.client].add((n.publisher, n.session, n.seq))
         return hosted.deliver(key, n, self._events.now)
 
-    def notify(self, client: str, notice: dict) -> bool:
-        """A broker's notice to composite client ``client`` (a ``composite`` one is a
-        match); whether it got it."""
-        if notice["op"] == "composite":
-            self.matches[client].append(frozenset(tuple(p[:3]) for p in notice["parts"]))
+    def notify(self, client: str, notice: Notice) -> bool:
+        """A broker's notice to composite client ``client`` (a
+        :class:`~octopis.wire.client.CompositeNotice` is a match); whether it got it."""
+        if type(notice) is CompositeNotice:
+            self.matches[client].append(frozenset(p[:3] for p in notice.parts))
         return True
 
     def join_of(self, client: str) -> Any:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
+from msgspec.structs import replace
 
 from octopis.core.client_requests import RequestRefused
 from octopis.core.client_requests import refusal as client_refusal
@@ -45,7 +46,16 @@ from octopis.transport.outbox import ClientOutbox
 from octopis.transport.requests import RequestHandlers
 from octopis.transport.security import Curve
 from octopis.transport.zmqio import FastSocket
-from octopis.wire import AFTER_DELIVERIES, RequestError, decode_request, pack, request_number
+from octopis.wire import pack
+from octopis.wire.client import (
+    AFTER_DELIVERIES,
+    DroppedNotice,
+    ErrorReply,
+    Reply,
+    RequestError,
+    decode_request,
+    request_number,
+)
 
 log = logging.getLogger("octopis.broker.clients")
 
@@ -191,12 +201,14 @@ class ClientSessions:
             return
         identity, payload = parts
         reply = self._on_request(identity, payload, now)
-        if reply is not None and reply["op"] in AFTER_DELIVERIES:
+        if isinstance(reply, AFTER_DELIVERIES):
             self.outbox.notify(identity, reply)
         elif reply is not None:
             self.outbox.send(identity, [pack(reply)])
 
-    def _on_request(self, identity: bytes, payload: bytes, now: float) -> dict | None:
+    def _on_request(
+        self, identity: bytes, payload: bytes, now: float
+    ) -> Reply | DroppedNotice | None:
         req = None
         try:
             try:
@@ -207,7 +219,7 @@ class ClientSessions:
             req = request.req
             refusal = self.outbox.flow.refusal(identity)
             if refusal is not None:
-                return {**refusal, "req": req}
+                return replace(refusal, req=req)
             connection = self.sessions.heard(identity, now)
             reply = self._handlers[type(request)](identity, connection, request)
         except Exception as exc:
@@ -215,15 +227,12 @@ class ClientSessions:
             if refused is None:
                 self.counters["internal_errors"] += 1
                 self._warn.exception("internal", "%s failed on a client request", self.id)
-                return {"op": "error", "req": req, "message": f"internal error: {exc}"}
+                return ErrorReply(req=req, message=f"internal error: {exc}")
             self.counters[refused.counter] += 1
             if refused.warn:
                 self._warn.warning("refused", "%s refused a client request: %s", self.id, exc)
-            return {**refused.reply, "req": req}
-        if reply is not None and req is not None:
-            reply["req"] = req
-            return reply
-        return None
+            return replace(refused.reply, req=req)
+        return None if reply is None or req is None else replace(reply, req=req)
 
     # -- what the broker and its gateways ask of the sessions --------------------------------
 

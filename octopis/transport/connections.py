@@ -19,6 +19,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from msgspec.structs import replace
+
 from octopis.core import Action, Notification
 from octopis.core.client_requests import RequestRefused
 from octopis.core.composite_hosting import HostedComposites
@@ -26,6 +28,7 @@ from octopis.core.custody import PublishReceipt, Unanswered
 from octopis.core.node import BrokerNode
 from octopis.core.sessions import Liveness, interests, order_move
 from octopis.transport.links import InputWaiter
+from octopis.wire.client import MoveNotice, Notice, ReleasedNotice, WithdrawnNotice
 
 if TYPE_CHECKING:
     from octopis.transport.replaying import Replaying
@@ -206,7 +209,7 @@ class ClientConnections:
             identity, _ = self.names[key]
             self.notify(
                 identity,
-                {"op": "move", "client": client, "to": to, "inside": adopt, "sub_ids": sub_ids},
+                MoveNotice(client=client, to=to, inside=adopt, sub_ids=sub_ids),
             )
             moved += sub_ids
         return moved
@@ -220,7 +223,7 @@ class ClientConnections:
             replaying.save_durables()
         if release.tell:
             identity, name = self.names[key]
-            self.notify(identity, {"op": "released", "client": name, "sub_id": sub_id})
+            self.notify(identity, ReleasedNotice(client=name, sub_id=sub_id))
 
     def _expire_moves(self, now: float) -> None:
         """Withdraw what orphaned move orders kept past their deadline
@@ -239,15 +242,15 @@ class ClientConnections:
         if actions is None:
             return
         self.router.execute(actions)
-        self.notify(client[0], {"op": "withdrawn", "client": client[1], "sub_id": sub_id})
+        self.notify(client[0], WithdrawnNotice(client=client[1], sub_id=sub_id))
 
-    def notify_client(self, key: str, message: dict) -> bool:
+    def notify_client(self, key: str, message: Notice) -> bool:
         """Send a notice to local client ``key`` (behind its deliveries); False if it has
         gone."""
         client = self.names.get(key)
         if client is None or client[0] not in self.connections:
             return False
-        self.notify(client[0], {**message, "client": client[1]})
+        self.notify(client[0], replace(message, client=client[1]))
         return True
 
     # -- status --------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from octopis.settings import Clients
 from octopis.transport.links import LOOP_SLACK, InputWaiter, SendPass
 from octopis.transport.zmqio import FastSocket
 from octopis.wire import LEFT_AT, pack
+from octopis.wire.client import Notice, Reply
 
 if TYPE_CHECKING:
     from octopis.transport.connections import ClientSession
@@ -85,7 +86,7 @@ class ClientOutbox:
         self.bytes_out = 0
         """Bytes of notifications delivered (the load analysis reads it, DESIGN §9)."""
 
-    def notify(self, identity: bytes, message: dict) -> None:
+    def notify(self, identity: bytes, message: Reply | Notice) -> None:
         """Send a notice to a connection behind the deliveries made before it: those held
         for it in this send pass, and those waiting for ``clients.capacity`` (a
         ``released`` notice must follow the old host's last delivery)."""
@@ -236,7 +237,7 @@ class ClientOutbox:
                 self.flow.backlog_limit,
             )
             return
-        self.drop(identity, notice["reason"])
+        self.drop(identity, notice.reason)
         backlog.append([pack(notice)])
 
     def _try_send(self, identity: bytes, parts: list[bytes]) -> BaseException | None:

@@ -45,6 +45,7 @@ from octopis.logs import RateLimitedLog
 from octopis.settings import Durable, Retention
 from octopis.transport.retention import RetentionError, RetentionStore, StoreAnswer
 from octopis.wire import ClaimedRecord
+from octopis.wire.client import ReplayDoneNotice, ReplayedNotice
 
 log = logging.getLogger("octopis.broker")
 
@@ -324,7 +325,7 @@ class Replaying:
                 self._claim(action.request)
             elif type(action) is ReplayDeliver:
                 bodies = [encode_body(n) for n in action.notifications]
-                message = {"op": "replayed", "id": action.req_id, "bodies": bodies}
+                message = ReplayedNotice(id=action.req_id, bodies=bodies)
                 self._notify(action.requester, message)
             elif type(action) is ReplayDone:
                 echo = action.echo
@@ -340,21 +341,18 @@ class Replaying:
                     list(echo.silent),
                     len(echo.gaps),
                 )
-                self._notify(
-                    action.requester,
-                    {
-                        "op": "replay_done",
-                        "id": action.req_id,
-                        "answered": list(echo.answered),
-                        "unstored": list(echo.unstored),
-                        "silent": list(echo.silent),
-                        "gaps": [list(g) for g in echo.gaps],
-                        "published": echo.published,
-                        "late": action.late,
-                        "truncated": list(echo.truncated),
-                        "claimed": [ClaimedRecord(*c) for c in echo.claimed],
-                    },
+                done = ReplayDoneNotice(
+                    id=action.req_id,
+                    answered=list(echo.answered),
+                    unstored=list(echo.unstored),
+                    silent=list(echo.silent),
+                    gaps=list(echo.gaps),
+                    published=echo.published,
+                    late=action.late,
+                    truncated=list(echo.truncated),
+                    claimed=[ClaimedRecord(*c) for c in echo.claimed],
                 )
+                self._notify(action.requester, done)
 
     def _query(self, request: Replay) -> None:
         assert self.store is not None  # the rounds ask only a broker that has one

@@ -12,6 +12,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from msgspec.structs import replace
+
 from octopis.core import Notification
 from octopis.core import client_requests as rules
 from octopis.core.client_requests import DurableRequest
@@ -20,24 +22,34 @@ from octopis.core.replay import check_replay_filters
 from octopis.core.sessions import check_advertised
 from octopis.transport.connections import ClientConnections, ClientError, ClientSession, Router
 from octopis.transport.outbox import ClientOutbox
-from octopis.wire import (
+from octopis.wire import pack, stamp_problem
+from octopis.wire.client import (
+    AckedReply,
     AckRequest,
+    AdoptedReply,
     AdoptRequest,
+    AdvertisedReply,
     AdvertiseRequest,
+    AliveReply,
+    ByeReply,
     ByeRequest,
+    ClaimingReply,
     ClaimRequest,
     HeartbeatRequest,
     HelloRequest,
     PublishRequest,
+    ReplayingReply,
     ReplayRequest,
+    Reply,
     Request,
+    SubscribedReply,
     SubscribeRequest,
+    UnsubscribedReply,
     UnsubscribeRequest,
-    pack,
-    stamp_problem,
+    WelcomeReply,
 )
 
-Handler = Callable[[bytes, ClientSession, Request], "dict | None"]
+Handler = Callable[[bytes, ClientSession, Request], "Reply | None"]
 
 
 class RequestHandlers:
@@ -75,15 +87,15 @@ class RequestHandlers:
     def _key(self, identity: bytes, connection: ClientSession, request: Request) -> str:
         return self.connections.key(identity, connection, request.client)
 
-    def _hello(self, identity: bytes, connection: ClientSession, request: HelloRequest) -> dict:
-        return {"op": "welcome", **self.router.welcome}
+    def _hello(self, identity: bytes, connection: ClientSession, request: HelloRequest) -> Reply:
+        return WelcomeReply(**self.router.welcome)
 
-    def _heartbeat(self, identity: bytes, connection: ClientSession, request: Request) -> dict:
-        return {"op": "alive"}
+    def _heartbeat(self, identity: bytes, connection: ClientSession, request: Request) -> Reply:
+        return AliveReply()
 
-    def _bye(self, identity: bytes, connection: ClientSession, request: Request) -> dict:
+    def _bye(self, identity: bytes, connection: ClientSession, request: Request) -> Reply:
         self.connections.drop(identity, "it said bye", left=True)
-        return {"op": "bye"}
+        return ByeReply()
 
     # -- subscriptions (the rules: octopis.core.client_requests) ----------------------------
 
@@ -92,7 +104,7 @@ class RequestHandlers:
 
     def _subscribe(
         self, identity: bytes, connection: ClientSession, request: SubscribeRequest
-    ) -> dict:
+    ) -> Reply:
         key = self._key(identity, connection, request)
         durable = self._durable(key, request.durable)
         local_subscribe = self.router.composites.local_subscribe
@@ -102,11 +114,11 @@ class RequestHandlers:
         if durable is not None:
             self.router.replaying.save_durables()
         self.router.execute(actions)
-        return {"op": "subscribed", "sub_id": sub_id}
+        return SubscribedReply(sub_id=sub_id)
 
     def _unsubscribe(
         self, identity: bytes, connection: ClientSession, request: UnsubscribeRequest
-    ) -> dict:
+    ) -> Reply:
         key = self._key(identity, connection, request)
         withdraw, replaying = self.router.node.withdraw, self.router.replaying
         actions, claim = rules.unsubscribe(
@@ -122,9 +134,9 @@ class RequestHandlers:
         replaying.save_durables()
         if claim is not None:  # another copy of its record is claimed, nobody answered
             replaying.start(None, [], [], time.time(), claim=claim)
-        return {"op": "unsubscribed", "sub_id": request.sub_id}
+        return UnsubscribedReply(sub_id=request.sub_id)
 
-    def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> dict:
+    def _adopt(self, identity: bytes, connection: ClientSession, request: AdoptRequest) -> Reply:
         key = self._key(identity, connection, request)
         core, composites = self.router.node.core, self.router.composites
         durable = self._durable(key, request.durable)
@@ -135,21 +147,21 @@ class RequestHandlers:
             self.router.replaying.save_durables()
         self.counters["moves.adopted"] += 1
         self.router.execute(actions)
-        return {"op": "adopted", "sub_id": request.sub_id}
+        return AdoptedReply(sub_id=request.sub_id)
 
     def _advertise(
         self, identity: bytes, connection: ClientSession, request: AdvertiseRequest
-    ) -> dict:
+    ) -> Reply:
         """An advertisement (DESIGN §12): it spreads, and the client may publish what it
         matches; it is withdrawn when the client's connection goes."""
         key = self._key(identity, connection, request)
         adv_id, actions = rules.advertise(self.router.node.core, key, request.filter)
         self.router.execute(actions)
-        return {"op": "advertised", "adv_id": adv_id}
+        return AdvertisedReply(adv_id=adv_id)
 
     # -- replays and durable records (DESIGN §11) ---------------------------------------------
 
-    def _replay(self, identity: bytes, connection: ClientSession, request: ReplayRequest) -> dict:
+    def _replay(self, identity: bytes, connection: ClientSession, request: ReplayRequest) -> Reply:
         check_replay_filters(request.filters)
         key = self._key(identity, connection, request)
         req_id = self.router.replay(
@@ -162,27 +174,27 @@ class RequestHandlers:
             answer_max=request.answer_max,
             answer_bytes=request.answer_bytes,
         )
-        return {"op": "replaying", "id": req_id}
+        return ReplayingReply(id=req_id)
 
-    def _claim(self, identity: bytes, connection: ClientSession, request: ClaimRequest) -> dict:
+    def _claim(self, identity: bytes, connection: ClientSession, request: ClaimRequest) -> Reply:
         key = self._key(identity, connection, request)
         req_id = self.router.replay(
             key, [], [], 0.0, historic=True, claim=claim_of(request.client, request.durable)
         )
-        return {"op": "claiming", "id": req_id}
+        return ClaimingReply(id=req_id)
 
-    def _ack(self, identity: bytes, connection: ClientSession, request: AckRequest) -> dict:
+    def _ack(self, identity: bytes, connection: ClientSession, request: AckRequest) -> Reply:
         records = self.router.replaying.durables
         rules.acknowledge(
             records, request.client, request.durable, request.since, time.time(), request.after
         )
-        return {"op": "acked"}
+        return AckedReply()
 
     # -- publications --------------------------------------------------------------------
 
     def _publish(
         self, identity: bytes, connection: ClientSession, request: PublishRequest
-    ) -> dict | None:
+    ) -> Reply | None:
         problem = stamp_problem(request.seq, float(request.published_at))
         if problem is not None:  # the wire's bounds (decoding)
             raise ClientError(problem)
@@ -205,7 +217,7 @@ class RequestHandlers:
 
         def answered() -> None:
             answer = rules.published(request.seq, receipt.refusal)
-            self.outbox.send(identity, [pack({**answer, "req": request.req})])
+            self.outbox.send(identity, [pack(replace(answer, req=request.req))])
 
         receipt = unanswered.receipt(answered)
         self.router.publish(n, receipt)
