@@ -17,7 +17,8 @@ import pytest
 from octopis.client import Connection, ConnectionGroup
 from octopis.core import Notification
 from octopis.core.codec import encode_body
-from octopis.wire import LEFT_AT, delivery_fields, pack, unpack
+from octopis.wire import LEFT_AT, pack, unpack
+from octopis.wire.client import delivery_fields
 
 DELIVERIES = 200_000
 BATCH = 32
