@@ -5,12 +5,13 @@ A client connects to one broker's client socket, by the broker's id in a running
 the keys and the brokers to fail over to) or by endpoint. Several named clients may share
 one :class:`Connection` (``octopis run`` attaches thousands of subscribers this way).
 
-Protocol: :mod:`octopis.wire` (requests are maps tagged by ``op``; replies echo ``req``;
-failures are ``{"op": "error", "message"}`` and raise :class:`BrokerError`; a delivery is
-``[names, NOTIFY body]``). The SDK trusts the broker's match: a subscriber receives each
-notification once, whichever of its subscriptions matched (paper §6), and every stream
-of that subscriber sees it. Connections send heartbeats at a quarter of the broker's
-client timeout, so a live but quiet subscriber is never dropped (DESIGN §7).
+Protocol: :mod:`octopis.wire.client` (requests, replies and notices are maps tagged by
+``op``, each declared there; replies echo ``req``; a refusal is an ``error`` reply and
+raises :class:`BrokerError`; a delivery is ``[names, NOTIFY body]``). The SDK trusts the
+broker's match: a subscriber receives each notification once, whichever of its
+subscriptions matched (paper §6), and every stream of that subscriber sees it.
+Connections send heartbeats at a quarter of the broker's client timeout, so a live but
+quiet subscriber is never dropped (DESIGN §7).
 
 Example, after ``octopis up t.json`` (the overlay in ``.octopis``)::
 

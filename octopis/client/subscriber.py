@@ -34,6 +34,7 @@ from octopis.wire.client import (
     ReplayDoneNotice,
     ReplayedNotice,
     SubscribeRequest,
+    UnsubscribeRequest,
     WithdrawnNotice,
 )
 
@@ -373,9 +374,7 @@ class Subscriber(NamedClient):
     async def unsubscribe(self, stream: SubscriptionStream | str, timeout: float = 10.0) -> None:
         """Withdraw a subscription by stream or id."""
         sub_id = stream if isinstance(stream, str) else stream.sub_id
-        await self.connection.request(
-            {"op": "unsubscribe", "client": self.name, "sub_id": sub_id}, timeout
-        )
+        await self.connection.request(UnsubscribeRequest(client=self.name, sub_id=sub_id), timeout)
         gone = self._streams.pop(sub_id, None)
         if gone is not None:
             gone.release()
