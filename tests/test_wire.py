@@ -57,14 +57,9 @@ from octopis.wire import (
     SubscribeBody,
     body_positions,
     kind_name,
-    pack,
 )
 from octopis.wire.client import (
-    PublishRequest,
-    RequestError,
-    decode_request,
     delivery_fields,
-    read_notify,
 )
 
 QUOTE = {"class": "STOCK", "symbol": "MSFT", "close": 28.1, "volume": 1200}
@@ -150,46 +145,6 @@ def test_a_delivery_reads_the_notify_body_it_carries(names_known: set[str]) -> N
     names_known.discard("volume")  # a name not validated yet: the full decoding decides
     assert decode_plain_notification(with_body) is None
     assert decode_body("a:0", with_body).body == b"\x00\xffbytes"
-
-
-def test_a_client_request_decodes_into_its_kind() -> None:
-    request = decode_request(
-        pack({"op": "publish", "client": "c", "seq": 3, "published_at": 1, "publication": "x"})
-    )
-    assert request == PublishRequest(client="c", seq=3, published_at=1.0, publication="x")
-
-
-@pytest.mark.parametrize(
-    ("request_", "problem"),
-    [
-        ({"op": "publish", "client": "c"}, "missing required field `seq`"),
-        ({"op": "nope", "client": "c"}, "unknown op 'nope'; expected one of hello"),
-        ({"op": "hello", "client": ""}, "at `$.client`"),
-        ({"op": "hello", "client": "c" * 257}, "at `$.client`"),
-        ({"op": "hello", "client": "c", "x": 1}, "unknown field `x`"),
-        (
-            {"op": "publish", "client": "c", "seq": -1, "published_at": 0, "publication": "x"},
-            "at `$.seq`",
-        ),
-        ({"op": "unsubscribe", "client": "c", "sub_id": 5}, "at `$.sub_id`"),
-        (
-            {
-                "op": "publish",
-                "client": "c",
-                "seq": 1,
-                "published_at": 0,
-                "publication": "x",
-                "session": 2**63,
-            },
-            "at `$.session`",
-        ),
-        ([1, 2], "Expected `object`, got `array`"),
-    ],
-)
-def test_malformed_client_requests_name_the_problem(request_: object, problem: str) -> None:
-    with pytest.raises(RequestError) as caught:
-        decode_request(pack(request_))
-    assert problem in str(caught.value)
 
 
 def good_notify(**change: object) -> list:
@@ -491,9 +446,3 @@ def test_the_compiled_path_takes_its_positions_from_the_declaration() -> None:
     for other in range(1, len(plain)):
         found = plain_notification(head, decoder, errors, known, cls, other, encode_body(n))
         assert (found == n) is (other == publication)
-
-
-def test_a_client_reads_a_delivery_by_name() -> None:
-    n = Notification("P", 8, 12.5, QUOTE, tunnel=Tunnel(0, "a", "b", 0), session=3)
-    read = read_notify(encode_body(n))
-    assert (read.publisher, read.seq, read.publication, read.session) == ("P", 8, QUOTE, 3)

@@ -14,6 +14,8 @@ import pytest
 from test_layers import PACKAGE
 
 from octopis.client import Connection
+from octopis.core import Notification, Tunnel
+from octopis.core.codec import encode_body
 from octopis.wire import ClaimedRecord, pack
 from octopis.wire.client import (
     AckedReply,
@@ -30,21 +32,26 @@ from octopis.wire.client import (
     MoveNotice,
     OverflowNotice,
     PublishedReply,
+    PublishRequest,
     ReleasedNotice,
     ReplayDoneNotice,
     ReplayedNotice,
     ReplayingReply,
     ReplyError,
+    RequestError,
     SubscribedReply,
     SubscribeRequest,
     UnsubscribedReply,
     WelcomeReply,
     WithdrawnNotice,
     decode_reply,
+    decode_request,
     is_reply,
     op_of,
+    read_notify,
 )
 
+QUOTE = {"class": "STOCK", "symbol": "MSFT", "close": 28.1, "volume": 1200}
 SAMPLES = [
     WelcomeReply(req=1, broker="a:0", mode="dnr", cluster=0, region="a", timeout=10.0),
     AliveReply(req=2),
@@ -139,6 +146,52 @@ def test_a_reply_the_sdk_cannot_read_is_kept_in_errors_and_the_connection_reads_
     connection._on_frame([pack(notice)])
     assert connection.errors[-1].startswith("bad reply: Object missing required field")
     assert told == [notice]
+
+
+def test_a_client_request_decodes_into_its_kind() -> None:
+    request = decode_request(
+        pack({"op": "publish", "client": "c", "seq": 3, "published_at": 1, "publication": "x"})
+    )
+    assert request == PublishRequest(client="c", seq=3, published_at=1.0, publication="x")
+
+
+@pytest.mark.parametrize(
+    ("request_", "problem"),
+    [
+        ({"op": "publish", "client": "c"}, "missing required field `seq`"),
+        ({"op": "nope", "client": "c"}, "unknown op 'nope'; expected one of hello"),
+        ({"op": "hello", "client": ""}, "at `$.client`"),
+        ({"op": "hello", "client": "c" * 257}, "at `$.client`"),
+        ({"op": "hello", "client": "c", "x": 1}, "unknown field `x`"),
+        (
+            {"op": "publish", "client": "c", "seq": -1, "published_at": 0, "publication": "x"},
+            "at `$.seq`",
+        ),
+        ({"op": "unsubscribe", "client": "c", "sub_id": 5}, "at `$.sub_id`"),
+        (
+            {
+                "op": "publish",
+                "client": "c",
+                "seq": 1,
+                "published_at": 0,
+                "publication": "x",
+                "session": 2**63,
+            },
+            "at `$.session`",
+        ),
+        ([1, 2], "Expected `object`, got `array`"),
+    ],
+)
+def test_malformed_client_requests_name_the_problem(request_: object, problem: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        decode_request(pack(request_))
+    assert problem in str(caught.value)
+
+
+def test_a_client_reads_a_delivery_by_name() -> None:
+    n = Notification("P", 8, 12.5, QUOTE, tunnel=Tunnel(0, "a", "b", 0), session=3)
+    read = read_notify(encode_body(n))
+    assert (read.publisher, read.seq, read.publication, read.session) == ("P", 8, QUOTE, 3)
 
 
 def hand_spelled_bodies(root: Path, excluded: frozenset[str]) -> list[str]:
