@@ -1,8 +1,8 @@
 """Peer-link frames (declared in octopis.wire, converted by octopis.core.codec,
-DESIGN §2, §4, §7) and client requests (octopis.wire): every message kind survives the
-round trip with the bytes it always had, the routing messages and the compiled NOTIFY
-path agree with the declarations, and every malformed frame or request is refused with an
-error that names the problem."""
+DESIGN §2, §4, §7): every message kind survives the round trip with the bytes it always
+had, the routing messages and the compiled NOTIFY path agree with the declarations, and
+every malformed frame is refused with an error that names the problem (the client
+protocol's: tests/test_wire_client.py)."""
 
 from __future__ import annotations
 
