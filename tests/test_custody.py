@@ -15,6 +15,7 @@ from octopis.core.custody import (
     STALE,
     TAKEN,
     Custody,
+    PublishReceipt,
     acknowledge_every,
     acknowledgement,
     ask,
@@ -23,6 +24,7 @@ from octopis.core.custody import (
     owed,
     resent,
     resent_taken,
+    settle_receipts,
     take,
     took,
 )
@@ -252,3 +254,18 @@ def test_the_receiver_counts_what_it_owes_unless_withheld() -> None:
     assert not heartbeat_due(record, 0.1, 0.2, sending=False)
     assert not heartbeat_due(record, 0.3, 0.2, sending=True)
     assert heartbeat_due(record, 0.3, 0.2, sending=False)
+
+
+def test_a_settled_copy_holds_its_publishers_receipt_and_keeps_the_bare_copy() -> None:
+    """The one rule both shells settle by (a process's frames, the simulator's copies):
+    each acknowledged copy that carries a receipt counts as held, and its entry keeps the
+    copy without it; the receipt answers once its last copy is held."""
+    answered: list[int] = []
+    receipt = PublishReceipt(lambda: answered.append(1))
+    receipt.keep()
+    receipt.keep()
+    entries = [(1, 0.5, ("n1", receipt)), (2, 0.6, ("n2", None)), (3, 0.7, ("n3", receipt))]
+    settled = settle_receipts(entries, lambda copy: copy[1], lambda copy: (copy[0], None))
+    assert settled == 2 and answered == [1]
+    assert entries == [(1, 0.5, ("n1", None)), (2, 0.6, ("n2", None)), (3, 0.7, ("n3", None))]
+    assert settle_receipts(entries, lambda copy: copy[1], lambda copy: copy) == 0

@@ -19,6 +19,7 @@ from octopis.core.durable import claim_of
 from octopis.core.messages import Forward, Notification, SubState
 from octopis.core.replay import (
     DATA_BATCH,
+    Budgets,
     Claimed,
     ClaimRecord,
     ExpireAt,
@@ -29,6 +30,7 @@ from octopis.core.replay import (
     ReplayDone,
     ReplayEcho,
     ReplayRounds,
+    replay_request,
     sbp_targets,
 )
 from octopis.topology import Scot, build_preset
@@ -340,3 +342,16 @@ def _done(answered: list[str], published: int = 0) -> ReplayDoneNotice:
         truncated=[],
         claimed=[],
     )
+
+
+def test_a_claim_and_a_window_of_the_past_wait_the_historic_budget_a_replay_its_own() -> None:
+    """One rule for every host, a process's or the simulator's: what budget a request's
+    host waits for its answers (``[retention]``'s ``historic_budget`` for a window of the
+    past or a durable record's claim, ``replay_budget`` for a fail-over's replay)."""
+    budgets = Budgets(replay_budget=2.0, historic_budget=20.0)
+    replay = replay_request("a:0/1", "a:0", ["[x,>,1]"], [("P", 0, 3)], 5.0, budgets)
+    assert replay == Replay("a:0/1", "a:0", ("[x,>,1]",), (("P", 0, 3),), 5.0, 2.0)
+    window = replay_request("a:0/2", "a:0", ["[x,>,1]"], (), 5.0, budgets, historic=True)
+    claim = replay_request("a:0/3", "a:0", (), (), 0.0, budgets, claim="c\x00d")
+    assert (window.budget, claim.budget, claim.claim) == (20.0, 20.0, "c\x00d")
+    assert replay_request("r", "a:0", (), (), 0.0).budget == Budgets().replay_budget == 3.0

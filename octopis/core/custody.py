@@ -132,6 +132,24 @@ class PublishReceipt:
             self.refuse(refusal)
 
 
+def settle_receipts(
+    entries: list[Entry],
+    receipt_of: Callable[[Any], PublishReceipt | None],
+    bare: Callable[[Any], Any],
+) -> int:
+    """Acknowledged custody entries (DESIGN §7): a local publication's copy that carries
+    its publisher's receipt (``receipt_of``) counts as held (:meth:`PublishReceipt.held`)
+    and its entry keeps the copy without it (``bare``); returns how many did."""
+    settled = 0
+    for i, (number, sent_at, copy) in enumerate(entries):
+        receipt = receipt_of(copy)
+        if receipt is not None:
+            receipt.held()
+            entries[i] = (number, sent_at, bare(copy))
+            settled += 1
+    return settled
+
+
 class Unanswered:
     """A client connection's publications taken and not yet answered (DESIGN §7): how
     many (:attr:`count`, what ``clients.publish_window`` bounds), and whether a new one

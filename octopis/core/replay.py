@@ -47,7 +47,7 @@ from math import inf
 from typing import NamedTuple
 
 from octopis.core.messages import Forward, Notification, SubState
-from octopis.defaults import REPLAY_ROUNDS
+from octopis.defaults import HISTORIC_BUDGET, REPLAY_BUDGET, REPLAY_ROUNDS
 from octopis.filters.language import parse_subscription
 
 BUDGET_SHRINK = 0.75
@@ -94,6 +94,50 @@ class Replay:
     answer_max: int = 0
     answer_bytes: int = 0
     claim: str = ""
+
+
+class Budgets(NamedTuple):
+    """Seconds the host of a request waits for every broker's answer (``[retention]``
+    ``replay_budget`` and ``historic_budget``; the section itself serves)."""
+
+    replay_budget: float = REPLAY_BUDGET
+    historic_budget: float = HISTORIC_BUDGET
+
+
+DEFAULT_BUDGETS = Budgets()
+"""The budgets a broker has by default (the simulator's brokers')."""
+
+
+def replay_request(
+    req_id: str,
+    host: str,
+    filters: Iterable[str],
+    since: Iterable[tuple[str, int, int]],
+    after: float,
+    budgets: Budgets = DEFAULT_BUDGETS,
+    *,
+    historic: bool = False,
+    claim: str = "",
+    until: float = inf,
+    answer_max: int = 0,
+    answer_bytes: int = 0,
+) -> Replay:
+    """The request ``host`` starts for a client (DESIGN §11): a window of the past
+    (``historic``: a historic, hybrid or durable subscription's) and a durable record's
+    ``claim`` wait the historic budget, a fail-over's replay the replay budget."""
+    budget = budgets.historic_budget if historic or claim else budgets.replay_budget
+    return Replay(
+        req_id,
+        host,
+        tuple(filters),
+        tuple(since),
+        after,
+        budget,
+        until=until,
+        answer_max=answer_max,
+        answer_bytes=answer_bytes,
+        claim=claim,
+    )
 
 
 @dataclass(frozen=True, slots=True)

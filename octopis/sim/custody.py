@@ -73,7 +73,6 @@ from octopis.core.acknowledging import ARM, HELD, SEND, Acknowledgements
 from octopis.core.codec import Ask
 from octopis.core.custody import (
     Custody,
-    Entry,
     PublishReceipt,
     acknowledge_every,
     ask,
@@ -81,6 +80,7 @@ from octopis.core.custody import (
     heartbeat_due,
     owed_neighbours,
     resent_taken,
+    settle_receipts,
 )
 from octopis.core.neighbours import Neighbour
 from octopis.core.node import HandedShare
@@ -112,7 +112,7 @@ ASK = Ask()
 
 class Receipted(NamedTuple):
     """A local publication's copy that a link keeps in custody, with its publisher's
-    receipt (until the acknowledgement that settles it, :func:`settle`)."""
+    receipt (until the acknowledgement that settles it, :func:`settle_receipts`)."""
 
     notification: Notification
     receipt: PublishReceipt
@@ -126,16 +126,6 @@ def message_of(copy: object) -> object:
 def receipt_of(copy: object) -> PublishReceipt | None:
     """The publisher's receipt a copy on a link carries (a :class:`Receipted` one's)."""
     return copy.receipt if type(copy) is Receipted else None  # type: ignore[attr-defined]
-
-
-def settle(entries: list[Entry]) -> None:
-    """Acknowledged custody entries: a :class:`Receipted` copy's receipt counts it as held
-    (:meth:`PublishReceipt.held`), and the entry keeps the bare notification (as the
-    process's link drops the receipt from its frame)."""
-    for i, (number, sent_at, copy) in enumerate(entries):
-        if type(copy) is Receipted:
-            copy.receipt.held()
-            entries[i] = (number, sent_at, copy.notification)
 
 
 class Acknowledged(NamedTuple):
@@ -204,6 +194,7 @@ class LinkCustody:
         """The custody of ``src → dst`` (made on first use)."""
         custody = self.links.get((src, dst))
         if custody is None:
+            settle = partial(settle_receipts, receipt_of=receipt_of, bare=message_of)
             custody = Custody(self.custody_limit, self.retain, self.retain_limit, settle)
             self.links[(src, dst)] = custody
         return custody

@@ -80,10 +80,12 @@ class ActionDispatch:
             elif kind is Resend:  # a heal's (:meth:`BrokerNode.heard`)
                 self._resend(broker, action.link)
             elif kind is Released:  # the move reached here: the node lets it go
-                if self.nodes[broker].released(*action, self._durables(broker)).save:
+                release = self.nodes[broker].released(*action, self._durables(broker))
+                if release.save:
                     self._durable_write(broker)
                 self.moves["released"] += 1
-                self._released(action.subscriber, broker, action.sub_id)
+                if release.tell:  # else an orphan's: its client is gone, nobody is told
+                    self._released(action.subscriber, broker, action.sub_id)
             else:
                 subscriber, notification = action
                 if self.composites.hosts and self.composites.deliver(

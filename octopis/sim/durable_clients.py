@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,12 +55,11 @@ from octopis.core.replay import (
     ReplayAction,
     ReplayDeliver,
     ReplayDone,
+    replay_request,
 )
 from octopis.defaults import (
     DURABLE_KEEP,
     DURABLE_MAX,
-    HISTORIC_BUDGET,
-    REPLAY_BUDGET,
 )
 from octopis.filters.language import Subscription
 from octopis.sim.engine import Simulator
@@ -205,8 +205,7 @@ class DurableSimulator(Simulator):
             c.left = None
         self._attach_durable(c, broker)
         self.seams[c.name], c.claiming = Seam(self.seam_limit), True
-        claim = Replay("", broker, (), (), 0.0, HISTORIC_BUDGET, claim=claim_of(c.name, NAME))
-        self._durable_request(c, claim)
+        self._durable_request(c, (), (), 0.0, claim=claim_of(c.name, NAME))
 
     def _attach_durable(self, c: DurableClient, broker: str) -> None:
         c.host = broker
@@ -222,19 +221,20 @@ class DurableSimulator(Simulator):
         self._durable_write(broker)
         self._dispatch(broker, actions)
 
-    def _durable_request(self, c: DurableClient, request: Replay) -> None:
+    def _durable_request(
+        self,
+        c: DurableClient,
+        filters: tuple[str, ...],
+        since: Iterable[tuple[str, int, int]],
+        after: float,
+        **kind: Any,
+    ) -> None:
+        """``c`` asks its host for a claim or a replay (``kind``: as
+        :func:`~octopis.core.replay.replay_request` takes it)."""
         assert c.host is not None
         self._replays += 1
         req_id = f"{c.host}/{self._replays}"
-        request = Replay(
-            req_id,
-            c.host,
-            request.filters,
-            request.since,
-            request.after,
-            request.budget,
-            claim=request.claim,
-        )
+        request = replay_request(req_id, c.host, filters, since, after, **kind)
         self.seams[c.name].named(req_id)
         c.counts["claims" if request.claim else "replays"] += 1
         self._carry_out_replay(c.host, self._rounds(c.host).start(request, self.now, c.key))
@@ -374,8 +374,7 @@ class DurableSimulator(Simulator):
         self._durable_ack(c, c.progress.whole())
         self.seams[c.name], c.claiming = Seam(self.seam_limit), False
         self.left_at_replay[c.name] = old
-        replay = Replay("", new, (c.subscription.to_text(),), tuple(since), after, REPLAY_BUDGET)
-        self._durable_request(c, replay)
+        self._durable_request(c, (c.subscription.to_text(),), since, after)
 
     # -- the brokers' side ----------------------------------------------------------------
 
@@ -452,8 +451,7 @@ class DurableSimulator(Simulator):
         self._durable_ack(c, c.progress.whole())
         # as the SDK: its own subscription from what the record says was taken
         filters = (c.subscription.to_text(),)
-        replay = Replay("", c.host, filters, tuple(answer.since), answer.after, HISTORIC_BUDGET)
-        self._durable_request(c, replay)
+        self._durable_request(c, filters, answer.since, answer.after, historic=True)
 
     def _durable_write(self, broker: str) -> None:
         """``broker`` writes its records changed since its last write, as the process

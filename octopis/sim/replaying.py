@@ -49,8 +49,9 @@ from octopis.core.replay import (
     ReplayDone,
     ReplayEcho,
     ReplayRounds,
+    replay_request,
 )
-from octopis.defaults import CLIENT_LIVENESS, HISTORIC_BUDGET, REPLAY_BUDGET
+from octopis.defaults import CLIENT_LIVENESS
 from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
 
@@ -310,14 +311,8 @@ class SubscriberFailover:
         self._replays += 1
         req_id = f"{new}/{self._replays}"
         self.seams[subscriber] = Seam(self.seam_limit, replay=req_id)
-        request = Replay(
-            req_id,
-            new,
-            tuple(s.to_text() for s in self.clients.subscriptions_of[subscriber]),
-            tuple(sorted(since)),
-            after,
-            REPLAY_BUDGET,
-        )
+        texts = [s.to_text() for s in self.clients.subscriptions_of[subscriber]]
+        request = replay_request(req_id, new, texts, sorted(since), after)
         self.replay_counts["requests"] += 1
         self._carry_out_replay(new, self._rounds(new).start(request, self.now, subscriber))
 
@@ -331,9 +326,8 @@ class SubscriberFailover:
         self._replays += 1
         req_id = f"{broker}/{self._replays}"
         self.historic_received[req_id] = []
-        request = Replay(
-            req_id, broker, (subscription.to_text(),), (), after, HISTORIC_BUDGET, until=until
-        )
+        text = subscription.to_text()
+        request = replay_request(req_id, broker, [text], (), after, historic=True, until=until)
         self.replay_counts["historic"] += 1
         self._carry_out_replay(broker, self._rounds(broker).start(request, self.now, asker))
         return req_id

@@ -40,3 +40,8 @@ def message_of(frame: list) -> Message | Control:
 def receipt_of(frame: list) -> object | None:
     """The publication receipt a frame carries, or None."""
     return frame[RECEIPT] if len(frame) > RECEIPT else None
+
+
+def without_receipt(frame: list) -> list:
+    """The frame without its publication receipt."""
+    return frame[:RECEIPT]

@@ -21,9 +21,17 @@ import zmq.asyncio
 
 from octopis.core import LinkStatusTable
 from octopis.core.capacity import SendRate, departure
-from octopis.core.custody import Custody, Entry
+from octopis.core.custody import Custody, Entry, settle_receipts
 from octopis.defaults import DOWN_AFTER, TCP_ABORT_AFTER
-from octopis.transport.frames import BODY, DATA, HANDSHAKE, KEPT, KIND, RECEIPT
+from octopis.transport.frames import (
+    BODY,
+    DATA,
+    HANDSHAKE,
+    KEPT,
+    KIND,
+    receipt_of,
+    without_receipt,
+)
 from octopis.transport.security import Curve
 from octopis.transport.zmqio import FastSocket, book_sent
 from octopis.wire import Resent
@@ -274,13 +282,8 @@ class OutputLink:
         """Acknowledged custody entries: a local publication's receipt
         (:class:`~octopis.core.custody.PublishReceipt`) counts the copy as held, and the
         entry keeps its frame without it."""
-        if not self._receipts:
-            return
-        for i, (number, sent_at, frame) in enumerate(entries):
-            if len(frame) > RECEIPT:
-                frame[RECEIPT].held()
-                entries[i] = (number, sent_at, frame[:RECEIPT])
-                self._receipts -= 1
+        if self._receipts:
+            self._receipts -= settle_receipts(entries, receipt_of, without_receipt)
 
     def ask(self, frame: list, now: float) -> None:
         """Enqueue the ASK ``frame`` ahead of the next routing frame, unless one already

@@ -29,6 +29,7 @@ from octopis.core.custody import PublishReceipt
 from octopis.core.durable import SAVE_EVERY, DurableRecord, Durables
 from octopis.core.messages import Forward, Notification
 from octopis.core.replay import (
+    Budgets,
     ClaimRecord,
     ExpireAt,
     QueryStore,
@@ -39,6 +40,7 @@ from octopis.core.replay import (
     ReplayMessage,
     ReplayRounds,
     Targets,
+    replay_request,
 )
 from octopis.defaults import PAGE_ROWS
 from octopis.logs import RateLimitedLog
@@ -103,6 +105,7 @@ class Replaying:
     ) -> None:
         self.id = broker_id
         self.retention, self.durable = retention, durable
+        self._budgets = Budgets(retention.replay_budget, retention.historic_budget)
         """``[retention]`` and ``[durable]``."""
         self._warn = RateLimitedLog(log, log_interval)
         self.durables = Durables(broker_id, durable.keep, durable.max)
@@ -203,18 +206,18 @@ class Replaying:
         the request's id. With ``key`` None nobody is answered (a claim that only
         ends copies of a record)."""
         req_id = f"{self.id}/{secrets.token_hex(6)}"
-        budget = self.retention.historic_budget if historic else self.retention.replay_budget
-        request = Replay(
+        request = replay_request(
             req_id,
             self.id,
-            tuple(filters),
-            tuple(since),
+            filters,
+            since,
             after,
-            budget,
+            self._budgets,
+            historic=historic,
+            claim=claim,
             until=until,
             answer_max=answer_max,
             answer_bytes=answer_bytes,
-            claim=claim,
         )
         log.info(
             "%s: %s %s for %s (%d filters)",

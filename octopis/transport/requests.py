@@ -179,7 +179,7 @@ class RequestHandlers:
     def _claim(self, identity: bytes, connection: ClientSession, request: ClaimRequest) -> Reply:
         key = self._key(identity, connection, request)
         req_id = self.router.replay(
-            key, [], [], 0.0, historic=True, claim=claim_of(request.client, request.durable)
+            key, [], [], 0.0, claim=claim_of(request.client, request.durable)
         )
         return ClaimingReply(id=req_id)
 
