@@ -19,7 +19,7 @@ import pytest
 from shell_checks import SHELLS, in_shells, strings_holding
 from test_layers import PACKAGE
 
-from octopis.core import Notification, SubState, Unsubscribe, make_broker
+from octopis.core import NoCongestion, Notification, SubState, Unsubscribe, make_broker
 from octopis.core.answer import COMMIT_DELAY, PIPELINE_DELAY, CommitWaits, commit_refused
 from octopis.core.custody import Custody, PublishReceipt, Unanswered
 from octopis.core.neighbours import Neighbours
@@ -495,6 +495,32 @@ def test_a_neighbour_is_overdue_at_down_after_only_with_the_input_read() -> None
     assert read(3.5) == [("n", 2.5), ("m", 1.5)]
     table.stalled(2.0)  # this process did not run for 2 s
     assert read(3.5) == []
+
+
+def test_only_a_neighbour_heard_is_declared_down_by_either_shell() -> None:
+    """The one rule both shells declare a neighbour down by (``Neighbours.due_down``:
+    the process's liveness tick through :meth:`Neighbours.overdue`, the simulator's
+    detection timer): up, and silent ``down_after``. One never heard since the broker
+    started (a restarted broker's neighbour behind a cut) is no one to lose: it is left
+    to the broker's wait before serving, and an earlier simulator declared it down."""
+    table = Neighbours(["heard", "never"], now=0.0)
+    table.built("heard", 5, 0.0)
+    assert table.due_down("heard", 1.0, 1.0) and not table.due_down("heard", 0.9, 1.0)
+    assert not table.due_down("never", 5.0, 1.0) and not table.declared_down("never")
+    assert table.overdue(5.0, 1.0, lambda: True) == [("heard", 5.0)]
+
+
+def test_a_restarted_broker_serves_at_the_end_of_its_wait_in_floating_point_too() -> None:
+    """A broker that started at ``t`` with a neighbour it never heard serves once it has
+    waited ``down_after`` (:meth:`BrokerNode.serve_if_ready`), at ``t + down_after`` as
+    a timer set for it sees it, though ``(t + d) - t < d`` in floating point: the
+    simulator's restarted broker did not serve until an unrelated event came."""
+    started, down_after = 3.453, 1.0
+    assert (started + down_after) - started < down_after
+    node = BrokerNode(make_broker(FIG2, "c:0", "snr", covering="off"), 100)
+    node.start(started, down_after=down_after)
+    assert node.serve_if_ready(started + down_after - 0.001, NoCongestion()) is None
+    assert node.serve_if_ready(started + down_after, NoCongestion()) is not None
 
 
 def liveness_branches(path: Path) -> list[str]:

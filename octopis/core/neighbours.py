@@ -270,6 +270,13 @@ class Neighbours:
         for record in self.table.values():
             record.last_heard += late
 
+    def due_down(self, name: str, now: float, down_after: float) -> bool:
+        """Whether ``name`` is to be declared down at ``now``: up (heard since it was
+        met or last declared down; one never heard is no one to lose) and silent for
+        ``down_after`` seconds (:meth:`Neighbour.silent_past`)."""
+        record = self.table[name]
+        return record.up and record.silent_past(now, down_after)
+
     def overdue(
         self, now: float, down_after: float, caught_up: Callable[[], bool]
     ) -> list[tuple[str, float]]:
@@ -282,7 +289,7 @@ class Neighbours:
         silent = [
             (name, now - r.last_heard)
             for name, r in self.table.items()
-            if r.up and r.silent_past(now, down_after)
+            if self.due_down(name, now, down_after)
         ]
         return silent if silent and caught_up() else []
 

@@ -186,8 +186,8 @@ class BrokerNode(NeighbourLinks, Generic[Token]):
         already, or not yet."""
         if self.serving:
             return None
-        if not self.neighbours.ready(now - self.started_at >= self.down_after):
-            return None
+        if not self.neighbours.ready(self.started_at + self.down_after <= now):
+            return None  # the sum compared, as a timer set for it sees it (silent_past)
         self.serving = True
         held, self.held = self.held, []
         return self._serve(held, self.pay_owed_shares(), view)

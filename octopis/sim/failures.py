@@ -332,12 +332,14 @@ class FailureEvents(CutLinks, CustodyEvents):
 
     def _silent_past(self, src: str, dst: str) -> None:
         """A detection time after a silence began: ``src`` declares ``dst`` down
-        (:meth:`_detect`) unless it heard it since (a handshake, a heal), as the node's
-        rule says (:meth:`Neighbour.silent_past`, the process's too)."""
+        (:meth:`_detect`) if the node's rule says so (:meth:`Neighbours.due_down`, the
+        process's liveness tick's too): up, and not heard since (a handshake, a heal).
+        One never heard (a restarted broker's neighbour behind a cut) is left to the
+        node's wait before it serves (:meth:`BrokerNode.serve_if_ready`)."""
         detection = self.failures.detection  # type: ignore[union-attr]
         if self._asleep(src, self._silent_past, src, dst):
             return
-        if self.nodes[src].neighbours[dst].silent_past(self.now, detection):
+        if self.nodes[src].neighbours.due_down(dst, self.now, detection):
             self._detect(src, dst)
 
     def _detect(self, src: str, dst: str) -> None:
@@ -423,7 +425,7 @@ class FailureEvents(CutLinks, CustodyEvents):
         self.retention.restarted(broker)
         self.at(self.now + state.detection, self._check_serving, broker)
         for neighbour in sorted(self.scot.graph[broker]):
-            if state.severed(broker, neighbour):  # never greeted: detected like any silence
+            if state.severed(broker, neighbour):  # never greeted: judged like any silence
                 state.failed_at[(broker, neighbour)] = self.now
                 due = self._look(self.now + state.detection)
                 self.at(due, self._silent_past, broker, neighbour)
