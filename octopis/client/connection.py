@@ -480,7 +480,10 @@ class Connection:
             data = decode_reply(parts[0])
         except ReplyError as exc:
             self.errors.append(str(exc))
-            log.error("broker at %s sent a message this client cannot read: %s", self.endpoint, exc)
+            self.group.warn.warning(
+                "unreadable reply", "broker at %s sent what this client cannot read: %s",
+                self.endpoint, exc,
+            )  # fmt: skip
             return
         kind = type(data)
         if kind is DroppedNotice:
