@@ -63,6 +63,12 @@ def test_subscribe_receipt_waits_for_every_disjunct() -> None:
     assert done.frames == [Frame("RECEIPT", {"receipt-id": "u"})]
 
 
+def test_a_reply_the_gateway_cannot_read_ends_the_session_with_an_error_naming_it() -> None:
+    s = _session()
+    out = s.from_broker([pack({"op": "subscribed", "req": 1})])
+    assert out.close and "missing required field `sub_id`" in out.frames[0].headers["message"]
+
+
 def test_send_receipt_is_the_brokers_confirm() -> None:
     s = _session()
     h = {"destination": "/topic/T", "k": "1.5", "receipt": "p"}

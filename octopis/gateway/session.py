@@ -66,6 +66,7 @@ from octopis.wire.client import (
     ReplayedNotice,
     ReplayingReply,
     ReplayRequest,
+    ReplyError,
     SubscribedReply,
     SubscribeRequest,
     UnsubscribedReply,
@@ -392,7 +393,7 @@ class StompSession:
                         touched.add(sub.durable)
             for durable in touched:
                 out.requests += durable.advance()
-        except DurableRefusal as exc:
+        except (DurableRefusal, ReplyError) as exc:  # a reply unread: the session cannot go on
             out.frames.append(error_frame(str(exc)))
             out.close = True
         return out
