@@ -282,6 +282,25 @@ def test_a_full_custody_buffer_stops_the_link_and_counts_it() -> None:
     asyncio.run(_with_link(scenario, custody_limit=2))
 
 
+def test_a_stop_after_a_handshake_is_counted_at_the_same_number_too() -> None:
+    """A handshake starts the numbering again, and the stop count with it: a link that
+    stops at number 2, is taken back and greeted again, and stops at number 2 once more
+    counts two stops (as :meth:`Custody.greeted` does in the simulator)."""
+
+    async def scenario(link: OutputLink, pull, lst: LinkStatusTable) -> None:
+        loop = asyncio.get_running_loop()
+        for session in (1, 2):
+            link.greet([b"me", b"greeting", HANDSHAKE], loop.time())
+            for n in range(3):
+                link.put([b"me", b"n%d" % n, KEPT], loop.time())
+            assert await _drain(pull) == [b"greeting", b"n0", b"n1"]
+            await until(lambda s=session: link.custody.stops == s, f"stop {session}", 5.0)
+            assert link.custody.numbered == 2
+            link.take_back(loop.time())
+
+    asyncio.run(_with_link(scenario, custody_limit=2))
+
+
 def test_activity_wakes_the_lst_tick_on_the_first_put_after_it_looked() -> None:
     """The LST's tick sleeps until a frame is put on some link; it wakes at once for a
     put made while it was busy, and not again until the next put after it looked."""

@@ -228,10 +228,10 @@ def test_book_sent_numbers_routing_frames_and_keeps_notifications() -> None:
     queue = deque(frames)
     custody: list = []
     pending: list = []
-    numbered, size, kept, receipts = book_sent(queue, 5, custody, pending, 7, 1.5)
-    assert (numbered, size, kept, receipts) == (1, 2 + 2 + 2 + 5 + 2, 2, 1)
+    numbered, size, kept, receipts, greeted = book_sent(queue, 5, custody, pending, 7, 1.5)
+    assert (numbered, size, kept, receipts, greeted) == (1, 2 + 2 + 2 + 5 + 2, 2, 1, True)
     assert custody == [(8, 1.5, frames[0]), (1, 1.5, frames[4])]
     assert pending == [(9, frames[2])]
     assert list(queue) == [frames[5]]
-    assert book_sent(queue, 1, None, None, 0, 2.0) == (1, 4, 1, 0)  # custody off: counted only
+    assert book_sent(queue, 1, None, None, 0, 2.0) == (1, 4, 1, 0, False)  # counted only
     assert not queue

@@ -226,13 +226,15 @@ def book_sent(queue, Py_ssize_t count, list custody, list pending, Py_ssize_t nu
     numbered on from ``numbered`` (a handshake starts the count again at 0); each
     notification (:data:`KEPT`) goes into ``custody`` as ``(number, now, frame)`` and each
     other routing frame into ``pending`` as ``(number, frame)`` (both None: custody is
-    off). Returns ``(numbered, size, kept, receipts)``: the last number given, the bytes
-    of the bodies, the notifications taken and how many of those that went into custody
-    carry a fourth item (a publication's receipt)."""
+    off). Returns ``(numbered, size, kept, receipts, greeted)``: the last number given,
+    the bytes of the bodies, the notifications taken, how many of those that went into
+    custody carry a fourth item (a publication's receipt) and whether a handshake went
+    (the caller's :meth:`~octopis.core.custody.Custody.greeted`)."""
     popleft = queue.popleft
     cdef list frame
     cdef long kind
     cdef Py_ssize_t i, size = 0, kept = 0, receipts = 0
+    cdef bint greeted = False
     for i in range(count):
         frame = <list?>popleft()
         size += PyBytes_GET_SIZE(<bytes?>frame[1])
@@ -248,7 +250,8 @@ def book_sent(queue, Py_ssize_t count, list custody, list pending, Py_ssize_t nu
                 pending.append((numbered, frame))
         elif kind == KIND_HANDSHAKE:
             numbered = 0
-    return numbered, size, kept, receipts
+            greeted = True
+    return numbered, size, kept, receipts, greeted
 
 
 def send_parts(uintptr_t handle, list parts) -> bool:

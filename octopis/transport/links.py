@@ -251,11 +251,12 @@ class OutputLink:
         """Book-keeping of the ``count`` frames at the head of the queue, just handed to
         ZeroMQ: they leave the queue, routing frames are numbered, notifications go into
         custody and the others are pending (:func:`~octopis.transport.zmqio.book_sent`,
-        :meth:`Custody.sent` for a batch)."""
+        :meth:`Custody.sent` for a batch); a handshake among them starts the numbering
+        and the stop count again (:meth:`Custody.greeted`), as in the simulator."""
         self._asking = False
         custody = self.custody
         keeps = custody.keeps
-        custody.numbered, size, copies, receipts = book_sent(
+        numbered, size, copies, receipts, greeted = book_sent(
             self.queue,
             count,
             custody.unacked if keeps else None,
@@ -263,6 +264,9 @@ class OutputLink:
             custody.numbered,
             now,
         )
+        if greeted:
+            custody.greeted()
+        custody.numbered = numbered
         self._receipts += receipts
         self.copies += copies
         self.sent += count
