@@ -218,8 +218,8 @@ def test_broker_logs_name_the_broker_and_component(tmp_path: Path, log_format: s
                 break
     finally:
         process.terminate()
-        process.wait(timeout=30)
-    assert process.returncode == 0 and lines and "serving" in lines[-1], lines
+        after = process.communicate(timeout=30)[1]  # what it said while stopping
+    assert process.returncode == 0 and lines and "serving" in lines[-1], (lines, after)
     if log_format == "json":
         entries = [json.loads(line) for line in lines]
         assert all(e["broker"] == "b:0" and e["logger"].startswith("octopis") for e in entries)

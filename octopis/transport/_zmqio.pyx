@@ -279,8 +279,11 @@ def events(uintptr_t handle) -> int:
     its flag enum (~2 µs a call)."""
     if z_getsockopt == NULL:
         raise RuntimeError("octopis.transport._zmqio is not bound to libzmq")
-    cdef int value = 0
+    cdef int value = 0, err
     cdef size_t size = sizeof(int)
-    if z_getsockopt(<void*>handle, ZMQ_EVENTS, &value, &size) < 0:
-        raise ZMQError(z_errno())
+    while z_getsockopt(<void*>handle, ZMQ_EVENTS, &value, &size) < 0:
+        err = z_errno()
+        if err != EINTR:  # a signal (the broker's SIGTERM) interrupted it: ask again
+            raise ZMQError(err)
+        size = sizeof(int)
     return value
