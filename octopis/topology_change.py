@@ -24,10 +24,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import msgspec
-import networkx as nx
 
 from octopis.topology import (
     PORTS_PER_BROKER,
@@ -37,6 +37,9 @@ from octopis.topology import (
     TopologyError,
     build_scot,
 )
+
+if TYPE_CHECKING:  # a broker process relinks without a graph library (its start)
+    import networkx as nx
 
 
 def add_cluster(scot: Scot) -> Scot:

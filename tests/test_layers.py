@@ -307,6 +307,7 @@ def _loaded(module: str) -> set[str]:
         ("octopis.sim", {"pyarrow", "matplotlib", "zmq"}),
         # A broker process reads its topology file without a graph library (its start).
         ("octopis.cli.broker", {"networkx", "pyarrow", "matplotlib"}),
+        ("octopis.transport.serving", {"networkx", "pyarrow", "matplotlib"}),
     ],
 )
 def test_importing_a_layer_loads_nothing_above_it(module: str, must_not_load: set[str]) -> None:
@@ -314,4 +315,4 @@ def test_importing_a_layer_loads_nothing_above_it(module: str, must_not_load: se
 
 
 def test_the_runtime_check_sees_what_a_module_loads() -> None:
-    assert {"networkx", "octopis.topology"} <= _loaded("octopis.topology_change")
+    assert {"networkx", "octopis.topology"} <= _loaded("octopis.cli.topology")
