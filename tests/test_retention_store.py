@@ -26,10 +26,10 @@ from octopis.core.answer import (
     COMMIT_DELAY,
     COMMIT_ROWS,
     PIPELINE_DELAY,
+    CommitRefusals,
     RetentionBound,
     commit_delay,
     commit_refused,
-    store_refusal,
 )
 from octopis.core.codec import encode_body
 from octopis.core.custody import PublishReceipt
@@ -256,7 +256,7 @@ def test_a_full_disk_refuses_what_its_commit_held_and_new_publications_for_a_whi
     """The simulator's store with a full disk: the publication routed in the pass is
     refused, by its receipt's answer, with the node's words (:func:`commit_refused`: it
     may have been delivered), and new ones are refused before routing for ``REFUSE_FOR`` seconds
-    (:func:`store_refusal`), as the process's store refuses them."""
+    (:class:`CommitRefusals`), as the process's store refuses them."""
     counts: Counter[str] = Counter()
     stores = RetentionStores(counts)
     n = stock_notification("P", 1)
@@ -270,8 +270,10 @@ def test_a_full_disk_refuses_what_its_commit_held_and_new_publications_for_a_whi
     assert stores.refused == {n.key: commit_refused(why)} and not stores.confirmed
     assert "it may have been delivered" in commit_refused(why)
     stores.free("c:0")
-    assert stores.refusal("c:0", 10.0 + REFUSE_FOR / 2) == store_refusal(
-        "c:0's retention store", 10.0, 10.0 + REFUSE_FOR / 2
+    process_store = CommitRefusals("c:0's retention store")
+    process_store.refused(10.0)
+    assert stores.refusal("c:0", 10.0 + REFUSE_FOR / 2) == process_store.refusal(
+        10.0 + REFUSE_FOR / 2
     )
     assert stores.refusal("c:0", 10.0 + REFUSE_FOR) is None
     assert counts["retention.refused"] == 1  # a refusal before routing: the node's count
@@ -343,7 +345,7 @@ def test_a_full_disk_refuses_new_publications_and_keeps_what_was_committed(
     store.db.execute("PRAGMA max_page_count = 1000000")
     n = stock_notification("P", 200)
     store.add(n, encode_body(n), 1003.0)
-    assert store.commit(1003.0) == 1 and store.refused_at is None
+    assert store.commit(1003.0) == 1 and store.refusals.refused_at is None
 
 
 def test_a_full_disk_refusing_durable_records_is_counted_and_written_later(

@@ -15,7 +15,7 @@ Which rows a store drops to stay within its own bounds (retention's, not the ans
 :class:`RetentionBound`'s rule; what it dropped is remembered per (publisher, session)
 with :func:`note_trimmed`, and a request that reaches past it is told so by
 :func:`trimmed_gaps`: the same gaps from every store. A store whose disk refused a commit
-refuses new publications for a while, by :func:`store_refusal`, and tells the publishers
+refuses new publications for a while (:class:`CommitRefusals`), and tells the publishers
 of those the commit held what :func:`commit_refused` says; when it commits is
 :func:`commit_delay`'s, over the confirms that wait for it (:class:`CommitWaits`).
 """
@@ -61,16 +61,38 @@ Trimmed = dict[tuple[str, int], tuple[int, float]]
 and the latest publication time among those dropped."""
 
 
-def store_refusal(store: str, refused_at: float | None, now: float) -> str | None:
-    """Why ``store`` refuses a new publication before it is routed at ``now``: within
-    :data:`~octopis.defaults.REFUSE_FOR` seconds of the commit its disk refused at
-    ``refused_at`` (after that the next commit tries again); None: accepted."""
-    if refused_at is None or now - refused_at >= REFUSE_FOR:
-        return None
-    return (
-        f"{store} cannot store publications (its disk refused a commit "
-        f"{now - refused_at:.1f} s ago); publish again later"
-    )
+class CommitRefusals:
+    """A store's record of its disk's refusals, the same in every store: a commit the disk
+    refused (:meth:`refused`) refuses new publications for :data:`~octopis.defaults.REFUSE_FOR`
+    seconds (:meth:`refusal`; after that the next commit tries again), one that went
+    through (:meth:`committed`) ends that at once; a new process starts with none."""
+
+    __slots__ = ("refused_at", "store")
+
+    def __init__(self, store: str) -> None:
+        self.store = store
+        """How the store is named in what a publisher is told."""
+        self.refused_at: float | None = None
+        """When the disk last refused a commit (None: the last one went through)."""
+
+    def refused(self, now: float) -> None:
+        """The disk refused a commit at ``now``."""
+        self.refused_at = now
+
+    def committed(self) -> None:
+        """A commit went through."""
+        self.refused_at = None
+
+    def refusal(self, now: float) -> str | None:
+        """Why a new publication is refused before it is routed at ``now``, or None:
+        accepted."""
+        refused_at = self.refused_at
+        if refused_at is None or now - refused_at >= REFUSE_FOR:
+            return None
+        return (
+            f"{self.store} cannot store publications (its disk refused a commit "
+            f"{now - refused_at:.1f} s ago); publish again later"
+        )
 
 
 def commit_refused(why: str) -> str:

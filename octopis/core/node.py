@@ -65,7 +65,7 @@ class NotServing(Refused):
 
 class NotKept(Refused):
     """Refused: its retention store cannot keep it now (its disk refused a commit moments
-    ago; the message is the store's, :func:`~octopis.core.answer.store_refusal`)."""
+    ago; the message is the store's, :meth:`~octopis.core.answer.CommitRefusals.refusal`)."""
 
 
 class ClientGone(NamedTuple):

@@ -42,11 +42,11 @@ from itertools import islice
 from octopis.core import Notification
 from octopis.core.answer import (
     AnswerSelection,
+    CommitRefusals,
     RetentionBound,
     Trimmed,
     commit_refused,
     note_trimmed,
-    store_refusal,
     trimmed_gaps,
 )
 from octopis.core.custody import PublishReceipt
@@ -93,8 +93,8 @@ class RetentionStores:
         """When each kept publication was committed (beside :attr:`kept`)."""
         self._full: Counter[str] = Counter()
         """Brokers whose disk is full now (overlapping faults counted)."""
-        self._refused_at: dict[str, float] = {}
-        """When each broker's disk last refused a commit."""
+        self._refusals: dict[str, CommitRefusals] = {}
+        """Each broker's store's record of its disk's refusals."""
         self._counts = counts
         self._limit = limit
         self._bound = RetentionBound(limit)
@@ -104,9 +104,15 @@ class RetentionStores:
 
     def refusal(self, broker: str, now: float) -> str | None:
         """Why ``broker``'s store refuses a new publication before routing it now
-        (:func:`~octopis.core.answer.store_refusal`; its node counts the refusal,
+        (:meth:`~octopis.core.answer.CommitRefusals.refusal`; its node counts the refusal,
         :meth:`BrokerNode.publish`), or None."""
-        return store_refusal(f"{broker}'s retention store", self._refused_at.get(broker), now)
+        return self._refusals_of(broker).refusal(now)
+
+    def _refusals_of(self, broker: str) -> CommitRefusals:
+        refusals = self._refusals.get(broker)
+        if refusals is None:
+            refusals = self._refusals[broker] = CommitRefusals(f"{broker}'s retention store")
+        return refusals
 
     def fill(self, broker: str) -> None:
         """``broker``'s disk is full from now on (until :meth:`free`)."""
@@ -114,8 +120,8 @@ class RetentionStores:
 
     def restarted(self, broker: str) -> None:
         """``broker`` starts again: a new process, whose store refuses nothing until a
-        commit of its own fails (the process's ``refused_at`` starts empty)."""
-        self._refused_at.pop(broker, None)
+        commit of its own fails (the process's record of refusals starts empty)."""
+        self._refusals.pop(broker, None)
 
     def full(self, broker: str) -> bool:
         """Whether ``broker``'s disk is full now (every write to its store refused)."""
@@ -152,10 +158,10 @@ class RetentionStores:
         what its publisher is told, :func:`~octopis.core.answer.commit_refused`)."""
         self.published.setdefault(broker, []).append(notification)
         if broker in self._full:
-            self._refused_at[broker] = now
+            self._refusals_of(broker).refused(now)
             self._counts["retention.refused"] += 1
             return commit_refused(f"{broker}'s retention store cannot store it: its disk is full")
-        self._refused_at.pop(broker, None)
+        self._refusals_of(broker).committed()
         store = self.kept.get(broker)
         if store is None:
             store = self.kept[broker] = deque()

@@ -31,11 +31,11 @@ from pathlib import Path
 
 from octopis.core.answer import (
     AnswerSelection,
+    CommitRefusals,
     Kept,
     RetentionBound,
     Trimmed,
     note_trimmed,
-    store_refusal,
     trimmed_gaps,
 )
 from octopis.core.durable import WriteRefused
@@ -152,8 +152,8 @@ class RetentionStore:
         self._queued_bytes = 0
         self._first_at, self._last_at = inf, -inf
         self._age_checked = -inf
-        self.refused_at: float | None = None
-        """When the disk last refused a commit (None: the last one went through)."""
+        self.refusals = CommitRefusals(f"the retention store {path.name}")
+        """When the disk last refused a commit, and what that refuses."""
         self.stats: dict[str, int] = {
             "retention.refused": 0,
             "retention.stored": 0,
@@ -184,7 +184,7 @@ class RetentionStore:
         """Write what :meth:`add` queued in one transaction, then trim to the bounds;
         returns how many were written. :class:`RetentionError` if the disk refuses (full,
         or failing): none of them is written, what was committed before stays, and
-        :attr:`refused_at` says when (publications are refused for a while)."""
+        :attr:`refusals` says when (publications are refused for a while)."""
         rows, size, records = self.pending, self._queued_bytes, self._queued
         first_at, last_at = self._first_at, self._last_at
         self.pending, self._queued_bytes, self._queued = 0, 0, bytearray()
@@ -193,12 +193,12 @@ class RetentionStore:
             try:  # one statement: its own transaction
                 self._insert(first_at, last_at, rows, size, records)
             except sqlite3.Error as exc:
-                self.refused_at = now
+                self.refusals.refused(now)
                 self.stats["retention.refused"] += rows
                 raise RetentionError(
                     f"the retention store {self.path} cannot store {rows} publications: {exc}"
                 ) from None
-            self.refused_at = None
+            self.refusals.committed()
             self.rows += rows
             self.bytes += size
             self.stats["retention.stored"] += rows
@@ -214,11 +214,9 @@ class RetentionStore:
         return rows
 
     def refusal(self, now: float) -> str | None:
-        """Why a new publication is refused now (:func:`~octopis.core.answer.store_refusal`);
-        None: accepted (at once while the last commit went through: asked per publication)."""
-        if self.refused_at is None:
-            return None
-        return store_refusal(f"the retention store {self.path.name}", self.refused_at, now)
+        """Why a new publication is refused now (:meth:`CommitRefusals.refusal`); None:
+        accepted."""
+        return self.refusals.refusal(now)
 
     def trim(self, now: float) -> int:
         """Drop the packed rows :meth:`RetentionBound.cut` says go (a commit's
