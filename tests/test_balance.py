@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from octopis.balance import rounds as rounds_module
 from octopis.balance.loop import Balancer
+from octopis.balance.observe import load_state
 from octopis.balance.plans import (
     BrokerLoad,
     LoadState,
@@ -688,6 +689,34 @@ def test_a_balancer_skips_a_round_whose_load_reports_do_not_all_come() -> None:
     report = balancer.report()
     assert report["rounds"] == 3 and report["reads_failed"] == 2
     assert report["timeline"] and all(t["cov"] == 0.0 for t in report["timeline"])
+
+
+def test_load_reports_make_one_load_state_for_the_balancer_and_the_simulator() -> None:
+    """:func:`load_state`, the rule both balancers read reports by: a broker's load is the
+    measure asked for, an idle broker without a capacity of its own takes the largest
+    measured on the others, and each reported client is a subscriber at its broker,
+    named as the caller names it."""
+    scot = build_preset("fig2")
+
+    def report(capacity: float, clients: dict[str, float]) -> dict:
+        return {
+            "capacity_per_s": capacity,
+            "deliveries_per_s": 5.0,
+            "output_per_s": 7.0,
+            "busiest_clients": clients,
+        }
+
+    reports = {"a:0": report(300.0, {"s1": 4.0}), "b:0": report(0.0, {}), "c:1": report(200.0, {})}
+    state = load_state(reports, scot, "output", lambda client, broker: f"{client}@{broker}")
+    assert {b: (x.load, x.capacity) for b, x in state.brokers.items()} == {
+        "a:0": (7.0, 300.0),
+        "b:0": (7.0, 300.0),
+        "c:1": (7.0, 200.0),
+    }
+    assert state.brokers["c:1"].cluster == 1
+    assert state.loads == {"s1@a:0": 4.0} and state.hosts == {"s1@a:0": "a:0"}
+    by_deliveries = load_state(reports, scot, "deliveries", lambda client, _: client)
+    assert by_deliveries.brokers["a:0"].load == 5.0 and by_deliveries.hosts == {"s1": "a:0"}
 
 
 def _skewed() -> LoadState:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from itertools import islice
 from typing import Any, Protocol
 
 from octopis.accounting import DeliveryLedger
-from octopis.balance.observe import CLIENTS_READ, MEASURED
-from octopis.balance.plans import BrokerLoad, LoadState
+from octopis.balance.observe import CLIENTS_READ, load_state
 from octopis.balance.policy import BalanceOptions, Elasticity
 from octopis.balance.rounds import BalanceRounds
 from octopis.core import BrokerCore
@@ -221,22 +221,15 @@ class SimBalancer:
     def _observe(self, round_: bool) -> None:
         """Hand :attr:`rounds` the loads read now (:meth:`~BalanceRounds.sampled`, the
         timeline and the subscribers' averaged rates), as ``octopis balance``'s samples
-        (:func:`~octopis.balance.observe.observe`) take them from the load reports; a
+        (:func:`~octopis.balance.observe.load_state`) take them from the load reports; a
         ``round_``'s with the subscribers' interests for SDM."""
         rounds, sim = self.rounds, self._sim
         assert rounds is not None
         options = rounds.options
         reports = self._reports()
-        measured = MEASURED[options.load_measure]
-        brokers, loads, hosts = {}, {}, {}
-        for broker, report in reports.items():
-            cluster = sim.scot.brokers[broker].cluster
-            brokers[broker] = BrokerLoad(report[measured], report["capacity_per_s"], cluster)
-            for subscriber, rate in report["busiest_clients"].items():
-                loads[subscriber] = rate
-                hosts[subscriber] = broker
-        held = self._interests(hosts) if round_ and options.plan == "sdm" else {}
-        state = LoadState(brokers, loads, hosts, held)
+        state = load_state(reports, sim.scot, options.load_measure, lambda client, _: client)
+        if round_ and options.plan == "sdm":
+            state = replace(state, interests=self._interests(state.hosts))
         output = {b: report["output_per_s"] for b, report in reports.items()}
         ratio = sum(r["load_ratio"] for r in reports.values()) / len(reports)
         rounds.sampled(sim.now, state, output, ratio, sim.scot.clusters)
