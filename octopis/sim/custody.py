@@ -524,7 +524,11 @@ class CustodyEvents:
         process's queue not held back is). The timer
         skips the ticks whose heartbeat would change nothing (the oldest copy ``src``
         retains for ``broker`` is not yet ``retain`` seconds old) and stops once ``src``
-        keeps nothing for it that a heartbeat would settle or prune, or either is gone."""
+        keeps nothing for it that a heartbeat would settle or prune, or either is gone, or
+        ``broker`` has detected ``src`` down: no heartbeat reaches ``src`` then (once a cut
+        outlasts detection its connection aborts) and what a heal after the detection
+        sends again is acknowledged anew (:meth:`_resent`), which starts the timer again;
+        without that stop, a link cut for good kept a run going for ever."""
         state = self.failures
         assert state is not None
         if state.paused and self._asleep(broker, self._heartbeat, broker, src):
@@ -536,6 +540,7 @@ class CustodyEvents:
         if (
             broker in state.dead
             or record is None
+            or not record.up
             or kept is None
             or not (kept.retained or kept.settles(record.received))
         ):
