@@ -329,9 +329,8 @@ def test_a_link_cut_for_good_beside_a_dead_broker_ends_the_run() -> None:
     """The example the law above once drew that never ended (seed 971, SNR, 2 × 2
     brokers): r1:0 killed and the link r0:0–r0:1 cut, both for good, at once. r0:1's
     heartbeat timer went on for ever on the cut link (what r0:0 kept pending for it
-    stayed unacknowledged: no heartbeat crosses a cut past detection); it stops once
-    r0:1 has detected r0:0 down. Both runs end well before the horizon, and the law
-    holds."""
+    stayed unacknowledged: no heartbeat crosses a cut whose connection aborted); it
+    stops at the abort. Both runs end well before the horizon, and the law holds."""
     scot = build_scot(nx.Graph([("r0", "r1")]), 2)
     ops = scenario(scot, 971, initial=15, churn=20)
     failures = [Failure(("r1:0",), 3.857, None), Failure(("r0:0", "r0:1"), 3.857, None)]

@@ -525,10 +525,12 @@ class CustodyEvents:
         skips the ticks whose heartbeat would change nothing (the oldest copy ``src``
         retains for ``broker`` is not yet ``retain`` seconds old) and stops once ``src``
         keeps nothing for it that a heartbeat would settle or prune, or either is gone, or
-        ``broker`` has detected ``src`` down: no heartbeat reaches ``src`` then (once a cut
-        outlasts detection its connection aborts) and what a heal after the detection
-        sends again is acknowledged anew (:meth:`_resent`), which starts the timer again;
-        without that stop, a link cut for good kept a run going for ever."""
+        the link to ``src`` is cut and its connection aborted: no heartbeat reaches
+        ``src`` then, and what a heal (after the detection the abort implies) sends again
+        is acknowledged anew (:meth:`_resent`), which starts the timer again. (Without
+        that stop a link cut for good kept a run going for ever; a link only declared
+        down still beats, as the process's does: a paused neighbour reads the heartbeats
+        when it runs again.)"""
         state = self.failures
         assert state is not None
         if state.paused and self._asleep(broker, self._heartbeat, broker, src):
@@ -537,16 +539,16 @@ class CustodyEvents:
         kept = custody.links.get((src, broker))
         node = self.nodes.get(broker)
         record = node.neighbours.get(src) if node is not None else None
+        now = self.events.now
         if (
             broker in state.dead
             or record is None
-            or not record.up
             or kept is None
             or not (kept.retained or kept.settles(record.received))
+            or (state.broken(broker, src) and not state.holds(broker, src, now))
         ):
             custody.beating.discard((broker, src))
             return
-        now = self.events.now
         idle = now - custody.last_sent.get((broker, src), -math.inf)
         sending = self.network.waiting(broker, now).get(src, 0) > 0  # its output queue
         if heartbeat_due(record, idle, HEARTBEAT, sending):
