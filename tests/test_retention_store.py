@@ -27,6 +27,7 @@ from octopis.core.answer import (
     COMMIT_ROWS,
     PIPELINE_DELAY,
     CommitRefusals,
+    CommitWaits,
     RetentionBound,
     commit_delay,
     commit_refused,
@@ -254,19 +255,20 @@ def test_the_process_answers_a_large_replay_page_by_page_to_the_requester_named(
 
 def test_a_full_disk_refuses_what_its_commit_held_and_new_publications_for_a_while() -> None:
     """The simulator's store with a full disk: the publication routed in the pass is
-    refused, by its receipt's answer, with the node's words (:func:`commit_refused`: it
-    may have been delivered), and new ones are refused before routing for ``REFUSE_FOR`` seconds
-    (:class:`CommitRefusals`), as the process's store refuses them."""
+    refused, by its receipt's answer at the commit (:class:`CommitWaits`, the process's),
+    with the node's words (:func:`commit_refused`: it may have been delivered), and new
+    ones are refused before routing for ``REFUSE_FOR`` seconds (:class:`CommitRefusals`),
+    as the process's store refuses them."""
     counts: Counter[str] = Counter()
     stores = RetentionStores(counts)
     n = stock_notification("P", 1)
     stores.fill("c:0")
-    receipt = stores.receipt("c:0", n.key)
-    receipt.keep()  # the store's copy
+    waits = CommitWaits()
+    waits.kept(stores.receipt("c:0", n.key))  # the store's copy
     refusal = stores.keep("c:0", n, 10.0)
     why = "c:0's retention store cannot store it: its disk is full"
-    assert refusal == commit_refused(why) and not stores.refused  # told with the answer
-    receipt.refuse(refusal)
+    assert refusal == why and not stores.refused  # told with the commit's answer
+    waits.committed(refusal)
     assert stores.refused == {n.key: commit_refused(why)} and not stores.confirmed
     assert "it may have been delivered" in commit_refused(why)
     stores.free("c:0")

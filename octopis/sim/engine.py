@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from octopis.accounting import DeliveryLedger, cpu_shares, run_report, simulation_report
 from octopis.core import DEFAULT_COVERING, Notification
+from octopis.core.answer import CommitWaits
 from octopis.core.node import NotKept, NotServing
 from octopis.core.sessions import check_advertised
 from octopis.core.table import MatcherFactory
@@ -278,10 +279,11 @@ class Simulator(
                 self._dispatch(broker, actions)
             return
         refusal = self.retention.keep(broker, notification, self.now)
-        receipt.keep()  # the store's copy, held at its commit (below: a simulated one is at once)
+        waits = CommitWaits()  # the store's copy, held at its commit: a simulated one is at once
+        waits.kept(receipt)
         if actions is not None:  # else held: answered once routed (:meth:`_check_serving`)
             self._dispatch(broker, actions, receipt)
-        receipt.committed(refusal)
+        waits.committed(refusal)
 
     def power_loss(self, broker: str, sync: str, unsynced: float) -> None:
         """``broker``'s machine loses power now (it dies at this instant, a failure of its

@@ -45,7 +45,6 @@ from octopis.core.answer import (
     CommitRefusals,
     RetentionBound,
     Trimmed,
-    commit_refused,
     note_trimmed,
     trimmed_gaps,
 )
@@ -154,13 +153,14 @@ class RetentionStores:
 
     def keep(self, broker: str, notification: Notification, now: float = 0.0) -> str | None:
         """``broker`` routed ``notification`` of a local publisher: its store commits it
-        (None), or the disk is full and the commit refuses it, routed already (returns
-        what its publisher is told, :func:`~octopis.core.answer.commit_refused`)."""
+        (None), or the disk is full and the commit fails, routed already (returns why, as
+        the process's store raises it; :class:`~octopis.core.answer.CommitWaits` tells
+        the publisher)."""
         self.published.setdefault(broker, []).append(notification)
         if broker in self._full:
             self._refusals_of(broker).refused(now)
             self._counts["retention.refused"] += 1
-            return commit_refused(f"{broker}'s retention store cannot store it: its disk is full")
+            return f"{broker}'s retention store cannot store it: its disk is full"
         self._refusals_of(broker).committed()
         store = self.kept.get(broker)
         if store is None:
