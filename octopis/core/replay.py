@@ -188,6 +188,9 @@ class ReplayEcho:
 
 
 ReplayMessage = Replay | ReplayData | ReplayEcho
+REPLAY_MESSAGES = (Replay, ReplayData, ReplayEcho)
+"""The peer messages a node's :class:`ReplayRounds` take (a shell hands them there, not
+to the routing core)."""
 
 
 class ExpireAt(NamedTuple):

@@ -21,8 +21,8 @@ from octopis.core import (
 from octopis.core.custody import PublishReceipt
 from octopis.core.lst import LinkView
 from octopis.core.node import HandedShare, Resend
+from octopis.core.replay import REPLAY_MESSAGES
 from octopis.sim.custody import LINK_FRAMES
-from octopis.sim.replaying import REPLAY_TYPES
 
 
 class ActionDispatch:
@@ -142,7 +142,7 @@ class ActionDispatch:
         that stored an entry updates its delay and depth."""
         core = self.cores[broker]
         if type(message) is not Subscribe:
-            if type(message) in REPLAY_TYPES:
+            if type(message) in REPLAY_MESSAGES:
                 self._replay_message(broker, src, message)
                 return []
             if type(message) is HandedShare:

@@ -42,20 +42,15 @@ from octopis.core.node import BrokerNode
 from octopis.core.replay import (
     ExpireAt,
     QueryStore,
-    Replay,
     ReplayAction,
-    ReplayData,
     ReplayDeliver,
     ReplayDone,
-    ReplayEcho,
     ReplayRounds,
     replay_request,
 )
 from octopis.defaults import CLIENT_LIVENESS
 from octopis.filters.language import Subscription
 from octopis.sim.stores import RetentionStores
-
-REPLAY_TYPES = (Replay, ReplayData, ReplayEcho)
 
 
 class SubscriberFailover:

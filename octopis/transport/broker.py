@@ -45,7 +45,7 @@ from octopis.core.composite_hosting import HostedComposites
 from octopis.core.custody import PublishReceipt
 from octopis.core.load import LoadMeter
 from octopis.core.node import BrokerNode, HandedShare, Refused, Resend, Step
-from octopis.core.replay import Replay, ReplayData, ReplayEcho, ReplayMessage
+from octopis.core.replay import REPLAY_MESSAGES, ReplayMessage
 from octopis.core.resync import epoch_of
 from octopis.filters.language import Subscription
 from octopis.filters.limits import set_limits
@@ -203,7 +203,7 @@ class Broker:
             self.peer_notifications(sender, iter(((message, body),)), now)
             return
         self.received[kind] += 1
-        if kind is Replay or kind is ReplayData or kind is ReplayEcho:
+        if kind in REPLAY_MESSAGES:
             self._relayed = (message, body)  # passed on unchanged: its bytes, not re-encoded
             self.replaying.receive(sender, message)
             self._relayed = None
